@@ -1,0 +1,100 @@
+// The filesystem seam: all file access in Trainyard goes through a FileSystem, so tests can swap
+// in an in-memory one (or a fault-injecting wrapper) for the real POSIX implementation.
+//
+// Errors: every failure names the path. A missing file or directory is NOT_FOUND; other
+// operating-system errors keep the code that absl::ErrnoToStatus gives their errno
+// (PERMISSION_DENIED, RESOURCE_EXHAUSTED for a full disk, ...).
+//
+// Threading: RealFileSystem() and FakeFileSystem may be used from any number of threads at once.
+// Concurrent writers to the same path race as they would on a real filesystem (last rename wins).
+#ifndef TRAINYARD_COMMON_FILESYSTEM_H_
+#define TRAINYARD_COMMON_FILESYSTEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace trainyard {
+
+// A read-only view of a whole file's bytes, valid until this object is destroyed (which unmaps
+// or frees them). An empty file gives size() == 0 and a data() that must not be read.
+class ReadOnlyRegion {
+ public:
+  virtual ~ReadOnlyRegion() = default;
+  virtual const uint8_t* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // The whole contents of the file at `path`.
+  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
+
+  // Replaces the file at `path` with `data` so that a crash at any moment leaves either the old
+  // contents or the new ones, never a mix: writes a temporary file beside it, syncs it, renames
+  // it over `path` and syncs the directory. The parent directory must exist.
+  virtual absl::Status WriteFileAtomic(const std::string& path, std::string_view data) = 0;
+
+  virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
+
+  // True when something (file or directory) exists at `path`.
+  virtual bool Exists(const std::string& path) = 0;
+
+  // Creates `path` and any missing parents; succeeds if it already is a directory.
+  virtual absl::Status CreateDirs(const std::string& path) = 0;
+
+  // The names (not paths) of the entries in directory `path`, sorted, without "." and "..".
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) = 0;
+
+  // Removes the file at `path` (not a directory).
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+
+  // Atomically renames `from` to `to`, replacing a file at `to`.
+  virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
+
+  // Maps the file at `path` read-only. The file must not be truncated while mapped.
+  virtual absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) = 0;
+};
+
+// The process-wide POSIX filesystem. Never null; never deleted.
+FileSystem* RealFileSystem();
+
+// An in-memory filesystem for tests. Paths are plain strings (no "." or ".." resolution);
+// "", "/" and "." always exist as directories, as does the implicit parent of a path without a
+// slash. MapReadOnly returns a region holding its own copy, so later writes do not change it.
+class FakeFileSystem : public FileSystem {
+ public:
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
+  absl::Status WriteFileAtomic(const std::string& path, std::string_view data) override;
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
+  bool Exists(const std::string& path) override;
+  absl::Status CreateDirs(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+  absl::Status RemoveFile(const std::string& path) override;
+  absl::Status RenameFile(const std::string& from, const std::string& to) override;
+  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) override;
+
+ private:
+  bool IsDirLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckParentLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_FILESYSTEM_H_

@@ -1,0 +1,98 @@
+// Strict, typed reading of the fields of one YAML mapping in a job spec.
+//
+// Each reader covers one mapping ("training", "data.markov", ...). It first checks that the node
+// is a mapping whose keys are all known (an unknown key is an error that suggests the closest
+// known one), then reads fields one by one: an absent field leaves the caller's default alone; a
+// present one must have the right type exactly (no quoted numbers, no floats for integers, only
+// true/false for booleans). Every error is INVALID_ARGUMENT, one line,
+// "<source>:<line>:<column>: <field.path>: <reason>".
+//
+// Every field read is recorded in a SpecLocations table, so that checks made later on the typed
+// structs (cross-field validation) can still point at the line the user wrote.
+//
+// Threading: not thread-safe; used by one parse at a time.
+#ifndef TRAINYARD_CONFIG_FIELD_READER_H_
+#define TRAINYARD_CONFIG_FIELD_READER_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::config {
+
+// Where each field path ("training.steps") was written.
+class SpecLocations {
+ public:
+  void Record(const std::string& path, YamlMark mark) { marks_[path] = mark; }
+  bool Has(const std::string& path) const { return marks_.count(path) > 0; }
+  // The mark of `path`, else of its nearest recorded ancestor ("training.seq_len" falls back to
+  // "training"), else line 1 column 1.
+  YamlMark Find(std::string_view path) const;
+
+ private:
+  std::map<std::string, YamlMark, std::less<>> marks_;
+};
+
+// The closest of `candidates` to `word` by edit distance (a transposition counts once), if it is
+// at most 2 edits away and shorter than the candidate itself; otherwise "".
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+
+class FieldReader {
+ public:
+  // `node` and `locations` must outlive the reader. `path` is the mapping's own path ("" for the
+  // top of the spec).
+  FieldReader(const YamlNode& node, std::string path, std::string source_name,
+              SpecLocations* locations);
+
+  // Fails unless the node is a mapping whose keys are all in `known`.
+  absl::Status ExpectMapWithKeys(std::initializer_list<std::string_view> known);
+
+  bool Has(std::string_view key) const { return node_.Find(key) != nullptr; }
+  // Fails, pointing at this mapping, when `key` is absent.
+  absl::Status Require(std::string_view key) const;
+  const std::string& path() const { return path_; }
+  std::string PathOf(std::string_view key) const;
+
+  // Each reads `key` into `*out` when present and leaves `*out` alone when absent.
+  absl::Status ReadInt(std::string_view key, int* out);
+  absl::Status ReadInt64(std::string_view key, int64_t* out);
+  absl::Status ReadUint64(std::string_view key, uint64_t* out);
+  absl::Status ReadDouble(std::string_view key, double* out);
+  absl::Status ReadFloat(std::string_view key, float* out);
+  absl::Status ReadBool(std::string_view key, bool* out);
+  absl::Status ReadString(std::string_view key, std::string* out);
+
+  // A reader for the nested mapping at `key`, or nothing when the key is absent. The child's
+  // ExpectMapWithKeys checks that it is a mapping.
+  std::optional<FieldReader> Child(std::string_view key);
+
+  // An error located at `key`'s value when present, else at this mapping.
+  absl::Status ErrorAt(std::string_view key, std::string_view reason) const;
+  // An error located at this mapping (or at its key), for the mapping as a whole.
+  absl::Status Error(std::string_view reason) const;
+
+ private:
+  // The value at `key`, recorded in the locations table, or nullptr when absent.
+  const YamlNode* Lookup(std::string_view key);
+  absl::StatusOr<int64_t> ParseInteger(std::string_view key, const YamlNode& value, int64_t min,
+                                       int64_t max);
+  absl::Status TypeError(std::string_view key, const YamlNode& value,
+                         std::string_view expected) const;
+
+  const YamlNode& node_;
+  std::string path_;
+  std::string source_name_;
+  SpecLocations* locations_;
+};
+
+}  // namespace trainyard::config
+
+#endif  // TRAINYARD_CONFIG_FIELD_READER_H_

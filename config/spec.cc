@@ -1,0 +1,220 @@
+// ParseJobSpec: YAML text -> JobSpec. The YAML layer (yaml_tree) enforces the size, depth and
+// alias limits; FieldReader enforces types and known fields; FindSpecProblem the cross-field
+// rules, whose field paths are mapped back to the line the user wrote.
+#include "config/spec.h"
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "config/field_reader.h"
+#include "config/spec_validation.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::config {
+namespace {
+
+constexpr int kMaxDepth = 32;
+
+absl::Status ReadPreset(FieldReader& r, ModelConfig* model) {
+  std::string name;
+  TY_RETURN_IF_ERROR(r.ReadString("preset", &name));
+  absl::StatusOr<ModelConfig> preset = Preset(name);
+  if (!preset.ok()) {
+    const std::string suggestion = ClosestMatch(name, PresetNames());
+    return r.ErrorAt(
+        "preset", suggestion.empty()
+                      ? absl::StrCat("unknown preset ", QuoteForMessage(name),
+                                     " (known: ", absl::StrJoin(PresetNames(), ", "), ")")
+                      : absl::StrCat("unknown preset ", QuoteForMessage(name), "; did you mean '",
+                                     suggestion, "'?"));
+  }
+  *model = *preset;
+  if (!r.Has("family")) return absl::OkStatus();
+  std::string family_name;
+  TY_RETURN_IF_ERROR(r.ReadString("family", &family_name));
+  absl::StatusOr<ModelFamily> family = ParseFamily(family_name);
+  if (!family.ok()) return r.ErrorAt("family", std::string(family.status().message()));
+  if (*family != model->family) {
+    return r.ErrorAt("family", absl::StrCat("preset '", name, "' is a ", FamilyName(model->family),
+                                            " model, not ", family_name));
+  }
+  return absl::OkStatus();
+}
+
+// Without a preset, the family and every size must be given.
+absl::Status ReadFamilyAndSizes(FieldReader& r, ModelConfig* model) {
+  if (!r.Has("family")) {
+    return r.ErrorAt("family", absl::StrCat("required when no preset is given (presets: ",
+                                            absl::StrJoin(PresetNames(), ", "), ")"));
+  }
+  std::string family_name;
+  TY_RETURN_IF_ERROR(r.ReadString("family", &family_name));
+  absl::StatusOr<ModelFamily> family = ParseFamily(family_name);
+  if (!family.ok()) return r.ErrorAt("family", std::string(family.status().message()));
+  for (const char* key : {"layers", "width", "heads", "ffn_hidden", "vocab", "max_seq"}) {
+    if (!r.Has(key)) return r.ErrorAt(key, "required when no preset is given");
+  }
+  *model = ModelConfig();
+  model->family = *family;
+  model->tied_embeddings = *family == ModelFamily::kGpt2;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq",
+       "tied_embeddings", "norm_eps", "rope_theta", "recompute"}));
+  ModelConfig m;
+  if (r.Has("preset")) {
+    TY_RETURN_IF_ERROR(ReadPreset(r, &m));
+  } else {
+    TY_RETURN_IF_ERROR(ReadFamilyAndSizes(r, &m));
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt("layers", &m.layers));
+  TY_RETURN_IF_ERROR(r.ReadInt("width", &m.width));
+  TY_RETURN_IF_ERROR(r.ReadInt("heads", &m.heads));
+  TY_RETURN_IF_ERROR(r.ReadInt("kv_heads", &m.kv_heads));
+  TY_RETURN_IF_ERROR(r.ReadInt("ffn_hidden", &m.ffn_hidden));
+  TY_RETURN_IF_ERROR(r.ReadInt("vocab", &m.vocab));
+  TY_RETURN_IF_ERROR(r.ReadInt("max_seq", &m.max_seq));
+  TY_RETURN_IF_ERROR(r.ReadBool("tied_embeddings", &m.tied_embeddings));
+  TY_RETURN_IF_ERROR(r.ReadBool("recompute", &m.recompute));
+  TY_RETURN_IF_ERROR(r.ReadFloat("norm_eps", &m.norm_eps));
+  TY_RETURN_IF_ERROR(r.ReadFloat("rope_theta", &m.rope_theta));
+  // Sizes that follow from others unless given: GPT-2 has one key/value head per query head and
+  // a 4x MLP; without a preset, kv_heads defaults to heads for both families.
+  const bool gpt2 = m.family == ModelFamily::kGpt2;
+  if (!r.Has("kv_heads") && (gpt2 || !r.Has("preset"))) m.kv_heads = m.heads;
+  if (gpt2 && r.Has("width") && !r.Has("ffn_hidden") && m.width > 0 && m.width <= INT_MAX / 4) {
+    m.ffn_hidden = 4 * m.width;
+  }
+  if (gpt2 && r.Has("rope_theta")) {
+    return r.ErrorAt("rope_theta", "only the llama family uses rotary position embeddings");
+  }
+  return m;
+}
+
+absl::Status ReadMarkov(FieldReader& r, MarkovSpec* m) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"order", "vocab", "concentration", "train_tokens", "val_tokens", "seed"}));
+  TY_RETURN_IF_ERROR(r.ReadInt("order", &m->order));
+  TY_RETURN_IF_ERROR(r.ReadInt("vocab", &m->vocab));
+  TY_RETURN_IF_ERROR(r.ReadDouble("concentration", &m->concentration));
+  TY_RETURN_IF_ERROR(r.ReadInt64("train_tokens", &m->train_tokens));
+  TY_RETURN_IF_ERROR(r.ReadInt64("val_tokens", &m->val_tokens));
+  TY_RETURN_IF_ERROR(r.ReadUint64("seed", &m->seed));
+  return absl::OkStatus();
+}
+
+// Fields that the chosen source would silently ignore are refused: they are mistakes.
+absl::Status CheckUnusedDataFields(FieldReader& r, const DataSpec& d) {
+  if (d.source == "markov") {
+    for (const char* key : {"path", "val_path", "val_fraction"}) {
+      if (r.Has(key)) {
+        return r.ErrorAt(key,
+                         "not used when source is markov (the chain generates its own "
+                         "validation stream, sized by markov.val_tokens)");
+      }
+    }
+  } else if (d.source == "bin" || d.source == "text") {
+    if (r.Has("markov")) return r.ErrorAt("markov", "only used when source is markov");
+    if (r.Has("val_path") && r.Has("val_fraction")) {
+      return r.ErrorAt("val_fraction", "not used when val_path is given");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadData(FieldReader& r, DataSpec* d) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"source", "path", "val_path", "val_fraction", "markov"}));
+  TY_RETURN_IF_ERROR(r.ReadString("source", &d->source));
+  TY_RETURN_IF_ERROR(r.ReadString("path", &d->path));
+  TY_RETURN_IF_ERROR(r.ReadString("val_path", &d->val_path));
+  TY_RETURN_IF_ERROR(r.ReadDouble("val_fraction", &d->val_fraction));
+  if (std::optional<FieldReader> markov = r.Child("markov")) {
+    TY_RETURN_IF_ERROR(ReadMarkov(*markov, &d->markov));
+  }
+  return CheckUnusedDataFields(r, *d);
+}
+
+absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
+  TY_RETURN_IF_ERROR(
+      r.ExpectMapWithKeys({"steps", "batch", "micro_batch", "seq_len", "seed", "lr", "min_lr_ratio",
+                           "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
+                           "grad_clip", "eval_every", "eval_batches", "log_every", "threads"}));
+  TY_RETURN_IF_ERROR(r.ReadInt64("steps", &t->steps));
+  TY_RETURN_IF_ERROR(r.ReadInt("batch", &t->batch));
+  TY_RETURN_IF_ERROR(r.ReadInt("micro_batch", &t->micro_batch));
+  TY_RETURN_IF_ERROR(r.ReadInt("seq_len", &t->seq_len));
+  TY_RETURN_IF_ERROR(r.ReadUint64("seed", &t->seed));
+  TY_RETURN_IF_ERROR(r.ReadDouble("lr", &t->lr));
+  TY_RETURN_IF_ERROR(r.ReadDouble("min_lr_ratio", &t->min_lr_ratio));
+  TY_RETURN_IF_ERROR(r.ReadInt64("warmup_steps", &t->warmup_steps));
+  TY_RETURN_IF_ERROR(r.ReadString("schedule", &t->schedule));
+  TY_RETURN_IF_ERROR(r.ReadDouble("weight_decay", &t->weight_decay));
+  TY_RETURN_IF_ERROR(r.ReadDouble("beta1", &t->beta1));
+  TY_RETURN_IF_ERROR(r.ReadDouble("beta2", &t->beta2));
+  TY_RETURN_IF_ERROR(r.ReadDouble("eps", &t->eps));
+  TY_RETURN_IF_ERROR(r.ReadDouble("grad_clip", &t->grad_clip));
+  TY_RETURN_IF_ERROR(r.ReadInt64("eval_every", &t->eval_every));
+  TY_RETURN_IF_ERROR(r.ReadInt("eval_batches", &t->eval_batches));
+  TY_RETURN_IF_ERROR(r.ReadInt64("log_every", &t->log_every));
+  TY_RETURN_IF_ERROR(r.ReadInt("threads", &t->threads));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
+  TY_RETURN_IF_ERROR(top.ExpectMapWithKeys({"name", "model", "data", "training"}));
+  JobSpec spec;
+  TY_RETURN_IF_ERROR(top.Require("name"));
+  TY_RETURN_IF_ERROR(top.ReadString("name", &spec.name));
+  TY_RETURN_IF_ERROR(top.Require("model"));
+  std::optional<FieldReader> model = top.Child("model");
+  TY_ASSIGN_OR_RETURN(spec.model, ReadModel(*model));
+  if (std::optional<FieldReader> data = top.Child("data")) {
+    TY_RETURN_IF_ERROR(ReadData(*data, &spec.data));
+  }
+  if (std::optional<FieldReader> training = top.Child("training")) {
+    TY_RETURN_IF_ERROR(ReadTraining(*training, &spec.training));
+  }
+  return spec;
+}
+
+// The field itself if the user wrote it, else the first related field they wrote, else the
+// nearest enclosing mapping.
+YamlMark LocateProblem(const SpecProblem& problem, const SpecLocations& locations) {
+  if (locations.Has(problem.path)) return locations.Find(problem.path);
+  for (const std::string& related : problem.related) {
+    if (locations.Has(related)) return locations.Find(related);
+  }
+  return locations.Find(problem.path);
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name) {
+  TY_ASSIGN_OR_RETURN(const YamlNode root,
+                      ParseYamlTree(yaml_text, source_name, YamlLimits{kMaxSpecBytes, kMaxDepth}));
+  SpecLocations locations;
+  FieldReader top(root, "", std::string(source_name), &locations);
+  TY_ASSIGN_OR_RETURN(JobSpec spec, ReadJobSpec(top));
+  if (std::optional<SpecProblem> problem = FindSpecProblem(spec)) {
+    return LocatedError(source_name, LocateProblem(*problem, locations), problem->path,
+                        problem->reason);
+  }
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path) {
+  TY_ASSIGN_OR_RETURN(const uint64_t size, fs.FileSize(path));
+  if (size > kMaxSpecBytes) {
+    return LocatedError(path, YamlMark{}, "",
+                        absl::StrCat("the spec is ", size, " bytes; the limit is ", kMaxSpecBytes));
+  }
+  TY_ASSIGN_OR_RETURN(const std::string text, fs.ReadFile(path));
+  return ParseJobSpec(text, path);
+}
+
+}  // namespace trainyard::config

@@ -1,0 +1,21 @@
+// Pointwise activations with explicit backward: GELU (tanh approximation, as GPT-2) and SwiGLU.
+#ifndef TRAINYARD_KERNELS_CPU_ACTIVATIONS_H_
+#define TRAINYARD_KERNELS_CPU_ACTIVATIONS_H_
+
+#include <cstdint>
+
+namespace trainyard::kernels::cpu {
+
+void GeluForward(float* out, const float* inp, int64_t n);
+// dinp = dout · gelu'(inp) (overwritten). dinp may alias dout.
+void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n);
+
+// inp is [rows, 2f]: the gate in columns [0, f), the up projection in [f, 2f).
+// out[rows, f] = silu(gate) · up.
+void SwigluForward(float* out, const float* inp, int64_t rows, int64_t f);
+// dinp[rows, 2f] (overwritten) from dout[rows, f].
+void SwigluBackward(float* dinp, const float* dout, const float* inp, int64_t rows, int64_t f);
+
+}  // namespace trainyard::kernels::cpu
+
+#endif  // TRAINYARD_KERNELS_CPU_ACTIVATIONS_H_

@@ -1,0 +1,20 @@
+// Token (and optional learned position) embedding lookup with a deterministic backward.
+#ifndef TRAINYARD_KERNELS_CPU_EMBEDDING_H_
+#define TRAINYARD_KERNELS_CPU_EMBEDDING_H_
+
+#include <cstdint>
+
+namespace trainyard::kernels::cpu {
+
+// out[b·t + i] = wte[tokens[b·t + i]] + wpe[i]; wpe may be null.
+void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                      int64_t b, int64_t t, int64_t c);
+
+// dwte[token] += dout[row]; dwpe[i] += Σ_b dout[b·t + i] (dwpe may be null). Rows are summed in
+// order within column blocks, so the result does not depend on the thread count.
+void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                       int64_t b, int64_t t, int64_t c);
+
+}  // namespace trainyard::kernels::cpu
+
+#endif  // TRAINYARD_KERNELS_CPU_EMBEDDING_H_

@@ -1,0 +1,25 @@
+// Linear layers on the CPU through OpenBLAS. Weights are [out, in] (row-major), as in the
+// PyTorch nn.Linear convention, so y = x · Wᵀ + b.
+#ifndef TRAINYARD_KERNELS_CPU_LINEAR_H_
+#define TRAINYARD_KERNELS_CPU_LINEAR_H_
+
+#include <cstdint>
+
+namespace trainyard::kernels::cpu {
+
+// out[m, n] = Σ_k inp[m, k] · weight[n, k] + bias[n]. `bias` may be null.
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t m,
+                   int64_t n, int64_t k);
+
+// dinp[m, k] = Σ_n dout[m, n] · weight[n, k]   (overwritten; skipped when dinp is null)
+// dweight[n, k] += Σ_m dout[m, n] · inp[m, k]
+// dbias[n] += Σ_m dout[m, n]                      (skipped when dbias is null)
+void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int64_t m, int64_t n, int64_t k);
+
+// sums[n] += Σ_m x[m, n], rows visited in order (deterministic, thread-count independent).
+void AccumulateColumnSums(float* sums, const float* x, int64_t m, int64_t n);
+
+}  // namespace trainyard::kernels::cpu
+
+#endif  // TRAINYARD_KERNELS_CPU_LINEAR_H_

@@ -1,0 +1,51 @@
+#include "kernels/cpu/rope.h"
+
+#include <cmath>
+#include <vector>
+
+namespace trainyard::kernels::cpu {
+namespace {
+
+void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+            float theta, float direction) {
+  const int64_t half = d / 2;
+  std::vector<float> cos_table(t * half), sin_table(t * half);
+  for (int64_t p = 0; p < t; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle =
+          static_cast<double>(p) * std::pow(static_cast<double>(theta), -2.0 * i / d);
+      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
+      sin_table[p * half + i] = static_cast<float>(direction * std::sin(angle));
+    }
+  }
+  const int64_t row_width = (heads + 2 * kv_heads) * d;
+  const int64_t rotated_heads = heads + kv_heads;  // queries then keys; values are not rotated
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < b * t; ++row) {
+    const int64_t p = row % t;
+    const float* cs = cos_table.data() + p * half;
+    const float* sn = sin_table.data() + p * half;
+    for (int64_t h = 0; h < rotated_heads; ++h) {
+      float* x = qkv + row * row_width + h * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * cs[i] - x2 * sn[i];
+        x[i + half] = x2 * cs[i] + x1 * sn[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void RopeForward(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                 float theta) {
+  Rotate(qkv, b, t, heads, kv_heads, d, theta, 1.0f);
+}
+
+void RopeBackward(float* dqkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                  float theta) {
+  Rotate(dqkv, b, t, heads, kv_heads, d, theta, -1.0f);
+}
+
+}  // namespace trainyard::kernels::cpu

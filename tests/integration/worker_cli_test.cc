@@ -1,0 +1,110 @@
+// trainyard-worker as a user runs it: bad input of every kind ends with one line that names the
+// problem and exit code 2 — never a crash, a hang or a stack trace; a good spec trains.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/integration/subprocess.h"
+#include "tests/integration/test_env.h"
+
+namespace trainyard::testenv {
+namespace {
+
+namespace fs = std::filesystem;
+
+class WorkerCli : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeScratchDir("worker_cli"); }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }
+
+  std::string Shard(const std::string& name, int32_t magic, int32_t version, int32_t count,
+                    int32_t body_tokens) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic;
+    header[1] = version;
+    header[2] = count;
+    std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+    for (int32_t i = 0; i < body_tokens; ++i) {
+      const uint16_t tok = static_cast<uint16_t>(i % 200);
+      bytes.append(reinterpret_cast<const char*>(&tok), 2);
+    }
+    return Write(name, bytes);
+  }
+
+  std::string BinSpec(const std::string& shard) {
+    return Write("spec.yaml", absl::StrCat("name: t\nmodel:\n  preset: gpt2-debug\ndata:\n  source: bin\n"
+                                           "  path: ", shard, "\ntraining:\n  steps: 2\n  warmup_steps: 1\n  batch: 2\n  seq_len: 16\n"));
+  }
+
+  ProcessResult Worker(const std::vector<std::string>& args) {
+    std::vector<std::string> argv{BinaryDir() + "/worker/trainyard-worker"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv, 60);
+  }
+
+  // Exit code 2 and exactly one line on stderr that contains `needle`.
+  void ExpectBadInput(const ProcessResult& r, const std::string& needle) {
+    ASSERT_FALSE(r.timed_out) << "hung";
+    EXPECT_EQ(r.signal, 0) << "crashed: " << r.err;
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
+    ASSERT_GE(lines.size(), 1u);
+    EXPECT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_NE(lines[0].find(needle), std::string::npos) << "'" << lines[0] << "' lacks '" << needle << "'";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(WorkerCli, MalformedYaml) {
+  ExpectBadInput(Worker({"--standalone", Write("s.yaml", "name: [unclosed\nmodel: {\n")}), "s.yaml:");
+}
+
+TEST_F(WorkerCli, MissingSpecFile) {
+  ExpectBadInput(Worker({"--standalone", (dir_ / "nope.yaml").string()}), "nope.yaml");
+}
+
+TEST_F(WorkerCli, WidthNotDivisibleByHeads) {
+  ExpectBadInput(Worker({"--standalone", Write("s.yaml", "name: t\nmodel:\n  preset: gpt2-debug\n"
+                                                         "  width: 100\n  heads: 3\n")}),
+                 "model.heads");
+}
+
+TEST_F(WorkerCli, MissingDataFile) {
+  ExpectBadInput(Worker({"--standalone", BinSpec((dir_ / "absent.bin").string())}), "absent.bin");
+}
+
+TEST_F(WorkerCli, ShardWithWrongMagic) {
+  ExpectBadInput(Worker({"--standalone", BinSpec(Shard("bad.bin", 12345, 1, 1000, 1000))}), "magic");
+}
+
+TEST_F(WorkerCli, TruncatedShard) {
+  ExpectBadInput(Worker({"--standalone", BinSpec(Shard("short.bin", 20240520, 1, 5000, 100))}),
+                 "truncated");
+}
+
+TEST_F(WorkerCli, UnknownFlag) { ExpectBadInput(Worker({"--bogus"}), "--bogus"); }
+
+TEST_F(WorkerCli, TrainsOnAValidShard) {
+  const ProcessResult r = Worker({"--standalone", BinSpec(Shard("ok.bin", 20240520, 1, 5000, 5000))});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace trainyard::testenv

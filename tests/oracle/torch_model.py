@@ -1,0 +1,427 @@
+"""Independent PyTorch implementation of Trainyard's two model families.
+
+This module is the numerical reference for the C++ engine (through run_oracle.py) and the peer in
+the CPU benchmark (through bench/torch_cpu_train.py). It is built only from torch modules and
+autograd; nothing here mirrors the engine's hand-written backward pass.
+
+Parameter names, shapes and order are the contract with the C++ engine:
+
+  GPT-2:  wte [V,C]; wpe [max_seq,C]; per layer l:
+          h.{l}.ln1.w [C], h.{l}.ln1.b [C], h.{l}.attn.qkv.w [(H+2KV)*D, C], h.{l}.attn.qkv.b,
+          h.{l}.attn.proj.w [C, H*D], h.{l}.attn.proj.b [C], h.{l}.ln2.w, h.{l}.ln2.b,
+          h.{l}.mlp.fc.w [F,C], h.{l}.mlp.fc.b [F], h.{l}.mlp.proj.w [C,F], h.{l}.mlp.proj.b [C];
+          lnf.w, lnf.b; lm_head.w [V,C] only when embeddings are untied.
+  Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w, h.{l}.attn.proj.w, h.{l}.ln2.w,
+          h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
+          lnf.w; lm_head.w [V,C] unless tied.
+
+Linear weights are [out, in]. Parameter files are raw little-endian arrays named
+`<dir>/<name>.<ext>`; `params.txt` lists `name d0 d1 ...` one parameter per line.
+"""
+
+import math
+import os
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FAMILIES = ("gpt2", "llama")
+
+# Keys of a model config and how missing optional ones are filled in (mirrors the C++ defaults).
+_REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
+
+
+class ConfigError(ValueError):
+    """A model or training config that cannot describe a valid run."""
+
+
+def normalize_config(cfg):
+    """Returns a copy of `cfg` with optional model keys filled in, after validating it.
+
+    Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
+    Defaults: kv_heads = heads; ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
+    norm_eps = 1e-5; rope_theta = 10000. Other keys (training keys) are kept untouched.
+    Raises ConfigError naming the offending key.
+    """
+    if not isinstance(cfg, dict):
+        raise ConfigError("config must be a JSON object")
+    out = dict(cfg)
+    for key in _REQUIRED_KEYS:
+        if key not in out:
+            raise ConfigError("config is missing the key '%s'" % key)
+    family = out["family"]
+    if family not in FAMILIES:
+        raise ConfigError("family: unknown model family %r (expected gpt2 or llama)" % (family,))
+    out.setdefault("kv_heads", out["heads"])
+    if "ffn_hidden" not in out:
+        if family == "llama":
+            raise ConfigError("config is missing the key 'ffn_hidden' (required for llama)")
+        out["ffn_hidden"] = 4 * int(out["width"])
+    out.setdefault("tied_embeddings", family == "gpt2")
+    out.setdefault("norm_eps", 1e-5)
+    out.setdefault("rope_theta", 10000.0)
+    for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
+        value = out[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError("%s: must be an integer, got %r" % (key, value))
+        minimum = 2 if key == "vocab" else 1
+        if value < minimum:
+            raise ConfigError("%s: must be at least %d, got %d" % (key, minimum, value))
+    if not isinstance(out["tied_embeddings"], bool):
+        raise ConfigError("tied_embeddings: must be true or false")
+    for key in ("norm_eps", "rope_theta"):
+        value = out[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError("%s: must be a positive number, got %r" % (key, value))
+        out[key] = float(value)
+    if out["width"] % out["heads"] != 0:
+        raise ConfigError("heads: width %d is not divisible by heads %d" % (out["width"], out["heads"]))
+    if out["heads"] % out["kv_heads"] != 0:
+        raise ConfigError(
+            "kv_heads: heads %d is not divisible by kv_heads %d" % (out["heads"], out["kv_heads"]))
+    if family == "llama" and (out["width"] // out["heads"]) % 2 != 0:
+        raise ConfigError("heads: RoPE needs an even head dimension, got %d"
+                          % (out["width"] // out["heads"]))
+    return out
+
+
+class RMSNorm(nn.Module):
+    """y = x * rsqrt(mean(x^2, -1) + eps) * w (torch 1.13 has no nn.RMSNorm)."""
+
+    def __init__(self, width, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None):
+    """cos/sin tables [seq_len, head_dim/2] for the half-split RoPE convention.
+
+    freq_i = theta^(-2i/D) for i in [0, D/2); angle = pos * freq_i. Computed in float64 and cast.
+    """
+    half = head_dim // 2
+    i = torch.arange(half, dtype=torch.float64, device=device)
+    freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64, device=device),
+                     -2.0 * i / head_dim)
+    pos = torch.arange(seq_len, dtype=torch.float64, device=device)
+    angle = pos[:, None] * freq[None, :]
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Rotates x [B, T, heads, D] with tables [T, D/2]: out[i] = x1*cos - x2*sin,
+    out[i + D/2] = x2*cos + x1*sin, where x1 = x[i], x2 = x[i + D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention; query head h reads key/value head h // (H / KV)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.heads = cfg["heads"]
+        self.kv_heads = cfg["kv_heads"]
+        self.head_dim = cfg["width"] // cfg["heads"]
+        self.rope = cfg["family"] == "llama"
+        self.rope_theta = cfg["rope_theta"]
+        bias = cfg["family"] == "gpt2"
+        qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias)
+        self.proj = nn.Linear(self.heads * self.head_dim, cfg["width"], bias=bias)
+        self._rope_cache = {}
+
+    def _rope_tables(self, seq_len, dtype, device):
+        key = (seq_len, dtype, device)
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_cos_sin(seq_len, self.head_dim, self.rope_theta, dtype,
+                                                 device)
+        return self._rope_cache[key]
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        qkv = self.qkv(x)
+        q = qkv[..., : h * d].reshape(b, t, h, d)
+        k = qkv[..., h * d: (h + kv) * d].reshape(b, t, kv, d)
+        v = qkv[..., (h + kv) * d:].reshape(b, t, kv, d)
+        if self.rope:
+            cos, sin = self._rope_tables(t, x.dtype, x.device)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        q = q.transpose(1, 2)  # [B, H, T, D]
+        k = k.transpose(1, 2)  # [B, KV, T, D]
+        v = v.transpose(1, 2)
+        if kv != h:
+            k = k.repeat_interleave(h // kv, dim=1)
+            v = v.repeat_interleave(h // kv, dim=1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        y = torch.matmul(probs, v)  # [B, H, T, D]
+        y = y.transpose(1, 2).reshape(b, t, h * d)
+        return self.proj(y)
+
+
+class Mlp(nn.Module):
+    """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gated = cfg["family"] == "llama"
+        c, f = cfg["width"], cfg["ffn_hidden"]
+        self.ffn = f
+        self.fc = nn.Linear(c, 2 * f if self.gated else f, bias=not self.gated)
+        self.proj = nn.Linear(f, c, bias=not self.gated)
+
+    def forward(self, x):
+        hidden = self.fc(x)
+        if self.gated:
+            gate, up = hidden[..., : self.ffn], hidden[..., self.ffn:]
+            return self.proj(F.silu(gate) * up)
+        return self.proj(F.gelu(hidden, approximate="tanh"))
+
+
+def _make_norm(cfg):
+    if cfg["family"] == "gpt2":
+        return nn.LayerNorm(cfg["width"], eps=cfg["norm_eps"])
+    return RMSNorm(cfg["width"], cfg["norm_eps"])
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x += attn(norm1(x)); x += mlp(norm2(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln1 = _make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.ln2 = _make_norm(cfg)
+        self.mlp = Mlp(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only transformer. forward(tokens [B,T] int64) -> logits [B,T,V]."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = normalize_config(cfg)
+        cfg = self.cfg
+        self.wte = nn.Embedding(cfg["vocab"], cfg["width"])
+        self.wpe = nn.Embedding(cfg["max_seq"], cfg["width"]) if cfg["family"] == "gpt2" else None
+        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg["layers"])])
+        self.lnf = _make_norm(cfg)
+        self.lm_head = (None if cfg["tied_embeddings"]
+                        else nn.Linear(cfg["width"], cfg["vocab"], bias=False))
+
+    def forward(self, tokens):
+        t = tokens.shape[1]
+        if t > self.cfg["max_seq"]:
+            raise ValueError("sequence length %d exceeds max_seq %d" % (t, self.cfg["max_seq"]))
+        x = self.wte(tokens)
+        if self.wpe is not None:
+            x = x + self.wpe.weight[:t]
+        for block in self.h:
+            x = block(x)
+        x = self.lnf(x)
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head)
+
+    def loss(self, tokens, targets):
+        """Mean cross-entropy over all B*T positions; returns (loss, logits)."""
+        logits = self.forward(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return loss, logits
+
+    def named_contract_parameters(self):
+        """[(contract name, Parameter)] in the contract order (see the module docstring)."""
+        out = [("wte", self.wte.weight)]
+        gpt2 = self.cfg["family"] == "gpt2"
+        if gpt2:
+            out.append(("wpe", self.wpe.weight))
+        for l, block in enumerate(self.h):
+            p = "h.%d." % l
+            out.append((p + "ln1.w", block.ln1.weight))
+            if gpt2:
+                out.append((p + "ln1.b", block.ln1.bias))
+            out.append((p + "attn.qkv.w", block.attn.qkv.weight))
+            if gpt2:
+                out.append((p + "attn.qkv.b", block.attn.qkv.bias))
+            out.append((p + "attn.proj.w", block.attn.proj.weight))
+            if gpt2:
+                out.append((p + "attn.proj.b", block.attn.proj.bias))
+            out.append((p + "ln2.w", block.ln2.weight))
+            if gpt2:
+                out.append((p + "ln2.b", block.ln2.bias))
+            out.append((p + "mlp.fc.w", block.mlp.fc.weight))
+            if gpt2:
+                out.append((p + "mlp.fc.b", block.mlp.fc.bias))
+            out.append((p + "mlp.proj.w", block.mlp.proj.weight))
+            if gpt2:
+                out.append((p + "mlp.proj.b", block.mlp.proj.bias))
+        out.append(("lnf.w", self.lnf.weight))
+        if gpt2:
+            out.append(("lnf.b", self.lnf.bias))
+        if self.lm_head is not None:
+            out.append(("lm_head.w", self.lm_head.weight))
+        return out
+
+
+def build_model(cfg):
+    """Builds the model described by `cfg` (see normalize_config) with torch's default init."""
+    return Transformer(cfg)
+
+
+def parameter_count(model):
+    return sum(p.numel() for _, p in model.named_contract_parameters())
+
+
+def init_parameters(model, seed=0, std=0.02):
+    """GPT-2 style init: normal(0, std) for embeddings and linear weights (output projections
+    scaled by 1/sqrt(2*layers)), ones for norm weights, zeros for biases. Deterministic in seed."""
+    gen = torch.Generator().manual_seed(seed)
+    proj_std = std / math.sqrt(2 * model.cfg["layers"])
+    with torch.no_grad():
+        for name, p in model.named_contract_parameters():
+            if name.endswith(".b"):
+                p.zero_()
+            elif p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                s = proj_std if name.endswith("proj.w") else std
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * s)
+
+
+def decay_groups(model, weight_decay):
+    """AdamW parameter groups: ndim >= 2 parameters decay, the rest do not (contract order)."""
+    params = [p for _, p in model.named_contract_parameters()]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def lr_multiplier(step, cfg):
+    """Factor on the peak lr at step s = 0, 1, ...: linear warmup over warmup_steps, then
+    cosine/linear decay to min_lr_ratio over the remaining steps, or constant."""
+    warmup = int(cfg.get("warmup_steps", 0))
+    steps = int(cfg["steps"])
+    schedule = cfg.get("schedule", "cosine")
+    if schedule not in ("cosine", "linear", "constant"):
+        raise ConfigError("schedule: unknown schedule %r (expected cosine, linear or constant)"
+                          % (schedule,))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    progress = min(1.0, max(0.0, progress))
+    ratio = float(cfg.get("min_lr_ratio", 0.0))
+    if schedule == "cosine":
+        return ratio + 0.5 * (1.0 - ratio) * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 + (ratio - 1.0) * progress
+    return 1.0
+
+
+def make_optimizer(model, cfg):
+    """AdamW + LambdaLR exactly as the training contract states."""
+    opt = torch.optim.AdamW(decay_groups(model, float(cfg["weight_decay"])), lr=float(cfg["lr"]),
+                            betas=(float(cfg["beta1"]), float(cfg["beta2"])),
+                            eps=float(cfg["eps"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, cfg))
+    return opt, sched
+
+
+# ---- Parameter files ------------------------------------------------------------------------
+
+_NP_DTYPES = {"f32": np.dtype("<f4"), "f64": np.dtype("<f8")}
+
+
+def read_params_txt(path):
+    """Parses params.txt into [(name, shape tuple)]. Raises ValueError on a malformed line."""
+    entries = []
+    with open(path, "r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                shape = tuple(int(x) for x in fields[1:])
+            except ValueError:
+                raise ValueError("%s:%d: dimensions must be integers: %r" % (path, lineno, line.strip()))
+            if not shape or any(d < 1 for d in shape):
+                raise ValueError("%s:%d: bad shape for %s" % (path, lineno, fields[0]))
+            entries.append((fields[0], shape))
+    return entries
+
+
+def write_params_txt(model, path):
+    with open(path, "w", encoding="utf-8") as f:
+        for name, p in model.named_contract_parameters():
+            f.write(" ".join([name] + [str(d) for d in p.shape]) + "\n")
+
+
+def check_params_txt(model, entries):
+    """Raises ValueError unless `entries` lists exactly the model's parameters in order."""
+    expected = [(n, tuple(p.shape)) for n, p in model.named_contract_parameters()]
+    if entries == expected:
+        return
+    for i, (want, got) in enumerate(zip(expected, entries)):
+        if want != got:
+            raise ValueError("params.txt line %d: expected %s %s, got %s %s"
+                             % (i + 1, want[0], list(want[1]), got[0], list(got[1])))
+    raise ValueError("params.txt lists %d parameters, the model has %d"
+                     % (len(entries), len(expected)))
+
+
+def read_array(path, shape, ext):
+    """Reads a raw little-endian array of `shape`; raises ValueError on a size mismatch."""
+    dtype = _NP_DTYPES[ext]
+    want = int(np.prod(shape))
+    data = np.fromfile(path, dtype=dtype)
+    if data.size != want or os.path.getsize(path) != want * dtype.itemsize:
+        raise ValueError("%s: expected %d %s values (shape %s), file has %d bytes"
+                         % (path, want, ext, list(shape), os.path.getsize(path)))
+    return data.reshape(shape)
+
+
+def write_array(path, tensor, ext):
+    arr = tensor.detach().cpu().numpy().astype(_NP_DTYPES[ext], copy=False)
+    np.ascontiguousarray(arr).tofile(path)
+
+
+def load_params(model, directory, ext="f32"):
+    """Copies `<directory>/<name>.<ext>` into each contract parameter (converted to its dtype)."""
+    with torch.no_grad():
+        for name, p in model.named_contract_parameters():
+            path = os.path.join(directory, name + "." + ext)
+            if not os.path.exists(path):
+                raise FileNotFoundError("missing parameter file %s" % path)
+            arr = read_array(path, tuple(p.shape), ext)
+            p.copy_(torch.from_numpy(arr.astype(np.float64)).to(p.dtype))
+
+
+def save_params(model, directory, ext="f32"):
+    """Writes each contract parameter to `<directory>/<name>.<ext>`."""
+    os.makedirs(directory, exist_ok=True)
+    for name, p in model.named_contract_parameters():
+        write_array(os.path.join(directory, name + "." + ext), p, ext)
+
+
+def save_grads(model, directory, ext="f64"):
+    """Writes each contract parameter's .grad (zeros where None) to `<directory>/<name>.<ext>`."""
+    os.makedirs(directory, exist_ok=True)
+    for name, p in model.named_contract_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        write_array(os.path.join(directory, name + "." + ext), g, ext)

@@ -1,0 +1,225 @@
+// Specs that must parse, and what they parse to.
+#include "config/spec.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::config {
+namespace {
+
+std::string ExamplesDir() {
+  const char* source_dir = std::getenv("TRAINYARD_SOURCE_DIR");
+  return absl::StrCat(source_dir == nullptr ? "." : source_dir, "/config/examples");
+}
+
+JobSpec MustParse(const std::string& yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, "test.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec();
+}
+
+TEST(ExampleSpecsTest, TinyParses) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/tiny.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "tiny");
+  EXPECT_EQ(spec->model.family, ModelFamily::kGpt2);
+  EXPECT_EQ(spec->model.layers, 2);
+  EXPECT_EQ(spec->model.width, 64);
+  EXPECT_EQ(spec->data.source, "markov");
+  EXPECT_EQ(spec->data.markov.vocab, 32);
+  EXPECT_EQ(spec->data.markov.seed, 7u);
+  EXPECT_EQ(spec->data.markov.train_tokens, 1000000);
+  EXPECT_EQ(spec->training.steps, 300);
+  EXPECT_EQ(spec->training.batch, 16);
+  EXPECT_EQ(spec->training.seq_len, 32);
+  EXPECT_DOUBLE_EQ(spec->training.lr, 3e-3);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok());
+}
+
+TEST(ExampleSpecsTest, TinyLlamaAndGpt2Parse) {
+  absl::StatusOr<JobSpec> llama =
+      LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/tiny-llama.yaml");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->model.family, ModelFamily::kLlama);
+  EXPECT_EQ(llama->model.kv_heads, 2);
+  EXPECT_FALSE(llama->model.tied_embeddings);
+  EXPECT_EQ(llama->training.micro_batch, 8);
+  EXPECT_EQ(llama->data.markov.order, 2);
+
+  absl::StatusOr<JobSpec> gpt2 = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/gpt2-124m.yaml");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_EQ(gpt2->model.vocab, 50257);
+  EXPECT_EQ(gpt2->data.source, "bin");
+  EXPECT_EQ(gpt2->data.path, "data/fineweb10B/fineweb_train_*.bin");
+  EXPECT_EQ(gpt2->data.val_path, "data/fineweb10B/fineweb_val_*.bin");
+  EXPECT_EQ(gpt2->training.seq_len, 1024);
+  EXPECT_DOUBLE_EQ(gpt2->training.min_lr_ratio, 0.0);
+}
+
+TEST(ExampleSpecsTest, EveryExampleParses) {
+  absl::StatusOr<std::vector<std::string>> names = RealFileSystem()->ListDir(ExamplesDir());
+  ASSERT_TRUE(names.ok()) << names.status();
+  int yaml_files = 0;
+  for (const std::string& name : *names) {
+    if (!absl::EndsWith(name, ".yaml")) continue;
+    ++yaml_files;
+    absl::StatusOr<JobSpec> spec = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/" + name);
+    EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
+  }
+  EXPECT_GE(yaml_files, 3);
+}
+
+TEST(ParseJobSpecTest, MinimalSpecGetsDefaults) {
+  JobSpec spec = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
+  EXPECT_EQ(spec.name, "minimal");
+  const TrainingSpec defaults;
+  EXPECT_EQ(spec.training.steps, defaults.steps);
+  EXPECT_EQ(spec.training.batch, defaults.batch);
+  EXPECT_EQ(spec.training.micro_batch, 0);
+  EXPECT_EQ(spec.training.schedule, "cosine");
+  EXPECT_DOUBLE_EQ(spec.training.beta2, defaults.beta2);
+  EXPECT_EQ(spec.data.source, "markov");
+  EXPECT_EQ(spec.data.markov.vocab, MarkovSpec().vocab);
+  EXPECT_EQ(spec.model.max_seq, 64);
+}
+
+TEST(ParseJobSpecTest, PresetOverridesKeepGpt2Consistent) {
+  JobSpec spec = MustParse(R"(name: wider
+model:
+  preset: gpt2-debug
+  layers: 3
+  width: 128
+  heads: 8
+  tied_embeddings: false
+  recompute: true
+)");
+  EXPECT_EQ(spec.model.layers, 3);
+  EXPECT_EQ(spec.model.width, 128);
+  EXPECT_EQ(spec.model.heads, 8);
+  EXPECT_EQ(spec.model.kv_heads, 8);      // GPT-2: follows heads
+  EXPECT_EQ(spec.model.ffn_hidden, 512);  // GPT-2: 4 x width
+  EXPECT_FALSE(spec.model.tied_embeddings);
+  EXPECT_TRUE(spec.model.recompute);
+  EXPECT_EQ(spec.model.vocab, 256);  // untouched preset field
+}
+
+TEST(ParseJobSpecTest, FullModelWithoutPreset) {
+  JobSpec spec = MustParse(R"(name: custom
+model:
+  family: llama
+  layers: 3
+  width: 96
+  heads: 6
+  ffn_hidden: 256
+  vocab: 512
+  max_seq: 128
+  rope_theta: 500000
+  norm_eps: 1e-6
+)");
+  EXPECT_EQ(spec.model.family, ModelFamily::kLlama);
+  EXPECT_EQ(spec.model.kv_heads, 6);
+  EXPECT_FALSE(spec.model.tied_embeddings);
+  EXPECT_FLOAT_EQ(spec.model.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(spec.model.norm_eps, 1e-6f);
+}
+
+TEST(ParseJobSpecTest, NumbersStringsAndBooleans) {
+  JobSpec spec = MustParse(R"(name: "quoted-name"
+model: {preset: llama-debug, tied_embeddings: True}
+data:
+  source: text
+  path: "corpus.txt"
+  val_fraction: .1
+training:
+  steps: +500
+  lr: 1
+  seed: 18446744073709551615
+  schedule: 'constant'
+  grad_clip: 0
+  eval_every: 0
+)");
+  EXPECT_EQ(spec.name, "quoted-name");
+  EXPECT_TRUE(spec.model.tied_embeddings);
+  EXPECT_EQ(spec.data.path, "corpus.txt");
+  EXPECT_DOUBLE_EQ(spec.data.val_fraction, 0.1);
+  EXPECT_EQ(spec.training.steps, 500);
+  EXPECT_DOUBLE_EQ(spec.training.lr, 1.0);
+  EXPECT_EQ(spec.training.seed, 18446744073709551615u);
+  EXPECT_EQ(spec.training.schedule, "constant");
+  EXPECT_EQ(spec.training.grad_clip, 0.0);
+}
+
+TEST(ParseJobSpecTest, BinWithValidationFraction) {
+  JobSpec spec = MustParse(R"(name: shards
+model: {preset: gpt2-124m}
+data: {source: bin, path: "shards/train_*.bin", val_fraction: 0.01}
+training: {seq_len: 1024, batch: 4}
+)");
+  EXPECT_EQ(spec.data.path, "shards/train_*.bin");
+  EXPECT_TRUE(spec.data.val_path.empty());
+  EXPECT_DOUBLE_EQ(spec.data.val_fraction, 0.01);
+}
+
+TEST(LoadJobSpecTest, ReadsThroughTheFileSystemSeam) {
+  FakeFileSystem fs;
+  ASSERT_TRUE(fs.CreateDirs("/jobs").ok());
+  ASSERT_TRUE(fs.WriteFileAtomic("/jobs/a.yaml", "name: a\nmodel: {preset: gpt2-debug}\n").ok());
+  absl::StatusOr<JobSpec> spec = LoadJobSpec(fs, "/jobs/a.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "a");
+
+  ASSERT_TRUE(fs.WriteFileAtomic("/jobs/bad.yaml", "name: a\nmodel: {preset: nope}\n").ok());
+  absl::Status bad = LoadJobSpec(fs, "/jobs/bad.yaml").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(bad.message(), "/jobs/bad.yaml:2:17: model.preset: ")) << bad;
+}
+
+TEST(LoadJobSpecTest, MissingFileIsNotFound) {
+  FakeFileSystem fs;
+  absl::Status status = LoadJobSpec(fs, "/jobs/missing.yaml").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "/jobs/missing.yaml")) << status;
+}
+
+TEST(LoadJobSpecTest, OversizedFileIsRefused) {
+  FakeFileSystem fs;
+  ASSERT_TRUE(fs.WriteFileAtomic("big.yaml", std::string(kMaxSpecBytes + 1, '#')).ok());
+  absl::Status status = LoadJobSpec(fs, "big.yaml").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "big.yaml:1:1: spec: the spec is 1048577 bytes"))
+      << status;
+}
+
+TEST(ValidateJobSpecTest, ChecksStructsBuiltInCode) {
+  JobSpec spec;
+  spec.name = "built";
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  spec.training.batch = 12;
+  spec.training.micro_batch = 5;
+  absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "training.micro_batch: batch 12 is not divisible by micro_batch 5");
+
+  spec.training.micro_batch = 4;
+  spec.model.heads = 3;
+  status = ValidateJobSpec(spec);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "model.heads: ")) << status;
+
+  spec.model.heads = 4;
+  spec.model.kv_heads = 4;
+  spec.training.lr = std::nan("");
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(spec).message(), "training.lr: ")) << status;
+
+  spec.training.lr = 1e-3;
+  spec.data.source = "bin";
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "data.path: required when source is bin");
+}
+
+}  // namespace
+}  // namespace trainyard::config

@@ -1,0 +1,280 @@
+// Finite-difference checks of every layer type's backward, through the CPU backend.
+//
+// For an operation y = f(x₁, …, xₙ) and a fixed random cotangent r, the scalar L = Σ r ⊙ y has
+// gradients given by the backward called with dout = r. For a random direction dᵢ per input we
+// compare the central difference (L(x + εd) − L(x − εd)) / 2ε with Σᵢ ⟨gᵢ, dᵢ⟩. In fp32 with
+// ε = 1e-3 the difference has an error around 1e-4 relative, so the tolerance is 2e-3.
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+#include "worker/model.h"
+
+namespace trainyard::worker {
+namespace {
+
+using Tensors = std::vector<std::vector<float>>;
+
+std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// forward(inputs) → output; backward(inputs, dout) → one gradient per input.
+void CheckGradients(const char* what, Tensors inputs,
+                    const std::function<std::vector<float>(const Tensors&)>& forward,
+                    const std::function<Tensors(const Tensors&, const std::vector<float>&)>& backward,
+                    double eps = 1e-3, double tol = 2e-3) {
+  std::mt19937 rng(1234);
+  const std::vector<float> out = forward(inputs);
+  const std::vector<float> r = Random(out.size(), rng);
+  const Tensors grads = backward(inputs, r);
+  ASSERT_EQ(grads.size(), inputs.size());
+  for (size_t which = 0; which < inputs.size(); ++which) {
+    const std::vector<float> d = Random(inputs[which].size(), rng);
+    Tensors plus = inputs, minus = inputs;
+    for (size_t i = 0; i < d.size(); ++i) {
+      plus[which][i] += eps * d[i];
+      minus[which][i] -= eps * d[i];
+    }
+    const double numeric = (Dot(r, forward(plus)) - Dot(r, forward(minus))) / (2 * eps);
+    const double analytic = Dot(grads[which], d);
+    const double scale = std::max({std::abs(numeric), std::abs(analytic), 1e-2});
+    EXPECT_LE(std::abs(numeric - analytic) / scale, tol)
+        << what << " input " << which << ": numeric " << numeric << " analytic " << analytic;
+  }
+}
+
+class GradCheck : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be_ = MakeCpuBackend(1);
+  std::mt19937 rng_{42};
+};
+
+TEST_F(GradCheck, Linear) {
+  const int64_t m = 5, n = 7, k = 6;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(m * n);
+    be_->Linear(out.data(), in[0].data(), in[1].data(), in[2].data(), m, n, k);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{std::vector<float>(m * k), std::vector<float>(n * k), std::vector<float>(n)};
+    be_->LinearBackward(g[0].data(), g[1].data(), g[2].data(), dout.data(), in[0].data(),
+                        in[1].data(), m, n, k);
+    return g;
+  };
+  CheckGradients("linear", {Random(m * k, rng_), Random(n * k, rng_), Random(n, rng_)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, LayerNorm) {
+  const int64_t rows = 4, c = 9;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(rows * c), mean(rows), rstd(rows);
+    be_->LayerNorm(out.data(), mean.data(), rstd.data(), in[0].data(), in[1].data(), in[2].data(),
+                   rows, c, 1e-5f);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    std::vector<float> out(rows * c), mean(rows), rstd(rows);
+    be_->LayerNorm(out.data(), mean.data(), rstd.data(), in[0].data(), in[1].data(), in[2].data(),
+                   rows, c, 1e-5f);
+    Tensors g{std::vector<float>(rows * c), std::vector<float>(c), std::vector<float>(c)};
+    be_->LayerNormBackward(g[0].data(), g[1].data(), g[2].data(), dout.data(), in[0].data(),
+                           in[1].data(), mean.data(), rstd.data(), rows, c);
+    return g;
+  };
+  CheckGradients("layernorm", {Random(rows * c, rng_), Random(c, rng_), Random(c, rng_)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, RmsNorm) {
+  const int64_t rows = 4, c = 9;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(rows * c), rstd(rows);
+    be_->RmsNorm(out.data(), rstd.data(), in[0].data(), in[1].data(), rows, c, 1e-5f);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    std::vector<float> out(rows * c), rstd(rows);
+    be_->RmsNorm(out.data(), rstd.data(), in[0].data(), in[1].data(), rows, c, 1e-5f);
+    Tensors g{std::vector<float>(rows * c), std::vector<float>(c)};
+    be_->RmsNormBackward(g[0].data(), g[1].data(), dout.data(), in[0].data(), in[1].data(),
+                         rstd.data(), rows, c);
+    return g;
+  };
+  CheckGradients("rmsnorm", {Random(rows * c, rng_), Random(c, rng_)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, Gelu) {
+  const int64_t n = 50;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(n);
+    be_->Gelu(out.data(), in[0].data(), n);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{std::vector<float>(n)};
+    be_->GeluBackward(g[0].data(), dout.data(), in[0].data(), n);
+    return g;
+  };
+  CheckGradients("gelu", {Random(n, rng_, 2.0f)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, Swiglu) {
+  const int64_t rows = 3, f = 8;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(rows * f);
+    be_->Swiglu(out.data(), in[0].data(), rows, f);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{std::vector<float>(rows * 2 * f)};
+    be_->SwigluBackward(g[0].data(), dout.data(), in[0].data(), rows, f);
+    return g;
+  };
+  CheckGradients("swiglu", {Random(rows * 2 * f, rng_, 2.0f)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, Rope) {
+  const AttentionShape s{2, 5, 4, 2, 6};
+  const int64_t n = s.batch * s.seq * (s.heads + 2 * s.kv_heads) * s.head_dim;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> x = in[0];
+    be_->Rope(x.data(), s, 10000.0f);
+    return x;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{dout};
+    be_->RopeBackward(g[0].data(), s, 10000.0f);
+    return g;
+  };
+  CheckGradients("rope", {Random(n, rng_)}, fwd, bwd);
+}
+
+void CheckAttention(Backend& be, const AttentionShape& s, std::mt19937& rng) {
+  const int64_t rows = s.batch * s.seq;
+  const int64_t qkv = rows * (s.heads + 2 * s.kv_heads) * s.head_dim;
+  const int64_t out_n = rows * s.heads * s.head_dim;
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(out_n), lse(s.batch * s.heads * s.seq);
+    be.Attention(out.data(), lse.data(), in[0].data(), s);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    std::vector<float> out(out_n), lse(s.batch * s.heads * s.seq);
+    be.Attention(out.data(), lse.data(), in[0].data(), s);
+    Tensors g{std::vector<float>(qkv, 123.0f)};  // poisoned: the backward must overwrite
+    be.AttentionBackward(g[0].data(), dout.data(), in[0].data(), out.data(), lse.data(), s);
+    return g;
+  };
+  CheckGradients("attention", {Random(qkv, rng)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, AttentionMultiHead) { CheckAttention(*be_, {2, 7, 3, 3, 4}, rng_); }
+TEST_F(GradCheck, AttentionGroupedQuery) { CheckAttention(*be_, {2, 6, 4, 2, 4}, rng_); }
+TEST_F(GradCheck, AttentionMultiQuery) { CheckAttention(*be_, {1, 5, 4, 1, 8}, rng_); }
+
+TEST_F(GradCheck, SoftmaxCrossEntropy) {
+  const int64_t rows = 6, vocab = 11;
+  std::vector<int32_t> targets(rows);
+  for (int64_t i = 0; i < rows; ++i) targets[i] = static_cast<int32_t>((i * 7) % vocab);
+  // Output is the per-call loss sum, a 1-element tensor.
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> logits = in[0];
+    return std::vector<float>{static_cast<float>(be_->SoftmaxCrossEntropy(
+        logits.data(), targets.data(), rows, vocab, 0.0f, false))};
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{in[0]};
+    be_->SoftmaxCrossEntropy(g[0].data(), targets.data(), rows, vocab, dout[0], true);
+    return g;
+  };
+  CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng_, 2.0f)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, Embedding) {
+  const int64_t b = 2, t = 4, c = 5, vocab = 6;
+  const std::vector<int32_t> tokens{0, 3, 3, 5, 1, 1, 1, 2};
+  auto fwd = [&](const Tensors& in) {
+    std::vector<float> out(b * t * c);
+    be_->Embedding(out.data(), tokens.data(), in[0].data(), in[1].data(), b, t, c);
+    return out;
+  };
+  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+    Tensors g{std::vector<float>(vocab * c), std::vector<float>(t * c)};
+    be_->EmbeddingBackward(g[0].data(), g[1].data(), dout.data(), tokens.data(), b, t, c);
+    return g;
+  };
+  CheckGradients("embedding", {Random(vocab * c, rng_), Random(t * c, rng_)}, fwd, bwd);
+}
+
+// The whole model, both families: for every parameter tensor, the loss's directional
+// derivative along a random direction in that tensor matches the gradient. Per tensor, because
+// a single direction over all parameters sums contributions of opposite sign and hides errors.
+// The step is 0.03 · N(0, 0.02²) per element: small enough that the central difference's
+// truncation error stays under 0.1%, large enough that fp32 rounding of the loss does too.
+void CheckModel(const config::ModelConfig& cfg) {
+  auto be = MakeCpuBackend(1);
+  auto model_or = Model::Create(cfg, be.get());
+  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  Model& model = **model_or;
+  model.InitParameters(7);
+  const int b = 2, t = 8;
+  std::vector<int32_t> in(b * t), tg(b * t);
+  for (int i = 0; i < b * t; ++i) {
+    in[i] = (i * 13 + 5) % cfg.vocab;
+    tg[i] = (i * 7 + 3) % cfg.vocab;
+  }
+  const int64_t n = model.num_params();
+  std::vector<float> p0(n), g(n);
+  model.ReadParameters(p0.data());
+  model.ZeroGradients();
+  ASSERT_TRUE(model.ForwardBackward(in.data(), tg.data(), b, t, 1.0f).ok());
+  model.ReadGradients(g.data());
+  std::mt19937 rng(5);
+  for (const ParamTensor& tensor : model.layout().tensors()) {
+    const std::vector<float> d = Random(tensor.numel, rng, 0.02f);
+    auto loss_at = [&](double eps) {
+      std::vector<float> p = p0;
+      for (int64_t i = 0; i < tensor.numel; ++i) p[tensor.offset + i] += static_cast<float>(eps) * d[i];
+      model.LoadParameters(p.data());
+      return *model.Loss(in.data(), tg.data(), b, t);
+    };
+    const double eps = 0.03;
+    const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+    double analytic = 0;
+    for (int64_t i = 0; i < tensor.numel; ++i) analytic += double{g[tensor.offset + i]} * d[i];
+    EXPECT_NEAR(numeric, analytic, 5e-3 * std::abs(analytic) + 2e-5)
+        << config::FamilyName(cfg.family) << " " << tensor.name;
+  }
+}
+
+TEST(ModelGradCheck, Gpt2) {
+  auto cfg = *config::Preset("gpt2-debug");
+  cfg.width = 32;
+  cfg.ffn_hidden = 128;
+  cfg.vocab = 50;
+  CheckModel(cfg);
+}
+
+TEST(ModelGradCheck, Llama) {
+  auto cfg = *config::Preset("llama-debug");
+  cfg.width = 32;
+  cfg.ffn_hidden = 48;
+  cfg.vocab = 50;
+  CheckModel(cfg);
+}
+
+}  // namespace
+}  // namespace trainyard::worker

@@ -1,0 +1,59 @@
+// AdamW over a model's flat parameter buffer, its learning-rate schedule, and global-norm
+// gradient clipping. Single-threaded: called from the training loop between steps.
+#ifndef TRAINYARD_WORKER_OPTIMIZER_H_
+#define TRAINYARD_WORKER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "worker/backend.h"
+#include "worker/buffer.h"
+#include "worker/parameters.h"
+
+namespace trainyard::worker {
+
+enum class LrSchedule { kCosine, kLinear, kConstant };
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr_ratio = 0.1;  // the decay ends at lr · min_lr_ratio
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  LrSchedule schedule = LrSchedule::kCosine;
+  double weight_decay = 0.1;  // applied to tensors with two or more dims only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm bound; 0 disables clipping
+};
+
+// Learning rate of optimizer step `step` (0-based): linear warmup to lr over warmup_steps, then
+// the schedule's decay to lr · min_lr_ratio at total_steps.
+double LearningRate(const OptimizerConfig& config, int64_t step);
+
+class AdamW {
+ public:
+  // `backend` and `layout` must outlive the optimizer.
+  AdamW(const OptimizerConfig& config, const ParameterLayout& layout, Backend* backend);
+
+  // Scales grads so that their global L2 norm is at most grad_clip (PyTorch's clip_grad_norm_
+  // rule: factor min(1, clip / (norm + 1e-6))). Returns the norm before clipping.
+  double ClipGradients(float* grads);
+
+  // Applies optimizer step `step` (0-based) and returns the learning rate it used.
+  double Step(float* params, const float* grads, int64_t step);
+
+  float* first_moment() { return m_.data(); }
+  float* second_moment() { return v_.data(); }
+
+ private:
+  OptimizerConfig config_;
+  const ParameterLayout& layout_;
+  Backend* backend_;
+  Buffer<float> m_;
+  Buffer<float> v_;
+};
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_OPTIMIZER_H_

@@ -1,0 +1,67 @@
+// The parameter layout of a model: every named tensor, its shape and its place in one flat
+// buffer. Parameters, gradients and optimizer moments all share this layout, which is what
+// lets the optimizer, gradient clipping and (later) bucketed all-reduce treat them as one span.
+#ifndef TRAINYARD_WORKER_PARAMETERS_H_
+#define TRAINYARD_WORKER_PARAMETERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+
+namespace trainyard::worker {
+
+enum class InitKind { kNormal, kZeros, kOnes };
+
+struct ParamTensor {
+  std::string name;             // e.g. "h.3.attn.qkv.w"
+  std::vector<int64_t> shape;   // row-major; linear weights are [out, in]
+  int64_t offset = 0;           // element offset in the flat buffer
+  int64_t numel = 0;
+  bool decay = false;           // AdamW weight decay applies (tensors with two or more dims)
+  InitKind init = InitKind::kNormal;
+  float init_std = 0.02f;       // for kNormal
+};
+
+// Offsets (into the flat buffer) of one transformer block's tensors; -1 where the family has
+// no such tensor (Llama has no biases and no norm bias).
+struct BlockOffsets {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mlp_proj_w = -1, mlp_proj_b = -1;
+};
+
+class ParameterLayout {
+ public:
+  explicit ParameterLayout(const config::ModelConfig& config);
+
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  int64_t total() const { return total_; }
+  // Returns nullptr when there is no such tensor.
+  const ParamTensor* Find(const std::string& name) const;
+
+  const BlockOffsets& block(int layer) const { return blocks_[layer]; }
+  int64_t wte() const { return wte_; }
+  int64_t wpe() const { return wpe_; }  // -1 for Llama
+  int64_t lnf_w() const { return lnf_w_; }
+  int64_t lnf_b() const { return lnf_b_; }        // -1 for Llama
+  int64_t lm_head() const { return lm_head_; }    // == wte() when embeddings are tied
+
+  // Fills `host` (total() floats) deterministically from `seed`: each tensor draws from its own
+  // counter-based stream keyed by (seed, name), so a value does not depend on which other
+  // tensors exist or on how the model is later sharded.
+  void Initialize(uint64_t seed, float* host) const;
+
+ private:
+  int64_t Add(const std::string& name, std::vector<int64_t> shape, InitKind init,
+              float std = 0.02f);
+
+  std::vector<ParamTensor> tensors_;
+  std::vector<BlockOffsets> blocks_;
+  int64_t total_ = 0;
+  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
+};
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_PARAMETERS_H_
