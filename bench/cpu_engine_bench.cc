@@ -3,6 +3,7 @@
 // the PyTorch peer.
 //
 //   trainyard-bench-cpu --preset gpt2-debug --batch 8 --seq 64 --steps 20 --warmup 3 --threads 2
+//   trainyard-bench-cpu --threads 2 --gemm-peak     (the machine's SGEMM GFLOP/s, for scale)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,10 +21,29 @@
 namespace {
 
 int Fail(const std::string& message) {
-  std::fprintf(stderr, "trainyard-bench-cpu: %s\nusage: trainyard-bench-cpu --preset NAME "
+  std::fprintf(stderr,
+               "trainyard-bench-cpu: %s\nusage: trainyard-bench-cpu --preset NAME "
                "--batch B --seq T --steps N --warmup W --threads K [--recompute]\n",
                message.c_str());
   return 2;
+}
+
+// The machine's practical fp32 ceiling: the median GFLOP/s of a 2048³ OpenBLAS SGEMM.
+int GemmPeak(int threads) {
+  auto backend = trainyard::worker::MakeCpuBackend(threads);
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  std::vector<double> gflops;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    backend->Linear(c.data(), a.data(), b.data(), nullptr, n, n, n);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    gflops.push_back(2.0 * n * n * n / s / 1e9);
+  }
+  std::sort(gflops.begin(), gflops.end());
+  std::printf("{\"sgemm_2048_gflops\":%.1f}\n", gflops[gflops.size() / 2]);
+  return 0;
 }
 
 }  // namespace
@@ -39,6 +59,7 @@ int main(int argc, char** argv) {
       recompute = true;
       continue;
     }
+    if (arg == "--gemm-peak") return GemmPeak(threads);
     if (i + 1 >= argc) return Fail(arg + " needs a value");
     const std::string value = argv[++i];
     int* target = arg == "--batch"     ? &batch
@@ -90,8 +111,20 @@ int main(int argc, char** argv) {
   }
   std::sort(times_ms.begin(), times_ms.end());
   const double median = times_ms[times_ms.size() / 2];
-  std::printf("{\"engine\":\"trainyard\",\"tokens_per_s\":%.1f,\"median_step_ms\":%.3f,"
-              "\"steps\":%d,\"params\":%lld}\n",
-              tokens / (median / 1e3), median, steps, static_cast<long long>(model.num_params()));
+  // PaLM's count: 6 FLOPs per matmul parameter per token (forward and backward), plus the
+  // attention score and value products, 12 · layers · seq · width per token.
+  const config::ModelConfig& c = *config;
+  const int64_t attn = int64_t{c.heads} * c.head_dim();
+  const int64_t fc = c.family == config::ModelFamily::kGpt2 ? c.ffn_hidden : 2 * c.ffn_hidden;
+  const int64_t matmul_params = c.layers * (int64_t{c.qkv_width()} * c.width + c.width * attn +
+                                            fc * c.width + int64_t{c.width} * c.ffn_hidden) +
+                                int64_t{c.vocab} * c.width;
+  const double flop_per_step =
+      static_cast<double>(tokens) * (6.0 * matmul_params + 12.0 * c.layers * seq * c.width);
+  std::printf(
+      "{\"engine\":\"trainyard\",\"tokens_per_s\":%.1f,\"median_step_ms\":%.3f,"
+      "\"steps\":%d,\"params\":%lld,\"gflop_per_step\":%.4f}\n",
+      tokens / (median / 1e3), median, steps, static_cast<long long>(model.num_params()),
+      flop_per_step / 1e9);
   return 0;
 }

@@ -104,13 +104,15 @@ CPU_MODEL="$(grep -m1 -i '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- 
 [[ -n "$CPU_MODEL" ]] || CPU_MODEL="$(lscpu 2>/dev/null | grep -m1 'Model name' | cut -d: -f2- | sed 's/^ *//' || true)"
 [[ -n "$CPU_MODEL" ]] || CPU_MODEL=unknown
 
+GEMM_PEAK="$("$BIN" --threads "$THREADS" --gemm-peak | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["sgemm_2048_gflops"])')"
+
 "$PY" - "$RESULTS" "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" "$(nproc)" "$CPU_MODEL" \
-  "$TORCH_VERSION" "$THREADS" "$STEPS" "$WARMUP" "$ROUNDS" "$COMMAND" <<'PYEOF'
+  "$TORCH_VERSION" "$THREADS" "$STEPS" "$WARMUP" "$ROUNDS" "$COMMAND" "$GEMM_PEAK" <<'PYEOF'
 import json
 import statistics
 import sys
 
-path, date, nproc, cpu, torch_version, threads, steps, warmup, rounds, command = sys.argv[1:]
+path, date, nproc, cpu, torch_version, threads, steps, warmup, rounds, command, peak = sys.argv[1:]
 rows = {}
 for line in open(path, encoding="utf-8"):
     label, engine, text = line.rstrip("\n").split("\t", 2)
@@ -124,10 +126,11 @@ print("- CPU: %s" % cpu)
 print("- torch: %s" % torch_version)
 print("- threads: %s; timed steps: %s (after %s warmup); rounds: %s" % (threads, steps, warmup, rounds))
 print("- command: `%s`" % command)
+print("- ceiling: OpenBLAS SGEMM 2048^3 on %s threads reaches %s GFLOP/s here" % (threads, peak))
 print()
 print("| config | params | tokens/step | trainyard tok/s | pytorch tok/s | ratio "
-      "| trainyard median ms | pytorch median ms |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+      "| trainyard median ms | pytorch median ms | model GFLOP/step | trainyard GFLOP/s |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 status = 0
 for label, engines in rows.items():
     torch_runs, ty_runs = engines["pytorch"], engines["trainyard"]
@@ -143,9 +146,13 @@ for label, engines in rows.items():
     pt_ms = statistics.median(r["median_step_ms"] for r in torch_runs)
     ty_tps = tokens / (ty_ms / 1e3)
     pt_tps = tokens / (pt_ms / 1e3)
-    print("| %s | %s | %d | %.0f | %.0f | %.2fx | %.2f | %.2f |"
-          % (label, format(params, ","), tokens, ty_tps, pt_tps, ty_tps / pt_tps, ty_ms, pt_ms))
+    gflop = ty_runs[0].get("gflop_per_step", float("nan"))
+    print("| %s | %s | %d | %.0f | %.0f | %.2fx | %.2f | %.2f | %.3f | %.1f |"
+          % (label, format(params, ","), tokens, ty_tps, pt_tps, ty_tps / pt_tps, ty_ms, pt_ms,
+             gflop, gflop / (ty_ms / 1e3)))
 print()
 print("ratio = trainyard tok/s / pytorch tok/s (above 1: Trainyard is faster).")
+print("model GFLOP/step = tokens x (6 x matmul parameters + 12 x layers x seq x width), PaLM's count;")
+print("GFLOP/s is that over the median step time; compare it with the SGEMM ceiling above.")
 sys.exit(status)
 PYEOF

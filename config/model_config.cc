@@ -61,11 +61,11 @@ int64_t ModelConfig::ParameterCount() const {
   int64_t per_layer = 0;
   int64_t total = v * c;  // token embedding
   if (family == ModelFamily::kGpt2) {
-    per_layer = 2 * c                       // ln1
-                + qkv * c + qkv             // qkv
-                + c * attn_out + c          // attention projection
-                + 2 * c                     // ln2
-                + f * c + f + c * f + c;    // MLP
+    per_layer = 2 * c                                    // ln1
+                + qkv * c + qkv                          // qkv
+                + c * attn_out + c                       // attention projection
+                + 2 * c                                  // ln2
+                + f * c + f + c * f + c;                 // MLP
     total += static_cast<int64_t>(max_seq) * c + 2 * c;  // positions, final LayerNorm
   } else {
     per_layer = c + qkv * c + c * attn_out + c + 2 * f * c + c * f;
@@ -90,9 +90,8 @@ absl::StatusOr<ModelFamily> ParseFamily(const std::string& name) {
 absl::StatusOr<ModelConfig> Preset(const std::string& name) {
   auto it = Presets().find(name);
   if (it == Presets().end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", name,
-                                                   "' (known: ", absl::StrJoin(PresetNames(), ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model preset '", name, "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
   }
   return it->second;
 }
@@ -117,8 +116,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (c.vocab < 2) return bad("vocab", absl::StrCat("must be at least 2, got ", c.vocab));
   if (c.max_seq < 1) return bad("max_seq", absl::StrCat("must be at least 1, got ", c.max_seq));
   if (c.width % c.heads != 0) {
-    return bad("heads",
-               absl::StrCat("width ", c.width, " is not divisible by heads ", c.heads));
+    return bad("heads", absl::StrCat("width ", c.width, " is not divisible by heads ", c.heads));
   }
   if (c.heads % c.kv_heads != 0) {
     return bad("kv_heads",

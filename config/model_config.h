@@ -46,7 +46,8 @@ std::vector<std::string> PresetNames();
 
 // Checks internal consistency. Errors are INVALID_ARGUMENT naming the field under `path_prefix`
 // (e.g. "model.heads: width 100 is not divisible by heads 3").
-absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& path_prefix = "model");
+absl::Status ValidateModelConfig(const ModelConfig& config,
+                                 const std::string& path_prefix = "model");
 
 }  // namespace trainyard::config
 

@@ -55,12 +55,11 @@ class Backend {
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
                                  const float* rstd, int64_t rows, int64_t c) = 0;
-  virtual void RmsNorm(float* out, float* rstd, const float* inp, const float* weight,
-                       int64_t rows, int64_t c, float eps) = 0;
+  virtual void RmsNorm(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                       int64_t c, float eps) = 0;
   // Accumulates into dinp, dweight.
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                               const float* weight, const float* rstd, int64_t rows,
-                               int64_t c) = 0;
+                               const float* weight, const float* rstd, int64_t rows, int64_t c) = 0;
 
   virtual void Gelu(float* out, const float* inp, int64_t n) = 0;
   virtual void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) = 0;
@@ -74,9 +73,8 @@ class Backend {
 
   // Causal attention; out [b, t, heads·d], lse [b, heads, t]. dqkv is overwritten.
   virtual void Attention(float* out, float* lse, const float* qkv, const AttentionShape& s) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                 const float* out, const float* lse,
-                                 const AttentionShape& s) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                 const float* lse, const AttentionShape& s) = 0;
 
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
   virtual double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows,
@@ -85,8 +83,8 @@ class Backend {
   virtual void Embedding(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int64_t b, int64_t t, int64_t c) = 0;
   // Accumulates into dwte and dwpe (dwpe may be null); deterministic.
-  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
-                                 const int32_t* tokens, int64_t b, int64_t t, int64_t c) = 0;
+  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                 int64_t b, int64_t t, int64_t c) = 0;
 
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& p) = 0;

@@ -30,7 +30,8 @@ constexpr size_t kAlignment = 64;
 template <typename T>
 Buffer<T> AllocAligned(int64_t count) {
   if (count <= 0) return Buffer<T>();
-  const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+  const size_t bytes =
+      (static_cast<size_t>(count) * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, bytes);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, bytes);
@@ -82,8 +83,8 @@ class CpuBackend final : public Backend {
                float eps) override {
     k::RmsNormForward(out, rstd, inp, w, rows, c, eps);
   }
-  void RmsNormBackward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, const float* rstd, int64_t rows, int64_t c) override {
+  void RmsNormBackward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                       const float* rstd, int64_t rows, int64_t c) override {
     k::RmsNormBackward(dinp, dw, dout, inp, w, rstd, rows, c);
   }
   void Gelu(float* out, const float* inp, int64_t n) override { k::GeluForward(out, inp, n); }

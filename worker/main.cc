@@ -54,7 +54,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
     }
   }
-  if (flags.spec_path.empty()) return absl::InvalidArgumentError("--standalone SPEC.yaml is required");
+  if (flags.spec_path.empty())
+    return absl::InvalidArgumentError("--standalone SPEC.yaml is required");
   return flags;
 }
 
@@ -62,7 +63,8 @@ absl::Status Run(int argc, char** argv) {
   absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
   if (!parsed.ok()) return Annotate(parsed.status(), kUsage);
   const Flags& flags = *parsed;
-  TY_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
+  TY_ASSIGN_OR_RETURN(config::JobSpec spec,
+                      config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
   SetLogContext(spec.name, 0);
   const int threads = flags.threads > 0 ? flags.threads : spec.training.threads;
   std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
@@ -74,8 +76,10 @@ absl::Status Run(int argc, char** argv) {
   TY_ASSIGN_OR_RETURN(TrainResult result, Train(spec, *backend, options));
   std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
                                         result.train_losses.size(), result.train_losses.back());
-  if (!result.evals.empty()) absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
-  if (result.entropy_nats) absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
+  if (!result.evals.empty())
+    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
+  if (result.entropy_nats)
+    absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
   absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
   std::cout << summary << std::endl;
   return absl::OkStatus();

@@ -163,8 +163,8 @@ void Model::BlockForward(int layer, LayerActivations& la) {
   Backend& be = *backend_;
 
   if (gpt2) {
-    be.LayerNorm(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), x, P(o.ln1_w),
-                 P(o.ln1_b), n, width, c.norm_eps);
+    be.LayerNorm(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), x, P(o.ln1_w), P(o.ln1_b),
+                 n, width, c.norm_eps);
   } else {
     be.RmsNorm(la.ln1.data(), la.ln1_rstd.data(), x, P(o.ln1_w), n, width, c.norm_eps);
   }
@@ -175,19 +175,16 @@ void Model::BlockForward(int layer, LayerActivations& la) {
   be.Add(la.mid.data(), x, a.tmp.data(), n * width);
 
   if (gpt2) {
-    be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(),
-                 P(o.ln2_w), P(o.ln2_b), n, width, c.norm_eps);
+    be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), P(o.ln2_w),
+                 P(o.ln2_b), n, width, c.norm_eps);
     be.Linear(la.fc.data(), la.ln2.data(), P(o.fc_w), P(o.fc_b), n, c.ffn_hidden, width);
     be.Gelu(la.act.data(), la.fc.data(), n * c.ffn_hidden);
   } else {
-    be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(o.ln2_w), n, width,
-               c.norm_eps);
-    be.Linear(la.fc.data(), la.ln2.data(), P(o.fc_w), nullptr, n, 2 * int64_t{c.ffn_hidden},
-              width);
+    be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(o.ln2_w), n, width, c.norm_eps);
+    be.Linear(la.fc.data(), la.ln2.data(), P(o.fc_w), nullptr, n, 2 * int64_t{c.ffn_hidden}, width);
     be.Swiglu(la.act.data(), la.fc.data(), n, c.ffn_hidden);
   }
-  be.Linear(a.tmp.data(), la.act.data(), P(o.mlp_proj_w), P(o.mlp_proj_b), n, width,
-            c.ffn_hidden);
+  be.Linear(a.tmp.data(), la.act.data(), P(o.mlp_proj_w), P(o.mlp_proj_b), n, width, c.ffn_hidden);
   be.Add(a.resid[layer + 1].data(), la.mid.data(), a.tmp.data(), n * width);
 }
 
@@ -211,31 +208,30 @@ void Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   } else {
     be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, c.ffn_hidden);
   }
-  be.LinearBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfc.data(), la.ln2.data(), P(o.fc_w),
-                    n, fc, width);
+  be.LinearBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfc.data(), la.ln2.data(), P(o.fc_w), n,
+                    fc, width);
   if (gpt2) {
     be.LayerNormBackward(dx, G(o.ln2_w), G(o.ln2_b), a.dln.data(), la.mid.data(), P(o.ln2_w),
                          la.ln2_mean.data(), la.ln2_rstd.data(), n, width);
   } else {
-    be.RmsNormBackward(dx, G(o.ln2_w), a.dln.data(), la.mid.data(), P(o.ln2_w),
-                       la.ln2_rstd.data(), n, width);
+    be.RmsNormBackward(dx, G(o.ln2_w), a.dln.data(), la.mid.data(), P(o.ln2_w), la.ln2_rstd.data(),
+                       n, width);
   }
 
   // Attention branch: mid = x + proj(attention(rope(qkv(norm1(x))))).
   be.LinearBackward(a.datt.data(), G(o.proj_w), G(o.proj_b), dx, la.att.data(), P(o.proj_w), n,
                     width, attn);
-  be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(),
-                       la.lse.data(), shape);
+  be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
+                       shape);
   if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
-  be.LinearBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), la.ln1.data(),
-                    P(o.qkv_w), n, c.qkv_width(), width);
+  be.LinearBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), la.ln1.data(), P(o.qkv_w),
+                    n, c.qkv_width(), width);
   const float* x = a.resid[layer].data();
   if (gpt2) {
     be.LayerNormBackward(dx, G(o.ln1_w), G(o.ln1_b), a.dln.data(), x, P(o.ln1_w),
                          la.ln1_mean.data(), la.ln1_rstd.data(), n, width);
   } else {
-    be.RmsNormBackward(dx, G(o.ln1_w), a.dln.data(), x, P(o.ln1_w), la.ln1_rstd.data(), n,
-                       width);
+    be.RmsNormBackward(dx, G(o.ln1_w), a.dln.data(), x, P(o.ln1_w), la.ln1_rstd.data(), n, width);
   }
 }
 
@@ -244,9 +240,8 @@ void Model::FinalNorm() {
   const int64_t n = int64_t{a.b} * a.t;
   const float* x = a.resid[config_.layers].data();
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
-                        P(layout_.lnf_w()), P(layout_.lnf_b()), n, config_.width,
-                        config_.norm_eps);
+    backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, P(layout_.lnf_w()),
+                        P(layout_.lnf_b()), n, config_.width, config_.norm_eps);
   } else {
     backend_->RmsNorm(a.lnf.data(), a.lnf_rstd.data(), x, P(layout_.lnf_w()), n, config_.width,
                       config_.norm_eps);
@@ -287,8 +282,8 @@ double Model::ChunkedLoss(float grad_scale, bool with_grad) {
   return total;
 }
 
-absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32_t* targets,
-                                              int b, int t, float grad_scale) {
+absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b,
+                                              int t, float grad_scale) {
   if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
   TY_RETURN_IF_ERROR(Prepare(inputs, targets, b, t));
   const bool recompute = config_.recompute;
@@ -323,8 +318,8 @@ absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logi
   const int64_t chunk = a.logits.size() / vocab;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    backend_->Linear(a.logits.data(), a.lnf.data() + r0 * config_.width,
-                     P(layout_.lm_head()), nullptr, rows, vocab, config_.width);
+    backend_->Linear(a.logits.data(), a.lnf.data() + r0 * config_.width, P(layout_.lm_head()),
+                     nullptr, rows, vocab, config_.width);
     backend_->CopyToHost(host_logits + r0 * vocab, a.logits.data(), rows * vocab);
   }
   return absl::OkStatus();

@@ -48,8 +48,8 @@ double AdamW::Step(float* params, const float* grads, int64_t step) {
                         static_cast<float>(config_.eps),
                         t.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
                         step + 1};
-    backend_->AdamW(params + t.offset, grads + t.offset, m_.data() + t.offset,
-                    v_.data() + t.offset, t.numel, p);
+    backend_->AdamW(params + t.offset, grads + t.offset, m_.data() + t.offset, v_.data() + t.offset,
+                    t.numel, p);
   }
   return lr;
 }

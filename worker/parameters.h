@@ -15,13 +15,13 @@ namespace trainyard::worker {
 enum class InitKind { kNormal, kZeros, kOnes };
 
 struct ParamTensor {
-  std::string name;             // e.g. "h.3.attn.qkv.w"
-  std::vector<int64_t> shape;   // row-major; linear weights are [out, in]
-  int64_t offset = 0;           // element offset in the flat buffer
+  std::string name;            // e.g. "h.3.attn.qkv.w"
+  std::vector<int64_t> shape;  // row-major; linear weights are [out, in]
+  int64_t offset = 0;          // element offset in the flat buffer
   int64_t numel = 0;
-  bool decay = false;           // AdamW weight decay applies (tensors with two or more dims)
+  bool decay = false;  // AdamW weight decay applies (tensors with two or more dims)
   InitKind init = InitKind::kNormal;
-  float init_std = 0.02f;       // for kNormal
+  float init_std = 0.02f;  // for kNormal
 };
 
 // Offsets (into the flat buffer) of one transformer block's tensors; -1 where the family has
@@ -44,8 +44,8 @@ class ParameterLayout {
   int64_t wte() const { return wte_; }
   int64_t wpe() const { return wpe_; }  // -1 for Llama
   int64_t lnf_w() const { return lnf_w_; }
-  int64_t lnf_b() const { return lnf_b_; }        // -1 for Llama
-  int64_t lm_head() const { return lm_head_; }    // == wte() when embeddings are tied
+  int64_t lnf_b() const { return lnf_b_; }      // -1 for Llama
+  int64_t lm_head() const { return lm_head_; }  // == wte() when embeddings are tied
 
   // Fills `host` (total() floats) deterministically from `seed`: each tensor draws from its own
   // counter-based stream keyed by (seed, name), so a value does not depend on which other

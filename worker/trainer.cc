@@ -69,9 +69,9 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
 
   TY_ASSIGN_OR_RETURN(DataSplits data, OpenData(spec.data, fs));
   if (data.vocab_bound > spec.model.vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data: tokens reach ", data.vocab_bound - 1, " but model.vocab is ",
-                     spec.model.vocab, " (", data.description, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("data: tokens reach ", data.vocab_bound - 1,
+                                                   " but model.vocab is ", spec.model.vocab, " (",
+                                                   data.description, ")"));
   }
   TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data.train, t), "data: training split");
   TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data.val, t), "data: validation split");
@@ -90,8 +90,7 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
     *out << absl::StrFormat(
                 "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters | data %s\n",
                 config::FamilyName(spec.model.family), spec.model.layers, spec.model.width,
-                spec.model.heads, spec.model.kv_heads, model->num_params() / 1e6,
-                data.description)
+                spec.model.heads, spec.model.kv_heads, model->num_params() / 1e6, data.description)
          << std::flush;
   }
 
@@ -106,16 +105,16 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
     double loss_sum = 0.0;
     for (int first = 0; first < tr.batch; first += micro) {
       train_sampler.FillTrain(step, first, micro, inputs.data(), targets.data());
-      TY_ASSIGN_OR_RETURN(double loss, model->ForwardBackward(inputs.data(), targets.data(),
-                                                              micro, t, grad_scale));
+      TY_ASSIGN_OR_RETURN(
+          double loss, model->ForwardBackward(inputs.data(), targets.data(), micro, t, grad_scale));
       loss_sum += loss;
     }
     const double norm = optimizer.ClipGradients(model->grads());
     const double lr = optimizer.Step(model->params(), model->grads(), step);
     const double loss = loss_sum / static_cast<double>(tokens_per_step);
     if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
-                                              step + 1));
+      return absl::InternalError(
+          absl::StrCat("training diverged: loss is ", loss, " at step ", step + 1));
     }
     result.train_losses.push_back(loss);
     train_nanos += clock.NowNanosMonotonic() - start;
@@ -124,12 +123,13 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
     const bool last = step + 1 == tr.steps;
     if (out && (last || (tr.log_every > 0 && (step + 1) % tr.log_every == 0))) {
       const double window_s = (clock.NowNanosMonotonic() - window_start) / 1e9;
-      *out << absl::StrFormat(
-                  "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
-                  static_cast<int>(std::to_string(tr.steps).size()), step + 1, tr.steps, loss,
-                  lr, norm, window_steps * tokens_per_step / std::max(window_s, 1e-9),
-                  1e3 * window_s / window_steps)
-           << std::flush;
+      *out
+          << absl::StrFormat(
+                 "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
+                 static_cast<int>(std::to_string(tr.steps).size()), step + 1, tr.steps, loss, lr,
+                 norm, window_steps * tokens_per_step / std::max(window_s, 1e-9),
+                 1e3 * window_s / window_steps)
+          << std::flush;
       window_start = clock.NowNanosMonotonic();
       window_steps = 0;
     }

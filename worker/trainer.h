@@ -19,8 +19,8 @@
 namespace trainyard::worker {
 
 struct TrainOptions {
-  FileSystem* fs = nullptr;         // defaults to RealFileSystem()
-  Clock* clock = nullptr;           // defaults to RealClock()
+  FileSystem* fs = nullptr;          // defaults to RealFileSystem()
+  Clock* clock = nullptr;            // defaults to RealClock()
   std::ostream* progress = nullptr;  // progress lines; none when null
 };
 

@@ -1,10 +1,10 @@
 #include "kernels/cpu/adamw.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
-
-#include <omp.h>
 
 namespace trainyard::kernels::cpu {
 

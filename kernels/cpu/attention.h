@@ -12,8 +12,8 @@
 namespace trainyard::kernels::cpu {
 
 // out: [b, t, heads · d]; lse: [b, heads, t].
-void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t,
-                      int64_t heads, int64_t kv_heads, int64_t d);
+void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
+                      int64_t kv_heads, int64_t d);
 
 // dqkv (overwritten): [b, t, (heads + 2·kv_heads) · d], from dout [b, t, heads · d].
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/fast_math.h"
+
 namespace trainyard::kernels::cpu {
 
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
@@ -12,15 +14,21 @@ double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, 
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * vocab;
+    const float target_logit = x[targets[r]];
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, x[j]);
     double sum = 0.0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(x[j] - mx));
-    const double lse = mx + std::log(sum);
-    row_loss[r] = lse - x[targets[r]];
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) {
+      x[j] = FastExp(x[j] - mx);
+      sum += x[j];
+    }
+    row_loss[r] = mx + std::log(sum) - target_logit;
     if (write_grad) {
-      const float lse_f = static_cast<float>(lse);
-      for (int64_t j = 0; j < vocab; ++j) x[j] = grad_scale * std::exp(x[j] - lse_f);
+      const float factor = static_cast<float>(grad_scale / sum);
+#pragma omp simd
+      for (int64_t j = 0; j < vocab; ++j) x[j] *= factor;
       x[targets[r]] -= grad_scale;
     }
   }

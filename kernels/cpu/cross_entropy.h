@@ -7,8 +7,9 @@
 
 namespace trainyard::kernels::cpu {
 
-// Returns Σ_rows -log softmax(logits[r])[targets[r]] (accumulated in double). When write_grad is
-// set, logits is overwritten in place with grad_scale · (softmax(logits) - onehot(target)).
+// Returns Σ_rows -log softmax(logits[r])[targets[r]] (accumulated in double). logits is scratch:
+// it is overwritten, and when write_grad is set it ends holding the logits' gradient
+// grad_scale · (softmax(logits) - onehot(target)).
 // Targets must lie in [0, vocab).
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            float grad_scale, bool write_grad);

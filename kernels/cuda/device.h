@@ -7,10 +7,10 @@
 namespace trainyard::kernels::cuda {
 
 struct DeviceInfo {
-  int count = 0;          // usable CUDA devices; 0 when none or the driver is missing
-  std::string name;       // device 0's name, when count > 0
-  int sm = 0;             // device 0's compute capability, e.g. 90
-  std::string why_none;   // when count == 0: the runtime's explanation
+  int count = 0;         // usable CUDA devices; 0 when none or the driver is missing
+  std::string name;      // device 0's name, when count > 0
+  int sm = 0;            // device 0's compute capability, e.g. 90
+  std::string why_none;  // when count == 0: the runtime's explanation
 };
 
 DeviceInfo ProbeDevices();

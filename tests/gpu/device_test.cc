@@ -1,9 +1,10 @@
 // GPU smoke test: the CUDA runtime sees a device of a compute capability this build targets.
 // Skips, saying why, on machines without a GPU.
+#include "kernels/cuda/device.h"
+
 #include <cstdio>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/device.h"
 
 namespace trainyard::kernels::cuda {
 namespace {

@@ -90,9 +90,9 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const Model& mo
   std::ofstream cfg(dir / "config.json");
   cfg.precision(17);
   cfg << "{\"family\": \"" << config::FamilyName(c.family) << "\", \"layers\": " << c.layers
-      << ", \"width\": " << c.width << ", \"heads\": " << c.heads << ", \"kv_heads\": " << c.kv_heads
-      << ", \"ffn_hidden\": " << c.ffn_hidden << ", \"vocab\": " << c.vocab
-      << ", \"max_seq\": " << c.max_seq
+      << ", \"width\": " << c.width << ", \"heads\": " << c.heads
+      << ", \"kv_heads\": " << c.kv_heads << ", \"ffn_hidden\": " << c.ffn_hidden
+      << ", \"vocab\": " << c.vocab << ", \"max_seq\": " << c.max_seq
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
       << ", \"norm_eps\": " << c.norm_eps << ", \"rope_theta\": " << c.rope_theta
       << ", \"batch\": " << kBatch << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps
@@ -131,10 +131,9 @@ void CompareWithOracle(ModelConfig c) {
   }
   WriteOracleInput(dir / "in", c, model, inputs, targets);
 
-  const std::string cmd =
-      absl::StrCat(testenv::PythonInterpreter(), " ", testenv::SourceDir(),
-                   "/tests/oracle/run_oracle.py ", (dir / "in").string(), " ",
-                   (dir / "out").string());
+  const std::string cmd = absl::StrCat(testenv::PythonInterpreter(), " ", testenv::SourceDir(),
+                                       "/tests/oracle/run_oracle.py ", (dir / "in").string(), " ",
+                                       (dir / "out").string());
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "oracle failed: " << cmd;
   const fs::path out = dir / "out";
@@ -142,12 +141,14 @@ void CompareWithOracle(ModelConfig c) {
   // Logits of the first batch.
   std::vector<float> logits(per_step * c.vocab);
   ASSERT_TRUE(model.Logits(inputs.data(), kBatch, kSeq, logits.data()).ok());
-  const double logit_err = ScaledMaxError(logits.data(), ReadF64(out / "logits.f64", logits.size()));
+  const double logit_err =
+      ScaledMaxError(logits.data(), ReadF64(out / "logits.f64", logits.size()));
   EXPECT_LE(logit_err, 1e-4) << "logits";
 
   // Loss and every parameter gradient of the first batch, in one micro-batch.
   model.ZeroGradients();
-  auto loss_sum = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kSeq, 1.0f / per_step);
+  auto loss_sum =
+      model.ForwardBackward(inputs.data(), targets.data(), kBatch, kSeq, 1.0f / per_step);
   ASSERT_TRUE(loss_sum.ok()) << loss_sum.status();
   const double loss = *loss_sum / per_step;
   const double ref_loss = ReadLines(out / "loss.txt").at(0);
@@ -192,7 +193,8 @@ void CompareWithOracle(ModelConfig c) {
 }
 
 ModelConfig Small(config::ModelFamily family) {
-  ModelConfig c = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  ModelConfig c =
+      *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
   c.layers = 2;
   c.width = 64;
   c.heads = 4;

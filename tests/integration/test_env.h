@@ -33,7 +33,8 @@ inline std::string PythonInterpreter() {
 
 // A new, empty directory private to the calling test.
 inline std::filesystem::path MakeScratchDir(const std::string& prefix) {
-  std::string pattern = (std::filesystem::path(::testing::TempDir()) / (prefix + ".XXXXXX")).string();
+  std::string pattern =
+      (std::filesystem::path(::testing::TempDir()) / (prefix + ".XXXXXX")).string();
   char* made = mkdtemp(pattern.data());
   EXPECT_NE(made, nullptr) << "mkdtemp " << pattern;
   return pattern;

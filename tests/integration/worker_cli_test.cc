@@ -46,8 +46,12 @@ class WorkerCli : public ::testing::Test {
   }
 
   std::string BinSpec(const std::string& shard) {
-    return Write("spec.yaml", absl::StrCat("name: t\nmodel:\n  preset: gpt2-debug\ndata:\n  source: bin\n"
-                                           "  path: ", shard, "\ntraining:\n  steps: 2\n  warmup_steps: 1\n  batch: 2\n  seq_len: 16\n"));
+    return Write(
+        "spec.yaml",
+        absl::StrCat("name: t\nmodel:\n  preset: gpt2-debug\ndata:\n  source: bin\n"
+                     "  path: ",
+                     shard,
+                     "\ntraining:\n  steps: 2\n  warmup_steps: 1\n  batch: 2\n  seq_len: 16\n"));
   }
 
   ProcessResult Worker(const std::vector<std::string>& args) {
@@ -64,14 +68,16 @@ class WorkerCli : public ::testing::Test {
     std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
     ASSERT_GE(lines.size(), 1u);
     EXPECT_EQ(lines.size(), 1u) << r.err;
-    EXPECT_NE(lines[0].find(needle), std::string::npos) << "'" << lines[0] << "' lacks '" << needle << "'";
+    EXPECT_NE(lines[0].find(needle), std::string::npos)
+        << "'" << lines[0] << "' lacks '" << needle << "'";
   }
 
   fs::path dir_;
 };
 
 TEST_F(WorkerCli, MalformedYaml) {
-  ExpectBadInput(Worker({"--standalone", Write("s.yaml", "name: [unclosed\nmodel: {\n")}), "s.yaml:");
+  ExpectBadInput(Worker({"--standalone", Write("s.yaml", "name: [unclosed\nmodel: {\n")}),
+                 "s.yaml:");
 }
 
 TEST_F(WorkerCli, MissingSpecFile) {
@@ -79,8 +85,9 @@ TEST_F(WorkerCli, MissingSpecFile) {
 }
 
 TEST_F(WorkerCli, WidthNotDivisibleByHeads) {
-  ExpectBadInput(Worker({"--standalone", Write("s.yaml", "name: t\nmodel:\n  preset: gpt2-debug\n"
-                                                         "  width: 100\n  heads: 3\n")}),
+  ExpectBadInput(Worker({"--standalone", Write("s.yaml",
+                                               "name: t\nmodel:\n  preset: gpt2-debug\n"
+                                               "  width: 100\n  heads: 3\n")}),
                  "model.heads");
 }
 
@@ -89,7 +96,8 @@ TEST_F(WorkerCli, MissingDataFile) {
 }
 
 TEST_F(WorkerCli, ShardWithWrongMagic) {
-  ExpectBadInput(Worker({"--standalone", BinSpec(Shard("bad.bin", 12345, 1, 1000, 1000))}), "magic");
+  ExpectBadInput(Worker({"--standalone", BinSpec(Shard("bad.bin", 12345, 1, 1000, 1000))}),
+                 "magic");
 }
 
 TEST_F(WorkerCli, TruncatedShard) {
@@ -100,7 +108,8 @@ TEST_F(WorkerCli, TruncatedShard) {
 TEST_F(WorkerCli, UnknownFlag) { ExpectBadInput(Worker({"--bogus"}), "--bogus"); }
 
 TEST_F(WorkerCli, TrainsOnAValidShard) {
-  const ProcessResult r = Worker({"--standalone", BinSpec(Shard("ok.bin", 20240520, 1, 5000, 5000))});
+  const ProcessResult r =
+      Worker({"--standalone", BinSpec(Shard("ok.bin", 20240520, 1, 5000, 5000))});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;

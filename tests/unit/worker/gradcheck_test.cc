@@ -32,10 +32,11 @@ double Dot(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // forward(inputs) → output; backward(inputs, dout) → one gradient per input.
-void CheckGradients(const char* what, Tensors inputs,
-                    const std::function<std::vector<float>(const Tensors&)>& forward,
-                    const std::function<Tensors(const Tensors&, const std::vector<float>&)>& backward,
-                    double eps = 1e-3, double tol = 2e-3) {
+void CheckGradients(
+    const char* what, Tensors inputs,
+    const std::function<std::vector<float>(const Tensors&)>& forward,
+    const std::function<Tensors(const Tensors&, const std::vector<float>&)>& backward,
+    double eps = 1e-3, double tol = 2e-3) {
   std::mt19937 rng(1234);
   const std::vector<float> out = forward(inputs);
   const std::vector<float> r = Random(out.size(), rng);
@@ -184,6 +185,8 @@ void CheckAttention(Backend& be, const AttentionShape& s, std::mt19937& rng) {
 TEST_F(GradCheck, AttentionMultiHead) { CheckAttention(*be_, {2, 7, 3, 3, 4}, rng_); }
 TEST_F(GradCheck, AttentionGroupedQuery) { CheckAttention(*be_, {2, 6, 4, 2, 4}, rng_); }
 TEST_F(GradCheck, AttentionMultiQuery) { CheckAttention(*be_, {1, 5, 4, 1, 8}, rng_); }
+// Longer than one 64-row query block, and not a multiple of it.
+TEST_F(GradCheck, AttentionAcrossQueryBlocks) { CheckAttention(*be_, {2, 150, 4, 2, 4}, rng_); }
 
 TEST_F(GradCheck, SoftmaxCrossEntropy) {
   const int64_t rows = 6, vocab = 11;
@@ -192,8 +195,8 @@ TEST_F(GradCheck, SoftmaxCrossEntropy) {
   // Output is the per-call loss sum, a 1-element tensor.
   auto fwd = [&](const Tensors& in) {
     std::vector<float> logits = in[0];
-    return std::vector<float>{static_cast<float>(be_->SoftmaxCrossEntropy(
-        logits.data(), targets.data(), rows, vocab, 0.0f, false))};
+    return std::vector<float>{static_cast<float>(
+        be_->SoftmaxCrossEntropy(logits.data(), targets.data(), rows, vocab, 0.0f, false))};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
@@ -247,7 +250,8 @@ void CheckModel(const config::ModelConfig& cfg) {
     const std::vector<float> d = Random(tensor.numel, rng, 0.02f);
     auto loss_at = [&](double eps) {
       std::vector<float> p = p0;
-      for (int64_t i = 0; i < tensor.numel; ++i) p[tensor.offset + i] += static_cast<float>(eps) * d[i];
+      for (int64_t i = 0; i < tensor.numel; ++i)
+        p[tensor.offset + i] += static_cast<float>(eps) * d[i];
       model.LoadParameters(p.data());
       return *model.Loss(in.data(), tg.data(), b, t);
     };
