@@ -53,7 +53,12 @@ bool ParseDoubleText(const std::string& text, double* out) {
   return ParseWhole(NumberText(text), out, &ec);
 }
 
-// A key as it appears in a field path: as written when it is a plain identifier, else quoted.
+bool IsPlainScalar(const YamlNode& node) {
+  return node.kind == YamlNode::Kind::kScalar && !node.quoted;
+}
+
+}  // namespace
+
 std::string KeyForPath(const std::string& key) {
   const bool plain =
       !key.empty() && key.size() <= 64 && std::all_of(key.begin(), key.end(), [](char c) {
@@ -61,12 +66,6 @@ std::string KeyForPath(const std::string& key) {
       });
   return plain ? key : QuoteForMessage(key);
 }
-
-bool IsPlainScalar(const YamlNode& node) {
-  return node.kind == YamlNode::Kind::kScalar && !node.quoted;
-}
-
-}  // namespace
 
 YamlMark SpecLocations::Find(std::string_view path) const {
   while (true) {
@@ -250,6 +249,54 @@ absl::Status FieldReader::ReadString(std::string_view key, std::string* out) {
   if (value->kind != YamlNode::Kind::kScalar) return TypeError(key, *value, "a string");
   *out = value->value;
   return absl::OkStatus();
+}
+
+absl::Status FieldReader::ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out) {
+  const YamlNode* value = Lookup(key);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->kind == YamlNode::Kind::kScalar && value->value == "auto") {
+    *out = std::nullopt;
+    return absl::OkStatus();
+  }
+  double as_double = 0;
+  if (!IsPlainScalar(*value) || !ParseDoubleText(value->value, &as_double)) {
+    return TypeError(key, *value, "an integer or auto");
+  }
+  TY_ASSIGN_OR_RETURN(*out, ParseInteger(key, *value, std::numeric_limits<int64_t>::min(),
+                                         std::numeric_limits<int64_t>::max()));
+  return absl::OkStatus();
+}
+
+absl::Status FieldReader::ReadStringMap(std::string_view key,
+                                        std::map<std::string, std::string>* out) {
+  const YamlNode* value = Lookup(key);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->kind != YamlNode::Kind::kMap) {
+    return TypeError(key, *value, "a mapping of strings to strings");
+  }
+  const std::string map_path = PathOf(key);
+  for (const YamlEntry& entry : value->entries) {
+    const std::string entry_path = absl::StrCat(map_path, ".", KeyForPath(entry.key));
+    locations_->Record(entry_path, entry.value.mark);
+    if (entry.value.kind != YamlNode::Kind::kScalar) {
+      return LocatedError(source_name_, entry.value.mark, entry_path,
+                          absl::StrCat("expected a string, got ", DescribeNode(entry.value)));
+    }
+    (*out)[entry.key] = entry.value.value;
+  }
+  return absl::OkStatus();
+}
+
+bool FieldReader::IsWord(std::string_view key, std::string_view word) const {
+  const YamlEntry* entry = node_.Find(key);
+  return entry != nullptr && entry->value.kind == YamlNode::Kind::kScalar &&
+         entry->value.value == word;
+}
+
+absl::Status FieldReader::WrongType(std::string_view key, std::string_view expected) const {
+  const YamlEntry* entry = node_.Find(key);
+  if (entry == nullptr) return ErrorAt(key, absl::StrCat("expected ", AbslView(expected)));
+  return TypeError(key, entry->value, expected);
 }
 
 std::optional<FieldReader> FieldReader::Child(std::string_view key) {

@@ -41,6 +41,10 @@ class SpecLocations {
   std::map<std::string, YamlMark, std::less<>> marks_;
 };
 
+// A key as it appears in a field path: as written when it is a plain identifier (letters, digits,
+// '_' and '-', at most 64 characters), else quoted ("labels.'team name'").
+std::string KeyForPath(const std::string& key);
+
 // The closest of `candidates` to `word` by edit distance (a transposition counts once), if it is
 // at most 2 edits away and shorter than the candidate itself; otherwise "".
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
@@ -56,6 +60,7 @@ class FieldReader {
   absl::Status ExpectMapWithKeys(std::initializer_list<std::string_view> known);
 
   bool Has(std::string_view key) const { return node_.Find(key) != nullptr; }
+  bool IsMapping() const { return node_.kind == YamlNode::Kind::kMap; }
   // Fails, pointing at this mapping, when `key` is absent.
   absl::Status Require(std::string_view key) const;
   const std::string& path() const { return path_; }
@@ -69,6 +74,14 @@ class FieldReader {
   absl::Status ReadFloat(std::string_view key, float* out);
   absl::Status ReadBool(std::string_view key, bool* out);
   absl::Status ReadString(std::string_view key, std::string* out);
+  // An integer, or the word `auto`, which is read as nullopt.
+  absl::Status ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out);
+  // A mapping of strings to strings (numbers and booleans are kept as written). Each entry's
+  // position is recorded under "<path>.<key>.<entry key>".
+  absl::Status ReadStringMap(std::string_view key, std::map<std::string, std::string>* out);
+
+  // True when `key` is present and its value is the scalar `word` (quoted or not).
+  bool IsWord(std::string_view key, std::string_view word) const;
 
   // A reader for the nested mapping at `key`, or nothing when the key is absent. The child's
   // ExpectMapWithKeys checks that it is a mapping.
@@ -78,6 +91,8 @@ class FieldReader {
   absl::Status ErrorAt(std::string_view key, std::string_view reason) const;
   // An error located at this mapping (or at its key), for the mapping as a whole.
   absl::Status Error(std::string_view reason) const;
+  // "expected <expected>, got <what key holds>", located at `key`'s value (which must exist).
+  absl::Status WrongType(std::string_view key, std::string_view expected) const;
 
  private:
   // The value at `key`, recorded in the locations table, or nullptr when absent.

@@ -9,6 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "config/field_reader.h"
+#include "config/mesh.h"
+#include "config/run_sections.h"
 #include "config/spec_validation.h"
 #include "config/yaml_tree.h"
 
@@ -166,7 +168,9 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
 }
 
 absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
-  TY_RETURN_IF_ERROR(top.ExpectMapWithKeys({"name", "model", "data", "training"}));
+  TY_RETURN_IF_ERROR(
+      top.ExpectMapWithKeys({"name", "model", "data", "training", "parallelism", "resources",
+                             "checkpoint", "fault_tolerance", "priority", "labels"}));
   JobSpec spec;
   TY_RETURN_IF_ERROR(top.Require("name"));
   TY_RETURN_IF_ERROR(top.ReadString("name", &spec.name));
@@ -179,7 +183,15 @@ absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
   if (std::optional<FieldReader> training = top.Child("training")) {
     TY_RETURN_IF_ERROR(ReadTraining(*training, &spec.training));
   }
+  TY_RETURN_IF_ERROR(ReadRunSections(top, &spec));
   return spec;
+}
+
+// `parallelism: auto` becomes a concrete mesh here; when none fits, FindSpecProblem explains.
+void ResolveAutomaticMesh(JobSpec* spec) {
+  if (!spec->parallelism.automatic) return;
+  absl::StatusOr<ParallelismSpec> chosen = ChooseParallelism(*spec);
+  if (chosen.ok()) spec->parallelism = *chosen;
 }
 
 // The field itself if the user wrote it, else the first related field they wrote, else the
@@ -194,27 +206,32 @@ YamlMark LocateProblem(const SpecProblem& problem, const SpecLocations& location
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name) {
+std::string DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kGpu ? "gpu" : "cpu"; }
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name,
+                                     const SpecLimits& limits) {
   TY_ASSIGN_OR_RETURN(const YamlNode root,
                       ParseYamlTree(yaml_text, source_name, YamlLimits{kMaxSpecBytes, kMaxDepth}));
   SpecLocations locations;
   FieldReader top(root, "", std::string(source_name), &locations);
   TY_ASSIGN_OR_RETURN(JobSpec spec, ReadJobSpec(top));
-  if (std::optional<SpecProblem> problem = FindSpecProblem(spec)) {
+  ResolveAutomaticMesh(&spec);
+  if (std::optional<SpecProblem> problem = FindSpecProblem(spec, limits)) {
     return LocatedError(source_name, LocateProblem(*problem, locations), problem->path,
                         problem->reason);
   }
   return spec;
 }
 
-absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path) {
+absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path,
+                                    const SpecLimits& limits) {
   TY_ASSIGN_OR_RETURN(const uint64_t size, fs.FileSize(path));
   if (size > kMaxSpecBytes) {
     return LocatedError(path, YamlMark{}, "",
                         absl::StrCat("the spec is ", size, " bytes; the limit is ", kMaxSpecBytes));
   }
   TY_ASSIGN_OR_RETURN(const std::string text, fs.ReadFile(path));
-  return ParseJobSpec(text, path);
+  return ParseJobSpec(text, path, limits);
 }
 
 }  // namespace trainyard::config

@@ -11,8 +11,11 @@
 #define TRAINYARD_CONFIG_SPEC_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,24 +64,94 @@ struct TrainingSpec {
   int threads = 0;  // CPU threads per rank; 0 = all cores
 };
 
+// The device mesh: world = dp x tp x pp ranks, tp innermost (a TP group is tp consecutive ranks,
+// so it stays inside a node), then dp, then pp.
+struct ParallelismSpec {
+  // `parallelism: auto`: dp, tp and pp below were chosen by ChooseParallelism (mesh.h) and may be
+  // chosen again when the job is resized.
+  bool automatic = false;
+  int dp = 1;    // data-parallel replicas
+  int tp = 1;    // tensor-parallel ranks per layer
+  int pp = 1;    // pipeline stages
+  int zero = 0;  // ZeRO stage over the dp group: 0 off, 1 optimizer state, 2 +gradients, 3 +params
+
+  int world_size() const { return dp * tp * pp; }
+};
+
+enum class DeviceKind { kCpu, kGpu };
+
+struct ResourcesSpec {
+  int nodes = 1;
+  int devices_per_node = 1;  // ranks per node: CPU slots (kCpu) or GPUs (kGpu)
+  DeviceKind kind = DeviceKind::kCpu;
+
+  int world_size() const { return nodes * devices_per_node; }
+};
+
+struct CheckpointSpec {
+  std::string dir;  // where checkpoints are written; empty: the job does not checkpoint
+  // Steps between checkpoints; nullopt ("auto"): the coordinator's Young-Daly interval.
+  std::optional<int64_t> every_steps;
+  int keep = 3;  // committed checkpoints kept; older ones are deleted
+
+  bool enabled() const { return !dir.empty(); }
+};
+
+struct FaultToleranceSpec {
+  int max_restarts = 2;  // new attempts after failures before the job is FAILED
+  // Elastic bounds on the node count; 0 means resources.nodes (the parser fills them in).
+  int min_nodes = 0;
+  int max_nodes = 0;
+  double heartbeat_timeout_s = 10.0;  // an agent silent this long is lost
+};
+
 struct JobSpec {
   std::string name;
   ModelConfig model;
   DataSpec data;
   TrainingSpec training;
+  ParallelismSpec parallelism;
+  ResourcesSpec resources;
+  CheckpointSpec checkpoint;
+  FaultToleranceSpec fault_tolerance;
+  int priority = 0;  // higher runs first; -1000..1000
+  std::map<std::string, std::string> labels;
+
+  int world_size() const { return parallelism.world_size(); }
+  int min_nodes() const {
+    return fault_tolerance.min_nodes > 0 ? fault_tolerance.min_nodes : resources.nodes;
+  }
+  int max_nodes() const {
+    return fault_tolerance.max_nodes > 0 ? fault_tolerance.max_nodes : resources.nodes;
+  }
+};
+
+// Where a spec may point. Empty root lists confine nothing (the standalone worker); a server
+// passes its configured roots so that a submitted spec cannot read or write elsewhere.
+struct SpecLimits {
+  // data.path and data.val_path must lie under one of these directories. Relative paths are
+  // resolved against the current working directory, and ".." is normalised away, before the
+  // comparison.
+  std::vector<std::string> allowed_data_roots;
+  // checkpoint.dir must lie under one of these (same rules).
+  std::vector<std::string> allowed_checkpoint_roots;
 };
 
 // Parses and validates a YAML spec. `source_name` (a file name) starts every error message.
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
-                                     std::string_view source_name = "<spec>");
+                                     std::string_view source_name = "<spec>",
+                                     const SpecLimits& limits = SpecLimits());
 
 // Reads `path` from `fs` and parses it, naming the file in errors. A missing file is NOT_FOUND;
 // a file over 1 MiB is INVALID_ARGUMENT without being read.
-absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path);
+absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path,
+                                    const SpecLimits& limits = SpecLimits());
 
 // Cross-field checks on a spec however it was built. Errors are INVALID_ARGUMENT,
 // "<field.path>: <reason>" (ParseJobSpec adds the source, line and column).
-absl::Status ValidateJobSpec(const JobSpec& spec);
+absl::Status ValidateJobSpec(const JobSpec& spec, const SpecLimits& limits = SpecLimits());
+
+std::string DeviceKindName(DeviceKind kind);  // "cpu" | "gpu"
 
 // The largest spec accepted, in bytes (1 MiB).
 inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;

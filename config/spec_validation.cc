@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "config/field_reader.h"
+#include "config/run_sections.h"
 #include "config/yaml_tree.h"
 
 namespace trainyard::config {
@@ -225,15 +226,16 @@ Problem CheckData(const DataSpec& d, const ModelConfig& model, const TrainingSpe
 
 }  // namespace
 
-std::optional<SpecProblem> FindSpecProblem(const JobSpec& spec) {
+std::optional<SpecProblem> FindSpecProblem(const JobSpec& spec, const SpecLimits& limits) {
   if (Problem p = CheckName(spec.name)) return p;
   if (Problem p = CheckModel(spec.model)) return p;
   if (Problem p = CheckTraining(spec.training, spec.model)) return p;
-  return CheckData(spec.data, spec.model, spec.training);
+  if (Problem p = CheckData(spec.data, spec.model, spec.training)) return p;
+  return FindRunProblem(spec, limits);
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
-  if (std::optional<SpecProblem> problem = FindSpecProblem(spec)) {
+absl::Status ValidateJobSpec(const JobSpec& spec, const SpecLimits& limits) {
+  if (std::optional<SpecProblem> problem = FindSpecProblem(spec, limits)) {
     return absl::InvalidArgumentError(absl::StrCat(problem->path, ": ", problem->reason));
   }
   return absl::OkStatus();

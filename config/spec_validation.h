@@ -19,8 +19,10 @@ struct SpecProblem {
   std::vector<std::string> related;
 };
 
-// The first problem found, or nothing when the spec is consistent.
-std::optional<SpecProblem> FindSpecProblem(const JobSpec& spec);
+// The first problem found, or nothing when the spec is consistent and its paths lie under
+// `limits`' roots.
+std::optional<SpecProblem> FindSpecProblem(const JobSpec& spec,
+                                           const SpecLimits& limits = SpecLimits());
 
 }  // namespace trainyard::config
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace trainyard::worker {
@@ -37,10 +38,35 @@ struct Model::Activations {
   Buffer<float> dx, dln, datt, dqkv, dfc, dact, dlnf;
 };
 
-Model::Model(const config::ModelConfig& config, Backend* backend)
-    : config_(config), layout_(config), backend_(backend) {
-  params_ = backend_->AllocFloat(layout_.total());
-  grads_ = backend_->AllocFloat(layout_.total());
+// Holds one parameter group acquired from the source for a scope; records its pointer so that
+// P() can find it.
+class Model::Hold {
+ public:
+  static absl::StatusOr<std::unique_ptr<Hold>> Acquire(Model* model, int group) {
+    TY_ASSIGN_OR_RETURN(const float* p, model->source_->Acquire(group));
+    model->group_params_[group] = p;
+    return std::unique_ptr<Hold>(new Hold(model, group));
+  }
+  ~Hold() {
+    model_->source_->Release(group_);
+    if (--model_->hold_counts_[group_] == 0) model_->group_params_[group_] = nullptr;
+  }
+
+ private:
+  Hold(Model* model, int group) : model_(model), group_(group) { ++model_->hold_counts_[group]; }
+  Model* model_;
+  int group_;
+};
+
+Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source)
+    : config_(config), layout_(config), backend_(backend), source_(source) {
+  if (source_ == nullptr) {
+    local_ = std::make_unique<LocalParamSource>(layout_, backend_);
+    source_ = local_.get();
+  }
+  group_params_.assign(layout_.groups().size(), nullptr);
+  group_grads_.assign(layout_.groups().size(), nullptr);
+  hold_counts_.assign(layout_.groups().size(), 0);
 }
 
 Model::~Model() = default;
@@ -48,7 +74,36 @@ Model::~Model() = default;
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
-  return std::unique_ptr<Model>(new Model(config, backend));
+  return std::unique_ptr<Model>(new Model(config, backend, nullptr));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
+                                                     Backend* backend, ParamSource* source) {
+  TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
+  if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
+  return std::unique_ptr<Model>(new Model(config, backend, source));
+}
+
+const float* Model::P(int group, int64_t offset) const {
+  if (offset < 0) return nullptr;
+  TY_CHECK(group_params_[group] != nullptr) << "parameter group " << group << " is not held";
+  return group_params_[group] + (offset - layout_.groups()[group].begin);
+}
+
+float* Model::G(int group, int64_t offset) const {
+  if (offset < 0) return nullptr;
+  TY_CHECK(group_grads_[group] != nullptr) << "gradients of group " << group << " not requested";
+  return group_grads_[group] + (offset - layout_.groups()[group].begin);
+}
+
+float* Model::params() {
+  TY_CHECK(local_ != nullptr) << "params() needs the model's own parameter source";
+  return local_->params();
+}
+
+float* Model::grads() {
+  TY_CHECK(local_ != nullptr) << "grads() needs the model's own parameter source";
+  return local_->grads();
 }
 
 void Model::InitParameters(uint64_t seed) {
@@ -58,18 +113,38 @@ void Model::InitParameters(uint64_t seed) {
 }
 
 void Model::LoadParameters(const float* host) {
-  backend_->CopyFromHost(params_.data(), host, layout_.total());
+  backend_->CopyFromHost(params(), host, layout_.total());
 }
 
 void Model::ReadParameters(float* host) const {
-  backend_->CopyToHost(host, params_.data(), layout_.total());
+  backend_->CopyToHost(host, const_cast<Model*>(this)->params(), layout_.total());
 }
 
 void Model::ReadGradients(float* host) const {
-  backend_->CopyToHost(host, grads_.data(), layout_.total());
+  backend_->CopyToHost(host, const_cast<Model*>(this)->grads(), layout_.total());
 }
 
-void Model::ZeroGradients() { backend_->Fill(grads_.data(), 0.0f, layout_.total()); }
+void Model::ZeroGradients() { backend_->Fill(grads(), 0.0f, layout_.total()); }
+
+int64_t Model::activation_bytes() const {
+  if (!acts_) return 0;
+  int64_t floats = 0, ints = acts_->inputs.size() + acts_->targets.size();
+  auto add = [&](const Buffer<float>& b) { floats += b.size(); };
+  for (const auto& r : acts_->resid) add(r);
+  for (const auto& la : acts_->layers) {
+    for (const Buffer<float>* b : {&la.ln1, &la.ln1_mean, &la.ln1_rstd, &la.qkv, &la.att, &la.lse,
+                                   &la.mid, &la.ln2, &la.ln2_mean, &la.ln2_rstd, &la.fc, &la.act}) {
+      add(*b);
+    }
+  }
+  for (const Buffer<float>* b :
+       {&acts_->lnf, &acts_->lnf_mean, &acts_->lnf_rstd, &acts_->tmp, &acts_->logits, &acts_->dx,
+        &acts_->dln, &acts_->datt, &acts_->dqkv, &acts_->dfc, &acts_->dact, &acts_->dlnf}) {
+    add(*b);
+  }
+  return floats * static_cast<int64_t>(sizeof(float)) +
+         ints * static_cast<int64_t>(sizeof(int32_t));
+}
 
 absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b, int t) {
   if (b < 1) return absl::InvalidArgumentError(absl::StrCat("batch must be positive, got ", b));
@@ -141,17 +216,28 @@ void Model::EnsureActivations(int b, int t) {
   acts_ = std::move(a);
 }
 
-void Model::Forward(bool keep_layer_activations) {
+absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold) {
   Activations& a = *acts_;
-  backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(layout_.wte()), P(layout_.wpe()), a.b,
-                      a.t, config_.width);
-  for (int l = 0; l < config_.layers; ++l) {
-    BlockForward(l, a.layers[keep_layer_activations ? l : 0]);
+  {
+    TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::kEmbeddingGroup));
+    source_->Prefetch(ParameterLayout::BlockGroup(0));
+    constexpr int g = ParameterLayout::kEmbeddingGroup;
+    backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()),
+                        P(g, layout_.wpe()), a.b, a.t, config_.width);
   }
+  for (int l = 0; l < config_.layers; ++l) {
+    source_->Prefetch(l + 1 < config_.layers ? ParameterLayout::BlockGroup(l + 1)
+                                             : layout_.final_group());
+    TY_RETURN_IF_ERROR(BlockForward(l, a.layers[keep_layer_activations ? l : 0]));
+  }
+  TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
   FinalNorm();
+  return absl::OkStatus();
 }
 
-void Model::BlockForward(int layer, LayerActivations& la) {
+absl::Status Model::BlockForward(int layer, LayerActivations& la) {
+  const int g = ParameterLayout::BlockGroup(layer);
+  TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
@@ -163,33 +249,40 @@ void Model::BlockForward(int layer, LayerActivations& la) {
   Backend& be = *backend_;
 
   if (gpt2) {
-    be.LayerNorm(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), x, P(o.ln1_w), P(o.ln1_b),
-                 n, width, c.norm_eps);
+    be.LayerNorm(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w),
+                 P(g, o.ln1_b), n, width, c.norm_eps);
   } else {
-    be.RmsNorm(la.ln1.data(), la.ln1_rstd.data(), x, P(o.ln1_w), n, width, c.norm_eps);
+    be.RmsNorm(la.ln1.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), n, width, c.norm_eps);
   }
-  be.Linear(la.qkv.data(), la.ln1.data(), P(o.qkv_w), P(o.qkv_b), n, c.qkv_width(), width);
+  be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, c.qkv_width(), width);
   if (!gpt2) be.Rope(la.qkv.data(), shape, c.rope_theta);
   be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
-  be.Linear(a.tmp.data(), la.att.data(), P(o.proj_w), P(o.proj_b), n, width, attn);
+  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), P(g, o.proj_b), n, width, attn);
   be.Add(la.mid.data(), x, a.tmp.data(), n * width);
 
   if (gpt2) {
-    be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), P(o.ln2_w),
-                 P(o.ln2_b), n, width, c.norm_eps);
-    be.Linear(la.fc.data(), la.ln2.data(), P(o.fc_w), P(o.fc_b), n, c.ffn_hidden, width);
+    be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(),
+                 P(g, o.ln2_w), P(g, o.ln2_b), n, width, c.norm_eps);
+    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, c.ffn_hidden, width);
     be.Gelu(la.act.data(), la.fc.data(), n * c.ffn_hidden);
   } else {
-    be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(o.ln2_w), n, width, c.norm_eps);
-    be.Linear(la.fc.data(), la.ln2.data(), P(o.fc_w), nullptr, n, 2 * int64_t{c.ffn_hidden}, width);
+    be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w), n, width,
+               c.norm_eps);
+    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{c.ffn_hidden},
+              width);
     be.Swiglu(la.act.data(), la.fc.data(), n, c.ffn_hidden);
   }
-  be.Linear(a.tmp.data(), la.act.data(), P(o.mlp_proj_w), P(o.mlp_proj_b), n, width, c.ffn_hidden);
+  be.Linear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w), P(g, o.mlp_proj_b), n, width,
+            c.ffn_hidden);
   be.Add(a.resid[layer + 1].data(), la.mid.data(), a.tmp.data(), n * width);
+  return absl::OkStatus();
 }
 
-// On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input).
-void Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
+// On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input). The block's
+// parameter group must be held by the caller.
+absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
+  const int g = ParameterLayout::BlockGroup(layer);
+  TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
@@ -201,72 +294,84 @@ void Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   Backend& be = *backend_;
 
   // MLP branch: out = mid + proj(act(fc(norm2(mid)))).
-  be.LinearBackward(a.dact.data(), G(o.mlp_proj_w), G(o.mlp_proj_b), dx, la.act.data(),
-                    P(o.mlp_proj_w), n, width, c.ffn_hidden);
+  be.LinearBackward(a.dact.data(), G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), dx, la.act.data(),
+                    P(g, o.mlp_proj_w), n, width, c.ffn_hidden);
   if (gpt2) {
     be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * c.ffn_hidden);
   } else {
     be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, c.ffn_hidden);
   }
-  be.LinearBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfc.data(), la.ln2.data(), P(o.fc_w), n,
-                    fc, width);
+  be.LinearBackward(a.dln.data(), G(g, o.fc_w), G(g, o.fc_b), a.dfc.data(), la.ln2.data(),
+                    P(g, o.fc_w), n, fc, width);
   if (gpt2) {
-    be.LayerNormBackward(dx, G(o.ln2_w), G(o.ln2_b), a.dln.data(), la.mid.data(), P(o.ln2_w),
-                         la.ln2_mean.data(), la.ln2_rstd.data(), n, width);
+    be.LayerNormBackward(dx, G(g, o.ln2_w), G(g, o.ln2_b), a.dln.data(), la.mid.data(),
+                         P(g, o.ln2_w), la.ln2_mean.data(), la.ln2_rstd.data(), n, width);
   } else {
-    be.RmsNormBackward(dx, G(o.ln2_w), a.dln.data(), la.mid.data(), P(o.ln2_w), la.ln2_rstd.data(),
-                       n, width);
+    be.RmsNormBackward(dx, G(g, o.ln2_w), a.dln.data(), la.mid.data(), P(g, o.ln2_w),
+                       la.ln2_rstd.data(), n, width);
   }
 
   // Attention branch: mid = x + proj(attention(rope(qkv(norm1(x))))).
-  be.LinearBackward(a.datt.data(), G(o.proj_w), G(o.proj_b), dx, la.att.data(), P(o.proj_w), n,
-                    width, attn);
+  be.LinearBackward(a.datt.data(), G(g, o.proj_w), G(g, o.proj_b), dx, la.att.data(),
+                    P(g, o.proj_w), n, width, attn);
   be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
                        shape);
   if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
-  be.LinearBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), la.ln1.data(), P(o.qkv_w),
-                    n, c.qkv_width(), width);
+  be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
+                    P(g, o.qkv_w), n, c.qkv_width(), width);
   const float* x = a.resid[layer].data();
   if (gpt2) {
-    be.LayerNormBackward(dx, G(o.ln1_w), G(o.ln1_b), a.dln.data(), x, P(o.ln1_w),
+    be.LayerNormBackward(dx, G(g, o.ln1_w), G(g, o.ln1_b), a.dln.data(), x, P(g, o.ln1_w),
                          la.ln1_mean.data(), la.ln1_rstd.data(), n, width);
   } else {
-    be.RmsNormBackward(dx, G(o.ln1_w), a.dln.data(), x, P(o.ln1_w), la.ln1_rstd.data(), n, width);
+    be.RmsNormBackward(dx, G(g, o.ln1_w), a.dln.data(), x, P(g, o.ln1_w), la.ln1_rstd.data(), n,
+                       width);
   }
+  return source_->GradientsReady(g);
 }
 
 void Model::FinalNorm() {
   Activations& a = *acts_;
+  const int g = layout_.final_group();
   const int64_t n = int64_t{a.b} * a.t;
   const float* x = a.resid[config_.layers].data();
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, P(layout_.lnf_w()),
-                        P(layout_.lnf_b()), n, config_.width, config_.norm_eps);
+    backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
+                        P(g, layout_.lnf_w()), P(g, layout_.lnf_b()), n, config_.width,
+                        config_.norm_eps);
   } else {
-    backend_->RmsNorm(a.lnf.data(), a.lnf_rstd.data(), x, P(layout_.lnf_w()), n, config_.width,
+    backend_->RmsNorm(a.lnf.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()), n, config_.width,
                       config_.norm_eps);
   }
 }
 
-void Model::FinalNormBackward(float* dx) {
+absl::Status Model::FinalNormBackward(float* dx) {
   Activations& a = *acts_;
+  const int g = layout_.final_group();
+  TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   const int64_t n = int64_t{a.b} * a.t;
   const float* x = a.resid[config_.layers].data();
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNormBackward(dx, G(layout_.lnf_w()), G(layout_.lnf_b()), a.dlnf.data(), x,
-                                P(layout_.lnf_w()), a.lnf_mean.data(), a.lnf_rstd.data(), n,
+    backend_->LayerNormBackward(dx, G(g, layout_.lnf_w()), G(g, layout_.lnf_b()), a.dlnf.data(), x,
+                                P(g, layout_.lnf_w()), a.lnf_mean.data(), a.lnf_rstd.data(), n,
                                 config_.width);
   } else {
-    backend_->RmsNormBackward(dx, G(layout_.lnf_w()), a.dlnf.data(), x, P(layout_.lnf_w()),
+    backend_->RmsNormBackward(dx, G(g, layout_.lnf_w()), a.dlnf.data(), x, P(g, layout_.lnf_w()),
                               a.lnf_rstd.data(), n, config_.width);
   }
+  return absl::OkStatus();
 }
 
-double Model::ChunkedLoss(float grad_scale, bool with_grad) {
+absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
   Activations& a = *acts_;
+  const int hg = layout_.head_group();
+  TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, hg));
+  if (with_grad) {
+    TY_ASSIGN_OR_RETURN(group_grads_[hg], source_->Gradients(hg));
+  }
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = config_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
-  const float* head = P(layout_.lm_head());
+  const float* head = P(hg, layout_.lm_head());
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
@@ -275,7 +380,7 @@ double Model::ChunkedLoss(float grad_scale, bool with_grad) {
     total += backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab,
                                            grad_scale, with_grad);
     if (with_grad) {
-      backend_->LinearBackward(a.dlnf.data() + r0 * width, G(layout_.lm_head()), nullptr,
+      backend_->LinearBackward(a.dlnf.data() + r0 * width, G(hg, layout_.lm_head()), nullptr,
                                a.logits.data(), h, head, rows, vocab, width);
     }
   }
@@ -287,39 +392,55 @@ absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32
   if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
   TY_RETURN_IF_ERROR(Prepare(inputs, targets, b, t));
   const bool recompute = config_.recompute;
-  Forward(/*keep_layer_activations=*/!recompute);
-  const double loss = ChunkedLoss(grad_scale, /*with_grad=*/true);
+  std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
   float* dx = a.dx.data();
-  backend_->Fill(dx, 0.0f, a.dx.size());
-  FinalNormBackward(dx);
+  double loss = 0.0;
+  {
+    std::unique_ptr<Hold> final_hold;
+    TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!recompute, &final_hold));
+    TY_ASSIGN_OR_RETURN(loss, ChunkedLoss(grad_scale, /*with_grad=*/true));
+    backend_->Fill(dx, 0.0f, a.dx.size());
+    TY_RETURN_IF_ERROR(FinalNormBackward(dx));
+    // Complete now: a tied head lives in the embedding group, whose gradient finishes last.
+    TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
+  }
   for (int l = config_.layers - 1; l >= 0; --l) {
     LayerActivations& la = a.layers[recompute ? 0 : l];
-    if (recompute) BlockForward(l, la);
-    BlockBackward(l, la, dx);
+    TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::BlockGroup(l)));
+    if (l > 0) source_->Prefetch(ParameterLayout::BlockGroup(l - 1));
+    if (recompute) TY_RETURN_IF_ERROR(BlockForward(l, la));
+    TY_RETURN_IF_ERROR(BlockBackward(l, la, dx));
   }
-  backend_->EmbeddingBackward(G(layout_.wte()), G(layout_.wpe()), dx, a.inputs.data(), a.b, a.t,
-                              config_.width);
+  constexpr int eg = ParameterLayout::kEmbeddingGroup;
+  TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
+  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx, a.inputs.data(), a.b,
+                              a.t, config_.width);
+  TY_RETURN_IF_ERROR(source_->GradientsReady(eg));
   return loss;
 }
 
 absl::StatusOr<double> Model::Loss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
   TY_RETURN_IF_ERROR(Prepare(inputs, targets, b, t));
-  Forward(/*keep_layer_activations=*/false);
+  std::unique_ptr<Hold> final_hold;
+  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold));
   return ChunkedLoss(0.0f, /*with_grad=*/false);
 }
 
 absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logits) {
   TY_RETURN_IF_ERROR(Prepare(inputs, nullptr, b, t));
-  Forward(/*keep_layer_activations=*/false);
+  std::unique_ptr<Hold> final_hold;
+  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold));
+  TY_ASSIGN_OR_RETURN(auto head_hold, Hold::Acquire(this, layout_.head_group()));
   Activations& a = *acts_;
   const int64_t n = int64_t{b} * t, vocab = config_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
+  const float* head = P(layout_.head_group(), layout_.lm_head());
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    backend_->Linear(a.logits.data(), a.lnf.data() + r0 * config_.width, P(layout_.lm_head()),
-                     nullptr, rows, vocab, config_.width);
+    backend_->Linear(a.logits.data(), a.lnf.data() + r0 * config_.width, head, nullptr, rows, vocab,
+                     config_.width);
     backend_->CopyToHost(host_logits + r0 * vocab, a.logits.data(), rows * vocab);
   }
   return absl::OkStatus();

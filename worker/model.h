@@ -15,6 +15,7 @@
 #include "config/model_config.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
+#include "worker/param_source.h"
 #include "worker/parameters.h"
 
 namespace trainyard::worker {
@@ -22,16 +23,24 @@ namespace trainyard::worker {
 class Model {
  public:
   // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config.
+  // Parameters and gradients live in a LocalParamSource the model owns.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
                                                        Backend* backend);
+  // Parameters and gradients come from `source` (which must outlive the model and use this
+  // model's layout, e.g. a data-parallel sharded source).
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
+                                                       Backend* backend, ParamSource* source);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  // Bytes of activation memory held for the last micro-batch shape.
+  int64_t activation_bytes() const;
 
+  // The methods below need the model's own LocalParamSource (the first Create).
+  float* params();
+  float* grads();
   void InitParameters(uint64_t seed);
   void LoadParameters(const float* host);  // layout().total() floats
   void ReadParameters(float* host) const;
@@ -53,27 +62,35 @@ class Model {
   struct LayerActivations;
   struct Activations;
 
-  Model(const config::ModelConfig& config, Backend* backend);
+  class Hold;
+
+  Model(const config::ModelConfig& config, Backend* backend, ParamSource* source);
   absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
-  // Runs embedding and every block; leaves the final norm's output in acts_->lnf.
-  void Forward(bool keep_layer_activations);
-  void BlockForward(int layer, LayerActivations& a);
-  void BlockBackward(int layer, LayerActivations& a, float* dx);
+  // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
+  // final group stays acquired (released by the caller through `final_hold`).
+  absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold);
+  absl::Status BlockForward(int layer, LayerActivations& a);
+  absl::Status BlockBackward(int layer, LayerActivations& a, float* dx);
   void FinalNorm();
-  void FinalNormBackward(float* dx);
+  absl::Status FinalNormBackward(float* dx);
   // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
   // d(lnf) and accumulates the LM head's weight gradient.
-  double ChunkedLoss(float grad_scale, bool with_grad);
+  absl::StatusOr<double> ChunkedLoss(float grad_scale, bool with_grad);
 
-  float* P(int64_t offset) { return offset < 0 ? nullptr : params_.data() + offset; }
-  float* G(int64_t offset) { return offset < 0 ? nullptr : grads_.data() + offset; }
+  // Parameter / gradient of the tensor at flat `offset` in `group` (null for offset -1). Valid
+  // while the group is held / after Gradients(group) this pass.
+  const float* P(int group, int64_t offset) const;
+  float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
   ParameterLayout layout_;
   Backend* backend_;
-  Buffer<float> params_;
-  Buffer<float> grads_;
+  std::unique_ptr<LocalParamSource> local_;  // set by the first Create
+  ParamSource* source_;
+  std::vector<const float*> group_params_;  // per group, while held
+  std::vector<float*> group_grads_;         // per group, once requested this pass
+  std::vector<int> hold_counts_;            // live Holds per group
   std::unique_ptr<Activations> acts_;
 };
 

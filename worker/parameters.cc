@@ -21,6 +21,8 @@ ParameterLayout::ParameterLayout(const ModelConfig& c) {
 
   wte_ = Add("wte", {c.vocab, width}, InitKind::kNormal);
   if (gpt2) wpe_ = Add("wpe", {c.max_seq, width}, InitKind::kNormal);
+  groups_.push_back({0, total_});  // embeddings
+  int64_t group_begin = total_;
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = absl::StrCat("h.", l, ".");
     BlockOffsets b;
@@ -37,10 +39,13 @@ ParameterLayout::ParameterLayout(const ModelConfig& c) {
     b.mlp_proj_w = Add(p + "mlp.proj.w", {width, ffn}, InitKind::kNormal, residual_std);
     if (gpt2) b.mlp_proj_b = Add(p + "mlp.proj.b", {width}, InitKind::kZeros);
     blocks_.push_back(b);
+    groups_.push_back({group_begin, total_});
+    group_begin = total_;
   }
   lnf_w_ = Add("lnf.w", {width}, InitKind::kOnes);
   if (gpt2) lnf_b_ = Add("lnf.b", {width}, InitKind::kZeros);
   lm_head_ = c.tied_embeddings ? wte_ : Add("lm_head.w", {c.vocab, width}, InitKind::kNormal);
+  groups_.push_back({group_begin, total_});  // final norm (and the untied head)
 }
 
 int64_t ParameterLayout::Add(const std::string& name, std::vector<int64_t> shape, InitKind init,

@@ -31,6 +31,15 @@ struct BlockOffsets {
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mlp_proj_w = -1, mlp_proj_b = -1;
 };
 
+// A contiguous range [begin, end) of the flat buffer that the model uses as a unit: group 0 holds
+// the embeddings, group 1 + l block l, the last group the final norm (and an untied LM head).
+// Sharded parameter managers gather, reduce and free memory one group at a time.
+struct ParamGroup {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 class ParameterLayout {
  public:
   explicit ParameterLayout(const config::ModelConfig& config);
@@ -47,6 +56,13 @@ class ParameterLayout {
   int64_t lnf_b() const { return lnf_b_; }      // -1 for Llama
   int64_t lm_head() const { return lm_head_; }  // == wte() when embeddings are tied
 
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  static constexpr int kEmbeddingGroup = 0;
+  static int BlockGroup(int layer) { return layer + 1; }
+  int final_group() const { return static_cast<int>(groups_.size()) - 1; }
+  // The group holding the LM head's weight (the embedding group when tied).
+  int head_group() const { return lm_head_ == wte_ ? kEmbeddingGroup : final_group(); }
+
   // Fills `host` (total() floats) deterministically from `seed`: each tensor draws from its own
   // counter-based stream keyed by (seed, name), so a value does not depend on which other
   // tensors exist or on how the model is later sharded.
@@ -58,6 +74,7 @@ class ParameterLayout {
 
   std::vector<ParamTensor> tensors_;
   std::vector<BlockOffsets> blocks_;
+  std::vector<ParamGroup> groups_;
   int64_t total_ = 0;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };

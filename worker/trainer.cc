@@ -9,9 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "config/mesh.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
+#include "worker/dist/communicator.h"
+#include "worker/dist/sharded_params.h"
 #include "worker/model.h"
+#include "worker/parameters.h"
 
 namespace trainyard::worker {
 
@@ -61,10 +65,31 @@ std::string EvalLine(const EvalPoint& e, const std::optional<double>& entropy) {
 
 absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
                                   const TrainOptions& options) {
+  return TrainRank(spec, RankContext{}, backend, options);
+}
+
+absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankContext& rank,
+                                      Backend& backend, const TrainOptions& options) {
   FileSystem& fs = options.fs ? *options.fs : *RealFileSystem();
   Clock& clock = options.clock ? *options.clock : *RealClock();
   const config::TrainingSpec& tr = spec.training;
-  const int micro = tr.micro_batch > 0 ? tr.micro_batch : tr.batch;
+  const config::ParallelismSpec& mesh = spec.parallelism;
+  if (mesh.tp != 1 || mesh.pp != 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("parallelism: tensor and pipeline parallelism are not available yet (tp ",
+                     mesh.tp, ", pp ", mesh.pp, "); use data parallelism with ZeRO"));
+  }
+  const int world = mesh.world_size();
+  if (rank.rank < 0 || rank.rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank.rank, " outside a world of ", world, " ranks"));
+  }
+  if (world > 1 && rank.store == nullptr) {
+    return absl::InvalidArgumentError("a multi-rank job needs a rendezvous store");
+  }
+  const int micro = config::MicroBatchPerRank(tr, mesh);
+  const int per_rank = tr.batch / mesh.dp;
+  const int dp_rank = rank.rank;  // tp = pp = 1: the rank is the data-parallel index
   const int t = tr.seq_len;
 
   TY_ASSIGN_OR_RETURN(DataSplits data, OpenData(spec.data, fs));
@@ -78,19 +103,32 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
   const BatchSampler train_sampler(*data.train, t, tr.seed);
   const BatchSampler val_sampler(*data.val, t, tr.seed);
 
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec.model, &backend));
-  model->InitParameters(tr.seed);
-  AdamW optimizer(OptimizerConfigFromSpec(tr), model->layout(), &backend);
+  std::unique_ptr<dist::Communicator> dp_comm;
+  if (mesh.dp > 1) {
+    TY_ASSIGN_OR_RETURN(dp_comm, dist::ConnectGloo(*rank.store, "dp", dp_rank, mesh.dp, rank.gloo));
+  } else {
+    dp_comm = dist::MakeSelfCommunicator();
+  }
+  const config::ModelConfig& mc = spec.model;
+  const ParameterLayout layout(mc);
+  TY_ASSIGN_OR_RETURN(
+      std::unique_ptr<dist::ShardedParams> params,
+      dist::ShardedParams::Create(layout, &backend, dp_comm.get(),
+                                  {.zero_stage = mesh.zero, .bucket_bytes = rank.bucket_bytes},
+                                  OptimizerConfigFromSpec(tr)));
+  params->Initialize(tr.seed);
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(mc, &backend, params.get()));
 
   TrainResult result;
   result.entropy_nats = data.entropy_nats;
   result.parameters = model->num_params();
-  std::ostream* out = options.progress;
+  std::ostream* out = rank.rank == 0 ? options.progress : nullptr;
   if (out) {
     *out << absl::StrFormat(
-                "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters | data %s\n",
-                config::FamilyName(spec.model.family), spec.model.layers, spec.model.width,
-                spec.model.heads, spec.model.kv_heads, model->num_params() / 1e6, data.description)
+                "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters | mesh dp %d "
+                "(ZeRO-%d) | data %s\n",
+                config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
+                model->num_params() / 1e6, mesh.dp, mesh.zero, data.description)
          << std::flush;
   }
 
@@ -101,16 +139,20 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
   int64_t window_start = clock.NowNanosMonotonic(), window_steps = 0;
   for (int64_t step = 0; step < tr.steps; ++step) {
     const int64_t start = clock.NowNanosMonotonic();
-    model->ZeroGradients();
     double loss_sum = 0.0;
-    for (int first = 0; first < tr.batch; first += micro) {
-      train_sampler.FillTrain(step, first, micro, inputs.data(), targets.data());
+    // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
+    // the same samples the single-process run draws for those positions.
+    for (int first = 0; first < per_rank; first += micro) {
+      TY_RETURN_IF_ERROR(params->BeginMicroBatch(first == 0, first + micro >= per_rank));
+      train_sampler.FillTrain(step, int64_t{dp_rank} * per_rank + first, micro, inputs.data(),
+                              targets.data());
       TY_ASSIGN_OR_RETURN(
           double loss, model->ForwardBackward(inputs.data(), targets.data(), micro, t, grad_scale));
       loss_sum += loss;
     }
-    const double norm = optimizer.ClipGradients(model->grads());
-    const double lr = optimizer.Step(model->params(), model->grads(), step);
+    double lr = 0.0;
+    TY_ASSIGN_OR_RETURN(const double norm, params->FinishStep(step, &lr));
+    TY_ASSIGN_OR_RETURN(loss_sum, params->SumOverRanks(loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step);
     if (!std::isfinite(loss)) {
       return absl::InternalError(
@@ -133,15 +175,34 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
       window_start = clock.NowNanosMonotonic();
       window_steps = 0;
     }
+    StepReport report{.step = step + 1,
+                      .total_steps = tr.steps,
+                      .loss = loss,
+                      .learning_rate = lr,
+                      .grad_norm = norm,
+                      .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
+    report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
     if (last || (tr.eval_every > 0 && (step + 1) % tr.eval_every == 0)) {
       TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, val_sampler, micro, tr.eval_batches));
       result.evals.push_back({step + 1, val});
+      report.val_loss = val;
       if (out) *out << EvalLine(result.evals.back(), data.entropy_nats) << "\n" << std::flush;
       window_start = clock.NowNanosMonotonic();
     }
+    if (options.on_step) TY_RETURN_IF_ERROR(options.on_step(report));
   }
   result.tokens_per_second =
       train_nanos > 0 ? tr.steps * tokens_per_step / (train_nanos / 1e9) : 0.0;
+  static_cast<dist::MemoryAccount&>(result.memory) = params->memory();
+  result.memory.activations = model->activation_bytes();
+  for (int k = 0; k < static_cast<int>(dist::CollectiveKind::kCount); ++k) {
+    result.bytes_sent[k] = dp_comm->stats().bytes_sent(static_cast<dist::CollectiveKind>(k));
+  }
+  result.overlap = params->timeline();
+  if (options.final_parameters != nullptr) {
+    options.final_parameters->resize(layout.total());
+    TY_RETURN_IF_ERROR(params->GatherParameters(options.final_parameters->data()));
+  }
   return result;
 }
 

@@ -3,7 +3,9 @@
 #ifndef TRAINYARD_WORKER_TRAINER_H_
 #define TRAINYARD_WORKER_TRAINER_H_
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <utility>
@@ -14,14 +16,41 @@
 #include "common/filesystem.h"
 #include "config/spec.h"
 #include "worker/backend.h"
+#include "worker/dist/communicator.h"
+#include "worker/dist/sharded_params.h"
 #include "worker/optimizer.h"
 
 namespace trainyard::worker {
+
+// What the loop reports after every optimizer step (to a coordinator, a test, a log).
+struct StepReport {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t total_steps = 0;
+  double loss = 0.0;  // mean training loss of this step
+  double learning_rate = 0.0;
+  double grad_norm = 0.0;
+  double step_seconds = 0.0;  // wall time of this step
+  double tokens_per_second = 0.0;
+  std::optional<double> val_loss;  // set on steps that evaluated
+};
 
 struct TrainOptions {
   FileSystem* fs = nullptr;          // defaults to RealFileSystem()
   Clock* clock = nullptr;            // defaults to RealClock()
   std::ostream* progress = nullptr;  // progress lines; none when null
+  // Called on the training thread after every step; a non-OK status stops training with it
+  // (e.g. CANCELLED when the coordinator orders a stop).
+  std::function<absl::Status(const StepReport&)> on_step;
+  // When set, receives the full parameters (layout order) after the last step (tests).
+  std::vector<float>* final_parameters = nullptr;
+};
+
+// Where this process sits in the job's mesh (spec.parallelism) and how it reaches its peers.
+struct RankContext {
+  int rank = 0;
+  dist::KeyValueStore* store = nullptr;  // rendezvous space; required when world > 1
+  dist::GlooOptions gloo;
+  int64_t bucket_bytes = 1 << 20;  // gradient all-reduce bucket size (ZeRO 0/1)
 };
 
 struct EvalPoint {
@@ -35,9 +64,22 @@ struct TrainResult {
   std::optional<double> entropy_nats;  // the data's entropy rate, when known
   double tokens_per_second = 0.0;      // over the whole run, evaluation excluded
   int64_t parameters = 0;
+  // Accounting of this rank: persistent bytes by kind, the largest transient footprint, and
+  // activation memory; bytes sent per collective kind over the whole run; and when the last
+  // step's gradient collectives finished against the end of its backward pass.
+  struct Memory : dist::MemoryAccount {
+    int64_t activations = 0;
+  } memory;
+  std::array<int64_t, static_cast<int>(dist::CollectiveKind::kCount)> bytes_sent{};
+  dist::OverlapTimeline overlap;
 };
 
 OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& training);
+
+// Runs rank `rank.rank` of the job's mesh (every rank of the job calls it). With a world of one
+// rank, Train below.
+absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankContext& rank,
+                                      Backend& backend, const TrainOptions& options);
 
 // Trains spec.model on spec.data for spec.training.steps steps on `backend`. Errors: bad data
 // (INVALID_ARGUMENT / NOT_FOUND naming the file), or a model/data mismatch (INVALID_ARGUMENT).

@@ -27,6 +27,112 @@ std::string Base(const std::string& training, const std::string& data = "") {
   return absl::StrCat("name: job\nmodel:\n  preset: gpt2-debug\n", data, "training:\n", training);
 }
 
+// The gpt2-debug model (2 layers, 4 heads, ffn 256) with extra top-level sections from line 4.
+std::string WithSections(const std::string& sections) {
+  return absl::StrCat("name: job\nmodel:\n  preset: gpt2-debug\n", sections);
+}
+
+std::string ManyLabels(int count) {
+  std::string labels = "labels: {";
+  for (int i = 0; i < count; ++i) absl::StrAppend(&labels, i ? ", " : "", "k", i, ": v");
+  return labels + "}\n";
+}
+
+// The run sections: parallelism, resources, checkpoint, fault_tolerance, priority, labels.
+std::vector<BadSpec> RunSectionBadSpecs() {
+  return {
+      {"world size: dp", WithSections("parallelism:\n  dp: 2\n"), "5:7", "parallelism.dp",
+       "dp 2 × tp 1 × pp 1 = 2 ranks, but resources provide 1 (nodes 1 × devices_per_node 1); "
+       "dp 1 would fit"},
+      {"world size: tp",
+       WithSections("resources: {devices_per_node: 3}\nparallelism: {dp: 3, tp: 2}\n"), "5:26",
+       "parallelism.tp",
+       "= 6 ranks, but resources provide 3 (nodes 1 × devices_per_node 3); tp 1 would fit"},
+      {"world size: no single factor",
+       WithSections(
+           "resources: {nodes: 3, devices_per_node: 2}\nparallelism: {dp: 2, tp: 2, pp: 2}\n"),
+       "5:19", "parallelism.dp", "dp 2 × tp 2 × pp 2 = 8 ranks, but resources provide 6"},
+      {"heads not divisible by tp",
+       WithSections("resources: {devices_per_node: 3}\nparallelism: {dp: 1, tp: 3}\n"), "5:26",
+       "parallelism.tp", "model.heads 4 is not divisible by tp 3"},
+      {"kv_heads not divisible by tp",
+       "name: job\nmodel:\n  preset: llama-debug\nresources: {devices_per_node: 4}\n"
+       "parallelism: {tp: 4}\n",
+       "5:19", "parallelism.tp", "model.kv_heads 2 is not divisible by tp 4"},
+      {"tp across nodes", WithSections("resources: {nodes: 2}\nparallelism: {tp: 2}\n"), "5:19",
+       "parallelism.tp",
+       "tp 2 does not divide resources.devices_per_node 1 (a tensor-parallel group must stay "
+       "inside one node)"},
+      {"pp over layers", WithSections("resources: {devices_per_node: 4}\nparallelism: {pp: 4}\n"),
+       "5:19", "parallelism.pp", "pp 4 exceeds model.layers 2"},
+      {"batch not divisible by dp",
+       WithSections(
+           "resources: {devices_per_node: 3}\nparallelism: {dp: 3}\ntraining: {batch: 8}\n"),
+       "6:19", "training.batch", "batch 8 is not divisible by dp 3"},
+      {"batch not divisible by dp x micro_batch",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n"
+                    "training: {batch: 12, micro_batch: 4}\n"),
+       "6:36", "training.micro_batch", "batch 12 is not divisible by dp 2 × micro_batch 4 = 8"},
+      {"zero stage", WithSections("parallelism: {zero: 4}\n"), "4:21", "parallelism.zero",
+       "ZeRO stage must be 0, 1, 2 or 3, got 4"},
+      {"zero dp", WithSections("parallelism: {dp: 0}\n"), "4:19", "parallelism.dp",
+       "must be between 1 and 65536, got 0"},
+      {"parallelism word", WithSections("parallelism: manual\n"), "4:14", "parallelism",
+       "expected auto or a mapping of dp, tp, pp, zero, got 'manual'"},
+      {"auto finds no mesh", WithSections("resources: {devices_per_node: 3}\nparallelism: auto\n"),
+       "5:14", "parallelism",
+       "auto: no dp × tp × pp split of the 3 ranks fits the model and batch (with dp 3: "
+       "training.batch: batch 8 is not divisible by dp 3"},
+      {"parallelism typo", WithSections("parallelism: {dq: 2}\n"), "4:15", "parallelism.dq",
+       "did you mean 'dp'?"},
+      {"device kind typo", WithSections("resources: {kind: gpuu}\n"), "4:19", "resources.kind",
+       "unknown device kind 'gpuu'; did you mean 'gpu'?"},
+      {"zero nodes", WithSections("resources:\n  nodes: 0\n"), "5:10", "resources.nodes",
+       "must be between 1 and 4096, got 0"},
+      {"devices as word", WithSections("resources:\n  devices_per_node: two\n"), "5:21",
+       "resources.devices_per_node", "expected an integer, got 'two'"},
+      {"checkpoint without dir", WithSections("checkpoint:\n  every_steps: 100\n"), "5:3",
+       "checkpoint.dir", "required"},
+      {"checkpoint empty dir", WithSections("checkpoint: {dir: \"\"}\n"), "4:19", "checkpoint.dir",
+       "must not be empty"},
+      {"checkpoint every zero", WithSections("checkpoint: {dir: ckpt, every_steps: 0}\n"), "4:38",
+       "checkpoint.every_steps", "must be at least 1 or auto, got 0"},
+      {"checkpoint every word", WithSections("checkpoint: {dir: ckpt, every_steps: sometimes}\n"),
+       "4:38", "checkpoint.every_steps", "expected an integer or auto, got 'sometimes'"},
+      {"checkpoint keep zero", WithSections("checkpoint: {dir: ckpt, keep: 0}\n"), "4:31",
+       "checkpoint.keep", "must be between 1 and 1000, got 0"},
+      {"negative max_restarts", WithSections("fault_tolerance:\n  max_restarts: -1\n"), "5:17",
+       "fault_tolerance.max_restarts", "must be between 0 and 1000, got -1"},
+      {"min_nodes over nodes",
+       WithSections(
+           "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {min_nodes: 3}\n"),
+       "6:30", "fault_tolerance.min_nodes", "must be between 1 and resources.nodes 2, got 3"},
+      {"max_nodes under nodes",
+       WithSections(
+           "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {max_nodes: 1}\n"),
+       "6:30", "fault_tolerance.max_nodes", "must be between resources.nodes 2 and 4096, got 1"},
+      {"min_nodes zero", WithSections("fault_tolerance: {min_nodes: 0}\n"), "4:30",
+       "fault_tolerance.min_nodes", "must be at least 1, got 0"},
+      {"heartbeat timeout too short", WithSections("fault_tolerance: {heartbeat_timeout_s: 0.5}\n"),
+       "4:40", "fault_tolerance.heartbeat_timeout_s", "must be between 1 and 3600 seconds"},
+      {"priority out of range", WithSections("priority: 5000\n"), "4:11", "priority",
+       "must be between -1000 and 1000, got 5000"},
+      {"priority word", WithSections("priority: high\n"), "4:11", "priority",
+       "expected an integer, got 'high'"},
+      {"labels list", WithSections("labels: [a, b]\n"), "4:9", "labels",
+       "expected a mapping of strings to strings, got a sequence"},
+      {"nested label", WithSections("labels: {team: {a: b}}\n"), "4:16", "labels.team",
+       "expected a string, got a mapping"},
+      {"bad label key", WithSections("labels: {\"bad key!\": x}\n"), "4:22", "labels.'bad key!'",
+       "a label key is 1-63 letters"},
+      {"long label value",
+       WithSections(absl::StrCat("labels: {note: ", std::string(300, 'a'), "}\n")), "4:16",
+       "labels.note", "a label value is at most 256 bytes, got 300"},
+      {"too many labels", WithSections(ManyLabels(33)), "4:9", "labels",
+       "at most 32 labels are allowed, got 33"},
+  };
+}
+
 std::vector<BadSpec> BadSpecs() {
   return {
       {"string for int", Base("  steps: many\n"), "5:10", "training.steps",
@@ -138,21 +244,66 @@ std::vector<BadSpec> BadSpecs() {
   };
 }
 
+void ExpectRefused(const BadSpec& bad, const SpecLimits& limits = SpecLimits()) {
+  SCOPED_TRACE(bad.label);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(bad.yaml, "job.yaml", limits);
+  ASSERT_FALSE(spec.ok()) << bad.yaml;
+  const absl::Status& status = spec.status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  const std::string prefix = absl::StrCat("job.yaml:", bad.location, ": ", bad.path, ": ");
+  EXPECT_TRUE(absl::StartsWith(status.message(), prefix))
+      << "want prefix [" << prefix << "] got [" << status.message() << "]";
+  EXPECT_TRUE(absl::StrContains(status.message(), bad.reason_part))
+      << "want [" << bad.reason_part << "] in [" << status.message() << "]";
+  EXPECT_FALSE(absl::StrContains(status.message(), "\n")) << status;
+}
+
 TEST(SpecErrorsTest, EachBadSpecNamesFieldAndPosition) {
   ASSERT_GE(BadSpecs().size(), 15u);
-  for (const BadSpec& bad : BadSpecs()) {
-    SCOPED_TRACE(bad.label);
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(bad.yaml, "job.yaml");
-    ASSERT_FALSE(spec.ok()) << bad.yaml;
-    const absl::Status& status = spec.status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    const std::string prefix = absl::StrCat("job.yaml:", bad.location, ": ", bad.path, ": ");
-    EXPECT_TRUE(absl::StartsWith(status.message(), prefix))
-        << "want prefix [" << prefix << "] got [" << status.message() << "]";
-    EXPECT_TRUE(absl::StrContains(status.message(), bad.reason_part))
-        << "want [" << bad.reason_part << "] in [" << status.message() << "]";
-    EXPECT_FALSE(absl::StrContains(status.message(), "\n")) << status;
+  for (const BadSpec& bad : BadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, EachBadRunSectionNamesFieldAndPosition) {
+  ASSERT_GE(RunSectionBadSpecs().size(), 30u);
+  for (const BadSpec& bad : RunSectionBadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, DataAndCheckpointPathsOutsideTheRootsAreRefused) {
+  SpecLimits limits;
+  limits.allowed_data_roots = {"/srv/data", "/mnt/shared/corpora/"};
+  limits.allowed_checkpoint_roots = {"/srv/checkpoints"};
+  auto data = [](const std::string& fields) {
+    return absl::StrCat("name: job\nmodel: {preset: gpt2-debug}\ndata:\n  source: bin\n", fields);
+  };
+  const std::vector<BadSpec> outside = {
+      {"absolute path elsewhere", data("  path: /etc/passwd\n"), "5:9", "data.path",
+       "'/etc/passwd' ('/etc/passwd') is outside the allowed directories: /srv/data, "
+       "/mnt/shared/corpora"},
+      {"dot-dot escape", data("  path: /srv/data/../secrets/train.bin\n"), "5:9", "data.path",
+       "('/srv/secrets/train.bin') is outside the allowed directories"},
+      {"sibling with a common prefix", data("  path: /srv/data2/train.bin\n"), "5:9", "data.path",
+       "is outside the allowed directories"},
+      {"relative path", data("  path: ../../etc/shadow\n"), "5:9", "data.path",
+       "is outside the allowed directories"},
+      {"glob that could match ..", data("  path: /srv/data/.*/x.bin\n"), "5:9", "data.path",
+       "a path component starting with '.' may not contain glob characters"},
+      {"validation path", data("  path: /srv/data/a.bin\n  val_path: /tmp/val.bin\n"), "6:13",
+       "data.val_path", "'/tmp/val.bin' ('/tmp/val.bin') is outside"},
+      {"checkpoint dir",
+       "name: job\nmodel: {preset: gpt2-debug}\ncheckpoint: {dir: /srv/data/ckpt}\n", "3:19",
+       "checkpoint.dir", "is outside the allowed directories: /srv/checkpoints"},
+  };
+  for (const BadSpec& bad : outside) ExpectRefused(bad, limits);
+
+  for (const char* inside : {"/srv/data/train.bin", "/srv/data/shards/train_*.bin",
+                             "/srv/data/./a/../b.bin", "/mnt/shared/corpora/x.bin", "/srv/data"}) {
+    SCOPED_TRACE(inside);
+    absl::StatusOr<JobSpec> spec =
+        ParseJobSpec(data(absl::StrCat("  path: ", inside, "\n")), "job.yaml", limits);
+    EXPECT_TRUE(spec.ok()) << spec.status();
   }
+  // Without roots nothing is confined (the standalone worker).
+  EXPECT_TRUE(ParseJobSpec(data("  path: /etc/passwd\n"), "job.yaml").ok());
 }
 
 // Parses `yaml`, expecting a fast refusal whose message starts with `prefix`.

@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "config/mesh.h"
 #include "gtest/gtest.h"
 
 namespace trainyard::config {
@@ -71,7 +73,118 @@ TEST(ExampleSpecsTest, EveryExampleParses) {
     absl::StatusOr<JobSpec> spec = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/" + name);
     EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
   }
-  EXPECT_GE(yaml_files, 3);
+  EXPECT_GE(yaml_files, 5);
+}
+
+TEST(ExampleSpecsTest, TwoRankAndLlama1bParse) {
+  absl::StatusOr<JobSpec> two = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/tiny-2rank.yaml");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->parallelism.dp, 2);
+  EXPECT_EQ(two->world_size(), 2);
+  EXPECT_EQ(two->resources.kind, DeviceKind::kCpu);
+  EXPECT_EQ(two->resources.devices_per_node, 2);
+  EXPECT_EQ(two->fault_tolerance.max_restarts, 2);
+
+  absl::StatusOr<JobSpec> llama = LoadJobSpec(*RealFileSystem(), ExamplesDir() + "/llama-1b.yaml");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->model.family, ModelFamily::kLlama);
+  EXPECT_EQ(llama->model.vocab, 50304);
+  EXPECT_EQ(llama->resources.kind, DeviceKind::kGpu);
+  EXPECT_EQ(llama->world_size(), 16);
+  EXPECT_EQ(llama->parallelism.tp, 4);
+  EXPECT_EQ(llama->parallelism.zero, 1);
+  EXPECT_TRUE(llama->checkpoint.enabled());
+  EXPECT_FALSE(llama->checkpoint.every_steps.has_value());  // auto
+  EXPECT_EQ(llama->min_nodes(), 1);
+  EXPECT_EQ(llama->max_nodes(), 2);
+  EXPECT_DOUBLE_EQ(llama->fault_tolerance.heartbeat_timeout_s, 30.0);
+  EXPECT_EQ(llama->priority, 10);
+  EXPECT_EQ(llama->labels.at("team"), "research");
+}
+
+TEST(ParseJobSpecTest, RunSectionDefaults) {
+  JobSpec spec = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
+  EXPECT_FALSE(spec.parallelism.automatic);
+  EXPECT_EQ(spec.world_size(), 1);
+  EXPECT_EQ(spec.parallelism.zero, 0);
+  EXPECT_EQ(spec.resources.nodes, 1);
+  EXPECT_EQ(spec.resources.devices_per_node, 1);
+  EXPECT_EQ(spec.resources.kind, DeviceKind::kCpu);
+  EXPECT_FALSE(spec.checkpoint.enabled());
+  EXPECT_EQ(spec.fault_tolerance.max_restarts, 2);
+  EXPECT_EQ(spec.fault_tolerance.min_nodes, 1);  // filled in from resources.nodes
+  EXPECT_EQ(spec.fault_tolerance.max_nodes, 1);
+  EXPECT_DOUBLE_EQ(spec.fault_tolerance.heartbeat_timeout_s, 10.0);
+  EXPECT_EQ(spec.priority, 0);
+  EXPECT_TRUE(spec.labels.empty());
+}
+
+TEST(ParseJobSpecTest, FullRunSections) {
+  JobSpec spec = MustParse(R"(name: full
+model: {preset: llama-debug}
+training: {batch: 12, micro_batch: 3}
+parallelism: {dp: 2, tp: 2, pp: 2, zero: 3}
+resources: {nodes: 2, devices_per_node: 4, kind: gpu}
+checkpoint: {dir: ckpt/full, every_steps: 250, keep: 5}
+fault_tolerance: {max_restarts: 0, min_nodes: 1, max_nodes: 4, heartbeat_timeout_s: 2.5}
+priority: -7
+labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
+)");
+  EXPECT_EQ(spec.parallelism.dp, 2);
+  EXPECT_EQ(spec.parallelism.tp, 2);
+  EXPECT_EQ(spec.parallelism.pp, 2);
+  EXPECT_EQ(spec.parallelism.zero, 3);
+  EXPECT_EQ(spec.world_size(), 8);
+  EXPECT_EQ(spec.resources.world_size(), 8);
+  EXPECT_EQ(spec.resources.kind, DeviceKind::kGpu);
+  EXPECT_EQ(spec.checkpoint.dir, "ckpt/full");
+  EXPECT_EQ(spec.checkpoint.every_steps, 250);
+  EXPECT_EQ(spec.checkpoint.keep, 5);
+  EXPECT_EQ(spec.fault_tolerance.max_restarts, 0);
+  EXPECT_EQ(spec.min_nodes(), 1);
+  EXPECT_EQ(spec.max_nodes(), 4);
+  EXPECT_DOUBLE_EQ(spec.fault_tolerance.heartbeat_timeout_s, 2.5);
+  EXPECT_EQ(spec.priority, -7);
+  const std::map<std::string, std::string> labels = {
+      {"team", "infra"}, {"cost-center", "1234"}, {"example.com/owner", "ada"}, {"empty", ""}};
+  EXPECT_EQ(spec.labels, labels);
+}
+
+TEST(ParseJobSpecTest, AutoParallelismPrefersDataParallel) {
+  // Four ranks and a batch of 8: pure data parallelism fits.
+  JobSpec spec = MustParse(
+      "name: a\nmodel: {preset: gpt2-debug}\nresources: {devices_per_node: 4}\n"
+      "parallelism: auto\n");
+  EXPECT_TRUE(spec.parallelism.automatic);
+  EXPECT_EQ(spec.parallelism.dp, 4);
+  EXPECT_EQ(spec.parallelism.tp, 1);
+  EXPECT_EQ(spec.parallelism.pp, 1);
+
+  // A batch of 6 is not divisible by dp 4, so two replicas of a two-way tensor-parallel model.
+  spec = MustParse(
+      "name: a\nmodel: {preset: gpt2-debug}\ntraining: {batch: 6}\n"
+      "resources: {devices_per_node: 4}\nparallelism: auto\n");
+  EXPECT_EQ(spec.parallelism.dp, 2);
+  EXPECT_EQ(spec.parallelism.tp, 2);
+  EXPECT_EQ(spec.parallelism.pp, 1);
+
+  // One sequence per step and one device per node: tensor parallelism cannot cross nodes, so the
+  // two nodes become two pipeline stages.
+  spec = MustParse(
+      "name: a\nmodel: {preset: gpt2-debug}\ntraining: {batch: 1}\n"
+      "resources: {nodes: 2}\nparallelism: auto\n");
+  EXPECT_EQ(spec.parallelism.dp, 1);
+  EXPECT_EQ(spec.parallelism.tp, 1);
+  EXPECT_EQ(spec.parallelism.pp, 2);
+}
+
+TEST(ParseJobSpecTest, MicroBatchIsPerRankUnderDataParallelism) {
+  JobSpec spec = MustParse(
+      "name: a\nmodel: {preset: gpt2-debug}\ntraining: {batch: 16, micro_batch: 4}\n"
+      "resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n");
+  EXPECT_EQ(MicroBatchPerRank(spec.training, spec.parallelism), 4);
+  spec.training.micro_batch = 0;
+  EXPECT_EQ(MicroBatchPerRank(spec.training, spec.parallelism), 8);  // batch / dp
 }
 
 TEST(ParseJobSpecTest, MinimalSpecGetsDefaults) {
@@ -219,6 +332,38 @@ TEST(ValidateJobSpecTest, ChecksStructsBuiltInCode) {
   spec.training.lr = 1e-3;
   spec.data.source = "bin";
   EXPECT_EQ(ValidateJobSpec(spec).message(), "data.path: required when source is bin");
+}
+
+TEST(ValidateJobSpecTest, ChecksRunSectionsBuiltInCode) {
+  JobSpec spec;
+  spec.name = "built";
+  spec.resources.devices_per_node = 2;
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "parallelism.dp: dp 1 × tp 1 × pp 1 = 1 ranks, but resources provide 2 (nodes 1 × "
+            "devices_per_node 2); dp 2 would fit");
+  spec.parallelism.dp = 2;
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  // min_nodes/max_nodes of 0 stand for resources.nodes.
+  EXPECT_EQ(spec.min_nodes(), 1);
+  EXPECT_EQ(spec.max_nodes(), 1);
+
+  spec.parallelism.automatic = true;  // dp/tp/pp are the planner's choice; a fitting mesh exists
+  spec.parallelism.dp = 1;
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  spec.checkpoint.dir = "/ckpt";
+  spec.checkpoint.every_steps = 0;
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "checkpoint.every_steps: must be at least 1 or auto, got 0");
+  spec.checkpoint.every_steps.reset();
+  SpecLimits limits;
+  limits.allowed_checkpoint_roots = {"/ckpt"};
+  EXPECT_TRUE(ValidateJobSpec(spec, limits).ok());
+  limits.allowed_checkpoint_roots = {"/other"};
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(spec, limits).message(), "checkpoint.dir: "));
+
+  spec.labels["bad key"] = "x";
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(spec).message(), "labels.'bad key': "));
 }
 
 }  // namespace

@@ -1,0 +1,164 @@
+#include "config/mesh.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::config {
+namespace {
+
+using Problem = std::optional<SpecProblem>;
+
+constexpr int kMaxDegree = 65536;
+
+Problem Bad(std::string path, std::string reason, std::vector<std::string> related = {}) {
+  return SpecProblem{std::move(path), std::move(reason), std::move(related)};
+}
+
+Problem CheckDegrees(const ParallelismSpec& m) {
+  const std::pair<const char*, int> degrees[] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}};
+  for (const auto& [name, value] : degrees) {
+    if (value < 1 || value > kMaxDegree) {
+      return Bad(absl::StrCat("parallelism.", name),
+                 absl::StrCat("must be between 1 and ", kMaxDegree, ", got ", value));
+    }
+  }
+  if (m.zero < 0 || m.zero > 3) {
+    return Bad("parallelism.zero", absl::StrCat("ZeRO stage must be 0, 1, 2 or 3, got ", m.zero));
+  }
+  return std::nullopt;
+}
+
+// dp x tp x pp must use every device. The problem names the first factor that, changed alone,
+// would make the product fit (dp before tp before pp), with the value that would.
+Problem CheckWorldSize(const ParallelismSpec& m, const ResourcesSpec& r) {
+  const int64_t product = int64_t{m.dp} * m.tp * m.pp;
+  const int64_t world = int64_t{r.nodes} * r.devices_per_node;
+  if (product == world) return std::nullopt;
+  const std::string what = absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, " = ", product,
+                                        " ranks, but resources provide ", world, " (nodes ",
+                                        r.nodes, " × devices_per_node ", r.devices_per_node, ")");
+  const std::vector<std::string> resources = {"resources.devices_per_node", "resources.nodes"};
+  const struct {
+    const char* name;
+    int64_t others;
+  } factors[] = {
+      {"dp", int64_t{m.tp} * m.pp}, {"tp", int64_t{m.dp} * m.pp}, {"pp", int64_t{m.dp} * m.tp}};
+  for (const auto& factor : factors) {
+    if (world % factor.others != 0) continue;
+    std::vector<std::string> related = {"parallelism"};
+    related.insert(related.end(), resources.begin(), resources.end());
+    return Bad(absl::StrCat("parallelism.", factor.name),
+               absl::StrCat(what, "; ", factor.name, " ", world / factor.others, " would fit"),
+               std::move(related));
+  }
+  return Bad("parallelism.dp", what, {"parallelism.tp", "parallelism.pp", "parallelism"});
+}
+
+Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
+  if (spec.resources.devices_per_node % m.tp != 0) {
+    return Bad("parallelism.tp",
+               absl::StrCat("tp ", m.tp, " does not divide resources.devices_per_node ",
+                            spec.resources.devices_per_node,
+                            " (a tensor-parallel group must stay inside one node)"),
+               {"resources.devices_per_node"});
+  }
+  const std::pair<const char*, int> sharded[] = {{"heads", spec.model.heads},
+                                                 {"kv_heads", spec.model.kv_heads},
+                                                 {"ffn_hidden", spec.model.ffn_hidden}};
+  for (const auto& [name, value] : sharded) {
+    if (value % m.tp != 0) {
+      return Bad("parallelism.tp",
+                 absl::StrCat("model.", name, " ", value, " is not divisible by tp ", m.tp,
+                              " (tensor parallelism splits them evenly)"),
+                 {absl::StrCat("model.", name), "model.preset"});
+    }
+  }
+  return std::nullopt;
+}
+
+Problem CheckPipeline(const ParallelismSpec& m, const ModelConfig& model) {
+  if (m.pp > model.layers) {
+    return Bad("parallelism.pp",
+               absl::StrCat("pp ", m.pp, " exceeds model.layers ", model.layers,
+                            " (every pipeline stage needs at least one layer)"),
+               {"model.layers", "model.preset"});
+  }
+  return std::nullopt;
+}
+
+Problem CheckBatch(const ParallelismSpec& m, const TrainingSpec& t) {
+  if (m.dp == 1) return std::nullopt;  // the single-replica rules are checked with training
+  if (t.batch % m.dp != 0) {
+    return Bad("training.batch",
+               absl::StrCat("batch ", t.batch, " is not divisible by dp ", m.dp,
+                            " (every data-parallel replica takes an equal share)"),
+               {"parallelism.dp"});
+  }
+  if (t.micro_batch > 0 && t.batch % (int64_t{m.dp} * t.micro_batch) != 0) {
+    return Bad("training.micro_batch",
+               absl::StrCat("batch ", t.batch, " is not divisible by dp ", m.dp, " × micro_batch ",
+                            t.micro_batch, " = ", int64_t{m.dp} * t.micro_batch),
+               {"training.batch", "parallelism.dp"});
+  }
+  return std::nullopt;
+}
+
+int64_t ModelParallelSize(const ParallelismSpec& m) { return int64_t{m.tp} * m.pp; }
+
+}  // namespace
+
+int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh) {
+  if (training.micro_batch > 0) return training.micro_batch;
+  return mesh.dp > 0 ? training.batch / mesh.dp : training.batch;
+}
+
+std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec) {
+  if (Problem p = CheckDegrees(mesh)) return p;
+  if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
+  if (Problem p = CheckTensorParallel(mesh, spec)) return p;
+  if (Problem p = CheckPipeline(mesh, spec.model)) return p;
+  return CheckBatch(mesh, spec.training);
+}
+
+absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec) {
+  const int world = spec.resources.nodes * spec.resources.devices_per_node;
+  std::vector<ParallelismSpec> candidates;
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0) continue;
+    for (int pp = 1; pp <= world / tp; ++pp) {
+      if ((world / tp) % pp != 0) continue;
+      ParallelismSpec mesh;
+      mesh.automatic = true;
+      mesh.dp = world / tp / pp;
+      mesh.tp = tp;
+      mesh.pp = pp;
+      mesh.zero = spec.parallelism.zero;
+      candidates.push_back(mesh);
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const ParallelismSpec& a, const ParallelismSpec& b) {
+                     if (ModelParallelSize(a) != ModelParallelSize(b)) {
+                       return ModelParallelSize(a) < ModelParallelSize(b);
+                     }
+                     return a.pp < b.pp;
+                   });
+  for (const ParallelismSpec& mesh : candidates) {
+    if (!FindMeshProblem(mesh, spec)) return mesh;
+  }
+  ParallelismSpec pure_dp;
+  pure_dp.dp = world;
+  pure_dp.zero = spec.parallelism.zero;
+  const Problem why = FindMeshProblem(pure_dp, spec);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no dp × tp × pp split of the ", world, " ranks fits the model and batch (with dp ", world,
+      ": ", why ? absl::StrCat(why->path, ": ", why->reason) : std::string("resources are invalid"),
+      ")"));
+}
+
+}  // namespace trainyard::config

@@ -1,0 +1,38 @@
+// The rules a dp x tp x pp device mesh must satisfy for a job, and the choice made for
+// `parallelism: auto`. These are the static rules (divisibility, world size, TP inside a node);
+// fitting the model into device memory is the coordinator's mesh planner's concern.
+//
+// Threading: plain functions; no shared state.
+#ifndef TRAINYARD_CONFIG_MESH_H_
+#define TRAINYARD_CONFIG_MESH_H_
+
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "config/spec.h"
+#include "config/spec_validation.h"
+
+namespace trainyard::config {
+
+// The first rule `mesh` breaks for `spec` (its model, training batch and resources; the spec's
+// own parallelism is ignored), or nothing. The rules, in order: every degree is at least 1 and
+// zero is 0..3; dp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
+// names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
+// inside a node); model.heads, model.kv_heads and model.ffn_hidden are divisible by tp;
+// model.layers >= pp (every pipeline stage holds a layer); training.batch is divisible by
+// dp x micro_batch (micro_batch 0 meaning batch / dp).
+std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
+
+// For `parallelism: auto`: the valid mesh over the spec's resources with the least model
+// parallelism (tp x pp), preferring tp to pp at equal size, so the largest data-parallel degree.
+// Keeps spec.parallelism.zero and sets automatic. INVALID_ARGUMENT when no factorization is valid,
+// naming why the pure data-parallel one is not.
+absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec);
+
+// Sequences one rank runs per forward/backward pass under `mesh`: training.micro_batch, or
+// batch / dp when micro_batch is 0.
+int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh);
+
+}  // namespace trainyard::config
+
+#endif  // TRAINYARD_CONFIG_MESH_H_

@@ -1,0 +1,98 @@
+// YAML → ParallelismSpec, ResourcesSpec, CheckpointSpec, FaultToleranceSpec, priority, labels.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "config/run_sections.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::config {
+namespace {
+
+absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
+  std::optional<FieldReader> r = top.Child("parallelism");  // records where it was written
+  if (!r) return absl::OkStatus();
+  if (top.IsWord("parallelism", "auto")) {
+    p->automatic = true;
+    return absl::OkStatus();
+  }
+  if (!r->IsMapping()) return top.WrongType("parallelism", "auto or a mapping of dp, tp, pp, zero");
+  TY_RETURN_IF_ERROR(r->ExpectMapWithKeys({"dp", "tp", "pp", "zero"}));
+  TY_RETURN_IF_ERROR(r->ReadInt("dp", &p->dp));
+  TY_RETURN_IF_ERROR(r->ReadInt("tp", &p->tp));
+  TY_RETURN_IF_ERROR(r->ReadInt("pp", &p->pp));
+  TY_RETURN_IF_ERROR(r->ReadInt("zero", &p->zero));
+  return absl::OkStatus();
+}
+
+absl::Status ReadResources(FieldReader& r, ResourcesSpec* res) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"nodes", "devices_per_node", "kind"}));
+  TY_RETURN_IF_ERROR(r.ReadInt("nodes", &res->nodes));
+  TY_RETURN_IF_ERROR(r.ReadInt("devices_per_node", &res->devices_per_node));
+  std::string kind = DeviceKindName(res->kind);
+  TY_RETURN_IF_ERROR(r.ReadString("kind", &kind));
+  if (kind == "cpu") {
+    res->kind = DeviceKind::kCpu;
+  } else if (kind == "gpu") {
+    res->kind = DeviceKind::kGpu;
+  } else {
+    const std::string suggestion = ClosestMatch(kind, {"cpu", "gpu"});
+    return r.ErrorAt("kind", absl::StrCat("unknown device kind ", QuoteForMessage(kind),
+                                          suggestion.empty() ? "; expected cpu or gpu"
+                                                             : absl::StrCat("; did you mean '",
+                                                                            suggestion, "'?")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"dir", "every_steps", "keep"}));
+  if (!r.Has("dir")) {
+    return r.ErrorAt("dir", "required: where the job's checkpoints are written");
+  }
+  TY_RETURN_IF_ERROR(r.ReadString("dir", &c->dir));
+  if (c->dir.empty()) return r.ErrorAt("dir", "must not be empty");
+  TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("every_steps", &c->every_steps));
+  TY_RETURN_IF_ERROR(r.ReadInt("keep", &c->keep));
+  return absl::OkStatus();
+}
+
+absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
+  TY_RETURN_IF_ERROR(
+      r.ExpectMapWithKeys({"max_restarts", "min_nodes", "max_nodes", "heartbeat_timeout_s"}));
+  TY_RETURN_IF_ERROR(r.ReadInt("max_restarts", &f->max_restarts));
+  TY_RETURN_IF_ERROR(r.ReadInt("min_nodes", &f->min_nodes));
+  TY_RETURN_IF_ERROR(r.ReadInt("max_nodes", &f->max_nodes));
+  TY_RETURN_IF_ERROR(r.ReadDouble("heartbeat_timeout_s", &f->heartbeat_timeout_s));
+  // Written as 0 is a mistake (0 only stands for "unset" in code-built structs).
+  if (r.Has("min_nodes") && f->min_nodes < 1) {
+    return r.ErrorAt("min_nodes", absl::StrCat("must be at least 1, got ", f->min_nodes));
+  }
+  if (r.Has("max_nodes") && f->max_nodes < 1) {
+    return r.ErrorAt("max_nodes", absl::StrCat("must be at least 1, got ", f->max_nodes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReadRunSections(FieldReader& top, JobSpec* spec) {
+  if (std::optional<FieldReader> resources = top.Child("resources")) {
+    TY_RETURN_IF_ERROR(ReadResources(*resources, &spec->resources));
+  }
+  TY_RETURN_IF_ERROR(ReadParallelism(top, &spec->parallelism));
+  if (std::optional<FieldReader> checkpoint = top.Child("checkpoint")) {
+    TY_RETURN_IF_ERROR(ReadCheckpoint(*checkpoint, &spec->checkpoint));
+  }
+  if (std::optional<FieldReader> fault_tolerance = top.Child("fault_tolerance")) {
+    TY_RETURN_IF_ERROR(ReadFaultTolerance(*fault_tolerance, &spec->fault_tolerance));
+  }
+  TY_RETURN_IF_ERROR(top.ReadInt("priority", &spec->priority));
+  TY_RETURN_IF_ERROR(top.ReadStringMap("labels", &spec->labels));
+  FaultToleranceSpec& f = spec->fault_tolerance;
+  if (f.min_nodes == 0) f.min_nodes = spec->resources.nodes;
+  if (f.max_nodes == 0) f.max_nodes = spec->resources.nodes;
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard::config

@@ -1,0 +1,153 @@
+// Cross-field checks of the run sections, and confinement of the spec's paths.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "config/mesh.h"
+#include "config/path_confinement.h"
+#include "config/run_sections.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::config {
+namespace {
+
+using Problem = std::optional<SpecProblem>;
+
+Problem Bad(std::string path, std::string reason, std::vector<std::string> related = {}) {
+  return SpecProblem{std::move(path), std::move(reason), std::move(related)};
+}
+
+Problem CheckRange(const char* path, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    return Bad(path, absl::StrCat("must be between ", min, " and ", max, ", got ", value));
+  }
+  return std::nullopt;
+}
+
+Problem CheckResources(const ResourcesSpec& r) {
+  if (Problem p = CheckRange("resources.nodes", r.nodes, 1, kMaxNodes)) return p;
+  return CheckRange("resources.devices_per_node", r.devices_per_node, 1, kMaxDevicesPerNode);
+}
+
+Problem CheckParallelism(const JobSpec& spec) {
+  if (!spec.parallelism.automatic) return FindMeshProblem(spec.parallelism, spec);
+  if (spec.parallelism.zero < 0 || spec.parallelism.zero > 3) {
+    return Bad("parallelism.zero",
+               absl::StrCat("ZeRO stage must be 0, 1, 2 or 3, got ", spec.parallelism.zero));
+  }
+  absl::StatusOr<ParallelismSpec> chosen = ChooseParallelism(spec);
+  if (!chosen.ok()) {
+    return Bad("parallelism", absl::StrCat("auto: ", chosen.status().message()),
+               {"resources.devices_per_node", "resources.nodes"});
+  }
+  return std::nullopt;
+}
+
+Problem CheckCheckpoint(const CheckpointSpec& c) {
+  if (!c.enabled()) return std::nullopt;
+  if (c.every_steps && *c.every_steps < 1) {
+    return Bad("checkpoint.every_steps",
+               absl::StrCat("must be at least 1 or auto, got ", *c.every_steps));
+  }
+  return CheckRange("checkpoint.keep", c.keep, 1, kMaxCheckpointsKept);
+}
+
+Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
+  if (Problem p = CheckRange("fault_tolerance.max_restarts", f.max_restarts, 0, kMaxRestarts)) {
+    return p;
+  }
+  const int nodes = spec.resources.nodes;
+  if (spec.min_nodes() < 1 || spec.min_nodes() > nodes) {
+    return Bad(
+        "fault_tolerance.min_nodes",
+        absl::StrCat("must be between 1 and resources.nodes ", nodes, ", got ", spec.min_nodes()),
+        {"resources.nodes"});
+  }
+  if (spec.max_nodes() < nodes || spec.max_nodes() > kMaxNodes) {
+    return Bad("fault_tolerance.max_nodes",
+               absl::StrCat("must be between resources.nodes ", nodes, " and ", kMaxNodes, ", got ",
+                            spec.max_nodes()),
+               {"resources.nodes"});
+  }
+  if (!(f.heartbeat_timeout_s >= 1 && f.heartbeat_timeout_s <= kMaxHeartbeatTimeoutSeconds)) {
+    return Bad(
+        "fault_tolerance.heartbeat_timeout_s",
+        absl::StrCat("must be between 1 and ", kMaxHeartbeatTimeoutSeconds,
+                     " seconds (agents heartbeat every second), got ", f.heartbeat_timeout_s));
+  }
+  return std::nullopt;
+}
+
+bool IsLabelKey(const std::string& key) {
+  if (key.empty() || key.size() > kMaxLabelKeyLength) return false;
+  if (!absl::ascii_isalnum(static_cast<unsigned char>(key[0]))) return false;
+  for (char c : key) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' &&
+        c != '/') {
+      return false;
+    }
+  }
+  return true;
+}
+
+Problem CheckLabels(const std::map<std::string, std::string>& labels) {
+  if (labels.size() > kMaxLabels) {
+    return Bad("labels",
+               absl::StrCat("at most ", kMaxLabels, " labels are allowed, got ", labels.size()));
+  }
+  for (const auto& [key, value] : labels) {
+    const std::string path = absl::StrCat("labels.", KeyForPath(key));
+    if (!IsLabelKey(key)) {
+      return Bad(path, absl::StrCat("a label key is 1-", kMaxLabelKeyLength,
+                                    " letters, digits, '-', '_', '.' or '/', starting with a "
+                                    "letter or digit; got ",
+                                    QuoteForMessage(key)));
+    }
+    if (value.size() > kMaxLabelValueLength) {
+      return Bad(path, absl::StrCat("a label value is at most ", kMaxLabelValueLength,
+                                    " bytes, got ", value.size()));
+    }
+    for (char c : value) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        return Bad(path, absl::StrCat("a label value may not contain control characters, got ",
+                                      QuoteForMessage(value)));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+Problem CheckConfinement(const JobSpec& spec, const SpecLimits& limits) {
+  const std::pair<const char*, const std::string*> data_paths[] = {
+      {"data.path", &spec.data.path}, {"data.val_path", &spec.data.val_path}};
+  for (const auto& [field, path] : data_paths) {
+    if (path->empty()) continue;
+    if (std::optional<std::string> why = FindConfinementProblem(*path, limits.allowed_data_roots)) {
+      return Bad(field, *why);
+    }
+  }
+  if (spec.checkpoint.enabled()) {
+    if (std::optional<std::string> why =
+            FindConfinementProblem(spec.checkpoint.dir, limits.allowed_checkpoint_roots)) {
+      return Bad("checkpoint.dir", *why);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<SpecProblem> FindRunProblem(const JobSpec& spec, const SpecLimits& limits) {
+  if (Problem p = CheckResources(spec.resources)) return p;
+  if (Problem p = CheckParallelism(spec)) return p;
+  if (Problem p = CheckCheckpoint(spec.checkpoint)) return p;
+  if (Problem p = CheckFaultTolerance(spec.fault_tolerance, spec)) return p;
+  if (Problem p = CheckRange("priority", spec.priority, -kMaxPriority, kMaxPriority)) return p;
+  if (Problem p = CheckLabels(spec.labels)) return p;
+  return CheckConfinement(spec, limits);
+}
+
+}  // namespace trainyard::config

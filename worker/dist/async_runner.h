@@ -1,0 +1,44 @@
+// AsyncRunner: one thread that runs submitted operations in submission order. Communication goes
+// through it so that collectives overlap with compute on the training thread while every rank
+// still issues them in the same order.
+#ifndef TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_
+#define TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+
+namespace trainyard::worker::dist {
+
+class AsyncRunner {
+ public:
+  using Work = std::shared_future<absl::Status>;
+
+  AsyncRunner();
+  ~AsyncRunner();  // runs what is queued, then joins
+  AsyncRunner(const AsyncRunner&) = delete;
+  AsyncRunner& operator=(const AsyncRunner&) = delete;
+
+  // Queues `op`; the returned future holds its status once it ran.
+  Work Submit(std::function<absl::Status()> op);
+  // Runs `op` after everything queued before it, and waits for it.
+  absl::Status Run(std::function<absl::Status()> op) { return Submit(std::move(op)).get(); }
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<absl::Status()>> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                                 // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace trainyard::worker::dist
+
+#endif  // TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_

@@ -1,0 +1,86 @@
+// Communicator: the collectives one process group needs, over any engine (Gloo for CPU ranks;
+// NCCL for GPU ranks later). Every operation blocks until done, fails with DEADLINE_EXCEEDED
+// after the communicator's timeout (a peer that stopped taking part), and with ABORTED once
+// Abort() was called. Reductions are sums, in a fixed order: the same inputs give the same bits.
+//
+// Threading: one thread at a time may issue operations (the training thread, or the
+// communication thread of an AsyncCommunicator); Abort() may be called from any thread.
+#ifndef TRAINYARD_WORKER_DIST_COMMUNICATOR_H_
+#define TRAINYARD_WORKER_DIST_COMMUNICATOR_H_
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/dist/kv_store.h"
+
+namespace trainyard::worker::dist {
+
+enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kCount };
+const char* CollectiveName(CollectiveKind kind);
+
+// Bytes this rank sent, per kind of operation, since construction (or the last Reset).
+class CommStats {
+ public:
+  void Add(CollectiveKind kind, int64_t bytes) {
+    sent_[static_cast<int>(kind)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  int64_t bytes_sent(CollectiveKind kind) const {
+    return sent_[static_cast<int>(kind)].load(std::memory_order_relaxed);
+  }
+  int64_t total() const;
+  void Reset();
+
+ private:
+  std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent_{};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data[0, count) ← Σ over ranks (ring: each rank sends 2·(n−1)/n of the buffer).
+  virtual absl::Status AllReduce(float* data, int64_t count) = 0;
+  // in holds size()·count floats; out[0, count) ← Σ over ranks of in[rank·count, (rank+1)·count).
+  // in and out may not overlap, except that out may be in + rank()·count.
+  virtual absl::Status ReduceScatter(const float* in, float* out, int64_t count) = 0;
+  // out[r·count, (r+1)·count) ← rank r's in[0, count). in may be out + rank()·count.
+  virtual absl::Status AllGather(const float* in, float* out, int64_t count) = 0;
+  virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
+  // Point to point; a Send matches the Recv with the same peer pair and tag.
+  virtual absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) = 0;
+  virtual absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) = 0;
+  virtual absl::Status Barrier() = 0;
+  // Makes every pending and later operation fail with ABORTED.
+  virtual void Abort() = 0;
+
+  CommStats& stats() { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+struct GlooOptions {
+  std::string hostname = "127.0.0.1";  // the interface this rank listens on
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Connects a process group of `size` ranks over TCP. Every member calls it with the same
+// `group` name (keys in `store` are prefixed by it) and its own rank in the group.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
+                                                          const std::string& group, int rank,
+                                                          int size, const GlooOptions& options);
+
+// A group of one: every collective is a copy (or nothing).
+std::unique_ptr<Communicator> MakeSelfCommunicator();
+
+}  // namespace trainyard::worker::dist
+
+#endif  // TRAINYARD_WORKER_DIST_COMMUNICATOR_H_

@@ -1,0 +1,272 @@
+// The Gloo engine: TCP pairs between every two ranks of a group (gloo's full mesh), with the
+// ring reduce-scatter and all-gather written here over gloo's unbound buffers, so that the
+// reduction order, the timeouts and the byte accounting are ours.
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/dist/communicator.h"
+
+namespace trainyard::worker::dist {
+namespace {
+
+// gloo's rendezvous store over ours. gloo reports failures by exceptions; they stay inside this
+// file (ConnectGloo catches them).
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(KeyValueStore& store, std::chrono::milliseconds timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const absl::Status s = store_.Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> v = store_.Get(key, timeout_);
+    if (!v.ok()) throw std::runtime_error(v.status().ToString());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    const absl::Status s = store_.Wait(keys, t);
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+
+ private:
+  KeyValueStore& store_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Slots for point-to-point messages live above every slot gloo hands to collectives.
+constexpr uint64_t kPointToPointSlotBase = uint64_t{1} << 48;
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::chrono::milliseconds timeout)
+      : context_(std::move(context)), device_(std::move(device)), timeout_(timeout) {}
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  absl::Status AllReduce(float* data, int64_t count) override {
+    if (size() == 1) return absl::OkStatus();
+    const Chunks chunks(count, size());
+    TY_RETURN_IF_ERROR(RingReduceScatter(data, chunks, CollectiveKind::kAllReduce));
+    return RingAllGather(data, chunks, CollectiveKind::kAllReduce);
+  }
+
+  absl::Status ReduceScatter(const float* in, float* out, int64_t count) override {
+    if (size() == 1) {
+      if (out != in) std::copy_n(in, count, out);
+      return absl::OkStatus();
+    }
+    // Reduce in a scratch copy so that `in` is left untouched.
+    scratch_.assign(in, in + count * size());
+    TY_RETURN_IF_ERROR(RingReduceScatter(scratch_.data(), Chunks(count * size(), size()),
+                                         CollectiveKind::kReduceScatter));
+    std::copy_n(scratch_.data() + int64_t{rank()} * count, count, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(const float* in, float* out, int64_t count) override {
+    float* mine = out + int64_t{rank()} * count;
+    if (mine != in) std::copy_n(in, count, mine);
+    if (size() == 1) return absl::OkStatus();
+    return RingAllGather(out, Chunks(count * size(), size()), CollectiveKind::kAllGather);
+  }
+
+  absl::Status Broadcast(float* data, int64_t count, int root) override {
+    if (size() == 1) return absl::OkStatus();
+    return Guard("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      if (rank() == root) opts.setInput(data, count);
+      opts.setOutput(data, count);
+      opts.setRoot(root);
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+      if (rank() == root)
+        stats_.Add(CollectiveKind::kBroadcast, count * sizeof(float) * (size() - 1));
+    });
+  }
+
+  absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) override {
+    return Guard("send", [&] {
+      auto buf = context_->createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
+      buf->send(peer, kPointToPointSlotBase + tag);
+      Track(buf.get());
+      buf->waitSend(timeout_);
+      Untrack();
+      stats_.Add(CollectiveKind::kSendRecv, count * sizeof(float));
+    });
+  }
+
+  absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) override {
+    return Guard("recv", [&] {
+      auto buf = context_->createUnboundBuffer(data, count * sizeof(float));
+      buf->recv(peer, kPointToPointSlotBase + tag);
+      Track(buf.get());
+      buf->waitRecv(timeout_);
+      Untrack();
+    });
+  }
+
+  absl::Status Barrier() override {
+    return Guard("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    });
+  }
+
+  void Abort() override {
+    aborted_.store(true);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_flight_ != nullptr) {
+      in_flight_->abortWaitRecv();
+      in_flight_->abortWaitSend();
+    }
+  }
+
+ private:
+  // Boundaries of `parts` near-equal chunks of a buffer of `count` floats.
+  struct Chunks {
+    Chunks(int64_t count, int parts) : count(count), parts(parts) {}
+    int64_t begin(int i) const { return count * i / parts; }
+    int64_t size(int i) const { return begin(i + 1) - begin(i); }
+    int64_t count;
+    int parts;
+  };
+
+  int Mod(int i) const { return ((i % size()) + size()) % size(); }
+
+  // After n−1 steps, chunk r of `data` on rank r holds the sum over ranks (in ring order
+  // r+1, r+2, …, r): step s sends chunk r−s−1 to the next rank and adds chunk r−s−2 from the
+  // previous one.
+  absl::Status RingReduceScatter(float* data, const Chunks& chunks, CollectiveKind kind) {
+    return Guard("reduce-scatter", [&] {
+      const int n = size(), r = rank(), next = Mod(r + 1), prev = Mod(r - 1);
+      int64_t max_chunk = 0;
+      for (int i = 0; i < n; ++i) max_chunk = std::max(max_chunk, chunks.size(i));
+      recv_.resize(std::max<int64_t>(max_chunk, 1));
+      const uint64_t slot = context_->nextSlot(n);
+      for (int s = 0; s < n - 1; ++s) {
+        const int send_idx = Mod(r - s - 1), recv_idx = Mod(r - s - 2);
+        float* send_ptr = data + chunks.begin(send_idx);
+        auto sbuf = context_->createUnboundBuffer(send_ptr, chunks.size(send_idx) * sizeof(float));
+        auto rbuf =
+            context_->createUnboundBuffer(recv_.data(), chunks.size(recv_idx) * sizeof(float));
+        rbuf->recv(prev, slot + s);
+        sbuf->send(next, slot + s);
+        Exchange(sbuf.get(), rbuf.get());
+        stats_.Add(kind, chunks.size(send_idx) * sizeof(float));
+        float* acc = data + chunks.begin(recv_idx);
+        for (int64_t i = 0; i < chunks.size(recv_idx); ++i) acc[i] = recv_[i] + acc[i];
+      }
+    });
+  }
+
+  // Rank r starts with chunk r complete; step s passes chunk r−s on to the next rank.
+  absl::Status RingAllGather(float* data, const Chunks& chunks, CollectiveKind kind) {
+    return Guard("all-gather", [&] {
+      const int n = size(), r = rank(), next = Mod(r + 1), prev = Mod(r - 1);
+      const uint64_t slot = context_->nextSlot(n);
+      for (int s = 0; s < n - 1; ++s) {
+        const int send_idx = Mod(r - s), recv_idx = Mod(r - s - 1);
+        auto sbuf = context_->createUnboundBuffer(data + chunks.begin(send_idx),
+                                                  chunks.size(send_idx) * sizeof(float));
+        auto rbuf = context_->createUnboundBuffer(data + chunks.begin(recv_idx),
+                                                  chunks.size(recv_idx) * sizeof(float));
+        rbuf->recv(prev, slot + s);
+        sbuf->send(next, slot + s);
+        Exchange(sbuf.get(), rbuf.get());
+        stats_.Add(kind, chunks.size(send_idx) * sizeof(float));
+      }
+    });
+  }
+
+  void Exchange(gloo::transport::UnboundBuffer* send, gloo::transport::UnboundBuffer* recv) {
+    Track(recv);
+    recv->waitRecv(timeout_);
+    Track(send);
+    send->waitSend(timeout_);
+    Untrack();
+  }
+
+  void Track(gloo::transport::UnboundBuffer* buf) {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = buf;
+  }
+  void Untrack() {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = nullptr;
+  }
+
+  // Runs a gloo operation, turning its exceptions into a Status: a timeout is
+  // DEADLINE_EXCEEDED (a peer stopped taking part), anything else UNAVAILABLE.
+  template <typename Fn>
+  absl::Status Guard(const char* what, Fn&& fn) {
+    if (aborted_.load()) return absl::AbortedError(absl::StrCat(what, ": communicator aborted"));
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      Untrack();
+      if (aborted_.load()) return absl::AbortedError(absl::StrCat(what, ": communicator aborted"));
+      const std::string message = e.what();
+      if (message.find("imed out") != std::string::npos) {
+        return absl::DeadlineExceededError(absl::StrCat(what, " timed out after ", timeout_.count(),
+                                                        " ms: a peer stopped taking part (",
+                                                        message, ")"));
+      }
+      return absl::UnavailableError(absl::StrCat(what, " failed: ", message));
+    }
+    if (aborted_.load()) return absl::AbortedError(absl::StrCat(what, ": communicator aborted"));
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::chrono::milliseconds timeout_;
+  std::vector<float> recv_, scratch_;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  gloo::transport::UnboundBuffer* in_flight_ = nullptr;  // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
+                                                          const std::string& group, int rank,
+                                                          int size, const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside group of ", size));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    StoreAdapter adapter(store, options.timeout);
+    gloo::rendezvous::PrefixStore prefixed(group, adapter);
+    context->connectFullMesh(prefixed, device);
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(std::move(context), std::move(device), options.timeout));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("connecting group '", group, "' as rank ", rank,
+                                               " of ", size, ": ", e.what()));
+  }
+}
+
+}  // namespace trainyard::worker::dist

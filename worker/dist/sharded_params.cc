@@ -1,0 +1,385 @@
+#include "worker/dist/sharded_params.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace trainyard::worker::dist {
+namespace {
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct ShardedParams::Group {
+  int64_t begin = 0, size = 0;     // in the model's flat layout
+  int64_t chunk = 0;               // per-rank share, ⌈size / dp⌉
+  int64_t padded_begin = 0;        // in the padded full layout (chunk · dp per group)
+  int64_t shard_begin = 0;         // in the owned-chunk layout (chunk per group)
+  int64_t own_lo = 0, own_hi = 0;  // owned elements, group-local, clipped to size
+  // Stage 3: the gathered full group while held or prefetched.
+  Buffer<float> gathered;
+  int holds = 0;
+  bool gather_pending = false;
+  AsyncRunner::Work gather;
+  // Stages 2–3: this micro-batch's full-size gradient, until it is reduce-scattered.
+  std::shared_ptr<Buffer<float>> staging;
+};
+
+ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
+                             const ShardingOptions& sharding, const OptimizerConfig& optimizer)
+    : layout_(layout), backend_(backend), dp_(dp), options_(sharding), optimizer_(optimizer) {}
+
+ShardedParams::~ShardedParams() {
+  // Let queued collectives finish before the buffers they use go away.
+  for (auto& w : in_flight_) w.wait();
+  for (auto& g : groups_) {
+    if (g.gather_pending) g.gather.wait();
+  }
+  comm_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
+    const ParameterLayout& layout, Backend* backend, Communicator* dp,
+    const ShardingOptions& sharding, const OptimizerConfig& optimizer) {
+  if (sharding.zero_stage < 0 || sharding.zero_stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.zero: stage must be 0..3, got ", sharding.zero_stage));
+  }
+  if (sharding.bucket_bytes < 1) {
+    return absl::InvalidArgumentError("gradient bucket size must be positive");
+  }
+  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, sharding, optimizer));
+  p->Allocate();
+  return p;
+}
+
+void ShardedParams::Allocate() {
+  const int n = dp_->size(), r = dp_->rank();
+  const int stage = options_.zero_stage;
+  int64_t padded = 0, shard = 0;
+  groups_.resize(layout_.groups().size());
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = groups_[i];
+    g.begin = layout_.groups()[i].begin;
+    g.size = layout_.groups()[i].size();
+    g.chunk = (g.size + n - 1) / n;
+    g.padded_begin = padded;
+    g.shard_begin = shard;
+    padded += g.chunk * n;
+    shard += g.chunk;
+    if (stage == 0) {
+      g.own_lo = 0;
+      g.own_hi = g.size;
+    } else {
+      g.own_lo = std::min(g.size, r * g.chunk);
+      g.own_hi = std::min(g.size, (r + 1) * g.chunk);
+    }
+  }
+  if (stage < 3) params_ = backend_->AllocFloat(padded);
+  if (stage < 2) grads_ = backend_->AllocFloat(padded);
+  if (stage == 3) shard_params_ = backend_->AllocFloat(shard);
+  if (stage >= 2) shard_grads_ = backend_->AllocFloat(shard);
+  const int64_t state = stage == 0 ? padded : shard;
+  m_ = backend_->AllocFloat(state);
+  v_ = backend_->AllocFloat(state);
+  memory_.params = 4 * (stage < 3 ? padded : shard);
+  memory_.grads = 4 * (stage < 2 ? padded : shard);
+  memory_.optimizer = 2 * 4 * state;
+
+  // Buckets for stages 0–1: groups in backward order (last group first), packed up to the
+  // bucket size. A bucket is a contiguous range of the padded layout.
+  bucket_of_.assign(groups_.size(), -1);
+  int64_t filled = 0;
+  for (int i = static_cast<int>(groups_.size()) - 1; i >= 0; --i) {
+    if (buckets_.empty() || filled >= options_.bucket_bytes) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    buckets_.back().push_back(i);
+    bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
+    filled += 4 * groups_[i].chunk * n;
+  }
+  bucket_pending_.assign(buckets_.size(), 0);
+  comm_ = std::make_unique<AsyncRunner>();
+}
+
+void ShardedParams::UpdateTransient(int64_t delta) {
+  const int64_t now = transient_.fetch_add(delta) + delta;
+  int64_t peak = peak_transient_.load();
+  while (now > peak && !peak_transient_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+MemoryAccount ShardedParams::memory() const {
+  MemoryAccount m = memory_;
+  m.peak_transient = peak_transient_.load();
+  return m;
+}
+
+OverlapTimeline ShardedParams::timeline() const {
+  std::lock_guard<std::mutex> lock(timeline_mu_);
+  return timeline_;
+}
+
+size_t ShardedParams::NewTimelineSlot() {
+  std::lock_guard<std::mutex> lock(timeline_mu_);
+  timeline_.bucket_done_ns.push_back(0);
+  return timeline_.bucket_done_ns.size() - 1;
+}
+
+void ShardedParams::MarkDone(size_t slot) {
+  std::lock_guard<std::mutex> lock(timeline_mu_);
+  timeline_.bucket_done_ns[slot] = NowNanos();
+}
+
+void ShardedParams::Initialize(uint64_t seed) {
+  std::vector<float> host(layout_.total());
+  layout_.Initialize(seed, host.data());
+  LoadParameters(host.data());
+}
+
+void ShardedParams::LoadParameters(const float* host) {
+  for (const Group& g : groups_) {
+    if (options_.zero_stage < 3) {
+      backend_->CopyFromHost(params_.data() + g.padded_begin, host + g.begin, g.size);
+    } else if (g.own_hi > g.own_lo) {
+      backend_->CopyFromHost(shard_params_.data() + g.shard_begin, host + g.begin + g.own_lo,
+                             g.own_hi - g.own_lo);
+    }
+  }
+}
+
+absl::Status ShardedParams::GatherParameters(float* host) {
+  TY_RETURN_IF_ERROR(WaitAll());
+  for (Group& g : groups_) {
+    if (options_.zero_stage < 3) {
+      backend_->CopyToHost(host + g.begin, params_.data() + g.padded_begin, g.size);
+      continue;
+    }
+    Buffer<float> full = backend_->AllocFloat(g.chunk * dp_->size());
+    TY_RETURN_IF_ERROR(comm_->Run([&] {
+      return dp_->AllGather(shard_params_.data() + g.shard_begin, full.data(), g.chunk);
+    }));
+    backend_->CopyToHost(host + g.begin, full.data(), g.size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedParams::BeginMicroBatch(bool first_of_step, bool last_of_step) {
+  last_micro_batch_ = last_of_step;
+  backward_phase_ = false;
+  if (!first_of_step) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(WaitAll());
+  if (options_.zero_stage < 2) backend_->Fill(grads_.data(), 0.0f, grads_.size());
+  if (options_.zero_stage >= 2) backend_->Fill(shard_grads_.data(), 0.0f, shard_grads_.size());
+  {
+    std::lock_guard<std::mutex> lock(timeline_mu_);
+    timeline_ = OverlapTimeline();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedParams::WaitAll() {
+  absl::Status status;
+  for (auto& w : in_flight_) status.Update(w.get());
+  in_flight_.clear();
+  return status;
+}
+
+void ShardedParams::StartGather(int index) {
+  Group& g = groups_[index];
+  g.gathered = backend_->AllocFloat(g.chunk * dp_->size());
+  UpdateTransient(4 * g.gathered.size());
+  float* out = g.gathered.data();
+  const float* in = shard_params_.data() + g.shard_begin;
+  const int64_t chunk = g.chunk;
+  g.gather = comm_->Submit([this, in, out, chunk] { return dp_->AllGather(in, out, chunk); });
+  g.gather_pending = true;
+}
+
+absl::StatusOr<const float*> ShardedParams::Acquire(int index) {
+  Group& g = groups_[index];
+  if (options_.zero_stage < 3) return params_.data() + g.padded_begin;
+  if (g.gathered.empty()) StartGather(index);
+  if (g.gather_pending) {
+    g.gather_pending = false;
+    TY_RETURN_IF_ERROR_WITH(g.gather.get(), absl::StrCat("gathering parameter group ", index));
+  }
+  ++g.holds;
+  return g.gathered.data();
+}
+
+void ShardedParams::Prefetch(int index) {
+  if (options_.zero_stage < 3 || index < 0 || index >= static_cast<int>(groups_.size())) return;
+  if (groups_[index].gathered.empty()) StartGather(index);
+}
+
+void ShardedParams::Release(int index) {
+  if (options_.zero_stage < 3) return;
+  Group& g = groups_[index];
+  if (--g.holds == 0 && !g.gather_pending) {
+    UpdateTransient(-4 * g.gathered.size());
+    g.gathered = Buffer<float>();
+  }
+}
+
+absl::StatusOr<float*> ShardedParams::Gradients(int index) {
+  backward_phase_ = true;
+  Group& g = groups_[index];
+  if (options_.zero_stage < 2) return grads_.data() + g.padded_begin;
+  if (!g.staging) {
+    g.staging = std::make_shared<Buffer<float>>(backend_->AllocFloat(g.chunk * dp_->size()));
+    UpdateTransient(4 * g.staging->size());
+  }
+  return g.staging->data();
+}
+
+absl::Status ShardedParams::GradientsReady(int index) {
+  if (index == ParameterLayout::kEmbeddingGroup) {
+    std::lock_guard<std::mutex> lock(timeline_mu_);
+    timeline_.backward_end_ns = NowNanos();
+  }
+  LaunchReady(index);
+  return absl::OkStatus();
+}
+
+void ShardedParams::LaunchReady(int index) {
+  Group& g = groups_[index];
+  if (options_.zero_stage >= 2) {
+    // Reduce-scatter this micro-batch's gradient of the group into the owned chunk, then free
+    // the full-size staging buffer.
+    std::shared_ptr<Buffer<float>> staging = std::move(g.staging);
+    float* owned = shard_grads_.data() + g.shard_begin;
+    const int64_t chunk = g.chunk;
+    const size_t slot = NewTimelineSlot();
+    in_flight_.push_back(comm_->Submit([this, staging, owned, chunk, slot]() -> absl::Status {
+      std::vector<float> part(chunk);
+      const absl::Status s = dp_->ReduceScatter(staging->data(), part.data(), chunk);
+      for (int64_t i = 0; s.ok() && i < chunk; ++i) owned[i] += part[i];
+      UpdateTransient(-4 * staging->size());
+      MarkDone(slot);
+      return s;
+    }));
+    return;
+  }
+  if (!last_micro_batch_ || dp_->size() == 1) return;
+  const int b = bucket_of_[index];
+  if (++bucket_pending_[b] < static_cast<int>(buckets_[b].size())) return;
+  bucket_pending_[b] = 0;
+  const Group& lo = groups_[buckets_[b].back()];
+  const Group& hi = groups_[buckets_[b].front()];
+  float* data = grads_.data() + lo.padded_begin;
+  const int64_t count = hi.padded_begin + hi.chunk * dp_->size() - lo.padded_begin;
+  const size_t slot = NewTimelineSlot();
+  in_flight_.push_back(comm_->Submit([this, data, count, slot]() -> absl::Status {
+    TY_RETURN_IF_ERROR(dp_->AllReduce(data, count));
+    MarkDone(slot);
+    return absl::OkStatus();
+  }));
+}
+
+absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
+  if (dp_->size() == 1) return value;
+  // Two floats carry a double's worth of precision through a float all-reduce.
+  float parts[2] = {static_cast<float>(value), 0.0f};
+  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
+  TY_RETURN_IF_ERROR(comm_->Run([&] { return dp_->AllReduce(parts, 2); }));
+  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
+absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
+  TY_RETURN_IF_ERROR_WITH(WaitAll(), "gradient reduction");
+  const int stage = options_.zero_stage;
+  auto grad_ptr = [&](const Group& g, int64_t local) {
+    return stage < 2 ? grads_.data() + g.padded_begin + local
+                     : shard_grads_.data() + g.shard_begin + (local - g.own_lo);
+  };
+  auto param_ptr = [&](const Group& g, int64_t local) {
+    return stage < 3 ? params_.data() + g.padded_begin + local
+                     : shard_params_.data() + g.shard_begin + (local - g.own_lo);
+  };
+  auto state_offset = [&](const Group& g, int64_t local) {
+    return stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
+  };
+
+  // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
+  // rank holds the same reduced gradient).
+  double sumsq = 0.0;
+  for (const Group& g : groups_) {
+    if (g.own_hi > g.own_lo)
+      sumsq += backend_->SumOfSquares(grad_ptr(g, g.own_lo), g.own_hi - g.own_lo);
+  }
+  if (stage > 0) {
+    TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
+  }
+  const double norm = std::sqrt(sumsq);
+  if (optimizer_.grad_clip > 0.0) {
+    const double factor = optimizer_.grad_clip / (norm + 1e-6);
+    if (factor < 1.0) {
+      for (const Group& g : groups_) {
+        if (g.own_hi > g.own_lo) {
+          backend_->Scale(grad_ptr(g, g.own_lo), g.own_hi - g.own_lo, static_cast<float>(factor));
+        }
+      }
+    }
+  }
+
+  const double lr = LearningRate(optimizer_, step);
+  if (lr_out != nullptr) *lr_out = lr;
+  for (const ParamTensor& t : layout_.tensors()) {
+    // The tensor's intersection with the owned range of its group.
+    const auto& gi = std::upper_bound(groups_.begin(), groups_.end(), t.offset,
+                                      [](int64_t off, const Group& g) { return off < g.begin; }) -
+                     1;
+    const Group& g = *gi;
+    const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
+    const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
+    if (hi <= lo) continue;
+    const AdamWParams p{static_cast<float>(lr),
+                        static_cast<float>(optimizer_.beta1),
+                        static_cast<float>(optimizer_.beta2),
+                        static_cast<float>(optimizer_.eps),
+                        t.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f,
+                        step + 1};
+    backend_->AdamW(param_ptr(g, lo), grad_ptr(g, lo), m_.data() + state_offset(g, lo),
+                    v_.data() + state_offset(g, lo), hi - lo, p);
+  }
+
+  if (stage == 1 || stage == 2) {
+    // Every rank updated its chunk; put the full parameters back together.
+    for (Group& g : groups_) {
+      float* base = params_.data() + g.padded_begin;
+      const float* mine = base + int64_t{dp_->rank()} * g.chunk;
+      const int64_t chunk = g.chunk;
+      in_flight_.push_back(
+          comm_->Submit([this, mine, base, chunk] { return dp_->AllGather(mine, base, chunk); }));
+    }
+    TY_RETURN_IF_ERROR_WITH(WaitAll(), "parameter all-gather");
+  }
+  if (stage == 3) {
+    for (Group& g : groups_) {
+      if (g.gather_pending) {
+        g.gather_pending = false;
+        TY_RETURN_IF_ERROR(g.gather.get());
+      }
+      if (g.holds == 0 && !g.gathered.empty()) {
+        UpdateTransient(-4 * g.gathered.size());
+        g.gathered = Buffer<float>();
+      }
+    }
+  }
+  return norm;
+}
+
+}  // namespace trainyard::worker::dist

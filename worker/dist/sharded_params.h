@@ -1,0 +1,131 @@
+// ShardedParams: a ParamSource that decides where parameters, gradients and optimizer state
+// live across the data-parallel group, by ZeRO stage:
+//
+//   stage 0  everything replicated; gradients all-reduced in buckets during the backward pass;
+//   stage 1  optimizer state sharded; gradients all-reduced; parameters all-gathered after the
+//            update;
+//   stage 2  gradients sharded too: each group's gradient is reduce-scattered as soon as the
+//            backward pass finishes it, and its full-size staging buffer freed;
+//   stage 3  parameters sharded too (FSDP): a group is all-gathered just before use (the next one
+//            prefetched) and freed after.
+//
+// Each ParamGroup is split into `dp` equal chunks (the group padded to a multiple of dp); rank r
+// owns chunk r of every group. With dp = 1 and stage 0 this is a plain local optimizer.
+//
+// Every collective runs on one communication thread in the order the training thread issued it,
+// so all ranks issue the same sequence. Threading: methods are called from the training thread.
+#ifndef TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
+#define TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend.h"
+#include "worker/dist/async_runner.h"
+#include "worker/dist/communicator.h"
+#include "worker/optimizer.h"
+#include "worker/param_source.h"
+#include "worker/parameters.h"
+
+namespace trainyard::worker::dist {
+
+struct ShardingOptions {
+  int zero_stage = 0;              // 0..3
+  int64_t bucket_bytes = 1 << 20;  // stages 0/1: gradient all-reduce bucket size
+};
+
+// Bytes this rank holds, split as the memory equation splits them.
+struct MemoryAccount {
+  int64_t params = 0;          // persistent parameter storage
+  int64_t grads = 0;           // persistent gradient storage
+  int64_t optimizer = 0;       // AdamW moments
+  int64_t peak_transient = 0;  // largest gathered-parameter + gradient-staging footprint seen
+};
+
+// When each gradient collective of the last step finished, against the end of the backward pass
+// (steady-clock nanoseconds).
+struct OverlapTimeline {
+  std::vector<int64_t> bucket_done_ns;  // in launch order
+  int64_t backward_end_ns = 0;
+};
+
+class ShardedParams final : public ParamSource {
+ public:
+  // `dp` (the data-parallel group), `backend` and `layout` must outlive the object.
+  static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(const ParameterLayout& layout,
+                                                               Backend* backend, Communicator* dp,
+                                                               const ShardingOptions& sharding,
+                                                               const OptimizerConfig& optimizer);
+  ~ShardedParams() override;
+
+  // Every rank draws the same full initialisation and keeps what it owns.
+  void Initialize(uint64_t seed);
+  // Loads a full parameter vector (layout order) from the host; keeps what this rank owns.
+  void LoadParameters(const float* host);
+  // The full parameters (gathered under stage 3), in layout order.
+  absl::Status GatherParameters(float* host);
+
+  // Call before each micro-batch's forward/backward.
+  absl::Status BeginMicroBatch(bool first_of_step, bool last_of_step);
+  // After the last micro-batch: waits for the gradient collectives, clips by the global norm,
+  // applies AdamW step `step` (0-based) to the owned chunks and re-assembles parameters (stages
+  // 1–2). Returns the gradient norm before clipping; *lr receives the learning rate used.
+  absl::StatusOr<double> FinishStep(int64_t step, double* lr);
+  // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.
+  absl::StatusOr<double> SumOverRanks(double value);
+
+  // ParamSource.
+  absl::StatusOr<const float*> Acquire(int group) override;
+  void Prefetch(int group) override;
+  void Release(int group) override;
+  absl::StatusOr<float*> Gradients(int group) override;
+  absl::Status GradientsReady(int group) override;
+
+  MemoryAccount memory() const;
+  OverlapTimeline timeline() const;
+  int zero_stage() const { return options_.zero_stage; }
+
+ private:
+  struct Group;
+  ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
+                const ShardingOptions& sharding, const OptimizerConfig& optimizer);
+  void Allocate();
+  absl::Status WaitAll();
+  void LaunchReady(int group);
+  void StartGather(int group);
+  void UpdateTransient(int64_t delta);  // any thread
+  size_t NewTimelineSlot();
+  void MarkDone(size_t slot);  // any thread
+
+  const ParameterLayout& layout_;
+  Backend* backend_;
+  Communicator* dp_;
+  ShardingOptions options_;
+  OptimizerConfig optimizer_;
+  std::vector<Group> groups_;
+  Buffer<float> params_;        // stages 0–2: padded full layout
+  Buffer<float> grads_;         // stages 0–1: padded full layout
+  Buffer<float> shard_params_;  // stage 3: owned chunks
+  Buffer<float> shard_grads_;   // stages 2–3: owned chunks
+  Buffer<float> m_, v_;         // owned chunks
+  std::vector<int> bucket_of_;  // stages 0–1: group → bucket
+  std::vector<std::vector<int>> buckets_;
+  std::vector<int> bucket_pending_;
+  std::vector<AsyncRunner::Work> in_flight_;
+  bool last_micro_batch_ = true;
+  bool backward_phase_ = false;
+  std::atomic<int64_t> transient_{0};
+  std::atomic<int64_t> peak_transient_{0};
+  MemoryAccount memory_;  // persistent sizes, fixed at construction
+  mutable std::mutex timeline_mu_;
+  OverlapTimeline timeline_;           // GUARDED_BY(timeline_mu_)
+  std::unique_ptr<AsyncRunner> comm_;  // last: joined first on destruction
+};
+
+}  // namespace trainyard::worker::dist
+
+#endif  // TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
