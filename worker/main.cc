@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -19,16 +20,22 @@
 #include "common/status.h"
 #include "config/spec.h"
 #include "worker/backend.h"
+#include "worker/dist/kv_store.h"
+#include "worker/launcher.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
 namespace {
 
-constexpr char kUsage[] = "usage: trainyard-worker --standalone SPEC.yaml [--threads N]";
+constexpr char kUsage[] =
+    "usage: trainyard-worker --standalone SPEC.yaml [--threads N] [--collective-timeout-s S]";
 
 struct Flags {
   std::string spec_path;
-  int threads = -1;  // -1: from the spec
+  int threads = -1;        // -1: from the spec (per rank)
+  int rank = -1;           // set by the local launcher for each child
+  std::string rendezvous;  // the launcher's shared rendezvous directory
+  double collective_timeout_s = 60;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -39,13 +46,28 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
       return std::string(argv[++i]);
     };
+    auto positive_int = [&](int* out) -> absl::Status {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, out) || *out < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, " must be a non-negative integer, got '", v, "'"));
+      }
+      return absl::OkStatus();
+    };
     if (arg == "--standalone") {
       TY_ASSIGN_OR_RETURN(flags.spec_path, value());
     } else if (arg == "--threads") {
+      TY_RETURN_IF_ERROR(positive_int(&flags.threads));
+      if (flags.threads == 0) return absl::InvalidArgumentError("--threads must be positive");
+    } else if (arg == "--rank") {
+      TY_RETURN_IF_ERROR(positive_int(&flags.rank));
+    } else if (arg == "--rendezvous") {
+      TY_ASSIGN_OR_RETURN(flags.rendezvous, value());
+    } else if (arg == "--collective-timeout-s") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, &flags.threads) || flags.threads < 1) {
+      if (!absl::SimpleAtod(v, &flags.collective_timeout_s) || !(flags.collective_timeout_s > 0)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--threads must be a positive integer, got '", v, "'"));
+            absl::StrCat("--collective-timeout-s must be a positive number, got '", v, "'"));
       }
     } else if (arg == "--help" || arg == "-h") {
       std::cout << kUsage << "\n";
@@ -54,9 +76,42 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
     }
   }
-  if (flags.spec_path.empty())
+  if (flags.spec_path.empty()) {
     return absl::InvalidArgumentError("--standalone SPEC.yaml is required");
+  }
+  if ((flags.rank >= 0) != !flags.rendezvous.empty()) {
+    return absl::InvalidArgumentError("--rank and --rendezvous go together");
+  }
   return flags;
+}
+
+void PrintSummary(const TrainResult& result) {
+  std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
+                                        result.train_losses.size(), result.train_losses.back());
+  if (!result.evals.empty()) {
+    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
+  }
+  if (result.entropy_nats) {
+    absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
+  }
+  absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
+  std::cout << summary << std::endl;
+}
+
+// All ranks of a multi-rank spec as children of this process.
+absl::Status LaunchRanks(const Flags& flags, const config::JobSpec& spec) {
+  const int world = spec.world_size();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = flags.threads > 0           ? flags.threads
+                      : spec.training.threads > 0 ? spec.training.threads
+                                                  : std::max(1, cores / world);
+  LaunchOptions launch;
+  launch.executable = "/proc/self/exe";
+  launch.world = world;
+  launch.common_args = {
+      "--standalone",          flags.spec_path,          "--threads",
+      std::to_string(threads), "--collective-timeout-s", absl::StrCat(flags.collective_timeout_s)};
+  return LaunchLocal(launch);
 }
 
 absl::Status Run(int argc, char** argv) {
@@ -65,23 +120,40 @@ absl::Status Run(int argc, char** argv) {
   const Flags& flags = *parsed;
   TY_ASSIGN_OR_RETURN(config::JobSpec spec,
                       config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
-  SetLogContext(spec.name, 0);
+  const int world = spec.world_size();
+  const int rank = std::max(flags.rank, 0);
+  SetLogContext(spec.name, rank);
+  if (world > 1 && flags.rank < 0) {
+    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d CPU ranks (dp %d)\n",
+                                 spec.name, spec.training.steps, spec.training.batch,
+                                 spec.training.seq_len, world, spec.parallelism.dp)
+              << std::flush;
+    return LaunchRanks(flags, spec);
+  }
+  if (flags.rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", flags.rank, " outside the spec's world of ", world));
+  }
   const int threads = flags.threads > 0 ? flags.threads : spec.training.threads;
   std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
-  std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %s\n", spec.name,
-                               spec.training.steps, spec.training.batch, spec.training.seq_len,
-                               backend->name());
+  if (world == 1) {
+    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %s\n", spec.name,
+                                 spec.training.steps, spec.training.batch, spec.training.seq_len,
+                                 backend->name());
+  }
+  std::unique_ptr<dist::KeyValueStore> store;
+  RankContext context;
+  context.rank = rank;
+  context.gloo.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
+  if (!flags.rendezvous.empty()) {
+    store = dist::MakeFileKeyValueStore(flags.rendezvous);
+    context.store = store.get();
+  }
   TrainOptions options;
   options.progress = &std::cout;
-  TY_ASSIGN_OR_RETURN(TrainResult result, Train(spec, *backend, options));
-  std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
-                                        result.train_losses.size(), result.train_losses.back());
-  if (!result.evals.empty())
-    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
-  if (result.entropy_nats)
-    absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
-  absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
-  std::cout << summary << std::endl;
+  TY_ASSIGN_OR_RETURN(TrainResult result, TrainRank(spec, context, *backend, options));
+  if (rank == 0) PrintSummary(result);
   return absl::OkStatus();
 }
 

@@ -182,7 +182,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
                       .grad_norm = norm,
                       .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
     report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
-    if (last || (tr.eval_every > 0 && (step + 1) % tr.eval_every == 0)) {
+    if (tr.eval_every > 0 && (last || (step + 1) % tr.eval_every == 0)) {
       TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, val_sampler, micro, tr.eval_batches));
       result.evals.push_back({step + 1, val});
       report.val_loss = val;
