@@ -35,6 +35,7 @@ class Backend {
   virtual Buffer<int32_t> AllocInt(int64_t count) = 0;
   virtual void CopyFromHost(float* dst, const float* src, int64_t count) = 0;
   virtual void CopyFromHost(int32_t* dst, const int32_t* src, int64_t count) = 0;
+  virtual void CopyToHost(int32_t* dst, const int32_t* src, int64_t count) = 0;
   virtual void CopyToHost(float* dst, const float* src, int64_t count) = 0;
   virtual void Copy(float* dst, const float* src, int64_t count) = 0;
   virtual void Fill(float* dst, float value, int64_t count) = 0;
@@ -79,6 +80,14 @@ class Backend {
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
   virtual double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows,
                                      int64_t vocab, float grad_scale, bool write_grad) = 0;
+
+  // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
+  virtual void CrossEntropyShardStats(const float* logits, const int32_t* local_targets,
+                                      int64_t rows, int64_t vocab, float* stats) = 0;
+  virtual void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+                                     int64_t rows, int64_t vocab, float grad_scale) = 0;
+  // out[m, n] += bias[n]
+  virtual void AddBias(float* out, const float* bias, int64_t m, int64_t n) = 0;
 
   virtual void Embedding(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int64_t b, int64_t t, int64_t c) = 0;

@@ -55,6 +55,9 @@ class CpuBackend final : public Backend {
     std::copy_n(src, n, dst);
   }
   void CopyToHost(float* dst, const float* src, int64_t n) override { std::copy_n(src, n, dst); }
+  void CopyToHost(int32_t* dst, const int32_t* src, int64_t n) override {
+    std::copy_n(src, n, dst);
+  }
   void Copy(float* dst, const float* src, int64_t n) override { std::copy_n(src, n, dst); }
   void Fill(float* dst, float value, int64_t n) override { std::fill_n(dst, n, value); }
   void Add(float* out, const float* a, const float* b, int64_t n) override {
@@ -115,6 +118,17 @@ class CpuBackend final : public Backend {
   double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                              float grad_scale, bool write_grad) override {
     return k::SoftmaxCrossEntropy(logits, targets, rows, vocab, grad_scale, write_grad);
+  }
+  void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, int64_t rows,
+                              int64_t vocab, float* stats) override {
+    k::CrossEntropyShardStats(logits, local_targets, rows, vocab, stats);
+  }
+  void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+                             int64_t rows, int64_t vocab, float grad_scale) override {
+    k::CrossEntropyShardGrad(logits, local_targets, lse, rows, vocab, grad_scale);
+  }
+  void AddBias(float* out, const float* bias, int64_t m, int64_t n) override {
+    k::AddBias(out, bias, m, n);
   }
   void Embedding(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
                  int64_t t, int64_t c) override {

@@ -29,6 +29,9 @@ struct Model::LayerActivations {
 struct Model::Activations {
   int b = 0, t = 0;
   Buffer<int32_t> inputs, targets;
+  // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
+  Buffer<int32_t> local_inputs, local_targets;
+  Buffer<float> ce_stats, ce_lse;         // vocabulary-parallel loss: [chunk, 3] and [chunk]
   std::vector<Buffer<float>> resid;       // layers + 1 of [N, C]: the input of each block
   std::vector<LayerActivations> layers;   // one per block, or a single one when recomputing
   Buffer<float> lnf, lnf_mean, lnf_rstd;  // final norm
@@ -58,8 +61,21 @@ class Model::Hold {
   int group_;
 };
 
-Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source)
-    : config_(config), layout_(config), backend_(backend), source_(source) {
+Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
+             dist::Communicator* tp)
+    : config_(config),
+      tp_(tp),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      backend_(backend),
+      source_(source) {
+  const int64_t n = tp_size(), d = config.head_dim();
+  dims_.heads = config.heads / n;
+  dims_.kv_heads = config.kv_heads / n;
+  dims_.ffn = config.ffn_hidden / n;
+  dims_.vocab = config.vocab / n;
+  dims_.qkv_width = (dims_.heads + 2 * dims_.kv_heads) * d;
+  dims_.attn = dims_.heads * d;
+  dims_.vocab_begin = dims_.vocab * tp_rank();
   if (source_ == nullptr) {
     local_ = std::make_unique<LocalParamSource>(layout_, backend_);
     source_ = local_.get();
@@ -74,14 +90,32 @@ Model::~Model() = default;
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
-  return std::unique_ptr<Model>(new Model(config, backend, nullptr));
+  return std::unique_ptr<Model>(new Model(config, backend, nullptr, nullptr));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
-                                                     Backend* backend, ParamSource* source) {
+                                                     Backend* backend, ParamSource* source,
+                                                     dist::Communicator* tp) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
-  return std::unique_ptr<Model>(new Model(config, backend, source));
+  if (tp != nullptr && tp->size() > 1) {
+    const int n = tp->size();
+    for (const auto& [what, value] : {std::pair<const char*, int>{"heads", config.heads},
+                                      {"kv_heads", config.kv_heads},
+                                      {"ffn_hidden", config.ffn_hidden},
+                                      {"vocab", config.vocab}}) {
+      if (value % n != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("parallelism.tp: model.", what, " ", value,
+                                                       " is not divisible by tp ", n));
+      }
+    }
+  }
+  return std::unique_ptr<Model>(new Model(config, backend, source, tp));
+}
+
+absl::Status Model::TpAllReduce(float* data, int64_t count) {
+  if (tp_size() == 1) return absl::OkStatus();
+  return tp_->AllReduce(data, count);
 }
 
 const float* Model::P(int group, int64_t offset) const {
@@ -165,6 +199,18 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
   }
   EnsureActivations(b, t);
   backend_->CopyFromHost(acts_->inputs.data(), inputs, n);
+  if (tp_size() > 1) {
+    std::vector<int32_t> local(n);
+    auto to_local = [&](const int32_t* tokens, Buffer<int32_t>& out) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = tokens[i] - dims_.vocab_begin;
+        local[i] = id >= 0 && id < dims_.vocab ? static_cast<int32_t>(id) : -1;
+      }
+      backend_->CopyFromHost(out.data(), local.data(), n);
+    };
+    to_local(inputs, acts_->local_inputs);
+    if (targets != nullptr) to_local(targets, acts_->local_targets);
+  }
   if (targets != nullptr) backend_->CopyFromHost(acts_->targets.data(), targets, n);
   return absl::OkStatus();
 }
@@ -174,13 +220,17 @@ void Model::EnsureActivations(int b, int t) {
   acts_.reset();  // free the old shape's memory before allocating the new one
   auto a = std::make_unique<Activations>();
   const auto& c = config_;
-  const int64_t n = int64_t{b} * t, width = c.width, qkv = c.qkv_width();
-  const int64_t attn = int64_t{c.heads} * c.head_dim();
-  const int64_t fc = c.family == ModelFamily::kGpt2 ? c.ffn_hidden : 2 * int64_t{c.ffn_hidden};
+  const int64_t n = int64_t{b} * t, width = c.width, qkv = dims_.qkv_width;
+  const int64_t attn = dims_.attn;
+  const int64_t fc = c.family == ModelFamily::kGpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
   Backend& be = *backend_;
   a->b = b;
   a->t = t;
   a->inputs = be.AllocInt(n);
+  if (tp_size() > 1) {
+    a->local_inputs = be.AllocInt(n);
+    a->local_targets = be.AllocInt(n);
+  }
   a->targets = be.AllocInt(n);
   for (int l = 0; l <= c.layers; ++l) a->resid.push_back(be.AllocFloat(n * width));
   const int saved_layers = c.recompute ? 1 : c.layers;
@@ -191,27 +241,29 @@ void Model::EnsureActivations(int b, int t) {
     la.ln1_rstd = be.AllocFloat(n);
     la.qkv = be.AllocFloat(n * qkv);
     la.att = be.AllocFloat(n * attn);
-    la.lse = be.AllocFloat(int64_t{b} * c.heads * t);
+    la.lse = be.AllocFloat(int64_t{b} * dims_.heads * t);
     la.mid = be.AllocFloat(n * width);
     la.ln2 = be.AllocFloat(n * width);
     la.ln2_mean = be.AllocFloat(n);
     la.ln2_rstd = be.AllocFloat(n);
     la.fc = be.AllocFloat(n * fc);
-    la.act = be.AllocFloat(n * c.ffn_hidden);
+    la.act = be.AllocFloat(n * dims_.ffn);
     a->layers.push_back(std::move(la));
   }
   a->lnf = be.AllocFloat(n * width);
   a->lnf_mean = be.AllocFloat(n);
   a->lnf_rstd = be.AllocFloat(n);
   a->tmp = be.AllocFloat(n * width);
-  const int64_t chunk_rows = std::clamp<int64_t>(kMaxLogitsChunk / c.vocab, 1, n);
-  a->logits = be.AllocFloat(chunk_rows * c.vocab);
+  const int64_t chunk_rows = std::clamp<int64_t>(kMaxLogitsChunk / dims_.vocab, 1, n);
+  a->logits = be.AllocFloat(chunk_rows * dims_.vocab);
+  a->ce_stats = be.AllocFloat(chunk_rows * 3);
+  a->ce_lse = be.AllocFloat(chunk_rows);
   a->dx = be.AllocFloat(n * width);
   a->dln = be.AllocFloat(n * width);
   a->datt = be.AllocFloat(n * attn);
   a->dqkv = be.AllocFloat(n * qkv);
   a->dfc = be.AllocFloat(n * fc);
-  a->dact = be.AllocFloat(n * c.ffn_hidden);
+  a->dact = be.AllocFloat(n * dims_.ffn);
   a->dlnf = be.AllocFloat(n * width);
   acts_ = std::move(a);
 }
@@ -222,8 +274,16 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
     TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::kEmbeddingGroup));
     source_->Prefetch(ParameterLayout::BlockGroup(0));
     constexpr int g = ParameterLayout::kEmbeddingGroup;
-    backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()),
-                        P(g, layout_.wpe()), a.b, a.t, config_.width);
+    if (tp_size() == 1) {
+      backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()),
+                          P(g, layout_.wpe()), a.b, a.t, config_.width);
+    } else {
+      // Vocabulary-parallel: each rank looks up the tokens its shard owns (zeros elsewhere), one
+      // rank adds the positions, and the sum over the group is the embedding.
+      backend_->Embedding(a.resid[0].data(), a.local_inputs.data(), P(g, layout_.wte()),
+                          tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr, a.b, a.t, config_.width);
+      TY_RETURN_IF_ERROR(TpAllReduce(a.resid[0].data(), int64_t{a.b} * a.t * config_.width));
+    }
   }
   for (int l = 0; l < config_.layers; ++l) {
     source_->Prefetch(l + 1 < config_.layers ? ParameterLayout::BlockGroup(l + 1)
@@ -242,8 +302,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
-  const int64_t attn = int64_t{c.heads} * c.head_dim();
-  const AttentionShape shape{a.b, a.t, c.heads, c.kv_heads, c.head_dim()};
+  const int64_t attn = dims_.attn;
+  const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const float* x = a.resid[layer].data();
   Backend& be = *backend_;
@@ -254,26 +314,26 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   } else {
     be.RmsNorm(la.ln1.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), n, width, c.norm_eps);
   }
-  be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, c.qkv_width(), width);
+  be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
   if (!gpt2) be.Rope(la.qkv.data(), shape, c.rope_theta);
   be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
-  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), P(g, o.proj_b), n, width, attn);
+  TY_RETURN_IF_ERROR(RowParallelLinear(a.tmp.data(), la.att.data(), P(g, o.proj_w), P(g, o.proj_b),
+                                       n, width, attn));
   be.Add(la.mid.data(), x, a.tmp.data(), n * width);
 
   if (gpt2) {
     be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(),
                  P(g, o.ln2_w), P(g, o.ln2_b), n, width, c.norm_eps);
-    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, c.ffn_hidden, width);
-    be.Gelu(la.act.data(), la.fc.data(), n * c.ffn_hidden);
+    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, dims_.ffn, width);
+    be.Gelu(la.act.data(), la.fc.data(), n * dims_.ffn);
   } else {
     be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w), n, width,
                c.norm_eps);
-    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{c.ffn_hidden},
-              width);
-    be.Swiglu(la.act.data(), la.fc.data(), n, c.ffn_hidden);
+    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{dims_.ffn}, width);
+    be.Swiglu(la.act.data(), la.fc.data(), n, dims_.ffn);
   }
-  be.Linear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w), P(g, o.mlp_proj_b), n, width,
-            c.ffn_hidden);
+  TY_RETURN_IF_ERROR(RowParallelLinear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
+                                       P(g, o.mlp_proj_b), n, width, dims_.ffn));
   be.Add(a.resid[layer + 1].data(), la.mid.data(), a.tmp.data(), n * width);
   return absl::OkStatus();
 }
@@ -287,22 +347,23 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
-  const int64_t attn = int64_t{c.heads} * c.head_dim();
-  const AttentionShape shape{a.b, a.t, c.heads, c.kv_heads, c.head_dim()};
+  const int64_t attn = dims_.attn;
+  const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const int64_t fc = gpt2 ? c.ffn_hidden : 2 * int64_t{c.ffn_hidden};
+  const int64_t fc = gpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
   Backend& be = *backend_;
 
   // MLP branch: out = mid + proj(act(fc(norm2(mid)))).
   be.LinearBackward(a.dact.data(), G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), dx, la.act.data(),
-                    P(g, o.mlp_proj_w), n, width, c.ffn_hidden);
+                    P(g, o.mlp_proj_w), n, width, dims_.ffn);
   if (gpt2) {
-    be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * c.ffn_hidden);
+    be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * dims_.ffn);
   } else {
-    be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, c.ffn_hidden);
+    be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, dims_.ffn);
   }
   be.LinearBackward(a.dln.data(), G(g, o.fc_w), G(g, o.fc_b), a.dfc.data(), la.ln2.data(),
                     P(g, o.fc_w), n, fc, width);
+  TY_RETURN_IF_ERROR(TpAllReduce(a.dln.data(), n * width));  // column-parallel input's gradient
   if (gpt2) {
     be.LayerNormBackward(dx, G(g, o.ln2_w), G(g, o.ln2_b), a.dln.data(), la.mid.data(),
                          P(g, o.ln2_w), la.ln2_mean.data(), la.ln2_rstd.data(), n, width);
@@ -318,7 +379,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
                        shape);
   if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
   be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
-                    P(g, o.qkv_w), n, c.qkv_width(), width);
+                    P(g, o.qkv_w), n, dims_.qkv_width, width);
+  TY_RETURN_IF_ERROR(TpAllReduce(a.dln.data(), n * width));
   const float* x = a.resid[layer].data();
   if (gpt2) {
     be.LayerNormBackward(dx, G(g, o.ln1_w), G(g, o.ln1_b), a.dln.data(), x, P(g, o.ln1_w),
@@ -363,13 +425,14 @@ absl::Status Model::FinalNormBackward(float* dx) {
 }
 
 absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
+  if (tp_size() > 1) return VocabParallelLoss(grad_scale, with_grad);
   Activations& a = *acts_;
   const int hg = layout_.head_group();
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, hg));
   if (with_grad) {
     TY_ASSIGN_OR_RETURN(group_grads_[hg], source_->Gradients(hg));
   }
-  const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = config_.vocab;
+  const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
   const float* head = P(hg, layout_.lm_head());
   double total = 0.0;
@@ -384,6 +447,70 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
                                a.logits.data(), h, head, rows, vocab, width);
     }
   }
+  return total;
+}
+
+absl::Status Model::RowParallelLinear(float* out, const float* inp, const float* weight,
+                                      const float* bias, int64_t m, int64_t n, int64_t k) {
+  if (tp_size() == 1) {
+    backend_->Linear(out, inp, weight, bias, m, n, k);
+    return absl::OkStatus();
+  }
+  // Each rank holds a slice of the input features: partial products, summed over the group,
+  // then the (replicated) bias once.
+  backend_->Linear(out, inp, weight, nullptr, m, n, k);
+  TY_RETURN_IF_ERROR(TpAllReduce(out, m * n));
+  if (bias != nullptr) backend_->AddBias(out, bias, m, n);
+  return absl::OkStatus();
+}
+
+// Cross-entropy with the LM head split by vocabulary: each rank has logits for its shard of the
+// vocabulary; per row, the shards' (max, Σexp, target logit) are exchanged to form the full
+// log-sum-exp, and each rank writes the gradient of its own logits. No rank ever holds a full
+// row of logits.
+absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad) {
+  Activations& a = *acts_;
+  const int hg = layout_.head_group();
+  TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, hg));
+  if (with_grad) {
+    TY_ASSIGN_OR_RETURN(group_grads_[hg], source_->Gradients(hg));
+  }
+  const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
+  const int64_t chunk = a.logits.size() / vocab;
+  const int ranks = tp_size();
+  const float* head = P(hg, layout_.lm_head());
+  std::vector<float> stats(chunk * 3), gathered(chunk * 3 * ranks), lse(chunk);
+  double total = 0.0;
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    const float* h = a.lnf.data() + r0 * width;
+    backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
+    backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
+                                     a.ce_stats.data());
+    backend_->CopyToHost(stats.data(), a.ce_stats.data(), rows * 3);
+    TY_RETURN_IF_ERROR(tp_->AllGather(stats.data(), gathered.data(), chunk * 3));
+    for (int64_t r = 0; r < rows; ++r) {
+      double mx = -INFINITY, target = 0.0;
+      for (int k = 0; k < ranks; ++k) mx = std::max(mx, double{gathered[k * chunk * 3 + 3 * r]});
+      double sum = 0.0;
+      for (int k = 0; k < ranks; ++k) {
+        const float* s = &gathered[k * chunk * 3 + 3 * r];
+        sum += double{s[1]} * std::exp(double{s[0]} - mx);
+        target += s[2];
+      }
+      const double row_lse = mx + std::log(sum);
+      lse[r] = static_cast<float>(row_lse);
+      total += row_lse - target;
+    }
+    if (with_grad) {
+      backend_->CopyFromHost(a.ce_lse.data(), lse.data(), rows);
+      backend_->CrossEntropyShardGrad(a.logits.data(), a.local_targets.data() + r0, a.ce_lse.data(),
+                                      rows, vocab, grad_scale);
+      backend_->LinearBackward(a.dlnf.data() + r0 * width, G(hg, layout_.lm_head()), nullptr,
+                               a.logits.data(), h, head, rows, vocab, width);
+    }
+  }
+  if (with_grad) TY_RETURN_IF_ERROR(TpAllReduce(a.dlnf.data(), n * width));
   return total;
 }
 
@@ -414,8 +541,9 @@ absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32
   }
   constexpr int eg = ParameterLayout::kEmbeddingGroup;
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
-  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx, a.inputs.data(), a.b,
-                              a.t, config_.width);
+  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx,
+                              tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
+                              config_.width);
   TY_RETURN_IF_ERROR(source_->GradientsReady(eg));
   return loss;
 }
@@ -429,12 +557,15 @@ absl::StatusOr<double> Model::Loss(const int32_t* inputs, const int32_t* targets
 }
 
 absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logits) {
+  if (tp_size() > 1) {
+    return absl::UnimplementedError("full logits are not assembled under tensor parallelism");
+  }
   TY_RETURN_IF_ERROR(Prepare(inputs, nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold));
   TY_ASSIGN_OR_RETURN(auto head_hold, Hold::Acquire(this, layout_.head_group()));
   Activations& a = *acts_;
-  const int64_t n = int64_t{b} * t, vocab = config_.vocab;
+  const int64_t n = int64_t{b} * t, vocab = dims_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
   const float* head = P(layout_.head_group(), layout_.lm_head());
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {

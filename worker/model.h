@@ -15,6 +15,7 @@
 #include "config/model_config.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
+#include "worker/dist/communicator.h"
 #include "worker/param_source.h"
 #include "worker/parameters.h"
 
@@ -27,9 +28,13 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
                                                        Backend* backend);
   // Parameters and gradients come from `source` (which must outlive the model and use this
-  // model's layout, e.g. a data-parallel sharded source).
+  // model's layout, e.g. a data-parallel sharded source). With a tensor-parallel group `tp`
+  // (size > 1) the model holds this rank's shard: attention split by heads (key/value heads
+  // too), the MLP column- then row-parallel, embedding and LM head split by vocabulary; `tp`
+  // must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
-                                                       Backend* backend, ParamSource* source);
+                                                       Backend* backend, ParamSource* source,
+                                                       dist::Communicator* tp = nullptr);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -64,7 +69,22 @@ class Model {
 
   class Hold;
 
-  Model(const config::ModelConfig& config, Backend* backend, ParamSource* source);
+  // This rank's share of the sharded dimensions (the whole model without tensor parallelism).
+  struct LocalDims {
+    int64_t heads, kv_heads, ffn, vocab, qkv_width, attn;
+    int64_t vocab_begin;  // first token id of this rank's vocabulary shard
+  };
+
+  Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
+        dist::Communicator* tp);
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
+  absl::Status TpAllReduce(float* data, int64_t count);
+  absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
+  // out = inp · weightᵀ (+ bias) for a weight split by input features across the group.
+  absl::Status RowParallelLinear(float* out, const float* inp, const float* weight,
+                                 const float* bias, int64_t m, int64_t n, int64_t k);
   absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
@@ -84,7 +104,9 @@ class Model {
   float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
+  dist::Communicator* tp_;
   ParameterLayout layout_;
+  LocalDims dims_;
   Backend* backend_;
   std::unique_ptr<LocalParamSource> local_;  // set by the first Create
   ParamSource* source_;

@@ -14,6 +14,15 @@ namespace trainyard::worker {
 
 enum class InitKind { kNormal, kZeros, kOnes };
 
+// How a tensor is split across the ranks of a tensor-parallel group.
+enum class ShardKind {
+  kReplicated,  // every rank holds all of it (norms, biases added after a reduction, positions)
+  kRows,        // each of `row_sections` (global row counts) split evenly; the local tensor is
+                // this rank's slice of each section, concatenated (column-parallel weights,
+                // vocabulary-parallel embeddings)
+  kColumns,     // the last dimension split evenly (row-parallel weights)
+};
+
 struct ParamTensor {
   std::string name;            // e.g. "h.3.attn.qkv.w"
   std::vector<int64_t> shape;  // row-major; linear weights are [out, in]
@@ -22,6 +31,9 @@ struct ParamTensor {
   bool decay = false;  // AdamW weight decay applies (tensors with two or more dims)
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;  // for kNormal
+  ShardKind shard = ShardKind::kReplicated;
+  std::vector<int64_t> global_shape;  // the tensor's shape in the unsharded model
+  std::vector<int64_t> row_sections;  // kRows only
 };
 
 // Offsets (into the flat buffer) of one transformer block's tensors; -1 where the family has
@@ -42,7 +54,9 @@ struct ParamGroup {
 
 class ParameterLayout {
  public:
-  explicit ParameterLayout(const config::ModelConfig& config);
+  // The layout of tensor-parallel rank `tp_rank` of `tp_size` (1: the whole model). Requires
+  // heads, kv_heads, ffn_hidden and vocab divisible by tp_size (the mesh validator checks).
+  explicit ParameterLayout(const config::ModelConfig& config, int tp_rank = 0, int tp_size = 1);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
@@ -63,18 +77,24 @@ class ParameterLayout {
   // The group holding the LM head's weight (the embedding group when tied).
   int head_group() const { return lm_head_ == wte_ ? kEmbeddingGroup : final_group(); }
 
+  int tp_size() const { return tp_size_; }
+  // Copies this rank's part of `t` from the full (unsharded) tensor `global` into `local`.
+  void Slice(const ParamTensor& t, const float* global, float* local) const;
+
   // Fills `host` (total() floats) deterministically from `seed`: each tensor draws from its own
   // counter-based stream keyed by (seed, name), so a value does not depend on which other
   // tensors exist or on how the model is later sharded.
   void Initialize(uint64_t seed, float* host) const;
 
  private:
-  int64_t Add(const std::string& name, std::vector<int64_t> shape, InitKind init,
-              float std = 0.02f);
+  int64_t Add(const std::string& name, std::vector<int64_t> global_shape, InitKind init,
+              float std = 0.02f, ShardKind shard = ShardKind::kReplicated,
+              std::vector<int64_t> row_sections = {});
 
   std::vector<ParamTensor> tensors_;
   std::vector<BlockOffsets> blocks_;
   std::vector<ParamGroup> groups_;
+  int tp_rank_ = 0, tp_size_ = 1;
   int64_t total_ = 0;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };

@@ -74,10 +74,10 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   Clock& clock = options.clock ? *options.clock : *RealClock();
   const config::TrainingSpec& tr = spec.training;
   const config::ParallelismSpec& mesh = spec.parallelism;
-  if (mesh.tp != 1 || mesh.pp != 1) {
+  if (mesh.pp != 1) {
     return absl::UnimplementedError(
-        absl::StrCat("parallelism: tensor and pipeline parallelism are not available yet (tp ",
-                     mesh.tp, ", pp ", mesh.pp, "); use data parallelism with ZeRO"));
+        absl::StrCat("parallelism.pp: pipeline parallelism is not available yet (pp ", mesh.pp,
+                     "); use data and tensor parallelism"));
   }
   const int world = mesh.world_size();
   if (rank.rank < 0 || rank.rank >= world) {
@@ -89,7 +89,8 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   }
   const int micro = config::MicroBatchPerRank(tr, mesh);
   const int per_rank = tr.batch / mesh.dp;
-  const int dp_rank = rank.rank;  // tp = pp = 1: the rank is the data-parallel index
+  // Mesh coordinates, tensor-parallel innermost: rank = dp_rank · tp + tp_rank.
+  const int dp_rank = rank.rank / mesh.tp, tp_rank = rank.rank % mesh.tp;
   const int t = tr.seq_len;
 
   TY_ASSIGN_OR_RETURN(DataSplits data, OpenData(spec.data, fs));
@@ -103,21 +104,28 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   const BatchSampler train_sampler(*data.train, t, tr.seed);
   const BatchSampler val_sampler(*data.val, t, tr.seed);
 
-  std::unique_ptr<dist::Communicator> dp_comm;
-  if (mesh.dp > 1) {
-    TY_ASSIGN_OR_RETURN(dp_comm, dist::ConnectGloo(*rank.store, "dp", dp_rank, mesh.dp, rank.gloo));
-  } else {
-    dp_comm = dist::MakeSelfCommunicator();
-  }
+  // One process group per mesh axis: the data-parallel replicas of this tensor-parallel rank,
+  // and the tensor-parallel ranks of this replica.
+  auto connect = [&](const std::string& group, int index,
+                     int size) -> absl::StatusOr<std::unique_ptr<dist::Communicator>> {
+    if (size == 1) return dist::MakeSelfCommunicator();
+    return dist::ConnectGloo(*rank.store, group, index, size, rank.gloo);
+  };
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> dp_comm,
+                      connect(absl::StrCat("dp.tp", tp_rank), dp_rank, mesh.dp));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> tp_comm,
+                      connect(absl::StrCat("tp.dp", dp_rank), tp_rank, mesh.tp));
   const config::ModelConfig& mc = spec.model;
-  const ParameterLayout layout(mc);
+  TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
+  const ParameterLayout layout(mc, tp_rank, mesh.tp);  // the same layout the model builds
   TY_ASSIGN_OR_RETURN(
       std::unique_ptr<dist::ShardedParams> params,
-      dist::ShardedParams::Create(layout, &backend, dp_comm.get(),
+      dist::ShardedParams::Create(layout, &backend, dp_comm.get(), tp_comm.get(),
                                   {.zero_stage = mesh.zero, .bucket_bytes = rank.bucket_bytes},
                                   OptimizerConfigFromSpec(tr)));
   params->Initialize(tr.seed);
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(mc, &backend, params.get()));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                      Model::Create(mc, &backend, params.get(), tp_comm.get()));
 
   TrainResult result;
   result.entropy_nats = data.entropy_nats;
@@ -125,10 +133,10 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   std::ostream* out = rank.rank == 0 ? options.progress : nullptr;
   if (out) {
     *out << absl::StrFormat(
-                "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters | mesh dp %d "
-                "(ZeRO-%d) | data %s\n",
+                "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
+                "mesh dp %d x tp %d (ZeRO-%d) | data %s\n",
                 config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
-                model->num_params() / 1e6, mesh.dp, mesh.zero, data.description)
+                model->num_params() / 1e6, mesh.dp, mesh.tp, mesh.zero, data.description)
          << std::flush;
   }
 
@@ -159,6 +167,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
           absl::StrCat("training diverged: loss is ", loss, " at step ", step + 1));
     }
     result.train_losses.push_back(loss);
+    result.step_seconds.push_back((clock.NowNanosMonotonic() - start) / 1e9);
     train_nanos += clock.NowNanosMonotonic() - start;
     ++window_steps;
 

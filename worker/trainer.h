@@ -60,6 +60,7 @@ struct EvalPoint {
 
 struct TrainResult {
   std::vector<double> train_losses;  // mean loss of every optimizer step
+  std::vector<double> step_seconds;  // wall time of every optimizer step
   std::vector<EvalPoint> evals;
   std::optional<double> entropy_nats;  // the data's entropy rate, when known
   double tokens_per_second = 0.0;      // over the whole run, evaluation excluded

@@ -37,4 +37,33 @@ double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, 
   return total;
 }
 
+void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, int64_t rows,
+                            int64_t vocab, float* stats) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * vocab;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, x[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
+    stats[3 * r] = mx;
+    stats[3 * r + 1] = sum;
+    stats[3 * r + 2] = local_targets[r] >= 0 ? x[local_targets[r]] : 0.0f;
+  }
+}
+
+void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+                           int64_t rows, int64_t vocab, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits + r * vocab;
+    const float l = lse[r];
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; ++j) x[j] = grad_scale * FastExp(x[j] - l);
+    if (local_targets[r] >= 0) x[local_targets[r]] -= grad_scale;
+  }
+}
+
 }  // namespace trainyard::kernels::cpu

@@ -14,6 +14,15 @@ namespace trainyard::kernels::cpu {
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            float grad_scale, bool write_grad);
 
+// Vocabulary-parallel pieces, for logits split by columns across ranks. Per row r of the local
+// logits: stats[3r] = the row's local max m, stats[3r+1] = Σ exp(x − m), stats[3r+2] = the
+// target's logit if this shard holds the target (local_targets[r] ≥ 0), else 0.
+void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, int64_t rows,
+                            int64_t vocab, float* stats);
+// logits ← grad_scale · (exp(logits − lse[r]) − onehot(local target)) in place.
+void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+                           int64_t rows, int64_t vocab, float grad_scale);
+
 }  // namespace trainyard::kernels::cpu
 
 #endif  // TRAINYARD_KERNELS_CPU_CROSS_ENTROPY_H_

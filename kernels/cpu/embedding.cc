@@ -10,13 +10,16 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const
                       int64_t b, int64_t t, int64_t c) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < b * t; ++r) {
-    const float* e = wte + static_cast<int64_t>(tokens[r]) * c;
     float* y = out + r * c;
+    if (tokens[r] < 0) {  // a token another vocabulary shard owns: a zero row
+      std::fill(y, y + c, 0.0f);
+    } else {
+      const float* e = wte + static_cast<int64_t>(tokens[r]) * c;
+      std::copy(e, e + c, y);
+    }
     if (wpe != nullptr) {
       const float* p = wpe + (r % t) * c;
-      for (int64_t j = 0; j < c; ++j) y[j] = e[j] + p[j];
-    } else {
-      std::copy(e, e + c, y);
+      for (int64_t j = 0; j < c; ++j) y[j] += p[j];
     }
   }
 }
@@ -30,8 +33,10 @@ void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_
     const int64_t c1 = std::min(c, c0 + kColumnBlock);
     for (int64_t r = 0; r < b * t; ++r) {
       const float* dy = dout + r * c;
-      float* de = dwte + static_cast<int64_t>(tokens[r]) * c;
-      for (int64_t j = c0; j < c1; ++j) de[j] += dy[j];
+      if (tokens[r] >= 0) {
+        float* de = dwte + static_cast<int64_t>(tokens[r]) * c;
+        for (int64_t j = c0; j < c1; ++j) de[j] += dy[j];
+      }
       if (dwpe != nullptr) {
         float* dp = dwpe + (r % t) * c;
         for (int64_t j = c0; j < c1; ++j) dp[j] += dy[j];

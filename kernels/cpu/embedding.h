@@ -6,7 +6,8 @@
 
 namespace trainyard::kernels::cpu {
 
-// out[b·t + i] = wte[tokens[b·t + i]] + wpe[i]; wpe may be null.
+// out[b·t + i] = wte[tokens[b·t + i]] + wpe[i]; wpe may be null. A negative token (one that
+// another vocabulary shard owns) reads as a zero row and receives no gradient.
 void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                       int64_t b, int64_t t, int64_t c);
 

@@ -31,6 +31,15 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
   if (dbias != nullptr) AccumulateColumnSums(dbias, dout, m, n);
 }
 
+void AddBias(float* out, const float* bias, int64_t m, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = out + i * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
+  }
+}
+
 void AccumulateColumnSums(float* sums, const float* x, int64_t m, int64_t n) {
   const int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)

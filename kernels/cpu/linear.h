@@ -17,6 +17,9 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int64_t m, int64_t n, int64_t k);
 
+// out[m, n] += bias[n].
+void AddBias(float* out, const float* bias, int64_t m, int64_t n);
+
 // sums[n] += Σ_m x[m, n], rows visited in order (deterministic, thread-count independent).
 void AccumulateColumnSums(float* sums, const float* x, int64_t m, int64_t n);
 

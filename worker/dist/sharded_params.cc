@@ -37,8 +37,14 @@ struct ShardedParams::Group {
 };
 
 ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
-                             const ShardingOptions& sharding, const OptimizerConfig& optimizer)
-    : layout_(layout), backend_(backend), dp_(dp), options_(sharding), optimizer_(optimizer) {}
+                             Communicator* tp, const ShardingOptions& sharding,
+                             const OptimizerConfig& optimizer)
+    : layout_(layout),
+      backend_(backend),
+      dp_(dp),
+      tp_(tp),
+      options_(sharding),
+      optimizer_(optimizer) {}
 
 ShardedParams::~ShardedParams() {
   // Let queued collectives finish before the buffers they use go away.
@@ -50,7 +56,7 @@ ShardedParams::~ShardedParams() {
 }
 
 absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
-    const ParameterLayout& layout, Backend* backend, Communicator* dp,
+    const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
     const ShardingOptions& sharding, const OptimizerConfig& optimizer) {
   if (sharding.zero_stage < 0 || sharding.zero_stage > 3) {
     return absl::InvalidArgumentError(
@@ -59,7 +65,7 @@ absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
   if (sharding.bucket_bytes < 1) {
     return absl::InvalidArgumentError("gradient bucket size must be positive");
   }
-  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, sharding, optimizer));
+  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, tp, sharding, optimizer));
   p->Allocate();
   return p;
 }
@@ -314,14 +320,30 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
   };
 
   // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
-  // rank holds the same reduced gradient).
+  // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
+  // parallel group are counted by its rank 0 only.
+  auto group_of = [&](const ParamTensor& t) -> const Group& {
+    return *(std::upper_bound(groups_.begin(), groups_.end(), t.offset,
+                              [](int64_t off, const Group& g) { return off < g.begin; }) -
+             1);
+  };
+  const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
   double sumsq = 0.0;
-  for (const Group& g : groups_) {
-    if (g.own_hi > g.own_lo)
-      sumsq += backend_->SumOfSquares(grad_ptr(g, g.own_lo), g.own_hi - g.own_lo);
+  for (const ParamTensor& t : layout_.tensors()) {
+    if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
+    const Group& g = group_of(t);
+    const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
+    const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
+    if (hi > lo) sumsq += backend_->SumOfSquares(grad_ptr(g, lo), hi - lo);
   }
   if (stage > 0) {
     TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
+  }
+  if (tp_ != nullptr && tp_->size() > 1) {
+    float parts[2] = {static_cast<float>(sumsq), 0.0f};
+    parts[1] = static_cast<float>(sumsq - static_cast<double>(parts[0]));
+    TY_RETURN_IF_ERROR(tp_->AllReduce(parts, 2));
+    sumsq = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
   }
   const double norm = std::sqrt(sumsq);
   if (optimizer_.grad_clip > 0.0) {
@@ -339,10 +361,7 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
   if (lr_out != nullptr) *lr_out = lr;
   for (const ParamTensor& t : layout_.tensors()) {
     // The tensor's intersection with the owned range of its group.
-    const auto& gi = std::upper_bound(groups_.begin(), groups_.end(), t.offset,
-                                      [](int64_t off, const Group& g) { return off < g.begin; }) -
-                     1;
-    const Group& g = *gi;
+    const Group& g = group_of(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;

@@ -55,9 +55,12 @@ struct OverlapTimeline {
 
 class ShardedParams final : public ParamSource {
  public:
-  // `dp` (the data-parallel group), `backend` and `layout` must outlive the object.
+  // `dp` (the data-parallel group), `tp` (the tensor-parallel group, or null), `backend` and
+  // `layout` (this tensor-parallel rank's) must outlive the object. `tp` is used only for the
+  // global gradient norm, from the calling thread.
   static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(const ParameterLayout& layout,
                                                                Backend* backend, Communicator* dp,
+                                                               Communicator* tp,
                                                                const ShardingOptions& sharding,
                                                                const OptimizerConfig& optimizer);
   ~ShardedParams() override;
@@ -91,7 +94,7 @@ class ShardedParams final : public ParamSource {
 
  private:
   struct Group;
-  ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
+  ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
                 const ShardingOptions& sharding, const OptimizerConfig& optimizer);
   void Allocate();
   absl::Status WaitAll();
@@ -104,6 +107,7 @@ class ShardedParams final : public ParamSource {
   const ParameterLayout& layout_;
   Backend* backend_;
   Communicator* dp_;
+  Communicator* tp_;
   ShardingOptions options_;
   OptimizerConfig optimizer_;
   std::vector<Group> groups_;
