@@ -62,10 +62,10 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             dist::Communicator* tp)
+             dist::Communicator* tp, PipelineStage stage)
     : config_(config),
       tp_(tp),
-      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, stage),
       backend_(backend),
       source_(source) {
   const int64_t n = tp_size(), d = config.head_dim();
@@ -80,6 +80,7 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
     local_ = std::make_unique<LocalParamSource>(layout_, backend_);
     source_ = local_.get();
   }
+  slots_.resize(1);
   group_params_.assign(layout_.groups().size(), nullptr);
   group_grads_.assign(layout_.groups().size(), nullptr);
   hold_counts_.assign(layout_.groups().size(), 0);
@@ -90,12 +91,12 @@ Model::~Model() = default;
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
-  return std::unique_ptr<Model>(new Model(config, backend, nullptr, nullptr));
+  return std::unique_ptr<Model>(new Model(config, backend, nullptr, nullptr, PipelineStage{}));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
-                                                     dist::Communicator* tp) {
+                                                     dist::Communicator* tp, PipelineStage stage) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
   if (tp != nullptr && tp->size() > 1) {
@@ -110,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
       }
     }
   }
-  return std::unique_ptr<Model>(new Model(config, backend, source, tp));
+  return std::unique_ptr<Model>(new Model(config, backend, source, tp, stage));
 }
 
 absl::Status Model::TpAllReduce(float* data, int64_t count) {
@@ -161,20 +162,25 @@ void Model::ReadGradients(float* host) const {
 void Model::ZeroGradients() { backend_->Fill(grads(), 0.0f, layout_.total()); }
 
 int64_t Model::activation_bytes() const {
-  if (!acts_) return 0;
-  int64_t floats = 0, ints = acts_->inputs.size() + acts_->targets.size();
+  int64_t floats = 0, ints = 0;
   auto add = [&](const Buffer<float>& b) { floats += b.size(); };
-  for (const auto& r : acts_->resid) add(r);
-  for (const auto& la : acts_->layers) {
-    for (const Buffer<float>* b : {&la.ln1, &la.ln1_mean, &la.ln1_rstd, &la.qkv, &la.att, &la.lse,
-                                   &la.mid, &la.ln2, &la.ln2_mean, &la.ln2_rstd, &la.fc, &la.act}) {
+  for (const auto& slot : slots_) {
+    if (!slot) continue;
+    const Activations& a = *slot;
+    ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
+    for (const auto& r : a.resid) add(r);
+    for (const auto& la : a.layers) {
+      for (const Buffer<float>* b :
+           {&la.ln1, &la.ln1_mean, &la.ln1_rstd, &la.qkv, &la.att, &la.lse, &la.mid, &la.ln2,
+            &la.ln2_mean, &la.ln2_rstd, &la.fc, &la.act}) {
+        add(*b);
+      }
+    }
+    for (const Buffer<float>* b :
+         {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv,
+          &a.dfc, &a.dact, &a.dlnf, &a.ce_stats, &a.ce_lse}) {
       add(*b);
     }
-  }
-  for (const Buffer<float>* b :
-       {&acts_->lnf, &acts_->lnf_mean, &acts_->lnf_rstd, &acts_->tmp, &acts_->logits, &acts_->dx,
-        &acts_->dln, &acts_->datt, &acts_->dqkv, &acts_->dfc, &acts_->dact, &acts_->dlnf}) {
-    add(*b);
   }
   return floats * static_cast<int64_t>(sizeof(float)) +
          ints * static_cast<int64_t>(sizeof(int32_t));
@@ -216,8 +222,12 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
 }
 
 void Model::EnsureActivations(int b, int t) {
-  if (acts_ && acts_->b == b && acts_->t == t) return;
-  acts_.reset();  // free the old shape's memory before allocating the new one
+  std::unique_ptr<Activations>& held = slots_[current_slot_];
+  if (held && held->b == b && held->t == t) {
+    acts_ = held.get();
+    return;
+  }
+  held.reset();  // free the old shape's memory before allocating the new one
   auto a = std::make_unique<Activations>();
   const auto& c = config_;
   const int64_t n = int64_t{b} * t, width = c.width, qkv = dims_.qkv_width;
@@ -232,8 +242,9 @@ void Model::EnsureActivations(int b, int t) {
     a->local_targets = be.AllocInt(n);
   }
   a->targets = be.AllocInt(n);
-  for (int l = 0; l <= c.layers; ++l) a->resid.push_back(be.AllocFloat(n * width));
-  const int saved_layers = c.recompute ? 1 : c.layers;
+  const int local_layers = layout_.stage().num_layers;
+  for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocFloat(n * width));
+  const int saved_layers = c.recompute ? 1 : local_layers;
   for (int l = 0; l < saved_layers; ++l) {
     LayerActivations la;
     la.ln1 = be.AllocFloat(n * width);
@@ -265,14 +276,18 @@ void Model::EnsureActivations(int b, int t) {
   a->dfc = be.AllocFloat(n * fc);
   a->dact = be.AllocFloat(n * dims_.ffn);
   a->dlnf = be.AllocFloat(n * width);
-  acts_ = std::move(a);
+  held = std::move(a);
+  acts_ = held.get();
 }
 
-absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold) {
+absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
+                            const float* input_acts) {
   Activations& a = *acts_;
-  {
+  const PipelineStage& stage = layout_.stage();
+  const int64_t rows = int64_t{a.b} * a.t;
+  if (stage.first) {
     TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::kEmbeddingGroup));
-    source_->Prefetch(ParameterLayout::BlockGroup(0));
+    if (stage.num_layers > 0) source_->Prefetch(layout_.block_group(stage.first_layer));
     constexpr int g = ParameterLayout::kEmbeddingGroup;
     if (tp_size() == 1) {
       backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()),
@@ -282,21 +297,52 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
       // rank adds the positions, and the sum over the group is the embedding.
       backend_->Embedding(a.resid[0].data(), a.local_inputs.data(), P(g, layout_.wte()),
                           tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr, a.b, a.t, config_.width);
-      TY_RETURN_IF_ERROR(TpAllReduce(a.resid[0].data(), int64_t{a.b} * a.t * config_.width));
+      TY_RETURN_IF_ERROR(TpAllReduce(a.resid[0].data(), rows * config_.width));
     }
+  } else {
+    backend_->Copy(a.resid[0].data(), input_acts, rows * config_.width);
   }
-  for (int l = 0; l < config_.layers; ++l) {
-    source_->Prefetch(l + 1 < config_.layers ? ParameterLayout::BlockGroup(l + 1)
-                                             : layout_.final_group());
-    TY_RETURN_IF_ERROR(BlockForward(l, a.layers[keep_layer_activations ? l : 0]));
+  const int end = stage.first_layer + stage.num_layers;
+  for (int l = stage.first_layer; l < end; ++l) {
+    if (l + 1 < end) {
+      source_->Prefetch(layout_.block_group(l + 1));
+    } else if (stage.last) {
+      source_->Prefetch(layout_.final_group());
+    }
+    TY_RETURN_IF_ERROR(
+        BlockForward(l, a.layers[keep_layer_activations ? l - stage.first_layer : 0]));
   }
-  TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
-  FinalNorm();
+  if (stage.last) {
+    TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
+    FinalNorm();
+  }
   return absl::OkStatus();
 }
 
+// The backward pass through this stage's blocks, from dx = ∂loss/∂(stage output) to
+// ∂loss/∂(stage input), then the embedding's gradient on the first stage.
+absl::Status Model::BackwardBlocks(float* dx) {
+  Activations& a = *acts_;
+  const PipelineStage& stage = layout_.stage();
+  const bool recompute = config_.recompute;
+  for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
+    LayerActivations& la = a.layers[recompute ? 0 : l - stage.first_layer];
+    TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, layout_.block_group(l)));
+    if (l > stage.first_layer) source_->Prefetch(layout_.block_group(l - 1));
+    if (recompute) TY_RETURN_IF_ERROR(BlockForward(l, la));
+    TY_RETURN_IF_ERROR(BlockBackward(l, la, dx));
+  }
+  if (!stage.first) return absl::OkStatus();
+  constexpr int eg = ParameterLayout::kEmbeddingGroup;
+  TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
+  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx,
+                              tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
+                              config_.width);
+  return source_->GradientsReady(eg);
+}
+
 absl::Status Model::BlockForward(int layer, LayerActivations& la) {
-  const int g = ParameterLayout::BlockGroup(layer);
+  const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
   Activations& a = *acts_;
   const auto& c = config_;
@@ -305,7 +351,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const float* x = a.resid[layer].data();
+  const int li = layer - layout_.stage().first_layer;  // the block's index on this stage
+  const float* x = a.resid[li].data();
   Backend& be = *backend_;
 
   if (gpt2) {
@@ -334,14 +381,14 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   }
   TY_RETURN_IF_ERROR(RowParallelLinear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
                                        P(g, o.mlp_proj_b), n, width, dims_.ffn));
-  be.Add(a.resid[layer + 1].data(), la.mid.data(), a.tmp.data(), n * width);
+  be.Add(a.resid[li + 1].data(), la.mid.data(), a.tmp.data(), n * width);
   return absl::OkStatus();
 }
 
 // On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input). The block's
 // parameter group must be held by the caller.
 absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
-  const int g = ParameterLayout::BlockGroup(layer);
+  const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   Activations& a = *acts_;
   const auto& c = config_;
@@ -381,7 +428,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
                     P(g, o.qkv_w), n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(TpAllReduce(a.dln.data(), n * width));
-  const float* x = a.resid[layer].data();
+  const float* x = a.resid[layer - layout_.stage().first_layer].data();
   if (gpt2) {
     be.LayerNormBackward(dx, G(g, o.ln1_w), G(g, o.ln1_b), a.dln.data(), x, P(g, o.ln1_w),
                          la.ln1_mean.data(), la.ln1_rstd.data(), n, width);
@@ -396,7 +443,7 @@ void Model::FinalNorm() {
   Activations& a = *acts_;
   const int g = layout_.final_group();
   const int64_t n = int64_t{a.b} * a.t;
-  const float* x = a.resid[config_.layers].data();
+  const float* x = a.resid[layout_.stage().num_layers].data();
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
                         P(g, layout_.lnf_w()), P(g, layout_.lnf_b()), n, config_.width,
@@ -412,7 +459,7 @@ absl::Status Model::FinalNormBackward(float* dx) {
   const int g = layout_.final_group();
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   const int64_t n = int64_t{a.b} * a.t;
-  const float* x = a.resid[config_.layers].data();
+  const float* x = a.resid[layout_.stage().num_layers].data();
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNormBackward(dx, G(g, layout_.lnf_w()), G(g, layout_.lnf_b()), a.dlnf.data(), x,
                                 P(g, layout_.lnf_w()), a.lnf_mean.data(), a.lnf_rstd.data(), n,
@@ -516,53 +563,101 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
 
 absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b,
                                               int t, float grad_scale) {
-  if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
-  TY_RETURN_IF_ERROR(Prepare(inputs, targets, b, t));
-  const bool recompute = config_.recompute;
+  if (!layout_.stage().first || !layout_.stage().last) {
+    return absl::FailedPreconditionError("ForwardBackward runs a whole model; use StageForward");
+  }
+  double loss = 0.0;
+  TY_RETURN_IF_ERROR(StageForward(0, inputs, targets, b, t, nullptr, grad_scale, &loss, nullptr));
+  TY_RETURN_IF_ERROR(StageBackward(0, nullptr, nullptr));
+  return loss;
+}
+
+absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b,
+                                 int t, const float* input_acts, float grad_scale, double* loss_sum,
+                                 float* output_acts) {
+  const PipelineStage& stage = layout_.stage();
+  if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
+  SelectSlot(slot);
+  TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
+  const int64_t rows = int64_t{b} * t;
+  if (!stage.last) {
+    std::unique_ptr<Hold> none;
+    TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
+    backend_->Copy(output_acts, a.resid[stage.num_layers].data(), rows * config_.width);
+    return absl::OkStatus();
+  }
+  // The last stage runs its whole backward at once: the loss's gradient is known as soon as
+  // the loss is.
   float* dx = a.dx.data();
-  double loss = 0.0;
   {
     std::unique_ptr<Hold> final_hold;
-    TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!recompute, &final_hold));
-    TY_ASSIGN_OR_RETURN(loss, ChunkedLoss(grad_scale, /*with_grad=*/true));
+    TY_RETURN_IF_ERROR(
+        Forward(/*keep_layer_activations=*/!config_.recompute, &final_hold, input_acts));
+    TY_ASSIGN_OR_RETURN(*loss_sum, ChunkedLoss(grad_scale, /*with_grad=*/true));
     backend_->Fill(dx, 0.0f, a.dx.size());
     TY_RETURN_IF_ERROR(FinalNormBackward(dx));
-    // Complete now: a tied head lives in the embedding group, whose gradient finishes last.
+    // Complete now: a tied head on the first stage lives in the embedding group, finished last.
     TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
   }
-  for (int l = config_.layers - 1; l >= 0; --l) {
-    LayerActivations& la = a.layers[recompute ? 0 : l];
-    TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::BlockGroup(l)));
-    if (l > 0) source_->Prefetch(ParameterLayout::BlockGroup(l - 1));
-    if (recompute) TY_RETURN_IF_ERROR(BlockForward(l, la));
-    TY_RETURN_IF_ERROR(BlockBackward(l, la, dx));
+  return BackwardBlocks(dx);
+}
+
+absl::Status Model::StageBackward(int slot, const float* doutput, float* dinput) {
+  const PipelineStage& stage = layout_.stage();
+  SelectSlot(slot);
+  Activations& a = *acts_;
+  const int64_t rows = int64_t{a.b} * a.t;
+  if (!stage.last) {
+    std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
+    backend_->Copy(a.dx.data(), doutput, rows * config_.width);
+    TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
-  constexpr int eg = ParameterLayout::kEmbeddingGroup;
-  TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
-  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx,
-                              tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
-                              config_.width);
-  TY_RETURN_IF_ERROR(source_->GradientsReady(eg));
-  return loss;
+  if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
+                                        const float* input_acts, float* output_acts) {
+  const PipelineStage& stage = layout_.stage();
+  SelectSlot(0);
+  TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
+  std::unique_ptr<Hold> final_hold;
+  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, input_acts));
+  if (!stage.last) {
+    backend_->Copy(output_acts, acts_->resid[stage.num_layers].data(),
+                   int64_t{b} * t * config_.width);
+    return 0.0;
+  }
+  return ChunkedLoss(0.0f, /*with_grad=*/false);
+}
+
+void Model::SelectSlot(int slot) {
+  if (slot >= static_cast<int>(slots_.size())) slots_.resize(slot + 1);
+  current_slot_ = slot;
+  acts_ = slots_[slot].get();
 }
 
 absl::StatusOr<double> Model::Loss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
-  TY_RETURN_IF_ERROR(Prepare(inputs, targets, b, t));
-  std::unique_ptr<Hold> final_hold;
-  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold));
-  return ChunkedLoss(0.0f, /*with_grad=*/false);
+  if (!layout_.stage().first || !layout_.stage().last) {
+    return absl::FailedPreconditionError("Loss runs a whole model; use StageLoss");
+  }
+  return StageLoss(inputs, targets, b, t, nullptr, nullptr);
 }
 
 absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logits) {
   if (tp_size() > 1) {
     return absl::UnimplementedError("full logits are not assembled under tensor parallelism");
   }
+  if (!layout_.stage().first || !layout_.stage().last) {
+    return absl::FailedPreconditionError("Logits runs a whole model");
+  }
+  SelectSlot(0);
   TY_RETURN_IF_ERROR(Prepare(inputs, nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
-  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold));
+  TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, nullptr));
   TY_ASSIGN_OR_RETURN(auto head_hold, Hold::Acquire(this, layout_.head_group()));
   Activations& a = *acts_;
   const int64_t n = int64_t{b} * t, vocab = dims_.vocab;

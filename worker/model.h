@@ -34,7 +34,8 @@ class Model {
   // must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
                                                        Backend* backend, ParamSource* source,
-                                                       dist::Communicator* tp = nullptr);
+                                                       dist::Communicator* tp = nullptr,
+                                                       PipelineStage stage = {});
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -60,6 +61,21 @@ class Model {
                                          int t, float grad_scale);
   // Σ cross-entropy without gradients.
   absl::StatusOr<double> Loss(const int32_t* inputs, const int32_t* targets, int b, int t);
+  // One pipeline stage's share of a micro-batch, keeping its activations in `slot` (one slot per
+  // micro-batch in flight). Inputs and targets are the micro-batch's tokens (host); input_acts /
+  // output_acts are [b·t, width] device buffers from / for the neighbouring stages (ignored on
+  // the first / last stage). The last stage computes the loss (Σ cross-entropy into *loss_sum)
+  // and its whole backward in StageForward; StageBackward then only hands on ∂loss/∂input.
+  absl::Status StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b, int t,
+                            const float* input_acts, float grad_scale, double* loss_sum,
+                            float* output_acts);
+  // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
+  // input) (not on the first stage).
+  absl::Status StageBackward(int slot, const float* doutput, float* dinput);
+  // Forward only: the last stage returns Σ cross-entropy, the others 0 and fill output_acts.
+  absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
+                                   const float* input_acts, float* output_acts);
+
   // Full logits [b, t, vocab] into a host array (tests and inference).
   absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
 
@@ -76,7 +92,7 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        dist::Communicator* tp);
+        dist::Communicator* tp, PipelineStage stage);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
@@ -89,7 +105,10 @@ class Model {
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).
-  absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold);
+  absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
+                       const float* input_acts);
+  absl::Status BackwardBlocks(float* dx);
+  void SelectSlot(int slot);
   absl::Status BlockForward(int layer, LayerActivations& a);
   absl::Status BlockBackward(int layer, LayerActivations& a, float* dx);
   void FinalNorm();
@@ -113,7 +132,11 @@ class Model {
   std::vector<const float*> group_params_;  // per group, while held
   std::vector<float*> group_grads_;         // per group, once requested this pass
   std::vector<int> hold_counts_;            // live Holds per group
-  std::unique_ptr<Activations> acts_;
+  // Activation memory per in-flight micro-batch (a pipeline stage keeps several); acts_ is the
+  // one the current call uses.
+  std::vector<std::unique_ptr<Activations>> slots_;
+  int current_slot_ = 0;
+  Activations* acts_ = nullptr;
 };
 
 }  // namespace trainyard::worker

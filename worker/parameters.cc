@@ -13,8 +13,10 @@ namespace trainyard::worker {
 using config::ModelConfig;
 using config::ModelFamily;
 
-ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size)
-    : tp_rank_(tp_rank), tp_size_(tp_size) {
+ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
+                                 PipelineStage stage)
+    : tp_rank_(tp_rank), tp_size_(tp_size), stage_(stage) {
+  if (stage_.num_layers < 0) stage_.num_layers = c.layers - stage_.first_layer;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t width = c.width, qkv = c.qkv_width(), attn = int64_t{c.heads} * c.head_dim();
   const int64_t q_rows = attn, kv_rows = int64_t{c.kv_heads} * c.head_dim();
@@ -26,11 +28,13 @@ ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size)
   // stream's variance does not grow with depth.
   const float residual_std = 0.02f / std::sqrt(2.0f * c.layers);
 
-  wte_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
-  if (gpt2) wpe_ = Add("wpe", {c.max_seq, width}, InitKind::kNormal);
-  groups_.push_back({0, total_});  // embeddings
+  if (stage_.first) {
+    wte_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
+    if (gpt2) wpe_ = Add("wpe", {c.max_seq, width}, InitKind::kNormal);
+    groups_.push_back({0, total_});  // embeddings
+  }
   int64_t group_begin = total_;
-  for (int l = 0; l < c.layers; ++l) {
+  for (int l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l) {
     const std::string p = absl::StrCat("h.", l, ".");
     BlockOffsets b;
     b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
@@ -55,13 +59,21 @@ ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size)
     groups_.push_back({group_begin, total_});
     group_begin = total_;
   }
-  lnf_w_ = Add("lnf.w", {width}, InitKind::kOnes);
-  if (gpt2) lnf_b_ = Add("lnf.b", {width}, InitKind::kZeros);
-  lm_head_ = c.tied_embeddings
-                 ? wte_
-                 : Add("lm_head.w", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
+  if (stage_.last) {
+    lnf_w_ = Add("lnf.w", {width}, InitKind::kOnes);
+    if (gpt2) lnf_b_ = Add("lnf.b", {width}, InitKind::kZeros);
+    if (!c.tied_embeddings) {
+      lm_head_ = Add("lm_head.w", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
+    } else if (stage_.first) {
+      lm_head_ = wte_;
+    } else {
+      // The tied head on a last stage that is not also the first: its own copy of the token
+      // embedding, drawn from the same stream, kept equal by summing the two copies' gradients.
+      lm_head_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
+    }
+    groups_.push_back({group_begin, total_});  // final norm (and the head)
+  }
   (void)kRep;
-  groups_.push_back({group_begin, total_});  // final norm (and the untied head)
 }
 
 int64_t ParameterLayout::Add(const std::string& name, std::vector<int64_t> global_shape,

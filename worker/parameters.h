@@ -52,18 +52,31 @@ struct ParamGroup {
   int64_t size() const { return end - begin; }
 };
 
+// The layers one pipeline stage holds. The first stage also holds the embeddings, the last the
+// final norm and the LM head (with tied embeddings, a copy of the token embedding whose
+// gradient is summed with the first stage's).
+struct PipelineStage {
+  int first_layer = 0;
+  int num_layers = -1;  // -1: every layer from first_layer on
+  bool first = true;
+  bool last = true;
+};
+
 class ParameterLayout {
  public:
   // The layout of tensor-parallel rank `tp_rank` of `tp_size` (1: the whole model). Requires
   // heads, kv_heads, ffn_hidden and vocab divisible by tp_size (the mesh validator checks).
-  explicit ParameterLayout(const config::ModelConfig& config, int tp_rank = 0, int tp_size = 1);
+  explicit ParameterLayout(const config::ModelConfig& config, int tp_rank = 0, int tp_size = 1,
+                           PipelineStage stage = {});
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
   // Returns nullptr when there is no such tensor.
   const ParamTensor* Find(const std::string& name) const;
 
-  const BlockOffsets& block(int layer) const { return blocks_[layer]; }
+  // `layer` is the model's (global) layer index; it must belong to this stage.
+  const BlockOffsets& block(int layer) const { return blocks_[layer - stage_.first_layer]; }
+  const PipelineStage& stage() const { return stage_; }
   int64_t wte() const { return wte_; }
   int64_t wpe() const { return wpe_; }  // -1 for Llama
   int64_t lnf_w() const { return lnf_w_; }
@@ -71,11 +84,15 @@ class ParameterLayout {
   int64_t lm_head() const { return lm_head_; }  // == wte() when embeddings are tied
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Group 0 is the first the forward pass uses and the last the backward pass finishes: the
+  // embeddings on the first stage, else the stage's first block.
   static constexpr int kEmbeddingGroup = 0;
-  static int BlockGroup(int layer) { return layer + 1; }
-  int final_group() const { return static_cast<int>(groups_.size()) - 1; }
+  int block_group(int layer) const { return layer - stage_.first_layer + (stage_.first ? 1 : 0); }
+  int final_group() const { return static_cast<int>(groups_.size()) - 1; }  // last stage only
   // The group holding the LM head's weight (the embedding group when tied).
-  int head_group() const { return lm_head_ == wte_ ? kEmbeddingGroup : final_group(); }
+  int head_group() const {
+    return stage_.first && lm_head_ == wte_ ? kEmbeddingGroup : final_group();
+  }
 
   int tp_size() const { return tp_size_; }
   // Copies this rank's part of `t` from the full (unsharded) tensor `global` into `local`.
@@ -95,6 +112,7 @@ class ParameterLayout {
   std::vector<BlockOffsets> blocks_;
   std::vector<ParamGroup> groups_;
   int tp_rank_ = 0, tp_size_ = 1;
+  PipelineStage stage_;
   int64_t total_ = 0;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };

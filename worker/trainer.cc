@@ -16,6 +16,7 @@
 #include "worker/dist/sharded_params.h"
 #include "worker/model.h"
 #include "worker/parameters.h"
+#include "worker/pipeline.h"
 
 namespace trainyard::worker {
 
@@ -38,17 +39,34 @@ OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& t) {
 
 namespace {
 
-// Mean validation loss over eval_batches batches of micro_batch windows.
-absl::StatusOr<double> Evaluate(Model& model, const BatchSampler& sampler, int micro_batch,
-                                int eval_batches) {
+// Σ of `value` over a process group (doubles carried as two floats).
+absl::StatusOr<double> SumDouble(dist::Communicator& group, double value) {
+  if (group.size() == 1) return value;
+  float parts[2] = {static_cast<float>(value), 0.0f};
+  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
+  TY_RETURN_IF_ERROR(group.AllReduce(parts, 2));
+  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
+// Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
+// activations are handed forward stage by stage and the last stage's loss is shared.
+absl::StatusOr<double> Evaluate(Model& model, dist::Communicator& pp, const BatchSampler& sampler,
+                                int micro_batch, int eval_batches, int width) {
   const int t = sampler.seq_len();
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   std::vector<int32_t> inputs(int64_t{micro_batch} * t), targets(inputs.size());
+  std::vector<float> in(first ? 0 : inputs.size() * width), out(last ? 0 : inputs.size() * width);
   double total = 0.0;
   for (int i = 0; i < eval_batches; ++i) {
     sampler.FillEval(i, micro_batch, inputs.data(), targets.data());
-    TY_ASSIGN_OR_RETURN(double loss, model.Loss(inputs.data(), targets.data(), micro_batch, t));
+    constexpr uint32_t kEvalTag = 1u << 30;
+    if (!first) TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), pp.rank() - 1, kEvalTag + i));
+    TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), micro_batch, t,
+                                                     in.data(), out.data()));
+    if (!last) TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), pp.rank() + 1, kEvalTag + i));
     total += loss;
   }
+  TY_ASSIGN_OR_RETURN(total, SumDouble(pp, total));
   return total / (static_cast<double>(eval_batches) * micro_batch * t);
 }
 
@@ -74,10 +92,9 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   Clock& clock = options.clock ? *options.clock : *RealClock();
   const config::TrainingSpec& tr = spec.training;
   const config::ParallelismSpec& mesh = spec.parallelism;
-  if (mesh.pp != 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("parallelism.pp: pipeline parallelism is not available yet (pp ", mesh.pp,
-                     "); use data and tensor parallelism"));
+  if (mesh.pp > spec.model.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.pp: ", mesh.pp, " stages for ", spec.model.layers, " layers"));
   }
   const int world = mesh.world_size();
   if (rank.rank < 0 || rank.rank >= world) {
@@ -89,8 +106,11 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   }
   const int micro = config::MicroBatchPerRank(tr, mesh);
   const int per_rank = tr.batch / mesh.dp;
-  // Mesh coordinates, tensor-parallel innermost: rank = dp_rank · tp + tp_rank.
-  const int dp_rank = rank.rank / mesh.tp, tp_rank = rank.rank % mesh.tp;
+  // Mesh coordinates, tensor-parallel innermost: rank = (pp_rank · dp + dp_rank) · tp + tp_rank.
+  const int tp_rank = rank.rank % mesh.tp;
+  const int dp_rank = rank.rank / mesh.tp % mesh.dp;
+  const int pp_rank = rank.rank / (mesh.tp * mesh.dp);
+  const int micro_batches = per_rank / micro;
   const int t = tr.seq_len;
 
   TY_ASSIGN_OR_RETURN(DataSplits data, OpenData(spec.data, fs));
@@ -104,28 +124,37 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   const BatchSampler train_sampler(*data.train, t, tr.seed);
   const BatchSampler val_sampler(*data.val, t, tr.seed);
 
-  // One process group per mesh axis: the data-parallel replicas of this tensor-parallel rank,
-  // and the tensor-parallel ranks of this replica.
+  // One process group per mesh axis: the ranks that differ from this one in that coordinate
+  // only.
   auto connect = [&](const std::string& group, int index,
                      int size) -> absl::StatusOr<std::unique_ptr<dist::Communicator>> {
     if (size == 1) return dist::MakeSelfCommunicator();
     return dist::ConnectGloo(*rank.store, group, index, size, rank.gloo);
   };
   TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> dp_comm,
-                      connect(absl::StrCat("dp.tp", tp_rank), dp_rank, mesh.dp));
+                      connect(absl::StrCat("dp.tp", tp_rank, ".pp", pp_rank), dp_rank, mesh.dp));
   TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> tp_comm,
-                      connect(absl::StrCat("tp.dp", dp_rank), tp_rank, mesh.tp));
+                      connect(absl::StrCat("tp.dp", dp_rank, ".pp", pp_rank), tp_rank, mesh.tp));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> pp_comm,
+                      connect(absl::StrCat("pp.dp", dp_rank, ".tp", tp_rank), pp_rank, mesh.pp));
   const config::ModelConfig& mc = spec.model;
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
-  const ParameterLayout layout(mc, tp_rank, mesh.tp);  // the same layout the model builds
+  const PipelineStage stage = BalanceStages(mc, t, mesh.pp)[pp_rank];
+  // The first and last stages both hold a tied embedding: a group of those two.
+  std::unique_ptr<dist::Communicator> tied_comm;
+  if (mesh.pp > 1 && mc.tied_embeddings && (stage.first || stage.last)) {
+    TY_ASSIGN_OR_RETURN(tied_comm, connect(absl::StrCat("tie.dp", dp_rank, ".tp", tp_rank),
+                                           stage.first ? 0 : 1, 2));
+  }
+  const ParameterLayout layout(mc, tp_rank, mesh.tp, stage);  // the same layout the model builds
   TY_ASSIGN_OR_RETURN(
       std::unique_ptr<dist::ShardedParams> params,
-      dist::ShardedParams::Create(layout, &backend, dp_comm.get(), tp_comm.get(),
+      dist::ShardedParams::Create(layout, &backend, dp_comm.get(), tp_comm.get(), pp_comm.get(),
                                   {.zero_stage = mesh.zero, .bucket_bytes = rank.bucket_bytes},
                                   OptimizerConfigFromSpec(tr)));
   params->Initialize(tr.seed);
   TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                      Model::Create(mc, &backend, params.get(), tp_comm.get()));
+                      Model::Create(mc, &backend, params.get(), tp_comm.get(), stage));
 
   TrainResult result;
   result.entropy_nats = data.entropy_nats;
@@ -134,9 +163,9 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   if (out) {
     *out << absl::StrFormat(
                 "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
-                "mesh dp %d x tp %d (ZeRO-%d) | data %s\n",
+                "mesh dp %d x tp %d x pp %d (ZeRO-%d) | data %s\n",
                 config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
-                model->num_params() / 1e6, mesh.dp, mesh.tp, mesh.zero, data.description)
+                model->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero, data.description)
          << std::flush;
   }
 
@@ -144,23 +173,52 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   const int64_t tokens_per_step = int64_t{tr.batch} * t;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   int64_t train_nanos = 0;
+  double pipeline_wait = 0.0;
   int64_t window_start = clock.NowNanosMonotonic(), window_steps = 0;
   for (int64_t step = 0; step < tr.steps; ++step) {
     const int64_t start = clock.NowNanosMonotonic();
     double loss_sum = 0.0;
+    TY_RETURN_IF_ERROR(params->BeginStep());
     // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
     // the same samples the single-process run draws for those positions.
-    for (int first = 0; first < per_rank; first += micro) {
-      TY_RETURN_IF_ERROR(params->BeginMicroBatch(first == 0, first + micro >= per_rank));
-      train_sampler.FillTrain(step, int64_t{dp_rank} * per_rank + first, micro, inputs.data(),
-                              targets.data());
-      TY_ASSIGN_OR_RETURN(
-          double loss, model->ForwardBackward(inputs.data(), targets.data(), micro, t, grad_scale));
-      loss_sum += loss;
+    auto fill = [&](int i) {
+      train_sampler.FillTrain(step, int64_t{dp_rank} * per_rank + int64_t{i} * micro, micro,
+                              inputs.data(), targets.data());
+    };
+    if (mesh.pp == 1) {
+      for (int i = 0; i < micro_batches; ++i) {
+        params->SetLastMicroBatch(i + 1 == micro_batches);
+        fill(i);
+        TY_ASSIGN_OR_RETURN(double loss, model->ForwardBackward(inputs.data(), targets.data(),
+                                                                micro, t, grad_scale));
+        loss_sum += loss;
+      }
+    } else {
+      StageWork work;
+      work.forward = [&](int i, int slot, const float* in, float* out_acts) -> absl::Status {
+        fill(i);
+        // The last stage runs the micro-batch's backward here too.
+        if (stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
+        double loss = 0.0;
+        TY_RETURN_IF_ERROR(model->StageForward(slot, inputs.data(), targets.data(), micro, t, in,
+                                               grad_scale, &loss, out_acts));
+        loss_sum += loss;
+        return absl::OkStatus();
+      };
+      work.backward = [&](int i, int slot, const float* dout, float* din) -> absl::Status {
+        if (!stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
+        return model->StageBackward(slot, dout, din);
+      };
+      ScheduleStats schedule;
+      TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*pp_comm, micro_batches,
+                                                  int64_t{micro} * t * mc.width, work, &schedule));
+      pipeline_wait += schedule.wait_seconds;
     }
     double lr = 0.0;
-    TY_ASSIGN_OR_RETURN(const double norm, params->FinishStep(step, &lr));
+    TY_ASSIGN_OR_RETURN(const double norm, params->FinishStep(step, &lr, tied_comm.get()));
     TY_ASSIGN_OR_RETURN(loss_sum, params->SumOverRanks(loss_sum));
+    // Only the last pipeline stage computes the loss; every stage reports it.
+    TY_ASSIGN_OR_RETURN(loss_sum, SumDouble(*pp_comm, loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step);
     if (!std::isfinite(loss)) {
       return absl::InternalError(
@@ -192,7 +250,8 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
                       .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
     report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
     if (tr.eval_every > 0 && (last || (step + 1) % tr.eval_every == 0)) {
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, val_sampler, micro, tr.eval_batches));
+      TY_ASSIGN_OR_RETURN(
+          double val, Evaluate(*model, *pp_comm, val_sampler, micro, tr.eval_batches, mc.width));
       result.evals.push_back({step + 1, val});
       report.val_loss = val;
       if (out) *out << EvalLine(result.evals.back(), data.entropy_nats) << "\n" << std::flush;
@@ -202,6 +261,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   }
   result.tokens_per_second =
       train_nanos > 0 ? tr.steps * tokens_per_step / (train_nanos / 1e9) : 0.0;
+  result.pipeline_wait_fraction = train_nanos > 0 ? pipeline_wait / (train_nanos / 1e9) : 0.0;
   static_cast<dist::MemoryAccount&>(result.memory) = params->memory();
   result.memory.activations = model->activation_bytes();
   for (int k = 0; k < static_cast<int>(dist::CollectiveKind::kCount); ++k) {

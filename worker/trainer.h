@@ -73,6 +73,9 @@ struct TrainResult {
   } memory;
   std::array<int64_t, static_cast<int>(dist::CollectiveKind::kCount)> bytes_sent{};
   dist::OverlapTimeline overlap;
+  // Pipeline stages: the fraction of training time this stage spent blocked sending or
+  // receiving activations (the schedule's bubble plus transfers).
+  double pipeline_wait_fraction = 0.0;
 };
 
 OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& training);

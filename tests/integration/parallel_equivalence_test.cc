@@ -25,6 +25,7 @@
 #include "worker/backend.h"
 #include "worker/dist/kv_store.h"
 #include "worker/parameters.h"
+#include "worker/pipeline.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -102,7 +103,10 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   double worst = 0;
   std::string worst_name;
   for (size_t rank = 0; rank < parallel.rank_params.size(); ++rank) {
-    const ParameterLayout local(spec.model, static_cast<int>(rank) % tp, tp);
+    const int dp = spec.parallelism.dp, pp = spec.parallelism.pp;
+    const PipelineStage stage =
+        BalanceStages(spec.model, spec.training.seq_len, pp)[static_cast<int>(rank) / (tp * dp)];
+    const ParameterLayout local(spec.model, static_cast<int>(rank) % tp, tp, stage);
     ASSERT_EQ(parallel.rank_params[rank].size(), static_cast<size_t>(local.total()));
     for (const ParamTensor& t : local.tensors()) {
       std::vector<float> expected(t.numel);
@@ -127,8 +131,8 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
     }
   }
   std::printf(
-      "dp %d tp %d zero %d (%s): final loss %.8f vs %.8f, worst parameter error %.2e (%s)\n",
-      spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.zero,
+      "dp %d tp %d pp %d zero %d (%s): final loss %.8f vs %.8f, worst parameter error %.2e (%s)\n",
+      spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp, spec.parallelism.zero,
       config::FamilyName(spec.model.family).c_str(), parallel.losses.back(), single.losses.back(),
       worst, worst_name.c_str());
 }
@@ -157,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(ZeroStages, DataParallel,
 
 struct MeshCase {
   const char* name;
-  int dp, tp, zero;
+  int dp, tp, pp, zero;
 };
 
 class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
@@ -168,8 +172,9 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   const RunResult single = Single(spec);
   spec.parallelism.dp = mesh.dp;
   spec.parallelism.tp = mesh.tp;
+  spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
-  spec.resources.devices_per_node = mesh.dp * mesh.tp;
+  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
 }
@@ -177,8 +182,12 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ModelParallel,
     ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
-                       ::testing::Values(MeshCase{"tp2", 1, 2, 0}, MeshCase{"dp2_tp2", 2, 2, 0},
-                                         MeshCase{"dp2_tp2_zero3", 2, 2, 3})),
+                       ::testing::Values(MeshCase{"tp2", 1, 2, 1, 0},
+                                         MeshCase{"pp2_4micro", 1, 1, 2, 0},
+                                         MeshCase{"dp2_tp2", 2, 2, 1, 0},
+                                         MeshCase{"tp2_pp2", 1, 2, 2, 0},
+                                         MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1},
+                                         MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3})),
     [](const auto& info) {
       return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
                           std::get<1>(info.param).name);

@@ -56,6 +56,10 @@ class SelfCommunicator final : public Communicator {
   absl::Status Recv(float*, int64_t, int peer, uint32_t) override {
     return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, " in a group of one"));
   }
+  absl::Status SendRecv(const float*, int64_t, int peer, uint32_t, float*, int64_t, int,
+                        uint32_t) override {
+    return absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, " in a group of one"));
+  }
   absl::Status Barrier() override { return Check(); }
   void Abort() override { aborted_ = true; }
 

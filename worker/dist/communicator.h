@@ -57,6 +57,11 @@ class Communicator {
   // Point to point; a Send matches the Recv with the same peer pair and tag.
   virtual absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) = 0;
   virtual absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) = 0;
+  // Starts a send and a receive (to/from possibly different peers) and waits for both: the
+  // exchange two pipeline stages make at once without deadlocking.
+  virtual absl::Status SendRecv(const float* send, int64_t send_count, int send_peer,
+                                uint32_t send_tag, float* recv, int64_t recv_count, int recv_peer,
+                                uint32_t recv_tag) = 0;
   virtual absl::Status Barrier() = 0;
   // Makes every pending and later operation fail with ABORTED.
   virtual void Abort() = 0;

@@ -122,6 +122,20 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
+                        float* recv, int64_t recv_count, int recv_peer,
+                        uint32_t recv_tag) override {
+    return Guard("send-recv", [&] {
+      auto rbuf = context_->createUnboundBuffer(recv, recv_count * sizeof(float));
+      auto sbuf =
+          context_->createUnboundBuffer(const_cast<float*>(send), send_count * sizeof(float));
+      rbuf->recv(recv_peer, kPointToPointSlotBase + recv_tag);
+      sbuf->send(send_peer, kPointToPointSlotBase + send_tag);
+      Exchange(sbuf.get(), rbuf.get());
+      stats_.Add(CollectiveKind::kSendRecv, send_count * sizeof(float));
+    });
+  }
+
   absl::Status Barrier() override {
     return Guard("barrier", [&] {
       gloo::BarrierOptions opts(context_);

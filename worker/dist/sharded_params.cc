@@ -37,12 +37,13 @@ struct ShardedParams::Group {
 };
 
 ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
-                             Communicator* tp, const ShardingOptions& sharding,
+                             Communicator* tp, Communicator* pp, const ShardingOptions& sharding,
                              const OptimizerConfig& optimizer)
     : layout_(layout),
       backend_(backend),
       dp_(dp),
       tp_(tp),
+      pp_(pp),
       options_(sharding),
       optimizer_(optimizer) {}
 
@@ -57,7 +58,7 @@ ShardedParams::~ShardedParams() {
 
 absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
     const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-    const ShardingOptions& sharding, const OptimizerConfig& optimizer) {
+    Communicator* pp, const ShardingOptions& sharding, const OptimizerConfig& optimizer) {
   if (sharding.zero_stage < 0 || sharding.zero_stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallelism.zero: stage must be 0..3, got ", sharding.zero_stage));
@@ -65,7 +66,8 @@ absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
   if (sharding.bucket_bytes < 1) {
     return absl::InvalidArgumentError("gradient bucket size must be positive");
   }
-  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, tp, sharding, optimizer));
+  std::unique_ptr<ShardedParams> p(
+      new ShardedParams(layout, backend, dp, tp, pp, sharding, optimizer));
   p->Allocate();
   return p;
 }
@@ -182,10 +184,7 @@ absl::Status ShardedParams::GatherParameters(float* host) {
   return absl::OkStatus();
 }
 
-absl::Status ShardedParams::BeginMicroBatch(bool first_of_step, bool last_of_step) {
-  last_micro_batch_ = last_of_step;
-  backward_phase_ = false;
-  if (!first_of_step) return absl::OkStatus();
+absl::Status ShardedParams::BeginStep() {
   TY_RETURN_IF_ERROR(WaitAll());
   if (options_.zero_stage < 2) backend_->Fill(grads_.data(), 0.0f, grads_.size());
   if (options_.zero_stage >= 2) backend_->Fill(shard_grads_.data(), 0.0f, shard_grads_.size());
@@ -304,7 +303,7 @@ absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
   return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
 }
 
-absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
+absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, Communicator* tied) {
   TY_RETURN_IF_ERROR_WITH(WaitAll(), "gradient reduction");
   const int stage = options_.zero_stage;
   auto grad_ptr = [&](const Group& g, int64_t local) {
@@ -319,18 +318,32 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
     return stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
   };
 
-  // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
-  // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
-  // parallel group are counted by its rank 0 only.
   auto group_of = [&](const ParamTensor& t) -> const Group& {
     return *(std::upper_bound(groups_.begin(), groups_.end(), t.offset,
                               [](int64_t off, const Group& g) { return off < g.begin; }) -
              1);
   };
+  // A pipeline's first and last stages both hold the tied token embedding: sum the copies'
+  // gradients so that both apply the same update.
+  if (tied != nullptr) {
+    if (stage >= 2) {
+      return absl::UnimplementedError(
+          "parallelism.zero: tied embeddings across pipeline stages need ZeRO stage 0 or 1");
+    }
+    const ParamTensor* wte = layout_.Find("wte");
+    if (wte == nullptr) return absl::InternalError("tied embedding group without an embedding");
+    const Group& g = group_of(*wte);
+    TY_RETURN_IF_ERROR_WITH(tied->AllReduce(grad_ptr(g, wte->offset - g.begin), wte->numel),
+                            "summing the tied embedding's gradients");
+  }
+  // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
+  // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
+  // parallel group are counted by its rank 0 only.
   const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
   double sumsq = 0.0;
   for (const ParamTensor& t : layout_.tensors()) {
     if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
+    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy counts once
     const Group& g = group_of(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
@@ -339,10 +352,11 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out) {
   if (stage > 0) {
     TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
   }
-  if (tp_ != nullptr && tp_->size() > 1) {
+  for (Communicator* group : {tp_, pp_}) {
+    if (group == nullptr || group->size() == 1) continue;
     float parts[2] = {static_cast<float>(sumsq), 0.0f};
     parts[1] = static_cast<float>(sumsq - static_cast<double>(parts[0]));
-    TY_RETURN_IF_ERROR(tp_->AllReduce(parts, 2));
+    TY_RETURN_IF_ERROR(group->AllReduce(parts, 2));
     sumsq = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
   }
   const double norm = std::sqrt(sumsq);

@@ -55,12 +55,12 @@ struct OverlapTimeline {
 
 class ShardedParams final : public ParamSource {
  public:
-  // `dp` (the data-parallel group), `tp` (the tensor-parallel group, or null), `backend` and
-  // `layout` (this tensor-parallel rank's) must outlive the object. `tp` is used only for the
-  // global gradient norm, from the calling thread.
+  // `dp` (the data-parallel group), `tp` and `pp` (the tensor- and pipeline-parallel groups, or
+  // null), `backend` and `layout` (this rank's) must outlive the object. `tp` and `pp` are used
+  // only for the global gradient norm, from the calling thread.
   static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(const ParameterLayout& layout,
                                                                Backend* backend, Communicator* dp,
-                                                               Communicator* tp,
+                                                               Communicator* tp, Communicator* pp,
                                                                const ShardingOptions& sharding,
                                                                const OptimizerConfig& optimizer);
   ~ShardedParams() override;
@@ -72,12 +72,17 @@ class ShardedParams final : public ParamSource {
   // The full parameters (gathered under stage 3), in layout order.
   absl::Status GatherParameters(float* host);
 
-  // Call before each micro-batch's forward/backward.
-  absl::Status BeginMicroBatch(bool first_of_step, bool last_of_step);
+  // Call once before an optimizer step's first micro-batch: zeroes the gradients.
+  absl::Status BeginStep();
+  // Call before each micro-batch's backward pass: whether it is the step's last, the one whose
+  // gradients stages 0/1 reduce.
+  void SetLastMicroBatch(bool last) { last_micro_batch_ = last; }
   // After the last micro-batch: waits for the gradient collectives, clips by the global norm,
   // applies AdamW step `step` (0-based) to the owned chunks and re-assembles parameters (stages
   // 1–2). Returns the gradient norm before clipping; *lr receives the learning rate used.
-  absl::StatusOr<double> FinishStep(int64_t step, double* lr);
+  // With `tied` (pipeline stages that both hold the tied token embedding, stages 0/1 only), the
+  // two copies' gradients are summed first.
+  absl::StatusOr<double> FinishStep(int64_t step, double* lr, Communicator* tied = nullptr);
   // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.
   absl::StatusOr<double> SumOverRanks(double value);
 
@@ -95,7 +100,8 @@ class ShardedParams final : public ParamSource {
  private:
   struct Group;
   ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-                const ShardingOptions& sharding, const OptimizerConfig& optimizer);
+                Communicator* pp, const ShardingOptions& sharding,
+                const OptimizerConfig& optimizer);
   void Allocate();
   absl::Status WaitAll();
   void LaunchReady(int group);
@@ -108,6 +114,7 @@ class ShardedParams final : public ParamSource {
   Backend* backend_;
   Communicator* dp_;
   Communicator* tp_;
+  Communicator* pp_;
   ShardingOptions options_;
   OptimizerConfig optimizer_;
   std::vector<Group> groups_;
