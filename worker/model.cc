@@ -1,6 +1,7 @@
 #include "worker/model.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -116,7 +117,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
 
 absl::Status Model::TpAllReduce(float* data, int64_t count) {
   if (tp_size() == 1) return absl::OkStatus();
-  return tp_->AllReduce(data, count);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = tp_->AllReduce(data, count);
+  tp_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return status;
 }
 
 const float* Model::P(int group, int64_t offset) const {
@@ -535,7 +539,10 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
     backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
                                      a.ce_stats.data());
     backend_->CopyToHost(stats.data(), a.ce_stats.data(), rows * 3);
+    const auto gather_start = std::chrono::steady_clock::now();
     TY_RETURN_IF_ERROR(tp_->AllGather(stats.data(), gathered.data(), chunk * 3));
+    tp_comm_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count();
     for (int64_t r = 0; r < rows; ++r) {
       double mx = -INFINITY, target = 0.0;
       for (int k = 0; k < ranks; ++k) mx = std::max(mx, double{gathered[k * chunk * 3 + 3 * r]});

@@ -41,8 +41,10 @@ class Model {
   const config::ModelConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
-  // Bytes of activation memory held for the last micro-batch shape.
+  // Bytes of activation memory held (every micro-batch slot).
   int64_t activation_bytes() const;
+  // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
+  double tp_comm_seconds() const { return tp_comm_seconds_; }
 
   // The methods below need the model's own LocalParamSource (the first Create).
   float* params();
@@ -136,6 +138,7 @@ class Model {
   // one the current call uses.
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
+  double tp_comm_seconds_ = 0.0;
   Activations* acts_ = nullptr;
 };
 

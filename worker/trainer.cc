@@ -262,6 +262,9 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   result.tokens_per_second =
       train_nanos > 0 ? tr.steps * tokens_per_step / (train_nanos / 1e9) : 0.0;
   result.pipeline_wait_fraction = train_nanos > 0 ? pipeline_wait / (train_nanos / 1e9) : 0.0;
+  result.train_seconds = train_nanos / 1e9;
+  result.pipeline_wait_seconds = pipeline_wait;
+  result.exposed_comm_seconds = params->exposed_comm_seconds() + model->tp_comm_seconds();
   static_cast<dist::MemoryAccount&>(result.memory) = params->memory();
   result.memory.activations = model->activation_bytes();
   for (int k = 0; k < static_cast<int>(dist::CollectiveKind::kCount); ++k) {

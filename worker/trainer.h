@@ -76,6 +76,10 @@ struct TrainResult {
   // Pipeline stages: the fraction of training time this stage spent blocked sending or
   // receiving activations (the schedule's bubble plus transfers).
   double pipeline_wait_fraction = 0.0;
+  // Where this rank's training time went (evaluation excluded): the rest of it was compute.
+  double train_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;  // waiting for data/tensor-parallel collectives
+  double pipeline_wait_seconds = 0.0;
 };
 
 OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& training);

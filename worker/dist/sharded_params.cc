@@ -196,9 +196,11 @@ absl::Status ShardedParams::BeginStep() {
 }
 
 absl::Status ShardedParams::WaitAll() {
+  const int64_t start = NowNanos();
   absl::Status status;
   for (auto& w : in_flight_) status.Update(w.get());
   in_flight_.clear();
+  exposed_ns_ += NowNanos() - start;
   return status;
 }
 
@@ -219,7 +221,10 @@ absl::StatusOr<const float*> ShardedParams::Acquire(int index) {
   if (g.gathered.empty()) StartGather(index);
   if (g.gather_pending) {
     g.gather_pending = false;
-    TY_RETURN_IF_ERROR_WITH(g.gather.get(), absl::StrCat("gathering parameter group ", index));
+    const int64_t start = NowNanos();
+    const absl::Status gathered = g.gather.get();
+    exposed_ns_ += NowNanos() - start;
+    TY_RETURN_IF_ERROR_WITH(gathered, absl::StrCat("gathering parameter group ", index));
   }
   ++g.holds;
   return g.gathered.data();
@@ -299,7 +304,10 @@ absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
   // Two floats carry a double's worth of precision through a float all-reduce.
   float parts[2] = {static_cast<float>(value), 0.0f};
   parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
-  TY_RETURN_IF_ERROR(comm_->Run([&] { return dp_->AllReduce(parts, 2); }));
+  const int64_t start = NowNanos();
+  const absl::Status s = comm_->Run([&] { return dp_->AllReduce(parts, 2); });
+  exposed_ns_ += NowNanos() - start;
+  TY_RETURN_IF_ERROR(s);
   return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
 }
 

@@ -96,6 +96,9 @@ class ShardedParams final : public ParamSource {
   MemoryAccount memory() const;
   OverlapTimeline timeline() const;
   int zero_stage() const { return options_.zero_stage; }
+  // Time the training thread spent waiting for this object's collectives (not hidden behind
+  // compute), since construction.
+  double exposed_comm_seconds() const { return exposed_ns_ / 1e9; }
 
  private:
   struct Group;
@@ -129,6 +132,7 @@ class ShardedParams final : public ParamSource {
   std::vector<AsyncRunner::Work> in_flight_;
   bool last_micro_batch_ = true;
   bool backward_phase_ = false;
+  int64_t exposed_ns_ = 0;
   std::atomic<int64_t> transient_{0};
   std::atomic<int64_t> peak_transient_{0};
   MemoryAccount memory_;  // persistent sizes, fixed at construction
