@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   libyaml-cpp-dev
   prometheus-cpp-dev prometheus
+  openssl
   libgtest-dev libgmock-dev googletest
   libgloo-dev
   libopenblas-dev libopenblas-openmp-dev

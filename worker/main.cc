@@ -1,8 +1,13 @@
-// trainyard-worker: one rank of a training job. For now it runs standalone:
+// trainyard-worker: one rank of a training job. It runs standalone:
 //
 //   trainyard-worker --standalone SPEC.yaml [--threads N]
 //
+// or, started by a node agent, as one rank of a job the coordinator runs (worker/coordinated.h):
+//
+//   trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R
+//
 // Exit codes: 0 trained to the end; 2 bad input (spec, data file, flags); 1 anything else.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -20,6 +25,7 @@
 #include "common/status.h"
 #include "config/spec.h"
 #include "worker/backend.h"
+#include "worker/coordinated.h"
 #include "worker/dist/kv_store.h"
 #include "worker/launcher.h"
 #include "worker/trainer.h"
@@ -94,7 +100,10 @@ void PrintSummary(const TrainResult& result) {
   if (result.entropy_nats) {
     absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
   }
-  absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
+  std::vector<double> times = result.step_seconds;
+  std::sort(times.begin(), times.end());
+  absl::StrAppendFormat(&summary, " | %.0f tok/s | median step %.2f ms", result.tokens_per_second,
+                        1e3 * times[times.size() / 2]);
   std::cout << summary << std::endl;
 }
 
@@ -163,12 +172,16 @@ absl::Status Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::Status status;
   try {
-    status = trainyard::worker::Run(argc, argv);
+    status = trainyard::worker::IsCoordinatedInvocation(argc, argv)
+                 ? trainyard::worker::RunCoordinatedFromFlags(argc, argv)
+                 : trainyard::worker::Run(argc, argv);
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError("out of memory");
   }
   if (!status.ok()) {
     std::cerr << "trainyard-worker: error: " << status.message() << "\n";
   }
-  return trainyard::ExitCodeForStatus(status);
+  const int exit_code = trainyard::ExitCodeForStatus(status);
+  trainyard::worker::RecordExitStatus(exit_code);
+  return exit_code;
 }

@@ -119,7 +119,8 @@ absl::Status Model::TpAllReduce(float* data, int64_t count) {
   if (tp_size() == 1) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   absl::Status status = tp_->AllReduce(data, count);
-  tp_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  tp_comm_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return status;
 }
 

@@ -11,10 +11,10 @@ namespace trainyard::config {
 namespace {
 
 TEST(NormalizePathTest, ResolvesRelativePathsAndDotDot) {
-  EXPECT_EQ(NormalizePath("a/b/../c", "/work"), "/work/a/c");
-  EXPECT_EQ(NormalizePath("/x/./y/", "/work"), "/x/y");
-  EXPECT_EQ(NormalizePath("../../..", "/work/dir"), "/");
-  EXPECT_EQ(NormalizePath("/", "/work"), "/");
+  EXPECT_EQ(NormalizePath("a/b/../c", "/srv"), "/srv/a/c");
+  EXPECT_EQ(NormalizePath("/x/./y/", "/srv"), "/x/y");
+  EXPECT_EQ(NormalizePath("../../..", "/srv/dir"), "/");
+  EXPECT_EQ(NormalizePath("/", "/srv"), "/");
   EXPECT_EQ(NormalizePath("/a//b", "/"), "/a/b");
 }
 

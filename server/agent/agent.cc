@@ -1,0 +1,167 @@
+#include "server/agent/agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/filesystem.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "server/agent/agent_core.h"
+#include "server/agent/node_info.h"
+#include "server/agent/process_launcher.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+constexpr absl::Duration kLoopPeriod = absl::Milliseconds(50);
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
+
+using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>;
+
+// Wakes the connection loop early when an order arrives or the stream ends.
+class Wakeup {
+ public:
+  void Notify() {
+    absl::MutexLock lock(&mu_);
+    pending_ = true;
+  }
+  void WaitFor(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&pending_), timeout);
+    pending_ = false;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("the coordinator address is required");
+  }
+  if (options.slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slots must be positive, got ", options.slots));
+  }
+  AgentConfig config;
+  config.hostname = LocalHostname();
+  config.node_id = options.node_id.empty() ? config.hostname : options.node_id;
+  const int cores = LocalCpuCount();
+  config.cpu_slots = options.slots > 0 ? options.slots : cores;
+  if (options.probe_gpus) config.gpus = LocalGpus();
+  TY_ASSIGN_OR_RETURN(config.worker_binary, FindWorkerBinary(options.worker_binary));
+  std::error_code error;
+  const std::filesystem::path work_dir = std::filesystem::absolute(options.work_dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("work dir ", options.work_dir, ": ", error.message()));
+  }
+  config.work_dir = work_dir.lexically_normal().string();
+  config.environment = CurrentEnvironment();
+  config.threads_per_cpu_worker = options.threads_per_cpu_worker > 0
+                                      ? options.threads_per_cpu_worker
+                                      : std::max(1, cores / config.cpu_slots);
+  return config;
+}
+
+// One Connect stream, from registration until it breaks or *stop. True when the coordinator
+// accepted the registration.
+bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub.Connect(&context);
+  std::atomic<bool> reader_done{false}, registered{false};
+  Wakeup wakeup;
+  if (!stream->Write(core.Registration())) {
+    reader_done = true;
+  }
+  std::thread reader([&] {
+    v1::CoordinatorMessage message;
+    while (!reader_done && stream->Read(&message)) {
+      if (message.has_registered()) {
+        if (!registered) TY_LOG(INFO) << "registered with the coordinator";
+        registered = true;
+      }
+      core.Handle(message);
+      wakeup.Notify();
+    }
+    reader_done = true;
+    wakeup.Notify();
+  });
+  Clock* clock = RealClock();
+  int64_t next_heartbeat = clock->NowNanosMonotonic();
+  while (!*stop && !reader_done) {
+    core.Tick();
+    std::vector<v1::AgentMessage> outgoing = core.TakeOutgoing();
+    for (size_t i = 0; i < outgoing.size(); ++i) {
+      if (!stream->Write(outgoing[i])) {
+        core.ReturnUnsent(std::vector<v1::AgentMessage>(outgoing.begin() + i, outgoing.end()));
+        reader_done = true;
+        break;
+      }
+    }
+    if (reader_done) break;
+    if (registered && clock->NowNanosMonotonic() >= next_heartbeat) {
+      if (!stream->Write(core.Heartbeat())) break;
+      next_heartbeat =
+          clock->NowNanosMonotonic() + absl::ToInt64Nanoseconds(core.heartbeat_interval());
+    }
+    wakeup.WaitFor(kLoopPeriod);
+  }
+  context.TryCancel();
+  reader.join();
+  const grpc::Status status = stream->Finish();
+  if (!*stop) {
+    TY_LOG(WARNING) << "connection to the coordinator ended: "
+                    << (status.ok() ? "OK" : status.error_message()) << " (code "
+                    << status.error_code() << ")";
+  }
+  return registered;
+}
+
+}  // namespace
+
+absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
+  TY_ASSIGN_OR_RETURN(AgentConfig config, MakeConfig(options));
+  TY_LOG(INFO) << "agent " << config.node_id << " (" << config.hostname << "): " << config.cpu_slots
+               << " CPU slots, " << config.gpus.size() << " GPUs, worker " << config.worker_binary
+               << ", work dir " << config.work_dir << ", coordinator "
+               << options.coordinator_address;
+  std::unique_ptr<ProcessLauncher> launcher = MakeRealProcessLauncher();
+  AgentCore core(std::move(config), launcher.get(), RealFileSystem(), RealClock());
+  TY_RETURN_IF_ERROR(core.Recover());
+
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      options.coordinator_address, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
+
+  absl::Duration backoff = kFirstBackoff;
+  while (!*stop) {
+    if (RunSession(*stub, core, stop)) backoff = kFirstBackoff;
+    core.OnDisconnected();
+    // Keep watching the workers while disconnected; their exits wait for the next registration.
+    const int64_t until = RealClock()->NowNanosMonotonic() + absl::ToInt64Nanoseconds(backoff);
+    while (!*stop && RealClock()->NowNanosMonotonic() < until) {
+      core.Tick();
+      RealClock()->SleepFor(std::min(kLoopPeriod, backoff));
+    }
+    backoff = std::min(backoff * 2, options.max_reconnect_backoff);
+  }
+  TY_LOG(INFO) << "agent stopping; " << core.running_workers().size() << " workers keep running";
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard::server::agent

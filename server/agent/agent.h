@@ -1,0 +1,40 @@
+// The node agent as a whole: its gRPC transport around AgentCore. trainyard-agent runs it as a
+// process; the embedded trainyard-server runs it on a thread of its own process.
+//
+// Threading: RunAgent blocks its calling thread and starts one more (the stream reader) per
+// connection; it returns once *stop becomes true (checked every 50 ms).
+#ifndef TRAINYARD_SERVER_AGENT_AGENT_H_
+#define TRAINYARD_SERVER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace trainyard::server::agent {
+
+struct AgentOptions {
+  std::string coordinator_address;  // host:port of the coordinator's AgentService; required
+  std::string node_id;              // stable node name; empty: the hostname
+  int slots = 0;                    // CPU slots offered; 0: the CPU cores this process may use
+  bool probe_gpus = true;           // report this machine's CUDA devices (CUDA builds only)
+  std::string work_dir = "trainyard-agent";  // per-rank logs and the worker records
+  std::string worker_binary;                 // empty: FindWorkerBinary("") (node_info.h)
+  // OMP_NUM_THREADS for CPU workers; 0: max(1, cores / slots).
+  int threads_per_cpu_worker = 0;
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
+};
+
+// Runs the agent until *stop is true: connects to the coordinator, registers (reporting the
+// workers it still runs after a restart), heartbeats, carries out start/stop/log orders, and
+// reconnects with backoff (100 ms doubling up to max_reconnect_backoff) whenever the stream
+// breaks. Workers keep running when the agent stops; a restarted agent with the same work_dir
+// adopts them. Returns OK after stop. Errors, before connecting: INVALID_ARGUMENT for bad
+// options, NOT_FOUND when there is no worker binary, and the filesystem's error when work_dir
+// cannot be created.
+absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop);
+
+}  // namespace trainyard::server::agent
+
+#endif  // TRAINYARD_SERVER_AGENT_AGENT_H_

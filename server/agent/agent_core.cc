@@ -1,0 +1,465 @@
+#include "server/agent/agent_core.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "server/agent/log_files.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+constexpr int kExitLogLines = 20;
+constexpr int64_t kLogChunkBytes = 64 << 10;
+constexpr int kLogChunksPerTick = 16;
+constexpr int kLaunchFailureExitCode = 127;
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+WorkerKey KeyOf(const std::string& job_id, int attempt_id, int rank) {
+  return WorkerKey{job_id, attempt_id, rank};
+}
+
+}  // namespace
+
+bool IsAllowedWorkerVariable(const std::string& name) {
+  static const char* const kAllowed[] = {
+      "PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"};
+  for (const char* allowed : kAllowed) {
+    if (name == allowed) return true;
+  }
+  return absl::StartsWith(name, "TRAINYARD_") && name.size() > 10;
+}
+
+AgentCore::AgentCore(AgentConfig config, ProcessLauncher* launcher, FileSystem* fs, Clock* clock)
+    : config_(std::move(config)), launcher_(launcher), fs_(fs), clock_(clock) {}
+
+std::string AgentCore::LogPath(const WorkerKey& key) const {
+  return absl::StrCat(config_.work_dir, "/logs/", key.job_id, "/attempt-", key.attempt_id, "/rank-",
+                      key.rank, ".log");
+}
+
+std::string AgentCore::ExitStatusPath(const WorkerKey& key) const {
+  return absl::StrCat(config_.work_dir, "/logs/", key.job_id, "/attempt-", key.attempt_id, "/rank-",
+                      key.rank, ".exit");
+}
+
+int64_t AgentCore::NowUnixMs() const { return absl::ToUnixMillis(clock_->Now()); }
+
+absl::Status AgentCore::Recover() {
+  TY_RETURN_IF_ERROR(fs_->CreateDirs(config_.work_dir + "/logs"));
+  const std::string path = config_.work_dir + "/workers";
+  if (!fs_->Exists(path)) return absl::OkStatus();
+  TY_ASSIGN_OR_RETURN(const std::string text, fs_->ReadFile(path));
+  absl::StatusOr<std::vector<WorkerRecord>> records = ParseWorkerRecords(text);
+  if (!records.ok()) {
+    TY_LOG(WARNING) << "ignoring unreadable worker records " << path << ": " << records.status();
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&mu_);
+  for (const WorkerRecord& record : *records) {
+    if (launcher_->IsAlive(record.process)) {
+      TY_LOG(INFO) << "adopting worker " << record.key.job_id << "/" << record.key.attempt_id
+                   << " rank " << record.key.rank << " (pid " << record.process.pid << ")";
+      workers_[record.key] = Worker{.record = record};
+    } else {
+      ReportExit(record.key, record.process.pid, ExitOfAdopted(record.key),
+                 "ended while the agent was down");
+    }
+  }
+  SaveRecords();
+  return absl::OkStatus();
+}
+
+v1::RunningWorker AgentCore::RunningMessage(const WorkerRecord& record) const {
+  v1::RunningWorker running;
+  running.set_job_id(record.key.job_id);
+  running.set_attempt_id(record.key.attempt_id);
+  running.set_rank(record.key.rank);
+  running.set_pid(record.process.pid);
+  running.set_started_unix_ms(record.started_unix_ms);
+  return running;
+}
+
+v1::AgentMessage AgentCore::Registration() {
+  absl::MutexLock lock(&mu_);
+  connected_ = true;
+  outgoing_.clear();
+  v1::AgentMessage message;
+  v1::RegisterAgent* r = message.mutable_registration();
+  r->set_node_id(config_.node_id);
+  r->set_hostname(config_.hostname);
+  r->set_cpu_slots(config_.cpu_slots);
+  for (const v1::GpuInfo& gpu : config_.gpus) *r->add_gpus() = gpu;
+  r->set_agent_version(config_.version);
+  for (const auto& [key, worker] : workers_) *r->add_running() = RunningMessage(worker.record);
+  for (v1::WorkerExited& exit : unreported_exits_) {
+    *r->add_exited_while_disconnected() = exit;
+    exits_in_registration_.push_back(std::move(exit));
+  }
+  unreported_exits_.clear();
+  return message;
+}
+
+void AgentCore::OnDisconnected() {
+  absl::MutexLock lock(&mu_);
+  connected_ = false;
+  for (v1::AgentMessage& message : outgoing_) {
+    if (message.has_exited()) unreported_exits_.push_back(std::move(*message.mutable_exited()));
+  }
+  outgoing_.clear();
+  // The coordinator never acknowledged them: report them again.
+  for (v1::WorkerExited& exit : exits_in_registration_)
+    unreported_exits_.push_back(std::move(exit));
+  exits_in_registration_.clear();
+  log_requests_.clear();
+}
+
+void AgentCore::ReturnUnsent(std::vector<v1::AgentMessage> messages) {
+  absl::MutexLock lock(&mu_);
+  for (v1::AgentMessage& message : messages) {
+    if (message.has_exited()) unreported_exits_.push_back(std::move(*message.mutable_exited()));
+  }
+}
+
+void AgentCore::Handle(const v1::CoordinatorMessage& message) {
+  absl::MutexLock lock(&mu_);
+  switch (message.msg_case()) {
+    case v1::CoordinatorMessage::kRegistered:
+      if (message.registered().heartbeat_interval_ms() > 0) {
+        heartbeat_interval_ = absl::Milliseconds(message.registered().heartbeat_interval_ms());
+      }
+      exits_in_registration_.clear();
+      break;
+    case v1::CoordinatorMessage::kStart:
+      Start(message.start());
+      break;
+    case v1::CoordinatorMessage::kStop:
+      Stop(message.stop());
+      break;
+    case v1::CoordinatorMessage::kReadLogs:
+      StartReadingLog(message.read_logs());
+      break;
+    case v1::CoordinatorMessage::kCancelReadLogs:
+      log_requests_.erase(message.cancel_read_logs().request_id());
+      break;
+    case v1::CoordinatorMessage::MSG_NOT_SET:
+      TY_LOG(WARNING) << "ignoring an empty message from the coordinator";
+      break;
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::StartWorker& order,
+                                                                      const WorkerKey& key) const {
+  std::map<std::string, std::string> env;
+  for (const auto& [name, value] : config_.environment) {
+    if (IsAllowedWorkerVariable(name)) env[name] = value;
+  }
+  for (const auto& [name, value] : order.env()) {
+    if (!IsAllowedWorkerVariable(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", name,
+                       " is not allowed for workers (only PATH, HOME, LANG, LD_LIBRARY_PATH, "
+                       "OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES and TRAINYARD_*)"));
+    }
+    env[name] = value;
+  }
+  if (order.gpu()) {
+    env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(order.slot());
+  } else if (!env.count("OMP_NUM_THREADS")) {
+    env["OMP_NUM_THREADS"] = absl::StrCat(std::max(1, config_.threads_per_cpu_worker));
+  }
+  env["TRAINYARD_NODE_ID"] = config_.node_id;
+  env["TRAINYARD_LOCAL_RANK"] = absl::StrCat(order.local_rank());
+  env["TRAINYARD_SLOT"] = absl::StrCat(order.slot());
+  env["TRAINYARD_EXIT_STATUS_FILE"] = ExitStatusPath(key);
+  std::vector<std::string> list;
+  for (const auto& [name, value] : env) list.push_back(absl::StrCat(name, "=", value));
+  return list;
+}
+
+void AgentCore::ReportLaunchFailure(const v1::StartWorker& order, const std::string& message) {
+  TY_LOG(WARNING) << "cannot start " << order.job_id() << "/" << order.attempt_id() << " rank "
+                  << order.rank() << ": " << message;
+  v1::AgentMessage out;
+  v1::WorkerExited* exited = out.mutable_exited();
+  exited->set_job_id(order.job_id());
+  exited->set_attempt_id(order.attempt_id());
+  v1::RankExit* exit = exited->mutable_exit();
+  exit->set_rank(order.rank());
+  exit->set_node_id(config_.node_id);
+  exit->set_hostname(config_.hostname);
+  exit->set_exit_code(kLaunchFailureExitCode);
+  exit->set_pid(0);
+  exit->set_exited_unix_ms(NowUnixMs());
+  exit->set_message(message);
+  Emit(std::move(out));
+}
+
+void AgentCore::Start(const v1::StartWorker& order) {
+  if (!IsSafeJobId(order.job_id()) || order.attempt_id() < 0 || order.rank() < 0) {
+    ReportLaunchFailure(order,
+                        absl::StrCat("invalid worker identity: job '", order.job_id(), "' attempt ",
+                                     order.attempt_id(), " rank ", order.rank()));
+    return;
+  }
+  const WorkerKey key = KeyOf(order.job_id(), order.attempt_id(), order.rank());
+  if (workers_.count(key)) return;  // already running: the order is idempotent
+  absl::StatusOr<std::vector<std::string>> env = WorkerEnvironment(order, key);
+  if (!env.ok()) {
+    ReportLaunchFailure(order, std::string(env.status().message()));
+    return;
+  }
+  const std::string log_path = LogPath(key);
+  if (absl::Status made = fs_->CreateDirs(DirectoryOf(log_path)); !made.ok()) {
+    ReportLaunchFailure(order, std::string(made.message()));
+    return;
+  }
+  if (fs_->Exists(ExitStatusPath(key))) (void)fs_->RemoveFile(ExitStatusPath(key));
+  LaunchRequest request;
+  request.argv = {config_.worker_binary,
+                  "--coordinator",
+                  order.coordinator_address(),
+                  "--job",
+                  order.job_id(),
+                  "--attempt",
+                  absl::StrCat(order.attempt_id()),
+                  "--rank",
+                  absl::StrCat(order.rank())};
+  request.env = *std::move(env);
+  request.log_path = log_path;
+  absl::StatusOr<ProcessId> process = launcher_->Launch(request);
+  if (!process.ok()) {
+    ReportLaunchFailure(order, std::string(process.status().message()));
+    return;
+  }
+  TY_LOG(INFO) << "started " << key.job_id << "/" << key.attempt_id << " rank " << key.rank
+               << " as pid " << process->pid;
+  workers_[key] = Worker{
+      .record = WorkerRecord{.key = key, .process = *process, .started_unix_ms = NowUnixMs()}};
+  SaveRecords();
+  v1::AgentMessage out;
+  v1::WorkerStarted* started = out.mutable_started();
+  started->set_job_id(key.job_id);
+  started->set_attempt_id(key.attempt_id);
+  started->set_rank(key.rank);
+  started->set_pid(process->pid);
+  Emit(std::move(out));
+}
+
+void AgentCore::Stop(const v1::StopWorkers& order) {
+  const int64_t now = clock_->NowNanosMonotonic();
+  const int64_t grace_nanos = std::max<int64_t>(0, order.grace_period_ms()) * 1'000'000;
+  for (auto& [key, worker] : workers_) {
+    if (key.job_id != order.job_id() || key.attempt_id != order.attempt_id()) continue;
+    if (!order.ranks().empty() &&
+        std::find(order.ranks().begin(), order.ranks().end(), key.rank) == order.ranks().end()) {
+      continue;
+    }
+    if (worker.stopping) continue;  // the first order's deadline stands
+    worker.stopping = true;
+    worker.stop_reason = order.reason();
+    worker.kill_at_nanos = now + grace_nanos;
+    const int signal = grace_nanos == 0 ? SIGKILL : SIGTERM;
+    worker.killed = signal == SIGKILL;
+    if (absl::Status sent = launcher_->SignalGroup(worker.record.process, signal); !sent.ok()) {
+      TY_LOG(WARNING) << sent;
+    }
+  }
+}
+
+ProcessExit AgentCore::ExitOfAdopted(const WorkerKey& key) const {
+  absl::StatusOr<std::string> text = fs_->ReadFile(ExitStatusPath(key));
+  int code = 0;
+  if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &code)) {
+    return ProcessExit{.exit_code = code};
+  }
+  return ProcessExit{.known = false, .exit_code = -1};
+}
+
+void AgentCore::ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit& process_exit,
+                           const std::string& message) {
+  v1::AgentMessage out;
+  v1::WorkerExited* exited = out.mutable_exited();
+  exited->set_job_id(key.job_id);
+  exited->set_attempt_id(key.attempt_id);
+  v1::RankExit* exit = exited->mutable_exit();
+  exit->set_rank(key.rank);
+  exit->set_node_id(config_.node_id);
+  exit->set_hostname(config_.hostname);
+  exit->set_exit_code(process_exit.known ? process_exit.exit_code : -1);
+  exit->set_signal(process_exit.signal);
+  exit->set_pid(pid);
+  exit->set_exited_unix_ms(NowUnixMs());
+  if (absl::StatusOr<std::vector<std::string>> lines = LastLines(LogPath(key), kExitLogLines);
+      lines.ok()) {
+    for (std::string& line : *lines) exit->add_last_log_lines(std::move(line));
+  }
+  std::string why = message;
+  if (!process_exit.known) {
+    absl::StrAppend(&why, why.empty() ? "" : "; ",
+                    "its exit status is unknown (it was not this agent's child and left none)");
+  }
+  exit->set_message(why);
+  TY_LOG(INFO) << key.job_id << "/" << key.attempt_id << " rank " << key.rank << " (pid " << pid
+               << ") exited: code " << exit->exit_code() << " signal " << exit->signal()
+               << (why.empty() ? "" : " - ") << why;
+  Emit(std::move(out));
+}
+
+void AgentCore::Tick() {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = clock_->NowNanosMonotonic();
+  bool changed = false;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& worker = it->second;
+    std::optional<ProcessExit> exit = launcher_->Poll(worker.record.process);
+    if (exit) {
+      if (!exit->known) exit = ExitOfAdopted(it->first);
+      std::string message;
+      if (worker.stopping) {
+        message = absl::StrCat("stopped by the coordinator", worker.stop_reason.empty() ? "" : ": ",
+                               worker.stop_reason,
+                               worker.killed ? " (killed after the grace period)" : "");
+      }
+      ReportExit(it->first, worker.record.process.pid, *exit, message);
+      it = workers_.erase(it);
+      changed = true;
+      continue;
+    }
+    if (worker.stopping && !worker.killed && now >= worker.kill_at_nanos) {
+      worker.killed = true;
+      if (absl::Status sent = launcher_->SignalGroup(worker.record.process, SIGKILL); !sent.ok()) {
+        TY_LOG(WARNING) << sent;
+      }
+    }
+    ++it;
+  }
+  if (changed) SaveRecords();
+  for (auto it = log_requests_.begin(); it != log_requests_.end();) {
+    it = PumpLog(it->second) ? log_requests_.erase(it) : std::next(it);
+  }
+}
+
+void AgentCore::StartReadingLog(const v1::ReadLogs& order) {
+  LogRequest request{.order = order};
+  auto finish_with_error = [&](const std::string& error) {
+    v1::AgentMessage out;
+    v1::LogData* data = out.mutable_log();
+    data->set_request_id(order.request_id());
+    data->set_rank(order.rank());
+    data->set_done(true);
+    data->set_error(error);
+    Emit(std::move(out));
+  };
+  if (!IsSafeJobId(order.job_id())) {
+    finish_with_error(absl::StrCat("invalid job id '", order.job_id(), "'"));
+    return;
+  }
+  const WorkerKey key = KeyOf(order.job_id(), order.attempt_id(), order.rank());
+  request.path = LogPath(key);
+  if (!fs_->Exists(request.path) && !workers_.count(key)) {
+    finish_with_error(absl::StrCat("no log for job ", key.job_id, " attempt ", key.attempt_id,
+                                   " rank ", key.rank, " on node ", config_.node_id));
+    return;
+  }
+  if (order.tail_lines() > 0) {
+    absl::StatusOr<int64_t> offset = OffsetOfLastLines(request.path, order.tail_lines());
+    if (offset.ok()) request.offset = *offset;
+  }
+  if (!PumpLog(request)) log_requests_[order.request_id()] = std::move(request);
+}
+
+bool AgentCore::PumpLog(LogRequest& request) {
+  const v1::ReadLogs& order = request.order;
+  const WorkerKey key = KeyOf(order.job_id(), order.attempt_id(), order.rank());
+  const bool running = workers_.count(key) > 0;
+  for (int chunk = 0; chunk < kLogChunksPerTick; ++chunk) {
+    absl::StatusOr<std::string> data = ReadRange(request.path, request.offset, kLogChunkBytes);
+    v1::AgentMessage out;
+    v1::LogData* log = out.mutable_log();
+    log->set_request_id(order.request_id());
+    log->set_rank(order.rank());
+    if (!data.ok()) {
+      if (absl::IsNotFound(data.status()) && running) return false;  // not written yet
+      log->set_done(true);
+      log->set_error(std::string(data.status().message()));
+      Emit(std::move(out));
+      return true;
+    }
+    if (data->empty()) {
+      if (order.follow() && running) return false;
+      log->set_done(true);
+      Emit(std::move(out));
+      return true;
+    }
+    request.offset += static_cast<int64_t>(data->size());
+    log->set_data(*std::move(data));
+    Emit(std::move(out));
+  }
+  return false;  // more next tick
+}
+
+v1::AgentMessage AgentCore::Heartbeat() {
+  absl::MutexLock lock(&mu_);
+  v1::AgentMessage message;
+  v1::Heartbeat* heartbeat = message.mutable_heartbeat();
+  heartbeat->set_sent_unix_ms(NowUnixMs());
+  for (const auto& [key, worker] : workers_)
+    *heartbeat->add_running() = RunningMessage(worker.record);
+  return message;
+}
+
+std::vector<v1::AgentMessage> AgentCore::TakeOutgoing() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::AgentMessage> taken;
+  taken.swap(outgoing_);
+  return taken;
+}
+
+void AgentCore::Emit(v1::AgentMessage message) {
+  if (connected_) {
+    outgoing_.push_back(std::move(message));
+  } else if (message.has_exited()) {
+    unreported_exits_.push_back(std::move(*message.mutable_exited()));
+  }
+}
+
+void AgentCore::SaveRecords() {
+  std::vector<WorkerRecord> records;
+  for (const auto& [key, worker] : workers_) records.push_back(worker.record);
+  if (absl::Status saved =
+          fs_->WriteFileAtomic(config_.work_dir + "/workers", SerializeWorkerRecords(records));
+      !saved.ok()) {
+    TY_LOG(ERROR) << "cannot record running workers: " << saved;
+  }
+}
+
+absl::Duration AgentCore::heartbeat_interval() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeat_interval_;
+}
+
+bool AgentCore::connected() const {
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
+std::vector<WorkerRecord> AgentCore::running_workers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerRecord> records;
+  for (const auto& [key, worker] : workers_) records.push_back(worker.record);
+  return records;
+}
+
+}  // namespace trainyard::server::agent

@@ -1,0 +1,102 @@
+// trainyard-agent: the node agent. One per node; it registers the node's CPU slots and GPUs with
+// the coordinator and starts, stops and watches the workers the coordinator places here.
+//
+//   trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus]
+//                   [--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N]
+//                   [--log-level LEVEL]
+//
+// SIGTERM or SIGINT stops the agent; its workers keep running and a restarted agent with the
+// same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags or no worker binary; 1 other.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "server/agent/agent.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus] "
+    "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--log-level LEVEL]";
+
+std::atomic<bool> g_stop{false};
+
+void OnStopSignal(int) { g_stop = true; }
+
+absl::StatusOr<int> PositiveInt(const std::string& flag, const std::string& value) {
+  int parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed) || parsed < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be a positive integer, got '", value, "'"));
+  }
+  return parsed;
+}
+
+absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
+  AgentOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    if (arg == "--coordinator") {
+      TY_ASSIGN_OR_RETURN(options.coordinator_address, value());
+    } else if (arg == "--node-id") {
+      TY_ASSIGN_OR_RETURN(options.node_id, value());
+    } else if (arg == "--slots") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      TY_ASSIGN_OR_RETURN(options.slots, PositiveInt(arg, v));
+    } else if (arg == "--no-gpus") {
+      options.probe_gpus = false;
+    } else if (arg == "--work-dir") {
+      TY_ASSIGN_OR_RETURN(options.work_dir, value());
+    } else if (arg == "--worker-binary") {
+      TY_ASSIGN_OR_RETURN(options.worker_binary, value());
+    } else if (arg == "--threads-per-worker") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      TY_ASSIGN_OR_RETURN(options.threads_per_cpu_worker, PositiveInt(arg, v));
+    } else if (arg == "--log-level") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(v));
+      SetMinLogLevel(level);
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage << "\n";
+      std::exit(0);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+    }
+  }
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
+  }
+  return options;
+}
+
+absl::Status Run(int argc, char** argv) {
+  absl::StatusOr<AgentOptions> options = ParseFlags(argc, argv);
+  if (!options.ok()) return Annotate(options.status(), kUsage);
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  return RunAgent(*options, &g_stop);
+}
+
+}  // namespace
+}  // namespace trainyard::server::agent
+
+int main(int argc, char** argv) {
+  const absl::Status status = trainyard::server::agent::Run(argc, argv);
+  if (!status.ok()) std::cerr << "trainyard-agent: error: " << status.message() << "\n";
+  return trainyard::ExitCodeForStatus(status);
+}

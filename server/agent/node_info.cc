@@ -1,0 +1,115 @@
+#include "server/agent/node_info.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+#ifdef TRAINYARD_AGENT_WITH_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+extern char** environ;
+
+namespace trainyard::server::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsExecutableFile(const fs::path& path) {
+  std::error_code error;
+  return fs::is_regular_file(path, error) && access(path.c_str(), X_OK) == 0;
+}
+
+fs::path Absolute(const fs::path& path) {
+  std::error_code error;
+  fs::path absolute = fs::absolute(path, error);
+  return error ? path : absolute.lexically_normal();
+}
+
+}  // namespace
+
+std::string LocalHostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+int LocalCpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int count = CPU_COUNT(&set);
+    if (count > 0) return count;
+  }
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+std::vector<trainyard::v1::GpuInfo> LocalGpus() {
+  std::vector<trainyard::v1::GpuInfo> gpus;
+#ifdef TRAINYARD_AGENT_WITH_CUDA
+  const kernels::cuda::DeviceInfo info = kernels::cuda::ProbeDevices();
+  for (int i = 0; i < info.count; ++i) {
+    trainyard::v1::GpuInfo gpu;
+    gpu.set_index(i);
+    gpu.set_name(info.name);  // the probe names device 0; nodes hold one GPU model
+    gpus.push_back(gpu);
+  }
+#endif
+  return gpus;
+}
+
+std::map<std::string, std::string> CurrentEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const size_t equals = text.find('=');
+    if (equals == std::string::npos || equals == 0) continue;
+    env.emplace(text.substr(0, equals), text.substr(equals + 1));
+  }
+  return env;
+}
+
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& flag) {
+  std::vector<fs::path> candidates;
+  if (!flag.empty()) {
+    if (IsExecutableFile(flag)) return Absolute(flag).string();
+    return absl::NotFoundError(
+        absl::StrCat("--worker-binary ", flag, " is not an executable file"));
+  }
+  if (const char* env = std::getenv("TRAINYARD_WORKER_BINARY"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  }
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const fs::path dir = self.parent_path();
+    candidates.push_back(dir / "trainyard-worker");
+    // The build tree: build/server/agent/trainyard-agent, build/server/trainyard-server,
+    // build/worker/trainyard-worker.
+    candidates.push_back(dir / ".." / "worker" / "trainyard-worker");
+    candidates.push_back(dir / ".." / ".." / "worker" / "trainyard-worker");
+  }
+  if (const char* path = std::getenv("PATH"); path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      candidates.push_back(fs::path(std::string(dir)) / "trainyard-worker");
+    }
+  }
+  std::vector<std::string> looked;
+  for (const fs::path& candidate : candidates) {
+    if (IsExecutableFile(candidate)) return Absolute(candidate).string();
+    looked.push_back(candidate.string());
+  }
+  return absl::NotFoundError(absl::StrCat("trainyard-worker not found (looked at ",
+                                          absl::StrJoin(looked, ", "),
+                                          "); pass --worker-binary PATH"));
+}
+
+}  // namespace trainyard::server::agent

@@ -1,0 +1,35 @@
+// What a node agent reports about its machine, and where it finds the worker binary.
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_SERVER_AGENT_NODE_INFO_H_
+#define TRAINYARD_SERVER_AGENT_NODE_INFO_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/trainyard.pb.h"
+
+namespace trainyard::server::agent {
+
+std::string LocalHostname();
+
+// CPU cores this process may run on (its affinity mask), at least 1.
+int LocalCpuCount();
+
+// The CUDA devices of this machine (empty in a build without CUDA, or without a driver/GPU).
+std::vector<trainyard::v1::GpuInfo> LocalGpus();
+
+// The current process's environment as a map.
+std::map<std::string, std::string> CurrentEnvironment();
+
+// The trainyard-worker to exec: `flag` when given (must be executable), else
+// $TRAINYARD_WORKER_BINARY, else "trainyard-worker" beside this executable or in the build
+// tree's worker/ folder next to it, else on PATH. Always an absolute path. NOT_FOUND listing the
+// places looked at.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& flag);
+
+}  // namespace trainyard::server::agent
+
+#endif  // TRAINYARD_SERVER_AGENT_NODE_INFO_H_

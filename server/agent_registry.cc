@@ -1,0 +1,179 @@
+#include "server/agent_registry.h"
+
+#include <utility>
+
+namespace trainyard::server {
+
+AgentRegistry::AgentRegistry(Clock* clock, absl::Duration heartbeat_timeout)
+    : clock_(clock), heartbeat_timeout_(heartbeat_timeout) {}
+
+void AgentRegistry::AddKnownNode(const NodeRecord& node) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = nodes_[node.node_id];
+  if (entry.channel != nullptr) return;
+  entry.record = node;
+  entry.last_seen_ns = clock_->NowNanosMonotonic();
+}
+
+uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentChannel> channel) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = nodes_[node.node_id];
+  if (entry.channel != nullptr) {
+    entry.channel->Close(
+        absl::AbortedError("replaced by a newer connection of the same node id " + node.node_id));
+  }
+  entry.record = node;
+  entry.channel = std::move(channel);
+  entry.session = next_session_++;
+  entry.last_seen_ns = clock_->NowNanosMonotonic();
+  entry.lost = false;
+  return entry.session;
+}
+
+bool AgentRegistry::Disconnect(const std::string& node_id, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.session != session || it->second.channel == nullptr) {
+    return false;
+  }
+  it->second.channel = nullptr;
+  it->second.last_seen_ns = clock_->NowNanosMonotonic();
+  return true;
+}
+
+bool AgentRegistry::Touch(const std::string& node_id, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.session != session || it->second.channel == nullptr) {
+    return false;
+  }
+  it->second.last_seen_ns = clock_->NowNanosMonotonic();
+  return true;
+}
+
+bool AgentRegistry::IsCurrent(const std::string& node_id, uint64_t session) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  return it != nodes_.end() && it->second.session == session && it->second.channel != nullptr;
+}
+
+bool AgentRegistry::Send(const std::string& node_id, AgentOrder order) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel == nullptr) return false;
+  it->second.channel->Send(std::move(order));
+  return true;
+}
+
+void AgentRegistry::Hold(const std::string& node_id, DeviceKind kind, int slot) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = nodes_[node_id];
+  if (entry.record.node_id.empty()) {
+    entry.record.node_id = node_id;
+    entry.last_seen_ns = clock_->NowNanosMonotonic();
+  }
+  (kind == DeviceKind::kGpu ? entry.held_gpu : entry.held_cpu).insert(slot);
+}
+
+void AgentRegistry::Release(const std::string& node_id, DeviceKind kind, int slot) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  (kind == DeviceKind::kGpu ? it->second.held_gpu : it->second.held_cpu).erase(slot);
+}
+
+std::vector<int> AgentRegistry::Free(int count, const std::set<int>& held) {
+  std::vector<int> free;
+  for (int slot = 0; slot < count; ++slot) {
+    if (held.count(slot) == 0) free.push_back(slot);
+  }
+  return free;
+}
+
+std::vector<NodeView> AgentRegistry::FreeNodes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeView> views;
+  for (const auto& [id, entry] : nodes_) {
+    if (entry.channel == nullptr || entry.lost) continue;
+    NodeView view;
+    view.node_id = id;
+    view.hostname = entry.record.hostname;
+    // A node offers its GPUs when it has any, else its CPU slots.
+    if (entry.record.gpus.empty()) {
+      view.free_cpu_slots = Free(entry.record.cpu_slots, entry.held_cpu);
+    }
+    std::set<int> gpu_indices;
+    for (const GpuInfo& gpu : entry.record.gpus) {
+      if (entry.held_gpu.count(gpu.index) == 0) gpu_indices.insert(gpu.index);
+    }
+    view.free_gpus.assign(gpu_indices.begin(), gpu_indices.end());
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+absl::Duration AgentRegistry::Age(const Entry& entry) const {
+  return absl::Nanoseconds(clock_->NowNanosMonotonic() - entry.last_seen_ns);
+}
+
+std::vector<std::string> AgentRegistry::CollectLost() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> lost;
+  for (auto& [id, entry] : nodes_) {
+    if (entry.lost || Age(entry) <= heartbeat_timeout_) continue;
+    entry.lost = true;
+    if (entry.channel != nullptr) {
+      entry.channel->Close(absl::UnavailableError(
+          "no heartbeat for " + absl::FormatDuration(Age(entry)) + "; reconnect"));
+      entry.channel = nullptr;
+    }
+    lost.push_back(id);
+  }
+  return lost;
+}
+
+std::vector<NodeStatus> AgentRegistry::Nodes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeStatus> out;
+  for (const auto& [id, entry] : nodes_) {
+    NodeStatus status;
+    status.record = entry.record;
+    status.connected = entry.channel != nullptr;
+    status.lost = entry.lost;
+    status.heartbeat_age = Age(entry);
+    if (!entry.record.gpus.empty()) {
+      int free = 0;
+      for (const GpuInfo& gpu : entry.record.gpus) free += entry.held_gpu.count(gpu.index) == 0;
+      status.free_slots = free;
+    } else {
+      status.free_slots = static_cast<int>(Free(entry.record.cpu_slots, entry.held_cpu).size());
+    }
+    out.push_back(std::move(status));
+  }
+  return out;
+}
+
+std::map<std::string, absl::Duration> AgentRegistry::HeartbeatAges() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, absl::Duration> ages;
+  for (const auto& [id, entry] : nodes_) ages[id] = Age(entry);
+  return ages;
+}
+
+bool AgentRegistry::IsConnected(const std::string& node_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  return it != nodes_.end() && it->second.channel != nullptr;
+}
+
+void AgentRegistry::CloseAll(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, entry] : nodes_) {
+    if (entry.channel != nullptr) {
+      entry.channel->Close(status);
+      entry.channel = nullptr;
+    }
+  }
+}
+
+}  // namespace trainyard::server

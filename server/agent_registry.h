@@ -1,0 +1,144 @@
+// AgentRegistry: the node agents the coordinator knows — connected or not — with their slots,
+// which slots live attempts hold, heartbeat ages, and the channel each connected agent is
+// reached through.
+//
+// Liveness: a node is lost when its agent has been silent (connected but no message) or
+// disconnected for longer than the heartbeat timeout; CollectLost reports each loss once, and a
+// later Connect makes the node live again. Nodes known from the store but not yet reconnected
+// after a coordinator restart count as disconnected since the registry was created.
+//
+// Threading: thread-safe (one internal mutex). AgentChannel methods are called with that mutex
+// held, so channels must not block nor call back into the registry.
+#ifndef TRAINYARD_SERVER_AGENT_REGISTRY_H_
+#define TRAINYARD_SERVER_AGENT_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/scheduler.h"
+#include "server/types.h"
+
+namespace trainyard::server {
+
+// Orders the coordinator sends to agents (see trainyard.v1.CoordinatorMessage).
+struct StartWorkerOrder {
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+  int local_rank = 0;
+  int slot = 0;
+  bool gpu = false;
+  std::string coordinator_address;
+  std::map<std::string, std::string> env;
+};
+struct StopWorkersOrder {
+  std::string job_id;
+  int attempt_id = 0;
+  std::vector<int> ranks;  // empty: every rank of the attempt on the node
+  absl::Duration grace = absl::Seconds(10);
+  std::string reason;
+};
+struct ReadLogsOrder {
+  int64_t request_id = 0;
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+  int tail_lines = 0;
+  bool follow = false;
+};
+struct CancelReadLogsOrder {
+  int64_t request_id = 0;
+};
+using AgentOrder =
+    std::variant<StartWorkerOrder, StopWorkersOrder, ReadLogsOrder, CancelReadLogsOrder>;
+
+// How the registry reaches one connected agent (the gRPC edge implements it over the Connect
+// stream). Both calls must return promptly without blocking.
+class AgentChannel {
+ public:
+  virtual ~AgentChannel() = default;
+  virtual void Send(AgentOrder order) = 0;
+  // Ends the connection with `status` (e.g. ABORTED when replaced, UNAVAILABLE when silent).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+struct NodeStatus {
+  NodeRecord record;
+  bool connected = false;
+  bool lost = false;
+  absl::Duration heartbeat_age;  // since the last message (or since disconnection)
+  int free_slots = 0;            // GPUs when the node has any, else CPU slots
+};
+
+class AgentRegistry {
+ public:
+  AgentRegistry(Clock* clock, absl::Duration heartbeat_timeout);
+
+  // A node known from the store, not connected yet.
+  void AddKnownNode(const NodeRecord& node);
+
+  // Registers a connected agent; returns its session id. A node already connected is replaced:
+  // its old channel is closed with ABORTED.
+  uint64_t Connect(const NodeRecord& node, std::shared_ptr<AgentChannel> channel);
+  // Marks the session disconnected; false when `session` is no longer the node's current one.
+  bool Disconnect(const std::string& node_id, uint64_t session);
+  // Records a message from the agent; false for a stale session.
+  bool Touch(const std::string& node_id, uint64_t session);
+  bool IsCurrent(const std::string& node_id, uint64_t session) const;
+
+  // Sends to a connected node; false when it is not connected.
+  bool Send(const std::string& node_id, AgentOrder order);
+
+  // Slots held by live attempts. Holding survives disconnection (the workers may still run).
+  void Hold(const std::string& node_id, DeviceKind kind, int slot);
+  void Release(const std::string& node_id, DeviceKind kind, int slot);
+
+  // Free capacity of connected, non-lost nodes, for the scheduler.
+  std::vector<NodeView> FreeNodes() const;
+
+  // Nodes newly lost (silent or disconnected longer than the timeout), each reported once per
+  // loss. Silent connected agents have their channel closed with UNAVAILABLE.
+  std::vector<std::string> CollectLost();
+
+  std::vector<NodeStatus> Nodes() const;
+  // Time since each known node's last message (or its disconnection).
+  std::map<std::string, absl::Duration> HeartbeatAges() const;
+  bool IsConnected(const std::string& node_id) const;
+  absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
+
+  // Closes every channel (coordinator shutdown).
+  void CloseAll(const absl::Status& status);
+
+ private:
+  struct Entry {
+    NodeRecord record;
+    std::shared_ptr<AgentChannel> channel;  // null when disconnected
+    uint64_t session = 0;
+    int64_t last_seen_ns = 0;  // monotonic: last message, or disconnection
+    bool lost = false;
+    std::set<int> held_cpu;
+    std::set<int> held_gpu;
+  };
+  static std::vector<int> Free(int count, const std::set<int>& held);
+  absl::Duration Age(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  const absl::Duration heartbeat_timeout_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_AGENT_REGISTRY_H_

@@ -1,0 +1,144 @@
+#include "server/agent_service.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/convert.h"
+#include "server/stream_writer.h"
+
+namespace trainyard::server {
+namespace {
+
+using Reactor = grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>;
+using Writer = QueuedWriter<Reactor, v1::CoordinatorMessage>;
+
+// The registry's handle on one stream.
+class StreamChannel : public AgentChannel {
+ public:
+  explicit StreamChannel(std::shared_ptr<Writer> writer) : writer_(std::move(writer)) {}
+  void Send(AgentOrder order) override {
+    v1::CoordinatorMessage message;
+    ToProto(order, &message);
+    writer_->Push(std::move(message));
+  }
+  void Close(const absl::Status& status) override { writer_->FinishWhenDrained(ToGrpc(status)); }
+
+ private:
+  std::shared_ptr<Writer> writer_;
+};
+
+class AgentStream : public Reactor {
+ public:
+  AgentStream(Supervisor* supervisor, LogRouter* logs)
+      : supervisor_(supervisor), logs_(logs), writer_(std::make_shared<Writer>(this)) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent closed its side or the connection broke
+      writer_->FinishWhenDrained(grpc::Status::OK);
+      return;
+    }
+    absl::Status status = Handle(in_);
+    if (!status.ok()) {
+      TY_LOG(WARNING) << "agent stream " << (node_id_.empty() ? "(unregistered)" : node_id_)
+                      << " ended: " << status;
+      writer_->FinishWhenDrained(ToGrpc(status));
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
+
+  void OnCancel() override {
+    writer_->Abandon(grpc::Status(grpc::StatusCode::CANCELLED, "the agent went away"));
+  }
+
+  void OnDone() override {
+    writer_->Detach();
+    if (session_ != 0) {
+      supervisor_->AgentDisconnected(node_id_, session_);
+      logs_->OnAgentGone(node_id_);
+    }
+    delete this;
+  }
+
+ private:
+  absl::Status Handle(const v1::AgentMessage& message) {
+    if (session_ == 0) {
+      if (!message.has_registration()) {
+        return absl::InvalidArgumentError("the first message of a Connect stream must register");
+      }
+      return Register(message.registration());
+    }
+    switch (message.msg_case()) {
+      case v1::AgentMessage::kRegistration:
+        return absl::InvalidArgumentError("registered twice on one stream");
+      case v1::AgentMessage::kHeartbeat: {
+        std::vector<RunningWorker> running;
+        for (const v1::RunningWorker& w : message.heartbeat().running()) {
+          running.push_back(FromProto(w));
+        }
+        return supervisor_->Heartbeat(node_id_, session_, running);
+      }
+      case v1::AgentMessage::kStarted: {
+        const v1::WorkerStarted& started = message.started();
+        return supervisor_->WorkerStarted(
+            node_id_, session_,
+            RunningWorker{started.job_id(), started.attempt_id(), started.rank(), started.pid()});
+      }
+      case v1::AgentMessage::kExited:
+        return supervisor_->WorkerExited(node_id_, session_, FromProto(message.exited()));
+      case v1::AgentMessage::kLog: {
+        const v1::LogData& log = message.log();
+        logs_->OnLogData(node_id_, log.request_id(), log.rank(), log.data(), log.done(),
+                         log.error());
+        return absl::OkStatus();
+      }
+      case v1::AgentMessage::MSG_NOT_SET:
+        return absl::InvalidArgumentError("empty agent message");
+    }
+    return absl::InvalidArgumentError("unknown agent message");
+  }
+
+  absl::Status Register(const v1::RegisterAgent& registration) {
+    std::vector<RunningWorker> running;
+    for (const v1::RunningWorker& w : registration.running()) running.push_back(FromProto(w));
+    std::vector<WorkerExit> exited;
+    for (const v1::WorkerExited& e : registration.exited_while_disconnected()) {
+      exited.push_back(FromProto(e));
+    }
+    auto channel = std::make_shared<StreamChannel>(writer_);
+    absl::StatusOr<uint64_t> session = supervisor_->AgentConnected(
+        FromProto(registration), running, exited, channel, [this](const RegisteredOrder& order) {
+          v1::CoordinatorMessage message;
+          ToProto(order, &message);
+          writer_->Push(std::move(message));
+        });
+    if (!session.ok()) return session.status();
+    node_id_ = registration.node_id();
+    session_ = *session;
+    return absl::OkStatus();
+  }
+
+  Supervisor* const supervisor_;
+  LogRouter* const logs_;
+  std::shared_ptr<Writer> writer_;
+  v1::AgentMessage in_;
+  std::string node_id_;
+  uint64_t session_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* AgentServiceImpl::Connect(
+    grpc::CallbackServerContext* context) {
+  return new AgentStream(supervisor_, logs_);
+}
+
+}  // namespace trainyard::server

@@ -1,0 +1,284 @@
+#include "server/convert.h"
+
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::server {
+namespace {
+
+absl::Time FromUnixMillis(int64_t millis) {
+  return millis == 0 ? absl::InfinitePast() : absl::FromUnixMillis(millis);
+}
+
+void ToProto(const Mesh& mesh, v1::Mesh* out) {
+  out->set_dp(mesh.dp);
+  out->set_tp(mesh.tp);
+  out->set_pp(mesh.pp);
+  out->set_zero_stage(mesh.zero_stage);
+}
+
+void ToProto(const CheckpointInfo& checkpoint, v1::Checkpoint* out) {
+  out->set_step(checkpoint.step);
+  out->set_path(checkpoint.path);
+  out->set_written_unix_ms(UnixMillisOrZero(checkpoint.written));
+}
+
+void ToProto(const StepTimes& times, v1::StepTimes* out) {
+  out->set_total_ms(times.total_ms);
+  out->set_forward_ms(times.forward_ms);
+  out->set_backward_ms(times.backward_ms);
+  out->set_optimizer_ms(times.optimizer_ms);
+  out->set_communication_ms(times.communication_ms);
+  out->set_data_ms(times.data_ms);
+}
+
+StepTimes FromProto(const v1::StepTimes& times) {
+  StepTimes out;
+  out.total_ms = times.total_ms();
+  out.forward_ms = times.forward_ms();
+  out.backward_ms = times.backward_ms();
+  out.optimizer_ms = times.optimizer_ms();
+  out.communication_ms = times.communication_ms();
+  out.data_ms = times.data_ms();
+  return out;
+}
+
+void ToProto(const Progress& progress, v1::Progress* out) {
+  out->set_step(progress.step);
+  out->set_total_steps(progress.total_steps);
+  out->set_loss(progress.loss);
+  out->set_learning_rate(progress.learning_rate);
+  out->set_grad_norm(progress.grad_norm);
+  out->set_tokens_per_second(progress.tokens_per_second);
+  ToProto(progress.step_times, out->mutable_step_times());
+  out->set_has_val_loss(progress.val_loss.has_value());
+  out->set_val_loss(progress.val_loss.value_or(0));
+  out->set_eta_ms(progress.eta.has_value() ? absl::ToInt64Milliseconds(*progress.eta) : -1);
+  out->set_reported_unix_ms(UnixMillisOrZero(progress.reported));
+}
+
+void ToProto(const RankExit& exit, const RankSlot& slot, v1::RankExit* out) {
+  out->set_rank(slot.rank);
+  out->set_node_id(slot.node_id);
+  out->set_hostname(slot.hostname);
+  out->set_exit_code(exit.exit_code);
+  out->set_signal(exit.signal);
+  out->set_pid(exit.pid);
+  out->set_exited_unix_ms(UnixMillisOrZero(exit.exited));
+  for (const std::string& line : exit.last_log_lines) out->add_last_log_lines(line);
+  out->set_message(exit.message);
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+int64_t UnixMillisOrZero(absl::Time time) {
+  if (time == absl::InfinitePast()) return 0;
+  return absl::ToUnixMillis(time);
+}
+
+absl::Time FromDeadline(std::chrono::system_clock::time_point deadline) {
+  if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(static_cast<int>(state)); }
+
+absl::StatusOr<JobState> FromProto(v1::JobState state) {
+  const int value = static_cast<int>(state);
+  if (value < 1 || value > 7) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job state ", value));
+  }
+  return static_cast<JobState>(value);
+}
+
+void ToProto(const JobRecord& job, v1::Job* out) {
+  out->set_id(job.id);
+  out->set_name(job.name);
+  out->set_spec_yaml(job.spec_yaml);
+  out->set_state(ToProto(job.state));
+  out->set_priority(job.priority);
+  out->set_world_size(job.requirements.world_size());
+  out->set_user(job.user);
+  for (const auto& [key, value] : job.labels) (*out->mutable_labels())[key] = value;
+  out->set_created_unix_ms(UnixMillisOrZero(job.created));
+  out->set_started_unix_ms(UnixMillisOrZero(job.started));
+  out->set_finished_unix_ms(UnixMillisOrZero(job.finished));
+  out->set_attempts(job.attempts);
+  out->set_restarts(job.restarts);
+  out->set_max_restarts(job.requirements.max_restarts);
+  out->set_current_attempt_id(job.current_attempt);
+  ToProto(job.progress, out->mutable_progress());
+  ToProto(job.last_checkpoint, out->mutable_last_checkpoint());
+  out->set_cancel_requested(job.cancel_requested);
+  out->set_message(job.message);
+}
+
+void ToProto(const AttemptRecord& attempt, v1::Attempt* out) {
+  out->set_job_id(attempt.job_id);
+  out->set_attempt_id(attempt.attempt_id);
+  out->set_state(static_cast<v1::AttemptState>(static_cast<int>(attempt.state)));
+  ToProto(attempt.mesh, out->mutable_mesh());
+  for (const RankSlot& slot : attempt.ranks) {
+    v1::RankPlacement* placement = out->add_placement();
+    placement->set_rank(slot.rank);
+    placement->set_node_id(slot.node_id);
+    placement->set_hostname(slot.hostname);
+    placement->set_slot(slot.slot);
+    placement->set_local_rank(slot.local_rank);
+    placement->set_pid(slot.pid);
+    if (slot.exit.has_value()) ToProto(*slot.exit, slot, out->add_exits());
+  }
+  out->set_created_unix_ms(UnixMillisOrZero(attempt.created));
+  out->set_running_unix_ms(UnixMillisOrZero(attempt.running));
+  out->set_finished_unix_ms(UnixMillisOrZero(attempt.finished));
+  out->set_cause(attempt.cause);
+}
+
+void ToProto(const EventRecord& event, v1::Event* out) {
+  out->set_id(event.id);
+  out->set_job_id(event.job_id);
+  out->set_attempt_id(event.attempt_id);
+  out->set_time_unix_ms(UnixMillisOrZero(event.time));
+  out->set_from_state(ToProto(event.from));
+  out->set_to_state(ToProto(event.to));
+  out->set_kind(event.kind);
+  out->set_cause(event.cause);
+}
+
+void ToProto(const NodeStatus& node, v1::Node* out) {
+  out->set_node_id(node.record.node_id);
+  out->set_hostname(node.record.hostname);
+  out->set_cpu_slots(node.record.cpu_slots);
+  for (const GpuInfo& gpu : node.record.gpus) {
+    v1::GpuInfo* info = out->add_gpus();
+    info->set_index(gpu.index);
+    info->set_name(gpu.name);
+    info->set_memory_bytes(gpu.memory_bytes);
+  }
+  out->set_free_slots(node.free_slots);
+  out->set_connected(node.connected);
+  const int64_t age_ms = absl::ToInt64Milliseconds(node.heartbeat_age);
+  out->set_heartbeat_age_ms(age_ms);
+  out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(absl::Now()) - age_ms);
+}
+
+void ToProto(const JoinInfo& info, v1::JoinReply* out) {
+  out->set_world_size(info.world_size);
+  out->set_rank(info.rank);
+  out->set_local_rank(info.local_rank);
+  out->set_local_world_size(info.local_world_size);
+  ToProto(info.mesh, out->mutable_mesh());
+  out->set_dp_rank(info.dp_rank);
+  out->set_tp_rank(info.tp_rank);
+  out->set_pp_rank(info.pp_rank);
+  out->set_spec_yaml(info.spec_yaml);
+  out->set_kv_prefix(info.kv_prefix);
+  ToProto(info.resume_from, out->mutable_resume_from());
+  out->set_slot(info.slot);
+  out->set_node_id(info.node_id);
+}
+
+void ToProto(const RegisteredOrder& order, v1::CoordinatorMessage* out) {
+  v1::AgentRegistered* registered = out->mutable_registered();
+  registered->set_node_id(order.node_id);
+  registered->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(order.heartbeat_interval));
+  registered->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(order.heartbeat_timeout));
+}
+
+void ToProto(const AgentOrder& order, v1::CoordinatorMessage* out) {
+  std::visit(
+      [out](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, StartWorkerOrder>) {
+          v1::StartWorker* start = out->mutable_start();
+          start->set_job_id(o.job_id);
+          start->set_attempt_id(o.attempt_id);
+          start->set_rank(o.rank);
+          start->set_local_rank(o.local_rank);
+          start->set_slot(o.slot);
+          start->set_coordinator_address(o.coordinator_address);
+          for (const auto& [key, value] : o.env) (*start->mutable_env())[key] = value;
+          start->set_gpu(o.gpu);
+        } else if constexpr (std::is_same_v<T, StopWorkersOrder>) {
+          v1::StopWorkers* stop = out->mutable_stop();
+          stop->set_job_id(o.job_id);
+          stop->set_attempt_id(o.attempt_id);
+          for (int rank : o.ranks) stop->add_ranks(rank);
+          stop->set_grace_period_ms(absl::ToInt64Milliseconds(o.grace));
+          stop->set_reason(o.reason);
+        } else if constexpr (std::is_same_v<T, ReadLogsOrder>) {
+          v1::ReadLogs* read = out->mutable_read_logs();
+          read->set_request_id(o.request_id);
+          read->set_job_id(o.job_id);
+          read->set_attempt_id(o.attempt_id);
+          read->set_rank(o.rank);
+          read->set_tail_lines(o.tail_lines);
+          read->set_follow(o.follow);
+        } else {
+          out->mutable_cancel_read_logs()->set_request_id(o.request_id);
+        }
+      },
+      order);
+}
+
+NodeRecord FromProto(const v1::RegisterAgent& registration) {
+  NodeRecord node;
+  node.node_id = registration.node_id();
+  node.hostname = registration.hostname().empty() ? node.node_id : registration.hostname();
+  node.cpu_slots = registration.cpu_slots();
+  for (const v1::GpuInfo& gpu : registration.gpus()) {
+    node.gpus.push_back(GpuInfo{gpu.index(), gpu.name(), gpu.memory_bytes()});
+  }
+  return node;
+}
+
+RunningWorker FromProto(const v1::RunningWorker& worker) {
+  return RunningWorker{worker.job_id(), worker.attempt_id(), worker.rank(), worker.pid()};
+}
+
+WorkerExit FromProto(const v1::WorkerExited& exited) {
+  WorkerExit out;
+  out.job_id = exited.job_id();
+  out.attempt_id = exited.attempt_id();
+  out.rank = exited.exit().rank();
+  out.exit.exit_code = exited.exit().exit_code();
+  out.exit.signal = exited.exit().signal();
+  out.exit.pid = exited.exit().pid();
+  out.exit.exited = FromUnixMillis(exited.exit().exited_unix_ms());
+  for (const std::string& line : exited.exit().last_log_lines()) {
+    out.exit.last_log_lines.push_back(line);
+  }
+  out.exit.message = exited.exit().message();
+  return out;
+}
+
+ProgressUpdate FromProto(const v1::ProgressReport& report) {
+  ProgressUpdate out;
+  out.job_id = report.job_id();
+  out.attempt_id = report.attempt_id();
+  out.rank = report.rank();
+  out.step = report.step();
+  out.total_steps = report.total_steps();
+  out.loss = report.loss();
+  out.learning_rate = report.learning_rate();
+  out.grad_norm = report.grad_norm();
+  out.tokens_per_second = report.tokens_per_second();
+  out.step_times = FromProto(report.step_times());
+  if (report.has_val_loss()) out.val_loss = report.val_loss();
+  out.checkpoint.step = report.last_checkpoint().step();
+  out.checkpoint.path = report.last_checkpoint().path();
+  out.checkpoint.written = FromUnixMillis(report.last_checkpoint().written_unix_ms());
+  return out;
+}
+
+}  // namespace trainyard::server

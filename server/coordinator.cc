@@ -1,0 +1,262 @@
+#include "server/coordinator.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/security/server_credentials.h"
+#include "server/agent_registry.h"
+#include "server/agent_service.h"
+#include "server/job_service.h"
+#include "server/job_store.h"
+#include "server/kv_space.h"
+#include "server/log_router.h"
+#include "server/metrics.h"
+#include "server/supervisor.h"
+#include "server/worker_service.h"
+
+namespace trainyard::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Writes `contents` to `path` through a temporary file and a rename, so readers never see a
+// partial address.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << contents;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", temporary, " to ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const CoordinatorOptions& options) {
+  const bool tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (!tls) {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  TY_ASSIGN_OR_RETURN(pair.private_key, ReadFile(options.tls_key_file));
+  TY_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(options.tls_cert_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    TY_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.tls_client_ca_file));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  return absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
+  std::string host;
+  std::string port;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "'"));
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || address.find(':') != colon) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad address '", address, "': expected host:port"));
+    }
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  int number = 0;
+  if (host.empty() || !absl::SimpleAtoi(port, &number) || number < 0 || number > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad address '", address, "': expected host:port"));
+  }
+  return std::make_pair(host, number);
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options) {
+  std::unique_ptr<Coordinator> coordinator(new Coordinator());
+  absl::Status status = coordinator->Init(options);
+  if (!status.ok()) {
+    coordinator->Stop(absl::ZeroDuration());
+    return status;
+  }
+  return coordinator;
+}
+
+absl::Status Coordinator::Init(const CoordinatorOptions& options) {
+  clock_ = options.clock != nullptr ? options.clock : RealClock();
+  TY_ASSIGN_OR_RETURN_WITH(auto listen, SplitHostPort(options.listen), "--listen");
+  TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
+  // Beyond loopback the coordinator must both encrypt and authenticate (mutual TLS): anyone who
+  // can reach it can start processes on every node.
+  const bool tls = !options.tls_cert_file.empty() && !options.tls_client_ca_file.empty();
+  if (!IsLoopbackHost(listen.first) && !tls) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", options.listen,
+        " without TLS and client authentication: use a loopback address or give --tls-cert, "
+        "--tls-key and --tls-client-ca"));
+  }
+  if (!options.metrics_listen.empty()) {
+    TY_ASSIGN_OR_RETURN_WITH(auto metrics, SplitHostPort(options.metrics_listen),
+                             "--metrics-listen");
+    if (!IsLoopbackHost(metrics.first) && !tls) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("refusing to serve metrics on ", options.metrics_listen,
+                       " when the coordinator is not configured for the network (TLS)"));
+    }
+  }
+
+  std::error_code error;
+  std::filesystem::create_directories(options.state_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create state directory ", options.state_dir, ": ", error.message()));
+  }
+  const std::string lock_path = options.state_dir + "/lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another coordinator is using the state directory ", options.state_dir));
+  }
+
+  TY_ASSIGN_OR_RETURN(store_, JobStore::Open(options.state_dir + "/coordinator.db"));
+  registry_ = std::make_unique<AgentRegistry>(clock_, options.heartbeat_timeout);
+  kv_ = std::make_unique<KvSpace>(clock_);
+  SupervisorOptions supervisor_options;
+  supervisor_options.stop_grace = options.stop_grace;
+  supervisor_options.heartbeat_interval = options.heartbeat_interval;
+  supervisor_options.spec_limits.allowed_data_roots = options.allowed_data_roots;
+  supervisor_options.spec_limits.allowed_checkpoint_roots = options.allowed_checkpoint_roots;
+  TY_ASSIGN_OR_RETURN(supervisor_, Supervisor::Create(store_.get(), registry_.get(), kv_.get(),
+                                                      clock_, supervisor_options));
+  logs_ = std::make_unique<LogRouter>(registry_.get());
+  job_service_ = std::make_unique<JobServiceImpl>(supervisor_.get(), logs_.get());
+  agent_service_ = std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get());
+  worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, credentials, &port);
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(agent_service_.get());
+  builder.RegisterService(worker_service_.get());
+  // Agents and workers may keep idle connections alive with pings.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  address_ = JoinHostPort(listen.first, port);
+  std::string advertise = options.advertise_address;
+  if (advertise.empty()) {
+    const bool unspecified = listen.first == "0.0.0.0" || listen.first == "::";
+    advertise = JoinHostPort(unspecified ? Hostname() : listen.first, port);
+  }
+  supervisor_->SetCoordinatorAddress(advertise);
+
+  if (!options.metrics_listen.empty()) {
+    metrics_ = std::make_shared<CoordinatorMetrics>(supervisor_.get());
+    TY_ASSIGN_OR_RETURN(metrics_server_, MetricsServer::Start(options.metrics_listen, metrics_));
+    metrics_address_ = metrics_server_->address();
+    TY_RETURN_IF_ERROR(
+        WriteFileAtomically(options.state_dir + "/metrics.addr", metrics_address_ + "\n"));
+  }
+  TY_RETURN_IF_ERROR(WriteFileAtomically(options.state_dir + "/server.addr", address_ + "\n"));
+  state_dir_ = options.state_dir;
+  ticker_ = std::thread([this, interval = options.tick_interval] { TickLoop(interval); });
+  TY_LOG(INFO) << "coordinator listening on " << address_
+               << (metrics_address_.empty()
+                       ? ""
+                       : absl::StrCat(", metrics on http://", metrics_address_, "/metrics"))
+               << ", state in " << options.state_dir;
+  return absl::OkStatus();
+}
+
+void Coordinator::TickLoop(absl::Duration interval) {
+  while (!stopping_.WaitForNotificationWithTimeout(interval)) supervisor_->Tick();
+}
+
+void Coordinator::Stop(absl::Duration deadline) {
+  if (stopped_) return;
+  stopped_ = true;
+  if (!stopping_.HasBeenNotified()) stopping_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  if (supervisor_ != nullptr) supervisor_->Shutdown();
+  if (logs_ != nullptr) logs_->CloseAll(absl::UnavailableError("the coordinator is shutting down"));
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+    server_->Wait();
+  }
+  metrics_server_.reset();
+  if (!state_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(state_dir_ + "/server.addr", ignored);
+    std::filesystem::remove(state_dir_ + "/metrics.addr", ignored);
+  }
+  if (lock_fd_ >= 0) {
+    close(lock_fd_);
+    lock_fd_ = -1;
+  }
+  TY_LOG(INFO) << "coordinator stopped";
+}
+
+Coordinator::~Coordinator() { Stop(); }
+
+}  // namespace trainyard::server

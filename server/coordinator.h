@@ -1,0 +1,112 @@
+// Coordinator: the whole control-plane server in one object — the job store in the state
+// directory, the managers, the gRPC services on one listening address, the /metrics exposer and
+// the ticker thread that drives timeouts and scheduling. trainyard-server is a thin main() around
+// it; integration tests and the embedded default run it in process.
+//
+// Security: it listens on loopback unless mutual TLS is configured; a non-loopback address
+// without a certificate, a key and a client CA (clients must present certificates it signed) is
+// refused (FAILED_PRECONDITION). One coordinator per state directory: a
+// second one is refused (FAILED_PRECONDITION) while the first holds the directory's lock.
+//
+// Threading: Start and Stop from one thread; accessors are thread-safe.
+#ifndef TRAINYARD_SERVER_COORDINATOR_H_
+#define TRAINYARD_SERVER_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace trainyard::server {
+
+class AgentRegistry;
+class AgentServiceImpl;
+class CoordinatorMetrics;
+class JobServiceImpl;
+class JobStore;
+class KvSpace;
+class LogRouter;
+class MetricsServer;
+class Supervisor;
+class WorkerServiceImpl;
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";          // host:port; port 0 picks a free one
+  std::string state_dir = "trainyard-state";   // created when missing
+  std::string metrics_listen = "127.0.0.1:0";  // empty: no /metrics
+  // The address workers are told to reach the coordinator at; empty: the bound address (with the
+  // hostname in place of an unspecified host such as 0.0.0.0).
+  std::string advertise_address;
+  // TLS (all three required to listen beyond loopback): PEM files. With a client CA, clients must
+  // present a certificate it signed (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  absl::Duration stop_grace = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  absl::Duration tick_interval = absl::Milliseconds(100);
+  std::vector<std::string> allowed_data_roots;        // empty: data may be anywhere
+  std::vector<std::string> allowed_checkpoint_roots;  // empty: checkpoints may be anywhere
+  Clock* clock = nullptr;                             // null: RealClock()
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackHost(const std::string& host);
+// Splits "host:port" / "[v6]:port"; INVALID_ARGUMENT when malformed.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+
+class Coordinator {
+ public:
+  // Opens the state, restores jobs, starts serving. The chosen address is written to
+  // <state_dir>/server.addr (and the metrics address to <state_dir>/metrics.addr).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  ~Coordinator();  // Stop()s
+
+  // Graceful shutdown: refuses new work, ends streams (agents reconnect to the next
+  // coordinator), waits up to `deadline` for calls in flight, persists progress. Running jobs
+  // keep running and are adopted by the next coordinator on the same state directory.
+  void Stop(absl::Duration deadline = absl::Seconds(5));
+
+  const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  Supervisor* supervisor() { return supervisor_.get(); }
+
+ private:
+  Coordinator() = default;
+  absl::Status Init(const CoordinatorOptions& options);
+  void TickLoop(absl::Duration interval);
+
+  int lock_fd_ = -1;
+  Clock* clock_ = nullptr;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<AgentRegistry> registry_;
+  std::unique_ptr<KvSpace> kv_;
+  std::unique_ptr<Supervisor> supervisor_;
+  std::unique_ptr<LogRouter> logs_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<AgentServiceImpl> agent_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  absl::Notification stopping_;
+  std::thread ticker_;
+  bool stopped_ = false;
+  std::string address_;
+  std::string metrics_address_;
+  std::string state_dir_;  // set once the address files are written
+};
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_COORDINATOR_H_

@@ -1,0 +1,219 @@
+#include "server/job_service.h"
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "config/spec.h"
+#include "server/convert.h"
+#include "server/stream_writer.h"
+
+namespace trainyard::server {
+namespace {
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(status));
+  return reactor;
+}
+
+// WatchJob: a JobWatcher registered with the Supervisor feeds the stream until the job is final.
+class WatchReactor : public grpc::ServerWriteReactor<v1::JobUpdate> {
+ public:
+  WatchReactor(Supervisor* supervisor, std::string job_id)
+      : supervisor_(supervisor),
+        job_id_(std::move(job_id)),
+        writer_(std::make_shared<Writer>(this)),
+        watcher_(std::make_shared<Watcher>(writer_)) {
+    absl::StatusOr<uint64_t> id = supervisor_->Watch(job_id_, watcher_);
+    if (!id.ok()) {
+      writer_->FinishWhenDrained(ToGrpc(id.status()));
+      return;
+    }
+    watch_id_ = *id;
+  }
+
+  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
+  void OnCancel() override {
+    writer_->Abandon(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
+  }
+  void OnDone() override {
+    writer_->Detach();
+    if (watch_id_ != 0) supervisor_->Unwatch(job_id_, watch_id_);
+    delete this;
+  }
+
+ private:
+  using Writer = QueuedWriter<grpc::ServerWriteReactor<v1::JobUpdate>, v1::JobUpdate>;
+
+  class Watcher : public JobWatcher {
+   public:
+    explicit Watcher(std::shared_ptr<Writer> writer) : writer_(std::move(writer)) {}
+    void OnUpdate(const JobRecord& job, const EventRecord* event) override {
+      v1::JobUpdate update;
+      ToProto(job, update.mutable_job());
+      update.mutable_job()->clear_spec_yaml();
+      if (event != nullptr) ToProto(*event, update.mutable_event());
+      writer_->Push(std::move(update), /*replaceable=*/event == nullptr && !IsFinal(job.state));
+      if (IsFinal(job.state)) writer_->FinishWhenDrained(grpc::Status::OK);
+    }
+    void OnClose(const absl::Status& status) override {
+      writer_->FinishWhenDrained(ToGrpc(status));
+    }
+
+   private:
+    std::shared_ptr<Writer> writer_;
+  };
+
+  Supervisor* const supervisor_;
+  const std::string job_id_;
+  std::shared_ptr<Writer> writer_;
+  std::shared_ptr<Watcher> watcher_;
+  uint64_t watch_id_ = 0;
+};
+
+// GetLogs: a LogSink registered with the LogRouter feeds the stream.
+class LogsReactor : public grpc::ServerWriteReactor<v1::LogChunk> {
+ public:
+  LogsReactor(Supervisor* supervisor, LogRouter* logs, const v1::GetLogsRequest& request)
+      : logs_(logs), writer_(std::make_shared<Writer>(this)) {
+    if (request.job_id().empty()) {
+      writer_->FinishWhenDrained(ToGrpc(absl::InvalidArgumentError("empty job_id")));
+      return;
+    }
+    if (request.tail_lines() < 0 || request.attempt_id() < 0) {
+      writer_->FinishWhenDrained(
+          ToGrpc(absl::InvalidArgumentError("tail_lines and attempt_id must not be negative")));
+      return;
+    }
+    absl::StatusOr<LogTargets> targets = supervisor->LocateLogs(
+        request.job_id(), request.attempt_id(),
+        request.all_ranks() ? std::nullopt : std::optional<int>(request.rank()));
+    if (!targets.ok()) {
+      writer_->FinishWhenDrained(ToGrpc(targets.status()));
+      return;
+    }
+    stream_id_ = logs_->Start(request.job_id(), *targets, request.tail_lines(), request.follow(),
+                              std::make_shared<Sink>(writer_));
+  }
+
+  void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
+  void OnCancel() override {
+    if (stream_id_ != 0) logs_->Cancel(stream_id_);
+    writer_->Abandon(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
+  }
+  void OnDone() override {
+    writer_->Detach();
+    if (stream_id_ != 0) logs_->Cancel(stream_id_);
+    delete this;
+  }
+
+ private:
+  using Writer = QueuedWriter<grpc::ServerWriteReactor<v1::LogChunk>, v1::LogChunk>;
+
+  class Sink : public LogSink {
+   public:
+    explicit Sink(std::shared_ptr<Writer> writer) : writer_(std::move(writer)) {}
+    void OnData(int attempt_id, int rank, std::string data) override {
+      v1::LogChunk chunk;
+      chunk.set_attempt_id(attempt_id);
+      chunk.set_rank(rank);
+      chunk.set_data(std::move(data));
+      writer_->Push(std::move(chunk));
+    }
+    void OnDone(const absl::Status& status) override { writer_->FinishWhenDrained(ToGrpc(status)); }
+
+   private:
+    std::shared_ptr<Writer> writer_;
+  };
+
+  LogRouter* const logs_;
+  std::shared_ptr<Writer> writer_;
+  uint64_t stream_id_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const v1::SubmitJobRequest* request,
+                                                    v1::SubmitJobReply* reply) {
+  if (request->spec_yaml().size() > config::kMaxSpecBytes) {
+    return Answer(context, absl::ResourceExhaustedError(absl::StrCat(
+                               "spec of ", request->spec_yaml().size(),
+                               " bytes is over the limit of ", config::kMaxSpecBytes, " bytes")));
+  }
+  SubmitRequest submit;
+  submit.spec_yaml = request->spec_yaml();
+  if (!request->spec_source().empty()) submit.spec_source = request->spec_source();
+  submit.user = request->user();
+  submit.client_request_id = request->client_request_id();
+  absl::StatusOr<JobRecord> job = supervisor_->Submit(submit);
+  if (job.ok()) ToProto(*job, reply->mutable_job());
+  return Answer(context, job.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
+                                                 const v1::GetJobRequest* request,
+                                                 v1::GetJobReply* reply) {
+  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  if (request->max_events() < 0) {
+    return Answer(context, absl::InvalidArgumentError("max_events must not be negative"));
+  }
+  absl::StatusOr<JobView> view = supervisor_->GetJob(request->job_id(), request->max_events());
+  if (view.ok()) {
+    ToProto(view->job, reply->mutable_job());
+    for (const AttemptRecord& attempt : view->attempts) ToProto(attempt, reply->add_attempts());
+    for (const EventRecord& event : view->events) ToProto(event, reply->add_events());
+  }
+  return Answer(context, view.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
+                                                   const v1::ListJobsRequest* request,
+                                                   v1::ListJobsReply* reply) {
+  if (request->limit() < 0 || request->limit() > 1000) {
+    return Answer(context, absl::InvalidArgumentError(
+                               absl::StrCat("limit ", request->limit(), " is outside 0..1000")));
+  }
+  std::set<JobState> states;
+  for (int state : request->states()) {
+    absl::StatusOr<JobState> parsed = FromProto(static_cast<v1::JobState>(state));
+    if (!parsed.ok()) return Answer(context, parsed.status());
+    states.insert(*parsed);
+  }
+  for (const JobRecord& job :
+       supervisor_->ListJobs(states, request->limit() == 0 ? 100 : request->limit())) {
+    ToProto(job, reply->add_jobs());
+  }
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
+                                                    const v1::CancelJobRequest* request,
+                                                    v1::CancelJobReply* reply) {
+  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  absl::StatusOr<JobRecord> job = supervisor_->Cancel(request->job_id(), request->reason());
+  if (job.ok()) ToProto(*job, reply->mutable_job());
+  return Answer(context, job.status());
+}
+
+grpc::ServerWriteReactor<v1::JobUpdate>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(supervisor_, request->job_id());
+}
+
+grpc::ServerWriteReactor<v1::LogChunk>* JobServiceImpl::GetLogs(
+    grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) {
+  return new LogsReactor(supervisor_, logs_, *request);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,
+                                                    const v1::ListNodesRequest* request,
+                                                    v1::ListNodesReply* reply) {
+  for (const NodeStatus& node : supervisor_->Nodes()) ToProto(node, reply->add_nodes());
+  return Answer(context, absl::OkStatus());
+}
+
+}  // namespace trainyard::server

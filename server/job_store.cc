@@ -1,0 +1,628 @@
+#include "server/job_store.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace trainyard::server {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  name TEXT NOT NULL,
+  spec_yaml TEXT NOT NULL,
+  state INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  nodes INTEGER NOT NULL,
+  ranks_per_node INTEGER NOT NULL,
+  device_kind INTEGER NOT NULL,
+  dp INTEGER NOT NULL, tp INTEGER NOT NULL, pp INTEGER NOT NULL, zero_stage INTEGER NOT NULL,
+  max_restarts INTEGER NOT NULL,
+  heartbeat_timeout_ms INTEGER NOT NULL,
+  user TEXT NOT NULL,
+  client_request_id TEXT NOT NULL,
+  created_us INTEGER, started_us INTEGER, finished_us INTEGER,
+  attempts INTEGER NOT NULL, restarts INTEGER NOT NULL, current_attempt INTEGER NOT NULL,
+  step INTEGER NOT NULL, total_steps INTEGER NOT NULL, loss REAL NOT NULL, lr REAL NOT NULL,
+  grad_norm REAL NOT NULL, tokens_per_second REAL NOT NULL,
+  step_total_ms REAL NOT NULL, step_forward_ms REAL NOT NULL, step_backward_ms REAL NOT NULL,
+  step_optimizer_ms REAL NOT NULL, step_communication_ms REAL NOT NULL, step_data_ms REAL NOT NULL,
+  val_loss REAL, eta_us INTEGER, progress_us INTEGER,
+  checkpoint_step INTEGER NOT NULL, checkpoint_path TEXT NOT NULL, checkpoint_us INTEGER,
+  cancel_requested INTEGER NOT NULL,
+  message TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
+  WHERE client_request_id <> '';
+CREATE TABLE IF NOT EXISTS job_labels(
+  job_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(job_id, key));
+CREATE TABLE IF NOT EXISTS attempts(
+  job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, state INTEGER NOT NULL,
+  dp INTEGER NOT NULL, tp INTEGER NOT NULL, pp INTEGER NOT NULL, zero_stage INTEGER NOT NULL,
+  device_kind INTEGER NOT NULL,
+  created_us INTEGER, running_us INTEGER, finished_us INTEGER, cause TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt_id));
+CREATE TABLE IF NOT EXISTS attempt_ranks(
+  job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
+  node_id TEXT NOT NULL, hostname TEXT NOT NULL, slot INTEGER NOT NULL,
+  local_rank INTEGER NOT NULL, pid INTEGER NOT NULL,
+  exited INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL,
+  exit_pid INTEGER NOT NULL, exited_us INTEGER, last_log_lines TEXT NOT NULL,
+  exit_message TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt_id, rank));
+CREATE TABLE IF NOT EXISTS events(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL,
+  time_us INTEGER, from_state INTEGER NOT NULL, to_state INTEGER NOT NULL,
+  kind TEXT NOT NULL, cause TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS nodes(
+  node_id TEXT PRIMARY KEY, hostname TEXT NOT NULL, cpu_slots INTEGER NOT NULL,
+  gpus TEXT NOT NULL, registered_us INTEGER, last_seen_us INTEGER);
+)sql";
+
+std::optional<int64_t> TimeToMicros(absl::Time time) {
+  if (time == absl::InfinitePast()) return std::nullopt;
+  return absl::ToUnixMicros(time);
+}
+
+absl::Time MicrosToTime(std::optional<int64_t> micros) {
+  if (!micros.has_value()) return absl::InfinitePast();
+  return absl::FromUnixMicros(*micros);
+}
+
+std::optional<int64_t> DurationToMicros(std::optional<absl::Duration> duration) {
+  if (!duration.has_value()) return std::nullopt;
+  return absl::ToInt64Microseconds(*duration);
+}
+
+// GPUs as one line each: index, memory bytes, name (tab-separated; the name goes last so that it
+// may contain anything but a newline).
+std::string EncodeGpus(const std::vector<GpuInfo>& gpus) {
+  std::vector<std::string> lines;
+  for (const GpuInfo& gpu : gpus) {
+    std::string name = gpu.name;
+    for (char& c : name) {
+      if (c == '\n') c = ' ';
+    }
+    lines.push_back(absl::StrCat(gpu.index, "\t", gpu.memory_bytes, "\t", name));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+absl::StatusOr<std::vector<GpuInfo>> DecodeGpus(const std::string& text) {
+  std::vector<GpuInfo> gpus;
+  if (text.empty()) return gpus;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits('\t', 2));
+    GpuInfo gpu;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &gpu.index) ||
+        !absl::SimpleAtoi(parts[1], &gpu.memory_bytes)) {
+      return absl::InternalError(absl::StrCat("bad gpu record '", line, "'"));
+    }
+    gpu.name = std::string(parts[2]);
+    gpus.push_back(std::move(gpu));
+  }
+  return gpus;
+}
+
+std::string EncodeLines(const std::vector<std::string>& lines) {
+  std::vector<std::string> clean;
+  clean.reserve(lines.size());
+  for (std::string line : lines) {
+    for (char& c : line) {
+      if (c == '\n') c = ' ';
+    }
+    clean.push_back(std::move(line));
+  }
+  return absl::StrJoin(clean, "\n");
+}
+
+std::vector<std::string> DecodeLines(const std::string& text, bool any) {
+  if (!any) return {};
+  return absl::StrSplit(text, '\n');
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::Open(path));
+  TY_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
+  TY_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=FULL"));
+  TY_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
+  std::unique_ptr<JobStore> store(new JobStore(std::move(db)));
+  TY_RETURN_IF_ERROR_WITH(store->Migrate(), absl::StrCat("job store ", path));
+  return store;
+}
+
+absl::Status JobStore::Migrate() {
+  absl::MutexLock lock(&mu_);
+  TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+  TY_RETURN_IF_ERROR(db_->Exec(kSchema));
+  TY_ASSIGN_OR_RETURN(auto select,
+                      db_->Prepare("SELECT value FROM meta WHERE key='schema_version'"));
+  TY_ASSIGN_OR_RETURN(bool has_version, select->Step());
+  if (has_version) {
+    int version = 0;
+    if (!absl::SimpleAtoi(select->Text(0), &version)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("unreadable schema_version '", select->Text(0), "'"));
+    }
+    if (version != kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "schema version ", version, " is not the supported version ", kSchemaVersion));
+    }
+  } else {
+    TY_ASSIGN_OR_RETURN(auto insert,
+                        db_->Prepare("INSERT INTO meta(key, value) VALUES('schema_version', ?)"));
+    insert->Bind(1, absl::StrCat(kSchemaVersion));
+    TY_RETURN_IF_ERROR(insert->Run());
+  }
+  return txn->Commit();
+}
+
+absl::Status JobStore::Commit(StoreBatch& batch) {
+  if (batch.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  absl::Status status = [&]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+    for (const JobRecord* job : batch.new_jobs) {
+      TY_RETURN_IF_ERROR_WITH(InsertJob(*job), absl::StrCat("insert job ", job->id));
+    }
+    for (const JobRecord* job : batch.updated_jobs) {
+      TY_RETURN_IF_ERROR_WITH(UpdateJob(*job), absl::StrCat("update job ", job->id));
+    }
+    for (const AttemptRecord* attempt : batch.attempts) {
+      TY_RETURN_IF_ERROR_WITH(PutAttempt(*attempt), absl::StrCat("store attempt ", attempt->job_id,
+                                                                 "/", attempt->attempt_id));
+    }
+    for (const NodeRecord* node : batch.nodes) {
+      TY_RETURN_IF_ERROR_WITH(PutNode(*node), absl::StrCat("store node ", node->node_id));
+    }
+    for (EventRecord& event : batch.events) {
+      TY_RETURN_IF_ERROR_WITH(AppendEvent(event), absl::StrCat("append event of ", event.job_id));
+    }
+    return txn->Commit();
+  }();
+  if (!status.ok()) {
+    for (EventRecord& event : batch.events) event.id = 0;  // rolled back: they do not exist
+  }
+  return status;
+}
+
+absl::StatusOr<SqliteStatement*> JobStore::Cached(const char* sql) {
+  auto it = statements_.find(sql);
+  if (it == statements_.end()) {
+    TY_ASSIGN_OR_RETURN(std::unique_ptr<SqliteStatement> statement, db_->Prepare(sql));
+    it = statements_.emplace(sql, std::move(statement)).first;
+  }
+  it->second->Reset();
+  return it->second.get();
+}
+
+absl::Status JobStore::CommitSoftState(const SoftStateBatch& batch) {
+  if (batch.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  TY_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=NORMAL"));
+  absl::Status status = [&]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+    for (const auto& [job_id, p] : batch.progress) {
+      TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+        UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
+          step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
+          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?
+        WHERE id=?
+      )sql"));
+      update->Bind(1, p.step)
+          .Bind(2, p.total_steps)
+          .Bind(3, p.loss)
+          .Bind(4, p.learning_rate)
+          .Bind(5, p.grad_norm)
+          .Bind(6, p.tokens_per_second)
+          .Bind(7, p.step_times.total_ms)
+          .Bind(8, p.step_times.forward_ms)
+          .Bind(9, p.step_times.backward_ms)
+          .Bind(10, p.step_times.optimizer_ms)
+          .Bind(11, p.step_times.communication_ms)
+          .Bind(12, p.step_times.data_ms);
+      if (p.val_loss.has_value()) {
+        update->Bind(13, *p.val_loss);
+      } else {
+        update->BindNull(13);
+      }
+      update->Bind(14, DurationToMicros(p.eta)).Bind(15, TimeToMicros(p.reported)).Bind(16, job_id);
+      TY_RETURN_IF_ERROR(update->Run());
+    }
+    for (const SoftStateBatch::Pid& pid : batch.pids) {
+      TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+        UPDATE attempt_ranks SET pid=? WHERE job_id=? AND attempt_id=? AND rank=?
+      )sql"));
+      update->Bind(1, pid.pid)
+          .Bind(2, pid.job_id)
+          .Bind(3, int64_t{pid.attempt_id})
+          .Bind(4, int64_t{pid.rank});
+      TY_RETURN_IF_ERROR(update->Run());
+    }
+    return txn->Commit();
+  }();
+  absl::Status restored = db_->Exec("PRAGMA synchronous=FULL");
+  return status.ok() ? restored : status;
+}
+
+absl::Status JobStore::InsertJob(const JobRecord& job) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * insert, Cached(R"sql(
+    INSERT INTO jobs(seq, id, name, spec_yaml, state, priority, nodes, ranks_per_node, device_kind,
+      dp, tp, pp, zero_stage, max_restarts, heartbeat_timeout_ms, user, client_request_id,
+      created_us, attempts, restarts, current_attempt, step, total_steps, loss, lr, grad_norm,
+      tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
+      step_communication_ms, step_data_ms, checkpoint_step, checkpoint_path, cancel_requested,
+      message)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '')
+  )sql"));
+  const JobRequirements& req = job.requirements;
+  insert->Bind(1, job.seq)
+      .Bind(2, job.id)
+      .Bind(3, job.name)
+      .Bind(4, job.spec_yaml)
+      .Bind(5, int64_t{static_cast<int>(job.state)})
+      .Bind(6, int64_t{job.priority})
+      .Bind(7, int64_t{req.nodes})
+      .Bind(8, int64_t{req.ranks_per_node})
+      .Bind(9, int64_t{static_cast<int>(req.kind)})
+      .Bind(10, int64_t{req.mesh.dp})
+      .Bind(11, int64_t{req.mesh.tp})
+      .Bind(12, int64_t{req.mesh.pp})
+      .Bind(13, int64_t{req.mesh.zero_stage})
+      .Bind(14, int64_t{req.max_restarts})
+      .Bind(15, absl::ToInt64Milliseconds(req.heartbeat_timeout))
+      .Bind(16, job.user)
+      .Bind(17, job.client_request_id)
+      .Bind(18, TimeToMicros(job.created));
+  TY_RETURN_IF_ERROR(insert->Run());
+  TY_ASSIGN_OR_RETURN(SqliteStatement * label,
+                      Cached("INSERT INTO job_labels(job_id, key, value) VALUES(?, ?, ?)"));
+  for (const auto& [key, value] : job.labels) {
+    label->Reset();
+    label->Bind(1, job.id).Bind(2, key).Bind(3, value);
+    TY_RETURN_IF_ERROR(label->Run());
+  }
+  return UpdateJob(job);
+}
+
+absl::Status JobStore::UpdateJob(const JobRecord& job) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+    UPDATE jobs SET state=?, started_us=?, finished_us=?, attempts=?, restarts=?,
+      current_attempt=?, step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
+      step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
+      step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
+      checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?
+    WHERE id=?
+  )sql"));
+  const Progress& p = job.progress;
+  update->Bind(1, int64_t{static_cast<int>(job.state)})
+      .Bind(2, TimeToMicros(job.started))
+      .Bind(3, TimeToMicros(job.finished))
+      .Bind(4, int64_t{job.attempts})
+      .Bind(5, int64_t{job.restarts})
+      .Bind(6, int64_t{job.current_attempt})
+      .Bind(7, p.step)
+      .Bind(8, p.total_steps)
+      .Bind(9, p.loss)
+      .Bind(10, p.learning_rate)
+      .Bind(11, p.grad_norm)
+      .Bind(12, p.tokens_per_second)
+      .Bind(13, p.step_times.total_ms)
+      .Bind(14, p.step_times.forward_ms)
+      .Bind(15, p.step_times.backward_ms)
+      .Bind(16, p.step_times.optimizer_ms)
+      .Bind(17, p.step_times.communication_ms)
+      .Bind(18, p.step_times.data_ms);
+  if (p.val_loss.has_value()) {
+    update->Bind(19, *p.val_loss);
+  } else {
+    update->BindNull(19);
+  }
+  update->Bind(20, DurationToMicros(p.eta))
+      .Bind(21, TimeToMicros(p.reported))
+      .Bind(22, job.last_checkpoint.step)
+      .Bind(23, job.last_checkpoint.path)
+      .Bind(24, TimeToMicros(job.last_checkpoint.written))
+      .Bind(25, int64_t{job.cancel_requested ? 1 : 0})
+      .Bind(26, job.message)
+      .Bind(27, job.id);
+  return update->Run();
+}
+
+absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
+    INSERT OR REPLACE INTO attempts(job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind,
+      created_us, running_us, finished_us, cause)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+  )sql"));
+  put->Bind(1, attempt.job_id)
+      .Bind(2, int64_t{attempt.attempt_id})
+      .Bind(3, int64_t{static_cast<int>(attempt.state)})
+      .Bind(4, int64_t{attempt.mesh.dp})
+      .Bind(5, int64_t{attempt.mesh.tp})
+      .Bind(6, int64_t{attempt.mesh.pp})
+      .Bind(7, int64_t{attempt.mesh.zero_stage})
+      .Bind(8, int64_t{static_cast<int>(attempt.kind)})
+      .Bind(9, TimeToMicros(attempt.created))
+      .Bind(10, TimeToMicros(attempt.running))
+      .Bind(11, TimeToMicros(attempt.finished))
+      .Bind(12, attempt.cause);
+  TY_RETURN_IF_ERROR(put->Run());
+  TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
+    INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
+      local_rank, pid, exited, exit_code, signal, exit_pid, exited_us, last_log_lines,
+      exit_message)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+  )sql"));
+  for (const RankSlot& slot : attempt.ranks) {
+    rank->Reset();
+    const RankExit exit = slot.exit.value_or(RankExit{});
+    rank->Bind(1, attempt.job_id)
+        .Bind(2, int64_t{attempt.attempt_id})
+        .Bind(3, int64_t{slot.rank})
+        .Bind(4, slot.node_id)
+        .Bind(5, slot.hostname)
+        .Bind(6, int64_t{slot.slot})
+        .Bind(7, int64_t{slot.local_rank})
+        .Bind(8, slot.pid)
+        .Bind(9, int64_t{slot.exit.has_value() ? 1 : 0})
+        .Bind(10, int64_t{exit.exit_code})
+        .Bind(11, int64_t{exit.signal})
+        .Bind(12, exit.pid)
+        .Bind(13, TimeToMicros(exit.exited))
+        .Bind(14, EncodeLines(exit.last_log_lines))
+        .Bind(15, exit.message);
+    TY_RETURN_IF_ERROR(rank->Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::AppendEvent(EventRecord& event) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * insert, Cached(R"sql(
+    INSERT INTO events(job_id, attempt_id, time_us, from_state, to_state, kind, cause)
+    VALUES(?, ?, ?, ?, ?, ?, ?)
+  )sql"));
+  insert->Bind(1, event.job_id)
+      .Bind(2, int64_t{event.attempt_id})
+      .Bind(3, TimeToMicros(event.time))
+      .Bind(4, int64_t{static_cast<int>(event.from)})
+      .Bind(5, int64_t{static_cast<int>(event.to)})
+      .Bind(6, event.kind)
+      .Bind(7, event.cause);
+  TY_RETURN_IF_ERROR(insert->Run());
+  event.id = db_->LastInsertRowId();
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutNode(const NodeRecord& node) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
+    INSERT OR REPLACE INTO nodes(node_id, hostname, cpu_slots, gpus, registered_us, last_seen_us)
+    VALUES(?, ?, ?, ?, ?, ?)
+  )sql"));
+  put->Bind(1, node.node_id)
+      .Bind(2, node.hostname)
+      .Bind(3, int64_t{node.cpu_slots})
+      .Bind(4, EncodeGpus(node.gpus))
+      .Bind(5, TimeToMicros(node.registered))
+      .Bind(6, TimeToMicros(node.last_seen));
+  return put->Run();
+}
+
+absl::StatusOr<StoredState> JobStore::Load() {
+  absl::MutexLock lock(&mu_);
+  StoredState state;
+  TY_RETURN_IF_ERROR(LoadJobs(state));
+  TY_RETURN_IF_ERROR(LoadAttempts(state));
+  TY_RETURN_IF_ERROR(LoadNodes(state));
+  return state;
+}
+
+absl::Status JobStore::LoadJobs(StoredState& state) {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT seq, id, name, spec_yaml, state, priority, nodes, ranks_per_node, device_kind,
+      dp, tp, pp, zero_stage, max_restarts, user, client_request_id, created_us, started_us,
+      finished_us, attempts, restarts, current_attempt, step, total_steps, loss, lr, grad_norm,
+      tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
+      step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
+      checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms
+    FROM jobs ORDER BY seq
+  )sql"));
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    JobRecord job;
+    job.seq = select->Int(0);
+    job.id = select->Text(1);
+    job.name = select->Text(2);
+    job.spec_yaml = select->Text(3);
+    TY_ASSIGN_OR_RETURN(job.state, JobStateFromInt(select->Int(4)));
+    job.priority = static_cast<int>(select->Int(5));
+    JobRequirements& req = job.requirements;
+    req.nodes = static_cast<int>(select->Int(6));
+    req.ranks_per_node = static_cast<int>(select->Int(7));
+    req.kind = select->Int(8) == 1 ? DeviceKind::kGpu : DeviceKind::kCpu;
+    req.mesh.dp = static_cast<int>(select->Int(9));
+    req.mesh.tp = static_cast<int>(select->Int(10));
+    req.mesh.pp = static_cast<int>(select->Int(11));
+    req.mesh.zero_stage = static_cast<int>(select->Int(12));
+    req.max_restarts = static_cast<int>(select->Int(13));
+    job.user = select->Text(14);
+    job.client_request_id = select->Text(15);
+    job.created = MicrosToTime(select->OptionalInt(16));
+    job.started = MicrosToTime(select->OptionalInt(17));
+    job.finished = MicrosToTime(select->OptionalInt(18));
+    job.attempts = static_cast<int>(select->Int(19));
+    job.restarts = static_cast<int>(select->Int(20));
+    job.current_attempt = static_cast<int>(select->Int(21));
+    Progress& p = job.progress;
+    p.step = select->Int(22);
+    p.total_steps = select->Int(23);
+    p.loss = select->Double(24);
+    p.learning_rate = select->Double(25);
+    p.grad_norm = select->Double(26);
+    p.tokens_per_second = select->Double(27);
+    p.step_times.total_ms = select->Double(28);
+    p.step_times.forward_ms = select->Double(29);
+    p.step_times.backward_ms = select->Double(30);
+    p.step_times.optimizer_ms = select->Double(31);
+    p.step_times.communication_ms = select->Double(32);
+    p.step_times.data_ms = select->Double(33);
+    if (!select->IsNull(34)) p.val_loss = select->Double(34);
+    if (std::optional<int64_t> eta = select->OptionalInt(35)) p.eta = absl::Microseconds(*eta);
+    p.reported = MicrosToTime(select->OptionalInt(36));
+    job.last_checkpoint.step = select->Int(37);
+    job.last_checkpoint.path = select->Text(38);
+    job.last_checkpoint.written = MicrosToTime(select->OptionalInt(39));
+    job.cancel_requested = select->Int(40) != 0;
+    job.message = select->Text(41);
+    req.heartbeat_timeout = absl::Milliseconds(select->Int(42));
+    state.max_job_seq = std::max(state.max_job_seq, job.seq);
+    state.jobs.push_back(std::move(job));
+  }
+  TY_ASSIGN_OR_RETURN(auto labels, db_->Prepare("SELECT job_id, key, value FROM job_labels"));
+  std::map<std::string, JobRecord*> by_id;
+  for (JobRecord& job : state.jobs) by_id[job.id] = &job;
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, labels->Step());
+    if (!row) break;
+    auto it = by_id.find(labels->Text(0));
+    if (it != by_id.end()) it->second->labels[labels->Text(1)] = labels->Text(2);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::LoadAttempts(StoredState& state) {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind, created_us,
+      running_us, finished_us, cause
+    FROM attempts ORDER BY job_id, attempt_id
+  )sql"));
+  std::map<std::pair<std::string, int>, size_t> index;
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    AttemptRecord attempt;
+    attempt.job_id = select->Text(0);
+    attempt.attempt_id = static_cast<int>(select->Int(1));
+    TY_ASSIGN_OR_RETURN(attempt.state, AttemptStateFromInt(select->Int(2)));
+    attempt.mesh.dp = static_cast<int>(select->Int(3));
+    attempt.mesh.tp = static_cast<int>(select->Int(4));
+    attempt.mesh.pp = static_cast<int>(select->Int(5));
+    attempt.mesh.zero_stage = static_cast<int>(select->Int(6));
+    attempt.kind = select->Int(7) == 1 ? DeviceKind::kGpu : DeviceKind::kCpu;
+    attempt.created = MicrosToTime(select->OptionalInt(8));
+    attempt.running = MicrosToTime(select->OptionalInt(9));
+    attempt.finished = MicrosToTime(select->OptionalInt(10));
+    attempt.cause = select->Text(11);
+    index[{attempt.job_id, attempt.attempt_id}] = state.attempts.size();
+    state.attempts.push_back(std::move(attempt));
+  }
+  TY_ASSIGN_OR_RETURN(auto ranks, db_->Prepare(R"sql(
+    SELECT job_id, attempt_id, rank, node_id, hostname, slot, local_rank, pid, exited, exit_code,
+      signal, exit_pid, exited_us, last_log_lines, exit_message
+    FROM attempt_ranks ORDER BY job_id, attempt_id, rank
+  )sql"));
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, ranks->Step());
+    if (!row) break;
+    auto it = index.find({ranks->Text(0), static_cast<int>(ranks->Int(1))});
+    if (it == index.end()) {
+      return absl::InternalError(
+          absl::StrCat("rank of unknown attempt ", ranks->Text(0), "/", ranks->Int(1)));
+    }
+    RankSlot slot;
+    slot.rank = static_cast<int>(ranks->Int(2));
+    slot.node_id = ranks->Text(3);
+    slot.hostname = ranks->Text(4);
+    slot.slot = static_cast<int>(ranks->Int(5));
+    slot.local_rank = static_cast<int>(ranks->Int(6));
+    slot.pid = ranks->Int(7);
+    if (ranks->Int(8) != 0) {
+      RankExit exit;
+      exit.exit_code = static_cast<int>(ranks->Int(9));
+      exit.signal = static_cast<int>(ranks->Int(10));
+      exit.pid = ranks->Int(11);
+      exit.exited = MicrosToTime(ranks->OptionalInt(12));
+      const std::string lines = ranks->Text(13);
+      exit.last_log_lines = DecodeLines(lines, !lines.empty());
+      exit.message = ranks->Text(14);
+      slot.exit = std::move(exit);
+    }
+    AttemptRecord& attempt = state.attempts[it->second];
+    if (slot.rank != static_cast<int>(attempt.ranks.size())) {
+      return absl::InternalError(absl::StrCat("attempt ", attempt.job_id, "/", attempt.attempt_id,
+                                              " has a gap before rank ", slot.rank));
+    }
+    attempt.ranks.push_back(std::move(slot));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::LoadNodes(StoredState& state) {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT node_id, hostname, cpu_slots, gpus, registered_us, last_seen_us FROM nodes
+    ORDER BY node_id
+  )sql"));
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    NodeRecord node;
+    node.node_id = select->Text(0);
+    node.hostname = select->Text(1);
+    node.cpu_slots = static_cast<int>(select->Int(2));
+    TY_ASSIGN_OR_RETURN(node.gpus, DecodeGpus(select->Text(3)));
+    node.registered = MicrosToTime(select->OptionalInt(4));
+    node.last_seen = MicrosToTime(select->OptionalInt(5));
+    state.nodes.push_back(std::move(node));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<EventRecord>> JobStore::ListEvents(const std::string& job_id,
+                                                              int limit) {
+  absl::MutexLock lock(&mu_);
+  TY_ASSIGN_OR_RETURN(SqliteStatement * select, Cached(R"sql(
+    SELECT id, job_id, attempt_id, time_us, from_state, to_state, kind, cause FROM events
+    WHERE job_id=? ORDER BY id DESC LIMIT ?
+  )sql"));
+  select->Bind(1, job_id).Bind(2, int64_t{limit});
+  std::vector<EventRecord> events;
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    EventRecord event;
+    event.id = select->Int(0);
+    event.job_id = select->Text(1);
+    event.attempt_id = static_cast<int>(select->Int(2));
+    event.time = MicrosToTime(select->OptionalInt(3));
+    TY_ASSIGN_OR_RETURN(event.from, JobStateFromInt(select->Int(4)));
+    TY_ASSIGN_OR_RETURN(event.to, JobStateFromInt(select->Int(5)));
+    event.kind = select->Text(6);
+    event.cause = select->Text(7);
+    events.push_back(std::move(event));
+  }
+  std::reverse(events.begin(), events.end());
+  return events;
+}
+
+absl::StatusOr<std::optional<std::string>> JobStore::FindJobByClientRequestId(
+    const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare("SELECT id FROM jobs WHERE client_request_id=?"));
+  select->Bind(1, key);
+  TY_ASSIGN_OR_RETURN(bool row, select->Step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(select->Text(0));
+}
+
+}  // namespace trainyard::server

@@ -1,0 +1,112 @@
+// JobStore: the coordinator's durable state in one SQLite database (WAL journal, synchronous
+// FULL, so a committed change survives the coordinator being killed at any moment): jobs with
+// their labels, attempts with their per-rank placement and exits, the event log, and nodes.
+//
+// Every mutation goes through Commit(), which applies a whole StoreBatch in one transaction:
+// either all of it is stored or none. The schema carries a version (meta.schema_version); a
+// database written by a newer version is refused with FAILED_PRECONDITION rather than misread.
+//
+// Threading: thread-safe (one internal mutex); calls are serialized.
+#ifndef TRAINYARD_SERVER_JOB_STORE_H_
+#define TRAINYARD_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/sqlite.h"
+#include "server/types.h"
+
+namespace trainyard::server {
+
+// One transaction's worth of changes. Pointers must stay valid during Commit().
+struct StoreBatch {
+  std::vector<const JobRecord*> new_jobs;      // inserted with labels and spec
+  std::vector<const JobRecord*> updated_jobs;  // mutable columns only (state, progress, ...)
+  std::vector<const AttemptRecord*> attempts;  // inserted or replaced, with their ranks
+  std::vector<EventRecord> events;             // appended; Commit() fills in their ids
+  std::vector<const NodeRecord*> nodes;        // inserted or replaced
+
+  bool empty() const {
+    return new_jobs.empty() && updated_jobs.empty() && attempts.empty() && events.empty() &&
+           nodes.empty();
+  }
+};
+
+// Soft state, written often and cheaply (see CommitSoftState): progress columns of jobs and
+// worker pids of attempt ranks.
+struct SoftStateBatch {
+  struct Pid {
+    std::string job_id;
+    int attempt_id = 0;
+    int rank = 0;
+    int64_t pid = 0;
+  };
+  std::vector<std::pair<std::string, Progress>> progress;  // by job id
+  std::vector<Pid> pids;
+  bool empty() const { return progress.empty() && pids.empty(); }
+};
+
+// Everything Load() reads back.
+struct StoredState {
+  std::vector<JobRecord> jobs;          // in submission order
+  std::vector<AttemptRecord> attempts;  // by job, then attempt id
+  std::vector<NodeRecord> nodes;
+  int64_t max_job_seq = 0;
+};
+
+class JobStore {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  // Opens or creates the database at `path` (its directory must exist). INTERNAL for SQLite
+  // errors; FAILED_PRECONDITION for a schema version this build does not know.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+
+  // Applies `batch` atomically. A duplicate job id or client_request_id is ALREADY_EXISTS (and
+  // nothing of the batch is stored); other failures INTERNAL.
+  absl::Status Commit(StoreBatch& batch);
+
+  // Updates only progress columns and pids, in one transaction that survives the process being
+  // killed (synchronous NORMAL: it is not flushed to disk, so a power loss may drop the last
+  // second of progress — state that workers report again anyway). Never changes a job's state.
+  absl::Status CommitSoftState(const SoftStateBatch& batch);
+
+  absl::StatusOr<StoredState> Load();
+
+  // The newest `limit` events of a job, oldest first.
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id, int limit);
+
+  // The job created with this idempotency key, if any.
+  absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(const std::string& key);
+
+ private:
+  explicit JobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
+  absl::Status Migrate();
+  absl::Status InsertJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UpdateJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutAttempt(const AttemptRecord& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadJobs(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadAttempts(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadNodes(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A prepared statement for `sql`, kept for reuse; reset and unbound.
+  absl::StatusOr<SqliteStatement*> Cached(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);
+  // Keyed by the SQL text's address: callers pass string literals.
+  std::map<const char*, std::unique_ptr<SqliteStatement>> statements_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_JOB_STORE_H_

@@ -1,0 +1,225 @@
+// trainyard-server: the coordinator. With no flags it is the embedded default: state in
+// ./trainyard-state, gRPC and /metrics on loopback (free ports, printed and written to
+// <state-dir>/server.addr and metrics.addr), and a local agent offering this machine's CPU slots
+// and GPUs. SIGTERM or SIGINT shut it down gracefully; running jobs keep running and a restarted
+// server on the same state directory adopts them.
+//
+// Exit codes: 0 after a graceful shutdown; 2 bad flags or a state directory in use; 1 otherwise.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "server/coordinator.h"
+#if TRAINYARD_SERVER_WITH_AGENT
+#include "server/agent/agent.h"
+#endif
+
+namespace trainyard::server {
+namespace {
+
+constexpr char kUsage[] = R"(usage: trainyard-server [flags]
+  --listen HOST:PORT         gRPC address (default 127.0.0.1:0: a free loopback port)
+  --state-dir DIR            jobs, events and node records (default ./trainyard-state)
+  --metrics-listen HOST:PORT Prometheus /metrics (default 127.0.0.1:0; "off" disables)
+  --no-local-agent           do not run an agent in this process
+  --agent-slots N            CPU slots of the local agent (default: the CPU cores)
+  --agent-node-id ID         node id of the local agent (default: the hostname)
+  --worker-binary PATH       trainyard-worker for the local agent (default: found beside this)
+  --advertise-address H:P    address workers reach the coordinator at (default: the bound one)
+  --tls-cert FILE --tls-key FILE [--tls-client-ca FILE]
+                             serve TLS; with a client CA, clients must present certificates it
+                             signed (all three are required for a non-loopback --listen)
+  --stop-grace SECONDS       SIGTERM-to-SIGKILL grace when stopping workers (default 10)
+  --heartbeat-timeout SECONDS  close a silent agent's stream after this long (default 10)
+  --data-root DIR            confine data paths of submitted specs (repeatable)
+  --checkpoint-root DIR      confine checkpoint dirs of submitted specs (repeatable)
+  --log-level LEVEL          debug | info | warning | error (default info))";
+
+struct Flags {
+  CoordinatorOptions coordinator;
+  bool local_agent = true;
+  int agent_slots = 0;
+  std::string agent_node_id;
+  std::string worker_binary;
+};
+
+absl::Status ParseSeconds(const std::string& flag, const std::string& text, absl::Duration* out) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected seconds in (0, 86400], got '", text, "'"));
+  }
+  *out = absl::Seconds(seconds);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  flags.coordinator.state_dir = "trainyard-state";
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string inline_value;
+    bool has_inline = false;
+    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_inline = true;
+    }
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (has_inline) return inline_value;
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    CoordinatorOptions& c = flags.coordinator;
+    if (arg == "--listen") {
+      TY_ASSIGN_OR_RETURN(c.listen, value());
+    } else if (arg == "--state-dir") {
+      TY_ASSIGN_OR_RETURN(c.state_dir, value());
+    } else if (arg == "--metrics-listen") {
+      TY_ASSIGN_OR_RETURN(c.metrics_listen, value());
+      if (c.metrics_listen == "off") c.metrics_listen.clear();
+    } else if (arg == "--no-local-agent") {
+      flags.local_agent = false;
+    } else if (arg == "--agent-slots") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      if (!absl::SimpleAtoi(text, &flags.agent_slots) || flags.agent_slots < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--agent-slots: expected a positive integer, got '", text, "'"));
+      }
+    } else if (arg == "--agent-node-id") {
+      TY_ASSIGN_OR_RETURN(flags.agent_node_id, value());
+    } else if (arg == "--worker-binary") {
+      TY_ASSIGN_OR_RETURN(flags.worker_binary, value());
+    } else if (arg == "--advertise-address") {
+      TY_ASSIGN_OR_RETURN(c.advertise_address, value());
+    } else if (arg == "--tls-cert") {
+      TY_ASSIGN_OR_RETURN(c.tls_cert_file, value());
+    } else if (arg == "--tls-key") {
+      TY_ASSIGN_OR_RETURN(c.tls_key_file, value());
+    } else if (arg == "--tls-client-ca") {
+      TY_ASSIGN_OR_RETURN(c.tls_client_ca_file, value());
+    } else if (arg == "--stop-grace") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.stop_grace));
+    } else if (arg == "--heartbeat-timeout") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.heartbeat_timeout));
+    } else if (arg == "--data-root") {
+      TY_ASSIGN_OR_RETURN(std::string dir, value());
+      c.allowed_data_roots.push_back(dir);
+    } else if (arg == "--checkpoint-root") {
+      TY_ASSIGN_OR_RETURN(std::string dir, value());
+      c.allowed_checkpoint_roots.push_back(dir);
+    } else if (arg == "--log-level") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      TY_ASSIGN_OR_RETURN(LogLevel level, ParseLogLevel(text));
+      SetMinLogLevel(level);
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage << std::endl;
+      std::exit(0);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+    }
+  }
+  return flags;
+}
+
+// SIGTERM/SIGINT wake the main thread through a pipe; the handler does nothing else.
+int signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal_number) {
+  const char byte = static_cast<char>(signal_number);
+  [[maybe_unused]] ssize_t ignored = write(signal_pipe[1], &byte, 1);
+}
+
+absl::Status InstallSignalHandlers() {
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return absl::OkStatus();
+}
+
+int WaitForSignal() {
+  char byte = 0;
+  while (read(signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  return byte;
+}
+
+absl::Status Run(int argc, char** argv) {
+  absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (!parsed.ok()) return Annotate(parsed.status(), kUsage);
+  const Flags& flags = *parsed;
+  TY_RETURN_IF_ERROR(InstallSignalHandlers());
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                      Coordinator::Start(flags.coordinator));
+  std::cout << "trainyard-server listening on " << coordinator->address();
+  if (!coordinator->metrics_address().empty()) {
+    std::cout << " (metrics http://" << coordinator->metrics_address() << "/metrics)";
+  }
+  std::cout << std::endl;
+
+  std::atomic<bool> stop_agent{false};
+  std::thread agent;
+  absl::Status agent_status;
+  if (flags.local_agent) {
+#if TRAINYARD_SERVER_WITH_AGENT
+    agent::AgentOptions options;
+    options.coordinator_address = coordinator->address();
+    options.node_id = flags.agent_node_id;
+    options.slots = flags.agent_slots;
+    options.work_dir = flags.coordinator.state_dir + "/agent";
+    options.worker_binary = flags.worker_binary;
+    agent = std::thread([options, &stop_agent, &agent_status] {
+      agent_status = agent::RunAgent(options, &stop_agent);
+      if (!agent_status.ok()) {
+        const char byte = 0;  // wakes main: the embedded default is useless without its agent
+        [[maybe_unused]] ssize_t ignored = write(signal_pipe[1], &byte, 1);
+      }
+    });
+#else
+    return absl::FailedPreconditionError(
+        "this build has no agent library; start with --no-local-agent and run trainyard-agent");
+#endif
+  }
+
+  const int signal_number = WaitForSignal();
+  if (signal_number != 0) {
+    TY_LOG(INFO) << "received " << strsignal(signal_number) << "; shutting down";
+  }
+  stop_agent = true;
+  if (agent.joinable()) agent.join();
+  coordinator->Stop();
+  return Annotate(agent_status, "local agent");
+}
+
+}  // namespace
+}  // namespace trainyard::server
+
+int main(int argc, char** argv) {
+  absl::Status status = trainyard::server::Run(argc, argv);
+  if (!status.ok()) {
+    std::cerr << "trainyard-server: " << status.message() << std::endl;
+    return trainyard::ExitCodeForStatus(status);
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+// The coordinator's Prometheus metrics, computed from a Supervisor snapshot at every scrape (so
+// series of jobs that have gone away disappear on their own), and the HTTP exposer serving them
+// at /metrics.
+//
+//   trainyard_jobs{state}                          gauge: jobs in each state
+//   trainyard_attempts_total                       counter: attempts started
+//   trainyard_restarts_total{cause}                counter: restarts since the coordinator started
+//   trainyard_job_step{job_id,job_name,label_*}    gauge: optimizer steps completed
+//   trainyard_job_loss{...}                        gauge: training loss of the latest report
+//   trainyard_job_tokens_per_second{...}           gauge
+//   trainyard_job_step_time_seconds{...}           gauge
+//   trainyard_node_heartbeat_age_seconds{node}     gauge
+//   trainyard_node_connected{node}                 gauge: 1 or 0
+//   trainyard_node_free_slots{node}                gauge
+//
+// Threading: Collect() is called on the exposer's HTTP threads; the Supervisor is thread-safe.
+#ifndef TRAINYARD_SERVER_METRICS_H_
+#define TRAINYARD_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+#include "server/supervisor.h"
+
+namespace trainyard::server {
+
+// Prometheus families for one snapshot (exposed for tests).
+std::vector<prometheus::MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot);
+
+class CoordinatorMetrics : public prometheus::Collectable {
+ public:
+  explicit CoordinatorMetrics(Supervisor* supervisor) : supervisor_(supervisor) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  Supervisor* const supervisor_;
+};
+
+// Serves `metrics` at http://<address>/metrics. INVALID_ARGUMENT/UNAVAILABLE when the address
+// cannot be bound.
+class MetricsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& listen, std::shared_ptr<prometheus::Collectable> metrics);
+  // host:port actually bound.
+  const std::string& address() const { return address_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Collectable> metrics_;
+  std::string address_;
+};
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_METRICS_H_

@@ -1,0 +1,40 @@
+#include "server/requirements.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::server {
+
+absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec) {
+  JobRequirements req;
+  req.nodes = spec.resources.nodes;
+  req.ranks_per_node = spec.resources.devices_per_node;
+  req.kind = spec.resources.kind == config::DeviceKind::kGpu ? DeviceKind::kGpu : DeviceKind::kCpu;
+  req.mesh.dp = spec.parallelism.dp;
+  req.mesh.tp = spec.parallelism.tp;
+  req.mesh.pp = spec.parallelism.pp;
+  req.mesh.zero_stage = spec.parallelism.zero;
+  req.max_restarts = spec.fault_tolerance.max_restarts;
+  req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
+  if (req.nodes < 1 || req.ranks_per_node < 1) {
+    return absl::InvalidArgumentError(
+        "resources: nodes and devices_per_node must both be at least 1");
+  }
+  if (req.max_restarts < 0) {
+    return absl::InvalidArgumentError("fault_tolerance.max_restarts: must be at least 0");
+  }
+  const int mesh_world = req.mesh.dp * req.mesh.tp * req.mesh.pp;
+  if (mesh_world != req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources: ", req.nodes, " nodes x ", req.ranks_per_node, " devices_per_node = ",
+        req.world_size(), " ranks, but parallelism dp x tp x pp = ", mesh_world));
+  }
+  if (req.ranks_per_node % req.mesh.tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.tp: a tensor-parallel group of ", req.mesh.tp,
+        " ranks must fit inside one node, but resources.devices_per_node is ", req.ranks_per_node));
+  }
+  return req;
+}
+
+}  // namespace trainyard::server

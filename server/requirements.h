@@ -1,0 +1,21 @@
+// Extracts what the coordinator needs from a parsed job spec (placement shape, mesh, restart
+// limit) and checks the cross-field rules placement depends on.
+//
+// Threading: a plain function.
+#ifndef TRAINYARD_SERVER_REQUIREMENTS_H_
+#define TRAINYARD_SERVER_REQUIREMENTS_H_
+
+#include "absl/status/statusor.h"
+#include "config/spec.h"
+#include "server/types.h"
+
+namespace trainyard::server {
+
+// INVALID_ARGUMENT, "<field.path>: <reason>", when the resources cannot hold the mesh: the world
+// of resources (nodes x devices_per_node) must equal dp x tp x pp, and a tensor-parallel group
+// (tp consecutive ranks) must fit inside one node.
+absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_REQUIREMENTS_H_

@@ -1,0 +1,81 @@
+// Scheduler: the queue of jobs waiting for slots, and gang placement.
+//
+// Order: higher priority first, FIFO (submission order) within a priority. A job is placed only
+// whole (all-or-nothing): `nodes` distinct connected nodes, each with `ranks_per_node` free slots
+// of the job's device kind (CPU slots or GPUs). A job that does not fit blocks every queued job
+// behind it that needs the same device kind — no backfilling — so a large job is never starved
+// by a stream of small ones.
+//
+// Rank placement: ranks are dealt to the chosen nodes (ordered by node id) in blocks of
+// ranks_per_node consecutive ranks, so a tensor-parallel group (tp consecutive ranks, tp dividing
+// ranks_per_node) never spans nodes. Nodes are chosen best-fit (fewest free slots that suffice,
+// then node id) to keep large holes for large jobs; each node's lowest free slots are used.
+//
+// Threading: not thread-safe; owned by the Supervisor and used under its lock.
+#ifndef TRAINYARD_SERVER_SCHEDULER_H_
+#define TRAINYARD_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "server/types.h"
+
+namespace trainyard::server {
+
+struct PendingJob {
+  std::string job_id;
+  int priority = 0;
+  int64_t seq = 0;
+  JobRequirements requirements;
+};
+
+// The free capacity of one connected node.
+struct NodeView {
+  std::string node_id;
+  std::string hostname;
+  std::vector<int> free_cpu_slots;  // ascending
+  std::vector<int> free_gpus;       // ascending GPU indices
+};
+
+struct Placement {
+  std::string job_id;
+  std::vector<RankSlot> ranks;  // indexed by rank; pid 0, no exit
+};
+
+class Scheduler {
+ public:
+  // Adds a job (a second Enqueue of the same id is ignored).
+  void Enqueue(const PendingJob& job);
+  // Removes a job; false when it was not queued.
+  bool Remove(const std::string& job_id);
+  bool Contains(const std::string& job_id) const;
+  size_t size() const { return queue_.size(); }
+
+  // Places as many queued jobs as fit on `nodes`, in queue order, and removes them from the
+  // queue. The returned placements use disjoint slots.
+  std::vector<Placement> Schedule(std::vector<NodeView> nodes);
+
+  // Job ids in the order they would be considered.
+  std::vector<std::string> QueueOrder() const;
+
+ private:
+  struct Key {
+    int priority;
+    int64_t seq;
+    std::string job_id;
+    bool operator<(const Key& other) const;
+  };
+  std::set<Key> queue_;
+  std::vector<PendingJob> jobs_;  // parallel storage, looked up by id
+  const PendingJob* Find(const std::string& job_id) const;
+};
+
+// Places one job on `nodes` (consuming the slots it takes from them), or returns false and leaves
+// `nodes` untouched.
+bool PlaceJob(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement);
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_SCHEDULER_H_

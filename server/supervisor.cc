@@ -1,0 +1,491 @@
+// Supervisor: construction, restore, the user-facing calls, and the transaction helpers. The
+// agent side is in supervisor_agents.cc, the worker side in supervisor_workers.cc, the attempt
+// state machine in supervisor_attempts.cc.
+#include "server/supervisor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "server/requirements.h"
+
+namespace trainyard::server {
+
+Supervisor::Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
+                       SupervisorOptions options)
+    : store_(store),
+      registry_(registry),
+      kv_(kv),
+      clock_(clock),
+      options_(std::move(options)),
+      coordinator_address_(options_.coordinator_address) {}
+
+void Supervisor::SetCoordinatorAddress(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  coordinator_address_ = address;
+}
+
+absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Create(JobStore* store,
+                                                               AgentRegistry* registry, KvSpace* kv,
+                                                               Clock* clock,
+                                                               SupervisorOptions options) {
+  std::unique_ptr<Supervisor> supervisor(
+      new Supervisor(store, registry, kv, clock, std::move(options)));
+  TY_RETURN_IF_ERROR_WITH(supervisor->Restore(), "restoring the coordinator's state");
+  return supervisor;
+}
+
+absl::Status Supervisor::Restore() {
+  TY_ASSIGN_OR_RETURN(StoredState state, store_->Load());
+  absl::MutexLock lock(&mu_);
+  max_seq_ = state.max_job_seq;
+  for (NodeRecord& node : state.nodes) {
+    registry_->AddKnownNode(node);
+    nodes_[node.node_id] = std::move(node);
+  }
+  for (JobRecord& job : state.jobs) {
+    const std::string id = job.id;
+    if (!job.client_request_id.empty()) by_request_id_[job.client_request_id] = id;
+    JobEntry& entry = jobs_[id];
+    entry.job = std::move(job);
+  }
+  for (AttemptRecord& attempt : state.attempts) {
+    JobEntry* entry = FindJob(attempt.job_id);
+    if (entry == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("attempt ", attempt.attempt_id, " of unknown job ", attempt.job_id));
+    }
+    entry->attempts.push_back(std::move(attempt));
+  }
+  for (auto& [id, entry] : jobs_) {
+    if (IsFinal(entry.job.state)) continue;
+    live_jobs_.insert(id);
+    AttemptRecord* attempt = LiveAttempt(entry);
+    if (attempt == nullptr) {
+      // QUEUED, or RESTARTING after its failed attempt was torn down.
+      EnqueueLocked(entry);
+      continue;
+    }
+    for (const RankSlot& slot : attempt->ranks) {
+      if (!slot.exit.has_value()) registry_->Hold(slot.node_id, attempt->kind, slot.slot);
+    }
+    kv_->Open(KvSpace::PrefixFor(id, attempt->attempt_id));
+    if (attempt->state == AttemptState::kStopping) entry.stop_sent = clock_->Now();
+  }
+  TY_LOG(INFO) << "coordinator state restored: " << jobs_.size() << " jobs (" << live_jobs_.size()
+               << " live), " << nodes_.size() << " known nodes";
+  return absl::OkStatus();
+}
+
+Supervisor::JobEntry* Supervisor::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+AttemptRecord* Supervisor::FindAttempt(JobEntry& entry, int attempt_id) {
+  if (attempt_id < 1 || attempt_id > static_cast<int>(entry.attempts.size())) return nullptr;
+  AttemptRecord& attempt = entry.attempts[attempt_id - 1];
+  return attempt.attempt_id == attempt_id ? &attempt : nullptr;
+}
+
+AttemptRecord* Supervisor::CurrentAttempt(JobEntry& entry) {
+  return FindAttempt(entry, entry.job.current_attempt);
+}
+
+AttemptRecord* Supervisor::LiveAttempt(JobEntry& entry) {
+  AttemptRecord* attempt = CurrentAttempt(entry);
+  return attempt != nullptr && !IsFinal(attempt->state) ? attempt : nullptr;
+}
+
+void Supervisor::TouchJob(Txn& txn, JobEntry& entry) {
+  if (txn.touched.insert(&entry).second) txn.batch.updated_jobs.push_back(&entry.job);
+}
+
+void Supervisor::TouchAttempt(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
+  if (std::find(txn.batch.attempts.begin(), txn.batch.attempts.end(), &attempt) ==
+      txn.batch.attempts.end()) {
+    txn.batch.attempts.push_back(&attempt);
+  }
+  TouchJob(txn, entry);
+}
+
+void Supervisor::AddEvent(Txn& txn, JobEntry& entry, int attempt_id, JobState from, JobState to,
+                          std::string kind, std::string cause) {
+  EventRecord event;
+  event.job_id = entry.job.id;
+  event.attempt_id = attempt_id;
+  event.time = clock_->Now();
+  event.from = from;
+  event.to = to;
+  event.kind = std::move(kind);
+  event.cause = std::move(cause);
+  TY_LOG(INFO) << "job " << event.job_id << ": " << event.kind << " (" << JobStateName(from)
+               << " -> " << JobStateName(to) << "): " << event.cause;
+  txn.batch.events.push_back(std::move(event));
+  TouchJob(txn, entry);
+}
+
+void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string kind,
+                            std::string cause) {
+  JobRecord& job = entry.job;
+  const JobState from = job.state;
+  job.state = to;
+  const absl::Time now = clock_->Now();
+  if (to == JobState::kStarting && job.started == absl::InfinitePast()) job.started = now;
+  if (IsFinal(to)) {
+    job.finished = now;
+    job.progress.eta.reset();  // nothing left to estimate
+    live_jobs_.erase(job.id);
+    scheduler_.Remove(job.id);
+  }
+  AddEvent(txn, entry, job.current_attempt, from, to, std::move(kind), std::move(cause));
+}
+
+absl::Status Supervisor::CommitLocked(Txn& txn) {
+  absl::Status status = store_->Commit(txn.batch);
+  if (!status.ok()) {
+    // Memory stays the truth; the next commit of the same rows rewrites them whole.
+    TY_LOG(ERROR) << "job store commit failed: " << status;
+  }
+  for (JobEntry* entry : txn.touched) {
+    entry->progress_dirty = false;
+    entry->progress_flushed = clock_->Now();
+    if (AttemptRecord* current = CurrentAttempt(*entry);
+        current != nullptr && std::find(txn.batch.attempts.begin(), txn.batch.attempts.end(),
+                                        current) != txn.batch.attempts.end()) {
+      entry->attempt_dirty = false;
+    }
+    bool notified = false;
+    for (const EventRecord& event : txn.batch.events) {
+      if (event.job_id != entry->job.id) continue;
+      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, &event);
+      notified = true;
+    }
+    if (!notified) {
+      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, nullptr);
+    }
+  }
+  for (auto& [node_id, order] : txn.orders) {
+    if (!registry_->Send(node_id, std::move(order))) {
+      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+    }
+  }
+  txn.orders.clear();
+  return status;
+}
+
+void Supervisor::RunAfter(Txn& txn) {
+  for (auto& fn : txn.after) fn();
+  txn.after.clear();
+}
+
+void Supervisor::EnqueueLocked(JobEntry& entry) {
+  if (entry.job.cancel_requested) return;
+  PendingJob pending;
+  pending.job_id = entry.job.id;
+  pending.priority = entry.job.priority;
+  pending.seq = entry.job.seq;
+  pending.requirements = entry.job.requirements;
+  scheduler_.Enqueue(pending);
+}
+
+absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
+  if (request.spec_yaml.size() > config::kMaxSpecBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec of ", request.spec_yaml.size(),
+                                                     " bytes is over the limit of ",
+                                                     config::kMaxSpecBytes, " bytes"));
+  }
+  TY_ASSIGN_OR_RETURN(
+      config::JobSpec spec,
+      config::ParseJobSpec(request.spec_yaml, request.spec_source, options_.spec_limits));
+  TY_ASSIGN_OR_RETURN_WITH(JobRequirements requirements, RequirementsFromSpec(spec),
+                           request.spec_source);
+  Txn txn;
+  JobRecord result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+    if (!request.client_request_id.empty()) {
+      auto it = by_request_id_.find(request.client_request_id);
+      if (it != by_request_id_.end()) return jobs_.at(it->second).job;
+    }
+    JobRecord job;
+    job.seq = max_seq_ + 1;
+    job.id = JobIdForSeq(job.seq);
+    job.name = spec.name;
+    job.spec_yaml = request.spec_yaml;
+    job.state = JobState::kQueued;
+    job.priority = spec.priority;
+    job.requirements = requirements;
+    job.user = request.user;
+    job.labels = spec.labels;
+    job.client_request_id = request.client_request_id;
+    job.created = clock_->Now();
+
+    // Store first: nothing exists in memory that is not on disk.
+    StoreBatch batch;
+    batch.new_jobs.push_back(&job);
+    EventRecord submitted;
+    submitted.job_id = job.id;
+    submitted.time = job.created;
+    submitted.from = submitted.to = JobState::kQueued;
+    submitted.kind = "submitted";
+    submitted.cause = absl::StrCat("submitted by ", job.user.empty() ? "unknown user" : job.user,
+                                   ": ", requirements.world_size(), " ranks on ",
+                                   requirements.nodes, " node(s), priority ", job.priority);
+    batch.events.push_back(submitted);
+    TY_RETURN_IF_ERROR_WITH(store_->Commit(batch), "storing the job");
+    max_seq_ = job.seq;
+    if (!job.client_request_id.empty()) by_request_id_[job.client_request_id] = job.id;
+    live_jobs_.insert(job.id);
+    JobEntry& entry = jobs_[job.id];
+    entry.job = std::move(job);
+    TY_LOG(INFO) << "job " << entry.job.id << " (" << entry.job.name << ") submitted";
+    EnqueueLocked(entry);
+    ScheduleLocked(txn);
+    CommitLocked(txn).IgnoreError();
+    result = entry.job;
+  }
+  RunAfter(txn);
+  return result;
+}
+
+absl::StatusOr<JobRecord> Supervisor::Cancel(const std::string& job_id, const std::string& reason) {
+  Txn txn;
+  JobRecord result;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    JobRecord& job = entry->job;
+    if (job.state == JobState::kCancelled) return job;
+    if (IsFinal(job.state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " already ", JobStateName(job.state)));
+    }
+    const std::string cause = reason.empty() ? "cancelled by request" : reason;
+    AttemptRecord* attempt = LiveAttempt(*entry);
+    if (!job.cancel_requested) {
+      job.cancel_requested = true;
+      job.message = cause;
+    }
+    if (attempt == nullptr) {
+      scheduler_.Remove(job_id);
+      Transition(txn, *entry, JobState::kCancelled, "cancelled", cause);
+    } else {
+      AddEvent(txn, *entry, attempt->attempt_id, job.state, job.state, "cancel_requested",
+               absl::StrCat(cause, "; stopping attempt ", attempt->attempt_id));
+      if (attempt->state != AttemptState::kStopping) {
+        attempt->state = AttemptState::kStopping;
+        attempt->cause = cause;
+        TouchAttempt(txn, *entry, *attempt);
+        FailJoinWaitersLocked(txn, *entry, absl::FailedPreconditionError("the job was cancelled"));
+      }
+      StopRemainingLocked(txn, *entry, *attempt, cause);
+    }
+    ScheduleLocked(txn);  // a cancelled head of the queue may have blocked others
+    TY_RETURN_IF_ERROR(CommitLocked(txn));
+    result = job;
+  }
+  RunAfter(txn);
+  return result;
+}
+
+absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_events) {
+  JobView view;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    view.job = entry->job;
+    view.attempts.assign(entry->attempts.begin(), entry->attempts.end());
+  }
+  TY_ASSIGN_OR_RETURN(view.events, store_->ListEvents(job_id, max_events > 0 ? max_events : 50));
+  return view;
+}
+
+std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, int limit) {
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> matching;
+  for (const auto& [id, entry] : jobs_) {
+    if (states.empty() || states.count(entry.job.state) > 0) matching.push_back(&entry.job);
+  }
+  std::sort(matching.begin(), matching.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  if (limit > 0 && static_cast<int>(matching.size()) > limit) matching.resize(limit);
+  std::vector<JobRecord> out;
+  out.reserve(matching.size());
+  for (const JobRecord* job : matching) {
+    JobRecord copy = *job;
+    copy.spec_yaml.clear();
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> Supervisor::Watch(const std::string& job_id,
+                                           std::shared_ptr<JobWatcher> watcher) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+  JobEntry* entry = FindJob(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  const uint64_t id = next_watch_id_++;
+  watcher->OnUpdate(entry->job, nullptr);
+  entry->watchers[id] = std::move(watcher);
+  return id;
+}
+
+void Supervisor::Unwatch(const std::string& job_id, uint64_t watch_id) {
+  absl::MutexLock lock(&mu_);
+  if (JobEntry* entry = FindJob(job_id)) entry->watchers.erase(watch_id);
+}
+
+absl::StatusOr<LogTargets> Supervisor::LocateLogs(const std::string& job_id, int attempt_id,
+                                                  std::optional<int> rank) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* entry = FindJob(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  AttemptRecord* attempt =
+      attempt_id == 0 ? CurrentAttempt(*entry) : FindAttempt(*entry, attempt_id);
+  if (attempt == nullptr) {
+    return absl::NotFoundError(attempt_id == 0
+                                   ? absl::StrCat("job ", job_id, " has not started yet")
+                                   : absl::StrCat("job ", job_id, " has no attempt ", attempt_id));
+  }
+  LogTargets targets;
+  targets.attempt_id = attempt->attempt_id;
+  for (const RankSlot& slot : attempt->ranks) {
+    if (rank.has_value() && *rank != slot.rank) continue;
+    targets.ranks.push_back(LogTarget{slot.rank, slot.node_id, slot.exit.has_value()});
+  }
+  if (targets.ranks.empty()) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank.value_or(-1), " is outside job ", job_id,
+                                            "'s world of ", attempt->ranks.size()));
+  }
+  return targets;
+}
+
+void Supervisor::CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch) {
+  if (entry.progress_dirty) batch.progress.emplace_back(entry.job.id, entry.job.progress);
+  AttemptRecord* current = CurrentAttempt(entry);
+  if (entry.attempt_dirty && current != nullptr) {
+    for (const RankSlot& slot : current->ranks) {
+      batch.pids.push_back({entry.job.id, current->attempt_id, slot.rank, slot.pid});
+    }
+  }
+  entry.progress_dirty = false;
+  entry.attempt_dirty = false;
+  entry.progress_flushed = clock_->Now();
+}
+
+void Supervisor::Tick() {
+  Txn txn;
+  SoftStateBatch soft;
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    registry_->CollectLost();  // closes the channels of silent agents
+    const std::map<std::string, absl::Duration> ages = registry_->HeartbeatAges();
+    for (const std::string& id : std::vector<std::string>(live_jobs_.begin(), live_jobs_.end())) {
+      JobEntry& entry = jobs_.at(id);
+      if (AttemptRecord* live = LiveAttempt(entry)) {
+        std::set<std::string> silent;
+        for (const RankSlot& slot : live->ranks) {
+          auto age = ages.find(slot.node_id);
+          if (!slot.exit.has_value() && age != ages.end() &&
+              age->second > entry.job.requirements.heartbeat_timeout) {
+            silent.insert(slot.node_id);
+          }
+        }
+        for (const std::string& node_id : silent) {
+          NodeLostLocked(txn, entry, node_id, ages.at(node_id));
+        }
+      }
+      auto keep = entry.join_waiters.begin();
+      for (auto w = entry.join_waiters.begin(); w != entry.join_waiters.end(); ++w) {
+        if (w->deadline > now) {
+          if (keep != w) *keep = std::move(*w);
+          ++keep;
+          continue;
+        }
+        AttemptRecord* attempt = CurrentAttempt(entry);
+        std::string missing;
+        for (int r = 0; attempt != nullptr && r < static_cast<int>(attempt->ranks.size()); ++r) {
+          if (entry.joined.count(r) == 0) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+        }
+        txn.after.push_back([done = std::move(w->done), id, missing] {
+          done(absl::DeadlineExceededError(absl::StrCat(
+              "not every rank of job ", id, " joined in time; missing ranks: ", missing)));
+        });
+      }
+      entry.join_waiters.erase(keep, entry.join_waiters.end());
+      AttemptRecord* attempt = LiveAttempt(entry);
+      if (attempt != nullptr && attempt->state == AttemptState::kStopping &&
+          now - entry.stop_sent >= 2 * options_.stop_grace) {
+        StopRemainingLocked(txn, entry, *attempt, attempt->cause);
+      }
+      if (now - entry.progress_flushed >= options_.progress_flush_interval) {
+        CollectSoftStateLocked(entry, soft);
+      }
+    }
+    ScheduleLocked(txn);
+    CommitLocked(txn).IgnoreError();
+  }
+  // Outside the lock: soft state never decides anything, so RPCs need not wait for its write.
+  if (absl::Status stored = store_->CommitSoftState(soft); !stored.ok()) {
+    TY_LOG(ERROR) << "storing progress failed: " << stored;
+  }
+  kv_->ExpireWaiters(now);
+  RunAfter(txn);
+}
+
+void Supervisor::Shutdown() {
+  Txn txn;
+  SoftStateBatch soft;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    const absl::Status closing = absl::UnavailableError("the coordinator is shutting down");
+    for (auto& [id, entry] : jobs_) {
+      FailJoinWaitersLocked(txn, entry, closing);
+      for (auto& [watch_id, watcher] : entry.watchers) watcher->OnClose(closing);
+      entry.watchers.clear();
+      CollectSoftStateLocked(entry, soft);
+    }
+    CommitLocked(txn).IgnoreError();
+  }
+  if (absl::Status stored = store_->CommitSoftState(soft); !stored.ok()) {
+    TY_LOG(ERROR) << "storing progress failed: " << stored;
+  }
+  kv_->FailAll(absl::UnavailableError("the coordinator is shutting down"));
+  registry_->CloseAll(absl::UnavailableError("the coordinator is shutting down; reconnect"));
+  RunAfter(txn);
+}
+
+MetricsSnapshot Supervisor::Metrics() {
+  MetricsSnapshot snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int s = 1; s <= 7; ++s) snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
+    const absl::Time now = clock_->Now();
+    for (const auto& [id, entry] : jobs_) {
+      const JobRecord& job = entry.job;
+      ++snapshot.jobs_by_state[job.state];
+      snapshot.attempts_total += job.attempts;
+      if (!IsFinal(job.state) || now - job.finished <= options_.finished_job_metrics_retention) {
+        snapshot.jobs.push_back(JobMetrics{job.id, job.name, job.state, job.progress, job.labels});
+      }
+    }
+    snapshot.restarts_by_cause = restarts_by_cause_;
+  }
+  snapshot.nodes = registry_->Nodes();
+  return snapshot;
+}
+
+std::vector<NodeStatus> Supervisor::Nodes() { return registry_->Nodes(); }
+
+}  // namespace trainyard::server

@@ -1,0 +1,345 @@
+// Supervisor: the coordinator's state manager. It owns every job's state machine
+//
+//   QUEUED -> STARTING -> RUNNING -> SUCCEEDED
+//                |           |
+//                +-----------+--> RESTARTING -> STARTING ...   (a rank failed, restarts remain)
+//                            +--> FAILED                       (no restarts remain)
+//   any non-final state ------> CANCELLED                      (CancelJob)
+//
+// and drives it from four kinds of input: user calls (Submit, Cancel), agent reports (connect,
+// heartbeat, worker started/exited), worker calls (Join, ReportProgress) and Tick() (timeouts,
+// lost nodes, scheduling, progress persistence). Every transition is written to the JobStore
+// together with a durable event naming its cause, before any order that follows from it is sent
+// to an agent. Finals are reached only when every worker of the attempt is gone, so a FAILED or
+// CANCELLED job has no process left.
+//
+// Restart after a coordinator crash: Create() reloads jobs and attempts; live attempts keep
+// their slots, and when their agents reconnect and list their running workers those workers are
+// adopted, never started again. Workers nobody owns are ordered stopped. A node that does not
+// come back within a job's fault_tolerance.heartbeat_timeout_s is lost for that job: the ranks
+// there fail (and the job restarts if allowed).
+//
+// Threading: thread-safe. One mutex guards all state; callbacks handed in (Join/KV completions)
+// run after it is released, on the calling thread. JobWatcher and AgentChannel methods run with
+// it held and must neither block nor call back into the Supervisor.
+#ifndef TRAINYARD_SERVER_SUPERVISOR_H_
+#define TRAINYARD_SERVER_SUPERVISOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "config/spec.h"
+#include "server/agent_registry.h"
+#include "server/job_store.h"
+#include "server/kv_space.h"
+#include "server/scheduler.h"
+#include "server/types.h"
+
+namespace trainyard::server {
+
+struct SupervisorOptions {
+  absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL on cancel and teardown
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration progress_flush_interval = absl::Seconds(1);  // progress is written this often
+  absl::Duration max_join_wait = absl::Minutes(10);
+  absl::Duration max_kv_wait = absl::Seconds(30);
+  absl::Duration finished_job_metrics_retention = absl::Minutes(10);
+  std::string coordinator_address;  // host:port workers reach WorkerService at
+  config::SpecLimits spec_limits;
+};
+
+struct SubmitRequest {
+  std::string spec_yaml;
+  std::string spec_source = "<spec>";  // names the spec in parse errors
+  std::string user;
+  std::string client_request_id;
+};
+
+struct JobView {
+  JobRecord job;
+  std::vector<AttemptRecord> attempts;
+  std::vector<EventRecord> events;
+};
+
+// What a rank learns when the rendezvous completes.
+struct JoinInfo {
+  int world_size = 0;
+  int rank = 0;
+  int local_rank = 0;
+  int local_world_size = 0;
+  Mesh mesh;
+  int dp_rank = 0;
+  int tp_rank = 0;
+  int pp_rank = 0;
+  std::string spec_yaml;
+  std::string kv_prefix;
+  CheckpointInfo resume_from;
+  int slot = 0;
+  std::string node_id;
+};
+using JoinCallback = std::function<void(absl::StatusOr<JoinInfo>)>;
+
+struct ProgressUpdate {
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double learning_rate = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  StepTimes step_times;
+  std::optional<double> val_loss;
+  CheckpointInfo checkpoint;  // path empty: none
+};
+
+enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
+struct OrderReply {
+  WorkerOrder order = WorkerOrder::kContinue;
+  int64_t checkpoint_step = 0;
+};
+
+struct RunningWorker {
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+  int64_t pid = 0;
+};
+
+struct WorkerExit {
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+  RankExit exit;
+};
+
+// Sent first on every agent connection (AgentRegistered on the wire).
+struct RegisteredOrder {
+  std::string node_id;
+  absl::Duration heartbeat_interval;
+  absl::Duration heartbeat_timeout;
+};
+
+// Receives a job's updates: the current state on subscription, then every change. Runs with the
+// Supervisor's lock held: must not block or call back.
+class JobWatcher {
+ public:
+  virtual ~JobWatcher() = default;
+  // `event` is null for changes that are not events (progress).
+  virtual void OnUpdate(const JobRecord& job, const EventRecord* event) = 0;
+  // The coordinator is shutting down; no more updates.
+  virtual void OnClose(const absl::Status& status) = 0;
+};
+
+struct LogTarget {
+  int rank = 0;
+  std::string node_id;
+  bool exited = false;
+};
+struct LogTargets {
+  int attempt_id = 0;
+  std::vector<LogTarget> ranks;
+};
+
+struct JobMetrics {
+  std::string job_id;
+  std::string name;
+  JobState state = JobState::kQueued;
+  Progress progress;
+  std::map<std::string, std::string> labels;
+};
+struct MetricsSnapshot {
+  std::map<JobState, int64_t> jobs_by_state;  // every state present, zeros included
+  int64_t attempts_total = 0;
+  std::map<std::string, int64_t> restarts_by_cause;  // "rank_failed", "node_lost"
+  std::vector<JobMetrics> jobs;  // live jobs and those finished within the retention
+  std::vector<NodeStatus> nodes;
+};
+
+class Supervisor {
+ public:
+  // Loads the stored state. `store`, `registry`, `kv` and `clock` are not owned and must outlive
+  // the Supervisor.
+  static absl::StatusOr<std::unique_ptr<Supervisor>> Create(JobStore* store,
+                                                            AgentRegistry* registry, KvSpace* kv,
+                                                            Clock* clock,
+                                                            SupervisorOptions options);
+
+  // --- Users ---------------------------------------------------------------------------------
+  // INVALID_ARGUMENT with the parser's message for a bad spec (nothing stored);
+  // RESOURCE_EXHAUSTED over 1 MiB; UNAVAILABLE when shutting down; INTERNAL on store failure.
+  absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
+  // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED or FAILED job; OK (no-op) when CANCELLED.
+  absl::StatusOr<JobRecord> Cancel(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);
+  // Newest first, spec_yaml left empty; `states` empty means all.
+  std::vector<JobRecord> ListJobs(const std::set<JobState>& states, int limit);
+  // Subscribes; the watcher gets the current state at once. NOT_FOUND for an unknown job.
+  absl::StatusOr<uint64_t> Watch(const std::string& job_id, std::shared_ptr<JobWatcher> watcher);
+  void Unwatch(const std::string& job_id, uint64_t watch_id);
+  // Where the logs of an attempt (0: current) live; `rank` nullopt: every rank. NOT_FOUND for
+  // an unknown job, an attempt that does not exist, or a rank outside the world.
+  absl::StatusOr<LogTargets> LocateLogs(const std::string& job_id, int attempt_id,
+                                        std::optional<int> rank);
+
+  // --- Agents --------------------------------------------------------------------------------
+  // Registers the agent and reconciles what it runs with what the store says should run. The
+  // channel first receives a RegisteredOrder (through `on_registered`, under the lock, before
+  // any other order). INVALID_ARGUMENT for a bad registration; UNAVAILABLE when shutting down.
+  absl::StatusOr<uint64_t> AgentConnected(
+      const NodeRecord& node, const std::vector<RunningWorker>& running,
+      const std::vector<WorkerExit>& exited_while_disconnected,
+      std::shared_ptr<AgentChannel> channel,
+      const std::function<void(const RegisteredOrder&)>& on_registered);
+  void AgentDisconnected(const std::string& node_id, uint64_t session);
+  // FAILED_PRECONDITION when `session` was replaced or declared lost (the agent must reconnect).
+  absl::Status Heartbeat(const std::string& node_id, uint64_t session,
+                         const std::vector<RunningWorker>& running);
+  absl::Status WorkerStarted(const std::string& node_id, uint64_t session,
+                             const RunningWorker& worker);
+  absl::Status WorkerExited(const std::string& node_id, uint64_t session, const WorkerExit& exit);
+
+  // --- Workers -------------------------------------------------------------------------------
+  // Completes `done` exactly once: when every rank joined, or with an error (see the proto).
+  void Join(const std::string& job_id, int attempt_id, int rank, absl::Time deadline,
+            JoinCallback done);
+  absl::StatusOr<OrderReply> ReportProgress(const ProgressUpdate& update);
+
+  // --- Time and lifecycle --------------------------------------------------------------------
+  // Expires rendezvous and KV waits, declares silent nodes lost, resends stop orders that went
+  // unanswered, schedules queued jobs and persists progress. Call it often (every 100 ms).
+  void Tick();
+  // Refuses new work with UNAVAILABLE and ends every waiter and watcher. Jobs keep running:
+  // a restarted coordinator adopts them.
+  void Shutdown();
+
+  MetricsSnapshot Metrics();
+  std::vector<NodeStatus> Nodes();
+
+  // The address put in StartWorker orders (known once the server has bound its port).
+  void SetCoordinatorAddress(const std::string& address);
+
+ private:
+  struct JoinWaiter {
+    int rank;
+    absl::Time deadline;
+    JoinCallback done;
+  };
+  struct JobEntry {
+    JobRecord job;
+    std::deque<AttemptRecord> attempts;  // oldest first; references stay valid on push_back
+    std::set<int> joined;                // ranks of the current attempt that called Join
+    std::vector<JoinWaiter> join_waiters;
+    absl::Time stop_sent = absl::InfinitePast();
+    // Soft state not yet stored: progress (the job row) and worker pids (the current attempt's
+    // rows). Written by Tick every progress_flush_interval, in one transaction for all jobs.
+    bool progress_dirty = false;
+    bool attempt_dirty = false;
+    absl::Time progress_flushed = absl::InfinitePast();
+    std::map<uint64_t, std::shared_ptr<JobWatcher>> watchers;
+  };
+  // Changes of one operation: stored together, then watchers notified, then orders sent (still
+  // under the lock, so orders keep their order), then `after` run without the lock.
+  struct Txn {
+    StoreBatch batch;
+    std::set<JobEntry*> touched;
+    std::vector<std::pair<std::string, AgentOrder>> orders;
+    std::vector<std::function<void()>> after;
+  };
+
+  Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
+             SupervisorOptions options);
+  absl::Status Restore();
+
+  JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
+  static AttemptRecord* CurrentAttempt(JobEntry& entry);
+  // The current attempt when it has not ended, else null.
+  static AttemptRecord* LiveAttempt(JobEntry& entry);
+
+  // Txn helpers.
+  void TouchJob(Txn& txn, JobEntry& entry);
+  void TouchAttempt(Txn& txn, JobEntry& entry, AttemptRecord& attempt);
+  void AddEvent(Txn& txn, JobEntry& entry, int attempt_id, JobState from, JobState to,
+                std::string kind, std::string cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Transition(Txn& txn, JobEntry& entry, JobState to, std::string kind, std::string cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunAfter(Txn& txn);
+
+  // State machine steps.
+  void ScheduleLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StartWorkerOrder StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
+                                 const RankSlot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleExitLocked(Txn& txn, const std::string& node_id, const WorkerExit& exit,
+                        const std::string& failure_kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
+                         const std::string& cause, const std::string& kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
+                           const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailJoinWaitersLocked(Txn& txn, JobEntry& entry, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `entry`'s unsaved progress and pids into `batch` and marks them saved.
+  void CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JoinInfo JoinInfoFor(const JobEntry& entry, const AttemptRecord& attempt, int rank) const;
+  void UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Agent reconciliation.
+  void ReconcileLocked(Txn& txn, const std::string& node_id,
+                       const std::vector<RunningWorker>& running, bool on_connect)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopStrayLocked(Txn& txn, const std::string& node_id, const RunningWorker& worker,
+                       const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the ranks of `entry`'s live attempt on `node_id`, silent for `age`.
+  void NodeLostLocked(Txn& txn, JobEntry& entry, const std::string& node_id, absl::Duration age)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  JobStore* const store_;
+  AgentRegistry* const registry_;
+  KvSpace* const kv_;
+  Clock* const clock_;
+  const SupervisorOptions options_;
+
+  absl::Mutex mu_;
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> live_jobs_ ABSL_GUARDED_BY(mu_);  // ids of non-final jobs
+  std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  int64_t max_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, int64_t> restarts_by_cause_ ABSL_GUARDED_BY(mu_);
+  // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
+  // once per grace period.
+  std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);
+  std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_SUPERVISOR_H_

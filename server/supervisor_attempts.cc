@@ -1,0 +1,257 @@
+// Supervisor: the attempt state machine — placement, start, rendezvous completion, rank exits,
+// failure, teardown and the job transitions that follow.
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "server/supervisor.h"
+
+namespace trainyard::server {
+namespace {
+
+std::string NodeName(const RankSlot& slot) {
+  if (slot.hostname.empty() || slot.hostname == slot.node_id) return slot.node_id;
+  return absl::StrCat(slot.node_id, " (", slot.hostname, ")");
+}
+
+std::string DescribeExit(const RankSlot& slot, const RankExit& exit) {
+  const std::string who = absl::StrCat("rank ", slot.rank, " on ", NodeName(slot));
+  const std::string pid = exit.pid != 0 ? absl::StrCat(" (pid ", exit.pid, ")") : "";
+  if (!exit.message.empty()) return absl::StrCat(who, pid, ": ", exit.message);
+  if (exit.signal != 0) {
+    return absl::StrCat(who, pid, " was killed by signal ", exit.signal, " (",
+                        strsignal(exit.signal), ")");
+  }
+  return absl::StrCat(who, pid, " exited with code ", exit.exit_code);
+}
+
+std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (begin < ranks.size()) {
+    size_t end = begin;
+    while (end + 1 < ranks.size() && ranks[end + 1].node_id == ranks[begin].node_id) ++end;
+    parts.push_back(begin == end
+                        ? absl::StrCat(ranks[begin].node_id, " (rank ", begin, ")")
+                        : absl::StrCat(ranks[begin].node_id, " (ranks ", begin, "-", end, ")"));
+    begin = end + 1;
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+bool AllExited(const AttemptRecord& attempt) {
+  for (const RankSlot& slot : attempt.ranks) {
+    if (!slot.exit.has_value()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Supervisor::ScheduleLocked(Txn& txn) {
+  if (scheduler_.size() == 0 || shutting_down_) return;
+  for (Placement& placement : scheduler_.Schedule(registry_->FreeNodes())) {
+    JobEntry* entry = FindJob(placement.job_id);
+    if (entry == nullptr || IsFinal(entry->job.state)) continue;
+    StartAttemptLocked(txn, *entry, std::move(placement.ranks));
+  }
+}
+
+StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
+                                           const RankSlot& slot) const {
+  StartWorkerOrder order;
+  order.job_id = entry.job.id;
+  order.attempt_id = attempt.attempt_id;
+  order.rank = slot.rank;
+  order.local_rank = slot.local_rank;
+  order.slot = slot.slot;
+  order.gpu = attempt.kind == DeviceKind::kGpu;
+  order.coordinator_address = coordinator_address_;
+  order.env["TRAINYARD_JOB_NAME"] = entry.job.name;
+  return order;
+}
+
+void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks) {
+  JobRecord& job = entry.job;
+  const bool restart = job.state == JobState::kRestarting;
+  AttemptRecord attempt;
+  attempt.job_id = job.id;
+  attempt.attempt_id = static_cast<int>(entry.attempts.size()) + 1;
+  attempt.state = AttemptState::kStarting;
+  attempt.mesh = job.requirements.mesh;
+  attempt.kind = job.requirements.kind;
+  attempt.ranks = std::move(ranks);
+  attempt.created = clock_->Now();
+  for (const RankSlot& slot : attempt.ranks) {
+    registry_->Hold(slot.node_id, attempt.kind, slot.slot);
+  }
+  job.attempts = attempt.attempt_id;
+  if (restart) ++job.restarts;
+  job.current_attempt = attempt.attempt_id;
+  entry.joined.clear();
+  entry.stop_sent = absl::InfinitePast();
+  entry.attempts.push_back(std::move(attempt));
+  AttemptRecord& stored = entry.attempts.back();
+  kv_->Open(KvSpace::PrefixFor(job.id, stored.attempt_id));
+  TouchAttempt(txn, entry, stored);
+  Transition(txn, entry, JobState::kStarting, "scheduled",
+             absl::StrCat("attempt ", stored.attempt_id,
+                          restart ? absl::StrCat(" (restart ", job.restarts, " of ",
+                                                 job.requirements.max_restarts, ")")
+                                  : std::string(),
+                          " placed on ", DescribePlacement(stored.ranks)));
+  for (const RankSlot& slot : stored.ranks) {
+    txn.orders.emplace_back(slot.node_id, StartOrderFor(entry, stored, slot));
+  }
+}
+
+void Supervisor::MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
+  attempt.state = AttemptState::kRunning;
+  attempt.running = clock_->Now();
+  TouchAttempt(txn, entry, attempt);
+  if (entry.job.state == JobState::kStarting) {
+    Transition(txn, entry, JobState::kRunning, "running",
+               absl::StrCat("all ", attempt.ranks.size(), " ranks of attempt ", attempt.attempt_id,
+                            " joined"));
+  }
+  for (JoinWaiter& waiter : entry.join_waiters) {
+    JoinInfo info = JoinInfoFor(entry, attempt, waiter.rank);
+    txn.after.push_back([done = std::move(waiter.done), info = std::move(info)]() mutable {
+      done(std::move(info));
+    });
+  }
+  entry.join_waiters.clear();
+}
+
+void Supervisor::FailJoinWaitersLocked(Txn& txn, JobEntry& entry, const absl::Status& status) {
+  for (JoinWaiter& waiter : entry.join_waiters) {
+    txn.after.push_back([done = std::move(waiter.done), status] { done(status); });
+  }
+  entry.join_waiters.clear();
+}
+
+void Supervisor::HandleExitLocked(Txn& txn, const std::string& node_id, const WorkerExit& exit,
+                                  const std::string& failure_kind) {
+  JobEntry* entry = FindJob(exit.job_id);
+  AttemptRecord* attempt = entry != nullptr ? FindAttempt(*entry, exit.attempt_id) : nullptr;
+  if (attempt == nullptr || exit.rank < 0 || exit.rank >= static_cast<int>(attempt->ranks.size())) {
+    TY_LOG(WARNING) << "node " << node_id << " reported an exit of unknown worker " << exit.job_id
+                    << "/" << exit.attempt_id << "/" << exit.rank;
+    return;
+  }
+  RankSlot& slot = attempt->ranks[exit.rank];
+  if (slot.node_id != node_id || slot.exit.has_value()) return;  // stray or duplicate
+  slot.exit = exit.exit;
+  if (slot.exit->exited == absl::InfinitePast()) slot.exit->exited = clock_->Now();
+  if (slot.exit->pid == 0) slot.exit->pid = slot.pid;
+  registry_->Release(slot.node_id, attempt->kind, slot.slot);
+  TouchAttempt(txn, *entry, *attempt);
+  if (IsFinal(attempt->state)) return;
+  if (!slot.exit->Succeeded() && attempt->state != AttemptState::kStopping) {
+    FailAttemptLocked(txn, *entry, *attempt, DescribeExit(slot, *slot.exit), failure_kind);
+  }
+  if (AllExited(*attempt)) FinishAttemptLocked(txn, *entry, *attempt);
+}
+
+void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
+                                   const std::string& cause, const std::string& kind) {
+  JobRecord& job = entry.job;
+  attempt.state = AttemptState::kStopping;
+  attempt.cause = cause;
+  TouchAttempt(txn, entry, attempt);
+  FailJoinWaitersLocked(txn, entry,
+                        absl::FailedPreconditionError(
+                            absl::StrCat("attempt ", attempt.attempt_id, " failed: ", cause)));
+  if (!job.cancel_requested && job.restarts < job.requirements.max_restarts) {
+    ++restarts_by_cause_[kind];
+    Transition(txn, entry, JobState::kRestarting, kind,
+               absl::StrCat(cause, "; restarting (", job.restarts + 1, " of ",
+                            job.requirements.max_restarts, " restarts)"));
+  } else {
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, kind,
+             job.cancel_requested ? cause
+                                  : absl::StrCat(cause, "; no restarts left (", job.restarts,
+                                                 " of ", job.requirements.max_restarts, " used)"));
+  }
+  StopRemainingLocked(txn, entry, attempt, cause);
+}
+
+void Supervisor::StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
+                                     const std::string& reason) {
+  std::map<std::string, std::vector<int>> by_node;
+  for (const RankSlot& slot : attempt.ranks) {
+    if (!slot.exit.has_value()) by_node[slot.node_id].push_back(slot.rank);
+  }
+  for (auto& [node_id, ranks] : by_node) {
+    StopWorkersOrder order;
+    order.job_id = entry.job.id;
+    order.attempt_id = attempt.attempt_id;
+    order.ranks = std::move(ranks);
+    order.grace = options_.stop_grace;
+    order.reason = reason;
+    txn.orders.emplace_back(node_id, std::move(order));
+  }
+  entry.stop_sent = clock_->Now();
+}
+
+void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
+  JobRecord& job = entry.job;
+  const std::string prefix = KvSpace::PrefixFor(job.id, attempt.attempt_id);
+  txn.after.push_back([kv = kv_, prefix] { kv->Close(prefix); });
+  FailJoinWaitersLocked(txn, entry, absl::FailedPreconditionError("the attempt has ended"));
+  attempt.finished = clock_->Now();
+  TouchAttempt(txn, entry, attempt);
+  if (job.cancel_requested) {
+    attempt.state = AttemptState::kCancelled;
+    if (attempt.cause.empty()) attempt.cause = job.message;
+    Transition(
+        txn, entry, JobState::kCancelled, "cancelled",
+        absl::StrCat(job.message, "; every worker of attempt ", attempt.attempt_id, " is gone"));
+    return;
+  }
+  if (attempt.state != AttemptState::kStopping) {
+    attempt.state = AttemptState::kSucceeded;
+    attempt.cause = absl::StrCat("all ", attempt.ranks.size(), " ranks exited with code 0");
+    Transition(txn, entry, JobState::kSucceeded, "succeeded", attempt.cause);
+    return;
+  }
+  attempt.state = AttemptState::kFailed;
+  if (job.state == JobState::kRestarting) {
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",
+             absl::StrCat("every worker of attempt ", attempt.attempt_id,
+                          " is gone; waiting for slots"));
+    EnqueueLocked(entry);  // placed by the caller's next ScheduleLocked
+    return;
+  }
+  job.message = attempt.cause;
+  Transition(txn, entry, JobState::kFailed, "failed",
+             absl::StrCat(attempt.cause, "; after ", job.attempts, " attempt(s)"));
+}
+
+void Supervisor::NodeLostLocked(Txn& txn, JobEntry& entry, const std::string& node_id,
+                                absl::Duration age) {
+  AttemptRecord* attempt = LiveAttempt(entry);
+  if (attempt == nullptr) return;
+  TY_LOG(WARNING) << "job " << entry.job.id << ": node " << node_id << " lost (silent for "
+                  << absl::FormatDuration(age) << ")";
+  const int attempt_id = attempt->attempt_id;
+  for (int rank = 0; rank < static_cast<int>(attempt->ranks.size()); ++rank) {
+    attempt = FindAttempt(entry, attempt_id);
+    if (IsFinal(attempt->state)) break;
+    const RankSlot& slot = attempt->ranks[rank];
+    if (slot.node_id != node_id || slot.exit.has_value()) continue;
+    WorkerExit exit;
+    exit.job_id = entry.job.id;
+    exit.attempt_id = attempt_id;
+    exit.rank = rank;
+    exit.exit.exit_code = -1;
+    exit.exit.pid = slot.pid;
+    exit.exit.message = absl::StrCat("node lost (no heartbeat for ",
+                                     absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))), ")");
+    HandleExitLocked(txn, node_id, exit, "node_lost");
+  }
+}
+
+}  // namespace trainyard::server

@@ -1,0 +1,148 @@
+// Supervisor: the worker side — the rendezvous and progress reports.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/supervisor.h"
+
+namespace trainyard::server {
+
+JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& attempt,
+                                 int rank) const {
+  const RankSlot& slot = attempt.ranks[rank];
+  JoinInfo info;
+  info.world_size = static_cast<int>(attempt.ranks.size());
+  info.rank = rank;
+  info.local_rank = slot.local_rank;
+  info.local_world_size = static_cast<int>(
+      std::count_if(attempt.ranks.begin(), attempt.ranks.end(),
+                    [&](const RankSlot& other) { return other.node_id == slot.node_id; }));
+  info.mesh = attempt.mesh;
+  // Ranks are laid out tp innermost, then dp, then pp (config/spec.h).
+  const int tp = std::max(attempt.mesh.tp, 1);
+  const int dp = std::max(attempt.mesh.dp, 1);
+  info.tp_rank = rank % tp;
+  info.dp_rank = (rank / tp) % dp;
+  info.pp_rank = rank / (tp * dp);
+  info.spec_yaml = entry.job.spec_yaml;
+  info.kv_prefix = KvSpace::PrefixFor(entry.job.id, attempt.attempt_id);
+  info.resume_from = entry.job.last_checkpoint;
+  info.slot = slot.slot;
+  info.node_id = slot.node_id;
+  return info;
+}
+
+void Supervisor::Join(const std::string& job_id, int attempt_id, int rank, absl::Time deadline,
+                      JoinCallback done) {
+  Txn txn;
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(job_id);
+    AttemptRecord* attempt = entry != nullptr ? FindAttempt(*entry, attempt_id) : nullptr;
+    if (shutting_down_) {
+      error = absl::UnavailableError("the coordinator is shutting down");
+    } else if (entry == nullptr) {
+      error = absl::NotFoundError(absl::StrCat("no job ", job_id));
+    } else if (attempt == nullptr) {
+      error = absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt_id));
+    } else if (attempt_id != entry->job.current_attempt) {
+      error = absl::FailedPreconditionError(absl::StrCat("attempt ", attempt_id, " of job ", job_id,
+                                                         " was superseded by attempt ",
+                                                         entry->job.current_attempt));
+    } else if (IsFinal(attempt->state) || attempt->state == AttemptState::kStopping) {
+      error = absl::FailedPreconditionError(absl::StrCat("attempt ", attempt_id, " of job ", job_id,
+                                                         " is ", AttemptStateName(attempt->state)));
+    } else if (rank < 0 || rank >= static_cast<int>(attempt->ranks.size())) {
+      error = absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " is outside the world of ", attempt->ranks.size()));
+    } else if (attempt->state == AttemptState::kRunning) {
+      txn.after.push_back(
+          [done = std::move(done), info = JoinInfoFor(*entry, *attempt, rank)] { done(info); });
+    } else {
+      entry->joined.insert(rank);
+      entry->join_waiters.push_back(JoinWaiter{
+          rank, std::min(deadline, clock_->Now() + options_.max_join_wait), std::move(done)});
+      if (entry->joined.size() == attempt->ranks.size()) {
+        MarkRunningLocked(txn, *entry, *attempt);
+      }
+      CommitLocked(txn).IgnoreError();
+    }
+  }
+  if (!error.ok()) {
+    done(error);
+    return;
+  }
+  RunAfter(txn);
+}
+
+void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update) {
+  Progress& progress = entry.job.progress;
+  const absl::Time now = clock_->Now();
+  // The step time: what the worker measured, else the pace between two reports.
+  double step_ms = update.step_times.total_ms;
+  if (step_ms <= 0 && progress.reported != absl::InfinitePast() && update.step > progress.step) {
+    step_ms = absl::ToDoubleMilliseconds(now - progress.reported) /
+              static_cast<double>(update.step - progress.step);
+  }
+  progress.step = update.step;
+  progress.total_steps = update.total_steps;
+  progress.loss = update.loss;
+  progress.learning_rate = update.learning_rate;
+  progress.grad_norm = update.grad_norm;
+  progress.tokens_per_second = update.tokens_per_second;
+  progress.step_times = update.step_times;
+  if (progress.step_times.total_ms <= 0 && step_ms > 0) progress.step_times.total_ms = step_ms;
+  if (update.val_loss.has_value()) progress.val_loss = update.val_loss;
+  if (step_ms > 0 && update.total_steps >= update.step) {
+    progress.eta =
+        absl::Milliseconds(step_ms * static_cast<double>(update.total_steps - update.step));
+  }
+  progress.reported = now;
+  entry.progress_dirty = true;
+  const CheckpointInfo& checkpoint = update.checkpoint;
+  if (!checkpoint.path.empty() && (checkpoint.step > entry.job.last_checkpoint.step ||
+                                   entry.job.last_checkpoint.path.empty())) {
+    entry.job.last_checkpoint = checkpoint;
+    if (entry.job.last_checkpoint.written == absl::InfinitePast()) {
+      entry.job.last_checkpoint.written = now;
+    }
+    AddEvent(txn, entry, entry.job.current_attempt, entry.job.state, entry.job.state, "checkpoint",
+             absl::StrCat("checkpoint of step ", checkpoint.step, " at ", checkpoint.path));
+    return;
+  }
+  for (auto& [id, watcher] : entry.watchers) watcher->OnUpdate(entry.job, nullptr);
+}
+
+absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& update) {
+  Txn txn;
+  OrderReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(update.job_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", update.job_id));
+    AttemptRecord* attempt = FindAttempt(*entry, update.attempt_id);
+    if (attempt == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", update.job_id, " has no attempt ", update.attempt_id));
+    }
+    if (update.attempt_id != entry->job.current_attempt || IsFinal(attempt->state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("attempt ", update.attempt_id, " of job ", update.job_id, " has ended"));
+    }
+    if (update.rank < 0 || update.rank >= static_cast<int>(attempt->ranks.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", update.rank, " is outside the world of ", attempt->ranks.size()));
+    }
+    if (attempt->state == AttemptState::kStopping) {
+      reply.order = WorkerOrder::kStop;
+      return reply;
+    }
+    if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
+    CommitLocked(txn).IgnoreError();
+  }
+  RunAfter(txn);
+  return reply;
+}
+
+}  // namespace trainyard::server

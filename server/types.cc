@@ -1,0 +1,76 @@
+#include "server/types.h"
+
+#include <cstdio>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::server {
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kStarting:
+      return "STARTING";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kRestarting:
+      return "RESTARTING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+const char* AttemptStateName(AttemptState state) {
+  switch (state) {
+    case AttemptState::kStarting:
+      return "STARTING";
+    case AttemptState::kRunning:
+      return "RUNNING";
+    case AttemptState::kStopping:
+      return "STOPPING";
+    case AttemptState::kSucceeded:
+      return "SUCCEEDED";
+    case AttemptState::kFailed:
+      return "FAILED";
+    case AttemptState::kCancelled:
+      return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+bool IsFinal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed ||
+         state == JobState::kCancelled;
+}
+
+bool IsFinal(AttemptState state) {
+  return state == AttemptState::kSucceeded || state == AttemptState::kFailed ||
+         state == AttemptState::kCancelled;
+}
+
+absl::StatusOr<JobState> JobStateFromInt(int64_t value) {
+  if (value < 1 || value > 7) return absl::InternalError(absl::StrCat("bad job state ", value));
+  return static_cast<JobState>(value);
+}
+
+absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value) {
+  if (value < 1 || value > 6) {
+    return absl::InternalError(absl::StrCat("bad attempt state ", value));
+  }
+  return static_cast<AttemptState>(value);
+}
+
+std::string JobIdForSeq(int64_t seq) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "j-%06lld", static_cast<long long>(seq));
+  return buffer;
+}
+
+}  // namespace trainyard::server

@@ -1,0 +1,190 @@
+// The coordinator's domain types: jobs, attempts, events and nodes as the managers (JobStore,
+// Scheduler, Supervisor, AgentRegistry) see them. The gRPC edge converts them to and from
+// trainyard.v1 messages (server/convert.h); nothing here depends on protobuf.
+//
+// Threading: plain values.
+#ifndef TRAINYARD_SERVER_TYPES_H_
+#define TRAINYARD_SERVER_TYPES_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace trainyard::server {
+
+// The numeric values are stored in SQLite and match trainyard.v1.JobState; never renumber.
+enum class JobState {
+  kQueued = 1,
+  kStarting = 2,
+  kRunning = 3,
+  kRestarting = 4,
+  kSucceeded = 5,
+  kFailed = 6,
+  kCancelled = 7,
+};
+
+// Stored in SQLite; matches trainyard.v1.AttemptState; never renumber.
+enum class AttemptState {
+  kStarting = 1,
+  kRunning = 2,
+  kStopping = 3,
+  kSucceeded = 4,
+  kFailed = 5,
+  kCancelled = 6,
+};
+
+enum class DeviceKind { kCpu = 0, kGpu = 1 };
+
+const char* JobStateName(JobState state);  // "QUEUED", "STARTING", ...
+const char* AttemptStateName(AttemptState state);
+bool IsFinal(JobState state);
+bool IsFinal(AttemptState state);
+// Values read back from the store are checked: INTERNAL for a number no state has.
+absl::StatusOr<JobState> JobStateFromInt(int64_t value);
+absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value);
+
+struct Mesh {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int zero_stage = 0;
+};
+
+// What the scheduler and supervisor need from a job spec, extracted once at submission and
+// stored beside the spec text (server/requirements.h).
+struct JobRequirements {
+  int nodes = 1;           // distinct nodes the job spans
+  int ranks_per_node = 1;  // slots taken on each of them
+  DeviceKind kind = DeviceKind::kCpu;
+  Mesh mesh;
+  int max_restarts = 2;
+  // A node silent (or disconnected) this long is lost for this job: its ranks count as failed.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+
+  int world_size() const { return nodes * ranks_per_node; }
+};
+
+struct StepTimes {
+  double total_ms = 0;
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double optimizer_ms = 0;
+  double communication_ms = 0;
+  double data_ms = 0;
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;  // empty: none
+  absl::Time written = absl::InfinitePast();
+};
+
+struct Progress {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double learning_rate = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  StepTimes step_times;
+  std::optional<double> val_loss;
+  std::optional<absl::Duration> eta;  // unknown until a step time is known
+  absl::Time reported = absl::InfinitePast();
+};
+
+struct JobRecord {
+  std::string id;
+  int64_t seq = 0;  // submission order (FIFO within a priority); the number in the id
+  std::string name;
+  std::string spec_yaml;
+  JobState state = JobState::kQueued;
+  int priority = 0;
+  JobRequirements requirements;
+  std::string user;
+  std::map<std::string, std::string> labels;
+  std::string client_request_id;
+  absl::Time created = absl::InfinitePast();
+  absl::Time started = absl::InfinitePast();   // first STARTING
+  absl::Time finished = absl::InfinitePast();  // final state reached
+  int attempts = 0;
+  int restarts = 0;
+  int current_attempt = 0;  // 0: none yet
+  Progress progress;
+  CheckpointInfo last_checkpoint;
+  bool cancel_requested = false;
+  std::string message;  // why it failed or was cancelled
+};
+
+struct RankExit {
+  int exit_code = 0;
+  int signal = 0;
+  int64_t pid = 0;
+  absl::Time exited = absl::InfinitePast();
+  std::vector<std::string> last_log_lines;
+  std::string message;  // "node lost", "exec failed: ..."
+
+  bool Succeeded() const { return exit_code == 0 && signal == 0; }
+};
+
+struct RankSlot {
+  int rank = 0;
+  std::string node_id;
+  std::string hostname;
+  int slot = 0;
+  int local_rank = 0;
+  int64_t pid = 0;               // 0 until the agent reports the worker started
+  std::optional<RankExit> exit;  // set once the rank has ended
+};
+
+struct AttemptRecord {
+  std::string job_id;
+  int attempt_id = 0;
+  AttemptState state = AttemptState::kStarting;
+  Mesh mesh;
+  DeviceKind kind = DeviceKind::kCpu;
+  std::vector<RankSlot> ranks;  // indexed by rank
+  absl::Time created = absl::InfinitePast();
+  absl::Time running = absl::InfinitePast();
+  absl::Time finished = absl::InfinitePast();
+  std::string cause;
+};
+
+struct EventRecord {
+  int64_t id = 0;  // assigned by the store
+  std::string job_id;
+  int attempt_id = 0;
+  absl::Time time = absl::InfinitePast();
+  JobState from = JobState::kQueued;
+  JobState to = JobState::kQueued;
+  std::string kind;
+  std::string cause;
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int64_t memory_bytes = 0;
+};
+
+// A node as last registered; persisted so that `ListNodes` and metrics know nodes that are gone.
+struct NodeRecord {
+  std::string node_id;
+  std::string hostname;
+  int cpu_slots = 0;
+  std::vector<GpuInfo> gpus;
+  absl::Time registered = absl::InfinitePast();
+  absl::Time last_seen = absl::InfinitePast();
+};
+
+// "j-000042" for seq 42.
+std::string JobIdForSeq(int64_t seq);
+
+}  // namespace trainyard::server
+
+#endif  // TRAINYARD_SERVER_TYPES_H_

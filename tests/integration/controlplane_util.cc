@@ -1,0 +1,221 @@
+#include "tests/integration/controlplane_util.h"
+
+#include <dirent.h>
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "tests/integration/test_env.h"
+
+namespace trainyard::testenv {
+namespace {
+
+std::string Binary(const std::string& relative) { return BinaryDir() + "/" + relative; }
+
+// The NUL-separated arguments of process `pid` ("" when it is gone).
+std::vector<std::string> CommandLine(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::vector<std::string> args;
+  std::string arg;
+  for (char c : buffer.str()) {
+    if (c == '\0') {
+      args.push_back(arg);
+      arg.clear();
+    } else {
+      arg += c;
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
+std::string TinySpec(const TinyJob& job) {
+  const int world = job.nodes * job.ranks_per_node;
+  const std::string data =
+      job.data.empty()
+          ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
+          : job.data;
+  return absl::StrCat("name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
+                      "\ntraining: {steps: ", job.steps, ", batch: ", 4 * world,
+                      ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n",
+                      "parallelism: {dp: ", world, "}\nresources: {nodes: ", job.nodes,
+                      ", devices_per_node: ", job.ranks_per_node,
+                      "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
+                      ", heartbeat_timeout_s: 5}\npriority: ", job.priority, "\n");
+}
+
+bool ProcessGone(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!in || !std::getline(in, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+ControlPlane::ControlPlane(const std::string& name)
+    : dir_(MakeScratchDir("trainyard_" + name).string()) {}
+
+ControlPlane::~ControlPlane() {
+  server_.reset();
+  agents_.clear();
+  for (int64_t pid : WorkerPids()) kill(-static_cast<pid_t>(pid), SIGKILL);
+  for (int64_t pid : WorkerPids()) kill(static_cast<pid_t>(pid), SIGKILL);
+  for (int i = 0; i < 100 && !WorkerPids().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) const {
+  std::vector<std::string> argv = {Binary("server/trainyard-server"),
+                                   "--listen",
+                                   listen_,
+                                   "--state-dir",
+                                   state_dir(),
+                                   "--stop-grace",
+                                   absl::StrCat(options.stop_grace_s),
+                                   "--heartbeat-timeout",
+                                   "5",
+                                   "--metrics-listen",
+                                   options.metrics ? "127.0.0.1:0" : "off",
+                                   "--worker-binary",
+                                   Binary("worker/trainyard-worker")};
+  if (options.local_agent) {
+    argv.insert(argv.end(),
+                {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id", "local"});
+  } else {
+    argv.push_back("--no-local-agent");
+  }
+  return argv;
+}
+
+void ControlPlane::StartServer(const ServerOptions& options) {
+  ++server_starts_;
+  std::filesystem::remove(state_dir() + "/server.addr");
+  server_ = std::make_unique<ChildProcess>(ServerArgv(options),
+                                           absl::StrCat(dir_, "/server-", server_starts_, ".out"),
+                                           absl::StrCat(dir_, "/server-", server_starts_, ".err"));
+  const std::string address =
+      WaitForFileLine(state_dir() + "/server.addr", std::chrono::seconds(30));
+  ASSERT_FALSE(address.empty()) << "the server did not start: "
+                                << ReadWholeFile(
+                                       absl::StrCat(dir_, "/server-", server_starts_, ".err"));
+  address_ = address;
+  listen_ = address;  // a restart listens where agents and workers expect it
+}
+
+void ControlPlane::KillServer() {
+  if (server_) server_->KillGroup();
+  server_.reset();
+}
+
+bool ControlPlane::ServerRunning() { return server_ != nullptr && server_->running(); }
+
+void ControlPlane::StartAgent(const std::string& node_id, int slots) {
+  agents_[node_id] = std::make_unique<ChildProcess>(
+      std::vector<std::string>{Binary("server/agent/trainyard-agent"), "--coordinator", address_,
+                               "--node-id", node_id, "--slots", absl::StrCat(slots), "--no-gpus",
+                               "--work-dir", dir_ + "/agent-" + node_id, "--worker-binary",
+                               Binary("worker/trainyard-worker"), "--threads-per-worker", "1"},
+      dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err");
+  ASSERT_TRUE(agents_[node_id]->running());
+}
+
+void ControlPlane::KillAgent(const std::string& node_id) { agents_.erase(node_id); }
+
+std::string ControlPlane::metrics_address() const {
+  return WaitForFileLine(state_dir() + "/metrics.addr", std::chrono::seconds(10));
+}
+
+std::string ControlPlane::WriteSpec(const std::string& file_name, const std::string& yaml) {
+  const std::string path = dir_ + "/" + file_name;
+  std::ofstream(path) << yaml;
+  return path;
+}
+
+ProcessResult ControlPlane::Cli(std::vector<std::string> args, double timeout_s) {
+  args.insert(args.begin(), {Binary("tools/cli/trainyard"), "--server", address_});
+  return RunProcess(args, timeout_s);
+}
+
+std::string ControlPlane::Submit(const std::string& spec_path) {
+  const ProcessResult submitted = Cli({"submit", spec_path});
+  EXPECT_EQ(submitted.exit_code, 0) << submitted.err;
+  return std::string(absl::StripAsciiWhitespace(submitted.out));
+}
+
+v1::GetJobReply ControlPlane::Status(const std::string& job_id) {
+  const ProcessResult result = Cli({"status", job_id, "--json"}, 30);
+  v1::GetJobReply reply;
+  if (result.exit_code != 0) {
+    ADD_FAILURE() << "status " << job_id << " exited " << result.exit_code << ": " << result.err;
+    return reply;
+  }
+  const auto parsed = google::protobuf::util::JsonStringToMessage(result.out, &reply);
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString() << ": " << result.out;
+  return reply;
+}
+
+bool ControlPlane::WaitFor(const std::string& job_id,
+                           const std::function<bool(const v1::GetJobReply&)>& done,
+                           double timeout_s) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    const ProcessResult result = Cli({"status", job_id, "--json"}, 30);
+    v1::GetJobReply reply;
+    if (result.exit_code == 0 &&
+        google::protobuf::util::JsonStringToMessage(result.out, &reply).ok() && done(reply)) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+bool ControlPlane::WaitForStep(const std::string& job_id, int64_t step, double timeout_s) {
+  return WaitFor(
+      job_id,
+      [step](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().progress().step() >= step;
+      },
+      timeout_s);
+}
+
+std::vector<int64_t> ControlPlane::WorkerPids() const {
+  std::vector<int64_t> pids;
+  if (address_.empty()) return pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* entry = readdir(proc)) {
+    int64_t pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid) || ProcessGone(pid)) continue;
+    const std::vector<std::string> args = CommandLine(pid);
+    if (args.empty() || !absl::EndsWith(args[0], "trainyard-worker")) continue;
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == "--coordinator" && args[i + 1] == address_) {
+        pids.push_back(pid);
+        break;
+      }
+    }
+  }
+  closedir(proc);
+  return pids;
+}
+
+}  // namespace trainyard::testenv

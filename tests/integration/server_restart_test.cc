@@ -1,0 +1,163 @@
+// Killing the coordinator at any moment loses nothing: after a SIGKILL mid-run, a new
+// coordinator on the same state directory reloads the job, re-adopts the workers its agent still
+// runs (starting nothing twice), stops workers nobody owns, and sees the job through.
+#include <signal.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/server_harness.h"
+
+namespace trainyard::testenv {
+namespace {
+
+using ::testing::Contains;
+
+v1::RunningWorker Worker(const std::string& job, int attempt, int rank, int64_t pid) {
+  v1::RunningWorker worker;
+  worker.set_job_id(job);
+  worker.set_attempt_id(attempt);
+  worker.set_rank(rank);
+  worker.set_pid(pid);
+  return worker;
+}
+
+v1::GetJobReply GetJob(const ServerProcess& server, const std::string& id) {
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  v1::GetJobReply reply;
+  grpc::Status status = server.JobStub()->GetJob(Deadline(5).get(), request, &reply);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return reply;
+}
+
+std::string Submit(const ServerProcess& server, const std::string& spec) {
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(spec);
+  v1::SubmitJobReply reply;
+  grpc::Status status = server.JobStub()->SubmitJob(Deadline(10).get(), request, &reply);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return reply.job().id();
+}
+
+// Joins every rank concurrently, as real workers do.
+std::vector<v1::JoinReply> JoinAll(const ServerProcess& server, const std::string& job, int attempt,
+                                   int world) {
+  std::vector<v1::JoinReply> replies(world);
+  std::vector<grpc::Status> statuses(world);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    ranks.emplace_back([&, rank] {
+      v1::JoinRequest request;
+      request.set_job_id(job);
+      request.set_attempt_id(attempt);
+      request.set_rank(rank);
+      statuses[rank] = server.WorkerStub()->Join(Deadline(20).get(), request, &replies[rank]);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank].error_message();
+  }
+  return replies;
+}
+
+v1::ProgressReply Report(const ServerProcess& server, const std::string& job, int attempt,
+                         int64_t step, grpc::Status* status_out = nullptr) {
+  v1::ProgressReport report;
+  report.set_job_id(job);
+  report.set_attempt_id(attempt);
+  report.set_rank(0);
+  report.set_step(step);
+  report.set_total_steps(5);
+  report.set_loss(5.0 - step * 0.5);
+  v1::ProgressReply reply;
+  grpc::Status status = server.WorkerStub()->ReportProgress(Deadline(5).get(), report, &reply);
+  if (status_out != nullptr) *status_out = status;
+  EXPECT_TRUE(status_out != nullptr || status.ok()) << status.error_message();
+  return reply;
+}
+
+TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
+  const std::string scratch = MakeScratchDir("server_restart").string();
+  const std::string state = scratch + "/state";
+  std::string job;
+  std::string queued;
+  {
+    ServerProcess first(state);
+    ASSERT_TRUE(first.ok()) << first.log();
+    job = Submit(first, SmallSpec("survivor", 2, /*priority=*/5));
+    queued = Submit(first, SmallSpec("next", 2, /*priority=*/0));
+    FakeAgent agent(first.channel(), "node-a", 2);
+    ASSERT_TRUE(agent.NextOf(v1::CoordinatorMessage::kRegistered).has_value());
+    for (int rank = 0; rank < 2; ++rank) {
+      std::optional<v1::CoordinatorMessage> start = agent.Next();
+      ASSERT_TRUE(start.has_value() && start->has_start());
+      EXPECT_EQ(start->start().job_id(), job);
+      EXPECT_EQ(start->start().rank(), rank);
+      EXPECT_EQ(start->start().coordinator_address(), first.address());
+      agent.Started(job, 1, rank, 4100 + rank);
+    }
+    std::vector<v1::JoinReply> joins = JoinAll(first, job, 1, 2);
+    EXPECT_EQ(joins[1].world_size(), 2);
+    EXPECT_EQ(joins[1].dp_rank(), 1);
+    EXPECT_EQ(Report(first, job, 1, 2).order(), v1::ORDER_CONTINUE);
+    EXPECT_EQ(GetJob(first, job).job().state(), v1::JOB_STATE_RUNNING);
+
+    // Progress (soft state, re-reported every step) is persisted within a second; transitions
+    // are persisted before they are acted on.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    first.process().KillGroup();  // SIGKILL, no chance to clean up
+    for (int i = 0; i < 200 && !agent.stream_ended(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(agent.stream_ended());
+  }
+
+  ServerProcess second(state);
+  ASSERT_TRUE(second.ok()) << second.log();
+  v1::GetJobReply reloaded = GetJob(second, job);
+  EXPECT_EQ(reloaded.job().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(reloaded.job().progress().step(), 2);
+  ASSERT_EQ(reloaded.attempts_size(), 1);
+  EXPECT_EQ(reloaded.attempts(0).placement(1).pid(), 4101);
+  EXPECT_EQ(GetJob(second, queued).job().state(), v1::JOB_STATE_QUEUED);
+
+  // The agent reconnects listing its live workers plus one that no attempt owns.
+  FakeAgent agent(second.channel(), "node-a", 2,
+                  {Worker(job, 1, 0, 4100), Worker(job, 1, 1, 4101), Worker("j-999999", 1, 0, 99)});
+  ASSERT_TRUE(agent.NextOf(v1::CoordinatorMessage::kRegistered).has_value());
+  std::vector<v1::CoordinatorMessage> orders = agent.Drain(absl::Seconds(1));
+  ASSERT_EQ(orders.size(), 1u);
+  ASSERT_TRUE(orders[0].has_stop());
+  EXPECT_EQ(orders[0].stop().job_id(), "j-999999");
+
+  v1::GetJobReply adopted = GetJob(second, job);
+  std::vector<std::string> kinds;
+  for (const v1::Event& event : adopted.events()) kinds.push_back(event.kind());
+  EXPECT_THAT(kinds, Contains("adopted"));
+  EXPECT_EQ(adopted.job().attempts(), 1);
+
+  // The same attempt carries on and finishes; only then does the queued job get the slots.
+  EXPECT_EQ(Report(second, job, 1, 5).order(), v1::ORDER_CONTINUE);
+  agent.Exited(job, 1, 0, 0, 0);
+  agent.Exited(job, 1, 1, 0, 0);
+  std::optional<v1::CoordinatorMessage> next = agent.NextOf(v1::CoordinatorMessage::kStart);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->start().job_id(), queued);
+  v1::GetJobReply done = GetJob(second, job);
+  EXPECT_EQ(done.job().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.job().attempts(), 1);
+  EXPECT_EQ(done.job().progress().step(), 5);
+
+  second.process().Signal(SIGTERM);
+  std::optional<int> status = second.process().Wait(std::chrono::seconds(20));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+}
+
+}  // namespace
+}  // namespace trainyard::testenv

@@ -1,0 +1,81 @@
+// Mutual TLS: with a certificate, a key and a client CA the coordinator may listen beyond
+// loopback, and then only clients presenting a certificate signed by that CA get in.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/server_harness.h"
+#include "tests/integration/subprocess.h"
+
+namespace trainyard::testenv {
+namespace {
+
+// Runs openssl with `args`; fails the test on error.
+void OpenSsl(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"/usr/bin/openssl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessResult result = RunProcess(argv, 60);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+}
+
+// A CA, and a certificate it signed for `name` (valid for 127.0.0.1 and localhost).
+void IssueCertificate(const std::string& dir, const std::string& name) {
+  const std::string ext = dir + "/" + name + ".ext";
+  {
+    std::ofstream out(ext);
+    out << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+  }
+  OpenSsl({"req", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/" + name + ".key", "-out",
+           dir + "/" + name + ".csr", "-subj", "/CN=" + name});
+  OpenSsl({"x509", "-req", "-in", dir + "/" + name + ".csr", "-CA", dir + "/ca.crt", "-CAkey",
+           dir + "/ca.key", "-CAcreateserial", "-out", dir + "/" + name + ".crt", "-days", "1",
+           "-extfile", ext});
+}
+
+TEST(ServerTlsTest, ExposedAddressNeedsMutualTlsAndThenOnlyAdmitsSignedClients) {
+  const std::string dir = MakeScratchDir("server_tls").string();
+  OpenSsl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/ca.key", "-out",
+           dir + "/ca.crt", "-days", "1", "-subj", "/CN=trainyard-test-ca"});
+  IssueCertificate(dir, "server");
+  IssueCertificate(dir, "client");
+
+  ServerProcess server(dir + "/state",
+                       {"--listen", "0.0.0.0:0", "--tls-cert", dir + "/server.crt", "--tls-key",
+                        dir + "/server.key", "--tls-client-ca", dir + "/ca.crt"});
+  ASSERT_TRUE(server.ok()) << server.log();
+  const std::string port = server.address().substr(server.address().rfind(':') + 1);
+  const std::string target = "127.0.0.1:" + port;
+
+  auto list = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    auto stub = v1::JobService::NewStub(grpc::CreateChannel(target, credentials));
+    v1::ListJobsReply reply;
+    return stub->ListJobs(Deadline(10).get(), v1::ListJobsRequest(), &reply);
+  };
+  grpc::SslCredentialsOptions with_client;
+  with_client.pem_root_certs = ReadWholeFile(dir + "/ca.crt");
+  with_client.pem_private_key = ReadWholeFile(dir + "/client.key");
+  with_client.pem_cert_chain = ReadWholeFile(dir + "/client.crt");
+  grpc::Status admitted = list(grpc::SslCredentials(with_client));
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+
+  grpc::SslCredentialsOptions anonymous;
+  anonymous.pem_root_certs = ReadWholeFile(dir + "/ca.crt");
+  EXPECT_FALSE(list(grpc::SslCredentials(anonymous)).ok());
+  EXPECT_FALSE(list(grpc::InsecureChannelCredentials()).ok());
+  EXPECT_TRUE(server.process().running());
+
+  // TLS without client authentication is not enough to leave loopback.
+  ProcessResult half =
+      RunProcess({BinaryDir() + "/server/trainyard-server", "--no-local-agent", "--state-dir",
+                  dir + "/other", "--listen", "0.0.0.0:0", "--tls-cert", dir + "/server.crt",
+                  "--tls-key", dir + "/server.key"},
+                 30);
+  EXPECT_EQ(half.exit_code, 2) << half.err;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+}  // namespace
+}  // namespace trainyard::testenv

@@ -1,0 +1,117 @@
+// The CLI's behaviour that needs no coordinator: argument errors, server resolution, exit codes.
+// (Commands against a real coordinator are covered by the control-plane integration tests.)
+#include "tools/cli/commands.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "common/clock.h"
+#include "common/filesystem.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/cli/server_address.h"
+
+namespace trainyard::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  int Run(std::vector<std::string> args) {
+    out_.str("");
+    err_.str("");
+    CliIo io;
+    io.out = &out_;
+    io.err = &err_;
+    io.server_env = server_env_;
+    io.fs = &fs_;
+    io.clock = &clock_;
+    io.state_dir = "/state";
+    return RunCli(args, io);
+  }
+
+  // A loopback port nobody listens on.
+  static std::string DeadAddress() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    close(fd);
+    return "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  }
+
+  std::ostringstream out_, err_;
+  std::string server_env_;
+  FakeFileSystem fs_;
+  FakeClock clock_;
+};
+
+TEST_F(CommandsTest, HelpAndBadCommandLines) {
+  EXPECT_EQ(Run({"--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("usage: trainyard"));
+  EXPECT_EQ(Run({}), 2);
+  EXPECT_EQ(Run({"frobnicate"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("trainyard: error: unknown command 'frobnicate'"));
+  EXPECT_EQ(Run({"list", "--colour"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown flag --colour for 'list'"));
+  EXPECT_EQ(Run({"logs", "j-1", "--rank"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--rank needs a value"));
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "status"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("usage: trainyard status JOB"));
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "list", "--state", "sleeping"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown state 'sleeping'"));
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "logs", "j-1", "--tail", "-3"}), 2);
+}
+
+TEST_F(CommandsTest, AMissingSpecIsBadInput) {
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "submit", "/jobs/missing.yaml"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot read the spec"));
+  EXPECT_THAT(err_.str(), HasSubstr("/jobs/missing.yaml"));
+}
+
+TEST_F(CommandsTest, NoServerToTalkToIsExitThree) {
+  EXPECT_EQ(Run({"list"}), 3);
+  EXPECT_THAT(err_.str(), HasSubstr("no coordinator address"));
+  const std::string dead = DeadAddress();
+  EXPECT_EQ(Run({"--server", dead, "list"}), 3);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot reach the coordinator at " + dead));
+  server_env_ = dead;
+  EXPECT_EQ(Run({"status", "j-1", "--json"}), 3);
+  ASSERT_TRUE(fs_.CreateDirs("/state").ok());
+  ASSERT_TRUE(fs_.WriteFileAtomic("/state/server.addr", dead + "\n").ok());
+  server_env_.clear();
+  EXPECT_EQ(Run({"watch", "j-1"}), 3);  // gives up after the reconnect window (fake time)
+  EXPECT_GE(clock_.TotalSlept(), absl::Seconds(60));
+}
+
+TEST(ServerAddressTest, FlagThenEnvironmentThenStateFile) {
+  FakeFileSystem fs;
+  EXPECT_EQ(*ResolveServerAddress("a:1", "b:2", fs, "/s"), "a:1");
+  EXPECT_EQ(*ResolveServerAddress("", "b:2", fs, "/s"), "b:2");
+  EXPECT_TRUE(absl::IsUnavailable(ResolveServerAddress("", "", fs, "/s").status()));
+  ASSERT_TRUE(fs.CreateDirs("/s").ok());
+  ASSERT_TRUE(fs.WriteFileAtomic("/s/server.addr", "127.0.0.1:4567\n").ok());
+  EXPECT_EQ(*ResolveServerAddress("", "", fs, "/s"), "127.0.0.1:4567");
+}
+
+TEST(ExitCodeTest, ByStatus) {
+  EXPECT_EQ(ExitCodeForError(absl::InvalidArgumentError("x")), 2);
+  EXPECT_EQ(ExitCodeForError(absl::NotFoundError("x")), 2);
+  EXPECT_EQ(ExitCodeForError(absl::FailedPreconditionError("x")), 2);
+  EXPECT_EQ(ExitCodeForError(absl::ResourceExhaustedError("x")), 2);
+  EXPECT_EQ(ExitCodeForError(absl::UnavailableError("x")), 3);
+  EXPECT_EQ(ExitCodeForError(absl::DeadlineExceededError("x")), 3);
+  EXPECT_EQ(ExitCodeForError(absl::InternalError("x")), 1);
+}
+
+}  // namespace
+}  // namespace trainyard::cli

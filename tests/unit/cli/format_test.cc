@@ -1,0 +1,203 @@
+#include "tools/cli/format.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(FormatTest, StateNames) {
+  EXPECT_EQ(StateName(v1::JOB_STATE_RUNNING), "RUNNING");
+  EXPECT_EQ(StateName(v1::JOB_STATE_CANCELLED), "CANCELLED");
+  EXPECT_EQ(AttemptStateName(v1::ATTEMPT_STATE_STOPPING), "STOPPING");
+}
+
+TEST(FormatTest, Durations) {
+  EXPECT_EQ(FormatDuration(-1), "-");
+  EXPECT_EQ(FormatDuration(850), "850ms");
+  EXPECT_EQ(FormatDuration(42'900), "42s");
+  EXPECT_EQ(FormatDuration(185'000), "3m05s");
+  EXPECT_EQ(FormatDuration(7'440'000), "2h04m");
+  EXPECT_EQ(FormatDuration(266'400'000), "3d02h");
+}
+
+TEST(FormatTest, Counts) {
+  EXPECT_EQ(FormatCount(950), "950");
+  EXPECT_EQ(FormatCount(12'345), "12.3k");
+  EXPECT_EQ(FormatCount(4'560'000), "4.56M");
+  EXPECT_EQ(FormatCount(std::nan("")), "-");
+}
+
+TEST(FormatTest, Exits) {
+  v1::RankExit exit;
+  exit.set_exit_code(3);
+  EXPECT_EQ(FormatExit(exit), "exit code 3");
+  exit.set_signal(9);
+  EXPECT_EQ(FormatExit(exit), "killed by signal 9 (SIGKILL)");
+  exit.set_signal(0);
+  exit.set_exit_code(-1);
+  EXPECT_EQ(FormatExit(exit), "exit status unknown");
+}
+
+TEST(FormatTest, TimesAreUtc) {
+  EXPECT_EQ(FormatTime(0), "-");
+  EXPECT_EQ(FormatTime(1'700'000'000'000), "2023-11-14 22:13:20 UTC");
+}
+
+TEST(FormatTest, ProgressBars) {
+  EXPECT_EQ(ProgressBar(0, 4), "[----]");
+  EXPECT_EQ(ProgressBar(0.5, 4), "[##--]");
+  EXPECT_EQ(ProgressBar(1.7, 4), "[####]");
+  EXPECT_EQ(ProgressBar(std::nan(""), 4), "[----]");
+}
+
+TEST(FormatTest, Sparklines) {
+  EXPECT_EQ(Sparkline({}, 10), "");
+  EXPECT_EQ(Sparkline({4, 3, 2, 1}, 10), "█▆▃▁");
+  EXPECT_EQ(Sparkline({1, 1, 1}, 10), "▄▄▄");
+  // Only the last `width` finite values.
+  EXPECT_EQ(Sparkline({100, 5, std::numeric_limits<double>::infinity(), 1, 5}, 3), "█▁█");
+}
+
+v1::Job RunningJob() {
+  v1::Job job;
+  job.set_id("j-000004");
+  job.set_name("tiny");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_world_size(2);
+  job.set_attempts(1);
+  job.mutable_progress()->set_step(150);
+  job.mutable_progress()->set_total_steps(300);
+  job.mutable_progress()->set_loss(2.5);
+  job.mutable_progress()->set_tokens_per_second(12'345);
+  job.mutable_progress()->set_eta_ms(42'000);
+  return job;
+}
+
+TEST(FormatTest, WatchLineShowsBarStepLossSparklineRateAndEta) {
+  const std::string line = WatchLine(RunningJob(), {3.0, 2.5}, 0);
+  EXPECT_EQ(line,
+            "j-000004 tiny RUNNING [############------------]  50% | step 150/300 | loss 2.5000 "
+            "█▁ | 12.3k tok/s | ETA 42s");
+  v1::Job queued;
+  queued.set_id("j-1");
+  queued.set_name("x");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(WatchLine(queued, {}, 0), "j-1 x QUEUED | waiting for slots");
+}
+
+TEST(FormatTest, OutcomeLines) {
+  v1::Job job = RunningJob();
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_started_unix_ms(1000);
+  job.set_finished_unix_ms(63'000);
+  job.set_restarts(2);
+  job.set_message("rank 1 on node-b: killed by signal 9");
+  EXPECT_EQ(OutcomeLine(job),
+            "j-000004 tiny FAILED after 1m02s | step 150/300 | loss 2.5000 | 2 restarts | rank 1 "
+            "on node-b: killed by signal 9");
+  EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_SUCCEEDED), 0);
+  EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_FAILED), 1);
+  EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_CANCELLED), 4);
+  EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_RUNNING), -1);
+}
+
+TEST(FormatTest, JobTable) {
+  v1::Job queued;
+  queued.set_id("j-000005");
+  queued.set_name("second");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  queued.set_priority(-3);
+  queued.set_world_size(4);
+  queued.set_created_unix_ms(100'000);
+  const std::string table = JobTable({RunningJob(), queued}, 160'000);
+  EXPECT_EQ(table,
+            "ID        NAME    STATE    PRIORITY  RANKS  STEP     LOSS    AGE    USER\n"
+            "j-000004  tiny    RUNNING  0         2      150/300  2.5000  -      -\n"
+            "j-000005  second  QUEUED   -3        4      -        -       1m00s  -\n");
+}
+
+TEST(FormatTest, ReportNamesTheFailedRankNodeExitAndLastLogLines) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  reply.mutable_job()->set_state(v1::JOB_STATE_FAILED);
+  reply.mutable_job()->set_attempts(2);
+  reply.mutable_job()->set_restarts(1);
+  reply.mutable_job()->set_max_restarts(1);
+  reply.mutable_job()->set_message("restart limit reached");
+  (*reply.mutable_job()->mutable_labels())["team"] = "infra";
+  for (int id = 1; id <= 2; ++id) {
+    v1::Attempt* attempt = reply.add_attempts();
+    attempt->set_attempt_id(id);
+    attempt->set_state(v1::ATTEMPT_STATE_FAILED);
+    attempt->mutable_mesh()->set_dp(2);
+    attempt->mutable_mesh()->set_tp(1);
+    attempt->mutable_mesh()->set_pp(1);
+    v1::RankPlacement* place = attempt->add_placement();
+    place->set_rank(0);
+    place->set_node_id("node-a");
+    place->set_pid(100 + id);
+    v1::RankExit* ok = attempt->add_exits();
+    ok->set_rank(0);
+    ok->set_node_id("node-a");
+    v1::RankExit* bad = attempt->add_exits();
+    bad->set_rank(1);
+    bad->set_node_id("node-b");
+    bad->set_hostname("host-b");
+    bad->set_signal(9);
+    bad->set_pid(4242 + id);
+    bad->add_last_log_lines(absl::StrCat("attempt ", id, " step 3"));
+    bad->add_last_log_lines("the last line");
+  }
+  v1::Event* event = reply.add_events();
+  event->set_kind("failed");
+  event->set_to_state(v1::JOB_STATE_FAILED);
+  event->set_cause("restart limit reached");
+  const std::string report = JobReport(reply, 0);
+  EXPECT_THAT(report, HasSubstr("job j-000004 (tiny)\n"));
+  EXPECT_THAT(report, HasSubstr("state       FAILED"));
+  EXPECT_THAT(report, HasSubstr("labels      team=infra"));
+  EXPECT_THAT(report, HasSubstr("attempts    2 (1 restarts of 1 allowed)"));
+  EXPECT_THAT(report, HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 2 ranks"));
+  EXPECT_THAT(report, HasSubstr("placement   attempt 2 FAILED: 0→node-a:0 (pid 102)"));
+  EXPECT_THAT(report, HasSubstr("step 150/300 (50%) | loss 2.5000 | 12.3k tok/s"));
+  EXPECT_THAT(report, HasSubstr("ETA         42s"));
+  EXPECT_THAT(report, HasSubstr("checkpoint  none"));
+  EXPECT_THAT(report,
+              HasSubstr("  attempt 2: rank 1 on node node-b (host-b): killed by signal 9 "
+                        "(SIGKILL), pid 4244\n    | attempt 2 step 3\n    | the last line\n"));
+  EXPECT_THAT(report, HasSubstr("  attempt 1: rank 1 on node node-b (host-b): killed by signal 9 "
+                                "(SIGKILL), pid 4243\n"));
+  EXPECT_THAT(report, Not(HasSubstr("attempt 1 step 3")));  // older attempts: one line each
+  EXPECT_THAT(report, Not(HasSubstr("rank 0 on node")));    // rank 0 exited cleanly
+  EXPECT_THAT(report, HasSubstr("FAILED  failed  restart limit reached"));
+}
+
+TEST(FormatTest, JsonStrings) {
+  EXPECT_EQ(JsonString("a\"b\\c\nd\te"), "\"a\\\"b\\\\c\\nd\\te\"");
+  EXPECT_EQ(JsonString(std::string("\x01", 1)), "\"\\u0001\"");
+  EXPECT_EQ(JsonString("héllo ▁"), "\"héllo ▁\"");
+  EXPECT_EQ(JsonString("bad \xff byte"), "\"bad \\ufffd byte\"");
+  EXPECT_EQ(JsonString("cut \xe2\x96"), "\"cut \\ufffd\\ufffd\"");
+}
+
+TEST(FormatTest, JsonOfMessagesUsesProtoNames) {
+  v1::Job job = RunningJob();
+  const std::string json = ToJson(job);
+  EXPECT_THAT(json, HasSubstr("\"id\":\"j-000004\""));
+  EXPECT_THAT(json, HasSubstr("\"state\":\"JOB_STATE_RUNNING\""));
+  EXPECT_THAT(json, HasSubstr("\"world_size\":2"));
+  EXPECT_THAT(json, HasSubstr("\"total_steps\":\"300\""));  // int64 as a string, per proto3 JSON
+  EXPECT_THAT(json, Not(HasSubstr("\n")));
+}
+
+}  // namespace
+}  // namespace trainyard::cli

@@ -1,0 +1,240 @@
+#include "server/job_store.h"
+
+#include <filesystem>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "server/sqlite.h"
+#include "tests/unit/server/server_test_util.h"
+
+namespace trainyard::server {
+namespace {
+
+using testing::ScratchDir;
+
+JobRecord MakeJob(int64_t seq) {
+  JobRecord job;
+  job.seq = seq;
+  job.id = JobIdForSeq(seq);
+  job.name = "job" + std::to_string(seq);
+  job.spec_yaml = "name: x\n";
+  job.state = JobState::kQueued;
+  job.priority = 3;
+  job.requirements.nodes = 2;
+  job.requirements.ranks_per_node = 4;
+  job.requirements.kind = DeviceKind::kGpu;
+  job.requirements.mesh = Mesh{2, 4, 1, 1};
+  job.requirements.max_restarts = 5;
+  job.requirements.heartbeat_timeout = absl::Seconds(7);
+  job.user = "ada";
+  job.labels = {{"team", "research"}, {"cost", "12"}};
+  job.created = absl::FromUnixSeconds(1000);
+  return job;
+}
+
+AttemptRecord MakeAttempt(const std::string& job_id) {
+  AttemptRecord attempt;
+  attempt.job_id = job_id;
+  attempt.attempt_id = 1;
+  attempt.state = AttemptState::kRunning;
+  attempt.mesh = Mesh{2, 1, 1, 0};
+  attempt.created = absl::FromUnixSeconds(1001);
+  attempt.running = absl::FromUnixSeconds(1002);
+  for (int rank = 0; rank < 2; ++rank) {
+    RankSlot slot;
+    slot.rank = rank;
+    slot.node_id = "node-a";
+    slot.hostname = "host-a";
+    slot.slot = rank;
+    slot.local_rank = rank;
+    slot.pid = 100 + rank;
+    attempt.ranks.push_back(slot);
+  }
+  RankExit exit;
+  exit.exit_code = 3;
+  exit.pid = 101;
+  exit.exited = absl::FromUnixSeconds(1003);
+  exit.last_log_lines = {"loading", "boom: out of memory"};
+  attempt.ranks[1].exit = exit;
+  return attempt;
+}
+
+TEST(JobStoreTest, CommittedStateSurvivesReopen) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(7);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  NodeRecord node{"node-a",
+                  "host-a",
+                  8,
+                  {{0, "H100", int64_t{80} << 30}, {1, "H100", 5}},
+                  absl::FromUnixSeconds(900),
+                  absl::FromUnixSeconds(950)};
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreBatch batch;
+    batch.new_jobs.push_back(&job);
+    batch.events.push_back(EventRecord{0, job.id, 0, absl::FromUnixSeconds(1000), JobState::kQueued,
+                                       JobState::kQueued, "submitted", "hi"});
+    ASSERT_TRUE((*store)->Commit(batch).ok());
+    EXPECT_GT(batch.events[0].id, 0);
+
+    job.state = JobState::kRunning;
+    job.current_attempt = 1;
+    job.attempts = 1;
+    job.progress.step = 42;
+    job.progress.loss = 2.5;
+    job.progress.val_loss = 2.75;
+    job.progress.eta = absl::Seconds(30);
+    job.progress.step_times.forward_ms = 1.5;
+    job.last_checkpoint = CheckpointInfo{40, "/ckpt/40", absl::FromUnixSeconds(1010)};
+    StoreBatch update;
+    update.updated_jobs.push_back(&job);
+    update.attempts.push_back(&attempt);
+    update.nodes.push_back(&node);
+    update.events.push_back(EventRecord{0, job.id, 1, absl::FromUnixSeconds(1002),
+                                        JobState::kStarting, JobState::kRunning, "running",
+                                        "all joined"});
+    ASSERT_TRUE((*store)->Commit(update).ok());
+  }
+  EXPECT_TRUE(std::filesystem::exists(path + "-wal") || std::filesystem::exists(path));
+
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  const JobRecord& loaded = state->jobs[0];
+  EXPECT_EQ(state->max_job_seq, 7);
+  EXPECT_EQ(loaded.id, "j-000007");
+  EXPECT_EQ(loaded.state, JobState::kRunning);
+  EXPECT_EQ(loaded.priority, 3);
+  EXPECT_EQ(loaded.requirements.nodes, 2);
+  EXPECT_EQ(loaded.requirements.ranks_per_node, 4);
+  EXPECT_EQ(loaded.requirements.kind, DeviceKind::kGpu);
+  EXPECT_EQ(loaded.requirements.mesh.tp, 4);
+  EXPECT_EQ(loaded.requirements.mesh.zero_stage, 1);
+  EXPECT_EQ(loaded.requirements.max_restarts, 5);
+  EXPECT_EQ(loaded.requirements.heartbeat_timeout, absl::Seconds(7));
+  EXPECT_EQ(loaded.labels, job.labels);
+  EXPECT_EQ(loaded.user, "ada");
+  EXPECT_EQ(loaded.created, absl::FromUnixSeconds(1000));
+  EXPECT_EQ(loaded.started, absl::InfinitePast());
+  EXPECT_EQ(loaded.progress.step, 42);
+  EXPECT_EQ(loaded.progress.val_loss, 2.75);
+  EXPECT_EQ(loaded.progress.eta, absl::Seconds(30));
+  EXPECT_EQ(loaded.progress.step_times.forward_ms, 1.5);
+  EXPECT_EQ(loaded.last_checkpoint.path, "/ckpt/40");
+  EXPECT_EQ(loaded.last_checkpoint.written, absl::FromUnixSeconds(1010));
+
+  ASSERT_EQ(state->attempts.size(), 1u);
+  const AttemptRecord& a = state->attempts[0];
+  EXPECT_EQ(a.state, AttemptState::kRunning);
+  ASSERT_EQ(a.ranks.size(), 2u);
+  EXPECT_EQ(a.ranks[0].pid, 100);
+  EXPECT_FALSE(a.ranks[0].exit.has_value());
+  ASSERT_TRUE(a.ranks[1].exit.has_value());
+  EXPECT_EQ(a.ranks[1].exit->exit_code, 3);
+  EXPECT_EQ(a.ranks[1].exit->last_log_lines,
+            (std::vector<std::string>{"loading", "boom: out of memory"}));
+
+  ASSERT_EQ(state->nodes.size(), 1u);
+  EXPECT_EQ(state->nodes[0].cpu_slots, 8);
+  ASSERT_EQ(state->nodes[0].gpus.size(), 2u);
+  EXPECT_EQ(state->nodes[0].gpus[0].memory_bytes, int64_t{80} << 30);
+  EXPECT_EQ(state->nodes[0].gpus[1].name, "H100");
+
+  auto events = (*store)->ListEvents(job.id, 10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].kind, "submitted");
+  EXPECT_EQ((*events)[1].kind, "running");
+  EXPECT_EQ((*events)[1].from, JobState::kStarting);
+  auto newest = (*store)->ListEvents(job.id, 1);
+  ASSERT_TRUE(newest.ok());
+  ASSERT_EQ(newest->size(), 1u);
+  EXPECT_EQ((*newest)[0].kind, "running");
+}
+
+TEST(JobStoreTest, FailedBatchStoresNothing) {
+  ScratchDir dir;
+  auto store = JobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  JobRecord first = MakeJob(1);
+  StoreBatch batch;
+  batch.new_jobs.push_back(&first);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+
+  JobRecord second = MakeJob(2);
+  JobRecord duplicate = MakeJob(1);  // same id and seq as `first`
+  StoreBatch bad;
+  bad.new_jobs = {&second, &duplicate};
+  bad.events.push_back(EventRecord{0, second.id, 0, absl::Now(), JobState::kQueued,
+                                   JobState::kQueued, "submitted", ""});
+  absl::Status status = (*store)->Commit(bad);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_EQ(state->jobs[0].id, first.id);
+  auto events = (*store)->ListEvents(second.id, 10);
+  ASSERT_TRUE(events.ok());
+  EXPECT_TRUE(events->empty());
+}
+
+TEST(JobStoreTest, ClientRequestIdIsUniqueAndFindable) {
+  ScratchDir dir;
+  auto store = JobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  JobRecord a = MakeJob(1);
+  a.client_request_id = "req-1";
+  JobRecord b = MakeJob(2);  // no key: many jobs may have none
+  JobRecord c = MakeJob(3);
+  StoreBatch batch;
+  batch.new_jobs = {&a, &b, &c};
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  auto found = (*store)->FindJobByClientRequestId("req-1");
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->value_or(""), a.id);
+  auto missing = (*store)->FindJobByClientRequestId("req-2");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+
+  JobRecord again = MakeJob(4);
+  again.client_request_id = "req-1";
+  StoreBatch dup;
+  dup.new_jobs = {&again};
+  EXPECT_EQ((*store)->Commit(dup).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(JobStoreTest, RefusesAnUnknownSchemaVersion) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  ASSERT_TRUE(JobStore::Open(path).ok());
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("UPDATE meta SET value='99' WHERE key='schema_version'").ok());
+  }
+  auto store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_NE(store.status().message().find("99"), std::string_view::npos);
+}
+
+TEST(JobStoreTest, UsesWriteAheadLogging) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  ASSERT_TRUE(JobStore::Open(path).ok());
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto pragma = (*db)->Prepare("PRAGMA journal_mode");
+  ASSERT_TRUE(pragma.ok());
+  auto row = (*pragma)->Step();
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_EQ((*pragma)->Text(0), "wal");
+}
+
+}  // namespace
+}  // namespace trainyard::server

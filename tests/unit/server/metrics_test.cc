@@ -1,0 +1,85 @@
+#include "server/metrics.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "server/coordinator.h"
+
+namespace trainyard::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
+  MetricsSnapshot snapshot;
+  for (int s = 1; s <= 7; ++s) snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
+  snapshot.jobs_by_state[JobState::kRunning] = 2;
+  snapshot.attempts_total = 5;
+  snapshot.restarts_by_cause["node_lost"] = 1;
+  JobMetrics job;
+  job.job_id = "j-000007";
+  job.name = "tiny";
+  job.state = JobState::kRunning;
+  job.progress.step = 42;
+  job.progress.loss = 2.5;
+  job.progress.tokens_per_second = 900;
+  job.progress.step_times.total_ms = 250;
+  job.labels = {{"team/area", "research"}};
+  snapshot.jobs.push_back(job);
+  NodeStatus node;
+  node.record.node_id = "node-a";
+  node.connected = true;
+  node.heartbeat_age = absl::Milliseconds(1500);
+  node.free_slots = 3;
+  snapshot.nodes.push_back(node);
+
+  const std::string text = prometheus::TextSerializer().Serialize(MetricFamilies(snapshot));
+  EXPECT_THAT(text, HasSubstr("trainyard_jobs{state=\"RUNNING\"} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_jobs{state=\"FAILED\"} 0"));
+  EXPECT_THAT(text, HasSubstr("trainyard_attempts_total 5"));
+  EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"node_lost\"} 1"));
+  EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"rank_failed\"} 0"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_step{job_id=\"j-000007\",job_name=\"tiny\","
+                              "label_team_area=\"research\"} 42"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_loss{"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_step_time_seconds{job_id=\"j-000007\",job_name="
+                              "\"tiny\",label_team_area=\"research\"} 0.25"));
+  EXPECT_THAT(text, HasSubstr("trainyard_node_heartbeat_age_seconds{node=\"node-a\"} 1.5"));
+  EXPECT_THAT(text, HasSubstr("trainyard_node_free_slots{node=\"node-a\"} 3"));
+}
+
+TEST(AddressTest, LoopbackAndHostPortParsing) {
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("127.1.2.3"));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_TRUE(IsLoopbackHost("::1"));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+  EXPECT_FALSE(IsLoopbackHost("::"));
+  auto v4 = SplitHostPort("127.0.0.1:8080");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->first, "127.0.0.1");
+  EXPECT_EQ(v4->second, 8080);
+  auto v6 = SplitHostPort("[::1]:0");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->first, "::1");
+  EXPECT_FALSE(SplitHostPort("no-port").ok());
+  EXPECT_FALSE(SplitHostPort("host:99999").ok());
+  EXPECT_FALSE(SplitHostPort("::1:80").ok());
+  EXPECT_FALSE(SplitHostPort(":80").ok());
+}
+
+TEST(CoordinatorTest, RefusesAnExposedAddressWithoutTls) {
+  CoordinatorOptions options;
+  options.listen = "0.0.0.0:0";
+  options.state_dir = ::testing::TempDir() + "/coordinator_refuses";
+  auto coordinator = Coordinator::Start(options);
+  EXPECT_EQ(coordinator.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(coordinator.status().message()), HasSubstr("TLS"));
+  options.listen = "127.0.0.1:0";
+  options.tls_cert_file = "cert.pem";  // a certificate without a key
+  EXPECT_EQ(Coordinator::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard::server

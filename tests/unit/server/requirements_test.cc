@@ -1,0 +1,42 @@
+#include "server/requirements.h"
+
+#include "gtest/gtest.h"
+
+namespace trainyard::server {
+namespace {
+
+config::JobSpec Spec(int nodes, int per_node, int dp, int tp, int pp) {
+  config::JobSpec spec;
+  spec.resources.nodes = nodes;
+  spec.resources.devices_per_node = per_node;
+  spec.resources.kind = config::DeviceKind::kGpu;
+  spec.parallelism.dp = dp;
+  spec.parallelism.tp = tp;
+  spec.parallelism.pp = pp;
+  spec.parallelism.zero = 2;
+  spec.fault_tolerance.max_restarts = 4;
+  spec.fault_tolerance.heartbeat_timeout_s = 2.5;
+  return spec;
+}
+
+TEST(RequirementsTest, CopiesThePlacementShape) {
+  auto req = RequirementsFromSpec(Spec(2, 4, 2, 2, 2));
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->world_size(), 8);
+  EXPECT_EQ(req->kind, DeviceKind::kGpu);
+  EXPECT_EQ(req->mesh.zero_stage, 2);
+  EXPECT_EQ(req->max_restarts, 4);
+  EXPECT_EQ(req->heartbeat_timeout, absl::Milliseconds(2500));
+}
+
+TEST(RequirementsTest, RefusesMeshesThePlacementCannotHold) {
+  auto mismatch = RequirementsFromSpec(Spec(1, 2, 4, 1, 1));
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find("resources"), std::string::npos);
+  auto split_tp = RequirementsFromSpec(Spec(2, 2, 1, 4, 1));
+  EXPECT_EQ(split_tp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(split_tp.status().message().find("parallelism.tp"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainyard::server

@@ -1,0 +1,112 @@
+#include "server/scheduler.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::server {
+namespace {
+
+using ::testing::ElementsAre;
+
+PendingJob Job(const std::string& id, int priority, int64_t seq, int nodes, int per_node,
+               DeviceKind kind = DeviceKind::kCpu, int tp = 1) {
+  PendingJob job;
+  job.job_id = id;
+  job.priority = priority;
+  job.seq = seq;
+  job.requirements.nodes = nodes;
+  job.requirements.ranks_per_node = per_node;
+  job.requirements.kind = kind;
+  job.requirements.mesh.tp = tp;
+  job.requirements.mesh.dp = nodes * per_node / tp;
+  return job;
+}
+
+NodeView Node(const std::string& id, int cpu_slots, std::vector<int> gpus = {}) {
+  NodeView node;
+  node.node_id = id;
+  node.hostname = id + ".local";
+  for (int i = 0; i < cpu_slots; ++i) node.free_cpu_slots.push_back(i);
+  node.free_gpus = std::move(gpus);
+  return node;
+}
+
+TEST(SchedulerTest, HigherPriorityFirstThenFifo) {
+  Scheduler scheduler;
+  scheduler.Enqueue(Job("low-old", 0, 1, 1, 1));
+  scheduler.Enqueue(Job("high-new", 5, 3, 1, 1));
+  scheduler.Enqueue(Job("low-new", 0, 2, 1, 1));
+  scheduler.Enqueue(Job("high-old", 5, 2, 1, 1));
+  EXPECT_THAT(scheduler.QueueOrder(), ElementsAre("high-old", "high-new", "low-old", "low-new"));
+}
+
+TEST(SchedulerTest, GangAllocationIsAllOrNothing) {
+  Scheduler scheduler;
+  scheduler.Enqueue(Job("big", 0, 1, 2, 2));
+  // Only one node has room for 2 ranks: nothing is placed, nothing is taken.
+  auto placements = scheduler.Schedule({Node("a", 2), Node("b", 1)});
+  EXPECT_TRUE(placements.empty());
+  EXPECT_TRUE(scheduler.Contains("big"));
+  placements = scheduler.Schedule({Node("a", 2), Node("b", 2)});
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_FALSE(scheduler.Contains("big"));
+  const auto& ranks = placements[0].ranks;
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_EQ(ranks[0].node_id, "a");
+  EXPECT_EQ(ranks[1].node_id, "a");
+  EXPECT_EQ(ranks[2].node_id, "b");
+  EXPECT_EQ(ranks[3].node_id, "b");
+  EXPECT_EQ(ranks[2].local_rank, 0);
+  EXPECT_EQ(ranks[3].local_rank, 1);
+  EXPECT_EQ(ranks[3].slot, 1);
+  EXPECT_EQ(ranks[0].hostname, "a.local");
+}
+
+TEST(SchedulerTest, TensorParallelGroupsStayInsideANode) {
+  Scheduler scheduler;
+  scheduler.Enqueue(Job("tp", 0, 1, 2, 4, DeviceKind::kCpu, /*tp=*/4));
+  auto placements = scheduler.Schedule({Node("b", 4), Node("a", 6)});
+  ASSERT_EQ(placements.size(), 1u);
+  const auto& ranks = placements[0].ranks;
+  for (int group = 0; group < 2; ++group) {
+    for (int i = 1; i < 4; ++i) {
+      EXPECT_EQ(ranks[group * 4 + i].node_id, ranks[group * 4].node_id) << "group " << group;
+    }
+  }
+  EXPECT_NE(ranks[0].node_id, ranks[4].node_id);
+}
+
+TEST(SchedulerTest, NoBackfillPastABlockedJobOfTheSameKind) {
+  Scheduler scheduler;
+  scheduler.Enqueue(Job("needs-4", 10, 1, 1, 4));
+  scheduler.Enqueue(Job("needs-1", 0, 2, 1, 1));
+  scheduler.Enqueue(Job("gpu-1", 0, 3, 1, 1, DeviceKind::kGpu));
+  auto placements = scheduler.Schedule({Node("cpu", 2), Node("gpu", 0, {0, 1})});
+  // The small CPU job waits behind the big one; the GPU job is not blocked by CPU jobs.
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "gpu-1");
+  EXPECT_EQ(placements[0].ranks[0].node_id, "gpu");
+  EXPECT_THAT(scheduler.QueueOrder(), ElementsAre("needs-4", "needs-1"));
+}
+
+TEST(SchedulerTest, PlacesSeveralJobsOnDisjointSlotsBestFit) {
+  Scheduler scheduler;
+  scheduler.Enqueue(Job("one", 0, 1, 1, 1));
+  scheduler.Enqueue(Job("two", 0, 2, 1, 2));
+  scheduler.Enqueue(Job("three", 0, 3, 1, 3));
+  auto placements = scheduler.Schedule({Node("big", 4), Node("small", 1)});
+  ASSERT_EQ(placements.size(), 2u);
+  // Best fit: the 1-rank job takes the 1-slot node, keeping the big node whole.
+  EXPECT_EQ(placements[0].job_id, "one");
+  EXPECT_EQ(placements[0].ranks[0].node_id, "small");
+  EXPECT_EQ(placements[1].job_id, "two");
+  EXPECT_EQ(placements[1].ranks[0].slot, 0);
+  EXPECT_EQ(placements[1].ranks[1].slot, 1);
+  EXPECT_THAT(scheduler.QueueOrder(), ElementsAre("three"));
+  EXPECT_TRUE(scheduler.Remove("three"));
+  EXPECT_FALSE(scheduler.Remove("three"));
+  EXPECT_EQ(scheduler.size(), 0u);
+}
+
+}  // namespace
+}  // namespace trainyard::server

@@ -1,0 +1,154 @@
+#include "worker/progress_reporter.h"
+
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/clock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace v1 = ::trainyard::v1;
+
+class FakeProgressChannel : public ProgressChannel {
+ public:
+  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report) override {
+    reports.push_back(report);
+    if (!next_status.ok()) return next_status;
+    v1::ProgressReply reply;
+    reply.set_order(next_order);
+    return reply;
+  }
+
+  std::vector<v1::ProgressReport> reports;
+  absl::Status next_status;
+  v1::Order next_order = v1::ORDER_CONTINUE;
+};
+
+StepReport Step(int64_t step, double seconds = 0.1, double tokens_per_second = 1000) {
+  StepReport report;
+  report.step = step;
+  report.total_steps = 100;
+  report.loss = 5.0 - 0.01 * step;
+  report.learning_rate = 1e-3;
+  report.grad_norm = 0.5;
+  report.step_seconds = seconds;
+  report.tokens_per_second = tokens_per_second;
+  return report;
+}
+
+class ProgressReporterTest : public ::testing::Test {
+ protected:
+  FakeProgressChannel channel_;
+  FakeClock clock_;
+  ProgressReporter reporter_{&channel_, WorkerIdentity{"j-000003", 2, 1}, &clock_,
+                             absl::Milliseconds(500)};
+};
+
+TEST_F(ProgressReporterTest, ReportsAtMostEveryIntervalWithAveragedTimes) {
+  ASSERT_TRUE(reporter_.OnStep(Step(1)).ok());
+  ASSERT_EQ(channel_.reports.size(), 1u);
+  const v1::ProgressReport& first = channel_.reports[0];
+  EXPECT_EQ(first.job_id(), "j-000003");
+  EXPECT_EQ(first.attempt_id(), 2);
+  EXPECT_EQ(first.rank(), 1);
+  EXPECT_EQ(first.step(), 1);
+  EXPECT_EQ(first.total_steps(), 100);
+  EXPECT_DOUBLE_EQ(first.loss(), 4.99);
+  EXPECT_DOUBLE_EQ(first.learning_rate(), 1e-3);
+  EXPECT_DOUBLE_EQ(first.grad_norm(), 0.5);
+  EXPECT_FALSE(first.has_val_loss());
+
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(reporter_.OnStep(Step(2, 0.1, 1000)).ok());
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(reporter_.OnStep(Step(3, 0.3, 3000)).ok());
+  EXPECT_EQ(channel_.reports.size(), 1u);
+  clock_.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(reporter_.OnStep(Step(4, 0.2, 2000)).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  const v1::ProgressReport& second = channel_.reports[1];
+  EXPECT_EQ(second.step(), 4);
+  // Steps 2-4: 0.6 s in all, 100 + 900 + 400 tokens.
+  EXPECT_NEAR(second.step_times().total_ms(), 200.0, 1e-9);
+  EXPECT_NEAR(second.tokens_per_second(), 1400 / 0.6, 1e-6);
+  EXPECT_EQ(reporter_.reports_sent(), 2);
+}
+
+TEST_F(ProgressReporterTest, LastStepAndEvaluationsAreAlwaysReported) {
+  ASSERT_TRUE(reporter_.OnStep(Step(1)).ok());
+  StepReport eval = Step(2);
+  eval.val_loss = 3.25;
+  ASSERT_TRUE(reporter_.OnStep(eval).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  EXPECT_TRUE(channel_.reports[1].has_val_loss());
+  EXPECT_DOUBLE_EQ(channel_.reports[1].val_loss(), 3.25);
+  ASSERT_TRUE(reporter_.OnStep(Step(100)).ok());
+  ASSERT_EQ(channel_.reports.size(), 3u);
+  EXPECT_EQ(channel_.reports[2].step(), 100);
+  EXPECT_TRUE(channel_.reports[2].has_val_loss());  // the latest one is carried along
+}
+
+TEST_F(ProgressReporterTest, StopAndDrainOrdersCancel) {
+  channel_.next_order = v1::ORDER_STOP;
+  absl::Status stop = reporter_.OnStep(Step(7));
+  EXPECT_EQ(stop.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(stop.message(), "stopped by the coordinator at step 7");
+  channel_.next_order = v1::ORDER_DRAIN;
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(reporter_.OnStep(Step(8)).code(), absl::StatusCode::kCancelled);
+  channel_.next_order = v1::ORDER_CHECKPOINT;
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(reporter_.OnStep(Step(9)).ok());
+}
+
+TEST_F(ProgressReporterTest, AnEndedAttemptAborts) {
+  channel_.next_status = absl::FailedPreconditionError("attempt 2 of j-000003 is superseded");
+  absl::Status status = reporter_.OnStep(Step(1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(status.message(),
+            "the coordinator ended this attempt: attempt 2 of j-000003 is superseded");
+  channel_.next_status = absl::NotFoundError("no such job");
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(reporter_.OnStep(Step(2)).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(ProgressReporterTest, AnUnreachableCoordinatorDoesNotStopTraining) {
+  channel_.next_status = absl::UnavailableError("connection refused");
+  EXPECT_TRUE(reporter_.OnStep(Step(1)).ok());
+  clock_.Advance(absl::Seconds(1));
+  channel_.next_status = absl::DeadlineExceededError("deadline");
+  EXPECT_TRUE(reporter_.OnStep(Step(2)).ok());
+  EXPECT_EQ(reporter_.reports_sent(), 0);
+  clock_.Advance(absl::Seconds(1));
+  channel_.next_status = absl::OkStatus();
+  EXPECT_TRUE(reporter_.OnStep(Step(3)).ok());
+  EXPECT_EQ(reporter_.reports_sent(), 1);
+  EXPECT_EQ(channel_.reports.size(), 3u);
+}
+
+TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
+  ProgressReporter reporter(&channel_, WorkerIdentity{"j-1", 1, 0}, &clock_,
+                            absl::Milliseconds(500), absl::Minutes(10));
+  channel_.next_status = absl::UnavailableError("connection refused");
+  EXPECT_TRUE(reporter.OnStep(Step(1)).ok());
+  clock_.Advance(absl::Minutes(9));
+  EXPECT_TRUE(reporter.OnStep(Step(2)).ok());
+  // Reachable again: the clock starts over.
+  channel_.next_status = absl::OkStatus();
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(reporter.OnStep(Step(3)).ok());
+  channel_.next_status = absl::UnavailableError("connection refused");
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(reporter.OnStep(Step(4)).ok());
+  clock_.Advance(absl::Minutes(9));
+  EXPECT_TRUE(reporter.OnStep(Step(5)).ok());
+  clock_.Advance(absl::Minutes(2));
+  absl::Status status = reporter.OnStep(Step(6));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(status.message(), "unreachable for over 10m")) << status;
+}
+
+}  // namespace
+}  // namespace trainyard::worker

@@ -1,0 +1,444 @@
+#include "tools/cli/commands.h"
+
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "tools/cli/format.h"
+#include "tools/cli/job_client.h"
+#include "tools/cli/server_address.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr char kUsage[] = R"(usage: trainyard [--server HOST:PORT] [--json] COMMAND [ARGS]
+
+commands:
+  submit SPEC.yaml [--watch]        queue a job and print its id; --watch follows it to the end
+  list [--state STATE]... [--limit N]
+  status JOB                        state, attempts, mesh, progress, ETA, checkpoint, failures
+  watch JOB                         live progress until the job ends (exit 0/1/4: succeeded,
+                                    failed, cancelled)
+  logs JOB [--rank R] [--attempt A] [--tail N] [--follow]
+  cancel JOB [--reason TEXT]
+  nodes                             the agents and their slots
+
+--server defaults to $TRAINYARD_SERVER, else ./trainyard-state/server.addr.
+--json prints machine-readable JSON (one object per line) for every command.
+)";
+
+// How long watch keeps trying to reconnect when the coordinator goes away (it may restart).
+constexpr absl::Duration kReconnectWindow = absl::Seconds(60);
+constexpr absl::Duration kReconnectPause = absl::Milliseconds(500);
+constexpr int kSubmitTries = 5;
+
+// The parsed command line: global flags, the command, its positionals and flags.
+struct CommandLine {
+  std::string server;
+  bool json = false;
+  bool help = false;
+  std::string command;
+  std::vector<std::string> positionals;
+  std::map<std::string, std::vector<std::string>> flags;  // name -> values ("" for switches)
+
+  bool Has(const std::string& name) const { return flags.count(name) > 0; }
+  std::string Value(const std::string& name) const {
+    auto it = flags.find(name);
+    return it == flags.end() ? "" : it->second.back();
+  }
+};
+
+// Flags each command takes: name -> takes a value.
+const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
+  static const auto* flags = new std::map<std::string, std::map<std::string, bool>>{
+      {"submit", {{"watch", false}}},
+      {"list", {{"state", true}, {"limit", true}}},
+      {"status", {}},
+      {"watch", {}},
+      {"logs", {{"rank", true}, {"attempt", true}, {"tail", true}, {"follow", false}}},
+      {"cancel", {{"reason", true}}},
+      {"nodes", {}},
+  };
+  return *flags;
+}
+
+absl::StatusOr<CommandLine> Parse(const std::vector<std::string>& args) {
+  CommandLine line;
+  std::vector<std::pair<std::string, std::optional<std::string>>> pending;  // command flags
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "-h" || arg == "--help") {
+      line.help = true;
+      continue;
+    }
+    if (arg == "-f") {
+      pending.emplace_back("follow", std::nullopt);
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--") || arg == "--") {
+      if (line.command.empty()) {
+        line.command = arg;
+      } else {
+        line.positionals.push_back(arg);
+      }
+      continue;
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const size_t equals = name.find('='); equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    }
+    if (name == "json") {
+      line.json = true;
+    } else if (name == "server") {
+      if (!value) {
+        if (i + 1 >= args.size()) return absl::InvalidArgumentError("--server needs a value");
+        value = args[++i];
+      }
+      line.server = *value;
+    } else {
+      // Command flags are resolved once the command is known; a value may follow.
+      pending.emplace_back(name, value);
+      if (!value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "-")) {
+        pending.back().second = args[++i];
+        pending.back().first = "?" + name;  // a value that may be a positional instead
+      }
+    }
+  }
+  if (line.help || line.command.empty()) return line;
+  auto known = CommandFlags().find(line.command);
+  if (known == CommandFlags().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command '", line.command, "'"));
+  }
+  for (auto& [raw_name, value] : pending) {
+    const bool guessed = absl::StartsWith(raw_name, "?");
+    const std::string name = guessed ? raw_name.substr(1) : raw_name;
+    auto flag = known->second.find(name);
+    if (flag == known->second.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " for '", line.command, "'"));
+    }
+    if (flag->second) {
+      if (!value) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      line.flags[name].push_back(*value);
+    } else {
+      if (value && !guessed) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      }
+      line.flags[name].push_back("");
+      if (value) line.positionals.push_back(*value);  // it was a positional after a switch
+    }
+  }
+  return line;
+}
+
+absl::StatusOr<int> NonNegative(const CommandLine& line, const std::string& name, int fallback) {
+  if (!line.Has(name)) return fallback;
+  int value = 0;
+  if (!absl::SimpleAtoi(line.Value(name), &value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be a non-negative integer, got '", line.Value(name), "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::string> OneJobId(const CommandLine& line) {
+  if (line.positionals.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("usage: trainyard ", line.command, " JOB"));
+  }
+  return line.positionals[0];
+}
+
+std::string RandomRequestId() {
+  std::random_device device;
+  return absl::StrFormat("cli-%08x%08x%08x", device(), device(), device());
+}
+
+int64_t NowMs(const CliIo& io) { return absl::ToUnixMillis(io.clock->Now()); }
+
+class Cli {
+ public:
+  Cli(const CommandLine& line, const CliIo& io, JobClient& client)
+      : line_(line), io_(io), out_(*io.out), client_(client) {}
+
+  absl::StatusOr<int> Run() {
+    const std::string& c = line_.command;
+    if (c == "submit") return Submit();
+    if (c == "list") return List();
+    if (c == "status") return Status();
+    if (c == "watch") {
+      TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+      return Watch(id);
+    }
+    if (c == "logs") return Logs();
+    if (c == "cancel") return Cancel();
+    return Nodes();
+  }
+
+ private:
+  absl::StatusOr<int> Submit() {
+    if (line_.positionals.size() != 1) {
+      return absl::InvalidArgumentError("usage: trainyard submit SPEC.yaml [--watch]");
+    }
+    const std::string& path = line_.positionals[0];
+    absl::StatusOr<std::string> spec = io_.fs->ReadFile(path);
+    if (!spec.ok()) return Annotate(spec.status(), "cannot read the spec");
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(*spec);
+    request.set_spec_source(path);
+    request.set_user(io_.user);
+    request.set_client_request_id(RandomRequestId());  // makes the retries below safe
+    absl::StatusOr<v1::Job> job;
+    for (int attempt = 1; attempt <= kSubmitTries; ++attempt) {
+      job = client_.Submit(request);
+      if (!absl::IsUnavailable(job.status()) || attempt == kSubmitTries) break;
+      io_.clock->SleepFor(absl::Milliseconds(300));
+    }
+    if (!job.ok()) return job.status();
+    if (line_.json) {
+      out_ << ToJson(*job) << std::endl;
+    } else {
+      out_ << job->id() << std::endl;
+    }
+    if (!line_.Has("watch")) return 0;
+    return Watch(job->id());
+  }
+
+  absl::StatusOr<int> List() {
+    if (!line_.positionals.empty()) {
+      return absl::InvalidArgumentError("usage: trainyard list [--state STATE]... [--limit N]");
+    }
+    std::vector<v1::JobState> states;
+    if (line_.Has("state")) {
+      for (const std::string& name : line_.flags.at("state")) {
+        v1::JobState state;
+        if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)), &state) ||
+            state == v1::JOB_STATE_UNSPECIFIED) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "unknown state '", name,
+              "' (queued, starting, running, restarting, succeeded, failed, cancelled)"));
+        }
+        states.push_back(state);
+      }
+    }
+    TY_ASSIGN_OR_RETURN(const int limit, NonNegative(line_, "limit", 0));
+    TY_ASSIGN_OR_RETURN(const std::vector<v1::Job> jobs, client_.List(states, limit));
+    if (line_.json) {
+      v1::ListJobsReply reply;
+      for (const v1::Job& job : jobs) *reply.add_jobs() = job;
+      out_ << ToJson(reply) << std::endl;
+    } else {
+      out_ << JobTable(jobs, NowMs(io_));
+    }
+    return 0;
+  }
+
+  absl::StatusOr<int> Status() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    TY_ASSIGN_OR_RETURN(const v1::GetJobReply reply, client_.Get(id));
+    if (line_.json) {
+      out_ << ToJson(reply) << std::endl;
+    } else {
+      out_ << JobReport(reply, NowMs(io_));
+    }
+    return 0;
+  }
+
+  absl::StatusOr<int> Cancel() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Cancel(id, line_.Value("reason")));
+    if (line_.json) {
+      out_ << ToJson(job) << std::endl;
+    } else if (job.state() == v1::JOB_STATE_CANCELLED) {
+      out_ << job.id() << " is cancelled" << std::endl;
+    } else {
+      out_ << "cancelling " << job.id() << " (" << StateName(job.state())
+           << "); its workers are being stopped" << std::endl;
+    }
+    return 0;
+  }
+
+  absl::StatusOr<int> Nodes() {
+    if (!line_.positionals.empty()) return absl::InvalidArgumentError("usage: trainyard nodes");
+    TY_ASSIGN_OR_RETURN(const std::vector<v1::Node> nodes, client_.Nodes());
+    if (line_.json) {
+      v1::ListNodesReply reply;
+      for (const v1::Node& node : nodes) *reply.add_nodes() = node;
+      out_ << ToJson(reply) << std::endl;
+    } else {
+      out_ << NodeTable(nodes);
+    }
+    return 0;
+  }
+
+  // Follows the job until it is final, reconnecting while the coordinator restarts.
+  absl::StatusOr<int> Watch(const std::string& id) {
+    std::vector<double> losses;
+    int64_t last_step = -1;
+    std::string last_line;
+    std::optional<v1::Job> final_job;
+    int64_t outage_started = -1;
+    auto on_update = [&](const v1::JobUpdate& update) {
+      outage_started = -1;
+      const v1::Job& job = update.job();
+      if (job.progress().step() > 0 && job.progress().step() != last_step) {
+        last_step = job.progress().step();
+        losses.push_back(job.progress().loss());
+      }
+      if (line_.json) {
+        out_ << ToJson(update) << std::endl;
+      } else {
+        ShowUpdate(update, losses, &last_line);
+      }
+      if (OutcomeExitCode(job.state()) >= 0) final_job = job;
+      return true;
+    };
+    while (!final_job) {
+      const absl::Status status = client_.Watch(id, on_update);
+      if (final_job) break;
+      if (!status.ok() && !absl::IsUnavailable(status)) return status;
+      // The stream ended early (the coordinator is shutting down or restarting): reconnect.
+      const int64_t now = io_.clock->NowNanosMonotonic();
+      if (outage_started < 0) outage_started = now;
+      if (now - outage_started > absl::ToInt64Nanoseconds(kReconnectWindow)) {
+        return status.ok() ? absl::UnavailableError(absl::StrCat("the coordinator at ",
+                                                                 client_.address(), " went away"))
+                           : status;
+      }
+      io_.clock->SleepFor(kReconnectPause);
+    }
+    if (!line_.json) {
+      if (io_.out_is_tty && !last_line.empty()) out_ << "\n";
+      out_ << OutcomeLine(*final_job) << std::endl;
+    }
+    return OutcomeExitCode(final_job->state());
+  }
+
+  void ShowUpdate(const v1::JobUpdate& update, const std::vector<double>& losses,
+                  std::string* last_line) {
+    const std::string line = WatchLine(update.job(), losses, NowMs(io_));
+    std::string event;
+    if (update.has_event() && !update.event().kind().empty()) {
+      event = absl::StrCat("event: ", update.event().kind(),
+                           update.event().cause().empty() ? "" : " - ", update.event().cause());
+    }
+    if (io_.out_is_tty) {
+      out_ << "\r\033[K";
+      if (!event.empty()) out_ << event << "\n";
+      out_ << line << std::flush;
+    } else {
+      if (!event.empty()) out_ << event << "\n";
+      if (line != *last_line) out_ << line << "\n";
+      out_ << std::flush;
+    }
+    *last_line = line;
+  }
+
+  absl::StatusOr<int> Logs() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    v1::GetLogsRequest request;
+    request.set_job_id(id);
+    TY_ASSIGN_OR_RETURN(const int attempt, NonNegative(line_, "attempt", 0));
+    TY_ASSIGN_OR_RETURN(const int rank, NonNegative(line_, "rank", 0));
+    TY_ASSIGN_OR_RETURN(const int tail, NonNegative(line_, "tail", 0));
+    request.set_attempt_id(attempt);
+    request.set_all_ranks(!line_.Has("rank"));
+    request.set_rank(rank);
+    request.set_tail_lines(tail);
+    request.set_follow(line_.Has("follow"));
+    // With several ranks, lines are prefixed with their rank; partial lines wait for the rest.
+    std::map<int, std::string> partial;
+    const bool prefix = request.all_ranks() && !line_.json;
+    TY_RETURN_IF_ERROR(client_.Logs(request, [&](const v1::LogChunk& chunk) {
+      if (line_.json) {
+        out_ << "{\"attempt_id\":" << chunk.attempt_id() << ",\"rank\":" << chunk.rank()
+             << ",\"data\":" << JsonString(chunk.data()) << "}" << std::endl;
+        return;
+      }
+      if (!prefix) {
+        out_ << chunk.data() << std::flush;
+        return;
+      }
+      std::string& pending = partial[chunk.rank()];
+      pending += chunk.data();
+      size_t newline;
+      while ((newline = pending.find('\n')) != std::string::npos) {
+        out_ << "[rank " << chunk.rank() << "] " << pending.substr(0, newline + 1);
+        pending.erase(0, newline + 1);
+      }
+      out_ << std::flush;
+    }));
+    for (const auto& [r, rest] : partial) {
+      if (!rest.empty()) out_ << "[rank " << r << "] " << rest << "\n";
+    }
+    return 0;
+  }
+
+  const CommandLine& line_;
+  const CliIo& io_;
+  std::ostream& out_;
+  JobClient& client_;
+};
+
+}  // namespace
+
+int ExitCodeForError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kResourceExhausted:
+      return 2;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return 3;
+    default:
+      return 1;
+  }
+}
+
+int RunCli(const std::vector<std::string>& args, const CliIo& io) {
+  auto fail = [&](const absl::Status& status) {
+    std::string message(status.message());
+    for (char& c : message) {
+      if (c == '\n') c = ' ';
+    }
+    *io.err << "trainyard: error: " << message << std::endl;
+    return ExitCodeForError(status);
+  };
+  absl::StatusOr<CommandLine> line = Parse(args);
+  if (!line.ok()) {
+    *io.err << kUsage;
+    return fail(line.status());
+  }
+  if (line->help) {
+    *io.out << kUsage;
+    return 0;
+  }
+  if (line->command.empty()) {
+    *io.err << kUsage;
+    return 2;
+  }
+  absl::StatusOr<std::string> address =
+      ResolveServerAddress(line->server, io.server_env, *io.fs, io.state_dir);
+  if (!address.ok()) return fail(address.status());
+  JobClient client(*address);
+  absl::StatusOr<int> code = Cli(*line, io, client).Run();
+  if (!code.ok()) return fail(code.status());
+  return *code;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,51 @@
+// The trainyard CLI's commands, runnable in process (main.cc is a thin wrapper; tests call
+// RunCli directly).
+//
+//   trainyard [--server ADDR] [--json] COMMAND ...
+//     submit SPEC.yaml [--watch]     queue a job; prints its id (--watch: then watch it)
+//     list [--state S]... [--limit N]
+//     status JOB                     state, attempts, mesh, progress, ETA, checkpoint, failures
+//     watch JOB                      live progress bar and loss sparkline until the job ends
+//     logs JOB [--rank R] [--attempt A] [--tail N] [--follow]
+//     cancel JOB [--reason TEXT]
+//     nodes
+//
+// Exit codes: 0 success (watch: the job SUCCEEDED); 1 the job FAILED, or an unexpected error;
+// 2 bad input (flags, spec, unknown job: the server's one-line message is printed); 3 the
+// coordinator cannot be reached; 4 the job was CANCELLED (watch, submit --watch).
+//
+// Threading: one call at a time.
+#ifndef TRAINYARD_TOOLS_CLI_COMMANDS_H_
+#define TRAINYARD_TOOLS_CLI_COMMANDS_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "common/filesystem.h"
+
+namespace trainyard::cli {
+
+struct CliIo {
+  std::ostream* out = nullptr;
+  std::ostream* err = nullptr;
+  bool out_is_tty = false;  // redraw the watch line in place
+  std::string server_env;   // $TRAINYARD_SERVER
+  std::string user;         // sent with submissions
+  FileSystem* fs = nullptr;
+  Clock* clock = nullptr;
+  std::string state_dir = "trainyard-state";  // where server.addr is looked for
+};
+
+// Runs one command line (without the program name) and returns the exit code. Errors are
+// printed to io.err as one line, "trainyard: error: <message>".
+int RunCli(const std::vector<std::string>& args, const CliIo& io);
+
+// The exit code for a failed command: 2 bad input, 3 unreachable, 1 otherwise.
+int ExitCodeForError(const absl::Status& status);
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_TOOLS_CLI_COMMANDS_H_

@@ -1,0 +1,377 @@
+#include "tools/cli/format.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr int kExitLinesShown = 20;
+constexpr int kEventsShown = 10;
+
+std::string SignalName(int signal) {
+  static const std::map<int, const char*> kNames = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},   {SIGKILL, "SIGKILL"},
+      {SIGSEGV, "SIGSEGV"}, {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}};
+  auto it = kNames.find(signal);
+  return it == kNames.end() ? absl::StrCat("signal ", signal) : it->second;
+}
+
+std::string Step(const v1::Progress& p) {
+  if (p.total_steps() <= 0) return "-";
+  return absl::StrCat(p.step(), "/", p.total_steps());
+}
+
+std::string Loss(const v1::Progress& p) {
+  if (p.step() <= 0) return "-";
+  return absl::StrFormat("%.4f", p.loss());
+}
+
+std::string Age(int64_t since_ms, int64_t now_ms) {
+  return since_ms > 0 ? FormatDuration(now_ms - since_ms) : "-";
+}
+
+// Left-aligned columns, two spaces apart.
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string text;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    absl::StrAppend(&text, line, "\n");
+  }
+  return text;
+}
+
+std::string Labels(const google::protobuf::Map<std::string, std::string>& labels) {
+  std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  return absl::StrJoin(sorted, ", ", absl::PairFormatter("="));
+}
+
+std::string Mesh(const v1::Mesh& m) {
+  return absl::StrCat("dp ", m.dp(), " × tp ", m.tp(), " × pp ", m.pp(), ", ZeRO-", m.zero_stage());
+}
+
+bool Failed(const v1::RankExit& exit) { return exit.signal() != 0 || exit.exit_code() != 0; }
+
+void AppendFailures(const v1::GetJobReply& reply, std::string* text) {
+  bool header = false;
+  for (int a = reply.attempts_size() - 1; a >= 0; --a) {
+    const v1::Attempt& attempt = reply.attempts(a);
+    const bool latest = a == reply.attempts_size() - 1;
+    for (const v1::RankExit& exit : attempt.exits()) {
+      if (!Failed(exit)) continue;
+      if (!header) {
+        absl::StrAppend(text, "failures (newest first):\n");
+        header = true;
+      }
+      absl::StrAppend(text, "  attempt ", attempt.attempt_id(), ": rank ", exit.rank(), " on node ",
+                      exit.node_id(), exit.hostname().empty() ? "" : " (", exit.hostname(),
+                      exit.hostname().empty() ? "" : ")", ": ", FormatExit(exit),
+                      exit.pid() > 0 ? absl::StrCat(", pid ", exit.pid()) : "",
+                      exit.message().empty() ? "" : absl::StrCat(" - ", exit.message()), "\n");
+      if (!latest) continue;  // the log lines of the latest attempt only
+      const int first = std::max(0, exit.last_log_lines_size() - kExitLinesShown);
+      for (int i = first; i < exit.last_log_lines_size(); ++i) {
+        absl::StrAppend(text, "    | ", exit.last_log_lines(i), "\n");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string StateName(v1::JobState state) {
+  return std::string(absl::StripPrefix(v1::JobState_Name(state), "JOB_STATE_"));
+}
+
+std::string AttemptStateName(v1::AttemptState state) {
+  return std::string(absl::StripPrefix(v1::AttemptState_Name(state), "ATTEMPT_STATE_"));
+}
+
+std::string FormatDuration(int64_t millis) {
+  if (millis < 0) return "-";
+  if (millis < 1000) return absl::StrCat(millis, "ms");
+  const int64_t s = millis / 1000;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, (s % 86400) / 3600);
+}
+
+std::string FormatCount(double value) {
+  if (!std::isfinite(value)) return "-";
+  const double magnitude = std::fabs(value);
+  if (magnitude < 1e3) return absl::StrFormat("%.0f", value);
+  if (magnitude < 1e6) return absl::StrFormat("%.1fk", value / 1e3);
+  if (magnitude < 1e9) return absl::StrFormat("%.2fM", value / 1e6);
+  return absl::StrFormat("%.2fG", value / 1e9);
+}
+
+std::string FormatExit(const v1::RankExit& exit) {
+  if (exit.signal() != 0) {
+    return absl::StrCat("killed by signal ", exit.signal(), " (", SignalName(exit.signal()), ")");
+  }
+  if (exit.exit_code() < 0) return "exit status unknown";
+  return absl::StrCat("exit code ", exit.exit_code());
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
+std::string ProgressBar(double fraction, int width) {
+  if (!(fraction >= 0)) fraction = 0;
+  fraction = std::min(fraction, 1.0);
+  const int filled = static_cast<int>(std::lround(fraction * width));
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "]");
+}
+
+std::string Sparkline(const std::vector<double>& values, int width) {
+  static const char* const kBlocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  std::vector<double> shown;
+  for (auto it = values.rbegin(); it != values.rend() && static_cast<int>(shown.size()) < width;
+       ++it) {
+    if (std::isfinite(*it)) shown.push_back(*it);
+  }
+  std::reverse(shown.begin(), shown.end());
+  if (shown.empty()) return "";
+  const auto [lo, hi] = std::minmax_element(shown.begin(), shown.end());
+  const double low = *lo, range = *hi - *lo;
+  std::string line;
+  for (double v : shown) {
+    const int level = range > 0 ? static_cast<int>(std::lround((v - low) / range * 7)) : 3;
+    line += kBlocks[std::clamp(level, 0, 7)];
+  }
+  return line;
+}
+
+std::string WatchLine(const v1::Job& job, const std::vector<double>& losses, int64_t now_ms) {
+  std::string line = absl::StrCat(job.id(), " ", job.name(), " ", StateName(job.state()));
+  if (job.attempts() > 1) absl::StrAppend(&line, " (attempt ", job.attempts(), ")");
+  const v1::Progress& p = job.progress();
+  if (p.total_steps() <= 0) {
+    absl::StrAppend(
+        &line, job.state() == v1::JOB_STATE_QUEUED ? " | waiting for slots" : " | no progress yet");
+    return line;
+  }
+  const double fraction = static_cast<double>(p.step()) / p.total_steps();
+  absl::StrAppendFormat(&line, " %s %3.0f%% | step %d/%d | loss %.4f", ProgressBar(fraction, 24),
+                        100 * fraction, p.step(), p.total_steps(), p.loss());
+  const std::string sparkline = Sparkline(losses, 30);
+  if (!sparkline.empty()) absl::StrAppend(&line, " ", sparkline);
+  if (p.tokens_per_second() > 0) {
+    absl::StrAppend(&line, " | ", FormatCount(p.tokens_per_second()), " tok/s");
+  }
+  if (p.eta_ms() >= 0 && p.step() < p.total_steps()) {
+    absl::StrAppend(&line, " | ETA ", FormatDuration(p.eta_ms()));
+  }
+  (void)now_ms;
+  return line;
+}
+
+std::string OutcomeLine(const v1::Job& job) {
+  std::string line = absl::StrCat(job.id(), " ", job.name(), " ", StateName(job.state()));
+  const int64_t start = job.started_unix_ms() > 0 ? job.started_unix_ms() : job.created_unix_ms();
+  if (job.finished_unix_ms() > 0 && start > 0) {
+    absl::StrAppend(&line, " after ", FormatDuration(job.finished_unix_ms() - start));
+  }
+  const v1::Progress& p = job.progress();
+  if (p.total_steps() > 0) {
+    absl::StrAppendFormat(&line, " | step %d/%d | loss %.4f", p.step(), p.total_steps(), p.loss());
+    if (p.has_val_loss()) absl::StrAppendFormat(&line, " | val loss %.4f", p.val_loss());
+  }
+  if (job.restarts() > 0) absl::StrAppend(&line, " | ", job.restarts(), " restarts");
+  if (!job.message().empty()) absl::StrAppend(&line, " | ", job.message());
+  return line;
+}
+
+std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "PRIORITY", "RANKS", "STEP", "LOSS", "AGE", "USER"}};
+  for (const v1::Job& job : jobs) {
+    rows.push_back({job.id(), job.name(), StateName(job.state()), absl::StrCat(job.priority()),
+                    absl::StrCat(job.world_size()), Step(job.progress()), Loss(job.progress()),
+                    Age(job.created_unix_ms(), now_ms), job.user().empty() ? "-" : job.user()});
+  }
+  return Table(rows);
+}
+
+std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
+  const v1::Job& job = reply.job();
+  const v1::Progress& p = job.progress();
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"state", StateName(job.state())});
+  if (!job.user().empty()) rows.push_back({"user", job.user()});
+  rows.push_back({"priority", absl::StrCat(job.priority())});
+  if (!job.labels().empty()) rows.push_back({"labels", Labels(job.labels())});
+  rows.push_back({"created", absl::StrCat(FormatTime(job.created_unix_ms()), " (",
+                                          Age(job.created_unix_ms(), now_ms), " ago)")});
+  if (job.started_unix_ms() > 0) rows.push_back({"started", FormatTime(job.started_unix_ms())});
+  if (job.finished_unix_ms() > 0) {
+    rows.push_back({"finished", absl::StrCat(FormatTime(job.finished_unix_ms()), " (ran ",
+                                             FormatDuration(job.finished_unix_ms() -
+                                                            (job.started_unix_ms() > 0
+                                                                 ? job.started_unix_ms()
+                                                                 : job.created_unix_ms())),
+                                             ")")});
+  }
+  rows.push_back({"attempts", absl::StrCat(job.attempts(), " (", job.restarts(), " restarts of ",
+                                           job.max_restarts(), " allowed)")});
+  if (reply.attempts_size() > 0) {
+    const v1::Attempt& current = reply.attempts(reply.attempts_size() - 1);
+    rows.push_back({"mesh", absl::StrCat(Mesh(current.mesh()), ", ", job.world_size(), " ranks")});
+    std::vector<std::string> places;
+    for (const v1::RankPlacement& place : current.placement()) {
+      places.push_back(
+          absl::StrCat(place.rank(), "→", place.node_id(), ":", place.slot(),
+                       place.pid() > 0 ? absl::StrCat(" (pid ", place.pid(), ")") : ""));
+    }
+    rows.push_back({"placement", absl::StrCat("attempt ", current.attempt_id(), " ",
+                                              AttemptStateName(current.state()), ": ",
+                                              absl::StrJoin(places, ", "))});
+  }
+  if (p.total_steps() > 0) {
+    std::string progress =
+        absl::StrFormat("step %d/%d (%.0f%%) | loss %.4f", p.step(), p.total_steps(),
+                        100.0 * p.step() / p.total_steps(), p.loss());
+    if (p.has_val_loss()) absl::StrAppendFormat(&progress, " | val loss %.4f", p.val_loss());
+    if (p.tokens_per_second() > 0) {
+      absl::StrAppend(&progress, " | ", FormatCount(p.tokens_per_second()), " tok/s");
+    }
+    if (p.step_times().total_ms() > 0) {
+      absl::StrAppendFormat(&progress, " | %.1f ms/step", p.step_times().total_ms());
+    }
+    rows.push_back({"progress", progress});
+    rows.push_back(
+        {"ETA", p.eta_ms() >= 0 && p.step() < p.total_steps() ? FormatDuration(p.eta_ms()) : "-"});
+  } else {
+    rows.push_back({"progress", "none yet"});
+  }
+  const v1::Checkpoint& ckpt = job.last_checkpoint();
+  rows.push_back({"checkpoint", ckpt.path().empty()
+                                    ? "none"
+                                    : absl::StrCat("step ", ckpt.step(), " at ", ckpt.path(), " (",
+                                                   Age(ckpt.written_unix_ms(), now_ms), " ago)")});
+  if (job.cancel_requested() && job.state() != v1::JOB_STATE_CANCELLED) {
+    rows.push_back({"cancel", "requested; waiting for the workers to stop"});
+  }
+  if (!job.message().empty()) rows.push_back({"message", job.message()});
+
+  std::string text = absl::StrCat("job ", job.id(), " (", job.name(), ")\n");
+  for (absl::string_view line : absl::StrSplit(Table(rows), '\n', absl::SkipEmpty())) {
+    absl::StrAppend(&text, "  ", line, "\n");
+  }
+  AppendFailures(reply, &text);
+  if (reply.events_size() > 0) {
+    absl::StrAppend(&text, "events (latest ", std::min(kEventsShown, reply.events_size()), "):\n");
+    std::vector<std::vector<std::string>> events;
+    for (int i = std::max(0, reply.events_size() - kEventsShown); i < reply.events_size(); ++i) {
+      const v1::Event& e = reply.events(i);
+      events.push_back({absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(e.time_unix_ms()),
+                                         absl::UTCTimeZone()),
+                        StateName(e.to_state()), e.kind(), e.cause()});
+    }
+    for (absl::string_view line : absl::StrSplit(Table(events), '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&text, "  ", line, "\n");
+    }
+  }
+  return text;
+}
+
+std::string NodeTable(const std::vector<v1::Node>& nodes) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NODE", "HOST", "CPU SLOTS", "GPUS", "FREE", "CONNECTED", "HEARTBEAT"}};
+  for (const v1::Node& node : nodes) {
+    rows.push_back({node.node_id(), node.hostname(), absl::StrCat(node.cpu_slots()),
+                    absl::StrCat(node.gpus_size()), absl::StrCat(node.free_slots()),
+                    node.connected() ? "yes" : "no",
+                    absl::StrCat(FormatDuration(node.heartbeat_age_ms()), " ago")});
+  }
+  return Table(rows);
+}
+
+int OutcomeExitCode(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_SUCCEEDED:
+      return 0;
+    case v1::JOB_STATE_FAILED:
+      return 1;
+    case v1::JOB_STATE_CANCELLED:
+      return 4;
+    default:
+      return -1;
+  }
+}
+
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c == '\n') {
+      out += "\\n";
+      ++i;
+    } else if (c == '\t') {
+      out += "\\t";
+      ++i;
+    } else if (c < 0x20 || c == 0x7f) {
+      out += absl::StrFormat("\\u%04x", c);
+      ++i;
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+    } else {
+      // A well-formed UTF-8 sequence is copied; anything else becomes U+FFFD.
+      const int length = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+      bool valid = length > 0 && i + length <= text.size();
+      for (int k = 1; valid && k < length; ++k) {
+        valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+      }
+      if (valid) {
+        out.append(text, i, length);
+        i += length;
+      } else {
+        out += "\\ufffd";
+        ++i;
+      }
+    }
+  }
+  return out + "\"";
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  return json;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,37 @@
+// trainyard: the command-line client of the coordinator (see commands.h for the commands and
+// exit codes).
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/filesystem.h"
+#include "tools/cli/commands.h"
+
+namespace {
+
+std::string LoginName() {
+  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
+  if (const passwd* entry = getpwuid(getuid()); entry != nullptr) return entry->pw_name;
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  trainyard::cli::CliIo io;
+  io.out = &std::cout;
+  io.err = &std::cerr;
+  io.out_is_tty = isatty(STDOUT_FILENO) == 1;
+  if (const char* server = std::getenv("TRAINYARD_SERVER"); server != nullptr) {
+    io.server_env = server;
+  }
+  io.user = LoginName();
+  io.fs = trainyard::RealFileSystem();
+  io.clock = trainyard::RealClock();
+  return trainyard::cli::RunCli(std::vector<std::string>(argv + 1, argv + argc), io);
+}

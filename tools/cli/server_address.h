@@ -1,0 +1,21 @@
+// Which coordinator the CLI talks to: --server ADDR, else $TRAINYARD_SERVER, else the address
+// the embedded default wrote to ./trainyard-state/server.addr.
+#ifndef TRAINYARD_TOOLS_CLI_SERVER_ADDRESS_H_
+#define TRAINYARD_TOOLS_CLI_SERVER_ADDRESS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+
+namespace trainyard::cli {
+
+// `flag` and `env` as given (empty when absent); `state_dir` is where server.addr is looked for.
+// UNAVAILABLE (exit 3: no server to reach) when none of them names one.
+absl::StatusOr<std::string> ResolveServerAddress(const std::string& flag, const std::string& env,
+                                                 FileSystem& fs,
+                                                 const std::string& state_dir = "trainyard-state");
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_TOOLS_CLI_SERVER_ADDRESS_H_

@@ -1,0 +1,226 @@
+#include "worker/coordinated.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/filesystem.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "config/spec.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "worker/backend.h"
+#include "worker/grpc_kv_store.h"
+#include "worker/progress_reporter.h"
+#include "worker/trainer.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace v1 = ::trainyard::v1;
+
+constexpr char kUsage[] =
+    "usage: trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R "
+    "[--threads N] [--join-timeout-s S] [--collective-timeout-s S]";
+
+std::string LocalHostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+bool IsLoopback(const std::string& address) {
+  return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]") || absl::StartsWith(address, "ipv4:127.");
+}
+
+// Joins the rendezvous, retrying while the coordinator is unreachable (it may be restarting)
+// until `timeout` has passed.
+absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
+                                   const CoordinatedOptions& options) {
+  v1::JoinRequest request;
+  request.set_job_id(options.job_id);
+  request.set_attempt_id(options.attempt_id);
+  request.set_rank(options.rank);
+  request.set_pid(getpid());
+  request.set_hostname(LocalHostname());
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(absl::ToInt64Milliseconds(options.join_timeout));
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    context.set_wait_for_ready(true);  // ride out a coordinator restart
+    v1::JoinReply reply;
+    const absl::Status status = FromGrpcStatus(stub.Join(&context, request, &reply));
+    if (status.ok()) return reply;
+    const bool time_left = std::chrono::system_clock::now() < deadline;
+    if (!absl::IsUnavailable(status) || !time_left) {
+      return absl::Status(status.code(),
+                          absl::StrCat("join job ", options.job_id, " attempt ", options.attempt_id,
+                                       " as rank ", options.rank, ": ", status.message()));
+    }
+    RealClock()->SleepFor(absl::Milliseconds(200));
+  }
+}
+
+// The spec as the coordinator sent it, with the mesh it chose for this attempt.
+absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
+                                              const CoordinatedOptions& options) {
+  TY_ASSIGN_OR_RETURN(
+      config::JobSpec spec,
+      config::ParseJobSpec(reply.spec_yaml(), absl::StrCat("job ", options.job_id)));
+  if (reply.mesh().dp() > 0) {
+    spec.parallelism.dp = reply.mesh().dp();
+    spec.parallelism.tp = std::max(1, reply.mesh().tp());
+    spec.parallelism.pp = std::max(1, reply.mesh().pp());
+    spec.parallelism.zero = reply.mesh().zero_stage();
+  }
+  if (reply.world_size() != spec.world_size() || reply.rank() != options.rank) {
+    return absl::InternalError(absl::StrCat("the coordinator's join reply does not fit: world ",
+                                            reply.world_size(), " rank ", reply.rank(),
+                                            ", but the mesh has ", spec.world_size(),
+                                            " ranks and this is rank ", options.rank));
+  }
+  return spec;
+}
+
+int ThreadsFor(const CoordinatedOptions& options, const config::JobSpec& spec) {
+  if (options.threads > 0) return options.threads;
+  if (spec.training.threads > 0) return spec.training.threads;
+  int from_env = 0;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS");
+      omp != nullptr && absl::SimpleAtoi(omp, &from_env) && from_env > 0) {
+    return from_env;
+  }
+  return 0;
+}
+
+void PrintSummary(const TrainResult& result) {
+  if (result.train_losses.empty()) return;
+  std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
+                                        result.train_losses.size(), result.train_losses.back());
+  if (!result.evals.empty()) {
+    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
+  }
+  absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
+  std::cout << summary << std::endl;
+}
+
+}  // namespace
+
+bool IsCoordinatedInvocation(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--coordinator") return true;
+  }
+  return false;
+}
+
+absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv) {
+  CoordinatedOptions options;
+  auto parse = [&]() -> absl::Status {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      auto value = [&]() -> absl::StatusOr<std::string> {
+        if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+        return std::string(argv[++i]);
+      };
+      auto integer = [&](int* out, int min) -> absl::Status {
+        TY_ASSIGN_OR_RETURN(const std::string v, value());
+        if (!absl::SimpleAtoi(v, out) || *out < min) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(arg, " must be an integer >= ", min, ", got '", v, "'"));
+        }
+        return absl::OkStatus();
+      };
+      if (arg == "--coordinator") {
+        TY_ASSIGN_OR_RETURN(options.coordinator, value());
+      } else if (arg == "--job") {
+        TY_ASSIGN_OR_RETURN(options.job_id, value());
+      } else if (arg == "--attempt") {
+        TY_RETURN_IF_ERROR(integer(&options.attempt_id, 1));
+      } else if (arg == "--rank") {
+        TY_RETURN_IF_ERROR(integer(&options.rank, 0));
+      } else if (arg == "--threads") {
+        TY_RETURN_IF_ERROR(integer(&options.threads, 1));
+      } else if (arg == "--join-timeout-s") {
+        int seconds = 0;
+        TY_RETURN_IF_ERROR(integer(&seconds, 1));
+        options.join_timeout = absl::Seconds(seconds);
+      } else if (arg == "--collective-timeout-s") {
+        int seconds = 0;
+        TY_RETURN_IF_ERROR(integer(&seconds, 1));
+        options.collective_timeout = absl::Seconds(seconds);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+      }
+    }
+    if (options.coordinator.empty() || options.job_id.empty() || options.attempt_id < 1 ||
+        options.rank < 0) {
+      return absl::InvalidArgumentError("--coordinator, --job, --attempt and --rank are required");
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = parse(); !status.ok()) return Annotate(status, kUsage);
+  return options;
+}
+
+absl::Status RunCoordinated(const CoordinatedOptions& options) {
+  SetLogContext(options.job_id, options.rank);
+  std::shared_ptr<v1::WorkerService::StubInterface> stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
+  TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
+  const int threads = ThreadsFor(options, spec);
+  std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
+  std::cout << absl::StrFormat(
+                   "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d tp %d pp %d "
+                   "ZeRO-%d | %d steps of %d x %d tokens on %s\n",
+                   options.job_id, spec.name, options.attempt_id, options.rank, joined.world_size(),
+                   joined.node_id(), spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp,
+                   spec.parallelism.zero, spec.training.steps, spec.training.batch,
+                   spec.training.seq_len, backend->name())
+            << std::flush;
+
+  GrpcKeyValueStore store(stub, joined.kv_prefix());
+  RankContext rank;
+  rank.rank = options.rank;
+  rank.store = &store;
+  rank.gloo.timeout =
+      std::chrono::milliseconds(absl::ToInt64Milliseconds(options.collective_timeout));
+  if (const char* host = std::getenv("TRAINYARD_GLOO_HOSTNAME"); host != nullptr && *host) {
+    rank.gloo.hostname = host;
+  } else if (!IsLoopback(options.coordinator)) {
+    rank.gloo.hostname = LocalHostname();
+  }
+  std::unique_ptr<ProgressChannel> channel = MakeGrpcProgressChannel(stub);
+  ProgressReporter reporter(
+      channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock());
+  TrainOptions train;
+  train.progress = &std::cout;
+  train.on_step = [&reporter](const StepReport& step) { return reporter.OnStep(step); };
+  TY_ASSIGN_OR_RETURN(const TrainResult result, TrainRank(spec, rank, *backend, train));
+  if (options.rank == 0) PrintSummary(result);
+  return absl::OkStatus();
+}
+
+absl::Status RunCoordinatedFromFlags(int argc, char** argv) {
+  TY_ASSIGN_OR_RETURN(const CoordinatedOptions options, ParseCoordinatedFlags(argc, argv));
+  return RunCoordinated(options);
+}
+
+void RecordExitStatus(int exit_code) {
+  const char* path = std::getenv("TRAINYARD_EXIT_STATUS_FILE");
+  if (path == nullptr || *path == '\0') return;
+  (void)RealFileSystem()->WriteFileAtomic(path, absl::StrCat(exit_code, "\n"));
+}
+
+}  // namespace trainyard::worker

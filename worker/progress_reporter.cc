@@ -1,0 +1,110 @@
+#include "worker/progress_reporter.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/grpc_kv_store.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace v1 = ::trainyard::v1;
+
+class GrpcProgressChannel : public ProgressChannel {
+ public:
+  explicit GrpcProgressChannel(std::shared_ptr<v1::WorkerService::StubInterface> stub)
+      : stub_(std::move(stub)) {}
+
+  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ProgressReply reply;
+    const absl::Status status = FromGrpcStatus(stub_->ReportProgress(&context, report, &reply));
+    if (!status.ok()) return status;
+    return reply;
+  }
+
+ private:
+  std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
+    std::shared_ptr<v1::WorkerService::StubInterface> stub) {
+  return std::make_unique<GrpcProgressChannel>(std::move(stub));
+}
+
+ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
+                                   absl::Duration min_interval, absl::Duration orphan_timeout)
+    : channel_(channel),
+      identity_(std::move(identity)),
+      clock_(clock),
+      min_interval_(min_interval),
+      orphan_timeout_(orphan_timeout) {}
+
+absl::Status ProgressReporter::OnStep(const StepReport& step) {
+  ++steps_;
+  seconds_ += step.step_seconds;
+  tokens_ += step.tokens_per_second * step.step_seconds;
+  if (step.val_loss) val_loss_ = step.val_loss;
+  const int64_t now = clock_->NowNanosMonotonic();
+  const bool due = !last_report_nanos_ ||
+                   now - *last_report_nanos_ >= absl::ToInt64Nanoseconds(min_interval_) ||
+                   step.step >= step.total_steps || step.val_loss.has_value();
+  if (!due) return absl::OkStatus();
+
+  v1::ProgressReport report;
+  report.set_job_id(identity_.job_id);
+  report.set_attempt_id(identity_.attempt_id);
+  report.set_rank(identity_.rank);
+  report.set_step(step.step);
+  report.set_total_steps(step.total_steps);
+  report.set_loss(step.loss);
+  report.set_learning_rate(step.learning_rate);
+  report.set_grad_norm(step.grad_norm);
+  report.set_tokens_per_second(seconds_ > 0 ? tokens_ / seconds_ : step.tokens_per_second);
+  report.mutable_step_times()->set_total_ms(1e3 * seconds_ / steps_);
+  if (val_loss_) {
+    report.set_has_val_loss(true);
+    report.set_val_loss(*val_loss_);
+  }
+  last_report_nanos_ = now;
+  steps_ = 0;
+  seconds_ = 0;
+  tokens_ = 0;
+
+  absl::StatusOr<v1::ProgressReply> reply = channel_->Report(report);
+  if (!reply.ok()) {
+    if (absl::IsFailedPrecondition(reply.status()) || absl::IsNotFound(reply.status())) {
+      return absl::AbortedError(
+          absl::StrCat("the coordinator ended this attempt: ", reply.status().message()));
+    }
+    if (!unreachable_since_nanos_) {
+      TY_LOG(WARNING) << "cannot report progress (training goes on): " << reply.status();
+      unreachable_since_nanos_ = now;
+    } else if (now - *unreachable_since_nanos_ > absl::ToInt64Nanoseconds(orphan_timeout_)) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator has been unreachable for over ", absl::FormatDuration(orphan_timeout_),
+          "; stopping, since nothing supervises this worker any more (last error: ",
+          reply.status().message(), ")"));
+    }
+    return absl::OkStatus();
+  }
+  ++reports_sent_;
+  unreachable_since_nanos_.reset();
+  switch (reply->order()) {
+    case v1::ORDER_STOP:
+      return absl::CancelledError(absl::StrCat("stopped by the coordinator at step ", step.step));
+    case v1::ORDER_DRAIN:
+      return absl::CancelledError(absl::StrCat("drained by the coordinator at step ", step.step,
+                                               " (this worker writes no checkpoints)"));
+    default:
+      return absl::OkStatus();
+  }
+}
+
+}  // namespace trainyard::worker

@@ -1,0 +1,78 @@
+// ProgressReporter: a coordinated worker's TrainOptions::on_step. It sends WorkerService
+// ReportProgress at most every `min_interval` (and always on the last step and on steps that
+// evaluated), with the step times averaged over the steps since the previous report, and obeys
+// the order in the reply.
+//
+// Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
+// goes on and the next report tries again); CANCELLED for ORDER_STOP and ORDER_DRAIN (this worker
+// writes no checkpoints, so a drain stops like a stop); ABORTED when the coordinator answers
+// FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over or unknown and the worker must exit;
+// UNAVAILABLE once the coordinator has been unreachable for longer than `orphan_timeout` (a
+// coordinator restart takes seconds; a worker nobody supervises any more must not train forever).
+//
+// Threading: not thread-safe; used from the training thread only.
+#ifndef TRAINYARD_WORKER_PROGRESS_REPORTER_H_
+#define TRAINYARD_WORKER_PROGRESS_REPORTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "worker/trainer.h"
+
+namespace trainyard::worker {
+
+// One ReportProgress call (the gRPC adapter, or a fake in tests).
+class ProgressChannel {
+ public:
+  virtual ~ProgressChannel() = default;
+  virtual absl::StatusOr<trainyard::v1::ProgressReply> Report(
+      const trainyard::v1::ProgressReport& report) = 0;
+};
+
+// ReportProgress over `stub` with a 5 s deadline.
+std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
+    std::shared_ptr<trainyard::v1::WorkerService::StubInterface> stub);
+
+struct WorkerIdentity {
+  std::string job_id;
+  int attempt_id = 0;
+  int rank = 0;
+};
+
+class ProgressReporter {
+ public:
+  // `channel` and `clock` must outlive the reporter.
+  ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
+                   absl::Duration min_interval = absl::Milliseconds(500),
+                   absl::Duration orphan_timeout = absl::Minutes(10));
+
+  absl::Status OnStep(const StepReport& step);
+
+  int64_t reports_sent() const { return reports_sent_; }
+
+ private:
+  ProgressChannel* channel_;
+  WorkerIdentity identity_;
+  Clock* clock_;
+  absl::Duration min_interval_;
+  absl::Duration orphan_timeout_;
+  std::optional<int64_t> unreachable_since_nanos_;
+  std::optional<int64_t> last_report_nanos_;
+  // Since the previous report.
+  int steps_ = 0;
+  double seconds_ = 0;
+  double tokens_ = 0;
+  std::optional<double> val_loss_;
+  int64_t reports_sent_ = 0;
+};
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_PROGRESS_REPORTER_H_
