@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -49,6 +50,7 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
 
 struct Flags {
   CoordinatorOptions coordinator;
+  bool listen_given = false;
   bool local_agent = true;
   int agent_slots = 0;
   std::string agent_node_id;
@@ -85,6 +87,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     CoordinatorOptions& c = flags.coordinator;
     if (arg == "--listen") {
       TY_ASSIGN_OR_RETURN(c.listen, value());
+      flags.listen_given = true;
     } else if (arg == "--state-dir") {
       TY_ASSIGN_OR_RETURN(c.state_dir, value());
     } else if (arg == "--metrics-listen") {
@@ -165,13 +168,31 @@ int WaitForSignal() {
   return byte;
 }
 
+// After an unclean stop (the address file is removed on a graceful one) the previous address is
+// still in the state directory. Without an explicit --listen, reuse it: surviving workers know
+// only that address and reconnect to it. If the port has been taken since, take a free one.
+absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags) {
+  if (!flags.listen_given) {
+    std::ifstream in(flags.coordinator.state_dir + "/server.addr");
+    std::string previous;
+    if (in >> previous && previous.rfind("127.0.0.1:", 0) == 0) {
+      CoordinatorOptions options = flags.coordinator;
+      options.listen = previous;
+      absl::StatusOr<std::unique_ptr<Coordinator>> started = Coordinator::Start(options);
+      if (started.ok()) return started;
+      TY_LOG(WARNING) << "previous address " << previous << " unavailable ("
+                      << started.status().message() << "); listening on a new port";
+    }
+  }
+  return Coordinator::Start(flags.coordinator);
+}
+
 absl::Status Run(int argc, char** argv) {
   absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
   if (!parsed.ok()) return Annotate(parsed.status(), kUsage);
   const Flags& flags = *parsed;
   TY_RETURN_IF_ERROR(InstallSignalHandlers());
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                      Coordinator::Start(flags.coordinator));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator, StartCoordinator(flags));
   std::cout << "trainyard-server listening on " << coordinator->address();
   if (!coordinator->metrics_address().empty()) {
     std::cout << " (metrics http://" << coordinator->metrics_address() << "/metrics)";

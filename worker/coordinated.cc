@@ -175,8 +175,14 @@ absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv) 
 
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
   SetLogContext(options.job_id, options.rank);
+  // Reconnect quickly after a coordinator restart (gRPC's default backoff grows to two minutes,
+  // during which progress reports would not get through).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<v1::WorkerService::StubInterface> stub = v1::WorkerService::NewStub(
-      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args));
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
   const int threads = ThreadsFor(options, spec);
