@@ -74,6 +74,9 @@ struct ParallelismSpec {
   int tp = 1;    // tensor-parallel ranks per layer
   int pp = 1;    // pipeline stages
   int zero = 0;  // ZeRO stage over the dp group: 0 off, 1 optimizer state, 2 +gradients, 3 +params
+  // Megatron's sequence parallelism inside tensor-parallel regions (only with tp > 1): the
+  // norms' activations are split by rows across the tp group too.
+  bool sequence_parallel = false;
 
   int world_size() const { return dp * tp * pp; }
 };

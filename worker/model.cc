@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -25,6 +26,8 @@ struct Model::LayerActivations {
   Buffer<float> ln2, ln2_mean, ln2_rstd;  // [N, C], [N], [N]
   Buffer<float> fc;                       // [N, ffn] (GPT-2) or [N, 2·ffn] (gate, up)
   Buffer<float> act;                      // [N, ffn]
+  // Sequence parallelism: the norms' outputs on this rank's rows, before they are gathered.
+  Buffer<float> ln1_local, ln2_local;
 };
 
 struct Model::Activations {
@@ -40,6 +43,9 @@ struct Model::Activations {
   Buffer<float> logits;                   // [chunk rows, vocab]
   // Gradients flowing backward.
   Buffer<float> dx, dln, datt, dqkv, dfc, dact, dlnf;
+  // Sequence parallelism: local-row and full-row counterparts.
+  Buffer<float> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
+  Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
 };
 
 // Holds one parameter group acquired from the source for a scope; records its pointer so that
@@ -63,9 +69,10 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             dist::Communicator* tp, PipelineStage stage)
+             dist::Communicator* tp, PipelineStage stage, bool sequence_parallel)
     : config_(config),
       tp_(tp),
+      sp_(sequence_parallel && tp != nullptr && tp->size() > 1),
       layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, stage),
       backend_(backend),
       source_(source) {
@@ -92,12 +99,14 @@ Model::~Model() = default;
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
-  return std::unique_ptr<Model>(new Model(config, backend, nullptr, nullptr, PipelineStage{}));
+  return std::unique_ptr<Model>(
+      new Model(config, backend, nullptr, nullptr, PipelineStage{}, false));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
-                                                     dist::Communicator* tp, PipelineStage stage) {
+                                                     dist::Communicator* tp, PipelineStage stage,
+                                                     bool sequence_parallel) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
   if (tp != nullptr && tp->size() > 1) {
@@ -112,13 +121,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
       }
     }
   }
-  return std::unique_ptr<Model>(new Model(config, backend, source, tp, stage));
+  return std::unique_ptr<Model>(new Model(config, backend, source, tp, stage, sequence_parallel));
 }
 
 absl::Status Model::TpAllReduce(float* data, int64_t count) {
   if (tp_size() == 1) return absl::OkStatus();
+  return TimedTp([&] { return tp_->AllReduce(data, count); });
+}
+
+absl::Status Model::TimedTp(const std::function<absl::Status()>& op) {
   const auto start = std::chrono::steady_clock::now();
-  absl::Status status = tp_->AllReduce(data, count);
+  absl::Status status = op();
   tp_comm_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return status;
@@ -208,6 +221,11 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
       }
     }
   }
+  if (sp_ && n % tp_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.sequence_parallel: ", n,
+                                                   " tokens per micro-batch do not split over tp ",
+                                                   tp_size()));
+  }
   EnsureActivations(b, t);
   backend_->CopyFromHost(acts_->inputs.data(), inputs, n);
   if (tp_size() > 1) {
@@ -236,6 +254,7 @@ void Model::EnsureActivations(int b, int t) {
   auto a = std::make_unique<Activations>();
   const auto& c = config_;
   const int64_t n = int64_t{b} * t, width = c.width, qkv = dims_.qkv_width;
+  const int64_t nr = sp_ ? n / tp_size() : n;  // rows of the residual stream held here
   const int64_t attn = dims_.attn;
   const int64_t fc = c.family == ModelFamily::kGpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
   Backend& be = *backend_;
@@ -248,33 +267,45 @@ void Model::EnsureActivations(int b, int t) {
   }
   a->targets = be.AllocInt(n);
   const int local_layers = layout_.stage().num_layers;
-  for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocFloat(n * width));
+  for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocFloat(nr * width));
   const int saved_layers = c.recompute ? 1 : local_layers;
   for (int l = 0; l < saved_layers; ++l) {
     LayerActivations la;
     la.ln1 = be.AllocFloat(n * width);
-    la.ln1_mean = be.AllocFloat(n);
-    la.ln1_rstd = be.AllocFloat(n);
+    la.ln1_mean = be.AllocFloat(nr);
+    la.ln1_rstd = be.AllocFloat(nr);
     la.qkv = be.AllocFloat(n * qkv);
     la.att = be.AllocFloat(n * attn);
     la.lse = be.AllocFloat(int64_t{b} * dims_.heads * t);
-    la.mid = be.AllocFloat(n * width);
+    la.mid = be.AllocFloat(nr * width);
     la.ln2 = be.AllocFloat(n * width);
-    la.ln2_mean = be.AllocFloat(n);
-    la.ln2_rstd = be.AllocFloat(n);
+    la.ln2_mean = be.AllocFloat(nr);
+    la.ln2_rstd = be.AllocFloat(nr);
+    if (sp_) {
+      la.ln1_local = be.AllocFloat(nr * width);
+      la.ln2_local = be.AllocFloat(nr * width);
+    }
     la.fc = be.AllocFloat(n * fc);
     la.act = be.AllocFloat(n * dims_.ffn);
     a->layers.push_back(std::move(la));
   }
   a->lnf = be.AllocFloat(n * width);
-  a->lnf_mean = be.AllocFloat(n);
-  a->lnf_rstd = be.AllocFloat(n);
+  a->lnf_mean = be.AllocFloat(nr);
+  a->lnf_rstd = be.AllocFloat(nr);
   a->tmp = be.AllocFloat(n * width);
   const int64_t chunk_rows = std::clamp<int64_t>(kMaxLogitsChunk / dims_.vocab, 1, n);
   a->logits = be.AllocFloat(chunk_rows * dims_.vocab);
   a->ce_stats = be.AllocFloat(chunk_rows * 3);
   a->ce_lse = be.AllocFloat(chunk_rows);
-  a->dx = be.AllocFloat(n * width);
+  a->dx = be.AllocFloat(nr * width);
+  if (sp_) {
+    a->lnf_local = be.AllocFloat(nr * width);
+    a->tmp_local = be.AllocFloat(nr * width);
+    a->dx_full = be.AllocFloat(n * width);
+    a->dln_local = be.AllocFloat(nr * width);
+    a->dlnf_local = be.AllocFloat(nr * width);
+    a->norm_scratch = be.AllocFloat(4 * width);
+  }
   a->dln = be.AllocFloat(n * width);
   a->datt = be.AllocFloat(n * attn);
   a->dqkv = be.AllocFloat(n * qkv);
@@ -289,7 +320,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
                             const float* input_acts) {
   Activations& a = *acts_;
   const PipelineStage& stage = layout_.stage();
-  const int64_t rows = int64_t{a.b} * a.t;
+  const int64_t rows = local_rows();
   if (stage.first) {
     TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::kEmbeddingGroup));
     if (stage.num_layers > 0) source_->Prefetch(layout_.block_group(stage.first_layer));
@@ -300,9 +331,11 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
     } else {
       // Vocabulary-parallel: each rank looks up the tokens its shard owns (zeros elsewhere), one
       // rank adds the positions, and the sum over the group is the embedding.
-      backend_->Embedding(a.resid[0].data(), a.local_inputs.data(), P(g, layout_.wte()),
+      // Under sequence parallelism the sum is scattered: each rank keeps its rows.
+      float* full = sp_ ? a.tmp.data() : a.resid[0].data();
+      backend_->Embedding(full, a.local_inputs.data(), P(g, layout_.wte()),
                           tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr, a.b, a.t, config_.width);
-      TY_RETURN_IF_ERROR(TpAllReduce(a.resid[0].data(), rows * config_.width));
+      TY_RETURN_IF_ERROR(SumToLocalRows(full, a.resid[0].data(), config_.width));
     }
   } else {
     backend_->Copy(a.resid[0].data(), input_acts, rows * config_.width);
@@ -319,7 +352,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
   }
   if (stage.last) {
     TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
-    FinalNorm();
+    TY_RETURN_IF_ERROR(FinalNorm());
   }
   return absl::OkStatus();
 }
@@ -340,7 +373,9 @@ absl::Status Model::BackwardBlocks(float* dx) {
   if (!stage.first) return absl::OkStatus();
   constexpr int eg = ParameterLayout::kEmbeddingGroup;
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
-  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx,
+  float* dx_full = sp_ ? a.dx_full.data() : dx;
+  TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, config_.width));
+  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx_full,
                               tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
                               config_.width);
   return source_->GradientsReady(eg);
@@ -352,41 +387,55 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
-  const int64_t n = int64_t{a.b} * a.t, width = c.width;
+  // n: the micro-batch's rows; nr: the rows of the residual stream this rank holds (n / tp under
+  // sequence parallelism, else n).
+  const int64_t n = int64_t{a.b} * a.t, nr = local_rows(), width = c.width;
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const bool split_bias = tp_size() > 1;  // row-parallel outputs take their bias after the sum
   const int li = layer - layout_.stage().first_layer;  // the block's index on this stage
   const float* x = a.resid[li].data();
+  float* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
+  float* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
+  float* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
   Backend& be = *backend_;
 
   if (gpt2) {
-    be.LayerNorm(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w),
-                 P(g, o.ln1_b), n, width, c.norm_eps);
+    be.LayerNorm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), P(g, o.ln1_b), nr,
+                 width, c.norm_eps);
   } else {
-    be.RmsNorm(la.ln1.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), n, width, c.norm_eps);
+    be.RmsNorm(ln1, la.ln1_rstd.data(), x, P(g, o.ln1_w), nr, width, c.norm_eps);
   }
+  TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
   be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
   if (!gpt2) be.Rope(la.qkv.data(), shape, c.rope_theta);
   be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
-  TY_RETURN_IF_ERROR(RowParallelLinear(a.tmp.data(), la.att.data(), P(g, o.proj_w), P(g, o.proj_b),
-                                       n, width, attn));
-  be.Add(la.mid.data(), x, a.tmp.data(), n * width);
+  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), split_bias ? nullptr : P(g, o.proj_b), n,
+            width, attn);
+  TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
+  if (split_bias && o.proj_b >= 0) be.AddBias(proj_out, P(g, o.proj_b), nr, width);
+  be.Add(la.mid.data(), x, proj_out, nr * width);
 
   if (gpt2) {
-    be.LayerNorm(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(),
-                 P(g, o.ln2_w), P(g, o.ln2_b), n, width, c.norm_eps);
+    be.LayerNorm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w),
+                 P(g, o.ln2_b), nr, width, c.norm_eps);
+  } else {
+    be.RmsNorm(ln2, la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w), nr, width, c.norm_eps);
+  }
+  TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
+  if (gpt2) {
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, dims_.ffn, width);
     be.Gelu(la.act.data(), la.fc.data(), n * dims_.ffn);
   } else {
-    be.RmsNorm(la.ln2.data(), la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w), n, width,
-               c.norm_eps);
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{dims_.ffn}, width);
     be.Swiglu(la.act.data(), la.fc.data(), n, dims_.ffn);
   }
-  TY_RETURN_IF_ERROR(RowParallelLinear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
-                                       P(g, o.mlp_proj_b), n, width, dims_.ffn));
-  be.Add(a.resid[li + 1].data(), la.mid.data(), a.tmp.data(), n * width);
+  be.Linear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
+            split_bias ? nullptr : P(g, o.mlp_proj_b), n, width, dims_.ffn);
+  TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
+  if (split_bias && o.mlp_proj_b >= 0) be.AddBias(proj_out, P(g, o.mlp_proj_b), nr, width);
+  be.Add(a.resid[li + 1].data(), la.mid.data(), proj_out, nr * width);
   return absl::OkStatus();
 }
 
@@ -398,15 +447,23 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
-  const int64_t n = int64_t{a.b} * a.t, width = c.width;
+  const int64_t n = int64_t{a.b} * a.t, nr = local_rows(), width = c.width;
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t fc = gpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
+  float* dx_full = sp_ ? a.dx_full.data() : dx;
+  float* dln = sp_ ? a.dln_local.data() : a.dln.data();
   Backend& be = *backend_;
+  // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
+  // this micro-batch are collected in scratch, summed over the group, then accumulated.
+  NormGrads ln1 = NormGradTargets(g, o.ln1_w, o.ln1_b, 0);
+  NormGrads ln2 = NormGradTargets(g, o.ln2_w, o.ln2_b, 2);
 
-  // MLP branch: out = mid + proj(act(fc(norm2(mid)))).
-  be.LinearBackward(a.dact.data(), G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), dx, la.act.data(),
+  // MLP branch: out = mid + proj(act(fc(norm2(mid)))). The gradient of the rows' reduction is
+  // the gathered gradient, which also gives the (replicated) bias its whole-batch gradient.
+  TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
+  be.LinearBackward(a.dact.data(), G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), dx_full, la.act.data(),
                     P(g, o.mlp_proj_w), n, width, dims_.ffn);
   if (gpt2) {
     be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * dims_.ffn);
@@ -415,65 +472,108 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   }
   be.LinearBackward(a.dln.data(), G(g, o.fc_w), G(g, o.fc_b), a.dfc.data(), la.ln2.data(),
                     P(g, o.fc_w), n, fc, width);
-  TY_RETURN_IF_ERROR(TpAllReduce(a.dln.data(), n * width));  // column-parallel input's gradient
+  TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));  // column-parallel input's grad
   if (gpt2) {
-    be.LayerNormBackward(dx, G(g, o.ln2_w), G(g, o.ln2_b), a.dln.data(), la.mid.data(),
-                         P(g, o.ln2_w), la.ln2_mean.data(), la.ln2_rstd.data(), n, width);
+    be.LayerNormBackward(dx, ln2.weight, ln2.bias, dln, la.mid.data(), P(g, o.ln2_w),
+                         la.ln2_mean.data(), la.ln2_rstd.data(), nr, width);
   } else {
-    be.RmsNormBackward(dx, G(g, o.ln2_w), a.dln.data(), la.mid.data(), P(g, o.ln2_w),
-                       la.ln2_rstd.data(), n, width);
+    be.RmsNormBackward(dx, ln2.weight, dln, la.mid.data(), P(g, o.ln2_w), la.ln2_rstd.data(), nr,
+                       width);
   }
 
   // Attention branch: mid = x + proj(attention(rope(qkv(norm1(x))))).
-  be.LinearBackward(a.datt.data(), G(g, o.proj_w), G(g, o.proj_b), dx, la.att.data(),
+  TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
+  be.LinearBackward(a.datt.data(), G(g, o.proj_w), G(g, o.proj_b), dx_full, la.att.data(),
                     P(g, o.proj_w), n, width, attn);
   be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
                        shape);
   if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
   be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
                     P(g, o.qkv_w), n, dims_.qkv_width, width);
-  TY_RETURN_IF_ERROR(TpAllReduce(a.dln.data(), n * width));
+  TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
   const float* x = a.resid[layer - layout_.stage().first_layer].data();
   if (gpt2) {
-    be.LayerNormBackward(dx, G(g, o.ln1_w), G(g, o.ln1_b), a.dln.data(), x, P(g, o.ln1_w),
-                         la.ln1_mean.data(), la.ln1_rstd.data(), n, width);
+    be.LayerNormBackward(dx, ln1.weight, ln1.bias, dln, x, P(g, o.ln1_w), la.ln1_mean.data(),
+                         la.ln1_rstd.data(), nr, width);
   } else {
-    be.RmsNormBackward(dx, G(g, o.ln1_w), a.dln.data(), x, P(g, o.ln1_w), la.ln1_rstd.data(), n,
-                       width);
+    be.RmsNormBackward(dx, ln1.weight, dln, x, P(g, o.ln1_w), la.ln1_rstd.data(), nr, width);
   }
+  TY_RETURN_IF_ERROR(SumNormGrads(g, {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
   return source_->GradientsReady(g);
 }
 
-void Model::FinalNorm() {
+absl::Status Model::FinalNorm() {
   Activations& a = *acts_;
   const int g = layout_.final_group();
-  const int64_t n = int64_t{a.b} * a.t;
+  const int64_t nr = local_rows();
   const float* x = a.resid[layout_.stage().num_layers].data();
+  float* out = sp_ ? a.lnf_local.data() : a.lnf.data();
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNorm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
-                        P(g, layout_.lnf_w()), P(g, layout_.lnf_b()), n, config_.width,
-                        config_.norm_eps);
+    backend_->LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()),
+                        P(g, layout_.lnf_b()), nr, config_.width, config_.norm_eps);
   } else {
-    backend_->RmsNorm(a.lnf.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()), n, config_.width,
+    backend_->RmsNorm(out, a.lnf_rstd.data(), x, P(g, layout_.lnf_w()), nr, config_.width,
                       config_.norm_eps);
   }
+  return ToFullRows(out, a.lnf.data(), config_.width);
 }
 
 absl::Status Model::FinalNormBackward(float* dx) {
   Activations& a = *acts_;
   const int g = layout_.final_group();
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
-  const int64_t n = int64_t{a.b} * a.t;
+  const int64_t nr = local_rows();
   const float* x = a.resid[layout_.stage().num_layers].data();
+  const float* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
+  NormGrads lnf = NormGradTargets(g, layout_.lnf_w(), layout_.lnf_b(), 0);
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNormBackward(dx, G(g, layout_.lnf_w()), G(g, layout_.lnf_b()), a.dlnf.data(), x,
-                                P(g, layout_.lnf_w()), a.lnf_mean.data(), a.lnf_rstd.data(), n,
-                                config_.width);
+    backend_->LayerNormBackward(dx, lnf.weight, lnf.bias, dlnf, x, P(g, layout_.lnf_w()),
+                                a.lnf_mean.data(), a.lnf_rstd.data(), nr, config_.width);
   } else {
-    backend_->RmsNormBackward(dx, G(g, layout_.lnf_w()), a.dlnf.data(), x, P(g, layout_.lnf_w()),
-                              a.lnf_rstd.data(), n, config_.width);
+    backend_->RmsNormBackward(dx, lnf.weight, dlnf, x, P(g, layout_.lnf_w()), a.lnf_rstd.data(), nr,
+                              config_.width);
+  }
+  return SumNormGrads(g, {{layout_.lnf_w(), layout_.lnf_b()}});
+}
+
+// Sequence parallelism moves the residual stream between "local rows" (this rank's n / tp rows)
+// and "full rows" (all n, as the tensor-parallel matmuls need them). Without it every rank holds
+// all rows and the two helpers reduce to tensor parallelism's all-reduce (or nothing).
+absl::Status Model::ToFullRows(float* local, float* full, int64_t cols) {
+  if (!sp_) return absl::OkStatus();
+  return TimedTp([&] { return tp_->AllGather(local, full, local_rows() * cols); });
+}
+
+absl::Status Model::SumToLocalRows(float* full, float* local, int64_t cols) {
+  if (tp_size() == 1) return absl::OkStatus();
+  if (!sp_) return TpAllReduce(full, int64_t{acts_->b} * acts_->t * cols);
+  return TimedTp([&] { return tp_->ReduceScatter(full, local, local_rows() * cols); });
+}
+
+Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
+  if (!sp_) return {G(group, weight), G(group, bias)};
+  float* scratch = acts_->norm_scratch.data() + slot * config_.width;
+  backend_->Fill(scratch, 0.0f, 2 * config_.width);
+  return {scratch, bias >= 0 ? scratch + config_.width : nullptr};
+}
+
+absl::Status Model::SumNormGrads(int group,
+                                 std::initializer_list<std::pair<int64_t, int64_t>> norms) {
+  if (!sp_) return absl::OkStatus();
+  float* scratch = acts_->norm_scratch.data();
+  const int64_t width = config_.width;
+  TY_RETURN_IF_ERROR(TpAllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
+  for (const auto& [weight, bias] : norms) {
+    backend_->Add(G(group, weight), G(group, weight), scratch, width);
+    if (bias >= 0) backend_->Add(G(group, bias), G(group, bias), scratch + width, width);
+    scratch += 2 * width;
   }
   return absl::OkStatus();
+}
+
+int64_t Model::local_rows() const {
+  const int64_t n = int64_t{acts_->b} * acts_->t;
+  return sp_ ? n / tp_size() : n;
 }
 
 absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
@@ -500,20 +600,6 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
     }
   }
   return total;
-}
-
-absl::Status Model::RowParallelLinear(float* out, const float* inp, const float* weight,
-                                      const float* bias, int64_t m, int64_t n, int64_t k) {
-  if (tp_size() == 1) {
-    backend_->Linear(out, inp, weight, bias, m, n, k);
-    return absl::OkStatus();
-  }
-  // Each rank holds a slice of the input features: partial products, summed over the group,
-  // then the (replicated) bias once.
-  backend_->Linear(out, inp, weight, nullptr, m, n, k);
-  TY_RETURN_IF_ERROR(TpAllReduce(out, m * n));
-  if (bias != nullptr) backend_->AddBias(out, bias, m, n);
-  return absl::OkStatus();
 }
 
 // Cross-entropy with the LM head split by vocabulary: each rank has logits for its shard of the
@@ -565,7 +651,10 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
                                a.logits.data(), h, head, rows, vocab, width);
     }
   }
-  if (with_grad) TY_RETURN_IF_ERROR(TpAllReduce(a.dlnf.data(), n * width));
+  if (with_grad) {
+    TY_RETURN_IF_ERROR(
+        SumToLocalRows(a.dlnf.data(), sp_ ? a.dlnf_local.data() : a.dlnf.data(), width));
+  }
   return total;
 }
 
@@ -589,11 +678,10 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
-  const int64_t rows = int64_t{b} * t;
   if (!stage.last) {
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
-    backend_->Copy(output_acts, a.resid[stage.num_layers].data(), rows * config_.width);
+    backend_->Copy(output_acts, a.resid[stage.num_layers].data(), local_rows() * config_.width);
     return absl::OkStatus();
   }
   // The last stage runs its whole backward at once: the loss's gradient is known as soon as
@@ -616,7 +704,7 @@ absl::Status Model::StageBackward(int slot, const float* doutput, float* dinput)
   const PipelineStage& stage = layout_.stage();
   SelectSlot(slot);
   Activations& a = *acts_;
-  const int64_t rows = int64_t{a.b} * a.t;
+  const int64_t rows = local_rows();
   if (!stage.last) {
     std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
     backend_->Copy(a.dx.data(), doutput, rows * config_.width);
@@ -635,7 +723,7 @@ absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* ta
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, input_acts));
   if (!stage.last) {
     backend_->Copy(output_acts, acts_->resid[stage.num_layers].data(),
-                   int64_t{b} * t * config_.width);
+                   local_rows() * config_.width);
     return 0.0;
   }
   return ChunkedLoss(0.0f, /*with_grad=*/false);

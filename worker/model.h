@@ -7,6 +7,8 @@
 #define TRAINYARD_WORKER_MODEL_H_
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -31,11 +33,14 @@ class Model {
   // model's layout, e.g. a data-parallel sharded source). With a tensor-parallel group `tp`
   // (size > 1) the model holds this rank's shard: attention split by heads (key/value heads
   // too), the MLP column- then row-parallel, embedding and LM head split by vocabulary; `tp`
-  // must outlive the model.
+  // must outlive the model. With sequence_parallel (and tp > 1) the residual stream between the
+  // tensor-parallel regions is split by rows too: the norms run on n / tp rows, gathered before
+  // the column-parallel matmuls and reduce-scattered after the row-parallel ones.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
                                                        Backend* backend, ParamSource* source,
                                                        dist::Communicator* tp = nullptr,
-                                                       PipelineStage stage = {});
+                                                       PipelineStage stage = {},
+                                                       bool sequence_parallel = false);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -94,15 +99,27 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        dist::Communicator* tp, PipelineStage stage);
+        dist::Communicator* tp, PipelineStage stage, bool sequence_parallel);
+  // Rows of the residual stream this rank holds for the current micro-batch.
+  int64_t local_rows() const;
+  absl::Status ToFullRows(float* local, float* full, int64_t cols);
+  absl::Status SumToLocalRows(float* full, float* local, int64_t cols);
+  // Where a norm's backward writes its weight/bias gradients: straight into the gradients, or,
+  // under sequence parallelism, into scratch slot `slot` (of two) to be summed over the group.
+  struct NormGrads {
+    float* weight;
+    float* bias;
+  };
+  NormGrads NormGradTargets(int group, int64_t weight, int64_t bias, int slot);
+  // Sums the scratch of the listed norms (weight, bias offsets, in slot order) over the group
+  // and adds it to their gradients; nothing without sequence parallelism.
+  absl::Status SumNormGrads(int group, std::initializer_list<std::pair<int64_t, int64_t>> norms);
+  absl::Status TimedTp(const std::function<absl::Status()>& op);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
   absl::Status TpAllReduce(float* data, int64_t count);
   absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
-  // out = inp · weightᵀ (+ bias) for a weight split by input features across the group.
-  absl::Status RowParallelLinear(float* out, const float* inp, const float* weight,
-                                 const float* bias, int64_t m, int64_t n, int64_t k);
   absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
@@ -113,7 +130,7 @@ class Model {
   void SelectSlot(int slot);
   absl::Status BlockForward(int layer, LayerActivations& a);
   absl::Status BlockBackward(int layer, LayerActivations& a, float* dx);
-  void FinalNorm();
+  absl::Status FinalNorm();
   absl::Status FinalNormBackward(float* dx);
   // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
   // d(lnf) and accumulates the LM head's weight gradient.
@@ -126,6 +143,7 @@ class Model {
 
   config::ModelConfig config_;
   dist::Communicator* tp_;
+  bool sp_;  // sequence parallelism
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;

@@ -153,8 +153,9 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
                                   {.zero_stage = mesh.zero, .bucket_bytes = rank.bucket_bytes},
                                   OptimizerConfigFromSpec(tr)));
   params->Initialize(tr.seed);
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                      Model::Create(mc, &backend, params.get(), tp_comm.get(), stage));
+  TY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      Model::Create(mc, &backend, params.get(), tp_comm.get(), stage, mesh.sequence_parallel));
 
   TrainResult result;
   result.entropy_nats = data.entropy_nats;
@@ -210,8 +211,10 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
         return model->StageBackward(slot, dout, din);
       };
       ScheduleStats schedule;
-      TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*pp_comm, micro_batches,
-                                                  int64_t{micro} * t * mc.width, work, &schedule));
+      // Stages exchange the residual stream: this rank's rows of it under sequence parallelism.
+      const int64_t rows = int64_t{micro} * t / (mesh.sequence_parallel ? mesh.tp : 1);
+      TY_RETURN_IF_ERROR(
+          RunOneForwardOneBackward(*pp_comm, micro_batches, rows * mc.width, work, &schedule));
       pipeline_wait += schedule.wait_seconds;
     }
     double lr = 0.0;

@@ -132,7 +132,8 @@ class RealProcessLauncher : public ProcessLauncher {
       return absl::FailedPreconditionError(
           absl::StrCat("exec ", request.argv[0], ": ", strerror(child_errno)));
     }
-    return ProcessId{pid, ProcessStartTicks(pid).value_or(0)};
+    // A child that already exited is a zombie until reaped, and keeps its start time.
+    return ProcessId{pid, ProcessStartTicks(pid, /*include_ended=*/true).value_or(0)};
   }
 
   std::optional<ProcessExit> Poll(const ProcessId& id) override {
@@ -176,7 +177,7 @@ std::unique_ptr<ProcessLauncher> MakeRealProcessLauncher() {
   return std::make_unique<RealProcessLauncher>();
 }
 
-std::optional<uint64_t> ProcessStartTicks(int64_t pid) {
+std::optional<uint64_t> ProcessStartTicks(int64_t pid, bool include_ended) {
   if (pid <= 0) return std::nullopt;
   std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
   std::string line;
@@ -188,7 +189,7 @@ std::optional<uint64_t> ProcessStartTicks(int64_t pid) {
   std::istringstream fields(line.substr(paren + 1));
   std::string state;
   fields >> state;
-  if (state == "Z" || state == "X") return std::nullopt;  // ended, not yet reaped
+  if (!include_ended && (state == "Z" || state == "X")) return std::nullopt;  // ended, unreaped
   std::string field;
   for (int i = 4; i < 22 && fields >> field; ++i) {
   }

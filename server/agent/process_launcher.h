@@ -70,8 +70,9 @@ class ProcessLauncher {
 // back through a close-on-exec pipe.
 std::unique_ptr<ProcessLauncher> MakeRealProcessLauncher();
 
-// The start time of process `pid` in clock ticks since boot, or nothing when it does not exist.
-std::optional<uint64_t> ProcessStartTicks(int64_t pid);
+// The start time of process `pid` in clock ticks since boot, or nothing when it does not exist
+// or (unless include_ended) has ended but is not yet reaped.
+std::optional<uint64_t> ProcessStartTicks(int64_t pid, bool include_ended = false);
 
 }  // namespace trainyard::server::agent
 

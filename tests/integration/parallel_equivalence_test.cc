@@ -131,10 +131,12 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
     }
   }
   std::printf(
-      "dp %d tp %d pp %d zero %d (%s): final loss %.8f vs %.8f, worst parameter error %.2e (%s)\n",
+      "dp %d tp %d pp %d zero %d sp %d (%s): final loss %.8f vs %.8f, worst parameter error %.2e "
+      "(%s), rank 0 activations %lld bytes\n",
       spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp, spec.parallelism.zero,
-      config::FamilyName(spec.model.family).c_str(), parallel.losses.back(), single.losses.back(),
-      worst, worst_name.c_str());
+      spec.parallelism.sequence_parallel ? 1 : 0, config::FamilyName(spec.model.family).c_str(),
+      parallel.losses.back(), single.losses.back(), worst, worst_name.c_str(),
+      static_cast<long long>(parallel.ranks.empty() ? 0 : parallel.ranks[0].memory.activations));
 }
 
 class DataParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, int>> {};
@@ -162,6 +164,7 @@ INSTANTIATE_TEST_SUITE_P(ZeroStages, DataParallel,
 struct MeshCase {
   const char* name;
   int dp, tp, pp, zero;
+  bool sequence_parallel = false;
 };
 
 class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
@@ -174,6 +177,7 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   spec.parallelism.tp = mesh.tp;
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
+  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
@@ -187,7 +191,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          MeshCase{"dp2_tp2", 2, 2, 1, 0},
                                          MeshCase{"tp2_pp2", 1, 2, 2, 0},
                                          MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1},
-                                         MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3})),
+                                         MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
+                                         MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
+                                         MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
+                                         MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true})),
     [](const auto& info) {
       return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
                           std::get<1>(info.param).name);
