@@ -105,6 +105,7 @@ TEST(ExampleSpecsTest, TwoRankAndLlama1bParse) {
 TEST(ParseJobSpecTest, RunSectionDefaults) {
   JobSpec spec = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_FALSE(spec.parallelism.automatic);
+  EXPECT_FALSE(spec.parallelism.sequence_parallel);
   EXPECT_EQ(spec.world_size(), 1);
   EXPECT_EQ(spec.parallelism.zero, 0);
   EXPECT_EQ(spec.resources.nodes, 1);
@@ -123,7 +124,7 @@ TEST(ParseJobSpecTest, FullRunSections) {
   JobSpec spec = MustParse(R"(name: full
 model: {preset: llama-debug}
 training: {batch: 12, micro_batch: 3}
-parallelism: {dp: 2, tp: 2, pp: 2, zero: 3}
+parallelism: {dp: 2, tp: 2, pp: 2, zero: 3, sequence_parallel: true}
 resources: {nodes: 2, devices_per_node: 4, kind: gpu}
 checkpoint: {dir: ckpt/full, every_steps: 250, keep: 5}
 fault_tolerance: {max_restarts: 0, min_nodes: 1, max_nodes: 4, heartbeat_timeout_s: 2.5}
@@ -134,6 +135,7 @@ labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
   EXPECT_EQ(spec.parallelism.tp, 2);
   EXPECT_EQ(spec.parallelism.pp, 2);
   EXPECT_EQ(spec.parallelism.zero, 3);
+  EXPECT_TRUE(spec.parallelism.sequence_parallel);
   EXPECT_EQ(spec.world_size(), 8);
   EXPECT_EQ(spec.resources.world_size(), 8);
   EXPECT_EQ(spec.resources.kind, DeviceKind::kGpu);
