@@ -104,16 +104,7 @@ int ThreadsFor(const CoordinatedOptions& options, const config::JobSpec& spec) {
   return 0;
 }
 
-void PrintSummary(const TrainResult& result) {
-  if (result.train_losses.empty()) return;
-  std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
-                                        result.train_losses.size(), result.train_losses.back());
-  if (!result.evals.empty()) {
-    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
-  }
-  absl::StrAppendFormat(&summary, " | %.0f tok/s", result.tokens_per_second);
-  std::cout << summary << std::endl;
-}
+void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
 }  // namespace
 

@@ -91,21 +91,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-void PrintSummary(const TrainResult& result) {
-  std::string summary = absl::StrFormat("done: %d steps | final train loss %.4f",
-                                        result.train_losses.size(), result.train_losses.back());
-  if (!result.evals.empty()) {
-    absl::StrAppendFormat(&summary, " | val loss %.4f", result.evals.back().loss);
-  }
-  if (result.entropy_nats) {
-    absl::StrAppendFormat(&summary, " | data entropy %.4f", *result.entropy_nats);
-  }
-  std::vector<double> times = result.step_seconds;
-  std::sort(times.begin(), times.end());
-  absl::StrAppendFormat(&summary, " | %.0f tok/s | median step %.2f ms", result.tokens_per_second,
-                        1e3 * times[times.size() / 2]);
-  std::cout << summary << std::endl;
-}
+void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
 // All ranks of a multi-rank spec as children of this process.
 absl::Status LaunchRanks(const Flags& flags, const config::JobSpec& spec) {

@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -80,6 +81,22 @@ std::string EvalLine(const EvalPoint& e, const std::optional<double>& entropy) {
 }
 
 }  // namespace
+
+std::string SummaryLine(const TrainResult& result) {
+  if (result.train_losses.empty()) return "done: 0 steps";
+  std::string line = absl::StrFormat("done: %d steps | final train loss %.4f",
+                                     result.train_losses.size(), result.train_losses.back());
+  if (!result.evals.empty())
+    absl::StrAppendFormat(&line, " | val loss %.4f", result.evals.back().loss);
+  if (result.entropy_nats)
+    absl::StrAppendFormat(&line, " | data entropy %.4f", *result.entropy_nats);
+  std::vector<double> times = result.step_seconds;
+  std::sort(times.begin(), times.end());
+  absl::StrAppendFormat(&line, " | %.0f tok/s | median step %.2f ms | exact final loss %a",
+                        result.tokens_per_second, 1e3 * times[times.size() / 2],
+                        result.train_losses.back());
+  return line;
+}
 
 absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
                                   const TrainOptions& options) {

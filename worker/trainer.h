@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -83,6 +84,11 @@ struct TrainResult {
 };
 
 OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& training);
+
+// The one-line summary a rank prints when training ends ("done: N steps | final train loss …").
+// It ends with the final loss as an exact hexadecimal float, so that two runs can be compared
+// bit for bit from their logs.
+std::string SummaryLine(const TrainResult& result);
 
 // Runs rank `rank.rank` of the job's mesh (every rank of the job calls it). With a world of one
 // rank, Train below.

@@ -16,12 +16,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The `done:` line a rank-0 log ends with ("done: 20 steps | final train loss 2.1 | ...").
+// The exact final loss (a hexadecimal float) from the `done:` line a rank-0 log ends with
+// ("done: 20 steps | final train loss 2.1043 | ... | exact final loss 0x1.0d5f...p+1").
 std::string FinalLossOf(const std::string& text) {
-  const size_t done = text.rfind("final train loss ");
+  const std::string key = "exact final loss ";
+  const size_t done = text.rfind(key);
   if (done == std::string::npos) return "";
-  const size_t end = text.find(' ', done + 17);
-  return text.substr(done + 17, end == std::string::npos ? std::string::npos : end - done - 17);
+  const size_t begin = done + key.size();
+  const size_t end = text.find_first_of(" \n", begin);
+  return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
 TEST(ControlPlaneJobsTest, OneRankJobThroughTheCli) {
