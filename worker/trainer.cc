@@ -40,15 +40,6 @@ OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& t) {
 
 namespace {
 
-// Σ of `value` over a process group (doubles carried as two floats).
-absl::StatusOr<double> SumDouble(dist::Communicator& group, double value) {
-  if (group.size() == 1) return value;
-  float parts[2] = {static_cast<float>(value), 0.0f};
-  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
-  TY_RETURN_IF_ERROR(group.AllReduce(parts, 2));
-  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
-}
-
 // Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
 // activations are handed forward stage by stage and the last stage's loss is shared.
 absl::StatusOr<double> Evaluate(Model& model, dist::Communicator& pp, const BatchSampler& sampler,
@@ -67,7 +58,7 @@ absl::StatusOr<double> Evaluate(Model& model, dist::Communicator& pp, const Batc
     if (!last) TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), pp.rank() + 1, kEvalTag + i));
     total += loss;
   }
-  TY_ASSIGN_OR_RETURN(total, SumDouble(pp, total));
+  TY_ASSIGN_OR_RETURN(total, dist::AllReduceDouble(pp, total));
   return total / (static_cast<double>(eval_batches) * micro_batch * t);
 }
 
@@ -238,7 +229,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
     TY_ASSIGN_OR_RETURN(const double norm, params->FinishStep(step, &lr, tied_comm.get()));
     TY_ASSIGN_OR_RETURN(loss_sum, params->SumOverRanks(loss_sum));
     // Only the last pipeline stage computes the loss; every stage reports it.
-    TY_ASSIGN_OR_RETURN(loss_sum, SumDouble(*pp_comm, loss_sum));
+    TY_ASSIGN_OR_RETURN(loss_sum, dist::AllReduceDouble(*pp_comm, loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step);
     if (!std::isfinite(loss)) {
       return absl::InternalError(

@@ -72,6 +72,14 @@ class SelfCommunicator final : public Communicator {
 
 }  // namespace
 
+absl::StatusOr<double> AllReduceDouble(Communicator& group, double value) {
+  if (group.size() == 1) return value;
+  float parts[2] = {static_cast<float>(value), 0.0f};
+  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
+  if (absl::Status s = group.AllReduce(parts, 2); !s.ok()) return s;
+  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
 std::unique_ptr<Communicator> MakeSelfCommunicator() {
   return std::make_unique<SelfCommunicator>();
 }

@@ -83,6 +83,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
                                                           const std::string& group, int rank,
                                                           int size, const GlooOptions& options);
 
+// Σ over `group` of one double per rank, carried as two floats (high part and remainder) so the
+// float collective keeps a double's precision. A group of one returns `value`.
+absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
+
 // A group of one: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> MakeSelfCommunicator();
 

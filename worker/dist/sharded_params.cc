@@ -245,7 +245,6 @@ void ShardedParams::Release(int index) {
 }
 
 absl::StatusOr<float*> ShardedParams::Gradients(int index) {
-  backward_phase_ = true;
   Group& g = groups_[index];
   if (options_.zero_stage < 2) return grads_.data() + g.padded_begin;
   if (!g.staging) {
@@ -301,14 +300,15 @@ void ShardedParams::LaunchReady(int index) {
 
 absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
   if (dp_->size() == 1) return value;
-  // Two floats carry a double's worth of precision through a float all-reduce.
-  float parts[2] = {static_cast<float>(value), 0.0f};
-  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
   const int64_t start = NowNanos();
-  const absl::Status s = comm_->Run([&] { return dp_->AllReduce(parts, 2); });
+  absl::StatusOr<double> sum;
+  const absl::Status s = comm_->Run([&] {
+    sum = AllReduceDouble(*dp_, value);
+    return sum.status();
+  });
   exposed_ns_ += NowNanos() - start;
   TY_RETURN_IF_ERROR(s);
-  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+  return sum;
 }
 
 absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, Communicator* tied) {
@@ -361,11 +361,8 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
     TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
   }
   for (Communicator* group : {tp_, pp_}) {
-    if (group == nullptr || group->size() == 1) continue;
-    float parts[2] = {static_cast<float>(sumsq), 0.0f};
-    parts[1] = static_cast<float>(sumsq - static_cast<double>(parts[0]));
-    TY_RETURN_IF_ERROR(group->AllReduce(parts, 2));
-    sumsq = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+    if (group == nullptr) continue;
+    TY_ASSIGN_OR_RETURN(sumsq, AllReduceDouble(*group, sumsq));
   }
   const double norm = std::sqrt(sumsq);
   if (optimizer_.grad_clip > 0.0) {

@@ -131,7 +131,6 @@ class ShardedParams final : public ParamSource {
   std::vector<int> bucket_pending_;
   std::vector<AsyncRunner::Work> in_flight_;
   bool last_micro_batch_ = true;
-  bool backward_phase_ = false;
   int64_t exposed_ns_ = 0;
   std::atomic<int64_t> transient_{0};
   std::atomic<int64_t> peak_transient_{0};
