@@ -43,11 +43,11 @@ namespace {
 // Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
 // activations are handed forward stage by stage and the last stage's loss is shared.
 absl::StatusOr<double> Evaluate(Model& model, dist::Communicator& pp, const BatchSampler& sampler,
-                                int micro_batch, int eval_batches, int width) {
+                                int micro_batch, int eval_batches, int64_t transfer_floats) {
   const int t = sampler.seq_len();
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   std::vector<int32_t> inputs(int64_t{micro_batch} * t), targets(inputs.size());
-  std::vector<float> in(first ? 0 : inputs.size() * width), out(last ? 0 : inputs.size() * width);
+  std::vector<float> in(first ? 0 : transfer_floats), out(last ? 0 : transfer_floats);
   double total = 0.0;
   for (int i = 0; i < eval_batches; ++i) {
     sampler.FillEval(i, micro_batch, inputs.data(), targets.data());
@@ -179,6 +179,10 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   }
 
   std::vector<int32_t> inputs(int64_t{micro} * t), targets(inputs.size());
+  // Pipeline stages exchange the residual stream of a micro-batch: this rank's rows of it under
+  // sequence parallelism.
+  const int64_t stage_transfer =
+      int64_t{micro} * t / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
   const int64_t tokens_per_step = int64_t{tr.batch} * t;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   int64_t train_nanos = 0;
@@ -219,10 +223,8 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
         return model->StageBackward(slot, dout, din);
       };
       ScheduleStats schedule;
-      // Stages exchange the residual stream: this rank's rows of it under sequence parallelism.
-      const int64_t rows = int64_t{micro} * t / (mesh.sequence_parallel ? mesh.tp : 1);
       TY_RETURN_IF_ERROR(
-          RunOneForwardOneBackward(*pp_comm, micro_batches, rows * mc.width, work, &schedule));
+          RunOneForwardOneBackward(*pp_comm, micro_batches, stage_transfer, work, &schedule));
       pipeline_wait += schedule.wait_seconds;
     }
     double lr = 0.0;
@@ -261,8 +263,8 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
                       .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
     report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
     if (tr.eval_every > 0 && (last || (step + 1) % tr.eval_every == 0)) {
-      TY_ASSIGN_OR_RETURN(
-          double val, Evaluate(*model, *pp_comm, val_sampler, micro, tr.eval_batches, mc.width));
+      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, *pp_comm, val_sampler, micro,
+                                               tr.eval_batches, stage_transfer));
       result.evals.push_back({step + 1, val});
       report.val_loss = val;
       if (out) *out << EvalLine(result.evals.back(), data.entropy_nats) << "\n" << std::flush;
