@@ -1,0 +1,28 @@
+// GELU (tanh approximation, as GPT-2) and SwiGLU on the GPU, forward and backward; storage
+// `dtype`, fp32 arithmetic. Semantics match kernels/cpu/activations.h.
+#ifndef TRAINYARD_KERNELS_CUDA_ACTIVATIONS_H_
+#define TRAINYARD_KERNELS_CUDA_ACTIVATIONS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace trainyard::kernels::cuda {
+
+absl::Status GeluForward(cudaStream_t stream, DType dtype, void* out, const void* inp, int64_t n);
+// dinp = dout · gelu'(inp) (overwritten).
+absl::Status GeluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
+                          const void* inp, int64_t n);
+// inp: [rows, 2f], each row (gate[f], up[f]); out: [rows, f] = silu(gate) · up.
+absl::Status SwigluForward(cudaStream_t stream, DType dtype, void* out, const void* inp,
+                           int64_t rows, int64_t f);
+// dinp: [rows, 2f] (overwritten).
+absl::Status SwigluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
+                            const void* inp, int64_t rows, int64_t f);
+
+}  // namespace trainyard::kernels::cuda
+
+#endif  // TRAINYARD_KERNELS_CUDA_ACTIVATIONS_H_

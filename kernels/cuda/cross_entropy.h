@@ -1,0 +1,34 @@
+// Softmax cross-entropy over a chunk of logit rows on the GPU, with the logits' gradient written
+// in place (the logits buffer is the largest activation; it never has a second copy). Logits are
+// `dtype`; every reduction is fp32 (online max / sum of exponentials, one block per row).
+// Semantics match kernels/cpu/cross_entropy.h.
+#ifndef TRAINYARD_KERNELS_CUDA_CROSS_ENTROPY_H_
+#define TRAINYARD_KERNELS_CUDA_CROSS_ENTROPY_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace trainyard::kernels::cuda {
+
+// losses[r] = logsumexp(logits[r]) − logits[r, targets[r]]; with write_grad the row becomes
+// grad_scale · (softmax − onehot). Targets must lie in [0, vocab).
+absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
+                                 const int32_t* targets, int64_t rows, int64_t vocab,
+                                 float grad_scale, bool write_grad, float* losses);
+// Vocabulary-parallel pieces: stats[r] = (max, Σ exp(x − max), target logit or 0 when the
+// target (−1) is another shard's).
+absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype, const void* logits,
+                                    const int32_t* local_targets, int64_t rows, int64_t vocab,
+                                    float* stats);
+// logits[r] ← grad_scale · (exp(x − lse[r]) − onehot(local target)).
+absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
+                                   const int32_t* local_targets, const float* lse, int64_t rows,
+                                   int64_t vocab, float grad_scale);
+
+}  // namespace trainyard::kernels::cuda
+
+#endif  // TRAINYARD_KERNELS_CUDA_CROSS_ENTROPY_H_

@@ -1,0 +1,25 @@
+// Rotary position embedding applied in place to the query and key heads of a packed qkv
+// activation [b, t, (heads + 2·kv_heads)·d] — the post-processing of the QKV projection's output
+// (values are untouched). Semantics match kernels/cpu/rope.h (rotate-half pairing i, i + d/2;
+// angle p · theta^(−2i/d)); angles are computed in fp32 on the device from the position.
+#ifndef TRAINYARD_KERNELS_CUDA_ROPE_H_
+#define TRAINYARD_KERNELS_CUDA_ROPE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace trainyard::kernels::cuda {
+
+absl::Status RopeForward(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t,
+                         int64_t heads, int64_t kv_heads, int64_t d, float theta);
+// The transpose rotation, in place on the gradient of the rotated qkv.
+absl::Status RopeBackward(cudaStream_t stream, DType dtype, void* dqkv, int64_t b, int64_t t,
+                          int64_t heads, int64_t kv_heads, int64_t d, float theta);
+
+}  // namespace trainyard::kernels::cuda
+
+#endif  // TRAINYARD_KERNELS_CUDA_ROPE_H_
