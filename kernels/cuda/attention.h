@@ -22,7 +22,7 @@ struct AttentionDims {
   int64_t b, t, heads, kv_heads, d;
 };
 
-// Supported head dims: 32, 64, 128 (others: INVALID_ARGUMENT naming the head dim).
+// Supported head dims: 16, 32, 64, 128 (others: INVALID_ARGUMENT naming the head dim).
 absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out, float* lse,
                                    const void* qkv, const AttentionDims& dims);
 // dqkv overwritten (key/value gradients summed over the query heads of their group,
