@@ -36,8 +36,59 @@ void CommStats::Reset() {
 
 namespace {
 
+absl::Status UnsupportedType(const Communicator& comm, const char* op, DType dtype) {
+  return absl::UnimplementedError(absl::StrCat(
+      op, " of ", DTypeName(dtype), " is not supported by the ", comm.engine(), " communicator"));
+}
+
+}  // namespace
+
+absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "all-reduce", dtype);
+  return AllReduce(static_cast<float*>(data), count);
+}
+
+absl::Status Communicator::ReduceScatter(const void* in, void* out, int64_t count, DType dtype) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "reduce-scatter", dtype);
+  return ReduceScatter(static_cast<const float*>(in), static_cast<float*>(out), count);
+}
+
+absl::Status Communicator::AllGather(const void* in, void* out, int64_t count, DType dtype) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "all-gather", dtype);
+  return AllGather(static_cast<const float*>(in), static_cast<float*>(out), count);
+}
+
+absl::Status Communicator::Send(const void* data, int64_t count, DType dtype, int peer,
+                                uint32_t tag) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "send", dtype);
+  return Send(static_cast<const float*>(data), count, peer, tag);
+}
+
+absl::Status Communicator::Recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "recv", dtype);
+  return Recv(static_cast<float*>(data), count, peer, tag);
+}
+
+absl::Status Communicator::SendRecv(const void* send, int64_t send_count, int send_peer,
+                                    uint32_t send_tag, void* recv, int64_t recv_count,
+                                    int recv_peer, uint32_t recv_tag, DType dtype) {
+  if (dtype != DType::kF32) return UnsupportedType(*this, "send-recv", dtype);
+  return SendRecv(static_cast<const float*>(send), send_count, send_peer, send_tag,
+                  static_cast<float*>(recv), recv_count, recv_peer, recv_tag);
+}
+
+namespace {
+
 class SelfCommunicator final : public Communicator {
  public:
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::Recv;
+  using Communicator::ReduceScatter;
+  using Communicator::Send;
+  using Communicator::SendRecv;
+
+  const char* engine() const override { return "self"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   absl::Status AllReduce(float*, int64_t) override { return Check(); }

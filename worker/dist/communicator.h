@@ -1,7 +1,14 @@
 // Communicator: the collectives one process group needs, over any engine (Gloo for CPU ranks;
-// NCCL for GPU ranks later). Every operation blocks until done, fails with DEADLINE_EXCEEDED
-// after the communicator's timeout (a peer that stopped taking part), and with ABORTED once
-// Abort() was called. Reductions are sums, in a fixed order: the same inputs give the same bits.
+// NCCL for GPU ranks; Gloo behind host staging for GPU ranks sharing a device). Every operation
+// blocks until done, fails with DEADLINE_EXCEEDED after the communicator's timeout (a peer that
+// stopped taking part), and with ABORTED once Abort() was called. Reductions are sums, in a fixed
+// order: the same inputs give the same bits.
+//
+// Buffers are host memory for host engines, and device memory (or host memory, staged through
+// the device) for GPU engines. The float overloads are the fp32 forms; the typed forms take a
+// DType and a count of elements. bf16 sums accumulate in fp32 and round once per result (to
+// nearest even); NCCL reduces bf16 natively instead, rounding at each of its ring steps, which
+// is the same for two ranks and within a few bf16 ulps beyond.
 //
 // Threading: one thread at a time may issue operations (the training thread, or the
 // communication thread of an AsyncCommunicator); Abort() may be called from any thread.
@@ -17,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/dtype.h"
 #include "worker/dist/kv_store.h"
 
 namespace trainyard::worker::dist {
@@ -65,6 +73,22 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
   // Makes every pending and later operation fail with ABORTED.
   virtual void Abort() = 0;
+
+  // Typed forms of the operations above, with the same contracts; counts are in elements of
+  // `dtype`. The defaults run kF32 through the float overloads and answer UNIMPLEMENTED, naming
+  // the engine, for any other type; engines that move bf16 override them. A derived class that
+  // overrides only one form adds `using Communicator::AllReduce;` (etc.) to keep the other.
+  virtual absl::Status AllReduce(void* data, int64_t count, DType dtype);
+  virtual absl::Status ReduceScatter(const void* in, void* out, int64_t count, DType dtype);
+  virtual absl::Status AllGather(const void* in, void* out, int64_t count, DType dtype);
+  virtual absl::Status Send(const void* data, int64_t count, DType dtype, int peer, uint32_t tag);
+  virtual absl::Status Recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag);
+  virtual absl::Status SendRecv(const void* send, int64_t send_count, int send_peer,
+                                uint32_t send_tag, void* recv, int64_t recv_count, int recv_peer,
+                                uint32_t recv_tag, DType dtype);
+
+  // Names the engine in error messages ("gloo", "nccl", ...).
+  virtual const char* engine() const { return "unnamed"; }
 
   CommStats& stats() { return stats_; }
 

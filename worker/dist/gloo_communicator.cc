@@ -57,6 +57,15 @@ class GlooCommunicator final : public Communicator {
                    std::chrono::milliseconds timeout)
       : context_(std::move(context)), device_(std::move(device)), timeout_(timeout) {}
 
+  // fp32 only: bf16 reaches Gloo through the staging communicator, converted on the host.
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::Recv;
+  using Communicator::ReduceScatter;
+  using Communicator::Send;
+  using Communicator::SendRecv;
+
+  const char* engine() const override { return "gloo"; }
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
