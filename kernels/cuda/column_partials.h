@@ -1,0 +1,34 @@
+// Deterministic column reductions over a [rows, c] matrix, shared by the kernels that produce
+// parameter gradients (norm weights and biases, linear biases). Atomics would make the sum depend
+// on scheduling; instead the rows are cut into a fixed number of chunks (a function of `rows`
+// only), a first kernel writes one partial sum per (chunk, column) into scratch, and
+// AddColumnPartials adds the chunks' partials in chunk order. The same shape therefore gives the
+// same bits on every run.
+#ifndef TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_
+#define TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace trainyard::kernels::cuda {
+
+struct RowChunks {
+  int64_t count = 1;           // number of chunks, at least 1
+  int64_t rows_per_chunk = 0;  // chunk k covers rows [k·rows_per_chunk, (k+1)·rows_per_chunk)
+};
+
+// At least 32 rows per chunk (so each partial sum amortises its store) and at most 256 chunks
+// (so that scratch stays a small multiple of c).
+RowChunks ChunkRows(int64_t rows);
+
+// dst[j] += Σ_{k < chunks} partials[k·c + j], summed in increasing k. Device pointers; enqueued
+// on `stream`.
+absl::Status AddColumnPartials(cudaStream_t stream, float* dst, const float* partials,
+                               int64_t chunks, int64_t c);
+
+}  // namespace trainyard::kernels::cuda
+
+#endif  // TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_
