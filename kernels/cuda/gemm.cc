@@ -1,0 +1,211 @@
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/check.h"
+
+namespace trainyard::kernels::cuda {
+namespace {
+
+absl::Status CublasError(cublasStatus_t s, const char* expr, const char* file, int line) {
+  return absl::InternalError(absl::StrCat(expr, ": cuBLASLt status ", static_cast<int>(s), " (",
+                                          cublasLtGetStatusString(s), ") at ", file, ":", line));
+}
+
+#define TY_CUBLAS_RETURN_IF_ERROR(expr)                                       \
+  do {                                                                        \
+    const cublasStatus_t ty_cublas_status_ = (expr);                          \
+    if (ty_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                         \
+      return CublasError(ty_cublas_status_, #expr, __FILE__, __LINE__);       \
+    }                                                                         \
+  } while (false)
+
+cudaDataType_t CudaType(DType d) { return d == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+cublasLtEpilogue_t LtEpilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Largest power of two (at most 256) dividing every address: cuBLASLt picks algorithms by the
+// alignment it is promised.
+uint32_t CommonAlignment(std::initializer_list<const void*> ptrs) {
+  uint32_t align = 256;
+  for (const void* p : ptrs) {
+    if (p == nullptr) continue;
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    while (align > 1 && addr % align != 0) align /= 2;
+  }
+  return align;
+}
+
+}  // namespace
+
+// Key layout: (act, transa, transb, M, N, K, epilogue, d_fp32, accumulate) in cuBLASLt's
+// column-major terms, D = op(A)[M×K] · op(B)[K×N]; the alignment is folded into `act`'s high
+// bits.
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool accumulate = false;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
+  std::unique_ptr<Gemm> g(new Gemm());
+  cublasLtHandle_t handle = nullptr;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  g->handle_ = handle;
+  TY_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, workspace_bytes));
+  g->workspace_bytes_ = workspace_bytes;
+  return g;
+}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  const auto [act_align, transa, transb, M, N, K, epi, d_fp32, accumulate] = key;
+  const DType act = static_cast<DType>(act_align & 0xff);
+  const uint32_t align = static_cast<uint32_t>(act_align >> 8);
+  auto plan = std::make_unique<Plan>();
+  plan->accumulate = accumulate != 0;
+  const cudaDataType_t ab_type = CudaType(act);
+  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : ab_type;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  const cublasLtEpilogue_t epilogue = LtEpilogue(static_cast<GemmEpilogue>(epi));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX) {
+    const int64_t aux_ld = M;
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  }
+  const int64_t a_rows = transa ? K : M, a_cols = transa ? M : K;
+  const int64_t b_rows = transb ? N : K, b_cols = transb ? K : N;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab_type, a_rows, a_cols, a_rows));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols, b_rows));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, d_type, M, N, M));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = workspace_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a,
+                                     plan->b, plan->d, plan->d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for ", DTypeName(act), " M=", M, " N=", N, " K=", K,
+        " transa=", transa, " transb=", transb, " epilogue=", epi, " alignment=", align));
+  }
+  plan->algo = result.algo;
+  const Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
+
+absl::Status Gemm::Run(cudaStream_t stream, const Key& key, const void* a, const void* b, void* d,
+                       const void* bias, void* aux) {
+  TY_ASSIGN_OR_RETURN(const Plan* plan, GetPlan(key));
+  if (bias != nullptr) {
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (aux != nullptr) {
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  const float alpha = 1.0f, beta = plan->accumulate ? 1.0f : 0.0f;
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc,
+                                           &alpha, a, plan->a, b, plan->b, &beta, d, plan->d, d,
+                                           plan->d, &plan->algo, workspace_, workspace_bytes_,
+                                           stream));
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
+                           GemmEpilogue epilogue) {
+  TY_REQUIRE(out != nullptr && inp != nullptr && weight != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
+  TY_REQUIRE(!gelu || pre != nullptr);
+  TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
+             (bias != nullptr));
+  const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight}));
+  // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
+  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k, static_cast<int>(epilogue), 0,
+                0};
+  return Run(stream, key, weight, inp, out, bias, gelu ? pre : nullptr);
+}
+
+absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, const void* dout,
+                                 const void* weight, int64_t m, int64_t n, int64_t k) {
+  TY_REQUIRE(dinp != nullptr && dout != nullptr && weight != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  const int align = static_cast<int>(CommonAlignment({dinp, dout, weight}));
+  // Column-major: dinpᵀ[k×m] = (weight stored k×n) · (dout stored n×m).
+  const Key key{static_cast<int>(act) | align << 8, 0, 0, k, m, n,
+                static_cast<int>(GemmEpilogue::kNone), 0, 0};
+  return Run(stream, key, weight, dout, dinp, nullptr, nullptr);
+}
+
+absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight,
+                                  const void* dout, const void* inp, int64_t m, int64_t n,
+                                  int64_t k) {
+  TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  const int align = static_cast<int>(CommonAlignment({dweight, dout, inp}));
+  // Column-major: dweightᵀ[k×n] += (inp stored k×m) · (dout stored n×m)ᵀ.
+  const Key key{static_cast<int>(act) | align << 8, 0, 1, k, n, m,
+                static_cast<int>(GemmEpilogue::kNone), 1, 1};
+  return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
+}
+
+bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {
+  const Key key{static_cast<int>(act) | 16 << 8, 1, 0, n, m, k,
+                static_cast<int>(GemmEpilogue::kGeluAuxBias), 0, 0};
+  return GetPlan(key).ok();
+}
+
+}  // namespace trainyard::kernels::cuda

@@ -1,0 +1,70 @@
+// Row-major GEMMs for linear layers through cuBLASLt, with fused epilogues (bias; bias + GELU
+// that also stores the pre-activation) and the algorithm and workspace chosen once per shape.
+//
+// Storage: activations `act` (fp32 or bf16); weights are given in the same type as the
+// activations (the CUDA backend keeps fp32 master weights and hands a converted copy); weight
+// gradients are fp32 and accumulated (beta = 1). Compute is fp32 (no TF32 for fp32 storage, so
+// the fp32 path matches the CPU reference). Not thread-safe: one Gemm per stream/thread.
+#ifndef TRAINYARD_KERNELS_CUDA_GEMM_H_
+#define TRAINYARD_KERNELS_CUDA_GEMM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+
+namespace trainyard::kernels::cuda {
+
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kGeluAux };
+
+class Gemm {
+ public:
+  // Creates the cuBLASLt handle and a workspace of `workspace_bytes` on the current device.
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(size_t workspace_bytes = 32 << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n], bias of type `act`).
+  // kGeluAux(Bias): pre[m, n] receives the pre-activation and out = gelu(pre) (tanh form).
+  absl::Status Forward(cudaStream_t stream, DType act, void* out, void* pre, const void* inp,
+                       const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
+                       GemmEpilogue epilogue);
+  // dinp[m, k] = dout[m, n] · weight[n, k] (overwritten).
+  absl::Status BackwardInput(cudaStream_t stream, DType act, void* dinp, const void* dout,
+                             const void* weight, int64_t m, int64_t n, int64_t k);
+  // dweight[n, k] += dout[m, n]ᵀ · inp[m, k] (fp32 accumulation into fp32 dweight).
+  absl::Status BackwardWeight(cudaStream_t stream, DType act, float* dweight, const void* dout,
+                              const void* inp, int64_t m, int64_t n, int64_t k);
+
+  // Whether the fused GELU epilogue is available for this shape (cuBLASLt may offer no
+  // algorithm); the caller falls back to a separate GELU kernel.
+  bool SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k);
+
+  // Distinct problem shapes planned so far (each planned once, then reused).
+  int planned_shapes() const { return static_cast<int>(plans_.size()); }
+
+ private:
+  struct Plan;
+  // (act, transa, transb, m, n, k, epilogue, d_is_fp32, accumulate)
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int>;
+  Gemm() = default;
+  absl::StatusOr<const Plan*> GetPlan(const Key& key);
+  absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b, void* d,
+                   const void* bias, void* aux);
+
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace trainyard::kernels::cuda
+
+#endif  // TRAINYARD_KERNELS_CUDA_GEMM_H_
