@@ -21,7 +21,8 @@ absl::Status LayerNormForward(cudaStream_t stream, DType dtype, void* out, float
                               int64_t rows, int64_t c, float eps);
 // sum = a + b (stored as dtype), out = LN(sum) · weight + bias: the residual add and the norm in
 // one pass over memory. The norm reads the stored (rounded) sum, so the result equals the
-// unfused Add then LayerNormForward.
+// unfused Add then LayerNormForward. `sum` may alias `a` or `b` (the residual stream updated in
+// place); it must not overlap `out`.
 absl::Status AddLayerNormForward(cudaStream_t stream, DType dtype, void* sum, void* out,
                                  float* mean, float* rstd, const void* a, const void* b,
                                  const float* weight, const float* bias, int64_t rows, int64_t c,
@@ -38,6 +39,7 @@ absl::Status LayerNormBackward(cudaStream_t stream, DType dtype, void* dinp, flo
 absl::Status RmsNormForward(cudaStream_t stream, DType dtype, void* out, float* rstd,
                             const void* inp, const float* weight, int64_t rows, int64_t c,
                             float eps);
+// As AddLayerNormForward, with RMSNorm.
 absl::Status AddRmsNormForward(cudaStream_t stream, DType dtype, void* sum, void* out, float* rstd,
                                const void* a, const void* b, const float* weight, int64_t rows,
                                int64_t c, float eps);
