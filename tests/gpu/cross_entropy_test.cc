@@ -1,0 +1,181 @@
+// The CUDA softmax cross-entropy against kernels/cpu/cross_entropy, for both logit dtypes and
+// vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized.
+#include "kernels/cuda/cross_entropy.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace trainyard::kernels::cuda {
+namespace {
+
+using testing::DeviceMemory;
+using testing::Download;
+using testing::RandomVector;
+using testing::RelativeError;
+using testing::Tolerance;
+using testing::Upload;
+
+constexpr int64_t kRows[] = {1, 5, 64};
+constexpr int64_t kVocabs[] = {2, 257, 50257, 128256};
+constexpr DType kDTypes[] = {DType::kF32, DType::kBF16};
+constexpr float kGradScale = 0.37f;
+
+// Logits as the device stores them: random, rounded to bf16 when the dtype is bf16.
+std::vector<float> RandomLogits(int64_t count, DType dtype, std::mt19937& rng) {
+  std::vector<float> logits = RandomVector(count, rng, 2.0f);
+  if (dtype == DType::kBF16) testing::RoundToBf16(logits);
+  return logits;
+}
+
+// Targets in [0, vocab); with `foreign_fraction` > 0 some are −1 (another shard's).
+std::vector<int32_t> RandomTargets(int64_t rows, int64_t vocab, double foreign_fraction,
+                                   std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(vocab - 1));
+  std::bernoulli_distribution foreign(foreign_fraction);
+  std::vector<int32_t> targets(rows);
+  for (int32_t& t : targets) t = foreign(rng) ? -1 : any(rng);
+  return targets;
+}
+
+class DeviceInts {
+ public:
+  explicit DeviceInts(const std::vector<int32_t>& host)
+      : mem_(static_cast<int64_t>(host.size() * sizeof(int32_t))) {
+    cudaMemcpy(mem_.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  const int32_t* get() const { return mem_.as<int32_t>(); }
+
+ private:
+  DeviceMemory mem_;
+};
+
+// Column k of a [rows, 3] stats tensor.
+std::vector<float> StatsColumn(const std::vector<float>& stats, int k) {
+  std::vector<float> column(stats.size() / 3);
+  for (size_t r = 0; r < column.size(); ++r) column[r] = stats[3 * r + k];
+  return column;
+}
+
+#define TY_SHAPE_TRACE(rows, vocab, dtype) \
+  SCOPED_TRACE(::testing::Message()        \
+               << "rows=" << (rows) << " vocab=" << (vocab) << " " << DTypeName(dtype))
+
+TEST(CudaCrossEntropy, LossAndGradientMatchCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  for (int64_t rows : kRows) {
+    for (int64_t vocab : kVocabs) {
+      for (DType dtype : kDTypes) {
+        TY_SHAPE_TRACE(rows, vocab, dtype);
+        const std::vector<float> logits = RandomLogits(rows * vocab, dtype, rng);
+        const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.0, rng);
+        // The CPU kernel returns a sum; one call per row gives each row's loss.
+        std::vector<float> want_grad = logits, want_loss(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          want_loss[r] = static_cast<float>(cpu::SoftmaxCrossEntropy(
+              want_grad.data() + r * vocab, &targets[r], 1, vocab, kGradScale, true));
+        }
+
+        DeviceMemory d_logits(rows * vocab * DTypeBytes(dtype)), losses(rows * sizeof(float));
+        const DeviceInts d_targets(targets);
+        for (bool write_grad : {true, false}) {
+          SCOPED_TRACE(write_grad ? "write_grad" : "loss only");
+          Upload(logits, dtype, d_logits.get());
+          losses.Poison();
+          const absl::Status status =
+              SoftmaxCrossEntropy(nullptr, dtype, d_logits.get(), d_targets.get(), rows, vocab,
+                                  kGradScale, write_grad, losses.as<float>());
+          ASSERT_TRUE(status.ok()) << status;
+          TY_CUDA_ASSERT(cudaDeviceSynchronize());
+          // Losses are fp32 arithmetic on identical inputs, whatever the logits' dtype.
+          EXPECT_LE(RelativeError(Download(losses.get(), rows, DType::kF32), want_loss),
+                    Tolerance(DType::kF32));
+          const std::vector<float> got = Download(d_logits.get(), rows * vocab, dtype);
+          if (write_grad) {
+            EXPECT_LE(RelativeError(got, want_grad), Tolerance(dtype));
+          } else {
+            EXPECT_TRUE(got == logits) << "logits changed without write_grad";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, ShardStatsAndGradMatchCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(22);
+  for (int64_t rows : kRows) {
+    for (int64_t vocab : kVocabs) {
+      for (DType dtype : kDTypes) {
+        TY_SHAPE_TRACE(rows, vocab, dtype);
+        const std::vector<float> logits = RandomLogits(rows * vocab, dtype, rng);
+        const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.3, rng);
+        std::vector<float> want_stats(rows * 3);
+        cpu::CrossEntropyShardStats(logits.data(), targets.data(), rows, vocab, want_stats.data());
+
+        DeviceMemory d_logits(rows * vocab * DTypeBytes(dtype)), stats(rows * 3 * sizeof(float));
+        const DeviceInts d_targets(targets);
+        Upload(logits, dtype, d_logits.get());
+        stats.Poison();
+        ASSERT_TRUE(CrossEntropyShardStats(nullptr, dtype, d_logits.get(), d_targets.get(), rows,
+                                           vocab, stats.as<float>())
+                        .ok());
+        TY_CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<float> got_stats = Download(stats.get(), rows * 3, DType::kF32);
+        // Each statistic on its own scale: the sums would hide an error in the maxima.
+        for (int k = 0; k < 3; ++k) {
+          EXPECT_LE(RelativeError(StatsColumn(got_stats, k), StatsColumn(want_stats, k)),
+                    Tolerance(DType::kF32))
+              << "stats column " << k;
+        }
+
+        std::vector<float> lse(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          lse[r] = want_stats[3 * r] + std::log(want_stats[3 * r + 1]);
+        }
+        std::vector<float> want_grad = logits;
+        cpu::CrossEntropyShardGrad(want_grad.data(), targets.data(), lse.data(), rows, vocab,
+                                   kGradScale);
+        DeviceMemory d_lse(rows * sizeof(float));
+        Upload(lse, DType::kF32, d_lse.get());
+        ASSERT_TRUE(CrossEntropyShardGrad(nullptr, dtype, d_logits.get(), d_targets.get(),
+                                          d_lse.as<float>(), rows, vocab, kGradScale)
+                        .ok());
+        TY_CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeError(Download(d_logits.get(), rows * vocab, dtype), want_grad),
+                  Tolerance(dtype));
+      }
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, RejectsBadArguments) {
+  TY_SKIP_WITHOUT_GPU();
+  DeviceMemory logits(4 * sizeof(float)), targets(2 * sizeof(int32_t)), out(6 * sizeof(float));
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2,
+                                1.0f, true, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 0, 2,
+                                1.0f, true, out.as<float>())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      CrossEntropyShardStats(nullptr, DType::kF32, logits.get(), nullptr, 2, 2, out.as<float>())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CrossEntropyShardGrad(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(),
+                                  out.as<float>(), 2, 0, 1.0f)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard::kernels::cuda
