@@ -13,7 +13,7 @@
 namespace trainyard::kernels::cuda {
 
 absl::Status GeluForward(cudaStream_t stream, DType dtype, void* out, const void* inp, int64_t n);
-// dinp = dout · gelu'(inp) (overwritten).
+// dinp = dout · gelu'(inp) (overwritten); dinp may alias dout.
 absl::Status GeluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
                           const void* inp, int64_t n);
 // inp: [rows, 2f], each row (gate[f], up[f]); out: [rows, f] = silu(gate) · up.
