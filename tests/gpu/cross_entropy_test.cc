@@ -156,6 +156,27 @@ TEST(CudaCrossEntropy, ShardStatsAndGradMatchCpu) {
   }
 }
 
+// Targets live on the device, so the launcher cannot check them; a bad one must show up as a
+// NaN loss for its row, not as a memory fault or a plausible number.
+TEST(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  const int64_t rows = 3, vocab = 37;
+  const std::vector<float> logits = RandomLogits(rows * vocab, DType::kF32, rng);
+  const std::vector<int32_t> targets = {5, static_cast<int32_t>(vocab), -1};
+  DeviceMemory d_logits(rows * vocab * sizeof(float)), losses(rows * sizeof(float));
+  const DeviceInts d_targets(targets);
+  Upload(logits, DType::kF32, d_logits.get());
+  ASSERT_TRUE(SoftmaxCrossEntropy(nullptr, DType::kF32, d_logits.get(), d_targets.get(), rows,
+                                  vocab, 1.0f, true, losses.as<float>())
+                  .ok());
+  TY_CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> got = Download(losses.get(), rows, DType::kF32);
+  EXPECT_TRUE(std::isfinite(got[0]));
+  EXPECT_TRUE(std::isnan(got[1]));
+  EXPECT_TRUE(std::isnan(got[2]));
+}
+
 TEST(CudaCrossEntropy, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceMemory logits(4 * sizeof(float)), targets(2 * sizeof(int32_t)), out(6 * sizeof(float));

@@ -179,6 +179,32 @@ TEST(CudaEmbedding, BackwardWithoutPositionTable) {
             Tolerance(DType::kF32));
 }
 
+// Token ids live on the device, so the launcher cannot check them: an id ≥ vocab gets no
+// gradient (like −1) instead of a write outside dwte.
+TEST(CudaEmbedding, BackwardIgnoresOutOfRangeTokens) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(14);
+  const Shape s{1, 4, 16, 6};
+  const std::vector<int32_t> tokens = {2, 6, 2, 1000};
+  const std::vector<int32_t> valid_tokens = {2, -1, 2, -1};
+  const std::vector<float> dwte0 = RandomVector(s.vocab * s.c, rng);
+  const std::vector<float> dout = RandomVector(s.t * s.c, rng);
+  std::vector<float> want = dwte0;
+  cpu::EmbeddingBackward(want.data(), nullptr, dout.data(), valid_tokens.data(), s.b, s.t, s.c);
+
+  const DeviceTokens d_tokens(tokens);
+  DeviceMemory d_dout(dout.size() * sizeof(float)), dwte(dwte0.size() * sizeof(float));
+  Upload(dout, DType::kF32, d_dout.get());
+  Upload(dwte0, DType::kF32, dwte.get());
+  const size_t bytes = EmbeddingBackwardScratchBytes(s.t, s.vocab);
+  DeviceMemory scratch(static_cast<int64_t>(bytes));
+  ASSERT_TRUE(EmbeddingBackward(nullptr, DType::kF32, dwte.as<float>(), nullptr, d_dout.get(),
+                                d_tokens.get(), s.b, s.t, s.c, s.vocab, scratch.get(), bytes)
+                  .ok());
+  TY_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_TRUE(BitIdentical(Download(dwte.get(), dwte0.size(), DType::kF32), want));
+}
+
 TEST(CudaEmbedding, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   const int64_t b = 2, t = 3, c = 4, vocab = 10;
