@@ -1,7 +1,9 @@
 // Rotary position embedding applied in place to the query and key heads of a packed qkv
 // activation [b, t, (heads + 2·kv_heads)·d] — the post-processing of the QKV projection's output
 // (values are untouched). Semantics match kernels/cpu/rope.h (rotate-half pairing i, i + d/2;
-// angle p · theta^(−2i/d)); angles are computed in fp32 on the device from the position.
+// angle p · theta^(−2i/d), p the position within the sequence). Angles, their sines and cosines
+// are computed in fp64 on the device from the position, as the CPU reference computes them, so
+// long sequences keep fp32 accuracy.
 #ifndef TRAINYARD_KERNELS_CUDA_ROPE_H_
 #define TRAINYARD_KERNELS_CUDA_ROPE_H_
 
