@@ -1,0 +1,361 @@
+// The host-staging communicator over Gloo, with ranks as threads of this process (each its own
+// Gloo context over loopback TCP, meeting through a file rendezvous store). A host copier that
+// calls every buffer device memory drives every staging path: copies in and out, bf16 widened
+// to fp32 and rounded back.
+//
+// Inputs are small multiples of 1/4, so every sum is exact in fp32 and in bf16 and the expected
+// results are exact: any difference is a bug, not rounding. One case checks that bf16 sums are
+// accumulated in fp32 and rounded once, to nearest even.
+#include "worker/dist/staging_communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "common/bf16.h"
+#include "gtest/gtest.h"
+#include "tests/integration/test_env.h"
+#include "worker/dist/communicator.h"
+#include "worker/dist/kv_store.h"
+
+namespace trainyard::worker::dist {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Runs body(rank, communicator) on `world` threads, each holding a staging communicator over
+// its own Gloo connection. Every rank keeps its connection open until all bodies have returned
+// (or a minute has passed), so that an early finisher cannot break a peer's operation.
+void RunGroup(int world, const std::function<void(int, Communicator&)>& body,
+              bool all_device = true, milliseconds timeout = milliseconds(30000)) {
+  const std::filesystem::path dir = testenv::MakeScratchDir("staging");
+  std::unique_ptr<KeyValueStore> store = MakeFileKeyValueStore(dir.string());
+  std::atomic<int> finished{0};
+  auto finish_and_wait = [&] {
+    finished.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (finished.load() < world && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions options;
+      options.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<Communicator>> gloo =
+          ConnectGloo(*store, "group", r, world, options);
+      if (!gloo.ok()) {
+        ADD_FAILURE() << "rank " << r << ": " << gloo.status();
+        finish_and_wait();
+        return;
+      }
+      std::unique_ptr<Communicator> comm =
+          MakeStagingCommunicator(std::move(*gloo), MakeHostCopier(all_device));
+      body(r, *comm);
+      finish_and_wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Raised once by one rank thread, awaited by another (for at most a minute, so that a failed
+// rank cannot hang the test).
+class Flag {
+ public:
+  void Raise() { raised_.store(true); }
+  void Await() const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (!raised_.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+ private:
+  std::atomic<bool> raised_{false};
+};
+
+// Rank r's j-th input: a multiple of 1/4 below 10 in magnitude, exact in bf16, whose sums over
+// three ranks stay exact in bf16 (at most 8 significant bits).
+float Value(int rank, int64_t j) { return static_cast<float>(j % 17 - 8) + 0.25f * rank; }
+
+// `count` elements of `dtype` in host memory, written and read as floats; starts as NaN.
+class Tensor {
+ public:
+  Tensor(DType dtype, int64_t count)
+      : dtype_(dtype), bytes_(count * DTypeBytes(dtype), 0xFF), count_(count) {}
+
+  void Fill(const std::function<float(int64_t)>& value) {
+    for (int64_t j = 0; j < count_; ++j) Set(j, value(j));
+  }
+  std::vector<float> Values() const {
+    std::vector<float> out(count_);
+    for (int64_t j = 0; j < count_; ++j) out[j] = Get(j);
+    return out;
+  }
+  void* at(int64_t element) { return bytes_.data() + element * DTypeBytes(dtype_); }
+  void* data() { return bytes_.data(); }
+
+  void Set(int64_t j, float v) {
+    if (dtype_ == DType::kF32) {
+      std::memcpy(at(j), &v, sizeof(v));
+    } else {
+      const uint16_t bits = FloatToBf16Bits(v);
+      std::memcpy(at(j), &bits, sizeof(bits));
+    }
+  }
+  float Get(int64_t j) const {
+    const unsigned char* p = bytes_.data() + j * DTypeBytes(dtype_);
+    if (dtype_ == DType::kF32) {
+      float v;
+      std::memcpy(&v, p, sizeof(v));
+      return v;
+    }
+    uint16_t bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    return Bf16BitsToFloat(bits);
+  }
+
+ private:
+  DType dtype_;
+  std::vector<unsigned char> bytes_;
+  int64_t count_;
+};
+
+struct Case {
+  int world;
+  DType dtype;
+};
+
+std::string Describe(const Case& c) {
+  return std::string(DTypeName(c.dtype)) + " on " + std::to_string(c.world) + " ranks";
+}
+
+const Case kCases[] = {{2, DType::kF32}, {2, DType::kBF16}, {3, DType::kF32}, {3, DType::kBF16}};
+
+TEST(StagingCommunicatorTest, AllReduceSumsExactly) {
+  constexpr int64_t kCount = 37;  // not a multiple of any group size: uneven ring chunks
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(Describe(c));
+    RunGroup(c.world, [&](int rank, Communicator& comm) {
+      Tensor t(c.dtype, kCount);
+      t.Fill([&](int64_t j) { return Value(rank, j); });
+      ASSERT_TRUE(comm.AllReduce(t.data(), kCount, c.dtype).ok());
+      const std::vector<float> got = t.Values();
+      for (int64_t j = 0; j < kCount; ++j) {
+        float want = 0.0f;
+        for (int q = 0; q < c.world; ++q) want += Value(q, j);
+        ASSERT_EQ(got[j], want) << "rank " << rank << " element " << j;
+      }
+    });
+  }
+}
+
+TEST(StagingCommunicatorTest, ReduceScatterSumsThisRanksSlice) {
+  constexpr int64_t kCount = 13;
+  for (const Case& c : kCases) {
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(Describe(c) + (in_place ? ", in place" : ""));
+      RunGroup(c.world, [&](int rank, Communicator& comm) {
+        Tensor in(c.dtype, kCount * c.world);
+        in.Fill([&](int64_t j) { return Value(rank, j); });
+        Tensor separate(c.dtype, kCount);
+        void* out = in_place ? in.at(rank * kCount) : separate.data();
+        ASSERT_TRUE(comm.ReduceScatter(in.data(), out, kCount, c.dtype).ok());
+        const std::vector<float> all = in_place ? in.Values() : separate.Values();
+        const int64_t offset = in_place ? rank * kCount : 0;
+        for (int64_t i = 0; i < kCount; ++i) {
+          float want = 0.0f;
+          for (int q = 0; q < c.world; ++q) want += Value(q, rank * kCount + i);
+          ASSERT_EQ(all[offset + i], want) << "rank " << rank << " element " << i;
+        }
+      });
+    }
+  }
+}
+
+TEST(StagingCommunicatorTest, AllGatherConcatenatesInRankOrder) {
+  constexpr int64_t kCount = 11;
+  for (const Case& c : kCases) {
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(Describe(c) + (in_place ? ", in place" : ""));
+      RunGroup(c.world, [&](int rank, Communicator& comm) {
+        Tensor out(c.dtype, kCount * c.world);
+        Tensor separate(c.dtype, kCount);
+        Tensor& in_tensor = in_place ? out : separate;
+        const int64_t offset = in_place ? rank * kCount : 0;
+        // Only this rank's slice is written; the rest of `out` stays NaN until gathered.
+        for (int64_t i = 0; i < kCount; ++i) in_tensor.Set(offset + i, Value(rank, i));
+        ASSERT_TRUE(comm.AllGather(in_tensor.at(offset), out.data(), kCount, c.dtype).ok());
+        const std::vector<float> got = out.Values();
+        for (int q = 0; q < c.world; ++q) {
+          for (int64_t i = 0; i < kCount; ++i) {
+            ASSERT_EQ(got[q * kCount + i], Value(q, i)) << "rank " << rank << " from " << q;
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST(StagingCommunicatorTest, BroadcastCopiesTheRootsBuffer) {
+  constexpr int64_t kCount = 9;
+  for (int world : {2, 3}) {
+    RunGroup(world, [&](int rank, Communicator& comm) {
+      std::vector<float> data(kCount);
+      for (int64_t j = 0; j < kCount; ++j) data[j] = Value(rank, j);
+      ASSERT_TRUE(comm.Broadcast(data.data(), kCount, /*root=*/1).ok());
+      for (int64_t j = 0; j < kCount; ++j) ASSERT_EQ(data[j], Value(1, j)) << "rank " << rank;
+    });
+  }
+}
+
+TEST(StagingCommunicatorTest, SendAndRecvMoveExactValues) {
+  constexpr int64_t kCount = 21;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(Describe(c));
+    RunGroup(c.world, [&](int rank, Communicator& comm) {
+      Tensor t(c.dtype, kCount);
+      if (rank == 0) {
+        t.Fill([&](int64_t j) { return Value(5, j); });
+        ASSERT_TRUE(comm.Send(t.data(), kCount, c.dtype, /*peer=*/1, /*tag=*/7).ok());
+      } else if (rank == 1) {
+        ASSERT_TRUE(comm.Recv(t.data(), kCount, c.dtype, /*peer=*/0, /*tag=*/7).ok());
+        const std::vector<float> got = t.Values();
+        for (int64_t j = 0; j < kCount; ++j) ASSERT_EQ(got[j], Value(5, j));
+      }
+    });
+  }
+}
+
+TEST(StagingCommunicatorTest, SendRecvAroundARing) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(Describe(c));
+    RunGroup(c.world, [&](int rank, Communicator& comm) {
+      // Different sizes each way: rank r sends r + 5 elements to the next rank.
+      const int next = (rank + 1) % c.world, prev = (rank + c.world - 1) % c.world;
+      const int64_t send_count = rank + 5, recv_count = prev + 5;
+      Tensor send(c.dtype, send_count), recv(c.dtype, recv_count);
+      send.Fill([&](int64_t j) { return Value(rank, j); });
+      ASSERT_TRUE(comm.SendRecv(send.data(), send_count, next, /*send_tag=*/100 + rank, recv.data(),
+                                recv_count, prev, /*recv_tag=*/100 + prev, c.dtype)
+                      .ok());
+      const std::vector<float> got = recv.Values();
+      for (int64_t j = 0; j < recv_count; ++j) ASSERT_EQ(got[j], Value(prev, j));
+    });
+  }
+}
+
+TEST(StagingCommunicatorTest, Bf16SumsRoundOnceToNearestEven) {
+  // bf16 values near 1 are 2^-7 apart.
+  constexpr float kHalfUlp = 0.00390625f;  // 2^-8
+  RunGroup(3, [&](int rank, Communicator& comm) {
+    // Element 0: 1 + 2^-8 + 2^-8 = 1 + 2^-7 exactly in fp32, a bf16 value. Rounding after each
+    // addition would lose both halves (1 + 2^-8 is a tie, which goes to the even 1).
+    // Element 1: 1 + 2^-9 + 2^-9 = 1 + 2^-8, the tie between 1 (even) and 1 + 2^-7: gives 1.
+    Tensor t(DType::kBF16, 2);
+    t.Fill([&](int64_t j) {
+      if (rank == 0) return 1.0f;
+      return j == 0 ? kHalfUlp : kHalfUlp / 2;
+    });
+    ASSERT_TRUE(comm.AllReduce(t.data(), 2, DType::kBF16).ok());
+    const std::vector<float> got = t.Values();
+    EXPECT_EQ(got[0], 1.0f + 2 * kHalfUlp) << "rank " << rank;
+    EXPECT_EQ(got[1], 1.0f) << "rank " << rank;
+  });
+  RunGroup(2, [&](int rank, Communicator& comm) {
+    // (1 + 2^-7) + 2^-8 is the tie between 1 + 2^-7 (odd) and 1 + 2^-6 (even): rounds up.
+    Tensor t(DType::kBF16, 1);
+    t.Fill([&](int64_t) { return rank == 0 ? 1.0f + 2 * kHalfUlp : kHalfUlp; });
+    ASSERT_TRUE(comm.AllReduce(t.data(), 1, DType::kBF16).ok());
+    EXPECT_EQ(t.Values()[0], 1.0f + 4 * kHalfUlp) << "rank " << rank;
+  });
+}
+
+TEST(StagingCommunicatorTest, CountsTheEnginesFp32Bytes) {
+  constexpr int64_t kCount = 60;  // divisible by 2 and 3: equal ring chunks
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(Describe(c));
+    RunGroup(c.world, [&](int rank, Communicator& comm) {
+      Tensor t(c.dtype, kCount);
+      t.Fill([&](int64_t j) { return Value(rank, j); });
+      ASSERT_TRUE(comm.AllReduce(t.data(), kCount, c.dtype).ok());
+      // A ring all-reduce sends 2(n−1) chunks of count/n elements, as fp32 whatever the dtype.
+      const int64_t want = 2 * (c.world - 1) * (kCount / c.world) * 4;
+      EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::kAllReduce), want);
+      if (rank == 0) {
+        ASSERT_TRUE(comm.Send(t.data(), kCount, c.dtype, 1, 3).ok());
+        EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::kSendRecv), kCount * 4);
+      } else if (rank == 1) {
+        ASSERT_TRUE(comm.Recv(t.data(), kCount, c.dtype, 0, 3).ok());
+        EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::kSendRecv), 0);
+      }
+    });
+  }
+}
+
+TEST(StagingCommunicatorTest, HostBuffersPassStraightThrough) {
+  // A copier that sees no device memory: fp32 goes to the engine untouched (as from
+  // AllReduceDouble); bf16 is still widened and rounded on the host.
+  RunGroup(
+      2,
+      [&](int rank, Communicator& comm) {
+        absl::StatusOr<double> sum = AllReduceDouble(comm, 1.0 / 3.0 + rank);
+        ASSERT_TRUE(sum.ok()) << sum.status();
+        EXPECT_NEAR(*sum, 2.0 / 3.0 + 1.0, 1e-6);
+        Tensor t(DType::kBF16, 5);
+        t.Fill([&](int64_t j) { return Value(rank, j); });
+        ASSERT_TRUE(comm.AllReduce(t.data(), 5, DType::kBF16).ok());
+        for (int64_t j = 0; j < 5; ++j) EXPECT_EQ(t.Values()[j], Value(0, j) + Value(1, j));
+      },
+      /*all_device=*/false);
+}
+
+TEST(StagingCommunicatorTest, AbortFailsAPendingOperation) {
+  Flag checked;  // rank 1 stays connected until rank 0 has seen its results
+  RunGroup(2, [&](int rank, Communicator& comm) {
+    if (rank == 1) {
+      checked.Await();
+      return;
+    }
+    absl::Status pending = absl::UnknownError("not run");
+    Tensor t(DType::kBF16, 8);
+    std::thread receiver([&] { pending = comm.Recv(t.data(), 8, DType::kBF16, 1, 42); });
+    std::this_thread::sleep_for(milliseconds(200));
+    comm.Abort();
+    receiver.join();
+    EXPECT_EQ(pending.code(), absl::StatusCode::kAborted) << pending;
+    float x = 1.0f;
+    EXPECT_EQ(comm.AllReduce(&x, 1).code(), absl::StatusCode::kAborted);
+    checked.Raise();
+  });
+}
+
+TEST(StagingCommunicatorTest, StalledPeerGivesDeadlineExceeded) {
+  Flag checked;
+  RunGroup(
+      2,
+      [&](int rank, Communicator& comm) {
+        if (rank == 1) {  // connected, but never joins the all-reduce
+          checked.Await();
+          return;
+        }
+        Tensor t(DType::kBF16, 16);
+        t.Fill([](int64_t j) { return 1.0f; });
+        const auto start = std::chrono::steady_clock::now();
+        const absl::Status s = comm.AllReduce(t.data(), 16, DType::kBF16);
+        EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+        checked.Raise();
+      },
+      /*all_device=*/true, /*timeout=*/milliseconds(2000));
+}
+
+}  // namespace
+}  // namespace trainyard::worker::dist
