@@ -32,7 +32,9 @@ int Fail(const std::string& message) {
 int GemmPeak(int threads) {
   auto backend = trainyard::worker::MakeCpuBackend(threads);
   const int64_t n = 2048;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  std::vector<float> host(n * n, 0.5f), b(n * n, 0.25f);
+  auto a = backend->AllocAct(n * n), c = backend->AllocAct(n * n);
+  backend->CopyActFromHost(a.data(), host.data(), n * n);
   std::vector<double> gflops;
   for (int rep = 0; rep < 5; ++rep) {
     const auto start = std::chrono::steady_clock::now();

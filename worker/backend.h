@@ -1,20 +1,35 @@
 // Backend: the compute interface the model is written against. The model never touches memory
 // or math directly; it asks its Backend, so the same model code runs on the CPU reference
-// (fp32, OpenBLAS) and, later, on CUDA.
+// (fp32, OpenBLAS) and on CUDA (bf16 activations, cuBLASLt, the kernels in kernels/cuda).
+//
+// Two kinds of tensors cross this interface. Parameters, gradients, optimizer state and
+// per-row statistics (norm mean/rstd, attention log-sum-exp) are fp32 (`float*`). Activations
+// and their gradients are `Act*`: elements of the backend's act_dtype() — fp32 on the CPU, bf16
+// on CUDA. Act is opaque: the model offsets such pointers only through At() and hands them back;
+// arithmetic happens in fp32 inside the backend whatever the storage.
 //
 // Conventions: pointers are device pointers of this backend; shapes are row-major; linear
 // weights are [out, in]; "accumulate" means +=, "overwrite" means =. Calls are issued from one
-// thread (the training loop); a backend may parallelise inside a call.
+// thread (the training loop) and may run asynchronously on the device: results are visible to
+// CopyToHost / CopyActToHost (which wait) and to later calls. A device error is sticky and
+// reported by Synchronize(). A backend may parallelise inside a call.
 #ifndef TRAINYARD_WORKER_BACKEND_H_
 #define TRAINYARD_WORKER_BACKEND_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "common/dtype.h"
 #include "worker/buffer.h"
 
 namespace trainyard::worker {
+
+// Element of an activation tensor (see above). Never defined.
+struct Act;
 
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
@@ -23,6 +38,9 @@ struct AttentionShape {
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based
+  // Gradients are read as grad · grad_scale: global-norm clipping applied inside the update,
+  // without a pass of its own.
+  float grad_scale = 1.0f;
 };
 
 class Backend {
@@ -30,8 +48,24 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
+  // Storage type of activations, and pointer arithmetic on them.
+  virtual DType act_dtype() const = 0;
+  int64_t act_bytes() const { return DTypeBytes(act_dtype()); }
+  Act* At(Act* p, int64_t index) const {
+    return reinterpret_cast<Act*>(reinterpret_cast<char*>(p) + index * act_bytes());
+  }
+  const Act* At(const Act* p, int64_t index) const {
+    return reinterpret_cast<const Act*>(reinterpret_cast<const char*>(p) + index * act_bytes());
+  }
+  // Largest number of logits the chunked cross-entropy should hold at once.
+  virtual int64_t max_logits_chunk() const { return int64_t{1} << 20; }
+  // Waits for every queued operation; returns the first device error since the last call
+  // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
+
   // Memory. Allocations are zero-filled.
   virtual Buffer<float> AllocFloat(int64_t count) = 0;
+  virtual Buffer<Act> AllocAct(int64_t count) = 0;
   virtual Buffer<int32_t> AllocInt(int64_t count) = 0;
   virtual void CopyFromHost(float* dst, const float* src, int64_t count) = 0;
   virtual void CopyFromHost(int32_t* dst, const int32_t* src, int64_t count) = 0;
@@ -40,64 +74,108 @@ class Backend {
   virtual void Copy(float* dst, const float* src, int64_t count) = 0;
   virtual void Fill(float* dst, float value, int64_t count) = 0;
   virtual void Add(float* out, const float* a, const float* b, int64_t count) = 0;
+  // Activations to and from host fp32 (converting from / rounding to act_dtype()).
+  virtual void CopyActToHost(float* dst, const Act* src, int64_t count) = 0;
+  virtual void CopyActFromHost(Act* dst, const float* src, int64_t count) = 0;
+  virtual void Copy(Act* dst, const Act* src, int64_t count) = 0;
+  virtual void Fill(Act* dst, float value, int64_t count) = 0;
+  virtual void Add(Act* out, const Act* a, const Act* b, int64_t count) = 0;
 
   // out[m, n] = inp[m, k] · weight[n, k]ᵀ + bias[n]   (bias may be null)
-  virtual void Linear(float* out, const float* inp, const float* weight, const float* bias,
-                      int64_t m, int64_t n, int64_t k) = 0;
+  virtual void Linear(Act* out, const Act* inp, const float* weight, const float* bias, int64_t m,
+                      int64_t n, int64_t k) = 0;
   // dinp overwritten (skipped if null); dweight, dbias accumulated (dbias skipped if null).
-  virtual void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                              const float* inp, const float* weight, int64_t m, int64_t n,
+  virtual void LinearBackward(Act* dinp, float* dweight, float* dbias, const Act* dout,
+                              const Act* inp, const float* weight, int64_t m, int64_t n,
                               int64_t k) = 0;
+  // pre = inp · weightᵀ + bias, out = gelu(pre): one GEMM with a fused epilogue on CUDA.
+  virtual void LinearGelu(Act* out, Act* pre, const Act* inp, const float* weight,
+                          const float* bias, int64_t m, int64_t n, int64_t k) {
+    Linear(pre, inp, weight, bias, m, n, k);
+    Gelu(out, pre, m * n);
+  }
 
-  virtual void LayerNorm(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int64_t rows, int64_t c,
-                         float eps) = 0;
+  virtual void LayerNorm(Act* out, float* mean, float* rstd, const Act* inp, const float* weight,
+                         const float* bias, int64_t rows, int64_t c, float eps) = 0;
+  // sum = a + b, out = LayerNorm(sum): the residual add fused with the norm that follows it.
+  virtual void AddLayerNorm(Act* sum, Act* out, float* mean, float* rstd, const Act* a,
+                            const Act* b, const float* weight, const float* bias, int64_t rows,
+                            int64_t c, float eps) {
+    Add(sum, a, b, rows * c);
+    LayerNorm(out, mean, rstd, sum, weight, bias, rows, c, eps);
+  }
   // Accumulates into dinp, dweight, dbias.
-  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, const float* mean,
+  virtual void LayerNormBackward(Act* dinp, float* dweight, float* dbias, const Act* dout,
+                                 const Act* inp, const float* weight, const float* mean,
                                  const float* rstd, int64_t rows, int64_t c) = 0;
-  virtual void RmsNorm(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+  virtual void RmsNorm(Act* out, float* rstd, const Act* inp, const float* weight, int64_t rows,
                        int64_t c, float eps) = 0;
+  virtual void AddRmsNorm(Act* sum, Act* out, float* rstd, const Act* a, const Act* b,
+                          const float* weight, int64_t rows, int64_t c, float eps) {
+    Add(sum, a, b, rows * c);
+    RmsNorm(out, rstd, sum, weight, rows, c, eps);
+  }
   // Accumulates into dinp, dweight.
-  virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+  virtual void RmsNormBackward(Act* dinp, float* dweight, const Act* dout, const Act* inp,
                                const float* weight, const float* rstd, int64_t rows, int64_t c) = 0;
 
-  virtual void Gelu(float* out, const float* inp, int64_t n) = 0;
-  virtual void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) = 0;
-  virtual void Swiglu(float* out, const float* inp, int64_t rows, int64_t f) = 0;
-  virtual void SwigluBackward(float* dinp, const float* dout, const float* inp, int64_t rows,
+  virtual void Gelu(Act* out, const Act* inp, int64_t n) = 0;
+  virtual void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) = 0;
+  virtual void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) = 0;
+  virtual void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
                               int64_t f) = 0;
 
   // In place on the query and key heads of a packed qkv activation.
-  virtual void Rope(float* qkv, const AttentionShape& s, float theta) = 0;
-  virtual void RopeBackward(float* dqkv, const AttentionShape& s, float theta) = 0;
+  virtual void Rope(Act* qkv, const AttentionShape& s, float theta) = 0;
+  virtual void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) = 0;
 
   // Causal attention; out [b, t, heads·d], lse [b, heads, t]. dqkv is overwritten.
-  virtual void Attention(float* out, float* lse, const float* qkv, const AttentionShape& s) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  virtual void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) = 0;
+  virtual void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                  const float* lse, const AttentionShape& s) = 0;
 
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
-  virtual double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows,
+  virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
                                      int64_t vocab, float grad_scale, bool write_grad) = 0;
 
   // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
-  virtual void CrossEntropyShardStats(const float* logits, const int32_t* local_targets,
-                                      int64_t rows, int64_t vocab, float* stats) = 0;
-  virtual void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+  virtual void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
+                                      int64_t vocab, float* stats) = 0;
+  virtual void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
                                      int64_t rows, int64_t vocab, float grad_scale) = 0;
   // out[m, n] += bias[n]
-  virtual void AddBias(float* out, const float* bias, int64_t m, int64_t n) = 0;
+  virtual void AddBias(Act* out, const float* bias, int64_t m, int64_t n) = 0;
 
-  virtual void Embedding(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  virtual void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int64_t b, int64_t t, int64_t c) = 0;
-  // Accumulates into dwte and dwpe (dwpe may be null); deterministic.
-  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                 int64_t b, int64_t t, int64_t c) = 0;
+  // Accumulates into dwte [vocab, c] and dwpe (dwpe may be null); deterministic.
+  virtual void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
+                                 int64_t b, int64_t t, int64_t c, int64_t vocab) = 0;
 
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& p) = 0;
+  // Every tensor of the list in one pass where the backend can (one launch on CUDA).
+  struct AdamWTensor {
+    float* param;
+    const float* grad;
+    float* m;
+    float* v;
+    int64_t n;
+    float weight_decay;
+  };
+  virtual void AdamWMulti(const std::vector<AdamWTensor>& tensors, AdamWParams p) {
+    for (const AdamWTensor& t : tensors) {
+      p.weight_decay = t.weight_decay;
+      AdamW(t.param, t.grad, t.m, t.v, t.n, p);
+    }
+  }
   virtual double SumOfSquares(const float* x, int64_t n) = 0;
+  // Σ over the ranges, added in list order (one device round trip on CUDA).
+  virtual double SumOfSquaresMulti(const std::vector<std::pair<const float*, int64_t>>& ranges) {
+    double total = 0.0;
+    for (const auto& [x, n] : ranges) total += SumOfSquares(x, n);
+    return total;
+  }
   virtual void Scale(float* x, int64_t n, float factor) = 0;
 };
 

@@ -27,16 +27,21 @@ namespace k = ::trainyard::kernels::cpu;
 
 constexpr size_t kAlignment = 64;
 
+// `count` zeroed elements of `element_bytes` each; T may be incomplete (Act).
 template <typename T>
-Buffer<T> AllocAligned(int64_t count) {
+Buffer<T> AllocAligned(int64_t count, size_t element_bytes) {
   if (count <= 0) return Buffer<T>();
   const size_t bytes =
-      (static_cast<size_t>(count) * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+      (static_cast<size_t>(count) * element_bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, bytes);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, bytes);
   return Buffer<T>(static_cast<T*>(p), count, [](void* q) { std::free(q); });
 }
+
+// Activations are fp32 on the CPU: an Act* is a float*.
+float* F(Act* p) { return reinterpret_cast<float*>(p); }
+const float* F(const Act* p) { return reinterpret_cast<const float*>(p); }
 
 class CpuBackend final : public Backend {
  public:
@@ -47,9 +52,15 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::kF32; }
 
-  Buffer<float> AllocFloat(int64_t count) override { return AllocAligned<float>(count); }
-  Buffer<int32_t> AllocInt(int64_t count) override { return AllocAligned<int32_t>(count); }
+  Buffer<float> AllocFloat(int64_t count) override {
+    return AllocAligned<float>(count, sizeof(float));
+  }
+  Buffer<Act> AllocAct(int64_t count) override { return AllocAligned<Act>(count, sizeof(float)); }
+  Buffer<int32_t> AllocInt(int64_t count) override {
+    return AllocAligned<int32_t>(count, sizeof(int32_t));
+  }
   void CopyFromHost(float* dst, const float* src, int64_t n) override { std::copy_n(src, n, dst); }
   void CopyFromHost(int32_t* dst, const int32_t* src, int64_t n) override {
     std::copy_n(src, n, dst);
@@ -64,84 +75,94 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
+  void CopyActToHost(float* dst, const Act* src, int64_t n) override {
+    std::copy_n(F(src), n, dst);
+  }
+  void CopyActFromHost(Act* dst, const float* src, int64_t n) override {
+    std::copy_n(src, n, F(dst));
+  }
+  void Copy(Act* dst, const Act* src, int64_t n) override { std::copy_n(F(src), n, F(dst)); }
+  void Fill(Act* dst, float value, int64_t n) override { std::fill_n(F(dst), n, value); }
+  void Add(Act* out, const Act* a, const Act* b, int64_t n) override { Add(F(out), F(a), F(b), n); }
 
-  void Linear(float* out, const float* inp, const float* w, const float* b, int64_t m, int64_t n,
+  void Linear(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
               int64_t kk) override {
-    k::LinearForward(out, inp, w, b, m, n, kk);
+    k::LinearForward(F(out), F(inp), w, b, m, n, kk);
   }
-  void LinearBackward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void LinearBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                       const float* w, int64_t m, int64_t n, int64_t kk) override {
-    k::LinearBackward(dinp, dw, db, dout, inp, w, m, n, kk);
+    k::LinearBackward(F(dinp), dw, db, F(dout), F(inp), w, m, n, kk);
   }
-  void LayerNorm(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                 const float* b, int64_t rows, int64_t c, float eps) override {
-    k::LayerNormForward(out, mean, rstd, inp, w, b, rows, c, eps);
+  void LayerNorm(Act* out, float* mean, float* rstd, const Act* inp, const float* w, const float* b,
+                 int64_t rows, int64_t c, float eps) override {
+    k::LayerNormForward(F(out), mean, rstd, F(inp), w, b, rows, c, eps);
   }
-  void LayerNormBackward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  void LayerNormBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                          const float* w, const float* mean, const float* rstd, int64_t rows,
                          int64_t c) override {
-    k::LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c);
+    k::LayerNormBackward(F(dinp), dw, db, F(dout), F(inp), w, mean, rstd, rows, c);
   }
-  void RmsNorm(float* out, float* rstd, const float* inp, const float* w, int64_t rows, int64_t c,
+  void RmsNorm(Act* out, float* rstd, const Act* inp, const float* w, int64_t rows, int64_t c,
                float eps) override {
-    k::RmsNormForward(out, rstd, inp, w, rows, c, eps);
+    k::RmsNormForward(F(out), rstd, F(inp), w, rows, c, eps);
   }
-  void RmsNormBackward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+  void RmsNormBackward(Act* dinp, float* dw, const Act* dout, const Act* inp, const float* w,
                        const float* rstd, int64_t rows, int64_t c) override {
-    k::RmsNormBackward(dinp, dw, dout, inp, w, rstd, rows, c);
+    k::RmsNormBackward(F(dinp), dw, F(dout), F(inp), w, rstd, rows, c);
   }
-  void Gelu(float* out, const float* inp, int64_t n) override { k::GeluForward(out, inp, n); }
-  void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) override {
-    k::GeluBackward(dinp, dout, inp, n);
+  void Gelu(Act* out, const Act* inp, int64_t n) override { k::GeluForward(F(out), F(inp), n); }
+  void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) override {
+    k::GeluBackward(F(dinp), F(dout), F(inp), n);
   }
-  void Swiglu(float* out, const float* inp, int64_t rows, int64_t f) override {
-    k::SwigluForward(out, inp, rows, f);
+  void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) override {
+    k::SwigluForward(F(out), F(inp), rows, f);
   }
-  void SwigluBackward(float* dinp, const float* dout, const float* inp, int64_t rows,
+  void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
                       int64_t f) override {
-    k::SwigluBackward(dinp, dout, inp, rows, f);
+    k::SwigluBackward(F(dinp), F(dout), F(inp), rows, f);
   }
-  void Rope(float* qkv, const AttentionShape& s, float theta) override {
-    k::RopeForward(qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
+  void Rope(Act* qkv, const AttentionShape& s, float theta) override {
+    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
   }
-  void RopeBackward(float* dqkv, const AttentionShape& s, float theta) override {
-    k::RopeBackward(dqkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
+  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) override {
+    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
   }
-  void Attention(float* out, float* lse, const float* qkv, const AttentionShape& s) override {
-    k::AttentionForward(out, lse, qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+  void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
+    k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
-    k::AttentionBackward(dqkv, dout, qkv, out, lse, s.batch, s.seq, s.heads, s.kv_heads,
+    k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
                          s.head_dim);
   }
-  double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+  double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                              float grad_scale, bool write_grad) override {
-    return k::SoftmaxCrossEntropy(logits, targets, rows, vocab, grad_scale, write_grad);
+    return k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, grad_scale, write_grad);
   }
-  void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, int64_t rows,
+  void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
-    k::CrossEntropyShardStats(logits, local_targets, rows, vocab, stats);
+    k::CrossEntropyShardStats(F(logits), local_targets, rows, vocab, stats);
   }
-  void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
+  void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
                              int64_t rows, int64_t vocab, float grad_scale) override {
-    k::CrossEntropyShardGrad(logits, local_targets, lse, rows, vocab, grad_scale);
+    k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale);
   }
-  void AddBias(float* out, const float* bias, int64_t m, int64_t n) override {
-    k::AddBias(out, bias, m, n);
+  void AddBias(Act* out, const float* bias, int64_t m, int64_t n) override {
+    k::AddBias(F(out), bias, m, n);
   }
-  void Embedding(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
+  void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
                  int64_t t, int64_t c) override {
-    k::EmbeddingForward(out, tokens, wte, wpe, b, t, c);
+    k::EmbeddingForward(F(out), tokens, wte, wpe, b, t, c);
   }
-  void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                         int64_t b, int64_t t, int64_t c) override {
-    k::EmbeddingBackward(dwte, dwpe, dout, tokens, b, t, c);
+  void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
+                         int64_t b, int64_t t, int64_t c, int64_t /*vocab*/) override {
+    k::EmbeddingBackward(dwte, dwpe, F(dout), tokens, b, t, c);
   }
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
              const AdamWParams& p) override {
-    k::AdamWUpdate(param, grad, m, v, n,
-                   k::AdamWStep{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step});
+    k::AdamWUpdate(
+        param, grad, m, v, n,
+        k::AdamWStep{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});
   }
   double SumOfSquares(const float* x, int64_t n) override { return k::SumOfSquares(x, n); }
   void Scale(float* x, int64_t n, float factor) override { k::ScaleInPlace(x, n, factor); }

@@ -12,22 +12,21 @@ namespace trainyard::worker {
 
 using config::ModelFamily;
 
-namespace {
-// Upper bound on the logits held at once by the chunked cross-entropy (floats): 4 MiB.
-constexpr int64_t kMaxLogitsChunk = int64_t{1} << 20;
-}  // namespace
-
 // Saved activations of one transformer block for one micro-batch (N = b·t rows).
+// Activations are Buffer<Act> (the backend's activation type); statistics are fp32.
 struct Model::LayerActivations {
-  Buffer<float> ln1, ln1_mean, ln1_rstd;  // [N, C], [N], [N]
-  Buffer<float> qkv;                      // [N, qkv_width], after RoPE
-  Buffer<float> att, lse;                 // [N, heads·d], [b, heads, t]
-  Buffer<float> mid;                      // [N, C]: the residual stream after attention
-  Buffer<float> ln2, ln2_mean, ln2_rstd;  // [N, C], [N], [N]
-  Buffer<float> fc;                       // [N, ffn] (GPT-2) or [N, 2·ffn] (gate, up)
-  Buffer<float> act;                      // [N, ffn]
+  Buffer<Act> ln1;                   // [N, C]
+  Buffer<float> ln1_mean, ln1_rstd;  // [N], [N]
+  Buffer<Act> qkv;                   // [N, qkv_width], after RoPE
+  Buffer<Act> att;                   // [N, heads·d]
+  Buffer<float> lse;                 // [b, heads, t]
+  Buffer<Act> mid;                   // [N, C]: the residual stream after attention
+  Buffer<Act> ln2;                   // [N, C]
+  Buffer<float> ln2_mean, ln2_rstd;  // [N], [N]
+  Buffer<Act> fc;                    // [N, ffn] (GPT-2) or [N, 2·ffn] (gate, up)
+  Buffer<Act> act;                   // [N, ffn]
   // Sequence parallelism: the norms' outputs on this rank's rows, before they are gathered.
-  Buffer<float> ln1_local, ln2_local;
+  Buffer<Act> ln1_local, ln2_local;
 };
 
 struct Model::Activations {
@@ -35,16 +34,17 @@ struct Model::Activations {
   Buffer<int32_t> inputs, targets;
   // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
   Buffer<int32_t> local_inputs, local_targets;
-  Buffer<float> ce_stats, ce_lse;         // vocabulary-parallel loss: [chunk, 3] and [chunk]
-  std::vector<Buffer<float>> resid;       // layers + 1 of [N, C]: the input of each block
-  std::vector<LayerActivations> layers;   // one per block, or a single one when recomputing
-  Buffer<float> lnf, lnf_mean, lnf_rstd;  // final norm
-  Buffer<float> tmp;                      // [N, C]: a projection's output before the residual add
-  Buffer<float> logits;                   // [chunk rows, vocab]
+  Buffer<float> ce_stats, ce_lse;        // vocabulary-parallel loss: [chunk, 3] and [chunk]
+  std::vector<Buffer<Act>> resid;        // layers + 1 of [N, C]: the input of each block
+  std::vector<LayerActivations> layers;  // one per block, or a single one when recomputing
+  Buffer<Act> lnf;                       // final norm
+  Buffer<float> lnf_mean, lnf_rstd;
+  Buffer<Act> tmp;     // [N, C]: a projection's output before the residual add
+  Buffer<Act> logits;  // [chunk rows, vocab]
   // Gradients flowing backward.
-  Buffer<float> dx, dln, datt, dqkv, dfc, dact, dlnf;
+  Buffer<Act> dx, dln, datt, dqkv, dfc, dact, dlnf;
   // Sequence parallelism: local-row and full-row counterparts.
-  Buffer<float> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
+  Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
   Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
 };
 
@@ -129,6 +129,11 @@ absl::Status Model::TpAllReduce(float* data, int64_t count) {
   return TimedTp([&] { return tp_->AllReduce(data, count); });
 }
 
+absl::Status Model::TpAllReduce(Act* data, int64_t count) {
+  if (tp_size() == 1) return absl::OkStatus();
+  return TimedTp([&] { return tp_->AllReduce(data, count, backend_->act_dtype()); });
+}
+
 absl::Status Model::TimedTp(const std::function<absl::Status()>& op) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status status = op();
@@ -180,27 +185,30 @@ void Model::ReadGradients(float* host) const {
 void Model::ZeroGradients() { backend_->Fill(grads(), 0.0f, layout_.total()); }
 
 int64_t Model::activation_bytes() const {
-  int64_t floats = 0, ints = 0;
+  int64_t floats = 0, acts = 0, ints = 0;
   auto add = [&](const Buffer<float>& b) { floats += b.size(); };
+  auto add_act = [&](const Buffer<Act>& b) { acts += b.size(); };
   for (const auto& slot : slots_) {
     if (!slot) continue;
     const Activations& a = *slot;
     ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
-    for (const auto& r : a.resid) add(r);
+    for (const auto& r : a.resid) add_act(r);
     for (const auto& la : a.layers) {
+      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.att, &la.mid, &la.ln2, &la.fc, &la.act}) {
+        add_act(*b);
+      }
       for (const Buffer<float>* b :
-           {&la.ln1, &la.ln1_mean, &la.ln1_rstd, &la.qkv, &la.att, &la.lse, &la.mid, &la.ln2,
-            &la.ln2_mean, &la.ln2_rstd, &la.fc, &la.act}) {
+           {&la.ln1_mean, &la.ln1_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd}) {
         add(*b);
       }
     }
-    for (const Buffer<float>* b :
-         {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv,
-          &a.dfc, &a.dact, &a.dlnf, &a.ce_stats, &a.ce_lse}) {
-      add(*b);
+    for (const Buffer<Act>* b :
+         {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf}) {
+      add_act(*b);
     }
+    for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_lse}) add(*b);
   }
-  return floats * static_cast<int64_t>(sizeof(float)) +
+  return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
          ints * static_cast<int64_t>(sizeof(int32_t));
 }
 
@@ -267,57 +275,57 @@ void Model::EnsureActivations(int b, int t) {
   }
   a->targets = be.AllocInt(n);
   const int local_layers = layout_.stage().num_layers;
-  for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocFloat(nr * width));
+  for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocAct(nr * width));
   const int saved_layers = c.recompute ? 1 : local_layers;
   for (int l = 0; l < saved_layers; ++l) {
     LayerActivations la;
-    la.ln1 = be.AllocFloat(n * width);
+    la.ln1 = be.AllocAct(n * width);
     la.ln1_mean = be.AllocFloat(nr);
     la.ln1_rstd = be.AllocFloat(nr);
-    la.qkv = be.AllocFloat(n * qkv);
-    la.att = be.AllocFloat(n * attn);
+    la.qkv = be.AllocAct(n * qkv);
+    la.att = be.AllocAct(n * attn);
     la.lse = be.AllocFloat(int64_t{b} * dims_.heads * t);
-    la.mid = be.AllocFloat(nr * width);
-    la.ln2 = be.AllocFloat(n * width);
+    la.mid = be.AllocAct(nr * width);
+    la.ln2 = be.AllocAct(n * width);
     la.ln2_mean = be.AllocFloat(nr);
     la.ln2_rstd = be.AllocFloat(nr);
     if (sp_) {
-      la.ln1_local = be.AllocFloat(nr * width);
-      la.ln2_local = be.AllocFloat(nr * width);
+      la.ln1_local = be.AllocAct(nr * width);
+      la.ln2_local = be.AllocAct(nr * width);
     }
-    la.fc = be.AllocFloat(n * fc);
-    la.act = be.AllocFloat(n * dims_.ffn);
+    la.fc = be.AllocAct(n * fc);
+    la.act = be.AllocAct(n * dims_.ffn);
     a->layers.push_back(std::move(la));
   }
-  a->lnf = be.AllocFloat(n * width);
+  a->lnf = be.AllocAct(n * width);
   a->lnf_mean = be.AllocFloat(nr);
   a->lnf_rstd = be.AllocFloat(nr);
-  a->tmp = be.AllocFloat(n * width);
-  const int64_t chunk_rows = std::clamp<int64_t>(kMaxLogitsChunk / dims_.vocab, 1, n);
-  a->logits = be.AllocFloat(chunk_rows * dims_.vocab);
+  a->tmp = be.AllocAct(n * width);
+  const int64_t chunk_rows = std::clamp<int64_t>(be.max_logits_chunk() / dims_.vocab, 1, n);
+  a->logits = be.AllocAct(chunk_rows * dims_.vocab);
   a->ce_stats = be.AllocFloat(chunk_rows * 3);
   a->ce_lse = be.AllocFloat(chunk_rows);
-  a->dx = be.AllocFloat(nr * width);
+  a->dx = be.AllocAct(nr * width);
   if (sp_) {
-    a->lnf_local = be.AllocFloat(nr * width);
-    a->tmp_local = be.AllocFloat(nr * width);
-    a->dx_full = be.AllocFloat(n * width);
-    a->dln_local = be.AllocFloat(nr * width);
-    a->dlnf_local = be.AllocFloat(nr * width);
+    a->lnf_local = be.AllocAct(nr * width);
+    a->tmp_local = be.AllocAct(nr * width);
+    a->dx_full = be.AllocAct(n * width);
+    a->dln_local = be.AllocAct(nr * width);
+    a->dlnf_local = be.AllocAct(nr * width);
     a->norm_scratch = be.AllocFloat(4 * width);
   }
-  a->dln = be.AllocFloat(n * width);
-  a->datt = be.AllocFloat(n * attn);
-  a->dqkv = be.AllocFloat(n * qkv);
-  a->dfc = be.AllocFloat(n * fc);
-  a->dact = be.AllocFloat(n * dims_.ffn);
-  a->dlnf = be.AllocFloat(n * width);
+  a->dln = be.AllocAct(n * width);
+  a->datt = be.AllocAct(n * attn);
+  a->dqkv = be.AllocAct(n * qkv);
+  a->dfc = be.AllocAct(n * fc);
+  a->dact = be.AllocAct(n * dims_.ffn);
+  a->dlnf = be.AllocAct(n * width);
   held = std::move(a);
   acts_ = held.get();
 }
 
 absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
-                            const float* input_acts) {
+                            const Act* input_acts) {
   Activations& a = *acts_;
   const PipelineStage& stage = layout_.stage();
   const int64_t rows = local_rows();
@@ -332,7 +340,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
       // Vocabulary-parallel: each rank looks up the tokens its shard owns (zeros elsewhere), one
       // rank adds the positions, and the sum over the group is the embedding.
       // Under sequence parallelism the sum is scattered: each rank keeps its rows.
-      float* full = sp_ ? a.tmp.data() : a.resid[0].data();
+      Act* full = sp_ ? a.tmp.data() : a.resid[0].data();
       backend_->Embedding(full, a.local_inputs.data(), P(g, layout_.wte()),
                           tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr, a.b, a.t, config_.width);
       TY_RETURN_IF_ERROR(SumToLocalRows(full, a.resid[0].data(), config_.width));
@@ -359,7 +367,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
 
 // The backward pass through this stage's blocks, from dx = ∂loss/∂(stage output) to
 // ∂loss/∂(stage input), then the embedding's gradient on the first stage.
-absl::Status Model::BackwardBlocks(float* dx) {
+absl::Status Model::BackwardBlocks(Act* dx) {
   Activations& a = *acts_;
   const PipelineStage& stage = layout_.stage();
   const bool recompute = config_.recompute;
@@ -373,11 +381,11 @@ absl::Status Model::BackwardBlocks(float* dx) {
   if (!stage.first) return absl::OkStatus();
   constexpr int eg = ParameterLayout::kEmbeddingGroup;
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
-  float* dx_full = sp_ ? a.dx_full.data() : dx;
+  Act* dx_full = sp_ ? a.dx_full.data() : dx;
   TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, config_.width));
   backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx_full,
                               tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
-                              config_.width);
+                              config_.width, dims_.vocab);
   return source_->GradientsReady(eg);
 }
 
@@ -395,10 +403,10 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const bool split_bias = tp_size() > 1;  // row-parallel outputs take their bias after the sum
   const int li = layer - layout_.stage().first_layer;  // the block's index on this stage
-  const float* x = a.resid[li].data();
-  float* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
-  float* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
-  float* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
+  const Act* x = a.resid[li].data();
+  Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
+  Act* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
+  Act* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
   Backend& be = *backend_;
 
   if (gpt2) {
@@ -415,18 +423,18 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
             width, attn);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   if (split_bias && o.proj_b >= 0) be.AddBias(proj_out, P(g, o.proj_b), nr, width);
-  be.Add(la.mid.data(), x, proj_out, nr * width);
-
+  // The residual add and the second norm in one pass.
   if (gpt2) {
-    be.LayerNorm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w),
-                 P(g, o.ln2_b), nr, width, c.norm_eps);
+    be.AddLayerNorm(la.mid.data(), ln2, la.ln2_mean.data(), la.ln2_rstd.data(), x, proj_out,
+                    P(g, o.ln2_w), P(g, o.ln2_b), nr, width, c.norm_eps);
   } else {
-    be.RmsNorm(ln2, la.ln2_rstd.data(), la.mid.data(), P(g, o.ln2_w), nr, width, c.norm_eps);
+    be.AddRmsNorm(la.mid.data(), ln2, la.ln2_rstd.data(), x, proj_out, P(g, o.ln2_w), nr, width,
+                  c.norm_eps);
   }
   TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
   if (gpt2) {
-    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, dims_.ffn, width);
-    be.Gelu(la.act.data(), la.fc.data(), n * dims_.ffn);
+    be.LinearGelu(la.act.data(), la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n,
+                  dims_.ffn, width);
   } else {
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{dims_.ffn}, width);
     be.Swiglu(la.act.data(), la.fc.data(), n, dims_.ffn);
@@ -441,7 +449,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
 
 // On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input). The block's
 // parameter group must be held by the caller.
-absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
+absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   Activations& a = *acts_;
@@ -452,8 +460,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t fc = gpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
-  float* dx_full = sp_ ? a.dx_full.data() : dx;
-  float* dln = sp_ ? a.dln_local.data() : a.dln.data();
+  Act* dx_full = sp_ ? a.dx_full.data() : dx;
+  Act* dln = sp_ ? a.dln_local.data() : a.dln.data();
   Backend& be = *backend_;
   // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
   // this micro-batch are collected in scratch, summed over the group, then accumulated.
@@ -491,7 +499,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, float* dx) {
   be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
                     P(g, o.qkv_w), n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
-  const float* x = a.resid[layer - layout_.stage().first_layer].data();
+  const Act* x = a.resid[layer - layout_.stage().first_layer].data();
   if (gpt2) {
     be.LayerNormBackward(dx, ln1.weight, ln1.bias, dln, x, P(g, o.ln1_w), la.ln1_mean.data(),
                          la.ln1_rstd.data(), nr, width);
@@ -506,8 +514,8 @@ absl::Status Model::FinalNorm() {
   Activations& a = *acts_;
   const int g = layout_.final_group();
   const int64_t nr = local_rows();
-  const float* x = a.resid[layout_.stage().num_layers].data();
-  float* out = sp_ ? a.lnf_local.data() : a.lnf.data();
+  const Act* x = a.resid[layout_.stage().num_layers].data();
+  Act* out = sp_ ? a.lnf_local.data() : a.lnf.data();
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()),
                         P(g, layout_.lnf_b()), nr, config_.width, config_.norm_eps);
@@ -518,13 +526,13 @@ absl::Status Model::FinalNorm() {
   return ToFullRows(out, a.lnf.data(), config_.width);
 }
 
-absl::Status Model::FinalNormBackward(float* dx) {
+absl::Status Model::FinalNormBackward(Act* dx) {
   Activations& a = *acts_;
   const int g = layout_.final_group();
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   const int64_t nr = local_rows();
-  const float* x = a.resid[layout_.stage().num_layers].data();
-  const float* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
+  const Act* x = a.resid[layout_.stage().num_layers].data();
+  const Act* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
   NormGrads lnf = NormGradTargets(g, layout_.lnf_w(), layout_.lnf_b(), 0);
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNormBackward(dx, lnf.weight, lnf.bias, dlnf, x, P(g, layout_.lnf_w()),
@@ -539,15 +547,17 @@ absl::Status Model::FinalNormBackward(float* dx) {
 // Sequence parallelism moves the residual stream between "local rows" (this rank's n / tp rows)
 // and "full rows" (all n, as the tensor-parallel matmuls need them). Without it every rank holds
 // all rows and the two helpers reduce to tensor parallelism's all-reduce (or nothing).
-absl::Status Model::ToFullRows(float* local, float* full, int64_t cols) {
+absl::Status Model::ToFullRows(Act* local, Act* full, int64_t cols) {
   if (!sp_) return absl::OkStatus();
-  return TimedTp([&] { return tp_->AllGather(local, full, local_rows() * cols); });
+  return TimedTp(
+      [&] { return tp_->AllGather(local, full, local_rows() * cols, backend_->act_dtype()); });
 }
 
-absl::Status Model::SumToLocalRows(float* full, float* local, int64_t cols) {
+absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
   if (tp_size() == 1) return absl::OkStatus();
   if (!sp_) return TpAllReduce(full, int64_t{acts_->b} * acts_->t * cols);
-  return TimedTp([&] { return tp_->ReduceScatter(full, local, local_rows() * cols); });
+  return TimedTp(
+      [&] { return tp_->ReduceScatter(full, local, local_rows() * cols, backend_->act_dtype()); });
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
@@ -590,13 +600,13 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    const float* h = a.lnf.data() + r0 * width;
+    const Act* h = backend_->At(a.lnf.data(), r0 * width);
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
     total += backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab,
                                            grad_scale, with_grad);
     if (with_grad) {
-      backend_->LinearBackward(a.dlnf.data() + r0 * width, G(hg, layout_.lm_head()), nullptr,
-                               a.logits.data(), h, head, rows, vocab, width);
+      backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
+                               nullptr, a.logits.data(), h, head, rows, vocab, width);
     }
   }
   return total;
@@ -621,7 +631,7 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    const float* h = a.lnf.data() + r0 * width;
+    const Act* h = backend_->At(a.lnf.data(), r0 * width);
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
     backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
                                      a.ce_stats.data());
@@ -647,8 +657,8 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
       backend_->CopyFromHost(a.ce_lse.data(), lse.data(), rows);
       backend_->CrossEntropyShardGrad(a.logits.data(), a.local_targets.data() + r0, a.ce_lse.data(),
                                       rows, vocab, grad_scale);
-      backend_->LinearBackward(a.dlnf.data() + r0 * width, G(hg, layout_.lm_head()), nullptr,
-                               a.logits.data(), h, head, rows, vocab, width);
+      backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
+                               nullptr, a.logits.data(), h, head, rows, vocab, width);
     }
   }
   if (with_grad) {
@@ -670,8 +680,8 @@ absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32
 }
 
 absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b,
-                                 int t, const float* input_acts, float grad_scale, double* loss_sum,
-                                 float* output_acts) {
+                                 int t, const Act* input_acts, float grad_scale, double* loss_sum,
+                                 Act* output_acts) {
   const PipelineStage& stage = layout_.stage();
   if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
   SelectSlot(slot);
@@ -682,11 +692,11 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
     backend_->Copy(output_acts, a.resid[stage.num_layers].data(), local_rows() * config_.width);
-    return absl::OkStatus();
+    return backend_->Synchronize();
   }
   // The last stage runs its whole backward at once: the loss's gradient is known as soon as
   // the loss is.
-  float* dx = a.dx.data();
+  Act* dx = a.dx.data();
   {
     std::unique_ptr<Hold> final_hold;
     TY_RETURN_IF_ERROR(
@@ -697,10 +707,11 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
     // Complete now: a tied head on the first stage lives in the embedding group, finished last.
     TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
   }
-  return BackwardBlocks(dx);
+  TY_RETURN_IF_ERROR(BackwardBlocks(dx));
+  return backend_->Synchronize();
 }
 
-absl::Status Model::StageBackward(int slot, const float* doutput, float* dinput) {
+absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
   const PipelineStage& stage = layout_.stage();
   SelectSlot(slot);
   Activations& a = *acts_;
@@ -711,11 +722,11 @@ absl::Status Model::StageBackward(int slot, const float* doutput, float* dinput)
     TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
   if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
-  return absl::OkStatus();
+  return backend_->Synchronize();
 }
 
 absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                        const float* input_acts, float* output_acts) {
+                                        const Act* input_acts, Act* output_acts) {
   const PipelineStage& stage = layout_.stage();
   SelectSlot(0);
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
@@ -724,9 +735,12 @@ absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* ta
   if (!stage.last) {
     backend_->Copy(output_acts, acts_->resid[stage.num_layers].data(),
                    local_rows() * config_.width);
+    TY_RETURN_IF_ERROR(backend_->Synchronize());
     return 0.0;
   }
-  return ChunkedLoss(0.0f, /*with_grad=*/false);
+  TY_ASSIGN_OR_RETURN(const double loss, ChunkedLoss(0.0f, /*with_grad=*/false));
+  TY_RETURN_IF_ERROR(backend_->Synchronize());
+  return loss;
 }
 
 void Model::SelectSlot(int slot) {
@@ -761,9 +775,9 @@ absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logi
   const float* head = P(layout_.head_group(), layout_.lm_head());
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
-    backend_->Linear(a.logits.data(), a.lnf.data() + r0 * config_.width, head, nullptr, rows, vocab,
-                     config_.width);
-    backend_->CopyToHost(host_logits + r0 * vocab, a.logits.data(), rows * vocab);
+    backend_->Linear(a.logits.data(), backend_->At(a.lnf.data(), r0 * config_.width), head, nullptr,
+                     rows, vocab, config_.width);
+    backend_->CopyActToHost(host_logits + r0 * vocab, a.logits.data(), rows * vocab);
   }
   return absl::OkStatus();
 }

@@ -46,7 +46,7 @@ class Model {
   const config::ModelConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
-  // Bytes of activation memory held (every micro-batch slot).
+  // Bytes of activation memory held (every micro-batch slot), at the backend's activation type.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_comm_seconds_; }
@@ -74,14 +74,14 @@ class Model {
   // the first / last stage). The last stage computes the loss (Σ cross-entropy into *loss_sum)
   // and its whole backward in StageForward; StageBackward then only hands on ∂loss/∂input.
   absl::Status StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b, int t,
-                            const float* input_acts, float grad_scale, double* loss_sum,
-                            float* output_acts);
+                            const Act* input_acts, float grad_scale, double* loss_sum,
+                            Act* output_acts);
   // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
   // input) (not on the first stage).
-  absl::Status StageBackward(int slot, const float* doutput, float* dinput);
+  absl::Status StageBackward(int slot, const Act* doutput, Act* dinput);
   // Forward only: the last stage returns Σ cross-entropy, the others 0 and fill output_acts.
   absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                   const float* input_acts, float* output_acts);
+                                   const Act* input_acts, Act* output_acts);
 
   // Full logits [b, t, vocab] into a host array (tests and inference).
   absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
@@ -102,8 +102,8 @@ class Model {
         dist::Communicator* tp, PipelineStage stage, bool sequence_parallel);
   // Rows of the residual stream this rank holds for the current micro-batch.
   int64_t local_rows() const;
-  absl::Status ToFullRows(float* local, float* full, int64_t cols);
-  absl::Status SumToLocalRows(float* full, float* local, int64_t cols);
+  absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
+  absl::Status SumToLocalRows(Act* full, Act* local, int64_t cols);
   // Where a norm's backward writes its weight/bias gradients: straight into the gradients, or,
   // under sequence parallelism, into scratch slot `slot` (of two) to be summed over the group.
   struct NormGrads {
@@ -119,19 +119,20 @@ class Model {
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
   absl::Status TpAllReduce(float* data, int64_t count);
+  absl::Status TpAllReduce(Act* data, int64_t count);
   absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
   absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).
   absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
-                       const float* input_acts);
-  absl::Status BackwardBlocks(float* dx);
+                       const Act* input_acts);
+  absl::Status BackwardBlocks(Act* dx);
   void SelectSlot(int slot);
   absl::Status BlockForward(int layer, LayerActivations& a);
-  absl::Status BlockBackward(int layer, LayerActivations& a, float* dx);
+  absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
   absl::Status FinalNorm();
-  absl::Status FinalNormBackward(float* dx);
+  absl::Status FinalNormBackward(Act* dx);
   // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
   // d(lnf) and accumulates the LM head's weight gradient.
   absl::StatusOr<double> ChunkedLoss(float grad_scale, bool with_grad);

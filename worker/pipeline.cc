@@ -51,18 +51,20 @@ int InFlight(int stage, int stages, int micro_batches) {
   return std::min(stages - stage - 1, micro_batches) + 1;
 }
 
-absl::Status RunOneForwardOneBackward(dist::Communicator& pp, int m, int64_t count,
-                                      const StageWork& work, ScheduleStats* stats) {
+absl::Status RunOneForwardOneBackward(dist::Communicator& pp, Backend& backend, int m,
+                                      int64_t count, const StageWork& work, ScheduleStats* stats) {
   const int p = pp.size(), s = pp.rank();
   const bool first = s == 0, last = s == p - 1;
   const int warmup = std::min(p - s - 1, m);
   const int slots = warmup + 1;
-  std::vector<std::vector<float>> in(slots), out(slots);
+  const DType dtype = backend.act_dtype();
+  std::vector<Buffer<Act>> in(slots), out(slots);
   for (int k = 0; k < slots; ++k) {
-    if (!first) in[k].resize(count);
-    if (!last) out[k].resize(count);
+    if (!first) in[k] = backend.AllocAct(count);
+    if (!last) out[k] = backend.AllocAct(count);
   }
-  std::vector<float> dout(last ? 0 : count), din(first ? 0 : count);
+  Buffer<Act> dout = last ? Buffer<Act>() : backend.AllocAct(count);
+  Buffer<Act> din = first ? Buffer<Act>() : backend.AllocAct(count);
   auto slot = [&](int i) { return i % slots; };
   // Tags: 2i for micro-batch i's activation, 2i + 1 for its gradient.
   auto fwd_tag = [](int i) { return static_cast<uint32_t>(2 * i); };
@@ -75,20 +77,22 @@ absl::Status RunOneForwardOneBackward(dist::Communicator& pp, int m, int64_t cou
     return status;
   };
   auto recv_forward = [&](int i) {
-    return first ? absl::OkStatus()
-                 : timed([&] { return pp.Recv(in[slot(i)].data(), count, s - 1, fwd_tag(i)); });
+    return first ? absl::OkStatus() : timed([&] {
+      return pp.Recv(in[slot(i)].data(), count, dtype, s - 1, fwd_tag(i));
+    });
   };
   auto send_forward = [&](int i) {
-    return last ? absl::OkStatus()
-                : timed([&] { return pp.Send(out[slot(i)].data(), count, s + 1, fwd_tag(i)); });
+    return last ? absl::OkStatus() : timed([&] {
+      return pp.Send(out[slot(i)].data(), count, dtype, s + 1, fwd_tag(i));
+    });
   };
   auto recv_backward = [&](int i) {
     return last ? absl::OkStatus()
-                : timed([&] { return pp.Recv(dout.data(), count, s + 1, bwd_tag(i)); });
+                : timed([&] { return pp.Recv(dout.data(), count, dtype, s + 1, bwd_tag(i)); });
   };
   auto send_backward = [&](int i) {
     return first ? absl::OkStatus()
-                 : timed([&] { return pp.Send(din.data(), count, s - 1, bwd_tag(i)); });
+                 : timed([&] { return pp.Send(din.data(), count, dtype, s - 1, bwd_tag(i)); });
   };
   auto forward = [&](int i) {
     return work.forward(i, slot(i), first ? nullptr : in[slot(i)].data(),
@@ -110,7 +114,7 @@ absl::Status RunOneForwardOneBackward(dist::Communicator& pp, int m, int64_t cou
     if (!last) {
       TY_RETURN_IF_ERROR(timed([&] {
         return pp.SendRecv(out[slot(f)].data(), count, s + 1, fwd_tag(f), dout.data(), count, s + 1,
-                           bwd_tag(b));
+                           bwd_tag(b), dtype);
       }));
     }
     TY_RETURN_IF_ERROR(backward(b));
@@ -119,7 +123,7 @@ absl::Status RunOneForwardOneBackward(dist::Communicator& pp, int m, int64_t cou
     } else if (!first) {
       TY_RETURN_IF_ERROR(timed([&] {
         return pp.SendRecv(din.data(), count, s - 1, bwd_tag(b), in[slot(f + 1)].data(), count,
-                           s - 1, fwd_tag(f + 1));
+                           s - 1, fwd_tag(f + 1), dtype);
       }));
     }
   }

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "config/model_config.h"
+#include "worker/backend.h"
 #include "worker/dist/communicator.h"
 #include "worker/parameters.h"
 
@@ -26,10 +27,10 @@ struct StageWork {
   // Runs the forward (and, on the last stage, the backward) of micro-batch i with its
   // activations in `slot`; `in` is the received input (not on the first stage), `out` the
   // output to send (not on the last).
-  std::function<absl::Status(int i, int slot, const float* in, float* out)> forward;
+  std::function<absl::Status(int i, int slot, const Act* in, Act* out)> forward;
   // Runs the backward of micro-batch i from `dout` (not on the last stage) into `din` (not on
   // the first stage).
-  std::function<absl::Status(int i, int slot, const float* dout, float* din)> backward;
+  std::function<absl::Status(int i, int slot, const Act* dout, Act* din)> backward;
 };
 
 struct ScheduleStats {
@@ -38,11 +39,11 @@ struct ScheduleStats {
 
 // Runs the 1F1B schedule (PipeDream-Flush, as Megatron-LM): min(p − s − 1, m) warm-up forwards,
 // then alternating one forward and one backward, then the remaining backwards. Neighbouring
-// stages exchange activations and their gradients (`count` floats each) over `pp`, pairing each
-// send with the opposite receive so that blocking transfers cannot deadlock. `buffers` must hold
-// the activations of every micro-batch in flight.
-absl::Status RunOneForwardOneBackward(dist::Communicator& pp, int micro_batches, int64_t count,
-                                      const StageWork& work, ScheduleStats* stats);
+// stages exchange activations and their gradients (`count` elements of the backend's activation
+// type each, in buffers allocated from `backend`) over `pp`, pairing each send with the opposite
+// receive so that blocking transfers cannot deadlock.
+absl::Status RunOneForwardOneBackward(dist::Communicator& pp, Backend& backend, int micro_batches,
+                                      int64_t count, const StageWork& work, ScheduleStats* stats);
 
 // Micro-batches a stage keeps in flight under 1F1B (activation slots it needs).
 int InFlight(int stage, int stages, int micro_batches);

@@ -1,5 +1,12 @@
 #include "worker/trainer.h"
 
+#ifdef TRAINYARD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/dist/cuda_device_copier.h"
+#include "worker/dist/nccl_communicator.h"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,10 +18,12 @@
 #include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "config/mesh.h"
+#include "worker/cuda_backend.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
 #include "worker/dist/communicator.h"
 #include "worker/dist/sharded_params.h"
+#include "worker/dist/staging_communicator.h"
 #include "worker/model.h"
 #include "worker/parameters.h"
 #include "worker/pipeline.h"
@@ -42,20 +51,27 @@ namespace {
 
 // Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
 // activations are handed forward stage by stage and the last stage's loss is shared.
-absl::StatusOr<double> Evaluate(Model& model, dist::Communicator& pp, const BatchSampler& sampler,
-                                int micro_batch, int eval_batches, int64_t transfer_floats) {
+absl::StatusOr<double> Evaluate(Model& model, Backend& backend, dist::Communicator& pp,
+                                const BatchSampler& sampler, int micro_batch, int eval_batches,
+                                int64_t transfer_count) {
   const int t = sampler.seq_len();
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   std::vector<int32_t> inputs(int64_t{micro_batch} * t), targets(inputs.size());
-  std::vector<float> in(first ? 0 : transfer_floats), out(last ? 0 : transfer_floats);
+  const DType dtype = backend.act_dtype();
+  Buffer<Act> in = first ? Buffer<Act>() : backend.AllocAct(transfer_count);
+  Buffer<Act> out = last ? Buffer<Act>() : backend.AllocAct(transfer_count);
   double total = 0.0;
   for (int i = 0; i < eval_batches; ++i) {
     sampler.FillEval(i, micro_batch, inputs.data(), targets.data());
     constexpr uint32_t kEvalTag = 1u << 30;
-    if (!first) TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), pp.rank() - 1, kEvalTag + i));
+    if (!first) {
+      TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, pp.rank() - 1, kEvalTag + i));
+    }
     TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), micro_batch, t,
                                                      in.data(), out.data()));
-    if (!last) TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), pp.rank() + 1, kEvalTag + i));
+    if (!last) {
+      TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + i));
+    }
     total += loss;
   }
   TY_ASSIGN_OR_RETURN(total, dist::AllReduceDouble(pp, total));
@@ -134,10 +150,36 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
 
   // One process group per mesh axis: the ranks that differ from this one in that coordinate
   // only.
+  // On a GPU backend, collectives must reach device memory: through NCCL, or through Gloo with
+  // host staging (the default, and the only way for ranks sharing one GPU).
+  void* const device_stream = CudaStreamOf(backend);
+  RankContext::Collectives collectives = rank.collectives;
+  if (device_stream != nullptr && collectives == RankContext::Collectives::kHost) {
+    collectives = RankContext::Collectives::kStaged;
+  }
+  if (device_stream == nullptr && collectives != RankContext::Collectives::kHost) {
+    return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
+  }
   auto connect = [&](const std::string& group, int index,
                      int size) -> absl::StatusOr<std::unique_ptr<dist::Communicator>> {
-    if (size == 1) return dist::MakeSelfCommunicator();
-    return dist::ConnectGloo(*rank.store, group, index, size, rank.gloo);
+#ifdef TRAINYARD_HAVE_CUDA
+    auto* stream = static_cast<cudaStream_t>(device_stream);
+    if (collectives == RankContext::Collectives::kNccl && size > 1) {
+      return dist::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
+    }
+#endif
+    std::unique_ptr<dist::Communicator> host;
+    if (size == 1) {
+      host = dist::MakeSelfCommunicator();
+    } else {
+      TY_ASSIGN_OR_RETURN(host, dist::ConnectGloo(*rank.store, group, index, size, rank.gloo));
+    }
+    if (collectives == RankContext::Collectives::kHost) return host;
+#ifdef TRAINYARD_HAVE_CUDA
+    return dist::MakeStagingCommunicator(std::move(host), dist::MakeCudaDeviceCopier(stream));
+#else
+    return absl::FailedPreconditionError("this build has no CUDA support");
+#endif
   };
   TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> dp_comm,
                       connect(absl::StrCat("dp.tp", tp_rank, ".pp", pp_rank), dp_rank, mesh.dp));
@@ -208,7 +250,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
       }
     } else {
       StageWork work;
-      work.forward = [&](int i, int slot, const float* in, float* out_acts) -> absl::Status {
+      work.forward = [&](int i, int slot, const Act* in, Act* out_acts) -> absl::Status {
         fill(i);
         // The last stage runs the micro-batch's backward here too.
         if (stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
@@ -218,13 +260,13 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
         loss_sum += loss;
         return absl::OkStatus();
       };
-      work.backward = [&](int i, int slot, const float* dout, float* din) -> absl::Status {
+      work.backward = [&](int i, int slot, const Act* dout, Act* din) -> absl::Status {
         if (!stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
         return model->StageBackward(slot, dout, din);
       };
       ScheduleStats schedule;
-      TY_RETURN_IF_ERROR(
-          RunOneForwardOneBackward(*pp_comm, micro_batches, stage_transfer, work, &schedule));
+      TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*pp_comm, backend, micro_batches, stage_transfer,
+                                                  work, &schedule));
       pipeline_wait += schedule.wait_seconds;
     }
     double lr = 0.0;
@@ -263,7 +305,7 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
                       .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
     report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
     if (tr.eval_every > 0 && (last || (step + 1) % tr.eval_every == 0)) {
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, *pp_comm, val_sampler, micro,
+      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, backend, *pp_comm, val_sampler, micro,
                                                tr.eval_batches, stage_transfer));
       result.evals.push_back({step + 1, val});
       report.val_loss = val;

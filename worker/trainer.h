@@ -52,6 +52,11 @@ struct RankContext {
   dist::KeyValueStore* store = nullptr;  // rendezvous space; required when world > 1
   dist::GlooOptions gloo;
   int64_t bucket_bytes = 1 << 20;  // gradient all-reduce bucket size (ZeRO 0/1)
+  // How collectives reach the backend's memory. kHost: Gloo on host memory (CPU ranks).
+  // kStaged: Gloo through host staging buffers (GPU ranks sharing a device, or without NCCL).
+  // kNccl: NCCL on the CUDA backend's stream (one device per rank).
+  enum class Collectives { kHost, kStaged, kNccl };
+  Collectives collectives = Collectives::kHost;
 };
 
 struct EvalPoint {

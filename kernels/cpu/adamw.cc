@@ -17,7 +17,7 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
   const float decay = 1.0f - s.lr * s.weight_decay;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * s.grad_scale;
     const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
     const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
     m[i] = mi;

@@ -12,8 +12,9 @@ struct AdamWStep {
   float beta1;
   float beta2;
   float eps;
-  float weight_decay;  // 0 for parameters that are not decayed
-  int64_t step;        // 1-based, for bias correction
+  float weight_decay;       // 0 for parameters that are not decayed
+  int64_t step;             // 1-based, for bias correction
+  float grad_scale = 1.0f;  // gradients are read as grad · grad_scale (global-norm clipping)
 };
 
 // p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;

@@ -22,6 +22,10 @@ struct RankRunOptions {
   std::chrono::milliseconds timeout{60000};
   // Per-rank training options (e.g. an on_step hook); may be empty.
   std::function<void(int rank, worker::TrainOptions&)> customize;
+  // Each rank's backend (default: a one-thread CPU backend) and how its collectives reach the
+  // backend's memory (GPU ranks sharing one device: host staging).
+  std::function<std::unique_ptr<worker::Backend>(int rank)> make_backend;
+  worker::RankContext::Collectives collectives = worker::RankContext::Collectives::kHost;
 };
 
 struct RankRun {
@@ -41,9 +45,15 @@ inline RankRun RunRanks(const config::JobSpec& spec, const RankRunOptions& opts 
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      auto backend = worker::MakeCpuBackend(1);
+      std::unique_ptr<worker::Backend> backend =
+          opts.make_backend ? opts.make_backend(r) : worker::MakeCpuBackend(1);
+      if (backend == nullptr) {
+        run.results[r] = absl::FailedPreconditionError("no backend for rank");
+        return;
+      }
       worker::RankContext ctx;
       ctx.rank = r;
+      ctx.collectives = opts.collectives;
       ctx.store = store.get();
       ctx.gloo.timeout = opts.timeout;
       ctx.bucket_bytes = opts.bucket_bytes;

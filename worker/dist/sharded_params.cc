@@ -348,15 +348,16 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
   // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
   // parallel group are counted by its rank 0 only.
   const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
-  double sumsq = 0.0;
+  std::vector<std::pair<const float*, int64_t>> owned;
   for (const ParamTensor& t : layout_.tensors()) {
     if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
     if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy counts once
     const Group& g = group_of(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
-    if (hi > lo) sumsq += backend_->SumOfSquares(grad_ptr(g, lo), hi - lo);
+    if (hi > lo) owned.emplace_back(grad_ptr(g, lo), hi - lo);
   }
+  double sumsq = backend_->SumOfSquaresMulti(owned);
   if (stage > 0) {
     TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
   }
@@ -365,34 +366,30 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
     TY_ASSIGN_OR_RETURN(sumsq, AllReduceDouble(*group, sumsq));
   }
   const double norm = std::sqrt(sumsq);
+  // Clipping is applied as the update reads each gradient (grad_scale), not as a pass of its own.
+  float clip_scale = 1.0f;
   if (optimizer_.grad_clip > 0.0) {
     const double factor = optimizer_.grad_clip / (norm + 1e-6);
-    if (factor < 1.0) {
-      for (const Group& g : groups_) {
-        if (g.own_hi > g.own_lo) {
-          backend_->Scale(grad_ptr(g, g.own_lo), g.own_hi - g.own_lo, static_cast<float>(factor));
-        }
-      }
-    }
+    if (factor < 1.0) clip_scale = static_cast<float>(factor);
   }
 
   const double lr = LearningRate(optimizer_, step);
   if (lr_out != nullptr) *lr_out = lr;
+  std::vector<Backend::AdamWTensor> update;
   for (const ParamTensor& t : layout_.tensors()) {
     // The tensor's intersection with the owned range of its group.
     const Group& g = group_of(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;
-    const AdamWParams p{static_cast<float>(lr),
-                        static_cast<float>(optimizer_.beta1),
-                        static_cast<float>(optimizer_.beta2),
-                        static_cast<float>(optimizer_.eps),
-                        t.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f,
-                        step + 1};
-    backend_->AdamW(param_ptr(g, lo), grad_ptr(g, lo), m_.data() + state_offset(g, lo),
-                    v_.data() + state_offset(g, lo), hi - lo, p);
+    update.push_back({param_ptr(g, lo), grad_ptr(g, lo), m_.data() + state_offset(g, lo),
+                      v_.data() + state_offset(g, lo), hi - lo,
+                      t.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f});
   }
+  backend_->AdamWMulti(
+      update, AdamWParams{static_cast<float>(lr), static_cast<float>(optimizer_.beta1),
+                          static_cast<float>(optimizer_.beta2), static_cast<float>(optimizer_.eps),
+                          0.0f, step + 1, clip_scale});
 
   if (stage == 1 || stage == 2) {
     // Every rank updated its chunk; put the full parameters back together.
