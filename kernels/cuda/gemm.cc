@@ -16,12 +16,12 @@ absl::Status CublasError(cublasStatus_t s, const char* expr, const char* file, i
                                           cublasLtGetStatusString(s), ") at ", file, ":", line));
 }
 
-#define TY_CUBLAS_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                        \
-    const cublasStatus_t ty_cublas_status_ = (expr);                          \
-    if (ty_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                         \
-      return CublasError(ty_cublas_status_, #expr, __FILE__, __LINE__);       \
-    }                                                                         \
+#define TY_CUBLAS_RETURN_IF_ERROR(expr)                                 \
+  do {                                                                  \
+    const cublasStatus_t ty_cublas_status_ = (expr);                    \
+    if (ty_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                   \
+      return CublasError(ty_cublas_status_, #expr, __FILE__, __LINE__); \
+    }                                                                   \
   } while (false)
 
 cudaDataType_t CudaType(DType d) { return d == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -98,10 +98,10 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  TY_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  TY_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   const cublasLtEpilogue_t epilogue = LtEpilogue(static_cast<GemmEpilogue>(epi));
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
@@ -121,10 +121,9 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   const uint64_t ws = workspace_bytes_;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof(ws));
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
   }
   cublasLtMatmulHeuristicResult_t result{};
@@ -156,10 +155,9 @@ absl::Status Gemm::Run(cudaStream_t stream, const Key& key, const void* a, const
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
   const float alpha = 1.0f, beta = plan->accumulate ? 1.0f : 0.0f;
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc,
-                                           &alpha, a, plan->a, b, plan->b, &beta, d, plan->d, d,
-                                           plan->d, &plan->algo, workspace_, workspace_bytes_,
-                                           stream));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
+      static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, a, plan->a, b, plan->b, &beta, d,
+      plan->d, d, plan->d, &plan->algo, workspace_, workspace_bytes_, stream));
   return absl::OkStatus();
 }
 
@@ -174,8 +172,8 @@ absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre,
              (bias != nullptr));
   const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
-  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k, static_cast<int>(epilogue), 0,
-                0};
+  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k,
+                static_cast<int>(epilogue),         0, 0};
   return Run(stream, key, weight, inp, out, bias, gelu ? pre : nullptr);
 }
 
@@ -185,26 +183,32 @@ absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, con
   TY_REQUIRE(m > 0 && n > 0 && k > 0);
   const int align = static_cast<int>(CommonAlignment({dinp, dout, weight}));
   // Column-major: dinpᵀ[k×m] = (weight stored k×n) · (dout stored n×m).
-  const Key key{static_cast<int>(act) | align << 8, 0, 0, k, m, n,
+  const Key key{static_cast<int>(act) | align << 8,    0, 0, k, m, n,
                 static_cast<int>(GemmEpilogue::kNone), 0, 0};
   return Run(stream, key, weight, dout, dinp, nullptr, nullptr);
 }
 
-absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight,
-                                  const void* dout, const void* inp, int64_t m, int64_t n,
-                                  int64_t k) {
+absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight, const void* dout,
+                                  const void* inp, int64_t m, int64_t n, int64_t k) {
   TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
   TY_REQUIRE(m > 0 && n > 0 && k > 0);
   const int align = static_cast<int>(CommonAlignment({dweight, dout, inp}));
   // Column-major: dweightᵀ[k×n] += (inp stored k×m) · (dout stored n×m)ᵀ.
-  const Key key{static_cast<int>(act) | align << 8, 0, 1, k, n, m,
+  const Key key{static_cast<int>(act) | align << 8,    0, 1, k, n, m,
                 static_cast<int>(GemmEpilogue::kNone), 1, 1};
   return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
 }
 
 bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {
-  const Key key{static_cast<int>(act) | 16 << 8, 1, 0, n, m, k,
-                static_cast<int>(GemmEpilogue::kGeluAuxBias), 0, 0};
+  const Key key{static_cast<int>(act) | 16 << 8,
+                1,
+                0,
+                n,
+                m,
+                k,
+                static_cast<int>(GemmEpilogue::kGeluAuxBias),
+                0,
+                0};
   return GetPlan(key).ok();
 }
 

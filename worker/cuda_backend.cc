@@ -1,0 +1,413 @@
+// The CUDA backend: forwards each Backend operation to a kernel launcher in kernels/cuda (or to
+// cuBLASLt through kernels::cuda::Gemm). Launchers return a Status; the first failure is kept
+// and reported by Synchronize(), so the void-returning Backend calls never lose an error.
+#include "worker/cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "kernels/cuda/activations.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/norms.h"
+#include "kernels/cuda/rope.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace kc = ::trainyard::kernels::cuda;
+
+// Scratch buffers, one per use that can be live at the same time within one operation.
+enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kLosses, kCount };
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const CudaBackendOptions& options) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no usable CUDA device: ",
+                       err != cudaSuccess ? cudaGetErrorString(err) : "none present"));
+    }
+    if (options.device < 0 || options.device >= count) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("CUDA device ", options.device, " requested, ", count, " present"));
+    }
+    std::unique_ptr<CudaBackend> be(new CudaBackend(options));
+    TY_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+    cudaDeviceProp prop{};
+    TY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
+    be->device_name_ = prop.name;
+    // A blocking stream: work on the legacy default stream (host-staging copies) waits for it.
+    TY_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&be->stream_));
+    TY_ASSIGN_OR_RETURN(be->gemm_, kc::Gemm::Create());
+    return std::unique_ptr<Backend>(std::move(be));
+  }
+
+  ~CudaBackend() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& s : scratch_) {
+      if (s.ptr != nullptr) cudaFree(s.ptr);
+    }
+    gemm_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override {
+    return absl::StrCat("cuda:", options_.device, " (", device_name_, ", ",
+                        DTypeName(options_.act_dtype), " activations)");
+  }
+  DType act_dtype() const override { return options_.act_dtype; }
+  int64_t max_logits_chunk() const override { return int64_t{1} << 26; }
+  cudaStream_t stream() const { return stream_; }
+
+  absl::Status Synchronize() override {
+    Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    Record(cudaGetLastError(), "cudaGetLastError");
+    return status_;
+  }
+
+  // Memory.
+  Buffer<float> AllocFloat(int64_t count) override {
+    return Buffer<float>(static_cast<float*>(Alloc(count * 4)), count, Free());
+  }
+  Buffer<Act> AllocAct(int64_t count) override {
+    return Buffer<Act>(static_cast<Act*>(Alloc(count * act_bytes())), count, Free());
+  }
+  Buffer<int32_t> AllocInt(int64_t count) override {
+    return Buffer<int32_t>(static_cast<int32_t*>(Alloc(count * 4)), count, Free());
+  }
+  void CopyFromHost(float* dst, const float* src, int64_t n) override { ToDevice(dst, src, n * 4); }
+  void CopyFromHost(int32_t* dst, const int32_t* src, int64_t n) override {
+    ToDevice(dst, src, n * 4);
+  }
+  void CopyToHost(float* dst, const float* src, int64_t n) override { ToHost(dst, src, n * 4); }
+  void CopyToHost(int32_t* dst, const int32_t* src, int64_t n) override { ToHost(dst, src, n * 4); }
+  void Copy(float* dst, const float* src, int64_t n) override { DeviceCopy(dst, src, n * 4); }
+  void Fill(float* dst, float value, int64_t n) override {
+    Run(kc::Fill(stream_, DType::kF32, dst, value, n));
+  }
+  void Add(float* out, const float* a, const float* b, int64_t n) override {
+    Run(kc::Add(stream_, DType::kF32, out, a, b, n));
+  }
+  void CopyActToHost(float* dst, const Act* src, int64_t n) override {
+    if (act_dtype() == DType::kF32) return ToHost(dst, src, n * 4);
+    std::vector<__nv_bfloat16> tmp(n);
+    ToHost(tmp.data(), src, n * 2);
+    for (int64_t i = 0; i < n; ++i) dst[i] = __bfloat162float(tmp[i]);
+  }
+  void CopyActFromHost(Act* dst, const float* src, int64_t n) override {
+    if (act_dtype() == DType::kF32) return ToDevice(dst, src, n * 4);
+    std::vector<__nv_bfloat16> tmp(n);
+    for (int64_t i = 0; i < n; ++i) tmp[i] = __float2bfloat16_rn(src[i]);
+    ToDevice(dst, tmp.data(), n * 2);
+    Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // tmp dies here
+  }
+  void Copy(Act* dst, const Act* src, int64_t n) override { DeviceCopy(dst, src, n * act_bytes()); }
+  void Fill(Act* dst, float value, int64_t n) override {
+    Run(kc::Fill(stream_, act_dtype(), dst, value, n));
+  }
+  void Add(Act* out, const Act* a, const Act* b, int64_t n) override {
+    Run(kc::Add(stream_, act_dtype(), out, a, b, n));
+  }
+
+  // Linear layers.
+  void Linear(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
+              int64_t k) override {
+    Run(gemm_->Forward(stream_, act_dtype(), out, nullptr, inp, Weight(w, n * k),
+                       b ? Bias(b, n) : nullptr, m, n, k,
+                       b ? kc::GemmEpilogue::kBias : kc::GemmEpilogue::kNone));
+  }
+  void LinearGelu(Act* out, Act* pre, const Act* inp, const float* w, const float* b, int64_t m,
+                  int64_t n, int64_t k) override {
+    const bool fused = options_.fused_gelu_epilogue && act_dtype() == DType::kBF16 &&
+                       gemm_->SupportsGeluEpilogue(act_dtype(), m, n, k);
+    if (!fused) return Backend::LinearGelu(out, pre, inp, w, b, m, n, k);
+    Run(gemm_->Forward(stream_, act_dtype(), out, pre, inp, Weight(w, n * k),
+                       b ? Bias(b, n) : nullptr, m, n, k,
+                       b ? kc::GemmEpilogue::kGeluAuxBias : kc::GemmEpilogue::kGeluAux));
+  }
+  void LinearBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
+                      const float* w, int64_t m, int64_t n, int64_t k) override {
+    if (dinp != nullptr) {
+      Run(gemm_->BackwardInput(stream_, act_dtype(), dinp, dout, Weight(w, n * k), m, n, k));
+    }
+    if (dw != nullptr) Run(gemm_->BackwardWeight(stream_, act_dtype(), dw, dout, inp, m, n, k));
+    if (db != nullptr) {
+      float* scratch = ScratchFloats(Scratch::kReduce, kc::ColumnSumScratchFloats(m, n));
+      Run(kc::AccumulateColumnSums(stream_, act_dtype(), db, dout, m, n, scratch));
+    }
+  }
+
+  // Norms.
+  void LayerNorm(Act* out, float* mean, float* rstd, const Act* inp, const float* w, const float* b,
+                 int64_t rows, int64_t c, float eps) override {
+    Run(kc::LayerNormForward(stream_, act_dtype(), out, mean, rstd, inp, w, b, rows, c, eps));
+  }
+  void AddLayerNorm(Act* sum, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                    const float* w, const float* bias, int64_t rows, int64_t c,
+                    float eps) override {
+    Run(kc::AddLayerNormForward(stream_, act_dtype(), sum, out, mean, rstd, a, b, w, bias, rows, c,
+                                eps));
+  }
+  void LayerNormBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
+                         const float* w, const float* mean, const float* rstd, int64_t rows,
+                         int64_t c) override {
+    float* scratch = ScratchFloats(Scratch::kReduce, kc::NormBackwardScratchFloats(rows, c));
+    Run(kc::LayerNormBackward(stream_, act_dtype(), dinp, dw, db, dout, inp, w, mean, rstd, rows, c,
+                              scratch));
+  }
+  void RmsNorm(Act* out, float* rstd, const Act* inp, const float* w, int64_t rows, int64_t c,
+               float eps) override {
+    Run(kc::RmsNormForward(stream_, act_dtype(), out, rstd, inp, w, rows, c, eps));
+  }
+  void AddRmsNorm(Act* sum, Act* out, float* rstd, const Act* a, const Act* b, const float* w,
+                  int64_t rows, int64_t c, float eps) override {
+    Run(kc::AddRmsNormForward(stream_, act_dtype(), sum, out, rstd, a, b, w, rows, c, eps));
+  }
+  void RmsNormBackward(Act* dinp, float* dw, const Act* dout, const Act* inp, const float* w,
+                       const float* rstd, int64_t rows, int64_t c) override {
+    float* scratch = ScratchFloats(Scratch::kReduce, kc::NormBackwardScratchFloats(rows, c));
+    Run(kc::RmsNormBackward(stream_, act_dtype(), dinp, dw, dout, inp, w, rstd, rows, c, scratch));
+  }
+
+  // Activations.
+  void Gelu(Act* out, const Act* inp, int64_t n) override {
+    Run(kc::GeluForward(stream_, act_dtype(), out, inp, n));
+  }
+  void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) override {
+    Run(kc::GeluBackward(stream_, act_dtype(), dinp, dout, inp, n));
+  }
+  void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) override {
+    Run(kc::SwigluForward(stream_, act_dtype(), out, inp, rows, f));
+  }
+  void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
+                      int64_t f) override {
+    Run(kc::SwigluBackward(stream_, act_dtype(), dinp, dout, inp, rows, f));
+  }
+
+  // Attention.
+  void Rope(Act* qkv, const AttentionShape& s, float theta) override {
+    Run(kc::RopeForward(stream_, act_dtype(), qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
+                        theta));
+  }
+  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) override {
+    Run(kc::RopeBackward(stream_, act_dtype(), dqkv, s.batch, s.seq, s.heads, s.kv_heads,
+                         s.head_dim, theta));
+  }
+  void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
+    Run(kc::FlashAttentionForward(stream_, act_dtype(), out, lse, qkv, Dims(s)));
+  }
+  void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
+                         const float* lse, const AttentionShape& s) override {
+    const size_t bytes = kc::FlashAttentionBackwardScratchBytes(Dims(s), act_dtype());
+    void* scratch = ScratchBytes(Scratch::kAttention, bytes);
+    Run(kc::FlashAttentionBackward(stream_, act_dtype(), dqkv, dout, qkv, out, lse, Dims(s),
+                                   scratch, bytes));
+  }
+
+  // Cross-entropy.
+  double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                             float grad_scale, bool write_grad) override {
+    float* losses = ScratchFloats(Scratch::kLosses, rows);
+    Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, grad_scale,
+                                write_grad, losses));
+    std::vector<float> host(rows);
+    ToHost(host.data(), losses, rows * 4);
+    double total = 0.0;
+    for (float l : host) total += l;
+    return total;
+  }
+  void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
+                              int64_t vocab, float* stats) override {
+    Run(kc::CrossEntropyShardStats(stream_, act_dtype(), logits, local_targets, rows, vocab,
+                                   stats));
+  }
+  void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
+                             int64_t rows, int64_t vocab, float grad_scale) override {
+    Run(kc::CrossEntropyShardGrad(stream_, act_dtype(), logits, local_targets, lse, rows, vocab,
+                                  grad_scale));
+  }
+  void AddBias(Act* out, const float* bias, int64_t m, int64_t n) override {
+    Run(kc::AddBias(stream_, act_dtype(), out, bias, m, n));
+  }
+
+  // Embedding.
+  void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
+                 int64_t t, int64_t c) override {
+    Run(kc::EmbeddingForward(stream_, act_dtype(), out, tokens, wte, wpe, b, t, c));
+  }
+  void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
+                         int64_t b, int64_t t, int64_t c, int64_t vocab) override {
+    const size_t bytes = kc::EmbeddingBackwardScratchBytes(b * t, vocab);
+    void* scratch = ScratchBytes(Scratch::kEmbedding, bytes);
+    Run(kc::EmbeddingBackward(stream_, act_dtype(), dwte, dwpe, dout, tokens, b, t, c, vocab,
+                              scratch, bytes));
+  }
+
+  // Optimizer.
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
+             const AdamWParams& p) override {
+    AdamWMulti({{param, grad, m, v, n, p.weight_decay}}, p);
+  }
+  void AdamWMulti(const std::vector<AdamWTensor>& tensors, AdamWParams p) override {
+    std::vector<kc::AdamWTensor> list;
+    list.reserve(tensors.size());
+    for (const AdamWTensor& t : tensors) {
+      if (t.n > 0) list.push_back({t.param, t.grad, t.m, t.v, t.n, t.weight_decay});
+    }
+    if (list.empty()) return;
+    Run(kc::MultiTensorAdamW(stream_, list,
+                             kc::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.step, p.grad_scale}));
+  }
+  double SumOfSquares(const float* x, int64_t n) override { return SumOfSquaresMulti({{x, n}}); }
+  // Every range's sum into its own device double, then one copy back and a host sum in list
+  // order.
+  double SumOfSquaresMulti(const std::vector<std::pair<const float*, int64_t>>& ranges) override {
+    int64_t scratch_doubles = 0;
+    for (const auto& [x, n] : ranges) {
+      scratch_doubles = std::max(scratch_doubles, kc::SumOfSquaresScratchDoubles(n));
+    }
+    const int64_t k = static_cast<int64_t>(ranges.size());
+    auto* results = static_cast<double*>(ScratchBytes(Scratch::kReduce, (k + scratch_doubles) * 8));
+    for (int64_t i = 0; i < k; ++i) {
+      if (ranges[i].second <= 0) {
+        Record(cudaMemsetAsync(results + i, 0, sizeof(double), stream_), "cudaMemsetAsync");
+        continue;
+      }
+      Run(kc::SumOfSquares(stream_, ranges[i].first, ranges[i].second, results + i, results + k));
+    }
+    std::vector<double> host(k);
+    ToHost(host.data(), results, k * 8);
+    double total = 0.0;
+    for (double r : host) total += r;
+    return total;
+  }
+  void Scale(float* x, int64_t n, float factor) override { Run(kc::Scale(stream_, x, n, factor)); }
+
+ private:
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
+
+  static kc::AttentionDims Dims(const AttentionShape& s) {
+    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  }
+
+  // Keeps the first failure; later calls still run (their results are garbage, and the caller
+  // learns of it at the next Synchronize()).
+  void Run(absl::Status s) {
+    if (s.ok() || !status_.ok()) return;
+    TY_LOG(ERROR) << "CUDA backend: " << s;
+    status_ = std::move(s);
+  }
+  void Record(cudaError_t err, const char* what) {
+    if (err != cudaSuccess) Run(kc::CudaError(err, what, __FILE__, __LINE__));
+  }
+
+  void* Alloc(int64_t bytes) {
+    if (bytes <= 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      Record(err, absl::StrCat("cudaMalloc of ", bytes, " bytes").c_str());
+      return nullptr;
+    }
+    Record(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+    return p;
+  }
+  std::function<void(void*)> Free() {
+    cudaStream_t stream = stream_;
+    return [stream](void* p) {
+      cudaStreamSynchronize(stream);  // no queued kernel may still use it
+      cudaFree(p);
+    };
+  }
+  void ToDevice(void* dst, const void* src, int64_t bytes) {
+    if (bytes > 0) Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "H2D");
+  }
+  void ToHost(void* dst, const void* src, int64_t bytes) {
+    if (bytes <= 0) return;
+    Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "D2H");
+    Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  void DeviceCopy(void* dst, const void* src, int64_t bytes) {
+    if (bytes > 0 && dst != src) {
+      Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "D2D");
+    }
+  }
+
+  // A scratch buffer of at least `bytes`, grown (never shrunk) in stream order.
+  void* ScratchBytes(Scratch which, size_t bytes) {
+    Block& s = scratch_[static_cast<int>(which)];
+    if (bytes > s.bytes) {
+      if (s.ptr != nullptr) {
+        Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        cudaFree(s.ptr);
+        s = Block{};
+      }
+      const size_t grown = std::max(bytes, s.bytes * 2);
+      if (cudaMalloc(&s.ptr, grown) != cudaSuccess) {
+        Run(absl::ResourceExhaustedError(absl::StrCat("scratch of ", grown, " bytes")));
+        s.ptr = nullptr;
+        return nullptr;
+      }
+      s.bytes = grown;
+    }
+    return s.ptr;
+  }
+  float* ScratchFloats(Scratch which, int64_t count) {
+    return static_cast<float*>(ScratchBytes(which, std::max<int64_t>(count, 1) * 4));
+  }
+
+  // fp32 master weights in the activation type: bf16 copies for the tensor cores (made on every
+  // use, so they are right whatever changed the master copy — an optimizer step, a ZeRO gather).
+  const void* Weight(const float* w, int64_t n) {
+    if (act_dtype() == DType::kF32) return w;
+    void* dst = ScratchBytes(Scratch::kWeight, n * 2);
+    Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, w, n));
+    return dst;
+  }
+  const void* Bias(const float* b, int64_t n) {
+    if (act_dtype() == DType::kF32) return b;
+    void* dst = ScratchBytes(Scratch::kBias, n * 2);
+    Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, b, n));
+    return dst;
+  }
+
+  struct Block {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+
+  CudaBackendOptions options_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<kc::Gemm> gemm_;
+  std::array<Block, static_cast<int>(Scratch::kCount)> scratch_{};
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
+  return CudaBackend::Create(options);
+}
+
+void* CudaStreamOf(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda != nullptr ? static_cast<void*>(cuda->stream()) : nullptr;
+}
+
+}  // namespace trainyard::worker

@@ -1,0 +1,34 @@
+// The CUDA backend: activations in bf16 (or fp32, for checking against the CPU reference),
+// parameters, gradients and optimizer state in fp32, GEMMs through cuBLASLt, everything else
+// through the kernels in kernels/cuda. All work is queued on one stream the backend owns; the
+// stream is a blocking one, so copies on the legacy default stream (host staging for
+// collectives) are ordered after it.
+#ifndef TRAINYARD_WORKER_CUDA_BACKEND_H_
+#define TRAINYARD_WORKER_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "worker/backend.h"
+
+namespace trainyard::worker {
+
+struct CudaBackendOptions {
+  int device = 0;
+  DType act_dtype = DType::kBF16;
+  // Use cuBLASLt's GELU epilogue for the MLP's first matmul (bf16 only); otherwise a separate
+  // GELU kernel.
+  bool fused_gelu_epilogue = true;
+};
+
+// FAILED_PRECONDITION when the device cannot be used (none, or the runtime fails).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
+
+// The stream a CUDA backend queues its work on (as a void* so callers need no CUDA headers);
+// null for any other backend.
+void* CudaStreamOf(Backend& backend);
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_CUDA_BACKEND_H_
