@@ -1,0 +1,303 @@
+// Private to the flash-attention kernels (attention_fwd.cu, attention_bwd.cu): the warp-level
+// 16×16 tile product both storage types share (tensor cores for bf16, CUDA-core FMAs for fp32),
+// copies between global memory and padded shared tiles, and the launchers' argument checks.
+//
+// Every kernel runs kWarps warps; a block owns kRows = 16·kWarps rows of one (batch, head) —
+// query rows in the forward and in the dQ pass, key rows in the dK/dV pass — and warp w owns
+// rows [16w, 16w + 16) of that tile. A warp's score rows, probabilities and accumulators are its
+// own, so the only block-wide barriers are around the loads of the tiles that every warp reads.
+#ifndef TRAINYARD_KERNELS_CUDA_ATTENTION_COMMON_CUH_
+#define TRAINYARD_KERNELS_CUDA_ATTENTION_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "common/status.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace trainyard::kernels::cuda::attention_internal {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kRows = 16 * kWarps;
+// Dynamic shared memory per block stays below this, so that two blocks fit on an H100 SM and
+// every kernel also launches on GPUs with 99 KiB per block.
+inline constexpr int kMaxSmemBytes = 99 * 1024;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+__host__ __device__ constexpr int AlignUp(int bytes) { return (bytes + 127) / 128 * 128; }
+
+// Leading dimension, in elements, of a shared tile with `cols` columns of U. Rows are padded by
+// 16 bytes: every fragment starting at a multiple of 16 rows and columns stays 32-byte aligned
+// (what WMMA requires), 16-byte vector accesses stay aligned, and rows start in different banks.
+template <typename U>
+__host__ __device__ constexpr int Ld(int cols) {
+  return cols + 16 / static_cast<int>(sizeof(U));
+}
+
+template <typename U>
+__host__ __device__ constexpr int TileBytes(int rows, int cols) {
+  return AlignUp(rows * Ld<U>(cols) * static_cast<int>(sizeof(U)));
+}
+
+// In the fp32 kernels the probabilities (and dS) overwrite the fp32 scores they come from; the
+// bf16 kernels need them as bf16 operands in a tile of their own.
+template <typename T>
+inline constexpr bool kInPlaceProbs = std::is_same_v<T, float>;
+
+// Warp-collective products of 16×16 tiles held in shared memory, accumulated in fp32:
+//   MulAddABt<K>: c += A · Bᵀ, A = 16×K rows at a (row-major, lda), B = 16×K rows at b (ldb);
+//   MulAddAB<K>:  c += A · B,  A = 16×K at a (row-major, lda),  B = K×16 at b (row-major, ldb).
+// Store/Load move an accumulator to/from a row-major 16×16 fp32 tile. Pointers are 32-byte
+// aligned and leading dimensions multiples of 16 bytes (Ld<> guarantees both). Acc exposes
+// x[num_elements]; which element of the tile x[i] holds is the implementation's business
+// (callers find out by loading a tile of row indices, see RowsOfAcc).
+template <typename T>
+struct TileMma;
+
+template <>
+struct TileMma<bf16> {
+  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+  using ARow =
+      nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, bf16, nvcuda::wmma::row_major>;
+  using BRow =
+      nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, bf16, nvcuda::wmma::row_major>;
+  using BCol =
+      nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, bf16, nvcuda::wmma::col_major>;
+
+  static __device__ __forceinline__ void Zero(Acc& c) { nvcuda::wmma::fill_fragment(c, 0.0f); }
+
+  template <int K>
+  static __device__ __forceinline__ void MulAddABt(Acc& c, const bf16* a, int lda, const bf16* b,
+                                                   int ldb) {
+#pragma unroll
+    for (int k = 0; k < K; k += 16) {
+      ARow fa;
+      BCol fb;  // Bᵀ read column-major: element (k, n) of Bᵀ is b[n·ldb + k]
+      nvcuda::wmma::load_matrix_sync(fa, a + k, lda);
+      nvcuda::wmma::load_matrix_sync(fb, b + k, ldb);
+      nvcuda::wmma::mma_sync(c, fa, fb, c);
+    }
+  }
+
+  template <int K>
+  static __device__ __forceinline__ void MulAddAB(Acc& c, const bf16* a, int lda, const bf16* b,
+                                                  int ldb) {
+#pragma unroll
+    for (int k = 0; k < K; k += 16) {
+      ARow fa;
+      BRow fb;
+      nvcuda::wmma::load_matrix_sync(fa, a + k, lda);
+      nvcuda::wmma::load_matrix_sync(fb, b + k * ldb, ldb);
+      nvcuda::wmma::mma_sync(c, fa, fb, c);
+    }
+  }
+
+  static __device__ __forceinline__ void Store(float* p, int ld, const Acc& c) {
+    nvcuda::wmma::store_matrix_sync(p, c, ld, nvcuda::wmma::mem_row_major);
+  }
+  static __device__ __forceinline__ void Load(Acc& c, const float* p, int ld) {
+    nvcuda::wmma::load_matrix_sync(c, p, ld, nvcuda::wmma::mem_row_major);
+  }
+};
+
+// fp32 on CUDA cores: lane l holds rows 2·(l/4) + {0, 1} and columns 4·(l%4) + {0..3} of the
+// tile (x[4i + j] is (row0 + i, col0 + j)), and reads its operands straight from shared memory
+// as float4 along K. Sums run over K in ascending order, so results are deterministic.
+template <>
+struct TileMma<float> {
+  struct Acc {
+    static constexpr int num_elements = 8;
+    float x[num_elements];
+  };
+
+  static __device__ __forceinline__ int Row0() { return 2 * ((threadIdx.x % 32) / 4); }
+  static __device__ __forceinline__ int Col0() { return 4 * (threadIdx.x % 4); }
+
+  static __device__ __forceinline__ void Zero(Acc& c) {
+#pragma unroll
+    for (int i = 0; i < Acc::num_elements; ++i) c.x[i] = 0.0f;
+  }
+
+  static __device__ __forceinline__ float Dot4(float acc, float4 u, float4 v) {
+    acc = fmaf(u.x, v.x, acc);
+    acc = fmaf(u.y, v.y, acc);
+    acc = fmaf(u.z, v.z, acc);
+    return fmaf(u.w, v.w, acc);
+  }
+  static __device__ __forceinline__ float Component(float4 v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+  }
+  static __device__ __forceinline__ float4 Load4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+  }
+
+  template <int K>
+  static __device__ __forceinline__ void MulAddABt(Acc& c, const float* a, int lda, const float* b,
+                                                   int ldb) {
+    const float* a0 = a + Row0() * lda;
+    const float* b0 = b + Col0() * ldb;
+#pragma unroll 4
+    for (int k = 0; k < K; k += 4) {
+      const float4 u0 = Load4(a0 + k), u1 = Load4(a0 + lda + k);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = Load4(b0 + j * ldb + k);
+        c.x[j] = Dot4(c.x[j], u0, v);
+        c.x[4 + j] = Dot4(c.x[4 + j], u1, v);
+      }
+    }
+  }
+
+  template <int K>
+  static __device__ __forceinline__ void MulAddAB(Acc& c, const float* a, int lda, const float* b,
+                                                  int ldb) {
+    const float* a0 = a + Row0() * lda;
+    const float* b0 = b + Col0();
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+      const float4 u0 = Load4(a0 + k), u1 = Load4(a0 + lda + k);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float4 v = Load4(b0 + (k + kk) * ldb);
+        const float s0 = Component(u0, kk), s1 = Component(u1, kk);
+        c.x[0] = fmaf(s0, v.x, c.x[0]);
+        c.x[1] = fmaf(s0, v.y, c.x[1]);
+        c.x[2] = fmaf(s0, v.z, c.x[2]);
+        c.x[3] = fmaf(s0, v.w, c.x[3]);
+        c.x[4] = fmaf(s1, v.x, c.x[4]);
+        c.x[5] = fmaf(s1, v.y, c.x[5]);
+        c.x[6] = fmaf(s1, v.z, c.x[6]);
+        c.x[7] = fmaf(s1, v.w, c.x[7]);
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void Store(float* p, int ld, const Acc& c) {
+    float* row = p + Row0() * ld + Col0();
+    *reinterpret_cast<float4*>(row) = make_float4(c.x[0], c.x[1], c.x[2], c.x[3]);
+    *reinterpret_cast<float4*>(row + ld) = make_float4(c.x[4], c.x[5], c.x[6], c.x[7]);
+  }
+  static __device__ __forceinline__ void Load(Acc& c, const float* p, int ld) {
+    const float* row = p + Row0() * ld + Col0();
+    const float4 u = Load4(row), v = Load4(row + ld);
+    c.x[0] = u.x, c.x[1] = u.y, c.x[2] = u.z, c.x[3] = u.w;
+    c.x[4] = v.x, c.x[5] = v.y, c.x[6] = v.z, c.x[7] = v.w;
+  }
+};
+
+// Writes 16×16 row indices (as floats) into `tile` (shared, 256 floats). Block-collective; the
+// caller synchronises before RowsOfAcc reads it.
+__device__ __forceinline__ void FillRowIndexTile(float* tile) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) tile[i] = static_cast<float>(i / 16);
+}
+
+// rows[i] = the tile row that x[i] of any accumulator holds: loading a tile whose entries are
+// their own row indices reveals the fragment layout without depending on it, which lets a warp
+// rescale accumulator rows in registers (the online softmax's correction).
+template <typename T>
+__device__ __forceinline__ void RowsOfAcc(int (&rows)[TileMma<T>::Acc::num_elements],
+                                          const float* index_tile) {
+  typename TileMma<T>::Acc idx;
+  TileMma<T>::Load(idx, index_tile, 16);
+#pragma unroll
+  for (int i = 0; i < TileMma<T>::Acc::num_elements; ++i) rows[i] = static_cast<int>(idx.x[i]);
+}
+
+// Copies rows [row0, row0 + kTileRows) of a global matrix (kCols elements per row, rows
+// `stride` elements apart, 16-byte aligned) into a shared tile with leading dimension
+// Ld<T>(kCols). Rows at or past `limit` are zero-filled: a masked probability of 0 times a zero
+// row is 0, whereas times uninitialised memory it could be NaN. Block-collective.
+template <typename T, int kTileRows, int kCols>
+__device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t stride, int64_t row0,
+                                         int64_t limit) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kChunks = kCols / kVec;
+  constexpr int kLd = Ld<T>(kCols);
+  for (int i = threadIdx.x; i < kTileRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks * kVec;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row0 + r < limit) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * stride + c);
+    *reinterpret_cast<uint4*>(tile + r * kLd + c) = v;
+  }
+}
+
+// dst[r] = src[row0 + r] · mul for the rows below `limit`, 0 past it. Block-collective.
+template <int kTileRows>
+__device__ __forceinline__ void LoadRowValues(float* dst, const float* src, int64_t row0,
+                                              int64_t limit, float mul) {
+  for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
+    dst[r] = row0 + r < limit ? src[row0 + r] * mul : 0.0f;
+  }
+}
+
+// Eight consecutive fp32 values to a 16-byte aligned destination of type T.
+__device__ __forceinline__ void Store8(float* dst, const float* src) {
+  *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(src[4], src[5], src[6], src[7]);
+}
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
+}
+__device__ __forceinline__ void Store8(bf16* dst, const float* src) {
+  *reinterpret_cast<uint4*>(dst) =
+      make_uint4(PackBf16x2(src[0], src[1]), PackBf16x2(src[2], src[3]), PackBf16x2(src[4], src[5]),
+                 PackBf16x2(src[6], src[7]));
+}
+
+// Writes a warp's 16×16 accumulator to rows [row0, row0 + 16) of a global matrix (columns from
+// `dst`, rows `stride` elements apart), skipping rows at or past `limit` and converting to T.
+// It goes through `staging`, 16×16 floats of shared memory that only this warp uses (leading
+// dimension `ld`). Warp-collective.
+template <typename T>
+__device__ __forceinline__ void StoreAccTile(T* dst, int64_t stride, int64_t row0, int64_t limit,
+                                             const typename TileMma<T>::Acc& acc, float* staging,
+                                             int ld) {
+  __syncwarp();  // the staging area may still be read by lanes of the previous use
+  TileMma<T>::Store(staging, ld, acc);
+  __syncwarp();
+  const int lane = threadIdx.x % 32, r = lane / 2, c = lane % 2 * 8;
+  if (row0 + r < limit) Store8(dst + (row0 + r) * stride + c, staging + r * ld + c);
+}
+
+// Raises the kernel's dynamic shared memory limit (needed above 48 KiB). Called before every
+// launch rather than once, so that it holds on whichever device is current.
+template <typename Kernel>
+absl::Status AllowSharedMemory(Kernel* kernel, int bytes) {
+  static_assert(std::is_function_v<Kernel>);
+  TY_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  return absl::OkStatus();
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The checks both launchers share: a supported head dim, positive sizes, whole GQA groups, and
+// grid limits (heads and batch are grid dimensions y and z).
+inline absl::Status CheckAttentionDims(const AttentionDims& dims) {
+  if (dims.d != 16 && dims.d != 32 && dims.d != 64 && dims.d != 128) {
+    return absl::InvalidArgumentError("flash attention: unsupported head dim " +
+                                      std::to_string(dims.d) + " (supported: 16, 32, 64, 128)");
+  }
+  TY_REQUIRE(dims.b >= 1 && dims.t >= 1 && dims.heads >= 1 && dims.kv_heads >= 1);
+  TY_REQUIRE(dims.heads % dims.kv_heads == 0);
+  TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
+  return absl::OkStatus();
+}
+
+inline float SoftmaxScale(int64_t d) { return 1.0f / std::sqrt(static_cast<float>(d)); }
+
+}  // namespace trainyard::kernels::cuda::attention_internal
+
+#endif  // TRAINYARD_KERNELS_CUDA_ATTENTION_COMMON_CUH_
