@@ -22,7 +22,8 @@ absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* b
 absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value, int64_t n);
 // x *= factor (fp32).
 absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor);
-// dst (dst_type) = src (src_type), rounding to nearest even when narrowing to bf16.
+// dst (dst_type) = src (src_type), rounding to nearest even when narrowing to bf16. dst and src
+// must not overlap, except as the same buffer of the same type (nothing to do).
 absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,
                      const void* src, int64_t n);
 // dbias[n] += Σ over rows of dout[m, n] (deterministic, fp32 accumulation); scratch holds

@@ -1,0 +1,231 @@
+#include <algorithm>
+
+#include "common/status.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/column_partials.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/elementwise.h"
+
+namespace trainyard::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned int kMaxBlocks = 1u << 16;  // the pointwise kernels loop over a grid stride
+// SumOfSquares: each of at most kMaxSquareBlocks blocks covers about kThreads · 8 elements.
+constexpr int64_t kSquareElementsPerBlock = kThreads * 8;
+constexpr int64_t kMaxSquareBlocks = 1024;
+
+unsigned int GridFor(int64_t n) { return std::min(BlocksFor(n, kThreads), kMaxBlocks); }
+
+__device__ __forceinline__ int64_t FirstIndex() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridStride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Same-index reads precede the write, so out may alias a or b.
+template <typename T>
+__global__ void AddKernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    out[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
+  }
+}
+
+template <typename T>
+__global__ void AddBiasKernel(T* out, const float* bias, int64_t m, int64_t n) {
+  const int64_t count = m * n;
+  for (int64_t i = FirstIndex(); i < count; i += GridStride()) {
+    out[i] = FromFloat<T>(ToFloat(out[i]) + bias[i % n]);
+  }
+}
+
+template <typename T>
+__global__ void FillKernel(T* out, float value, int64_t n) {
+  const T v = FromFloat<T>(value);
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) out[i] = v;
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float factor) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) x[i] *= factor;
+}
+
+template <typename Dst, typename Src>
+__global__ void ConvertKernel(Dst* dst, const Src* src, int64_t n) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) dst[i] = FromFloat<Dst>(ToFloat(src[i]));
+}
+
+// partials[chunk, j] = Σ over the chunk's rows, in row order, of dout[r, j].
+template <typename T>
+__global__ void ColumnPartialsKernel(float* partials, const T* dout, int64_t m, int64_t n,
+                                     int64_t rows_per_chunk) {
+  const int64_t j = FirstIndex();
+  if (j >= n) return;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = min(m, r0 + rows_per_chunk);
+  float sum = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) sum += ToFloat(dout[r * n + j]);
+  partials[chunk * n + j] = sum;
+}
+
+__device__ __forceinline__ double WarpSumDouble(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The block's sum, valid in thread 0. The order of additions is fixed by the thread layout
+// alone, so the bits do not depend on scheduling.
+__device__ double BlockSumDouble(double v) {
+  __shared__ double warp_sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  v = WarpSumDouble(v);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < warps ? warp_sums[threadIdx.x] : 0.0;
+  return warp == 0 ? WarpSumDouble(v) : 0.0;
+}
+
+// Pass 1: partials[block] = Σ x² over the elements block·kThreads + thread + k·grid stride.
+__global__ void SquarePartialsKernel(double* partials, const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const double v = x[i];
+    sum += v * v;
+  }
+  sum = BlockSumDouble(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// Pass 2, one block: *result = Σ partials.
+__global__ void SumPartialsKernel(double* result, const double* partials, int64_t count) {
+  double sum = 0.0;
+  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += partials[k];
+  sum = BlockSumDouble(sum);
+  if (threadIdx.x == 0) *result = sum;
+}
+
+absl::Status CheckDType(DType dtype) {
+  TY_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Add(cudaStream_t stream, DType dtype, void* out, const void* a, const void* b,
+                 int64_t n) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(n >= 0);
+  if (n == 0) return absl::OkStatus();
+  TY_REQUIRE(out != nullptr && a != nullptr && b != nullptr);
+  TY_DISPATCH_DTYPE(dtype, T, {
+    AddKernel<T><<<GridFor(n), kThreads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
+  });
+  return absl::OkStatus();
+}
+
+absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* bias, int64_t m,
+                     int64_t n) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(m >= 0 && n >= 1);
+  if (m == 0) return absl::OkStatus();
+  TY_REQUIRE(out != nullptr && bias != nullptr);
+  TY_DISPATCH_DTYPE(dtype, T, {
+    AddBiasKernel<T><<<GridFor(m * n), kThreads, 0, stream>>>(static_cast<T*>(out), bias, m, n);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("AddBiasKernel");
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value, int64_t n) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(n >= 0);
+  if (n == 0) return absl::OkStatus();
+  TY_REQUIRE(out != nullptr);
+  TY_DISPATCH_DTYPE(dtype, T, {
+    FillKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<T*>(out), value, n);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("FillKernel");
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor) {
+  TY_REQUIRE(n >= 0);
+  if (n == 0) return absl::OkStatus();
+  TY_REQUIRE(x != nullptr);
+  ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, factor);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,
+                     const void* src, int64_t n) {
+  TY_RETURN_IF_ERROR(CheckDType(dst_type));
+  TY_RETURN_IF_ERROR(CheckDType(src_type));
+  TY_REQUIRE(n >= 0);
+  if (n == 0) return absl::OkStatus();
+  TY_REQUIRE(dst != nullptr && src != nullptr);
+  if (dst_type == src_type) {
+    if (dst == src) return absl::OkStatus();
+    TY_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, n * DTypeBytes(dst_type), cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }
+  // Element sizes differ, so converting in place would overwrite unread input.
+  TY_REQUIRE(dst != src);
+  if (dst_type == DType::kBF16) {
+    ConvertKernel<bf16, float><<<GridFor(n), kThreads, 0, stream>>>(
+        static_cast<bf16*>(dst), static_cast<const float*>(src), n);
+  } else {
+    ConvertKernel<float, bf16><<<GridFor(n), kThreads, 0, stream>>>(
+        static_cast<float*>(dst), static_cast<const bf16*>(src), n);
+  }
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("ConvertKernel");
+  return absl::OkStatus();
+}
+
+int64_t ColumnSumScratchFloats(int64_t m, int64_t n) {
+  if (m <= 0 || n <= 0) return 0;
+  return ChunkRows(m).count * n;
+}
+
+absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias, const void* dout,
+                                  int64_t m, int64_t n, float* scratch) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(m >= 0 && n >= 1);
+  if (m == 0) return absl::OkStatus();
+  TY_REQUIRE(dbias != nullptr && dout != nullptr && scratch != nullptr);
+  const RowChunks chunks = ChunkRows(m);
+  const dim3 grid(BlocksFor(n, kThreads), static_cast<unsigned int>(chunks.count));
+  TY_DISPATCH_DTYPE(dtype, T, {
+    ColumnPartialsKernel<T><<<grid, kThreads, 0, stream>>>(scratch, static_cast<const T*>(dout), m,
+                                                           n, chunks.rows_per_chunk);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnPartialsKernel");
+  });
+  return AddColumnPartials(stream, dbias, scratch, chunks.count, n);
+}
+
+int64_t SumOfSquaresScratchDoubles(int64_t n) {
+  return std::clamp<int64_t>((n + kSquareElementsPerBlock - 1) / kSquareElementsPerBlock, 1,
+                             kMaxSquareBlocks);
+}
+
+absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n, double* result,
+                          double* scratch) {
+  TY_REQUIRE(n >= 0);
+  TY_REQUIRE(result != nullptr && scratch != nullptr);
+  TY_REQUIRE(n == 0 || x != nullptr);
+  // The block count is a function of n alone, which fixes the summation order.
+  const int64_t blocks = SumOfSquaresScratchDoubles(n);
+  SquarePartialsKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(scratch, x, n);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("SquarePartialsKernel");
+  SumPartialsKernel<<<1, kThreads, 0, stream>>>(result, scratch, blocks);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("SumPartialsKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard::kernels::cuda
