@@ -1,0 +1,195 @@
+// Flash attention on the GPU against the CPU reference (kernels/cpu/attention.h): the forward's
+// output and log-sum-exp and the backward's packed gradients, for both storage types, with and
+// without grouped-query heads, at sequence lengths that are and are not multiples of the tiles.
+#include "kernels/cuda/attention.h"
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace trainyard::kernels::cuda {
+namespace {
+
+using ::trainyard::testing::DeviceMemory;
+using ::trainyard::testing::Download;
+using ::trainyard::testing::RandomVector;
+using ::trainyard::testing::RelativeError;
+using ::trainyard::testing::RoundToBf16;
+using ::trainyard::testing::Tolerance;
+using ::trainyard::testing::Upload;
+
+constexpr AttentionDims kShapes[] = {
+    {1, 1, 1, 1, 16},   {2, 37, 4, 2, 16},   {1, 64, 2, 2, 64},
+    {2, 200, 8, 2, 64}, {1, 129, 4, 1, 128}, {1, 1024, 12, 12, 64},
+};
+
+std::string Describe(const AttentionDims& s, DType dtype) {
+  return "b=" + std::to_string(s.b) + " t=" + std::to_string(s.t) +
+         " heads=" + std::to_string(s.heads) + " kv_heads=" + std::to_string(s.kv_heads) +
+         " d=" + std::to_string(s.d) + " " + DTypeName(dtype);
+}
+
+// Columns [offset, offset + width) of every row of a matrix with rows of `row_width` values.
+std::vector<float> Columns(const std::vector<float>& m, int64_t row_width, int64_t offset,
+                           int64_t width) {
+  std::vector<float> out;
+  for (size_t row = 0; row < m.size() / row_width; ++row) {
+    const float* begin = m.data() + row * row_width + offset;
+    out.insert(out.end(), begin, begin + width);
+  }
+  return out;
+}
+
+// The CPU reference's results for one shape, from inputs the device sees exactly.
+struct Reference {
+  std::vector<float> qkv, dout, out, lse, dqkv;
+};
+
+Reference ComputeReference(const AttentionDims& s, DType dtype, std::mt19937& rng) {
+  const int64_t row = (s.heads + 2 * s.kv_heads) * s.d;
+  Reference ref;
+  ref.qkv = RandomVector(s.b * s.t * row, rng);
+  ref.dout = RandomVector(s.b * s.t * s.heads * s.d, rng);
+  if (dtype == DType::kBF16) {
+    RoundToBf16(ref.qkv);
+    RoundToBf16(ref.dout);
+  }
+  ref.out.resize(ref.dout.size());
+  ref.lse.resize(s.b * s.heads * s.t);
+  ref.dqkv.resize(ref.qkv.size());
+  cpu::AttentionForward(ref.out.data(), ref.lse.data(), ref.qkv.data(), s.b, s.t, s.heads,
+                        s.kv_heads, s.d);
+  cpu::AttentionBackward(ref.dqkv.data(), ref.dout.data(), ref.qkv.data(), ref.out.data(),
+                         ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d);
+  return ref;
+}
+
+// Whole packed gradient, then its query, key and value parts on their own (so that a wrong part
+// with a smaller magnitude than the others cannot hide behind them).
+void ExpectGradientsMatch(const std::vector<float>& got, const std::vector<float>& want,
+                          const AttentionDims& s, double tolerance) {
+  EXPECT_LE(RelativeError(got, want), tolerance) << "dqkv";
+  const int64_t row = (s.heads + 2 * s.kv_heads) * s.d;
+  const int64_t q_width = s.heads * s.d, kv_width = s.kv_heads * s.d;
+  EXPECT_LE(RelativeError(Columns(got, row, 0, q_width), Columns(want, row, 0, q_width)), tolerance)
+      << "dq";
+  EXPECT_LE(
+      RelativeError(Columns(got, row, q_width, kv_width), Columns(want, row, q_width, kv_width)),
+      tolerance)
+      << "dk";
+  EXPECT_LE(RelativeError(Columns(got, row, q_width + kv_width, kv_width),
+                          Columns(want, row, q_width + kv_width, kv_width)),
+            tolerance)
+      << "dv";
+}
+
+void ExpectMatchesCpu(const AttentionDims& s, DType dtype) {
+  SCOPED_TRACE(Describe(s, dtype));
+  std::mt19937 rng(static_cast<unsigned>(1000 * s.t + 10 * s.d + s.heads));
+  const Reference ref = ComputeReference(s, dtype, rng);
+  const int64_t elem = DTypeBytes(dtype);
+  const int64_t n_qkv = static_cast<int64_t>(ref.qkv.size());
+  const int64_t n_out = static_cast<int64_t>(ref.out.size());
+  const int64_t n_lse = static_cast<int64_t>(ref.lse.size());
+  DeviceMemory qkv(n_qkv * elem), dout(n_out * elem), out(n_out * elem), dqkv(n_qkv * elem);
+  DeviceMemory lse(n_lse * static_cast<int64_t>(sizeof(float)));
+  DeviceMemory scratch(static_cast<int64_t>(FlashAttentionBackwardScratchBytes(s, dtype)));
+  Upload(ref.qkv, dtype, qkv.get());
+  Upload(ref.dout, dtype, dout.get());
+  const double tolerance = Tolerance(dtype);
+
+  out.Poison();
+  lse.Poison();
+  const absl::Status forward =
+      FlashAttentionForward(nullptr, dtype, out.get(), lse.as<float>(), qkv.get(), s);
+  ASSERT_TRUE(forward.ok()) << forward;
+  EXPECT_LE(RelativeError(Download(out.get(), n_out, dtype), ref.out), tolerance) << "out";
+  EXPECT_LE(RelativeError(Download(lse.get(), n_lse, DType::kF32), ref.lse), tolerance) << "lse";
+
+  // The backward runs on the device's own forward results, as in training; a second run must
+  // reproduce the first bit for bit.
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {
+    dqkv.Poison();
+    scratch.Poison();
+    const absl::Status backward =
+        FlashAttentionBackward(nullptr, dtype, dqkv.get(), dout.get(), qkv.get(), out.get(),
+                               lse.as<float>(), s, scratch.get(), scratch.bytes());
+    ASSERT_TRUE(backward.ok()) << backward;
+    std::vector<float> got = Download(dqkv.get(), n_qkv, dtype);
+    if (run == 0) {
+      ExpectGradientsMatch(got, ref.dqkv, s, tolerance);
+      first = std::move(got);
+    } else {
+      EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * sizeof(float)), 0)
+          << "the backward is not deterministic";
+    }
+  }
+}
+
+TEST(FlashAttention, MatchesCpuF32) {
+  TY_SKIP_WITHOUT_GPU();
+  for (const AttentionDims& s : kShapes) ExpectMatchesCpu(s, DType::kF32);
+}
+
+TEST(FlashAttention, MatchesCpuBf16) {
+  TY_SKIP_WITHOUT_GPU();
+  for (const AttentionDims& s : kShapes) ExpectMatchesCpu(s, DType::kBF16);
+}
+
+// Calls both launchers on buffers sized for `dims` and returns their statuses.
+struct Statuses {
+  absl::Status forward, backward;
+};
+Statuses RunBoth(const AttentionDims& dims, DType dtype, size_t scratch_bytes) {
+  const int64_t elem = DTypeBytes(dtype);
+  const int64_t rows = dims.b * dims.t;
+  DeviceMemory qkv(rows * (dims.heads + 2 * dims.kv_heads) * dims.d * elem);
+  DeviceMemory dqkv(qkv.bytes()), out(rows * dims.heads * dims.d * elem), dout(out.bytes());
+  DeviceMemory lse(dims.b * dims.heads * dims.t * static_cast<int64_t>(sizeof(float)));
+  DeviceMemory scratch(static_cast<int64_t>(scratch_bytes));
+  Statuses s;
+  s.forward = FlashAttentionForward(nullptr, dtype, out.get(), lse.as<float>(), qkv.get(), dims);
+  s.backward = FlashAttentionBackward(nullptr, dtype, dqkv.get(), dout.get(), qkv.get(), out.get(),
+                                      lse.as<float>(), dims, scratch.get(), scratch_bytes);
+  return s;
+}
+
+TEST(FlashAttention, RejectsUnsupportedHeadDim) {
+  TY_SKIP_WITHOUT_GPU();
+  const AttentionDims dims{1, 8, 2, 2, 24};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const Statuses s = RunBoth(dims, dtype, FlashAttentionBackwardScratchBytes(dims, dtype));
+    EXPECT_EQ(s.forward.code(), absl::StatusCode::kInvalidArgument) << s.forward;
+    EXPECT_NE(s.forward.message().find("24"), std::string::npos) << s.forward;
+    EXPECT_EQ(s.backward.code(), absl::StatusCode::kInvalidArgument) << s.backward;
+    EXPECT_NE(s.backward.message().find("24"), std::string::npos) << s.backward;
+  }
+}
+
+TEST(FlashAttention, RejectsPartialGroupsAndShortScratch) {
+  TY_SKIP_WITHOUT_GPU();
+  const AttentionDims uneven{1, 8, 3, 2, 16};
+  const Statuses a =
+      RunBoth(uneven, DType::kBF16, FlashAttentionBackwardScratchBytes(uneven, DType::kBF16));
+  EXPECT_EQ(a.forward.code(), absl::StatusCode::kInvalidArgument) << a.forward;
+  EXPECT_EQ(a.backward.code(), absl::StatusCode::kInvalidArgument) << a.backward;
+
+  const AttentionDims dims{1, 8, 2, 1, 16};
+  const size_t needed = FlashAttentionBackwardScratchBytes(dims, DType::kF32);
+  ASSERT_GE(needed, sizeof(float));
+  const Statuses b = RunBoth(dims, DType::kF32, needed - sizeof(float));
+  EXPECT_TRUE(b.forward.ok()) << b.forward;
+  EXPECT_EQ(b.backward.code(), absl::StatusCode::kInvalidArgument) << b.backward;
+}
+
+}  // namespace
+}  // namespace trainyard::kernels::cuda
