@@ -111,6 +111,7 @@ void ExpectMatchesCpu(const AttentionDims& s, DType dtype) {
   const absl::Status forward =
       FlashAttentionForward(nullptr, dtype, out.get(), lse.as<float>(), qkv.get(), s);
   ASSERT_TRUE(forward.ok()) << forward;
+  TY_CUDA_ASSERT(cudaDeviceSynchronize());  // a fault inside the kernel surfaces here
   EXPECT_LE(RelativeError(Download(out.get(), n_out, dtype), ref.out), tolerance) << "out";
   EXPECT_LE(RelativeError(Download(lse.get(), n_lse, DType::kF32), ref.lse), tolerance) << "lse";
 
@@ -124,6 +125,7 @@ void ExpectMatchesCpu(const AttentionDims& s, DType dtype) {
         FlashAttentionBackward(nullptr, dtype, dqkv.get(), dout.get(), qkv.get(), out.get(),
                                lse.as<float>(), s, scratch.get(), scratch.bytes());
     ASSERT_TRUE(backward.ok()) << backward;
+    TY_CUDA_ASSERT(cudaDeviceSynchronize());
     std::vector<float> got = Download(dqkv.get(), n_qkv, dtype);
     if (run == 0) {
       ExpectGradientsMatch(got, ref.dqkv, s, tolerance);
