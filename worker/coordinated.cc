@@ -20,6 +20,7 @@
 #include "proto/trainyard.grpc.pb.h"
 #include "worker/backend.h"
 #include "worker/grpc_kv_store.h"
+#include "worker/placement.h"
 #include "worker/progress_reporter.h"
 #include "worker/trainer.h"
 
@@ -177,7 +178,11 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
   const int threads = ThreadsFor(options, spec);
-  std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
+  // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
+  // has its own: NCCL between them.
+  TY_ASSIGN_OR_RETURN(Placement placement,
+                      PlaceRank(spec, /*local_rank=*/0, /*ranks_on_node=*/1, threads));
+  std::unique_ptr<Backend> backend = std::move(placement.backend);
   std::cout << absl::StrFormat(
                    "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d tp %d pp %d "
                    "ZeRO-%d | %d steps of %d x %d tokens on %s\n",
@@ -190,6 +195,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   GrpcKeyValueStore store(stub, joined.kv_prefix());
   RankContext rank;
   rank.rank = options.rank;
+  rank.collectives = placement.collectives;
   rank.store = &store;
   rank.gloo.timeout =
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options.collective_timeout));

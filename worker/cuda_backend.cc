@@ -405,6 +405,11 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOption
   return CudaBackend::Create(options);
 }
 
+int CudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
 void* CudaStreamOf(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   return cuda != nullptr ? static_cast<void*>(cuda->stream()) : nullptr;

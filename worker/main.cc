@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +29,7 @@
 #include "worker/coordinated.h"
 #include "worker/dist/kv_store.h"
 #include "worker/launcher.h"
+#include "worker/placement.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -119,9 +121,11 @@ absl::Status Run(int argc, char** argv) {
   const int rank = std::max(flags.rank, 0);
   SetLogContext(spec.name, rank);
   if (world > 1 && flags.rank < 0) {
-    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d CPU ranks (dp %d)\n",
+    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (dp %d)\n",
                                  spec.name, spec.training.steps, spec.training.batch,
-                                 spec.training.seq_len, world, spec.parallelism.dp)
+                                 spec.training.seq_len, world,
+                                 absl::AsciiStrToUpper(config::DeviceKindName(spec.resources.kind)),
+                                 spec.parallelism.dp)
               << std::flush;
     return LaunchRanks(flags, spec);
   }
@@ -130,7 +134,8 @@ absl::Status Run(int argc, char** argv) {
         absl::StrCat("--rank ", flags.rank, " outside the spec's world of ", world));
   }
   const int threads = flags.threads > 0 ? flags.threads : spec.training.threads;
-  std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
+  TY_ASSIGN_OR_RETURN(Placement placement, PlaceRank(spec, rank, world, threads));
+  std::unique_ptr<Backend> backend = std::move(placement.backend);
   if (world == 1) {
     std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %s\n", spec.name,
                                  spec.training.steps, spec.training.batch, spec.training.seq_len,
@@ -139,6 +144,7 @@ absl::Status Run(int argc, char** argv) {
   std::unique_ptr<dist::KeyValueStore> store;
   RankContext context;
   context.rank = rank;
+  context.collectives = placement.collectives;
   context.gloo.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
   if (!flags.rendezvous.empty()) {

@@ -7,6 +7,7 @@
 // layers and back: loss ≤ 1e-2 relative, logits ≤ 2e-2 and gradients ≤ 5e-2 L2-relative per
 // tensor.
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -104,6 +105,40 @@ INSTANTIATE_TEST_SUITE_P(DebugPresets, ModelOnGpu,
                                            Case{"llama-debug", DType::kF32},
                                            Case{"llama-debug", DType::kBF16}),
                          Name);
+
+// cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same
+// pre-activation, and outputs within bf16 rounding (an erf-form epilogue would differ by up to
+// 1e-3 of the activation's scale, also within this bound; the printed error says which).
+TEST(ModelOnGpu, FusedGeluEpilogueMatchesSeparateKernel) {
+  TY_SKIP_WITHOUT_GPU();
+  auto fused = MakeCudaBackend({.fused_gelu_epilogue = true});
+  auto separate = MakeCudaBackend({.fused_gelu_epilogue = false});
+  ASSERT_TRUE(fused.ok() && separate.ok());
+  const int64_t m = 300, n = 3072, k = 768;
+  std::mt19937 rng(3);
+  const std::vector<float> x = testing::RandomVector(m * k, rng),
+                           w = testing::RandomVector(n * k, rng, 0.03f),
+                           bias = testing::RandomVector(n, rng, 0.1f);
+  std::vector<std::vector<float>> outs, pres;
+  for (Backend* be : {fused->get(), separate->get()}) {
+    auto in = be->AllocAct(m * k), out = be->AllocAct(m * n), pre = be->AllocAct(m * n);
+    auto wd = be->AllocFloat(n * k), bd = be->AllocFloat(n);
+    be->CopyActFromHost(in.data(), x.data(), m * k);
+    be->CopyFromHost(wd.data(), w.data(), n * k);
+    be->CopyFromHost(bd.data(), bias.data(), n);
+    be->LinearGelu(out.data(), pre.data(), in.data(), wd.data(), bd.data(), m, n, k);
+    ASSERT_TRUE(be->Synchronize().ok()) << be->Synchronize();
+    outs.emplace_back(m * n);
+    pres.emplace_back(m * n);
+    be->CopyActToHost(outs.back().data(), out.data(), m * n);
+    be->CopyActToHost(pres.back().data(), pre.data(), m * n);
+  }
+  const double out_err = testing::RelativeError(outs[0], outs[1]);
+  std::printf("fused GELU epilogue vs separate kernel: pre %.3g, out %.3g\n",
+              testing::RelativeError(pres[0], pres[1]), out_err);
+  EXPECT_LE(testing::RelativeError(pres[0], pres[1]), 1e-2);
+  EXPECT_LE(out_err, 1e-2);
+}
 
 TEST(ModelOnGpu, UnsupportedHeadDimFailsCleanly) {
   TY_SKIP_WITHOUT_GPU();

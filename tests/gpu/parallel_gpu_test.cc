@@ -79,20 +79,19 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_TRUE(std::isfinite(losses[i]));
     EXPECT_LE(std::abs(losses[i] - single->train_losses[i]) / single->train_losses[i], tolerance)
-        << mesh.name << " step " << i + 1 << ": " << losses[i] << " vs "
-        << single->train_losses[i];
+        << mesh.name << " step " << i + 1 << ": " << losses[i] << " vs " << single->train_losses[i];
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Meshes, ParallelOnOneGpu,
-    ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1},
-                                         Mesh{"pp2", 1, 1, 2}),
-                       ::testing::Values(DType::kF32, DType::kBF16)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_" +
-             DTypeName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Meshes, ParallelOnOneGpu,
+                         ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1},
+                                                              Mesh{"tp2", 1, 2, 1},
+                                                              Mesh{"pp2", 1, 1, 2}),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace trainyard::worker

@@ -1,0 +1,30 @@
+// Where a rank runs: the backend for the job's device kind and how its collectives travel.
+#ifndef TRAINYARD_WORKER_PLACEMENT_H_
+#define TRAINYARD_WORKER_PLACEMENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "config/spec.h"
+#include "worker/backend.h"
+#include "worker/trainer.h"
+
+namespace trainyard::worker {
+
+struct Placement {
+  std::unique_ptr<Backend> backend;
+  RankContext::Collectives collectives = RankContext::Collectives::kHost;
+};
+
+// CPU jobs: the CPU backend with `threads` (≤ 0: every core), Gloo on host memory. GPU jobs: the
+// CUDA backend with bf16 activations on device local_rank mod (visible devices); NCCL when every
+// rank on this node has a device of its own, otherwise (several ranks sharing a GPU) Gloo with
+// host staging. FAILED_PRECONDITION when a GPU job finds no usable device or the build has no
+// CUDA backend.
+absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank, int ranks_on_node,
+                                    int threads);
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_PLACEMENT_H_
