@@ -21,8 +21,14 @@ class DeviceTensor {
     Write(host);
   }
 
-  void Write(const std::vector<float>& host) { Upload(host, dtype_, mem_.get()); }
-  std::vector<float> Read() const { return Download(mem_.get(), count_, dtype_); }
+  // Empty tensors make no CUDA call: a failed zero-byte copy would leave an error behind for the
+  // next launch check to report.
+  void Write(const std::vector<float>& host) {
+    if (count_ > 0) Upload(host, dtype_, mem_.get());
+  }
+  std::vector<float> Read() const {
+    return count_ > 0 ? Download(mem_.get(), count_, dtype_) : std::vector<float>();
+  }
   void Poison() { mem_.Poison(); }
 
   void* get() const { return mem_.get(); }
