@@ -71,7 +71,9 @@ class CudaBackend final : public Backend {
                         DTypeName(options_.act_dtype), " activations)");
   }
   DType act_dtype() const override { return options_.act_dtype; }
-  int64_t max_logits_chunk() const override { return int64_t{1} << 26; }
+  // 2^27 bf16 logits (256 MiB): a GPT-2 vocabulary in chunks of 2,670 rows, so the LM head
+  // (and its bf16 conversion) runs a few times per micro-batch rather than hundreds.
+  int64_t max_logits_chunk() const override { return int64_t{1} << 27; }
   cudaStream_t stream() const { return stream_; }
 
   absl::Status Synchronize() override {
