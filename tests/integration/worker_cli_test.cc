@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_env.h"
+#include "worker/cuda_backend.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -106,6 +107,16 @@ TEST_F(WorkerCli, TruncatedShard) {
 }
 
 TEST_F(WorkerCli, UnknownFlag) { ExpectBadInput(Worker({"--bogus"}), "--bogus"); }
+
+// A GPU job where no GPU can be used (none present, or a build without CUDA): one line that says
+// so and why, exit code 2 — not a crash in the CUDA runtime.
+TEST_F(WorkerCli, GpuJobWithoutAGpu) {
+  if (worker::CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  ExpectBadInput(Worker({"--standalone", Write("s.yaml",
+                                               "name: t\nmodel:\n  preset: gpt2-debug\n"
+                                               "resources: {kind: gpu}\n")}),
+                 "cannot use a GPU");
+}
 
 TEST_F(WorkerCli, TrainsOnAValidShard) {
   const ProcessResult r =
