@@ -1,0 +1,368 @@
+#include "bench/gpu_kernel_cases.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/activations.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/norms.h"
+#include "worker/parameters.h"
+
+// How work is counted (the same formulas are in bench/torch_gpu_kernels.py):
+//  - attention: 4·b·h·t²·d FLOPs for the two products, halved for the causal mask, forward;
+//    the backward is 2.5× the forward (five products instead of two), fwd+bwd 3.5×.
+//  - GEMMs: 2·m·n·k.
+//  - memory-bound kernels: the fewest bytes the operation must move, each input read once and
+//    each output written once, at its storage type (activations bf16, parameters, gradients,
+//    statistics fp32, ids int32). Accumulating outputs (+=) are counted as written once, not
+//    read too, so both engines are held to the same count whatever their in-place habits.
+//    A fwd+bwd row counts the forward and the backward pass, each with its own reads.
+namespace trainyard::bench {
+namespace {
+
+using kernels::cuda::Gemm;
+using kernels::cuda::GemmEpilogue;
+
+constexpr DType kAct = DType::kBF16;
+constexpr int64_t kAb = 2;  // bytes of a bf16 activation
+constexpr int64_t kFb = 4;  // bytes of an fp32 value
+constexpr float kEps = 1e-5f;
+
+absl::StatusOr<DeviceBuffer> Act(const CaseContext& ctx, int64_t n, uint64_t seed) {
+  TY_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Create(n * kAb));
+  TY_RETURN_IF_ERROR(FillNormal(ctx.stream, kAct, buffer.get(), n, seed, 1.0f));
+  return buffer;
+}
+
+absl::StatusOr<DeviceBuffer> Floats(const CaseContext& ctx, int64_t n, uint64_t seed, float scale) {
+  TY_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Create(n * kFb));
+  if (scale > 0.0f) {
+    TY_RETURN_IF_ERROR(FillNormal(ctx.stream, DType::kF32, buffer.get(), n, seed, scale));
+  }
+  return buffer;
+}
+
+absl::StatusOr<DeviceBuffer> Ids(const std::vector<int32_t>& host) {
+  TY_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                      DeviceBuffer::Create(static_cast<int64_t>(host.size() * sizeof(int32_t))));
+  TY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+absl::Status Measure(const CaseContext& ctx, Row* row, const EventTimer::Op& op,
+                     const EventTimer::Op& prepare = nullptr) {
+  TY_ASSIGN_OR_RETURN(row->timing, ctx.timer->Time(ctx.stream, op, prepare));
+  return absl::OkStatus();
+}
+
+enum class Pass { kForward, kBackward, kBoth };
+
+absl::Status Attention(const BenchModel& m, Pass pass, const CaseContext& ctx, Row* row) {
+  const config::ModelConfig& c = m.config;
+  const kernels::cuda::AttentionDims dims{m.batch, m.seq, c.heads, c.kv_heads, c.head_dim()};
+  row->shape = absl::StrCat("b", m.batch, " t", m.seq, " h", c.heads, "/", c.kv_heads, " d",
+                            c.head_dim(), " causal");
+  const int64_t tokens = m.batch * m.seq;
+  TY_ASSIGN_OR_RETURN(DeviceBuffer qkv, Act(ctx, tokens * c.qkv_width(), 1));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, tokens * c.width, 2));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(tokens * c.width * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dqkv, DeviceBuffer::Create(tokens * c.qkv_width() * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Create(m.batch * c.heads * m.seq * kFb));
+  const size_t scratch_bytes = kernels::cuda::FlashAttentionBackwardScratchBytes(dims, kAct);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                      DeviceBuffer::Create(static_cast<int64_t>(scratch_bytes)));
+  auto forward = [&] {
+    return kernels::cuda::FlashAttentionForward(ctx.stream, kAct, out.get(), lse.f32(), qkv.get(),
+                                                dims);
+  };
+  auto backward = [&] {
+    return kernels::cuda::FlashAttentionBackward(ctx.stream, kAct, dqkv.get(), dout.get(),
+                                                 qkv.get(), out.get(), lse.f32(), dims,
+                                                 scratch.get(), scratch_bytes);
+  };
+  const double forward_flop = 2.0 * m.batch * c.heads * double(m.seq) * m.seq * c.head_dim();
+  switch (pass) {
+    case Pass::kForward:
+      row->flop = forward_flop;
+      return Measure(ctx, row, forward);
+    case Pass::kBackward:
+      row->flop = 2.5 * forward_flop;
+      TY_RETURN_IF_ERROR(forward());  // the saved output and log-sum-exp the backward reads
+      return Measure(ctx, row, backward);
+    case Pass::kBoth:
+      row->flop = 3.5 * forward_flop;
+      return Measure(ctx, row, [&]() -> absl::Status {
+        TY_RETURN_IF_ERROR(forward());
+        return backward();
+      });
+  }
+  return absl::InternalError("unknown pass");
+}
+
+// LayerNorm (with bias) when `layer_norm`, RMSNorm otherwise, over the batch's token rows.
+absl::Status Norm(const BenchModel& m, bool layer_norm, bool with_backward, const CaseContext& ctx,
+                  Row* row) {
+  const int64_t rows = m.batch * m.seq, c = m.config.width;
+  row->shape = absl::StrCat(rows, " x ", c);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer x, Act(ctx, rows * c, 3));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, rows * c, 4));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(rows * c * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dx, DeviceBuffer::Create(rows * c * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer w, Floats(ctx, c, 5, 1.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer b, Floats(ctx, c, 6, 1.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dw, Floats(ctx, c, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer db, Floats(ctx, c, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer mean, Floats(ctx, rows, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer rstd, Floats(ctx, rows, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                      Floats(ctx, kernels::cuda::NormBackwardScratchFloats(rows, c), 0, 0.0f));
+  const int64_t params = layer_norm ? 2 : 1, stats = layer_norm ? 2 : 1;
+  // forward: x, params in; out, stats out. backward: dout, x, weight, stats in; dx, params out.
+  const double forward_bytes = 2.0 * rows * c * kAb + params * c * kFb + stats * rows * kFb;
+  const double backward_bytes = 3.0 * rows * c * kAb + (1 + params) * c * kFb + stats * rows * kFb;
+  row->bytes = with_backward ? forward_bytes + backward_bytes : forward_bytes;
+  auto forward = [&] {
+    return layer_norm ? kernels::cuda::LayerNormForward(ctx.stream, kAct, out.get(), mean.f32(),
+                                                        rstd.f32(), x.get(), w.f32(), b.f32(), rows,
+                                                        c, kEps)
+                      : kernels::cuda::RmsNormForward(ctx.stream, kAct, out.get(), rstd.f32(),
+                                                      x.get(), w.f32(), rows, c, kEps);
+  };
+  auto backward = [&] {
+    return layer_norm ? kernels::cuda::LayerNormBackward(
+                            ctx.stream, kAct, dx.get(), dw.f32(), db.f32(), dout.get(), x.get(),
+                            w.f32(), mean.f32(), rstd.f32(), rows, c, scratch.f32())
+                      : kernels::cuda::RmsNormBackward(ctx.stream, kAct, dx.get(), dw.f32(),
+                                                       dout.get(), x.get(), w.f32(), rstd.f32(),
+                                                       rows, c, scratch.f32());
+  };
+  if (!with_backward) return Measure(ctx, row, forward);
+  return Measure(ctx, row, [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(forward());
+    return backward();
+  });
+}
+
+absl::Status Gelu(const BenchModel& m, bool with_backward, const CaseContext& ctx, Row* row) {
+  const int64_t rows = m.batch * m.seq, f = m.config.ffn_hidden, n = rows * f;
+  row->shape = absl::StrCat(rows, " x ", f);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, n, 7));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, n, 8));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(n * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(n * kAb));
+  // forward: inp in, out out; backward: dout and inp in, dinp out.
+  row->bytes = (with_backward ? 5.0 : 2.0) * n * kAb;
+  auto forward = [&] {
+    return kernels::cuda::GeluForward(ctx.stream, kAct, out.get(), inp.get(), n);
+  };
+  if (!with_backward) return Measure(ctx, row, forward);
+  return Measure(ctx, row, [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(forward());
+    return kernels::cuda::GeluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), n);
+  });
+}
+
+absl::Status Swiglu(const BenchModel& m, bool with_backward, const CaseContext& ctx, Row* row) {
+  const int64_t rows = m.batch * m.seq, f = m.config.ffn_hidden;
+  row->shape = absl::StrCat(rows, " x 2·", f, " -> ", f);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, rows * 2 * f, 9));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, rows * f, 10));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(rows * f * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(rows * 2 * f * kAb));
+  // forward: inp (2f) in, out (f) out; backward: dout (f) and inp (2f) in, dinp (2f) out.
+  row->bytes = (with_backward ? 3.0 + 5.0 : 3.0) * rows * f * kAb;
+  auto forward = [&] {
+    return kernels::cuda::SwigluForward(ctx.stream, kAct, out.get(), inp.get(), rows, f);
+  };
+  if (!with_backward) return Measure(ctx, row, forward);
+  return Measure(ctx, row, [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(forward());
+    return kernels::cuda::SwigluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), rows,
+                                         f);
+  });
+}
+
+// Loss and gradient of one chunk of logit rows; the gradient overwrites the logits, so each rep
+// starts from a pristine copy (restored outside the timed region).
+absl::Status CrossEntropy(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const int64_t rows = m.ce_rows, v = m.config.vocab;
+  row->shape = absl::StrCat(rows, " x ", v);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer pristine, Act(ctx, rows * v, 11));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer logits, DeviceBuffer::Create(rows * v * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer targets, Ids(BenchTokens(rows, v, 12)));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer losses, Floats(ctx, rows, 0, 0.0f));
+  // logits and targets in; gradient (in place) and losses out.
+  row->bytes = 2.0 * rows * v * kAb + rows * 4.0 + rows * kFb;
+  auto restore = [&]() -> absl::Status {
+    TY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.get(), pristine.get(), rows * v * kAb,
+                                            cudaMemcpyDeviceToDevice, ctx.stream));
+    return absl::OkStatus();
+  };
+  return Measure(
+      ctx, row,
+      [&] {
+        return kernels::cuda::SoftmaxCrossEntropy(ctx.stream, kAct, logits.get(), targets.i32(),
+                                                  rows, v, 1.0f / rows, /*write_grad=*/true,
+                                                  losses.f32());
+      },
+      restore);
+}
+
+// One AdamW step over every parameter of the model, in its own tensor sizes.
+absl::Status AdamW(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const worker::ParameterLayout layout(m.config);
+  // Each tensor starts on a 256-byte boundary, as separately allocated tensors would.
+  auto padded = [](int64_t n) { return (n + 63) / 64 * 64; };
+  int64_t total = 0;
+  for (const worker::ParamTensor& t : layout.tensors()) total += padded(t.numel);
+  row->shape = absl::StrCat(absl::SixDigits(layout.total() / 1e6), "M params, ",
+                            layout.tensors().size(), " tensors");
+  TY_ASSIGN_OR_RETURN(DeviceBuffer p, Floats(ctx, total, 13, 0.02f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer g, Floats(ctx, total, 14, 0.01f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer mom, Floats(ctx, total, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer var, Floats(ctx, total, 0, 0.0f));
+  std::vector<kernels::cuda::AdamWTensor> tensors;
+  int64_t offset = 0;
+  for (const worker::ParamTensor& t : layout.tensors()) {
+    tensors.push_back({.param = p.f32() + offset,
+                       .grad = g.f32() + offset,
+                       .m = mom.f32() + offset,
+                       .v = var.f32() + offset,
+                       .n = t.numel,
+                       .weight_decay = t.decay ? 0.1f : 0.0f});
+    offset += padded(t.numel);
+  }
+  // param, grad, m, v in; param, m, v out.
+  row->bytes = 7.0 * layout.total() * kFb;
+  const kernels::cuda::AdamWHyper hyper{
+      .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .step = 1, .grad_scale = 1.0f};
+  return Measure(ctx, row,
+                 [&] { return kernels::cuda::MultiTensorAdamW(ctx.stream, tensors, hyper); });
+}
+
+// The token (and, for GPT-2, position) embedding gradient of one batch.
+absl::Status EmbeddingBackward(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const int64_t tokens = m.batch * m.seq, c = m.config.width, v = m.config.vocab;
+  const bool positions = m.config.family == config::ModelFamily::kGpt2;
+  row->shape = absl::StrCat("b", m.batch, " t", m.seq, " c", c, " V", v, positions ? " +pos" : "");
+  const std::vector<int32_t> ids = BenchTokens(tokens, v, 15);
+  const int64_t distinct = static_cast<int64_t>(std::set<int32_t>(ids.begin(), ids.end()).size());
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, tokens * c, 16));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer tok, Ids(ids));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dwte, Floats(ctx, v * c, 0, 0.0f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dwpe, Floats(ctx, positions ? m.seq * c : 0, 0, 0.0f));
+  const size_t scratch_bytes = kernels::cuda::EmbeddingBackwardScratchBytes(tokens, v);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                      DeviceBuffer::Create(static_cast<int64_t>(scratch_bytes)));
+  // dout and ids in; the rows of the distinct tokens (and the position table) out.
+  row->bytes = double(tokens) * c * kAb + tokens * 4.0 + double(distinct) * c * kFb +
+               (positions ? double(m.seq) * c * kFb : 0.0);
+  return Measure(ctx, row, [&] {
+    return kernels::cuda::EmbeddingBackward(ctx.stream, kAct, dwte.f32(),
+                                            positions ? dwpe.f32() : nullptr, dout.get(), tok.i32(),
+                                            m.batch, m.seq, c, v, scratch.get(), scratch_bytes);
+  });
+}
+
+enum class GemmKind { kForward, kForwardBias, kBackwardInput, kBackwardWeight };
+
+// out[m, n] = inp[m, k] · w[n, k]ᵀ (+ bias) and its two backward products: bf16 operands, fp32
+// accumulation; the weight gradient accumulates into fp32.
+absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const CaseContext& ctx,
+                      Row* row) {
+  row->shape = absl::StrCat("m", m, " n", n, " k", k);
+  row->flop = 2.0 * m * n * k;
+  switch (kind) {
+    case GemmKind::kForward:
+    case GemmKind::kForwardBias: {
+      const bool bias = kind == GemmKind::kForwardBias;
+      TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, m * k, 17));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, n * k, 18));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer b, Act(ctx, bias ? n : 0, 19));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(m * n * kAb));
+      return Measure(ctx, row, [&] {
+        return ctx.gemm->Forward(ctx.stream, kAct, out.get(), nullptr, inp.get(), w.get(),
+                                 bias ? b.get() : nullptr, m, n, k,
+                                 bias ? GemmEpilogue::kBias : GemmEpilogue::kNone);
+      });
+    }
+    case GemmKind::kBackwardInput: {
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * n, 20));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, n * k, 18));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(m * k * kAb));
+      return Measure(ctx, row, [&] {
+        return ctx.gemm->BackwardInput(ctx.stream, kAct, dinp.get(), dout.get(), w.get(), m, n, k);
+      });
+    }
+    case GemmKind::kBackwardWeight: {
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * n, 20));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, m * k, 17));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dw, Floats(ctx, n * k, 0, 0.0f));
+      return Measure(ctx, row, [&] {
+        return ctx.gemm->BackwardWeight(ctx.stream, kAct, dw.f32(), dout.get(), inp.get(), m, n, k);
+      });
+    }
+  }
+  return absl::InternalError("unknown GEMM kind");
+}
+
+}  // namespace
+
+std::vector<BenchModel> BenchModels() {
+  return {
+      BenchModel{
+          .name = "gpt2-124m", .config = *config::Preset("gpt2-124m"), .batch = 16, .seq = 1024},
+      BenchModel{
+          .name = "llama-1b", .config = *config::Preset("llama-1b"), .batch = 4, .seq = 2048},
+  };
+}
+
+std::vector<Case> CasesFor(const BenchModel& model) {
+  using X = const CaseContext&;
+  const BenchModel m = model;
+  const bool gpt2 = m.config.family == config::ModelFamily::kGpt2;
+  const int64_t rows = m.batch * m.seq, c = m.config.width, v = m.config.vocab;
+  // The MLP's first linear: [f, c] for GPT-2 (with bias), [2f, c] (gate and up) for Llama.
+  const int64_t fc_out = gpt2 ? m.config.ffn_hidden : 2 * int64_t{m.config.ffn_hidden};
+  const GemmKind fc_forward = gpt2 ? GemmKind::kForwardBias : GemmKind::kForward;
+  const std::string norm = gpt2 ? "layernorm" : "rmsnorm";
+  std::vector<Case> cases = {
+      {"attention fwd", [m](X x, Row* r) { return Attention(m, Pass::kForward, x, r); }},
+      {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, x, r); }},
+      {"attention fwd+bwd", [m](X x, Row* r) { return Attention(m, Pass::kBoth, x, r); }},
+      {norm + " fwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, false, x, r); }},
+      {norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, true, x, r); }},
+  };
+  if (gpt2) {
+    cases.push_back({"gelu fwd", [m](X x, Row* r) { return Gelu(m, false, x, r); }});
+    cases.push_back({"gelu fwd+bwd", [m](X x, Row* r) { return Gelu(m, true, x, r); }});
+  } else {
+    cases.push_back({"swiglu fwd", [m](X x, Row* r) { return Swiglu(m, false, x, r); }});
+    cases.push_back({"swiglu fwd+bwd", [m](X x, Row* r) { return Swiglu(m, true, x, r); }});
+  }
+  cases.push_back({"cross-entropy fwd+bwd", [m](X x, Row* r) { return CrossEntropy(m, x, r); }});
+  // The optimizer over GPT-2 124M's parameters (the AdamW case).
+  if (gpt2) cases.push_back({"adamw step", [m](X x, Row* r) { return AdamW(m, x, r); }});
+  cases.push_back({"embedding bwd", [m](X x, Row* r) { return EmbeddingBackward(m, x, r); }});
+  cases.push_back(
+      {"gemm fc fwd", [=](X x, Row* r) { return GemmCase(rows, fc_out, c, fc_forward, x, r); }});
+  cases.push_back({"gemm fc bwd-input", [=](X x, Row* r) {
+                     return GemmCase(rows, fc_out, c, GemmKind::kBackwardInput, x, r);
+                   }});
+  cases.push_back({"gemm fc bwd-weight", [=](X x, Row* r) {
+                     return GemmCase(rows, fc_out, c, GemmKind::kBackwardWeight, x, r);
+                   }});
+  cases.push_back({"gemm lm-head fwd", [=](X x, Row* r) {
+                     return GemmCase(m.ce_rows, v, c, GemmKind::kForward, x, r);
+                   }});
+  return cases;
+}
+
+}  // namespace trainyard::bench
