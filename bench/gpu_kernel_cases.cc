@@ -171,7 +171,7 @@ absl::Status Gelu(const BenchModel& m, bool with_backward, const CaseContext& ct
 
 absl::Status Swiglu(const BenchModel& m, bool with_backward, const CaseContext& ctx, Row* row) {
   const int64_t rows = m.batch * m.seq, f = m.config.ffn_hidden;
-  row->shape = absl::StrCat(rows, " x 2·", f, " -> ", f);
+  row->shape = absl::StrCat(rows, " x 2*", f, " -> ", f);
   TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, rows * 2 * f, 9));
   TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, rows * f, 10));
   TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(rows * f * kAb));
