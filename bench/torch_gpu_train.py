@@ -233,7 +233,9 @@ def parse_args():
     args = ap.parse_args()
     if args.cpu_smoke:
         args.preset = "gpt2-debug" if args.preset.startswith("gpt2") else "llama-debug"
-        args.seq, args.batch = args.seq or 32, args.batch or 2
+        args.seq, args.batch = min(args.seq or 32, 32), min(args.batch or 2, 4)
+        if not args.micro_batch or args.micro_batch > args.batch or args.batch % args.micro_batch:
+            args.micro_batch = args.batch
         args.steps, args.warmup, args.compile = min(args.steps, 2), min(args.warmup, 1), "none"
     cfg = PRESETS[args.preset]
     args.seq = args.seq or cfg["max_seq"]
