@@ -3,17 +3,20 @@
 #
 # Usage: bench/run_gpu_vs_torch.sh [--part all|kernels|train] [--reps N] [--kernel-warmup W]
 #          [--steps S] [--warmup W] [--compile model|regional|none] [--peak-tflops X]
-#          [--timeout-s N]
+#          [--timeout-s N] [--budget-s N]
 #
 # kernels: trainyard-bench-gpu-kernels and bench/torch_gpu_kernels.py (N timed reps after W);
 # train:   trainyard-bench-gpu-train and bench/torch_gpu_train.py for GPT-2 124M (16 x 1024
 #          tokens) and Llama 1B (4 x 2048), S timed steps after W (PyTorch compiled as --compile).
 # Prints Markdown tables; ratio = PyTorch time / Trainyard time (above 1: Trainyard is faster),
 # with the issue's goals marked. Every program's raw output goes to stderr. Each program is
-# stopped after --timeout-s seconds; a program that fails or times out is reported and the
-# others still run (exit status 1 at the end).
-# Binaries: $TRAINYARD_BIN_DIR (default build/bench under the repository root); Python:
-# $PYTHON (default python3, which must have torch with CUDA).
+# stopped after --timeout-s seconds (default 300), and none starts or runs past --budget-s
+# seconds from the start of this script (default: no limit), so the tables always get printed;
+# a program that fails, times out or is skipped is reported and the others still run (exit
+# status 1 at the end).
+# Binaries: $TRAINYARD_BIN_DIR (default build/bench under the repository root), run with
+# LD_LIBRARY_PATH=$TRAINYARD_LD_LIBRARY_PATH when that is set (a bundle's libraries, kept away
+# from Python's own); Python: $PYTHON (default python3, which must have torch with CUDA).
 set -uo pipefail
 
 PART=all
@@ -24,9 +27,10 @@ WARMUP=3
 COMPILE=model
 PEAK=""
 TIMEOUT_S=300
+BUDGET_S=0
 ARGS=("$@")
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_gpu_vs_torch: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[0-9]+$ ]] || die "$1 needs a non-negative integer, got '$2'"; }
 
@@ -44,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --peak-tflops) [[ "$2" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--peak-tflops needs a number"
       PEAK=$2 ;;
     --timeout-s) need_int "$1" "$2"; TIMEOUT_S=$2 ;;
+    --budget-s) need_int "$1" "$2"; BUDGET_S=$2 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift 2
@@ -66,18 +71,34 @@ FAILED=0
 PEAK_ARGS=()
 [[ -n "$PEAK" ]] && PEAK_ARGS=(--peak-tflops "$PEAK")
 
-# run NAME OUTFILE CMD... : runs one program under the timeout, its output to OUTFILE and stderr.
+TRAINYARD_ENV=(env)
+[[ -n "${TRAINYARD_LD_LIBRARY_PATH:-}" ]] &&
+  TRAINYARD_ENV=(env LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH")
+
+# run NAME OUTFILE CMD... : runs one program under the timeout (shortened to what is left of the
+# budget), its output to OUTFILE and stderr.
 run() {
   local name=$1 out=$2
   shift 2
+  : >"$out"
+  local limit=$TIMEOUT_S
+  if [[ $BUDGET_S -gt 0 ]]; then
+    local left=$((BUDGET_S - SECONDS))
+    if [[ $left -lt 10 ]]; then
+      echo "run_gpu_vs_torch: $name not run: the ${BUDGET_S}s budget is spent" >&2
+      FAILED=1
+      return
+    fi
+    [[ $left -lt $limit ]] && limit=$left
+  fi
   echo "== $name: $*" >&2
   local start=$SECONDS rc=0
-  timeout --kill-after=10 "$TIMEOUT_S" "$@" >"$out" 2>"$WORK/err" || rc=$?
+  timeout --kill-after=10 "$limit" "$@" >"$out" 2>"$WORK/err" || rc=$?
   cat "$out" "$WORK/err" >&2
   if [[ $rc -ne 0 ]]; then
     FAILED=1
     if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-      echo "run_gpu_vs_torch: $name timed out after ${TIMEOUT_S}s" >&2
+      echo "run_gpu_vs_torch: $name timed out after ${limit}s" >&2
     else
       echo "run_gpu_vs_torch: $name exited with status $rc" >&2
     fi
@@ -93,7 +114,8 @@ echo "- torch: $("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.
 echo "- command: bench/run_gpu_vs_torch.sh${ARGS[@]+$(printf ' %q' "${ARGS[@]}")}"
 
 if [[ "$PART" != train ]]; then
-  run "trainyard kernels" "$WORK/k_ty" "$BIN_DIR/trainyard-bench-gpu-kernels" --json \
+  run "trainyard kernels" "$WORK/k_ty" "${TRAINYARD_ENV[@]}" \
+    "$BIN_DIR/trainyard-bench-gpu-kernels" --json \
     --reps "$REPS" --warmup "$KERNEL_WARMUP"
   run "pytorch kernels" "$WORK/k_pt" "$PY" "$HERE/torch_gpu_kernels.py" --json \
     --reps "$REPS" --warmup "$KERNEL_WARMUP"
@@ -162,7 +184,8 @@ if [[ "$PART" != kernels ]]; then
     IFS='|' read -r preset seq batch <<<"$entry"
     common=(--preset "$preset" --seq "$seq" --batch "$batch" --micro-batch "$batch"
             --steps "$STEPS" --warmup "$WARMUP" ${PEAK_ARGS[@]+"${PEAK_ARGS[@]}"})
-    run "trainyard $preset" "$WORK/t_ty" "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}"
+    run "trainyard $preset" "$WORK/t_ty" "${TRAINYARD_ENV[@]}" \
+      "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}"
     run "pytorch $preset" "$WORK/t_pt" "$PY" "$HERE/torch_gpu_train.py" "${common[@]}" \
       --compile "$COMPILE"
     for engine in ty pt; do
@@ -195,7 +218,8 @@ for preset, r in runs.items():
     a, b = r.get("ty", {}), r.get("pt", {})
     if "tokens_per_s" not in a or "tokens_per_s" not in b:
         missing = [n for n, x in (("trainyard", a), ("pytorch", b)) if "tokens_per_s" not in x]
-        print("| %s | | | | | | %s failed | | | | | |" % (preset, " and ".join(missing)))
+        print("| %s | | | | | | %s: failed or not run (see the log) | | | | | |"
+              % (preset, " and ".join(missing)))
         status = 1
         continue
     if a["params"] != b["params"]:
