@@ -105,10 +105,21 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   const cublasLtEpilogue_t epilogue = LtEpilogue(static_cast<GemmEpilogue>(epi));
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  // The heuristic learns the bias and aux alignment from those pointers' values (it never reads
+  // their memory), and an unset (null) pointer claims every alignment. Show it an address with
+  // exactly the key's alignment, so that the algorithm fits any pointers the key admits (Forward
+  // folds the bias and aux pointers into the alignment); Run sets the real ones.
+  const void* placeholder = reinterpret_cast<const void*>(static_cast<uintptr_t>(align));
+  if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder, sizeof(placeholder)));
+  }
   if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX) {
     const int64_t aux_ld = M;
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &placeholder, sizeof(placeholder)));
   }
   const int64_t a_rows = transa ? K : M, a_cols = transa ? M : K;
   const int64_t b_rows = transb ? N : K, b_cols = transb ? K : N;
@@ -170,7 +181,7 @@ absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre,
   TY_REQUIRE(!gelu || pre != nullptr);
   TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
              (bias != nullptr));
-  const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight}));
+  const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight, bias}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
   const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k,
                 static_cast<int>(epilogue),         0, 0};
