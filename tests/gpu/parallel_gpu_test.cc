@@ -1,5 +1,6 @@
-// Several GPU ranks sharing one GPU (collectives through Gloo with host staging): DP=2, TP=2 and
-// PP=2 train five steps and must agree with the single-rank GPU run of the same job.
+// Several GPU ranks sharing one GPU (collectives through Gloo with host staging): DP=2 (plain
+// and ZeRO stages 2 and 3), TP=2 and PP=2 train five steps and must agree with the single-rank GPU
+// run of the same job.
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
 // the CPU equivalence test does (losses ≤ 1e-4 relative). With bf16 activations the parallel
@@ -49,6 +50,7 @@ std::unique_ptr<Backend> Gpu(DType act) {
 struct Mesh {
   const char* name;
   int dp, tp, pp;
+  int zero = 0;  // ZeRO stage; 2 and 3 accumulate reduce-scattered gradients into device chunks
 };
 
 class ParallelOnOneGpu : public ::testing::TestWithParam<std::tuple<Mesh, DType>> {};
@@ -65,6 +67,7 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   spec.parallelism.dp = mesh.dp;
   spec.parallelism.tp = mesh.tp;
   spec.parallelism.pp = mesh.pp;
+  spec.parallelism.zero = mesh.zero;
   spec.resources.devices_per_node = spec.parallelism.world_size();
   testenv::RankRunOptions options;
   options.make_backend = [act = act](int) { return Gpu(act); };
@@ -83,15 +86,15 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, ParallelOnOneGpu,
-                         ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1},
-                                                              Mesh{"tp2", 1, 2, 1},
-                                                              Mesh{"pp2", 1, 1, 2}),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param).name) + "_" +
-                                  DTypeName(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, ParallelOnOneGpu,
+    ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1},
+                                         Mesh{"pp2", 1, 1, 2}, Mesh{"dp2_zero2", 2, 1, 1, 2},
+                                         Mesh{"dp2_zero3", 2, 1, 1, 3}),
+                       ::testing::Values(DType::kF32, DType::kBF16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));
+    });
 
 }  // namespace
 }  // namespace trainyard::worker

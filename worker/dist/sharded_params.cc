@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -200,8 +201,23 @@ absl::Status ShardedParams::WaitAll() {
   absl::Status status;
   for (auto& w : in_flight_) status.Update(w.get());
   in_flight_.clear();
+  AccumulateReduced(/*wait=*/true);
   exposed_ns_ += NowNanos() - start;
   return status;
+}
+
+void ShardedParams::AccumulateReduced(bool wait) {
+  while (!pending_.empty()) {
+    PendingGradient& p = pending_.front();
+    if (!wait && p.work.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    // A failed reduce-scatter adds nothing; WaitAll reports its status.
+    if (p.work.get().ok()) {
+      const float* reduced = p.staging->data() + int64_t{dp_->rank()} * p.chunk;
+      backend_->Add(p.owned, p.owned, reduced, p.chunk);
+    }
+    UpdateTransient(-4 * p.staging->size());
+    pending_.pop_front();  // frees the staging buffer after the queued Add (the deleter waits)
+  }
 }
 
 void ShardedParams::StartGather(int index) {
@@ -266,20 +282,23 @@ absl::Status ShardedParams::GradientsReady(int index) {
 void ShardedParams::LaunchReady(int index) {
   Group& g = groups_[index];
   if (options_.zero_stage >= 2) {
-    // Reduce-scatter this micro-batch's gradient of the group into the owned chunk, then free
-    // the full-size staging buffer.
-    std::shared_ptr<Buffer<float>> staging = std::move(g.staging);
-    float* owned = shard_grads_.data() + g.shard_begin;
+    // Reduce-scatter this micro-batch's gradient of the group in place, into this rank's slice
+    // of the staging buffer; the training thread adds that slice into the owned chunk once it is
+    // there (AccumulateReduced) and frees the staging buffer. Earlier groups' finished results
+    // are added now, so staging buffers do not pile up.
+    AccumulateReduced(/*wait=*/false);
+    float* staged = g.staging->data();
     const int64_t chunk = g.chunk;
     const size_t slot = NewTimelineSlot();
-    in_flight_.push_back(comm_->Submit([this, staging, owned, chunk, slot]() -> absl::Status {
-      std::vector<float> part(chunk);
-      const absl::Status s = dp_->ReduceScatter(staging->data(), part.data(), chunk);
-      for (int64_t i = 0; s.ok() && i < chunk; ++i) owned[i] += part[i];
-      UpdateTransient(-4 * staging->size());
+    AsyncRunner::Work work = comm_->Submit([this, staged, chunk, slot]() -> absl::Status {
+      const absl::Status s =
+          dp_->ReduceScatter(staged, staged + int64_t{dp_->rank()} * chunk, chunk);
       MarkDone(slot);
       return s;
-    }));
+    });
+    in_flight_.push_back(work);
+    pending_.push_back(
+        {std::move(work), std::move(g.staging), shard_grads_.data() + g.shard_begin, chunk});
     return;
   }
   if (!last_micro_batch_ || dp_->size() == 1) return;

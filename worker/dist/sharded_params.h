@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -109,6 +110,9 @@ class ShardedParams final : public ParamSource {
   absl::Status WaitAll();
   void LaunchReady(int group);
   void StartGather(int group);
+  // Adds the finished reduce-scatters' results into the owned gradient chunks, in launch order;
+  // with `wait`, waits for all of them. Training thread only.
+  void AccumulateReduced(bool wait);
   void UpdateTransient(int64_t delta);  // any thread
   size_t NewTimelineSlot();
   void MarkDone(size_t slot);  // any thread
@@ -130,6 +134,16 @@ class ShardedParams final : public ParamSource {
   std::vector<std::vector<int>> buckets_;
   std::vector<int> bucket_pending_;
   std::vector<AsyncRunner::Work> in_flight_;
+  // Stages 2–3: a group's reduce-scatter, whose result the communication thread leaves in this
+  // rank's slice of the staging buffer. The training thread adds it into the owned chunk: the
+  // chunk is device memory on a GPU backend, and the Backend is used from this thread only.
+  struct PendingGradient {
+    AsyncRunner::Work work;
+    std::shared_ptr<Buffer<float>> staging;
+    float* owned;
+    int64_t chunk;
+  };
+  std::deque<PendingGradient> pending_;  // in launch order
   bool last_micro_batch_ = true;
   int64_t exposed_ns_ = 0;
   std::atomic<int64_t> transient_{0};
