@@ -83,21 +83,28 @@ __device__ void TransformRow(T* row, int64_t n, F&& f) {
 }
 
 // Running softmax denominator: s = Σ exp(x − m) over the values seen, m their max. A state that
-// has seen only −∞ is (−∞, 0); guarding it avoids exp(−∞ − (−∞)) = NaN.
+// has seen only −∞ is (−∞, 0); guarding it avoids exp(−∞ − (−∞)) = NaN. fmaxf skips NaN, so a
+// NaN seen while m is still −∞ is kept as s = NaN (the state (−∞, NaN)), and the loss is NaN
+// as the CPU reference's is.
 struct MaxSum {
   float m, s;
 };
 
 __device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};
+  if (m == -INFINITY) return {m, a.s + b.s};  // each s is 0 or NaN here
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
 __device__ __forceinline__ void Absorb(MaxSum& state, const float* x, int count) {
   float m = state.m;
   for (int i = 0; i < count; ++i) m = fmaxf(m, x[i]);
-  if (m == -INFINITY) return;
+  if (m == -INFINITY) {
+    for (int i = 0; i < count; ++i) {
+      if (isnan(x[i])) state.s = NAN;
+    }
+    return;
+  }
   float s = state.s * expf(state.m - m);
   for (int i = 0; i < count; ++i) s += expf(x[i] - m);
   state = {m, s};
