@@ -359,7 +359,9 @@ class CudaBackend final : public Backend {
         cudaFree(s.ptr);
         s = Block{};
       }
-      const size_t grown = std::max(bytes, s.bytes * 2);
+      // The exact size: shapes repeat every step, so growth stops within the first one, and
+      // rounding up could waste as much as the largest use (the LM head's weight copy).
+      const size_t grown = bytes;
       if (cudaMalloc(&s.ptr, grown) != cudaSuccess) {
         Run(absl::ResourceExhaustedError(absl::StrCat("scratch of ", grown, " bytes")));
         s.ptr = nullptr;
