@@ -31,19 +31,21 @@ void KvSpace::Open(const std::string& prefix) {
   spaces_.try_emplace(prefix);
 }
 
-void KvSpace::Close(const std::string& prefix) {
+std::function<void()> KvSpace::CloseDeferred(const std::string& prefix) {
   std::vector<Waiter> waiters;
   {
     absl::MutexLock lock(&mu_);
     auto it = spaces_.find(prefix);
-    if (it == spaces_.end()) return;
+    if (it == spaces_.end()) return [] {};
     waiters = std::move(it->second.waiters);
     spaces_.erase(it);
   }
-  for (Waiter& waiter : waiters) {
-    waiter.done(
-        absl::FailedPreconditionError(absl::StrCat("the attempt of '", waiter.key, "' has ended")));
-  }
+  return [waiters = std::move(waiters)]() mutable {
+    for (Waiter& waiter : waiters) {
+      waiter.done(absl::FailedPreconditionError(
+          absl::StrCat("the attempt of '", waiter.key, "' has ended")));
+    }
+  };
 }
 
 absl::Status KvSpace::Set(const std::string& key, std::string value) {

@@ -45,7 +45,11 @@ class KvSpace {
 
   void Open(const std::string& prefix);
   // Drops the space; its waiters get FAILED_PRECONDITION.
-  void Close(const std::string& prefix);
+  void Close(const std::string& prefix) { CloseDeferred(prefix)(); }
+  // Drops the space at once (every later Set and Get is refused) and returns what fails its
+  // waiters, for a caller that must not run callbacks under its own lock: the attempt's end
+  // becomes visible together with its space's closing, never before it.
+  [[nodiscard]] std::function<void()> CloseDeferred(const std::string& prefix);
 
   // INVALID_ARGUMENT for a malformed or oversized key/value, FAILED_PRECONDITION when the key's
   // space is not open, RESOURCE_EXHAUSTED past the per-space limits.

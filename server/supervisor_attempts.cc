@@ -199,7 +199,9 @@ void Supervisor::StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
 void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
   JobRecord& job = entry.job;
   const std::string prefix = KvSpace::PrefixFor(job.id, attempt.attempt_id);
-  txn.after.push_back([kv = kv_, prefix] { kv->Close(prefix); });
+  // Closed now, under the supervisor's lock, so that no one sees the attempt ended while its
+  // space still takes writes; its waiters are answered after the lock is released.
+  txn.after.push_back(kv_->CloseDeferred(prefix));
   FailJoinWaitersLocked(txn, entry, absl::FailedPreconditionError("the attempt has ended"));
   attempt.finished = clock_->Now();
   TouchAttempt(txn, entry, attempt);

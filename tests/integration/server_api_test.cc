@@ -84,6 +84,18 @@ class ServerApiTest : public ::testing::Test {
     return reply;
   }
 
+  // Polls until the job is in `state`, for up to 30 s: on a loaded two-core machine the
+  // supervisor can take seconds to act on the exits a test reports. Returns the last reply.
+  v1::GetJobReply WaitForState(const std::string& id, v1::JobState state) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    v1::GetJobReply reply = GetJob(id);
+    while (reply.job().state() != state && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      reply = GetJob(id);
+    }
+    return reply;
+  }
+
   // Connects the fake agent and takes the StartWorker orders of `world` ranks of `job`.
   void StartAgent(int slots) {
     agent_ = std::make_unique<FakeAgent>(server_->channel(), "node-a", slots);
@@ -235,9 +247,7 @@ TEST_F(ServerApiTest, KeyValueSpaceLongPollsAndEndsWithTheAttempt) {
 
   agent_->Exited(job, 1, 0, 0, 0);
   agent_->Exited(job, 1, 1, 0, 0);
-  for (int i = 0; i < 100 && GetJob(job).job().state() != v1::JOB_STATE_SUCCEEDED; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  ASSERT_EQ(WaitForState(job, v1::JOB_STATE_SUCCEEDED).job().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(workers_->KvSet(Deadline(5).get(), set, &set_reply).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
@@ -311,10 +321,7 @@ TEST_F(ServerApiTest, CancelStopsWorkersWithTheGracePeriod) {
   EXPECT_EQ(Report(job, 1, 2).order(), v1::ORDER_STOP);
   agent_->Exited(job, 1, 0, 0, SIGTERM);
   agent_->Exited(job, 1, 1, 0, SIGKILL);
-  for (int i = 0; i < 100 && GetJob(job).job().state() != v1::JOB_STATE_CANCELLED; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  v1::GetJobReply cancelled = GetJob(job);
+  v1::GetJobReply cancelled = WaitForState(job, v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(cancelled.job().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(cancelled.attempts(0).state(), v1::ATTEMPT_STATE_CANCELLED);
   // Cancelling a finished job that did not end cancelled is refused; cancelling again is fine.
@@ -333,10 +340,7 @@ TEST_F(ServerApiTest, FailedRankRestartsThenFailsNamingRankNodeAndLog) {
     EXPECT_THAT(stop->stop().ranks(), ElementsAre(0));
     agent_->Exited(job, attempt, 0, 0, SIGTERM);
   }
-  for (int i = 0; i < 100 && GetJob(job).job().state() != v1::JOB_STATE_FAILED; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  v1::GetJobReply failed = GetJob(job);
+  v1::GetJobReply failed = WaitForState(job, v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed.job().state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed.job().restarts(), 1);
   EXPECT_THAT(failed.job().message(), HasSubstr("rank 1 on node-a"));
