@@ -104,24 +104,31 @@ absl::Status WaitReady(ncclComm_t comm, Clock::time_point deadline, const char* 
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, cudaStream_t stream,
-                   std::chrono::milliseconds timeout)
+  // `producer` is the stream whose work writes the buffers handed to this communicator (the
+  // backend's); `stream` and `ready` belong to the communicator, which destroys them.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, cudaStream_t producer,
+                   cudaStream_t stream, cudaEvent_t ready, std::chrono::milliseconds timeout)
       : comm_(comm),
         rank_(rank),
         size_(size),
         device_(device),
+        producer_(producer),
         stream_(stream),
+        ready_(ready),
         timeout_(timeout),
         copier_(MakeCudaDeviceCopier(stream)) {}
 
   ~NcclCommunicator() override {
-    if (comm_ == nullptr) return;
     cudaSetDevice(device_);
-    if (aborted_.load() || !Finalize()) {
-      AbortComm("");
-    } else {
-      ncclCommDestroy(comm_);
+    if (comm_ != nullptr) {
+      if (aborted_.load() || !Finalize()) {
+        AbortComm("");
+      } else {
+        ncclCommDestroy(comm_);
+      }
     }
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
   }
 
   const char* engine() const override { return "nccl"; }
@@ -264,6 +271,13 @@ class NcclCommunicator final : public Communicator {
           absl::StrCat(what, ": bad count, root or peer for rank ", rank_, " of ", size_));
     }
     TY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // The operation runs on this communicator's own stream, after everything the producer stream
+    // has queued so far (which includes whatever wrote its buffers). Groups issued from
+    // different threads (data-parallel reductions from the communication thread, tensor- and
+    // pipeline-parallel ones from the training thread) thus never queue behind each other's NCCL
+    // kernels on one stream, which could deadlock across ranks that issued them in other orders.
+    TY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, producer_));
+    TY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, ready_, 0));
     return absl::OkStatus();
   }
 
@@ -362,7 +376,9 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;  // null once aborted; touched only by the issuing thread
   const int rank_, size_, device_;
-  cudaStream_t stream_;
+  cudaStream_t producer_;  // the backend's stream: not owned
+  cudaStream_t stream_;    // owned: where this communicator's NCCL kernels run
+  cudaEvent_t ready_;      // owned: marks the producer's work an operation waits for
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<DeviceCopier> copier_;
   std::atomic<bool> aborted_{false};  // set by Abort(), from any thread
@@ -404,22 +420,40 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KeyValueStore& store,
   const Clock::time_point deadline = Clock::now() + timeout;
   int device = 0;
   TY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  TY_ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(store, group, rank, timeout));
+  cudaStream_t own_stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  TY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own_stream, cudaStreamNonBlocking));
+  if (const cudaError_t err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      err != cudaSuccess) {
+    cudaStreamDestroy(own_stream);
+    return kernels::cuda::CudaError(err, "cudaEventCreateWithFlags", __FILE__, __LINE__);
+  }
+  auto release = [&] {
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(own_stream);
+  };
+  absl::StatusOr<ncclUniqueId> exchanged = ExchangeUniqueId(store, group, rank, timeout);
+  if (!exchanged.ok()) {
+    release();
+    return exchanged.status();
+  }
+  const ncclUniqueId id = *exchanged;
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  absl::Status ready = (started == ncclSuccess || started == ncclInProgress)
-                           ? WaitReady(comm, deadline, "ncclCommInitRankConfig")
-                           : NcclStatus(started, "ncclCommInitRankConfig");
-  if (!ready.ok()) {
+  absl::Status ready_status = (started == ncclSuccess || started == ncclInProgress)
+                                  ? WaitReady(comm, deadline, "ncclCommInitRankConfig")
+                                  : NcclStatus(started, "ncclCommInitRankConfig");
+  if (!ready_status.ok()) {
     if (comm != nullptr) ncclCommAbort(comm);
-    return Annotate(
-        ready, absl::StrCat("connecting NCCL group '", group, "' as rank ", rank, " of ", size));
+    release();
+    return Annotate(ready_status, absl::StrCat("connecting NCCL group '", group, "' as rank ", rank,
+                                               " of ", size));
   }
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(comm, rank, size, device, stream, timeout));
+      new NcclCommunicator(comm, rank, size, device, stream, own_stream, ready, timeout));
 }
 
 }  // namespace trainyard::worker::dist

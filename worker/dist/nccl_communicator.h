@@ -1,13 +1,16 @@
 // The NCCL engine: the Communicator for GPU ranks, one rank per device (CUDA builds only).
 //
 // Buffers are device memory of the device that was current at ConnectNccl; host buffers (such
-// as AllReduceDouble's) are staged through a device scratch buffer. Every operation is enqueued
-// on the communicator's stream after the work already there, and waited for: the call returns
-// when the result is in place. Waiting polls the stream and NCCL's asynchronous error state
-// against a deadline; when the deadline passes, the communicator is aborted (ncclCommAbort,
-// which also stops the stuck kernels) and the operation fails with DEADLINE_EXCEEDED; a peer's
-// failure reported by NCCL fails it with UNAVAILABLE. After either, or after Abort(), every
-// operation fails with ABORTED: the communicator is finished.
+// as AllReduceDouble's) are staged through a device scratch buffer. `stream` passed to
+// ConnectNccl is the producer: the stream whose kernels write the buffers (the backend's). Each
+// operation runs on a stream the communicator owns, ordered after everything queued on the
+// producer so far (an event), and is waited for: the call returns when the result is in place,
+// so work the caller queues afterwards sees it. One stream per communicator keeps groups used
+// from different threads from queueing behind each other's NCCL kernels. Waiting polls the stream
+// and NCCL's asynchronous error state against a deadline; when the deadline passes, the
+// communicator is aborted (ncclCommAbort, which also stops the stuck kernels) and the operation
+// fails with DEADLINE_EXCEEDED; a peer's failure reported by NCCL fails it with UNAVAILABLE. After
+// either, or after Abort(), every operation fails with ABORTED: the communicator is finished.
 //
 // Tags are ignored: NCCL matches point-to-point transfers by peer pair in issue order, which is
 // how the pipeline uses them (each pair of stages exchanges in one agreed order). A Send or
