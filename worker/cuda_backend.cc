@@ -51,8 +51,14 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     TY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
     be->device_name_ = prop.name;
-    // A blocking stream: work on the legacy default stream (host-staging copies) waits for it.
+    // A blocking stream, so that stray work on the legacy default stream is ordered with it too.
     TY_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&be->stream_));
+    // Keep freed memory in the pool rather than returning it to the driver at each sync.
+    cudaMemPool_t pool = nullptr;
+    TY_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, options.device));
+    uint64_t keep = UINT64_MAX;
+    TY_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     TY_ASSIGN_OR_RETURN(be->gemm_, kc::Gemm::Create());
     return std::unique_ptr<Backend>(std::move(be));
   }
@@ -318,12 +324,15 @@ class CudaBackend final : public Backend {
     if (err != cudaSuccess) Run(kc::CudaError(err, what, __FILE__, __LINE__));
   }
 
+  // Stream-ordered allocation from the device's pool: freeing a buffer (ZeRO's transient
+  // gathers and staging, activations on a shape change) neither waits for the stream nor
+  // synchronises the device, and the memory is reused after the work queued before the free.
   void* Alloc(int64_t bytes) {
     if (bytes <= 0) return nullptr;
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
+    const cudaError_t err = cudaMallocAsync(&p, bytes, stream_);
     if (err != cudaSuccess) {
-      Record(err, absl::StrCat("cudaMalloc of ", bytes, " bytes").c_str());
+      Record(err, absl::StrCat("cudaMallocAsync of ", bytes, " bytes").c_str());
       return nullptr;
     }
     Record(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
@@ -331,10 +340,7 @@ class CudaBackend final : public Backend {
   }
   std::function<void(void*)> Free() {
     cudaStream_t stream = stream_;
-    return [stream](void* p) {
-      cudaStreamSynchronize(stream);  // no queued kernel may still use it
-      cudaFree(p);
-    };
+    return [stream](void* p) { cudaFreeAsync(p, stream); };
   }
   void ToDevice(void* dst, const void* src, int64_t bytes) {
     if (bytes > 0) Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "H2D");

@@ -1,8 +1,8 @@
 // The CUDA backend: activations in bf16 (or fp32, for checking against the CPU reference),
 // parameters, gradients and optimizer state in fp32, GEMMs through cuBLASLt, everything else
-// through the kernels in kernels/cuda. All work is queued on one stream the backend owns; the
-// stream is a blocking one, so copies on the legacy default stream (host staging for
-// collectives) are ordered after it.
+// through the kernels in kernels/cuda. All work is queued on one stream the backend owns
+// (CudaStreamOf); collectives order themselves after it (the staging copier copies on it, NCCL
+// waits for an event recorded on it). Memory comes from the device's stream-ordered pool.
 #ifndef TRAINYARD_WORKER_CUDA_BACKEND_H_
 #define TRAINYARD_WORKER_CUDA_BACKEND_H_
 
