@@ -6,7 +6,8 @@ Usage: torch_gpu_kernels.py [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b
 
 Every case of bench/gpu_kernel_cases.cc under the same name, shape and work count, timed the
 same way (torch.cuda.Event pairs around each rep, the L2 cache flushed before each, median of
-the reps after a warm-up). Prints the same fixed-width table and, with --json, one JSON line per
+the reps after a warm-up; the GPU is also kept busy for a moment before each rep's first
+event, so that Python's launch overhead is not counted as kernel time). Prints the same fixed-width table and, with --json, one JSON line per
 row: {"engine": "pytorch", "case": "model/kernel", ..., "median_ms", "tflops" | "gbps"}.
 
 The counterparts (bf16 activations, fp32 parameters and statistics):
@@ -52,6 +53,7 @@ SMOKE = {
                      vocab=300, layers=2, max_seq=64, ce_rows=32),
 }
 EPS = 1e-5
+SLEEP_CYCLES = 2_000_000
 AB, FB = 2, 4  # bytes of a bf16 activation, of an fp32 value (the counts assume bf16 storage)
 
 
@@ -118,6 +120,10 @@ class Env:
                 if prepare:
                     prepare()
                 self.flush.fill_(i & 0xFF)
+                # Keeps the GPU busy (~1 ms) while Python queues the op, so that the events
+                # time the kernels and not the interpreter's launch overhead.
+                if hasattr(torch.cuda, "_sleep"):
+                    torch.cuda._sleep(SLEEP_CYCLES)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
                     enable_timing=True)
                 start.record()
