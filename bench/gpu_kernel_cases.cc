@@ -106,9 +106,9 @@ absl::Status Attention(const BenchModel& m, Pass pass, const CaseContext& ctx, R
   return absl::InternalError("unknown pass");
 }
 
-// LayerNorm (with bias) when `layer_norm`, RMSNorm otherwise, over the batch's token rows.
-absl::Status Norm(const BenchModel& m, bool layer_norm, bool with_backward, const CaseContext& ctx,
-                  Row* row) {
+// Forward then backward of LayerNorm (with bias) when `layer_norm`, RMSNorm otherwise, over the
+// batch's token rows.
+absl::Status Norm(const BenchModel& m, bool layer_norm, const CaseContext& ctx, Row* row) {
   const int64_t rows = m.batch * m.seq, c = m.config.width;
   row->shape = absl::StrCat(rows, " x ", c);
   TY_ASSIGN_OR_RETURN(DeviceBuffer x, Act(ctx, rows * c, 3));
@@ -127,7 +127,7 @@ absl::Status Norm(const BenchModel& m, bool layer_norm, bool with_backward, cons
   // forward: x, params in; out, stats out. backward: dout, x, weight, stats in; dx, params out.
   const double forward_bytes = 2.0 * rows * c * kAb + params * c * kFb + stats * rows * kFb;
   const double backward_bytes = 3.0 * rows * c * kAb + (1 + params) * c * kFb + stats * rows * kFb;
-  row->bytes = with_backward ? forward_bytes + backward_bytes : forward_bytes;
+  row->bytes = forward_bytes + backward_bytes;
   auto forward = [&] {
     return layer_norm ? kernels::cuda::LayerNormForward(ctx.stream, kAct, out.get(), mean.f32(),
                                                         rstd.f32(), x.get(), w.f32(), b.f32(), rows,
@@ -143,14 +143,13 @@ absl::Status Norm(const BenchModel& m, bool layer_norm, bool with_backward, cons
                                                        dout.get(), x.get(), w.f32(), rstd.f32(),
                                                        rows, c, scratch.f32());
   };
-  if (!with_backward) return Measure(ctx, row, forward);
   return Measure(ctx, row, [&]() -> absl::Status {
     TY_RETURN_IF_ERROR(forward());
     return backward();
   });
 }
 
-absl::Status Gelu(const BenchModel& m, bool with_backward, const CaseContext& ctx, Row* row) {
+absl::Status Gelu(const BenchModel& m, const CaseContext& ctx, Row* row) {
   const int64_t rows = m.batch * m.seq, f = m.config.ffn_hidden, n = rows * f;
   row->shape = absl::StrCat(rows, " x ", f);
   TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, n, 7));
@@ -158,18 +157,14 @@ absl::Status Gelu(const BenchModel& m, bool with_backward, const CaseContext& ct
   TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(n * kAb));
   TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(n * kAb));
   // forward: inp in, out out; backward: dout and inp in, dinp out.
-  row->bytes = (with_backward ? 5.0 : 2.0) * n * kAb;
-  auto forward = [&] {
-    return kernels::cuda::GeluForward(ctx.stream, kAct, out.get(), inp.get(), n);
-  };
-  if (!with_backward) return Measure(ctx, row, forward);
+  row->bytes = 5.0 * n * kAb;
   return Measure(ctx, row, [&]() -> absl::Status {
-    TY_RETURN_IF_ERROR(forward());
+    TY_RETURN_IF_ERROR(kernels::cuda::GeluForward(ctx.stream, kAct, out.get(), inp.get(), n));
     return kernels::cuda::GeluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), n);
   });
 }
 
-absl::Status Swiglu(const BenchModel& m, bool with_backward, const CaseContext& ctx, Row* row) {
+absl::Status Swiglu(const BenchModel& m, const CaseContext& ctx, Row* row) {
   const int64_t rows = m.batch * m.seq, f = m.config.ffn_hidden;
   row->shape = absl::StrCat(rows, " x 2*", f, " -> ", f);
   TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, rows * 2 * f, 9));
@@ -177,13 +172,10 @@ absl::Status Swiglu(const BenchModel& m, bool with_backward, const CaseContext& 
   TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(rows * f * kAb));
   TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(rows * 2 * f * kAb));
   // forward: inp (2f) in, out (f) out; backward: dout (f) and inp (2f) in, dinp (2f) out.
-  row->bytes = (with_backward ? 3.0 + 5.0 : 3.0) * rows * f * kAb;
-  auto forward = [&] {
-    return kernels::cuda::SwigluForward(ctx.stream, kAct, out.get(), inp.get(), rows, f);
-  };
-  if (!with_backward) return Measure(ctx, row, forward);
+  row->bytes = (3.0 + 5.0) * rows * f * kAb;
   return Measure(ctx, row, [&]() -> absl::Status {
-    TY_RETURN_IF_ERROR(forward());
+    TY_RETURN_IF_ERROR(
+        kernels::cuda::SwigluForward(ctx.stream, kAct, out.get(), inp.get(), rows, f));
     return kernels::cuda::SwigluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), rows,
                                          f);
   });
@@ -337,15 +329,12 @@ std::vector<Case> CasesFor(const BenchModel& model) {
       {"attention fwd", [m](X x, Row* r) { return Attention(m, Pass::kForward, x, r); }},
       {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, x, r); }},
       {"attention fwd+bwd", [m](X x, Row* r) { return Attention(m, Pass::kBoth, x, r); }},
-      {norm + " fwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, false, x, r); }},
-      {norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, true, x, r); }},
+      {norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, x, r); }},
   };
   if (gpt2) {
-    cases.push_back({"gelu fwd", [m](X x, Row* r) { return Gelu(m, false, x, r); }});
-    cases.push_back({"gelu fwd+bwd", [m](X x, Row* r) { return Gelu(m, true, x, r); }});
+    cases.push_back({"gelu fwd+bwd", [m](X x, Row* r) { return Gelu(m, x, r); }});
   } else {
-    cases.push_back({"swiglu fwd", [m](X x, Row* r) { return Swiglu(m, false, x, r); }});
-    cases.push_back({"swiglu fwd+bwd", [m](X x, Row* r) { return Swiglu(m, true, x, r); }});
+    cases.push_back({"swiglu fwd+bwd", [m](X x, Row* r) { return Swiglu(m, x, r); }});
   }
   cases.push_back({"cross-entropy fwd+bwd", [m](X x, Row* r) { return CrossEntropy(m, x, r); }});
   // The optimizer over GPT-2 124M's parameters (the AdamW case).

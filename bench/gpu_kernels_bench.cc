@@ -1,6 +1,6 @@
 // Times Trainyard's CUDA kernels at the shapes of a GPT-2 124M (16 × 1024 tokens) and a Llama 1B
-// (4 × 2048 tokens) training step, and prints a fixed-width table; with --json, one JSON line
-// per row after it. bench/torch_gpu_kernels.py prints the same rows for PyTorch and
+// (4 × 2048 tokens) training step, and prints a fixed-width table; with --json, each row is
+// followed by its JSON line. bench/torch_gpu_kernels.py prints the same rows for PyTorch and
 // bench/run_gpu_vs_torch.sh puts the two side by side.
 //
 //   trainyard-bench-gpu-kernels [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b]
@@ -104,12 +104,11 @@ int main(int argc, char** argv) {
         cudaGetLastError();
       }
       bench::PrintTableRow(row);
+      // Each row's JSON right after it, so that a run stopped early still reports what it did.
+      if (flags.json) bench::PrintJsonRow("trainyard", row);
       std::fflush(stdout);
       rows.push_back(row);
     }
-  }
-  if (flags.json) {
-    for (const bench::Row& row : rows) bench::PrintJsonRow("trainyard", row);
   }
   gemm->reset();
   cudaStreamDestroy(stream);

@@ -5,10 +5,11 @@ Usage: torch_gpu_kernels.py [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b
                             [--only SUBSTRING] [--json] [--cpu-smoke]
 
 Every case of bench/gpu_kernel_cases.cc under the same name, shape and work count, timed the
-same way (torch.cuda.Event pairs around each rep, the L2 cache flushed before each, median of
-the reps after a warm-up; the GPU is also kept busy for a moment before each rep's first
-event, so that Python's launch overhead is not counted as kernel time). Prints the same fixed-width table and, with --json, one JSON line per
-row: {"engine": "pytorch", "case": "model/kernel", ..., "median_ms", "tflops" | "gbps"}.
+same way: torch.cuda.Event pairs around each rep, the L2 cache flushed before each, median of
+the reps after a warm-up (the GPU is also kept busy for a moment before each rep's first event,
+so that Python's launch overhead is not counted as kernel time). Prints the same fixed-width
+table and, with --json, each row followed by its JSON line:
+{"engine": "pytorch", "case": "model/kernel", ..., "median_ms", "tflops" | "gbps"}.
 
 The counterparts (bf16 activations, fp32 parameters and statistics):
   attention      F.scaled_dot_product_attention(is_causal=True) under
@@ -16,8 +17,8 @@ The counterparts (bf16 activations, fp32 parameters and statistics):
                  [b, t, (h + 2kv)·d] tensor, as the model holds them. GQA through enable_gqa=True;
                  should the flash backend refuse it, k and v are repeat_interleave'd to h heads
                  before the timing (the header line says which ran).
-  norms, GELU,   torch.compile'd functions (fp32 arithmetic on bf16 storage), forward alone and
-  SwiGLU, CE     forward + backward through autograd (torch.autograd.grad).
+  norms, GELU,   torch.compile'd functions (fp32 arithmetic on bf16 storage), forward then
+  SwiGLU, CE     backward through autograd (torch.autograd.grad).
   cross-entropy  compiled F.cross_entropy(logits.float(), targets, reduction="sum") / rows and
                  its gradient, which PyTorch writes to a new bf16 tensor (ours is in place).
   AdamW          torch.optim.AdamW(fused=True) over GPT-2 124M's tensors (fp32), decay on the
@@ -192,7 +193,8 @@ def probe_gqa(env, ctx):
     k, v = env.randn(1, 2, 128, 64, grad=True), env.randn(1, 2, 128, 64, grad=True)
     try:
         with ctx():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out.sum().backward()
         return "enable_gqa"
     except (RuntimeError, TypeError) as e:
         sys.stderr.write("torch_gpu_kernels: flash SDPA refused enable_gqa (%s); k and v are "
@@ -200,12 +202,12 @@ def probe_gqa(env, ctx):
         return "repeat_interleave"
 
 
-def norm(env, m, layer_norm, backward):
+def norm(env, m, layer_norm):
+    """Forward then backward of LayerNorm (with bias) or RMSNorm over the batch's token rows."""
     rows, c = m["batch"] * m["seq"], m["width"]
-    x = env.randn(rows, c, grad=backward)
-    dout = env.randn(rows, c)
-    w = env.randn(c, dtype=torch.float32, grad=backward)
-    b = env.randn(c, dtype=torch.float32, grad=backward)
+    x, dout = env.randn(rows, c, grad=True), env.randn(rows, c)
+    w = env.randn(c, dtype=torch.float32, grad=True)
+    b = env.randn(c, dtype=torch.float32, grad=True)
     act = env.act
 
     if layer_norm:
@@ -221,39 +223,27 @@ def norm(env, m, layer_norm, backward):
     params, stats = (2, 2) if layer_norm else (1, 1)
     fwd_bytes = 2.0 * rows * c * AB + params * c * FB + stats * rows * FB
     bwd_bytes = 3.0 * rows * c * AB + (1 + params) * c * FB + stats * rows * FB
-    shape = "%d x %d" % (rows, c)
-    if not backward:
-        with torch.no_grad():
-            return shape, 0, fwd_bytes, env.time(lambda: fn(*inputs))
-    return shape, 0, fwd_bytes + bwd_bytes, env.time(
+    return "%d x %d" % (rows, c), 0, fwd_bytes + bwd_bytes, env.time(
         lambda: torch.autograd.grad(fn(*inputs), inputs, dout))
 
 
-def gelu(env, m, backward):
+def gelu(env, m):
     rows, f = m["batch"] * m["seq"], m["ffn"]
-    x, dout = env.randn(rows, f, grad=backward), env.randn(rows, f)
+    x, dout = env.randn(rows, f, grad=True), env.randn(rows, f)
     fn = env.compile(lambda x: F.gelu(x, approximate="tanh"))
-    n = rows * f
-    shape = "%d x %d" % (rows, f)
-    if not backward:
-        with torch.no_grad():
-            return shape, 0, 2.0 * n * AB, env.time(lambda: fn(x))
-    return shape, 0, 5.0 * n * AB, env.time(lambda: torch.autograd.grad(fn(x), (x,), dout))
+    return "%d x %d" % (rows, f), 0, 5.0 * rows * f * AB, env.time(
+        lambda: torch.autograd.grad(fn(x), (x,), dout))
 
 
-def swiglu(env, m, backward):
+def swiglu(env, m):
     rows, f = m["batch"] * m["seq"], m["ffn"]
-    x, dout = env.randn(rows, 2 * f, grad=backward), env.randn(rows, f)
+    x, dout = env.randn(rows, 2 * f, grad=True), env.randn(rows, f)
 
     def swiglu_fn(x):
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
     fn = env.compile(swiglu_fn)
-    shape = "%d x 2*%d -> %d" % (rows, f, f)
-    if not backward:
-        with torch.no_grad():
-            return shape, 0, 3.0 * rows * f * AB, env.time(lambda: fn(x))
-    return shape, 0, 8.0 * rows * f * AB, env.time(
+    return "%d x 2*%d -> %d" % (rows, f, f), 0, 8.0 * rows * f * AB, env.time(
         lambda: torch.autograd.grad(fn(x), (x,), dout))
 
 
@@ -336,14 +326,11 @@ def cases_for(m):
         ("attention fwd", lambda e: attention(e, m, "fwd")),
         ("attention bwd", lambda e: attention(e, m, "bwd")),
         ("attention fwd+bwd", lambda e: attention(e, m, "both")),
-        (nm + " fwd", lambda e: norm(e, m, gpt2, False)),
-        (nm + " fwd+bwd", lambda e: norm(e, m, gpt2, True)),
+        (nm + " fwd+bwd", lambda e: norm(e, m, gpt2)),
+        ("gelu fwd+bwd", lambda e: gelu(e, m)) if gpt2 else
+        ("swiglu fwd+bwd", lambda e: swiglu(e, m)),
+        ("cross-entropy fwd+bwd", lambda e: cross_entropy(e, m)),
     ]
-    act = "gelu" if gpt2 else "swiglu"
-    act_fn = gelu if gpt2 else swiglu
-    cases += [(act + " fwd", lambda e: act_fn(e, m, False)),
-              (act + " fwd+bwd", lambda e: act_fn(e, m, True)),
-              ("cross-entropy fwd+bwd", lambda e: cross_entropy(e, m))]
     if gpt2:
         cases.append(("adamw step", lambda e: adamw(e, m)))
     cases += [
@@ -424,10 +411,9 @@ def main():
                                                             "median ms", "min ms", "achieved"))
                 header_done = True
             print(table_row(row), flush=True)
+            if args.json:  # right after its row, so that a run stopped early still reports
+                print(json.dumps(row), flush=True)
             rows.append(row)
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
     return 1 if any("error" in r for r in rows) else 0
 
 

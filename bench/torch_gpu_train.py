@@ -83,7 +83,8 @@ def gqa_supported(device):
         k = torch.randn(1, 2, 128, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(1, 2, 128, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out.sum().backward()
         return True
     except (RuntimeError, TypeError):
         return False
