@@ -26,7 +26,6 @@
 namespace trainyard::bench {
 namespace {
 
-using kernels::cuda::Gemm;
 using kernels::cuda::GemmEpilogue;
 
 constexpr DType kAct = DType::kBF16;
