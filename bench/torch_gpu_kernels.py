@@ -16,7 +16,7 @@ The counterparts (bf16 activations, fp32 parameters and statistics):
                  sdpa_kernel(SDPBackend.FLASH_ATTENTION); q, k, v are strided views of one packed
                  [b, t, (h + 2kv)·d] tensor, as the model holds them. GQA through enable_gqa=True;
                  should the flash backend refuse it, k and v are repeat_interleave'd to h heads
-                 before the timing (the header line says which ran).
+                 before the timing (the last line, and the rows' "gqa" key, say which ran).
   norms, GELU,   torch.compile'd functions (fp32 arithmetic on bf16 storage), forward then
   SwiGLU, CE     backward through autograd (torch.autograd.grad).
   cross-entropy  compiled F.cross_entropy(logits.float(), targets, reduction="sum") / rows and
@@ -150,7 +150,7 @@ def attention(env, m, mode):
     q, k, v = view(0, h), view(h, kv), view(h + kv, kv)
     dout = env.randn(b, h, t, d)
     sdpa_fn, ctx = sdpa(env, h, kv)
-    if env.gqa_mode == "repeat_interleave":
+    if h != kv and env.gqa_mode == "repeat_interleave":
         k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
     q, k, v = q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     fwd_flop = 2.0 * b * h * t * t * d
@@ -166,10 +166,12 @@ def attention(env, m, mode):
 
 
 def sdpa(env, h, kv):
-    """(attention function, context manager factory); sets env.gqa_mode once."""
+    """(attention function, context manager factory). For GQA (h != kv) it also settles, once,
+    env.gqa_mode: "enable_gqa" or "repeat_interleave" (k and v expanded by the caller)."""
     import contextlib
     if not hasattr(F, "scaled_dot_product_attention"):  # old torch (the CPU smoke run)
-        env.gqa_mode = "repeat_interleave"
+        if h != kv:
+            env.gqa_mode = "repeat_interleave"
 
         def math_attention(q, k, v):
             scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5)
@@ -180,11 +182,13 @@ def sdpa(env, h, kv):
 
     def ctx():
         return sdpa_kernel(SDPBackend.MATH if env.smoke else SDPBackend.FLASH_ATTENTION)
-    if env.gqa_mode is None:
-        env.gqa_mode = "none (h == kv)" if h == kv else probe_gqa(env, ctx)
-    gqa = env.gqa_mode == "enable_gqa" and h != kv
-    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                           enable_gqa=gqa)), ctx
+    if h != kv and env.gqa_mode is None:
+        env.gqa_mode = probe_gqa(env, ctx)
+    gqa = h != kv and env.gqa_mode == "enable_gqa"
+    if gqa:
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               enable_gqa=True)), ctx
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), ctx
 
 
 def probe_gqa(env, ctx):
@@ -353,7 +357,7 @@ def table_row(row):
                                                     row["median_ms"], row["min_ms"], achieved)
 
 
-def run_case(env, name, kernel, fn):
+def run_case(env, name, m, kernel, fn):
     row = {"engine": "pytorch", "case": "%s/%s" % (name, kernel), "model": name,
            "kernel": kernel, "shape": ""}
     try:
@@ -365,7 +369,7 @@ def run_case(env, name, kernel, fn):
         return row
     row.update(shape=shape, median_ms=median, min_ms=least, reps=env.reps, flop=flop,
                bytes=nbytes)
-    if kernel.startswith("attention"):
+    if kernel.startswith("attention") and m["heads"] != m["kv_heads"]:
         row["gqa"] = env.gqa_mode
     if flop > 0:
         row["tflops"] = flop / (median / 1e3) / 1e12
@@ -393,27 +397,24 @@ def main():
     env = Env(args)
     models = SMOKE if args.cpu_smoke else MODELS
     device = "cpu" if args.cpu_smoke else torch.cuda.get_device_name(0)
+    print("# device: %s; torch %s; median of %d reps after %d warm-up, L2 flushed before each"
+          % (device, torch.__version__, args.reps, args.warmup))
+    print("%-10s %-22s %-34s %10s %10s %12s" % ("model", "kernel", "shape", "median ms",
+                                                "min ms", "achieved"))
     rows = []
-    header_done = False
     for name, m in models.items():
         if args.model and name != args.model:
             continue
         for kernel, fn in cases_for(m):
             if args.only not in "%s/%s" % (name, kernel):
                 continue
-            row = run_case(env, name, kernel, fn)
-            if not header_done:
-                # After the first case, so that the GQA mode is known when attention ran first.
-                print("# device: %s; torch %s; median of %d reps after %d warm-up, L2 flushed "
-                      "before each; GQA: %s" % (device, torch.__version__, args.reps,
-                                                args.warmup, env.gqa_mode or "n/a"))
-                print("%-10s %-22s %-34s %10s %10s %12s" % ("model", "kernel", "shape",
-                                                            "median ms", "min ms", "achieved"))
-                header_done = True
+            row = run_case(env, name, m, kernel, fn)
             print(table_row(row), flush=True)
             if args.json:  # right after its row, so that a run stopped early still reports
                 print(json.dumps(row), flush=True)
             rows.append(row)
+    if env.gqa_mode:
+        print("# grouped-query attention ran with %s" % env.gqa_mode)
     return 1 if any("error" in r for r in rows) else 0
 
 
