@@ -204,7 +204,10 @@ __device__ __forceinline__ void FillRowIndexTile(float* tile) {
 
 // rows[i] = the tile row that x[i] of any accumulator holds: loading a tile whose entries are
 // their own row indices reveals the fragment layout without depending on it, which lets a warp
-// rescale accumulator rows in registers (the online softmax's correction).
+// rescale accumulator rows in registers (the online softmax's correction). Sound because an
+// accumulator type has one element distribution within a kernel: a loaded accumulator is a valid
+// C operand of mma_sync (whatever the memory layout it was loaded with), and mma_sync's result is
+// in turn a valid C operand (the c = A·B + c loop), so loaded and computed fragments agree.
 template <typename T>
 __device__ __forceinline__ void RowsOfAcc(int (&rows)[TileMma<T>::Acc::num_elements],
                                           const float* index_tile) {
