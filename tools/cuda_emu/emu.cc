@@ -5,6 +5,10 @@
 
 #include <sys/mman.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -93,7 +97,8 @@ struct BlockRun {
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;
-  std::vector<void*> stacks;  // reused across blocks and launches
+  std::vector<void*> stacks;          // reused across blocks and launches
+  std::vector<const void*> poisoned;  // static shared arrays poisoned in this block
 };
 
 thread_local BlockRun* g_run = nullptr;
@@ -153,6 +158,7 @@ void RunBlock(BlockRun& run, int threads) {
   }
   run.block = Barrier{};
   run.block.live = threads;
+  run.poisoned.clear();
   while (static_cast<int>(run.stacks.size()) < threads) {
     void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -163,6 +169,10 @@ void RunBlock(BlockRun& run, int threads) {
     Fiber& f = run.fibers[i];
     f.tid = make_uint3(i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y));
     f.stack = run.stacks[i];
+#if defined(__SANITIZE_ADDRESS__)
+    // A finished fiber never returned from its frames, whose redzones are still poisoned.
+    ASAN_UNPOISON_MEMORY_REGION(f.stack, kStackBytes);
+#endif
     // The first switch to the fiber pops six zero registers and returns into FiberMain, with
     // the stack aligned as after a call (FiberMain never returns).
     void** sp = reinterpret_cast<void**>(static_cast<char*>(f.stack) + kStackBytes);
@@ -248,6 +258,14 @@ cudaError_t LaunchBlocks(dim3 grid, dim3 block, size_t dynamic_smem, const void*
 
 unsigned char* DynamicShared() { return g_run->smem; }
 
+void PoisonShared(void* array, size_t bytes) {
+  for (const void* p : g_run->poisoned) {
+    if (p == array) return;
+  }
+  g_run->poisoned.push_back(array);
+  std::memset(array, 0xFF, bytes);
+}
+
 int LaneId() { return ThreadIndex() % 32; }
 
 const uint64_t* WarpExchange(uint64_t value, unsigned mask) {
@@ -307,8 +325,13 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
-  *ptr = std::aligned_alloc(256, (size + 255) / 256 * 256);
-  return *ptr != nullptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+  // Exactly `size` bytes (256-aligned like the device's), so that a sanitizer build catches
+  // any access past the end.
+  if (posix_memalign(ptr, 256, size) != 0) {
+    *ptr = nullptr;
+    return Fail(cudaErrorMemoryAllocation);
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
 cudaError_t cudaFree(void* ptr) {

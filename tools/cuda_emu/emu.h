@@ -39,8 +39,13 @@ namespace trainyard::emu {
 cudaError_t LaunchBlocks(dim3 grid, dim3 block, size_t dynamic_smem, const void* kernel,
                          const std::function<void()>& body);
 
-// The block's dynamic shared memory (extern __shared__), 128-byte aligned.
+// The block's dynamic shared memory (extern __shared__), 128-byte aligned, poisoned (0xFF
+// bytes, NaN in fp32 and bf16) at the start of every block.
 unsigned char* DynamicShared();
+
+// Fills a static __shared__ array with 0xFF bytes the first time a thread of the current block
+// reaches its declaration (translate.py calls it right after each one).
+void PoisonShared(void* array, size_t bytes);
 
 // Warp collectives: the calling lane publishes `bytes` of `value`, waits for every live lane of
 // its warp, and gets back the slot array of the warp (32 slots of 8 bytes) valid until the

@@ -134,7 +134,14 @@ def translate(src, name):
         r"\1* \2 = reinterpret_cast<\1*>(::trainyard::emu::DynamicShared());",
         s,
     )
-    # One block runs at a time and its threads share these: function statics serve.
+    # One block runs at a time and its threads share these: function statics serve. Arrays are
+    # poisoned (NaN) when a block first reaches them, so reading what no thread of the block
+    # wrote fails as it would on the device, rather than seeing the previous block's values.
+    s = re.sub(
+        r"\b__shared__\s+([^;{}()]+?)\s+(\w+)\s*(\[[^;]*\])\s*;",
+        r"static \1 \2\3; ::trainyard::emu::PoisonShared(\2, sizeof(\2));",
+        s,
+    )
     s = re.sub(r"\b__shared__\b", "static", s)
     s = re.sub(r"\b__align__\s*\(([^)]*)\)", r"__attribute__((aligned(\1)))", s)
     s = remove_call(s, "__launch_bounds__")
