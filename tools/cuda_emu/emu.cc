@@ -256,6 +256,14 @@ cudaError_t LaunchBlocks(dim3 grid, dim3 block, size_t dynamic_smem, const void*
   return cudaSuccess;
 }
 
+void Misaligned(const char* type, const void* p, size_t alignment) {
+  char what[200];
+  std::snprintf(what, sizeof(what),
+                "misaligned address: %p accessed as %s (needs %zu-byte alignment)", p, type,
+                alignment);
+  Fatal(what);
+}
+
 unsigned char* DynamicShared() { return g_run->smem; }
 
 void PoisonShared(void* array, size_t bytes) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 // The built-in variables of the running (emulated) thread.
@@ -63,6 +64,18 @@ void Launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, void (*kernel)(Par
     std::tuple<std::decay_t<Params>...> mine = params;
     std::apply(kernel, mine);
   });
+}
+
+// A reinterpret_cast to a pointer to a vector type (uint4, float4, ...), which the device can
+// only access at its natural alignment: aborts, naming the type, when `p` is misaligned, like
+// the device's misaligned-address fault. translate.py routes the casts that are
+// dereferenced at once here.
+[[noreturn]] void Misaligned(const char* type, const void* p, size_t alignment);
+template <typename P, typename Q>
+P AlignedCast(Q* p) {
+  using T = std::remove_cv_t<std::remove_pointer_t<P>>;
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) Misaligned(typeid(T).name(), p, alignof(T));
+  return reinterpret_cast<P>(p);
 }
 
 template <typename T>

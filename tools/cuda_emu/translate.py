@@ -148,6 +148,14 @@ def translate(src, name):
     s = re.sub(r"\b__forceinline__\b", "inline", s)
     s = re.sub(r"\b(__global__|__device__|__host__|__noinline__)[ \t]*", "", s)
     s = re.sub(r"\b__restrict__\b", "__restrict", s)
+    # Vector accesses fault on the device when misaligned; the emulator checks the casts that
+    # are dereferenced on the spot (a cast pointer kept for later may legally be misaligned
+    # when it is never used, e.g. an empty run of packs).
+    s = re.sub(
+        r"(?<=\*)reinterpret_cast<(\s*(?:const\s+)?(?:u?int|float|double|u?short|u?char)[1-4]\s*\*\s*)>",
+        r"::trainyard::emu::AlignedCast<\1>",
+        s,
+    )
     s = rewrite_launches(s)
     return f'#include "tools/cuda_emu/emu.h"\n#line 1 "{name}"\n' + s
 

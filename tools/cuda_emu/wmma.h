@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -23,6 +25,17 @@ struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
 namespace detail {
+// What the WMMA API requires of every tile pointer and leading dimension.
+template <typename T>
+void CheckTile(const T* p, unsigned ld) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || ld * sizeof(T) % 16 != 0) {
+    std::fprintf(stderr,
+                 "cuda_emu: wmma tile at %p with ld %u: needs 32-byte alignment and a "
+                 "leading dimension of a multiple of 16 bytes\n",
+                 static_cast<const void*>(p), ld);
+    std::abort();
+  }
+}
 inline float F(float x) { return x; }
 inline float F(__nv_bfloat16 x) {  // exact: a bf16 is the top half of an fp32
   uint16_t h;
@@ -49,6 +62,7 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float v) {
 template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ld) {
   constexpr bool kCol = std::is_same_v<Layout, col_major>;
+  detail::CheckTile(p, ld);
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) f.x[16 * r + c] = kCol ? p[c * ld + r] : p[r * ld + c];
   }
@@ -56,6 +70,7 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
                              unsigned ld, layout_t layout) {
+  detail::CheckTile(p, ld);
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) {
       f.x[16 * r + c] = layout == mem_col_major ? p[c * ld + r] : p[r * ld + c];
@@ -65,6 +80,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ld, layout_t layout) {
+  detail::CheckTile(p, ld);
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < 16; ++c) {
       (layout == mem_col_major ? p[c * ld + r] : p[r * ld + c]) = f.x[16 * r + c];
