@@ -9,12 +9,15 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <vector>
 
 thread_local uint3 threadIdx;
@@ -97,8 +100,10 @@ struct BlockRun {
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;
-  std::vector<void*> stacks;          // reused across blocks and launches
-  std::vector<const void*> poisoned;  // static shared arrays poisoned in this block
+  std::vector<void*> stacks;  // reused across blocks and launches
+  std::vector<const void*> poisoned;
+  std::vector<int> order;  // the order in which the scheduler visits the threads  // static shared
+                           // arrays poisoned in this block
 };
 
 thread_local BlockRun* g_run = nullptr;
@@ -183,14 +188,24 @@ void RunBlock(BlockRun& run, int threads) {
   }
   if (run.smem != nullptr) std::memset(run.smem, 0xFF, run.smem_storage.size() - 128);
   // Threads run in index order in some blocks and in reverse order in others, so that a
-  // missing barrier shows up whichever of two threads is meant to go first.
+  // missing barrier shows up whichever of two threads is meant to go first. With
+  // TRAINYARD_CUDA_EMU_SHUFFLE=<seed>, every block runs its threads in a random order instead.
   static thread_local uint64_t block_count = 0;
-  const bool reverse = (block_count++ & 1) != 0;
+  static const char* const shuffle_seed = std::getenv("TRAINYARD_CUDA_EMU_SHUFFLE");
+  static thread_local std::mt19937_64 rng(shuffle_seed ? std::strtoull(shuffle_seed, nullptr, 10)
+                                                       : 0);
+  std::vector<int>& order = run.order;
+  order.resize(threads);
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffle_seed != nullptr) {
+    std::shuffle(order.begin(), order.end(), rng);
+  } else if ((block_count++ & 1) != 0) {
+    std::reverse(order.begin(), order.end());
+  }
   int remaining = threads;
   while (remaining > 0) {
     const uint64_t before = run.progress;
-    for (int k = 0; k < threads; ++k) {
-      const int i = reverse ? threads - 1 - k : k;
+    for (const int i : order) {
       Fiber& f = run.fibers[i];
       if (f.done) continue;
       run.current = i;
