@@ -57,8 +57,7 @@ class CudaBackend final : public Backend {
     cudaMemPool_t pool = nullptr;
     TY_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, options.device));
     uint64_t keep = UINT64_MAX;
-    TY_CUDA_RETURN_IF_ERROR(
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    TY_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     TY_ASSIGN_OR_RETURN(be->gemm_, kc::Gemm::Create());
     return std::unique_ptr<Backend>(std::move(be));
   }

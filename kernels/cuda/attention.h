@@ -32,10 +32,9 @@ absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out, 
 // deterministically: the same inputs give bit-identical gradients). `scratch` holds
 // FlashAttentionBackwardScratchBytes(dims, dtype) bytes (16-byte aligned); it is overwritten and
 // may be reused once the stream has passed this call.
-absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv,
-                                    const void* dout, const void* qkv, const void* out,
-                                    const float* lse, const AttentionDims& dims, void* scratch,
-                                    size_t scratch_bytes);
+absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv, const void* dout,
+                                    const void* qkv, const void* out, const float* lse,
+                                    const AttentionDims& dims, void* scratch, size_t scratch_bytes);
 // b·heads·t fp32 values (rowsum(dout ∘ out) per query row); dQ is accumulated on chip, so the
 // scratch does not grow with the head dim or the storage type.
 size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype);

@@ -5,9 +5,8 @@
 namespace trainyard::kernels::cuda {
 
 absl::Status CudaError(cudaError_t err, const char* expr, const char* file, int line) {
-  std::string message =
-      absl::StrCat(expr, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") at ",
-                   file, ":", line);
+  std::string message = absl::StrCat(expr, ": ", cudaGetErrorName(err), " (",
+                                     cudaGetErrorString(err), ") at ", file, ":", line);
   if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }

@@ -29,23 +29,22 @@ inline unsigned int BlocksFor(int64_t n, int threads) {
 
 }  // namespace trainyard::kernels::cuda
 
-#define TY_CUDA_RETURN_IF_ERROR(expr)                                                     \
-  do {                                                                                    \
-    const cudaError_t ty_cuda_err_ = (expr);                                              \
-    if (ty_cuda_err_ != cudaSuccess) {                                                    \
+#define TY_CUDA_RETURN_IF_ERROR(expr)                                                        \
+  do {                                                                                       \
+    const cudaError_t ty_cuda_err_ = (expr);                                                 \
+    if (ty_cuda_err_ != cudaSuccess) {                                                       \
       return ::trainyard::kernels::cuda::CudaError(ty_cuda_err_, #expr, __FILE__, __LINE__); \
-    }                                                                                     \
+    }                                                                                        \
   } while (false)
 
 // After a <<<...>>> launch: returns the launch error, if any.
-#define TY_CUDA_RETURN_IF_LAUNCH_FAILED(kernel_name)                                      \
-  do {                                                                                    \
-    absl::Status ty_launch_status_ =                                                      \
-        ::trainyard::kernels::cuda::LastLaunchStatus(kernel_name, __FILE__, __LINE__);    \
-    if (!ty_launch_status_.ok()) return ty_launch_status_;                                \
+#define TY_CUDA_RETURN_IF_LAUNCH_FAILED(kernel_name)                                   \
+  do {                                                                                 \
+    absl::Status ty_launch_status_ =                                                   \
+        ::trainyard::kernels::cuda::LastLaunchStatus(kernel_name, __FILE__, __LINE__); \
+    if (!ty_launch_status_.ok()) return ty_launch_status_;                             \
   } while (false)
 
-#define TY_REQUIRE(cond) \
-  TY_RETURN_IF_ERROR(::trainyard::kernels::cuda::Require((cond), #cond))
+#define TY_REQUIRE(cond) TY_RETURN_IF_ERROR(::trainyard::kernels::cuda::Require((cond), #cond))
 
 #endif  // TRAINYARD_KERNELS_CUDA_CHECK_H_

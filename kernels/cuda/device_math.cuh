@@ -66,15 +66,15 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 
 // Instantiates a launcher body for both storage types, dispatching on a runtime DType:
 //   TY_DISPATCH_DTYPE(dtype, T, { Kernel<T><<<...>>>(static_cast<T*>(p), ...); })
-#define TY_DISPATCH_DTYPE(dtype, T, ...)                                 \
-  do {                                                                   \
-    if ((dtype) == ::trainyard::DType::kBF16) {                          \
-      using T = ::trainyard::kernels::cuda::bf16;                        \
-      __VA_ARGS__                                                        \
-    } else {                                                             \
-      using T = float;                                                   \
-      __VA_ARGS__                                                        \
-    }                                                                    \
+#define TY_DISPATCH_DTYPE(dtype, T, ...)          \
+  do {                                            \
+    if ((dtype) == ::trainyard::DType::kBF16) {   \
+      using T = ::trainyard::kernels::cuda::bf16; \
+      __VA_ARGS__                                 \
+    } else {                                      \
+      using T = float;                            \
+      __VA_ARGS__                                 \
+    }                                             \
   } while (false)
 
 #endif  // TRAINYARD_KERNELS_CUDA_DEVICE_MATH_CUH_

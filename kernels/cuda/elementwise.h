@@ -28,8 +28,8 @@ absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_t
                      const void* src, int64_t n);
 // dbias[n] += Σ over rows of dout[m, n] (deterministic, fp32 accumulation); scratch holds
 // ColumnSumScratchFloats(m, n) floats.
-absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias,
-                                  const void* dout, int64_t m, int64_t n, float* scratch);
+absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias, const void* dout,
+                                  int64_t m, int64_t n, float* scratch);
 int64_t ColumnSumScratchFloats(int64_t m, int64_t n);
 // *result (device, fp64) = Σ x² in a fixed order (the same bits every run); scratch holds
 // SumOfSquaresScratchDoubles(n) doubles.

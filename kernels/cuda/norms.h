@@ -16,9 +16,9 @@
 namespace trainyard::kernels::cuda {
 
 // out = LN(inp) · weight + bias (bias may be null); mean, rstd: [rows] fp32.
-absl::Status LayerNormForward(cudaStream_t stream, DType dtype, void* out, float* mean,
-                              float* rstd, const void* inp, const float* weight, const float* bias,
-                              int64_t rows, int64_t c, float eps);
+absl::Status LayerNormForward(cudaStream_t stream, DType dtype, void* out, float* mean, float* rstd,
+                              const void* inp, const float* weight, const float* bias, int64_t rows,
+                              int64_t c, float eps);
 // sum = a + b (stored as dtype), out = LN(sum) · weight + bias: the residual add and the norm in
 // one pass over memory. The norm reads the stored (rounded) sum, so the result equals the
 // unfused Add then LayerNormForward. `sum` may alias `a` or `b` (the residual stream updated in
@@ -31,9 +31,9 @@ absl::Status AddLayerNormForward(cudaStream_t stream, DType dtype, void* sum, vo
 // bias gradients are deterministic (fixed-order reduction over rows, no atomics): `scratch` must
 // hold NormBackwardScratchFloats(rows, c) floats.
 absl::Status LayerNormBackward(cudaStream_t stream, DType dtype, void* dinp, float* dweight,
-                               float* dbias, const void* dout, const void* inp,
-                               const float* weight, const float* mean, const float* rstd,
-                               int64_t rows, int64_t c, float* scratch);
+                               float* dbias, const void* dout, const void* inp, const float* weight,
+                               const float* mean, const float* rstd, int64_t rows, int64_t c,
+                               float* scratch);
 
 // out = inp · rstd · weight with rstd = 1 / sqrt(mean(inp²) + eps); rstd: [rows].
 absl::Status RmsNormForward(cudaStream_t stream, DType dtype, void* out, float* rstd,
