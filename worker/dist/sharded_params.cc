@@ -216,7 +216,7 @@ void ShardedParams::AccumulateReduced(bool wait) {
       backend_->Add(p.owned, p.owned, reduced, p.chunk);
     }
     UpdateTransient(-4 * p.staging->size());
-    pending_.pop_front();  // frees the staging buffer after the queued Add (the deleter waits)
+    pending_.pop_front();  // frees the staging buffer, ordered after the queued Add
   }
 }
 
