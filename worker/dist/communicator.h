@@ -96,6 +96,39 @@ class Communicator {
   CommStats stats_;
 };
 
+// Base for engines whose native operations are the typed ones (NCCL, host staging): the fp32
+// overloads forward to them with DType::kF32.
+class TypedCommunicator : public Communicator {
+ public:
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::Recv;
+  using Communicator::ReduceScatter;
+  using Communicator::Send;
+  using Communicator::SendRecv;
+
+  absl::Status AllReduce(float* data, int64_t count) final {
+    return AllReduce(data, count, DType::kF32);
+  }
+  absl::Status ReduceScatter(const float* in, float* out, int64_t count) final {
+    return ReduceScatter(in, out, count, DType::kF32);
+  }
+  absl::Status AllGather(const float* in, float* out, int64_t count) final {
+    return AllGather(in, out, count, DType::kF32);
+  }
+  absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) final {
+    return Send(data, count, DType::kF32, peer, tag);
+  }
+  absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) final {
+    return Recv(data, count, DType::kF32, peer, tag);
+  }
+  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
+                        float* recv, int64_t recv_count, int recv_peer, uint32_t recv_tag) final {
+    return SendRecv(send, send_count, send_peer, send_tag, recv, recv_count, recv_peer, recv_tag,
+                    DType::kF32);
+  }
+};
+
 struct GlooOptions {
   std::string hostname = "127.0.0.1";  // the interface this rank listens on
   std::chrono::milliseconds timeout{30000};

@@ -102,7 +102,7 @@ absl::Status WaitReady(ncclComm_t comm, Clock::time_point deadline, const char* 
   }
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public TypedCommunicator {
  public:
   // `producer` is the stream whose work writes the buffers handed to this communicator (the
   // backend's); `stream` and `ready` belong to the communicator, which destroys them.
@@ -134,28 +134,6 @@ class NcclCommunicator final : public Communicator {
   const char* engine() const override { return "nccl"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-
-  absl::Status AllReduce(float* data, int64_t count) override {
-    return AllReduce(data, count, DType::kF32);
-  }
-  absl::Status ReduceScatter(const float* in, float* out, int64_t count) override {
-    return ReduceScatter(in, out, count, DType::kF32);
-  }
-  absl::Status AllGather(const float* in, float* out, int64_t count) override {
-    return AllGather(in, out, count, DType::kF32);
-  }
-  absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) override {
-    return Send(data, count, DType::kF32, peer, tag);
-  }
-  absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) override {
-    return Recv(data, count, DType::kF32, peer, tag);
-  }
-  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
-                        float* recv, int64_t recv_count, int recv_peer,
-                        uint32_t recv_tag) override {
-    return SendRecv(send, send_count, send_peer, send_tag, recv, recv_count, recv_peer, recv_tag,
-                    DType::kF32);
-  }
 
   absl::Status AllReduce(void* data, int64_t count, DType dtype) override {
     constexpr const char* kWhat = "nccl all-reduce";

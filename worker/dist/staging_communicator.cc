@@ -30,7 +30,7 @@ class HostCopier final : public DeviceCopier {
   const bool all_device_;
 };
 
-class StagingCommunicator final : public Communicator {
+class StagingCommunicator final : public TypedCommunicator {
  public:
   StagingCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<DeviceCopier> copier)
       : inner_(std::move(inner)),
@@ -40,28 +40,6 @@ class StagingCommunicator final : public Communicator {
   const char* engine() const override { return name_.c_str(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-
-  absl::Status AllReduce(float* data, int64_t count) override {
-    return AllReduce(data, count, DType::kF32);
-  }
-  absl::Status ReduceScatter(const float* in, float* out, int64_t count) override {
-    return ReduceScatter(in, out, count, DType::kF32);
-  }
-  absl::Status AllGather(const float* in, float* out, int64_t count) override {
-    return AllGather(in, out, count, DType::kF32);
-  }
-  absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) override {
-    return Send(data, count, DType::kF32, peer, tag);
-  }
-  absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) override {
-    return Recv(data, count, DType::kF32, peer, tag);
-  }
-  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
-                        float* recv, int64_t recv_count, int recv_peer,
-                        uint32_t recv_tag) override {
-    return SendRecv(send, send_count, send_peer, send_tag, recv, recv_count, recv_peer, recv_tag,
-                    DType::kF32);
-  }
 
   absl::Status AllReduce(void* data, int64_t count, DType dtype) override {
     return Run([&]() -> absl::Status {
