@@ -9,14 +9,15 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "tests/gpu/device_tensor.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace trainyard::kernels::cuda {
 namespace {
 
+using testing::DeviceInts;
 using testing::DeviceMemory;
 using testing::Download;
-using testing::RandomVector;
 using testing::RelativeError;
 using testing::Tolerance;
 using testing::Upload;
@@ -28,9 +29,7 @@ constexpr float kGradScale = 0.37f;
 
 // Logits as the device stores them: random, rounded to bf16 when the dtype is bf16.
 std::vector<float> RandomLogits(int64_t count, DType dtype, std::mt19937& rng) {
-  std::vector<float> logits = RandomVector(count, rng, 2.0f);
-  if (dtype == DType::kBF16) testing::RoundToBf16(logits);
-  return logits;
+  return testing::RandomActivation(count, dtype, rng, 2.0f);
 }
 
 // Targets in [0, vocab); with `foreign_fraction` > 0 some are −1 (another shard's).
@@ -42,18 +41,6 @@ std::vector<int32_t> RandomTargets(int64_t rows, int64_t vocab, double foreign_f
   for (int32_t& t : targets) t = foreign(rng) ? -1 : any(rng);
   return targets;
 }
-
-class DeviceInts {
- public:
-  explicit DeviceInts(const std::vector<int32_t>& host)
-      : mem_(static_cast<int64_t>(host.size() * sizeof(int32_t))) {
-    cudaMemcpy(mem_.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-  }
-  const int32_t* get() const { return mem_.as<int32_t>(); }
-
- private:
-  DeviceMemory mem_;
-};
 
 // Column k of a [rows, 3] stats tensor.
 std::vector<float> StatsColumn(const std::vector<float>& stats, int k) {

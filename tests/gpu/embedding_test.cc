@@ -15,6 +15,7 @@
 namespace trainyard::kernels::cuda {
 namespace {
 
+using testing::DeviceInts;
 using testing::DeviceMemory;
 using testing::Download;
 using testing::RandomVector;
@@ -46,19 +47,6 @@ std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, std::mt19937& rng) {
   return tokens;
 }
 
-// Token ids copied to the device.
-class DeviceTokens {
- public:
-  explicit DeviceTokens(const std::vector<int32_t>& tokens)
-      : mem_(static_cast<int64_t>(tokens.size() * sizeof(int32_t))) {
-    cudaMemcpy(mem_.get(), tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-  }
-  const int32_t* get() const { return mem_.as<int32_t>(); }
-
- private:
-  DeviceMemory mem_;
-};
-
 TEST(CudaEmbedding, ForwardMatchesCpu) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
@@ -67,7 +55,7 @@ TEST(CudaEmbedding, ForwardMatchesCpu) {
     const std::vector<int32_t> tokens = RandomTokens(n, s.vocab, rng);
     const std::vector<float> wte = RandomVector(s.vocab * s.c, rng);
     const std::vector<float> wpe = RandomVector(s.t * s.c, rng);
-    const DeviceTokens d_tokens(tokens);
+    const DeviceInts d_tokens(tokens);
     DeviceMemory d_wte(wte.size() * sizeof(float)), d_wpe(wpe.size() * sizeof(float));
     Upload(wte, DType::kF32, d_wte.get());
     Upload(wpe, DType::kF32, d_wpe.get());
@@ -98,7 +86,7 @@ struct Grads {
 
 Grads RunBackward(DType dtype, const Shape& s, const std::vector<float>& dwte0,
                   const std::vector<float>& dwpe0, const DeviceMemory& dout,
-                  const DeviceTokens& tokens, DeviceMemory& scratch) {
+                  const DeviceInts& tokens, DeviceMemory& scratch) {
   DeviceMemory dwte(dwte0.size() * sizeof(float)), dwpe(dwpe0.size() * sizeof(float));
   Upload(dwte0, DType::kF32, dwte.get());
   Upload(dwpe0, DType::kF32, dwpe.get());
@@ -122,7 +110,7 @@ TEST(CudaEmbedding, BackwardMatchesCpuAndIsDeterministic) {
   for (const Shape& s : kShapes) {
     const int64_t n = s.b * s.t;
     const std::vector<int32_t> tokens = RandomTokens(n, s.vocab, rng);
-    const DeviceTokens d_tokens(tokens);
+    const DeviceInts d_tokens(tokens);
     // Accumulated outputs start from the same nonzero values on both sides.
     const std::vector<float> dwte0 = RandomVector(s.vocab * s.c, rng);
     const std::vector<float> dwpe0 = RandomVector(s.t * s.c, rng);
@@ -165,7 +153,7 @@ TEST(CudaEmbedding, BackwardWithoutPositionTable) {
   std::vector<float> want = dwte0;
   cpu::EmbeddingBackward(want.data(), nullptr, dout.data(), tokens.data(), s.b, s.t, s.c);
 
-  const DeviceTokens d_tokens(tokens);
+  const DeviceInts d_tokens(tokens);
   DeviceMemory d_dout(dout.size() * sizeof(float)), dwte(dwte0.size() * sizeof(float));
   Upload(dout, DType::kF32, d_dout.get());
   Upload(dwte0, DType::kF32, dwte.get());
@@ -192,7 +180,7 @@ TEST(CudaEmbedding, BackwardIgnoresOutOfRangeTokens) {
   std::vector<float> want = dwte0;
   cpu::EmbeddingBackward(want.data(), nullptr, dout.data(), valid_tokens.data(), s.b, s.t, s.c);
 
-  const DeviceTokens d_tokens(tokens);
+  const DeviceInts d_tokens(tokens);
   DeviceMemory d_dout(dout.size() * sizeof(float)), dwte(dwte0.size() * sizeof(float));
   Upload(dout, DType::kF32, d_dout.get());
   Upload(dwte0, DType::kF32, dwte.get());

@@ -55,6 +55,19 @@ class DeviceMemory {
   int64_t bytes_;
 };
 
+// Token ids or targets copied to the device.
+class DeviceInts {
+ public:
+  explicit DeviceInts(const std::vector<int32_t>& host)
+      : mem_(static_cast<int64_t>(host.size() * sizeof(int32_t))) {
+    cudaMemcpy(mem_.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  const int32_t* get() const { return mem_.as<int32_t>(); }
+
+ private:
+  DeviceMemory mem_;
+};
+
 // Rounds every value to the nearest bf16 (what the device will see when the tensor is bf16).
 inline void RoundToBf16(std::vector<float>& v) {
   for (float& x : v) x = __bfloat162float(__float2bfloat16_rn(x));
