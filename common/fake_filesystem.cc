@@ -1,5 +1,10 @@
 // FakeFileSystem: the in-memory FileSystem declared in common/filesystem.h.
+#include <algorithm>
+#include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/filesystem.h"
@@ -52,6 +57,37 @@ absl::Status IsADirectory(const char* operation, const std::string& path) {
   return absl::FailedPreconditionError(absl::StrCat(operation, " ", path, ": Is a directory"));
 }
 
+absl::Status FileIsClosed(const char* operation, const std::string& path) {
+  return absl::FailedPreconditionError(absl::StrCat(operation, " ", path, ": file is closed"));
+}
+
+// Writes into the file's inode under the filesystem's mutex, so it keeps writing to the same file
+// after a rename, as a POSIX descriptor does.
+class FakeWritableFile : public WritableFile {
+ public:
+  FakeWritableFile(absl::Mutex* mu, std::shared_ptr<std::string> inode, std::string path)
+      : mu_(mu), inode_(std::move(inode)), path_(std::move(path)) {}
+
+  absl::Status Append(std::string_view data) override {
+    if (closed_) return FileIsClosed("write", path_);
+    absl::MutexLock lock(mu_);
+    inode_->append(data);
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override { return closed_ ? FileIsClosed("fsync", path_) : absl::OkStatus(); }
+  absl::Status Close() override {
+    if (closed_) return FileIsClosed("close", path_);
+    closed_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex* const mu_;
+  const std::shared_ptr<std::string> inode_;  // guarded by *mu_
+  const std::string path_;
+  bool closed_ = false;
+};
+
 }  // namespace
 
 bool FakeFileSystem::IsDirLocked(const std::string& path) const {
@@ -72,7 +108,7 @@ absl::StatusOr<std::string> FakeFileSystem::ReadFile(const std::string& path) {
   const std::string p = Normalize(path);
   absl::MutexLock lock(&mu_);
   auto it = files_.find(p);
-  if (it != files_.end()) return it->second;
+  if (it != files_.end()) return *it->second;
   if (IsDirLocked(p)) return IsADirectory("read", path);
   return NoSuchFile("open", path);
 }
@@ -82,7 +118,8 @@ absl::Status FakeFileSystem::WriteFileAtomic(const std::string& path, std::strin
   absl::MutexLock lock(&mu_);
   if (IsDirLocked(p)) return IsADirectory("write", path);
   TY_RETURN_IF_ERROR(CheckParentLocked(p));
-  files_[p] = std::string(data);
+  // A new inode, as rename(2) would give: a writer still open on the old file keeps writing there.
+  files_[p] = std::make_shared<std::string>(data);
   return absl::OkStatus();
 }
 
@@ -90,7 +127,7 @@ absl::StatusOr<uint64_t> FakeFileSystem::FileSize(const std::string& path) {
   const std::string p = Normalize(path);
   absl::MutexLock lock(&mu_);
   auto it = files_.find(p);
-  if (it != files_.end()) return static_cast<uint64_t>(it->second.size());
+  if (it != files_.end()) return static_cast<uint64_t>(it->second->size());
   if (IsDirLocked(p)) return IsADirectory("size of", path);
   return NoSuchFile("stat", path);
 }
@@ -154,7 +191,7 @@ absl::Status FakeFileSystem::RenameFile(const std::string& from, const std::stri
   auto file = files_.find(src);
   if (file != files_.end()) {
     if (IsDirLocked(dst)) return IsADirectory("rename to", to);
-    std::string data = std::move(file->second);
+    std::shared_ptr<std::string> data = std::move(file->second);
     files_.erase(file);
     files_[dst] = std::move(data);
     return absl::OkStatus();
@@ -173,7 +210,7 @@ absl::Status FakeFileSystem::RenameFile(const std::string& from, const std::stri
       return absl::FailedPreconditionError(absl::StrCat(what, ": destination not empty"));
   }
   auto moved = [&](const std::string& entry) { return dst + entry.substr(src.size()); };
-  std::map<std::string, std::string> files;
+  std::map<std::string, std::shared_ptr<std::string>> files;
   for (auto& [f, data] : files_) files[HasPrefixDir(f, src) ? moved(f) : f] = std::move(data);
   std::set<std::string> dirs;
   for (const std::string& d : dirs_) dirs.insert(d == src || HasPrefixDir(d, src) ? moved(d) : d);
@@ -186,6 +223,63 @@ absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> FakeFileSystem::MapReadOnly(
     const std::string& path) {
   TY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   return std::make_unique<CopiedRegion>(std::move(bytes));
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FakeFileSystem::NewWritableFile(
+    const std::string& path) {
+  const std::string p = Normalize(path);
+  absl::MutexLock lock(&mu_);
+  if (IsDirLocked(p)) return IsADirectory("create", path);
+  TY_RETURN_IF_ERROR(CheckParentLocked(p));
+  std::shared_ptr<std::string>& inode = files_[p];
+  // O_TRUNC keeps the inode: another writer open on it sees the truncation.
+  if (inode == nullptr) {
+    inode = std::make_shared<std::string>();
+  } else {
+    inode->clear();
+  }
+  return std::make_unique<FakeWritableFile>(&mu_, inode, path);
+}
+
+absl::Status FakeFileSystem::SyncDir(const std::string& path) {
+  const std::string p = Normalize(path);
+  absl::MutexLock lock(&mu_);
+  if (IsDirLocked(p)) return absl::OkStatus();
+  if (files_.count(p) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sync directory ", path, ": Not a directory"));
+  }
+  return NoSuchFile("sync directory", path);
+}
+
+bool FakeFileSystem::IsDirectory(const std::string& path) {
+  const std::string p = Normalize(path);
+  absl::MutexLock lock(&mu_);
+  return IsDirLocked(p);
+}
+
+absl::Status FakeFileSystem::RemoveDir(const std::string& path) {
+  const std::string p = Normalize(path);
+  absl::MutexLock lock(&mu_);
+  if (dirs_.count(p) == 0) {
+    if (IsDirLocked(p)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remove directory ", path, ": cannot remove the root"));
+    }
+    if (files_.count(p) > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remove directory ", path, ": Not a directory"));
+    }
+    return NoSuchFile("remove directory", path);
+  }
+  const auto inside = [&p](const std::string& entry) { return HasPrefixDir(entry, p); };
+  if (std::any_of(files_.begin(), files_.end(), [&](const auto& f) { return inside(f.first); }) ||
+      std::any_of(dirs_.begin(), dirs_.end(), inside)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remove directory ", path, ": Directory not empty"));
+  }
+  dirs_.erase(p);
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard

@@ -1,5 +1,5 @@
-// The POSIX FileSystem. Every syscall error is converted here, once, into a Status that names the
-// operation and the path.
+// The POSIX FileSystem, and RemoveRecursively (generic over FileSystem). Every syscall error is
+// converted here, once, into a Status that names the operation and the path.
 #include "common/filesystem.h"
 
 #include <dirent.h>
@@ -11,6 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -18,8 +23,18 @@
 namespace trainyard {
 namespace {
 
+// EIO becomes DATA_LOSS rather than absl's UNKNOWN: after a failed write or fsync the kernel may
+// already have dropped the dirty pages, so retrying the same call is wrong; the caller must
+// rewrite the data.
+absl::Status ErrnoError(int error, const std::string& message) {
+  if (error == EIO) {
+    return absl::DataLossError(absl::StrCat(message, ": Input/output error"));
+  }
+  return absl::ErrnoToStatus(error, message);
+}
+
 absl::Status PosixError(const char* operation, const std::string& path) {
-  return absl::ErrnoToStatus(errno, absl::StrCat(operation, " ", path));
+  return ErrnoError(errno, absl::StrCat(operation, " ", path));
 }
 
 // Owns a file descriptor.
@@ -80,7 +95,7 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status SyncDir(const std::string& dir) {
+absl::Status SyncDirectory(const std::string& dir) {
   ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return PosixError("open directory", dir);
   if (::fsync(fd.get()) != 0) return PosixError("fsync directory", dir);
@@ -94,6 +109,48 @@ absl::Status MakeDir(const std::string& path) {
   }
   return absl::OkStatus();
 }
+
+// fdatasync where the platform has it: it still flushes the file size, which is all a reader
+// needs, without the inode timestamps.
+int SyncFd(int fd) {
+#if defined(__linux__)
+  return ::fdatasync(fd);
+#else
+  return ::fsync(fd);
+#endif
+}
+
+// Appends go straight to write(2): callers append multi-MiB chunks, so a user-space buffer would
+// only add a copy.
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
+  absl::Status Append(std::string_view data) override {
+    TY_RETURN_IF_ERROR(CheckOpen("write"));
+    return WriteAll(fd_.get(), data, path_);
+  }
+
+  absl::Status Sync() override {
+    TY_RETURN_IF_ERROR(CheckOpen("fsync"));
+    if (SyncFd(fd_.get()) != 0) return PosixError("fsync", path_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    TY_RETURN_IF_ERROR(CheckOpen("close"));
+    return fd_.Close(path_);
+  }
+
+ private:
+  absl::Status CheckOpen(const char* operation) const {
+    if (fd_.valid()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(operation, " ", path_, ": file is closed"));
+  }
+
+  ScopedFd fd_;
+  const std::string path_;
+};
 
 class PosixFileSystem : public FileSystem {
  public:
@@ -166,8 +223,7 @@ class PosixFileSystem : public FileSystem {
     }
     const int read_errno = errno;
     ::closedir(dir);
-    if (read_errno != 0)
-      return absl::ErrnoToStatus(read_errno, absl::StrCat("list directory ", path));
+    if (read_errno != 0) return ErrnoError(read_errno, absl::StrCat("list directory ", path));
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -179,7 +235,7 @@ class PosixFileSystem : public FileSystem {
 
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("rename ", from, " to ", to));
+      return ErrnoError(errno, absl::StrCat("rename ", from, " to ", to));
     }
     return absl::OkStatus();
   }
@@ -199,22 +255,65 @@ class PosixFileSystem : public FileSystem {
     return std::make_unique<MappedRegion>(base, size);
   }
 
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("create", path);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  absl::Status SyncDir(const std::string& path) override { return SyncDirectory(path); }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  absl::Status RemoveDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) != 0) return PosixError("remove directory", path);
+    return absl::OkStatus();
+  }
+
  private:
   static absl::Status WriteAndRename(const std::string& temp, const std::string& path,
                                      std::string_view data) {
-    ScopedFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd.valid()) return PosixError("create", temp);
-    TY_RETURN_IF_ERROR(WriteAll(fd.get(), data, temp));
-    if (::fsync(fd.get()) != 0) return PosixError("fsync", temp);
-    TY_RETURN_IF_ERROR(fd.Close(temp));
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("create", temp);
+    PosixWritableFile file(fd, temp);
+    TY_RETURN_IF_ERROR(file.Append(data));
+    TY_RETURN_IF_ERROR(file.Sync());
+    TY_RETURN_IF_ERROR(file.Close());
     if (::rename(temp.c_str(), path.c_str()) != 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("rename ", temp, " to ", path));
+      return ErrnoError(errno, absl::StrCat("rename ", temp, " to ", path));
     }
-    return SyncDir(Dirname(path));
+    return SyncDirectory(Dirname(path));
   }
 };
 
+std::string ChildPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return absl::StrCat(dir, "/", name);
+}
+
 }  // namespace
+
+// Tries RemoveFile first, so that a symbolic link to a directory is removed, not followed (which
+// would delete the contents of the directory it points to). Unlinking a directory fails with
+// EISDIR (Linux) or EPERM (POSIX); any other failure is reported as it is.
+absl::Status RemoveRecursively(FileSystem& fs, const std::string& path) {
+  absl::Status removed = fs.RemoveFile(path);
+  if (removed.ok()) return removed;
+  const bool maybe_directory = removed.code() == absl::StatusCode::kFailedPrecondition ||
+                               removed.code() == absl::StatusCode::kPermissionDenied;
+  if (!maybe_directory || !fs.IsDirectory(path)) return removed;
+  TY_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(path));
+  for (const std::string& name : names) {
+    absl::Status child = RemoveRecursively(fs, ChildPath(path, name));
+    // Something else removed it meanwhile: the goal is reached.
+    if (!child.ok() && child.code() != absl::StatusCode::kNotFound) return child;
+  }
+  return fs.RemoveDir(path);
+}
 
 FileSystem* RealFileSystem() {
   static FileSystem* fs = new PosixFileSystem;

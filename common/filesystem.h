@@ -1,7 +1,8 @@
 // The filesystem seam: all file access in Trainyard goes through a FileSystem, so tests can swap
 // in an in-memory one (or a fault-injecting wrapper) for the real POSIX implementation.
 //
-// Errors: every failure names the path. A missing file or directory is NOT_FOUND; other
+// Errors: every failure names the path. A missing file or directory is NOT_FOUND; EIO is
+// DATA_LOSS (the kernel may have dropped the unwritten data, so retrying the call is wrong); other
 // operating-system errors keep the code that absl::ErrnoToStatus gives their errno
 // (PERMISSION_DENIED, RESOURCE_EXHAUSTED for a full disk, ...).
 //
@@ -35,6 +36,19 @@ class ReadOnlyRegion {
   virtual size_t size() const = 0;
 };
 
+// A file being written, from its start. Appended bytes may sit in the operating system's cache
+// until Sync; a crash before Sync may lose any of them (and, for a new file, its name until the
+// directory is synced: FileSystem::SyncDir). Not thread-safe: one writer at a time.
+class WritableFile {
+ public:
+  // Closes the file if Close was not called (errors are then lost).
+  virtual ~WritableFile() = default;
+  virtual absl::Status Append(std::string_view data) = 0;
+  // Makes every byte appended so far durable (fsync).
+  virtual absl::Status Sync() = 0;
+  virtual absl::Status Close() = 0;
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -66,7 +80,28 @@ class FileSystem {
 
   // Maps the file at `path` read-only. The file must not be truncated while mapped.
   virtual absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) = 0;
+
+  // Creates the file at `path` (truncating one that exists) for writing. The parent directory
+  // must exist. The new name is durable only once the parent directory is synced.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) = 0;
+
+  // Makes the entries of directory `path` durable (fsync of the directory): files created,
+  // renamed into or removed from it, and subdirectories created in it.
+  virtual absl::Status SyncDir(const std::string& path) = 0;
+
+  // True when `path` is a directory.
+  virtual bool IsDirectory(const std::string& path) = 0;
+
+  // Removes the empty directory `path`.
+  virtual absl::Status RemoveDir(const std::string& path) = 0;
 };
+
+// Removes `path` and, for a directory, everything under it, through `fs`. NOT_FOUND when nothing
+// is at `path`. A symbolic link is removed, not followed. Calls fs.RemoveFile on every entry
+// first, directories included (their "is a directory" failure is expected), so a fault-injecting
+// `fs` counts that call too.
+absl::Status RemoveRecursively(FileSystem& fs, const std::string& path);
 
 // The process-wide POSIX filesystem. Never null; never deleted.
 FileSystem* RealFileSystem();
@@ -74,6 +109,9 @@ FileSystem* RealFileSystem();
 // An in-memory filesystem for tests. Paths are plain strings (no "." or ".." resolution);
 // "", "/" and "." always exist as directories, as does the implicit parent of a path without a
 // slash. MapReadOnly returns a region holding its own copy, so later writes do not change it.
+// A WritableFile keeps writing to the file it opened after that file is renamed or replaced, as a
+// POSIX descriptor does; it must not outlive the FakeFileSystem. SyncDir checks only that the
+// directory exists.
 class FakeFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path) override;
@@ -85,13 +123,18 @@ class FakeFileSystem : public FileSystem {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RenameFile(const std::string& from, const std::string& to) override;
   absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  absl::Status SyncDir(const std::string& path) override;  // nothing to do in memory
+  bool IsDirectory(const std::string& path) override;
+  absl::Status RemoveDir(const std::string& path) override;
 
  private:
   bool IsDirLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckParentLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  // Path -> contents, shared with the WritableFiles open on it (the inode).
+  std::map<std::string, std::shared_ptr<std::string>> files_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
 };
 

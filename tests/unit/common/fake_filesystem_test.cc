@@ -1,3 +1,4 @@
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,32 @@ TEST(FakeFileSystemTest, ConcurrentWritersAllLand) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(fs.ListDir(".")->size(), 400u);
+}
+
+TEST(FakeFileSystemTest, WriterFollowsItsFileThroughRenameAndReplacement) {
+  FakeFileSystem fs;
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs.NewWritableFile("tmp");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->Append("before ").ok());
+  ASSERT_TRUE(fs.RenameFile("tmp", "final").ok());
+  ASSERT_TRUE((*file)->Append("after").ok());
+  EXPECT_EQ(*fs.ReadFile("final"), "before after");
+  EXPECT_FALSE(fs.Exists("tmp"));
+
+  // Replaced by WriteFileAtomic: the writer's bytes go to the old, now nameless, file.
+  ASSERT_TRUE(fs.WriteFileAtomic("final", "replacement").ok());
+  ASSERT_TRUE((*file)->Append(" lost").ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(*fs.ReadFile("final"), "replacement");
+}
+
+TEST(FakeFileSystemTest, RootsCannotBeRemoved) {
+  FakeFileSystem fs;
+  for (const char* root : {"/", ".", ""}) {
+    EXPECT_EQ(fs.RemoveDir(root).code(), absl::StatusCode::kFailedPrecondition) << root;
+    EXPECT_TRUE(fs.IsDirectory(root)) << root;
+    EXPECT_TRUE(fs.SyncDir(root).ok()) << root;
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -141,6 +142,51 @@ TEST_F(RealFileSystemTest, PermissionErrorsKeepTheirCode) {
   absl::Status s = fs_->ReadFile(path).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), path)) << s;
+}
+
+TEST_F(RealFileSystemTest, FullDiskIsResourceExhaustedAndNamesThePath) {
+  // Writes to /dev/full fail with ENOSPC.
+  const std::string full = "/dev/full";
+  if (::access(full.c_str(), W_OK) != 0) GTEST_SKIP() << "no writable " << full;
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(full);
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::Status s = (*file)->Append("checkpoint bytes");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), full)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "No space left on device")) << s;
+}
+
+TEST_F(RealFileSystemTest, NewWritableFileIsCreatedWithMode0644LessTheUmask) {
+  const mode_t umask_now = ::umask(0);
+  ::umask(umask_now);
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(Path("shard"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->Close().ok());
+  struct stat st;
+  ASSERT_EQ(::stat(Path("shard").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644 & ~umask_now);
+}
+
+TEST_F(RealFileSystemTest, WriterFollowsItsFileThroughARename) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(Path("tmp"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->Append("before ").ok());
+  ASSERT_TRUE(fs_->RenameFile(Path("tmp"), Path("final")).ok());
+  ASSERT_TRUE((*file)->Append("after").ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(*fs_->ReadFile(Path("final")), "before after");
+}
+
+TEST_F(RealFileSystemTest, RemoveRecursivelyRemovesASymlinkWithoutFollowingIt) {
+  ASSERT_TRUE(fs_->CreateDirs(Path("outside")).ok());
+  ASSERT_TRUE(fs_->WriteFileAtomic(Path("outside/precious"), "keep me").ok());
+  ASSERT_TRUE(fs_->CreateDirs(Path("ckpt")).ok());
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("ckpt/latest").c_str()), 0);
+  EXPECT_TRUE(fs_->IsDirectory(Path("ckpt/latest")));  // stat follows the link
+
+  ASSERT_TRUE(RemoveRecursively(*fs_, Path("ckpt")).ok());
+  EXPECT_FALSE(fs_->Exists(Path("ckpt")));
+  EXPECT_EQ(*fs_->ReadFile(Path("outside/precious")), "keep me");
 }
 
 }  // namespace
