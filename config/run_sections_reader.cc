@@ -47,12 +47,21 @@ absl::Status ReadResources(FieldReader& r, ResourcesSpec* res) {
 }
 
 absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
-  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"dir", "every_steps", "keep"}));
-  if (!r.Has("dir")) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"dir", "every_steps", "keep", "resume_from"}));
+  if (!r.Has("dir") && !r.Has("resume_from")) {
     return r.ErrorAt("dir", "required: where the job's checkpoints are written");
   }
   TY_RETURN_IF_ERROR(r.ReadString("dir", &c->dir));
-  if (c->dir.empty()) return r.ErrorAt("dir", "must not be empty");
+  if (r.Has("dir") && c->dir.empty()) return r.ErrorAt("dir", "must not be empty");
+  TY_RETURN_IF_ERROR(r.ReadString("resume_from", &c->resume_from));
+  if (r.Has("resume_from") && c->resume_from.empty()) {
+    return r.ErrorAt("resume_from", "must not be empty");
+  }
+  for (const char* field : {"every_steps", "keep"}) {
+    if (!r.Has("dir") && r.Has(field)) {
+      return r.ErrorAt(field, "needs checkpoint.dir: without it the job writes no checkpoints");
+    }
+  }
   TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("every_steps", &c->every_steps));
   TY_RETURN_IF_ERROR(r.ReadInt("keep", &c->keep));
   return absl::OkStatus();

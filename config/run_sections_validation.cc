@@ -129,10 +129,14 @@ Problem CheckConfinement(const JobSpec& spec, const SpecLimits& limits) {
       return Bad(field, *why);
     }
   }
-  if (spec.checkpoint.enabled()) {
+  const std::pair<const char*, const std::string*> checkpoint_paths[] = {
+      {"checkpoint.dir", &spec.checkpoint.dir},
+      {"checkpoint.resume_from", &spec.checkpoint.resume_from}};
+  for (const auto& [field, path] : checkpoint_paths) {
+    if (path->empty()) continue;
     if (std::optional<std::string> why =
-            FindConfinementProblem(spec.checkpoint.dir, limits.allowed_checkpoint_roots)) {
-      return Bad("checkpoint.dir", *why);
+            FindConfinementProblem(*path, limits.allowed_checkpoint_roots)) {
+      return Bad(field, *why);
     }
   }
   return std::nullopt;

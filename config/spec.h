@@ -93,12 +93,24 @@ struct ResourcesSpec {
 
 struct CheckpointSpec {
   std::string dir;  // where checkpoints are written; empty: the job does not checkpoint
-  // Steps between checkpoints; nullopt ("auto"): the coordinator's Young-Daly interval.
+  // Steps between checkpoints; nullopt ("auto"): kAutoCheckpointEverySteps until the
+  // coordinator's Young-Daly policy exists.
   std::optional<int64_t> every_steps;
   int keep = 3;  // committed checkpoints kept; older ones are deleted
+  // A checkpoint (or a checkpoint dir: its newest committed one) to start from when `dir` holds
+  // none yet, under any mesh.
+  std::string resume_from;
 
   bool enabled() const { return !dir.empty(); }
+  int64_t interval_steps() const;  // every_steps, or kAutoCheckpointEverySteps for auto
 };
+
+// The interval `checkpoint.every_steps: auto` stands for.
+inline constexpr int64_t kAutoCheckpointEverySteps = 100;
+
+inline int64_t CheckpointSpec::interval_steps() const {
+  return every_steps.value_or(kAutoCheckpointEverySteps);
+}
 
 struct FaultToleranceSpec {
   int max_restarts = 2;  // new attempts after failures before the job is FAILED
@@ -136,7 +148,7 @@ struct SpecLimits {
   // resolved against the current working directory, and ".." is normalised away, before the
   // comparison.
   std::vector<std::string> allowed_data_roots;
-  // checkpoint.dir must lie under one of these (same rules).
+  // checkpoint.dir and checkpoint.resume_from must lie under one of these (same rules).
   std::vector<std::string> allowed_checkpoint_roots;
 };
 

@@ -19,8 +19,10 @@
 #include "config/spec.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "worker/backend.h"
+#include "worker/checkpoint/reader.h"
+#include "worker/checkpoint/writer.h"
 #include "worker/grpc_kv_store.h"
-#include "worker/placement.h"
+#include "worker/parallel/placement.h"
 #include "worker/progress_reporter.h"
 #include "worker/trainer.h"
 
@@ -107,6 +109,20 @@ int ThreadsFor(const CoordinatedOptions& options, const config::JobSpec& spec) {
 
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
+v1::Checkpoint CheckpointRecord(const checkpoint::SaveOutcome& outcome, int attempt_id) {
+  v1::Checkpoint c;
+  c.set_step(outcome.step);
+  c.set_path(outcome.path);
+  c.set_written_unix_ms(absl::ToUnixMillis(outcome.finished));
+  c.set_state(outcome.committed ? v1::CHECKPOINT_STATE_COMMITTED : v1::CHECKPOINT_STATE_FAILED);
+  c.set_bytes(outcome.bytes);
+  c.set_write_seconds(outcome.write_seconds);
+  c.set_blocked_seconds(outcome.blocked_seconds);
+  c.set_message(outcome.message);
+  c.set_attempt_id(attempt_id);
+  return c;
+}
+
 }  // namespace
 
 bool IsCoordinatedInvocation(int argc, char** argv) {
@@ -177,6 +193,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
       grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args));
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
+  TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
   const int threads = ThreadsFor(options, spec);
   // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
   // has its own: NCCL between them.
@@ -205,11 +222,18 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
     rank.gloo.hostname = LocalHostname();
   }
   std::unique_ptr<ProgressChannel> channel = MakeGrpcProgressChannel(stub);
-  ProgressReporter reporter(
-      channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock());
+  std::atomic<bool> drain{false};
+  ProgressReporter reporter(channel.get(),
+                            WorkerIdentity{options.job_id, options.attempt_id, options.rank},
+                            RealClock(), absl::Milliseconds(500), absl::Minutes(10), &drain);
   TrainOptions train;
   train.progress = &std::cout;
   train.on_step = [&reporter](const StepReport& step) { return reporter.OnStep(step); };
+  train.stop_requested = &drain;
+  train.recorded_checkpoint = joined.resume_from().path();
+  train.on_checkpoint = [&reporter, &options](const checkpoint::SaveOutcome& outcome) {
+    reporter.AddCheckpoint(CheckpointRecord(outcome, options.attempt_id));
+  };
   TY_ASSIGN_OR_RETURN(const TrainResult result, TrainRank(spec, rank, *backend, train));
   if (options.rank == 0) PrintSummary(result);
   return absl::OkStatus();

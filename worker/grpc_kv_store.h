@@ -1,4 +1,4 @@
-// GrpcKeyValueStore: the rendezvous store (dist::KeyValueStore) of a worker run by the control
+// GrpcKeyValueStore: the rendezvous store (parallel::KeyValueStore) of a worker run by the control
 // plane, backed by the coordinator's WorkerService (KvSet, and KvGet long polls). Every key is
 // placed under the attempt's kv_prefix from Join, so attempts never see each other's keys.
 //
@@ -20,11 +20,11 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/trainyard.grpc.pb.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/kv_store.h"
 
 namespace trainyard::worker {
 
-class GrpcKeyValueStore : public dist::KeyValueStore {
+class GrpcKeyValueStore : public parallel::KeyValueStore {
  public:
   // `stub` is shared with the caller; `clock` (not owned) paces retries.
   GrpcKeyValueStore(std::shared_ptr<trainyard::v1::WorkerService::StubInterface> stub,

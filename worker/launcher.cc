@@ -15,8 +15,10 @@ namespace trainyard::worker {
 namespace {
 
 volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_drain_signal = 0;
 
 void OnStopSignal(int sig) { g_stop_signal = sig; }
+void OnDrainSignal(int) { g_drain_signal = 1; }
 
 absl::Status StatusForExit(int rank, int wstatus) {
   if (WIFSIGNALED(wstatus)) {
@@ -36,9 +38,11 @@ absl::Status StatusForExit(int rank, int wstatus) {
   }
 }
 
+// The ranks left when one failed or the launcher was interrupted: nothing they could still do
+// (a drain needs every rank) is worth waiting for, so SIGKILL.
 void StopAll(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
   for (pid_t pid : pids) {
-    if (pid > 0) kill(pid, SIGTERM);
+    if (pid > 0) kill(pid, SIGKILL);
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
   for (pid_t pid : pids) {
@@ -68,7 +72,10 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
   struct sigaction action {};
   action.sa_handler = OnStopSignal;
   sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  struct sigaction drain {};
+  drain.sa_handler = OnDrainSignal;
+  sigaction(SIGTERM, &drain, nullptr);
+  bool drain_forwarded = false;
 
   std::vector<pid_t> pids(options.world, -1);
   absl::Status status;
@@ -97,6 +104,13 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
     if (g_stop_signal != 0) {
       status = absl::CancelledError(absl::StrCat("stopped by signal ", g_stop_signal));
       break;
+    }
+    if (g_drain_signal != 0 && !drain_forwarded) {
+      // SIGTERM drains: every rank checkpoints at the same step and exits 0.
+      for (pid_t pid : pids) {
+        if (pid > 0) kill(pid, SIGTERM);
+      }
+      drain_forwarded = true;
     }
     int wstatus = 0;
     const pid_t pid = waitpid(-1, &wstatus, WNOHANG);

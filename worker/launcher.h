@@ -3,8 +3,9 @@
 //
 // Each child is this same binary, exec'd with an argv (no shell) and `--rank R --rendezvous DIR`,
 // sharing a file rendezvous store in a fresh temporary directory. The launcher waits for all of
-// them; when one fails it stops the others (SIGTERM, then SIGKILL after a grace period) so
-// nothing is left running, and reports the first failure.
+// them; when one fails (or the launcher gets SIGINT) it kills the others so nothing is left
+// running, and reports the first failure. SIGTERM to the launcher is passed on to every rank,
+// which drains (checkpoints at a step they agree on and exits 0).
 #ifndef TRAINYARD_WORKER_LAUNCHER_H_
 #define TRAINYARD_WORKER_LAUNCHER_H_
 

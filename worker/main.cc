@@ -2,12 +2,19 @@
 //
 //   trainyard-worker --standalone SPEC.yaml [--threads N]
 //
+// Run again after a crash, it continues from the newest committed checkpoint in checkpoint.dir.
+// SIGTERM drains: every rank stops at the same step boundary after a committed checkpoint, and
+// the process exits 0 (what a batch system's warning signal before a time limit needs).
+//
 // or, started by a node agent, as one rank of a job the coordinator runs (worker/coordinated.h):
 //
 //   trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R
 //
 // Exit codes: 0 trained to the end; 2 bad input (spec, data file, flags); 1 anything else.
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -26,10 +33,11 @@
 #include "common/status.h"
 #include "config/spec.h"
 #include "worker/backend.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/coordinated.h"
-#include "worker/dist/kv_store.h"
 #include "worker/launcher.h"
-#include "worker/placement.h"
+#include "worker/parallel/kv_store.h"
+#include "worker/parallel/placement.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -95,6 +103,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
+std::atomic<bool> g_drain_requested{false};
+
+void OnDrainSignal(int) { g_drain_requested.store(true); }
+
 // All ranks of a multi-rank spec as children of this process.
 absl::Status LaunchRanks(const Flags& flags, const config::JobSpec& spec) {
   const int world = spec.world_size();
@@ -119,6 +131,9 @@ absl::Status Run(int argc, char** argv) {
                       config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
   const int world = spec.world_size();
   const int rank = std::max(flags.rank, 0);
+  if (flags.rank < 0) {
+    TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
+  }
   SetLogContext(spec.name, rank);
   if (world > 1 && flags.rank < 0) {
     std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (dp %d)\n",
@@ -141,18 +156,22 @@ absl::Status Run(int argc, char** argv) {
                                  spec.training.steps, spec.training.batch, spec.training.seq_len,
                                  backend->name());
   }
-  std::unique_ptr<dist::KeyValueStore> store;
+  std::unique_ptr<parallel::KeyValueStore> store;
   RankContext context;
   context.rank = rank;
   context.collectives = placement.collectives;
   context.gloo.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
   if (!flags.rendezvous.empty()) {
-    store = dist::MakeFileKeyValueStore(flags.rendezvous);
+    store = parallel::MakeFileKeyValueStore(flags.rendezvous);
     context.store = store.get();
   }
+  struct sigaction drain {};
+  drain.sa_handler = OnDrainSignal;
+  sigaction(SIGTERM, &drain, nullptr);
   TrainOptions options;
   options.progress = &std::cout;
+  options.stop_requested = &g_drain_requested;
   TY_ASSIGN_OR_RETURN(TrainResult result, TrainRank(spec, context, *backend, options));
   if (rank == 0) PrintSummary(result);
   return absl::OkStatus();

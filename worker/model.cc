@@ -69,7 +69,7 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             dist::Communicator* tp, PipelineStage stage, bool sequence_parallel)
+             parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel)
     : config_(config),
       tp_(tp),
       sp_(sequence_parallel && tp != nullptr && tp->size() > 1),
@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
-                                                     dist::Communicator* tp, PipelineStage stage,
+                                                     parallel::Communicator* tp, PipelineStage stage,
                                                      bool sequence_parallel) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");

@@ -17,7 +17,7 @@
 #include "config/model_config.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
 #include "worker/parameters.h"
 
@@ -38,7 +38,7 @@ class Model {
   // the column-parallel matmuls and reduce-scattered after the row-parallel ones.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
                                                        Backend* backend, ParamSource* source,
-                                                       dist::Communicator* tp = nullptr,
+                                                       parallel::Communicator* tp = nullptr,
                                                        PipelineStage stage = {},
                                                        bool sequence_parallel = false);
   ~Model();
@@ -99,7 +99,7 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        dist::Communicator* tp, PipelineStage stage, bool sequence_parallel);
+        parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel);
   // Rows of the residual stream this rank holds for the current micro-batch.
   int64_t local_rows() const;
   absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
@@ -143,7 +143,7 @@ class Model {
   float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
-  dist::Communicator* tp_;
+  parallel::Communicator* tp_;
   bool sp_;  // sequence parallelism
   ParameterLayout layout_;
   LocalDims dims_;

@@ -1,7 +1,7 @@
 // ParamSource: where the model finds its parameters and puts its gradients, one ParamGroup at a
 // time. The model announces what it needs and when gradients are final; the source decides where
 // state lives: all local (LocalParamSource), or sharded over data-parallel ranks with its
-// collectives overlapped with the backward pass (dist::ShardedParams, ZeRO stages 0–3).
+// collectives overlapped with the backward pass (parallel::ShardedParams, ZeRO stages 0–3).
 //
 // Threading: called from the training thread only.
 #ifndef TRAINYARD_WORKER_PARAM_SOURCE_H_

@@ -95,6 +95,7 @@ class ParameterLayout {
   }
 
   int tp_size() const { return tp_size_; }
+  int tp_rank() const { return tp_rank_; }
   // Copies this rank's part of `t` from the full (unsharded) tensor `global` into `local`.
   void Slice(const ParamTensor& t, const float* global, float* local) const;
 

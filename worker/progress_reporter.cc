@@ -39,12 +39,19 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
 }
 
 ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
-                                   absl::Duration min_interval, absl::Duration orphan_timeout)
+                                   absl::Duration min_interval, absl::Duration orphan_timeout,
+                                   std::atomic<bool>* drain)
     : channel_(channel),
       identity_(std::move(identity)),
       clock_(clock),
       min_interval_(min_interval),
-      orphan_timeout_(orphan_timeout) {}
+      orphan_timeout_(orphan_timeout),
+      drain_(drain) {}
+
+void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
+  pending_checkpoints_.push_back(checkpoint);
+  if (checkpoint.state() == v1::CHECKPOINT_STATE_COMMITTED) last_committed_ = checkpoint;
+}
 
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
@@ -52,9 +59,9 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   tokens_ += step.tokens_per_second * step.step_seconds;
   if (step.val_loss) val_loss_ = step.val_loss;
   const int64_t now = clock_->NowNanosMonotonic();
-  const bool due = !last_report_nanos_ ||
-                   now - *last_report_nanos_ >= absl::ToInt64Nanoseconds(min_interval_) ||
-                   step.step >= step.total_steps || step.val_loss.has_value();
+  const bool due =
+      !last_report_nanos_ || now - *last_report_nanos_ >= absl::ToInt64Nanoseconds(min_interval_) ||
+      step.step >= step.total_steps || step.val_loss.has_value() || !pending_checkpoints_.empty();
   if (!due) return absl::OkStatus();
 
   v1::ProgressReport report;
@@ -72,6 +79,8 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     report.set_has_val_loss(true);
     report.set_val_loss(*val_loss_);
   }
+  for (const v1::Checkpoint& c : pending_checkpoints_) *report.add_checkpoints() = c;
+  if (!last_committed_.path().empty()) *report.mutable_last_checkpoint() = last_committed_;
   last_report_nanos_ = now;
   steps_ = 0;
   seconds_ = 0;
@@ -96,10 +105,16 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   }
   ++reports_sent_;
   unreachable_since_nanos_.reset();
+  pending_checkpoints_.erase(pending_checkpoints_.begin(),
+                             pending_checkpoints_.begin() + report.checkpoints_size());
   switch (reply->order()) {
     case v1::ORDER_STOP:
       return absl::CancelledError(absl::StrCat("stopped by the coordinator at step ", step.step));
     case v1::ORDER_DRAIN:
+      if (drain_ != nullptr) {
+        if (!drain_->exchange(true)) TY_LOG(INFO) << "drain ordered at step " << step.step;
+        return absl::OkStatus();
+      }
       return absl::CancelledError(absl::StrCat("drained by the coordinator at step ", step.step,
                                                " (this worker writes no checkpoints)"));
     default:

@@ -3,21 +3,28 @@
 // evaluated), with the step times averaged over the steps since the previous report, and obeys
 // the order in the reply.
 //
+// Checkpoint saves that ended (AddCheckpoint) make the next step's report due and ride along in
+// every report until one is answered.
+//
 // Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
-// goes on and the next report tries again); CANCELLED for ORDER_STOP and ORDER_DRAIN (this worker
-// writes no checkpoints, so a drain stops like a stop); ABORTED when the coordinator answers
-// FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over or unknown and the worker must exit;
-// UNAVAILABLE once the coordinator has been unreachable for longer than `orphan_timeout` (a
-// coordinator restart takes seconds; a worker nobody supervises any more must not train forever).
+// goes on and the next report tries again; and for ORDER_DRAIN, which sets the drain flag the
+// training loop watches: every rank then stops at the same step after a checkpoint); CANCELLED for
+// ORDER_STOP, and for ORDER_DRAIN when no drain flag was given; ABORTED when the coordinator
+// answers FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over or unknown and the worker
+// must exit; UNAVAILABLE once the coordinator has been unreachable for longer than `orphan_timeout`
+// (a coordinator restart takes seconds; a worker nobody supervises any more must not train
+// forever).
 //
 // Threading: not thread-safe; used from the training thread only.
 #ifndef TRAINYARD_WORKER_PROGRESS_REPORTER_H_
 #define TRAINYARD_WORKER_PROGRESS_REPORTER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,9 +58,12 @@ class ProgressReporter {
   // `channel` and `clock` must outlive the reporter.
   ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
                    absl::Duration min_interval = absl::Milliseconds(500),
-                   absl::Duration orphan_timeout = absl::Minutes(10));
+                   absl::Duration orphan_timeout = absl::Minutes(10),
+                   std::atomic<bool>* drain = nullptr);
 
   absl::Status OnStep(const StepReport& step);
+  // A checkpoint save that ended, to report with the next step.
+  void AddCheckpoint(const trainyard::v1::Checkpoint& checkpoint);
 
   int64_t reports_sent() const { return reports_sent_; }
 
@@ -71,6 +81,9 @@ class ProgressReporter {
   double tokens_ = 0;
   std::optional<double> val_loss_;
   int64_t reports_sent_ = 0;
+  std::atomic<bool>* drain_;
+  std::vector<trainyard::v1::Checkpoint> pending_checkpoints_;  // not yet acknowledged
+  trainyard::v1::Checkpoint last_committed_;
 };
 
 }  // namespace trainyard::worker

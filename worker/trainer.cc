@@ -3,30 +3,36 @@
 #ifdef TRAINYARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "worker/dist/cuda_device_copier.h"
-#include "worker/dist/nccl_communicator.h"
+#include "worker/parallel/cuda_device_copier.h"
+#include "worker/parallel/nccl_communicator.h"
 #endif
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "config/mesh.h"
+#include "worker/checkpoint/writer.h"
+#include "worker/checkpointing.h"
 #include "worker/cuda_backend.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
-#include "worker/dist/communicator.h"
-#include "worker/dist/sharded_params.h"
-#include "worker/dist/staging_communicator.h"
 #include "worker/model.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/pipeline.h"
+#include "worker/parallel/sharded_params.h"
+#include "worker/parallel/staging_communicator.h"
 #include "worker/parameters.h"
-#include "worker/pipeline.h"
+#include "worker/train_state.h"
 
 namespace trainyard::worker {
 
@@ -51,7 +57,7 @@ namespace {
 
 // Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
 // activations are handed forward stage by stage and the last stage's loss is shared.
-absl::StatusOr<double> Evaluate(Model& model, Backend& backend, dist::Communicator& pp,
+absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Communicator& pp,
                                 const BatchSampler& sampler, int micro_batch, int eval_batches,
                                 int64_t transfer_count) {
   const int t = sampler.seq_len();
@@ -74,7 +80,7 @@ absl::StatusOr<double> Evaluate(Model& model, Backend& backend, dist::Communicat
     }
     total += loss;
   }
-  TY_ASSIGN_OR_RETURN(total, dist::AllReduceDouble(pp, total));
+  TY_ASSIGN_OR_RETURN(total, parallel::AllReduceDouble(pp, total));
   return total / (static_cast<double>(eval_batches) * micro_batch * t);
 }
 
@@ -90,9 +96,10 @@ std::string EvalLine(const EvalPoint& e, const std::optional<double>& entropy) {
 }  // namespace
 
 std::string SummaryLine(const TrainResult& result) {
-  if (result.train_losses.empty()) return "done: 0 steps";
-  std::string line = absl::StrFormat("done: %d steps | final train loss %.4f",
-                                     result.train_losses.size(), result.train_losses.back());
+  const int64_t steps = result.first_step + static_cast<int64_t>(result.train_losses.size());
+  if (result.train_losses.empty()) return absl::StrFormat("done: %d steps", steps);
+  std::string line =
+      absl::StrFormat("done: %d steps | final train loss %.4f", steps, result.train_losses.back());
   if (!result.evals.empty())
     absl::StrAppendFormat(&line, " | val loss %.4f", result.evals.back().loss);
   if (result.entropy_nats)
@@ -110,11 +117,18 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
   return TrainRank(spec, RankContext{}, backend, options);
 }
 
-absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankContext& rank,
-                                      Backend& backend, const TrainOptions& options) {
-  FileSystem& fs = options.fs ? *options.fs : *RealFileSystem();
-  Clock& clock = options.clock ? *options.clock : *RealClock();
-  const config::TrainingSpec& tr = spec.training;
+namespace {
+
+// Where a rank sits in the mesh, tensor-parallel innermost:
+// rank = (pp_rank · dp + dp_rank) · tp + tp_rank.
+struct MeshPosition {
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int micro = 0;          // sequences per micro-batch
+  int per_rank = 0;       // sequences per step on this data-parallel rank
+  int micro_batches = 0;  // per step
+};
+
+absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankContext& rank) {
   const config::ParallelismSpec& mesh = spec.parallelism;
   if (mesh.pp > spec.model.layers) {
     return absl::InvalidArgumentError(
@@ -128,30 +142,26 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
   if (world > 1 && rank.store == nullptr) {
     return absl::InvalidArgumentError("a multi-rank job needs a rendezvous store");
   }
-  const int micro = config::MicroBatchPerRank(tr, mesh);
-  const int per_rank = tr.batch / mesh.dp;
-  // Mesh coordinates, tensor-parallel innermost: rank = (pp_rank · dp + dp_rank) · tp + tp_rank.
-  const int tp_rank = rank.rank % mesh.tp;
-  const int dp_rank = rank.rank / mesh.tp % mesh.dp;
-  const int pp_rank = rank.rank / (mesh.tp * mesh.dp);
-  const int micro_batches = per_rank / micro;
-  const int t = tr.seq_len;
+  MeshPosition p;
+  p.micro = config::MicroBatchPerRank(spec.training, mesh);
+  p.per_rank = spec.training.batch / mesh.dp;
+  p.tp_rank = rank.rank % mesh.tp;
+  p.dp_rank = rank.rank / mesh.tp % mesh.dp;
+  p.pp_rank = rank.rank / (mesh.tp * mesh.dp);
+  p.micro_batches = p.per_rank / p.micro;
+  return p;
+}
 
-  TY_ASSIGN_OR_RETURN(DataSplits data, OpenData(spec.data, fs));
-  if (data.vocab_bound > spec.model.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("data: tokens reach ", data.vocab_bound - 1,
-                                                   " but model.vocab is ", spec.model.vocab, " (",
-                                                   data.description, ")"));
-  }
-  TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data.train, t), "data: training split");
-  TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data.val, t), "data: validation split");
-  const BatchSampler train_sampler(*data.train, t, tr.seed);
-  const BatchSampler val_sampler(*data.val, t, tr.seed);
+// One process group per mesh axis: the ranks that differ from this one in that coordinate only.
+struct Groups {
+  std::unique_ptr<parallel::Communicator> dp, tp, pp;
+  std::unique_ptr<parallel::Communicator> tied;  // first + last stage with a tied embedding
+};
 
-  // One process group per mesh axis: the ranks that differ from this one in that coordinate
-  // only.
-  // On a GPU backend, collectives must reach device memory: through NCCL, or through Gloo with
-  // host staging (the default, and the only way for ranks sharing one GPU).
+// On a GPU backend, collectives must reach device memory: through NCCL, or through Gloo with host
+// staging (the default, and the only way for ranks sharing one GPU).
+absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankContext& rank,
+                                     Backend& backend, const MeshPosition& at) {
   void* const device_stream = CudaStreamOf(backend);
   RankContext::Collectives collectives = rank.collectives;
   if (device_stream != nullptr && collectives == RankContext::Collectives::kHost) {
@@ -161,176 +171,364 @@ absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankCon
     return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
   }
   auto connect = [&](const std::string& group, int index,
-                     int size) -> absl::StatusOr<std::unique_ptr<dist::Communicator>> {
+                     int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
 #ifdef TRAINYARD_HAVE_CUDA
     auto* stream = static_cast<cudaStream_t>(device_stream);
     if (collectives == RankContext::Collectives::kNccl && size > 1) {
-      return dist::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
+      return parallel::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
     }
 #endif
-    std::unique_ptr<dist::Communicator> host;
+    std::unique_ptr<parallel::Communicator> host;
     if (size == 1) {
-      host = dist::MakeSelfCommunicator();
+      host = parallel::MakeSelfCommunicator();
     } else {
-      TY_ASSIGN_OR_RETURN(host, dist::ConnectGloo(*rank.store, group, index, size, rank.gloo));
+      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, rank.gloo));
     }
     if (collectives == RankContext::Collectives::kHost) return host;
 #ifdef TRAINYARD_HAVE_CUDA
-    return dist::MakeStagingCommunicator(std::move(host), dist::MakeCudaDeviceCopier(stream));
+    return parallel::MakeStagingCommunicator(std::move(host),
+                                             parallel::MakeCudaDeviceCopier(stream));
 #else
     return absl::FailedPreconditionError("this build has no CUDA support");
 #endif
   };
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> dp_comm,
-                      connect(absl::StrCat("dp.tp", tp_rank, ".pp", pp_rank), dp_rank, mesh.dp));
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> tp_comm,
-                      connect(absl::StrCat("tp.dp", dp_rank, ".pp", pp_rank), tp_rank, mesh.tp));
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> pp_comm,
-                      connect(absl::StrCat("pp.dp", dp_rank, ".tp", tp_rank), pp_rank, mesh.pp));
-  const config::ModelConfig& mc = spec.model;
+  const config::ParallelismSpec& mesh = spec.parallelism;
+  Groups g;
+  TY_ASSIGN_OR_RETURN(
+      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp));
+  TY_ASSIGN_OR_RETURN(
+      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp));
+  TY_ASSIGN_OR_RETURN(
+      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp));
+  const PipelineStage stage = BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[at.pp_rank];
+  if (mesh.pp > 1 && spec.model.tied_embeddings && (stage.first || stage.last)) {
+    TY_ASSIGN_OR_RETURN(g.tied, connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank),
+                                        stage.first ? 0 : 1, 2));
+  }
+  return g;
+}
+
+// The name of this run's checkpoint directories: random, and the same on every rank (rank 0
+// draws it and shares it through the rendezvous store).
+absl::StatusOr<std::string> SaveToken(const RankContext& rank, int world) {
+  if (world > 1 && rank.rank != 0) {
+    return rank.store->Get("checkpoint.save_token", rank.gloo.timeout);
+  }
+  std::random_device random;
+  const std::string token =
+      absl::StrFormat("%08x", (uint64_t{random()} << 32 | random()) & 0xffffffffu);
+  if (world > 1) TY_RETURN_IF_ERROR(rank.store->Set("checkpoint.save_token", token));
+  return token;
+}
+
+std::string OutcomeLine(const checkpoint::SaveOutcome& o) {
+  if (!o.committed) return absl::StrCat("checkpoint step ", o.step, " FAILED: ", o.message);
+  return absl::StrFormat(
+      "checkpoint step %d committed: %s (%.1f MiB, training blocked %.1f ms, written in %.2f s)",
+      o.step, o.path, o.bytes / 1048576.0, 1e3 * o.blocked_seconds, o.write_seconds);
+}
+
+// One rank of a training job, from connecting its groups to the last step.
+class RankTrainer {
+ public:
+  RankTrainer(const config::JobSpec& spec, const RankContext& rank, Backend& backend,
+              const TrainOptions& options)
+      : spec_(spec),
+        rank_(rank),
+        backend_(backend),
+        options_(options),
+        fs_(options.fs ? *options.fs : *RealFileSystem()),
+        clock_(options.clock ? *options.clock : *RealClock()),
+        out_(rank.rank == 0 ? options.progress : nullptr) {}
+
+  absl::Status Setup();
+  absl::Status Restore();
+  absl::StatusOr<TrainResult> Run();
+
+ private:
+  absl::StatusOr<double> ForwardBackward();  // this step's loss sum over this rank's tokens
+  absl::StatusOr<double> SumOverWorld(double value);
+  absl::StatusOr<bool> AgreeToStop();
+  absl::Status Checkpoint(bool save, bool wait);
+  void LogStep(double loss, double lr, double norm);
+  void Finish();
+
+  const config::JobSpec& spec_;
+  const RankContext& rank_;
+  Backend& backend_;
+  const TrainOptions& options_;
+  FileSystem& fs_;
+  Clock& clock_;
+  std::ostream* out_;
+
+  MeshPosition at_;
+  Groups groups_;
+  PipelineStage stage_;
+  std::unique_ptr<ParameterLayout> layout_;
+  std::unique_ptr<parallel::ShardedParams> params_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  DataSplits data_;
+  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  TrainState state_;
+  TrainResult result_;
+
+  std::vector<int32_t> inputs_, targets_;
+  int64_t stage_transfer_ = 0;  // elements of the residual stream a pipeline stage hands on
+  int64_t tokens_per_step_ = 0;
+  int64_t train_nanos_ = 0;
+  double pipeline_wait_ = 0.0;
+  int64_t window_start_ = 0, window_steps_ = 0;
+};
+
+absl::Status RankTrainer::Setup() {
+  TY_ASSIGN_OR_RETURN(at_, PositionOf(spec_, rank_));
+  const config::TrainingSpec& tr = spec_.training;
+  const config::ModelConfig& mc = spec_.model;
+  TY_ASSIGN_OR_RETURN(data_, OpenData(spec_.data, fs_));
+  if (data_.vocab_bound > mc.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("data: tokens reach ", data_.vocab_bound - 1,
+                                                   " but model.vocab is ", mc.vocab, " (",
+                                                   data_.description, ")"));
+  }
+  TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data_.train, tr.seq_len), "data: training split");
+  TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data_.val, tr.seq_len), "data: validation split");
+  train_sampler_ = std::make_unique<BatchSampler>(*data_.train, tr.seq_len, tr.seed);
+  val_sampler_ = std::make_unique<BatchSampler>(*data_.val, tr.seq_len, tr.seed);
+  TY_ASSIGN_OR_RETURN(groups_, ConnectGroups(spec_, rank_, backend_, at_));
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
-  const PipelineStage stage = BalanceStages(mc, t, mesh.pp)[pp_rank];
-  // The first and last stages both hold a tied embedding: a group of those two.
-  std::unique_ptr<dist::Communicator> tied_comm;
-  if (mesh.pp > 1 && mc.tied_embeddings && (stage.first || stage.last)) {
-    TY_ASSIGN_OR_RETURN(tied_comm, connect(absl::StrCat("tie.dp", dp_rank, ".tp", tp_rank),
-                                           stage.first ? 0 : 1, 2));
-  }
-  const ParameterLayout layout(mc, tp_rank, mesh.tp, stage);  // the same layout the model builds
-  TY_ASSIGN_OR_RETURN(
-      std::unique_ptr<dist::ShardedParams> params,
-      dist::ShardedParams::Create(layout, &backend, dp_comm.get(), tp_comm.get(), pp_comm.get(),
-                                  {.zero_stage = mesh.zero, .bucket_bytes = rank.bucket_bytes},
-                                  OptimizerConfigFromSpec(tr)));
-  params->Initialize(tr.seed);
-  TY_ASSIGN_OR_RETURN(
-      std::unique_ptr<Model> model,
-      Model::Create(mc, &backend, params.get(), tp_comm.get(), stage, mesh.sequence_parallel));
-
-  TrainResult result;
-  result.entropy_nats = data.entropy_nats;
-  result.parameters = model->num_params();
-  std::ostream* out = rank.rank == 0 ? options.progress : nullptr;
-  if (out) {
-    *out << absl::StrFormat(
-                "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
-                "mesh dp %d x tp %d x pp %d (ZeRO-%d) | data %s\n",
-                config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
-                model->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero, data.description)
-         << std::flush;
-  }
-
-  std::vector<int32_t> inputs(int64_t{micro} * t), targets(inputs.size());
+  const config::ParallelismSpec& mesh = spec_.parallelism;
+  stage_ = BalanceStages(mc, tr.seq_len, mesh.pp)[at_.pp_rank];
+  layout_ = std::make_unique<ParameterLayout>(mc, at_.tp_rank, mesh.tp, stage_);
+  TY_ASSIGN_OR_RETURN(params_,
+                      parallel::ShardedParams::Create(
+                          *layout_, &backend_, groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
+                          {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
+                          OptimizerConfigFromSpec(tr)));
+  params_->Initialize(tr.seed);
+  TY_ASSIGN_OR_RETURN(model_, Model::Create(mc, &backend_, params_.get(), groups_.tp.get(), stage_,
+                                            mesh.sequence_parallel));
+  state_ = TrainState{
+      .params = params_.get(), .seed = tr.seed, .global_batch = tr.batch, .seq_len = tr.seq_len};
+  inputs_.resize(int64_t{at_.micro} * tr.seq_len);
+  targets_.resize(inputs_.size());
   // Pipeline stages exchange the residual stream of a micro-batch: this rank's rows of it under
   // sequence parallelism.
-  const int64_t stage_transfer =
-      int64_t{micro} * t / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
-  const int64_t tokens_per_step = int64_t{tr.batch} * t;
-  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
-  int64_t train_nanos = 0;
-  double pipeline_wait = 0.0;
-  int64_t window_start = clock.NowNanosMonotonic(), window_steps = 0;
-  for (int64_t step = 0; step < tr.steps; ++step) {
-    const int64_t start = clock.NowNanosMonotonic();
-    double loss_sum = 0.0;
-    TY_RETURN_IF_ERROR(params->BeginStep());
-    // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
-    // the same samples the single-process run draws for those positions.
-    auto fill = [&](int i) {
-      train_sampler.FillTrain(step, int64_t{dp_rank} * per_rank + int64_t{i} * micro, micro,
-                              inputs.data(), targets.data());
-    };
-    if (mesh.pp == 1) {
-      for (int i = 0; i < micro_batches; ++i) {
-        params->SetLastMicroBatch(i + 1 == micro_batches);
-        fill(i);
-        TY_ASSIGN_OR_RETURN(double loss, model->ForwardBackward(inputs.data(), targets.data(),
-                                                                micro, t, grad_scale));
-        loss_sum += loss;
-      }
-    } else {
-      StageWork work;
-      work.forward = [&](int i, int slot, const Act* in, Act* out_acts) -> absl::Status {
-        fill(i);
-        // The last stage runs the micro-batch's backward here too.
-        if (stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
-        double loss = 0.0;
-        TY_RETURN_IF_ERROR(model->StageForward(slot, inputs.data(), targets.data(), micro, t, in,
-                                               grad_scale, &loss, out_acts));
-        loss_sum += loss;
-        return absl::OkStatus();
-      };
-      work.backward = [&](int i, int slot, const Act* dout, Act* din) -> absl::Status {
-        if (!stage.last) params->SetLastMicroBatch(i + 1 == micro_batches);
-        return model->StageBackward(slot, dout, din);
-      };
-      ScheduleStats schedule;
-      TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*pp_comm, backend, micro_batches, stage_transfer,
-                                                  work, &schedule));
-      pipeline_wait += schedule.wait_seconds;
+  stage_transfer_ =
+      int64_t{at_.micro} * tr.seq_len / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
+  tokens_per_step_ = int64_t{tr.batch} * tr.seq_len;
+  result_.entropy_nats = data_.entropy_nats;
+  result_.parameters = model_->num_params();
+  if (out_) {
+    *out_ << absl::StrFormat(
+                 "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
+                 "mesh dp %d x tp %d x pp %d (ZeRO-%d) | data %s\n",
+                 config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
+                 model_->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero,
+                 data_.description)
+          << std::flush;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> RankTrainer::SumOverWorld(double value) {
+  TY_ASSIGN_OR_RETURN(value, params_->SumOverRanks(value));
+  TY_ASSIGN_OR_RETURN(value, parallel::AllReduceDouble(*groups_.tp, value));
+  return parallel::AllReduceDouble(*groups_.pp, value);
+}
+
+absl::Status RankTrainer::Restore() {
+  const int world = spec_.world_size();
+  TY_ASSIGN_OR_RETURN(std::string token, SaveToken(rank_, world));
+  checkpointer_ = std::make_unique<Checkpointer>(
+      &fs_, &clock_, spec_, *layout_,
+      CheckpointRank{
+          .rank = rank_.rank, .world = world, .tp_rank = at_.tp_rank, .micro_batch = at_.micro},
+      std::move(token), [this](double v) { return SumOverWorld(v); });
+  const int64_t start = clock_.NowNanosMonotonic();
+  TY_ASSIGN_OR_RETURN(const std::optional<std::string> from,
+                      checkpointer_->Restore(state_, options_.recorded_checkpoint));
+  result_.restore_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
+  if (from) {
+    result_.first_step = state_.step;
+    result_.resumed_from = *from;
+    if (out_) *out_ << "resumed from step " << state_.step << ": " << *from << "\n" << std::flush;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> RankTrainer::ForwardBackward() {
+  const int t = spec_.training.seq_len;
+  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step_);
+  double loss_sum = 0.0;
+  // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
+  // the same samples the single-process run draws for those positions.
+  auto fill = [&](int i) {
+    train_sampler_->FillTrain(state_.step,
+                              int64_t{at_.dp_rank} * at_.per_rank + int64_t{i} * at_.micro,
+                              at_.micro, inputs_.data(), targets_.data());
+  };
+  if (spec_.parallelism.pp == 1) {
+    for (int i = 0; i < at_.micro_batches; ++i) {
+      params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
+      fill(i);
+      TY_ASSIGN_OR_RETURN(double loss, model_->ForwardBackward(inputs_.data(), targets_.data(),
+                                                               at_.micro, t, grad_scale));
+      loss_sum += loss;
     }
+    return loss_sum;
+  }
+  StageWork work;
+  work.forward = [&](int i, int slot, const Act* in, Act* out_acts) -> absl::Status {
+    fill(i);
+    // The last stage runs the micro-batch's backward here too.
+    if (stage_.last) params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
+    double loss = 0.0;
+    TY_RETURN_IF_ERROR(model_->StageForward(slot, inputs_.data(), targets_.data(), at_.micro, t, in,
+                                            grad_scale, &loss, out_acts));
+    loss_sum += loss;
+    return absl::OkStatus();
+  };
+  work.backward = [&](int i, int slot, const Act* dout, Act* din) -> absl::Status {
+    if (!stage_.last) params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
+    return model_->StageBackward(slot, dout, din);
+  };
+  ScheduleStats schedule;
+  TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*groups_.pp, backend_, at_.micro_batches,
+                                              stage_transfer_, work, &schedule));
+  pipeline_wait_ += schedule.wait_seconds;
+  return loss_sum;
+}
+
+// Every rank stops at the same step boundary: a stop asked of any rank (a signal, a drain order)
+// is summed over the world after every step.
+absl::StatusOr<bool> RankTrainer::AgreeToStop() {
+  const bool mine = options_.stop_requested != nullptr && options_.stop_requested->load();
+  if (spec_.world_size() == 1) return mine;
+  TY_ASSIGN_OR_RETURN(const double asked, SumOverWorld(mine ? 1.0 : 0.0));
+  return asked > 0;
+}
+
+// Saves when `save` (waiting for the commit when `wait`), and reports the saves that ended.
+absl::Status RankTrainer::Checkpoint(bool save, bool wait) {
+  absl::Status saved = save ? checkpointer_->Save(state_) : absl::OkStatus();
+  if (!saved.ok()) {
+    TY_LOG(WARNING) << "checkpoint of step " << state_.step << " not taken: " << saved.message();
+  }
+  if (wait) (void)checkpointer_->Wait();  // a failure is reported as an outcome below
+  for (const checkpoint::SaveOutcome& outcome : checkpointer_->TakeOutcomes()) {
+    if (rank_.rank != 0) continue;  // rank 0 reports every save, including other ranks' failures
+    if (out_) *out_ << OutcomeLine(outcome) << "\n" << std::flush;
+    if (options_.on_checkpoint) options_.on_checkpoint(outcome);
+  }
+  return absl::OkStatus();
+}
+
+void RankTrainer::LogStep(double loss, double lr, double norm) {
+  const int64_t steps = spec_.training.steps;
+  const bool last = state_.step == steps;
+  const int64_t every = spec_.training.log_every;
+  if (!out_ || !(last || (every > 0 && state_.step % every == 0))) return;
+  const double window_s = (clock_.NowNanosMonotonic() - window_start_) / 1e9;
+  *out_ << absl::StrFormat(
+               "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
+               static_cast<int>(std::to_string(steps).size()), state_.step, steps, loss, lr, norm,
+               window_steps_ * tokens_per_step_ / std::max(window_s, 1e-9),
+               1e3 * window_s / std::max<int64_t>(window_steps_, 1))
+        << std::flush;
+  window_start_ = clock_.NowNanosMonotonic();
+  window_steps_ = 0;
+}
+
+absl::StatusOr<TrainResult> RankTrainer::Run() {
+  const config::TrainingSpec& tr = spec_.training;
+  window_start_ = clock_.NowNanosMonotonic();
+  while (state_.step < tr.steps) {
+    if (options_.stop_after_step > 0 && state_.step >= options_.stop_after_step) break;
+    const int64_t start = clock_.NowNanosMonotonic();
+    TY_RETURN_IF_ERROR(params_->BeginStep());
+    TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
     double lr = 0.0;
-    TY_ASSIGN_OR_RETURN(const double norm, params->FinishStep(step, &lr, tied_comm.get()));
-    TY_ASSIGN_OR_RETURN(loss_sum, params->SumOverRanks(loss_sum));
+    TY_ASSIGN_OR_RETURN(const double norm,
+                        params_->FinishStep(state_.step, &lr, groups_.tied.get()));
+    TY_ASSIGN_OR_RETURN(loss_sum, params_->SumOverRanks(loss_sum));
     // Only the last pipeline stage computes the loss; every stage reports it.
-    TY_ASSIGN_OR_RETURN(loss_sum, dist::AllReduceDouble(*pp_comm, loss_sum));
-    const double loss = loss_sum / static_cast<double>(tokens_per_step);
+    TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*groups_.pp, loss_sum));
+    const double loss = loss_sum / static_cast<double>(tokens_per_step_);
+    ++state_.step;
     if (!std::isfinite(loss)) {
       return absl::InternalError(
-          absl::StrCat("training diverged: loss is ", loss, " at step ", step + 1));
+          absl::StrCat("training diverged: loss is ", loss, " at step ", state_.step));
     }
-    result.train_losses.push_back(loss);
-    result.step_seconds.push_back((clock.NowNanosMonotonic() - start) / 1e9);
-    train_nanos += clock.NowNanosMonotonic() - start;
-    ++window_steps;
+    const int64_t step_nanos = clock_.NowNanosMonotonic() - start;
+    result_.train_losses.push_back(loss);
+    result_.step_seconds.push_back(step_nanos / 1e9);
+    train_nanos_ += step_nanos;
+    ++window_steps_;
+    LogStep(loss, lr, norm);
 
-    const bool last = step + 1 == tr.steps;
-    if (out && (last || (tr.log_every > 0 && (step + 1) % tr.log_every == 0))) {
-      const double window_s = (clock.NowNanosMonotonic() - window_start) / 1e9;
-      *out
-          << absl::StrFormat(
-                 "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
-                 static_cast<int>(std::to_string(tr.steps).size()), step + 1, tr.steps, loss, lr,
-                 norm, window_steps * tokens_per_step / std::max(window_s, 1e-9),
-                 1e3 * window_s / window_steps)
-          << std::flush;
-      window_start = clock.NowNanosMonotonic();
-      window_steps = 0;
-    }
-    StepReport report{.step = step + 1,
+    const bool last = state_.step == tr.steps;
+    StepReport report{.step = state_.step,
                       .total_steps = tr.steps,
                       .loss = loss,
                       .learning_rate = lr,
                       .grad_norm = norm,
-                      .step_seconds = (clock.NowNanosMonotonic() - start) / 1e9};
-    report.tokens_per_second = tokens_per_step / std::max(report.step_seconds, 1e-9);
-    if (tr.eval_every > 0 && (last || (step + 1) % tr.eval_every == 0)) {
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model, backend, *pp_comm, val_sampler, micro,
-                                               tr.eval_batches, stage_transfer));
-      result.evals.push_back({step + 1, val});
+                      .step_seconds = step_nanos / 1e9};
+    report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
+    if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
+      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.pp, *val_sampler_,
+                                               at_.micro, tr.eval_batches, stage_transfer_));
+      result_.evals.push_back({state_.step, val});
       report.val_loss = val;
-      if (out) *out << EvalLine(result.evals.back(), data.entropy_nats) << "\n" << std::flush;
-      window_start = clock.NowNanosMonotonic();
+      if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;
+      window_start_ = clock_.NowNanosMonotonic();
     }
-    if (options.on_step) TY_RETURN_IF_ERROR(options.on_step(report));
+    TY_ASSIGN_OR_RETURN(const bool stop, AgreeToStop());
+    const bool stopping = stop && !last;
+    const bool save =
+        checkpointer_->Due(state_, tr.steps) || (stopping && spec_.checkpoint.enabled());
+    TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
+    if (options_.on_step) TY_RETURN_IF_ERROR(options_.on_step(report));
+    if (stopping) {
+      result_.drained = true;
+      if (out_) *out_ << "drained at step " << state_.step << "\n" << std::flush;
+      break;
+    }
   }
-  result.tokens_per_second =
-      train_nanos > 0 ? tr.steps * tokens_per_step / (train_nanos / 1e9) : 0.0;
-  result.pipeline_wait_fraction = train_nanos > 0 ? pipeline_wait / (train_nanos / 1e9) : 0.0;
-  result.train_seconds = train_nanos / 1e9;
-  result.pipeline_wait_seconds = pipeline_wait;
-  result.exposed_comm_seconds = params->exposed_comm_seconds() + model->tp_comm_seconds();
-  static_cast<dist::MemoryAccount&>(result.memory) = params->memory();
-  result.memory.activations = model->activation_bytes();
-  for (int k = 0; k < static_cast<int>(dist::CollectiveKind::kCount); ++k) {
-    result.bytes_sent[k] = dp_comm->stats().bytes_sent(static_cast<dist::CollectiveKind>(k));
+  TY_RETURN_IF_ERROR(Checkpoint(/*save=*/false, /*wait=*/true));  // the save still in flight
+  Finish();
+  if (options_.final_parameters != nullptr) {
+    options_.final_parameters->resize(layout_->total());
+    TY_RETURN_IF_ERROR(params_->GatherParameters(options_.final_parameters->data()));
   }
-  result.overlap = params->timeline();
-  if (options.final_parameters != nullptr) {
-    options.final_parameters->resize(layout.total());
-    TY_RETURN_IF_ERROR(params->GatherParameters(options.final_parameters->data()));
+  return std::move(result_);
+}
+
+void RankTrainer::Finish() {
+  const int64_t steps = static_cast<int64_t>(result_.train_losses.size());
+  const double train_s = train_nanos_ / 1e9;
+  result_.tokens_per_second = train_nanos_ > 0 ? steps * tokens_per_step_ / train_s : 0.0;
+  result_.pipeline_wait_fraction = train_nanos_ > 0 ? pipeline_wait_ / train_s : 0.0;
+  result_.train_seconds = train_s;
+  result_.pipeline_wait_seconds = pipeline_wait_;
+  result_.exposed_comm_seconds = params_->exposed_comm_seconds() + model_->tp_comm_seconds();
+  static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
+  result_.memory.activations = model_->activation_bytes();
+  for (int k = 0; k < static_cast<int>(parallel::CollectiveKind::kCount); ++k) {
+    result_.bytes_sent[k] =
+        groups_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
   }
-  return result;
+  result_.overlap = params_->timeline();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankContext& rank,
+                                      Backend& backend, const TrainOptions& options) {
+  RankTrainer trainer(spec, rank, backend, options);
+  TY_RETURN_IF_ERROR(trainer.Setup());
+  TY_RETURN_IF_ERROR(trainer.Restore());
+  return trainer.Run();
 }
 
 }  // namespace trainyard::worker

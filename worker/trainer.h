@@ -4,6 +4,7 @@
 #define TRAINYARD_WORKER_TRAINER_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -17,9 +18,10 @@
 #include "common/filesystem.h"
 #include "config/spec.h"
 #include "worker/backend.h"
-#include "worker/dist/communicator.h"
-#include "worker/dist/sharded_params.h"
 #include "worker/optimizer.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/rank_context.h"
+#include "worker/parallel/sharded_params.h"
 
 namespace trainyard::worker {
 
@@ -35,6 +37,10 @@ struct StepReport {
   std::optional<double> val_loss;  // set on steps that evaluated
 };
 
+namespace checkpoint {
+struct SaveOutcome;
+}
+
 struct TrainOptions {
   FileSystem* fs = nullptr;          // defaults to RealFileSystem()
   Clock* clock = nullptr;            // defaults to RealClock()
@@ -44,19 +50,17 @@ struct TrainOptions {
   std::function<absl::Status(const StepReport&)> on_step;
   // When set, receives the full parameters (layout order) after the last step (tests).
   std::vector<float>* final_parameters = nullptr;
-};
-
-// Where this process sits in the job's mesh (spec.parallelism) and how it reaches its peers.
-struct RankContext {
-  int rank = 0;
-  dist::KeyValueStore* store = nullptr;  // rendezvous space; required when world > 1
-  dist::GlooOptions gloo;
-  int64_t bucket_bytes = 1 << 20;  // gradient all-reduce bucket size (ZeRO 0/1)
-  // How collectives reach the backend's memory. kHost: Gloo on host memory (CPU ranks).
-  // kStaged: Gloo through host staging buffers (GPU ranks sharing a device, or without NCCL).
-  // kNccl: NCCL on the CUDA backend's stream (one device per rank).
-  enum class Collectives { kHost, kStaged, kNccl };
-  Collectives collectives = Collectives::kHost;
+  // Set from another thread or a signal handler to drain: at the next step boundary every rank
+  // agrees to stop, a checkpoint is taken and committed (with checkpoint.dir), and training ends
+  // with TrainResult::drained.
+  const std::atomic<bool>* stop_requested = nullptr;
+  // The coordinator's record of the job's newest committed checkpoint, tried first on resume.
+  std::string recorded_checkpoint;
+  // Called on the training thread of rank 0 for every save that ended (committed or failed).
+  std::function<void(const checkpoint::SaveOutcome&)> on_checkpoint;
+  // Stop after this many optimizer steps of the run even if the spec asks for more (tests and
+  // benchmarks of resumption); 0: no limit. The schedule still follows training.steps.
+  int64_t stop_after_step = 0;
 };
 
 struct EvalPoint {
@@ -65,7 +69,11 @@ struct EvalPoint {
 };
 
 struct TrainResult {
-  std::vector<double> train_losses;  // mean loss of every optimizer step
+  int64_t first_step = 0;            // the step training resumed from (0: from scratch)
+  std::string resumed_from;          // the checkpoint it resumed from, if any
+  bool drained = false;              // stopped early by stop_requested (after a checkpoint)
+  double restore_seconds = 0.0;      // choosing, verifying and loading the checkpoint
+  std::vector<double> train_losses;  // mean loss of every optimizer step this run took
   std::vector<double> step_seconds;  // wall time of every optimizer step
   std::vector<EvalPoint> evals;
   std::optional<double> entropy_nats;  // the data's entropy rate, when known
@@ -74,11 +82,11 @@ struct TrainResult {
   // Accounting of this rank: persistent bytes by kind, the largest transient footprint, and
   // activation memory; bytes sent per collective kind over the whole run; and when the last
   // step's gradient collectives finished against the end of its backward pass.
-  struct Memory : dist::MemoryAccount {
+  struct Memory : parallel::MemoryAccount {
     int64_t activations = 0;
   } memory;
-  std::array<int64_t, static_cast<int>(dist::CollectiveKind::kCount)> bytes_sent{};
-  dist::OverlapTimeline overlap;
+  std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> bytes_sent{};
+  parallel::OverlapTimeline overlap;
   // Pipeline stages: the fraction of training time this stage spent blocked sending or
   // receiving activations (the schedule's bubble plus transfers).
   double pipeline_wait_fraction = 0.0;

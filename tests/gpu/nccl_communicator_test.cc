@@ -6,7 +6,7 @@
 //
 // Host staging: two ranks as threads sharing the device, each with its own Gloo connection and a
 // CUDA copier, running every collective on device buffers against sums computed on the host.
-#include "worker/dist/nccl_communicator.h"
+#include "worker/parallel/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 
@@ -21,12 +21,12 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/integration/test_env.h"
-#include "worker/dist/communicator.h"
-#include "worker/dist/cuda_device_copier.h"
-#include "worker/dist/kv_store.h"
-#include "worker/dist/staging_communicator.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/cuda_device_copier.h"
+#include "worker/parallel/kv_store.h"
+#include "worker/parallel/staging_communicator.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 using std::chrono::milliseconds;
@@ -269,4 +269,4 @@ TEST(StagedGpuPairTest, CollectivesOnDeviceBuffersMatchHostSums) {
 }
 
 }  // namespace
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

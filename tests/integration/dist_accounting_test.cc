@@ -13,7 +13,7 @@
 namespace trainyard::worker {
 namespace {
 
-using dist::CollectiveKind;
+using parallel::CollectiveKind;
 
 config::JobSpec Job(int zero, int layers = 2) {
   config::JobSpec spec;
@@ -129,7 +129,7 @@ TEST(Overlap, FirstBucketsFinishBeforeTheBackwardPassEnds) {
   spec.training.steps = 2;
   testenv::RankRun run = testenv::RunRanks(spec, {.bucket_bytes = 1 << 20});
   ASSERT_TRUE(run.results[0].ok()) << run.results[0].status();
-  const dist::OverlapTimeline& t = run.results[0]->overlap;
+  const parallel::OverlapTimeline& t = run.results[0]->overlap;
   ASSERT_GE(t.bucket_done_ns.size(), 3u);
   int before = 0;
   for (int64_t done : t.bucket_done_ns) before += done < t.backward_end_ns;

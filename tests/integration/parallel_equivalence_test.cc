@@ -23,9 +23,9 @@
 #include "gtest/gtest.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/backend.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/kv_store.h"
 #include "worker/parameters.h"
-#include "worker/pipeline.h"
+#include "worker/parallel/pipeline.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {

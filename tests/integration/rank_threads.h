@@ -12,7 +12,7 @@
 
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/kv_store.h"
 #include "worker/trainer.h"
 
 namespace trainyard::testenv {
@@ -37,7 +37,7 @@ struct RankRun {
 inline RankRun RunRanks(const config::JobSpec& spec, const RankRunOptions& opts = {}) {
   const int world = spec.world_size();
   const std::filesystem::path dir = MakeScratchDir("rendezvous");
-  auto store = worker::dist::MakeFileKeyValueStore(dir.string());
+  auto store = worker::parallel::MakeFileKeyValueStore(dir.string());
   RankRun run;
   run.results.assign(world, absl::UnknownError("not run"));
   run.final_params.resize(world);

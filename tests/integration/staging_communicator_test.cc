@@ -6,7 +6,7 @@
 // Inputs are small multiples of 1/4, so every sum is exact in fp32 and in bf16 and the expected
 // results are exact: any difference is a bug, not rounding. One case checks that bf16 sums are
 // accumulated in fp32 and rounded once, to nearest even.
-#include "worker/dist/staging_communicator.h"
+#include "worker/parallel/staging_communicator.h"
 
 #include <atomic>
 #include <chrono>
@@ -19,10 +19,10 @@
 #include "common/bf16.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_env.h"
-#include "worker/dist/communicator.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/kv_store.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 using std::chrono::milliseconds;
@@ -358,4 +358,4 @@ TEST(StagingCommunicatorTest, StalledPeerGivesDeadlineExceeded) {
 }
 
 }  // namespace
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -1,6 +1,6 @@
-#include "worker/dist/async_runner.h"
+#include "worker/parallel/async_runner.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 AsyncRunner::AsyncRunner() : thread_([this] { Loop(); }) {}
 
@@ -38,4 +38,4 @@ void AsyncRunner::Loop() {
   }
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -1,8 +1,8 @@
 // AsyncRunner: one thread that runs submitted operations in submission order. Communication goes
 // through it so that collectives overlap with compute on the training thread while every rank
 // still issues them in the same order.
-#ifndef TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_
-#define TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_ASYNC_RUNNER_H_
+#define TRAINYARD_WORKER_PARALLEL_ASYNC_RUNNER_H_
 
 #include <condition_variable>
 #include <deque>
@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 class AsyncRunner {
  public:
@@ -39,6 +39,6 @@ class AsyncRunner {
   std::thread thread_;
 };
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_ASYNC_RUNNER_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_ASYNC_RUNNER_H_

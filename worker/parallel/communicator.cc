@@ -1,10 +1,10 @@
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 const char* CollectiveName(CollectiveKind kind) {
   switch (kind) {
@@ -135,4 +135,4 @@ std::unique_ptr<Communicator> MakeSelfCommunicator() {
   return std::make_unique<SelfCommunicator>();
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -12,8 +12,8 @@
 //
 // Threading: one thread at a time may issue operations (the training thread, or the
 // communication thread of an AsyncCommunicator); Abort() may be called from any thread.
-#ifndef TRAINYARD_WORKER_DIST_COMMUNICATOR_H_
-#define TRAINYARD_WORKER_DIST_COMMUNICATOR_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_COMMUNICATOR_H_
+#define TRAINYARD_WORKER_PARALLEL_COMMUNICATOR_H_
 
 #include <array>
 #include <atomic>
@@ -25,9 +25,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/kv_store.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kCount };
 const char* CollectiveName(CollectiveKind kind);
@@ -147,6 +147,6 @@ absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
 // A group of one: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> MakeSelfCommunicator();
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_COMMUNICATOR_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_COMMUNICATOR_H_

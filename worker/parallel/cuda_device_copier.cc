@@ -1,9 +1,9 @@
-#include "worker/dist/cuda_device_copier.h"
+#include "worker/parallel/cuda_device_copier.h"
 
 #include "common/status.h"
 #include "kernels/cuda/check.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 class CudaDeviceCopier final : public DeviceCopier {
@@ -47,4 +47,4 @@ std::unique_ptr<DeviceCopier> MakeCudaDeviceCopier(cudaStream_t stream) {
   return std::make_unique<CudaDeviceCopier>(stream, device);
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

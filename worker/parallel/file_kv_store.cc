@@ -10,9 +10,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/kv_store.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 namespace fs = std::filesystem;
@@ -80,4 +80,4 @@ std::unique_ptr<KeyValueStore> MakeFileKeyValueStore(const std::string& director
   return std::make_unique<FileKeyValueStore>(directory);
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

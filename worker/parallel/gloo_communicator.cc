@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 // gloo's rendezvous store over ours. gloo reports failures by exceptions; they stay inside this
@@ -292,4 +292,4 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
   }
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -4,8 +4,8 @@
 //
 // Keys are opaque strings; values are bytes. Set is last-writer-wins and visible to every rank
 // once it returns. Thread-safe.
-#ifndef TRAINYARD_WORKER_DIST_KV_STORE_H_
-#define TRAINYARD_WORKER_DIST_KV_STORE_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_KV_STORE_H_
+#define TRAINYARD_WORKER_PARALLEL_KV_STORE_H_
 
 #include <chrono>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 class KeyValueStore {
  public:
@@ -33,6 +33,6 @@ class KeyValueStore {
 // name, then rename), polled by readers.
 std::unique_ptr<KeyValueStore> MakeFileKeyValueStore(const std::string& directory);
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_KV_STORE_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_KV_STORE_H_

@@ -1,7 +1,7 @@
 // The NCCL engine. The communicator is non-blocking (config.blocking = 0), so no NCCL call can
 // hang the calling thread: every wait is a poll of ncclCommGetAsyncError and cudaStreamQuery
 // against a deadline, and a stuck operation ends in ncclCommAbort.
-#include "worker/dist/nccl_communicator.h"
+#include "worker/parallel/nccl_communicator.h"
 
 #include <nccl.h>
 
@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/check.h"
-#include "worker/dist/cuda_device_copier.h"
+#include "worker/parallel/cuda_device_copier.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -434,4 +434,4 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KeyValueStore& store,
       new NcclCommunicator(comm, rank, size, device, stream, own_stream, ready, timeout));
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -21,8 +21,8 @@
 //
 // Threading: as for Communicator. Abort() never blocks: it raises a flag that the waiting
 // operation sees within microseconds, and that operation aborts the NCCL communicator.
-#ifndef TRAINYARD_WORKER_DIST_NCCL_COMMUNICATOR_H_
-#define TRAINYARD_WORKER_DIST_NCCL_COMMUNICATOR_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_NCCL_COMMUNICATOR_H_
+#define TRAINYARD_WORKER_PARALLEL_NCCL_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 
@@ -31,10 +31,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/dist/communicator.h"
-#include "worker/dist/kv_store.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/kv_store.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 // Forms a group of `size` ranks on the current device. Rank 0 makes NCCL's unique id and
 // publishes it in `store` under "<group>/nccl_id"; the others wait for it. Each member calls this
@@ -46,6 +46,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KeyValueStore& store,
                                                           int size, cudaStream_t stream,
                                                           std::chrono::milliseconds timeout);
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_NCCL_COMMUNICATOR_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_NCCL_COMMUNICATOR_H_

@@ -1,4 +1,4 @@
-#include "worker/pipeline.h"
+#include "worker/parallel/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -51,7 +51,7 @@ int InFlight(int stage, int stages, int micro_batches) {
   return std::min(stages - stage - 1, micro_batches) + 1;
 }
 
-absl::Status RunOneForwardOneBackward(dist::Communicator& pp, Backend& backend, int m,
+absl::Status RunOneForwardOneBackward(parallel::Communicator& pp, Backend& backend, int m,
                                       int64_t count, const StageWork& work, ScheduleStats* stats) {
   const int p = pp.size(), s = pp.rank();
   const bool first = s == 0, last = s == p - 1;

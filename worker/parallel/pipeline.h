@@ -1,7 +1,7 @@
 // Pipeline parallelism: how layers are split into stages, and the 1F1B schedule one stage runs
 // over the micro-batches of an optimizer step.
-#ifndef TRAINYARD_WORKER_PIPELINE_H_
-#define TRAINYARD_WORKER_PIPELINE_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_PIPELINE_H_
+#define TRAINYARD_WORKER_PARALLEL_PIPELINE_H_
 
 #include <cstdint>
 #include <functional>
@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "config/model_config.h"
 #include "worker/backend.h"
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 #include "worker/parameters.h"
 
 namespace trainyard::worker {
@@ -42,12 +42,13 @@ struct ScheduleStats {
 // stages exchange activations and their gradients (`count` elements of the backend's activation
 // type each, in buffers allocated from `backend`) over `pp`, pairing each send with the opposite
 // receive so that blocking transfers cannot deadlock.
-absl::Status RunOneForwardOneBackward(dist::Communicator& pp, Backend& backend, int micro_batches,
-                                      int64_t count, const StageWork& work, ScheduleStats* stats);
+absl::Status RunOneForwardOneBackward(parallel::Communicator& pp, Backend& backend,
+                                      int micro_batches, int64_t count, const StageWork& work,
+                                      ScheduleStats* stats);
 
 // Micro-batches a stage keeps in flight under 1F1B (activation slots it needs).
 int InFlight(int stage, int stages, int micro_batches);
 
 }  // namespace trainyard::worker
 
-#endif  // TRAINYARD_WORKER_PIPELINE_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_PIPELINE_H_

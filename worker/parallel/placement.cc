@@ -1,4 +1,4 @@
-#include "worker/placement.h"
+#include "worker/parallel/placement.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"

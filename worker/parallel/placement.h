@@ -1,6 +1,6 @@
 // Where a rank runs: the backend for the job's device kind and how its collectives travel.
-#ifndef TRAINYARD_WORKER_PLACEMENT_H_
-#define TRAINYARD_WORKER_PLACEMENT_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_PLACEMENT_H_
+#define TRAINYARD_WORKER_PARALLEL_PLACEMENT_H_
 
 #include <memory>
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "config/spec.h"
 #include "worker/backend.h"
-#include "worker/trainer.h"
+#include "worker/parallel/rank_context.h"
 
 namespace trainyard::worker {
 
@@ -27,4 +27,4 @@ absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank,
 
 }  // namespace trainyard::worker
 
-#endif  // TRAINYARD_WORKER_PLACEMENT_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_PLACEMENT_H_

@@ -1,4 +1,4 @@
-#include "worker/dist/sharded_params.h"
+#include "worker/parallel/sharded_params.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +11,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 int64_t NowNanos() {
@@ -185,6 +185,70 @@ absl::Status ShardedParams::GatherParameters(float* host) {
   return absl::OkStatus();
 }
 
+const ShardedParams::Group& ShardedParams::GroupOf(const ParamTensor& t) const {
+  return *(std::upper_bound(groups_.begin(), groups_.end(), t.offset,
+                            [](int64_t off, const Group& g) { return off < g.begin; }) -
+           1);
+}
+
+std::vector<ShardedParams::SavedRange> ShardedParams::CheckpointRanges() const {
+  const bool tp_first = tp_ == nullptr || tp_->rank() == 0;
+  const int r = dp_->rank();
+  std::vector<SavedRange> ranges;
+  for (int i = 0; i < static_cast<int>(layout_.tensors().size()); ++i) {
+    const ParamTensor& t = layout_.tensors()[i];
+    if (t.shard == ShardKind::kReplicated && !tp_first) continue;
+    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy
+    const Group& g = GroupOf(t);
+    const int64_t chunk_lo = std::min(g.size, r * g.chunk);
+    const int64_t chunk_hi = std::min(g.size, (r + 1) * g.chunk);
+    const int64_t lo = std::max(t.offset - g.begin, chunk_lo);
+    const int64_t hi = std::min(t.offset + t.numel - g.begin, chunk_hi);
+    if (hi > lo) ranges.push_back({i, lo - (t.offset - g.begin), hi - (t.offset - g.begin)});
+  }
+  return ranges;
+}
+
+absl::Status ShardedParams::Snapshot(const std::vector<SavedRange>& ranges, float* host) {
+  TY_RETURN_IF_ERROR(WaitAll());
+  const int stage = options_.zero_stage;
+  int64_t total = 0;
+  for (const SavedRange& range : ranges) total += range.hi - range.lo;
+  float* out_param = host;
+  float* out_m = host + total;
+  float* out_v = host + 2 * total;
+  for (const SavedRange& range : ranges) {
+    const ParamTensor& t = layout_.tensors()[range.tensor];
+    const Group& g = GroupOf(t);
+    const int64_t local = t.offset - g.begin + range.lo;  // group-local
+    const int64_t n = range.hi - range.lo;
+    const float* param = stage < 3 ? params_.data() + g.padded_begin + local
+                                   : shard_params_.data() + g.shard_begin + (local - g.own_lo);
+    const int64_t state = stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
+    backend_->CopyToHost(out_param, param, n);
+    backend_->CopyToHost(out_m, m_.data() + state, n);
+    backend_->CopyToHost(out_v, v_.data() + state, n);
+    out_param += n;
+    out_m += n;
+    out_v += n;
+  }
+  return backend_->Synchronize();
+}
+
+absl::Status ShardedParams::RestoreState(const float* params, const float* first_moment,
+                                         const float* second_moment) {
+  TY_RETURN_IF_ERROR(WaitAll());
+  LoadParameters(params);
+  for (const Group& g : groups_) {
+    const int64_t lo = g.own_lo, n = g.own_hi - g.own_lo;
+    if (n <= 0) continue;
+    const int64_t state = options_.zero_stage == 0 ? g.padded_begin : g.shard_begin;
+    backend_->CopyFromHost(m_.data() + state, first_moment + g.begin + lo, n);
+    backend_->CopyFromHost(v_.data() + state, second_moment + g.begin + lo, n);
+  }
+  return backend_->Synchronize();
+}
+
 absl::Status ShardedParams::BeginStep() {
   TY_RETURN_IF_ERROR(WaitAll());
   if (options_.zero_stage < 2) backend_->Fill(grads_.data(), 0.0f, grads_.size());
@@ -345,11 +409,7 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
     return stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
   };
 
-  auto group_of = [&](const ParamTensor& t) -> const Group& {
-    return *(std::upper_bound(groups_.begin(), groups_.end(), t.offset,
-                              [](int64_t off, const Group& g) { return off < g.begin; }) -
-             1);
-  };
+  auto group_of = [&](const ParamTensor& t) -> const Group& { return GroupOf(t); };
   // A pipeline's first and last stages both hold the tied token embedding: sum the copies'
   // gradients so that both apply the same update.
   if (tied != nullptr) {
@@ -436,4 +496,4 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
   return norm;
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

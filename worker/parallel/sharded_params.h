@@ -14,8 +14,8 @@
 //
 // Every collective runs on one communication thread in the order the training thread issued it,
 // so all ranks issue the same sequence. Threading: methods are called from the training thread.
-#ifndef TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
-#define TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_SHARDED_PARAMS_H_
+#define TRAINYARD_WORKER_PARALLEL_SHARDED_PARAMS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -26,13 +26,13 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend.h"
-#include "worker/dist/async_runner.h"
-#include "worker/dist/communicator.h"
 #include "worker/optimizer.h"
+#include "worker/parallel/async_runner.h"
+#include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
 #include "worker/parameters.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 struct ShardingOptions {
   int zero_stage = 0;              // 0..3
@@ -73,6 +73,24 @@ class ShardedParams final : public ParamSource {
   // The full parameters (gathered under stage 3), in layout order.
   absl::Status GatherParameters(float* host);
 
+  // Checkpoints. The elements [lo, hi) (local flat positions) of layout tensor `tensor` that this
+  // rank stores, of its parameters and of both AdamW moments. Data-parallel rank r stores chunk r
+  // of every group whatever the ZeRO stage (so the bytes are spread over the group); tensor-
+  // parallel ranks other than 0 skip tensors replicated over their group; a last pipeline stage
+  // skips its copy of a tied embedding. Over the whole mesh, every element is stored once.
+  struct SavedRange {
+    int tensor;
+    int64_t lo, hi;
+  };
+  std::vector<SavedRange> CheckpointRanges() const;
+  // Copies the ranges' parameters, then their first moments, then their second moments, each in
+  // range order, to `host` (3 · Σ(hi − lo) floats). Waits for queued collectives first.
+  absl::Status Snapshot(const std::vector<SavedRange>& ranges, float* host);
+  // Replaces parameters and moments with full local tensors in layout order (layout.total()
+  // floats each, on the host); keeps what this rank owns.
+  absl::Status RestoreState(const float* params, const float* first_moment,
+                            const float* second_moment);
+
   // Call once before an optimizer step's first micro-batch: zeroes the gradients.
   absl::Status BeginStep();
   // Call before each micro-batch's backward pass: whether it is the step's last, the one whose
@@ -107,6 +125,7 @@ class ShardedParams final : public ParamSource {
                 Communicator* pp, const ShardingOptions& sharding,
                 const OptimizerConfig& optimizer);
   void Allocate();
+  const Group& GroupOf(const ParamTensor& t) const;
   absl::Status WaitAll();
   void LaunchReady(int group);
   void StartGather(int group);
@@ -154,6 +173,6 @@ class ShardedParams final : public ParamSource {
   std::unique_ptr<AsyncRunner> comm_;  // last: joined first on destruction
 };
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_SHARDED_PARAMS_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_SHARDED_PARAMS_H_

@@ -1,4 +1,4 @@
-#include "worker/dist/staging_communicator.h"
+#include "worker/parallel/staging_communicator.h"
 
 #include <array>
 #include <atomic>
@@ -10,7 +10,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 class HostCopier final : public DeviceCopier {
@@ -200,4 +200,4 @@ std::unique_ptr<Communicator> MakeStagingCommunicator(std::unique_ptr<Communicat
   return std::make_unique<StagingCommunicator>(std::move(inner), std::move(copier));
 }
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -13,16 +13,16 @@
 //
 // Threading: as for Communicator; Abort() may be called from any thread and aborts the inner
 // engine.
-#ifndef TRAINYARD_WORKER_DIST_STAGING_COMMUNICATOR_H_
-#define TRAINYARD_WORKER_DIST_STAGING_COMMUNICATOR_H_
+#ifndef TRAINYARD_WORKER_PARALLEL_STAGING_COMMUNICATOR_H_
+#define TRAINYARD_WORKER_PARALLEL_STAGING_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 
 // Moves bytes between device memory and host memory. Copies are complete when they return.
 // Thread-safe.
@@ -45,6 +45,6 @@ std::unique_ptr<DeviceCopier> MakeHostCopier(bool all_device);
 std::unique_ptr<Communicator> MakeStagingCommunicator(std::unique_ptr<Communicator> inner,
                                                       std::unique_ptr<DeviceCopier> copier);
 
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel
 
-#endif  // TRAINYARD_WORKER_DIST_STAGING_COMMUNICATOR_H_
+#endif  // TRAINYARD_WORKER_PARALLEL_STAGING_COMMUNICATOR_H_

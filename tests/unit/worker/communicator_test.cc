@@ -1,12 +1,12 @@
 // The Communicator's typed defaults: fp32 runs through the float overloads, other types are
 // refused by name.
-#include "worker/dist/communicator.h"
+#include "worker/parallel/communicator.h"
 
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace trainyard::worker::dist {
+namespace trainyard::worker::parallel {
 namespace {
 
 TEST(CommunicatorTypedDefaultsTest, Fp32RunsThroughTheFloatOverloads) {
@@ -53,4 +53,4 @@ TEST(CommunicatorTypedDefaultsTest, AbortReachesTypedOperations) {
 }
 
 }  // namespace
-}  // namespace trainyard::worker::dist
+}  // namespace trainyard::worker::parallel

@@ -1,0 +1,175 @@
+// Resharding: a checkpoint written under one mesh loads under every other — data parallelism with
+// ZeRO 1 and 3, tensor and pipeline parallelism, sequence parallelism and another micro-batch —
+// for both model families. After loading, the gathered parameters equal the writer's exactly;
+// training on continues within 1e-5 relative of the single-process run's losses (the
+// reassociation bound of parallel_equivalence_test); and on the writer's own mesh it continues
+// bit for bit.
+//
+// Ranks run as threads of this process (rank_threads.h), each with its own Gloo context.
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/rank_threads.h"
+#include "worker/checkpoint/tensor_slices.h"
+#include "worker/parallel/pipeline.h"
+#include "worker/parameters.h"
+#include "worker/trainer.h"
+
+namespace trainyard::worker {
+namespace {
+
+struct MeshCase {
+  const char* name;
+  int dp, tp, pp, zero;
+  bool sequence_parallel = false;
+  int micro_batch = 2;
+};
+
+const MeshCase kMeshes[] = {
+    {"dp1", 1, 1, 1, 0},
+    {"dp2_zero1", 2, 1, 1, 1},
+    {"dp2_zero3", 2, 1, 1, 3},
+    {"tp2", 1, 2, 1, 0},
+    {"pp2", 1, 1, 2, 0},
+    {"tp2_pp2_sp", 1, 2, 2, 0, true},
+    {"dp1_micro4", 1, 1, 1, 0, false, 4},
+};
+
+constexpr int64_t kSavedStep = 3;
+constexpr int64_t kSteps = 5;
+
+config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
+  config::JobSpec spec;
+  spec.name = "reshard";
+  spec.model = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  spec.model.vocab = 64;
+  spec.model.max_seq = 16;
+  spec.data.markov.vocab = 64;
+  spec.data.markov.train_tokens = 1 << 14;
+  spec.data.markov.val_tokens = 1 << 10;
+  spec.training.steps = kSteps;
+  spec.training.batch = 8;
+  spec.training.micro_batch = mesh.micro_batch;
+  spec.training.seq_len = 16;
+  spec.training.lr = 1e-2;
+  spec.training.warmup_steps = 2;
+  spec.training.eval_every = 0;
+  spec.training.grad_clip = 0.5;
+  spec.parallelism.dp = mesh.dp;
+  spec.parallelism.tp = mesh.tp;
+  spec.parallelism.pp = mesh.pp;
+  spec.parallelism.zero = mesh.zero;
+  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
+  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+  return spec;
+}
+
+using GlobalTensors = std::map<std::string, std::vector<float>>;
+
+// The model's global tensors put back together from every rank's local parameters.
+GlobalTensors Gather(const config::JobSpec& spec, const testenv::RankRun& run) {
+  const config::ParallelismSpec& p = spec.parallelism;
+  const std::vector<PipelineStage> stages = BalanceStages(spec.model, spec.training.seq_len, p.pp);
+  GlobalTensors global;
+  for (int rank = 0; rank < spec.world_size(); ++rank) {
+    const int tp_rank = rank % p.tp, dp_rank = rank / p.tp % p.dp, pp_rank = rank / (p.tp * p.dp);
+    if (dp_rank != 0) continue;  // replicas
+    const ParameterLayout local(spec.model, tp_rank, p.tp, stages[pp_rank]);
+    for (const ParamTensor& t : local.tensors()) {
+      if (!stages[pp_rank].first && t.name == "wte") continue;  // the tied copy
+      int64_t numel = 1;
+      for (int64_t d : t.global_shape) numel *= d;
+      std::vector<float>& g = global[t.name];
+      g.resize(numel);
+      int64_t start = t.offset;
+      for (const checkpoint::Hyperslab& piece : checkpoint::LocalPieces(t, tp_rank, p.tp)) {
+        checkpoint::ForEachRun(t.global_shape, piece, 0, piece.numel(),
+                               [&](int64_t at, int64_t from, int64_t n) {
+                                 const float* src = run.final_params[rank].data() + start + from;
+                                 std::copy(src, src + n, g.begin() + at);
+                               });
+        start += piece.numel();
+      }
+    }
+  }
+  return global;
+}
+
+testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after) {
+  testenv::RankRun run = testenv::RunRanks(
+      spec, {.customize = [&](int, TrainOptions& o) { o.stop_after_step = stop_after; }});
+  for (size_t r = 0; r < run.results.size(); ++r) {
+    EXPECT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
+  }
+  return run;
+}
+
+class Reshard : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
+
+TEST_P(Reshard, CheckpointLoadsOnEveryMesh) {
+  const auto [family, source] = GetParam();
+  const std::filesystem::path scratch = testenv::MakeScratchDir("reshard");
+  // The single-process losses nothing interrupted: what every mesh must continue with.
+  testenv::RankRun reference = RunOrFail(Job(family, kMeshes[0]), 0);
+  ASSERT_TRUE(reference.results[0].ok());
+  const std::vector<double> ref_losses = reference.results[0]->train_losses;
+
+  config::JobSpec writer = Job(family, source);
+  writer.checkpoint.dir = (scratch / "saved").string();
+  writer.checkpoint.every_steps = kSavedStep;
+  testenv::RankRun saved = RunOrFail(writer, kSavedStep);
+  ASSERT_TRUE(saved.results[0].ok());
+  const GlobalTensors saved_params = Gather(writer, saved);
+  // The writer's mesh, uninterrupted: its own continuation must match it bit for bit.
+  config::JobSpec plain = Job(family, source);
+  testenv::RankRun uninterrupted = RunOrFail(plain, 0);
+  ASSERT_TRUE(uninterrupted.results[0].ok());
+
+  int index = 0;
+  for (const MeshCase& target : kMeshes) {
+    SCOPED_TRACE(absl::StrCat(source.name, " -> ", target.name));
+    config::JobSpec reader = Job(family, target);
+    reader.checkpoint.dir = (scratch / absl::StrCat("target", index++)).string();
+    reader.checkpoint.resume_from = writer.checkpoint.dir;
+    testenv::RankRun loaded = RunOrFail(reader, kSavedStep);  // restore, no step
+    ASSERT_TRUE(loaded.results[0].ok());
+    EXPECT_EQ(loaded.results[0]->first_step, kSavedStep);
+    const GlobalTensors loaded_params = Gather(reader, loaded);
+    ASSERT_EQ(loaded_params.size(), saved_params.size());
+    for (const auto& [name, values] : saved_params) {
+      EXPECT_EQ(loaded_params.at(name), values) << name << " differs after loading";
+    }
+    std::filesystem::remove_all(reader.checkpoint.dir);
+    testenv::RankRun continued = RunOrFail(reader, 0);
+    ASSERT_TRUE(continued.results[0].ok());
+    const std::vector<double>& losses = continued.results[0]->train_losses;
+    ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps - kSavedStep));
+    for (size_t i = 0; i < losses.size(); ++i) {
+      const double want = ref_losses[kSavedStep + i];
+      EXPECT_LE(std::abs(losses[i] - want) / want, 1e-5)
+          << "step " << kSavedStep + i + 1 << ": " << losses[i] << " vs " << want;
+    }
+    if (std::string(target.name) == source.name) {
+      EXPECT_EQ(losses.back(), uninterrupted.results[0]->train_losses.back())
+          << "on its own mesh the continuation must be bit for bit";
+    }
+  }
+  std::filesystem::remove_all(scratch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Reshard,
+                         ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
+                                                              config::ModelFamily::kLlama),
+                                            ::testing::ValuesIn(kMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)),
+                                               "_from_", std::get<1>(info.param).name);
+                         });
+
+}  // namespace
+}  // namespace trainyard::worker

@@ -1,0 +1,155 @@
+// The checkpoint format's pure parts: where a rank's local tensors sit in the global ones (for
+// every shard kind and tensor-parallel size), the manifest's checksum, directory names, and the
+// model check that names the differing field.
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/filesystem.h"
+#include "config/model_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/checkpoint/format.h"
+#include "worker/checkpoint/tensor_slices.h"
+#include "worker/parameters.h"
+
+namespace trainyard::worker::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Rebuilding each global tensor from the local tensors of every tensor-parallel rank, through
+// LocalPieces/ForEachRun, must give back exactly the global tensor ParameterLayout::Slice cut.
+void ExpectPiecesInvertSlice(const config::ModelConfig& model, int tp) {
+  const ParameterLayout full(model);
+  std::vector<float> global(full.total());
+  std::iota(global.begin(), global.end(), 0.0f);
+  for (int rank = 0; rank < tp; ++rank) {
+    const ParameterLayout local(model, rank, tp);
+    for (const ParamTensor& t : local.tensors()) {
+      const ParamTensor* g = full.Find(t.name);
+      ASSERT_NE(g, nullptr) << t.name;
+      std::vector<float> sliced(t.numel);
+      local.Slice(t, global.data() + g->offset, sliced.data());
+      std::vector<float> rebuilt(t.numel, -1.0f);
+      const std::vector<Hyperslab> pieces = LocalPieces(t, rank, tp);
+      int64_t start = 0;
+      for (const Hyperslab& piece : pieces) {
+        // Two halves, to exercise runs that start and end inside a row.
+        const int64_t n = piece.numel(), half = n / 2 + 1;
+        for (auto [b, e] :
+             {std::pair<int64_t, int64_t>{0, std::min(half, n)}, {std::min(half, n), n}}) {
+          ForEachRun(t.global_shape, piece, b, e, [&](int64_t at, int64_t from, int64_t count) {
+            for (int64_t i = 0; i < count; ++i) {
+              rebuilt[start + from + i] = global[g->offset + at + i];
+            }
+          });
+        }
+        start += n;
+      }
+      EXPECT_EQ(start, t.numel) << t.name;
+      EXPECT_EQ(rebuilt, sliced) << t.name << " on tp rank " << rank << " of " << tp;
+    }
+  }
+}
+
+TEST(CheckpointFormatTest, LocalPiecesInvertTensorParallelSlices) {
+  for (const char* preset : {"gpt2-debug", "llama-debug"}) {
+    config::ModelConfig model = *config::Preset(preset);
+    for (int tp : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << preset << " tp " << tp);
+      ExpectPiecesInvertSlice(model, tp);
+    }
+  }
+}
+
+TEST(CheckpointFormatTest, SplitByPieceCutsRangesAtPieceBoundaries) {
+  const std::vector<Hyperslab> pieces = {{{0, 0}, {2, 3}}, {{4, 0}, {1, 3}}};  // 6 + 3 elements
+  const std::vector<PieceRange> split = SplitByPiece(pieces, 4, 8);
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split[0].piece, 0);
+  EXPECT_EQ(split[0].begin, 4);
+  EXPECT_EQ(split[0].end, 6);
+  EXPECT_EQ(split[1].piece, 1);
+  EXPECT_EQ(split[1].begin, 0);
+  EXPECT_EQ(split[1].end, 2);
+  EXPECT_TRUE(SplitByPiece(pieces, 9, 9).empty());
+}
+
+TEST(CheckpointFormatTest, DirectoryNamesRoundTrip) {
+  EXPECT_EQ(CheckpointDirName(120, "0a1b2c3d"), "step-00000120-0a1b2c3d");
+  EXPECT_EQ(StepOfDirName("step-00000120-0a1b2c3d"), 120);
+  EXPECT_EQ(StepOfDirName("step-120"), std::nullopt);
+  EXPECT_EQ(StepOfDirName("step--x"), std::nullopt);
+  EXPECT_EQ(StepOfDirName("manifest.json"), std::nullopt);
+  EXPECT_EQ(ShardFileName(1, 4), "shard-00001-of-00004.bin");
+}
+
+Manifest SomeManifest() {
+  Manifest m;
+  m.set_format_version(kFormatVersion);
+  m.set_step(7);
+  m.set_job("j");
+  *m.mutable_model() = SignatureOf(*config::Preset("gpt2-debug"));
+  ShardFile* shard = m.add_shards();
+  shard->set_file(ShardFileName(0, 1));
+  shard->set_bytes(8);
+  TensorRecord* r = shard->add_records();
+  r->set_name("wte");
+  r->set_xxh3(0xfedcba9876543210ull);
+  return m;
+}
+
+TEST(CheckpointFormatTest, ManifestRoundTripsAndEveryFlippedBitIsDetected) {
+  FakeFileSystem fs;
+  ASSERT_TRUE(fs.CreateDirs("ck/step-00000007-aa").ok());
+  const std::string json = SerializeManifest(SomeManifest());
+  ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000007-aa/manifest.json", json).ok());
+  absl::StatusOr<Manifest> read = ReadManifest(fs, "ck/step-00000007-aa");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->step(), 7);
+  EXPECT_EQ(read->shards(0).records(0).xxh3(), 0xfedcba9876543210ull);
+  int undetected = 0;
+  for (size_t byte = 0; byte < json.size(); ++byte) {
+    for (int bit : {0, 3, 6}) {
+      std::string bad = json;
+      bad[byte] = static_cast<char>(bad[byte] ^ (1 << bit));
+      ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000007-aa/manifest.json", bad).ok());
+      absl::StatusOr<Manifest> m = ReadManifest(fs, "ck/step-00000007-aa");
+      // A flip that leaves the same message (whitespace turned into other whitespace, say) is
+      // harmless; every other one must be refused.
+      if (m.ok() && SerializeManifest(*m) != json) ++undetected;
+    }
+  }
+  EXPECT_EQ(undetected, 0);
+  ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000007-aa/manifest.json", json.substr(0, 40)).ok());
+  EXPECT_EQ(ReadManifest(fs, "ck/step-00000007-aa").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(CheckpointFormatTest, ListCommittedIgnoresTornDirectoriesAndSortsNewestFirst) {
+  FakeFileSystem fs;
+  for (const char* d :
+       {"ck/step-00000010-aa", "ck/step-00000030-bb", "ck/step-00000020-aa", "ck/other"}) {
+    ASSERT_TRUE(fs.CreateDirs(d).ok());
+  }
+  ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000010-aa/manifest.json", "{}").ok());
+  ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000020-aa/manifest.json", "{}").ok());
+  absl::StatusOr<std::vector<std::string>> list = ListCommitted(fs, "ck");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(*list, (std::vector<std::string>{"ck/step-00000020-aa", "ck/step-00000010-aa"}));
+}
+
+TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
+  config::ModelConfig model = *config::Preset("gpt2-debug");
+  const ModelSignature saved = SignatureOf(model);
+  EXPECT_TRUE(CheckModelMatches(saved, model).ok());
+  model.width *= 2;
+  absl::Status s = CheckModelMatches(saved, model);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.width"));
+  model = *config::Preset("llama-debug");
+  EXPECT_THAT(CheckModelMatches(saved, model).message(), HasSubstr("model.family"));
+}
+
+}  // namespace
+}  // namespace trainyard::worker::checkpoint

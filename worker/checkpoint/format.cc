@@ -1,0 +1,144 @@
+#include "worker/checkpoint/format.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace trainyard::worker::checkpoint {
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string CheckpointDirName(int64_t step, const std::string& save_token) {
+  return absl::StrFormat("step-%08d-%s", step, save_token);
+}
+
+std::optional<int64_t> StepOfDirName(const std::string& name) {
+  constexpr size_t kPrefix = 5;  // "step-"
+  if (name.compare(0, kPrefix, "step-") != 0) return std::nullopt;
+  const size_t dash = name.find('-', kPrefix);
+  if (dash == std::string::npos || dash == kPrefix || dash + 1 == name.size()) return std::nullopt;
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name.substr(kPrefix, dash - kPrefix), &step) || step < 0) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+std::string ShardFileName(int rank, int world) {
+  return absl::StrFormat("shard-%05d-of-%05d.bin", rank, world);
+}
+
+std::string ShardIndexName(int rank) { return absl::StrFormat("shard-%05d.idx", rank); }
+
+uint64_t Checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+ModelSignature SignatureOf(const config::ModelConfig& m) {
+  ModelSignature s;
+  s.set_family(config::FamilyName(m.family));
+  s.set_layers(m.layers);
+  s.set_width(m.width);
+  s.set_heads(m.heads);
+  s.set_kv_heads(m.kv_heads);
+  s.set_ffn_hidden(m.ffn_hidden);
+  s.set_vocab(m.vocab);
+  s.set_max_seq(m.max_seq);
+  s.set_tied_embeddings(m.tied_embeddings);
+  return s;
+}
+
+absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelConfig& model) {
+  const ModelSignature want = SignatureOf(model);
+  auto differ = [](const char* field, const auto& in_checkpoint, const auto& in_spec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.", field, " is ", in_checkpoint, " in the checkpoint, ", in_spec, " in the spec"));
+  };
+  if (saved.family() != want.family()) return differ("family", saved.family(), want.family());
+  if (saved.layers() != want.layers()) return differ("layers", saved.layers(), want.layers());
+  if (saved.width() != want.width()) return differ("width", saved.width(), want.width());
+  if (saved.heads() != want.heads()) return differ("heads", saved.heads(), want.heads());
+  if (saved.kv_heads() != want.kv_heads()) {
+    return differ("kv_heads", saved.kv_heads(), want.kv_heads());
+  }
+  if (saved.ffn_hidden() != want.ffn_hidden()) {
+    return differ("ffn_hidden", saved.ffn_hidden(), want.ffn_hidden());
+  }
+  if (saved.vocab() != want.vocab()) return differ("vocab", saved.vocab(), want.vocab());
+  if (saved.max_seq() != want.max_seq()) return differ("max_seq", saved.max_seq(), want.max_seq());
+  if (saved.tied_embeddings() != want.tied_embeddings()) {
+    return differ("tied_embeddings", saved.tied_embeddings() ? "true" : "false",
+                  want.tied_embeddings() ? "true" : "false");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+std::string ToJson(const Manifest& manifest) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  // Serialising a message we built cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(manifest, &json, options);
+  return json;
+}
+
+}  // namespace
+
+std::string SerializeManifest(Manifest manifest) {
+  manifest.set_manifest_xxh3(0);
+  const std::string unsigned_json = ToJson(manifest);
+  manifest.set_manifest_xxh3(Checksum(unsigned_json.data(), unsigned_json.size()));
+  return ToJson(manifest);
+}
+
+absl::StatusOr<Manifest> ReadManifest(FileSystem& fs, const std::string& checkpoint_dir) {
+  const std::string path = JoinPath(checkpoint_dir, kManifestName);
+  TY_ASSIGN_OR_RETURN(const std::string json, fs.ReadFile(path));
+  Manifest manifest;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &manifest);
+  if (!parsed.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a valid manifest (", parsed.ToString(), ")"));
+  }
+  const uint64_t stated = manifest.manifest_xxh3();
+  manifest.set_manifest_xxh3(0);
+  const std::string unsigned_json = ToJson(manifest);
+  if (Checksum(unsigned_json.data(), unsigned_json.size()) != stated) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch"));
+  }
+  manifest.set_manifest_xxh3(stated);
+  if (manifest.format_version() != kFormatVersion) {
+    return absl::DataLossError(absl::StrCat(path, ": format version ", manifest.format_version(),
+                                            ", expected ", kFormatVersion));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::vector<std::string>> ListCommitted(FileSystem& fs, const std::string& dir) {
+  TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, fs.ListDir(dir));
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const std::string& name : names) {
+    const std::optional<int64_t> step = StepOfDirName(name);
+    if (!step) continue;
+    const std::string path = JoinPath(dir, name);
+    if (fs.Exists(JoinPath(path, kManifestName))) found.emplace_back(*step, path);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+}  // namespace trainyard::worker::checkpoint

@@ -1,0 +1,65 @@
+// The checkpoint format (checkpoint.proto) and the rules that read it: directory and file names,
+// the manifest's own checksum, which directories are committed checkpoints, and whether a
+// checkpoint fits a model.
+//
+// Commit protocol (CheckpointWriter): every rank writes and syncs its shard file, then hands rank
+// 0 its index; rank 0 writes the manifest to a temporary name, syncs it, renames it to
+// `manifest.json` and syncs the directory. A directory without a manifest is torn: it is never
+// loaded, and the next save removes it.
+//
+// Threading: plain functions over a FileSystem (which is thread-safe).
+#ifndef TRAINYARD_WORKER_CHECKPOINT_FORMAT_H_
+#define TRAINYARD_WORKER_CHECKPOINT_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+#include "config/model_config.h"
+#include "worker/checkpoint/checkpoint.pb.h"
+
+namespace trainyard::worker::checkpoint {
+
+using v1::Manifest;
+using v1::ModelSignature;
+using v1::ShardFile;
+using v1::TensorRecord;
+
+inline constexpr char kManifestName[] = "manifest.json";
+inline constexpr int kFormatVersion = 1;
+
+// "step-00000100-<token>": one directory per save. The token makes every save's directory new,
+// so a save never writes into files a crashed earlier save left behind.
+std::string CheckpointDirName(int64_t step, const std::string& save_token);
+// The step of a checkpoint directory's name; nullopt for other names.
+std::optional<int64_t> StepOfDirName(const std::string& name);
+std::string ShardFileName(int rank, int world);  // "shard-00001-of-00004.bin"
+std::string ShardIndexName(int rank);            // "shard-00001.idx"
+
+uint64_t Checksum(const void* data, size_t size);  // XXH3-64
+
+ModelSignature SignatureOf(const config::ModelConfig& model);
+// OK when a checkpoint of `saved` loads into `model`; otherwise INVALID_ARGUMENT naming the first
+// field that differs ("model.width is 128 in the checkpoint, 256 in the spec").
+absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelConfig& model);
+
+// The manifest's JSON with its checksum filled in.
+std::string SerializeManifest(Manifest manifest);
+// Reads and verifies `checkpoint_dir`/manifest.json. NOT_FOUND without one (a torn or foreign
+// directory); DATA_LOSS when it does not parse or its checksum does not match.
+absl::StatusOr<Manifest> ReadManifest(FileSystem& fs, const std::string& checkpoint_dir);
+
+// The checkpoint directories under `dir` that have a manifest file, newest step first (ties: the
+// later name first). Manifests are not verified here. NOT_FOUND when `dir` does not exist.
+absl::StatusOr<std::vector<std::string>> ListCommitted(FileSystem& fs, const std::string& dir);
+
+// The file at `path` and its parents joined.
+std::string JoinPath(const std::string& dir, const std::string& name);
+
+}  // namespace trainyard::worker::checkpoint
+
+#endif  // TRAINYARD_WORKER_CHECKPOINT_FORMAT_H_

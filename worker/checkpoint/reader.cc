@@ -1,0 +1,190 @@
+#include "worker/checkpoint/reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/checkpoint/tensor_slices.h"
+
+namespace trainyard::worker::checkpoint {
+namespace {
+
+constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
+
+struct RecordRef {
+  int shard;
+  const TensorRecord* record;
+};
+
+// Maps shard files on first use and checks their size against the manifest.
+class ShardFiles {
+ public:
+  ShardFiles(FileSystem& fs, const std::string& path, const Manifest& manifest)
+      : fs_(fs), path_(path), manifest_(manifest), regions_(manifest.shards_size()) {}
+
+  absl::StatusOr<const uint8_t*> Data(int shard) {
+    if (!regions_[shard]) {
+      const std::string file = JoinPath(path_, manifest_.shards(shard).file());
+      TY_ASSIGN_OR_RETURN(regions_[shard], fs_.MapReadOnly(file));
+      if (static_cast<int64_t>(regions_[shard]->size()) != manifest_.shards(shard).bytes()) {
+        return absl::DataLossError(absl::StrCat(file, ": ", regions_[shard]->size(),
+                                                " bytes, the manifest says ",
+                                                manifest_.shards(shard).bytes()));
+      }
+    }
+    return regions_[shard]->data();
+  }
+  int64_t Bytes(int shard) const { return manifest_.shards(shard).bytes(); }
+  std::string FileName(int shard) const { return JoinPath(path_, manifest_.shards(shard).file()); }
+
+ private:
+  FileSystem& fs_;
+  const std::string& path_;
+  const Manifest& manifest_;
+  std::vector<std::unique_ptr<ReadOnlyRegion>> regions_;
+};
+
+// Assembles global tensor `t` of `kind` from its records into `global`, verifying each.
+absl::Status Assemble(ShardFiles& files, const std::vector<RecordRef>& refs, const ParamTensor& t,
+                      const std::string& kind, std::vector<float>& global) {
+  int64_t numel = 1;
+  for (int64_t d : t.global_shape) numel *= d;
+  global.assign(numel, 0.0f);
+  int64_t covered = 0;
+  for (const RecordRef& ref : refs) {
+    const TensorRecord& r = *ref.record;
+    const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
+    if (shape != t.global_shape || r.dtype() != "f32" || r.offsets_size() != r.sizes_size() ||
+        r.sizes_size() != static_cast<int>(shape.size())) {
+      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                              " (", kind, ") does not fit the tensor"));
+    }
+    Hyperslab slab{{r.offsets().begin(), r.offsets().end()}, {r.sizes().begin(), r.sizes().end()}};
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (slab.offsets[d] < 0 || slab.sizes[d] < 1 || slab.offsets[d] + slab.sizes[d] > shape[d]) {
+        return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                                " lies outside the tensor"));
+      }
+    }
+    const int64_t count = r.flat_end() - r.flat_begin();
+    const int64_t bytes = 4 * count;
+    if (r.flat_begin() < 0 || count < 0 || r.flat_end() > slab.numel() || r.byte_offset() < 0 ||
+        r.byte_offset() + bytes > files.Bytes(ref.shard)) {
+      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                              " lies outside the file"));
+    }
+    TY_ASSIGN_OR_RETURN(const uint8_t* base, files.Data(ref.shard));
+    const uint8_t* data = base + r.byte_offset();
+    if (Checksum(data, bytes) != r.xxh3()) {
+      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": checksum mismatch in ",
+                                              r.name(), " (", kind, ")"));
+    }
+    ForEachRun(shape, slab, r.flat_begin(), r.flat_end(), [&](int64_t at, int64_t from, int64_t n) {
+      std::memcpy(global.data() + at, data + 4 * (from - r.flat_begin()), 4 * n);
+    });
+    covered += count;
+  }
+  if (covered != numel) {
+    return absl::DataLossError(absl::StrCat("the checkpoint holds ", covered, " of ", numel,
+                                            " elements of ", t.name, " (", kind, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
+                                        const Manifest& manifest, const ParameterLayout& layout) {
+  std::map<std::pair<std::string, std::string>, std::vector<RecordRef>> index;
+  for (int s = 0; s < manifest.shards_size(); ++s) {
+    for (const TensorRecord& r : manifest.shards(s).records()) {
+      index[{r.kind(), r.name()}].push_back({s, &r});
+    }
+  }
+  ShardFiles files(fs, path, manifest);
+  RankState state;
+  std::vector<float>* outputs[] = {&state.params, &state.first_moment, &state.second_moment};
+  std::vector<float> global;
+  for (int k = 0; k < 3; ++k) {
+    outputs[k]->assign(layout.total(), 0.0f);
+    for (const ParamTensor& t : layout.tensors()) {
+      auto it = index.find({kKinds[k], t.name});
+      if (it == index.end()) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the manifest has no ", t.name, " (", kKinds[k], ")"));
+      }
+      TY_RETURN_IF_ERROR(Assemble(files, it->second, t, kKinds[k], global));
+      layout.Slice(t, global.data(), outputs[k]->data() + t.offset);
+    }
+  }
+  return state;
+}
+
+namespace {
+
+// A checkpoint directory itself, or the committed checkpoints of a checkpoint root.
+std::vector<std::string> CheckpointsAt(FileSystem& fs, const std::string& path) {
+  if (fs.Exists(JoinPath(path, kManifestName))) return {path};
+  absl::StatusOr<std::vector<std::string>> committed = ListCommitted(fs, path);
+  return committed.ok() ? *committed : std::vector<std::string>{};
+}
+
+}  // namespace
+
+std::vector<std::string> ResumeCandidates(FileSystem& fs, const config::CheckpointSpec& spec,
+                                          const std::string& recorded) {
+  std::vector<std::string> out;
+  auto add = [&](const std::vector<std::string>& paths) {
+    for (const std::string& p : paths) {
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+  };
+  if (!recorded.empty()) add({recorded});
+  if (!spec.dir.empty() && fs.IsDirectory(spec.dir)) add(CheckpointsAt(fs, spec.dir));
+  if (!spec.resume_from.empty()) add(CheckpointsAt(fs, spec.resume_from));
+  return out;
+}
+
+absl::Status CheckResumeFrom(FileSystem& fs, const config::JobSpec& spec) {
+  const std::string& from = spec.checkpoint.resume_from;
+  if (from.empty()) return absl::OkStatus();
+  auto bad = [&](absl::StatusCode code, const std::string& why) {
+    return absl::Status(code, absl::StrCat("checkpoint.resume_from: ", why));
+  };
+  if (!fs.Exists(from))
+    return bad(absl::StatusCode::kNotFound, absl::StrCat(from, ": no such file or directory"));
+  if (!fs.IsDirectory(from)) {
+    return bad(absl::StatusCode::kInvalidArgument, absl::StrCat(from, " is not a directory"));
+  }
+  absl::StatusOr<std::vector<std::string>> listed = fs.ListDir(from);
+  if (!listed.ok()) {
+    return bad(absl::StatusCode::kInvalidArgument,
+               absl::StrCat("cannot read ", from, " (", listed.status().message(), ")"));
+  }
+  const std::vector<std::string> candidates = CheckpointsAt(fs, from);
+  if (candidates.empty()) {
+    return bad(absl::StatusCode::kInvalidArgument,
+               absl::StrCat(from, " is not a checkpoint (no ", kManifestName,
+                            ") and holds no committed checkpoints"));
+  }
+  absl::Status last;
+  for (const std::string& path : candidates) {
+    absl::StatusOr<Manifest> manifest = ReadManifest(fs, path);
+    if (!manifest.ok()) {
+      last = manifest.status();
+      continue;
+    }
+    if (absl::Status fits = CheckModelMatches(manifest->model(), spec.model); !fits.ok()) {
+      return bad(absl::StatusCode::kInvalidArgument, absl::StrCat(path, ": ", fits.message()));
+    }
+    return absl::OkStatus();
+  }
+  return bad(absl::StatusCode::kInvalidArgument,
+             absl::StrCat("no intact manifest in ", from, " (", last.message(), ")"));
+}
+
+}  // namespace trainyard::worker::checkpoint

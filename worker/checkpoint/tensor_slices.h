@@ -1,0 +1,48 @@
+// Where a rank's local tensors sit in the global (unsharded) tensors, which is what lets a
+// checkpoint written under one mesh load under another.
+//
+// A rank's local tensor is the row-major concatenation of one or more hyperslabs of its global
+// tensor ("pieces"): the whole tensor when replicated, one block of columns for a row-parallel
+// weight, and one block of rows per section for a column-parallel weight whose rows are made of
+// sections (the q, k and v parts of a fused projection).
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_
+#define TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "worker/parameters.h"
+
+namespace trainyard::worker::checkpoint {
+
+struct Hyperslab {
+  std::vector<int64_t> offsets;  // per dimension, in the global tensor
+  std::vector<int64_t> sizes;
+  int64_t numel() const;
+};
+
+// The pieces of `t`'s global tensor that tensor-parallel rank `tp_rank` of `tp_size` holds, in
+// the order of its local elements.
+std::vector<Hyperslab> LocalPieces(const ParamTensor& t, int tp_rank, int tp_size);
+
+// Calls `run(global_offset, slab_index, count)` for elements [begin, end) of `slab` (row-major
+// positions within it), one call per run of elements contiguous in the global tensor:
+// element slab_index + i of the slab is element global_offset + i of the global tensor.
+void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab, int64_t begin,
+                int64_t end, const std::function<void(int64_t, int64_t, int64_t)>& run);
+
+// Elements [lo, hi) of a local tensor, split by piece: (piece index, begin, end) with begin/end
+// relative to that piece.
+struct PieceRange {
+  int piece;
+  int64_t begin;
+  int64_t end;
+};
+std::vector<PieceRange> SplitByPiece(const std::vector<Hyperslab>& pieces, int64_t lo, int64_t hi);
+
+}  // namespace trainyard::worker::checkpoint
+
+#endif  // TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_

@@ -1,0 +1,128 @@
+// CheckpointWriter: one rank's side of asynchronous checkpoint saves.
+//
+// Save() blocks training only while the rank's state is copied into a host buffer (and, when the
+// previous save is still being written, until it ends: at most one save is in flight). A
+// background thread then writes the rank's shard file, syncs it, and hands rank 0 the shard's
+// index (a small file in the checkpoint directory, written atomically). Rank 0 waits for every
+// rank's index, writes the manifest (temporary name, sync, rename, directory sync: the commit),
+// and prunes: it keeps the newest `keep` committed checkpoints and removes torn directories
+// (without a manifest) and stale ones (another run's, newer than the step this run resumed
+// from). A failed save leaves earlier checkpoints untouched; training goes on.
+//
+// Every rank of a job runs one writer with the same directory, save token and world. Files go
+// through the FileSystem seam only.
+//
+// Threading: Save, Wait and TakeOutcomes are called from the training thread; the writer's own
+// thread does the I/O. The destructor waits for the save in flight.
+#ifndef TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
+#define TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/filesystem.h"
+#include "worker/checkpoint/format.h"
+#include "worker/checkpoint/tensor_slices.h"
+
+namespace trainyard::worker::checkpoint {
+
+struct WriterOptions {
+  std::string dir;  // checkpoint.dir
+  int keep = 3;     // committed checkpoints kept
+  int rank = 0;
+  int world = 1;
+  // Shared by every rank of this run, different for every run: it names this run's checkpoint
+  // directories (CheckpointDirName) so no save reuses a crashed run's files.
+  std::string save_token;
+  // The step this run resumed from (0: none); another run's checkpoints newer than it were
+  // abandoned (or are corrupt) and are pruned.
+  int64_t resumed_step = 0;
+  // How long rank 0 waits for the other ranks' shards before the save fails.
+  absl::Duration gather_timeout = absl::Minutes(10);
+};
+
+// One tensor run of a snapshot: elements [begin, end) of hyperslab `slab` of tensor `name`.
+struct SnapshotRecord {
+  std::string name;
+  std::string kind;  // "param" | "exp_avg" | "exp_avg_sq"
+  std::vector<int64_t> global_shape;
+  Hyperslab slab;
+  int64_t begin = 0, end = 0;
+};
+
+// How a save ended, as the rank that knows reports it: rank 0 for every save (committed or
+// failed), other ranks for their own failures.
+struct SaveOutcome {
+  int64_t step = 0;
+  std::string path;
+  bool committed = false;
+  int64_t bytes = 0;             // shard files and manifest (rank 0: the whole checkpoint)
+  double write_seconds = 0.0;    // snapshot taken → committed
+  double blocked_seconds = 0.0;  // training blocked: waiting for the previous save + snapshot
+  std::string message;           // failed: why
+  absl::Time finished;
+};
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(FileSystem* fs, Clock* clock, WriterOptions options);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Saves the state after optimizer step `step`. `records` describe the snapshot's floats in
+  // order; `fill` copies them into the host buffer it is given (called on this thread: the only
+  // part of a save that blocks training besides waiting for the previous save). `header` is the
+  // manifest without shards (used on rank 0). An error from `fill` fails the save at once.
+  absl::Status Save(int64_t step, Manifest header, std::vector<SnapshotRecord> records,
+                    const std::function<absl::Status(float*)>& fill);
+
+  // Waits until no save is in flight; the last save's outcome on this rank.
+  absl::Status Wait();
+
+  // Saves that ended since the last call, oldest first.
+  std::vector<SaveOutcome> TakeOutcomes();
+
+ private:
+  struct Job {
+    int64_t step = 0;
+    Manifest header;
+    std::vector<SnapshotRecord> records;
+    double blocked_seconds = 0.0;
+    int64_t started_nanos = 0;
+  };
+  void Loop();
+  SaveOutcome Write(const Job& job);
+  absl::StatusOr<ShardFile> WriteShard(const Job& job, const std::string& path);
+  absl::StatusOr<int64_t> Commit(const Job& job, const std::string& path, ShardFile own);
+  absl::StatusOr<std::vector<ShardFile>> GatherIndexes(const std::string& path, ShardFile own);
+  void Prune(const std::string& committed_path);
+
+  FileSystem* fs_;
+  Clock* clock_;
+  const WriterOptions options_;
+  std::vector<float> host_;  // the snapshot; written by Save, read by the thread while busy_
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Job> job_;             // GUARDED_BY(mu_): the save to write
+  bool busy_ = false;                  // GUARDED_BY(mu_): a save is in flight
+  bool stop_ = false;                  // GUARDED_BY(mu_)
+  absl::Status last_;                  // GUARDED_BY(mu_)
+  std::vector<SaveOutcome> outcomes_;  // GUARDED_BY(mu_)
+  std::thread thread_;                 // last: started after everything it uses
+};
+
+}  // namespace trainyard::worker::checkpoint
+
+#endif  // TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
