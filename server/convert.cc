@@ -20,10 +20,28 @@ void ToProto(const Mesh& mesh, v1::Mesh* out) {
   out->set_zero_stage(mesh.zero_stage);
 }
 
-void ToProto(const CheckpointInfo& checkpoint, v1::Checkpoint* out) {
-  out->set_step(checkpoint.step);
-  out->set_path(checkpoint.path);
-  out->set_written_unix_ms(UnixMillisOrZero(checkpoint.written));
+void ToProto(const CheckpointPolicy& policy, v1::CheckpointPolicy* out) {
+  if (!policy.enabled()) return;  // every field 0
+  out->set_dir(policy.dir);
+  out->set_every_steps(policy.every_steps);
+  out->set_interval_auto(policy.interval_auto);
+  out->set_keep(policy.keep);
+}
+
+CheckpointInfo FromProto(const v1::Checkpoint& checkpoint) {
+  CheckpointInfo out;
+  out.step = checkpoint.step();
+  out.path = checkpoint.path();
+  out.written = FromUnixMillis(checkpoint.written_unix_ms());
+  // Checked by the supervisor (CheckpointLedger::Validate): UNSPECIFIED and unknown numbers are
+  // refused there.
+  out.state = static_cast<CheckpointState>(static_cast<int>(checkpoint.state()));
+  out.bytes = checkpoint.bytes();
+  out.write_seconds = checkpoint.write_seconds();
+  out.blocked_seconds = checkpoint.blocked_seconds();
+  out.message = checkpoint.message();
+  out.attempt_id = checkpoint.attempt_id();
+  return out;
 }
 
 void ToProto(const StepTimes& times, v1::StepTimes* out) {
@@ -91,11 +109,24 @@ absl::Time FromDeadline(std::chrono::system_clock::time_point deadline) {
   return absl::FromChrono(deadline);
 }
 
+void ToProto(const CheckpointInfo& checkpoint, v1::Checkpoint* out) {
+  out->set_step(checkpoint.step);
+  out->set_path(checkpoint.path);
+  out->set_written_unix_ms(UnixMillisOrZero(checkpoint.written));
+  if (checkpoint.path.empty()) return;  // none: the other fields stay 0
+  out->set_state(static_cast<v1::CheckpointState>(static_cast<int>(checkpoint.state)));
+  out->set_bytes(checkpoint.bytes);
+  out->set_write_seconds(checkpoint.write_seconds);
+  out->set_blocked_seconds(checkpoint.blocked_seconds);
+  out->set_message(checkpoint.message);
+  out->set_attempt_id(checkpoint.attempt_id);
+}
+
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(static_cast<int>(state)); }
 
 absl::StatusOr<JobState> FromProto(v1::JobState state) {
   const int value = static_cast<int>(state);
-  if (value < 1 || value > 7) {
+  if (value < 1 || value > kLastJobState) {
     return absl::InvalidArgumentError(absl::StrCat("unknown job state ", value));
   }
   return static_cast<JobState>(value);
@@ -121,6 +152,8 @@ void ToProto(const JobRecord& job, v1::Job* out) {
   ToProto(job.last_checkpoint, out->mutable_last_checkpoint());
   out->set_cancel_requested(job.cancel_requested);
   out->set_message(job.message);
+  out->set_drain_requested(job.drain_requested);
+  ToProto(job.requirements.checkpoint, out->mutable_checkpoint_policy());
 }
 
 void ToProto(const AttemptRecord& attempt, v1::Attempt* out) {
@@ -278,6 +311,9 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
   out.checkpoint.step = report.last_checkpoint().step();
   out.checkpoint.path = report.last_checkpoint().path();
   out.checkpoint.written = FromUnixMillis(report.last_checkpoint().written_unix_ms());
+  for (const v1::Checkpoint& checkpoint : report.checkpoints()) {
+    out.checkpoints.push_back(FromProto(checkpoint));
+  }
   return out;
 }
 

@@ -32,6 +32,7 @@ v1::JobState ToProto(JobState state);
 absl::StatusOr<JobState> FromProto(v1::JobState state);
 
 void ToProto(const JobRecord& job, v1::Job* out);
+void ToProto(const CheckpointInfo& checkpoint, v1::Checkpoint* out);
 void ToProto(const AttemptRecord& attempt, v1::Attempt* out);
 void ToProto(const EventRecord& event, v1::Event* out);
 void ToProto(const NodeStatus& node, v1::Node* out);

@@ -199,6 +199,29 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
   return Answer(context, job.status());
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* context,
+                                                          const v1::ListCheckpointsRequest* request,
+                                                          v1::ListCheckpointsReply* reply) {
+  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  absl::StatusOr<std::vector<CheckpointInfo>> checkpoints =
+      supervisor_->ListCheckpoints(request->job_id());
+  if (checkpoints.ok()) {
+    for (const CheckpointInfo& checkpoint : *checkpoints) {
+      ToProto(checkpoint, reply->add_checkpoints());
+    }
+  }
+  return Answer(context, checkpoints.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DrainJob(grpc::CallbackServerContext* context,
+                                                   const v1::DrainJobRequest* request,
+                                                   v1::DrainJobReply* reply) {
+  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  absl::StatusOr<JobRecord> job = supervisor_->Drain(request->job_id(), request->reason());
+  if (job.ok()) ToProto(*job, reply->mutable_job());
+  return Answer(context, job.status());
+}
+
 grpc::ServerWriteReactor<v1::JobUpdate>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   return new WatchReactor(supervisor_, request->job_id());

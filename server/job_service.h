@@ -29,6 +29,12 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const ::trainyard::v1::CancelJobRequest* request,
                                       ::trainyard::v1::CancelJobReply* reply) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const ::trainyard::v1::ListCheckpointsRequest* request,
+                                            ::trainyard::v1::ListCheckpointsReply* reply) override;
+  grpc::ServerUnaryReactor* DrainJob(grpc::CallbackServerContext* context,
+                                     const ::trainyard::v1::DrainJobRequest* request,
+                                     ::trainyard::v1::DrainJobReply* reply) override;
   grpc::ServerWriteReactor<::trainyard::v1::JobUpdate>* WatchJob(
       grpc::CallbackServerContext* context,
       const ::trainyard::v1::WatchJobRequest* request) override;

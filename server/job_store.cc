@@ -1,5 +1,6 @@
 #include "server/job_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -37,7 +38,12 @@ CREATE TABLE IF NOT EXISTS jobs(
   val_loss REAL, eta_us INTEGER, progress_us INTEGER,
   checkpoint_step INTEGER NOT NULL, checkpoint_path TEXT NOT NULL, checkpoint_us INTEGER,
   cancel_requested INTEGER NOT NULL,
-  message TEXT NOT NULL);
+  message TEXT NOT NULL,
+  drain_requested INTEGER NOT NULL DEFAULT 0,
+  checkpoint_dir TEXT NOT NULL DEFAULT '',
+  checkpoint_every_steps INTEGER NOT NULL DEFAULT 0,
+  checkpoint_interval_auto INTEGER NOT NULL DEFAULT 0,
+  checkpoint_keep INTEGER NOT NULL DEFAULT -1);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_labels(
@@ -61,9 +67,24 @@ CREATE TABLE IF NOT EXISTS events(
   time_us INTEGER, from_state INTEGER NOT NULL, to_state INTEGER NOT NULL,
   kind TEXT NOT NULL, cause TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS checkpoints(
+  job_id TEXT NOT NULL, path TEXT NOT NULL, attempt_id INTEGER NOT NULL, step INTEGER NOT NULL,
+  state INTEGER NOT NULL, bytes INTEGER NOT NULL, write_seconds REAL NOT NULL,
+  blocked_seconds REAL NOT NULL, written_us INTEGER, message TEXT NOT NULL,
+  PRIMARY KEY(job_id, path));
 CREATE TABLE IF NOT EXISTS nodes(
   node_id TEXT PRIMARY KEY, hostname TEXT NOT NULL, cpu_slots INTEGER NOT NULL,
   gpus TEXT NOT NULL, registered_us INTEGER, last_seen_us INTEGER);
+)sql";
+
+// Schema 1 -> 2: the checkpoint policy and the drain request of jobs (the checkpoints table is
+// created by kSchema). Jobs stored before keep checkpoint_keep -1: "policy not recorded".
+constexpr char kMigrateFrom1[] = R"sql(
+ALTER TABLE jobs ADD COLUMN drain_requested INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN checkpoint_every_steps INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN checkpoint_interval_auto INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN checkpoint_keep INTEGER NOT NULL DEFAULT -1;
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -147,22 +168,23 @@ absl::Status JobStore::Migrate() {
   TY_ASSIGN_OR_RETURN(auto select,
                       db_->Prepare("SELECT value FROM meta WHERE key='schema_version'"));
   TY_ASSIGN_OR_RETURN(bool has_version, select->Step());
-  if (has_version) {
-    int version = 0;
-    if (!absl::SimpleAtoi(select->Text(0), &version)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("unreadable schema_version '", select->Text(0), "'"));
-    }
-    if (version != kSchemaVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "schema version ", version, " is not the supported version ", kSchemaVersion));
-    }
-  } else {
-    TY_ASSIGN_OR_RETURN(auto insert,
-                        db_->Prepare("INSERT INTO meta(key, value) VALUES('schema_version', ?)"));
-    insert->Bind(1, absl::StrCat(kSchemaVersion));
-    TY_RETURN_IF_ERROR(insert->Run());
+  int version = kSchemaVersion;
+  if (has_version && !absl::SimpleAtoi(select->Text(0), &version)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unreadable schema_version '", select->Text(0), "'"));
   }
+  if (version == 1) {
+    TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom1), "migrating schema 1 to 2");
+  } else if (version != kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
+                                                      " is not a version this build knows (1 to ",
+                                                      kSchemaVersion, ")"));
+  }
+  TY_ASSIGN_OR_RETURN(
+      auto put,
+      db_->Prepare("INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', ?)"));
+  put->Bind(1, absl::StrCat(kSchemaVersion));
+  TY_RETURN_IF_ERROR(put->Run());
   return txn->Commit();
 }
 
@@ -183,6 +205,11 @@ absl::Status JobStore::Commit(StoreBatch& batch) {
     }
     for (const NodeRecord* node : batch.nodes) {
       TY_RETURN_IF_ERROR_WITH(PutNode(*node), absl::StrCat("store node ", node->node_id));
+    }
+    for (const JobCheckpoint& checkpoint : batch.checkpoints) {
+      TY_RETURN_IF_ERROR_WITH(
+          PutCheckpoint(checkpoint),
+          absl::StrCat("store checkpoint ", checkpoint.record.path, " of ", checkpoint.job_id));
     }
     for (EventRecord& event : batch.events) {
       TY_RETURN_IF_ERROR_WITH(AppendEvent(event), absl::StrCat("append event of ", event.job_id));
@@ -261,9 +288,9 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       created_us, attempts, restarts, current_attempt, step, total_steps, loss, lr, grad_norm,
       tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
       step_communication_ms, step_data_ms, checkpoint_step, checkpoint_path, cancel_requested,
-      message)
+      message, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto, checkpoint_keep)
     VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '')
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?)
   )sql"));
   const JobRequirements& req = job.requirements;
   insert->Bind(1, job.seq)
@@ -283,7 +310,11 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       .Bind(15, absl::ToInt64Milliseconds(req.heartbeat_timeout))
       .Bind(16, job.user)
       .Bind(17, job.client_request_id)
-      .Bind(18, TimeToMicros(job.created));
+      .Bind(18, TimeToMicros(job.created))
+      .Bind(19, req.checkpoint.dir)
+      .Bind(20, req.checkpoint.every_steps)
+      .Bind(21, int64_t{req.checkpoint.interval_auto ? 1 : 0})
+      .Bind(22, int64_t{req.checkpoint.recorded ? req.checkpoint.keep : -1});
   TY_RETURN_IF_ERROR(insert->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * label,
                       Cached("INSERT INTO job_labels(job_id, key, value) VALUES(?, ?, ?)"));
@@ -301,7 +332,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       current_attempt=?, step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
       step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
       step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
-      checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?
+      checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?,
+      drain_requested=?
     WHERE id=?
   )sql"));
   const Progress& p = job.progress;
@@ -335,7 +367,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       .Bind(24, TimeToMicros(job.last_checkpoint.written))
       .Bind(25, int64_t{job.cancel_requested ? 1 : 0})
       .Bind(26, job.message)
-      .Bind(27, job.id);
+      .Bind(27, int64_t{job.drain_requested ? 1 : 0})
+      .Bind(28, job.id);
   return update->Run();
 }
 
@@ -404,6 +437,26 @@ absl::Status JobStore::AppendEvent(EventRecord& event) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::PutCheckpoint(const JobCheckpoint& checkpoint) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
+    INSERT OR REPLACE INTO checkpoints(job_id, path, attempt_id, step, state, bytes, write_seconds,
+      blocked_seconds, written_us, message)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+  )sql"));
+  const CheckpointInfo& r = checkpoint.record;
+  put->Bind(1, checkpoint.job_id)
+      .Bind(2, r.path)
+      .Bind(3, int64_t{r.attempt_id})
+      .Bind(4, r.step)
+      .Bind(5, int64_t{static_cast<int>(r.state)})
+      .Bind(6, r.bytes)
+      .Bind(7, r.write_seconds)
+      .Bind(8, r.blocked_seconds)
+      .Bind(9, TimeToMicros(r.written))
+      .Bind(10, r.message);
+  return put->Run();
+}
+
 absl::Status JobStore::PutNode(const NodeRecord& node) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
     INSERT OR REPLACE INTO nodes(node_id, hostname, cpu_slots, gpus, registered_us, last_seen_us)
@@ -424,6 +477,7 @@ absl::StatusOr<StoredState> JobStore::Load() {
   TY_RETURN_IF_ERROR(LoadJobs(state));
   TY_RETURN_IF_ERROR(LoadAttempts(state));
   TY_RETURN_IF_ERROR(LoadNodes(state));
+  TY_RETURN_IF_ERROR(LoadCheckpoints(state));
   return state;
 }
 
@@ -434,7 +488,9 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       finished_us, attempts, restarts, current_attempt, step, total_steps, loss, lr, grad_norm,
       tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
-      checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms
+      checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
+      drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
+      checkpoint_keep
     FROM jobs ORDER BY seq
   )sql"));
   while (true) {
@@ -486,6 +542,12 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     job.cancel_requested = select->Int(40) != 0;
     job.message = select->Text(41);
     req.heartbeat_timeout = absl::Milliseconds(select->Int(42));
+    job.drain_requested = select->Int(43) != 0;
+    req.checkpoint.dir = select->Text(44);
+    req.checkpoint.every_steps = select->Int(45);
+    req.checkpoint.interval_auto = select->Int(46) != 0;
+    req.checkpoint.keep = static_cast<int>(std::max<int64_t>(select->Int(47), 0));
+    req.checkpoint.recorded = select->Int(47) >= 0;
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }
@@ -584,6 +646,32 @@ absl::Status JobStore::LoadNodes(StoredState& state) {
     node.registered = MicrosToTime(select->OptionalInt(4));
     node.last_seen = MicrosToTime(select->OptionalInt(5));
     state.nodes.push_back(std::move(node));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::LoadCheckpoints(StoredState& state) {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT job_id, path, attempt_id, step, state, bytes, write_seconds, blocked_seconds,
+      written_us, message
+    FROM checkpoints ORDER BY job_id, written_us, step, path
+  )sql"));
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    JobCheckpoint checkpoint;
+    checkpoint.job_id = select->Text(0);
+    CheckpointInfo& r = checkpoint.record;
+    r.path = select->Text(1);
+    r.attempt_id = static_cast<int>(select->Int(2));
+    r.step = select->Int(3);
+    TY_ASSIGN_OR_RETURN(r.state, CheckpointStateFromInt(select->Int(4)));
+    r.bytes = select->Int(5);
+    r.write_seconds = select->Double(6);
+    r.blocked_seconds = select->Double(7);
+    r.written = MicrosToTime(select->OptionalInt(8));
+    r.message = select->Text(9);
+    state.checkpoints.push_back(std::move(checkpoint));
   }
   return absl::OkStatus();
 }

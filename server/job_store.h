@@ -1,10 +1,12 @@
 // JobStore: the coordinator's durable state in one SQLite database (WAL journal, synchronous
 // FULL, so a committed change survives the coordinator being killed at any moment): jobs with
-// their labels, attempts with their per-rank placement and exits, the event log, and nodes.
+// their labels, attempts with their per-rank placement and exits, the event log, nodes, and the
+// checkpoint saves workers reported (one row per job and checkpoint path).
 //
 // Every mutation goes through Commit(), which applies a whole StoreBatch in one transaction:
 // either all of it is stored or none. The schema carries a version (meta.schema_version); a
-// database written by a newer version is refused with FAILED_PRECONDITION rather than misread.
+// database of an older version is migrated when opened, one written by a newer version is
+// refused with FAILED_PRECONDITION rather than misread.
 //
 // Threading: thread-safe (one internal mutex); calls are serialized.
 #ifndef TRAINYARD_SERVER_JOB_STORE_H_
@@ -26,6 +28,12 @@
 
 namespace trainyard::server {
 
+// A checkpoint record of a job.
+struct JobCheckpoint {
+  std::string job_id;
+  CheckpointInfo record;
+};
+
 // One transaction's worth of changes. Pointers must stay valid during Commit().
 struct StoreBatch {
   std::vector<const JobRecord*> new_jobs;      // inserted with labels and spec
@@ -33,10 +41,11 @@ struct StoreBatch {
   std::vector<const AttemptRecord*> attempts;  // inserted or replaced, with their ranks
   std::vector<EventRecord> events;             // appended; Commit() fills in their ids
   std::vector<const NodeRecord*> nodes;        // inserted or replaced
+  std::vector<JobCheckpoint> checkpoints;      // inserted or replaced, by (job id, path)
 
   bool empty() const {
     return new_jobs.empty() && updated_jobs.empty() && attempts.empty() && events.empty() &&
-           nodes.empty();
+           nodes.empty() && checkpoints.empty();
   }
 };
 
@@ -59,15 +68,17 @@ struct StoredState {
   std::vector<JobRecord> jobs;          // in submission order
   std::vector<AttemptRecord> attempts;  // by job, then attempt id
   std::vector<NodeRecord> nodes;
+  std::vector<JobCheckpoint> checkpoints;  // by job, then oldest first (written time, step)
   int64_t max_job_seq = 0;
 };
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
-  // Opens or creates the database at `path` (its directory must exist). INTERNAL for SQLite
-  // errors; FAILED_PRECONDITION for a schema version this build does not know.
+  // Opens or creates the database at `path` (its directory must exist), migrating one of an
+  // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;
+  // FAILED_PRECONDITION for a schema version this build does not know.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
 
   // Applies `batch` atomically. A duplicate job id or client_request_id is ALREADY_EXISTS (and
@@ -95,9 +106,11 @@ class JobStore {
   absl::Status PutAttempt(const AttemptRecord& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutCheckpoint(const JobCheckpoint& checkpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadJobs(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadAttempts(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadNodes(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadCheckpoints(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prepared statement for `sql`, kept for reuse; reset and unbound.
   absl::StatusOr<SqliteStatement*> Cached(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,62 @@ MetricFamily Family(std::string name, std::string help, MetricType type) {
   return family;
 }
 
+ClientMetric HistogramMetric(std::vector<ClientMetric::Label> labels, const Histogram& histogram) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.histogram.sample_count = histogram.count();
+  metric.histogram.sample_sum = histogram.sum();
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < histogram.counts().size(); ++i) {
+    cumulative += histogram.counts()[i];
+    const double bound = i < histogram.bounds().size() ? histogram.bounds()[i]
+                                                       : std::numeric_limits<double>::infinity();
+    metric.histogram.bucket.push_back({cumulative, bound});
+  }
+  return metric;
+}
+
+std::vector<ClientMetric::Label> JobLabels(const JobMetrics& job) {
+  std::vector<ClientMetric::Label> labels = {{"job_id", job.job_id}, {"job_name", job.name}};
+  for (const auto& [key, value] : job.labels) labels.push_back({LabelName(key), value});
+  return labels;
+}
+
+// The checkpoint families, for the jobs whose spec checkpoints. Histograms and the failure
+// counter hold what was reported since the coordinator started; the gauges, the newest
+// committed checkpoint (absent while there is none).
+std::vector<MetricFamily> CheckpointFamilies(const std::vector<JobMetrics>& jobs) {
+  MetricFamily duration = Family("trainyard_checkpoint_duration_seconds",
+                                 "Time to write a committed checkpoint, from the snapshot to the "
+                                 "commit of its manifest",
+                                 MetricType::Histogram);
+  MetricFamily blocked = Family("trainyard_checkpoint_blocked_seconds",
+                                "Time training was blocked by a checkpoint save (committed or "
+                                "failed)",
+                                MetricType::Histogram);
+  MetricFamily bytes = Family("trainyard_checkpoint_bytes",
+                              "Size of the newest committed checkpoint", MetricType::Gauge);
+  MetricFamily step = Family("trainyard_checkpoint_last_committed_step",
+                             "Step of the newest committed checkpoint", MetricType::Gauge);
+  MetricFamily failures =
+      Family("trainyard_checkpoint_failures_total",
+             "Checkpoint saves that failed since the coordinator started", MetricType::Counter);
+  for (const JobMetrics& job : jobs) {
+    if (!job.checkpointing) continue;
+    const std::vector<ClientMetric::Label> labels = JobLabels(job);
+    duration.metric.push_back(HistogramMetric(labels, job.checkpoints.write_seconds));
+    blocked.metric.push_back(HistogramMetric(labels, job.checkpoints.blocked_seconds));
+    failures.metric.push_back(
+        Metric(labels, static_cast<double>(job.checkpoints.failures), MetricType::Counter));
+    if (job.last_checkpoint.path.empty()) continue;
+    bytes.metric.push_back(
+        Metric(labels, static_cast<double>(job.last_checkpoint.bytes), MetricType::Gauge));
+    step.metric.push_back(
+        Metric(labels, static_cast<double>(job.last_checkpoint.step), MetricType::Gauge));
+  }
+  return {duration, blocked, bytes, step, failures};
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
@@ -71,8 +128,7 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
   MetricFamily step_time = Family("trainyard_job_step_time_seconds",
                                   "Wall time of one optimizer step", MetricType::Gauge);
   for (const JobMetrics& job : snapshot.jobs) {
-    std::vector<ClientMetric::Label> labels = {{"job_id", job.job_id}, {"job_name", job.name}};
-    for (const auto& [key, value] : job.labels) labels.push_back({LabelName(key), value});
+    const std::vector<ClientMetric::Label> labels = JobLabels(job);
     const Progress& p = job.progress;
     step.metric.push_back(Metric(labels, static_cast<double>(p.step), MetricType::Gauge));
     loss.metric.push_back(Metric(labels, p.loss, MetricType::Gauge));
@@ -94,7 +150,12 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
     connected.metric.push_back(Metric(labels, node.connected ? 1 : 0, MetricType::Gauge));
     free.metric.push_back(Metric(labels, node.free_slots, MetricType::Gauge));
   }
-  return {jobs, attempts, restarts, step, loss, tokens, step_time, age, connected, free};
+  std::vector<MetricFamily> families = {jobs,   attempts,  restarts, step,      loss,
+                                        tokens, step_time, age,      connected, free};
+  for (MetricFamily& family : CheckpointFamilies(snapshot.jobs)) {
+    families.push_back(std::move(family));
+  }
+  return families;
 }
 
 std::vector<MetricFamily> CoordinatorMetrics::Collect() const {

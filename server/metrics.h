@@ -9,6 +9,14 @@
 //   trainyard_job_loss{...}                        gauge: training loss of the latest report
 //   trainyard_job_tokens_per_second{...}           gauge
 //   trainyard_job_step_time_seconds{...}           gauge
+//   trainyard_checkpoint_duration_seconds{...}     histogram: write time of committed saves,
+//                                                  buckets 0.1 s to 1 h
+//   trainyard_checkpoint_blocked_seconds{...}      histogram: training blocked per save
+//   trainyard_checkpoint_bytes{...}                gauge: size of the newest committed checkpoint
+//   trainyard_checkpoint_last_committed_step{...}  gauge
+//   trainyard_checkpoint_failures_total{...}       counter: failed saves
+//     (the checkpoint series exist for jobs whose spec checkpoints; the histograms and the
+//     counter count each reported save once, from the coordinator's start)
 //   trainyard_node_heartbeat_age_seconds{node}     gauge
 //   trainyard_node_connected{node}                 gauge: 1 or 0
 //   trainyard_node_free_slots{node}                gauge

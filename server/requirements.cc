@@ -5,6 +5,16 @@
 
 namespace trainyard::server {
 
+CheckpointPolicy CheckpointPolicyFromSpec(const config::CheckpointSpec& spec) {
+  CheckpointPolicy policy;
+  if (!spec.enabled()) return policy;
+  policy.keep = spec.keep;
+  policy.dir = spec.dir;
+  policy.every_steps = spec.interval_steps();
+  policy.interval_auto = !spec.every_steps.has_value();
+  return policy;
+}
+
 absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec) {
   JobRequirements req;
   req.nodes = spec.resources.nodes;
@@ -16,6 +26,7 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
   req.mesh.zero_stage = spec.parallelism.zero;
   req.max_restarts = spec.fault_tolerance.max_restarts;
   req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
+  req.checkpoint = CheckpointPolicyFromSpec(spec.checkpoint);
   if (req.nodes < 1 || req.ranks_per_node < 1) {
     return absl::InvalidArgumentError(
         "resources: nodes and devices_per_node must both be at least 1");

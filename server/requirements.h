@@ -1,5 +1,5 @@
 // Extracts what the coordinator needs from a parsed job spec (placement shape, mesh, restart
-// limit) and checks the cross-field rules placement depends on.
+// limit, checkpoint policy) and checks the cross-field rules placement depends on.
 //
 // Threading: a plain function.
 #ifndef TRAINYARD_SERVER_REQUIREMENTS_H_
@@ -15,6 +15,11 @@ namespace trainyard::server {
 // of resources (nodes x devices_per_node) must equal dp x tp x pp, and a tensor-parallel group
 // (tp consecutive ranks) must fit inside one node.
 absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
+
+// The checkpoint section as the coordinator shows it: `every_steps: auto` becomes the fixed
+// interval the workers use for it (config::kAutoCheckpointEverySteps) with interval_auto set.
+// Without a checkpoint dir: an empty dir, interval 0 and keep 0.
+CheckpointPolicy CheckpointPolicyFromSpec(const config::CheckpointSpec& spec);
 
 }  // namespace trainyard::server
 

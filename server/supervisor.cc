@@ -59,6 +59,7 @@ absl::Status Supervisor::Restore() {
     }
     entry->attempts.push_back(std::move(attempt));
   }
+  RestoreCheckpointsLocked(std::move(state.checkpoints));
   for (auto& [id, entry] : jobs_) {
     if (IsFinal(entry.job.state)) continue;
     live_jobs_.insert(id);
@@ -146,8 +147,12 @@ void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string 
 absl::Status Supervisor::CommitLocked(Txn& txn) {
   absl::Status status = store_->Commit(txn.batch);
   if (!status.ok()) {
-    // Memory stays the truth; the next commit of the same rows rewrites them whole.
+    // Memory stays the truth; the next commit of the same rows rewrites them whole. Checkpoint
+    // rows are written once, so they go again with the next Tick.
     TY_LOG(ERROR) << "job store commit failed: " << status;
+    for (const JobCheckpoint& checkpoint : txn.batch.checkpoints) {
+      unsaved_checkpoints_.insert({checkpoint.job_id, checkpoint.record.path});
+    }
   }
   for (JobEntry* entry : txn.touched) {
     entry->progress_dirty = false;
@@ -182,7 +187,7 @@ void Supervisor::RunAfter(Txn& txn) {
 }
 
 void Supervisor::EnqueueLocked(JobEntry& entry) {
-  if (entry.job.cancel_requested) return;
+  if (entry.job.cancel_requested || entry.job.drain_requested) return;
   PendingJob pending;
   pending.job_id = entry.job.id;
   pending.priority = entry.job.priority;
@@ -431,6 +436,7 @@ void Supervisor::Tick() {
         CollectSoftStateLocked(entry, soft);
       }
     }
+    RetryUnsavedCheckpointsLocked(txn);
     ScheduleLocked(txn);
     CommitLocked(txn).IgnoreError();
   }
@@ -470,14 +476,18 @@ MetricsSnapshot Supervisor::Metrics() {
   MetricsSnapshot snapshot;
   {
     absl::MutexLock lock(&mu_);
-    for (int s = 1; s <= 7; ++s) snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
+    for (int s = 1; s <= kLastJobState; ++s) {
+      snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
+    }
     const absl::Time now = clock_->Now();
     for (const auto& [id, entry] : jobs_) {
       const JobRecord& job = entry.job;
       ++snapshot.jobs_by_state[job.state];
       snapshot.attempts_total += job.attempts;
       if (!IsFinal(job.state) || now - job.finished <= options_.finished_job_metrics_retention) {
-        snapshot.jobs.push_back(JobMetrics{job.id, job.name, job.state, job.progress, job.labels});
+        snapshot.jobs.push_back(JobMetrics{job.id, job.name, job.state, job.progress, job.labels,
+                                           job.requirements.checkpoint.enabled(),
+                                           job.last_checkpoint, entry.checkpoints.stats()});
       }
     }
     snapshot.restarts_by_cause = restarts_by_cause_;

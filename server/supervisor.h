@@ -5,13 +5,24 @@
 //                +-----------+--> RESTARTING -> STARTING ...   (a rank failed, restarts remain)
 //                            +--> FAILED                       (no restarts remain)
 //   any non-final state ------> CANCELLED                      (CancelJob)
+//   any non-final state ------> DRAINED                        (DrainJob)
 //
-// and drives it from four kinds of input: user calls (Submit, Cancel), agent reports (connect,
-// heartbeat, worker started/exited), worker calls (Join, ReportProgress) and Tick() (timeouts,
-// lost nodes, scheduling, progress persistence). Every transition is written to the JobStore
-// together with a durable event naming its cause, before any order that follows from it is sent
-// to an agent. Finals are reached only when every worker of the attempt is gone, so a FAILED or
-// CANCELLED job has no process left.
+// and drives it from four kinds of input: user calls (Submit, Cancel, Drain), agent reports
+// (connect, heartbeat, worker started/exited), worker calls (Join, ReportProgress) and Tick()
+// (timeouts, lost nodes, scheduling, progress persistence). Every transition is written to the
+// JobStore together with a durable event naming its cause, before any order that follows from it
+// is sent to an agent. Finals are reached only when every worker of the attempt is gone, so a
+// FAILED, CANCELLED or DRAINED job has no process left.
+//
+// Checkpoints: rank 0 reports every save that ended (ProgressUpdate::checkpoints); each new
+// record is stored with a "checkpoint" event in one transaction (CheckpointLedger tells repeats,
+// which workers send until acknowledged, from news). The job's last_checkpoint is its newest
+// committed one by step, and every new attempt is told to resume from it (JoinInfo).
+//
+// Drain: a durable flag (drain_requested). While it is set, every progress report of the live
+// attempt is answered kDrain; the ranks checkpoint and exit 0, and the job becomes DRAINED. A
+// rank failure while draining fails the job (no restart). A job with no worker running drains at
+// once.
 //
 // Restart after a coordinator crash: Create() reloads jobs and attempts; live attempts keep
 // their slots, and when their agents reconnect and list their running workers those workers are
@@ -43,6 +54,7 @@
 #include "common/clock.h"
 #include "config/spec.h"
 #include "server/agent_registry.h"
+#include "server/checkpoint_ledger.h"
 #include "server/job_store.h"
 #include "server/kv_space.h"
 #include "server/scheduler.h"
@@ -104,7 +116,13 @@ struct ProgressUpdate {
   double tokens_per_second = 0;
   StepTimes step_times;
   std::optional<double> val_loss;
-  CheckpointInfo checkpoint;  // path empty: none
+  // The newest complete checkpoint the rank knows (path empty: none). Only a worker that does
+  // not send `checkpoints` needs it; a path the ledger knows is ignored here.
+  CheckpointInfo checkpoint;
+  // Rank 0: saves that ended since its last acknowledged report, oldest first. Invalid records
+  // (CheckpointLedger::Validate) are logged and dropped; attempt_id 0 means this report's
+  // attempt, an unset written time the time of the report.
+  std::vector<CheckpointInfo> checkpoints;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
@@ -161,6 +179,9 @@ struct JobMetrics {
   JobState state = JobState::kQueued;
   Progress progress;
   std::map<std::string, std::string> labels;
+  bool checkpointing = false;      // the spec has a checkpoint section
+  CheckpointInfo last_checkpoint;  // the newest committed; path empty: none
+  CheckpointStats checkpoints;     // saves reported since the coordinator started
 };
 struct MetricsSnapshot {
   std::map<JobState, int64_t> jobs_by_state;  // every state present, zeros included
@@ -183,8 +204,15 @@ class Supervisor {
   // INVALID_ARGUMENT with the parser's message for a bad spec (nothing stored);
   // RESOURCE_EXHAUSTED over 1 MiB; UNAVAILABLE when shutting down; INTERNAL on store failure.
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
-  // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED or FAILED job; OK (no-op) when CANCELLED.
+  // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or DRAINED job; OK (no-op) when
+  // CANCELLED.
   absl::StatusOr<JobRecord> Cancel(const std::string& job_id, const std::string& reason);
+  // Asks the job's ranks to checkpoint and exit (see the class comment and DrainJob in the
+  // proto). NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or CANCELLED job or one being
+  // cancelled; OK (no-op) when DRAINED or already draining; INTERNAL when the store fails.
+  absl::StatusOr<JobRecord> Drain(const std::string& job_id, const std::string& reason);
+  // Every checkpoint record of the job, oldest first (written time, then step). NOT_FOUND.
+  absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job_id);
   absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);
   // Newest first, spec_yaml left empty; `states` empty means all.
   std::vector<JobRecord> ListJobs(const std::set<JobState>& states, int limit);
@@ -251,6 +279,7 @@ class Supervisor {
     bool attempt_dirty = false;
     absl::Time progress_flushed = absl::InfinitePast();
     std::map<uint64_t, std::shared_ptr<JobWatcher>> watchers;
+    CheckpointLedger checkpoints;
   };
   // Changes of one operation: stored together, then watchers notified, then orders sent (still
   // under the lock, so orders keep their order), then `after` run without the lock.
@@ -264,6 +293,10 @@ class Supervisor {
   Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
              SupervisorOptions options);
   absl::Status Restore();
+  // Gives the restored jobs their checkpoint records, newest committed checkpoint and (for jobs
+  // stored before it was recorded) checkpoint policy.
+  void RestoreCheckpointsLocked(std::vector<JobCheckpoint> checkpoints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
@@ -308,6 +341,19 @@ class Supervisor {
   void UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Checkpoints and drain (supervisor_checkpoints.cc).
+  // Stores and announces the new records of rank 0's report; updates last_checkpoint.
+  void RecordCheckpointsLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The report's last_checkpoint, from a worker that does not send records.
+  void RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records whose commit failed go again with the next transaction.
+  void RetryUnsavedCheckpointsLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The final transition of a drained job (no worker left).
+  void FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string& context)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Agent reconciliation.
   void ReconcileLocked(Txn& txn, const std::string& node_id,
                        const std::vector<RunningWorker>& running, bool on_connect)
@@ -337,6 +383,8 @@ class Supervisor {
   // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
   // once per grace period.
   std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);
+  // (job id, path) of checkpoint records a failed commit did not store.
+  std::set<std::pair<std::string, std::string>> unsaved_checkpoints_ ABSL_GUARDED_BY(mu_);
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
 };
 

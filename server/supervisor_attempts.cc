@@ -164,16 +164,24 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
   FailJoinWaitersLocked(txn, entry,
                         absl::FailedPreconditionError(
                             absl::StrCat("attempt ", attempt.attempt_id, " failed: ", cause)));
-  if (!job.cancel_requested && job.restarts < job.requirements.max_restarts) {
+  // A job being cancelled or drained is never restarted: the user asked it to stop.
+  if (!job.cancel_requested && !job.drain_requested &&
+      job.restarts < job.requirements.max_restarts) {
     ++restarts_by_cause_[kind];
     Transition(txn, entry, JobState::kRestarting, kind,
                absl::StrCat(cause, "; restarting (", job.restarts + 1, " of ",
                             job.requirements.max_restarts, " restarts)"));
   } else {
-    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, kind,
-             job.cancel_requested ? cause
-                                  : absl::StrCat(cause, "; no restarts left (", job.restarts,
-                                                 " of ", job.requirements.max_restarts, " used)"));
+    std::string why;
+    if (job.cancel_requested) {
+      why = cause;
+    } else if (job.drain_requested) {
+      why = absl::StrCat(cause, "; the job was draining: no restart");
+    } else {
+      why = absl::StrCat(cause, "; no restarts left (", job.restarts, " of ",
+                         job.requirements.max_restarts, " used)");
+    }
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, kind, std::move(why));
   }
   StopRemainingLocked(txn, entry, attempt, cause);
 }
@@ -216,10 +224,22 @@ void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
   if (attempt.state != AttemptState::kStopping) {
     attempt.state = AttemptState::kSucceeded;
     attempt.cause = absl::StrCat("all ", attempt.ranks.size(), " ranks exited with code 0");
+    if (job.drain_requested) {
+      absl::StrAppend(&attempt.cause, " after the drain");
+      FinishDrainLocked(txn, entry, attempt.cause);
+      return;
+    }
     Transition(txn, entry, JobState::kSucceeded, "succeeded", attempt.cause);
     return;
   }
   attempt.state = AttemptState::kFailed;
+  if (job.state == JobState::kRestarting && job.drain_requested) {
+    // It failed before the drain was asked for; the restart it was waiting for will not come.
+    FinishDrainLocked(
+        txn, entry,
+        absl::StrCat("every worker of the failed attempt ", attempt.attempt_id, " is gone"));
+    return;
+  }
   if (job.state == JobState::kRestarting) {
     AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",
              absl::StrCat("every worker of attempt ", attempt.attempt_id,

@@ -100,17 +100,9 @@ void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressU
   }
   progress.reported = now;
   entry.progress_dirty = true;
-  const CheckpointInfo& checkpoint = update.checkpoint;
-  if (!checkpoint.path.empty() && (checkpoint.step > entry.job.last_checkpoint.step ||
-                                   entry.job.last_checkpoint.path.empty())) {
-    entry.job.last_checkpoint = checkpoint;
-    if (entry.job.last_checkpoint.written == absl::InfinitePast()) {
-      entry.job.last_checkpoint.written = now;
-    }
-    AddEvent(txn, entry, entry.job.current_attempt, entry.job.state, entry.job.state, "checkpoint",
-             absl::StrCat("checkpoint of step ", checkpoint.step, " at ", checkpoint.path));
-    return;
-  }
+  RecordReportedCheckpointLocked(txn, entry, update);
+  // A touched job's watchers hear of it when the transaction commits (with its events).
+  if (txn.touched.count(&entry) > 0) return;
   for (auto& [id, watcher] : entry.watchers) watcher->OnUpdate(entry.job, nullptr);
 }
 
@@ -134,11 +126,15 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", update.rank, " is outside the world of ", attempt->ranks.size()));
     }
+    // A save that ended is a fact even when the attempt is being torn down: record it first.
+    if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
     if (attempt->state == AttemptState::kStopping) {
       reply.order = WorkerOrder::kStop;
-      return reply;
+    } else {
+      if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
+      // Repeated on every report while draining, so a lost reply costs nothing.
+      if (entry->job.drain_requested) reply.order = WorkerOrder::kDrain;
     }
-    if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
     CommitLocked(txn).IgnoreError();
   }
   RunAfter(txn);

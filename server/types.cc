@@ -23,6 +23,20 @@ const char* JobStateName(JobState state) {
       return "FAILED";
     case JobState::kCancelled:
       return "CANCELLED";
+    case JobState::kDrained:
+      return "DRAINED";
+  }
+  return "UNKNOWN";
+}
+
+const char* CheckpointStateName(CheckpointState state) {
+  switch (state) {
+    case CheckpointState::kCommitted:
+      return "COMMITTED";
+    case CheckpointState::kFailed:
+      return "FAILED";
+    case CheckpointState::kSkipped:
+      return "SKIPPED";
   }
   return "UNKNOWN";
 }
@@ -47,7 +61,7 @@ const char* AttemptStateName(AttemptState state) {
 
 bool IsFinal(JobState state) {
   return state == JobState::kSucceeded || state == JobState::kFailed ||
-         state == JobState::kCancelled;
+         state == JobState::kCancelled || state == JobState::kDrained;
 }
 
 bool IsFinal(AttemptState state) {
@@ -56,7 +70,9 @@ bool IsFinal(AttemptState state) {
 }
 
 absl::StatusOr<JobState> JobStateFromInt(int64_t value) {
-  if (value < 1 || value > 7) return absl::InternalError(absl::StrCat("bad job state ", value));
+  if (value < 1 || value > kLastJobState) {
+    return absl::InternalError(absl::StrCat("bad job state ", value));
+  }
   return static_cast<JobState>(value);
 }
 
@@ -65,6 +81,13 @@ absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value) {
     return absl::InternalError(absl::StrCat("bad attempt state ", value));
   }
   return static_cast<AttemptState>(value);
+}
+
+absl::StatusOr<CheckpointState> CheckpointStateFromInt(int64_t value) {
+  if (value < 1 || value > 3) {
+    return absl::InternalError(absl::StrCat("bad checkpoint state ", value));
+  }
+  return static_cast<CheckpointState>(value);
 }
 
 std::string JobIdForSeq(int64_t seq) {

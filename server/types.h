@@ -27,7 +27,9 @@ enum class JobState {
   kSucceeded = 5,
   kFailed = 6,
   kCancelled = 7,
+  kDrained = 8,
 };
+inline constexpr int kLastJobState = 8;  // JobState values are 1..kLastJobState
 
 // Stored in SQLite; matches trainyard.v1.AttemptState; never renumber.
 enum class AttemptState {
@@ -41,19 +43,41 @@ enum class AttemptState {
 
 enum class DeviceKind { kCpu = 0, kGpu = 1 };
 
+// Stored in SQLite; matches trainyard.v1.CheckpointState; never renumber.
+enum class CheckpointState {
+  kCommitted = 1,  // its manifest is durable: it can be resumed from
+  kFailed = 2,     // the save failed; training went on
+  kSkipped = 3,    // a due save was skipped
+};
+
 const char* JobStateName(JobState state);  // "QUEUED", "STARTING", ...
 const char* AttemptStateName(AttemptState state);
+const char* CheckpointStateName(CheckpointState state);  // "COMMITTED", "FAILED", "SKIPPED"
 bool IsFinal(JobState state);
 bool IsFinal(AttemptState state);
 // Values read back from the store are checked: INTERNAL for a number no state has.
 absl::StatusOr<JobState> JobStateFromInt(int64_t value);
 absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value);
+absl::StatusOr<CheckpointState> CheckpointStateFromInt(int64_t value);
 
 struct Mesh {
   int dp = 1;
   int tp = 1;
   int pp = 1;
   int zero_stage = 0;
+};
+
+// How a job checkpoints, from its spec's checkpoint section.
+struct CheckpointPolicy {
+  std::string dir;          // empty: the job does not checkpoint
+  int64_t every_steps = 0;  // the interval in force (for `auto`, the fixed interval it stands for)
+  bool interval_auto = false;  // the spec says `every_steps: auto`
+  int keep = 0;                // committed checkpoints kept on disk
+  // False for a job stored before the policy was recorded (schema 1): the supervisor derives the
+  // policy from the job's spec when it restores the job.
+  bool recorded = true;
+
+  bool enabled() const { return !dir.empty(); }
 };
 
 // What the scheduler and supervisor need from a job spec, extracted once at submission and
@@ -66,6 +90,7 @@ struct JobRequirements {
   int max_restarts = 2;
   // A node silent (or disconnected) this long is lost for this job: its ranks count as failed.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  CheckpointPolicy checkpoint;
 
   int world_size() const { return nodes * ranks_per_node; }
 };
@@ -79,10 +104,18 @@ struct StepTimes {
   double data_ms = 0;
 };
 
+// One checkpoint save as rank 0 reported it (or, from a worker that reports only its newest
+// complete checkpoint, step, path and time with the other fields zero).
 struct CheckpointInfo {
   int64_t step = 0;
-  std::string path;  // empty: none
-  absl::Time written = absl::InfinitePast();
+  std::string path;                           // the checkpoint directory; empty: none
+  absl::Time written = absl::InfinitePast();  // committed (or failed)
+  CheckpointState state = CheckpointState::kCommitted;
+  int64_t bytes = 0;           // every shard file and the manifest
+  double write_seconds = 0;    // from the snapshot to the commit
+  double blocked_seconds = 0;  // training blocked by this save
+  std::string message;         // FAILED/SKIPPED: why
+  int attempt_id = 0;          // the attempt that wrote it
 };
 
 struct Progress {
@@ -116,9 +149,10 @@ struct JobRecord {
   int restarts = 0;
   int current_attempt = 0;  // 0: none yet
   Progress progress;
-  CheckpointInfo last_checkpoint;
+  CheckpointInfo last_checkpoint;  // the newest committed (by step); path empty: none
   bool cancel_requested = false;
-  std::string message;  // why it failed or was cancelled
+  bool drain_requested = false;
+  std::string message;  // why it failed, was cancelled or drained
 };
 
 struct RankExit {

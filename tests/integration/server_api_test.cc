@@ -364,6 +364,84 @@ TEST_F(ServerApiTest, FailedRankRestartsThenFailsNamingRankNodeAndLog) {
   EXPECT_EQ(nodes.nodes(0).free_slots(), 2);
 }
 
+TEST_F(ServerApiTest, CheckpointRecordsAreListedAndDrainEndsTheJobDrained) {
+  const std::string job =
+      Submit(SmallSpec("drained") + "checkpoint: {dir: ckpt/drained, every_steps: auto}\n");
+  v1::GetJobReply status = GetJob(job);
+  EXPECT_EQ(status.job().checkpoint_policy().dir(), "ckpt/drained");
+  EXPECT_EQ(status.job().checkpoint_policy().every_steps(), 100);
+  EXPECT_TRUE(status.job().checkpoint_policy().interval_auto());
+  StartAgent(2);
+  ExpectStarts(job, 1, 2);
+  JoinAll(job, 1, 2);
+
+  v1::ProgressReport report;
+  report.set_job_id(job);
+  report.set_attempt_id(1);
+  report.set_step(3);
+  v1::Checkpoint* saved = report.add_checkpoints();
+  saved->set_step(3);
+  saved->set_path("ckpt/drained/step-3");
+  saved->set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  saved->set_bytes(1 << 20);
+  saved->set_write_seconds(0.5);
+  saved->set_blocked_seconds(0.1);
+  v1::ProgressReply reply;
+  ASSERT_TRUE(workers_->ReportProgress(Deadline(5).get(), report, &reply).ok());
+  EXPECT_EQ(reply.order(), v1::ORDER_CONTINUE);
+  ASSERT_TRUE(workers_->ReportProgress(Deadline(5).get(), report, &reply).ok());  // a repeat
+
+  v1::ListCheckpointsRequest list;
+  list.set_job_id(job);
+  v1::ListCheckpointsReply listed;
+  ASSERT_TRUE(jobs_->ListCheckpoints(Deadline(5).get(), list, &listed).ok());
+  ASSERT_EQ(listed.checkpoints_size(), 1);
+  EXPECT_EQ(listed.checkpoints(0).path(), "ckpt/drained/step-3");
+  EXPECT_EQ(listed.checkpoints(0).state(), v1::CHECKPOINT_STATE_COMMITTED);
+  EXPECT_EQ(listed.checkpoints(0).attempt_id(), 1);
+  EXPECT_GT(listed.checkpoints(0).written_unix_ms(), 0);
+  EXPECT_EQ(GetJob(job).job().last_checkpoint().bytes(), 1 << 20);
+  const std::string metrics = HttpGet(
+      WaitForFileLine(scratch_ + "/state/metrics.addr", std::chrono::seconds(5)), "/metrics");
+  const std::string labels = absl::StrCat("{job_id=\"", job, "\",job_name=\"drained\"}");
+  EXPECT_THAT(metrics, HasSubstr("trainyard_checkpoint_last_committed_step" + labels + " 3"));
+  EXPECT_THAT(metrics, HasSubstr("trainyard_checkpoint_duration_seconds_count" + labels + " 1"));
+
+  v1::DrainJobRequest drain;
+  drain.set_job_id(job);
+  v1::DrainJobReply drained;
+  ASSERT_TRUE(jobs_->DrainJob(Deadline(5).get(), drain, &drained).ok());
+  EXPECT_TRUE(drained.job().drain_requested());
+  EXPECT_EQ(Report(job, 1, 4).order(), v1::ORDER_DRAIN);
+  report.set_rank(1);
+  report.clear_checkpoints();
+  ASSERT_TRUE(workers_->ReportProgress(Deadline(5).get(), report, &reply).ok());
+  EXPECT_EQ(reply.order(), v1::ORDER_DRAIN);
+  agent_->Exited(job, 1, 0, 0, 0);
+  agent_->Exited(job, 1, 1, 0, 0);
+  v1::GetJobReply final_state = WaitForState(job, v1::JOB_STATE_DRAINED);
+  EXPECT_EQ(final_state.job().state(), v1::JOB_STATE_DRAINED);
+  EXPECT_EQ(final_state.job().message(), "drained at step 3: checkpoint ckpt/drained/step-3");
+
+  // Bad input: an unknown job, an empty id; a finished job cannot be drained (except again).
+  drain.set_job_id("j-999999");
+  EXPECT_EQ(jobs_->DrainJob(Deadline(5).get(), drain, &drained).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  list.set_job_id("j-999999");
+  EXPECT_EQ(jobs_->ListCheckpoints(Deadline(5).get(), list, &listed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  list.set_job_id("");
+  EXPECT_EQ(jobs_->ListCheckpoints(Deadline(5).get(), list, &listed).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  drain.set_job_id(job);
+  EXPECT_TRUE(jobs_->DrainJob(Deadline(5).get(), drain, &drained).ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job);
+  v1::CancelJobReply cancelled;
+  EXPECT_EQ(jobs_->CancelJob(Deadline(5).get(), cancel, &cancelled).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_F(ServerApiTest, RefusesExposedAddressWithoutTlsAndASecondServerOnTheSameState) {
   const std::string binary = BinaryDir() + "/server/trainyard-server";
   ProcessResult exposed = RunProcess(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "tools/cli/checkpoint_format.h"
 #include "tools/cli/format.h"
 #include "tools/cli/job_client.h"
 #include "tools/cli/server_address.h"
@@ -24,12 +25,21 @@ constexpr char kUsage[] = R"(usage: trainyard [--server HOST:PORT] [--json] COMM
 commands:
   submit SPEC.yaml [--watch]        queue a job and print its id; --watch follows it to the end
   list [--state STATE]... [--limit N]
-  status JOB                        state, attempts, mesh, progress, ETA, checkpoint, failures
-  watch JOB                         live progress until the job ends (exit 0/1/4: succeeded,
-                                    failed, cancelled)
+  status JOB                        state, attempts, mesh, progress, ETA, checkpointing,
+                                    newest checkpoint, failures
+  watch JOB                         live progress until the job ends (exit 0/1/4/5: succeeded,
+                                    failed, cancelled, drained)
   logs JOB [--rank R] [--attempt A] [--tail N] [--follow]
+  checkpoints JOB                   every checkpoint save: step, time, size, write and blocked
+                                    seconds, state, path
   cancel JOB [--reason TEXT]
+  drain JOB [--reason TEXT]         the ranks checkpoint at a step they agree on and exit; the
+                                    job ends DRAINED, and resubmitting its spec continues from
+                                    that checkpoint
   nodes                             the agents and their slots
+
+exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
+unknown job, a job in the wrong state), 3 coordinator unreachable, 4 cancelled, 5 drained.
 
 --server defaults to $TRAINYARD_SERVER, else ./trainyard-state/server.addr.
 --json prints machine-readable JSON (one object per line) for every command.
@@ -65,6 +75,8 @@ const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
       {"watch", {}},
       {"logs", {{"rank", true}, {"attempt", true}, {"tail", true}, {"follow", false}}},
       {"cancel", {{"reason", true}}},
+      {"drain", {{"reason", true}}},
+      {"checkpoints", {}},
       {"nodes", {}},
   };
   return *flags;
@@ -181,6 +193,8 @@ class Cli {
     }
     if (c == "logs") return Logs();
     if (c == "cancel") return Cancel();
+    if (c == "drain") return Drain();
+    if (c == "checkpoints") return Checkpoints();
     return Nodes();
   }
 
@@ -225,7 +239,8 @@ class Cli {
             state == v1::JOB_STATE_UNSPECIFIED) {
           return absl::InvalidArgumentError(absl::StrCat(
               "unknown state '", name,
-              "' (queued, starting, running, restarting, succeeded, failed, cancelled)"));
+              "' (queued, starting, running, restarting, succeeded, failed, cancelled, "
+              "drained)"));
         }
         states.push_back(state);
       }
@@ -263,6 +278,36 @@ class Cli {
     } else {
       out_ << "cancelling " << job.id() << " (" << StateName(job.state())
            << "); its workers are being stopped" << std::endl;
+    }
+    return 0;
+  }
+
+  absl::StatusOr<int> Drain() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Drain(id, line_.Value("reason")));
+    if (line_.json) {
+      out_ << ToJson(job) << std::endl;
+    } else if (job.state() == v1::JOB_STATE_DRAINED) {
+      out_ << job.id() << " is DRAINED: " << job.message() << std::endl;
+    } else {
+      out_ << "draining " << job.id() << " (" << StateName(job.state()) << "): its ranks "
+           << (job.checkpoint_policy().dir().empty()
+                   ? "stop at a step they agree on (the spec has no checkpoint section)"
+                   : "checkpoint at a step they agree on")
+           << ", then exit; `trainyard watch " << job.id() << "` follows it" << std::endl;
+    }
+    return 0;
+  }
+
+  absl::StatusOr<int> Checkpoints() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    TY_ASSIGN_OR_RETURN(const std::vector<v1::Checkpoint> checkpoints, client_.ListCheckpoints(id));
+    if (line_.json) {
+      v1::ListCheckpointsReply reply;
+      for (const v1::Checkpoint& checkpoint : checkpoints) *reply.add_checkpoints() = checkpoint;
+      out_ << ToJson(reply) << std::endl;
+    } else {
+      out_ << CheckpointTable(checkpoints, io_.time_zone);
     }
     return 0;
   }

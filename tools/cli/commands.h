@@ -4,15 +4,18 @@
 //   trainyard [--server ADDR] [--json] COMMAND ...
 //     submit SPEC.yaml [--watch]     queue a job; prints its id (--watch: then watch it)
 //     list [--state S]... [--limit N]
-//     status JOB                     state, attempts, mesh, progress, ETA, checkpoint, failures
+//     status JOB                     state, attempts, mesh, progress, ETA, checkpoints, failures
 //     watch JOB                      live progress bar and loss sparkline until the job ends
 //     logs JOB [--rank R] [--attempt A] [--tail N] [--follow]
+//     checkpoints JOB                every checkpoint save: step, time, size, cost, state, path
 //     cancel JOB [--reason TEXT]
+//     drain JOB [--reason TEXT]      checkpoint and stop, to be continued by a resubmission
 //     nodes
 //
 // Exit codes: 0 success (watch: the job SUCCEEDED); 1 the job FAILED, or an unexpected error;
-// 2 bad input (flags, spec, unknown job: the server's one-line message is printed); 3 the
-// coordinator cannot be reached; 4 the job was CANCELLED (watch, submit --watch).
+// 2 bad input (flags, spec, unknown job, a job in the wrong state: the server's one-line message
+// is printed); 3 the coordinator cannot be reached; 4 the job was CANCELLED, 5 the job was
+// DRAINED (watch, submit --watch).
 //
 // Threading: one call at a time.
 #ifndef TRAINYARD_TOOLS_CLI_COMMANDS_H_
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
 
@@ -30,6 +34,7 @@ namespace trainyard::cli {
 
 struct CliIo {
   std::ostream* out = nullptr;
+  absl::TimeZone time_zone;  // for times of day (`checkpoints`); default UTC
   std::ostream* err = nullptr;
   bool out_is_tty = false;  // redraw the watch line in place
   std::string server_env;   // $TRAINYARD_SERVER

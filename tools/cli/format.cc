@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "tools/cli/checkpoint_format.h"
 
 namespace trainyard::cli {
 namespace {
@@ -42,25 +43,6 @@ std::string Loss(const v1::Progress& p) {
 
 std::string Age(int64_t since_ms, int64_t now_ms) {
   return since_ms > 0 ? FormatDuration(now_ms - since_ms) : "-";
-}
-
-// Left-aligned columns, two spaces apart.
-std::string Table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    if (widths.size() < row.size()) widths.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  std::string text;
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    absl::StrAppend(&text, line, "\n");
-  }
-  return text;
 }
 
 std::string Labels(const google::protobuf::Map<std::string, std::string>& labels) {
@@ -100,6 +82,26 @@ void AppendFailures(const v1::GetJobReply& reply, std::string* text) {
 }
 
 }  // namespace
+
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string text;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    absl::StrAppend(&text, line, "\n");
+  }
+  return text;
+}
+
+bool IsFinal(v1::JobState state) { return OutcomeExitCode(state) >= 0; }
 
 std::string StateName(v1::JobState state) {
   return std::string(absl::StripPrefix(v1::JobState_Name(state), "JOB_STATE_"));
@@ -270,13 +272,14 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
   } else {
     rows.push_back({"progress", "none yet"});
   }
-  const v1::Checkpoint& ckpt = job.last_checkpoint();
-  rows.push_back({"checkpoint", ckpt.path().empty()
-                                    ? "none"
-                                    : absl::StrCat("step ", ckpt.step(), " at ", ckpt.path(), " (",
-                                                   Age(ckpt.written_unix_ms(), now_ms), " ago)")});
+  // "saving", not "checkpointing": the key column stays as wide as scripts and tests know it.
+  rows.push_back({"saving", CheckpointPolicyText(job.checkpoint_policy())});
+  rows.push_back({"checkpoint", LastCheckpointText(job.last_checkpoint(), now_ms)});
   if (job.cancel_requested() && job.state() != v1::JOB_STATE_CANCELLED) {
     rows.push_back({"cancel", "requested; waiting for the workers to stop"});
+  }
+  if (job.drain_requested() && !job.cancel_requested() && !IsFinal(job.state())) {
+    rows.push_back({"drain", "requested; the ranks checkpoint at a step they agree on, then exit"});
   }
   if (!job.message().empty()) rows.push_back({"message", job.message()});
 
@@ -321,6 +324,8 @@ int OutcomeExitCode(v1::JobState state) {
       return 1;
     case v1::JOB_STATE_CANCELLED:
       return 4;
+    case v1::JOB_STATE_DRAINED:
+      return 5;
     default:
       return -1;
   }

@@ -29,6 +29,9 @@ std::string FormatExit(const v1::RankExit& exit);
 // A UTC timestamp, "2026-11-22 03:20:01 UTC"; "-" for 0.
 std::string FormatTime(int64_t unix_ms);
 
+// Left-aligned columns, two spaces apart (widths in bytes), one line per row.
+std::string Table(const std::vector<std::vector<std::string>>& rows);
+
 // "[########------------]" with `width` cells inside the brackets; `fraction` is clamped to [0, 1].
 std::string ProgressBar(double fraction, int width);
 // The last `width` values as block characters ("▁▂▃▄▅▆▇█") scaled between their minimum and
@@ -42,13 +45,17 @@ std::string OutcomeLine(const v1::Job& job);
 
 // `trainyard list`: one row per job under a header.
 std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms);
-// `trainyard status`: the job, its attempts, the failures with their last log lines, events.
+// `trainyard status`: the job, its attempts, progress, checkpoint policy and newest committed
+// checkpoint, the failures with their last log lines, events.
 std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms);
 // `trainyard nodes`.
 std::string NodeTable(const std::vector<v1::Node>& nodes);
 
-// The job's outcome as the CLI's exit code: 0 SUCCEEDED, 1 FAILED, 4 CANCELLED, -1 not final.
+// The job's outcome as the CLI's exit code: 0 SUCCEEDED, 1 FAILED, 4 CANCELLED, 5 DRAINED, -1
+// not final.
 int OutcomeExitCode(v1::JobState state);
+// SUCCEEDED, FAILED, CANCELLED or DRAINED.
+bool IsFinal(v1::JobState state);
 
 // A JSON string literal for `text` (UTF-8 kept; control characters and invalid bytes escaped).
 std::string JsonString(const std::string& text);

@@ -76,6 +76,29 @@ absl::StatusOr<v1::Job> JobClient::Cancel(const std::string& job_id, const std::
   return reply.job();
 }
 
+absl::StatusOr<v1::Job> JobClient::Drain(const std::string& job_id, const std::string& reason) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 5);
+  v1::DrainJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::DrainJobReply reply;
+  const absl::Status status = Convert(stub_->DrainJob(&context, request, &reply));
+  if (!status.ok()) return status;
+  return reply.job();
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> JobClient::ListCheckpoints(const std::string& job_id) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 5);
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job_id);
+  v1::ListCheckpointsReply reply;
+  const absl::Status status = Convert(stub_->ListCheckpoints(&context, request, &reply));
+  if (!status.ok()) return status;
+  return std::vector<v1::Checkpoint>(reply.checkpoints().begin(), reply.checkpoints().end());
+}
+
 absl::StatusOr<std::vector<v1::Node>> JobClient::Nodes() {
   grpc::ClientContext context;
   SetDeadline(&context, 5);

@@ -29,6 +29,8 @@ class JobClient {
   absl::StatusOr<v1::GetJobReply> Get(const std::string& job_id, int max_events = 0);
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Node>> Nodes();
 
   // Streams the job's updates to `on_update` until the stream ends (OK after the final state)

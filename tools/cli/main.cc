@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
 #include "tools/cli/commands.h"
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   io.out = &std::cout;
   io.err = &std::cerr;
   io.out_is_tty = isatty(STDOUT_FILENO) == 1;
+  io.time_zone = absl::LocalTimeZone();
   if (const char* server = std::getenv("TRAINYARD_SERVER"); server != nullptr) {
     io.server_env = server;
   }

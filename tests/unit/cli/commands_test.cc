@@ -72,6 +72,25 @@ TEST_F(CommandsTest, HelpAndBadCommandLines) {
   EXPECT_EQ(Run({"--server", "127.0.0.1:1", "logs", "j-1", "--tail", "-3"}), 2);
 }
 
+TEST_F(CommandsTest, CheckpointsAndDrainCommandLines) {
+  EXPECT_EQ(Run({"--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("checkpoints JOB"));
+  EXPECT_THAT(out_.str(), HasSubstr("drain JOB [--reason TEXT]"));
+  EXPECT_THAT(out_.str(), HasSubstr("5 drained"));
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "drain"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("usage: trainyard drain JOB"));
+  EXPECT_EQ(Run({"--server", "127.0.0.1:1", "checkpoints", "j-1", "j-2"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("usage: trainyard checkpoints JOB"));
+  EXPECT_EQ(Run({"checkpoints", "j-1", "--rank", "0"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown flag --rank for 'checkpoints'"));
+  EXPECT_EQ(Run({"drain", "j-1", "--reason"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--reason needs a value"));
+  const std::string dead = DeadAddress();
+  EXPECT_EQ(Run({"--server", dead, "drain", "j-1", "--reason", "maintenance"}), 3);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot reach the coordinator at " + dead));
+  EXPECT_EQ(Run({"--server", dead, "checkpoints", "j-1", "--json"}), 3);
+}
+
 TEST_F(CommandsTest, AMissingSpecIsBadInput) {
   EXPECT_EQ(Run({"--server", "127.0.0.1:1", "submit", "/jobs/missing.yaml"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("cannot read the spec"));

@@ -17,6 +17,7 @@ using ::testing::Not;
 TEST(FormatTest, StateNames) {
   EXPECT_EQ(StateName(v1::JOB_STATE_RUNNING), "RUNNING");
   EXPECT_EQ(StateName(v1::JOB_STATE_CANCELLED), "CANCELLED");
+  EXPECT_EQ(StateName(v1::JOB_STATE_DRAINED), "DRAINED");
   EXPECT_EQ(AttemptStateName(v1::ATTEMPT_STATE_STOPPING), "STOPPING");
 }
 
@@ -107,6 +108,7 @@ TEST(FormatTest, OutcomeLines) {
   EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_SUCCEEDED), 0);
   EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_FAILED), 1);
   EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_CANCELLED), 4);
+  EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_DRAINED), 5);
   EXPECT_EQ(OutcomeExitCode(v1::JOB_STATE_RUNNING), -1);
 }
 

@@ -236,5 +236,149 @@ TEST(JobStoreTest, UsesWriteAheadLogging) {
   EXPECT_EQ((*pragma)->Text(0), "wal");
 }
 
+TEST(JobStoreTest, CheckpointRecordsDrainAndPolicySurviveReopen) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(3);
+  job.requirements.checkpoint = CheckpointPolicy{"ckpt/run", 100, true, 4, true};
+  CheckpointInfo committed{200, "ckpt/run/step-200", absl::FromUnixSeconds(2000)};
+  committed.bytes = int64_t{5} << 30;
+  committed.write_seconds = 12.5;
+  committed.blocked_seconds = 0.75;
+  committed.attempt_id = 2;
+  CheckpointInfo failed{300, "ckpt/run/step-300", absl::FromUnixSeconds(3000)};
+  failed.state = CheckpointState::kFailed;
+  failed.message = "No space left on device";
+  failed.attempt_id = 2;
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreBatch batch;
+    batch.new_jobs.push_back(&job);
+    ASSERT_TRUE((*store)->Commit(batch).ok());
+    job.drain_requested = true;
+    job.last_checkpoint = committed;
+    StoreBatch update;
+    update.updated_jobs.push_back(&job);
+    update.checkpoints = {{job.id, failed}, {job.id, committed}};
+    ASSERT_TRUE((*store)->Commit(update).ok());
+    // The same path again replaces its row.
+    failed.message = "disk quota exceeded";
+    StoreBatch again;
+    again.checkpoints = {{job.id, failed}};
+    ASSERT_TRUE((*store)->Commit(again).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  const JobRecord& loaded = state->jobs[0];
+  EXPECT_TRUE(loaded.drain_requested);
+  EXPECT_EQ(loaded.requirements.checkpoint.dir, "ckpt/run");
+  EXPECT_EQ(loaded.requirements.checkpoint.every_steps, 100);
+  EXPECT_TRUE(loaded.requirements.checkpoint.interval_auto);
+  EXPECT_EQ(loaded.requirements.checkpoint.keep, 4);
+  EXPECT_TRUE(loaded.requirements.checkpoint.recorded);
+  EXPECT_EQ(loaded.last_checkpoint.path, "ckpt/run/step-200");
+  ASSERT_EQ(state->checkpoints.size(), 2u);  // oldest first
+  const JobCheckpoint& first = state->checkpoints[0];
+  EXPECT_EQ(first.job_id, job.id);
+  EXPECT_EQ(first.record.path, "ckpt/run/step-200");
+  EXPECT_EQ(first.record.step, 200);
+  EXPECT_EQ(first.record.state, CheckpointState::kCommitted);
+  EXPECT_EQ(first.record.bytes, int64_t{5} << 30);
+  EXPECT_EQ(first.record.write_seconds, 12.5);
+  EXPECT_EQ(first.record.blocked_seconds, 0.75);
+  EXPECT_EQ(first.record.attempt_id, 2);
+  EXPECT_EQ(first.record.written, absl::FromUnixSeconds(2000));
+  EXPECT_EQ(state->checkpoints[1].record.state, CheckpointState::kFailed);
+  EXPECT_EQ(state->checkpoints[1].record.message, "disk quota exceeded");
+}
+
+TEST(JobStoreTest, CheckpointRowsOfAFailedBatchAreNotStored) {
+  ScratchDir dir;
+  auto store = JobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  JobRecord first = MakeJob(1);
+  StoreBatch batch;
+  batch.new_jobs.push_back(&first);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  JobRecord duplicate = MakeJob(1);
+  StoreBatch bad;
+  bad.new_jobs = {&duplicate};
+  bad.checkpoints = {{first.id, CheckpointInfo{10, "ckpt/10", absl::FromUnixSeconds(1)}}};
+  EXPECT_FALSE((*store)->Commit(bad).ok());
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok());
+  EXPECT_TRUE(state->checkpoints.empty());
+}
+
+// The jobs table as schema 1 wrote it.
+constexpr char kSchemaOneJobs[] = R"sql(
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta(key, value) VALUES('schema_version', '1');
+CREATE TABLE jobs(
+  seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, name TEXT NOT NULL, spec_yaml TEXT NOT NULL,
+  state INTEGER NOT NULL, priority INTEGER NOT NULL, nodes INTEGER NOT NULL,
+  ranks_per_node INTEGER NOT NULL, device_kind INTEGER NOT NULL,
+  dp INTEGER NOT NULL, tp INTEGER NOT NULL, pp INTEGER NOT NULL, zero_stage INTEGER NOT NULL,
+  max_restarts INTEGER NOT NULL, heartbeat_timeout_ms INTEGER NOT NULL, user TEXT NOT NULL,
+  client_request_id TEXT NOT NULL, created_us INTEGER, started_us INTEGER, finished_us INTEGER,
+  attempts INTEGER NOT NULL, restarts INTEGER NOT NULL, current_attempt INTEGER NOT NULL,
+  step INTEGER NOT NULL, total_steps INTEGER NOT NULL, loss REAL NOT NULL, lr REAL NOT NULL,
+  grad_norm REAL NOT NULL, tokens_per_second REAL NOT NULL,
+  step_total_ms REAL NOT NULL, step_forward_ms REAL NOT NULL, step_backward_ms REAL NOT NULL,
+  step_optimizer_ms REAL NOT NULL, step_communication_ms REAL NOT NULL, step_data_ms REAL NOT NULL,
+  val_loss REAL, eta_us INTEGER, progress_us INTEGER,
+  checkpoint_step INTEGER NOT NULL, checkpoint_path TEXT NOT NULL, checkpoint_us INTEGER,
+  cancel_requested INTEGER NOT NULL, message TEXT NOT NULL);
+INSERT INTO jobs VALUES(5, 'j-000005', 'old', 'name: old', 3, 0, 1, 2, 0, 2, 1, 1, 0, 2, 10000,
+  'ada', '', 1000000, 1000001, NULL, 1, 0, 1, 7, 10, 2.5, 0.001, 1, 100, 10, 3, 4, 1, 1, 1,
+  NULL, NULL, NULL, 6, 'ckpt/old/step-6', 1000002, 0, '');
+)sql";
+
+TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec(kSchemaOneJobs).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  JobRecord job = state->jobs[0];
+  EXPECT_EQ(job.id, "j-000005");
+  EXPECT_EQ(job.state, JobState::kRunning);
+  EXPECT_EQ(job.last_checkpoint.path, "ckpt/old/step-6");
+  EXPECT_FALSE(job.drain_requested);
+  EXPECT_FALSE(job.requirements.checkpoint.recorded);  // derived from the spec by the supervisor
+  job.drain_requested = true;
+  StoreBatch batch;
+  batch.updated_jobs.push_back(&job);
+  batch.checkpoints = {{job.id, CheckpointInfo{8, "ckpt/old/step-8", absl::FromUnixSeconds(9)}}};
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  store->reset();
+
+  auto reopened = JobStore::Open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  state = (*reopened)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(state->jobs[0].drain_requested);
+  ASSERT_EQ(state->checkpoints.size(), 1u);
+  EXPECT_EQ(state->checkpoints[0].record.step, 8);
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto version = (*db)->Prepare("SELECT value FROM meta WHERE key='schema_version'");
+  ASSERT_TRUE(version.ok());
+  auto row = (*version)->Step();
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_EQ((*version)->Text(0), "2");
+}
+
 }  // namespace
 }  // namespace trainyard::server

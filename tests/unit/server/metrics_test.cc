@@ -9,10 +9,11 @@ namespace trainyard::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
   MetricsSnapshot snapshot;
-  for (int s = 1; s <= 7; ++s) snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
+  for (int s = 1; s <= kLastJobState; ++s) snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
   snapshot.jobs_by_state[JobState::kRunning] = 2;
   snapshot.attempts_total = 5;
   snapshot.restarts_by_cause["node_lost"] = 1;
@@ -46,6 +47,56 @@ TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
                               "\"tiny\",label_team_area=\"research\"} 0.25"));
   EXPECT_THAT(text, HasSubstr("trainyard_node_heartbeat_age_seconds{node=\"node-a\"} 1.5"));
   EXPECT_THAT(text, HasSubstr("trainyard_node_free_slots{node=\"node-a\"} 3"));
+}
+
+TEST(MetricsTest, CheckpointFamiliesPerCheckpointingJob) {
+  MetricsSnapshot snapshot;
+  JobMetrics job;
+  job.job_id = "j-000009";
+  job.name = "ckpt";
+  job.state = JobState::kRunning;
+  job.checkpointing = true;
+  job.last_checkpoint = CheckpointInfo{300, "ckpt/step-300", absl::FromUnixSeconds(5)};
+  job.last_checkpoint.bytes = 4096;
+  job.checkpoints.write_seconds.Observe(0.2);
+  job.checkpoints.write_seconds.Observe(45);
+  job.checkpoints.blocked_seconds.Observe(0.05);
+  job.checkpoints.failures = 2;
+  snapshot.jobs.push_back(job);
+  JobMetrics plain;  // no checkpoint section: no checkpoint series
+  plain.job_id = "j-000010";
+  plain.name = "plain";
+  snapshot.jobs.push_back(plain);
+  JobMetrics fresh = job;  // checkpoints, but none committed yet: no gauges
+  fresh.job_id = "j-000011";
+  fresh.last_checkpoint = CheckpointInfo{};
+  snapshot.jobs.push_back(fresh);
+
+  const std::string text = prometheus::TextSerializer().Serialize(MetricFamilies(snapshot));
+  const std::string labels = "job_id=\"j-000009\",job_name=\"ckpt\"";
+  EXPECT_THAT(text, HasSubstr("# TYPE trainyard_checkpoint_duration_seconds histogram"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_duration_seconds_count{" + labels + "} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_duration_seconds_sum{" + labels + "} 45.2"));
+  EXPECT_THAT(
+      text, HasSubstr("trainyard_checkpoint_duration_seconds_bucket{" + labels + ",le=\"0.1\"} 0"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_duration_seconds_bucket{" + labels +
+                              ",le=\"0.25\"} 1"));
+  EXPECT_THAT(
+      text, HasSubstr("trainyard_checkpoint_duration_seconds_bucket{" + labels + ",le=\"60\"} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_duration_seconds_bucket{" + labels +
+                              ",le=\"3600\"} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_duration_seconds_bucket{" + labels +
+                              ",le=\"+Inf\"} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_blocked_seconds_count{" + labels + "} 1"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_bytes{" + labels + "} 4096"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_last_committed_step{" + labels + "} 300"));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_failures_total{" + labels + "} 2"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_step{job_id=\"j-000010\""));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_checkpoint_failures_total{job_id=\"j-000010\"")));
+  EXPECT_THAT(text,
+              Not(HasSubstr("trainyard_checkpoint_duration_seconds_count{job_id=\"j-000010\"")));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_checkpoint_bytes{job_id=\"j-000011\"")));
+  EXPECT_THAT(text, HasSubstr("trainyard_checkpoint_failures_total{job_id=\"j-000011\""));
 }
 
 TEST(AddressTest, LoopbackAndHostPortParsing) {

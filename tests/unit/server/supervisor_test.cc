@@ -5,156 +5,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/unit/server/server_test_util.h"
+#include "tests/unit/server/supervisor_fixture.h"
 
 namespace trainyard::server {
 namespace {
 
+using testing::Agent;
 using ::testing::HasSubstr;
-using testing::RecordingChannel;
-using testing::ScratchDir;
+using testing::RecordingWatcher;
+using testing::SupervisorTest;
 using testing::TinySpec;
-
-struct Agent {
-  std::shared_ptr<RecordingChannel> channel;
-  uint64_t session = 0;
-  std::string node_id;
-};
-
-class RecordingWatcher : public JobWatcher {
- public:
-  void OnUpdate(const JobRecord& job, const EventRecord* event) override {
-    states.push_back(job.state);
-    if (event != nullptr) events.push_back(event->kind);
-  }
-  void OnClose(const absl::Status& status) override { closed = status; }
-  std::vector<JobState> states;
-  std::vector<std::string> events;
-  std::optional<absl::Status> closed;
-};
-
-class SupervisorTest : public ::testing::Test {
- protected:
-  void SetUp() override { Open(); }
-
-  void Open() {
-    auto store = JobStore::Open(dir_.path() + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    registry_ = std::make_unique<AgentRegistry>(&clock_, absl::Seconds(10));
-    kv_ = std::make_unique<KvSpace>(&clock_);
-    SupervisorOptions options;
-    options.stop_grace = absl::Seconds(3);
-    options.coordinator_address = "127.0.0.1:7000";
-    auto supervisor =
-        Supervisor::Create(store_.get(), registry_.get(), kv_.get(), &clock_, options);
-    ASSERT_TRUE(supervisor.ok()) << supervisor.status();
-    supervisor_ = std::move(*supervisor);
-  }
-
-  // Simulates a coordinator crash and restart on the same state directory.
-  void Restart() {
-    supervisor_.reset();
-    kv_.reset();
-    registry_.reset();
-    store_.reset();
-    Open();
-  }
-
-  Agent Connect(const std::string& node_id, int slots,
-                const std::vector<RunningWorker>& running = {},
-                const std::vector<WorkerExit>& exited = {}) {
-    Agent agent;
-    agent.node_id = node_id;
-    agent.channel = std::make_shared<RecordingChannel>();
-    NodeRecord node;
-    node.node_id = node_id;
-    node.hostname = node_id + ".example";
-    node.cpu_slots = slots;
-    std::optional<RegisteredOrder> registered;
-    auto session = supervisor_->AgentConnected(node, running, exited, agent.channel,
-                                               [&](const RegisteredOrder& r) { registered = r; });
-    EXPECT_TRUE(session.ok()) << session.status();
-    EXPECT_TRUE(registered.has_value());
-    agent.session = session.value_or(0);
-    return agent;
-  }
-
-  std::string Submit(const std::string& spec, const std::string& request_id = "") {
-    SubmitRequest request;
-    request.spec_yaml = spec;
-    request.user = "ada";
-    request.client_request_id = request_id;
-    auto job = supervisor_->Submit(request);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id : "";
-  }
-
-  JobView View(const std::string& job_id) {
-    auto view = supervisor_->GetJob(job_id, 100);
-    EXPECT_TRUE(view.ok()) << view.status();
-    return view.value_or(JobView{});
-  }
-  JobState State(const std::string& job_id) { return View(job_id).job.state; }
-  std::vector<std::string> EventKinds(const std::string& job_id) {
-    std::vector<std::string> kinds;
-    for (const EventRecord& e : View(job_id).events) kinds.push_back(e.kind);
-    return kinds;
-  }
-
-  // Joins every rank; returns the answers once all arrived.
-  std::vector<absl::StatusOr<JoinInfo>> JoinAll(const std::string& job_id, int attempt, int world) {
-    std::vector<std::optional<absl::StatusOr<JoinInfo>>> answers(world);
-    for (int rank = 0; rank < world; ++rank) {
-      supervisor_->Join(job_id, attempt, rank, clock_.Now() + absl::Minutes(1),
-                        [&answers, rank](absl::StatusOr<JoinInfo> info) { answers[rank] = info; });
-    }
-    std::vector<absl::StatusOr<JoinInfo>> out;
-    for (auto& a : answers) {
-      EXPECT_TRUE(a.has_value());
-      out.push_back(a.value_or(absl::InternalError("no answer")));
-    }
-    return out;
-  }
-
-  void Exit(const Agent& agent, const std::string& job_id, int attempt, int rank, int code,
-            int signal = 0, std::vector<std::string> log = {}) {
-    WorkerExit exit;
-    exit.job_id = job_id;
-    exit.attempt_id = attempt;
-    exit.rank = rank;
-    exit.exit.exit_code = code;
-    exit.exit.signal = signal;
-    exit.exit.pid = 1000 + rank;
-    exit.exit.last_log_lines = std::move(log);
-    ASSERT_TRUE(supervisor_->WorkerExited(agent.node_id, agent.session, exit).ok());
-  }
-
-  // Moves time on while the agents keep heartbeating.
-  void AdvanceWithHeartbeats(absl::Duration duration, const std::vector<Agent>& agents) {
-    for (absl::Duration done; done < duration; done += absl::Seconds(1)) {
-      clock_.Advance(std::min(absl::Seconds(1), duration - done));
-      for (const Agent& agent : agents) {
-        ASSERT_TRUE(supervisor_->Heartbeat(agent.node_id, agent.session, {}).ok());
-      }
-      supervisor_->Tick();
-    }
-  }
-
-  void Started(const Agent& agent, const std::string& job_id, int attempt, int rank) {
-    ASSERT_TRUE(supervisor_
-                    ->WorkerStarted(agent.node_id, agent.session,
-                                    RunningWorker{job_id, attempt, rank, 1000 + rank})
-                    .ok());
-  }
-
-  ScratchDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<JobStore> store_;
-  std::unique_ptr<AgentRegistry> registry_;
-  std::unique_ptr<KvSpace> kv_;
-  std::unique_ptr<Supervisor> supervisor_;
-};
 
 TEST_F(SupervisorTest, BadSpecIsRefusedWithItsFieldPathAndNothingIsStored) {
   SubmitRequest request;
