@@ -50,6 +50,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     TY_RETURN_IF_ERROR(state.params->RestoreState(
         loaded->params.data(), loaded->first_moment.data(), loaded->second_moment.data()));
     state.step = manifest->step();
+    state.last_loss = manifest->training().loss();
     resumed_step_ = state.step;
     if (rank_.rank == 0) {
       const checkpoint::v1::WriterMesh& m = manifest->mesh();
@@ -98,6 +99,7 @@ checkpoint::Manifest Checkpointer::Header(const TrainState& state) const {
   t->set_seed(state.seed);
   t->set_global_batch(state.global_batch);
   t->set_seq_len(state.seq_len);
+  t->set_loss(state.last_loss);
   checkpoint::v1::WriterMesh* mesh = m.mutable_mesh();
   const config::ParallelismSpec& p = spec_.parallelism;
   mesh->set_dp(p.dp);

@@ -22,6 +22,7 @@ struct TrainState {
   uint64_t seed = 0;                          // training.seed
   int global_batch = 0;                       // sequences per step
   int seq_len = 0;
+  double last_loss = 0.0;  // the loss of step `step` (reported, not needed to continue)
 
   int64_t samples_consumed() const { return step * global_batch; }
 };

@@ -352,6 +352,7 @@ absl::Status RankTrainer::Restore() {
   if (from) {
     result_.first_step = state_.step;
     result_.resumed_from = *from;
+    result_.resumed_loss = state_.last_loss;
     if (out_) *out_ << "resumed from step " << state_.step << ": " << *from << "\n" << std::flush;
   }
   return absl::OkStatus();
@@ -456,6 +457,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*groups_.pp, loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step_);
     ++state_.step;
+    state_.last_loss = loss;
     if (!std::isfinite(loss)) {
       return absl::InternalError(
           absl::StrCat("training diverged: loss is ", loss, " at step ", state_.step));

@@ -71,6 +71,7 @@ struct EvalPoint {
 struct TrainResult {
   int64_t first_step = 0;            // the step training resumed from (0: from scratch)
   std::string resumed_from;          // the checkpoint it resumed from, if any
+  double resumed_loss = 0.0;         // the loss of the step it resumed from
   bool drained = false;              // stopped early by stop_requested (after a checkpoint)
   double restore_seconds = 0.0;      // choosing, verifying and loading the checkpoint
   std::vector<double> train_losses;  // mean loss of every optimizer step this run took
