@@ -71,6 +71,15 @@ class Backend {
   virtual void CopyFromHost(int32_t* dst, const int32_t* src, int64_t count) = 0;
   virtual void CopyToHost(int32_t* dst, const int32_t* src, int64_t count) = 0;
   virtual void CopyToHost(float* dst, const float* src, int64_t count) = 0;
+  // Several copies to the host at once (a checkpoint snapshot): {host dst, src, count} each.
+  struct HostCopy {
+    float* dst;
+    const float* src;
+    int64_t count;
+  };
+  virtual void CopyToHostMulti(const std::vector<HostCopy>& copies) {
+    for (const HostCopy& c : copies) CopyToHost(c.dst, c.src, c.count);
+  }
   virtual void Copy(float* dst, const float* src, int64_t count) = 0;
   virtual void Fill(float* dst, float value, int64_t count) = 0;
   virtual void Add(float* out, const float* a, const float* b, int64_t count) = 0;

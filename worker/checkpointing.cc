@@ -47,11 +47,12 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
                       << "); trying the one before it";
       continue;
     }
-    TY_RETURN_IF_ERROR(state.params->RestoreState(
-        loaded->params.data(), loaded->first_moment.data(), loaded->second_moment.data()));
+    TY_RETURN_IF_ERROR(state.params->RestoreState(loaded->params.get(), loaded->first_moment.get(),
+                                                  loaded->second_moment.get()));
     state.step = manifest->step();
     state.last_loss = manifest->training().loss();
     resumed_step_ = state.step;
+    if (spec_.checkpoint.enabled()) StartWriter(state);
     if (rank_.rank == 0) {
       const checkpoint::v1::WriterMesh& m = manifest->mesh();
       TY_LOG(INFO) << absl::StrFormat(
@@ -64,6 +65,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     TY_LOG(WARNING) << "no intact checkpoint among " << candidates.size()
                     << " found; starting from step 0";
   }
+  if (spec_.checkpoint.enabled()) StartWriter(state);
   return std::nullopt;
 }
 
@@ -111,20 +113,25 @@ checkpoint::Manifest Checkpointer::Header(const TrainState& state) const {
   return m;
 }
 
+void Checkpointer::StartWriter(const TrainState& state) {
+  int64_t floats = 0;
+  for (const auto& range : state.params->CheckpointRanges()) floats += 3 * (range.hi - range.lo);
+  writer_ = std::make_unique<checkpoint::CheckpointWriter>(
+      fs_, clock_,
+      checkpoint::WriterOptions{.dir = spec_.checkpoint.dir,
+                                .keep = spec_.checkpoint.keep,
+                                .rank = rank_.rank,
+                                .world = rank_.world,
+                                .save_token = save_token_,
+                                .resumed_step = resumed_step_,
+                                .snapshot_floats = floats});
+}
+
 absl::Status Checkpointer::Save(const TrainState& state) {
   if (!spec_.checkpoint.enabled()) {
     return absl::FailedPreconditionError("the job has no checkpoint.dir");
   }
-  if (writer_ == nullptr) {
-    writer_ = std::make_unique<checkpoint::CheckpointWriter>(
-        fs_, clock_,
-        checkpoint::WriterOptions{.dir = spec_.checkpoint.dir,
-                                  .keep = spec_.checkpoint.keep,
-                                  .rank = rank_.rank,
-                                  .world = rank_.world,
-                                  .save_token = save_token_,
-                                  .resumed_step = resumed_step_});
-  }
+  if (writer_ == nullptr) StartWriter(state);
   const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
   return writer_->Save(state.step, Header(state), Records(ranges),
                        [&](float* host) { return state.params->Snapshot(ranges, host); });

@@ -66,6 +66,9 @@ class Checkpointer {
   std::vector<checkpoint::SnapshotRecord> Records(
       const std::vector<parallel::ShardedParams::SavedRange>& ranges) const;
   checkpoint::Manifest Header(const TrainState& state) const;
+  // The writer starts once Restore knows the step it resumed from, allocating its snapshot buffer
+  // in the background while training begins.
+  void StartWriter(const TrainState& state);
 
   FileSystem* fs_;
   Clock* clock_;
@@ -75,7 +78,7 @@ class Checkpointer {
   std::string save_token_;
   std::function<absl::StatusOr<double>(double)> agree_;
   int64_t resumed_step_ = 0;
-  std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // created on the first save
+  std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };
 
 }  // namespace trainyard::worker

@@ -48,12 +48,13 @@ class ShardFiles {
   std::vector<std::unique_ptr<ReadOnlyRegion>> regions_;
 };
 
-// Assembles global tensor `t` of `kind` from its records into `global`, verifying each.
+// Assembles global tensor `t` of `kind` from its records into `global` (grown as needed, not
+// cleared: the records must cover every element, which is checked), verifying each.
 absl::Status Assemble(ShardFiles& files, const std::vector<RecordRef>& refs, const ParamTensor& t,
                       const std::string& kind, std::vector<float>& global) {
   int64_t numel = 1;
   for (int64_t d : t.global_shape) numel *= d;
-  global.assign(numel, 0.0f);
+  if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
   int64_t covered = 0;
   for (const RecordRef& ref : refs) {
     const TensorRecord& r = *ref.record;
@@ -107,10 +108,11 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
   }
   ShardFiles files(fs, path, manifest);
   RankState state;
-  std::vector<float>* outputs[] = {&state.params, &state.first_moment, &state.second_moment};
+  std::unique_ptr<float[]>* outputs[] = {&state.params, &state.first_moment, &state.second_moment};
   std::vector<float> global;
   for (int k = 0; k < 3; ++k) {
-    outputs[k]->assign(layout.total(), 0.0f);
+    // Not zero-filled: every element of every tensor is written below.
+    outputs[k]->reset(new float[layout.total()]);
     for (const ParamTensor& t : layout.tensors()) {
       auto it = index.find({kKinds[k], t.name});
       if (it == index.end()) {
@@ -118,7 +120,7 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
             absl::StrCat(path, ": the manifest has no ", t.name, " (", kKinds[k], ")"));
       }
       TY_RETURN_IF_ERROR(Assemble(files, it->second, t, kKinds[k], global));
-      layout.Slice(t, global.data(), outputs[k]->data() + t.offset);
+      layout.Slice(t, global.data(), outputs[k]->get() + t.offset);
     }
   }
   return state;

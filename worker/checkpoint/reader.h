@@ -8,6 +8,7 @@
 #ifndef TRAINYARD_WORKER_CHECKPOINT_READER_H_
 #define TRAINYARD_WORKER_CHECKPOINT_READER_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,12 @@
 
 namespace trainyard::worker::checkpoint {
 
-// One rank's state read from a checkpoint: full local tensors in `layout` order.
+// One rank's state read from a checkpoint: full local tensors in `layout` order (layout.total()
+// floats each).
 struct RankState {
-  std::vector<float> params;
-  std::vector<float> first_moment;
-  std::vector<float> second_moment;
+  std::unique_ptr<float[]> params;
+  std::unique_ptr<float[]> first_moment;
+  std::unique_ptr<float[]> second_moment;
 };
 
 // Reads what `layout` (one rank's: its tensor-parallel slice and pipeline stage) needs from the

@@ -27,7 +27,11 @@ std::string TokenOfDirName(const std::string& name) {
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(FileSystem* fs, Clock* clock, WriterOptions options)
-    : fs_(fs), clock_(clock), options_(std::move(options)), thread_([this] { Loop(); }) {}
+    : fs_(fs),
+      clock_(clock),
+      options_(std::move(options)),
+      busy_(options_.snapshot_floats > 0),
+      thread_([this] { Loop(); }) {}
 
 CheckpointWriter::~CheckpointWriter() {
   {
@@ -84,6 +88,14 @@ std::vector<SaveOutcome> CheckpointWriter::TakeOutcomes() {
 }
 
 void CheckpointWriter::Loop() {
+  if (options_.snapshot_floats > 0) {
+    host_.resize(options_.snapshot_floats);  // zero-filled: every page touched here
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
   for (;;) {
     Job job;
     {

@@ -47,6 +47,9 @@ struct WriterOptions {
   // The step this run resumed from (0: none); another run's checkpoints newer than it were
   // abandoned (or are corrupt) and are pruned.
   int64_t resumed_step = 0;
+  // The snapshot's size in floats, when known: the writer's thread allocates and touches it as
+  // soon as it starts, so that no save faults the buffer's pages in on the training thread.
+  int64_t snapshot_floats = 0;
   // How long rank 0 waits for the other ranks' shards before the save fails.
   absl::Duration gather_timeout = absl::Minutes(10);
 };

@@ -217,6 +217,7 @@ absl::Status ShardedParams::Snapshot(const std::vector<SavedRange>& ranges, floa
   float* out_param = host;
   float* out_m = host + total;
   float* out_v = host + 2 * total;
+  std::vector<Backend::HostCopy> copies;
   for (const SavedRange& range : ranges) {
     const ParamTensor& t = layout_.tensors()[range.tensor];
     const Group& g = GroupOf(t);
@@ -225,13 +226,14 @@ absl::Status ShardedParams::Snapshot(const std::vector<SavedRange>& ranges, floa
     const float* param = stage < 3 ? params_.data() + g.padded_begin + local
                                    : shard_params_.data() + g.shard_begin + (local - g.own_lo);
     const int64_t state = stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
-    backend_->CopyToHost(out_param, param, n);
-    backend_->CopyToHost(out_m, m_.data() + state, n);
-    backend_->CopyToHost(out_v, v_.data() + state, n);
+    copies.push_back({out_param, param, n});
+    copies.push_back({out_m, m_.data() + state, n});
+    copies.push_back({out_v, v_.data() + state, n});
     out_param += n;
     out_m += n;
     out_v += n;
   }
+  backend_->CopyToHostMulti(copies);
   return backend_->Synchronize();
 }
 
