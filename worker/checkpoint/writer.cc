@@ -1,5 +1,7 @@
 #include "worker/checkpoint/writer.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -166,7 +168,18 @@ absl::StatusOr<ShardFile> CheckpointWriter::WriteShard(const Job& job, const std
   const std::string file = JoinPath(path, shard.file());
   TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, fs_->NewWritableFile(file));
   const char* base = reinterpret_cast<const char*>(host_.data());
-  int64_t offset = 0;
+  // Each piece is hashed just before it is written, while it is still in the cache.
+  int64_t offset = 0, written = 0;
+  auto write_up_to = [&](int64_t end, bool all) -> absl::Status {
+    while (end - written >= kAppendBytes || (all && end > written)) {
+      const int64_t n = std::min(kAppendBytes, end - written);
+      TY_RETURN_IF_ERROR(out->Append(std::string_view(base + written, n)));
+      written += n;
+    }
+    return absl::OkStatus();
+  };
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                &XXH3_freeState);
   for (const SnapshotRecord& r : job.records) {
     const int64_t bytes = 4 * (r.end - r.begin);
     TensorRecord* record = shard.add_records();
@@ -179,13 +192,16 @@ absl::StatusOr<ShardFile> CheckpointWriter::WriteShard(const Job& job, const std
     record->set_flat_begin(r.begin);
     record->set_flat_end(r.end);
     record->set_byte_offset(offset);
-    record->set_xxh3(Checksum(base + offset, bytes));
+    XXH3_64bits_reset(hash.get());
+    for (int64_t at = 0; at < bytes; at += kAppendBytes) {
+      const int64_t n = std::min(kAppendBytes, bytes - at);
+      XXH3_64bits_update(hash.get(), base + offset + at, n);
+      TY_RETURN_IF_ERROR(write_up_to(offset + at + n, /*all=*/false));
+    }
+    record->set_xxh3(XXH3_64bits_digest(hash.get()));
     offset += bytes;
   }
-  for (int64_t at = 0; at < offset; at += kAppendBytes) {
-    TY_RETURN_IF_ERROR(
-        out->Append(std::string_view(base + at, std::min(kAppendBytes, offset - at))));
-  }
+  TY_RETURN_IF_ERROR(write_up_to(offset, /*all=*/true));
   TY_RETURN_IF_ERROR(out->Sync());
   TY_RETURN_IF_ERROR(out->Close());
   shard.set_bytes(offset);
