@@ -33,20 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "oracle"))
 import torch_model  # noqa: E402
 
-
-def load_config(text):
-    """The config is a path to a JSON file or a JSON object literal."""
-    if os.path.isfile(text):
-        with open(text, "r", encoding="utf-8") as f:
-            return json.load(f)
-    return json.loads(text)
-
-
-def positive(value):
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1, got %s" % value)
-    return n
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_cpu_train import load_config, positive  # noqa: E402
 
 
 def train(model, opt, vocab, batch, seq, steps, seed):

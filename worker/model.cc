@@ -105,8 +105,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
-                                                     parallel::Communicator* tp, PipelineStage stage,
-                                                     bool sequence_parallel) {
+                                                     parallel::Communicator* tp,
+                                                     PipelineStage stage, bool sequence_parallel) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
   if (tp != nullptr && tp->size() > 1) {

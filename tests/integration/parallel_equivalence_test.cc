@@ -24,8 +24,8 @@
 #include "tests/integration/rank_threads.h"
 #include "worker/backend.h"
 #include "worker/parallel/kv_store.h"
-#include "worker/parameters.h"
 #include "worker/parallel/pipeline.h"
+#include "worker/parameters.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
