@@ -1,5 +1,6 @@
 #include "worker/progress_reporter.h"
 
+#include <atomic>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -101,6 +102,47 @@ TEST_F(ProgressReporterTest, StopAndDrainOrdersCancel) {
   channel_.next_order = v1::ORDER_CHECKPOINT;
   clock_.Advance(absl::Seconds(1));
   EXPECT_TRUE(reporter_.OnStep(Step(9)).ok());
+}
+
+TEST_F(ProgressReporterTest, DrainSetsTheFlagTheLoopWatches) {
+  std::atomic<bool> drain{false};
+  ProgressReporter reporter(&channel_, WorkerIdentity{"j-000003", 2, 0}, &clock_,
+                            absl::Milliseconds(500), absl::Minutes(10), &drain);
+  channel_.next_order = v1::ORDER_DRAIN;
+  EXPECT_TRUE(reporter.OnStep(Step(7)).ok());  // training goes on to the agreed step
+  EXPECT_TRUE(drain.load());
+  channel_.next_order = v1::ORDER_STOP;
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(reporter.OnStep(Step(8)).code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(ProgressReporterTest, CheckpointRecordsRideAlongUntilAReportIsAnswered) {
+  ASSERT_TRUE(reporter_.OnStep(Step(1)).ok());
+  v1::Checkpoint committed;
+  committed.set_step(2);
+  committed.set_path("/ck/step-00000002-aa");
+  committed.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  reporter_.AddCheckpoint(committed);
+  // Due at once although the interval has not passed; the coordinator is down this time.
+  channel_.next_status = absl::UnavailableError("down");
+  ASSERT_TRUE(reporter_.OnStep(Step(2)).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  EXPECT_EQ(channel_.reports[1].checkpoints_size(), 1);
+  v1::Checkpoint failed = committed;
+  failed.set_step(4);
+  failed.set_path("/ck/step-00000004-aa");
+  failed.set_state(v1::CHECKPOINT_STATE_FAILED);
+  reporter_.AddCheckpoint(failed);
+  channel_.next_status = absl::OkStatus();
+  ASSERT_TRUE(reporter_.OnStep(Step(3)).ok());
+  ASSERT_EQ(channel_.reports.size(), 3u);
+  ASSERT_EQ(channel_.reports[2].checkpoints_size(), 2);  // the unanswered one again, in order
+  EXPECT_EQ(channel_.reports[2].checkpoints(0).step(), 2);
+  EXPECT_EQ(channel_.reports[2].checkpoints(1).step(), 4);
+  EXPECT_EQ(channel_.reports[2].last_checkpoint().step(), 2);  // the newest committed
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(reporter_.OnStep(Step(4)).ok());
+  EXPECT_EQ(channel_.reports.back().checkpoints_size(), 0);  // acknowledged: not sent again
 }
 
 TEST_F(ProgressReporterTest, AnEndedAttemptAborts) {
