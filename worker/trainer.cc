@@ -223,9 +223,15 @@ absl::StatusOr<std::string> SaveToken(const RankContext& rank, int world) {
 
 std::string OutcomeLine(const checkpoint::SaveOutcome& o) {
   if (!o.committed) return absl::StrCat("checkpoint step ", o.step, " FAILED: ", o.message);
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "checkpoint step %d committed: %s (%.1f MiB, training blocked %.1f ms, written in %.2f s)",
       o.step, o.path, o.bytes / 1048576.0, 1e3 * o.blocked_seconds, o.write_seconds);
+  // At most one save is in flight: a save that came due during the previous one waited for it.
+  if (o.waited_seconds >= 1e-3) {
+    absl::StrAppendFormat(&line, "; it waited %.1f ms for the previous save to finish",
+                          1e3 * o.waited_seconds);
+  }
+  return line;
 }
 
 // One rank of a training job, from connecting its groups to the last step.

@@ -126,5 +126,51 @@ TEST_F(WorkerCli, TrainsOnAValidShard) {
   EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
 }
 
+// checkpoint.resume_from that cannot be used: one line naming the problem, exit code 2, and
+// nothing written (checkpoint.dir is not even created).
+class WorkerResumeFrom : public WorkerCli {
+ protected:
+  std::string ResumeSpec(const std::string& preset, const std::string& from) {
+    return Write("resume.yaml",
+                 absl::StrCat("name: t\nmodel: {preset: ", preset,
+                              "}\ntraining: {steps: 2, warmup_steps: 1, batch: 2, seq_len: 16, "
+                              "eval_every: 0}\ncheckpoint: {dir: ",
+                              (dir_ / "out").string(), ", resume_from: ", from, "}\n"));
+  }
+  void ExpectNothingWritten() { EXPECT_FALSE(fs::exists(dir_ / "out")); }
+};
+
+TEST_F(WorkerResumeFrom, MissingPath) {
+  ExpectBadInput(Worker({"--standalone", ResumeSpec("gpt2-debug", (dir_ / "gone").string())}),
+                 "checkpoint.resume_from: ");
+  ExpectNothingWritten();
+}
+
+TEST_F(WorkerResumeFrom, DirectoryWithoutCheckpoints) {
+  fs::create_directories(dir_ / "empty");
+  std::ofstream(dir_ / "empty" / "notes.txt") << "not a checkpoint";
+  ExpectBadInput(Worker({"--standalone", ResumeSpec("gpt2-debug", (dir_ / "empty").string())}),
+                 "is not a checkpoint");
+  ExpectNothingWritten();
+}
+
+TEST_F(WorkerResumeFrom, CheckpointOfAnotherModel) {
+  const std::string saved = Write(
+      "saved.yaml", absl::StrCat("name: t\nmodel: {preset: gpt2-debug}\n"
+                                 "training: {steps: 2, warmup_steps: 1, batch: 2, seq_len: 16, "
+                                 "eval_every: 0}\ncheckpoint: {dir: ",
+                                 (dir_ / "saved").string(), "}\n"));
+  const ProcessResult first = Worker({"--standalone", saved});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ExpectBadInput(Worker({"--standalone", ResumeSpec("llama-debug", (dir_ / "saved").string())}),
+                 "model.family is gpt2 in the checkpoint, llama in the spec");
+  ExpectNothingWritten();
+  // The same checkpoint loads into the same model, from the directory or the checkpoint itself.
+  const ProcessResult resumed =
+      Worker({"--standalone", ResumeSpec("gpt2-debug", (dir_ / "saved").string())});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from step 2: "), std::string::npos) << resumed.out;
+}
+
 }  // namespace
 }  // namespace trainyard::testenv

@@ -53,6 +53,7 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });
   }
+  const int64_t waited = clock_->NowNanosMonotonic() - start;
   int64_t floats = 0;
   for (const SnapshotRecord& r : records) floats += r.end - r.begin;
   if (static_cast<int64_t>(host_.size()) < floats) host_.resize(floats);
@@ -69,6 +70,7 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   job.records = std::move(records);
   job.started_nanos = clock_->NowNanosMonotonic();
   job.blocked_seconds = (job.started_nanos - start) / 1e9;
+  job.waited_seconds = waited / 1e9;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(job);
@@ -121,7 +123,10 @@ void CheckpointWriter::Loop() {
 
 SaveOutcome CheckpointWriter::Write(const Job& job) {
   const std::string path = JoinPath(options_.dir, CheckpointDirName(job.step, options_.save_token));
-  SaveOutcome outcome{.step = job.step, .path = path, .blocked_seconds = job.blocked_seconds};
+  SaveOutcome outcome{.step = job.step,
+                      .path = path,
+                      .blocked_seconds = job.blocked_seconds,
+                      .waited_seconds = job.waited_seconds};
   absl::StatusOr<ShardFile> shard = WriteShard(job, path);
   if (options_.rank != 0) {
     if (!shard.ok()) {

@@ -72,6 +72,7 @@ struct SaveOutcome {
   int64_t bytes = 0;             // shard files and manifest (rank 0: the whole checkpoint)
   double write_seconds = 0.0;    // snapshot taken → committed
   double blocked_seconds = 0.0;  // training blocked: waiting for the previous save + snapshot
+  double waited_seconds = 0.0;   // the part of it spent waiting for the previous save
   std::string message;           // failed: why
   absl::Time finished;
 };
@@ -102,6 +103,7 @@ class CheckpointWriter {
     Manifest header;
     std::vector<SnapshotRecord> records;
     double blocked_seconds = 0.0;
+    double waited_seconds = 0.0;
     int64_t started_nanos = 0;
   };
   void Loop();
