@@ -38,7 +38,10 @@ bool IsAllowedWorkerVariable(const std::string& name) {
   for (const char* allowed : kAllowed) {
     if (name == allowed) return true;
   }
-  return absl::StartsWith(name, "TRAINYARD_") && name.size() > 10;
+  if (absl::StartsWith(name, "TRAINYARD_") && name.size() > 10) return true;
+  // The node's OpenBLAS settings (OPENBLAS_CORETYPE, ...): they choose the GEMM kernels, and so
+  // the bits a worker computes; a worker must compute as the node was set up to.
+  return absl::StartsWith(name, "OPENBLAS_") && name.size() > 9;
 }
 
 AgentCore::AgentCore(AgentConfig config, ProcessLauncher* launcher, FileSystem* fs, Clock* clock)
@@ -170,7 +173,7 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
       return absl::InvalidArgumentError(
           absl::StrCat("environment variable ", name,
                        " is not allowed for workers (only PATH, HOME, LANG, LD_LIBRARY_PATH, "
-                       "OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES and TRAINYARD_*)"));
+                       "OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, OPENBLAS_* and TRAINYARD_*)"));
     }
     env[name] = value;
   }

@@ -56,7 +56,7 @@ struct AgentConfig {
 };
 
 // Whether a variable may pass from the agent (or a StartWorker order) to a worker: PATH, HOME,
-// LANG, LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES and TRAINYARD_*.
+// LANG, LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, OPENBLAS_* and TRAINYARD_*.
 bool IsAllowedWorkerVariable(const std::string& name);
 
 class AgentCore {

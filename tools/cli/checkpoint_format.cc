@@ -37,7 +37,7 @@ std::string CheckpointStateName(v1::CheckpointState state) {
 }
 
 std::string CheckpointPolicyText(const v1::CheckpointPolicy& policy) {
-  if (policy.dir().empty()) return "off (the spec has no checkpoint section)";
+  if (policy.dir().empty()) return "off (the spec has no checkpoint.dir)";
   return absl::StrCat(
       "every ", policy.every_steps(), " steps",
       policy.interval_auto() ? " (auto: a fixed interval until the Young–Daly policy exists)" : "",

@@ -23,7 +23,7 @@ std::string FormatBytes(int64_t bytes);
 std::string CheckpointStateName(v1::CheckpointState state);
 // "every 50 steps, keep 3, dir ckpt/run"; for `every_steps: auto` "every 100 steps (auto: a
 // fixed interval until the Young–Daly policy exists), keep 3, dir ckpt/run"; "off (the spec has
-// no checkpoint section)".
+// no checkpoint.dir)".
 std::string CheckpointPolicyText(const v1::CheckpointPolicy& policy);
 // "step 200, 3m05s ago, 12.3 MiB, ckpt/run/step-200" (the size left out when unknown); "none".
 std::string LastCheckpointText(const v1::Checkpoint& checkpoint, int64_t now_ms);

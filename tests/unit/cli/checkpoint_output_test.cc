@@ -36,7 +36,7 @@ TEST(CheckpointOutputTest, Bytes) {
 
 TEST(CheckpointOutputTest, PolicyText) {
   v1::CheckpointPolicy policy;
-  EXPECT_EQ(CheckpointPolicyText(policy), "off (the spec has no checkpoint section)");
+  EXPECT_EQ(CheckpointPolicyText(policy), "off (the spec has no checkpoint.dir)");
   policy.set_dir("ckpt/run");
   policy.set_every_steps(50);
   policy.set_keep(3);
