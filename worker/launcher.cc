@@ -92,6 +92,12 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
       break;
     }
     if (pid == 0) {
+      // SIGTERM stays blocked across exec until the rank has installed its drain handler
+      // (worker/main.cc), so a drain forwarded early is held, not fatal.
+      sigset_t term;
+      sigemptyset(&term);
+      sigaddset(&term, SIGTERM);
+      sigprocmask(SIG_BLOCK, &term, nullptr);
       execv(argv[0], argv.data());
       _exit(127);
     }

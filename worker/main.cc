@@ -107,6 +107,18 @@ std::atomic<bool> g_drain_requested{false};
 
 void OnDrainSignal(int) { g_drain_requested.store(true); }
 
+// A rank drains on SIGTERM. The local launcher starts ranks with SIGTERM blocked, so one that
+// arrived before this point is delivered now.
+void InstallDrainHandler() {
+  struct sigaction drain {};
+  drain.sa_handler = OnDrainSignal;
+  sigaction(SIGTERM, &drain, nullptr);
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigprocmask(SIG_UNBLOCK, &term, nullptr);
+}
+
 // All ranks of a multi-rank spec as children of this process.
 absl::Status LaunchRanks(const Flags& flags, const config::JobSpec& spec) {
   const int world = spec.world_size();
@@ -134,6 +146,7 @@ absl::Status Run(int argc, char** argv) {
   if (flags.rank < 0) {
     TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
   }
+  if (world == 1 || flags.rank >= 0) InstallDrainHandler();
   SetLogContext(spec.name, rank);
   if (world > 1 && flags.rank < 0) {
     std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (dp %d)\n",
@@ -166,9 +179,6 @@ absl::Status Run(int argc, char** argv) {
     store = parallel::MakeFileKeyValueStore(flags.rendezvous);
     context.store = store.get();
   }
-  struct sigaction drain {};
-  drain.sa_handler = OnDrainSignal;
-  sigaction(SIGTERM, &drain, nullptr);
   TrainOptions options;
   options.progress = &std::cout;
   options.stop_requested = &g_drain_requested;
