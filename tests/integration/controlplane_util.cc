@@ -48,13 +48,15 @@ std::string TinySpec(const TinyJob& job) {
       job.data.empty()
           ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
           : job.data;
-  return absl::StrCat("name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
-                      "\ntraining: {steps: ", job.steps, ", batch: ", 4 * world,
-                      ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n",
-                      "parallelism: {dp: ", world, "}\nresources: {nodes: ", job.nodes,
-                      ", devices_per_node: ", job.ranks_per_node,
-                      "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
-                      ", heartbeat_timeout_s: 5}\npriority: ", job.priority, "\n");
+  std::string spec = absl::StrCat("name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
+                                  "\ntraining: {steps: ", job.steps, ", batch: ", 4 * world,
+                                  ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n",
+                                  "parallelism: {dp: ", world, "}\nresources: {nodes: ", job.nodes,
+                                  ", devices_per_node: ", job.ranks_per_node,
+                                  "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
+                                  ", heartbeat_timeout_s: 5}\npriority: ", job.priority, "\n");
+  if (!job.checkpoint.empty()) absl::StrAppend(&spec, "checkpoint: ", job.checkpoint, "\n");
+  return spec;
 }
 
 bool ProcessGone(int64_t pid) {

@@ -36,11 +36,13 @@ struct TinyJob {
   int steps = 20;
   int max_restarts = 2;
   int priority = 0;
-  std::string data;  // a `data:` mapping; empty: a small Markov chain
+  std::string data;        // a `data:` mapping; empty: a small Markov chain
+  std::string checkpoint;  // a `checkpoint:` mapping; empty: the job does not checkpoint
 };
 
 // A valid spec for the debug GPT-2: nodes x ranks_per_node data-parallel CPU ranks, one thread
-// each, a batch of 4 sequences of 16 tokens per rank.
+// each, a batch of 4 sequences of 16 tokens per rank; a checkpoint section when job.checkpoint is
+// given.
 std::string TinySpec(const TinyJob& job);
 
 // True when `pid` no longer runs (no /proc entry, or a zombie).

@@ -1,0 +1,293 @@
+// Checkpoints through the control plane on loopback: trainyard-server with its local agent, real
+// workers and the trainyard CLI. A rank killed with SIGKILL costs the job only the steps since
+// the checkpoint the coordinator recorded, and the restarted job ends with exactly the loss of a
+// run nobody killed; `checkpoints` and `status` show the saves; `drain` stops a job at a
+// checkpoint that a resubmitted spec continues from; a bad resume_from is a clear failure.
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/controlplane_util.h"
+#include "tests/integration/test_env.h"
+
+namespace trainyard::testenv {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Long enough to be killed or drained midway even unloaded (4 ms a step for two ranks of this
+// model; a progress report, which carries checkpoints and drain orders, every 500 ms), short
+// enough to train four times in a test on a loaded 2-core machine (15 ms a step).
+constexpr int kSteps = 400;
+
+TinyJob Job(const std::string& name, const std::string& checkpoint) {
+  return {.name = name, .ranks_per_node = 2, .steps = kSteps, .checkpoint = checkpoint};
+}
+
+// "exact final loss 0x1.0d5f...p+1" from a rank-0 log's `done:` line; "" when absent.
+std::string ExactFinalLoss(const std::string& log) {
+  std::smatch m;
+  return std::regex_search(log, m, std::regex("exact final loss (\\S+)")) ? m[1].str() : "";
+}
+
+// The exact final loss of the 2-rank spec without a checkpoint section, trained uninterrupted as
+// a job of `cp`. (Not the standalone worker's: agents start workers with a minimal environment,
+// so OPENBLAS_* variables of the test's environment, which select other GEMM kernels, reach the
+// standalone run only.)
+std::string UninterruptedLoss(ControlPlane& cp) {
+  const ProcessResult run =
+      cp.Cli({"submit", cp.WriteSpec("plain.yaml", TinySpec(Job("ck", ""))), "--watch"}, 180);
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::string job_id = run.out.substr(0, run.out.find('\n'));
+  return ExactFinalLoss(cp.Cli({"logs", job_id, "--rank", "0"}).out);
+}
+
+struct Resumed {
+  int64_t step = -1;  // -1: the log has no "resumed from" line
+  std::string path;
+};
+
+Resumed ResumedFrom(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("resumed from step (\\d+): (\\S+)"))) return {};
+  return {std::stoll(m[1].str()), m[2].str()};
+}
+
+bool IsCommittedCheckpoint(const std::string& path) {
+  return !path.empty() && fs::is_directory(path) &&
+         fs::is_regular_file(fs::path(path) / "manifest.json");
+}
+
+v1::ListCheckpointsReply CheckpointsOf(ControlPlane& cp, const std::string& job_id) {
+  const ProcessResult listed = cp.Cli({"checkpoints", job_id, "--json"}, 30);
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  v1::ListCheckpointsReply reply;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(listed.out, &reply);
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString() << ": " << listed.out;
+  return reply;
+}
+
+// The newest (by step) committed checkpoint among `reply`'s, of `attempt_id` unless it is 0.
+v1::Checkpoint NewestCommitted(const v1::ListCheckpointsReply& reply, int attempt_id = 0) {
+  v1::Checkpoint newest;
+  for (const v1::Checkpoint& c : reply.checkpoints()) {
+    if (c.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
+    if (attempt_id != 0 && c.attempt_id() != attempt_id) continue;
+    if (newest.path().empty() || c.step() > newest.step()) newest = c;
+  }
+  return newest;
+}
+
+bool Final(const v1::GetJobReply& r) {
+  const v1::JobState s = r.job().state();
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED || s == v1::JOB_STATE_DRAINED;
+}
+
+TEST(ControlPlaneCheckpointTest, KilledRankResumesFromTheRecordedCheckpointWithTheExactLoss) {
+  ControlPlane cp("cp_ck_kill");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string want = UninterruptedLoss(cp);
+  ASSERT_FALSE(want.empty());
+  const std::string ck = cp.dir() + "/ck";
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml", TinySpec(Job("ck", absl::StrCat("{dir: ", ck, ", every_steps: 25, keep: 2}")))));
+  ASSERT_FALSE(job_id.empty());
+
+  // A committed checkpoint the coordinator knows of, then rank 1 of the first attempt dies.
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().last_checkpoint().step() > 0 &&
+               r.attempts_size() == 1 && r.attempts(0).placement_size() == 2 &&
+               r.attempts(0).placement(1).pid() > 0;
+      },
+      120))
+      << cp.Cli({"status", job_id}).out;
+  const v1::GetJobReply before = cp.Status(job_id);
+  const int64_t recorded_before_kill = before.job().last_checkpoint().step();
+  const int64_t rank1 = before.attempts(0).placement(1).pid();
+  ASSERT_LT(recorded_before_kill, kSteps);
+  ASSERT_EQ(kill(static_cast<pid_t>(rank1), SIGKILL), 0) << rank1;
+  std::printf("killed rank 1 at step %lld, the recorded checkpoint being step %lld\n",
+              static_cast<long long>(before.job().progress().step()),
+              static_cast<long long>(recorded_before_kill));
+
+  ASSERT_TRUE(cp.WaitFor(job_id, Final, 180)) << cp.Cli({"status", job_id}).out;
+  const v1::GetJobReply done = cp.Status(job_id);
+  ASSERT_EQ(done.job().state(), v1::JOB_STATE_SUCCEEDED) << cp.Cli({"status", job_id}).out;
+  ASSERT_EQ(done.attempts_size(), 2) << "the kill must land before the first attempt finished";
+  EXPECT_EQ(done.job().restarts(), 1);
+  EXPECT_THAT(done.attempts(0).cause(), HasSubstr("rank 1"));
+  EXPECT_THAT(done.attempts(0).cause(), HasSubstr("signal 9"));
+
+  // The second attempt resumed from the newest checkpoint the first one committed and reported.
+  const v1::ListCheckpointsReply listed = CheckpointsOf(cp, job_id);
+  const v1::Checkpoint recorded = NewestCommitted(listed, /*attempt_id=*/1);
+  ASSERT_FALSE(recorded.path().empty()) << listed.DebugString();
+  EXPECT_GE(recorded.step(), recorded_before_kill);
+  const std::string log = cp.Cli({"logs", job_id, "--rank", "0", "--attempt", "2"}).out;
+  const Resumed resumed = ResumedFrom(log);
+  EXPECT_EQ(resumed.step, recorded.step()) << log;
+  EXPECT_EQ(resumed.path, recorded.path()) << log;
+  std::printf("attempt 2 resumed from step %lld\n", static_cast<long long>(resumed.step));
+  EXPECT_THAT(cp.Cli({"logs", job_id, "--rank", "0", "--attempt", "1"}).out,
+              Not(HasSubstr("resumed from step")));
+  EXPECT_EQ(ExactFinalLoss(log), want) << log;
+
+  // `checkpoints` lists every committed save of both attempts; the newest is on disk.
+  const v1::Checkpoint newest = NewestCommitted(listed);
+  EXPECT_EQ(newest.step(), kSteps);
+  EXPECT_EQ(newest.attempt_id(), 2);
+  EXPECT_GT(newest.bytes(), 0);
+  EXPECT_TRUE(IsCommittedCheckpoint(newest.path())) << newest.path();
+  EXPECT_EQ(fs::path(newest.path()).parent_path(), fs::path(ck));
+  const ProcessResult table = cp.Cli({"checkpoints", job_id});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("STEP"));
+  EXPECT_THAT(table.out, HasSubstr("SIZE"));
+  EXPECT_THAT(table.out, HasSubstr("STATE"));
+  EXPECT_THAT(table.out, HasSubstr("PATH"));
+  int committed = 0;
+  for (const v1::Checkpoint& c : listed.checkpoints()) {
+    if (c.state() != v1::CHECKPOINT_STATE_COMMITTED) continue;
+    ++committed;
+    // Its row: the step first, the state and the path last, a size in between.
+    const std::regex row(absl::StrCat("(^|\\n)", c.step(), " [^\\n]* [0-9.]+ (B|KiB|MiB) [^\\n]*",
+                                      "COMMITTED +", c.path(), "(\\n|$)"));
+    EXPECT_TRUE(std::regex_search(table.out, row)) << c.path() << " in\n" << table.out;
+  }
+  EXPECT_GE(committed, 3);  // the one resumed from, at least one more by attempt 2, the last one
+  // keep: 2 — only the two newest committed checkpoints remain on disk.
+  int on_disk = 0;
+  for (const auto& entry : fs::directory_iterator(ck)) {
+    on_disk += IsCommittedCheckpoint(entry.path().string());
+  }
+  EXPECT_EQ(on_disk, 2);
+
+  // `status` shows the policy and the newest checkpoint.
+  EXPECT_EQ(done.job().last_checkpoint().step(), kSteps);
+  EXPECT_EQ(done.job().last_checkpoint().path(), newest.path());
+  EXPECT_EQ(done.job().checkpoint_policy().every_steps(), 25);
+  EXPECT_EQ(done.job().checkpoint_policy().keep(), 2);
+  const ProcessResult status = cp.Cli({"status", job_id});
+  EXPECT_THAT(status.out, HasSubstr("every 25 steps, keep 2, dir " + ck));
+  EXPECT_THAT(status.out, HasSubstr(absl::StrCat("step ", kSteps)));
+  EXPECT_THAT(status.out, HasSubstr(newest.path()));
+}
+
+TEST(ControlPlaneCheckpointTest, DrainedJobEndsAtACheckpointThatTheResubmittedSpecContinues) {
+  ControlPlane cp("cp_ck_drain");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string want = UninterruptedLoss(cp);
+  ASSERT_FALSE(want.empty());
+  const std::string ck = cp.dir() + "/ck";
+  // No periodic save before the end: the drain's checkpoint is the only one.
+  const std::string spec = cp.WriteSpec(
+      "job.yaml",
+      TinySpec(Job("ck", absl::StrCat("{dir: ", ck, ", every_steps: ", 10 * kSteps, "}"))));
+  const std::string job_id = cp.Submit(spec);
+  ASSERT_FALSE(job_id.empty());
+  ASSERT_TRUE(cp.WaitForStep(job_id, 1, 120)) << cp.Cli({"status", job_id}).out;
+
+  const ProcessResult drain = cp.Cli({"drain", job_id, "--reason", "maintenance"});
+  ASSERT_EQ(drain.exit_code, 0) << drain.err;
+  EXPECT_THAT(drain.out, HasSubstr("checkpoint at a step they agree on"));
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
+  EXPECT_EQ(watch.exit_code, 5) << watch.out << watch.err;
+
+  const v1::GetJobReply drained = cp.Status(job_id);
+  ASSERT_EQ(drained.job().state(), v1::JOB_STATE_DRAINED) << cp.Cli({"status", job_id}).out;
+  const v1::Checkpoint& last = drained.job().last_checkpoint();
+  ASSERT_GT(last.step(), 0);
+  ASSERT_LT(last.step(), kSteps) << "the drain must stop the job before its last step";
+  std::printf("drained at step %lld\n", static_cast<long long>(last.step()));
+  EXPECT_EQ(drained.job().message(),
+            absl::StrCat("drained at step ", last.step(), ": checkpoint ", last.path()));
+  EXPECT_TRUE(IsCommittedCheckpoint(last.path())) << last.path();
+  EXPECT_EQ(fs::path(last.path()).parent_path(), fs::path(ck));
+  EXPECT_EQ(drained.attempts_size(), 1);
+  const std::string drained_log = cp.Cli({"logs", job_id, "--rank", "0"}).out;
+  EXPECT_THAT(drained_log, HasSubstr(absl::StrCat("drained at step ", last.step(), "\n")));
+  EXPECT_THAT(drained_log, HasSubstr(absl::StrCat("checkpoint step ", last.step(),
+                                                  " committed: ", last.path())));
+  EXPECT_EQ(cp.Cli({"drain", job_id}).exit_code, 0) << "draining a drained job changes nothing";
+  EXPECT_EQ(cp.Cli({"cancel", job_id}).exit_code, 2) << "DRAINED is final";
+
+  // The same spec again: a new job that continues from the drain's checkpoint to the end.
+  const std::string again = cp.Submit(spec);
+  ASSERT_FALSE(again.empty());
+  EXPECT_NE(again, job_id);
+  const ProcessResult finished = cp.Cli({"watch", again}, 180);
+  EXPECT_EQ(finished.exit_code, 0) << finished.out << finished.err;
+  const v1::GetJobReply resumed_job = cp.Status(again);
+  EXPECT_EQ(resumed_job.job().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(resumed_job.job().attempts(), 1);
+  const std::string log = cp.Cli({"logs", again, "--rank", "0"}).out;
+  const Resumed resumed = ResumedFrom(log);
+  EXPECT_EQ(resumed.step, last.step()) << log;
+  EXPECT_EQ(resumed.path, last.path()) << log;
+  EXPECT_EQ(ExactFinalLoss(log), want) << log;
+}
+
+// The coordinator does not look at the path (it may exist only on the workers' nodes); every
+// rank refuses it with exit code 2 before training, and the user sees why in status and logs.
+// A rank's exit code 2 is restarted like any other failure, up to max_restarts (see the report
+// with this test): the count of attempts is left unasserted.
+TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReason) {
+  ControlPlane cp("cp_ck_bad_resume");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string missing = cp.dir() + "/no-such-checkpoint";
+  const std::string reason =
+      absl::StrCat("checkpoint.resume_from: ", missing, ": no such file or directory");
+  TinyJob job = Job("bad", absl::StrCat("{resume_from: ", missing, "}"));
+  job.max_restarts = 1;
+  const std::string job_id = cp.Submit(cp.WriteSpec("bad.yaml", TinySpec(job)));
+  ASSERT_FALSE(job_id.empty());
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
+  EXPECT_EQ(watch.exit_code, 1) << watch.out << watch.err;
+
+  const v1::GetJobReply failed = cp.Status(job_id);
+  ASSERT_EQ(failed.job().state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.job().message(), HasSubstr("exited with code 2"));
+  EXPECT_EQ(failed.job().progress().step(), 0);
+  EXPECT_TRUE(failed.job().last_checkpoint().path().empty());
+  ASSERT_GE(failed.attempts_size(), 1);
+  for (const v1::Attempt& attempt : failed.attempts()) {
+    ASSERT_EQ(attempt.exits_size(), 2) << attempt.DebugString();
+    for (const v1::RankExit& exit : attempt.exits()) {
+      EXPECT_EQ(exit.signal(), 0);
+      EXPECT_EQ(exit.exit_code(), 2)
+          << "attempt " << attempt.attempt_id() << " rank " << exit.rank();
+    }
+  }
+  // The newest attempt's ranks carry the worker's one-line reason.
+  const v1::Attempt& last = failed.attempts(failed.attempts_size() - 1);
+  for (const v1::RankExit& exit : last.exits()) {
+    bool shown = false;
+    for (const std::string& line : exit.last_log_lines()) {
+      shown |= line == "trainyard-worker: error: " + reason;
+    }
+    EXPECT_TRUE(shown) << last.DebugString();
+  }
+  const ProcessResult status = cp.Cli({"status", job_id});
+  EXPECT_THAT(status.out, HasSubstr("state       FAILED"));
+  EXPECT_THAT(status.out, HasSubstr("exited with code 2"));
+  EXPECT_THAT(status.out, HasSubstr("| trainyard-worker: error: " + reason));
+  EXPECT_THAT(cp.Cli({"logs", job_id, "--rank", "0"}).out,
+              HasSubstr("trainyard-worker: error: " + reason + "\n"));
+  EXPECT_FALSE(fs::exists(missing)) << "nothing is written for a refused resume_from";
+}
+
+}  // namespace
+}  // namespace trainyard::testenv
