@@ -172,8 +172,9 @@ absl::Status WriteAll(int fd, const char* data, int64_t bytes) {
 }
 
 // The time to write `bytes` to a new file in `dir` with write(2) in 16 MiB chunks, then fsync.
+// The source is as large as the file (as a snapshot is), not one cached chunk written again.
 absl::StatusOr<double> TimeFsyncedWrite(const std::string& dir, int64_t bytes,
-                                        const std::vector<char>& chunk) {
+                                        const std::vector<char>& source) {
   const std::string path = dir + "/disk-reference.bin";
   ::sync();  // start with no one else's dirty pages queued ahead of ours
   const auto start = std::chrono::steady_clock::now();
@@ -181,7 +182,7 @@ absl::StatusOr<double> TimeFsyncedWrite(const std::string& dir, int64_t bytes,
   if (fd < 0) return ErrnoError("open " + path);
   absl::Status status;
   for (int64_t at = 0; at < bytes && status.ok(); at += kDiskChunk) {
-    status = WriteAll(fd, chunk.data(), std::min(kDiskChunk, bytes - at));
+    status = WriteAll(fd, source.data() + at, std::min(kDiskChunk, bytes - at));
   }
   if (status.ok() && ::fsync(fd) != 0) status = ErrnoError("fsync " + path);
   if (::close(fd) != 0 && status.ok()) status = ErrnoError("close " + path);
@@ -193,7 +194,7 @@ absl::StatusOr<double> TimeFsyncedWrite(const std::string& dir, int64_t bytes,
 
 // This disk's fsync'd sequential write bandwidth in `dir`, bytes per second: the median of three.
 absl::StatusOr<double> FsyncedWriteBandwidth(const std::string& dir, int64_t bytes) {
-  std::vector<char> chunk(kDiskChunk);
+  std::vector<char> chunk(bytes);
   std::mt19937_64 rng(1);
   for (size_t i = 0; i + 8 <= chunk.size(); i += 8) {
     const uint64_t word = rng();

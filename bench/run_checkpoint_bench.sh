@@ -53,10 +53,11 @@ THREADS="$(nproc)"
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 COMMAND="${SELF#"$ROOT"/}${ARGS[@]+$(printf ' %q' "${ARGS[@]}")}"
 
-# preset | batch per rank | seq | the same model for PyTorch (tests/oracle/torch_model.py)
+# preset | batch per rank | seq | disk reference MiB (the checkpoint's size) | the same model for
+# PyTorch (tests/oracle/torch_model.py)
 CONFIGS=(
-  'gpt2-small-cpu|4|256|{"family":"gpt2","layers":4,"width":256,"heads":8,"vocab":256,"max_seq":256}'
-  'gpt2-124m|1|64|{"family":"gpt2","layers":12,"width":768,"heads":12,"vocab":50257,"max_seq":1024}'
+  'gpt2-small-cpu|4|256|38|{"family":"gpt2","layers":4,"width":256,"heads":8,"vocab":256,"max_seq":256}'
+  'gpt2-124m|1|1024|1425|{"family":"gpt2","layers":12,"width":768,"heads":12,"vocab":50257,"max_seq":1024}'
 )
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-checkpoint-driver.XXXXXX")"
@@ -87,12 +88,12 @@ IFS=',' read -r -a WANTED <<<"$PRESETS"
 for preset in "${WANTED[@]}"; do
   found=0
   for entry in "${CONFIGS[@]}"; do
-    IFS='|' read -r name batch seq torch_cfg <<<"$entry"
+    IFS='|' read -r name batch seq disk_mib torch_cfg <<<"$entry"
     [[ "$name" == "$preset" ]] || continue
     found=1
     echo "== $name: batch $batch per rank, seq $seq, $STEPS steps, a save every $EVERY" >&2
     run "trainyard-$name" "$BIN" --preset "$name" --batch "$batch" --seq "$seq" --steps "$STEPS" \
-      --every "$EVERY" --ranks 1,2 --dir "$PARENT" --threads "$THREADS"
+      --every "$EVERY" --ranks 1,2 --dir "$PARENT" --threads "$THREADS" --disk-mib "$disk_mib"
     run "pytorch-$name" env OMP_NUM_THREADS="$THREADS" "$PY" "$ROOT/bench/torch_checkpoint_peer.py" \
       --config "$torch_cfg" --batch "$batch" --seq "$seq" --dir "$PARENT" --rounds "$ROUNDS" \
       --threads "$THREADS" --label "$name"
