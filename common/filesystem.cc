@@ -152,6 +152,44 @@ class PosixWritableFile : public WritableFile {
   const std::string path_;
 };
 
+// O_DIRECT: a short last Append is written rounded up to the alignment, and the file is cut
+// back to its true size before it is synced.
+class PosixDirectFile : public WritableFile {
+ public:
+  PosixDirectFile(int fd, std::string path) : file_(fd, path), fd_(fd), path_(std::move(path)) {}
+
+  absl::Status Append(std::string_view data) override {
+    const size_t padded =
+        (data.size() + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+    if (tail_ || reinterpret_cast<uintptr_t>(data.data()) % kDirectIoAlignment != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("write ", path_, ": unaligned or after the short last write"));
+    }
+    tail_ = padded != data.size();
+    size_ += data.size();
+    return file_.Append(std::string_view(data.data(), padded));
+  }
+  absl::Status Sync() override {
+    if (tail_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      return PosixError("truncate", path_);
+    }
+    return file_.Sync();
+  }
+  absl::Status Close() override {
+    if (tail_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      return PosixError("truncate", path_);
+    }
+    return file_.Close();
+  }
+
+ private:
+  PosixWritableFile file_;  // owns fd_
+  const int fd_;
+  const std::string path_;
+  bool tail_ = false;  // the short last write happened
+  uint64_t size_ = 0;
+};
+
 class PosixFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
@@ -259,6 +297,14 @@ class PosixFileSystem : public FileSystem {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return PosixError("create", path);
     return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(
+      const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd < 0 && errno == EINVAL) return NewWritableFile(path);  // e.g. tmpfs
+    if (fd < 0) return PosixError("create", path);
+    return std::make_unique<PosixDirectFile>(fd, path);
   }
 
   absl::Status SyncDir(const std::string& path) override { return SyncDirectory(path); }

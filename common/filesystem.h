@@ -49,6 +49,9 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
+// The alignment NewDirectWritableFile needs of memory and sizes.
+inline constexpr size_t kDirectIoAlignment = 4096;
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -85,6 +88,16 @@ class FileSystem {
   // must exist. The new name is durable only once the parent directory is synced.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
+
+  // Like NewWritableFile, for large sequential writes: where the filesystem allows it, bytes go
+  // from the caller's memory to the device without a copy into the page cache (O_DIRECT). The
+  // caller's contract: every Append passes memory aligned to kDirectIoAlignment, and every
+  // Append but the last a multiple of it in size; the last may be shorter, but the memory after
+  // it must be readable up to the next multiple. Elsewhere the same as NewWritableFile.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(
+      const std::string& path) {
+    return NewWritableFile(path);
+  }
 
   // Makes the entries of directory `path` durable (fsync of the directory): files created,
   // renamed into or removed from it, and subdirectories created in it.

@@ -97,7 +97,12 @@ std::string EvalLine(const EvalPoint& e, const std::optional<double>& entropy) {
 
 std::string SummaryLine(const TrainResult& result) {
   const int64_t steps = result.first_step + static_cast<int64_t>(result.train_losses.size());
-  if (result.train_losses.empty()) return absl::StrFormat("done: %d steps", steps);
+  if (result.train_losses.empty()) {
+    // Resumed from a checkpoint of the last step: nothing left to train.
+    if (result.first_step == 0) return "done: 0 steps";
+    return absl::StrFormat("done: %d steps | final train loss %.4f | exact final loss %a", steps,
+                           result.resumed_loss, result.resumed_loss);
+  }
   std::string line =
       absl::StrFormat("done: %d steps | final train loss %.4f", steps, result.train_losses.back());
   if (!result.evals.empty())

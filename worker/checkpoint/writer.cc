@@ -3,6 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,8 +58,8 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   const int64_t waited = clock_->NowNanosMonotonic() - start;
   int64_t floats = 0;
   for (const SnapshotRecord& r : records) floats += r.end - r.begin;
-  if (static_cast<int64_t>(host_.size()) < floats) host_.resize(floats);
-  if (absl::Status filled = fill(host_.data()); !filled.ok()) {
+  EnsureHost(floats);
+  if (absl::Status filled = fill(host_.get()); !filled.ok()) {
     const std::string why = absl::StrCat("snapshot of step ", step, ": ", filled.message());
     std::lock_guard<std::mutex> lock(mu_);
     last_ = absl::Status(filled.code(), why);
@@ -91,9 +93,19 @@ std::vector<SaveOutcome> CheckpointWriter::TakeOutcomes() {
   return std::exchange(outcomes_, {});
 }
 
+void CheckpointWriter::EnsureHost(int64_t floats) {
+  if (floats <= host_floats_) return;
+  const size_t bytes = (4 * static_cast<size_t>(floats) + kDirectIoAlignment - 1) /
+                       kDirectIoAlignment * kDirectIoAlignment;
+  host_.reset(static_cast<float*>(std::aligned_alloc(kDirectIoAlignment, bytes)));
+  if (host_ == nullptr) throw std::bad_alloc();
+  std::memset(host_.get(), 0, bytes);  // every page touched now, not during a snapshot
+  host_floats_ = floats;
+}
+
 void CheckpointWriter::Loop() {
   if (options_.snapshot_floats > 0) {
-    host_.resize(options_.snapshot_floats);  // zero-filled: every page touched here
+    EnsureHost(options_.snapshot_floats);
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
@@ -171,8 +183,8 @@ absl::StatusOr<ShardFile> CheckpointWriter::WriteShard(const Job& job, const std
   shard.set_rank(options_.rank);
   shard.set_save_token(options_.save_token);
   const std::string file = JoinPath(path, shard.file());
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, fs_->NewWritableFile(file));
-  const char* base = reinterpret_cast<const char*>(host_.data());
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, fs_->NewDirectWritableFile(file));
+  const char* base = reinterpret_cast<const char*>(host_.get());
   // Each piece is hashed just before it is written, while it is still in the cache.
   int64_t offset = 0, written = 0;
   auto write_up_to = [&](int64_t end, bool all) -> absl::Status {

@@ -19,6 +19,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -116,7 +117,14 @@ class CheckpointWriter {
   FileSystem* fs_;
   Clock* clock_;
   const WriterOptions options_;
-  std::vector<float> host_;  // the snapshot; written by Save, read by the thread while busy_
+  // The snapshot; written by Save, read by the thread while busy_. Aligned, and its size rounded
+  // up, for FileSystem::NewDirectWritableFile.
+  struct FreeAligned {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, FreeAligned> host_;
+  int64_t host_floats_ = 0;
+  void EnsureHost(int64_t floats);  // allocates and touches every page
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -30,6 +31,28 @@ class RealFileSystemTest : public testing::Test {
   FileSystem* fs_ = RealFileSystem();
   std::string root_;
 };
+
+// Direct writes: aligned whole blocks, then a short last block; the file holds exactly the
+// bytes appended (the padding of the last block is cut off), whether or not the filesystem
+// takes O_DIRECT.
+TEST_F(RealFileSystemTest, DirectWritableFileKeepsExactlyTheAppendedBytes) {
+  constexpr size_t kBlock = kDirectIoAlignment;
+  const size_t size = 3 * kBlock + 100;
+  const size_t padded = 4 * kBlock;
+  std::unique_ptr<char, decltype(&std::free)> buffer(
+      static_cast<char*>(std::aligned_alloc(kBlock, padded)), &std::free);
+  for (size_t i = 0; i < padded; ++i) buffer.get()[i] = static_cast<char>(i * 7 + 1);
+  const std::string path = Path("direct.bin");
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewDirectWritableFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->Append(std::string_view(buffer.get(), 2 * kBlock)).ok());
+  ASSERT_TRUE((*file)->Append(std::string_view(buffer.get() + 2 * kBlock, size - 2 * kBlock)).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  absl::StatusOr<std::string> read = fs_->ReadFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, std::string(buffer.get(), size));
+}
 
 TEST_F(RealFileSystemTest, WriteReadRoundTripReplacesAtomically) {
   const std::string path = Path("manifest.json");
