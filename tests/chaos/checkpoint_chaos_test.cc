@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,10 +77,21 @@ class CheckpointChaos : public ::testing::Test {
     return newest;
   }
 
-  bool SaveInFlight() {
+  // The checkpoint directories under ck/.
+  std::set<std::string> CheckpointDirs() {
+    std::set<std::string> names;
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir_ / "ck", ec)) {
-      if (!fs::exists(entry.path() / "manifest.json")) return true;
+      names.insert(entry.path().filename().string());
+    }
+    return names;
+  }
+
+  // A save of this run is being written: a directory without a manifest that was not there
+  // before the run (a killed run's torn directories stay until the next commit prunes them).
+  bool SaveInFlight(const std::set<std::string>& before) {
+    for (const std::string& name : CheckpointDirs()) {
+      if (!before.count(name) && !fs::exists(dir_ / "ck" / name / "manifest.json")) return true;
     }
     return false;
   }
@@ -112,23 +124,28 @@ TEST_F(CheckpointChaos, KillNineDuringSavesNeverLosesTheExactLoss) {
   while (kills < 20) {
     ASSERT_LT(++runs, 40) << "the job kept finishing before the kill";
     const int64_t resume_from = NewestCommitted();
+    const std::set<std::string> before = CheckpointDirs();
     const std::string out = (dir_ / absl::StrCat("run", runs, ".out")).string();
     ChildProcess job(Argv(spec), out, out + ".err");
-    for (int i = 0; i < 2000 && Children(job.pid()).size() < 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the ranks start
+    // Every run gets somewhere: wait for its first commit (however loaded the machine), then
+    // let it train a random while longer.
+    for (int i = 0;
+         i < 6000 && ReadWholeFile(out).find(" committed: ") == std::string::npos && job.running();
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(random)));
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 500)(random)));
     const std::vector<pid_t> ranks = Children(job.pid());
     if (ranks.size() != 2) {
       ASSERT_TRUE(job.Wait(std::chrono::seconds(60)).has_value());
       continue;  // finished (or not started yet): try again
     }
     // Aim at a save: wait (a little) for one to be in flight.
-    for (int i = 0; i < 2000 && !SaveInFlight(); ++i) {
+    for (int i = 0; i < 4000 && !SaveInFlight(before); ++i) {
       std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
-    const bool saving = SaveInFlight();
+    const bool saving = SaveInFlight(before);
     kill(ranks[std::uniform_int_distribution<int>(0, 1)(random)], SIGKILL);
     const std::optional<int> status = job.Wait(std::chrono::seconds(60));
     ASSERT_TRUE(status.has_value()) << "the launcher must notice a dead rank";
@@ -136,6 +153,7 @@ TEST_F(CheckpointChaos, KillNineDuringSavesNeverLosesTheExactLoss) {
     ++kills;
     mid_save += saving;
     const std::string log = ReadWholeFile(out);
+    EXPECT_GT(NewestCommitted(), resume_from) << "run " << runs << " committed nothing";
     if (resume_from > 0 && log.find("step ") != std::string::npos) {
       EXPECT_THAT(log, HasSubstr(absl::StrCat("resumed from step ", resume_from, ": ")))
           << "run " << runs;
