@@ -13,16 +13,6 @@
 namespace trainyard {
 namespace {
 
-class CopiedRegion : public ReadOnlyRegion {
- public:
-  explicit CopiedRegion(std::string bytes) : bytes_(std::move(bytes)) {}
-  const uint8_t* data() const override { return reinterpret_cast<const uint8_t*>(bytes_.data()); }
-  size_t size() const override { return bytes_.size(); }
-
- private:
-  const std::string bytes_;
-};
-
 std::string Normalize(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -222,7 +212,7 @@ absl::Status FakeFileSystem::RenameFile(const std::string& from, const std::stri
 absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> FakeFileSystem::MapReadOnly(
     const std::string& path) {
   TY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-  return std::make_unique<CopiedRegion>(std::move(bytes));
+  return RegionHolding(std::move(bytes));
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FakeFileSystem::NewWritableFile(

@@ -42,16 +42,6 @@ using fault_injection_internal::Node;
 
 namespace {
 
-class CopiedRegion : public ReadOnlyRegion {
- public:
-  explicit CopiedRegion(std::string bytes) : bytes_(std::move(bytes)) {}
-  const uint8_t* data() const override { return reinterpret_cast<const uint8_t*>(bytes_.data()); }
-  size_t size() const override { return bytes_.size(); }
-
- private:
-  const std::string bytes_;
-};
-
 absl::Status Failure(absl::StatusCode code, const char* operation, const std::string& path,
                      absl::string_view reason) {
   return absl::Status(code, absl::StrCat(operation, " ", path, ": ", reason));
@@ -237,7 +227,7 @@ absl::StatusOr<std::string> FaultInjectionFileSystem::ReadFile(const std::string
 absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> FaultInjectionFileSystem::MapReadOnly(
     const std::string& path) {
   TY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-  return std::make_unique<CopiedRegion>(std::move(bytes));
+  return RegionHolding(std::move(bytes));
 }
 
 absl::StatusOr<uint64_t> FaultInjectionFileSystem::FileSize(const std::string& path) {

@@ -76,13 +76,6 @@ class MappedRegion : public ReadOnlyRegion {
   size_t size_;
 };
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -342,6 +335,26 @@ std::string ChildPath(const std::string& dir, const std::string& name) {
 }
 
 }  // namespace
+
+std::string Dirname(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes) {
+  class CopiedRegion : public ReadOnlyRegion {
+   public:
+    explicit CopiedRegion(std::string bytes) : bytes_(std::move(bytes)) {}
+    const uint8_t* data() const override { return reinterpret_cast<const uint8_t*>(bytes_.data()); }
+    size_t size() const override { return bytes_.size(); }
+
+   private:
+    const std::string bytes_;
+  };
+  return std::make_unique<CopiedRegion>(std::move(bytes));
+}
 
 // Tries RemoveFile first, so that a symbolic link to a directory is removed, not followed (which
 // would delete the contents of the directory it points to). Unlinking a directory fails with

@@ -116,6 +116,12 @@ class FileSystem {
 // `fs` counts that call too.
 absl::Status RemoveRecursively(FileSystem& fs, const std::string& path);
 
+// The directory part of `path`: "." for a bare name, "/" for a file in the root.
+std::string Dirname(const std::string& path);
+
+// A region that holds its own copy of `bytes` (the in-memory filesystems' MapReadOnly).
+std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes);
+
 // The process-wide POSIX filesystem. Never null; never deleted.
 FileSystem* RealFileSystem();
 

@@ -35,6 +35,11 @@ std::optional<int64_t> StepOfDirName(const std::string& name) {
   return step;
 }
 
+std::string TokenOfDirName(const std::string& name) {
+  if (!StepOfDirName(name)) return "";
+  return name.substr(name.find('-', 5) + 1);
+}
+
 std::string ShardFileName(int rank, int world) {
   return absl::StrFormat("shard-%05d-of-%05d.bin", rank, world);
 }

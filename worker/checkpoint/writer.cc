@@ -16,18 +16,6 @@ namespace {
 
 constexpr int64_t kAppendBytes = int64_t{16} << 20;
 
-std::string Parent(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// The save token in a checkpoint directory's name ("step-00000100-<token>").
-std::string TokenOfDirName(const std::string& name) {
-  const size_t dash = name.find('-', 5);
-  return dash == std::string::npos ? "" : name.substr(dash + 1);
-}
-
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(FileSystem* fs, Clock* clock, WriterOptions options)
@@ -277,7 +265,7 @@ absl::StatusOr<int64_t> CheckpointWriter::Commit(const Job& job, const std::stri
   const std::string json = SerializeManifest(std::move(manifest));
   // The checkpoint directory's own name, and the checkpoint root's, must be durable before the
   // manifest makes the checkpoint exist.
-  TY_RETURN_IF_ERROR(fs_->SyncDir(Parent(options_.dir)));
+  TY_RETURN_IF_ERROR(fs_->SyncDir(Dirname(options_.dir)));
   TY_RETURN_IF_ERROR(fs_->SyncDir(options_.dir));
   const std::string manifest_path = JoinPath(path, kManifestName);
   if (absl::Status written = fs_->WriteFileAtomic(manifest_path, json); !written.ok()) {
