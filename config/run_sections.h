@@ -19,6 +19,9 @@ namespace trainyard::config {
 inline constexpr int kMaxNodes = 4096;
 inline constexpr int kMaxDevicesPerNode = 1024;
 inline constexpr int kMaxRestarts = 1000;
+// The failure causes a restart budget can be given for (fault_tolerance.max_restarts_by_cause).
+inline constexpr const char* kRestartCauses[] = {"crash", "hang", "node_lost",
+                                                 "collective_timeout"};
 inline constexpr int kMaxCheckpointsKept = 1000;
 inline constexpr int kMaxPriority = 1000;
 inline constexpr int kMaxLabels = 32;

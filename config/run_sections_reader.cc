@@ -1,5 +1,7 @@
 // YAML → ParallelismSpec, ResourcesSpec, CheckpointSpec, FaultToleranceSpec, priority, labels.
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -47,7 +49,8 @@ absl::Status ReadResources(FieldReader& r, ResourcesSpec* res) {
 }
 
 absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
-  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"dir", "every_steps", "keep", "resume_from"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"dir", "every_steps", "min_every_steps", "max_every_steps", "keep", "resume_from"}));
   if (!r.Has("dir") && !r.Has("resume_from")) {
     return r.ErrorAt("dir", "required: where the job's checkpoints are written");
   }
@@ -57,20 +60,53 @@ absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
   if (r.Has("resume_from") && c->resume_from.empty()) {
     return r.ErrorAt("resume_from", "must not be empty");
   }
-  for (const char* field : {"every_steps", "keep"}) {
+  for (const char* field : {"every_steps", "min_every_steps", "max_every_steps", "keep"}) {
     if (!r.Has("dir") && r.Has(field)) {
       return r.ErrorAt(field, "needs checkpoint.dir: without it the job writes no checkpoints");
     }
   }
   TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("every_steps", &c->every_steps));
+  for (const char* field : {"min_every_steps", "max_every_steps"}) {
+    if (r.Has(field) && !r.IsWord("every_steps", "auto")) {
+      return r.ErrorAt(field,
+                       "bounds the interval `every_steps: auto` chooses; it needs "
+                       "every_steps: auto");
+    }
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt64("min_every_steps", &c->min_every_steps));
+  TY_RETURN_IF_ERROR(r.ReadInt64("max_every_steps", &c->max_every_steps));
   TY_RETURN_IF_ERROR(r.ReadInt("keep", &c->keep));
   return absl::OkStatus();
 }
 
 absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"max_restarts", "min_nodes", "max_nodes", "heartbeat_timeout_s"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"max_restarts", "max_restarts_by_cause", "min_nodes", "max_nodes", "heartbeat_timeout_s",
+       "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "backoff_jitter", "hang_floor_s",
+       "hang_step_multiple", "hang_startup_s", "straggler_margin", "straggler_window"}));
   TY_RETURN_IF_ERROR(r.ReadInt("max_restarts", &f->max_restarts));
+  if (std::optional<FieldReader> by_cause = r.Child("max_restarts_by_cause")) {
+    TY_RETURN_IF_ERROR(by_cause->ExpectMapWithKeys(
+        {kRestartCauses[0], kRestartCauses[1], kRestartCauses[2], kRestartCauses[3]}));
+    for (const char* cause : kRestartCauses) {
+      if (!by_cause->Has(cause)) continue;
+      int budget = 0;
+      TY_RETURN_IF_ERROR(by_cause->ReadInt(cause, &budget));
+      f->max_restarts_by_cause[cause] = budget;
+    }
+  }
+  for (auto [field, out] : std::initializer_list<std::pair<const char*, double*>>{
+           {"backoff_initial_s", &f->backoff_initial_s},
+           {"backoff_max_s", &f->backoff_max_s},
+           {"backoff_multiplier", &f->backoff_multiplier},
+           {"backoff_jitter", &f->backoff_jitter},
+           {"hang_floor_s", &f->hang_floor_s},
+           {"hang_step_multiple", &f->hang_step_multiple},
+           {"hang_startup_s", &f->hang_startup_s},
+           {"straggler_margin", &f->straggler_margin}}) {
+    TY_RETURN_IF_ERROR(r.ReadDouble(field, out));
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt("straggler_window", &f->straggler_window));
   TY_RETURN_IF_ERROR(r.ReadInt("min_nodes", &f->min_nodes));
   TY_RETURN_IF_ERROR(r.ReadInt("max_nodes", &f->max_nodes));
   TY_RETURN_IF_ERROR(r.ReadDouble("heartbeat_timeout_s", &f->heartbeat_timeout_s));

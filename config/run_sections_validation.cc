@@ -52,7 +52,27 @@ Problem CheckCheckpoint(const CheckpointSpec& c) {
     return Bad("checkpoint.every_steps",
                absl::StrCat("must be at least 1 or auto, got ", *c.every_steps));
   }
+  if (!c.every_steps) {
+    if (Problem p = CheckRange("checkpoint.min_every_steps", c.min_every_steps, 1, 1'000'000'000)) {
+      return p;
+    }
+    if (c.max_every_steps < c.min_every_steps || c.max_every_steps > 1'000'000'000) {
+      return Bad("checkpoint.max_every_steps",
+                 absl::StrCat("must be between min_every_steps ", c.min_every_steps,
+                              " and 1000000000, got ", c.max_every_steps),
+                 {"checkpoint.min_every_steps"});
+    }
+  }
   return CheckRange("checkpoint.keep", c.keep, 1, kMaxCheckpointsKept);
+}
+
+// A number in [min, max]; NaN never is.
+Problem CheckReal(const char* path, double value, double min, double max, const char* unit = "") {
+  if (!(value >= min && value <= max)) {
+    return Bad(path, absl::StrCat("must be between ", min, unit, " and ", max, unit, ", got ",
+                                  value, unit));
+  }
+  return std::nullopt;
 }
 
 Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
@@ -78,7 +98,39 @@ Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
         absl::StrCat("must be between 1 and ", kMaxHeartbeatTimeoutSeconds,
                      " seconds (agents heartbeat every second), got ", f.heartbeat_timeout_s));
   }
-  return std::nullopt;
+  for (const auto& [cause, budget] : f.max_restarts_by_cause) {
+    if (budget < 0 || budget > f.max_restarts) {
+      return Bad(
+          absl::StrCat("fault_tolerance.max_restarts_by_cause.", cause),
+          absl::StrCat("must be between 0 and max_restarts ", f.max_restarts, ", got ", budget),
+          {"fault_tolerance.max_restarts"});
+    }
+  }
+  if (Problem p =
+          CheckReal("fault_tolerance.backoff_initial_s", f.backoff_initial_s, 0, 3600, " s")) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.backoff_max_s", f.backoff_max_s, f.backoff_initial_s,
+                            86400, " s")) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.backoff_multiplier", f.backoff_multiplier, 1, 100)) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.backoff_jitter", f.backoff_jitter, 0, 1)) return p;
+  if (Problem p = CheckReal("fault_tolerance.hang_floor_s", f.hang_floor_s, 1, 86400, " s")) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.hang_step_multiple", f.hang_step_multiple, 1, 1000)) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.hang_startup_s", f.hang_startup_s, 1, 86400, " s")) {
+    return p;
+  }
+  if (Problem p = CheckReal("fault_tolerance.straggler_margin", f.straggler_margin, 0, 100)) {
+    return p;
+  }
+  return CheckRange("fault_tolerance.straggler_window", f.straggler_window, 1, 10000);
 }
 
 bool IsLabelKey(const std::string& key) {

@@ -10,6 +10,7 @@
 #ifndef TRAINYARD_CONFIG_SPEC_H_
 #define TRAINYARD_CONFIG_SPEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -93,9 +94,12 @@ struct ResourcesSpec {
 
 struct CheckpointSpec {
   std::string dir;  // where checkpoints are written; empty: the job does not checkpoint
-  // Steps between checkpoints; nullopt ("auto"): kAutoCheckpointEverySteps until the
-  // coordinator's Young-Daly policy exists.
+  // Steps between checkpoints; nullopt ("auto"): under a coordinator, the steps its Young–Daly
+  // policy orders; standalone, kAutoCheckpointEverySteps.
   std::optional<int64_t> every_steps;
+  // Bounds on the interval `auto` may choose (only with `auto`).
+  int64_t min_every_steps = 10;
+  int64_t max_every_steps = 10000;
   int keep = 3;  // committed checkpoints kept; older ones are deleted
   // A checkpoint (or a checkpoint dir: its newest committed one) to start from when `dir` holds
   // none yet, under any mesh.
@@ -109,7 +113,8 @@ struct CheckpointSpec {
 inline constexpr int64_t kAutoCheckpointEverySteps = 100;
 
 inline int64_t CheckpointSpec::interval_steps() const {
-  return every_steps.value_or(kAutoCheckpointEverySteps);
+  if (every_steps) return *every_steps;
+  return std::clamp(kAutoCheckpointEverySteps, min_every_steps, max_every_steps);
 }
 
 struct FaultToleranceSpec {
@@ -118,6 +123,24 @@ struct FaultToleranceSpec {
   int min_nodes = 0;
   int max_nodes = 0;
   double heartbeat_timeout_s = 10.0;  // an agent silent this long is lost
+  // Restart budgets per failure cause ("crash", "hang", "node_lost", "collective_timeout");
+  // a cause left out may use all of max_restarts. User errors are never restarted.
+  std::map<std::string, int> max_restarts_by_cause;
+  // Delay before the n-th consecutive restart: backoff_initial_s · backoff_multiplier^(n−1),
+  // at most backoff_max_s, times a uniform factor in [1 − jitter, 1 + jitter].
+  double backoff_initial_s = 1.0;
+  double backoff_max_s = 60.0;
+  double backoff_multiplier = 2.0;
+  double backoff_jitter = 0.2;
+  // A step (or a collective inside it) is hung after max(hang_floor_s, hang_step_multiple ×
+  // the p99 of the recent step times); before an attempt's first step, after hang_startup_s.
+  double hang_floor_s = 30.0;
+  double hang_step_multiple = 10.0;
+  double hang_startup_s = 600.0;
+  // A rank whose compute time per step exceeds its peers' median by more than this fraction
+  // for straggler_window reports in a row is flagged a straggler; 0: off.
+  double straggler_margin = 0.25;
+  int straggler_window = 5;
 };
 
 struct JobSpec {

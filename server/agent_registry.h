@@ -78,6 +78,10 @@ struct NodeStatus {
   bool lost = false;
   absl::Duration heartbeat_age;  // since the last message (or since disconnection)
   int free_slots = 0;            // GPUs when the node has any, else CPU slots
+  // Quarantine (filled in by the supervisor): no new attempt is placed here until `until`.
+  bool cordoned = false;
+  std::string cordon_reason;
+  absl::Time cordoned_until = absl::InfinitePast();
 };
 
 class AgentRegistry {

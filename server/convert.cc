@@ -20,7 +20,7 @@ void ToProto(const Mesh& mesh, v1::Mesh* out) {
   out->set_zero_stage(mesh.zero_stage);
 }
 
-void ToProto(const CheckpointPolicy& policy, v1::CheckpointPolicy* out) {
+void ToProto(const CheckpointSettings& policy, v1::CheckpointPolicy* out) {
   if (!policy.enabled()) return;  // every field 0
   out->set_dir(policy.dir);
   out->set_every_steps(policy.every_steps);
@@ -132,6 +132,59 @@ absl::StatusOr<JobState> FromProto(v1::JobState state) {
   return static_cast<JobState>(value);
 }
 
+void ToProto(const JobHealth& health, v1::Job* out) {
+  const FailureSummary& f = health.last_failure;
+  if (!f.failure_class.empty()) {
+    v1::FailureSummary* failure = out->mutable_last_failure();
+    failure->set_failure_class(f.failure_class);
+    failure->set_cause(f.cause);
+    failure->set_rank(f.rank);
+    failure->set_node_id(f.node_id);
+    failure->set_attempt_id(f.attempt_id);
+    failure->set_detected_unix_ms(UnixMillisOrZero(f.detected));
+    failure->set_detection_seconds(f.detection_seconds);
+    failure->set_restarted(f.restarted);
+  }
+  for (const RestartBudgetView& b : health.restart_budgets) {
+    v1::RestartBudget* budget = out->add_restart_budgets();
+    budget->set_failure_class(b.failure_class);
+    budget->set_used(b.used);
+    budget->set_budget(b.budget);
+  }
+  out->set_restart_at_unix_ms(UnixMillisOrZero(health.restart_at));
+  out->set_hang_limit_s(health.hang_limit_s);
+  if (health.young_daly) {
+    const YoungDalyView& y = *health.young_daly;
+    v1::YoungDaly* yd = out->mutable_young_daly();
+    yd->set_checkpoint_cost_s(y.checkpoint_cost_s);
+    yd->set_mtbf_s(y.mtbf_s);
+    yd->set_interval_s(y.interval_s);
+    yd->set_interval_steps(y.interval_steps);
+    yd->set_next_step(y.next_step);
+    yd->set_failures_observed(y.failures_observed);
+    yd->set_exposure_s(y.exposure_s);
+    // The interval in force, in the policy's field too.
+    out->mutable_checkpoint_policy()->set_every_steps(y.interval_steps);
+  }
+  const GoodputView& g = health.goodput;
+  v1::Goodput* goodput = out->mutable_goodput();
+  goodput->set_wall_s(g.wall_s);
+  goodput->set_productive_s(g.productive_s);
+  goodput->set_checkpoint_s(g.checkpoint_s);
+  goodput->set_startup_s(g.startup_s);
+  goodput->set_other_s(g.other_s);
+  for (const auto& [cause, seconds] : g.restart_s) (*goodput->mutable_restart_s())[cause] = seconds;
+  for (const auto& [cause, seconds] : g.lost_s) (*goodput->mutable_lost_s())[cause] = seconds;
+  goodput->set_ratio(g.ratio);
+  for (const StragglerView& s : health.stragglers) {
+    v1::Straggler* straggler = out->add_stragglers();
+    straggler->set_rank(s.rank);
+    straggler->set_node_id(s.node_id);
+    straggler->set_score(s.score);
+    straggler->set_since_unix_ms(UnixMillisOrZero(s.since));
+  }
+}
+
 void ToProto(const JobRecord& job, v1::Job* out) {
   out->set_id(job.id);
   out->set_name(job.name);
@@ -154,6 +207,7 @@ void ToProto(const JobRecord& job, v1::Job* out) {
   out->set_message(job.message);
   out->set_drain_requested(job.drain_requested);
   ToProto(job.requirements.checkpoint, out->mutable_checkpoint_policy());
+  ToProto(job.health, out);
 }
 
 void ToProto(const AttemptRecord& attempt, v1::Attempt* out) {
@@ -203,6 +257,9 @@ void ToProto(const NodeStatus& node, v1::Node* out) {
   const int64_t age_ms = absl::ToInt64Milliseconds(node.heartbeat_age);
   out->set_heartbeat_age_ms(age_ms);
   out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(absl::Now()) - age_ms);
+  out->set_cordoned(node.cordoned);
+  out->set_cordon_reason(node.cordon_reason);
+  out->set_cordoned_until_unix_ms(UnixMillisOrZero(node.cordoned_until));
 }
 
 void ToProto(const JoinInfo& info, v1::JoinReply* out) {
@@ -295,6 +352,21 @@ WorkerExit FromProto(const v1::WorkerExited& exited) {
   return out;
 }
 
+HangUpdate FromProto(const v1::HangReport& report) {
+  HangUpdate out;
+  out.job_id = report.job_id();
+  out.attempt_id = report.attempt_id();
+  out.report.rank = report.rank();
+  out.report.step = report.step();
+  out.report.elapsed_s = report.elapsed_s();
+  out.report.limit_s = report.limit_s();
+  out.report.operation = report.operation();
+  out.report.group = report.group();
+  out.report.waiting_for.assign(report.waiting_for().begin(), report.waiting_for().end());
+  out.report.waiting_s = report.waiting_s();
+  return out;
+}
+
 ProgressUpdate FromProto(const v1::ProgressReport& report) {
   ProgressUpdate out;
   out.job_id = report.job_id();
@@ -308,6 +380,7 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
   out.tokens_per_second = report.tokens_per_second();
   out.step_times = FromProto(report.step_times());
   if (report.has_val_loss()) out.val_loss = report.val_loss();
+  out.max_step_ms = report.max_step_ms();
   out.checkpoint.step = report.last_checkpoint().step();
   out.checkpoint.path = report.last_checkpoint().path();
   out.checkpoint.written = FromUnixMillis(report.last_checkpoint().written_unix_ms());

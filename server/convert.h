@@ -44,6 +44,7 @@ NodeRecord FromProto(const v1::RegisterAgent& registration);
 RunningWorker FromProto(const v1::RunningWorker& worker);
 WorkerExit FromProto(const v1::WorkerExited& exited);
 ProgressUpdate FromProto(const v1::ProgressReport& report);
+HangUpdate FromProto(const v1::HangReport& report);
 
 }  // namespace trainyard::server
 

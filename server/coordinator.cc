@@ -179,6 +179,8 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   kv_ = std::make_unique<KvSpace>(clock_);
   SupervisorOptions supervisor_options;
   supervisor_options.stop_grace = options.stop_grace;
+  supervisor_options.node_mtbf = options.node_mtbf;
+  supervisor_options.quarantine = options.quarantine;
   supervisor_options.heartbeat_interval = options.heartbeat_interval;
   supervisor_options.spec_limits.allowed_data_roots = options.allowed_data_roots;
   supervisor_options.spec_limits.allowed_checkpoint_roots = options.allowed_checkpoint_roots;

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/node_quarantine.h"
 
 namespace grpc {
 class Server;
@@ -52,6 +53,8 @@ struct CoordinatorOptions {
   std::string tls_key_file;
   std::string tls_client_ca_file;
   absl::Duration stop_grace = absl::Seconds(10);
+  absl::Duration node_mtbf = absl::Hours(5000);  // Young–Daly prior per node
+  QuarantineOptions quarantine;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   absl::Duration tick_interval = absl::Milliseconds(100);

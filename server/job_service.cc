@@ -239,4 +239,15 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext*
   return Answer(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(grpc::CallbackServerContext* context,
+                                                       const v1::UncordonNodeRequest* request,
+                                                       v1::UncordonNodeReply* reply) {
+  if (request->node_id().empty()) {
+    return Answer(context, absl::InvalidArgumentError("node_id is empty"));
+  }
+  absl::StatusOr<NodeStatus> node = supervisor_->Uncordon(request->node_id());
+  if (node.ok()) ToProto(*node, reply->mutable_node());
+  return Answer(context, node.status());
+}
+
 }  // namespace trainyard::server

@@ -44,6 +44,9 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
                                       const ::trainyard::v1::ListNodesRequest* request,
                                       ::trainyard::v1::ListNodesReply* reply) override;
+  grpc::ServerUnaryReactor* UncordonNode(grpc::CallbackServerContext* context,
+                                         const ::trainyard::v1::UncordonNodeRequest* request,
+                                         ::trainyard::v1::UncordonNodeReply* reply) override;
 
  private:
   Supervisor* const supervisor_;

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   dp INTEGER NOT NULL, tp INTEGER NOT NULL, pp INTEGER NOT NULL, zero_stage INTEGER NOT NULL,
   device_kind INTEGER NOT NULL,
   created_us INTEGER, running_us INTEGER, finished_us INTEGER, cause TEXT NOT NULL,
+  failure_class TEXT NOT NULL DEFAULT '', blamed_rank INTEGER NOT NULL DEFAULT -1,
   PRIMARY KEY(job_id, attempt_id));
 CREATE TABLE IF NOT EXISTS attempt_ranks(
   job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
@@ -85,6 +86,13 @@ ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN checkpoint_every_steps INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN checkpoint_interval_auto INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN checkpoint_keep INTEGER NOT NULL DEFAULT -1;
+)sql";
+
+// Schema 2 -> 3: how each failed attempt was classified and whom it blamed (restart budgets are
+// per class). Attempts stored before have no class: they count against max_restarts only.
+constexpr char kMigrateFrom2[] = R"sql(
+ALTER TABLE attempts ADD COLUMN failure_class TEXT NOT NULL DEFAULT '';
+ALTER TABLE attempts ADD COLUMN blamed_rank INTEGER NOT NULL DEFAULT -1;
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -175,6 +183,16 @@ absl::Status JobStore::Migrate() {
   }
   if (version == 1) {
     TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom1), "migrating schema 1 to 2");
+    version = 2;
+  }
+  if (version == 2) {
+    // The attempts table is new (kSchema made it whole) when the database had none.
+    TY_ASSIGN_OR_RETURN(auto has, db_->Prepare("SELECT COUNT(*) FROM pragma_table_info('attempts') "
+                                               "WHERE name = 'failure_class'"));
+    TY_ASSIGN_OR_RETURN(const bool row, has->Step());
+    if (!row || has->Int(0) == 0) {
+      TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom2), "migrating schema 2 to 3");
+    }
   } else if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
@@ -375,8 +393,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
 absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
     INSERT OR REPLACE INTO attempts(job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind,
-      created_us, running_us, finished_us, cause)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      created_us, running_us, finished_us, cause, failure_class, blamed_rank)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   put->Bind(1, attempt.job_id)
       .Bind(2, int64_t{attempt.attempt_id})
@@ -389,7 +407,9 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
       .Bind(9, TimeToMicros(attempt.created))
       .Bind(10, TimeToMicros(attempt.running))
       .Bind(11, TimeToMicros(attempt.finished))
-      .Bind(12, attempt.cause);
+      .Bind(12, attempt.cause)
+      .Bind(13, attempt.failure_class)
+      .Bind(14, int64_t{attempt.blamed_rank});
   TY_RETURN_IF_ERROR(put->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
     INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
@@ -566,7 +586,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
 absl::Status JobStore::LoadAttempts(StoredState& state) {
   TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
     SELECT job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind, created_us,
-      running_us, finished_us, cause
+      running_us, finished_us, cause, failure_class, blamed_rank
     FROM attempts ORDER BY job_id, attempt_id
   )sql"));
   std::map<std::pair<std::string, int>, size_t> index;
@@ -586,6 +606,8 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
     attempt.running = MicrosToTime(select->OptionalInt(9));
     attempt.finished = MicrosToTime(select->OptionalInt(10));
     attempt.cause = select->Text(11);
+    attempt.failure_class = select->Text(12);
+    attempt.blamed_rank = static_cast<int>(select->Int(13));
     index[{attempt.job_id, attempt.attempt_id}] = state.attempts.size();
     state.attempts.push_back(std::move(attempt));
   }

@@ -44,6 +44,12 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
                              signed (all three are required for a non-loopback --listen)
   --stop-grace SECONDS       SIGTERM-to-SIGKILL grace when stopping workers (default 10)
   --heartbeat-timeout SECONDS  close a silent agent's stream after this long (default 10)
+  --node-mtbf-hours H        prior mean time between failures of one node, for Young–Daly
+                             checkpoint intervals (default 5000)
+  --quarantine-failures N    cordon a node after N failures of attempts on it within the
+                             window (default 3; 0 disables)
+  --quarantine-window SECONDS  (default 600)
+  --quarantine-cooldown SECONDS  how long a cordon lasts (default 1800)
   --data-root DIR            confine data paths of submitted specs (repeatable)
   --checkpoint-root DIR      confine checkpoint dirs of submitted specs (repeatable)
   --log-level LEVEL          debug | info | warning | error (default info))";
@@ -119,6 +125,27 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (arg == "--heartbeat-timeout") {
       TY_ASSIGN_OR_RETURN(std::string text, value());
       TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.heartbeat_timeout));
+    } else if (arg == "--node-mtbf-hours") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      double hours = 0;
+      if (!absl::SimpleAtod(text, &hours) || !(hours > 0 && hours <= 1e7)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, ": expected hours in (0, 1e7], got '", text, "'"));
+      }
+      c.node_mtbf = absl::Hours(hours);
+    } else if (arg == "--quarantine-failures") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      if (!absl::SimpleAtoi(text, &c.quarantine.failures) || c.quarantine.failures < 0 ||
+          c.quarantine.failures > 1000) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, ": expected 0 to 1000, got '", text, "'"));
+      }
+    } else if (arg == "--quarantine-window") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.quarantine.window));
+    } else if (arg == "--quarantine-cooldown") {
+      TY_ASSIGN_OR_RETURN(std::string text, value());
+      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.quarantine.cooldown));
     } else if (arg == "--data-root") {
       TY_ASSIGN_OR_RETURN(std::string dir, value());
       c.allowed_data_roots.push_back(dir);

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -98,6 +99,123 @@ std::vector<MetricFamily> CheckpointFamilies(const std::vector<JobMetrics>& jobs
   return {duration, blocked, bytes, step, failures};
 }
 
+// Failure handling: goodput and where the time went, restart budgets, hang limits, Young–Daly,
+// stragglers, and the detection and restart latencies.
+std::vector<MetricFamily> FailureFamilies(const MetricsSnapshot& snapshot) {
+  MetricFamily ratio = Family("trainyard_job_goodput_ratio",
+                              "Productive training time over wall time since the job's first "
+                              "attempt started",
+                              MetricType::Gauge);
+  MetricFamily seconds = Family("trainyard_job_time_seconds",
+                                "The job's wall time by category (productive, checkpoint, startup, "
+                                "restart, lost, other) and, for restart and lost, failure class",
+                                MetricType::Gauge);
+  MetricFamily budget_used =
+      Family("trainyard_job_restarts_used", "Restarts used, by failure class", MetricType::Gauge);
+  MetricFamily budget =
+      Family("trainyard_job_restart_budget",
+             "Restarts allowed, by failure class (max_restarts bounds the sum)", MetricType::Gauge);
+  MetricFamily hang_limit = Family("trainyard_job_hang_limit_seconds",
+                                   "How long a step of the running attempt may take before it is "
+                                   "declared hung",
+                                   MetricType::Gauge);
+  MetricFamily delta =
+      Family("trainyard_job_checkpoint_cost_seconds",
+             "Young-Daly delta: measured training-blocked time per checkpoint", MetricType::Gauge);
+  MetricFamily mtbf =
+      Family("trainyard_job_mtbf_seconds",
+             "Young-Daly M: the job's estimated mean time between failures", MetricType::Gauge);
+  MetricFamily interval =
+      Family("trainyard_job_checkpoint_interval_seconds",
+             "Young-Daly tau: the checkpoint interval chosen", MetricType::Gauge);
+  MetricFamily interval_steps = Family("trainyard_job_checkpoint_interval_steps",
+                                       "Young-Daly tau in optimizer steps", MetricType::Gauge);
+  MetricFamily straggler =
+      Family("trainyard_rank_straggler_score",
+             "A rank's compute time per step over its peers' median", MetricType::Gauge);
+  MetricFamily flagged =
+      Family("trainyard_rank_straggler", "1 for a rank flagged as a straggler", MetricType::Gauge);
+  for (const JobMetrics& job : snapshot.jobs) {
+    const std::vector<ClientMetric::Label> labels = JobLabels(job);
+    const JobHealth& h = job.health;
+    auto with = [&](std::vector<ClientMetric::Label> extra) {
+      std::vector<ClientMetric::Label> all = labels;
+      all.insert(all.end(), extra.begin(), extra.end());
+      return all;
+    };
+    const GoodputView& g = h.goodput;
+    ratio.metric.push_back(Metric(labels, g.ratio, MetricType::Gauge));
+    for (const auto& [category, value] :
+         std::initializer_list<std::pair<const char*, double>>{{"productive", g.productive_s},
+                                                               {"checkpoint", g.checkpoint_s},
+                                                               {"startup", g.startup_s},
+                                                               {"other", g.other_s}}) {
+      seconds.metric.push_back(
+          Metric(with({{"category", category}, {"failure_class", ""}}), value, MetricType::Gauge));
+    }
+    for (const auto& [cause, value] : g.restart_s) {
+      seconds.metric.push_back(Metric(with({{"category", "restart"}, {"failure_class", cause}}),
+                                      value, MetricType::Gauge));
+    }
+    for (const auto& [cause, value] : g.lost_s) {
+      seconds.metric.push_back(
+          Metric(with({{"category", "lost"}, {"failure_class", cause}}), value, MetricType::Gauge));
+    }
+    for (const RestartBudgetView& b : h.restart_budgets) {
+      budget_used.metric.push_back(
+          Metric(with({{"failure_class", b.failure_class}}), b.used, MetricType::Gauge));
+      budget.metric.push_back(
+          Metric(with({{"failure_class", b.failure_class}}), b.budget, MetricType::Gauge));
+    }
+    if (h.hang_limit_s > 0) {
+      hang_limit.metric.push_back(Metric(labels, h.hang_limit_s, MetricType::Gauge));
+    }
+    if (h.young_daly) {
+      const YoungDalyView& y = *h.young_daly;
+      if (y.checkpoint_cost_s > 0) {
+        delta.metric.push_back(Metric(labels, y.checkpoint_cost_s, MetricType::Gauge));
+      }
+      mtbf.metric.push_back(Metric(labels, y.mtbf_s, MetricType::Gauge));
+      if (y.interval_s > 0)
+        interval.metric.push_back(Metric(labels, y.interval_s, MetricType::Gauge));
+      if (y.interval_steps > 0) {
+        interval_steps.metric.push_back(
+            Metric(labels, static_cast<double>(y.interval_steps), MetricType::Gauge));
+      }
+    }
+    for (const RankScore& score : job.straggler_scores) {
+      const auto rank = with({{"rank", absl::StrCat(score.rank)}});
+      straggler.metric.push_back(Metric(rank, score.score, MetricType::Gauge));
+      bool is_flagged = false;
+      for (const StragglerView& s : h.stragglers) is_flagged |= s.rank == score.rank;
+      flagged.metric.push_back(Metric(rank, is_flagged ? 1 : 0, MetricType::Gauge));
+    }
+  }
+  MetricFamily failures =
+      Family("trainyard_failures_total",
+             "Failed attempts by failure class since the coordinator started", MetricType::Counter);
+  MetricFamily detection = Family("trainyard_fault_detection_seconds",
+                                  "From a fault (exit, last progress of a hung attempt, last "
+                                  "heartbeat of a lost node) to the coordinator knowing it",
+                                  MetricType::Histogram);
+  for (const char* name : {"user_error", "crash", "hang", "node_lost", "collective_timeout"}) {
+    auto it = snapshot.failures_by_class.find(name);
+    failures.metric.push_back(Metric({{"failure_class", name}},
+                                     it == snapshot.failures_by_class.end() ? 0 : it->second,
+                                     MetricType::Counter));
+    auto h = snapshot.detection_seconds.find(name);
+    detection.metric.push_back(HistogramMetric(
+        {{"failure_class", name}},
+        h == snapshot.detection_seconds.end() ? Histogram(FailureSecondsBuckets()) : h->second));
+  }
+  MetricFamily restart =
+      Family("trainyard_restart_seconds",
+             "From a failure's detection to the next attempt's first step", MetricType::Histogram);
+  restart.metric.push_back(HistogramMetric({}, snapshot.restart_seconds));
+  return {ratio,    seconds,        budget_used, budget,  hang_limit, delta,     mtbf,
+          interval, interval_steps, straggler,   flagged, failures,   detection, restart};
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
@@ -114,7 +232,7 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
                                  "Restarts of failed attempts by cause since the coordinator "
                                  "started",
                                  MetricType::Counter);
-  for (const std::string cause : {"rank_failed", "node_lost"}) {
+  for (const std::string cause : {"crash", "hang", "node_lost", "collective_timeout"}) {
     auto it = snapshot.restarts_by_cause.find(cause);
     const double value = it == snapshot.restarts_by_cause.end() ? 0 : it->second;
     restarts.metric.push_back(Metric({{"cause", cause}}, value, MetricType::Counter));
@@ -143,18 +261,23 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
   MetricFamily free =
       Family("trainyard_node_free_slots", "Slots (GPUs, else CPU slots) not held by an attempt",
              MetricType::Gauge);
+  MetricFamily cordoned =
+      Family("trainyard_node_cordoned", "1 while the node is quarantined after repeated failures",
+             MetricType::Gauge);
   for (const NodeStatus& node : snapshot.nodes) {
     std::vector<ClientMetric::Label> labels = {{"node", node.record.node_id}};
     age.metric.push_back(
         Metric(labels, absl::ToDoubleSeconds(node.heartbeat_age), MetricType::Gauge));
     connected.metric.push_back(Metric(labels, node.connected ? 1 : 0, MetricType::Gauge));
     free.metric.push_back(Metric(labels, node.free_slots, MetricType::Gauge));
+    cordoned.metric.push_back(Metric(labels, node.cordoned ? 1 : 0, MetricType::Gauge));
   }
-  std::vector<MetricFamily> families = {jobs,   attempts,  restarts, step,      loss,
-                                        tokens, step_time, age,      connected, free};
+  std::vector<MetricFamily> families = {jobs,      attempts, restarts,  step, loss,    tokens,
+                                        step_time, age,      connected, free, cordoned};
   for (MetricFamily& family : CheckpointFamilies(snapshot.jobs)) {
     families.push_back(std::move(family));
   }
+  for (MetricFamily& family : FailureFamilies(snapshot)) families.push_back(std::move(family));
   return families;
 }
 

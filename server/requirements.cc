@@ -5,8 +5,8 @@
 
 namespace trainyard::server {
 
-CheckpointPolicy CheckpointPolicyFromSpec(const config::CheckpointSpec& spec) {
-  CheckpointPolicy policy;
+CheckpointSettings CheckpointSettingsFromSpec(const config::CheckpointSpec& spec) {
+  CheckpointSettings policy;
   if (!spec.enabled()) return policy;
   policy.keep = spec.keep;
   policy.dir = spec.dir;
@@ -26,7 +26,7 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
   req.mesh.zero_stage = spec.parallelism.zero;
   req.max_restarts = spec.fault_tolerance.max_restarts;
   req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
-  req.checkpoint = CheckpointPolicyFromSpec(spec.checkpoint);
+  req.checkpoint = CheckpointSettingsFromSpec(spec.checkpoint);
   if (req.nodes < 1 || req.ranks_per_node < 1) {
     return absl::InvalidArgumentError(
         "resources: nodes and devices_per_node must both be at least 1");

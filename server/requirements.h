@@ -19,7 +19,7 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
 // The checkpoint section as the coordinator shows it: `every_steps: auto` becomes the fixed
 // interval the workers use for it (config::kAutoCheckpointEverySteps) with interval_auto set.
 // Without a checkpoint dir: an empty dir, interval 0 and keep 0.
-CheckpointPolicy CheckpointPolicyFromSpec(const config::CheckpointSpec& spec);
+CheckpointSettings CheckpointSettingsFromSpec(const config::CheckpointSpec& spec);
 
 }  // namespace trainyard::server
 

@@ -20,6 +20,10 @@ Supervisor::Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Cl
       kv_(kv),
       clock_(clock),
       options_(std::move(options)),
+      quarantine_(options_.quarantine),
+      jitter_state_(options_.jitter_seed != 0
+                        ? options_.jitter_seed
+                        : static_cast<uint64_t>(absl::ToUnixNanos(clock->Now()))),
       coordinator_address_(options_.coordinator_address) {}
 
 void Supervisor::SetCoordinatorAddress(const std::string& address) {
@@ -63,6 +67,7 @@ absl::Status Supervisor::Restore() {
   for (auto& [id, entry] : jobs_) {
     if (IsFinal(entry.job.state)) continue;
     live_jobs_.insert(id);
+    LoadPoliciesLocked(entry);
     AttemptRecord* attempt = LiveAttempt(entry);
     if (attempt == nullptr) {
       // QUEUED, or RESTARTING after its failed attempt was torn down.
@@ -74,6 +79,14 @@ absl::Status Supervisor::Restore() {
     }
     kv_->Open(KvSpace::PrefixFor(id, attempt->attempt_id));
     if (attempt->state == AttemptState::kStopping) entry.stop_sent = clock_->Now();
+    if (attempt->state == AttemptState::kRunning) {
+      // Watched again from now: its ranks report on, or the progress check finds them hung.
+      entry.detector = std::make_unique<FailureDetector>(
+          FailureDetector::Options{.limits = entry.fault_tolerance,
+                                   .gather = options_.hang_gather,
+                                   .slack = options_.hang_slack},
+          static_cast<int>(attempt->ranks.size()), clock_->Now());
+    }
   }
   TY_LOG(INFO) << "coordinator state restored: " << jobs_.size() << " jobs (" << live_jobs_.size()
                << " live), " << nodes_.size() << " known nodes";
@@ -137,6 +150,9 @@ void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string 
   if (to == JobState::kStarting && job.started == absl::InfinitePast()) job.started = now;
   if (IsFinal(to)) {
     job.finished = now;
+    entry.goodput.Finished(now);
+    entry.detector.reset();
+    entry.stragglers.reset();
     job.progress.eta.reset();  // nothing left to estimate
     live_jobs_.erase(job.id);
     scheduler_.Remove(job.id);
@@ -162,6 +178,7 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
                                         current) != txn.batch.attempts.end()) {
       entry->attempt_dirty = false;
     }
+    if (!entry->watchers.empty()) RefreshHealthLocked(*entry, clock_->Now());
     bool notified = false;
     for (const EventRecord& event : txn.batch.events) {
       if (event.job_id != entry->job.id) continue;
@@ -248,6 +265,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     JobEntry& entry = jobs_[job.id];
     entry.job = std::move(job);
     TY_LOG(INFO) << "job " << entry.job.id << " (" << entry.job.name << ") submitted";
+    LoadPoliciesLocked(entry);
     EnqueueLocked(entry);
     ScheduleLocked(txn);
     CommitLocked(txn).IgnoreError();
@@ -304,6 +322,7 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
     absl::MutexLock lock(&mu_);
     JobEntry* entry = FindJob(job_id);
     if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    RefreshHealthLocked(*entry, clock_->Now());
     view.job = entry->job;
     view.attempts.assign(entry->attempts.begin(), entry->attempts.end());
   }
@@ -314,8 +333,11 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
 std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, int limit) {
   absl::MutexLock lock(&mu_);
   std::vector<const JobRecord*> matching;
-  for (const auto& [id, entry] : jobs_) {
-    if (states.empty() || states.count(entry.job.state) > 0) matching.push_back(&entry.job);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, entry] : jobs_) {
+    if (!states.empty() && states.count(entry.job.state) == 0) continue;
+    if (!IsFinal(entry.job.state)) RefreshHealthLocked(entry, now);
+    matching.push_back(&entry.job);
   }
   std::sort(matching.begin(), matching.end(),
             [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
@@ -337,6 +359,7 @@ absl::StatusOr<uint64_t> Supervisor::Watch(const std::string& job_id,
   JobEntry* entry = FindJob(job_id);
   if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   const uint64_t id = next_watch_id_++;
+  RefreshHealthLocked(*entry, clock_->Now());
   watcher->OnUpdate(entry->job, nullptr);
   entry->watchers[id] = std::move(watcher);
   return id;
@@ -427,6 +450,8 @@ void Supervisor::Tick() {
         });
       }
       entry.join_waiters.erase(keep, entry.join_waiters.end());
+      TickFailuresLocked(entry, now);
+      CheckHangLocked(txn, entry, now);
       AttemptRecord* attempt = LiveAttempt(entry);
       if (attempt != nullptr && attempt->state == AttemptState::kStopping &&
           now - entry.stop_sent >= 2 * options_.stop_grace) {
@@ -485,17 +510,43 @@ MetricsSnapshot Supervisor::Metrics() {
       ++snapshot.jobs_by_state[job.state];
       snapshot.attempts_total += job.attempts;
       if (!IsFinal(job.state) || now - job.finished <= options_.finished_job_metrics_retention) {
-        snapshot.jobs.push_back(JobMetrics{job.id, job.name, job.state, job.progress, job.labels,
-                                           job.requirements.checkpoint.enabled(),
-                                           job.last_checkpoint, entry.checkpoints.stats()});
+        JobEntry& mutable_entry = const_cast<JobEntry&>(entry);
+        RefreshHealthLocked(mutable_entry, now);
+        JobMetrics metrics{job.id,
+                           job.name,
+                           job.state,
+                           job.health,
+                           {},
+                           job.progress,
+                           job.labels,
+                           job.requirements.checkpoint.enabled(),
+                           job.last_checkpoint,
+                           entry.checkpoints.stats()};
+        if (entry.stragglers) metrics.straggler_scores = entry.stragglers->Scores(now);
+        snapshot.jobs.push_back(std::move(metrics));
       }
     }
     snapshot.restarts_by_cause = restarts_by_cause_;
+    snapshot.failures_by_class = failures_by_class_;
+    snapshot.detection_seconds = detection_seconds_;
+    snapshot.restart_seconds = restart_seconds_;
   }
-  snapshot.nodes = registry_->Nodes();
+  snapshot.nodes = Nodes();
   return snapshot;
 }
 
-std::vector<NodeStatus> Supervisor::Nodes() { return registry_->Nodes(); }
+std::vector<NodeStatus> Supervisor::Nodes() {
+  std::vector<NodeStatus> nodes = registry_->Nodes();
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (NodeStatus& node : nodes) {
+    if (std::optional<Cordon> cordon = quarantine_.Find(node.record.node_id, now)) {
+      node.cordoned = true;
+      node.cordon_reason = cordon->reason;
+      node.cordoned_until = cordon->until;
+    }
+  }
+  return nodes;
+}
 
 }  // namespace trainyard::server

@@ -55,9 +55,15 @@
 #include "config/spec.h"
 #include "server/agent_registry.h"
 #include "server/checkpoint_ledger.h"
+#include "server/checkpoint_policy.h"
+#include "server/failure_detector.h"
+#include "server/goodput.h"
 #include "server/job_store.h"
 #include "server/kv_space.h"
+#include "server/node_quarantine.h"
+#include "server/restart_policy.h"
 #include "server/scheduler.h"
+#include "server/straggler_detector.h"
 #include "server/types.h"
 
 namespace trainyard::server {
@@ -71,6 +77,14 @@ struct SupervisorOptions {
   absl::Duration finished_job_metrics_retention = absl::Minutes(10);
   std::string coordinator_address;  // host:port workers reach WorkerService at
   config::SpecLimits spec_limits;
+  // Failure handling (docs/failures.md): the prior MTBF of one node for Young–Daly, the
+  // quarantine of nodes where attempts keep failing, how long hang reports are gathered and the
+  // slack of the coordinator's own progress check, and the seed of the backoff jitter.
+  absl::Duration node_mtbf = absl::Hours(5000);
+  QuarantineOptions quarantine;
+  absl::Duration hang_gather = absl::Seconds(2);
+  absl::Duration hang_slack = absl::Seconds(3);
+  uint64_t jitter_seed = 0;  // 0: from the clock
 };
 
 struct SubmitRequest {
@@ -116,6 +130,7 @@ struct ProgressUpdate {
   double tokens_per_second = 0;
   StepTimes step_times;
   std::optional<double> val_loss;
+  double max_step_ms = 0;  // the slowest step since the rank's previous report
   // The newest complete checkpoint the rank knows (path empty: none). Only a worker that does
   // not send `checkpoints` needs it; a path the ledger knows is ignored here.
   CheckpointInfo checkpoint;
@@ -129,6 +144,13 @@ enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
 struct OrderReply {
   WorkerOrder order = WorkerOrder::kContinue;
   int64_t checkpoint_step = 0;
+};
+
+// A rank's hang watchdog fired (WorkerService.ReportHang).
+struct HangUpdate {
+  std::string job_id;
+  int attempt_id = 0;
+  HangReport report;
 };
 
 struct RunningWorker {
@@ -173,10 +195,17 @@ struct LogTargets {
   std::vector<LogTarget> ranks;
 };
 
+// Bucket bounds (seconds) of the fault detection and restart latency histograms.
+inline std::vector<double> FailureSecondsBuckets() {
+  return {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600};
+}
+
 struct JobMetrics {
   std::string job_id;
   std::string name;
   JobState state = JobState::kQueued;
+  JobHealth health;
+  std::vector<RankScore> straggler_scores;  // the live attempt's ranks
   Progress progress;
   std::map<std::string, std::string> labels;
   bool checkpointing = false;      // the spec has a checkpoint section
@@ -186,7 +215,12 @@ struct JobMetrics {
 struct MetricsSnapshot {
   std::map<JobState, int64_t> jobs_by_state;  // every state present, zeros included
   int64_t attempts_total = 0;
-  std::map<std::string, int64_t> restarts_by_cause;  // "rank_failed", "node_lost"
+  std::map<std::string, int64_t> restarts_by_cause;  // by failure class
+  std::map<std::string, int64_t> failures_by_class;  // every failed attempt, restarted or not
+  // Since the coordinator started: from each fault to its detection, by failure class; and
+  // from a failure's detection to the next attempt's first reported step.
+  std::map<std::string, Histogram> detection_seconds;
+  Histogram restart_seconds{FailureSecondsBuckets()};
   std::vector<JobMetrics> jobs;  // live jobs and those finished within the retention
   std::vector<NodeStatus> nodes;
 };
@@ -257,6 +291,11 @@ class Supervisor {
 
   MetricsSnapshot Metrics();
   std::vector<NodeStatus> Nodes();
+  // Lifts a node's quarantine. NOT_FOUND (unknown node); FAILED_PRECONDITION (not cordoned).
+  absl::StatusOr<NodeStatus> Uncordon(const std::string& node_id);
+  // A worker's hang report: gathered with the attempt's others, then a verdict (see
+  // FailureDetector). Errors as ReportProgress.
+  absl::Status ReportHang(const HangUpdate& update);
 
   // The address put in StartWorker orders (known once the server has bound its port).
   void SetCoordinatorAddress(const std::string& address);
@@ -280,6 +319,23 @@ class Supervisor {
     absl::Time progress_flushed = absl::InfinitePast();
     std::map<uint64_t, std::shared_ptr<JobWatcher>> watchers;
     CheckpointLedger checkpoints;
+    // Failure handling (supervisor_failures.cc). From the spec's fault_tolerance section.
+    config::FaultToleranceSpec fault_tolerance;
+    std::unique_ptr<RestartPolicy> restart_policy;
+    std::unique_ptr<FailureDetector> detector;      // the running attempt's
+    std::unique_ptr<StragglerDetector> stragglers;  // the running attempt's
+    std::map<FailureClass, int> restarts_by_class;
+    int consecutive_failures = 0;  // since an attempt last committed a checkpoint
+    absl::Time restart_at = absl::InfinitePast();
+    bool backing_off = false;  // RESTARTING, every worker gone, waiting for restart_at
+    FailureSummary last_failure;
+    std::unique_ptr<CheckpointPolicy> checkpoint_policy;  // `every_steps: auto`
+    int64_t last_save_step = 0;                           // the newest save reported, in any state
+    int64_t ordered_step = 0;                             // the save ordered next
+    absl::Time exposure_mark = absl::InfinitePast();      // running time counted up to here
+    GoodputAccount goodput;
+    absl::Time failed_at = absl::InfinitePast();  // the last failure's detection
+    bool awaiting_first_step = false;             // a restart latency is due
   };
   // Changes of one operation: stored together, then watchers notified, then orders sent (still
   // under the lock, so orders keep their order), then `after` run without the lock.
@@ -324,9 +380,30 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleExitLocked(Txn& txn, const std::string& node_id, const WorkerExit& exit,
                         const std::string& failure_kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why an attempt failed: its class, the cause (naming the rank blamed) and when the fault
+  // happened (for the detection latency).
+  struct AttemptFailure {
+    FailureClass failure_class = FailureClass::kCrash;
+    std::string cause;
+    int rank = -1;
+    absl::Time fault = absl::InfinitePast();
+  };
   void FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
-                         const std::string& cause, const std::string& kind)
+                         const AttemptFailure& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Failure handling (supervisor_failures.cc).
+  // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
+  // the restart counts from the stored attempts.
+  void LoadPoliciesLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A verdict of the live attempt's detector, if any, fails it.
+  void CheckHangLocked(Txn& txn, JobEntry& entry, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per-report bookkeeping of a running attempt: detector, stragglers, goodput, Young–Daly.
+  void ObserveProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update,
+                             OrderReply& reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-enqueues jobs whose backoff ended; counts running time for the MTBF estimates.
+  void TickFailuresLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshHealthLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<NodeView> SchedulableNodesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                            const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
@@ -380,6 +457,11 @@ class Supervisor {
   uint64_t next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, int64_t> restarts_by_cause_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> failures_by_class_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Histogram> detection_seconds_ ABSL_GUARDED_BY(mu_);
+  Histogram restart_seconds_ ABSL_GUARDED_BY(mu_){FailureSecondsBuckets()};
+  NodeQuarantine quarantine_ ABSL_GUARDED_BY(mu_);
+  uint64_t jitter_state_ ABSL_GUARDED_BY(mu_) = 0;
   // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
   // once per grace period.
   std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);

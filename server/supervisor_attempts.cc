@@ -16,7 +16,18 @@ std::string NodeName(const RankSlot& slot) {
   return absl::StrCat(slot.node_id, " (", slot.hostname, ")");
 }
 
-std::string DescribeExit(const RankSlot& slot, const RankExit& exit) {
+// The worker's own account of an error: its last "error:" or "hang:" line, if it logged one.
+std::string WorkerError(const RankExit& exit) {
+  for (auto line = exit.last_log_lines.rbegin(); line != exit.last_log_lines.rend(); ++line) {
+    for (const char* mark : {"error: ", "hang: "}) {
+      const size_t at = line->find(mark);
+      if (at != std::string::npos) return line->substr(at);
+    }
+  }
+  return "";
+}
+
+std::string DescribeExit(const RankSlot& slot, const RankExit& exit, FailureClass failure_class) {
   const std::string who = absl::StrCat("rank ", slot.rank, " on ", NodeName(slot));
   const std::string pid = exit.pid != 0 ? absl::StrCat(" (pid ", exit.pid, ")") : "";
   if (!exit.message.empty()) return absl::StrCat(who, pid, ": ", exit.message);
@@ -24,7 +35,24 @@ std::string DescribeExit(const RankSlot& slot, const RankExit& exit) {
     return absl::StrCat(who, pid, " was killed by signal ", exit.signal, " (",
                         strsignal(exit.signal), ")");
   }
-  return absl::StrCat(who, pid, " exited with code ", exit.exit_code);
+  std::string text = absl::StrCat(who, pid, " exited with code ", exit.exit_code);
+  switch (failure_class) {
+    case FailureClass::kUserError:
+      absl::StrAppend(&text, " (the job's own input or size is at fault)");
+      break;
+    case FailureClass::kHang:
+      absl::StrAppend(&text, " (its hang watchdog fired)");
+      break;
+    case FailureClass::kCollectiveTimeout:
+      absl::StrAppend(&text, " (a collective timed out)");
+      break;
+    default:
+      break;
+  }
+  if (const std::string error = WorkerError(exit); !error.empty()) {
+    absl::StrAppend(&text, ": ", error);
+  }
+  return text;
 }
 
 std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
@@ -52,7 +80,7 @@ bool AllExited(const AttemptRecord& attempt) {
 
 void Supervisor::ScheduleLocked(Txn& txn) {
   if (scheduler_.size() == 0 || shutting_down_) return;
-  for (Placement& placement : scheduler_.Schedule(registry_->FreeNodes())) {
+  for (Placement& placement : scheduler_.Schedule(SchedulableNodesLocked(clock_->Now()))) {
     JobEntry* entry = FindJob(placement.job_id);
     if (entry == nullptr || IsFinal(entry->job.state)) continue;
     StartAttemptLocked(txn, *entry, std::move(placement.ranks));
@@ -90,6 +118,8 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
   job.attempts = attempt.attempt_id;
   if (restart) ++job.restarts;
   job.current_attempt = attempt.attempt_id;
+  entry.backing_off = false;
+  entry.goodput.AttemptScheduled(attempt.created, job.last_checkpoint.step);
   entry.joined.clear();
   entry.stop_sent = absl::InfinitePast();
   entry.attempts.push_back(std::move(attempt));
@@ -110,6 +140,19 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
 void Supervisor::MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
   attempt.state = AttemptState::kRunning;
   attempt.running = clock_->Now();
+  entry.detector =
+      std::make_unique<FailureDetector>(FailureDetector::Options{.limits = entry.fault_tolerance,
+                                                                 .gather = options_.hang_gather,
+                                                                 .slack = options_.hang_slack},
+                                        static_cast<int>(attempt.ranks.size()), attempt.running);
+  if (entry.fault_tolerance.straggler_margin > 0) {
+    entry.stragglers = std::make_unique<StragglerDetector>(
+        StragglerOptions{.margin = entry.fault_tolerance.straggler_margin,
+                         .window = entry.fault_tolerance.straggler_window});
+  } else {
+    entry.stragglers.reset();
+  }
+  entry.exposure_mark = attempt.running;
   TouchAttempt(txn, entry, attempt);
   if (entry.job.state == JobState::kStarting) {
     Transition(txn, entry, JobState::kRunning, "running",
@@ -150,40 +193,26 @@ void Supervisor::HandleExitLocked(Txn& txn, const std::string& node_id, const Wo
   TouchAttempt(txn, *entry, *attempt);
   if (IsFinal(attempt->state)) return;
   if (!slot.exit->Succeeded() && attempt->state != AttemptState::kStopping) {
-    FailAttemptLocked(txn, *entry, *attempt, DescribeExit(slot, *slot.exit), failure_kind);
-  }
-  if (AllExited(*attempt)) FinishAttemptLocked(txn, *entry, *attempt);
-}
-
-void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
-                                   const std::string& cause, const std::string& kind) {
-  JobRecord& job = entry.job;
-  attempt.state = AttemptState::kStopping;
-  attempt.cause = cause;
-  TouchAttempt(txn, entry, attempt);
-  FailJoinWaitersLocked(txn, entry,
-                        absl::FailedPreconditionError(
-                            absl::StrCat("attempt ", attempt.attempt_id, " failed: ", cause)));
-  // A job being cancelled or drained is never restarted: the user asked it to stop.
-  if (!job.cancel_requested && !job.drain_requested &&
-      job.restarts < job.requirements.max_restarts) {
-    ++restarts_by_cause_[kind];
-    Transition(txn, entry, JobState::kRestarting, kind,
-               absl::StrCat(cause, "; restarting (", job.restarts + 1, " of ",
-                            job.requirements.max_restarts, " restarts)"));
-  } else {
-    std::string why;
-    if (job.cancel_requested) {
-      why = cause;
-    } else if (job.drain_requested) {
-      why = absl::StrCat(cause, "; the job was draining: no restart");
+    if (entry->detector != nullptr && entry->detector->gathering()) {
+      // A witness of a hang being judged (it noticed, or its peer left): the verdict decides.
+      entry->detector->RankExited(exit.rank);
+      CheckHangLocked(txn, *entry, clock_->Now());
     } else {
-      why = absl::StrCat(cause, "; no restarts left (", job.restarts, " of ",
-                         job.requirements.max_restarts, " used)");
+      const FailureSignal signal{.exit_code = slot.exit->exit_code,
+                                 .signal = slot.exit->signal,
+                                 .node_lost = failure_kind == "node_lost",
+                                 .hang_detected = false,
+                                 .message = slot.exit->message};
+      const FailureClass failure_class = Classify(signal);
+      FailAttemptLocked(txn, *entry, *attempt,
+                        AttemptFailure{.failure_class = failure_class,
+                                       .cause = DescribeExit(slot, *slot.exit, failure_class),
+                                       .rank = exit.rank,
+                                       .fault = slot.exit->exited});
     }
-    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, kind, std::move(why));
   }
-  StopRemainingLocked(txn, entry, attempt, cause);
+  // (While a hang is judged, the last exit completes the gathering: the verdict came above.)
+  if (AllExited(*attempt)) FinishAttemptLocked(txn, *entry, *attempt);
 }
 
 void Supervisor::StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
@@ -197,7 +226,10 @@ void Supervisor::StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
     order.job_id = entry.job.id;
     order.attempt_id = attempt.attempt_id;
     order.ranks = std::move(ranks);
-    order.grace = options_.stop_grace;
+    // A hung rank will not drain, and a stopped one does not even see SIGTERM: no grace.
+    order.grace = attempt.failure_class == FailureClassName(FailureClass::kHang)
+                      ? absl::ZeroDuration()
+                      : options_.stop_grace;
     order.reason = reason;
     txn.orders.emplace_back(node_id, std::move(order));
   }
@@ -241,6 +273,16 @@ void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
     return;
   }
   if (job.state == JobState::kRestarting) {
+    const absl::Time now = clock_->Now();
+    if (now < entry.restart_at) {
+      entry.backing_off = true;  // Tick enqueues it when the backoff ends
+      AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",
+               absl::StrCat("every worker of attempt ", attempt.attempt_id,
+                            " is gone; restarting after a backoff of ",
+                            absl::FormatDuration(
+                                absl::Trunc(entry.restart_at - now, absl::Milliseconds(100)))));
+      return;
+    }
     AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",
              absl::StrCat("every worker of attempt ", attempt.attempt_id,
                           " is gone; waiting for slots"));
@@ -270,6 +312,7 @@ void Supervisor::NodeLostLocked(Txn& txn, JobEntry& entry, const std::string& no
     exit.rank = rank;
     exit.exit.exit_code = -1;
     exit.exit.pid = slot.pid;
+    exit.exit.exited = clock_->Now() - age;  // the fault: its last sign of life
     exit.exit.message = absl::StrCat("node lost (no heartbeat for ",
                                      absl::FormatDuration(absl::Trunc(age, absl::Seconds(1))), ")");
     HandleExitLocked(txn, node_id, exit, "node_lost");

@@ -1,5 +1,6 @@
 // Supervisor: checkpoint records and drains — what rank 0 reports about its saves, the job's
 // newest committed checkpoint, DrainJob and the DRAINED transition.
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -37,13 +38,13 @@ void Supervisor::RestoreCheckpointsLocked(std::vector<JobCheckpoint> checkpoints
     by_job[checkpoint.job_id].push_back(std::move(checkpoint.record));
   }
   for (auto& [id, entry] : jobs_) {
-    CheckpointPolicy& policy = entry.job.requirements.checkpoint;
+    CheckpointSettings& policy = entry.job.requirements.checkpoint;
     if (!policy.recorded) {
       // Stored before schema 2. The spec passed validation when it was submitted; roots that
       // changed since do not matter for reading its checkpoint section.
       absl::StatusOr<config::JobSpec> spec = config::ParseJobSpec(entry.job.spec_yaml, id);
       if (spec.ok()) {
-        policy = CheckpointPolicyFromSpec(spec->checkpoint);
+        policy = CheckpointSettingsFromSpec(spec->checkpoint);
       } else {
         TY_LOG(WARNING) << "job " << id << ": checkpoint policy unknown: " << spec.status();
       }
@@ -75,6 +76,14 @@ void Supervisor::RecordCheckpointsLocked(Txn& txn, JobEntry& entry, const Progre
     txn.batch.checkpoints.push_back(JobCheckpoint{job.id, record});
     AddEvent(txn, entry, record.attempt_id, job.state, job.state, "checkpoint",
              DescribeCheckpoint(record));
+    entry.last_save_step = std::max(entry.last_save_step, record.step);
+    if (record.state == CheckpointState::kCommitted) {
+      if (entry.checkpoint_policy)
+        entry.checkpoint_policy->ObserveCheckpoint(record.blocked_seconds);
+      entry.goodput.CheckpointBlocked(record.blocked_seconds);
+      // Durable progress: the next failure starts the backoff afresh.
+      if (record.attempt_id == job.current_attempt) entry.consecutive_failures = 0;
+    }
   }
   CheckpointInfo newest = entry.checkpoints.NewestCommitted(job.last_checkpoint);
   const bool moved = newest.path != job.last_checkpoint.path ||

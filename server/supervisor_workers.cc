@@ -132,6 +132,9 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
       reply.order = WorkerOrder::kStop;
     } else {
       if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
+      if (attempt->state == AttemptState::kRunning) {
+        ObserveProgressLocked(txn, *entry, update, reply);
+      }
       // Repeated on every report while draining, so a lost reply costs nothing.
       if (entry->job.drain_requested) reply.order = WorkerOrder::kDrain;
     }

@@ -68,7 +68,7 @@ struct Mesh {
 };
 
 // How a job checkpoints, from its spec's checkpoint section.
-struct CheckpointPolicy {
+struct CheckpointSettings {
   std::string dir;          // empty: the job does not checkpoint
   int64_t every_steps = 0;  // the interval in force (for `auto`, the fixed interval it stands for)
   bool interval_auto = false;  // the spec says `every_steps: auto`
@@ -90,7 +90,7 @@ struct JobRequirements {
   int max_restarts = 2;
   // A node silent (or disconnected) this long is lost for this job: its ranks count as failed.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
-  CheckpointPolicy checkpoint;
+  CheckpointSettings checkpoint;
 
   int world_size() const { return nodes * ranks_per_node; }
 };
@@ -131,6 +131,64 @@ struct Progress {
   absl::Time reported = absl::InfinitePast();
 };
 
+// The newest failure of a job's attempts: how it was classified and whom it blamed.
+struct FailureSummary {
+  std::string failure_class;  // restart_policy.h names; empty: no failure yet
+  std::string cause;
+  int rank = -1;  // the rank blamed; -1: none
+  std::string node_id;
+  int attempt_id = 0;
+  absl::Time detected = absl::InfinitePast();
+  double detection_seconds = 0;  // from the fault to the coordinator knowing
+  bool restarted = false;
+};
+
+struct RestartBudgetView {
+  std::string failure_class;
+  int used = 0;
+  int budget = 0;
+};
+
+struct YoungDalyView {
+  double checkpoint_cost_s = 0;  // δ (0: not measured yet)
+  double mtbf_s = 0;             // M
+  double interval_s = 0;         // τ (0: not known yet)
+  int64_t interval_steps = 0;
+  int64_t next_step = 0;  // the save ordered next (0: none)
+  int failures_observed = 0;
+  double exposure_s = 0;
+};
+
+struct GoodputView {
+  double wall_s = 0;
+  double productive_s = 0;
+  double checkpoint_s = 0;
+  double startup_s = 0;
+  double other_s = 0;
+  std::map<std::string, double> restart_s;  // by failure class
+  std::map<std::string, double> lost_s;     // by failure class
+  double ratio = 0;
+};
+
+struct StragglerView {
+  int rank = 0;
+  std::string node_id;
+  double score = 0;
+  absl::Time since = absl::InfinitePast();
+};
+
+// What the supervisor knows of a job's failures and their cost, computed when asked (not
+// stored: it starts afresh when the coordinator restarts, except the restart counts).
+struct JobHealth {
+  FailureSummary last_failure;
+  std::vector<RestartBudgetView> restart_budgets;
+  absl::Time restart_at = absl::InfinitePast();  // RESTARTING: the backoff ends then
+  double hang_limit_s = 0;                       // the live attempt's; 0: none running
+  std::optional<YoungDalyView> young_daly;       // `every_steps: auto` only
+  GoodputView goodput;
+  std::vector<StragglerView> stragglers;
+};
+
 struct JobRecord {
   std::string id;
   int64_t seq = 0;  // submission order (FIFO within a priority); the number in the id
@@ -153,6 +211,7 @@ struct JobRecord {
   bool cancel_requested = false;
   bool drain_requested = false;
   std::string message;  // why it failed, was cancelled or drained
+  JobHealth health;     // filled in by the supervisor when the job is read; never stored
 };
 
 struct RankExit {
@@ -187,6 +246,9 @@ struct AttemptRecord {
   absl::Time running = absl::InfinitePast();
   absl::Time finished = absl::InfinitePast();
   std::string cause;
+  // A failed attempt: its class (server/restart_policy.h names) and the rank blamed (-1: none).
+  std::string failure_class;
+  int blamed_rank = -1;
 };
 
 struct EventRecord {

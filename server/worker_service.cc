@@ -80,4 +80,12 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportProgress(grpc::CallbackServer
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportHang(grpc::CallbackServerContext* context,
+                                                        const v1::HangReport* request,
+                                                        v1::HangReply* /*reply*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(supervisor_->ReportHang(FromProto(*request))));
+  return reactor;
+}
+
 }  // namespace trainyard::server

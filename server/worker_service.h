@@ -35,6 +35,9 @@ class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackS
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
                                            const ::trainyard::v1::ProgressReport* request,
                                            ::trainyard::v1::ProgressReply* reply) override;
+  grpc::ServerUnaryReactor* ReportHang(grpc::CallbackServerContext* context,
+                                       const v1::HangReport* request,
+                                       v1::HangReply* reply) override;
 
  private:
   Supervisor* const supervisor_;

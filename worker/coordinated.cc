@@ -7,12 +7,16 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/exit_codes.h"
 #include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -22,7 +26,9 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/grpc_kv_store.h"
+#include "worker/hang_watchdog.h"
 #include "worker/parallel/placement.h"
+#include "worker/parallel/wait_registry.h"
 #include "worker/progress_reporter.h"
 #include "worker/trainer.h"
 
@@ -181,6 +187,55 @@ absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv) 
   return options;
 }
 
+// The hang watchdog fired: tell the coordinator what this rank waits for and end the process
+// with kExitHang. The coordinator gathers the attempt's reports for a moment, blames the rank
+// the others wait for and kills every worker of the attempt; a rank not killed within
+// kHangExitGrace (the coordinator is unreachable, or slow) exits on its own.
+constexpr absl::Duration kHangExitGrace = absl::Seconds(10);
+
+[[noreturn]] void ReportHangAndExit(v1::WorkerService::StubInterface& stub,
+                                    const CoordinatedOptions& options,
+                                    const HangDiagnosis& diagnosis) {
+  std::cerr << "trainyard-worker: hang: " << diagnosis.Describe() << std::endl;
+  v1::HangReport report;
+  report.set_job_id(options.job_id);
+  report.set_attempt_id(options.attempt_id);
+  report.set_rank(options.rank);
+  report.set_step(diagnosis.step);
+  report.set_elapsed_s(diagnosis.elapsed_s);
+  report.set_limit_s(diagnosis.limit_s);
+  if (diagnosis.wait) {
+    report.set_operation(diagnosis.wait->operation);
+    report.set_group(diagnosis.wait->group);
+    for (int peer : diagnosis.wait->waiting_for) report.add_waiting_for(peer);
+    report.set_waiting_s(diagnosis.waiting_s);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::HangReply reply;
+  const absl::Status sent = FromGrpcStatus(stub.ReportHang(&context, report, &reply));
+  if (sent.ok()) {
+    RealClock()->SleepFor(kHangExitGrace);
+  } else {
+    std::cerr << "trainyard-worker: could not report the hang: " << sent.message() << std::endl;
+  }
+  RecordExitStatus(kExitHang);
+  std::_Exit(kExitHang);
+}
+
+// TRAINYARD_INJECT_SPIN=RANK:STEP makes step STEP+1 of rank RANK spin forever (tests of hang
+// detection).
+void ReadSpinInjection(TrainOptions& train) {
+  const char* value = std::getenv("TRAINYARD_INJECT_SPIN");
+  if (value == nullptr || *value == '\0') return;
+  std::pair<std::string, std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 1));
+  if (!absl::SimpleAtoi(parts.first, &train.spin_rank) ||
+      !absl::SimpleAtoi(parts.second, &train.spin_at_step)) {
+    TY_LOG(WARNING) << "TRAINYARD_INJECT_SPIN=" << value << " ignored: expected RANK:STEP";
+    train.spin_at_step = 0;
+  }
+}
+
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
   SetLogContext(options.job_id, options.rank);
   // Reconnect quickly after a coordinator restart (gRPC's default backoff grows to two minutes,
@@ -193,6 +248,14 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
       grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args));
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
+  // From here the start-up limit runs: placement, connecting the groups, the restore and the
+  // first step must finish within fault_tolerance.hang_startup_s.
+  parallel::WaitRegistry waits(RealClock());
+  HangWatchdog watchdog(spec.fault_tolerance, RealClock(), &waits,
+                        [&stub, &options](const HangDiagnosis& diagnosis) {
+                          ReportHangAndExit(*stub, options, diagnosis);
+                        });
+  watchdog.Start();
   TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
   const int threads = ThreadsFor(options, spec);
   // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
@@ -216,6 +279,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   rank.store = &store;
   rank.gloo.timeout =
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options.collective_timeout));
+  rank.gloo.waits = &waits;
   if (const char* host = std::getenv("TRAINYARD_GLOO_HOSTNAME"); host != nullptr && *host) {
     rank.gloo.hostname = host;
   } else if (!IsLoopback(options.coordinator)) {
@@ -223,13 +287,17 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   }
   std::unique_ptr<ProgressChannel> channel = MakeGrpcProgressChannel(stub);
   std::atomic<bool> drain{false};
-  ProgressReporter reporter(channel.get(),
-                            WorkerIdentity{options.job_id, options.attempt_id, options.rank},
-                            RealClock(), absl::Milliseconds(500), absl::Minutes(10), &drain);
+  std::atomic<int64_t> checkpoint_order{0};
+  ProgressReporter reporter(
+      channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock(),
+      absl::Milliseconds(500), absl::Minutes(10), &drain, &checkpoint_order);
   TrainOptions train;
   train.progress = &std::cout;
   train.on_step = [&reporter](const StepReport& step) { return reporter.OnStep(step); };
   train.stop_requested = &drain;
+  train.watchdog = &watchdog;
+  train.checkpoint_order = &checkpoint_order;
+  ReadSpinInjection(train);
   train.recorded_checkpoint = joined.resume_from().path();
   train.on_checkpoint = [&reporter, &options](const checkpoint::SaveOutcome& outcome) {
     reporter.AddCheckpoint(CheckpointRecord(outcome, options.attempt_id));

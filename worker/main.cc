@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/exit_codes.h"
 #include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -202,7 +203,10 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "trainyard-worker: error: " << status.message() << "\n";
   }
-  const int exit_code = trainyard::ExitCodeForStatus(status);
+  // Out of memory for the spec's own sizes is the job's fault: a distinct code, so that the
+  // coordinator does not restart it (common/exit_codes.h).
+  const int exit_code = absl::IsResourceExhausted(status) ? trainyard::kExitOutOfMemory
+                                                          : trainyard::ExitCodeForStatus(status);
   trainyard::worker::RecordExitStatus(exit_code);
   return exit_code;
 }

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -40,13 +41,14 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
 
 ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
                                    absl::Duration min_interval, absl::Duration orphan_timeout,
-                                   std::atomic<bool>* drain)
+                                   std::atomic<bool>* drain, std::atomic<int64_t>* checkpoint_order)
     : channel_(channel),
       identity_(std::move(identity)),
       clock_(clock),
       min_interval_(min_interval),
       orphan_timeout_(orphan_timeout),
-      drain_(drain) {}
+      drain_(drain),
+      checkpoint_order_(checkpoint_order) {}
 
 void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
   pending_checkpoints_.push_back(checkpoint);
@@ -56,6 +58,9 @@ void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
   seconds_ += step.step_seconds;
+  wait_seconds_ += step.wait_seconds;
+  max_step_seconds_ =
+      std::max(max_step_seconds_, std::max(step.step_seconds, step.iteration_seconds));
   tokens_ += step.tokens_per_second * step.step_seconds;
   if (step.val_loss) val_loss_ = step.val_loss;
   const int64_t now = clock_->NowNanosMonotonic();
@@ -75,6 +80,8 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   report.set_grad_norm(step.grad_norm);
   report.set_tokens_per_second(seconds_ > 0 ? tokens_ / seconds_ : step.tokens_per_second);
   report.mutable_step_times()->set_total_ms(1e3 * seconds_ / steps_);
+  report.mutable_step_times()->set_communication_ms(1e3 * wait_seconds_ / steps_);
+  report.set_max_step_ms(1e3 * max_step_seconds_);
   if (val_loss_) {
     report.set_has_val_loss(true);
     report.set_val_loss(*val_loss_);
@@ -84,6 +91,8 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   last_report_nanos_ = now;
   steps_ = 0;
   seconds_ = 0;
+  wait_seconds_ = 0;
+  max_step_seconds_ = 0;
   tokens_ = 0;
 
   absl::StatusOr<v1::ProgressReply> reply = channel_->Report(report);
@@ -117,6 +126,12 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
       }
       return absl::CancelledError(absl::StrCat("drained by the coordinator at step ", step.step,
                                                " (this worker writes no checkpoints)"));
+    case v1::ORDER_CHECKPOINT:
+      if (checkpoint_order_ != nullptr && reply->checkpoint_step() > step.step &&
+          checkpoint_order_->exchange(reply->checkpoint_step()) != reply->checkpoint_step()) {
+        TY_LOG(INFO) << "checkpoint ordered at step " << reply->checkpoint_step();
+      }
+      return absl::OkStatus();
     default:
       return absl::OkStatus();
   }

@@ -4,7 +4,8 @@
 // the order in the reply.
 //
 // Checkpoint saves that ended (AddCheckpoint) make the next step's report due and ride along in
-// every report until one is answered.
+// every report until one is answered. ORDER_CHECKPOINT stores its step in `checkpoint_order`
+// (TrainOptions::checkpoint_order), where the training loop finds it.
 //
 // Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
 // goes on and the next report tries again; and for ORDER_DRAIN, which sets the drain flag the
@@ -59,7 +60,8 @@ class ProgressReporter {
   ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
                    absl::Duration min_interval = absl::Milliseconds(500),
                    absl::Duration orphan_timeout = absl::Minutes(10),
-                   std::atomic<bool>* drain = nullptr);
+                   std::atomic<bool>* drain = nullptr,
+                   std::atomic<int64_t>* checkpoint_order = nullptr);
 
   absl::Status OnStep(const StepReport& step);
   // A checkpoint save that ended, to report with the next step.
@@ -78,10 +80,13 @@ class ProgressReporter {
   // Since the previous report.
   int steps_ = 0;
   double seconds_ = 0;
+  double wait_seconds_ = 0;
+  double max_step_seconds_ = 0;
   double tokens_ = 0;
   std::optional<double> val_loss_;
   int64_t reports_sent_ = 0;
   std::atomic<bool>* drain_;
+  std::atomic<int64_t>* checkpoint_order_;
   std::vector<trainyard::v1::Checkpoint> pending_checkpoints_;  // not yet acknowledged
   trainyard::v1::Checkpoint last_committed_;
 };

@@ -10,10 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +29,7 @@
 #include "worker/cuda_backend.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
+#include "worker/hang_watchdog.h"
 #include "worker/model.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/pipeline.h"
@@ -175,8 +179,10 @@ absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankCont
   if (device_stream == nullptr && collectives != RankContext::Collectives::kHost) {
     return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
   }
-  auto connect = [&](const std::string& group, int index,
-                     int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+  // `members`: the global rank of each group rank, so that waits name peers as users know them.
+  auto connect =
+      [&](const std::string& group, int index, int size,
+          std::vector<int> members) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
 #ifdef TRAINYARD_HAVE_CUDA
     auto* stream = static_cast<cudaStream_t>(device_stream);
     if (collectives == RankContext::Collectives::kNccl && size > 1) {
@@ -187,7 +193,9 @@ absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankCont
     if (size == 1) {
       host = parallel::MakeSelfCommunicator();
     } else {
-      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, rank.gloo));
+      parallel::GlooOptions options = rank.gloo;
+      options.members = std::move(members);
+      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, options));
     }
     if (collectives == RankContext::Collectives::kHost) return host;
 #ifdef TRAINYARD_HAVE_CUDA
@@ -198,17 +206,29 @@ absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankCont
 #endif
   };
   const config::ParallelismSpec& mesh = spec.parallelism;
+  // rank = (pp·dp + dp_rank)·tp + tp_rank
+  auto global = [&](int pp, int dp, int tp) { return (pp * mesh.dp + dp) * mesh.tp + tp; };
+  auto members = [](int size, const std::function<int(int)>& of) {
+    std::vector<int> ranks(size);
+    for (int i = 0; i < size; ++i) ranks[i] = of(i);
+    return ranks;
+  };
   Groups g;
   TY_ASSIGN_OR_RETURN(
-      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp));
+      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp,
+                    members(mesh.dp, [&](int d) { return global(at.pp_rank, d, at.tp_rank); })));
   TY_ASSIGN_OR_RETURN(
-      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp));
+      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp,
+                    members(mesh.tp, [&](int t) { return global(at.pp_rank, at.dp_rank, t); })));
   TY_ASSIGN_OR_RETURN(
-      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp));
+      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp,
+                    members(mesh.pp, [&](int p) { return global(p, at.dp_rank, at.tp_rank); })));
   const PipelineStage stage = BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[at.pp_rank];
   if (mesh.pp > 1 && spec.model.tied_embeddings && (stage.first || stage.last)) {
-    TY_ASSIGN_OR_RETURN(g.tied, connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank),
-                                        stage.first ? 0 : 1, 2));
+    TY_ASSIGN_OR_RETURN(
+        g.tied,
+        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), stage.first ? 0 : 1, 2,
+                {global(0, at.dp_rank, at.tp_rank), global(mesh.pp - 1, at.dp_rank, at.tp_rank)}));
   }
   return g;
 }
@@ -259,7 +279,15 @@ class RankTrainer {
  private:
   absl::StatusOr<double> ForwardBackward();  // this step's loss sum over this rank's tokens
   absl::StatusOr<double> SumOverWorld(double value);
-  absl::StatusOr<bool> AgreeToStop();
+  absl::Status SumOverWorld(std::span<double> values);
+  // What every rank does after this step, agreed over the world: stop (a drain), and the step
+  // of the next ordered checkpoint (rank 0's view of the coordinator's order).
+  struct Agreement {
+    bool stop = false;
+    int64_t checkpoint_at = 0;
+  };
+  absl::StatusOr<Agreement> Agree();
+  double WaitSeconds() const;  // collective and pipeline waits so far
   absl::Status Checkpoint(bool save, bool wait);
   void LogStep(double loss, double lr, double norm);
   void Finish();
@@ -348,6 +376,16 @@ absl::StatusOr<double> RankTrainer::SumOverWorld(double value) {
   return parallel::AllReduceDouble(*groups_.pp, value);
 }
 
+absl::Status RankTrainer::SumOverWorld(std::span<double> values) {
+  TY_RETURN_IF_ERROR(params_->SumOverRanks(values));
+  TY_RETURN_IF_ERROR(parallel::AllReduceDoubles(*groups_.tp, values));
+  return parallel::AllReduceDoubles(*groups_.pp, values);
+}
+
+double RankTrainer::WaitSeconds() const {
+  return params_->exposed_comm_seconds() + model_->tp_comm_seconds() + pipeline_wait_;
+}
+
 absl::Status RankTrainer::Restore() {
   const int world = spec_.world_size();
   TY_ASSIGN_OR_RETURN(std::string token, SaveToken(rank_, world));
@@ -413,12 +451,21 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
 }
 
 // Every rank stops at the same step boundary: a stop asked of any rank (a signal, a drain order)
-// is summed over the world after every step.
-absl::StatusOr<bool> RankTrainer::AgreeToStop() {
-  const bool mine = options_.stop_requested != nullptr && options_.stop_requested->load();
-  if (spec_.world_size() == 1) return mine;
-  TY_ASSIGN_OR_RETURN(const double asked, SumOverWorld(mine ? 1.0 : 0.0));
-  return asked > 0;
+// is summed over the world after every step, and so is the ordered checkpoint step, to which
+// only rank 0 contributes.
+absl::StatusOr<RankTrainer::Agreement> RankTrainer::Agree() {
+  const bool stop = options_.stop_requested != nullptr && options_.stop_requested->load();
+  const int64_t order = options_.checkpoint_order != nullptr && rank_.rank == 0
+                            ? options_.checkpoint_order->load()
+                            : 0;
+  if (spec_.world_size() == 1) return Agreement{stop, order};
+  if (options_.checkpoint_order == nullptr) {
+    TY_ASSIGN_OR_RETURN(const double asked, SumOverWorld(stop ? 1.0 : 0.0));
+    return Agreement{asked > 0, 0};
+  }
+  double votes[2] = {stop ? 1.0 : 0.0, static_cast<double>(order)};
+  TY_RETURN_IF_ERROR(SumOverWorld(votes));
+  return Agreement{votes[0] > 0, std::llround(votes[1])};
 }
 
 // Saves when `save` (waiting for the commit when `wait`), and reports the saves that ended.
@@ -455,9 +502,19 @@ void RankTrainer::LogStep(double loss, double lr, double norm) {
 absl::StatusOr<TrainResult> RankTrainer::Run() {
   const config::TrainingSpec& tr = spec_.training;
   window_start_ = clock_.NowNanosMonotonic();
+  HangWatchdog* const watchdog = options_.watchdog;
+  const bool ordered = options_.checkpoint_order != nullptr && !spec_.checkpoint.every_steps;
   while (state_.step < tr.steps) {
     if (options_.stop_after_step > 0 && state_.step >= options_.stop_after_step) break;
     const int64_t start = clock_.NowNanosMonotonic();
+    const double wait_before = WaitSeconds();
+    if (watchdog != nullptr) watchdog->StepStarted(state_.step);
+    if (options_.spin_at_step > 0 && state_.step == options_.spin_at_step &&
+        rank_.rank == options_.spin_rank) {
+      TY_LOG(WARNING) << "fault injection: step " << state_.step + 1 << " spins forever";
+      for (volatile uint64_t spins = 0;; spins = spins + 1) {
+      }
+    }
     TY_RETURN_IF_ERROR(params_->BeginStep());
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
     double lr = 0.0;
@@ -486,7 +543,8 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                       .loss = loss,
                       .learning_rate = lr,
                       .grad_norm = norm,
-                      .step_seconds = step_nanos / 1e9};
+                      .step_seconds = step_nanos / 1e9,
+                      .wait_seconds = WaitSeconds() - wait_before};
     report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
       TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.pp, *val_sampler_,
@@ -496,18 +554,24 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;
       window_start_ = clock_.NowNanosMonotonic();
     }
-    TY_ASSIGN_OR_RETURN(const bool stop, AgreeToStop());
-    const bool stopping = stop && !last;
-    const bool save =
-        checkpointer_->Due(state_, tr.steps) || (stopping && spec_.checkpoint.enabled());
+    TY_ASSIGN_OR_RETURN(const Agreement agreed, Agree());
+    const bool stopping = agreed.stop && !last;
+    const bool due =
+        ordered ? spec_.checkpoint.enabled() && (last || state_.step == agreed.checkpoint_at)
+                : checkpointer_->Due(state_, tr.steps);
+    const bool save = due || (stopping && spec_.checkpoint.enabled());
+    if (watchdog != nullptr && save && (last || stopping)) watchdog->Suspend();
     TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
+    report.iteration_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
     if (options_.on_step) TY_RETURN_IF_ERROR(options_.on_step(report));
+    if (watchdog != nullptr) watchdog->StepFinished(report.iteration_seconds);
     if (stopping) {
       result_.drained = true;
       if (out_) *out_ << "drained at step " << state_.step << "\n" << std::flush;
       break;
     }
   }
+  if (watchdog != nullptr) watchdog->Suspend();
   TY_RETURN_IF_ERROR(Checkpoint(/*save=*/false, /*wait=*/true));  // the save still in flight
   Finish();
   if (options_.final_parameters != nullptr) {

@@ -33,6 +33,11 @@ struct StepReport {
   double learning_rate = 0.0;
   double grad_norm = 0.0;
   double step_seconds = 0.0;  // wall time of this step
+  // Of step_seconds, waiting for collectives and pipeline peers: the rest is this rank's own
+  // compute, which is what tells a straggler from the peers that wait for it.
+  double wait_seconds = 0.0;
+  // From the step's start to its report: the step, an evaluation and checkpoint blocking.
+  double iteration_seconds = 0.0;
   double tokens_per_second = 0.0;
   std::optional<double> val_loss;  // set on steps that evaluated
 };
@@ -40,6 +45,7 @@ struct StepReport {
 namespace checkpoint {
 struct SaveOutcome;
 }
+class HangWatchdog;
 
 struct TrainOptions {
   FileSystem* fs = nullptr;          // defaults to RealFileSystem()
@@ -61,6 +67,16 @@ struct TrainOptions {
   // Stop after this many optimizer steps of the run even if the spec asks for more (tests and
   // benchmarks of resumption); 0: no limit. The schedule still follows training.steps.
   int64_t stop_after_step = 0;
+  // Told when each step starts and ends, so that a hung step is noticed (none when null).
+  HangWatchdog* watchdog = nullptr;
+  // With `checkpoint.every_steps: auto`, the step at which the coordinator ordered the next
+  // save (0: none yet), as rank 0 last heard it; every rank saves at the step rank 0 names.
+  // Null: the fixed interval config::CheckpointSpec::interval_steps gives.
+  const std::atomic<int64_t>* checkpoint_order = nullptr;
+  // Fault injection for tests of hang detection: on this rank (spin_rank), step
+  // spin_at_step + 1 never finishes (it spins on the CPU). 0: off.
+  int64_t spin_at_step = 0;
+  int spin_rank = 0;
 };
 
 struct EvalPoint {

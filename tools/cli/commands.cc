@@ -36,7 +36,8 @@ commands:
   drain JOB [--reason TEXT]         the ranks checkpoint at a step they agree on and exit; the
                                     job ends DRAINED, and resubmitting its spec continues from
                                     that checkpoint
-  nodes                             the agents and their slots
+  nodes                             the agents, their slots, and nodes cordoned after failures
+  nodes uncordon NODE               lift a node's quarantine now
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state), 3 coordinator unreachable, 4 cancelled, 5 drained.
@@ -313,7 +314,19 @@ class Cli {
   }
 
   absl::StatusOr<int> Nodes() {
-    if (!line_.positionals.empty()) return absl::InvalidArgumentError("usage: trainyard nodes");
+    if (line_.positionals.size() == 2 && line_.positionals[0] == "uncordon") {
+      TY_ASSIGN_OR_RETURN(const v1::Node node, client_.Uncordon(line_.positionals[1]));
+      if (line_.json) {
+        out_ << ToJson(node) << std::endl;
+      } else {
+        out_ << "node " << node.node_id()
+             << " uncordoned: the scheduler places attempts there again" << std::endl;
+      }
+      return 0;
+    }
+    if (!line_.positionals.empty()) {
+      return absl::InvalidArgumentError("usage: trainyard nodes [uncordon NODE]");
+    }
     TY_ASSIGN_OR_RETURN(const std::vector<v1::Node> nodes, client_.Nodes());
     if (line_.json) {
       v1::ListNodesReply reply;

@@ -56,6 +56,61 @@ std::string Mesh(const v1::Mesh& m) {
 
 bool Failed(const v1::RankExit& exit) { return exit.signal() != 0 || exit.exit_code() != 0; }
 
+std::string Seconds(double s) { return FormatDuration(static_cast<int64_t>(s * 1000 + 0.5)); }
+
+// What failure handling knows of the job: its last failure, restart budgets, backoff, hang
+// limit, Young–Daly interval, goodput and stragglers.
+void AppendHealthRows(const v1::Job& job, int64_t now_ms,
+                      std::vector<std::vector<std::string>>& rows) {
+  const v1::FailureSummary& f = job.last_failure();
+  if (!f.failure_class().empty()) {
+    rows.push_back({"failure", absl::StrFormat("%s (attempt %d, detected %s after the fault): %s",
+                                               f.failure_class(), f.attempt_id(),
+                                               Seconds(f.detection_seconds()), f.cause())});
+  }
+  if (job.restart_budgets_size() > 0 && !IsFinal(job.state())) {
+    std::vector<std::string> budgets;
+    for (const v1::RestartBudget& b : job.restart_budgets()) {
+      budgets.push_back(absl::StrCat(b.failure_class(), " ", b.used(), "/", b.budget()));
+    }
+    rows.push_back({"restarts", absl::StrCat(absl::StrJoin(budgets, ", "), " (of ",
+                                             job.max_restarts(), " in all)")});
+  }
+  if (job.restart_at_unix_ms() > 0) {
+    rows.push_back(
+        {"backoff", absl::StrCat("next attempt in ", FormatDuration(std::max<int64_t>(
+                                                         0, job.restart_at_unix_ms() - now_ms)))});
+  }
+  if (job.hang_limit_s() > 0) rows.push_back({"hang limit", Seconds(job.hang_limit_s())});
+  if (job.has_young_daly()) {
+    const v1::YoungDaly& y = job.young_daly();
+    std::string text =
+        y.checkpoint_cost_s() > 0
+            ? absl::StrFormat("δ %.3f s per save, M %s", y.checkpoint_cost_s(), Seconds(y.mtbf_s()))
+            : absl::StrCat("δ not measured yet, M ", Seconds(y.mtbf_s()));
+    if (y.interval_s() > 0) absl::StrAppend(&text, ", τ ", Seconds(y.interval_s()));
+    if (y.interval_steps() > 0) absl::StrAppend(&text, " = ", y.interval_steps(), " steps");
+    if (y.next_step() > 0) absl::StrAppend(&text, "; next save at step ", y.next_step());
+    rows.push_back({"young-daly", text});
+  }
+  const v1::Goodput& g = job.goodput();
+  if (g.wall_s() > 0) {
+    double restart = 0, lost = 0;
+    for (const auto& [cause, s] : g.restart_s()) restart += s;
+    for (const auto& [cause, s] : g.lost_s()) lost += s;
+    rows.push_back(
+        {"goodput", absl::StrFormat("%.1f%% of %s (checkpoints %s, start-up %s, "
+                                    "restarts %s, lost work %s, other %s)",
+                                    100 * g.ratio(), Seconds(g.wall_s()), Seconds(g.checkpoint_s()),
+                                    Seconds(g.startup_s()), Seconds(restart), Seconds(lost),
+                                    Seconds(g.other_s()))});
+  }
+  for (const v1::Straggler& s : job.stragglers()) {
+    rows.push_back({"straggler", absl::StrFormat("rank %d on %s computes %.2f× its peers' median",
+                                                 s.rank(), s.node_id(), s.score())});
+  }
+}
+
 void AppendFailures(const v1::GetJobReply& reply, std::string* text) {
   bool header = false;
   for (int a = reply.attempts_size() - 1; a >= 0; --a) {
@@ -206,6 +261,9 @@ std::string OutcomeLine(const v1::Job& job) {
     if (p.has_val_loss()) absl::StrAppendFormat(&line, " | val loss %.4f", p.val_loss());
   }
   if (job.restarts() > 0) absl::StrAppend(&line, " | ", job.restarts(), " restarts");
+  if (job.state() == v1::JOB_STATE_FAILED && !job.last_failure().failure_class().empty()) {
+    absl::StrAppend(&line, " | ", job.last_failure().failure_class());
+  }
   if (!job.message().empty()) absl::StrAppend(&line, " | ", job.message());
   return line;
 }
@@ -267,8 +325,11 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
       absl::StrAppendFormat(&progress, " | %.1f ms/step", p.step_times().total_ms());
     }
     rows.push_back({"progress", progress});
-    rows.push_back(
-        {"ETA", p.eta_ms() >= 0 && p.step() < p.total_steps() ? FormatDuration(p.eta_ms()) : "-"});
+    // Only a running job has a pace to extrapolate.
+    rows.push_back({"ETA", job.state() == v1::JOB_STATE_RUNNING && p.eta_ms() >= 0 &&
+                                   p.step() < p.total_steps()
+                               ? FormatDuration(p.eta_ms())
+                               : "-"});
   } else {
     rows.push_back({"progress", "none yet"});
   }
@@ -282,6 +343,7 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
     rows.push_back({"drain", "requested; the ranks checkpoint at a step they agree on, then exit"});
   }
   if (!job.message().empty()) rows.push_back({"message", job.message()});
+  AppendHealthRows(job, now_ms, rows);
 
   std::string text = absl::StrCat("job ", job.id(), " (", job.name(), ")\n");
   for (absl::string_view line : absl::StrSplit(Table(rows), '\n', absl::SkipEmpty())) {
@@ -306,12 +368,16 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
 
 std::string NodeTable(const std::vector<v1::Node>& nodes) {
   std::vector<std::vector<std::string>> rows = {
-      {"NODE", "HOST", "CPU SLOTS", "GPUS", "FREE", "CONNECTED", "HEARTBEAT"}};
+      {"NODE", "HOST", "CPU SLOTS", "GPUS", "FREE", "CONNECTED", "HEARTBEAT", "SCHEDULING"}};
   for (const v1::Node& node : nodes) {
     rows.push_back({node.node_id(), node.hostname(), absl::StrCat(node.cpu_slots()),
                     absl::StrCat(node.gpus_size()), absl::StrCat(node.free_slots()),
                     node.connected() ? "yes" : "no",
-                    absl::StrCat(FormatDuration(node.heartbeat_age_ms()), " ago")});
+                    absl::StrCat(FormatDuration(node.heartbeat_age_ms()), " ago"),
+                    node.cordoned()
+                        ? absl::StrCat("cordoned until ", FormatTime(node.cordoned_until_unix_ms()),
+                                       ": ", node.cordon_reason())
+                        : "ok"});
   }
   return Table(rows);
 }

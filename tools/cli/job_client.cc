@@ -108,6 +108,17 @@ absl::StatusOr<std::vector<v1::Node>> JobClient::Nodes() {
   return std::vector<v1::Node>(reply.nodes().begin(), reply.nodes().end());
 }
 
+absl::StatusOr<v1::Node> JobClient::Uncordon(const std::string& node_id) {
+  grpc::ClientContext context;
+  SetDeadline(&context, 5);
+  v1::UncordonNodeRequest request;
+  request.set_node_id(node_id);
+  v1::UncordonNodeReply reply;
+  const absl::Status status = Convert(stub_->UncordonNode(&context, request, &reply));
+  if (!status.ok()) return status;
+  return reply.node();
+}
+
 absl::Status JobClient::Watch(const std::string& job_id,
                               const std::function<bool(const v1::JobUpdate&)>& on_update) {
   grpc::ClientContext context;

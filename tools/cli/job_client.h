@@ -32,6 +32,7 @@ class JobClient {
   absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason);
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Node>> Nodes();
+  absl::StatusOr<v1::Node> Uncordon(const std::string& node_id);
 
   // Streams the job's updates to `on_update` until the stream ends (OK after the final state)
   // or `on_update` returns false (OK). No deadline: it lasts as long as the job.

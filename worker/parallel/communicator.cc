@@ -1,8 +1,10 @@
 #include "worker/parallel/communicator.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace trainyard::worker::parallel {
 
@@ -129,6 +131,20 @@ absl::StatusOr<double> AllReduceDouble(Communicator& group, double value) {
   parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
   if (absl::Status s = group.AllReduce(parts, 2); !s.ok()) return s;
   return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
+absl::Status AllReduceDoubles(Communicator& group, std::span<double> values) {
+  if (group.size() == 1 || values.empty()) return absl::OkStatus();
+  std::vector<float> parts(2 * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    parts[2 * i] = static_cast<float>(values[i]);
+    parts[2 * i + 1] = static_cast<float>(values[i] - static_cast<double>(parts[2 * i]));
+  }
+  TY_RETURN_IF_ERROR(group.AllReduce(parts.data(), static_cast<int64_t>(parts.size())));
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+  }
+  return absl::OkStatus();
 }
 
 std::unique_ptr<Communicator> MakeSelfCommunicator() {

@@ -20,12 +20,15 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "worker/parallel/kv_store.h"
+#include "worker/parallel/wait_registry.h"
 
 namespace trainyard::worker::parallel {
 
@@ -132,6 +135,10 @@ class TypedCommunicator : public Communicator {
 struct GlooOptions {
   std::string hostname = "127.0.0.1";  // the interface this rank listens on
   std::chrono::milliseconds timeout{30000};
+  // Where blocking waits are recorded (none when null), naming peers by the global rank of each
+  // group rank (`members`; empty: group ranks are named as they are).
+  WaitRegistry* waits = nullptr;
+  std::vector<int> members;
 };
 
 // Connects a process group of `size` ranks over TCP. Every member calls it with the same
@@ -143,6 +150,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
 // Σ over `group` of one double per rank, carried as two floats (high part and remainder) so the
 // float collective keeps a double's precision. A group of one returns `value`.
 absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
+// The same for several values in one collective, summed in place.
+absl::Status AllReduceDoubles(Communicator& group, std::span<double> values);
 
 // A group of one: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> MakeSelfCommunicator();

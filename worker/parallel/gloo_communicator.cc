@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,8 +56,14 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context,
                    std::shared_ptr<gloo::transport::Device> device,
-                   std::chrono::milliseconds timeout)
-      : context_(std::move(context)), device_(std::move(device)), timeout_(timeout) {}
+                   std::chrono::milliseconds timeout, WaitRegistry* waits, std::string label,
+                   std::vector<int> members)
+      : context_(std::move(context)),
+        device_(std::move(device)),
+        timeout_(timeout),
+        waits_(waits),
+        label_(std::move(label)),
+        members_(std::move(members)) {}
 
   // fp32 only: bf16 reaches Gloo through the staging communicator, converted on the host.
   using Communicator::AllGather;
@@ -72,8 +80,8 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllReduce(float* data, int64_t count) override {
     if (size() == 1) return absl::OkStatus();
     const Chunks chunks(count, size());
-    TY_RETURN_IF_ERROR(RingReduceScatter(data, chunks, CollectiveKind::kAllReduce));
-    return RingAllGather(data, chunks, CollectiveKind::kAllReduce);
+    TY_RETURN_IF_ERROR(RingReduceScatter(data, chunks, CollectiveKind::kAllReduce, "all-reduce"));
+    return RingAllGather(data, chunks, CollectiveKind::kAllReduce, "all-reduce");
   }
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count) override {
@@ -84,7 +92,7 @@ class GlooCommunicator final : public Communicator {
     // Reduce in a scratch copy so that `in` is left untouched.
     scratch_.assign(in, in + count * size());
     TY_RETURN_IF_ERROR(RingReduceScatter(scratch_.data(), Chunks(count * size(), size()),
-                                         CollectiveKind::kReduceScatter));
+                                         CollectiveKind::kReduceScatter, "reduce-scatter"));
     std::copy_n(scratch_.data() + int64_t{rank()} * count, count, out);
     return absl::OkStatus();
   }
@@ -93,7 +101,8 @@ class GlooCommunicator final : public Communicator {
     float* mine = out + int64_t{rank()} * count;
     if (mine != in) std::copy_n(in, count, mine);
     if (size() == 1) return absl::OkStatus();
-    return RingAllGather(out, Chunks(count * size(), size()), CollectiveKind::kAllGather);
+    return RingAllGather(out, Chunks(count * size(), size()), CollectiveKind::kAllGather,
+                         "all-gather");
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {
@@ -104,6 +113,7 @@ class GlooCommunicator final : public Communicator {
       opts.setOutput(data, count);
       opts.setRoot(root);
       opts.setTimeout(timeout_);
+      WaitRegistry::Scope wait = WaitFor("broadcast", rank() == root ? Others() : Peer(root));
       gloo::broadcast(opts);
       if (rank() == root)
         stats_.Add(CollectiveKind::kBroadcast, count * sizeof(float) * (size() - 1));
@@ -115,6 +125,7 @@ class GlooCommunicator final : public Communicator {
       auto buf = context_->createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
       buf->send(peer, kPointToPointSlotBase + tag);
       Track(buf.get());
+      WaitRegistry::Scope wait = WaitFor("send", Peer(peer));
       buf->waitSend(timeout_);
       Untrack();
       stats_.Add(CollectiveKind::kSendRecv, count * sizeof(float));
@@ -126,6 +137,7 @@ class GlooCommunicator final : public Communicator {
       auto buf = context_->createUnboundBuffer(data, count * sizeof(float));
       buf->recv(peer, kPointToPointSlotBase + tag);
       Track(buf.get());
+      WaitRegistry::Scope wait = WaitFor("recv", Peer(peer));
       buf->waitRecv(timeout_);
       Untrack();
     });
@@ -140,7 +152,7 @@ class GlooCommunicator final : public Communicator {
           context_->createUnboundBuffer(const_cast<float*>(send), send_count * sizeof(float));
       rbuf->recv(recv_peer, kPointToPointSlotBase + recv_tag);
       sbuf->send(send_peer, kPointToPointSlotBase + send_tag);
-      Exchange(sbuf.get(), rbuf.get());
+      Exchange("send-recv", sbuf.get(), send_peer, rbuf.get(), recv_peer);
       stats_.Add(CollectiveKind::kSendRecv, send_count * sizeof(float));
     });
   }
@@ -149,6 +161,7 @@ class GlooCommunicator final : public Communicator {
     return Guard("barrier", [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTimeout(timeout_);
+      WaitRegistry::Scope wait = WaitFor("barrier", Others());
       gloo::barrier(opts);
     });
   }
@@ -177,7 +190,8 @@ class GlooCommunicator final : public Communicator {
   // After n−1 steps, chunk r of `data` on rank r holds the sum over ranks (in ring order
   // r+1, r+2, …, r): step s sends chunk r−s−1 to the next rank and adds chunk r−s−2 from the
   // previous one.
-  absl::Status RingReduceScatter(float* data, const Chunks& chunks, CollectiveKind kind) {
+  absl::Status RingReduceScatter(float* data, const Chunks& chunks, CollectiveKind kind,
+                                 const char* operation) {
     return Guard("reduce-scatter", [&] {
       const int n = size(), r = rank(), next = Mod(r + 1), prev = Mod(r - 1);
       int64_t max_chunk = 0;
@@ -192,7 +206,7 @@ class GlooCommunicator final : public Communicator {
             context_->createUnboundBuffer(recv_.data(), chunks.size(recv_idx) * sizeof(float));
         rbuf->recv(prev, slot + s);
         sbuf->send(next, slot + s);
-        Exchange(sbuf.get(), rbuf.get());
+        Exchange(operation, sbuf.get(), next, rbuf.get(), prev);
         stats_.Add(kind, chunks.size(send_idx) * sizeof(float));
         float* acc = data + chunks.begin(recv_idx);
         for (int64_t i = 0; i < chunks.size(recv_idx); ++i) acc[i] = recv_[i] + acc[i];
@@ -201,7 +215,8 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Rank r starts with chunk r complete; step s passes chunk r−s on to the next rank.
-  absl::Status RingAllGather(float* data, const Chunks& chunks, CollectiveKind kind) {
+  absl::Status RingAllGather(float* data, const Chunks& chunks, CollectiveKind kind,
+                             const char* operation) {
     return Guard("all-gather", [&] {
       const int n = size(), r = rank(), next = Mod(r + 1), prev = Mod(r - 1);
       const uint64_t slot = context_->nextSlot(n);
@@ -213,18 +228,42 @@ class GlooCommunicator final : public Communicator {
                                                   chunks.size(recv_idx) * sizeof(float));
         rbuf->recv(prev, slot + s);
         sbuf->send(next, slot + s);
-        Exchange(sbuf.get(), rbuf.get());
+        Exchange(operation, sbuf.get(), next, rbuf.get(), prev);
         stats_.Add(kind, chunks.size(send_idx) * sizeof(float));
       }
     });
   }
 
-  void Exchange(gloo::transport::UnboundBuffer* send, gloo::transport::UnboundBuffer* recv) {
+  // Waits for `recv` (from group rank `from`), then for `send` (to `to`).
+  void Exchange(const char* operation, gloo::transport::UnboundBuffer* send, int to,
+                gloo::transport::UnboundBuffer* recv, int from) {
     Track(recv);
-    recv->waitRecv(timeout_);
+    {
+      WaitRegistry::Scope wait = WaitFor(operation, Peer(from));
+      recv->waitRecv(timeout_);
+    }
     Track(send);
-    send->waitSend(timeout_);
+    {
+      WaitRegistry::Scope wait = WaitFor(operation, Peer(to));
+      send->waitSend(timeout_);
+    }
     Untrack();
+  }
+
+  // Global ranks of group rank `peer`, and of every other member.
+  std::vector<int> Peer(int peer) const {
+    return {members_.empty() ? peer : members_[static_cast<size_t>(peer)]};
+  }
+  std::vector<int> Others() const {
+    std::vector<int> others;
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank()) others.push_back(Peer(r)[0]);
+    }
+    return others;
+  }
+  WaitRegistry::Scope WaitFor(const char* operation, std::vector<int> peers) {
+    if (waits_ == nullptr) return {};
+    return waits_->Begin(operation, label_, std::move(peers));
   }
 
   void Track(gloo::transport::UnboundBuffer* buf) {
@@ -261,6 +300,9 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::chrono::milliseconds timeout_;
+  WaitRegistry* const waits_;
+  const std::string label_;         // the group's axis, as waits name it
+  const std::vector<int> members_;  // global rank of each group rank; empty: unknown
   std::vector<float> recv_, scratch_;
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
@@ -275,6 +317,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside group of ", size));
   }
+  if (!options.members.empty() && static_cast<int>(options.members.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat("group '", group, "' of ", size, " ranks given ",
+                                                   options.members.size(), " member ranks"));
+  }
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -285,7 +331,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
     gloo::rendezvous::PrefixStore prefixed(group, adapter);
     context->connectFullMesh(prefixed, device);
     return std::unique_ptr<Communicator>(
-        new GlooCommunicator(std::move(context), std::move(device), options.timeout));
+        new GlooCommunicator(std::move(context), std::move(device), options.timeout, options.waits,
+                             group.substr(0, group.find('.')), options.members));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("connecting group '", group, "' as rank ", rank,
                                                " of ", size, ": ", e.what()));

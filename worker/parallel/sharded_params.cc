@@ -383,6 +383,14 @@ void ShardedParams::LaunchReady(int index) {
   }));
 }
 
+absl::Status ShardedParams::SumOverRanks(std::span<double> values) {
+  if (dp_->size() == 1) return absl::OkStatus();
+  const int64_t start = NowNanos();
+  const absl::Status s = comm_->Run([&] { return AllReduceDoubles(*dp_, values); });
+  exposed_ns_ += NowNanos() - start;
+  return s;
+}
+
 absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
   if (dp_->size() == 1) return value;
   const int64_t start = NowNanos();

@@ -22,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -104,6 +105,7 @@ class ShardedParams final : public ParamSource {
   absl::StatusOr<double> FinishStep(int64_t step, double* lr, Communicator* tied = nullptr);
   // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.
   absl::StatusOr<double> SumOverRanks(double value);
+  absl::Status SumOverRanks(std::span<double> values);  // in place, one collective
 
   // ParamSource.
   absl::StatusOr<const float*> Acquire(int group) override;

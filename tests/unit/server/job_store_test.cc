@@ -240,7 +240,7 @@ TEST(JobStoreTest, CheckpointRecordsDrainAndPolicySurviveReopen) {
   ScratchDir dir;
   const std::string path = dir.path() + "/state.db";
   JobRecord job = MakeJob(3);
-  job.requirements.checkpoint = CheckpointPolicy{"ckpt/run", 100, true, 4, true};
+  job.requirements.checkpoint = CheckpointSettings{"ckpt/run", 100, true, 4, true};
   CheckpointInfo committed{200, "ckpt/run/step-200", absl::FromUnixSeconds(2000)};
   committed.bytes = int64_t{5} << 30;
   committed.write_seconds = 12.5;
@@ -377,7 +377,7 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   ASSERT_TRUE(version.ok());
   auto row = (*version)->Step();
   ASSERT_TRUE(row.ok() && *row);
-  EXPECT_EQ((*version)->Text(0), "2");
+  EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
   EXPECT_THAT(text, HasSubstr("trainyard_jobs{state=\"FAILED\"} 0"));
   EXPECT_THAT(text, HasSubstr("trainyard_attempts_total 5"));
   EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"node_lost\"} 1"));
-  EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"rank_failed\"} 0"));
+  EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"crash\"} 0"));
   EXPECT_THAT(text, HasSubstr("trainyard_job_step{job_id=\"j-000007\",job_name=\"tiny\","
                               "label_team_area=\"research\"} 42"));
   EXPECT_THAT(text, HasSubstr("trainyard_job_loss{"));

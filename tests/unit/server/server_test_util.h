@@ -51,7 +51,7 @@ parallelism: {dp: )",
 resources: {nodes: )",
                       nodes, ", devices_per_node: ", ranks_per_node, R"(}
 fault_tolerance: {max_restarts: )",
-                      max_restarts, R"(, heartbeat_timeout_s: 5}
+                      max_restarts, R"(, heartbeat_timeout_s: 5, backoff_initial_s: 0}
 priority: )",
                       priority, R"(
 labels: {team: research}

@@ -188,17 +188,17 @@ TEST_F(SupervisorCheckpointTest, InvalidCheckpointRecordsAreDroppedAndProgressGo
   EXPECT_TRUE(View(id).job.last_checkpoint.path.empty());
 }
 
-TEST_F(SupervisorCheckpointTest, CheckpointPolicyComesFromTheSpec) {
+TEST_F(SupervisorCheckpointTest, CheckpointSettingsComeFromTheSpec) {
   const std::string every = Submit(CheckpointedSpec("every", "250"));
   const std::string automatic = Submit(CheckpointedSpec("automatic", "auto"));
   const std::string none = Submit(TinySpec("none"));
   Restart();
-  const CheckpointPolicy fixed = View(every).job.requirements.checkpoint;
+  const CheckpointSettings fixed = View(every).job.requirements.checkpoint;
   EXPECT_EQ(fixed.dir, "ckpt/every");
   EXPECT_EQ(fixed.every_steps, 250);
   EXPECT_FALSE(fixed.interval_auto);
   EXPECT_EQ(fixed.keep, 2);
-  const CheckpointPolicy aut = View(automatic).job.requirements.checkpoint;
+  const CheckpointSettings aut = View(automatic).job.requirements.checkpoint;
   EXPECT_EQ(aut.every_steps, 100);  // what the workers use for auto
   EXPECT_TRUE(aut.interval_auto);
   EXPECT_FALSE(View(none).job.requirements.checkpoint.enabled());
@@ -216,7 +216,7 @@ TEST_F(SupervisorCheckpointTest, PolicyOfAJobStoredBeforeItWasRecordedIsDerivedF
   batch.new_jobs.push_back(&old);
   ASSERT_TRUE(store_->Commit(batch).ok());
   Restart();
-  const CheckpointPolicy policy = View(old.id).job.requirements.checkpoint;
+  const CheckpointSettings policy = View(old.id).job.requirements.checkpoint;
   EXPECT_EQ(policy.dir, "ckpt/old");
   EXPECT_EQ(policy.every_steps, 7);
 }
@@ -290,7 +290,7 @@ TEST_F(SupervisorCheckpointTest, RankFailureWhileDrainingFailsTheJobWithoutARest
   EXPECT_THAT(view.job.message, HasSubstr("rank 1 on node-a"));
   EXPECT_TRUE(agent_.channel->TakeOf<StartWorkerOrder>().empty());
   EXPECT_THAT(EventKinds(id), ElementsAre("submitted", "scheduled", "running", "drain_requested",
-                                          "rank_failed", "failed"));
+                                          "collective_timeout", "failed"));
 }
 
 TEST_F(SupervisorCheckpointTest, DrainOfARestartingJobEndsDrainedOnceItsWorkersAreGone) {

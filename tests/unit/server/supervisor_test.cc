@@ -144,10 +144,11 @@ TEST_F(SupervisorTest, FailedRankRestartsUpToTheLimitThenFails) {
   EXPECT_EQ(view.attempts[0].ranks[1].exit->last_log_lines,
             (std::vector<std::string>{"step 1", "boom"}));
   EXPECT_THAT(EventKinds(id),
-              ::testing::ElementsAre("submitted", "scheduled", "running", "rank_failed", "requeued",
-                                     "scheduled", "running", "rank_failed", "failed"));
+              ::testing::ElementsAre("submitted", "scheduled", "running", "collective_timeout",
+                                     "requeued", "scheduled", "running", "crash", "failed"));
   auto metrics = supervisor_->Metrics();
-  EXPECT_EQ(metrics.restarts_by_cause["rank_failed"], 1);
+  EXPECT_EQ(metrics.restarts_by_cause["collective_timeout"], 1);
+  EXPECT_EQ(metrics.failures_by_class["crash"], 1);
   EXPECT_EQ(metrics.attempts_total, 2);
   EXPECT_EQ(metrics.jobs_by_state[JobState::kFailed], 1);
 }

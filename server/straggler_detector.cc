@@ -1,0 +1,124 @@
+#include "server/straggler_detector.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::server {
+namespace {
+
+// The median of `values`, which it reorders; 0 when empty.
+double Median(std::vector<double>& values) {
+  if (values.empty()) return 0;
+  const size_t middle = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + middle, values.end());
+  const double upper = values[middle];
+  if (values.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(values.begin(), values.begin() + middle);
+  return (lower + upper) / 2;
+}
+
+StragglerOptions Sanitized(StragglerOptions options) {
+  if (!(options.margin > 0) || !std::isfinite(options.margin)) options.margin = 0.25;
+  options.window = std::max(options.window, 1);
+  options.min_ranks = std::max(options.min_ranks, 2);
+  if (options.stale_after <= absl::ZeroDuration()) options.stale_after = absl::Seconds(30);
+  return options;
+}
+
+bool FreshAt(absl::Time last_report, absl::Time t, absl::Duration stale_after) {
+  return t - last_report <= stale_after;
+}
+
+}  // namespace
+
+absl::Status StragglerDetector::Validate(const StragglerOptions& options) {
+  if (!(options.margin > 0) || !std::isfinite(options.margin)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("straggler margin must be a positive fraction, not ", options.margin));
+  }
+  if (options.window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("straggler window must be at least 1 report, not ", options.window));
+  }
+  if (options.min_ranks < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("straggler min_ranks must be at least 2, not ", options.min_ranks));
+  }
+  if (options.stale_after <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("straggler stale_after must be positive, not ",
+                                                   absl::FormatDuration(options.stale_after)));
+  }
+  return absl::OkStatus();
+}
+
+StragglerDetector::StragglerDetector(StragglerOptions options)
+    : options_(Sanitized(std::move(options))) {}
+
+std::pair<double, int> StragglerDetector::PeerMedian(int rank, absl::Time t) const {
+  std::vector<double> medians;
+  for (const auto& [peer, state] : ranks_) {
+    if (peer == rank || !FreshAt(state.last_report, t, options_.stale_after)) continue;
+    medians.push_back(state.recent_median);
+  }
+  const int peers = static_cast<int>(medians.size());
+  return {Median(medians), peers};
+}
+
+std::optional<StragglerChange> StragglerDetector::Report(int rank, double compute_seconds,
+                                                         absl::Time t) {
+  if (rank < 0 || !std::isfinite(compute_seconds) || compute_seconds < 0) return std::nullopt;
+  Rank& state = ranks_[rank];
+  state.recent.push_back(compute_seconds);
+  while (static_cast<int>(state.recent.size()) > options_.window) state.recent.pop_front();
+  std::vector<double> recent(state.recent.begin(), state.recent.end());
+  state.recent_median = Median(recent);
+  state.last_report = std::max(state.last_report, t);
+
+  const auto [peer_median, peers] = PeerMedian(rank, t);
+  if (peers + 1 < options_.min_ranks || !(peer_median > 0)) {
+    state.slow_run = 0;
+    state.normal_run = 0;
+    return std::nullopt;
+  }
+  state.score = state.recent_median / peer_median;
+  if (compute_seconds > (1 + options_.margin) * peer_median) {
+    ++state.slow_run;
+    state.normal_run = 0;
+  } else {
+    ++state.normal_run;
+    state.slow_run = 0;
+  }
+  if (!state.flagged && state.slow_run >= options_.window) {
+    state.flagged = true;
+    state.since = t;
+    return StragglerChange{rank, true, state.score, t};
+  }
+  if (state.flagged && state.normal_run >= options_.window) {
+    state.flagged = false;
+    return StragglerChange{rank, false, state.score, t};
+  }
+  return std::nullopt;
+}
+
+std::vector<Straggler> StragglerDetector::Flagged() const {
+  std::vector<Straggler> flagged;
+  for (const auto& [rank, state] : ranks_) {
+    if (state.flagged) flagged.push_back(Straggler{rank, state.score, state.since});
+  }
+  return flagged;
+}
+
+std::vector<RankScore> StragglerDetector::Scores(absl::Time now) const {
+  std::vector<RankScore> scores;
+  for (const auto& [rank, state] : ranks_) {
+    if (!FreshAt(state.last_report, now, options_.stale_after)) continue;
+    const auto [peer_median, peers] = PeerMedian(rank, now);
+    if (peers + 1 < options_.min_ranks || !(peer_median > 0)) continue;
+    scores.push_back(RankScore{rank, state.recent_median / peer_median});
+  }
+  return scores;
+}
+
+}  // namespace trainyard::server

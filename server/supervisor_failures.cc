@@ -1,0 +1,367 @@
+// Supervisor: failure handling — classifying a failed attempt and deciding its restart
+// (RestartPolicy), hang verdicts (FailureDetector), stragglers, quarantine of nodes where
+// attempts keep failing (NodeQuarantine), the Young–Daly checkpoint orders (CheckpointPolicy)
+// and the goodput account (GoodputAccount). The policies are pure classes; this file feeds them
+// and turns their answers into transitions, events and orders.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "server/supervisor.h"
+
+namespace trainyard::server {
+namespace {
+
+bool Exited(const AttemptRecord& attempt) {
+  for (const RankSlot& slot : attempt.ranks) {
+    if (!slot.exit.has_value()) return false;
+  }
+  return true;
+}
+
+std::string Where(const AttemptRecord& attempt, int rank) {
+  if (rank < 0 || rank >= static_cast<int>(attempt.ranks.size())) return "";
+  const RankSlot& slot = attempt.ranks[rank];
+  std::string where = absl::StrCat("rank ", rank, " on ", slot.node_id);
+  if (!slot.hostname.empty() && slot.hostname != slot.node_id) {
+    absl::StrAppend(&where, " (", slot.hostname, ")");
+  }
+  if (slot.pid != 0) absl::StrAppend(&where, " (pid ", slot.pid, ")");
+  return where;
+}
+
+RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& f) {
+  RestartOptions options;
+  options.max_restarts = f.max_restarts;
+  for (const auto& [name, budget] : f.max_restarts_by_cause) {
+    if (std::optional<FailureClass> c = ParseFailureClass(name)) options.budget[*c] = budget;
+  }
+  options.backoff_initial = absl::Seconds(f.backoff_initial_s);
+  options.backoff_max = absl::Seconds(f.backoff_max_s);
+  options.backoff_multiplier = f.backoff_multiplier;
+  options.backoff_jitter = f.backoff_jitter;
+  return options;
+}
+
+}  // namespace
+
+void Supervisor::LoadPoliciesLocked(JobEntry& entry) {
+  absl::StatusOr<config::JobSpec> spec = config::ParseJobSpec(entry.job.spec_yaml, entry.job.id);
+  if (!spec.ok()) {
+    // Stored specs passed validation; one a newer build refuses keeps the defaults.
+    TY_LOG(WARNING) << "job " << entry.job.id
+                    << ": fault tolerance from defaults: " << spec.status();
+    entry.fault_tolerance = config::FaultToleranceSpec{};
+    entry.fault_tolerance.max_restarts = entry.job.requirements.max_restarts;
+  } else {
+    entry.fault_tolerance = spec->fault_tolerance;
+  }
+  entry.restart_policy =
+      std::make_unique<RestartPolicy>(RestartOptionsFromSpec(entry.fault_tolerance));
+  entry.checkpoint_policy.reset();
+  if (spec.ok() && spec->checkpoint.enabled() && !spec->checkpoint.every_steps) {
+    CheckpointPolicyOptions options;
+    options.node_mtbf = options_.node_mtbf;
+    options.nodes = std::max(entry.job.requirements.nodes, 1);
+    options.min_every_steps = spec->checkpoint.min_every_steps;
+    options.max_every_steps = spec->checkpoint.max_every_steps;
+    options.first_checkpoint_steps = std::clamp<int64_t>(
+        options.first_checkpoint_steps, options.min_every_steps, options.max_every_steps);
+    entry.checkpoint_policy = std::make_unique<CheckpointPolicy>(options);
+  }
+  // Restart counts from the stored attempts: every classified failure followed by an attempt.
+  entry.restarts_by_class.clear();
+  entry.consecutive_failures = 0;
+  for (size_t i = 0; i + 1 < entry.attempts.size(); ++i) {
+    const AttemptRecord& attempt = entry.attempts[i];
+    if (std::optional<FailureClass> c = ParseFailureClass(attempt.failure_class)) {
+      ++entry.restarts_by_class[*c];
+      if (entry.checkpoint_policy && *c != FailureClass::kUserError) {
+        entry.checkpoint_policy->ObserveFailure();
+      }
+    }
+  }
+  for (auto a = entry.attempts.rbegin(); a != entry.attempts.rend(); ++a) {
+    if (a->state != AttemptState::kFailed) break;
+    ++entry.consecutive_failures;
+  }
+}
+
+void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
+                                   const AttemptFailure& failure) {
+  JobRecord& job = entry.job;
+  const absl::Time now = clock_->Now();
+  const std::string class_name = FailureClassName(failure.failure_class);
+  attempt.state = AttemptState::kStopping;
+  attempt.cause = failure.cause;
+  attempt.failure_class = class_name;
+  attempt.blamed_rank = failure.rank;
+  TouchAttempt(txn, entry, attempt);
+  FailJoinWaitersLocked(txn, entry,
+                        absl::FailedPreconditionError(absl::StrCat("attempt ", attempt.attempt_id,
+                                                                   " failed: ", failure.cause)));
+  entry.detector.reset();
+  entry.stragglers.reset();
+
+  FailureSummary& summary = entry.last_failure;
+  summary = FailureSummary{};
+  summary.failure_class = class_name;
+  summary.cause = failure.cause;
+  summary.rank = failure.rank;
+  if (failure.rank >= 0 && failure.rank < static_cast<int>(attempt.ranks.size())) {
+    summary.node_id = attempt.ranks[failure.rank].node_id;
+  }
+  summary.attempt_id = attempt.attempt_id;
+  summary.detected = now;
+  const absl::Time fault =
+      failure.fault == absl::InfinitePast() ? now : std::min(failure.fault, now);
+  summary.detection_seconds = absl::ToDoubleSeconds(now - fault);
+  ++failures_by_class_[class_name];
+  detection_seconds_.try_emplace(class_name, FailureSecondsBuckets())
+      .first->second.Observe(summary.detection_seconds);
+  entry.goodput.Failed(fault, now, class_name);
+
+  const bool infrastructure = failure.failure_class != FailureClass::kUserError;
+  if (entry.checkpoint_policy) {
+    if (entry.exposure_mark != absl::InfinitePast() && now > entry.exposure_mark) {
+      entry.checkpoint_policy->ObserveRunning(now - entry.exposure_mark);
+    }
+    if (infrastructure) entry.checkpoint_policy->ObserveFailure();
+  }
+  entry.exposure_mark = absl::InfinitePast();
+  if (infrastructure && !summary.node_id.empty() &&
+      quarantine_.RecordFailure(summary.node_id, now, failure.cause)) {
+    const std::optional<Cordon> cordon = quarantine_.Find(summary.node_id, now);
+    const std::string why = absl::StrCat(
+        "node ", summary.node_id, " cordoned until ",
+        cordon ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", cordon->until, absl::UTCTimeZone())
+               : std::string("lifted"),
+        ": ", cordon ? cordon->reason : failure.cause);
+    TY_LOG(WARNING) << why;
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "node_cordoned", why);
+  }
+
+  // A job being cancelled or drained is never restarted: the user asked it to stop.
+  if (job.cancel_requested) {
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name, failure.cause);
+  } else if (job.drain_requested) {
+    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
+             absl::StrCat(failure.cause, "; the job was draining: no restart"));
+  } else {
+    // A uniform draw in [0, 1) for the jitter (splitmix64).
+    jitter_state_ += 0x9e3779b97f4a7c15ull;
+    uint64_t z = jitter_state_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    const double draw = static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+    const RestartDecision decision = entry.restart_policy->Decide(
+        failure.failure_class, entry.restarts_by_class, entry.consecutive_failures + 1, draw);
+    if (decision.restart) {
+      ++entry.restarts_by_class[failure.failure_class];
+      ++entry.consecutive_failures;
+      ++restarts_by_cause_[class_name];
+      entry.restart_at = now + decision.delay;
+      entry.failed_at = now;
+      entry.awaiting_first_step = true;
+      summary.restarted = true;
+      Transition(txn, entry, JobState::kRestarting, class_name,
+                 absl::StrCat(failure.cause, "; ", decision.reason));
+    } else {
+      AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
+               absl::StrCat(failure.cause, "; ", decision.reason));
+    }
+  }
+  StopRemainingLocked(txn, entry, attempt, failure.cause);
+}
+
+void Supervisor::CheckHangLocked(Txn& txn, JobEntry& entry, absl::Time now) {
+  AttemptRecord* attempt = LiveAttempt(entry);
+  if (attempt == nullptr || attempt->state != AttemptState::kRunning || !entry.detector) return;
+  std::optional<HangVerdict> verdict = entry.detector->Check(now);
+  if (!verdict) return;
+  FailAttemptLocked(txn, entry, *attempt,
+                    AttemptFailure{.failure_class = FailureClass::kHang,
+                                   .cause = absl::StrCat(Where(*attempt, verdict->rank),
+                                                         " is hung: ", verdict->reason),
+                                   .rank = verdict->rank,
+                                   .fault = verdict->fault});
+  if (Exited(*attempt)) FinishAttemptLocked(txn, entry, *attempt);
+}
+
+absl::Status Supervisor::ReportHang(const HangUpdate& update) {
+  Txn txn;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(update.job_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", update.job_id));
+    AttemptRecord* attempt = FindAttempt(*entry, update.attempt_id);
+    if (attempt == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", update.job_id, " has no attempt ", update.attempt_id));
+    }
+    if (update.attempt_id != entry->job.current_attempt || IsFinal(attempt->state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("attempt ", update.attempt_id, " of job ", update.job_id, " has ended"));
+    }
+    const HangReport& r = update.report;
+    if (r.rank < 0 || r.rank >= static_cast<int>(attempt->ranks.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r.rank, " is outside the world of ", attempt->ranks.size()));
+    }
+    if (attempt->state != AttemptState::kRunning || !entry->detector) return absl::OkStatus();
+    const absl::Time now = clock_->Now();
+    std::string what = r.operation.empty()
+                           ? std::string("not blocked in a collective")
+                           : absl::StrFormat("blocked %.1f s in %s (%s group) waiting for",
+                                             r.waiting_s, r.operation, r.group);
+    for (size_t i = 0; i < r.waiting_for.size(); ++i) {
+      absl::StrAppend(&what, i == 0 ? " rank " : ", ", r.waiting_for[i]);
+    }
+    AddEvent(txn, *entry, update.attempt_id, entry->job.state, entry->job.state, "hang_report",
+             absl::StrFormat("%s: step %d has run %.1f s (limit %.1f s), %s",
+                             Where(*attempt, r.rank), r.step + 1, r.elapsed_s, r.limit_s, what));
+    entry->detector->HangReported(r, now);
+    CheckHangLocked(txn, *entry, now);
+    ScheduleLocked(txn);
+    CommitLocked(txn).IgnoreError();
+  }
+  RunAfter(txn);
+  return absl::OkStatus();
+}
+
+void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update,
+                                       OrderReply& reply) {
+  const absl::Time now = clock_->Now();
+  AttemptRecord* attempt = FindAttempt(entry, update.attempt_id);
+  if (entry.detector) {
+    entry.detector->Progress(update.rank, update.step, update.max_step_ms / 1e3, now);
+    // The last step's checkpoint commit, and a drain's, may take long: not a hang.
+    if (update.step >= update.total_steps || entry.job.drain_requested) entry.detector->Suspend();
+  }
+  if (entry.stragglers && update.step_times.total_ms > 0 && attempt != nullptr) {
+    const double compute_s =
+        std::max(0.0, update.step_times.total_ms - update.step_times.communication_ms) / 1e3;
+    if (std::optional<StragglerChange> change =
+            entry.stragglers->Report(update.rank, compute_s, now)) {
+      AddEvent(txn, entry, update.attempt_id, entry.job.state, entry.job.state,
+               change->flagged ? "straggler" : "straggler_recovered",
+               change->flagged
+                   ? absl::StrFormat("%s is a straggler: it computes %.2f× its peers' median "
+                                     "(margin %.0f%%, %d reports in a row)",
+                                     Where(*attempt, change->rank), change->score,
+                                     100 * entry.fault_tolerance.straggler_margin,
+                                     entry.fault_tolerance.straggler_window)
+                   : absl::StrFormat("%s is no longer a straggler (%.2f× its peers' median)",
+                                     Where(*attempt, change->rank), change->score));
+    }
+  }
+  if (update.rank != 0) return;
+  entry.goodput.Progress(now, update.step);
+  if (entry.awaiting_first_step && update.attempt_id == entry.job.current_attempt &&
+      entry.failed_at != absl::InfinitePast()) {
+    entry.awaiting_first_step = false;
+    restart_seconds_.Observe(absl::ToDoubleSeconds(now - entry.failed_at));
+  }
+  if (!entry.checkpoint_policy) return;
+  if (update.step_times.total_ms > 0) {
+    entry.checkpoint_policy->ObserveStepTime(update.step_times.total_ms / 1e3);
+  }
+  if (update.step >= update.total_steps) return;
+  const int64_t last = std::max(entry.last_save_step, entry.job.last_checkpoint.step);
+  if (std::optional<int64_t> next =
+          entry.checkpoint_policy->NextCheckpointStep(update.step, last)) {
+    entry.ordered_step = std::min(*next, update.total_steps);
+    reply.order = WorkerOrder::kCheckpoint;
+    reply.checkpoint_step = entry.ordered_step;
+  }
+}
+
+void Supervisor::TickFailuresLocked(JobEntry& entry, absl::Time now) {
+  if (entry.backing_off && now >= entry.restart_at && entry.job.state == JobState::kRestarting) {
+    entry.backing_off = false;
+    EnqueueLocked(entry);  // placed by Tick's ScheduleLocked
+  }
+  if (entry.checkpoint_policy && entry.exposure_mark != absl::InfinitePast() &&
+      now > entry.exposure_mark) {
+    entry.checkpoint_policy->ObserveRunning(now - entry.exposure_mark);
+    entry.exposure_mark = now;
+  }
+}
+
+void Supervisor::RefreshHealthLocked(JobEntry& entry, absl::Time now) {
+  JobHealth& health = entry.job.health;
+  health = JobHealth{};
+  health.last_failure = entry.last_failure;
+  if (entry.restart_policy) {
+    for (FailureClass c : {FailureClass::kCrash, FailureClass::kHang, FailureClass::kNodeLost,
+                           FailureClass::kCollectiveTimeout}) {
+      auto used = entry.restarts_by_class.find(c);
+      health.restart_budgets.push_back(RestartBudgetView{
+          FailureClassName(c), used == entry.restarts_by_class.end() ? 0 : used->second,
+          entry.restart_policy->BudgetFor(c)});
+    }
+  }
+  if (entry.job.state == JobState::kRestarting && now < entry.restart_at) {
+    health.restart_at = entry.restart_at;
+  }
+  if (entry.detector) health.hang_limit_s = entry.detector->LimitSeconds();
+  if (entry.checkpoint_policy) {
+    const CheckpointPolicySnapshot p = entry.checkpoint_policy->Snapshot();
+    YoungDalyView view;
+    view.checkpoint_cost_s = p.delta_s.value_or(0);
+    view.mtbf_s = p.mtbf_s;
+    view.interval_s = p.interval_s.value_or(0);
+    view.interval_steps = p.interval_steps.value_or(0);
+    view.next_step = entry.ordered_step;
+    view.failures_observed = static_cast<int>(p.failures);
+    view.exposure_s = absl::ToDoubleSeconds(p.exposure);
+    health.young_daly = view;
+  }
+  const GoodputSnapshot g = entry.goodput.Snapshot(now);
+  health.goodput = GoodputView{g.wall_s,  g.productive_s,       g.checkpoint_s,    g.startup_s,
+                               g.other_s, g.restart_s_by_cause, g.lost_s_by_cause, g.ratio};
+  if (entry.stragglers) {
+    const AttemptRecord* attempt = LiveAttempt(entry);
+    for (const Straggler& s : entry.stragglers->Flagged()) {
+      StragglerView view{s.rank, "", s.score, s.since};
+      if (attempt != nullptr && s.rank < static_cast<int>(attempt->ranks.size())) {
+        view.node_id = attempt->ranks[s.rank].node_id;
+      }
+      health.stragglers.push_back(std::move(view));
+    }
+  }
+}
+
+std::vector<NodeView> Supervisor::SchedulableNodesLocked(absl::Time now) {
+  std::vector<NodeView> nodes = registry_->FreeNodes();
+  std::erase_if(nodes, [&](const NodeView& n) { return quarantine_.IsCordoned(n.node_id, now); });
+  return nodes;
+}
+
+absl::StatusOr<NodeStatus> Supervisor::Uncordon(const std::string& node_id) {
+  Txn txn;
+  NodeStatus result;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    std::vector<NodeStatus> nodes = registry_->Nodes();
+    auto node = std::find_if(nodes.begin(), nodes.end(),
+                             [&](const NodeStatus& n) { return n.record.node_id == node_id; });
+    if (node == nodes.end()) return absl::NotFoundError(absl::StrCat("no node ", node_id));
+    if (!quarantine_.IsCordoned(node_id, now)) {
+      return absl::FailedPreconditionError(absl::StrCat("node ", node_id, " is not cordoned"));
+    }
+    quarantine_.Uncordon(node_id);
+    TY_LOG(INFO) << "node " << node_id << " uncordoned";
+    result = *node;
+    ScheduleLocked(txn);
+    CommitLocked(txn).IgnoreError();
+  }
+  RunAfter(txn);
+  return result;
+}
+
+}  // namespace trainyard::server
