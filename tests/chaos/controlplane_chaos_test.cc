@@ -157,24 +157,5 @@ TEST(ControlPlaneChaosTest, PastTheRestartLimitTheJobFailsAndStatusSaysWhy) {
   EXPECT_TRUE(cp.WorkerPids().empty());
 }
 
-TEST(ControlPlaneChaosTest, AWorkerThatKeepsFailingExhaustsItsRestarts) {
-  ControlPlane cp("chaos_bad_data");
-  cp.StartServer({.local_agent = true, .local_slots = 1});
-  const std::string missing = cp.dir() + "/no-such-shard.bin";
-  const std::string job_id = cp.Submit(cp.WriteSpec(
-      "job.yaml", TinySpec({.name = "nodata",
-                            .max_restarts = 1,
-                            .data = absl::StrCat("{source: bin, path: ", missing, "}")})));
-  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
-  EXPECT_EQ(watch.exit_code, 1) << watch.out << watch.err;
-  const v1::GetJobReply reply = cp.Status(job_id);
-  EXPECT_EQ(reply.job().state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(reply.job().attempts(), 2);
-  const ProcessResult status = cp.Cli({"status", job_id});
-  EXPECT_THAT(status.out, HasSubstr("rank 0 on node local"));
-  EXPECT_THAT(status.out, HasSubstr("exit code 2"));
-  EXPECT_THAT(status.out, HasSubstr(missing));  // the worker's error, from its log
-}
-
 }  // namespace
 }  // namespace trainyard::testenv

@@ -48,13 +48,14 @@ std::string TinySpec(const TinyJob& job) {
       job.data.empty()
           ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
           : job.data;
-  std::string spec = absl::StrCat("name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
-                                  "\ntraining: {steps: ", job.steps, ", batch: ", 4 * world,
-                                  ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n",
-                                  "parallelism: {dp: ", world, "}\nresources: {nodes: ", job.nodes,
-                                  ", devices_per_node: ", job.ranks_per_node,
-                                  "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
-                                  ", heartbeat_timeout_s: 5}\npriority: ", job.priority, "\n");
+  std::string spec = absl::StrCat(
+      "name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
+      "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
+      ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n", "parallelism: {dp: ", world,
+      "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,
+      "}\nfault_tolerance: {max_restarts: ", job.max_restarts, ", heartbeat_timeout_s: 5",
+      job.fault_tolerance.empty() ? "" : ", ", job.fault_tolerance, "}\npriority: ", job.priority,
+      "\n");
   if (!job.checkpoint.empty()) absl::StrAppend(&spec, "checkpoint: ", job.checkpoint, "\n");
   return spec;
 }
@@ -103,15 +104,16 @@ std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) 
   } else {
     argv.push_back("--no-local-agent");
   }
+  argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   return argv;
 }
 
 void ControlPlane::StartServer(const ServerOptions& options) {
   ++server_starts_;
   std::filesystem::remove(state_dir() + "/server.addr");
-  server_ = std::make_unique<ChildProcess>(ServerArgv(options),
-                                           absl::StrCat(dir_, "/server-", server_starts_, ".out"),
-                                           absl::StrCat(dir_, "/server-", server_starts_, ".err"));
+  server_ = std::make_unique<ChildProcess>(
+      ServerArgv(options), absl::StrCat(dir_, "/server-", server_starts_, ".out"),
+      absl::StrCat(dir_, "/server-", server_starts_, ".err"), options.env);
   const std::string address =
       WaitForFileLine(state_dir() + "/server.addr", std::chrono::seconds(30));
   ASSERT_FALSE(address.empty()) << "the server did not start: "
@@ -128,13 +130,14 @@ void ControlPlane::KillServer() {
 
 bool ControlPlane::ServerRunning() { return server_ != nullptr && server_->running(); }
 
-void ControlPlane::StartAgent(const std::string& node_id, int slots) {
+void ControlPlane::StartAgent(const std::string& node_id, int slots,
+                              const std::vector<std::string>& env) {
   agents_[node_id] = std::make_unique<ChildProcess>(
       std::vector<std::string>{Binary("server/agent/trainyard-agent"), "--coordinator", address_,
                                "--node-id", node_id, "--slots", absl::StrCat(slots), "--no-gpus",
                                "--work-dir", dir_ + "/agent-" + node_id, "--worker-binary",
                                Binary("worker/trainyard-worker"), "--threads-per-worker", "1"},
-      dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err");
+      dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err", env);
   ASSERT_TRUE(agents_[node_id]->running());
 }
 

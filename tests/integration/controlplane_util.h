@@ -27,6 +27,8 @@ struct ServerOptions {
   int local_slots = 2;
   int stop_grace_s = 2;
   bool metrics = false;
+  std::vector<std::string> extra_args;  // more trainyard-server flags
+  std::vector<std::string> env;         // "NAME=value" for the server (and its local agent)
 };
 
 struct TinyJob {
@@ -36,8 +38,10 @@ struct TinyJob {
   int steps = 20;
   int max_restarts = 2;
   int priority = 0;
-  std::string data;        // a `data:` mapping; empty: a small Markov chain
-  std::string checkpoint;  // a `checkpoint:` mapping; empty: the job does not checkpoint
+  std::string data;             // a `data:` mapping; empty: a small Markov chain
+  std::string checkpoint;       // a `checkpoint:` mapping; empty: the job does not checkpoint
+  std::string fault_tolerance;  // more `fault_tolerance:` entries ("hang_floor_s: 2, ...")
+  int batch_per_rank = 4;
 };
 
 // A valid spec for the debug GPT-2: nodes x ranks_per_node data-parallel CPU ranks, one thread
@@ -60,7 +64,8 @@ class ControlPlane {
   void StartServer(const ServerOptions& options = ServerOptions());
   void KillServer();  // SIGKILL, no chance to clean up
   bool ServerRunning();
-  void StartAgent(const std::string& node_id, int slots);
+  // `env`: "NAME=value" entries for the agent (and, for TRAINYARD_*, its workers).
+  void StartAgent(const std::string& node_id, int slots, const std::vector<std::string>& env = {});
   void KillAgent(const std::string& node_id);
 
   const std::string& address() const { return address_; }
