@@ -67,7 +67,7 @@ absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
   }
   TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("every_steps", &c->every_steps));
   for (const char* field : {"min_every_steps", "max_every_steps"}) {
-    if (r.Has(field) && !r.IsWord("every_steps", "auto")) {
+    if (r.Has(field) && r.Has("every_steps") && !r.IsWord("every_steps", "auto")) {
       return r.ErrorAt(field,
                        "bounds the interval `every_steps: auto` chooses; it needs "
                        "every_steps: auto");
@@ -83,7 +83,8 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
       {"max_restarts", "max_restarts_by_cause", "min_nodes", "max_nodes", "heartbeat_timeout_s",
        "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "backoff_jitter", "hang_floor_s",
-       "hang_step_multiple", "hang_startup_s", "straggler_margin", "straggler_window"}));
+       "hang_step_multiple", "hang_startup_s", "straggler_margin", "straggler_window",
+       "exclude_stragglers"}));
   TY_RETURN_IF_ERROR(r.ReadInt("max_restarts", &f->max_restarts));
   if (std::optional<FieldReader> by_cause = r.Child("max_restarts_by_cause")) {
     TY_RETURN_IF_ERROR(by_cause->ExpectMapWithKeys(
@@ -107,6 +108,10 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
     TY_RETURN_IF_ERROR(r.ReadDouble(field, out));
   }
   TY_RETURN_IF_ERROR(r.ReadInt("straggler_window", &f->straggler_window));
+  TY_RETURN_IF_ERROR(r.ReadBool("exclude_stragglers", &f->exclude_stragglers));
+  if (f->exclude_stragglers && f->straggler_margin == 0) {
+    return r.ErrorAt("exclude_stragglers", "needs straggler detection (straggler_margin > 0)");
+  }
   TY_RETURN_IF_ERROR(r.ReadInt("min_nodes", &f->min_nodes));
   TY_RETURN_IF_ERROR(r.ReadInt("max_nodes", &f->max_nodes));
   TY_RETURN_IF_ERROR(r.ReadDouble("heartbeat_timeout_s", &f->heartbeat_timeout_s));

@@ -141,6 +141,8 @@ struct FaultToleranceSpec {
   // for straggler_window reports in a row is flagged a straggler; 0: off.
   double straggler_margin = 0.25;
   int straggler_window = 5;
+  // Restart away from the nodes of ranks flagged as stragglers when enough other nodes are free.
+  bool exclude_stragglers = false;
 };
 
 struct JobSpec {

@@ -89,7 +89,7 @@ ALTER TABLE jobs ADD COLUMN checkpoint_keep INTEGER NOT NULL DEFAULT -1;
 )sql";
 
 // Schema 2 -> 3: how each failed attempt was classified and whom it blamed (restart budgets are
-// per class). Attempts stored before have no class: they count against max_restarts only.
+// per class). Attempts stored before have no class and count against no class's budget.
 constexpr char kMigrateFrom2[] = R"sql(
 ALTER TABLE attempts ADD COLUMN failure_class TEXT NOT NULL DEFAULT '';
 ALTER TABLE attempts ADD COLUMN blamed_rank INTEGER NOT NULL DEFAULT -1;

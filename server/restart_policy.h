@@ -22,7 +22,8 @@
 // same input would fail the same way. Restarts are counted by the caller (Supervisor), per class,
 // and passed in, so the policy holds no state and survives a coordinator restart unchanged.
 //
-// Backoff: the n-th consecutive failure (failures since the last attempt that made progress)
+// Backoff: the n-th consecutive failure (as the caller counts them; the supervisor counts the
+// failures since an attempt last committed a checkpoint)
 // waits backoff_initial × backoff_multiplier^(n−1), capped at backoff_max, then scaled by
 // (1 + backoff_jitter × (2 × draw − 1)) for a draw uniform in [0, 1), and never less than zero.
 // With initial 1 s, multiplier 2, max 60 s and no jitter: 1, 2, 4, 8, 16, 32, 60, 60, … s.

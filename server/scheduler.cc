@@ -69,11 +69,15 @@ std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
 
 bool PlaceJob(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement) {
   const JobRequirements& req = job.requirements;
-  std::vector<size_t> candidates;
+  std::vector<size_t> candidates, avoided;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (static_cast<int>(FreeSlots(nodes[i], req.kind).size()) >= req.ranks_per_node) {
-      candidates.push_back(i);
+      (job.avoid_nodes.contains(nodes[i].node_id) ? avoided : candidates).push_back(i);
     }
+  }
+  // Avoided nodes only make up for a shortage of others.
+  for (size_t i = 0; i < avoided.size() && static_cast<int>(candidates.size()) < req.nodes; ++i) {
+    candidates.push_back(avoided[i]);
   }
   if (static_cast<int>(candidates.size()) < req.nodes) return false;
   std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {

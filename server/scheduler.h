@@ -29,6 +29,9 @@ struct PendingJob {
   int priority = 0;
   int64_t seq = 0;
   JobRequirements requirements;
+  // Nodes to leave out when enough others fit (the nodes of stragglers, with
+  // fault_tolerance.exclude_stragglers).
+  std::set<std::string> avoid_nodes;
 };
 
 // The free capacity of one connected node.

@@ -81,11 +81,9 @@ absl::Status Supervisor::Restore() {
     if (attempt->state == AttemptState::kStopping) entry.stop_sent = clock_->Now();
     if (attempt->state == AttemptState::kRunning) {
       // Watched again from now: its ranks report on, or the progress check finds them hung.
-      entry.detector = std::make_unique<FailureDetector>(
-          FailureDetector::Options{.limits = entry.fault_tolerance,
-                                   .gather = options_.hang_gather,
-                                   .slack = options_.hang_slack},
-          static_cast<int>(attempt->ranks.size()), clock_->Now());
+      // Goodput and Young–Daly exposure count from the restore (the past is not stored).
+      entry.goodput.AttemptScheduled(attempt->created, entry.job.last_checkpoint.step);
+      WatchAttemptLocked(entry, *attempt, clock_->Now());
     }
   }
   TY_LOG(INFO) << "coordinator state restored: " << jobs_.size() << " jobs (" << live_jobs_.size()
@@ -210,6 +208,7 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   pending.priority = entry.job.priority;
   pending.seq = entry.job.seq;
   pending.requirements = entry.job.requirements;
+  pending.avoid_nodes = entry.avoid_nodes;
   scheduler_.Enqueue(pending);
 }
 

@@ -330,9 +330,10 @@ class Supervisor {
     bool backing_off = false;  // RESTARTING, every worker gone, waiting for restart_at
     FailureSummary last_failure;
     std::unique_ptr<CheckpointPolicy> checkpoint_policy;  // `every_steps: auto`
-    int64_t last_save_step = 0;                           // the newest save reported, in any state
-    int64_t ordered_step = 0;                             // the save ordered next
-    absl::Time exposure_mark = absl::InfinitePast();      // running time counted up to here
+    std::set<std::string> avoid_nodes;                // stragglers' nodes, with exclude_stragglers
+    int64_t last_save_step = 0;                       // the newest save reported, in any state
+    int64_t ordered_step = 0;                         // the save ordered next
+    absl::Time exposure_mark = absl::InfinitePast();  // running time counted up to here
     GoodputAccount goodput;
     absl::Time failed_at = absl::InfinitePast();  // the last failure's detection
     bool awaiting_first_step = false;             // a restart latency is due
@@ -394,6 +395,9 @@ class Supervisor {
   // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
   // the restart counts from the stored attempts.
   void LoadPoliciesLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts watching a running attempt (from `since`): hang detector, stragglers, exposure.
+  void WatchAttemptLocked(JobEntry& entry, const AttemptRecord& attempt, absl::Time since)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A verdict of the live attempt's detector, if any, fails it.
   void CheckHangLocked(Txn& txn, JobEntry& entry, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

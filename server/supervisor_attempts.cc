@@ -140,19 +140,7 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
 void Supervisor::MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
   attempt.state = AttemptState::kRunning;
   attempt.running = clock_->Now();
-  entry.detector =
-      std::make_unique<FailureDetector>(FailureDetector::Options{.limits = entry.fault_tolerance,
-                                                                 .gather = options_.hang_gather,
-                                                                 .slack = options_.hang_slack},
-                                        static_cast<int>(attempt.ranks.size()), attempt.running);
-  if (entry.fault_tolerance.straggler_margin > 0) {
-    entry.stragglers = std::make_unique<StragglerDetector>(
-        StragglerOptions{.margin = entry.fault_tolerance.straggler_margin,
-                         .window = entry.fault_tolerance.straggler_window});
-  } else {
-    entry.stragglers.reset();
-  }
-  entry.exposure_mark = attempt.running;
+  WatchAttemptLocked(entry, attempt, attempt.running);
   TouchAttempt(txn, entry, attempt);
   if (entry.job.state == JobState::kStarting) {
     Transition(txn, entry, JobState::kRunning, "running",

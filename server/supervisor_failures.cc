@@ -90,6 +90,22 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry) {
   }
 }
 
+void Supervisor::WatchAttemptLocked(JobEntry& entry, const AttemptRecord& attempt,
+                                    absl::Time since) {
+  entry.detector =
+      std::make_unique<FailureDetector>(FailureDetector::Options{.limits = entry.fault_tolerance,
+                                                                 .gather = options_.hang_gather,
+                                                                 .slack = options_.hang_slack},
+                                        static_cast<int>(attempt.ranks.size()), since);
+  entry.stragglers.reset();
+  if (entry.fault_tolerance.straggler_margin > 0) {
+    entry.stragglers = std::make_unique<StragglerDetector>(
+        StragglerOptions{.margin = entry.fault_tolerance.straggler_margin,
+                         .window = entry.fault_tolerance.straggler_window});
+  }
+  entry.exposure_mark = since;
+}
+
 void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                                    const AttemptFailure& failure) {
   JobRecord& job = entry.job;
@@ -104,6 +120,8 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
                         absl::FailedPreconditionError(absl::StrCat("attempt ", attempt.attempt_id,
                                                                    " failed: ", failure.cause)));
   entry.detector.reset();
+  std::vector<Straggler> stragglers;
+  if (entry.stragglers) stragglers = entry.stragglers->Flagged();
   entry.stragglers.reset();
 
   FailureSummary& summary = entry.last_failure;
@@ -169,6 +187,18 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
       summary.restarted = true;
       Transition(txn, entry, JobState::kRestarting, class_name,
                  absl::StrCat(failure.cause, "; ", decision.reason));
+      entry.avoid_nodes.clear();
+      if (entry.fault_tolerance.exclude_stragglers) {
+        for (const Straggler& s : stragglers) {
+          if (s.rank < 0 || s.rank >= static_cast<int>(attempt.ranks.size())) continue;
+          const std::string& node = attempt.ranks[s.rank].node_id;
+          if (!entry.avoid_nodes.insert(node).second) continue;
+          AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "straggler_excluded",
+                   absl::StrFormat("the next attempt avoids node %s when enough others are free: "
+                                   "rank %d there computed %.2f× its peers' median",
+                                   node, s.rank, s.score));
+        }
+      }
     } else {
       AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
                absl::StrCat(failure.cause, "; ", decision.reason));

@@ -38,10 +38,13 @@ std::string CheckpointStateName(v1::CheckpointState state) {
 
 std::string CheckpointPolicyText(const v1::CheckpointPolicy& policy) {
   if (policy.dir().empty()) return "off (the spec has no checkpoint.dir)";
-  return absl::StrCat(
-      "every ", policy.every_steps(), " steps",
-      policy.interval_auto() ? " (auto: a fixed interval until the Young–Daly policy exists)" : "",
-      ", keep ", policy.keep(), ", dir ", policy.dir());
+  std::string interval = absl::StrCat("every ", policy.every_steps(), " steps");
+  if (policy.interval_auto()) {
+    interval = policy.every_steps() > 0
+                   ? absl::StrCat(interval, " (auto: Young–Daly, see young-daly)")
+                   : "auto (Young–Daly: the interval follows the first measured save)";
+  }
+  return absl::StrCat(interval, ", keep ", policy.keep(), ", dir ", policy.dir());
 }
 
 std::string LastCheckpointText(const v1::Checkpoint& checkpoint, int64_t now_ms) {

@@ -44,7 +44,10 @@ TEST(CheckpointOutputTest, PolicyText) {
   policy.set_every_steps(100);
   policy.set_interval_auto(true);
   EXPECT_EQ(CheckpointPolicyText(policy),
-            "every 100 steps (auto: a fixed interval until the Young–Daly policy exists), keep 3, "
+            "every 100 steps (auto: Young–Daly, see young-daly), keep 3, dir ckpt/run");
+  policy.set_every_steps(0);  // no save measured yet
+  EXPECT_EQ(CheckpointPolicyText(policy),
+            "auto (Young–Daly: the interval follows the first measured save), keep 3, "
             "dir ckpt/run");
 }
 

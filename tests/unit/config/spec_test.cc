@@ -120,6 +120,46 @@ TEST(ParseJobSpecTest, RunSectionDefaults) {
   EXPECT_TRUE(spec.labels.empty());
 }
 
+TEST(ParseJobSpecTest, FailureHandlingFields) {
+  JobSpec spec = MustParse(R"(name: ft
+model: {preset: gpt2-debug}
+checkpoint: {dir: ckpt, min_every_steps: 5, max_every_steps: 500}
+fault_tolerance:
+  max_restarts: 4
+  max_restarts_by_cause: {hang: 1, node_lost: 4}
+  backoff_initial_s: 0.5
+  backoff_max_s: 8
+  backoff_multiplier: 3
+  backoff_jitter: 0
+  hang_floor_s: 5
+  hang_step_multiple: 20
+  hang_startup_s: 120
+  straggler_margin: 0
+  straggler_window: 8
+)");
+  EXPECT_FALSE(spec.checkpoint.every_steps.has_value());  // auto, the default
+  EXPECT_EQ(spec.checkpoint.min_every_steps, 5);
+  EXPECT_EQ(spec.checkpoint.max_every_steps, 500);
+  EXPECT_EQ(spec.checkpoint.interval_steps(), 100);  // standalone auto, within the bounds
+  const FaultToleranceSpec& f = spec.fault_tolerance;
+  EXPECT_EQ(f.max_restarts_by_cause, (std::map<std::string, int>{{"hang", 1}, {"node_lost", 4}}));
+  EXPECT_DOUBLE_EQ(f.backoff_initial_s, 0.5);
+  EXPECT_DOUBLE_EQ(f.backoff_max_s, 8);
+  EXPECT_DOUBLE_EQ(f.backoff_multiplier, 3);
+  EXPECT_DOUBLE_EQ(f.backoff_jitter, 0);
+  EXPECT_DOUBLE_EQ(f.hang_floor_s, 5);
+  EXPECT_DOUBLE_EQ(f.hang_step_multiple, 20);
+  EXPECT_DOUBLE_EQ(f.hang_startup_s, 120);
+  EXPECT_DOUBLE_EQ(f.straggler_margin, 0);
+  EXPECT_EQ(f.straggler_window, 8);
+  // Defaults fit every valid spec.
+  const FaultToleranceSpec d = MustParse("name: d\nmodel: {preset: gpt2-debug}\n").fault_tolerance;
+  EXPECT_DOUBLE_EQ(d.backoff_initial_s, 1);
+  EXPECT_DOUBLE_EQ(d.hang_floor_s, 30);
+  EXPECT_DOUBLE_EQ(d.hang_startup_s, 600);
+  EXPECT_TRUE(d.max_restarts_by_cause.empty());
+}
+
 TEST(ParseJobSpecTest, FullRunSections) {
   JobSpec spec = MustParse(R"(name: full
 model: {preset: llama-debug}

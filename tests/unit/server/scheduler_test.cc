@@ -108,5 +108,20 @@ TEST(SchedulerTest, PlacesSeveralJobsOnDisjointSlotsBestFit) {
   EXPECT_EQ(scheduler.size(), 0u);
 }
 
+TEST(SchedulerTest, AvoidedNodesOnlyMakeUpForAShortageOfOthers) {
+  Scheduler scheduler;
+  PendingJob job = Job("away", 0, 1, 1, 1);
+  job.avoid_nodes = {"a"};
+  scheduler.Enqueue(job);
+  std::vector<Placement> placed = scheduler.Schedule({Node("a", 4), Node("b", 1)});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].ranks[0].node_id, "b");  // "a" has more room, but is avoided
+  job.job_id = "only-a";
+  scheduler.Enqueue(job);
+  placed = scheduler.Schedule({Node("a", 4)});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].ranks[0].node_id, "a");  // rather than wait forever
+}
+
 }  // namespace
 }  // namespace trainyard::server

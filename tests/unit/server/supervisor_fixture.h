@@ -43,13 +43,19 @@ class SupervisorTest : public ::testing::Test {
     store_ = std::move(*store);
     registry_ = std::make_unique<AgentRegistry>(&clock_, absl::Seconds(10));
     kv_ = std::make_unique<KvSpace>(&clock_);
+    auto supervisor =
+        Supervisor::Create(store_.get(), registry_.get(), kv_.get(), &clock_, options_);
+    ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+    supervisor_ = std::move(*supervisor);
+  }
+
+  // The options every Open() creates the Supervisor with. A test that needs others (quarantine,
+  // node MTBF) changes them and calls Restart(), before submitting anything or across a restart.
+  static SupervisorOptions TestOptions() {
     SupervisorOptions options;
     options.stop_grace = absl::Seconds(3);
     options.coordinator_address = "127.0.0.1:7000";
-    auto supervisor =
-        Supervisor::Create(store_.get(), registry_.get(), kv_.get(), &clock_, options);
-    ASSERT_TRUE(supervisor.ok()) << supervisor.status();
-    supervisor_ = std::move(*supervisor);
+    return options;
   }
 
   // Simulates a coordinator crash and restart on the same state directory.
@@ -150,6 +156,7 @@ class SupervisorTest : public ::testing::Test {
 
   ScratchDir dir_;
   FakeClock clock_;
+  SupervisorOptions options_ = TestOptions();
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<KvSpace> kv_;
