@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <string>
 
@@ -296,6 +297,48 @@ TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReaso
   EXPECT_THAT(cp.Cli({"logs", job_id, "--rank", "0"}).out,
               HasSubstr("trainyard-worker: error: " + reason + "\n"));
   EXPECT_FALSE(fs::exists(missing)) << "nothing is written for a refused resume_from";
+}
+
+// `every_steps: auto` on real ranks: the coordinator orders saves at its Young–Daly interval
+// through the progress reply, and both ranks save at the step rank 0 was told. A tiny per-node
+// MTBF prior makes the interval a few dozen of the tiny model's steps, so the run saves several
+// times at steps no fixed interval names.
+TEST(ControlPlaneCheckpointTest, YoungDalyPolicyOrdersSavesThatEveryRankTakes) {
+  ControlPlane cp("cp_ck_young_daly");
+  cp.StartServer(
+      {.local_agent = true, .local_slots = 2, .extra_args = {"--node-mtbf-hours", "0.001"}});
+  TinyJob job =
+      Job("auto", absl::StrCat("{dir: ", cp.dir(), "/ckpt, keep: 100, min_every_steps: 5}"));
+  job.steps = 400;
+  const std::string job_id = cp.Submit(cp.WriteSpec("auto.yaml", TinySpec(job)));
+  ASSERT_FALSE(job_id.empty());
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const v1::GetJobReply done = cp.Status(job_id);
+  const v1::YoungDaly& yd = done.job().young_daly();
+  EXPECT_GT(yd.checkpoint_cost_s(), 0);  // δ measured from the saves
+  EXPECT_GT(yd.mtbf_s(), 3.0);  // the prior, 0.001 h for one node, grown by failure-free time
+  EXPECT_GT(yd.interval_s(), 0);
+  EXPECT_GE(yd.interval_steps(), 5);
+  std::vector<int64_t> steps;
+  const v1::ListCheckpointsReply listed = CheckpointsOf(cp, job_id);
+  for (const v1::Checkpoint& c : listed.checkpoints()) {
+    EXPECT_EQ(c.state(), v1::CHECKPOINT_STATE_COMMITTED) << c.message();
+    steps.push_back(c.step());
+  }
+  ASSERT_GE(steps.size(), 3u) << "the first early save, ordered ones and the last step";
+  EXPECT_EQ(steps.back(), 400);
+  EXPECT_EQ(steps.front(), 10) << "the first save is ordered early, to measure its cost";
+  for (size_t i = 1; i + 1 < steps.size(); ++i) {
+    EXPECT_GE(steps[i] - steps[i - 1], 5) << "min_every_steps bounds the interval";
+  }
+  std::cout << "saved at steps";
+  for (int64_t step : steps) std::cout << " " << step;
+  std::cout << "; delta " << yd.checkpoint_cost_s() << " s, M " << yd.mtbf_s() << " s, tau "
+            << yd.interval_s() << " s = " << yd.interval_steps() << " steps" << std::endl;
+  const ProcessResult status = cp.Cli({"status", job_id});
+  EXPECT_THAT(status.out, HasSubstr("young-daly"));
+  EXPECT_THAT(status.out, HasSubstr("goodput"));
 }
 
 }  // namespace
