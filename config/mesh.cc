@@ -117,6 +117,42 @@ int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh)
   return mesh.dp > 0 ? training.batch / mesh.dp : training.batch;
 }
 
+std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
+  if (nodes == spec.resources.nodes) return spec;
+  if (nodes < 1) return std::nullopt;
+  JobSpec resized = spec;
+  resized.resources.nodes = nodes;
+  const int world = nodes * spec.resources.devices_per_node;
+  const int64_t model_parallel = ModelParallelSize(spec.parallelism);
+  ParallelismSpec mesh = spec.parallelism;
+  mesh.automatic = false;
+  mesh.dp = static_cast<int>(world / model_parallel);
+  // The full-size micro-batch, kept when it divides the new share of the batch.
+  const int micro = MicroBatchPerRank(spec.training, spec.parallelism);
+  auto fit_micro = [&](const ParallelismSpec& m) {
+    const int share = m.dp > 0 ? spec.training.batch / m.dp : 0;
+    int chosen = std::min(micro, std::max(share, 1));
+    while (chosen > 1 && share % chosen != 0) --chosen;
+    return chosen;
+  };
+  bool valid = world % model_parallel == 0;
+  if (valid) {
+    resized.training.micro_batch = 0;
+    valid = !FindMeshProblem(mesh, resized).has_value();
+  }
+  if (!valid) {
+    resized.training.micro_batch = 0;
+    absl::StatusOr<ParallelismSpec> chosen = ChooseParallelism(resized);
+    if (!chosen.ok()) return std::nullopt;
+    mesh = *chosen;
+    mesh.automatic = spec.parallelism.automatic;
+  }
+  resized.parallelism = mesh;
+  resized.training.micro_batch = fit_micro(mesh);
+  if (FindMeshProblem(mesh, resized).has_value()) return std::nullopt;
+  return resized;
+}
+
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec) {
   if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;

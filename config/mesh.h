@@ -33,6 +33,15 @@ absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec);
 // batch / dp when micro_batch is 0.
 int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh);
 
+// The spec of an attempt on `nodes` nodes instead of resources.nodes (an elastic restart). The
+// tensor- and pipeline-parallel degrees are kept when they still fit, dp takes the rest (else the
+// mesh ChooseParallelism picks for the smaller world), and the global batch stays as it is: each
+// rank keeps the full-size mesh's micro-batch when it divides its larger share of the batch
+// (else the largest micro-batch below it that does) and accumulates more micro-batches. The
+// data order does not change (it depends on the global step only). `nodes` equal to
+// resources.nodes gives the spec back; nullopt when no valid mesh exists at that size.
+std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes);
+
 }  // namespace trainyard::config
 
 #endif  // TRAINYARD_CONFIG_MESH_H_

@@ -84,7 +84,7 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
       {"max_restarts", "max_restarts_by_cause", "min_nodes", "max_nodes", "heartbeat_timeout_s",
        "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "backoff_jitter", "hang_floor_s",
        "hang_step_multiple", "hang_startup_s", "straggler_margin", "straggler_window",
-       "exclude_stragglers"}));
+       "exclude_stragglers", "resize_cooldown_s"}));
   TY_RETURN_IF_ERROR(r.ReadInt("max_restarts", &f->max_restarts));
   if (std::optional<FieldReader> by_cause = r.Child("max_restarts_by_cause")) {
     TY_RETURN_IF_ERROR(by_cause->ExpectMapWithKeys(
@@ -104,7 +104,8 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
            {"hang_floor_s", &f->hang_floor_s},
            {"hang_step_multiple", &f->hang_step_multiple},
            {"hang_startup_s", &f->hang_startup_s},
-           {"straggler_margin", &f->straggler_margin}}) {
+           {"straggler_margin", &f->straggler_margin},
+           {"resize_cooldown_s", &f->resize_cooldown_s}}) {
     TY_RETURN_IF_ERROR(r.ReadDouble(field, out));
   }
   TY_RETURN_IF_ERROR(r.ReadInt("straggler_window", &f->straggler_window));

@@ -92,6 +92,14 @@ Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
                             spec.max_nodes()),
                {"resources.nodes"});
   }
+  if (spec.max_nodes() > nodes) {
+    return Bad("fault_tolerance.max_nodes",
+               absl::StrCat("growing past resources.nodes (", nodes,
+                            ") is not supported; a job that shrank (min_nodes) grows back to "
+                            "resources.nodes, got ",
+                            spec.max_nodes()),
+               {"resources.nodes"});
+  }
   if (!(f.heartbeat_timeout_s >= 1 && f.heartbeat_timeout_s <= kMaxHeartbeatTimeoutSeconds)) {
     return Bad(
         "fault_tolerance.heartbeat_timeout_s",
@@ -128,6 +136,10 @@ Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
     return p;
   }
   if (Problem p = CheckReal("fault_tolerance.straggler_margin", f.straggler_margin, 0, 100)) {
+    return p;
+  }
+  if (Problem p =
+          CheckReal("fault_tolerance.resize_cooldown_s", f.resize_cooldown_s, 0, 86400, " s")) {
     return p;
   }
   return CheckRange("fault_tolerance.straggler_window", f.straggler_window, 1, 10000);

@@ -143,6 +143,10 @@ struct FaultToleranceSpec {
   int straggler_window = 5;
   // Restart away from the nodes of ranks flagged as stragglers when enough other nodes are free.
   bool exclude_stragglers = false;
+  // A job running on fewer than resources.nodes nodes (after losing some, down to min_nodes)
+  // grows back when nodes are free, by a checkpoint and a restart; at most once per this many
+  // seconds after its last resize.
+  double resize_cooldown_s = 120.0;
 };
 
 struct JobSpec {

@@ -56,7 +56,15 @@ std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
     const int kind = static_cast<int>(job->requirements.kind);
     if (blocked[kind]) continue;
     Placement placement;
-    if (PlaceJob(*job, nodes, placement)) {
+    bool fits = PlaceJob(*job, nodes, placement);
+    for (size_t i = 0; !fits && i < job->smaller.size(); ++i) {
+      PendingJob smaller = *job;
+      smaller.requirements.nodes = job->smaller[i].nodes;
+      smaller.requirements.mesh = job->smaller[i].mesh;
+      fits = PlaceJob(smaller, nodes, placement);
+      if (fits) placement.shape = job->smaller[i];
+    }
+    if (fits) {
       placements.push_back(std::move(placement));
       placed.push_back(job->job_id);
     } else {

@@ -16,6 +16,7 @@
 #define TRAINYARD_SERVER_SCHEDULER_H_
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +24,14 @@
 #include "server/types.h"
 
 namespace trainyard::server {
+
+// A smaller size an elastic job may restart at (config::ResizedSpec): its node count, mesh, and
+// micro-batches accumulated per step.
+struct JobShape {
+  int nodes = 0;
+  Mesh mesh;
+  int accumulation = 1;
+};
 
 struct PendingJob {
   std::string job_id;
@@ -32,6 +41,9 @@ struct PendingJob {
   // Nodes to leave out when enough others fit (the nodes of stragglers, with
   // fault_tolerance.exclude_stragglers).
   std::set<std::string> avoid_nodes;
+  // Sizes to fall back to, largest first, when the job does not fit at its own (a restart of a
+  // job with fault_tolerance.min_nodes below resources.nodes).
+  std::vector<JobShape> smaller;
 };
 
 // The free capacity of one connected node.
@@ -44,7 +56,8 @@ struct NodeView {
 
 struct Placement {
   std::string job_id;
-  std::vector<RankSlot> ranks;  // indexed by rank; pid 0, no exit
+  std::vector<RankSlot> ranks;    // indexed by rank; pid 0, no exit
+  std::optional<JobShape> shape;  // set when placed at a smaller size
 };
 
 class Scheduler {

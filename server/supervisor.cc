@@ -209,6 +209,8 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   pending.seq = entry.job.seq;
   pending.requirements = entry.job.requirements;
   pending.avoid_nodes = entry.avoid_nodes;
+  // Only a restart may run smaller: a new job waits for its full size.
+  if (entry.job.state == JobState::kRestarting) pending.smaller = entry.smaller_shapes;
   scheduler_.Enqueue(pending);
 }
 
@@ -451,6 +453,7 @@ void Supervisor::Tick() {
       entry.join_waiters.erase(keep, entry.join_waiters.end());
       TickFailuresLocked(entry, now);
       CheckHangLocked(txn, entry, now);
+      ConsiderGrowLocked(txn, entry, now);
       AttemptRecord* attempt = LiveAttempt(entry);
       if (attempt != nullptr && attempt->state == AttemptState::kStopping &&
           now - entry.stop_sent >= 2 * options_.stop_grace) {

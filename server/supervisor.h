@@ -330,7 +330,17 @@ class Supervisor {
     bool backing_off = false;  // RESTARTING, every worker gone, waiting for restart_at
     FailureSummary last_failure;
     std::unique_ptr<CheckpointPolicy> checkpoint_policy;  // `every_steps: auto`
-    std::set<std::string> avoid_nodes;                // stragglers' nodes, with exclude_stragglers
+    std::set<std::string> avoid_nodes;  // stragglers' nodes, with exclude_stragglers
+    // Elastic restarts: the sizes between min_nodes and resources.nodes with a valid mesh
+    // (largest first), and the micro-batches accumulated per step at the full size.
+    int min_nodes = 1;
+    std::vector<JobShape> smaller_shapes;
+    int full_accumulation = 1;
+    // Growing back: the ranks were ordered to checkpoint and stop (like a drain) so that the
+    // job restarts on more nodes; at most one resize in flight, one per resize_cooldown_s.
+    bool resizing = false;
+    bool resized_by_choice = false;  // the next attempt follows a resize, not a failure
+    absl::Time last_resize = absl::InfinitePast();
     int64_t last_save_step = 0;                       // the newest save reported, in any state
     int64_t ordered_step = 0;                         // the save ordered next
     absl::Time exposure_mark = absl::InfinitePast();  // running time counted up to here
@@ -373,8 +383,9 @@ class Supervisor {
 
   // State machine steps.
   void ScheduleLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `shape`: the smaller size an elastic restart was placed at (none: the job's own).
+  void StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks,
+                          const std::optional<JobShape>& shape) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StartWorkerOrder StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
                                  const RankSlot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
@@ -395,6 +406,12 @@ class Supervisor {
   // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
   // the restart counts from the stored attempts.
   void LoadPoliciesLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic growth (supervisor_elastic.cc): orders a resize when more nodes fit the job, and
+  // restarts it when its ranks stopped for it.
+  void ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishResizeLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts watching a running attempt (from `since`): hang detector, stragglers, exposure.
   void WatchAttemptLocked(JobEntry& entry, const AttemptRecord& attempt, absl::Time since)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,6 +1,7 @@
 // Supervisor: the attempt state machine — placement, start, rendezvous completion, rank exits,
 // failure, teardown and the job transitions that follow.
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -83,7 +84,7 @@ void Supervisor::ScheduleLocked(Txn& txn) {
   for (Placement& placement : scheduler_.Schedule(SchedulableNodesLocked(clock_->Now()))) {
     JobEntry* entry = FindJob(placement.job_id);
     if (entry == nullptr || IsFinal(entry->job.state)) continue;
-    StartAttemptLocked(txn, *entry, std::move(placement.ranks));
+    StartAttemptLocked(txn, *entry, std::move(placement.ranks), placement.shape);
   }
 }
 
@@ -101,14 +102,15 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   return order;
 }
 
-void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks) {
+void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks,
+                                    const std::optional<JobShape>& shape) {
   JobRecord& job = entry.job;
   const bool restart = job.state == JobState::kRestarting;
   AttemptRecord attempt;
   attempt.job_id = job.id;
   attempt.attempt_id = static_cast<int>(entry.attempts.size()) + 1;
   attempt.state = AttemptState::kStarting;
-  attempt.mesh = job.requirements.mesh;
+  attempt.mesh = shape ? shape->mesh : job.requirements.mesh;
   attempt.kind = job.requirements.kind;
   attempt.ranks = std::move(ranks);
   attempt.created = clock_->Now();
@@ -116,7 +118,10 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     registry_->Hold(slot.node_id, attempt.kind, slot.slot);
   }
   job.attempts = attempt.attempt_id;
-  if (restart) ++job.restarts;
+  // A resize (growing back) is not a restart after a failure.
+  if (restart && !entry.resized_by_choice) ++job.restarts;
+  entry.resized_by_choice = false;
+  if (shape) entry.last_resize = attempt.created;
   job.current_attempt = attempt.attempt_id;
   entry.backing_off = false;
   entry.goodput.AttemptScheduled(attempt.created, job.last_checkpoint.step);
@@ -132,6 +137,21 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
                                                  job.requirements.max_restarts, ")")
                                   : std::string(),
                           " placed on ", DescribePlacement(stored.ranks)));
+  if (shape) {
+    const Mesh& from = job.requirements.mesh;
+    const Mesh& to = shape->mesh;
+    std::string why = absl::StrCat("min_nodes ", entry.min_nodes);
+    if (entry.last_failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
+      why = absl::StrCat(entry.last_failure.node_id, " lost; ", why);
+    }
+    AddEvent(txn, entry, stored.attempt_id, job.state, job.state, "resized",
+             absl::StrCat("attempt ", stored.attempt_id, " runs on ", shape->nodes, " of ",
+                          job.requirements.nodes, " nodes: dp ", from.dp, " → ", to.dp,
+                          to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
+                          to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "",
+                          ", accumulation ", entry.full_accumulation, " → ", shape->accumulation,
+                          " (the global batch is kept; ", why, ")"));
+  }
   for (const RankSlot& slot : stored.ranks) {
     txn.orders.emplace_back(slot.node_id, StartOrderFor(entry, stored, slot));
   }
@@ -247,6 +267,10 @@ void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
     if (job.drain_requested) {
       absl::StrAppend(&attempt.cause, " after the drain");
       FinishDrainLocked(txn, entry, attempt.cause);
+      return;
+    }
+    if (entry.resizing && job.progress.step < job.progress.total_steps) {
+      FinishResizeLocked(txn, entry, attempt);
       return;
     }
     Transition(txn, entry, JobState::kSucceeded, "succeeded", attempt.cause);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "config/mesh.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -72,6 +73,23 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry) {
         options.first_checkpoint_steps, options.min_every_steps, options.max_every_steps);
     entry.checkpoint_policy = std::make_unique<CheckpointPolicy>(options);
   }
+  // Elastic sizes: resources.nodes - 1 down to min_nodes, where the spec has a valid mesh.
+  entry.min_nodes = spec.ok() ? spec->min_nodes() : entry.job.requirements.nodes;
+  entry.smaller_shapes.clear();
+  if (spec.ok()) {
+    auto accumulation = [](const config::JobSpec& s) {
+      const int micro = config::MicroBatchPerRank(s.training, s.parallelism);
+      return micro > 0 ? s.training.batch / s.parallelism.dp / micro : 1;
+    };
+    entry.full_accumulation = accumulation(*spec);
+    for (int nodes = spec->resources.nodes - 1; nodes >= spec->min_nodes(); --nodes) {
+      std::optional<config::JobSpec> resized = config::ResizedSpec(*spec, nodes);
+      if (!resized) continue;
+      const config::ParallelismSpec& p = resized->parallelism;
+      entry.smaller_shapes.push_back(
+          JobShape{nodes, Mesh{p.dp, p.tp, p.pp, p.zero}, accumulation(*resized)});
+    }
+  }
   // Restart counts from the stored attempts: every classified failure followed by an attempt.
   entry.restarts_by_class.clear();
   entry.consecutive_failures = 0;
@@ -120,6 +138,7 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
                         absl::FailedPreconditionError(absl::StrCat("attempt ", attempt.attempt_id,
                                                                    " failed: ", failure.cause)));
   entry.detector.reset();
+  entry.resizing = false;  // a failure ends a resize in flight: the restart policy decides
   std::vector<Straggler> stragglers;
   if (entry.stragglers) stragglers = entry.stragglers->Flagged();
   entry.stragglers.reset();
@@ -269,7 +288,9 @@ void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const Progress
   if (entry.detector) {
     entry.detector->Progress(update.rank, update.step, update.max_step_ms / 1e3, now);
     // The last step's checkpoint commit, and a drain's, may take long: not a hang.
-    if (update.step >= update.total_steps || entry.job.drain_requested) entry.detector->Suspend();
+    if (update.step >= update.total_steps || entry.job.drain_requested || entry.resizing) {
+      entry.detector->Suspend();
+    }
   }
   if (entry.stragglers && update.step_times.total_ms > 0 && attempt != nullptr) {
     const double compute_s =

@@ -136,7 +136,8 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
         ObserveProgressLocked(txn, *entry, update, reply);
       }
       // Repeated on every report while draining, so a lost reply costs nothing.
-      if (entry->job.drain_requested) reply.order = WorkerOrder::kDrain;
+      // (A resize stops the ranks the same way: a checkpoint at a step they agree on.)
+      if (entry->job.drain_requested || entry->resizing) reply.order = WorkerOrder::kDrain;
     }
     CommitLocked(txn).IgnoreError();
   }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -20,6 +21,7 @@
 #include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "config/mesh.h"
 #include "config/spec.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "worker/backend.h"
@@ -87,6 +89,18 @@ absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
   TY_ASSIGN_OR_RETURN(
       config::JobSpec spec,
       config::ParseJobSpec(reply.spec_yaml(), absl::StrCat("job ", options.job_id)));
+  const int per_node = spec.resources.devices_per_node;
+  if (reply.world_size() != spec.world_size() && per_node > 0 &&
+      reply.world_size() % per_node == 0) {
+    // An elastic attempt on fewer (or more) nodes: the same rule as the coordinator's.
+    std::optional<config::JobSpec> resized =
+        config::ResizedSpec(spec, reply.world_size() / per_node);
+    if (!resized) {
+      return absl::InternalError(absl::StrCat("the coordinator placed ", reply.world_size(),
+                                              " ranks, for which the spec has no valid mesh"));
+    }
+    spec = *std::move(resized);
+  }
   if (reply.mesh().dp() > 0) {
     spec.parallelism.dp = reply.mesh().dp();
     spec.parallelism.tp = std::max(1, reply.mesh().tp());

@@ -111,6 +111,10 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        WithSections(
            "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {max_nodes: 1}\n"),
        "6:30", "fault_tolerance.max_nodes", "must be between resources.nodes 2 and 4096, got 1"},
+      {"max_nodes over nodes",
+       WithSections(
+           "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {max_nodes: 3}\n"),
+       "6:30", "fault_tolerance.max_nodes", "growing past resources.nodes (2) is not supported"},
       {"min_nodes zero", WithSections("fault_tolerance: {min_nodes: 0}\n"), "4:30",
        "fault_tolerance.min_nodes", "must be at least 1, got 0"},
       {"heartbeat timeout too short", WithSections("fault_tolerance: {heartbeat_timeout_s: 0.5}\n"),

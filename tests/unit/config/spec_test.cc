@@ -167,7 +167,7 @@ training: {batch: 12, micro_batch: 3}
 parallelism: {dp: 2, tp: 2, pp: 2, zero: 3, sequence_parallel: true}
 resources: {nodes: 2, devices_per_node: 4, kind: gpu}
 checkpoint: {dir: ckpt/full, every_steps: 250, keep: 5}
-fault_tolerance: {max_restarts: 0, min_nodes: 1, max_nodes: 4, heartbeat_timeout_s: 2.5}
+fault_tolerance: {max_restarts: 0, min_nodes: 1, max_nodes: 2, heartbeat_timeout_s: 2.5}
 priority: -7
 labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
 )");
@@ -184,7 +184,7 @@ labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
   EXPECT_EQ(spec.checkpoint.keep, 5);
   EXPECT_EQ(spec.fault_tolerance.max_restarts, 0);
   EXPECT_EQ(spec.min_nodes(), 1);
-  EXPECT_EQ(spec.max_nodes(), 4);
+  EXPECT_EQ(spec.max_nodes(), 2);
   EXPECT_DOUBLE_EQ(spec.fault_tolerance.heartbeat_timeout_s, 2.5);
   EXPECT_EQ(spec.priority, -7);
   const std::map<std::string, std::string> labels = {
@@ -406,6 +406,69 @@ TEST(ValidateJobSpecTest, ChecksRunSectionsBuiltInCode) {
 
   spec.labels["bad key"] = "x";
   EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(spec).message(), "labels.'bad key': "));
+}
+
+TEST(ResizedSpecTest, FewerNodesKeepTheGlobalBatchByAccumulating) {
+  const JobSpec spec = MustParse(R"(name: elastic
+model: {preset: gpt2-debug}
+training: {batch: 16}
+parallelism: {dp: 4}
+resources: {nodes: 4}
+fault_tolerance: {min_nodes: 1}
+)");
+  const std::optional<JobSpec> same = ResizedSpec(spec, 4);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_EQ(same->parallelism.dp, 4);
+  EXPECT_EQ(same->training.micro_batch, 0);  // untouched
+  const std::optional<JobSpec> half = ResizedSpec(spec, 2);
+  ASSERT_TRUE(half.has_value());
+  EXPECT_EQ(half->resources.nodes, 2);
+  EXPECT_EQ(half->parallelism.dp, 2);
+  EXPECT_EQ(half->training.batch, 16);       // the global batch is kept
+  EXPECT_EQ(half->training.micro_batch, 4);  // the full-size micro-batch: 2 micro-batches a step
+  const std::optional<JobSpec> one = ResizedSpec(spec, 1);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->parallelism.dp, 1);
+  EXPECT_EQ(one->training.micro_batch, 4);
+  // 16 sequences do not split over 3 replicas, and gpt2-debug has too few layers for pp 3.
+  EXPECT_FALSE(ResizedSpec(spec, 3).has_value());
+  EXPECT_FALSE(ResizedSpec(spec, 0).has_value());
+}
+
+TEST(ResizedSpecTest, TensorParallelGroupsStayWholeInsideANode) {
+  const JobSpec spec = MustParse(R"(name: tp
+model: {preset: gpt2-debug}
+training: {batch: 8, micro_batch: 2}
+parallelism: {dp: 2, tp: 2}
+resources: {nodes: 2, devices_per_node: 2}
+)");
+  const std::optional<JobSpec> one = ResizedSpec(spec, 1);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->parallelism.tp, 2);
+  EXPECT_EQ(one->parallelism.dp, 1);
+  EXPECT_EQ(one->training.micro_batch, 2);  // 8 sequences in 4 micro-batches
+}
+
+TEST(ResizedSpecTest, MicroBatchShrinksWhenItNoLongerDividesTheShare) {
+  const JobSpec spec = MustParse(R"(name: odd
+model: {preset: gpt2-debug}
+training: {batch: 12}
+parallelism: {dp: 4}
+resources: {nodes: 4}
+)");
+  // Full size: 3 sequences per rank. On 2 nodes each rank takes 6: micro-batches of 3.
+  const std::optional<JobSpec> two = ResizedSpec(spec, 2);
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->training.micro_batch, 3);
+  const JobSpec six = MustParse(R"(name: six
+model: {preset: gpt2-debug}
+training: {batch: 24, micro_batch: 4}
+parallelism: {dp: 3}
+resources: {nodes: 3}
+)");
+  // 24 over 2 replicas is 12 a rank: micro-batches of 4 still divide it.
+  ASSERT_TRUE(ResizedSpec(six, 2).has_value());
+  EXPECT_EQ(ResizedSpec(six, 2)->training.micro_batch, 4);
 }
 
 }  // namespace

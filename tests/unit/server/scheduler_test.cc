@@ -123,5 +123,23 @@ TEST(SchedulerTest, AvoidedNodesOnlyMakeUpForAShortageOfOthers) {
   EXPECT_EQ(placed[0].ranks[0].node_id, "a");  // rather than wait forever
 }
 
+TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit) {
+  Scheduler scheduler;
+  PendingJob job = Job("elastic", 0, 1, 2, 1);
+  job.smaller = {JobShape{1, Mesh{1, 1, 1, 0}, 2}};
+  scheduler.Enqueue(job);
+  std::vector<Placement> placed = scheduler.Schedule({Node("a", 1), Node("b", 1)});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].ranks.size(), 2u);
+  EXPECT_FALSE(placed[0].shape.has_value());  // its own size fits
+  scheduler.Enqueue(job);
+  placed = scheduler.Schedule({Node("a", 1)});
+  ASSERT_EQ(placed.size(), 1u);
+  ASSERT_TRUE(placed[0].shape.has_value());
+  EXPECT_EQ(placed[0].ranks.size(), 1u);
+  EXPECT_EQ(placed[0].shape->mesh.dp, 1);
+  EXPECT_EQ(placed[0].shape->accumulation, 2);
+}
+
 }  // namespace
 }  // namespace trainyard::server

@@ -684,5 +684,50 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, exclude_straggle
   EXPECT_THAT(excluded[0].cause, HasSubstr("avoids node node-b"));
 }
 
+TEST_F(SupervisorFailurePolicyTest, ElasticPolicyShrinksOnANodeLossAndGrowsBackAtACheckpoint) {
+  const std::string id = Submit(R"(name: elastic
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+parallelism: {dp: 2}
+resources: {nodes: 2, devices_per_node: 1}
+checkpoint: {dir: ckpt/elastic, every_steps: 10}
+fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1,
+                  resize_cooldown_s: 30}
+)");
+  Agent a = Connect("node-a", 1);
+  Agent b = Connect("node-b", 1);
+  JoinAll(id, 1, 2);
+  // node-b goes silent: its rank is lost; once rank 0 is gone the job restarts on node-a alone.
+  supervisor_->AgentDisconnected("node-b", b.session);
+  AdvanceWithHeartbeats(absl::Seconds(6), {a});
+  Exit(a, id, 1, 0, 0, /*signal=*/15);
+  JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 2u);
+  ASSERT_EQ(view.attempts[1].ranks.size(), 1u);
+  EXPECT_EQ(view.attempts[1].ranks[0].node_id, "node-a");
+  EXPECT_EQ(view.attempts[1].mesh.dp, 1);
+  std::vector<EventRecord> resized = EventsOf(id, "resized");
+  ASSERT_EQ(resized.size(), 1u);
+  EXPECT_THAT(resized[0].cause, HasSubstr("runs on 1 of 2 nodes: dp 2 → 1, accumulation 1 → 2"));
+  EXPECT_THAT(resized[0].cause, HasSubstr("node-b lost"));
+  JoinAll(id, 2, 1);
+
+  // node-b is back, but within the cool-down of the shrink nothing happens.
+  b = Connect("node-b", 1);
+  AdvanceWithHeartbeats(absl::Seconds(10), {a, b});
+  EXPECT_TRUE(EventsOf(id, "resize_requested").empty());
+  AdvanceWithHeartbeats(absl::Seconds(21), {a, b});
+  ASSERT_EQ(EventsOf(id, "resize_requested").size(), 1u);
+  EXPECT_EQ(Report(Update(id, 2, 0, 40)).order, WorkerOrder::kDrain);  // checkpoint and stop
+  Exit(a, id, 2, 0, 0);
+  view = View(id);
+  ASSERT_EQ(view.attempts.size(), 3u);
+  EXPECT_EQ(view.attempts[2].ranks.size(), 2u);
+  EXPECT_EQ(view.attempts[2].mesh.dp, 2);
+  EXPECT_EQ(view.job.restarts, 1) << "growing back is not a restart after a failure";
+  EXPECT_EQ(EventsOf(id, "resize").size(), 1u);
+}
+
 }  // namespace
 }  // namespace trainyard::server

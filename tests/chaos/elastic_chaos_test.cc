@@ -1,0 +1,119 @@
+// Elastic restarts of real processes: a 2-node job that may shrink (fault_tolerance.min_nodes 1)
+// loses a node and goes on at once on the survivor, with the global batch kept; when the node
+// comes back the job grows back at a checkpoint; and it ends at the uninterrupted run's loss.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/controlplane_util.h"
+
+namespace trainyard::testenv {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// The exact final loss ("exact final loss 0x1.4p+0") of a rank-0 log; NaN when absent.
+double ExactFinalLoss(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("exact final loss (\\S+)"))) return std::nan("");
+  return std::strtod(m[1].str().c_str(), nullptr);
+}
+
+TinyJob ElasticJob(const std::string& name, const std::string& dir) {
+  return {.name = name,
+          .nodes = 2,
+          .ranks_per_node = 1,
+          .steps = 4000,
+          .max_restarts = 2,
+          .checkpoint = absl::StrCat("{dir: ", dir, ", every_steps: 200}"),
+          .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 0"};
+}
+
+TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLoss) {
+  ControlPlane cp("chaos_shrink");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  cp.StartAgent("node-b", 1);
+
+  // The uninterrupted run, for the loss to match.
+  const std::string reference = cp.Submit(
+      cp.WriteSpec("reference.yaml", TinySpec(ElasticJob("reference", cp.dir() + "/ref"))));
+  const ProcessResult ref_watch = cp.Cli({"watch", reference}, 300);
+  ASSERT_EQ(ref_watch.exit_code, 0) << ref_watch.out << ref_watch.err;
+  const double want = ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id =
+      cp.Submit(cp.WriteSpec("elastic.yaml", TinySpec(ElasticJob("elastic", cp.dir() + "/ckpt"))));
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().last_checkpoint().step() >= 200;
+      },
+      120));
+  cp.KillAgent("node-b");
+  const Clock::time_point killed = Clock::now();
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.attempts_size() == 2 &&
+               r.attempts(1).placement_size() == 1;
+      },
+      20))
+      << "no 1-rank attempt running within 20 s of losing node-b";
+  std::cout << "a 1-rank attempt ran "
+            << std::chrono::duration<double>(Clock::now() - killed).count()
+            << " s after node-b's agent was killed" << std::endl;
+  const v1::GetJobReply shrunk = cp.Status(job_id);
+  ASSERT_GE(shrunk.attempts_size(), 2) << shrunk.DebugString();
+  ASSERT_EQ(shrunk.attempts(1).placement_size(), 1) << shrunk.DebugString();
+  EXPECT_EQ(shrunk.attempts(1).placement(0).node_id(), "node-a");
+  EXPECT_EQ(shrunk.attempts(1).mesh().dp(), 1);
+  EXPECT_EQ(shrunk.job().last_failure().failure_class(), "node_lost");
+
+  // node-b comes back: the job grows back to 2 ranks at a checkpoint.
+  ASSERT_TRUE(cp.WaitFor(
+      job_id, [](const v1::GetJobReply& r) { return r.job().progress().step() >= 1500; }, 120));
+  cp.StartAgent("node-b", 1);
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.attempts_size() == 3 && r.attempts(2).placement_size() == 2 &&
+               r.job().state() == v1::JOB_STATE_RUNNING;
+      },
+      60))
+      << cp.Cli({"status", job_id}).out;
+  const v1::GetJobReply grown = cp.Status(job_id);
+  ASSERT_GE(grown.attempts_size(), 3) << grown.DebugString();
+  EXPECT_EQ(grown.attempts(2).mesh().dp(), 2);
+  EXPECT_EQ(grown.job().restarts(), 1) << "growing back is not a restart after a failure";
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  std::string resized, requested;
+  const v1::GetJobReply finished = cp.Status(job_id);
+  for (const v1::Event& event : finished.events()) {
+    if (event.kind() == "resized") resized += event.cause();
+    if (event.kind() == "resize_requested") requested += event.cause();
+  }
+  EXPECT_THAT(resized, HasSubstr("dp 2 → 1, accumulation 1 → 2"));
+  EXPECT_THAT(resized, HasSubstr("node-b lost"));
+  EXPECT_THAT(requested, HasSubstr("growing from 1 to 2 of 2 nodes"));
+  EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out,
+              HasSubstr("resumed from step"));
+  const std::string log = cp.Cli({"logs", job_id, "--attempt", "3", "--rank", "0"}).out;
+  EXPECT_THAT(log, HasSubstr("resumed from step"));
+  const double got = ExactFinalLoss(log);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", shrunk " << got;
+  std::cout << "final loss " << got << " against " << want << " uninterrupted" << std::endl;
+}
+
+}  // namespace
+}  // namespace trainyard::testenv
