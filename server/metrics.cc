@@ -99,9 +99,9 @@ std::vector<MetricFamily> CheckpointFamilies(const std::vector<JobMetrics>& jobs
   return {duration, blocked, bytes, step, failures};
 }
 
-// Failure handling: goodput and where the time went, restart budgets, hang limits, Young–Daly,
-// stragglers, and the detection and restart latencies.
-std::vector<MetricFamily> FailureFamilies(const MetricsSnapshot& snapshot) {
+// Failure handling per job: goodput and where the time went, restart budgets, hang limits,
+// Young–Daly, stragglers.
+std::vector<MetricFamily> JobFailureFamilies(const std::vector<JobMetrics>& jobs) {
   MetricFamily ratio = Family("trainyard_job_goodput_ratio",
                               "Productive training time over wall time since the job's first "
                               "attempt started",
@@ -135,7 +135,7 @@ std::vector<MetricFamily> FailureFamilies(const MetricsSnapshot& snapshot) {
              "A rank's compute time per step over its peers' median", MetricType::Gauge);
   MetricFamily flagged =
       Family("trainyard_rank_straggler", "1 for a rank flagged as a straggler", MetricType::Gauge);
-  for (const JobMetrics& job : snapshot.jobs) {
+  for (const JobMetrics& job : jobs) {
     const std::vector<ClientMetric::Label> labels = JobLabels(job);
     const JobHealth& h = job.health;
     auto with = [&](std::vector<ClientMetric::Label> extra) {
@@ -191,6 +191,12 @@ std::vector<MetricFamily> FailureFamilies(const MetricsSnapshot& snapshot) {
       flagged.metric.push_back(Metric(rank, is_flagged ? 1 : 0, MetricType::Gauge));
     }
   }
+  return {ratio, seconds,  budget_used,    budget,    hang_limit, delta,
+          mtbf,  interval, interval_steps, straggler, flagged};
+}
+
+// Failures over all jobs since the coordinator started: counts and latencies.
+std::vector<MetricFamily> FailureCounterFamilies(const MetricsSnapshot& snapshot) {
   MetricFamily failures =
       Family("trainyard_failures_total",
              "Failed attempts by failure class since the coordinator started", MetricType::Counter);
@@ -212,8 +218,7 @@ std::vector<MetricFamily> FailureFamilies(const MetricsSnapshot& snapshot) {
       Family("trainyard_restart_seconds",
              "From a failure's detection to the next attempt's first step", MetricType::Histogram);
   restart.metric.push_back(HistogramMetric({}, snapshot.restart_seconds));
-  return {ratio,    seconds,        budget_used, budget,  hang_limit, delta,     mtbf,
-          interval, interval_steps, straggler,   flagged, failures,   detection, restart};
+  return {failures, detection, restart};
 }
 
 }  // namespace
@@ -277,7 +282,12 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
   for (MetricFamily& family : CheckpointFamilies(snapshot.jobs)) {
     families.push_back(std::move(family));
   }
-  for (MetricFamily& family : FailureFamilies(snapshot)) families.push_back(std::move(family));
+  for (MetricFamily& family : JobFailureFamilies(snapshot.jobs)) {
+    families.push_back(std::move(family));
+  }
+  for (MetricFamily& family : FailureCounterFamilies(snapshot)) {
+    families.push_back(std::move(family));
+  }
   return families;
 }
 

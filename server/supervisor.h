@@ -366,6 +366,14 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job and current attempt a worker call names, checked as WorkerService documents:
+  // NOT_FOUND (job, attempt), FAILED_PRECONDITION (superseded or ended), INVALID_ARGUMENT (rank).
+  struct RankOfAttempt {
+    JobEntry* entry;
+    AttemptRecord* attempt;
+  };
+  absl::StatusOr<RankOfAttempt> FindLiveRankLocked(const std::string& job_id, int attempt_id,
+                                                   int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
   static AttemptRecord* CurrentAttempt(JobEntry& entry);
   // The current attempt when it has not ended, else null.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "config/mesh.h"
 #include "server/supervisor.h"
 
@@ -244,22 +245,11 @@ absl::Status Supervisor::ReportHang(const HangUpdate& update) {
   Txn txn;
   {
     absl::MutexLock lock(&mu_);
-    JobEntry* entry = FindJob(update.job_id);
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", update.job_id));
-    AttemptRecord* attempt = FindAttempt(*entry, update.attempt_id);
-    if (attempt == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", update.job_id, " has no attempt ", update.attempt_id));
-    }
-    if (update.attempt_id != entry->job.current_attempt || IsFinal(attempt->state)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("attempt ", update.attempt_id, " of job ", update.job_id, " has ended"));
-    }
     const HangReport& r = update.report;
-    if (r.rank < 0 || r.rank >= static_cast<int>(attempt->ranks.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r.rank, " is outside the world of ", attempt->ranks.size()));
-    }
+    TY_ASSIGN_OR_RETURN(const RankOfAttempt found,
+                        FindLiveRankLocked(update.job_id, update.attempt_id, r.rank));
+    JobEntry* entry = found.entry;
+    AttemptRecord* attempt = found.attempt;
     if (attempt->state != AttemptState::kRunning || !entry->detector) return absl::OkStatus();
     const absl::Time now = clock_->Now();
     std::string what = r.operation.empty()

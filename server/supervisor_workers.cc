@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -106,26 +107,34 @@ void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressU
   for (auto& [id, watcher] : entry.watchers) watcher->OnUpdate(entry.job, nullptr);
 }
 
+absl::StatusOr<Supervisor::RankOfAttempt> Supervisor::FindLiveRankLocked(const std::string& job_id,
+                                                                         int attempt_id, int rank) {
+  JobEntry* entry = FindJob(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  AttemptRecord* attempt = FindAttempt(*entry, attempt_id);
+  if (attempt == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt_id));
+  }
+  if (attempt_id != entry->job.current_attempt || IsFinal(attempt->state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt_id, " of job ", job_id, " has ended"));
+  }
+  if (rank < 0 || rank >= static_cast<int>(attempt->ranks.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the world of ", attempt->ranks.size()));
+  }
+  return RankOfAttempt{entry, attempt};
+}
+
 absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& update) {
   Txn txn;
   OrderReply reply;
   {
     absl::MutexLock lock(&mu_);
-    JobEntry* entry = FindJob(update.job_id);
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", update.job_id));
-    AttemptRecord* attempt = FindAttempt(*entry, update.attempt_id);
-    if (attempt == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", update.job_id, " has no attempt ", update.attempt_id));
-    }
-    if (update.attempt_id != entry->job.current_attempt || IsFinal(attempt->state)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("attempt ", update.attempt_id, " of job ", update.job_id, " has ended"));
-    }
-    if (update.rank < 0 || update.rank >= static_cast<int>(attempt->ranks.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", update.rank, " is outside the world of ", attempt->ranks.size()));
-    }
+    TY_ASSIGN_OR_RETURN(const RankOfAttempt found,
+                        FindLiveRankLocked(update.job_id, update.attempt_id, update.rank));
+    JobEntry* entry = found.entry;
+    AttemptRecord* attempt = found.attempt;
     // A save that ended is a fact even when the attempt is being torn down: record it first.
     if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
     if (attempt->state == AttemptState::kStopping) {

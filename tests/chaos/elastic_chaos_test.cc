@@ -36,6 +36,31 @@ TinyJob ElasticJob(const std::string& name, const std::string& dir) {
           .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 0"};
 }
 
+// Waits until the job runs and has committed a checkpoint of at least `step`, kills node-b's
+// agent, and waits (at most 20 s) for a second attempt of `ranks` ranks to run: the shrink.
+void LoseNodeBAndExpectAShrinkTo(ControlPlane& cp, const std::string& job_id, int64_t step,
+                                 int ranks) {
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [step](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().last_checkpoint().step() >= step;
+      },
+      120));
+  cp.KillAgent("node-b");
+  const Clock::time_point killed = Clock::now();
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [ranks](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.attempts_size() == 2 &&
+               r.attempts(1).placement_size() == ranks;
+      },
+      20))
+      << "no " << ranks << "-rank attempt running within 20 s of losing node-b";
+  std::cout << "a " << ranks << "-rank attempt ran "
+            << std::chrono::duration<double>(Clock::now() - killed).count()
+            << " s after node-b's agent was killed" << std::endl;
+}
+
 TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLoss) {
   ControlPlane cp("chaos_shrink");
   cp.StartServer({.local_agent = false});
@@ -52,25 +77,8 @@ TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLo
 
   const std::string job_id =
       cp.Submit(cp.WriteSpec("elastic.yaml", TinySpec(ElasticJob("elastic", cp.dir() + "/ckpt"))));
-  ASSERT_TRUE(cp.WaitFor(
-      job_id,
-      [](const v1::GetJobReply& r) {
-        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().last_checkpoint().step() >= 200;
-      },
-      120));
-  cp.KillAgent("node-b");
-  const Clock::time_point killed = Clock::now();
-  ASSERT_TRUE(cp.WaitFor(
-      job_id,
-      [](const v1::GetJobReply& r) {
-        return r.job().state() == v1::JOB_STATE_RUNNING && r.attempts_size() == 2 &&
-               r.attempts(1).placement_size() == 1;
-      },
-      20))
-      << "no 1-rank attempt running within 20 s of losing node-b";
-  std::cout << "a 1-rank attempt ran "
-            << std::chrono::duration<double>(Clock::now() - killed).count()
-            << " s after node-b's agent was killed" << std::endl;
+  LoseNodeBAndExpectAShrinkTo(cp, job_id, 200, 1);
+  if (HasFatalFailure()) return;
   const v1::GetJobReply shrunk = cp.Status(job_id);
   ASSERT_GE(shrunk.attempts_size(), 2) << shrunk.DebugString();
   ASSERT_EQ(shrunk.attempts(1).placement_size(), 1) << shrunk.DebugString();
@@ -113,6 +121,34 @@ TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLo
   const double got = ExactFinalLoss(log);
   EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", shrunk " << got;
   std::cout << "final loss " << got << " against " << want << " uninterrupted" << std::endl;
+}
+
+TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) {
+  ControlPlane cp("chaos_shrink_tp");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  cp.StartAgent("node-b", 2);
+  // tp 2 × dp 2 on 2 nodes of 2 slots: each node holds one tensor-parallel pair.
+  std::string spec = absl::StrCat(
+      "name: tp\nmodel: {preset: gpt2-debug}\n"
+      "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
+      "training: {steps: 1200, batch: 8, seq_len: 16, eval_every: 0, log_every: 100, threads: 1}\n"
+      "parallelism: {dp: 2, tp: 2}\nresources: {nodes: 2, devices_per_node: 2}\n"
+      "checkpoint: {dir: ",
+      cp.dir(), "/ckpt, every_steps: 100}\n",
+      "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
+      "backoff_initial_s: 0}\n");
+  const std::string job_id = cp.Submit(cp.WriteSpec("tp.yaml", spec));
+  LoseNodeBAndExpectAShrinkTo(cp, job_id, 100, 2);
+  if (HasFatalFailure()) return;
+  const v1::GetJobReply shrunk = cp.Status(job_id);
+  ASSERT_GE(shrunk.attempts_size(), 2);
+  EXPECT_EQ(shrunk.attempts(1).mesh().tp(), 2);
+  EXPECT_EQ(shrunk.attempts(1).mesh().dp(), 1);
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out,
+              HasSubstr("resumed from step"));
 }
 
 }  // namespace

@@ -729,5 +729,41 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1,
   EXPECT_EQ(EventsOf(id, "resize").size(), 1u);
 }
 
+TEST_F(SupervisorFailurePolicyTest, ElasticPolicyGrowsAtMostOncePerCooldownWhileANodeFlaps) {
+  const std::string id = Submit(R"(name: flapping
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+parallelism: {dp: 2}
+resources: {nodes: 2, devices_per_node: 1}
+checkpoint: {dir: ckpt/flapping, every_steps: 10}
+fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1, max_restarts: 10,
+                  resize_cooldown_s: 60}
+)");
+  Agent a = Connect("node-a", 1);
+  Agent b = Connect("node-b", 1);
+  JoinAll(id, 1, 2);
+  supervisor_->AgentDisconnected("node-b", b.session);
+  AdvanceWithHeartbeats(absl::Seconds(6), {a});
+  Exit(a, id, 1, 0, 0, /*signal=*/15);
+  ASSERT_EQ(View(id).attempts.size(), 2u);  // shrunk onto node-a
+  JoinAll(id, 2, 1);
+  // node-b comes and goes three times in 30 s: inside the cool-down, no resize is even asked.
+  for (int flap = 0; flap < 3; ++flap) {
+    b = Connect("node-b", 1);
+    AdvanceWithHeartbeats(absl::Seconds(5), {a, b});
+    supervisor_->AgentDisconnected("node-b", b.session);
+    AdvanceWithHeartbeats(absl::Seconds(5), {a});
+  }
+  EXPECT_TRUE(EventsOf(id, "resize_requested").empty());
+  EXPECT_EQ(View(id).attempts.size(), 2u);
+  // Past the cool-down, with node-b back for good, one resize.
+  b = Connect("node-b", 1);
+  AdvanceWithHeartbeats(absl::Seconds(31), {a, b});
+  EXPECT_EQ(EventsOf(id, "resize_requested").size(), 1u);
+  AdvanceWithHeartbeats(absl::Seconds(5), {a, b});
+  EXPECT_EQ(EventsOf(id, "resize_requested").size(), 1u) << "one resize in flight at a time";
+}
+
 }  // namespace
 }  // namespace trainyard::server
