@@ -3,6 +3,7 @@
 // rules, whose field paths are mapped back to the line the user wrote.
 #include "config/spec.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "absl/strings/str_cat.h"
@@ -154,6 +155,10 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   TY_RETURN_IF_ERROR(r.ReadDouble("lr", &t->lr));
   TY_RETURN_IF_ERROR(r.ReadDouble("min_lr_ratio", &t->min_lr_ratio));
   TY_RETURN_IF_ERROR(r.ReadInt64("warmup_steps", &t->warmup_steps));
+  // The default fits every run: a run shorter than it warms up over all of its steps.
+  if (!r.Has("warmup_steps") && t->steps > 0) {
+    t->warmup_steps = std::min(t->warmup_steps, t->steps);
+  }
   TY_RETURN_IF_ERROR(r.ReadString("schedule", &t->schedule));
   TY_RETURN_IF_ERROR(r.ReadDouble("weight_decay", &t->weight_decay));
   TY_RETURN_IF_ERROR(r.ReadDouble("beta1", &t->beta1));

@@ -471,5 +471,14 @@ resources: {nodes: 3}
   EXPECT_EQ(ResizedSpec(six, 2)->training.micro_batch, 4);
 }
 
+TEST(ParseJobSpecTest, DefaultWarmupFitsAShortRun) {
+  const JobSpec short_run =
+      MustParse("name: short\nmodel: {preset: gpt2-debug}\ntraining: {steps: 4}\n");
+  EXPECT_EQ(short_run.training.warmup_steps, 4);
+  const JobSpec long_run =
+      MustParse("name: long\nmodel: {preset: gpt2-debug}\ntraining: {steps: 400}\n");
+  EXPECT_EQ(long_run.training.warmup_steps, 10);
+}
+
 }  // namespace
 }  // namespace trainyard::config
