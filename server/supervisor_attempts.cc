@@ -70,13 +70,6 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
   return absl::StrJoin(parts, ", ");
 }
 
-bool AllExited(const AttemptRecord& attempt) {
-  for (const RankSlot& slot : attempt.ranks) {
-    if (!slot.exit.has_value()) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 void Supervisor::ScheduleLocked(Txn& txn) {
@@ -220,7 +213,7 @@ void Supervisor::HandleExitLocked(Txn& txn, const std::string& node_id, const Wo
     }
   }
   // (While a hang is judged, the last exit completes the gathering: the verdict came above.)
-  if (AllExited(*attempt)) FinishAttemptLocked(txn, *entry, *attempt);
+  if (AllRanksExited(*attempt)) FinishAttemptLocked(txn, *entry, *attempt);
 }
 
 void Supervisor::StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,

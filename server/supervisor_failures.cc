@@ -17,13 +17,6 @@
 namespace trainyard::server {
 namespace {
 
-bool Exited(const AttemptRecord& attempt) {
-  for (const RankSlot& slot : attempt.ranks) {
-    if (!slot.exit.has_value()) return false;
-  }
-  return true;
-}
-
 std::string Where(const AttemptRecord& attempt, int rank) {
   if (rank < 0 || rank >= static_cast<int>(attempt.ranks.size())) return "";
   const RankSlot& slot = attempt.ranks[rank];
@@ -238,7 +231,7 @@ void Supervisor::CheckHangLocked(Txn& txn, JobEntry& entry, absl::Time now) {
                                                          " is hung: ", verdict->reason),
                                    .rank = verdict->rank,
                                    .fault = verdict->fault});
-  if (Exited(*attempt)) FinishAttemptLocked(txn, entry, *attempt);
+  if (AllRanksExited(*attempt)) FinishAttemptLocked(txn, entry, *attempt);
 }
 
 absl::Status Supervisor::ReportHang(const HangUpdate& update) {

@@ -64,6 +64,13 @@ bool IsFinal(JobState state) {
          state == JobState::kCancelled || state == JobState::kDrained;
 }
 
+bool AllRanksExited(const AttemptRecord& attempt) {
+  for (const RankSlot& slot : attempt.ranks) {
+    if (!slot.exit.has_value()) return false;
+  }
+  return true;
+}
+
 bool IsFinal(AttemptState state) {
   return state == AttemptState::kSucceeded || state == AttemptState::kFailed ||
          state == AttemptState::kCancelled;

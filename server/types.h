@@ -251,6 +251,9 @@ struct AttemptRecord {
   int blamed_rank = -1;
 };
 
+// True once every rank of `attempt` has exited (an attempt ends only then).
+bool AllRanksExited(const AttemptRecord& attempt);
+
 struct EventRecord {
   int64_t id = 0;  // assigned by the store
   std::string job_id;
