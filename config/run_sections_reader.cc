@@ -84,7 +84,7 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
       {"max_restarts", "max_restarts_by_cause", "min_nodes", "max_nodes", "heartbeat_timeout_s",
        "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "backoff_jitter", "hang_floor_s",
        "hang_step_multiple", "hang_startup_s", "straggler_margin", "straggler_window",
-       "exclude_stragglers", "resize_cooldown_s"}));
+       "exclude_stragglers", "resize_cooldown_s", "memory_every_steps"}));
   TY_RETURN_IF_ERROR(r.ReadInt("max_restarts", &f->max_restarts));
   if (std::optional<FieldReader> by_cause = r.Child("max_restarts_by_cause")) {
     TY_RETURN_IF_ERROR(by_cause->ExpectMapWithKeys(
@@ -109,6 +109,7 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
     TY_RETURN_IF_ERROR(r.ReadDouble(field, out));
   }
   TY_RETURN_IF_ERROR(r.ReadInt("straggler_window", &f->straggler_window));
+  TY_RETURN_IF_ERROR(r.ReadInt64("memory_every_steps", &f->memory_every_steps));
   TY_RETURN_IF_ERROR(r.ReadBool("exclude_stragglers", &f->exclude_stragglers));
   if (f->exclude_stragglers && f->straggler_margin == 0) {
     return r.ErrorAt("exclude_stragglers", "needs straggler detection (straggler_margin > 0)");

@@ -147,6 +147,10 @@ struct FaultToleranceSpec {
   // grows back when nodes are free, by a checkpoint and a restart; at most once per this many
   // seconds after its last resize.
   double resize_cooldown_s = 120.0;
+  // Under a coordinator whose agents keep a memory tier: every rank snapshots its state into its
+  // node's memory (and a peer node's) after every this many steps, and a restart resumes from
+  // the newest snapshot every rank has; 0: off.
+  int64_t memory_every_steps = 1;
 };
 
 struct JobSpec {

@@ -166,6 +166,13 @@ bool AgentRegistry::IsConnected(const std::string& node_id) const {
   return it != nodes_.end() && it->second.channel != nullptr;
 }
 
+std::string AgentRegistry::MemoryTierAddress(const std::string& node_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel == nullptr) return "";
+  return it->second.record.memory_tier_address;
+}
+
 void AgentRegistry::CloseAll(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   for (auto& [id, entry] : nodes_) {

@@ -40,6 +40,7 @@ struct StartWorkerOrder {
   bool gpu = false;
   std::string coordinator_address;
   std::map<std::string, std::string> env;
+  std::string memory_peer_address;  // the job's peer node's memory tier ("": none)
 };
 struct StopWorkersOrder {
   std::string job_id;
@@ -59,8 +60,11 @@ struct ReadLogsOrder {
 struct CancelReadLogsOrder {
   int64_t request_id = 0;
 };
-using AgentOrder =
-    std::variant<StartWorkerOrder, StopWorkersOrder, ReadLogsOrder, CancelReadLogsOrder>;
+struct ReleaseMemoryOrder {
+  std::string job_id;
+};
+using AgentOrder = std::variant<StartWorkerOrder, StopWorkersOrder, ReadLogsOrder,
+                                CancelReadLogsOrder, ReleaseMemoryOrder>;
 
 // How the registry reaches one connected agent (the gRPC edge implements it over the Connect
 // stream). Both calls must return promptly without blocking.
@@ -118,6 +122,8 @@ class AgentRegistry {
   // Time since each known node's last message (or its disconnection).
   std::map<std::string, absl::Duration> HeartbeatAges() const;
   bool IsConnected(const std::string& node_id) const;
+  // The connected node's memory tier service; "" when it has none or is not connected.
+  std::string MemoryTierAddress(const std::string& node_id) const;
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
   // Closes every channel (coordinator shutdown).

@@ -94,6 +94,9 @@ class AgentStream : public Reactor {
       }
       case v1::AgentMessage::kExited:
         return supervisor_->WorkerExited(node_id_, session_, FromProto(message.exited()));
+      case v1::AgentMessage::kTierNotice:
+        return supervisor_->TierNotice(node_id_, session_, message.tier_notice().job_id(),
+                                       message.tier_notice().message());
       case v1::AgentMessage::kLog: {
         const v1::LogData& log = message.log();
         logs_->OnLogData(node_id_, log.request_id(), log.rank(), log.data(), log.done(),

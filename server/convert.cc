@@ -299,6 +299,7 @@ void ToProto(const AgentOrder& order, v1::CoordinatorMessage* out) {
           start->set_coordinator_address(o.coordinator_address);
           for (const auto& [key, value] : o.env) (*start->mutable_env())[key] = value;
           start->set_gpu(o.gpu);
+          start->set_memory_peer_address(o.memory_peer_address);
         } else if constexpr (std::is_same_v<T, StopWorkersOrder>) {
           v1::StopWorkers* stop = out->mutable_stop();
           stop->set_job_id(o.job_id);
@@ -314,6 +315,8 @@ void ToProto(const AgentOrder& order, v1::CoordinatorMessage* out) {
           read->set_rank(o.rank);
           read->set_tail_lines(o.tail_lines);
           read->set_follow(o.follow);
+        } else if constexpr (std::is_same_v<T, ReleaseMemoryOrder>) {
+          out->mutable_release_memory()->set_job_id(o.job_id);
         } else {
           out->mutable_cancel_read_logs()->set_request_id(o.request_id);
         }
@@ -326,6 +329,8 @@ NodeRecord FromProto(const v1::RegisterAgent& registration) {
   node.node_id = registration.node_id();
   node.hostname = registration.hostname().empty() ? node.node_id : registration.hostname();
   node.cpu_slots = registration.cpu_slots();
+  node.memory_tier_address = registration.memory_tier_address();
+  node.memory_tier_budget_bytes = registration.memory_tier_budget_bytes();
   for (const v1::GpuInfo& gpu : registration.gpus()) {
     node.gpus.push_back(GpuInfo{gpu.index(), gpu.name(), gpu.memory_bytes()});
   }
@@ -386,6 +391,11 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
   out.checkpoint.written = FromUnixMillis(report.last_checkpoint().written_unix_ms());
   for (const v1::Checkpoint& checkpoint : report.checkpoints()) {
     out.checkpoints.push_back(FromProto(checkpoint));
+  }
+  if (report.has_resumed()) {
+    const v1::Resumed& r = report.resumed();
+    out.resumed = ProgressUpdate::Resumed{r.step(), r.from(), r.from_memory(), r.restore_ms(),
+                                          r.started_ms()};
   }
   return out;
 }

@@ -38,6 +38,8 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
   --agent-slots N            CPU slots of the local agent (default: the CPU cores)
   --agent-node-id ID         node id of the local agent (default: the hostname)
   --worker-binary PATH       trainyard-worker for the local agent (default: found beside this)
+  --agent-memory-tier-dir DIR  the local agent's memory tier (default: under /dev/shm)
+  --agent-memory-tier-mb N   its budget in MiB (default: a quarter of memory; 0: no tier)
   --advertise-address H:P    address workers reach the coordinator at (default: the bound one)
   --tls-cert FILE --tls-key FILE [--tls-client-ca FILE]
                              serve TLS; with a client CA, clients must present certificates it
@@ -59,6 +61,8 @@ struct Flags {
   bool listen_given = false;
   bool local_agent = true;
   int agent_slots = 0;
+  std::string agent_memory_tier_dir;
+  int64_t agent_memory_tier_mb = -1;
   std::string agent_node_id;
   std::string worker_binary;
 };
@@ -111,6 +115,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       TY_ASSIGN_OR_RETURN(flags.agent_node_id, value());
     } else if (arg == "--worker-binary") {
       TY_ASSIGN_OR_RETURN(flags.worker_binary, value());
+    } else if (arg == "--agent-memory-tier-dir") {
+      TY_ASSIGN_OR_RETURN(flags.agent_memory_tier_dir, value());
+    } else if (arg == "--agent-memory-tier-mb") {
+      TY_ASSIGN_OR_RETURN(const std::string text, value());
+      if (!absl::SimpleAtoi(text, &flags.agent_memory_tier_mb) || flags.agent_memory_tier_mb < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--agent-memory-tier-mb: expected a whole number of MiB (0: no tier), got '", text,
+            "'"));
+      }
     } else if (arg == "--advertise-address") {
       TY_ASSIGN_OR_RETURN(c.advertise_address, value());
     } else if (arg == "--tls-cert") {
@@ -237,6 +250,8 @@ absl::Status Run(int argc, char** argv) {
     options.slots = flags.agent_slots;
     options.work_dir = flags.coordinator.state_dir + "/agent";
     options.worker_binary = flags.worker_binary;
+    options.memory_tier_dir = flags.agent_memory_tier_dir;
+    options.memory_tier_mb = flags.agent_memory_tier_mb;
     agent = std::thread([options, &stop_agent, &agent_status] {
       agent_status = agent::RunAgent(options, &stop_agent);
       if (!agent_status.ok()) {

@@ -154,6 +154,14 @@ void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string 
     job.progress.eta.reset();  // nothing left to estimate
     live_jobs_.erase(job.id);
     scheduler_.Remove(job.id);
+    // Every node that ran the job may hold its snapshots in memory (its own or a peer's).
+    std::set<std::string> nodes;
+    for (const AttemptRecord& attempt : entry.attempts) {
+      for (const RankSlot& slot : attempt.ranks) nodes.insert(slot.node_id);
+    }
+    for (const std::string& node : nodes) {
+      txn.orders.emplace_back(node, ReleaseMemoryOrder{job.id});
+    }
   }
   AddEvent(txn, entry, job.current_attempt, from, to, std::move(kind), std::move(cause));
 }

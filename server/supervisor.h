@@ -138,6 +138,15 @@ struct ProgressUpdate {
   // (CheckpointLedger::Validate) are logged and dropped; attempt_id 0 means this report's
   // attempt, an unset written time the time of the report.
   std::vector<CheckpointInfo> checkpoints;
+  // Rank 0, in its first reports of an attempt: where the attempt started from.
+  struct Resumed {
+    int64_t step = 0;
+    std::string from;
+    bool from_memory = false;
+    double restore_ms = 0;
+    double started_ms = 0;
+  };
+  std::optional<Resumed> resumed;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
@@ -274,6 +283,10 @@ class Supervisor {
   absl::Status WorkerStarted(const std::string& node_id, uint64_t session,
                              const RunningWorker& worker);
   absl::Status WorkerExited(const std::string& node_id, uint64_t session, const WorkerExit& exit);
+  // The node's memory tier has something to say about a job (a refused reservation, a failed
+  // peer copy): an event of the job.
+  absl::Status TierNotice(const std::string& node_id, uint64_t session, const std::string& job_id,
+                          const std::string& message);
 
   // --- Workers -------------------------------------------------------------------------------
   // Completes `done` exactly once: when every rank joined, or with an error (see the proto).
@@ -340,6 +353,7 @@ class Supervisor {
     // job restarts on more nodes; at most one resize in flight, one per resize_cooldown_s.
     bool resizing = false;
     bool resized_by_choice = false;  // the next attempt follows a resize, not a failure
+    int resumed_attempt = 0;         // the attempt whose "resumed" event was recorded
     absl::Time last_resize = absl::InfinitePast();
     int64_t last_save_step = 0;                       // the newest save reported, in any state
     int64_t ordered_step = 0;                         // the save ordered next

@@ -89,6 +89,25 @@ absl::Status Supervisor::Heartbeat(const std::string& node_id, uint64_t session,
   return absl::OkStatus();
 }
 
+absl::Status Supervisor::TierNotice(const std::string& node_id, uint64_t session,
+                                    const std::string& job_id, const std::string& message) {
+  if (!registry_->Touch(node_id, session)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session of node ", node_id, " was replaced or lost; reconnect"));
+  }
+  Txn txn;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr || IsFinal(entry->job.state)) return absl::OkStatus();
+    AddEvent(txn, *entry, entry->job.current_attempt, entry->job.state, entry->job.state,
+             "memory_tier", message);
+    CommitLocked(txn).IgnoreError();
+  }
+  RunAfter(txn);
+  return absl::OkStatus();
+}
+
 absl::Status Supervisor::WorkerStarted(const std::string& node_id, uint64_t session,
                                        const RunningWorker& worker) {
   if (!registry_->Touch(node_id, session)) {

@@ -1,5 +1,6 @@
 // Supervisor: the attempt state machine — placement, start, rendezvous completion, rank exits,
 // failure, teardown and the job transitions that follow.
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -92,6 +93,16 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   order.gpu = attempt.kind == DeviceKind::kGpu;
   order.coordinator_address = coordinator_address_;
   order.env["TRAINYARD_JOB_NAME"] = entry.job.name;
+  // Peer copies of the memory tier go round the attempt's nodes: each node's snapshots to the
+  // next one, so that a lost node's are on a survivor.
+  std::vector<std::string> nodes;
+  for (const RankSlot& r : attempt.ranks) {
+    if (std::find(nodes.begin(), nodes.end(), r.node_id) == nodes.end()) nodes.push_back(r.node_id);
+  }
+  if (nodes.size() > 1) {
+    const size_t at = std::find(nodes.begin(), nodes.end(), slot.node_id) - nodes.begin();
+    order.memory_peer_address = registry_->MemoryTierAddress(nodes[(at + 1) % nodes.size()]);
+  }
   return order;
 }
 

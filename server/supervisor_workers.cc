@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "server/supervisor.h"
 
@@ -137,6 +138,19 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
     AttemptRecord* attempt = found.attempt;
     // A save that ended is a fact even when the attempt is being torn down: record it first.
     if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
+    if (update.resumed && update.rank == 0 && entry->resumed_attempt != update.attempt_id) {
+      entry->resumed_attempt = update.attempt_id;
+      const ProgressUpdate::Resumed& r = *update.resumed;
+      AddEvent(txn, *entry, update.attempt_id, entry->job.state, entry->job.state, "resumed",
+               r.step == 0 ? absl::StrFormat("attempt %d started from step 0 (worker ready in "
+                                             "%.0f ms)",
+                                             update.attempt_id, r.started_ms)
+                           : absl::StrFormat("attempt %d resumed from step %d (%s: %s) in %.0f ms; "
+                                             "worker ready %.0f ms after its start",
+                                             update.attempt_id, r.step,
+                                             r.from_memory ? "memory tier" : "checkpoint", r.from,
+                                             r.restore_ms, r.started_ms));
+    }
     if (attempt->state == AttemptState::kStopping) {
       reply.order = WorkerOrder::kStop;
     } else {

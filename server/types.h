@@ -279,6 +279,9 @@ struct NodeRecord {
   std::vector<GpuInfo> gpus;
   absl::Time registered = absl::InfinitePast();
   absl::Time last_seen = absl::InfinitePast();
+  // The agent's memory tier service (empty: none); reported at each registration, not stored.
+  std::string memory_tier_address;
+  int64_t memory_tier_budget_bytes = 0;
 };
 
 // "j-000042" for seq 42.

@@ -1,5 +1,6 @@
 #include "worker/checkpointing.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,19 +15,171 @@ namespace trainyard::worker {
 Checkpointer::Checkpointer(FileSystem* fs, Clock* clock, const config::JobSpec& spec,
                            const ParameterLayout& layout, CheckpointRank rank,
                            std::string save_token,
-                           std::function<absl::StatusOr<double>(double)> agree)
+                           std::function<absl::Status(std::span<double>)> sum,
+                           MemoryTierClient* tier, int attempt)
     : fs_(fs),
       clock_(clock),
       spec_(spec),
       layout_(layout),
       rank_(rank),
       save_token_(std::move(save_token)),
-      agree_(std::move(agree)) {}
+      sum_(std::move(sum)),
+      tier_(spec.fault_tolerance.memory_every_steps > 0 ? tier : nullptr),
+      attempt_(attempt) {}
+
+namespace {
+
+// Snapshots each rank offers in the exchange: the newest few complete on its node.
+constexpr int kOffered = 3;
+
+// A snapshot as one exactly representable number (0: none): step · 2^20 + attempt + 1.
+double Encode(MemorySnapshotId id) {
+  return static_cast<double>(id.step) * 1048576.0 + static_cast<double>(id.attempt + 1);
+}
+MemorySnapshotId Decode(double code) {
+  const int64_t v = static_cast<int64_t>(code);
+  return {static_cast<int>((v & 0xfffff) - 1), v >> 20};
+}
+
+}  // namespace
+
+int64_t Checkpointer::SnapshotFloats(const TrainState& state) const {
+  int64_t floats = 0;
+  for (const auto& range : state.params->CheckpointRanges()) floats += 3 * (range.hi - range.lo);
+  return floats;
+}
+
+std::vector<MemorySnapshotId> Checkpointer::LocalSnapshots() const {
+  std::vector<MemorySnapshotId> complete;
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(tier_dir_);
+  if (!names.ok()) return complete;
+  std::vector<MemorySnapshotId> ids;
+  for (const std::string& name : *names) {
+    if (std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(name)) ids.push_back(*id);
+  }
+  std::sort(ids.begin(), ids.end(), [](const auto& a, const auto& b) { return b < a; });
+  for (const MemorySnapshotId& id : ids) {
+    const std::string dir = checkpoint::JoinPath(tier_dir_, MemorySnapshotName(id));
+    absl::StatusOr<checkpoint::Manifest> first =
+        checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0)));
+    if (!first.ok()) continue;
+    const checkpoint::v1::WriterMesh& m = first->mesh();
+    const int world = m.dp() * m.tp() * m.pp();
+    bool all = world > 0;
+    for (int r = 1; all && r < world; ++r) {
+      all = fs_->Exists(checkpoint::JoinPath(dir, MemoryRankManifestName(r)));
+    }
+    if (!all) continue;
+    complete.push_back(id);
+    if (static_cast<int>(complete.size()) == kOffered) break;
+  }
+  return complete;
+}
+
+absl::StatusOr<checkpoint::RankState> Checkpointer::LoadMemorySnapshot(
+    const std::string& dir, checkpoint::Manifest* merged) const {
+  TY_ASSIGN_OR_RETURN(
+      *merged,
+      checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0))));
+  const checkpoint::v1::WriterMesh& m = merged->mesh();
+  const int world = m.dp() * m.tp() * m.pp();
+  for (int r = 1; r < world; ++r) {
+    TY_ASSIGN_OR_RETURN(const checkpoint::Manifest other,
+                        checkpoint::ReadManifestFile(
+                            *fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(r))));
+    if (other.step() != merged->step() || other.shards_size() != 1) {
+      return absl::DataLossError(absl::StrCat(dir, ": rank ", r, "'s manifest does not match"));
+    }
+    *merged->add_shards() = other.shards(0);
+  }
+  TY_RETURN_IF_ERROR(checkpoint::CheckModelMatches(merged->model(), spec_.model));
+  return checkpoint::LoadRankState(*fs_, dir, *merged, layout_);
+}
+
+absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
+    TrainState& state, std::optional<int64_t> disk_step) {
+  if (tier_ != nullptr && tier_dir_.empty()) {
+    // Room for this rank's snapshots (and its manifest), reserved before anything is written.
+    absl::StatusOr<std::string> dir = tier_->Reserve(4 * SnapshotFloats(state) + 65536);
+    if (dir.ok()) {
+      tier_dir_ = *dir;
+    } else {
+      TY_LOG(WARNING) << "rank " << rank_.rank << " runs without the memory tier: "
+                      << dir.status().message();
+      tier_ = nullptr;
+    }
+  }
+  // Every rank takes part in the exchange, with or without a tier of its own.
+  std::vector<double> offers(static_cast<size_t>(rank_.world) * kOffered, 0.0);
+  if (!tier_dir_.empty()) {
+    const std::vector<MemorySnapshotId> local = LocalSnapshots();
+    for (size_t i = 0; i < local.size(); ++i) offers[rank_.rank * kOffered + i] = Encode(local[i]);
+  }
+  TY_RETURN_IF_ERROR(sum_(offers));
+  // The snapshots every rank holds, newest first.
+  std::vector<double> common;
+  for (int i = 0; i < kOffered; ++i) {
+    const double code = offers[i];
+    if (code == 0) continue;
+    bool everywhere = true;
+    for (int r = 1; everywhere && r < rank_.world; ++r) {
+      const auto begin = offers.begin() + r * kOffered;
+      everywhere = std::find(begin, begin + kOffered, code) != begin + kOffered;
+    }
+    if (everywhere) common.push_back(code);
+  }
+  for (const double code : common) {
+    const MemorySnapshotId id = Decode(code);
+    if (disk_step && id.step < *disk_step) break;  // a committed checkpoint is newer
+    const std::string dir = checkpoint::JoinPath(tier_dir_, MemorySnapshotName(id));
+    checkpoint::Manifest manifest;
+    absl::StatusOr<checkpoint::RankState> loaded = LoadMemorySnapshot(dir, &manifest);
+    double failures[1] = {loaded.ok() ? 0.0 : 1.0};
+    TY_RETURN_IF_ERROR(sum_(failures));
+    if (failures[0] > 0) {
+      TY_LOG(WARNING) << "memory snapshot " << dir << " not loaded ("
+                      << (loaded.ok() ? absl::StrCat(failures[0], " rank(s) could not read it")
+                                      : std::string(loaded.status().message()))
+                      << ")";
+      continue;
+    }
+    TY_RETURN_IF_ERROR(state.params->RestoreState(loaded->params.get(), loaded->first_moment.get(),
+                                                  loaded->second_moment.get()));
+    state.step = manifest.step();
+    state.last_loss = manifest.training().loss();
+    resumed_step_ = state.step;
+    if (rank_.rank == 0) {
+      const checkpoint::v1::WriterMesh& m = manifest.mesh();
+      TY_LOG(INFO) << absl::StrFormat(
+          "resumed from step %d in the memory tier: %s (written by dp %d x tp %d x pp %d, "
+          "ZeRO-%d)",
+          state.step, dir, m.dp(), m.tp(), m.pp(), m.zero_stage());
+    }
+    return dir;
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& state,
-                                                                 const std::string& recorded_path) {
+                                                                 const std::string& recorded_path,
+                                                                 bool* from_memory) {
+  if (from_memory != nullptr) *from_memory = false;
   const std::vector<std::string> candidates =
       checkpoint::ResumeCandidates(*fs_, spec_.checkpoint, recorded_path);
+  std::optional<int64_t> disk_step;
+  for (const std::string& path : candidates) {
+    std::optional<int64_t> step = checkpoint::StepOfDirName(path.substr(path.rfind('/') + 1));
+    if (step && (!disk_step || *step > *disk_step)) disk_step = step;
+  }
+  if (spec_.fault_tolerance.memory_every_steps > 0) {
+    TY_ASSIGN_OR_RETURN(std::optional<std::string> from, RestoreFromMemory(state, disk_step));
+    if (tier_ != nullptr) StartMemoryWriter(state);
+    if (from) {
+      if (from_memory != nullptr) *from_memory = true;
+      if (spec_.checkpoint.enabled()) StartWriter(state);
+      return from;
+    }
+  }
   for (const std::string& path : candidates) {
     absl::StatusOr<checkpoint::Manifest> manifest = checkpoint::ReadManifest(*fs_, path);
     absl::StatusOr<checkpoint::RankState> loaded =
@@ -39,7 +192,9 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
       }
       loaded = checkpoint::LoadRankState(*fs_, path, *manifest, layout_);
     }
-    TY_ASSIGN_OR_RETURN(const double failures, agree_(loaded.ok() ? 0.0 : 1.0));
+    double agreed[1] = {loaded.ok() ? 0.0 : 1.0};
+    TY_RETURN_IF_ERROR(sum_(agreed));
+    const double failures = agreed[0];
     if (failures > 0) {
       TY_LOG(WARNING) << "checkpoint " << path << " not loaded ("
                       << (loaded.ok() ? absl::StrCat(failures, " rank(s) could not read it")
@@ -113,9 +268,43 @@ checkpoint::Manifest Checkpointer::Header(const TrainState& state) const {
   return m;
 }
 
+void Checkpointer::StartMemoryWriter(const TrainState& state) {
+  memory_writer_ = std::make_unique<checkpoint::CheckpointWriter>(
+      fs_, clock_,
+      checkpoint::WriterOptions{
+          .dir = tier_dir_,
+          .rank = rank_.rank,
+          .world = rank_.world,
+          .snapshot_floats = SnapshotFloats(state),
+          .memory_tier = true,
+          .attempt = attempt_,
+          .on_committed = [tier = tier_](int64_t step, const std::string& snapshot,
+                                         std::vector<std::string> files) {
+            return tier->Committed(step, snapshot, std::move(files));
+          }});
+}
+
+bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps) const {
+  return memory_writer_ != nullptr && state.step < total_steps &&
+         state.step % spec_.fault_tolerance.memory_every_steps == 0;
+}
+
+absl::Status Checkpointer::SaveToMemory(const TrainState& state) {
+  if (memory_writer_ == nullptr) return absl::FailedPreconditionError("no memory tier");
+  const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
+  absl::Status saved = memory_writer_->Save(
+      state.step, Header(state), Records(ranges),
+      [&](float* host) { return state.params->Snapshot(ranges, host); });
+  (void)memory_writer_->TakeOutcomes();  // failures are logged by the writer
+  return saved;
+}
+
+void Checkpointer::WaitForMemory() {
+  if (memory_writer_ != nullptr) (void)memory_writer_->Wait();
+}
+
 void Checkpointer::StartWriter(const TrainState& state) {
-  int64_t floats = 0;
-  for (const auto& range : state.params->CheckpointRanges()) floats += 3 * (range.hi - range.lo);
+  const int64_t floats = SnapshotFloats(state);
   writer_ = std::make_unique<checkpoint::CheckpointWriter>(
       fs_, clock_,
       checkpoint::WriterOptions{.dir = spec_.checkpoint.dir,

@@ -3,8 +3,16 @@
 // TrainState from the best checkpoint every rank can load.
 //
 // Restoring is collective: every rank of the mesh tries the same candidates in the same order
-// (checkpoint/reader.h: ResumeCandidates), and the ranks agree through `agree` (a sum over the
+// (checkpoint/reader.h: ResumeCandidates), and the ranks agree through `sum` (a sum over the
 // world) on whether all of them loaded one, falling back to the next candidate otherwise.
+//
+// The memory tier comes first. With a MemoryTierClient, the Checkpointer also snapshots the
+// rank's state into its node's tier every fault_tolerance.memory_every_steps (SaveToMemory, in
+// the background like a checkpoint, with the tier's own format: checkpoint/writer.h's memory
+// mode). On restore, every rank lists the snapshots complete on its node (every rank of the
+// writing attempt present: its own node's and those peers copied there), the ranks exchange
+// their lists, and the newest snapshot every rank holds wins unless a committed checkpoint is
+// newer. Snapshots load into any mesh, like checkpoints.
 //
 // Threading: the training thread's; the writer's background thread is internal.
 #ifndef TRAINYARD_WORKER_CHECKPOINTING_H_
@@ -14,14 +22,18 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
+#include "common/memory_tier_names.h"
 #include "config/spec.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
+#include "worker/memory_tier_client.h"
 #include "worker/parameters.h"
 #include "worker/train_state.h"
 
@@ -42,13 +54,23 @@ class Checkpointer {
   // rank of the mesh.
   Checkpointer(FileSystem* fs, Clock* clock, const config::JobSpec& spec,
                const ParameterLayout& layout, CheckpointRank rank, std::string save_token,
-               std::function<absl::StatusOr<double>(double)> agree);
+               std::function<absl::Status(std::span<double>)> sum,
+               MemoryTierClient* tier = nullptr, int attempt = 0);
 
-  // Loads the newest checkpoint every rank can load into `state` (params and step). Returns the
-  // checkpoint's path, or nullopt when there is none (the run starts from step 0). A checkpoint of
-  // another model is INVALID_ARGUMENT naming the field.
+  // Loads the newest snapshot or checkpoint every rank can load into `state` (params and step).
+  // Returns its path, or nullopt when there is none (the run starts from step 0). A checkpoint
+  // of another model is INVALID_ARGUMENT naming the field.
+  // `from_memory` tells whether the memory tier supplied it.
   absl::StatusOr<std::optional<std::string>> Restore(TrainState& state,
-                                                     const std::string& recorded_path);
+                                                     const std::string& recorded_path,
+                                                     bool* from_memory = nullptr);
+
+  // Whether a memory snapshot is due after `state.step`, and taking one (blocks while the state
+  // is copied, and while the previous snapshot is still being written).
+  bool MemoryDue(const TrainState& state, int64_t total_steps) const;
+  absl::Status SaveToMemory(const TrainState& state);
+  // Waits for the snapshot in flight.
+  void WaitForMemory();
 
   // Whether a save is due after `state.step` (every interval, and after the last step).
   bool Due(const TrainState& state, int64_t total_steps) const;
@@ -69,6 +91,15 @@ class Checkpointer {
   // The writer starts once Restore knows the step it resumed from, allocating its snapshot buffer
   // in the background while training begins.
   void StartWriter(const TrainState& state);
+  void StartMemoryWriter(const TrainState& state);
+  int64_t SnapshotFloats(const TrainState& state) const;
+  // The memory tier's part of Restore: true when every rank loaded a snapshot. `disk_step`: the
+  // newest committed checkpoint's step (a snapshot older than it is not used).
+  absl::StatusOr<std::optional<std::string>> RestoreFromMemory(TrainState& state,
+                                                               std::optional<int64_t> disk_step);
+  absl::StatusOr<checkpoint::RankState> LoadMemorySnapshot(const std::string& dir,
+                                                           checkpoint::Manifest* merged) const;
+  std::vector<MemorySnapshotId> LocalSnapshots() const;
 
   FileSystem* fs_;
   Clock* clock_;
@@ -76,7 +107,11 @@ class Checkpointer {
   const ParameterLayout& layout_;
   CheckpointRank rank_;
   std::string save_token_;
-  std::function<absl::StatusOr<double>(double)> agree_;
+  std::function<absl::Status(std::span<double>)> sum_;
+  MemoryTierClient* tier_;
+  const int attempt_;
+  std::string tier_dir_;  // the job's directory in the tier, once reserved
+  std::unique_ptr<checkpoint::CheckpointWriter> memory_writer_;
   int64_t resumed_step_ = 0;
   std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };

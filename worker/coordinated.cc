@@ -28,6 +28,7 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/grpc_kv_store.h"
+#include "worker/grpc_memory_tier.h"
 #include "worker/hang_watchdog.h"
 #include "worker/parallel/placement.h"
 #include "worker/parallel/wait_registry.h"
@@ -252,6 +253,7 @@ void ReadSpinInjection(TrainOptions& train) {
 
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
   SetLogContext(options.job_id, options.rank);
+  const int64_t started = RealClock()->NowNanosMonotonic();
   // Reconnect quickly after a coordinator restart (gRPC's default backoff grows to two minutes,
   // during which progress reports would not get through).
   grpc::ChannelArguments args;
@@ -315,6 +317,23 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   train.recorded_checkpoint = joined.resume_from().path();
   train.on_checkpoint = [&reporter, &options](const checkpoint::SaveOutcome& outcome) {
     reporter.AddCheckpoint(CheckpointRecord(outcome, options.attempt_id));
+  };
+  std::unique_ptr<MemoryTierClient> tier;
+  if (const char* address = std::getenv("TRAINYARD_MEMORY_TIER");
+      address != nullptr && *address && spec.fault_tolerance.memory_every_steps > 0) {
+    tier = MakeGrpcMemoryTierClient(address, options.job_id, options.attempt_id, options.rank,
+                                    spec.world_size());
+    train.memory_tier = tier.get();
+  }
+  train.attempt = options.attempt_id;
+  train.on_resumed = [&reporter, started](const ResumeInfo& info) {
+    v1::Resumed resumed;
+    resumed.set_step(info.step);
+    resumed.set_from(info.from);
+    resumed.set_from_memory(info.from_memory);
+    resumed.set_restore_ms(1e3 * info.restore_seconds);
+    resumed.set_started_ms((RealClock()->NowNanosMonotonic() - started) / 1e6);
+    reporter.SetResumed(resumed);
   };
   TY_ASSIGN_OR_RETURN(const TrainResult result, TrainRank(spec, rank, *backend, train));
   if (options.rank == 0) PrintSummary(result);

@@ -55,6 +55,8 @@ void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
   if (checkpoint.state() == v1::CHECKPOINT_STATE_COMMITTED) last_committed_ = checkpoint;
 }
 
+void ProgressReporter::SetResumed(const v1::Resumed& resumed) { resumed_ = resumed; }
+
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
   seconds_ += step.step_seconds;
@@ -87,6 +89,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     report.set_val_loss(*val_loss_);
   }
   for (const v1::Checkpoint& c : pending_checkpoints_) *report.add_checkpoints() = c;
+  if (resumed_) *report.mutable_resumed() = *resumed_;
   if (!last_committed_.path().empty()) *report.mutable_last_checkpoint() = last_committed_;
   last_report_nanos_ = now;
   steps_ = 0;
@@ -116,6 +119,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   unreachable_since_nanos_.reset();
   pending_checkpoints_.erase(pending_checkpoints_.begin(),
                              pending_checkpoints_.begin() + report.checkpoints_size());
+  resumed_.reset();
   switch (reply->order()) {
     case v1::ORDER_STOP:
       return absl::CancelledError(absl::StrCat("stopped by the coordinator at step ", step.step));

@@ -66,6 +66,8 @@ class ProgressReporter {
   absl::Status OnStep(const StepReport& step);
   // A checkpoint save that ended, to report with the next step.
   void AddCheckpoint(const trainyard::v1::Checkpoint& checkpoint);
+  // Where the attempt started from; it rides along until a report is answered.
+  void SetResumed(const trainyard::v1::Resumed& resumed);
 
   int64_t reports_sent() const { return reports_sent_; }
 
@@ -88,6 +90,7 @@ class ProgressReporter {
   std::atomic<bool>* drain_;
   std::atomic<int64_t>* checkpoint_order_;
   std::vector<trainyard::v1::Checkpoint> pending_checkpoints_;  // not yet acknowledged
+  std::optional<trainyard::v1::Resumed> resumed_;               // not yet acknowledged
   trainyard::v1::Checkpoint last_committed_;
 };
 

@@ -393,11 +393,19 @@ absl::Status RankTrainer::Restore() {
       &fs_, &clock_, spec_, *layout_,
       CheckpointRank{
           .rank = rank_.rank, .world = world, .tp_rank = at_.tp_rank, .micro_batch = at_.micro},
-      std::move(token), [this](double v) { return SumOverWorld(v); });
+      std::move(token), [this](std::span<double> v) { return SumOverWorld(v); },
+      options_.memory_tier, options_.attempt);
   const int64_t start = clock_.NowNanosMonotonic();
+  bool from_memory = false;
   TY_ASSIGN_OR_RETURN(const std::optional<std::string> from,
-                      checkpointer_->Restore(state_, options_.recorded_checkpoint));
+                      checkpointer_->Restore(state_, options_.recorded_checkpoint, &from_memory));
   result_.restore_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
+  if (rank_.rank == 0 && options_.on_resumed) {
+    options_.on_resumed(ResumeInfo{.step = state_.step,
+                                   .from = from.value_or(""),
+                                   .from_memory = from_memory,
+                                   .restore_seconds = result_.restore_seconds});
+  }
   if (from) {
     result_.first_step = state_.step;
     result_.resumed_from = *from;
@@ -562,6 +570,12 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     const bool save = due || (stopping && spec_.checkpoint.enabled());
     if (watchdog != nullptr && save && (last || stopping)) watchdog->Suspend();
     TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
+    if (!stopping && checkpointer_->MemoryDue(state_, tr.steps)) {
+      if (absl::Status s = checkpointer_->SaveToMemory(state_); !s.ok()) {
+        TY_LOG(WARNING) << "memory snapshot of step " << state_.step << " not taken: "
+                        << s.message();
+      }
+    }
     report.iteration_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
     if (options_.on_step) TY_RETURN_IF_ERROR(options_.on_step(report));
     if (watchdog != nullptr) watchdog->StepFinished(report.iteration_seconds);

@@ -46,6 +46,15 @@ namespace checkpoint {
 struct SaveOutcome;
 }
 class HangWatchdog;
+class MemoryTierClient;
+
+// Where a run started from.
+struct ResumeInfo {
+  int64_t step = 0;          // 0: from scratch
+  std::string from;          // the checkpoint or memory snapshot
+  bool from_memory = false;  // the memory tier supplied it
+  double restore_seconds = 0.0;
+};
 
 struct TrainOptions {
   FileSystem* fs = nullptr;          // defaults to RealFileSystem()
@@ -77,6 +86,11 @@ struct TrainOptions {
   // spin_at_step + 1 never finishes (it spins on the CPU). 0: off.
   int64_t spin_at_step = 0;
   int spin_rank = 0;
+  // The node's memory tier (none when null) and the attempt whose snapshots this run writes.
+  MemoryTierClient* memory_tier = nullptr;
+  int attempt = 0;
+  // Called on rank 0 once the state is restored (or training starts from step 0).
+  std::function<void(const ResumeInfo&)> on_resumed;
 };
 
 struct EvalPoint {

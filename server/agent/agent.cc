@@ -16,6 +16,8 @@
 #include "common/status.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "server/agent/agent_core.h"
+#include "server/agent/memory_tier.h"
+#include "server/agent/memory_tier_service.h"
 #include "server/agent/node_info.h"
 #include "server/agent/process_launcher.h"
 
@@ -136,6 +138,27 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
                << ", work dir " << config.work_dir << ", coordinator "
                << options.coordinator_address;
   std::unique_ptr<ProcessLauncher> launcher = MakeRealProcessLauncher();
+  std::unique_ptr<MemoryTier> tier;
+  std::unique_ptr<MemoryTierServer> tier_server;
+  const int64_t tier_mb = options.memory_tier_mb >= 0
+                              ? options.memory_tier_mb
+                              : LocalMemoryBytes() / 4 / (int64_t{1} << 20);
+  if (tier_mb > 0) {
+    const std::string root = options.memory_tier_dir.empty()
+                                 ? DefaultMemoryTierRoot(config.node_id, config.work_dir)
+                                 : options.memory_tier_dir;
+    tier = std::make_unique<MemoryTier>(RealFileSystem(), root, tier_mb << 20, config.node_id);
+    TY_RETURN_IF_ERROR(tier->Start());
+    TY_ASSIGN_OR_RETURN(tier_server,
+                        MemoryTierServer::Start(tier.get(), RealFileSystem(),
+                                                absl::StrCat("0.0.0.0:", options.memory_tier_port),
+                                                config.hostname, config.node_id));
+    config.memory_tier = tier.get();
+    config.memory_tier_address = tier_server->address();
+    config.memory_tier_local_address = tier_server->local_address();
+    TY_LOG(INFO) << "memory tier " << root << ": " << tier_mb << " MiB, peers reach it at "
+                 << config.memory_tier_address;
+  }
   AgentCore core(std::move(config), launcher.get(), RealFileSystem(), RealClock());
   TY_RETURN_IF_ERROR(core.Recover());
 
@@ -161,6 +184,10 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     backoff = std::min(backoff * 2, options.max_reconnect_backoff);
   }
   TY_LOG(INFO) << "agent stopping; " << core.running_workers().size() << " workers keep running";
+  if (tier != nullptr) {
+    tier_server.reset();
+    (void)RemoveRecursively(*RealFileSystem(), tier->root());  // a restarted agent starts empty
+  }
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #define TRAINYARD_SERVER_AGENT_AGENT_H_
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +25,12 @@ struct AgentOptions {
   // OMP_NUM_THREADS for CPU workers; 0: max(1, cores / slots).
   int threads_per_cpu_worker = 0;
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
+  // The memory tier (memory_tier.h): its directory (empty: DefaultMemoryTierRoot), its budget in
+  // MiB (-1: a quarter of the machine's memory; 0: no tier), and the port of its service (0: a
+  // free one).
+  std::string memory_tier_dir;
+  int64_t memory_tier_mb = -1;
+  int memory_tier_port = 0;
 };
 
 // Runs the agent until *stop is true: connects to the coordinator, registers (reporting the

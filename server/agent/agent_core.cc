@@ -105,6 +105,10 @@ v1::AgentMessage AgentCore::Registration() {
   r->set_cpu_slots(config_.cpu_slots);
   for (const v1::GpuInfo& gpu : config_.gpus) *r->add_gpus() = gpu;
   r->set_agent_version(config_.version);
+  if (config_.memory_tier != nullptr) {
+    r->set_memory_tier_address(config_.memory_tier_address);
+    r->set_memory_tier_budget_bytes(config_.memory_tier->budget_bytes());
+  }
   for (const auto& [key, worker] : workers_) *r->add_running() = RunningMessage(worker.record);
   for (v1::WorkerExited& exit : unreported_exits_) {
     *r->add_exited_while_disconnected() = exit;
@@ -145,7 +149,16 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
       exits_in_registration_.clear();
       break;
     case v1::CoordinatorMessage::kStart:
+      if (config_.memory_tier != nullptr) {
+        config_.memory_tier->SetPeer(message.start().job_id(),
+                                     message.start().memory_peer_address());
+      }
       Start(message.start());
+      break;
+    case v1::CoordinatorMessage::kReleaseMemory:
+      if (config_.memory_tier != nullptr) {
+        config_.memory_tier->Release(message.release_memory().job_id());
+      }
       break;
     case v1::CoordinatorMessage::kStop:
       Stop(message.stop());
@@ -186,6 +199,11 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
   env["TRAINYARD_LOCAL_RANK"] = absl::StrCat(order.local_rank());
   env["TRAINYARD_SLOT"] = absl::StrCat(order.slot());
   env["TRAINYARD_EXIT_STATUS_FILE"] = ExitStatusPath(key);
+  if (config_.memory_tier != nullptr) {
+    env["TRAINYARD_MEMORY_TIER"] = config_.memory_tier_local_address;
+  } else {
+    env.erase("TRAINYARD_MEMORY_TIER");
+  }
   std::vector<std::string> list;
   for (const auto& [name, value] : env) list.push_back(absl::StrCat(name, "=", value));
   return list;
@@ -322,6 +340,15 @@ void AgentCore::ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit&
 
 void AgentCore::Tick() {
   absl::MutexLock lock(&mu_);
+  if (config_.memory_tier != nullptr) {
+    for (auto& [job, text] : config_.memory_tier->TakeNotices()) {
+      TY_LOG(WARNING) << job << ": " << text;
+      v1::AgentMessage out;
+      out.mutable_tier_notice()->set_job_id(job);
+      out.mutable_tier_notice()->set_message(std::move(text));
+      Emit(std::move(out));
+    }
+  }
   const int64_t now = clock_->NowNanosMonotonic();
   bool changed = false;
   for (auto it = workers_.begin(); it != workers_.end();) {

@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/filesystem.h"
 #include "proto/trainyard.pb.h"
+#include "server/agent/memory_tier.h"
 #include "server/agent/process_launcher.h"
 #include "server/agent/worker_records.h"
 
@@ -53,6 +54,11 @@ struct AgentConfig {
   // OMP_NUM_THREADS for CPU workers when neither the environment nor the order sets it.
   int threads_per_cpu_worker = 1;
   std::string version = "trainyard-agent 0.1";
+  // The node's memory tier (null: none), and where its service listens: for peers, and for this
+  // node's workers (TRAINYARD_MEMORY_TIER).
+  MemoryTier* memory_tier = nullptr;
+  std::string memory_tier_address;
+  std::string memory_tier_local_address;
 };
 
 // Whether a variable may pass from the agent (or a StartWorker order) to a worker: PATH, HOME,

@@ -3,7 +3,12 @@
 //
 //   trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus]
 //                   [--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N]
+//                   [--memory-tier-dir DIR] [--memory-tier-mb N] [--memory-tier-port PORT]
 //                   [--log-level LEVEL]
+//
+// The memory tier (memory_tier.h) keeps the workers' in-memory snapshots: in DIR (default: a
+// directory of /dev/shm named after the node), at most N MiB (default: a quarter of the
+// machine's memory; 0: no tier), served on PORT (default: a free one).
 //
 // SIGTERM or SIGINT stops the agent; its workers keep running and a restarted agent with the
 // same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags or no worker binary; 1 other.
@@ -25,7 +30,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus] "
-    "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--log-level LEVEL]";
+    "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--memory-tier-dir DIR] "
+    "[--memory-tier-mb N] [--memory-tier-port PORT] [--log-level LEVEL]";
 
 std::atomic<bool> g_stop{false};
 
@@ -64,6 +70,22 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
     } else if (arg == "--threads-per-worker") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());
       TY_ASSIGN_OR_RETURN(options.threads_per_cpu_worker, PositiveInt(arg, v));
+    } else if (arg == "--memory-tier-dir") {
+      TY_ASSIGN_OR_RETURN(options.memory_tier_dir, value());
+    } else if (arg == "--memory-tier-mb") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, &options.memory_tier_mb) || options.memory_tier_mb < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--memory-tier-mb must be a whole number of MiB (0: no tier), got '", v,
+                         "'"));
+      }
+    } else if (arg == "--memory-tier-port") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, &options.memory_tier_port) || options.memory_tier_port < 0 ||
+          options.memory_tier_port > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--memory-tier-port must be a port number, got '", v, "'"));
+      }
     } else if (arg == "--log-level") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());
       TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(v));

@@ -52,6 +52,12 @@ int LocalCpuCount() {
   return online > 0 ? static_cast<int>(online) : 1;
 }
 
+int64_t LocalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{1} << 30;
+}
+
 std::vector<trainyard::v1::GpuInfo> LocalGpus() {
   std::vector<trainyard::v1::GpuInfo> gpus;
 #ifdef TRAINYARD_AGENT_WITH_CUDA

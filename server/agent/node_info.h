@@ -4,6 +4,7 @@
 #ifndef TRAINYARD_SERVER_AGENT_NODE_INFO_H_
 #define TRAINYARD_SERVER_AGENT_NODE_INFO_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@ std::string LocalHostname();
 
 // CPU cores this process may run on (its affinity mask), at least 1.
 int LocalCpuCount();
+// The machine's physical memory in bytes.
+int64_t LocalMemoryBytes();
 
 // The CUDA devices of this machine (empty in a build without CUDA, or without a driver/GPU).
 std::vector<trainyard::v1::GpuInfo> LocalGpus();

@@ -19,13 +19,6 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-// The exact final loss ("exact final loss 0x1.4p+0") of a rank-0 log; NaN when absent.
-double ExactFinalLoss(const std::string& log) {
-  std::smatch m;
-  if (!std::regex_search(log, m, std::regex("exact final loss (\\S+)"))) return std::nan("");
-  return std::strtod(m[1].str().c_str(), nullptr);
-}
-
 TinyJob ElasticJob(const std::string& name, const std::string& dir) {
   return {.name = name,
           .nodes = 2,

@@ -5,8 +5,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -60,6 +63,13 @@ std::string TinySpec(const TinyJob& job) {
   return spec;
 }
 
+// The exact final loss ("exact final loss 0x1.4p+0") of a rank-0 log; NaN when absent.
+double ExactFinalLoss(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("exact final loss (\\S+)"))) return std::nan("");
+  return std::strtod(m[1].str().c_str(), nullptr);
+}
+
 bool ProcessGone(int64_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string line;
@@ -100,7 +110,8 @@ std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) 
                                    Binary("worker/trainyard-worker")};
   if (options.local_agent) {
     argv.insert(argv.end(),
-                {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id", "local"});
+                {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id", "local",
+                 "--agent-memory-tier-dir", dir_ + "/tier-local"});
   } else {
     argv.push_back("--no-local-agent");
   }
@@ -131,13 +142,27 @@ void ControlPlane::KillServer() {
 bool ControlPlane::ServerRunning() { return server_ != nullptr && server_->running(); }
 
 void ControlPlane::StartAgent(const std::string& node_id, int slots,
-                              const std::vector<std::string>& env) {
+                              const std::vector<std::string>& env,
+                              const std::vector<std::string>& extra_args) {
+  std::vector<std::string> argv{Binary("server/agent/trainyard-agent"),
+                                "--coordinator",
+                                address_,
+                                "--node-id",
+                                node_id,
+                                "--slots",
+                                absl::StrCat(slots),
+                                "--no-gpus",
+                                "--work-dir",
+                                dir_ + "/agent-" + node_id,
+                                "--worker-binary",
+                                Binary("worker/trainyard-worker"),
+                                "--threads-per-worker",
+                                "1",
+                                "--memory-tier-dir",
+                                dir_ + "/tier-" + node_id};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   agents_[node_id] = std::make_unique<ChildProcess>(
-      std::vector<std::string>{Binary("server/agent/trainyard-agent"), "--coordinator", address_,
-                               "--node-id", node_id, "--slots", absl::StrCat(slots), "--no-gpus",
-                               "--work-dir", dir_ + "/agent-" + node_id, "--worker-binary",
-                               Binary("worker/trainyard-worker"), "--threads-per-worker", "1"},
-      dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err", env);
+      argv, dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err", env);
   ASSERT_TRUE(agents_[node_id]->running());
 }
 

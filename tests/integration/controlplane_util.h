@@ -49,6 +49,9 @@ struct TinyJob {
 // given.
 std::string TinySpec(const TinyJob& job);
 
+// The exact final loss ("exact final loss 0x1.4p+0") of a rank-0 log; NaN when absent.
+double ExactFinalLoss(const std::string& log);
+
 // True when `pid` no longer runs (no /proc entry, or a zombie).
 bool ProcessGone(int64_t pid);
 
@@ -65,7 +68,9 @@ class ControlPlane {
   void KillServer();  // SIGKILL, no chance to clean up
   bool ServerRunning();
   // `env`: "NAME=value" entries for the agent (and, for TRAINYARD_*, its workers).
-  void StartAgent(const std::string& node_id, int slots, const std::vector<std::string>& env = {});
+  // `extra_args`: more trainyard-agent flags. Each agent's memory tier is <dir>/tier-<node>.
+  void StartAgent(const std::string& node_id, int slots, const std::vector<std::string>& env = {},
+                  const std::vector<std::string>& extra_args = {});
   void KillAgent(const std::string& node_id);
 
   const std::string& address() const { return address_; }

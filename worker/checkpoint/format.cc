@@ -109,7 +109,10 @@ std::string SerializeManifest(Manifest manifest) {
 }
 
 absl::StatusOr<Manifest> ReadManifest(FileSystem& fs, const std::string& checkpoint_dir) {
-  const std::string path = JoinPath(checkpoint_dir, kManifestName);
+  return ReadManifestFile(fs, JoinPath(checkpoint_dir, kManifestName));
+}
+
+absl::StatusOr<Manifest> ReadManifestFile(FileSystem& fs, const std::string& path) {
   TY_ASSIGN_OR_RETURN(const std::string json, fs.ReadFile(path));
   Manifest manifest;
   const auto parsed = google::protobuf::util::JsonStringToMessage(json, &manifest);

@@ -54,6 +54,8 @@ std::string SerializeManifest(Manifest manifest);
 // Reads and verifies `checkpoint_dir`/manifest.json. NOT_FOUND without one (a torn or foreign
 // directory); DATA_LOSS when it does not parse or its checksum does not match.
 absl::StatusOr<Manifest> ReadManifest(FileSystem& fs, const std::string& checkpoint_dir);
+// The same for a manifest file of any name (a memory tier snapshot's per-rank manifests).
+absl::StatusOr<Manifest> ReadManifestFile(FileSystem& fs, const std::string& path);
 
 // The checkpoint directories under `dir` that have a manifest file, newest step first (ties: the
 // later name first). Manifests are not verified here. NOT_FOUND when `dir` does not exist.

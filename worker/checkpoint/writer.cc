@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/memory_tier_names.h"
 #include "common/status.h"
 
 namespace trainyard::worker::checkpoint {
@@ -121,7 +122,46 @@ void CheckpointWriter::Loop() {
   }
 }
 
+SaveOutcome CheckpointWriter::WriteToMemory(const Job& job) {
+  const std::string snapshot = MemorySnapshotName({options_.attempt, job.step});
+  const std::string path = JoinPath(options_.dir, snapshot);
+  SaveOutcome outcome{.step = job.step,
+                      .path = path,
+                      .blocked_seconds = job.blocked_seconds,
+                      .waited_seconds = job.waited_seconds};
+  absl::Status done = [&]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(ShardFile shard, WriteShard(job, path));
+    shard.clear_save_token();
+    Manifest manifest = job.header;
+    manifest.set_format_version(kFormatVersion);
+    manifest.set_step(job.step);
+    manifest.set_created_unix_ms(absl::ToUnixMillis(clock_->Now()));
+    const std::string shard_file = shard.file();
+    outcome.bytes = shard.bytes();
+    *manifest.add_shards() = std::move(shard);
+    const std::string json = SerializeManifest(std::move(manifest));
+    const std::string manifest_file = MemoryRankManifestName(options_.rank);
+    TY_RETURN_IF_ERROR(fs_->WriteFileAtomic(JoinPath(path, manifest_file), json));
+    outcome.bytes += static_cast<int64_t>(json.size());
+    if (options_.on_committed) {
+      return options_.on_committed(job.step, snapshot, {shard_file, manifest_file});
+    }
+    return absl::OkStatus();
+  }();
+  outcome.write_seconds = (clock_->NowNanosMonotonic() - job.started_nanos) / 1e9;
+  outcome.finished = clock_->Now();
+  if (!done.ok()) {
+    outcome.message = absl::StrCat("memory snapshot of step ", job.step, " failed on rank ",
+                                   options_.rank, ": ", done.message());
+    TY_LOG(WARNING) << outcome.message;
+  } else {
+    outcome.committed = true;
+  }
+  return outcome;
+}
+
 SaveOutcome CheckpointWriter::Write(const Job& job) {
+  if (options_.memory_tier) return WriteToMemory(job);
   const std::string path = JoinPath(options_.dir, CheckpointDirName(job.step, options_.save_token));
   SaveOutcome outcome{.step = job.step,
                       .path = path,
@@ -171,7 +211,10 @@ absl::StatusOr<ShardFile> CheckpointWriter::WriteShard(const Job& job, const std
   shard.set_rank(options_.rank);
   shard.set_save_token(options_.save_token);
   const std::string file = JoinPath(path, shard.file());
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, fs_->NewDirectWritableFile(file));
+  // The memory tier is page cache already: no O_DIRECT there.
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, options_.memory_tier
+                                                             ? fs_->NewWritableFile(file)
+                                                             : fs_->NewDirectWritableFile(file));
   const char* base = reinterpret_cast<const char*>(host_.get());
   // Each piece is hashed just before it is written, while it is still in the cache.
   int64_t offset = 0, written = 0;
@@ -207,10 +250,10 @@ absl::StatusOr<ShardFile> CheckpointWriter::WriteShard(const Job& job, const std
     offset += bytes;
   }
   TY_RETURN_IF_ERROR(write_up_to(offset, /*all=*/true));
-  TY_RETURN_IF_ERROR(out->Sync());
+  if (!options_.memory_tier) TY_RETURN_IF_ERROR(out->Sync());
   TY_RETURN_IF_ERROR(out->Close());
   shard.set_bytes(offset);
-  if (options_.rank != 0) {
+  if (options_.rank != 0 && !options_.memory_tier) {
     // The index is rank 0's signal that this shard is durable; WriteFileAtomic also syncs the
     // directory, which makes the shard file's name durable.
     TY_RETURN_IF_ERROR(fs_->WriteFileAtomic(JoinPath(path, ShardIndexName(options_.rank)),

@@ -53,6 +53,15 @@ struct WriterOptions {
   int64_t snapshot_floats = 0;
   // How long rank 0 waits for the other ranks' shards before the save fails.
   absl::Duration gather_timeout = absl::Minutes(10);
+  // Memory tier mode: every rank commits its own snapshot, in `dir`/MemorySnapshotName({attempt,
+  // step}), by writing its manifest (the header and its one shard) as
+  // MemoryRankManifestName(rank) after the shard; nothing is synced, gathered or pruned (the
+  // agent that owns the tier prunes), and `on_committed` (the writer's thread) tells the agent.
+  bool memory_tier = false;
+  int attempt = 0;
+  std::function<absl::Status(int64_t step, const std::string& snapshot,
+                             std::vector<std::string> files)>
+      on_committed;
 };
 
 // One tensor run of a snapshot: elements [begin, end) of hyperslab `slab` of tensor `name`.
@@ -109,6 +118,7 @@ class CheckpointWriter {
   };
   void Loop();
   SaveOutcome Write(const Job& job);
+  SaveOutcome WriteToMemory(const Job& job);
   absl::StatusOr<ShardFile> WriteShard(const Job& job, const std::string& path);
   absl::StatusOr<int64_t> Commit(const Job& job, const std::string& path, ShardFile own);
   absl::StatusOr<std::vector<ShardFile>> GatherIndexes(const std::string& path, ShardFile own);

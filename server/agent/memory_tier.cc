@@ -1,0 +1,218 @@
+#include "server/agent/memory_tier.h"
+
+#include <sys/vfs.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+}  // namespace
+
+MemoryTier::MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, std::string node_id)
+    : fs_(fs), root_(std::move(root)), budget_(budget_bytes), node_id_(std::move(node_id)) {}
+
+absl::Status MemoryTier::Start() {
+  if (fs_->Exists(root_)) {
+    if (absl::Status removed = RemoveRecursively(*fs_, root_); !removed.ok()) {
+      return Annotate(removed, absl::StrCat("clearing the memory tier ", root_));
+    }
+  }
+  return Annotate(fs_->CreateDirs(root_), absl::StrCat("creating the memory tier ", root_));
+}
+
+int64_t MemoryTier::reserved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [key, bytes] : reserved_) total += bytes;
+  return total;
+}
+
+std::string MemoryTier::JobDir(const std::string& job_id) const {
+  return absl::StrCat(root_, "/", job_id);
+}
+
+absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int rank,
+                                                int64_t bytes, bool peer_copy,
+                                                const std::string& from_node) {
+  if (!IsPlainTierName(job_id)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad job id '", job_id, "'"));
+  }
+  if (rank < 0 || bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad reservation: rank ", rank, ", ", bytes,
+                                                   " bytes"));
+  }
+  const std::string dir = JobDir(job_id);
+  absl::MutexLock lock(&mu_);
+  const Key key{job_id, rank, peer_copy};
+  int64_t others = 0;
+  for (const auto& [k, b] : reserved_) {
+    if (k != key) others += b;
+  }
+  const int64_t wanted = kSlots * bytes;
+  if (others + wanted > budget_) {
+    const std::string what = peer_copy ? absl::StrCat("a copy of rank ", rank, " from ", from_node)
+                                       : absl::StrCat("rank ", rank);
+    std::string message = absl::StrCat(
+        "memory tier of ", node_id_, " refused ", what, ": ", kSlots, " snapshots of ", Mib(bytes),
+        " need ", Mib(wanted), ", ", Mib(std::max<int64_t>(0, budget_ - others)), " of its ",
+        Mib(budget_), " budget are free (the agent's --memory-tier-mb)");
+    notices_.emplace_back(job_id, message);
+    return absl::ResourceExhaustedError(std::move(message));
+  }
+  TY_RETURN_IF_ERROR(fs_->CreateDirs(dir));
+  reserved_[key] = wanted;
+  return dir;
+}
+
+absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int world,
+                                   const std::string& snapshot, int64_t step,
+                                   std::vector<std::string> files) {
+  const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
+  if (!IsPlainTierName(job_id) || !id || world < 1 || rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("bad snapshot '", job_id, "/", snapshot, "'"));
+  }
+  for (const std::string& file : files) {
+    if (!IsPlainTierName(file)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad file name '", file, "'"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto reservation = reserved_.find(Key{job_id, rank, false});
+  if (reservation == reserved_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no memory tier reservation for rank ", rank, " of job ", job_id));
+  }
+  Snapshot& s = snapshots_[job_id][*id];
+  s.world = world;
+  s.ranks.insert(rank);
+  PruneLocked(job_id);
+  auto peer = peers_.find(job_id);
+  if (peer != peers_.end() && !peer->second.empty()) {
+    // A newer snapshot of the same rank supersedes a queued one.
+    std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id && c.rank == rank; });
+    copies_.push_back({.job_id = job_id,
+                       .peer_address = peer->second,
+                       .snapshot = snapshot,
+                       .rank = rank,
+                       .world = world,
+                       .step = step,
+                       .bytes = reservation->second / kSlots,
+                       .files = std::move(files)});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryTier::BeginCopy(const std::string& job_id, int rank,
+                                   const std::string& snapshot) {
+  const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
+  if (!IsPlainTierName(job_id) || !id) {
+    return absl::InvalidArgumentError(absl::StrCat("bad copy '", job_id, "/", snapshot, "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!reserved_.contains(Key{job_id, rank, true})) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no reservation for copies of rank ", rank, " of job ", job_id));
+  }
+  ++snapshots_[job_id][*id].arriving;
+  return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(
+    const std::string& job_id, const std::string& snapshot, const std::string& file) {
+  if (!IsPlainTierName(job_id) || !ParseMemorySnapshotName(snapshot) || !IsPlainTierName(file)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad copy '", job_id, "/", snapshot, "/", file, "'"));
+  }
+  return fs_->NewWritableFile(absl::StrCat(JobDir(job_id), "/", snapshot, "/", file));
+}
+
+void MemoryTier::EndCopy(const std::string& job_id, int rank, int world,
+                         const std::string& snapshot, bool complete) {
+  const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
+  if (!id) return;
+  absl::MutexLock lock(&mu_);
+  auto job = snapshots_.find(job_id);
+  if (job == snapshots_.end()) return;  // released meanwhile
+  auto s = job->second.find(*id);
+  if (s == job->second.end()) return;
+  --s->second.arriving;
+  if (complete && world > 0 && rank < world) {
+    s->second.world = world;
+    s->second.ranks.insert(rank);
+  }
+  PruneLocked(job_id);
+}
+
+void MemoryTier::PruneLocked(const std::string& job_id) {
+  auto job = snapshots_.find(job_id);
+  if (job == snapshots_.end()) return;
+  std::map<MemorySnapshotId, Snapshot>& all = job->second;
+  std::optional<MemorySnapshotId> newest_complete;
+  for (const auto& [id, s] : all) {
+    if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world) newest_complete = id;
+  }
+  int newer = static_cast<int>(all.size());  // snapshots at or after this one
+  for (auto it = all.begin(); it != all.end(); --newer) {
+    const bool keep =
+        newer <= kKeep || it->second.arriving > 0 || (newest_complete && it->first == *newest_complete);
+    if (keep) {
+      ++it;
+      continue;
+    }
+    (void)RemoveRecursively(*fs_, absl::StrCat(JobDir(job_id), "/", MemorySnapshotName(it->first)));
+    it = all.erase(it);
+  }
+}
+
+void MemoryTier::SetPeer(const std::string& job_id, const std::string& peer_address) {
+  absl::MutexLock lock(&mu_);
+  peers_[job_id] = peer_address;
+}
+
+void MemoryTier::Release(const std::string& job_id) {
+  if (!IsPlainTierName(job_id)) return;
+  absl::MutexLock lock(&mu_);
+  std::erase_if(reserved_, [&](const auto& entry) { return std::get<0>(entry.first) == job_id; });
+  std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id; });
+  peers_.erase(job_id);
+  snapshots_.erase(job_id);
+  const std::string dir = JobDir(job_id);
+  if (fs_->Exists(dir)) (void)RemoveRecursively(*fs_, dir);
+}
+
+std::optional<PeerCopy> MemoryTier::NextCopy() {
+  absl::MutexLock lock(&mu_);
+  if (copies_.empty()) return std::nullopt;
+  PeerCopy copy = std::move(copies_.front());
+  copies_.pop_front();
+  return copy;
+}
+
+std::vector<std::pair<std::string, std::string>> MemoryTier::TakeNotices() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(notices_, {});
+}
+
+void MemoryTier::AddNotice(const std::string& job_id, std::string message) {
+  absl::MutexLock lock(&mu_);
+  notices_.emplace_back(job_id, std::move(message));
+}
+
+std::string DefaultMemoryTierRoot(const std::string& node_id, const std::string& work_dir) {
+  struct statfs info;
+  if (::statfs("/dev/shm", &info) != 0) return work_dir + "/memory-tier";
+  return absl::StrFormat("/dev/shm/trainyard-%s-%08x", node_id,
+                         std::hash<std::string>{}(work_dir) & 0xffffffffu);
+}
+
+}  // namespace trainyard::server::agent

@@ -1,0 +1,140 @@
+// MemoryTier: the node's in-memory snapshots of its workers' training state, which outlive the
+// workers (the agent owns them) and, through peer copies, the node.
+//
+// The tier is a directory on a memory-backed filesystem (/dev/shm by default) laid out as
+// common/memory_tier_names.h says. A worker reserves room for its rank before it writes
+// (Reserve: kSlots snapshots of its size), writes each snapshot's files itself, then tells the
+// agent (Committed); the agent prunes the job's older snapshots and queues a copy for the job's
+// peer node (only the newest: a newer snapshot supersedes a queued one), which stores it through
+// the same reservations (Reserve with peer_copy, then BeginCopy, OpenReceived, EndCopy).
+// Reservations count against a byte budget: one that does not fit is refused with
+// RESOURCE_EXHAUSTED and a notice for the job's events, and the rank runs without the tier.
+// When the job ends, Release frees everything it holds.
+//
+// What is kept of a job: its kKeep newest snapshots, the newest one complete on this node (every
+// rank of the writing attempt present, its own or copied here), and those a copy is arriving
+// for. A copy starts within about a step of its snapshot, so this node's own ranks' snapshot of
+// the same step is still among the newest when it does, and is kept until the copy ends: the
+// pair makes a complete snapshot from which a lost peer's work resumes.
+//
+// The agent wipes the tier when it starts: a restarted agent holds no reservations, and a lost
+// node's memory is lost.
+//
+// Threading: thread-safe (one internal mutex); file I/O through the FileSystem seam.
+#ifndef TRAINYARD_SERVER_AGENT_MEMORY_TIER_H_
+#define TRAINYARD_SERVER_AGENT_MEMORY_TIER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/filesystem.h"
+#include "common/memory_tier_names.h"
+
+namespace trainyard::server::agent {
+
+// A rank's snapshot to copy to the job's peer node.
+struct PeerCopy {
+  std::string job_id;
+  std::string peer_address;
+  std::string snapshot;  // directory name in the job's directory
+  int rank = 0;
+  int world = 0;
+  int64_t step = 0;
+  int64_t bytes = 0;               // one snapshot of the rank, as reserved
+  std::vector<std::string> files;  // the rank's manifest last
+};
+
+class MemoryTier {
+ public:
+  static constexpr int kKeep = 3;  // newest snapshots (steps) kept per job
+  // Snapshots of one rank a reservation covers: the newest, the newest complete and one a copy
+  // is arriving for.
+  static constexpr int kSlots = kKeep + 2;
+
+  // `fs` must outlive the tier. `budget_bytes` > 0.
+  MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, std::string node_id);
+
+  // Removes whatever an earlier agent left in the root and creates it. Call once, first.
+  absl::Status Start();
+
+  const std::string& root() const { return root_; }
+  int64_t budget_bytes() const { return budget_; }
+  int64_t reserved_bytes() const;
+
+  // Room for kSlots snapshots of `bytes` for (job, rank): the job's directory. Reserving again
+  // for the same (job, rank, peer_copy) replaces the earlier reservation (a new attempt).
+  // RESOURCE_EXHAUSTED over the budget (and a notice); INVALID_ARGUMENT for a bad job name.
+  absl::StatusOr<std::string> Reserve(const std::string& job_id, int rank, int64_t bytes,
+                                      bool peer_copy, const std::string& from_node);
+
+  // A rank's snapshot is complete: prunes the job's snapshots beyond the newest kKeep and queues
+  // a copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
+  absl::Status Committed(const std::string& job_id, int rank, int world,
+                         const std::string& snapshot, int64_t step,
+                         std::vector<std::string> files);
+
+  // A peer copy of (job, rank, snapshot) begins: the snapshot is kept until EndCopy.
+  // INVALID_ARGUMENT for names that are not plain, FAILED_PRECONDITION without a peer
+  // reservation for (job, rank).
+  absl::Status BeginCopy(const std::string& job_id, int rank, const std::string& snapshot);
+  // A file of the copy, opened for writing in the tier.
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenReceived(const std::string& job_id,
+                                                             const std::string& snapshot,
+                                                             const std::string& file);
+  // The copy ended; `complete` when every file arrived (its manifest last).
+  void EndCopy(const std::string& job_id, int rank, int world, const std::string& snapshot,
+               bool complete);
+
+  // The node that keeps copies of `job_id`'s snapshots from this node ("" : none).
+  void SetPeer(const std::string& job_id, const std::string& peer_address);
+  // The job ended: removes its directory and reservations.
+  void Release(const std::string& job_id);
+
+  // The next queued peer copy (the newest per (job, rank): older ones are superseded), or none.
+  std::optional<PeerCopy> NextCopy();
+  std::string JobDir(const std::string& job_id) const;
+  // Notices for the jobs' events since the last call: (job, message).
+  std::vector<std::pair<std::string, std::string>> TakeNotices();
+  void AddNotice(const std::string& job_id, std::string message);
+
+ private:
+  using Key = std::tuple<std::string, int, bool>;  // job, rank, peer copy
+  struct Snapshot {
+    int world = 0;
+    std::set<int> ranks;  // whose files are complete here
+    int arriving = 0;     // copies in progress
+  };
+  void PruneLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  FileSystem* const fs_;
+  const std::string root_;
+  const int64_t budget_;
+  const std::string node_id_;
+
+  mutable absl::Mutex mu_;
+  std::map<Key, int64_t> reserved_ ABSL_GUARDED_BY(mu_);  // bytes per key
+  std::map<std::string, std::string> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<MemorySnapshotId, Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
+  std::deque<PeerCopy> copies_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::string>> notices_ ABSL_GUARDED_BY(mu_);
+};
+
+// The default tier root for an agent: a directory of /dev/shm named after the node and its work
+// directory (so that agents sharing a machine do not share a tier), or <work_dir>/memory-tier
+// where /dev/shm is missing.
+std::string DefaultMemoryTierRoot(const std::string& node_id, const std::string& work_dir);
+
+}  // namespace trainyard::server::agent
+
+#endif  // TRAINYARD_SERVER_AGENT_MEMORY_TIER_H_

@@ -1,0 +1,35 @@
+// The gRPC side of a node's memory tier: serves MemoryTierService (local workers reserve and
+// commit, peer agents send copies) and sends this node's queued peer copies to their peers.
+//
+// Threading: gRPC's threads call into MemoryTier (thread-safe); one thread of its own sends the
+// copies, one at a time. The destructor stops both.
+#ifndef TRAINYARD_SERVER_AGENT_MEMORY_TIER_SERVICE_H_
+#define TRAINYARD_SERVER_AGENT_MEMORY_TIER_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+#include "server/agent/memory_tier.h"
+
+namespace trainyard::server::agent {
+
+class MemoryTierServer {
+ public:
+  // Listens on `listen` (host:port; port 0 picks a free one). Peers are told to reach it at
+  // `advertise_host` and the chosen port. `tier` and `fs` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<MemoryTierServer>> Start(MemoryTier* tier, FileSystem* fs,
+                                                                 const std::string& listen,
+                                                                 const std::string& advertise_host,
+                                                                 const std::string& node_id);
+  virtual ~MemoryTierServer() = default;
+
+  // host:port for peers, and 127.0.0.1:port for this node's workers.
+  virtual std::string address() const = 0;
+  virtual std::string local_address() const = 0;
+};
+
+}  // namespace trainyard::server::agent
+
+#endif  // TRAINYARD_SERVER_AGENT_MEMORY_TIER_SERVICE_H_

@@ -1,0 +1,193 @@
+// The memory tier with real processes: a worker killed with SIGKILL costs at most one step (the
+// new attempt resumes from the step the crash interrupted, or the one before it, from its
+// node's memory, not from the far older checkpoint on disk); a whole node lost (agent and
+// worker killed) resumes from the copy its peer node holds, on the survivor alone; and an agent
+// whose budget is too small refuses the reservation with an event while the job goes on.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/controlplane_util.h"
+
+namespace trainyard::testenv {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// The last "step N/M" line of a rank-0 log; -1 when none.
+int64_t LastLoggedStep(const std::string& log) {
+  int64_t last = -1;
+  const std::regex line("step +([0-9]+)/[0-9]+ \\|");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it) {
+    last = std::stoll((*it)[1].str());
+  }
+  return last;
+}
+
+// The "resumed" event of `attempt`; empty when there is none (yet).
+std::string ResumedCause(const v1::GetJobReply& reply, int attempt) {
+  for (const v1::Event& event : reply.events()) {
+    if (event.kind() == "resumed" && event.attempt_id() == attempt) return event.cause();
+  }
+  return "";
+}
+
+int64_t ResumedStep(const std::string& cause) {
+  std::smatch m;
+  if (!std::regex_search(cause, m, std::regex("resumed from step ([0-9]+)"))) return -1;
+  return std::stoll(m[1].str());
+}
+
+// dp 2 over `nodes` nodes, every step logged, a checkpoint on disk only every 1000 steps.
+std::string MemoryJob(const std::string& name, const std::string& dir, int nodes) {
+  std::string spec =
+      TinySpec({.name = name,
+                .nodes = nodes,
+                .ranks_per_node = 2 / nodes,
+                .steps = 2500,
+                .max_restarts = 2,
+                .checkpoint = absl::StrCat("{dir: ", dir, ", every_steps: 1000}"),
+                .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 600"});
+  return absl::StrReplaceAll(spec, {{"log_every: 10", "log_every: 1"}});
+}
+
+double ReferenceLoss(ControlPlane& cp, int nodes) {
+  const std::string reference =
+      cp.Submit(cp.WriteSpec("reference.yaml", MemoryJob("reference", cp.dir() + "/ref", nodes)));
+  const ProcessResult watch = cp.Cli({"watch", reference}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  return ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
+}
+
+// Waits for attempt 2 to report where it resumed; its event's cause.
+std::string WaitForResumedAttempt2(ControlPlane& cp, const std::string& job_id) {
+  std::string cause;
+  cp.WaitFor(
+      job_id,
+      [&cause](const v1::GetJobReply& r) {
+        cause = ResumedCause(r, 2);
+        return !cause.empty();
+      },
+      30);
+  return cause;
+}
+
+TEST(MemoryTierChaosTest, WorkerKillResumesFromTheInterruptedStepInMemory) {
+  ControlPlane cp("chaos_memory_worker");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  const double want = ReferenceLoss(cp, 1);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id =
+      cp.Submit(cp.WriteSpec("job.yaml", MemoryJob("job", cp.dir() + "/ckpt", 1)));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 300, 120));
+  const v1::GetJobReply running = cp.Status(job_id);
+  ASSERT_EQ(running.attempts_size(), 1);
+  ASSERT_EQ(running.attempts(0).placement_size(), 2);
+  const Clock::time_point killed = Clock::now();
+  ASSERT_EQ(kill(static_cast<pid_t>(running.attempts(0).placement(1).pid()), SIGKILL), 0);
+
+  const std::string cause = WaitForResumedAttempt2(cp, job_id);
+  ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  std::cout << "attempt 2 reported where it resumed "
+            << std::chrono::duration<double>(Clock::now() - killed).count()
+            << " s after the kill: " << cause << std::endl;
+  EXPECT_THAT(cause, HasSubstr("memory tier"));
+  const int64_t interrupted =
+      LastLoggedStep(cp.Cli({"logs", job_id, "--attempt", "1", "--rank", "0"}).out);
+  const int64_t resumed = ResumedStep(cause);
+  EXPECT_GE(interrupted, 300);
+  EXPECT_GE(resumed, interrupted - 1) << "more than one step lost";
+  EXPECT_LE(resumed, interrupted);
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const double got = ExactFinalLoss(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", resumed " << got;
+}
+
+TEST(MemoryTierChaosTest, LostNodeResumesFromThePeerCopyOnTheSurvivor) {
+  ControlPlane cp("chaos_memory_node");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  cp.StartAgent("node-b", 1);
+  const double want = ReferenceLoss(cp, 2);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id =
+      cp.Submit(cp.WriteSpec("job.yaml", MemoryJob("job", cp.dir() + "/ckpt", 2)));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 300, 120));
+  const v1::GetJobReply running = cp.Status(job_id);
+  ASSERT_EQ(running.attempts_size(), 1);
+  int64_t node_b_worker = 0;
+  for (const auto& p : running.attempts(0).placement()) {
+    if (p.node_id() == "node-b") node_b_worker = p.pid();
+  }
+  ASSERT_GT(node_b_worker, 0) << running.DebugString();
+  // The whole node goes: its worker and its agent.
+  const Clock::time_point killed = Clock::now();
+  ASSERT_EQ(kill(static_cast<pid_t>(node_b_worker), SIGKILL), 0);
+  cp.KillAgent("node-b");
+
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.attempts_size() == 2 &&
+               r.attempts(1).placement_size() == 1;
+      },
+      20))
+      << "no 1-rank attempt running within 20 s of losing node-b";
+  const std::string cause = WaitForResumedAttempt2(cp, job_id);
+  ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  std::cout << "attempt 2 (1 rank) reported where it resumed "
+            << std::chrono::duration<double>(Clock::now() - killed).count()
+            << " s after node-b was killed: " << cause << std::endl;
+  EXPECT_THAT(cause, HasSubstr("memory tier"));
+  const int64_t interrupted =
+      LastLoggedStep(cp.Cli({"logs", job_id, "--attempt", "1", "--rank", "0"}).out);
+  const int64_t resumed = ResumedStep(cause);
+  // No checkpoint on disk yet (every 1000 steps): all of it came from memory. The peer copy
+  // trails the snapshot it copies by the time a copy takes: a few steps of this tiny model.
+  EXPECT_LT(interrupted, 1000);
+  EXPECT_GT(resumed, 0);
+  EXPECT_GE(resumed, interrupted - 10);
+  EXPECT_LE(resumed, interrupted);
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const double got = ExactFinalLoss(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", shrunk " << got;
+}
+
+TEST(MemoryTierChaosTest, ReservationOverTheBudgetIsRefusedWithAnEventAndTheJobGoesOn) {
+  ControlPlane cp("chaos_memory_budget");
+  cp.StartServer({.local_agent = false});
+  // The tiny model's state is about 1.2 MiB a rank: three snapshots do not fit in 1 MiB.
+  cp.StartAgent("node-a", 1, {}, {"--memory-tier-mb", "1"});
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml", TinySpec({.name = "budget", .steps = 30, .checkpoint = ""})));
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  std::string notice;
+  const v1::GetJobReply done = cp.Status(job_id);
+  for (const v1::Event& event : done.events()) {
+    if (event.kind() == "memory_tier") notice += event.cause();
+  }
+  EXPECT_THAT(notice, HasSubstr("memory tier of node-a refused rank 0"));
+  EXPECT_THAT(notice, HasSubstr("budget"));
+}
+
+}  // namespace
+}  // namespace trainyard::testenv

@@ -1,0 +1,124 @@
+// MemoryTier over the in-memory filesystem: the budget, what is kept of a job's snapshots (the
+// newest, the newest complete, those a copy is arriving for), peer copies queued newest only,
+// and release.
+#include "server/agent/memory_tier.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kRoot[] = "/shm/tier";
+
+std::string Snap(int attempt, int64_t step) { return MemorySnapshotName({attempt, step}); }
+
+class MemoryTierTest : public ::testing::Test {
+ protected:
+  MemoryTierTest() : tier_(&fs_, kRoot, 1000, "node-a") { EXPECT_TRUE(tier_.Start().ok()); }
+
+  // Writes rank `rank`'s files of a snapshot as a worker would, and commits it.
+  void Write(const std::string& snapshot, int rank, int world) {
+    const std::string dir = absl::StrCat(kRoot, "/j-1/", snapshot);
+    ASSERT_TRUE(fs_.CreateDirs(dir).ok());
+    ASSERT_TRUE(fs_.WriteFileAtomic(absl::StrCat(dir, "/", MemoryRankManifestName(rank)), "{}").ok());
+    ASSERT_TRUE(tier_.Committed("j-1", rank, world, snapshot, 0, {MemoryRankManifestName(rank)})
+                    .ok());
+  }
+  // Receives rank `rank`'s copy of a snapshot from a peer.
+  void Receive(const std::string& snapshot, int rank, int world) {
+    ASSERT_TRUE(tier_.BeginCopy("j-1", rank, snapshot).ok());
+    auto out = tier_.OpenReceived("j-1", snapshot, MemoryRankManifestName(rank));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)->Append("{}").ok());
+    ASSERT_TRUE((*out)->Close().ok());
+    tier_.EndCopy("j-1", rank, world, snapshot, /*complete=*/true);
+  }
+  std::vector<std::string> Held() {
+    auto names = fs_.ListDir(absl::StrCat(kRoot, "/j-1"));
+    std::vector<std::string> sorted = names.ok() ? *names : std::vector<std::string>{};
+    std::sort(sorted.begin(), sorted.end());
+    return sorted;
+  }
+
+  FakeFileSystem fs_;
+  MemoryTier tier_;
+};
+
+TEST_F(MemoryTierTest, ReservationsCountAgainstTheBudgetAndARefusalIsANotice) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 5 slots: 500
+  EXPECT_EQ(tier_.reserved_bytes(), 500);
+  // Reserving again for the same rank replaces the reservation (a new attempt).
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 120, false, "node-a").ok());
+  EXPECT_EQ(tier_.reserved_bytes(), 600);
+  const absl::StatusOr<std::string> refused = tier_.Reserve("j-1", 1, 100, true, "node-b");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("refused a copy of rank 1 from node-b"));
+  const auto notices = tier_.TakeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].first, "j-1");
+  EXPECT_THAT(notices[0].second, HasSubstr("budget"));
+  EXPECT_THAT(tier_.TakeNotices(), IsEmpty());
+  tier_.Release("j-1");
+  EXPECT_EQ(tier_.reserved_bytes(), 0);
+  EXPECT_FALSE(fs_.Exists(absl::StrCat(kRoot, "/j-1")));
+}
+
+TEST_F(MemoryTierTest, BadNamesAreRefused) {
+  EXPECT_EQ(tier_.Reserve("../etc", 0, 1, false, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 1, true, "x").ok());
+  EXPECT_EQ(tier_.BeginCopy("j-1", 0, "../../x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier_.OpenReceived("j-1", Snap(1, 2), "../x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier_.BeginCopy("j-1", 7, Snap(1, 2)).code(), absl::StatusCode::kFailedPrecondition)
+      << "a copy needs a peer reservation for its rank";
+  EXPECT_EQ(tier_.Committed("j-1", 3, 4, Snap(1, 2), 2, {}).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a commit needs a reservation";
+}
+
+TEST_F(MemoryTierTest, KeepsTheNewestTheNewestCompleteAndThoseArriving) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  ASSERT_TRUE(tier_.Reserve("j-1", 1, 10, true, "node-b").ok());
+  // Rank 0 runs here, rank 1's copies come from the peer; step 2 is complete.
+  Write(Snap(1, 1), 0, 2);
+  Write(Snap(1, 2), 0, 2);
+  Receive(Snap(1, 2), 1, 2);
+  // A copy of step 3 is arriving while rank 0 goes on.
+  ASSERT_TRUE(tier_.BeginCopy("j-1", 1, Snap(1, 3)).ok());
+  for (int step = 3; step <= 8; ++step) Write(Snap(1, step), 0, 2);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 2), Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
+  // The copy of step 3 completes it: step 2 is no longer needed.
+  tier_.EndCopy("j-1", 1, 2, Snap(1, 3), /*complete=*/true);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
+  // A failed copy does not complete anything, and its snapshot goes once it is old.
+  ASSERT_TRUE(tier_.BeginCopy("j-1", 1, Snap(1, 6)).ok());
+  tier_.EndCopy("j-1", 1, 2, Snap(1, 6), /*complete=*/false);
+  Write(Snap(1, 9), 0, 2);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 7), Snap(1, 8), Snap(1, 9)));
+}
+
+TEST_F(MemoryTierTest, PeerCopiesAreQueuedNewestOnly) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  Write(Snap(1, 1), 0, 2);
+  EXPECT_FALSE(tier_.NextCopy().has_value()) << "no peer, no copies";
+  tier_.SetPeer("j-1", "node-b:7000");
+  Write(Snap(1, 2), 0, 2);
+  Write(Snap(1, 3), 0, 2);
+  const std::optional<PeerCopy> copy = tier_.NextCopy();
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->snapshot, Snap(1, 3));
+  EXPECT_EQ(copy->peer_address, "node-b:7000");
+  EXPECT_EQ(copy->world, 2);
+  EXPECT_EQ(copy->bytes, 10);
+  EXPECT_FALSE(tier_.NextCopy().has_value());
+}
+
+}  // namespace
+}  // namespace trainyard::server::agent

@@ -1,0 +1,72 @@
+#include "worker/grpc_memory_tier.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "proto/trainyard.grpc.pb.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace v1 = ::trainyard::v1;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+class GrpcMemoryTier final : public MemoryTierClient {
+ public:
+  GrpcMemoryTier(const std::string& address, std::string job_id, int attempt, int rank, int world)
+      : stub_(v1::MemoryTierService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        job_id_(std::move(job_id)),
+        attempt_(attempt),
+        rank_(rank),
+        world_(world) {}
+
+  absl::StatusOr<std::string> Reserve(int64_t bytes) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::TierReserveRequest request;
+    request.set_job_id(job_id_);
+    request.set_attempt_id(attempt_);
+    request.set_rank(rank_);
+    request.set_bytes(bytes);
+    v1::TierReserveReply reply;
+    if (grpc::Status s = stub_->Reserve(&context, request, &reply); !s.ok()) return FromGrpc(s);
+    return reply.dir();
+  }
+
+  absl::Status Committed(int64_t step, const std::string& snapshot,
+                         std::vector<std::string> files) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::TierCommitted request;
+    request.set_job_id(job_id_);
+    request.set_attempt_id(attempt_);
+    request.set_rank(rank_);
+    request.set_world(world_);
+    request.set_step(step);
+    request.set_snapshot(snapshot);
+    for (std::string& f : files) request.add_files(std::move(f));
+    v1::TierCommittedReply reply;
+    return FromGrpc(stub_->Committed(&context, request, &reply));
+  }
+
+ private:
+  std::unique_ptr<v1::MemoryTierService::Stub> stub_;
+  const std::string job_id_;
+  const int attempt_, rank_, world_;
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryTierClient> MakeGrpcMemoryTierClient(const std::string& address,
+                                                           std::string job_id, int attempt,
+                                                           int rank, int world) {
+  return std::make_unique<GrpcMemoryTier>(address, std::move(job_id), attempt, rank, world);
+}
+
+}  // namespace trainyard::worker

@@ -1,0 +1,33 @@
+// MemoryTierClient: a rank's view of its node's memory tier (server/agent/memory_tier.h), which
+// keeps snapshots of the rank's state in memory the agent owns, so that they outlive the worker.
+//
+// Threading: implementations must allow Committed from the snapshot writer's thread while the
+// training thread runs.
+#ifndef TRAINYARD_WORKER_MEMORY_TIER_CLIENT_H_
+#define TRAINYARD_WORKER_MEMORY_TIER_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace trainyard::worker {
+
+class MemoryTierClient {
+ public:
+  virtual ~MemoryTierClient() = default;
+  // Room for the rank's snapshots of `bytes` each; the job's directory in the tier, which holds
+  // the snapshots of every rank on this node and the copies peers sent here. RESOURCE_EXHAUSTED
+  // when the node's budget does not allow it.
+  virtual absl::StatusOr<std::string> Reserve(int64_t bytes) = 0;
+  // The rank's snapshot of `step` is written (directory `snapshot`, `files` in it, its manifest
+  // last): the agent may prune older ones and copy it to the peer node.
+  virtual absl::Status Committed(int64_t step, const std::string& snapshot,
+                                 std::vector<std::string> files) = 0;
+};
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_MEMORY_TIER_CLIENT_H_
