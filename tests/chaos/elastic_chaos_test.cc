@@ -7,6 +7,7 @@
 #include <iostream>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -142,6 +143,51 @@ TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) 
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out,
               HasSubstr("resumed from step"));
+}
+
+TEST(ElasticChaosTest, FlappingNodeCausesAtMostOneResizePerCooldown) {
+  ControlPlane cp("chaos_flap");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  cp.StartAgent("node-b", 1);
+  TinyJob job = ElasticJob("flap", cp.dir() + "/ckpt");
+  job.steps = 1000000;
+  job.checkpoint = absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 50}");
+  job.fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 20";
+  const std::string job_id = cp.Submit(cp.WriteSpec("flap.yaml", TinySpec(job)));
+  LoseNodeBAndExpectAShrinkTo(cp, job_id, 50, 1);
+  if (HasFatalFailure()) return;
+  // node-b comes back and dies three times within the cool-down.
+  for (int flap = 0; flap < 3; ++flap) {
+    cp.StartAgent("node-b", 1);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    cp.KillAgent("node-b");
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  // Then it stays: the job grows back once, when the cool-down since the shrink has passed.
+  cp.StartAgent("node-b", 1);
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.attempts_size() >= 3 && r.attempts(2).placement_size() == 2 &&
+               r.job().state() == v1::JOB_STATE_RUNNING;
+      },
+      60))
+      << cp.Cli({"status", job_id}).out;
+  const v1::GetJobReply grown = cp.Status(job_id);
+  int64_t shrunk_ms = 0, grow_ms = 0;
+  int grows = 0;
+  for (const v1::Event& event : grown.events()) {
+    if (event.kind() == "resized" && shrunk_ms == 0) shrunk_ms = event.time_unix_ms();
+    if (event.kind() == "resize_requested") {
+      ++grows;
+      grow_ms = event.time_unix_ms();
+    }
+  }
+  EXPECT_EQ(grows, 1) << cp.Cli({"status", job_id}).out;
+  EXPECT_EQ(grown.attempts_size(), 3) << "one shrink and one growth, nothing else";
+  EXPECT_GE(grow_ms - shrunk_ms, 19000) << "grew back within the cool-down";
+  EXPECT_EQ(cp.Cli({"cancel", job_id}).exit_code, 0);
 }
 
 }  // namespace
