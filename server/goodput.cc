@@ -43,7 +43,7 @@ void GoodputAccount::AttemptScheduled(absl::Time t, int64_t resume_step) {
     const std::string& cause = failures_[*attempts_.back().failure].cause;
     for (Attempt& attempt : attempts_) {
       if (attempt.first_step_time.has_value() && resume_step < attempt.top_step) {
-        attempt.cuts.push_back(Cut{resume_step, cause});
+        attempt.cuts.push_back(Cut{resume_step, cause, attempts_.size()});
       }
     }
   }
@@ -51,6 +51,19 @@ void GoodputAccount::AttemptScheduled(absl::Time t, int64_t resume_step) {
   attempt.scheduled = t;
   attempt.resume_step = resume_step;
   attempts_.push_back(std::move(attempt));
+}
+
+void GoodputAccount::Resumed(int64_t step) {
+  if (finished_.has_value() || attempts_.empty() || step <= attempts_.back().resume_step) return;
+  const size_t latest = attempts_.size() - 1;
+  attempts_.back().resume_step = step;
+  for (size_t i = 0; i < latest; ++i) {
+    Attempt& attempt = attempts_[i];
+    for (Cut& cut : attempt.cuts) {
+      if (cut.by == latest) cut.step = std::max(cut.step, step);
+    }
+    std::erase_if(attempt.cuts, [&](const Cut& cut) { return cut.step >= attempt.top_step; });
+  }
 }
 
 void GoodputAccount::Progress(absl::Time t, int64_t step) {

@@ -90,6 +90,9 @@ class GoodputAccount {
  public:
   // An attempt was scheduled at `t` to resume from checkpoint step `resume_step` (0: none).
   void AttemptScheduled(absl::Time t, int64_t resume_step);
+  // The latest attempt actually resumed from `step`, newer than the checkpoint it was scheduled
+  // with (the memory tier): less of the earlier attempts' work was lost.
+  void Resumed(int64_t step);
   // The running attempt had reached `step` at `t` (the highest step so far; reports are sparse,
   // about every half second).
   void Progress(absl::Time t, int64_t step);
@@ -109,6 +112,7 @@ class GoodputAccount {
   struct Cut {
     int64_t step = 0;
     std::string cause;
+    size_t by = 0;  // the attempt whose resume cut here
   };
   struct Attempt {
     absl::Time scheduled;

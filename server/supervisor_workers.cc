@@ -141,6 +141,7 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
     if (update.resumed && update.rank == 0 && entry->resumed_attempt != update.attempt_id) {
       entry->resumed_attempt = update.attempt_id;
       const ProgressUpdate::Resumed& r = *update.resumed;
+      entry->goodput.Resumed(r.step);
       AddEvent(txn, *entry, update.attempt_id, entry->job.state, entry->job.state, "resumed",
                r.step == 0 ? absl::StrFormat("attempt %d started from step 0 (worker ready in "
                                              "%.0f ms)",

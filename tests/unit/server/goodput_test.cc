@@ -180,6 +180,23 @@ TEST(GoodputAccountTest, CrashBooksLostWorkAndRestartByCause) {
   ExpectSumsToWall(s);
 }
 
+TEST(GoodputAccountTest, ResumingFromMemoryNewerThanTheCheckpointLosesLess) {
+  GoodputAccount account;
+  account.AttemptScheduled(At(0), 0);
+  TrainSteadily(account, 10, 10, 110, 10);  // 100 steps in 10 s
+  account.Failed(At(20.4), At(21), "crash");
+  account.AttemptScheduled(At(25), 60);  // the newest checkpoint: step 60
+  EXPECT_DOUBLE_EQ(account.Snapshot(At(26)).lost_s_by_cause.at("crash"), 5);
+  account.Resumed(100);  // the memory tier had step 100
+  EXPECT_DOUBLE_EQ(account.Snapshot(At(26)).lost_s_by_cause.at("crash"), 1);  // 100..110
+  account.Resumed(50);  // older than what it resumed from: ignored
+  EXPECT_DOUBLE_EQ(account.Snapshot(At(26)).lost_s_by_cause.at("crash"), 1);
+  account.Resumed(110);  // nothing lost
+  EXPECT_DOUBLE_EQ(account.Snapshot(At(26)).lost_s_by_cause.at("crash"), 0);
+  TrainSteadily(account, 32, 111, 120, 1);
+  EXPECT_GT(account.Snapshot(At(40)).productive_s, 10);
+}
+
 TEST(GoodputAccountTest, ResumingFromStepZeroLosesOnlyMeasuredTraining) {
   GoodputAccount account;
   account.AttemptScheduled(At(0), 0);
