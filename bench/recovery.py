@@ -209,7 +209,7 @@ def trainyard_trial(args, verbose):
             if not steps:
                 raise RuntimeError("attempt 1's rank-0 log has no step lines")
             resumed_event = find_event(events, "resumed", 2)
-            cause = resumed_event.get("cause", "")
+            cause = resumed_event.get("cause", "").replace(tmp, "$SCRATCH")
             m = re.search(r"resumed from step (\d+) \((memory tier|checkpoint)", cause)
             if not m:
                 raise RuntimeError(f"attempt 2 did not resume from a saved step: {cause}")
@@ -274,8 +274,8 @@ def torchrun_trial(args, verbose):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         agent = subprocess.Popen(
             [args.torchrun, "--nproc_per_node", "2", "--max_restarts", "5",
-             "--master_port", str(free_port()),
-             os.path.join(ROOT, "bench/torch_recovery_peer.py"), "--dir", tmp],
+             "--master_port", str(free_port()), "--log_dir", os.path.join(tmp, "torchelastic"),
+             *args.std_flags, os.path.join(ROOT, "bench/torch_recovery_peer.py"), "--dir", tmp],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         progress = os.path.join(tmp, "progress")
         pids = set()
@@ -317,9 +317,12 @@ def torchrun_trial(args, verbose):
                     pid_s, start_s = open(path).read().split()
                     pids.add(int(pid_s))
                     starts.append(float(start_s))
+            marks = {r[0]: r[1] for r in rows if r[3] == restart and r[0] != "step"}
             phases = {
                 "spawn": min(starts) - t_kill if starts else None,
-                "init_restore": resume[1] - min(starts) if starts else None,
+                "import": marks["imported"] - min(starts) if starts else None,
+                "rendezvous": marks["joined"] - marks["imported"],
+                "restore": resume[1] - marks["joined"],
                 "first_step": first[1] - resume[1],
             }
             if verbose:
@@ -340,16 +343,21 @@ def torchrun_trial(args, verbose):
 
 
 def torch_facts(torchrun):
-    """(torch version, torchrun's default --monitor_interval) of the torch that torchrun runs."""
+    """(torch version, torchrun's default --monitor_interval, whether torchrun can parse its own
+    default --redirects/--tee "0") of the torch that torchrun runs. torch 1.13 under Python 3.11
+    cannot: Std.from_str("0") returns None there, since 3.11 no longer iterates a Flag's zero
+    member, and torchrun then fails before starting a worker."""
     python = open(torchrun).readline()[2:].strip() or sys.executable
     out = subprocess.run(
         [python, "-c", "import torch; from torch.distributed.run import get_args_parser; "
-         "print(torch.__version__, get_args_parser().get_default('monitor_interval'))"],
+         "from torch.distributed.elastic.multiprocessing.api import Std; "
+         "print(torch.__version__, get_args_parser().get_default('monitor_interval'), "
+         "Std.from_str('0') is not None)"],
         capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"cannot import torch with {python}: {out.stderr.strip()}")
-    version, interval = out.stdout.split()
-    return version, float(interval)
+    version, interval, std_ok = out.stdout.split()
+    return version, float(interval), std_ok == "True"
 
 
 def cpu_model():
@@ -388,7 +396,9 @@ def main():
             sys.exit(f"recovery: {binary} is not built in {args.build}")
     if not os.access(args.torchrun, os.X_OK):
         sys.exit(f"recovery: no torchrun at {args.torchrun} (--torchrun PATH)")
-    torch_version, monitor_interval = torch_facts(args.torchrun)
+    torch_version, monitor_interval, std_ok = torch_facts(args.torchrun)
+    # The closest working equivalent of the default: stdout to a file and echoed, stderr as is.
+    args.std_flags = [] if std_ok else ["--redirects", "1", "--tee", "1"]
 
     results = {"trainyard": [], "torchrun": []}
     for i in range(args.trials):
@@ -416,23 +426,28 @@ def main():
         f"until step {args.kill_step}, then rank 1's process is killed with SIGKILL. Recovery is "
         "the wall time from the kill to the first step completed after the restart; work lost is "
         "the last step completed before the kill minus the step the restart resumed from. "
-        f"{args.trials} trials per side, alternating, fresh processes and directories each.", "",
+        f"{args.trials} trial{'s' if args.trials > 1 else ''} per side, alternating, fresh "
+        "processes and directories each.", "",
         "- **Trainyard**: trainyard-server and one trainyard-agent (2 CPU slots, memory tier on: "
         "each rank snapshots its state into the agent's memory after every step), "
         "`max_restarts: 5`, `backoff_initial_s: 0`, `heartbeat_timeout_s: 5`, the server's "
         "`--stop-grace 2`; a disk checkpoint directory whose interval is never reached. The end "
         "is the time of the coordinator's `resumed` event of attempt 2 (recorded when its rank 0 "
         "reports its first completed step).",
-        "- **torchrun**: `torchrun --nproc_per_node 2 --max_restarts 5` (otherwise torch's "
+        f"- **torchrun**: `torchrun --nproc_per_node 2 --max_restarts 5"
+        f"{' ' + ' '.join(args.std_flags) if args.std_flags else ''}` (otherwise torch's "
         f"defaults: static rendezvous, `--monitor_interval` {monitor_interval:g} s, spawned "
         "workers) running `bench/torch_recovery_peer.py` with DDP; rank 0 saves model, "
         "optimizer and step with `torch.save` after every step (a temporary file renamed over "
         "the last; no fsync) and every rank loads it on start. The end is rank 0's wall-clock "
-        "record of its first completed step after the restart.", "",
+        "record of its first completed step after the restart."
+        + ("" if std_ok else " (This torch under this Python cannot parse its own default "
+           "`--redirects 0 --tee 0`, so the workers' stdout goes to a file that torchrun echoes; "
+           "they write nothing to it.)"), "",
         f"The goal: Trainyard's median recovery at most a third of torchrun's, with at most one "
         f"step lost. **This measurement {'meets' if met else 'does not meet'} it**: the ratio of "
         f"the medians is {ratio:.2f} (goal ≤ 0.33), and Trainyard lost at most {worst_lost} "
-        f"step(s) in a trial (goal ≤ 1).", "",
+        f"step{'' if worst_lost == 1 else 's'} in a trial (goal ≤ 1).", "",
         "| | median recovery s | min s | max s | median work lost (steps) | max lost |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -450,12 +465,15 @@ def main():
                  ("reschedule", "failure → attempt 2 scheduled (attempt 1 stopped)"),
                  ("start", "scheduled → running (workers started, every rank joined)"),
                  ("first_step", "running → first step completed (`resumed` event)"),
-                 ("worker_ready", "of which: worker process start → ready to train (its report)"),
+                 ("worker_ready", "rank 0's process start → state restored, ready to train "
+                                  "(its report; spans the two rows above)"),
                  ("restore", "of which: restore from the memory tier (its report)")]
     tr_phases = [("spawn", "kill → new workers started (torchrun's monitor notices, stops the "
-                           "group, spawns)"),
-                 ("init_restore", "start → resumed (import torch, rendezvous, load checkpoint)"),
-                 ("first_step", "resumed → first step completed")]
+                           "group, starts new workers)"),
+                 ("import", "worker start → torch imported"),
+                 ("rendezvous", "torch imported → process group up"),
+                 ("restore", "process group up → model built, checkpoint loaded"),
+                 ("first_step", "checkpoint loaded → first step completed (and saved)")]
     for key, label in ty_phases:
         values = [r["phases"][key] for r in ty if r["phases"][key] is not None]
         if values:
@@ -480,7 +498,8 @@ def main():
         p = b["phases"]
         lines.append(f"torchrun  {i + 1}: {b['recovery_s']:6.3f} s  lost {b['lost']} (last "
                      f"{b['last_step']}, resumed {b['resumed_step']})  spawn {fmt(p['spawn'])} "
-                     f"init_restore {fmt(p['init_restore'])} first_step {fmt(p['first_step'])}")
+                     f"import {fmt(p['import'])} rendezvous {fmt(p['rendezvous'])} restore "
+                     f"{fmt(p['restore'])} first_step {fmt(p['first_step'])}")
     lines.append("```")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -15,9 +15,10 @@ The most a torchrun user can do to lose little work: after every step rank 0 wri
 DIR/ckpt/latest.pt (no fsync: like a memory tier, it only has to survive a process's death), and
 on every start each rank loads that file when it exists. What the driver reads, in DIR:
   pid.<restart>.<rank>  "<pid> <unix time>", written first thing at start (before torch loads);
-  progress              rank 0's lines "resume <unix time> <step> <restart>" once it has loaded
-                        the checkpoint (step 0 without one), and "step <unix time> <step>
-                        <restart>" after each completed step, once its checkpoint is in place.
+  progress              rank 0's lines "<event> <unix time> <step> <restart>": "imported" once
+                        torch is imported, "joined" once the process group is up, "resume" once
+                        it has loaded the checkpoint (step 0 without one), and "step" after each
+                        completed step, once that step's checkpoint is in place.
 <restart> is torchrun's TORCHELASTIC_RESTART_COUNT.
 """
 import os
@@ -64,9 +65,14 @@ def main():
         sys.stderr.write("torch_recovery_peer: --batch must be divisible by the world size\n")
         return 2
 
+    progress = os.path.join(args.dir, "progress")
+    if rank == 0:
+        append_line(progress, "imported %.6f 0 %d" % (time.time(), restart))
     torch.set_num_interop_threads(1)
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
+    if rank == 0:
+        append_line(progress, "joined %.6f 0 %d" % (time.time(), restart))
     cfg = torch_model.normalize_config(GPT2_DEBUG)
     torch.manual_seed(0)
     model = torch_model.build_model(cfg)
@@ -83,7 +89,6 @@ def main():
         del state
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     params = [p for _, p in model.named_contract_parameters()]
-    progress = os.path.join(args.dir, "progress")
     if rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
         append_line(progress, "resume %.6f %d %d" % (time.time(), step, restart))

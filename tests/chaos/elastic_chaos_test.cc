@@ -123,16 +123,27 @@ TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) 
   cp.StartAgent("node-a", 2);
   cp.StartAgent("node-b", 2);
   // tp 2 × dp 2 on 2 nodes of 2 slots: each node holds one tensor-parallel pair.
-  std::string spec = absl::StrCat(
-      "name: tp\nmodel: {preset: gpt2-debug}\n"
-      "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
-      "training: {steps: 1200, batch: 8, seq_len: 16, eval_every: 0, log_every: 100, threads: 1}\n"
-      "parallelism: {dp: 2, tp: 2}\nresources: {nodes: 2, devices_per_node: 2}\n"
-      "checkpoint: {dir: ",
-      cp.dir(), "/ckpt, every_steps: 100}\n",
-      "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
-      "backoff_initial_s: 0}\n");
-  const std::string job_id = cp.Submit(cp.WriteSpec("tp.yaml", spec));
+  auto spec = [&cp](const std::string& name) {
+    return absl::StrCat(
+        "name: ", name,
+        "\nmodel: {preset: gpt2-debug}\n"
+        "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
+        "training: {steps: 800, batch: 8, seq_len: 16, eval_every: 0, log_every: 100, "
+        "threads: 1}\n"
+        "parallelism: {dp: 2, tp: 2}\nresources: {nodes: 2, devices_per_node: 2}\n"
+        "checkpoint: {dir: ",
+        cp.dir(), "/", name, ", every_steps: 100}\n",
+        "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
+        "backoff_initial_s: 0}\n");
+  };
+  // The uninterrupted run, for the loss to match.
+  const std::string reference = cp.Submit(cp.WriteSpec("reference.yaml", spec("reference")));
+  const ProcessResult ref_watch = cp.Cli({"watch", reference}, 300);
+  ASSERT_EQ(ref_watch.exit_code, 0) << ref_watch.out << ref_watch.err;
+  const double want = ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id = cp.Submit(cp.WriteSpec("tp.yaml", spec("tp")));
   LoseNodeBAndExpectAShrinkTo(cp, job_id, 100, 2);
   if (HasFatalFailure()) return;
   const v1::GetJobReply shrunk = cp.Status(job_id);
@@ -141,8 +152,10 @@ TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) 
   EXPECT_EQ(shrunk.attempts(1).mesh().dp(), 1);
   const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
-  EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out,
-              HasSubstr("resumed from step"));
+  const std::string log = cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out;
+  EXPECT_THAT(log, HasSubstr("resumed from step"));
+  const double got = ExactFinalLoss(log);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", shrunk " << got;
 }
 
 TEST(ElasticChaosTest, FlappingNodeCausesAtMostOneResizePerCooldown) {

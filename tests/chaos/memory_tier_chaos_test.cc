@@ -55,7 +55,7 @@ std::string MemoryJob(const std::string& name, const std::string& dir, int nodes
       TinySpec({.name = name,
                 .nodes = nodes,
                 .ranks_per_node = 2 / nodes,
-                .steps = 1500,
+                .steps = 1200,
                 .max_restarts = 2,
                 .checkpoint = absl::StrCat("{dir: ", dir, ", every_steps: 1000}"),
                 .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 600"});
