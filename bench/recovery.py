@@ -3,13 +3,14 @@
 checkpoint written every step.
 
 Usage: python3 bench/recovery.py [--trials N] [--kill-step S] [--build DIR] [--out FILE]
-                                 [--torchrun PATH] [--verbose]
+                                 [--torchrun PATH] [--seed K] [--verbose]
 
 Both sides run the same 2-rank CPU data-parallel job on this machine: the GPT-2 of the
 gpt2-debug preset (2 layers, width 64, 4 heads), global batch 8 of 16 tokens drawn from a
 32-token vocabulary, AdamW, one thread per rank, gloo between the ranks. Once the job has
-completed step S (default 200), rank 1's process is killed with SIGKILL, and the benchmark
-measures
+completed step S (default 200), and after a random delay drawn uniformly from torchrun's
+monitoring interval (so that the kills sample its cycle evenly; seeded by --seed), rank 1's
+process is killed with SIGKILL, and the benchmark measures
   recovery  = the wall time from the kill to the first step completed after the restart;
   work lost = the last step completed before the kill - the step the restart resumed from.
 
@@ -24,7 +25,8 @@ running (every rank joined), running to the first step, and the restore time and
 time that the "resumed" event states.
 
 torchrun: `torchrun --nproc_per_node 2 --max_restarts 5` (torch's defaults otherwise, its static
-rendezvous on a free local port) running bench/torch_recovery_peer.py, which DDP-trains the same
+rendezvous on a free local port; `--redirects 1 --tee 1` where the installed torch cannot parse
+its own defaults, see torch_facts) running bench/torch_recovery_peer.py, which DDP-trains the same
 model with rank 0 saving model, optimizer and step after every step (torch.save to a temporary
 file, then a rename) and every rank loading that checkpoint when it starts: the fairest setting
 for torchrun, losing at most a step too. Its times come from the wall-clock lines that rank 0
@@ -39,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import signal
 import socket
@@ -138,7 +141,14 @@ class Plane:
 
     def status(self, job_id):
         """The job's status; remembers every worker pid it names, so close() can kill them."""
+        for proc, name in ((self.server, "trainyard-server"), (self.agent, "trainyard-agent")):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.log.name}")
         reply = self.cli("status", job_id)
+        state = str(reply["job"].get("state", ""))
+        if any(end in state for end in ("SUCCEEDED", "FAILED", "CANCELLED", "DRAINED")):
+            raise RuntimeError(f"job {job_id} ended ({state}): "
+                               f"{field(reply['job'], 'last_failure') or ''}")
         for attempt in reply.get("attempts", []):
             for placed in attempt.get("placement", []):
                 if int(placed.get("pid", 0)) > 0:
@@ -169,7 +179,7 @@ def find_event(events, kind, attempt, after=None):
     return None
 
 
-def trainyard_trial(args, verbose):
+def trainyard_trial(args, delay, verbose):
     with tempfile.TemporaryDirectory(prefix="trainyard_recovery_") as tmp:
         plane = Plane(args.build, tmp)
         try:
@@ -190,6 +200,7 @@ def trainyard_trial(args, verbose):
                 return None
 
             pid = wait_for(f"Trainyard's job to reach step {args.kill_step}", victim)
+            time.sleep(delay)
             t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
 
@@ -204,6 +215,9 @@ def trainyard_trial(args, verbose):
                     print(f"  {event_time(e):.3f} {event_time(e) - t_kill:+8.3f} s  "
                           f"attempt {field(e, 'attempt_id') or 0}  {e.get('kind'):12s} "
                           f"{e.get('cause', '')}", file=sys.stderr)
+                plane.log.flush()
+                print("the coordinator's and agent's log, last 40 lines:", file=sys.stderr)
+                print("".join(open(plane.log.name).readlines()[-40:]), file=sys.stderr)
             log = plane.run_cli("logs", job_id, "--attempt", "1", "--rank", "0")
             steps = [int(m.group(1)) for m in re.finditer(r"\bstep\s+(\d+)/\d+", log)]
             if not steps:
@@ -233,7 +247,7 @@ def trainyard_trial(args, verbose):
             except (RuntimeError, subprocess.TimeoutExpired):
                 pass
             return {
-                "side": "trainyard", "recovery_s": t_end - t_kill,
+                "side": "trainyard", "recovery_s": t_end - t_kill, "delay_s": delay,
                 "last_step": max(steps), "resumed_step": int(m.group(1)),
                 "lost": max(steps) - int(m.group(1)), "tier": m.group(2),
                 "failure_kind": failure.get("kind") if failure else "?",
@@ -268,7 +282,7 @@ def read_progress(path):
     return rows
 
 
-def torchrun_trial(args, verbose):
+def torchrun_trial(args, delay, verbose):
     with tempfile.TemporaryDirectory(prefix="torchrun_recovery_") as tmp:
         log = open(os.path.join(tmp, "torchrun.log"), "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -292,6 +306,7 @@ def torchrun_trial(args, verbose):
                     rows[-1][2] >= args.kill_step else None
 
             wait_for(f"torchrun's job to reach step {args.kill_step}", reached)
+            time.sleep(delay)
             pid_file = os.path.join(tmp, "pid.0.1")
             pid = int(open(pid_file).read().split()[0])
             if parent_pid(pid) != agent.pid:
@@ -330,7 +345,8 @@ def torchrun_trial(args, verbose):
                       f"{resume[2]}, phases {phases}; its log:", file=sys.stderr)
                 print(open(log.name).read()[-3000:], file=sys.stderr)
             return {
-                "side": "torchrun", "recovery_s": first[1] - t_kill, "last_step": last,
+                "side": "torchrun", "recovery_s": first[1] - t_kill, "delay_s": delay,
+                "last_step": last,
                 "resumed_step": resume[2], "lost": last - resume[2], "restart": restart,
                 "phases": phases,
             }
@@ -385,6 +401,7 @@ def main():
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/recovery.md"))
     parser.add_argument("--torchrun", default="/usr/bin/torchrun")
+    parser.add_argument("--seed", type=int, default=1, help="of the random delays before kills")
     parser.add_argument("--verbose", action="store_true",
                         help="print each trial's events and torchrun's log to stderr")
     args = parser.parse_args()
@@ -400,10 +417,13 @@ def main():
     # The closest working equivalent of the default: stdout to a file and echoed, stderr as is.
     args.std_flags = [] if std_ok else ["--redirects", "1", "--tee", "1"]
 
+    # A kill at a fixed step would fall at much the same point of torchrun's monitoring cycle
+    # every trial; a random delay after the step samples that cycle evenly (both sides alike).
+    rng = random.Random(args.seed)
     results = {"trainyard": [], "torchrun": []}
     for i in range(args.trials):
         for side, run in (("trainyard", trainyard_trial), ("torchrun", torchrun_trial)):
-            r = run(args, args.verbose)
+            r = run(args, rng.uniform(0, monitor_interval), args.verbose)
             results[side].append(r)
             print(f"trial {i + 1}/{args.trials} {side:9s} recovery {r['recovery_s']:6.3f} s, "
                   f"lost {r['lost']} step(s) (last {r['last_step']}, resumed "
@@ -415,7 +435,8 @@ def main():
     worst_lost = max(r["lost"] for r in ty)
     met = ratio <= 1 / 3 and worst_lost <= 1
     command = f"python3 bench/recovery.py --trials {args.trials}" + \
-        (f" --kill-step {args.kill_step}" if args.kill_step != 200 else "")
+        (f" --kill-step {args.kill_step}" if args.kill_step != 200 else "") + \
+        (f" --seed {args.seed}" if args.seed != 1 else "")
     lines = [
         "# Recovery after a worker crash", "",
         f"Machine: {platform.node()}, {cpu_model()}, {os.cpu_count()} CPUs, "
@@ -423,7 +444,9 @@ def main():
         f"Command: `{command}`", "",
         "A 2-rank CPU data-parallel job (the gpt2-debug GPT-2: 2 layers, width 64, 4 heads; global "
         "batch 8 × 16 tokens from a 32-token vocabulary; AdamW; one thread per rank; gloo) runs "
-        f"until step {args.kill_step}, then rank 1's process is killed with SIGKILL. Recovery is "
+        f"until step {args.kill_step}, then after a random delay (uniform over torchrun's "
+        f"{monitor_interval:g} s monitoring interval, so that the kills sample its cycle evenly) "
+        "rank 1's process is killed with SIGKILL. Recovery is "
         "the wall time from the kill to the first step completed after the restart; work lost is "
         "the last step completed before the kill minus the step the restart resumed from. "
         f"{args.trials} trial{'s' if args.trials > 1 else ''} per side, alternating, fresh "
@@ -463,7 +486,8 @@ def main():
               "| phase | median s | min s | max s |", "| --- | --- | --- | --- |"]
     ty_phases = [("detect", "kill → failure recorded"),
                  ("reschedule", "failure → attempt 2 scheduled (attempt 1 stopped)"),
-                 ("start", "scheduled → running (workers started, every rank joined)"),
+                 ("start", "scheduled → running (the agent starts the workers; every rank "
+                           "joined)"),
                  ("first_step", "running → first step completed (`resumed` event)"),
                  ("worker_ready", "rank 0's process start → state restored, ready to train "
                                   "(its report; spans the two rows above)"),
@@ -480,7 +504,9 @@ def main():
             lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in spread(values)) + " |")
         else:
             lines.append(f"| {label} | — | — | — |")
-    lines += ["", "torchrun, from rank 0's wall-clock records and each worker's start time:", "",
+    lines += ["", "torchrun, from rank 0's wall-clock records and each worker's start time. "
+              f"Its agent looks at its workers every {monitor_interval:g} s (`--monitor_interval`), "
+              "so the first phase spreads over that interval with where the kill falls in it:", "",
               "| phase | median s | min s | max s |", "| --- | --- | --- | --- |"]
     for key, label in tr_phases:
         values = [r["phases"][key] for r in tr if r["phases"][key] is not None]
@@ -490,13 +516,15 @@ def main():
     for i in range(args.trials):
         a, b = ty[i], tr[i]
         p = a["phases"]
-        lines.append(f"trainyard {i + 1}: {a['recovery_s']:6.3f} s  lost {a['lost']} (last "
+        lines.append(f"trainyard {i + 1}: {a['recovery_s']:6.3f} s  delay {a['delay_s']:.2f} s  "
+                     f"lost {a['lost']} (last "
                      f"{a['last_step']}, resumed {a['resumed_step']} from the {a['tier']})  "
                      f"detect {fmt(p['detect'])} reschedule {fmt(p['reschedule'])} start "
                      f"{fmt(p['start'])} first_step {fmt(p['first_step'])}")
         lines.append(f"           {a['cause']}")
         p = b["phases"]
-        lines.append(f"torchrun  {i + 1}: {b['recovery_s']:6.3f} s  lost {b['lost']} (last "
+        lines.append(f"torchrun  {i + 1}: {b['recovery_s']:6.3f} s  delay {b['delay_s']:.2f} s  "
+                     f"lost {b['lost']} (last "
                      f"{b['last_step']}, resumed {b['resumed_step']})  spawn {fmt(p['spawn'])} "
                      f"import {fmt(p['import'])} rendezvous {fmt(p['rendezvous'])} restore "
                      f"{fmt(p['restore'])} first_step {fmt(p['first_step'])}")
