@@ -309,6 +309,9 @@ class Supervisor {
   // A worker's hang report: gathered with the attempt's others, then a verdict (see
   // FailureDetector). Errors as ReportProgress.
   absl::Status ReportHang(const HangUpdate& update);
+  // OK while (job, attempt) is the job's current, unfinished attempt and `rank` in it: the
+  // fencing check before a checkpoint commit (WorkerService.ConfirmAttempt).
+  absl::Status ConfirmAttempt(const std::string& job_id, int attempt_id, int rank);
 
   // The address put in StartWorker orders (known once the server has bound its port).
   void SetCoordinatorAddress(const std::string& address);

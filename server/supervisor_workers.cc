@@ -127,6 +127,11 @@ absl::StatusOr<Supervisor::RankOfAttempt> Supervisor::FindLiveRankLocked(const s
   return RankOfAttempt{entry, attempt};
 }
 
+absl::Status Supervisor::ConfirmAttempt(const std::string& job_id, int attempt_id, int rank) {
+  absl::MutexLock lock(&mu_);
+  return FindLiveRankLocked(job_id, attempt_id, rank).status();
+}
+
 absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& update) {
   Txn txn;
   OrderReply reply;

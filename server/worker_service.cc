@@ -88,4 +88,13 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportHang(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::ConfirmAttempt(
+    grpc::CallbackServerContext* context, const v1::ConfirmAttemptRequest* request,
+    v1::ConfirmAttemptReply* /*reply*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(
+      supervisor_->ConfirmAttempt(request->job_id(), request->attempt_id(), request->rank())));
+  return reactor;
+}
+
 }  // namespace trainyard::server

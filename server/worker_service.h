@@ -38,6 +38,9 @@ class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackS
   grpc::ServerUnaryReactor* ReportHang(grpc::CallbackServerContext* context,
                                        const v1::HangReport* request,
                                        v1::HangReply* reply) override;
+  grpc::ServerUnaryReactor* ConfirmAttempt(grpc::CallbackServerContext* context,
+                                           const v1::ConfirmAttemptRequest* request,
+                                           v1::ConfirmAttemptReply* reply) override;
 
  private:
   Supervisor* const supervisor_;

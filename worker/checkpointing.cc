@@ -313,7 +313,8 @@ void Checkpointer::StartWriter(const TrainState& state) {
                                 .world = rank_.world,
                                 .save_token = save_token_,
                                 .resumed_step = resumed_step_,
-                                .snapshot_floats = floats});
+                                .snapshot_floats = floats,
+                                .may_commit = commit_guard_});
 }
 
 absl::Status Checkpointer::Save(const TrainState& state) {

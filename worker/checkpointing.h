@@ -83,6 +83,9 @@ class Checkpointer {
   std::vector<checkpoint::SaveOutcome> TakeOutcomes();
 
   bool enabled() const { return writer_ != nullptr; }
+  // Checked before every commit (checkpoint/writer.h: WriterOptions::may_commit). Set it before
+  // Restore.
+  void set_commit_guard(std::function<absl::Status()> guard) { commit_guard_ = std::move(guard); }
 
  private:
   std::vector<checkpoint::SnapshotRecord> Records(
@@ -112,6 +115,7 @@ class Checkpointer {
   const int attempt_;
   std::string tier_dir_;  // the job's directory in the tier, once reserved
   std::unique_ptr<checkpoint::CheckpointWriter> memory_writer_;
+  std::function<absl::Status()> commit_guard_;
   int64_t resumed_step_ = 0;
   std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };

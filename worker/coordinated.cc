@@ -326,6 +326,21 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
     train.memory_tier = tier.get();
   }
   train.attempt = options.attempt_id;
+  // Fencing: a checkpoint commits only while the coordinator confirms this attempt is current.
+  train.may_commit = [&stub, &options]() -> absl::Status {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ConfirmAttemptRequest request;
+    request.set_job_id(options.job_id);
+    request.set_attempt_id(options.attempt_id);
+    request.set_rank(options.rank);
+    v1::ConfirmAttemptReply reply;
+    const grpc::Status s = stub->ConfirmAttempt(&context, request, &reply);
+    if (s.ok()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the coordinator did not confirm attempt ", options.attempt_id,
+        " as the job's current one (", s.error_message(), "); a newer attempt may own the job"));
+  };
   train.on_resumed = [&reporter, started](const ResumeInfo& info) {
     v1::Resumed resumed;
     resumed.set_step(info.step);

@@ -395,6 +395,7 @@ absl::Status RankTrainer::Restore() {
           .rank = rank_.rank, .world = world, .tp_rank = at_.tp_rank, .micro_batch = at_.micro},
       std::move(token), [this](std::span<double> v) { return SumOverWorld(v); },
       options_.memory_tier, options_.attempt);
+  if (options_.may_commit) checkpointer_->set_commit_guard(options_.may_commit);
   const int64_t start = clock_.NowNanosMonotonic();
   bool from_memory = false;
   TY_ASSIGN_OR_RETURN(const std::optional<std::string> from,

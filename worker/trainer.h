@@ -89,6 +89,9 @@ struct TrainOptions {
   // The node's memory tier (none when null) and the attempt whose snapshots this run writes.
   MemoryTierClient* memory_tier = nullptr;
   int attempt = 0;
+  // Asked by rank 0 just before each checkpoint commit; an error (this attempt is no longer the
+  // job's, or that cannot be confirmed) fails the save. None when null.
+  std::function<absl::Status()> may_commit;
   // Called on rank 0 once the state is restored (or training starts from step 0).
   std::function<void(const ResumeInfo&)> on_resumed;
 };

@@ -351,6 +351,16 @@ void AgentCore::Tick() {
   }
   const int64_t now = clock_->NowNanosMonotonic();
   bool changed = false;
+  // Exits seen in this tick are reported those by a signal first: when a killed rank takes its
+  // peers down with it, they exit within the same moment, and the coordinator blames the first
+  // failure it hears of.
+  struct Reaped {
+    WorkerKey key;
+    int64_t pid;
+    ProcessExit exit;
+    std::string message;
+  };
+  std::vector<Reaped> reaped;
   for (auto it = workers_.begin(); it != workers_.end();) {
     Worker& worker = it->second;
     std::optional<ProcessExit> exit = launcher_->Poll(worker.record.process);
@@ -362,7 +372,7 @@ void AgentCore::Tick() {
                                worker.stop_reason,
                                worker.killed ? " (killed after the grace period)" : "");
       }
-      ReportExit(it->first, worker.record.process.pid, *exit, message);
+      reaped.push_back({it->first, worker.record.process.pid, *exit, std::move(message)});
       it = workers_.erase(it);
       changed = true;
       continue;
@@ -375,6 +385,10 @@ void AgentCore::Tick() {
     }
     ++it;
   }
+  std::stable_sort(reaped.begin(), reaped.end(), [](const Reaped& a, const Reaped& b) {
+    return (a.exit.signal != 0) > (b.exit.signal != 0);
+  });
+  for (const Reaped& r : reaped) ReportExit(r.key, r.pid, r.exit, r.message);
   if (changed) SaveRecords();
   for (auto it = log_requests_.begin(); it != log_requests_.end();) {
     it = PumpLog(it->second) ? log_requests_.erase(it) : std::next(it);

@@ -31,8 +31,14 @@ using ::testing::Not;
 // enough to train four times in a test on a loaded 2-core machine (15 ms a step).
 constexpr int kSteps = 400;
 
+// The memory tier is off: these tests are about the disk tier (tests/chaos/memory_tier_chaos_test
+// covers restarts from memory).
 TinyJob Job(const std::string& name, const std::string& checkpoint) {
-  return {.name = name, .ranks_per_node = 2, .steps = kSteps, .checkpoint = checkpoint};
+  return {.name = name,
+          .ranks_per_node = 2,
+          .steps = kSteps,
+          .checkpoint = checkpoint,
+          .fault_tolerance = "memory_every_steps: 0"};
 }
 
 // "exact final loss 0x1.0d5f...p+1" from a rank-0 log's `done:` line; "" when absent.

@@ -310,6 +310,11 @@ absl::StatusOr<int64_t> CheckpointWriter::Commit(const Job& job, const std::stri
   // manifest makes the checkpoint exist.
   TY_RETURN_IF_ERROR(fs_->SyncDir(Dirname(options_.dir)));
   TY_RETURN_IF_ERROR(fs_->SyncDir(options_.dir));
+  if (options_.may_commit) {
+    if (absl::Status fenced = options_.may_commit(); !fenced.ok()) {
+      return absl::Status(fenced.code(), absl::StrCat("not committed: ", fenced.message()));
+    }
+  }
   const std::string manifest_path = JoinPath(path, kManifestName);
   if (absl::Status written = fs_->WriteFileAtomic(manifest_path, json); !written.ok()) {
     // The rename may have happened without becoming durable: take the manifest away so that a

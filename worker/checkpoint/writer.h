@@ -53,6 +53,9 @@ struct WriterOptions {
   int64_t snapshot_floats = 0;
   // How long rank 0 waits for the other ranks' shards before the save fails.
   absl::Duration gather_timeout = absl::Minutes(10);
+  // Asked (on rank 0, the writer's thread) just before the manifest is written; an error fails
+  // the save without committing or pruning anything: the fencing of a stale attempt.
+  std::function<absl::Status()> may_commit;
   // Memory tier mode: every rank commits its own snapshot, in `dir`/MemorySnapshotName({attempt,
   // step}), by writing its manifest (the header and its one shard) as
   // MemoryRankManifestName(rank) after the shard; nothing is synced, gathered or pruned (the

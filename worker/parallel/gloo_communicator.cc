@@ -275,8 +275,9 @@ class GlooCommunicator final : public Communicator {
     in_flight_ = nullptr;
   }
 
-  // Runs a gloo operation, turning its exceptions into a Status: a timeout is
-  // DEADLINE_EXCEEDED (a peer stopped taking part), anything else UNAVAILABLE.
+  // Runs a gloo operation, turning its exceptions into a Status: a timeout, or a connection a
+  // peer closed or reset, is DEADLINE_EXCEEDED (a peer stopped taking part: exit code 3),
+  // anything else UNAVAILABLE.
   template <typename Fn>
   absl::Status Guard(const char* what, Fn&& fn) {
     if (aborted_.load()) return absl::AbortedError(absl::StrCat(what, ": communicator aborted"));
@@ -290,6 +291,12 @@ class GlooCommunicator final : public Communicator {
         return absl::DeadlineExceededError(absl::StrCat(what, " timed out after ", timeout_.count(),
                                                         " ms: a peer stopped taking part (",
                                                         message, ")"));
+      }
+      if (message.find("by peer") != std::string::npos ||
+          message.find("Broken pipe") != std::string::npos) {
+        // A peer's end went away (it died): like a timeout, the fault is on another rank.
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, " failed: a peer left (", message, ")"));
       }
       return absl::UnavailableError(absl::StrCat(what, " failed: ", message));
     }

@@ -107,6 +107,30 @@ int64_t OpsOfOneSave() {
   return fs.mutating_ops() - before;
 }
 
+TEST(CheckpointFaultTest, AFencedRunNeitherCommitsNorPrunes) {
+  FaultInjectionFileSystem fs({"/"});
+  ASSERT_TRUE(TrainOn(fs, 4).result.ok());  // steps 2 and 4 committed
+  // A stale run (a newer attempt owns the job) goes on from step 4 but may not commit.
+  auto backend = MakeCpuBackend(1);
+  std::vector<checkpoint::SaveOutcome> outcomes;
+  TrainOptions options;
+  options.fs = &fs;
+  options.on_checkpoint = [&](const checkpoint::SaveOutcome& o) { outcomes.push_back(o); };
+  options.may_commit = [] { return absl::FailedPreconditionError("attempt 1 has ended"); };
+  const absl::StatusOr<TrainResult> stale = Train(Job(), *backend, options);
+  ASSERT_TRUE(stale.ok()) << stale.status() << " (a refused commit does not stop training)";
+  ASSERT_FALSE(outcomes.empty());
+  for (const checkpoint::SaveOutcome& o : outcomes) {
+    EXPECT_FALSE(o.committed);
+    EXPECT_THAT(o.message, HasSubstr("not committed: attempt 1 has ended"));
+  }
+  // Nothing of the live run's was pruned, and nothing of the stale run's committed.
+  absl::StatusOr<std::vector<std::string>> list = checkpoint::ListCommitted(fs, kDir);
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 2u);
+  EXPECT_EQ(NewestCommittedStep(fs), 4);
+}
+
 TEST(CheckpointFaultTest, SavesCommitAndTheNextRunContinuesExactly) {
   FaultInjectionFileSystem fs({"/"});
   RunOutcome first = TrainOn(fs, 4);
