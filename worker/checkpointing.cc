@@ -278,14 +278,33 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           .snapshot_floats = SnapshotFloats(state),
           .memory_tier = true,
           .attempt = attempt_,
-          .on_committed = [tier = tier_](int64_t step, const std::string& snapshot,
-                                         std::vector<std::string> files) {
-            return tier->Committed(step, snapshot, std::move(files));
+          .on_committed = [this](int64_t step, const std::string& snapshot,
+                                 std::vector<std::string> files) -> absl::Status {
+            absl::Status told = tier_->Committed(step, snapshot, files);
+            if (told.ok()) {
+              memory_failures_ = 0;
+              return told;
+            }
+            // The agent that owns the tier did not take it (it restarted, or is gone): nothing
+            // would prune this snapshot, so it goes, and after a few such failures the rank
+            // stops snapshotting.
+            const std::string dir = checkpoint::JoinPath(tier_dir_, snapshot);
+            for (const std::string& file : files) {
+              (void)fs_->RemoveFile(checkpoint::JoinPath(dir, file));
+            }
+            (void)fs_->RemoveDir(dir);  // when no other rank's files are in it
+            if (++memory_failures_ == kMemoryFailuresTolerated) {
+              TY_LOG(WARNING) << "rank " << rank_.rank << " stops its memory snapshots: its "
+                              << "node's agent did not take " << kMemoryFailuresTolerated
+                              << " in a row (" << told.message() << ")";
+            }
+            return told;
           }});
 }
 
 bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps) const {
-  return memory_writer_ != nullptr && state.step < total_steps &&
+  return memory_writer_ != nullptr && memory_failures_ < kMemoryFailuresTolerated &&
+         state.step < total_steps &&
          state.step % spec_.fault_tolerance.memory_every_steps == 0;
 }
 

@@ -18,6 +18,7 @@
 #ifndef TRAINYARD_WORKER_CHECKPOINTING_H_
 #define TRAINYARD_WORKER_CHECKPOINTING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -116,6 +117,9 @@ class Checkpointer {
   std::string tier_dir_;  // the job's directory in the tier, once reserved
   std::unique_ptr<checkpoint::CheckpointWriter> memory_writer_;
   std::function<absl::Status()> commit_guard_;
+  // Memory snapshots in a row the agent did not take (the writer's thread counts them).
+  static constexpr int kMemoryFailuresTolerated = 3;
+  std::atomic<int> memory_failures_{0};
   int64_t resumed_step_ = 0;
   std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };

@@ -23,8 +23,10 @@ MemoryTier::MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, s
 
 absl::Status MemoryTier::Start() {
   if (fs_->Exists(root_)) {
+    // Workers of the last agent that still run (adopted by this one) may be writing into it:
+    // what cannot be removed now goes when its job ends (Release).
     if (absl::Status removed = RemoveRecursively(*fs_, root_); !removed.ok()) {
-      return Annotate(removed, absl::StrCat("clearing the memory tier ", root_));
+      TY_LOG(WARNING) << "memory tier " << root_ << " not cleared completely: " << removed.message();
     }
   }
   return Annotate(fs_->CreateDirs(root_), absl::StrCat("creating the memory tier ", root_));

@@ -18,7 +18,8 @@
 // pair makes a complete snapshot from which a lost peer's work resumes.
 //
 // The agent wipes the tier when it starts: a restarted agent holds no reservations, and a lost
-// node's memory is lost.
+// node's memory is lost. Workers it adopts from the agent before it lose their tier: their
+// reports go to the old agent's address, and they stop snapshotting when those fail.
 //
 // Threading: thread-safe (one internal mutex); file I/O through the FileSystem seam.
 #ifndef TRAINYARD_SERVER_AGENT_MEMORY_TIER_H_
