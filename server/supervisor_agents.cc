@@ -45,6 +45,13 @@ absl::StatusOr<uint64_t> Supervisor::AgentConnected(
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+    // Until the coordinator knows the address its workers reach it at (its port is chosen when
+    // its server starts), it could only order workers started with an empty one: the agent
+    // retries in a moment.
+    if (coordinator_address_.empty()) {
+      return absl::UnavailableError("the coordinator is starting; connect again");
+    }
+    TY_RETURN_IF_ERROR(registry_->CheckNodeIdFree(node_in));
     NodeRecord& node = nodes_[node_in.node_id];
     const absl::Time registered = node.registered;
     node = node_in;

@@ -34,6 +34,28 @@ TEST_F(SupervisorTest, BadSpecIsRefusedWithItsFieldPathAndNothingIsStored) {
   EXPECT_TRUE(supervisor_->ListJobs({}, 0).empty());
 }
 
+TEST_F(SupervisorTest, AgentsWaitUntilTheCoordinatorKnowsItsOwnAddress) {
+  // The coordinator's server starts before its port, and so the address its workers reach it
+  // at, is known: an agent connecting then must not be given workers to start without it.
+  options_.coordinator_address = "";
+  Restart();
+  const std::string id = Submit(TinySpec("early"));
+  NodeRecord node;
+  node.node_id = "node-a";
+  node.cpu_slots = 2;
+  auto channel = std::make_shared<testing::RecordingChannel>();
+  auto early = supervisor_->AgentConnected(node, {}, {}, channel, [](const RegisteredOrder&) {});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(channel->TakeOf<StartWorkerOrder>().empty());
+  EXPECT_EQ(State(id), JobState::kQueued);
+
+  supervisor_->SetCoordinatorAddress("127.0.0.1:7001");
+  Agent agent = Connect("node-a", 2);
+  auto starts = agent.channel->TakeOf<StartWorkerOrder>();
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[0].coordinator_address, "127.0.0.1:7001");
+}
+
 TEST_F(SupervisorTest, JobRunsToSuccessThroughEveryState) {
   const std::string id = Submit(TinySpec("ok"));
   auto watcher = std::make_shared<RecordingWatcher>();
