@@ -110,6 +110,19 @@ Problem CheckBatch(const ParallelismSpec& m, const TrainingSpec& t) {
 
 int64_t ModelParallelSize(const ParallelismSpec& m) { return int64_t{m.tp} * m.pp; }
 
+// Sequence parallelism splits each micro-batch's tokens over the tensor-parallel group.
+Problem CheckSequenceParallel(const ParallelismSpec& m, const TrainingSpec& t) {
+  if (!m.sequence_parallel || m.tp == 1) return std::nullopt;
+  const int64_t tokens = int64_t{MicroBatchPerRank(t, m)} * t.seq_len;
+  if (tokens % m.tp != 0) {
+    return Bad("parallelism.sequence_parallel",
+               absl::StrCat(tokens, " tokens per micro-batch (", MicroBatchPerRank(t, m), " × ",
+                            t.seq_len, ") do not split over tp ", m.tp),
+               {"training.micro_batch", "training.seq_len", "parallelism.tp"});
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh) {
@@ -158,7 +171,8 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
   if (Problem p = CheckTensorParallel(mesh, spec)) return p;
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
-  return CheckBatch(mesh, spec.training);
+  if (Problem p = CheckBatch(mesh, spec.training)) return p;
+  return CheckSequenceParallel(mesh, spec.training);
 }
 
 absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text_check.h"
 #include "common/status.h"
 #include "config/field_reader.h"
 #include "config/mesh.h"
@@ -215,6 +216,9 @@ std::string DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kGpu ? 
 
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name,
                                      const SpecLimits& limits) {
+  if (std::optional<TextProblem> bad = FindTextProblem(yaml_text)) {
+    return LocatedError(source_name, YamlMark{bad->line, bad->column}, "", bad->what);
+  }
   TY_ASSIGN_OR_RETURN(const YamlNode root,
                       ParseYamlTree(yaml_text, source_name, YamlLimits{kMaxSpecBytes, kMaxDepth}));
   SpecLocations locations;

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
 namespace trainyard::server {
 
 AgentRegistry::AgentRegistry(Clock* clock, absl::Duration heartbeat_timeout)
@@ -28,6 +31,21 @@ uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentCha
   entry.last_seen_ns = clock_->NowNanosMonotonic();
   entry.lost = false;
   return entry.session;
+}
+
+absl::Status AgentRegistry::CheckNodeIdFree(const NodeRecord& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node.node_id);
+  if (it == nodes_.end() || it->second.channel == nullptr) return absl::OkStatus();
+  const NodeRecord& held = it->second.record;
+  if (held.instance_id.empty() || node.instance_id.empty() ||
+      held.instance_id == node.instance_id || Age(it->second) >= heartbeat_timeout_) {
+    return absl::OkStatus();  // the same agent reconnecting, or a silent one: replace it
+  }
+  return absl::AlreadyExistsError(absl::StrCat(
+      "node id ", node.node_id, " is in use by another agent (on ", held.hostname,
+      ", heard from ", absl::FormatDuration(absl::Trunc(Age(it->second), absl::Milliseconds(1))),
+      " ago); give every agent its own --node-id"));
 }
 
 bool AgentRegistry::Disconnect(const std::string& node_id, uint64_t session) {

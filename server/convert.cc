@@ -331,6 +331,7 @@ NodeRecord FromProto(const v1::RegisterAgent& registration) {
   node.cpu_slots = registration.cpu_slots();
   node.memory_tier_address = registration.memory_tier_address();
   node.memory_tier_budget_bytes = registration.memory_tier_budget_bytes();
+  node.instance_id = registration.instance_id();
   for (const v1::GpuInfo& gpu : registration.gpus()) {
     node.gpus.push_back(GpuInfo{gpu.index(), gpu.name(), gpu.memory_bytes()});
   }

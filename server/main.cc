@@ -40,6 +40,7 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
   --worker-binary PATH       trainyard-worker for the local agent (default: found beside this)
   --agent-memory-tier-dir DIR  the local agent's memory tier (default: under /dev/shm)
   --agent-memory-tier-mb N   its budget in MiB (default: a quarter of memory; 0: no tier)
+  --agent-pass-env PATTERN   another variable (or PREFIX*) the local agent passes to workers
   --advertise-address H:P    address workers reach the coordinator at (default: the bound one)
   --tls-cert FILE --tls-key FILE [--tls-client-ca FILE]
                              serve TLS; with a client CA, clients must present certificates it
@@ -62,6 +63,7 @@ struct Flags {
   bool local_agent = true;
   int agent_slots = 0;
   std::string agent_memory_tier_dir;
+  std::vector<std::string> agent_pass_env;
   int64_t agent_memory_tier_mb = -1;
   std::string agent_node_id;
   std::string worker_binary;
@@ -115,6 +117,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       TY_ASSIGN_OR_RETURN(flags.agent_node_id, value());
     } else if (arg == "--worker-binary") {
       TY_ASSIGN_OR_RETURN(flags.worker_binary, value());
+    } else if (arg == "--agent-pass-env") {
+      TY_ASSIGN_OR_RETURN(std::string pattern, value());
+      flags.agent_pass_env.push_back(std::move(pattern));
     } else if (arg == "--agent-memory-tier-dir") {
       TY_ASSIGN_OR_RETURN(flags.agent_memory_tier_dir, value());
     } else if (arg == "--agent-memory-tier-mb") {
@@ -252,6 +257,7 @@ absl::Status Run(int argc, char** argv) {
     options.worker_binary = flags.worker_binary;
     options.memory_tier_dir = flags.agent_memory_tier_dir;
     options.memory_tier_mb = flags.agent_memory_tier_mb;
+    options.pass_env = flags.agent_pass_env;
     agent = std::thread([options, &stop_agent, &agent_status] {
       agent_status = agent::RunAgent(options, &stop_agent);
       if (!agent_status.ok()) {

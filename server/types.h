@@ -282,6 +282,7 @@ struct NodeRecord {
   // The agent's memory tier service (empty: none); reported at each registration, not stored.
   std::string memory_tier_address;
   int64_t memory_tier_budget_bytes = 0;
+  std::string instance_id;  // of the agent process (RegisterAgent.instance_id); not stored
 };
 
 // "j-000042" for seq 42.

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
@@ -26,6 +28,8 @@ namespace {
 
 constexpr absl::Duration kLoopPeriod = absl::Milliseconds(50);
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
+// While the coordinator stays unreachable, the agent says so once per this long, not at every try.
+constexpr absl::Duration kMaxQuietLog = absl::Minutes(1);
 
 using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>;
 
@@ -69,6 +73,15 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
   }
   config.work_dir = work_dir.lexically_normal().string();
   config.environment = CurrentEnvironment();
+  std::random_device random;
+  config.instance_id = absl::StrFormat("%08x%08x", random(), random());
+  for (const std::string& pattern : options.pass_env) {
+    if (!IsValidVariablePattern(pattern)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--pass-env '", pattern, "': expected a variable name, or a prefix ending in '*'"));
+    }
+  }
+  config.pass_env = options.pass_env;
   config.threads_per_cpu_worker = options.threads_per_cpu_worker > 0
                                       ? options.threads_per_cpu_worker
                                       : std::max(1, cores / config.cpu_slots);
@@ -76,8 +89,11 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 }
 
 // One Connect stream, from registration until it breaks or *stop. True when the coordinator
-// accepted the registration.
-bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop) {
+// accepted the registration. *refused: set when the coordinator refused this agent for good
+// (ALREADY_EXISTS: its node id belongs to another live agent).
+// `quiet`: the coordinator has been unreachable for a while and that was said already.
+bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
+                absl::Status* refused, bool quiet) {
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub.Connect(&context);
   std::atomic<bool> reader_done{false}, registered{false};
@@ -121,10 +137,16 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
   context.TryCancel();
   reader.join();
   const grpc::Status status = stream->Finish();
-  if (!*stop) {
-    TY_LOG(WARNING) << "connection to the coordinator ended: "
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    *refused = absl::AlreadyExistsError(status.error_message());
+    return registered;
+  }
+  if (!*stop && (registered || !quiet)) {
+    TY_LOG(WARNING) << (registered ? "connection to the coordinator ended: "
+                                   : "cannot connect to the coordinator: ")
                     << (status.ok() ? "OK" : status.error_message()) << " (code "
-                    << status.error_code() << ")";
+                    << status.error_code() << "); retrying (while it lasts, this is said at "
+                    << "most once every " << absl::FormatDuration(kMaxQuietLog) << ")";
   }
   return registered;
 }
@@ -172,8 +194,21 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
 
   absl::Duration backoff = kFirstBackoff;
+  int failures = 0;        // connection attempts in a row that did not register
+  int64_t last_said = 0;   // monotonic: when the last such failure was logged
   while (!*stop) {
-    if (RunSession(*stub, core, stop)) backoff = kFirstBackoff;
+    absl::Status refused;
+    const int64_t now = RealClock()->NowNanosMonotonic();
+    const bool quiet = failures > 0 && now - last_said < absl::ToInt64Nanoseconds(kMaxQuietLog);
+    if (!quiet) last_said = now;
+    if (RunSession(*stub, core, stop, &refused, quiet)) {
+      if (failures > 1) TY_LOG(INFO) << "connected again after " << failures << " attempts";
+      backoff = kFirstBackoff;
+      failures = 0;
+    } else {
+      ++failures;
+    }
+    if (!refused.ok()) return refused;
     core.OnDisconnected();
     // Keep watching the workers while disconnected; their exits wait for the next registration.
     const int64_t until = RealClock()->NowNanosMonotonic() + absl::ToInt64Nanoseconds(backoff);

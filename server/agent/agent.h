@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -29,6 +30,9 @@ struct AgentOptions {
   // MiB (-1: a quarter of the machine's memory; 0: no tier), and the port of its service (0: a
   // free one).
   std::string memory_tier_dir;
+  // More variables of the agent's environment that pass to workers (names, or prefixes ending
+  // in '*'), beyond agent_core.h's kDefaultWorkerVariables.
+  std::vector<std::string> pass_env;
   int64_t memory_tier_mb = -1;
   int memory_tier_port = 0;
 };

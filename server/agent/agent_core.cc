@@ -3,12 +3,15 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/agent/log_files.h"
@@ -32,16 +35,36 @@ WorkerKey KeyOf(const std::string& job_id, int attempt_id, int rank) {
 
 }  // namespace
 
-bool IsAllowedWorkerVariable(const std::string& name) {
-  static const char* const kAllowed[] = {
-      "PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"};
-  for (const char* allowed : kAllowed) {
-    if (name == allowed) return true;
+namespace {
+
+bool MatchesPattern(const std::string& name, std::string_view pattern) {
+  if (!pattern.empty() && pattern.back() == '*') {
+    pattern.remove_suffix(1);
+    return name.size() > pattern.size() && name.compare(0, pattern.size(), pattern) == 0;
   }
-  if (absl::StartsWith(name, "TRAINYARD_") && name.size() > 10) return true;
-  // The node's OpenBLAS settings (OPENBLAS_CORETYPE, ...): they choose the GEMM kernels, and so
-  // the bits a worker computes; a worker must compute as the node was set up to.
-  return absl::StartsWith(name, "OPENBLAS_") && name.size() > 9;
+  return name == pattern;
+}
+
+}  // namespace
+
+bool IsAllowedWorkerVariable(const std::string& name, const std::vector<std::string>& extra) {
+  for (const char* pattern : kDefaultWorkerVariables) {
+    if (MatchesPattern(name, pattern)) return true;
+  }
+  for (const std::string& pattern : extra) {
+    if (MatchesPattern(name, pattern)) return true;
+  }
+  return false;
+}
+
+bool IsValidVariablePattern(const std::string& pattern) {
+  std::string_view body = pattern;
+  if (!body.empty() && body.back() == '*') body.remove_suffix(1);
+  if (body.empty() || std::isdigit(static_cast<unsigned char>(body[0]))) return false;
+  for (char c : body) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
 }
 
 AgentCore::AgentCore(AgentConfig config, ProcessLauncher* launcher, FileSystem* fs, Clock* clock)
@@ -105,6 +128,7 @@ v1::AgentMessage AgentCore::Registration() {
   r->set_cpu_slots(config_.cpu_slots);
   for (const v1::GpuInfo& gpu : config_.gpus) *r->add_gpus() = gpu;
   r->set_agent_version(config_.version);
+  r->set_instance_id(config_.instance_id);
   if (config_.memory_tier != nullptr) {
     r->set_memory_tier_address(config_.memory_tier_address);
     r->set_memory_tier_budget_bytes(config_.memory_tier->budget_bytes());
@@ -179,14 +203,15 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
                                                                       const WorkerKey& key) const {
   std::map<std::string, std::string> env;
   for (const auto& [name, value] : config_.environment) {
-    if (IsAllowedWorkerVariable(name)) env[name] = value;
+    if (IsAllowedWorkerVariable(name, config_.pass_env)) env[name] = value;
   }
   for (const auto& [name, value] : order.env()) {
-    if (!IsAllowedWorkerVariable(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("environment variable ", name,
-                       " is not allowed for workers (only PATH, HOME, LANG, LD_LIBRARY_PATH, "
-                       "OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, OPENBLAS_* and TRAINYARD_*)"));
+    if (!IsAllowedWorkerVariable(name, config_.pass_env)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable ", name, " is not allowed for workers (only ",
+          absl::StrJoin(kDefaultWorkerVariables, ", "),
+          config_.pass_env.empty() ? "" : ", ", absl::StrJoin(config_.pass_env, ", "),
+          "; trainyard-agent --pass-env adds more)"));
     }
     env[name] = value;
   }

@@ -49,11 +49,14 @@ struct AgentConfig {
   std::vector<v1::GpuInfo> gpus;
   std::string worker_binary;  // absolute path of trainyard-worker
   std::string work_dir;       // logs and the worker records live here
-  // The agent's own environment; only the allowlisted variables reach workers.
+  // The agent's own environment; only the allowed variables reach workers (the defaults and
+  // `pass_env`, patterns as IsAllowedWorkerVariable takes them).
   std::map<std::string, std::string> environment;
+  std::vector<std::string> pass_env;
   // OMP_NUM_THREADS for CPU workers when neither the environment nor the order sets it.
   int threads_per_cpu_worker = 1;
   std::string version = "trainyard-agent 0.1";
+  std::string instance_id;  // new with every start of the agent process
   // The node's memory tier (null: none), and where its service listens: for peers, and for this
   // node's workers (TRAINYARD_MEMORY_TIER).
   MemoryTier* memory_tier = nullptr;
@@ -61,9 +64,20 @@ struct AgentConfig {
   std::string memory_tier_local_address;
 };
 
-// Whether a variable may pass from the agent (or a StartWorker order) to a worker: PATH, HOME,
-// LANG, LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, OPENBLAS_* and TRAINYARD_*.
-bool IsAllowedWorkerVariable(const std::string& name);
+// The variables that pass from the agent's environment (or a StartWorker order) to its workers
+// unless the operator adds more (trainyard-agent --pass-env): the basics of a process, and the
+// settings of the libraries a worker computes and communicates with (OpenMP, OpenBLAS, CUDA,
+// NCCL, Gloo), which decide its kernels, threads and transports. A pattern is a name, or a
+// prefix ending in '*' (which matches longer names only).
+inline constexpr const char* kDefaultWorkerVariables[] = {
+    "PATH",   "HOME",   "LANG",       "LC_*",   "TZ",     "TMPDIR", "LD_LIBRARY_PATH", "OMP_*",
+    "GOMP_*", "KMP_*",  "OPENBLAS_*", "CUDA_*", "NCCL_*", "GLOO_*", "TRAINYARD_*"};
+
+// Whether `name` may pass to a worker: it matches a default pattern or one of `extra`.
+bool IsAllowedWorkerVariable(const std::string& name, const std::vector<std::string>& extra = {});
+// Whether `pattern` is a valid --pass-env pattern: [A-Za-z_][A-Za-z0-9_]*, optionally ending in
+// '*'.
+bool IsValidVariablePattern(const std::string& pattern);
 
 class AgentCore {
  public:

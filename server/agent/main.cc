@@ -4,6 +4,7 @@
 //   trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus]
 //                   [--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N]
 //                   [--memory-tier-dir DIR] [--memory-tier-mb N] [--memory-tier-port PORT]
+//                   [--pass-env PATTERN]...
 //                   [--log-level LEVEL]
 //
 // The memory tier (memory_tier.h) keeps the workers' in-memory snapshots: in DIR (default: a
@@ -31,7 +32,28 @@ namespace {
 constexpr char kUsage[] =
     "usage: trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus] "
     "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--memory-tier-dir DIR] "
-    "[--memory-tier-mb N] [--memory-tier-port PORT] [--log-level LEVEL]";
+    "[--memory-tier-mb N] [--memory-tier-port PORT] [--pass-env PATTERN]... [--log-level LEVEL]";
+
+constexpr char kHelp[] =
+    "The node agent: registers this node's CPU slots and GPUs with the coordinator, and starts,\n"
+    "stops and watches the workers it places here.\n"
+    "\n"
+    "  --coordinator HOST:PORT   the coordinator's gRPC address (required)\n"
+    "  --node-id NAME            this node's stable name (default: the hostname); one per agent\n"
+    "  --slots N                 CPU ranks this node runs at once (default: its CPU cores)\n"
+    "  --no-gpus                 offer no GPUs even where CUDA devices exist\n"
+    "  --work-dir DIR            per-rank logs and the worker records (default: trainyard-agent)\n"
+    "  --worker-binary PATH      trainyard-worker (default: found beside this binary)\n"
+    "  --threads-per-worker N    OMP_NUM_THREADS of CPU workers (default: cores / slots)\n"
+    "  --memory-tier-dir DIR     the workers' in-memory snapshots (default: under /dev/shm)\n"
+    "  --memory-tier-mb N        their budget in MiB (default: a quarter of memory; 0: none)\n"
+    "  --memory-tier-port PORT   where peer agents send copies (default: a free port)\n"
+    "  --pass-env PATTERN        another variable (or PREFIX*) workers inherit; repeatable\n"
+    "  --log-level LEVEL         debug, info, warning or error (default: info)\n"
+    "\n"
+    "SIGTERM or SIGINT stops the agent; its workers keep running, and a restarted agent with the\n"
+    "same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags or no worker binary; 1\n"
+    "other errors (another live agent has this --node-id, for one).\n";
 
 std::atomic<bool> g_stop{false};
 
@@ -70,6 +92,9 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
     } else if (arg == "--threads-per-worker") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());
       TY_ASSIGN_OR_RETURN(options.threads_per_cpu_worker, PositiveInt(arg, v));
+    } else if (arg == "--pass-env") {
+      TY_ASSIGN_OR_RETURN(std::string v, value());
+      options.pass_env.push_back(std::move(v));
     } else if (arg == "--memory-tier-dir") {
       TY_ASSIGN_OR_RETURN(options.memory_tier_dir, value());
     } else if (arg == "--memory-tier-mb") {
@@ -91,7 +116,7 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
       TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(v));
       SetMinLogLevel(level);
     } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << "\n";
+      std::cout << kUsage << "\n\n" << kHelp;
       std::exit(0);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));

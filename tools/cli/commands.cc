@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/text_check.h"
 #include "common/status.h"
 #include "tools/cli/checkpoint_format.h"
 #include "tools/cli/format.h"
@@ -207,6 +208,12 @@ class Cli {
     const std::string& path = line_.positionals[0];
     absl::StatusOr<std::string> spec = io_.fs->ReadFile(path);
     if (!spec.ok()) return Annotate(spec.status(), "cannot read the spec");
+    // The request carries the spec as a protobuf string, which must be UTF-8: say where it is
+    // not rather than fail to send it.
+    if (std::optional<TextProblem> bad = FindTextProblem(*spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", bad->line, ":", bad->column, ": spec: ", bad->what));
+    }
     v1::SubmitJobRequest request;
     request.set_spec_yaml(*spec);
     request.set_spec_source(path);

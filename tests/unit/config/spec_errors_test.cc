@@ -63,6 +63,11 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        "parallelism.tp",
        "tp 2 does not divide resources.devices_per_node 1 (a tensor-parallel group must stay "
        "inside one node)"},
+      {"sequence parallelism: tokens over tp",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {tp: 2, sequence_parallel: "
+                    "true}\ntraining: {batch: 1, seq_len: 15}\n"),
+       "5:41", "parallelism.sequence_parallel",
+       "15 tokens per micro-batch (1 × 15) do not split over tp 2"},
       {"pp over layers", WithSections("resources: {devices_per_node: 4}\nparallelism: {pp: 4}\n"),
        "5:19", "parallelism.pp", "pp 4 exceeds model.layers 2"},
       {"batch not divisible by dp",
@@ -440,6 +445,31 @@ TEST(HostileSpecsTest, RandomCorruptionsNeverCrash) {
     ASSERT_FALSE(absl::StrContains(spec.status().message(), "\n")) << spec.status();
   }
   EXPECT_GT(accepted, 0);  // some edits land in comments-free but harmless places
+}
+
+TEST(SpecErrorsTest, InvalidUtf8AndNulBytesAreRefusedWithTheirPlace) {
+  const std::string base = "name: job\nmodel:\n  preset: gpt2-debug\n";
+  const struct {
+    std::string yaml;
+    const char* want;
+  } cases[] = {
+      {base + "# a\xff\n", "job.yaml:4:4: spec: invalid UTF-8 (byte 0xff)"},
+      {base + "# \xc3x\n", "job.yaml:4:3: spec: invalid UTF-8 (byte 0xc3)"},
+      {base + "# \xed\xa0\x80\n", "job.yaml:4:3: spec: invalid UTF-8"},  // a surrogate
+      {base + "# \xc0\xaf\n", "job.yaml:4:3: spec: invalid UTF-8"},      // overlong
+      {base + "# \xe2\x9c", "job.yaml:4:3: spec: invalid UTF-8: a truncated sequence"},
+      {base + std::string("# a\0b\n", 6), "job.yaml:4:4: spec: a NUL byte"},
+  };
+  for (const auto& c : cases) {
+    const absl::StatusOr<JobSpec> spec = ParseJobSpec(c.yaml, "job.yaml", SpecLimits());
+    ASSERT_FALSE(spec.ok()) << c.want;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(spec.status().message(), c.want)) << spec.status();
+  }
+  // Well-formed UTF-8 anywhere in the text is fine.
+  EXPECT_TRUE(ParseJobSpec(base + "# z\xc3\xbcrich \xe2\x9c\x93 \xf0\x9d\x9b\x91\n", "job.yaml",
+                           SpecLimits())
+                  .ok());
 }
 
 }  // namespace

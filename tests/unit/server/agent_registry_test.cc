@@ -37,6 +37,28 @@ TEST(AgentRegistryTest, NewConnectionReplacesTheOld) {
   EXPECT_FALSE(registry.Send("a", CancelReadLogsOrder{8}));
 }
 
+TEST(AgentRegistryTest, ASecondAgentWithTheSameNodeIdIsRefusedWhileTheFirstLives) {
+  FakeClock clock;
+  AgentRegistry registry(&clock, absl::Seconds(10));
+  NodeRecord first = Node("a", 2);
+  first.instance_id = "one";
+  first.hostname = "host-1";
+  registry.Connect(first, std::make_shared<RecordingChannel>());
+  NodeRecord same = first;  // the same agent reconnecting (a half-open connection)
+  EXPECT_TRUE(registry.CheckNodeIdFree(same).ok());
+  NodeRecord other = Node("a", 2);
+  other.instance_id = "two";
+  const absl::Status refused = registry.CheckNodeIdFree(other);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(refused.message().find("in use by another agent (on host-1"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("--node-id"), std::string::npos) << refused;
+  EXPECT_TRUE(registry.CheckNodeIdFree(Node("b", 2)).ok());
+  // Once the first has been silent for the heartbeat timeout, a new process may take its id.
+  clock.Advance(absl::Seconds(11));
+  EXPECT_TRUE(registry.CheckNodeIdFree(other).ok());
+}
+
 TEST(AgentRegistryTest, SilentAgentsAreLostOnceAndClosed) {
   FakeClock clock;
   AgentRegistry registry(&clock, absl::Seconds(10));

@@ -487,12 +487,26 @@ TEST_F(AgentCoreTest, LogRequestsEndWithTheStream) {
 }
 
 TEST(WorkerEnvironmentTest, Allowlist) {
-  for (const char* allowed : {"PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "OMP_NUM_THREADS",
-                              "CUDA_VISIBLE_DEVICES", "TRAINYARD_X"}) {
+  // The operator's settings of the libraries a worker computes and talks with pass by default.
+  for (const char* allowed :
+       {"PATH", "HOME", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "OMP_PROC_BIND",
+        "OPENBLAS_CORETYPE", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG",
+        "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TRAINYARD_X"}) {
     EXPECT_TRUE(IsAllowedWorkerVariable(allowed)) << allowed;
   }
-  for (const char* refused : {"LD_PRELOAD", "SECRET", "TRAINYARD_", "PATHX", "path", ""}) {
+  for (const char* refused :
+       {"LD_PRELOAD", "SECRET", "TRAINYARD_", "OMP_", "PATHX", "path", "", "MY_SETTING"}) {
     EXPECT_FALSE(IsAllowedWorkerVariable(refused)) << refused;
+  }
+  // --pass-env adds names and prefixes.
+  const std::vector<std::string> extra = {"MY_*", "HTTP_PROXY"};
+  EXPECT_TRUE(IsAllowedWorkerVariable("MY_SETTING", extra));
+  EXPECT_TRUE(IsAllowedWorkerVariable("HTTP_PROXY", extra));
+  EXPECT_FALSE(IsAllowedWorkerVariable("HTTP_PROXY2", extra));
+  EXPECT_FALSE(IsAllowedWorkerVariable("MY_", extra));
+  for (const char* good : {"MY_*", "X", "_A1", "NCCL_*"}) EXPECT_TRUE(IsValidVariablePattern(good));
+  for (const char* bad : {"", "*", "1A", "A-B", "A*B", "A=B"}) {
+    EXPECT_FALSE(IsValidVariablePattern(bad)) << bad;
   }
 }
 
