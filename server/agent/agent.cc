@@ -30,6 +30,8 @@ constexpr absl::Duration kLoopPeriod = absl::Milliseconds(50);
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
 // While the coordinator stays unreachable, the agent says so once per this long, not at every try.
 constexpr absl::Duration kMaxQuietLog = absl::Minutes(1);
+// How long an agent refused for its node id waits before it asks again.
+constexpr absl::Duration kRefusedBackoff = absl::Seconds(5);
 
 using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>;
 
@@ -89,14 +91,15 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 }
 
 // One Connect stream, from registration until it breaks or *stop. True when the coordinator
-// accepted the registration. *refused: set when the coordinator refused this agent for good
-// (ALREADY_EXISTS: its node id belongs to another live agent).
+// accepted the registration. *refused: set when the coordinator refused this agent because its
+// node id belongs to another live agent (ALREADY_EXISTS).
 // `quiet`: the coordinator has been unreachable for a while and that was said already.
 bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
                 absl::Status* refused, bool quiet) {
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub.Connect(&context);
   std::atomic<bool> reader_done{false}, registered{false};
+  std::atomic<bool> read_ended{false};  // the coordinator ended the stream (Read returned false)
   Wakeup wakeup;
   if (!stream->Write(core.Registration())) {
     reader_done = true;
@@ -111,6 +114,7 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
       core.Handle(message);
       wakeup.Notify();
     }
+    read_ended = !reader_done.load();
     reader_done = true;
     wakeup.Notify();
   });
@@ -134,7 +138,9 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
     }
     wakeup.WaitFor(kLoopPeriod);
   }
-  context.TryCancel();
+  // A stream the coordinator ended carries its status (a refusal says why): cancel only one
+  // this side gives up on.
+  if (!read_ended) context.TryCancel();
   reader.join();
   const grpc::Status status = stream->Finish();
   if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
@@ -208,7 +214,12 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     } else {
       ++failures;
     }
-    if (!refused.ok()) return refused;
+    if (!refused.ok()) {
+      // Another live agent has this node id: it keeps it. This one tries again slowly (the other
+      // may be a ghost the coordinator has not declared lost yet), saying why.
+      if (!quiet) TY_LOG(ERROR) << "the coordinator refused this agent: " << refused.message();
+      backoff = std::max(backoff, kRefusedBackoff);
+    }
     core.OnDisconnected();
     // Keep watching the workers while disconnected; their exits wait for the next registration.
     const int64_t until = RealClock()->NowNanosMonotonic() + absl::ToInt64Nanoseconds(backoff);

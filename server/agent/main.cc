@@ -52,8 +52,9 @@ constexpr char kHelp[] =
     "  --log-level LEVEL         debug, info, warning or error (default: info)\n"
     "\n"
     "SIGTERM or SIGINT stops the agent; its workers keep running, and a restarted agent with the\n"
-    "same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags or no worker binary; 1\n"
-    "other errors (another live agent has this --node-id, for one).\n";
+    "same --work-dir adopts them. While another live agent has the same --node-id, the\n"
+    "coordinator refuses this one, which says so and asks again every 5 s. Exit codes: 0\n"
+    "stopped; 2 bad flags or no worker binary; 1 other errors.\n";
 
 std::atomic<bool> g_stop{false};
 
