@@ -63,7 +63,7 @@ training: {{steps: 100000, batch: 8, seq_len: 16, eval_every: 0, log_every: 1, t
 parallelism: {{dp: 2}}
 resources: {{nodes: 1, devices_per_node: 2}}
 checkpoint: {{dir: {ckpt}, every_steps: 1000000}}
-fault_tolerance: {{max_restarts: 5, heartbeat_timeout_s: 5, backoff_initial_s: 0}}
+fault_tolerance: {{max_restarts: 5, heartbeat_timeout_s: 5, backoff_initial_s: 0, memory_every_steps: 1}}
 """
 
 

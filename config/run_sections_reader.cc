@@ -109,7 +109,7 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
     TY_RETURN_IF_ERROR(r.ReadDouble(field, out));
   }
   TY_RETURN_IF_ERROR(r.ReadInt("straggler_window", &f->straggler_window));
-  TY_RETURN_IF_ERROR(r.ReadInt64("memory_every_steps", &f->memory_every_steps));
+  TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("memory_every_steps", &f->memory_every_steps));
   TY_RETURN_IF_ERROR(r.ReadBool("exclude_stragglers", &f->exclude_stragglers));
   if (f->exclude_stragglers && f->straggler_margin == 0) {
     return r.ErrorAt("exclude_stragglers", "needs straggler detection (straggler_margin > 0)");

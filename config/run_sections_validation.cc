@@ -142,9 +142,11 @@ Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
           CheckReal("fault_tolerance.resize_cooldown_s", f.resize_cooldown_s, 0, 86400, " s")) {
     return p;
   }
-  if (Problem p = CheckRange("fault_tolerance.memory_every_steps", f.memory_every_steps, int64_t{0},
-                             int64_t{1'000'000'000})) {
-    return p;
+  if (f.memory_every_steps) {
+    if (Problem p = CheckRange("fault_tolerance.memory_every_steps", *f.memory_every_steps,
+                               int64_t{0}, int64_t{1'000'000'000})) {
+      return p;
+    }
   }
   return CheckRange("fault_tolerance.straggler_window", f.straggler_window, 1, 10000);
 }

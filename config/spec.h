@@ -149,9 +149,15 @@ struct FaultToleranceSpec {
   double resize_cooldown_s = 120.0;
   // Under a coordinator whose agents keep a memory tier: every rank snapshots its state into its
   // node's memory (and a peer node's) after every this many steps, and a restart resumes from
-  // the newest snapshot every rank has; 0: off.
-  int64_t memory_every_steps = 1;
+  // the newest snapshot every rank has; 0: off; nullopt ("auto"): as often as costs at most
+  // kMemorySnapshotBudget of the training time, every step when that is cheap.
+  std::optional<int64_t> memory_every_steps;
+
+  bool memory_tier_enabled() const { return !memory_every_steps || *memory_every_steps > 0; }
 };
+
+// The share of training time `memory_every_steps: auto` lets snapshots take.
+inline constexpr double kMemorySnapshotBudget = 0.05;
 
 struct JobSpec {
   std::string name;

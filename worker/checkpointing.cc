@@ -24,7 +24,7 @@ Checkpointer::Checkpointer(FileSystem* fs, Clock* clock, const config::JobSpec& 
       rank_(rank),
       save_token_(std::move(save_token)),
       sum_(std::move(sum)),
-      tier_(spec.fault_tolerance.memory_every_steps > 0 ? tier : nullptr),
+      tier_(spec.fault_tolerance.memory_tier_enabled() ? tier : nullptr),
       attempt_(attempt) {}
 
 namespace {
@@ -171,7 +171,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     std::optional<int64_t> step = checkpoint::StepOfDirName(path.substr(path.rfind('/') + 1));
     if (step && (!disk_step || *step > *disk_step)) disk_step = step;
   }
-  if (spec_.fault_tolerance.memory_every_steps > 0) {
+  if (spec_.fault_tolerance.memory_tier_enabled()) {
     TY_ASSIGN_OR_RETURN(std::optional<std::string> from, RestoreFromMemory(state, disk_step));
     if (tier_ != nullptr) StartMemoryWriter(state);
     if (from) {
@@ -302,10 +302,10 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           }});
 }
 
-bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps) const {
+bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps,
+                             int64_t interval) const {
   return memory_writer_ != nullptr && memory_failures_ < kMemoryFailuresTolerated &&
-         state.step < total_steps &&
-         state.step % spec_.fault_tolerance.memory_every_steps == 0;
+         state.step < total_steps && interval > 0 && state.step % interval == 0;
 }
 
 absl::Status Checkpointer::SaveToMemory(const TrainState& state) {
@@ -314,7 +314,10 @@ absl::Status Checkpointer::SaveToMemory(const TrainState& state) {
   absl::Status saved = memory_writer_->Save(
       state.step, Header(state), Records(ranges),
       [&](float* host) { return state.params->Snapshot(ranges, host); });
-  (void)memory_writer_->TakeOutcomes();  // failures are logged by the writer
+  for (const checkpoint::SaveOutcome& o : memory_writer_->TakeOutcomes()) {
+    // Failures are logged by the writer; a snapshot's cost is its blocking plus its writing.
+    if (o.committed) memory_cost_seconds_ = o.blocked_seconds + o.write_seconds;
+  }
   return saved;
 }
 

@@ -68,7 +68,10 @@ class Checkpointer {
 
   // Whether a memory snapshot is due after `state.step`, and taking one (blocks while the state
   // is copied, and while the previous snapshot is still being written).
-  bool MemoryDue(const TrainState& state, int64_t total_steps) const;
+  // `interval`: steps between snapshots (every rank must use the same).
+  bool MemoryDue(const TrainState& state, int64_t total_steps, int64_t interval) const;
+  // What the newest completed snapshot cost (training blocked plus writing), 0 before one.
+  double memory_cost_seconds() const { return memory_cost_seconds_; }
   absl::Status SaveToMemory(const TrainState& state);
   // Waits for the snapshot in flight.
   void WaitForMemory();
@@ -120,6 +123,7 @@ class Checkpointer {
   // Memory snapshots in a row the agent did not take (the writer's thread counts them).
   static constexpr int kMemoryFailuresTolerated = 3;
   std::atomic<int> memory_failures_{0};
+  double memory_cost_seconds_ = 0.0;
   int64_t resumed_step_ = 0;
   std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };

@@ -320,7 +320,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   };
   std::unique_ptr<MemoryTierClient> tier;
   if (const char* address = std::getenv("TRAINYARD_MEMORY_TIER");
-      address != nullptr && *address && spec.fault_tolerance.memory_every_steps > 0) {
+      address != nullptr && *address && spec.fault_tolerance.memory_tier_enabled()) {
     tier = MakeGrpcMemoryTierClient(address, options.job_id, options.attempt_id, options.rank,
                                     spec.world_size());
     train.memory_tier = tier.get();

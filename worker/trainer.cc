@@ -285,8 +285,13 @@ class RankTrainer {
   struct Agreement {
     bool stop = false;
     int64_t checkpoint_at = 0;
+    int64_t memory_interval = 1;  // steps between memory snapshots (rank 0's choice)
   };
-  absl::StatusOr<Agreement> Agree();
+  // Rank 0's choice of the memory snapshot interval (memory_every_steps, or for `auto` the
+  // fewest steps between snapshots that keep their measured cost within
+  // config::kMemorySnapshotBudget of the step time).
+  int64_t ProposedMemoryInterval(double step_seconds);
+  absl::StatusOr<Agreement> Agree(double step_seconds);
   double WaitSeconds() const;  // collective and pipeline waits so far
   absl::Status Checkpoint(bool save, bool wait);
   void LogStep(double loss, double lr, double norm);
@@ -318,6 +323,8 @@ class RankTrainer {
   int64_t train_nanos_ = 0;
   double pipeline_wait_ = 0.0;
   int64_t window_start_ = 0, window_steps_ = 0;
+  double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
+  double memory_cost_seen_ = 0.0;
 };
 
 absl::Status RankTrainer::Setup() {
@@ -462,19 +469,37 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
 // Every rank stops at the same step boundary: a stop asked of any rank (a signal, a drain order)
 // is summed over the world after every step, and so is the ordered checkpoint step, to which
 // only rank 0 contributes.
-absl::StatusOr<RankTrainer::Agreement> RankTrainer::Agree() {
+int64_t RankTrainer::ProposedMemoryInterval(double step_seconds) {
+  const std::optional<int64_t>& every = spec_.fault_tolerance.memory_every_steps;
+  if (every) return *every;
+  auto smooth = [](double& ema, double value) { ema = ema == 0.0 ? value : 0.8 * ema + 0.2 * value; };
+  smooth(step_ema_, step_seconds);
+  const double cost = checkpointer_->memory_cost_seconds();
+  if (cost != memory_cost_seen_) {  // a snapshot completed since
+    memory_cost_seen_ = cost;
+    smooth(memory_cost_ema_, cost);
+  }
+  if (memory_cost_ema_ == 0.0 || step_ema_ <= 0.0) return 1;  // measure first
+  const double steps = memory_cost_ema_ / (config::kMemorySnapshotBudget * step_ema_);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(steps)), 1, 10000);
+}
+
+absl::StatusOr<RankTrainer::Agreement> RankTrainer::Agree(double step_seconds) {
   const bool stop = options_.stop_requested != nullptr && options_.stop_requested->load();
   const int64_t order = options_.checkpoint_order != nullptr && rank_.rank == 0
                             ? options_.checkpoint_order->load()
                             : 0;
-  if (spec_.world_size() == 1) return Agreement{stop, order};
+  const int64_t interval = rank_.rank == 0 ? ProposedMemoryInterval(step_seconds) : 0;
+  if (spec_.world_size() == 1) return Agreement{stop, order, interval};
   if (options_.checkpoint_order == nullptr) {
     TY_ASSIGN_OR_RETURN(const double asked, SumOverWorld(stop ? 1.0 : 0.0));
-    return Agreement{asked > 0, 0};
+    return Agreement{asked > 0, 0, 0};  // (no coordinator, no memory tier)
   }
-  double votes[2] = {stop ? 1.0 : 0.0, static_cast<double>(order)};
+  // Only rank 0 votes for the checkpoint order and the snapshot interval: every rank then
+  // saves at the same steps.
+  double votes[3] = {stop ? 1.0 : 0.0, static_cast<double>(order), static_cast<double>(interval)};
   TY_RETURN_IF_ERROR(SumOverWorld(votes));
-  return Agreement{votes[0] > 0, std::llround(votes[1])};
+  return Agreement{votes[0] > 0, std::llround(votes[1]), std::llround(votes[2])};
 }
 
 // Saves when `save` (waiting for the commit when `wait`), and reports the saves that ended.
@@ -563,7 +588,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;
       window_start_ = clock_.NowNanosMonotonic();
     }
-    TY_ASSIGN_OR_RETURN(const Agreement agreed, Agree());
+    TY_ASSIGN_OR_RETURN(const Agreement agreed, Agree(report.step_seconds));
     const bool stopping = agreed.stop && !last;
     const bool due =
         ordered ? spec_.checkpoint.enabled() && (last || state_.step == agreed.checkpoint_at)
@@ -571,7 +596,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     const bool save = due || (stopping && spec_.checkpoint.enabled());
     if (watchdog != nullptr && save && (last || stopping)) watchdog->Suspend();
     TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
-    if (!stopping && checkpointer_->MemoryDue(state_, tr.steps)) {
+    if (!stopping && checkpointer_->MemoryDue(state_, tr.steps, agreed.memory_interval)) {
       if (absl::Status s = checkpointer_->SaveToMemory(state_); !s.ok()) {
         TY_LOG(WARNING) << "memory snapshot of step " << state_.step << " not taken: "
                         << s.message();

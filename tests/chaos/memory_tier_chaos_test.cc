@@ -49,7 +49,8 @@ int64_t ResumedStep(const std::string& cause) {
   return std::stoll(m[1].str());
 }
 
-// dp 2 over `nodes` nodes, every step logged, a checkpoint on disk only every 1000 steps.
+// dp 2 over `nodes` nodes, every step logged and snapshotted in memory (not `auto`, which would
+// space them out on this tiny model), a checkpoint on disk only every 1000 steps.
 std::string MemoryJob(const std::string& name, const std::string& dir, int nodes) {
   std::string spec =
       TinySpec({.name = name,
@@ -58,7 +59,8 @@ std::string MemoryJob(const std::string& name, const std::string& dir, int nodes
                 .steps = 1200,
                 .max_restarts = 2,
                 .checkpoint = absl::StrCat("{dir: ", dir, ", every_steps: 1000}"),
-                .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 600"});
+                .fault_tolerance = "min_nodes: 1, backoff_initial_s: 0, resize_cooldown_s: 600, "
+                                   "memory_every_steps: 1"});
   return absl::StrReplaceAll(spec, {{"log_every: 10", "log_every: 1"}});
 }
 
