@@ -11,8 +11,8 @@
 namespace trainyard {
 
 struct TextProblem {
-  int line = 1;    // 1-based
-  int column = 1;  // 1-based, in bytes
+  int line = 1;      // 1-based
+  int column = 1;    // 1-based, in bytes
   std::string what;  // "a NUL byte", "invalid UTF-8 (byte 0xff)"
 };
 

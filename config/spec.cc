@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/text_check.h"
 #include "common/status.h"
+#include "common/text_check.h"
 #include "config/field_reader.h"
 #include "config/mesh.h"
 #include "config/run_sections.h"

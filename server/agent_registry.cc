@@ -43,8 +43,8 @@ absl::Status AgentRegistry::CheckNodeIdFree(const NodeRecord& node) const {
     return absl::OkStatus();  // the same agent reconnecting, or a silent one: replace it
   }
   return absl::AlreadyExistsError(absl::StrCat(
-      "node id ", node.node_id, " is in use by another agent (on ", held.hostname,
-      ", heard from ", absl::FormatDuration(absl::Trunc(Age(it->second), absl::Milliseconds(1))),
+      "node id ", node.node_id, " is in use by another agent (on ", held.hostname, ", heard from ",
+      absl::FormatDuration(absl::Trunc(Age(it->second), absl::Milliseconds(1))),
       " ago); give every agent its own --node-id"));
 }
 

@@ -79,6 +79,15 @@ absl::Status ParseSeconds(const std::string& flag, const std::string& text, absl
   return absl::OkStatus();
 }
 
+// The memory tier's budget: a whole number of MiB, 0 meaning none.
+absl::Status ParseMemoryTierMib(const std::string& flag, const std::string& text, int64_t* out) {
+  if (!absl::SimpleAtoi(text, out) || *out < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected a whole number of MiB (0: no tier), got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
   flags.coordinator.state_dir = "trainyard-state";
@@ -124,11 +133,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       TY_ASSIGN_OR_RETURN(flags.agent_memory_tier_dir, value());
     } else if (arg == "--agent-memory-tier-mb") {
       TY_ASSIGN_OR_RETURN(const std::string text, value());
-      if (!absl::SimpleAtoi(text, &flags.agent_memory_tier_mb) || flags.agent_memory_tier_mb < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--agent-memory-tier-mb: expected a whole number of MiB (0: no tier), got '", text,
-            "'"));
-      }
+      TY_RETURN_IF_ERROR(ParseMemoryTierMib(arg, text, &flags.agent_memory_tier_mb));
     } else if (arg == "--advertise-address") {
       TY_ASSIGN_OR_RETURN(c.advertise_address, value());
     } else if (arg == "--tls-cert") {

@@ -78,15 +78,14 @@ std::vector<MemorySnapshotId> Checkpointer::LocalSnapshots() const {
 
 absl::StatusOr<checkpoint::RankState> Checkpointer::LoadMemorySnapshot(
     const std::string& dir, checkpoint::Manifest* merged) const {
-  TY_ASSIGN_OR_RETURN(
-      *merged,
-      checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0))));
+  TY_ASSIGN_OR_RETURN(*merged, checkpoint::ReadManifestFile(
+                                   *fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0))));
   const checkpoint::v1::WriterMesh& m = merged->mesh();
   const int world = m.dp() * m.tp() * m.pp();
   for (int r = 1; r < world; ++r) {
-    TY_ASSIGN_OR_RETURN(const checkpoint::Manifest other,
-                        checkpoint::ReadManifestFile(
-                            *fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(r))));
+    TY_ASSIGN_OR_RETURN(
+        const checkpoint::Manifest other,
+        checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(r))));
     if (other.step() != merged->step() || other.shards_size() != 1) {
       return absl::DataLossError(absl::StrCat(dir, ": rank ", r, "'s manifest does not match"));
     }
@@ -104,8 +103,8 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
     if (dir.ok()) {
       tier_dir_ = *dir;
     } else {
-      TY_LOG(WARNING) << "rank " << rank_.rank << " runs without the memory tier: "
-                      << dir.status().message();
+      TY_LOG(WARNING) << "rank " << rank_.rank
+                      << " runs without the memory tier: " << dir.status().message();
       tier_ = nullptr;
     }
   }
@@ -302,8 +301,7 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           }});
 }
 
-bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps,
-                             int64_t interval) const {
+bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps, int64_t interval) const {
   return memory_writer_ != nullptr && memory_failures_ < kMemoryFailuresTolerated &&
          state.step < total_steps && interval > 0 && state.step % interval == 0;
 }
@@ -311,9 +309,9 @@ bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps,
 absl::Status Checkpointer::SaveToMemory(const TrainState& state) {
   if (memory_writer_ == nullptr) return absl::FailedPreconditionError("no memory tier");
   const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
-  absl::Status saved = memory_writer_->Save(
-      state.step, Header(state), Records(ranges),
-      [&](float* host) { return state.params->Snapshot(ranges, host); });
+  absl::Status saved =
+      memory_writer_->Save(state.step, Header(state), Records(ranges),
+                           [&](float* host) { return state.params->Snapshot(ranges, host); });
   for (const checkpoint::SaveOutcome& o : memory_writer_->TakeOutcomes()) {
     // Failures are logged by the writer; a snapshot's cost is its blocking plus its writing.
     if (o.committed) memory_cost_seconds_ = o.blocked_seconds + o.write_seconds;

@@ -55,8 +55,8 @@ class Checkpointer {
   // rank of the mesh.
   Checkpointer(FileSystem* fs, Clock* clock, const config::JobSpec& spec,
                const ParameterLayout& layout, CheckpointRank rank, std::string save_token,
-               std::function<absl::Status(std::span<double>)> sum,
-               MemoryTierClient* tier = nullptr, int attempt = 0);
+               std::function<absl::Status(std::span<double>)> sum, MemoryTierClient* tier = nullptr,
+               int attempt = 0);
 
   // Loads the newest snapshot or checkpoint every rank can load into `state` (params and step).
   // Returns its path, or nullopt when there is none (the run starts from step 0). A checkpoint

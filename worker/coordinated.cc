@@ -251,6 +251,27 @@ void ReadSpinInjection(TrainOptions& train) {
   }
 }
 
+namespace {
+
+// OK when the coordinator confirms `options`' attempt is still the job's current one.
+absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
+                            const CoordinatedOptions& options) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ConfirmAttemptRequest request;
+  request.set_job_id(options.job_id);
+  request.set_attempt_id(options.attempt_id);
+  request.set_rank(options.rank);
+  v1::ConfirmAttemptReply reply;
+  const grpc::Status s = stub.ConfirmAttempt(&context, request, &reply);
+  if (s.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the coordinator did not confirm attempt ", options.attempt_id, " as the job's current one (",
+      s.error_message(), "); a newer attempt may own the job"));
+}
+
+}  // namespace
+
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
   SetLogContext(options.job_id, options.rank);
   const int64_t started = RealClock()->NowNanosMonotonic();
@@ -327,20 +348,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   }
   train.attempt = options.attempt_id;
   // Fencing: a checkpoint commits only while the coordinator confirms this attempt is current.
-  train.may_commit = [&stub, &options]() -> absl::Status {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::ConfirmAttemptRequest request;
-    request.set_job_id(options.job_id);
-    request.set_attempt_id(options.attempt_id);
-    request.set_rank(options.rank);
-    v1::ConfirmAttemptReply reply;
-    const grpc::Status s = stub->ConfirmAttempt(&context, request, &reply);
-    if (s.ok()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the coordinator did not confirm attempt ", options.attempt_id,
-        " as the job's current one (", s.error_message(), "); a newer attempt may own the job"));
-  };
+  train.may_commit = [&stub, &options] { return ConfirmAttempt(*stub, options); };
   train.on_resumed = [&reporter, started](const ResumeInfo& info) {
     v1::Resumed resumed;
     resumed.set_step(info.step);

@@ -472,7 +472,9 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
 int64_t RankTrainer::ProposedMemoryInterval(double step_seconds) {
   const std::optional<int64_t>& every = spec_.fault_tolerance.memory_every_steps;
   if (every) return *every;
-  auto smooth = [](double& ema, double value) { ema = ema == 0.0 ? value : 0.8 * ema + 0.2 * value; };
+  auto smooth = [](double& ema, double value) {
+    ema = ema == 0.0 ? value : 0.8 * ema + 0.2 * value;
+  };
   smooth(step_ema_, step_seconds);
   const double cost = checkpointer_->memory_cost_seconds();
   if (cost != memory_cost_seen_) {  // a snapshot completed since
@@ -598,8 +600,8 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
     if (!stopping && checkpointer_->MemoryDue(state_, tr.steps, agreed.memory_interval)) {
       if (absl::Status s = checkpointer_->SaveToMemory(state_); !s.ok()) {
-        TY_LOG(WARNING) << "memory snapshot of step " << state_.step << " not taken: "
-                        << s.message();
+        TY_LOG(WARNING) << "memory snapshot of step " << state_.step
+                        << " not taken: " << s.message();
       }
     }
     report.iteration_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;

@@ -42,19 +42,19 @@ void* Symbol(const char* name) {
 }  // namespace
 
 // Defines `name` (declared by cublasLt.h) to forward to the library's, or return `missing`.
-#define TY_CUBLASLT_FORWARD(ret, name, missing, params, args)                          \
-  extern "C" ret CUBLASWINAPI name params {                                            \
-    static const auto fn = reinterpret_cast<decltype(&::name)>(Symbol(#name));         \
-    if (fn == nullptr) return missing;                                                 \
-    return fn args;                                                                    \
+#define TY_CUBLASLT_FORWARD(ret, name, missing, params, args)                  \
+  extern "C" ret CUBLASWINAPI name params {                                    \
+    static const auto fn = reinterpret_cast<decltype(&::name)>(Symbol(#name)); \
+    if (fn == nullptr) return missing;                                         \
+    return fn args;                                                            \
   }
 
 TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtCreate, CUBLAS_STATUS_NOT_INITIALIZED,
                     (cublasLtHandle_t * handle), (handle))
 TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtDestroy, CUBLAS_STATUS_NOT_INITIALIZED,
                     (cublasLtHandle_t handle), (handle))
-TY_CUBLASLT_FORWARD(const char*, cublasLtGetStatusString,
-                    "libcublasLt could not be loaded", (cublasStatus_t status), (status))
+TY_CUBLASLT_FORWARD(const char*, cublasLtGetStatusString, "libcublasLt could not be loaded",
+                    (cublasStatus_t status), (status))
 TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmul, CUBLAS_STATUS_NOT_INITIALIZED,
                     (cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
                      const void* a, cublasLtMatrixLayout_t a_desc, const void* b,
@@ -84,8 +84,8 @@ TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmulDescSetAttribute, CUBLAS_STATU
                     (desc, attr, buf, bytes))
 TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceCreate, CUBLAS_STATUS_NOT_INITIALIZED,
                     (cublasLtMatmulPreference_t * pref), (pref))
-TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceDestroy,
-                    CUBLAS_STATUS_NOT_INITIALIZED, (cublasLtMatmulPreference_t pref), (pref))
+TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceDestroy, CUBLAS_STATUS_NOT_INITIALIZED,
+                    (cublasLtMatmulPreference_t pref), (pref))
 TY_CUBLASLT_FORWARD(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute,
                     CUBLAS_STATUS_NOT_INITIALIZED,
                     (cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,

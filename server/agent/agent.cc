@@ -168,9 +168,8 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   std::unique_ptr<ProcessLauncher> launcher = MakeRealProcessLauncher();
   std::unique_ptr<MemoryTier> tier;
   std::unique_ptr<MemoryTierServer> tier_server;
-  const int64_t tier_mb = options.memory_tier_mb >= 0
-                              ? options.memory_tier_mb
-                              : LocalMemoryBytes() / 4 / (int64_t{1} << 20);
+  const int64_t tier_mb = options.memory_tier_mb >= 0 ? options.memory_tier_mb
+                                                      : LocalMemoryBytes() / 4 / (int64_t{1} << 20);
   if (tier_mb > 0) {
     const std::string root = options.memory_tier_dir.empty()
                                  ? DefaultMemoryTierRoot(config.node_id, config.work_dir)
@@ -200,8 +199,8 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
 
   absl::Duration backoff = kFirstBackoff;
-  int failures = 0;        // connection attempts in a row that did not register
-  int64_t last_said = 0;   // monotonic: when the last such failure was logged
+  int failures = 0;       // connection attempts in a row that did not register
+  int64_t last_said = 0;  // monotonic: when the last such failure was logged
   while (!*stop) {
     absl::Status refused;
     const int64_t now = RealClock()->NowNanosMonotonic();

@@ -209,9 +209,8 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
     if (!IsAllowedWorkerVariable(name, config_.pass_env)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "environment variable ", name, " is not allowed for workers (only ",
-          absl::StrJoin(kDefaultWorkerVariables, ", "),
-          config_.pass_env.empty() ? "" : ", ", absl::StrJoin(config_.pass_env, ", "),
-          "; trainyard-agent --pass-env adds more)"));
+          absl::StrJoin(kDefaultWorkerVariables, ", "), config_.pass_env.empty() ? "" : ", ",
+          absl::StrJoin(config_.pass_env, ", "), "; trainyard-agent --pass-env adds more)"));
     }
     env[name] = value;
   }

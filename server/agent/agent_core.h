@@ -70,8 +70,8 @@ struct AgentConfig {
 // NCCL, Gloo), which decide its kernels, threads and transports. A pattern is a name, or a
 // prefix ending in '*' (which matches longer names only).
 inline constexpr const char* kDefaultWorkerVariables[] = {
-    "PATH",   "HOME",   "LANG",       "LC_*",   "TZ",     "TMPDIR", "LD_LIBRARY_PATH", "OMP_*",
-    "GOMP_*", "KMP_*",  "OPENBLAS_*", "CUDA_*", "NCCL_*", "GLOO_*", "TRAINYARD_*"};
+    "PATH",   "HOME",  "LANG",       "LC_*",   "TZ",     "TMPDIR", "LD_LIBRARY_PATH", "OMP_*",
+    "GOMP_*", "KMP_*", "OPENBLAS_*", "CUDA_*", "NCCL_*", "GLOO_*", "TRAINYARD_*"};
 
 // Whether `name` may pass to a worker: it matches a default pattern or one of `extra`.
 bool IsAllowedWorkerVariable(const std::string& name, const std::vector<std::string>& extra = {});

@@ -101,9 +101,8 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
     } else if (arg == "--memory-tier-mb") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());
       if (!absl::SimpleAtoi(v, &options.memory_tier_mb) || options.memory_tier_mb < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--memory-tier-mb must be a whole number of MiB (0: no tier), got '", v,
-                         "'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--memory-tier-mb must be a whole number of MiB (0: no tier), got '", v, "'"));
       }
     } else if (arg == "--memory-tier-port") {
       TY_ASSIGN_OR_RETURN(const std::string v, value());

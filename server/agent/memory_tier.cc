@@ -26,7 +26,8 @@ absl::Status MemoryTier::Start() {
     // Workers of the last agent that still run (adopted by this one) may be writing into it:
     // what cannot be removed now goes when its job ends (Release).
     if (absl::Status removed = RemoveRecursively(*fs_, root_); !removed.ok()) {
-      TY_LOG(WARNING) << "memory tier " << root_ << " not cleared completely: " << removed.message();
+      TY_LOG(WARNING) << "memory tier " << root_
+                      << " not cleared completely: " << removed.message();
     }
   }
   return Annotate(fs_->CreateDirs(root_), absl::StrCat("creating the memory tier ", root_));
@@ -43,15 +44,14 @@ std::string MemoryTier::JobDir(const std::string& job_id) const {
   return absl::StrCat(root_, "/", job_id);
 }
 
-absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int rank,
-                                                int64_t bytes, bool peer_copy,
-                                                const std::string& from_node) {
+absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int rank, int64_t bytes,
+                                                bool peer_copy, const std::string& from_node) {
   if (!IsPlainTierName(job_id)) {
     return absl::InvalidArgumentError(absl::StrCat("bad job id '", job_id, "'"));
   }
   if (rank < 0 || bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad reservation: rank ", rank, ", ", bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad reservation: rank ", rank, ", ", bytes, " bytes"));
   }
   const std::string dir = JobDir(job_id);
   absl::MutexLock lock(&mu_);
@@ -129,8 +129,9 @@ absl::Status MemoryTier::BeginCopy(const std::string& job_id, int rank,
   return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
 }
 
-absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(
-    const std::string& job_id, const std::string& snapshot, const std::string& file) {
+absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(const std::string& job_id,
+                                                                       const std::string& snapshot,
+                                                                       const std::string& file) {
   if (!IsPlainTierName(job_id) || !ParseMemorySnapshotName(snapshot) || !IsPlainTierName(file)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad copy '", job_id, "/", snapshot, "/", file, "'"));
@@ -165,8 +166,8 @@ void MemoryTier::PruneLocked(const std::string& job_id) {
   }
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
   for (auto it = all.begin(); it != all.end(); --newer) {
-    const bool keep =
-        newer <= kKeep || it->second.arriving > 0 || (newest_complete && it->first == *newest_complete);
+    const bool keep = newer <= kKeep || it->second.arriving > 0 ||
+                      (newest_complete && it->first == *newest_complete);
     if (keep) {
       ++it;
       continue;
@@ -214,7 +215,7 @@ std::string DefaultMemoryTierRoot(const std::string& node_id, const std::string&
   struct statfs info;
   if (::statfs("/dev/shm", &info) != 0) return work_dir + "/memory-tier";
   return absl::StrFormat("/dev/shm/trainyard-%s-%08x", node_id,
-                         std::hash<std::string>{}(work_dir) & 0xffffffffu);
+                         std::hash<std::string>{}(work_dir)&0xffffffffu);
 }
 
 }  // namespace trainyard::server::agent

@@ -27,8 +27,8 @@
 
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -82,8 +82,7 @@ class MemoryTier {
   // A rank's snapshot is complete: prunes the job's snapshots beyond the newest kKeep and queues
   // a copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
   absl::Status Committed(const std::string& job_id, int rank, int world,
-                         const std::string& snapshot, int64_t step,
-                         std::vector<std::string> files);
+                         const std::string& snapshot, int64_t step, std::vector<std::string> files);
 
   // A peer copy of (job, rank, snapshot) begins: the snapshot is kept until EndCopy.
   // INVALID_ARGUMENT for names that are not plain, FAILED_PRECONDITION without a peer

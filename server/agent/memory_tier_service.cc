@@ -33,9 +33,9 @@ class Service final : public v1::MemoryTierService::Service {
 
   grpc::Status Reserve(grpc::ServerContext*, const v1::TierReserveRequest* request,
                        v1::TierReserveReply* reply) override {
-    absl::StatusOr<std::string> dir = tier_->Reserve(request->job_id(), request->rank(),
-                                                     request->bytes(), request->peer_copy(),
-                                                     request->from_node());
+    absl::StatusOr<std::string> dir =
+        tier_->Reserve(request->job_id(), request->rank(), request->bytes(), request->peer_copy(),
+                       request->from_node());
     if (!dir.ok()) return ToGrpcStatus(dir.status());
     reply->set_dir(*dir);
     reply->set_keep(MemoryTier::kSlots);
@@ -131,10 +131,10 @@ class ServerImpl final : public MemoryTierServer {
       if (absl::Status sent = Send(*copy); !sent.ok()) {
         // One notice per job and peer: a peer that is gone fails every copy.
         if (failed_.insert({copy->job_id, copy->peer_address}).second) {
-          tier_->AddNotice(copy->job_id, absl::StrCat("memory tier of ", node_id_,
-                                                      ": copy of rank ", copy->rank, " step ",
-                                                      copy->step, " to ", copy->peer_address,
-                                                      " failed: ", sent.message()));
+          tier_->AddNotice(
+              copy->job_id,
+              absl::StrCat("memory tier of ", node_id_, ": copy of rank ", copy->rank, " step ",
+                           copy->step, " to ", copy->peer_address, " failed: ", sent.message()));
         }
         TY_LOG(WARNING) << "peer copy of " << copy->job_id << " rank " << copy->rank << " to "
                         << copy->peer_address << " failed: " << sent.message();
@@ -168,14 +168,14 @@ class ServerImpl final : public MemoryTierServer {
       request.set_from_node(node_id_);
       v1::TierReserveReply reply;
       const grpc::Status s = stub.Reserve(&context, request, &reply);
-      if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      if (!s.ok())
+        return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
       reserved_.insert(reservation);
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::TierPutReply reply;
-    std::unique_ptr<grpc::ClientWriter<v1::TierChunk>> writer =
-        stub.PutSnapshot(&context, &reply);
+    std::unique_ptr<grpc::ClientWriter<v1::TierChunk>> writer = stub.PutSnapshot(&context, &reply);
     const std::string dir = absl::StrCat(tier_->JobDir(copy.job_id), "/", copy.snapshot);
     bool open = true;
     for (const std::string& file : copy.files) {

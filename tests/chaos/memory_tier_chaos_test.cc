@@ -178,8 +178,8 @@ TEST(MemoryTierChaosTest, ReservationOverTheBudgetIsRefusedWithAnEventAndTheJobG
   cp.StartServer({.local_agent = false});
   // The tiny model's state is about 1.2 MiB a rank: three snapshots do not fit in 1 MiB.
   cp.StartAgent("node-a", 1, {}, {"--memory-tier-mb", "1"});
-  const std::string job_id = cp.Submit(cp.WriteSpec(
-      "job.yaml", TinySpec({.name = "budget", .steps = 30, .checkpoint = ""})));
+  const std::string job_id = cp.Submit(
+      cp.WriteSpec("job.yaml", TinySpec({.name = "budget", .steps = 30, .checkpoint = ""})));
   const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   std::string notice;

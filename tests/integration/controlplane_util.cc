@@ -109,9 +109,8 @@ std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) 
                                    "--worker-binary",
                                    Binary("worker/trainyard-worker")};
   if (options.local_agent) {
-    argv.insert(argv.end(),
-                {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id", "local",
-                 "--agent-memory-tier-dir", dir_ + "/tier-local"});
+    argv.insert(argv.end(), {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id",
+                             "local", "--agent-memory-tier-dir", dir_ + "/tier-local"});
   } else {
     argv.push_back("--no-local-agent");
   }
@@ -161,8 +160,8 @@ void ControlPlane::StartAgent(const std::string& node_id, int slots,
                                 "--memory-tier-dir",
                                 dir_ + "/tier-" + node_id};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  agents_[node_id] = std::make_unique<ChildProcess>(
-      argv, dir_ + "/agent-" + node_id + ".out", dir_ + "/agent-" + node_id + ".err", env);
+  agents_[node_id] = std::make_unique<ChildProcess>(argv, dir_ + "/agent-" + node_id + ".out",
+                                                    dir_ + "/agent-" + node_id + ".err", env);
   ASSERT_TRUE(agents_[node_id]->running());
 }
 

@@ -26,9 +26,10 @@ class MemoryTierTest : public ::testing::Test {
   void Write(const std::string& snapshot, int rank, int world) {
     const std::string dir = absl::StrCat(kRoot, "/j-1/", snapshot);
     ASSERT_TRUE(fs_.CreateDirs(dir).ok());
-    ASSERT_TRUE(fs_.WriteFileAtomic(absl::StrCat(dir, "/", MemoryRankManifestName(rank)), "{}").ok());
-    ASSERT_TRUE(tier_.Committed("j-1", rank, world, snapshot, 0, {MemoryRankManifestName(rank)})
-                    .ok());
+    ASSERT_TRUE(
+        fs_.WriteFileAtomic(absl::StrCat(dir, "/", MemoryRankManifestName(rank)), "{}").ok());
+    ASSERT_TRUE(
+        tier_.Committed("j-1", rank, world, snapshot, 0, {MemoryRankManifestName(rank)}).ok());
   }
   // Receives rank `rank`'s copy of a snapshot from a peer.
   void Receive(const std::string& snapshot, int rank, int world) {
