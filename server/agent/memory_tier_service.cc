@@ -22,6 +22,10 @@ namespace v1 = ::trainyard::v1;
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   return s.ok() ? grpc::Status::OK
                 : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -168,8 +172,7 @@ class ServerImpl final : public MemoryTierServer {
       request.set_from_node(node_id_);
       v1::TierReserveReply reply;
       const grpc::Status s = stub.Reserve(&context, request, &reply);
-      if (!s.ok())
-        return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      if (!s.ok()) return FromGrpcStatus(s);
       reserved_.insert(reservation);
     }
     grpc::ClientContext context;
@@ -214,7 +217,7 @@ class ServerImpl final : public MemoryTierServer {
     if (!s.ok()) {
       // The peer may have restarted and lost its reservations: ask again next time.
       reserved_.erase(reservation);
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      return FromGrpcStatus(s);
     }
     return absl::OkStatus();
   }
