@@ -92,11 +92,6 @@ void ToProto(const RankExit& exit, const RankSlot& slot, v1::RankExit* out) {
 
 }  // namespace
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 int64_t UnixMillisOrZero(absl::Time time) {
   if (time == absl::InfinitePast()) return 0;
   return absl::ToUnixMillis(time);

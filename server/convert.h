@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/trainyard.pb.h"
 #include "server/agent_registry.h"
@@ -20,7 +21,7 @@ namespace trainyard::server {
 
 namespace v1 = ::trainyard::v1;
 
-grpc::Status ToGrpc(const absl::Status& status);
+using ::trainyard::rpc::ToGrpc;
 
 // 0 for InfinitePast ("never").
 int64_t UnixMillisOrZero(absl::Time time);

@@ -263,6 +263,12 @@ absl::Status Run(int argc, char** argv) {
     options.memory_tier_dir = flags.agent_memory_tier_dir;
     options.memory_tier_mb = flags.agent_memory_tier_mb;
     options.pass_env = flags.agent_pass_env;
+    if (!flags.coordinator.tls_client_ca_file.empty()) {
+      // Mutual TLS: the local agent (and its workers) present the coordinator's own certificate.
+      options.tls = rpc::TlsFiles{.ca = flags.coordinator.tls_client_ca_file,
+                                  .cert = flags.coordinator.tls_cert_file,
+                                  .key = flags.coordinator.tls_key_file};
+    }
     agent = std::thread([options, &stop_agent, &agent_status] {
       agent_status = agent::RunAgent(options, &stop_agent);
       if (!agent_status.ok()) {

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   libyaml-cpp-dev
   prometheus-cpp-dev prometheus
-  openssl
+  openssl iproute2
   libgtest-dev libgmock-dev googletest
   libgloo-dev
   libopenblas-dev libopenblas-openmp-dev

@@ -20,6 +20,7 @@
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
 #include "common/logging.h"
+#include "common/rpc.h"
 #include "common/status.h"
 #include "config/mesh.h"
 #include "config/spec.h"
@@ -72,7 +73,7 @@ absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
     context.set_deadline(deadline);
     context.set_wait_for_ready(true);  // ride out a coordinator restart
     v1::JoinReply reply;
-    const absl::Status status = FromGrpcStatus(stub.Join(&context, request, &reply));
+    const absl::Status status = rpc::FromGrpc(stub.Join(&context, request, &reply));
     if (status.ok()) return reply;
     const bool time_left = std::chrono::system_clock::now() < deadline;
     if (!absl::IsUnavailable(status) || !time_left) {
@@ -228,7 +229,7 @@ constexpr absl::Duration kHangExitGrace = absl::Seconds(10);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::HangReply reply;
-  const absl::Status sent = FromGrpcStatus(stub.ReportHang(&context, report, &reply));
+  const absl::Status sent = rpc::FromGrpc(stub.ReportHang(&context, report, &reply));
   if (sent.ok()) {
     RealClock()->SleepFor(kHangExitGrace);
   } else {
@@ -281,8 +282,12 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<v1::WorkerService::StubInterface> stub = v1::WorkerService::NewStub(
-      grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args));
+  // Mutual TLS with the agent's files when the cluster uses it (the agent sets TRAINYARD_TLS_*).
+  const rpc::TlsFiles tls = rpc::TlsFilesFromEnvironment();
+  TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> coordinator_channel,
+                      rpc::MakeChannel(options.coordinator, tls, args));
+  std::shared_ptr<v1::WorkerService::StubInterface> stub =
+      v1::WorkerService::NewStub(std::move(coordinator_channel));
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
   // From here the start-up limit runs: placement, connecting the groups, the restore and the
@@ -342,8 +347,9 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   std::unique_ptr<MemoryTierClient> tier;
   if (const char* address = std::getenv("TRAINYARD_MEMORY_TIER");
       address != nullptr && *address && spec.fault_tolerance.memory_tier_enabled()) {
-    tier = MakeGrpcMemoryTierClient(address, options.job_id, options.attempt_id, options.rank,
-                                    spec.world_size());
+    TY_ASSIGN_OR_RETURN(tier, MakeGrpcMemoryTierClient(address, tls, options.job_id,
+                                                       options.attempt_id, options.rank,
+                                                       spec.world_size()));
     train.memory_tier = tier.get();
   }
   train.attempt = options.attempt_id;

@@ -28,11 +28,6 @@ absl::Duration Remaining(Clock* clock, int64_t until_nanos) {
 
 }  // namespace
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 GrpcKeyValueStore::GrpcKeyValueStore(std::shared_ptr<v1::WorkerService::StubInterface> stub,
                                      std::string kv_prefix, Clock* clock)
     : stub_(std::move(stub)), prefix_(std::move(kv_prefix)), clock_(clock) {}
@@ -46,7 +41,7 @@ absl::Status GrpcKeyValueStore::Set(const std::string& key, const std::string& v
     grpc::ClientContext context;
     context.set_deadline(DeadlineAfter(kSetDeadline));
     v1::KvSetReply reply;
-    const absl::Status status = FromGrpcStatus(stub_->KvSet(&context, request, &reply));
+    const absl::Status status = rpc::FromGrpc(stub_->KvSet(&context, request, &reply));
     if (!absl::IsUnavailable(status) || Remaining(clock_, until) <= absl::ZeroDuration()) {
       if (status.ok()) return status;
       return absl::Status(status.code(),
@@ -69,7 +64,7 @@ absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key,
     grpc::ClientContext context;
     context.set_deadline(DeadlineAfter(wait + kPollSlack));
     v1::KvGetReply reply;
-    const absl::Status status = FromGrpcStatus(stub_->KvGet(&context, request, &reply));
+    const absl::Status status = rpc::FromGrpc(stub_->KvGet(&context, request, &reply));
     if (status.ok() && reply.found()) return reply.value();
     if (!status.ok() && !absl::IsUnavailable(status)) {
       return absl::Status(status.code(),

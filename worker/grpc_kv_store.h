@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/rpc.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "worker/parallel/kv_store.h"
 
@@ -42,9 +43,6 @@ class GrpcKeyValueStore : public parallel::KeyValueStore {
   std::string prefix_;
   Clock* clock_;
 };
-
-// grpc::Status -> absl::Status, keeping the code and message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace trainyard::worker
 

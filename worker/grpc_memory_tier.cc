@@ -12,15 +12,11 @@ namespace {
 
 namespace v1 = ::trainyard::v1;
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 class GrpcMemoryTier final : public MemoryTierClient {
  public:
-  GrpcMemoryTier(const std::string& address, std::string job_id, int attempt, int rank, int world)
-      : stub_(v1::MemoryTierService::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+  GrpcMemoryTier(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt,
+                 int rank, int world)
+      : stub_(v1::MemoryTierService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         attempt_(attempt),
         rank_(rank),
@@ -35,7 +31,7 @@ class GrpcMemoryTier final : public MemoryTierClient {
     request.set_rank(rank_);
     request.set_bytes(bytes);
     v1::TierReserveReply reply;
-    if (grpc::Status s = stub_->Reserve(&context, request, &reply); !s.ok()) return FromGrpc(s);
+    if (grpc::Status s = stub_->Reserve(&context, request, &reply); !s.ok()) return rpc::FromGrpc(s);
     return reply.dir();
   }
 
@@ -52,7 +48,7 @@ class GrpcMemoryTier final : public MemoryTierClient {
     request.set_snapshot(snapshot);
     for (std::string& f : files) request.add_files(std::move(f));
     v1::TierCommittedReply reply;
-    return FromGrpc(stub_->Committed(&context, request, &reply));
+    return rpc::FromGrpc(stub_->Committed(&context, request, &reply));
   }
 
  private:
@@ -63,10 +59,13 @@ class GrpcMemoryTier final : public MemoryTierClient {
 
 }  // namespace
 
-std::unique_ptr<MemoryTierClient> MakeGrpcMemoryTierClient(const std::string& address,
-                                                           std::string job_id, int attempt,
-                                                           int rank, int world) {
-  return std::make_unique<GrpcMemoryTier>(address, std::move(job_id), attempt, rank, world);
+absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
+    const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt,
+    int rank, int world) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::MakeChannel(address, tls);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<GrpcMemoryTier>(*std::move(channel), std::move(job_id), attempt, rank,
+                                          world);
 }
 
 }  // namespace trainyard::worker

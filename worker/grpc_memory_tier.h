@@ -5,14 +5,17 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "common/rpc.h"
 #include "worker/memory_tier_client.h"
 
 namespace trainyard::worker {
 
-// `address`: the agent's service on this node (TRAINYARD_MEMORY_TIER).
-std::unique_ptr<MemoryTierClient> MakeGrpcMemoryTierClient(const std::string& address,
-                                                           std::string job_id, int attempt,
-                                                           int rank, int world);
+// `address`: the agent's service on this node (TRAINYARD_MEMORY_TIER), reached with `tls` (the
+// agent's own files, rpc::TlsFilesFromEnvironment). The TLS files' errors.
+absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
+    const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt,
+    int rank, int world);
 
 }  // namespace trainyard::worker
 

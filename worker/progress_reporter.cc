@@ -19,11 +19,13 @@ class GrpcProgressChannel : public ProgressChannel {
   explicit GrpcProgressChannel(std::shared_ptr<v1::WorkerService::StubInterface> stub)
       : stub_(std::move(stub)) {}
 
-  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report) override {
+  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
+                                           absl::Duration timeout) override {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
     v1::ProgressReply reply;
-    const absl::Status status = FromGrpcStatus(stub_->ReportProgress(&context, report, &reply));
+    const absl::Status status = rpc::FromGrpc(stub_->ReportProgress(&context, report, &reply));
     if (!status.ok()) return status;
     return reply;
   }
@@ -66,9 +68,14 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   tokens_ += step.tokens_per_second * step.step_seconds;
   if (step.val_loss) val_loss_ = step.val_loss;
   const int64_t now = clock_->NowNanosMonotonic();
+  const int64_t since_last = last_report_nanos_ ? now - *last_report_nanos_ : INT64_MAX;
   const bool due =
-      !last_report_nanos_ || now - *last_report_nanos_ >= absl::ToInt64Nanoseconds(min_interval_) ||
-      step.step >= step.total_steps || step.val_loss.has_value() || !pending_checkpoints_.empty();
+      unreachable_since_nanos_
+          ? since_last >= absl::ToInt64Nanoseconds(kUnreachableRetry) ||
+                step.step >= step.total_steps
+          : since_last >= absl::ToInt64Nanoseconds(min_interval_) ||
+                step.step >= step.total_steps || step.val_loss.has_value() ||
+                !pending_checkpoints_.empty();
   if (!due) return absl::OkStatus();
 
   v1::ProgressReport report;
@@ -98,7 +105,8 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   max_step_seconds_ = 0;
   tokens_ = 0;
 
-  absl::StatusOr<v1::ProgressReply> reply = channel_->Report(report);
+  absl::StatusOr<v1::ProgressReply> reply =
+      channel_->Report(report, unreachable_since_nanos_ ? kUnreachableTimeout : kReportTimeout);
   if (!reply.ok()) {
     if (absl::IsFailedPrecondition(reply.status()) || absl::IsNotFound(reply.status())) {
       return absl::AbortedError(

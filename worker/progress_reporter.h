@@ -8,7 +8,9 @@
 // (TrainOptions::checkpoint_order), where the training loop finds it.
 //
 // Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
-// goes on and the next report tries again; and for ORDER_DRAIN, which sets the drain flag the
+// goes on, and while it is unreachable a report is tried only every kUnreachableRetry with a
+// deadline of kUnreachableTimeout, so a partition that swallows calls until their deadline
+// slows training by a third at most instead of blocking it on every step; and for ORDER_DRAIN, which sets the drain flag the
 // training loop watches: every rank then stops at the same step after a checkpoint); CANCELLED for
 // ORDER_STOP, and for ORDER_DRAIN when no drain flag was given; ABORTED when the coordinator
 // answers FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over or unknown and the worker
@@ -36,15 +38,22 @@
 
 namespace trainyard::worker {
 
-// One ReportProgress call (the gRPC adapter, or a fake in tests).
+// One ReportProgress call with a deadline `timeout` from now (the gRPC adapter, or a fake in
+// tests).
 class ProgressChannel {
  public:
   virtual ~ProgressChannel() = default;
   virtual absl::StatusOr<trainyard::v1::ProgressReply> Report(
-      const trainyard::v1::ProgressReport& report) = 0;
+      const trainyard::v1::ProgressReport& report, absl::Duration timeout) = 0;
 };
 
-// ReportProgress over `stub` with a 5 s deadline.
+// A report's deadline while the coordinator answers; and while it does not, how long a report
+// may take and how often one is tried.
+inline constexpr absl::Duration kReportTimeout = absl::Seconds(5);
+inline constexpr absl::Duration kUnreachableTimeout = absl::Seconds(1);
+inline constexpr absl::Duration kUnreachableRetry = absl::Seconds(2);
+
+// ReportProgress over `stub`.
 std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
     std::shared_ptr<trainyard::v1::WorkerService::StubInterface> stub);
 

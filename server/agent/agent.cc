@@ -84,6 +84,14 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
     }
   }
   config.pass_env = options.pass_env;
+  TY_RETURN_IF_ERROR(rpc::ValidateTlsFiles(options.tls));
+  if (!options.advertise_host.empty() && !options.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--advertise-host needs mutual TLS (--tls-ca, --tls-cert, --tls-key): other machines "
+        "reach this node only over it");
+  }
+  config.tls = options.tls;
+  config.gloo_hostname = options.advertise_host;
   config.threads_per_cpu_worker = options.threads_per_cpu_worker > 0
                                       ? options.threads_per_cpu_worker
                                       : std::max(1, cores / config.cpu_slots);
@@ -176,10 +184,18 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
                                  : options.memory_tier_dir;
     tier = std::make_unique<MemoryTier>(RealFileSystem(), root, tier_mb << 20, config.node_id);
     TY_RETURN_IF_ERROR(tier->Start());
-    TY_ASSIGN_OR_RETURN(tier_server,
-                        MemoryTierServer::Start(tier.get(), RealFileSystem(),
-                                                absl::StrCat("0.0.0.0:", options.memory_tier_port),
-                                                config.hostname, config.node_id));
+    // Plaintext keeps the tier on loopback: without mutual TLS the coordinator is on loopback
+    // too, so every agent of the cluster is on this machine.
+    const bool tls = options.tls.enabled();
+    TY_ASSIGN_OR_RETURN(
+        tier_server,
+        MemoryTierServer::Start(
+            tier.get(), RealFileSystem(),
+            absl::StrCat(tls ? "0.0.0.0:" : "127.0.0.1:", options.memory_tier_port),
+            !tls                            ? "127.0.0.1"
+            : options.advertise_host.empty() ? config.hostname
+                                             : options.advertise_host,
+            config.node_id, options.tls));
     config.memory_tier = tier.get();
     config.memory_tier_address = tier_server->address();
     config.memory_tier_local_address = tier_server->local_address();
@@ -194,8 +210,8 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options.coordinator_address, grpc::InsecureChannelCredentials(), args);
+  TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      rpc::MakeChannel(options.coordinator_address, options.tls, args));
   std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
 
   absl::Duration backoff = kFirstBackoff;

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
 
 namespace trainyard::server::agent {
 
@@ -35,6 +36,13 @@ struct AgentOptions {
   std::vector<std::string> pass_env;
   int64_t memory_tier_mb = -1;
   int memory_tier_port = 0;
+  // Mutual TLS (all three files or none): the agent presents its certificate to the coordinator
+  // and to peer agents, its memory tier admits only certificates the CA signed, and its workers
+  // use the same files (TRAINYARD_TLS_*).
+  rpc::TlsFiles tls;
+  // The host or address other nodes reach this one at: its memory tier, and its workers'
+  // collectives (TRAINYARD_GLOO_HOSTNAME). Empty: the hostname.
+  std::string advertise_host;
 };
 
 // Runs the agent until *stop is true: connects to the coordinator, registers (reporting the

@@ -228,6 +228,19 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
   } else {
     env.erase("TRAINYARD_MEMORY_TIER");
   }
+  // The agent's own credentials, never a job's: a spec cannot point its workers elsewhere.
+  const std::pair<const char*, const std::string*> tls[] = {
+      {rpc::kTlsCaVariable, &config_.tls.ca},
+      {rpc::kTlsCertVariable, &config_.tls.cert},
+      {rpc::kTlsKeyVariable, &config_.tls.key}};
+  for (const auto& [name, path] : tls) {
+    if (path->empty()) {
+      env.erase(name);
+    } else {
+      env[name] = *path;
+    }
+  }
+  if (!config_.gloo_hostname.empty()) env["TRAINYARD_GLOO_HOSTNAME"] = config_.gloo_hostname;
   std::vector<std::string> list;
   for (const auto& [name, value] : env) list.push_back(absl::StrCat(name, "=", value));
   return list;

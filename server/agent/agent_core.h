@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
+#include "common/rpc.h"
 #include "proto/trainyard.pb.h"
 #include "server/agent/memory_tier.h"
 #include "server/agent/process_launcher.h"
@@ -62,6 +63,10 @@ struct AgentConfig {
   MemoryTier* memory_tier = nullptr;
   std::string memory_tier_address;
   std::string memory_tier_local_address;
+  // Given to every worker: its TLS files (TRAINYARD_TLS_*; none when empty) and, when set, the
+  // address its collectives listen on (TRAINYARD_GLOO_HOSTNAME).
+  rpc::TlsFiles tls;
+  std::string gloo_hostname;
 };
 
 // The variables that pass from the agent's environment (or a StartWorker order) to its workers

@@ -4,8 +4,8 @@
 //   trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus]
 //                   [--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N]
 //                   [--memory-tier-dir DIR] [--memory-tier-mb N] [--memory-tier-port PORT]
-//                   [--pass-env PATTERN]...
-//                   [--log-level LEVEL]
+//                   [--pass-env PATTERN]... [--advertise-host HOST]
+//                   [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--log-level LEVEL]
 //
 // The memory tier (memory_tier.h) keeps the workers' in-memory snapshots: in DIR (default: a
 // directory of /dev/shm named after the node), at most N MiB (default: a quarter of the
@@ -32,7 +32,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus] "
     "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--memory-tier-dir DIR] "
-    "[--memory-tier-mb N] [--memory-tier-port PORT] [--pass-env PATTERN]... [--log-level LEVEL]";
+    "[--memory-tier-mb N] [--memory-tier-port PORT] [--pass-env PATTERN]... "
+    "[--advertise-host HOST] [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--log-level LEVEL]";
 
 constexpr char kHelp[] =
     "The node agent: registers this node's CPU slots and GPUs with the coordinator, and starts,\n"
@@ -49,6 +50,12 @@ constexpr char kHelp[] =
     "  --memory-tier-mb N        their budget in MiB (default: a quarter of memory; 0: none)\n"
     "  --memory-tier-port PORT   where peer agents send copies (default: a free port)\n"
     "  --pass-env PATTERN        another variable (or PREFIX*) workers inherit; repeatable\n"
+    "  --advertise-host HOST     where other nodes reach this one: its memory tier and its\n"
+    "                            workers' collectives (default: the hostname)\n"
+    "  --tls-ca FILE --tls-cert FILE --tls-key FILE\n"
+    "                            mutual TLS (PEM): this node's certificate, signed by the CA\n"
+    "                            the coordinator trusts and naming --advertise-host; presented\n"
+    "                            to the coordinator and peer agents, and used by its workers\n"
     "  --log-level LEVEL         debug, info, warning or error (default: info)\n"
     "\n"
     "SIGTERM or SIGINT stops the agent; its workers keep running, and a restarted agent with the\n"
@@ -96,6 +103,14 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
     } else if (arg == "--pass-env") {
       TY_ASSIGN_OR_RETURN(std::string v, value());
       options.pass_env.push_back(std::move(v));
+    } else if (arg == "--advertise-host") {
+      TY_ASSIGN_OR_RETURN(options.advertise_host, value());
+    } else if (arg == "--tls-ca") {
+      TY_ASSIGN_OR_RETURN(options.tls.ca, value());
+    } else if (arg == "--tls-cert") {
+      TY_ASSIGN_OR_RETURN(options.tls.cert, value());
+    } else if (arg == "--tls-key") {
+      TY_ASSIGN_OR_RETURN(options.tls.key, value());
     } else if (arg == "--memory-tier-dir") {
       TY_ASSIGN_OR_RETURN(options.memory_tier_dir, value());
     } else if (arg == "--memory-tier-mb") {
@@ -125,6 +140,7 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
   if (options.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
+  TY_RETURN_IF_ERROR(rpc::ValidateTlsFiles(options.tls));
   return options;
 }
 

@@ -22,14 +22,8 @@ namespace v1 = ::trainyard::v1;
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
-absl::Status FromGrpcStatus(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  return s.ok() ? grpc::Status::OK
-                : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
+using rpc::FromGrpc;
+using rpc::ToGrpc;
 
 class Service final : public v1::MemoryTierService::Service {
  public:
@@ -40,7 +34,7 @@ class Service final : public v1::MemoryTierService::Service {
     absl::StatusOr<std::string> dir =
         tier_->Reserve(request->job_id(), request->rank(), request->bytes(), request->peer_copy(),
                        request->from_node());
-    if (!dir.ok()) return ToGrpcStatus(dir.status());
+    if (!dir.ok()) return ToGrpc(dir.status());
     reply->set_dir(*dir);
     reply->set_keep(MemoryTier::kSlots);
     return grpc::Status::OK;
@@ -48,7 +42,7 @@ class Service final : public v1::MemoryTierService::Service {
 
   grpc::Status Committed(grpc::ServerContext*, const v1::TierCommitted* request,
                          v1::TierCommittedReply*) override {
-    return ToGrpcStatus(tier_->Committed(request->job_id(), request->rank(), request->world(),
+    return ToGrpc(tier_->Committed(request->job_id(), request->rank(), request->world(),
                                          request->snapshot(), request->step(),
                                          {request->files().begin(), request->files().end()}));
   }
@@ -60,7 +54,7 @@ class Service final : public v1::MemoryTierService::Service {
     // Every chunk belongs to the first one's copy.
     const std::string job = first.job_id(), snapshot = first.snapshot();
     const int rank = first.rank(), world = first.world();
-    if (absl::Status s = tier_->BeginCopy(job, rank, snapshot); !s.ok()) return ToGrpcStatus(s);
+    if (absl::Status s = tier_->BeginCopy(job, rank, snapshot); !s.ok()) return ToGrpc(s);
     bool complete = false;
     int64_t bytes = 0;
     absl::Status status = [&]() -> absl::Status {
@@ -85,7 +79,7 @@ class Service final : public v1::MemoryTierService::Service {
       return absl::OkStatus();
     }();
     tier_->EndCopy(job, rank, world, snapshot, status.ok() && complete);
-    if (!status.ok()) return ToGrpcStatus(status);
+    if (!status.ok()) return ToGrpc(status);
     reply->set_bytes(bytes);
     return grpc::Status::OK;
   }
@@ -96,8 +90,8 @@ class Service final : public v1::MemoryTierService::Service {
 
 class ServerImpl final : public MemoryTierServer {
  public:
-  ServerImpl(MemoryTier* tier, FileSystem* fs, std::string node_id)
-      : tier_(tier), fs_(fs), node_id_(std::move(node_id)), service_(tier) {}
+  ServerImpl(MemoryTier* tier, FileSystem* fs, std::string node_id, rpc::TlsFiles tls)
+      : tier_(tier), fs_(fs), node_id_(std::move(node_id)), tls_(std::move(tls)), service_(tier) {}
 
   ~ServerImpl() override {
     stop_ = true;
@@ -108,7 +102,10 @@ class ServerImpl final : public MemoryTierServer {
   absl::Status Listen(const std::string& listen, const std::string& advertise_host) {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+    TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        rpc::ServerCredentials(tls_));
+    TY_ASSIGN_OR_RETURN(peer_credentials_, rpc::ChannelCredentials(tls_));
+    builder.AddListeningPort(listen, credentials, &port);
     builder.RegisterService(&service_);
     builder.SetMaxReceiveMessageSize(4 * static_cast<int>(kChunkBytes));
     server_ = builder.BuildAndStart();
@@ -116,7 +113,7 @@ class ServerImpl final : public MemoryTierServer {
       return absl::UnavailableError(absl::StrCat("memory tier: cannot listen on ", listen));
     }
     address_ = absl::StrCat(advertise_host, ":", port);
-    local_address_ = absl::StrCat("127.0.0.1:", port);
+    local_address_ = tls_.enabled() ? address_ : absl::StrCat("127.0.0.1:", port);
     copier_ = std::thread([this] { CopyLoop(); });
     return absl::OkStatus();
   }
@@ -152,7 +149,7 @@ class ServerImpl final : public MemoryTierServer {
     auto& stub = stubs_[address];
     if (stub == nullptr) {
       stub = v1::MemoryTierService::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+          grpc::CreateChannel(address, peer_credentials_));
     }
     return *stub;
   }
@@ -172,7 +169,7 @@ class ServerImpl final : public MemoryTierServer {
       request.set_from_node(node_id_);
       v1::TierReserveReply reply;
       const grpc::Status s = stub.Reserve(&context, request, &reply);
-      if (!s.ok()) return FromGrpcStatus(s);
+      if (!s.ok()) return FromGrpc(s);
       reserved_.insert(reservation);
     }
     grpc::ClientContext context;
@@ -217,7 +214,7 @@ class ServerImpl final : public MemoryTierServer {
     if (!s.ok()) {
       // The peer may have restarted and lost its reservations: ask again next time.
       reserved_.erase(reservation);
-      return FromGrpcStatus(s);
+      return FromGrpc(s);
     }
     return absl::OkStatus();
   }
@@ -225,6 +222,8 @@ class ServerImpl final : public MemoryTierServer {
   MemoryTier* const tier_;
   FileSystem* const fs_;
   const std::string node_id_;
+  const rpc::TlsFiles tls_;
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
   Service service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_, local_address_;
@@ -240,8 +239,8 @@ class ServerImpl final : public MemoryTierServer {
 
 absl::StatusOr<std::unique_ptr<MemoryTierServer>> MemoryTierServer::Start(
     MemoryTier* tier, FileSystem* fs, const std::string& listen, const std::string& advertise_host,
-    const std::string& node_id) {
-  auto server = std::make_unique<ServerImpl>(tier, fs, node_id);
+    const std::string& node_id, const rpc::TlsFiles& tls) {
+  auto server = std::make_unique<ServerImpl>(tier, fs, node_id, tls);
   TY_RETURN_IF_ERROR(server->Listen(listen, advertise_host));
   return std::unique_ptr<MemoryTierServer>(std::move(server));
 }

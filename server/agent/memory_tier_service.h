@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
+#include "common/rpc.h"
 #include "server/agent/memory_tier.h"
 
 namespace trainyard::server::agent {
@@ -18,14 +19,18 @@ namespace trainyard::server::agent {
 class MemoryTierServer {
  public:
   // Listens on `listen` (host:port; port 0 picks a free one). Peers are told to reach it at
-  // `advertise_host` and the chosen port. `tier` and `fs` must outlive the server.
+  // `advertise_host` and the chosen port. With `tls` the service admits only callers presenting a
+  // certificate its CA signed, and copies to peers present the same certificate. `tier` and `fs`
+  // must outlive the server.
   static absl::StatusOr<std::unique_ptr<MemoryTierServer>> Start(MemoryTier* tier, FileSystem* fs,
                                                                  const std::string& listen,
                                                                  const std::string& advertise_host,
-                                                                 const std::string& node_id);
+                                                                 const std::string& node_id,
+                                                                 const rpc::TlsFiles& tls = {});
   virtual ~MemoryTierServer() = default;
 
-  // host:port for peers, and 127.0.0.1:port for this node's workers.
+  // host:port for peers, and for this node's workers 127.0.0.1:port (with TLS the same as
+  // address(), the name the certificate carries).
   virtual std::string address() const = 0;
   virtual std::string local_address() const = 0;
 };

@@ -120,6 +120,7 @@ std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) 
 
 void ControlPlane::StartServer(const ServerOptions& options) {
   ++server_starts_;
+  if (server_starts_ == 1 && !options.listen.empty()) listen_ = options.listen;
   std::filesystem::remove(state_dir() + "/server.addr");
   server_ = std::make_unique<ChildProcess>(
       ServerArgv(options), absl::StrCat(dir_, "/server-", server_starts_, ".out"),
@@ -142,8 +143,10 @@ bool ControlPlane::ServerRunning() { return server_ != nullptr && server_->runni
 
 void ControlPlane::StartAgent(const std::string& node_id, int slots,
                               const std::vector<std::string>& env,
-                              const std::vector<std::string>& extra_args) {
-  std::vector<std::string> argv{Binary("server/agent/trainyard-agent"),
+                              const std::vector<std::string>& extra_args,
+                              const std::vector<std::string>& wrapper) {
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {Binary("server/agent/trainyard-agent"),
                                 "--coordinator",
                                 address_,
                                 "--node-id",
@@ -158,7 +161,7 @@ void ControlPlane::StartAgent(const std::string& node_id, int slots,
                                 "--threads-per-worker",
                                 "1",
                                 "--memory-tier-dir",
-                                dir_ + "/tier-" + node_id};
+                                dir_ + "/tier-" + node_id});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   agents_[node_id] = std::make_unique<ChildProcess>(argv, dir_ + "/agent-" + node_id + ".out",
                                                     dir_ + "/agent-" + node_id + ".err", env);
@@ -178,6 +181,7 @@ std::string ControlPlane::WriteSpec(const std::string& file_name, const std::str
 }
 
 ProcessResult ControlPlane::Cli(std::vector<std::string> args, double timeout_s) {
+  args.insert(args.begin(), cli_flags_.begin(), cli_flags_.end());
   args.insert(args.begin(), {Binary("tools/cli/trainyard"), "--server", address_});
   return RunProcess(args, timeout_s);
 }

@@ -29,6 +29,7 @@ struct ServerOptions {
   bool metrics = false;
   std::vector<std::string> extra_args;  // more trainyard-server flags
   std::vector<std::string> env;         // "NAME=value" for the server (and its local agent)
+  std::string listen;                   // --listen of the first start; empty: 127.0.0.1:0
 };
 
 struct TinyJob {
@@ -69,8 +70,10 @@ class ControlPlane {
   bool ServerRunning();
   // `env`: "NAME=value" entries for the agent (and, for TRAINYARD_*, its workers).
   // `extra_args`: more trainyard-agent flags. Each agent's memory tier is <dir>/tier-<node>.
+  // `wrapper`: a command the agent runs under (`ip netns exec NS`), which must exec it.
   void StartAgent(const std::string& node_id, int slots, const std::vector<std::string>& env = {},
-                  const std::vector<std::string>& extra_args = {});
+                  const std::vector<std::string>& extra_args = {},
+                  const std::vector<std::string>& wrapper = {});
   void KillAgent(const std::string& node_id);
 
   const std::string& address() const { return address_; }
@@ -80,6 +83,8 @@ class ControlPlane {
 
   // Writes a spec file into the scratch directory; returns its path.
   std::string WriteSpec(const std::string& file_name, const std::string& yaml);
+  // Global flags every later CLI run gets (such as --tls-ca, --tls-cert, --tls-key).
+  void SetCliFlags(std::vector<std::string> flags) { cli_flags_ = std::move(flags); }
   // Runs the trainyard CLI with --server.
   ProcessResult Cli(std::vector<std::string> args, double timeout_s = 120);
   // Submits `spec_path` and returns the job id ("" after a test failure).
@@ -104,6 +109,7 @@ class ControlPlane {
   std::unique_ptr<ChildProcess> server_;
   std::map<std::string, std::unique_ptr<ChildProcess>> agents_;
   int server_starts_ = 0;
+  std::vector<std::string> cli_flags_;
 };
 
 }  // namespace trainyard::testenv

@@ -6,40 +6,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/integration/certificates.h"
 #include "tests/integration/server_harness.h"
 #include "tests/integration/subprocess.h"
 
 namespace trainyard::testenv {
 namespace {
 
-// Runs openssl with `args`; fails the test on error.
-void OpenSsl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"/usr/bin/openssl"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  ProcessResult result = RunProcess(argv, 60);
-  ASSERT_EQ(result.exit_code, 0) << result.err;
-}
-
-// A CA, and a certificate it signed for `name` (valid for 127.0.0.1 and localhost).
-void IssueCertificate(const std::string& dir, const std::string& name) {
-  const std::string ext = dir + "/" + name + ".ext";
-  {
-    std::ofstream out(ext);
-    out << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
-  }
-  OpenSsl({"req", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/" + name + ".key", "-out",
-           dir + "/" + name + ".csr", "-subj", "/CN=" + name});
-  OpenSsl({"x509", "-req", "-in", dir + "/" + name + ".csr", "-CA", dir + "/ca.crt", "-CAkey",
-           dir + "/ca.key", "-CAcreateserial", "-out", dir + "/" + name + ".crt", "-days", "1",
-           "-extfile", ext});
-}
-
 TEST(ServerTlsTest, ExposedAddressNeedsMutualTlsAndThenOnlyAdmitsSignedClients) {
   const std::string dir = MakeScratchDir("server_tls").string();
-  OpenSsl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/ca.key", "-out",
-           dir + "/ca.crt", "-days", "1", "-subj", "/CN=trainyard-test-ca"});
-  IssueCertificate(dir, "server");
-  IssueCertificate(dir, "client");
+  IssueTestCa(dir);
+  IssueTestCertificate(dir, "server");
+  IssueTestCertificate(dir, "client");
+  ASSERT_FALSE(HasFatalFailure());
 
   ServerProcess server(dir + "/state",
                        {"--listen", "0.0.0.0:0", "--tls-cert", dir + "/server.crt", "--tls-key",

@@ -21,7 +21,8 @@
 namespace trainyard::cli {
 namespace {
 
-constexpr char kUsage[] = R"(usage: trainyard [--server HOST:PORT] [--json] COMMAND [ARGS]
+constexpr char kUsage[] = R"(usage: trainyard [--server HOST:PORT] [--tls-ca FILE --tls-cert FILE --tls-key FILE]
+                 [--json] COMMAND [ARGS]
 
 commands:
   submit SPEC.yaml [--watch]        queue a job and print its id; --watch follows it to the end
@@ -44,6 +45,8 @@ exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (
 unknown job, a job in the wrong state), 3 coordinator unreachable, 4 cancelled, 5 drained.
 
 --server defaults to $TRAINYARD_SERVER, else ./trainyard-state/server.addr.
+--tls-ca, --tls-cert, --tls-key (default $TRAINYARD_TLS_CA, _CERT, _KEY): mutual TLS with a
+coordinator that listens beyond loopback; the certificate must be signed by its client CA.
 --json prints machine-readable JSON (one object per line) for every command.
 )";
 
@@ -55,6 +58,7 @@ constexpr int kSubmitTries = 5;
 // The parsed command line: global flags, the command, its positionals and flags.
 struct CommandLine {
   std::string server;
+  rpc::TlsFiles tls;  // --tls-ca, --tls-cert, --tls-key
   bool json = false;
   bool help = false;
   std::string command;
@@ -82,6 +86,15 @@ const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
       {"nodes", {}},
   };
   return *flags;
+}
+
+// The flags every command takes that carry a value: where they are stored, else null.
+std::string* GlobalFlag(CommandLine& line, const std::string& name) {
+  if (name == "server") return &line.server;
+  if (name == "tls-ca") return &line.tls.ca;
+  if (name == "tls-cert") return &line.tls.cert;
+  if (name == "tls-key") return &line.tls.key;
+  return nullptr;
 }
 
 absl::StatusOr<CommandLine> Parse(const std::vector<std::string>& args) {
@@ -113,12 +126,12 @@ absl::StatusOr<CommandLine> Parse(const std::vector<std::string>& args) {
     }
     if (name == "json") {
       line.json = true;
-    } else if (name == "server") {
+    } else if (std::string* global = GlobalFlag(line, name); global != nullptr) {
       if (!value) {
-        if (i + 1 >= args.size()) return absl::InvalidArgumentError("--server needs a value");
+        if (i + 1 >= args.size()) return absl::InvalidArgumentError("--" + name + " needs a value");
         value = args[++i];
       }
-      line.server = *value;
+      *global = *value;
     } else {
       // Command flags are resolved once the command is known; a value may follow.
       pending.emplace_back(name, value);
@@ -500,7 +513,14 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
   absl::StatusOr<std::string> address =
       ResolveServerAddress(line->server, io.server_env, *io.fs, io.state_dir);
   if (!address.ok()) return fail(address.status());
-  JobClient client(*address);
+  // Each TLS file from its flag, else from the environment.
+  const rpc::TlsFiles tls{.ca = line->tls.ca.empty() ? io.tls_env.ca : line->tls.ca,
+                          .cert = line->tls.cert.empty() ? io.tls_env.cert : line->tls.cert,
+                          .key = line->tls.key.empty() ? io.tls_env.key : line->tls.key};
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      rpc::ChannelCredentials(tls);
+  if (!credentials.ok()) return fail(absl::InvalidArgumentError(credentials.status().message()));
+  JobClient client(*address, *std::move(credentials));
   absl::StatusOr<int> code = Cli(*line, io, client).Run();
   if (!code.ok()) return fail(code.status());
   return *code;

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
+#include "common/rpc.h"
 
 namespace trainyard::cli {
 
@@ -38,6 +39,7 @@ struct CliIo {
   std::ostream* err = nullptr;
   bool out_is_tty = false;  // redraw the watch line in place
   std::string server_env;   // $TRAINYARD_SERVER
+  rpc::TlsFiles tls_env;    // $TRAINYARD_TLS_CA, _CERT, _KEY
   std::string user;         // sent with submissions
   FileSystem* fs = nullptr;
   Clock* clock = nullptr;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 
 namespace trainyard::cli {
 namespace {
@@ -15,19 +16,17 @@ void SetDeadline(grpc::ClientContext* context, int seconds) {
 
 }  // namespace
 
-JobClient::JobClient(std::string address)
+JobClient::JobClient(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials)
     : address_(std::move(address)),
-      stub_(v1::JobService::NewStub(
-          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+      stub_(v1::JobService::NewStub(grpc::CreateChannel(address_, std::move(credentials)))) {}
 
 absl::Status JobClient::Convert(const grpc::Status& status) const {
-  if (status.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
-  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
-    return absl::Status(code, absl::StrCat("cannot reach the coordinator at ", address_, ": ",
-                                           status.error_message()));
+  const absl::Status converted = rpc::FromGrpc(status);
+  if (absl::IsUnavailable(converted) || absl::IsDeadlineExceeded(converted)) {
+    return absl::Status(converted.code(), absl::StrCat("cannot reach the coordinator at ", address_,
+                                                       ": ", converted.message()));
   }
-  return absl::Status(code, status.error_message());
+  return converted;
 }
 
 absl::StatusOr<v1::Job> JobClient::Submit(const v1::SubmitJobRequest& request) {

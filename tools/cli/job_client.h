@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/trainyard.grpc.pb.h"
 
 namespace trainyard::cli {
@@ -21,7 +22,8 @@ namespace v1 = ::trainyard::v1;
 
 class JobClient {
  public:
-  explicit JobClient(std::string address);
+  // `credentials`: rpc::ChannelCredentials of the user's TLS files (plaintext without them).
+  JobClient(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials);
 
   const std::string& address() const { return address_; }
 

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   if (const char* server = std::getenv("TRAINYARD_SERVER"); server != nullptr) {
     io.server_env = server;
   }
+  io.tls_env = trainyard::rpc::TlsFilesFromEnvironment();
   io.user = LoginName();
   io.fs = trainyard::RealFileSystem();
   io.clock = trainyard::RealClock();

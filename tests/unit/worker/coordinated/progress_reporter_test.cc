@@ -14,8 +14,10 @@ namespace v1 = ::trainyard::v1;
 
 class FakeProgressChannel : public ProgressChannel {
  public:
-  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report) override {
+  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
+                                           absl::Duration timeout) override {
     reports.push_back(report);
+    timeouts.push_back(timeout);
     if (!next_status.ok()) return next_status;
     v1::ProgressReply reply;
     reply.set_order(next_order);
@@ -23,6 +25,7 @@ class FakeProgressChannel : public ProgressChannel {
   }
 
   std::vector<v1::ProgressReport> reports;
+  std::vector<absl::Duration> timeouts;
   absl::Status next_status;
   v1::Order next_order = v1::ORDER_CONTINUE;
 };
@@ -134,6 +137,7 @@ TEST_F(ProgressReporterTest, CheckpointRecordsRideAlongUntilAReportIsAnswered) {
   failed.set_state(v1::CHECKPOINT_STATE_FAILED);
   reporter_.AddCheckpoint(failed);
   channel_.next_status = absl::OkStatus();
+  clock_.Advance(kUnreachableRetry);  // the coordinator did not answer: the next try waits
   ASSERT_TRUE(reporter_.OnStep(Step(3)).ok());
   ASSERT_EQ(channel_.reports.size(), 3u);
   ASSERT_EQ(channel_.reports[2].checkpoints_size(), 2);  // the unanswered one again, in order
@@ -159,15 +163,49 @@ TEST_F(ProgressReporterTest, AnEndedAttemptAborts) {
 TEST_F(ProgressReporterTest, AnUnreachableCoordinatorDoesNotStopTraining) {
   channel_.next_status = absl::UnavailableError("connection refused");
   EXPECT_TRUE(reporter_.OnStep(Step(1)).ok());
-  clock_.Advance(absl::Seconds(1));
+  clock_.Advance(kUnreachableRetry);
   channel_.next_status = absl::DeadlineExceededError("deadline");
   EXPECT_TRUE(reporter_.OnStep(Step(2)).ok());
   EXPECT_EQ(reporter_.reports_sent(), 0);
-  clock_.Advance(absl::Seconds(1));
+  clock_.Advance(kUnreachableRetry);
   channel_.next_status = absl::OkStatus();
   EXPECT_TRUE(reporter_.OnStep(Step(3)).ok());
   EXPECT_EQ(reporter_.reports_sent(), 1);
   EXPECT_EQ(channel_.reports.size(), 3u);
+}
+
+// A partition swallows calls until their deadline: while the coordinator does not answer, a
+// report is tried only every kUnreachableRetry, with the short deadline, even when a checkpoint
+// record waits to be sent, so training is not held up on every step.
+TEST_F(ProgressReporterTest, WhileUnreachableReportsAreSpacedOutAndShort) {
+  ASSERT_TRUE(reporter_.OnStep(Step(1)).ok());
+  EXPECT_EQ(channel_.timeouts.back(), kReportTimeout);
+  channel_.next_status = absl::DeadlineExceededError("deadline");
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(reporter_.OnStep(Step(2)).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  v1::Checkpoint committed;
+  committed.set_step(3);
+  committed.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  reporter_.AddCheckpoint(committed);
+  for (int step = 3; step < 20; ++step) {
+    clock_.Advance(absl::Milliseconds(100));
+    ASSERT_TRUE(reporter_.OnStep(Step(step)).ok());
+  }
+  EXPECT_EQ(channel_.reports.size(), 2u) << "tried again within " << kUnreachableRetry;
+  clock_.Advance(kUnreachableRetry);
+  ASSERT_TRUE(reporter_.OnStep(Step(20)).ok());
+  ASSERT_EQ(channel_.reports.size(), 3u);
+  EXPECT_EQ(channel_.timeouts.back(), kUnreachableTimeout);
+  EXPECT_EQ(channel_.reports.back().checkpoints_size(), 1);
+  // Answered again: the normal deadline, and reports as often as before.
+  channel_.next_status = absl::OkStatus();
+  clock_.Advance(kUnreachableRetry);
+  ASSERT_TRUE(reporter_.OnStep(Step(21)).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  ASSERT_TRUE(reporter_.OnStep(Step(22)).ok());
+  ASSERT_EQ(channel_.reports.size(), 5u);
+  EXPECT_EQ(channel_.timeouts.back(), kReportTimeout);
 }
 
 TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
@@ -179,7 +217,7 @@ TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
   EXPECT_TRUE(reporter.OnStep(Step(2)).ok());
   // Reachable again: the clock starts over.
   channel_.next_status = absl::OkStatus();
-  clock_.Advance(absl::Seconds(1));
+  clock_.Advance(kUnreachableRetry);
   EXPECT_TRUE(reporter.OnStep(Step(3)).ok());
   channel_.next_status = absl::UnavailableError("connection refused");
   clock_.Advance(absl::Seconds(1));

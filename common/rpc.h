@@ -1,0 +1,60 @@
+// The project's one seam to gRPC's own types: the conversion between absl::Status and
+// grpc::Status, and the credentials every channel and server of the control plane is built with
+// (plaintext, or mutual TLS from PEM files).
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_COMMON_RPC_H_
+#define TRAINYARD_COMMON_RPC_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace trainyard::rpc {
+
+absl::Status FromGrpc(const grpc::Status& status);
+grpc::Status ToGrpc(const absl::Status& status);
+
+// Mutual TLS from PEM files; all three empty: plaintext. A process presents `cert` (signed by the
+// cluster's CA) to its peers and accepts only peers whose certificate `ca` signed.
+struct TlsFiles {
+  std::string ca;
+  std::string cert;
+  std::string key;
+
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+
+// The environment variables that carry TlsFiles to a child process and to the CLI.
+inline constexpr char kTlsCaVariable[] = "TRAINYARD_TLS_CA";
+inline constexpr char kTlsCertVariable[] = "TRAINYARD_TLS_CERT";
+inline constexpr char kTlsKeyVariable[] = "TRAINYARD_TLS_KEY";
+
+// OK when all three files are named or none is; INVALID_ARGUMENT naming what is missing. `flag`
+// prefixes the names in the message ("--tls" gives --tls-ca, --tls-cert, --tls-key).
+absl::Status ValidateTlsFiles(const TlsFiles& files, const std::string& flag = "--tls");
+
+// TlsFiles from the TRAINYARD_TLS_* variables of this process (empty where unset).
+TlsFiles TlsFilesFromEnvironment();
+
+// Credentials for a client: plaintext when `files` is empty, else TLS presenting the certificate.
+// NOT_FOUND when a file cannot be read; INVALID_ARGUMENT when only some are named.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsFiles& files);
+
+// A channel to `target` with ChannelCredentials(files) and `args`.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& target, const TlsFiles& files,
+    const grpc::ChannelArguments& args = grpc::ChannelArguments());
+
+// Credentials for a server: plaintext when `files` is empty, else TLS that requires and verifies
+// a client certificate signed by `files.ca`.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
+
+}  // namespace trainyard::rpc
+
+#endif  // TRAINYARD_COMMON_RPC_H_
