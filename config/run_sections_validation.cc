@@ -168,8 +168,15 @@ Problem CheckLabels(const std::map<std::string, std::string>& labels) {
     return Bad("labels",
                absl::StrCat("at most ", kMaxLabels, " labels are allowed, got ", labels.size()));
   }
+  std::map<std::string, std::string> by_metric_name;  // the first key to become each name
   for (const auto& [key, value] : labels) {
     const std::string path = absl::StrCat("labels.", KeyForPath(key));
+    const auto [first, inserted] = by_metric_name.emplace(MetricLabelName(key), key);
+    if (!inserted) {
+      return Bad(path, absl::StrCat("collides with labels.", KeyForPath(first->second),
+                                    ": both become the metrics label ", first->first,
+                                    "; rename one"));
+    }
     if (!IsLabelKey(key)) {
       return Bad(path, absl::StrCat("a label key is 1-", kMaxLabelKeyLength,
                                     " letters, digits, '-', '_', '.' or '/', starting with a "

@@ -17,6 +17,15 @@
 #include "config/yaml_tree.h"
 
 namespace trainyard::config {
+
+std::string MetricLabelName(const std::string& key) {
+  std::string name = "label_";
+  for (char c : key) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    name.push_back(ok ? c : '_');
+  }
+  return name;
+}
 namespace {
 
 constexpr int kMaxDepth = 32;

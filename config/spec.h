@@ -159,6 +159,11 @@ struct FaultToleranceSpec {
 // The share of training time `memory_every_steps: auto` lets snapshots take.
 inline constexpr double kMemorySnapshotBudget = 0.05;
 
+// The Prometheus label name a job label `key` becomes on /metrics: "label_" and the key with every
+// character other than a letter or digit replaced by '_'. Validation refuses two keys that become
+// the same name, which would make a scrape fail.
+std::string MetricLabelName(const std::string& key);
+
 struct JobSpec {
   std::string name;
   ModelConfig model;

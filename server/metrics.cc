@@ -14,15 +14,7 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-// A Prometheus label name for a job label key: letters, digits and '_' only.
-std::string LabelName(const std::string& key) {
-  std::string name = "label_";
-  for (char c : key) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    name.push_back(ok ? c : '_');
-  }
-  return name;
-}
+using config::MetricLabelName;
 
 ClientMetric Metric(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
   ClientMetric metric;
@@ -60,7 +52,7 @@ ClientMetric HistogramMetric(std::vector<ClientMetric::Label> labels, const Hist
 
 std::vector<ClientMetric::Label> JobLabels(const JobMetrics& job) {
   std::vector<ClientMetric::Label> labels = {{"job_id", job.job_id}, {"job_name", job.name}};
-  for (const auto& [key, value] : job.labels) labels.push_back({LabelName(key), value});
+  for (const auto& [key, value] : job.labels) labels.push_back({MetricLabelName(key), value});
   return labels;
 }
 

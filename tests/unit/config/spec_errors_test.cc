@@ -153,6 +153,8 @@ std::vector<BadSpec> RunSectionBadSpecs() {
       {"long label value",
        WithSections(absl::StrCat("labels: {note: ", std::string(300, 'a'), "}\n")), "4:16",
        "labels.note", "a label value is at most 256 bytes, got 300"},
+      {"colliding label keys", WithSections("labels: {a.b: x, a-b: y}\n"), "4:15", "labels.'a.b'",
+       "collides with labels.a-b: both become the metrics label label_a_b"},
       {"too many labels", WithSections(ManyLabels(33)), "4:9", "labels",
        "at most 32 labels are allowed, got 33"},
   };
