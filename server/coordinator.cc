@@ -199,6 +199,9 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   builder.RegisterService(worker_service_.get());
   // Agents and workers may keep idle connections alive with pings.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A port another process holds is taken as unavailable, not shared (a restart prefers its
+  // previous port, and two coordinators on one port would split the agents between them).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.SetMaxReceiveMessageSize(4 << 20);
   server_ = builder.BuildAndStart();

@@ -12,7 +12,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -218,23 +220,63 @@ int WaitForSignal() {
   return byte;
 }
 
-// After an unclean stop (the address file is removed on a graceful one) the previous address is
-// still in the state directory. Without an explicit --listen, reuse it: surviving workers know
-// only that address and reconnect to it. If the port has been taken since, take a free one.
-absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags) {
-  if (!flags.listen_given) {
-    std::ifstream in(flags.coordinator.state_dir + "/server.addr");
-    std::string previous;
-    if (in >> previous && previous.rfind("127.0.0.1:", 0) == 0) {
-      CoordinatorOptions options = flags.coordinator;
-      options.listen = previous;
-      absl::StatusOr<std::unique_ptr<Coordinator>> started = Coordinator::Start(options);
-      if (started.ok()) return started;
-      TY_LOG(WARNING) << "previous address " << previous << " unavailable ("
-                      << started.status().message() << "); listening on a new port";
+// Where the previous start listened, kept in the state directory across stops (server.addr and
+// metrics.addr go with a graceful stop): "grpc HOST:PORT" and "metrics HOST:PORT" lines.
+constexpr char kLastAddresses[] = "last-addresses";
+
+std::map<std::string, std::string> ReadLastAddresses(const std::string& state_dir) {
+  std::map<std::string, std::string> last;
+  std::ifstream in(state_dir + "/" + kLastAddresses);
+  std::string kind, address;
+  while (in >> kind >> address) last[kind] = address;
+  return last;
+}
+
+void WriteLastAddresses(const std::string& state_dir, const Coordinator& coordinator) {
+  const std::string path = state_dir + "/" + kLastAddresses;
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << "grpc " << coordinator.address() << "\n";
+    if (!coordinator.metrics_address().empty()) {
+      out << "metrics " << coordinator.metrics_address() << "\n";
     }
   }
-  return Coordinator::Start(flags.coordinator);
+  std::error_code ignored;
+  std::filesystem::rename(path + ".tmp", path, ignored);
+}
+
+// `wanted` with port 0 (any free port) becomes `previous` when that is on the same host: a
+// restarted coordinator keeps its ports, so agents, workers that survived it and a fixed
+// Prometheus target reach it where they did.
+std::string PreferPrevious(const std::string& wanted, const std::string& previous) {
+  const size_t colon = wanted.rfind(':');
+  if (colon == std::string::npos || wanted.substr(colon + 1) != "0") return wanted;
+  const size_t previous_colon = previous.rfind(':');
+  if (previous_colon == std::string::npos ||
+      previous.substr(0, previous_colon) != wanted.substr(0, colon)) {
+    return wanted;
+  }
+  return previous;
+}
+
+// Listens where the previous start did when the flags ask for any free port; when those ports
+// have been taken since, on new ones.
+absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags) {
+  const std::map<std::string, std::string> last = ReadLastAddresses(flags.coordinator.state_dir);
+  CoordinatorOptions options = flags.coordinator;
+  if (last.count("grpc")) options.listen = PreferPrevious(options.listen, last.at("grpc"));
+  if (last.count("metrics") && !options.metrics_listen.empty()) {
+    options.metrics_listen = PreferPrevious(options.metrics_listen, last.at("metrics"));
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator>> started = Coordinator::Start(options);
+  if (!started.ok() && (options.listen != flags.coordinator.listen ||
+                        options.metrics_listen != flags.coordinator.metrics_listen)) {
+    TY_LOG(WARNING) << "the previous addresses are unavailable (" << started.status().message()
+                    << "); listening on new ports";
+    started = Coordinator::Start(flags.coordinator);
+  }
+  if (started.ok()) WriteLastAddresses(flags.coordinator.state_dir, **started);
+  return started;
 }
 
 absl::Status Run(int argc, char** argv) {

@@ -3,10 +3,12 @@
 // runs (starting nothing twice), stops workers nobody owns, and sees the job through.
 #include <signal.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/child_process.h"
 #include "tests/integration/server_harness.h"
 
 namespace trainyard::testenv {
@@ -155,6 +157,49 @@ TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
   std::optional<int> status = second.process().Wait(std::chrono::seconds(20));
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+}
+
+
+// Prometheus scrapes a fixed target and agents know one address: a restarted coordinator that was
+// asked for any free port listens where it did before, after a crash and after a graceful stop,
+// for gRPC and /metrics alike; when that port is taken, it takes a new one.
+TEST(ServerRestartTest, RestartKeepsTheGrpcAndMetricsPorts) {
+  const std::string scratch = MakeScratchDir("server_ports").string();
+  const std::string state = scratch + "/state";
+  auto metrics_address = [&] { return WaitForFileLine(state + "/metrics.addr", std::chrono::seconds(10)); };
+  std::string grpc_address, metrics;
+  {
+    ServerProcess first(state);
+    ASSERT_TRUE(first.ok()) << first.log();
+    grpc_address = first.address();
+    metrics = metrics_address();
+    ASSERT_FALSE(metrics.empty());
+    first.process().KillGroup();
+  }
+  {
+    ServerProcess crashed(state);
+    ASSERT_TRUE(crashed.ok()) << crashed.log();
+    EXPECT_EQ(crashed.address(), grpc_address);
+    EXPECT_EQ(metrics_address(), metrics);
+    crashed.process().Signal(SIGTERM);
+    ASSERT_TRUE(crashed.process().Wait(std::chrono::seconds(20)).has_value());
+  }
+  {
+    ServerProcess stopped(state);
+    ASSERT_TRUE(stopped.ok()) << stopped.log();
+    EXPECT_EQ(stopped.address(), grpc_address);
+    EXPECT_EQ(metrics_address(), metrics);
+    // While it runs, a second coordinator on another state directory that remembers the same
+    // ports cannot have them: it listens elsewhere.
+    const std::string other = scratch + "/other";
+    std::filesystem::create_directories(other);
+    std::filesystem::copy_file(state + "/last-addresses", other + "/last-addresses");
+    ServerProcess second(other);
+    ASSERT_TRUE(second.ok()) << second.log();
+    EXPECT_NE(second.address(), grpc_address);
+  }
   std::error_code ignored;
   std::filesystem::remove_all(scratch, ignored);
 }
