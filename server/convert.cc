@@ -88,6 +88,7 @@ void ToProto(const RankExit& exit, const RankSlot& slot, v1::RankExit* out) {
   out->set_exited_unix_ms(UnixMillisOrZero(exit.exited));
   for (const std::string& line : exit.last_log_lines) out->add_last_log_lines(line);
   out->set_message(exit.message);
+  out->set_stopped(exit.stopped);
 }
 
 }  // namespace
@@ -350,6 +351,7 @@ WorkerExit FromProto(const v1::WorkerExited& exited) {
     out.exit.last_log_lines.push_back(line);
   }
   out.exit.message = exited.exit().message();
+  out.exit.stopped = exited.exit().stopped();
   return out;
 }
 

@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS attempt_ranks(
   local_rank INTEGER NOT NULL, pid INTEGER NOT NULL,
   exited INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL,
   exit_pid INTEGER NOT NULL, exited_us INTEGER, last_log_lines TEXT NOT NULL,
-  exit_message TEXT NOT NULL,
+  exit_message TEXT NOT NULL, exit_stopped INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(job_id, attempt_id, rank));
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL,
@@ -93,6 +93,12 @@ ALTER TABLE jobs ADD COLUMN checkpoint_keep INTEGER NOT NULL DEFAULT -1;
 constexpr char kMigrateFrom2[] = R"sql(
 ALTER TABLE attempts ADD COLUMN failure_class TEXT NOT NULL DEFAULT '';
 ALTER TABLE attempts ADD COLUMN blamed_rank INTEGER NOT NULL DEFAULT -1;
+)sql";
+
+// Schema 3 -> 4: whether a rank's exit followed a stop order (a cancel, a drain, the end of its
+// attempt) rather than being a failure. Exits stored before count as failures, as they did.
+constexpr char kMigrateFrom3[] = R"sql(
+ALTER TABLE attempt_ranks ADD COLUMN exit_stopped INTEGER NOT NULL DEFAULT 0;
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -185,15 +191,25 @@ absl::Status JobStore::Migrate() {
     TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom1), "migrating schema 1 to 2");
     version = 2;
   }
-  if (version == 2) {
-    // The attempts table is new (kSchema made it whole) when the database had none.
-    TY_ASSIGN_OR_RETURN(auto has, db_->Prepare("SELECT COUNT(*) FROM pragma_table_info('attempts') "
-                                               "WHERE name = 'failure_class'"));
+  // A table kSchema made just now (the database had none) is whole already.
+  auto has_column = [&](const char* table, const char* column) -> absl::StatusOr<bool> {
+    TY_ASSIGN_OR_RETURN(auto has, db_->Prepare(absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('",
+                                                            table, "') WHERE name = '", column,
+                                                            "'")));
     TY_ASSIGN_OR_RETURN(const bool row, has->Step());
-    if (!row || has->Int(0) == 0) {
-      TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom2), "migrating schema 2 to 3");
-    }
-  } else if (version != kSchemaVersion) {
+    return row && has->Int(0) > 0;
+  };
+  if (version == 2) {
+    TY_ASSIGN_OR_RETURN(const bool has, has_column("attempts", "failure_class"));
+    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom2), "migrating schema 2 to 3");
+    version = 3;
+  }
+  if (version == 3) {
+    TY_ASSIGN_OR_RETURN(const bool has, has_column("attempt_ranks", "exit_stopped"));
+    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom3), "migrating schema 3 to 4");
+    version = 4;
+  }
+  if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
                                                       kSchemaVersion, ")"));
@@ -414,8 +430,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
     INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
       local_rank, pid, exited, exit_code, signal, exit_pid, exited_us, last_log_lines,
-      exit_message)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      exit_message, exit_stopped)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   for (const RankSlot& slot : attempt.ranks) {
     rank->Reset();
@@ -434,7 +450,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
         .Bind(12, exit.pid)
         .Bind(13, TimeToMicros(exit.exited))
         .Bind(14, EncodeLines(exit.last_log_lines))
-        .Bind(15, exit.message);
+        .Bind(15, exit.message)
+        .Bind(16, int64_t{exit.stopped ? 1 : 0});
     TY_RETURN_IF_ERROR(rank->Run());
   }
   return absl::OkStatus();
@@ -613,7 +630,7 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
   }
   TY_ASSIGN_OR_RETURN(auto ranks, db_->Prepare(R"sql(
     SELECT job_id, attempt_id, rank, node_id, hostname, slot, local_rank, pid, exited, exit_code,
-      signal, exit_pid, exited_us, last_log_lines, exit_message
+      signal, exit_pid, exited_us, last_log_lines, exit_message, exit_stopped
     FROM attempt_ranks ORDER BY job_id, attempt_id, rank
   )sql"));
   while (true) {
@@ -640,6 +657,7 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
       const std::string lines = ranks->Text(13);
       exit.last_log_lines = DecodeLines(lines, !lines.empty());
       exit.message = ranks->Text(14);
+      exit.stopped = ranks->Int(15) != 0;
       slot.exit = std::move(exit);
     }
     AttemptRecord& attempt = state.attempts[it->second];

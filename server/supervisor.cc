@@ -284,7 +284,8 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
   return result;
 }
 
-absl::StatusOr<JobRecord> Supervisor::Cancel(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<JobRecord> Supervisor::Cancel(const std::string& job_id, const std::string& reason,
+                                             const std::string& user) {
   Txn txn;
   JobRecord result;
   {
@@ -297,7 +298,7 @@ absl::StatusOr<JobRecord> Supervisor::Cancel(const std::string& job_id, const st
       return absl::FailedPreconditionError(
           absl::StrCat("job ", job_id, " already ", JobStateName(job.state)));
     }
-    const std::string cause = reason.empty() ? "cancelled by request" : reason;
+    const std::string cause = RequestCause("cancelled", "cancelled by request", user, reason);
     AttemptRecord* attempt = LiveAttempt(*entry);
     if (!job.cancel_requested) {
       job.cancel_requested = true;

@@ -249,11 +249,13 @@ class Supervisor {
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or DRAINED job; OK (no-op) when
   // CANCELLED.
-  absl::StatusOr<JobRecord> Cancel(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<JobRecord> Cancel(const std::string& job_id, const std::string& reason,
+                                   const std::string& user = "");
   // Asks the job's ranks to checkpoint and exit (see the class comment and DrainJob in the
   // proto). NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or CANCELLED job or one being
   // cancelled; OK (no-op) when DRAINED or already draining; INTERNAL when the store fails.
-  absl::StatusOr<JobRecord> Drain(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<JobRecord> Drain(const std::string& job_id, const std::string& reason,
+                                  const std::string& user = "");
   // Every checkpoint record of the job, oldest first (written time, then step). NOT_FOUND.
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job_id);
   absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);

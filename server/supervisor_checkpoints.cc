@@ -124,7 +124,8 @@ void Supervisor::FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string&
   Transition(txn, entry, JobState::kDrained, "drained", absl::StrCat(job.message, "; ", context));
 }
 
-absl::StatusOr<JobRecord> Supervisor::Drain(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<JobRecord> Supervisor::Drain(const std::string& job_id, const std::string& reason,
+                                            const std::string& user) {
   Txn txn;
   JobRecord result;
   {
@@ -142,7 +143,7 @@ absl::StatusOr<JobRecord> Supervisor::Drain(const std::string& job_id, const std
     if (job.cancel_requested) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is being cancelled"));
     }
-    const std::string cause = reason.empty() ? "drain requested" : reason;
+    const std::string cause = RequestCause("drain requested", "drain requested", user, reason);
     job.drain_requested = true;
     AttemptRecord* attempt = LiveAttempt(*entry);
     if (attempt == nullptr) {

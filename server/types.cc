@@ -103,4 +103,10 @@ std::string JobIdForSeq(int64_t seq) {
   return buffer;
 }
 
+std::string RequestCause(const std::string& what, const std::string& anonymous,
+                         const std::string& user, const std::string& reason) {
+  if (user.empty()) return reason.empty() ? anonymous : reason;
+  return absl::StrCat(what, " by ", user, reason.empty() ? "" : ": ", reason);
+}
+
 }  // namespace trainyard::server

@@ -221,6 +221,7 @@ struct RankExit {
   absl::Time exited = absl::InfinitePast();
   std::vector<std::string> last_log_lines;
   std::string message;  // "node lost", "exec failed: ..."
+  bool stopped = false;  // it followed a stop order (cancel, drain, the attempt's end)
 
   bool Succeeded() const { return exit_code == 0 && signal == 0; }
 };
@@ -287,6 +288,11 @@ struct NodeRecord {
 
 // "j-000042" for seq 42.
 std::string JobIdForSeq(int64_t seq);
+
+// The cause an event records for a user's request: "<what> by <user>" and ": <reason>" when
+// given; without a user, the reason alone, else `anonymous`.
+std::string RequestCause(const std::string& what, const std::string& anonymous,
+                         const std::string& user, const std::string& reason);
 
 }  // namespace trainyard::server
 

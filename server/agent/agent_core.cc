@@ -346,7 +346,7 @@ ProcessExit AgentCore::ExitOfAdopted(const WorkerKey& key) const {
 }
 
 void AgentCore::ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit& process_exit,
-                           const std::string& message) {
+                           const std::string& message, bool stopped) {
   v1::AgentMessage out;
   v1::WorkerExited* exited = out.mutable_exited();
   exited->set_job_id(key.job_id);
@@ -369,6 +369,7 @@ void AgentCore::ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit&
                     "its exit status is unknown (it was not this agent's child and left none)");
   }
   exit->set_message(why);
+  exit->set_stopped(stopped);
   TY_LOG(INFO) << key.job_id << "/" << key.attempt_id << " rank " << key.rank << " (pid " << pid
                << ") exited: code " << exit->exit_code() << " signal " << exit->signal()
                << (why.empty() ? "" : " - ") << why;
@@ -396,6 +397,7 @@ void AgentCore::Tick() {
     int64_t pid;
     ProcessExit exit;
     std::string message;
+    bool stopped;
   };
   std::vector<Reaped> reaped;
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -409,7 +411,8 @@ void AgentCore::Tick() {
                                worker.stop_reason,
                                worker.killed ? " (killed after the grace period)" : "");
       }
-      reaped.push_back({it->first, worker.record.process.pid, *exit, std::move(message)});
+      reaped.push_back(
+          {it->first, worker.record.process.pid, *exit, std::move(message), worker.stopping});
       it = workers_.erase(it);
       changed = true;
       continue;
@@ -425,7 +428,7 @@ void AgentCore::Tick() {
   std::stable_sort(reaped.begin(), reaped.end(), [](const Reaped& a, const Reaped& b) {
     return (a.exit.signal != 0) > (b.exit.signal != 0);
   });
-  for (const Reaped& r : reaped) ReportExit(r.key, r.pid, r.exit, r.message);
+  for (const Reaped& r : reaped) ReportExit(r.key, r.pid, r.exit, r.message, r.stopped);
   if (changed) SaveRecords();
   for (auto it = log_requests_.begin(); it != log_requests_.end();) {
     it = PumpLog(it->second) ? log_requests_.erase(it) : std::next(it);

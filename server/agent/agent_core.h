@@ -140,8 +140,10 @@ class AgentCore {
   bool PumpLog(LogRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<std::string>> WorkerEnvironment(const v1::StartWorker& order,
                                                              const WorkerKey& key) const;
+  // `stopped`: the worker exited after a stop order (not a failure of its own).
   void ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit& exit,
-                  const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                  const std::string& message, bool stopped = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReportLaunchFailure(const v1::StartWorker& order, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ProcessExit ExitOfAdopted(const WorkerKey& key) const;

@@ -174,7 +174,14 @@ TEST(ControlPlaneJobsTest, CancelStopsEveryWorkerWithinTheGracePeriod) {
     EXPECT_TRUE(ProcessGone(pid)) << "worker " << pid << " outlived the grace period";
   }
   EXPECT_TRUE(cp.WorkerPids().empty());
-  EXPECT_EQ(cp.Status(job_id).job().state(), v1::JOB_STATE_CANCELLED);
+  const v1::GetJobReply cancelled = cp.Status(job_id);
+  EXPECT_EQ(cancelled.job().state(), v1::JOB_STATE_CANCELLED);
+  // The event says who cancelled; the ranks it stopped are not listed as failures.
+  std::string causes;
+  for (const v1::Event& event : cancelled.events()) absl::StrAppend(&causes, event.cause(), "\n");
+  EXPECT_THAT(causes, ::testing::ContainsRegex("cancelled by [^:]+: test"));
+  const std::string status = cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(status, ::testing::Not(::testing::HasSubstr("failures")));
 }
 
 }  // namespace

@@ -291,7 +291,7 @@ class Cli {
 
   absl::StatusOr<int> Cancel() {
     TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
-    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Cancel(id, line_.Value("reason")));
+    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Cancel(id, line_.Value("reason"), io_.user));
     if (line_.json) {
       out_ << ToJson(job) << std::endl;
     } else if (job.state() == v1::JOB_STATE_CANCELLED) {
@@ -305,7 +305,7 @@ class Cli {
 
   absl::StatusOr<int> Drain() {
     TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
-    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Drain(id, line_.Value("reason")));
+    TY_ASSIGN_OR_RETURN(const v1::Job job, client_.Drain(id, line_.Value("reason"), io_.user));
     if (line_.json) {
       out_ << ToJson(job) << std::endl;
     } else if (job.state() == v1::JOB_STATE_DRAINED) {

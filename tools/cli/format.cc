@@ -54,7 +54,11 @@ std::string Mesh(const v1::Mesh& m) {
   return absl::StrCat("dp ", m.dp(), " × tp ", m.tp(), " × pp ", m.pp(), ", ZeRO-", m.zero_stage());
 }
 
-bool Failed(const v1::RankExit& exit) { return exit.signal() != 0 || exit.exit_code() != 0; }
+// A rank that exited badly on its own; one that ended after a stop order (a cancel, a drain, the
+// end of its attempt after another rank failed) is not a failure.
+bool Failed(const v1::RankExit& exit) {
+  return !exit.stopped() && (exit.signal() != 0 || exit.exit_code() != 0);
+}
 
 std::string Seconds(double s) { return FormatDuration(static_cast<int64_t>(s * 1000 + 0.5)); }
 

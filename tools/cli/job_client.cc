@@ -63,24 +63,28 @@ absl::StatusOr<std::vector<v1::Job>> JobClient::List(const std::vector<v1::JobSt
   return std::vector<v1::Job>(reply.jobs().begin(), reply.jobs().end());
 }
 
-absl::StatusOr<v1::Job> JobClient::Cancel(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<v1::Job> JobClient::Cancel(const std::string& job_id, const std::string& reason,
+                                          const std::string& user) {
   grpc::ClientContext context;
   SetDeadline(&context, 5);
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
+  request.set_user(user);
   v1::CancelJobReply reply;
   const absl::Status status = Convert(stub_->CancelJob(&context, request, &reply));
   if (!status.ok()) return status;
   return reply.job();
 }
 
-absl::StatusOr<v1::Job> JobClient::Drain(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<v1::Job> JobClient::Drain(const std::string& job_id, const std::string& reason,
+                                         const std::string& user) {
   grpc::ClientContext context;
   SetDeadline(&context, 5);
   v1::DrainJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
+  request.set_user(user);
   v1::DrainJobReply reply;
   const absl::Status status = Convert(stub_->DrainJob(&context, request, &reply));
   if (!status.ok()) return status;

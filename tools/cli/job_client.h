@@ -30,8 +30,11 @@ class JobClient {
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::GetJobReply> Get(const std::string& job_id, int max_events = 0);
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason);
-  absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason);
+  // `user`: who asks (recorded in the job's events).
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason,
+                                 const std::string& user);
+  absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason,
+                                const std::string& user);
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Node>> Nodes();
   absl::StatusOr<v1::Node> Uncordon(const std::string& node_id);

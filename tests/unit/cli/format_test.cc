@@ -183,6 +183,28 @@ TEST(FormatTest, ReportNamesTheFailedRankNodeExitAndLastLogLines) {
   EXPECT_THAT(report, HasSubstr("FAILED  failed  restart limit reached"));
 }
 
+// Ranks that ended on the coordinator's stop order (here a cancel) are not failures.
+TEST(FormatTest, ACancelledJobListsNoFailures) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  reply.mutable_job()->set_state(v1::JOB_STATE_CANCELLED);
+  v1::Attempt* attempt = reply.add_attempts();
+  attempt->set_attempt_id(1);
+  attempt->set_state(v1::ATTEMPT_STATE_CANCELLED);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankExit* exit = attempt->add_exits();
+    exit->set_rank(rank);
+    exit->set_node_id("node-a");
+    exit->set_signal(15);
+    exit->set_stopped(true);
+    exit->set_message("stopped by the coordinator: cancelled by alice");
+  }
+  const std::string report = JobReport(reply, 0);
+  EXPECT_THAT(report, Not(HasSubstr("failures")));
+  attempt->mutable_exits(1)->set_stopped(false);  // one rank failed by itself first
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("failures (newest first):\n  attempt 1: rank 1"));
+}
+
 TEST(FormatTest, JsonStrings) {
   EXPECT_EQ(JsonString("a\"b\\c\nd\te"), "\"a\\\"b\\\\c\\nd\\te\"");
   EXPECT_EQ(JsonString(std::string("\x01", 1)), "\"\\u0001\"");

@@ -380,5 +380,43 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
+
+// Schema 3 had no record of whether an exit followed a stop order: its exits load as failures,
+// as before, and new ones keep the flag.
+TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreBatch batch;
+    batch.new_jobs.push_back(&job);
+    batch.attempts.push_back(&attempt);
+    ASSERT_TRUE((*store)->Commit(batch).ok());
+  }
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("ALTER TABLE attempt_ranks DROP COLUMN exit_stopped; "
+                            "UPDATE meta SET value='3' WHERE key='schema_version'")
+                    .ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(state->attempts[0].ranks[1].exit.has_value());
+  EXPECT_FALSE(state->attempts[0].ranks[1].exit->stopped);
+  attempt.ranks[1].exit->stopped = true;
+  StoreBatch batch;
+  batch.attempts.push_back(&attempt);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(state->attempts[0].ranks[1].exit->stopped);
+}
+
 }  // namespace
 }  // namespace trainyard::server

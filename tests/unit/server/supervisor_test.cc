@@ -207,9 +207,10 @@ TEST_F(SupervisorTest, CancelStopsWorkersAndEndsOnlyWhenTheyAreGone) {
 
 TEST_F(SupervisorTest, CancelOfAQueuedJobIsImmediateAndFinishedJobsRefuse) {
   const std::string queued = Submit(TinySpec("q"));
-  auto cancelled = supervisor_->Cancel(queued, "");
+  auto cancelled = supervisor_->Cancel(queued, "", "alice");
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state, JobState::kCancelled);
+  EXPECT_EQ(View(queued).events.back().cause, "cancelled by alice");
   // Its slots are never taken.
   Agent agent = Connect("node-a", 2);
   EXPECT_TRUE(agent.channel->TakeOf<StartWorkerOrder>().empty());

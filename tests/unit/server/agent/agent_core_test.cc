@@ -260,6 +260,7 @@ TEST_F(AgentCoreTest, ExitIsReportedOnceWithTheLogTail) {
   EXPECT_EQ(exits[0].attempt_id(), 1);
   EXPECT_EQ(exit.rank(), 0);
   EXPECT_EQ(exit.exit_code(), 3);
+  EXPECT_FALSE(exit.stopped());
   EXPECT_EQ(exit.signal(), 0);
   EXPECT_EQ(exit.pid(), pid);
   EXPECT_EQ(exit.hostname(), "host-a");
@@ -298,6 +299,7 @@ TEST_F(AgentCoreTest, StopSendsTermThenKillAfterTheGracePeriod) {
   EXPECT_EQ(exits[0].exit().signal(), SIGKILL);
   EXPECT_EQ(exits[0].exit().message(),
             "stopped by the coordinator: job cancelled (killed after the grace period)");
+  EXPECT_TRUE(exits[0].exit().stopped());  // not a failure of its own
 }
 
 TEST_F(AgentCoreTest, StopWithoutGraceKillsAtOnce) {
