@@ -201,6 +201,7 @@ void ToProto(const JobRecord& job, v1::Job* out) {
   ToProto(job.last_checkpoint, out->mutable_last_checkpoint());
   out->set_cancel_requested(job.cancel_requested);
   out->set_message(job.message);
+  out->set_waiting_reason(job.waiting);
   out->set_drain_requested(job.drain_requested);
   ToProto(job.requirements.checkpoint, out->mutable_checkpoint_policy());
   ToProto(job.health, out);

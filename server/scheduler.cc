@@ -3,11 +3,17 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+
 namespace trainyard::server {
 namespace {
 
 std::vector<int>& FreeSlots(NodeView& node, DeviceKind kind) {
   return kind == DeviceKind::kGpu ? node.free_gpus : node.free_cpu_slots;
+}
+
+size_t SlotCount(const NodeView& node, DeviceKind kind) {
+  return (kind == DeviceKind::kGpu ? node.free_gpus : node.free_cpu_slots).size();
 }
 
 }  // namespace
@@ -47,6 +53,82 @@ std::vector<std::string> Scheduler::QueueOrder() const {
   return order;
 }
 
+bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement) {
+  if (PlaceJob(job, nodes, placement)) return true;
+  for (const JobShape& shape : job.smaller) {
+    PendingJob smaller = job;
+    smaller.requirements.nodes = shape.nodes;
+    smaller.requirements.mesh = shape.mesh;
+    if (PlaceJob(smaller, nodes, placement)) {
+      placement.shape = shape;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+std::string KindName(DeviceKind kind) { return kind == DeviceKind::kGpu ? "GPU" : "CPU"; }
+
+// What `job` needs, at its smallest size: "2 nodes with 4 CPU slots each".
+std::string Needs(const PendingJob& job, const char* adjective) {
+  int nodes = job.requirements.nodes;
+  for (const JobShape& shape : job.smaller) nodes = std::min(nodes, shape.nodes);
+  const int slots = job.requirements.ranks_per_node;
+  return absl::StrCat(nodes, nodes == 1 ? " node" : " nodes", " with ", slots, adjective,
+                      KindName(job.requirements.kind), slots == 1 ? " slot" : " slots",
+                      nodes == 1 ? "" : " each");
+}
+
+// Why `job` cannot be placed even on every slot of `capacity`.
+std::string NeverFits(const PendingJob& job, const std::vector<NodeView>& capacity) {
+  const std::string head = absl::StrCat("it cannot be placed on the connected nodes: it needs ",
+                                        Needs(job, " "), "; ");
+  if (capacity.empty()) return head + "no node is connected";
+  const DeviceKind kind = job.requirements.kind;
+  const NodeView* largest = nullptr;
+  int enough = 0;
+  for (const NodeView& node : capacity) {
+    const size_t slots = SlotCount(node, kind);
+    if (static_cast<int>(slots) >= job.requirements.ranks_per_node) ++enough;
+    if (largest == nullptr || slots > SlotCount(*largest, kind)) {
+      largest = &node;
+    }
+  }
+  const size_t most = SlotCount(*largest, kind);
+  if (most == 0) return absl::StrCat(head, "no connected node has ", KindName(kind), " slots");
+  if (enough == 0) {
+    return absl::StrCat(head, "the largest connected node, ", largest->node_id, ", has ", most);
+  }
+  return absl::StrCat(head, "only ", enough, " connected ", enough == 1 ? "node has" : "nodes have",
+                      " that many");
+}
+
+}  // namespace
+
+std::string Scheduler::WaitReason(const std::string& job_id, std::vector<NodeView> capacity,
+                                  std::vector<NodeView> free) const {
+  const PendingJob* job = Find(job_id);
+  if (job == nullptr) return "";
+  Placement ignored;
+  std::vector<NodeView> all = capacity;
+  if (!PlaceAtSomeSize(*job, all, ignored)) return NeverFits(*job, capacity);
+  // Replay the queue up to this job, as Schedule would.
+  for (const Key& key : queue_) {
+    if (key.job_id == job_id) break;
+    const PendingJob* ahead = Find(key.job_id);
+    if (ahead->requirements.kind != job->requirements.kind) continue;
+    if (!PlaceAtSomeSize(*ahead, free, ignored)) {
+      return absl::StrCat("waiting behind ", ahead->job_id,
+                          ", queued before it, which does not fit yet (no backfilling)");
+    }
+  }
+  if (PlaceAtSomeSize(*job, free, ignored)) return "";  // placed at the next scheduling pass
+  return absl::StrCat("waiting for slots: it needs ", Needs(*job, " free "),
+                      "; running jobs hold them");
+}
+
 std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
   std::vector<Placement> placements;
   bool blocked[2] = {false, false};  // by device kind
@@ -56,15 +138,7 @@ std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
     const int kind = static_cast<int>(job->requirements.kind);
     if (blocked[kind]) continue;
     Placement placement;
-    bool fits = PlaceJob(*job, nodes, placement);
-    for (size_t i = 0; !fits && i < job->smaller.size(); ++i) {
-      PendingJob smaller = *job;
-      smaller.requirements.nodes = job->smaller[i].nodes;
-      smaller.requirements.mesh = job->smaller[i].mesh;
-      fits = PlaceJob(smaller, nodes, placement);
-      if (fits) placement.shape = job->smaller[i];
-    }
-    if (fits) {
+    if (PlaceAtSomeSize(*job, nodes, placement)) {
       placements.push_back(std::move(placement));
       placed.push_back(job->job_id);
     } else {

@@ -76,6 +76,12 @@ class Scheduler {
   // Job ids in the order they would be considered.
   std::vector<std::string> QueueOrder() const;
 
+  // Why queued job `job_id` is not placed, in one line: it cannot fit on `capacity` (every slot
+  // of the usable nodes) at any size; a job queued before it blocks it; or it waits for slots of
+  // `free`. "" when it is not queued, or would be placed now.
+  std::string WaitReason(const std::string& job_id, std::vector<NodeView> capacity,
+                         std::vector<NodeView> free) const;
+
  private:
   struct Key {
     int priority;
@@ -91,6 +97,8 @@ class Scheduler {
 // Places one job on `nodes` (consuming the slots it takes from them), or returns false and leaves
 // `nodes` untouched.
 bool PlaceJob(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement);
+// PlaceJob at the job's own size, else at the first of its smaller sizes that fits.
+bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement);
 
 }  // namespace trainyard::server
 

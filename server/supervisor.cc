@@ -334,6 +334,7 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
     if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
     RefreshHealthLocked(*entry, clock_->Now());
     view.job = entry->job;
+    FillWaitingLocked(view.job, clock_->Now());
     view.attempts.assign(entry->attempts.begin(), entry->attempts.end());
   }
   TY_ASSIGN_OR_RETURN(view.events, store_->ListEvents(job_id, max_events > 0 ? max_events : 50));
@@ -357,6 +358,7 @@ std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, in
   for (const JobRecord* job : matching) {
     JobRecord copy = *job;
     copy.spec_yaml.clear();
+    FillWaitingLocked(copy, now);
     out.push_back(std::move(copy));
   }
   return out;

@@ -452,6 +452,11 @@ class Supervisor {
   void TickFailuresLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshHealthLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<NodeView> SchedulableNodesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every slot of the nodes a job could be placed on (connected, not lost, not cordoned), as if
+  // all were free.
+  std::vector<NodeView> CapacityLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job`, a copy of a job's record for a reader, with `waiting` filled in while it is queued.
+  void FillWaitingLocked(JobRecord& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                            const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)

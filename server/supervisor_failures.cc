@@ -375,6 +375,26 @@ std::vector<NodeView> Supervisor::SchedulableNodesLocked(absl::Time now) {
   return nodes;
 }
 
+std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now) {
+  std::vector<NodeView> nodes;
+  for (const NodeStatus& status : registry_->Nodes()) {
+    if (!status.connected || status.lost || quarantine_.IsCordoned(status.record.node_id, now)) {
+      continue;
+    }
+    NodeView& node = nodes.emplace_back();
+    node.node_id = status.record.node_id;
+    node.hostname = status.record.hostname;
+    for (int slot = 0; slot < status.record.cpu_slots; ++slot) node.free_cpu_slots.push_back(slot);
+    for (const GpuInfo& gpu : status.record.gpus) node.free_gpus.push_back(gpu.index);
+  }
+  return nodes;
+}
+
+void Supervisor::FillWaitingLocked(JobRecord& job, absl::Time now) {
+  if (!scheduler_.Contains(job.id)) return;
+  job.waiting = scheduler_.WaitReason(job.id, CapacityLocked(now), SchedulableNodesLocked(now));
+}
+
 absl::StatusOr<NodeStatus> Supervisor::Uncordon(const std::string& node_id) {
   Txn txn;
   NodeStatus result;

@@ -211,6 +211,8 @@ struct JobRecord {
   bool cancel_requested = false;
   bool drain_requested = false;
   std::string message;  // why it failed, was cancelled or drained
+  // While it waits in the queue: why it is not placed (Scheduler::WaitReason). Not stored.
+  std::string waiting;
   JobHealth health;     // filled in by the supervisor when the job is read; never stored
 };
 

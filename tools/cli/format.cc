@@ -234,8 +234,10 @@ std::string WatchLine(const v1::Job& job, const std::vector<double>& losses, int
   if (job.attempts() > 1) absl::StrAppend(&line, " (attempt ", job.attempts(), ")");
   const v1::Progress& p = job.progress();
   if (p.total_steps() <= 0) {
-    absl::StrAppend(
-        &line, job.state() == v1::JOB_STATE_QUEUED ? " | waiting for slots" : " | no progress yet");
+    absl::StrAppend(&line, " | ",
+                    !job.waiting_reason().empty()         ? job.waiting_reason()
+                    : job.state() == v1::JOB_STATE_QUEUED ? "waiting for slots"
+                                                          : "no progress yet");
     return line;
   }
   const double fraction = static_cast<double>(p.step()) / p.total_steps();
@@ -280,7 +282,14 @@ std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms) {
                     absl::StrCat(job.world_size()), Step(job.progress()), Loss(job.progress()),
                     Age(job.created_unix_ms(), now_ms), job.user().empty() ? "-" : job.user()});
   }
-  return Table(rows);
+  // Why queued jobs wait, under the table (one line each).
+  std::string notes;
+  for (const v1::Job& job : jobs) {
+    if (!job.waiting_reason().empty()) {
+      absl::StrAppend(&notes, job.id(), " waits: ", job.waiting_reason(), "\n");
+    }
+  }
+  return Table(rows) + notes;
 }
 
 std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
@@ -288,6 +297,7 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
   const v1::Progress& p = job.progress();
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"state", StateName(job.state())});
+  if (!job.waiting_reason().empty()) rows.push_back({"waiting", job.waiting_reason()});
   if (!job.user().empty()) rows.push_back({"user", job.user()});
   rows.push_back({"priority", absl::StrCat(job.priority())});
   if (!job.labels().empty()) rows.push_back({"labels", Labels(job.labels())});

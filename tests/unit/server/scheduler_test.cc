@@ -141,5 +141,40 @@ TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit
   EXPECT_EQ(placed[0].shape->accumulation, 2);
 }
 
+
+// A queued job says why it waits: it can never fit the connected nodes (and why), a job queued
+// before it blocks it, or running jobs hold the slots it needs.
+TEST(SchedulerTest, WaitReasonSaysWhyAJobIsNotPlaced) {
+  Scheduler scheduler;
+  const std::vector<NodeView> capacity = {Node("node-a", 4), Node("node-b", 2)};
+  scheduler.Enqueue(Job("wide", 0, 1, 1, 8));
+  EXPECT_EQ(scheduler.WaitReason("wide", capacity, capacity),
+            "it cannot be placed on the connected nodes: it needs 1 node with 8 CPU slots; the "
+            "largest connected node, node-a, has 4");
+  scheduler.Enqueue(Job("gpu", 0, 2, 1, 1, DeviceKind::kGpu));
+  EXPECT_EQ(scheduler.WaitReason("gpu", capacity, capacity),
+            "it cannot be placed on the connected nodes: it needs 1 node with 1 GPU slot; no "
+            "connected node has GPU slots");
+  scheduler.Enqueue(Job("three", 0, 3, 3, 2));
+  EXPECT_EQ(scheduler.WaitReason("three", capacity, capacity),
+            "it cannot be placed on the connected nodes: it needs 3 nodes with 2 CPU slots each; "
+            "only 2 connected nodes have that many");
+  EXPECT_EQ(scheduler.WaitReason("three", {}, {}),
+            "it cannot be placed on the connected nodes: it needs 3 nodes with 2 CPU slots each; "
+            "no node is connected");
+  ASSERT_TRUE(scheduler.Remove("wide") && scheduler.Remove("gpu") && scheduler.Remove("three"));
+
+  // Fits the cluster, not the free slots; and a later job that would fit waits behind it.
+  scheduler.Enqueue(Job("pair", 0, 4, 1, 4));
+  scheduler.Enqueue(Job("small", 0, 5, 1, 1));
+  const std::vector<NodeView> free = {Node("node-a", 1), Node("node-b", 2)};
+  EXPECT_EQ(scheduler.WaitReason("pair", capacity, free),
+            "waiting for slots: it needs 1 node with 4 free CPU slots; running jobs hold them");
+  EXPECT_EQ(scheduler.WaitReason("small", capacity, free),
+            "waiting behind pair, queued before it, which does not fit yet (no backfilling)");
+  EXPECT_EQ(scheduler.WaitReason("pair", capacity, capacity), "");  // placed at the next pass
+  EXPECT_EQ(scheduler.WaitReason("nobody", capacity, capacity), "");
+}
+
 }  // namespace
 }  // namespace trainyard::server

@@ -207,6 +207,8 @@ TEST_F(SupervisorTest, CancelStopsWorkersAndEndsOnlyWhenTheyAreGone) {
 
 TEST_F(SupervisorTest, CancelOfAQueuedJobIsImmediateAndFinishedJobsRefuse) {
   const std::string queued = Submit(TinySpec("q"));
+  EXPECT_THAT(View(queued).job.waiting, ::testing::EndsWith("no node is connected"));
+  EXPECT_THAT(supervisor_->ListJobs({}, 0)[0].waiting, ::testing::EndsWith("no node is connected"));
   auto cancelled = supervisor_->Cancel(queued, "", "alice");
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state, JobState::kCancelled);
