@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -684,6 +685,7 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
                                  Act* output_acts) {
   const PipelineStage& stage = layout_.stage();
   if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
+  const int64_t started = RealClock()->NowNanosMonotonic();
   SelectSlot(slot);
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
@@ -692,27 +694,36 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
     backend_->Copy(output_acts, a.resid[stage.num_layers].data(), local_rows() * config_.width);
-    return backend_->Synchronize();
+    const absl::Status synced = backend_->Synchronize();
+    phase_seconds_.forward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+    return synced;
   }
   // The last stage runs its whole backward at once: the loss's gradient is known as soon as
   // the loss is.
   Act* dx = a.dx.data();
+  int64_t loss_known = 0;
   {
     std::unique_ptr<Hold> final_hold;
     TY_RETURN_IF_ERROR(
         Forward(/*keep_layer_activations=*/!config_.recompute, &final_hold, input_acts));
     TY_ASSIGN_OR_RETURN(*loss_sum, ChunkedLoss(grad_scale, /*with_grad=*/true));
+    // The loss is on the host: the device has finished the forward pass.
+    loss_known = RealClock()->NowNanosMonotonic();
+    phase_seconds_.forward += (loss_known - started) / 1e9;
     backend_->Fill(dx, 0.0f, a.dx.size());
     TY_RETURN_IF_ERROR(FinalNormBackward(dx));
     // Complete now: a tied head on the first stage lives in the embedding group, finished last.
     TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
   }
   TY_RETURN_IF_ERROR(BackwardBlocks(dx));
-  return backend_->Synchronize();
+  const absl::Status synced = backend_->Synchronize();
+  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - loss_known) / 1e9;
+  return synced;
 }
 
 absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
   const PipelineStage& stage = layout_.stage();
+  const int64_t started = RealClock()->NowNanosMonotonic();
   SelectSlot(slot);
   Activations& a = *acts_;
   const int64_t rows = local_rows();
@@ -722,7 +733,9 @@ absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
     TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
   if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
-  return backend_->Synchronize();
+  const absl::Status synced = backend_->Synchronize();
+  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+  return synced;
 }
 
 absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,

@@ -10,6 +10,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -86,9 +87,21 @@ class Model {
   // Full logits [b, t, vocab] into a host array (tests and inference).
   absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
 
+  // Wall seconds of the training passes (StageForward, StageBackward, ForwardBackward) since the
+  // last call: the loss and its gradient count as forward, everything after them as backward.
+  // Each is measured up to a point where the device has finished (a synchronisation), so the
+  // split holds on a GPU too. Evaluations (Loss, StageLoss) are not counted.
+  struct PhaseSeconds {
+    double forward = 0;
+    double backward = 0;
+  };
+  PhaseSeconds TakePhaseSeconds() { return std::exchange(phase_seconds_, PhaseSeconds{}); }
+
  private:
   struct LayerActivations;
   struct Activations;
+
+  PhaseSeconds phase_seconds_;
 
   class Hold;
 

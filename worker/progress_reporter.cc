@@ -62,6 +62,10 @@ void ProgressReporter::SetResumed(const v1::Resumed& resumed) { resumed_ = resum
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
   seconds_ += step.step_seconds;
+  forward_seconds_ += step.forward_seconds;
+  backward_seconds_ += step.backward_seconds;
+  optimizer_seconds_ += step.optimizer_seconds;
+  data_seconds_ += step.data_seconds;
   wait_seconds_ += step.wait_seconds;
   max_step_seconds_ =
       std::max(max_step_seconds_, std::max(step.step_seconds, step.iteration_seconds));
@@ -90,6 +94,10 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   report.set_tokens_per_second(seconds_ > 0 ? tokens_ / seconds_ : step.tokens_per_second);
   report.mutable_step_times()->set_total_ms(1e3 * seconds_ / steps_);
   report.mutable_step_times()->set_communication_ms(1e3 * wait_seconds_ / steps_);
+  report.mutable_step_times()->set_forward_ms(1e3 * forward_seconds_ / steps_);
+  report.mutable_step_times()->set_backward_ms(1e3 * backward_seconds_ / steps_);
+  report.mutable_step_times()->set_optimizer_ms(1e3 * optimizer_seconds_ / steps_);
+  report.mutable_step_times()->set_data_ms(1e3 * data_seconds_ / steps_);
   report.set_max_step_ms(1e3 * max_step_seconds_);
   if (val_loss_) {
     report.set_has_val_loss(true);
@@ -101,6 +109,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   last_report_nanos_ = now;
   steps_ = 0;
   seconds_ = 0;
+  forward_seconds_ = backward_seconds_ = optimizer_seconds_ = data_seconds_ = 0;
   wait_seconds_ = 0;
   max_step_seconds_ = 0;
   tokens_ = 0;

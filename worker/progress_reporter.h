@@ -91,6 +91,7 @@ class ProgressReporter {
   // Since the previous report.
   int steps_ = 0;
   double seconds_ = 0;
+  double forward_seconds_ = 0, backward_seconds_ = 0, optimizer_seconds_ = 0, data_seconds_ = 0;
   double wait_seconds_ = 0;
   double max_step_seconds_ = 0;
   double tokens_ = 0;

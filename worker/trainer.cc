@@ -321,6 +321,7 @@ class RankTrainer {
   int64_t stage_transfer_ = 0;  // elements of the residual stream a pipeline stage hands on
   int64_t tokens_per_step_ = 0;
   int64_t train_nanos_ = 0;
+  int64_t data_nanos_ = 0;  // drawing batches, since the last step's report
   double pipeline_wait_ = 0.0;
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
@@ -430,9 +431,11 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
   // the same samples the single-process run draws for those positions.
   auto fill = [&](int i) {
+    const int64_t started = clock_.NowNanosMonotonic();
     train_sampler_->FillTrain(state_.step,
                               int64_t{at_.dp_rank} * at_.per_rank + int64_t{i} * at_.micro,
                               at_.micro, inputs_.data(), targets_.data());
+    data_nanos_ += clock_.NowNanosMonotonic() - started;
   };
   if (spec_.parallelism.pp == 1) {
     for (int i = 0; i < at_.micro_batches; ++i) {
@@ -554,8 +557,10 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     TY_RETURN_IF_ERROR(params_->BeginStep());
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
     double lr = 0.0;
+    const int64_t optimizer_start = clock_.NowNanosMonotonic();
     TY_ASSIGN_OR_RETURN(const double norm,
                         params_->FinishStep(state_.step, &lr, groups_.tied.get()));
+    const int64_t optimizer_nanos = clock_.NowNanosMonotonic() - optimizer_start;
     TY_ASSIGN_OR_RETURN(loss_sum, params_->SumOverRanks(loss_sum));
     // Only the last pipeline stage computes the loss; every stage reports it.
     TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*groups_.pp, loss_sum));
@@ -582,6 +587,11 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                       .step_seconds = step_nanos / 1e9,
                       .wait_seconds = WaitSeconds() - wait_before};
     report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
+    const Model::PhaseSeconds passes = model_->TakePhaseSeconds();
+    report.forward_seconds = passes.forward;
+    report.backward_seconds = passes.backward;
+    report.optimizer_seconds = optimizer_nanos / 1e9;
+    report.data_seconds = std::exchange(data_nanos_, 0) / 1e9;
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
       TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.pp, *val_sampler_,
                                                at_.micro, tr.eval_batches, stage_transfer_));

@@ -38,6 +38,13 @@ struct StepReport {
   double wait_seconds = 0.0;
   // From the step's start to its report: the step, an evaluation and checkpoint blocking.
   double iteration_seconds = 0.0;
+  // Of step_seconds: the forward and backward passes, the optimizer (FinishStep: gradient
+  // reduction and the update) and drawing the batch. Collectives that block inside a phase count
+  // in it and in wait_seconds too.
+  double forward_seconds = 0.0;
+  double backward_seconds = 0.0;
+  double optimizer_seconds = 0.0;
+  double data_seconds = 0.0;
   double tokens_per_second = 0.0;
   std::optional<double> val_loss;  // set on steps that evaluated
 };

@@ -42,6 +42,13 @@ TEST(ControlPlaneJobsTest, OneRankJobThroughTheCli) {
   EXPECT_EQ(reply.job().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(reply.job().progress().step(), 30);
   EXPECT_EQ(reply.job().attempts(), 1);
+  // The step time's phases are measured, not zeros.
+  const v1::StepTimes& times = reply.job().progress().step_times();
+  EXPECT_GT(times.total_ms(), 0);
+  EXPECT_GT(times.forward_ms(), 0);
+  EXPECT_GT(times.backward_ms(), 0);
+  EXPECT_GT(times.optimizer_ms(), 0);
+  EXPECT_GT(times.data_ms(), 0);
 
   const ProcessResult watch = cp.Cli({"watch", job_id});  // a finished job: its outcome at once
   EXPECT_EQ(watch.exit_code, 0);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -204,6 +205,42 @@ TEST(NoSilentHang, AStalledPeerTimesOut) {
               std::chrono::duration<double>(waited).count(), timeout.count() / 1e3,
               std::string(run.results[0].status().message()).c_str());
   EXPECT_LT(waited, timeout + std::chrono::seconds(2));
+}
+
+
+// Every step reports where its time went: forward and backward passes, the optimizer (with the
+// gradient reduction) and drawing the batch, each measured and together within the step.
+TEST(StepPhases, EveryStepReportsItsForwardBackwardOptimizerAndDataTime) {
+  const config::JobSpec spec = Job(/*zero=*/0);
+  std::mutex mu;
+  std::vector<StepReport> reports;
+  testenv::RankRunOptions opts;
+  opts.customize = [&](int rank, TrainOptions& options) {
+    if (rank != 0) return;
+    options.on_step = [&](const StepReport& report) -> absl::Status {
+      std::lock_guard<std::mutex> lock(mu);
+      reports.push_back(report);
+      return absl::OkStatus();
+    };
+  };
+  testenv::RankRun run = testenv::RunRanks(spec, opts);
+  for (const auto& result : run.results) ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_FALSE(reports.empty());
+  for (const StepReport& r : reports) {
+    EXPECT_GT(r.forward_seconds, 0) << "step " << r.step;
+    EXPECT_GT(r.backward_seconds, 0) << "step " << r.step;
+    EXPECT_GT(r.optimizer_seconds, 0) << "step " << r.step;
+    EXPECT_GT(r.data_seconds, 0) << "step " << r.step;
+    EXPECT_LE(r.forward_seconds + r.backward_seconds + r.optimizer_seconds + r.data_seconds,
+              r.step_seconds * 1.0001)
+        << "step " << r.step;
+  }
+  const StepReport& last = reports.back();
+  std::printf("step %lld: %.2f ms = forward %.2f + backward %.2f + optimizer %.2f + data %.3f ms "
+              "(+ the rest)\n",
+              static_cast<long long>(last.step), 1e3 * last.step_seconds,
+              1e3 * last.forward_seconds, 1e3 * last.backward_seconds,
+              1e3 * last.optimizer_seconds, 1e3 * last.data_seconds);
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ StepReport Step(int64_t step, double seconds = 0.1, double tokens_per_second = 1
   report.learning_rate = 1e-3;
   report.grad_norm = 0.5;
   report.step_seconds = seconds;
+  report.forward_seconds = 0.3 * seconds;
+  report.backward_seconds = 0.4 * seconds;
+  report.optimizer_seconds = 0.2 * seconds;
+  report.data_seconds = 0.1 * seconds;
   report.tokens_per_second = tokens_per_second;
   return report;
 }
@@ -76,6 +80,11 @@ TEST_F(ProgressReporterTest, ReportsAtMostEveryIntervalWithAveragedTimes) {
   EXPECT_EQ(second.step(), 4);
   // Steps 2-4: 0.6 s in all, 100 + 900 + 400 tokens.
   EXPECT_NEAR(second.step_times().total_ms(), 200.0, 1e-9);
+  // Each phase is averaged over the same steps (Step() spends 30/40/20/10% of a step on them).
+  EXPECT_NEAR(second.step_times().forward_ms(), 60.0, 1e-9);
+  EXPECT_NEAR(second.step_times().backward_ms(), 80.0, 1e-9);
+  EXPECT_NEAR(second.step_times().optimizer_ms(), 40.0, 1e-9);
+  EXPECT_NEAR(second.step_times().data_ms(), 20.0, 1e-9);
   EXPECT_NEAR(second.tokens_per_second(), 1400 / 0.6, 1e-6);
   EXPECT_EQ(reporter_.reports_sent(), 2);
 }
