@@ -59,33 +59,52 @@ OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& t) {
 
 namespace {
 
-// Mean validation loss over eval_batches batches of micro_batch windows. With pipeline stages,
-// activations are handed forward stage by stage and the last stage's loss is shared.
-absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Communicator& pp,
-                                const BatchSampler& sampler, int micro_batch, int eval_batches,
-                                int64_t transfer_count) {
+// Which windows a rank evaluates: eval_batches global batches of `global_batch` windows (the
+// same windows on every mesh, so the validation loss does not depend on it); data-parallel rank
+// `dp_rank` takes windows [dp_rank·per_rank, (dp_rank+1)·per_rank) of each, `micro` at a time.
+struct EvalShare {
+  int eval_batches = 1;
+  int global_batch = 1;
+  int dp_rank = 0;
+  int per_rank = 1;
+  int micro = 1;
+};
+
+// Mean validation loss over the windows of EvalShare. With pipeline stages, activations are
+// handed forward stage by stage and the last stage's loss is shared; the data-parallel ranks'
+// sums are added up.
+absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Communicator& dp,
+                                parallel::Communicator& pp, const BatchSampler& sampler,
+                                const EvalShare& share, int64_t transfer_count) {
   const int t = sampler.seq_len();
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
-  std::vector<int32_t> inputs(int64_t{micro_batch} * t), targets(inputs.size());
+  std::vector<int32_t> inputs(int64_t{share.micro} * t), targets(inputs.size());
   const DType dtype = backend.act_dtype();
   Buffer<Act> in = first ? Buffer<Act>() : backend.AllocAct(transfer_count);
   Buffer<Act> out = last ? Buffer<Act>() : backend.AllocAct(transfer_count);
   double total = 0.0;
-  for (int i = 0; i < eval_batches; ++i) {
-    sampler.FillEval(i, micro_batch, inputs.data(), targets.data());
-    constexpr uint32_t kEvalTag = 1u << 30;
-    if (!first) {
-      TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, pp.rank() - 1, kEvalTag + i));
+  uint32_t message = 0;
+  for (int i = 0; i < share.eval_batches; ++i) {
+    for (int m = 0; m < share.per_rank / share.micro; ++m, ++message) {
+      sampler.FillEvalWindows(int64_t{i} * share.global_batch +
+                                  int64_t{share.dp_rank} * share.per_rank +
+                                  int64_t{m} * share.micro,
+                              share.micro, inputs.data(), targets.data());
+      constexpr uint32_t kEvalTag = 1u << 30;
+      if (!first) {
+        TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, pp.rank() - 1, kEvalTag + message));
+      }
+      TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), share.micro,
+                                                       t, in.data(), out.data()));
+      if (!last) {
+        TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + message));
+      }
+      total += loss;
     }
-    TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), micro_batch, t,
-                                                     in.data(), out.data()));
-    if (!last) {
-      TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + i));
-    }
-    total += loss;
   }
   TY_ASSIGN_OR_RETURN(total, parallel::AllReduceDouble(pp, total));
-  return total / (static_cast<double>(eval_batches) * micro_batch * t);
+  TY_ASSIGN_OR_RETURN(total, parallel::AllReduceDouble(dp, total));
+  return total / (static_cast<double>(share.eval_batches) * share.global_batch * t);
 }
 
 std::string EvalLine(const EvalPoint& e, const std::optional<double>& entropy) {
@@ -593,8 +612,13 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     report.optimizer_seconds = optimizer_nanos / 1e9;
     report.data_seconds = std::exchange(data_nanos_, 0) / 1e9;
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.pp, *val_sampler_,
-                                               at_.micro, tr.eval_batches, stage_transfer_));
+      const EvalShare share{.eval_batches = tr.eval_batches,
+                            .global_batch = tr.batch,
+                            .dp_rank = at_.dp_rank,
+                            .per_rank = at_.per_rank,
+                            .micro = at_.micro};
+      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.dp, *groups_.pp,
+                                               *val_sampler_, share, stage_transfer_));
       result_.evals.push_back({state_.step, val});
       report.val_loss = val;
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;

@@ -200,5 +200,40 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param).name);
     });
 
+
+// The validation loss covers the same windows on every mesh (eval_batches global batches, each
+// data-parallel rank its share): a single process without accumulation, dp 2 with ZeRO-3 and
+// accumulation, and tp 2 × pp 2 all report it within float error of each other.
+TEST(ValidationLoss, IsTheSameOnEveryMesh) {
+  config::JobSpec spec = BaseJob(config::ModelFamily::kGpt2);
+  spec.training.eval_every = spec.training.steps;
+  config::JobSpec single = spec;
+  single.training.micro_batch = spec.training.batch;
+  auto backend = MakeCpuBackend(1);
+  auto reference = Train(single, *backend, TrainOptions());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(reference->evals.size(), 1u);
+  const double want = reference->evals[0].loss;
+  const MeshCase meshes[] = {{"dp2_zero3", 2, 1, 1, 3}, {"dp4", 4, 1, 1, 0}, {"tp2_pp2", 1, 2, 2, 0}};
+  for (const MeshCase& mesh : meshes) {
+    config::JobSpec parallel = spec;
+    parallel.parallelism.dp = mesh.dp;
+    parallel.parallelism.tp = mesh.tp;
+    parallel.parallelism.pp = mesh.pp;
+    parallel.parallelism.zero = mesh.zero;
+    parallel.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+    const RunResult run = Parallel(parallel, /*bucket_bytes=*/16 << 10);
+    ASSERT_FALSE(run.ranks.empty()) << mesh.name;
+    for (size_t r = 0; r < run.ranks.size(); ++r) {
+      ASSERT_EQ(run.ranks[r].evals.size(), 1u) << mesh.name;
+      EXPECT_LE(std::abs(run.ranks[r].evals[0].loss - want) / want, 1e-5)
+          << mesh.name << " rank " << r << ": val loss " << run.ranks[r].evals[0].loss
+          << ", single process " << want;
+    }
+    std::printf("%s: val loss %.8f, single process %.8f\n", mesh.name, run.ranks[0].evals[0].loss,
+                want);
+  }
+}
+
 }  // namespace
 }  // namespace trainyard::worker

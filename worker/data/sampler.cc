@@ -58,9 +58,14 @@ void BatchSampler::FillTrain(int64_t step, int64_t first_sample, int count, int3
 
 void BatchSampler::FillEval(int64_t batch_index, int count, int32_t* inputs,
                             int32_t* targets) const {
+  FillEvalWindows(batch_index * count, count, inputs, targets);
+}
+
+void BatchSampler::FillEvalWindows(int64_t first_window, int count, int32_t* inputs,
+                                   int32_t* targets) const {
   for (int j = 0; j < count; ++j) {
     const int64_t row = static_cast<int64_t>(j) * seq_len_;
-    FillWindow(EvalOffset(batch_index * count + j), inputs + row, targets + row);
+    FillWindow(EvalOffset(first_window + j), inputs + row, targets + row);
   }
 }
 

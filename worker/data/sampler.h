@@ -41,6 +41,8 @@ class BatchSampler {
   // Evaluation batch `batch_index` of `count` windows: row j is window batch_index * count + j.
   // Requires batch_index >= 0 and count >= 0.
   void FillEval(int64_t batch_index, int count, int32_t* inputs, int32_t* targets) const;
+  // Evaluation windows [first_window, first_window + count): row j is window first_window + j.
+  void FillEvalWindows(int64_t first_window, int count, int32_t* inputs, int32_t* targets) const;
 
   // Start offsets of the windows above (exposed for tests and diagnostics).
   int64_t TrainOffset(int64_t step, int64_t sample) const;
