@@ -45,7 +45,28 @@ namespace trainyard::worker {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: trainyard-worker --standalone SPEC.yaml [--threads N] [--collective-timeout-s S]";
+    "usage: trainyard-worker --standalone SPEC.yaml [--threads N] [--collective-timeout-s S]\n"
+    "       trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R [--threads N]\n"
+    "                        [--join-timeout-s S] [--collective-timeout-s S]";
+
+constexpr char kHelp[] =
+    "One rank of a training job.\n"
+    "\n"
+    "Standalone: trains SPEC.yaml without a coordinator, every rank of a multi-rank spec as a\n"
+    "local child process.\n"
+    "  --threads N               CPU threads per rank (default: the spec's training.threads)\n"
+    "  --collective-timeout-s S  fail a collective that waits longer than S (default 60)\n"
+    "\n"
+    "Coordinated: how trainyard-agent starts a rank of an attempt the coordinator placed; it joins\n"
+    "the attempt's rendezvous, trains, checkpoints and reports progress. Not for direct use.\n"
+    "  --coordinator HOST:PORT   the coordinator's gRPC address\n"
+    "  --job JOB --attempt N --rank R   which rank of which attempt\n"
+    "  --join-timeout-s S        give up joining after S (default 300)\n"
+    "  The agent sets its environment: TRAINYARD_MEMORY_TIER (its memory tier), TRAINYARD_TLS_CA,\n"
+    "  _CERT, _KEY (mutual TLS), TRAINYARD_GLOO_HOSTNAME (where its collectives listen).\n"
+    "\n"
+    "Exit codes: 0 done; 1 an error outside the job; 2 bad flags, spec or data; 3 a collective\n"
+    "timed out or a peer left; 4 the hang watchdog ended the rank; 5 out of memory.\n";
 
 struct Flags {
   std::string spec_path;
@@ -87,7 +108,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
             absl::StrCat("--collective-timeout-s must be a positive number, got '", v, "'"));
       }
     } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << "\n";
+      std::cout << kUsage << "\n\n" << kHelp;
       std::exit(0);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));

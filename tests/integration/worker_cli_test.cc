@@ -108,6 +108,17 @@ TEST_F(WorkerCli, TruncatedShard) {
 
 TEST_F(WorkerCli, UnknownFlag) { ExpectBadInput(Worker({"--bogus"}), "--bogus"); }
 
+// --help describes both modes: standalone, and coordinated (how the agent starts a rank).
+TEST_F(WorkerCli, HelpDescribesBothModes) {
+  const ProcessResult help = Worker({"--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("--standalone SPEC.yaml"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--coordinator HOST:PORT --job JOB --attempt N --rank R"),
+            std::string::npos)
+      << help.out;
+  EXPECT_NE(help.out.find("TRAINYARD_MEMORY_TIER"), std::string::npos) << help.out;
+}
+
 // A GPU job where no GPU can be used (none present, or a build without CUDA): one line that says
 // so and why, exit code 2 — not a crash in the CUDA runtime.
 TEST_F(WorkerCli, GpuJobWithoutAGpu) {

@@ -1,5 +1,6 @@
 #include "tools/cli/commands.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -489,13 +490,22 @@ int ExitCodeForError(const absl::Status& status) {
 }
 
 int RunCli(const std::vector<std::string>& args, const CliIo& io) {
+  // With --json an error is also one JSON object on stdout, for scripts:
+  // {"error":{"code":"NOT_FOUND","message":"...","exit_code":2}}.
+  const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
   auto fail = [&](const absl::Status& status) {
     std::string message(status.message());
     for (char& c : message) {
       if (c == '\n') c = ' ';
     }
     *io.err << "trainyard: error: " << message << std::endl;
-    return ExitCodeForError(status);
+    const int code = ExitCodeForError(status);
+    if (json) {
+      *io.out << "{\"error\":{\"code\":" << JsonString(absl::StatusCodeToString(status.code()))
+              << ",\"message\":" << JsonString(message) << ",\"exit_code\":" << code << "}}"
+              << std::endl;
+    }
+    return code;
   };
   absl::StatusOr<CommandLine> line = Parse(args);
   if (!line.ok()) {
