@@ -139,9 +139,11 @@ TEST(Overlap, FirstBucketsFinishBeforeTheBackwardPassEnds) {
   EXPECT_LT(t.bucket_done_ns[0], t.backward_end_ns);
 }
 
-// The pipeline's idle time per stage, next to the 1F1B bubble model (p−1)/(m+p−1): more
-// micro-batches per step shrink the bubble.
-TEST(PipelineBubble, IdleFractionFollowsTheScheduleModel) {
+// A report: the pipeline's measured idle time per stage next to the 1F1B bubble model
+// (p−1)/(m+p−1). That the schedule itself idles exactly the bubble is tested on a simulated clock
+// (tests/unit/worker/pipeline_schedule_test.cc); measured here it also holds transfer time and
+// the noise of ranks that are threads sharing this machine's cores, so only the runs are checked.
+TEST(PipelineBubble, MeasuredIdleFractionReport) {
   auto run = [](int micro_batches) {
     config::JobSpec spec = Job(/*zero=*/0, /*layers=*/4);
     spec.model.width = 128;
@@ -162,19 +164,11 @@ TEST(PipelineBubble, IdleFractionFollowsTheScheduleModel) {
     return idle;
   };
   const int p = 2;
-  std::vector<double> total_idle;
   for (int m : {2, 4, 8}) {
     const std::vector<double> idle = run(m);
     const double model = static_cast<double>(p - 1) / (m + p - 1);
     std::printf("pp %d, %d micro-batches: idle fraction stage 0 %.3f, stage 1 %.3f; model %.3f\n",
                 p, m, idle[0], idle[1], model);
-    total_idle.push_back(idle[0] + idle[1]);
-  }
-  // The measured fractions include transfer time and the noise of ranks that are threads sharing
-  // this machine's cores: they are reported, and only checked to be fractions.
-  for (double idle : total_idle) {
-    EXPECT_GE(idle, 0.0);
-    EXPECT_LT(idle, 2.0);
   }
 }
 

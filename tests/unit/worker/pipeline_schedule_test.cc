@@ -1,0 +1,150 @@
+// The 1F1B schedule (worker/parallel/pipeline.h) run on a simulated clock: p stages as threads,
+// every forward and every backward one time unit, transfers instant. Each stage's idle time over
+// the step must be exactly the 1F1B bubble, (p − 1) / (m + p − 1) of it.
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+#include "worker/parallel/communicator.h"
+#include "worker/parallel/pipeline.h"
+
+namespace trainyard::worker {
+namespace {
+
+// Messages between the stages, stamped with the simulated time they were sent.
+class Wire {
+ public:
+  void Post(int from, int to, uint32_t tag, int64_t time) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_[{from, to, tag}] = time;
+    cv_.notify_all();
+  }
+  int64_t Take(int from, int to, uint32_t tag) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return sent_.count({from, to, tag}) > 0; });
+    const int64_t time = sent_[{from, to, tag}];
+    sent_.erase({from, to, tag});
+    return time;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, int, uint32_t>, int64_t> sent_;
+};
+
+// One stage's end of the pipeline group: a send is instant and never blocks; a receive waits
+// for its message and moves this stage's clock to when it was sent, if that is later.
+class SimulatedStage final : public parallel::Communicator {
+ public:
+  SimulatedStage(Wire* wire, int rank, int size) : wire_(wire), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t now() const { return now_; }
+  void Work(int64_t units) { now_ += units; }
+
+  absl::Status Send(const float*, int64_t, int peer, uint32_t tag) override {
+    wire_->Post(rank_, peer, tag, now_);
+    return absl::OkStatus();
+  }
+  absl::Status Recv(float*, int64_t, int peer, uint32_t tag) override {
+    now_ = std::max(now_, wire_->Take(peer, rank_, tag));
+    return absl::OkStatus();
+  }
+  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
+                        float* recv, int64_t recv_count, int recv_peer,
+                        uint32_t recv_tag) override {
+    TY_RETURN_IF_ERROR(Send(send, send_count, send_peer, send_tag));
+    return Recv(recv, recv_count, recv_peer, recv_tag);
+  }
+  absl::Status AllReduce(float*, int64_t) override { return Unused(); }
+  absl::Status ReduceScatter(const float*, float*, int64_t) override { return Unused(); }
+  absl::Status AllGather(const float*, float*, int64_t) override { return Unused(); }
+  absl::Status Broadcast(float*, int64_t, int) override { return Unused(); }
+  absl::Status Barrier() override { return Unused(); }
+  void Abort() override {}
+
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::ReduceScatter;
+  using Communicator::Recv;
+  using Communicator::Send;
+  using Communicator::SendRecv;
+
+ private:
+  static absl::Status Unused() { return absl::UnimplementedError("not part of the schedule"); }
+
+  Wire* wire_;
+  const int rank_, size_;
+  int64_t now_ = 0;
+};
+
+// The idle fraction of every stage of a p-stage pipeline over m micro-batches.
+std::vector<double> IdleFractions(int p, int m) {
+  Wire wire;
+  std::vector<std::unique_ptr<SimulatedStage>> stages;
+  for (int s = 0; s < p; ++s) stages.push_back(std::make_unique<SimulatedStage>(&wire, s, p));
+  std::vector<int64_t> busy(p, 0);
+  std::vector<absl::Status> results(p);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < p; ++s) {
+    threads.emplace_back([&, s] {
+      SimulatedStage& stage = *stages[s];
+      const bool last = s == p - 1;
+      auto backend = MakeCpuBackend(1);
+      StageWork work;
+      // The last stage runs a micro-batch's backward right after its forward (pipeline.h).
+      work.forward = [&](int, int, const Act*, Act*) {
+        const int units = last ? 2 : 1;
+        stage.Work(units);
+        busy[s] += units;
+        return absl::OkStatus();
+      };
+      work.backward = [&](int, int, const Act*, Act*) {
+        if (!last) {
+          stage.Work(1);
+          busy[s] += 1;
+        }
+        return absl::OkStatus();
+      };
+      ScheduleStats stats;
+      results[s] = RunOneForwardOneBackward(stage, *backend, m, /*count=*/4, work, &stats);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t step = 0;
+  for (int s = 0; s < p; ++s) {
+    EXPECT_TRUE(results[s].ok()) << results[s];
+    step = std::max(step, stages[s]->now());
+  }
+  std::vector<double> idle;
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(busy[s], 2 * m) << "stage " << s;
+    idle.push_back(static_cast<double>(step - busy[s]) / static_cast<double>(step));
+  }
+  return idle;
+}
+
+TEST(PipelineSchedule, EveryStageIdlesExactlyTheOneForwardOneBackwardBubble) {
+  for (int p : {2, 3, 4}) {
+    for (int m : {1, 2, 4, 8}) {
+      const double bubble = static_cast<double>(p - 1) / (m + p - 1);
+      const std::vector<double> idle = IdleFractions(p, m);
+      for (int s = 0; s < p; ++s) {
+        EXPECT_DOUBLE_EQ(idle[s], bubble) << "p " << p << ", m " << m << ", stage " << s;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::worker
