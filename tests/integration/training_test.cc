@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/filesystem.h"
 #include "gtest/gtest.h"
+#include "tests/integration/test_env.h"
 #include "worker/backend.h"
 #include "worker/trainer.h"
 
@@ -57,6 +59,25 @@ void ExpectLearns(config::ModelFamily family) {
 
 TEST(Training, Gpt2LearnsMarkovChainToItsEntropy) { ExpectLearns(config::ModelFamily::kGpt2); }
 TEST(Training, LlamaLearnsMarkovChainToItsEntropy) { ExpectLearns(config::ModelFamily::kLlama); }
+
+// The examples a new user runs first end near their data's floor: a family that looks broken in
+// its own example is a bug report waiting to happen.
+TEST(Training, ExampleSpecsLearnToNearTheirEntropy) {
+  for (const char* name : {"tiny.yaml", "tiny-llama.yaml"}) {
+    auto spec = config::LoadJobSpec(*RealFileSystem(),
+                                    testenv::SourceDir() + "/config/examples/" + name);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto backend = MakeCpuBackend(0);
+    std::ostringstream log;
+    auto result = Train(*spec, *backend, {.progress = &log});
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->entropy_nats.has_value());
+    const double h = *result->entropy_nats, loss = result->evals.back().loss;
+    std::printf("%s: data entropy %.4f nats, validation loss %.4f (%+.1f%%)\n", name, h, loss,
+                100 * (loss - h) / h);
+    EXPECT_LE(loss, 1.06 * h) << name << "\n" << log.str();
+  }
+}
 
 std::vector<double> Losses(config::JobSpec spec, int threads) {
   auto backend = MakeCpuBackend(threads);
