@@ -215,13 +215,17 @@ TEST_F(ServerApiTest, KeyValueSpaceLongPollsAndEndsWithTheAttempt) {
   ASSERT_EQ(prefix, absl::StrCat("jobs/", job, "/attempts/1/"));
 
   v1::KvGetReply waited;
+  std::atomic<int64_t> getter_tid{0};
   std::thread getter([&] {
+    getter_tid = ThisThreadId();
     v1::KvGetRequest request;
     request.set_key(prefix + "gloo/rank0");
     request.set_wait_ms(10000);
     EXPECT_TRUE(workers_->KvGet(Deadline(15).get(), request, &waited).ok());
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The set comes while the get waits for it (its thread sleeps in the call).
+  while (getter_tid.load() == 0) std::this_thread::yield();
+  EXPECT_TRUE(WaitUntilBlocked(getter_tid.load(), std::chrono::milliseconds(10000)));
   v1::KvSetRequest set;
   set.set_key(prefix + "gloo/rank0");
   set.set_value(std::string("10.0.0.1:2\0x", 12));

@@ -2,7 +2,9 @@
 // coordinator on the same state directory reloads the job, re-adopts the workers its agent still
 // runs (starting nothing twice), stops workers nobody owns, and sees the job through.
 #include <signal.h>
+#include <sqlite3.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -81,6 +83,31 @@ v1::ProgressReply Report(const ServerProcess& server, const std::string& job, in
   return reply;
 }
 
+// Polls the coordinator's database (read-only, as another process would) until `job`'s stored
+// step reaches `step`, for at most `limit`.
+bool StoredStepReaches(const std::string& state_dir, const std::string& job, int64_t step,
+                       std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  const std::string path = state_dir + "/coordinator.db";
+  while (std::chrono::steady_clock::now() < deadline) {
+    sqlite3* db = nullptr;
+    int64_t stored = -1;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+      sqlite3_stmt* select = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT step FROM jobs WHERE id = ?", -1, &select, nullptr) ==
+          SQLITE_OK) {
+        sqlite3_bind_text(select, 1, job.c_str(), -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(select) == SQLITE_ROW) stored = sqlite3_column_int64(select, 0);
+      }
+      sqlite3_finalize(select);
+    }
+    sqlite3_close(db);
+    if (stored >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
   const std::string scratch = MakeScratchDir("server_restart").string();
   const std::string state = scratch + "/state";
@@ -108,8 +135,8 @@ TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
     EXPECT_EQ(GetJob(first, job).job().state(), v1::JOB_STATE_RUNNING);
 
     // Progress (soft state, re-reported every step) is persisted within a second; transitions
-    // are persisted before they are acted on.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // are persisted before they are acted on. Kill once the database has step 2.
+    EXPECT_TRUE(StoredStepReaches(state, job, 2, std::chrono::seconds(10)));
     first.process().KillGroup();  // SIGKILL, no chance to clean up
     for (int i = 0; i < 200 && !agent.stream_ended(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -326,8 +326,14 @@ TEST(StagingCommunicatorTest, AbortFailsAPendingOperation) {
     }
     absl::Status pending = absl::UnknownError("not run");
     Tensor t(DType::kBF16, 8);
-    std::thread receiver([&] { pending = comm.Recv(t.data(), 8, DType::kBF16, 1, 42); });
-    std::this_thread::sleep_for(milliseconds(200));
+    std::atomic<int64_t> receiver_tid{0};
+    std::thread receiver([&] {
+      receiver_tid = testenv::ThisThreadId();
+      pending = comm.Recv(t.data(), 8, DType::kBF16, 1, 42);
+    });
+    while (receiver_tid.load() == 0) std::this_thread::yield();
+    // Abort while the receive is pending: the receiving thread sleeps in it.
+    EXPECT_TRUE(testenv::WaitUntilBlocked(receiver_tid.load(), milliseconds(10000)));
     comm.Abort();
     receiver.join();
     EXPECT_EQ(pending.code(), absl::StatusCode::kAborted) << pending;

@@ -4,10 +4,15 @@
 #define TRAINYARD_TESTS_INTEGRATION_TEST_ENV_H_
 
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -38,6 +43,28 @@ inline std::filesystem::path MakeScratchDir(const std::string& prefix) {
   char* made = mkdtemp(pattern.data());
   EXPECT_NE(made, nullptr) << "mkdtemp " << pattern;
   return pattern;
+}
+
+// The kernel's id of the calling thread, for WaitUntilBlocked.
+inline int64_t ThisThreadId() { return static_cast<int64_t>(syscall(SYS_gettid)); }
+
+// Waits (at most `limit`) until thread `tid` of this process sleeps in the kernel: it has made a
+// call that blocks, such as a receive that waits for its message. True when it did.
+inline bool WaitUntilBlocked(int64_t tid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+    std::string line;
+    if (std::getline(stat, line)) {
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() &&
+          (line[paren + 2] == 'S' || line[paren + 2] == 'D')) {
+        return true;
+      }
+    }
+    std::this_thread::yield();
+  }
+  return false;
 }
 
 }  // namespace trainyard::testenv

@@ -269,6 +269,12 @@ class GlooCommunicator final : public Communicator {
   void Track(gloo::transport::UnboundBuffer* buf) {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_ = buf;
+    // An Abort between Guard's check and here found nothing in flight: it must still reach this
+    // buffer (gloo keeps an abort until the next wait takes it), or the wait runs to its timeout.
+    if (aborted_.load()) {
+      buf->abortWaitRecv();
+      buf->abortWaitSend();
+    }
   }
   void Untrack() {
     std::lock_guard<std::mutex> lock(mu_);
