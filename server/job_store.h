@@ -72,7 +72,22 @@ struct StoredState {
   int64_t max_job_seq = 0;
 };
 
-class JobStore {
+// What the supervisor needs of durable storage: JobStore, or a fake that injects failures.
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+  // Applies `batch` atomically: all of it is stored or none. Pointers must stay valid during
+  // the call; events get their ids.
+  virtual absl::Status Commit(StoreBatch& batch) = 0;
+  virtual absl::Status CommitSoftState(const SoftStateBatch& batch) = 0;
+  virtual absl::StatusOr<StoredState> Load() = 0;
+  virtual absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
+                                                              int limit) = 0;
+  virtual absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
+      const std::string& key) = 0;
+};
+
+class JobStore final : public StateStore {
  public:
   static constexpr int kSchemaVersion = 4;
 
@@ -83,20 +98,22 @@ class JobStore {
 
   // Applies `batch` atomically. A duplicate job id or client_request_id is ALREADY_EXISTS (and
   // nothing of the batch is stored); other failures INTERNAL.
-  absl::Status Commit(StoreBatch& batch);
+  absl::Status Commit(StoreBatch& batch) override;
 
   // Updates only progress columns and pids, in one transaction that survives the process being
   // killed (synchronous NORMAL: it is not flushed to disk, so a power loss may drop the last
   // second of progress — state that workers report again anyway). Never changes a job's state.
-  absl::Status CommitSoftState(const SoftStateBatch& batch);
+  absl::Status CommitSoftState(const SoftStateBatch& batch) override;
 
-  absl::StatusOr<StoredState> Load();
+  absl::StatusOr<StoredState> Load() override;
 
   // The newest `limit` events of a job, oldest first.
-  absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id, int limit);
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
+                                                      int limit) override;
 
   // The job created with this idempotency key, if any.
-  absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(const std::string& key);
+  absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
+      const std::string& key) override;
 
  private:
   explicit JobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}

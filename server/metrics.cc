@@ -210,7 +210,20 @@ std::vector<MetricFamily> FailureCounterFamilies(const MetricsSnapshot& snapshot
       Family("trainyard_restart_seconds",
              "From a failure's detection to the next attempt's first step", MetricType::Histogram);
   restart.metric.push_back(HistogramMetric({}, snapshot.restart_seconds));
-  return {failures, detection, restart};
+  MetricFamily store_failures = Family(
+      "trainyard_store_commit_failures_total",
+      "Commits of the coordinator's state the job store refused (disk full, I/O errors), retries "
+      "included, since the coordinator started",
+      MetricType::Counter);
+  store_failures.metric.push_back(
+      Metric({}, static_cast<double>(snapshot.store_failures_total), MetricType::Counter));
+  MetricFamily held_back = Family("trainyard_store_held_back_changes",
+                                  "State changes waiting to be stored; the orders that follow "
+                                  "from them wait too (0 when storage works)",
+                                  MetricType::Gauge);
+  held_back.metric.push_back(
+      Metric({}, static_cast<double>(snapshot.store_held_back), MetricType::Gauge));
+  return {failures, detection, restart, store_failures, held_back};
 }
 
 }  // namespace

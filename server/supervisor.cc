@@ -13,7 +13,7 @@
 
 namespace trainyard::server {
 
-Supervisor::Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
+Supervisor::Supervisor(StateStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
                        SupervisorOptions options)
     : store_(store),
       registry_(registry),
@@ -31,7 +31,7 @@ void Supervisor::SetCoordinatorAddress(const std::string& address) {
   coordinator_address_ = address;
 }
 
-absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Create(JobStore* store,
+absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Create(StateStore* store,
                                                                AgentRegistry* registry, KvSpace* kv,
                                                                Clock* clock,
                                                                SupervisorOptions options) {
@@ -167,15 +167,13 @@ void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string 
 }
 
 absl::Status Supervisor::CommitLocked(Txn& txn) {
-  absl::Status status = store_->Commit(txn.batch);
-  if (!status.ok()) {
-    // Memory stays the truth; the next commit of the same rows rewrites them whole. Checkpoint
-    // rows are written once, so they go again with the next Tick.
-    TY_LOG(ERROR) << "job store commit failed: " << status;
-    for (const JobCheckpoint& checkpoint : txn.batch.checkpoints) {
-      unsaved_checkpoints_.insert({checkpoint.job_id, checkpoint.record.path});
-    }
-  }
+  // Batches commit in order: while an earlier one waits to be stored, this one waits behind it.
+  absl::Status status =
+      unstored_.empty()
+          ? store_->Commit(txn.batch)
+          : absl::UnavailableError(absl::StrCat("earlier changes are not stored yet (",
+                                                storage_error_.message(), ")"));
+  if (!status.ok()) HoldBackLocked(txn, status);
   for (JobEntry* entry : txn.touched) {
     entry->progress_dirty = false;
     entry->progress_flushed = clock_->Now();
@@ -202,6 +200,52 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
   }
   txn.orders.clear();
   return status;
+}
+
+void Supervisor::HoldBackLocked(Txn& txn, const absl::Status& status) {
+  if (unstored_.empty()) {
+    TY_LOG(ERROR) << "the job store cannot store changes: " << status
+                  << "; the orders that follow from them wait until it can";
+    storage_error_ = status;
+  }
+  ++storage_failures_;
+  // Each job this change touched says why its workers are not told yet; stored with it.
+  for (JobEntry* entry : txn.touched) {
+    EventRecord event;
+    event.job_id = entry->job.id;
+    event.attempt_id = entry->job.current_attempt;
+    event.time = clock_->Now();
+    event.from = event.to = entry->job.state;
+    event.kind = "storage_failed";
+    event.cause = absl::StrCat("the coordinator could not store this change (", status.message(),
+                               "); orders to agents wait until it is stored");
+    txn.batch.events.push_back(std::move(event));
+  }
+  if (!txn.batch.empty()) unstored_.push_back(txn.batch);
+  for (auto& order : txn.orders) withheld_.push_back(std::move(order));
+  txn.orders.clear();
+}
+
+void Supervisor::StoreHeldBackLocked() {
+  if (unstored_.empty()) return;
+  const size_t batches = unstored_.size();
+  while (!unstored_.empty()) {
+    if (absl::Status status = store_->Commit(unstored_.front()); !status.ok()) {
+      storage_error_ = status;
+      ++storage_failures_;
+      return;
+    }
+    unstored_.pop_front();
+  }
+  TY_LOG(INFO) << "the job store works again: " << batches << " held-back changes stored, "
+               << withheld_.size() << " orders sent";
+  storage_error_ = absl::OkStatus();
+  for (auto& [node_id, order] : withheld_) {
+    if (!registry_->Send(node_id, std::move(order))) {
+      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+    }
+  }
+  withheld_.clear();
 }
 
 void Supervisor::RunAfter(Txn& txn) {
@@ -474,7 +518,7 @@ void Supervisor::Tick() {
         CollectSoftStateLocked(entry, soft);
       }
     }
-    RetryUnsavedCheckpointsLocked(txn);
+    StoreHeldBackLocked();
     ScheduleLocked(txn);
     CommitLocked(txn).IgnoreError();
   }
@@ -518,6 +562,8 @@ MetricsSnapshot Supervisor::Metrics() {
       snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
     }
     const absl::Time now = clock_->Now();
+    snapshot.store_failures_total = storage_failures_;
+    snapshot.store_held_back = static_cast<int64_t>(unstored_.size());
     for (const auto& [id, entry] : jobs_) {
       const JobRecord& job = entry.job;
       ++snapshot.jobs_by_state[job.state];

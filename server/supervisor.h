@@ -11,7 +11,8 @@
 // (connect, heartbeat, worker started/exited), worker calls (Join, ReportProgress) and Tick()
 // (timeouts, lost nodes, scheduling, progress persistence). Every transition is written to the
 // JobStore together with a durable event naming its cause, before any order that follows from it
-// is sent to an agent. Finals are reached only when every worker of the attempt is gone, so a
+// is sent to an agent; when the store fails, the change and its orders are held back until it is
+// stored (CommitLocked). Finals are reached only when every worker of the attempt is gone, so a
 // FAILED, CANCELLED or DRAINED job has no process left.
 //
 // Checkpoints: rank 0 reports every save that ended (ProgressUpdate::checkpoints); each new
@@ -232,13 +233,15 @@ struct MetricsSnapshot {
   Histogram restart_seconds{FailureSecondsBuckets()};
   std::vector<JobMetrics> jobs;  // live jobs and those finished within the retention
   std::vector<NodeStatus> nodes;
+  int64_t store_failures_total = 0;  // commits the job store refused (each retry counts)
+  int64_t store_held_back = 0;       // changes waiting to be stored (their orders wait too)
 };
 
 class Supervisor {
  public:
   // Loads the stored state. `store`, `registry`, `kv` and `clock` are not owned and must outlive
   // the Supervisor.
-  static absl::StatusOr<std::unique_ptr<Supervisor>> Create(JobStore* store,
+  static absl::StatusOr<std::unique_ptr<Supervisor>> Create(StateStore* store,
                                                             AgentRegistry* registry, KvSpace* kv,
                                                             Clock* clock,
                                                             SupervisorOptions options);
@@ -376,7 +379,7 @@ class Supervisor {
     std::vector<std::function<void()>> after;
   };
 
-  Supervisor(JobStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
+  Supervisor(StateStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
              SupervisorOptions options);
   absl::Status Restore();
   // Gives the restored jobs their checkpoint records, newest committed checkpoint and (for jobs
@@ -405,7 +408,14 @@ class Supervisor {
                 std::string kind, std::string cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Transition(Txn& txn, JobEntry& entry, JobState to, std::string kind, std::string cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores txn.batch, notifies watchers, sends txn.orders. When the store fails (or earlier
+  // changes still wait to be stored), the batch is held back, with a "storage_failed" event for
+  // each job it touched, and so are its orders: no agent acts on a change before it is stored.
+  // Returns the store's error then; memory keeps the change.
   absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HoldBackLocked(Txn& txn, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick: stores the held-back batches in order; once all are stored, sends their orders.
+  void StoreHeldBackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunAfter(Txn& txn);
 
   // State machine steps.
@@ -478,8 +488,6 @@ class Supervisor {
   // The report's last_checkpoint, from a worker that does not send records.
   void RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records whose commit failed go again with the next transaction.
-  void RetryUnsavedCheckpointsLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The final transition of a drained job (no worker left).
   void FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string& context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -494,7 +502,7 @@ class Supervisor {
   void NodeLostLocked(Txn& txn, JobEntry& entry, const std::string& node_id, absl::Duration age)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  JobStore* const store_;
+  StateStore* const store_;
   AgentRegistry* const registry_;
   KvSpace* const kv_;
   Clock* const clock_;
@@ -518,8 +526,12 @@ class Supervisor {
   // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
   // once per grace period.
   std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);
-  // (job id, path) of checkpoint records a failed commit did not store.
-  std::set<std::pair<std::string, std::string>> unsaved_checkpoints_ ABSL_GUARDED_BY(mu_);
+  // Storage failures: the batches not stored yet (oldest first; pointers into jobs_, nodes_ and
+  // attempts, which stay put), the orders that wait for them, the newest error and a count.
+  std::deque<StoreBatch> unstored_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, AgentOrder>> withheld_ ABSL_GUARDED_BY(mu_);
+  absl::Status storage_error_ ABSL_GUARDED_BY(mu_);
+  int64_t storage_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
 };
 

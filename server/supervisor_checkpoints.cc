@@ -107,17 +107,6 @@ void Supervisor::RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry,
            absl::StrCat("checkpoint of step ", checkpoint.step, " at ", checkpoint.path));
 }
 
-void Supervisor::RetryUnsavedCheckpointsLocked(Txn& txn) {
-  for (const auto& [job_id, path] : unsaved_checkpoints_) {
-    JobEntry* entry = FindJob(job_id);
-    const CheckpointInfo* record = entry != nullptr ? entry->checkpoints.Find(path) : nullptr;
-    if (record == nullptr) continue;
-    txn.batch.checkpoints.push_back(JobCheckpoint{job_id, *record});  // its current version
-    TouchJob(txn, *entry);
-  }
-  unsaved_checkpoints_.clear();
-}
-
 void Supervisor::FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string& context) {
   JobRecord& job = entry.job;
   job.message = DrainedMessage(job);

@@ -33,6 +33,49 @@ class RecordingWatcher : public JobWatcher {
   std::optional<absl::Status> closed;
 };
 
+// A StateStore that passes everything to a real one, except the commits it is told to fail (as a
+// full disk does): "commit fails at transaction N".
+class FaultInjectingStore final : public StateStore {
+ public:
+  explicit FaultInjectingStore(StateStore* inner) : inner_(inner) {}
+
+  // The n-th Commit from now (1: the next one) fails; 0: none.
+  void FailCommitNumber(int n) {
+    fail_at_ = n > 0 ? commits_ + n : 0;
+  }
+  // Every Commit fails until this is called with false.
+  void FailEveryCommit(bool fail) { fail_all_ = fail; }
+  int commits() const { return commits_; }
+  int failed() const { return failed_; }
+
+  absl::Status Commit(StoreBatch& batch) override {
+    ++commits_;
+    if (fail_all_ || commits_ == fail_at_) {
+      ++failed_;
+      return absl::InternalError("database or disk is full");
+    }
+    return inner_->Commit(batch);
+  }
+  absl::Status CommitSoftState(const SoftStateBatch& batch) override {
+    return fail_all_ ? absl::InternalError("database or disk is full")
+                     : inner_->CommitSoftState(batch);
+  }
+  absl::StatusOr<StoredState> Load() override { return inner_->Load(); }
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
+                                                      int limit) override {
+    return inner_->ListEvents(job_id, limit);
+  }
+  absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
+      const std::string& key) override {
+    return inner_->FindJobByClientRequestId(key);
+  }
+
+ private:
+  StateStore* const inner_;
+  int commits_ = 0, failed_ = 0, fail_at_ = 0;
+  bool fail_all_ = false;
+};
+
 class SupervisorTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(); }
@@ -41,10 +84,11 @@ class SupervisorTest : public ::testing::Test {
     auto store = JobStore::Open(dir_.path() + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
+    faults_ = std::make_unique<FaultInjectingStore>(store_.get());
     registry_ = std::make_unique<AgentRegistry>(&clock_, absl::Seconds(10));
     kv_ = std::make_unique<KvSpace>(&clock_);
     auto supervisor =
-        Supervisor::Create(store_.get(), registry_.get(), kv_.get(), &clock_, options_);
+        Supervisor::Create(faults_.get(), registry_.get(), kv_.get(), &clock_, options_);
     ASSERT_TRUE(supervisor.ok()) << supervisor.status();
     supervisor_ = std::move(*supervisor);
   }
@@ -63,6 +107,7 @@ class SupervisorTest : public ::testing::Test {
     supervisor_.reset();
     kv_.reset();
     registry_.reset();
+    faults_.reset();
     store_.reset();
     Open();
   }
@@ -158,6 +203,7 @@ class SupervisorTest : public ::testing::Test {
   FakeClock clock_;
   SupervisorOptions options_ = TestOptions();
   std::unique_ptr<JobStore> store_;
+  std::unique_ptr<FaultInjectingStore> faults_;  // between the supervisor and store_
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<KvSpace> kv_;
   std::unique_ptr<Supervisor> supervisor_;
