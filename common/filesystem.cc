@@ -23,18 +23,9 @@
 namespace trainyard {
 namespace {
 
-// EIO becomes DATA_LOSS rather than absl's UNKNOWN: after a failed write or fsync the kernel may
-// already have dropped the dirty pages, so retrying the same call is wrong; the caller must
-// rewrite the data.
-absl::Status ErrnoError(int error, const std::string& message) {
-  if (error == EIO) {
-    return absl::DataLossError(absl::StrCat(message, ": Input/output error"));
-  }
-  return absl::ErrnoToStatus(error, message);
-}
 
 absl::Status PosixError(const char* operation, const std::string& path) {
-  return ErrnoError(errno, absl::StrCat(operation, " ", path));
+  return ErrnoStatus(errno, absl::StrCat(operation, " ", path));
 }
 
 // Owns a file descriptor.
@@ -254,7 +245,7 @@ class PosixFileSystem : public FileSystem {
     }
     const int read_errno = errno;
     ::closedir(dir);
-    if (read_errno != 0) return ErrnoError(read_errno, absl::StrCat("list directory ", path));
+    if (read_errno != 0) return ErrnoStatus(read_errno, absl::StrCat("list directory ", path));
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -266,7 +257,7 @@ class PosixFileSystem : public FileSystem {
 
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) {
-      return ErrnoError(errno, absl::StrCat("rename ", from, " to ", to));
+      return ErrnoStatus(errno, absl::StrCat("rename ", from, " to ", to));
     }
     return absl::OkStatus();
   }
@@ -322,7 +313,7 @@ class PosixFileSystem : public FileSystem {
     TY_RETURN_IF_ERROR(file.Sync());
     TY_RETURN_IF_ERROR(file.Close());
     if (::rename(temp.c_str(), path.c_str()) != 0) {
-      return ErrnoError(errno, absl::StrCat("rename ", temp, " to ", path));
+      return ErrnoStatus(errno, absl::StrCat("rename ", temp, " to ", path));
     }
     return SyncDirectory(Dirname(path));
   }

@@ -1,9 +1,21 @@
 #include "common/status.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainyard {
+
+absl::Status ErrnoStatus(int error, const std::string& context) {
+  if (error == EIO) return absl::DataLossError(absl::StrCat(context, ": Input/output error"));
+  return absl::ErrnoToStatus(error, context);
+}
+
+absl::Status ErrnoEnvironmentError(int error, const std::string& context) {
+  return absl::UnavailableError(absl::StrCat(context, ": ", std::strerror(error)));
+}
 
 absl::Status Annotate(const absl::Status& status, std::string_view context) {
   if (status.ok() || context.empty()) return status;

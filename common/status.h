@@ -33,6 +33,17 @@ namespace trainyard {
 [[nodiscard]] absl::Status Annotate(const absl::Status& status, const char* context);
 [[nodiscard]] absl::Status Annotate(const absl::Status& status, const std::string& context);
 
+// The one conversion of an errno value: "context: <strerror>" with the code errno implies
+// (absl::ErrnoToStatus: ENOENT NOT_FOUND, EACCES PERMISSION_DENIED, ...), except that EIO is
+// DATA_LOSS (after a failed write or fsync the kernel may have dropped the data: retrying the
+// same call is wrong).
+[[nodiscard]] absl::Status ErrnoStatus(int error, const std::string& context);
+// The same message as UNAVAILABLE whatever the errno: for calls that fail because of the machine
+// (fork, pipe, a temporary directory), which must not read as the job's input being at fault
+// (ENOENT would be NOT_FOUND, exit code 2) or as the job not fitting (ENOMEM would be
+// RESOURCE_EXHAUSTED).
+[[nodiscard]] absl::Status ErrnoEnvironmentError(int error, const std::string& context);
+
 // The process exit code a command-line tool should end with for `status`:
 //   0  OK;
 //   2  the user's input is at fault and retrying will not help (INVALID_ARGUMENT, NOT_FOUND,

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
@@ -30,29 +31,13 @@
 namespace trainyard::server {
 namespace {
 
+// Files go through the FileSystem seam: writes are atomic and durable (synced, then renamed).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  return RealFileSystem()->ReadFile(path);
 }
 
-// Writes `contents` to `path` through a temporary file and a rename, so readers never see a
-// partial address.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << contents;
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", temporary, " to ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return RealFileSystem()->WriteFileAtomic(path, contents);
 }
 
 std::string JoinHostPort(const std::string& host, int port) {

@@ -201,7 +201,7 @@ void OnSignal(int signal_number) {
 
 absl::Status InstallSignalHandlers() {
   if (pipe2(signal_pipe, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+    return ErrnoEnvironmentError(errno, "pipe");
   }
   struct sigaction action = {};
   action.sa_handler = OnSignal;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace trainyard::worker {
 namespace {
@@ -65,7 +66,7 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
   std::string dir_template =
       (std::filesystem::temp_directory_path() / "trainyard-rendezvous.XXXXXX").string();
   if (mkdtemp(dir_template.data()) == nullptr) {
-    return absl::UnavailableError(absl::StrCat("mkdtemp: ", strerror(errno)));
+    return ErrnoEnvironmentError(errno, "mkdtemp");
   }
   const std::string rendezvous = dir_template;
 
@@ -88,7 +89,7 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
     argv.push_back(nullptr);
     const pid_t pid = fork();
     if (pid < 0) {
-      status = absl::UnavailableError(absl::StrCat("fork: ", strerror(errno)));
+      status = ErrnoEnvironmentError(errno, "fork");
       break;
     }
     if (pid == 0) {

@@ -44,10 +44,9 @@
 namespace trainyard::worker {
 namespace {
 
+// One line: errors start with it.
 constexpr char kUsage[] =
-    "usage: trainyard-worker --standalone SPEC.yaml [--threads N] [--collective-timeout-s S]\n"
-    "       trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R [--threads N]\n"
-    "                        [--join-timeout-s S] [--collective-timeout-s S]";
+    "usage: trainyard-worker --standalone SPEC.yaml [--threads N] [--collective-timeout-s S]";
 
 constexpr char kHelp[] =
     "One rank of a training job.\n"
@@ -56,6 +55,9 @@ constexpr char kHelp[] =
     "local child process.\n"
     "  --threads N               CPU threads per rank (default: the spec's training.threads)\n"
     "  --collective-timeout-s S  fail a collective that waits longer than S (default 60)\n"
+    "\n"
+    "       trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R [--threads N]\n"
+    "                        [--join-timeout-s S] [--collective-timeout-s S]\n"
     "\n"
     "Coordinated: how trainyard-agent starts a rank of an attempt the coordinator placed; it joins\n"
     "the attempt's rendezvous, trains, checkpoints and reports progress. Not for direct use.\n"

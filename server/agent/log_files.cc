@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace trainyard::server::agent {
 namespace {
@@ -18,9 +19,7 @@ constexpr int64_t kTailWindow = 64 << 10;
 constexpr int64_t kOffsetWindow = 1 << 20;
 
 absl::Status FileError(const std::string& what, const std::string& path) {
-  const int error = errno;
-  const std::string message = absl::StrCat(what, " ", path, ": ", strerror(error));
-  return error == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  return ErrnoStatus(errno, absl::StrCat(what, " ", path));
 }
 
 absl::StatusOr<int64_t> FileSize(int fd, const std::string& path) {

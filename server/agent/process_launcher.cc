@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -97,16 +98,15 @@ class RealProcessLauncher : public ProcessLauncher {
     ScopedFd log_fd(
         open(request.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (log_fd.get() < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("open log ", request.log_path, ": ", strerror(errno)));
+      return ErrnoEnvironmentError(errno, absl::StrCat("open log ", request.log_path));
     }
     ScopedFd null_fd(open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (null_fd.get() < 0) {
-      return absl::InternalError(absl::StrCat("open /dev/null: ", strerror(errno)));
+      return ErrnoEnvironmentError(errno, "open /dev/null");
     }
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      return ErrnoEnvironmentError(errno, "pipe");
     }
     ScopedFd error_read(pipe_fds[0]), error_write(pipe_fds[1]);
     struct rlimit files;
@@ -114,7 +114,7 @@ class RealProcessLauncher : public ProcessLauncher {
         getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 ? files.rlim_cur : 65536;
 
     const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    if (pid < 0) return ErrnoEnvironmentError(errno, "fork");
     if (pid == 0) {
       ExecChild(argv.data(), envp.data(), null_fd.get(), log_fd.get(), error_write.get(), max_fd);
     }
@@ -129,8 +129,7 @@ class RealProcessLauncher : public ProcessLauncher {
       int status;
       while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat("exec ", request.argv[0], ": ", strerror(child_errno)));
+      return ErrnoEnvironmentError(child_errno, absl::StrCat("exec ", request.argv[0]));
     }
     // A child that already exited is a zombie until reaped, and keeps its start time.
     return ProcessId{pid, ProcessStartTicks(pid, /*include_ended=*/true).value_or(0)};
@@ -159,8 +158,7 @@ class RealProcessLauncher : public ProcessLauncher {
   absl::Status SignalGroup(const ProcessId& id, int signal) override {
     if (!IsAlive(id)) return absl::OkStatus();  // gone, or its pid now names someone else
     if (kill(-static_cast<pid_t>(id.pid), signal) != 0 && errno != ESRCH) {
-      return absl::InternalError(
-          absl::StrCat("kill process group ", id.pid, ": ", strerror(errno)));
+      return ErrnoStatus(errno, absl::StrCat("kill process group ", id.pid));
     }
     return absl::OkStatus();
   }

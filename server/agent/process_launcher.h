@@ -47,9 +47,9 @@ class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
 
-  // Starts the process as the leader of a new process group. Errors: FAILED_PRECONDITION when the
-  // program cannot be executed ("exec <path>: No such file or directory"), or the log file cannot
-  // be opened (naming it); INTERNAL when fork fails.
+  // Starts the process as the leader of a new process group. Errors, all UNAVAILABLE (this node
+  // cannot start it now: ErrnoEnvironmentError): the program cannot be executed ("exec <path>: No
+  // such file or directory"), the log file cannot be opened (naming it), fork or pipe failed.
   virtual absl::StatusOr<ProcessId> Launch(const LaunchRequest& request) = 0;
 
   // Non-blocking. Nothing while the process runs; once it has ended, how (reaping it, and first

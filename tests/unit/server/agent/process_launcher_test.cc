@@ -144,14 +144,14 @@ TEST_F(ProcessLauncherTest, WhatALeaderLeavesBehindIsKilledWhenItIsReaped) {
 TEST_F(ProcessLauncherTest, ExecFailureIsAnError) {
   absl::StatusOr<ProcessId> id = launcher_->Launch(Request({"/nonexistent/trainyard-worker"}));
   ASSERT_FALSE(id.ok());
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(id.status().message(), "exec /nonexistent/trainyard-worker: No such file or directory");
   // A relative name is not looked up on PATH.
   EXPECT_FALSE(launcher_->Launch(Request({"sleep", "1"})).ok());
   LaunchRequest bad_log = Request({"/bin/true"});
   bad_log.log_path = dir_.path() + "/missing/dir/out.log";
   absl::Status status = launcher_->Launch(bad_log).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(), HasSubstr("open log"));
 }
 
