@@ -151,8 +151,7 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   const std::string lock_path = options.state_dir + "/lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat("cannot open ", lock_path));
   }
   if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
