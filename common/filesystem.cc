@@ -23,7 +23,6 @@
 namespace trainyard {
 namespace {
 
-
 absl::Status PosixError(const char* operation, const std::string& path) {
   return ErrnoStatus(errno, absl::StrCat(operation, " ", path));
 }

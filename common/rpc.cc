@@ -97,8 +97,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   TY_ASSIGN_OR_RETURN(Pem pem, ReadAll(files));
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   ssl.pem_root_certs = std::move(pem.ca);
-  ssl.pem_key_cert_pairs.push_back({.private_key = std::move(pem.key),
-                                    .cert_chain = std::move(pem.cert)});
+  ssl.pem_key_cert_pairs.push_back(
+      {.private_key = std::move(pem.key), .cert_chain = std::move(pem.cert)});
   return grpc::SslServerCredentials(ssl);
 }
 

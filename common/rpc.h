@@ -43,8 +43,7 @@ TlsFiles TlsFilesFromEnvironment();
 
 // Credentials for a client: plaintext when `files` is empty, else TLS presenting the certificate.
 // NOT_FOUND when a file cannot be read; INVALID_ARGUMENT when only some are named.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
-    const TlsFiles& files);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
 
 // A channel to `target` with ChannelCredentials(files) and `args`.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(

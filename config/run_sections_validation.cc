@@ -173,9 +173,9 @@ Problem CheckLabels(const std::map<std::string, std::string>& labels) {
     const std::string path = absl::StrCat("labels.", KeyForPath(key));
     const auto [first, inserted] = by_metric_name.emplace(MetricLabelName(key), key);
     if (!inserted) {
-      return Bad(path, absl::StrCat("collides with labels.", KeyForPath(first->second),
-                                    ": both become the metrics label ", first->first,
-                                    "; rename one"));
+      return Bad(path,
+                 absl::StrCat("collides with labels.", KeyForPath(first->second),
+                              ": both become the metrics label ", first->first, "; rename one"));
     }
     if (!IsLabelKey(key)) {
       return Bad(path, absl::StrCat("a label key is 1-", kMaxLabelKeyLength,

@@ -194,7 +194,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  absl::StatusOr<JobRecord> job = supervisor_->Cancel(request->job_id(), request->reason(), request->user());
+  absl::StatusOr<JobRecord> job =
+      supervisor_->Cancel(request->job_id(), request->reason(), request->user());
   if (job.ok()) ToProto(*job, reply->mutable_job());
   return Answer(context, job.status());
 }
@@ -217,7 +218,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::DrainJob(grpc::CallbackServerContext* 
                                                    const v1::DrainJobRequest* request,
                                                    v1::DrainJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  absl::StatusOr<JobRecord> job = supervisor_->Drain(request->job_id(), request->reason(), request->user());
+  absl::StatusOr<JobRecord> job =
+      supervisor_->Drain(request->job_id(), request->reason(), request->user());
   if (job.ok()) ToProto(*job, reply->mutable_job());
   return Answer(context, job.status());
 }

@@ -193,9 +193,9 @@ absl::Status JobStore::Migrate() {
   }
   // A table kSchema made just now (the database had none) is whole already.
   auto has_column = [&](const char* table, const char* column) -> absl::StatusOr<bool> {
-    TY_ASSIGN_OR_RETURN(auto has, db_->Prepare(absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('",
-                                                            table, "') WHERE name = '", column,
-                                                            "'")));
+    TY_ASSIGN_OR_RETURN(auto has,
+                        db_->Prepare(absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('", table,
+                                                  "') WHERE name = '", column, "'")));
     TY_ASSIGN_OR_RETURN(const bool row, has->Step());
     return row && has->Int(0) > 0;
   };

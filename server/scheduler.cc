@@ -83,8 +83,8 @@ std::string Needs(const PendingJob& job, const char* adjective) {
 
 // Why `job` cannot be placed even on every slot of `capacity`.
 std::string NeverFits(const PendingJob& job, const std::vector<NodeView>& capacity) {
-  const std::string head = absl::StrCat("it cannot be placed on the connected nodes: it needs ",
-                                        Needs(job, " "), "; ");
+  const std::string head =
+      absl::StrCat("it cannot be placed on the connected nodes: it needs ", Needs(job, " "), "; ");
   if (capacity.empty()) return head + "no node is connected";
   const DeviceKind kind = job.requirements.kind;
   const NodeView* largest = nullptr;

@@ -213,7 +213,7 @@ struct JobRecord {
   std::string message;  // why it failed, was cancelled or drained
   // While it waits in the queue: why it is not placed (Scheduler::WaitReason). Not stored.
   std::string waiting;
-  JobHealth health;     // filled in by the supervisor when the job is read; never stored
+  JobHealth health;  // filled in by the supervisor when the job is read; never stored
 };
 
 struct RankExit {
@@ -222,7 +222,7 @@ struct RankExit {
   int64_t pid = 0;
   absl::Time exited = absl::InfinitePast();
   std::vector<std::string> last_log_lines;
-  std::string message;  // "node lost", "exec failed: ..."
+  std::string message;   // "node lost", "exec failed: ..."
   bool stopped = false;  // it followed a stop order (cancel, drain, the attempt's end)
 
   bool Succeeded() const { return exit_code == 0 && signal == 0; }

@@ -347,9 +347,9 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   std::unique_ptr<MemoryTierClient> tier;
   if (const char* address = std::getenv("TRAINYARD_MEMORY_TIER");
       address != nullptr && *address && spec.fault_tolerance.memory_tier_enabled()) {
-    TY_ASSIGN_OR_RETURN(tier, MakeGrpcMemoryTierClient(address, tls, options.job_id,
-                                                       options.attempt_id, options.rank,
-                                                       spec.world_size()));
+    TY_ASSIGN_OR_RETURN(tier,
+                        MakeGrpcMemoryTierClient(address, tls, options.job_id, options.attempt_id,
+                                                 options.rank, spec.world_size()));
     train.memory_tier = tier.get();
   }
   train.attempt = options.attempt_id;

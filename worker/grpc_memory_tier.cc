@@ -14,8 +14,8 @@ namespace v1 = ::trainyard::v1;
 
 class GrpcMemoryTier final : public MemoryTierClient {
  public:
-  GrpcMemoryTier(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt,
-                 int rank, int world)
+  GrpcMemoryTier(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt, int rank,
+                 int world)
       : stub_(v1::MemoryTierService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         attempt_(attempt),
@@ -31,7 +31,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
     request.set_rank(rank_);
     request.set_bytes(bytes);
     v1::TierReserveReply reply;
-    if (grpc::Status s = stub_->Reserve(&context, request, &reply); !s.ok()) return rpc::FromGrpc(s);
+    if (grpc::Status s = stub_->Reserve(&context, request, &reply); !s.ok())
+      return rpc::FromGrpc(s);
     return reply.dir();
   }
 
@@ -60,8 +61,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
-    const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt,
-    int rank, int world) {
+    const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt, int rank,
+    int world) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::MakeChannel(address, tls);
   if (!channel.ok()) return channel.status();
   return std::make_unique<GrpcMemoryTier>(*std::move(channel), std::move(job_id), attempt, rank,

@@ -73,13 +73,12 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   if (step.val_loss) val_loss_ = step.val_loss;
   const int64_t now = clock_->NowNanosMonotonic();
   const int64_t since_last = last_report_nanos_ ? now - *last_report_nanos_ : INT64_MAX;
-  const bool due =
-      unreachable_since_nanos_
-          ? since_last >= absl::ToInt64Nanoseconds(kUnreachableRetry) ||
-                step.step >= step.total_steps
-          : since_last >= absl::ToInt64Nanoseconds(min_interval_) ||
-                step.step >= step.total_steps || step.val_loss.has_value() ||
-                !pending_checkpoints_.empty();
+  const bool due = unreachable_since_nanos_
+                       ? since_last >= absl::ToInt64Nanoseconds(kUnreachableRetry) ||
+                             step.step >= step.total_steps
+                       : since_last >= absl::ToInt64Nanoseconds(min_interval_) ||
+                             step.step >= step.total_steps || step.val_loss.has_value() ||
+                             !pending_checkpoints_.empty();
   if (!due) return absl::OkStatus();
 
   v1::ProgressReport report;

@@ -10,13 +10,13 @@
 // Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
 // goes on, and while it is unreachable a report is tried only every kUnreachableRetry with a
 // deadline of kUnreachableTimeout, so a partition that swallows calls until their deadline
-// slows training by a third at most instead of blocking it on every step; and for ORDER_DRAIN, which sets the drain flag the
-// training loop watches: every rank then stops at the same step after a checkpoint); CANCELLED for
-// ORDER_STOP, and for ORDER_DRAIN when no drain flag was given; ABORTED when the coordinator
-// answers FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over or unknown and the worker
-// must exit; UNAVAILABLE once the coordinator has been unreachable for longer than `orphan_timeout`
-// (a coordinator restart takes seconds; a worker nobody supervises any more must not train
-// forever).
+// slows training by a third at most instead of blocking it on every step; and for ORDER_DRAIN,
+// which sets the drain flag the training loop watches: every rank then stops at the same step after
+// a checkpoint); CANCELLED for ORDER_STOP, and for ORDER_DRAIN when no drain flag was given;
+// ABORTED when the coordinator answers FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over
+// or unknown and the worker must exit; UNAVAILABLE once the coordinator has been unreachable for
+// longer than `orphan_timeout` (a coordinator restart takes seconds; a worker nobody supervises any
+// more must not train forever).
 //
 // Threading: not thread-safe; used from the training thread only.
 #ifndef TRAINYARD_WORKER_PROGRESS_REPORTER_H_

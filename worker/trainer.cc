@@ -97,7 +97,8 @@ absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Commun
       TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), share.micro,
                                                        t, in.data(), out.data()));
       if (!last) {
-        TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + message));
+        TY_RETURN_IF_ERROR(
+            pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + message));
       }
       total += loss;
     }

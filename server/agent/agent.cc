@@ -187,15 +187,14 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     // Plaintext keeps the tier on loopback: without mutual TLS the coordinator is on loopback
     // too, so every agent of the cluster is on this machine.
     const bool tls = options.tls.enabled();
-    TY_ASSIGN_OR_RETURN(
-        tier_server,
-        MemoryTierServer::Start(
-            tier.get(), RealFileSystem(),
-            absl::StrCat(tls ? "0.0.0.0:" : "127.0.0.1:", options.memory_tier_port),
-            !tls                            ? "127.0.0.1"
-            : options.advertise_host.empty() ? config.hostname
-                                             : options.advertise_host,
-            config.node_id, options.tls));
+    TY_ASSIGN_OR_RETURN(tier_server,
+                        MemoryTierServer::Start(
+                            tier.get(), RealFileSystem(),
+                            absl::StrCat(tls ? "0.0.0.0:" : "127.0.0.1:", options.memory_tier_port),
+                            !tls                             ? "127.0.0.1"
+                            : options.advertise_host.empty() ? config.hostname
+                                                             : options.advertise_host,
+                            config.node_id, options.tls));
     config.memory_tier = tier.get();
     config.memory_tier_address = tier_server->address();
     config.memory_tier_local_address = tier_server->local_address();

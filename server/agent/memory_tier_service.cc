@@ -43,8 +43,8 @@ class Service final : public v1::MemoryTierService::Service {
   grpc::Status Committed(grpc::ServerContext*, const v1::TierCommitted* request,
                          v1::TierCommittedReply*) override {
     return ToGrpc(tier_->Committed(request->job_id(), request->rank(), request->world(),
-                                         request->snapshot(), request->step(),
-                                         {request->files().begin(), request->files().end()}));
+                                   request->snapshot(), request->step(),
+                                   {request->files().begin(), request->files().end()}));
   }
 
   grpc::Status PutSnapshot(grpc::ServerContext*, grpc::ServerReader<v1::TierChunk>* reader,
@@ -148,8 +148,7 @@ class ServerImpl final : public MemoryTierServer {
   v1::MemoryTierService::Stub& StubFor(const std::string& address) {
     auto& stub = stubs_[address];
     if (stub == nullptr) {
-      stub = v1::MemoryTierService::NewStub(
-          grpc::CreateChannel(address, peer_credentials_));
+      stub = v1::MemoryTierService::NewStub(grpc::CreateChannel(address, peer_credentials_));
     }
     return *stub;
   }

@@ -35,12 +35,12 @@ struct Pki {
   std::string dir;
 
   std::vector<std::string> ServerFlags() const {
-    return {"--tls-cert", dir + "/server.crt", "--tls-key", dir + "/server.key",
-            "--tls-client-ca", dir + "/ca.crt"};
+    return {"--tls-cert",        dir + "/server.crt", "--tls-key",
+            dir + "/server.key", "--tls-client-ca",   dir + "/ca.crt"};
   }
   std::vector<std::string> Flags(const std::string& name) const {
-    return {"--tls-ca", dir + "/ca.crt", "--tls-cert", dir + "/" + name + ".crt", "--tls-key",
-            dir + "/" + name + ".key"};
+    return {"--tls-ca",  dir + "/ca.crt",          "--tls-cert", dir + "/" + name + ".crt",
+            "--tls-key", dir + "/" + name + ".key"};
   }
 };
 
@@ -197,7 +197,9 @@ class TwoHostNetwork {
   std::string Namespace(int n) const { return absl::StrCat(bridge_, "n", n); }
   std::vector<std::string> Exec(int n) const { return {IpBinary(), "netns", "exec", Namespace(n)}; }
   // Cuts (or restores) node n's only link.
-  bool SetLink(int n, bool up) const { return Ip({"link", "set", HostVeth(n), up ? "up" : "down"}); }
+  bool SetLink(int n, bool up) const {
+    return Ip({"link", "set", HostVeth(n), up ? "up" : "down"});
+  }
 
  private:
   std::string HostVeth(int n) const { return absl::StrCat(bridge_, "v", n); }
@@ -237,9 +239,8 @@ TEST(NetworkChaosTest, PartitionedNodeIsFencedAndItsJobGoesOnElsewhere) {
   const Pki pki = MakePki(cp.dir() + "/pki", "IP:" + net.gateway(),
                           {{"node-a", "IP:" + net.Address(0)}, {"node-b", "IP:" + net.Address(1)}});
   ASSERT_FALSE(HasFatalFailure());
-  cp.StartServer({.local_agent = false,
-                  .extra_args = pki.ServerFlags(),
-                  .listen = net.gateway() + ":0"});
+  cp.StartServer(
+      {.local_agent = false, .extra_args = pki.ServerFlags(), .listen = net.gateway() + ":0"});
   cp.SetCliFlags(pki.Flags("user"));
   auto start_agent = [&](int n, const std::string& node) {
     std::vector<std::string> flags = pki.Flags(node);
@@ -250,11 +251,10 @@ TEST(NetworkChaosTest, PartitionedNodeIsFencedAndItsJobGoesOnElsewhere) {
   start_agent(1, "node-b");
   const std::string ckpt = cp.dir() + "/ckpt";
   const std::string job_id = cp.Submit(cp.WriteSpec(
-      "job.yaml",
-      TinySpec({.name = "partition",
-                .steps = 6000,
-                .checkpoint = absl::StrCat("{dir: ", ckpt, ", every_steps: 100}"),
-                .fault_tolerance = "backoff_initial_s: 0, memory_every_steps: 0"})));
+      "job.yaml", TinySpec({.name = "partition",
+                            .steps = 6000,
+                            .checkpoint = absl::StrCat("{dir: ", ckpt, ", every_steps: 100}"),
+                            .fault_tolerance = "backoff_initial_s: 0, memory_every_steps: 0"})));
   ASSERT_FALSE(job_id.empty());
   ASSERT_TRUE(cp.WaitFor(
       job_id,

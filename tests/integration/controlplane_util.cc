@@ -146,22 +146,11 @@ void ControlPlane::StartAgent(const std::string& node_id, int slots,
                               const std::vector<std::string>& extra_args,
                               const std::vector<std::string>& wrapper) {
   std::vector<std::string> argv = wrapper;
-  argv.insert(argv.end(), {Binary("server/agent/trainyard-agent"),
-                                "--coordinator",
-                                address_,
-                                "--node-id",
-                                node_id,
-                                "--slots",
-                                absl::StrCat(slots),
-                                "--no-gpus",
-                                "--work-dir",
-                                dir_ + "/agent-" + node_id,
-                                "--worker-binary",
-                                Binary("worker/trainyard-worker"),
-                                "--threads-per-worker",
-                                "1",
-                                "--memory-tier-dir",
-                                dir_ + "/tier-" + node_id});
+  argv.insert(argv.end(),
+              {Binary("server/agent/trainyard-agent"), "--coordinator", address_, "--node-id",
+               node_id, "--slots", absl::StrCat(slots), "--no-gpus", "--work-dir",
+               dir_ + "/agent-" + node_id, "--worker-binary", Binary("worker/trainyard-worker"),
+               "--threads-per-worker", "1", "--memory-tier-dir", dir_ + "/tier-" + node_id});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   agents_[node_id] = std::make_unique<ChildProcess>(argv, dir_ + "/agent-" + node_id + ".out",
                                                     dir_ + "/agent-" + node_id + ".err", env);

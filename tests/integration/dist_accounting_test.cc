@@ -201,7 +201,6 @@ TEST(NoSilentHang, AStalledPeerTimesOut) {
   EXPECT_LT(waited, timeout + std::chrono::seconds(2));
 }
 
-
 // Every step reports where its time went: forward and backward passes, the optimizer (with the
 // gradient reduction) and drawing the batch, each measured and together within the step.
 TEST(StepPhases, EveryStepReportsItsForwardBackwardOptimizerAndDataTime) {
@@ -230,11 +229,11 @@ TEST(StepPhases, EveryStepReportsItsForwardBackwardOptimizerAndDataTime) {
         << "step " << r.step;
   }
   const StepReport& last = reports.back();
-  std::printf("step %lld: %.2f ms = forward %.2f + backward %.2f + optimizer %.2f + data %.3f ms "
-              "(+ the rest)\n",
-              static_cast<long long>(last.step), 1e3 * last.step_seconds,
-              1e3 * last.forward_seconds, 1e3 * last.backward_seconds,
-              1e3 * last.optimizer_seconds, 1e3 * last.data_seconds);
+  std::printf(
+      "step %lld: %.2f ms = forward %.2f + backward %.2f + optimizer %.2f + data %.3f ms "
+      "(+ the rest)\n",
+      static_cast<long long>(last.step), 1e3 * last.step_seconds, 1e3 * last.forward_seconds,
+      1e3 * last.backward_seconds, 1e3 * last.optimizer_seconds, 1e3 * last.data_seconds);
 }
 
 }  // namespace

@@ -200,7 +200,6 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param).name);
     });
 
-
 // The validation loss covers the same windows on every mesh (eval_batches global batches, each
 // data-parallel rank its share): a single process without accumulation, dp 2 with ZeRO-3 and
 // accumulation, and tp 2 × pp 2 all report it within float error of each other.
@@ -214,7 +213,8 @@ TEST(ValidationLoss, IsTheSameOnEveryMesh) {
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->evals.size(), 1u);
   const double want = reference->evals[0].loss;
-  const MeshCase meshes[] = {{"dp2_zero3", 2, 1, 1, 3}, {"dp4", 4, 1, 1, 0}, {"tp2_pp2", 1, 2, 2, 0}};
+  const MeshCase meshes[] = {
+      {"dp2_zero3", 2, 1, 1, 3}, {"dp4", 4, 1, 1, 0}, {"tp2_pp2", 1, 2, 2, 0}};
   for (const MeshCase& mesh : meshes) {
     config::JobSpec parallel = spec;
     parallel.parallelism.dp = mesh.dp;

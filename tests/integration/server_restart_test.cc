@@ -188,14 +188,15 @@ TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
   std::filesystem::remove_all(scratch, ignored);
 }
 
-
 // Prometheus scrapes a fixed target and agents know one address: a restarted coordinator that was
 // asked for any free port listens where it did before, after a crash and after a graceful stop,
 // for gRPC and /metrics alike; when that port is taken, it takes a new one.
 TEST(ServerRestartTest, RestartKeepsTheGrpcAndMetricsPorts) {
   const std::string scratch = MakeScratchDir("server_ports").string();
   const std::string state = scratch + "/state";
-  auto metrics_address = [&] { return WaitForFileLine(state + "/metrics.addr", std::chrono::seconds(10)); };
+  auto metrics_address = [&] {
+    return WaitForFileLine(state + "/metrics.addr", std::chrono::seconds(10));
+  };
   std::string grpc_address, metrics;
   {
     ServerProcess first(state);

@@ -64,8 +64,8 @@ TEST(Training, LlamaLearnsMarkovChainToItsEntropy) { ExpectLearns(config::ModelF
 // its own example is a bug report waiting to happen.
 TEST(Training, ExampleSpecsLearnToNearTheirEntropy) {
   for (const char* name : {"tiny.yaml", "tiny-llama.yaml"}) {
-    auto spec = config::LoadJobSpec(*RealFileSystem(),
-                                    testenv::SourceDir() + "/config/examples/" + name);
+    auto spec =
+        config::LoadJobSpec(*RealFileSystem(), testenv::SourceDir() + "/config/examples/" + name);
     ASSERT_TRUE(spec.ok()) << spec.status();
     auto backend = MakeCpuBackend(0);
     std::ostringstream log;

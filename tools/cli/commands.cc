@@ -22,7 +22,8 @@
 namespace trainyard::cli {
 namespace {
 
-constexpr char kUsage[] = R"(usage: trainyard [--server HOST:PORT] [--tls-ca FILE --tls-cert FILE --tls-key FILE]
+constexpr char kUsage[] =
+    R"(usage: trainyard [--server HOST:PORT] [--tls-ca FILE --tls-cert FILE --tls-key FILE]
                  [--json] COMMAND [ARGS]
 
 commands:

@@ -340,11 +340,11 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
     }
     rows.push_back({"progress", progress});
     if (const v1::StepTimes& t = p.step_times(); t.total_ms() > 0) {
-      rows.push_back({"step time", absl::StrFormat("%.1f ms: forward %.1f, backward %.1f, "
-                                                   "optimizer %.1f, communication %.1f, data %.2f",
-                                                   t.total_ms(), t.forward_ms(), t.backward_ms(),
-                                                   t.optimizer_ms(), t.communication_ms(),
-                                                   t.data_ms())});
+      rows.push_back(
+          {"step time", absl::StrFormat("%.1f ms: forward %.1f, backward %.1f, "
+                                        "optimizer %.1f, communication %.1f, data %.2f",
+                                        t.total_ms(), t.forward_ms(), t.backward_ms(),
+                                        t.optimizer_ms(), t.communication_ms(), t.data_ms())});
     }
     // Only a running job has a pace to extrapolate.
     rows.push_back({"ETA", job.state() == v1::JOB_STATE_RUNNING && p.eta_ms() >= 0 &&

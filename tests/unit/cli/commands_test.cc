@@ -91,7 +91,8 @@ TEST_F(CommandsTest, CheckpointsAndDrainCommandLines) {
   EXPECT_EQ(Run({"--server", dead, "checkpoints", "j-1", "--json"}), 3);
   // With --json the error is also a JSON object on stdout.
   EXPECT_THAT(out_.str(), HasSubstr("{\"error\":{\"code\":\"UNAVAILABLE\",\"message\":\"cannot "
-                                    "reach the coordinator at " + dead));
+                                    "reach the coordinator at " +
+                                    dead));
   EXPECT_THAT(out_.str(), HasSubstr("\"exit_code\":3}}\n"));
   EXPECT_EQ(Run({"list", "--json", "--colour"}), 2);
   EXPECT_THAT(out_.str(), HasSubstr("{\"error\":{\"code\":\"INVALID_ARGUMENT\""));

@@ -187,8 +187,9 @@ TEST(FormatTest, QueuedJobsSayWhyTheyWait) {
   v1::Job job = RunningJob();
   job.set_state(v1::JOB_STATE_QUEUED);
   job.clear_progress();
-  job.set_waiting_reason("it cannot be placed on the connected nodes: it needs 1 node with 8 CPU "
-                         "slots; the largest connected node, node-a, has 4");
+  job.set_waiting_reason(
+      "it cannot be placed on the connected nodes: it needs 1 node with 8 CPU "
+      "slots; the largest connected node, node-a, has 4");
   EXPECT_THAT(JobTable({job}, 0), HasSubstr("\nj-000004 waits: it cannot be placed"));
   v1::GetJobReply reply;
   *reply.mutable_job() = job;

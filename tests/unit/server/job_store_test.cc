@@ -380,7 +380,6 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
-
 // Schema 3 had no record of whether an exit followed a stop order: its exits load as failures,
 // as before, and new ones keep the flag.
 TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
@@ -399,8 +398,9 @@ TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
   {
     auto db = SqliteDb::Open(path);
     ASSERT_TRUE(db.ok());
-    ASSERT_TRUE((*db)->Exec("ALTER TABLE attempt_ranks DROP COLUMN exit_stopped; "
-                            "UPDATE meta SET value='3' WHERE key='schema_version'")
+    ASSERT_TRUE((*db)
+                    ->Exec("ALTER TABLE attempt_ranks DROP COLUMN exit_stopped; "
+                           "UPDATE meta SET value='3' WHERE key='schema_version'")
                     .ok());
   }
   auto store = JobStore::Open(path);

@@ -141,7 +141,6 @@ TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit
   EXPECT_EQ(placed[0].shape->accumulation, 2);
 }
 
-
 // A queued job says why it waits: it can never fit the connected nodes (and why), a job queued
 // before it blocks it, or running jobs hold the slots it needs.
 TEST(SchedulerTest, WaitReasonSaysWhyAJobIsNotPlaced) {

@@ -40,9 +40,7 @@ class FaultInjectingStore final : public StateStore {
   explicit FaultInjectingStore(StateStore* inner) : inner_(inner) {}
 
   // The n-th Commit from now (1: the next one) fails; 0: none.
-  void FailCommitNumber(int n) {
-    fail_at_ = n > 0 ? commits_ + n : 0;
-  }
+  void FailCommitNumber(int n) { fail_at_ = n > 0 ? commits_ + n : 0; }
   // Every Commit fails until this is called with false.
   void FailEveryCommit(bool fail) { fail_all_ = fail; }
   int commits() const { return commits_; }

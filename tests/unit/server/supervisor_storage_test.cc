@@ -11,8 +11,8 @@
 namespace trainyard::server {
 namespace {
 
-using ::testing::Contains;
 using testing::Agent;
+using ::testing::Contains;
 using testing::SupervisorTest;
 using testing::TinySpec;
 
@@ -93,7 +93,8 @@ TEST_P(StorageFailureTest, TheLifeCycleCompletesAndIsStoredWhicheverCommitFails)
   EXPECT_EQ(stored.attempts.size(), 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(CommitNumber, StorageFailureTest, ::testing::Range(1, 15));  // the life cycle makes 14 commits
+INSTANTIATE_TEST_SUITE_P(CommitNumber, StorageFailureTest,
+                         ::testing::Range(1, 15));  // the life cycle makes 14 commits
 
 }  // namespace
 }  // namespace trainyard::server

@@ -75,8 +75,8 @@ class SimulatedStage final : public parallel::Communicator {
 
   using Communicator::AllGather;
   using Communicator::AllReduce;
-  using Communicator::ReduceScatter;
   using Communicator::Recv;
+  using Communicator::ReduceScatter;
   using Communicator::Send;
   using Communicator::SendRecv;
 
