@@ -6,6 +6,18 @@
 
 namespace trainyard::worker {
 
+absl::StatusOr<GpuChoice> ChooseGpu(int visible_devices, int local_rank, int ranks_on_node) {
+  if (visible_devices <= 0) return absl::FailedPreconditionError("no GPU is visible");
+  if (local_rank < 0 || ranks_on_node < 1 || local_rank >= ranks_on_node) {
+    return absl::InvalidArgumentError(absl::StrCat("local rank ", local_rank, " of ",
+                                                   ranks_on_node, " ranks on this node"));
+  }
+  return GpuChoice{.device = local_rank % visible_devices,
+                   .collectives = visible_devices >= ranks_on_node
+                                      ? RankContext::Collectives::kNccl
+                                      : RankContext::Collectives::kStaged};
+}
+
 absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank, int ranks_on_node,
                                     int threads) {
   Placement placement;
@@ -20,10 +32,10 @@ absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank,
     return absl::FailedPreconditionError(
         absl::StrCat("resources.kind is gpu but this worker cannot use a GPU: ", why.message()));
   }
+  TY_ASSIGN_OR_RETURN(const GpuChoice choice, ChooseGpu(devices, local_rank, ranks_on_node));
   TY_ASSIGN_OR_RETURN(placement.backend,
-                      MakeCudaBackend({.device = local_rank % devices, .act_dtype = DType::kBF16}));
-  placement.collectives = devices >= ranks_on_node ? RankContext::Collectives::kNccl
-                                                   : RankContext::Collectives::kStaged;
+                      MakeCudaBackend({.device = choice.device, .act_dtype = DType::kBF16}));
+  placement.collectives = choice.collectives;
   return placement;
 }
 
