@@ -279,6 +279,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags
   return started;
 }
 
+// The host of the address workers are told to reach the coordinator at (--advertise-address, else
+// the bound address); "" when that is an unspecified address (the agent then uses the hostname).
+std::string AdvertisedHost(const CoordinatorOptions& options, const std::string& bound) {
+  const std::string address = options.advertise_address.empty() ? bound : options.advertise_address;
+  absl::StatusOr<std::pair<std::string, int>> split = SplitHostPort(address);
+  if (!split.ok() || split->first == "0.0.0.0" || split->first == "::") return "";
+  return split->first;
+}
+
 absl::Status Run(int argc, char** argv) {
   absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
   if (!parsed.ok()) return Annotate(parsed.status(), kUsage);
@@ -310,6 +319,8 @@ absl::Status Run(int argc, char** argv) {
       options.tls = rpc::TlsFiles{.ca = flags.coordinator.tls_client_ca_file,
                                   .cert = flags.coordinator.tls_cert_file,
                                   .key = flags.coordinator.tls_key_file};
+      // Its memory tier is reached at the host the certificate names: the advertised one.
+      options.advertise_host = AdvertisedHost(flags.coordinator, coordinator->address());
     }
     agent = std::thread([options, &stop_agent, &agent_status] {
       agent_status = agent::RunAgent(options, &stop_agent);

@@ -134,6 +134,27 @@ std::string IpBinary() {
   return "ip";
 }
 
+// The embedded default with mutual TLS: its local agent presents the server's certificate, and
+// its workers reach the coordinator and the agent's memory tier at the address that certificate
+// names.
+TEST(NetworkChaosTest, EmbeddedAgentSpeaksMutualTlsWithTheServersCertificate) {
+  ControlPlane cp("chaos_tls_embedded");
+  const Pki pki = MakePki(cp.dir() + "/pki", "IP:127.0.0.1", {});
+  ASSERT_FALSE(HasFatalFailure());
+  cp.StartServer({.local_agent = true, .extra_args = pki.ServerFlags()});
+  cp.SetCliFlags(pki.Flags("user"));
+  const std::string spec =
+      TinySpec({.name = "embedded", .steps = 60, .fault_tolerance = "memory_every_steps: 1"});
+  const std::string job_id = cp.Submit(cp.WriteSpec("job.yaml", spec));
+  ASSERT_FALSE(job_id.empty());
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const std::string log = cp.Cli({"logs", job_id, "--rank", "0"}).out;
+  EXPECT_THAT(log, ::testing::HasSubstr("exact final loss"));
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("without the memory tier"))) << log;
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("stops its memory snapshots"))) << log;
+}
+
 // Runs `ip` with `args`; true on success.
 bool Ip(const std::vector<std::string>& args, std::string* error = nullptr) {
   std::vector<std::string> argv = {IpBinary()};

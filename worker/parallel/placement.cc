@@ -9,8 +9,8 @@ namespace trainyard::worker {
 absl::StatusOr<GpuChoice> ChooseGpu(int visible_devices, int local_rank, int ranks_on_node) {
   if (visible_devices <= 0) return absl::FailedPreconditionError("no GPU is visible");
   if (local_rank < 0 || ranks_on_node < 1 || local_rank >= ranks_on_node) {
-    return absl::InvalidArgumentError(absl::StrCat("local rank ", local_rank, " of ",
-                                                   ranks_on_node, " ranks on this node"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", local_rank, " of ", ranks_on_node, " ranks on this node"));
   }
   return GpuChoice{.device = local_rank % visible_devices,
                    .collectives = visible_devices >= ranks_on_node
