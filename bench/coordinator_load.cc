@@ -14,7 +14,7 @@
 // /proc/<pid>/stat and its resident memory from /proc/<pid>/status. It prints a Markdown table.
 //
 // Usage: trainyard-bench-coordinator [--server-binary PATH] [--agents N] [--slots S]
-//          [--ranks-per-job R] [--seconds T] [--channels C]
+//          [--ranks-per-job R] [--seconds T] [--channels C] [--submitters N]
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -44,6 +44,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/process.h"
+#include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/trainyard.grpc.pb.h"
 
@@ -58,8 +60,9 @@ struct Options {
   int slots = 10;
   int ranks_per_job = 10;
   double seconds = 30;
-  int channels = 32;  // connections the simulated agents and ranks share
-  std::string dump;   // CSV of every measured ReportProgress: send time (ms into the window), ms
+  int channels = 32;    // connections the simulated agents and ranks share
+  int submitters = 16;  // client threads submitting the jobs concurrently
+  std::string dump;     // CSV of every measured ReportProgress: send time (ms into the window), ms
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -81,6 +84,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       ok = absl::SimpleAtod(value, &options.seconds) && options.seconds > 0;
     } else if (arg == "--dump") {
       options.dump = value;
+    } else if (arg == "--submitters") {
+      ok = absl::SimpleAtoi(value, &options.submitters) && options.submitters > 0;
     } else if (arg == "--channels") {
       ok = absl::SimpleAtoi(value, &options.channels) && options.channels > 0;
     } else {
@@ -150,17 +155,8 @@ class ServerChild {
                                            "60",
                                            "--log-level",
                                            "warning"};
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      setpgid(0, 0);
-      const int null = open("/dev/null", O_WRONLY);  // keep its banner out of the table
-      if (null >= 0) dup2(null, 1);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    // Its banner stays out of the table.
+    TY_ASSIGN_OR_RETURN(pid_, Spawn({.argv = argv, .stdout_path = "/dev/null"}));
     for (int i = 0; i < 500; ++i) {
       std::ifstream in(state_dir + "/server.addr");
       if (std::getline(in, address_) && !address_.empty()) return absl::OkStatus();
@@ -480,15 +476,16 @@ absl::Status Run(const Options& options) {
   std::thread heartbeats(
       [&] { PacedLoop(options.agents, stop, [&](int64_t i) { agents[i]->Heartbeat(); }); });
 
-  // 2. Jobs are submitted (4 client threads) and placed; agents answer every StartWorker.
+  // 2. Jobs are submitted (--submitters client threads) and placed; agents answer every
+  // StartWorker.
   const absl::Time t1 = absl::Now();
   std::vector<std::string> job_ids(jobs);
   std::atomic<int> submit_errors{0};
   {
     std::vector<std::thread> submitters;
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < options.submitters; ++t) {
       submitters.emplace_back([&, t] {
-        for (int j = t; j < jobs; j += 4) {
+        for (int j = t; j < jobs; j += options.submitters) {
           v1::SubmitJobRequest request;
           request.set_spec_yaml(JobSpec(j, options.ranks_per_job));
           request.set_user("bench");
@@ -625,6 +622,7 @@ absl::Status Run(const Options& options) {
       "| simulated ranks (1 Hz ReportProgress) / jobs | %d / %d |\n"
       "| set-up: agents registered / jobs submitted / all ranks started / all joined | "
       "%.1f s / %.1f s / %.1f s / %.1f s |\n"
+      "| submissions accepted per second (%d client threads) | %.0f |\n"
       "| measured window | %.1f s |\n"
       "| heartbeats received per second | %.0f |\n"
       "| ReportProgress calls per second (errors) | %.0f (%d) |\n"
@@ -637,12 +635,14 @@ absl::Status Run(const Options& options) {
       "| agent streams ended by the coordinator | %d |\n",
       options.slots, options.agents, ranks_total, jobs, absl::ToDoubleSeconds(register_time),
       absl::ToDoubleSeconds(submit_time), absl::ToDoubleSeconds(place_time),
-      absl::ToDoubleSeconds(join_time), seconds, (heartbeats_after - heartbeats_before) / seconds,
-      p.size() / seconds, static_cast<int>(progress.errors()), Percentile(p, 0.5),
-      Percentile(p, 0.99), p.empty() ? 0.0 : p.back(), quiet_seconds,
-      static_cast<int>(per_second.size()), median_second_p99, Percentile(g, 0.5),
-      Percentile(g, 0.99), g.empty() ? 0.0 : g.back(), static_cast<int>(probe.errors()), cpu,
-      load_cpu, after.rss_mb, after.peak_rss_mb, agents_lost);
+      absl::ToDoubleSeconds(join_time), options.submitters,
+      jobs / std::max(absl::ToDoubleSeconds(submit_time), 1e-9), seconds,
+      (heartbeats_after - heartbeats_before) / seconds, p.size() / seconds,
+      static_cast<int>(progress.errors()), Percentile(p, 0.5), Percentile(p, 0.99),
+      p.empty() ? 0.0 : p.back(), quiet_seconds, static_cast<int>(per_second.size()),
+      median_second_p99, Percentile(g, 0.5), Percentile(g, 0.99), g.empty() ? 0.0 : g.back(),
+      static_cast<int>(probe.errors()), cpu, load_cpu, after.rss_mb, after.peak_rss_mb,
+      agents_lost);
   std::cout.flush();
   agents.clear();
   std::filesystem::remove_all(state_dir);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
 
 namespace trainyard {
 
@@ -45,16 +46,36 @@ absl::Status Annotate(const absl::Status& status, const std::string& context) {
 int ExitCodeForStatus(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kOk:
-      return 0;
+      return kExitOk;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
-      return 2;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return kExitUserError;
     case absl::StatusCode::kDeadlineExceeded:
-      return 3;
+    case absl::StatusCode::kUnavailable:
+      return kExitUnavailable;
     default:
-      return 1;
+      return kExitInternalError;
+  }
+}
+
+absl::StatusCode StatusCodeForExitCode(int exit_code) {
+  switch (exit_code) {
+    case kExitOk:
+      return absl::StatusCode::kOk;
+    case kExitUserError:
+      return absl::StatusCode::kInvalidArgument;
+    case kExitUnavailable:
+      return absl::StatusCode::kDeadlineExceeded;
+    case kExitOutOfMemory:
+      return absl::StatusCode::kResourceExhausted;
+    default:
+      return absl::StatusCode::kInternal;
   }
 }
 

@@ -44,13 +44,19 @@ namespace trainyard {
 // RESOURCE_EXHAUSTED).
 [[nodiscard]] absl::Status ErrnoEnvironmentError(int error, const std::string& context);
 
-// The process exit code a command-line tool should end with for `status`:
+// The one table from a status to a process exit code (common/exit_codes.h), for every program of
+// the project — worker, agent, server and CLI alike:
 //   0  OK;
-//   2  the user's input is at fault and retrying will not help (INVALID_ARGUMENT, NOT_FOUND,
-//      FAILED_PRECONDITION, OUT_OF_RANGE) — fix the spec, file or flags;
-//   3  DEADLINE_EXCEEDED — the operation may succeed with more time;
-//   1  anything else (an internal or environmental failure).
+//   2  the caller's input is at fault and retrying will not help (INVALID_ARGUMENT, NOT_FOUND,
+//      FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS, RESOURCE_EXHAUSTED, PERMISSION_DENIED,
+//      UNAUTHENTICATED) — fix the spec, file, flags or credentials;
+//   3  DEADLINE_EXCEEDED or UNAVAILABLE — a peer, the coordinator or the machine did not answer
+//      in time; the same call may succeed later;
+//   1  anything else (an internal failure).
 int ExitCodeForStatus(const absl::Status& status);
+// The other way, for a launcher that turns a child's exit code back into a status: 0 OK, 2
+// INVALID_ARGUMENT, 3 DEADLINE_EXCEEDED, 5 RESOURCE_EXHAUSTED, anything else INTERNAL.
+absl::StatusCode StatusCodeForExitCode(int exit_code);
 
 namespace status_internal {
 

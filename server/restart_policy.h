@@ -8,9 +8,9 @@
 //   the coordinator saw no progress past its limit     hang
 //   killed by a signal                                 crash  (the kernel's OOM killer sends
 //                                                              SIGKILL too: no way to tell)
-//   exit code 1 internal or environmental error        crash
+//   exit code 1 internal error                         crash
 //   exit code 2 bad spec, data file or flags           user_error
-//   exit code 3 a collective timed out                 collective_timeout
+//   exit code 3 a collective or peer did not answer    collective_timeout
 //   exit code 4 the rank's hang watchdog fired         hang
 //   exit code 5 out of memory for the spec's sizes     user_error
 //   any other exit code (0 included)                   crash
@@ -83,7 +83,7 @@ struct RestartOptions {
 // INVALID_ARGUMENT, naming the field, when max_restarts is negative, a class budget is outside
 // 0..max_restarts (or is not 0 for user_error), a duration is negative or infinite, initial
 // exceeds max, the multiplier is below 1 or not finite, or the jitter is outside [0, 1].
-absl::Status Validate(const RestartOptions& options);
+[[nodiscard]] absl::Status Validate(const RestartOptions& options);
 
 struct RestartDecision {
   bool restart = false;

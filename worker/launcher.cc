@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "common/status.h"
 
 namespace trainyard::worker {
@@ -28,15 +29,8 @@ absl::Status StatusForExit(int rank, int wstatus) {
                                             ")"));
   }
   const int code = WEXITSTATUS(wstatus);
-  const std::string what = absl::StrCat("rank ", rank, " exited with code ", code);
-  switch (code) {
-    case 2:
-      return absl::InvalidArgumentError(what);
-    case 3:
-      return absl::DeadlineExceededError(what + " (a collective timed out)");
-    default:
-      return absl::InternalError(what);
-  }
+  return absl::Status(StatusCodeForExitCode(code),
+                      absl::StrCat("rank ", rank, " exited with code ", code));
 }
 
 // The ranks left when one failed or the launcher was interrupted: nothing they could still do
@@ -84,25 +78,18 @@ absl::Status LaunchLocal(const LaunchOptions& options) {
     std::vector<std::string> args{options.executable};
     args.insert(args.end(), options.common_args.begin(), options.common_args.end());
     args.insert(args.end(), {"--rank", std::to_string(rank), "--rendezvous", rendezvous});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      status = ErrnoEnvironmentError(errno, "fork");
+    // SIGTERM stays blocked across exec until the rank has installed its drain handler
+    // (worker/main.cc), so a drain forwarded early is held, not fatal. The ranks stay in the
+    // launcher's process group and share its terminal.
+    absl::StatusOr<pid_t> pid = Spawn({.argv = std::move(args),
+                                       .keep_stdin = true,
+                                       .new_process_group = false,
+                                       .blocked_signals = {SIGTERM}});
+    if (!pid.ok()) {
+      status = pid.status();
       break;
     }
-    if (pid == 0) {
-      // SIGTERM stays blocked across exec until the rank has installed its drain handler
-      // (worker/main.cc), so a drain forwarded early is held, not fatal.
-      sigset_t term;
-      sigemptyset(&term);
-      sigaddset(&term, SIGTERM);
-      sigprocmask(SIG_BLOCK, &term, nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    pids[rank] = pid;
+    pids[rank] = *pid;
   }
 
   int running = 0;

@@ -9,27 +9,22 @@
 #include <sstream>
 #include <thread>
 
+#include "common/process.h"
+
 namespace trainyard::testenv {
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& stdout_path,
                            const std::string& stderr_path, const std::vector<std::string>& env) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  pid_ = fork();
-  if (pid_ == 0) {
-    setpgid(0, 0);
-    if (out >= 0) dup2(out, 1);
-    if (err >= 0) dup2(err, 2);
-    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    execv(args[0], args.data());
-    _exit(127);
+  absl::StatusOr<pid_t> pid = Spawn({.argv = argv,
+                                     .extra_env = env,
+                                     .stdout_path = stdout_path,
+                                     .stderr_path = stderr_path,
+                                     .keep_stdin = true});
+  if (pid.ok()) {
+    pid_ = *pid;
+  } else {
+    std::ofstream(stderr_path, std::ios::app) << "spawn: " << pid.status() << "\n";
   }
-  if (pid_ > 0) setpgid(pid_, pid_);
-  if (out >= 0) close(out);
-  if (err >= 0) close(err);
 }
 
 ChildProcess::~ChildProcess() { KillGroup(); }

@@ -471,25 +471,6 @@ class Cli {
 
 }  // namespace
 
-int ExitCodeForError(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return 0;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kResourceExhausted:
-      return 2;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-      return 3;
-    default:
-      return 1;
-  }
-}
-
 int RunCli(const std::vector<std::string>& args, const CliIo& io) {
   // With --json an error is also one JSON object on stdout, for scripts:
   // {"error":{"code":"NOT_FOUND","message":"...","exit_code":2}}.
@@ -500,7 +481,7 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
       if (c == '\n') c = ' ';
     }
     *io.err << "trainyard: error: " << message << std::endl;
-    const int code = ExitCodeForError(status);
+    const int code = ExitCodeForStatus(status);
     if (json) {
       *io.out << "{\"error\":{\"code\":" << JsonString(absl::StatusCodeToString(status.code()))
               << ",\"message\":" << JsonString(message) << ",\"exit_code\":" << code << "}}"

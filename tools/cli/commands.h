@@ -47,11 +47,10 @@ struct CliIo {
 };
 
 // Runs one command line (without the program name) and returns the exit code. Errors are
-// printed to io.err as one line, "trainyard: error: <message>".
+// printed to io.err as one line, "trainyard: error: <message>", and the exit code is
+// ExitCodeForStatus's (common/status.h): 2 bad input, 3 the coordinator cannot be reached, 1
+// otherwise.
 int RunCli(const std::vector<std::string>& args, const CliIo& io);
-
-// The exit code for a failed command: 2 bad input, 3 unreachable, 1 otherwise.
-int ExitCodeForError(const absl::Status& status);
 
 }  // namespace trainyard::cli
 

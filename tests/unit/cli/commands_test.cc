@@ -129,15 +129,5 @@ TEST(ServerAddressTest, FlagThenEnvironmentThenStateFile) {
   EXPECT_EQ(*ResolveServerAddress("", "", fs, "/s"), "127.0.0.1:4567");
 }
 
-TEST(ExitCodeTest, ByStatus) {
-  EXPECT_EQ(ExitCodeForError(absl::InvalidArgumentError("x")), 2);
-  EXPECT_EQ(ExitCodeForError(absl::NotFoundError("x")), 2);
-  EXPECT_EQ(ExitCodeForError(absl::FailedPreconditionError("x")), 2);
-  EXPECT_EQ(ExitCodeForError(absl::ResourceExhaustedError("x")), 2);
-  EXPECT_EQ(ExitCodeForError(absl::UnavailableError("x")), 3);
-  EXPECT_EQ(ExitCodeForError(absl::DeadlineExceededError("x")), 3);
-  EXPECT_EQ(ExitCodeForError(absl::InternalError("x")), 1);
-}
-
 }  // namespace
 }  // namespace trainyard::cli

@@ -126,8 +126,15 @@ TEST(ExitCodeTest, MapsCodesByWhatTheUserShouldDo) {
   EXPECT_EQ(ExitCodeForStatus(absl::OutOfRangeError("x")), 2);
   EXPECT_EQ(ExitCodeForStatus(absl::DeadlineExceededError("x")), 3);
   EXPECT_EQ(ExitCodeForStatus(absl::InternalError("x")), 1);
-  EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("x")), 1);
-  EXPECT_EQ(ExitCodeForStatus(absl::ResourceExhaustedError("x")), 1);
+  EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("x")), 3);
+  EXPECT_EQ(ExitCodeForStatus(absl::ResourceExhaustedError("x")), 2);
+  EXPECT_EQ(ExitCodeForStatus(absl::AlreadyExistsError("x")), 2);
+  EXPECT_EQ(ExitCodeForStatus(absl::PermissionDeniedError("x")), 2);
+  EXPECT_EQ(ExitCodeForStatus(absl::UnauthenticatedError("x")), 2);
+  // The way back (a launcher reading a child's exit code) lands in the same row.
+  for (int code : {0, 1, 2, 3}) {
+    EXPECT_EQ(ExitCodeForStatus(absl::Status(StatusCodeForExitCode(code), "x")), code) << code;
+  }
 }
 
 }  // namespace

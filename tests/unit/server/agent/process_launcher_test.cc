@@ -152,7 +152,7 @@ TEST_F(ProcessLauncherTest, ExecFailureIsAnError) {
   bad_log.log_path = dir_.path() + "/missing/dir/out.log";
   absl::Status status = launcher_->Launch(bad_log).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(status.message(), HasSubstr("open log"));
+  EXPECT_THAT(status.message(), HasSubstr("open " + bad_log.log_path));
 }
 
 TEST_F(ProcessLauncherTest, DescriptorsDoNotLeakIntoTheChild) {
