@@ -17,7 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "bench/gpu_bench_util.h"
 #include "bench/gpu_kernel_cases.h"
-#include "kernels/cuda/device.h"
+#include "common/device_probe.h"
 #include "kernels/cuda/gemm.h"
 
 namespace {
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   using namespace trainyard;
   Flags flags;
   if (std::string error = ParseFlags(argc, argv, &flags); !error.empty()) return Fail(error, 2);
-  const kernels::cuda::DeviceInfo device = kernels::cuda::ProbeDevices();
+  const DeviceInfo device = SystemDeviceProbe().Probe();
   if (device.count == 0) {
     return Fail("no usable CUDA device (" + device.why_none + "); this benchmark needs a GPU", 2);
   }

@@ -32,8 +32,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/device_probe.h"
 #include "config/spec.h"
-#include "kernels/cuda/device.h"
 #include "worker/cuda_backend.h"
 #include "worker/data/bin_shards.h"
 #include "worker/trainer.h"
@@ -196,11 +196,11 @@ int main(int argc, char** argv) {
   if (f.batch == 0) f.batch = mc.family == config::ModelFamily::kGpt2 ? 16 : 4;
   if (f.micro_batch == 0) f.micro_batch = f.batch;
 
-  kernels::cuda::DeviceInfo device;
+  DeviceInfo device;
   if (f.cpu) {
     device.name = "cpu";
   } else {
-    device = kernels::cuda::ProbeDevices();
+    device = SystemDeviceProbe().Probe();
     if (device.count == 0) {
       return Fail("no usable CUDA device (" + device.why_none + "); this benchmark needs a GPU");
     }

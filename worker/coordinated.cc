@@ -302,8 +302,8 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   const int threads = ThreadsFor(options, spec);
   // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
   // has its own: NCCL between them.
-  TY_ASSIGN_OR_RETURN(Placement placement,
-                      PlaceRank(spec, /*local_rank=*/0, /*ranks_on_node=*/1, threads));
+  TY_ASSIGN_OR_RETURN(Placement placement, PlaceRank(spec, /*local_rank=*/0, /*ranks_on_node=*/1,
+                                                     threads, SystemDeviceProbe()));
   std::unique_ptr<Backend> backend = std::move(placement.backend);
   std::cout << absl::StrFormat(
                    "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d tp %d pp %d "

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/device_probe.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cuda/activations.h"
@@ -35,16 +36,14 @@ enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kLosses, k
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const CudaBackendOptions& options) {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
+    const DeviceInfo devices = SystemDeviceProbe().Probe();
+    if (devices.count == 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("no usable CUDA device: ",
-                       err != cudaSuccess ? cudaGetErrorString(err) : "none present"));
+          absl::StrCat("no usable CUDA device: ", devices.why_none));
     }
-    if (options.device < 0 || options.device >= count) {
+    if (options.device < 0 || options.device >= devices.count) {
       return absl::FailedPreconditionError(
-          absl::StrCat("CUDA device ", options.device, " requested, ", count, " present"));
+          absl::StrCat("CUDA device ", options.device, " requested, ", devices.count, " present"));
     }
     std::unique_ptr<CudaBackend> be(new CudaBackend(options));
     TY_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
@@ -412,11 +411,6 @@ class CudaBackend final : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
   return CudaBackend::Create(options);
-}
-
-int CudaDeviceCount() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 void* CudaStreamOf(Backend& backend) {

@@ -25,10 +25,8 @@ struct CudaBackendOptions {
 };
 
 // FAILED_PRECONDITION when the device cannot be used (none, or the runtime fails).
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
-
-// CUDA devices this process can use; 0 without a device or in a build without CUDA.
-int CudaDeviceCount();
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    const CudaBackendOptions& options);
 
 // The stream a CUDA backend queues its work on (as a void* so callers need no CUDA headers);
 // null for any other backend.

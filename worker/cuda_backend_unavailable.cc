@@ -11,6 +11,4 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOption
 
 void* CudaStreamOf(Backend&) { return nullptr; }
 
-int CudaDeviceCount() { return 0; }
-
 }  // namespace trainyard::worker

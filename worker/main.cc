@@ -187,7 +187,8 @@ absl::Status Run(int argc, char** argv) {
         absl::StrCat("--rank ", flags.rank, " outside the spec's world of ", world));
   }
   const int threads = flags.threads > 0 ? flags.threads : spec.training.threads;
-  TY_ASSIGN_OR_RETURN(Placement placement, PlaceRank(spec, rank, world, threads));
+  TY_ASSIGN_OR_RETURN(Placement placement,
+                      PlaceRank(spec, rank, world, threads, SystemDeviceProbe()));
   std::unique_ptr<Backend> backend = std::move(placement.backend);
   if (world == 1) {
     std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %s\n", spec.name,

@@ -1,28 +1,40 @@
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device.h"
+#include "common/device_probe.h"
 
-namespace trainyard::kernels::cuda {
+namespace trainyard {
+namespace {
 
-DeviceInfo ProbeDevices() {
-  DeviceInfo info;
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    info.why_none = cudaGetErrorString(err);
+// The CUDA runtime's view: the devices CUDA_VISIBLE_DEVICES leaves this process.
+class CudaRuntimeProbe : public DeviceProbe {
+ public:
+  DeviceInfo Probe() const override {
+    DeviceInfo info;
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      info.why_none = cudaGetErrorString(err);
+      return info;
+    }
+    info.count = count;
+    if (count == 0) {
+      info.why_none = "no CUDA device present";
+      return info;
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+      info.name = prop.name;
+      info.sm = prop.major * 10 + prop.minor;
+    }
     return info;
   }
-  info.count = count;
-  if (count == 0) {
-    info.why_none = "no CUDA device present";
-    return info;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-    info.name = prop.name;
-    info.sm = prop.major * 10 + prop.minor;
-  }
-  return info;
+};
+
+}  // namespace
+
+const DeviceProbe& SystemDeviceProbe() {
+  static const CudaRuntimeProbe probe;
+  return probe;
 }
 
-}  // namespace trainyard::kernels::cuda
+}  // namespace trainyard

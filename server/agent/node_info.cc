@@ -11,10 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-#ifdef TRAINYARD_AGENT_WITH_CUDA
-#include "kernels/cuda/device.h"
-#endif
-
 extern char** environ;
 
 namespace trainyard::server::agent {
@@ -58,17 +54,15 @@ int64_t LocalMemoryBytes() {
   return pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{1} << 30;
 }
 
-std::vector<trainyard::v1::GpuInfo> LocalGpus() {
+std::vector<trainyard::v1::GpuInfo> LocalGpus(const DeviceProbe& probe) {
   std::vector<trainyard::v1::GpuInfo> gpus;
-#ifdef TRAINYARD_AGENT_WITH_CUDA
-  const kernels::cuda::DeviceInfo info = kernels::cuda::ProbeDevices();
+  const DeviceInfo info = probe.Probe();
   for (int i = 0; i < info.count; ++i) {
     trainyard::v1::GpuInfo gpu;
     gpu.set_index(i);
     gpu.set_name(info.name);  // the probe names device 0; nodes hold one GPU model
     gpus.push_back(gpu);
   }
-#endif
   return gpus;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/device_probe.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard::server::agent {
@@ -21,8 +22,9 @@ int LocalCpuCount();
 // The machine's physical memory in bytes.
 int64_t LocalMemoryBytes();
 
-// The CUDA devices of this machine (empty in a build without CUDA, or without a driver/GPU).
-std::vector<trainyard::v1::GpuInfo> LocalGpus();
+// The CUDA devices `probe` finds (SystemDeviceProbe(): none in a build without CUDA, or without
+// a driver or GPU), one entry each, named after device 0 (a node holds one GPU model).
+std::vector<trainyard::v1::GpuInfo> LocalGpus(const DeviceProbe& probe);
 
 // The current process's environment as a map.
 std::map<std::string, std::string> CurrentEnvironment();
@@ -31,7 +33,7 @@ std::map<std::string, std::string> CurrentEnvironment();
 // $TRAINYARD_WORKER_BINARY, else "trainyard-worker" beside this executable or in the build
 // tree's worker/ folder next to it, else on PATH. Always an absolute path. NOT_FOUND listing the
 // places looked at.
-absl::StatusOr<std::string> FindWorkerBinary(const std::string& flag);
+[[nodiscard]] absl::StatusOr<std::string> FindWorkerBinary(const std::string& flag);
 
 }  // namespace trainyard::server::agent
 

@@ -12,18 +12,17 @@
 #include <random>
 #include <vector>
 
+#include "common/device_probe.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device.h"
 
 namespace trainyard::testing {
 
 // Skips the current test, saying why, when no CUDA device is usable.
-#define TY_SKIP_WITHOUT_GPU()                                                 \
-  do {                                                                        \
-    const ::trainyard::kernels::cuda::DeviceInfo ty_info_ =                   \
-        ::trainyard::kernels::cuda::ProbeDevices();                           \
-    if (ty_info_.count == 0) GTEST_SKIP() << "no GPU: " << ty_info_.why_none; \
+#define TY_SKIP_WITHOUT_GPU()                                                          \
+  do {                                                                                 \
+    const ::trainyard::DeviceInfo ty_info_ = ::trainyard::SystemDeviceProbe().Probe(); \
+    if (ty_info_.count == 0) GTEST_SKIP() << "no GPU: " << ty_info_.why_none;          \
   } while (false)
 
 #define TY_CUDA_ASSERT(expr) ASSERT_EQ((expr), cudaSuccess) << #expr

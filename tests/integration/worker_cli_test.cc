@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/device_probe.h"
 #include "gtest/gtest.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_env.h"
-#include "worker/cuda_backend.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -122,7 +122,7 @@ TEST_F(WorkerCli, HelpDescribesBothModes) {
 // A GPU job where no GPU can be used (none present, or a build without CUDA): one line that says
 // so and why, exit code 2 — not a crash in the CUDA runtime.
 TEST_F(WorkerCli, GpuJobWithoutAGpu) {
-  if (worker::CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  if (SystemDeviceProbe().Probe().count > 0) GTEST_SKIP() << "this machine has a GPU";
   ExpectBadInput(Worker({"--standalone", Write("s.yaml",
                                                "name: t\nmodel:\n  preset: gpt2-debug\n"
                                                "resources: {kind: gpu}\n")}),

@@ -6,8 +6,12 @@
 
 namespace trainyard::worker {
 
-absl::StatusOr<GpuChoice> ChooseGpu(int visible_devices, int local_rank, int ranks_on_node) {
-  if (visible_devices <= 0) return absl::FailedPreconditionError("no GPU is visible");
+absl::StatusOr<GpuChoice> ChooseGpu(const DeviceInfo& devices, int local_rank, int ranks_on_node) {
+  const int visible_devices = devices.count;
+  if (visible_devices <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no GPU is visible", devices.why_none.empty() ? "" : ": ", devices.why_none));
+  }
   if (local_rank < 0 || ranks_on_node < 1 || local_rank >= ranks_on_node) {
     return absl::InvalidArgumentError(
         absl::StrCat("local rank ", local_rank, " of ", ranks_on_node, " ranks on this node"));
@@ -19,18 +23,16 @@ absl::StatusOr<GpuChoice> ChooseGpu(int visible_devices, int local_rank, int ran
 }
 
 absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank, int ranks_on_node,
-                                    int threads) {
+                                    int threads, const DeviceProbe& probe) {
   Placement placement;
   if (spec.resources.kind != config::DeviceKind::kGpu) {
     placement.backend = MakeCpuBackend(threads);
     return placement;
   }
-  const int devices = CudaDeviceCount();
-  if (devices == 0) {
-    // The backend's own message says why (no device, or a build without CUDA).
-    absl::Status why = MakeCudaBackend({}).status();
+  const DeviceInfo devices = probe.Probe();
+  if (devices.count == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("resources.kind is gpu but this worker cannot use a GPU: ", why.message()));
+        absl::StrCat("resources.kind is gpu but this worker cannot use a GPU: ", devices.why_none));
   }
   TY_ASSIGN_OR_RETURN(const GpuChoice choice, ChooseGpu(devices, local_rank, ranks_on_node));
   TY_ASSIGN_OR_RETURN(placement.backend,

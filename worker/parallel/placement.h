@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/device_probe.h"
 #include "config/spec.h"
 #include "worker/backend.h"
 #include "worker/parallel/rank_context.h"
@@ -17,21 +18,24 @@ struct Placement {
   RankContext::Collectives collectives = RankContext::Collectives::kHost;
 };
 
-// The device a GPU rank uses and how its collectives travel, from the number of devices visible
-// to it (CudaDeviceCount(); any number in tests): device local_rank mod devices; NCCL when every
-// rank on this node has a device of its own, otherwise (several ranks sharing a GPU) Gloo with
-// host staging. FAILED_PRECONDITION when no device is visible.
+// The device a GPU rank uses and how its collectives travel, from the devices visible to it (a
+// DeviceProbe's answer): device local_rank mod devices; NCCL when every rank on this node has a
+// device of its own, otherwise (several ranks sharing a GPU) Gloo with host staging.
+// FAILED_PRECONDITION naming why when no device is visible.
 struct GpuChoice {
   int device = 0;
   RankContext::Collectives collectives = RankContext::Collectives::kNccl;
 };
-absl::StatusOr<GpuChoice> ChooseGpu(int visible_devices, int local_rank, int ranks_on_node);
+[[nodiscard]] absl::StatusOr<GpuChoice> ChooseGpu(const DeviceInfo& devices, int local_rank,
+                                                  int ranks_on_node);
 
 // CPU jobs: the CPU backend with `threads` (≤ 0: every core), Gloo on host memory. GPU jobs: the
-// CUDA backend with bf16 activations on ChooseGpu's device and collectives. FAILED_PRECONDITION
-// when a GPU job finds no usable device or the build has no CUDA backend.
-absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank, int ranks_on_node,
-                                    int threads);
+// CUDA backend with bf16 activations on the device and collectives ChooseGpu picks from what
+// `probe` sees (SystemDeviceProbe() in production). FAILED_PRECONDITION when a GPU job finds no
+// usable device or the build has no CUDA backend.
+[[nodiscard]] absl::StatusOr<Placement> PlaceRank(const config::JobSpec& spec, int local_rank,
+                                                  int ranks_on_node, int threads,
+                                                  const DeviceProbe& probe);
 
 }  // namespace trainyard::worker
 
