@@ -59,14 +59,18 @@ Problem CheckWorldSize(const ParallelismSpec& m, const ResourcesSpec& r) {
   return Bad("parallelism.dp", what, {"parallelism.tp", "parallelism.pp", "parallelism"});
 }
 
-Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
-  if (spec.resources.devices_per_node % m.tp != 0) {
-    return Bad("parallelism.tp",
-               absl::StrCat("tp ", m.tp, " does not divide resources.devices_per_node ",
-                            spec.resources.devices_per_node,
-                            " (a tensor-parallel group must stay inside one node)"),
-               {"resources.devices_per_node"});
+Problem CheckTensorParallelInANode(const ParallelismSpec& m, const ResourcesSpec& r) {
+  if (r.devices_per_node % m.tp != 0) {
+    return Bad(
+        "parallelism.tp",
+        absl::StrCat("tp ", m.tp, " does not divide resources.devices_per_node ",
+                     r.devices_per_node, " (a tensor-parallel group must stay inside one node)"),
+        {"resources.devices_per_node"});
   }
+  return std::nullopt;
+}
+
+Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
   const std::pair<const char*, int> sharded[] = {{"heads", spec.model.heads},
                                                  {"kv_heads", spec.model.kv_heads},
                                                  {"ffn_hidden", spec.model.ffn_hidden}};
@@ -169,10 +173,31 @@ std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec) {
   if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
+  if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
+  return FindShardingProblem(mesh, spec);
+}
+
+std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, const JobSpec& spec) {
+  if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckTensorParallel(mesh, spec)) return p;
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
   if (Problem p = CheckBatch(mesh, spec.training)) return p;
   return CheckSequenceParallel(mesh, spec.training);
+}
+
+absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem) {
+  if (!problem.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(problem->path, ": ", problem->reason));
+}
+
+MeshCoordinates CoordinatesOf(const ParallelismSpec& mesh, int rank) {
+  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1);
+  return MeshCoordinates{.dp = rank / tp % dp, .tp = rank % tp, .pp = rank / (tp * dp)};
+}
+
+int RankAt(const ParallelismSpec& mesh, const MeshCoordinates& at) {
+  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1);
+  return (at.pp * dp + at.dp) * tp + at.tp;
 }
 
 absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec) {

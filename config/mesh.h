@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "config/spec.h"
 #include "config/spec_validation.h"
@@ -23,11 +24,29 @@ namespace trainyard::config {
 // dp x micro_batch (micro_batch 0 meaning batch / dp).
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
+// The rules of FindMeshProblem between the mesh and the model and batch alone, whatever the
+// resources (degrees, tp dividing the sharded model sizes, pp within the layers, the batch split,
+// sequence parallelism): what a rank checks of the mesh it was handed.
+std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, const JobSpec& spec);
+
+// OK without a problem, else INVALID_ARGUMENT "path: reason".
+[[nodiscard]] absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem);
+
+// Where a global rank sits in a mesh. Ranks are laid out tensor-parallel innermost, then data,
+// then pipeline: rank = (pp · dp + dp) · tp + tp. Both the coordinator (what it tells each rank)
+// and the rank (which groups it joins) use these two; a degree below 1 counts as 1.
+struct MeshCoordinates {
+  int dp = 0, tp = 0, pp = 0;
+  bool operator==(const MeshCoordinates&) const = default;
+};
+MeshCoordinates CoordinatesOf(const ParallelismSpec& mesh, int rank);
+int RankAt(const ParallelismSpec& mesh, const MeshCoordinates& at);
+
 // For `parallelism: auto`: the valid mesh over the spec's resources with the least model
 // parallelism (tp x pp), preferring tp to pp at equal size, so the largest data-parallel degree.
 // Keeps spec.parallelism.zero and sets automatic. INVALID_ARGUMENT when no factorization is valid,
 // naming why the pure data-parallel one is not.
-absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec);
+[[nodiscard]] absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec);
 
 // Sequences one rank runs per forward/backward pass under `mesh`: training.micro_batch, or
 // batch / dp when micro_batch is 0.

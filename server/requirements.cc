@@ -2,6 +2,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "config/mesh.h"
 
 namespace trainyard::server {
 
@@ -34,17 +36,9 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
   if (req.max_restarts < 0) {
     return absl::InvalidArgumentError("fault_tolerance.max_restarts: must be at least 0");
   }
-  const int mesh_world = req.mesh.dp * req.mesh.tp * req.mesh.pp;
-  if (mesh_world != req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources: ", req.nodes, " nodes x ", req.ranks_per_node, " devices_per_node = ",
-        req.world_size(), " ranks, but parallelism dp x tp x pp = ", mesh_world));
-  }
-  if (req.ranks_per_node % req.mesh.tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.tp: a tensor-parallel group of ", req.mesh.tp,
-        " ranks must fit inside one node, but resources.devices_per_node is ", req.ranks_per_node));
-  }
+  // The same rules the spec's validation applies (config/mesh.h), so a spec that reaches here
+  // some other way cannot be placed on a mesh its ranks would refuse.
+  TY_RETURN_IF_ERROR(config::MeshProblemStatus(config::FindMeshProblem(spec.parallelism, spec)));
   return req;
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "config/mesh.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -20,12 +21,12 @@ JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& att
       std::count_if(attempt.ranks.begin(), attempt.ranks.end(),
                     [&](const RankSlot& other) { return other.node_id == slot.node_id; }));
   info.mesh = attempt.mesh;
-  // Ranks are laid out tp innermost, then dp, then pp (config/spec.h).
-  const int tp = std::max(attempt.mesh.tp, 1);
-  const int dp = std::max(attempt.mesh.dp, 1);
-  info.tp_rank = rank % tp;
-  info.dp_rank = (rank / tp) % dp;
-  info.pp_rank = rank / (tp * dp);
+  const config::MeshCoordinates at = config::CoordinatesOf(
+      config::ParallelismSpec{.dp = attempt.mesh.dp, .tp = attempt.mesh.tp, .pp = attempt.mesh.pp},
+      rank);
+  info.tp_rank = at.tp;
+  info.dp_rank = at.dp;
+  info.pp_rank = at.pp;
   info.spec_yaml = entry.job.spec_yaml;
   info.kv_prefix = KvSpace::PrefixFor(entry.job.id, attempt.attempt_id);
   info.resume_from = entry.job.last_checkpoint;

@@ -159,10 +159,7 @@ struct MeshPosition {
 
 absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankContext& rank) {
   const config::ParallelismSpec& mesh = spec.parallelism;
-  if (mesh.pp > spec.model.layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallelism.pp: ", mesh.pp, " stages for ", spec.model.layers, " layers"));
-  }
+  TY_RETURN_IF_ERROR(config::MeshProblemStatus(config::FindShardingProblem(mesh, spec)));
   const int world = mesh.world_size();
   if (rank.rank < 0 || rank.rank >= world) {
     return absl::InvalidArgumentError(
@@ -174,9 +171,10 @@ absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankC
   MeshPosition p;
   p.micro = config::MicroBatchPerRank(spec.training, mesh);
   p.per_rank = spec.training.batch / mesh.dp;
-  p.tp_rank = rank.rank % mesh.tp;
-  p.dp_rank = rank.rank / mesh.tp % mesh.dp;
-  p.pp_rank = rank.rank / (mesh.tp * mesh.dp);
+  const config::MeshCoordinates at = config::CoordinatesOf(mesh, rank.rank);
+  p.tp_rank = at.tp;
+  p.dp_rank = at.dp;
+  p.pp_rank = at.pp;
   p.micro_batches = p.per_rank / p.micro;
   return p;
 }
@@ -226,8 +224,9 @@ absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankCont
 #endif
   };
   const config::ParallelismSpec& mesh = spec.parallelism;
-  // rank = (pp·dp + dp_rank)·tp + tp_rank
-  auto global = [&](int pp, int dp, int tp) { return (pp * mesh.dp + dp) * mesh.tp + tp; };
+  auto global = [&](int pp, int dp, int tp) {
+    return config::RankAt(mesh, {.dp = dp, .tp = tp, .pp = pp});
+  };
   auto members = [](int size, const std::function<int(int)>& of) {
     std::vector<int> ranks(size);
     for (int i = 0; i < size; ++i) ranks[i] = of(i);
