@@ -75,19 +75,22 @@ class FaultInjectionFileSystem : public FileSystem {
   FaultInjectionFileSystem(const FaultInjectionFileSystem&) = delete;
   FaultInjectionFileSystem& operator=(const FaultInjectionFileSystem&) = delete;
 
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
-  absl::Status WriteFileAtomic(const std::string& path, std::string_view data) override;
-  absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::string> ReadFile(const std::string& path) override;
+  [[nodiscard]] absl::Status WriteFileAtomic(const std::string& path,
+                                             std::string_view data) override;
+  [[nodiscard]] absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
   bool Exists(const std::string& path) override;
-  absl::Status CreateDirs(const std::string& path) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
-  absl::Status RemoveFile(const std::string& path) override;
-  absl::Status RenameFile(const std::string& from, const std::string& to) override;
-  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) override;
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
-  absl::Status SyncDir(const std::string& path) override;
+  [[nodiscard]] absl::Status CreateDirs(const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+  [[nodiscard]] absl::Status RemoveFile(const std::string& path) override;
+  [[nodiscard]] absl::Status RenameFile(const std::string& from, const std::string& to) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(
+      const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override;
+  [[nodiscard]] absl::Status SyncDir(const std::string& path) override;
   bool IsDirectory(const std::string& path) override;
-  absl::Status RemoveDir(const std::string& path) override;
+  [[nodiscard]] absl::Status RemoveDir(const std::string& path) override;
 
   // Makes the volatile view the durable one (see the model above). Does not clear faults.
   void SimulateCrash();
@@ -102,12 +105,12 @@ class FaultInjectionFileSystem : public FileSystem {
 
   // Test helpers; they act on both the volatile and the durable content and are not counted.
   // Flips the lowest bit of byte `offset` in each view that has it; OUT_OF_RANGE if neither has.
-  absl::Status CorruptByte(const std::string& path, uint64_t offset);
+  [[nodiscard]] absl::Status CorruptByte(const std::string& path, uint64_t offset);
   // Keeps the first `size` bytes of each view; OUT_OF_RANGE if the file is shorter than `size`.
-  absl::Status Truncate(const std::string& path, uint64_t size);
+  [[nodiscard]] absl::Status Truncate(const std::string& path, uint64_t size);
   // While set, ReadFile, MapReadOnly and ListDir of `path` (file or directory) fail with
   // PERMISSION_DENIED. Survives SimulateCrash.
-  absl::Status SetUnreadable(const std::string& path, bool unreadable = true);
+  [[nodiscard]] absl::Status SetUnreadable(const std::string& path, bool unreadable = true);
 
  private:
   using Node = fault_injection_internal::Node;
@@ -115,15 +118,17 @@ class FaultInjectionFileSystem : public FileSystem {
   friend class fault_injection_internal::FaultInjectionWritableFile;
 
   // Counts a mutating call and applies any fault due at its index.
-  absl::Status BeginMutatingOpLocked(const char* operation, const std::string& path)
+  [[nodiscard]] absl::Status BeginMutatingOpLocked(const char* operation, const std::string& path)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Located> LocateLocked(const char* operation, const std::string& path) const
+  [[nodiscard]] absl::StatusOr<Located> LocateLocked(const char* operation,
+                                                     const std::string& path) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::shared_ptr<Node>> FileLocked(const char* operation,
-                                                   const std::string& path) const
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Node>> FileLocked(const char* operation,
+                                                                 const std::string& path) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CreateDirsLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RenameLocked(const std::string& from, const std::string& to)
+  [[nodiscard]] absl::Status CreateDirsLocked(const std::string& path)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status RenameLocked(const std::string& from, const std::string& to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;

@@ -43,10 +43,10 @@ class WritableFile {
  public:
   // Closes the file if Close was not called (errors are then lost).
   virtual ~WritableFile() = default;
-  virtual absl::Status Append(std::string_view data) = 0;
+  [[nodiscard]] virtual absl::Status Append(std::string_view data) = 0;
   // Makes every byte appended so far durable (fsync).
-  virtual absl::Status Sync() = 0;
-  virtual absl::Status Close() = 0;
+  [[nodiscard]] virtual absl::Status Sync() = 0;
+  [[nodiscard]] virtual absl::Status Close() = 0;
 };
 
 // The alignment NewDirectWritableFile needs of memory and sizes.
@@ -57,36 +57,39 @@ class FileSystem {
   virtual ~FileSystem() = default;
 
   // The whole contents of the file at `path`.
-  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
 
   // Replaces the file at `path` with `data` so that a crash at any moment leaves either the old
   // contents or the new ones, never a mix: writes a temporary file beside it, syncs it, renames
   // it over `path` and syncs the directory. The parent directory must exist.
-  virtual absl::Status WriteFileAtomic(const std::string& path, std::string_view data) = 0;
+  [[nodiscard]] virtual absl::Status WriteFileAtomic(const std::string& path,
+                                                     std::string_view data) = 0;
 
-  virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
 
   // True when something (file or directory) exists at `path`.
   virtual bool Exists(const std::string& path) = 0;
 
   // Creates `path` and any missing parents; succeeds if it already is a directory.
-  virtual absl::Status CreateDirs(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::Status CreateDirs(const std::string& path) = 0;
 
   // The names (not paths) of the entries in directory `path`, sorted, without "." and "..".
-  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& path) = 0;
 
   // Removes the file at `path` (not a directory).
-  virtual absl::Status RemoveFile(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::Status RemoveFile(const std::string& path) = 0;
 
   // Atomically renames `from` to `to`, replacing a file at `to`.
-  virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
+  [[nodiscard]] virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
 
   // Maps the file at `path` read-only. The file must not be truncated while mapped.
-  virtual absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(
+      const std::string& path) = 0;
 
   // Creates the file at `path` (truncating one that exists) for writing. The parent directory
   // must exist. The new name is durable only once the parent directory is synced.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
 
   // Like NewWritableFile, for large sequential writes: where the filesystem allows it, bytes go
@@ -94,27 +97,27 @@ class FileSystem {
   // caller's contract: every Append passes memory aligned to kDirectIoAlignment, and every
   // Append but the last a multiple of it in size; the last may be shorter, but the memory after
   // it must be readable up to the next multiple. Elsewhere the same as NewWritableFile.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(
       const std::string& path) {
     return NewWritableFile(path);
   }
 
   // Makes the entries of directory `path` durable (fsync of the directory): files created,
   // renamed into or removed from it, and subdirectories created in it.
-  virtual absl::Status SyncDir(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::Status SyncDir(const std::string& path) = 0;
 
   // True when `path` is a directory.
   virtual bool IsDirectory(const std::string& path) = 0;
 
   // Removes the empty directory `path`.
-  virtual absl::Status RemoveDir(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::Status RemoveDir(const std::string& path) = 0;
 };
 
 // Removes `path` and, for a directory, everything under it, through `fs`. NOT_FOUND when nothing
 // is at `path`. A symbolic link is removed, not followed. Calls fs.RemoveFile on every entry
 // first, directories included (their "is a directory" failure is expected), so a fault-injecting
 // `fs` counts that call too.
-absl::Status RemoveRecursively(FileSystem& fs, const std::string& path);
+[[nodiscard]] absl::Status RemoveRecursively(FileSystem& fs, const std::string& path);
 
 // The directory part of `path`: "." for a bare name, "/" for a file in the root.
 std::string Dirname(const std::string& path);
@@ -133,23 +136,27 @@ FileSystem* RealFileSystem();
 // directory exists.
 class FakeFileSystem : public FileSystem {
  public:
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
-  absl::Status WriteFileAtomic(const std::string& path, std::string_view data) override;
-  absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::string> ReadFile(const std::string& path) override;
+  [[nodiscard]] absl::Status WriteFileAtomic(const std::string& path,
+                                             std::string_view data) override;
+  [[nodiscard]] absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
   bool Exists(const std::string& path) override;
-  absl::Status CreateDirs(const std::string& path) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
-  absl::Status RemoveFile(const std::string& path) override;
-  absl::Status RenameFile(const std::string& from, const std::string& to) override;
-  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) override;
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
-  absl::Status SyncDir(const std::string& path) override;  // nothing to do in memory
+  [[nodiscard]] absl::Status CreateDirs(const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+  [[nodiscard]] absl::Status RemoveFile(const std::string& path) override;
+  [[nodiscard]] absl::Status RenameFile(const std::string& from, const std::string& to) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(
+      const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override;
+  [[nodiscard]] absl::Status SyncDir(const std::string& path) override;  // nothing to do in memory
   bool IsDirectory(const std::string& path) override;
-  absl::Status RemoveDir(const std::string& path) override;
+  [[nodiscard]] absl::Status RemoveDir(const std::string& path) override;
 
  private:
   bool IsDirLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckParentLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status CheckParentLocked(const std::string& path) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   // Path -> contents, shared with the WritableFiles open on it (the inode).

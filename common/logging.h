@@ -32,7 +32,7 @@ void SetMinLogLevel(LogLevel level);
 LogLevel MinLogLevel();
 
 // Parses "debug", "info", "warning" or "error" (any case), for command-line flags.
-absl::StatusOr<LogLevel> ParseLogLevel(std::string_view name);
+[[nodiscard]] absl::StatusOr<LogLevel> ParseLogLevel(std::string_view name);
 
 // Sets the prefix every later line carries: "[job=<job> rank=<rank>]". An empty `job` or a
 // negative `rank` leaves that part out; both absent means no prefix.

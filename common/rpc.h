@@ -16,7 +16,7 @@
 
 namespace trainyard::rpc {
 
-absl::Status FromGrpc(const grpc::Status& status);
+[[nodiscard]] absl::Status FromGrpc(const grpc::Status& status);
 grpc::Status ToGrpc(const absl::Status& status);
 
 // Mutual TLS from PEM files; all three empty: plaintext. A process presents `cert` (signed by the
@@ -36,23 +36,26 @@ inline constexpr char kTlsKeyVariable[] = "TRAINYARD_TLS_KEY";
 
 // OK when all three files are named or none is; INVALID_ARGUMENT naming what is missing. `flag`
 // prefixes the names in the message ("--tls" gives --tls-ca, --tls-cert, --tls-key).
-absl::Status ValidateTlsFiles(const TlsFiles& files, const std::string& flag = "--tls");
+[[nodiscard]] absl::Status ValidateTlsFiles(const TlsFiles& files,
+                                            const std::string& flag = "--tls");
 
 // TlsFiles from the TRAINYARD_TLS_* variables of this process (empty where unset).
 TlsFiles TlsFilesFromEnvironment();
 
 // Credentials for a client: plaintext when `files` is empty, else TLS presenting the certificate.
 // NOT_FOUND when a file cannot be read; INVALID_ARGUMENT when only some are named.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsFiles& files);
 
 // A channel to `target` with ChannelCredentials(files) and `args`.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+[[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& target, const TlsFiles& files,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());
 
 // Credentials for a server: plaintext when `files` is empty, else TLS that requires and verifies
 // a client certificate signed by `files.ca`.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsFiles& files);
 
 }  // namespace trainyard::rpc
 

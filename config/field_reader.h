@@ -57,28 +57,29 @@ class FieldReader {
               SpecLocations* locations);
 
   // Fails unless the node is a mapping whose keys are all in `known`.
-  absl::Status ExpectMapWithKeys(std::initializer_list<std::string_view> known);
+  [[nodiscard]] absl::Status ExpectMapWithKeys(std::initializer_list<std::string_view> known);
 
   bool Has(std::string_view key) const { return node_.Find(key) != nullptr; }
   bool IsMapping() const { return node_.kind == YamlNode::Kind::kMap; }
   // Fails, pointing at this mapping, when `key` is absent.
-  absl::Status Require(std::string_view key) const;
+  [[nodiscard]] absl::Status Require(std::string_view key) const;
   const std::string& path() const { return path_; }
   std::string PathOf(std::string_view key) const;
 
   // Each reads `key` into `*out` when present and leaves `*out` alone when absent.
-  absl::Status ReadInt(std::string_view key, int* out);
-  absl::Status ReadInt64(std::string_view key, int64_t* out);
-  absl::Status ReadUint64(std::string_view key, uint64_t* out);
-  absl::Status ReadDouble(std::string_view key, double* out);
-  absl::Status ReadFloat(std::string_view key, float* out);
-  absl::Status ReadBool(std::string_view key, bool* out);
-  absl::Status ReadString(std::string_view key, std::string* out);
+  [[nodiscard]] absl::Status ReadInt(std::string_view key, int* out);
+  [[nodiscard]] absl::Status ReadInt64(std::string_view key, int64_t* out);
+  [[nodiscard]] absl::Status ReadUint64(std::string_view key, uint64_t* out);
+  [[nodiscard]] absl::Status ReadDouble(std::string_view key, double* out);
+  [[nodiscard]] absl::Status ReadFloat(std::string_view key, float* out);
+  [[nodiscard]] absl::Status ReadBool(std::string_view key, bool* out);
+  [[nodiscard]] absl::Status ReadString(std::string_view key, std::string* out);
   // An integer, or the word `auto`, which is read as nullopt.
-  absl::Status ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out);
+  [[nodiscard]] absl::Status ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out);
   // A mapping of strings to strings (numbers and booleans are kept as written). Each entry's
   // position is recorded under "<path>.<key>.<entry key>".
-  absl::Status ReadStringMap(std::string_view key, std::map<std::string, std::string>* out);
+  [[nodiscard]] absl::Status ReadStringMap(std::string_view key,
+                                           std::map<std::string, std::string>* out);
 
   // True when `key` is present and its value is the scalar `word` (quoted or not).
   bool IsWord(std::string_view key, std::string_view word) const;
@@ -88,19 +89,19 @@ class FieldReader {
   std::optional<FieldReader> Child(std::string_view key);
 
   // An error located at `key`'s value when present, else at this mapping.
-  absl::Status ErrorAt(std::string_view key, std::string_view reason) const;
+  [[nodiscard]] absl::Status ErrorAt(std::string_view key, std::string_view reason) const;
   // An error located at this mapping (or at its key), for the mapping as a whole.
-  absl::Status Error(std::string_view reason) const;
+  [[nodiscard]] absl::Status Error(std::string_view reason) const;
   // "expected <expected>, got <what key holds>", located at `key`'s value (which must exist).
-  absl::Status WrongType(std::string_view key, std::string_view expected) const;
+  [[nodiscard]] absl::Status WrongType(std::string_view key, std::string_view expected) const;
 
  private:
   // The value at `key`, recorded in the locations table, or nullptr when absent.
   const YamlNode* Lookup(std::string_view key);
-  absl::StatusOr<int64_t> ParseInteger(std::string_view key, const YamlNode& value, int64_t min,
-                                       int64_t max);
-  absl::Status TypeError(std::string_view key, const YamlNode& value,
-                         std::string_view expected) const;
+  [[nodiscard]] absl::StatusOr<int64_t> ParseInteger(std::string_view key, const YamlNode& value,
+                                                     int64_t min, int64_t max);
+  [[nodiscard]] absl::Status TypeError(std::string_view key, const YamlNode& value,
+                                       std::string_view expected) const;
 
   const YamlNode& node_;
   std::string path_;

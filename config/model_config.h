@@ -38,16 +38,16 @@ struct ModelConfig {
 };
 
 std::string FamilyName(ModelFamily family);
-absl::StatusOr<ModelFamily> ParseFamily(const std::string& name);
+[[nodiscard]] absl::StatusOr<ModelFamily> ParseFamily(const std::string& name);
 
 // Named presets, from debug sizes up to GPT-2 124M and a Llama-style 1B.
-absl::StatusOr<ModelConfig> Preset(const std::string& name);
+[[nodiscard]] absl::StatusOr<ModelConfig> Preset(const std::string& name);
 std::vector<std::string> PresetNames();
 
 // Checks internal consistency. Errors are INVALID_ARGUMENT naming the field under `path_prefix`
 // (e.g. "model.heads: width 100 is not divisible by heads 3").
-absl::Status ValidateModelConfig(const ModelConfig& config,
-                                 const std::string& path_prefix = "model");
+[[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config,
+                                               const std::string& path_prefix = "model");
 
 }  // namespace trainyard::config
 

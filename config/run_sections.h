@@ -32,7 +32,7 @@ inline constexpr double kMaxHeartbeatTimeoutSeconds = 3600;
 // Reads the run sections of the top-level mapping `top` into `spec`. For `parallelism: auto` it
 // only sets spec->parallelism.automatic; the caller resolves the mesh once the whole spec is read.
 // fault_tolerance.min_nodes/max_nodes left out are filled in with resources.nodes.
-absl::Status ReadRunSections(FieldReader& top, JobSpec* spec);
+[[nodiscard]] absl::Status ReadRunSections(FieldReader& top, JobSpec* spec);
 
 // The first problem in the run sections (for an automatic mesh: that no mesh fits), then in the
 // spec's paths under `limits`; nothing when all is well.

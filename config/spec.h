@@ -197,18 +197,19 @@ struct SpecLimits {
 };
 
 // Parses and validates a YAML spec. `source_name` (a file name) starts every error message.
-absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
-                                     std::string_view source_name = "<spec>",
-                                     const SpecLimits& limits = SpecLimits());
+[[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
+                                                   std::string_view source_name = "<spec>",
+                                                   const SpecLimits& limits = SpecLimits());
 
 // Reads `path` from `fs` and parses it, naming the file in errors. A missing file is NOT_FOUND;
 // a file over 1 MiB is INVALID_ARGUMENT without being read.
-absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path,
-                                    const SpecLimits& limits = SpecLimits());
+[[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path,
+                                                  const SpecLimits& limits = SpecLimits());
 
 // Cross-field checks on a spec however it was built. Errors are INVALID_ARGUMENT,
 // "<field.path>: <reason>" (ParseJobSpec adds the source, line and column).
-absl::Status ValidateJobSpec(const JobSpec& spec, const SpecLimits& limits = SpecLimits());
+[[nodiscard]] absl::Status ValidateJobSpec(const JobSpec& spec,
+                                           const SpecLimits& limits = SpecLimits());
 
 std::string DeviceKindName(DeviceKind kind);  // "cpu" | "gpu"
 

@@ -54,16 +54,17 @@ struct YamlLimits {
 };
 
 // Parses one YAML document. `source_name` prefixes every error message.
-absl::StatusOr<YamlNode> ParseYamlTree(std::string_view text, std::string_view source_name,
-                                       const YamlLimits& limits = YamlLimits());
+[[nodiscard]] absl::StatusOr<YamlNode> ParseYamlTree(std::string_view text,
+                                                     std::string_view source_name,
+                                                     const YamlLimits& limits = YamlLimits());
 
 // Describes a node's kind for messages: "a mapping", "a sequence", "null", "the string \"x\"".
 std::string DescribeNode(const YamlNode& node);
 
 // The INVALID_ARGUMENT status "<source>:<line>:<column>: <path>: <reason>", with any control
 // characters in `reason` escaped so that the message is one line.
-absl::Status LocatedError(std::string_view source_name, YamlMark mark, std::string_view path,
-                          std::string_view reason);
+[[nodiscard]] absl::Status LocatedError(std::string_view source_name, YamlMark mark,
+                                        std::string_view path, std::string_view reason);
 
 // Quotes user text for a message: escapes control characters and shortens it past 64 bytes.
 std::string QuoteForMessage(std::string_view text);

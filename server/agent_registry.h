@@ -98,7 +98,7 @@ class AgentRegistry {
   // ALREADY_EXISTS when `node`'s id belongs to a connected agent that is alive (heard from within
   // the heartbeat timeout) and is another process (another instance id): two agents given the
   // same --node-id would otherwise replace each other forever.
-  absl::Status CheckNodeIdFree(const NodeRecord& node) const;
+  [[nodiscard]] absl::Status CheckNodeIdFree(const NodeRecord& node) const;
   // Registers a connected agent; returns its session id. A node already connected is replaced:
   // its old channel is closed with ABORTED.
   uint64_t Connect(const NodeRecord& node, std::shared_ptr<AgentChannel> channel);

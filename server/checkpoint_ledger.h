@@ -62,7 +62,7 @@ class CheckpointLedger {
 
   // INVALID_ARGUMENT when the record cannot be kept: no path, a negative step, size or time, or
   // a state outside CheckpointState.
-  static absl::Status Validate(const CheckpointInfo& record);
+  [[nodiscard]] static absl::Status Validate(const CheckpointInfo& record);
 
   // Records a valid record (see Validate) and observes it unless it is a repeat.
   Outcome Apply(const CheckpointInfo& record);

@@ -105,7 +105,7 @@ class CheckpointPolicy {
   // INVALID_ARGUMENT naming the field when `options` cannot be used: a non-positive node MTBF,
   // node count, prior weight, memory, window or step bound, or min_every_steps above
   // max_every_steps.
-  static absl::Status Validate(const CheckpointPolicyOptions& options);
+  [[nodiscard]] static absl::Status Validate(const CheckpointPolicyOptions& options);
 
   // `options` must be valid (see Validate).
   explicit CheckpointPolicy(CheckpointPolicyOptions options);

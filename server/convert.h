@@ -30,7 +30,7 @@ absl::Time FromDeadline(std::chrono::system_clock::time_point deadline);
 
 v1::JobState ToProto(JobState state);
 // INVALID_ARGUMENT for UNSPECIFIED or an unknown number.
-absl::StatusOr<JobState> FromProto(v1::JobState state);
+[[nodiscard]] absl::StatusOr<JobState> FromProto(v1::JobState state);
 
 void ToProto(const JobRecord& job, v1::Job* out);
 void ToProto(const CheckpointInfo& checkpoint, v1::Checkpoint* out);

@@ -66,13 +66,14 @@ struct CoordinatorOptions {
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackHost(const std::string& host);
 // Splits "host:port" / "[v6]:port"; INVALID_ARGUMENT when malformed.
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+[[nodiscard]] absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
 class Coordinator {
  public:
   // Opens the state, restores jobs, starts serving. The chosen address is written to
   // <state_dir>/server.addr (and the metrics address to <state_dir>/metrics.addr).
-  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Start(
+      const CoordinatorOptions& options);
   ~Coordinator();  // Stop()s
 
   // Graceful shutdown: refuses new work, ends streams (agents reconnect to the next
@@ -86,7 +87,7 @@ class Coordinator {
 
  private:
   Coordinator() = default;
-  absl::Status Init(const CoordinatorOptions& options);
+  [[nodiscard]] absl::Status Init(const CoordinatorOptions& options);
   void TickLoop(absl::Duration interval);
 
   int lock_fd_ = -1;

@@ -192,20 +192,13 @@ absl::Status JobStore::Migrate() {
     version = 2;
   }
   // A table kSchema made just now (the database had none) is whole already.
-  auto has_column = [&](const char* table, const char* column) -> absl::StatusOr<bool> {
-    TY_ASSIGN_OR_RETURN(auto has,
-                        db_->Prepare(absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('", table,
-                                                  "') WHERE name = '", column, "'")));
-    TY_ASSIGN_OR_RETURN(const bool row, has->Step());
-    return row && has->Int(0) > 0;
-  };
   if (version == 2) {
-    TY_ASSIGN_OR_RETURN(const bool has, has_column("attempts", "failure_class"));
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("attempts", "failure_class"));
     if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom2), "migrating schema 2 to 3");
     version = 3;
   }
   if (version == 3) {
-    TY_ASSIGN_OR_RETURN(const bool has, has_column("attempt_ranks", "exit_stopped"));
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("attempt_ranks", "exit_stopped"));
     if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom3), "migrating schema 3 to 4");
     version = 4;
   }
@@ -222,38 +215,48 @@ absl::Status JobStore::Migrate() {
   return txn->Commit();
 }
 
+absl::StatusOr<bool> JobStore::HasColumn(const char* table, const char* column) {
+  TY_ASSIGN_OR_RETURN(auto has,
+                      db_->Prepare(absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('", table,
+                                                "') WHERE name = '", column, "'")));
+  TY_ASSIGN_OR_RETURN(const bool row, has->Step());
+  return row && has->Int(0) > 0;
+}
+
 absl::Status JobStore::Commit(StoreBatch& batch) {
   if (batch.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  absl::Status status = [&]() -> absl::Status {
-    TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
-    for (const JobRecord* job : batch.new_jobs) {
-      TY_RETURN_IF_ERROR_WITH(InsertJob(*job), absl::StrCat("insert job ", job->id));
-    }
-    for (const JobRecord* job : batch.updated_jobs) {
-      TY_RETURN_IF_ERROR_WITH(UpdateJob(*job), absl::StrCat("update job ", job->id));
-    }
-    for (const AttemptRecord* attempt : batch.attempts) {
-      TY_RETURN_IF_ERROR_WITH(PutAttempt(*attempt), absl::StrCat("store attempt ", attempt->job_id,
-                                                                 "/", attempt->attempt_id));
-    }
-    for (const NodeRecord* node : batch.nodes) {
-      TY_RETURN_IF_ERROR_WITH(PutNode(*node), absl::StrCat("store node ", node->node_id));
-    }
-    for (const JobCheckpoint& checkpoint : batch.checkpoints) {
-      TY_RETURN_IF_ERROR_WITH(
-          PutCheckpoint(checkpoint),
-          absl::StrCat("store checkpoint ", checkpoint.record.path, " of ", checkpoint.job_id));
-    }
-    for (EventRecord& event : batch.events) {
-      TY_RETURN_IF_ERROR_WITH(AppendEvent(event), absl::StrCat("append event of ", event.job_id));
-    }
-    return txn->Commit();
-  }();
+  absl::Status status = StoreBatchLocked(batch);
   if (!status.ok()) {
     for (EventRecord& event : batch.events) event.id = 0;  // rolled back: they do not exist
   }
   return status;
+}
+
+absl::Status JobStore::StoreBatchLocked(StoreBatch& batch) {
+  TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+  for (const JobRecord* job : batch.new_jobs) {
+    TY_RETURN_IF_ERROR_WITH(InsertJob(*job), absl::StrCat("insert job ", job->id));
+  }
+  for (const JobRecord* job : batch.updated_jobs) {
+    TY_RETURN_IF_ERROR_WITH(UpdateJob(*job), absl::StrCat("update job ", job->id));
+  }
+  for (const AttemptRecord* attempt : batch.attempts) {
+    TY_RETURN_IF_ERROR_WITH(PutAttempt(*attempt), absl::StrCat("store attempt ", attempt->job_id,
+                                                               "/", attempt->attempt_id));
+  }
+  for (const NodeRecord* node : batch.nodes) {
+    TY_RETURN_IF_ERROR_WITH(PutNode(*node), absl::StrCat("store node ", node->node_id));
+  }
+  for (const JobCheckpoint& checkpoint : batch.checkpoints) {
+    TY_RETURN_IF_ERROR_WITH(
+        PutCheckpoint(checkpoint),
+        absl::StrCat("store checkpoint ", checkpoint.record.path, " of ", checkpoint.job_id));
+  }
+  for (EventRecord& event : batch.events) {
+    TY_RETURN_IF_ERROR_WITH(AppendEvent(event), absl::StrCat("append event of ", event.job_id));
+  }
+  return txn->Commit();
 }
 
 absl::StatusOr<SqliteStatement*> JobStore::Cached(const char* sql) {
@@ -270,49 +273,51 @@ absl::Status JobStore::CommitSoftState(const SoftStateBatch& batch) {
   if (batch.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   TY_RETURN_IF_ERROR(db_->Exec("PRAGMA synchronous=NORMAL"));
-  absl::Status status = [&]() -> absl::Status {
-    TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
-    for (const auto& [job_id, p] : batch.progress) {
-      TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+  absl::Status status = StoreSoftStateLocked(batch);
+  absl::Status restored = db_->Exec("PRAGMA synchronous=FULL");
+  return status.ok() ? restored : status;
+}
+
+absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
+  TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+  for (const auto& [job_id, p] : batch.progress) {
+    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
         UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
           step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
           step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?
         WHERE id=?
       )sql"));
-      update->Bind(1, p.step)
-          .Bind(2, p.total_steps)
-          .Bind(3, p.loss)
-          .Bind(4, p.learning_rate)
-          .Bind(5, p.grad_norm)
-          .Bind(6, p.tokens_per_second)
-          .Bind(7, p.step_times.total_ms)
-          .Bind(8, p.step_times.forward_ms)
-          .Bind(9, p.step_times.backward_ms)
-          .Bind(10, p.step_times.optimizer_ms)
-          .Bind(11, p.step_times.communication_ms)
-          .Bind(12, p.step_times.data_ms);
-      if (p.val_loss.has_value()) {
-        update->Bind(13, *p.val_loss);
-      } else {
-        update->BindNull(13);
-      }
-      update->Bind(14, DurationToMicros(p.eta)).Bind(15, TimeToMicros(p.reported)).Bind(16, job_id);
-      TY_RETURN_IF_ERROR(update->Run());
+    update->Bind(1, p.step)
+        .Bind(2, p.total_steps)
+        .Bind(3, p.loss)
+        .Bind(4, p.learning_rate)
+        .Bind(5, p.grad_norm)
+        .Bind(6, p.tokens_per_second)
+        .Bind(7, p.step_times.total_ms)
+        .Bind(8, p.step_times.forward_ms)
+        .Bind(9, p.step_times.backward_ms)
+        .Bind(10, p.step_times.optimizer_ms)
+        .Bind(11, p.step_times.communication_ms)
+        .Bind(12, p.step_times.data_ms);
+    if (p.val_loss.has_value()) {
+      update->Bind(13, *p.val_loss);
+    } else {
+      update->BindNull(13);
     }
-    for (const SoftStateBatch::Pid& pid : batch.pids) {
-      TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+    update->Bind(14, DurationToMicros(p.eta)).Bind(15, TimeToMicros(p.reported)).Bind(16, job_id);
+    TY_RETURN_IF_ERROR(update->Run());
+  }
+  for (const SoftStateBatch::Pid& pid : batch.pids) {
+    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
         UPDATE attempt_ranks SET pid=? WHERE job_id=? AND attempt_id=? AND rank=?
       )sql"));
-      update->Bind(1, pid.pid)
-          .Bind(2, pid.job_id)
-          .Bind(3, int64_t{pid.attempt_id})
-          .Bind(4, int64_t{pid.rank});
-      TY_RETURN_IF_ERROR(update->Run());
-    }
-    return txn->Commit();
-  }();
-  absl::Status restored = db_->Exec("PRAGMA synchronous=FULL");
-  return status.ok() ? restored : status;
+    update->Bind(1, pid.pid)
+        .Bind(2, pid.job_id)
+        .Bind(3, int64_t{pid.attempt_id})
+        .Bind(4, int64_t{pid.rank});
+    TY_RETURN_IF_ERROR(update->Run());
+  }
+  return txn->Commit();
 }
 
 absl::Status JobStore::InsertJob(const JobRecord& job) {

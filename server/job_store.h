@@ -78,12 +78,12 @@ class StateStore {
   virtual ~StateStore() = default;
   // Applies `batch` atomically: all of it is stored or none. Pointers must stay valid during
   // the call; events get their ids.
-  virtual absl::Status Commit(StoreBatch& batch) = 0;
-  virtual absl::Status CommitSoftState(const SoftStateBatch& batch) = 0;
-  virtual absl::StatusOr<StoredState> Load() = 0;
-  virtual absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
-                                                              int limit) = 0;
-  virtual absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
+  [[nodiscard]] virtual absl::Status Commit(StoreBatch& batch) = 0;
+  [[nodiscard]] virtual absl::Status CommitSoftState(const SoftStateBatch& batch) = 0;
+  [[nodiscard]] virtual absl::StatusOr<StoredState> Load() = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<EventRecord>> ListEvents(
+      const std::string& job_id, int limit) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
       const std::string& key) = 0;
 };
 
@@ -94,42 +94,51 @@ class JobStore final : public StateStore {
   // Opens or creates the database at `path` (its directory must exist), migrating one of an
   // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;
   // FAILED_PRECONDITION for a schema version this build does not know.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
 
   // Applies `batch` atomically. A duplicate job id or client_request_id is ALREADY_EXISTS (and
   // nothing of the batch is stored); other failures INTERNAL.
-  absl::Status Commit(StoreBatch& batch) override;
+  [[nodiscard]] absl::Status Commit(StoreBatch& batch) override;
 
   // Updates only progress columns and pids, in one transaction that survives the process being
   // killed (synchronous NORMAL: it is not flushed to disk, so a power loss may drop the last
   // second of progress — state that workers report again anyway). Never changes a job's state.
-  absl::Status CommitSoftState(const SoftStateBatch& batch) override;
+  [[nodiscard]] absl::Status CommitSoftState(const SoftStateBatch& batch) override;
 
-  absl::StatusOr<StoredState> Load() override;
+  [[nodiscard]] absl::StatusOr<StoredState> Load() override;
 
   // The newest `limit` events of a job, oldest first.
-  absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
-                                                      int limit) override;
+  [[nodiscard]] absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
+                                                                    int limit) override;
 
   // The job created with this idempotency key, if any.
-  absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> FindJobByClientRequestId(
       const std::string& key) override;
 
  private:
   explicit JobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
-  absl::Status Migrate();
-  absl::Status InsertJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status UpdateJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PutAttempt(const AttemptRecord& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PutCheckpoint(const JobCheckpoint& checkpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadJobs(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadAttempts(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadNodes(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadCheckpoints(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status Migrate();
+  [[nodiscard]] absl::StatusOr<bool> HasColumn(const char* table, const char* column)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The body of Commit and CommitSoftState: one transaction.
+  [[nodiscard]] absl::Status StoreBatchLocked(StoreBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status StoreSoftStateLocked(const SoftStateBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status InsertJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status UpdateJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status PutAttempt(const AttemptRecord& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status PutCheckpoint(const JobCheckpoint& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status LoadJobs(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status LoadAttempts(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status LoadNodes(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status LoadCheckpoints(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prepared statement for `sql`, kept for reuse; reset and unbound.
-  absl::StatusOr<SqliteStatement*> Cached(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::StatusOr<SqliteStatement*> Cached(const char* sql)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);

@@ -53,7 +53,7 @@ class KvSpace {
 
   // INVALID_ARGUMENT for a malformed or oversized key/value, FAILED_PRECONDITION when the key's
   // space is not open, RESOURCE_EXHAUSTED past the per-space limits.
-  absl::Status Set(const std::string& key, std::string value);
+  [[nodiscard]] absl::Status Set(const std::string& key, std::string value);
   void Get(const std::string& key, absl::Time deadline, GetCallback done);
 
   // Answers found = false to every waiter whose deadline is at or before `now`.
@@ -75,7 +75,7 @@ class KvSpace {
     std::vector<Waiter> waiters;
   };
   // The space prefix of `key`, or INVALID_ARGUMENT.
-  static absl::StatusOr<std::string> PrefixOf(const std::string& key);
+  [[nodiscard]] static absl::StatusOr<std::string> PrefixOf(const std::string& key);
 
   Clock* const clock_;
   mutable absl::Mutex mu_;

@@ -53,7 +53,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
 // cannot be bound.
 class MetricsServer {
  public:
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& listen, std::shared_ptr<prometheus::Collectable> metrics);
   // host:port actually bound.
   const std::string& address() const { return address_; }

@@ -34,7 +34,7 @@ struct QuarantineOptions {
 
 // INVALID_ARGUMENT, naming the field, when `failures` is negative or, with quarantine on, the
 // window is not a finite positive duration or the cooldown is not positive.
-absl::Status Validate(const QuarantineOptions& options);
+[[nodiscard]] absl::Status Validate(const QuarantineOptions& options);
 
 struct Cordon {
   std::string node_id;

@@ -14,7 +14,7 @@ namespace trainyard::server {
 // INVALID_ARGUMENT, "<field.path>: <reason>", when the resources cannot hold the mesh: the world
 // of resources (nodes x devices_per_node) must equal dp x tp x pp, and a tensor-parallel group
 // (tp consecutive ranks) must fit inside one node.
-absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
+[[nodiscard]] absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
 
 // The checkpoint section as the coordinator shows it: `every_steps: auto` becomes the fixed
 // interval the workers use for it (config::kAutoCheckpointEverySteps) with interval_auto set.

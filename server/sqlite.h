@@ -35,9 +35,9 @@ class SqliteStatement {
   SqliteStatement& Bind(int index, std::optional<int64_t> value);
 
   // True when a row is available, false when done. A bind error is reported here.
-  absl::StatusOr<bool> Step();
+  [[nodiscard]] absl::StatusOr<bool> Step();
   // Runs a statement that returns no rows.
-  absl::Status Run();
+  [[nodiscard]] absl::Status Run();
   // Clears bindings and rewinds, for reuse.
   void Reset();
 
@@ -57,14 +57,14 @@ class SqliteStatement {
 class SqliteDb {
  public:
   // Opens (creating) the database file. INTERNAL when it cannot.
-  static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path);
   ~SqliteDb();
   SqliteDb(const SqliteDb&) = delete;
   SqliteDb& operator=(const SqliteDb&) = delete;
 
   // Runs one or more statements that return no rows.
-  absl::Status Exec(std::string_view sql);
-  absl::StatusOr<std::unique_ptr<SqliteStatement>> Prepare(std::string_view sql);
+  [[nodiscard]] absl::Status Exec(std::string_view sql);
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<SqliteStatement>> Prepare(std::string_view sql);
   int64_t LastInsertRowId() const;
 
  private:
@@ -75,9 +75,9 @@ class SqliteDb {
 // BEGIN IMMEDIATE on construction; ROLLBACK on destruction unless Commit() succeeded.
 class SqliteTransaction {
  public:
-  static absl::StatusOr<std::unique_ptr<SqliteTransaction>> Begin(SqliteDb& db);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<SqliteTransaction>> Begin(SqliteDb& db);
   ~SqliteTransaction();
-  absl::Status Commit();
+  [[nodiscard]] absl::Status Commit();
 
  private:
   explicit SqliteTransaction(SqliteDb& db) : db_(db) {}

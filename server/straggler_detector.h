@@ -67,7 +67,7 @@ struct StragglerChange {
 class StragglerDetector {
  public:
   // INVALID_ARGUMENT naming the first option out of its range.
-  static absl::Status Validate(const StragglerOptions& options);
+  [[nodiscard]] static absl::Status Validate(const StragglerOptions& options);
 
   // `options` must pass Validate; values out of range are moved to the nearest valid one.
   explicit StragglerDetector(StragglerOptions options = {});

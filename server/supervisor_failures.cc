@@ -370,8 +370,10 @@ void Supervisor::RefreshHealthLocked(JobEntry& entry, absl::Time now) {
 }
 
 std::vector<NodeView> Supervisor::SchedulableNodesLocked(absl::Time now) {
-  std::vector<NodeView> nodes = registry_->FreeNodes();
-  std::erase_if(nodes, [&](const NodeView& n) { return quarantine_.IsCordoned(n.node_id, now); });
+  std::vector<NodeView> nodes;
+  for (NodeView& node : registry_->FreeNodes()) {
+    if (!quarantine_.IsCordoned(node.node_id, now)) nodes.push_back(std::move(node));
+  }
   return nodes;
 }
 

@@ -56,9 +56,9 @@ const char* CheckpointStateName(CheckpointState state);  // "COMMITTED", "FAILED
 bool IsFinal(JobState state);
 bool IsFinal(AttemptState state);
 // Values read back from the store are checked: INTERNAL for a number no state has.
-absl::StatusOr<JobState> JobStateFromInt(int64_t value);
-absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value);
-absl::StatusOr<CheckpointState> CheckpointStateFromInt(int64_t value);
+[[nodiscard]] absl::StatusOr<JobState> JobStateFromInt(int64_t value);
+[[nodiscard]] absl::StatusOr<AttemptState> AttemptStateFromInt(int64_t value);
+[[nodiscard]] absl::StatusOr<CheckpointState> CheckpointStateFromInt(int64_t value);
 
 struct Mesh {
   int dp = 1;

@@ -15,6 +15,7 @@ packages=(
   libgloo-dev
   libopenblas-dev libopenblas-openmp-dev
   libsqlite3-dev
+  clang
   libxxhash-dev
   python3 python3-numpy python3-torch
 )

@@ -61,7 +61,7 @@ class Backend {
   virtual int64_t max_logits_chunk() const { return int64_t{1} << 20; }
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
-  virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }
 
   // Memory. Allocations are zero-filled.
   virtual Buffer<float> AllocFloat(int64_t count) = 0;

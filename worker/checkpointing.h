@@ -62,9 +62,9 @@ class Checkpointer {
   // Returns its path, or nullopt when there is none (the run starts from step 0). A checkpoint
   // of another model is INVALID_ARGUMENT naming the field.
   // `from_memory` tells whether the memory tier supplied it.
-  absl::StatusOr<std::optional<std::string>> Restore(TrainState& state,
-                                                     const std::string& recorded_path,
-                                                     bool* from_memory = nullptr);
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> Restore(TrainState& state,
+                                                                   const std::string& recorded_path,
+                                                                   bool* from_memory = nullptr);
 
   // Whether a memory snapshot is due after `state.step`, and taking one (blocks while the state
   // is copied, and while the previous snapshot is still being written).
@@ -72,7 +72,7 @@ class Checkpointer {
   bool MemoryDue(const TrainState& state, int64_t total_steps, int64_t interval) const;
   // What the newest completed snapshot cost (training blocked plus writing), 0 before one.
   double memory_cost_seconds() const { return memory_cost_seconds_; }
-  absl::Status SaveToMemory(const TrainState& state);
+  [[nodiscard]] absl::Status SaveToMemory(const TrainState& state);
   // Waits for the snapshot in flight.
   void WaitForMemory();
 
@@ -80,9 +80,9 @@ class Checkpointer {
   bool Due(const TrainState& state, int64_t total_steps) const;
   // Starts a save of `state`: blocks while the state is snapshotted. Without checkpoint.dir,
   // FAILED_PRECONDITION.
-  absl::Status Save(const TrainState& state);
+  [[nodiscard]] absl::Status Save(const TrainState& state);
   // Waits for the save in flight (rank 0: until it is committed); its status.
-  absl::Status Wait();
+  [[nodiscard]] absl::Status Wait();
   // Saves that ended since the last call.
   std::vector<checkpoint::SaveOutcome> TakeOutcomes();
 
@@ -102,10 +102,10 @@ class Checkpointer {
   int64_t SnapshotFloats(const TrainState& state) const;
   // The memory tier's part of Restore: true when every rank loaded a snapshot. `disk_step`: the
   // newest committed checkpoint's step (a snapshot older than it is not used).
-  absl::StatusOr<std::optional<std::string>> RestoreFromMemory(TrainState& state,
-                                                               std::optional<int64_t> disk_step);
-  absl::StatusOr<checkpoint::RankState> LoadMemorySnapshot(const std::string& dir,
-                                                           checkpoint::Manifest* merged) const;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> RestoreFromMemory(
+      TrainState& state, std::optional<int64_t> disk_step);
+  [[nodiscard]] absl::StatusOr<checkpoint::RankState> LoadMemorySnapshot(
+      const std::string& dir, checkpoint::Manifest* merged) const;
   std::vector<MemorySnapshotId> LocalSnapshots() const;
 
   FileSystem* fs_;

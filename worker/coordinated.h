@@ -37,13 +37,13 @@ struct CoordinatedOptions {
 bool IsCoordinatedInvocation(int argc, char** argv);
 
 // INVALID_ARGUMENT for unknown, missing or malformed flags.
-absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv);
+[[nodiscard]] absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv);
 
 // Runs this rank to the end (see the file comment for the outcomes).
-absl::Status RunCoordinated(const CoordinatedOptions& options);
+[[nodiscard]] absl::Status RunCoordinated(const CoordinatedOptions& options);
 
 // ParseCoordinatedFlags, then RunCoordinated: what trainyard-worker's main calls.
-absl::Status RunCoordinatedFromFlags(int argc, char** argv);
+[[nodiscard]] absl::Status RunCoordinatedFromFlags(int argc, char** argv);
 
 // Writes `exit_code` to the file named by $TRAINYARD_EXIT_STATUS_FILE, when set, so that an agent
 // that restarted while this worker ran (and so cannot wait for it) learns how it ended. Best

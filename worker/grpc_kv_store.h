@@ -32,11 +32,11 @@ class GrpcKeyValueStore : public parallel::KeyValueStore {
                     std::string kv_prefix, Clock* clock = RealClock());
 
   // Deadline 10 s per call; retried on UNAVAILABLE for up to 30 s.
-  absl::Status Set(const std::string& key, const std::string& value) override;
-  absl::StatusOr<std::string> Get(const std::string& key,
+  [[nodiscard]] absl::Status Set(const std::string& key, const std::string& value) override;
+  [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key,
+                                                std::chrono::milliseconds timeout) override;
+  [[nodiscard]] absl::Status Wait(const std::vector<std::string>& keys,
                                   std::chrono::milliseconds timeout) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    std::chrono::milliseconds timeout) override;
 
  private:
   std::shared_ptr<trainyard::v1::WorkerService::StubInterface> stub_;

@@ -13,7 +13,7 @@ namespace trainyard::worker {
 
 // `address`: the agent's service on this node (TRAINYARD_MEMORY_TIER), reached with `tls` (the
 // agent's own files, rpc::TlsFilesFromEnvironment). The TLS files' errors.
-absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
     const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt, int rank,
     int world);
 

@@ -27,7 +27,7 @@ struct LaunchOptions {
 // OK when every rank exited 0. Otherwise the first failing rank's status: its exit code mapped
 // back to a status code (2 → INVALID_ARGUMENT, 3 → DEADLINE_EXCEEDED, else INTERNAL) or the
 // signal that killed it.
-absl::Status LaunchLocal(const LaunchOptions& options);
+[[nodiscard]] absl::Status LaunchLocal(const LaunchOptions& options);
 
 }  // namespace trainyard::worker
 

@@ -21,11 +21,11 @@ class MemoryTierClient {
   // Room for the rank's snapshots of `bytes` each; the job's directory in the tier, which holds
   // the snapshots of every rank on this node and the copies peers sent here. RESOURCE_EXHAUSTED
   // when the node's budget does not allow it.
-  virtual absl::StatusOr<std::string> Reserve(int64_t bytes) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> Reserve(int64_t bytes) = 0;
   // The rank's snapshot of `step` is written (directory `snapshot`, `files` in it, its manifest
   // last): the agent may prune older ones and copy it to the peer node.
-  virtual absl::Status Committed(int64_t step, const std::string& snapshot,
-                                 std::vector<std::string> files) = 0;
+  [[nodiscard]] virtual absl::Status Committed(int64_t step, const std::string& snapshot,
+                                               std::vector<std::string> files) = 0;
 };
 
 }  // namespace trainyard::worker

@@ -28,8 +28,8 @@ class Model {
  public:
   // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config.
   // Parameters and gradients live in a LocalParamSource the model owns.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
-                                                       Backend* backend);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const config::ModelConfig& config, Backend* backend);
   // Parameters and gradients come from `source` (which must outlive the model and use this
   // model's layout, e.g. a data-parallel sharded source). With a tensor-parallel group `tp`
   // (size > 1) the model holds this rank's shard: attention split by heads (key/value heads
@@ -37,11 +37,10 @@ class Model {
   // must outlive the model. With sequence_parallel (and tp > 1) the residual stream between the
   // tensor-parallel regions is split by rows too: the norms run on n / tp rows, gathered before
   // the column-parallel matmuls and reduce-scattered after the row-parallel ones.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const config::ModelConfig& config,
-                                                       Backend* backend, ParamSource* source,
-                                                       parallel::Communicator* tp = nullptr,
-                                                       PipelineStage stage = {},
-                                                       bool sequence_parallel = false);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const config::ModelConfig& config, Backend* backend, ParamSource* source,
+      parallel::Communicator* tp = nullptr, PipelineStage stage = {},
+      bool sequence_parallel = false);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -65,27 +64,30 @@ class Model {
   // tokens). Accumulates the gradient of grad_scale · Σ cross-entropy into grads() and returns
   // Σ cross-entropy over the b·t positions. INVALID_ARGUMENT for t > max_seq or a token outside
   // the vocabulary.
-  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, int b,
-                                         int t, float grad_scale);
+  [[nodiscard]] absl::StatusOr<double> ForwardBackward(const int32_t* inputs,
+                                                       const int32_t* targets, int b, int t,
+                                                       float grad_scale);
   // Σ cross-entropy without gradients.
-  absl::StatusOr<double> Loss(const int32_t* inputs, const int32_t* targets, int b, int t);
+  [[nodiscard]] absl::StatusOr<double> Loss(const int32_t* inputs, const int32_t* targets, int b,
+                                            int t);
   // One pipeline stage's share of a micro-batch, keeping its activations in `slot` (one slot per
   // micro-batch in flight). Inputs and targets are the micro-batch's tokens (host); input_acts /
   // output_acts are [b·t, width] device buffers from / for the neighbouring stages (ignored on
   // the first / last stage). The last stage computes the loss (Σ cross-entropy into *loss_sum)
   // and its whole backward in StageForward; StageBackward then only hands on ∂loss/∂input.
-  absl::Status StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b, int t,
-                            const Act* input_acts, float grad_scale, double* loss_sum,
-                            Act* output_acts);
+  [[nodiscard]] absl::Status StageForward(int slot, const int32_t* inputs, const int32_t* targets,
+                                          int b, int t, const Act* input_acts, float grad_scale,
+                                          double* loss_sum, Act* output_acts);
   // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
   // input) (not on the first stage).
-  absl::Status StageBackward(int slot, const Act* doutput, Act* dinput);
+  [[nodiscard]] absl::Status StageBackward(int slot, const Act* doutput, Act* dinput);
   // Forward only: the last stage returns Σ cross-entropy, the others 0 and fill output_acts.
-  absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                   const Act* input_acts, Act* output_acts);
+  [[nodiscard]] absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets,
+                                                 int b, int t, const Act* input_acts,
+                                                 Act* output_acts);
 
   // Full logits [b, t, vocab] into a host array (tests and inference).
-  absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
+  [[nodiscard]] absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
 
   // Wall seconds of the training passes (StageForward, StageBackward, ForwardBackward) since the
   // last call: the loss and its gradient count as forward, everything after them as backward.
@@ -115,8 +117,8 @@ class Model {
         parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel);
   // Rows of the residual stream this rank holds for the current micro-batch.
   int64_t local_rows() const;
-  absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
-  absl::Status SumToLocalRows(Act* full, Act* local, int64_t cols);
+  [[nodiscard]] absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
+  [[nodiscard]] absl::Status SumToLocalRows(Act* full, Act* local, int64_t cols);
   // Where a norm's backward writes its weight/bias gradients: straight into the gradients, or,
   // under sequence parallelism, into scratch slot `slot` (of two) to be summed over the group.
   struct NormGrads {
@@ -126,29 +128,30 @@ class Model {
   NormGrads NormGradTargets(int group, int64_t weight, int64_t bias, int slot);
   // Sums the scratch of the listed norms (weight, bias offsets, in slot order) over the group
   // and adds it to their gradients; nothing without sequence parallelism.
-  absl::Status SumNormGrads(int group, std::initializer_list<std::pair<int64_t, int64_t>> norms);
-  absl::Status TimedTp(const std::function<absl::Status()>& op);
+  [[nodiscard]] absl::Status SumNormGrads(int group,
+                                          std::initializer_list<std::pair<int64_t, int64_t>> norms);
+  [[nodiscard]] absl::Status TimedTp(const std::function<absl::Status()>& op);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
-  absl::Status TpAllReduce(float* data, int64_t count);
-  absl::Status TpAllReduce(Act* data, int64_t count);
-  absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
-  absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
+  [[nodiscard]] absl::Status TpAllReduce(float* data, int64_t count);
+  [[nodiscard]] absl::Status TpAllReduce(Act* data, int64_t count);
+  [[nodiscard]] absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
+  [[nodiscard]] absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).
-  absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
-                       const Act* input_acts);
-  absl::Status BackwardBlocks(Act* dx);
+  [[nodiscard]] absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
+                                     const Act* input_acts);
+  [[nodiscard]] absl::Status BackwardBlocks(Act* dx);
   void SelectSlot(int slot);
-  absl::Status BlockForward(int layer, LayerActivations& a);
-  absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
-  absl::Status FinalNorm();
-  absl::Status FinalNormBackward(Act* dx);
+  [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a);
+  [[nodiscard]] absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
+  [[nodiscard]] absl::Status FinalNorm();
+  [[nodiscard]] absl::Status FinalNormBackward(Act* dx);
   // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
   // d(lnf) and accumulates the LM head's weight gradient.
-  absl::StatusOr<double> ChunkedLoss(float grad_scale, bool with_grad);
+  [[nodiscard]] absl::StatusOr<double> ChunkedLoss(float grad_scale, bool with_grad);
 
   // Parameter / gradient of the tensor at flat `offset` in `group` (null for offset -1). Valid
   // while the group is held / after Gradients(group) this pass.

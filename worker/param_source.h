@@ -20,15 +20,15 @@ class ParamSource {
   virtual ~ParamSource() = default;
   // The group's full parameters, valid until the matching Release. Calls nest (a group may be
   // acquired again while held; each Acquire is paired with one Release).
-  virtual absl::StatusOr<const float*> Acquire(int group) = 0;
+  [[nodiscard]] virtual absl::StatusOr<const float*> Acquire(int group) = 0;
   virtual void Release(int group) = 0;
   // A hint: the model will acquire `group` next, so a sharded source can start gathering it.
   virtual void Prefetch(int group) {}
   // Where the backward pass accumulates the group's full gradient for the current micro-batch
   // (zeroed by the source when a micro-batch starts).
-  virtual absl::StatusOr<float*> Gradients(int group) = 0;
+  [[nodiscard]] virtual absl::StatusOr<float*> Gradients(int group) = 0;
   // The group's gradient of the current micro-batch is complete.
-  virtual absl::Status GradientsReady(int group) = 0;
+  [[nodiscard]] virtual absl::Status GradientsReady(int group) = 0;
 };
 
 // Everything in two flat buffers on the backend: parameters and accumulated gradients.
@@ -36,10 +36,10 @@ class LocalParamSource final : public ParamSource {
  public:
   LocalParamSource(const ParameterLayout& layout, Backend* backend);
 
-  absl::StatusOr<const float*> Acquire(int group) override;
+  [[nodiscard]] absl::StatusOr<const float*> Acquire(int group) override;
   void Release(int group) override {}
-  absl::StatusOr<float*> Gradients(int group) override;
-  absl::Status GradientsReady(int group) override { return absl::OkStatus(); }
+  [[nodiscard]] absl::StatusOr<float*> Gradients(int group) override;
+  [[nodiscard]] absl::Status GradientsReady(int group) override { return absl::OkStatus(); }
 
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }

@@ -43,7 +43,7 @@ namespace trainyard::worker {
 class ProgressChannel {
  public:
   virtual ~ProgressChannel() = default;
-  virtual absl::StatusOr<trainyard::v1::ProgressReply> Report(
+  [[nodiscard]] virtual absl::StatusOr<trainyard::v1::ProgressReply> Report(
       const trainyard::v1::ProgressReport& report, absl::Duration timeout) = 0;
 };
 
@@ -72,7 +72,7 @@ class ProgressReporter {
                    std::atomic<bool>* drain = nullptr,
                    std::atomic<int64_t>* checkpoint_order = nullptr);
 
-  absl::Status OnStep(const StepReport& step);
+  [[nodiscard]] absl::Status OnStep(const StepReport& step);
   // A checkpoint save that ended, to report with the next step.
   void AddCheckpoint(const trainyard::v1::Checkpoint& checkpoint);
   // Where the attempt started from; it rides along until a report is answered.

@@ -146,13 +146,14 @@ std::string SummaryLine(const TrainResult& result);
 
 // Runs rank `rank.rank` of the job's mesh (every rank of the job calls it). With a world of one
 // rank, Train below.
-absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec, const RankContext& rank,
-                                      Backend& backend, const TrainOptions& options);
+[[nodiscard]] absl::StatusOr<TrainResult> TrainRank(const config::JobSpec& spec,
+                                                    const RankContext& rank, Backend& backend,
+                                                    const TrainOptions& options);
 
 // Trains spec.model on spec.data for spec.training.steps steps on `backend`. Errors: bad data
 // (INVALID_ARGUMENT / NOT_FOUND naming the file), or a model/data mismatch (INVALID_ARGUMENT).
-absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
-                                  const TrainOptions& options);
+[[nodiscard]] absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
+                                                const TrainOptions& options);
 
 }  // namespace trainyard::worker
 

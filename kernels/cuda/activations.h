@@ -12,16 +12,18 @@
 
 namespace trainyard::kernels::cuda {
 
-absl::Status GeluForward(cudaStream_t stream, DType dtype, void* out, const void* inp, int64_t n);
+[[nodiscard]] absl::Status GeluForward(cudaStream_t stream, DType dtype, void* out, const void* inp,
+                                       int64_t n);
 // dinp = dout · gelu'(inp) (overwritten); dinp may alias dout.
-absl::Status GeluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
-                          const void* inp, int64_t n);
+[[nodiscard]] absl::Status GeluBackward(cudaStream_t stream, DType dtype, void* dinp,
+                                        const void* dout, const void* inp, int64_t n);
 // inp: [rows, 2f], each row (gate[f], up[f]); out: [rows, f] = silu(gate) · up.
-absl::Status SwigluForward(cudaStream_t stream, DType dtype, void* out, const void* inp,
-                           int64_t rows, int64_t f);
+[[nodiscard]] absl::Status SwigluForward(cudaStream_t stream, DType dtype, void* out,
+                                         const void* inp, int64_t rows, int64_t f);
 // dinp: [rows, 2f] (overwritten).
-absl::Status SwigluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
-                            const void* inp, int64_t rows, int64_t f);
+[[nodiscard]] absl::Status SwigluBackward(cudaStream_t stream, DType dtype, void* dinp,
+                                          const void* dout, const void* inp, int64_t rows,
+                                          int64_t f);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -30,8 +30,9 @@ struct AdamWHyper {
 
 // Updates every tensor in `tensors` (any number; the launcher batches them into as few launches
 // as the argument space allows). Tensors may not overlap.
-absl::Status MultiTensorAdamW(cudaStream_t stream, const std::vector<AdamWTensor>& tensors,
-                              const AdamWHyper& hyper);
+[[nodiscard]] absl::Status MultiTensorAdamW(cudaStream_t stream,
+                                            const std::vector<AdamWTensor>& tensors,
+                                            const AdamWHyper& hyper);
 
 }  // namespace trainyard::kernels::cuda
 

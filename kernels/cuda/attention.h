@@ -26,15 +26,18 @@ struct AttentionDims {
 // heads must be a multiple of kv_heads, and b and heads at most 65535. The tensors qkv, out,
 // dout and dqkv start 16-byte aligned (any cudaMalloc'd or 256-byte sub-allocated buffer is).
 // Asynchronous on `stream`; a non-OK status means nothing was launched or the launch failed.
-absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out, float* lse,
-                                   const void* qkv, const AttentionDims& dims);
+[[nodiscard]] absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out,
+                                                 float* lse, const void* qkv,
+                                                 const AttentionDims& dims);
 // dqkv overwritten (key/value gradients summed over the query heads of their group,
 // deterministically: the same inputs give bit-identical gradients). `scratch` holds
 // FlashAttentionBackwardScratchBytes(dims, dtype) bytes (16-byte aligned); it is overwritten and
 // may be reused once the stream has passed this call.
-absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv, const void* dout,
-                                    const void* qkv, const void* out, const float* lse,
-                                    const AttentionDims& dims, void* scratch, size_t scratch_bytes);
+[[nodiscard]] absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv,
+                                                  const void* dout, const void* qkv,
+                                                  const void* out, const float* lse,
+                                                  const AttentionDims& dims, void* scratch,
+                                                  size_t scratch_bytes);
 // b·heads·t fp32 values (rowsum(dout ∘ out) per query row); dQ is accumulated on chip, so the
 // scratch does not grow with the head dim or the storage type.
 size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype);

@@ -12,14 +12,14 @@
 namespace trainyard::kernels::cuda {
 
 // INTERNAL for a launch or runtime failure, RESOURCE_EXHAUSTED for out-of-memory.
-absl::Status CudaError(cudaError_t err, const char* expr, const char* file, int line);
+[[nodiscard]] absl::Status CudaError(cudaError_t err, const char* expr, const char* file, int line);
 
 // The status of the last launch on this thread (cudaGetLastError), as a Status.
-absl::Status LastLaunchStatus(const char* kernel, const char* file, int line);
+[[nodiscard]] absl::Status LastLaunchStatus(const char* kernel, const char* file, int line);
 
 // INVALID_ARGUMENT naming `what` when the condition does not hold; used by every launcher to
 // check shapes and pointers before launching.
-absl::Status Require(bool ok, const char* what);
+[[nodiscard]] absl::Status Require(bool ok, const char* what);
 
 // Blocks of `threads` covering n items (at least one block).
 inline unsigned int BlocksFor(int64_t n, int threads) {

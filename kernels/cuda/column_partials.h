@@ -26,8 +26,8 @@ RowChunks ChunkRows(int64_t rows);
 
 // dst[j] += Σ_{k < chunks} partials[k·c + j], summed in increasing k. Device pointers; enqueued
 // on `stream`.
-absl::Status AddColumnPartials(cudaStream_t stream, float* dst, const float* partials,
-                               int64_t chunks, int64_t c);
+[[nodiscard]] absl::Status AddColumnPartials(cudaStream_t stream, float* dst, const float* partials,
+                                             int64_t chunks, int64_t c);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -18,18 +18,18 @@ namespace trainyard::kernels::cuda {
 // grad_scale · (softmax − onehot); without write_grad the logits are left unchanged. Targets
 // must lie in [0, vocab); the launcher cannot check device data, so a target outside it gives
 // that row a NaN loss (and no onehot term) rather than an out-of-bounds access.
-absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
-                                 const int32_t* targets, int64_t rows, int64_t vocab,
-                                 float grad_scale, bool write_grad, float* losses);
+[[nodiscard]] absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
+                                               const int32_t* targets, int64_t rows, int64_t vocab,
+                                               float grad_scale, bool write_grad, float* losses);
 // Vocabulary-parallel pieces: stats[r] = (max, Σ exp(x − max), target logit or 0 when the
 // target (−1) is another shard's). A local target ≥ vocab (not checkable here) gives NaN.
-absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype, const void* logits,
-                                    const int32_t* local_targets, int64_t rows, int64_t vocab,
-                                    float* stats);
+[[nodiscard]] absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype,
+                                                  const void* logits, const int32_t* local_targets,
+                                                  int64_t rows, int64_t vocab, float* stats);
 // logits[r] ← grad_scale · (exp(x − lse[r]) − onehot(local target)).
-absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
-                                   const int32_t* local_targets, const float* lse, int64_t rows,
-                                   int64_t vocab, float grad_scale);
+[[nodiscard]] absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
+                                                 const int32_t* local_targets, const float* lse,
+                                                 int64_t rows, int64_t vocab, float grad_scale);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -14,27 +14,29 @@
 namespace trainyard::kernels::cuda {
 
 // out = a + b (out may alias a or b).
-absl::Status Add(cudaStream_t stream, DType dtype, void* out, const void* a, const void* b,
-                 int64_t n);
+[[nodiscard]] absl::Status Add(cudaStream_t stream, DType dtype, void* out, const void* a,
+                               const void* b, int64_t n);
 // out[m, n] += bias[n] (bias fp32).
-absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* bias, int64_t m,
-                     int64_t n);
-absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value, int64_t n);
+[[nodiscard]] absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* bias,
+                                   int64_t m, int64_t n);
+[[nodiscard]] absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value,
+                                int64_t n);
 // x *= factor (fp32).
-absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor);
+[[nodiscard]] absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor);
 // dst (dst_type) = src (src_type), rounding to nearest even when narrowing to bf16. dst and src
 // must not overlap, except as the same buffer of the same type (nothing to do).
-absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,
-                     const void* src, int64_t n);
+[[nodiscard]] absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,
+                                   const void* src, int64_t n);
 // dbias[n] += Σ over rows of dout[m, n] (deterministic, fp32 accumulation); scratch holds
 // ColumnSumScratchFloats(m, n) floats.
-absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias, const void* dout,
-                                  int64_t m, int64_t n, float* scratch);
+[[nodiscard]] absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias,
+                                                const void* dout, int64_t m, int64_t n,
+                                                float* scratch);
 int64_t ColumnSumScratchFloats(int64_t m, int64_t n);
 // *result (device, fp64) = Σ x² in a fixed order (the same bits every run); scratch holds
 // SumOfSquaresScratchDoubles(n) doubles.
-absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n, double* result,
-                          double* scratch);
+[[nodiscard]] absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n,
+                                        double* result, double* scratch);
 int64_t SumOfSquaresScratchDoubles(int64_t n);
 
 }  // namespace trainyard::kernels::cuda

@@ -26,22 +26,25 @@ enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kGeluAux };
 class Gemm {
  public:
   // Creates the cuBLASLt handle and a workspace of `workspace_bytes` on the current device.
-  static absl::StatusOr<std::unique_ptr<Gemm>> Create(size_t workspace_bytes = 32 << 20);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Gemm>> Create(size_t workspace_bytes = 32
+                                                                                             << 20);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
   // out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n], bias of type `act`).
   // kGeluAux(Bias): pre[m, n] receives the pre-activation and out = gelu(pre) (tanh form).
-  absl::Status Forward(cudaStream_t stream, DType act, void* out, void* pre, const void* inp,
-                       const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
-                       GemmEpilogue epilogue);
+  [[nodiscard]] absl::Status Forward(cudaStream_t stream, DType act, void* out, void* pre,
+                                     const void* inp, const void* weight, const void* bias,
+                                     int64_t m, int64_t n, int64_t k, GemmEpilogue epilogue);
   // dinp[m, k] = dout[m, n] · weight[n, k] (overwritten).
-  absl::Status BackwardInput(cudaStream_t stream, DType act, void* dinp, const void* dout,
-                             const void* weight, int64_t m, int64_t n, int64_t k);
+  [[nodiscard]] absl::Status BackwardInput(cudaStream_t stream, DType act, void* dinp,
+                                           const void* dout, const void* weight, int64_t m,
+                                           int64_t n, int64_t k);
   // dweight[n, k] += dout[m, n]ᵀ · inp[m, k] (fp32 accumulation into fp32 dweight).
-  absl::Status BackwardWeight(cudaStream_t stream, DType act, float* dweight, const void* dout,
-                              const void* inp, int64_t m, int64_t n, int64_t k);
+  [[nodiscard]] absl::Status BackwardWeight(cudaStream_t stream, DType act, float* dweight,
+                                            const void* dout, const void* inp, int64_t m, int64_t n,
+                                            int64_t k);
 
   // Whether the fused GELU epilogue is available for this shape (cuBLASLt may offer no
   // algorithm); the caller falls back to a separate GELU kernel.
@@ -55,9 +58,9 @@ class Gemm {
   // (act, transa, transb, m, n, k, epilogue, d_is_fp32, accumulate)
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int>;
   Gemm() = default;
-  absl::StatusOr<const Plan*> GetPlan(const Key& key);
-  absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b, void* d,
-                   const void* bias, void* aux);
+  [[nodiscard]] absl::StatusOr<const Plan*> GetPlan(const Key& key);
+  [[nodiscard]] absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b,
+                                 void* d, const void* bias, void* aux);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;

@@ -16,37 +16,42 @@
 namespace trainyard::kernels::cuda {
 
 // out = LN(inp) · weight + bias (bias may be null); mean, rstd: [rows] fp32.
-absl::Status LayerNormForward(cudaStream_t stream, DType dtype, void* out, float* mean, float* rstd,
-                              const void* inp, const float* weight, const float* bias, int64_t rows,
-                              int64_t c, float eps);
+[[nodiscard]] absl::Status LayerNormForward(cudaStream_t stream, DType dtype, void* out,
+                                            float* mean, float* rstd, const void* inp,
+                                            const float* weight, const float* bias, int64_t rows,
+                                            int64_t c, float eps);
 // sum = a + b (stored as dtype), out = LN(sum) · weight + bias: the residual add and the norm in
 // one pass over memory. The norm reads the stored (rounded) sum, so the result equals the
 // unfused Add then LayerNormForward. `sum` may alias `a` or `b` (the residual stream updated in
 // place); it must not overlap `out`.
-absl::Status AddLayerNormForward(cudaStream_t stream, DType dtype, void* sum, void* out,
-                                 float* mean, float* rstd, const void* a, const void* b,
-                                 const float* weight, const float* bias, int64_t rows, int64_t c,
-                                 float eps);
+[[nodiscard]] absl::Status AddLayerNormForward(cudaStream_t stream, DType dtype, void* sum,
+                                               void* out, float* mean, float* rstd, const void* a,
+                                               const void* b, const float* weight,
+                                               const float* bias, int64_t rows, int64_t c,
+                                               float eps);
 // dinp += ∂/∂inp; dweight += ∂/∂weight; dbias += ∂/∂bias (dbias may be null). The weight and
 // bias gradients are deterministic (fixed-order reduction over rows, no atomics): `scratch` must
 // hold NormBackwardScratchFloats(rows, c) floats.
-absl::Status LayerNormBackward(cudaStream_t stream, DType dtype, void* dinp, float* dweight,
-                               float* dbias, const void* dout, const void* inp, const float* weight,
-                               const float* mean, const float* rstd, int64_t rows, int64_t c,
-                               float* scratch);
+[[nodiscard]] absl::Status LayerNormBackward(cudaStream_t stream, DType dtype, void* dinp,
+                                             float* dweight, float* dbias, const void* dout,
+                                             const void* inp, const float* weight,
+                                             const float* mean, const float* rstd, int64_t rows,
+                                             int64_t c, float* scratch);
 
 // out = inp · rstd · weight with rstd = 1 / sqrt(mean(inp²) + eps); rstd: [rows].
-absl::Status RmsNormForward(cudaStream_t stream, DType dtype, void* out, float* rstd,
-                            const void* inp, const float* weight, int64_t rows, int64_t c,
-                            float eps);
+[[nodiscard]] absl::Status RmsNormForward(cudaStream_t stream, DType dtype, void* out, float* rstd,
+                                          const void* inp, const float* weight, int64_t rows,
+                                          int64_t c, float eps);
 // As AddLayerNormForward, with RMSNorm.
-absl::Status AddRmsNormForward(cudaStream_t stream, DType dtype, void* sum, void* out, float* rstd,
-                               const void* a, const void* b, const float* weight, int64_t rows,
-                               int64_t c, float eps);
+[[nodiscard]] absl::Status AddRmsNormForward(cudaStream_t stream, DType dtype, void* sum, void* out,
+                                             float* rstd, const void* a, const void* b,
+                                             const float* weight, int64_t rows, int64_t c,
+                                             float eps);
 // dinp += ∂/∂inp; dweight += ∂/∂weight (deterministic; scratch as above).
-absl::Status RmsNormBackward(cudaStream_t stream, DType dtype, void* dinp, float* dweight,
-                             const void* dout, const void* inp, const float* weight,
-                             const float* rstd, int64_t rows, int64_t c, float* scratch);
+[[nodiscard]] absl::Status RmsNormBackward(cudaStream_t stream, DType dtype, void* dinp,
+                                           float* dweight, const void* dout, const void* inp,
+                                           const float* weight, const float* rstd, int64_t rows,
+                                           int64_t c, float* scratch);
 
 // Floats of scratch the backward launchers need for `rows` × `c`.
 int64_t NormBackwardScratchFloats(int64_t rows, int64_t c);

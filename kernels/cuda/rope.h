@@ -16,11 +16,13 @@
 
 namespace trainyard::kernels::cuda {
 
-absl::Status RopeForward(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t,
-                         int64_t heads, int64_t kv_heads, int64_t d, float theta);
+[[nodiscard]] absl::Status RopeForward(cudaStream_t stream, DType dtype, void* qkv, int64_t b,
+                                       int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                                       float theta);
 // The transpose rotation, in place on the gradient of the rotated qkv.
-absl::Status RopeBackward(cudaStream_t stream, DType dtype, void* dqkv, int64_t b, int64_t t,
-                          int64_t heads, int64_t kv_heads, int64_t d, float theta);
+[[nodiscard]] absl::Status RopeBackward(cudaStream_t stream, DType dtype, void* dqkv, int64_t b,
+                                        int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                                        float theta);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -52,7 +52,7 @@ struct AgentOptions {
 // adopts them. Returns OK after stop. Errors, before connecting: INVALID_ARGUMENT for bad
 // options, NOT_FOUND when there is no worker binary, and the filesystem's error when work_dir
 // cannot be created.
-absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop);
+[[nodiscard]] absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop);
 
 }  // namespace trainyard::server::agent
 

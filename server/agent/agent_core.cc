@@ -435,26 +435,28 @@ void AgentCore::Tick() {
   }
 }
 
+void AgentCore::FinishLogWithError(const v1::ReadLogs& order, const std::string& error) {
+  v1::AgentMessage out;
+  v1::LogData* data = out.mutable_log();
+  data->set_request_id(order.request_id());
+  data->set_rank(order.rank());
+  data->set_done(true);
+  data->set_error(error);
+  Emit(std::move(out));
+}
+
 void AgentCore::StartReadingLog(const v1::ReadLogs& order) {
   LogRequest request{.order = order};
-  auto finish_with_error = [&](const std::string& error) {
-    v1::AgentMessage out;
-    v1::LogData* data = out.mutable_log();
-    data->set_request_id(order.request_id());
-    data->set_rank(order.rank());
-    data->set_done(true);
-    data->set_error(error);
-    Emit(std::move(out));
-  };
   if (!IsSafeJobId(order.job_id())) {
-    finish_with_error(absl::StrCat("invalid job id '", order.job_id(), "'"));
+    FinishLogWithError(order, absl::StrCat("invalid job id '", order.job_id(), "'"));
     return;
   }
   const WorkerKey key = KeyOf(order.job_id(), order.attempt_id(), order.rank());
   request.path = LogPath(key);
   if (!fs_->Exists(request.path) && !workers_.count(key)) {
-    finish_with_error(absl::StrCat("no log for job ", key.job_id, " attempt ", key.attempt_id,
-                                   " rank ", key.rank, " on node ", config_.node_id));
+    FinishLogWithError(
+        order, absl::StrCat("no log for job ", key.job_id, " attempt ", key.attempt_id, " rank ",
+                            key.rank, " on node ", config_.node_id));
     return;
   }
   if (order.tail_lines() > 0) {

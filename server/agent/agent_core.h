@@ -91,7 +91,7 @@ class AgentCore {
 
   // Creates the work directory and re-adopts the recorded workers that still run; recorded
   // workers that are gone are reported as exited (in the next registration). Call once, first.
-  absl::Status Recover();
+  [[nodiscard]] absl::Status Recover();
 
   // The first message of a new stream: the node and every worker still running, plus the exits
   // seen while disconnected (kept until the coordinator answers with `registered`).
@@ -136,10 +136,13 @@ class AgentCore {
   void Start(const v1::StartWorker& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Stop(const v1::StopWorkers& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartReadingLog(const v1::ReadLogs& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a log request at once: the log cannot be read, and why.
+  void FinishLogWithError(const v1::ReadLogs& order, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends what is new in `request`'s log; true when the request is finished.
   bool PumpLog(LogRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<std::string>> WorkerEnvironment(const v1::StartWorker& order,
-                                                             const WorkerKey& key) const;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> WorkerEnvironment(
+      const v1::StartWorker& order, const WorkerKey& key) const;
   // `stopped`: the worker exited after a stop order (not a failure of its own).
   void ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit& exit,
                   const std::string& message, bool stopped = false)

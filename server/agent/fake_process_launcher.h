@@ -19,9 +19,9 @@ namespace trainyard::server::agent {
 
 class FakeProcessLauncher : public ProcessLauncher {
  public:
-  absl::StatusOr<ProcessId> Launch(const LaunchRequest& request) override;
+  [[nodiscard]] absl::StatusOr<ProcessId> Launch(const LaunchRequest& request) override;
   std::optional<ProcessExit> Poll(const ProcessId& id) override;
-  absl::Status SignalGroup(const ProcessId& id, int signal) override;
+  [[nodiscard]] absl::Status SignalGroup(const ProcessId& id, int signal) override;
   bool IsAlive(const ProcessId& id) override;
 
   // The next Launch fails with `status`.

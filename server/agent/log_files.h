@@ -15,14 +15,16 @@ namespace trainyard::server::agent {
 
 // The last `count` lines of the file (without their newlines; a final line without one counts),
 // looking at most at its last 64 KiB. A missing file is NOT_FOUND.
-absl::StatusOr<std::vector<std::string>> LastLines(const std::string& path, int count);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> LastLines(const std::string& path,
+                                                                 int count);
 
 // The offset where the last `count` lines of the file start (0 when it has fewer), looking at
 // most at its last 1 MiB.
-absl::StatusOr<int64_t> OffsetOfLastLines(const std::string& path, int count);
+[[nodiscard]] absl::StatusOr<int64_t> OffsetOfLastLines(const std::string& path, int count);
 
 // Up to `max_bytes` bytes of the file from `offset` ("" at or past the end).
-absl::StatusOr<std::string> ReadRange(const std::string& path, int64_t offset, int64_t max_bytes);
+[[nodiscard]] absl::StatusOr<std::string> ReadRange(const std::string& path, int64_t offset,
+                                                    int64_t max_bytes);
 
 }  // namespace trainyard::server::agent
 

@@ -67,7 +67,7 @@ class MemoryTier {
   MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, std::string node_id);
 
   // Removes whatever an earlier agent left in the root and creates it. Call once, first.
-  absl::Status Start();
+  [[nodiscard]] absl::Status Start();
 
   const std::string& root() const { return root_; }
   int64_t budget_bytes() const { return budget_; }
@@ -76,22 +76,24 @@ class MemoryTier {
   // Room for kSlots snapshots of `bytes` for (job, rank): the job's directory. Reserving again
   // for the same (job, rank, peer_copy) replaces the earlier reservation (a new attempt).
   // RESOURCE_EXHAUSTED over the budget (and a notice); INVALID_ARGUMENT for a bad job name.
-  absl::StatusOr<std::string> Reserve(const std::string& job_id, int rank, int64_t bytes,
-                                      bool peer_copy, const std::string& from_node);
+  [[nodiscard]] absl::StatusOr<std::string> Reserve(const std::string& job_id, int rank,
+                                                    int64_t bytes, bool peer_copy,
+                                                    const std::string& from_node);
 
   // A rank's snapshot is complete: prunes the job's snapshots beyond the newest kKeep and queues
   // a copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
-  absl::Status Committed(const std::string& job_id, int rank, int world,
-                         const std::string& snapshot, int64_t step, std::vector<std::string> files);
+  [[nodiscard]] absl::Status Committed(const std::string& job_id, int rank, int world,
+                                       const std::string& snapshot, int64_t step,
+                                       std::vector<std::string> files);
 
   // A peer copy of (job, rank, snapshot) begins: the snapshot is kept until EndCopy.
   // INVALID_ARGUMENT for names that are not plain, FAILED_PRECONDITION without a peer
   // reservation for (job, rank).
-  absl::Status BeginCopy(const std::string& job_id, int rank, const std::string& snapshot);
+  [[nodiscard]] absl::Status BeginCopy(const std::string& job_id, int rank,
+                                       const std::string& snapshot);
   // A file of the copy, opened for writing in the tier.
-  absl::StatusOr<std::unique_ptr<WritableFile>> OpenReceived(const std::string& job_id,
-                                                             const std::string& snapshot,
-                                                             const std::string& file);
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> OpenReceived(
+      const std::string& job_id, const std::string& snapshot, const std::string& file);
   // The copy ended; `complete` when every file arrived (its manifest last).
   void EndCopy(const std::string& job_id, int rank, int world, const std::string& snapshot,
                bool complete);

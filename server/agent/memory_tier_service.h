@@ -22,11 +22,9 @@ class MemoryTierServer {
   // `advertise_host` and the chosen port. With `tls` the service admits only callers presenting a
   // certificate its CA signed, and copies to peers present the same certificate. `tier` and `fs`
   // must outlive the server.
-  static absl::StatusOr<std::unique_ptr<MemoryTierServer>> Start(MemoryTier* tier, FileSystem* fs,
-                                                                 const std::string& listen,
-                                                                 const std::string& advertise_host,
-                                                                 const std::string& node_id,
-                                                                 const rpc::TlsFiles& tls = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MemoryTierServer>> Start(
+      MemoryTier* tier, FileSystem* fs, const std::string& listen,
+      const std::string& advertise_host, const std::string& node_id, const rpc::TlsFiles& tls = {});
   virtual ~MemoryTierServer() = default;
 
   // host:port for peers, and for this node's workers 127.0.0.1:port (with TLS the same as

@@ -50,7 +50,7 @@ class ProcessLauncher {
   // Starts the process as the leader of a new process group. Errors, all UNAVAILABLE (this node
   // cannot start it now: ErrnoEnvironmentError): the program cannot be executed ("exec <path>: No
   // such file or directory"), the log file cannot be opened (naming it), fork or pipe failed.
-  virtual absl::StatusOr<ProcessId> Launch(const LaunchRequest& request) = 0;
+  [[nodiscard]] virtual absl::StatusOr<ProcessId> Launch(const LaunchRequest& request) = 0;
 
   // Non-blocking. Nothing while the process runs; once it has ended, how (reaping it, and first
   // killing whatever is left in its process group). For a process this launcher did not start
@@ -58,7 +58,7 @@ class ProcessLauncher {
   virtual std::optional<ProcessExit> Poll(const ProcessId& id) = 0;
 
   // Sends `signal` to the process group `id` leads. OK when the group is already gone.
-  virtual absl::Status SignalGroup(const ProcessId& id, int signal) = 0;
+  [[nodiscard]] virtual absl::Status SignalGroup(const ProcessId& id, int signal) = 0;
 
   // True when `id` names a live process (same pid and, when known, same start time).
   virtual bool IsAlive(const ProcessId& id) = 0;

@@ -39,7 +39,7 @@ bool IsSafeJobId(std::string_view job_id);
 std::string SerializeWorkerRecords(const std::vector<WorkerRecord>& records);
 
 // INVALID_ARGUMENT naming the line for a malformed file.
-absl::StatusOr<std::vector<WorkerRecord>> ParseWorkerRecords(std::string_view text);
+[[nodiscard]] absl::StatusOr<std::vector<WorkerRecord>> ParseWorkerRecords(std::string_view text);
 
 }  // namespace trainyard::server::agent
 

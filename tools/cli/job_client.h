@@ -27,28 +27,30 @@ class JobClient {
 
   const std::string& address() const { return address_; }
 
-  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::GetJobReply> Get(const std::string& job_id, int max_events = 0);
-  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
+  [[nodiscard]] absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::GetJobReply> Get(const std::string& job_id, int max_events = 0);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                                          int limit);
   // `user`: who asks (recorded in the job's events).
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason,
-                                 const std::string& user);
-  absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason,
-                                const std::string& user);
-  absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
-  absl::StatusOr<std::vector<v1::Node>> Nodes();
-  absl::StatusOr<v1::Node> Uncordon(const std::string& node_id);
+  [[nodiscard]] absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason,
+                                               const std::string& user);
+  [[nodiscard]] absl::StatusOr<v1::Job> Drain(const std::string& job_id, const std::string& reason,
+                                              const std::string& user);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(
+      const std::string& job_id);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Node>> Nodes();
+  [[nodiscard]] absl::StatusOr<v1::Node> Uncordon(const std::string& node_id);
 
   // Streams the job's updates to `on_update` until the stream ends (OK after the final state)
   // or `on_update` returns false (OK). No deadline: it lasts as long as the job.
-  absl::Status Watch(const std::string& job_id,
-                     const std::function<bool(const v1::JobUpdate&)>& on_update);
+  [[nodiscard]] absl::Status Watch(const std::string& job_id,
+                                   const std::function<bool(const v1::JobUpdate&)>& on_update);
   // Streams log chunks to `on_chunk`. Deadline 30 s without follow, none with it.
-  absl::Status Logs(const v1::GetLogsRequest& request,
-                    const std::function<void(const v1::LogChunk&)>& on_chunk);
+  [[nodiscard]] absl::Status Logs(const v1::GetLogsRequest& request,
+                                  const std::function<void(const v1::LogChunk&)>& on_chunk);
 
  private:
-  absl::Status Convert(const grpc::Status& status) const;
+  [[nodiscard]] absl::Status Convert(const grpc::Status& status) const;
 
   std::string address_;
   std::unique_ptr<v1::JobService::Stub> stub_;

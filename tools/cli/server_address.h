@@ -12,9 +12,9 @@ namespace trainyard::cli {
 
 // `flag` and `env` as given (empty when absent); `state_dir` is where server.addr is looked for.
 // UNAVAILABLE (exit 3: no server to reach) when none of them names one.
-absl::StatusOr<std::string> ResolveServerAddress(const std::string& flag, const std::string& env,
-                                                 FileSystem& fs,
-                                                 const std::string& state_dir = "trainyard-state");
+[[nodiscard]] absl::StatusOr<std::string> ResolveServerAddress(
+    const std::string& flag, const std::string& env, FileSystem& fs,
+    const std::string& state_dir = "trainyard-state");
 
 }  // namespace trainyard::cli
 

@@ -47,19 +47,22 @@ uint64_t Checksum(const void* data, size_t size);  // XXH3-64
 ModelSignature SignatureOf(const config::ModelConfig& model);
 // OK when a checkpoint of `saved` loads into `model`; otherwise INVALID_ARGUMENT naming the first
 // field that differs ("model.width is 128 in the checkpoint, 256 in the spec").
-absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelConfig& model);
+[[nodiscard]] absl::Status CheckModelMatches(const ModelSignature& saved,
+                                             const config::ModelConfig& model);
 
 // The manifest's JSON with its checksum filled in.
 std::string SerializeManifest(Manifest manifest);
 // Reads and verifies `checkpoint_dir`/manifest.json. NOT_FOUND without one (a torn or foreign
 // directory); DATA_LOSS when it does not parse or its checksum does not match.
-absl::StatusOr<Manifest> ReadManifest(FileSystem& fs, const std::string& checkpoint_dir);
+[[nodiscard]] absl::StatusOr<Manifest> ReadManifest(FileSystem& fs,
+                                                    const std::string& checkpoint_dir);
 // The same for a manifest file of any name (a memory tier snapshot's per-rank manifests).
-absl::StatusOr<Manifest> ReadManifestFile(FileSystem& fs, const std::string& path);
+[[nodiscard]] absl::StatusOr<Manifest> ReadManifestFile(FileSystem& fs, const std::string& path);
 
 // The checkpoint directories under `dir` that have a manifest file, newest step first (ties: the
 // later name first). Manifests are not verified here. NOT_FOUND when `dir` does not exist.
-absl::StatusOr<std::vector<std::string>> ListCommitted(FileSystem& fs, const std::string& dir);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ListCommitted(FileSystem& fs,
+                                                                     const std::string& dir);
 
 // The file at `path` and its parents joined.
 std::string JoinPath(const std::string& dir, const std::string& name);

@@ -30,8 +30,9 @@ struct RankState {
 
 // Reads what `layout` (one rank's: its tensor-parallel slice and pipeline stage) needs from the
 // checkpoint at `path` whose verified manifest is `manifest`.
-absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
-                                        const Manifest& manifest, const ParameterLayout& layout);
+[[nodiscard]] absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
+                                                      const Manifest& manifest,
+                                                      const ParameterLayout& layout);
 
 // The checkpoints a run tries to resume from, best first: `recorded` (the coordinator's newest
 // committed one, when given), then checkpoint.dir's committed ones newest first, then
@@ -45,7 +46,7 @@ std::vector<std::string> ResumeCandidates(FileSystem& fs, const config::Checkpoi
 // (INVALID_ARGUMENT), no intact manifest (INVALID_ARGUMENT naming the file), or a checkpoint of
 // another model (INVALID_ARGUMENT naming the field). Every message starts with
 // "checkpoint.resume_from: ".
-absl::Status CheckResumeFrom(FileSystem& fs, const config::JobSpec& spec);
+[[nodiscard]] absl::Status CheckResumeFrom(FileSystem& fs, const config::JobSpec& spec);
 
 }  // namespace trainyard::worker::checkpoint
 

@@ -101,11 +101,12 @@ class CheckpointWriter {
   // order; `fill` copies them into the host buffer it is given (called on this thread: the only
   // part of a save that blocks training besides waiting for the previous save). `header` is the
   // manifest without shards (used on rank 0). An error from `fill` fails the save at once.
-  absl::Status Save(int64_t step, Manifest header, std::vector<SnapshotRecord> records,
-                    const std::function<absl::Status(float*)>& fill);
+  [[nodiscard]] absl::Status Save(int64_t step, Manifest header,
+                                  std::vector<SnapshotRecord> records,
+                                  const std::function<absl::Status(float*)>& fill);
 
   // Waits until no save is in flight; the last save's outcome on this rank.
-  absl::Status Wait();
+  [[nodiscard]] absl::Status Wait();
 
   // Saves that ended since the last call, oldest first.
   std::vector<SaveOutcome> TakeOutcomes();
@@ -122,9 +123,11 @@ class CheckpointWriter {
   void Loop();
   SaveOutcome Write(const Job& job);
   SaveOutcome WriteToMemory(const Job& job);
-  absl::StatusOr<ShardFile> WriteShard(const Job& job, const std::string& path);
-  absl::StatusOr<int64_t> Commit(const Job& job, const std::string& path, ShardFile own);
-  absl::StatusOr<std::vector<ShardFile>> GatherIndexes(const std::string& path, ShardFile own);
+  [[nodiscard]] absl::StatusOr<ShardFile> WriteShard(const Job& job, const std::string& path);
+  [[nodiscard]] absl::StatusOr<int64_t> Commit(const Job& job, const std::string& path,
+                                               ShardFile own);
+  [[nodiscard]] absl::StatusOr<std::vector<ShardFile>> GatherIndexes(const std::string& path,
+                                                                     ShardFile own);
   void Prune(const std::string& committed_path);
 
   FileSystem* fs_;

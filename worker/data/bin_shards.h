@@ -34,8 +34,8 @@ class BinShardStream : public TokenStream {
   // "truncated: header says 10 tokens, body holds 7", "body longer than the header says: header
   // says 10 tokens, body holds 12", "holds zero tokens").
   // Cost: every token is read once at open to compute vocab_bound().
-  static absl::StatusOr<std::unique_ptr<BinShardStream>> Open(const std::string& path_or_glob,
-                                                              FileSystem& fs);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<BinShardStream>> Open(
+      const std::string& path_or_glob, FileSystem& fs);
 
   int64_t size() const override { return size_; }
   // 1 + the largest token in any shard.

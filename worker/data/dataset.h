@@ -43,7 +43,7 @@ struct DataSplits {
 // Errors: INVALID_ARGUMENT naming the spec field ("data.source: unknown source 'csv' ...",
 // "data.val_fraction: ...", "data.markov.order: ..."), or the open errors of the source prefixed
 // with the field whose file failed ("data.path: open x.bin: ..." with NOT_FOUND for a missing one).
-absl::StatusOr<DataSplits> OpenData(const config::DataSpec& spec, FileSystem& fs);
+[[nodiscard]] absl::StatusOr<DataSplits> OpenData(const config::DataSpec& spec, FileSystem& fs);
 
 }  // namespace trainyard::worker
 

@@ -34,8 +34,8 @@ class MarkovChain {
   // negative order, concentration not finite and positive, vocab^order above kMaxContexts or
   // vocab^(order+1) above kMaxTransitions, or a chain whose stationary distribution does not
   // converge (see FromTransitions).
-  static absl::StatusOr<MarkovChain> Random(const config::MarkovSpec& spec,
-                                            const std::string& path_prefix = "markov");
+  [[nodiscard]] static absl::StatusOr<MarkovChain> Random(
+      const config::MarkovSpec& spec, const std::string& path_prefix = "markov");
 
   // A chain with the given transition table: transitions[c * vocab + s] = P(next = s | context c),
   // for vocab^order contexts. Each row must be non-negative and sum to 1 within 1e-9 (it is then
@@ -45,8 +45,8 @@ class MarkovChain {
   // that has not converged within a work budget of about 2e9 multiply-adds is INVALID_ARGUMENT.
   // For a reducible chain the result is the stationary distribution reached from the uniform
   // start.
-  static absl::StatusOr<MarkovChain> FromTransitions(int order, int vocab,
-                                                     std::vector<double> transitions);
+  [[nodiscard]] static absl::StatusOr<MarkovChain> FromTransitions(int order, int vocab,
+                                                                   std::vector<double> transitions);
 
   int order() const { return order_; }
   int vocab() const { return vocab_; }
@@ -76,9 +76,10 @@ class MarkovChain {
  private:
   MarkovChain() = default;
   // Shared by Random and FromTransitions; errors name `prefix`.
-  static absl::StatusOr<MarkovChain> Build(int order, int vocab, std::vector<double> transitions,
-                                           const std::string& prefix);
-  absl::Status ComputeStationary();
+  [[nodiscard]] static absl::StatusOr<MarkovChain> Build(int order, int vocab,
+                                                         std::vector<double> transitions,
+                                                         const std::string& prefix);
+  [[nodiscard]] absl::Status ComputeStationary();
   void ComputeDerived();
 
   int order_ = 0;

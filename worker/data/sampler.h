@@ -30,7 +30,7 @@ class BatchSampler {
 
   // OK when seq_len > 0 and the stream holds more than seq_len tokens (one window of inputs plus
   // the shifted target); INVALID_ARGUMENT otherwise, stating both numbers.
-  static absl::Status Check(const TokenStream& stream, int seq_len);
+  [[nodiscard]] static absl::Status Check(const TokenStream& stream, int seq_len);
 
   // Samples [first_sample, first_sample + count) of step `step`, row-major: row j of inputs and
   // targets (seq_len tokens each) is sample first_sample + j. Requires step >= 0, first_sample >=

@@ -17,7 +17,7 @@ bool IsGlobPattern(const std::string& path);
 // opens it. A pattern is matched against the real filesystem with glob(3); directories are skipped
 // and the matches are sorted bytewise (independent of the locale). No match: NOT_FOUND naming the
 // pattern; an unreadable directory: INVALID_ARGUMENT.
-absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& path);
 
 }  // namespace trainyard::worker
 

@@ -19,8 +19,8 @@ class TextByteStream : public TokenStream {
  public:
   // Memory-maps the file at `path` through `fs`. Errors name the path: a missing file is
   // NOT_FOUND, an empty one INVALID_ARGUMENT.
-  static absl::StatusOr<std::unique_ptr<TextByteStream>> Open(const std::string& path,
-                                                              FileSystem& fs);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TextByteStream>> Open(const std::string& path,
+                                                                            FileSystem& fs);
 
   int64_t size() const override { return static_cast<int64_t>(region_->size()); }
   // Always 256, whichever bytes occur: the byte-level vocabulary.

@@ -27,7 +27,9 @@ class AsyncRunner {
   // Queues `op`; the returned future holds its status once it ran.
   Work Submit(std::function<absl::Status()> op);
   // Runs `op` after everything queued before it, and waits for it.
-  absl::Status Run(std::function<absl::Status()> op) { return Submit(std::move(op)).get(); }
+  [[nodiscard]] absl::Status Run(std::function<absl::Status()> op) {
+    return Submit(std::move(op)).get();
+  }
 
  private:
   void Loop();

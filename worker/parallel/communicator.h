@@ -58,22 +58,23 @@ class Communicator {
   virtual int size() const = 0;
 
   // data[0, count) ← Σ over ranks (ring: each rank sends 2·(n−1)/n of the buffer).
-  virtual absl::Status AllReduce(float* data, int64_t count) = 0;
+  [[nodiscard]] virtual absl::Status AllReduce(float* data, int64_t count) = 0;
   // in holds size()·count floats; out[0, count) ← Σ over ranks of in[rank·count, (rank+1)·count).
   // in and out may not overlap, except that out may be in + rank()·count.
-  virtual absl::Status ReduceScatter(const float* in, float* out, int64_t count) = 0;
+  [[nodiscard]] virtual absl::Status ReduceScatter(const float* in, float* out, int64_t count) = 0;
   // out[r·count, (r+1)·count) ← rank r's in[0, count). in may be out + rank()·count.
-  virtual absl::Status AllGather(const float* in, float* out, int64_t count) = 0;
-  virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
+  [[nodiscard]] virtual absl::Status AllGather(const float* in, float* out, int64_t count) = 0;
+  [[nodiscard]] virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
   // Point to point; a Send matches the Recv with the same peer pair and tag.
-  virtual absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) = 0;
-  virtual absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) = 0;
+  [[nodiscard]] virtual absl::Status Send(const float* data, int64_t count, int peer,
+                                          uint32_t tag) = 0;
+  [[nodiscard]] virtual absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) = 0;
   // Starts a send and a receive (to/from possibly different peers) and waits for both: the
   // exchange two pipeline stages make at once without deadlocking.
-  virtual absl::Status SendRecv(const float* send, int64_t send_count, int send_peer,
-                                uint32_t send_tag, float* recv, int64_t recv_count, int recv_peer,
-                                uint32_t recv_tag) = 0;
-  virtual absl::Status Barrier() = 0;
+  [[nodiscard]] virtual absl::Status SendRecv(const float* send, int64_t send_count, int send_peer,
+                                              uint32_t send_tag, float* recv, int64_t recv_count,
+                                              int recv_peer, uint32_t recv_tag) = 0;
+  [[nodiscard]] virtual absl::Status Barrier() = 0;
   // Makes every pending and later operation fail with ABORTED.
   virtual void Abort() = 0;
 
@@ -81,14 +82,18 @@ class Communicator {
   // `dtype`. The defaults run kF32 through the float overloads and answer UNIMPLEMENTED, naming
   // the engine, for any other type; engines that move bf16 override them. A derived class that
   // overrides only one form adds `using Communicator::AllReduce;` (etc.) to keep the other.
-  virtual absl::Status AllReduce(void* data, int64_t count, DType dtype);
-  virtual absl::Status ReduceScatter(const void* in, void* out, int64_t count, DType dtype);
-  virtual absl::Status AllGather(const void* in, void* out, int64_t count, DType dtype);
-  virtual absl::Status Send(const void* data, int64_t count, DType dtype, int peer, uint32_t tag);
-  virtual absl::Status Recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag);
-  virtual absl::Status SendRecv(const void* send, int64_t send_count, int send_peer,
-                                uint32_t send_tag, void* recv, int64_t recv_count, int recv_peer,
-                                uint32_t recv_tag, DType dtype);
+  [[nodiscard]] virtual absl::Status AllReduce(void* data, int64_t count, DType dtype);
+  [[nodiscard]] virtual absl::Status ReduceScatter(const void* in, void* out, int64_t count,
+                                                   DType dtype);
+  [[nodiscard]] virtual absl::Status AllGather(const void* in, void* out, int64_t count,
+                                               DType dtype);
+  [[nodiscard]] virtual absl::Status Send(const void* data, int64_t count, DType dtype, int peer,
+                                          uint32_t tag);
+  [[nodiscard]] virtual absl::Status Recv(void* data, int64_t count, DType dtype, int peer,
+                                          uint32_t tag);
+  [[nodiscard]] virtual absl::Status SendRecv(const void* send, int64_t send_count, int send_peer,
+                                              uint32_t send_tag, void* recv, int64_t recv_count,
+                                              int recv_peer, uint32_t recv_tag, DType dtype);
 
   // Names the engine in error messages ("gloo", "nccl", ...).
   virtual const char* engine() const { return "unnamed"; }
@@ -110,23 +115,24 @@ class TypedCommunicator : public Communicator {
   using Communicator::Send;
   using Communicator::SendRecv;
 
-  absl::Status AllReduce(float* data, int64_t count) final {
+  [[nodiscard]] absl::Status AllReduce(float* data, int64_t count) final {
     return AllReduce(data, count, DType::kF32);
   }
-  absl::Status ReduceScatter(const float* in, float* out, int64_t count) final {
+  [[nodiscard]] absl::Status ReduceScatter(const float* in, float* out, int64_t count) final {
     return ReduceScatter(in, out, count, DType::kF32);
   }
-  absl::Status AllGather(const float* in, float* out, int64_t count) final {
+  [[nodiscard]] absl::Status AllGather(const float* in, float* out, int64_t count) final {
     return AllGather(in, out, count, DType::kF32);
   }
-  absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) final {
+  [[nodiscard]] absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) final {
     return Send(data, count, DType::kF32, peer, tag);
   }
-  absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) final {
+  [[nodiscard]] absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) final {
     return Recv(data, count, DType::kF32, peer, tag);
   }
-  absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
-                        float* recv, int64_t recv_count, int recv_peer, uint32_t recv_tag) final {
+  [[nodiscard]] absl::Status SendRecv(const float* send, int64_t send_count, int send_peer,
+                                      uint32_t send_tag, float* recv, int64_t recv_count,
+                                      int recv_peer, uint32_t recv_tag) final {
     return SendRecv(send, send_count, send_peer, send_tag, recv, recv_count, recv_peer, recv_tag,
                     DType::kF32);
   }
@@ -143,15 +149,16 @@ struct GlooOptions {
 
 // Connects a process group of `size` ranks over TCP. Every member calls it with the same
 // `group` name (keys in `store` are prefixed by it) and its own rank in the group.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
-                                                          const std::string& group, int rank,
-                                                          int size, const GlooOptions& options);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore& store,
+                                                                        const std::string& group,
+                                                                        int rank, int size,
+                                                                        const GlooOptions& options);
 
 // Σ over `group` of one double per rank, carried as two floats (high part and remainder) so the
 // float collective keeps a double's precision. A group of one returns `value`.
-absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
+[[nodiscard]] absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
 // The same for several values in one collective, summed in place.
-absl::Status AllReduceDoubles(Communicator& group, std::span<double> values);
+[[nodiscard]] absl::Status AllReduceDoubles(Communicator& group, std::span<double> values);
 
 // A group of one: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> MakeSelfCommunicator();

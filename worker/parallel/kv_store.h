@@ -20,13 +20,13 @@ namespace trainyard::worker::parallel {
 class KeyValueStore {
  public:
   virtual ~KeyValueStore() = default;
-  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  [[nodiscard]] virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key exists; DEADLINE_EXCEEDED naming the key after `timeout`.
-  virtual absl::StatusOr<std::string> Get(const std::string& key,
-                                          std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> Get(const std::string& key,
+                                                        std::chrono::milliseconds timeout) = 0;
   // Blocks until every key exists; DEADLINE_EXCEEDED naming a missing key after `timeout`.
-  virtual absl::Status Wait(const std::vector<std::string>& keys,
-                            std::chrono::milliseconds timeout) = 0;
+  [[nodiscard]] virtual absl::Status Wait(const std::vector<std::string>& keys,
+                                          std::chrono::milliseconds timeout) = 0;
 };
 
 // A store in a directory shared by the ranks: one file per key, written atomically (temporary

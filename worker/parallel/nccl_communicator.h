@@ -41,10 +41,9 @@ namespace trainyard::worker::parallel {
 // with the same `group` (a name used once: a stale id under it would join the wrong clique) and
 // its own rank. Fails with DEADLINE_EXCEEDED when the id or the peers do not arrive within
 // `timeout`, which is also every later operation's limit.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(KeyValueStore& store,
-                                                          const std::string& group, int rank,
-                                                          int size, cudaStream_t stream,
-                                                          std::chrono::milliseconds timeout);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(
+    KeyValueStore& store, const std::string& group, int rank, int size, cudaStream_t stream,
+    std::chrono::milliseconds timeout);
 
 }  // namespace trainyard::worker::parallel
 

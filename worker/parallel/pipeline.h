@@ -42,9 +42,9 @@ struct ScheduleStats {
 // stages exchange activations and their gradients (`count` elements of the backend's activation
 // type each, in buffers allocated from `backend`) over `pp`, pairing each send with the opposite
 // receive so that blocking transfers cannot deadlock.
-absl::Status RunOneForwardOneBackward(parallel::Communicator& pp, Backend& backend,
-                                      int micro_batches, int64_t count, const StageWork& work,
-                                      ScheduleStats* stats);
+[[nodiscard]] absl::Status RunOneForwardOneBackward(parallel::Communicator& pp, Backend& backend,
+                                                    int micro_batches, int64_t count,
+                                                    const StageWork& work, ScheduleStats* stats);
 
 // Micro-batches a stage keeps in flight under 1F1B (activation slots it needs).
 int InFlight(int stage, int stages, int micro_batches);

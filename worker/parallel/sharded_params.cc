@@ -404,22 +404,48 @@ absl::StatusOr<double> ShardedParams::SumOverRanks(double value) {
   return sum;
 }
 
+float* ShardedParams::GradAt(const Group& g, int64_t local) {
+  return options_.zero_stage < 2 ? grads_.data() + g.padded_begin + local
+                                 : shard_grads_.data() + g.shard_begin + (local - g.own_lo);
+}
+
+float* ShardedParams::ParamAt(const Group& g, int64_t local) {
+  return options_.zero_stage < 3 ? params_.data() + g.padded_begin + local
+                                 : shard_params_.data() + g.shard_begin + (local - g.own_lo);
+}
+
+int64_t ShardedParams::StateOffset(const Group& g, int64_t local) const {
+  return options_.zero_stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
+}
+
+absl::StatusOr<double> ShardedParams::GradientNorm() {
+  // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
+  // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
+  // parallel group are counted by its rank 0 only.
+  const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
+  std::vector<std::pair<const float*, int64_t>> owned;
+  for (const ParamTensor& t : layout_.tensors()) {
+    if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
+    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy counts once
+    const Group& g = GroupOf(t);
+    const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
+    const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
+    if (hi > lo) owned.emplace_back(GradAt(g, lo), hi - lo);
+  }
+  double sumsq = backend_->SumOfSquaresMulti(owned);
+  if (options_.zero_stage > 0) {
+    TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
+  }
+  for (Communicator* group : {tp_, pp_}) {
+    if (group == nullptr) continue;
+    TY_ASSIGN_OR_RETURN(sumsq, AllReduceDouble(*group, sumsq));
+  }
+  return std::sqrt(sumsq);
+}
+
 absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, Communicator* tied) {
   TY_RETURN_IF_ERROR_WITH(WaitAll(), "gradient reduction");
   const int stage = options_.zero_stage;
-  auto grad_ptr = [&](const Group& g, int64_t local) {
-    return stage < 2 ? grads_.data() + g.padded_begin + local
-                     : shard_grads_.data() + g.shard_begin + (local - g.own_lo);
-  };
-  auto param_ptr = [&](const Group& g, int64_t local) {
-    return stage < 3 ? params_.data() + g.padded_begin + local
-                     : shard_params_.data() + g.shard_begin + (local - g.own_lo);
-  };
-  auto state_offset = [&](const Group& g, int64_t local) {
-    return stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
-  };
-
-  auto group_of = [&](const ParamTensor& t) -> const Group& { return GroupOf(t); };
   // A pipeline's first and last stages both hold the tied token embedding: sum the copies'
   // gradients so that both apply the same update.
   if (tied != nullptr) {
@@ -429,32 +455,11 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
     }
     const ParamTensor* wte = layout_.Find("wte");
     if (wte == nullptr) return absl::InternalError("tied embedding group without an embedding");
-    const Group& g = group_of(*wte);
-    TY_RETURN_IF_ERROR_WITH(tied->AllReduce(grad_ptr(g, wte->offset - g.begin), wte->numel),
+    const Group& g = GroupOf(*wte);
+    TY_RETURN_IF_ERROR_WITH(tied->AllReduce(GradAt(g, wte->offset - g.begin), wte->numel),
                             "summing the tied embedding's gradients");
   }
-  // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
-  // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
-  // parallel group are counted by its rank 0 only.
-  const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
-  std::vector<std::pair<const float*, int64_t>> owned;
-  for (const ParamTensor& t : layout_.tensors()) {
-    if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
-    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy counts once
-    const Group& g = group_of(t);
-    const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
-    const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
-    if (hi > lo) owned.emplace_back(grad_ptr(g, lo), hi - lo);
-  }
-  double sumsq = backend_->SumOfSquaresMulti(owned);
-  if (stage > 0) {
-    TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
-  }
-  for (Communicator* group : {tp_, pp_}) {
-    if (group == nullptr) continue;
-    TY_ASSIGN_OR_RETURN(sumsq, AllReduceDouble(*group, sumsq));
-  }
-  const double norm = std::sqrt(sumsq);
+  TY_ASSIGN_OR_RETURN(const double norm, GradientNorm());
   // Clipping is applied as the update reads each gradient (grad_scale), not as a pass of its own.
   float clip_scale = 1.0f;
   if (optimizer_.grad_clip > 0.0) {
@@ -467,12 +472,12 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
   std::vector<Backend::AdamWTensor> update;
   for (const ParamTensor& t : layout_.tensors()) {
     // The tensor's intersection with the owned range of its group.
-    const Group& g = group_of(t);
+    const Group& g = GroupOf(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;
-    update.push_back({param_ptr(g, lo), grad_ptr(g, lo), m_.data() + state_offset(g, lo),
-                      v_.data() + state_offset(g, lo), hi - lo,
+    update.push_back({ParamAt(g, lo), GradAt(g, lo), m_.data() + StateOffset(g, lo),
+                      v_.data() + StateOffset(g, lo), hi - lo,
                       t.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f});
   }
   backend_->AdamWMulti(

@@ -60,11 +60,9 @@ class ShardedParams final : public ParamSource {
   // `dp` (the data-parallel group), `tp` and `pp` (the tensor- and pipeline-parallel groups, or
   // null), `backend` and `layout` (this rank's) must outlive the object. `tp` and `pp` are used
   // only for the global gradient norm, from the calling thread.
-  static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(const ParameterLayout& layout,
-                                                               Backend* backend, Communicator* dp,
-                                                               Communicator* tp, Communicator* pp,
-                                                               const ShardingOptions& sharding,
-                                                               const OptimizerConfig& optimizer);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(
+      const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
+      Communicator* pp, const ShardingOptions& sharding, const OptimizerConfig& optimizer);
   ~ShardedParams() override;
 
   // Every rank draws the same full initialisation and keeps what it owns.
@@ -72,7 +70,7 @@ class ShardedParams final : public ParamSource {
   // Loads a full parameter vector (layout order) from the host; keeps what this rank owns.
   void LoadParameters(const float* host);
   // The full parameters (gathered under stage 3), in layout order.
-  absl::Status GatherParameters(float* host);
+  [[nodiscard]] absl::Status GatherParameters(float* host);
 
   // Checkpoints. The elements [lo, hi) (local flat positions) of layout tensor `tensor` that this
   // rank stores, of its parameters and of both AdamW moments. Data-parallel rank r stores chunk r
@@ -86,14 +84,14 @@ class ShardedParams final : public ParamSource {
   std::vector<SavedRange> CheckpointRanges() const;
   // Copies the ranges' parameters, then their first moments, then their second moments, each in
   // range order, to `host` (3 · Σ(hi − lo) floats). Waits for queued collectives first.
-  absl::Status Snapshot(const std::vector<SavedRange>& ranges, float* host);
+  [[nodiscard]] absl::Status Snapshot(const std::vector<SavedRange>& ranges, float* host);
   // Replaces parameters and moments with full local tensors in layout order (layout.total()
   // floats each, on the host); keeps what this rank owns.
-  absl::Status RestoreState(const float* params, const float* first_moment,
-                            const float* second_moment);
+  [[nodiscard]] absl::Status RestoreState(const float* params, const float* first_moment,
+                                          const float* second_moment);
 
   // Call once before an optimizer step's first micro-batch: zeroes the gradients.
-  absl::Status BeginStep();
+  [[nodiscard]] absl::Status BeginStep();
   // Call before each micro-batch's backward pass: whether it is the step's last, the one whose
   // gradients stages 0/1 reduce.
   void SetLastMicroBatch(bool last) { last_micro_batch_ = last; }
@@ -102,17 +100,18 @@ class ShardedParams final : public ParamSource {
   // 1–2). Returns the gradient norm before clipping; *lr receives the learning rate used.
   // With `tied` (pipeline stages that both hold the tied token embedding, stages 0/1 only), the
   // two copies' gradients are summed first.
-  absl::StatusOr<double> FinishStep(int64_t step, double* lr, Communicator* tied = nullptr);
+  [[nodiscard]] absl::StatusOr<double> FinishStep(int64_t step, double* lr,
+                                                  Communicator* tied = nullptr);
   // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.
-  absl::StatusOr<double> SumOverRanks(double value);
-  absl::Status SumOverRanks(std::span<double> values);  // in place, one collective
+  [[nodiscard]] absl::StatusOr<double> SumOverRanks(double value);
+  [[nodiscard]] absl::Status SumOverRanks(std::span<double> values);  // in place, one collective
 
   // ParamSource.
-  absl::StatusOr<const float*> Acquire(int group) override;
+  [[nodiscard]] absl::StatusOr<const float*> Acquire(int group) override;
   void Prefetch(int group) override;
   void Release(int group) override;
-  absl::StatusOr<float*> Gradients(int group) override;
-  absl::Status GradientsReady(int group) override;
+  [[nodiscard]] absl::StatusOr<float*> Gradients(int group) override;
+  [[nodiscard]] absl::Status GradientsReady(int group) override;
 
   MemoryAccount memory() const;
   OverlapTimeline timeline() const;
@@ -128,7 +127,15 @@ class ShardedParams final : public ParamSource {
                 const OptimizerConfig& optimizer);
   void Allocate();
   const Group& GroupOf(const ParamTensor& t) const;
-  absl::Status WaitAll();
+  // Where element `local` of group `g` (counted from the group's start) lives in this rank's
+  // gradients, parameters and optimizer state at its ZeRO stage; `local` lies in the owned range
+  // for the sharded ones.
+  float* GradAt(const Group& g, int64_t local);
+  float* ParamAt(const Group& g, int64_t local);
+  int64_t StateOffset(const Group& g, int64_t local) const;
+  // The global L2 norm of the gradients (after the tied embedding's copies are summed).
+  [[nodiscard]] absl::StatusOr<double> GradientNorm();
+  [[nodiscard]] absl::Status WaitAll();
   void LaunchReady(int group);
   void StartGather(int group);
   // Adds the finished reduce-scatters' results into the owned gradient chunks, in launch order;

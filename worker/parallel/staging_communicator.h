@@ -29,8 +29,9 @@ namespace trainyard::worker::parallel {
 class DeviceCopier {
  public:
   virtual ~DeviceCopier() = default;
-  virtual absl::Status CopyToHost(void* host, const void* device, int64_t bytes) = 0;
-  virtual absl::Status CopyToDevice(void* device, const void* host, int64_t bytes) = 0;
+  [[nodiscard]] virtual absl::Status CopyToHost(void* host, const void* device, int64_t bytes) = 0;
+  [[nodiscard]] virtual absl::Status CopyToDevice(void* device, const void* host,
+                                                  int64_t bytes) = 0;
   // Whether `ptr` must be staged (device memory); false for host memory the engine can read.
   virtual bool IsDevicePointer(const void* ptr) const = 0;
 };
