@@ -223,7 +223,13 @@ std::vector<MetricFamily> FailureCounterFamilies(const MetricsSnapshot& snapshot
                                   MetricType::Gauge);
   held_back.metric.push_back(
       Metric({}, static_cast<double>(snapshot.store_held_back), MetricType::Gauge));
-  return {failures, detection, restart, store_failures, held_back};
+  MetricFamily queued = Family("trainyard_store_queued_changes",
+                               "State changes queued for the next group commit (a store in "
+                               "progress included); held-back ones included",
+                               MetricType::Gauge);
+  queued.metric.push_back(
+      Metric({}, static_cast<double>(snapshot.store_queued), MetricType::Gauge));
+  return {failures, detection, restart, store_failures, held_back, queued};
 }
 
 }  // namespace

@@ -167,13 +167,6 @@ void Supervisor::Transition(Txn& txn, JobEntry& entry, JobState to, std::string 
 }
 
 absl::Status Supervisor::CommitLocked(Txn& txn) {
-  // Batches commit in order: while an earlier one waits to be stored, this one waits behind it.
-  absl::Status status =
-      unstored_.empty()
-          ? store_->Commit(txn.batch)
-          : absl::UnavailableError(absl::StrCat("earlier changes are not stored yet (",
-                                                storage_error_.message(), ")"));
-  if (!status.ok()) HoldBackLocked(txn, status);
   for (JobEntry* entry : txn.touched) {
     entry->progress_dirty = false;
     entry->progress_flushed = clock_->Now();
@@ -182,10 +175,157 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
                                         current) != txn.batch.attempts.end()) {
       entry->attempt_dirty = false;
     }
-    if (!entry->watchers.empty()) RefreshHealthLocked(*entry, clock_->Now());
+  }
+  if (txn.batch.empty() && txn.orders.empty()) return absl::OkStatus();
+  if (txn.batch.empty() && commit_queue_.empty()) {
+    // Nothing to store and nothing stored ahead of them: the orders go out now.
+    for (auto& [node_id, order] : txn.orders) {
+      if (!registry_->Send(node_id, std::move(order))) {
+        TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+      }
+    }
+    txn.orders.clear();
+    return absl::OkStatus();
+  }
+  return AwaitStoredLocked(EnqueueCommitLocked(txn, /*submission=*/false));
+}
+
+uint64_t Supervisor::EnqueueCommitLocked(Txn& txn, bool submission) {
+  QueuedCommit& commit = commit_queue_.emplace_back();
+  commit.seq = ++last_commit_seq_;
+  commit.submission = submission;
+  for (const JobRecord* job : txn.batch.new_jobs) commit.new_jobs.push_back(*job);
+  for (const JobRecord* job : txn.batch.updated_jobs) commit.updated_jobs.push_back(*job);
+  for (const AttemptRecord* attempt : txn.batch.attempts) commit.attempts.push_back(*attempt);
+  for (const NodeRecord* node : txn.batch.nodes) commit.nodes.push_back(*node);
+  commit.events = std::move(txn.batch.events);
+  commit.checkpoints = std::move(txn.batch.checkpoints);
+  commit.orders = std::move(txn.orders);
+  txn.orders.clear();
+  for (const JobEntry* entry : txn.touched) commit.touched.push_back(entry->job.id);
+  for (const JobRecord& job : commit.new_jobs) commit.touched.push_back(job.id);
+  txn.batch = StoreBatch();
+  return commit.seq;
+}
+
+absl::Status Supervisor::AwaitStoredLocked(uint64_t seq) {
+  while (true) {
+    if (auto refused = refused_.find(seq); refused != refused_.end()) {
+      absl::Status status = std::move(refused->second);
+      refused_.erase(refused);
+      return status;
+    }
+    if (stored_seq_ >= seq) return absl::OkStatus();
+    if (failed_seq_ >= seq) return storage_error_;
+    if (committing_) {
+      commit_done_.Wait(&mu_);
+    } else if (!commit_queue_.empty() && commit_queue_.front().held_back) {
+      // Earlier changes are held back: this one waits behind them, and Tick retries them all.
+      HoldBackQueuedLocked(commit_queue_.size(), storage_error_);
+    } else {
+      StoreQueuedLocked();
+    }
+  }
+}
+
+void Supervisor::StoreQueuedLocked() {
+  if (commit_queue_.empty() || committing_) return;
+  committing_ = true;
+  // The queue only grows at its end while mu_ is released, so these references stay valid.
+  const size_t count = commit_queue_.size();
+  const uint64_t last = commit_queue_.back().seq;
+  StoreBatch merged;
+  for (size_t i = 0; i < count; ++i) {
+    QueuedCommit& commit = commit_queue_[i];
+    for (const JobRecord& job : commit.new_jobs) merged.new_jobs.push_back(&job);
+    for (const JobRecord& job : commit.updated_jobs) merged.updated_jobs.push_back(&job);
+    for (const AttemptRecord& attempt : commit.attempts) merged.attempts.push_back(&attempt);
+    for (const NodeRecord& node : commit.nodes) merged.nodes.push_back(&node);
+    merged.events.insert(merged.events.end(), commit.events.begin(), commit.events.end());
+    merged.checkpoints.insert(merged.checkpoints.end(), commit.checkpoints.begin(),
+                              commit.checkpoints.end());
+  }
+  mu_.Unlock();
+  const absl::Status status = store_->Commit(merged);
+  mu_.Lock();
+  committing_ = false;
+  if (status.ok()) {
+    if (!storage_error_.ok()) {
+      TY_LOG(INFO) << "the job store works again: the held-back changes are stored and their "
+                      "orders sent";
+      storage_error_ = absl::OkStatus();
+    }
+    std::set<std::string> touched;
+    for (size_t i = 0; i < count; ++i) {
+      QueuedCommit& commit = commit_queue_.front();
+      for (auto& [node_id, order] : commit.orders) {
+        if (!registry_->Send(node_id, std::move(order))) {
+          TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+        }
+      }
+      touched.insert(commit.touched.begin(), commit.touched.end());
+      commit_queue_.pop_front();
+    }
+    stored_seq_ = last;
+    NotifyStoredLocked(touched, merged.events);
+  } else {
+    if (storage_error_.ok()) {
+      TY_LOG(ERROR) << "the job store cannot store changes: " << status
+                    << "; the orders that follow from them wait until it can";
+    }
+    storage_error_ = status;
+    ++storage_failures_;
+    HoldBackQueuedLocked(count, status);
+  }
+  commit_done_.SignalAll();
+}
+
+void Supervisor::HoldBackQueuedLocked(size_t count, const absl::Status& status) {
+  if (count == 0) return;
+  failed_seq_ = std::max(failed_seq_, commit_queue_[count - 1].seq);
+  // Submissions are refused (nothing exists in memory that is not stored); the rest is held.
+  size_t kept = 0;
+  for (size_t i = 0; i < count; ++i) {
+    QueuedCommit& commit = commit_queue_[kept];
+    if (commit.submission) {
+      refused_[commit.seq] = status;
+      commit_queue_.erase(commit_queue_.begin() + kept);
+      continue;
+    }
+    HoldBackLocked(commit, status);
+    ++kept;
+  }
+}
+
+void Supervisor::HoldBackLocked(QueuedCommit& commit, const absl::Status& status) {
+  if (commit.held_back) return;
+  commit.held_back = true;
+  // Each job this change touched says why its workers are not told yet; stored with it.
+  for (const std::string& job_id :
+       std::set<std::string>(commit.touched.begin(), commit.touched.end())) {
+    const JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr) continue;
+    EventRecord event;
+    event.job_id = job_id;
+    event.attempt_id = entry->job.current_attempt;
+    event.time = clock_->Now();
+    event.from = event.to = entry->job.state;
+    event.kind = "storage_failed";
+    event.cause = absl::StrCat("the coordinator could not store this change (", status.message(),
+                               "); orders to agents wait until it is stored");
+    commit.events.push_back(std::move(event));
+  }
+}
+
+void Supervisor::NotifyStoredLocked(const std::set<std::string>& job_ids,
+                                    const std::vector<EventRecord>& events) {
+  for (const std::string& job_id : job_ids) {
+    JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr || entry->watchers.empty()) continue;
+    RefreshHealthLocked(*entry, clock_->Now());
     bool notified = false;
-    for (const EventRecord& event : txn.batch.events) {
-      if (event.job_id != entry->job.id) continue;
+    for (const EventRecord& event : events) {
+      if (event.job_id != job_id) continue;
       for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, &event);
       notified = true;
     }
@@ -193,59 +333,15 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
       for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, nullptr);
     }
   }
-  for (auto& [node_id, order] : txn.orders) {
-    if (!registry_->Send(node_id, std::move(order))) {
-      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
-    }
-  }
-  txn.orders.clear();
-  return status;
-}
-
-void Supervisor::HoldBackLocked(Txn& txn, const absl::Status& status) {
-  if (unstored_.empty()) {
-    TY_LOG(ERROR) << "the job store cannot store changes: " << status
-                  << "; the orders that follow from them wait until it can";
-    storage_error_ = status;
-  }
-  ++storage_failures_;
-  // Each job this change touched says why its workers are not told yet; stored with it.
-  for (JobEntry* entry : txn.touched) {
-    EventRecord event;
-    event.job_id = entry->job.id;
-    event.attempt_id = entry->job.current_attempt;
-    event.time = clock_->Now();
-    event.from = event.to = entry->job.state;
-    event.kind = "storage_failed";
-    event.cause = absl::StrCat("the coordinator could not store this change (", status.message(),
-                               "); orders to agents wait until it is stored");
-    txn.batch.events.push_back(std::move(event));
-  }
-  if (!txn.batch.empty()) unstored_.push_back(txn.batch);
-  for (auto& order : txn.orders) withheld_.push_back(std::move(order));
-  txn.orders.clear();
 }
 
 void Supervisor::StoreHeldBackLocked() {
-  if (unstored_.empty()) return;
-  const size_t batches = unstored_.size();
-  while (!unstored_.empty()) {
-    if (absl::Status status = store_->Commit(unstored_.front()); !status.ok()) {
-      storage_error_ = status;
-      ++storage_failures_;
-      return;
-    }
-    unstored_.pop_front();
+  if (storage_error_.ok() || committing_) return;
+  if (commit_queue_.empty()) {
+    storage_error_ = absl::OkStatus();  // only refused submissions failed: try the next change
+    return;
   }
-  TY_LOG(INFO) << "the job store works again: " << batches << " held-back changes stored, "
-               << withheld_.size() << " orders sent";
-  storage_error_ = absl::OkStatus();
-  for (auto& [node_id, order] : withheld_) {
-    if (!registry_->Send(node_id, std::move(order))) {
-      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
-    }
-  }
-  withheld_.clear();
+  StoreQueuedLocked();
 }
 
 void Supervisor::RunAfter(Txn& txn) {
@@ -281,13 +377,19 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
   JobRecord result;
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
-    if (!request.client_request_id.empty()) {
-      auto it = by_request_id_.find(request.client_request_id);
-      if (it != by_request_id_.end()) return jobs_.at(it->second).job;
+    const std::string& key = request.client_request_id;
+    while (!key.empty()) {
+      if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+      if (auto it = by_request_id_.find(key); it != by_request_id_.end()) {
+        return jobs_.at(it->second).job;
+      }
+      // The same request is being stored by another call: its outcome answers this one too.
+      if (submitting_.count(key) == 0) break;
+      commit_done_.Wait(&mu_);
     }
+    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
     JobRecord job;
-    job.seq = max_seq_ + 1;
+    job.seq = ++max_seq_;  // a refused submission leaves its number unused
     job.id = JobIdForSeq(job.seq);
     job.name = spec.name;
     job.spec_yaml = request.spec_yaml;
@@ -296,12 +398,14 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     job.requirements = requirements;
     job.user = request.user;
     job.labels = spec.labels;
-    job.client_request_id = request.client_request_id;
+    job.client_request_id = key;
     job.created = clock_->Now();
 
-    // Store first: nothing exists in memory that is not on disk.
-    StoreBatch batch;
-    batch.new_jobs.push_back(&job);
+    // Store first: nothing exists in memory that is not on disk. The job joins the commit queue
+    // like any change (concurrent submissions share one transaction) but is refused, not held
+    // back, when the store fails.
+    Txn stored;
+    stored.batch.new_jobs.push_back(&job);
     EventRecord submitted;
     submitted.job_id = job.id;
     submitted.time = job.created;
@@ -310,10 +414,16 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     submitted.cause = absl::StrCat("submitted by ", job.user.empty() ? "unknown user" : job.user,
                                    ": ", requirements.world_size(), " ranks on ",
                                    requirements.nodes, " node(s), priority ", job.priority);
-    batch.events.push_back(submitted);
-    TY_RETURN_IF_ERROR_WITH(store_->Commit(batch), "storing the job");
-    max_seq_ = job.seq;
-    if (!job.client_request_id.empty()) by_request_id_[job.client_request_id] = job.id;
+    stored.batch.events.push_back(submitted);
+    const uint64_t seq = EnqueueCommitLocked(stored, /*submission=*/true);
+    if (!key.empty()) submitting_.insert(key);
+    const absl::Status status = AwaitStoredLocked(seq);
+    if (!key.empty()) submitting_.erase(key);
+    if (!status.ok()) {
+      commit_done_.SignalAll();  // a submission waiting on the same key tries again
+      return Annotate(status, "storing the job");
+    }
+    if (!key.empty()) by_request_id_[key] = job.id;
     live_jobs_.insert(job.id);
     JobEntry& entry = jobs_[job.id];
     entry.job = std::move(job);
@@ -321,8 +431,8 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     LoadPoliciesLocked(entry);
     EnqueueLocked(entry);
     ScheduleLocked(txn);
-    CommitLocked(txn).IgnoreError();
     result = entry.job;
+    CommitLocked(txn).IgnoreError();
   }
   RunAfter(txn);
   return result;
@@ -563,7 +673,10 @@ MetricsSnapshot Supervisor::Metrics() {
     }
     const absl::Time now = clock_->Now();
     snapshot.store_failures_total = storage_failures_;
-    snapshot.store_held_back = static_cast<int64_t>(unstored_.size());
+    snapshot.store_held_back = static_cast<int64_t>(
+        std::count_if(commit_queue_.begin(), commit_queue_.end(),
+                      [](const QueuedCommit& commit) { return commit.held_back; }));
+    snapshot.store_queued = static_cast<int64_t>(commit_queue_.size());
     for (const auto& [id, entry] : jobs_) {
       const JobRecord& job = entry.job;
       ++snapshot.jobs_by_state[job.state];

@@ -235,69 +235,74 @@ struct MetricsSnapshot {
   std::vector<NodeStatus> nodes;
   int64_t store_failures_total = 0;  // commits the job store refused (each retry counts)
   int64_t store_held_back = 0;       // changes waiting to be stored (their orders wait too)
+  int64_t store_queued = 0;          // changes queued for the next group commit, or in it
 };
 
 class Supervisor {
  public:
   // Loads the stored state. `store`, `registry`, `kv` and `clock` are not owned and must outlive
   // the Supervisor.
-  static absl::StatusOr<std::unique_ptr<Supervisor>> Create(StateStore* store,
-                                                            AgentRegistry* registry, KvSpace* kv,
-                                                            Clock* clock,
-                                                            SupervisorOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Supervisor>> Create(
+      StateStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
+      SupervisorOptions options);
 
   // --- Users ---------------------------------------------------------------------------------
   // INVALID_ARGUMENT with the parser's message for a bad spec (nothing stored);
   // RESOURCE_EXHAUSTED over 1 MiB; UNAVAILABLE when shutting down; INTERNAL on store failure.
-  absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
+  [[nodiscard]] absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or DRAINED job; OK (no-op) when
   // CANCELLED.
-  absl::StatusOr<JobRecord> Cancel(const std::string& job_id, const std::string& reason,
-                                   const std::string& user = "");
+  [[nodiscard]] absl::StatusOr<JobRecord> Cancel(const std::string& job_id,
+                                                 const std::string& reason,
+                                                 const std::string& user = "");
   // Asks the job's ranks to checkpoint and exit (see the class comment and DrainJob in the
   // proto). NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or CANCELLED job or one being
   // cancelled; OK (no-op) when DRAINED or already draining; INTERNAL when the store fails.
-  absl::StatusOr<JobRecord> Drain(const std::string& job_id, const std::string& reason,
-                                  const std::string& user = "");
+  [[nodiscard]] absl::StatusOr<JobRecord> Drain(const std::string& job_id,
+                                                const std::string& reason,
+                                                const std::string& user = "");
   // Every checkpoint record of the job, oldest first (written time, then step). NOT_FOUND.
-  absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job_id);
-  absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);
+  [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
+      const std::string& job_id);
+  [[nodiscard]] absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);
   // Newest first, spec_yaml left empty; `states` empty means all.
   std::vector<JobRecord> ListJobs(const std::set<JobState>& states, int limit);
   // Subscribes; the watcher gets the current state at once. NOT_FOUND for an unknown job.
-  absl::StatusOr<uint64_t> Watch(const std::string& job_id, std::shared_ptr<JobWatcher> watcher);
+  [[nodiscard]] absl::StatusOr<uint64_t> Watch(const std::string& job_id,
+                                               std::shared_ptr<JobWatcher> watcher);
   void Unwatch(const std::string& job_id, uint64_t watch_id);
   // Where the logs of an attempt (0: current) live; `rank` nullopt: every rank. NOT_FOUND for
   // an unknown job, an attempt that does not exist, or a rank outside the world.
-  absl::StatusOr<LogTargets> LocateLogs(const std::string& job_id, int attempt_id,
-                                        std::optional<int> rank);
+  [[nodiscard]] absl::StatusOr<LogTargets> LocateLogs(const std::string& job_id, int attempt_id,
+                                                      std::optional<int> rank);
 
   // --- Agents --------------------------------------------------------------------------------
   // Registers the agent and reconciles what it runs with what the store says should run. The
   // channel first receives a RegisteredOrder (through `on_registered`, under the lock, before
   // any other order). INVALID_ARGUMENT for a bad registration; UNAVAILABLE when shutting down.
-  absl::StatusOr<uint64_t> AgentConnected(
+  [[nodiscard]] absl::StatusOr<uint64_t> AgentConnected(
       const NodeRecord& node, const std::vector<RunningWorker>& running,
       const std::vector<WorkerExit>& exited_while_disconnected,
       std::shared_ptr<AgentChannel> channel,
       const std::function<void(const RegisteredOrder&)>& on_registered);
   void AgentDisconnected(const std::string& node_id, uint64_t session);
   // FAILED_PRECONDITION when `session` was replaced or declared lost (the agent must reconnect).
-  absl::Status Heartbeat(const std::string& node_id, uint64_t session,
-                         const std::vector<RunningWorker>& running);
-  absl::Status WorkerStarted(const std::string& node_id, uint64_t session,
-                             const RunningWorker& worker);
-  absl::Status WorkerExited(const std::string& node_id, uint64_t session, const WorkerExit& exit);
+  [[nodiscard]] absl::Status Heartbeat(const std::string& node_id, uint64_t session,
+                                       const std::vector<RunningWorker>& running);
+  [[nodiscard]] absl::Status WorkerStarted(const std::string& node_id, uint64_t session,
+                                           const RunningWorker& worker);
+  [[nodiscard]] absl::Status WorkerExited(const std::string& node_id, uint64_t session,
+                                          const WorkerExit& exit);
   // The node's memory tier has something to say about a job (a refused reservation, a failed
   // peer copy): an event of the job.
-  absl::Status TierNotice(const std::string& node_id, uint64_t session, const std::string& job_id,
-                          const std::string& message);
+  [[nodiscard]] absl::Status TierNotice(const std::string& node_id, uint64_t session,
+                                        const std::string& job_id, const std::string& message);
 
   // --- Workers -------------------------------------------------------------------------------
   // Completes `done` exactly once: when every rank joined, or with an error (see the proto).
   void Join(const std::string& job_id, int attempt_id, int rank, absl::Time deadline,
             JoinCallback done);
-  absl::StatusOr<OrderReply> ReportProgress(const ProgressUpdate& update);
+  [[nodiscard]] absl::StatusOr<OrderReply> ReportProgress(const ProgressUpdate& update);
 
   // --- Time and lifecycle --------------------------------------------------------------------
   // Expires rendezvous and KV waits, declares silent nodes lost, resends stop orders that went
@@ -310,13 +315,13 @@ class Supervisor {
   MetricsSnapshot Metrics();
   std::vector<NodeStatus> Nodes();
   // Lifts a node's quarantine. NOT_FOUND (unknown node); FAILED_PRECONDITION (not cordoned).
-  absl::StatusOr<NodeStatus> Uncordon(const std::string& node_id);
+  [[nodiscard]] absl::StatusOr<NodeStatus> Uncordon(const std::string& node_id);
   // A worker's hang report: gathered with the attempt's others, then a verdict (see
   // FailureDetector). Errors as ReportProgress.
-  absl::Status ReportHang(const HangUpdate& update);
+  [[nodiscard]] absl::Status ReportHang(const HangUpdate& update);
   // OK while (job, attempt) is the job's current, unfinished attempt and `rank` in it: the
   // fencing check before a checkpoint commit (WorkerService.ConfirmAttempt).
-  absl::Status ConfirmAttempt(const std::string& job_id, int attempt_id, int rank);
+  [[nodiscard]] absl::Status ConfirmAttempt(const std::string& job_id, int attempt_id, int rank);
 
   // The address put in StartWorker orders (known once the server has bound its port).
   void SetCoordinatorAddress(const std::string& address);
@@ -370,8 +375,9 @@ class Supervisor {
     absl::Time failed_at = absl::InfinitePast();  // the last failure's detection
     bool awaiting_first_step = false;             // a restart latency is due
   };
-  // Changes of one operation: stored together, then watchers notified, then orders sent (still
-  // under the lock, so orders keep their order), then `after` run without the lock.
+  // Changes of one operation: stored together (group commit, below), then orders sent and
+  // watchers notified (under the lock, so orders keep their order), then `after` run without the
+  // lock.
   struct Txn {
     StoreBatch batch;
     std::set<JobEntry*> touched;
@@ -381,7 +387,7 @@ class Supervisor {
 
   Supervisor(StateStore* store, AgentRegistry* registry, KvSpace* kv, Clock* clock,
              SupervisorOptions options);
-  absl::Status Restore();
+  [[nodiscard]] absl::Status Restore();
   // Gives the restored jobs their checkpoint records, newest committed checkpoint and (for jobs
   // stored before it was recorded) checkpoint policy.
   void RestoreCheckpointsLocked(std::vector<JobCheckpoint> checkpoints)
@@ -394,8 +400,9 @@ class Supervisor {
     JobEntry* entry;
     AttemptRecord* attempt;
   };
-  absl::StatusOr<RankOfAttempt> FindLiveRankLocked(const std::string& job_id, int attempt_id,
-                                                   int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::StatusOr<RankOfAttempt> FindLiveRankLocked(const std::string& job_id,
+                                                                 int attempt_id, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
   static AttemptRecord* CurrentAttempt(JobEntry& entry);
   // The current attempt when it has not ended, else null.
@@ -408,13 +415,47 @@ class Supervisor {
                 std::string kind, std::string cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Transition(Txn& txn, JobEntry& entry, JobState to, std::string kind, std::string cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores txn.batch, notifies watchers, sends txn.orders. When the store fails (or earlier
-  // changes still wait to be stored), the batch is held back, with a "storage_failed" event for
-  // each job it touched, and so are its orders: no agent acts on a change before it is stored.
-  // Returns the store's error then; memory keeps the change.
-  absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HoldBackLocked(Txn& txn, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tick: stores the held-back batches in order; once all are stored, sends their orders.
+  // Stores txn.batch, then sends txn.orders and notifies watchers, and returns once that is
+  // done. Group commit: the change joins the queue of changes to store (with copies of its
+  // records); whichever caller finds no store in progress stores everything queued in one
+  // transaction with mu_ released, so the disk's latency holds up no other caller and concurrent
+  // changes share one fsync; the others wait for it (mu_ released too). So when this returns,
+  // other threads may have changed the state in between. When the store fails, the change is
+  // held back with a "storage_failed" event for each job it touched, and so are its orders and
+  // every later change's: no agent acts on a change before it is stored. Returns the store's
+  // error then; memory keeps the change, and Tick stores it once the store works again.
+  [[nodiscard]] absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change waiting in the commit queue: copies of the records it stores, taken when it was
+  // queued, so that the store reads them without the lock.
+  struct QueuedCommit {
+    uint64_t seq = 0;
+    std::vector<JobRecord> new_jobs, updated_jobs;
+    std::vector<AttemptRecord> attempts;
+    std::vector<NodeRecord> nodes;
+    std::vector<EventRecord> events;
+    std::vector<JobCheckpoint> checkpoints;
+    std::vector<std::pair<std::string, AgentOrder>> orders;
+    std::vector<std::string> touched;  // job ids: watchers, storage_failed events
+    bool submission = false;           // refused, not held back, when its store fails
+    bool held_back = false;            // a store of it failed (its storage_failed events added)
+  };
+  // Queues txn's changes (taking txn.orders) and returns their sequence number.
+  uint64_t EnqueueCommitLocked(Txn& txn, bool submission) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until change `seq` is stored (OK), refused or held back (the store's error), storing
+  // the queue itself when no other caller is.
+  [[nodiscard]] absl::Status AwaitStoredLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores everything queued in one transaction, mu_ released during the store; then sends the
+  // stored changes' orders and notifies their watchers, or holds them back.
+  void StoreQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HoldBackLocked(QueuedCommit& commit, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds back the first `count` queued changes (refusing the submissions among them).
+  void HoldBackQueuedLocked(size_t count, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyStoredLocked(const std::set<std::string>& job_ids,
+                          const std::vector<EventRecord>& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick: retries the held-back changes; once they are stored their orders go out.
   void StoreHeldBackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunAfter(Txn& txn);
 
@@ -526,10 +567,19 @@ class Supervisor {
   // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
   // once per grace period.
   std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);
-  // Storage failures: the batches not stored yet (oldest first; pointers into jobs_, nodes_ and
-  // attempts, which stay put), the orders that wait for them, the newest error and a count.
-  std::deque<StoreBatch> unstored_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, AgentOrder>> withheld_ ABSL_GUARDED_BY(mu_);
+  // Group commit: the changes not stored yet, oldest first (sequence numbers from 1); the newest
+  // stored one; the newest whose store failed (held back); refused submissions' errors for their
+  // waiters; whether a caller is storing now (mu_ released), and the signal when it is done.
+  std::deque<QueuedCommit> commit_queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_commit_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stored_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar commit_done_;
+  // Submissions being stored, by client_request_id: a second one with the same key waits.
+  std::set<std::string> submitting_ ABSL_GUARDED_BY(mu_);
+  // Storage failures: the newest error (OK while the store works) and a count.
   absl::Status storage_error_ ABSL_GUARDED_BY(mu_);
   int64_t storage_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "server/supervisor.h"
@@ -40,23 +41,65 @@ class FaultInjectingStore final : public StateStore {
   explicit FaultInjectingStore(StateStore* inner) : inner_(inner) {}
 
   // The n-th Commit from now (1: the next one) fails; 0: none.
-  void FailCommitNumber(int n) { fail_at_ = n > 0 ? commits_ + n : 0; }
+  void FailCommitNumber(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_at_ = n > 0 ? commits_ + n : 0;
+  }
   // Every Commit fails until this is called with false.
-  void FailEveryCommit(bool fail) { fail_all_ = fail; }
-  int commits() const { return commits_; }
-  int failed() const { return failed_; }
+  void FailEveryCommit(bool fail) {
+    absl::MutexLock lock(&mu_);
+    fail_all_ = fail;
+  }
+  int commits() const {
+    absl::MutexLock lock(&mu_);
+    return commits_;
+  }
+  int failed() const {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+  // A slow disk: while paused, Commit blocks (having counted itself) until Resume().
+  void Pause() {
+    absl::MutexLock lock(&mu_);
+    paused_ = true;
+  }
+  void Resume() {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
+  }
+  // Blocks until `n` commits are blocked in the pause.
+  void AwaitBlocked(int n) {
+    absl::MutexLock lock(&mu_);
+    want_blocked_ = n;
+    mu_.Await(absl::Condition(this, &FaultInjectingStore::EnoughBlocked));
+  }
+  // The number of new jobs each commit stored, in order.
+  std::vector<size_t> new_jobs_per_commit() const {
+    absl::MutexLock lock(&mu_);
+    return new_jobs_per_commit_;
+  }
 
   absl::Status Commit(StoreBatch& batch) override {
-    ++commits_;
-    if (fail_all_ || commits_ == fail_at_) {
-      ++failed_;
-      return absl::InternalError("database or disk is full");
+    {
+      absl::MutexLock lock(&mu_);
+      ++commits_;
+      if (fail_all_ || commits_ == fail_at_) {
+        ++failed_;
+        return absl::InternalError("database or disk is full");
+      }
+      ++blocked_;
+      mu_.Await(absl::Condition(this, &FaultInjectingStore::Running));
+      --blocked_;
+      new_jobs_per_commit_.push_back(batch.new_jobs.size());
     }
     return inner_->Commit(batch);
   }
   absl::Status CommitSoftState(const SoftStateBatch& batch) override {
-    return fail_all_ ? absl::InternalError("database or disk is full")
-                     : inner_->CommitSoftState(batch);
+    {
+      absl::MutexLock lock(&mu_);
+      if (fail_all_) return absl::InternalError("database or disk is full");
+    }
+    return inner_->CommitSoftState(batch);
   }
   absl::StatusOr<StoredState> Load() override { return inner_->Load(); }
   absl::StatusOr<std::vector<EventRecord>> ListEvents(const std::string& job_id,
@@ -69,9 +112,16 @@ class FaultInjectingStore final : public StateStore {
   }
 
  private:
+  bool EnoughBlocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return blocked_ >= want_blocked_;
+  }
+  bool Running() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !paused_; }
+
   StateStore* const inner_;
-  int commits_ = 0, failed_ = 0, fail_at_ = 0;
-  bool fail_all_ = false;
+  mutable absl::Mutex mu_;
+  int commits_ = 0, failed_ = 0, fail_at_ = 0, blocked_ = 0, want_blocked_ = 0;
+  bool fail_all_ = false, paused_ = false;
+  std::vector<size_t> new_jobs_per_commit_;
 };
 
 class SupervisorTest : public ::testing::Test {
