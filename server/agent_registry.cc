@@ -1,5 +1,7 @@
 #include "server/agent_registry.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -113,6 +115,16 @@ std::vector<NodeView> AgentRegistry::FreeNodes() const {
   std::vector<NodeView> views;
   for (const auto& [id, entry] : nodes_) {
     if (entry.channel == nullptr || entry.lost) continue;
+    // A node with nothing free cannot take a rank: left out (most of a busy cluster).
+    if (entry.record.gpus.empty()) {
+      const auto held =
+          std::distance(entry.held_cpu.begin(), entry.held_cpu.lower_bound(entry.record.cpu_slots));
+      if (held >= entry.record.cpu_slots) continue;
+    } else {
+      bool any_free = false;
+      for (const GpuInfo& gpu : entry.record.gpus) any_free |= entry.held_gpu.count(gpu.index) == 0;
+      if (!any_free) continue;
+    }
     NodeView view;
     view.node_id = id;
     view.hostname = entry.record.hostname;

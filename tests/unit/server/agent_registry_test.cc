@@ -97,6 +97,10 @@ TEST(AgentRegistryTest, HeldSlotsAreNotFreeEvenAcrossReconnects) {
   registry.Release("a", DeviceKind::kCpu, 1);
   EXPECT_EQ(registry.FreeNodes()[0].free_cpu_slots, (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(registry.Nodes()[0].free_slots, 3);
+  // A node with nothing free is not offered at all.
+  for (int slot : {0, 1, 3}) registry.Hold("a", DeviceKind::kCpu, slot);
+  EXPECT_TRUE(registry.FreeNodes().empty());
+  EXPECT_EQ(registry.Nodes()[0].free_slots, 0);
 }
 
 TEST(AgentRegistryTest, GpuNodesOfferTheirGpusOnly) {
