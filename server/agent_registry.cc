@@ -18,6 +18,7 @@ void AgentRegistry::AddKnownNode(const NodeRecord& node) {
   if (entry.channel != nullptr) return;
   entry.record = node;
   entry.last_seen_ns = clock_->NowNanosMonotonic();
+  ReindexLocked(node.node_id, entry);
 }
 
 uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentChannel> channel) {
@@ -32,6 +33,7 @@ uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentCha
   entry.session = next_session_++;
   entry.last_seen_ns = clock_->NowNanosMonotonic();
   entry.lost = false;
+  ReindexLocked(node.node_id, entry);
   return entry.session;
 }
 
@@ -58,6 +60,7 @@ bool AgentRegistry::Disconnect(const std::string& node_id, uint64_t session) {
   }
   it->second.channel = nullptr;
   it->second.last_seen_ns = clock_->NowNanosMonotonic();
+  ReindexLocked(it->first, it->second);
   return true;
 }
 
@@ -93,6 +96,7 @@ void AgentRegistry::Hold(const std::string& node_id, DeviceKind kind, int slot) 
     entry.last_seen_ns = clock_->NowNanosMonotonic();
   }
   (kind == DeviceKind::kGpu ? entry.held_gpu : entry.held_cpu).insert(slot);
+  ReindexLocked(node_id, entry);
 }
 
 void AgentRegistry::Release(const std::string& node_id, DeviceKind kind, int slot) {
@@ -100,6 +104,7 @@ void AgentRegistry::Release(const std::string& node_id, DeviceKind kind, int slo
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return;
   (kind == DeviceKind::kGpu ? it->second.held_gpu : it->second.held_cpu).erase(slot);
+  ReindexLocked(node_id, it->second);
 }
 
 std::vector<int> AgentRegistry::Free(int count, const std::set<int>& held) {
@@ -110,34 +115,63 @@ std::vector<int> AgentRegistry::Free(int count, const std::set<int>& held) {
   return free;
 }
 
+int AgentRegistry::FreeCount(const Entry& entry) {
+  if (entry.record.gpus.empty()) {
+    const auto held =
+        std::distance(entry.held_cpu.begin(), entry.held_cpu.lower_bound(entry.record.cpu_slots));
+    return std::max(0, entry.record.cpu_slots - static_cast<int>(held));
+  }
+  int free = 0;
+  for (const GpuInfo& gpu : entry.record.gpus) free += entry.held_gpu.count(gpu.index) == 0;
+  return free;
+}
+
+NodeView AgentRegistry::ViewOf(const std::string& id, const Entry& entry) {
+  NodeView view;
+  view.node_id = id;
+  view.hostname = entry.record.hostname;
+  // A node offers its GPUs when it has any, else its CPU slots.
+  if (entry.record.gpus.empty()) {
+    view.free_cpu_slots = Free(entry.record.cpu_slots, entry.held_cpu);
+  }
+  std::set<int> gpu_indices;
+  for (const GpuInfo& gpu : entry.record.gpus) {
+    if (entry.held_gpu.count(gpu.index) == 0) gpu_indices.insert(gpu.index);
+  }
+  view.free_gpus.assign(gpu_indices.begin(), gpu_indices.end());
+  return view;
+}
+
+void AgentRegistry::ReindexLocked(const std::string& id, Entry& entry) {
+  for (auto& index : fit_order_) index.erase({entry.indexed_free, id});
+  entry.indexed_free = 0;
+  if (entry.channel == nullptr || entry.lost) return;
+  const int free = FreeCount(entry);
+  if (free == 0) return;
+  fit_order_[entry.record.gpus.empty() ? 0 : 1].insert({free, id});
+  entry.indexed_free = free;
+}
+
 std::vector<NodeView> AgentRegistry::FreeNodes() const {
   absl::MutexLock lock(&mu_);
   std::vector<NodeView> views;
   for (const auto& [id, entry] : nodes_) {
-    if (entry.channel == nullptr || entry.lost) continue;
     // A node with nothing free cannot take a rank: left out (most of a busy cluster).
-    if (entry.record.gpus.empty()) {
-      const auto held =
-          std::distance(entry.held_cpu.begin(), entry.held_cpu.lower_bound(entry.record.cpu_slots));
-      if (held >= entry.record.cpu_slots) continue;
-    } else {
-      bool any_free = false;
-      for (const GpuInfo& gpu : entry.record.gpus) any_free |= entry.held_gpu.count(gpu.index) == 0;
-      if (!any_free) continue;
-    }
-    NodeView view;
-    view.node_id = id;
-    view.hostname = entry.record.hostname;
-    // A node offers its GPUs when it has any, else its CPU slots.
-    if (entry.record.gpus.empty()) {
-      view.free_cpu_slots = Free(entry.record.cpu_slots, entry.held_cpu);
-    }
-    std::set<int> gpu_indices;
-    for (const GpuInfo& gpu : entry.record.gpus) {
-      if (entry.held_gpu.count(gpu.index) == 0) gpu_indices.insert(gpu.index);
-    }
-    view.free_gpus.assign(gpu_indices.begin(), gpu_indices.end());
-    views.push_back(std::move(view));
+    if (entry.indexed_free > 0) views.push_back(ViewOf(id, entry));
+  }
+  return views;
+}
+
+std::vector<NodeView> AgentRegistry::NodesInFitOrder(
+    DeviceKind kind, int min_free, size_t limit,
+    const std::function<bool(const std::string&)>& usable) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeView> views;
+  const auto& index = fit_order_[kind == DeviceKind::kGpu ? 1 : 0];
+  for (auto it = index.lower_bound({min_free, std::string()});
+       it != index.end() && views.size() < limit; ++it) {
+    if (!usable(it->second)) continue;
+    views.push_back(ViewOf(it->second, nodes_.at(it->second)));
   }
   return views;
 }
@@ -157,6 +191,7 @@ std::vector<std::string> AgentRegistry::CollectLost() {
           "no heartbeat for " + absl::FormatDuration(Age(entry)) + "; reconnect"));
       entry.channel = nullptr;
     }
+    ReindexLocked(id, entry);
     lost.push_back(id);
   }
   return lost;
@@ -210,6 +245,7 @@ void AgentRegistry::CloseAll(const absl::Status& status) {
       entry.channel->Close(status);
       entry.channel = nullptr;
     }
+    ReindexLocked(id, entry);
   }
 }
 

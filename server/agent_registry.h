@@ -13,6 +13,7 @@
 #define TRAINYARD_SERVER_AGENT_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -115,8 +116,15 @@ class AgentRegistry {
   void Hold(const std::string& node_id, DeviceKind kind, int slot);
   void Release(const std::string& node_id, DeviceKind kind, int slot);
 
-  // Free capacity of connected, non-lost nodes, for the scheduler.
+  // Free capacity of connected, non-lost nodes that have a free slot, in node id order.
   std::vector<NodeView> FreeNodes() const;
+  // The same, for the nodes offering `kind` with at least `min_free` free slots, in best-fit
+  // order (fewest free slots first, then node id), leaving out those `usable` refuses, and at
+  // most `limit` of them. From an index kept as slots are held and released, so this costs
+  // O(limit · log nodes), not a walk of the cluster.
+  std::vector<NodeView> NodesInFitOrder(
+      DeviceKind kind, int min_free, size_t limit,
+      const std::function<bool(const std::string&)>& usable) const;
 
   // Nodes newly lost (silent or disconnected longer than the timeout), each reported once per
   // loss. Silent connected agents have their channel closed with UNAVAILABLE.
@@ -142,14 +150,22 @@ class AgentRegistry {
     bool lost = false;
     std::set<int> held_cpu;
     std::set<int> held_gpu;
+    int indexed_free = 0;  // its key in fit_order_ (0: not there)
   };
   static std::vector<int> Free(int count, const std::set<int>& held);
+  static int FreeCount(const Entry& entry);
+  static NodeView ViewOf(const std::string& id, const Entry& entry);
+  // Puts the node's entry in fit_order_ under its current free count, or takes it out.
+  void ReindexLocked(const std::string& id, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration Age(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration heartbeat_timeout_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+  // Connected, non-lost nodes with a free slot, by the kind they offer (CPU 0, GPU 1), ordered by
+  // (free slots, node id): the scheduler's best-fit order.
+  std::set<std::pair<int, std::string>> fit_order_[2] ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -1,7 +1,9 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -45,6 +47,23 @@ const PendingJob* Scheduler::Find(const std::string& job_id) const {
     if (job.job_id == job_id) return &job;
   }
   return nullptr;
+}
+
+std::vector<Scheduler::Demand> Scheduler::Demands() const {
+  std::set<std::pair<DeviceKind, int>> fits;
+  size_t all[2] = {0, 0};
+  for (const PendingJob& job : jobs_) {
+    const JobRequirements& req = job.requirements;
+    fits.insert({req.kind, req.ranks_per_node});
+    all[static_cast<int>(req.kind)] += static_cast<size_t>(req.nodes) + job.avoid_nodes.size();
+  }
+  // Every fit sees the whole demand of its kind: a job needing fewer slots per node competes
+  // for the same nodes as the others of its kind.
+  std::vector<Demand> demands;
+  for (const auto& [kind, slots] : fits) {
+    demands.push_back(Demand{kind, slots, all[static_cast<int>(kind)]});
+  }
+  return demands;
 }
 
 std::vector<std::string> Scheduler::QueueOrder() const {

@@ -73,6 +73,19 @@ class Scheduler {
   // queue. The returned placements use disjoint slots.
   std::vector<Placement> Schedule(std::vector<NodeView> nodes);
 
+  // How many nodes of each (device kind, slots per node) a scheduling pass can look at: the
+  // nodes the queued jobs of that kind ask for, plus the nodes they avoid. A pass given, for
+  // each of these, the first `nodes` usable nodes in best-fit order (fewest free slots of the
+  // kind that suffice, then node id) places exactly what it would place given every node: a job
+  // takes the first nodes of that order among those with room, and the jobs before it in the
+  // pass can have touched fewer than `nodes` minus its own share (see scheduler_test).
+  struct Demand {
+    DeviceKind kind = DeviceKind::kCpu;
+    int ranks_per_node = 1;
+    size_t nodes = 0;
+  };
+  std::vector<Demand> Demands() const;
+
   // Job ids in the order they would be considered.
   std::vector<std::string> QueueOrder() const;
 

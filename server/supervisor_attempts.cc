@@ -75,7 +75,25 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
 
 void Supervisor::ScheduleLocked(Txn& txn) {
   if (scheduler_.size() == 0 || shutting_down_) return;
-  for (Placement& placement : scheduler_.Schedule(SchedulableNodesLocked(clock_->Now()))) {
+  // Only the nodes the queued jobs could take, from the registry's best-fit index: a pass costs
+  // O(demand · log nodes), not a view of the whole cluster (Scheduler::Demands says why that
+  // places the same).
+  std::set<std::string> cordoned;
+  for (const Cordon& cordon : quarantine_.Cordoned(clock_->Now())) cordoned.insert(cordon.node_id);
+  const auto usable = [&cordoned](const std::string& node_id) {
+    return !cordoned.contains(node_id);
+  };
+  std::map<std::string, NodeView> views;
+  for (const Scheduler::Demand& demand : scheduler_.Demands()) {
+    for (NodeView& view :
+         registry_->NodesInFitOrder(demand.kind, demand.ranks_per_node, demand.nodes, usable)) {
+      views.emplace(view.node_id, std::move(view));
+    }
+  }
+  std::vector<NodeView> nodes;
+  nodes.reserve(views.size());
+  for (auto& [id, view] : views) nodes.push_back(std::move(view));
+  for (Placement& placement : scheduler_.Schedule(std::move(nodes))) {
     JobEntry* entry = FindJob(placement.job_id);
     if (entry == nullptr || IsFinal(entry->job.state)) continue;
     StartAttemptLocked(txn, *entry, std::move(placement.ranks), placement.shape);

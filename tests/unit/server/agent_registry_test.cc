@@ -123,5 +123,52 @@ TEST(AgentRegistryTest, KnownNodesCountAsDisconnectedSinceStart) {
   EXPECT_EQ(registry.CollectLost(), std::vector<std::string>{"old"});
 }
 
+TEST(AgentRegistryTest, NodesInFitOrderFollowsHoldsReleasesAndConnections) {
+  FakeClock clock;
+  AgentRegistry registry(&clock, absl::Seconds(10));
+  const uint64_t a = registry.Connect(Node("a", 4), std::make_shared<RecordingChannel>());
+  registry.Connect(Node("b", 2), std::make_shared<RecordingChannel>());
+  registry.Connect(Node("c", 4), std::make_shared<RecordingChannel>());
+  auto ids = [](const std::vector<NodeView>& views) {
+    std::vector<std::string> out;
+    for (const NodeView& view : views) out.push_back(view.node_id);
+    return out;
+  };
+  auto all = [](const std::string&) { return true; };
+  // Fewest free slots first, then node id.
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
+            (std::vector<std::string>{"b", "a", "c"}));
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 3, 10, all)),
+            (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 2, all)),
+            (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10,
+                                         [](const std::string& id) { return id != "a"; })),
+            (std::vector<std::string>{"b", "c"}));
+  EXPECT_TRUE(registry.NodesInFitOrder(DeviceKind::kGpu, 1, 10, all).empty());
+  // Holding moves a node up the order; a full node leaves it; releasing brings it back.
+  registry.Hold("c", DeviceKind::kCpu, 0);
+  registry.Hold("c", DeviceKind::kCpu, 1);
+  registry.Hold("c", DeviceKind::kCpu, 2);
+  const std::vector<NodeView> fit = registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all);
+  EXPECT_EQ(ids(fit), (std::vector<std::string>{"c", "b", "a"}));
+  EXPECT_EQ(fit[0].free_cpu_slots, (std::vector<int>{3}));
+  registry.Hold("c", DeviceKind::kCpu, 3);
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
+            (std::vector<std::string>{"b", "a"}));
+  registry.Release("c", DeviceKind::kCpu, 3);
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
+            (std::vector<std::string>{"c", "b", "a"}));
+  // A disconnected node is not offered; reconnecting offers it again.
+  ASSERT_TRUE(registry.Disconnect("a", a));
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
+            (std::vector<std::string>{"c", "b"}));
+  registry.Connect(Node("a", 4), std::make_shared<RecordingChannel>());
+  EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
+            (std::vector<std::string>{"c", "b", "a"}));
+  // The index agrees with the full walk.
+  EXPECT_EQ(ids(registry.FreeNodes()), (std::vector<std::string>{"a", "b", "c"}));
+}
+
 }  // namespace
 }  // namespace trainyard::server

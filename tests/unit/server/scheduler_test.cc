@@ -1,5 +1,12 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
+#include <map>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -143,6 +150,78 @@ TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit
 
 // A queued job says why it waits: it can never fit the connected nodes (and why), a job queued
 // before it blocks it, or running jobs hold the slots it needs.
+// The coordinator gives a scheduling pass only the first Demand::nodes nodes of each demand in
+// best-fit order (AgentRegistry::NodesInFitOrder), not the whole cluster. On random clusters and
+// queues (CPU and GPU nodes, partly busy; jobs of several sizes, some avoiding nodes, some with
+// smaller shapes), that places exactly what a pass over every node places.
+TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) {
+  std::mt19937 random(7);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random); };
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<NodeView> all;
+    const int node_count = uniform(1, 40);
+    for (int n = 0; n < node_count; ++n) {
+      NodeView node;
+      node.node_id = absl::StrFormat("node-%03d", n);
+      node.hostname = node.node_id;
+      const bool gpu = uniform(0, 3) == 0;
+      const int slots = uniform(1, 8);
+      for (int i = 0; i < slots; ++i) {
+        if (uniform(0, 2) == 0) continue;  // held by a running job
+        (gpu ? node.free_gpus : node.free_cpu_slots).push_back(i);
+      }
+      if (!node.free_gpus.empty() || !node.free_cpu_slots.empty()) all.push_back(node);
+    }
+    Scheduler full, reduced;
+    const int jobs = uniform(1, 8);
+    for (int j = 0; j < jobs; ++j) {
+      PendingJob job = Job(absl::StrCat("j", j), uniform(0, 1), j, uniform(1, 4), uniform(1, 4),
+                           uniform(0, 3) == 0 ? DeviceKind::kGpu : DeviceKind::kCpu);
+      for (int a = uniform(0, 2); a > 0; --a) {
+        job.avoid_nodes.insert(absl::StrFormat("node-%03d", uniform(0, node_count - 1)));
+      }
+      if (uniform(0, 2) == 0 && job.requirements.nodes > 1) {
+        job.smaller.push_back(JobShape{.nodes = job.requirements.nodes - 1});
+      }
+      full.Enqueue(job);
+      reduced.Enqueue(job);
+    }
+    // What the registry's index hands out: per demand, the first `nodes` in best-fit order.
+    std::map<std::string, NodeView> chosen;
+    for (const Scheduler::Demand& demand : reduced.Demands()) {
+      std::vector<const NodeView*> fit;
+      for (const NodeView& node : all) {
+        const auto& free = demand.kind == DeviceKind::kGpu ? node.free_gpus : node.free_cpu_slots;
+        const bool offers =
+            demand.kind == DeviceKind::kGpu ? !node.free_gpus.empty() : node.free_gpus.empty();
+        if (offers && static_cast<int>(free.size()) >= demand.ranks_per_node) fit.push_back(&node);
+      }
+      std::sort(fit.begin(), fit.end(), [&](const NodeView* a, const NodeView* b) {
+        const auto& fa = demand.kind == DeviceKind::kGpu ? a->free_gpus : a->free_cpu_slots;
+        const auto& fb = demand.kind == DeviceKind::kGpu ? b->free_gpus : b->free_cpu_slots;
+        return std::make_pair(fa.size(), a->node_id) < std::make_pair(fb.size(), b->node_id);
+      });
+      for (size_t i = 0; i < fit.size() && i < demand.nodes; ++i) {
+        chosen.emplace(fit[i]->node_id, *fit[i]);
+      }
+    }
+    std::vector<NodeView> demanded;
+    for (auto& [id, node] : chosen) demanded.push_back(node);
+    const std::vector<Placement> expected = full.Schedule(all);
+    const std::vector<Placement> got = reduced.Schedule(demanded);
+    ASSERT_EQ(got.size(), expected.size()) << "trial " << trial;
+    for (size_t p = 0; p < got.size(); ++p) {
+      EXPECT_EQ(got[p].job_id, expected[p].job_id) << "trial " << trial;
+      ASSERT_EQ(got[p].ranks.size(), expected[p].ranks.size()) << "trial " << trial;
+      for (size_t r = 0; r < got[p].ranks.size(); ++r) {
+        EXPECT_EQ(got[p].ranks[r].node_id, expected[p].ranks[r].node_id) << "trial " << trial;
+        EXPECT_EQ(got[p].ranks[r].slot, expected[p].ranks[r].slot) << "trial " << trial;
+      }
+    }
+    EXPECT_EQ(reduced.QueueOrder(), full.QueueOrder()) << "trial " << trial;
+  }
+}
+
 TEST(SchedulerTest, WaitReasonSaysWhyAJobIsNotPlaced) {
   Scheduler scheduler;
   const std::vector<NodeView> capacity = {Node("node-a", 4), Node("node-b", 2)};
