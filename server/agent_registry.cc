@@ -206,13 +206,7 @@ std::vector<NodeStatus> AgentRegistry::Nodes() const {
     status.connected = entry.channel != nullptr;
     status.lost = entry.lost;
     status.heartbeat_age = Age(entry);
-    if (!entry.record.gpus.empty()) {
-      int free = 0;
-      for (const GpuInfo& gpu : entry.record.gpus) free += entry.held_gpu.count(gpu.index) == 0;
-      status.free_slots = free;
-    } else {
-      status.free_slots = static_cast<int>(Free(entry.record.cpu_slots, entry.held_cpu).size());
-    }
+    status.free_slots = FreeCount(entry);
     out.push_back(std::move(status));
   }
   return out;

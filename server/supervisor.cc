@@ -179,12 +179,7 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
   if (txn.batch.empty() && txn.orders.empty()) return absl::OkStatus();
   if (txn.batch.empty() && commit_queue_.empty()) {
     // Nothing to store and nothing stored ahead of them: the orders go out now.
-    for (auto& [node_id, order] : txn.orders) {
-      if (!registry_->Send(node_id, std::move(order))) {
-        TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
-      }
-    }
-    txn.orders.clear();
+    SendOrdersLocked(txn.orders);
     return absl::OkStatus();
   }
   return AwaitStoredLocked(EnqueueCommitLocked(txn, /*submission=*/false));
@@ -258,11 +253,7 @@ void Supervisor::StoreQueuedLocked() {
     std::set<std::string> touched;
     for (size_t i = 0; i < count; ++i) {
       QueuedCommit& commit = commit_queue_.front();
-      for (auto& [node_id, order] : commit.orders) {
-        if (!registry_->Send(node_id, std::move(order))) {
-          TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
-        }
-      }
+      SendOrdersLocked(commit.orders);
       touched.insert(commit.touched.begin(), commit.touched.end());
       commit_queue_.pop_front();
     }
@@ -295,6 +286,15 @@ void Supervisor::HoldBackQueuedLocked(size_t count, const absl::Status& status) 
     HoldBackLocked(commit, status);
     ++kept;
   }
+}
+
+void Supervisor::SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>>& orders) {
+  for (auto& [node_id, order] : orders) {
+    if (!registry_->Send(node_id, std::move(order))) {
+      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+    }
+  }
+  orders.clear();
 }
 
 void Supervisor::HoldBackLocked(QueuedCommit& commit, const absl::Status& status) {

@@ -447,6 +447,9 @@ class Supervisor {
   // Stores everything queued in one transaction, mu_ released during the store; then sends the
   // stored changes' orders and notifies their watchers, or holds them back.
   void StoreQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `orders` in order (taking them); an order to a disconnected node is dropped, logged.
+  void SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>>& orders)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HoldBackLocked(QueuedCommit& commit, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds back the first `count` queued changes (refusing the submissions among them).
