@@ -12,7 +12,8 @@
 # KERNELS_BUDGET_S [140], TRAIN_BUDGET_S [220]; REPS [20], KERNEL_WARMUP [3], STEPS [10],
 # WARMUP [3], COMPILE [regional] (PyTorch's torch.compile mode, see bench/torch_gpu_train.py:
 # whole-model compilation of two models does not fit the time), PEAK_TFLOPS [from the device];
-# PYTHON [python3]; CUDA_HOME [/usr/local/cuda].
+# PYTHON [python3]; CUDA_HOME [/usr/local/cuda]; PARTS [tests kernels train]: which phases run
+# (a session split over two leases runs some in each); ONLY_TESTS [all]: test names to run.
 # Exit status: 0 when every test passed and every benchmark ran, 1 otherwise.
 set -uo pipefail
 
@@ -20,6 +21,7 @@ BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$BUNDLE/out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
+PARTS=" ${PARTS:-tests kernels train} "
 TESTS_BUDGET_S="${TESTS_BUDGET_S:-150}"
 KERNELS_BUDGET_S="${KERNELS_BUDGET_S:-140}"
 TRAIN_BUDGET_S="${TRAIN_BUDGET_S:-220}"
@@ -71,7 +73,8 @@ passed=() failed=() skipped=() not_run=()
 work="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-tests.XXXXXX")"
 start=$SECONDS
 while read -r test; do
-  [[ -n "$test" ]] || continue
+  [[ -n "$test" && "$PARTS" == *" tests "* ]] || continue
+  [[ -z "${ONLY_TESTS:-}" || " $ONLY_TESTS " == *" $test "* ]] || continue
   left=$((TESTS_BUDGET_S - (SECONDS - start)))
   if [[ $left -lt 5 ]]; then
     not_run+=("$test")
@@ -108,14 +111,18 @@ peak=()
 [[ -n "${PEAK_TFLOPS:-}" ]] && peak=(--peak-tflops "$PEAK_TFLOPS")
 bench_status=0
 t0=$SECONDS
-"$BUNDLE/bench/run_gpu_vs_torch.sh" --part kernels --reps "${REPS:-20}" \
-  --kernel-warmup "${KERNEL_WARMUP:-3}" --budget-s "$KERNELS_BUDGET_S" ${peak[@]+"${peak[@]}"} \
-  >>"$BENCH" 2>>"$RAW" || bench_status=1
+if [[ "$PARTS" == *" kernels "* ]]; then
+  "$BUNDLE/bench/run_gpu_vs_torch.sh" --part kernels --reps "${REPS:-20}" \
+    --kernel-warmup "${KERNEL_WARMUP:-3}" --budget-s "$KERNELS_BUDGET_S" ${peak[@]+"${peak[@]}"} \
+    >>"$BENCH" 2>>"$RAW" || bench_status=1
+fi
 echo "kernels benchmark: $((SECONDS - t0))s" >>"$SESSION"
 t0=$SECONDS
-"$BUNDLE/bench/run_gpu_vs_torch.sh" --part train --steps "${STEPS:-10}" --warmup "${WARMUP:-3}" \
-  --compile "${COMPILE:-regional}" --budget-s "$TRAIN_BUDGET_S" ${peak[@]+"${peak[@]}"} \
-  >>"$BENCH" 2>>"$RAW" || bench_status=1
+if [[ "$PARTS" == *" train "* ]]; then
+  "$BUNDLE/bench/run_gpu_vs_torch.sh" --part train --steps "${STEPS:-10}" --warmup "${WARMUP:-3}" \
+    --compile "${COMPILE:-regional}" --budget-s "$TRAIN_BUDGET_S" ${peak[@]+"${peak[@]}"} \
+    >>"$BENCH" 2>>"$RAW" || bench_status=1
+fi
 echo "training benchmark: $((SECONDS - t0))s; whole session: ${SECONDS}s" >>"$SESSION"
 cat "$BENCH"
 tail -n 2 "$SESSION"

@@ -7,7 +7,8 @@
 # Usage: tools/gpu-bundle.sh OUT_DIR [BUNDLER]
 #   BUNDLER   a program called as `BUNDLER OUT_DIR BINARY...` that copies each binary into
 #             OUT_DIR/bin and the shared libraries it loads (but the C runtime, the GPU driver
-#             and CUDA's own libraries) into OUT_DIR/lib; default $TRAINYARD_GPU_BUNDLER.
+#             and CUDA's own libraries) into OUT_DIR/lib; default $TRAINYARD_GPU_BUNDLER, else
+#             tools/bundle-libs.sh (ldd-based).
 # Environment: BUILD_DIR (default build-gpu in the repository), JOBS (default 2),
 #   TRAINYARD_BUILD_LOCK (when set, a file every build step holds with flock),
 #   MAX_BUNDLE_MIB (default 64: a larger bundle is an error).
@@ -22,10 +23,9 @@ die() { echo "gpu-bundle: $*" >&2; exit 2; }
 [[ $# -ge 1 && $# -le 2 && "$1" != -h && "$1" != --help ]] ||
   { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT_DIR=$1
-BUNDLER="${2:-${TRAINYARD_GPU_BUNDLER:-}}"
-[[ -n "$BUNDLER" ]] || die "no bundler: pass it as the second argument or set TRAINYARD_GPU_BUNDLER"
-[[ -x "$BUNDLER" ]] || die "bundler '$BUNDLER' is not an executable file"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUNDLER="${2:-${TRAINYARD_GPU_BUNDLER:-$ROOT/tools/bundle-libs.sh}}"
+[[ -x "$BUNDLER" ]] || die "bundler '$BUNDLER' is not an executable file"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 [[ "$BUILD" = /* ]] || BUILD="$PWD/$BUILD"
 JOBS="${JOBS:-2}"

@@ -153,7 +153,8 @@ class GlooCommunicator final : public Communicator {
       rbuf->recv(recv_peer, kPointToPointSlotBase + recv_tag);
       sbuf->send(send_peer, kPointToPointSlotBase + send_tag);
       Exchange("send-recv", sbuf.get(), send_peer, rbuf.get(), recv_peer);
-      stats_.Add(CollectiveKind::kSendRecv, send_count * sizeof(float));
+      // A rank sending to itself moves nothing over a link.
+      if (send_peer != rank()) stats_.Add(CollectiveKind::kSendRecv, send_count * sizeof(float));
     });
   }
 

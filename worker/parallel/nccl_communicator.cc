@@ -219,7 +219,8 @@ class NcclCommunicator final : public TypedCommunicator {
     TY_RETURN_IF_ERROR(Complete(kWhat, GroupSendRecv(send_buf, send_count, send_peer, recv_buf,
                                                      recv_count, recv_peer, NcclType(dtype))));
     TY_RETURN_IF_ERROR(StageOut(recv_buf, recv, recv_bytes));
-    stats_.Add(CollectiveKind::kSendRecv, send_bytes);
+    // A rank sending to itself moves nothing over a link.
+    if (send_peer != rank_) stats_.Add(CollectiveKind::kSendRecv, send_bytes);
     return absl::OkStatus();
   }
 
