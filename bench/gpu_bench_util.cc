@@ -181,7 +181,7 @@ void PrintJsonRow(const std::string& engine, const Row& row) {
     const double seconds = row.timing.median_ms / 1e3;
     char numbers[256];
     std::snprintf(numbers, sizeof(numbers),
-                  ",\"median_ms\":%.6f,\"min_ms\":%.6f,\"reps\":%d,\"flop\":%.6g,\"bytes\":%.6g",
+                  ",\"median_ms\":%.6f,\"min_ms\":%.6f,\"reps\":%d,\"flop\":%.17g,\"bytes\":%.17g",
                   row.timing.median_ms, row.timing.min_ms, row.timing.reps, row.flop, row.bytes);
     absl::StrAppend(&line, numbers);
     std::snprintf(numbers, sizeof(numbers), row.flop > 0 ? ",\"tflops\":%.3f}" : ",\"gbps\":%.1f}",

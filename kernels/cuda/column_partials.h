@@ -2,7 +2,7 @@
 // parameter gradients (norm weights and biases, linear biases). Atomics would make the sum depend
 // on scheduling; instead the rows are cut into a fixed number of chunks (a function of `rows`
 // only), a first kernel writes one partial sum per (chunk, column) into scratch, and
-// AddColumnPartials adds the chunks' partials in chunk order. The same shape therefore gives the
+// AddColumnPartials adds the chunks' partials in a fixed order. The same shape therefore gives the
 // same bits on every run.
 #ifndef TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_
 #define TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_
@@ -24,10 +24,17 @@ struct RowChunks {
 // (so that scratch stays a small multiple of c).
 RowChunks ChunkRows(int64_t rows);
 
-// dst[j] += Σ_{k < chunks} partials[k·c + j], summed in increasing k. Device pointers; enqueued
-// on `stream`.
+// dst[j] += Σ_{k < chunks} partials[k·c + j]. The order of the additions is fixed by `chunks`
+// alone: eight runs of consecutive chunks, each summed in increasing k, then the runs' sums in
+// increasing order. Device pointers; enqueued on `stream`.
 [[nodiscard]] absl::Status AddColumnPartials(cudaStream_t stream, float* dst, const float* partials,
                                              int64_t chunks, int64_t c);
+
+// The same for two [chunks, c] matrices at once (a weight's and a bias's partials), in one
+// launch; dst1 and partials1 may both be null.
+[[nodiscard]] absl::Status AddColumnPartialsPair(cudaStream_t stream, float* dst0,
+                                                 const float* partials0, float* dst1,
+                                                 const float* partials1, int64_t chunks, int64_t c);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -30,8 +30,9 @@ namespace trainyard::kernels::cuda {
                                                const float* bias, int64_t rows, int64_t c,
                                                float eps);
 // dinp += ∂/∂inp; dweight += ∂/∂weight; dbias += ∂/∂bias (dbias may be null). The weight and
-// bias gradients are deterministic (fixed-order reduction over rows, no atomics): `scratch` must
-// hold NormBackwardScratchFloats(rows, c) floats.
+// bias gradients are deterministic (fixed-order reduction over rows, no atomics; the order
+// depends on the shape, dtype and whether the rows are 16-byte aligned): `scratch` must hold
+// NormBackwardScratchFloats(rows, c) floats.
 [[nodiscard]] absl::Status LayerNormBackward(cudaStream_t stream, DType dtype, void* dinp,
                                              float* dweight, float* dbias, const void* dout,
                                              const void* inp, const float* weight,

@@ -31,8 +31,11 @@ struct Shape {
 };
 
 // Row widths that are not multiples of the warp (100, 1030) and row counts that leave a block of
-// warps partly empty (7, 129, 300).
-constexpr Shape kShapes[] = {{1, 64}, {7, 100}, {129, 768}, {300, 1030}};
+// warps partly empty (7, 129, 300); 8200 rows make the most row chunks for the weight gradients,
+// the last ones empty; 8192 is the widest bf16 row the backward holds in registers (and takes
+// more than the default 48 KB of shared memory), 9001 too wide for any register kernel.
+constexpr Shape kShapes[] = {{1, 64},    {7, 100},  {129, 768}, {300, 1030},
+                             {8200, 64}, {2, 8192}, {3, 9001}};
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16};
 constexpr float kEps = 1e-5f;
 constexpr DType kF32 = DType::kF32;
@@ -52,6 +55,35 @@ std::vector<float> Weights(int64_t c, std::mt19937& rng) {
   return w;
 }
 
+// An activation tensor `shift` elements into its allocation (which is 256-byte aligned): with a
+// shift of 1 no row is 16-byte aligned, so the kernels must not use 16-byte accesses even where c
+// allows them.
+class ShiftedTensor {
+ public:
+  ShiftedTensor(int64_t count, DType dtype, int64_t shift)
+      : mem_(count + shift, dtype), shift_(shift), dtype_(dtype) {}
+  ShiftedTensor(const std::vector<float>& host, DType dtype, int64_t shift)
+      : ShiftedTensor(static_cast<int64_t>(host.size()), dtype, shift) {
+    Write(host);
+  }
+  void* get() const { return static_cast<char*>(mem_.get()) + shift_ * DTypeBytes(dtype_); }
+  void Write(const std::vector<float>& host) {
+    std::vector<float> padded(shift_, 0.0f);
+    padded.insert(padded.end(), host.begin(), host.end());
+    mem_.Write(padded);
+  }
+  std::vector<float> Read() const {
+    std::vector<float> v = mem_.Read();
+    v.erase(v.begin(), v.begin() + shift_);
+    return v;
+  }
+
+ private:
+  DeviceTensor mem_;
+  int64_t shift_;
+  DType dtype_;
+};
+
 bool BitsEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -69,9 +101,9 @@ void CpuForward(Norm norm, std::vector<float>& out, std::vector<float>& mean,
 }
 
 // Forward, plain (`fused` false) or with the residual add, whose sum is written over `a` when
-// `sum_aliases_a` (the in-place residual stream).
+// `sum_aliases_a` (the in-place residual stream); activations `shift` elements off alignment.
 void CheckForward(Norm norm, DType dtype, Shape s, bool fused, bool sum_aliases_a, bool with_bias,
-                  std::mt19937& rng) {
+                  std::mt19937& rng, int64_t shift = 0) {
   const int64_t n = s.rows * s.c;
   const std::vector<float> a = RandomActivation(n, dtype, rng, 1.0f, 0.5f);
   const std::vector<float> b = RandomActivation(n, dtype, rng, 0.5f);
@@ -88,7 +120,8 @@ void CheckForward(Norm norm, DType dtype, Shape s, bool fused, bool sum_aliases_
   std::vector<float> out(n), mean(s.rows), rstd(s.rows);
   CpuForward(norm, out, mean, rstd, sum, weight, bias, s);
 
-  DeviceTensor d_a(a, dtype), d_b(b, dtype), d_sum(n, dtype), d_out(n, dtype);
+  ShiftedTensor d_a(a, dtype, shift), d_b(b, dtype, shift), d_sum(n, dtype, shift),
+      d_out(n, dtype, shift);
   DeviceTensor d_weight(weight, kF32), d_bias(bias, kF32);
   DeviceTensor d_mean(s.rows, kF32), d_rstd(s.rows, kF32);
   void* sum_ptr = sum_aliases_a ? d_a.get() : d_sum.get();
@@ -122,8 +155,9 @@ void CheckForward(Norm norm, DType dtype, Shape s, bool fused, bool sum_aliases_
 }
 
 // Backward from nonzero gradients (it accumulates), twice, requiring the same bits for the
-// parameter gradients; for LayerNorm a third time without a bias gradient.
-void CheckBackward(Norm norm, DType dtype, Shape s, std::mt19937& rng) {
+// parameter gradients; for LayerNorm a third time without a bias gradient. Activations `shift`
+// elements off alignment.
+void CheckBackward(Norm norm, DType dtype, Shape s, std::mt19937& rng, int64_t shift = 0) {
   const int64_t n = s.rows * s.c;
   const std::vector<float> inp = RandomActivation(n, dtype, rng, 1.0f, 0.5f);
   const std::vector<float> dout = RandomActivation(n, dtype, rng);
@@ -144,9 +178,10 @@ void CheckBackward(Norm norm, DType dtype, Shape s, std::mt19937& rng) {
                          rstd.data(), s.rows, s.c);
   }
 
-  DeviceTensor d_inp(inp, dtype), d_dout(dout, dtype), d_weight(weight, kF32);
+  ShiftedTensor d_inp(inp, dtype, shift), d_dout(dout, dtype, shift), d_dinp(n, dtype, shift);
+  DeviceTensor d_weight(weight, kF32);
   DeviceTensor d_mean(mean, kF32), d_rstd(rstd, kF32);
-  DeviceTensor d_dinp(n, dtype), d_dweight(s.c, kF32), d_dbias(s.c, kF32);
+  DeviceTensor d_dweight(s.c, kF32), d_dbias(s.c, kF32);
   DeviceTensor d_scratch(NormBackwardScratchFloats(s.rows, s.c), kF32);
   auto run = [&](bool with_bias) {
     d_dinp.Write(dinp0);
@@ -232,6 +267,23 @@ TEST(CudaNorms, BackwardAccumulatesLikeCpuAndIsDeterministic) {
         SCOPED_TRACE(Label(norm, dtype, s));
         CheckBackward(norm, dtype, s, rng);
       }
+    }
+  }
+}
+
+// c = 768 allows 16-byte accesses, but rows one element off alignment must not use them.
+TEST(CudaNorms, MisalignedRowsMatchCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(4);
+  const Shape s{129, 768};
+  for (Norm norm : {Norm::kLayer, Norm::kRms}) {
+    for (DType dtype : kDTypes) {
+      SCOPED_TRACE(Label(norm, dtype, s));
+      CheckForward(norm, dtype, s, /*fused=*/false, /*sum_aliases_a=*/false, /*with_bias=*/true,
+                   rng, /*shift=*/1);
+      CheckForward(norm, dtype, s, /*fused=*/true, /*sum_aliases_a=*/true, /*with_bias=*/true, rng,
+                   /*shift=*/1);
+      CheckBackward(norm, dtype, s, rng, /*shift=*/1);
     }
   }
 }
