@@ -261,13 +261,36 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
                                "Training throughput of the whole job", MetricType::Gauge);
   MetricFamily step_time = Family("trainyard_job_step_time_seconds",
                                   "Wall time of one optimizer step", MetricType::Gauge);
+  MetricFamily phase_time =
+      Family("trainyard_job_step_phase_seconds",
+             "Wall time of one optimizer step spent in each phase (forward, backward, optimizer, "
+             "communication, data)",
+             MetricType::Gauge);
+  MetricFamily job_state = Family("trainyard_job_state",
+                                  "1 for the job's current state (a finished job is shown for a "
+                                  "while after it ends)",
+                                  MetricType::Gauge);
   for (const JobMetrics& job : snapshot.jobs) {
     const std::vector<ClientMetric::Label> labels = JobLabels(job);
+    std::vector<ClientMetric::Label> state_labels = labels;
+    state_labels.push_back({"state", JobStateName(job.state)});
+    job_state.metric.push_back(Metric(state_labels, 1, MetricType::Gauge));
     const Progress& p = job.progress;
     step.metric.push_back(Metric(labels, static_cast<double>(p.step), MetricType::Gauge));
     loss.metric.push_back(Metric(labels, p.loss, MetricType::Gauge));
     tokens.metric.push_back(Metric(labels, p.tokens_per_second, MetricType::Gauge));
     step_time.metric.push_back(Metric(labels, p.step_times.total_ms / 1000.0, MetricType::Gauge));
+    const std::pair<const char*, double> phases[] = {
+        {"forward", p.step_times.forward_ms},
+        {"backward", p.step_times.backward_ms},
+        {"optimizer", p.step_times.optimizer_ms},
+        {"communication", p.step_times.communication_ms},
+        {"data", p.step_times.data_ms}};
+    for (const auto& [phase, ms] : phases) {
+      std::vector<ClientMetric::Label> phase_labels = labels;
+      phase_labels.push_back({"phase", phase});
+      phase_time.metric.push_back(Metric(phase_labels, ms / 1000.0, MetricType::Gauge));
+    }
   }
 
   MetricFamily age = Family("trainyard_node_heartbeat_age_seconds",
@@ -288,8 +311,9 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
     free.metric.push_back(Metric(labels, node.free_slots, MetricType::Gauge));
     cordoned.metric.push_back(Metric(labels, node.cordoned ? 1 : 0, MetricType::Gauge));
   }
-  std::vector<MetricFamily> families = {jobs,      attempts, restarts,  step, loss,    tokens,
-                                        step_time, age,      connected, free, cordoned};
+  std::vector<MetricFamily> families = {jobs,      attempts, restarts,  job_state,  step,
+                                        loss,      tokens,   step_time, phase_time, age,
+                                        connected, free,     cordoned};
   for (MetricFamily& family : CheckpointFamilies(snapshot.jobs)) {
     families.push_back(std::move(family));
   }

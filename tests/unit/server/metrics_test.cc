@@ -25,6 +25,7 @@ TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
   job.progress.loss = 2.5;
   job.progress.tokens_per_second = 900;
   job.progress.step_times.total_ms = 250;
+  job.progress.step_times.backward_ms = 125;
   job.labels = {{"team/area", "research"}};
   snapshot.jobs.push_back(job);
   NodeStatus node;
@@ -42,9 +43,15 @@ TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
   EXPECT_THAT(text, HasSubstr("trainyard_restarts_total{cause=\"crash\"} 0"));
   EXPECT_THAT(text, HasSubstr("trainyard_job_step{job_id=\"j-000007\",job_name=\"tiny\","
                               "label_team_area=\"research\"} 42"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_state{job_id=\"j-000007\",job_name=\"tiny\","
+                              "label_team_area=\"research\",state=\"RUNNING\"} 1"));
   EXPECT_THAT(text, HasSubstr("trainyard_job_loss{"));
   EXPECT_THAT(text, HasSubstr("trainyard_job_step_time_seconds{job_id=\"j-000007\",job_name="
                               "\"tiny\",label_team_area=\"research\"} 0.25"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_step_phase_seconds{job_id=\"j-000007\",job_name="
+                              "\"tiny\",label_team_area=\"research\",phase=\"backward\"} 0.125"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_step_phase_seconds{job_id=\"j-000007\",job_name="
+                              "\"tiny\",label_team_area=\"research\",phase=\"forward\"} 0"));
   EXPECT_THAT(text, HasSubstr("trainyard_node_heartbeat_age_seconds{node=\"node-a\"} 1.5"));
   EXPECT_THAT(text, HasSubstr("trainyard_node_free_slots{node=\"node-a\"} 3"));
 }
