@@ -4,13 +4,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,6 +27,11 @@ namespace trainyard {
 namespace {
 
 absl::Status PosixError(const char* operation, const std::string& path) {
+  if (errno == EXDEV) {  // a confined filesystem refused a path that leaves its roots
+    return absl::PermissionDeniedError(absl::StrCat(
+        operation, " ", path,
+        ": outside the allowed directories (or through a symbolic link that leaves them)"));
+  }
   return ErrnoStatus(errno, absl::StrCat(operation, " ", path));
 }
 
@@ -38,6 +46,10 @@ class ScopedFd {
   }
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
+  void Reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
   // Closes now and reports the error close() gives (which can be a delayed write error).
   absl::Status Close(const std::string& path) {
     int fd = fd_;
@@ -74,21 +86,6 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
       return PosixError("write", path);
     }
     data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return PosixError("open directory", dir);
-  if (::fsync(fd.get()) != 0) return PosixError("fsync directory", dir);
-  return fd.Close(dir);
-}
-
-// Creates one directory; an existing entry is left for the caller's final check.
-absl::Status MakeDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    return PosixError("create directory", path);
   }
   return absl::OkStatus();
 }
@@ -173,10 +170,190 @@ class PosixDirectFile : public WritableFile {
   uint64_t size_ = 0;
 };
 
+// Where a path leads: the descriptor for opening it, and the (directory, name) pair for the
+// calls that act on a name in a directory (mkdir, unlink, rename). The plain resolver uses the
+// path as given; ConfinedResolver keeps every step beneath one of its roots.
+class PathResolver {
+ public:
+  virtual ~PathResolver() = default;
+  // open(2) of `path` with `flags` (O_CLOEXEC added) and `mode`: a descriptor, or -1 with errno.
+  virtual int Open(const std::string& path, int flags, mode_t mode = 0) const = 0;
+  // The directory holding `path`'s last component, and that component; a directory of AT_FDCWD
+  // means the name is the whole path. On failure, an invalid directory with errno set.
+  struct Entry {
+    std::unique_ptr<ScopedFd> dir;  // null: AT_FDCWD
+    std::string name;
+    bool valid = true;
+    bool fixed = false;  // (invalid) a confined root or one of its parents: exists, not ours
+    int dirfd() const { return dir ? dir->get() : AT_FDCWD; }
+  };
+  virtual Entry Locate(const std::string& path) const = 0;
+
+ protected:
+  static Entry Invalid() {  // keeps errno
+    Entry entry;
+    entry.valid = false;
+    return entry;
+  }
+};
+
+class PlainResolver : public PathResolver {
+ public:
+  int Open(const std::string& path, int flags, mode_t mode) const override {
+    return ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  }
+  Entry Locate(const std::string& path) const override {
+    Entry entry;
+    entry.name = path;
+    return entry;
+  }
+};
+
+// The components of `path` made absolute (against the working directory) and lexically
+// normalised ("." and ".." removed).
+std::vector<std::string> AbsoluteComponents(const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.is_relative()) {
+    std::error_code error;
+    p = std::filesystem::current_path(error) / p;
+  }
+  std::vector<std::string> parts;
+  for (const std::filesystem::path& part : p.lexically_normal().relative_path()) {
+    if (!part.empty()) parts.push_back(part.string());
+  }
+  return parts;
+}
+
+bool StartsWith(const std::vector<std::string>& path, const std::vector<std::string>& prefix) {
+  return path.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), path.begin());
+}
+
+// Keeps every path beneath one of its roots, also through symbolic links: the root is opened
+// (it is the operator's, and may itself be a link), and the rest is resolved from there with
+// openat2's RESOLVE_BENEATH, which fails a path that leaves the root by "..", an absolute link or
+// a link that climbs out; on kernels without openat2 (before 5.6), by opening one component at a
+// time with O_NOFOLLOW, which refuses every symbolic link below the root. Either way the check
+// and the use are one open, so a link swapped in after a check cannot redirect it. A path that
+// leaves its root fails with EXDEV.
+class ConfinedResolver : public PathResolver {
+ public:
+  ConfinedResolver(const std::vector<std::string>& roots, bool use_openat2)
+      : use_openat2_(use_openat2) {
+    for (const std::string& root : roots) roots_.push_back(AbsoluteComponents(root));
+  }
+
+  int Open(const std::string& path, int flags, mode_t mode) const override {
+    const std::vector<std::string> parts = AbsoluteComponents(path);
+    const std::vector<std::string>* root = RootOf(parts);
+    if (root == nullptr) {
+      errno = EXDEV;
+      return -1;
+    }
+    ScopedFd root_fd(::open(Join(*root, root->size()).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root_fd.valid()) return -1;
+    const std::vector<std::string> rest(parts.begin() + static_cast<long>(root->size()),
+                                        parts.end());
+    if (use_openat2_) {
+      const int fd =
+          OpenBeneath(root_fd.get(), Join(rest, rest.size(), /*absolute=*/false), flags, mode);
+      if (fd >= 0 || errno != ENOSYS) return fd;
+    }
+    return OpenByComponents(root_fd.get(), rest, flags, mode);
+  }
+
+  Entry Locate(const std::string& path) const override {
+    std::vector<std::string> parts = AbsoluteComponents(path);
+    const std::vector<std::string>* root = RootOf(parts);
+    if (root == nullptr || parts.size() == root->size()) {
+      // A root and its parents exist by the operator's doing (creating them is a no-op); they,
+      // and anything else outside, may not be removed or renamed through here.
+      const bool ancestor = std::any_of(roots_.begin(), roots_.end(), [&](const auto& r) {
+        return r.size() > parts.size() && StartsWith(r, parts);
+      });
+      errno = EXDEV;
+      Entry refused = Invalid();
+      refused.fixed = ancestor || root != nullptr;
+      return refused;
+    }
+    Entry entry;
+    entry.name = parts.back();
+    parts.pop_back();
+    const int dir = Open(Join(parts, parts.size()), O_PATH | O_DIRECTORY, 0);
+    if (dir < 0) return Invalid();
+    entry.dir = std::make_unique<ScopedFd>(dir);
+    return entry;
+  }
+
+ private:
+  static std::string Join(const std::vector<std::string>& parts, size_t count,
+                          bool absolute = true) {
+    std::string out = absolute ? "/" : "";
+    for (size_t i = 0; i < count; ++i) {
+      if (i > 0) out += "/";
+      out += parts[i];
+    }
+    return out.empty() ? "." : out;
+  }
+
+  const std::vector<std::string>* RootOf(const std::vector<std::string>& parts) const {
+    for (const auto& root : roots_) {
+      if (StartsWith(parts, root)) return &root;
+    }
+    return nullptr;
+  }
+
+  static int OpenBeneath(int root_fd, const std::string& rest, int flags, mode_t mode) {
+    struct open_how how = {};
+    how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+    how.mode = (flags & O_CREAT) != 0 ? mode : 0;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    return static_cast<int>(::syscall(SYS_openat2, root_fd, rest.c_str(), &how, sizeof(how)));
+  }
+
+  static int OpenByComponents(int root_fd, const std::vector<std::string>& rest, int flags,
+                              mode_t mode) {
+    if (rest.empty()) return ::openat(root_fd, ".", flags | O_CLOEXEC, mode);
+    ScopedFd dir(::dup(root_fd));
+    for (size_t i = 0; i + 1 < rest.size(); ++i) {
+      const int next =
+          ::openat(dir.get(), rest[i].c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (next < 0) return Refused(dir.get(), rest[i]);
+      dir.Reset(next);
+    }
+    const int fd = ::openat(dir.get(), rest.back().c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) return Refused(dir.get(), rest.back());
+    struct stat st;
+    if ((flags & O_PATH) != 0 && ::fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+      ::close(fd);  // O_PATH | O_NOFOLLOW opens the link itself
+      errno = EXDEV;
+      return -1;
+    }
+    return fd;
+  }
+
+  // After a failed open of `name` in `dir`: a symbolic link there (O_NOFOLLOW gives ELOOP, or
+  // ENOTDIR with O_DIRECTORY) becomes EXDEV; other errors keep their errno.
+  static int Refused(int dir, const std::string& name) {
+    const int err = errno;
+    struct stat st;
+    const bool link = (err == ELOOP || err == ENOTDIR) &&
+                      ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                      S_ISLNK(st.st_mode);
+    errno = link ? EXDEV : err;
+    return -1;
+  }
+
+  std::vector<std::vector<std::string>> roots_;
+  const bool use_openat2_;
+};
+
 class PosixFileSystem : public FileSystem {
  public:
+  explicit PosixFileSystem(std::unique_ptr<PathResolver> resolver)
+      : resolver_(std::move(resolver)) {}
+
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
-    ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ScopedFd fd(resolver_->Open(path, O_RDONLY));
     if (!fd.valid()) return PosixError("open", path);
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return PosixError("stat", path);
@@ -199,23 +376,19 @@ class PosixFileSystem : public FileSystem {
     static std::atomic<uint64_t> counter{0};
     const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter++);
     absl::Status status = WriteAndRename(temp, path, data);
-    if (!status.ok()) ::unlink(temp.c_str());
+    if (!status.ok()) RemoveFile(temp).IgnoreError();  // best effort: the error is `status`
     return status;
   }
 
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return PosixError("stat", path);
+    TY_ASSIGN_OR_RETURN(const struct stat st, Stat(path));
     if (S_ISDIR(st.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat("size of ", path, ": is a directory"));
     }
     return static_cast<uint64_t>(st.st_size);
   }
 
-  bool Exists(const std::string& path) override {
-    struct stat st;
-    return ::stat(path.c_str(), &st) == 0;
-  }
+  bool Exists(const std::string& path) override { return Stat(path).ok(); }
 
   absl::Status CreateDirs(const std::string& path) override {
     if (path.empty()) return absl::InvalidArgumentError("create directory: empty path");
@@ -224,9 +397,9 @@ class PosixFileSystem : public FileSystem {
       TY_RETURN_IF_ERROR(MakeDir(path.substr(0, slash)));
     }
     TY_RETURN_IF_ERROR(MakeDir(path));
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return PosixError("create directory", path);
-    if (!S_ISDIR(st.st_mode)) {
+    absl::StatusOr<struct stat> st = Stat(path);
+    if (!st.ok()) return PosixError("create directory", path);
+    if (!S_ISDIR(st->st_mode)) {
       return absl::FailedPreconditionError(
           absl::StrCat("create directory ", path, ": exists and is not a directory"));
     }
@@ -234,8 +407,14 @@ class PosixFileSystem : public FileSystem {
   }
 
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
-    DIR* dir = ::opendir(path.c_str());
-    if (dir == nullptr) return PosixError("list directory", path);
+    const int fd = resolver_->Open(path, O_RDONLY | O_DIRECTORY);
+    DIR* dir = fd < 0 ? nullptr : ::fdopendir(fd);
+    if (dir == nullptr) {
+      const int open_errno = errno;
+      if (fd >= 0) ::close(fd);
+      errno = open_errno;
+      return PosixError("list directory", path);
+    }
     std::vector<std::string> names;
     errno = 0;
     while (struct dirent* entry = ::readdir(dir)) {
@@ -250,19 +429,26 @@ class PosixFileSystem : public FileSystem {
   }
 
   absl::Status RemoveFile(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0) return PosixError("remove", path);
+    const PathResolver::Entry entry = resolver_->Locate(path);
+    if (!entry.valid || ::unlinkat(entry.dirfd(), entry.name.c_str(), 0) != 0) {
+      return PosixError("remove", path);
+    }
     return absl::OkStatus();
   }
 
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) {
+    const PathResolver::Entry source = resolver_->Locate(from);
+    if (!source.valid) return PosixError("rename", absl::StrCat(from, " to ", to));
+    const PathResolver::Entry target = resolver_->Locate(to);
+    if (!target.valid) return PosixError("rename", absl::StrCat(from, " to ", to));
+    if (::renameat(source.dirfd(), source.name.c_str(), target.dirfd(), target.name.c_str()) != 0) {
       return ErrnoStatus(errno, absl::StrCat("rename ", from, " to ", to));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(const std::string& path) override {
-    ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ScopedFd fd(resolver_->Open(path, O_RDONLY));
     if (!fd.valid()) return PosixError("open", path);
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return PosixError("stat", path);
@@ -277,45 +463,76 @@ class PosixFileSystem : public FileSystem {
   }
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = resolver_->Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return PosixError("create", path);
     return std::make_unique<PosixWritableFile>(fd, path);
   }
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectWritableFile(
       const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    const int fd = resolver_->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
     if (fd < 0 && errno == EINVAL) return NewWritableFile(path);  // e.g. tmpfs
     if (fd < 0) return PosixError("create", path);
     return std::make_unique<PosixDirectFile>(fd, path);
   }
 
-  absl::Status SyncDir(const std::string& path) override { return SyncDirectory(path); }
+  absl::Status SyncDir(const std::string& path) override {
+    ScopedFd fd(resolver_->Open(path, O_RDONLY | O_DIRECTORY));
+    if (!fd.valid()) return PosixError("open directory", path);
+    if (::fsync(fd.get()) != 0) return PosixError("fsync directory", path);
+    return fd.Close(path);
+  }
 
   bool IsDirectory(const std::string& path) override {
-    struct stat st;
-    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    absl::StatusOr<struct stat> st = Stat(path);
+    return st.ok() && S_ISDIR(st->st_mode);
   }
 
   absl::Status RemoveDir(const std::string& path) override {
-    if (::rmdir(path.c_str()) != 0) return PosixError("remove directory", path);
+    const PathResolver::Entry entry = resolver_->Locate(path);
+    if (!entry.valid || ::unlinkat(entry.dirfd(), entry.name.c_str(), AT_REMOVEDIR) != 0) {
+      return PosixError("remove directory", path);
+    }
     return absl::OkStatus();
   }
 
  private:
-  static absl::Status WriteAndRename(const std::string& temp, const std::string& path,
-                                     std::string_view data) {
-    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // stat(2) of what `path` leads to (following a final symbolic link, as stat does).
+  absl::StatusOr<struct stat> Stat(const std::string& path) const {
+    ScopedFd fd(resolver_->Open(path, O_PATH));
+    struct stat st;
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) return PosixError("stat", path);
+    return st;
+  }
+
+  // Creates one directory; an existing entry is left for the caller's final check.
+  absl::Status MakeDir(const std::string& path) const {
+    const PathResolver::Entry entry = resolver_->Locate(path);
+    if (!entry.valid) {
+      // A missing parent is the caller's next error, and a confined root or one of its parents
+      // exists already; a refused path is reported now.
+      if (entry.fixed || errno == ENOENT) return absl::OkStatus();
+      return PosixError("create directory", path);
+    }
+    if (::mkdirat(entry.dirfd(), entry.name.c_str(), 0755) != 0 && errno != EEXIST) {
+      return PosixError("create directory", path);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteAndRename(const std::string& temp, const std::string& path,
+                              std::string_view data) {
+    const int fd = resolver_->Open(temp, O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd < 0) return PosixError("create", temp);
     PosixWritableFile file(fd, temp);
     TY_RETURN_IF_ERROR(file.Append(data));
     TY_RETURN_IF_ERROR(file.Sync());
     TY_RETURN_IF_ERROR(file.Close());
-    if (::rename(temp.c_str(), path.c_str()) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("rename ", temp, " to ", path));
-    }
-    return SyncDirectory(Dirname(path));
+    TY_RETURN_IF_ERROR(RenameFile(temp, path));
+    return SyncDir(Dirname(path));
   }
+
+  const std::unique_ptr<PathResolver> resolver_;
 };
 
 std::string ChildPath(const std::string& dir, const std::string& name) {
@@ -365,8 +582,13 @@ absl::Status RemoveRecursively(FileSystem& fs, const std::string& path) {
 }
 
 FileSystem* RealFileSystem() {
-  static FileSystem* fs = new PosixFileSystem;
+  static FileSystem* fs = new PosixFileSystem(std::make_unique<PlainResolver>());
   return fs;
+}
+
+std::unique_ptr<FileSystem> NewConfinedFileSystem(const std::vector<std::string>& roots,
+                                                  bool use_openat2) {
+  return std::make_unique<PosixFileSystem>(std::make_unique<ConfinedResolver>(roots, use_openat2));
 }
 
 }  // namespace trainyard

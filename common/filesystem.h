@@ -128,6 +128,16 @@ std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes);
 // The process-wide POSIX filesystem. Never null; never deleted.
 FileSystem* RealFileSystem();
 
+// A POSIX filesystem that reaches only paths beneath `roots` (absolute, or relative to the
+// working directory), following no symbolic link out of them: each access resolves the path from
+// the root it lies under in the same open that uses it (openat2 RESOLVE_BENEATH; on kernels
+// without it, component by component refusing every symbolic link), so a link swapped in after
+// a check cannot redirect it. Anything else fails with PERMISSION_DENIED. The roots themselves
+// (and their parents) are the operator's: they may be links, and are never created or removed.
+// `use_openat2` false forces the component-by-component walk (for tests).
+std::unique_ptr<FileSystem> NewConfinedFileSystem(const std::vector<std::string>& roots,
+                                                  bool use_openat2 = true);
+
 // An in-memory filesystem for tests. Paths are plain strings (no "." or ".." resolution);
 // "", "/" and "." always exist as directories, as does the implicit parent of a path without a
 // slash. MapReadOnly returns a region holding its own copy, so later writes do not change it.

@@ -273,6 +273,8 @@ void ToProto(const JoinInfo& info, v1::JoinReply* out) {
   ToProto(info.resume_from, out->mutable_resume_from());
   out->set_slot(info.slot);
   out->set_node_id(info.node_id);
+  for (const std::string& root : info.data_roots) out->add_data_roots(root);
+  for (const std::string& root : info.checkpoint_roots) out->add_checkpoint_roots(root);
 }
 
 void ToProto(const RegisteredOrder& order, v1::CoordinatorMessage* out) {

@@ -16,6 +16,7 @@
 #include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "config/path_confinement.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/server_credentials.h"
 #include "server/agent_registry.h"
@@ -73,6 +74,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
+}
+
+// `paths` made absolute against this process's working directory, so that confinement roots mean
+// the same to the workers, which confine their own file access to them from elsewhere.
+std::vector<std::string> AbsolutePaths(const std::vector<std::string>& paths) {
+  std::error_code error;
+  const std::string cwd = std::filesystem::current_path(error).string();
+  std::vector<std::string> out;
+  for (const std::string& path : paths) out.push_back(config::NormalizePath(path, cwd));
+  return out;
 }
 
 }  // namespace
@@ -166,8 +177,9 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   supervisor_options.node_mtbf = options.node_mtbf;
   supervisor_options.quarantine = options.quarantine;
   supervisor_options.heartbeat_interval = options.heartbeat_interval;
-  supervisor_options.spec_limits.allowed_data_roots = options.allowed_data_roots;
-  supervisor_options.spec_limits.allowed_checkpoint_roots = options.allowed_checkpoint_roots;
+  supervisor_options.spec_limits.allowed_data_roots = AbsolutePaths(options.allowed_data_roots);
+  supervisor_options.spec_limits.allowed_checkpoint_roots =
+      AbsolutePaths(options.allowed_checkpoint_roots);
   TY_ASSIGN_OR_RETURN(supervisor_, Supervisor::Create(store_.get(), registry_.get(), kv_.get(),
                                                       clock_, supervisor_options));
   logs_ = std::make_unique<LogRouter>(registry_.get());

@@ -116,6 +116,8 @@ struct JoinInfo {
   CheckpointInfo resume_from;
   int slot = 0;
   std::string node_id;
+  std::vector<std::string> data_roots;        // absolute; empty: data is not confined
+  std::vector<std::string> checkpoint_roots;  // absolute; empty: checkpoints are not confined
 };
 using JoinCallback = std::function<void(absl::StatusOr<JoinInfo>)>;
 

@@ -32,6 +32,8 @@ JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& att
   info.resume_from = entry.job.last_checkpoint;
   info.slot = slot.slot;
   info.node_id = slot.node_id;
+  info.data_roots = options_.spec_limits.allowed_data_roots;
+  info.checkpoint_roots = options_.spec_limits.allowed_checkpoint_roots;
   return info;
 }
 

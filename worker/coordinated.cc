@@ -241,6 +241,33 @@ constexpr absl::Duration kHangExitGrace = absl::Seconds(10);
 
 // TRAINYARD_INJECT_SPIN=RANK:STEP makes step STEP+1 of rank RANK spin forever (tests of hang
 // detection).
+namespace {
+
+// What a worker reads data and reads and writes checkpoints through: where the coordinator
+// confines those paths, a filesystem confined to the same roots, so a symbolic link made after
+// the coordinator checked a path cannot lead out.
+struct WorkerFileSystems {
+  std::unique_ptr<FileSystem> confined_data, confined_checkpoints;
+  FileSystem* data = RealFileSystem();
+  FileSystem* checkpoints = RealFileSystem();
+};
+
+WorkerFileSystems FileSystemsFor(const v1::JoinReply& joined) {
+  auto confined = [](const google::protobuf::RepeatedPtrField<std::string>& roots) {
+    return roots.empty()
+               ? nullptr
+               : NewConfinedFileSystem(std::vector<std::string>(roots.begin(), roots.end()));
+  };
+  WorkerFileSystems files;
+  files.confined_data = confined(joined.data_roots());
+  files.confined_checkpoints = confined(joined.checkpoint_roots());
+  if (files.confined_data) files.data = files.confined_data.get();
+  if (files.confined_checkpoints) files.checkpoints = files.confined_checkpoints.get();
+  return files;
+}
+
+}  // namespace
+
 void ReadSpinInjection(TrainOptions& train) {
   const char* value = std::getenv("TRAINYARD_INJECT_SPIN");
   if (value == nullptr || *value == '\0') return;
@@ -298,7 +325,8 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
                           ReportHangAndExit(*stub, options, diagnosis);
                         });
   watchdog.Start();
-  TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
+  const WorkerFileSystems files = FileSystemsFor(joined);
+  TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*files.checkpoints, spec));
   const int threads = ThreadsFor(options, spec);
   // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
   // has its own: NCCL between them.
@@ -334,6 +362,8 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
       channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock(),
       absl::Milliseconds(500), absl::Minutes(10), &drain, &checkpoint_order);
   TrainOptions train;
+  train.fs = files.checkpoints;
+  train.data_fs = files.data;
   train.progress = &std::cout;
   train.on_step = [&reporter](const StepReport& step) { return reporter.OnStep(step); };
   train.stop_requested = &drain;

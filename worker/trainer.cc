@@ -288,6 +288,7 @@ class RankTrainer {
         backend_(backend),
         options_(options),
         fs_(options.fs ? *options.fs : *RealFileSystem()),
+        data_fs_(options.data_fs ? *options.data_fs : fs_),
         clock_(options.clock ? *options.clock : *RealClock()),
         out_(rank.rank == 0 ? options.progress : nullptr) {}
 
@@ -320,7 +321,8 @@ class RankTrainer {
   const RankContext& rank_;
   Backend& backend_;
   const TrainOptions& options_;
-  FileSystem& fs_;
+  FileSystem& fs_;       // checkpoints
+  FileSystem& data_fs_;  // training data
   Clock& clock_;
   std::ostream* out_;
 
@@ -351,7 +353,7 @@ absl::Status RankTrainer::Setup() {
   TY_ASSIGN_OR_RETURN(at_, PositionOf(spec_, rank_));
   const config::TrainingSpec& tr = spec_.training;
   const config::ModelConfig& mc = spec_.model;
-  TY_ASSIGN_OR_RETURN(data_, OpenData(spec_.data, fs_));
+  TY_ASSIGN_OR_RETURN(data_, OpenData(spec_.data, data_fs_));
   if (data_.vocab_bound > mc.vocab) {
     return absl::InvalidArgumentError(absl::StrCat("data: tokens reach ", data_.vocab_bound - 1,
                                                    " but model.vocab is ", mc.vocab, " (",

@@ -64,7 +64,8 @@ struct ResumeInfo {
 };
 
 struct TrainOptions {
-  FileSystem* fs = nullptr;          // defaults to RealFileSystem()
+  FileSystem* fs = nullptr;          // checkpoints; defaults to RealFileSystem()
+  FileSystem* data_fs = nullptr;     // training data; defaults to `fs`
   Clock* clock = nullptr;            // defaults to RealClock()
   std::ostream* progress = nullptr;  // progress lines; none when null
   // Called on the training thread after every step; a non-OK status stops training with it

@@ -1,6 +1,7 @@
 // The FileSystem contract for writable files, directory sync, directory removal and
 // RemoveRecursively, checked against every implementation: POSIX (in a private temporary
-// directory), FakeFileSystem and FaultInjectionFileSystem.
+// directory), the confined POSIX filesystem rooted there (with openat2, and walking components),
+// FakeFileSystem and FaultInjectionFileSystem.
 #include <stdlib.h>
 
 #include <filesystem>
@@ -16,12 +17,16 @@
 namespace trainyard {
 namespace {
 
-enum class Kind { kPosix, kFake, kFaultInjection };
+enum class Kind { kPosix, kConfined, kConfinedWalk, kFake, kFaultInjection };
 
 std::string KindName(const testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
     case Kind::kPosix:
       return "Posix";
+    case Kind::kConfined:
+      return "Confined";
+    case Kind::kConfinedWalk:
+      return "ConfinedWalk";
     case Kind::kFake:
       return "Fake";
     case Kind::kFaultInjection:
@@ -41,6 +46,15 @@ class FileSystemContractTest : public testing::TestWithParam<Kind> {
         fs_ = RealFileSystem();
         break;
       }
+      case Kind::kConfined:
+      case Kind::kConfinedWalk: {
+        std::string pattern = testing::TempDir() + "/trainyard_fs_contract_XXXXXX";
+        ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+        root_ = pattern;
+        owned_ = NewConfinedFileSystem({root_}, GetParam() == Kind::kConfined);
+        fs_ = owned_.get();
+        break;
+      }
       case Kind::kFake:
         root_ = "/work";
         owned_ = std::make_unique<FakeFileSystem>();
@@ -55,7 +69,9 @@ class FileSystemContractTest : public testing::TestWithParam<Kind> {
     }
   }
   void TearDown() override {
-    if (GetParam() == Kind::kPosix && !root_.empty()) std::filesystem::remove_all(root_);
+    const bool posix = GetParam() == Kind::kPosix || GetParam() == Kind::kConfined ||
+                       GetParam() == Kind::kConfinedWalk;
+    if (posix && !root_.empty()) std::filesystem::remove_all(root_);
   }
 
   std::string Path(const std::string& name) const { return root_ + "/" + name; }
@@ -200,7 +216,8 @@ TEST_P(FileSystemContractTest, RemoveRecursivelyRemovesATreeAndNothingElse) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemContractTest,
-                         testing::Values(Kind::kPosix, Kind::kFake, Kind::kFaultInjection),
+                         testing::Values(Kind::kPosix, Kind::kConfined, Kind::kConfinedWalk,
+                                         Kind::kFake, Kind::kFaultInjection),
                          KindName);
 
 }  // namespace

@@ -1,6 +1,10 @@
-// Lexical confinement of spec paths to allowed roots.
+// Confinement of spec paths to allowed roots: lexical, then with symbolic links resolved.
 #include "config/path_confinement.h"
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,58 @@ TEST(FindConfinementProblemTest, GlobsThatCouldMatchDotDotAreRefused) {
     ASSERT_TRUE(why) << pattern;
     EXPECT_TRUE(absl::StrContains(*why, "may not contain glob characters")) << *why;
   }
+}
+
+// A scratch tree: root/ (allowed) with a file and a directory, outside/ with a secret.
+class AuthSymlinkConfinementTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/trainyard_confinement_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    base_ = pattern;
+    root_ = base_ + "/root";
+    outside_ = base_ + "/outside";
+    std::filesystem::create_directories(root_ + "/shards");
+    std::filesystem::create_directories(outside_);
+    std::ofstream(root_ + "/shards/train_000.bin") << "x";
+    std::ofstream(outside_ + "/secret") << "x";
+  }
+  void TearDown() override { std::filesystem::remove_all(base_); }
+
+  void ExpectRefused(const std::string& path) {
+    std::optional<std::string> why = FindConfinementProblem(path, {root_}, "/");
+    ASSERT_TRUE(why) << path << " was allowed";
+    EXPECT_TRUE(absl::StrContains(*why, "symbolic link")) << *why;
+  }
+
+  std::string base_, root_, outside_;
+};
+
+TEST_F(AuthSymlinkConfinementTest, ALinkedFileLeadingOutIsRefused) {
+  std::filesystem::create_symlink(outside_ + "/secret", root_ + "/train.bin");
+  ExpectRefused(root_ + "/train.bin");
+}
+
+TEST_F(AuthSymlinkConfinementTest, ALinkedDirectoryLeadingOutIsRefused) {
+  std::filesystem::create_directory_symlink(outside_, root_ + "/data");
+  ExpectRefused(root_ + "/data/secret");
+  ExpectRefused(root_ + "/data/ckpt");   // a checkpoint directory not created yet
+  ExpectRefused(root_ + "/data/*.bin");  // a pattern whose directory leads out
+}
+
+TEST_F(AuthSymlinkConfinementTest, AGlobMatchLeadingOutIsRefused) {
+  std::filesystem::create_symlink(outside_ + "/secret", root_ + "/shards/train_001.bin");
+  ExpectRefused(root_ + "/shards/train_*.bin");
+  EXPECT_FALSE(FindConfinementProblem(root_ + "/shards/train_000.bin", {root_}, "/"));
+}
+
+TEST_F(AuthSymlinkConfinementTest, LinksThatStayInsideAndLinkedRootsAreAllowed) {
+  std::filesystem::create_symlink("train_000.bin", root_ + "/shards/latest.bin");
+  EXPECT_FALSE(FindConfinementProblem(root_ + "/shards/latest.bin", {root_}, "/"));
+  const std::string alias = base_ + "/alias";
+  std::filesystem::create_directory_symlink(root_, alias);
+  EXPECT_FALSE(FindConfinementProblem(alias + "/shards/train_*.bin", {alias}, "/"));
+  EXPECT_FALSE(FindConfinementProblem(root_ + "/not-yet/ckpt", {root_}, "/"));
 }
 
 }  // namespace
