@@ -23,6 +23,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/column_partials.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/memory_bound.cuh"
 #include "kernels/cuda/norms.h"
 
 namespace trainyard::kernels::cuda {
@@ -65,41 +66,6 @@ struct BackwardArgs {
   const float* rstd;
   int64_t rows, c;
 };
-
-// kVec consecutive elements of a row. When kVec · sizeof(T) is a multiple of 16 they move with
-// 16-byte accesses (the address must then be 16-byte aligned); otherwise kVec is 1.
-template <typename T, int kVec>
-struct alignas(kVec * sizeof(T) % 16 == 0 ? 16 : alignof(T)) Vec {
-  T v[kVec];
-};
-
-template <typename T, int kVec>
-__device__ __forceinline__ Vec<T, kVec> LoadVec(const T* p) {
-  Vec<T, kVec> x;
-  if constexpr (kVec * sizeof(T) % 16 == 0) {
-#pragma unroll
-    for (int k = 0; k < kVec; k += 16 / sizeof(T)) {
-      *reinterpret_cast<uint4*>(x.v + k) = *reinterpret_cast<const uint4*>(p + k);
-    }
-  } else {
-    static_assert(kVec == 1);
-    x.v[0] = *p;
-  }
-  return x;
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void StoreVec(T* p, const Vec<T, kVec>& x) {
-  if constexpr (kVec * sizeof(T) % 16 == 0) {
-#pragma unroll
-    for (int k = 0; k < kVec; k += 16 / sizeof(T)) {
-      *reinterpret_cast<uint4*>(p + k) = *reinterpret_cast<const uint4*>(x.v + k);
-    }
-  } else {
-    static_assert(kVec == 1);
-    *p = x.v[0];
-  }
-}
 
 // The `size` consecutive threads of a block (a multiple of 32) that share a row. Unit i of a
 // thread starts at column Column(i): a team's i-th units are contiguous, so its loads coalesce.
@@ -525,7 +491,7 @@ template <typename T>
 RowLayout LayoutFor(int64_t c, bool forward, std::initializer_list<const void*> pointers) {
   constexpr int kPack = 16 / sizeof(T);
   bool aligned = c % kPack == 0;
-  for (const void* ptr : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+  for (const void* ptr : pointers) aligned = aligned && Aligned16(ptr);
   if (aligned) return ChooseLayout(c, kPack, forward ? kMaxForwardUnits : kMaxBackwardUnits);
   return ChooseLayout(c, 1, forward ? kMaxForwardScalars : kMaxBackwardScalars);
 }

@@ -479,7 +479,44 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
   prop->multiProcessorCount = 132;
+  prop->maxThreadsPerMultiProcessor = 2048;
   return cudaSuccess;
+}
+// The attributes cudaGetDeviceProperties above fills in; any other fails (invalid value), so
+// that code depending on one is noticed here rather than handed a made-up value.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  cudaDeviceProp prop;
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) return err;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = prop.multiProcessorCount;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+      *value = prop.maxThreadsPerMultiProcessor;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = prop.maxThreadsPerBlock;
+      return cudaSuccess;
+    case cudaDevAttrWarpSize:
+      *value = prop.warpSize;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = prop.major;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = prop.minor;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(prop.sharedMemPerBlock);
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(prop.sharedMemPerBlockOptin);
+      return cudaSuccess;
+    default:
+      return Fail(cudaErrorInvalidValue);
+  }
 }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;

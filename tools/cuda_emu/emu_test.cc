@@ -81,6 +81,22 @@ TEST(CudaEmu, LaunchErrorsReachGetLastError) {
   EXPECT_EQ(out[0], 0xFF);  // dynamic shared memory starts poisoned
 }
 
+// The attributes agree with the properties (an H100-like device); unknown ones fail.
+TEST(CudaEmu, DeviceAttributesMatchProperties) {
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  int sms = 0, threads = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, 0),
+            cudaSuccess);
+  EXPECT_EQ(sms, prop.multiProcessorCount);
+  EXPECT_EQ(threads, 2048);
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 1),
+            cudaErrorInvalidDevice);
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrL2CacheSize, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
 void DivergentBarrierKernel() {
   if (threadIdx.x == 0) {
     __syncthreads();
