@@ -58,6 +58,17 @@ bool IsLoopback(const std::string& address) {
 
 // Joins the rendezvous, retrying while the coordinator is unreachable (it may be restarting)
 // until `timeout` has passed.
+// How long TLS failures reaching the coordinator may last before the worker gives up: no
+// coordinator restart mends a certificate that does not verify.
+constexpr absl::Duration kTlsFailureWait = absl::Seconds(10);
+
+// gRPC's message for a connection whose TLS handshake failed (a certificate that does not verify,
+// or does not name the host dialled).
+bool IsTlsFailure(absl::string_view message) {
+  return absl::StrContains(message, "andshake") || absl::StrContains(message, "ertificate") ||
+         absl::StrContains(message, "server name") || absl::StrContains(message, "SSL_ERROR");
+}
+
 absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
                                    const CoordinatedOptions& options) {
   v1::JoinRequest request;
@@ -68,10 +79,13 @@ absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
   request.set_hostname(LocalHostname());
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(options.join_timeout));
+  // An unreachable coordinator is waited for (it may be restarting), but each failed connection
+  // is seen, so that a TLS failure, which no restart mends, ends the wait early and says why.
+  std::optional<absl::Time> tls_failing_since;
+  bool said_why = false;
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
-    context.set_wait_for_ready(true);  // ride out a coordinator restart
     v1::JoinReply reply;
     const absl::Status status = rpc::FromGrpc(stub.Join(&context, request, &reply));
     if (status.ok()) return reply;
@@ -80,6 +94,25 @@ absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
       return absl::Status(status.code(),
                           absl::StrCat("join job ", options.job_id, " attempt ", options.attempt_id,
                                        " as rank ", options.rank, ": ", status.message()));
+    }
+    const absl::Time now = RealClock()->Now();
+    if (!IsTlsFailure(status.message())) {
+      tls_failing_since.reset();
+    } else if (!tls_failing_since) {
+      tls_failing_since = now;
+    } else if (now - *tls_failing_since >= kTlsFailureWait) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot reach the coordinator at ", options.coordinator, " over TLS for ",
+          absl::FormatDuration(kTlsFailureWait),
+          " (its certificate must name that host and be "
+          "signed by the CA in TRAINYARD_TLS_CA; the coordinator's --advertise-address sets the "
+          "host): ",
+          status.message()));
+    }
+    if (!said_why) {
+      std::cerr << "waiting for the coordinator at " << options.coordinator << ": "
+                << status.message() << std::endl;
+      said_why = true;
     }
     RealClock()->SleepFor(absl::Milliseconds(200));
   }

@@ -9,9 +9,11 @@
 // worker::TrainRank, and reports progress, obeying the orders in the replies (ProgressReporter).
 //
 // Exit codes (through ExitCodeForStatus): 0 trained to the end; 2 the spec or a data file is
-// bad, or the coordinator refused the join (FAILED_PRECONDITION: a superseded attempt);
-// 3 the rendezvous did not complete in time; 1 anything else, including a stop order
-// (CANCELLED) and the coordinator ending the attempt (ABORTED).
+// bad, the coordinator refused the join (FAILED_PRECONDITION: a superseded attempt), or it
+// could not be reached over TLS for 10 s (its certificate does not verify, or does not name the
+// host dialled: FAILED_PRECONDITION, saying so); 3 the rendezvous did not complete in time; 1
+// anything else, including a stop order (CANCELLED) and the coordinator ending the attempt
+// (ABORTED).
 #ifndef TRAINYARD_WORKER_COORDINATED_H_
 #define TRAINYARD_WORKER_COORDINATED_H_
 

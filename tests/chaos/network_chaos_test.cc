@@ -155,6 +155,32 @@ TEST(NetworkChaosTest, EmbeddedAgentSpeaksMutualTlsWithTheServersCertificate) {
   EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("stops its memory snapshots"))) << log;
 }
 
+// The coordinator tells workers to reach it at a name its certificate does not carry
+// ("localhost", against a certificate for IP 127.0.0.1 only): every worker's TLS handshake fails.
+// The worker gives up after 10 s saying why, instead of waiting out its 5-minute join timeout,
+// and the job fails with that reason instead of burning its restarts on the same failure.
+TEST(NetworkChaosTest, AWorkerThatCannotVerifyTheCoordinatorFailsFastSayingWhy) {
+  ControlPlane cp("chaos_tls_mismatch");
+  const Pki pki = MakePki(cp.dir() + "/pki", "IP:127.0.0.1", {});
+  ASSERT_FALSE(HasFatalFailure());
+  const int port = FreeLoopbackPort();
+  std::vector<std::string> flags = pki.ServerFlags();
+  flags.insert(flags.end(), {"--advertise-address", absl::StrCat("localhost:", port)});
+  cp.StartServer(
+      {.local_agent = true, .extra_args = flags, .listen = absl::StrCat("127.0.0.1:", port)});
+  cp.SetCliFlags(pki.Flags("user"));
+  const auto submitted = std::chrono::steady_clock::now();
+  const std::string job_id = cp.Submit(cp.WriteSpec("job.yaml", TinySpec({.name = "mismatch"})));
+  ASSERT_FALSE(job_id.empty());
+  ASSERT_TRUE(cp.WaitFor(
+      job_id, [](const v1::GetJobReply& r) { return r.job().state() == v1::JOB_STATE_FAILED; }, 90))
+      << cp.Cli({"status", job_id}).out;
+  EXPECT_LT(std::chrono::steady_clock::now() - submitted, std::chrono::seconds(60));
+  const v1::GetJobReply failed = cp.Status(job_id);
+  EXPECT_EQ(failed.job().restarts(), 0) << "a certificate problem is not worth a restart";
+  EXPECT_THAT(cp.Cli({"status", job_id}).out, ::testing::HasSubstr("over TLS"));
+}
+
 // Runs `ip` with `args`; true on success.
 bool Ip(const std::vector<std::string>& args, std::string* error = nullptr) {
   std::vector<std::string> argv = {IpBinary()};

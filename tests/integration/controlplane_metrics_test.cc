@@ -37,18 +37,6 @@ std::string FindPrometheus() {
   return access("/usr/bin/prometheus", X_OK) == 0 ? "/usr/bin/prometheus" : "";
 }
 
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 std::string UrlEncode(const std::string& text) {
   std::string out;
   for (unsigned char c : text) {

@@ -1,8 +1,12 @@
 #include "tests/integration/controlplane_util.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <google/protobuf/util/json_util.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -68,6 +72,18 @@ double ExactFinalLoss(const std::string& log) {
   std::smatch m;
   if (!std::regex_search(log, m, std::regex("exact final loss (\\S+)"))) return std::nan("");
   return std::strtod(m[1].str().c_str(), nullptr);
+}
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
 }
 
 bool ProcessGone(int64_t pid) {

@@ -56,6 +56,9 @@ double ExactFinalLoss(const std::string& log);
 // True when `pid` no longer runs (no /proc entry, or a zombie).
 bool ProcessGone(int64_t pid);
 
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeLoopbackPort();
+
 class ControlPlane {
  public:
   explicit ControlPlane(const std::string& name);
