@@ -32,7 +32,7 @@ packages=(
 )
 if ((!build_only)); then
   packages+=(
-    prometheus iproute2 clang
+    prometheus iproute2 clang libclang-rt-14-dev
     python3-numpy python3-torch
     slurmctld slurmd slurm-client munge  # the Slurm deployment test
     nodejs                               # the Kubernetes manifest test
