@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "common/text_check.h"
+#include "config/spec.h"
 #include "tools/cli/checkpoint_format.h"
 #include "tools/cli/format.h"
 #include "tools/cli/job_client.h"
@@ -221,6 +222,13 @@ class Cli {
       return absl::InvalidArgumentError("usage: trainyard submit SPEC.yaml [--watch]");
     }
     const std::string& path = line_.positionals[0];
+    // The coordinator refuses a larger spec; say so before reading or sending it.
+    if (absl::StatusOr<uint64_t> size = io_.fs->FileSize(path);
+        size.ok() && *size > config::kMaxSpecBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the spec is ", *size,
+                                                     " bytes, over the limit of ",
+                                                     config::kMaxSpecBytes, " bytes"));
+    }
     absl::StatusOr<std::string> spec = io_.fs->ReadFile(path);
     if (!spec.ok()) return Annotate(spec.status(), "cannot read the spec");
     // The request carries the spec as a protobuf string, which must be UTF-8: say where it is

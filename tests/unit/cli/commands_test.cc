@@ -104,6 +104,13 @@ TEST_F(CommandsTest, AMissingSpecIsBadInput) {
   EXPECT_THAT(err_.str(), HasSubstr("/jobs/missing.yaml"));
 }
 
+TEST_F(CommandsTest, ASpecOverTheSizeLimitIsBadInputBeforeItIsSent) {
+  ASSERT_TRUE(fs_.CreateDirs("/jobs").ok());
+  ASSERT_TRUE(fs_.WriteFileAtomic("/jobs/big.yaml", std::string((1 << 20) + 1, '#')).ok());
+  EXPECT_EQ(Run({"--server", DeadAddress(), "submit", "/jobs/big.yaml"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("/jobs/big.yaml: the spec is 1048577 bytes, over the limit"));
+}
+
 TEST_F(CommandsTest, NoServerToTalkToIsExitThree) {
   EXPECT_EQ(Run({"list"}), 3);
   EXPECT_THAT(err_.str(), HasSubstr("no coordinator address"));
