@@ -14,10 +14,14 @@ namespace v1 = ::trainyard::v1;
 
 namespace {
 
-template <typename Message>
-bool Parse(const uint8_t* data, size_t size, Message* message) {
-  return message->ParseFromArray(data, static_cast<int>(size));
+// Parses the bytes as a Message and, when they are one, hands it to `decode`.
+template <typename Message, typename Fn>
+void Decode(const uint8_t* data, size_t size, Fn decode) {
+  Message message;
+  if (message.ParseFromArray(data, static_cast<int>(size))) decode(message);
 }
+
+void Nothing(const google::protobuf::Message&) {}
 
 }  // namespace
 
@@ -28,54 +32,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   using trainyard::server::FromProto;
   switch (kind) {
-    case 0: {
-      v1::SubmitJobRequest request;
-      if (Parse(data, size, &request))
-        (void)trainyard::config::ParseJobSpec(request.spec_yaml(), "fuzz");
+    case 0:
+      Decode<v1::SubmitJobRequest>(data, size, [](const auto& m) {
+        (void)trainyard::config::ParseJobSpec(m.spec_yaml(), "fuzz");
+      });
       break;
-    }
-    case 1: {
-      v1::AgentMessage message;
-      if (Parse(data, size, &message) && message.has_registration()) {
-        (void)FromProto(message.registration());
-      }
+    case 1:
+      Decode<v1::AgentMessage>(data, size, [](const auto& m) {
+        if (m.has_registration()) (void)FromProto(m.registration());
+      });
       break;
-    }
-    case 2: {
-      v1::RunningWorker worker;
-      if (Parse(data, size, &worker)) (void)FromProto(worker);
+    case 2:
+      Decode<v1::RunningWorker>(data, size, [](const auto& m) { (void)FromProto(m); });
       break;
-    }
-    case 3: {
-      v1::WorkerExited exited;
-      if (Parse(data, size, &exited)) (void)FromProto(exited);
+    case 3:
+      Decode<v1::WorkerExited>(data, size, [](const auto& m) { (void)FromProto(m); });
       break;
-    }
-    case 4: {
-      v1::ProgressReport report;
-      if (Parse(data, size, &report)) (void)FromProto(report);
+    case 4:
+      Decode<v1::ProgressReport>(data, size, [](const auto& m) { (void)FromProto(m); });
       break;
-    }
-    case 5: {
-      v1::HangReport report;
-      if (Parse(data, size, &report)) (void)FromProto(report);
+    case 5:
+      Decode<v1::HangReport>(data, size, [](const auto& m) { (void)FromProto(m); });
       break;
-    }
-    case 6: {
-      v1::JoinRequest request;
-      (void)Parse(data, size, &request);
+    case 6:
+      Decode<v1::JoinRequest>(data, size, Nothing);
       break;
-    }
-    case 7: {
-      v1::KvSetRequest request;
-      (void)Parse(data, size, &request);
+    case 7:
+      Decode<v1::KvSetRequest>(data, size, Nothing);
       break;
-    }
-    default: {
-      v1::GetLogsRequest request;
-      (void)Parse(data, size, &request);
+    default:
+      Decode<v1::GetLogsRequest>(data, size, Nothing);
       break;
-    }
   }
   return 0;
 }
