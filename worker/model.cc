@@ -195,7 +195,8 @@ int64_t Model::activation_bytes() const {
     ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
     for (const auto& r : a.resid) add_act(r);
     for (const auto& la : a.layers) {
-      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.att, &la.mid, &la.ln2, &la.fc, &la.act}) {
+      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.att, &la.mid, &la.ln2, &la.fc, &la.act,
+                                   &la.ln1_local, &la.ln2_local}) {
         add_act(*b);
       }
       for (const Buffer<float>* b :
@@ -204,10 +205,14 @@ int64_t Model::activation_bytes() const {
       }
     }
     for (const Buffer<Act>* b :
-         {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf}) {
+         {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf,
+          &a.lnf_local, &a.tmp_local, &a.dx_full, &a.dln_local, &a.dlnf_local}) {
       add_act(*b);
     }
-    for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_lse}) add(*b);
+    for (const Buffer<float>* b :
+         {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_lse, &a.norm_scratch}) {
+      add(*b);
+    }
   }
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
          ints * static_cast<int64_t>(sizeof(int32_t));

@@ -46,7 +46,9 @@ class Model {
   const config::ModelConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
-  // Bytes of activation memory held (every micro-batch slot), at the backend's activation type.
+  // Bytes of activation memory held (every micro-batch slot): every buffer a slot allocates,
+  // sequence parallelism's local- and full-row copies and norm scratch included; activations at
+  // the backend's activation type, statistics as fp32, token ids as int32.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_comm_seconds_; }

@@ -18,6 +18,7 @@
 #include "tools/cli/checkpoint_format.h"
 #include "tools/cli/format.h"
 #include "tools/cli/job_client.h"
+#include "tools/cli/plan_command.h"
 #include "tools/cli/server_address.h"
 
 namespace trainyard::cli {
@@ -43,6 +44,8 @@ commands:
                                     that checkpoint
   nodes                             the agents, their slots, and nodes cordoned after failures
   nodes uncordon NODE               lift a node's quarantine now
+  plan SPEC [--json] [...]          memory, step time and MFU of every mesh, and the best one
+                                    (no coordinator; docs/planner.md)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state), 3 coordinator unreachable, 4 cancelled, 5 drained.
@@ -485,6 +488,7 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
   const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
   auto fail = [&](const absl::Status& status) {
     std::string message(status.message());
+  if (IsPlanCommand(args)) return RunPlan(args, PlanIoFromEnvironment(io.out, io.err, io.fs));
     for (char& c : message) {
       if (c == '\n') c = ' ';
     }

@@ -1,0 +1,160 @@
+#include "planner/device_profile.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::planner {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The SXM parts of both datasheets share everything but memory: 989 dense bf16 TFLOPS (the
+// datasheets' 1,979 is with 2:4 sparsity), NVLink 900 GB/s per GPU (both directions, so 450 GB/s
+// each way), and in their DGX systems one 400 Gb/s ConnectX-7 InfiniBand port per GPU (50 GB/s
+// each way). The link latencies are the planner's assumptions, not datasheet figures.
+DeviceProfile HopperSxm(std::string name, double memory_gib, double hbm_bytes_per_second) {
+  DeviceProfile p;
+  p.name = std::move(name);
+  p.description = absl::StrFormat(
+      "NVIDIA %s SXM: %.0f GB HBM at %.2f TB/s, 989 bf16 TFLOPS dense, NVLink 450 GB/s and "
+      "InfiniBand 50 GB/s per direction",
+      p.name == "h100" ? "H100" : "H200", memory_gib, hbm_bytes_per_second / 1e12);
+  p.memory_bytes = static_cast<int64_t>(memory_gib * kGiB);
+  p.peak_flops = 989.4e12;
+  p.matmul_flops = p.peak_flops;
+  p.memory_bytes_per_second = hbm_bytes_per_second;
+  p.intra_node = Link{.alpha_seconds = 5e-6, .bytes_per_second = 450e9};
+  p.inter_node = Link{.alpha_seconds = 10e-6, .bytes_per_second = 50e9};
+  p.act_bytes = 2;                        // bf16 activations
+  p.max_logits_chunk = int64_t{1} << 27;  // the CUDA backend's
+  p.calibrated = true;
+  return p;
+}
+
+// Until `trainyard plan --calibrate` has run: round figures of a small machine, flagged.
+DeviceProfile UncalibratedCpu() {
+  DeviceProfile p;
+  p.name = "cpu";
+  p.description = "CPU ranks (not calibrated: run `trainyard plan --calibrate`)";
+  p.memory_bytes = static_cast<int64_t>(8 * kGiB);
+  p.shared_node = true;
+  p.peak_flops = 50e9;
+  p.matmul_flops = p.peak_flops;
+  p.memory_bytes_per_second = 10e9;
+  p.intra_node = Link{.alpha_seconds = 50e-6, .bytes_per_second = 2e9};
+  p.inter_node = p.intra_node;
+  p.act_bytes = 4;
+  p.max_logits_chunk = int64_t{1} << 20;
+  p.calibrated = false;
+  return p;
+}
+
+absl::StatusOr<double> Number(const config::YamlNode& root, const std::string& path) {
+  const config::YamlNode* node = &root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    const config::YamlEntry* entry = node->Find(key);
+    if (entry == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing ", path));
+    node = &entry->value;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  double value = 0;
+  if (node->kind != config::YamlNode::Kind::kScalar || !absl::SimpleAtod(node->value, &value) ||
+      !std::isfinite(value) || value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a non-negative number"));
+  }
+  return value;
+}
+
+}  // namespace
+
+std::vector<std::string> ProfileNames() { return {"cpu", "h100", "h200"}; }
+
+absl::StatusOr<DeviceProfile> PublishedProfile(const std::string& name) {
+  if (name == "h100") return HopperSxm("h100", 80, 3.35e12);
+  if (name == "h200") return HopperSxm("h200", 141, 4.8e12);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown device profile '", name, "' (known: ", absl::StrJoin(ProfileNames(), ", "), ")"));
+}
+
+std::string CpuProfilePath(const char* xdg_config_home, const char* home) {
+  if (xdg_config_home != nullptr && *xdg_config_home != '\0') {
+    return absl::StrCat(xdg_config_home, "/trainyard/cpu-profile.json");
+  }
+  if (home != nullptr && *home != '\0') {
+    return absl::StrCat(home, "/.config/trainyard/cpu-profile.json");
+  }
+  return "";
+}
+
+std::string ProfileToJson(const DeviceProfile& p) {
+  auto link = [](const Link& l) {
+    return absl::StrFormat("{\"alpha_seconds\": %.9g, \"bytes_per_second\": %.9g}", l.alpha_seconds,
+                           l.bytes_per_second);
+  };
+  return absl::StrFormat(
+      "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
+      "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
+      "  \"intra_node\": %s,\n  \"inter_node\": %s\n}\n",
+      p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
+      link(p.inter_node));
+}
+
+absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
+  TY_ASSIGN_OR_RETURN(const config::YamlNode root, config::ParseYamlTree(json, "cpu profile"));
+  DeviceProfile p = UncalibratedCpu();
+  p.description = "CPU ranks (calibrated on this machine)";
+  p.calibrated = true;
+  TY_ASSIGN_OR_RETURN(const double memory, Number(root, "memory_bytes"));
+  p.memory_bytes = static_cast<int64_t>(memory);
+  TY_ASSIGN_OR_RETURN(p.peak_flops, Number(root, "peak_flops"));
+  TY_ASSIGN_OR_RETURN(p.matmul_flops, Number(root, "matmul_flops"));
+  TY_ASSIGN_OR_RETURN(p.memory_bytes_per_second, Number(root, "memory_bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.intra_node.alpha_seconds, Number(root, "intra_node.alpha_seconds"));
+  TY_ASSIGN_OR_RETURN(p.intra_node.bytes_per_second, Number(root, "intra_node.bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.inter_node.alpha_seconds, Number(root, "inter_node.alpha_seconds"));
+  TY_ASSIGN_OR_RETURN(p.inter_node.bytes_per_second, Number(root, "inter_node.bytes_per_second"));
+  if (p.peak_flops <= 0 || p.matmul_flops <= 0 || p.memory_bytes_per_second <= 0 ||
+      p.intra_node.bytes_per_second <= 0 || p.inter_node.bytes_per_second <= 0 ||
+      p.memory_bytes <= 0) {
+    return absl::InvalidArgumentError("rates and memory must be positive");
+  }
+  return p;
+}
+
+absl::StatusOr<DeviceProfile> LoadCpuProfile(FileSystem& fs, const std::string& path) {
+  if (path.empty() || !fs.Exists(path)) return UncalibratedCpu();
+  absl::StatusOr<std::string> text = fs.ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the cpu profile ", path, ": ", text.status().message()));
+  }
+  absl::StatusOr<DeviceProfile> profile = ProfileFromJson(*text);
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the cpu profile ", path, " is malformed (",
+                                                   profile.status().message(),
+                                                   "); run `trainyard plan --calibrate` again"));
+  }
+  return profile;
+}
+
+absl::Status SaveCpuProfile(FileSystem& fs, const std::string& path, const DeviceProfile& profile) {
+  if (path.empty()) {
+    return absl::FailedPreconditionError(
+        "nowhere to keep the cpu profile: set XDG_CONFIG_HOME or HOME");
+  }
+  TY_RETURN_IF_ERROR(fs.CreateDirs(Dirname(path)));
+  return fs.WriteFileAtomic(path, ProfileToJson(profile));
+}
+
+}  // namespace trainyard::planner

@@ -1,0 +1,71 @@
+// Device profiles: what the planner assumes about the hardware a job runs on. `h100` and `h200`
+// carry the vendors' published figures (docs/planner.md names the datasheets); `cpu` is measured
+// on the machine itself by `trainyard plan --calibrate` (planner/calibrate.h) and kept in a small
+// JSON file (CpuProfilePath).
+//
+// Threading: plain values and functions; no shared state.
+#ifndef TRAINYARD_PLANNER_DEVICE_PROFILE_H_
+#define TRAINYARD_PLANNER_DEVICE_PROFILE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+
+namespace trainyard::planner {
+
+// A link class of the α–β model: moving b bytes in one message takes alpha + b / bandwidth.
+struct Link {
+  double alpha_seconds = 0;        // per message (per ring step of a collective)
+  double bytes_per_second = 1e12;  // per direction, per device
+};
+
+struct DeviceProfile {
+  std::string name;         // "h100", "h200", "cpu"
+  std::string description;  // one line, for the human output
+  // One device's memory, matmul rates and memory bandwidth. With shared_node (CPU ranks) they
+  // are the whole machine's, which its devices_per_node ranks share equally.
+  int64_t memory_bytes = 0;
+  bool shared_node = false;
+  double peak_flops = 0;    // dense bf16 (GPU) or fp32 GEMM at a large size (CPU): the MFU basis
+  double matmul_flops = 0;  // the rate compute time is predicted at
+  double memory_bytes_per_second = 0;  // HBM (GPU) or DRAM (CPU) bandwidth
+  Link intra_node;                     // NVLink; CPU: loopback TCP
+  Link inter_node;                     // InfiniBand; CPU: as loopback (see docs/planner.md)
+  // How the engine's backend stores activations on this device: bf16 on CUDA, fp32 on the CPU,
+  // and the most logits its chunked cross-entropy holds at once (Backend::max_logits_chunk).
+  int64_t act_bytes = 4;
+  int64_t max_logits_chunk = int64_t{1} << 20;
+  bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
+};
+
+// The built-in profiles' names, for messages: "cpu", "h100", "h200".
+std::vector<std::string> ProfileNames();
+
+// The published profile `name` ("h100" or "h200"); INVALID_ARGUMENT naming the known profiles
+// for anything else (the cpu profile comes from LoadCpuProfile).
+[[nodiscard]] absl::StatusOr<DeviceProfile> PublishedProfile(const std::string& name);
+
+// Where the calibrated cpu profile lives: $XDG_CONFIG_HOME/trainyard/cpu-profile.json, else
+// $HOME/.config/trainyard/cpu-profile.json; empty when neither variable is set. The arguments
+// are the variables' values (null when unset).
+std::string CpuProfilePath(const char* xdg_config_home, const char* home);
+
+// The cpu profile stored at `path`. A missing file gives the uncalibrated placeholder
+// (calibrated == false), whose figures are deliberately round and marked as such in the output;
+// an unreadable or malformed file is INVALID_ARGUMENT naming it.
+[[nodiscard]] absl::StatusOr<DeviceProfile> LoadCpuProfile(FileSystem& fs, const std::string& path);
+
+// Writes `profile` to `path` as JSON (creating the directory), atomically.
+[[nodiscard]] absl::Status SaveCpuProfile(FileSystem& fs, const std::string& path,
+                                          const DeviceProfile& profile);
+
+// The JSON text SaveCpuProfile writes, and its inverse.
+std::string ProfileToJson(const DeviceProfile& profile);
+[[nodiscard]] absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_DEVICE_PROFILE_H_

@@ -1,0 +1,218 @@
+#include "planner/memory_model.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "worker/parallel/pipeline.h"
+
+namespace trainyard::planner {
+namespace {
+
+// Replays the calls the model makes on its parameter source (worker/param_source.h) through
+// ShardedParams' bookkeeping of transient buffers, sizes only. Collectives are taken to finish
+// in order before the next call, so a reduced gradient's staging is freed at the next hand-over,
+// as AccumulateReduced does when nothing is late.
+class TransientReplay {
+ public:
+  explicit TransientReplay(const RankShape& s)
+      : s_(s),
+        zero_(s.mesh.zero),
+        gathered_(s.group_sizes.size(), false),
+        gather_pending_(s.group_sizes.size(), false),
+        holds_(s.group_sizes.size(), 0),
+        staging_(s.group_sizes.size(), false) {}
+
+  void Acquire(int g) {
+    if (zero_ < 3) return;
+    if (!gathered_[g]) Gather(g);
+    gather_pending_[g] = false;
+    ++holds_[g];
+  }
+  void Prefetch(int g) {
+    if (zero_ < 3 || g < 0 || g >= static_cast<int>(gathered_.size())) return;
+    if (!gathered_[g]) Gather(g);
+  }
+  void Release(int g) {
+    if (zero_ < 3) return;
+    if (--holds_[g] == 0 && !gather_pending_[g]) {
+      gathered_[g] = false;
+      Add(-Bytes(g));
+    }
+  }
+  void Gradients(int g) {
+    if (zero_ < 2 || staging_[g]) return;
+    staging_[g] = true;
+    Add(Bytes(g));
+  }
+  void Ready(int g) {
+    if (zero_ < 2) return;
+    FreeReduced();
+    staging_[g] = false;
+    pending_.push_back(Bytes(g));
+  }
+  // FinishStep: waits for everything and frees prefetched groups nobody holds.
+  void FinishStep() {
+    FreeReduced();
+    for (size_t g = 0; g < gathered_.size(); ++g) {
+      gather_pending_[g] = false;
+      if (holds_[g] == 0 && gathered_[g]) {
+        gathered_[g] = false;
+        Add(-Bytes(static_cast<int>(g)));
+      }
+    }
+  }
+  int64_t peak() const { return peak_; }
+
+ private:
+  int64_t Bytes(int g) const { return 4 * s_.padded(g); }
+  void Gather(int g) {
+    gathered_[g] = true;
+    gather_pending_[g] = true;
+    Add(Bytes(g));
+  }
+  void FreeReduced() {
+    for (int64_t bytes : pending_) Add(-bytes);
+    pending_.clear();
+  }
+  void Add(int64_t delta) {
+    now_ += delta;
+    peak_ = std::max(peak_, now_);
+  }
+
+  const RankShape& s_;
+  const int zero_;
+  std::vector<bool> gathered_, gather_pending_;
+  std::vector<int> holds_;
+  std::vector<bool> staging_;
+  std::vector<int64_t> pending_;
+  int64_t now_ = 0, peak_ = 0;
+};
+
+int BlockGroup(const RankShape& s, int layer) {
+  return layer - s.stage.first_layer + (s.stage.first ? 1 : 0);
+}
+
+int FinalGroup(const RankShape& s) { return static_cast<int>(s.group_sizes.size()) - 1; }
+
+// Model::BackwardBlocks.
+void ReplayBackwardBlocks(const RankShape& s, TransientReplay& r) {
+  const int first = s.stage.first_layer;
+  for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
+    r.Acquire(BlockGroup(s, l));
+    if (l > first) r.Prefetch(BlockGroup(s, l - 1));
+    r.Gradients(BlockGroup(s, l));
+    r.Ready(BlockGroup(s, l));
+    r.Release(BlockGroup(s, l));
+  }
+  if (s.stage.first) {
+    r.Gradients(0);
+    r.Ready(0);
+  }
+}
+
+// Model::StageForward: the forward pass, and on the last stage the loss and the whole backward.
+void ReplayStageForward(const RankShape& s, TransientReplay& r) {
+  const int first = s.stage.first_layer, end = first + s.stage.num_layers;
+  if (s.stage.first) {
+    r.Acquire(0);
+    if (s.stage.num_layers > 0) r.Prefetch(BlockGroup(s, first));
+    r.Release(0);
+  }
+  for (int l = first; l < end; ++l) {
+    if (l + 1 < end) {
+      r.Prefetch(BlockGroup(s, l + 1));
+    } else if (s.stage.last) {
+      r.Prefetch(FinalGroup(s));
+    }
+    r.Acquire(BlockGroup(s, l));
+    r.Release(BlockGroup(s, l));
+  }
+  if (!s.stage.last) return;
+  const int final_group = FinalGroup(s);
+  const int head = s.tied_head_in_embedding_group() ? 0 : final_group;
+  r.Acquire(final_group);
+  r.Acquire(head);  // the chunked loss
+  r.Gradients(head);
+  r.Release(head);
+  r.Gradients(final_group);  // the final norm's backward
+  r.Ready(final_group);
+  r.Release(final_group);
+  ReplayBackwardBlocks(s, r);
+}
+
+}  // namespace
+
+int ActivationSlots(const RankShape& s) {
+  if (s.mesh.pp == 1) return 1;
+  return worker::InFlight(s.stage_index, s.mesh.pp, s.micro_batches);
+}
+
+int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
+  const config::ModelConfig& c = s.model;
+  const int64_t tp = s.mesh.tp;
+  const bool sp = s.mesh.sequence_parallel && tp > 1;
+  const int64_t n = int64_t{s.micro} * s.seq_len, nr = sp ? n / tp : n, w = c.width;
+  const int64_t heads = c.heads / tp, kv = c.kv_heads / tp, d = c.head_dim();
+  const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d, ffn = c.ffn_hidden / tp;
+  const int64_t fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
+  const int64_t vocab = c.vocab / tp;
+  const int64_t layers = s.stage.num_layers, saved = c.recompute ? 1 : layers;
+  const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
+  const int64_t ints = 2 * n + (tp > 1 ? 2 * n : 0);
+  int64_t acts = (layers + 1) * nr * w;                                          // residual stream
+  acts += saved * (2 * n * w + n * qkv + n * attn + nr * w + n * fc + n * ffn);  // per block
+  if (sp) acts += saved * 2 * nr * w;               // the norms' local rows
+  int64_t floats = saved * (4 * nr + n * heads);    // norm statistics, attention log-sum-exp
+  acts += 2 * n * w + chunk_rows * vocab + nr * w;  // lnf, tmp, logits, dx
+  floats += 2 * nr + 4 * chunk_rows;                // lnf statistics, loss statistics
+  if (sp) {
+    acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
+    floats += 4 * w;             // norm-gradient scratch
+  }
+  acts += n * w + n * attn + n * qkv + n * fc + n * ffn + n * w;  // dln .. dlnf
+  return acts * backend.act_bytes + 4 * floats + 4 * ints;
+}
+
+int64_t TransientPeakBytes(const RankShape& s) {
+  if (s.mesh.zero < 2) return 0;
+  TransientReplay r(s);
+  const int p = s.mesh.pp, m = s.micro_batches;
+  const int warmup = p == 1 ? 0 : std::min(p - s.stage_index - 1, m);
+  auto forward = [&] { ReplayStageForward(s, r); };
+  auto backward = [&] {
+    if (!s.stage.last) ReplayBackwardBlocks(s, r);
+  };
+  for (int i = 0; i < warmup; ++i) forward();
+  for (int j = 0; j < m - warmup; ++j) {
+    forward();
+    backward();
+  }
+  for (int i = m - warmup; i < m; ++i) backward();
+  r.FinishStep();
+  return r.peak();
+}
+
+RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
+  int64_t padded = 0, shard = 0;
+  for (size_t g = 0; g < s.group_sizes.size(); ++g) {
+    padded += s.padded(g);
+    shard += s.chunk(g);
+  }
+  const int zero = s.mesh.zero;
+  RankMemory m;
+  m.parameters = 4 * (zero < 3 ? padded : shard);
+  m.gradients = 4 * (zero < 2 ? padded : shard);
+  m.optimizer = 2 * 4 * (zero == 0 ? padded : shard);
+  m.activations = ActivationSlots(s) * ActivationSlotBytes(s, backend);
+  m.transient = TransientPeakBytes(s);
+  if (s.mesh.pp > 1) {
+    const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
+    const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
+    const int64_t slots = ActivationSlots(s);
+    const int64_t buffers = (s.stage.first ? 0 : slots + 1) + (s.stage.last ? 0 : slots + 1);
+    m.pipeline_buffers = buffers * count * backend.act_bytes;
+  }
+  return m;
+}
+
+}  // namespace trainyard::planner

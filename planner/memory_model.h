@@ -1,0 +1,50 @@
+// The memory equation of one rank, term by term as the engine stores its state:
+//
+// - parameters, gradients and AdamW's two moments are fp32 over the rank's ParameterLayout,
+//   each parameter group padded to a multiple of dp; ZeRO-1 shards the moments, ZeRO-2 the
+//   gradients too, ZeRO-3 the parameters too, to ⌈group / dp⌉ elements per group
+//   (worker/parallel/sharded_params.h);
+// - activations: every buffer one micro-batch's activation slot allocates (worker/model.cc),
+//   times the slots the rank keeps (1, or under 1F1B the micro-batches in flight);
+// - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
+//   staging buffers (ZeRO-2/3), plus the pipeline's send and receive buffers.
+//
+// The first four equal the engine's accounting (TrainResult::memory) exactly. The transient peak
+// is the engine's when its collectives keep pace with compute (each finishes before the next group
+// is handed over); slower collectives hold more staging buffers at once.
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_PLANNER_MEMORY_MODEL_H_
+#define TRAINYARD_PLANNER_MEMORY_MODEL_H_
+
+#include <cstdint>
+
+#include "planner/rank_shape.h"
+
+namespace trainyard::planner {
+
+struct RankMemory {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+  int64_t activations = 0;
+  int64_t transient = 0;         // gathered groups and gradient staging, at their peak
+  int64_t pipeline_buffers = 0;  // 1F1B send/receive buffers
+  int64_t other() const { return transient + pipeline_buffers; }
+  int64_t total() const { return parameters + gradients + optimizer + activations + other(); }
+};
+
+RankMemory PredictRankMemory(const RankShape& shape, const BackendShape& backend);
+
+// Bytes of one activation slot (one micro-batch in flight), as Model::activation_bytes counts it.
+int64_t ActivationSlotBytes(const RankShape& shape, const BackendShape& backend);
+
+// Activation slots the rank keeps: 1 without pipelining, else worker::InFlight.
+int ActivationSlots(const RankShape& shape);
+
+// The peak bytes of ZeRO's transient buffers over one optimizer step.
+int64_t TransientPeakBytes(const RankShape& shape);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_MEMORY_MODEL_H_

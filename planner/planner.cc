@@ -1,0 +1,275 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "config/mesh.h"
+#include "planner/explain.h"
+
+namespace trainyard::planner {
+namespace {
+
+// Seconds one rank spends in `collectives` over `link`, split by when they run.
+struct PhaseSeconds {
+  double exposed = 0, forward = 0, backward = 0;
+  double all() const { return exposed + forward + backward; }
+};
+
+PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link) {
+  PhaseSeconds t;
+  for (const Collective& c : collectives) {
+    const double seconds =
+        c.repeat * (c.latency * link.alpha_seconds + c.bytes / link.bytes_per_second);
+    (c.phase == Phase::kExposed   ? t.exposed
+     : c.phase == Phase::kForward ? t.forward
+                                  : t.backward) += seconds;
+  }
+  return t;
+}
+
+// Whether some group of the axis spans two nodes (ranks are laid out tp innermost, then dp,
+// then pp; a node holds devices_per_node consecutive ranks).
+bool DataParallelCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
+  const int span = m.dp * m.tp;
+  for (int p = 0; p < m.pp; ++p) {
+    if ((p * span) / devices_per_node != ((p + 1) * span - 1) / devices_per_node) return true;
+  }
+  return false;
+}
+
+bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
+  return m.pp > 1 && (m.pp - 1) * m.dp * m.tp >= devices_per_node;
+}
+
+// One stage's share of a step.
+struct StageTime {
+  double forward = 0, backward = 0;  // one micro-batch's compute
+  double optimizer = 0;
+  double tp = 0, pp = 0, dp = 0;  // exposed seconds per step
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;
+  double per_micro_batch(int m) const { return forward + backward + (tp + pp) / m; }
+};
+
+StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
+                    bool dp_crosses, bool pp_crosses) {
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  const config::ModelConfig& c = s.model;
+  const double tokens = static_cast<double>(s.micro) * s.seq_len;
+  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.stage.num_layers;
+  const double forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
+  double backward_flops = 2 * forward_flops;
+  if (c.recompute) backward_flops += tokens * (2.0 * s.matmul_params + attention);
+  // Elementwise work: the slot's activations written in the forward pass, read and their
+  // gradients written in the backward pass.
+  const double slot_seconds = ActivationSlotBytes(s, backend) / device.memory_bytes_per_second;
+  StageTime t;
+  t.forward = forward_flops / device.matmul_flops + slot_seconds;
+  t.backward = backward_flops / device.matmul_flops + 2 * slot_seconds;
+  const RankMemory memory = PredictRankMemory(s, backend);
+  // AdamW reads parameters, gradients and both moments and writes three of them: 7 floats per
+  // element it owns (the moments are 8 bytes per owned element).
+  t.optimizer = 28.0 * (memory.optimizer / 8.0) / device.memory_bytes_per_second;
+
+  const std::vector<Collective> dp = DataParallelTraffic(s, loop, 0);
+  const std::vector<Collective> tp = TensorParallelTraffic(s, backend, loop, 0);
+  std::vector<Collective> pp = PipelineTraffic(s, backend, loop, s.stage_index);
+  for (const Collective& tied : TiedEmbeddingTraffic(s)) pp.push_back(tied);
+  t.bytes_dp = TotalBytes(dp);
+  t.bytes_tp = TotalBytes(tp);
+  t.bytes_pp = TotalBytes(pp);
+  t.tp = TimeOf(tp, device.intra_node).all();
+  t.pp = TimeOf(pp, pp_crosses ? device.inter_node : device.intra_node).all();
+  const PhaseSeconds d = TimeOf(dp, dp_crosses ? device.inter_node : device.intra_node);
+  // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
+  const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
+  t.dp = d.exposed + std::max(0.0, d.backward - windows * t.backward) +
+         std::max(0.0, d.forward - s.micro_batches * t.forward);
+  return t;
+}
+
+// One rank's share of the device: ranks on a shared node split its memory, cores and bandwidth.
+DeviceProfile PerRank(const DeviceProfile& device, int devices_per_node) {
+  if (!device.shared_node) return device;
+  DeviceProfile share = device;
+  share.memory_bytes /= devices_per_node;
+  share.peak_flops /= devices_per_node;
+  share.matmul_flops /= devices_per_node;
+  share.memory_bytes_per_second /= devices_per_node;
+  return share;
+}
+
+}  // namespace
+
+std::optional<std::string> EngineProblem(const config::JobSpec& spec,
+                                         const config::ParallelismSpec& mesh) {
+  if (spec.model.vocab % mesh.tp != 0) {
+    return absl::StrCat("parallelism.tp: model.vocab ", spec.model.vocab,
+                        " is not divisible by tp ", mesh.tp,
+                        " (the embedding and LM head split by vocabulary)");
+  }
+  if (mesh.pp > 1 && spec.model.tied_embeddings && mesh.zero >= 2) {
+    return absl::StrCat("parallelism.zero: ZeRO-", mesh.zero,
+                        " cannot keep a token embedding tied across pipeline stages (ZeRO-0 or "
+                        "1 can)");
+  }
+  return std::nullopt;
+}
+
+std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
+  std::vector<config::ParallelismSpec> meshes;
+  const int world = spec.resources.world_size();
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0) continue;
+    for (int pp = 1; pp <= world / tp; ++pp) {
+      if ((world / tp) % pp != 0) continue;
+      const int dp = world / tp / pp;
+      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+        config::ParallelismSpec mesh;
+        mesh.dp = dp;
+        mesh.tp = tp;
+        mesh.pp = pp;
+        mesh.zero = zero;
+        mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
+        if (config::FindMeshProblem(mesh, spec) || EngineProblem(spec, mesh)) continue;
+        meshes.push_back(mesh);
+      }
+    }
+  }
+  return meshes;
+}
+
+Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
+                   const DeviceProfile& node_device, const LoopOptions& loop) {
+  const int g = spec.resources.devices_per_node;
+  const DeviceProfile device = PerRank(node_device, g);
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  Candidate c;
+  c.mesh = mesh;
+  c.dp_crosses_nodes = DataParallelCrossesNodes(mesh, g);
+  c.pp_crosses_nodes = PipelineCrossesNodes(mesh, g);
+  c.capacity = device.memory_bytes;
+  std::vector<StageTime> stages;
+  double slowest_micro_batch = 0;
+  int micro_batches = 1;
+  for (int s = 0; s < mesh.pp; ++s) {
+    const RankShape shape = ShapeOf(spec, mesh, s);
+    micro_batches = shape.micro_batches;
+    const RankMemory memory = PredictRankMemory(shape, backend);
+    if (s == 0 || memory.total() > c.memory.total()) {
+      c.memory = memory;
+      c.memory_stage = s;
+    }
+    stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
+    slowest_micro_batch =
+        std::max(slowest_micro_batch, stages.back().per_micro_batch(micro_batches));
+    c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
+    c.bytes_tp = std::max(c.bytes_tp, stages.back().bytes_tp);
+    c.bytes_pp = std::max(c.bytes_pp, stages.back().bytes_pp);
+  }
+  c.fits = c.memory.total() <= c.capacity;
+  c.bubble_fraction = BubbleFraction(mesh.pp, micro_batches);
+  const double bubble = (mesh.pp - 1) * slowest_micro_batch;
+  for (const StageTime& t : stages) {
+    StepSeconds step;
+    step.compute = micro_batches * (t.forward + t.backward) + t.optimizer;
+    step.communication = t.tp + t.pp + t.dp;
+    step.bubble = bubble;
+    step.total = step.compute + step.communication + step.bubble;
+    if (step.total > c.step.total) {
+      c.step = step;
+      c.exposed = AxisValues{t.dp, t.tp, t.pp};
+    }
+  }
+  c.model_flops = ModelFlopsPerStep(spec);
+  c.tokens_per_second =
+      static_cast<double>(spec.training.batch) * spec.training.seq_len / c.step.total;
+  c.mfu = c.model_flops / (c.step.total * mesh.world_size() * device.peak_flops);
+  return c;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
+  const config::JobSpec& spec = request.spec;
+  std::vector<config::ParallelismSpec> meshes;
+  if (request.mesh) {
+    if (auto problem = config::FindMeshProblem(*request.mesh, spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mesh: ", problem->path, ": ", problem->reason));
+    }
+    if (auto problem = EngineProblem(spec, *request.mesh)) {
+      return absl::InvalidArgumentError(absl::StrCat("--mesh: ", *problem));
+    }
+    meshes.push_back(*request.mesh);
+  } else {
+    meshes = ValidMeshes(spec);
+    if (meshes.empty()) {
+      absl::StatusOr<config::ParallelismSpec> rules = config::ChooseParallelism(spec);
+      return absl::InvalidArgumentError(
+          rules.ok() ? absl::StrCat("the engine cannot run any mesh of the ",
+                                    spec.resources.world_size(), " ranks (with ", MeshName(*rules),
+                                    ": ", EngineProblem(spec, *rules).value_or("?"), ")")
+                     : std::string(rules.status().message()));
+    }
+  }
+  Plan plan;
+  plan.device = request.device;
+  plan.nodes = spec.resources.nodes;
+  plan.devices_per_node = spec.resources.devices_per_node;
+  for (const config::ParallelismSpec& mesh : meshes) {
+    plan.candidates.push_back(Evaluate(spec, mesh, request.device, request.loop));
+  }
+  std::stable_sort(plan.candidates.begin(), plan.candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.fits != b.fits) return a.fits;
+                     if (a.fits) return a.step.total < b.step.total;
+                     return a.memory.total() < b.memory.total();
+                   });
+  if (plan.candidates.front().fits) plan.chosen = 0;
+  plan.explanation = Explain(plan);
+  if (request.checkpoint_seconds && request.mtbf_hours) {
+    YoungDaly y;
+    y.checkpoint_seconds = *request.checkpoint_seconds;
+    y.mtbf_seconds = *request.mtbf_hours * 3600.0;
+    y.interval_seconds = DalyInterval(y.checkpoint_seconds, y.mtbf_seconds);
+    y.young_seconds = YoungInterval(y.checkpoint_seconds, y.mtbf_seconds);
+    plan.young_daly = y;
+  }
+  return plan;
+}
+
+int64_t MatmulParameterCount(const config::ModelConfig& model) {
+  int64_t n = model.ParameterCount();
+  if (model.family == config::ModelFamily::kGpt2) n -= int64_t{model.max_seq} * model.width;
+  if (!model.tied_embeddings) n -= int64_t{model.vocab} * model.width;  // the input table
+  return n;
+}
+
+double ModelFlopsPerStep(const config::JobSpec& spec) {
+  const config::ModelConfig& m = spec.model;
+  const double s = spec.training.seq_len;
+  const double per_token = 6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.width * s;
+  return per_token * spec.training.batch * s;
+}
+
+double BubbleFraction(int stages, int micro_batches) {
+  return static_cast<double>(stages - 1) / (micro_batches + stages - 1);
+}
+
+double YoungInterval(double delta_seconds, double mtbf_seconds) {
+  return std::sqrt(2 * delta_seconds * mtbf_seconds);
+}
+
+double DalyInterval(double delta_seconds, double mtbf_seconds) {
+  if (delta_seconds >= 2 * mtbf_seconds) return mtbf_seconds;
+  const double ratio = delta_seconds / (2 * mtbf_seconds);
+  return YoungInterval(delta_seconds, mtbf_seconds) * (1 + std::sqrt(ratio) / 3 + ratio / 9) -
+         delta_seconds;
+}
+
+std::string MeshName(const config::ParallelismSpec& m) {
+  return absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, ", ZeRO-", m.zero,
+                      m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "");
+}
+
+}  // namespace trainyard::planner

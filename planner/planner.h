@@ -1,0 +1,122 @@
+// The planner behind `trainyard plan` (written to serve the coordinator's mesh choice too): for
+// a job spec and a device profile it enumerates every valid mesh (dp, tp, pp, ZeRO stage) of
+// the spec's resources, predicts for each the memory of its most loaded rank (memory_model.h),
+// the bytes each axis moves (traffic_model.h) and the step time from compute, the α–β model and
+// the 1F1B bubble, and chooses the fastest mesh that fits, saying why the runners-up lost.
+//
+// Time model, per pipeline stage and micro-batch: compute = matmul FLOPs / matmul_flops plus
+// three passes over the slot's activations at the memory bandwidth (the elementwise work);
+// tensor- and pipeline-parallel transfers are exposed; data-parallel reductions hide behind the
+// backward pass (ZeRO-3's gathers behind the forward too) and only what exceeds it is exposed;
+// the optimizer streams its state once. A step is m micro-batches of the slowest stage plus
+// (p−1) more of them for the 1F1B bubble (fraction (p−1)/(m+p−1)). MFU uses PaLM's count,
+// 6N + 12·L·h·s FLOPs per token, against the profile's peak over all ranks.
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_PLANNER_PLANNER_H_
+#define TRAINYARD_PLANNER_PLANNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/spec.h"
+#include "planner/device_profile.h"
+#include "planner/memory_model.h"
+#include "planner/traffic_model.h"
+
+namespace trainyard::planner {
+
+struct PlanRequest {
+  config::JobSpec spec;  // its resources are the world planned for; its own mesh is ignored
+  DeviceProfile device;
+  std::optional<config::ParallelismSpec> mesh;  // plan this mesh only
+  std::optional<double> checkpoint_seconds;     // with mtbf_hours: the Young–Daly interval
+  std::optional<double> mtbf_hours;             // the job's mean time between failures
+  LoopOptions loop;
+};
+
+struct StepSeconds {
+  double compute = 0;        // the slowest stage's own work, the optimizer included
+  double communication = 0;  // exposed collectives and transfers
+  double bubble = 0;         // 1F1B idle time
+  double total = 0;
+};
+
+struct AxisValues {
+  double dp = 0, tp = 0, pp = 0;
+};
+
+struct Candidate {
+  config::ParallelismSpec mesh;
+  RankMemory memory;     // the rank with the largest total
+  int memory_stage = 0;  // its pipeline stage
+  int64_t capacity = 0;  // bytes one rank may use
+  bool fits = false;
+  StepSeconds step;
+  double bubble_fraction = 0;
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;  // per rank and step, the busiest rank
+  AxisValues exposed;                                // exposed seconds per axis, the slowest stage
+  bool dp_crosses_nodes = false, pp_crosses_nodes = false;
+  double model_flops = 0;  // per step, PaLM's count
+  double tokens_per_second = 0;
+  double mfu = 0;
+};
+
+struct YoungDaly {
+  double checkpoint_seconds = 0;
+  double mtbf_seconds = 0;
+  double interval_seconds = 0;  // Daly's higher-order τ
+  double young_seconds = 0;     // the first-order √(2δM)
+};
+
+struct Plan {
+  DeviceProfile device;
+  int nodes = 1, devices_per_node = 1;
+  // Meshes that fit, fastest first, then those that do not, smallest footprint first.
+  std::vector<Candidate> candidates;
+  std::optional<int> chosen;  // index into candidates; none when nothing fits
+  std::string explanation;    // the choice, then one sentence per runner-up
+  std::optional<YoungDaly> young_daly;
+};
+
+// INVALID_ARGUMENT when the spec's resources admit no valid mesh, or request.mesh is not valid
+// for them (naming the rule it breaks).
+[[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
+
+// Every mesh of the spec's resources that the engine can run: config::FindMeshProblem finds
+// nothing and neither does EngineProblem; ZeRO stages 1–3 only with dp > 1. The spec's
+// sequence_parallel is kept (for tp > 1).
+std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
+
+// Limits of the engine beyond the mesh rules of config/mesh.h: the vocabulary splits over tp,
+// and a token embedding tied across pipeline stages needs ZeRO-0 or 1.
+std::optional<std::string> EngineProblem(const config::JobSpec& spec,
+                                         const config::ParallelismSpec& mesh);
+
+// The prediction for one valid mesh.
+Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
+                   const DeviceProfile& device, const LoopOptions& loop);
+
+// PaLM's model FLOPs per optimizer step: batch · seq_len · (6N + 12·L·h·s), N the parameters
+// that take part in matmuls (every parameter except lookup-only tables: GPT-2's positions, an
+// untied input embedding).
+double ModelFlopsPerStep(const config::JobSpec& spec);
+int64_t MatmulParameterCount(const config::ModelConfig& model);
+
+// The 1F1B bubble: (p − 1) / (m + p − 1).
+double BubbleFraction(int stages, int micro_batches);
+
+// Young's τ = √(2δM), and Daly's higher-order form (as the coordinator's CheckpointPolicy):
+// τ = √(2δM)·[1 + (1/3)·√(δ/(2M)) + (1/9)·δ/(2M)] − δ for δ < 2M, else M.
+double YoungInterval(double delta_seconds, double mtbf_seconds);
+double DalyInterval(double delta_seconds, double mtbf_seconds);
+
+// "dp 4 × tp 2 × pp 1, ZeRO-1" (and ", sequence parallel" where it applies).
+std::string MeshName(const config::ParallelismSpec& mesh);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_PLANNER_H_

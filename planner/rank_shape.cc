@@ -1,0 +1,39 @@
+#include "planner/rank_shape.h"
+
+#include <string>
+
+#include "config/mesh.h"
+#include "worker/parallel/pipeline.h"
+
+namespace trainyard::planner {
+
+RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
+                  int stage_index) {
+  RankShape s;
+  s.model = spec.model;
+  s.mesh = mesh;
+  s.seq_len = spec.training.seq_len;
+  s.stage_index = stage_index;
+  s.stage = worker::BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[stage_index];
+  s.micro = config::MicroBatchPerRank(spec.training, mesh);
+  s.micro_batches = spec.training.batch / mesh.dp / s.micro;
+  const worker::ParameterLayout layout(spec.model, /*tp_rank=*/0, mesh.tp, s.stage);
+  for (const worker::ParamGroup& g : layout.groups()) s.group_sizes.push_back(g.size());
+  s.local_params = layout.total();
+  for (int l = s.stage.first_layer; l < s.stage.first_layer + s.stage.num_layers; ++l) {
+    const std::string prefix = "h." + std::to_string(l) + ".";
+    for (const char* name : {"attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w"}) {
+      s.matmul_params += layout.Find(prefix + name)->numel;
+    }
+  }
+  if (s.stage.last) {
+    const worker::ParamTensor* head = layout.Find(spec.model.tied_embeddings ? "wte" : "lm_head.w");
+    s.head_params = head != nullptr ? head->numel : 0;
+  }
+  if (mesh.pp > 1 && spec.model.tied_embeddings && (s.stage.first || s.stage.last)) {
+    s.tied_copy = layout.Find("wte")->numel;
+  }
+  return s;
+}
+
+}  // namespace trainyard::planner

@@ -1,0 +1,53 @@
+// RankShape: what one rank of a mesh holds and runs, derived from the spec exactly as the engine
+// derives it (worker/trainer.cc): its pipeline stage from BalanceStages, its parameter groups
+// from ParameterLayout (tensor-parallel ranks hold equal shares, so rank 0's stand for all), its
+// micro-batch and the micro-batches per step. The memory and traffic models read it.
+//
+// Threading: plain values and functions.
+#ifndef TRAINYARD_PLANNER_RANK_SHAPE_H_
+#define TRAINYARD_PLANNER_RANK_SHAPE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "config/spec.h"
+#include "worker/parameters.h"
+
+namespace trainyard::planner {
+
+// How the engine's backend lays out activations on the target device.
+struct BackendShape {
+  int64_t act_bytes = 4;                        // fp32 (CPU) or bf16 (CUDA)
+  int64_t max_logits_chunk = int64_t{1} << 20;  // Backend::max_logits_chunk
+};
+
+struct RankShape {
+  config::ModelConfig model;
+  config::ParallelismSpec mesh;
+  int seq_len = 0;
+  int stage_index = 0;  // pipeline rank
+  worker::PipelineStage stage;
+  int micro = 0;                     // sequences per micro-batch
+  int micro_batches = 0;             // per optimizer step
+  std::vector<int64_t> group_sizes;  // this stage's parameter groups, in layout order
+  int64_t local_params = 0;          // Σ group_sizes
+  int64_t matmul_params = 0;         // the local weights of this stage's blocks' four matmuls
+  int64_t head_params = 0;           // the local LM head (last stage), 0 elsewhere
+  int64_t tied_copy = 0;  // elements of the token embedding summed with the other end of the
+                          // pipeline each step (first and last stage, tied, pp > 1), else 0
+  // The elements ZeRO gives each data-parallel rank of group g: ⌈size / dp⌉.
+  int64_t chunk(size_t g) const { return (group_sizes[g] + mesh.dp - 1) / mesh.dp; }
+  int64_t padded(size_t g) const { return chunk(g) * mesh.dp; }
+  bool tied_head_in_embedding_group() const {
+    return model.tied_embeddings && stage.first && stage.last;
+  }
+};
+
+// The shape of pipeline stage `stage_index` of `mesh` for `spec` (whose own parallelism is
+// ignored). `mesh` must satisfy config::FindShardingProblem.
+RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
+                  int stage_index);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_RANK_SHAPE_H_

@@ -1,0 +1,185 @@
+#include "planner/traffic_model.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace trainyard::planner {
+namespace {
+
+constexpr int64_t kFloat = 4;
+
+// The collectives of one group of `n` ranks, as seen from group rank `rank`.
+class Group {
+ public:
+  Group(int n, int rank) : n_(n), rank_(rank) {}
+
+  Collective AllReduce(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
+    return {CollectiveKind::kAllReduce, RingAllReduceElements(count, n_, rank_) * elem_bytes,
+            2 * int64_t{n_ - 1}, phase};
+  }
+  // `count`: elements each rank ends with (reduce-scatter) or contributes (all-gather).
+  Collective ReduceScatter(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
+    return {CollectiveKind::kReduceScatter, (n_ - 1) * count * elem_bytes, n_ - 1, phase};
+  }
+  Collective AllGather(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
+    return {CollectiveKind::kAllGather, (n_ - 1) * count * elem_bytes, n_ - 1, phase};
+  }
+  // The training loop's sums of doubles (two floats each).
+  Collective Scalars(int values) const { return AllReduce(2 * int64_t{values}, kFloat); }
+
+ private:
+  int n_, rank_;
+};
+
+Collective Times(Collective c, int64_t repeat) {
+  c.repeat *= repeat;
+  return c;
+}
+
+// ZeRO-0/1: the gradient all-reduce in buckets of whole groups, packed in backward order (last
+// group first) up to bucket_bytes, as ShardedParams::Allocate packs them.
+void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group& dp,
+                        std::vector<Collective>& out) {
+  std::vector<int64_t> buckets;
+  int64_t filled = 0;
+  for (int g = static_cast<int>(s.group_sizes.size()) - 1; g >= 0; --g) {
+    if (buckets.empty() || filled >= loop.bucket_bytes) {
+      buckets.push_back(0);
+      filled = 0;
+    }
+    buckets.back() += s.padded(g);
+    filled += kFloat * s.padded(g);
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    // The last bucket (holding the embeddings) is launched when the backward pass ends.
+    const bool last = b + 1 == buckets.size();
+    out.push_back(dp.AllReduce(buckets[b], kFloat, last ? Phase::kExposed : Phase::kBackward));
+  }
+}
+
+// ZeRO-3's parameter gathers per micro-batch: every group before its forward use, each block
+// again for the backward pass, and the tied LM head (in the embedding group) for the loss.
+void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collective>& out) {
+  const int64_t m = s.micro_batches;
+  for (size_t g = 0; g < s.group_sizes.size(); ++g) {
+    // The first group of a pass is waited for; the rest are prefetched behind compute.
+    out.push_back(
+        Times(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward), m));
+    const bool block = g >= (s.stage.first ? 1u : 0u) &&
+                       g < (s.stage.first ? 1u : 0u) + static_cast<size_t>(s.stage.num_layers);
+    if (block) out.push_back(Times(dp.AllGather(s.chunk(g), kFloat, Phase::kBackward), m));
+  }
+  if (s.tied_head_in_embedding_group()) out.push_back(Times(dp.AllGather(s.chunk(0), kFloat), m));
+}
+
+}  // namespace
+
+int64_t RingAllReduceElements(int64_t count, int n, int rank) {
+  if (n <= 1) return 0;
+  auto chunk = [&](int i) { return count * (i + 1) / n - count * i / n; };
+  return 2 * count - chunk(rank) - chunk((rank + 1) % n);
+}
+
+KindBytes TotalByKind(const std::vector<Collective>& collectives) {
+  KindBytes total{};
+  for (const Collective& c : collectives) total[static_cast<int>(c.kind)] += c.bytes * c.repeat;
+  return total;
+}
+
+int64_t TotalBytes(const std::vector<Collective>& collectives) {
+  int64_t total = 0;
+  for (const Collective& c : collectives) total += c.bytes * c.repeat;
+  return total;
+}
+
+std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOptions& loop, int rank) {
+  std::vector<Collective> out;
+  const int n = s.mesh.dp, zero = s.mesh.zero;
+  if (n == 1) return out;  // a group of one moves nothing
+  const Group dp(n, rank);
+  if (zero <= 1) AddGradientBuckets(s, loop, dp, out);
+  for (size_t g = 0; g < s.group_sizes.size(); ++g) {
+    if (zero >= 2) {
+      out.push_back(Times(dp.ReduceScatter(s.chunk(g), kFloat, Phase::kBackward), s.micro_batches));
+    }
+    if (zero == 1 || zero == 2) out.push_back(dp.AllGather(s.chunk(g), kFloat));
+  }
+  if (zero == 3) AddParameterGathers(s, dp, out);
+  out.push_back(dp.Scalars(1));                      // the step's loss
+  out.push_back(dp.Scalars(loop.agreement_values));  // stop / checkpoint agreement
+  if (zero > 0) out.push_back(dp.Scalars(1));        // the gradient norm's sharded sum
+  return out;
+}
+
+std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const BackendShape& backend,
+                                                   int rank) {
+  std::vector<Collective> out;
+  const int64_t n = s.mesh.tp;
+  if (n == 1) return out;
+  const Group tp(static_cast<int>(n), rank);
+  const bool sp = s.mesh.sequence_parallel;
+  const int64_t a = backend.act_bytes, w = s.model.width;
+  const int64_t rows = int64_t{s.micro} * s.seq_len, local = sp ? rows / n : rows;
+  const int64_t layers = s.stage.num_layers, recompute = s.model.recompute ? 1 : 0;
+  if (!sp) {
+    if (s.stage.first) out.push_back(tp.AllReduce(rows * w, a));  // vocabulary-parallel embedding
+    out.push_back(Times(tp.AllReduce(rows * w, a), layers * (4 + 2 * recompute)));
+  } else {
+    if (s.stage.first) {
+      out.push_back(tp.ReduceScatter(local * w, a));  // embedding, to local rows
+      out.push_back(tp.AllGather(local * w, a));      // its gradient, to full rows
+    }
+    out.push_back(Times(tp.AllGather(local * w, a), layers * (4 + 2 * recompute)));
+    out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
+    out.push_back(Times(tp.AllReduce(4 * w, kFloat), layers));  // two norms' gradients
+  }
+  if (s.stage.last) {
+    const int64_t vocab = s.model.vocab / n;
+    const int64_t chunk = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, rows);
+    out.push_back(Times(tp.AllGather(3 * chunk, kFloat), (rows + chunk - 1) / chunk));
+    if (!sp) {
+      out.push_back(tp.AllReduce(rows * w, a));  // the loss's gradient
+    } else {
+      out.push_back(tp.AllGather(local * w, a));      // the final norm's output
+      out.push_back(tp.ReduceScatter(local * w, a));  // the loss's gradient
+      out.push_back(tp.AllReduce(2 * w, kFloat));     // the final norm's gradients
+    }
+  }
+  return out;
+}
+
+std::vector<Collective> TensorParallelTraffic(const RankShape& s, const BackendShape& backend,
+                                              const LoopOptions& loop, int rank) {
+  std::vector<Collective> out;
+  if (s.mesh.tp == 1) return out;
+  for (Collective c : ModelTensorParallelTraffic(s, backend, rank)) {
+    out.push_back(Times(c, s.micro_batches));
+  }
+  const Group tp(s.mesh.tp, rank);
+  out.push_back(tp.Scalars(1));                      // the gradient norm
+  out.push_back(tp.Scalars(loop.agreement_values));  // stop / checkpoint agreement
+  return out;
+}
+
+std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& backend,
+                                        const LoopOptions& loop, int rank) {
+  std::vector<Collective> out;
+  if (s.mesh.pp == 1) return out;
+  const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
+  const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
+  const Collective send{CollectiveKind::kSendRecv, count * backend.act_bytes, 1, Phase::kExposed};
+  if (!s.stage.last) out.push_back(Times(send, s.micro_batches));   // activations onward
+  if (!s.stage.first) out.push_back(Times(send, s.micro_batches));  // gradients back
+  const Group pp(s.mesh.pp, rank);
+  out.push_back(pp.Scalars(1));  // the step's loss
+  out.push_back(pp.Scalars(1));  // the gradient norm
+  out.push_back(pp.Scalars(loop.agreement_values));
+  return out;
+}
+
+std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s) {
+  if (s.tied_copy == 0) return {};
+  return {Group(2, s.stage.first ? 0 : 1).AllReduce(s.tied_copy, kFloat)};
+}
+
+}  // namespace trainyard::planner

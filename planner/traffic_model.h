@@ -1,0 +1,88 @@
+// The bytes one rank sends per optimizer step on each mesh axis, collective by collective, as
+// the engine issues them and its communicators count them (CommStats: bytes sent by this rank).
+// A ring all-reduce of c elements over n ranks sends 2c minus this rank's chunk and the next
+// rank's (chunk i of the ring is [c·i/n, c·(i+1)/n)); a reduce-scatter or all-gather of c elements
+// per rank sends (n−1)·c; a send sends its buffer. Sources:
+//
+// - dp (worker/parallel/sharded_params.cc): ZeRO-0/1 all-reduce the gradients once per step in
+//   buckets; ZeRO-2/3 reduce-scatter every group every micro-batch; ZeRO-1/2 all-gather the
+//   updated parameters; ZeRO-3 all-gathers every group for the forward pass and each block again
+//   for the backward pass (a tied head once more);
+// - tp (worker/model.cc): per block two all-reduces forward and two backward (recomputation
+//   repeats the forward's), or under sequence parallelism all-gathers and reduce-scatters of the
+//   rank's rows and the norms' gradient sums; the embedding, the final norm and the
+//   vocabulary-parallel loss;
+// - pp (worker/parallel/pipeline.cc): one activation forward and one gradient back per
+//   micro-batch; the tied embedding's gradient sum between the first and last stages is counted
+//   on this axis too (tied_bytes);
+// - every axis: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
+//   agreement), each a 2-float all-reduce per value.
+//
+// Each collective also carries its latency steps and whether it can hide behind compute, for
+// the α–β time model (planner.h).
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_PLANNER_TRAFFIC_MODEL_H_
+#define TRAINYARD_PLANNER_TRAFFIC_MODEL_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "planner/rank_shape.h"
+#include "worker/parallel/communicator.h"
+
+namespace trainyard::planner {
+
+using worker::parallel::CollectiveKind;
+
+// When a collective runs, for the overlap model.
+enum class Phase {
+  kExposed,   // nothing runs beside it
+  kForward,   // ZeRO-3 prefetch: hides behind the forward pass
+  kBackward,  // gradient reduction: hides behind the backward pass
+};
+
+struct Collective {
+  CollectiveKind kind;
+  int64_t bytes = 0;    // this rank sends
+  int64_t latency = 0;  // messages in sequence (ring steps): the α term's count
+  Phase phase = Phase::kExposed;
+  int64_t repeat = 1;  // identical calls per step
+};
+
+// Byte totals by kind (bytes_sent in worker/trainer.h's order).
+using KindBytes = std::array<int64_t, static_cast<int>(CollectiveKind::kCount)>;
+KindBytes TotalByKind(const std::vector<Collective>& collectives);
+int64_t TotalBytes(const std::vector<Collective>& collectives);
+
+// How the training loop talks besides the model: engine knobs the counts depend on.
+struct LoopOptions {
+  int64_t bucket_bytes = int64_t{1} << 20;  // RankContext::bucket_bytes
+  // Values in the per-step agreement of a multi-rank job: 1 standalone, 3 under a coordinator.
+  int agreement_values = 3;
+};
+
+// One rank's collectives per optimizer step on each axis. `rank` is the rank's index in that
+// axis's group (it decides which ring chunks it sends; they differ by at most an element each).
+std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOptions& loop, int rank);
+std::vector<Collective> TensorParallelTraffic(const RankShape& s, const BackendShape& backend,
+                                              const LoopOptions& loop, int rank);
+std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& backend,
+                                        const LoopOptions& loop, int rank);
+
+// The sum of the tied token embedding's two copies' gradients, on the group of the first and
+// the last stage (its own communicator, not the pipeline's), once per step.
+std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s);
+
+// The model's tensor-parallel collectives for one micro-batch (forward and backward), without
+// the training loop's scalars: what a Model with a tensor-parallel group of tp ranks sends.
+std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const BackendShape& backend,
+                                                   int rank);
+
+// Elements rank `rank` sends in a ring all-reduce of `count` elements over `n` ranks.
+int64_t RingAllReduceElements(int64_t count, int n, int rank);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_TRAFFIC_MODEL_H_

@@ -1,0 +1,267 @@
+// The planner against the engine's own accounting, for every mesh of the parallel-equivalence
+// suite and both model families: memory per kind per rank (TrainResult::memory) within 1%, and
+// the bytes each rank's communicators count, per collective kind, exactly: the data-parallel
+// group of a full training run, the tensor-parallel group of a model's forward and backward pass,
+// the pipeline group of a 1F1B schedule.
+//
+// Ranks run as threads of this process with Gloo over loopback (tests/integration/rank_threads.h).
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "config/mesh.h"
+#include "gtest/gtest.h"
+#include "planner/memory_model.h"
+#include "planner/rank_shape.h"
+#include "planner/traffic_model.h"
+#include "tests/integration/rank_threads.h"
+#include "worker/model.h"
+#include "worker/parallel/pipeline.h"
+#include "worker/param_source.h"
+#include "worker/parameters.h"
+
+namespace trainyard::planner {
+namespace {
+
+using worker::parallel::CollectiveKind;
+using worker::parallel::Communicator;
+
+constexpr int64_t kBucketBytes = 16 << 10;  // as the equivalence suite runs
+const BackendShape kCpu{.act_bytes = 4, .max_logits_chunk = int64_t{1} << 20};
+
+struct MeshCase {
+  const char* name;
+  int dp, tp, pp, zero;
+  bool sequence_parallel = false;
+  bool recompute = false;
+};
+
+// The meshes of tests/integration/parallel_equivalence_test.cc, and recomputation.
+const MeshCase kMeshes[] = {
+    {"dp2_zero0", 2, 1, 1, 0},
+    {"dp2_zero1", 2, 1, 1, 1},
+    {"dp2_zero2", 2, 1, 1, 2},
+    {"dp2_zero3", 2, 1, 1, 3},
+    {"tp2", 1, 2, 1, 0},
+    {"pp2_4micro", 1, 1, 2, 0},
+    {"dp2_tp2", 2, 2, 1, 0},
+    {"tp2_pp2", 1, 2, 2, 0},
+    {"dp2_pp2_zero1", 2, 1, 2, 1},
+    {"dp2_tp2_zero3", 2, 2, 1, 3},
+    {"tp2_sp", 1, 2, 1, 0, true},
+    {"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
+    {"tp2_pp2_sp", 1, 2, 2, 0, true},
+    {"dp2_zero3_recompute", 2, 1, 1, 3, false, true},
+    {"tp2_sp_recompute", 1, 2, 1, 0, true, true},
+};
+
+config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
+  config::JobSpec spec;
+  spec.name = "planner";
+  spec.model = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  spec.model.vocab = 64;
+  spec.model.max_seq = 16;
+  spec.model.recompute = mesh.recompute;
+  spec.data.markov.vocab = 64;
+  spec.data.markov.train_tokens = 1 << 14;
+  spec.data.markov.val_tokens = 1 << 10;
+  spec.training.steps = 2;
+  spec.training.batch = 8;
+  spec.training.micro_batch = 2;
+  spec.training.seq_len = 16;
+  spec.training.eval_every = 0;
+  spec.fault_tolerance.memory_every_steps = 0;  // no memory tier: no start-up exchange
+  spec.parallelism.dp = mesh.dp;
+  spec.parallelism.tp = mesh.tp;
+  spec.parallelism.pp = mesh.pp;
+  spec.parallelism.zero = mesh.zero;
+  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
+  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+  return spec;
+}
+
+void ExpectWithinOnePercent(int64_t measured, int64_t predicted, const std::string& what) {
+  EXPECT_LE(std::abs(static_cast<double>(measured - predicted)),
+            0.01 * std::max<double>(std::abs(static_cast<double>(measured)), 1.0))
+      << what << ": measured " << measured << ", predicted " << predicted;
+}
+
+std::vector<MeshCase> MeshesWhere(bool (*keep)(const MeshCase&)) {
+  std::vector<MeshCase> kept;
+  for (const MeshCase& mesh : kMeshes) {
+    if (keep(mesh)) kept.push_back(mesh);
+  }
+  return kept;
+}
+
+using Param = std::tuple<config::ModelFamily, MeshCase>;
+class PlannerAccounting : public ::testing::TestWithParam<Param> {};
+class TensorParallelAccounting : public ::testing::TestWithParam<Param> {};
+class PipelineAccounting : public ::testing::TestWithParam<Param> {};
+
+// Every rank's persistent bytes, activations and data-parallel bytes from a real training run.
+TEST_P(PlannerAccounting, MemoryPerKindAndDataParallelBytesMatchTheEngine) {
+  const auto [family, mesh] = GetParam();
+  const config::JobSpec spec = Job(family, mesh);
+  const testenv::RankRun run = testenv::RunRanks(spec, {.bucket_bytes = kBucketBytes});
+  const LoopOptions loop{.bucket_bytes = kBucketBytes, .agreement_values = 1};
+  for (int r = 0; r < spec.world_size(); ++r) {
+    ASSERT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
+    const worker::TrainResult& result = *run.results[r];
+    const config::MeshCoordinates at = config::CoordinatesOf(spec.parallelism, r);
+    const RankShape shape = ShapeOf(spec, spec.parallelism, at.pp);
+    const RankMemory predicted = PredictRankMemory(shape, kCpu);
+    const std::string rank = absl::StrCat(mesh.name, " rank ", r);
+    ExpectWithinOnePercent(result.memory.params, predicted.parameters, rank + " parameters");
+    ExpectWithinOnePercent(result.memory.grads, predicted.gradients, rank + " gradients");
+    ExpectWithinOnePercent(result.memory.optimizer, predicted.optimizer, rank + " optimizer");
+    ExpectWithinOnePercent(result.memory.activations, predicted.activations, rank + " activations");
+    // The transient peak is the planner's when collectives keep pace (memory_model.h): never
+    // less, and more only by buffers whose reduction was still running.
+    EXPECT_GE(result.memory.peak_transient, predicted.transient) << rank;
+    const KindBytes bytes = TotalByKind(DataParallelTraffic(shape, loop, at.dp));
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      EXPECT_EQ(result.bytes_sent[k], spec.training.steps * bytes[k])
+          << rank << " " << worker::parallel::CollectiveName(static_cast<CollectiveKind>(k));
+    }
+    if (r == 0) {
+      std::printf(
+          "%s (%s) rank 0: params %lld, grads %lld, optimizer %lld, activations %lld "
+          "(predicted %lld), transient %lld (predicted %lld), dp bytes %lld\n",
+          mesh.name, config::FamilyName(family).c_str(),
+          static_cast<long long>(result.memory.params), static_cast<long long>(result.memory.grads),
+          static_cast<long long>(result.memory.optimizer),
+          static_cast<long long>(result.memory.activations),
+          static_cast<long long>(predicted.activations),
+          static_cast<long long>(result.memory.peak_transient),
+          static_cast<long long>(predicted.transient),
+          static_cast<long long>(TotalBytes(DataParallelTraffic(shape, loop, 0))));
+    }
+  }
+}
+
+// Runs `body(rank, communicator)` on `size` threads joined by a Gloo group over loopback.
+void WithGroup(int size, const std::function<void(int, Communicator&)>& body) {
+  const std::filesystem::path dir = testenv::MakeScratchDir("planner-group");
+  auto store = worker::parallel::MakeFileKeyValueStore(dir.string());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = worker::parallel::ConnectGloo(*store, "group", r, size, {});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      body(r, **comm);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::filesystem::remove_all(dir);
+}
+
+// One micro-batch's forward and backward through pipeline stage `stage_index` with a real
+// tensor-parallel group; the bytes each rank's group counted.
+std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage_index) {
+  const config::ParallelismSpec& mesh = spec.parallelism;
+  const RankShape shape = ShapeOf(spec, mesh, stage_index);
+  std::vector<KindBytes> counted(mesh.tp);
+  WithGroup(mesh.tp, [&](int r, Communicator& tp) {
+    auto backend = worker::MakeCpuBackend(1);
+    const worker::ParameterLayout layout(spec.model, r, mesh.tp, shape.stage);
+    worker::LocalParamSource source(layout, backend.get());
+    std::vector<float> host(layout.total());
+    layout.Initialize(1, host.data());
+    backend->CopyFromHost(source.params(), host.data(), layout.total());
+    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, shape.stage,
+                                       mesh.sequence_parallel);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const int b = shape.micro, t = spec.training.seq_len;
+    std::vector<int32_t> tokens(int64_t{b} * t);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % 64);
+    const int64_t rows = int64_t{b} * t / (mesh.sequence_parallel ? mesh.tp : 1);
+    auto in = backend->AllocAct(rows * spec.model.width);
+    auto out = backend->AllocAct(rows * spec.model.width);
+    double loss = 0;
+    ASSERT_TRUE((*model)
+                    ->StageForward(0, tokens.data(), tokens.data(), b, t, in.data(), 1e-3f, &loss,
+                                   out.data())
+                    .ok());
+    ASSERT_TRUE((*model)->StageBackward(0, out.data(), in.data()).ok());
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      counted[r][k] = tp.stats().bytes_sent(static_cast<CollectiveKind>(k));
+    }
+  });
+  return counted;
+}
+
+TEST_P(TensorParallelAccounting, BytesMatchTheModel) {
+  const auto [family, mesh] = GetParam();
+  config::JobSpec spec = Job(family, mesh);
+  spec.parallelism.dp = 1;  // the data-parallel degree does not change a tensor-parallel group
+  spec.resources.devices_per_node = mesh.tp * mesh.pp;
+  for (int stage = 0; stage < mesh.pp; ++stage) {
+    const std::vector<KindBytes> counted = RunModelMicroBatch(spec, stage);
+    const RankShape shape = ShapeOf(spec, spec.parallelism, stage);
+    for (int r = 0; r < mesh.tp; ++r) {
+      const KindBytes predicted = TotalByKind(ModelTensorParallelTraffic(shape, kCpu, r));
+      EXPECT_EQ(counted[r], predicted) << mesh.name << " stage " << stage << " tp rank " << r;
+    }
+  }
+}
+
+TEST_P(PipelineAccounting, BytesMatchTheSchedule) {
+  const auto [family, mesh] = GetParam();
+  const config::JobSpec spec = Job(family, mesh);
+  const RankShape first = ShapeOf(spec, spec.parallelism, 0);
+  const int64_t count = int64_t{first.micro} * spec.training.seq_len /
+                        (mesh.sequence_parallel ? mesh.tp : 1) * spec.model.width;
+  std::vector<KindBytes> counted(mesh.pp);
+  WithGroup(mesh.pp, [&](int r, Communicator& pp) {
+    auto backend = worker::MakeCpuBackend(1);
+    worker::StageWork work;
+    work.forward = [](int, int, const worker::Act*, worker::Act*) { return absl::OkStatus(); };
+    work.backward = [](int, int, const worker::Act*, worker::Act*) { return absl::OkStatus(); };
+    worker::ScheduleStats stats;
+    ASSERT_TRUE(
+        worker::RunOneForwardOneBackward(pp, *backend, first.micro_batches, count, work, &stats)
+            .ok());
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      counted[r][k] = pp.stats().bytes_sent(static_cast<CollectiveKind>(k));
+    }
+  });
+  for (int s = 0; s < mesh.pp; ++s) {
+    std::vector<Collective> predicted =
+        PipelineTraffic(ShapeOf(spec, spec.parallelism, s), kCpu, LoopOptions{}, s);
+    // The schedule's transfers only; the training loop's scalar sums are not part of it.
+    std::erase_if(predicted,
+                  [](const Collective& c) { return c.kind != CollectiveKind::kSendRecv; });
+    EXPECT_EQ(counted[s], TotalByKind(predicted)) << mesh.name << " stage " << s;
+  }
+}
+
+std::string CaseName(const ::testing::TestParamInfo<Param>& info) {
+  return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
+                      std::get<1>(info.param).name);
+}
+
+const auto kFamilies = ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama);
+
+INSTANTIATE_TEST_SUITE_P(Meshes, PlannerAccounting,
+                         ::testing::Combine(kFamilies, ::testing::ValuesIn(kMeshes)), CaseName);
+INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelAccounting,
+                         ::testing::Combine(kFamilies,
+                                            ::testing::ValuesIn(MeshesWhere([](const MeshCase& m) {
+                                              return m.tp > 1;
+                                            }))),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Meshes, PipelineAccounting,
+                         ::testing::Combine(kFamilies,
+                                            ::testing::ValuesIn(MeshesWhere([](const MeshCase& m) {
+                                              return m.pp > 1;
+                                            }))),
+                         CaseName);
+
+}  // namespace
+}  // namespace trainyard::planner

@@ -1,0 +1,210 @@
+// The planner's arithmetic against values worked out by hand here: the 1F1B bubble, PaLM's FLOP
+// count, Young–Daly, the ZeRO sharding factors and their padding, ring bytes, the engine's limits
+// on meshes, the choice and its explanation, and the device profiles.
+#include "planner/planner.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "planner/device_profile.h"
+#include "planner/memory_model.h"
+#include "planner/rank_shape.h"
+#include "planner/traffic_model.h"
+
+namespace trainyard::planner {
+namespace {
+
+// gpt2-debug: 2 layers, width 64, 4 heads, ffn 256, vocab 256, max_seq 64, tied embeddings.
+// Per block: ln1 2·64 + qkv 192·64 + 192 + proj 64·64 + 64 + ln2 2·64 + fc 256·64 + 256
+// + mlp proj 64·256 + 64 = 49984. Embeddings: wte 256·64 + wpe 64·64 = 20480; final norm 128.
+constexpr int64_t kBlock =
+    128 + 192 * 64 + 192 + 64 * 64 + 64 + 128 + 256 * 64 + 256 + 64 * 256 + 64;
+constexpr int64_t kEmbeddings = 256 * 64 + 64 * 64;
+constexpr int64_t kPsi = kEmbeddings + 2 * kBlock + 128;  // 120576
+
+config::JobSpec Gpt2Debug(int devices) {
+  config::JobSpec spec;
+  spec.name = "plan";
+  spec.model = *config::Preset("gpt2-debug");
+  spec.training.batch = 8;
+  spec.training.seq_len = 32;
+  spec.resources.devices_per_node = devices;
+  return spec;
+}
+
+config::ParallelismSpec Mesh(int dp, int tp, int pp, int zero) {
+  config::ParallelismSpec m;
+  m.dp = dp;
+  m.tp = tp;
+  m.pp = pp;
+  m.zero = zero;
+  return m;
+}
+
+TEST(Bubble, IsStagesMinusOneOverMicroBatchesPlusStagesMinusOne) {
+  EXPECT_DOUBLE_EQ(BubbleFraction(1, 8), 0.0);
+  EXPECT_DOUBLE_EQ(BubbleFraction(2, 4), 1.0 / 5.0);
+  EXPECT_DOUBLE_EQ(BubbleFraction(4, 12), 3.0 / 15.0);
+  EXPECT_DOUBLE_EQ(BubbleFraction(8, 1), 7.0 / 8.0);
+}
+
+TEST(Flops, FollowPalmsCount) {
+  const config::JobSpec gpt2 = Gpt2Debug(1);
+  ASSERT_EQ(gpt2.model.ParameterCount(), kPsi);
+  // N excludes the position table (a lookup); the tied token embedding is the LM head's matmul.
+  const double n = kPsi - 64 * 64;
+  const double per_token = 6 * n + 12.0 * 2 * 64 * 32;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(gpt2), per_token * 8 * 32);
+
+  config::JobSpec llama = gpt2;
+  llama.model = *config::Preset("llama-debug");  // untied: the input table is a lookup
+  EXPECT_EQ(MatmulParameterCount(llama.model),
+            llama.model.ParameterCount() - int64_t{llama.model.vocab} * llama.model.width);
+}
+
+TEST(YoungDaly, HigherOrderFormByHand) {
+  // δ = 60 s, M = 24 h: √(2·60·86400) = 3219.9379; δ/(2M) = 3.4722e-4;
+  // τ = 3219.9379 · (1 + 0.0186339/3 + 0.00034722/9) − 60 = 3180.0621.
+  EXPECT_NEAR(YoungInterval(60, 86400), 3219.937887599697, 1e-9);
+  EXPECT_NEAR(DalyInterval(60, 86400), 3180.0621135984475, 1e-9);
+  EXPECT_DOUBLE_EQ(DalyInterval(7200, 3600), 3600);  // δ ≥ 2M: checkpoint every M
+
+  PlanRequest request;
+  request.spec = Gpt2Debug(2);
+  request.device = *PublishedProfile("h100");
+  request.checkpoint_seconds = 60;
+  request.mtbf_hours = 24;
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->young_daly.has_value());
+  EXPECT_DOUBLE_EQ(plan->young_daly->mtbf_seconds, 86400);
+  EXPECT_NEAR(plan->young_daly->interval_seconds, 3180.0621135984475, 1e-9);
+}
+
+TEST(Zero, ShardsStateByStage) {
+  const config::JobSpec spec = Gpt2Debug(4);  // every group divides by 4: no padding
+  const BackendShape cpu;
+  struct Expected {
+    int zero;
+    int64_t params, grads, optimizer;
+  } expected[] = {{0, 4 * kPsi, 4 * kPsi, 8 * kPsi},
+                  {1, 4 * kPsi, 4 * kPsi, 8 * kPsi / 4},
+                  {2, 4 * kPsi, 4 * kPsi / 4, 8 * kPsi / 4},
+                  {3, 4 * kPsi / 4, 4 * kPsi / 4, 8 * kPsi / 4}};
+  for (const Expected& e : expected) {
+    const RankMemory m = PredictRankMemory(ShapeOf(spec, Mesh(4, 1, 1, e.zero), 0), cpu);
+    EXPECT_EQ(m.parameters, e.params) << "ZeRO-" << e.zero;
+    EXPECT_EQ(m.gradients, e.grads) << "ZeRO-" << e.zero;
+    EXPECT_EQ(m.optimizer, e.optimizer) << "ZeRO-" << e.zero;
+  }
+}
+
+TEST(Zero, PadsEachGroupToAMultipleOfDp) {
+  // dp 3: chunks ⌈20480/3⌉ = 6827, ⌈49984/3⌉ = 16662 (twice), ⌈128/3⌉ = 43.
+  config::JobSpec spec = Gpt2Debug(3);
+  spec.training.batch = 6;
+  const RankMemory zero0 = PredictRankMemory(ShapeOf(spec, Mesh(3, 1, 1, 0), 0), {});
+  const RankMemory zero3 = PredictRankMemory(ShapeOf(spec, Mesh(3, 1, 1, 3), 0), {});
+  EXPECT_EQ(zero0.parameters, 4 * 3 * (6827 + 2 * 16662 + 43));
+  EXPECT_EQ(zero3.parameters, 4 * (6827 + 2 * 16662 + 43));
+  EXPECT_EQ(zero3.optimizer, 8 * (6827 + 2 * 16662 + 43));
+}
+
+TEST(Traffic, RingBytesByHand) {
+  // Ring all-reduce of c over n: 2c minus this rank's chunk and the next one's.
+  EXPECT_EQ(RingAllReduceElements(10, 4, 0), 20 - 2 - 3);  // chunks 2, 3, 2, 3
+  EXPECT_EQ(RingAllReduceElements(10, 1, 0), 0);
+  const config::JobSpec spec = Gpt2Debug(2);
+  const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
+  // ZeRO-0, one bucket: Ψ elements sent (4Ψ bytes), then the loss and the agreement (2 floats
+  // each, one of them sent).
+  const RankShape zero0 = ShapeOf(spec, Mesh(2, 1, 1, 0), 0);
+  EXPECT_EQ(TotalBytes(DataParallelTraffic(zero0, loop, 0)), 4 * kPsi + 8 + 8);
+  // ZeRO-2 (micro_batch 0: each rank's 4 sequences are one micro-batch): the gradient
+  // reduce-scattered once and the parameters all-gathered once, Ψ/2 elements each; then the loss,
+  // the agreement and the gradient norm.
+  const RankShape zero2 = ShapeOf(spec, Mesh(2, 1, 1, 2), 0);
+  ASSERT_EQ(zero2.micro_batches, 1);
+  EXPECT_EQ(TotalBytes(DataParallelTraffic(zero2, loop, 0)), 4 * kPsi / 2 * 2 + 3 * 8);
+}
+
+TEST(Meshes, EngineLimitsAreApplied) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.model.vocab = 250;  // not divisible by 4
+  EXPECT_TRUE(EngineProblem(spec, Mesh(1, 4, 1, 0)).has_value());
+  EXPECT_FALSE(EngineProblem(spec, Mesh(4, 1, 1, 0)).has_value());
+  spec.model.vocab = 256;
+  EXPECT_TRUE(EngineProblem(spec, Mesh(2, 1, 2, 2)).has_value());  // tied across stages
+  EXPECT_FALSE(EngineProblem(spec, Mesh(2, 1, 2, 1)).has_value());
+  for (const config::ParallelismSpec& mesh : ValidMeshes(spec)) {
+    EXPECT_EQ(mesh.world_size(), 4);
+    EXPECT_FALSE(mesh.pp > 1 && mesh.zero >= 2);
+    EXPECT_FALSE(mesh.dp == 1 && mesh.zero > 0);
+  }
+}
+
+TEST(Plan, ChoosesTheFastestMeshThatFits) {
+  PlanRequest request;
+  request.spec = Gpt2Debug(4);
+  request.device = *PublishedProfile("h100");
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->chosen.has_value());
+  const Candidate& chosen = plan->candidates[*plan->chosen];
+  for (const Candidate& c : plan->candidates) {
+    if (c.fits) {
+      EXPECT_LE(chosen.step.total, c.step.total);
+    }
+  }
+  EXPECT_EQ(plan->explanation.rfind("Chose " + MeshName(chosen.mesh), 0), 0u) << plan->explanation;
+}
+
+TEST(Plan, SaysWhenNothingFits) {
+  PlanRequest request;
+  request.spec = Gpt2Debug(2);
+  request.device = *PublishedProfile("h100");
+  request.device.memory_bytes = 1 << 20;  // 1 MiB
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->chosen.has_value());
+  EXPECT_EQ(plan->explanation.rfind("Nothing fits", 0), 0u) << plan->explanation;
+}
+
+TEST(Plan, RefusesAnImpossibleMesh) {
+  PlanRequest request;
+  request.spec = Gpt2Debug(2);
+  request.device = *PublishedProfile("h100");
+  request.mesh = Mesh(3, 1, 1, 0);
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Profiles, PublishedFiguresAndTheCpuFile) {
+  absl::StatusOr<DeviceProfile> h100 = PublishedProfile("h100");
+  ASSERT_TRUE(h100.ok());
+  EXPECT_EQ(h100->memory_bytes, int64_t{80} << 30);
+  EXPECT_DOUBLE_EQ(h100->peak_flops, 989.4e12);
+  EXPECT_EQ(PublishedProfile("h200")->memory_bytes, int64_t{141} << 30);
+  EXPECT_EQ(PublishedProfile("a100").status().code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(CpuProfilePath("/x", "/home/u"), "/x/trainyard/cpu-profile.json");
+  EXPECT_EQ(CpuProfilePath(nullptr, "/home/u"), "/home/u/.config/trainyard/cpu-profile.json");
+  EXPECT_EQ(CpuProfilePath(nullptr, nullptr), "");
+
+  DeviceProfile cpu;
+  cpu.memory_bytes = 1 << 30;
+  cpu.peak_flops = 2e10;
+  cpu.matmul_flops = 1e10;
+  cpu.memory_bytes_per_second = 5e9;
+  cpu.intra_node = cpu.inter_node = Link{.alpha_seconds = 3e-5, .bytes_per_second = 1e9};
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(cpu));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->calibrated);
+  EXPECT_DOUBLE_EQ(back->matmul_flops, 1e10);
+  EXPECT_DOUBLE_EQ(back->intra_node.alpha_seconds, 3e-5);
+  EXPECT_EQ(ProfileFromJson("{\"memory_bytes\": 1}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard::planner

@@ -1,0 +1,283 @@
+#include "tools/cli/plan_command.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "config/mesh.h"
+#include "config/run_sections.h"
+#include "config/spec.h"
+#include "config/yaml_tree.h"
+#include "planner/calibrate.h"
+#include "planner/explain.h"
+#include "planner/planner.h"
+#include "tools/cli/format.h"
+#include "tools/cli/plan_output.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr char kPlanUsage[] =
+    "usage: trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device "
+    "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H] "
+    "[--calibrate]";
+
+// The flags of the CLI's other commands that carry a value (skipped when finding the command).
+bool IsGlobalValueFlag(const std::string& arg) {
+  return arg == "--server" || arg == "--tls-ca" || arg == "--tls-cert" || arg == "--tls-key" ||
+         arg == "--token-file";
+}
+
+struct PlanFlags {
+  std::string spec_path;
+  bool json = false;
+  bool calibrate = false;
+  std::map<std::string, std::string> values;  // flag name -> value
+  std::optional<std::string> Get(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+};
+
+absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
+  static const char* const kValueFlags[] = {"nodes", "devices-per-node",   "device",
+                                            "mesh",  "checkpoint-seconds", "mtbf-hours"};
+  PlanFlags flags;
+  bool seen_command = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!absl::StartsWith(arg, "--")) {
+      if (!seen_command && arg == "plan") {
+        seen_command = true;
+      } else if (flags.spec_path.empty()) {
+        flags.spec_path = arg;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+      }
+      continue;
+    }
+    std::string name = arg.substr(2), value;
+    const size_t equals = name.find('=');
+    const bool inline_value = equals != std::string::npos;
+    if (inline_value) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    }
+    if (name == "json" || name == "calibrate") {
+      if (inline_value)
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      (name == "json" ? flags.json : flags.calibrate) = true;
+      continue;
+    }
+    if (IsGlobalValueFlag("--" + name)) {  // accepted and ignored: plan needs no coordinator
+      if (!inline_value) ++i;
+      continue;
+    }
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " for 'plan'"));
+    }
+    if (!inline_value) {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError("--" + name + " needs a value");
+      value = args[++i];
+    }
+    flags.values[name] = value;
+  }
+  if (flags.spec_path.empty() && !flags.calibrate) {
+    return absl::InvalidArgumentError("plan needs a SPEC");
+  }
+  if (flags.Get("checkpoint-seconds").has_value() != flags.Get("mtbf-hours").has_value()) {
+    return absl::InvalidArgumentError("--checkpoint-seconds and --mtbf-hours go together");
+  }
+  return flags;
+}
+
+absl::StatusOr<int> PositiveInt(const PlanFlags& flags, const std::string& name, int max) {
+  int value = 0;
+  if (!absl::SimpleAtoi(*flags.Get(name), &value) || value < 1 || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be an integer from 1 to ",
+                                                   max, ", got '", *flags.Get(name), "'"));
+  }
+  return value;
+}
+
+absl::StatusOr<double> PositiveNumber(const PlanFlags& flags, const std::string& name) {
+  double value = 0;
+  if (!absl::SimpleAtod(*flags.Get(name), &value) || !(value > 0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be a positive number, got '", *flags.Get(name), "'"));
+  }
+  return value;
+}
+
+// "dp=2,tp=4,pp=1,zero=1": dp, tp and pp required, zero defaulting to the spec's.
+absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
+                                                  const config::ParallelismSpec& spec_mesh) {
+  config::ParallelismSpec mesh;
+  mesh.zero = spec_mesh.zero;
+  mesh.sequence_parallel = spec_mesh.sequence_parallel;
+  std::map<std::string, int*> fields = {
+      {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}};
+  std::map<std::string, bool> seen;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
+    auto field = fields.find(kv.first);
+    if (field == fields.end() || !absl::SimpleAtoi(kv.second, field->second) || seen[kv.first]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mesh: expected dp=D,tp=T,pp=P[,zero=Z], got '", text, "'"));
+    }
+    seen[kv.first] = true;
+  }
+  if (!seen["dp"] || !seen["tp"] || !seen["pp"]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh: dp, tp and pp are all required, got '", text, "'"));
+  }
+  mesh.sequence_parallel = mesh.sequence_parallel && mesh.tp > 1;
+  return mesh;
+}
+
+// The spec with the resources planned for. Without a resources section the spec does not say
+// where it runs: --nodes or --devices-per-node must.
+absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags) {
+  const std::string& path = flags.spec_path;
+  absl::StatusOr<std::string> text = fs.ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the spec ", path, ": ", text.status().message()));
+  }
+  absl::StatusOr<config::YamlNode> tree = config::ParseYamlTree(*text, path);
+  const bool has_resources = tree.ok() && tree->Find("resources") != nullptr;
+  // The planner chooses the mesh: a spec that names none is read as `parallelism: auto`, so that
+  // its default single rank is not held against its resources.
+  std::string yaml = *text;
+  if (tree.ok() && tree->kind == config::YamlNode::Kind::kMap &&
+      tree->Find("parallelism") == nullptr &&
+      !absl::StartsWith(absl::StripLeadingAsciiWhitespace(yaml), "{")) {
+    absl::StrAppend(&yaml, "\nparallelism: auto\n");
+  }
+  absl::StatusOr<config::JobSpec> spec = config::ParseJobSpec(yaml, path);
+  if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
+  const bool overridden = flags.Get("nodes") || flags.Get("devices-per-node");
+  if (!has_resources && !overridden) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": the spec has no resources section: say where it runs, or pass --nodes and "
+                     "--devices-per-node"));
+  }
+  if (flags.Get("nodes")) {
+    TY_ASSIGN_OR_RETURN(spec->resources.nodes, PositiveInt(flags, "nodes", config::kMaxNodes));
+  }
+  if (flags.Get("devices-per-node")) {
+    TY_ASSIGN_OR_RETURN(spec->resources.devices_per_node,
+                        PositiveInt(flags, "devices-per-node", config::kMaxDevicesPerNode));
+  }
+  return *std::move(spec);
+}
+
+absl::StatusOr<planner::DeviceProfile> ChooseProfile(const config::JobSpec& spec,
+                                                     const PlanFlags& flags, const PlanIo& io) {
+  const std::string name = flags.Get("device").value_or(
+      spec.resources.kind == config::DeviceKind::kGpu ? "h100" : "cpu");
+  if (name == "cpu") return planner::LoadCpuProfile(*io.fs, io.cpu_profile_path);
+  return planner::PublishedProfile(name);
+}
+
+// Measures the cpu profile and stores it; reports unless a plan's JSON follows.
+absl::StatusOr<planner::DeviceProfile> Calibrate(const PlanFlags& flags, const PlanIo& io) {
+  planner::CalibrationOptions options;
+  options.scratch_dir =
+      absl::StrCat(io.scratch_dir, "/trainyard-calibrate-", static_cast<int64_t>(getpid()));
+  absl::StatusOr<planner::Calibration> c = planner::CalibrateCpu(options);
+  if (!c.ok())
+    return absl::InternalError(absl::StrCat("calibration failed: ", c.status().message()));
+  TY_RETURN_IF_ERROR(planner::SaveCpuProfile(*io.fs, io.cpu_profile_path, c->profile));
+  if (!flags.json) {
+    *io.out << CalibrationText(*c, io.cpu_profile_path);
+  } else if (flags.spec_path.empty()) {
+    *io.out << CalibrationJson(*c, io.cpu_profile_path);
+  }
+  return c->profile;
+}
+
+absl::StatusOr<int> Plan(const PlanFlags& flags, const PlanIo& io) {
+  std::optional<planner::DeviceProfile> calibrated;
+  if (flags.calibrate) {
+    TY_ASSIGN_OR_RETURN(calibrated, Calibrate(flags, io));
+    if (flags.spec_path.empty()) return 0;
+  }
+  TY_ASSIGN_OR_RETURN(const config::JobSpec spec, LoadSpec(*io.fs, flags));
+  planner::PlanRequest request;
+  request.spec = spec;
+  if (calibrated && flags.Get("device").value_or("cpu") == "cpu") {
+    request.device = *calibrated;
+  } else {
+    TY_ASSIGN_OR_RETURN(request.device, ChooseProfile(spec, flags, io));
+  }
+  if (flags.Get("mesh")) {
+    TY_ASSIGN_OR_RETURN(request.mesh, ParseMesh(*flags.Get("mesh"), spec.parallelism));
+  }
+  if (flags.Get("checkpoint-seconds")) {
+    TY_ASSIGN_OR_RETURN(request.checkpoint_seconds, PositiveNumber(flags, "checkpoint-seconds"));
+    TY_ASSIGN_OR_RETURN(request.mtbf_hours, PositiveNumber(flags, "mtbf-hours"));
+  }
+  TY_ASSIGN_OR_RETURN(const planner::Plan plan, planner::MakePlan(request));
+  *io.out << (flags.json ? PlanJson(plan) : PlanText(plan, spec)) << std::flush;
+  return 0;
+}
+
+}  // namespace
+
+bool IsPlanCommand(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (IsGlobalValueFlag(args[i])) {
+      ++i;
+      continue;
+    }
+    if (!absl::StartsWith(args[i], "-")) return args[i] == "plan";
+  }
+  return false;
+}
+
+int RunPlan(const std::vector<std::string>& args, const PlanIo& io) {
+  absl::StatusOr<int> code = [&]() -> absl::StatusOr<int> {
+    absl::StatusOr<PlanFlags> flags = ParsePlanFlags(args);
+    if (!flags.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flags.status().message(), " (", kPlanUsage, ")"));
+    }
+    return Plan(*flags, io);
+  }();
+  if (code.ok()) return *code;
+  std::string message(code.status().message());
+  for (char& c : message) {
+    if (c == '\n') c = ' ';
+  }
+  *io.err << "trainyard: error: " << message << std::endl;
+  return ExitCodeForStatus(code.status());
+}
+
+PlanIo PlanIoFromEnvironment(std::ostream* out, std::ostream* err, FileSystem* fs) {
+  PlanIo io;
+  io.out = out;
+  io.err = err;
+  io.fs = fs;
+  io.cpu_profile_path =
+      planner::CpuProfilePath(std::getenv("XDG_CONFIG_HOME"), std::getenv("HOME"));
+  const char* tmp = std::getenv("TMPDIR");
+  io.scratch_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  return io;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,51 @@
+// `trainyard plan`: the planner (planner/planner.h) from the command line, with no coordinator.
+//
+//   trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device PROFILE]
+//                       [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H]
+//   trainyard plan --calibrate [SPEC ...]
+//
+// Prints every valid mesh of the spec's resources (or only --mesh) with its memory per rank,
+// step time, communication and MFU, the chosen mesh and why the others lost, and with
+// --checkpoint-seconds and --mtbf-hours the Young–Daly checkpoint interval. --json prints one
+// object instead (docs/planner.md). --calibrate measures the cpu profile on this machine and
+// stores it in $XDG_CONFIG_HOME/trainyard/cpu-profile.json (else ~/.config/trainyard/...).
+//
+// Exit codes: 0 planned (even when nothing fits: the explanation says so); 2 bad input (flags, an
+// unknown profile, an impossible --mesh, a spec that cannot be read or parsed, or one without
+// resources and without --nodes/--devices-per-node), one line on stderr; 1 a calibration that
+// failed.
+//
+// Threading: one call at a time.
+#ifndef TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_
+#define TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/filesystem.h"
+
+namespace trainyard::cli {
+
+struct PlanIo {
+  std::ostream* out = nullptr;
+  std::ostream* err = nullptr;
+  FileSystem* fs = nullptr;
+  std::string cpu_profile_path;  // planner::CpuProfilePath of the environment
+  std::string scratch_dir;       // --calibrate's rendezvous files (a fresh directory under it)
+};
+
+// True when `args` (the command line without the program name) asks for `plan`: its first word
+// that is not a flag is "plan" (global flags with a value are skipped with it).
+bool IsPlanCommand(const std::vector<std::string>& args);
+
+// Runs `trainyard plan` (`args` as for IsPlanCommand) and returns the exit code.
+int RunPlan(const std::vector<std::string>& args, const PlanIo& io);
+
+// The PlanIo of this process: `out`, `err` and `fs`, the profile path from $XDG_CONFIG_HOME or
+// $HOME, and $TMPDIR (else /tmp) for scratch.
+PlanIo PlanIoFromEnvironment(std::ostream* out, std::ostream* err, FileSystem* fs);
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_

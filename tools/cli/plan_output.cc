@@ -1,0 +1,126 @@
+#include "tools/cli/plan_output.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "planner/explain.h"
+#include "tools/cli/format.h"
+
+namespace trainyard::cli {
+namespace {
+
+std::string Number(double value) { return absl::StrFormat("%.9g", value); }
+
+std::string CandidateJson(const planner::Candidate& c) {
+  const planner::RankMemory& m = c.memory;
+  return absl::StrCat(
+      "{\"mesh\":{\"dp\":", c.mesh.dp, ",\"tp\":", c.mesh.tp, ",\"pp\":", c.mesh.pp,
+      ",\"zero\":", c.mesh.zero, "},\"memory_bytes\":{\"parameters\":", m.parameters,
+      ",\"gradients\":", m.gradients, ",\"optimizer\":", m.optimizer,
+      ",\"activations\":", m.activations, ",\"other\":", m.other(), ",\"total\":", m.total(),
+      "},\"fits\":", c.fits ? "true" : "false",
+      ",\"step_seconds\":{\"compute\":", Number(c.step.compute),
+      ",\"communication\":", Number(c.step.communication), ",\"bubble\":", Number(c.step.bubble),
+      ",\"total\":", Number(c.step.total), "},\"bubble_fraction\":", Number(c.bubble_fraction),
+      ",\"communication_bytes\":{\"dp\":", c.bytes_dp, ",\"tp\":", c.bytes_tp,
+      ",\"pp\":", c.bytes_pp, "},\"mfu\":", Number(c.mfu), "}");
+}
+
+std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", bytes / double{1 << 30}); }
+
+}  // namespace
+
+std::string PlanJson(const planner::Plan& plan) {
+  std::string out = "{\"candidates\":[";
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    absl::StrAppend(&out, i > 0 ? "," : "", CandidateJson(plan.candidates[i]));
+  }
+  absl::StrAppend(&out, "],\"chosen\":", plan.chosen ? absl::StrCat(*plan.chosen) : "null",
+                  ",\"explanation\":", JsonString(plan.explanation), ",\"young_daly\":");
+  if (plan.young_daly) {
+    const planner::YoungDaly& y = *plan.young_daly;
+    absl::StrAppend(&out, "{\"checkpoint_seconds\":", Number(y.checkpoint_seconds),
+                    ",\"mtbf_seconds\":", Number(y.mtbf_seconds),
+                    ",\"interval_seconds\":", Number(y.interval_seconds), "}");
+  } else {
+    absl::StrAppend(&out, "null");
+  }
+  absl::StrAppend(&out, "}\n");
+  return out;
+}
+
+std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
+  const config::ModelConfig& model = spec.model;
+  std::string out = absl::StrFormat(
+      "plan for %s: %s, %d layers, width %d, %.1fM parameters; batch %d × %d tokens\n"
+      "on %d node(s) × %d: %s\n",
+      spec.name, config::FamilyName(model.family), model.layers, model.width,
+      model.ParameterCount() / 1e6, spec.training.batch, spec.training.seq_len, plan.nodes,
+      plan.devices_per_node, plan.device.description);
+  std::vector<std::vector<std::string>> rows = {
+      {"mesh", "GiB/rank", "params", "grads", "optim", "activ", "other", "fits", "step", "compute",
+       "comm", "bubble", "tok/s", "MFU", "dp bytes", "tp bytes", "pp bytes"}};
+  for (const planner::Candidate& c : plan.candidates) {
+    const planner::RankMemory& m = c.memory;
+    rows.push_back(
+        {absl::StrFormat("dp%d tp%d pp%d z%d", c.mesh.dp, c.mesh.tp, c.mesh.pp, c.mesh.zero),
+         Gib(m.total()), Gib(m.parameters), Gib(m.gradients), Gib(m.optimizer), Gib(m.activations),
+         Gib(m.other()), c.fits ? "yes" : "NO", planner::HumanSeconds(c.step.total),
+         planner::HumanSeconds(c.step.compute), planner::HumanSeconds(c.step.communication),
+         planner::HumanSeconds(c.step.bubble), FormatCount(c.tokens_per_second),
+         absl::StrFormat("%.1f%%", 100 * c.mfu), planner::HumanBytes(c.bytes_dp),
+         planner::HumanBytes(c.bytes_tp), planner::HumanBytes(c.bytes_pp)});
+  }
+  absl::StrAppend(&out, "\n", Table(rows), "\n");
+  // One sentence per line: each ends with ". " before the next mesh's name or the end.
+  for (absl::string_view sentence : absl::StrSplit(plan.explanation, ". ")) {
+    absl::StrAppend(&out, sentence, absl::EndsWith(sentence, ".") ? "" : ".", "\n");
+  }
+  if (plan.young_daly) {
+    const planner::YoungDaly& y = *plan.young_daly;
+    absl::StrAppendFormat(
+        &out,
+        "Young–Daly: checkpoint every %s of training (Daly's higher-order form; "
+        "first-order √(2δM) = %s) for δ = %s per checkpoint and M = %s",
+        planner::HumanSeconds(y.interval_seconds), planner::HumanSeconds(y.young_seconds),
+        planner::HumanSeconds(y.checkpoint_seconds), planner::HumanSeconds(y.mtbf_seconds));
+    if (plan.chosen) {
+      absl::StrAppendFormat(&out, ": about %.0f steps of the chosen mesh",
+                            y.interval_seconds / plan.candidates[*plan.chosen].step.total);
+    }
+    absl::StrAppend(&out, ".\n");
+  }
+  if (!plan.device.calibrated) {
+    absl::StrAppend(&out,
+                    "note: the cpu profile is a placeholder; `trainyard plan --calibrate` "
+                    "measures this machine.\n");
+  }
+  return out;
+}
+
+std::string CalibrationText(const planner::Calibration& c, const std::string& path) {
+  return absl::StrFormat(
+      "calibrated the cpu profile on this machine:\n"
+      "  GEMM (CPU backend, fp32): %.1f GFLOP/s at 512³, %.1f GFLOP/s at 1024³\n"
+      "  memory bandwidth (elementwise add): %.1f GB/s\n"
+      "  Gloo over loopback, 2 ranks: α = %.1f µs per message, β⁻¹ = %.2f GB/s\n"
+      "  memory: %.1f GiB\n"
+      "stored in %s\n",
+      c.gemm_flops / 1e9, c.large_gemm_flops / 1e9, c.add_bytes_per_second / 1e9,
+      c.alpha_seconds * 1e6, c.bytes_per_second / 1e9, c.profile.memory_bytes / double{1 << 30},
+      path);
+}
+
+std::string CalibrationJson(const planner::Calibration& c, const std::string& path) {
+  return absl::StrCat("{\"calibration\":{\"gemm_flops\":", Number(c.gemm_flops),
+                      ",\"large_gemm_flops\":", Number(c.large_gemm_flops),
+                      ",\"memory_bytes_per_second\":", Number(c.add_bytes_per_second),
+                      ",\"alpha_seconds\":", Number(c.alpha_seconds),
+                      ",\"bytes_per_second\":", Number(c.bytes_per_second),
+                      ",\"memory_bytes\":", c.profile.memory_bytes, ",\"path\":", JsonString(path),
+                      "}}\n");
+}
+
+}  // namespace trainyard::cli
