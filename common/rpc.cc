@@ -3,10 +3,13 @@
 #include <cstdlib>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/filesystem.h"
 #include "common/status.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace trainyard::rpc {
 namespace {
@@ -37,6 +40,37 @@ absl::StatusOr<Pem> ReadAll(const TlsFiles& files) {
   TY_ASSIGN_OR_RETURN(pem.key, ReadPem(files.key, "key"));
   return pem;
 }
+
+constexpr char kAuthorizationHeader[] = "authorization";
+constexpr char kBearerPrefix[] = "Bearer ";
+
+// Adds the authorization header to every call of a channel.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kAuthorizationHeader, *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;  // owned by the factory, which outlives the channel's calls
+};
+
+class BearerFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerFactory(std::string header) : header_(std::move(header)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
 
 std::string Variable(const char* name) {
   const char* value = std::getenv(name);
@@ -86,10 +120,44 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const TlsFiles& files,
-                                                           const grpc::ChannelArguments& args) {
+                                                           const grpc::ChannelArguments& args,
+                                                           const std::string& bearer) {
   TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                       ChannelCredentials(files));
-  return grpc::CreateCustomChannel(target, credentials, args);
+  if (bearer.empty()) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<BearerFactory>(absl::StrCat(kBearerPrefix, bearer)));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
+                                                                 std::move(factories));
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = RealFileSystem()->ReadFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("cannot read the token file: ", text.status().message()));
+  }
+  std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " is empty"));
+  return token;
+}
+
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find(kAuthorizationHeader);
+  if (found == metadata.end()) return std::nullopt;
+  absl::string_view value(found->second.data(), found->second.size());
+  if (!absl::ConsumePrefix(&value, kBearerPrefix)) return std::nullopt;
+  return std::string(value);
+}
+
+std::string PeerCertificateName(const grpc::ServerContextBase& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  const std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
+  if (names.empty()) return "";
+  return std::string(names.front().data(), names.front().size());
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files) {

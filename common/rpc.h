@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -47,10 +48,26 @@ TlsFiles TlsFilesFromEnvironment();
 [[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
     const TlsFiles& files);
 
-// A channel to `target` with ChannelCredentials(files) and `args`.
+// A channel to `target` with ChannelCredentials(files) and `args`. A non-empty `bearer` is sent
+// with every call of the channel as "authorization: Bearer <bearer>" (a user's or an agent's
+// token, a worker's attempt secret), over TLS or plaintext loopback alike.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& target, const TlsFiles& files,
-    const grpc::ChannelArguments& args = grpc::ChannelArguments());
+    const grpc::ChannelArguments& args = grpc::ChannelArguments(), const std::string& bearer = "");
+
+// The variables that carry credentials: a token file for the CLI and a worker's attempt secret
+// (set by its agent; never on a command line).
+inline constexpr char kTokenFileVariable[] = "TRAINYARD_TOKEN_FILE";
+inline constexpr char kAttemptSecretVariable[] = "TRAINYARD_ATTEMPT_SECRET";
+
+// The token in `path` (surrounding white space removed). NOT_FOUND / PERMISSION_DENIED naming the
+// file when it cannot be read; INVALID_ARGUMENT when it is empty.
+[[nodiscard]] absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The bearer token a call carries ("authorization: Bearer T"); nullopt when it carries none.
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context);
+// The common name of the client certificate the call's TLS connection verified; empty without one.
+std::string PeerCertificateName(const grpc::ServerContextBase& context);
 
 // Credentials for a server: plaintext when `files` is empty, else TLS that requires and verifies
 // a client certificate signed by `files.ca`.

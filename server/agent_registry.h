@@ -42,6 +42,7 @@ struct StartWorkerOrder {
   std::string coordinator_address;
   std::map<std::string, std::string> env;
   std::string memory_peer_address;  // the job's peer node's memory tier ("": none)
+  std::string attempt_secret;       // the worker's credential for WorkerService (auth.h)
 };
 struct StopWorkersOrder {
   std::string job_id;

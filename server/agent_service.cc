@@ -33,8 +33,14 @@ class StreamChannel : public AgentChannel {
 
 class AgentStream : public Reactor {
  public:
-  AgentStream(Supervisor* supervisor, LogRouter* logs)
+  // `allowed`: the caller's authentication; a refused stream ends at once with it.
+  AgentStream(Supervisor* supervisor, LogRouter* logs, const absl::Status& allowed)
       : supervisor_(supervisor), logs_(logs), writer_(std::make_shared<Writer>(this)) {
+    if (!allowed.ok()) {
+      TY_LOG(WARNING) << "refused an agent: " << allowed;
+      writer_->FinishWhenDrained(ToGrpc(allowed));
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -141,7 +147,7 @@ class AgentStream : public Reactor {
 
 grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* AgentServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  return new AgentStream(supervisor_, logs_);
+  return new AgentStream(supervisor_, logs_, auth_->Agent(*context).status());
 }
 
 }  // namespace trainyard::server

@@ -1,7 +1,7 @@
 // AgentService over gRPC's callback API: one bidirectional Connect stream per agent. The stream
 // reads agent messages and hands them to the Supervisor (registration, heartbeats, worker
 // reports) and the LogRouter (log data); orders reach the agent through an AgentChannel that
-// queues them on the stream.
+// queues them on the stream. Only agents (and admins) may connect (ServiceAuth::Agent).
 //
 // Threading: gRPC runs each stream's reactions on its threads, one read at a time per stream.
 #ifndef TRAINYARD_SERVER_AGENT_SERVICE_H_
@@ -9,15 +9,16 @@
 
 #include "proto/trainyard.grpc.pb.h"
 #include "server/log_router.h"
+#include "server/service_auth.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
 
 class AgentServiceImpl final : public ::trainyard::v1::AgentService::CallbackService {
  public:
-  // Neither is owned; both must outlive the service.
-  AgentServiceImpl(Supervisor* supervisor, LogRouter* logs)
-      : supervisor_(supervisor), logs_(logs) {}
+  // None is owned; all must outlive the service.
+  AgentServiceImpl(Supervisor* supervisor, LogRouter* logs, const ServiceAuth* auth)
+      : supervisor_(supervisor), logs_(logs), auth_(auth) {}
 
   grpc::ServerBidiReactor<::trainyard::v1::AgentMessage, ::trainyard::v1::CoordinatorMessage>*
   Connect(grpc::CallbackServerContext* context) override;
@@ -25,6 +26,7 @@ class AgentServiceImpl final : public ::trainyard::v1::AgentService::CallbackSer
  private:
   Supervisor* const supervisor_;
   LogRouter* const logs_;
+  const ServiceAuth* const auth_;
 };
 
 }  // namespace trainyard::server

@@ -1,6 +1,7 @@
 #include "server/coordinator.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -21,11 +22,13 @@
 #include "grpcpp/security/server_credentials.h"
 #include "server/agent_registry.h"
 #include "server/agent_service.h"
+#include "server/auth.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
 #include "server/kv_space.h"
 #include "server/log_router.h"
 #include "server/metrics.h"
+#include "server/service_auth.h"
 #include "server/supervisor.h"
 #include "server/worker_service.h"
 
@@ -44,6 +47,12 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 std::string JoinHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
+}
+
+// The login name of the user this process runs as: the embedded admin token's identity.
+std::string ProcessUser() {
+  if (const passwd* entry = getpwuid(geteuid()); entry != nullptr) return entry->pw_name;
+  return absl::StrCat("uid ", geteuid());
 }
 
 std::string Hostname() {
@@ -169,23 +178,19 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
         absl::StrCat("another coordinator is using the state directory ", options.state_dir));
   }
 
+  TY_RETURN_IF_ERROR(InitAuth(options));
   TY_ASSIGN_OR_RETURN(store_, JobStore::Open(options.state_dir + "/coordinator.db"));
   registry_ = std::make_unique<AgentRegistry>(clock_, options.heartbeat_timeout);
   kv_ = std::make_unique<KvSpace>(clock_);
-  SupervisorOptions supervisor_options;
-  supervisor_options.stop_grace = options.stop_grace;
-  supervisor_options.node_mtbf = options.node_mtbf;
-  supervisor_options.quarantine = options.quarantine;
-  supervisor_options.heartbeat_interval = options.heartbeat_interval;
-  supervisor_options.spec_limits.allowed_data_roots = AbsolutePaths(options.allowed_data_roots);
-  supervisor_options.spec_limits.allowed_checkpoint_roots =
-      AbsolutePaths(options.allowed_checkpoint_roots);
   TY_ASSIGN_OR_RETURN(supervisor_, Supervisor::Create(store_.get(), registry_.get(), kv_.get(),
-                                                      clock_, supervisor_options));
+                                                      clock_, SupervisorOptionsFor(options)));
   logs_ = std::make_unique<LogRouter>(registry_.get());
-  job_service_ = std::make_unique<JobServiceImpl>(supervisor_.get(), logs_.get());
-  agent_service_ = std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get());
-  worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_);
+  job_service_ = std::make_unique<JobServiceImpl>(supervisor_.get(), logs_.get(),
+                                                  service_auth_.get(), streams_.get());
+  agent_service_ =
+      std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get(), service_auth_.get());
+  worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_,
+                                                        service_auth_.get());
 
   grpc::ServerBuilder builder;
   int port = 0;
@@ -227,6 +232,44 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
                        ? ""
                        : absl::StrCat(", metrics on http://", metrics_address_, "/metrics"))
                << ", state in " << options.state_dir;
+  return absl::OkStatus();
+}
+
+SupervisorOptions Coordinator::SupervisorOptionsFor(const CoordinatorOptions& options) const {
+  SupervisorOptions supervisor_options;
+  supervisor_options.stop_grace = options.stop_grace;
+  supervisor_options.node_mtbf = options.node_mtbf;
+  supervisor_options.quarantine = options.quarantine;
+  supervisor_options.heartbeat_interval = options.heartbeat_interval;
+  supervisor_options.spec_limits.allowed_data_roots = AbsolutePaths(options.allowed_data_roots);
+  supervisor_options.spec_limits.allowed_checkpoint_roots =
+      AbsolutePaths(options.allowed_checkpoint_roots);
+  supervisor_options.attempt_secret = [secrets = secrets_.get()](const std::string& job_id,
+                                                                 int attempt_id) {
+    return secrets->For(job_id, attempt_id);
+  };
+  supervisor_options.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
+  return supervisor_options;
+}
+
+absl::Status Coordinator::InitAuth(const CoordinatorOptions& options) {
+  TY_ASSIGN_OR_RETURN(const std::string admin_token,
+                      LoadOrCreateSecret(options.state_dir + "/admin.token", NewToken));
+  TY_ASSIGN_OR_RETURN(
+      const std::string attempt_key,
+      LoadOrCreateSecret(options.state_dir + "/attempt.key", [] { return RandomHex(32); }));
+  AuthOptions auth;
+  auth.tokens_file =
+      options.tokens_file.empty() ? options.state_dir + "/tokens" : options.tokens_file;
+  auth.tokens_file_required = !options.tokens_file.empty();
+  auth.admin_sha256 = Sha256Hex(admin_token);
+  auth.admin_user = ProcessUser();
+  auth.clock = clock_;
+  authenticator_ = std::make_unique<Authenticator>(std::move(auth));
+  TY_RETURN_IF_ERROR(authenticator_->Load());
+  secrets_ = std::make_unique<AttemptSecrets>(attempt_key);
+  service_auth_ = std::make_unique<ServiceAuth>(authenticator_.get(), secrets_.get());
+  streams_ = std::make_unique<StreamQuota>(options.max_streams_per_user);
   return absl::OkStatus();
 }
 

@@ -5,7 +5,9 @@
 //
 // Security: it listens on loopback unless mutual TLS is configured; a non-loopback address
 // without a certificate, a key and a client CA (clients must present certificates it signed) is
-// refused (FAILED_PRECONDITION). One coordinator per state directory: a
+// refused (FAILED_PRECONDITION). Every call is authenticated (server/auth.h): the state directory
+// holds the admin token (admin.token) and the key of the workers' attempt secrets (attempt.key),
+// both created on first start with mode 0600. One coordinator per state directory: a
 // second one is refused (FAILED_PRECONDITION) while the first holds the directory's lock.
 //
 // Threading: Start and Stop from one thread; accessors are thread-safe.
@@ -22,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/node_quarantine.h"
+#include "server/supervisor.h"
 
 namespace grpc {
 class Server;
@@ -31,6 +34,10 @@ namespace trainyard::server {
 
 class AgentRegistry;
 class AgentServiceImpl;
+class AttemptSecrets;
+class Authenticator;
+class ServiceAuth;
+class StreamQuota;
 class CoordinatorMetrics;
 class JobServiceImpl;
 class JobStore;
@@ -60,7 +67,12 @@ struct CoordinatorOptions {
   absl::Duration tick_interval = absl::Milliseconds(100);
   std::vector<std::string> allowed_data_roots;        // empty: data may be anywhere
   std::vector<std::string> allowed_checkpoint_roots;  // empty: checkpoints may be anywhere
-  Clock* clock = nullptr;                             // null: RealClock()
+  // Authentication (server/auth.h): the token file (empty: <state_dir>/tokens, when it exists);
+  // the embedded admin token and the attempt key live in the state directory.
+  std::string tokens_file;
+  int max_streams_per_user = 64;       // open WatchJob and GetLogs streams
+  int max_queued_jobs_per_user = 256;  // QUEUED jobs
+  Clock* clock = nullptr;              // null: RealClock()
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost".
@@ -88,6 +100,10 @@ class Coordinator {
  private:
   Coordinator() = default;
   [[nodiscard]] absl::Status Init(const CoordinatorOptions& options);
+  // The admin token and attempt key of the state directory, the token file, and the services'
+  // authentication built on them.
+  [[nodiscard]] absl::Status InitAuth(const CoordinatorOptions& options);
+  SupervisorOptions SupervisorOptionsFor(const CoordinatorOptions& options) const;
   void TickLoop(absl::Duration interval);
 
   int lock_fd_ = -1;
@@ -95,6 +111,10 @@ class Coordinator {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<AgentRegistry> registry_;
   std::unique_ptr<KvSpace> kv_;
+  std::unique_ptr<Authenticator> authenticator_;
+  std::unique_ptr<AttemptSecrets> secrets_;
+  std::unique_ptr<ServiceAuth> service_auth_;
+  std::unique_ptr<StreamQuota> streams_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<LogRouter> logs_;
   std::unique_ptr<JobServiceImpl> job_service_;

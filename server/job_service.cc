@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "config/spec.h"
 #include "server/convert.h"
 #include "server/stream_writer.h"
@@ -22,11 +23,17 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const abs
 // WatchJob: a JobWatcher registered with the Supervisor feeds the stream until the job is final.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobUpdate> {
  public:
-  WatchReactor(Supervisor* supervisor, std::string job_id)
+  // `ticket`: the caller's stream slot, or why the call is refused.
+  WatchReactor(Supervisor* supervisor, std::string job_id, absl::StatusOr<StreamTicket> ticket)
       : supervisor_(supervisor),
         job_id_(std::move(job_id)),
         writer_(std::make_shared<Writer>(this)),
         watcher_(std::make_shared<Watcher>(writer_)) {
+    if (!ticket.ok()) {
+      writer_->FinishWhenDrained(ToGrpc(ticket.status()));
+      return;
+    }
+    ticket_ = *std::move(ticket);
     absl::StatusOr<uint64_t> id = supervisor_->Watch(job_id_, watcher_);
     if (!id.ok()) {
       writer_->FinishWhenDrained(ToGrpc(id.status()));
@@ -72,13 +79,20 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobUpdate> {
   std::shared_ptr<Writer> writer_;
   std::shared_ptr<Watcher> watcher_;
   uint64_t watch_id_ = 0;
+  StreamTicket ticket_;
 };
 
 // GetLogs: a LogSink registered with the LogRouter feeds the stream.
 class LogsReactor : public grpc::ServerWriteReactor<v1::LogChunk> {
  public:
-  LogsReactor(Supervisor* supervisor, LogRouter* logs, const v1::GetLogsRequest& request)
+  LogsReactor(Supervisor* supervisor, LogRouter* logs, const v1::GetLogsRequest& request,
+              absl::StatusOr<StreamTicket> ticket)
       : logs_(logs), writer_(std::make_shared<Writer>(this)) {
+    if (!ticket.ok()) {
+      writer_->FinishWhenDrained(ToGrpc(ticket.status()));
+      return;
+    }
+    ticket_ = *std::move(ticket);
     if (request.job_id().empty()) {
       writer_->FinishWhenDrained(ToGrpc(absl::InvalidArgumentError("empty job_id")));
       return;
@@ -132,9 +146,31 @@ class LogsReactor : public grpc::ServerWriteReactor<v1::LogChunk> {
   LogRouter* const logs_;
   std::shared_ptr<Writer> writer_;
   uint64_t stream_id_ = 0;
+  StreamTicket ticket_;
 };
 
 }  // namespace
+
+absl::StatusOr<Identity> JobServiceImpl::JobCaller(const grpc::ServerContextBase& context,
+                                                   const std::string& job_id) const {
+  TY_ASSIGN_OR_RETURN(Identity caller, auth_->User(context));
+  TY_ASSIGN_OR_RETURN(const std::string owner, supervisor_->JobOwner(job_id));
+  TY_RETURN_IF_ERROR(ServiceAuth::MayUseJob(caller, job_id, owner));
+  return caller;
+}
+
+absl::Status JobServiceImpl::MayUseJob(const grpc::ServerContextBase& context,
+                                       const std::string& job_id) const {
+  return JobCaller(context, job_id).status();
+}
+
+absl::StatusOr<StreamTicket> JobServiceImpl::OpenStream(const grpc::ServerContextBase& context,
+                                                        const std::string& job_id) const {
+  if (job_id.empty()) return absl::InvalidArgumentError("empty job_id");
+  TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(context, job_id));
+  TY_RETURN_IF_ERROR(streams_->Acquire(caller.user));
+  return StreamTicket(streams_, caller.user);
+}
 
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const v1::SubmitJobRequest* request,
@@ -144,10 +180,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                "spec of ", request->spec_yaml().size(),
                                " bytes is over the limit of ", config::kMaxSpecBytes, " bytes")));
   }
+  absl::StatusOr<Identity> caller = auth_->User(*context);
+  if (!caller.ok()) return Answer(context, caller.status());
   SubmitRequest submit;
   submit.spec_yaml = request->spec_yaml();
   if (!request->spec_source().empty()) submit.spec_source = request->spec_source();
-  submit.user = request->user();
+  submit.user = caller->user;  // who the credential proves, never who the request says
   submit.client_request_id = request->client_request_id();
   absl::StatusOr<JobRecord> job = supervisor_->Submit(submit);
   if (job.ok()) ToProto(*job, reply->mutable_job());
@@ -160,6 +198,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
   if (request->max_events() < 0) {
     return Answer(context, absl::InvalidArgumentError("max_events must not be negative"));
+  }
+  if (absl::Status allowed = MayUseJob(*context, request->job_id()); !allowed.ok()) {
+    return Answer(context, allowed);
   }
   absl::StatusOr<JobView> view = supervisor_->GetJob(request->job_id(), request->max_events());
   if (view.ok()) {
@@ -177,14 +218,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
     return Answer(context, absl::InvalidArgumentError(
                                absl::StrCat("limit ", request->limit(), " is outside 0..1000")));
   }
+  absl::StatusOr<Identity> caller = auth_->User(*context);
+  if (!caller.ok()) return Answer(context, caller.status());
   std::set<JobState> states;
   for (int state : request->states()) {
     absl::StatusOr<JobState> parsed = FromProto(static_cast<v1::JobState>(state));
     if (!parsed.ok()) return Answer(context, parsed.status());
     states.insert(*parsed);
   }
+  const std::optional<std::string> owner =
+      caller->admin() ? std::nullopt : std::optional<std::string>(caller->user);
   for (const JobRecord& job :
-       supervisor_->ListJobs(states, request->limit() == 0 ? 100 : request->limit())) {
+       supervisor_->ListJobs(states, request->limit() == 0 ? 100 : request->limit(), owner)) {
     ToProto(job, reply->add_jobs());
   }
   return Answer(context, absl::OkStatus());
@@ -194,8 +239,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  absl::StatusOr<Identity> caller = JobCaller(*context, request->job_id());
+  if (!caller.ok()) return Answer(context, caller.status());
   absl::StatusOr<JobRecord> job =
-      supervisor_->Cancel(request->job_id(), request->reason(), request->user());
+      supervisor_->Cancel(request->job_id(), request->reason(), caller->user);
   if (job.ok()) ToProto(*job, reply->mutable_job());
   return Answer(context, job.status());
 }
@@ -204,6 +251,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
                                                           const v1::ListCheckpointsRequest* request,
                                                           v1::ListCheckpointsReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  if (absl::Status allowed = MayUseJob(*context, request->job_id()); !allowed.ok()) {
+    return Answer(context, allowed);
+  }
   absl::StatusOr<std::vector<CheckpointInfo>> checkpoints =
       supervisor_->ListCheckpoints(request->job_id());
   if (checkpoints.ok()) {
@@ -218,25 +268,30 @@ grpc::ServerUnaryReactor* JobServiceImpl::DrainJob(grpc::CallbackServerContext* 
                                                    const v1::DrainJobRequest* request,
                                                    v1::DrainJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  absl::StatusOr<Identity> caller = JobCaller(*context, request->job_id());
+  if (!caller.ok()) return Answer(context, caller.status());
   absl::StatusOr<JobRecord> job =
-      supervisor_->Drain(request->job_id(), request->reason(), request->user());
+      supervisor_->Drain(request->job_id(), request->reason(), caller->user);
   if (job.ok()) ToProto(*job, reply->mutable_job());
   return Answer(context, job.status());
 }
 
 grpc::ServerWriteReactor<v1::JobUpdate>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(supervisor_, request->job_id());
+  return new WatchReactor(supervisor_, request->job_id(), OpenStream(*context, request->job_id()));
 }
 
 grpc::ServerWriteReactor<v1::LogChunk>* JobServiceImpl::GetLogs(
     grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) {
-  return new LogsReactor(supervisor_, logs_, *request);
+  return new LogsReactor(supervisor_, logs_, *request, OpenStream(*context, request->job_id()));
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,
                                                     const v1::ListNodesRequest* request,
                                                     v1::ListNodesReply* reply) {
+  if (absl::StatusOr<Identity> caller = auth_->User(*context); !caller.ok()) {
+    return Answer(context, caller.status());
+  }
   for (const NodeStatus& node : supervisor_->Nodes()) ToProto(node, reply->add_nodes());
   return Answer(context, absl::OkStatus());
 }
@@ -246,6 +301,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(grpc::CallbackServerConte
                                                        v1::UncordonNodeReply* reply) {
   if (request->node_id().empty()) {
     return Answer(context, absl::InvalidArgumentError("node_id is empty"));
+  }
+  absl::StatusOr<Identity> caller = auth_->User(*context);
+  if (!caller.ok()) return Answer(context, caller.status());
+  if (!caller->admin()) {
+    return Answer(context, absl::PermissionDeniedError(absl::StrCat(
+                               caller->user, " is not an admin: only admins manage nodes")));
   }
   absl::StatusOr<NodeStatus> node = supervisor_->Uncordon(request->node_id());
   if (node.ok()) ToProto(*node, reply->mutable_node());

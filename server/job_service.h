@@ -2,20 +2,28 @@
 // their results back. Unary calls answer on the gRPC thread that received them; WatchJob and
 // GetLogs are server streams fed by the Supervisor (JobWatcher) and the LogRouter (LogSink).
 //
+// Every call is authenticated (ServiceAuth::User); a user sees and acts on their own jobs only,
+// an admin on all, and only an admin uncordons nodes. A job is recorded as submitted by the user
+// the credential proves (the request's `user` field is ignored).
+//
 // Threading: gRPC calls the methods on its own threads; the service holds no state of its own.
 #ifndef TRAINYARD_SERVER_JOB_SERVICE_H_
 #define TRAINYARD_SERVER_JOB_SERVICE_H_
 
 #include "proto/trainyard.grpc.pb.h"
+#include "server/auth.h"
 #include "server/log_router.h"
+#include "server/service_auth.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
 
 class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService {
  public:
-  // Neither is owned; both must outlive the service.
-  JobServiceImpl(Supervisor* supervisor, LogRouter* logs) : supervisor_(supervisor), logs_(logs) {}
+  // None is owned; all must outlive the service.
+  JobServiceImpl(Supervisor* supervisor, LogRouter* logs, const ServiceAuth* auth,
+                 StreamQuota* streams)
+      : supervisor_(supervisor), logs_(logs), auth_(auth), streams_(streams) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const ::trainyard::v1::SubmitJobRequest* request,
@@ -49,8 +57,19 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
                                          ::trainyard::v1::UncordonNodeReply* reply) override;
 
  private:
+  // The caller, allowed to use the job (its owner or an admin); NOT_FOUND for an unknown job.
+  [[nodiscard]] absl::StatusOr<Identity> JobCaller(const grpc::ServerContextBase& context,
+                                                   const std::string& job_id) const;
+  [[nodiscard]] absl::Status MayUseJob(const grpc::ServerContextBase& context,
+                                       const std::string& job_id) const;
+  // JobCaller, and one of the caller's streams from the quota.
+  [[nodiscard]] absl::StatusOr<StreamTicket> OpenStream(const grpc::ServerContextBase& context,
+                                                        const std::string& job_id) const;
+
   Supervisor* const supervisor_;
   LogRouter* const logs_;
+  const ServiceAuth* const auth_;
+  StreamQuota* const streams_;
 };
 
 }  // namespace trainyard::server

@@ -3,8 +3,10 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 
 namespace trainyard::server {
 
@@ -24,6 +26,17 @@ absl::StatusOr<std::string> KvSpace::PrefixOf(const std::string& key) {
         "key '", key, "' does not start with a kv_prefix \"jobs/<job>/attempts/<n>/\""));
   }
   return absl::StrCat("jobs/", parts[1], "/attempts/", parts[3], "/");
+}
+
+absl::StatusOr<std::pair<std::string, int>> KvSpace::AttemptOf(const std::string& key) {
+  TY_ASSIGN_OR_RETURN(const std::string prefix, PrefixOf(key));
+  const std::vector<absl::string_view> parts = absl::StrSplit(prefix, '/');
+  int attempt = 0;
+  if (!absl::SimpleAtoi(parts[3], &attempt)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "': the attempt in its prefix is not a number"));
+  }
+  return std::make_pair(std::string(parts[1]), attempt);
 }
 
 void KvSpace::Open(const std::string& prefix) {

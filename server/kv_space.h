@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +43,9 @@ class KvSpace {
   using GetCallback = std::function<void(absl::StatusOr<std::optional<std::string>>)>;
 
   static std::string PrefixFor(const std::string& job_id, int attempt_id);
+  // The job and attempt whose space `key` is in; INVALID_ARGUMENT for a key outside any.
+  [[nodiscard]] static absl::StatusOr<std::pair<std::string, int>> AttemptOf(
+      const std::string& key);
 
   void Open(const std::string& prefix);
   // Drops the space; its waiters get FAILED_PRECONDITION.

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -24,8 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/rpc.h"
 #include "common/status.h"
 #include "server/coordinator.h"
+#include "server/token_command.h"
 #if TRAINYARD_SERVER_WITH_AGENT
 #include "server/agent/agent.h"
 #endif
@@ -56,9 +59,15 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
                              window (default 3; 0 disables)
   --quarantine-window SECONDS  (default 600)
   --quarantine-cooldown SECONDS  how long a cordon lasts (default 1800)
+  --tokens FILE              the token file (default <state-dir>/tokens; see
+                             `trainyard-server token`); the admin token is <state-dir>/admin.token
+  --max-streams-per-user N   open watch and logs streams per user (default 64)
+  --max-queued-jobs-per-user N  queued jobs per user (default 256)
   --data-root DIR            confine data paths of submitted specs (repeatable)
   --checkpoint-root DIR      confine checkpoint dirs of submitted specs (repeatable)
-  --log-level LEVEL          debug | info | warning | error (default info))";
+  --log-level LEVEL          debug | info | warning | error (default info)
+
+       trainyard-server token add|revoke|list ...   manage the token file (token --help))";
 
 struct Flags {
   CoordinatorOptions coordinator;
@@ -91,6 +100,40 @@ absl::Status ParseMemoryTierMib(const std::string& flag, const std::string& text
   return absl::OkStatus();
 }
 
+// A per-user limit: 1 to 1,000,000.
+absl::Status ParseLimit(const std::string& flag, const std::string& text, int* out) {
+  if (!absl::SimpleAtoi(text, out) || *out < 1 || *out > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected 1 to 1000000, got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// The flags of TLS, authentication, limits and path confinement; false when `arg` is another.
+absl::StatusOr<bool> ParseSecurityFlag(const std::string& arg,
+                                       const std::function<absl::StatusOr<std::string>()>& value,
+                                       CoordinatorOptions& c) {
+  std::string* file = arg == "--tls-cert"        ? &c.tls_cert_file
+                      : arg == "--tls-key"       ? &c.tls_key_file
+                      : arg == "--tls-client-ca" ? &c.tls_client_ca_file
+                      : arg == "--tokens"        ? &c.tokens_file
+                                                 : nullptr;
+  if (file != nullptr) {
+    TY_ASSIGN_OR_RETURN(*file, value());
+  } else if (arg == "--max-streams-per-user" || arg == "--max-queued-jobs-per-user") {
+    TY_ASSIGN_OR_RETURN(std::string text, value());
+    TY_RETURN_IF_ERROR(ParseLimit(
+        arg, text,
+        arg == "--max-streams-per-user" ? &c.max_streams_per_user : &c.max_queued_jobs_per_user));
+  } else if (arg == "--data-root" || arg == "--checkpoint-root") {
+    TY_ASSIGN_OR_RETURN(std::string dir, value());
+    (arg == "--data-root" ? c.allowed_data_roots : c.allowed_checkpoint_roots).push_back(dir);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
   flags.coordinator.state_dir = "trainyard-state";
@@ -109,6 +152,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return std::string(argv[++i]);
     };
     CoordinatorOptions& c = flags.coordinator;
+    TY_ASSIGN_OR_RETURN(const bool security, ParseSecurityFlag(arg, value, c));
+    if (security) continue;
     if (arg == "--listen") {
       TY_ASSIGN_OR_RETURN(c.listen, value());
       flags.listen_given = true;
@@ -139,12 +184,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       TY_RETURN_IF_ERROR(ParseMemoryTierMib(arg, text, &flags.agent_memory_tier_mb));
     } else if (arg == "--advertise-address") {
       TY_ASSIGN_OR_RETURN(c.advertise_address, value());
-    } else if (arg == "--tls-cert") {
-      TY_ASSIGN_OR_RETURN(c.tls_cert_file, value());
-    } else if (arg == "--tls-key") {
-      TY_ASSIGN_OR_RETURN(c.tls_key_file, value());
-    } else if (arg == "--tls-client-ca") {
-      TY_ASSIGN_OR_RETURN(c.tls_client_ca_file, value());
     } else if (arg == "--stop-grace") {
       TY_ASSIGN_OR_RETURN(std::string text, value());
       TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.stop_grace));
@@ -172,12 +211,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (arg == "--quarantine-cooldown") {
       TY_ASSIGN_OR_RETURN(std::string text, value());
       TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.quarantine.cooldown));
-    } else if (arg == "--data-root") {
-      TY_ASSIGN_OR_RETURN(std::string dir, value());
-      c.allowed_data_roots.push_back(dir);
-    } else if (arg == "--checkpoint-root") {
-      TY_ASSIGN_OR_RETURN(std::string dir, value());
-      c.allowed_checkpoint_roots.push_back(dir);
     } else if (arg == "--log-level") {
       TY_ASSIGN_OR_RETURN(std::string text, value());
       TY_ASSIGN_OR_RETURN(LogLevel level, ParseLogLevel(text));
@@ -319,6 +352,9 @@ absl::Status Run(int argc, char** argv) {
     options.memory_tier_dir = flags.agent_memory_tier_dir;
     options.memory_tier_mb = flags.agent_memory_tier_mb;
     options.pass_env = flags.agent_pass_env;
+    // The local agent is part of this process: it presents the embedded admin token.
+    TY_ASSIGN_OR_RETURN(options.token,
+                        rpc::ReadTokenFile(flags.coordinator.state_dir + "/admin.token"));
     if (!flags.coordinator.tls_client_ca_file.empty()) {
       // Mutual TLS: the local agent (and its workers) present the coordinator's own certificate.
       options.tls = rpc::TlsFiles{.ca = flags.coordinator.tls_client_ca_file,
@@ -354,6 +390,12 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace trainyard::server
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "token") {
+    const absl::Status status = trainyard::server::RunTokenCommand(
+        std::vector<std::string>(argv + 2, argv + argc), std::cout);
+    if (!status.ok()) std::cerr << "trainyard-server token: " << status.message() << std::endl;
+    return trainyard::ExitCodeForStatus(status);
+  }
   absl::Status status = trainyard::server::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "trainyard-server: " << status.message() << std::endl;

@@ -51,7 +51,9 @@ absl::Status Supervisor::Restore() {
   }
   for (JobRecord& job : state.jobs) {
     const std::string id = job.id;
-    if (!job.client_request_id.empty()) by_request_id_[job.client_request_id] = id;
+    if (!job.client_request_id.empty()) {
+      by_request_id_[RequestKey(job.user, job.client_request_id)] = id;
+    }
     JobEntry& entry = jobs_[id];
     entry.job = std::move(job);
   }
@@ -377,7 +379,10 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
   JobRecord result;
   {
     absl::MutexLock lock(&mu_);
-    const std::string& key = request.client_request_id;
+    // Request ids are per user: another user's retry key must neither find nor block this one.
+    const std::string key = request.client_request_id.empty()
+                                ? ""
+                                : RequestKey(request.user, request.client_request_id);
     while (!key.empty()) {
       if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
       if (auto it = by_request_id_.find(key); it != by_request_id_.end()) {
@@ -388,6 +393,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
       commit_done_.Wait(&mu_);
     }
     if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+    TY_RETURN_IF_ERROR(CheckQueuedLimitLocked(request.user));
     JobRecord job;
     job.seq = ++max_seq_;  // a refused submission leaves its number unused
     job.id = JobIdForSeq(job.seq);
@@ -398,7 +404,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     job.requirements = requirements;
     job.user = request.user;
     job.labels = spec.labels;
-    job.client_request_id = key;
+    job.client_request_id = request.client_request_id;
     job.created = clock_->Now();
 
     // Store first: nothing exists in memory that is not on disk. The job joins the commit queue
@@ -495,12 +501,33 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
   return view;
 }
 
-std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, int limit) {
+absl::Status Supervisor::CheckQueuedLimitLocked(const std::string& user) const {
+  int queued = 0;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry.job.user == user && entry.job.state == JobState::kQueued) ++queued;
+  }
+  if (queued < options_.max_queued_jobs_per_user) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      user.empty() ? "this user" : user, " has ", queued,
+      " jobs queued, the limit per user (trainyard-server --max-queued-jobs-per-user); wait for "
+      "some to start or cancel them"));
+}
+
+absl::StatusOr<std::string> Supervisor::JobOwner(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = FindJob(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  return entry->job.user;
+}
+
+std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, int limit,
+                                            const std::optional<std::string>& user) {
   absl::MutexLock lock(&mu_);
   std::vector<const JobRecord*> matching;
   const absl::Time now = clock_->Now();
   for (auto& [id, entry] : jobs_) {
     if (!states.empty() && states.count(entry.job.state) == 0) continue;
+    if (user && entry.job.user != *user) continue;
     if (!IsFinal(entry.job.state)) RefreshHealthLocked(entry, now);
     matching.push_back(&entry.job);
   }

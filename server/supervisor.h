@@ -86,6 +86,10 @@ struct SupervisorOptions {
   absl::Duration hang_gather = absl::Seconds(2);
   absl::Duration hang_slack = absl::Seconds(3);
   uint64_t jitter_seed = 0;  // 0: from the clock
+  // The secret a worker of (job, attempt) proves itself with (ServiceAuth::Worker); null: none.
+  std::function<std::string(const std::string& job_id, int attempt_id)> attempt_secret;
+  // Submissions beyond this many QUEUED jobs of one user are refused (RESOURCE_EXHAUSTED).
+  int max_queued_jobs_per_user = 256;
 };
 
 struct SubmitRequest {
@@ -267,8 +271,11 @@ class Supervisor {
   [[nodiscard]] absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
       const std::string& job_id);
   [[nodiscard]] absl::StatusOr<JobView> GetJob(const std::string& job_id, int max_events);
-  // Newest first, spec_yaml left empty; `states` empty means all.
-  std::vector<JobRecord> ListJobs(const std::set<JobState>& states, int limit);
+  // Newest first, spec_yaml left empty; `states` empty means all; `user`: only that user's jobs.
+  std::vector<JobRecord> ListJobs(const std::set<JobState>& states, int limit,
+                                  const std::optional<std::string>& user = std::nullopt);
+  // Who submitted the job; NOT_FOUND for an unknown one.
+  [[nodiscard]] absl::StatusOr<std::string> JobOwner(const std::string& job_id);
   // Subscribes; the watcher gets the current state at once. NOT_FOUND for an unknown job.
   [[nodiscard]] absl::StatusOr<uint64_t> Watch(const std::string& job_id,
                                                std::shared_ptr<JobWatcher> watcher);
@@ -396,6 +403,13 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `user` has max_queued_jobs_per_user jobs QUEUED.
+  [[nodiscard]] absl::Status CheckQueuedLimitLocked(const std::string& user) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // by_request_id_'s key: request ids are scoped to the user who sent them.
+  static std::string RequestKey(const std::string& user, const std::string& request_id) {
+    return user + '\0' + request_id;
+  }
   // The job and current attempt a worker call names, checked as WorkerService documents:
   // NOT_FOUND (job, attempt), FAILED_PRECONDITION (superseded or ended), INVALID_ARGUMENT (rank).
   struct RankOfAttempt {

@@ -111,6 +111,8 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   order.gpu = attempt.kind == DeviceKind::kGpu;
   order.coordinator_address = coordinator_address_;
   order.env["TRAINYARD_JOB_NAME"] = entry.job.name;
+  if (options_.attempt_secret)
+    order.attempt_secret = options_.attempt_secret(entry.job.id, attempt.attempt_id);
   // Peer copies of the memory tier go round the attempt's nodes: each node's snapshots to the
   // next one, so that a lost node's are on a survivor.
   std::vector<std::string> nodes;

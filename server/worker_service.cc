@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "common/status.h"
 #include "server/convert.h"
 
 namespace trainyard::server {
@@ -25,10 +26,21 @@ v1::Order ToProto(WorkerOrder order) {
 
 }  // namespace
 
+absl::Status WorkerServiceImpl::MayUseKey(const grpc::ServerContextBase& context,
+                                          const std::string& key) const {
+  TY_ASSIGN_OR_RETURN(const auto attempt, KvSpace::AttemptOf(key));
+  return auth_->Worker(context, attempt.first, attempt.second);
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(grpc::CallbackServerContext* context,
                                                   const v1::JoinRequest* request,
                                                   v1::JoinReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = auth_->Worker(*context, request->job_id(), request->attempt_id());
+      !allowed.ok()) {
+    reactor->Finish(ToGrpc(allowed));
+    return reactor;
+  }
   supervisor_->Join(request->job_id(), request->attempt_id(), request->rank(),
                     FromDeadline(context->deadline()),
                     [reactor, reply](absl::StatusOr<JoinInfo> info) {
@@ -42,6 +54,10 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(grpc::CallbackServerContext* 
                                                    const v1::KvSetRequest* request,
                                                    v1::KvSetReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = MayUseKey(*context, request->key()); !allowed.ok()) {
+    reactor->Finish(ToGrpc(allowed));
+    return reactor;
+  }
   reactor->Finish(ToGrpc(kv_->Set(request->key(), request->value())));
   return reactor;
 }
@@ -50,6 +66,10 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(grpc::CallbackServerContext* 
                                                    const v1::KvGetRequest* request,
                                                    v1::KvGetReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = MayUseKey(*context, request->key()); !allowed.ok()) {
+    reactor->Finish(ToGrpc(allowed));
+    return reactor;
+  }
   if (request->wait_ms() < 0) {
     reactor->Finish(ToGrpc(absl::InvalidArgumentError("wait_ms must not be negative")));
     return reactor;
@@ -71,6 +91,11 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportProgress(grpc::CallbackServer
                                                             const v1::ProgressReport* request,
                                                             v1::ProgressReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = auth_->Worker(*context, request->job_id(), request->attempt_id());
+      !allowed.ok()) {
+    reactor->Finish(ToGrpc(allowed));
+    return reactor;
+  }
   absl::StatusOr<OrderReply> order = supervisor_->ReportProgress(FromProto(*request));
   if (order.ok()) {
     reply->set_order(ToProto(order->order));
@@ -84,7 +109,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportHang(grpc::CallbackServerCont
                                                         const v1::HangReport* request,
                                                         v1::HangReply* /*reply*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpc(supervisor_->ReportHang(FromProto(*request))));
+  absl::Status status = auth_->Worker(*context, request->job_id(), request->attempt_id());
+  if (status.ok()) status = supervisor_->ReportHang(FromProto(*request));
+  reactor->Finish(ToGrpc(status));
   return reactor;
 }
 
@@ -92,8 +119,11 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ConfirmAttempt(
     grpc::CallbackServerContext* context, const v1::ConfirmAttemptRequest* request,
     v1::ConfirmAttemptReply* /*reply*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpc(
-      supervisor_->ConfirmAttempt(request->job_id(), request->attempt_id(), request->rank())));
+  absl::Status status = auth_->Worker(*context, request->job_id(), request->attempt_id());
+  if (status.ok()) {
+    status = supervisor_->ConfirmAttempt(request->job_id(), request->attempt_id(), request->rank());
+  }
+  reactor->Finish(ToGrpc(status));
   return reactor;
 }
 

@@ -2,6 +2,9 @@
 // and progress reports. Join and KvGet are long polls: their calls are answered from whichever
 // thread completes them (another rank's Join, a KvSet, or the coordinator's ticker on timeout).
 //
+// Every call must carry the secret of the attempt it names (in its fields, or its key's prefix):
+// a worker cannot join, report for or read the key-value space of another attempt.
+//
 // Threading: gRPC calls the methods on its own threads; the service holds no state of its own.
 #ifndef TRAINYARD_SERVER_WORKER_SERVICE_H_
 #define TRAINYARD_SERVER_WORKER_SERVICE_H_
@@ -10,6 +13,7 @@
 #include "common/clock.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "server/kv_space.h"
+#include "server/service_auth.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -17,8 +21,8 @@ namespace trainyard::server {
 class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackService {
  public:
   // None is owned; all must outlive the service.
-  WorkerServiceImpl(Supervisor* supervisor, KvSpace* kv, Clock* clock)
-      : supervisor_(supervisor), kv_(kv), clock_(clock) {}
+  WorkerServiceImpl(Supervisor* supervisor, KvSpace* kv, Clock* clock, const ServiceAuth* auth)
+      : supervisor_(supervisor), kv_(kv), clock_(clock), auth_(auth) {}
 
   // The longest a KvGet waits before answering found = false.
   static constexpr absl::Duration kMaxKvWait = absl::Seconds(30);
@@ -43,9 +47,14 @@ class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackS
                                            v1::ConfirmAttemptReply* reply) override;
 
  private:
+  // The caller holds the secret of the attempt whose space `key` is in.
+  [[nodiscard]] absl::Status MayUseKey(const grpc::ServerContextBase& context,
+                                       const std::string& key) const;
+
   Supervisor* const supervisor_;
   KvSpace* const kv_;
   Clock* const clock_;
+  const ServiceAuth* const auth_;
 };
 
 }  // namespace trainyard::server

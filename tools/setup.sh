@@ -27,6 +27,7 @@ packages=(
   libgloo-dev
   libopenblas-dev libopenblas-openmp-dev
   libsqlite3-dev
+  libssl-dev
   libxxhash-dev
   python3
 )

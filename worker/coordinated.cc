@@ -333,9 +333,10 @@ absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
 
 }  // namespace
 
-absl::Status RunCoordinated(const CoordinatedOptions& options) {
-  SetLogContext(options.job_id, options.rank);
-  const int64_t started = RealClock()->NowNanosMonotonic();
+namespace {
+
+// The channel to the coordinator's WorkerService.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address) {
   // Reconnect quickly after a coordinator restart (gRPC's default backoff grows to two minutes,
   // during which progress reports would not get through).
   grpc::ChannelArguments args;
@@ -344,8 +345,18 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Mutual TLS with the agent's files when the cluster uses it (the agent sets TRAINYARD_TLS_*).
   const rpc::TlsFiles tls = rpc::TlsFilesFromEnvironment();
+  // The attempt's secret, from the agent that started this worker: every call presents it.
+  const char* secret = std::getenv(rpc::kAttemptSecretVariable);
+  return rpc::MakeChannel(address, tls, args, secret == nullptr ? "" : secret);
+}
+
+}  // namespace
+
+absl::Status RunCoordinated(const CoordinatedOptions& options) {
+  SetLogContext(options.job_id, options.rank);
+  const int64_t started = RealClock()->NowNanosMonotonic();
   TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> coordinator_channel,
-                      rpc::MakeChannel(options.coordinator, tls, args));
+                      CoordinatorChannel(options.coordinator));
   std::shared_ptr<v1::WorkerService::StubInterface> stub =
       v1::WorkerService::NewStub(std::move(coordinator_channel));
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
@@ -410,9 +421,9 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   std::unique_ptr<MemoryTierClient> tier;
   if (const char* address = std::getenv("TRAINYARD_MEMORY_TIER");
       address != nullptr && *address && spec.fault_tolerance.memory_tier_enabled()) {
-    TY_ASSIGN_OR_RETURN(tier,
-                        MakeGrpcMemoryTierClient(address, tls, options.job_id, options.attempt_id,
-                                                 options.rank, spec.world_size()));
+    TY_ASSIGN_OR_RETURN(
+        tier, MakeGrpcMemoryTierClient(address, rpc::TlsFilesFromEnvironment(), options.job_id,
+                                       options.attempt_id, options.rank, spec.world_size()));
     train.memory_tier = tier.get();
   }
   train.attempt = options.attempt_id;

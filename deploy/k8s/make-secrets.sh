@@ -1,27 +1,55 @@
 #!/usr/bin/env bash
-# Makes the TLS material an overlay's Secret is generated from: a CA, and one certificate and
-# key it signed that the coordinator, every agent and the in-cluster clients share. The
-# certificate names the coordinator's Service and, with a wildcard, every agent pod behind the
-# headless Service trainyard-agents, so it serves both ends of mutual TLS.
+# Makes the files an overlay's Secrets are generated from.
 #
-# Usage: deploy/k8s/make-tls.sh OVERLAY_DIR [NAMESPACE] [DAYS]
-#   writes OVERLAY_DIR/tls/{ca.crt,tls.crt,tls.key} (NAMESPACE default trainyard, DAYS 365);
-#   existing files are kept. The CA's key stays in OVERLAY_DIR/tls/ca.key: keep it, or delete
-#   it once the certificate is made. Never commit these files.
+# tls/ (Secret trainyard-tls): a CA, and one certificate and key it signed that the coordinator,
+# every agent and the in-cluster clients share. The certificate names the coordinator's Service
+# and, with a wildcard, every agent pod behind the headless Service trainyard-agents, so it
+# serves both ends of mutual TLS.
+# auth/ (Secret trainyard-auth): the coordinator's token file `tokens` (hashes only), the agents'
+# token `agent.token` (role agent) and the demo client's `client.token` (user "demo").
+#
+# Usage: deploy/k8s/make-secrets.sh OVERLAY_DIR [NAMESPACE] [DAYS]
+#   writes OVERLAY_DIR/tls/{ca.crt,tls.crt,tls.key} (NAMESPACE default trainyard, DAYS 365) and
+#   OVERLAY_DIR/auth/{tokens,agent.token,client.token}; existing files are kept. The CA's key
+#   stays in OVERLAY_DIR/tls/ca.key: keep it, or delete it once the certificate is made. Add
+#   users with `trainyard-server token add NAME --tokens OVERLAY_DIR/auth/tokens` and apply the
+#   overlay again. Never commit these files.
 set -euo pipefail
 
-[[ $# -ge 1 && $# -le 3 ]] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 && $# -le 3 ]] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 dir="$1/tls"
+auth="$1/auth"
 ns=${2:-trainyard}
 days=${3:-365}
-[[ "$ns" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || { echo "make-tls: bad namespace '$ns'" >&2; exit 2; }
-[[ "$days" =~ ^[0-9]+$ ]] || { echo "make-tls: DAYS must be a number" >&2; exit 2; }
+[[ "$ns" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || { echo "make-secrets: bad namespace '$ns'" >&2; exit 2; }
+[[ "$days" =~ ^[0-9]+$ ]] || { echo "make-secrets: DAYS must be a number" >&2; exit 2; }
+umask 077
+
+# A token, and its line in the token file (only the SHA-256 of the token is stored).
+token_line() {  # USER ROLE TOKEN
+  printf '%s %s sha256:%s\n' "$1" "$2" "$(printf %s "$3" | openssl dgst -sha256 -r | cut -d' ' -f1)"
+}
+if [[ -f "$auth/tokens" && -f "$auth/agent.token" && -f "$auth/client.token" ]]; then
+  echo "make-secrets: $auth already holds tokens, agent.token and client.token; kept" >&2
+else
+  mkdir -p "$auth"
+  agent="ty_$(openssl rand -hex 32)"
+  client="ty_$(openssl rand -hex 32)"
+  printf '%s\n' "$agent" >"$auth/agent.token"
+  printf '%s\n' "$client" >"$auth/client.token"
+  {
+    echo "# trainyard token file: USER ROLE CREDENTIAL [expires=TIME] (trainyard-server token)"
+    token_line agents agent "$agent"
+    token_line demo user "$client"
+  } >"$auth/tokens"
+  echo "make-secrets: wrote $auth/tokens, agent.token, client.token" >&2
+fi
+
 if [[ -f "$dir/tls.crt" && -f "$dir/tls.key" && -f "$dir/ca.crt" ]]; then
-  echo "make-tls: $dir already holds ca.crt, tls.crt and tls.key; kept" >&2
+  echo "make-secrets: $dir already holds ca.crt, tls.crt and tls.key; kept" >&2
   exit 0
 fi
 mkdir -p "$dir"
-umask 077
 openssl req -x509 -newkey rsa:3072 -nodes -days "$days" -subj "/CN=trainyard CA ($ns)" \
   -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
 openssl req -newkey rsa:3072 -nodes -subj "/CN=trainyard.$ns" \
@@ -36,4 +64,4 @@ openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAc
   -days "$days" -extfile "$dir/tls.ext" -out "$dir/tls.crt" 2>/dev/null
 rm -f "$dir/tls.csr" "$dir/tls.ext" "$dir/ca.srl"
 chmod 0644 "$dir/ca.crt" "$dir/tls.crt"
-echo "make-tls: wrote $dir/ca.crt, tls.crt, tls.key (namespace $ns, $days days)" >&2
+echo "make-secrets: wrote $dir/ca.crt, tls.crt, tls.key (namespace $ns, $days days)" >&2

@@ -100,7 +100,8 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 
 // One Connect stream, from registration until it breaks or *stop. True when the coordinator
 // accepted the registration. *refused: set when the coordinator refused this agent because its
-// node id belongs to another live agent (ALREADY_EXISTS).
+// node id belongs to another live agent (ALREADY_EXISTS) or its credential (UNAUTHENTICATED,
+// PERMISSION_DENIED).
 // `quiet`: the coordinator has been unreachable for a while and that was said already.
 bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
                 absl::Status* refused, bool quiet) {
@@ -151,8 +152,10 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
   if (!read_ended) context.TryCancel();
   reader.join();
   const grpc::Status status = stream->Finish();
-  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-    *refused = absl::AlreadyExistsError(status.error_message());
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+      status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    *refused = rpc::FromGrpc(status);
     return registered;
   }
   if (!*stop && (registered || !quiet)) {
@@ -209,8 +212,9 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
-  TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                      rpc::MakeChannel(options.coordinator_address, options.tls, args));
+  TY_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::Channel> channel,
+      rpc::MakeChannel(options.coordinator_address, options.tls, args, options.token));
   std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
 
   absl::Duration backoff = kFirstBackoff;
@@ -227,6 +231,12 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
       failures = 0;
     } else {
       ++failures;
+    }
+    if (absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
+      // Retrying cannot help: the credential must be fixed. Workers keep running.
+      return absl::Status(refused.code(), absl::StrCat("the coordinator refused this agent's "
+                                                       "credential: ",
+                                                       refused.message()));
     }
     if (!refused.ok()) {
       // Another live agent has this node id: it keeps it. This one tries again slowly (the other

@@ -40,6 +40,8 @@ struct AgentOptions {
   // and to peer agents, its memory tier admits only certificates the CA signed, and its workers
   // use the same files (TRAINYARD_TLS_*).
   rpc::TlsFiles tls;
+  // The agent's bearer token for the coordinator (a token of role agent, or an admin's).
+  std::string token;
   // The host or address other nodes reach this one at: its memory tier, and its workers'
   // collectives (TRAINYARD_GLOO_HOSTNAME). Empty: the hostname.
   std::string advertise_host;

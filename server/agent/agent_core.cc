@@ -223,6 +223,9 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
   env["TRAINYARD_LOCAL_RANK"] = absl::StrCat(order.local_rank());
   env["TRAINYARD_SLOT"] = absl::StrCat(order.slot());
   env["TRAINYARD_EXIT_STATUS_FILE"] = ExitStatusPath(key);
+  // The worker's credential comes from the coordinator's order only, never from a job's spec.
+  env.erase(rpc::kAttemptSecretVariable);
+  if (!order.attempt_secret().empty()) env[rpc::kAttemptSecretVariable] = order.attempt_secret();
   if (config_.memory_tier != nullptr) {
     env["TRAINYARD_MEMORY_TIER"] = config_.memory_tier_local_address;
   } else {

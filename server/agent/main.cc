@@ -5,14 +5,16 @@
 //                   [--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N]
 //                   [--memory-tier-dir DIR] [--memory-tier-mb N] [--memory-tier-port PORT]
 //                   [--pass-env PATTERN]... [--advertise-host HOST]
-//                   [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--log-level LEVEL]
+//                   [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE]
+//                   [--log-level LEVEL]
 //
 // The memory tier (memory_tier.h) keeps the workers' in-memory snapshots: in DIR (default: a
 // directory of /dev/shm named after the node), at most N MiB (default: a quarter of the
 // machine's memory; 0: no tier), served on PORT (default: a free one).
 //
 // SIGTERM or SIGINT stops the agent; its workers keep running and a restarted agent with the
-// same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags or no worker binary; 1 other.
+// same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags, no worker binary or a refused
+// credential; 1 other.
 #include <signal.h>
 
 #include <atomic>
@@ -33,7 +35,8 @@ constexpr char kUsage[] =
     "usage: trainyard-agent --coordinator HOST:PORT [--node-id NAME] [--slots N] [--no-gpus] "
     "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--memory-tier-dir DIR] "
     "[--memory-tier-mb N] [--memory-tier-port PORT] [--pass-env PATTERN]... "
-    "[--advertise-host HOST] [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--log-level LEVEL]";
+    "[--advertise-host HOST] [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE] "
+    "[--log-level LEVEL]";
 
 constexpr char kHelp[] =
     "The node agent: registers this node's CPU slots and GPUs with the coordinator, and starts,\n"
@@ -56,12 +59,16 @@ constexpr char kHelp[] =
     "                            mutual TLS (PEM): this node's certificate, signed by the CA\n"
     "                            the coordinator trusts and naming --advertise-host; presented\n"
     "                            to the coordinator and peer agents, and used by its workers\n"
+    "  --token-file FILE         the agent's token (trainyard-server token add --role agent);\n"
+    "                            without one, only a client certificate the coordinator's token\n"
+    "                            file maps to an agent identifies it\n"
     "  --log-level LEVEL         debug, info, warning or error (default: info)\n"
     "\n"
     "SIGTERM or SIGINT stops the agent; its workers keep running, and a restarted agent with the\n"
     "same --work-dir adopts them. While another live agent has the same --node-id, the\n"
     "coordinator refuses this one, which says so and asks again every 5 s. Exit codes: 0\n"
-    "stopped; 2 bad flags or no worker binary; 1 other errors.\n";
+    "stopped; 2 bad flags, no worker binary, or a credential the coordinator refuses; 1 other\n"
+    "errors.\n";
 
 std::atomic<bool> g_stop{false};
 
@@ -111,6 +118,9 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
       TY_ASSIGN_OR_RETURN(options.tls.cert, value());
     } else if (arg == "--tls-key") {
       TY_ASSIGN_OR_RETURN(options.tls.key, value());
+    } else if (arg == "--token-file") {
+      TY_ASSIGN_OR_RETURN(const std::string path, value());
+      TY_ASSIGN_OR_RETURN(options.token, rpc::ReadTokenFile(path));
     } else if (arg == "--memory-tier-dir") {
       TY_ASSIGN_OR_RETURN(options.memory_tier_dir, value());
     } else if (arg == "--memory-tier-mb") {

@@ -28,7 +28,7 @@ for dir in "$T"/k8s/overlays/*/; do overlays+=("$(basename "$dir")"); done
 [[ ${#overlays[@]} -ge 2 ]] || fail "expected the cpu-demo and gpu overlays, found: ${overlays[*]}"
 
 for overlay in "${overlays[@]}"; do
-  "$T/k8s/make-tls.sh" "$T/k8s/overlays/$overlay" >/dev/null 2>&1 || fail "make-tls.sh for $overlay"
+  "$T/k8s/make-secrets.sh" "$T/k8s/overlays/$overlay" >/dev/null 2>&1 || fail "make-secrets.sh for $overlay"
   openssl verify -CAfile "$T/k8s/overlays/$overlay/tls/ca.crt" \
     "$T/k8s/overlays/$overlay/tls/tls.crt" >/dev/null || fail "$overlay: the certificate does not verify"
   kubectl kustomize "$T/k8s/overlays/$overlay" >"$T/$overlay.yaml" 2>"$T/$overlay.err" ||
@@ -49,6 +49,7 @@ broken() {  # NAME SED-EXPRESSION: the cpu-demo rendering, changed, must be refu
 broken "a port that is not a number" 's/containerPort: 7000/containerPort: seven/'
 broken "replicas that are not a number" '0,/replicas: 1/s//replicas: one/'
 broken "a Secret that does not exist" 's/secretName: trainyard-tls.*/secretName: missing/'
+broken "a Secret key that does not exist" 's/key: agent.token/key: agent.tokn/'
 broken "a Service that selects nothing" '/^kind: Service/,/^---/s/component: coordinator/component: coordinatr/'
 broken "an unknown environment variable" 's/\$(POD_NAME)/$(POD_NAMEX)/'
 echo "ok: every overlay renders and validates"

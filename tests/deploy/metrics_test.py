@@ -166,7 +166,8 @@ def main():
         wait_for("the coordinator", lambda: os.path.exists(metrics_file) and
                  os.path.getsize(metrics_file) > 0 and os.path.exists(addr_file), 30)
         metrics_addr = open(metrics_file).read().strip()
-        env = dict(os.environ, TRAINYARD_SERVER=open(addr_file).read().strip())
+        env = dict(os.environ, TRAINYARD_SERVER=open(addr_file).read().strip(),
+                   TRAINYARD_TOKEN_FILE=os.path.join(state, "admin.token"))
         spec = os.path.join(tmp, "job.yaml")
         with open(spec, "w") as f:
             f.write(open(os.path.join(SRC, "config", "examples", "tiny.yaml")).read())

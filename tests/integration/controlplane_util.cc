@@ -148,6 +148,15 @@ void ControlPlane::StartServer(const ServerOptions& options) {
                                        absl::StrCat(dir_, "/server-", server_starts_, ".err"));
   address_ = address;
   listen_ = address;  // a restart listens where agents and workers expect it
+  if (!std::filesystem::exists(agent_token_file())) {
+    // The agents' own credential, as an operator makes one.
+    const ProcessResult added =
+        RunProcess({Binary("server/trainyard-server"), "token", "add", "agents", "--role", "agent",
+                    "--state-dir", state_dir()},
+                   30);
+    ASSERT_EQ(added.exit_code, 0) << added.err;
+    std::ofstream(agent_token_file()) << added.out;
+  }
 }
 
 void ControlPlane::KillServer() {
@@ -162,11 +171,12 @@ void ControlPlane::StartAgent(const std::string& node_id, int slots,
                               const std::vector<std::string>& extra_args,
                               const std::vector<std::string>& wrapper) {
   std::vector<std::string> argv = wrapper;
-  argv.insert(argv.end(),
-              {Binary("server/agent/trainyard-agent"), "--coordinator", address_, "--node-id",
-               node_id, "--slots", absl::StrCat(slots), "--no-gpus", "--work-dir",
-               dir_ + "/agent-" + node_id, "--worker-binary", Binary("worker/trainyard-worker"),
-               "--threads-per-worker", "1", "--memory-tier-dir", dir_ + "/tier-" + node_id});
+  argv.insert(
+      argv.end(),
+      {Binary("server/agent/trainyard-agent"), "--coordinator", address_, "--node-id", node_id,
+       "--slots", absl::StrCat(slots), "--no-gpus", "--work-dir", dir_ + "/agent-" + node_id,
+       "--worker-binary", Binary("worker/trainyard-worker"), "--threads-per-worker", "1",
+       "--memory-tier-dir", dir_ + "/tier-" + node_id, "--token-file", agent_token_file()});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   agents_[node_id] = std::make_unique<ChildProcess>(argv, dir_ + "/agent-" + node_id + ".out",
                                                     dir_ + "/agent-" + node_id + ".err", env);
@@ -187,7 +197,8 @@ std::string ControlPlane::WriteSpec(const std::string& file_name, const std::str
 
 ProcessResult ControlPlane::Cli(std::vector<std::string> args, double timeout_s) {
   args.insert(args.begin(), cli_flags_.begin(), cli_flags_.end());
-  args.insert(args.begin(), {Binary("tools/cli/trainyard"), "--server", address_});
+  args.insert(args.begin(), {Binary("tools/cli/trainyard"), "--server", address_, "--token-file",
+                             state_dir() + "/admin.token"});
   return RunProcess(args, timeout_s);
 }
 

@@ -82,6 +82,9 @@ class ControlPlane {
   const std::string& address() const { return address_; }
   const std::string& dir() const { return dir_; }
   std::string state_dir() const { return dir_ + "/state"; }
+  // The agents' token (role agent), made when the server first starts; the CLI presents the
+  // admin token of the state directory.
+  std::string agent_token_file() const { return dir_ + "/agent.token"; }
   std::string metrics_address() const;
 
   // Writes a spec file into the scratch directory; returns its path.

@@ -1,6 +1,7 @@
 #include "tests/integration/server_harness.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 
 namespace trainyard::testenv {
 
@@ -17,8 +18,15 @@ ServerProcess::ServerProcess(const std::string& state_dir,
   process_ = std::make_unique<ChildProcess>(argv, state_dir + ".server.out", stderr_path_);
   address_ = WaitForFileLine(state_dir + "/server.addr", std::chrono::seconds(20));
   if (!address_.empty()) {
-    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    // The tests act as the admin, who may also play agents and workers.
+    admin_token_ = ReadWholeFile(state_dir + "/admin.token");
+    while (!admin_token_.empty() && admin_token_.back() == '\n') admin_token_.pop_back();
+    channel_ = Channel(admin_token_);
   }
+}
+
+std::shared_ptr<grpc::Channel> ServerProcess::Channel(const std::string& token) const {
+  return *rpc::MakeChannel(address_, rpc::TlsFiles(), grpc::ChannelArguments(), token);
 }
 
 std::unique_ptr<v1::JobService::Stub> ServerProcess::JobStub() const {

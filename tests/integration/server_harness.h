@@ -38,12 +38,17 @@ class ServerProcess {
 
   std::unique_ptr<v1::JobService::Stub> JobStub() const;
   std::unique_ptr<v1::WorkerService::Stub> WorkerStub() const;
+  // A channel presenting the admin token (admin_token()), which every service accepts.
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  const std::string& admin_token() const { return admin_token_; }
+  // A new channel presenting `token` ("": no credentials).
+  std::shared_ptr<grpc::Channel> Channel(const std::string& token) const;
 
  private:
   std::string stderr_path_;
   std::unique_ptr<ChildProcess> process_;
   std::string address_;
+  std::string admin_token_;
   std::shared_ptr<grpc::Channel> channel_;
 };
 

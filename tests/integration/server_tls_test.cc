@@ -1,5 +1,6 @@
 // Mutual TLS: with a certificate, a key and a client CA the coordinator may listen beyond
-// loopback, and then only clients presenting a certificate signed by that CA get in.
+// loopback, and then only clients presenting a certificate signed by that CA get in; they still
+// need a token, or a certificate the token file maps to a user.
 #include <fstream>
 #include <string>
 #include <vector>
@@ -36,7 +37,18 @@ TEST(ServerTlsTest, ExposedAddressNeedsMutualTlsAndThenOnlyAdmitsSignedClients) 
   with_client.pem_root_certs = ReadWholeFile(dir + "/ca.crt");
   with_client.pem_private_key = ReadWholeFile(dir + "/client.key");
   with_client.pem_cert_chain = ReadWholeFile(dir + "/client.crt");
-  grpc::Status admitted = list(grpc::SslCredentials(with_client));
+  grpc::Status admitted = list(grpc::CompositeChannelCredentials(
+      grpc::SslCredentials(with_client), grpc::AccessTokenCredentials(server.admin_token())));
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+  // A signed certificate alone proves no user until the token file maps its name to one.
+  EXPECT_EQ(list(grpc::SslCredentials(with_client)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  ProcessResult mapped =
+      RunProcess({BinaryDir() + "/server/trainyard-server", "token", "add", "alice",
+                  "--certificate", "client", "--state-dir", dir + "/state"},
+                 30);
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.err;
+  admitted = list(grpc::SslCredentials(with_client));
   EXPECT_TRUE(admitted.ok()) << admitted.error_message();
 
   grpc::SslCredentialsOptions anonymous;

@@ -25,8 +25,8 @@ namespace trainyard::cli {
 namespace {
 
 constexpr char kUsage[] =
-    R"(usage: trainyard [--server HOST:PORT] [--tls-ca FILE --tls-cert FILE --tls-key FILE]
-                 [--json] COMMAND [ARGS]
+    R"(usage: trainyard [--server HOST:PORT] [--token-file FILE]
+                 [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--json] COMMAND [ARGS]
 
 commands:
   submit SPEC.yaml [--watch]        queue a job and print its id; --watch follows it to the end
@@ -48,9 +48,12 @@ commands:
                                     (no coordinator; docs/planner.md)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
-unknown job, a job in the wrong state), 3 coordinator unreachable, 4 cancelled, 5 drained.
+unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
+unreachable, 4 cancelled, 5 drained.
 
 --server defaults to $TRAINYARD_SERVER, else ./trainyard-state/server.addr.
+--token-file defaults to $TRAINYARD_TOKEN_FILE, else ~/.config/trainyard/token, else
+./trainyard-state/admin.token (the embedded server's admin token, readable by its user only).
 --tls-ca, --tls-cert, --tls-key (default $TRAINYARD_TLS_CA, _CERT, _KEY): mutual TLS with a
 coordinator that listens beyond loopback; the certificate must be signed by its client CA.
 --json prints machine-readable JSON (one object per line) for every command.
@@ -64,6 +67,7 @@ constexpr int kSubmitTries = 5;
 // The parsed command line: global flags, the command, its positionals and flags.
 struct CommandLine {
   std::string server;
+  std::string token_file;
   rpc::TlsFiles tls;  // --tls-ca, --tls-cert, --tls-key
   bool json = false;
   bool help = false;
@@ -97,6 +101,7 @@ const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
 // The flags every command takes that carry a value: where they are stored, else null.
 std::string* GlobalFlag(CommandLine& line, const std::string& name) {
   if (name == "server") return &line.server;
+  if (name == "token-file") return &line.token_file;
   if (name == "tls-ca") return &line.tls.ca;
   if (name == "tls-cert") return &line.tls.cert;
   if (name == "tls-key") return &line.tls.key;
@@ -483,12 +488,12 @@ class Cli {
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliIo& io) {
+  if (IsPlanCommand(args)) return RunPlan(args, PlanIoFromEnvironment(io.out, io.err, io.fs));
   // With --json an error is also one JSON object on stdout, for scripts:
   // {"error":{"code":"NOT_FOUND","message":"...","exit_code":2}}.
   const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
   auto fail = [&](const absl::Status& status) {
     std::string message(status.message());
-  if (IsPlanCommand(args)) return RunPlan(args, PlanIoFromEnvironment(io.out, io.err, io.fs));
     for (char& c : message) {
       if (c == '\n') c = ' ';
     }
@@ -521,10 +526,13 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
   const rpc::TlsFiles tls{.ca = line->tls.ca.empty() ? io.tls_env.ca : line->tls.ca,
                           .cert = line->tls.cert.empty() ? io.tls_env.cert : line->tls.cert,
                           .key = line->tls.key.empty() ? io.tls_env.key : line->tls.key};
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      rpc::ChannelCredentials(tls);
-  if (!credentials.ok()) return fail(absl::InvalidArgumentError(credentials.status().message()));
-  JobClient client(*address, *std::move(credentials));
+  absl::StatusOr<std::string> token =
+      ResolveToken(line->token_file, io.token_file_env, io.user_token_file, *io.fs, io.state_dir);
+  if (!token.ok()) return fail(absl::InvalidArgumentError(token.status().message()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      rpc::MakeChannel(*address, tls, grpc::ChannelArguments(), *token);
+  if (!channel.ok()) return fail(absl::InvalidArgumentError(channel.status().message()));
+  JobClient client(*address, *std::move(channel));
   absl::StatusOr<int> code = Cli(*line, io, client).Run();
   if (!code.ok()) return fail(code.status());
   return *code;

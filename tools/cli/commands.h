@@ -1,7 +1,7 @@
 // The trainyard CLI's commands, runnable in process (main.cc is a thin wrapper; tests call
 // RunCli directly).
 //
-//   trainyard [--server ADDR] [--json] COMMAND ...
+//   trainyard [--server ADDR] [--token-file FILE] [--json] COMMAND ...
 //     submit SPEC.yaml [--watch]     queue a job; prints its id (--watch: then watch it)
 //     list [--state S]... [--limit N]
 //     status JOB                     state, attempts, mesh, progress, ETA, checkpoints, failures
@@ -40,6 +40,8 @@ struct CliIo {
   bool out_is_tty = false;  // redraw the watch line in place
   std::string server_env;   // $TRAINYARD_SERVER
   rpc::TlsFiles tls_env;    // $TRAINYARD_TLS_CA, _CERT, _KEY
+  std::string token_file_env;   // $TRAINYARD_TOKEN_FILE
+  std::string user_token_file;  // ~/.config/trainyard/token (empty: none)
   std::string user;         // sent with submissions
   FileSystem* fs = nullptr;
   Clock* clock = nullptr;

@@ -16,9 +16,8 @@ void SetDeadline(grpc::ClientContext* context, int seconds) {
 
 }  // namespace
 
-JobClient::JobClient(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials)
-    : address_(std::move(address)),
-      stub_(v1::JobService::NewStub(grpc::CreateChannel(address_, std::move(credentials)))) {}
+JobClient::JobClient(std::string address, std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)), stub_(v1::JobService::NewStub(std::move(channel))) {}
 
 absl::Status JobClient::Convert(const grpc::Status& status) const {
   const absl::Status converted = rpc::FromGrpc(status);

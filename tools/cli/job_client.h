@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "grpcpp/security/credentials.h"
+#include "grpcpp/channel.h"
 #include "proto/trainyard.grpc.pb.h"
 
 namespace trainyard::cli {
@@ -22,8 +22,8 @@ namespace v1 = ::trainyard::v1;
 
 class JobClient {
  public:
-  // `credentials`: rpc::ChannelCredentials of the user's TLS files (plaintext without them).
-  JobClient(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // `channel`: rpc::MakeChannel to `address` with the user's TLS files and token.
+  JobClient(std::string address, std::shared_ptr<grpc::Channel> channel);
 
   const std::string& address() const { return address_; }
 

@@ -21,6 +21,17 @@ std::string LoginName() {
   return "";
 }
 
+// $XDG_CONFIG_HOME/trainyard/token, else ~/.config/trainyard/token.
+std::string UserTokenFile() {
+  if (const char* config = std::getenv("XDG_CONFIG_HOME"); config != nullptr && *config == '/') {
+    return std::string(config) + "/trainyard/token";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return std::string(home) + "/.config/trainyard/token";
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,6 +44,10 @@ int main(int argc, char** argv) {
     io.server_env = server;
   }
   io.tls_env = trainyard::rpc::TlsFilesFromEnvironment();
+  if (const char* file = std::getenv(trainyard::rpc::kTokenFileVariable); file != nullptr) {
+    io.token_file_env = file;
+  }
+  io.user_token_file = UserTokenFile();
   io.user = LoginName();
   io.fs = trainyard::RealFileSystem();
   io.clock = trainyard::RealClock();

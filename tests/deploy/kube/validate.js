@@ -92,6 +92,11 @@ function main() {
     for (const v of spec.volumes || []) {
       if (v.secret && !secrets.has(v.secret.secretName))
         problems.push(`${w}: volume ${v.name} names Secret ${v.secret.secretName}, which is not here`);
+      const secret = v.secret && byKind("Secret").find((o) => o.metadata.name === v.secret.secretName);
+      for (const item of (secret && v.secret.items) || []) {
+        if (!(secret.data || {})[item.key] && !(secret.stringData || {})[item.key])
+          problems.push(`${w}: volume ${v.name} mounts key ${item.key}, which Secret ${secret.metadata.name} lacks`);
+      }
       if (v.persistentVolumeClaim && !claims.has(v.persistentVolumeClaim.claimName))
         problems.push(`${w}: volume ${v.name} names claim ${v.persistentVolumeClaim.claimName}, which is not here`);
     }
