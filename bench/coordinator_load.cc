@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -252,13 +253,27 @@ double Percentile(const std::vector<float>& sorted, double p) {
   return sorted[index];
 }
 
+// Every call presents a credential: the coordinator's admin token (its state directory's
+// admin.token) for agents and clients, each attempt's secret for its ranks.
+void Authorize(grpc::ClientContext& context, const std::string& token) {
+  context.AddMetadata("authorization", "Bearer " + token);
+}
+
+// The attempt secret of each job's first attempt, from the agents' StartWorker orders.
+struct Secrets {
+  absl::Mutex mu;
+  std::map<std::string, std::string> by_job ABSL_GUARDED_BY(mu);
+};
+
 // --- Simulated agents ----------------------------------------------------------------------
 
 class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::CoordinatorMessage> {
  public:
   SimAgent(v1::AgentService::Stub* stub, const std::string& node_id, int slots,
-           std::atomic<int>* registered, std::atomic<int>* started)
-      : registered_(registered), started_(started) {
+           const std::string& token, Secrets* secrets, std::atomic<int>* registered,
+           std::atomic<int>* started)
+      : secrets_(secrets), registered_(registered), started_(started) {
+    Authorize(context_, token);
     stub->async()->Connect(&context_, this);
     v1::AgentMessage hello;
     hello.mutable_registration()->set_node_id(node_id);
@@ -291,6 +306,10 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     if (in_.has_registered()) registered_->fetch_add(1);
     if (in_.has_start()) {
       const v1::StartWorker& start = in_.start();
+      {
+        absl::MutexLock lock(&secrets_->mu);
+        secrets_->by_job[start.job_id()] = start.attempt_secret();
+      }
       v1::RunningWorker worker;
       worker.set_job_id(start.job_id());
       worker.set_attempt_id(start.attempt_id());
@@ -345,6 +364,7 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   v1::AgentMessage current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::RunningWorker> running_ ABSL_GUARDED_BY(mu_);
+  Secrets* secrets_;
   std::atomic<int>* registered_;
   std::atomic<int>* started_;
   std::atomic<int64_t> heartbeats_{0};
@@ -358,6 +378,7 @@ struct Rank {
   std::string job_id;
   int rank = 0;
   int64_t step = 0;
+  std::string secret;  // its attempt's
 };
 
 void ReportProgress(v1::WorkerService::Stub* stub, Rank& rank, Latencies* latencies,
@@ -370,6 +391,7 @@ void ReportProgress(v1::WorkerService::Stub* stub, Rank& rank, Latencies* latenc
   };
   auto* call = new Call();
   call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  Authorize(call->context, rank.secret);
   call->request.set_job_id(rank.job_id);
   call->request.set_attempt_id(1);
   call->request.set_rank(rank.rank);
@@ -440,6 +462,9 @@ absl::Status Run(const Options& options) {
   ServerChild server;
   absl::Status started = server.Start(options.server_binary, state_dir);
   if (!started.ok()) return started;
+  std::string admin_token;
+  std::getline(std::ifstream(state_dir + "/admin.token"), admin_token);
+  if (admin_token.empty()) return absl::FailedPreconditionError("the server wrote no admin token");
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < options.channels; ++i) channels.push_back(MakeChannel(server.address(), i));
   std::vector<std::unique_ptr<v1::AgentService::Stub>> agent_stubs;
@@ -459,11 +484,12 @@ absl::Status Run(const Options& options) {
   const absl::Time t0 = absl::Now();
   std::atomic<int> registered{0};
   std::atomic<int> workers_started{0};
+  Secrets secrets;
   std::vector<std::unique_ptr<SimAgent>> agents;
   for (int i = 0; i < options.agents; ++i) {
-    agents.push_back(std::make_unique<SimAgent>(agent_stubs[i % agent_stubs.size()].get(),
-                                                absl::StrFormat("node-%04d", i), options.slots,
-                                                &registered, &workers_started));
+    agents.push_back(std::make_unique<SimAgent>(
+        agent_stubs[i % agent_stubs.size()].get(), absl::StrFormat("node-%04d", i), options.slots,
+        admin_token, &secrets, &registered, &workers_started));
   }
   if (!WaitFor([&] { return registered.load() == options.agents; }, absl::Seconds(120))) {
     return absl::DeadlineExceededError(
@@ -492,6 +518,7 @@ absl::Status Run(const Options& options) {
           v1::SubmitJobReply reply;
           grpc::ClientContext context;
           context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+          Authorize(context, admin_token);
           if (job_stub->SubmitJob(&context, request, &reply).ok()) {
             job_ids[j] = reply.job().id();
           } else {
@@ -516,7 +543,10 @@ absl::Status Run(const Options& options) {
   const absl::Time t2 = absl::Now();
   std::vector<Rank> ranks;
   for (const std::string& id : job_ids) {
-    for (int r = 0; r < options.ranks_per_job; ++r) ranks.push_back(Rank{id, r, 0});
+    absl::MutexLock lock(&secrets.mu);
+    for (int r = 0; r < options.ranks_per_job; ++r) {
+      ranks.push_back(Rank{id, r, 0, secrets.by_job[id]});
+    }
   }
   std::atomic<int> joined{0};
   std::atomic<int> join_errors{0};
@@ -528,6 +558,7 @@ absl::Status Run(const Options& options) {
     };
     auto* call = new Call();
     call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    Authorize(call->context, ranks[i].secret);
     call->request.set_job_id(ranks[i].job_id);
     call->request.set_attempt_id(1);
     call->request.set_rank(ranks[i].rank);
@@ -564,6 +595,7 @@ absl::Status Run(const Options& options) {
       v1::GetJobReply reply;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      Authorize(context, admin_token);
       const absl::Time sent = absl::Now();
       if (job_stub->GetJob(&context, request, &reply).ok()) {
         probe.Add(sent, absl::ToDoubleMilliseconds(absl::Now() - sent));

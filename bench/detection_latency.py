@@ -54,17 +54,19 @@ class Plane:
                 raise RuntimeError("the server did not start")
             time.sleep(0.05)
         self.address = open(addr_file).read().strip()
+        self.token = os.path.join(state, "admin.token")  # the server's admin token
         self.agent = subprocess.Popen(
             [os.path.join(build, "server/agent/trainyard-agent"), "--coordinator", self.address,
              "--node-id", "node-a", "--slots", "2", "--no-gpus", "--work-dir",
              os.path.join(tmp, "agent"), "--worker-binary",
-             os.path.join(build, "worker/trainyard-worker"), "--threads-per-worker", "1"],
+             os.path.join(build, "worker/trainyard-worker"), "--threads-per-worker", "1",
+             "--token-file", self.token],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pids = []
 
     def cli(self, *args):
         out = subprocess.run([os.path.join(self.build, "tools/cli/trainyard"), "--server",
-                              self.address, "--json", *args],
+                              self.address, "--token-file", self.token, "--json", *args],
                              capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"trainyard {' '.join(args)}: {out.stderr.strip()}")

@@ -59,7 +59,7 @@ def trial(build, model, steps, every):
 
             # `watch` blocks until the job ends: no polling beside the job.
             watch = subprocess.run([os.path.join(build, "tools/cli/trainyard"), "--server",
-                                    plane.address, "watch", job],
+                                    plane.address, "--token-file", plane.token, "watch", job],
                                    capture_output=True, text=True, timeout=900)
             reply = plane.cli("status", job)
             if watch.returncode != 0 or "SUCCEEDED" not in str(reply["job"].get("state", "")):

@@ -120,17 +120,20 @@ class Plane:
             return None
 
         self.address = wait_for("the server's address", address, timeout=30)
+
+        self.token = os.path.join(state, "admin.token")  # the server's admin token
         self.agent = subprocess.Popen(
             [os.path.join(build, "server/agent/trainyard-agent"), "--coordinator", self.address,
              "--node-id", "node-a", "--slots", "2", "--no-gpus", "--work-dir",
              os.path.join(tmp, "agent"), "--worker-binary",
              os.path.join(build, "worker/trainyard-worker"), "--threads-per-worker", "1",
+             "--token-file", self.token,
              "--memory-tier-dir", os.path.join(tmp, "tier")],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def run_cli(self, *args):
         out = subprocess.run([os.path.join(self.build, "tools/cli/trainyard"), "--server",
-                              self.address, *args],
+                              self.address, "--token-file", self.token, *args],
                              capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"trainyard {' '.join(args)}: {out.stderr.strip()}")

@@ -28,7 +28,7 @@ for _ in $(seq 1 300); do
   fi
   sleep 0.1
 done
-export TRAINYARD_SERVER
+export TRAINYARD_SERVER TRAINYARD_TOKEN_FILE="$scratch/state/admin.token"
 TRAINYARD_SERVER=$(cat "$scratch/state/server.addr")
 echo "coordinator at $TRAINYARD_SERVER"
 
