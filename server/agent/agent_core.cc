@@ -177,6 +177,8 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
         config_.memory_tier->SetPeer(message.start().job_id(),
                                      message.start().memory_peer_address());
       }
+        config_.memory_tier->AdmitSecret(message.start().job_id(),
+                                         message.start().attempt_secret());
       Start(message.start());
       break;
     case v1::CoordinatorMessage::kReleaseMemory:

@@ -188,9 +188,39 @@ void MemoryTier::Release(const std::string& job_id) {
   std::erase_if(reserved_, [&](const auto& entry) { return std::get<0>(entry.first) == job_id; });
   std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id; });
   peers_.erase(job_id);
+  secrets_.erase(job_id);
   snapshots_.erase(job_id);
   const std::string dir = JobDir(job_id);
   if (fs_->Exists(dir)) (void)RemoveRecursively(*fs_, dir);
+}
+
+void MemoryTier::AdmitSecret(const std::string& job_id, const std::string& secret) {
+  if (secret.empty()) return;
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string>& known = secrets_[job_id];
+  if (std::find(known.begin(), known.end(), secret) == known.end()) known.push_back(secret);
+}
+
+absl::Status MemoryTier::CheckSecret(const std::string& job_id,
+                                     const std::optional<std::string>& secret) const {
+  if (!secret || secret->empty()) {
+    return absl::UnauthenticatedError(
+        "the memory tier admits only calls with the job's attempt secret");
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = secrets_.find(job_id);
+  if (it != secrets_.end() &&
+      std::find(it->second.begin(), it->second.end(), *secret) != it->second.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the memory tier of ", node_id_, " holds no attempt of job ", job_id, " with that secret"));
+}
+
+std::string MemoryTier::SecretFor(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = secrets_.find(job_id);
+  return it == secrets_.end() || it->second.empty() ? "" : it->second.back();
 }
 
 std::optional<PeerCopy> MemoryTier::NextCopy() {

@@ -100,8 +100,19 @@ class MemoryTier {
 
   // The node that keeps copies of `job_id`'s snapshots from this node ("" : none).
   void SetPeer(const std::string& job_id, const std::string& peer_address);
-  // The job ended: removes its directory and reservations.
+  // The job ended: removes its directory, reservations and secrets.
   void Release(const std::string& job_id);
+
+  // Who may use the tier for a job: the holders of one of its attempt secrets, which reach this
+  // node with the coordinator's StartWorker orders (its workers present theirs; a peer node of
+  // the same attempt presents the same secret with its copies).
+  void AdmitSecret(const std::string& job_id, const std::string& secret);
+  // OK for one of the job's secrets; UNAUTHENTICATED without a secret; PERMISSION_DENIED for one
+  // this node was not given for the job.
+  [[nodiscard]] absl::Status CheckSecret(const std::string& job_id,
+                                         const std::optional<std::string>& secret) const;
+  // The secret this node presents with copies of the job's snapshots (the newest; "" if none).
+  std::string SecretFor(const std::string& job_id) const;
 
   // The next queued peer copy (the newest per (job, rank): older ones are superseded), or none.
   std::optional<PeerCopy> NextCopy();
@@ -127,6 +138,7 @@ class MemoryTier {
   mutable absl::Mutex mu_;
   std::map<Key, int64_t> reserved_ ABSL_GUARDED_BY(mu_);  // bytes per key
   std::map<std::string, std::string> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> secrets_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::map<std::string, std::map<MemorySnapshotId, Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
   std::deque<PeerCopy> copies_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> notices_ ABSL_GUARDED_BY(mu_);

@@ -29,8 +29,12 @@ class Service final : public v1::MemoryTierService::Service {
  public:
   explicit Service(MemoryTier* tier) : tier_(tier) {}
 
-  grpc::Status Reserve(grpc::ServerContext*, const v1::TierReserveRequest* request,
+  grpc::Status Reserve(grpc::ServerContext* context, const v1::TierReserveRequest* request,
                        v1::TierReserveReply* reply) override {
+    if (absl::Status s = tier_->CheckSecret(request->job_id(), rpc::BearerToken(*context));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
     absl::StatusOr<std::string> dir =
         tier_->Reserve(request->job_id(), request->rank(), request->bytes(), request->peer_copy(),
                        request->from_node());
@@ -40,19 +44,26 @@ class Service final : public v1::MemoryTierService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Committed(grpc::ServerContext*, const v1::TierCommitted* request,
+  grpc::Status Committed(grpc::ServerContext* context, const v1::TierCommitted* request,
                          v1::TierCommittedReply*) override {
+    if (absl::Status s = tier_->CheckSecret(request->job_id(), rpc::BearerToken(*context));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
     return ToGrpc(tier_->Committed(request->job_id(), request->rank(), request->world(),
                                    request->snapshot(), request->step(),
                                    {request->files().begin(), request->files().end()}));
   }
 
-  grpc::Status PutSnapshot(grpc::ServerContext*, grpc::ServerReader<v1::TierChunk>* reader,
+  grpc::Status PutSnapshot(grpc::ServerContext* context, grpc::ServerReader<v1::TierChunk>* reader,
                            v1::TierPutReply* reply) override {
     v1::TierChunk first;
     if (!reader->Read(&first)) return grpc::Status::OK;  // an empty copy
     // Every chunk belongs to the first one's copy.
     const std::string job = first.job_id(), snapshot = first.snapshot();
+    if (absl::Status s = tier_->CheckSecret(job, rpc::BearerToken(*context)); !s.ok()) {
+      return ToGrpc(s);
+    }
     const int rank = first.rank(), world = first.world();
     if (absl::Status s = tier_->BeginCopy(job, rank, snapshot); !s.ok()) return ToGrpc(s);
     bool complete = false;
@@ -157,9 +168,12 @@ class ServerImpl final : public MemoryTierServer {
     v1::MemoryTierService::Stub& stub = StubFor(copy.peer_address);
     const std::tuple<std::string, std::string, int, int64_t> reservation{
         copy.job_id, copy.peer_address, copy.rank, copy.bytes};
+    // The peer runs ranks of the same attempt: it knows the secret this node presents.
+    const std::string authorization = absl::StrCat("Bearer ", tier_->SecretFor(copy.job_id));
     if (!reserved_.contains(reservation)) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      context.AddMetadata("authorization", authorization);
       v1::TierReserveRequest request;
       request.set_job_id(copy.job_id);
       request.set_rank(copy.rank);
@@ -173,6 +187,7 @@ class ServerImpl final : public MemoryTierServer {
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.AddMetadata("authorization", authorization);
     v1::TierPutReply reply;
     std::unique_ptr<grpc::ClientWriter<v1::TierChunk>> writer = stub.PutSnapshot(&context, &reply);
     const std::string dir = absl::StrCat(tier_->JobDir(copy.job_id), "/", copy.snapshot);

@@ -121,5 +121,25 @@ TEST_F(MemoryTierTest, PeerCopiesAreQueuedNewestOnly) {
   EXPECT_FALSE(tier_.NextCopy().has_value());
 }
 
+// The tier admits, per job, only the attempt secrets this node's StartWorker orders carried.
+TEST_F(MemoryTierTest, AuthAdmitsOnlyTheJobsAttemptSecrets) {
+  EXPECT_EQ(tier_.CheckSecret("j-1", std::nullopt).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(tier_.CheckSecret("j-1", "attempt:j-1:1:00").code(),
+            absl::StatusCode::kPermissionDenied);
+  tier_.AdmitSecret("j-1", "attempt:j-1:1:aa");
+  tier_.AdmitSecret("j-2", "attempt:j-2:1:bb");
+  EXPECT_TRUE(tier_.CheckSecret("j-1", "attempt:j-1:1:aa").ok());
+  EXPECT_EQ(tier_.CheckSecret("j-1", "attempt:j-2:1:bb").code(),
+            absl::StatusCode::kPermissionDenied);
+  // A restarted attempt brings a new secret; copies carry the newest, both stay valid.
+  tier_.AdmitSecret("j-1", "attempt:j-1:2:cc");
+  EXPECT_TRUE(tier_.CheckSecret("j-1", "attempt:j-1:1:aa").ok());
+  EXPECT_EQ(tier_.SecretFor("j-1"), "attempt:j-1:2:cc");
+  tier_.Release("j-1");
+  EXPECT_EQ(tier_.CheckSecret("j-1", "attempt:j-1:2:cc").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(tier_.SecretFor("j-1"), "");
+}
+
 }  // namespace
 }  // namespace trainyard::server::agent
