@@ -17,10 +17,11 @@
 namespace trainyard {
 
 struct DeviceInfo {
-  int count = 0;         // usable CUDA devices; 0 when none or the driver is missing
-  std::string name;      // device 0's name, when count > 0
-  int sm = 0;            // device 0's compute capability, e.g. 90
-  std::string why_none;  // when count == 0: why, in one line
+  int count = 0;             // usable CUDA devices; 0 when none or the driver is missing
+  std::string name;          // device 0's name, when count > 0
+  int sm = 0;                // device 0's compute capability, e.g. 90
+  std::string why_none;      // when count == 0: why, in one line
+  int64_t memory_bytes = 0;  // device 0's memory, when count > 0 (0: unknown)
 };
 
 class DeviceProbe {

@@ -76,6 +76,10 @@ void ToProto(const Progress& progress, v1::Progress* out) {
   out->set_val_loss(progress.val_loss.value_or(0));
   out->set_eta_ms(progress.eta.has_value() ? absl::ToInt64Milliseconds(*progress.eta) : -1);
   out->set_reported_unix_ms(UnixMillisOrZero(progress.reported));
+  if (!progress.run_report.empty() &&
+      !out->mutable_run_report()->ParseFromString(progress.run_report)) {
+    out->clear_run_report();
+  }
 }
 
 void ToProto(const RankExit& exit, const RankSlot& slot, v1::RankExit* out) {
@@ -332,6 +336,7 @@ NodeRecord FromProto(const v1::RegisterAgent& registration) {
   node.memory_tier_address = registration.memory_tier_address();
   node.memory_tier_budget_bytes = registration.memory_tier_budget_bytes();
   node.instance_id = registration.instance_id();
+  node.memory_bytes = registration.memory_bytes();
   for (const v1::GpuInfo& gpu : registration.gpus()) {
     node.gpus.push_back(GpuInfo{gpu.index(), gpu.name(), gpu.memory_bytes()});
   }
@@ -399,6 +404,7 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
     out.resumed = ProgressUpdate::Resumed{r.step(), r.from(), r.from_memory(), r.restore_ms(),
                                           r.started_ms()};
   }
+  if (report.has_run_report()) out.run_report = report.run_report().SerializeAsString();
   return out;
 }
 

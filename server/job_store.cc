@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   checkpoint_dir TEXT NOT NULL DEFAULT '',
   checkpoint_every_steps INTEGER NOT NULL DEFAULT 0,
   checkpoint_interval_auto INTEGER NOT NULL DEFAULT 0,
-  checkpoint_keep INTEGER NOT NULL DEFAULT -1);
+  checkpoint_keep INTEGER NOT NULL DEFAULT -1,
+  run_report TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_labels(
@@ -99,6 +101,12 @@ ALTER TABLE attempts ADD COLUMN blamed_rank INTEGER NOT NULL DEFAULT -1;
 // attempt) rather than being a failure. Exits stored before count as failures, as they did.
 constexpr char kMigrateFrom3[] = R"sql(
 ALTER TABLE attempt_ranks ADD COLUMN exit_stopped INTEGER NOT NULL DEFAULT 0;
+)sql";
+
+// Schema 4 -> 5: the run report rank 0 sends at the end of a run (a serialized v1::RunReport,
+// base64). Jobs stored before have none.
+constexpr char kMigrateFrom4[] = R"sql(
+ALTER TABLE jobs ADD COLUMN run_report TEXT NOT NULL DEFAULT '';
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -202,6 +210,11 @@ absl::Status JobStore::Migrate() {
     if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom3), "migrating schema 3 to 4");
     version = 4;
   }
+  if (version == 4) {
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("jobs", "run_report"));
+    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom4), "migrating schema 4 to 5");
+    version = 5;
+  }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
@@ -284,7 +297,8 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
     TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
         UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
           step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
-          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?
+          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
+          run_report=?
         WHERE id=?
       )sql"));
     update->Bind(1, p.step)
@@ -304,7 +318,10 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
     } else {
       update->BindNull(13);
     }
-    update->Bind(14, DurationToMicros(p.eta)).Bind(15, TimeToMicros(p.reported)).Bind(16, job_id);
+    update->Bind(14, DurationToMicros(p.eta))
+        .Bind(15, TimeToMicros(p.reported))
+        .Bind(16, absl::Base64Escape(p.run_report))
+        .Bind(17, job_id);
     TY_RETURN_IF_ERROR(update->Run());
   }
   for (const SoftStateBatch::Pid& pid : batch.pids) {
@@ -372,7 +389,7 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
       step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
       checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?,
-      drain_requested=?
+      drain_requested=?, run_report=?
     WHERE id=?
   )sql"));
   const Progress& p = job.progress;
@@ -407,7 +424,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       .Bind(25, int64_t{job.cancel_requested ? 1 : 0})
       .Bind(26, job.message)
       .Bind(27, int64_t{job.drain_requested ? 1 : 0})
-      .Bind(28, job.id);
+      .Bind(28, absl::Base64Escape(p.run_report))
+      .Bind(29, job.id);
   return update->Run();
 }
 
@@ -532,7 +550,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
-      checkpoint_keep
+      checkpoint_keep, run_report
     FROM jobs ORDER BY seq
   )sql"));
   while (true) {
@@ -590,6 +608,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     req.checkpoint.interval_auto = select->Int(46) != 0;
     req.checkpoint.keep = static_cast<int>(std::max<int64_t>(select->Int(47), 0));
     req.checkpoint.recorded = select->Int(47) >= 0;
+    if (!absl::Base64Unescape(select->Text(48), &p.run_report)) p.run_report.clear();
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "planner/planner.h"
+#include "server/mesh_advisor.h"
 #include "server/requirements.h"
 
 namespace trainyard::server {
@@ -20,6 +22,7 @@ Supervisor::Supervisor(StateStore* store, AgentRegistry* registry, KvSpace* kv, 
       kv_(kv),
       clock_(clock),
       options_(std::move(options)),
+      cpu_profile_(options_.cpu_profile ? *options_.cpu_profile : CoordinatorCpuProfile()),
       quarantine_(options_.quarantine),
       jitter_state_(options_.jitter_seed != 0
                         ? options_.jitter_seed
@@ -371,8 +374,12 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
                                                      config::kMaxSpecBytes, " bytes"));
   }
   TY_ASSIGN_OR_RETURN(
-      config::JobSpec spec,
+      config::JobSpec parsed,
       config::ParseJobSpec(request.spec_yaml, request.spec_source, options_.spec_limits));
+  TY_ASSIGN_OR_RETURN_WITH(const Admission admission,
+                           AdmitSpec(std::move(parsed), registry_->Nodes(), cpu_profile_),
+                           request.spec_source);
+  const config::JobSpec& spec = admission.spec;
   TY_ASSIGN_OR_RETURN_WITH(JobRequirements requirements, RequirementsFromSpec(spec),
                            request.spec_source);
   Txn txn;
@@ -417,9 +424,11 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     submitted.time = job.created;
     submitted.from = submitted.to = JobState::kQueued;
     submitted.kind = "submitted";
-    submitted.cause = absl::StrCat("submitted by ", job.user.empty() ? "unknown user" : job.user,
-                                   ": ", requirements.world_size(), " ranks on ",
-                                   requirements.nodes, " node(s), priority ", job.priority);
+    submitted.cause = absl::StrCat(
+        "submitted by ", job.user.empty() ? "unknown user" : job.user, ": ",
+        requirements.world_size(), " ranks on ", requirements.nodes, " node(s), priority ",
+        job.priority, "; mesh ", planner::MeshName(spec.parallelism),
+        spec.parallelism.automatic ? " (chosen by the planner)" : "", "; ", admission.note);
     stored.batch.events.push_back(submitted);
     const uint64_t seq = EnqueueCommitLocked(stored, /*submission=*/true);
     if (!key.empty()) submitting_.insert(key);

@@ -54,6 +54,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "config/spec.h"
+#include "planner/device_profile.h"
 #include "server/agent_registry.h"
 #include "server/checkpoint_ledger.h"
 #include "server/checkpoint_policy.h"
@@ -90,6 +91,9 @@ struct SupervisorOptions {
   std::function<std::string(const std::string& job_id, int attempt_id)> attempt_secret;
   // Submissions beyond this many QUEUED jobs of one user are refused (RESOURCE_EXHAUSTED).
   int max_queued_jobs_per_user = 256;
+  // The profile CPU jobs are planned with at submit (server/mesh_advisor.h); none: the
+  // coordinator's calibrated one (CoordinatorCpuProfile).
+  std::optional<planner::DeviceProfile> cpu_profile;
 };
 
 struct SubmitRequest {
@@ -154,6 +158,8 @@ struct ProgressUpdate {
     double started_ms = 0;
   };
   std::optional<Resumed> resumed;
+  // Rank 0, once after its last step: a serialized v1::RunReport (empty: none).
+  std::string run_report;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
@@ -253,7 +259,9 @@ class Supervisor {
       SupervisorOptions options);
 
   // --- Users ---------------------------------------------------------------------------------
-  // INVALID_ARGUMENT with the parser's message for a bad spec (nothing stored);
+  // INVALID_ARGUMENT with the parser's message for a bad spec (nothing stored); FAILED_PRECONDITION
+  // with the planner's explanation when the job cannot fit the memory of the connected nodes of
+  // its kind (server/mesh_advisor.h; `parallelism: auto` becomes the planner's choice there);
   // RESOURCE_EXHAUSTED over 1 MiB; UNAVAILABLE when shutting down; INTERNAL on store failure.
   [[nodiscard]] absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or DRAINED job; OK (no-op) when
@@ -567,6 +575,7 @@ class Supervisor {
   KvSpace* const kv_;
   Clock* const clock_;
   const SupervisorOptions options_;
+  const planner::DeviceProfile cpu_profile_;  // options_.cpu_profile, or the coordinator's
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);

@@ -53,6 +53,14 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry) {
     entry.fault_tolerance.max_restarts = entry.job.requirements.max_restarts;
   } else {
     entry.fault_tolerance = spec->fault_tolerance;
+    // The mesh the job was admitted with: for `auto`, the planner's choice (not config's).
+    const Mesh& admitted = entry.job.requirements.mesh;
+    if (admitted.dp > 0) {
+      spec->parallelism.dp = admitted.dp;
+      spec->parallelism.tp = std::max(1, admitted.tp);
+      spec->parallelism.pp = std::max(1, admitted.pp);
+      spec->parallelism.zero = admitted.zero_stage;
+    }
   }
   entry.restart_policy =
       std::make_unique<RestartPolicy>(RestartOptionsFromSpec(entry.fault_tolerance));

@@ -146,6 +146,11 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
     AttemptRecord* attempt = found.attempt;
     // A save that ended is a fact even when the attempt is being torn down: record it first.
     if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
+    // So is the run's report (it comes after the last step, as the attempt may be ending).
+    if (update.rank == 0 && !update.run_report.empty()) {
+      entry->job.progress.run_report = update.run_report;
+      entry->progress_dirty = true;
+    }
     if (update.resumed && update.rank == 0 && entry->resumed_attempt != update.attempt_id) {
       entry->resumed_attempt = update.attempt_id;
       const ProgressUpdate::Resumed& r = *update.resumed;

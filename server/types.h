@@ -129,6 +129,9 @@ struct Progress {
   std::optional<double> val_loss;
   std::optional<absl::Duration> eta;  // unknown until a step time is known
   absl::Time reported = absl::InfinitePast();
+  // Once the run ended: rank 0's serialized v1::RunReport (the planner's prediction beside what
+  // was measured); empty before. Opaque to the coordinator.
+  std::string run_report;
 };
 
 // The newest failure of a job's attempts: how it was classified and whom it blamed.
@@ -280,6 +283,9 @@ struct NodeRecord {
   std::string hostname;
   int cpu_slots = 0;
   std::vector<GpuInfo> gpus;
+  // The node's physical memory (what its CPU ranks share); reported at each registration, not
+  // stored; 0: not reported.
+  int64_t memory_bytes = 0;
   absl::Time registered = absl::InfinitePast();
   absl::Time last_seen = absl::InfinitePast();
   // The agent's memory tier service (empty: none); reported at each registration, not stored.

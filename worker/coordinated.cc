@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "config/mesh.h"
 #include "config/spec.h"
+#include "planner/run_report_proto.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "worker/backend.h"
 #include "worker/checkpoint/reader.h"
@@ -34,6 +35,7 @@
 #include "worker/parallel/placement.h"
 #include "worker/parallel/wait_registry.h"
 #include "worker/progress_reporter.h"
+#include "worker/run_report.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -163,6 +165,22 @@ int ThreadsFor(const CoordinatedOptions& options, const config::JobSpec& spec) {
 }
 
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
+
+// Rank 0 at the end: the planner's prediction for the mesh it ran beside what it measured,
+// printed above the done line and sent to the coordinator (`trainyard report`).
+void ReportRun(const config::JobSpec& spec, const TrainResult& result, ProgressReporter& reporter) {
+  absl::StatusOr<planner::DeviceProfile> device = LocalDeviceProfile(spec);
+  if (!device.ok()) {
+    TY_LOG(WARNING) << "no run report: " << device.status();
+    return;
+  }
+  const planner::RunComparison comparison =
+      CompareRun(spec, *device, LoopOptionsFor(/*coordinated=*/true), result, 0);
+  std::cout << planner::ComparisonText(comparison) << std::flush;
+  if (absl::Status sent = reporter.SendRunReport(planner::ToProto(comparison)); !sent.ok()) {
+    TY_LOG(WARNING) << "the run report did not reach the coordinator: " << sent;
+  }
+}
 
 v1::Checkpoint CheckpointRecord(const checkpoint::SaveOutcome& outcome, int attempt_id) {
   v1::Checkpoint c;
@@ -439,7 +457,10 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
     reporter.SetResumed(resumed);
   };
   TY_ASSIGN_OR_RETURN(const TrainResult result, TrainRank(spec, rank, *backend, train));
-  if (options.rank == 0) PrintSummary(result);
+  if (options.rank == 0) {
+    ReportRun(spec, result, reporter);  // first: the done line stays the log's last
+    PrintSummary(result);
+  }
   return absl::OkStatus();
 }
 

@@ -33,12 +33,14 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "config/spec.h"
+#include "planner/planner.h"
 #include "worker/backend.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/coordinated.h"
 #include "worker/launcher.h"
 #include "worker/parallel/kv_store.h"
 #include "worker/parallel/placement.h"
+#include "worker/run_report.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -166,6 +168,9 @@ absl::Status Run(int argc, char** argv) {
   const Flags& flags = *parsed;
   TY_ASSIGN_OR_RETURN(config::JobSpec spec,
                       config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
+  // `parallelism: auto` is the planner's choice on this machine (every rank chooses the same).
+  TY_ASSIGN_OR_RETURN(const planner::DeviceProfile device, LocalDeviceProfile(spec));
+  TY_RETURN_IF_ERROR(ResolveAutoMesh(&spec, device));
   const int world = spec.world_size();
   const int rank = std::max(flags.rank, 0);
   if (flags.rank < 0) {
@@ -174,11 +179,12 @@ absl::Status Run(int argc, char** argv) {
   if (world == 1 || flags.rank >= 0) InstallDrainHandler();
   SetLogContext(spec.name, rank);
   if (world > 1 && flags.rank < 0) {
-    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (dp %d)\n",
+    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (%s%s)\n",
                                  spec.name, spec.training.steps, spec.training.batch,
                                  spec.training.seq_len, world,
                                  absl::AsciiStrToUpper(config::DeviceKindName(spec.resources.kind)),
-                                 spec.parallelism.dp)
+                                 planner::MeshName(spec.parallelism),
+                                 spec.parallelism.automatic ? ", chosen by the planner" : "")
               << std::flush;
     return LaunchRanks(flags, spec);
   }
@@ -209,7 +215,12 @@ absl::Status Run(int argc, char** argv) {
   options.progress = &std::cout;
   options.stop_requested = &g_drain_requested;
   TY_ASSIGN_OR_RETURN(TrainResult result, TrainRank(spec, context, *backend, options));
-  if (rank == 0) PrintSummary(result);
+  if (rank == 0) {
+    // The comparison first: the done line stays the log's last.
+    std::cout << planner::ComparisonText(
+        CompareRun(spec, device, LoopOptionsFor(/*coordinated=*/false), result, 0));
+    PrintSummary(result);
+  }
   return absl::OkStatus();
 }
 

@@ -105,6 +105,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   for (const v1::Checkpoint& c : pending_checkpoints_) *report.add_checkpoints() = c;
   if (resumed_) *report.mutable_resumed() = *resumed_;
   if (!last_committed_.path().empty()) *report.mutable_last_checkpoint() = last_committed_;
+  last_report_ = report;
   last_report_nanos_ = now;
   steps_ = 0;
   seconds_ = 0;
@@ -155,6 +156,17 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     default:
       return absl::OkStatus();
   }
+}
+
+absl::Status ProgressReporter::SendRunReport(const v1::RunReport& run_report) {
+  v1::ProgressReport report = last_report_;
+  report.set_job_id(identity_.job_id);
+  report.set_attempt_id(identity_.attempt_id);
+  report.set_rank(identity_.rank);
+  report.clear_checkpoints();
+  report.clear_resumed();
+  *report.mutable_run_report() = run_report;
+  return channel_->Report(report, kReportTimeout).status();
 }
 
 }  // namespace trainyard::worker

@@ -78,6 +78,11 @@ class ProgressReporter {
   // Where the attempt started from; it rides along until a report is answered.
   void SetResumed(const trainyard::v1::Resumed& resumed);
 
+  // Rank 0 after its last step: the planner's prediction beside what was measured, riding on a
+  // copy of the last progress report (so the progress the coordinator shows stays as it was).
+  // One try; the caller logs a failure (the run itself succeeded).
+  [[nodiscard]] absl::Status SendRunReport(const trainyard::v1::RunReport& run_report);
+
   int64_t reports_sent() const { return reports_sent_; }
 
  private:
@@ -102,6 +107,7 @@ class ProgressReporter {
   std::vector<trainyard::v1::Checkpoint> pending_checkpoints_;  // not yet acknowledged
   std::optional<trainyard::v1::Resumed> resumed_;               // not yet acknowledged
   trainyard::v1::Checkpoint last_committed_;
+  trainyard::v1::ProgressReport last_report_;  // the newest sent, for SendRunReport
 };
 
 }  // namespace trainyard::worker

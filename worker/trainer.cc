@@ -673,6 +673,9 @@ void RankTrainer::Finish() {
     result_.bytes_sent[k] =
         groups_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
   }
+  result_.tp_bytes_sent = groups_.tp->stats().total();
+  result_.pp_bytes_sent = groups_.pp->stats().total();
+  if (groups_.tied) result_.pp_bytes_sent += groups_.tied->stats().total();
   result_.overlap = params_->timeline();
 }
 

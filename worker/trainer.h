@@ -122,12 +122,17 @@ struct TrainResult {
   double tokens_per_second = 0.0;      // over the whole run, evaluation excluded
   int64_t parameters = 0;
   // Accounting of this rank: persistent bytes by kind, the largest transient footprint, and
-  // activation memory; bytes sent per collective kind over the whole run; and when the last
+  // activation memory; bytes its data-parallel group sent per collective kind over the whole
+  // run; and when the last
   // step's gradient collectives finished against the end of its backward pass.
   struct Memory : parallel::MemoryAccount {
     int64_t activations = 0;
   } memory;
   std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> bytes_sent{};
+  // Bytes this rank sent on the other two axes over the whole run: its tensor-parallel group,
+  // and its pipeline group with the tied embedding's first-to-last-stage sum.
+  int64_t tp_bytes_sent = 0;
+  int64_t pp_bytes_sent = 0;
   parallel::OverlapTimeline overlap;
   // Pipeline stages: the fraction of training time this stage spent blocked sending or
   // receiving activations (the schedule's bubble plus transfers).

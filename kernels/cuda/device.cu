@@ -25,6 +25,7 @@ class CudaRuntimeProbe : public DeviceProbe {
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
       info.name = prop.name;
       info.sm = prop.major * 10 + prop.minor;
+      info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
     }
     return info;
   }

@@ -65,6 +65,7 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
   config.node_id = options.node_id.empty() ? config.hostname : options.node_id;
   const int cores = LocalCpuCount();
   config.cpu_slots = options.slots > 0 ? options.slots : cores;
+  config.memory_bytes = LocalMemoryBytes();
   if (options.probe_gpus) config.gpus = LocalGpus(SystemDeviceProbe());
   TY_ASSIGN_OR_RETURN(config.worker_binary, FindWorkerBinary(options.worker_binary));
   std::error_code error;

@@ -126,6 +126,7 @@ v1::AgentMessage AgentCore::Registration() {
   r->set_node_id(config_.node_id);
   r->set_hostname(config_.hostname);
   r->set_cpu_slots(config_.cpu_slots);
+  r->set_memory_bytes(config_.memory_bytes);
   for (const v1::GpuInfo& gpu : config_.gpus) *r->add_gpus() = gpu;
   r->set_agent_version(config_.version);
   r->set_instance_id(config_.instance_id);
@@ -176,9 +177,9 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
       if (config_.memory_tier != nullptr) {
         config_.memory_tier->SetPeer(message.start().job_id(),
                                      message.start().memory_peer_address());
-      }
         config_.memory_tier->AdmitSecret(message.start().job_id(),
                                          message.start().attempt_secret());
+      }
       Start(message.start());
       break;
     case v1::CoordinatorMessage::kReleaseMemory:

@@ -48,6 +48,7 @@ struct AgentConfig {
   std::string hostname;  // reported to the coordinator
   int cpu_slots = 1;
   std::vector<v1::GpuInfo> gpus;
+  int64_t memory_bytes = 0;   // the machine's physical memory, for the coordinator's fit check
   std::string worker_binary;  // absolute path of trainyard-worker
   std::string work_dir;       // logs and the worker records live here
   // The agent's own environment; only the allowed variables reach workers (the defaults and

@@ -61,6 +61,7 @@ std::vector<trainyard::v1::GpuInfo> LocalGpus(const DeviceProbe& probe) {
     trainyard::v1::GpuInfo gpu;
     gpu.set_index(i);
     gpu.set_name(info.name);  // the probe names device 0; nodes hold one GPU model
+    gpu.set_memory_bytes(info.memory_bytes);
     gpus.push_back(gpu);
   }
   return gpus;

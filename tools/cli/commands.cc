@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/text_check.h"
 #include "config/spec.h"
+#include "planner/run_report_proto.h"
 #include "tools/cli/checkpoint_format.h"
 #include "tools/cli/format.h"
 #include "tools/cli/job_client.h"
@@ -38,6 +39,9 @@ commands:
   logs JOB [--rank R] [--attempt A] [--tail N] [--follow]
   checkpoints JOB                   every checkpoint save: step, time, size, write and blocked
                                     seconds, state, path
+  report JOB                        at the end of a run, the planner's prediction beside what
+                                    was measured: memory by kind, bytes per axis, step time and
+                                    its phases, bubble, MFU, and the error of each
   cancel JOB [--reason TEXT]
   drain JOB [--reason TEXT]         the ranks checkpoint at a step they agree on and exit; the
                                     job ends DRAINED, and resubmitting its spec continues from
@@ -93,6 +97,7 @@ const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
       {"cancel", {{"reason", true}}},
       {"drain", {{"reason", true}}},
       {"checkpoints", {}},
+      {"report", {}},
       {"nodes", {}},
   };
   return *flags;
@@ -221,6 +226,7 @@ class Cli {
     if (c == "cancel") return Cancel();
     if (c == "drain") return Drain();
     if (c == "checkpoints") return Checkpoints();
+    if (c == "report") return Report();
     return Nodes();
   }
 
@@ -303,6 +309,25 @@ class Cli {
       out_ << ToJson(reply) << std::endl;
     } else {
       out_ << JobReport(reply, NowMs(io_));
+    }
+    return 0;
+  }
+
+  // FAILED_PRECONDITION until rank 0 has sent the report (at the end of its run).
+  absl::StatusOr<int> Report() {
+    TY_ASSIGN_OR_RETURN(const std::string id, OneJobId(line_));
+    TY_ASSIGN_OR_RETURN(const v1::GetJobReply reply, client_.Get(id));
+    const v1::Job& job = reply.job();
+    if (!job.progress().has_run_report()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " (", StateName(job.state()),
+                       ") has no run report yet: rank 0 sends it when its run ends"));
+    }
+    if (line_.json) {
+      out_ << ToJson(job.progress().run_report()) << std::endl;
+    } else {
+      out_ << job.id() << " (" << job.name() << ", " << StateName(job.state()) << ")\n"
+           << planner::ComparisonText(planner::FromProto(job.progress().run_report()));
     }
     return 0;
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "planner/run_report_proto.h"
 #include "tools/cli/checkpoint_format.h"
 
 namespace trainyard::cli {
@@ -371,6 +372,9 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
     absl::StrAppend(&text, "  ", line, "\n");
   }
   AppendFailures(reply, &text);
+  if (p.has_run_report()) {
+    absl::StrAppend(&text, planner::ComparisonText(planner::FromProto(p.run_report())));
+  }
   if (reply.events_size() > 0) {
     absl::StrAppend(&text, "events (latest ", std::min(kEventsShown, reply.events_size()), "):\n");
     std::vector<std::vector<std::string>> events;

@@ -1,0 +1,88 @@
+// The planner through a real control plane on loopback: a job that cannot fit the memory of the
+// connected nodes is refused at submit with the planner's explanation (exit 2); `parallelism:
+// auto` runs on the mesh `trainyard plan` chooses; and at the end `trainyard report` (and
+// `status`) show the prediction beside the measurement with the error of each.
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/controlplane_util.h"
+
+namespace trainyard::testenv {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A Llama 1B on two CPU ranks with a batch whose activations no machine holds.
+constexpr char kTooBig[] =
+    "name: too-big\nmodel: {preset: llama-1b}\n"
+    "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
+    "training: {steps: 2, batch: 256, seq_len: 2048, eval_every: 0}\n"
+    "resources: {nodes: 1, devices_per_node: 2}\n";
+
+// The first candidate's mesh in `trainyard plan --json` (the chosen one when anything fits).
+std::string ChosenMesh(const std::string& json) {
+  std::smatch m;
+  if (!std::regex_search(json, m,
+                         std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
+                                    "\"zero\":(\\d+)\\}"))) {
+    return "";
+  }
+  return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str());
+}
+
+TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
+  ControlPlane cp("planner_cp");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  // The local agent registers (with its memory) before the first submission is checked.
+  for (int i = 0; i < 100 && cp.Cli({"nodes"}).out.find("local") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+
+  const std::string fixed =
+      cp.WriteSpec("fixed.yaml", absl::StrCat(kTooBig, "parallelism: {dp: 2}\n"));
+  const ProcessResult refused = cp.Cli({"submit", fixed});
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("does not fit in memory: dp 2 × tp 1 × pp 1, ZeRO-0 needs"));
+  EXPECT_THAT(refused.err, HasSubstr("node local"));
+  const std::string automatic =
+      cp.WriteSpec("auto.yaml", absl::StrCat(kTooBig, "parallelism: auto\n"));
+  const ProcessResult refused_auto = cp.Cli({"submit", automatic});
+  EXPECT_EQ(refused_auto.exit_code, 2) << refused_auto.out << refused_auto.err;
+  EXPECT_THAT(refused_auto.err, HasSubstr("Nothing fits"));
+
+  std::string tiny = TinySpec({.name = "auto", .ranks_per_node = 2, .steps = 8});
+  tiny = absl::StrReplaceAll(tiny, {{"parallelism: {dp: 2}", "parallelism: auto"}});
+  const std::string spec = cp.WriteSpec("tiny.yaml", tiny);
+  const ProcessResult plan = cp.Cli({"plan", spec, "--json"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const ProcessResult submitted = cp.Cli({"submit", spec, "--watch"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
+  const std::string job = submitted.out.substr(0, submitted.out.find('\n'));
+  const v1::GetJobReply reply = cp.Status(job);
+  ASSERT_GT(reply.attempts_size(), 0);
+  const v1::Mesh& ran = reply.attempts(0).mesh();
+  EXPECT_EQ(absl::StrCat(ran.dp(), ",", ran.tp(), ",", ran.pp(), ",", ran.zero_stage()),
+            ChosenMesh(plan.out))
+      << plan.out;
+
+  const ProcessResult report = cp.Cli({"report", job});
+  EXPECT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_THAT(report.out, HasSubstr("predicted vs measured"));
+  EXPECT_THAT(report.out, ::testing::ContainsRegex("memory parameters +[0-9]+ +[0-9]+ +\\+0\\.0%"));
+  EXPECT_THAT(report.out, ::testing::ContainsRegex("bytes sent dp +[0-9]+ +[0-9]+ +[-+]"));
+  EXPECT_THAT(report.out, ::testing::ContainsRegex("step +[0-9.]+ (µs|ms|s) +[0-9.]+ (µs|ms|s) +[-+]"));
+  const v1::RunReport& run = reply.job().progress().run_report();
+  EXPECT_EQ(run.steps(), 8);
+  EXPECT_GT(run.measured().step_s(), 0);
+  EXPECT_EQ(run.predicted().parameters_bytes(), run.measured().parameters_bytes());
+  EXPECT_THAT(cp.Cli({"status", job}).out, HasSubstr("predicted vs measured"));
+  EXPECT_THAT(cp.Cli({"logs", job, "--rank", "0"}).out, HasSubstr("predicted vs measured"));
+}
+
+}  // namespace
+}  // namespace trainyard::testenv
