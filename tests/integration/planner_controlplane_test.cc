@@ -75,7 +75,8 @@ TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   EXPECT_THAT(report.out, HasSubstr("predicted vs measured"));
   EXPECT_THAT(report.out, ::testing::ContainsRegex("memory parameters +[0-9]+ +[0-9]+ +\\+0\\.0%"));
   EXPECT_THAT(report.out, ::testing::ContainsRegex("bytes sent dp +[0-9]+ +[0-9]+ +[-+]"));
-  EXPECT_THAT(report.out, ::testing::ContainsRegex("step +[0-9.]+ (µs|ms|s) +[0-9.]+ (µs|ms|s) +[-+]"));
+  EXPECT_THAT(report.out,
+              ::testing::ContainsRegex("step +[0-9.]+ (µs|ms|s) +[0-9.]+ (µs|ms|s) +[-+]"));
   const v1::RunReport& run = reply.job().progress().run_report();
   EXPECT_EQ(run.steps(), 8);
   EXPECT_GT(run.measured().step_s(), 0);

@@ -155,7 +155,8 @@ TEST(PlannerRunReport, ShowsPredictedMeasuredAndTheErrorOfEach) {
   EXPECT_THAT(text, HasSubstr("predicted vs measured: dp 2 × tp 1 × pp 1, ZeRO-0"));
   EXPECT_THAT(text, HasSubstr("device profile cpu"));
   EXPECT_THAT(text, ::testing::ContainsRegex("memory parameters +[0-9]+ +[0-9]+ +\\+0\\.0%"));
-  EXPECT_THAT(text, ::testing::ContainsRegex("step +[0-9.]+ (µs|ms|s) +[0-9.]+ (µs|ms|s) +-20\\.0%"));
+  EXPECT_THAT(text,
+              ::testing::ContainsRegex("step +[0-9.]+ (µs|ms|s) +[0-9.]+ (µs|ms|s) +-20\\.0%"));
   EXPECT_THAT(text, ::testing::ContainsRegex("memory activations +[0-9]+ +0 +n/a"));
   EXPECT_THAT(text, HasSubstr("bytes sent dp"));
   EXPECT_THAT(text, HasSubstr("MFU"));
