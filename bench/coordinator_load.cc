@@ -160,7 +160,11 @@ class ServerChild {
     TY_ASSIGN_OR_RETURN(pid_, Spawn({.argv = argv, .stdout_path = "/dev/null"}));
     for (int i = 0; i < 500; ++i) {
       std::ifstream in(state_dir + "/server.addr");
-      if (std::getline(in, address_) && !address_.empty()) return absl::OkStatus();
+      if (std::getline(in, address_) && !address_.empty()) {
+        // Written before server.addr: the agents' and workers' listener.
+        std::getline(std::ifstream(state_dir + "/cluster.addr"), cluster_address_);
+        return absl::OkStatus();
+      }
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
@@ -183,10 +187,12 @@ class ServerChild {
   }
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
+  const std::string& cluster_address() const { return cluster_address_; }
 
  private:
   pid_t pid_ = -1;
   std::string address_;
+  std::string cluster_address_;
   std::string state_dir_;
 };
 
@@ -466,14 +472,18 @@ absl::Status Run(const Options& options) {
   std::getline(std::ifstream(state_dir + "/admin.token"), admin_token);
   if (admin_token.empty()) return absl::FailedPreconditionError("the server wrote no admin token");
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < options.channels; ++i) channels.push_back(MakeChannel(server.address(), i));
+  // Agents and ranks on the cluster listener, as deployments run them; the probe and the
+  // submissions on the clients' one.
+  for (int i = 0; i < options.channels; ++i) {
+    channels.push_back(MakeChannel(server.cluster_address(), i));
+  }
   std::vector<std::unique_ptr<v1::AgentService::Stub>> agent_stubs;
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> worker_stubs;
   for (const auto& channel : channels) {
     agent_stubs.push_back(v1::AgentService::NewStub(channel));
     worker_stubs.push_back(v1::WorkerService::NewStub(channel));
   }
-  auto job_stub = v1::JobService::NewStub(channels[0]);
+  auto job_stub = v1::JobService::NewStub(MakeChannel(server.address(), options.channels));
 
   const int jobs = options.agents * options.slots / options.ranks_per_job;
   const int ranks_total = jobs * options.ranks_per_job;

@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "config/path_confinement.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "server/agent_registry.h"
 #include "server/agent_service.h"
@@ -95,6 +96,61 @@ std::vector<std::string> AbsolutePaths(const std::vector<std::string>& paths) {
   return out;
 }
 
+// Beyond loopback the coordinator must both encrypt and authenticate (mutual TLS): anyone who
+// can reach it can start processes on every node. FAILED_PRECONDITION for an address that would
+// be exposed without it.
+absl::Status CheckExposure(const CoordinatorOptions& options, bool tls) {
+  const std::pair<const char*, const std::string*> addresses[] = {
+      {"--listen", &options.listen},
+      {"--cluster-listen", &options.cluster_listen},
+      {"--metrics-listen", &options.metrics_listen}};
+  for (const auto& [flag, address] : addresses) {
+    if (address->empty()) continue;  // cluster: the listen host; metrics: off
+    TY_ASSIGN_OR_RETURN_WITH(auto host, SplitHostPort(*address), flag);
+    if (!IsLoopbackHost(host.first) && !tls) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to listen on ", *address, " (", flag,
+          ") without TLS and client authentication: use a loopback address or give --tls-cert, "
+          "--tls-key and --tls-client-ca"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct Listener {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+// A gRPC server on `address` with `services`; `quota_bytes` > 0 bounds the memory its requests
+// may hold at once (gRPC buffers a whole message before its size limit applies: without a
+// quota a 100 MB request costs 100 MB before it is refused).
+absl::StatusOr<Listener> Listen(const std::string& address,
+                                const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                const std::vector<grpc::Service*>& services, int64_t quota_bytes) {
+  grpc::ServerBuilder builder;
+  Listener listener;
+  builder.AddListeningPort(address, credentials, &listener.port);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  // Agents and workers may keep idle connections alive with pings.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A port another process holds is taken as unavailable, not shared (a restart prefers its
+  // previous port, and two coordinators on one port would split the agents between them).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  if (quota_bytes > 0) {
+    grpc::ResourceQuota quota(absl::StrCat("trainyard-", address));
+    quota.Resize(static_cast<size_t>(quota_bytes));
+    builder.SetResourceQuota(quota);
+  }
+  listener.server = builder.BuildAndStart();
+  if (listener.server == nullptr || listener.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return listener;
+}
+
 }  // namespace
 
 bool IsLoopbackHost(const std::string& host) {
@@ -143,24 +199,8 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   clock_ = options.clock != nullptr ? options.clock : RealClock();
   TY_ASSIGN_OR_RETURN_WITH(auto listen, SplitHostPort(options.listen), "--listen");
   TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options));
-  // Beyond loopback the coordinator must both encrypt and authenticate (mutual TLS): anyone who
-  // can reach it can start processes on every node.
   const bool tls = !options.tls_cert_file.empty() && !options.tls_client_ca_file.empty();
-  if (!IsLoopbackHost(listen.first) && !tls) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to listen on ", options.listen,
-        " without TLS and client authentication: use a loopback address or give --tls-cert, "
-        "--tls-key and --tls-client-ca"));
-  }
-  if (!options.metrics_listen.empty()) {
-    TY_ASSIGN_OR_RETURN_WITH(auto metrics, SplitHostPort(options.metrics_listen),
-                             "--metrics-listen");
-    if (!IsLoopbackHost(metrics.first) && !tls) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("refusing to serve metrics on ", options.metrics_listen,
-                       " when the coordinator is not configured for the network (TLS)"));
-    }
-  }
+  TY_RETURN_IF_ERROR(CheckExposure(options, tls));
 
   std::error_code error;
   std::filesystem::create_directories(options.state_dir, error);
@@ -192,28 +232,31 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_,
                                                         service_auth_.get());
 
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen, credentials, &port);
-  builder.RegisterService(job_service_.get());
-  builder.RegisterService(agent_service_.get());
-  builder.RegisterService(worker_service_.get());
-  // Agents and workers may keep idle connections alive with pings.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // A port another process holds is taken as unavailable, not shared (a restart prefers its
-  // previous port, and two coordinators on one port would split the agents between them).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.SetMaxReceiveMessageSize(4 << 20);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  // The main listener takes every service, its requests' memory bounded; the cluster listener
+  // takes the agents' and workers' traffic, unbounded by that quota (at thousands of connections
+  // their buffers alone would exhaust it).
+  TY_ASSIGN_OR_RETURN(Listener main,
+                      Listen(options.listen, credentials,
+                             {job_service_.get(), agent_service_.get(), worker_service_.get()},
+                             options.request_memory_bytes));
+  server_ = std::move(main.server);
+  address_ = JoinHostPort(listen.first, main.port);
+  const std::string cluster_listen =
+      options.cluster_listen.empty() ? JoinHostPort(listen.first, 0) : options.cluster_listen;
+  TY_ASSIGN_OR_RETURN_WITH(auto cluster_host, SplitHostPort(cluster_listen), "--cluster-listen");
+  if (!IsLoopbackHost(cluster_host.first) && !tls) {
+    return absl::FailedPreconditionError(absl::StrCat("refusing to listen on ", cluster_listen,
+                                                      " without TLS and client authentication"));
   }
-  address_ = JoinHostPort(listen.first, port);
+  TY_ASSIGN_OR_RETURN(Listener cluster,
+                      Listen(cluster_listen, credentials,
+                             {agent_service_.get(), worker_service_.get()}, /*quota_bytes=*/0));
+  cluster_server_ = std::move(cluster.server);
+  cluster_address_ = JoinHostPort(cluster_host.first, cluster.port);
   std::string advertise = options.advertise_address;
   if (advertise.empty()) {
-    const bool unspecified = listen.first == "0.0.0.0" || listen.first == "::";
-    advertise = JoinHostPort(unspecified ? Hostname() : listen.first, port);
+    const bool unspecified = cluster_host.first == "0.0.0.0" || cluster_host.first == "::";
+    advertise = JoinHostPort(unspecified ? Hostname() : cluster_host.first, cluster.port);
   }
   supervisor_->SetCoordinatorAddress(advertise);
 
@@ -224,10 +267,13 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
     TY_RETURN_IF_ERROR(
         WriteFileAtomically(options.state_dir + "/metrics.addr", metrics_address_ + "\n"));
   }
+  TY_RETURN_IF_ERROR(
+      WriteFileAtomically(options.state_dir + "/cluster.addr", cluster_address_ + "\n"));
   TY_RETURN_IF_ERROR(WriteFileAtomically(options.state_dir + "/server.addr", address_ + "\n"));
   state_dir_ = options.state_dir;
   ticker_ = std::thread([this, interval = options.tick_interval] { TickLoop(interval); });
   TY_LOG(INFO) << "coordinator listening on " << address_
+               << " (agents and workers: " << cluster_address_ << ")"
                << (metrics_address_.empty()
                        ? ""
                        : absl::StrCat(", metrics on http://", metrics_address_, "/metrics"))
@@ -284,14 +330,16 @@ void Coordinator::Stop(absl::Duration deadline) {
   if (ticker_.joinable()) ticker_.join();
   if (supervisor_ != nullptr) supervisor_->Shutdown();
   if (logs_ != nullptr) logs_->CloseAll(absl::UnavailableError("the coordinator is shutting down"));
-  if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
-    server_->Wait();
+  for (std::unique_ptr<grpc::Server>* server : {&server_, &cluster_server_}) {
+    if (*server == nullptr) continue;
+    (*server)->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+    (*server)->Wait();
   }
   metrics_server_.reset();
   if (!state_dir_.empty()) {
     std::error_code ignored;
     std::filesystem::remove(state_dir_ + "/server.addr", ignored);
+    std::filesystem::remove(state_dir_ + "/cluster.addr", ignored);
     std::filesystem::remove(state_dir_ + "/metrics.addr", ignored);
   }
   if (lock_fd_ >= 0) {

@@ -51,8 +51,13 @@ struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";          // host:port; port 0 picks a free one
   std::string state_dir = "trainyard-state";   // created when missing
   std::string metrics_listen = "127.0.0.1:0";  // empty: no /metrics
-  // The address workers are told to reach the coordinator at; empty: the bound address (with the
-  // hostname in place of an unspecified host such as 0.0.0.0).
+  // The agents' and workers' listener (AgentService, WorkerService); empty: the host of `listen`,
+  // any free port. The main listener serves them too, but bounds the memory requests may hold
+  // (request_memory_bytes), which thousands of agents' connections would exhaust.
+  std::string cluster_listen;
+  int64_t request_memory_bytes = 32 << 20;
+  // The address workers are told to reach the coordinator at; empty: the cluster listener's bound
+  // address (with the hostname in place of an unspecified host such as 0.0.0.0).
   std::string advertise_address;
   // TLS (all three required to listen beyond loopback): PEM files. With a client CA, clients must
   // present a certificate it signed (mutual TLS).
@@ -94,6 +99,8 @@ class Coordinator {
   void Stop(absl::Duration deadline = absl::Seconds(5));
 
   const std::string& address() const { return address_; }
+  // The agents' and workers' listener (also written to <state_dir>/cluster.addr).
+  const std::string& cluster_address() const { return cluster_address_; }
   const std::string& metrics_address() const { return metrics_address_; }
   Supervisor* supervisor() { return supervisor_.get(); }
 
@@ -121,12 +128,14 @@ class Coordinator {
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> cluster_server_;
   std::shared_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
   absl::Notification stopping_;
   std::thread ticker_;
   bool stopped_ = false;
   std::string address_;
+  std::string cluster_address_;
   std::string metrics_address_;
   std::string state_dir_;  // set once the address files are written
 };

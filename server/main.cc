@@ -37,7 +37,11 @@ namespace trainyard::server {
 namespace {
 
 constexpr char kUsage[] = R"(usage: trainyard-server [flags]
-  --listen HOST:PORT         gRPC address (default 127.0.0.1:0: a free loopback port)
+  --listen HOST:PORT         gRPC address (default 127.0.0.1:0: a free loopback port); the CLI's
+  --cluster-listen HOST:PORT the agents' and workers' gRPC address (default: --listen's host, a
+                             free port; written to <state-dir>/cluster.addr): unlike --listen it
+                             does not bound the memory requests hold, which thousands of agents
+                             would exhaust
   --state-dir DIR            jobs, events and node records (default ./trainyard-state)
   --metrics-listen HOST:PORT Prometheus /metrics (default 127.0.0.1:0; "off" disables)
   --no-local-agent           do not run an agent in this process
@@ -47,7 +51,8 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
   --agent-memory-tier-dir DIR  the local agent's memory tier (default: under /dev/shm)
   --agent-memory-tier-mb N   its budget in MiB (default: a quarter of memory; 0: no tier)
   --agent-pass-env PATTERN   another variable (or PREFIX*) the local agent passes to workers
-  --advertise-address H:P    address workers reach the coordinator at (default: the bound one)
+  --advertise-address H:P    address workers reach the coordinator at (default: the bound
+                             --cluster-listen one)
   --tls-cert FILE --tls-key FILE [--tls-client-ca FILE]
                              serve TLS; with a client CA, clients must present certificates it
                              signed (all three are required for a non-loopback --listen)
@@ -157,6 +162,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (arg == "--listen") {
       TY_ASSIGN_OR_RETURN(c.listen, value());
       flags.listen_given = true;
+    } else if (arg == "--cluster-listen") {
+      TY_ASSIGN_OR_RETURN(c.cluster_listen, value());
     } else if (arg == "--state-dir") {
       TY_ASSIGN_OR_RETURN(c.state_dir, value());
     } else if (arg == "--metrics-listen") {
@@ -271,6 +278,7 @@ void WriteLastAddresses(const std::string& state_dir, const Coordinator& coordin
   {
     std::ofstream out(path + ".tmp", std::ios::trunc);
     out << "grpc " << coordinator.address() << "\n";
+    out << "cluster " << coordinator.cluster_address() << "\n";
     if (!coordinator.metrics_address().empty()) {
       out << "metrics " << coordinator.metrics_address() << "\n";
     }
@@ -299,11 +307,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags
   const std::map<std::string, std::string> last = ReadLastAddresses(flags.coordinator.state_dir);
   CoordinatorOptions options = flags.coordinator;
   if (last.count("grpc")) options.listen = PreferPrevious(options.listen, last.at("grpc"));
+  // The cluster port too: agents, and workers that outlive this process, reconnect to it.
+  if (last.count("cluster")) {
+    const std::string wanted = options.cluster_listen.empty()
+                                   ? options.listen.substr(0, options.listen.rfind(':')) + ":0"
+                                   : options.cluster_listen;
+    options.cluster_listen = PreferPrevious(wanted, last.at("cluster"));
+  }
   if (last.count("metrics") && !options.metrics_listen.empty()) {
     options.metrics_listen = PreferPrevious(options.metrics_listen, last.at("metrics"));
   }
   absl::StatusOr<std::unique_ptr<Coordinator>> started = Coordinator::Start(options);
   if (!started.ok() && (options.listen != flags.coordinator.listen ||
+                        options.cluster_listen != flags.coordinator.cluster_listen ||
                         options.metrics_listen != flags.coordinator.metrics_listen)) {
     TY_LOG(WARNING) << "the previous addresses are unavailable (" << started.status().message()
                     << "); listening on new ports";
@@ -344,7 +360,7 @@ absl::Status Run(int argc, char** argv) {
   if (flags.local_agent) {
 #if TRAINYARD_SERVER_WITH_AGENT
     agent::AgentOptions options;
-    options.coordinator_address = coordinator->address();
+    options.coordinator_address = coordinator->cluster_address();
     options.node_id = flags.agent_node_id;
     options.slots = flags.agent_slots;
     options.work_dir = flags.coordinator.state_dir + "/agent";

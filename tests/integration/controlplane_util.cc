@@ -148,6 +148,8 @@ void ControlPlane::StartServer(const ServerOptions& options) {
                                        absl::StrCat(dir_, "/server-", server_starts_, ".err"));
   address_ = address;
   listen_ = address;  // a restart listens where agents and workers expect it
+  // Agents and workers use the cluster listener (a restart takes it again).
+  cluster_address_ = WaitForFileLine(state_dir() + "/cluster.addr", std::chrono::seconds(10));
   if (!std::filesystem::exists(agent_token_file())) {
     // The agents' own credential, as an operator makes one.
     const ProcessResult added =
@@ -171,12 +173,12 @@ void ControlPlane::StartAgent(const std::string& node_id, int slots,
                               const std::vector<std::string>& extra_args,
                               const std::vector<std::string>& wrapper) {
   std::vector<std::string> argv = wrapper;
-  argv.insert(
-      argv.end(),
-      {Binary("server/agent/trainyard-agent"), "--coordinator", address_, "--node-id", node_id,
-       "--slots", absl::StrCat(slots), "--no-gpus", "--work-dir", dir_ + "/agent-" + node_id,
-       "--worker-binary", Binary("worker/trainyard-worker"), "--threads-per-worker", "1",
-       "--memory-tier-dir", dir_ + "/tier-" + node_id, "--token-file", agent_token_file()});
+  argv.insert(argv.end(),
+              {Binary("server/agent/trainyard-agent"), "--coordinator", cluster_address_,
+               "--node-id", node_id, "--slots", absl::StrCat(slots), "--no-gpus", "--work-dir",
+               dir_ + "/agent-" + node_id, "--worker-binary", Binary("worker/trainyard-worker"),
+               "--threads-per-worker", "1", "--memory-tier-dir", dir_ + "/tier-" + node_id,
+               "--token-file", agent_token_file()});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   agents_[node_id] = std::make_unique<ChildProcess>(argv, dir_ + "/agent-" + node_id + ".out",
                                                     dir_ + "/agent-" + node_id + ".err", env);
@@ -257,7 +259,7 @@ std::vector<int64_t> ControlPlane::WorkerPids() const {
     const std::vector<std::string> args = CommandLine(pid);
     if (args.empty() || !absl::EndsWith(args[0], "trainyard-worker")) continue;
     for (size_t i = 0; i + 1 < args.size(); ++i) {
-      if (args[i] == "--coordinator" && args[i + 1] == address_) {
+      if (args[i] == "--coordinator" && args[i + 1] == cluster_address_) {
         pids.push_back(pid);
         break;
       }

@@ -80,6 +80,8 @@ class ControlPlane {
   void KillAgent(const std::string& node_id);
 
   const std::string& address() const { return address_; }
+  // The agents' and workers' listener (trainyard-server --cluster-listen).
+  const std::string& cluster_address() const { return cluster_address_; }
   const std::string& dir() const { return dir_; }
   std::string state_dir() const { return dir_ + "/state"; }
   // The agents' token (role agent), made when the server first starts; the CLI presents the
@@ -112,6 +114,7 @@ class ControlPlane {
   std::string dir_;
   std::string listen_ = "127.0.0.1:0";
   std::string address_;
+  std::string cluster_address_;
   std::unique_ptr<ChildProcess> server_;
   std::map<std::string, std::unique_ptr<ChildProcess>> agents_;
   int server_starts_ = 0;

@@ -15,7 +15,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_harness.h"
 #include "tests/integration/subprocess.h"
@@ -327,6 +329,45 @@ TEST_F(AuthTest, TheCliSaysWhyInOneLineAndExitsTwo) {
                                     state_dir() + "/admin.token", "cancel", job},
                                    30);
   EXPECT_EQ(admin.exit_code, 0) << admin.err;
+}
+
+// The peak resident memory of process `pid` (VmHWM), in bytes; -1 when unknown.
+int64_t PeakResidentBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t kib = 0;
+    if (absl::StartsWith(line, "VmHWM:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 9)), &kib)) {
+      return kib << 10;
+    }
+  }
+  return -1;
+}
+
+// A request over the size limit is refused before it costs memory: a 100 MB spec raises the
+// coordinator's peak by at most 48 MiB (gRPC buffers a whole message before its size check; the
+// clients' listener has a bounded resource quota), and the coordinator serves on.
+TEST_F(AuthTest, AHugeRequestIsRefusedWithoutCostingItsSize) {
+  StartServer();
+  ASSERT_TRUE(Submit(server_->admin_token(), "warm").ok());
+  const int64_t before = PeakResidentBytes(server_->process().pid());
+  ASSERT_GT(before, 0);
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(std::string(100 << 20, '#'));
+  v1::SubmitJobReply reply;
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::JobService::NewStub(
+      *rpc::MakeChannel(server_->address(), rpc::TlsFiles(), args, server_->admin_token()));
+  const grpc::Status refused = stub->SubmitJob(Deadline(60).get(), request, &reply);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  const int64_t grown = PeakResidentBytes(server_->process().pid()) - before;
+  EXPECT_LE(grown, int64_t{48} << 20)
+      << "the coordinator's peak grew by " << (grown >> 20) << " MiB";
+  EXPECT_TRUE(Submit(server_->admin_token(), "after").ok());
+  EXPECT_TRUE(server_->process().running());
 }
 
 TEST(AuthTokenFileTest, AServerWithAnUnusableTokenFileRefusesToStart) {

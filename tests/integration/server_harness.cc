@@ -19,6 +19,7 @@ ServerProcess::ServerProcess(const std::string& state_dir,
   address_ = WaitForFileLine(state_dir + "/server.addr", std::chrono::seconds(20));
   if (!address_.empty()) {
     // The tests act as the admin, who may also play agents and workers.
+    cluster_address_ = WaitForFileLine(state_dir + "/cluster.addr", std::chrono::seconds(5));
     admin_token_ = ReadWholeFile(state_dir + "/admin.token");
     while (!admin_token_.empty() && admin_token_.back() == '\n') admin_token_.pop_back();
     channel_ = Channel(admin_token_);

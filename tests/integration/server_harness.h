@@ -33,6 +33,8 @@ class ServerProcess {
 
   bool ok() const { return !address_.empty(); }
   const std::string& address() const { return address_; }
+  // The agents' and workers' listener (--cluster-listen); workers are told this address.
+  const std::string& cluster_address() const { return cluster_address_; }
   ChildProcess& process() { return *process_; }
   std::string log() const { return ReadWholeFile(stderr_path_); }
 
@@ -48,6 +50,7 @@ class ServerProcess {
   std::string stderr_path_;
   std::unique_ptr<ChildProcess> process_;
   std::string address_;
+  std::string cluster_address_;
   std::string admin_token_;
   std::shared_ptr<grpc::Channel> channel_;
 };

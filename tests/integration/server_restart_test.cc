@@ -125,7 +125,7 @@ TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
       ASSERT_TRUE(start.has_value() && start->has_start());
       EXPECT_EQ(start->start().job_id(), job);
       EXPECT_EQ(start->start().rank(), rank);
-      EXPECT_EQ(start->start().coordinator_address(), first.address());
+      EXPECT_EQ(start->start().coordinator_address(), first.cluster_address());
       agent.Started(job, 1, rank, 4100 + rank);
     }
     std::vector<v1::JoinReply> joins = JoinAll(first, job, 1, 2);

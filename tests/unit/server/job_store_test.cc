@@ -68,6 +68,7 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
                   "host-a",
                   8,
                   {{0, "H100", int64_t{80} << 30}, {1, "H100", 5}},
+                  /*memory_bytes=*/0,
                   absl::FromUnixSeconds(900),
                   absl::FromUnixSeconds(950)};
   {
