@@ -212,6 +212,40 @@ std::vector<NodeStatus> AgentRegistry::Nodes() const {
   return out;
 }
 
+std::vector<NodeStatus> AgentRegistry::SmallestNodes() const {
+  absl::MutexLock lock(&mu_);
+  const Entry* least_memory = nullptr;
+  const Entry* least_gpu_node = nullptr;
+  int64_t least_gpu = 0;
+  for (const auto& [id, entry] : nodes_) {
+    if (entry.channel == nullptr) continue;
+    const int64_t memory = entry.record.memory_bytes;
+    if (memory > 0 && (least_memory == nullptr || memory < least_memory->record.memory_bytes)) {
+      least_memory = &entry;
+    }
+    for (const GpuInfo& gpu : entry.record.gpus) {
+      if (gpu.memory_bytes > 0 && (least_gpu_node == nullptr || gpu.memory_bytes < least_gpu)) {
+        least_gpu_node = &entry;
+        least_gpu = gpu.memory_bytes;
+      }
+    }
+  }
+  std::vector<NodeStatus> out;
+  for (const Entry* entry : {least_memory, least_gpu_node}) {
+    if (entry == nullptr || (entry == least_gpu_node && entry == least_memory && !out.empty())) {
+      continue;
+    }
+    NodeStatus status;
+    status.record = entry->record;
+    status.connected = true;
+    status.lost = entry->lost;
+    status.heartbeat_age = Age(*entry);
+    status.free_slots = FreeCount(*entry);
+    out.push_back(std::move(status));
+  }
+  return out;
+}
+
 std::map<std::string, absl::Duration> AgentRegistry::HeartbeatAges() const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, absl::Duration> ages;

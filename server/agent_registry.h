@@ -132,6 +132,10 @@ class AgentRegistry {
   std::vector<std::string> CollectLost();
 
   std::vector<NodeStatus> Nodes() const;
+  // Of the connected nodes, at most two: the one with the least memory reported (its ranks share
+  // it) and the one holding the GPU with the least memory. What admission checks a job against
+  // (server/mesh_advisor.h), without copying every node at every submission.
+  std::vector<NodeStatus> SmallestNodes() const;
   // Time since each known node's last message (or its disconnection).
   std::map<std::string, absl::Duration> HeartbeatAges() const;
   bool IsConnected(const std::string& node_id) const;

@@ -377,7 +377,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
       config::JobSpec parsed,
       config::ParseJobSpec(request.spec_yaml, request.spec_source, options_.spec_limits));
   TY_ASSIGN_OR_RETURN_WITH(const Admission admission,
-                           AdmitSpec(std::move(parsed), registry_->Nodes(), cpu_profile_),
+                           AdmitSpec(std::move(parsed), registry_->SmallestNodes(), cpu_profile_),
                            request.spec_source);
   const config::JobSpec& spec = admission.spec;
   TY_ASSIGN_OR_RETURN_WITH(JobRequirements requirements, RequirementsFromSpec(spec),
@@ -511,10 +511,15 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
 }
 
 absl::Status Supervisor::CheckQueuedLimitLocked(const std::string& user) const {
+  // Only the scheduler's queue, not every job: this runs at every submission.
   int queued = 0;
-  for (const auto& [id, entry] : jobs_) {
-    if (entry.job.user == user && entry.job.state == JobState::kQueued) ++queued;
-  }
+  scheduler_.ForEachQueued([&](const std::string& job_id) {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end() && it->second.job.user == user &&
+        it->second.job.state == JobState::kQueued) {
+      ++queued;
+    }
+  });
   if (queued < options_.max_queued_jobs_per_user) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       user.empty() ? "this user" : user, " has ", queued,
