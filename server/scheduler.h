@@ -68,11 +68,6 @@ class Scheduler {
   bool Remove(const std::string& job_id);
   bool Contains(const std::string& job_id) const;
   size_t size() const { return queue_.size(); }
-  // Calls fn(job_id) for every queued job.
-  template <typename Fn>
-  void ForEachQueued(Fn fn) const {
-    for (const Key& key : queue_) fn(key.job_id);
-  }
 
   // Places as many queued jobs as fit on `nodes`, in queue order, and removes them from the
   // queue. The returned placements use disjoint slots.

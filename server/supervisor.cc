@@ -513,13 +513,13 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
 absl::Status Supervisor::CheckQueuedLimitLocked(const std::string& user) const {
   // Only the scheduler's queue, not every job: this runs at every submission.
   int queued = 0;
-  scheduler_.ForEachQueued([&](const std::string& job_id) {
+  for (const std::string& job_id : scheduler_.QueueOrder()) {
     auto it = jobs_.find(job_id);
     if (it != jobs_.end() && it->second.job.user == user &&
         it->second.job.state == JobState::kQueued) {
       ++queued;
     }
-  });
+  }
   if (queued < options_.max_queued_jobs_per_user) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       user.empty() ? "this user" : user, " has ", queued,
