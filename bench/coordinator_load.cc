@@ -46,6 +46,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/process.h"
+#include "common/rpc.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/trainyard.grpc.pb.h"
@@ -259,12 +260,8 @@ double Percentile(const std::vector<float>& sorted, double p) {
   return sorted[index];
 }
 
-// Every call presents a credential: the coordinator's admin token (its state directory's
-// admin.token) for agents and clients, each attempt's secret for its ranks.
-void Authorize(grpc::ClientContext& context, const std::string& token) {
-  context.AddMetadata("authorization", "Bearer " + token);
-}
-
+// Every call presents a credential (rpc::AddBearer): the coordinator's admin token (its state
+// directory's admin.token) for agents and clients, each attempt's secret for its ranks.
 // The attempt secret of each job's first attempt, from the agents' StartWorker orders.
 struct Secrets {
   absl::Mutex mu;
@@ -279,7 +276,7 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
            const std::string& token, Secrets* secrets, std::atomic<int>* registered,
            std::atomic<int>* started)
       : secrets_(secrets), registered_(registered), started_(started) {
-    Authorize(context_, token);
+    rpc::AddBearer(context_, token);
     stub->async()->Connect(&context_, this);
     v1::AgentMessage hello;
     hello.mutable_registration()->set_node_id(node_id);
@@ -397,7 +394,7 @@ void ReportProgress(v1::WorkerService::Stub* stub, Rank& rank, Latencies* latenc
   };
   auto* call = new Call();
   call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  Authorize(call->context, rank.secret);
+  rpc::AddBearer(call->context, rank.secret);
   call->request.set_job_id(rank.job_id);
   call->request.set_attempt_id(1);
   call->request.set_rank(rank.rank);
@@ -528,7 +525,7 @@ absl::Status Run(const Options& options) {
           v1::SubmitJobReply reply;
           grpc::ClientContext context;
           context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-          Authorize(context, admin_token);
+          rpc::AddBearer(context, admin_token);
           if (job_stub->SubmitJob(&context, request, &reply).ok()) {
             job_ids[j] = reply.job().id();
           } else {
@@ -568,7 +565,7 @@ absl::Status Run(const Options& options) {
     };
     auto* call = new Call();
     call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    Authorize(call->context, ranks[i].secret);
+    rpc::AddBearer(call->context, ranks[i].secret);
     call->request.set_job_id(ranks[i].job_id);
     call->request.set_attempt_id(1);
     call->request.set_rank(ranks[i].rank);
@@ -605,7 +602,7 @@ absl::Status Run(const Options& options) {
       v1::GetJobReply reply;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      Authorize(context, admin_token);
+      rpc::AddBearer(context, admin_token);
       const absl::Time sent = absl::Now();
       if (job_stub->GetJob(&context, request, &reply).ok()) {
         probe.Add(sent, absl::ToDoubleMilliseconds(absl::Now() - sent));

@@ -131,16 +131,27 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
                                                                  std::move(factories));
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = RealFileSystem()->ReadFile(path);
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, FileSystem& fs) {
+  absl::StatusOr<std::string> text = fs.ReadFile(path);
   if (!text.ok()) {
     return absl::Status(text.status().code(),
                         absl::StrCat("cannot read the token file: ", text.status().message()));
   }
   std::string token(absl::StripAsciiWhitespace(*text));
-  if (token.empty())
+  if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " is empty"));
+  }
   return token;
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  return ReadTokenFile(path, *RealFileSystem());
+}
+
+std::string AttemptSecretFromEnvironment() { return Variable(kAttemptSecretVariable); }
+
+void AddBearer(grpc::ClientContext& context, const std::string& bearer) {
+  context.AddMetadata(kAuthorizationHeader, absl::StrCat(kBearerPrefix, bearer));
 }
 
 std::optional<std::string> BearerToken(const grpc::ServerContextBase& context) {

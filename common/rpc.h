@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/filesystem.h"
 
 namespace trainyard::rpc {
 
@@ -63,6 +64,14 @@ inline constexpr char kAttemptSecretVariable[] = "TRAINYARD_ATTEMPT_SECRET";
 // The token in `path` (surrounding white space removed). NOT_FOUND / PERMISSION_DENIED naming the
 // file when it cannot be read; INVALID_ARGUMENT when it is empty.
 [[nodiscard]] absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::string> ReadTokenFile(const std::string& path, FileSystem& fs);
+
+// This worker's attempt secret, from its environment ("" when unset).
+std::string AttemptSecretFromEnvironment();
+
+// Presents `bearer` on one call ("authorization: Bearer <bearer>"), for a call whose channel does
+// not carry it (MakeChannel's `bearer` does that for every call of a channel).
+void AddBearer(grpc::ClientContext& context, const std::string& bearer);
 
 // The bearer token a call carries ("authorization: Bearer T"); nullopt when it carries none.
 std::optional<std::string> BearerToken(const grpc::ServerContextBase& context);

@@ -109,7 +109,8 @@ int64_t MatmulParameterCount(const config::ModelConfig& model);
 // The 1F1B bubble: (p − 1) / (m + p − 1).
 double BubbleFraction(int stages, int micro_batches);
 
-// Young's τ = √(2δM), and Daly's higher-order form (as the coordinator's CheckpointPolicy):
+// Young's τ = √(2δM), and Daly's higher-order form (the coordinator's CheckpointPolicy uses
+// these):
 // τ = √(2δM)·[1 + (1/3)·√(δ/(2M)) + (1/9)·δ/(2M)] − δ for δ < 2M, else M.
 double YoungInterval(double delta_seconds, double mtbf_seconds);
 double DalyInterval(double delta_seconds, double mtbf_seconds);

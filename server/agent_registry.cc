@@ -197,18 +197,20 @@ std::vector<std::string> AgentRegistry::CollectLost() {
   return lost;
 }
 
+NodeStatus AgentRegistry::StatusOf(const Entry& entry) const {
+  NodeStatus status;
+  status.record = entry.record;
+  status.connected = entry.channel != nullptr;
+  status.lost = entry.lost;
+  status.heartbeat_age = Age(entry);
+  status.free_slots = FreeCount(entry);
+  return status;
+}
+
 std::vector<NodeStatus> AgentRegistry::Nodes() const {
   absl::MutexLock lock(&mu_);
   std::vector<NodeStatus> out;
-  for (const auto& [id, entry] : nodes_) {
-    NodeStatus status;
-    status.record = entry.record;
-    status.connected = entry.channel != nullptr;
-    status.lost = entry.lost;
-    status.heartbeat_age = Age(entry);
-    status.free_slots = FreeCount(entry);
-    out.push_back(std::move(status));
-  }
+  for (const auto& [id, entry] : nodes_) out.push_back(StatusOf(entry));
   return out;
 }
 
@@ -231,17 +233,9 @@ std::vector<NodeStatus> AgentRegistry::SmallestNodes() const {
     }
   }
   std::vector<NodeStatus> out;
-  for (const Entry* entry : {least_memory, least_gpu_node}) {
-    if (entry == nullptr || (entry == least_gpu_node && entry == least_memory && !out.empty())) {
-      continue;
-    }
-    NodeStatus status;
-    status.record = entry->record;
-    status.connected = true;
-    status.lost = entry->lost;
-    status.heartbeat_age = Age(*entry);
-    status.free_slots = FreeCount(*entry);
-    out.push_back(std::move(status));
+  if (least_memory != nullptr) out.push_back(StatusOf(*least_memory));
+  if (least_gpu_node != nullptr && least_gpu_node != least_memory) {
+    out.push_back(StatusOf(*least_gpu_node));
   }
   return out;
 }

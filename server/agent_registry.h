@@ -163,6 +163,8 @@ class AgentRegistry {
   // Puts the node's entry in fit_order_ under its current free count, or takes it out.
   void ReindexLocked(const std::string& id, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration Age(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Nodes() reports of one node.
+  NodeStatus StatusOf(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration heartbeat_timeout_;

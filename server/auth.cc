@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -219,6 +220,10 @@ std::string AttemptSecrets::Mac(const std::string& job_id, int attempt_id) const
   return Hex(digest, size);
 }
 
+bool AttemptSecrets::IsSecret(absl::string_view credential) {
+  return absl::StartsWith(credential, kSecretPrefix);
+}
+
 std::string AttemptSecrets::For(const std::string& job_id, int attempt_id) const {
   return absl::StrCat(kSecretPrefix, job_id, ":", attempt_id, ":", Mac(job_id, attempt_id));
 }
@@ -256,25 +261,25 @@ Authenticator::Authenticator(AuthOptions options)
 
 absl::Status Authenticator::Load() {
   absl::MutexLock lock(&mu_);
-  TY_RETURN_IF_ERROR(ReloadIfChangedLocked());
+  ReloadIfChangedLocked();
   if (!load_error_.empty()) return absl::InvalidArgumentError(load_error_);
   return absl::OkStatus();
 }
 
-absl::Status Authenticator::ReloadIfChangedLocked() {
-  if (options_.tokens_file.empty()) return absl::OkStatus();
+void Authenticator::ReloadIfChangedLocked() {
+  if (options_.tokens_file.empty()) return;
   struct stat info {};
   FileStamp stamp;
   if (stat(options_.tokens_file.c_str(), &info) == 0) {
     stamp = {info.st_ino, static_cast<int64_t>(info.st_size),
              static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec};
   }
-  if (loaded_ && stamp == stamp_) return absl::OkStatus();
+  if (loaded_ && stamp == stamp_) return;
   loaded_ = true;
   stamp_ = stamp;
   entries_.clear();
   load_error_.clear();
-  if (stamp.size < 0 && !options_.tokens_file_required) return absl::OkStatus();
+  if (stamp.size < 0 && !options_.tokens_file_required) return;
   absl::StatusOr<std::string> text = RealFileSystem()->ReadFile(options_.tokens_file);
   absl::StatusOr<std::vector<TokenEntry>> parsed =
       text.ok() ? ParseTokenFile(*text) : absl::StatusOr<std::vector<TokenEntry>>(text.status());
@@ -282,11 +287,10 @@ absl::Status Authenticator::ReloadIfChangedLocked() {
     load_error_ =
         absl::StrCat("token file ", options_.tokens_file, ": ", parsed.status().message());
     TY_LOG(ERROR) << load_error_ << "; it grants nothing until it is fixed";
-    return absl::OkStatus();
+    return;
   }
   entries_ = *std::move(parsed);
   TY_LOG(INFO) << "token file " << options_.tokens_file << ": " << entries_.size() << " entries";
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Identity> Authenticator::Authenticate(const std::optional<std::string>& bearer,
@@ -301,7 +305,7 @@ absl::StatusOr<Identity> Authenticator::Authenticate(const std::optional<std::st
     return Identity{options_.admin_user, Role::kAdmin};
   }
   absl::MutexLock lock(&mu_);
-  TY_RETURN_IF_ERROR(ReloadIfChangedLocked());
+  ReloadIfChangedLocked();
   const absl::Time now = clock_->Now();
   for (const TokenEntry& entry : entries_) {
     const bool match = bearer ? !entry.sha256.empty() && SameSecret(hash, entry.sha256)

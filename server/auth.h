@@ -87,6 +87,8 @@ class AttemptSecrets {
   explicit AttemptSecrets(std::string key) : key_(std::move(key)) {}
 
   std::string For(const std::string& job_id, int attempt_id) const;
+  // True for a credential shaped like an attempt secret (not necessarily a valid one).
+  static bool IsSecret(absl::string_view credential);
   // OK when `secret` is this attempt's; PERMISSION_DENIED for a genuine secret of another
   // attempt; UNAUTHENTICATED for anything else.
   [[nodiscard]] absl::Status Check(absl::string_view secret, const std::string& job_id,
@@ -131,7 +133,8 @@ class Authenticator {
     bool operator==(const FileStamp&) const = default;
   };
 
-  absl::Status ReloadIfChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A file that cannot be read or parsed leaves no entries and says why in load_error_.
+  void ReloadIfChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AuthOptions options_;
   Clock* const clock_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "planner/planner.h"
 
 namespace trainyard::server {
 namespace {
@@ -75,14 +76,13 @@ CheckpointPolicy::CheckpointPolicy(CheckpointPolicyOptions options)
   marks_.push_back({0, mtbf_seconds()});
 }
 
+// The planner's formulas (`trainyard plan` prints the same interval).
 double CheckpointPolicy::YoungInterval(double delta_s, double mtbf_s) {
-  return std::sqrt(2 * delta_s * mtbf_s);
+  return planner::YoungInterval(delta_s, mtbf_s);
 }
 
 double CheckpointPolicy::DalyInterval(double delta_s, double mtbf_s) {
-  if (delta_s >= 2 * mtbf_s) return mtbf_s;
-  const double ratio = delta_s / (2 * mtbf_s);
-  return YoungInterval(delta_s, mtbf_s) * (1 + std::sqrt(ratio) / 3 + ratio / 9) - delta_s;
+  return planner::DalyInterval(delta_s, mtbf_s);
 }
 
 void CheckpointPolicy::ObserveCheckpoint(double blocked_seconds) {

@@ -2,7 +2,6 @@
 
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -36,7 +35,7 @@ absl::StatusOr<Identity> ServiceAuth::Agent(const grpc::ServerContextBase& conte
 absl::Status ServiceAuth::Worker(const grpc::ServerContextBase& context, const std::string& job_id,
                                  int attempt_id) const {
   const std::optional<std::string> bearer = rpc::BearerToken(context);
-  if (bearer && absl::StartsWith(*bearer, "attempt:")) {
+  if (bearer && AttemptSecrets::IsSecret(*bearer)) {
     return secrets_->Check(*bearer, job_id, attempt_id);
   }
   TY_ASSIGN_OR_RETURN(const Identity caller, Caller(context));

@@ -364,8 +364,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
   // Mutual TLS with the agent's files when the cluster uses it (the agent sets TRAINYARD_TLS_*).
   const rpc::TlsFiles tls = rpc::TlsFilesFromEnvironment();
   // The attempt's secret, from the agent that started this worker: every call presents it.
-  const char* secret = std::getenv(rpc::kAttemptSecretVariable);
-  return rpc::MakeChannel(address, tls, args, secret == nullptr ? "" : secret);
+  return rpc::MakeChannel(address, tls, args, rpc::AttemptSecretFromEnvironment());
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <utility>
 
 #include "proto/trainyard.grpc.pb.h"
@@ -65,9 +64,8 @@ absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
     const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt, int rank,
     int world) {
   // The tier admits the attempt's secret, as the coordinator does.
-  const char* secret = std::getenv(rpc::kAttemptSecretVariable);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      rpc::MakeChannel(address, tls, grpc::ChannelArguments(), secret == nullptr ? "" : secret);
+      rpc::MakeChannel(address, tls, grpc::ChannelArguments(), rpc::AttemptSecretFromEnvironment());
   if (!channel.ok()) return channel.status();
   return std::make_unique<GrpcMemoryTier>(*std::move(channel), std::move(job_id), attempt, rank,
                                           world);

@@ -169,11 +169,11 @@ class ServerImpl final : public MemoryTierServer {
     const std::tuple<std::string, std::string, int, int64_t> reservation{
         copy.job_id, copy.peer_address, copy.rank, copy.bytes};
     // The peer runs ranks of the same attempt: it knows the secret this node presents.
-    const std::string authorization = absl::StrCat("Bearer ", tier_->SecretFor(copy.job_id));
+    const std::string secret = tier_->SecretFor(copy.job_id);
     if (!reserved_.contains(reservation)) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      context.AddMetadata("authorization", authorization);
+      rpc::AddBearer(context, secret);
       v1::TierReserveRequest request;
       request.set_job_id(copy.job_id);
       request.set_rank(copy.rank);
@@ -187,7 +187,7 @@ class ServerImpl final : public MemoryTierServer {
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    context.AddMetadata("authorization", authorization);
+    rpc::AddBearer(context, secret);
     v1::TierPutReply reply;
     std::unique_ptr<grpc::ClientWriter<v1::TierChunk>> writer = stub.PutSnapshot(&context, &reply);
     const std::string dir = absl::StrCat(tier_->JobDir(copy.job_id), "/", copy.snapshot);

@@ -20,8 +20,7 @@ ServerProcess::ServerProcess(const std::string& state_dir,
   if (!address_.empty()) {
     // The tests act as the admin, who may also play agents and workers.
     cluster_address_ = WaitForFileLine(state_dir + "/cluster.addr", std::chrono::seconds(5));
-    admin_token_ = ReadWholeFile(state_dir + "/admin.token");
-    while (!admin_token_.empty() && admin_token_.back() == '\n') admin_token_.pop_back();
+    admin_token_ = rpc::ReadTokenFile(state_dir + "/admin.token").value_or("");
     channel_ = Channel(admin_token_);
   }
 }

@@ -37,12 +37,12 @@ struct CliIo {
   std::ostream* out = nullptr;
   absl::TimeZone time_zone;  // for times of day (`checkpoints`); default UTC
   std::ostream* err = nullptr;
-  bool out_is_tty = false;  // redraw the watch line in place
-  std::string server_env;   // $TRAINYARD_SERVER
-  rpc::TlsFiles tls_env;    // $TRAINYARD_TLS_CA, _CERT, _KEY
+  bool out_is_tty = false;      // redraw the watch line in place
+  std::string server_env;       // $TRAINYARD_SERVER
+  rpc::TlsFiles tls_env;        // $TRAINYARD_TLS_CA, _CERT, _KEY
   std::string token_file_env;   // $TRAINYARD_TOKEN_FILE
   std::string user_token_file;  // ~/.config/trainyard/token (empty: none)
-  std::string user;         // sent with submissions
+  std::string user;             // sent with submissions
   FileSystem* fs = nullptr;
   Clock* clock = nullptr;
   std::string state_dir = "trainyard-state";  // where server.addr is looked for

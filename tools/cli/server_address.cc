@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 
 namespace trainyard::cli {
 
@@ -26,25 +27,13 @@ absl::StatusOr<std::string> ResolveServerAddress(const std::string& flag, const 
 absl::StatusOr<std::string> ResolveToken(const std::string& flag, const std::string& env,
                                          const std::string& user_file, FileSystem& fs,
                                          const std::string& state_dir) {
-  for (const std::string* required : {&flag, &env}) {
-    if (required->empty()) continue;
-    absl::StatusOr<std::string> text = fs.ReadFile(*required);
-    if (!text.ok()) {
-      return absl::Status(text.status().code(),
-                          absl::StrCat("cannot read the token file: ", text.status().message()));
-    }
-    std::string token(absl::StripAsciiWhitespace(*text));
-    if (token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("the token file ", *required, " is empty"));
-    }
-    return token;
-  }
+  if (!flag.empty()) return rpc::ReadTokenFile(flag, fs);
+  if (!env.empty()) return rpc::ReadTokenFile(env, fs);
   for (const std::string& optional : {user_file, state_dir + "/admin.token"}) {
     if (optional.empty() || !fs.Exists(optional)) continue;
-    absl::StatusOr<std::string> text = fs.ReadFile(optional);
-    if (!text.ok()) continue;  // another user's admin token: present none, and be told so
-    std::string token(absl::StripAsciiWhitespace(*text));
-    if (!token.empty()) return token;
+    // Unreadable (another user's admin token) or empty: present none, and be told so.
+    absl::StatusOr<std::string> token = rpc::ReadTokenFile(optional, fs);
+    if (token.ok()) return token;
   }
   return std::string();
 }
