@@ -9,9 +9,8 @@ namespace trainyard::planner {
 namespace {
 
 // Replays the calls the model makes on its parameter source (worker/param_source.h) through
-// ShardedParams' bookkeeping of transient buffers, sizes only. Collectives are taken to finish
-// in order before the next call, so a reduced gradient's staging is freed at the next hand-over,
-// as AccumulateReduced does when nothing is late.
+// ShardedParams' bookkeeping of transient buffers, sizes only. A reduced gradient's staging is
+// freed at the next hand-over, as ShardedParams does (it waits there for a reduction that lags).
 class TransientReplay {
  public:
   explicit TransientReplay(const RankShape& s)

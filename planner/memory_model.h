@@ -9,9 +9,9 @@
 // - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
 //   staging buffers (ZeRO-2/3), plus the pipeline's send and receive buffers.
 //
-// The first four equal the engine's accounting (TrainResult::memory) exactly. The transient peak
-// is the engine's when its collectives keep pace with compute (each finishes before the next group
-// is handed over); slower collectives hold more staging buffers at once.
+// The first four equal the engine's accounting (TrainResult::memory) exactly, and so does the
+// transient peak: the engine frees a group's gradient staging when the next group's is handed
+// over, waiting for its reduction if it lags (worker/parallel/sharded_params.h).
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_PLANNER_MEMORY_MODEL_H_

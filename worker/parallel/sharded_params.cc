@@ -350,9 +350,11 @@ void ShardedParams::LaunchReady(int index) {
   if (options_.zero_stage >= 2) {
     // Reduce-scatter this micro-batch's gradient of the group in place, into this rank's slice
     // of the staging buffer; the training thread adds that slice into the owned chunk once it is
-    // there (AccumulateReduced) and frees the staging buffer. Earlier groups' finished results
-    // are added now, so staging buffers do not pile up.
-    AccumulateReduced(/*wait=*/false);
+    // there (AccumulateReduced) and frees the staging buffer. Earlier groups' results are added
+    // now, waiting for any still in flight: at most two full-size staging buffers exist at once
+    // (this group's and the next one being filled), however far the reductions lag behind the
+    // backward pass, which is the peak the planner predicts.
+    AccumulateReduced(/*wait=*/true);
     float* staged = g.staging->data();
     const int64_t chunk = g.chunk;
     const size_t slot = NewTimelineSlot();

@@ -5,7 +5,8 @@
 //   stage 1  optimizer state sharded; gradients all-reduced; parameters all-gathered after the
 //            update;
 //   stage 2  gradients sharded too: each group's gradient is reduce-scattered as soon as the
-//            backward pass finishes it, and its full-size staging buffer freed;
+//            backward pass finishes it, and its full-size staging buffer freed when the next
+//            group's is handed over (waiting for the reduction if it lags: at most two at once);
 //   stage 3  parameters sharded too (FSDP): a group is all-gathered just before use (the next one
 //            prefetched) and freed after.
 //
