@@ -5,16 +5,21 @@
 //     (default 10), heartbeating at 1 Hz with the list of workers they run, and answering
 //     StartWorker orders with WorkerStarted;
 //   - N*S/R jobs of R ranks each (default 1,000 jobs of 10 ranks), so every slot is busy;
-//   - every rank (default 10,000) joins the rendezvous, then calls ReportProgress at 1 Hz,
-//     staggered evenly over the second;
+//   - every rank (default 10,000) joins the rendezvous, then reports its progress at 1 Hz: with
+//     --progress relay (the default) as the agents' progress relays send them, each agent one
+//     ProgressBatch of its ranks' reports per second on its Connect stream, the agents staggered
+//     evenly over the second; with --progress direct each rank calls WorkerService.ReportProgress
+//     itself, the ranks staggered;
 //   - a probe calls GetJob at 10 Hz, as a user's CLI would.
 //
-// After the set-up, it measures for --seconds (default 30): the latency of every ReportProgress
-// and GetJob call (client-side, send to completion), the coordinator's CPU time from
-// /proc/<pid>/stat and its resident memory from /proc/<pid>/status. It prints a Markdown table.
+// After the set-up, it measures for --seconds (default 30): the latency of every report (client-
+// side, from sending the call or batch to its answer) and GetJob call, the coordinator's CPU time
+// from /proc/<pid>/stat and its resident memory from /proc/<pid>/status. It prints a Markdown
+// table.
 //
 // Usage: trainyard-bench-coordinator [--server-binary PATH] [--agents N] [--slots S]
 //          [--ranks-per-job R] [--seconds T] [--channels C] [--submitters N]
+//          [--progress relay|direct]
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -64,7 +69,8 @@ struct Options {
   double seconds = 30;
   int channels = 32;    // connections the simulated agents and ranks share
   int submitters = 16;  // client threads submitting the jobs concurrently
-  std::string dump;     // CSV of every measured ReportProgress: send time (ms into the window), ms
+  std::string dump;     // CSV of every measured report: send time (ms into the window), ms
+  bool relay = true;    // --progress relay (batches on the agents' streams) or direct
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -84,6 +90,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       ok = absl::SimpleAtoi(value, &options.ranks_per_job) && options.ranks_per_job > 0;
     } else if (arg == "--seconds") {
       ok = absl::SimpleAtod(value, &options.seconds) && options.seconds > 0;
+    } else if (arg == "--progress") {
+      ok = value == "relay" || value == "direct";
+      options.relay = value == "relay";
     } else if (arg == "--dump") {
       options.dump = value;
     } else if (arg == "--submitters") {
@@ -274,8 +283,8 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
  public:
   SimAgent(v1::AgentService::Stub* stub, const std::string& node_id, int slots,
            const std::string& token, Secrets* secrets, std::atomic<int>* registered,
-           std::atomic<int>* started)
-      : secrets_(secrets), registered_(registered), started_(started) {
+           std::atomic<int>* started, Latencies* progress)
+      : secrets_(secrets), registered_(registered), started_(started), progress_(progress) {
     rpc::AddBearer(context_, token);
     stub->async()->Connect(&context_, this);
     v1::AgentMessage hello;
@@ -299,14 +308,41 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     heartbeats_.fetch_add(1);
   }
 
+  // What the agent's progress relay sends: one report per rank it runs, in one batch.
+  void ReportBatch() {
+    v1::AgentMessage message;
+    v1::ProgressBatch* batch = message.mutable_progress();
+    {
+      absl::MutexLock lock(&mu_);
+      batch->set_batch_id(++batch_id_);
+      sent_[batch_id_] = absl::Now();
+      ++step_;
+      for (const v1::RunningWorker& w : running_) {
+        v1::ProgressReport* report = batch->add_reports();
+        report->set_job_id(w.job_id());
+        report->set_attempt_id(w.attempt_id());
+        report->set_rank(w.rank());
+        report->set_step(step_);
+        report->set_total_steps(1000000);
+        report->set_loss(5.0 / (1.0 + 0.01 * static_cast<double>(step_)));
+        report->set_tokens_per_second(20000);
+        report->mutable_step_times()->set_total_ms(1000);
+      }
+    }
+    batches_.fetch_add(1);
+    Enqueue(std::move(message));
+  }
+
   void Cancel() { context_.TryCancel(); }
   void WaitDone() { done_.WaitForNotification(); }
   int64_t heartbeats() const { return heartbeats_.load(); }
+  int64_t batches() const { return batches_.load(); }
   bool ended_early() const { return ended_early_.load(); }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;
     if (in_.has_registered()) registered_->fetch_add(1);
+    if (in_.has_progress_answers()) Answered(in_.progress_answers());
     if (in_.has_start()) {
       const v1::StartWorker& start = in_.start();
       {
@@ -347,6 +383,25 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   }
 
  private:
+  void Answered(const v1::ProgressAnswers& answers) {
+    absl::Time sent;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sent_.find(answers.batch_id());
+      if (it == sent_.end()) return;
+      sent = it->second;
+      sent_.erase(it);
+    }
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
+    for (const v1::ProgressAnswer& answer : answers.answers()) {
+      if (answer.code() == 0) {
+        progress_->Add(sent, ms);
+      } else {
+        progress_->Error();
+      }
+    }
+  }
+
   void Enqueue(v1::AgentMessage message) {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(message));
@@ -370,6 +425,11 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   Secrets* secrets_;
   std::atomic<int>* registered_;
   std::atomic<int>* started_;
+  Latencies* progress_;
+  int64_t batch_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, absl::Time> sent_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<bool> ended_early_{false};
   absl::Notification done_;
@@ -487,6 +547,9 @@ absl::Status Run(const Options& options) {
   std::cerr << "coordinator pid " << server.pid() << " at " << server.address() << "; "
             << options.agents << " agents, " << jobs << " jobs, " << ranks_total << " ranks\n";
 
+  Latencies progress;
+  Latencies probe;
+
   // 1. Agents register.
   const absl::Time t0 = absl::Now();
   std::atomic<int> registered{0};
@@ -496,7 +559,7 @@ absl::Status Run(const Options& options) {
   for (int i = 0; i < options.agents; ++i) {
     agents.push_back(std::make_unique<SimAgent>(
         agent_stubs[i % agent_stubs.size()].get(), absl::StrFormat("node-%04d", i), options.slots,
-        admin_token, &secrets, &registered, &workers_started));
+        admin_token, &secrets, &registered, &workers_started, &progress));
   }
   if (!WaitFor([&] { return registered.load() == options.agents; }, absl::Seconds(120))) {
     return absl::DeadlineExceededError(
@@ -585,11 +648,14 @@ absl::Status Run(const Options& options) {
   }
   const absl::Duration join_time = absl::Now() - t2;
 
-  // 4. Steady state: every rank reports at 1 Hz (staggered), a probe reads a job at 10 Hz.
-  Latencies progress;
-  Latencies probe;
+  // 4. Steady state: every rank reports at 1 Hz (staggered, or its agent's batches staggered),
+  // a probe reads a job at 10 Hz.
   std::atomic<int64_t> in_flight{0};
   std::thread reporters([&] {
+    if (options.relay) {
+      PacedLoop(options.agents, stop, [&](int64_t i) { agents[i]->ReportBatch(); });
+      return;
+    }
     PacedLoop(static_cast<int64_t>(ranks.size()), stop, [&](int64_t i) {
       ReportProgress(worker_stubs[i % worker_stubs.size()].get(), ranks[i], &progress, &in_flight);
     });
@@ -624,14 +690,20 @@ absl::Status Run(const Options& options) {
     for (const auto& a : agents) n += a->heartbeats();
     return n;
   }();
+  const int64_t batches_before = [&] {
+    int64_t n = 0;
+    for (const auto& a : agents) n += a->batches();
+    return n;
+  }();
   absl::SleepFor(absl::Seconds(options.seconds));
   const ProcessSample after = Sample(server.pid());
   const ProcessSample self_after = Sample(getpid());
   const absl::Duration window = absl::Now() - window_start;
   progress.SetRecording(false);
   probe.SetRecording(false);
-  int64_t heartbeats_after = 0;
+  int64_t heartbeats_after = 0, batches_after = 0;
   for (const auto& a : agents) heartbeats_after += a->heartbeats();
+  for (const auto& a : agents) batches_after += a->batches();
   stop = true;
   reporters.join();
   prober.join();
@@ -658,30 +730,35 @@ absl::Status Run(const Options& options) {
   std::cout << absl::StrFormat(
       "| metric | value |\n|---|---:|\n"
       "| simulated agents (1 Hz heartbeats, %d workers each) | %d |\n"
-      "| simulated ranks (1 Hz ReportProgress) / jobs | %d / %d |\n"
+      "| simulated ranks (1 Hz progress reports) / jobs | %d / %d |\n"
+      "| reports sent as | %s |\n"
       "| set-up: agents registered / jobs submitted / all ranks started / all joined | "
       "%.1f s / %.1f s / %.1f s / %.1f s |\n"
       "| submissions accepted per second (%d client threads) | %.0f |\n"
       "| measured window | %.1f s |\n"
       "| heartbeats received per second | %.0f |\n"
-      "| ReportProgress calls per second (errors) | %.0f (%d) |\n"
-      "| ReportProgress latency p50 / p99 / max | %.2f / %.2f / %.2f ms |\n"
-      "| seconds whose ReportProgress p99 < 50 ms; median per-second p99 | %d of %d; %.2f ms |\n"
+      "| reports answered per second (errors); messages per second carrying them | %.0f (%d); %.0f "
+      "|\n"
+      "| report latency p50 / p99 / max | %.2f / %.2f / %.2f ms |\n"
+      "| seconds whose report p99 < 50 ms; median per-second p99 | %d of %d; %.2f ms |\n"
       "| GetJob probe at 10 Hz: p50 / p99 / max (errors) | %.2f / %.2f / %.2f ms (%d) |\n"
       "| coordinator CPU (user+sys over the window) | %.1f%% of one core |\n"
       "| load generator CPU (same window, same machine) | %.1f%% of one core |\n"
       "| coordinator RSS at the end / peak | %.0f MiB / %.0f MiB |\n"
       "| agent streams ended by the coordinator | %d |\n",
-      options.slots, options.agents, ranks_total, jobs, absl::ToDoubleSeconds(register_time),
-      absl::ToDoubleSeconds(submit_time), absl::ToDoubleSeconds(place_time),
-      absl::ToDoubleSeconds(join_time), options.submitters,
+      options.slots, options.agents, ranks_total, jobs,
+      options.relay ? "one ProgressBatch per agent per second (relay)"
+                    : "one WorkerService.ReportProgress call per rank (direct)",
+      absl::ToDoubleSeconds(register_time), absl::ToDoubleSeconds(submit_time),
+      absl::ToDoubleSeconds(place_time), absl::ToDoubleSeconds(join_time), options.submitters,
       jobs / std::max(absl::ToDoubleSeconds(submit_time), 1e-9), seconds,
       (heartbeats_after - heartbeats_before) / seconds, p.size() / seconds,
-      static_cast<int>(progress.errors()), Percentile(p, 0.5), Percentile(p, 0.99),
-      p.empty() ? 0.0 : p.back(), quiet_seconds, static_cast<int>(per_second.size()),
-      median_second_p99, Percentile(g, 0.5), Percentile(g, 0.99), g.empty() ? 0.0 : g.back(),
-      static_cast<int>(probe.errors()), cpu, load_cpu, after.rss_mb, after.peak_rss_mb,
-      agents_lost);
+      static_cast<int>(progress.errors()),
+      options.relay ? (batches_after - batches_before) / seconds : p.size() / seconds,
+      Percentile(p, 0.5), Percentile(p, 0.99), p.empty() ? 0.0 : p.back(), quiet_seconds,
+      static_cast<int>(per_second.size()), median_second_p99, Percentile(g, 0.5),
+      Percentile(g, 0.99), g.empty() ? 0.0 : g.back(), static_cast<int>(probe.errors()), cpu,
+      load_cpu, after.rss_mb, after.peak_rss_mb, agents_lost);
   std::cout.flush();
   agents.clear();
   std::filesystem::remove_all(state_dir);

@@ -60,6 +60,9 @@ TlsFiles TlsFilesFromEnvironment();
 // (set by its agent; never on a command line).
 inline constexpr char kTokenFileVariable[] = "TRAINYARD_TOKEN_FILE";
 inline constexpr char kAttemptSecretVariable[] = "TRAINYARD_ATTEMPT_SECRET";
+// Where a worker reports its progress: its agent's ProgressRelay (host:port on loopback). Unset:
+// to the coordinator's WorkerService.
+inline constexpr char kProgressRelayVariable[] = "TRAINYARD_PROGRESS_RELAY";
 
 // The token in `path` (surrounding white space removed). NOT_FOUND / PERMISSION_DENIED naming the
 // file when it cannot be read; INVALID_ARGUMENT when it is empty.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "server/convert.h"
 #include "server/stream_writer.h"
 
@@ -103,6 +104,8 @@ class AgentStream : public Reactor {
       case v1::AgentMessage::kTierNotice:
         return supervisor_->TierNotice(node_id_, session_, message.tier_notice().job_id(),
                                        message.tier_notice().message());
+      case v1::AgentMessage::kProgress:
+        return AnswerProgress(message.progress());
       case v1::AgentMessage::kLog: {
         const v1::LogData& log = message.log();
         logs_->OnLogData(node_id_, log.request_id(), log.rank(), log.data(), log.done(),
@@ -113,6 +116,31 @@ class AgentStream : public Reactor {
         return absl::InvalidArgumentError("empty agent message");
     }
     return absl::InvalidArgumentError("unknown agent message");
+  }
+
+  absl::Status AnswerProgress(const v1::ProgressBatch& batch) {
+    std::vector<ProgressUpdate> updates;
+    updates.reserve(batch.reports_size());
+    for (const v1::ProgressReport& report : batch.reports()) updates.push_back(FromProto(report));
+    TY_ASSIGN_OR_RETURN(std::vector<absl::StatusOr<OrderReply>> orders,
+                        supervisor_->ReportNodeProgress(node_id_, session_, updates));
+    v1::CoordinatorMessage message;
+    v1::ProgressAnswers* answers = message.mutable_progress_answers();
+    answers->set_batch_id(batch.batch_id());
+    for (int i = 0; i < batch.reports_size(); ++i) {
+      v1::ProgressAnswer* answer = answers->add_answers();
+      answer->set_job_id(batch.reports(i).job_id());
+      answer->set_attempt_id(batch.reports(i).attempt_id());
+      answer->set_rank(batch.reports(i).rank());
+      if (orders[i].ok()) {
+        ToProto(*orders[i], answer->mutable_reply());
+      } else {
+        answer->set_code(static_cast<int>(orders[i].status().code()));
+        answer->set_message(std::string(orders[i].status().message()));
+      }
+    }
+    writer_->Push(std::move(message));
+    return absl::OkStatus();
   }
 
   absl::Status Register(const v1::RegisterAgent& registration) {

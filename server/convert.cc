@@ -9,6 +9,20 @@
 namespace trainyard::server {
 namespace {
 
+v1::Order ToProto(WorkerOrder order) {
+  switch (order) {
+    case WorkerOrder::kContinue:
+      return v1::ORDER_CONTINUE;
+    case WorkerOrder::kCheckpoint:
+      return v1::ORDER_CHECKPOINT;
+    case WorkerOrder::kDrain:
+      return v1::ORDER_DRAIN;
+    case WorkerOrder::kStop:
+      return v1::ORDER_STOP;
+  }
+  return v1::ORDER_CONTINUE;
+}
+
 absl::Time FromUnixMillis(int64_t millis) {
   return millis == 0 ? absl::InfinitePast() : absl::FromUnixMillis(millis);
 }
@@ -286,6 +300,12 @@ void ToProto(const RegisteredOrder& order, v1::CoordinatorMessage* out) {
   registered->set_node_id(order.node_id);
   registered->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(order.heartbeat_interval));
   registered->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(order.heartbeat_timeout));
+  for (const RegisteredOrder::Secret& s : order.attempt_secrets) {
+    v1::AttemptSecret* secret = registered->add_attempt_secrets();
+    secret->set_job_id(s.job_id);
+    secret->set_attempt_id(s.attempt_id);
+    secret->set_secret(s.secret);
+  }
 }
 
 void ToProto(const AgentOrder& order, v1::CoordinatorMessage* out) {
@@ -377,6 +397,11 @@ HangUpdate FromProto(const v1::HangReport& report) {
   out.report.waiting_for.assign(report.waiting_for().begin(), report.waiting_for().end());
   out.report.waiting_s = report.waiting_s();
   return out;
+}
+
+void ToProto(const OrderReply& order, v1::ProgressReply* out) {
+  out->set_order(ToProto(order.order));
+  out->set_checkpoint_step(order.checkpoint_step);
 }
 
 ProgressUpdate FromProto(const v1::ProgressReport& report) {

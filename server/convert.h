@@ -45,6 +45,7 @@ NodeRecord FromProto(const v1::RegisterAgent& registration);
 RunningWorker FromProto(const v1::RunningWorker& worker);
 WorkerExit FromProto(const v1::WorkerExited& exited);
 ProgressUpdate FromProto(const v1::ProgressReport& report);
+void ToProto(const OrderReply& order, v1::ProgressReply* out);
 HangUpdate FromProto(const v1::HangReport& report);
 
 }  // namespace trainyard::server

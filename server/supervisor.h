@@ -194,6 +194,13 @@ struct RegisteredOrder {
   std::string node_id;
   absl::Duration heartbeat_interval;
   absl::Duration heartbeat_timeout;
+  // The secrets of the live attempts among the workers the agent reported running.
+  struct Secret {
+    std::string job_id;
+    int attempt_id = 0;
+    std::string secret;
+  };
+  std::vector<Secret> attempt_secrets;
 };
 
 // Receives a job's updates: the current state on subscription, then every change. Runs with the
@@ -320,6 +327,13 @@ class Supervisor {
   void Join(const std::string& job_id, int attempt_id, int rank, absl::Time deadline,
             JoinCallback done);
   [[nodiscard]] absl::StatusOr<OrderReply> ReportProgress(const ProgressUpdate& update);
+  // The reports an agent's progress relay forwarded for its node's ranks (a ProgressBatch on its
+  // Connect stream), handled under one lock and one transaction: one answer per update, in order,
+  // each what ReportProgress would answer, or PERMISSION_DENIED for a rank that the update's
+  // attempt did not place on `node_id`. FAILED_PRECONDITION for the whole batch when `session`
+  // was replaced or lost (the agent must reconnect).
+  [[nodiscard]] absl::StatusOr<std::vector<absl::StatusOr<OrderReply>>> ReportNodeProgress(
+      const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates);
 
   // --- Time and lifecycle --------------------------------------------------------------------
   // Expires rendezvous and KV waits, declares silent nodes lost, resends stop orders that went
@@ -427,7 +441,16 @@ class Supervisor {
   [[nodiscard]] absl::StatusOr<RankOfAttempt> FindLiveRankLocked(const std::string& job_id,
                                                                  int attempt_id, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One progress report (`node_id`: the node whose agent forwarded it, checked against the
+  // rank's placement; null: the worker called directly).
+  [[nodiscard]] absl::StatusOr<OrderReply> ReportProgressLocked(Txn& txn,
+                                                                const ProgressUpdate& update,
+                                                                const std::string* node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
+  // For a registering agent: the secrets of the live attempts among its running workers.
+  std::vector<RegisteredOrder::Secret> SecretsOfLocked(const std::vector<RunningWorker>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* CurrentAttempt(JobEntry& entry);
   // The current attempt when it has not ended, else null.
   static AttemptRecord* LiveAttempt(JobEntry& entry);

@@ -59,8 +59,8 @@ absl::StatusOr<uint64_t> Supervisor::AgentConnected(
     node.last_seen = clock_->Now();
     txn.batch.nodes.push_back(&node);
     session = registry_->Connect(node, std::move(channel));
-    on_registered(
-        RegisteredOrder{node.node_id, options_.heartbeat_interval, registry_->heartbeat_timeout()});
+    on_registered(RegisteredOrder{node.node_id, options_.heartbeat_interval,
+                                  registry_->heartbeat_timeout(), SecretsOfLocked(running)});
     TY_LOG(INFO) << "agent " << node.node_id << " connected (" << node.cpu_slots << " CPU slots, "
                  << node.gpus.size() << " GPUs, " << running.size() << " running workers)";
     for (const WorkerExit& exit : exited_while_disconnected) {
@@ -72,6 +72,23 @@ absl::StatusOr<uint64_t> Supervisor::AgentConnected(
   }
   RunAfter(txn);
   return session;
+}
+
+std::vector<RegisteredOrder::Secret> Supervisor::SecretsOfLocked(
+    const std::vector<RunningWorker>& running) {
+  std::vector<RegisteredOrder::Secret> secrets;
+  if (!options_.attempt_secret) return secrets;
+  std::set<std::pair<std::string, int>> seen;
+  for (const RunningWorker& worker : running) {
+    if (!seen.insert({worker.job_id, worker.attempt_id}).second) continue;
+    JobEntry* entry = FindJob(worker.job_id);
+    if (entry == nullptr) continue;
+    const AttemptRecord* attempt = LiveAttempt(*entry);
+    if (attempt == nullptr || attempt->attempt_id != worker.attempt_id) continue;
+    secrets.push_back({worker.job_id, worker.attempt_id,
+                       options_.attempt_secret(worker.job_id, worker.attempt_id)});
+  }
+  return secrets;
 }
 
 void Supervisor::AgentDisconnected(const std::string& node_id, uint64_t session) {

@@ -137,48 +137,78 @@ absl::Status Supervisor::ConfirmAttempt(const std::string& job_id, int attempt_i
 
 absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& update) {
   Txn txn;
-  OrderReply reply;
+  absl::StatusOr<OrderReply> reply;
   {
     absl::MutexLock lock(&mu_);
-    TY_ASSIGN_OR_RETURN(const RankOfAttempt found,
-                        FindLiveRankLocked(update.job_id, update.attempt_id, update.rank));
-    JobEntry* entry = found.entry;
-    AttemptRecord* attempt = found.attempt;
-    // A save that ended is a fact even when the attempt is being torn down: record it first.
-    if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
-    // So is the run's report (it comes after the last step, as the attempt may be ending).
-    if (update.rank == 0 && !update.run_report.empty()) {
-      entry->job.progress.run_report = update.run_report;
-      entry->progress_dirty = true;
-    }
-    if (update.resumed && update.rank == 0 && entry->resumed_attempt != update.attempt_id) {
-      entry->resumed_attempt = update.attempt_id;
-      const ProgressUpdate::Resumed& r = *update.resumed;
-      entry->goodput.Resumed(r.step);
-      AddEvent(txn, *entry, update.attempt_id, entry->job.state, entry->job.state, "resumed",
-               r.step == 0 ? absl::StrFormat("attempt %d started from step 0 (worker ready in "
-                                             "%.0f ms)",
-                                             update.attempt_id, r.started_ms)
-                           : absl::StrFormat("attempt %d resumed from step %d (%s: %s) in %.0f ms; "
-                                             "worker ready %.0f ms after its start",
-                                             update.attempt_id, r.step,
-                                             r.from_memory ? "memory tier" : "checkpoint", r.from,
-                                             r.restore_ms, r.started_ms));
-    }
-    if (attempt->state == AttemptState::kStopping) {
-      reply.order = WorkerOrder::kStop;
-    } else {
-      if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
-      if (attempt->state == AttemptState::kRunning) {
-        ObserveProgressLocked(txn, *entry, update, reply);
-      }
-      // Repeated on every report while draining, so a lost reply costs nothing.
-      // (A resize stops the ranks the same way: a checkpoint at a step they agree on.)
-      if (entry->job.drain_requested || entry->resizing) reply.order = WorkerOrder::kDrain;
+    reply = ReportProgressLocked(txn, update, /*node_id=*/nullptr);
+    CommitLocked(txn).IgnoreError();
+  }
+  RunAfter(txn);
+  return reply;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<OrderReply>>> Supervisor::ReportNodeProgress(
+    const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates) {
+  if (!registry_->Touch(node_id, session)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session of node ", node_id, " was replaced or lost; reconnect"));
+  }
+  std::vector<absl::StatusOr<OrderReply>> answers;
+  answers.reserve(updates.size());
+  Txn txn;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const ProgressUpdate& update : updates) {
+      answers.push_back(ReportProgressLocked(txn, update, &node_id));
     }
     CommitLocked(txn).IgnoreError();
   }
   RunAfter(txn);
+  return answers;
+}
+
+absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const ProgressUpdate& update,
+                                                            const std::string* node_id) {
+  OrderReply reply;
+  TY_ASSIGN_OR_RETURN(const RankOfAttempt found,
+                      FindLiveRankLocked(update.job_id, update.attempt_id, update.rank));
+  JobEntry* entry = found.entry;
+  AttemptRecord* attempt = found.attempt;
+  if (node_id != nullptr && attempt->ranks[update.rank].node_id != *node_id) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", update.rank, " of attempt ",
+                                                    update.attempt_id, " of job ", update.job_id,
+                                                    " does not run on node ", *node_id));
+  }
+  // A save that ended is a fact even when the attempt is being torn down: record it first.
+  if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
+  // So is the run's report (it comes after the last step, as the attempt may be ending).
+  if (update.rank == 0 && !update.run_report.empty()) {
+    entry->job.progress.run_report = update.run_report;
+    entry->progress_dirty = true;
+  }
+  if (update.resumed && update.rank == 0 && entry->resumed_attempt != update.attempt_id) {
+    entry->resumed_attempt = update.attempt_id;
+    const ProgressUpdate::Resumed& r = *update.resumed;
+    entry->goodput.Resumed(r.step);
+    AddEvent(txn, *entry, update.attempt_id, entry->job.state, entry->job.state, "resumed",
+             r.step == 0 ? absl::StrFormat("attempt %d started from step 0 (worker ready in "
+                                           "%.0f ms)",
+                                           update.attempt_id, r.started_ms)
+                         : absl::StrFormat("attempt %d resumed from step %d (%s: %s) in %.0f ms; "
+                                           "worker ready %.0f ms after its start",
+                                           update.attempt_id, r.step,
+                                           r.from_memory ? "memory tier" : "checkpoint", r.from,
+                                           r.restore_ms, r.started_ms));
+  }
+  if (attempt->state == AttemptState::kStopping) {
+    reply.order = WorkerOrder::kStop;
+    return reply;
+  }
+  if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
+  if (attempt->state == AttemptState::kRunning) ObserveProgressLocked(txn, *entry, update, reply);
+  // Repeated on every report while draining, so a lost reply costs nothing.
+  // (A resize stops the ranks the same way: a checkpoint at a step they agree on.)
+  if (entry->job.drain_requested || entry->resizing) reply.order = WorkerOrder::kDrain;
   return reply;
 }
 

@@ -8,23 +8,6 @@
 #include "server/convert.h"
 
 namespace trainyard::server {
-namespace {
-
-v1::Order ToProto(WorkerOrder order) {
-  switch (order) {
-    case WorkerOrder::kContinue:
-      return v1::ORDER_CONTINUE;
-    case WorkerOrder::kCheckpoint:
-      return v1::ORDER_CHECKPOINT;
-    case WorkerOrder::kDrain:
-      return v1::ORDER_DRAIN;
-    case WorkerOrder::kStop:
-      return v1::ORDER_STOP;
-  }
-  return v1::ORDER_CONTINUE;
-}
-
-}  // namespace
 
 absl::Status WorkerServiceImpl::MayUseKey(const grpc::ServerContextBase& context,
                                           const std::string& key) const {
@@ -98,8 +81,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportProgress(grpc::CallbackServer
   }
   absl::StatusOr<OrderReply> order = supervisor_->ReportProgress(FromProto(*request));
   if (order.ok()) {
-    reply->set_order(ToProto(order->order));
-    reply->set_checkpoint_step(order->checkpoint_step);
+    ToProto(*order, reply);
   }
   reactor->Finish(ToGrpc(order.status()));
   return reactor;

@@ -367,6 +367,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
   return rpc::MakeChannel(address, tls, args, rpc::AttemptSecretFromEnvironment());
 }
 
+// Where progress goes: the node agent's relay when the agent gave one (plaintext on loopback),
+// else the coordinator.
+absl::StatusOr<std::unique_ptr<ProgressChannel>> ProgressChannelFor(
+    std::shared_ptr<v1::WorkerService::StubInterface> coordinator) {
+  const char* relay = std::getenv(rpc::kProgressRelayVariable);
+  if (relay == nullptr || *relay == '\0') return MakeGrpcProgressChannel(std::move(coordinator));
+  TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      rpc::MakeChannel(relay, rpc::TlsFiles{}, grpc::ChannelArguments(),
+                                       rpc::AttemptSecretFromEnvironment()));
+  return MakeGrpcProgressChannel(
+      std::shared_ptr<v1::ProgressRelay::StubInterface>(v1::ProgressRelay::NewStub(channel)));
+}
+
 }  // namespace
 
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
@@ -416,7 +429,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   } else if (!IsLoopback(options.coordinator)) {
     rank.gloo.hostname = LocalHostname();
   }
-  std::unique_ptr<ProgressChannel> channel = MakeGrpcProgressChannel(stub);
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<ProgressChannel> channel, ProgressChannelFor(stub));
   std::atomic<bool> drain{false};
   std::atomic<int64_t> checkpoint_order{0};
   ProgressReporter reporter(

@@ -14,10 +14,11 @@ namespace {
 
 namespace v1 = ::trainyard::v1;
 
+// Stub: WorkerService's or ProgressRelay's, which have the same ReportProgress.
+template <typename Stub>
 class GrpcProgressChannel : public ProgressChannel {
  public:
-  explicit GrpcProgressChannel(std::shared_ptr<v1::WorkerService::StubInterface> stub)
-      : stub_(std::move(stub)) {}
+  explicit GrpcProgressChannel(std::shared_ptr<Stub> stub) : stub_(std::move(stub)) {}
 
   absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
                                            absl::Duration timeout) override {
@@ -31,14 +32,19 @@ class GrpcProgressChannel : public ProgressChannel {
   }
 
  private:
-  std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+  std::shared_ptr<Stub> stub_;
 };
 
 }  // namespace
 
 std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
     std::shared_ptr<v1::WorkerService::StubInterface> stub) {
-  return std::make_unique<GrpcProgressChannel>(std::move(stub));
+  return std::make_unique<GrpcProgressChannel<v1::WorkerService::StubInterface>>(std::move(stub));
+}
+
+std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
+    std::shared_ptr<v1::ProgressRelay::StubInterface> stub) {
+  return std::make_unique<GrpcProgressChannel<v1::ProgressRelay::StubInterface>>(std::move(stub));
 }
 
 ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,

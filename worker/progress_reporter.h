@@ -53,9 +53,11 @@ inline constexpr absl::Duration kReportTimeout = absl::Seconds(5);
 inline constexpr absl::Duration kUnreachableTimeout = absl::Seconds(1);
 inline constexpr absl::Duration kUnreachableRetry = absl::Seconds(2);
 
-// ReportProgress over `stub`.
+// ReportProgress over `stub`: to the coordinator, or to the node agent's progress relay.
 std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
     std::shared_ptr<trainyard::v1::WorkerService::StubInterface> stub);
+std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
+    std::shared_ptr<trainyard::v1::ProgressRelay::StubInterface> stub);
 
 struct WorkerIdentity {
   std::string job_id;

@@ -22,6 +22,8 @@
 #include "server/agent/memory_tier_service.h"
 #include "server/agent/node_info.h"
 #include "server/agent/process_launcher.h"
+#include "server/agent/progress_relay.h"
+#include "server/agent/progress_relay_service.h"
 
 namespace trainyard::server::agent {
 namespace {
@@ -104,13 +106,13 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 // node id belongs to another live agent (ALREADY_EXISTS) or its credential (UNAUTHENTICATED,
 // PERMISSION_DENIED).
 // `quiet`: the coordinator has been unreachable for a while and that was said already.
+// `wakeup`: notified when the loop has something to send before its next tick.
 bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
-                absl::Status* refused, bool quiet) {
+                absl::Status* refused, bool quiet, Wakeup& wakeup) {
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub.Connect(&context);
   std::atomic<bool> reader_done{false}, registered{false};
   std::atomic<bool> read_ended{false};  // the coordinator ended the stream (Read returned false)
-  Wakeup wakeup;
   if (!stream->Write(core.Registration())) {
     reader_done = true;
   }
@@ -205,6 +207,13 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     TY_LOG(INFO) << "memory tier " << root << ": " << tier_mb << " MiB, peers reach it at "
                  << config.memory_tier_address;
   }
+  // A report that makes a batch due wakes the connection loop.
+  Wakeup wakeup;
+  ProgressRelay relay(RealClock(), [&wakeup] { wakeup.Notify(); });
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<ProgressRelayServer> relay_server,
+                      ProgressRelayServer::Start(&relay));
+  config.progress_relay = &relay;
+  config.progress_relay_address = relay_server->address();
   AgentCore core(std::move(config), launcher.get(), RealFileSystem(), RealClock());
   TY_RETURN_IF_ERROR(core.Recover());
 
@@ -226,7 +235,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     const int64_t now = RealClock()->NowNanosMonotonic();
     const bool quiet = failures > 0 && now - last_said < absl::ToInt64Nanoseconds(kMaxQuietLog);
     if (!quiet) last_said = now;
-    if (RunSession(*stub, core, stop, &refused, quiet)) {
+    if (RunSession(*stub, core, stop, &refused, quiet, wakeup)) {
       if (failures > 1) TY_LOG(INFO) << "connected again after " << failures << " attempts";
       backoff = kFirstBackoff;
       failures = 0;

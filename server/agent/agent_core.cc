@@ -98,6 +98,9 @@ absl::Status AgentCore::Recover() {
       TY_LOG(INFO) << "adopting worker " << record.key.job_id << "/" << record.key.attempt_id
                    << " rank " << record.key.rank << " (pid " << record.process.pid << ")";
       workers_[record.key] = Worker{.record = record};
+      if (config_.progress_relay != nullptr) {
+        config_.progress_relay->AddRank(record.key.job_id, record.key.attempt_id, record.key.rank);
+      }
     } else {
       ReportExit(record.key, record.process.pid, ExitOfAdopted(record.key),
                  "ended while the agent was down");
@@ -120,6 +123,7 @@ v1::RunningWorker AgentCore::RunningMessage(const WorkerRecord& record) const {
 v1::AgentMessage AgentCore::Registration() {
   absl::MutexLock lock(&mu_);
   connected_ = true;
+  if (config_.progress_relay != nullptr) config_.progress_relay->SetConnected(true);
   outgoing_.clear();
   v1::AgentMessage message;
   v1::RegisterAgent* r = message.mutable_registration();
@@ -146,6 +150,7 @@ v1::AgentMessage AgentCore::Registration() {
 void AgentCore::OnDisconnected() {
   absl::MutexLock lock(&mu_);
   connected_ = false;
+  if (config_.progress_relay != nullptr) config_.progress_relay->SetConnected(false);
   for (v1::AgentMessage& message : outgoing_) {
     if (message.has_exited()) unreported_exits_.push_back(std::move(*message.mutable_exited()));
   }
@@ -172,6 +177,13 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
         heartbeat_interval_ = absl::Milliseconds(message.registered().heartbeat_interval_ms());
       }
       exits_in_registration_.clear();
+      for (const v1::AttemptSecret& s : message.registered().attempt_secrets()) {
+        if (config_.memory_tier != nullptr)
+          config_.memory_tier->AdmitSecret(s.job_id(), s.secret());
+        if (config_.progress_relay != nullptr) {
+          config_.progress_relay->Admit(s.job_id(), s.attempt_id(), s.secret());
+        }
+      }
       break;
     case v1::CoordinatorMessage::kStart:
       if (config_.memory_tier != nullptr) {
@@ -180,11 +192,23 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
         config_.memory_tier->AdmitSecret(message.start().job_id(),
                                          message.start().attempt_secret());
       }
+      if (config_.progress_relay != nullptr) {
+        config_.progress_relay->Admit(message.start().job_id(), message.start().attempt_id(),
+                                      message.start().attempt_secret());
+      }
       Start(message.start());
+      break;
+    case v1::CoordinatorMessage::kProgressAnswers:
+      if (config_.progress_relay != nullptr) {
+        config_.progress_relay->OnAnswers(message.progress_answers());
+      }
       break;
     case v1::CoordinatorMessage::kReleaseMemory:
       if (config_.memory_tier != nullptr) {
         config_.memory_tier->Release(message.release_memory().job_id());
+      }
+      if (config_.progress_relay != nullptr) {
+        config_.progress_relay->ForgetJob(message.release_memory().job_id());
       }
       break;
     case v1::CoordinatorMessage::kStop:
@@ -233,6 +257,11 @@ absl::StatusOr<std::vector<std::string>> AgentCore::WorkerEnvironment(const v1::
     env["TRAINYARD_MEMORY_TIER"] = config_.memory_tier_local_address;
   } else {
     env.erase("TRAINYARD_MEMORY_TIER");
+  }
+  if (config_.progress_relay != nullptr) {
+    env[rpc::kProgressRelayVariable] = config_.progress_relay_address;
+  } else {
+    env.erase(rpc::kProgressRelayVariable);
   }
   // The agent's own credentials, never a job's: a spec cannot point its workers elsewhere.
   const std::pair<const char*, const std::string*> tls[] = {
@@ -311,6 +340,9 @@ void AgentCore::Start(const v1::StartWorker& order) {
                << " as pid " << process->pid;
   workers_[key] = Worker{
       .record = WorkerRecord{.key = key, .process = *process, .started_unix_ms = NowUnixMs()}};
+  if (config_.progress_relay != nullptr) {
+    config_.progress_relay->AddRank(key.job_id, key.attempt_id, key.rank);
+  }
   SaveRecords();
   v1::AgentMessage out;
   v1::WorkerStarted* started = out.mutable_started();
@@ -379,6 +411,11 @@ void AgentCore::ReportExit(const WorkerKey& key, int64_t pid, const ProcessExit&
   TY_LOG(INFO) << key.job_id << "/" << key.attempt_id << " rank " << key.rank << " (pid " << pid
                << ") exited: code " << exit->exit_code() << " signal " << exit->signal()
                << (why.empty() ? "" : " - ") << why;
+  // The coordinator hears of the rank's last reports before its exit.
+  EmitProgress(/*force=*/true);
+  if (config_.progress_relay != nullptr) {
+    config_.progress_relay->RemoveRank(key.job_id, key.attempt_id, key.rank);
+  }
   Emit(std::move(out));
 }
 
@@ -393,6 +430,7 @@ void AgentCore::Tick() {
       Emit(std::move(out));
     }
   }
+  EmitProgress(/*force=*/false);
   const int64_t now = clock_->NowNanosMonotonic();
   bool changed = false;
   // Exits seen in this tick are reported those by a signal first: when a killed rank takes its
@@ -525,6 +563,15 @@ void AgentCore::Emit(v1::AgentMessage message) {
   } else if (message.has_exited()) {
     unreported_exits_.push_back(std::move(*message.mutable_exited()));
   }
+}
+
+void AgentCore::EmitProgress(bool force) {
+  if (config_.progress_relay == nullptr || !connected_) return;
+  std::optional<v1::ProgressBatch> batch = config_.progress_relay->TakeBatch(force);
+  if (!batch) return;
+  v1::AgentMessage out;
+  *out.mutable_progress() = *std::move(batch);
+  outgoing_.push_back(std::move(out));
 }
 
 void AgentCore::SaveRecords() {

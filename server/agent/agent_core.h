@@ -37,6 +37,7 @@
 #include "proto/trainyard.pb.h"
 #include "server/agent/memory_tier.h"
 #include "server/agent/process_launcher.h"
+#include "server/agent/progress_relay.h"
 #include "server/agent/worker_records.h"
 
 namespace trainyard::server::agent {
@@ -64,6 +65,10 @@ struct AgentConfig {
   MemoryTier* memory_tier = nullptr;
   std::string memory_tier_address;
   std::string memory_tier_local_address;
+  // The node's progress relay (null: workers report to the coordinator themselves) and its
+  // loopback address (the workers' TRAINYARD_PROGRESS_RELAY).
+  ProgressRelay* progress_relay = nullptr;
+  std::string progress_relay_address;
   // Given to every worker: its TLS files (TRAINYARD_TLS_*; none when empty) and, when set, the
   // address its collectives listen on (TRAINYARD_GLOO_HOSTNAME).
   rpc::TlsFiles tls;
@@ -152,6 +157,8 @@ class AgentCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ProcessExit ExitOfAdopted(const WorkerKey& key) const;
   void Emit(v1::AgentMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the relay's batch when one is due (`force`: whatever is pending).
+  void EmitProgress(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::RunningWorker RunningMessage(const WorkerRecord& record) const;
   int64_t NowUnixMs() const;

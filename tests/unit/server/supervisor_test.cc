@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/server/supervisor_fixture.h"
@@ -255,6 +256,72 @@ TEST_F(SupervisorTest, FourRankJobSpansTwoAgents) {
   auto joins = JoinAll(id, 1, 4);
   EXPECT_EQ(joins[3]->node_id, "node-b");
   EXPECT_EQ(joins[3]->local_world_size, 2);
+}
+
+// An agent's progress relay forwards its node's reports as one batch: each is answered as a
+// direct report would be, and an agent may speak only for the ranks placed on its node.
+TEST_F(SupervisorTest, ANodesProgressBatchIsAnsweredPerReportAndOnlyForItsOwnRanks) {
+  const std::string id = Submit(TinySpec("wide", /*nodes=*/2, /*per_node=*/2));
+  Agent a = Connect("node-a", 2);
+  Agent b = Connect("node-b", 2);
+  for (int rank = 0; rank < 4; ++rank) Started(rank < 2 ? a : b, id, 1, rank);
+  JoinAll(id, 1, 4);
+  std::vector<ProgressUpdate> updates(4);
+  for (int rank = 0; rank < 4; ++rank) {
+    updates[rank].job_id = id;
+    updates[rank].attempt_id = 1;
+    updates[rank].rank = rank;
+    updates[rank].step = 3;
+    updates[rank].total_steps = 5;
+  }
+  updates[3].attempt_id = 7;  // no such attempt
+  auto answers = supervisor_->ReportNodeProgress("node-a", a.session, updates);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ASSERT_EQ(answers->size(), 4u);
+  EXPECT_TRUE((*answers)[0].ok());
+  EXPECT_TRUE((*answers)[1].ok());
+  EXPECT_TRUE(absl::IsPermissionDenied((*answers)[2].status())) << (*answers)[2].status();
+  EXPECT_THAT(std::string((*answers)[2].status().message()), HasSubstr("node-a"));
+  EXPECT_TRUE(absl::IsNotFound((*answers)[3].status())) << (*answers)[3].status();
+  EXPECT_EQ(View(id).job.progress.step, 3) << "rank 0's report is the job's progress";
+
+  // A replaced session speaks for nobody.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      supervisor_->ReportNodeProgress("node-b", b.session + 1000, {updates[2]}).status()));
+  ASSERT_TRUE(supervisor_->Cancel(id, "user asked").ok());
+  auto stopping = supervisor_->ReportNodeProgress("node-b", b.session, {updates[2]});
+  ASSERT_TRUE(stopping.ok());
+  ASSERT_TRUE((*stopping)[0].ok());
+  EXPECT_EQ((*stopping)[0]->order, WorkerOrder::kStop);
+}
+
+// A restarted agent adopts workers whose StartWorker orders it never saw: its registration
+// answer carries their live attempts' secrets, so its relay and memory tier admit them.
+TEST_F(SupervisorTest, RegistrationNamesTheSecretsOfTheLiveAttemptsItsWorkersBelongTo) {
+  options_.attempt_secret = [](const std::string& job, int attempt) {
+    return absl::StrCat("secret:", job, ":", attempt);
+  };
+  Restart();
+  const std::string id = Submit(TinySpec("adopted"));
+  Agent agent = Connect("node-a", 2);
+  Started(agent, id, 1, 0);
+  Started(agent, id, 1, 1);
+  NodeRecord node;
+  node.node_id = "node-a";
+  node.hostname = "node-a.example";
+  node.cpu_slots = 2;
+  std::optional<RegisteredOrder> registered;
+  auto session = supervisor_->AgentConnected(
+      node,
+      {RunningWorker{id, 1, 0, 1000}, RunningWorker{id, 1, 1, 1001}, RunningWorker{id, 9, 0, 1002}},
+      {}, std::make_shared<testing::RecordingChannel>(),
+      [&](const RegisteredOrder& r) { registered = r; });
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(registered);
+  ASSERT_EQ(registered->attempt_secrets.size(), 1u) << "one per live attempt, none for attempt 9";
+  EXPECT_EQ(registered->attempt_secrets[0].job_id, id);
+  EXPECT_EQ(registered->attempt_secrets[0].attempt_id, 1);
+  EXPECT_EQ(registered->attempt_secrets[0].secret, absl::StrCat("secret:", id, ":1"));
 }
 
 TEST_F(SupervisorTest, RestartedCoordinatorAdoptsRunningWorkersAndStartsNothingTwice) {

@@ -514,3 +514,104 @@ TEST(WorkerEnvironmentTest, Allowlist) {
 
 }  // namespace
 }  // namespace trainyard::server::agent
+
+namespace trainyard::server::agent {
+namespace {
+
+// The agent's progress relay inside AgentCore: workers learn its address, batches go out on the
+// stream, a rank's last report goes before its exit, and an adopted worker's attempt secret
+// comes with the registration answer.
+class AgentCoreRelayTest : public AgentCoreTest {
+ protected:
+  AgentCoreRelayTest() : relay_(&clock_) {}
+  std::unique_ptr<AgentCore> NewRelayCore() {
+    AgentConfig config = Config();
+    config.progress_relay = &relay_;
+    config.progress_relay_address = "127.0.0.1:4242";
+    auto core =
+        std::make_unique<AgentCore>(std::move(config), &launcher_, RealFileSystem(), &clock_);
+    EXPECT_TRUE(core->Recover().ok());
+    return core;
+  }
+  static v1::ProgressReport ReportOf(int rank, int64_t step) {
+    v1::ProgressReport report;
+    report.set_job_id("j-1");
+    report.set_attempt_id(1);
+    report.set_rank(rank);
+    report.set_step(step);
+    report.set_total_steps(100);
+    return report;
+  }
+  ProgressRelay relay_;
+};
+
+TEST_F(AgentCoreRelayTest, RanksReportThroughTheRelayAndTheLastReportPrecedesTheExit) {
+  std::unique_ptr<AgentCore> core = NewRelayCore();
+  Connect(*core);
+  v1::CoordinatorMessage start0 = StartOrder("j-1", 1, 0);
+  start0.mutable_start()->set_attempt_secret("attempt:j-1:1:mac");
+  core->Handle(start0);
+  v1::CoordinatorMessage start1 = StartOrder("j-1", 1, 1);
+  start1.mutable_start()->set_attempt_secret("attempt:j-1:1:mac");
+  core->Handle(start1);
+  int64_t pid0 = 0;
+  for (const v1::AgentMessage& m : core->TakeOutgoing()) {
+    if (m.has_started() && m.started().rank() == 0) pid0 = m.started().pid();
+  }
+  ASSERT_GT(pid0, 0);
+  EXPECT_THAT(launcher_.launches()[0].env, Contains("TRAINYARD_PROGRESS_RELAY=127.0.0.1:4242"));
+
+  // Both ranks report: one batch of two on the next tick.
+  std::vector<absl::StatusOr<v1::ProgressReply>> answers;
+  auto collect = [&answers](absl::StatusOr<v1::ProgressReply> a) { answers.push_back(a); };
+  relay_.Report(ReportOf(0, 5), "attempt:j-1:1:mac", collect);
+  relay_.Report(ReportOf(1, 5), "attempt:j-1:1:mac", collect);
+  core->Tick();
+  std::vector<v1::AgentMessage> out = core->TakeOutgoing();
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].has_progress());
+  EXPECT_EQ(out[0].progress().reports_size(), 2);
+  v1::CoordinatorMessage answer;
+  answer.mutable_progress_answers()->set_batch_id(out[0].progress().batch_id());
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ProgressAnswer* a = answer.mutable_progress_answers()->add_answers();
+    a->set_job_id("j-1");
+    a->set_attempt_id(1);
+    a->set_rank(rank);
+    a->mutable_reply()->set_order(v1::ORDER_DRAIN);
+  }
+  core->Handle(answer);
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_EQ(answers[0]->order(), v1::ORDER_DRAIN);
+
+  // Rank 0 reports once more and exits before the batch was due: the report goes first.
+  relay_.Report(ReportOf(0, 6), "attempt:j-1:1:mac", collect);
+  launcher_.Exit(pid0, ProcessExit{.exit_code = 0});
+  core->Tick();
+  out = core->TakeOutgoing();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].has_progress());
+  EXPECT_EQ(out[0].progress().reports(0).step(), 6);
+  EXPECT_TRUE(out[1].has_exited());
+}
+
+TEST_F(AgentCoreRelayTest, TheRegistrationAnswerAdmitsTheSecretsOfAdoptedWorkers) {
+  std::unique_ptr<AgentCore> core = NewRelayCore();
+  core->Registration();
+  v1::CoordinatorMessage registered = Registered();
+  v1::AttemptSecret* secret = registered.mutable_registered()->add_attempt_secrets();
+  secret->set_job_id("j-1");
+  secret->set_attempt_id(1);
+  secret->set_secret("attempt:j-1:1:mac");
+  core->Handle(registered);
+  std::optional<absl::StatusOr<v1::ProgressReply>> before, after;
+  relay_.Report(ReportOf(0, 5), "attempt:j-1:1:other", [&](auto a) { before = a; });
+  ASSERT_TRUE(before);
+  EXPECT_TRUE(absl::IsUnauthenticated(before->status()));
+  relay_.Report(ReportOf(0, 5), "attempt:j-1:1:mac", [&](auto a) { after = a; });
+  EXPECT_FALSE(after) << "admitted: it waits for the coordinator's answer";
+  EXPECT_EQ(relay_.pending(), 1);
+}
+
+}  // namespace
+}  // namespace trainyard::server::agent
