@@ -240,10 +240,14 @@ std::vector<NodeStatus> AgentRegistry::SmallestNodes() const {
   return out;
 }
 
-std::map<std::string, absl::Duration> AgentRegistry::HeartbeatAges() const {
+std::map<std::string, absl::Duration> AgentRegistry::HeartbeatAges(
+    absl::Duration longer_than) const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, absl::Duration> ages;
-  for (const auto& [id, entry] : nodes_) ages[id] = Age(entry);
+  for (const auto& [id, entry] : nodes_) {
+    const absl::Duration age = Age(entry);
+    if (age > longer_than) ages[id] = age;
+  }
   return ages;
 }
 

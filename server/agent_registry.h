@@ -136,8 +136,11 @@ class AgentRegistry {
   // it) and the one holding the GPU with the least memory. What admission checks a job against
   // (server/mesh_advisor.h), without copying every node at every submission.
   std::vector<NodeStatus> SmallestNodes() const;
-  // Time since each known node's last message (or its disconnection).
-  std::map<std::string, absl::Duration> HeartbeatAges() const;
+  // Time since the last message (or the disconnection) of each known node silent for longer
+  // than `longer_than` (the supervisor's tick asks for the few nodes that may be lost, not for
+  // every node's age).
+  std::map<std::string, absl::Duration> HeartbeatAges(
+      absl::Duration longer_than = absl::ZeroDuration()) const;
   bool IsConnected(const std::string& node_id) const;
   // The connected node's memory tier service; "" when it has none or is not connected.
   std::string MemoryTierAddress(const std::string& node_id) const;

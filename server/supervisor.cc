@@ -623,10 +623,21 @@ void Supervisor::Tick() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     registry_->CollectLost();  // closes the channels of silent agents
-    const std::map<std::string, absl::Duration> ages = registry_->HeartbeatAges();
-    for (const std::string& id : std::vector<std::string>(live_jobs_.begin(), live_jobs_.end())) {
+    // Entries stay where they are (jobs are never erased), while the loop may end live jobs.
+    std::vector<JobEntry*> live_entries;
+    live_entries.reserve(live_jobs_.size());
+    absl::Duration shortest_timeout = absl::InfiniteDuration();
+    for (const std::string& id : live_jobs_) {
       JobEntry& entry = jobs_.at(id);
-      if (AttemptRecord* live = LiveAttempt(entry)) {
+      live_entries.push_back(&entry);
+      shortest_timeout = std::min(shortest_timeout, entry.job.requirements.heartbeat_timeout);
+    }
+    // Only the nodes silent for longer than some job tolerates.
+    const std::map<std::string, absl::Duration> ages = registry_->HeartbeatAges(shortest_timeout);
+    for (JobEntry* live_entry : live_entries) {
+      JobEntry& entry = *live_entry;
+      const std::string& id = entry.job.id;
+      if (AttemptRecord* live = ages.empty() ? nullptr : LiveAttempt(entry)) {
         std::set<std::string> silent;
         for (const RankSlot& slot : live->ranks) {
           auto age = ages.find(slot.node_id);
