@@ -19,6 +19,7 @@ void AgentRegistry::AddKnownNode(const NodeRecord& node) {
   entry.record = node;
   entry.last_seen_ns = clock_->NowNanosMonotonic();
   ReindexLocked(node.node_id, entry);
+  smallest_known_ = false;
 }
 
 uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentChannel> channel) {
@@ -34,6 +35,7 @@ uint64_t AgentRegistry::Connect(const NodeRecord& node, std::shared_ptr<AgentCha
   entry.last_seen_ns = clock_->NowNanosMonotonic();
   entry.lost = false;
   ReindexLocked(node.node_id, entry);
+  smallest_known_ = false;
   return entry.session;
 }
 
@@ -61,6 +63,7 @@ bool AgentRegistry::Disconnect(const std::string& node_id, uint64_t session) {
   it->second.channel = nullptr;
   it->second.last_seen_ns = clock_->NowNanosMonotonic();
   ReindexLocked(it->first, it->second);
+  smallest_known_ = false;
   return true;
 }
 
@@ -192,6 +195,7 @@ std::vector<std::string> AgentRegistry::CollectLost() {
       entry.channel = nullptr;
     }
     ReindexLocked(id, entry);
+    smallest_known_ = false;
     lost.push_back(id);
   }
   return lost;
@@ -216,26 +220,33 @@ std::vector<NodeStatus> AgentRegistry::Nodes() const {
 
 std::vector<NodeStatus> AgentRegistry::SmallestNodes() const {
   absl::MutexLock lock(&mu_);
-  const Entry* least_memory = nullptr;
-  const Entry* least_gpu_node = nullptr;
-  int64_t least_gpu = 0;
-  for (const auto& [id, entry] : nodes_) {
-    if (entry.channel == nullptr) continue;
-    const int64_t memory = entry.record.memory_bytes;
-    if (memory > 0 && (least_memory == nullptr || memory < least_memory->record.memory_bytes)) {
-      least_memory = &entry;
-    }
-    for (const GpuInfo& gpu : entry.record.gpus) {
-      if (gpu.memory_bytes > 0 && (least_gpu_node == nullptr || gpu.memory_bytes < least_gpu)) {
-        least_gpu_node = &entry;
-        least_gpu = gpu.memory_bytes;
+  if (!smallest_known_) {
+    const Entry* least_memory = nullptr;
+    const std::string* least_memory_id = nullptr;
+    const std::string* least_gpu_id = nullptr;
+    int64_t least_gpu = 0;
+    for (const auto& [id, entry] : nodes_) {
+      if (entry.channel == nullptr) continue;
+      const int64_t memory = entry.record.memory_bytes;
+      if (memory > 0 && (least_memory == nullptr || memory < least_memory->record.memory_bytes)) {
+        least_memory = &entry;
+        least_memory_id = &id;
+      }
+      for (const GpuInfo& gpu : entry.record.gpus) {
+        if (gpu.memory_bytes > 0 && (least_gpu_id == nullptr || gpu.memory_bytes < least_gpu)) {
+          least_gpu_id = &id;
+          least_gpu = gpu.memory_bytes;
+        }
       }
     }
+    smallest_memory_ = least_memory_id != nullptr ? *least_memory_id : "";
+    smallest_gpu_ = least_gpu_id != nullptr ? *least_gpu_id : "";
+    smallest_known_ = true;
   }
   std::vector<NodeStatus> out;
-  if (least_memory != nullptr) out.push_back(StatusOf(*least_memory));
-  if (least_gpu_node != nullptr && least_gpu_node != least_memory) {
-    out.push_back(StatusOf(*least_gpu_node));
+  if (!smallest_memory_.empty()) out.push_back(StatusOf(nodes_.at(smallest_memory_)));
+  if (!smallest_gpu_.empty() && smallest_gpu_ != smallest_memory_) {
+    out.push_back(StatusOf(nodes_.at(smallest_gpu_)));
   }
   return out;
 }
@@ -272,6 +283,7 @@ void AgentRegistry::CloseAll(const absl::Status& status) {
       entry.channel = nullptr;
     }
     ReindexLocked(id, entry);
+    smallest_known_ = false;
   }
 }
 

@@ -176,6 +176,11 @@ class AgentRegistry {
   // Connected, non-lost nodes with a free slot, by the kind they offer (CPU 0, GPU 1), ordered by
   // (free slots, node id): the scheduler's best-fit order.
   std::set<std::pair<int, std::string>> fit_order_[2] ABSL_GUARDED_BY(mu_);
+  // SmallestNodes' answer (node ids; "" for none), found again only after a node connected or
+  // went away: admission asks at every submission.
+  mutable bool smallest_known_ ABSL_GUARDED_BY(mu_) = false;
+  mutable std::string smallest_memory_ ABSL_GUARDED_BY(mu_);
+  mutable std::string smallest_gpu_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

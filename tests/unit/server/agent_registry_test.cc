@@ -37,6 +37,37 @@ TEST(AgentRegistryTest, NewConnectionReplacesTheOld) {
   EXPECT_FALSE(registry.Send("a", CancelReadLogsOrder{8}));
 }
 
+// Admission asks for the smallest connected nodes at every submission; the answer follows nodes
+// connecting, leaving and being lost.
+TEST(AgentRegistryTest, SmallestNodesFollowConnectionsAndLosses) {
+  FakeClock clock;
+  AgentRegistry registry(&clock, absl::Seconds(10));
+  auto node = [](const std::string& id, int64_t memory, int64_t gpu_memory) {
+    NodeRecord record = Node(id, 2, gpu_memory > 0 ? 1 : 0);
+    record.memory_bytes = memory;
+    if (gpu_memory > 0) record.gpus[0].memory_bytes = gpu_memory;
+    return record;
+  };
+  auto ids = [&registry] {
+    std::vector<std::string> out;
+    for (const NodeStatus& status : registry.SmallestNodes()) out.push_back(status.record.node_id);
+    return out;
+  };
+  EXPECT_TRUE(ids().empty());
+  const uint64_t big = registry.Connect(node("big", 64, 0), std::make_shared<RecordingChannel>());
+  EXPECT_EQ(ids(), std::vector<std::string>{"big"});
+  const uint64_t small =
+      registry.Connect(node("small", 16, 0), std::make_shared<RecordingChannel>());
+  registry.Connect(node("gpu", 32, 80), std::make_shared<RecordingChannel>());
+  EXPECT_EQ(ids(), (std::vector<std::string>{"small", "gpu"}));
+  EXPECT_TRUE(registry.Disconnect("small", small));
+  EXPECT_EQ(ids(), (std::vector<std::string>{"gpu"})) << "the GPU node is now also the smallest";
+  clock.Advance(absl::Seconds(11));
+  EXPECT_TRUE(registry.Touch("big", big));
+  registry.CollectLost();  // the GPU node fell silent
+  EXPECT_EQ(ids(), std::vector<std::string>{"big"});
+}
+
 TEST(AgentRegistryTest, ASecondAgentWithTheSameNodeIdIsRefusedWhileTheFirstLives) {
   FakeClock clock;
   AgentRegistry registry(&clock, absl::Seconds(10));
