@@ -443,7 +443,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     JobEntry& entry = jobs_[job.id];
     entry.job = std::move(job);
     TY_LOG(INFO) << "job " << entry.job.id << " (" << entry.job.name << ") submitted";
-    LoadPoliciesLocked(entry);
+    LoadPoliciesLocked(entry, &spec);
     EnqueueLocked(entry);
     ScheduleLocked(txn);
     result = entry.job;

@@ -532,8 +532,10 @@ class Supervisor {
                          const AttemptFailure& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Failure handling (supervisor_failures.cc).
   // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
-  // the restart counts from the stored attempts.
-  void LoadPoliciesLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // the restart counts from the stored attempts. `parsed`: the job's spec as admitted (a
+  // submission has it already); null: parsed from the stored YAML.
+  void LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic growth (supervisor_elastic.cc): orders a resize when more nodes fit the job, and
   // restarts it when its ranks stopped for it.
   void ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now)

@@ -43,8 +43,11 @@ RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& f) {
 
 }  // namespace
 
-void Supervisor::LoadPoliciesLocked(JobEntry& entry) {
-  absl::StatusOr<config::JobSpec> spec = config::ParseJobSpec(entry.job.spec_yaml, entry.job.id);
+void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed) {
+  // Parsing YAML is the costliest part of a submission: never twice, and not under the lock.
+  absl::StatusOr<config::JobSpec> spec =
+      parsed != nullptr ? absl::StatusOr<config::JobSpec>(*parsed)
+                        : config::ParseJobSpec(entry.job.spec_yaml, entry.job.id);
   if (!spec.ok()) {
     // Stored specs passed validation; one a newer build refuses keeps the defaults.
     TY_LOG(WARNING) << "job " << entry.job.id
