@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -106,6 +108,31 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 // node id belongs to another live agent (ALREADY_EXISTS) or its credential (UNAUTHENTICATED,
 // PERMISSION_DENIED).
 // `quiet`: the coordinator has been unreachable for a while and that was said already.
+// The progress relay's server, on the port it had before this agent restarted when it can: the
+// workers it adopts know only that address (their TRAINYARD_PROGRESS_RELAY).
+absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRelay* relay,
+                                                                      const std::string& work_dir) {
+  FileSystem* fs = RealFileSystem();
+  TY_RETURN_IF_ERROR(fs->CreateDirs(work_dir));
+  const std::string port_file = work_dir + "/progress-relay.port";
+  int port = 0;
+  if (absl::StatusOr<std::string> saved = fs->ReadFile(port_file); saved.ok()) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*saved), &port)) port = 0;
+  }
+  absl::StatusOr<std::unique_ptr<ProgressRelayServer>> server =
+      ProgressRelayServer::Start(relay, port);
+  if (!server.ok() && port != 0) {
+    TY_LOG(WARNING) << "the progress relay cannot have its previous port " << port << " ("
+                    << server.status().message()
+                    << "); adopted workers cannot report until their next attempt";
+    server = ProgressRelayServer::Start(relay, 0);
+  }
+  if (!server.ok()) return server.status();
+  const std::string address = (*server)->address();
+  TY_RETURN_IF_ERROR(fs->WriteFileAtomic(port_file, address.substr(address.rfind(':') + 1) + "\n"));
+  return server;
+}
+
 // `wakeup`: notified when the loop has something to send before its next tick.
 bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
                 absl::Status* refused, bool quiet, Wakeup& wakeup) {
@@ -211,7 +238,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   Wakeup wakeup;
   ProgressRelay relay(RealClock(), [&wakeup] { wakeup.Notify(); });
   TY_ASSIGN_OR_RETURN(std::unique_ptr<ProgressRelayServer> relay_server,
-                      ProgressRelayServer::Start(&relay));
+                      StartRelayServer(&relay, config.work_dir));
   config.progress_relay = &relay;
   config.progress_relay_address = relay_server->address();
   AgentCore core(std::move(config), launcher.get(), RealFileSystem(), RealClock());
