@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Coordinator under load: runs trainyard-bench-coordinator (1,000 simulated agents heartbeating
-# at 1 Hz, 10,000 simulated ranks reporting progress at 1 Hz, from one process, against a real
-# trainyard-server on loopback) and writes a Markdown report with the machine and the command.
+# at 1 Hz, 10,000 simulated ranks reporting progress at 1 Hz, by default in one batch per agent
+# as the agents' progress relays send them, from one process, against a real trainyard-server on
+# loopback) and writes a Markdown report with the machine and the command.
 #
 # Usage: bench/run_coordinator_load.sh [--out FILE] [-- BENCH_FLAGS...]
 #   BENCH_FLAGS go to the benchmark: --agents N --slots S --ranks-per-job R --seconds T
+#   --progress relay|direct
 # The binary is $TRAINYARD_BENCH_COORDINATOR_BIN (default build/bench/trainyard-bench-coordinator).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +33,7 @@ REPORT="## Coordinator under load
 - load average (1/5/15 min) before: $LOAD_BEFORE; after: $LOAD_AFTER
 - CPU pressure (share of time some task waited for a CPU) before: $PSI_BEFORE; after: $PSI_AFTER
 - command: \`bench/run_coordinator_load.sh${*:+ -- $*}\`
-- goal: ReportProgress p99 < 50 ms with the coordinator under one core
+- goal: progress report p99 < 50 ms with the coordinator under one core
 
 $TABLE
 
