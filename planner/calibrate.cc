@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -10,15 +12,28 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "config/mesh.h"
+#include "planner/memory_model.h"
+#include "planner/planner.h"
+#include "planner/rank_shape.h"
+#include "planner/traffic_model.h"
 #include "worker/backend.h"
+#include "worker/model.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/kv_store.h"
+#include "worker/parallel/pipeline.h"
+#include "worker/param_source.h"
 
 namespace trainyard::planner {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Runs `op` until `seconds` have passed (at least twice); returns seconds per run.
 double SecondsPerRun(double seconds, const std::function<void()>& op) {
@@ -29,7 +44,7 @@ double SecondsPerRun(double seconds, const std::function<void()>& op) {
   while (runs < 2 || elapsed < seconds) {
     op();
     ++runs;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    elapsed = Since(start);
   }
   return elapsed / runs;
 }
@@ -55,6 +70,71 @@ double AddBandwidth(worker::Backend& backend, double seconds) {
   return 3.0 * 4 * kCount / per_run;  // two reads and a write
 }
 
+// The threads one of `ranks` ranks sharing the machine's cores gets, as the standalone worker
+// hands them out (worker/main.cc).
+int ThreadsPerRank(int ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / ranks);
+}
+
+// Runs body(rank) on `ranks` threads at once and returns the first error.
+absl::Status OnRanks(int ranks, const std::function<absl::Status(int)>& body) {
+  std::vector<absl::Status> results(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < ranks; ++r) threads.emplace_back([&, r] { results[r] = body(r); });
+  results[0] = body(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) TY_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// One rank of the compute probe: the reference model on its own CPU backend.
+struct ReferenceRank {
+  std::unique_ptr<worker::Backend> backend;
+  std::unique_ptr<worker::Model> model;
+  std::vector<int32_t> tokens;
+  int micro = 0, seq_len = 0;
+
+  [[nodiscard]] absl::Status Init(const config::JobSpec& reference, int threads) {
+    backend = worker::MakeCpuBackend(threads);
+    TY_ASSIGN_OR_RETURN(model, worker::Model::Create(reference.model, backend.get()));
+    model->InitParameters(1);
+    micro = config::MicroBatchPerRank(reference.training, reference.parallelism);
+    seq_len = reference.training.seq_len;
+    tokens.resize(static_cast<size_t>(micro) * seq_len + 1);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % reference.model.vocab;
+    return Pass();  // warm up
+  }
+  [[nodiscard]] absl::Status Pass() {
+    return model->ForwardBackward(tokens.data(), tokens.data() + 1, micro, seq_len, 1.0f).status();
+  }
+};
+
+// Seconds per forward and backward pass of the reference micro-batch, the mean over `ranks`
+// ranks running it at once (each with the threads the worker would give it).
+absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, int ranks,
+                                            double seconds) {
+  std::vector<double> per_pass(ranks);
+  std::barrier start(ranks);
+  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
+    ReferenceRank rank;
+    absl::Status init = rank.Init(reference, ThreadsPerRank(ranks));
+    start.arrive_and_wait();
+    TY_RETURN_IF_ERROR(init);
+    int64_t passes = 0;
+    const auto begin = Clock::now();
+    while (passes < 2 || Since(begin) < seconds) {
+      TY_RETURN_IF_ERROR(rank.Pass());
+      ++passes;
+    }
+    per_pass[r] = Since(begin) / passes;
+    return absl::OkStatus();
+  }));
+  double sum = 0;
+  for (double s : per_pass) sum += s;
+  return sum / ranks;
+}
+
 // Median seconds of a ring all-reduce of `count` floats between the two ranks: two ring steps,
 // each sending count / 2 floats, which is the planner's α–β form (2α + 4·count·β for n = 2).
 absl::StatusOr<double> AllReduceSeconds(worker::parallel::Communicator& comm, int64_t count,
@@ -64,7 +144,7 @@ absl::StatusOr<double> AllReduceSeconds(worker::parallel::Communicator& comm, in
   for (int i = 0; i < rounds; ++i) {
     const auto start = Clock::now();
     TY_RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count));
-    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    times.push_back(Since(start));
   }
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
@@ -90,25 +170,181 @@ absl::StatusOr<LinkTimes> PingPong(worker::parallel::KeyValueStore& store, int r
   return t;
 }
 
-absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
+absl::Status MakeScratch(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::create_directories(scratch_dir, ec);
+  std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", scratch_dir, ": ", ec.message()));
+    return absl::FailedPreconditionError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
+  TY_RETURN_IF_ERROR(MakeScratch(scratch_dir));
   auto store = worker::parallel::MakeFileKeyValueStore(scratch_dir);
   absl::StatusOr<LinkTimes> result[2] = {absl::UnknownError("not run"),
                                          absl::UnknownError("not run")};
   std::thread peer([&] { result[1] = PingPong(*store, 1); });
   result[0] = PingPong(*store, 0);
   peer.join();
+  std::error_code ec;
   std::filesystem::remove_all(scratch_dir, ec);
   TY_RETURN_IF_ERROR(result[1].status());
   return result[0];
 }
 
+// The reference's activations: what one of its tensor-parallel collectives carries.
+int64_t ReferenceRows(const config::JobSpec& reference) {
+  return int64_t{config::MicroBatchPerRank(reference.training, reference.parallelism)} *
+         reference.training.seq_len;
+}
+
+// The reference split over a tensor-parallel pair (the default reference when the model cannot
+// split in two).
+config::JobSpec PairReference(const config::JobSpec& reference) {
+  const config::ModelConfig& m = reference.model;
+  const bool splits =
+      m.vocab % 2 == 0 && m.heads % 2 == 0 && m.kv_heads % 2 == 0 && m.ffn_hidden % 2 == 0;
+  config::JobSpec pair = splits ? reference : DefaultCalibrationReference();
+  pair.parallelism.tp = 2;
+  return pair;
+}
+
+// What the link probe's rank measured: seconds in tensor-parallel collectives per pass.
+struct PairedPasses {
+  double collective_seconds = 0;
+};
+
+// One rank of the shared-core link probe. Ranks 0 and 1 are a tensor-parallel group of two
+// running the reference's forward and backward passes (the engine's own collectives between the
+// engine's own compute); the others run the reference alone, keeping the cores as busy as the
+// rank count does.
+absl::StatusOr<PairedPasses> PairedRank(worker::parallel::KeyValueStore& store,
+                                        const config::JobSpec& reference, int ranks, int rank,
+                                        double seconds) {
+  const bool paired = rank < 2;
+  if (!paired) {
+    ReferenceRank alone;
+    TY_RETURN_IF_ERROR(alone.Init(reference, ThreadsPerRank(ranks)));
+    const auto begin = Clock::now();
+    while (Since(begin) < seconds) TY_RETURN_IF_ERROR(alone.Pass());
+    return PairedPasses{};
+  }
+  const config::JobSpec pair = PairReference(reference);
+  const int micro = config::MicroBatchPerRank(pair.training, config::ParallelismSpec{});
+  const int seq_len = pair.training.seq_len;
+  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(ThreadsPerRank(ranks));
+  worker::parallel::GlooOptions options;
+  options.timeout = std::chrono::milliseconds(30000);
+  TY_ASSIGN_OR_RETURN(auto comm, worker::parallel::ConnectGloo(
+                                     store, absl::StrCat("pair", rank / 2), rank % 2, 2, options));
+  const worker::PipelineStage stage = worker::BalanceStages(pair.model, seq_len, 1)[0];
+  const worker::ParameterLayout layout(pair.model, rank % 2, 2, stage);
+  worker::LocalParamSource source(layout, backend.get());
+  backend->Fill(source.params(), 0.02f, layout.total());
+  TY_ASSIGN_OR_RETURN(auto model, worker::Model::Create(pair.model, backend.get(), &source,
+                                                        comm.get(), stage, false));
+  std::vector<int32_t> tokens(static_cast<size_t>(micro) * seq_len + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % pair.model.vocab;
+  auto pass = [&] {
+    return model->ForwardBackward(tokens.data(), tokens.data() + 1, micro, seq_len, 1.0f).status();
+  };
+  // A warm-up pass times the rest; the pair agrees on the count (the sum of both estimates).
+  auto start = Clock::now();
+  TY_RETURN_IF_ERROR(pass());
+  float estimate[2] = {static_cast<float>(seconds / std::max(Since(start), 1e-6)), 0};
+  TY_RETURN_IF_ERROR(comm->AllReduce(estimate, 2));
+  const int passes = std::clamp(static_cast<int>(estimate[0] / 2), 3, 200);
+  const double before = model->tp_comm_seconds();
+  for (int i = 0; i < passes; ++i) TY_RETURN_IF_ERROR(pass());
+  return PairedPasses{(model->tp_comm_seconds() - before) / passes};
+}
+
+// Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks in pairs
+// (PairedRank).
+absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks) {
+  const std::string dir = absl::StrCat(options.scratch_dir, "/pairs-", ranks);
+  TY_RETURN_IF_ERROR(MakeScratch(dir));
+  auto store = worker::parallel::MakeFileKeyValueStore(dir);
+  std::vector<PairedPasses> per_rank(ranks);
+  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
+    TY_ASSIGN_OR_RETURN(per_rank[r],
+                        PairedRank(*store, options.reference, ranks, r, options.seconds_per_probe));
+    return absl::OkStatus();
+  }));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return per_rank[0].collective_seconds;
+}
+
+// The rank counts calibrated: every count up to twice the cores on small machines; powers of
+// two, the cores and twice the cores on larger ones (PerRankProfile scales between them).
+std::vector<int> SharedRankCounts() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> counts;
+  for (int k = 1; k <= 2 * cores; ++k) {
+    if (2 * cores <= 8 || (k & (k - 1)) == 0 || k == cores || k == 2 * cores) counts.push_back(k);
+  }
+  return counts;
+}
+
+// `ranks` ranks sharing the machine: the effective rate from the reference pass, α from the
+// paired collectives (their time less the bytes at the back-to-back β, over two ring steps).
+absl::StatusOr<SharedRanksCalibration> CalibrateShared(const CalibrationOptions& options, int ranks,
+                                                       double machine_bandwidth,
+                                                       double bytes_per_second) {
+  SharedRanksCalibration r;
+  r.entry.ranks = ranks;
+  TY_ASSIGN_OR_RETURN(r.pass_seconds,
+                      ReferencePassSeconds(options.reference, ranks, options.seconds_per_probe));
+  const BackendShape backend{4, int64_t{1} << 20};
+  const MicroBatchWork work =
+      WorkOf(ShapeOf(options.reference, options.reference.parallelism, 0), backend);
+  const double elementwise = 3 * work.slot_bytes / (machine_bandwidth / ranks);
+  r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
+                         std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
+  r.entry.link.bytes_per_second = bytes_per_second;
+  if (ranks >= 2) {
+    // The pair's collectives per pass as the planner counts them: α is what is left of their
+    // time after the bytes at the back-to-back β, per latency step.
+    TY_ASSIGN_OR_RETURN(r.collective_seconds, PairedCollectiveSeconds(options, ranks));
+    const config::JobSpec pair = PairReference(options.reference);
+    const RankShape shape = ShapeOf(pair, pair.parallelism, 0);
+    double latency = 0, bytes = 0;
+    for (const Collective& c : ModelTensorParallelTraffic(shape, backend, 0)) {
+      latency += c.repeat * c.latency;
+      bytes += c.repeat * c.bytes;
+    }
+    r.entry.link.alpha_seconds =
+        std::max((r.collective_seconds - bytes / bytes_per_second) / latency, 1e-7);
+  }
+  return r;
+}
+
 }  // namespace
+
+config::JobSpec DefaultCalibrationReference() {
+  config::JobSpec spec;
+  spec.name = "calibration-reference";
+  spec.model = *config::Preset("gpt2-tiny");
+  spec.training.batch = 4;
+  spec.training.micro_batch = 4;
+  spec.training.seq_len = 64;
+  return spec;
+}
+
+config::JobSpec CalibrationReference(const config::JobSpec& spec) {
+  config::JobSpec reference;
+  reference.name = "calibration-reference";
+  reference.model = spec.model;
+  const int dp = spec.parallelism.automatic ? 1 : std::max(spec.parallelism.dp, 1);
+  const int micro = spec.training.micro_batch > 0 ? spec.training.micro_batch
+                                                  : std::max(spec.training.batch / dp, 1);
+  reference.training.batch = micro;
+  reference.training.micro_batch = micro;
+  reference.training.seq_len = spec.training.seq_len;
+  return reference;
+}
 
 absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   Calibration c;
@@ -124,6 +360,21 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   const double transfer = std::max(link.large - link.small, 1e-9);
   c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
 
+  const config::ModelConfig& model = options.reference.model;
+  c.reference_name = absl::StrFormat(
+      "%s, %d layers, width %d, %d × %d tokens", config::FamilyName(model.family), model.layers,
+      model.width, ReferenceRows(options.reference) / options.reference.training.seq_len,
+      options.reference.training.seq_len);
+  for (int ranks : SharedRankCounts()) {
+    TY_ASSIGN_OR_RETURN(
+        SharedRanksCalibration shared,
+        CalibrateShared(options, ranks, c.add_bytes_per_second, c.bytes_per_second));
+    c.shared.push_back(shared);
+    c.profile.shared.push_back(shared.entry);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(options.scratch_dir, ec);
+
   DeviceProfile& p = c.profile;
   p.name = "cpu";
   p.description = "CPU ranks (calibrated on this machine)";
@@ -137,6 +388,7 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   p.act_bytes = 4;
   p.max_logits_chunk = int64_t{1} << 20;
   p.calibrated = true;
+  p.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return c;
 }
 

@@ -1,24 +1,43 @@
 // `trainyard plan --calibrate`: measures the cpu device profile on this machine with the
-// engine's own code: the CPU backend's GEMM (Backend::Linear) and elementwise add for the
-// compute rates and memory bandwidth, and the Gloo communicator's α and β from the time of its
-// ring all-reduce, small and large, between two ranks over loopback TCP (two threads of this
-// process, meeting through a file rendezvous store, as ranks do).
+// engine's own code: the CPU backend's GEMM (the MFU basis) and elementwise add (the memory
+// bandwidth); the Gloo communicator's α and β from its ring all-reduce, small and large, between
+// two ranks over loopback TCP; and for each count of ranks sharing the cores, with that many ranks
+// running at once as threads of this process (each with its own backend, meeting through a file
+// rendezvous store as ranks do), the engine's effective rate on a reference forward and backward
+// pass and the α a tensor-parallel pair of them pays among the others (docs/planner.md).
 //
 // Threading: runs its own threads; call from one thread.
 #ifndef TRAINYARD_PLANNER_CALIBRATE_H_
 #define TRAINYARD_PLANNER_CALIBRATE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "config/spec.h"
 #include "planner/device_profile.h"
 
 namespace trainyard::planner {
+
+// The reference the shared-rank probes run: a model and one micro-batch, on one rank (dp, tp and
+// pp 1). By default gpt2-tiny, 4 × 64 tokens; CalibrationReference(spec) is a spec's own model
+// and per-rank micro-batch.
+config::JobSpec DefaultCalibrationReference();
+config::JobSpec CalibrationReference(const config::JobSpec& spec);
 
 struct CalibrationOptions {
   int threads = 0;                 // CPU backend threads; 0: every core, as a rank uses
   double seconds_per_probe = 0.3;  // how long each rate is measured for
   std::string scratch_dir;         // for the rendezvous files; created, then removed
+  config::JobSpec reference = DefaultCalibrationReference();
+};
+
+// One SharedRanks entry and what it was derived from.
+struct SharedRanksCalibration {
+  SharedRanks entry;
+  double pass_seconds = 0;  // per rank, one forward and backward pass of the reference
+  double collective_seconds =
+      0;  // per pass, in the reference's collectives at tensor parallelism 2
 };
 
 // What was measured, besides the profile itself, for the report.
@@ -27,8 +46,10 @@ struct Calibration {
   double large_gemm_flops = 0;  // 1024 × 1024 × 1024
   double gemm_flops = 0;        // 512 × 512 × 512
   double add_bytes_per_second = 0;
-  double alpha_seconds = 0;     // per ring step (message)
-  double bytes_per_second = 0;  // sent per rank, large all-reduces
+  double alpha_seconds = 0;                    // per ring step (message)
+  double bytes_per_second = 0;                 // sent per rank, large all-reduces
+  std::vector<SharedRanksCalibration> shared;  // by rank count, ascending
+  std::string reference_name;                  // the reference model and micro-batch, in words
 };
 
 // UNAVAILABLE when the two Gloo ranks cannot connect over loopback.

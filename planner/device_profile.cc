@@ -1,5 +1,6 @@
 #include "planner/device_profile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -76,6 +77,31 @@ absl::StatusOr<double> Number(const config::YamlNode& root, const std::string& p
   return value;
 }
 
+// The optional "shared_ranks" list: entries with distinct positive rank counts, ascending.
+absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlNode& root) {
+  std::vector<SharedRanks> shared;
+  const config::YamlEntry* list = root.Find("shared_ranks");
+  if (list == nullptr) return shared;
+  if (list->value.kind != config::YamlNode::Kind::kSequence) {
+    return absl::InvalidArgumentError("shared_ranks is not a list");
+  }
+  for (const config::YamlNode& item : list->value.items) {
+    SharedRanks e;
+    TY_ASSIGN_OR_RETURN(const double ranks, Number(item, "ranks"));
+    e.ranks = static_cast<int>(ranks);
+    TY_ASSIGN_OR_RETURN(e.matmul_flops, Number(item, "matmul_flops"));
+    TY_ASSIGN_OR_RETURN(e.link.alpha_seconds, Number(item, "alpha_seconds"));
+    TY_ASSIGN_OR_RETURN(e.link.bytes_per_second, Number(item, "bytes_per_second"));
+    if (e.ranks < 1 || e.ranks != ranks || e.matmul_flops <= 0 || e.link.bytes_per_second <= 0 ||
+        (!shared.empty() && e.ranks <= shared.back().ranks)) {
+      return absl::InvalidArgumentError(
+          "shared_ranks entries need ascending whole rank counts and positive rates");
+    }
+    shared.push_back(e);
+  }
+  return shared;
+}
+
 }  // namespace
 
 std::vector<std::string> ProfileNames() { return {"cpu", "h100", "h200"}; }
@@ -97,17 +123,48 @@ std::string CpuProfilePath(const char* xdg_config_home, const char* home) {
   return "";
 }
 
+DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks) {
+  if (!device.shared_node) return device;
+  DeviceProfile share = device;
+  share.shared.clear();
+  share.memory_bytes /= ranks;
+  share.peak_flops /= ranks;
+  share.memory_bytes_per_second /= ranks;
+  share.overlap = device.cores <= 0 || ranks * std::max(1, device.cores / ranks) < device.cores;
+  const SharedRanks* entry = nullptr;
+  for (const SharedRanks& e : device.shared) {
+    if (e.ranks <= ranks && (entry == nullptr || e.ranks > entry->ranks)) entry = &e;
+  }
+  if (entry == nullptr) {
+    share.matmul_flops /= ranks;
+    return share;
+  }
+  share.matmul_flops = entry->matmul_flops * entry->ranks / ranks;
+  if (entry->link.alpha_seconds > 0) {
+    share.intra_node = entry->link;
+    share.inter_node = entry->link;  // across nodes the cpu profile assumes the loopback link
+  }
+  return share;
+}
+
 std::string ProfileToJson(const DeviceProfile& p) {
   auto link = [](const Link& l) {
-    return absl::StrFormat("{\"alpha_seconds\": %.9g, \"bytes_per_second\": %.9g}", l.alpha_seconds,
+    return absl::StrFormat("\"alpha_seconds\": %.9g, \"bytes_per_second\": %.9g", l.alpha_seconds,
                            l.bytes_per_second);
   };
+  std::vector<std::string> shared;
+  for (const SharedRanks& e : p.shared) {
+    shared.push_back(absl::StrFormat("    {\"ranks\": %d, \"matmul_flops\": %.9g, %s}", e.ranks,
+                                     e.matmul_flops, link(e.link)));
+  }
   return absl::StrFormat(
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
       "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
-      "  \"intra_node\": %s,\n  \"inter_node\": %s\n}\n",
+      "  \"intra_node\": {%s},\n  \"inter_node\": {%s},\n  \"cores\": %d,\n"
+      "  \"shared_ranks\": [%s%s%s]\n}\n",
       p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
-      link(p.inter_node));
+      link(p.inter_node), p.cores, shared.empty() ? "" : "\n", absl::StrJoin(shared, ",\n"),
+      shared.empty() ? "" : "\n  ");
 }
 
 absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
@@ -124,6 +181,11 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
   TY_ASSIGN_OR_RETURN(p.intra_node.bytes_per_second, Number(root, "intra_node.bytes_per_second"));
   TY_ASSIGN_OR_RETURN(p.inter_node.alpha_seconds, Number(root, "inter_node.alpha_seconds"));
   TY_ASSIGN_OR_RETURN(p.inter_node.bytes_per_second, Number(root, "inter_node.bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.shared, SharedRanksFromJson(root));
+  if (root.Find("cores") != nullptr) {
+    TY_ASSIGN_OR_RETURN(const double cores, Number(root, "cores"));
+    p.cores = static_cast<int>(cores);
+  }
   if (p.peak_flops <= 0 || p.matmul_flops <= 0 || p.memory_bytes_per_second <= 0 ||
       p.intra_node.bytes_per_second <= 0 || p.inter_node.bytes_per_second <= 0 ||
       p.memory_bytes <= 0) {

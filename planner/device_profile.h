@@ -22,6 +22,16 @@ struct Link {
   double bytes_per_second = 1e12;  // per direction, per device
 };
 
+// What each of `ranks` CPU ranks gets when that many run at once on one machine (they share its
+// cores): measured by `trainyard plan --calibrate` with that many ranks running concurrently.
+struct SharedRanks {
+  int ranks = 1;
+  // The engine's effective rate: the FLOPs the planner counts for a forward and backward pass of
+  // the calibration's reference model, over the pass's time less its elementwise term.
+  double matmul_flops = 0;
+  Link link;  // its collectives between compute (alpha 0 for one rank: it has no peer)
+};
+
 struct DeviceProfile {
   std::string name;         // "h100", "h200", "cpu"
   std::string description;  // one line, for the human output
@@ -39,7 +49,21 @@ struct DeviceProfile {
   int64_t act_bytes = 4;
   int64_t max_logits_chunk = int64_t{1} << 20;
   bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
+  // cpu: per-rank figures by the number of ranks sharing the machine, ascending; empty: each of
+  // g ranks gets 1/g of the machine's matmul rate and the links as they are.
+  std::vector<SharedRanks> shared;
+  int cores = 0;  // cpu: the machine's cores (0: unknown)
+  // Whether collectives issued beside compute (data-parallel reductions, ZeRO-3's prefetch) run
+  // on spare cores and hide behind it. Not when a shared node's ranks keep every core computing.
+  bool overlap = true;
 };
+
+// One rank's share of `device` when `ranks` ranks share a node: with shared_node, 1/ranks of its
+// memory, bandwidth and peak; the matmul rate and links of the calibrated entry for `ranks` (the
+// entry for the largest count below it, its rate scaled by count / ranks, when none matches),
+// else 1/ranks of the matmul rate; no overlap when the ranks' threads (each max(1, cores / ranks),
+// as the standalone worker gives them) fill the cores. Without shared_node, the device as it is.
+DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks);
 
 // The built-in profiles' names, for messages: "cpu", "h100", "h200".
 std::vector<std::string> ProfileNames();

@@ -55,18 +55,10 @@ struct StageTime {
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
                     bool dp_crosses, bool pp_crosses) {
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
-  const config::ModelConfig& c = s.model;
-  const double tokens = static_cast<double>(s.micro) * s.seq_len;
-  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.stage.num_layers;
-  const double forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
-  double backward_flops = 2 * forward_flops;
-  if (c.recompute) backward_flops += tokens * (2.0 * s.matmul_params + attention);
-  // Elementwise work: the slot's activations written in the forward pass, read and their
-  // gradients written in the backward pass.
-  const double slot_seconds = ActivationSlotBytes(s, backend) / device.memory_bytes_per_second;
+  const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
-  t.forward = forward_flops / device.matmul_flops + slot_seconds;
-  t.backward = backward_flops / device.matmul_flops + 2 * slot_seconds;
+  t.forward = work.forward_seconds(device);
+  t.backward = work.backward_seconds(device);
   const RankMemory memory = PredictRankMemory(s, backend);
   // AdamW reads parameters, gradients and both moments and writes three of them: 7 floats per
   // element it owns (the moments are 8 bytes per owned element).
@@ -84,23 +76,25 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   const PhaseSeconds d = TimeOf(dp, dp_crosses ? device.inter_node : device.intra_node);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
-  t.dp = d.exposed + std::max(0.0, d.backward - windows * t.backward) +
-         std::max(0.0, d.forward - s.micro_batches * t.forward);
+  t.dp = device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
+                              std::max(0.0, d.forward - s.micro_batches * t.forward)
+                        : d.all();
   return t;
 }
 
-// One rank's share of the device: ranks on a shared node split its memory, cores and bandwidth.
-DeviceProfile PerRank(const DeviceProfile& device, int devices_per_node) {
-  if (!device.shared_node) return device;
-  DeviceProfile share = device;
-  share.memory_bytes /= devices_per_node;
-  share.peak_flops /= devices_per_node;
-  share.matmul_flops /= devices_per_node;
-  share.memory_bytes_per_second /= devices_per_node;
-  return share;
-}
-
 }  // namespace
+
+MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
+  const config::ModelConfig& c = s.model;
+  const double tokens = static_cast<double>(s.micro) * s.seq_len;
+  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.stage.num_layers;
+  MicroBatchWork w;
+  w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
+  w.backward_flops = 2 * w.forward_flops;
+  if (c.recompute) w.backward_flops += tokens * (2.0 * s.matmul_params + attention);
+  w.slot_bytes = static_cast<double>(ActivationSlotBytes(s, backend));
+  return w;
+}
 
 std::optional<std::string> EngineProblem(const config::JobSpec& spec,
                                          const config::ParallelismSpec& mesh) {
@@ -143,7 +137,7 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
 Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
                    const DeviceProfile& node_device, const LoopOptions& loop) {
   const int g = spec.resources.devices_per_node;
-  const DeviceProfile device = PerRank(node_device, g);
+  const DeviceProfile device = PerRankProfile(node_device, g);
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   Candidate c;
   c.mesh = mesh;

@@ -5,10 +5,12 @@
 // the 1F1B bubble, and chooses the fastest mesh that fits, saying why the runners-up lost.
 //
 // Time model, per pipeline stage and micro-batch: compute = matmul FLOPs / matmul_flops plus
-// three passes over the slot's activations at the memory bandwidth (the elementwise work);
-// tensor- and pipeline-parallel transfers are exposed; data-parallel reductions hide behind the
-// backward pass (ZeRO-3's gathers behind the forward too) and only what exceeds it is exposed;
-// the optimizer streams its state once. A step is m micro-batches of the slowest stage plus
+// three passes over the slot's activations at the memory bandwidth (the elementwise work), with
+// one rank's share of the device (PerRankProfile: on cpu, the calibrated figures for the ranks
+// sharing the node); tensor- and pipeline-parallel transfers are exposed; data-parallel
+// reductions hide behind the backward pass (ZeRO-3's gathers behind the forward too) and only
+// what exceeds it is exposed, unless no core is spare for them (then all of it is); the
+// optimizer streams its state once. A step is m micro-batches of the slowest stage plus
 // (p−1) more of them for the 1F1B bubble (fraction (p−1)/(m+p−1)). MFU uses PaLM's count,
 // 6N + 12·L·h·s FLOPs per token, against the profile's peak over all ranks.
 //
@@ -105,6 +107,21 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
 // untied input embedding).
 double ModelFlopsPerStep(const config::JobSpec& spec);
 int64_t MatmulParameterCount(const config::ModelConfig& model);
+
+// One micro-batch's work on one rank of a stage: the FLOPs of its forward and backward passes
+// (recomputation included) and the bytes of its activation slot, which the elementwise work
+// streams once forward (written) and twice backward (read, and their gradients written).
+struct MicroBatchWork {
+  double forward_flops = 0, backward_flops = 0;
+  double slot_bytes = 0;
+  double forward_seconds(const DeviceProfile& d) const {
+    return forward_flops / d.matmul_flops + slot_bytes / d.memory_bytes_per_second;
+  }
+  double backward_seconds(const DeviceProfile& d) const {
+    return backward_flops / d.matmul_flops + 2 * slot_bytes / d.memory_bytes_per_second;
+  }
+};
+MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend);
 
 // The 1F1B bubble: (p − 1) / (m + p − 1).
 double BubbleFraction(int stages, int micro_batches);

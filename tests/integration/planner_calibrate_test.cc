@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "common/filesystem.h"
@@ -33,6 +34,16 @@ TEST(PlannerCalibrate, StoresAMeasuredProfileThatPlansUse) {
   EXPECT_GT(profile->memory_bytes_per_second, 1e8);
   EXPECT_GT(profile->intra_node.alpha_seconds, 0);
   EXPECT_GT(profile->intra_node.bytes_per_second, 1e6);
+  // Every rank count up to twice the cores (or the sparser ladder of a large machine), each with
+  // an effective rate, and an α wherever a rank has a peer.
+  ASSERT_GE(profile->shared.size(), 2u);
+  EXPECT_EQ(profile->shared[0].ranks, 1);
+  EXPECT_EQ(profile->cores, static_cast<int>(std::thread::hardware_concurrency()));
+  for (const planner::SharedRanks& e : profile->shared) {
+    EXPECT_GT(e.matmul_flops, 1e8) << e.ranks;
+    if (e.ranks >= 2) EXPECT_GT(e.link.alpha_seconds, 0) << e.ranks;
+  }
+  EXPECT_TRUE(absl::StrContains(out.str(), "\"shared_ranks\":[{\"ranks\":1,")) << out.str();
   std::printf("calibrated: %s", out.str().c_str());
 
   const std::string spec = (dir / "spec.yaml").string();

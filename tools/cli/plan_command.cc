@@ -195,8 +195,13 @@ absl::StatusOr<planner::DeviceProfile> ChooseProfile(const config::JobSpec& spec
 }
 
 // Measures the cpu profile and stores it; reports unless a plan's JSON follows.
+// With a SPEC, the shared-rank probes run its model and per-rank micro-batch.
 absl::StatusOr<planner::DeviceProfile> Calibrate(const PlanFlags& flags, const PlanIo& io) {
   planner::CalibrationOptions options;
+  if (!flags.spec_path.empty()) {
+    TY_ASSIGN_OR_RETURN(const config::JobSpec spec, LoadSpec(*io.fs, flags));
+    options.reference = planner::CalibrationReference(spec);
+  }
   options.scratch_dir =
       absl::StrCat(io.scratch_dir, "/trainyard-calibrate-", static_cast<int64_t>(getpid()));
   absl::StatusOr<planner::Calibration> c = planner::CalibrateCpu(options);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "planner/explain.h"
 #include "tools/cli/format.h"
@@ -101,26 +102,48 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
 }
 
 std::string CalibrationText(const planner::Calibration& c, const std::string& path) {
+  std::string shared;
+  for (const planner::SharedRanksCalibration& r : c.shared) {
+    absl::StrAppendFormat(&shared, "  %d rank%s at once: reference pass %s, %.1f GFLOP/s effective",
+                          r.entry.ranks, r.entry.ranks == 1 ? "" : "s",
+                          planner::HumanSeconds(r.pass_seconds), r.entry.matmul_flops / 1e9);
+    if (r.entry.ranks >= 2) {
+      absl::StrAppendFormat(
+          &shared, "; a tensor-parallel pair waits %s per pass in collectives, α = %.1f µs",
+          planner::HumanSeconds(r.collective_seconds), r.entry.link.alpha_seconds * 1e6);
+    }
+    shared += "\n";
+  }
   return absl::StrFormat(
       "calibrated the cpu profile on this machine:\n"
       "  GEMM (CPU backend, fp32): %.1f GFLOP/s at 512³, %.1f GFLOP/s at 1024³\n"
       "  memory bandwidth (elementwise add): %.1f GB/s\n"
       "  Gloo over loopback, 2 ranks: α = %.1f µs per message, β⁻¹ = %.2f GB/s\n"
+      "  ranks sharing the cores (per rank, reference %s):\n%s"
       "  memory: %.1f GiB\n"
       "stored in %s\n",
       c.gemm_flops / 1e9, c.large_gemm_flops / 1e9, c.add_bytes_per_second / 1e9,
-      c.alpha_seconds * 1e6, c.bytes_per_second / 1e9, c.profile.memory_bytes / double{1 << 30},
-      path);
+      c.alpha_seconds * 1e6, c.bytes_per_second / 1e9, c.reference_name, shared,
+      c.profile.memory_bytes / double{1 << 30}, path);
 }
 
 std::string CalibrationJson(const planner::Calibration& c, const std::string& path) {
+  std::vector<std::string> shared;
+  for (const planner::SharedRanksCalibration& r : c.shared) {
+    shared.push_back(absl::StrCat("{\"ranks\":", r.entry.ranks,
+                                  ",\"pass_seconds\":", Number(r.pass_seconds),
+                                  ",\"matmul_flops\":", Number(r.entry.matmul_flops),
+                                  ",\"collective_seconds\":", Number(r.collective_seconds),
+                                  ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds), "}"));
+  }
   return absl::StrCat("{\"calibration\":{\"gemm_flops\":", Number(c.gemm_flops),
                       ",\"large_gemm_flops\":", Number(c.large_gemm_flops),
                       ",\"memory_bytes_per_second\":", Number(c.add_bytes_per_second),
                       ",\"alpha_seconds\":", Number(c.alpha_seconds),
                       ",\"bytes_per_second\":", Number(c.bytes_per_second),
-                      ",\"memory_bytes\":", c.profile.memory_bytes, ",\"path\":", JsonString(path),
-                      "}}\n");
+                      ",\"reference\":", JsonString(c.reference_name), ",\"shared_ranks\":[",
+                      absl::StrJoin(shared, ","), "],\"memory_bytes\":", c.profile.memory_bytes,
+                      ",\"path\":", JsonString(path), "}}\n");
 }
 
 }  // namespace trainyard::cli

@@ -206,5 +206,96 @@ TEST(Profiles, PublishedFiguresAndTheCpuFile) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A calibrated cpu profile with per-rank figures for 1, 2 and 4 ranks on a 2-core machine.
+DeviceProfile SharedCpu() {
+  DeviceProfile cpu;
+  cpu.shared_node = true;
+  cpu.cores = 2;
+  cpu.memory_bytes = int64_t{8} << 30;
+  cpu.peak_flops = 2e11;
+  cpu.matmul_flops = 1e11;
+  cpu.memory_bytes_per_second = 4e10;
+  cpu.intra_node = cpu.inter_node = Link{.alpha_seconds = 7e-5, .bytes_per_second = 1.5e9};
+  cpu.shared = {{.ranks = 1, .matmul_flops = 1.6e11, .link = {0, 1.5e9}},
+                {.ranks = 2, .matmul_flops = 1e11, .link = {4e-4, 1.5e9}},
+                {.ranks = 4, .matmul_flops = 5e10, .link = {3e-3, 1.5e9}}};
+  return cpu;
+}
+
+TEST(Profiles, RanksSharingTheCoresGetTheirCalibratedEntry) {
+  const DeviceProfile cpu = SharedCpu();
+  const DeviceProfile two = PerRankProfile(cpu, 2);
+  EXPECT_DOUBLE_EQ(two.matmul_flops, 1e11);
+  EXPECT_DOUBLE_EQ(two.intra_node.alpha_seconds, 4e-4);
+  EXPECT_DOUBLE_EQ(two.inter_node.alpha_seconds, 4e-4);
+  EXPECT_EQ(two.memory_bytes, int64_t{4} << 30);
+  EXPECT_DOUBLE_EQ(two.memory_bytes_per_second, 2e10);
+  EXPECT_DOUBLE_EQ(two.peak_flops, 1e11);
+  EXPECT_FALSE(two.overlap);  // two one-thread ranks keep both cores computing
+  // Three ranks: the entry for two, its rate shared three ways; its link.
+  const DeviceProfile three = PerRankProfile(cpu, 3);
+  EXPECT_DOUBLE_EQ(three.matmul_flops, 1e11 * 2 / 3);
+  EXPECT_DOUBLE_EQ(three.intra_node.alpha_seconds, 4e-4);
+  // One rank has no peer on the node: the machine's link stays.
+  const DeviceProfile one = PerRankProfile(cpu, 1);
+  EXPECT_DOUBLE_EQ(one.matmul_flops, 1.6e11);
+  EXPECT_DOUBLE_EQ(one.intra_node.alpha_seconds, 7e-5);
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 8).matmul_flops, 5e10 * 4 / 8);
+
+  // Without entries, an even split; with a spare core, collectives overlap compute.
+  DeviceProfile plain = cpu;
+  plain.shared.clear();
+  plain.cores = 3;
+  EXPECT_DOUBLE_EQ(PerRankProfile(plain, 2).matmul_flops, 5e10);
+  EXPECT_TRUE(PerRankProfile(plain, 2).overlap);
+  EXPECT_FALSE(PerRankProfile(plain, 3).overlap);
+}
+
+TEST(Profiles, SharedRanksSurviveTheFileAndBadOnesAreRefused) {
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(SharedCpu()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->cores, 2);
+  ASSERT_EQ(back->shared.size(), 3u);
+  EXPECT_EQ(back->shared[2].ranks, 4);
+  EXPECT_DOUBLE_EQ(back->shared[2].matmul_flops, 5e10);
+  EXPECT_DOUBLE_EQ(back->shared[1].link.alpha_seconds, 4e-4);
+
+  DeviceProfile unordered = SharedCpu();
+  std::swap(unordered.shared[0], unordered.shared[1]);
+  EXPECT_EQ(ProfileFromJson(ProfileToJson(unordered)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  DeviceProfile no_entries = SharedCpu();
+  no_entries.shared.clear();
+  absl::StatusOr<DeviceProfile> empty = ProfileFromJson(ProfileToJson(no_entries));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->shared.empty());
+}
+
+// The time model reads the per-rank entry for the ranks sharing the node, and exposes every
+// data-parallel collective when no core is spare for them.
+TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
+  config::JobSpec spec = Gpt2Debug(2);
+  spec.training.micro_batch = 1;  // four micro-batches per rank, each reduced beside its backward
+  const DeviceProfile cpu = SharedCpu();
+  const Candidate dp2 = Evaluate(spec, Mesh(2, 1, 1, 3), cpu, LoopOptions{});
+  DeviceProfile spare = cpu;
+  spare.cores = 3;  // two one-thread ranks leave a core to the collectives
+  const Candidate dp2_spare = Evaluate(spec, Mesh(2, 1, 1, 3), spare, LoopOptions{});
+  EXPECT_GT(dp2.step.communication, dp2_spare.step.communication);
+  EXPECT_DOUBLE_EQ(dp2.step.compute, dp2_spare.step.compute);
+  spec.resources.devices_per_node = 4;
+  const Candidate dp4 = Evaluate(spec, Mesh(4, 1, 1, 0), cpu, LoopOptions{});
+  const Candidate dp4_even = Evaluate(
+      spec, Mesh(4, 1, 1, 0),
+      [&] {
+        DeviceProfile even = cpu;
+        even.shared.clear();
+        return even;
+      }(),
+      LoopOptions{});
+  // The calibrated four-rank rate (5e10 per rank), not a quarter of the one-rank figure.
+  EXPECT_LT(dp4.step.compute, dp4_even.step.compute);
+}
+
 }  // namespace
 }  // namespace trainyard::planner
