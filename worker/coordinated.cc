@@ -368,7 +368,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
 }
 
 // Where progress goes: the node agent's relay when the agent gave one (plaintext on loopback),
-// else the coordinator.
+// falling back to the coordinator when the relay cannot answer; else the coordinator.
 absl::StatusOr<std::unique_ptr<ProgressChannel>> ProgressChannelFor(
     std::shared_ptr<v1::WorkerService::StubInterface> coordinator) {
   const char* relay = std::getenv(rpc::kProgressRelayVariable);
@@ -376,8 +376,10 @@ absl::StatusOr<std::unique_ptr<ProgressChannel>> ProgressChannelFor(
   TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                       rpc::MakeChannel(relay, rpc::TlsFiles{}, grpc::ChannelArguments(),
                                        rpc::AttemptSecretFromEnvironment()));
-  return MakeGrpcProgressChannel(
-      std::shared_ptr<v1::ProgressRelay::StubInterface>(v1::ProgressRelay::NewStub(channel)));
+  return MakeFallbackProgressChannel(
+      MakeGrpcProgressChannel(
+          std::shared_ptr<v1::ProgressRelay::StubInterface>(v1::ProgressRelay::NewStub(channel))),
+      MakeGrpcProgressChannel(std::move(coordinator)));
 }
 
 }  // namespace

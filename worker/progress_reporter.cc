@@ -35,7 +35,35 @@ class GrpcProgressChannel : public ProgressChannel {
   std::shared_ptr<Stub> stub_;
 };
 
+class FallbackProgressChannel : public ProgressChannel {
+ public:
+  FallbackProgressChannel(std::unique_ptr<ProgressChannel> relay,
+                          std::unique_ptr<ProgressChannel> coordinator)
+      : relay_(std::move(relay)), coordinator_(std::move(coordinator)) {}
+
+  absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
+                                           absl::Duration timeout) override {
+    absl::StatusOr<v1::ProgressReply> reply = relay_->Report(report, timeout);
+    if (reply.ok() ||
+        (!absl::IsUnavailable(reply.status()) && !absl::IsDeadlineExceeded(reply.status()))) {
+      return reply;
+    }
+    absl::StatusOr<v1::ProgressReply> direct = coordinator_->Report(report, timeout);
+    if (direct.ok() || !absl::IsUnavailable(direct.status())) return direct;
+    return reply;  // neither answered: say why the relay did not
+  }
+
+ private:
+  std::unique_ptr<ProgressChannel> relay_;
+  std::unique_ptr<ProgressChannel> coordinator_;
+};
+
 }  // namespace
+
+std::unique_ptr<ProgressChannel> MakeFallbackProgressChannel(
+    std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator) {
+  return std::make_unique<FallbackProgressChannel>(std::move(relay), std::move(coordinator));
+}
 
 std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
     std::shared_ptr<v1::WorkerService::StubInterface> stub) {

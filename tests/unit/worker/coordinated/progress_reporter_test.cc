@@ -1,6 +1,7 @@
 #include "worker/progress_reporter.h"
 
 #include <atomic>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -237,6 +238,41 @@ TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
   absl::Status status = reporter.OnStep(Step(6));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(status.message(), "unreachable for over 10m")) << status;
+}
+
+// A worker whose agent died (its relay refuses connections) or lost the coordinator still hears
+// from the coordinator directly, e.g. that its attempt ended; the relay's own refusals stand.
+TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
+  auto relay_owned = std::make_unique<FakeProgressChannel>();
+  auto direct_owned = std::make_unique<FakeProgressChannel>();
+  FakeProgressChannel* relay = relay_owned.get();
+  FakeProgressChannel* direct = direct_owned.get();
+  std::unique_ptr<ProgressChannel> channel =
+      MakeFallbackProgressChannel(std::move(relay_owned), std::move(direct_owned));
+  v1::ProgressReport report;
+  report.set_step(4);
+
+  // The relay answers: the coordinator is not asked.
+  relay->next_order = v1::ORDER_DRAIN;
+  EXPECT_EQ(channel->Report(report, absl::Seconds(5))->order(), v1::ORDER_DRAIN);
+  EXPECT_TRUE(direct->reports.empty());
+
+  // The relay is gone: the coordinator says the attempt ended.
+  relay->next_status = absl::UnavailableError("failed to connect to all addresses");
+  direct->next_status = absl::FailedPreconditionError("attempt 2 of job j-000003 has ended");
+  EXPECT_TRUE(absl::IsFailedPrecondition(channel->Report(report, absl::Seconds(1)).status()));
+  ASSERT_EQ(direct->reports.size(), 1u);
+  EXPECT_EQ(direct->timeouts[0], absl::Seconds(1));
+
+  // Neither answers: the relay's reason is kept.
+  direct->next_status = absl::UnavailableError("the coordinator is down");
+  absl::Status both = channel->Report(report, absl::Seconds(1)).status();
+  EXPECT_EQ(both.message(), "failed to connect to all addresses");
+
+  // A refusal by the relay is final.
+  relay->next_status = absl::UnauthenticatedError("no worker of attempt 2 was started here");
+  EXPECT_TRUE(absl::IsUnauthenticated(channel->Report(report, absl::Seconds(1)).status()));
+  EXPECT_EQ(direct->reports.size(), 2u);
 }
 
 }  // namespace
