@@ -142,6 +142,13 @@ NodeView AgentRegistry::ViewOf(const std::string& id, const Entry& entry) {
     if (entry.held_gpu.count(gpu.index) == 0) gpu_indices.insert(gpu.index);
   }
   view.free_gpus.assign(gpu_indices.begin(), gpu_indices.end());
+  view.memory_bytes = entry.record.memory_bytes;
+  for (const GpuInfo& gpu : entry.record.gpus) {
+    if (gpu.memory_bytes > 0 &&
+        (view.gpu_memory_bytes == 0 || gpu.memory_bytes < view.gpu_memory_bytes)) {
+      view.gpu_memory_bytes = gpu.memory_bytes;
+    }
+  }
   return view;
 }
 
@@ -167,14 +174,14 @@ std::vector<NodeView> AgentRegistry::FreeNodes() const {
 
 std::vector<NodeView> AgentRegistry::NodesInFitOrder(
     DeviceKind kind, int min_free, size_t limit,
-    const std::function<bool(const std::string&)>& usable) const {
+    const std::function<bool(const NodeView&)>& usable) const {
   absl::MutexLock lock(&mu_);
   std::vector<NodeView> views;
   const auto& index = fit_order_[kind == DeviceKind::kGpu ? 1 : 0];
   for (auto it = index.lower_bound({min_free, std::string()});
        it != index.end() && views.size() < limit; ++it) {
-    if (!usable(it->second)) continue;
-    views.push_back(ViewOf(it->second, nodes_.at(it->second)));
+    NodeView view = ViewOf(it->second, nodes_.at(it->second));
+    if (usable(view)) views.push_back(std::move(view));
   }
   return views;
 }

@@ -123,9 +123,8 @@ class AgentRegistry {
   // order (fewest free slots first, then node id), leaving out those `usable` refuses, and at
   // most `limit` of them. From an index kept as slots are held and released, so this costs
   // O(limit · log nodes), not a walk of the cluster.
-  std::vector<NodeView> NodesInFitOrder(
-      DeviceKind kind, int min_free, size_t limit,
-      const std::function<bool(const std::string&)>& usable) const;
+  std::vector<NodeView> NodesInFitOrder(DeviceKind kind, int min_free, size_t limit,
+                                        const std::function<bool(const NodeView&)>& usable) const;
 
   // Nodes newly lost (silent or disconnected longer than the timeout), each reported once per
   // loss. Silent connected agents have their channel closed with UNAVAILABLE.

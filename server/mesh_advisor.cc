@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "planner/admission.h"
 #include "planner/explain.h"
+#include "planner/planner.h"
 
 namespace trainyard::server {
 namespace {
@@ -95,6 +96,12 @@ absl::StatusOr<Admission> AdmitSpec(config::JobSpec spec, const std::vector<Node
   admission.note = absl::StrCat("fits the memory of ", target.where);
   admission.spec = std::move(spec);
   return admission;
+}
+
+int64_t RankMemoryNeed(const config::JobSpec& spec, const planner::DeviceProfile& cpu_profile) {
+  const bool gpu = spec.resources.kind == config::DeviceKind::kGpu;
+  const planner::DeviceProfile device = gpu ? *planner::PublishedProfile("h100") : cpu_profile;
+  return planner::Evaluate(spec, spec.parallelism, device, planner::LoopOptions{}).memory.total();
 }
 
 planner::DeviceProfile CoordinatorCpuProfile() {

@@ -6,8 +6,9 @@
 // with GPUs, one rank per GPU, checked against the smallest GPU memory they report (the profile
 // is `h200` when that GPU is one, else `h100`); for a CPU job every connected node, its ranks
 // sharing the node's physical memory (the coordinator's cpu profile with the smallest node
-// memory reported). The scheduler places a job only on such nodes, so a job that fits the
-// smallest fits wherever it lands. With no such node connected (or none reporting its memory),
+// memory reported). Nodes that connect later may be smaller: the scheduler places a job only on
+// nodes that hold RankMemoryNeed (server/scheduler.h), so it waits, saying why, rather than land
+// where it cannot fit. With no such node connected (or none reporting its memory),
 // the memory is unknown: the job is accepted unchecked, `auto` chooses with the profile's own
 // memory, and the note says so.
 //
@@ -36,6 +37,11 @@ struct Admission {
 [[nodiscard]] absl::StatusOr<Admission> AdmitSpec(config::JobSpec spec,
                                                   const std::vector<NodeStatus>& nodes,
                                                   const planner::DeviceProfile& cpu_profile);
+
+// The memory one rank of `spec` needs with its mesh (the planner's prediction for the rank with
+// the largest footprint), what the scheduler checks each node against at placement: for a GPU
+// job on a GPU, for a CPU job shared with the job's other ranks on the node.
+int64_t RankMemoryNeed(const config::JobSpec& spec, const planner::DeviceProfile& cpu_profile);
 
 // The coordinator's cpu profile: the calibrated one of its environment ($XDG_CONFIG_HOME or
 // $HOME, planner::CpuProfilePath), else the placeholder (also when the file is unreadable).

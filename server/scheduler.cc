@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace trainyard::server {
 namespace {
@@ -19,6 +20,16 @@ size_t SlotCount(const NodeView& node, DeviceKind kind) {
 }
 
 }  // namespace
+
+bool MemoryFits(const NodeView& node, DeviceKind kind, int ranks_per_node,
+                int64_t memory_per_rank) {
+  if (memory_per_rank <= 0) return true;
+  if (kind == DeviceKind::kGpu) {
+    return node.gpu_memory_bytes <= 0 || memory_per_rank <= node.gpu_memory_bytes;
+  }
+  return node.memory_bytes <= 0 ||
+         memory_per_rank <= node.memory_bytes / std::max(1, ranks_per_node);
+}
 
 bool Scheduler::Key::operator<(const Key& other) const {
   // Higher priority first, then earlier submission.
@@ -50,18 +61,21 @@ const PendingJob* Scheduler::Find(const std::string& job_id) const {
 }
 
 std::vector<Scheduler::Demand> Scheduler::Demands() const {
-  std::set<std::pair<DeviceKind, int>> fits;
+  std::set<std::tuple<DeviceKind, int, int64_t>> fits;
   size_t all[2] = {0, 0};
   for (const PendingJob& job : jobs_) {
     const JobRequirements& req = job.requirements;
-    fits.insert({req.kind, req.ranks_per_node});
+    fits.insert({req.kind, req.ranks_per_node, job.memory_per_rank});
+    for (const JobShape& shape : job.smaller) {
+      fits.insert({req.kind, req.ranks_per_node, shape.memory_per_rank});
+    }
     all[static_cast<int>(req.kind)] += static_cast<size_t>(req.nodes) + job.avoid_nodes.size();
   }
   // Every fit sees the whole demand of its kind: a job needing fewer slots per node competes
   // for the same nodes as the others of its kind.
   std::vector<Demand> demands;
-  for (const auto& [kind, slots] : fits) {
-    demands.push_back(Demand{kind, slots, all[static_cast<int>(kind)]});
+  for (const auto& [kind, slots, memory] : fits) {
+    demands.push_back(Demand{kind, slots, memory, all[static_cast<int>(kind)]});
   }
   return demands;
 }
@@ -78,6 +92,7 @@ bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placem
     PendingJob smaller = job;
     smaller.requirements.nodes = shape.nodes;
     smaller.requirements.mesh = shape.mesh;
+    smaller.memory_per_rank = shape.memory_per_rank;
     if (PlaceJob(smaller, nodes, placement)) {
       placement.shape = shape;
       return true;
@@ -105,20 +120,30 @@ std::string NeverFits(const PendingJob& job, const std::vector<NodeView>& capaci
   const std::string head =
       absl::StrCat("it cannot be placed on the connected nodes: it needs ", Needs(job, " "), "; ");
   if (capacity.empty()) return head + "no node is connected";
-  const DeviceKind kind = job.requirements.kind;
+  const JobRequirements& req = job.requirements;
   const NodeView* largest = nullptr;
-  int enough = 0;
+  int enough = 0, holding = 0;
   for (const NodeView& node : capacity) {
-    const size_t slots = SlotCount(node, kind);
-    if (static_cast<int>(slots) >= job.requirements.ranks_per_node) ++enough;
-    if (largest == nullptr || slots > SlotCount(*largest, kind)) {
+    const size_t slots = SlotCount(node, req.kind);
+    if (static_cast<int>(slots) >= req.ranks_per_node) {
+      ++enough;
+      holding += MemoryFits(node, req.kind, req.ranks_per_node, job.memory_per_rank);
+    }
+    if (largest == nullptr || slots > SlotCount(*largest, req.kind)) {
       largest = &node;
     }
   }
-  const size_t most = SlotCount(*largest, kind);
-  if (most == 0) return absl::StrCat(head, "no connected node has ", KindName(kind), " slots");
+  const size_t most = SlotCount(*largest, req.kind);
+  if (most == 0) return absl::StrCat(head, "no connected node has ", KindName(req.kind), " slots");
   if (enough == 0) {
     return absl::StrCat(head, "the largest connected node, ", largest->node_id, ", has ", most);
+  }
+  if (enough >= req.nodes && holding < enough) {
+    return absl::StrFormat(
+        "%sits ranks need %.2f GiB of memory each (the planner's prediction), and only %d of the "
+        "%d connected nodes with that many slots hold that %s",
+        head, static_cast<double>(job.memory_per_rank) / (1 << 30), holding, enough,
+        req.kind == DeviceKind::kGpu ? "on their smallest GPU" : "for its ranks on them");
   }
   return absl::StrCat(head, "only ", enough, " connected ", enough == 1 ? "node has" : "nodes have",
                       " that many");
@@ -172,7 +197,8 @@ bool PlaceJob(const PendingJob& job, std::vector<NodeView>& nodes, Placement& pl
   const JobRequirements& req = job.requirements;
   std::vector<size_t> candidates, avoided;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (static_cast<int>(FreeSlots(nodes[i], req.kind).size()) >= req.ranks_per_node) {
+    if (static_cast<int>(FreeSlots(nodes[i], req.kind).size()) >= req.ranks_per_node &&
+        MemoryFits(nodes[i], req.kind, req.ranks_per_node, job.memory_per_rank)) {
       (job.avoid_nodes.contains(nodes[i].node_id) ? avoided : candidates).push_back(i);
     }
   }

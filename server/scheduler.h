@@ -6,6 +6,10 @@
 // behind it that needs the same device kind — no backfilling — so a large job is never starved
 // by a stream of small ones.
 //
+// Memory: a job whose ranks need a known amount of memory (the planner's prediction,
+// `memory_per_rank`) is placed only on nodes that hold it: a CPU node's memory shared by the job's
+// ranks on it, or the smallest GPU of a GPU node; a node that reports no memory is not checked.
+//
 // Rank placement: ranks are dealt to the chosen nodes (ordered by node id) in blocks of
 // ranks_per_node consecutive ranks, so a tensor-parallel group (tp consecutive ranks, tp dividing
 // ranks_per_node) never spans nodes. Nodes are chosen best-fit (fewest free slots that suffice,
@@ -31,6 +35,7 @@ struct JobShape {
   int nodes = 0;
   Mesh mesh;
   int accumulation = 1;
+  int64_t memory_per_rank = 0;  // the planner's prediction at this size; 0: not checked
 };
 
 struct PendingJob {
@@ -38,6 +43,8 @@ struct PendingJob {
   int priority = 0;
   int64_t seq = 0;
   JobRequirements requirements;
+  // The memory one rank needs (the planner's prediction for the job's mesh); 0: not checked.
+  int64_t memory_per_rank = 0;
   // Nodes to leave out when enough others fit (the nodes of stragglers, with
   // fault_tolerance.exclude_stragglers).
   std::set<std::string> avoid_nodes;
@@ -52,7 +59,13 @@ struct NodeView {
   std::string hostname;
   std::vector<int> free_cpu_slots;  // ascending
   std::vector<int> free_gpus;       // ascending GPU indices
+  int64_t memory_bytes = 0;         // the node's physical memory; 0: not reported
+  int64_t gpu_memory_bytes = 0;     // its smallest GPU's memory; 0: none reported
 };
+
+// Whether `node` holds ranks needing `memory_per_rank` each (0: not checked), `ranks_per_node`
+// of them sharing a CPU node's memory, or one per GPU.
+bool MemoryFits(const NodeView& node, DeviceKind kind, int ranks_per_node, int64_t memory_per_rank);
 
 struct Placement {
   std::string job_id;
@@ -79,9 +92,12 @@ class Scheduler {
   // kind that suffice, then node id) places exactly what it would place given every node: a job
   // takes the first nodes of that order among those with room, and the jobs before it in the
   // pass can have touched fewer than `nodes` minus its own share (see scheduler_test).
+  // Jobs that need memory per rank ask for nodes that hold it (MemoryFits), a demand of their
+  // own.
   struct Demand {
     DeviceKind kind = DeviceKind::kCpu;
     int ranks_per_node = 1;
+    int64_t memory_per_rank = 0;
     size_t nodes = 0;
   };
   std::vector<Demand> Demands() const;

@@ -392,6 +392,9 @@ class Supervisor {
     // (largest first), and the micro-batches accumulated per step at the full size.
     int min_nodes = 1;
     std::vector<JobShape> smaller_shapes;
+    // The memory one rank needs at the job's full size (the planner's prediction; 0: unknown),
+    // which the scheduler checks nodes against.
+    int64_t memory_per_rank = 0;
     int full_accumulation = 1;
     // Growing back: the ranks were ordered to checkpoint and stop (like a drain) so that the
     // job restarts on more nodes; at most one resize in flight, one per resize_cooldown_s.

@@ -80,11 +80,12 @@ void Supervisor::ScheduleLocked(Txn& txn) {
   // places the same).
   std::set<std::string> cordoned;
   for (const Cordon& cordon : quarantine_.Cordoned(clock_->Now())) cordoned.insert(cordon.node_id);
-  const auto usable = [&cordoned](const std::string& node_id) {
-    return !cordoned.contains(node_id);
-  };
   std::map<std::string, NodeView> views;
   for (const Scheduler::Demand& demand : scheduler_.Demands()) {
+    const auto usable = [&cordoned, &demand](const NodeView& node) {
+      return !cordoned.contains(node.node_id) &&
+             MemoryFits(node, demand.kind, demand.ranks_per_node, demand.memory_per_rank);
+    };
     for (NodeView& view :
          registry_->NodesInFitOrder(demand.kind, demand.ranks_per_node, demand.nodes, usable)) {
       views.emplace(view.node_id, std::move(view));

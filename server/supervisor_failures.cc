@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "config/mesh.h"
+#include "server/mesh_advisor.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -80,6 +81,7 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
   }
   // Elastic sizes: resources.nodes - 1 down to min_nodes, where the spec has a valid mesh.
   entry.min_nodes = spec.ok() ? spec->min_nodes() : entry.job.requirements.nodes;
+  entry.memory_per_rank = spec.ok() ? RankMemoryNeed(*spec, cpu_profile_) : 0;
   entry.smaller_shapes.clear();
   if (spec.ok()) {
     auto accumulation = [](const config::JobSpec& s) {
@@ -91,8 +93,9 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       std::optional<config::JobSpec> resized = config::ResizedSpec(*spec, nodes);
       if (!resized) continue;
       const config::ParallelismSpec& p = resized->parallelism;
-      entry.smaller_shapes.push_back(
-          JobShape{nodes, Mesh{p.dp, p.tp, p.pp, p.zero}, accumulation(*resized)});
+      entry.smaller_shapes.push_back(JobShape{nodes, Mesh{p.dp, p.tp, p.pp, p.zero},
+                                              accumulation(*resized),
+                                              RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
   // Restart counts from the stored attempts: every classified failure followed by an attempt.
@@ -397,6 +400,13 @@ std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now) {
     NodeView& node = nodes.emplace_back();
     node.node_id = status.record.node_id;
     node.hostname = status.record.hostname;
+    node.memory_bytes = status.record.memory_bytes;
+    for (const GpuInfo& gpu : status.record.gpus) {
+      if (gpu.memory_bytes > 0 &&
+          (node.gpu_memory_bytes == 0 || gpu.memory_bytes < node.gpu_memory_bytes)) {
+        node.gpu_memory_bytes = gpu.memory_bytes;
+      }
+    }
     for (int slot = 0; slot < status.record.cpu_slots; ++slot) node.free_cpu_slots.push_back(slot);
     for (const GpuInfo& gpu : status.record.gpus) node.free_gpus.push_back(gpu.index);
   }

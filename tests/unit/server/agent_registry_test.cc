@@ -165,7 +165,7 @@ TEST(AgentRegistryTest, NodesInFitOrderFollowsHoldsReleasesAndConnections) {
     for (const NodeView& view : views) out.push_back(view.node_id);
     return out;
   };
-  auto all = [](const std::string&) { return true; };
+  auto all = [](const NodeView&) { return true; };
   // Fewest free slots first, then node id.
   EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10, all)),
             (std::vector<std::string>{"b", "a", "c"}));
@@ -174,7 +174,7 @@ TEST(AgentRegistryTest, NodesInFitOrderFollowsHoldsReleasesAndConnections) {
   EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 2, all)),
             (std::vector<std::string>{"b", "a"}));
   EXPECT_EQ(ids(registry.NodesInFitOrder(DeviceKind::kCpu, 1, 10,
-                                         [](const std::string& id) { return id != "a"; })),
+                                         [](const NodeView& v) { return v.node_id != "a"; })),
             (std::vector<std::string>{"b", "c"}));
   EXPECT_TRUE(registry.NodesInFitOrder(DeviceKind::kGpu, 1, 10, all).empty());
   // Holding moves a node up the order; a full node leaves it; releasing brings it back.

@@ -152,8 +152,9 @@ TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit
 // before it blocks it, or running jobs hold the slots it needs.
 // The coordinator gives a scheduling pass only the first Demand::nodes nodes of each demand in
 // best-fit order (AgentRegistry::NodesInFitOrder), not the whole cluster. On random clusters and
-// queues (CPU and GPU nodes, partly busy; jobs of several sizes, some avoiding nodes, some with
-// smaller shapes), that places exactly what a pass over every node places.
+// queues (CPU and GPU nodes, partly busy, of several memory sizes; jobs of several sizes, some
+// needing memory, some avoiding nodes, some with smaller shapes), that places exactly what a pass
+// over every node places.
 TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) {
   std::mt19937 random(7);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random); };
@@ -166,6 +167,8 @@ TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) 
       node.hostname = node.node_id;
       const bool gpu = uniform(0, 3) == 0;
       const int slots = uniform(1, 8);
+      node.memory_bytes = int64_t{uniform(0, 4)} << 30;  // 0: not reported
+      if (gpu) node.gpu_memory_bytes = int64_t{uniform(0, 2)} << 30;
       for (int i = 0; i < slots; ++i) {
         if (uniform(0, 2) == 0) continue;  // held by a running job
         (gpu ? node.free_gpus : node.free_cpu_slots).push_back(i);
@@ -180,8 +183,10 @@ TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) 
       for (int a = uniform(0, 2); a > 0; --a) {
         job.avoid_nodes.insert(absl::StrFormat("node-%03d", uniform(0, node_count - 1)));
       }
+      job.memory_per_rank = int64_t{uniform(0, 3)} << 29;  // 0 to 1.5 GiB
       if (uniform(0, 2) == 0 && job.requirements.nodes > 1) {
-        job.smaller.push_back(JobShape{.nodes = job.requirements.nodes - 1});
+        job.smaller.push_back(JobShape{.nodes = job.requirements.nodes - 1,
+                                       .memory_per_rank = job.memory_per_rank + (1 << 29)});
       }
       full.Enqueue(job);
       reduced.Enqueue(job);
@@ -194,7 +199,10 @@ TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) 
         const auto& free = demand.kind == DeviceKind::kGpu ? node.free_gpus : node.free_cpu_slots;
         const bool offers =
             demand.kind == DeviceKind::kGpu ? !node.free_gpus.empty() : node.free_gpus.empty();
-        if (offers && static_cast<int>(free.size()) >= demand.ranks_per_node) fit.push_back(&node);
+        if (offers && static_cast<int>(free.size()) >= demand.ranks_per_node &&
+            MemoryFits(node, demand.kind, demand.ranks_per_node, demand.memory_per_rank)) {
+          fit.push_back(&node);
+        }
       }
       std::sort(fit.begin(), fit.end(), [&](const NodeView* a, const NodeView* b) {
         const auto& fa = demand.kind == DeviceKind::kGpu ? a->free_gpus : a->free_cpu_slots;
@@ -220,6 +228,38 @@ TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) 
     }
     EXPECT_EQ(reduced.QueueOrder(), full.QueueOrder()) << "trial " << trial;
   }
+}
+
+// A job whose ranks need more memory than a node holds is not placed there: on a CPU node its
+// ranks share the node's memory, on a GPU node each needs it on a GPU. A node that reports no
+// memory is not checked; a job that never fits says why.
+TEST(SchedulerTest, AJobIsPlacedOnlyOnNodesThatHoldItsMemory) {
+  Scheduler scheduler;
+  PendingJob cpu = Job("cpu", 0, 1, 1, 2);
+  cpu.memory_per_rank = int64_t{3} << 30;  // 6 GiB on a node of two ranks
+  scheduler.Enqueue(cpu);
+  NodeView small = Node("node-a", 2), large = Node("node-b", 4);
+  small.memory_bytes = int64_t{4} << 30;
+  large.memory_bytes = int64_t{8} << 30;
+  std::vector<Placement> placed = scheduler.Schedule({small, large});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].ranks[0].node_id, "node-b") << "best fit would take node-a";
+
+  PendingJob gpu = Job("gpu", 0, 2, 1, 1, DeviceKind::kGpu);
+  gpu.memory_per_rank = int64_t{50} << 30;
+  scheduler.Enqueue(gpu);
+  NodeView h100 = Node("node-c", 0), unknown = Node("node-d", 0);
+  h100.free_gpus = {0};
+  h100.gpu_memory_bytes = int64_t{40} << 30;
+  unknown.free_gpus = {0, 1};
+  EXPECT_EQ(scheduler.WaitReason("gpu", {h100}, {h100}),
+            "it cannot be placed on the connected nodes: it needs 1 node with 1 GPU slot; its "
+            "ranks need 50.00 GiB of memory each (the planner's prediction), and only 0 of the 1 "
+            "connected nodes with that many slots hold that on their smallest GPU");
+  placed = scheduler.Schedule({h100, unknown});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].ranks[0].node_id, "node-d")
+      << "a node without a memory figure is not checked";
 }
 
 TEST(SchedulerTest, WaitReasonSaysWhyAJobIsNotPlaced) {

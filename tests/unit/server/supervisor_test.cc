@@ -295,6 +295,32 @@ TEST_F(SupervisorTest, ANodesProgressBatchIsAnsweredPerReportAndOnlyForItsOwnRan
   EXPECT_EQ((*stopping)[0]->order, WorkerOrder::kStop);
 }
 
+// Admission checks the smallest node connected at submit (here none: unchecked); a node that
+// connects later and cannot hold the job's ranks is passed over at placement, and the job says
+// why it waits until one that can connects.
+TEST_F(SupervisorTest, PlacementSkipsNodesTooSmallForTheJobsRanks) {
+  const std::string id = Submit(TinySpec("fits-big"));
+  auto connect = [this](const std::string& node_id, int64_t memory) {
+    NodeRecord node;
+    node.node_id = node_id;
+    node.hostname = node_id + ".example";
+    node.cpu_slots = 2;
+    node.memory_bytes = memory;
+    auto session = supervisor_->AgentConnected(
+        node, {}, {}, std::make_shared<testing::RecordingChannel>(), [](const RegisteredOrder&) {});
+    ASSERT_TRUE(session.ok()) << session.status();
+  };
+  connect("node-tiny", int64_t{1} << 20);  // 1 MiB for two ranks
+  JobView view = View(id);
+  EXPECT_EQ(view.job.state, JobState::kQueued);
+  EXPECT_THAT(view.job.waiting, HasSubstr("of memory each (the planner's prediction)"));
+  connect("node-big", int64_t{64} << 30);
+  view = View(id);
+  EXPECT_EQ(view.job.state, JobState::kStarting);
+  ASSERT_FALSE(view.attempts.empty());
+  EXPECT_EQ(view.attempts.back().ranks[0].node_id, "node-big");
+}
+
 // A restarted agent adopts workers whose StartWorker orders it never saw: its registration
 // answer carries their live attempts' secrets, so its relay and memory tier admit them.
 TEST_F(SupervisorTest, RegistrationNamesTheSecretsOfTheLiveAttemptsItsWorkersBelongTo) {
