@@ -2,7 +2,9 @@
 // finish (or fail for the stated reason), no rank may run twice, and nothing may be left running.
 #include <signal.h>
 
+#include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,6 +157,34 @@ TEST(ControlPlaneChaosTest, PastTheRestartLimitTheJobFailsAndStatusSaysWhy) {
   EXPECT_THAT(status.out, HasSubstr("killed by signal 9 (SIGKILL)"));
   EXPECT_THAT(status.out, HasSubstr("    | step "));  // the rank's last log lines
   EXPECT_TRUE(cp.WorkerPids().empty());
+}
+
+// Workers report through their agent's progress relay. When the agent dies, its worker (alone in
+// its job: no collective breaks) falls back to the coordinator, which declares the node lost
+// after the spec's 5 s heartbeat timeout and answers that the attempt has ended: the worker
+// stops instead of training on unsupervised until the orphan limit.
+TEST(ControlPlaneChaosTest, AWorkerWhoseAgentDiedStopsOnceItsNodeIsLost) {
+  ControlPlane cp("cp_agent_died");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  const std::string job_id = cp.Submit(
+      cp.WriteSpec("job.yaml", TinySpec({.name = "orphaned", .steps = 200000, .max_restarts = 0})));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 10, 120));
+  const std::vector<int64_t> pids = cp.WorkerPids();
+  ASSERT_EQ(pids.size(), 1u);
+  cp.KillAgent("node-a");
+  const auto killed = std::chrono::steady_clock::now();
+  while (!ProcessGone(pids[0]) &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(ProcessGone(pids[0])) << "the worker still trains 30 s after its agent died";
+  std::cout << "the worker stopped "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count()
+            << " s after its agent was killed" << std::endl;
+  const v1::GetJobReply after = cp.Status(job_id);
+  EXPECT_EQ(after.job().state(), v1::JOB_STATE_FAILED) << after.DebugString();
+  EXPECT_EQ(after.job().last_failure().failure_class(), "node_lost") << after.DebugString();
 }
 
 }  // namespace
