@@ -380,7 +380,10 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   p.description = "CPU ranks (calibrated on this machine)";
   p.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   p.shared_node = true;
+  // The MFU basis: the best the machine reached, so that no prediction exceeds 100%.
   p.peak_flops = std::max(c.large_gemm_flops, c.gemm_flops);
+  for (const SharedRanks& e : p.shared)
+    p.peak_flops = std::max(p.peak_flops, e.ranks * e.matmul_flops);
   p.matmul_flops = c.gemm_flops;
   p.memory_bytes_per_second = c.add_bytes_per_second;
   p.intra_node = Link{.alpha_seconds = c.alpha_seconds, .bytes_per_second = c.bytes_per_second};
