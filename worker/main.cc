@@ -68,7 +68,8 @@ constexpr char kHelp[] =
     "  --job JOB --attempt N --rank R   which rank of which attempt\n"
     "  --join-timeout-s S        give up joining after S (default 300)\n"
     "  The agent sets its environment: TRAINYARD_MEMORY_TIER (its memory tier), TRAINYARD_TLS_CA,\n"
-    "  _CERT, _KEY (mutual TLS), TRAINYARD_GLOO_HOSTNAME (where its collectives listen).\n"
+    "  _CERT, _KEY (mutual TLS), TRAINYARD_GLOO_HOSTNAME (where its collectives listen),\n"
+    "  TRAINYARD_PROGRESS_RELAY (the agent's relay its progress reports go through).\n"
     "\n"
     "Exit codes: 0 done; 1 an error outside the job; 2 bad flags, spec or data; 3 a collective\n"
     "timed out or a peer left; 4 the hang watchdog ended the rank; 5 out of memory.\n";
