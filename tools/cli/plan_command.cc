@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -205,6 +206,8 @@ absl::StatusOr<planner::DeviceProfile> Calibrate(const PlanFlags& flags, const P
   options.scratch_dir =
       absl::StrCat(io.scratch_dir, "/trainyard-calibrate-", static_cast<int64_t>(getpid()));
   absl::StatusOr<planner::Calibration> c = planner::CalibrateCpu(options);
+  std::error_code ignored;
+  std::filesystem::remove_all(options.scratch_dir, ignored);  // also after a failed probe
   if (!c.ok())
     return absl::InternalError(absl::StrCat("calibration failed: ", c.status().message()));
   TY_RETURN_IF_ERROR(planner::SaveCpuProfile(*io.fs, io.cpu_profile_path, c->profile));
