@@ -270,7 +270,9 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
       ++failures;
     }
     if (absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
-      // Retrying cannot help: the credential must be fixed. Workers keep running.
+      // Retrying cannot help: the credential must be fixed. Workers keep running; their waiting
+      // progress reports are answered (the relay's server cannot stop with calls unanswered).
+      core.OnDisconnected();
       return absl::Status(refused.code(), absl::StrCat("the coordinator refused this agent's "
                                                        "credential: ",
                                                        refused.message()));
