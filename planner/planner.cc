@@ -52,8 +52,9 @@ struct StageTime {
   double per_micro_batch(int m) const { return forward + backward + (tp + pp) / m; }
 };
 
+// `dp_device`: the profile the stage's data-parallel collectives run at (PipelinedDataParallel).
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
-                    bool dp_crosses, bool pp_crosses) {
+                    bool dp_crosses, bool pp_crosses, const DeviceProfile& dp_device) {
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
@@ -73,13 +74,71 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_pp = TotalBytes(pp);
   t.tp = TimeOf(tp, device.intra_node).all();
   t.pp = TimeOf(pp, pp_crosses ? device.inter_node : device.intra_node).all();
-  const PhaseSeconds d = TimeOf(dp, dp_crosses ? device.inter_node : device.intra_node);
+  const PhaseSeconds d = TimeOf(dp, dp_crosses ? dp_device.inter_node : dp_device.intra_node);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
-  t.dp = device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
-                              std::max(0.0, d.forward - s.micro_batches * t.forward)
-                        : d.all();
+  t.dp = dp_device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
+                                 std::max(0.0, d.forward - s.micro_batches * t.forward)
+                           : d.all();
   return t;
+}
+
+// The profile a rank works at while `active` of the node's g ranks work and the others wait. A
+// rank's threads are fixed at max(1, cores / g) (the standalone worker's), so waiting neighbours
+// only speed up ranks that time-share the cores: the profile of max(active, min(g, cores)) ranks.
+// Without shared_node or known cores, the profile of all g.
+DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
+  if (!node.shared_node || node.cores <= 0) return PerRankProfile(node, g);
+  return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
+}
+
+// The pipeline's fill and drain: p − 1 micro-batch slots of the slowest stage. In slot j of the
+// fill (and of the drain) only j of the p stages work; on a shared node the idle stages' ranks
+// leave their cores to the working ones, so each slot runs at the profile of that many ranks
+// (round(g·j / p), at least 1; ActiveProfile). Elsewhere every slot is the slowest stage's
+// micro-batch.
+double BubbleSeconds(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
+                     const DeviceProfile& node_device, const LoopOptions& loop, const Candidate& c,
+                     int micro_batches, double slowest_micro_batch) {
+  if (!node_device.shared_node) return (mesh.pp - 1) * slowest_micro_batch;
+  const int g = spec.resources.devices_per_node;
+  double bubble = 0;
+  for (int j = 1; j < mesh.pp; ++j) {
+    const DeviceProfile device =
+        ActiveProfile(node_device, g, std::max(1, (g * j + mesh.pp / 2) / mesh.pp));
+    double slot = 0;
+    for (int s = 0; s < mesh.pp; ++s) {
+      const StageTime t = TimeStage(ShapeOf(spec, mesh, s), device, loop, c.dp_crosses_nodes,
+                                    c.pp_crosses_nodes, device);
+      slot = std::max(slot, t.per_micro_batch(micro_batches));
+    }
+    bubble += slot;
+  }
+  return bubble;
+}
+
+// The profile stage s's data-parallel collectives run at. They follow its last backward pass, in
+// the pipeline's drain: the first stage's when every other stage has finished (its ranks alone
+// work), a later stage's beside the backward wave of the stages before it (two stages work).
+// Without pipelining, the profile of all g ranks.
+DeviceProfile PipelinedDataParallel(const DeviceProfile& node, const config::ParallelismSpec& mesh,
+                                    int g, int stage, const DeviceProfile& all) {
+  if (mesh.pp == 1) return all;
+  return ActiveProfile(node, g, std::min(g, mesh.dp * mesh.tp * (stage == 0 ? 1 : 2)));
+}
+
+// What hides stage s's data-parallel collectives on a shared node: the drain after its last
+// backward pass, the last backward passes of the stages before it (at `device`, the profile its
+// collectives run at). None for the first stage or without a shared node.
+double DrainSeconds(const config::JobSpec& spec, const config::ParallelismSpec& mesh, int stage,
+                    const DeviceProfile& device) {
+  if (!device.shared_node) return 0;
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  double drain = 0;
+  for (int s = 0; s < stage; ++s) {
+    drain += WorkOf(ShapeOf(spec, mesh, s), backend).backward_seconds(device);
+  }
+  return drain;
 }
 
 }  // namespace
@@ -155,7 +214,10 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       c.memory = memory;
       c.memory_stage = s;
     }
-    stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
+    const DeviceProfile dp_device = PipelinedDataParallel(node_device, mesh, g, s, device);
+    stages.push_back(
+        TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes, dp_device));
+    stages.back().dp = std::max(0.0, stages.back().dp - DrainSeconds(spec, mesh, s, dp_device));
     slowest_micro_batch =
         std::max(slowest_micro_batch, stages.back().per_micro_batch(micro_batches));
     c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
@@ -164,7 +226,8 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   }
   c.fits = c.memory.total() <= c.capacity;
   c.bubble_fraction = BubbleFraction(mesh.pp, micro_batches);
-  const double bubble = (mesh.pp - 1) * slowest_micro_batch;
+  const double bubble =
+      BubbleSeconds(spec, mesh, node_device, loop, c, micro_batches, slowest_micro_batch);
   for (const StageTime& t : stages) {
     StepSeconds step;
     step.compute = micro_batches * (t.forward + t.backward) + t.optimizer;

@@ -297,5 +297,22 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
   EXPECT_LT(dp4.step.compute, dp4_even.step.compute);
 }
 
+TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
+  config::JobSpec spec = Gpt2Debug(4);
+  const DeviceProfile cpu = SharedCpu();
+  DeviceProfile unknown = cpu;
+  unknown.cores = 0;  // without the cores, every slot at the profile of all four ranks
+  // Four ranks on two cores: in the fill and drain one stage (two ranks) works, at the two-rank
+  // entry's rate and α.
+  const Candidate pp = Evaluate(spec, Mesh(2, 1, 2, 1), cpu, LoopOptions{});
+  const Candidate pp_all = Evaluate(spec, Mesh(2, 1, 2, 1), unknown, LoopOptions{});
+  EXPECT_LT(pp.step.bubble, pp_all.step.bubble);
+  // Two ranks on two cores: each has its own core, an idle neighbour frees nothing.
+  spec.resources.devices_per_node = 2;
+  const Candidate two = Evaluate(spec, Mesh(1, 1, 2, 0), cpu, LoopOptions{});
+  const Candidate two_all = Evaluate(spec, Mesh(1, 1, 2, 0), unknown, LoopOptions{});
+  EXPECT_DOUBLE_EQ(two.step.bubble, two_all.step.bubble);
+}
+
 }  // namespace
 }  // namespace trainyard::planner
