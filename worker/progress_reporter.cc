@@ -44,8 +44,12 @@ class FallbackProgressChannel : public ProgressChannel {
   absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
                                            absl::Duration timeout) override {
     absl::StatusOr<v1::ProgressReply> reply = relay_->Report(report, timeout);
+    // The relay's own answers stand; so does an order or refusal it relayed. It cannot answer
+    // when it is gone or has lost the coordinator, nor once it forgot this attempt (its agent
+    // restarted, or the job ended): the coordinator can.
     if (reply.ok() ||
-        (!absl::IsUnavailable(reply.status()) && !absl::IsDeadlineExceeded(reply.status()))) {
+        (!absl::IsUnavailable(reply.status()) && !absl::IsDeadlineExceeded(reply.status()) &&
+         !absl::IsUnauthenticated(reply.status()))) {
       return reply;
     }
     absl::StatusOr<v1::ProgressReply> direct = coordinator_->Report(report, timeout);

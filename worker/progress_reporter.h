@@ -60,9 +60,9 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
     std::shared_ptr<trainyard::v1::ProgressRelay::StubInterface> stub);
 
 // Reports through `relay` (the node agent's), and to `coordinator` directly when the relay
-// cannot answer (UNAVAILABLE or DEADLINE_EXCEEDED: the agent is gone or has lost the
-// coordinator), so that a worker whose agent died still learns that its attempt ended. Both
-// must outlive the channel.
+// cannot answer: UNAVAILABLE or DEADLINE_EXCEEDED (the agent is gone or has lost the
+// coordinator) or UNAUTHENTICATED (it does not know this attempt: its agent restarted without
+// learning it, or the job ended), so that such a worker still learns that its attempt ended.
 std::unique_ptr<ProgressChannel> MakeFallbackProgressChannel(
     std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator);
 

@@ -240,8 +240,9 @@ TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
   EXPECT_TRUE(absl::StrContains(status.message(), "unreachable for over 10m")) << status;
 }
 
-// A worker whose agent died (its relay refuses connections) or lost the coordinator still hears
-// from the coordinator directly, e.g. that its attempt ended; the relay's own refusals stand.
+// A worker whose agent died (its relay refuses connections), lost the coordinator or forgot the
+// attempt still hears from the coordinator directly, e.g. that its attempt ended; what the relay
+// relays stands.
 TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
   auto relay_owned = std::make_unique<FakeProgressChannel>();
   auto direct_owned = std::make_unique<FakeProgressChannel>();
@@ -269,10 +270,16 @@ TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
   absl::Status both = channel->Report(report, absl::Seconds(1)).status();
   EXPECT_EQ(both.message(), "failed to connect to all addresses");
 
-  // A refusal by the relay is final.
+  // A relay that does not know the attempt: the coordinator does.
   relay->next_status = absl::UnauthenticatedError("no worker of attempt 2 was started here");
-  EXPECT_TRUE(absl::IsUnauthenticated(channel->Report(report, absl::Seconds(1)).status()));
-  EXPECT_EQ(direct->reports.size(), 2u);
+  direct->next_status = absl::FailedPreconditionError("attempt 2 of job j-000003 has ended");
+  EXPECT_TRUE(absl::IsFailedPrecondition(channel->Report(report, absl::Seconds(1)).status()));
+  EXPECT_EQ(direct->reports.size(), 3u);
+
+  // What the relay relays stands: an order, or the coordinator's refusal.
+  relay->next_status = absl::NotFoundError("job j-000003 has no attempt 2");
+  EXPECT_TRUE(absl::IsNotFound(channel->Report(report, absl::Seconds(1)).status()));
+  EXPECT_EQ(direct->reports.size(), 3u);
 }
 
 }  // namespace
