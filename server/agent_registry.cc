@@ -143,12 +143,7 @@ NodeView AgentRegistry::ViewOf(const std::string& id, const Entry& entry) {
   }
   view.free_gpus.assign(gpu_indices.begin(), gpu_indices.end());
   view.memory_bytes = entry.record.memory_bytes;
-  for (const GpuInfo& gpu : entry.record.gpus) {
-    if (gpu.memory_bytes > 0 &&
-        (view.gpu_memory_bytes == 0 || gpu.memory_bytes < view.gpu_memory_bytes)) {
-      view.gpu_memory_bytes = gpu.memory_bytes;
-    }
-  }
+  view.gpu_memory_bytes = SmallestGpuMemory(entry.record);
   return view;
 }
 
@@ -239,11 +234,10 @@ std::vector<NodeStatus> AgentRegistry::SmallestNodes() const {
         least_memory = &entry;
         least_memory_id = &id;
       }
-      for (const GpuInfo& gpu : entry.record.gpus) {
-        if (gpu.memory_bytes > 0 && (least_gpu_id == nullptr || gpu.memory_bytes < least_gpu)) {
-          least_gpu_id = &id;
-          least_gpu = gpu.memory_bytes;
-        }
+      const int64_t gpu = SmallestGpuMemory(entry.record);
+      if (gpu > 0 && (least_gpu_id == nullptr || gpu < least_gpu)) {
+        least_gpu_id = &id;
+        least_gpu = gpu;
       }
     }
     smallest_memory_ = least_memory_id != nullptr ? *least_memory_id : "";

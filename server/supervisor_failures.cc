@@ -401,12 +401,7 @@ std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now) {
     node.node_id = status.record.node_id;
     node.hostname = status.record.hostname;
     node.memory_bytes = status.record.memory_bytes;
-    for (const GpuInfo& gpu : status.record.gpus) {
-      if (gpu.memory_bytes > 0 &&
-          (node.gpu_memory_bytes == 0 || gpu.memory_bytes < node.gpu_memory_bytes)) {
-        node.gpu_memory_bytes = gpu.memory_bytes;
-      }
-    }
+    node.gpu_memory_bytes = SmallestGpuMemory(status.record);
     for (int slot = 0; slot < status.record.cpu_slots; ++slot) node.free_cpu_slots.push_back(slot);
     for (const GpuInfo& gpu : status.record.gpus) node.free_gpus.push_back(gpu.index);
   }

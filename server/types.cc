@@ -64,6 +64,16 @@ bool IsFinal(JobState state) {
          state == JobState::kCancelled || state == JobState::kDrained;
 }
 
+int64_t SmallestGpuMemory(const NodeRecord& node) {
+  int64_t smallest = 0;
+  for (const GpuInfo& gpu : node.gpus) {
+    if (gpu.memory_bytes > 0 && (smallest == 0 || gpu.memory_bytes < smallest)) {
+      smallest = gpu.memory_bytes;
+    }
+  }
+  return smallest;
+}
+
 bool AllRanksExited(const AttemptRecord& attempt) {
   for (const RankSlot& slot : attempt.ranks) {
     if (!slot.exit.has_value()) return false;

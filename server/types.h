@@ -294,6 +294,9 @@ struct NodeRecord {
   std::string instance_id;  // of the agent process (RegisterAgent.instance_id); not stored
 };
 
+// The memory of the node's smallest GPU that reports it; 0: none does.
+int64_t SmallestGpuMemory(const NodeRecord& node);
+
 // "j-000042" for seq 42.
 std::string JobIdForSeq(int64_t seq);
 

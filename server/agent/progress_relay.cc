@@ -96,16 +96,22 @@ void ProgressRelay::Report(const v1::ProgressReport& report, const std::string& 
   if (due && on_due_) on_due_();
 }
 
-bool ProgressRelay::Keep(const v1::ProgressReport& report, int64_t now_nanos) {
-  auto [it, inserted] = pending_.try_emplace(KeyOf(report));
+void ProgressRelay::Fold(std::map<RankKey, Pending>& into, const v1::ProgressReport& report,
+                         int64_t since_nanos, bool urgent) {
+  auto [it, inserted] = into.try_emplace(KeyOf(report));
   Pending& pending = it->second;
   if (inserted) {
     pending.report = report;
-    pending.since_nanos = now_nanos;
+    pending.since_nanos = since_nanos;
   } else {
     Merge(&pending.report, report);
+    pending.since_nanos = std::min(pending.since_nanos, since_nanos);
   }
-  pending.urgent = pending.urgent || IsUrgent(report);
+  pending.urgent = pending.urgent || urgent;
+}
+
+bool ProgressRelay::Keep(const v1::ProgressReport& report, int64_t now_nanos) {
+  Fold(pending_, report, now_nanos, IsUrgent(report));
   return connected_ && DueLocked(now_nanos);
 }
 
@@ -179,24 +185,12 @@ void ProgressRelay::SetConnected(bool connected) {
       const int64_t now = clock_->NowNanosMonotonic();
       for (auto& [id, sent] : in_flight_) {
         for (const v1::ProgressReport& report : sent.reports) {
-          auto [it, inserted] = returned.try_emplace(KeyOf(report));
-          if (inserted) {
-            it->second.report = report;
-            it->second.since_nanos = now;
-          } else {
-            Merge(&it->second.report, report);
-          }
-          it->second.urgent = it->second.urgent || IsUrgent(report);
+          Fold(returned, report, now, IsUrgent(report));
         }
       }
       in_flight_.clear();
-      for (auto& [key, later] : pending_) {
-        auto [it, inserted] = returned.try_emplace(key, later);
-        if (inserted) continue;
-        Merge(&it->second.report, later.report);
-        it->second.urgent = it->second.urgent || later.urgent;
-        it->second.since_nanos = std::min(it->second.since_nanos, later.since_nanos);
-      }
+      for (auto& [key, later] : pending_)
+        Fold(returned, later.report, later.since_nanos, later.urgent);
       pending_ = std::move(returned);
     }
   }

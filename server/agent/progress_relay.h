@@ -114,6 +114,10 @@ class ProgressRelay {
   [[nodiscard]] absl::Status CheckSecret(const v1::ProgressReport& report,
                                          const std::string& secret) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `report` to `into`, merged under the rank's report there if any (the oldest arrival
+  // and any urgency kept).
+  static void Fold(std::map<RankKey, Pending>& into, const v1::ProgressReport& report,
+                   int64_t since_nanos, bool urgent);
   // Keeps the report; true when it makes a batch due.
   bool Keep(const v1::ProgressReport& report, int64_t now_nanos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DueLocked(int64_t now_nanos) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
