@@ -110,7 +110,7 @@ def percent(text):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--no-calibrate", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/plan_accuracy.md"))
     parser.add_argument("--wait-idle", type=float, default=600,

@@ -1,5 +1,6 @@
 #include "planner/calibrate.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "config/mesh.h"
 #include "planner/memory_model.h"
@@ -86,6 +89,76 @@ absl::Status OnRanks(int ranks, const std::function<absl::Status(int)>& body) {
   for (std::thread& t : threads) t.join();
   for (const absl::Status& s : results) TY_RETURN_IF_ERROR(s);
   return absl::OkStatus();
+}
+
+// Runs body(rank) for `ranks` ranks, each in a process of its own forked from this one, as a
+// job's ranks run: every rank has its own communication threads, as the workers do (ranks run as
+// threads of one process would share them). Returns each rank's figures. Call before this
+// process starts threads (the CPU backend's pool, Gloo's): a child inherits none of them.
+absl::StatusOr<std::vector<std::vector<double>>> InProcesses(
+    int ranks, const std::function<absl::StatusOr<std::vector<double>>(int)>& body) {
+  struct Child {
+    pid_t pid = -1;
+    int fd = -1;
+  };
+  std::vector<Child> children;
+  absl::Status failed;
+  for (int r = 0; r < ranks && failed.ok(); ++r) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      failed = absl::InternalError("pipe failed");
+      break;
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      absl::StatusOr<std::vector<double>> result = body(r);
+      std::string line = result.ok() ? "ok" : absl::StrCat("error ", result.status().ToString());
+      if (result.ok()) {
+        for (double v : *result) absl::StrAppendFormat(&line, " %.17g", v);
+      }
+      const char* at = line.data();
+      size_t left = line.size();
+      while (left > 0) {
+        const ssize_t n = write(fds[1], at, left);
+        if (n <= 0) break;
+        at += n;
+        left -= static_cast<size_t>(n);
+      }
+      _exit(result.ok() ? 0 : 1);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      close(fds[0]);
+      failed = absl::InternalError("fork failed");
+      break;
+    }
+    children.push_back({pid, fds[0]});
+  }
+  std::vector<std::vector<double>> figures(children.size());
+  for (size_t r = 0; r < children.size(); ++r) {
+    std::string text;
+    char buffer[256];
+    ssize_t n;
+    while ((n = read(children[r].fd, buffer, sizeof(buffer))) > 0) text.append(buffer, n);
+    close(children[r].fd);
+    int wait_status = 0;
+    waitpid(children[r].pid, &wait_status, 0);
+    std::vector<std::string> words = absl::StrSplit(text, ' ', absl::SkipEmpty());
+    if (!failed.ok()) continue;
+    if (words.empty() || words[0] != "ok") {
+      failed = absl::InternalError(absl::StrCat(
+          "calibration rank ", r, text.empty() ? " exited without a result" : ": " + text));
+      continue;
+    }
+    for (size_t i = 1; i < words.size(); ++i) {
+      double v = 0;
+      if (!absl::SimpleAtod(words[i], &v)) failed = absl::InternalError("bad calibration result");
+      figures[r].push_back(v);
+    }
+  }
+  TY_RETURN_IF_ERROR(failed);
+  return figures;
 }
 
 // One rank of the compute probe: the reference model on its own CPU backend.
@@ -180,17 +253,18 @@ absl::Status MakeScratch(const std::string& dir) {
 }
 
 absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
-  TY_RETURN_IF_ERROR(MakeScratch(scratch_dir));
-  auto store = worker::parallel::MakeFileKeyValueStore(scratch_dir);
-  absl::StatusOr<LinkTimes> result[2] = {absl::UnknownError("not run"),
-                                         absl::UnknownError("not run")};
-  std::thread peer([&] { result[1] = PingPong(*store, 1); });
-  result[0] = PingPong(*store, 0);
-  peer.join();
+  const std::string dir = absl::StrCat(scratch_dir, "/loopback");
+  TY_RETURN_IF_ERROR(MakeScratch(dir));
+  auto store = worker::parallel::MakeFileKeyValueStore(dir);
+  TY_ASSIGN_OR_RETURN(const auto figures,
+                      InProcesses(2, [&](int rank) -> absl::StatusOr<std::vector<double>> {
+                        TY_ASSIGN_OR_RETURN(const LinkTimes t, PingPong(*store, rank));
+                        return std::vector<double>{t.small, t.large};
+                      }));
   std::error_code ec;
-  std::filesystem::remove_all(scratch_dir, ec);
-  TY_RETURN_IF_ERROR(result[1].status());
-  return result[0];
+  std::filesystem::remove_all(dir, ec);
+  if (figures[0].size() != 2) return absl::InternalError("bad loopback result");
+  return LinkTimes{figures[0][0], figures[0][1]};
 }
 
 // The reference's activations: what one of its tensor-parallel collectives carries.
@@ -210,25 +284,22 @@ config::JobSpec PairReference(const config::JobSpec& reference) {
   return pair;
 }
 
-// What the link probe's rank measured: seconds in tensor-parallel collectives per pass.
-struct PairedPasses {
-  double collective_seconds = 0;
-};
-
 // One rank of the shared-core link probe. Ranks 0 and 1 are a tensor-parallel group of two
 // running the reference's forward and backward passes (the engine's own collectives between the
 // engine's own compute); the others run the reference alone, keeping the cores as busy as the
-// rank count does.
-absl::StatusOr<PairedPasses> PairedRank(worker::parallel::KeyValueStore& store,
-                                        const config::JobSpec& reference, int ranks, int rank,
-                                        double seconds) {
-  const bool paired = rank < 2;
+// rank count does. With `lockstep`, every rank of an even count is in a pair (an odd count's last
+// one runs alone).
+// Returns its seconds in tensor-parallel collectives per pass (0 for a rank that is not paired).
+absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
+                                  const config::JobSpec& reference, int ranks, int rank,
+                                  double seconds, bool lockstep) {
+  const bool paired = rank < 2 || (lockstep && rank < ranks - ranks % 2);
   if (!paired) {
     ReferenceRank alone;
     TY_RETURN_IF_ERROR(alone.Init(reference, ThreadsPerRank(ranks)));
     const auto begin = Clock::now();
     while (Since(begin) < seconds) TY_RETURN_IF_ERROR(alone.Pass());
-    return PairedPasses{};
+    return 0.0;
   }
   const config::JobSpec pair = PairReference(reference);
   const int micro = config::MicroBatchPerRank(pair.training, config::ParallelismSpec{});
@@ -257,24 +328,28 @@ absl::StatusOr<PairedPasses> PairedRank(worker::parallel::KeyValueStore& store,
   const int passes = std::clamp(static_cast<int>(estimate[0] / 2), 3, 200);
   const double before = model->tp_comm_seconds();
   for (int i = 0; i < passes; ++i) TY_RETURN_IF_ERROR(pass());
-  return PairedPasses{(model->tp_comm_seconds() - before) / passes};
+  return (model->tp_comm_seconds() - before) / passes;
 }
 
-// Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks in pairs
-// (PairedRank).
-absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks) {
-  const std::string dir = absl::StrCat(options.scratch_dir, "/pairs-", ranks);
+// Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks, one pair or
+// (lockstep) all in pairs (PairedRank).
+absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks,
+                                               bool lockstep) {
+  const std::string dir =
+      absl::StrCat(options.scratch_dir, lockstep ? "/lockstep-" : "/pairs-", ranks);
   TY_RETURN_IF_ERROR(MakeScratch(dir));
   auto store = worker::parallel::MakeFileKeyValueStore(dir);
-  std::vector<PairedPasses> per_rank(ranks);
-  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
-    TY_ASSIGN_OR_RETURN(per_rank[r],
-                        PairedRank(*store, options.reference, ranks, r, options.seconds_per_probe));
-    return absl::OkStatus();
-  }));
+  TY_ASSIGN_OR_RETURN(const auto figures,
+                      InProcesses(ranks, [&](int r) -> absl::StatusOr<std::vector<double>> {
+                        TY_ASSIGN_OR_RETURN(const double seconds,
+                                            PairedRank(*store, options.reference, ranks, r,
+                                                       options.seconds_per_link_probe, lockstep));
+                        return std::vector<double>{seconds};
+                      }));
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  return per_rank[0].collective_seconds;
+  if (figures[0].size() != 1) return absl::InternalError("bad link probe result");
+  return figures[0][0];
 }
 
 // The rank counts calibrated: every count up to twice the cores on small machines; powers of
@@ -288,13 +363,40 @@ std::vector<int> SharedRankCounts() {
   return counts;
 }
 
-// `ranks` ranks sharing the machine: the effective rate from the reference pass, α from the
-// paired collectives (their time less the bytes at the back-to-back β, over two ring steps).
-absl::StatusOr<SharedRanksCalibration> CalibrateShared(const CalibrationOptions& options, int ranks,
-                                                       double machine_bandwidth,
-                                                       double bytes_per_second) {
-  SharedRanksCalibration r;
-  r.entry.ranks = ranks;
+// `ranks` ranks sharing the machine, their links: α from the paired collectives (their time less
+// the bytes at the back-to-back β, per latency step), for one pair among computing ranks and for
+// all ranks in pairs (for two ranks they are the same probe). Ranks run as processes.
+absl::Status CalibrateSharedLinks(const CalibrationOptions& options, double bytes_per_second,
+                                  SharedRanksCalibration& r) {
+  r.entry.link.bytes_per_second = bytes_per_second;
+  if (r.entry.ranks < 2) return absl::OkStatus();
+  // The pair's collectives per pass as the planner counts them.
+  const BackendShape backend{4, int64_t{1} << 20};
+  const config::JobSpec pair = PairReference(options.reference);
+  const RankShape shape = ShapeOf(pair, pair.parallelism, 0);
+  double latency = 0, bytes = 0;
+  for (const Collective& c : ModelTensorParallelTraffic(shape, backend, 0)) {
+    latency += c.repeat * c.latency;
+    bytes += c.repeat * c.bytes;
+  }
+  auto alpha = [&](double seconds) {
+    return std::max((seconds - bytes / bytes_per_second) / latency, 1e-7);
+  };
+  TY_ASSIGN_OR_RETURN(r.collective_seconds, PairedCollectiveSeconds(options, r.entry.ranks, false));
+  r.entry.link.alpha_seconds = alpha(r.collective_seconds);
+  r.lockstep_collective_seconds = r.collective_seconds;
+  if (r.entry.ranks >= 3) {
+    TY_ASSIGN_OR_RETURN(r.lockstep_collective_seconds,
+                        PairedCollectiveSeconds(options, r.entry.ranks, true));
+  }
+  r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
+  return absl::OkStatus();
+}
+
+// `ranks` ranks sharing the machine, their compute: the effective rate from the reference pass.
+absl::Status CalibrateSharedCompute(const CalibrationOptions& options, double machine_bandwidth,
+                                    SharedRanksCalibration& r) {
+  const int ranks = r.entry.ranks;
   TY_ASSIGN_OR_RETURN(r.pass_seconds,
                       ReferencePassSeconds(options.reference, ranks, options.seconds_per_probe));
   const BackendShape backend{4, int64_t{1} << 20};
@@ -303,22 +405,7 @@ absl::StatusOr<SharedRanksCalibration> CalibrateShared(const CalibrationOptions&
   const double elementwise = 3 * work.slot_bytes / (machine_bandwidth / ranks);
   r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
                          std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
-  r.entry.link.bytes_per_second = bytes_per_second;
-  if (ranks >= 2) {
-    // The pair's collectives per pass as the planner counts them: α is what is left of their
-    // time after the bytes at the back-to-back β, per latency step.
-    TY_ASSIGN_OR_RETURN(r.collective_seconds, PairedCollectiveSeconds(options, ranks));
-    const config::JobSpec pair = PairReference(options.reference);
-    const RankShape shape = ShapeOf(pair, pair.parallelism, 0);
-    double latency = 0, bytes = 0;
-    for (const Collective& c : ModelTensorParallelTraffic(shape, backend, 0)) {
-      latency += c.repeat * c.latency;
-      bytes += c.repeat * c.bytes;
-    }
-    r.entry.link.alpha_seconds =
-        std::max((r.collective_seconds - bytes / bytes_per_second) / latency, 1e-7);
-  }
-  return r;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -348,28 +435,30 @@ config::JobSpec CalibrationReference(const config::JobSpec& spec) {
 
 absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   Calibration c;
+  // The probes between ranks first: they fork, and this process has started no threads yet.
+  TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
+  // Two ring steps each; the large one sends kLargeFloats floats in all from each rank.
+  c.alpha_seconds = link.small / 2;
+  const double transfer = std::max(link.large - link.small, 1e-9);
+  c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
+  for (int ranks : SharedRankCounts()) {
+    c.shared.emplace_back().entry.ranks = ranks;
+    TY_RETURN_IF_ERROR(CalibrateSharedLinks(options, c.bytes_per_second, c.shared.back()));
+  }
   {
     std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(options.threads);
     c.large_gemm_flops = GemmFlops(*backend, 1024, options.seconds_per_probe);
     c.gemm_flops = GemmFlops(*backend, 512, options.seconds_per_probe);
     c.add_bytes_per_second = AddBandwidth(*backend, options.seconds_per_probe);
   }
-  TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
-  // Two ring steps each; the large one sends kLargeFloats floats in all from each rank.
-  c.alpha_seconds = link.small / 2;
-  const double transfer = std::max(link.large - link.small, 1e-9);
-  c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
 
   const config::ModelConfig& model = options.reference.model;
   c.reference_name = absl::StrFormat(
       "%s, %d layers, width %d, %d × %d tokens", config::FamilyName(model.family), model.layers,
       model.width, ReferenceRows(options.reference) / options.reference.training.seq_len,
       options.reference.training.seq_len);
-  for (int ranks : SharedRankCounts()) {
-    TY_ASSIGN_OR_RETURN(
-        SharedRanksCalibration shared,
-        CalibrateShared(options, ranks, c.add_bytes_per_second, c.bytes_per_second));
-    c.shared.push_back(shared);
+  for (SharedRanksCalibration& shared : c.shared) {
+    TY_RETURN_IF_ERROR(CalibrateSharedCompute(options, c.add_bytes_per_second, shared));
     c.profile.shared.push_back(shared.entry);
   }
   std::error_code ec;

@@ -4,7 +4,8 @@
 // two ranks over loopback TCP; and for each count of ranks sharing the cores, with that many ranks
 // running at once as threads of this process (each with its own backend, meeting through a file
 // rendezvous store as ranks do), the engine's effective rate on a reference forward and backward
-// pass and the α a tensor-parallel pair of them pays among the others (docs/planner.md).
+// pass, the α a tensor-parallel pair of them pays among the others, and the α when all of them
+// exchange in pairs at once (docs/planner.md).
 //
 // Threading: runs its own threads; call from one thread.
 #ifndef TRAINYARD_PLANNER_CALIBRATE_H_
@@ -27,8 +28,11 @@ config::JobSpec CalibrationReference(const config::JobSpec& spec);
 
 struct CalibrationOptions {
   int threads = 0;                 // CPU backend threads; 0: every core, as a rank uses
-  double seconds_per_probe = 0.3;  // how long each rate is measured for
-  std::string scratch_dir;         // for the rendezvous files; created, then removed
+  double seconds_per_probe = 0.5;  // how long each rate is measured for
+  // How long each shared-core link probe runs. Its waits are thread wake-ups, whose cost drifts
+  // over seconds on a virtual machine; a long probe averages the drift (docs/planner.md).
+  double seconds_per_link_probe = 3.0;
+  std::string scratch_dir;  // for the rendezvous files; created, then removed
   config::JobSpec reference = DefaultCalibrationReference();
 };
 
@@ -36,8 +40,10 @@ struct CalibrationOptions {
 struct SharedRanksCalibration {
   SharedRanks entry;
   double pass_seconds = 0;  // per rank, one forward and backward pass of the reference
-  double collective_seconds =
-      0;  // per pass, in the reference's collectives at tensor parallelism 2
+  // Per pass, in the reference's collectives at tensor parallelism 2: one pair among ranks that
+  // compute, and every rank in pairs at once (lockstep; 3 ranks or more).
+  double collective_seconds = 0;
+  double lockstep_collective_seconds = 0;
 };
 
 // What was measured, besides the profile itself, for the report.

@@ -92,6 +92,9 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
     TY_ASSIGN_OR_RETURN(e.matmul_flops, Number(item, "matmul_flops"));
     TY_ASSIGN_OR_RETURN(e.link.alpha_seconds, Number(item, "alpha_seconds"));
     TY_ASSIGN_OR_RETURN(e.link.bytes_per_second, Number(item, "bytes_per_second"));
+    if (item.Find("lockstep_alpha_seconds") != nullptr) {
+      TY_ASSIGN_OR_RETURN(e.lockstep_alpha_seconds, Number(item, "lockstep_alpha_seconds"));
+    }
     if (e.ranks < 1 || e.ranks != ranks || e.matmul_flops <= 0 || e.link.bytes_per_second <= 0 ||
         (!shared.empty() && e.ranks <= shared.back().ranks)) {
       return absl::InvalidArgumentError(
@@ -123,7 +126,7 @@ std::string CpuProfilePath(const char* xdg_config_home, const char* home) {
   return "";
 }
 
-DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks) {
+DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockstep) {
   if (!device.shared_node) return device;
   DeviceProfile share = device;
   share.shared.clear();
@@ -131,10 +134,14 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks) {
   share.peak_flops /= ranks;
   share.memory_bytes_per_second /= ranks;
   share.overlap = device.cores <= 0 || ranks * std::max(1, device.cores / ranks) < device.cores;
-  const SharedRanks* entry = nullptr;
-  for (const SharedRanks& e : device.shared) {
-    if (e.ranks <= ranks && (entry == nullptr || e.ranks > entry->ranks)) entry = &e;
-  }
+  auto entry_for = [&](int count) {
+    const SharedRanks* found = nullptr;
+    for (const SharedRanks& e : device.shared) {
+      if (e.ranks <= count && (found == nullptr || e.ranks > found->ranks)) found = &e;
+    }
+    return found;
+  };
+  const SharedRanks* entry = entry_for(ranks);
   if (entry == nullptr) {
     share.matmul_flops /= ranks;
     return share;
@@ -142,7 +149,14 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks) {
   share.matmul_flops = entry->matmul_flops * entry->ranks / ranks;
   if (entry->link.alpha_seconds > 0) {
     share.intra_node = entry->link;
-    share.inter_node = entry->link;  // across nodes the cpu profile assumes the loopback link
+    const SharedRanks* alone = entry_for(std::min(ranks, std::max(device.cores, 2)));
+    if (lockstep && entry->lockstep_alpha_seconds > 0 && alone != nullptr &&
+        alone->link.alpha_seconds > 0) {
+      share.intra_node.alpha_seconds = alone->link.alpha_seconds;
+      share.sync_skew_seconds =
+          2 * std::max(0.0, entry->lockstep_alpha_seconds - alone->link.alpha_seconds);
+    }
+    share.inter_node = share.intra_node;  // across nodes the cpu profile assumes loopback
   }
   return share;
 }
@@ -154,8 +168,9 @@ std::string ProfileToJson(const DeviceProfile& p) {
   };
   std::vector<std::string> shared;
   for (const SharedRanks& e : p.shared) {
-    shared.push_back(absl::StrFormat("    {\"ranks\": %d, \"matmul_flops\": %.9g, %s}", e.ranks,
-                                     e.matmul_flops, link(e.link)));
+    shared.push_back(absl::StrFormat(
+        "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g}",
+        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds));
   }
   return absl::StrFormat(
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"

@@ -30,6 +30,10 @@ struct SharedRanks {
   // the calibration's reference model, over the pass's time less its elementwise term.
   double matmul_flops = 0;
   Link link;  // its collectives between compute (alpha 0 for one rank: it has no peer)
+  // α when every rank exchanges at once, all in tensor-parallel pairs (a mesh without pipelining
+  // moves in step: every rank computes, then every rank waits on its peers). 0: not measured,
+  // link.alpha_seconds applies.
+  double lockstep_alpha_seconds = 0;
 };
 
 struct DeviceProfile {
@@ -53,6 +57,10 @@ struct DeviceProfile {
   // g ranks gets 1/g of the machine's matmul rate and the links as they are.
   std::vector<SharedRanks> shared;
   int cores = 0;  // cpu: the machine's cores (0: unknown)
+  // Shared node, ranks in lockstep (PerRankProfile): what a rank waits at each collective that
+  // every rank of a group must reach (an exposed one) for its slowest peer, as ranks
+  // time-sharing the cores drift apart; the links' α is then the wake-up alone. 0 elsewhere.
+  double sync_skew_seconds = 0;
   // Whether collectives issued beside compute (data-parallel reductions, ZeRO-3's prefetch) run
   // on spare cores and hide behind it. Not when a shared node's ranks keep every core computing.
   bool overlap = true;
@@ -62,8 +70,11 @@ struct DeviceProfile {
 // memory, bandwidth and peak; the matmul rate and links of the calibrated entry for `ranks` (the
 // entry for the largest count below it, its rate scaled by count / ranks, when none matches),
 // else 1/ranks of the matmul rate; no overlap when the ranks' threads (each max(1, cores / ranks),
-// as the standalone worker gives them) fill the cores. Without shared_node, the device as it is.
-DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks);
+// as the standalone worker gives them) fill the cores. With `lockstep` (every rank of the node
+// exchanges at once) and a measured lockstep α: the links' α is the wake-up of a rank that does
+// not time-share (the entry for min(ranks, cores)), and sync_skew_seconds the rest of the
+// lockstep α, per two-step all-reduce. Without shared_node, the device as it is.
+DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockstep = false);
 
 // The built-in profiles' names, for messages: "cpu", "h100", "h200".
 std::vector<std::string> ProfileNames();

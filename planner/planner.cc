@@ -17,11 +17,17 @@ struct PhaseSeconds {
   double all() const { return exposed + forward + backward; }
 };
 
-PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link) {
+// With `hand_overs` (a shared node, where α is mostly a thread's wake-up: docs/planner.md) the
+// collectives' thread hand-overs cost an α each, as their messages do.
+// `sync_skew` is paid at every exposed collective (DeviceProfile::sync_skew_seconds).
+PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link, double sync_skew,
+                    bool hand_overs = false) {
   PhaseSeconds t;
   for (const Collective& c : collectives) {
+    const int64_t latency = c.latency + (hand_overs ? c.hand_overs : 0);
     const double seconds =
-        c.repeat * (c.latency * link.alpha_seconds + c.bytes / link.bytes_per_second);
+        c.repeat * (latency * link.alpha_seconds + c.bytes / link.bytes_per_second +
+                    (c.phase == Phase::kExposed ? sync_skew : 0));
     (c.phase == Phase::kExposed   ? t.exposed
      : c.phase == Phase::kForward ? t.forward
                                   : t.backward) += seconds;
@@ -72,9 +78,11 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_dp = TotalBytes(dp);
   t.bytes_tp = TotalBytes(tp);
   t.bytes_pp = TotalBytes(pp);
-  t.tp = TimeOf(tp, device.intra_node).all();
-  t.pp = TimeOf(pp, pp_crosses ? device.inter_node : device.intra_node).all();
-  const PhaseSeconds d = TimeOf(dp, dp_crosses ? dp_device.inter_node : dp_device.intra_node);
+  t.tp = TimeOf(tp, device.intra_node, device.sync_skew_seconds).all();
+  t.pp = TimeOf(pp, pp_crosses ? device.inter_node : device.intra_node, device.sync_skew_seconds)
+             .all();
+  const PhaseSeconds d = TimeOf(dp, dp_crosses ? dp_device.inter_node : dp_device.intra_node,
+                                dp_device.sync_skew_seconds, dp_device.shared_node);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
   t.dp = dp_device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
@@ -196,7 +204,8 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
 Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
                    const DeviceProfile& node_device, const LoopOptions& loop) {
   const int g = spec.resources.devices_per_node;
-  const DeviceProfile device = PerRankProfile(node_device, g);
+  // Without pipelining a node's ranks move in step: all compute, then all exchange.
+  const DeviceProfile device = PerRankProfile(node_device, g, mesh.pp == 1);
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   Candidate c;
   c.mesh = mesh;

@@ -36,6 +36,13 @@ Collective Times(Collective c, int64_t repeat) {
   return c;
 }
 
+// A collective the communication thread runs: it wakes that thread, and an exposed one also wakes
+// the training thread that waits for it.
+Collective HandedOver(Collective c) {
+  c.hand_overs = c.phase == Phase::kExposed ? 2 : 1;
+  return c;
+}
+
 // ZeRO-0/1: the gradient all-reduce in buckets of whole groups, packed in backward order (last
 // group first) up to bucket_bytes, as ShardedParams::Allocate packs them.
 void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group& dp,
@@ -53,7 +60,8 @@ void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group
   for (size_t b = 0; b < buckets.size(); ++b) {
     // The last bucket (holding the embeddings) is launched when the backward pass ends.
     const bool last = b + 1 == buckets.size();
-    out.push_back(dp.AllReduce(buckets[b], kFloat, last ? Phase::kExposed : Phase::kBackward));
+    out.push_back(
+        HandedOver(dp.AllReduce(buckets[b], kFloat, last ? Phase::kExposed : Phase::kBackward)));
   }
 }
 
@@ -63,13 +71,18 @@ void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collec
   const int64_t m = s.micro_batches;
   for (size_t g = 0; g < s.group_sizes.size(); ++g) {
     // The first group of a pass is waited for; the rest are prefetched behind compute.
-    out.push_back(
-        Times(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward), m));
+    out.push_back(Times(
+        HandedOver(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward)),
+        m));
     const bool block = g >= (s.stage.first ? 1u : 0u) &&
                        g < (s.stage.first ? 1u : 0u) + static_cast<size_t>(s.stage.num_layers);
-    if (block) out.push_back(Times(dp.AllGather(s.chunk(g), kFloat, Phase::kBackward), m));
+    if (block) {
+      out.push_back(Times(HandedOver(dp.AllGather(s.chunk(g), kFloat, Phase::kBackward)), m));
+    }
   }
-  if (s.tied_head_in_embedding_group()) out.push_back(Times(dp.AllGather(s.chunk(0), kFloat), m));
+  if (s.tied_head_in_embedding_group()) {
+    out.push_back(Times(HandedOver(dp.AllGather(s.chunk(0), kFloat)), m));
+  }
 }
 
 }  // namespace
@@ -100,14 +113,20 @@ std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOption
   if (zero <= 1) AddGradientBuckets(s, loop, dp, out);
   for (size_t g = 0; g < s.group_sizes.size(); ++g) {
     if (zero >= 2) {
-      out.push_back(Times(dp.ReduceScatter(s.chunk(g), kFloat, Phase::kBackward), s.micro_batches));
+      out.push_back(Times(HandedOver(dp.ReduceScatter(s.chunk(g), kFloat, Phase::kBackward)),
+                          s.micro_batches));
     }
-    if (zero == 1 || zero == 2) out.push_back(dp.AllGather(s.chunk(g), kFloat));
+    // ZeRO-1/2's parameter gathers are queued together and waited for once.
+    if (zero == 1 || zero == 2) {
+      Collective gather = dp.AllGather(s.chunk(g), kFloat);
+      gather.hand_overs = g == 0 ? 2 : 0;
+      out.push_back(gather);
+    }
   }
   if (zero == 3) AddParameterGathers(s, dp, out);
-  out.push_back(dp.Scalars(1));                      // the step's loss
-  out.push_back(dp.Scalars(loop.agreement_values));  // stop / checkpoint agreement
-  if (zero > 0) out.push_back(dp.Scalars(1));        // the gradient norm's sharded sum
+  out.push_back(HandedOver(dp.Scalars(1)));                      // the step's loss
+  out.push_back(HandedOver(dp.Scalars(loop.agreement_values)));  // stop / checkpoint agreement
+  if (zero > 0) out.push_back(HandedOver(dp.Scalars(1)));        // the gradient norm's sharded sum
   return out;
 }
 

@@ -18,8 +18,8 @@
 // - every axis: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
 //   agreement), each a 2-float all-reduce per value.
 //
-// Each collective also carries its latency steps and whether it can hide behind compute, for
-// the α–β time model (planner.h).
+// Each collective also carries its latency steps, whether it can hide behind compute, and the
+// thread hand-overs it costs, for the α–β time model (planner.h).
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_PLANNER_TRAFFIC_MODEL_H_
@@ -49,6 +49,10 @@ struct Collective {
   int64_t latency = 0;  // messages in sequence (ring steps): the α term's count
   Phase phase = Phase::kExposed;
   int64_t repeat = 1;  // identical calls per step
+  // Thread wake-ups per call besides its messages, for collectives the communication thread runs
+  // (data parallelism): 1 when it wakes that thread, 1 more when the training thread waits for it
+  // and is woken; 0 for one queued behind another of a batch that is waited for once.
+  int64_t hand_overs = 0;
 };
 
 // Byte totals by kind (bytes_sent in worker/trainer.h's order).

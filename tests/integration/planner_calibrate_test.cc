@@ -42,6 +42,7 @@ TEST(PlannerCalibrate, StoresAMeasuredProfileThatPlansUse) {
   for (const planner::SharedRanks& e : profile->shared) {
     EXPECT_GT(e.matmul_flops, 1e8) << e.ranks;
     if (e.ranks >= 2) EXPECT_GT(e.link.alpha_seconds, 0) << e.ranks;
+    if (e.ranks >= 2) EXPECT_GT(e.lockstep_alpha_seconds, 0) << e.ranks;
   }
   EXPECT_TRUE(absl::StrContains(out.str(), "\"shared_ranks\":[{\"ranks\":1,")) << out.str();
   std::printf("calibrated: %s", out.str().c_str());

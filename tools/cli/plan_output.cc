@@ -112,6 +112,11 @@ std::string CalibrationText(const planner::Calibration& c, const std::string& pa
           &shared, "; a tensor-parallel pair waits %s per pass in collectives, α = %.1f µs",
           planner::HumanSeconds(r.collective_seconds), r.entry.link.alpha_seconds * 1e6);
     }
+    if (r.entry.ranks >= 3) {
+      absl::StrAppendFormat(&shared, "; all in pairs at once: %s, α = %.1f µs",
+                            planner::HumanSeconds(r.lockstep_collective_seconds),
+                            r.entry.lockstep_alpha_seconds * 1e6);
+    }
     shared += "\n";
   }
   return absl::StrFormat(
@@ -130,11 +135,12 @@ std::string CalibrationText(const planner::Calibration& c, const std::string& pa
 std::string CalibrationJson(const planner::Calibration& c, const std::string& path) {
   std::vector<std::string> shared;
   for (const planner::SharedRanksCalibration& r : c.shared) {
-    shared.push_back(absl::StrCat("{\"ranks\":", r.entry.ranks,
-                                  ",\"pass_seconds\":", Number(r.pass_seconds),
-                                  ",\"matmul_flops\":", Number(r.entry.matmul_flops),
-                                  ",\"collective_seconds\":", Number(r.collective_seconds),
-                                  ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds), "}"));
+    shared.push_back(absl::StrCat(
+        "{\"ranks\":", r.entry.ranks, ",\"pass_seconds\":", Number(r.pass_seconds),
+        ",\"matmul_flops\":", Number(r.entry.matmul_flops), ",\"collective_seconds\":",
+        Number(r.collective_seconds), ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds),
+        ",\"lockstep_collective_seconds\":", Number(r.lockstep_collective_seconds),
+        ",\"lockstep_alpha_seconds\":", Number(r.entry.lockstep_alpha_seconds), "}"));
   }
   return absl::StrCat("{\"calibration\":{\"gemm_flops\":", Number(c.gemm_flops),
                       ",\"large_gemm_flops\":", Number(c.large_gemm_flops),

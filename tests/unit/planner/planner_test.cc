@@ -128,6 +128,33 @@ TEST(Traffic, RingBytesByHand) {
   EXPECT_EQ(TotalBytes(DataParallelTraffic(zero2, loop, 0)), 4 * kPsi / 2 * 2 + 3 * 8);
 }
 
+// Thread hand-overs of the communication thread, collective by collective: an overlapped one
+// wakes it (1), an exposed one also wakes the waiting training thread (2), and ZeRO-1/2's
+// parameter gathers, queued together and waited for once, cost the batch's first one 2.
+TEST(Traffic, HandOversByHand) {
+  config::JobSpec spec = Gpt2Debug(2);
+  const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
+  auto hand_overs = [&](int zero, Phase phase) {
+    int64_t total = 0;
+    for (const Collective& c : DataParallelTraffic(ShapeOf(spec, Mesh(2, 1, 1, zero), 0), loop, 0))
+      if (c.phase == phase) total += c.repeat * c.hand_overs;
+    return total;
+  };
+  // ZeRO-0 in one bucket: it is the last, exposed (2); the loss and the agreement (2 each).
+  EXPECT_EQ(hand_overs(0, Phase::kExposed), 2 + 2 + 2);
+  EXPECT_EQ(hand_overs(0, Phase::kBackward), 0);
+  // ZeRO-2, one micro-batch: a reduce-scatter per group beside the backward pass (1 each); the
+  // gathers' batch (2); the loss, the agreement and the gradient norm (2 each).
+  const RankShape zero2 = ShapeOf(spec, Mesh(2, 1, 1, 2), 0);
+  EXPECT_EQ(hand_overs(2, Phase::kBackward), static_cast<int64_t>(zero2.group_sizes.size()));
+  EXPECT_EQ(hand_overs(2, Phase::kExposed), 2 + 3 * 2);
+  // Tensor parallelism runs on the training thread: no hand-overs.
+  spec.resources.devices_per_node = 2;
+  for (const Collective& c :
+       TensorParallelTraffic(ShapeOf(spec, Mesh(1, 2, 1, 0), 0), BackendShape{4, 1 << 20}, loop, 0))
+    EXPECT_EQ(c.hand_overs, 0);
+}
+
 TEST(Meshes, EngineLimitsAreApplied) {
   config::JobSpec spec = Gpt2Debug(4);
   spec.model.vocab = 250;  // not divisible by 4
@@ -216,9 +243,10 @@ DeviceProfile SharedCpu() {
   cpu.matmul_flops = 1e11;
   cpu.memory_bytes_per_second = 4e10;
   cpu.intra_node = cpu.inter_node = Link{.alpha_seconds = 7e-5, .bytes_per_second = 1.5e9};
-  cpu.shared = {{.ranks = 1, .matmul_flops = 1.6e11, .link = {0, 1.5e9}},
-                {.ranks = 2, .matmul_flops = 1e11, .link = {4e-4, 1.5e9}},
-                {.ranks = 4, .matmul_flops = 5e10, .link = {3e-3, 1.5e9}}};
+  cpu.shared = {
+      {.ranks = 1, .matmul_flops = 1.6e11, .link = {0, 1.5e9}},
+      {.ranks = 2, .matmul_flops = 1e11, .link = {4e-4, 1.5e9}},
+      {.ranks = 4, .matmul_flops = 5e10, .link = {3e-3, 1.5e9}, .lockstep_alpha_seconds = 5e-3}};
   return cpu;
 }
 
@@ -242,6 +270,18 @@ TEST(Profiles, RanksSharingTheCoresGetTheirCalibratedEntry) {
   EXPECT_DOUBLE_EQ(one.intra_node.alpha_seconds, 7e-5);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 8).matmul_flops, 5e10 * 4 / 8);
 
+  // Four ranks in lockstep: each message costs the wake-up of ranks that do not time-share (the
+  // two-rank α), and each point all must reach the rest of the lockstep α, per two-step
+  // all-reduce: 2 · (5e-3 − 4e-4). Not in lockstep: the pair's α, no skew.
+  const DeviceProfile lockstep = PerRankProfile(cpu, 4, true);
+  EXPECT_DOUBLE_EQ(lockstep.intra_node.alpha_seconds, 4e-4);
+  EXPECT_DOUBLE_EQ(lockstep.sync_skew_seconds, 2 * (5e-3 - 4e-4));
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).intra_node.alpha_seconds, 3e-3);
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).sync_skew_seconds, 0);
+  // Without a lockstep measurement (the two-rank entry here), lockstep changes nothing.
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 2, true).intra_node.alpha_seconds, 4e-4);
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 2, true).sync_skew_seconds, 0);
+
   // Without entries, an even split; with a spare core, collectives overlap compute.
   DeviceProfile plain = cpu;
   plain.shared.clear();
@@ -259,6 +299,8 @@ TEST(Profiles, SharedRanksSurviveTheFileAndBadOnesAreRefused) {
   EXPECT_EQ(back->shared[2].ranks, 4);
   EXPECT_DOUBLE_EQ(back->shared[2].matmul_flops, 5e10);
   EXPECT_DOUBLE_EQ(back->shared[1].link.alpha_seconds, 4e-4);
+  EXPECT_DOUBLE_EQ(back->shared[2].lockstep_alpha_seconds, 5e-3);
+  EXPECT_DOUBLE_EQ(back->shared[1].lockstep_alpha_seconds, 0);
 
   DeviceProfile unordered = SharedCpu();
   std::swap(unordered.shared[0], unordered.shared[1]);
@@ -295,6 +337,16 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
       LoopOptions{});
   // The calibrated four-rank rate (5e10 per rank), not a quarter of the one-rank figure.
   EXPECT_LT(dp4.step.compute, dp4_even.step.compute);
+
+  // Without pipelining the four ranks exchange in lockstep: the lockstep measurement prices their
+  // tensor-parallel all-reduces (2 · 4e-4 + 2 · (5e-3 − 4e-4) = 2 · 5e-3, above the pair's
+  // 2 · 3e-3); a pipeline's stages do not move in step and keep the pair's α.
+  DeviceProfile no_lockstep = cpu;
+  no_lockstep.shared[2].lockstep_alpha_seconds = 0;
+  EXPECT_GT(Evaluate(spec, Mesh(2, 2, 1, 0), cpu, LoopOptions{}).step.communication,
+            Evaluate(spec, Mesh(2, 2, 1, 0), no_lockstep, LoopOptions{}).step.communication);
+  EXPECT_DOUBLE_EQ(Evaluate(spec, Mesh(1, 2, 2, 0), cpu, LoopOptions{}).step.communication,
+                   Evaluate(spec, Mesh(1, 2, 2, 0), no_lockstep, LoopOptions{}).step.communication);
 }
 
 TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
