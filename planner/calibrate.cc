@@ -208,8 +208,8 @@ absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, in
   return sum / ranks;
 }
 
-// Median seconds of a ring all-reduce of `count` floats between the two ranks: two ring steps,
-// each sending count / 2 floats, which is the planner's α–β form (2α + 4·count·β for n = 2).
+// Median seconds of an all-reduce of `count` floats between the two ranks: one exchange of the
+// whole buffer, which is the planner's α–β form (α + 4·count·β for n = 2).
 absl::StatusOr<double> AllReduceSeconds(worker::parallel::Communicator& comm, int64_t count,
                                         int rounds) {
   std::vector<float> buffer(count, 1.0f);
@@ -437,8 +437,8 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   Calibration c;
   // The probes between ranks first: they fork, and this process has started no threads yet.
   TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
-  // Two ring steps each; the large one sends kLargeFloats floats in all from each rank.
-  c.alpha_seconds = link.small / 2;
+  // One exchange each; the large one sends kLargeFloats floats from each rank.
+  c.alpha_seconds = link.small;
   const double transfer = std::max(link.large - link.small, 1e-9);
   c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
   for (int ranks : SharedRankCounts()) {

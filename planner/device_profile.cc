@@ -154,7 +154,7 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
         alone->link.alpha_seconds > 0) {
       share.intra_node.alpha_seconds = alone->link.alpha_seconds;
       share.sync_skew_seconds =
-          2 * std::max(0.0, entry->lockstep_alpha_seconds - alone->link.alpha_seconds);
+          std::max(0.0, entry->lockstep_alpha_seconds - alone->link.alpha_seconds);
     }
     share.inter_node = share.intra_node;  // across nodes the cpu profile assumes loopback
   }

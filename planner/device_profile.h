@@ -73,7 +73,8 @@ struct DeviceProfile {
 // as the standalone worker gives them) fill the cores. With `lockstep` (every rank of the node
 // exchanges at once) and a measured lockstep α: the links' α is the wake-up of a rank that does
 // not time-share (the entry for min(ranks, cores)), and sync_skew_seconds the rest of the
-// lockstep α, per two-step all-reduce. Without shared_node, the device as it is.
+// lockstep α (its probe's collectives are one step each). Without shared_node, the device as
+// it is.
 DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockstep = false);
 
 // The built-in profiles' names, for messages: "cpu", "h100", "h200".

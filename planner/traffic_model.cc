@@ -13,9 +13,10 @@ class Group {
  public:
   Group(int n, int rank) : n_(n), rank_(rank) {}
 
+  // A ring of 2(n − 1) steps; two ranks swap their buffers in one step (the same bytes).
   Collective AllReduce(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
     return {CollectiveKind::kAllReduce, RingAllReduceElements(count, n_, rank_) * elem_bytes,
-            2 * int64_t{n_ - 1}, phase};
+            n_ == 2 ? 1 : 2 * int64_t{n_ - 1}, phase};
   }
   // `count`: elements each rank ends with (reduce-scatter) or contributes (all-gather).
   Collective ReduceScatter(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {

@@ -271,11 +271,11 @@ TEST(Profiles, RanksSharingTheCoresGetTheirCalibratedEntry) {
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 8).matmul_flops, 5e10 * 4 / 8);
 
   // Four ranks in lockstep: each message costs the wake-up of ranks that do not time-share (the
-  // two-rank α), and each point all must reach the rest of the lockstep α, per two-step
-  // all-reduce: 2 · (5e-3 − 4e-4). Not in lockstep: the pair's α, no skew.
+  // two-rank α), and each point all must reach the rest of the lockstep α (its probe's
+  // collectives are one step each): 5e-3 − 4e-4. Not in lockstep: the pair's α, no skew.
   const DeviceProfile lockstep = PerRankProfile(cpu, 4, true);
   EXPECT_DOUBLE_EQ(lockstep.intra_node.alpha_seconds, 4e-4);
-  EXPECT_DOUBLE_EQ(lockstep.sync_skew_seconds, 2 * (5e-3 - 4e-4));
+  EXPECT_DOUBLE_EQ(lockstep.sync_skew_seconds, 5e-3 - 4e-4);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).intra_node.alpha_seconds, 3e-3);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).sync_skew_seconds, 0);
   // Without a lockstep measurement (the two-rank entry here), lockstep changes nothing.
@@ -339,8 +339,8 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
   EXPECT_LT(dp4.step.compute, dp4_even.step.compute);
 
   // Without pipelining the four ranks exchange in lockstep: the lockstep measurement prices their
-  // tensor-parallel all-reduces (2 · 4e-4 + 2 · (5e-3 − 4e-4) = 2 · 5e-3, above the pair's
-  // 2 · 3e-3); a pipeline's stages do not move in step and keep the pair's α.
+  // tensor-parallel all-reduces (4e-4 + (5e-3 − 4e-4) = 5e-3, above the pair's 3e-3); a
+  // pipeline's stages do not move in step and keep the pair's α.
   DeviceProfile no_lockstep = cpu;
   no_lockstep.shared[2].lockstep_alpha_seconds = 0;
   EXPECT_GT(Evaluate(spec, Mesh(2, 2, 1, 0), cpu, LoopOptions{}).step.communication,
