@@ -331,6 +331,71 @@ absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
   return (model->tp_comm_seconds() - before) / passes;
 }
 
+constexpr int64_t kBackgroundFloats = int64_t{1} << 16;  // 256 KiB per all-reduce
+
+// One rank of the background link probe: every rank runs the reference alone on its training
+// thread while a thread of its own all-reduces kBackgroundFloats over a ring of all `ranks`, back
+// to back, as data parallelism's communication thread does beside the backward pass. Returns
+// the median all-reduce's seconds.
+absl::StatusOr<double> BackgroundRank(worker::parallel::KeyValueStore& store,
+                                      const config::JobSpec& reference, int ranks, int rank,
+                                      double seconds) {
+  ReferenceRank compute;
+  TY_RETURN_IF_ERROR(compute.Init(reference, ThreadsPerRank(ranks)));
+  worker::parallel::GlooOptions options;
+  options.timeout = std::chrono::milliseconds(30000);
+  TY_ASSIGN_OR_RETURN(auto comm,
+                      worker::parallel::ConnectGloo(store, "background", rank, ranks, options));
+  std::atomic<bool> done = false;
+  absl::StatusOr<double> median = absl::UnknownError("not run");
+  std::thread communication([&] {
+    std::vector<float> buffer(kBackgroundFloats, 1.0f);
+    auto time_one = [&]() -> absl::StatusOr<double> {
+      const auto start = Clock::now();
+      TY_RETURN_IF_ERROR(comm->AllReduce(buffer.data(), kBackgroundFloats));
+      return Since(start);
+    };
+    median = [&]() -> absl::StatusOr<double> {
+      // A first all-reduce times the rest; the ranks agree on the count (the sum of estimates).
+      TY_ASSIGN_OR_RETURN(const double first, time_one());
+      float estimate[2] = {static_cast<float>(seconds / std::max(first, 1e-6)), 0};
+      TY_RETURN_IF_ERROR(comm->AllReduce(estimate, 2));
+      const int count = std::clamp(static_cast<int>(estimate[0] / ranks), 5, 2000);
+      std::vector<double> times;
+      for (int i = 0; i < count; ++i) {
+        TY_ASSIGN_OR_RETURN(const double t, time_one());
+        times.push_back(t);
+      }
+      std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+      return times[times.size() / 2];
+    }();
+    done.store(true);
+  });
+  absl::Status computed = absl::OkStatus();
+  while (!done.load() && computed.ok()) computed = compute.Pass();
+  communication.join();
+  TY_RETURN_IF_ERROR(computed);
+  return median;
+}
+
+// Rank 0's median all-reduce seconds in the background probe of `ranks` ranks (BackgroundRank).
+absl::StatusOr<double> BackgroundAllReduceSeconds(const CalibrationOptions& options, int ranks) {
+  const std::string dir = absl::StrCat(options.scratch_dir, "/background-", ranks);
+  TY_RETURN_IF_ERROR(MakeScratch(dir));
+  auto store = worker::parallel::MakeFileKeyValueStore(dir);
+  TY_ASSIGN_OR_RETURN(
+      const auto figures, InProcesses(ranks, [&](int r) -> absl::StatusOr<std::vector<double>> {
+        TY_ASSIGN_OR_RETURN(
+            const double seconds,
+            BackgroundRank(*store, options.reference, ranks, r, options.seconds_per_link_probe));
+        return std::vector<double>{seconds};
+      }));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (figures[0].size() != 1) return absl::InternalError("bad background probe result");
+  return figures[0][0];
+}
+
 // Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks, one pair or
 // (lockstep) all in pairs (PairedRank).
 absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks,
@@ -363,48 +428,116 @@ std::vector<int> SharedRankCounts() {
   return counts;
 }
 
-// `ranks` ranks sharing the machine, their links: α from the paired collectives (their time less
-// the bytes at the back-to-back β, per latency step), for one pair among computing ranks and for
-// all ranks in pairs (for two ranks they are the same probe). Ranks run as processes.
-absl::Status CalibrateSharedLinks(const CalibrationOptions& options, double bytes_per_second,
-                                  SharedRanksCalibration& r) {
-  r.entry.link.bytes_per_second = bytes_per_second;
-  if (r.entry.ranks < 2) return absl::OkStatus();
+// Every probe runs in rounds, each round taking every probe of its kind in turn, and keeps the
+// median round: a burst of load from outside (on a virtual machine, from other guests, which no
+// count of this machine's busy time shows) spoils a round of each probe, not a whole probe. The
+// link probes' waits also switch between regimes lasting a second or so (how the scheduler
+// places the ranks' threads on the cores): many short rounds give the typical regime, as a run's
+// median step does.
+constexpr int kLinkRounds = 9;
+constexpr int kComputeRounds = 3;
+
+double Median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+// The links, ranks as processes: the loopback pair's α and β, and for each count of ranks sharing
+// the machine α from the paired collectives (their time less the bytes at the back-to-back β,
+// per latency step), for one pair among computing ranks and for all ranks in pairs (for two
+// ranks they are the same probe). Appends c.shared's entries.
+absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
+  const std::vector<int> counts = SharedRankCounts();
+  CalibrationOptions round = options;
+  round.seconds_per_link_probe = options.seconds_per_link_probe / kLinkRounds;
+  std::vector<double> small, large;
+  std::vector<std::vector<double>> pair(counts.size()), lockstep(counts.size()),
+      background(counts.size());
+  for (int i = 0; i < kLinkRounds; ++i) {
+    TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
+    small.push_back(link.small);
+    large.push_back(link.large);
+    for (size_t j = 0; j < counts.size(); ++j) {
+      if (counts[j] < 2) continue;
+      TY_ASSIGN_OR_RETURN(const double paired, PairedCollectiveSeconds(round, counts[j], false));
+      pair[j].push_back(paired);
+      TY_ASSIGN_OR_RETURN(const double beside, BackgroundAllReduceSeconds(round, counts[j]));
+      background[j].push_back(beside);
+      if (counts[j] < 3) continue;
+      TY_ASSIGN_OR_RETURN(const double all, PairedCollectiveSeconds(round, counts[j], true));
+      lockstep[j].push_back(all);
+    }
+  }
+  // One exchange each; the large one sends kLargeFloats floats from each rank.
+  c.alpha_seconds = Median(small);
+  const double transfer = std::max(Median(large) - c.alpha_seconds, 1e-9);
+  c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
+
   // The pair's collectives per pass as the planner counts them.
   const BackendShape backend{4, int64_t{1} << 20};
-  const config::JobSpec pair = PairReference(options.reference);
-  const RankShape shape = ShapeOf(pair, pair.parallelism, 0);
+  const config::JobSpec reference = PairReference(options.reference);
   double latency = 0, bytes = 0;
-  for (const Collective& c : ModelTensorParallelTraffic(shape, backend, 0)) {
-    latency += c.repeat * c.latency;
-    bytes += c.repeat * c.bytes;
+  for (const Collective& col :
+       ModelTensorParallelTraffic(ShapeOf(reference, reference.parallelism, 0), backend, 0)) {
+    latency += col.repeat * col.latency;
+    bytes += col.repeat * col.bytes;
   }
   auto alpha = [&](double seconds) {
-    return std::max((seconds - bytes / bytes_per_second) / latency, 1e-7);
+    return std::max((seconds - bytes / c.bytes_per_second) / latency, 1e-7);
   };
-  TY_ASSIGN_OR_RETURN(r.collective_seconds, PairedCollectiveSeconds(options, r.entry.ranks, false));
-  r.entry.link.alpha_seconds = alpha(r.collective_seconds);
-  r.lockstep_collective_seconds = r.collective_seconds;
-  if (r.entry.ranks >= 3) {
-    TY_ASSIGN_OR_RETURN(r.lockstep_collective_seconds,
-                        PairedCollectiveSeconds(options, r.entry.ranks, true));
+  for (size_t j = 0; j < counts.size(); ++j) {
+    SharedRanksCalibration& r = c.shared.emplace_back();
+    r.entry.ranks = counts[j];
+    r.entry.link.bytes_per_second = c.bytes_per_second;
+    if (pair[j].empty()) continue;
+    r.collective_seconds = Median(pair[j]);
+    r.lockstep_collective_seconds =
+        lockstep[j].empty() ? r.collective_seconds : Median(lockstep[j]);
+    r.entry.link.alpha_seconds = alpha(r.collective_seconds);
+    r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
+    // The background all-reduce as the planner counts it (traffic_model.cc's ring).
+    const int n = counts[j];
+    r.background_seconds = Median(background[j]);
+    const double ring_bytes = 4.0 * RingAllReduceElements(kBackgroundFloats, n, 0);
+    r.entry.background_alpha_seconds = std::max(
+        (r.background_seconds - ring_bytes / c.bytes_per_second) / (n == 2 ? 1 : 2 * (n - 1)),
+        1e-7);
   }
-  r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
   return absl::OkStatus();
 }
 
-// `ranks` ranks sharing the machine, their compute: the effective rate from the reference pass.
-absl::Status CalibrateSharedCompute(const CalibrationOptions& options, double machine_bandwidth,
-                                    SharedRanksCalibration& r) {
-  const int ranks = r.entry.ranks;
-  TY_ASSIGN_OR_RETURN(r.pass_seconds,
-                      ReferencePassSeconds(options.reference, ranks, options.seconds_per_probe));
+// The compute, ranks as threads: the backend's GEMM and elementwise add with every core, and for
+// each count of ranks sharing the machine the effective rate from the reference pass.
+absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
+  std::vector<double> large_gemm, gemm, add;
+  std::vector<std::vector<double>> passes(c.shared.size());
+  for (int i = 0; i < kComputeRounds; ++i) {
+    {
+      std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(options.threads);
+      large_gemm.push_back(GemmFlops(*backend, 1024, options.seconds_per_probe));
+      gemm.push_back(GemmFlops(*backend, 512, options.seconds_per_probe));
+      add.push_back(AddBandwidth(*backend, options.seconds_per_probe));
+    }
+    for (size_t j = 0; j < c.shared.size(); ++j) {
+      TY_ASSIGN_OR_RETURN(const double pass,
+                          ReferencePassSeconds(options.reference, c.shared[j].entry.ranks,
+                                               options.seconds_per_probe));
+      passes[j].push_back(pass);
+    }
+  }
+  c.large_gemm_flops = Median(large_gemm);
+  c.gemm_flops = Median(gemm);
+  c.add_bytes_per_second = Median(add);
   const BackendShape backend{4, int64_t{1} << 20};
   const MicroBatchWork work =
       WorkOf(ShapeOf(options.reference, options.reference.parallelism, 0), backend);
-  const double elementwise = 3 * work.slot_bytes / (machine_bandwidth / ranks);
-  r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
-                         std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
+  for (size_t j = 0; j < c.shared.size(); ++j) {
+    SharedRanksCalibration& r = c.shared[j];
+    r.pass_seconds = Median(passes[j]);
+    const double elementwise = 3 * work.slot_bytes / (c.add_bytes_per_second / r.entry.ranks);
+    r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
+                           std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
+  }
   return absl::OkStatus();
 }
 
@@ -436,31 +569,14 @@ config::JobSpec CalibrationReference(const config::JobSpec& spec) {
 absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   Calibration c;
   // The probes between ranks first: they fork, and this process has started no threads yet.
-  TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
-  // One exchange each; the large one sends kLargeFloats floats from each rank.
-  c.alpha_seconds = link.small;
-  const double transfer = std::max(link.large - link.small, 1e-9);
-  c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
-  for (int ranks : SharedRankCounts()) {
-    c.shared.emplace_back().entry.ranks = ranks;
-    TY_RETURN_IF_ERROR(CalibrateSharedLinks(options, c.bytes_per_second, c.shared.back()));
-  }
-  {
-    std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(options.threads);
-    c.large_gemm_flops = GemmFlops(*backend, 1024, options.seconds_per_probe);
-    c.gemm_flops = GemmFlops(*backend, 512, options.seconds_per_probe);
-    c.add_bytes_per_second = AddBandwidth(*backend, options.seconds_per_probe);
-  }
-
+  TY_RETURN_IF_ERROR(MeasureLinks(options, c));
+  TY_RETURN_IF_ERROR(MeasureCompute(options, c));
+  for (const SharedRanksCalibration& shared : c.shared) c.profile.shared.push_back(shared.entry);
   const config::ModelConfig& model = options.reference.model;
   c.reference_name = absl::StrFormat(
       "%s, %d layers, width %d, %d × %d tokens", config::FamilyName(model.family), model.layers,
       model.width, ReferenceRows(options.reference) / options.reference.training.seq_len,
       options.reference.training.seq_len);
-  for (SharedRanksCalibration& shared : c.shared) {
-    TY_RETURN_IF_ERROR(CalibrateSharedCompute(options, c.add_bytes_per_second, shared));
-    c.profile.shared.push_back(shared.entry);
-  }
   std::error_code ec;
   std::filesystem::remove_all(options.scratch_dir, ec);
 

@@ -4,8 +4,9 @@
 // two ranks over loopback TCP; and for each count of ranks sharing the cores, with that many ranks
 // running at once as threads of this process (each with its own backend, meeting through a file
 // rendezvous store as ranks do), the engine's effective rate on a reference forward and backward
-// pass, the α a tensor-parallel pair of them pays among the others, and the α when all of them
-// exchange in pairs at once (docs/planner.md).
+// pass, the α a tensor-parallel pair of them pays among the others, the α when all of them
+// exchange in pairs at once, and the α of a communication thread's all-reduce while they all
+// compute (docs/planner.md).
 //
 // Threading: runs its own threads; call from one thread.
 #ifndef TRAINYARD_PLANNER_CALIBRATE_H_
@@ -27,10 +28,12 @@ config::JobSpec DefaultCalibrationReference();
 config::JobSpec CalibrationReference(const config::JobSpec& spec);
 
 struct CalibrationOptions {
-  int threads = 0;                 // CPU backend threads; 0: every core, as a rank uses
-  double seconds_per_probe = 0.5;  // how long each rate is measured for
-  // How long each shared-core link probe runs. Its waits are thread wake-ups, whose cost drifts
-  // over seconds on a virtual machine; a long probe averages the drift (docs/planner.md).
+  int threads = 0;  // CPU backend threads; 0: every core, as a rank uses
+  // Every probe runs in rounds, interleaved with the others, and keeps its median round
+  // (docs/planner.md): a burst of outside load spoils a round, not the probe.
+  double seconds_per_probe = 0.5;  // each of the three rounds of a rate
+  // Each shared-core link probe, its nine rounds together. Its waits are thread wake-ups, whose
+  // cost drifts over seconds on a virtual machine.
   double seconds_per_link_probe = 3.0;
   std::string scratch_dir;  // for the rendezvous files; created, then removed
   config::JobSpec reference = DefaultCalibrationReference();
@@ -44,6 +47,8 @@ struct SharedRanksCalibration {
   // compute, and every rank in pairs at once (lockstep; 3 ranks or more).
   double collective_seconds = 0;
   double lockstep_collective_seconds = 0;
+  // The median all-reduce of a communication thread while every rank computes.
+  double background_seconds = 0;
 };
 
 // What was measured, besides the profile itself, for the report.

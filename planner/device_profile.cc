@@ -95,6 +95,9 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
     if (item.Find("lockstep_alpha_seconds") != nullptr) {
       TY_ASSIGN_OR_RETURN(e.lockstep_alpha_seconds, Number(item, "lockstep_alpha_seconds"));
     }
+    if (item.Find("background_alpha_seconds") != nullptr) {
+      TY_ASSIGN_OR_RETURN(e.background_alpha_seconds, Number(item, "background_alpha_seconds"));
+    }
     if (e.ranks < 1 || e.ranks != ranks || e.matmul_flops <= 0 || e.link.bytes_per_second <= 0 ||
         (!shared.empty() && e.ranks <= shared.back().ranks)) {
       return absl::InvalidArgumentError(
@@ -148,6 +151,7 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
   }
   share.matmul_flops = entry->matmul_flops * entry->ranks / ranks;
   if (entry->link.alpha_seconds > 0) {
+    share.idle_alpha_seconds = device.intra_node.alpha_seconds;
     share.intra_node = entry->link;
     const SharedRanks* alone = entry_for(std::min(ranks, std::max(device.cores, 2)));
     if (lockstep && entry->lockstep_alpha_seconds > 0 && alone != nullptr &&
@@ -157,6 +161,7 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
           std::max(0.0, entry->lockstep_alpha_seconds - alone->link.alpha_seconds);
     }
     share.inter_node = share.intra_node;  // across nodes the cpu profile assumes loopback
+    share.background_alpha_seconds = entry->background_alpha_seconds;
   }
   return share;
 }
@@ -169,8 +174,10 @@ std::string ProfileToJson(const DeviceProfile& p) {
   std::vector<std::string> shared;
   for (const SharedRanks& e : p.shared) {
     shared.push_back(absl::StrFormat(
-        "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g}",
-        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds));
+        "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g, "
+        "\"background_alpha_seconds\": %.9g}",
+        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds,
+        e.background_alpha_seconds));
   }
   return absl::StrFormat(
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"

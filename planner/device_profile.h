@@ -34,6 +34,9 @@ struct SharedRanks {
   // moves in step: every rank computes, then every rank waits on its peers). 0: not measured,
   // link.alpha_seconds applies.
   double lockstep_alpha_seconds = 0;
+  // α of a collective a communication thread runs while every rank computes (data parallelism's
+  // reductions and gathers). 0: not measured, link.alpha_seconds applies.
+  double background_alpha_seconds = 0;
 };
 
 struct DeviceProfile {
@@ -61,6 +64,11 @@ struct DeviceProfile {
   // every rank of a group must reach (an exposed one) for its slowest peer, as ranks
   // time-sharing the cores drift apart; the links' α is then the wake-up alone. 0 elsewhere.
   double sync_skew_seconds = 0;
+  // Shared node: α of the communication thread's collectives (SharedRanks); 0: the links' α.
+  double background_alpha_seconds = 0;
+  // Shared node: α when no rank computes (the machine's back-to-back link, before the entry's
+  // replaced it); 0: the links' α.
+  double idle_alpha_seconds = 0;
   // Whether collectives issued beside compute (data-parallel reductions, ZeRO-3's prefetch) run
   // on spare cores and hide behind it. Not when a shared node's ranks keep every core computing.
   bool overlap = true;

@@ -17,17 +17,24 @@ struct PhaseSeconds {
   double all() const { return exposed + forward + backward; }
 };
 
-// With `hand_overs` (a shared node, where α is mostly a thread's wake-up: docs/planner.md) the
-// collectives' thread hand-overs cost an α each, as their messages do.
-// `sync_skew` is paid at every exposed collective (DeviceProfile::sync_skew_seconds).
-PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link, double sync_skew,
-                    bool hand_overs = false) {
+// What a collective's latency costs besides its bytes: `message` per latency step, `hand_over`
+// per thread hand-over (a shared node's, where α is mostly a thread's wake-up: docs/planner.md;
+// 0 elsewhere), and `sync_skew` at every exposed collective (DeviceProfile::sync_skew_seconds).
+struct LatencyCosts {
+  double message = 0, hand_over = 0, sync_skew = 0;
+  double exposed_message = -1;  // per step of an exposed collective; < 0: `message`
+};
+
+PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link,
+                    const LatencyCosts& costs) {
   PhaseSeconds t;
   for (const Collective& c : collectives) {
-    const int64_t latency = c.latency + (hand_overs ? c.hand_overs : 0);
+    const bool exposed = c.phase == Phase::kExposed;
+    const double message =
+        exposed && costs.exposed_message >= 0 ? costs.exposed_message : costs.message;
     const double seconds =
-        c.repeat * (latency * link.alpha_seconds + c.bytes / link.bytes_per_second +
-                    (c.phase == Phase::kExposed ? sync_skew : 0));
+        c.repeat * (c.latency * message + c.hand_overs * costs.hand_over +
+                    c.bytes / link.bytes_per_second + (exposed ? costs.sync_skew : 0));
     (c.phase == Phase::kExposed   ? t.exposed
      : c.phase == Phase::kForward ? t.forward
                                   : t.backward) += seconds;
@@ -78,11 +85,28 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_dp = TotalBytes(dp);
   t.bytes_tp = TotalBytes(tp);
   t.bytes_pp = TotalBytes(pp);
-  t.tp = TimeOf(tp, device.intra_node, device.sync_skew_seconds).all();
-  t.pp = TimeOf(pp, pp_crosses ? device.inter_node : device.intra_node, device.sync_skew_seconds)
-             .all();
-  const PhaseSeconds d = TimeOf(dp, dp_crosses ? dp_device.inter_node : dp_device.intra_node,
-                                dp_device.sync_skew_seconds, dp_device.shared_node);
+  const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
+                             .sync_skew = device.sync_skew_seconds};
+  t.tp = TimeOf(tp, device.intra_node, in_step).all();
+  const Link& pp_link = pp_crosses ? device.inter_node : device.intra_node;
+  t.pp =
+      TimeOf(pp, pp_link, {.message = pp_link.alpha_seconds, .sync_skew = device.sync_skew_seconds})
+          .all();
+  // On a shared node the communication thread's messages cost what they cost beside compute
+  // (the background α), and each hand-over a wake-up of a waiting thread (the link's α).
+  const Link& dp_link = dp_crosses ? dp_device.inter_node : dp_device.intra_node;
+  LatencyCosts dp_costs{.message = dp_link.alpha_seconds, .sync_skew = dp_device.sync_skew_seconds};
+  if (dp_device.shared_node) {
+    dp_costs.hand_over = dp_link.alpha_seconds;
+    if (dp_device.background_alpha_seconds > 0) {
+      dp_costs.message = dp_device.background_alpha_seconds;
+    }
+    // Without pipelining every rank waits for an exposed one: no core computes meanwhile.
+    if (s.mesh.pp == 1 && dp_device.idle_alpha_seconds > 0) {
+      dp_costs.exposed_message = dp_device.idle_alpha_seconds;
+    }
+  }
+  const PhaseSeconds d = TimeOf(dp, dp_link, dp_costs);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
   t.dp = dp_device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +

@@ -117,6 +117,11 @@ std::string CalibrationText(const planner::Calibration& c, const std::string& pa
                             planner::HumanSeconds(r.lockstep_collective_seconds),
                             r.entry.lockstep_alpha_seconds * 1e6);
     }
+    if (r.entry.ranks >= 2) {
+      absl::StrAppendFormat(
+          &shared, "; a communication thread's all-reduce beside compute: %s, α = %.1f µs",
+          planner::HumanSeconds(r.background_seconds), r.entry.background_alpha_seconds * 1e6);
+    }
     shared += "\n";
   }
   return absl::StrFormat(
@@ -140,7 +145,9 @@ std::string CalibrationJson(const planner::Calibration& c, const std::string& pa
         ",\"matmul_flops\":", Number(r.entry.matmul_flops), ",\"collective_seconds\":",
         Number(r.collective_seconds), ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds),
         ",\"lockstep_collective_seconds\":", Number(r.lockstep_collective_seconds),
-        ",\"lockstep_alpha_seconds\":", Number(r.entry.lockstep_alpha_seconds), "}"));
+        ",\"lockstep_alpha_seconds\":", Number(r.entry.lockstep_alpha_seconds),
+        ",\"background_seconds\":", Number(r.background_seconds),
+        ",\"background_alpha_seconds\":", Number(r.entry.background_alpha_seconds), "}"));
   }
   return absl::StrCat("{\"calibration\":{\"gemm_flops\":", Number(c.gemm_flops),
                       ",\"large_gemm_flops\":", Number(c.large_gemm_flops),

@@ -301,6 +301,12 @@ TEST(Profiles, SharedRanksSurviveTheFileAndBadOnesAreRefused) {
   EXPECT_DOUBLE_EQ(back->shared[1].link.alpha_seconds, 4e-4);
   EXPECT_DOUBLE_EQ(back->shared[2].lockstep_alpha_seconds, 5e-3);
   EXPECT_DOUBLE_EQ(back->shared[1].lockstep_alpha_seconds, 0);
+  DeviceProfile background = SharedCpu();
+  background.shared[1].background_alpha_seconds = 1e-4;
+  absl::StatusOr<DeviceProfile> with_background = ProfileFromJson(ProfileToJson(background));
+  ASSERT_TRUE(with_background.ok()) << with_background.status();
+  EXPECT_DOUBLE_EQ(with_background->shared[1].background_alpha_seconds, 1e-4);
+  EXPECT_DOUBLE_EQ(PerRankProfile(*with_background, 2).background_alpha_seconds, 1e-4);
 
   DeviceProfile unordered = SharedCpu();
   std::swap(unordered.shared[0], unordered.shared[1]);
@@ -347,6 +353,28 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
             Evaluate(spec, Mesh(2, 2, 1, 0), no_lockstep, LoopOptions{}).step.communication);
   EXPECT_DOUBLE_EQ(Evaluate(spec, Mesh(1, 2, 2, 0), cpu, LoopOptions{}).step.communication,
                    Evaluate(spec, Mesh(1, 2, 2, 0), no_lockstep, LoopOptions{}).step.communication);
+}
+
+// On a shared node a data-parallel collective's messages cost the communication thread's α
+// beside compute while the ranks compute, and the machine's idle α when every rank waits for it
+// (an exposed one, without pipelining); its hand-overs cost the link's α. By hand, ZeRO-2 over
+// two ranks in one micro-batch: a one-step reduce-scatter per group beside the backward pass;
+// exposed, the gathers' batch (one step per group) and three one-step scalar sums.
+TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
+  config::JobSpec spec = Gpt2Debug(2);
+  const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
+  const int64_t groups =
+      static_cast<int64_t>(ShapeOf(spec, Mesh(2, 1, 1, 2), 0).group_sizes.size());
+  DeviceProfile cpu = SharedCpu();
+  const Candidate link_alpha = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
+  cpu.shared[1].background_alpha_seconds = 1e-4;
+  const Candidate background = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
+  EXPECT_NEAR(link_alpha.step.communication - background.step.communication,
+              groups * (4e-4 - 1e-4), 1e-12);
+  cpu.intra_node.alpha_seconds = 2e-5;  // the idle machine's α: 7e-5 before
+  const Candidate idle = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
+  EXPECT_NEAR(background.step.communication - idle.step.communication,
+              (groups + 3) * (7e-5 - 2e-5), 1e-12);
 }
 
 TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
