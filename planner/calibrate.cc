@@ -288,7 +288,8 @@ config::JobSpec PairReference(const config::JobSpec& reference) {
 // running the reference's forward and backward passes (the engine's own collectives between the
 // engine's own compute); the others run the reference alone, keeping the cores as busy as the
 // rank count does. With `lockstep`, every rank of an even count is in a pair (an odd count's last
-// one runs alone).
+// one runs alone), and the pairs move in step as a mesh without pipelining does: after each pass
+// all paired ranks sum a scalar, as the training loop does each step.
 // Returns its seconds in tensor-parallel collectives per pass (0 for a rank that is not paired).
 absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
                                   const config::JobSpec& reference, int ranks, int rank,
@@ -309,6 +310,11 @@ absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
   options.timeout = std::chrono::milliseconds(30000);
   TY_ASSIGN_OR_RETURN(auto comm, worker::parallel::ConnectGloo(
                                      store, absl::StrCat("pair", rank / 2), rank % 2, 2, options));
+  std::unique_ptr<worker::parallel::Communicator> step;
+  if (lockstep) {
+    TY_ASSIGN_OR_RETURN(
+        step, worker::parallel::ConnectGloo(store, "step", rank, ranks - ranks % 2, options));
+  }
   const worker::PipelineStage stage = worker::BalanceStages(pair.model, seq_len, 1)[0];
   const worker::ParameterLayout layout(pair.model, rank % 2, 2, stage);
   worker::LocalParamSource source(layout, backend.get());
@@ -317,15 +323,21 @@ absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
                                                         comm.get(), stage, false));
   std::vector<int32_t> tokens(static_cast<size_t>(micro) * seq_len + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % pair.model.vocab;
-  auto pass = [&] {
-    return model->ForwardBackward(tokens.data(), tokens.data() + 1, micro, seq_len, 1.0f).status();
+  auto pass = [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(
+        model->ForwardBackward(tokens.data(), tokens.data() + 1, micro, seq_len, 1.0f).status());
+    if (step == nullptr) return absl::OkStatus();
+    float sum[2] = {1, 0};
+    return step->AllReduce(sum, 2);
   };
-  // A warm-up pass times the rest; the pair agrees on the count (the sum of both estimates).
+  // A warm-up pass times the rest; the ranks that exchange agree on the count (the mean of their
+  // estimates).
   auto start = Clock::now();
   TY_RETURN_IF_ERROR(pass());
   float estimate[2] = {static_cast<float>(seconds / std::max(Since(start), 1e-6)), 0};
-  TY_RETURN_IF_ERROR(comm->AllReduce(estimate, 2));
-  const int passes = std::clamp(static_cast<int>(estimate[0] / 2), 3, 200);
+  worker::parallel::Communicator& agree = step != nullptr ? *step : *comm;
+  TY_RETURN_IF_ERROR(agree.AllReduce(estimate, 2));
+  const int passes = std::clamp(static_cast<int>(estimate[0] / agree.size()), 3, 200);
   const double before = model->tp_comm_seconds();
   for (int i = 0; i < passes; ++i) TY_RETURN_IF_ERROR(pass());
   return (model->tp_comm_seconds() - before) / passes;
