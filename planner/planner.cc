@@ -23,6 +23,9 @@ struct PhaseSeconds {
 struct LatencyCosts {
   double message = 0, hand_over = 0, sync_skew = 0;
   double exposed_message = -1;  // per step of an exposed collective; < 0: `message`
+  // Per step and hand-over of the step's scalar sums, which run while no rank computes; < 0: as
+  // any other collective.
+  double step_end = -1;
 };
 
 PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link,
@@ -30,10 +33,14 @@ PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link
   PhaseSeconds t;
   for (const Collective& c : collectives) {
     const bool exposed = c.phase == Phase::kExposed;
-    const double message =
-        exposed && costs.exposed_message >= 0 ? costs.exposed_message : costs.message;
+    double message = exposed && costs.exposed_message >= 0 ? costs.exposed_message : costs.message;
+    double hand_over = costs.hand_over;
+    if (c.step_end && costs.step_end >= 0) {
+      message = costs.step_end;
+      hand_over = std::min(hand_over, costs.step_end);
+    }
     const double seconds =
-        c.repeat * (c.latency * message + c.hand_overs * costs.hand_over +
+        c.repeat * (c.latency * message + c.hand_overs * hand_over +
                     c.bytes / link.bytes_per_second + (exposed ? costs.sync_skew : 0));
     (c.phase == Phase::kExposed   ? t.exposed
      : c.phase == Phase::kForward ? t.forward
@@ -85,13 +92,17 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_dp = TotalBytes(dp);
   t.bytes_tp = TotalBytes(tp);
   t.bytes_pp = TotalBytes(pp);
+  const double idle = device.idle_alpha_seconds > 0 ? device.idle_alpha_seconds : -1;
   const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
-                             .sync_skew = device.sync_skew_seconds};
+                             .sync_skew = device.sync_skew_seconds,
+                             .step_end = idle};
   t.tp = TimeOf(tp, device.intra_node, in_step).all();
   const Link& pp_link = pp_crosses ? device.inter_node : device.intra_node;
-  t.pp =
-      TimeOf(pp, pp_link, {.message = pp_link.alpha_seconds, .sync_skew = device.sync_skew_seconds})
-          .all();
+  t.pp = TimeOf(pp, pp_link,
+                {.message = pp_link.alpha_seconds,
+                 .sync_skew = device.sync_skew_seconds,
+                 .step_end = idle})
+             .all();
   // On a shared node the communication thread's messages cost what they cost beside compute
   // (the background α), and each hand-over a wake-up of a waiting thread (the link's α).
   const Link& dp_link = dp_crosses ? dp_device.inter_node : dp_device.intra_node;
@@ -105,6 +116,7 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
     if (s.mesh.pp == 1 && dp_device.idle_alpha_seconds > 0) {
       dp_costs.exposed_message = dp_device.idle_alpha_seconds;
     }
+    if (dp_device.idle_alpha_seconds > 0) dp_costs.step_end = dp_device.idle_alpha_seconds;
   }
   const PhaseSeconds d = TimeOf(dp, dp_link, dp_costs);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.

@@ -26,7 +26,11 @@ class Group {
     return {CollectiveKind::kAllGather, (n_ - 1) * count * elem_bytes, n_ - 1, phase};
   }
   // The training loop's sums of doubles (two floats each).
-  Collective Scalars(int values) const { return AllReduce(2 * int64_t{values}, kFloat); }
+  Collective Scalars(int values) const {
+    Collective c = AllReduce(2 * int64_t{values}, kFloat);
+    c.step_end = true;
+    return c;
+  }
 
  private:
   int n_, rank_;

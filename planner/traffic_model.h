@@ -53,6 +53,8 @@ struct Collective {
   // (data parallelism): 1 when it wakes that thread, 1 more when the training thread waits for it
   // and is woken; 0 for one queued behind another of a batch that is waited for once.
   int64_t hand_overs = 0;
+  // The training loop's scalar sums at the step's end, which every rank waits for.
+  bool step_end = false;
 };
 
 // Byte totals by kind (bytes_sent in worker/trainer.h's order).
