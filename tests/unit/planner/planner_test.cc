@@ -370,8 +370,8 @@ TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
   const Candidate link_alpha = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
   cpu.shared[1].background_alpha_seconds = 1e-4;
   const Candidate background = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
-  EXPECT_NEAR(link_alpha.step.communication - background.step.communication,
-              groups * (4e-4 - 1e-4), 1e-12);
+  EXPECT_NEAR(link_alpha.step.communication - background.step.communication, groups * (4e-4 - 1e-4),
+              1e-12);
   cpu.intra_node.alpha_seconds = 2e-5;  // the idle machine's α: 7e-5 before
   const Candidate idle = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
   EXPECT_NEAR(background.step.communication - idle.step.communication,
