@@ -229,6 +229,9 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace trainyard::worker
 
 int main(int argc, char** argv) {
+  // A peer that dies mid-collective closes its sockets; a write to one must fail as EPIPE, which
+  // the communicator reports, rather than kill this rank with SIGPIPE and hide the peer's death.
+  signal(SIGPIPE, SIG_IGN);
   absl::Status status;
   try {
     status = trainyard::worker::IsCoordinatedInvocation(argc, argv)
