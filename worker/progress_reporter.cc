@@ -97,6 +97,30 @@ void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
 
 void ProgressReporter::SetResumed(const v1::Resumed& resumed) { resumed_ = resumed; }
 
+// The coordinator's answer; none while it cannot be reached and the orphan timeout has not
+// passed (training goes on); ABORTED when it ended this attempt; UNAVAILABLE past the orphan
+// timeout.
+absl::StatusOr<std::optional<v1::ProgressReply>> ProgressReporter::Send(
+    const v1::ProgressReport& report, int64_t now) {
+  absl::StatusOr<v1::ProgressReply> reply =
+      channel_->Report(report, unreachable_since_nanos_ ? kUnreachableTimeout : kReportTimeout);
+  if (reply.ok()) return std::optional<v1::ProgressReply>(*std::move(reply));
+  if (absl::IsFailedPrecondition(reply.status()) || absl::IsNotFound(reply.status())) {
+    return absl::AbortedError(
+        absl::StrCat("the coordinator ended this attempt: ", reply.status().message()));
+  }
+  if (!unreachable_since_nanos_) {
+    TY_LOG(WARNING) << "cannot report progress (training goes on): " << reply.status();
+    unreachable_since_nanos_ = now;
+  } else if (now - *unreachable_since_nanos_ > absl::ToInt64Nanoseconds(orphan_timeout_)) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator has been unreachable for over ", absl::FormatDuration(orphan_timeout_),
+        "; stopping, since nothing supervises this worker any more (last error: ",
+        reply.status().message(), ")"));
+  }
+  return std::nullopt;
+}
+
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
   seconds_ += step.step_seconds;
@@ -152,30 +176,23 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   max_step_seconds_ = 0;
   tokens_ = 0;
 
-  absl::StatusOr<v1::ProgressReply> reply =
-      channel_->Report(report, unreachable_since_nanos_ ? kUnreachableTimeout : kReportTimeout);
-  if (!reply.ok()) {
-    if (absl::IsFailedPrecondition(reply.status()) || absl::IsNotFound(reply.status())) {
-      return absl::AbortedError(
-          absl::StrCat("the coordinator ended this attempt: ", reply.status().message()));
-    }
-    if (!unreachable_since_nanos_) {
-      TY_LOG(WARNING) << "cannot report progress (training goes on): " << reply.status();
-      unreachable_since_nanos_ = now;
-    } else if (now - *unreachable_since_nanos_ > absl::ToInt64Nanoseconds(orphan_timeout_)) {
-      return absl::UnavailableError(absl::StrCat(
-          "the coordinator has been unreachable for over ", absl::FormatDuration(orphan_timeout_),
-          "; stopping, since nothing supervises this worker any more (last error: ",
-          reply.status().message(), ")"));
-    }
-    return absl::OkStatus();
+  absl::StatusOr<std::optional<v1::ProgressReply>> sent = Send(report, now);
+  // The last step's report carries the run's final progress and checkpoints, which nothing after
+  // it would repeat: while the coordinator is unreachable (restarting, say) it is tried again
+  // every kUnreachableRetry until answered or the orphan timeout.
+  while (sent.ok() && !sent->has_value() && step.step >= step.total_steps) {
+    clock_->SleepFor(kUnreachableRetry);
+    sent = Send(report, clock_->NowNanosMonotonic());
   }
+  if (!sent.ok()) return sent.status();
+  if (!sent->has_value()) return absl::OkStatus();
+  const v1::ProgressReply& reply = **sent;
   ++reports_sent_;
   unreachable_since_nanos_.reset();
   pending_checkpoints_.erase(pending_checkpoints_.begin(),
                              pending_checkpoints_.begin() + report.checkpoints_size());
   resumed_.reset();
-  switch (reply->order()) {
+  switch (reply.order()) {
     case v1::ORDER_STOP:
       return absl::CancelledError(absl::StrCat("stopped by the coordinator at step ", step.step));
     case v1::ORDER_DRAIN:
@@ -186,9 +203,9 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
       return absl::CancelledError(absl::StrCat("drained by the coordinator at step ", step.step,
                                                " (this worker writes no checkpoints)"));
     case v1::ORDER_CHECKPOINT:
-      if (checkpoint_order_ != nullptr && reply->checkpoint_step() > step.step &&
-          checkpoint_order_->exchange(reply->checkpoint_step()) != reply->checkpoint_step()) {
-        TY_LOG(INFO) << "checkpoint ordered at step " << reply->checkpoint_step();
+      if (checkpoint_order_ != nullptr && reply.checkpoint_step() > step.step &&
+          checkpoint_order_->exchange(reply.checkpoint_step()) != reply.checkpoint_step()) {
+        TY_LOG(INFO) << "checkpoint ordered at step " << reply.checkpoint_step();
       }
       return absl::OkStatus();
     default:

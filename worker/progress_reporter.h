@@ -95,6 +95,9 @@ class ProgressReporter {
   int64_t reports_sent() const { return reports_sent_; }
 
  private:
+  [[nodiscard]] absl::StatusOr<std::optional<trainyard::v1::ProgressReply>> Send(
+      const trainyard::v1::ProgressReport& report, int64_t now);
+
   ProgressChannel* channel_;
   WorkerIdentity identity_;
   Clock* clock_;

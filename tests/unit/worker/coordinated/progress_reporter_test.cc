@@ -19,6 +19,10 @@ class FakeProgressChannel : public ProgressChannel {
                                            absl::Duration timeout) override {
     reports.push_back(report);
     timeouts.push_back(timeout);
+    if (unavailable_calls > 0) {
+      --unavailable_calls;
+      return absl::UnavailableError("restarting");
+    }
     if (!next_status.ok()) return next_status;
     v1::ProgressReply reply;
     reply.set_order(next_order);
@@ -28,6 +32,7 @@ class FakeProgressChannel : public ProgressChannel {
   std::vector<v1::ProgressReport> reports;
   std::vector<absl::Duration> timeouts;
   absl::Status next_status;
+  int unavailable_calls = 0;  // the next calls that fail as UNAVAILABLE before next_status holds
   v1::Order next_order = v1::ORDER_CONTINUE;
 };
 
@@ -216,6 +221,33 @@ TEST_F(ProgressReporterTest, WhileUnreachableReportsAreSpacedOutAndShort) {
   ASSERT_TRUE(reporter_.OnStep(Step(22)).ok());
   ASSERT_EQ(channel_.reports.size(), 5u);
   EXPECT_EQ(channel_.timeouts.back(), kReportTimeout);
+}
+
+// The last step's report (the final progress, the last checkpoints) is not lost to a coordinator
+// that is restarting: it is tried every kUnreachableRetry until answered.
+TEST_F(ProgressReporterTest, TheLastStepsReportWaitsForACoordinatorThatComesBack) {
+  v1::Checkpoint committed;
+  committed.set_step(100);
+  committed.set_state(v1::CHECKPOINT_STATE_COMMITTED);
+  reporter_.AddCheckpoint(committed);
+  channel_.unavailable_calls = 3;
+  const int64_t before = clock_.NowNanosMonotonic();
+  ASSERT_TRUE(reporter_.OnStep(Step(100)).ok());
+  ASSERT_EQ(channel_.reports.size(), 4u);
+  EXPECT_EQ(reporter_.reports_sent(), 1);
+  EXPECT_EQ(channel_.reports.back().step(), 100);
+  EXPECT_EQ(channel_.reports.back().checkpoints_size(), 1);
+  EXPECT_EQ(clock_.NowNanosMonotonic() - before, 3 * absl::ToInt64Nanoseconds(kUnreachableRetry));
+}
+
+// ... but not past the orphan timeout, nor for an earlier step.
+TEST_F(ProgressReporterTest, TheLastStepsReportGivesUpAtTheOrphanTimeout) {
+  channel_.next_status = absl::UnavailableError("connection refused");
+  EXPECT_TRUE(reporter_.OnStep(Step(99)).ok());
+  EXPECT_EQ(channel_.reports.size(), 1u);
+  absl::Status status = reporter_.OnStep(Step(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "unreachable for over 10m")) << status;
 }
 
 TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
