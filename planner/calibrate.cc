@@ -38,6 +38,11 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+double Median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
 // Runs `op` until `seconds` have passed (at least twice); returns seconds per run.
 double SecondsPerRun(double seconds, const std::function<void()>& op) {
   op();  // warm up: first-touch of the buffers, thread pool start
@@ -219,8 +224,7 @@ absl::StatusOr<double> AllReduceSeconds(worker::parallel::Communicator& comm, in
     TY_RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count));
     times.push_back(Since(start));
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return Median(std::move(times));
 }
 
 struct LinkTimes {
@@ -252,19 +256,36 @@ absl::Status MakeScratch(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
-  const std::string dir = absl::StrCat(scratch_dir, "/loopback");
+// Runs a probe of `ranks` ranks as processes (InProcesses) meeting through a rendezvous store in
+// scratch directory `name`, and returns rank 0's `count` figures.
+absl::StatusOr<std::vector<double>> RankZeroFigures(
+    const std::string& scratch_dir, const std::string& name, int ranks, size_t count,
+    const std::function<absl::StatusOr<std::vector<double>>(worker::parallel::KeyValueStore&, int)>&
+        body) {
+  const std::string dir = absl::StrCat(scratch_dir, "/", name);
   TY_RETURN_IF_ERROR(MakeScratch(dir));
   auto store = worker::parallel::MakeFileKeyValueStore(dir);
-  TY_ASSIGN_OR_RETURN(const auto figures,
-                      InProcesses(2, [&](int rank) -> absl::StatusOr<std::vector<double>> {
-                        TY_ASSIGN_OR_RETURN(const LinkTimes t, PingPong(*store, rank));
-                        return std::vector<double>{t.small, t.large};
-                      }));
+  absl::StatusOr<std::vector<std::vector<double>>> figures =
+      InProcesses(ranks, [&](int rank) { return body(*store, rank); });
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  if (figures[0].size() != 2) return absl::InternalError("bad loopback result");
-  return LinkTimes{figures[0][0], figures[0][1]};
+  TY_RETURN_IF_ERROR(figures.status());
+  if ((*figures)[0].size() != count) {
+    return absl::InternalError(absl::StrCat("bad result from the ", name, " probe"));
+  }
+  return (*figures)[0];
+}
+
+absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
+  TY_ASSIGN_OR_RETURN(const std::vector<double> t,
+                      RankZeroFigures(scratch_dir, "loopback", 2, 2,
+                                      [](worker::parallel::KeyValueStore& store,
+                                         int rank) -> absl::StatusOr<std::vector<double>> {
+                                        TY_ASSIGN_OR_RETURN(const LinkTimes link,
+                                                            PingPong(store, rank));
+                                        return std::vector<double>{link.small, link.large};
+                                      }));
+  return LinkTimes{t[0], t[1]};
 }
 
 // The reference's activations: what one of its tensor-parallel collectives carries.
@@ -378,8 +399,7 @@ absl::StatusOr<double> BackgroundRank(worker::parallel::KeyValueStore& store,
         TY_ASSIGN_OR_RETURN(const double t, time_one());
         times.push_back(t);
       }
-      std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-      return times[times.size() / 2];
+      return Median(std::move(times));
     }();
     done.store(true);
   });
@@ -392,41 +412,35 @@ absl::StatusOr<double> BackgroundRank(worker::parallel::KeyValueStore& store,
 
 // Rank 0's median all-reduce seconds in the background probe of `ranks` ranks (BackgroundRank).
 absl::StatusOr<double> BackgroundAllReduceSeconds(const CalibrationOptions& options, int ranks) {
-  const std::string dir = absl::StrCat(options.scratch_dir, "/background-", ranks);
-  TY_RETURN_IF_ERROR(MakeScratch(dir));
-  auto store = worker::parallel::MakeFileKeyValueStore(dir);
   TY_ASSIGN_OR_RETURN(
-      const auto figures, InProcesses(ranks, [&](int r) -> absl::StatusOr<std::vector<double>> {
-        TY_ASSIGN_OR_RETURN(
-            const double seconds,
-            BackgroundRank(*store, options.reference, ranks, r, options.seconds_per_link_probe));
-        return std::vector<double>{seconds};
-      }));
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (figures[0].size() != 1) return absl::InternalError("bad background probe result");
-  return figures[0][0];
+      const std::vector<double> seconds,
+      RankZeroFigures(options.scratch_dir, absl::StrCat("background-", ranks), ranks, 1,
+                      [&](worker::parallel::KeyValueStore& store,
+                          int r) -> absl::StatusOr<std::vector<double>> {
+                        TY_ASSIGN_OR_RETURN(const double t,
+                                            BackgroundRank(store, options.reference, ranks, r,
+                                                           options.seconds_per_link_probe));
+                        return std::vector<double>{t};
+                      }));
+  return seconds[0];
 }
 
 // Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks, one pair or
 // (lockstep) all in pairs (PairedRank).
 absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks,
                                                bool lockstep) {
-  const std::string dir =
-      absl::StrCat(options.scratch_dir, lockstep ? "/lockstep-" : "/pairs-", ranks);
-  TY_RETURN_IF_ERROR(MakeScratch(dir));
-  auto store = worker::parallel::MakeFileKeyValueStore(dir);
-  TY_ASSIGN_OR_RETURN(const auto figures,
-                      InProcesses(ranks, [&](int r) -> absl::StatusOr<std::vector<double>> {
-                        TY_ASSIGN_OR_RETURN(const double seconds,
-                                            PairedRank(*store, options.reference, ranks, r,
+  TY_ASSIGN_OR_RETURN(
+      const std::vector<double> seconds,
+      RankZeroFigures(options.scratch_dir, absl::StrCat(lockstep ? "lockstep-" : "pairs-", ranks),
+                      ranks, 1,
+                      [&](worker::parallel::KeyValueStore& store,
+                          int r) -> absl::StatusOr<std::vector<double>> {
+                        TY_ASSIGN_OR_RETURN(const double t,
+                                            PairedRank(store, options.reference, ranks, r,
                                                        options.seconds_per_link_probe, lockstep));
-                        return std::vector<double>{seconds};
+                        return std::vector<double>{t};
                       }));
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (figures[0].size() != 1) return absl::InternalError("bad link probe result");
-  return figures[0][0];
+  return seconds[0];
 }
 
 // The rank counts calibrated: every count up to twice the cores on small machines; powers of
@@ -448,11 +462,6 @@ std::vector<int> SharedRankCounts() {
 // median step does.
 constexpr int kLinkRounds = 9;
 constexpr int kComputeRounds = 3;
-
-double Median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
 
 // The links, ranks as processes: the loopback pair's α and β, and for each count of ranks sharing
 // the machine α from the paired collectives (their time less the bytes at the back-to-back β,
@@ -507,13 +516,12 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
         lockstep[j].empty() ? r.collective_seconds : Median(lockstep[j]);
     r.entry.link.alpha_seconds = alpha(r.collective_seconds);
     r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
-    // The background all-reduce as the planner counts it (traffic_model.cc's ring).
+    // The background all-reduce as the planner counts it (traffic_model.h).
     const int n = counts[j];
     r.background_seconds = Median(background[j]);
     const double ring_bytes = 4.0 * RingAllReduceElements(kBackgroundFloats, n, 0);
     r.entry.background_alpha_seconds = std::max(
-        (r.background_seconds - ring_bytes / c.bytes_per_second) / (n == 2 ? 1 : 2 * (n - 1)),
-        1e-7);
+        (r.background_seconds - ring_bytes / c.bytes_per_second) / AllReduceLatency(n), 1e-7);
   }
   return absl::OkStatus();
 }

@@ -13,10 +13,9 @@ class Group {
  public:
   Group(int n, int rank) : n_(n), rank_(rank) {}
 
-  // A ring of 2(n − 1) steps; two ranks swap their buffers in one step (the same bytes).
   Collective AllReduce(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
     return {CollectiveKind::kAllReduce, RingAllReduceElements(count, n_, rank_) * elem_bytes,
-            n_ == 2 ? 1 : 2 * int64_t{n_ - 1}, phase};
+            AllReduceLatency(n_), phase};
   }
   // `count`: elements each rank ends with (reduce-scatter) or contributes (all-gather).
   Collective ReduceScatter(int64_t count, int64_t elem_bytes, Phase phase = Phase::kExposed) const {
@@ -97,6 +96,8 @@ int64_t RingAllReduceElements(int64_t count, int n, int rank) {
   auto chunk = [&](int i) { return count * (i + 1) / n - count * i / n; };
   return 2 * count - chunk(rank) - chunk((rank + 1) % n);
 }
+
+int64_t AllReduceLatency(int n) { return n == 2 ? 1 : 2 * int64_t{n - 1}; }
 
 KindBytes TotalByKind(const std::vector<Collective>& collectives) {
   KindBytes total{};

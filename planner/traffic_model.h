@@ -88,6 +88,9 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
 
 // Elements rank `rank` sends in a ring all-reduce of `count` elements over `n` ranks.
 int64_t RingAllReduceElements(int64_t count, int n, int rank);
+// The latency steps of an all-reduce over `n` ranks: a ring's 2(n − 1); two ranks swap their
+// buffers in one step (the same bytes).
+int64_t AllReduceLatency(int n);
 
 }  // namespace trainyard::planner
 
