@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "config/mesh.h"
 #include "planner/explain.h"
+#include "planner/pipeline_schedule.h"
 
 namespace trainyard::planner {
 namespace {
@@ -68,13 +69,14 @@ struct StageTime {
   double forward = 0, backward = 0;  // one micro-batch's compute
   double optimizer = 0;
   double tp = 0, pp = 0, dp = 0;  // exposed seconds per step
+  // Of pp, one activation or gradient message (0 without pipelining) and all of them.
+  double pp_handoff = 0, pp_messages = 0;
   int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;
   double per_micro_batch(int m) const { return forward + backward + (tp + pp) / m; }
 };
 
-// `dp_device`: the profile the stage's data-parallel collectives run at (PipelinedDataParallel).
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
-                    bool dp_crosses, bool pp_crosses, const DeviceProfile& dp_device) {
+                    bool dp_crosses, bool pp_crosses) {
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
@@ -103,27 +105,32 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
                  .sync_skew = device.sync_skew_seconds,
                  .step_end = idle})
              .all();
+  for (const Collective& c : pp) {
+    if (c.kind != CollectiveKind::kSendRecv) continue;
+    t.pp_handoff = c.latency * pp_link.alpha_seconds + c.bytes / pp_link.bytes_per_second;
+    t.pp_messages += c.repeat * t.pp_handoff;
+  }
   // On a shared node the communication thread's messages cost what they cost beside compute
   // (the background α), and each hand-over a wake-up of a waiting thread (the link's α).
-  const Link& dp_link = dp_crosses ? dp_device.inter_node : dp_device.intra_node;
-  LatencyCosts dp_costs{.message = dp_link.alpha_seconds, .sync_skew = dp_device.sync_skew_seconds};
-  if (dp_device.shared_node) {
+  const Link& dp_link = dp_crosses ? device.inter_node : device.intra_node;
+  LatencyCosts dp_costs{.message = dp_link.alpha_seconds, .sync_skew = device.sync_skew_seconds};
+  if (device.shared_node) {
     dp_costs.hand_over = dp_link.alpha_seconds;
-    if (dp_device.background_alpha_seconds > 0) {
-      dp_costs.message = dp_device.background_alpha_seconds;
+    if (device.background_alpha_seconds > 0) {
+      dp_costs.message = device.background_alpha_seconds;
     }
     // Without pipelining every rank waits for an exposed one: no core computes meanwhile.
-    if (s.mesh.pp == 1 && dp_device.idle_alpha_seconds > 0) {
-      dp_costs.exposed_message = dp_device.idle_alpha_seconds;
+    if (s.mesh.pp == 1 && device.idle_alpha_seconds > 0) {
+      dp_costs.exposed_message = device.idle_alpha_seconds;
     }
-    if (dp_device.idle_alpha_seconds > 0) dp_costs.step_end = dp_device.idle_alpha_seconds;
+    if (device.idle_alpha_seconds > 0) dp_costs.step_end = device.idle_alpha_seconds;
   }
   const PhaseSeconds d = TimeOf(dp, dp_link, dp_costs);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
-  t.dp = dp_device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
-                                 std::max(0.0, d.forward - s.micro_batches * t.forward)
-                           : d.all();
+  t.dp = device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
+                              std::max(0.0, d.forward - s.micro_batches * t.forward)
+                        : d.all();
   return t;
 }
 
@@ -136,53 +143,38 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
   return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
 }
 
-// The pipeline's fill and drain: p − 1 micro-batch slots of the slowest stage. In slot j of the
-// fill (and of the drain) only j of the p stages work; on a shared node the idle stages' ranks
-// leave their cores to the working ones, so each slot runs at the profile of that many ranks
-// (round(g·j / p), at least 1; ActiveProfile). Elsewhere every slot is the slowest stage's
-// micro-batch.
-double BubbleSeconds(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
-                     const DeviceProfile& node_device, const LoopOptions& loop, const Candidate& c,
-                     int micro_batches, double slowest_micro_batch) {
-  if (!node_device.shared_node) return (mesh.pp - 1) * slowest_micro_batch;
+// Every stage's passes while k = 1 … p stages run passes at once (SimulateOneForwardOneBackward),
+// on a shared node: a pass runs at the profile of the ranks working then (ActiveProfile), those
+// of the k stages, as many as the node holds. A pass carries its share of the stage's exposed
+// tensor-parallel seconds, half in the forward pass and half in the backward pass (each block
+// all-reduces twice in each); a pipeline message is the hand-off between two stages' passes; the
+// optimizer and the data-parallel reduction are the stage's tail.
+std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& spec,
+                                                         const config::ParallelismSpec& mesh,
+                                                         const DeviceProfile& node_device,
+                                                         const LoopOptions& loop,
+                                                         const Candidate& c, int micro_batches) {
   const int g = spec.resources.devices_per_node;
-  double bubble = 0;
-  for (int j = 1; j < mesh.pp; ++j) {
+  const int stage_ranks = mesh.dp * mesh.tp;
+  const int stages_per_node = std::max(1, g / stage_ranks);
+  std::vector<std::vector<PassSeconds>> running(mesh.pp);
+  for (int k = 1; k <= mesh.pp; ++k) {
     const DeviceProfile device =
-        ActiveProfile(node_device, g, std::max(1, (g * j + mesh.pp / 2) / mesh.pp));
-    double slot = 0;
+        ActiveProfile(node_device, g, std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g));
     for (int s = 0; s < mesh.pp; ++s) {
-      const StageTime t = TimeStage(ShapeOf(spec, mesh, s), device, loop, c.dp_crosses_nodes,
-                                    c.pp_crosses_nodes, device);
-      slot = std::max(slot, t.per_micro_batch(micro_batches));
+      const StageTime t =
+          TimeStage(ShapeOf(spec, mesh, s), device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes);
+      const double waiting = t.tp / micro_batches / 2;
+      running[k - 1].push_back({.forward = t.forward + waiting,
+                                .backward = t.backward + waiting,
+                                .forward_waiting = waiting,
+                                .backward_waiting = waiting,
+                                .handoff = t.pp_handoff,
+                                .tail = t.optimizer + t.dp,
+                                .tail_waiting = t.dp});
     }
-    bubble += slot;
   }
-  return bubble;
-}
-
-// The profile stage s's data-parallel collectives run at. They follow its last backward pass, in
-// the pipeline's drain: the first stage's when every other stage has finished (its ranks alone
-// work), a later stage's beside the backward wave of the stages before it (two stages work).
-// Without pipelining, the profile of all g ranks.
-DeviceProfile PipelinedDataParallel(const DeviceProfile& node, const config::ParallelismSpec& mesh,
-                                    int g, int stage, const DeviceProfile& all) {
-  if (mesh.pp == 1) return all;
-  return ActiveProfile(node, g, std::min(g, mesh.dp * mesh.tp * (stage == 0 ? 1 : 2)));
-}
-
-// What hides stage s's data-parallel collectives on a shared node: the drain after its last
-// backward pass, the last backward passes of the stages before it (at `device`, the profile its
-// collectives run at). None for the first stage or without a shared node.
-double DrainSeconds(const config::JobSpec& spec, const config::ParallelismSpec& mesh, int stage,
-                    const DeviceProfile& device) {
-  if (!device.shared_node) return 0;
-  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
-  double drain = 0;
-  for (int s = 0; s < stage; ++s) {
-    drain += WorkOf(ShapeOf(spec, mesh, s), backend).backward_seconds(device);
-  }
-  return drain;
+  return running;
 }
 
 }  // namespace
@@ -259,10 +251,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       c.memory = memory;
       c.memory_stage = s;
     }
-    const DeviceProfile dp_device = PipelinedDataParallel(node_device, mesh, g, s, device);
-    stages.push_back(
-        TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes, dp_device));
-    stages.back().dp = std::max(0.0, stages.back().dp - DrainSeconds(spec, mesh, s, dp_device));
+    stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
     slowest_micro_batch =
         std::max(slowest_micro_batch, stages.back().per_micro_batch(micro_batches));
     c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
@@ -271,13 +260,28 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   }
   c.fits = c.memory.total() <= c.capacity;
   c.bubble_fraction = BubbleFraction(mesh.pp, micro_batches);
-  const double bubble =
-      BubbleSeconds(spec, mesh, node_device, loop, c, micro_batches, slowest_micro_batch);
-  for (const StageTime& t : stages) {
+  // On a shared node the schedule decides how many stages work at once, and so every pass's
+  // rate; elsewhere a stage's passes take what they take and the fill and drain cost p − 1
+  // micro-batch slots of the slowest stage.
+  const bool simulate = mesh.pp > 1 && node_device.shared_node && node_device.cores > 0;
+  const ScheduleSeconds schedule =
+      simulate
+          ? SimulateOneForwardOneBackward(
+                micro_batches, PassesWhileRunning(spec, mesh, node_device, loop, c, micro_batches))
+          : ScheduleSeconds{};
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const StageTime& t = stages[s];
     StepSeconds step;
-    step.compute = micro_batches * (t.forward + t.backward) + t.optimizer;
-    step.communication = t.tp + t.pp + t.dp;
-    step.bubble = bubble;
+    if (simulate) {
+      step.compute = schedule.computing[s];
+      // The hand-offs are in the idle time; the stage's other pipeline sums are not.
+      step.communication = schedule.communicating[s] + (t.pp - t.pp_messages);
+      step.bubble = schedule.idle[s];
+    } else {
+      step.compute = micro_batches * (t.forward + t.backward) + t.optimizer;
+      step.communication = t.tp + t.pp + t.dp;
+      step.bubble = (mesh.pp - 1) * slowest_micro_batch;
+    }
     step.total = step.compute + step.communication + step.bubble;
     if (step.total > c.step.total) {
       c.step = step;

@@ -382,17 +382,22 @@ TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
   config::JobSpec spec = Gpt2Debug(4);
   const DeviceProfile cpu = SharedCpu();
   DeviceProfile unknown = cpu;
-  unknown.cores = 0;  // without the cores, every slot at the profile of all four ranks
-  // Four ranks on two cores: in the fill and drain one stage (two ranks) works, at the two-rank
-  // entry's rate and α.
+  unknown.cores = 0;  // without the cores, every pass at the profile of all four ranks
+  // Four ranks on two cores: while one stage (two ranks) waits, the other's passes run at the
+  // two-rank entry's rate and α.
   const Candidate pp = Evaluate(spec, Mesh(2, 1, 2, 1), cpu, LoopOptions{});
   const Candidate pp_all = Evaluate(spec, Mesh(2, 1, 2, 1), unknown, LoopOptions{});
-  EXPECT_LT(pp.step.bubble, pp_all.step.bubble);
-  // Two ranks on two cores: each has its own core, an idle neighbour frees nothing.
+  EXPECT_LT(pp.step.total, pp_all.step.total);
+  EXPECT_LT(pp.step.compute, pp_all.step.compute);
+  // Two ranks on two cores: each has its own core, an idle neighbour frees nothing (the
+  // one-rank entry never applies).
   spec.resources.devices_per_node = 2;
+  DeviceProfile faster_alone = cpu;
+  faster_alone.shared[0].matmul_flops *= 10;
   const Candidate two = Evaluate(spec, Mesh(1, 1, 2, 0), cpu, LoopOptions{});
-  const Candidate two_all = Evaluate(spec, Mesh(1, 1, 2, 0), unknown, LoopOptions{});
-  EXPECT_DOUBLE_EQ(two.step.bubble, two_all.step.bubble);
+  const Candidate two_alone = Evaluate(spec, Mesh(1, 1, 2, 0), faster_alone, LoopOptions{});
+  EXPECT_DOUBLE_EQ(two.step.total, two_alone.step.total);
+  EXPECT_DOUBLE_EQ(two.step.bubble, two_alone.step.bubble);
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+// One optimizer step of the engine's 1F1B pipeline schedule (worker/parallel/pipeline.cc:
+// RunOneForwardOneBackward), simulated pass by pass for stages that share the cores of a node.
+//
+// Stage s runs min(p − s − 1, m) warm-up forward passes, then alternates one forward and one
+// backward pass, then drains the remaining backward passes and runs its tail (PassSeconds). A
+// forward pass of micro-batch i waits for stage s − 1's forward pass of i, a backward pass for
+// stage s + 1's backward pass of i, and each waits a hand-off more after the pass it waits for
+// ends (the message and the receiver's wake-up). Where the stages time-share cores, a pass runs
+// faster while fewer stages run passes beside it: each pass is a fixed amount of work whose rate
+// follows how many stages are running at every moment (processor sharing). With one duration per
+// stage whatever runs beside it, the makespan is the textbook (m + p − 1)·(F + B) of uniform
+// stages.
+//
+// Threading: plain values and functions.
+#ifndef TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_
+#define TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_
+
+#include <vector>
+
+namespace trainyard::planner {
+
+// One micro-batch's passes on one stage, their collectives included, and of those seconds the
+// part spent waiting in collectives (the rest computes); `handoff`: from the end of the pass on
+// a neighbouring stage that one of this stage's passes waits for to the start of that pass;
+// `tail`: the stage's work after its last pass (its optimizer and data-parallel reduction),
+// which shares the cores with the stages still in their passes.
+struct PassSeconds {
+  double forward = 0, backward = 0;
+  double forward_waiting = 0, backward_waiting = 0;
+  double handoff = 0;
+  double tail = 0, tail_waiting = 0;
+};
+
+// Per stage, the step's seconds by what the stage did; computing + communicating + idle equals
+// the makespan for every stage (idle: waiting for another stage or a hand-off, or done before the
+// last).
+struct ScheduleSeconds {
+  double makespan = 0;
+  std::vector<double> computing, communicating, idle;
+};
+
+// `running[k − 1][s]`: stage s's passes while k stages run passes at once (k = 1 … p, p =
+// running.size(); every row has p entries); a hand-off costs what it costs at the k of the moment
+// the pass it follows ends. `micro_batches` ≥ 1.
+ScheduleSeconds SimulateOneForwardOneBackward(int micro_batches,
+                                              const std::vector<std::vector<PassSeconds>>& running);
+
+}  // namespace trainyard::planner
+
+#endif  // TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_

@@ -1,0 +1,79 @@
+// The 1F1B schedule simulation (planner/pipeline_schedule.h) against schedules worked out by hand
+// here: uniform stages give the textbook makespan, hand-offs sit on the critical path, and passes
+// that share the cores run at the rate of how many stages run beside them.
+#include "planner/pipeline_schedule.h"
+
+#include "gtest/gtest.h"
+
+namespace trainyard::planner {
+namespace {
+
+// p stages that take `pass` whatever runs beside them.
+std::vector<std::vector<PassSeconds>> Constant(int p, PassSeconds pass) {
+  return std::vector<std::vector<PassSeconds>>(p, std::vector<PassSeconds>(p, pass));
+}
+
+TEST(PipelineSchedule, UniformStagesTakeTheTextbookMakespan) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int m = 1; m <= 8; ++m) {
+      const ScheduleSeconds s =
+          SimulateOneForwardOneBackward(m, Constant(p, {.forward = 1, .backward = 2}));
+      EXPECT_DOUBLE_EQ(s.makespan, (m + p - 1) * 3.0) << "p " << p << " m " << m;
+      for (int stage = 0; stage < p; ++stage) {
+        EXPECT_DOUBLE_EQ(s.computing[stage], 3.0 * m);
+        EXPECT_DOUBLE_EQ(s.idle[stage], 3.0 * (p - 1));
+        EXPECT_DOUBLE_EQ(s.communicating[stage], 0);
+      }
+    }
+  }
+}
+
+// Two stages, one micro-batch: F on stage 0, a hand-off, F then B on stage 1, a hand-off, B on
+// stage 0: 1 + h + 1 + 2 + h + 2. A pass's waiting part counts as communication.
+TEST(PipelineSchedule, HandOffsAreOnTheCriticalPath) {
+  const ScheduleSeconds s = SimulateOneForwardOneBackward(
+      1, Constant(2, {.forward = 1, .backward = 2, .forward_waiting = 0.25, .handoff = 0.5}));
+  EXPECT_DOUBLE_EQ(s.makespan, 7.0);
+  EXPECT_DOUBLE_EQ(s.communicating[0], 0.25);
+  EXPECT_DOUBLE_EQ(s.computing[0], 2.75);
+  EXPECT_DOUBLE_EQ(s.idle[0], 4.0);
+  EXPECT_DOUBLE_EQ(s.idle[1], 4.0);
+}
+
+// Two stages, two micro-batches; a pass alone takes F 1 and B 2, beside another stage's twice
+// that. Stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1:
+//   0–1  s0 F0 alone
+//   1–3  s0 F1 and s1 F0 together (2 each)
+//   3–5  s1 B0 alone; s0 waits for it
+//   5–7  s0 B0 and s1 F1 together: F1 ends, B0 is half done
+//   7–9  s0 B0's other half and s1 B1 together: B0 ends, B1 is half done
+//   9–10 s1 B1's other half alone; s0 waits for it
+//  10–12 s0 B1 alone.
+TEST(PipelineSchedule, PassesRunAtTheRateOfTheStagesBesideThem) {
+  std::vector<std::vector<PassSeconds>> running = Constant(2, {.forward = 1, .backward = 2});
+  running[1] = {{.forward = 2, .backward = 4}, {.forward = 2, .backward = 4}};
+  const ScheduleSeconds s = SimulateOneForwardOneBackward(2, running);
+  EXPECT_DOUBLE_EQ(s.makespan, 12.0);
+  EXPECT_DOUBLE_EQ(s.idle[0], 3.0);
+  EXPECT_DOUBLE_EQ(s.idle[1], 3.0);
+  EXPECT_DOUBLE_EQ(s.computing[0], 9.0);
+}
+
+// A stage's tail (its optimizer and reduction) shares the cores with the stages still in their
+// passes. One micro-batch, F and B 1 alone and 2 together; stage 1's tail 2 alone:
+//   0–1 s0 F0, 1–2 s1 F0, 2–3 s1 B0 (each alone)
+//   3–5 s0 B0 and s1's tail together: B0 ends, the tail is half done
+//   5–6 the tail's other half alone.
+TEST(PipelineSchedule, TailsShareTheCoresWithTheLastPasses) {
+  std::vector<std::vector<PassSeconds>> running = {
+      {{.forward = 1, .backward = 1}, {.forward = 1, .backward = 1, .tail = 2, .tail_waiting = 1}},
+      {{.forward = 2, .backward = 2}, {.forward = 2, .backward = 2, .tail = 4, .tail_waiting = 2}}};
+  const ScheduleSeconds s = SimulateOneForwardOneBackward(1, running);
+  EXPECT_DOUBLE_EQ(s.makespan, 6.0);
+  EXPECT_DOUBLE_EQ(s.idle[0], 3.0);  // 1–3 and 5–6
+  EXPECT_DOUBLE_EQ(s.idle[1], 1.0);
+  EXPECT_DOUBLE_EQ(s.communicating[1], 1.5);  // half of the tail, over 3 seconds
+}
+
+}  // namespace
+}  // namespace trainyard::planner
