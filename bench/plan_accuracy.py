@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The planner's predictions against the engine on this machine's CPU.
 
-Usage: python3 bench/plan_accuracy.py [--build DIR] [--steps N] [--no-calibrate] [--out FILE]
-                                     [--wait-idle SECONDS] [--max-other-load CORES] [--meshes A,B]
+Usage: python3 bench/plan_accuracy.py [--build DIR] [--steps N] [--rounds R] [--no-calibrate]
+                                     [--out FILE] [--wait-idle SECONDS] [--max-other-load CORES]
+                                     [--meshes A,B]
 
 First `trainyard plan --calibrate` measures the cpu profile (unless --no-calibrate). Then, for
 each mesh of a set of CPU meshes (dp, tp, pp and ZeRO over 2 to 4 ranks, the tiny GPT-2),
@@ -15,6 +16,10 @@ bench/results/plan_accuracy.md) with the machine, the command, the table and the
 Run it alone: the step times are the machine's. It waits (up to --wait-idle seconds) for the
 machine's one-minute load to fall below 0.5 before it starts, and reports for each run the CPU
 that other processes took meanwhile (the machine's busy time less this benchmark's, in cores).
+Each mesh runs --rounds times (default 3), the rounds interleaved across the meshes (round 1 of
+every mesh, then round 2, ...), and the table reports the run with the median step of its mesh
+beside every round's: on a machine whose speed drifts over minutes one run can land in a slow or
+a fast spell, as the calibration's probes can (they keep their median round for the same reason).
 """
 import argparse
 import os
@@ -103,6 +108,12 @@ def wait_idle(seconds, limit):
     return load
 
 
+def milliseconds(text):
+    """'136.97 ms', '1.20 s' or '950 µs' in milliseconds."""
+    value, unit = text.split()
+    return float(value) * {"s": 1e3, "ms": 1.0, "µs": 1e-3}[unit]
+
+
 def percent(text):
     return None if text == "n/a" else float(text.rstrip("%"))
 
@@ -111,6 +122,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs per mesh, interleaved; the table reports the median one")
     parser.add_argument("--no-calibrate", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/plan_accuracy.md"))
     parser.add_argument("--wait-idle", type=float, default=600,
@@ -135,31 +148,43 @@ def main():
                    cal.stdout + cal.stderr)
         if cal.returncode != 0:
             sys.exit("calibration failed:\n" + cal.stdout + cal.stderr)
+    if args.rounds < 1:
+        sys.exit("--rounds must be at least 1")
     table = ["| mesh | memory total pred / meas (err) | worst memory kind | bytes dp / tp / pp "
-             "pred vs meas | step pred / meas (err) | compute / comm / bubble measured | "
-             "other load |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "pred vs meas | step pred / meas (err) | measured step per round | "
+             "compute / comm / bubble measured | other load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     loads = []
+    runs = {name: [] for name, *_ in meshes}  # (measured step ms, run, other load)
     worst = {"memory": (0.0, ""), "bytes": (0.0, ""), "step": (0.0, "")}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, dp, tp, pp, zero in meshes:
-            world = dp * tp * pp
-            spec = os.path.join(tmp, name.replace(" ", "_") + ".yaml")
-            with open(spec, "w") as f:
-                f.write(SPEC.format(tag=name.replace(" ", "-"), steps=args.steps, dp=dp, tp=tp,
-                                    pp=pp, zero=zero, world=world))
-            for attempt in range(3):
-                wait_idle(args.wait_idle, args.max_other_load)
-                run, other = measured([worker, "--standalone", spec], timeout=600)
-                if other < args.max_other_load:
-                    break
-            loads.append(other)
-            raw.append(f"$ trainyard-worker --standalone ({name})   (other processes: "
-                       f"{other:.2f} cores)\n" + run.stdout + run.stderr)
-            rows = parse(run.stdout)
-            if run.returncode != 0 or "step" not in rows:
-                table.append(f"| {name} | failed (exit {run.returncode}) | | | | | |")
+        for round_index in range(args.rounds):
+            for name, dp, tp, pp, zero in meshes:
+                world = dp * tp * pp
+                spec = os.path.join(tmp, name.replace(" ", "_") + ".yaml")
+                with open(spec, "w") as f:
+                    f.write(SPEC.format(tag=name.replace(" ", "-"), steps=args.steps, dp=dp,
+                                        tp=tp, pp=pp, zero=zero, world=world))
+                for attempt in range(3):
+                    wait_idle(args.wait_idle, args.max_other_load)
+                    run, other = measured([worker, "--standalone", spec], timeout=600)
+                    if other < args.max_other_load:
+                        break
+                loads.append(other)
+                raw.append(f"$ trainyard-worker --standalone ({name}, round {round_index + 1})"
+                           f"   (other processes: {other:.2f} cores)\n" + run.stdout + run.stderr)
+                rows = parse(run.stdout)
+                ok = run.returncode == 0 and "step" in rows
+                runs[name].append((milliseconds(rows["step"][1]) if ok else None, run, other))
+        for name, *_ in meshes:
+            done = sorted((r for r in runs[name] if r[0] is not None), key=lambda r: r[0])
+            if len(done) < len(runs[name]):
+                failed = next(r[1] for r in runs[name] if r[0] is None)
+                table.append(f"| {name} | failed (exit {failed.returncode}) | | | | | | |")
                 continue
+            _, run, other = done[(len(done) - 1) // 2]
+            rows = parse(run.stdout)
+            per_round = " · ".join(f"{r[0]:.1f}" for r in runs[name])
             kinds = [k for k in rows if k.startswith("memory ") and k != "memory total"]
             kind_err = max(kinds, key=lambda k: abs(percent(rows[k][2]) or 0))
             bytes_cells, bytes_err = [], 0.0
@@ -176,7 +201,7 @@ def main():
             table.append(
                 f"| {name} | {p} / {m} ({e}) | {kind_err.split()[1]} {rows[kind_err][2]} | "
                 f"{' · '.join(bytes_cells)} | {rows['step'][0]} / {rows['step'][1]} "
-                f"({rows['step'][2]}) | {rows['step compute'][1]} / "
+                f"({rows['step'][2]}) | {per_round} ms | {rows['step compute'][1]} / "
                 f"{rows['step communication'][1]} / {rows['step bubble'][1]} | {other:.2f} |")
     summary = [
         f"worst memory error: {worst['memory'][0]:.1f}% ({worst['memory'][1]}); goal 1%",
@@ -200,10 +225,12 @@ def main():
         f.write(f"Machine: {machine}, no GPU.\n\n")
         f.write("Command: `python3 bench/plan_accuracy.py " + " ".join(sys.argv[1:]) + "`\n\n")
         f.write("Model `gpt2-tiny`, batch 16 in micro-batches of 4, 64 tokens, "
-                f"{args.steps} steps per mesh; the figures are rank 0's, per step (memory in "
-                "bytes; the measured step is the median step, its phases in the run's "
-                "proportions; `other load`: the cores other processes kept busy during the "
-                "run).\n\n")
+                f"{args.steps} steps per run, {args.rounds} runs per mesh in interleaved "
+                "rounds; the figures are rank 0's, per step, from the run whose step is its "
+                "mesh's median (memory in bytes; a run's measured step is its median step, its "
+                "phases in the run's proportions; `measured step per round`: every run's, in "
+                "round order; `other load`: the cores other processes kept busy during the "
+                "reported run).\n\n")
         f.write(text + "\n## Raw output\n\n```\n" + "\n".join(raw) + "```\n")
 
 
