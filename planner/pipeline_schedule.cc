@@ -82,14 +82,16 @@ ScheduleSeconds SimulateOneForwardOneBackward(
              : pass.backward       ? at_k[s].backward_waiting
                                    : at_k[s].forward_waiting;
     };
-    // The next event: a pass ends or a hand-off arrives (exactly then, so that it is ready).
-    double end = wake;
-    for (int s : active) end = std::min(end, now + left[s] * seconds_of(s));
-    const double dt = end - now;
+    // The next event: a hand-off arrives (exactly then, so that it is ready) or the passes
+    // nearest their end end. Passes end by decision, not by their remaining work reaching zero
+    // in floating point, which a long step's clock could round away.
+    double dt = wake - now;
+    for (int s : active) dt = std::min(dt, left[s] * seconds_of(s));
+    const bool arrived = dt == wake - now;
     for (int s = 0; s < p; ++s) {
       if (std::find(active.begin(), active.end(), s) == active.end()) out.idle[s] += dt;
     }
-    now = end;
+    now = arrived ? wake : now + dt;
     for (int s : active) {
       const Pass pass = passes[s][next[s]];
       const double seconds = seconds_of(s);
@@ -97,8 +99,11 @@ ScheduleSeconds SimulateOneForwardOneBackward(
         const double waiting = std::clamp(waiting_of(s) / seconds, 0.0, 1.0);
         out.communicating[s] += dt * waiting;
         out.computing[s] += dt * (1 - waiting);
-        left[s] -= dt / seconds;
-        if (left[s] > 1e-12) continue;
+        const double remaining = left[s] * seconds - dt;
+        if (remaining > 1e-9 * seconds) {
+          left[s] = remaining / seconds;
+          continue;
+        }
       }
       // Done: hand the result to the stage that waits for it.
       const int to = pass.backward ? s - 1 : s + 1;

@@ -51,7 +51,8 @@ struct Collective {
   int64_t repeat = 1;  // identical calls per step
   // Thread wake-ups per call besides its messages, for collectives the communication thread runs
   // (data parallelism): 1 when it wakes that thread, 1 more when the training thread waits for it
-  // and is woken; 0 for one queued behind another of a batch that is waited for once.
+  // and is woken; 1 for one queued behind another of a batch that is waited for once (the peer's
+  // communication thread, asleep since the previous exchange, is woken).
   int64_t hand_overs = 0;
   // The training loop's scalar sums at the step's end, which every rank waits for.
   bool step_end = false;

@@ -28,6 +28,19 @@ TEST(PipelineSchedule, UniformStagesTakeTheTextbookMakespan) {
   }
 }
 
+// A step of hours in passes of minutes, with microsecond hand-offs and uneven sharing: the
+// simulation ends (passes end by decision, not by floating-point work reaching zero) and keeps
+// the textbook makespan's order.
+TEST(PipelineSchedule, LongStepsEnd) {
+  std::vector<std::vector<PassSeconds>> running =
+      Constant(2, {.forward = 300.1, .backward = 600.3, .handoff = 1e-6});
+  running[1] = std::vector<PassSeconds>(2, {.forward = 577.7, .backward = 1100.9, .handoff = 3e-6});
+  const ScheduleSeconds s = SimulateOneForwardOneBackward(512, running);
+  EXPECT_GT(s.makespan, 513 * 900.4);
+  EXPECT_LT(s.makespan, 513 * 1678.6);
+  EXPECT_NEAR(s.computing[0] + s.communicating[0] + s.idle[0], s.makespan, 1e-6 * s.makespan);
+}
+
 // Two stages, one micro-batch: F on stage 0, a hand-off, F then B on stage 1, a hand-off, B on
 // stage 0: 1 + h + 1 + 2 + h + 2. A pass's waiting part counts as communication.
 TEST(PipelineSchedule, HandOffsAreOnTheCriticalPath) {
