@@ -616,6 +616,7 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   p.act_bytes = 4;
   p.max_logits_chunk = int64_t{1} << 20;
   p.calibrated = true;
+  p.reference = c.reference_name;
   p.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return c;
 }

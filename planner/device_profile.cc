@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/status.h"
 #include "config/yaml_tree.h"
 
@@ -108,6 +109,105 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
   return shared;
 }
 
+absl::StatusOr<DeviceProfile> ProfileFromNode(const config::YamlNode& root) {
+  DeviceProfile p = UncalibratedCpu();
+  p.description = "CPU ranks (calibrated on this machine)";
+  p.calibrated = true;
+  TY_ASSIGN_OR_RETURN(const double memory, Number(root, "memory_bytes"));
+  p.memory_bytes = static_cast<int64_t>(memory);
+  TY_ASSIGN_OR_RETURN(p.peak_flops, Number(root, "peak_flops"));
+  TY_ASSIGN_OR_RETURN(p.matmul_flops, Number(root, "matmul_flops"));
+  TY_ASSIGN_OR_RETURN(p.memory_bytes_per_second, Number(root, "memory_bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.intra_node.alpha_seconds, Number(root, "intra_node.alpha_seconds"));
+  TY_ASSIGN_OR_RETURN(p.intra_node.bytes_per_second, Number(root, "intra_node.bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.inter_node.alpha_seconds, Number(root, "inter_node.alpha_seconds"));
+  TY_ASSIGN_OR_RETURN(p.inter_node.bytes_per_second, Number(root, "inter_node.bytes_per_second"));
+  TY_ASSIGN_OR_RETURN(p.shared, SharedRanksFromJson(root));
+  if (const config::YamlEntry* reference = root.Find("reference"); reference != nullptr) {
+    if (reference->value.kind != config::YamlNode::Kind::kScalar) {
+      return absl::InvalidArgumentError("reference is not a string");
+    }
+    p.reference = reference->value.value;
+  }
+  if (root.Find("cores") != nullptr) {
+    TY_ASSIGN_OR_RETURN(const double cores, Number(root, "cores"));
+    p.cores = static_cast<int>(cores);
+  }
+  if (p.peak_flops <= 0 || p.matmul_flops <= 0 || p.memory_bytes_per_second <= 0 ||
+      p.intra_node.bytes_per_second <= 0 || p.inter_node.bytes_per_second <= 0 ||
+      p.memory_bytes <= 0) {
+    return absl::InvalidArgumentError("rates and memory must be positive");
+  }
+  return p;
+}
+
+// `text` inside a JSON string: quotes and backslashes escaped, control characters dropped, UTF-8
+// kept as it is.
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
+
+// The median of `values` (not empty); the mean of the middle two for an even count.
+double MedianOf(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Sets `*field(latest)` to the median of `*field(c)` over the calibrations.
+template <typename Field>
+void TakeMedian(const std::vector<DeviceProfile>& calibrations, DeviceProfile& latest,
+                Field field) {
+  std::vector<double> values;
+  for (const DeviceProfile& c : calibrations) values.push_back(*field(c));
+  *field(latest) = MedianOf(std::move(values));
+}
+
+const SharedRanks* EntryFor(const DeviceProfile& p, int ranks) {
+  for (const SharedRanks& e : p.shared) {
+    if (e.ranks == ranks) return &e;
+  }
+  return nullptr;
+}
+
+// Sets every figure of `entry` to its median over the calibrations' entries of the same count.
+void TakeEntryMedian(const std::vector<DeviceProfile>& calibrations, SharedRanks& entry) {
+  std::vector<const SharedRanks*> found;
+  for (const DeviceProfile& c : calibrations) {
+    if (const SharedRanks* e = EntryFor(c, entry.ranks)) found.push_back(e);
+  }
+  auto median = [&](auto member) {
+    std::vector<double> values;
+    for (const SharedRanks* e : found) values.push_back(member(*e));
+    return MedianOf(std::move(values));
+  };
+  entry.matmul_flops = median([](const SharedRanks& e) { return e.matmul_flops; });
+  entry.link.alpha_seconds = median([](const SharedRanks& e) { return e.link.alpha_seconds; });
+  entry.link.bytes_per_second =
+      median([](const SharedRanks& e) { return e.link.bytes_per_second; });
+  entry.lockstep_alpha_seconds =
+      median([](const SharedRanks& e) { return e.lockstep_alpha_seconds; });
+  entry.background_alpha_seconds =
+      median([](const SharedRanks& e) { return e.background_alpha_seconds; });
+}
+
+// Says in the profile's description that it is the median of `count` calibrations.
+void DescribeMedian(size_t count, DeviceProfile& p) {
+  if (count > 1) {
+    p.description = absl::StrCat("CPU ranks (calibrated on this machine; the median of ", count,
+                                 " calibrations)");
+  }
+}
+
+bool SameMachineAndReference(const DeviceProfile& a, const DeviceProfile& b) {
+  return a.cores == b.cores && a.memory_bytes == b.memory_bytes && a.reference == b.reference;
+}
+
 }  // namespace
 
 std::vector<std::string> ProfileNames() { return {"cpu", "h100", "h200"}; }
@@ -183,62 +283,114 @@ std::string ProfileToJson(const DeviceProfile& p) {
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
       "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
       "  \"intra_node\": {%s},\n  \"inter_node\": {%s},\n  \"cores\": %d,\n"
-      "  \"shared_ranks\": [%s%s%s]\n}\n",
+      "  \"reference\": \"%s\",\n  \"shared_ranks\": [%s%s%s]\n}\n",
       p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
-      link(p.inter_node), p.cores, shared.empty() ? "" : "\n", absl::StrJoin(shared, ",\n"),
-      shared.empty() ? "" : "\n  ");
+      link(p.inter_node), p.cores, JsonEscaped(p.reference), shared.empty() ? "" : "\n",
+      absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ");
 }
 
 absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
   TY_ASSIGN_OR_RETURN(const config::YamlNode root, config::ParseYamlTree(json, "cpu profile"));
-  DeviceProfile p = UncalibratedCpu();
-  p.description = "CPU ranks (calibrated on this machine)";
-  p.calibrated = true;
-  TY_ASSIGN_OR_RETURN(const double memory, Number(root, "memory_bytes"));
-  p.memory_bytes = static_cast<int64_t>(memory);
-  TY_ASSIGN_OR_RETURN(p.peak_flops, Number(root, "peak_flops"));
-  TY_ASSIGN_OR_RETURN(p.matmul_flops, Number(root, "matmul_flops"));
-  TY_ASSIGN_OR_RETURN(p.memory_bytes_per_second, Number(root, "memory_bytes_per_second"));
-  TY_ASSIGN_OR_RETURN(p.intra_node.alpha_seconds, Number(root, "intra_node.alpha_seconds"));
-  TY_ASSIGN_OR_RETURN(p.intra_node.bytes_per_second, Number(root, "intra_node.bytes_per_second"));
-  TY_ASSIGN_OR_RETURN(p.inter_node.alpha_seconds, Number(root, "inter_node.alpha_seconds"));
-  TY_ASSIGN_OR_RETURN(p.inter_node.bytes_per_second, Number(root, "inter_node.bytes_per_second"));
-  TY_ASSIGN_OR_RETURN(p.shared, SharedRanksFromJson(root));
-  if (root.Find("cores") != nullptr) {
-    TY_ASSIGN_OR_RETURN(const double cores, Number(root, "cores"));
-    p.cores = static_cast<int>(cores);
-  }
-  if (p.peak_flops <= 0 || p.matmul_flops <= 0 || p.memory_bytes_per_second <= 0 ||
-      p.intra_node.bytes_per_second <= 0 || p.inter_node.bytes_per_second <= 0 ||
-      p.memory_bytes <= 0) {
-    return absl::InvalidArgumentError("rates and memory must be positive");
-  }
+  return ProfileFromNode(root);
+}
+
+DeviceProfile MedianProfile(const std::vector<DeviceProfile>& calibrations) {
+  DeviceProfile p = calibrations.back();
+  TakeMedian(calibrations, p, [](auto& c) { return &c.peak_flops; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.matmul_flops; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.memory_bytes_per_second; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.intra_node.alpha_seconds; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.intra_node.bytes_per_second; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.inter_node.alpha_seconds; });
+  TakeMedian(calibrations, p, [](auto& c) { return &c.inter_node.bytes_per_second; });
+  for (SharedRanks& entry : p.shared) TakeEntryMedian(calibrations, entry);
+  DescribeMedian(calibrations.size(), p);
   return p;
 }
 
+CpuProfileFile AddCalibration(const std::optional<CpuProfileFile>& earlier,
+                              const DeviceProfile& latest) {
+  CpuProfileFile file;
+  if (earlier) {
+    for (const DeviceProfile& c : earlier->calibrations) {
+      if (SameMachineAndReference(c, latest)) file.calibrations.push_back(c);
+    }
+  }
+  file.calibrations.push_back(latest);
+  if (file.calibrations.size() > static_cast<size_t>(kKeptCalibrations)) {
+    file.calibrations.erase(file.calibrations.begin(), file.calibrations.end() - kKeptCalibrations);
+  }
+  file.profile = MedianProfile(file.calibrations);
+  return file;
+}
+
+std::string ProfileFileToJson(const CpuProfileFile& file) {
+  std::string json = ProfileToJson(file.profile);
+  std::vector<std::string> calibrations;
+  for (const DeviceProfile& c : file.calibrations) {
+    std::string one = ProfileToJson(c);
+    while (!one.empty() && (one.back() == '\n')) one.pop_back();
+    calibrations.push_back(absl::StrReplaceAll(one, {{"\n", "\n    "}}));
+  }
+  // The profile's closing brace, then the list.
+  json.resize(json.rfind('}'));
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  absl::StrAppend(&json, ",\n  \"calibrations\": [", calibrations.empty() ? "" : "\n    ",
+                  absl::StrJoin(calibrations, ",\n    "), calibrations.empty() ? "" : "\n  ",
+                  "]\n}\n");
+  return json;
+}
+
+absl::StatusOr<CpuProfileFile> ProfileFileFromJson(const std::string& json) {
+  TY_ASSIGN_OR_RETURN(const config::YamlNode root, config::ParseYamlTree(json, "cpu profile"));
+  CpuProfileFile file;
+  TY_ASSIGN_OR_RETURN(file.profile, ProfileFromNode(root));
+  const config::YamlEntry* list = root.Find("calibrations");
+  if (list == nullptr) return file;
+  if (list->value.kind != config::YamlNode::Kind::kSequence) {
+    return absl::InvalidArgumentError("calibrations is not a list");
+  }
+  for (const config::YamlNode& item : list->value.items) {
+    absl::StatusOr<DeviceProfile> c = ProfileFromNode(item);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration ", file.calibrations.size() + 1, ": ", c.status().message()));
+    }
+    file.calibrations.push_back(*std::move(c));
+  }
+  DescribeMedian(file.calibrations.size(), file.profile);
+  return file;
+}
+
 absl::StatusOr<DeviceProfile> LoadCpuProfile(FileSystem& fs, const std::string& path) {
-  if (path.empty() || !fs.Exists(path)) return UncalibratedCpu();
+  TY_ASSIGN_OR_RETURN(CpuProfileFile file, LoadCpuProfileFile(fs, path));
+  return std::move(file.profile);
+}
+
+absl::StatusOr<CpuProfileFile> LoadCpuProfileFile(FileSystem& fs, const std::string& path) {
+  if (path.empty() || !fs.Exists(path)) return CpuProfileFile{.profile = UncalibratedCpu()};
   absl::StatusOr<std::string> text = fs.ReadFile(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the cpu profile ", path, ": ", text.status().message()));
   }
-  absl::StatusOr<DeviceProfile> profile = ProfileFromJson(*text);
-  if (!profile.ok()) {
+  absl::StatusOr<CpuProfileFile> file = ProfileFileFromJson(*text);
+  if (!file.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("the cpu profile ", path, " is malformed (",
-                                                   profile.status().message(),
+                                                   file.status().message(),
                                                    "); run `trainyard plan --calibrate` again"));
   }
-  return profile;
+  return file;
 }
 
-absl::Status SaveCpuProfile(FileSystem& fs, const std::string& path, const DeviceProfile& profile) {
+absl::Status SaveCpuProfileFile(FileSystem& fs, const std::string& path,
+                                const CpuProfileFile& file) {
   if (path.empty()) {
     return absl::FailedPreconditionError(
         "nowhere to keep the cpu profile: set XDG_CONFIG_HOME or HOME");
   }
   TY_RETURN_IF_ERROR(fs.CreateDirs(Dirname(path)));
-  return fs.WriteFileAtomic(path, ProfileToJson(profile));
+  return fs.WriteFileAtomic(path, ProfileFileToJson(file));
 }
 
 }  // namespace trainyard::planner

@@ -8,6 +8,7 @@
 #define TRAINYARD_PLANNER_DEVICE_PROFILE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,8 @@ struct DeviceProfile {
   int64_t act_bytes = 4;
   int64_t max_logits_chunk = int64_t{1} << 20;
   bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
+  // cpu: the model and micro-batch the shared-rank probes ran, in words (empty: not recorded).
+  std::string reference;
   // cpu: per-rank figures by the number of ranks sharing the machine, ascending; empty: each of
   // g ranks gets 1/g of the machine's matmul rate and the links as they are.
   std::vector<SharedRanks> shared;
@@ -102,13 +105,46 @@ std::string CpuProfilePath(const char* xdg_config_home, const char* home);
 // an unreadable or malformed file is INVALID_ARGUMENT naming it.
 [[nodiscard]] absl::StatusOr<DeviceProfile> LoadCpuProfile(FileSystem& fs, const std::string& path);
 
-// Writes `profile` to `path` as JSON (creating the directory), atomically.
-[[nodiscard]] absl::Status SaveCpuProfile(FileSystem& fs, const std::string& path,
-                                          const DeviceProfile& profile);
-
-// The JSON text SaveCpuProfile writes, and its inverse.
+// One profile as JSON, and its inverse (a profile file's top level).
 std::string ProfileToJson(const DeviceProfile& profile);
 [[nodiscard]] absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json);
+
+// How many calibrations the cpu profile file keeps (CpuProfileFile).
+inline constexpr int kKeptCalibrations = 5;
+
+// The cpu profile file as `trainyard plan --calibrate` keeps it: every calibration it took on
+// this machine with the same reference, the latest last and at most kKeptCalibrations, and the
+// profile the planner uses, their median (MedianProfile). On a virtual machine the waits a
+// calibration measures switch between regimes that last minutes (docs/planner.md), so one
+// calibration is one draw; the median of several taken at different times is the typical one.
+// A file without `calibrations` (an older one) holds its profile alone.
+struct CpuProfileFile {
+  DeviceProfile profile;
+  std::vector<DeviceProfile> calibrations;
+};
+
+// Each measured figure's median over `calibrations` (at least one; the mean of the middle two
+// for an even count): the rates, bandwidths, links and, entry by entry, the shared-ranks figures
+// (over the calibrations with an entry for that rank count). Names, flags, cores and the entries'
+// rank counts are the latest calibration's (the last).
+DeviceProfile MedianProfile(const std::vector<DeviceProfile>& calibrations);
+
+// The file after calibration `latest`: the earlier file's calibrations that were taken on the
+// same machine (cores and memory) with the same reference, then `latest`, the oldest dropped
+// beyond kKeptCalibrations; its profile their median. No earlier file (or `fresh`): `latest`
+// alone.
+CpuProfileFile AddCalibration(const std::optional<CpuProfileFile>& earlier,
+                              const DeviceProfile& latest);
+
+// The file at `path` (a missing one: the placeholder profile and no calibrations);
+// INVALID_ARGUMENT as LoadCpuProfile for an unreadable or malformed one.
+[[nodiscard]] absl::StatusOr<CpuProfileFile> LoadCpuProfileFile(FileSystem& fs,
+                                                                const std::string& path);
+// Writes `file` to `path` as JSON (creating the directory), atomically.
+[[nodiscard]] absl::Status SaveCpuProfileFile(FileSystem& fs, const std::string& path,
+                                              const CpuProfileFile& file);
+std::string ProfileFileToJson(const CpuProfileFile& file);
+[[nodiscard]] absl::StatusOr<CpuProfileFile> ProfileFileFromJson(const std::string& json);
 
 }  // namespace trainyard::planner
 

@@ -26,6 +26,7 @@ TEST(PlannerCalibrate, StoresAMeasuredProfileThatPlansUse) {
   io.scratch_dir = dir.string();
   ASSERT_EQ(RunPlan({"plan", "--calibrate", "--json"}, io), 0) << err.str();
   EXPECT_TRUE(absl::StrContains(out.str(), "{\"calibration\":{\"gemm_flops\":")) << out.str();
+  EXPECT_TRUE(absl::StrContains(out.str(), "\"calibrations_kept\":1}")) << out.str();
   absl::StatusOr<planner::DeviceProfile> profile =
       planner::LoadCpuProfile(*RealFileSystem(), io.cpu_profile_path);
   ASSERT_TRUE(profile.ok()) << profile.status();

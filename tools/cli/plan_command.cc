@@ -34,7 +34,7 @@ namespace {
 constexpr char kPlanUsage[] =
     "usage: trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device "
     "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H] "
-    "[--calibrate]";
+    "[--calibrate [--fresh]]";
 
 // The flags of the CLI's other commands that carry a value (skipped when finding the command).
 bool IsGlobalValueFlag(const std::string& arg) {
@@ -46,6 +46,7 @@ struct PlanFlags {
   std::string spec_path;
   bool json = false;
   bool calibrate = false;
+  bool fresh = false;                         // --calibrate: forget the earlier calibrations
   std::map<std::string, std::string> values;  // flag name -> value
   std::optional<std::string> Get(const std::string& name) const {
     auto it = values.find(name);
@@ -77,10 +78,10 @@ absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
       value = name.substr(equals + 1);
       name = name.substr(0, equals);
     }
-    if (name == "json" || name == "calibrate") {
+    if (name == "json" || name == "calibrate" || name == "fresh") {
       if (inline_value)
         return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      (name == "json" ? flags.json : flags.calibrate) = true;
+      (name == "json" ? flags.json : name == "calibrate" ? flags.calibrate : flags.fresh) = true;
       continue;
     }
     if (IsGlobalValueFlag("--" + name)) {  // accepted and ignored: plan needs no coordinator
@@ -98,6 +99,9 @@ absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
   }
   if (flags.spec_path.empty() && !flags.calibrate) {
     return absl::InvalidArgumentError("plan needs a SPEC");
+  }
+  if (flags.fresh && !flags.calibrate) {
+    return absl::InvalidArgumentError("--fresh goes with --calibrate");
   }
   if (flags.Get("checkpoint-seconds").has_value() != flags.Get("mtbf-hours").has_value()) {
     return absl::InvalidArgumentError("--checkpoint-seconds and --mtbf-hours go together");
@@ -205,18 +209,28 @@ absl::StatusOr<planner::DeviceProfile> Calibrate(const PlanFlags& flags, const P
   }
   options.scratch_dir =
       absl::StrCat(io.scratch_dir, "/trainyard-calibrate-", static_cast<int64_t>(getpid()));
-  absl::StatusOr<planner::Calibration> c = planner::CalibrateCpu(options);
+  absl::StatusOr<planner::Calibration> c = io.calibrate(options);
   std::error_code ignored;
   std::filesystem::remove_all(options.scratch_dir, ignored);  // also after a failed probe
   if (!c.ok())
     return absl::InternalError(absl::StrCat("calibration failed: ", c.status().message()));
-  TY_RETURN_IF_ERROR(planner::SaveCpuProfile(*io.fs, io.cpu_profile_path, c->profile));
-  if (!flags.json) {
-    *io.out << CalibrationText(*c, io.cpu_profile_path);
-  } else if (flags.spec_path.empty()) {
-    *io.out << CalibrationJson(*c, io.cpu_profile_path);
+  // Earlier calibrations of this machine are kept and the profile is their median with this one;
+  // a file that cannot be read is replaced.
+  std::optional<planner::CpuProfileFile> earlier;
+  if (!flags.fresh && !io.cpu_profile_path.empty()) {
+    absl::StatusOr<planner::CpuProfileFile> loaded =
+        planner::LoadCpuProfileFile(*io.fs, io.cpu_profile_path);
+    if (loaded.ok()) earlier = *std::move(loaded);
   }
-  return c->profile;
+  const planner::CpuProfileFile file = planner::AddCalibration(earlier, c->profile);
+  TY_RETURN_IF_ERROR(planner::SaveCpuProfileFile(*io.fs, io.cpu_profile_path, file));
+  const int kept = static_cast<int>(file.calibrations.size());
+  if (!flags.json) {
+    *io.out << CalibrationText(*c, io.cpu_profile_path, kept);
+  } else if (flags.spec_path.empty()) {
+    *io.out << CalibrationJson(*c, io.cpu_profile_path, kept);
+  }
+  return file.profile;
 }
 
 absl::StatusOr<int> Plan(const PlanFlags& flags, const PlanIo& io) {

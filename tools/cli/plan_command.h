@@ -2,13 +2,15 @@
 //
 //   trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device PROFILE]
 //                       [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H]
-//   trainyard plan --calibrate [SPEC ...]
+//   trainyard plan --calibrate [--fresh] [SPEC ...]
 //
 // Prints every valid mesh of the spec's resources (or only --mesh) with its memory per rank,
 // step time, communication and MFU, the chosen mesh and why the others lost, and with
 // --checkpoint-seconds and --mtbf-hours the Young–Daly checkpoint interval. --json prints one
 // object instead (docs/planner.md). --calibrate measures the cpu profile on this machine and
-// stores it in $XDG_CONFIG_HOME/trainyard/cpu-profile.json (else ~/.config/trainyard/...).
+// stores it in $XDG_CONFIG_HOME/trainyard/cpu-profile.json (else ~/.config/trainyard/...), with
+// the earlier calibrations of the same machine and reference: the profile is the median of the
+// last planner::kKeptCalibrations (--fresh forgets the earlier ones).
 //
 // Exit codes: 0 planned (even when nothing fits: the explanation says so); 2 bad input (flags, an
 // unknown profile, an impossible --mesh, a spec that cannot be read or parsed, or one without
@@ -19,11 +21,14 @@
 #ifndef TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_
 #define TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/filesystem.h"
+#include "planner/calibrate.h"
 
 namespace trainyard::cli {
 
@@ -33,6 +38,9 @@ struct PlanIo {
   FileSystem* fs = nullptr;
   std::string cpu_profile_path;  // planner::CpuProfilePath of the environment
   std::string scratch_dir;       // --calibrate's rendezvous files (a fresh directory under it)
+  // What --calibrate measures with: planner::CalibrateCpu, or a fake in tests.
+  std::function<absl::StatusOr<planner::Calibration>(const planner::CalibrationOptions&)>
+      calibrate = planner::CalibrateCpu;
 };
 
 // True when `args` (the command line without the program name) asks for `plan`: its first word

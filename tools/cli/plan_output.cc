@@ -101,7 +101,7 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
   return out;
 }
 
-std::string CalibrationText(const planner::Calibration& c, const std::string& path) {
+std::string CalibrationText(const planner::Calibration& c, const std::string& path, int kept) {
   std::string shared;
   for (const planner::SharedRanksCalibration& r : c.shared) {
     absl::StrAppendFormat(&shared, "  %d rank%s at once: reference pass %s, %.1f GFLOP/s effective",
@@ -131,13 +131,17 @@ std::string CalibrationText(const planner::Calibration& c, const std::string& pa
       "  Gloo over loopback, 2 ranks: α = %.1f µs per message, β⁻¹ = %.2f GB/s\n"
       "  ranks sharing the cores (per rank, reference %s):\n%s"
       "  memory: %.1f GiB\n"
-      "stored in %s\n",
+      "stored in %s; the profile the planner uses is %s\n",
       c.gemm_flops / 1e9, c.large_gemm_flops / 1e9, c.add_bytes_per_second / 1e9,
       c.alpha_seconds * 1e6, c.bytes_per_second / 1e9, c.reference_name, shared,
-      c.profile.memory_bytes / double{1 << 30}, path);
+      c.profile.memory_bytes / double{1 << 30}, path,
+      kept == 1 ? std::string("this calibration")
+                : absl::StrCat("the median of the last ", kept,
+                               " calibrations of this machine with this reference, this one "
+                               "included (--calibrate --fresh starts over)"));
 }
 
-std::string CalibrationJson(const planner::Calibration& c, const std::string& path) {
+std::string CalibrationJson(const planner::Calibration& c, const std::string& path, int kept) {
   std::vector<std::string> shared;
   for (const planner::SharedRanksCalibration& r : c.shared) {
     shared.push_back(absl::StrCat(
@@ -156,7 +160,7 @@ std::string CalibrationJson(const planner::Calibration& c, const std::string& pa
                       ",\"bytes_per_second\":", Number(c.bytes_per_second),
                       ",\"reference\":", JsonString(c.reference_name), ",\"shared_ranks\":[",
                       absl::StrJoin(shared, ","), "],\"memory_bytes\":", c.profile.memory_bytes,
-                      ",\"path\":", JsonString(path), "}}\n");
+                      ",\"path\":", JsonString(path), ",\"calibrations_kept\":", kept, "}}\n");
 }
 
 }  // namespace trainyard::cli

@@ -21,8 +21,10 @@ std::string PlanJson(const planner::Plan& plan);
 std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec);
 
 // What --calibrate measured and where it was stored.
-std::string CalibrationText(const planner::Calibration& c, const std::string& path);
-std::string CalibrationJson(const planner::Calibration& c, const std::string& path);
+// What one calibration measured, where the profile is stored, and of how many calibrations
+// (`kept`, this one included) the stored profile is the median.
+std::string CalibrationText(const planner::Calibration& c, const std::string& path, int kept);
+std::string CalibrationJson(const planner::Calibration& c, const std::string& path, int kept);
 
 }  // namespace trainyard::cli
 

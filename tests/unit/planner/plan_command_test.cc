@@ -1,5 +1,6 @@
 // `trainyard plan` in process: bad input is one line on stderr and exit code 2; the JSON object
-// has the documented shape; `plan` is dispatched from the CLI's entry point.
+// has the documented shape; `--calibrate` keeps the machine's calibrations and stores their
+// median (with a fake calibrator); `plan` is dispatched from the CLI's entry point.
 #include "tools/cli/plan_command.h"
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "common/filesystem.h"
 #include "gtest/gtest.h"
+#include "planner/device_profile.h"
 #include "tools/cli/commands.h"
 
 namespace trainyard::cli {
@@ -41,14 +43,17 @@ class PlanCommand : public ::testing::Test {
     return Write("spec.yaml", std::string(kSpec) + "resources: {nodes: 1, devices_per_node: 2}\n");
   }
 
+  std::string ProfilePath() const { return (dir_ / "trainyard" / "cpu-profile.json").string(); }
+
   int Run(std::vector<std::string> args) {
     out_.str("");
     err_.str("");
     PlanIo io;
+    io.calibrate = calibrate_;
     io.out = &out_;
     io.err = &err_;
     io.fs = RealFileSystem();
-    io.cpu_profile_path = (dir_ / "trainyard" / "cpu-profile.json").string();
+    io.cpu_profile_path = ProfilePath();
     io.scratch_dir = dir_.string();
     args.insert(args.begin(), "plan");
     return RunPlan(args, io);
@@ -64,6 +69,29 @@ class PlanCommand : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::ostringstream out_, err_;
+  // A fake calibrator: each call measures the next of `draws` as the pair's α of 2 ranks.
+  std::vector<double> draws_;
+  size_t calls_ = 0;
+  std::function<absl::StatusOr<planner::Calibration>(const planner::CalibrationOptions&)>
+      calibrate_ =
+          [this](const planner::CalibrationOptions&) -> absl::StatusOr<planner::Calibration> {
+    if (calls_ >= draws_.size()) return absl::UnavailableError("no more draws");
+    planner::Calibration c;
+    planner::DeviceProfile& p = c.profile;
+    p.name = "cpu";
+    p.shared_node = p.calibrated = true;
+    p.cores = 2;
+    p.memory_bytes = int64_t{8} << 30;
+    p.peak_flops = p.matmul_flops = 1e11;
+    p.memory_bytes_per_second = 4e10;
+    p.intra_node = p.inter_node = planner::Link{.alpha_seconds = 7e-5, .bytes_per_second = 1.5e9};
+    p.reference = c.reference_name = "gpt2-tiny, 4 × 64 tokens";
+    const double alpha = draws_[calls_++];
+    p.shared = {{.ranks = 1, .matmul_flops = 1e11, .link = {0, 1.5e9}},
+                {.ranks = 2, .matmul_flops = 5e10, .link = {alpha, 1.5e9}}};
+    for (const planner::SharedRanks& e : p.shared) c.shared.push_back({.entry = e});
+    return c;
+  };
 };
 
 TEST_F(PlanCommand, UnknownDeviceProfile) {
@@ -92,6 +120,40 @@ TEST_F(PlanCommand, BadFlags) {
   ExpectBadInput({SpecWithResources(), "--nodes", "0"}, "--nodes must be an integer");
   ExpectBadInput({SpecWithResources(), "--frobnicate"}, "unknown flag --frobnicate");
   ExpectBadInput({}, "plan needs a SPEC");
+  ExpectBadInput({SpecWithResources(), "--fresh"}, "--fresh goes with --calibrate");
+  ExpectBadInput({"--calibrate", "--fresh=yes"}, "--fresh takes no value");
+}
+
+TEST_F(PlanCommand, CalibrationsAreKeptAndTheProfileIsTheirMedian) {
+  draws_ = {1e-3, 4e-3, 2e-3, 9e-3};
+  ASSERT_EQ(Run({"--calibrate", "--json"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"calibrations_kept\":1")) << out_.str();
+  ASSERT_EQ(Run({"--calibrate"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "the median of the last 2 calibrations")) << out_.str();
+  ASSERT_EQ(Run({"--calibrate", "--json"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"calibrations_kept\":3")) << out_.str();
+  absl::StatusOr<planner::CpuProfileFile> file =
+      planner::LoadCpuProfileFile(*RealFileSystem(), ProfilePath());
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->calibrations.size(), 3u);
+  EXPECT_DOUBLE_EQ(file->profile.shared[1].link.alpha_seconds, 2e-3);  // of 1, 4 and 2 ms
+  // Plans use the median.
+  ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "the median of 3 calibrations")) << out_.str();
+
+  // --fresh forgets the earlier ones.
+  ASSERT_EQ(Run({"--calibrate", "--fresh", "--json"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"calibrations_kept\":1")) << out_.str();
+  file = planner::LoadCpuProfileFile(*RealFileSystem(), ProfilePath());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->calibrations.size(), 1u);
+  EXPECT_DOUBLE_EQ(file->profile.shared[1].link.alpha_seconds, 9e-3);
+
+  // A calibration that fails leaves the stored profile alone.
+  EXPECT_EQ(Run({"--calibrate"}), 1);
+  file = planner::LoadCpuProfileFile(*RealFileSystem(), ProfilePath());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_DOUBLE_EQ(file->profile.shared[1].link.alpha_seconds, 9e-3);
 }
 
 TEST_F(PlanCommand, JsonHasTheDocumentedShape) {

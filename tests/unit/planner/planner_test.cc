@@ -322,6 +322,81 @@ TEST(Profiles, SharedRanksSurviveTheFileAndBadOnesAreRefused) {
   EXPECT_TRUE(empty->shared.empty());
 }
 
+// SharedCpu() with every measured figure scaled by `factor` and the reference named.
+DeviceProfile ScaledCalibration(double factor, const std::string& reference = "gpt2-tiny") {
+  DeviceProfile c = SharedCpu();
+  c.calibrated = true;
+  c.reference = reference;
+  c.peak_flops *= factor;
+  c.matmul_flops *= factor;
+  c.memory_bytes_per_second *= factor;
+  c.intra_node.alpha_seconds *= factor;
+  c.inter_node.alpha_seconds *= factor;
+  for (SharedRanks& e : c.shared) {
+    e.matmul_flops *= factor;
+    e.link.alpha_seconds *= factor;
+    e.lockstep_alpha_seconds *= factor;
+  }
+  return c;
+}
+
+TEST(Profiles, TheStoredProfileIsTheMedianOfTheKeptCalibrations) {
+  // Three draws: every figure's median is the middle one's, entry by entry.
+  CpuProfileFile file = AddCalibration(std::nullopt, ScaledCalibration(1.0));
+  EXPECT_EQ(file.calibrations.size(), 1u);
+  EXPECT_DOUBLE_EQ(file.profile.shared[1].link.alpha_seconds, 4e-4);
+  file = AddCalibration(file, ScaledCalibration(3.0));
+  // Two: the mean of both.
+  EXPECT_DOUBLE_EQ(file.profile.shared[1].link.alpha_seconds, 8e-4);
+  file = AddCalibration(file, ScaledCalibration(1.5));
+  ASSERT_EQ(file.calibrations.size(), 3u);
+  EXPECT_DOUBLE_EQ(file.profile.matmul_flops, 1.5e11);
+  EXPECT_DOUBLE_EQ(file.profile.intra_node.alpha_seconds, 7e-5 * 1.5);
+  EXPECT_DOUBLE_EQ(file.profile.shared[1].link.alpha_seconds, 4e-4 * 1.5);
+  EXPECT_DOUBLE_EQ(file.profile.shared[2].matmul_flops, 5e10 * 1.5);
+  EXPECT_DOUBLE_EQ(file.profile.shared[2].lockstep_alpha_seconds, 5e-3 * 1.5);
+  EXPECT_DOUBLE_EQ(file.profile.memory_bytes_per_second, 4e10 * 1.5);
+
+  // At most kKeptCalibrations: the oldest go first.
+  for (int i = 0; i < kKeptCalibrations; ++i) file = AddCalibration(file, ScaledCalibration(2.0));
+  ASSERT_EQ(file.calibrations.size(), static_cast<size_t>(kKeptCalibrations));
+  EXPECT_DOUBLE_EQ(file.profile.matmul_flops, 2e11);
+
+  // Another reference, or another machine, starts over.
+  EXPECT_EQ(AddCalibration(file, ScaledCalibration(1.0, "llama-debug")).calibrations.size(), 1u);
+  DeviceProfile bigger = ScaledCalibration(1.0);
+  bigger.cores = 4;
+  EXPECT_EQ(AddCalibration(file, bigger).calibrations.size(), 1u);
+}
+
+TEST(Profiles, TheCalibrationsSurviveTheFileAndAnOlderFileLoads) {
+  CpuProfileFile file = AddCalibration(std::nullopt, ScaledCalibration(1.0, "gpt2, \"tiny\" × 4"));
+  file = AddCalibration(file, ScaledCalibration(2.0, "gpt2, \"tiny\" × 4"));
+  absl::StatusOr<CpuProfileFile> back = ProfileFileFromJson(ProfileFileToJson(file));
+  ASSERT_TRUE(back.ok()) << back.status() << ProfileFileToJson(file);
+  ASSERT_EQ(back->calibrations.size(), 2u);
+  EXPECT_EQ(back->calibrations[0].reference, "gpt2, \"tiny\" × 4");
+  EXPECT_DOUBLE_EQ(back->calibrations[1].shared[1].link.alpha_seconds, 8e-4);
+  EXPECT_DOUBLE_EQ(back->profile.shared[1].link.alpha_seconds, 6e-4);
+  EXPECT_NE(back->profile.description.find("the median of 2 calibrations"), std::string::npos);
+  // Read back, the history still grows: the reference compares equal after the round trip.
+  EXPECT_EQ(AddCalibration(*back, ScaledCalibration(1.0, "gpt2, \"tiny\" × 4")).calibrations.size(),
+            3u);
+
+  // A file of one profile without the list (written before calibrations were kept).
+  absl::StatusOr<CpuProfileFile> older = ProfileFileFromJson(ProfileToJson(SharedCpu()));
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_TRUE(older->calibrations.empty());
+  EXPECT_DOUBLE_EQ(older->profile.shared[1].link.alpha_seconds, 4e-4);
+  // A malformed entry is refused, naming it.
+  std::string bad = ProfileFileToJson(file);
+  bad.replace(bad.rfind("\"matmul_flops\""), 14, "\"matmul_flopz\"");
+  absl::StatusOr<CpuProfileFile> refused = ProfileFileFromJson(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("calibration 2"), std::string::npos)
+      << refused.status();
+}
+
 // The time model reads the per-rank entry for the ranks sharing the node, and exposes every
 // data-parallel collective when no core is spare for them.
 TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
