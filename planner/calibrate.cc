@@ -24,10 +24,12 @@
 #include "planner/traffic_model.h"
 #include "worker/backend.h"
 #include "worker/model.h"
+#include "worker/optimizer.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/kv_store.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/param_source.h"
+#include "worker/parameters.h"
 
 namespace trainyard::planner {
 namespace {
@@ -210,6 +212,40 @@ absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, in
   }));
   double sum = 0;
   for (double s : per_pass) sum += s;
+  return sum / ranks;
+}
+
+// Seconds per optimizer step of the reference model's parameters, the mean over `ranks` ranks
+// running it at once (each with the threads the worker would give it): what the training loop
+// does per step besides the passes, with the engine's own code: zero the gradients, take their
+// global norm and clip them, and apply AdamW tensor by tensor.
+absl::StatusOr<double> OptimizerStepSeconds(const config::JobSpec& reference, int ranks,
+                                            double seconds) {
+  std::vector<double> per_step(ranks);
+  std::barrier start(ranks);
+  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
+    std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(ThreadsPerRank(ranks));
+    const worker::ParameterLayout layout(reference.model);
+    worker::AdamW adamw(worker::OptimizerConfig{}, layout, backend.get());
+    worker::Buffer<float> params = backend->AllocFloat(layout.total());
+    worker::Buffer<float> grads = backend->AllocFloat(layout.total());
+    backend->Fill(params.data(), 0.02f, layout.total());
+    auto step = [&](int64_t i) {
+      backend->Fill(grads.data(), 0.0f, layout.total());
+      backend->Fill(grads.data(), 1e-3f, layout.total());  // stands for the passes' gradients
+      adamw.ClipGradients(grads.data());
+      adamw.Step(params.data(), grads.data(), i);
+    };
+    step(0);  // warm up: first touch of the moments
+    start.arrive_and_wait();
+    int64_t steps = 0;
+    const auto begin = Clock::now();
+    while (steps < 2 || Since(begin) < seconds) step(++steps);
+    per_step[r] = Since(begin) / steps;
+    return absl::OkStatus();
+  }));
+  double sum = 0;
+  for (double s : per_step) sum += s;
   return sum / ranks;
 }
 
@@ -530,7 +566,7 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
 // each count of ranks sharing the machine the effective rate from the reference pass.
 absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
   std::vector<double> large_gemm, gemm, add;
-  std::vector<std::vector<double>> passes(c.shared.size());
+  std::vector<std::vector<double>> passes(c.shared.size()), steps(c.shared.size());
   for (int i = 0; i < kComputeRounds; ++i) {
     {
       std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(options.threads);
@@ -543,6 +579,10 @@ absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
                           ReferencePassSeconds(options.reference, c.shared[j].entry.ranks,
                                                options.seconds_per_probe));
       passes[j].push_back(pass);
+      TY_ASSIGN_OR_RETURN(const double step,
+                          OptimizerStepSeconds(options.reference, c.shared[j].entry.ranks,
+                                               options.seconds_per_probe));
+      steps[j].push_back(step);
     }
   }
   c.large_gemm_flops = Median(large_gemm);
@@ -557,6 +597,9 @@ absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
     const double elementwise = 3 * work.slot_bytes / (c.add_bytes_per_second / r.entry.ranks);
     r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
                            std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
+    r.optimizer_step_seconds = Median(steps[j]);
+    r.entry.optimizer_elements_per_second =
+        worker::ParameterLayout(options.reference.model).total() / r.optimizer_step_seconds;
   }
   return absl::OkStatus();
 }

@@ -44,7 +44,8 @@ struct CalibrationOptions {
 // One SharedRanks entry and what it was derived from.
 struct SharedRanksCalibration {
   SharedRanks entry;
-  double pass_seconds = 0;  // per rank, one forward and backward pass of the reference
+  double pass_seconds = 0;            // per rank, one forward and backward pass of the reference
+  double optimizer_step_seconds = 0;  // per rank, one optimizer step of the reference's model
   // Per pass, in the reference's collectives at tensor parallelism 2: one pair among ranks that
   // compute, and every rank in pairs at once (lockstep; 3 ranks or more).
   double collective_seconds = 0;

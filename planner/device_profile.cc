@@ -99,6 +99,10 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
     if (item.Find("background_alpha_seconds") != nullptr) {
       TY_ASSIGN_OR_RETURN(e.background_alpha_seconds, Number(item, "background_alpha_seconds"));
     }
+    if (item.Find("optimizer_elements_per_second") != nullptr) {
+      TY_ASSIGN_OR_RETURN(e.optimizer_elements_per_second,
+                          Number(item, "optimizer_elements_per_second"));
+    }
     if (e.ranks < 1 || e.ranks != ranks || e.matmul_flops <= 0 || e.link.bytes_per_second <= 0 ||
         (!shared.empty() && e.ranks <= shared.back().ranks)) {
       return absl::InvalidArgumentError(
@@ -194,6 +198,8 @@ void TakeEntryMedian(const std::vector<DeviceProfile>& calibrations, SharedRanks
       median([](const SharedRanks& e) { return e.lockstep_alpha_seconds; });
   entry.background_alpha_seconds =
       median([](const SharedRanks& e) { return e.background_alpha_seconds; });
+  entry.optimizer_elements_per_second =
+      median([](const SharedRanks& e) { return e.optimizer_elements_per_second; });
 }
 
 // Says in the profile's description that it is the median of `count` calibrations.
@@ -250,6 +256,7 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
     return share;
   }
   share.matmul_flops = entry->matmul_flops * entry->ranks / ranks;
+  share.optimizer_elements_per_second = entry->optimizer_elements_per_second * entry->ranks / ranks;
   if (entry->link.alpha_seconds > 0) {
     share.idle_alpha_seconds = device.intra_node.alpha_seconds;
     share.intra_node = entry->link;
@@ -275,9 +282,9 @@ std::string ProfileToJson(const DeviceProfile& p) {
   for (const SharedRanks& e : p.shared) {
     shared.push_back(absl::StrFormat(
         "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g, "
-        "\"background_alpha_seconds\": %.9g}",
-        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds,
-        e.background_alpha_seconds));
+        "\"background_alpha_seconds\": %.9g, \"optimizer_elements_per_second\": %.9g}",
+        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds, e.background_alpha_seconds,
+        e.optimizer_elements_per_second));
   }
   return absl::StrFormat(
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"

@@ -38,6 +38,10 @@ struct SharedRanks {
   // α of a collective a communication thread runs while every rank computes (data parallelism's
   // reductions and gathers). 0: not measured, link.alpha_seconds applies.
   double background_alpha_seconds = 0;
+  // The engine's optimizer step (zeroing the gradients, their norm and clipping, AdamW), in
+  // parameters per second. 0: not measured; the step streams 28 bytes per parameter it owns at
+  // the memory bandwidth.
+  double optimizer_elements_per_second = 0;
 };
 
 struct DeviceProfile {
@@ -69,6 +73,9 @@ struct DeviceProfile {
   double sync_skew_seconds = 0;
   // Shared node: α of the communication thread's collectives (SharedRanks); 0: the links' α.
   double background_alpha_seconds = 0;
+  // cpu: the optimizer step's rate in parameters per second (SharedRanks); 0: 28 bytes per
+  // owned parameter at memory_bytes_per_second.
+  double optimizer_elements_per_second = 0;
   // Shared node: α when no rank computes (the machine's back-to-back link, before the entry's
   // replaced it); 0: the links' α.
   double idle_alpha_seconds = 0;

@@ -83,9 +83,13 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.forward = work.forward_seconds(device);
   t.backward = work.backward_seconds(device);
   const RankMemory memory = PredictRankMemory(s, backend);
-  // AdamW reads parameters, gradients and both moments and writes three of them: 7 floats per
-  // element it owns (the moments are 8 bytes per owned element).
-  t.optimizer = 28.0 * (memory.optimizer / 8.0) / device.memory_bytes_per_second;
+  // The moments are 8 bytes per element the rank owns. Where the step was measured (cpu), its
+  // rate; else AdamW streams 7 floats per owned element (it reads parameters, gradients and both
+  // moments and writes three of them) at the memory bandwidth.
+  const double owned = memory.optimizer / 8.0;
+  t.optimizer = device.optimizer_elements_per_second > 0
+                    ? owned / device.optimizer_elements_per_second
+                    : 28.0 * owned / device.memory_bytes_per_second;
 
   const std::vector<Collective> dp = DataParallelTraffic(s, loop, 0);
   const std::vector<Collective> tp = TensorParallelTraffic(s, backend, loop, 0);

@@ -104,9 +104,11 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
 std::string CalibrationText(const planner::Calibration& c, const std::string& path, int kept) {
   std::string shared;
   for (const planner::SharedRanksCalibration& r : c.shared) {
-    absl::StrAppendFormat(&shared, "  %d rank%s at once: reference pass %s, %.1f GFLOP/s effective",
-                          r.entry.ranks, r.entry.ranks == 1 ? "" : "s",
-                          planner::HumanSeconds(r.pass_seconds), r.entry.matmul_flops / 1e9);
+    absl::StrAppendFormat(
+        &shared,
+        "  %d rank%s at once: reference pass %s, %.1f GFLOP/s effective; optimizer step %s",
+        r.entry.ranks, r.entry.ranks == 1 ? "" : "s", planner::HumanSeconds(r.pass_seconds),
+        r.entry.matmul_flops / 1e9, planner::HumanSeconds(r.optimizer_step_seconds));
     if (r.entry.ranks >= 2) {
       absl::StrAppendFormat(
           &shared, "; a tensor-parallel pair waits %s per pass in collectives, α = %.1f µs",
@@ -146,6 +148,8 @@ std::string CalibrationJson(const planner::Calibration& c, const std::string& pa
   for (const planner::SharedRanksCalibration& r : c.shared) {
     shared.push_back(absl::StrCat(
         "{\"ranks\":", r.entry.ranks, ",\"pass_seconds\":", Number(r.pass_seconds),
+        ",\"optimizer_step_seconds\":", Number(r.optimizer_step_seconds),
+        ",\"optimizer_elements_per_second\":", Number(r.entry.optimizer_elements_per_second),
         ",\"matmul_flops\":", Number(r.entry.matmul_flops), ",\"collective_seconds\":",
         Number(r.collective_seconds), ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds),
         ",\"lockstep_collective_seconds\":", Number(r.lockstep_collective_seconds),

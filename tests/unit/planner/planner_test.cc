@@ -433,6 +433,35 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
                    Evaluate(spec, Mesh(1, 2, 2, 0), no_lockstep, LoopOptions{}).step.communication);
 }
 
+// Where the optimizer step was measured (cpu), a step's optimizer time is the parameters the
+// rank owns over the entry's rate, shared like the matmul rate between entries; elsewhere AdamW
+// streams 28 bytes per owned parameter at the memory bandwidth. By hand, on one-micro-batch
+// dp 2: ZeRO-0 updates every parameter, ZeRO-1 half of them (the groups padded to even).
+TEST(Plan, TheOptimizerStepAtItsMeasuredRate) {
+  config::JobSpec spec = Gpt2Debug(2);
+  spec.training.micro_batch = spec.training.batch / 2;
+  DeviceProfile cpu = SharedCpu();
+  const Candidate bandwidth = Evaluate(spec, Mesh(2, 1, 1, 0), cpu, LoopOptions{});
+  cpu.shared[1].optimizer_elements_per_second = 1e7;
+  const Candidate zero0 = Evaluate(spec, Mesh(2, 1, 1, 0), cpu, LoopOptions{});
+  const Candidate zero1 = Evaluate(spec, Mesh(2, 1, 1, 1), cpu, LoopOptions{});
+  const double params = static_cast<double>(zero0.memory.optimizer) / 8;
+  const double owned = static_cast<double>(zero1.memory.optimizer) / 8;
+  EXPECT_NEAR(zero0.step.compute - bandwidth.step.compute,
+              params / 1e7 - 28 * params / (cpu.memory_bytes_per_second / 2), 1e-12);
+  // ZeRO-1 changes nothing in the passes of one micro-batch, only the owned share.
+  EXPECT_NEAR(zero0.step.compute - zero1.step.compute, (params - owned) / 1e7, 1e-12);
+  // Three ranks: the two-rank entry's rate shared three ways.
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 3).optimizer_elements_per_second, 1e7 * 2 / 3);
+  // The rate survives the file and the median.
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(cpu));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->shared[1].optimizer_elements_per_second, 1e7);
+  DeviceProfile other = cpu;
+  other.shared[1].optimizer_elements_per_second = 3e7;
+  EXPECT_DOUBLE_EQ(MedianProfile({cpu, other}).shared[1].optimizer_elements_per_second, 2e7);
+}
+
 // On a shared node a data-parallel collective's messages cost the communication thread's α
 // beside compute while the ranks compute, and the machine's idle α when every rank waits for it
 // (an exposed one, without pipelining); its hand-overs cost the link's α, but the step's scalar
