@@ -228,6 +228,8 @@ def main():
         predictions = {name: (predicted_step_ms(cli, specs[name], mesh, env),
                               [predicted_step_ms(cli, specs[name], mesh, e) for e in singles])
                        for name, *mesh in meshes}
+        # The report names the scratch folder, not where this machine put it.
+        raw = [text.replace(tmp, "SCRATCH") for text in raw]
     table, worst, single_worst = report_table(meshes, runs, predictions, len(singles))
     summary = [
         f"worst memory error: {worst['memory'][0]:.1f}% ({worst['memory'][1]}); goal 1%",
