@@ -42,8 +42,11 @@ TEST(PlannerCalibrate, StoresAMeasuredProfileThatPlansUse) {
   EXPECT_EQ(profile->cores, static_cast<int>(std::thread::hardware_concurrency()));
   for (const planner::SharedRanks& e : profile->shared) {
     EXPECT_GT(e.matmul_flops, 1e8) << e.ranks;
-    if (e.ranks >= 2) EXPECT_GT(e.link.alpha_seconds, 0) << e.ranks;
-    if (e.ranks >= 2) EXPECT_GT(e.lockstep_alpha_seconds, 0) << e.ranks;
+    EXPECT_GT(e.optimizer_elements_per_second, 1e6) << e.ranks;
+    if (e.ranks >= 2) {
+      EXPECT_GT(e.link.alpha_seconds, 0) << e.ranks;
+      EXPECT_GT(e.lockstep_alpha_seconds, 0) << e.ranks;
+    }
   }
   EXPECT_TRUE(absl::StrContains(out.str(), "\"shared_ranks\":[{\"ranks\":1,")) << out.str();
   std::printf("calibrated: %s", out.str().c_str());
