@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "config/yaml_tree.h"
 
@@ -145,17 +146,6 @@ absl::StatusOr<DeviceProfile> ProfileFromNode(const config::YamlNode& root) {
   return p;
 }
 
-// `text` inside a JSON string: quotes and backslashes escaped, control characters dropped, UTF-8
-// kept as it is.
-std::string JsonEscaped(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out;
-}
-
 // The median of `values` (not empty); the mean of the middle two for an even count.
 double MedianOf(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -290,9 +280,9 @@ std::string ProfileToJson(const DeviceProfile& p) {
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
       "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
       "  \"intra_node\": {%s},\n  \"inter_node\": {%s},\n  \"cores\": %d,\n"
-      "  \"reference\": \"%s\",\n  \"shared_ranks\": [%s%s%s]\n}\n",
+      "  \"reference\": %s,\n  \"shared_ranks\": [%s%s%s]\n}\n",
       p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
-      link(p.inter_node), p.cores, JsonEscaped(p.reference), shared.empty() ? "" : "\n",
+      link(p.inter_node), p.cores, JsonString(p.reference), shared.empty() ? "" : "\n",
       absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ");
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard::cli {
@@ -57,8 +58,6 @@ int OutcomeExitCode(v1::JobState state);
 // SUCCEEDED, FAILED, CANCELLED or DRAINED.
 bool IsFinal(v1::JobState state);
 
-// A JSON string literal for `text` (UTF-8 kept; control characters and invalid bytes escaped).
-std::string JsonString(const std::string& text);
 // The message as one line of JSON (proto field names, enums by name).
 std::string ToJson(const google::protobuf::Message& message);
 

@@ -1,0 +1,16 @@
+// JSON text for the project's hand-written JSON outputs (the CLI's, the planner's profile file).
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_COMMON_JSON_H_
+#define TRAINYARD_COMMON_JSON_H_
+
+#include <string>
+
+namespace trainyard {
+
+// A JSON string literal for `text` (UTF-8 kept; control characters and invalid bytes escaped).
+std::string JsonString(const std::string& text);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_JSON_H_
