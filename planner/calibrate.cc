@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -190,30 +191,69 @@ struct ReferenceRank {
   }
 };
 
+// One rank's timed operation, and what makes it: called on the rank's thread with the threads
+// the worker would give it; what the operation needs lives in its captures.
+using TimedOp = std::function<absl::Status()>;
+using MakeTimedOp = std::function<absl::StatusOr<TimedOp>(int threads)>;
+
+// Seconds per run of each rank's operation (at least two runs, then until `seconds` passed), the
+// mean over `ranks` ranks running theirs at once as threads, started together.
+absl::StatusOr<double> MeanSecondsOnRanks(int ranks, double seconds, const MakeTimedOp& make) {
+  std::vector<double> per_run(ranks);
+  std::barrier start(ranks);
+  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
+    absl::StatusOr<TimedOp> op = make(ThreadsPerRank(ranks));
+    start.arrive_and_wait();  // every rank arrives, also one whose set-up failed
+    TY_RETURN_IF_ERROR(op.status());
+    int64_t runs = 0;
+    const auto begin = Clock::now();
+    while (runs < 2 || Since(begin) < seconds) {
+      TY_RETURN_IF_ERROR((*op)());
+      ++runs;
+    }
+    per_run[r] = Since(begin) / runs;
+    return absl::OkStatus();
+  }));
+  double sum = 0;
+  for (double s : per_run) sum += s;
+  return sum / ranks;
+}
+
 // Seconds per forward and backward pass of the reference micro-batch, the mean over `ranks`
 // ranks running it at once (each with the threads the worker would give it).
 absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, int ranks,
                                             double seconds) {
-  std::vector<double> per_pass(ranks);
-  std::barrier start(ranks);
-  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
-    ReferenceRank rank;
-    absl::Status init = rank.Init(reference, ThreadsPerRank(ranks));
-    start.arrive_and_wait();
-    TY_RETURN_IF_ERROR(init);
-    int64_t passes = 0;
-    const auto begin = Clock::now();
-    while (passes < 2 || Since(begin) < seconds) {
-      TY_RETURN_IF_ERROR(rank.Pass());
-      ++passes;
-    }
-    per_pass[r] = Since(begin) / passes;
-    return absl::OkStatus();
-  }));
-  double sum = 0;
-  for (double s : per_pass) sum += s;
-  return sum / ranks;
+  return MeanSecondsOnRanks(ranks, seconds, [&](int threads) -> absl::StatusOr<TimedOp> {
+    auto rank = std::make_shared<ReferenceRank>();
+    TY_RETURN_IF_ERROR(rank->Init(reference, threads));
+    return TimedOp([rank] { return rank->Pass(); });
+  });
 }
+
+// The optimizer probe's state: the reference model's parameters, gradients and AdamW.
+struct OptimizerRank {
+  std::unique_ptr<worker::Backend> backend;
+  worker::ParameterLayout layout;
+  worker::AdamW adamw;
+  worker::Buffer<float> params, grads;
+  int64_t step = 0;
+
+  OptimizerRank(const config::ModelConfig& model, int threads)
+      : backend(worker::MakeCpuBackend(threads)),
+        layout(model),
+        adamw(worker::OptimizerConfig{}, layout, backend.get()),
+        params(backend->AllocFloat(layout.total())),
+        grads(backend->AllocFloat(layout.total())) {
+    backend->Fill(params.data(), 0.02f, layout.total());
+    Step();  // warm up: first touch of the moments
+  }
+  void Step() {
+    backend->Fill(grads.data(), 0.0f, layout.total());
+    backend->Fill(grads.data(), 1e-3f, layout.total());  // stands for the passes' gradients
+    adamw.ClipGradients(grads.data());
+    adamw.Step(params.data(), grads.data(), step++);
+  }
+};
 
 // Seconds per optimizer step of the reference model's parameters, the mean over `ranks` ranks
 // running it at once (each with the threads the worker would give it): what the training loop
@@ -221,32 +261,13 @@ absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, in
 // global norm and clip them, and apply AdamW tensor by tensor.
 absl::StatusOr<double> OptimizerStepSeconds(const config::JobSpec& reference, int ranks,
                                             double seconds) {
-  std::vector<double> per_step(ranks);
-  std::barrier start(ranks);
-  TY_RETURN_IF_ERROR(OnRanks(ranks, [&](int r) -> absl::Status {
-    std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(ThreadsPerRank(ranks));
-    const worker::ParameterLayout layout(reference.model);
-    worker::AdamW adamw(worker::OptimizerConfig{}, layout, backend.get());
-    worker::Buffer<float> params = backend->AllocFloat(layout.total());
-    worker::Buffer<float> grads = backend->AllocFloat(layout.total());
-    backend->Fill(params.data(), 0.02f, layout.total());
-    auto step = [&](int64_t i) {
-      backend->Fill(grads.data(), 0.0f, layout.total());
-      backend->Fill(grads.data(), 1e-3f, layout.total());  // stands for the passes' gradients
-      adamw.ClipGradients(grads.data());
-      adamw.Step(params.data(), grads.data(), i);
-    };
-    step(0);  // warm up: first touch of the moments
-    start.arrive_and_wait();
-    int64_t steps = 0;
-    const auto begin = Clock::now();
-    while (steps < 2 || Since(begin) < seconds) step(++steps);
-    per_step[r] = Since(begin) / steps;
-    return absl::OkStatus();
-  }));
-  double sum = 0;
-  for (double s : per_step) sum += s;
-  return sum / ranks;
+  return MeanSecondsOnRanks(ranks, seconds, [&](int threads) -> absl::StatusOr<TimedOp> {
+    auto rank = std::make_shared<OptimizerRank>(reference.model, threads);
+    return TimedOp([rank] {
+      rank->Step();
+      return absl::OkStatus();
+    });
+  });
 }
 
 // Median seconds of an all-reduce of `count` floats between the two ranks: one exchange of the

@@ -153,13 +153,12 @@ double MedianOf(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// Sets `*field(latest)` to the median of `*field(c)` over the calibrations.
-template <typename Field>
-void TakeMedian(const std::vector<DeviceProfile>& calibrations, DeviceProfile& latest,
-                Field field) {
+// The median of `figure(item)` over the items.
+template <typename T, typename Figure>
+double MedianOver(const std::vector<const T*>& items, Figure figure) {
   std::vector<double> values;
-  for (const DeviceProfile& c : calibrations) values.push_back(*field(c));
-  *field(latest) = MedianOf(std::move(values));
+  for (const T* item : items) values.push_back(figure(*item));
+  return MedianOf(std::move(values));
 }
 
 const SharedRanks* EntryFor(const DeviceProfile& p, int ranks) {
@@ -175,11 +174,7 @@ void TakeEntryMedian(const std::vector<DeviceProfile>& calibrations, SharedRanks
   for (const DeviceProfile& c : calibrations) {
     if (const SharedRanks* e = EntryFor(c, entry.ranks)) found.push_back(e);
   }
-  auto median = [&](auto member) {
-    std::vector<double> values;
-    for (const SharedRanks* e : found) values.push_back(member(*e));
-    return MedianOf(std::move(values));
-  };
+  auto median = [&](auto figure) { return MedianOver(found, figure); };
   entry.matmul_flops = median([](const SharedRanks& e) { return e.matmul_flops; });
   entry.link.alpha_seconds = median([](const SharedRanks& e) { return e.link.alpha_seconds; });
   entry.link.bytes_per_second =
@@ -263,7 +258,11 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
   return share;
 }
 
-std::string ProfileToJson(const DeviceProfile& p) {
+namespace {
+
+// One profile as a JSON object, with `more` (further members, each starting ",\n  ") after its
+// own.
+std::string ProfileJson(const DeviceProfile& p, const std::string& more) {
   auto link = [](const Link& l) {
     return absl::StrFormat("\"alpha_seconds\": %.9g, \"bytes_per_second\": %.9g", l.alpha_seconds,
                            l.bytes_per_second);
@@ -280,11 +279,15 @@ std::string ProfileToJson(const DeviceProfile& p) {
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
       "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
       "  \"intra_node\": {%s},\n  \"inter_node\": {%s},\n  \"cores\": %d,\n"
-      "  \"reference\": %s,\n  \"shared_ranks\": [%s%s%s]\n}\n",
+      "  \"reference\": %s,\n  \"shared_ranks\": [%s%s%s]%s\n}\n",
       p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
       link(p.inter_node), p.cores, JsonString(p.reference), shared.empty() ? "" : "\n",
-      absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ");
+      absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ", more);
 }
+
+}  // namespace
+
+std::string ProfileToJson(const DeviceProfile& p) { return ProfileJson(p, ""); }
 
 absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
   TY_ASSIGN_OR_RETURN(const config::YamlNode root, config::ParseYamlTree(json, "cpu profile"));
@@ -292,14 +295,22 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json) {
 }
 
 DeviceProfile MedianProfile(const std::vector<DeviceProfile>& calibrations) {
+  std::vector<const DeviceProfile*> all;
+  for (const DeviceProfile& c : calibrations) all.push_back(&c);
+  auto median = [&](auto figure) { return MedianOver(all, figure); };
   DeviceProfile p = calibrations.back();
-  TakeMedian(calibrations, p, [](auto& c) { return &c.peak_flops; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.matmul_flops; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.memory_bytes_per_second; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.intra_node.alpha_seconds; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.intra_node.bytes_per_second; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.inter_node.alpha_seconds; });
-  TakeMedian(calibrations, p, [](auto& c) { return &c.inter_node.bytes_per_second; });
+  p.peak_flops = median([](const DeviceProfile& c) { return c.peak_flops; });
+  p.matmul_flops = median([](const DeviceProfile& c) { return c.matmul_flops; });
+  p.memory_bytes_per_second =
+      median([](const DeviceProfile& c) { return c.memory_bytes_per_second; });
+  p.intra_node.alpha_seconds =
+      median([](const DeviceProfile& c) { return c.intra_node.alpha_seconds; });
+  p.intra_node.bytes_per_second =
+      median([](const DeviceProfile& c) { return c.intra_node.bytes_per_second; });
+  p.inter_node.alpha_seconds =
+      median([](const DeviceProfile& c) { return c.inter_node.alpha_seconds; });
+  p.inter_node.bytes_per_second =
+      median([](const DeviceProfile& c) { return c.inter_node.bytes_per_second; });
   for (SharedRanks& entry : p.shared) TakeEntryMedian(calibrations, entry);
   DescribeMedian(calibrations.size(), p);
   return p;
@@ -322,20 +333,16 @@ CpuProfileFile AddCalibration(const std::optional<CpuProfileFile>& earlier,
 }
 
 std::string ProfileFileToJson(const CpuProfileFile& file) {
-  std::string json = ProfileToJson(file.profile);
   std::vector<std::string> calibrations;
   for (const DeviceProfile& c : file.calibrations) {
     std::string one = ProfileToJson(c);
-    while (!one.empty() && (one.back() == '\n')) one.pop_back();
+    one.pop_back();  // its final newline; the list's indentation goes in front of every line
     calibrations.push_back(absl::StrReplaceAll(one, {{"\n", "\n    "}}));
   }
-  // The profile's closing brace, then the list.
-  json.resize(json.rfind('}'));
-  while (!json.empty() && json.back() == '\n') json.pop_back();
-  absl::StrAppend(&json, ",\n  \"calibrations\": [", calibrations.empty() ? "" : "\n    ",
-                  absl::StrJoin(calibrations, ",\n    "), calibrations.empty() ? "" : "\n  ",
-                  "]\n}\n");
-  return json;
+  return ProfileJson(file.profile,
+                     absl::StrCat(",\n  \"calibrations\": [", calibrations.empty() ? "" : "\n    ",
+                                  absl::StrJoin(calibrations, ",\n    "),
+                                  calibrations.empty() ? "" : "\n  ", "]"));
 }
 
 absl::StatusOr<CpuProfileFile> ProfileFileFromJson(const std::string& json) {
