@@ -122,14 +122,13 @@ std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOption
       out.push_back(Times(HandedOver(dp.ReduceScatter(s.chunk(g), kFloat, Phase::kBackward)),
                           s.micro_batches));
     }
-    // ZeRO-1/2's parameter gathers are queued together and waited for once, but each waits for
-    // the peer's communication thread to wake from the exchange before: one hand-over each (timed
-    // in the engine on 2 cores: 0.7-1.9 ms per gather, a 512-byte one included).
-    if (zero == 1 || zero == 2) {
-      Collective gather = dp.AllGather(s.chunk(g), kFloat);
-      gather.hand_overs = g == 0 ? 2 : 1;
-      out.push_back(gather);
-    }
+  }
+  if (zero == 1 || zero == 2) {
+    // The parameters gathered back after the update: every group's gather on the wire at once
+    // (Communicator::AllGatherMany), one exchange per ring step for them all.
+    int64_t owned = 0;
+    for (size_t g = 0; g < s.group_sizes.size(); ++g) owned += s.chunk(g);
+    out.push_back(HandedOver(dp.AllGather(owned, kFloat)));
   }
   if (zero == 3) AddParameterGathers(s, dp, out);
   out.push_back(HandedOver(dp.Scalars(1)));                      // the step's loss

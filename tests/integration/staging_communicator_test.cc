@@ -1,7 +1,7 @@
 // The host-staging communicator over Gloo, with ranks as threads of this process (each its own
 // Gloo context over loopback TCP, meeting through a file rendezvous store). A host copier that
 // calls every buffer device memory drives every staging path: copies in and out, bf16 widened
-// to fp32 and rounded back.
+// to fp32 and rounded back. The Gloo communicator's batched all-gather is checked bare here too.
 //
 // Inputs are small multiples of 1/4, so every sum is exact in fp32 and in bf16 and the expected
 // results are exact: any difference is a bug, not rounding. One case checks that bf16 sums are
@@ -10,9 +10,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,10 +30,12 @@ namespace {
 using std::chrono::milliseconds;
 
 // Runs body(rank, communicator) on `world` threads, each holding a staging communicator over
-// its own Gloo connection. Every rank keeps its connection open until all bodies have returned
-// (or a minute has passed), so that an early finisher cannot break a peer's operation.
+// its own Gloo connection (or, not `staged`, the Gloo communicator itself). Every rank keeps its
+// connection open until all bodies have returned (or a minute has passed), so that an early
+// finisher cannot break a peer's operation.
 void RunGroup(int world, const std::function<void(int, Communicator&)>& body,
-              bool all_device = true, milliseconds timeout = milliseconds(30000)) {
+              bool all_device = true, milliseconds timeout = milliseconds(30000),
+              bool staged = true) {
   const std::filesystem::path dir = testenv::MakeScratchDir("staging");
   std::unique_ptr<KeyValueStore> store = MakeFileKeyValueStore(dir.string());
   std::atomic<int> finished{0};
@@ -55,7 +59,8 @@ void RunGroup(int world, const std::function<void(int, Communicator&)>& body,
         return;
       }
       std::unique_ptr<Communicator> comm =
-          MakeStagingCommunicator(std::move(*gloo), MakeHostCopier(all_device));
+          staged ? MakeStagingCommunicator(std::move(*gloo), MakeHostCopier(all_device))
+                 : std::move(*gloo);
       body(r, *comm);
       finish_and_wait();
     });
@@ -361,6 +366,87 @@ TEST(StagingCommunicatorTest, StalledPeerGivesDeadlineExceeded) {
         checked.Raise();
       },
       /*all_device=*/true, /*timeout=*/milliseconds(2000));
+}
+
+// Gloo's batched all-gather: parts of different sizes, some gathered in place, on 2 to 4 ranks,
+// give what one AllGather per part gives, and count the same bytes.
+TEST(GlooCommunicatorTest, AllGatherManyMatchesOneGatherPerPart) {
+  const std::vector<int64_t> counts = {5, 1, 13, 64};
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    RunGroup(
+        world,
+        [&](int rank, Communicator& comm) {
+          std::vector<std::vector<float>> outs, ins;
+          std::vector<Communicator::GatherPart> parts;
+          for (size_t p = 0; p < counts.size(); ++p) {
+            const int64_t n = counts[p];
+            outs.emplace_back(n * world, std::nanf(""));
+            ins.emplace_back(n);
+            const bool in_place = p % 2 == 1;
+            float* in = in_place ? outs.back().data() + rank * n : ins.back().data();
+            for (int64_t i = 0; i < n; ++i) in[i] = Value(rank, i + 100 * p);
+            parts.push_back({in, outs.back().data(), n});
+          }
+          ASSERT_TRUE(comm.AllGatherMany(parts).ok());
+          int64_t elements = 0;
+          for (size_t p = 0; p < counts.size(); ++p) {
+            elements += counts[p];
+            for (int q = 0; q < world; ++q) {
+              for (int64_t i = 0; i < counts[p]; ++i) {
+                ASSERT_EQ(outs[p][q * counts[p] + i], Value(q, i + 100 * p))
+                    << "part " << p << " on rank " << rank << " from " << q;
+              }
+            }
+          }
+          EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::kAllGather),
+                    (world - 1) * elements * 4);
+          // The group goes on in step after a batch: a plain gather still meets its peers.
+          std::vector<float> one(world);
+          ASSERT_TRUE(comm.AllGather(&one[rank], one.data(), 1).ok());
+        },
+        /*all_device=*/false, milliseconds(30000), /*staged=*/false);
+  }
+}
+
+// A batch waits on every part's buffers: Abort reaches it while it is pending, and a peer that
+// never joins gives DEADLINE_EXCEEDED.
+TEST(GlooCommunicatorTest, AllGatherManyIsAbortedOrTimesOut) {
+  for (bool abort : {true, false}) {
+    SCOPED_TRACE(abort ? "abort" : "timeout");
+    Flag checked;
+    RunGroup(
+        2,
+        [&](int rank, Communicator& comm) {
+          if (rank == 1) {  // connected, but never joins the gathers
+            checked.Await();
+            return;
+          }
+          std::vector<float> a(8, 1.0f), b(6, 2.0f);
+          const std::vector<Communicator::GatherPart> parts = {{a.data(), a.data(), 4},
+                                                               {b.data(), b.data(), 3}};
+          absl::Status pending = absl::UnknownError("not run");
+          std::atomic<int64_t> tid{0};
+          const auto start = std::chrono::steady_clock::now();
+          std::thread gatherer([&] {
+            tid = testenv::ThisThreadId();
+            pending = comm.AllGatherMany(parts);
+          });
+          while (tid.load() == 0) std::this_thread::yield();
+          if (abort) {
+            EXPECT_TRUE(testenv::WaitUntilBlocked(tid.load(), milliseconds(10000)));
+            comm.Abort();
+          }
+          gatherer.join();
+          EXPECT_EQ(pending.code(),
+                    abort ? absl::StatusCode::kAborted : absl::StatusCode::kDeadlineExceeded)
+              << pending;
+          // Aborted: long before the 30 s timeout that any part's wait left pending would hit.
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+          checked.Raise();
+        },
+        /*all_device=*/false, milliseconds(abort ? 30000 : 2000), /*staged=*/false);
+  }
 }
 
 }  // namespace

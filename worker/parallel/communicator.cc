@@ -60,6 +60,11 @@ absl::Status Communicator::AllGather(const void* in, void* out, int64_t count, D
   return AllGather(static_cast<const float*>(in), static_cast<float*>(out), count);
 }
 
+absl::Status Communicator::AllGatherMany(std::span<const GatherPart> parts) {
+  for (const GatherPart& p : parts) TY_RETURN_IF_ERROR(AllGather(p.in, p.out, p.count));
+  return absl::OkStatus();
+}
+
 absl::Status Communicator::Send(const void* data, int64_t count, DType dtype, int peer,
                                 uint32_t tag) {
   if (dtype != DType::kF32) return UnsupportedType(*this, "send", dtype);

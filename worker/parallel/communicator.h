@@ -64,6 +64,15 @@ class Communicator {
   [[nodiscard]] virtual absl::Status ReduceScatter(const float* in, float* out, int64_t count) = 0;
   // out[r·count, (r+1)·count) ← rank r's in[0, count). in may be out + rank()·count.
   [[nodiscard]] virtual absl::Status AllGather(const float* in, float* out, int64_t count) = 0;
+  // Several fp32 all-gathers with AllGather's contract each, issued together: an engine may have
+  // them all on the wire at once, paying one exchange's latency per ring step instead of one per
+  // gather. The default runs them one after another.
+  struct GatherPart {
+    const float* in;
+    float* out;
+    int64_t count;
+  };
+  [[nodiscard]] virtual absl::Status AllGatherMany(std::span<const GatherPart> parts);
   [[nodiscard]] virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
   // Point to point; a Send matches the Recv with the same peer pair and tag.
   [[nodiscard]] virtual absl::Status Send(const float* data, int64_t count, int peer,

@@ -82,7 +82,8 @@ class GlooCommunicator final : public Communicator {
     if (size() == 2) return PairAllReduce(data, count);
     const Chunks chunks(count, size());
     TY_RETURN_IF_ERROR(RingReduceScatter(data, chunks, CollectiveKind::kAllReduce, "all-reduce"));
-    return RingAllGather(data, chunks, CollectiveKind::kAllReduce, "all-reduce");
+    const Region whole{data, chunks};
+    return RingAllGather({&whole, 1}, CollectiveKind::kAllReduce, "all-reduce");
   }
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count) override {
@@ -99,11 +100,21 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const float* in, float* out, int64_t count) override {
-    float* mine = out + int64_t{rank()} * count;
-    if (mine != in) std::copy_n(in, count, mine);
+    const GatherPart part{in, out, count};
+    return AllGatherMany({&part, 1});
+  }
+
+  // Every part's exchange of a ring step is posted before any is waited for.
+  absl::Status AllGatherMany(std::span<const GatherPart> parts) override {
+    std::vector<Region> regions;
+    regions.reserve(parts.size());
+    for (const GatherPart& p : parts) {
+      float* mine = p.out + int64_t{rank()} * p.count;
+      if (mine != p.in) std::copy_n(p.in, p.count, mine);
+      regions.push_back({p.out, Chunks(p.count * size(), size())});
+    }
     if (size() == 1) return absl::OkStatus();
-    return RingAllGather(out, Chunks(count * size(), size()), CollectiveKind::kAllGather,
-                         "all-gather");
+    return RingAllGather(regions, CollectiveKind::kAllGather, "all-gather");
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {
@@ -125,7 +136,7 @@ class GlooCommunicator final : public Communicator {
     return Guard("send", [&] {
       auto buf = context_->createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
       buf->send(peer, kPointToPointSlotBase + tag);
-      Track(buf.get());
+      Track({buf.get()});
       WaitRegistry::Scope wait = WaitFor("send", Peer(peer));
       buf->waitSend(timeout_);
       Untrack();
@@ -137,7 +148,7 @@ class GlooCommunicator final : public Communicator {
     return Guard("recv", [&] {
       auto buf = context_->createUnboundBuffer(data, count * sizeof(float));
       buf->recv(peer, kPointToPointSlotBase + tag);
-      Track(buf.get());
+      Track({buf.get()});
       WaitRegistry::Scope wait = WaitFor("recv", Peer(peer));
       buf->waitRecv(timeout_);
       Untrack();
@@ -171,9 +182,9 @@ class GlooCommunicator final : public Communicator {
   void Abort() override {
     aborted_.store(true);
     std::lock_guard<std::mutex> lock(mu_);
-    if (in_flight_ != nullptr) {
-      in_flight_->abortWaitRecv();
-      in_flight_->abortWaitSend();
+    for (gloo::transport::UnboundBuffer* buf : in_flight_) {
+      buf->abortWaitRecv();
+      buf->abortWaitSend();
     }
   }
 
@@ -186,6 +197,12 @@ class GlooCommunicator final : public Communicator {
     int64_t count;
     int parts;
   };
+  // A buffer a ring collective works on, and its chunks.
+  struct Region {
+    float* data;
+    Chunks chunks;
+  };
+  using Buffers = std::vector<gloo::transport::UnboundBuffer*>;
 
   int Mod(int i) const { return ((i % size()) + size()) % size(); }
 
@@ -234,22 +251,33 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  // Rank r starts with chunk r complete; step s passes chunk r−s on to the next rank.
-  absl::Status RingAllGather(float* data, const Chunks& chunks, CollectiveKind kind,
+  // Rank r starts with chunk r of each region complete; step s passes every region's chunk r−s on
+  // to the next rank, all regions' exchanges in flight together.
+  absl::Status RingAllGather(std::span<const Region> regions, CollectiveKind kind,
                              const char* operation) {
     return Guard("all-gather", [&] {
       const int n = size(), r = rank(), next = Mod(r + 1), prev = Mod(r - 1);
-      const uint64_t slot = context_->nextSlot(n);
+      const uint64_t slot = context_->nextSlot(static_cast<int>(regions.size()) * n);
       for (int s = 0; s < n - 1; ++s) {
         const int send_idx = Mod(r - s), recv_idx = Mod(r - s - 1);
-        auto sbuf = context_->createUnboundBuffer(data + chunks.begin(send_idx),
-                                                  chunks.size(send_idx) * sizeof(float));
-        auto rbuf = context_->createUnboundBuffer(data + chunks.begin(recv_idx),
-                                                  chunks.size(recv_idx) * sizeof(float));
-        rbuf->recv(prev, slot + s);
-        sbuf->send(next, slot + s);
-        Exchange(operation, sbuf.get(), next, rbuf.get(), prev);
-        stats_.Add(kind, chunks.size(send_idx) * sizeof(float));
+        std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> owned;
+        Buffers sends, recvs;
+        for (size_t i = 0; i < regions.size(); ++i) {
+          const Chunks& c = regions[i].chunks;
+          float* data = regions[i].data;
+          owned.push_back(context_->createUnboundBuffer(data + c.begin(recv_idx),
+                                                        c.size(recv_idx) * sizeof(float)));
+          recvs.push_back(owned.back().get());
+          owned.push_back(context_->createUnboundBuffer(data + c.begin(send_idx),
+                                                        c.size(send_idx) * sizeof(float)));
+          sends.push_back(owned.back().get());
+          recvs.back()->recv(prev, slot + i * n + s);
+          sends.back()->send(next, slot + i * n + s);
+        }
+        ExchangeAll(operation, sends, next, recvs, prev);
+        for (const Region& region : regions) {
+          stats_.Add(kind, region.chunks.size(send_idx) * sizeof(float));
+        }
       }
     });
   }
@@ -257,15 +285,22 @@ class GlooCommunicator final : public Communicator {
   // Waits for `recv` (from group rank `from`), then for `send` (to `to`).
   void Exchange(const char* operation, gloo::transport::UnboundBuffer* send, int to,
                 gloo::transport::UnboundBuffer* recv, int from) {
-    Track(recv);
+    ExchangeAll(operation, {send}, to, {recv}, from);
+  }
+
+  // Waits for every receive (from group rank `from`), then for every send (to `to`).
+  void ExchangeAll(const char* operation, const Buffers& sends, int to, const Buffers& recvs,
+                   int from) {
+    Buffers all = recvs;
+    all.insert(all.end(), sends.begin(), sends.end());
+    Track(std::move(all));
     {
       WaitRegistry::Scope wait = WaitFor(operation, Peer(from));
-      recv->waitRecv(timeout_);
+      for (gloo::transport::UnboundBuffer* b : recvs) b->waitRecv(timeout_);
     }
-    Track(send);
     {
       WaitRegistry::Scope wait = WaitFor(operation, Peer(to));
-      send->waitSend(timeout_);
+      for (gloo::transport::UnboundBuffer* b : sends) b->waitSend(timeout_);
     }
     Untrack();
   }
@@ -286,19 +321,21 @@ class GlooCommunicator final : public Communicator {
     return waits_->Begin(operation, label_, std::move(peers));
   }
 
-  void Track(gloo::transport::UnboundBuffer* buf) {
+  void Track(Buffers bufs) {
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_ = buf;
-    // An Abort between Guard's check and here found nothing in flight: it must still reach this
-    // buffer (gloo keeps an abort until the next wait takes it), or the wait runs to its timeout.
+    in_flight_ = std::move(bufs);
+    // An Abort between Guard's check and here found nothing in flight: it must still reach these
+    // buffers (gloo keeps an abort until the next wait takes it), or a wait runs to its timeout.
     if (aborted_.load()) {
-      buf->abortWaitRecv();
-      buf->abortWaitSend();
+      for (gloo::transport::UnboundBuffer* buf : in_flight_) {
+        buf->abortWaitRecv();
+        buf->abortWaitSend();
+      }
     }
   }
   void Untrack() {
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_ = nullptr;
+    in_flight_.clear();
   }
 
   // Runs a gloo operation, turning its exceptions into a Status: a timeout, or a connection a
@@ -339,7 +376,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<float> recv_, scratch_;
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
-  gloo::transport::UnboundBuffer* in_flight_ = nullptr;  // GUARDED_BY(mu_)
+  Buffers in_flight_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace

@@ -489,14 +489,15 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
                           0.0f, step + 1, clip_scale});
 
   if (stage == 1 || stage == 2) {
-    // Every rank updated its chunk; put the full parameters back together.
+    // Every rank updated its chunk; put the full parameters back together, every group's gather
+    // on the wire at once.
+    std::vector<Communicator::GatherPart> parts;
     for (Group& g : groups_) {
       float* base = params_.data() + g.padded_begin;
-      const float* mine = base + int64_t{dp_->rank()} * g.chunk;
-      const int64_t chunk = g.chunk;
-      in_flight_.push_back(
-          comm_->Submit([this, mine, base, chunk] { return dp_->AllGather(mine, base, chunk); }));
+      parts.push_back({base + int64_t{dp_->rank()} * g.chunk, base, g.chunk});
     }
+    in_flight_.push_back(
+        comm_->Submit([this, parts = std::move(parts)] { return dp_->AllGatherMany(parts); }));
     TY_RETURN_IF_ERROR_WITH(WaitAll(), "parameter all-gather");
   }
   if (stage == 3) {

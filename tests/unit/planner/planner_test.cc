@@ -129,9 +129,8 @@ TEST(Traffic, RingBytesByHand) {
 }
 
 // Thread hand-overs of the communication thread, collective by collective: an overlapped one
-// wakes it (1), an exposed one also wakes the waiting training thread (2), and ZeRO-1/2's
-// parameter gathers, queued together and waited for once, cost the batch's first one 2 and each
-// other one 1 (the peer's communication thread wakes for it).
+// wakes it (1), an exposed one also wakes the waiting training thread (2); ZeRO-1/2's parameter
+// gathers are one exposed collective for all groups.
 TEST(Traffic, HandOversByHand) {
   config::JobSpec spec = Gpt2Debug(2);
   const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
@@ -145,12 +144,13 @@ TEST(Traffic, HandOversByHand) {
   EXPECT_EQ(hand_overs(0, Phase::kExposed), 2 + 2 + 2);
   EXPECT_EQ(hand_overs(0, Phase::kBackward), 0);
   // ZeRO-2, one micro-batch: a reduce-scatter per group beside the backward pass (1 each); the
-  // gathers' batch (2 for the first, 1 for each other); the loss, the agreement and the gradient
-  // norm (2 each).
+  // gathers' batch (2); the loss, the agreement and the gradient norm (2 each).
   const RankShape zero2 = ShapeOf(spec, Mesh(2, 1, 1, 2), 0);
   const auto groups = static_cast<int64_t>(zero2.group_sizes.size());
   EXPECT_EQ(hand_overs(2, Phase::kBackward), groups);
-  EXPECT_EQ(hand_overs(2, Phase::kExposed), 2 + (groups - 1) + 3 * 2);
+  EXPECT_EQ(hand_overs(2, Phase::kExposed), 2 + 3 * 2);
+  // ZeRO-1 in one bucket: the bucket (2), the gathers' batch (2), the three scalar sums (2 each).
+  EXPECT_EQ(hand_overs(1, Phase::kExposed), 2 + 2 + 3 * 2);
   // Tensor parallelism runs on the training thread: no hand-overs.
   spec.resources.devices_per_node = 2;
   for (const Collective& c :
@@ -467,7 +467,7 @@ TEST(Plan, TheOptimizerStepAtItsMeasuredRate) {
 // (an exposed one, without pipelining); its hand-overs cost the link's α, but the step's scalar
 // sums', run while no rank computes, the idle α. By hand, ZeRO-2 over two ranks in one
 // micro-batch: a one-step reduce-scatter per group beside the backward pass; exposed, the
-// gathers' batch (one step per group) and three one-step scalar sums (two hand-overs each).
+// gathers' batch (one step for all groups) and three one-step scalar sums (two hand-overs each).
 TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
   config::JobSpec spec = Gpt2Debug(2);
   const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
@@ -482,7 +482,7 @@ TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
   cpu.intra_node.alpha_seconds = 2e-5;  // the idle machine's α: 7e-5 before
   const Candidate idle = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
   EXPECT_NEAR(background.step.communication - idle.step.communication,
-              (groups + 3 + 3 * 2) * (7e-5 - 2e-5), 1e-12);
+              (1 + 3 + 3 * 2) * (7e-5 - 2e-5), 1e-12);
 }
 
 TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
