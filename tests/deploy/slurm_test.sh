@@ -148,9 +148,12 @@ wait_checkpoint() {  # DIR: a committed checkpoint appears there within 60 s
   fail "no checkpoint in $1 within 60 s"
 }
 # Slurm holds a requeued job until its begin time (about two minutes later): release it, and
-# require it to run to the end with exit code 0.
+# require it to run to the end with exit code 0. slurmd revoked the first run's credential at the
+# requeue and refuses a credential created in the same whole second ("Job credential revoked",
+# and the job ends FAILED), so the release waits two seconds first.
 release_and_finish() {  # JOB
   wait_state "$1" PENDING 120
+  sleep 2
   scontrol update JobId="$1" StartTime=now || fail "scontrol update StartTime"
   wait_state "$1" COMPLETED 180
   [[ "$(job_field "$1" ExitCode)" == 0:0 ]] || fail "job $1: exit code $(job_field "$1" ExitCode)"
