@@ -368,17 +368,22 @@ config::JobSpec PairReference(const config::JobSpec& reference) {
 // rank count does. With `lockstep`, every rank of an even count is in a pair (an odd count's last
 // one runs alone), and the pairs move in step as a mesh without pipelining does: after each pass
 // all paired ranks sum a scalar, as the training loop does each step.
-// Returns its seconds in tensor-parallel collectives per pass (0 for a rank that is not paired).
-absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
-                                  const config::JobSpec& reference, int ranks, int rank,
-                                  double seconds, bool lockstep) {
+// Returns its seconds per pass in tensor-parallel collectives and outside them (outside the
+// step's scalar sum too); zeros for a rank that is not paired.
+struct PairedPass {
+  double collectives = 0;
+  double compute = 0;
+};
+absl::StatusOr<PairedPass> PairedRank(worker::parallel::KeyValueStore& store,
+                                      const config::JobSpec& reference, int ranks, int rank,
+                                      double seconds, bool lockstep) {
   const bool paired = rank < 2 || (lockstep && rank < ranks - ranks % 2);
   if (!paired) {
     ReferenceRank alone;
     TY_RETURN_IF_ERROR(alone.Init(reference, ThreadsPerRank(ranks)));
     const auto begin = Clock::now();
     while (Since(begin) < seconds) TY_RETURN_IF_ERROR(alone.Pass());
-    return 0.0;
+    return PairedPass{};
   }
   const config::JobSpec pair = PairReference(reference);
   const int micro = config::MicroBatchPerRank(pair.training, config::ParallelismSpec{});
@@ -401,12 +406,16 @@ absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
                                                         comm.get(), stage, false));
   std::vector<int32_t> tokens(static_cast<size_t>(micro) * seq_len + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % pair.model.vocab;
+  double summing = 0;  // seconds in the step's scalar sums
   auto pass = [&]() -> absl::Status {
     TY_RETURN_IF_ERROR(
         model->ForwardBackward(tokens.data(), tokens.data() + 1, micro, seq_len, 1.0f).status());
     if (step == nullptr) return absl::OkStatus();
     float sum[2] = {1, 0};
-    return step->AllReduce(sum, 2);
+    const auto sum_start = Clock::now();
+    const absl::Status summed = step->AllReduce(sum, 2);
+    summing += Since(sum_start);
+    return summed;
   };
   // A warm-up pass times the rest; the ranks that exchange agree on the count (the mean of their
   // estimates).
@@ -417,8 +426,13 @@ absl::StatusOr<double> PairedRank(worker::parallel::KeyValueStore& store,
   TY_RETURN_IF_ERROR(agree.AllReduce(estimate, 2));
   const int passes = std::clamp(static_cast<int>(estimate[0] / agree.size()), 3, 200);
   const double before = model->tp_comm_seconds();
+  summing = 0;
+  const auto timed = Clock::now();
   for (int i = 0; i < passes; ++i) TY_RETURN_IF_ERROR(pass());
-  return (model->tp_comm_seconds() - before) / passes;
+  PairedPass result;
+  result.collectives = (model->tp_comm_seconds() - before) / passes;
+  result.compute = std::max(Since(timed) / passes - result.collectives - summing / passes, 0.0);
+  return result;
 }
 
 constexpr int64_t kBackgroundFloats = int64_t{1} << 16;  // 256 KiB per all-reduce
@@ -482,22 +496,22 @@ absl::StatusOr<double> BackgroundAllReduceSeconds(const CalibrationOptions& opti
   return seconds[0];
 }
 
-// Rank 0's seconds in tensor-parallel collectives per pass with `ranks` ranks, one pair or
-// (lockstep) all in pairs (PairedRank).
-absl::StatusOr<double> PairedCollectiveSeconds(const CalibrationOptions& options, int ranks,
-                                               bool lockstep) {
+// Rank 0's seconds per pass in and outside tensor-parallel collectives with `ranks` ranks, one
+// pair or (lockstep) all in pairs (PairedRank).
+absl::StatusOr<PairedPass> PairedPassSeconds(const CalibrationOptions& options, int ranks,
+                                             bool lockstep) {
   TY_ASSIGN_OR_RETURN(
       const std::vector<double> seconds,
       RankZeroFigures(options.scratch_dir, absl::StrCat(lockstep ? "lockstep-" : "pairs-", ranks),
-                      ranks, 1,
+                      ranks, 2,
                       [&](worker::parallel::KeyValueStore& store,
                           int r) -> absl::StatusOr<std::vector<double>> {
-                        TY_ASSIGN_OR_RETURN(const double t,
+                        TY_ASSIGN_OR_RETURN(const PairedPass t,
                                             PairedRank(store, options.reference, ranks, r,
                                                        options.seconds_per_link_probe, lockstep));
-                        return std::vector<double>{t};
+                        return std::vector<double>{t.collectives, t.compute};
                       }));
-  return seconds[0];
+  return PairedPass{seconds[0], seconds[1]};
 }
 
 // The rank counts calibrated: every count up to twice the cores on small machines; powers of
@@ -530,20 +544,22 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
   round.seconds_per_link_probe = options.seconds_per_link_probe / kLinkRounds;
   std::vector<double> small, large;
   std::vector<std::vector<double>> pair(counts.size()), lockstep(counts.size()),
-      background(counts.size());
+      background(counts.size()), pair_compute(counts.size()), lockstep_compute(counts.size());
   for (int i = 0; i < kLinkRounds; ++i) {
     TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
     small.push_back(link.small);
     large.push_back(link.large);
     for (size_t j = 0; j < counts.size(); ++j) {
       if (counts[j] < 2) continue;
-      TY_ASSIGN_OR_RETURN(const double paired, PairedCollectiveSeconds(round, counts[j], false));
-      pair[j].push_back(paired);
+      TY_ASSIGN_OR_RETURN(const PairedPass paired, PairedPassSeconds(round, counts[j], false));
+      pair[j].push_back(paired.collectives);
+      pair_compute[j].push_back(paired.compute);
       TY_ASSIGN_OR_RETURN(const double beside, BackgroundAllReduceSeconds(round, counts[j]));
       background[j].push_back(beside);
       if (counts[j] < 3) continue;
-      TY_ASSIGN_OR_RETURN(const double all, PairedCollectiveSeconds(round, counts[j], true));
-      lockstep[j].push_back(all);
+      TY_ASSIGN_OR_RETURN(const PairedPass all, PairedPassSeconds(round, counts[j], true));
+      lockstep[j].push_back(all.collectives);
+      lockstep_compute[j].push_back(all.compute);
     }
   }
   // One exchange each; the large one sends kLargeFloats floats from each rank.
@@ -573,6 +589,8 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
         lockstep[j].empty() ? r.collective_seconds : Median(lockstep[j]);
     r.entry.link.alpha_seconds = alpha(r.collective_seconds);
     r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
+    r.lockstep_compute_seconds =
+        Median(lockstep_compute[j].empty() ? pair_compute[j] : lockstep_compute[j]);
     // The background all-reduce as the planner counts it (traffic_model.h).
     const int n = counts[j];
     r.background_seconds = Median(background[j]);
@@ -612,12 +630,20 @@ absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
   const BackendShape backend{4, int64_t{1} << 20};
   const MicroBatchWork work =
       WorkOf(ShapeOf(options.reference, options.reference.parallelism, 0), backend);
+  const config::JobSpec pair = PairReference(options.reference);
+  const MicroBatchWork pair_work = WorkOf(ShapeOf(pair, pair.parallelism, 0), backend);
   for (size_t j = 0; j < c.shared.size(); ++j) {
     SharedRanksCalibration& r = c.shared[j];
+    // The rate the planner's compute term (planner.h) gives the pass's time at.
+    auto rate = [&](const MicroBatchWork& w, double seconds) {
+      const double elementwise = 3 * w.slot_bytes / (c.add_bytes_per_second / r.entry.ranks);
+      return (w.forward_flops + w.backward_flops) / std::max(seconds - elementwise, 0.05 * seconds);
+    };
     r.pass_seconds = Median(passes[j]);
-    const double elementwise = 3 * work.slot_bytes / (c.add_bytes_per_second / r.entry.ranks);
-    r.entry.matmul_flops = (work.forward_flops + work.backward_flops) /
-                           std::max(r.pass_seconds - elementwise, 0.05 * r.pass_seconds);
+    r.entry.matmul_flops = rate(work, r.pass_seconds);
+    if (r.lockstep_compute_seconds > 0) {
+      r.entry.lockstep_matmul_flops = rate(pair_work, r.lockstep_compute_seconds);
+    }
     r.optimizer_step_seconds = Median(steps[j]);
     r.entry.optimizer_elements_per_second =
         worker::ParameterLayout(options.reference.model).total() / r.optimizer_step_seconds;

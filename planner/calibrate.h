@@ -50,6 +50,9 @@ struct SharedRanksCalibration {
   // compute, and every rank in pairs at once (lockstep; 3 ranks or more).
   double collective_seconds = 0;
   double lockstep_collective_seconds = 0;
+  // Per pass, the lockstep probe's time outside the collectives and the step's scalar sum (for
+  // two ranks, the pair's): what gives the entry's lockstep_matmul_flops.
+  double lockstep_compute_seconds = 0;
   // The median all-reduce of a communication thread while every rank computes.
   double background_seconds = 0;
 };

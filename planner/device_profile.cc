@@ -104,6 +104,9 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
       TY_ASSIGN_OR_RETURN(e.optimizer_elements_per_second,
                           Number(item, "optimizer_elements_per_second"));
     }
+    if (item.Find("lockstep_matmul_flops") != nullptr) {
+      TY_ASSIGN_OR_RETURN(e.lockstep_matmul_flops, Number(item, "lockstep_matmul_flops"));
+    }
     if (e.ranks < 1 || e.ranks != ranks || e.matmul_flops <= 0 || e.link.bytes_per_second <= 0 ||
         (!shared.empty() && e.ranks <= shared.back().ranks)) {
       return absl::InvalidArgumentError(
@@ -185,6 +188,16 @@ void TakeEntryMedian(const std::vector<DeviceProfile>& calibrations, SharedRanks
       median([](const SharedRanks& e) { return e.background_alpha_seconds; });
   entry.optimizer_elements_per_second =
       median([](const SharedRanks& e) { return e.optimizer_elements_per_second; });
+  // Calibrations from before the figure was measured lack it (0): the median of those that have
+  // it.
+  std::vector<const SharedRanks*> measured;
+  for (const SharedRanks* e : found) {
+    if (e->lockstep_matmul_flops > 0) measured.push_back(e);
+  }
+  entry.lockstep_matmul_flops =
+      measured.empty()
+          ? 0.0
+          : MedianOver(measured, [](const SharedRanks& e) { return e.lockstep_matmul_flops; });
 }
 
 // Says in the profile's description that it is the median of `count` calibrations.
@@ -242,6 +255,9 @@ DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockst
   }
   share.matmul_flops = entry->matmul_flops * entry->ranks / ranks;
   share.optimizer_elements_per_second = entry->optimizer_elements_per_second * entry->ranks / ranks;
+  if (lockstep) {
+    share.tensor_parallel_matmul_flops = entry->lockstep_matmul_flops * entry->ranks / ranks;
+  }
   if (entry->link.alpha_seconds > 0) {
     share.idle_alpha_seconds = device.intra_node.alpha_seconds;
     share.intra_node = entry->link;
@@ -271,9 +287,10 @@ std::string ProfileJson(const DeviceProfile& p, const std::string& more) {
   for (const SharedRanks& e : p.shared) {
     shared.push_back(absl::StrFormat(
         "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g, "
-        "\"background_alpha_seconds\": %.9g, \"optimizer_elements_per_second\": %.9g}",
+        "\"background_alpha_seconds\": %.9g, \"optimizer_elements_per_second\": %.9g, "
+        "\"lockstep_matmul_flops\": %.9g}",
         e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds, e.background_alpha_seconds,
-        e.optimizer_elements_per_second));
+        e.optimizer_elements_per_second, e.lockstep_matmul_flops));
   }
   return absl::StrFormat(
       "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"

@@ -42,6 +42,11 @@ struct SharedRanks {
   // parameters per second. 0: not measured; the step streams 28 bytes per parameter it owns at
   // the memory bandwidth.
   double optimizer_elements_per_second = 0;
+  // The effective rate (as matmul_flops) of a rank of a tensor-parallel pair when every rank is
+  // in pairs moving in step: the lockstep link probe's passes outside their collectives and the
+  // step's sum. Its neighbours sleep in their waits part of the time, and its own wake-ups run
+  // inside the pass. 0: not measured, matmul_flops applies.
+  double lockstep_matmul_flops = 0;
 };
 
 struct DeviceProfile {
@@ -76,6 +81,9 @@ struct DeviceProfile {
   // cpu: the optimizer step's rate in parameters per second (SharedRanks); 0: 28 bytes per
   // owned parameter at memory_bytes_per_second.
   double optimizer_elements_per_second = 0;
+  // Shared node, ranks in lockstep: the matmul rate of a rank of a tensor-parallel group
+  // (SharedRanks::lockstep_matmul_flops); 0: matmul_flops.
+  double tensor_parallel_matmul_flops = 0;
   // Shared node: α when no rank computes (the machine's back-to-back link, before the entry's
   // replaced it); 0: the links' α.
   double idle_alpha_seconds = 0;
@@ -91,8 +99,8 @@ struct DeviceProfile {
 // as the standalone worker gives them) fill the cores. With `lockstep` (every rank of the node
 // exchanges at once) and a measured lockstep α: the links' α is the wake-up of a rank that does
 // not time-share (the entry for min(ranks, cores)), and sync_skew_seconds the rest of the
-// lockstep α (its probe's collectives are one step each). Without shared_node, the device as
-// it is.
+// lockstep α (its probe's collectives are one step each), and tensor_parallel_matmul_flops the
+// entry's lockstep rate. Without shared_node, the device as it is.
 DeviceProfile PerRankProfile(const DeviceProfile& device, int ranks, bool lockstep = false);
 
 // The built-in profiles' names, for messages: "cpu", "h100", "h200".

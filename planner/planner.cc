@@ -138,6 +138,17 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   return t;
 }
 
+// `device` for a rank of `mesh`: on a shared node in lockstep, a rank of a tensor-parallel group
+// computes at the rate calibrated for one (DeviceProfile::tensor_parallel_matmul_flops; the
+// probe's groups are pairs). A pipeline's passes share the cores as its schedule has them
+// (PassesWhileRunning), at the rates of the ranks working then.
+DeviceProfile ForMesh(DeviceProfile device, const config::ParallelismSpec& mesh) {
+  if (mesh.tp > 1 && device.tensor_parallel_matmul_flops > 0) {
+    device.matmul_flops = device.tensor_parallel_matmul_flops;
+  }
+  return device;
+}
+
 // The profile a rank works at while `active` of the node's g ranks work and the others wait. A
 // rank's threads are fixed at max(1, cores / g) (the standalone worker's), so waiting neighbours
 // only speed up ranks that time-share the cores: the profile of max(active, min(g, cores)) ranks.
@@ -237,7 +248,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
                    const DeviceProfile& node_device, const LoopOptions& loop) {
   const int g = spec.resources.devices_per_node;
   // Without pipelining a node's ranks move in step: all compute, then all exchange.
-  const DeviceProfile device = PerRankProfile(node_device, g, mesh.pp == 1);
+  const DeviceProfile device = ForMesh(PerRankProfile(node_device, g, mesh.pp == 1), mesh);
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   Candidate c;
   c.mesh = mesh;

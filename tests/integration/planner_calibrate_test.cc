@@ -46,6 +46,7 @@ TEST(PlannerCalibrate, StoresAMeasuredProfileThatPlansUse) {
     if (e.ranks >= 2) {
       EXPECT_GT(e.link.alpha_seconds, 0) << e.ranks;
       EXPECT_GT(e.lockstep_alpha_seconds, 0) << e.ranks;
+      EXPECT_GT(e.lockstep_matmul_flops, 1e8) << e.ranks;
     }
   }
   EXPECT_TRUE(absl::StrContains(out.str(), "\"shared_ranks\":[{\"ranks\":1,")) << out.str();

@@ -113,11 +113,18 @@ std::string CalibrationText(const planner::Calibration& c, const std::string& pa
       absl::StrAppendFormat(
           &shared, "; a tensor-parallel pair waits %s per pass in collectives, α = %.1f µs",
           planner::HumanSeconds(r.collective_seconds), r.entry.link.alpha_seconds * 1e6);
+      if (r.entry.ranks == 2) {
+        absl::StrAppendFormat(&shared, ", and computes %s, %.1f GFLOP/s",
+                              planner::HumanSeconds(r.lockstep_compute_seconds),
+                              r.entry.lockstep_matmul_flops / 1e9);
+      }
     }
     if (r.entry.ranks >= 3) {
-      absl::StrAppendFormat(&shared, "; all in pairs at once: %s, α = %.1f µs",
-                            planner::HumanSeconds(r.lockstep_collective_seconds),
-                            r.entry.lockstep_alpha_seconds * 1e6);
+      absl::StrAppendFormat(
+          &shared, "; all in pairs at once: %s, α = %.1f µs, computing %s, %.1f GFLOP/s",
+          planner::HumanSeconds(r.lockstep_collective_seconds),
+          r.entry.lockstep_alpha_seconds * 1e6, planner::HumanSeconds(r.lockstep_compute_seconds),
+          r.entry.lockstep_matmul_flops / 1e9);
     }
     if (r.entry.ranks >= 2) {
       absl::StrAppendFormat(
@@ -154,6 +161,8 @@ std::string CalibrationJson(const planner::Calibration& c, const std::string& pa
         Number(r.collective_seconds), ",\"alpha_seconds\":", Number(r.entry.link.alpha_seconds),
         ",\"lockstep_collective_seconds\":", Number(r.lockstep_collective_seconds),
         ",\"lockstep_alpha_seconds\":", Number(r.entry.lockstep_alpha_seconds),
+        ",\"lockstep_compute_seconds\":", Number(r.lockstep_compute_seconds),
+        ",\"lockstep_matmul_flops\":", Number(r.entry.lockstep_matmul_flops),
         ",\"background_seconds\":", Number(r.background_seconds),
         ",\"background_alpha_seconds\":", Number(r.entry.background_alpha_seconds), "}"));
   }

@@ -246,10 +246,13 @@ DeviceProfile SharedCpu() {
   cpu.matmul_flops = 1e11;
   cpu.memory_bytes_per_second = 4e10;
   cpu.intra_node = cpu.inter_node = Link{.alpha_seconds = 7e-5, .bytes_per_second = 1.5e9};
-  cpu.shared = {
-      {.ranks = 1, .matmul_flops = 1.6e11, .link = {0, 1.5e9}},
-      {.ranks = 2, .matmul_flops = 1e11, .link = {4e-4, 1.5e9}},
-      {.ranks = 4, .matmul_flops = 5e10, .link = {3e-3, 1.5e9}, .lockstep_alpha_seconds = 5e-3}};
+  cpu.shared = {{.ranks = 1, .matmul_flops = 1.6e11, .link = {0, 1.5e9}},
+                {.ranks = 2, .matmul_flops = 1e11, .link = {4e-4, 1.5e9}},
+                {.ranks = 4,
+                 .matmul_flops = 5e10,
+                 .link = {3e-3, 1.5e9},
+                 .lockstep_alpha_seconds = 5e-3,
+                 .lockstep_matmul_flops = 8e10}};
   return cpu;
 }
 
@@ -281,6 +284,12 @@ TEST(Profiles, RanksSharingTheCoresGetTheirCalibratedEntry) {
   EXPECT_DOUBLE_EQ(lockstep.sync_skew_seconds, 5e-3 - 4e-4);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).intra_node.alpha_seconds, 3e-3);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).sync_skew_seconds, 0);
+  // A tensor-parallel rank in lockstep computes at the lockstep probe's rate, shared like the
+  // matmul rate between entries; out of lockstep (a pipeline) it has none.
+  EXPECT_DOUBLE_EQ(lockstep.tensor_parallel_matmul_flops, 8e10);
+  EXPECT_DOUBLE_EQ(lockstep.matmul_flops, 5e10);
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 8, true).tensor_parallel_matmul_flops, 8e10 * 4 / 8);
+  EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 4).tensor_parallel_matmul_flops, 0);
   // Without a lockstep measurement (the two-rank entry here), lockstep changes nothing.
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 2, true).intra_node.alpha_seconds, 4e-4);
   EXPECT_DOUBLE_EQ(PerRankProfile(cpu, 2, true).sync_skew_seconds, 0);
@@ -304,6 +313,8 @@ TEST(Profiles, SharedRanksSurviveTheFileAndBadOnesAreRefused) {
   EXPECT_DOUBLE_EQ(back->shared[1].link.alpha_seconds, 4e-4);
   EXPECT_DOUBLE_EQ(back->shared[2].lockstep_alpha_seconds, 5e-3);
   EXPECT_DOUBLE_EQ(back->shared[1].lockstep_alpha_seconds, 0);
+  EXPECT_DOUBLE_EQ(back->shared[2].lockstep_matmul_flops, 8e10);
+  EXPECT_DOUBLE_EQ(back->shared[1].lockstep_matmul_flops, 0);
   DeviceProfile background = SharedCpu();
   background.shared[1].background_alpha_seconds = 1e-4;
   absl::StatusOr<DeviceProfile> with_background = ProfileFromJson(ProfileToJson(background));
@@ -336,6 +347,7 @@ DeviceProfile ScaledCalibration(double factor, const std::string& reference = "g
     e.matmul_flops *= factor;
     e.link.alpha_seconds *= factor;
     e.lockstep_alpha_seconds *= factor;
+    e.lockstep_matmul_flops *= factor;
   }
   return c;
 }
@@ -355,7 +367,16 @@ TEST(Profiles, TheStoredProfileIsTheMedianOfTheKeptCalibrations) {
   EXPECT_DOUBLE_EQ(file.profile.shared[1].link.alpha_seconds, 4e-4 * 1.5);
   EXPECT_DOUBLE_EQ(file.profile.shared[2].matmul_flops, 5e10 * 1.5);
   EXPECT_DOUBLE_EQ(file.profile.shared[2].lockstep_alpha_seconds, 5e-3 * 1.5);
+  EXPECT_DOUBLE_EQ(file.profile.shared[2].lockstep_matmul_flops, 8e10 * 1.5);
   EXPECT_DOUBLE_EQ(file.profile.memory_bytes_per_second, 4e10 * 1.5);
+  // A calibration from before the lockstep rate was measured has none (0): the median is over
+  // those that have it, still the middle one of the three.
+  DeviceProfile older = ScaledCalibration(1.0);
+  older.shared[2].lockstep_matmul_flops = 0;
+  const CpuProfileFile mixed = AddCalibration(file, older);
+  ASSERT_EQ(mixed.calibrations.size(), 4u);
+  EXPECT_DOUBLE_EQ(mixed.profile.shared[2].lockstep_matmul_flops, 8e10 * 1.5);
+  EXPECT_DOUBLE_EQ(mixed.profile.shared[2].lockstep_alpha_seconds, (5e-3 * 1.5 + 5e-3) / 2);
 
   // At most kKeptCalibrations: the oldest go first.
   for (int i = 0; i < kKeptCalibrations; ++i) file = AddCalibration(file, ScaledCalibration(2.0));
@@ -431,6 +452,23 @@ TEST(Plan, SharedCoresSlowComputeAndExposeReductions) {
             Evaluate(spec, Mesh(2, 2, 1, 0), no_lockstep, LoopOptions{}).step.communication);
   EXPECT_DOUBLE_EQ(Evaluate(spec, Mesh(1, 2, 2, 0), cpu, LoopOptions{}).step.communication,
                    Evaluate(spec, Mesh(1, 2, 2, 0), no_lockstep, LoopOptions{}).step.communication);
+
+  // In lockstep a tensor-parallel rank's passes run at the lockstep probe's rate (8e10, not the
+  // entry's 5e10): by hand, each pass's FLOPs at the one rate less at the other. dp 4 has no
+  // tensor parallelism, and a pipeline's passes keep the rates of the ranks working then.
+  DeviceProfile no_tp_rate = cpu;
+  no_tp_rate.shared[2].lockstep_matmul_flops = 0;
+  const RankShape shape = ShapeOf(spec, Mesh(2, 2, 1, 0), 0);
+  const MicroBatchWork work = WorkOf(shape, BackendShape{4, int64_t{1} << 20});
+  EXPECT_NEAR(
+      Evaluate(spec, Mesh(2, 2, 1, 0), no_tp_rate, LoopOptions{}).step.compute -
+          Evaluate(spec, Mesh(2, 2, 1, 0), cpu, LoopOptions{}).step.compute,
+      shape.micro_batches * (work.forward_flops + work.backward_flops) * (1 / 5e10 - 1 / 8e10),
+      1e-12);
+  EXPECT_DOUBLE_EQ(Evaluate(spec, Mesh(4, 1, 1, 0), cpu, LoopOptions{}).step.compute,
+                   Evaluate(spec, Mesh(4, 1, 1, 0), no_tp_rate, LoopOptions{}).step.compute);
+  EXPECT_DOUBLE_EQ(Evaluate(spec, Mesh(1, 2, 2, 0), cpu, LoopOptions{}).step.compute,
+                   Evaluate(spec, Mesh(1, 2, 2, 0), no_tp_rate, LoopOptions{}).step.compute);
 }
 
 // Where the optimizer step was measured (cpu), a step's optimizer time is the parameters the
