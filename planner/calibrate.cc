@@ -544,7 +544,7 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
   round.seconds_per_link_probe = options.seconds_per_link_probe / kLinkRounds;
   std::vector<double> small, large;
   std::vector<std::vector<double>> pair(counts.size()), lockstep(counts.size()),
-      background(counts.size()), pair_compute(counts.size()), lockstep_compute(counts.size());
+      background(counts.size()), lockstep_compute(counts.size());
   for (int i = 0; i < kLinkRounds; ++i) {
     TY_ASSIGN_OR_RETURN(const LinkTimes link, MeasureLoopback(options.scratch_dir));
     small.push_back(link.small);
@@ -553,7 +553,8 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
       if (counts[j] < 2) continue;
       TY_ASSIGN_OR_RETURN(const PairedPass paired, PairedPassSeconds(round, counts[j], false));
       pair[j].push_back(paired.collectives);
-      pair_compute[j].push_back(paired.compute);
+      // Two ranks in a pair are every rank in pairs: their pass is the lockstep one.
+      if (counts[j] < 3) lockstep_compute[j].push_back(paired.compute);
       TY_ASSIGN_OR_RETURN(const double beside, BackgroundAllReduceSeconds(round, counts[j]));
       background[j].push_back(beside);
       if (counts[j] < 3) continue;
@@ -589,8 +590,7 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
         lockstep[j].empty() ? r.collective_seconds : Median(lockstep[j]);
     r.entry.link.alpha_seconds = alpha(r.collective_seconds);
     r.entry.lockstep_alpha_seconds = alpha(r.lockstep_collective_seconds);
-    r.lockstep_compute_seconds =
-        Median(lockstep_compute[j].empty() ? pair_compute[j] : lockstep_compute[j]);
+    r.lockstep_compute_seconds = Median(lockstep_compute[j]);
     // The background all-reduce as the planner counts it (traffic_model.h).
     const int n = counts[j];
     r.background_seconds = Median(background[j]);
