@@ -12,7 +12,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norms.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 // How work is counted (the same formulas are in bench/torch_gpu_kernels.py):
 //  - attention: 4·b·h·t²·d FLOPs for the two products, halved for the causal mask, forward;

@@ -1,5 +1,8 @@
 #include "common/json.h"
 
+#include <charconv>
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 
 namespace trainyard {
@@ -41,6 +44,13 @@ std::string JsonString(const std::string& text) {
     }
   }
   return out + "\"";
+}
+
+std::string JsonNumber(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buffer[32];
+  const std::to_chars_result end = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, end.ptr);
 }
 
 }  // namespace trainyard

@@ -11,6 +11,10 @@ namespace trainyard {
 // A JSON string literal for `text` (UTF-8 kept; control characters and invalid bytes escaped).
 std::string JsonString(const std::string& text);
 
+// A JSON number for `value`: the shortest text that reads back as exactly `value` (a finite
+// double; infinities and NaN, which JSON cannot carry, give "null").
+std::string JsonNumber(double value);
+
 }  // namespace trainyard
 
 #endif  // TRAINYARD_COMMON_JSON_H_

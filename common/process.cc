@@ -7,10 +7,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -184,6 +189,37 @@ ExitStatus DecodeWaitStatus(int wait_status) {
     exit.signal = WTERMSIG(wait_status);
   }
   return exit;
+}
+
+absl::StatusOr<std::string> LocateWorkerBinary() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  if (const char* env = std::getenv("TRAINYARD_WORKER_BINARY"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  }
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const fs::path dir = self.parent_path();
+    candidates.push_back(dir / "trainyard-worker");
+    candidates.push_back(dir / ".." / "worker" / "trainyard-worker");
+    candidates.push_back(dir / ".." / ".." / "worker" / "trainyard-worker");
+  }
+  if (const char* path = std::getenv("PATH"); path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      candidates.push_back(fs::path(std::string(dir)) / "trainyard-worker");
+    }
+  }
+  std::vector<std::string> looked;
+  for (const fs::path& candidate : candidates) {
+    if (fs::is_regular_file(candidate, error) && access(candidate.c_str(), X_OK) == 0) {
+      const fs::path absolute = fs::absolute(candidate, error);
+      return (error ? candidate : absolute.lexically_normal()).string();
+    }
+    looked.push_back(candidate.string());
+  }
+  return absl::NotFoundError(
+      absl::StrCat("trainyard-worker not found (looked at ", absl::StrJoin(looked, ", "), ")"));
 }
 
 }  // namespace trainyard

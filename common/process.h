@@ -52,6 +52,13 @@ struct ExitStatus {
 };
 ExitStatus DecodeWaitStatus(int wait_status);
 
+// The trainyard-worker a program of the project execs: $TRAINYARD_WORKER_BINARY when set, else
+// "trainyard-worker" beside this executable (an installation's bin/), else in the build tree's
+// worker/ folder one or two levels up from it (build/server/trainyard-server,
+// build/tools/cli/trainyard), else on PATH. An absolute path; NOT_FOUND listing the places looked
+// at.
+[[nodiscard]] absl::StatusOr<std::string> LocateWorkerBinary();
+
 }  // namespace trainyard
 
 #endif  // TRAINYARD_COMMON_PROCESS_H_

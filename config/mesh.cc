@@ -127,7 +127,45 @@ Problem CheckSequenceParallel(const ParallelismSpec& m, const TrainingSpec& t) {
   return std::nullopt;
 }
 
+// ZB-H1 needs a pipeline, every block's activations until its weight pass, and a steady state.
+Problem CheckSchedule(const ParallelismSpec& m, const JobSpec& spec) {
+  if (m.schedule == PipelineSchedule::kOneForwardOneBackward) return std::nullopt;
+  const char* name = ScheduleName(m.schedule);
+  if (m.pp == 1) {
+    return Bad("parallelism.schedule",
+               absl::StrCat(name, " needs pp > 1 (one stage has no pipeline to schedule)"),
+               {"parallelism.pp"});
+  }
+  if (spec.model.recompute) {
+    return Bad("parallelism.schedule",
+               absl::StrCat(name,
+                            " keeps every block's activations until its weight pass and cannot "
+                            "run with model.recompute"),
+               {"model.recompute"});
+  }
+  const int micro = MicroBatchPerRank(spec.training, m);
+  const int64_t micro_batches = micro > 0 && m.dp > 0 ? spec.training.batch / m.dp / micro : 0;
+  if (micro_batches < m.pp) {
+    return Bad("training.micro_batch",
+               absl::StrCat(name, " needs at least pp = ", m.pp, " micro-batches per step; batch ",
+                            spec.training.batch, " / dp ", m.dp, " / micro_batch ", micro,
+                            " gives ", micro_batches),
+               {"training.batch", "parallelism.schedule"});
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+const char* ScheduleName(PipelineSchedule schedule) {
+  switch (schedule) {
+    case PipelineSchedule::kOneForwardOneBackward:
+      return "1f1b";
+    case PipelineSchedule::kZeroBubble:
+      return "zero-bubble";
+  }
+  return "?";
+}
 
 int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh) {
   if (training.micro_batch > 0) return training.micro_batch;
@@ -182,7 +220,8 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
   if (Problem p = CheckTensorParallel(mesh, spec)) return p;
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
   if (Problem p = CheckBatch(mesh, spec.training)) return p;
-  return CheckSequenceParallel(mesh, spec.training);
+  if (Problem p = CheckSequenceParallel(mesh, spec.training)) return p;
+  return CheckSchedule(mesh, spec);
 }
 
 absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem) {

@@ -21,12 +21,13 @@ namespace trainyard::config {
 // names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
 // inside a node); model.heads, model.kv_heads and model.ffn_hidden are divisible by tp;
 // model.layers >= pp (every pipeline stage holds a layer); training.batch is divisible by
-// dp x micro_batch (micro_batch 0 meaning batch / dp).
+// dp x micro_batch (micro_batch 0 meaning batch / dp); a schedule other than 1f1b needs pp > 1,
+// no model.recompute and at least pp micro-batches per step.
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
 // The rules of FindMeshProblem between the mesh and the model and batch alone, whatever the
 // resources (degrees, tp dividing the sharded model sizes, pp within the layers, the batch split,
-// sequence parallelism): what a rank checks of the mesh it was handed.
+// sequence parallelism, the pipeline schedule): what a rank checks of the mesh it was handed.
 std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
 // OK without a problem, else INVALID_ARGUMENT "path: reason".

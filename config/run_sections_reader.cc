@@ -2,6 +2,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -19,13 +20,29 @@ absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
     return absl::OkStatus();
   }
   if (!r->IsMapping()) return top.WrongType("parallelism", "auto or a mapping of dp, tp, pp, zero");
-  TY_RETURN_IF_ERROR(r->ExpectMapWithKeys({"dp", "tp", "pp", "zero", "sequence_parallel"}));
+  TY_RETURN_IF_ERROR(
+      r->ExpectMapWithKeys({"dp", "tp", "pp", "zero", "sequence_parallel", "schedule"}));
   TY_RETURN_IF_ERROR(r->ReadInt("dp", &p->dp));
   TY_RETURN_IF_ERROR(r->ReadInt("tp", &p->tp));
   TY_RETURN_IF_ERROR(r->ReadInt("pp", &p->pp));
   TY_RETURN_IF_ERROR(r->ReadInt("zero", &p->zero));
   TY_RETURN_IF_ERROR(r->ReadBool("sequence_parallel", &p->sequence_parallel));
-  return absl::OkStatus();
+  std::string schedule = ScheduleName(p->schedule);
+  TY_RETURN_IF_ERROR(r->ReadString("schedule", &schedule));
+  const std::vector<PipelineSchedule> known = {PipelineSchedule::kOneForwardOneBackward,
+                                               PipelineSchedule::kZeroBubble};
+  for (PipelineSchedule s : known) {
+    if (schedule == ScheduleName(s)) {
+      p->schedule = s;
+      return absl::OkStatus();
+    }
+  }
+  const std::string suggestion = ClosestMatch(schedule, {"1f1b", "zero-bubble"});
+  return r->ErrorAt(
+      "schedule",
+      absl::StrCat("unknown pipeline schedule ", QuoteForMessage(schedule),
+                   suggestion.empty() ? "; expected 1f1b or zero-bubble"
+                                      : absl::StrCat("; did you mean '", suggestion, "'?")));
 }
 
 absl::Status ReadResources(FieldReader& r, ResourcesSpec* res) {

@@ -67,6 +67,14 @@ struct TrainingSpec {
 
 // The device mesh: world = dp x tp x pp ranks, tp innermost (a TP group is tp consecutive ranks,
 // so it stays inside a node), then dp, then pp.
+// How a pipeline's stages order their passes (worker/shape/schedule.h defines each).
+enum class PipelineSchedule {
+  kOneForwardOneBackward,  // "1f1b"
+  kZeroBubble,             // "zero-bubble": ZB-H1, the backward split into B and W passes
+};
+// "1f1b", "zero-bubble": the words specs write.
+const char* ScheduleName(PipelineSchedule schedule);
+
 struct ParallelismSpec {
   // `parallelism: auto`: dp, tp and pp below were chosen by ChooseParallelism (mesh.h) and may be
   // chosen again when the job is resized.
@@ -78,6 +86,9 @@ struct ParallelismSpec {
   // Megatron's sequence parallelism inside tensor-parallel regions (only with tp > 1): the
   // norms' activations are split by rows across the tp group too.
   bool sequence_parallel = false;
+  // The pipeline schedule (pp > 1); `parallelism: auto` and meshes chosen for an elastic resize
+  // run 1F1B unless the spec's explicit mesh is kept.
+  PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
 
   int world_size() const { return dp * tp * pp; }
 };

@@ -117,6 +117,8 @@ absl::StatusOr<std::vector<SharedRanks>> SharedRanksFromJson(const config::YamlN
   return shared;
 }
 
+}  // namespace
+
 absl::StatusOr<DeviceProfile> ProfileFromNode(const config::YamlNode& root) {
   DeviceProfile p = UncalibratedCpu();
   p.description = "CPU ranks (calibrated on this machine)";
@@ -148,6 +150,8 @@ absl::StatusOr<DeviceProfile> ProfileFromNode(const config::YamlNode& root) {
   }
   return p;
 }
+
+namespace {
 
 // The median of `values` (not empty); the mean of the middle two for an even count.
 double MedianOf(std::vector<double> values) {
@@ -280,26 +284,27 @@ namespace {
 // own.
 std::string ProfileJson(const DeviceProfile& p, const std::string& more) {
   auto link = [](const Link& l) {
-    return absl::StrFormat("\"alpha_seconds\": %.9g, \"bytes_per_second\": %.9g", l.alpha_seconds,
-                           l.bytes_per_second);
+    return absl::StrCat("\"alpha_seconds\": ", JsonNumber(l.alpha_seconds),
+                        ", \"bytes_per_second\": ", JsonNumber(l.bytes_per_second));
   };
   std::vector<std::string> shared;
   for (const SharedRanks& e : p.shared) {
-    shared.push_back(absl::StrFormat(
-        "    {\"ranks\": %d, \"matmul_flops\": %.9g, %s, \"lockstep_alpha_seconds\": %.9g, "
-        "\"background_alpha_seconds\": %.9g, \"optimizer_elements_per_second\": %.9g, "
-        "\"lockstep_matmul_flops\": %.9g}",
-        e.ranks, e.matmul_flops, link(e.link), e.lockstep_alpha_seconds, e.background_alpha_seconds,
-        e.optimizer_elements_per_second, e.lockstep_matmul_flops));
+    shared.push_back(absl::StrCat(
+        "    {\"ranks\": ", e.ranks, ", \"matmul_flops\": ", JsonNumber(e.matmul_flops), ", ",
+        link(e.link), ", \"lockstep_alpha_seconds\": ", JsonNumber(e.lockstep_alpha_seconds),
+        ", \"background_alpha_seconds\": ", JsonNumber(e.background_alpha_seconds),
+        ", \"optimizer_elements_per_second\": ", JsonNumber(e.optimizer_elements_per_second),
+        ", \"lockstep_matmul_flops\": ", JsonNumber(e.lockstep_matmul_flops), "}"));
   }
   return absl::StrFormat(
-      "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %.9g,\n"
-      "  \"matmul_flops\": %.9g,\n  \"memory_bytes_per_second\": %.9g,\n"
+      "{\n  \"name\": \"cpu\",\n  \"memory_bytes\": %d,\n  \"peak_flops\": %s,\n"
+      "  \"matmul_flops\": %s,\n  \"memory_bytes_per_second\": %s,\n"
       "  \"intra_node\": {%s},\n  \"inter_node\": {%s},\n  \"cores\": %d,\n"
       "  \"reference\": %s,\n  \"shared_ranks\": [%s%s%s]%s\n}\n",
-      p.memory_bytes, p.peak_flops, p.matmul_flops, p.memory_bytes_per_second, link(p.intra_node),
-      link(p.inter_node), p.cores, JsonString(p.reference), shared.empty() ? "" : "\n",
-      absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ", more);
+      p.memory_bytes, JsonNumber(p.peak_flops), JsonNumber(p.matmul_flops),
+      JsonNumber(p.memory_bytes_per_second), link(p.intra_node), link(p.inter_node), p.cores,
+      JsonString(p.reference), shared.empty() ? "" : "\n", absl::StrJoin(shared, ",\n"),
+      shared.empty() ? "" : "\n  ", more);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Device profiles: what the planner assumes about the hardware a job runs on. `h100` and `h200`
 // carry the vendors' published figures (docs/planner.md names the datasheets); `cpu` is measured
-// on the machine itself by `trainyard plan --calibrate` (planner/calibrate.h) and kept in a small
-// JSON file (CpuProfilePath).
+// on the machine itself by `trainyard plan --calibrate` (planner/calibration.h) and kept in a
+// small JSON file (CpuProfilePath).
 //
 // Threading: plain values and functions; no shared state.
 #ifndef TRAINYARD_PLANNER_DEVICE_PROFILE_H_
@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
+#include "config/yaml_tree.h"
 
 namespace trainyard::planner {
 
@@ -123,6 +124,8 @@ std::string CpuProfilePath(const char* xdg_config_home, const char* home);
 // One profile as JSON, and its inverse (a profile file's top level).
 std::string ProfileToJson(const DeviceProfile& profile);
 [[nodiscard]] absl::StatusOr<DeviceProfile> ProfileFromJson(const std::string& json);
+// The same from a parsed document's node: a profile inside another object.
+[[nodiscard]] absl::StatusOr<DeviceProfile> ProfileFromNode(const config::YamlNode& node);
 
 // How many calibrations the cpu profile file keeps (CpuProfileFile).
 inline constexpr int kKeptCalibrations = 5;

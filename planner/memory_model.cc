@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "worker/parallel/pipeline.h"
+#include "worker/shape/schedule.h"
 
 namespace trainyard::planner {
 namespace {
@@ -93,20 +93,44 @@ int BlockGroup(const RankShape& s, int layer) {
 
 int FinalGroup(const RankShape& s) { return static_cast<int>(s.group_sizes.size()) - 1; }
 
-// Model::BackwardBlocks.
+bool SplitBackward(const RankShape& s) {
+  return s.mesh.pp > 1 && worker::SplitsBackward(s.mesh.schedule);
+}
+
+// Model::BackwardBlocks: with a split backward (the input-gradient pass) no gradients.
 void ReplayBackwardBlocks(const RankShape& s, TransientReplay& r) {
+  const bool split = SplitBackward(s);
   const int first = s.stage.first_layer;
   for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
     r.Acquire(BlockGroup(s, l));
     if (l > first) r.Prefetch(BlockGroup(s, l - 1));
+    if (!split) {
+      r.Gradients(BlockGroup(s, l));
+      r.Ready(BlockGroup(s, l));
+    }
+    r.Release(BlockGroup(s, l));
+  }
+  if (s.stage.first && !split) {
+    r.Gradients(0);
+    r.Ready(0);
+  }
+}
+
+// Model::StageWeightGradients: the blocks' gradients, then the embedding's; no parameters.
+void ReplayWeightPass(const RankShape& s, TransientReplay& r) {
+  const int first = s.stage.first_layer;
+  for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
     r.Gradients(BlockGroup(s, l));
     r.Ready(BlockGroup(s, l));
-    r.Release(BlockGroup(s, l));
   }
   if (s.stage.first) {
     r.Gradients(0);
     r.Ready(0);
   }
+}
+
+worker::ScheduleShape ScheduleOf(const RankShape& s) {
+  return {.schedule = s.mesh.schedule, .stages = s.mesh.pp, .micro_batches = s.micro_batches};
 }
 
 // Model::StageForward: the forward pass, and on the last stage the loss and the whole backward.
@@ -143,7 +167,7 @@ void ReplayStageForward(const RankShape& s, TransientReplay& r) {
 
 int ActivationSlots(const RankShape& s) {
   if (s.mesh.pp == 1) return 1;
-  return worker::InFlight(s.stage_index, s.mesh.pp, s.micro_batches);
+  return worker::ActivationSlots(ScheduleOf(s), s.stage_index);
 }
 
 int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
@@ -169,24 +193,32 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     floats += 4 * w;             // norm-gradient scratch
   }
   acts += n * w + n * attn + n * qkv + n * fc + n * ffn + n * w;  // dln .. dlnf
+  if (SplitBackward(s)) {  // what each block's weight pass needs from its input-gradient pass
+    acts += layers * (2 * n * w + n * fc + n * qkv) + (s.stage.first ? n * w : 0);
+    floats += layers * 4 * w;
+  }
   return acts * backend.act_bytes + 4 * floats + 4 * ints;
 }
 
 int64_t TransientPeakBytes(const RankShape& s) {
   if (s.mesh.zero < 2) return 0;
   TransientReplay r(s);
-  const int p = s.mesh.pp, m = s.micro_batches;
-  const int warmup = p == 1 ? 0 : std::min(p - s.stage_index - 1, m);
-  auto forward = [&] { ReplayStageForward(s, r); };
-  auto backward = [&] {
-    if (!s.stage.last) ReplayBackwardBlocks(s, r);
-  };
-  for (int i = 0; i < warmup; ++i) forward();
-  for (int j = 0; j < m - warmup; ++j) {
-    forward();
-    backward();
+  const std::vector<worker::Pass> passes =
+      s.mesh.pp == 1 ? std::vector<worker::Pass>(s.micro_batches, worker::Pass{})
+                     : worker::PassOrder(ScheduleOf(s), s.stage_index);
+  for (const worker::Pass& pass : passes) {
+    switch (pass.kind) {
+      case worker::PassKind::kForward:
+        ReplayStageForward(s, r);  // the last stage's backward too
+        break;
+      case worker::PassKind::kBackward:
+        if (!s.stage.last) ReplayBackwardBlocks(s, r);
+        break;
+      case worker::PassKind::kWeight:
+        ReplayWeightPass(s, r);
+        break;
+    }
   }
-  for (int i = m - warmup; i < m; ++i) backward();
   r.FinishStep();
   return r.peak();
 }

@@ -39,7 +39,8 @@ RankMemory PredictRankMemory(const RankShape& shape, const BackendShape& backend
 // Bytes of one activation slot (one micro-batch in flight), as Model::activation_bytes counts it.
 int64_t ActivationSlotBytes(const RankShape& shape, const BackendShape& backend);
 
-// Activation slots the rank keeps: 1 without pipelining, else worker::InFlight.
+// Activation slots the rank keeps: 1 without pipelining, else what the stage's schedule
+// holds at once (worker::ActivationSlots).
 int ActivationSlots(const RankShape& shape);
 
 // The peak bytes of ZeRO's transient buffers over one optimizer step.

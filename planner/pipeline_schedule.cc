@@ -3,36 +3,38 @@
 #include <algorithm>
 #include <limits>
 
+#include "worker/shape/schedule.h"
+
 namespace trainyard::planner {
 namespace {
 
+constexpr int kKinds = 3;  // forward, backward, weight
+
 struct Pass {
-  bool backward = false;
+  worker::PassKind kind = worker::PassKind::kForward;
   int micro_batch = 0;  // m: the stage's tail
-  int index() const { return 2 * micro_batch + (backward ? 1 : 0); }
+  int index() const { return kKinds * micro_batch + static_cast<int>(kind); }
 };
 
-// Stage s's passes in the engine's order, then its tail.
-std::vector<Pass> PassesOf(int stage, int stages, int m) {
-  const int warmup = std::min(stages - stage - 1, m);
+// Stage s's passes in the engine's order (worker/shape/schedule.h), then its tail.
+std::vector<Pass> PassesOf(const worker::ScheduleShape& schedule, int stage) {
   std::vector<Pass> passes;
-  for (int i = 0; i < warmup; ++i) passes.push_back({false, i});
-  for (int j = 0; j < m - warmup; ++j) {
-    passes.push_back({false, warmup + j});
-    passes.push_back({true, j});
+  for (const worker::Pass& pass : worker::PassOrder(schedule, stage)) {
+    passes.push_back({pass.kind, pass.micro_batch});
   }
-  for (int i = m - warmup; i < m; ++i) passes.push_back({true, i});
-  passes.push_back({false, m});
+  passes.push_back({worker::PassKind::kForward, schedule.micro_batches});
   return passes;
 }
 
 }  // namespace
 
-ScheduleSeconds SimulateOneForwardOneBackward(
-    int micro_batches, const std::vector<std::vector<PassSeconds>>& running) {
+ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
+                                 const std::vector<std::vector<PassSeconds>>& running) {
   constexpr double kNever = std::numeric_limits<double>::infinity();
   const int p = static_cast<int>(running.size());
-  const int m = micro_batches;
+  const int m = schedule.micro_batches;
+  worker::ScheduleShape shape = schedule;
+  shape.stages = p;
   ScheduleSeconds out;
   out.computing.assign(p, 0);
   out.communicating.assign(p, 0);
@@ -40,13 +42,14 @@ ScheduleSeconds SimulateOneForwardOneBackward(
   std::vector<std::vector<Pass>> passes(p);
   // arrival[s][pass.index()]: when what the pass waits for reaches stage s (0: it waits for
   // nothing on another stage: the first stage's forward passes, the last stage's backward ones).
-  std::vector<std::vector<double>> arrival(p, std::vector<double>(2 * m + 1, kNever));
+  std::vector<std::vector<double>> arrival(p, std::vector<double>(kKinds * m + 1, kNever));
   for (int s = 0; s < p; ++s) {
-    passes[s] = PassesOf(s, p, m);
-    arrival[s][2 * m] = 0;  // the tail waits for nothing but the stage's own passes
+    passes[s] = PassesOf(shape, s);
+    arrival[s][kKinds * m] = 0;  // the tail waits for nothing but the stage's own passes
     for (int i = 0; i < m; ++i) {
-      if (s == 0) arrival[s][2 * i] = 0;
-      if (s == p - 1) arrival[s][2 * i + 1] = 0;
+      if (s == 0) arrival[s][Pass{worker::PassKind::kForward, i}.index()] = 0;
+      if (s == p - 1) arrival[s][Pass{worker::PassKind::kBackward, i}.index()] = 0;
+      arrival[s][Pass{worker::PassKind::kWeight, i}.index()] = 0;  // after its own B pass
     }
   }
   std::vector<size_t> next(p, 0);
@@ -72,15 +75,23 @@ ScheduleSeconds SimulateOneForwardOneBackward(
     const std::vector<PassSeconds>& at_k = running[std::max(k, 1) - 1];
     auto seconds_of = [&](int s) {
       const Pass pass = passes[s][next[s]];
-      return pass.micro_batch == m ? at_k[s].tail
-             : pass.backward       ? at_k[s].backward
-                                   : at_k[s].forward;
+      if (pass.micro_batch == m) return at_k[s].tail;
+      switch (pass.kind) {
+        case worker::PassKind::kForward:
+          return at_k[s].forward;
+        case worker::PassKind::kBackward:
+          return at_k[s].backward;
+        case worker::PassKind::kWeight:
+          return at_k[s].weight;
+      }
+      return 0.0;
     };
     auto waiting_of = [&](int s) {
       const Pass pass = passes[s][next[s]];
-      return pass.micro_batch == m ? at_k[s].tail_waiting
-             : pass.backward       ? at_k[s].backward_waiting
-                                   : at_k[s].forward_waiting;
+      if (pass.micro_batch == m) return at_k[s].tail_waiting;
+      return pass.kind == worker::PassKind::kForward    ? at_k[s].forward_waiting
+             : pass.kind == worker::PassKind::kBackward ? at_k[s].backward_waiting
+                                                        : 0.0;
     };
     // The next event: a hand-off arrives (exactly then, so that it is ready) or the passes
     // nearest their end end. Passes end by decision, not by their remaining work reaching zero
@@ -106,8 +117,8 @@ ScheduleSeconds SimulateOneForwardOneBackward(
         }
       }
       // Done: hand the result to the stage that waits for it.
-      const int to = pass.backward ? s - 1 : s + 1;
-      if (pass.micro_batch < m && to >= 0 && to < p) {
+      const int to = pass.kind == worker::PassKind::kBackward ? s - 1 : s + 1;
+      if (pass.micro_batch < m && pass.kind != worker::PassKind::kWeight && to >= 0 && to < p) {
         arrival[to][pass.index()] = now + at_k[to].handoff;
       }
       ++next[s];

@@ -1,21 +1,24 @@
-// One optimizer step of the engine's 1F1B pipeline schedule (worker/parallel/pipeline.cc:
-// RunOneForwardOneBackward), simulated pass by pass for stages that share the cores of a node.
+// One optimizer step of the engine's pipeline schedules, simulated pass by pass for stages that
+// share the cores of a node.
 //
-// Stage s runs min(p − s − 1, m) warm-up forward passes, then alternates one forward and one
-// backward pass, then drains the remaining backward passes and runs its tail (PassSeconds). A
-// forward pass of micro-batch i waits for stage s − 1's forward pass of i, a backward pass for
-// stage s + 1's backward pass of i, and each waits a hand-off more after the pass it waits for
-// ends (the message and the receiver's wake-up). Where the stages time-share cores, a pass runs
-// faster while fewer stages run passes beside it: each pass is a fixed amount of work whose rate
-// follows how many stages are running at every moment (processor sharing). With one duration per
-// stage whatever runs beside it, the makespan is the textbook (m + p − 1)·(F + B) of uniform
-// stages.
+// Stage s runs the passes of the schedule's one definition (worker/shape/schedule.h: PassOrder,
+// which the executor runs too), then its tail (PassSeconds). A forward pass of micro-batch i
+// waits for stage s − 1's forward pass of i, a backward pass for stage s + 1's backward pass of
+// i, and each waits a hand-off more after the pass it waits for ends (the message and the
+// receiver's wake-up); a weight pass (ZB-H1) waits for nothing but the stage's passes before it.
+// Where the stages time-share cores, a pass runs faster while fewer stages run passes beside it:
+// each pass is a fixed amount of work whose rate follows how many stages are running at every
+// moment (processor sharing). With one duration per stage whatever runs beside it, the makespan is
+// the textbook (m + p − 1)·(F + B) of uniform stages under 1F1B, and m(F + B + W) + (p − 1)(F + B −
+// W) under ZB-H1 (m ≥ p).
 //
 // Threading: plain values and functions.
 #ifndef TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_
 #define TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_
 
 #include <vector>
+
+#include "worker/shape/schedule.h"
 
 namespace trainyard::planner {
 
@@ -26,6 +29,7 @@ namespace trainyard::planner {
 // which shares the cores with the stages still in their passes.
 struct PassSeconds {
   double forward = 0, backward = 0;
+  double weight = 0;  // a split backward's weight pass (its backward is then the input part)
   double forward_waiting = 0, backward_waiting = 0;
   double handoff = 0;
   double tail = 0, tail_waiting = 0;
@@ -41,9 +45,10 @@ struct ScheduleSeconds {
 
 // `running[k − 1][s]`: stage s's passes while k stages run passes at once (k = 1 … p, p =
 // running.size(); every row has p entries); a hand-off costs what it costs at the k of the moment
-// the pass it follows ends. `micro_batches` ≥ 1.
-ScheduleSeconds SimulateOneForwardOneBackward(int micro_batches,
-                                              const std::vector<std::vector<PassSeconds>>& running);
+// the pass it follows ends. `schedule.micro_batches` ≥ 1.
+// The schedule's stages are running.size() (schedule.stages is not read).
+ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
+                                 const std::vector<std::vector<PassSeconds>>& running);
 
 }  // namespace trainyard::planner
 

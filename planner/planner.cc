@@ -8,6 +8,7 @@
 #include "config/mesh.h"
 #include "planner/explain.h"
 #include "planner/pipeline_schedule.h"
+#include "worker/shape/schedule.h"
 
 namespace trainyard::planner {
 namespace {
@@ -66,13 +67,18 @@ bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node
 
 // One stage's share of a step.
 struct StageTime {
-  double forward = 0, backward = 0;  // one micro-batch's compute
+  // One micro-batch's compute: with a split backward, backward is the input-gradient pass and
+  // weight the weight pass; else weight is 0.
+  double forward = 0, backward = 0, weight = 0;
   double optimizer = 0;
   double tp = 0, pp = 0, dp = 0;  // exposed seconds per step
   // Of pp, one activation or gradient message (0 without pipelining) and all of them.
   double pp_handoff = 0, pp_messages = 0;
   int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;
-  double per_micro_batch(int m) const { return forward + backward + (tp + pp) / m; }
+  double per_micro_batch(int m) const { return forward + backward + weight + (tp + pp) / m; }
+  // What the pipeline's fill and drain cost per stage of the slowest micro-batch: F + B under
+  // 1F1B, F + B − W under ZB-H1 (its weight passes fill the rest).
+  double bubble_per_stage(int m) const { return per_micro_batch(m) - 2 * weight; }
 };
 
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
@@ -81,7 +87,8 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
   t.forward = work.forward_seconds(device);
-  t.backward = work.backward_seconds(device);
+  t.weight = work.weight_flops / device.matmul_flops;
+  t.backward = work.backward_seconds(device) - t.weight;
   const RankMemory memory = PredictRankMemory(s, backend);
   // The moments are 8 bytes per element the rank owns. Where the step was measured (cpu), its
   // rate; else AdamW streams 7 floats per owned element (it reads parameters, gradients and both
@@ -132,9 +139,10 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   const PhaseSeconds d = TimeOf(dp, dp_link, dp_costs);
   // ZeRO-0/1 reduce during the last micro-batch's backward pass; ZeRO-2/3 during every one.
   const int windows = s.mesh.zero <= 1 ? 1 : s.micro_batches;
-  t.dp = device.overlap ? d.exposed + std::max(0.0, d.backward - windows * t.backward) +
-                              std::max(0.0, d.forward - s.micro_batches * t.forward)
-                        : d.all();
+  t.dp = device.overlap
+             ? d.exposed + std::max(0.0, d.backward - windows * (t.backward + t.weight)) +
+                   std::max(0.0, d.forward - s.micro_batches * t.forward)
+             : d.all();
   return t;
 }
 
@@ -158,7 +166,7 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
   return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
 }
 
-// Every stage's passes while k = 1 … p stages run passes at once (SimulateOneForwardOneBackward),
+// Every stage's passes while k = 1 … p stages run passes at once (SimulateSchedule),
 // on a shared node: a pass runs at the profile of the ranks working then (ActiveProfile), those
 // of the k stages, as many as the node holds. A pass carries its share of the stage's exposed
 // tensor-parallel seconds, half in the forward pass and half in the backward pass (each block
@@ -182,6 +190,7 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
       const double waiting = t.tp / micro_batches / 2;
       running[k - 1].push_back({.forward = t.forward + waiting,
                                 .backward = t.backward + waiting,
+                                .weight = t.weight,
                                 .forward_waiting = waiting,
                                 .backward_waiting = waiting,
                                 .handoff = t.pp_handoff,
@@ -202,6 +211,9 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
   if (c.recompute) w.backward_flops += tokens * (2.0 * s.matmul_params + attention);
+  if (s.mesh.pp > 1 && worker::SplitsBackward(s.mesh.schedule)) {
+    w.weight_flops = tokens * 2.0 * s.matmul_params;
+  }
   w.slot_bytes = static_cast<double>(ActivationSlotBytes(s, backend));
   return w;
 }
@@ -236,6 +248,9 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
         mesh.pp = pp;
         mesh.zero = zero;
         mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
+        // The spec's schedule where the mesh can run it, else 1F1B.
+        mesh.schedule = spec.parallelism.schedule;
+        if (config::FindMeshProblem(mesh, spec)) mesh.schedule = config::ParallelismSpec{}.schedule;
         if (config::FindMeshProblem(mesh, spec) || EngineProblem(spec, mesh)) continue;
         meshes.push_back(mesh);
       }
@@ -256,7 +271,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   c.pp_crosses_nodes = PipelineCrossesNodes(mesh, g);
   c.capacity = device.memory_bytes;
   std::vector<StageTime> stages;
-  double slowest_micro_batch = 0;
+  double slowest_bubble = 0;  // the largest bubble_per_stage
   int micro_batches = 1;
   for (int s = 0; s < mesh.pp; ++s) {
     const RankShape shape = ShapeOf(spec, mesh, s);
@@ -267,23 +282,27 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       c.memory_stage = s;
     }
     stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
-    slowest_micro_batch =
-        std::max(slowest_micro_batch, stages.back().per_micro_batch(micro_batches));
+    slowest_bubble = std::max(slowest_bubble, stages.back().bubble_per_stage(micro_batches));
     c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
     c.bytes_tp = std::max(c.bytes_tp, stages.back().bytes_tp);
     c.bytes_pp = std::max(c.bytes_pp, stages.back().bytes_pp);
   }
   c.fits = c.memory.total() <= c.capacity;
-  c.bubble_fraction = BubbleFraction(mesh.pp, micro_batches);
+  const StageTime& slowest =
+      *std::max_element(stages.begin(), stages.end(), [&](const StageTime& a, const StageTime& b) {
+        return a.per_micro_batch(micro_batches) < b.per_micro_batch(micro_batches);
+      });
+  c.bubble_fraction = BubbleFraction(mesh.schedule, mesh.pp, micro_batches, slowest.forward,
+                                     slowest.backward, slowest.weight);
   // On a shared node the schedule decides how many stages work at once, and so every pass's
   // rate; elsewhere a stage's passes take what they take and the fill and drain cost p − 1
   // micro-batch slots of the slowest stage.
   const bool simulate = mesh.pp > 1 && node_device.shared_node && node_device.cores > 0;
   const ScheduleSeconds schedule =
-      simulate
-          ? SimulateOneForwardOneBackward(
-                micro_batches, PassesWhileRunning(spec, mesh, node_device, loop, c, micro_batches))
-          : ScheduleSeconds{};
+      simulate ? SimulateSchedule(
+                     {.schedule = mesh.schedule, .stages = mesh.pp, .micro_batches = micro_batches},
+                     PassesWhileRunning(spec, mesh, node_device, loop, c, micro_batches))
+               : ScheduleSeconds{};
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageTime& t = stages[s];
     StepSeconds step;
@@ -293,9 +312,9 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       step.communication = schedule.communicating[s] + (t.pp - t.pp_messages);
       step.bubble = schedule.idle[s];
     } else {
-      step.compute = micro_batches * (t.forward + t.backward) + t.optimizer;
+      step.compute = micro_batches * (t.forward + t.backward + t.weight) + t.optimizer;
       step.communication = t.tp + t.pp + t.dp;
-      step.bubble = (mesh.pp - 1) * slowest_micro_batch;
+      step.bubble = (mesh.pp - 1) * slowest_bubble;
     }
     step.total = step.compute + step.communication + step.bubble;
     if (step.total > c.step.total) {
@@ -375,6 +394,15 @@ double ModelFlopsPerStep(const config::JobSpec& spec) {
 
 double BubbleFraction(int stages, int micro_batches) {
   return static_cast<double>(stages - 1) / (micro_batches + stages - 1);
+}
+
+double BubbleFraction(config::PipelineSchedule schedule, int stages, int micro_batches,
+                      double forward, double backward, double weight) {
+  if (stages <= 1) return 0;
+  const bool split = worker::SplitsBackward(schedule);
+  const double idle = (stages - 1) * (forward + backward - (split ? weight : 0));
+  const double busy = micro_batches * (forward + backward + weight);
+  return busy + idle > 0 ? idle / (busy + idle) : 0;
 }
 
 double YoungInterval(double delta_seconds, double mtbf_seconds) {

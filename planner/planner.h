@@ -113,6 +113,9 @@ int64_t MatmulParameterCount(const config::ModelConfig& model);
 // streams once forward (written) and twice backward (read, and their gradients written).
 struct MicroBatchWork {
   double forward_flops = 0, backward_flops = 0;
+  // Of backward_flops, what a split backward (a zero-bubble schedule) leaves to its weight pass:
+  // the blocks' weight gradients. 0 when the backward is one pass.
+  double weight_flops = 0;
   double slot_bytes = 0;
   double forward_seconds(const DeviceProfile& d) const {
     return forward_flops / d.matmul_flops + slot_bytes / d.memory_bytes_per_second;
@@ -125,6 +128,12 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend);
 
 // The 1F1B bubble: (p − 1) / (m + p − 1).
 double BubbleFraction(int stages, int micro_batches);
+// The idle fraction of a stage whose passes take forward, backward (input gradient and, in
+// 1F1B, the weights') and weight (ZB-H1's weight pass; 0 in 1F1B) seconds: under 1F1B
+// (p − 1)(F + B) over m(F + B) + (p − 1)(F + B); under ZB-H1 (p − 1)(F + B − W) over
+// m(F + B + W) + (p − 1)(F + B − W).
+double BubbleFraction(config::PipelineSchedule schedule, int stages, int micro_batches,
+                      double forward, double backward, double weight);
 
 // Young's τ = √(2δM), and Daly's higher-order form (the coordinator's CheckpointPolicy uses
 // these):

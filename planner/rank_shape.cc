@@ -3,7 +3,7 @@
 #include <string>
 
 #include "config/mesh.h"
-#include "worker/parallel/pipeline.h"
+#include "worker/shape/stages.h"
 
 namespace trainyard::planner {
 

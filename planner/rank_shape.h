@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/spec.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::planner {
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "worker/shape/schedule.h"
+
 namespace trainyard::planner {
 namespace {
 
@@ -194,8 +196,18 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
   const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
   const Collective send{CollectiveKind::kSendRecv, count * backend.act_bytes, 1, Phase::kExposed};
-  if (!s.stage.last) out.push_back(Times(send, s.micro_batches));   // activations onward
-  if (!s.stage.first) out.push_back(Times(send, s.micro_batches));  // gradients back
+  // The sends of this stage's steps of the schedule the executor runs.
+  const worker::ScheduleShape schedule{
+      .schedule = s.mesh.schedule, .stages = s.mesh.pp, .micro_batches = s.micro_batches};
+  int64_t onward = 0, back = 0;  // activations to the next stage, gradients to the previous one
+  const std::vector<std::vector<worker::ScheduleStep>> plan = worker::PlanSchedule(schedule);
+  for (const worker::ScheduleStep& step : plan[s.stage_index]) {
+    for (const worker::Transfer& t : step.transfers) {
+      if (t.send) ++(t.peer > s.stage_index ? onward : back);
+    }
+  }
+  if (onward > 0) out.push_back(Times(send, onward));
+  if (back > 0) out.push_back(Times(send, back));
   const Group pp(s.mesh.pp, rank);
   out.push_back(pp.Scalars(1));  // the step's loss
   out.push_back(pp.Scalars(1));  // the gradient norm

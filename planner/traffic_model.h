@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "planner/rank_shape.h"
-#include "worker/parallel/communicator.h"
+#include "worker/shape/collectives.h"
 
 namespace trainyard::planner {
 

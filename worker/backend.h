@@ -93,7 +93,8 @@ class Backend {
   // out[m, n] = inp[m, k] · weight[n, k]ᵀ + bias[n]   (bias may be null)
   virtual void Linear(Act* out, const Act* inp, const float* weight, const float* bias, int64_t m,
                       int64_t n, int64_t k) = 0;
-  // dinp overwritten (skipped if null); dweight, dbias accumulated (dbias skipped if null).
+  // dinp overwritten, dweight and dbias accumulated; each skipped if null (a split backward runs
+  // the input and the weight parts apart). weight is read only for dinp.
   virtual void LinearBackward(Act* dinp, float* dweight, float* dbias, const Act* dout,
                               const Act* inp, const float* weight, int64_t m, int64_t n,
                               int64_t k) = 0;

@@ -35,7 +35,7 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/memory_tier_client.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 #include "worker/train_state.h"
 
 namespace trainyard::worker {

@@ -11,10 +11,20 @@
 //   trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R
 //
 // Exit codes: 0 trained to the end; 2 bad input (spec, data file, flags); 1 anything else.
+//
+// or, for `trainyard plan --calibrate`, measures this machine's cpu profile (worker/calibrate.h)
+// and prints it as one JSON object on stdout (planner::CalibrationToJson):
+//
+//   trainyard-worker calibrate --scratch DIR [--reference SPEC.yaml] [--threads N]
+//                              [--seconds-per-probe S] [--seconds-per-link-probe S]
+//
+// Exit codes: 0 measured; 2 bad flags or reference spec; 1 the calibration failed (one line on
+// stderr).
 #include <signal.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -33,8 +43,10 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "config/spec.h"
+#include "planner/calibration.h"
 #include "planner/planner.h"
 #include "worker/backend.h"
+#include "worker/calibrate.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/coordinated.h"
 #include "worker/launcher.h"
@@ -72,7 +84,24 @@ constexpr char kHelp[] =
     "  TRAINYARD_PROGRESS_RELAY (the agent's relay its progress reports go through).\n"
     "\n"
     "Exit codes: 0 done; 1 an error outside the job; 2 bad flags, spec or data; 3 a collective\n"
-    "timed out or a peer left; 4 the hang watchdog ended the rank; 5 out of memory.\n";
+    "timed out or a peer left; 4 the hang watchdog ended the rank; 5 out of memory.\n"
+    "\n"
+    "       trainyard-worker calibrate --scratch DIR [--reference SPEC.yaml] [--threads N]\n"
+    "                        [--seconds-per-probe S] [--seconds-per-link-probe S]\n"
+    "\n"
+    "Calibrate: how `trainyard plan --calibrate` measures this machine's cpu profile; prints it\n"
+    "as JSON on stdout. Exit codes: 0 measured; 2 bad flags or spec; 1 the calibration failed.\n"
+    "  --scratch DIR             where the probes' ranks meet (created, then removed)\n"
+    "  --reference SPEC.yaml     run the spec's model and per-rank micro-batch (default\n"
+    "                            gpt2-tiny, 4 x 64 tokens)\n"
+    "  --threads N               CPU backend threads of the GEMM and bandwidth probes (default:\n"
+    "                            every core)\n"
+    "  --seconds-per-probe S     each round of a compute probe (default 0.5)\n"
+    "  --seconds-per-link-probe S  each link probe, its rounds together (default 3)\n";
+
+constexpr char kCalibrateUsage[] =
+    "usage: trainyard-worker calibrate --scratch DIR [--reference SPEC.yaml] [--threads N] "
+    "[--seconds-per-probe S] [--seconds-per-link-probe S]";
 
 struct Flags {
   std::string spec_path;
@@ -127,6 +156,83 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("--rank and --rendezvous go together");
   }
   return flags;
+}
+
+// `trainyard-worker calibrate`'s flags; the reference is its spec's path (empty: the default).
+struct CalibrateFlags {
+  planner::CalibrationOptions options;
+  std::string reference_path;
+};
+
+absl::StatusOr<CalibrateFlags> ParseCalibrateFlags(int argc, char** argv) {
+  CalibrateFlags flags;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    auto positive = [&](double* out) -> absl::Status {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtod(v, out) || !(*out > 0) || !std::isfinite(*out)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, " must be a positive number, got '", v, "'"));
+      }
+      return absl::OkStatus();
+    };
+    if (arg == "--scratch") {
+      TY_ASSIGN_OR_RETURN(flags.options.scratch_dir, value());
+    } else if (arg == "--reference") {
+      TY_ASSIGN_OR_RETURN(flags.reference_path, value());
+    } else if (arg == "--threads") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, &flags.options.threads) || flags.options.threads < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--threads must be a positive integer, got '", v, "'"));
+      }
+    } else if (arg == "--seconds-per-probe") {
+      TY_RETURN_IF_ERROR(positive(&flags.options.seconds_per_probe));
+    } else if (arg == "--seconds-per-link-probe") {
+      TY_RETURN_IF_ERROR(positive(&flags.options.seconds_per_link_probe));
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kCalibrateUsage << "\n\n" << kHelp;
+      std::exit(0);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "' for calibrate"));
+    }
+  }
+  if (flags.options.scratch_dir.empty()) {
+    return absl::InvalidArgumentError("--scratch DIR is required");
+  }
+  return flags;
+}
+
+bool IsCalibrateInvocation(int argc, char** argv) {
+  return argc >= 2 && std::string_view(argv[1]) == "calibrate";
+}
+
+// `trainyard-worker calibrate`: returns the exit code, having said why on stderr.
+int RunCalibrate(int argc, char** argv) {
+  absl::StatusOr<CalibrateFlags> flags = ParseCalibrateFlags(argc, argv);
+  absl::Status bad_input = Annotate(flags.status(), kCalibrateUsage);
+  if (flags.ok() && !flags->reference_path.empty()) {
+    absl::StatusOr<config::JobSpec> spec =
+        config::LoadJobSpec(*RealFileSystem(), flags->reference_path);
+    if (spec.ok()) flags->options.reference = planner::CalibrationReference(*spec);
+    bad_input = spec.status();
+  }
+  if (!bad_input.ok()) {
+    std::cerr << "trainyard-worker: error: " << bad_input.message() << "\n";
+    return kExitUserError;
+  }
+  // Before anything starts a thread: the link probes fork.
+  absl::StatusOr<planner::Calibration> calibration = CalibrateCpu(flags->options);
+  if (!calibration.ok()) {
+    std::cerr << "trainyard-worker: error: " << calibration.status().message() << "\n";
+    return kExitInternalError;
+  }
+  std::cout << planner::CalibrationToJson(*calibration) << std::flush;
+  return kExitOk;
 }
 
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
@@ -232,6 +338,9 @@ int main(int argc, char** argv) {
   // A peer that dies mid-collective closes its sockets; a write to one must fail as EPIPE, which
   // the communicator reports, rather than kill this rank with SIGPIPE and hide the peer's death.
   signal(SIGPIPE, SIG_IGN);
+  if (trainyard::worker::IsCalibrateInvocation(argc, argv)) {
+    return trainyard::worker::RunCalibrate(argc, argv);
+  }
   absl::Status status;
   try {
     status = trainyard::worker::IsCoordinatedInvocation(argc, argv)

@@ -47,6 +47,16 @@ struct Model::Activations {
   // Sequence parallelism: local-row and full-row counterparts.
   Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
   Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
+  // A split backward (ZB's B and W passes): what each block's weight pass needs besides the
+  // saved activations, from the input-gradient pass: the gradients at the outputs of its four
+  // linears (full rows) and its norms' weight and bias gradients; on the first stage the gradient
+  // at the embedding's output (full rows).
+  struct DeferredGrads {
+    Buffer<Act> mlp_proj_dy, fc_dy, proj_dy, qkv_dy;
+    Buffer<float> norms;  // [4, width]: ln1 weight, bias, ln2 weight, bias
+  };
+  std::vector<DeferredGrads> deferred;
+  Buffer<Act> embedding_dy;
 };
 
 // Holds one parameter group acquired from the source for a scope; records its pointer so that
@@ -70,10 +80,12 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel)
+             parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel,
+             bool split_backward)
     : config_(config),
       tp_(tp),
       sp_(sequence_parallel && tp != nullptr && tp->size() > 1),
+      split_(split_backward),
       layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, stage),
       backend_(backend),
       source_(source) {
@@ -101,15 +113,21 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   return std::unique_ptr<Model>(
-      new Model(config, backend, nullptr, nullptr, PipelineStage{}, false));
+      new Model(config, backend, nullptr, nullptr, PipelineStage{}, false, false));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
                                                      parallel::Communicator* tp,
-                                                     PipelineStage stage, bool sequence_parallel) {
+                                                     PipelineStage stage, bool sequence_parallel,
+                                                     bool split_backward) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
+  if (split_backward && config.recompute) {
+    return absl::InvalidArgumentError(
+        "a split backward keeps every block's activations until its weight pass; it cannot "
+        "recompute them");
+  }
   if (tp != nullptr && tp->size() > 1) {
     const int n = tp->size();
     for (const auto& [what, value] : {std::pair<const char*, int>{"heads", config.heads},
@@ -122,7 +140,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
       }
     }
   }
-  return std::unique_ptr<Model>(new Model(config, backend, source, tp, stage, sequence_parallel));
+  return std::unique_ptr<Model>(
+      new Model(config, backend, source, tp, stage, sequence_parallel, split_backward));
 }
 
 absl::Status Model::TpAllReduce(float* data, int64_t count) {
@@ -213,6 +232,11 @@ int64_t Model::activation_bytes() const {
          {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_lse, &a.norm_scratch}) {
       add(*b);
     }
+    for (const Activations::DeferredGrads& d : a.deferred) {
+      for (const Buffer<Act>* b : {&d.mlp_proj_dy, &d.fc_dy, &d.proj_dy, &d.qkv_dy}) add_act(*b);
+      add(d.norms);
+    }
+    add_act(a.embedding_dy);
   }
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
          ints * static_cast<int64_t>(sizeof(int32_t));
@@ -326,6 +350,18 @@ void Model::EnsureActivations(int b, int t) {
   a->dfc = be.AllocAct(n * fc);
   a->dact = be.AllocAct(n * dims_.ffn);
   a->dlnf = be.AllocAct(n * width);
+  if (split_) {
+    for (int l = 0; l < local_layers; ++l) {
+      Activations::DeferredGrads d;
+      d.mlp_proj_dy = be.AllocAct(n * width);
+      d.fc_dy = be.AllocAct(n * fc);
+      d.proj_dy = be.AllocAct(n * width);
+      d.qkv_dy = be.AllocAct(n * qkv);
+      d.norms = be.AllocFloat(4 * width);
+      a->deferred.push_back(std::move(d));
+    }
+    if (layout_.stage().first) a->embedding_dy = be.AllocAct(n * width);
+  }
   held = std::move(a);
   acts_ = held.get();
 }
@@ -385,11 +421,20 @@ absl::Status Model::BackwardBlocks(Act* dx) {
     TY_RETURN_IF_ERROR(BlockBackward(l, la, dx));
   }
   if (!stage.first) return absl::OkStatus();
-  constexpr int eg = ParameterLayout::kEmbeddingGroup;
-  TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
   Act* dx_full = sp_ ? a.dx_full.data() : dx;
   TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, config_.width));
-  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dx_full,
+  if (split_) {  // the embedding's gradient waits for the weight pass
+    backend_->Copy(a.embedding_dy.data(), dx_full, int64_t{a.b} * a.t * config_.width);
+    return absl::OkStatus();
+  }
+  return EmbeddingBackward(dx_full);
+}
+
+absl::Status Model::EmbeddingBackward(const Act* dy) {
+  Activations& a = *acts_;
+  constexpr int eg = ParameterLayout::kEmbeddingGroup;
+  TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
+  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dy,
                               tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
                               config_.width, dims_.vocab);
   return source_->GradientsReady(eg);
@@ -454,10 +499,15 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
 }
 
 // On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input). The block's
-// parameter group must be held by the caller.
+// parameter group must be held by the caller. With a split backward, the weight gradients are
+// left to BlockWeightGradients: this pass keeps what they need instead.
 absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const int g = layout_.block_group(layer);
-  TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
+  const int li = layer - layout_.stage().first_layer;
+  Activations::DeferredGrads* deferred = split_ ? &acts_->deferred[li] : nullptr;
+  if (!split_) {
+    TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
+  }
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
@@ -470,22 +520,33 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   Act* dln = sp_ ? a.dln_local.data() : a.dln.data();
   Backend& be = *backend_;
   // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
-  // this micro-batch are collected in scratch, summed over the group, then accumulated.
+  // this micro-batch are collected in scratch, summed over the group, then accumulated; so are
+  // they with a split backward, until the weight pass.
   NormGrads ln1 = NormGradTargets(g, o.ln1_w, o.ln1_b, 0);
   NormGrads ln2 = NormGradTargets(g, o.ln2_w, o.ln2_b, 2);
+  // A linear's weight and bias gradients here, or (split) its output gradient saved for later.
+  auto weight_grads = [&](int64_t w, int64_t b, Buffer<Act> Activations::DeferredGrads::*keep,
+                          const Act* dy, int64_t count) -> std::pair<float*, float*> {
+    if (!split_) return {G(g, w), G(g, b)};
+    be.Copy((deferred->*keep).data(), dy, count);
+    return {nullptr, nullptr};
+  };
 
   // MLP branch: out = mid + proj(act(fc(norm2(mid)))). The gradient of the rows' reduction is
   // the gathered gradient, which also gives the (replicated) bias its whole-batch gradient.
   TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
-  be.LinearBackward(a.dact.data(), G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), dx_full, la.act.data(),
-                    P(g, o.mlp_proj_w), n, width, dims_.ffn);
+  auto [dw, db] = weight_grads(o.mlp_proj_w, o.mlp_proj_b, &Activations::DeferredGrads::mlp_proj_dy,
+                               dx_full, n * width);
+  be.LinearBackward(a.dact.data(), dw, db, dx_full, la.act.data(), P(g, o.mlp_proj_w), n, width,
+                    dims_.ffn);
   if (gpt2) {
     be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * dims_.ffn);
   } else {
     be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, dims_.ffn);
   }
-  be.LinearBackward(a.dln.data(), G(g, o.fc_w), G(g, o.fc_b), a.dfc.data(), la.ln2.data(),
-                    P(g, o.fc_w), n, fc, width);
+  std::tie(dw, db) =
+      weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);
+  be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), la.ln2.data(), P(g, o.fc_w), n, fc, width);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));  // column-parallel input's grad
   if (gpt2) {
     be.LayerNormBackward(dx, ln2.weight, ln2.bias, dln, la.mid.data(), P(g, o.ln2_w),
@@ -497,22 +558,56 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
 
   // Attention branch: mid = x + proj(attention(rope(qkv(norm1(x))))).
   TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
-  be.LinearBackward(a.datt.data(), G(g, o.proj_w), G(g, o.proj_b), dx_full, la.att.data(),
-                    P(g, o.proj_w), n, width, attn);
+  std::tie(dw, db) =
+      weight_grads(o.proj_w, o.proj_b, &Activations::DeferredGrads::proj_dy, dx_full, n * width);
+  be.LinearBackward(a.datt.data(), dw, db, dx_full, la.att.data(), P(g, o.proj_w), n, width, attn);
   be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
                        shape);
   if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
-  be.LinearBackward(a.dln.data(), G(g, o.qkv_w), G(g, o.qkv_b), a.dqkv.data(), la.ln1.data(),
-                    P(g, o.qkv_w), n, dims_.qkv_width, width);
+  std::tie(dw, db) = weight_grads(o.qkv_w, o.qkv_b, &Activations::DeferredGrads::qkv_dy,
+                                  a.dqkv.data(), n * dims_.qkv_width);
+  be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), la.ln1.data(), P(g, o.qkv_w), n,
+                    dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
-  const Act* x = a.resid[layer - layout_.stage().first_layer].data();
+  const Act* x = a.resid[li].data();
   if (gpt2) {
     be.LayerNormBackward(dx, ln1.weight, ln1.bias, dln, x, P(g, o.ln1_w), la.ln1_mean.data(),
                          la.ln1_rstd.data(), nr, width);
   } else {
     be.RmsNormBackward(dx, ln1.weight, dln, x, P(g, o.ln1_w), la.ln1_rstd.data(), nr, width);
   }
-  TY_RETURN_IF_ERROR(SumNormGrads(g, {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+  if (split_) return absl::OkStatus();
+  if (sp_) {
+    TY_RETURN_IF_ERROR(
+        AddNormGrads(g, a.norm_scratch.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+  }
+  return source_->GradientsReady(g);
+}
+
+// The weight pass of a split backward for one block: the four linears' weight and bias gradients
+// from the output gradients the input-gradient pass kept and the saved activations, and the
+// norms' gradients it collected. Needs no parameters.
+absl::Status Model::BlockWeightGradients(int layer) {
+  const int g = layout_.block_group(layer);
+  const int li = layer - layout_.stage().first_layer;
+  Activations& a = *acts_;
+  const LayerActivations& la = a.layers[li];
+  Activations::DeferredGrads& d = a.deferred[li];
+  TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
+  const auto& c = config_;
+  const BlockOffsets& o = layout_.block(layer);
+  const int64_t n = int64_t{a.b} * a.t, width = c.width;
+  const int64_t fc = c.family == ModelFamily::kGpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
+  Backend& be = *backend_;
+  be.LinearBackward(nullptr, G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), d.mlp_proj_dy.data(),
+                    la.act.data(), nullptr, n, width, dims_.ffn);
+  be.LinearBackward(nullptr, G(g, o.fc_w), G(g, o.fc_b), d.fc_dy.data(), la.ln2.data(), nullptr, n,
+                    fc, width);
+  be.LinearBackward(nullptr, G(g, o.proj_w), G(g, o.proj_b), d.proj_dy.data(), la.att.data(),
+                    nullptr, n, width, dims_.attn);
+  be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(), la.ln1.data(), nullptr,
+                    n, dims_.qkv_width, width);
+  TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
   return source_->GradientsReady(g);
 }
 
@@ -547,7 +642,8 @@ absl::Status Model::FinalNormBackward(Act* dx) {
     backend_->RmsNormBackward(dx, lnf.weight, dlnf, x, P(g, layout_.lnf_w()), a.lnf_rstd.data(), nr,
                               config_.width);
   }
-  return SumNormGrads(g, {{layout_.lnf_w(), layout_.lnf_b()}});
+  if (!sp_) return absl::OkStatus();
+  return AddNormGrads(g, a.norm_scratch.data(), {{layout_.lnf_w(), layout_.lnf_b()}});
 }
 
 // Sequence parallelism moves the residual stream between "local rows" (this rank's n / tp rows)
@@ -567,18 +663,21 @@ absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
-  if (!sp_) return {G(group, weight), G(group, bias)};
-  float* scratch = acts_->norm_scratch.data() + slot * config_.width;
+  // A block's norms under a split backward collect in the block's deferred scratch; the final
+  // norm's gradients are never deferred.
+  const int block = group - layout_.block_group(layout_.stage().first_layer);
+  const bool deferred = split_ && block >= 0 && block < layout_.stage().num_layers;
+  if (!sp_ && !deferred) return {G(group, weight), G(group, bias)};
+  float* scratch =
+      (deferred ? acts_->deferred[block].norms : acts_->norm_scratch).data() + slot * config_.width;
   backend_->Fill(scratch, 0.0f, 2 * config_.width);
   return {scratch, bias >= 0 ? scratch + config_.width : nullptr};
 }
 
-absl::Status Model::SumNormGrads(int group,
+absl::Status Model::AddNormGrads(int group, float* scratch,
                                  std::initializer_list<std::pair<int64_t, int64_t>> norms) {
-  if (!sp_) return absl::OkStatus();
-  float* scratch = acts_->norm_scratch.data();
   const int64_t width = config_.width;
-  TY_RETURN_IF_ERROR(TpAllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
+  if (sp_) TY_RETURN_IF_ERROR(TpAllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
   for (const auto& [weight, bias] : norms) {
     backend_->Add(G(group, weight), G(group, weight), scratch, width);
     if (bias >= 0) backend_->Add(G(group, bias), G(group, bias), scratch + width, width);
@@ -738,6 +837,21 @@ absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
     TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
   if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
+  const absl::Status synced = backend_->Synchronize();
+  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+  return synced;
+}
+
+absl::Status Model::StageWeightGradients(int slot) {
+  if (!split_) return absl::FailedPreconditionError("weight passes need a split backward");
+  const PipelineStage& stage = layout_.stage();
+  const int64_t started = RealClock()->NowNanosMonotonic();
+  SelectSlot(slot);
+  std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
+  for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
+    TY_RETURN_IF_ERROR(BlockWeightGradients(l));
+  }
+  if (stage.first) TY_RETURN_IF_ERROR(EmbeddingBackward(acts_->embedding_dy.data()));
   const absl::Status synced = backend_->Synchronize();
   phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
   return synced;

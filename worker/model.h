@@ -20,7 +20,7 @@
 #include "worker/buffer.h"
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
 
@@ -36,11 +36,14 @@ class Model {
   // too), the MLP column- then row-parallel, embedding and LM head split by vocabulary; `tp`
   // must outlive the model. With sequence_parallel (and tp > 1) the residual stream between the
   // tensor-parallel regions is split by rows too: the norms run on n / tp rows, gathered before
-  // the column-parallel matmuls and reduce-scattered after the row-parallel ones.
+  // the column-parallel matmuls and reduce-scattered after the row-parallel ones. With
+  // split_backward (zero-bubble schedules) StageBackward computes the input gradient only, and
+  // StageWeightGradients the blocks' and the embedding's weight gradients later; INVALID_ARGUMENT
+  // with config.recompute (the weight pass needs every block's activations).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
       const config::ModelConfig& config, Backend* backend, ParamSource* source,
       parallel::Communicator* tp = nullptr, PipelineStage stage = {},
-      bool sequence_parallel = false);
+      bool sequence_parallel = false, bool split_backward = false);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -81,8 +84,14 @@ class Model {
                                           int b, int t, const Act* input_acts, float grad_scale,
                                           double* loss_sum, Act* output_acts);
   // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
-  // input) (not on the first stage).
+  // input) (not on the first stage). With a split backward the blocks' and the embedding's
+  // weight gradients are left to StageWeightGradients (the last stage's final norm and LM head
+  // still get theirs in StageForward).
   [[nodiscard]] absl::Status StageBackward(int slot, const Act* doutput, Act* dinput);
+  // The weight pass of a split backward for the micro-batch in `slot`, after its StageBackward:
+  // the blocks' weight and bias gradients and the norms', then the embedding's on the first
+  // stage. Uses no parameters. FAILED_PRECONDITION without split_backward.
+  [[nodiscard]] absl::Status StageWeightGradients(int slot);
   // Forward only: the last stage returns Σ cross-entropy, the others 0 and fill output_acts.
   [[nodiscard]] absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets,
                                                  int b, int t, const Act* input_acts,
@@ -116,21 +125,23 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel);
+        parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel,
+        bool split_backward);
   // Rows of the residual stream this rank holds for the current micro-batch.
   int64_t local_rows() const;
   [[nodiscard]] absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
   [[nodiscard]] absl::Status SumToLocalRows(Act* full, Act* local, int64_t cols);
   // Where a norm's backward writes its weight/bias gradients: straight into the gradients, or,
-  // under sequence parallelism, into scratch slot `slot` (of two) to be summed over the group.
+  // under sequence parallelism, into scratch slot `slot` (of two) to be summed over the group,
+  // or with a split backward into the block's deferred scratch for its weight pass.
   struct NormGrads {
     float* weight;
     float* bias;
   };
   NormGrads NormGradTargets(int group, int64_t weight, int64_t bias, int slot);
-  // Sums the scratch of the listed norms (weight, bias offsets, in slot order) over the group
-  // and adds it to their gradients; nothing without sequence parallelism.
-  [[nodiscard]] absl::Status SumNormGrads(int group,
+  // Adds `scratch` (the listed norms' weight and bias gradients, in slot order) to their
+  // gradients, summed over the tensor-parallel group first under sequence parallelism.
+  [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
                                           std::initializer_list<std::pair<int64_t, int64_t>> norms);
   [[nodiscard]] absl::Status TimedTp(const std::function<absl::Status()>& op);
   int tp_size() const { return tp_ ? tp_->size() : 1; }
@@ -149,6 +160,9 @@ class Model {
   void SelectSlot(int slot);
   [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a);
   [[nodiscard]] absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
+  [[nodiscard]] absl::Status BlockWeightGradients(int layer);
+  // The embedding's weight gradients from dy = ∂loss/∂(embedding output), full rows.
+  [[nodiscard]] absl::Status EmbeddingBackward(const Act* dy);
   [[nodiscard]] absl::Status FinalNorm();
   [[nodiscard]] absl::Status FinalNormBackward(Act* dx);
   // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
@@ -162,7 +176,8 @@ class Model {
 
   config::ModelConfig config_;
   parallel::Communicator* tp_;
-  bool sp_;  // sequence parallelism
+  bool sp_;     // sequence parallelism
+  bool split_;  // a split backward (StageWeightGradients)
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;

@@ -8,7 +8,7 @@
 
 #include "worker/backend.h"
 #include "worker/buffer.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
 

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
 

@@ -1,12 +1,5 @@
 #include "worker/trainer.h"
 
-#ifdef TRAINYARD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "worker/parallel/cuda_device_copier.h"
-#include "worker/parallel/nccl_communicator.h"
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,16 +19,16 @@
 #include "config/mesh.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/checkpointing.h"
-#include "worker/cuda_backend.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
 #include "worker/hang_watchdog.h"
 #include "worker/model.h"
 #include "worker/parallel/communicator.h"
+#include "worker/parallel/parallel_dims.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/parallel/sharded_params.h"
-#include "worker/parallel/staging_communicator.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
+#include "worker/shape/stages.h"
 #include "worker/train_state.h"
 
 namespace trainyard::worker {
@@ -148,110 +141,6 @@ absl::StatusOr<TrainResult> Train(const config::JobSpec& spec, Backend& backend,
 
 namespace {
 
-// Where a rank sits in the mesh, tensor-parallel innermost:
-// rank = (pp_rank · dp + dp_rank) · tp + tp_rank.
-struct MeshPosition {
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
-  int micro = 0;          // sequences per micro-batch
-  int per_rank = 0;       // sequences per step on this data-parallel rank
-  int micro_batches = 0;  // per step
-};
-
-absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankContext& rank) {
-  const config::ParallelismSpec& mesh = spec.parallelism;
-  TY_RETURN_IF_ERROR(config::MeshProblemStatus(config::FindShardingProblem(mesh, spec)));
-  const int world = mesh.world_size();
-  if (rank.rank < 0 || rank.rank >= world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank.rank, " outside a world of ", world, " ranks"));
-  }
-  if (world > 1 && rank.store == nullptr) {
-    return absl::InvalidArgumentError("a multi-rank job needs a rendezvous store");
-  }
-  MeshPosition p;
-  p.micro = config::MicroBatchPerRank(spec.training, mesh);
-  p.per_rank = spec.training.batch / mesh.dp;
-  const config::MeshCoordinates at = config::CoordinatesOf(mesh, rank.rank);
-  p.tp_rank = at.tp;
-  p.dp_rank = at.dp;
-  p.pp_rank = at.pp;
-  p.micro_batches = p.per_rank / p.micro;
-  return p;
-}
-
-// One process group per mesh axis: the ranks that differ from this one in that coordinate only.
-struct Groups {
-  std::unique_ptr<parallel::Communicator> dp, tp, pp;
-  std::unique_ptr<parallel::Communicator> tied;  // first + last stage with a tied embedding
-};
-
-// On a GPU backend, collectives must reach device memory: through NCCL, or through Gloo with host
-// staging (the default, and the only way for ranks sharing one GPU).
-absl::StatusOr<Groups> ConnectGroups(const config::JobSpec& spec, const RankContext& rank,
-                                     Backend& backend, const MeshPosition& at) {
-  void* const device_stream = CudaStreamOf(backend);
-  RankContext::Collectives collectives = rank.collectives;
-  if (device_stream != nullptr && collectives == RankContext::Collectives::kHost) {
-    collectives = RankContext::Collectives::kStaged;
-  }
-  if (device_stream == nullptr && collectives != RankContext::Collectives::kHost) {
-    return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
-  }
-  // `members`: the global rank of each group rank, so that waits name peers as users know them.
-  auto connect =
-      [&](const std::string& group, int index, int size,
-          std::vector<int> members) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-#ifdef TRAINYARD_HAVE_CUDA
-    auto* stream = static_cast<cudaStream_t>(device_stream);
-    if (collectives == RankContext::Collectives::kNccl && size > 1) {
-      return parallel::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
-    }
-#endif
-    std::unique_ptr<parallel::Communicator> host;
-    if (size == 1) {
-      host = parallel::MakeSelfCommunicator();
-    } else {
-      parallel::GlooOptions options = rank.gloo;
-      options.members = std::move(members);
-      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, options));
-    }
-    if (collectives == RankContext::Collectives::kHost) return host;
-#ifdef TRAINYARD_HAVE_CUDA
-    return parallel::MakeStagingCommunicator(std::move(host),
-                                             parallel::MakeCudaDeviceCopier(stream));
-#else
-    return absl::FailedPreconditionError("this build has no CUDA support");
-#endif
-  };
-  const config::ParallelismSpec& mesh = spec.parallelism;
-  auto global = [&](int pp, int dp, int tp) {
-    return config::RankAt(mesh, {.dp = dp, .tp = tp, .pp = pp});
-  };
-  auto members = [](int size, const std::function<int(int)>& of) {
-    std::vector<int> ranks(size);
-    for (int i = 0; i < size; ++i) ranks[i] = of(i);
-    return ranks;
-  };
-  Groups g;
-  TY_ASSIGN_OR_RETURN(
-      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp,
-                    members(mesh.dp, [&](int d) { return global(at.pp_rank, d, at.tp_rank); })));
-  TY_ASSIGN_OR_RETURN(
-      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp,
-                    members(mesh.tp, [&](int t) { return global(at.pp_rank, at.dp_rank, t); })));
-  TY_ASSIGN_OR_RETURN(
-      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp,
-                    members(mesh.pp, [&](int p) { return global(p, at.dp_rank, at.tp_rank); })));
-  const PipelineStage stage = BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[at.pp_rank];
-  if (mesh.pp > 1 && spec.model.tied_embeddings && (stage.first || stage.last)) {
-    TY_ASSIGN_OR_RETURN(
-        g.tied,
-        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), stage.first ? 0 : 1, 2,
-                {global(0, at.dp_rank, at.tp_rank), global(mesh.pp - 1, at.dp_rank, at.tp_rank)}));
-  }
-  return g;
-}
-
 // The name of this run's checkpoint directories: random, and the same on every rank (rank 0
 // draws it and shares it through the rendezvous store).
 absl::StatusOr<std::string> SaveToken(const RankContext& rank, int world) {
@@ -326,9 +215,7 @@ class RankTrainer {
   Clock& clock_;
   std::ostream* out_;
 
-  MeshPosition at_;
-  Groups groups_;
-  PipelineStage stage_;
+  ParallelDims dims_;
   std::unique_ptr<ParameterLayout> layout_;
   std::unique_ptr<parallel::ShardedParams> params_;
   std::unique_ptr<Model> model_;
@@ -350,7 +237,7 @@ class RankTrainer {
 };
 
 absl::Status RankTrainer::Setup() {
-  TY_ASSIGN_OR_RETURN(at_, PositionOf(spec_, rank_));
+  TY_RETURN_IF_ERROR(PositionOf(spec_, rank_).status());  // the mesh before the data
   const config::TrainingSpec& tr = spec_.training;
   const config::ModelConfig& mc = spec_.model;
   TY_ASSIGN_OR_RETURN(data_, OpenData(spec_.data, data_fs_));
@@ -363,36 +250,37 @@ absl::Status RankTrainer::Setup() {
   TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data_.val, tr.seq_len), "data: validation split");
   train_sampler_ = std::make_unique<BatchSampler>(*data_.train, tr.seq_len, tr.seed);
   val_sampler_ = std::make_unique<BatchSampler>(*data_.val, tr.seq_len, tr.seed);
-  TY_ASSIGN_OR_RETURN(groups_, ConnectGroups(spec_, rank_, backend_, at_));
+  TY_ASSIGN_OR_RETURN(dims_, ParallelDims::Connect(spec_, rank_, backend_));
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
   const config::ParallelismSpec& mesh = spec_.parallelism;
-  stage_ = BalanceStages(mc, tr.seq_len, mesh.pp)[at_.pp_rank];
-  layout_ = std::make_unique<ParameterLayout>(mc, at_.tp_rank, mesh.tp, stage_);
+  layout_ = std::make_unique<ParameterLayout>(mc, dims_.at.tp_rank, mesh.tp, dims_.stage);
   TY_ASSIGN_OR_RETURN(params_,
                       parallel::ShardedParams::Create(
-                          *layout_, &backend_, groups_.dp.get(), groups_.tp.get(), groups_.pp.get(),
+                          *layout_, &backend_, dims_.dp.get(), dims_.tp.get(), dims_.pp.get(),
                           {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
                           OptimizerConfigFromSpec(tr)));
   params_->Initialize(tr.seed);
-  TY_ASSIGN_OR_RETURN(model_, Model::Create(mc, &backend_, params_.get(), groups_.tp.get(), stage_,
-                                            mesh.sequence_parallel));
+  TY_ASSIGN_OR_RETURN(
+      model_, Model::Create(mc, &backend_, params_.get(), dims_.tp.get(), dims_.stage,
+                            mesh.sequence_parallel, mesh.pp > 1 && SplitsBackward(mesh.schedule)));
   state_ = TrainState{
       .params = params_.get(), .seed = tr.seed, .global_batch = tr.batch, .seq_len = tr.seq_len};
-  inputs_.resize(int64_t{at_.micro} * tr.seq_len);
+  inputs_.resize(int64_t{dims_.at.micro} * tr.seq_len);
   targets_.resize(inputs_.size());
   // Pipeline stages exchange the residual stream of a micro-batch: this rank's rows of it under
   // sequence parallelism.
   stage_transfer_ =
-      int64_t{at_.micro} * tr.seq_len / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
+      int64_t{dims_.at.micro} * tr.seq_len / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
   tokens_per_step_ = int64_t{tr.batch} * tr.seq_len;
   result_.entropy_nats = data_.entropy_nats;
   result_.parameters = model_->num_params();
   if (out_) {
     *out_ << absl::StrFormat(
                  "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
-                 "mesh dp %d x tp %d x pp %d (ZeRO-%d) | data %s\n",
+                 "mesh dp %d x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
                  config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
                  model_->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero,
+                 mesh.pp > 1 ? absl::StrCat(", ", config::ScheduleName(mesh.schedule)) : "",
                  data_.description)
           << std::flush;
   }
@@ -401,14 +289,14 @@ absl::Status RankTrainer::Setup() {
 
 absl::StatusOr<double> RankTrainer::SumOverWorld(double value) {
   TY_ASSIGN_OR_RETURN(value, params_->SumOverRanks(value));
-  TY_ASSIGN_OR_RETURN(value, parallel::AllReduceDouble(*groups_.tp, value));
-  return parallel::AllReduceDouble(*groups_.pp, value);
+  TY_ASSIGN_OR_RETURN(value, parallel::AllReduceDouble(*dims_.tp, value));
+  return parallel::AllReduceDouble(*dims_.pp, value);
 }
 
 absl::Status RankTrainer::SumOverWorld(std::span<double> values) {
   TY_RETURN_IF_ERROR(params_->SumOverRanks(values));
-  TY_RETURN_IF_ERROR(parallel::AllReduceDoubles(*groups_.tp, values));
-  return parallel::AllReduceDoubles(*groups_.pp, values);
+  TY_RETURN_IF_ERROR(parallel::AllReduceDoubles(*dims_.tp, values));
+  return parallel::AllReduceDoubles(*dims_.pp, values);
 }
 
 double RankTrainer::WaitSeconds() const {
@@ -420,8 +308,10 @@ absl::Status RankTrainer::Restore() {
   TY_ASSIGN_OR_RETURN(std::string token, SaveToken(rank_, world));
   checkpointer_ = std::make_unique<Checkpointer>(
       &fs_, &clock_, spec_, *layout_,
-      CheckpointRank{
-          .rank = rank_.rank, .world = world, .tp_rank = at_.tp_rank, .micro_batch = at_.micro},
+      CheckpointRank{.rank = rank_.rank,
+                     .world = world,
+                     .tp_rank = dims_.at.tp_rank,
+                     .micro_batch = dims_.at.micro},
       std::move(token), [this](std::span<double> v) { return SumOverWorld(v); },
       options_.memory_tier, options_.attempt);
   if (options_.may_commit) checkpointer_->set_commit_guard(options_.may_commit);
@@ -453,39 +343,40 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   // the same samples the single-process run draws for those positions.
   auto fill = [&](int i) {
     const int64_t started = clock_.NowNanosMonotonic();
-    train_sampler_->FillTrain(state_.step,
-                              int64_t{at_.dp_rank} * at_.per_rank + int64_t{i} * at_.micro,
-                              at_.micro, inputs_.data(), targets_.data());
+    train_sampler_->FillTrain(
+        state_.step, int64_t{dims_.at.dp_rank} * dims_.at.per_rank + int64_t{i} * dims_.at.micro,
+        dims_.at.micro, inputs_.data(), targets_.data());
     data_nanos_ += clock_.NowNanosMonotonic() - started;
   };
   if (spec_.parallelism.pp == 1) {
-    for (int i = 0; i < at_.micro_batches; ++i) {
-      params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
+    for (int i = 0; i < dims_.at.micro_batches; ++i) {
+      params_->SetLastMicroBatch(i + 1 == dims_.at.micro_batches);
       fill(i);
       TY_ASSIGN_OR_RETURN(double loss, model_->ForwardBackward(inputs_.data(), targets_.data(),
-                                                               at_.micro, t, grad_scale));
+                                                               dims_.at.micro, t, grad_scale));
       loss_sum += loss;
     }
     return loss_sum;
   }
+  const ScheduleShape shape{.schedule = spec_.parallelism.schedule,
+                            .stages = spec_.parallelism.pp,
+                            .micro_batches = dims_.at.micro_batches};
   StageWork work;
-  work.forward = [&](int i, int slot, const Act* in, Act* out_acts) -> absl::Status {
-    fill(i);
-    // The last stage runs the micro-batch's backward here too.
-    if (stage_.last) params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
+  work.run = [&](const Pass& pass, int slot, const Act* in, Act* out) -> absl::Status {
+    if (ComputesWeightGradients(shape, dims_.at.pp_rank, pass)) {
+      params_->SetLastMicroBatch(pass.micro_batch + 1 == dims_.at.micro_batches);
+    }
+    if (pass.kind == PassKind::kBackward) return model_->StageBackward(slot, in, out);
+    if (pass.kind == PassKind::kWeight) return model_->StageWeightGradients(slot);
+    fill(pass.micro_batch);
     double loss = 0.0;
-    TY_RETURN_IF_ERROR(model_->StageForward(slot, inputs_.data(), targets_.data(), at_.micro, t, in,
-                                            grad_scale, &loss, out_acts));
+    TY_RETURN_IF_ERROR(model_->StageForward(slot, inputs_.data(), targets_.data(), dims_.at.micro,
+                                            t, in, grad_scale, &loss, out));
     loss_sum += loss;
     return absl::OkStatus();
   };
-  work.backward = [&](int i, int slot, const Act* dout, Act* din) -> absl::Status {
-    if (!stage_.last) params_->SetLastMicroBatch(i + 1 == at_.micro_batches);
-    return model_->StageBackward(slot, dout, din);
-  };
   ScheduleStats schedule;
-  TY_RETURN_IF_ERROR(RunOneForwardOneBackward(*groups_.pp, backend_, at_.micro_batches,
-                                              stage_transfer_, work, &schedule));
+  TY_RETURN_IF_ERROR(RunSchedule(*dims_.pp, backend_, shape, stage_transfer_, work, &schedule));
   pipeline_wait_ += schedule.wait_seconds;
   return loss_sum;
 }
@@ -579,12 +470,11 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
     double lr = 0.0;
     const int64_t optimizer_start = clock_.NowNanosMonotonic();
-    TY_ASSIGN_OR_RETURN(const double norm,
-                        params_->FinishStep(state_.step, &lr, groups_.tied.get()));
+    TY_ASSIGN_OR_RETURN(const double norm, params_->FinishStep(state_.step, &lr, dims_.tied.get()));
     const int64_t optimizer_nanos = clock_.NowNanosMonotonic() - optimizer_start;
     TY_ASSIGN_OR_RETURN(loss_sum, params_->SumOverRanks(loss_sum));
     // Only the last pipeline stage computes the loss; every stage reports it.
-    TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*groups_.pp, loss_sum));
+    TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*dims_.pp, loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step_);
     ++state_.step;
     state_.last_loss = loss;
@@ -616,10 +506,10 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
       const EvalShare share{.eval_batches = tr.eval_batches,
                             .global_batch = tr.batch,
-                            .dp_rank = at_.dp_rank,
-                            .per_rank = at_.per_rank,
-                            .micro = at_.micro};
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *groups_.dp, *groups_.pp,
+                            .dp_rank = dims_.at.dp_rank,
+                            .per_rank = dims_.at.per_rank,
+                            .micro = dims_.at.micro};
+      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *dims_.dp, *dims_.pp,
                                                *val_sampler_, share, stage_transfer_));
       result_.evals.push_back({state_.step, val});
       report.val_loss = val;
@@ -670,12 +560,11 @@ void RankTrainer::Finish() {
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
   for (int k = 0; k < static_cast<int>(parallel::CollectiveKind::kCount); ++k) {
-    result_.bytes_sent[k] =
-        groups_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+    result_.bytes_sent[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
   }
-  result_.tp_bytes_sent = groups_.tp->stats().total();
-  result_.pp_bytes_sent = groups_.pp->stats().total();
-  if (groups_.tied) result_.pp_bytes_sent += groups_.tied->stats().total();
+  result_.tp_bytes_sent = dims_.tp->stats().total();
+  result_.pp_bytes_sent = dims_.pp->stats().total();
+  if (dims_.tied) result_.pp_bytes_sent += dims_.tied->stats().total();
   result_.overlap = params_->timeline();
 }
 

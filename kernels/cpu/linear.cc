@@ -26,8 +26,10 @@ void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dout, n, weight, k, 0.0f,
                 dinp, k);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dout, n, inp, k, 1.0f,
-              dweight, k);
+  if (dweight != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dout, n, inp, k, 1.0f,
+                dweight, k);
+  }
   if (dbias != nullptr) AccumulateColumnSums(dbias, dout, m, n);
 }
 

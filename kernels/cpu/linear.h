@@ -12,7 +12,7 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
                    int64_t n, int64_t k);
 
 // dinp[m, k] = Σ_n dout[m, n] · weight[n, k]   (overwritten; skipped when dinp is null)
-// dweight[n, k] += Σ_m dout[m, n] · inp[m, k]
+// dweight[n, k] += Σ_m dout[m, n] · inp[m, k]    (skipped when dweight is null)
 // dbias[n] += Σ_m dout[m, n]                      (skipped when dbias is null)
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int64_t m, int64_t n, int64_t k);

@@ -8,8 +8,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "common/process.h"
 
 extern char** environ;
 
@@ -79,38 +78,17 @@ std::map<std::string, std::string> CurrentEnvironment() {
 }
 
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& flag) {
-  std::vector<fs::path> candidates;
   if (!flag.empty()) {
     if (IsExecutableFile(flag)) return Absolute(flag).string();
     return absl::NotFoundError(
         absl::StrCat("--worker-binary ", flag, " is not an executable file"));
   }
-  if (const char* env = std::getenv("TRAINYARD_WORKER_BINARY"); env != nullptr && *env != '\0') {
-    candidates.push_back(env);
+  absl::StatusOr<std::string> found = LocateWorkerBinary();
+  if (!found.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat(found.status().message(), "; pass --worker-binary PATH"));
   }
-  std::error_code error;
-  const fs::path self = fs::read_symlink("/proc/self/exe", error);
-  if (!error) {
-    const fs::path dir = self.parent_path();
-    candidates.push_back(dir / "trainyard-worker");
-    // The build tree: build/server/agent/trainyard-agent, build/server/trainyard-server,
-    // build/worker/trainyard-worker.
-    candidates.push_back(dir / ".." / "worker" / "trainyard-worker");
-    candidates.push_back(dir / ".." / ".." / "worker" / "trainyard-worker");
-  }
-  if (const char* path = std::getenv("PATH"); path != nullptr) {
-    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-      candidates.push_back(fs::path(std::string(dir)) / "trainyard-worker");
-    }
-  }
-  std::vector<std::string> looked;
-  for (const fs::path& candidate : candidates) {
-    if (IsExecutableFile(candidate)) return Absolute(candidate).string();
-    looked.push_back(candidate.string());
-  }
-  return absl::NotFoundError(absl::StrCat("trainyard-worker not found (looked at ",
-                                          absl::StrJoin(looked, ", "),
-                                          "); pass --worker-binary PATH"));
+  return found;
 }
 
 }  // namespace trainyard::server::agent

@@ -16,8 +16,8 @@
 #include "gtest/gtest.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/checkpoint/tensor_slices.h"
-#include "worker/parallel/pipeline.h"
-#include "worker/parameters.h"
+#include "worker/shape/stages.h"
+#include "worker/shape/parameters.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -28,6 +28,7 @@ struct MeshCase {
   int dp, tp, pp, zero;
   bool sequence_parallel = false;
   int micro_batch = 2;
+  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
 };
 
 const MeshCase kMeshes[] = {
@@ -38,6 +39,7 @@ const MeshCase kMeshes[] = {
     {"pp2", 1, 1, 2, 0},
     {"tp2_pp2_sp", 1, 2, 2, 0, true},
     {"dp1_micro4", 1, 1, 1, 0, false, 4},
+    {"pp2_zero_bubble", 1, 1, 2, 0, false, 2, config::PipelineSchedule::kZeroBubble},
 };
 
 constexpr int64_t kSavedStep = 3;

@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/integration/rank_threads.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
 namespace {

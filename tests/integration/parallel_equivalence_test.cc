@@ -1,5 +1,6 @@
-// Data parallelism and every ZeRO stage against the single-process run: the same global batch
-// for five optimizer steps must give the same losses and the same final parameters.
+// Data, tensor, sequence and pipeline parallelism, every ZeRO stage and both pipeline schedules
+// against the single-process run: the same global batch for five optimizer steps (gradient
+// clipping active) must give the same losses and the same final parameters.
 //
 // Ranks run as threads of this process, each with its own Gloo context over loopback TCP and a
 // shared file rendezvous store, exactly as separate processes would.
@@ -24,8 +25,8 @@
 #include "tests/integration/rank_threads.h"
 #include "worker/backend.h"
 #include "worker/parallel/kv_store.h"
-#include "worker/parallel/pipeline.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
+#include "worker/shape/stages.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -131,11 +132,12 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
     }
   }
   std::printf(
-      "dp %d tp %d pp %d zero %d sp %d (%s): final loss %.8f vs %.8f, worst parameter error %.2e "
-      "(%s), rank 0 activations %lld bytes\n",
+      "dp %d tp %d pp %d zero %d sp %d %s (%s): final loss %.8f vs %.8f, worst parameter error "
+      "%.2e (%s), rank 0 activations %lld bytes\n",
       spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp, spec.parallelism.zero,
-      spec.parallelism.sequence_parallel ? 1 : 0, config::FamilyName(spec.model.family).c_str(),
-      parallel.losses.back(), single.losses.back(), worst, worst_name.c_str(),
+      spec.parallelism.sequence_parallel ? 1 : 0, config::ScheduleName(spec.parallelism.schedule),
+      config::FamilyName(spec.model.family).c_str(), parallel.losses.back(), single.losses.back(),
+      worst, worst_name.c_str(),
       static_cast<long long>(parallel.ranks.empty() ? 0 : parallel.ranks[0].memory.activations));
 }
 
@@ -165,19 +167,27 @@ struct MeshCase {
   const char* name;
   int dp, tp, pp, zero;
   bool sequence_parallel = false;
+  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
+  int layers = 0;       // 0: the preset's
+  bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
 };
+
+constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
 
 class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
 
 TEST_P(ModelParallel, MatchesSingleProcess) {
   const auto [family, mesh] = GetParam();
   config::JobSpec spec = BaseJob(family);
+  if (mesh.layers > 0) spec.model.layers = mesh.layers;
+  if (mesh.untied) spec.model.tied_embeddings = false;
   const RunResult single = Single(spec);
   spec.parallelism.dp = mesh.dp;
   spec.parallelism.tp = mesh.tp;
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.sequence_parallel = mesh.sequence_parallel;
+  spec.parallelism.schedule = mesh.schedule;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
@@ -185,16 +195,22 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ModelParallel,
-    ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
-                       ::testing::Values(MeshCase{"tp2", 1, 2, 1, 0},
-                                         MeshCase{"pp2_4micro", 1, 1, 2, 0},
-                                         MeshCase{"dp2_tp2", 2, 2, 1, 0},
-                                         MeshCase{"tp2_pp2", 1, 2, 2, 0},
-                                         MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1},
-                                         MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
-                                         MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
-                                         MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
-                                         MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true})),
+    ::testing::Combine(
+        ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
+        ::testing::Values(MeshCase{"tp2", 1, 2, 1, 0}, MeshCase{"pp2_4micro", 1, 1, 2, 0},
+                          MeshCase{"dp2_tp2", 2, 2, 1, 0}, MeshCase{"tp2_pp2", 1, 2, 2, 0},
+                          MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1},
+                          MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
+                          MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
+                          MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
+                          MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true},
+                          MeshCase{"pp4", 1, 1, 4, 0, false, {}, 4},
+                          // ZB-H1: the backward split into B and W passes.
+                          MeshCase{"zb_pp2", 1, 1, 2, 0, false, kZeroBubble},
+                          MeshCase{"zb_pp4", 1, 1, 4, 0, false, kZeroBubble, 4},
+                          MeshCase{"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, kZeroBubble},
+                          MeshCase{"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, kZeroBubble, 0, true},
+                          MeshCase{"zb_tp2_pp2_sp", 1, 2, 2, 0, true, kZeroBubble})),
     [](const auto& info) {
       return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
                           std::get<1>(info.param).name);

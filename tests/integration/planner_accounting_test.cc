@@ -23,7 +23,7 @@
 #include "worker/model.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/param_source.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::planner {
 namespace {
@@ -39,9 +39,15 @@ struct MeshCase {
   int dp, tp, pp, zero;
   bool sequence_parallel = false;
   bool recompute = false;
+  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
+  int layers = 0;       // 0: the preset's
+  bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
 };
 
-// The meshes of tests/integration/parallel_equivalence_test.cc, and recomputation.
+constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
+
+// The meshes of tests/integration/parallel_equivalence_test.cc (both pipeline schedules), and
+// recomputation.
 const MeshCase kMeshes[] = {
     {"dp2_zero0", 2, 1, 1, 0},
     {"dp2_zero1", 2, 1, 1, 1},
@@ -58,6 +64,12 @@ const MeshCase kMeshes[] = {
     {"tp2_pp2_sp", 1, 2, 2, 0, true},
     {"dp2_zero3_recompute", 2, 1, 1, 3, false, true},
     {"tp2_sp_recompute", 1, 2, 1, 0, true, true},
+    {"pp4", 1, 1, 4, 0, false, false, {}, 4},
+    {"zb_pp2", 1, 1, 2, 0, false, false, kZeroBubble},
+    {"zb_pp4", 1, 1, 4, 0, false, false, kZeroBubble, 4},
+    {"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, false, kZeroBubble},
+    {"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, false, kZeroBubble, 0, true},
+    {"zb_tp2_pp2_sp", 1, 2, 2, 0, true, false, kZeroBubble},
 };
 
 config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
@@ -67,6 +79,8 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.model.vocab = 64;
   spec.model.max_seq = 16;
   spec.model.recompute = mesh.recompute;
+  if (mesh.layers > 0) spec.model.layers = mesh.layers;
+  if (mesh.untied) spec.model.tied_embeddings = false;
   spec.data.markov.vocab = 64;
   spec.data.markov.train_tokens = 1 << 14;
   spec.data.markov.val_tokens = 1 << 10;
@@ -81,6 +95,7 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.sequence_parallel = mesh.sequence_parallel;
+  spec.parallelism.schedule = mesh.schedule;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   return spec;
 }
@@ -221,12 +236,13 @@ TEST_P(PipelineAccounting, BytesMatchTheSchedule) {
   WithGroup(mesh.pp, [&](int r, Communicator& pp) {
     auto backend = worker::MakeCpuBackend(1);
     worker::StageWork work;
-    work.forward = [](int, int, const worker::Act*, worker::Act*) { return absl::OkStatus(); };
-    work.backward = [](int, int, const worker::Act*, worker::Act*) { return absl::OkStatus(); };
+    work.run = [](const worker::Pass&, int, const worker::Act*, worker::Act*) {
+      return absl::OkStatus();
+    };
     worker::ScheduleStats stats;
-    ASSERT_TRUE(
-        worker::RunOneForwardOneBackward(pp, *backend, first.micro_batches, count, work, &stats)
-            .ok());
+    const worker::ScheduleShape schedule{
+        .schedule = mesh.schedule, .stages = mesh.pp, .micro_batches = first.micro_batches};
+    ASSERT_TRUE(worker::RunSchedule(pp, *backend, schedule, count, work, &stats).ok());
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       counted[r][k] = pp.stats().bytes_sent(static_cast<CollectiveKind>(k));
     }

@@ -22,7 +22,7 @@
 #include "config/run_sections.h"
 #include "config/spec.h"
 #include "config/yaml_tree.h"
-#include "planner/calibrate.h"
+#include "planner/calibration.h"
 #include "planner/explain.h"
 #include "planner/planner.h"
 #include "tools/cli/format.h"
@@ -133,6 +133,7 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   config::ParallelismSpec mesh;
   mesh.zero = spec_mesh.zero;
   mesh.sequence_parallel = spec_mesh.sequence_parallel;
+  mesh.schedule = spec_mesh.schedule;
   std::map<std::string, int*> fields = {
       {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}};
   std::map<std::string, bool> seen;

@@ -7,10 +7,11 @@
 // Prints every valid mesh of the spec's resources (or only --mesh) with its memory per rank,
 // step time, communication and MFU, the chosen mesh and why the others lost, and with
 // --checkpoint-seconds and --mtbf-hours the Young–Daly checkpoint interval. --json prints one
-// object instead (docs/planner.md). --calibrate measures the cpu profile on this machine and
-// stores it in $XDG_CONFIG_HOME/trainyard/cpu-profile.json (else ~/.config/trainyard/...), with
-// the earlier calibrations of the same machine and reference: the profile is the median of the
-// last planner::kKeptCalibrations (--fresh forgets the earlier ones).
+// object instead (docs/planner.md). --calibrate measures the cpu profile on this machine (in
+// trainyard-worker, found beside this program or on PATH) and stores it in
+// $XDG_CONFIG_HOME/trainyard/cpu-profile.json (else ~/.config/trainyard/...), with the earlier
+// calibrations of the same machine and reference: the profile is the median of the last
+// planner::kKeptCalibrations (--fresh forgets the earlier ones).
 //
 // Exit codes: 0 planned (even when nothing fits: the explanation says so); 2 bad input (flags, an
 // unknown profile, an impossible --mesh, a spec that cannot be read or parsed, or one without
@@ -28,7 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
-#include "planner/calibrate.h"
+#include "planner/calibration.h"
+#include "tools/cli/worker_calibration.h"
 
 namespace trainyard::cli {
 
@@ -38,9 +40,10 @@ struct PlanIo {
   FileSystem* fs = nullptr;
   std::string cpu_profile_path;  // planner::CpuProfilePath of the environment
   std::string scratch_dir;       // --calibrate's rendezvous files (a fresh directory under it)
-  // What --calibrate measures with: planner::CalibrateCpu, or a fake in tests.
+  // What --calibrate measures with: `trainyard-worker calibrate` as a child process
+  // (CalibrateInWorker), or a fake in tests.
   std::function<absl::StatusOr<planner::Calibration>(const planner::CalibrationOptions&)>
-      calibrate = planner::CalibrateCpu;
+      calibrate = CalibrateInWorker;
 };
 
 // True when `args` (the command line without the program name) asks for `plan`: its first word

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "config/spec.h"
-#include "planner/calibrate.h"
+#include "planner/calibration.h"
 #include "planner/planner.h"
 
 namespace trainyard::cli {

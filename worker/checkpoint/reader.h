@@ -16,7 +16,7 @@
 #include "common/filesystem.h"
 #include "config/spec.h"
 #include "worker/checkpoint/format.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker::checkpoint {
 

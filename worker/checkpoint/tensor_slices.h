@@ -14,7 +14,7 @@
 #include <functional>
 #include <vector>
 
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker::checkpoint {
 

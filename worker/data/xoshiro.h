@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "worker/random.h"  // Mix64
+#include "worker/shape/random.h"  // Mix64
 
 namespace trainyard::worker {
 

@@ -8,24 +8,6 @@
 
 namespace trainyard::worker::parallel {
 
-const char* CollectiveName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllReduce:
-      return "all_reduce";
-    case CollectiveKind::kReduceScatter:
-      return "reduce_scatter";
-    case CollectiveKind::kAllGather:
-      return "all_gather";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-    case CollectiveKind::kSendRecv:
-      return "send_recv";
-    case CollectiveKind::kCount:
-      break;
-  }
-  return "?";
-}
-
 int64_t CommStats::total() const {
   int64_t t = 0;
   for (const auto& s : sent_) t += s.load(std::memory_order_relaxed);

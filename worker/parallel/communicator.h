@@ -29,11 +29,9 @@
 #include "common/dtype.h"
 #include "worker/parallel/kv_store.h"
 #include "worker/parallel/wait_registry.h"
+#include "worker/shape/collectives.h"
 
 namespace trainyard::worker::parallel {
-
-enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kCount };
-const char* CollectiveName(CollectiveKind kind);
 
 // Bytes this rank sent, per kind of operation, since construction (or the last Reset).
 class CommStats {

@@ -2,135 +2,143 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace trainyard::worker {
+namespace {
 
-std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_len, int stages) {
-  const double width = c.width, ffn = c.ffn_hidden;
-  const double attn = static_cast<double>(c.heads) * c.head_dim();
-  const double fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
-  // Per token: matmul parameters (a multiply-add each) plus the attention scores and values.
-  const double block =
-      c.qkv_width() * width + width * attn + fc * width + width * ffn + 2.0 * seq_len * width;
-  const double head = static_cast<double>(c.vocab) * width;
-  const int layers = c.layers;
-  auto cost = [&](int first, int last_excl, bool is_last) {
-    return (last_excl - first) * block + (is_last ? head : 0.0);
-  };
-  // best[s][l]: the least possible maximum stage cost placing layers [0, l) on stages [0, s).
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, inf));
-  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(layers + 1, 0));
-  best[0][0] = 0.0;
-  for (int s = 1; s <= stages; ++s) {
-    for (int l = s; l <= layers; ++l) {
-      for (int k = s - 1; k < l; ++k) {
-        const double c2 = std::max(best[s - 1][k], cost(k, l, s == stages));
-        if (c2 < best[s][l]) {
-          best[s][l] = c2;
-          cut[s][l] = k;
-        }
-      }
+// Received activations and gradients, held from the tick they arrive until the pass that reads
+// them, in buffers reused across the step.
+class Inbox {
+ public:
+  Inbox(Backend& backend, int64_t count) : backend_(backend), count_(count) {}
+
+  Act* Receive(const Pass& consumer) {
+    Buffer<Act> buffer;
+    if (spare_.empty()) {
+      buffer = backend_.AllocAct(count_);
+    } else {
+      buffer = std::move(spare_.back());
+      spare_.pop_back();
     }
+    Act* data = buffer.data();
+    held_[Key(consumer)] = std::move(buffer);
+    return data;
   }
-  std::vector<PipelineStage> out(stages);
-  int end = layers;
-  for (int s = stages; s >= 1; --s) {
-    const int begin = cut[s][end];
-    out[s - 1] = PipelineStage{begin, end - begin, s == 1, s == stages};
-    end = begin;
+  // The input received for `pass`; null when none was.
+  const Act* For(const Pass& pass) const {
+    auto it = held_.find(Key(pass));
+    return it == held_.end() ? nullptr : it->second.data();
   }
-  return out;
+  void Consumed(const Pass& pass) {
+    auto it = held_.find(Key(pass));
+    if (it == held_.end()) return;
+    spare_.push_back(std::move(it->second));
+    held_.erase(it);
+  }
+
+ private:
+  static std::tuple<int, int, int> Key(const Pass& p) {
+    return {static_cast<int>(p.kind), p.micro_batch, p.chunk};
+  }
+  Backend& backend_;
+  int64_t count_;
+  std::map<std::tuple<int, int, int>, Buffer<Act>> held_;
+  std::vector<Buffer<Act>> spare_;
+};
+
+// Whether `pass` hands an output to another stage: every pass but the last virtual stage's
+// forward passes, the first virtual stage's backward passes and the weight passes.
+bool HasOutput(const ScheduleShape& shape, int stage, const Pass& pass) {
+  if (pass.kind == PassKind::kWeight) return false;
+  const int virtual_stage = pass.chunk * shape.stages + stage;
+  return pass.kind == PassKind::kForward ? virtual_stage + 1 < shape.stages * shape.virtual_stages
+                                         : virtual_stage > 0;
 }
 
-int InFlight(int stage, int stages, int micro_batches) {
-  return std::min(stages - stage - 1, micro_batches) + 1;
+// A tick's transfers with one neighbour: at most one each way (PlanSchedule's rule), a send and a
+// receive paired in one SendRecv.
+absl::Status ExchangeWith(parallel::Communicator& pp, DType dtype, int64_t count, int peer,
+                          const ScheduleStep& step, const Act* output, Inbox& inbox) {
+  const Transfer* send = nullptr;
+  const Transfer* recv = nullptr;
+  for (const Transfer& t : step.transfers) {
+    if (t.peer != peer) continue;
+    const Transfer*& slot = t.send ? send : recv;
+    if (slot != nullptr) {
+      return absl::InternalError(absl::StrCat("pipeline tick ", step.tick, " has two ",
+                                              t.send ? "sends to" : "receives from", " stage ",
+                                              peer));
+    }
+    slot = &t;
+  }
+  if (send != nullptr && (!step.has_pass || !(send->pass == step.pass) || output == nullptr)) {
+    return absl::InternalError(
+        absl::StrCat("pipeline tick ", step.tick, " sends what its pass does not produce"));
+  }
+  if (send != nullptr && recv != nullptr) {
+    return pp.SendRecv(output, count, peer, send->tag, inbox.Receive(recv->consumer), count, peer,
+                       recv->tag, dtype);
+  }
+  if (send != nullptr) return pp.Send(output, count, dtype, peer, send->tag);
+  return pp.Recv(inbox.Receive(recv->consumer), count, dtype, peer, recv->tag);
 }
 
-absl::Status RunOneForwardOneBackward(parallel::Communicator& pp, Backend& backend, int m,
-                                      int64_t count, const StageWork& work, ScheduleStats* stats) {
-  const int p = pp.size(), s = pp.rank();
-  const bool first = s == 0, last = s == p - 1;
-  const int warmup = std::min(p - s - 1, m);
-  const int slots = warmup + 1;
+// A tick's transfers, neighbour by neighbour in ascending order of the pair (lower stage, higher
+// stage). Every stage orders its pairs the same way, so the pair with the lowest order among
+// those not yet done always has both its stages at it: the blocking exchanges cannot deadlock.
+absl::Status Exchange(parallel::Communicator& pp, DType dtype, int64_t count,
+                      const ScheduleStep& step, const Act* output, Inbox& inbox) {
+  const int self = pp.rank();
+  std::vector<std::pair<int, int>> pairs;  // (lower, higher) stage
+  for (const Transfer& t : step.transfers) {
+    const std::pair<int, int> pair{std::min(self, t.peer), std::max(self, t.peer)};
+    if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) pairs.push_back(pair);
+  }
+  std::sort(pairs.begin(), pairs.end());
+  for (const auto& [lower, higher] : pairs) {
+    const int peer = lower == self ? higher : lower;
+    TY_RETURN_IF_ERROR(ExchangeWith(pp, dtype, count, peer, step, output, inbox));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunSchedule(parallel::Communicator& pp, Backend& backend, const ScheduleShape& shape,
+                         int64_t count, const StageWork& work, ScheduleStats* stats) {
+  if (pp.size() != shape.stages) {
+    return absl::InternalError(absl::StrCat("a schedule of ", shape.stages,
+                                            " stages run by a pipeline group of ", pp.size()));
+  }
+  const std::vector<std::vector<ScheduleStep>> plan = PlanSchedule(shape);
+  if (plan.empty()) {
+    return absl::InternalError(absl::StrCat("the ", ScheduleName(shape.schedule), " schedule of ",
+                                            shape.stages, " stages and ", shape.micro_batches,
+                                            " micro-batches cannot run"));
+  }
+  const int stage = pp.rank();
   const DType dtype = backend.act_dtype();
-  std::vector<Buffer<Act>> in(slots), out(slots);
-  for (int k = 0; k < slots; ++k) {
-    if (!first) in[k] = backend.AllocAct(count);
-    if (!last) out[k] = backend.AllocAct(count);
-  }
-  Buffer<Act> dout = last ? Buffer<Act>() : backend.AllocAct(count);
-  Buffer<Act> din = first ? Buffer<Act>() : backend.AllocAct(count);
-  auto slot = [&](int i) { return i % slots; };
-  // Tags: 2i for micro-batch i's activation, 2i + 1 for its gradient.
-  auto fwd_tag = [](int i) { return static_cast<uint32_t>(2 * i); };
-  auto bwd_tag = [](int i) { return static_cast<uint32_t>(2 * i + 1); };
-  auto timed = [&](auto&& transfer) -> absl::Status {
+  Inbox inbox(backend, count);
+  Buffer<Act> output = backend.AllocAct(count);
+  for (const ScheduleStep& step : plan[stage]) {
+    const bool produces = step.has_pass && HasOutput(shape, stage, step.pass);
+    if (step.has_pass) {
+      TY_RETURN_IF_ERROR(
+          work.run(step.pass, step.slot, inbox.For(step.pass), produces ? output.data() : nullptr));
+      inbox.Consumed(step.pass);
+    }
+    if (step.transfers.empty()) continue;
     const auto start = std::chrono::steady_clock::now();
-    absl::Status status = transfer();
+    TY_RETURN_IF_ERROR(Exchange(pp, dtype, count, step, produces ? output.data() : nullptr, inbox));
     stats->wait_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return status;
-  };
-  auto recv_forward = [&](int i) {
-    return first ? absl::OkStatus() : timed([&] {
-      return pp.Recv(in[slot(i)].data(), count, dtype, s - 1, fwd_tag(i));
-    });
-  };
-  auto send_forward = [&](int i) {
-    return last ? absl::OkStatus() : timed([&] {
-      return pp.Send(out[slot(i)].data(), count, dtype, s + 1, fwd_tag(i));
-    });
-  };
-  auto recv_backward = [&](int i) {
-    return last ? absl::OkStatus()
-                : timed([&] { return pp.Recv(dout.data(), count, dtype, s + 1, bwd_tag(i)); });
-  };
-  auto send_backward = [&](int i) {
-    return first ? absl::OkStatus()
-                 : timed([&] { return pp.Send(din.data(), count, dtype, s - 1, bwd_tag(i)); });
-  };
-  auto forward = [&](int i) {
-    return work.forward(i, slot(i), first ? nullptr : in[slot(i)].data(),
-                        last ? nullptr : out[slot(i)].data());
-  };
-  auto backward = [&](int i) {
-    return work.backward(i, slot(i), last ? nullptr : dout.data(), first ? nullptr : din.data());
-  };
-
-  for (int i = 0; i < warmup; ++i) {
-    TY_RETURN_IF_ERROR(recv_forward(i));
-    TY_RETURN_IF_ERROR(forward(i));
-    TY_RETURN_IF_ERROR(send_forward(i));
-  }
-  if (m > warmup) TY_RETURN_IF_ERROR(recv_forward(warmup));
-  for (int j = 0; j < m - warmup; ++j) {
-    const int f = warmup + j, b = j;
-    TY_RETURN_IF_ERROR(forward(f));
-    if (!last) {
-      TY_RETURN_IF_ERROR(timed([&] {
-        return pp.SendRecv(out[slot(f)].data(), count, s + 1, fwd_tag(f), dout.data(), count, s + 1,
-                           bwd_tag(b), dtype);
-      }));
-    }
-    TY_RETURN_IF_ERROR(backward(b));
-    if (j == m - warmup - 1) {
-      TY_RETURN_IF_ERROR(send_backward(b));
-    } else if (!first) {
-      TY_RETURN_IF_ERROR(timed([&] {
-        return pp.SendRecv(din.data(), count, s - 1, bwd_tag(b), in[slot(f + 1)].data(), count,
-                           s - 1, fwd_tag(f + 1), dtype);
-      }));
-    }
-  }
-  for (int i = m - warmup; i < m; ++i) {
-    TY_RETURN_IF_ERROR(recv_backward(i));
-    TY_RETURN_IF_ERROR(backward(i));
-    TY_RETURN_IF_ERROR(send_backward(i));
   }
   return absl::OkStatus();
 }

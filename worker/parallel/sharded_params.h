@@ -32,7 +32,7 @@
 #include "worker/parallel/async_runner.h"
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker::parallel {
 

@@ -78,6 +78,27 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        WithSections("resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n"
                     "training: {batch: 12, micro_batch: 4}\n"),
        "6:36", "training.micro_batch", "batch 12 is not divisible by dp 2 × micro_batch 4 = 8"},
+      {"unknown schedule",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: gpipe}\n"),
+       "5:32", "parallelism.schedule",
+       "unknown pipeline schedule 'gpipe'; expected 1f1b or zero-bubble"},
+      {"schedule typo",
+       WithSections(
+           "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: zero_bubble}\n"),
+       "5:32", "parallelism.schedule", "did you mean 'zero-bubble'?"},
+      {"zero-bubble without a pipeline", WithSections("parallelism: {schedule: zero-bubble}\n"),
+       "4:25", "parallelism.schedule", "zero-bubble needs pp > 1"},
+      {"zero-bubble with recompute",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  recompute: true\n"
+       "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: zero-bubble}\n",
+       "6:32", "parallelism.schedule", "cannot run with model.recompute"},
+      {"zero-bubble with fewer micro-batches than stages",
+       WithSections(
+           "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: zero-bubble}\n"
+           "training: {batch: 2, micro_batch: 2}\n"),
+       "6:35", "training.micro_batch",
+       "zero-bubble needs at least pp = 2 micro-batches per step; batch 2 / dp 1 / micro_batch 2 "
+       "gives 1"},
       {"zero stage", WithSections("parallelism: {zero: 4}\n"), "4:21", "parallelism.zero",
        "ZeRO stage must be 0, 1, 2 or 3, got 4"},
       {"zero dp", WithSections("parallelism: {dp: 0}\n"), "4:19", "parallelism.dp",

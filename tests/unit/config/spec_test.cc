@@ -106,6 +106,7 @@ TEST(ParseJobSpecTest, RunSectionDefaults) {
   JobSpec spec = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_FALSE(spec.parallelism.automatic);
   EXPECT_FALSE(spec.parallelism.sequence_parallel);
+  EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kOneForwardOneBackward);
   EXPECT_EQ(spec.world_size(), 1);
   EXPECT_EQ(spec.parallelism.zero, 0);
   EXPECT_EQ(spec.resources.nodes, 1);
@@ -164,7 +165,7 @@ TEST(ParseJobSpecTest, FullRunSections) {
   JobSpec spec = MustParse(R"(name: full
 model: {preset: llama-debug}
 training: {batch: 12, micro_batch: 3}
-parallelism: {dp: 2, tp: 2, pp: 2, zero: 3, sequence_parallel: true}
+parallelism: {dp: 2, tp: 2, pp: 2, zero: 3, sequence_parallel: true, schedule: zero-bubble}
 resources: {nodes: 2, devices_per_node: 4, kind: gpu}
 checkpoint: {dir: ckpt/full, every_steps: 250, keep: 5}
 fault_tolerance: {max_restarts: 0, min_nodes: 1, max_nodes: 2, heartbeat_timeout_s: 2.5}
@@ -176,6 +177,7 @@ labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
   EXPECT_EQ(spec.parallelism.pp, 2);
   EXPECT_EQ(spec.parallelism.zero, 3);
   EXPECT_TRUE(spec.parallelism.sequence_parallel);
+  EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kZeroBubble);
   EXPECT_EQ(spec.world_size(), 8);
   EXPECT_EQ(spec.resources.world_size(), 8);
   EXPECT_EQ(spec.resources.kind, DeviceKind::kGpu);

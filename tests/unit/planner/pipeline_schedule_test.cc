@@ -8,6 +8,9 @@
 namespace trainyard::planner {
 namespace {
 
+// The 1F1B schedule of m micro-batches (its stages: running.size()).
+worker::ScheduleShape OneF1B(int m) { return {.micro_batches = m}; }
+
 // p stages that take `pass` whatever runs beside them.
 std::vector<std::vector<PassSeconds>> Constant(int p, PassSeconds pass) {
   return std::vector<std::vector<PassSeconds>>(p, std::vector<PassSeconds>(p, pass));
@@ -17,7 +20,7 @@ TEST(PipelineSchedule, UniformStagesTakeTheTextbookMakespan) {
   for (int p = 1; p <= 4; ++p) {
     for (int m = 1; m <= 8; ++m) {
       const ScheduleSeconds s =
-          SimulateOneForwardOneBackward(m, Constant(p, {.forward = 1, .backward = 2}));
+          SimulateSchedule(OneF1B(m), Constant(p, {.forward = 1, .backward = 2}));
       EXPECT_DOUBLE_EQ(s.makespan, (m + p - 1) * 3.0) << "p " << p << " m " << m;
       for (int stage = 0; stage < p; ++stage) {
         EXPECT_DOUBLE_EQ(s.computing[stage], 3.0 * m);
@@ -35,7 +38,7 @@ TEST(PipelineSchedule, LongStepsEnd) {
   std::vector<std::vector<PassSeconds>> running =
       Constant(2, {.forward = 300.1, .backward = 600.3, .handoff = 1e-6});
   running[1] = std::vector<PassSeconds>(2, {.forward = 577.7, .backward = 1100.9, .handoff = 3e-6});
-  const ScheduleSeconds s = SimulateOneForwardOneBackward(512, running);
+  const ScheduleSeconds s = SimulateSchedule(OneF1B(512), running);
   EXPECT_GT(s.makespan, 513 * 900.4);
   EXPECT_LT(s.makespan, 513 * 1678.6);
   EXPECT_NEAR(s.computing[0] + s.communicating[0] + s.idle[0], s.makespan, 1e-6 * s.makespan);
@@ -44,8 +47,9 @@ TEST(PipelineSchedule, LongStepsEnd) {
 // Two stages, one micro-batch: F on stage 0, a hand-off, F then B on stage 1, a hand-off, B on
 // stage 0: 1 + h + 1 + 2 + h + 2. A pass's waiting part counts as communication.
 TEST(PipelineSchedule, HandOffsAreOnTheCriticalPath) {
-  const ScheduleSeconds s = SimulateOneForwardOneBackward(
-      1, Constant(2, {.forward = 1, .backward = 2, .forward_waiting = 0.25, .handoff = 0.5}));
+  const ScheduleSeconds s = SimulateSchedule(
+      OneF1B(1),
+      Constant(2, {.forward = 1, .backward = 2, .forward_waiting = 0.25, .handoff = 0.5}));
   EXPECT_DOUBLE_EQ(s.makespan, 7.0);
   EXPECT_DOUBLE_EQ(s.communicating[0], 0.25);
   EXPECT_DOUBLE_EQ(s.computing[0], 2.75);
@@ -65,7 +69,7 @@ TEST(PipelineSchedule, HandOffsAreOnTheCriticalPath) {
 TEST(PipelineSchedule, PassesRunAtTheRateOfTheStagesBesideThem) {
   std::vector<std::vector<PassSeconds>> running = Constant(2, {.forward = 1, .backward = 2});
   running[1] = {{.forward = 2, .backward = 4}, {.forward = 2, .backward = 4}};
-  const ScheduleSeconds s = SimulateOneForwardOneBackward(2, running);
+  const ScheduleSeconds s = SimulateSchedule(OneF1B(2), running);
   EXPECT_DOUBLE_EQ(s.makespan, 12.0);
   EXPECT_DOUBLE_EQ(s.idle[0], 3.0);
   EXPECT_DOUBLE_EQ(s.idle[1], 3.0);
@@ -81,11 +85,32 @@ TEST(PipelineSchedule, TailsShareTheCoresWithTheLastPasses) {
   std::vector<std::vector<PassSeconds>> running = {
       {{.forward = 1, .backward = 1}, {.forward = 1, .backward = 1, .tail = 2, .tail_waiting = 1}},
       {{.forward = 2, .backward = 2}, {.forward = 2, .backward = 2, .tail = 4, .tail_waiting = 2}}};
-  const ScheduleSeconds s = SimulateOneForwardOneBackward(1, running);
+  const ScheduleSeconds s = SimulateSchedule(OneF1B(1), running);
   EXPECT_DOUBLE_EQ(s.makespan, 6.0);
   EXPECT_DOUBLE_EQ(s.idle[0], 3.0);  // 1–3 and 5–6
   EXPECT_DOUBLE_EQ(s.idle[1], 1.0);
   EXPECT_DOUBLE_EQ(s.communicating[1], 1.5);  // half of the tail, over 3 seconds
+}
+
+// ZB-H1 with uniform stages and m ≥ p: each stage idles (p − 1)(F + B − W) of a step of
+// m(F + B + W) + (p − 1)(F + B − W); with F = B = W that is the (p − 1)/(3m + p − 1) bubble.
+TEST(PipelineSchedule, ZeroBubbleStagesIdleTheirFormula) {
+  for (int p = 2; p <= 4; ++p) {
+    for (int m = p; m <= 8; ++m) {
+      const worker::ScheduleShape zb{.schedule = config::PipelineSchedule::kZeroBubble,
+                                     .micro_batches = m};
+      const ScheduleSeconds unit =
+          SimulateSchedule(zb, Constant(p, {.forward = 1, .backward = 1, .weight = 1}));
+      EXPECT_DOUBLE_EQ(unit.makespan, 3.0 * m + p - 1) << "p " << p << " m " << m;
+      const ScheduleSeconds s =
+          SimulateSchedule(zb, Constant(p, {.forward = 1, .backward = 1.5, .weight = 0.75}));
+      EXPECT_DOUBLE_EQ(s.makespan, m * 3.25 + (p - 1) * 1.75) << "p " << p << " m " << m;
+      for (int stage = 0; stage < p; ++stage) {
+        EXPECT_DOUBLE_EQ(s.computing[stage], 3.25 * m);
+        EXPECT_DOUBLE_EQ(s.idle[stage], (p - 1) * 1.75);
+      }
+    }
+  }
 }
 
 }  // namespace

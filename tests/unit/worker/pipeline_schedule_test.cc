@@ -1,6 +1,7 @@
-// The 1F1B schedule (worker/parallel/pipeline.h) run on a simulated clock: p stages as threads,
-// every forward and every backward one time unit, transfers instant. Each stage's idle time over
-// the step must be exactly the 1F1B bubble, (p − 1) / (m + p − 1) of it.
+// The schedules (worker/shape/schedule.h) run by the executor (worker/parallel/pipeline.h) on a
+// simulated clock: p stages as threads, every pass one time unit, transfers instant. Each stage
+// runs exactly its pass order, and its idle time over the step is exactly its schedule's bubble:
+// (p − 1)/(m + p − 1) of it under 1F1B, (p − 1)/(3m + p − 1) under ZB-H1.
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -88,12 +89,16 @@ class SimulatedStage final : public parallel::Communicator {
   int64_t now_ = 0;
 };
 
-// The idle fraction of every stage of a p-stage pipeline over m micro-batches.
-std::vector<double> IdleFractions(int p, int m) {
+// The idle fraction of every stage of a pipeline running `shape`, every pass one unit (the last
+// stage's forward two, its backward none: it runs the micro-batch's backward in its forward pass).
+// Each stage must run exactly the passes of its PassOrder, in that order.
+std::vector<double> IdleFractions(const ScheduleShape& shape) {
+  const int p = shape.stages, m = shape.micro_batches;
   Wire wire;
   std::vector<std::unique_ptr<SimulatedStage>> stages;
   for (int s = 0; s < p; ++s) stages.push_back(std::make_unique<SimulatedStage>(&wire, s, p));
   std::vector<int64_t> busy(p, 0);
+  std::vector<std::vector<Pass>> ran(p);
   std::vector<absl::Status> results(p);
   std::vector<std::thread> threads;
   for (int s = 0; s < p; ++s) {
@@ -102,22 +107,17 @@ std::vector<double> IdleFractions(int p, int m) {
       const bool last = s == p - 1;
       auto backend = MakeCpuBackend(1);
       StageWork work;
-      // The last stage runs a micro-batch's backward right after its forward (pipeline.h).
-      work.forward = [&](int, int, const Act*, Act*) {
-        const int units = last ? 2 : 1;
+      work.run = [&](const Pass& pass, int, const Act*, Act*) {
+        ran[s].push_back(pass);
+        const int units = pass.kind == PassKind::kForward    ? (last ? 2 : 1)
+                          : pass.kind == PassKind::kBackward ? (last ? 0 : 1)
+                                                             : 1;
         stage.Work(units);
         busy[s] += units;
         return absl::OkStatus();
       };
-      work.backward = [&](int, int, const Act*, Act*) {
-        if (!last) {
-          stage.Work(1);
-          busy[s] += 1;
-        }
-        return absl::OkStatus();
-      };
       ScheduleStats stats;
-      results[s] = RunOneForwardOneBackward(stage, *backend, m, /*count=*/4, work, &stats);
+      results[s] = RunSchedule(stage, *backend, shape, /*count=*/4, work, &stats);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -127,8 +127,10 @@ std::vector<double> IdleFractions(int p, int m) {
     step = std::max(step, stages[s]->now());
   }
   std::vector<double> idle;
+  const int passes = SplitsBackward(shape.schedule) ? 3 : 2;
   for (int s = 0; s < p; ++s) {
-    EXPECT_EQ(busy[s], 2 * m) << "stage " << s;
+    EXPECT_EQ(ran[s], PassOrder(shape, s)) << "stage " << s;
+    EXPECT_EQ(busy[s], passes * m) << "stage " << s;
     idle.push_back(static_cast<double>(step - busy[s]) / static_cast<double>(step));
   }
   return idle;
@@ -138,7 +140,21 @@ TEST(PipelineSchedule, EveryStageIdlesExactlyTheOneForwardOneBackwardBubble) {
   for (int p : {2, 3, 4}) {
     for (int m : {1, 2, 4, 8}) {
       const double bubble = static_cast<double>(p - 1) / (m + p - 1);
-      const std::vector<double> idle = IdleFractions(p, m);
+      const std::vector<double> idle = IdleFractions({.stages = p, .micro_batches = m});
+      for (int s = 0; s < p; ++s) {
+        EXPECT_DOUBLE_EQ(idle[s], bubble) << "p " << p << ", m " << m << ", stage " << s;
+      }
+    }
+  }
+}
+
+// ZB-H1 with m ≥ p: each stage idles (p − 1)(F + B − W) = p − 1 units of a 3m + p − 1 step.
+TEST(PipelineSchedule, EveryStageIdlesExactlyTheZeroBubbleBubble) {
+  for (int p : {2, 3, 4}) {
+    for (int m : {4, 5, 8}) {
+      const double bubble = static_cast<double>(p - 1) / (3 * m + p - 1);
+      const std::vector<double> idle = IdleFractions(
+          {.schedule = PipelineSchedule::kZeroBubble, .stages = p, .micro_batches = m});
       for (int s = 0; s < p; ++s) {
         EXPECT_DOUBLE_EQ(idle[s], bubble) << "p " << p << ", m " << m << ", stage " << s;
       }

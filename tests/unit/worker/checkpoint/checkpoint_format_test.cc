@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "worker/checkpoint/format.h"
 #include "worker/checkpoint/tensor_slices.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker::checkpoint {
 namespace {

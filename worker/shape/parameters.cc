@@ -1,4 +1,4 @@
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/random.h"
+#include "worker/shape/random.h"
 
 namespace trainyard::worker {
 

@@ -1,8 +1,8 @@
 // The parameter layout of a model: every named tensor, its shape and its place in one flat
 // buffer. Parameters, gradients and optimizer moments all share this layout, which is what
 // lets the optimizer, gradient clipping and (later) bucketed all-reduce treat them as one span.
-#ifndef TRAINYARD_WORKER_PARAMETERS_H_
-#define TRAINYARD_WORKER_PARAMETERS_H_
+#ifndef TRAINYARD_WORKER_SHAPE_PARAMETERS_H_
+#define TRAINYARD_WORKER_SHAPE_PARAMETERS_H_
 
 #include <cstdint>
 #include <string>
@@ -120,4 +120,4 @@ class ParameterLayout {
 
 }  // namespace trainyard::worker
 
-#endif  // TRAINYARD_WORKER_PARAMETERS_H_
+#endif  // TRAINYARD_WORKER_SHAPE_PARAMETERS_H_

@@ -1,18 +1,11 @@
-// `trainyard plan --calibrate`: measures the cpu device profile on this machine with the
-// engine's own code: the CPU backend's GEMM (the MFU basis) and elementwise add (the memory
-// bandwidth); the Gloo communicator's α and β from its all-reduce, small and large, between two
-// ranks over loopback TCP; and for each count of ranks sharing the cores, with that many ranks
-// running at once (each with its own backend, meeting through a file rendezvous store as ranks
-// do), the engine's effective rate on a reference forward and backward pass, the α a
-// tensor-parallel pair of them pays among the others, the α when all of them exchange in pairs
-// in step, and the α of a communication thread's all-reduce while they all compute
-// (docs/planner.md). The link probes run their ranks as processes forked from this one, the
-// compute probes as threads; every probe runs in interleaved rounds and keeps its median.
+// What `trainyard plan --calibrate` measures, as plain values: the options of a calibration, the
+// reference it runs, and its result, with the text forms that carry them between the CLI and
+// the process that measures (`trainyard-worker calibrate`, worker/calibrate.h). The measuring
+// runs the engine; this header does not, so that the planner and the CLI link no engine code.
 //
-// Threading: forks, then runs its own threads; call from one thread of a process that has
-// started no other threads (a forked child inherits none of them).
-#ifndef TRAINYARD_PLANNER_CALIBRATE_H_
-#define TRAINYARD_PLANNER_CALIBRATE_H_
+// Threading: plain values and functions; no shared state.
+#ifndef TRAINYARD_PLANNER_CALIBRATION_H_
+#define TRAINYARD_PLANNER_CALIBRATION_H_
 
 #include <string>
 #include <vector>
@@ -25,9 +18,13 @@ namespace trainyard::planner {
 
 // The reference the shared-rank probes run: a model and one micro-batch, on one rank (dp, tp and
 // pp 1). By default gpt2-tiny, 4 × 64 tokens; CalibrationReference(spec) is a spec's own model
-// and per-rank micro-batch.
+// and per-rank micro-batch (and of a reference, the reference itself).
 config::JobSpec DefaultCalibrationReference();
 config::JobSpec CalibrationReference(const config::JobSpec& spec);
+
+// A job spec's YAML whose CalibrationReference is `reference`'s: its model with every field
+// written out, and one micro-batch. What the CLI hands `trainyard-worker calibrate --reference`.
+std::string CalibrationReferenceYaml(const config::JobSpec& reference);
 
 struct CalibrationOptions {
   int threads = 0;  // CPU backend threads; 0: every core, as a rank uses
@@ -69,9 +66,13 @@ struct Calibration {
   std::string reference_name;                  // the reference model and micro-batch, in words
 };
 
-// UNAVAILABLE when the two Gloo ranks cannot connect over loopback.
-[[nodiscard]] absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options);
+// A calibration as one JSON object, and its inverse: every field reads back exactly (numbers in
+// their shortest exact form; the profile as ProfileToJson writes it, so it holds what a
+// calibrated cpu profile holds). CalibrationFromJson: INVALID_ARGUMENT naming the first field
+// that is missing or malformed.
+std::string CalibrationToJson(const Calibration& calibration);
+[[nodiscard]] absl::StatusOr<Calibration> CalibrationFromJson(const std::string& json);
 
 }  // namespace trainyard::planner
 
-#endif  // TRAINYARD_PLANNER_CALIBRATE_H_
+#endif  // TRAINYARD_PLANNER_CALIBRATION_H_

@@ -1,4 +1,4 @@
-#include "planner/calibrate.h"
+#include "worker/calibrate.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,11 +28,11 @@
 #include "worker/optimizer.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/kv_store.h"
-#include "worker/parallel/pipeline.h"
 #include "worker/param_source.h"
-#include "worker/parameters.h"
+#include "worker/shape/parameters.h"
+#include "worker/shape/stages.h"
 
-namespace trainyard::planner {
+namespace trainyard::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -60,10 +60,10 @@ double SecondsPerRun(double seconds, const std::function<void()>& op) {
   return elapsed / runs;
 }
 
-double GemmFlops(worker::Backend& backend, int64_t size, double seconds) {
-  worker::Buffer<worker::Act> in = backend.AllocAct(size * size);
-  worker::Buffer<worker::Act> out = backend.AllocAct(size * size);
-  worker::Buffer<float> weight = backend.AllocFloat(size * size);
+double GemmFlops(Backend& backend, int64_t size, double seconds) {
+  Buffer<Act> in = backend.AllocAct(size * size);
+  Buffer<Act> out = backend.AllocAct(size * size);
+  Buffer<float> weight = backend.AllocFloat(size * size);
   backend.Fill(weight.data(), 0.01f, size * size);
   backend.Fill(in.data(), 0.5f, size * size);
   const double per_run = SecondsPerRun(seconds, [&] {
@@ -72,10 +72,10 @@ double GemmFlops(worker::Backend& backend, int64_t size, double seconds) {
   return 2.0 * size * size * size / per_run;
 }
 
-double AddBandwidth(worker::Backend& backend, double seconds) {
+double AddBandwidth(Backend& backend, double seconds) {
   constexpr int64_t kCount = int64_t{1} << 23;  // 32 MiB per operand, past the caches
-  worker::Buffer<float> a = backend.AllocFloat(kCount), b = backend.AllocFloat(kCount);
-  worker::Buffer<float> out = backend.AllocFloat(kCount);
+  Buffer<float> a = backend.AllocFloat(kCount), b = backend.AllocFloat(kCount);
+  Buffer<float> out = backend.AllocFloat(kCount);
   const double per_run =
       SecondsPerRun(seconds, [&] { backend.Add(out.data(), a.data(), b.data(), kCount); });
   return 3.0 * 4 * kCount / per_run;  // two reads and a write
@@ -171,14 +171,14 @@ absl::StatusOr<std::vector<std::vector<double>>> InProcesses(
 
 // One rank of the compute probe: the reference model on its own CPU backend.
 struct ReferenceRank {
-  std::unique_ptr<worker::Backend> backend;
-  std::unique_ptr<worker::Model> model;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
   std::vector<int32_t> tokens;
   int micro = 0, seq_len = 0;
 
   [[nodiscard]] absl::Status Init(const config::JobSpec& reference, int threads) {
-    backend = worker::MakeCpuBackend(threads);
-    TY_ASSIGN_OR_RETURN(model, worker::Model::Create(reference.model, backend.get()));
+    backend = MakeCpuBackend(threads);
+    TY_ASSIGN_OR_RETURN(model, Model::Create(reference.model, backend.get()));
     model->InitParameters(1);
     micro = config::MicroBatchPerRank(reference.training, reference.parallelism);
     seq_len = reference.training.seq_len;
@@ -232,16 +232,16 @@ absl::StatusOr<double> ReferencePassSeconds(const config::JobSpec& reference, in
 
 // The optimizer probe's state: the reference model's parameters, gradients and AdamW.
 struct OptimizerRank {
-  std::unique_ptr<worker::Backend> backend;
-  worker::ParameterLayout layout;
-  worker::AdamW adamw;
-  worker::Buffer<float> params, grads;
+  std::unique_ptr<Backend> backend;
+  ParameterLayout layout;
+  AdamW adamw;
+  Buffer<float> params, grads;
   int64_t step = 0;
 
   OptimizerRank(const config::ModelConfig& model, int threads)
-      : backend(worker::MakeCpuBackend(threads)),
+      : backend(MakeCpuBackend(threads)),
         layout(model),
-        adamw(worker::OptimizerConfig{}, layout, backend.get()),
+        adamw(OptimizerConfig{}, layout, backend.get()),
         params(backend->AllocFloat(layout.total())),
         grads(backend->AllocFloat(layout.total())) {
     backend->Fill(params.data(), 0.02f, layout.total());
@@ -272,8 +272,7 @@ absl::StatusOr<double> OptimizerStepSeconds(const config::JobSpec& reference, in
 
 // Median seconds of an all-reduce of `count` floats between the two ranks: one exchange of the
 // whole buffer, which is the planner's α–β form (α + 4·count·β for n = 2).
-absl::StatusOr<double> AllReduceSeconds(worker::parallel::Communicator& comm, int64_t count,
-                                        int rounds) {
+absl::StatusOr<double> AllReduceSeconds(parallel::Communicator& comm, int64_t count, int rounds) {
   std::vector<float> buffer(count, 1.0f);
   std::vector<double> times;
   for (int i = 0; i < rounds; ++i) {
@@ -292,11 +291,10 @@ constexpr int64_t kSmallFloats = 2;
 constexpr int64_t kLargeFloats = int64_t{1} << 22;  // 16 MiB
 
 // Both ranks of the loopback pair: connect, then time small and large all-reduces.
-absl::StatusOr<LinkTimes> PingPong(worker::parallel::KeyValueStore& store, int rank) {
-  worker::parallel::GlooOptions options;
+absl::StatusOr<LinkTimes> PingPong(parallel::KeyValueStore& store, int rank) {
+  parallel::GlooOptions options;
   options.timeout = std::chrono::milliseconds(30000);
-  TY_ASSIGN_OR_RETURN(auto comm,
-                      worker::parallel::ConnectGloo(store, "calibrate", rank, 2, options));
+  TY_ASSIGN_OR_RETURN(auto comm, parallel::ConnectGloo(store, "calibrate", rank, 2, options));
   LinkTimes t;
   TY_ASSIGN_OR_RETURN(t.small, AllReduceSeconds(*comm, kSmallFloats, 200));
   TY_ASSIGN_OR_RETURN(t.large, AllReduceSeconds(*comm, kLargeFloats, 7));
@@ -317,11 +315,10 @@ absl::Status MakeScratch(const std::string& dir) {
 // scratch directory `name`, and returns rank 0's `count` figures.
 absl::StatusOr<std::vector<double>> RankZeroFigures(
     const std::string& scratch_dir, const std::string& name, int ranks, size_t count,
-    const std::function<absl::StatusOr<std::vector<double>>(worker::parallel::KeyValueStore&, int)>&
-        body) {
+    const std::function<absl::StatusOr<std::vector<double>>(parallel::KeyValueStore&, int)>& body) {
   const std::string dir = absl::StrCat(scratch_dir, "/", name);
   TY_RETURN_IF_ERROR(MakeScratch(dir));
-  auto store = worker::parallel::MakeFileKeyValueStore(dir);
+  auto store = parallel::MakeFileKeyValueStore(dir);
   absl::StatusOr<std::vector<std::vector<double>>> figures =
       InProcesses(ranks, [&](int rank) { return body(*store, rank); });
   std::error_code ec;
@@ -334,14 +331,14 @@ absl::StatusOr<std::vector<double>> RankZeroFigures(
 }
 
 absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
-  TY_ASSIGN_OR_RETURN(const std::vector<double> t,
-                      RankZeroFigures(scratch_dir, "loopback", 2, 2,
-                                      [](worker::parallel::KeyValueStore& store,
-                                         int rank) -> absl::StatusOr<std::vector<double>> {
-                                        TY_ASSIGN_OR_RETURN(const LinkTimes link,
-                                                            PingPong(store, rank));
-                                        return std::vector<double>{link.small, link.large};
-                                      }));
+  TY_ASSIGN_OR_RETURN(
+      const std::vector<double> t,
+      RankZeroFigures(
+          scratch_dir, "loopback", 2, 2,
+          [](parallel::KeyValueStore& store, int rank) -> absl::StatusOr<std::vector<double>> {
+            TY_ASSIGN_OR_RETURN(const LinkTimes link, PingPong(store, rank));
+            return std::vector<double>{link.small, link.large};
+          }));
   return LinkTimes{t[0], t[1]};
 }
 
@@ -357,7 +354,7 @@ config::JobSpec PairReference(const config::JobSpec& reference) {
   const config::ModelConfig& m = reference.model;
   const bool splits =
       m.vocab % 2 == 0 && m.heads % 2 == 0 && m.kv_heads % 2 == 0 && m.ffn_hidden % 2 == 0;
-  config::JobSpec pair = splits ? reference : DefaultCalibrationReference();
+  config::JobSpec pair = splits ? reference : planner::DefaultCalibrationReference();
   pair.parallelism.tp = 2;
   return pair;
 }
@@ -374,7 +371,7 @@ struct PairedPass {
   double collectives = 0;
   double compute = 0;
 };
-absl::StatusOr<PairedPass> PairedRank(worker::parallel::KeyValueStore& store,
+absl::StatusOr<PairedPass> PairedRank(parallel::KeyValueStore& store,
                                       const config::JobSpec& reference, int ranks, int rank,
                                       double seconds, bool lockstep) {
   const bool paired = rank < 2 || (lockstep && rank < ranks - ranks % 2);
@@ -388,22 +385,22 @@ absl::StatusOr<PairedPass> PairedRank(worker::parallel::KeyValueStore& store,
   const config::JobSpec pair = PairReference(reference);
   const int micro = config::MicroBatchPerRank(pair.training, config::ParallelismSpec{});
   const int seq_len = pair.training.seq_len;
-  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(ThreadsPerRank(ranks));
-  worker::parallel::GlooOptions options;
+  std::unique_ptr<Backend> backend = MakeCpuBackend(ThreadsPerRank(ranks));
+  parallel::GlooOptions options;
   options.timeout = std::chrono::milliseconds(30000);
-  TY_ASSIGN_OR_RETURN(auto comm, worker::parallel::ConnectGloo(
-                                     store, absl::StrCat("pair", rank / 2), rank % 2, 2, options));
-  std::unique_ptr<worker::parallel::Communicator> step;
+  TY_ASSIGN_OR_RETURN(auto comm, parallel::ConnectGloo(store, absl::StrCat("pair", rank / 2),
+                                                       rank % 2, 2, options));
+  std::unique_ptr<parallel::Communicator> step;
   if (lockstep) {
-    TY_ASSIGN_OR_RETURN(
-        step, worker::parallel::ConnectGloo(store, "step", rank, ranks - ranks % 2, options));
+    TY_ASSIGN_OR_RETURN(step,
+                        parallel::ConnectGloo(store, "step", rank, ranks - ranks % 2, options));
   }
-  const worker::PipelineStage stage = worker::BalanceStages(pair.model, seq_len, 1)[0];
-  const worker::ParameterLayout layout(pair.model, rank % 2, 2, stage);
-  worker::LocalParamSource source(layout, backend.get());
+  const PipelineStage stage = BalanceStages(pair.model, seq_len, 1)[0];
+  const ParameterLayout layout(pair.model, rank % 2, 2, stage);
+  LocalParamSource source(layout, backend.get());
   backend->Fill(source.params(), 0.02f, layout.total());
-  TY_ASSIGN_OR_RETURN(auto model, worker::Model::Create(pair.model, backend.get(), &source,
-                                                        comm.get(), stage, false));
+  TY_ASSIGN_OR_RETURN(auto model,
+                      Model::Create(pair.model, backend.get(), &source, comm.get(), stage, false));
   std::vector<int32_t> tokens(static_cast<size_t>(micro) * seq_len + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % pair.model.vocab;
   double summing = 0;  // seconds in the step's scalar sums
@@ -422,7 +419,7 @@ absl::StatusOr<PairedPass> PairedRank(worker::parallel::KeyValueStore& store,
   auto start = Clock::now();
   TY_RETURN_IF_ERROR(pass());
   float estimate[2] = {static_cast<float>(seconds / std::max(Since(start), 1e-6)), 0};
-  worker::parallel::Communicator& agree = step != nullptr ? *step : *comm;
+  parallel::Communicator& agree = step != nullptr ? *step : *comm;
   TY_RETURN_IF_ERROR(agree.AllReduce(estimate, 2));
   const int passes = std::clamp(static_cast<int>(estimate[0] / agree.size()), 3, 200);
   const double before = model->tp_comm_seconds();
@@ -441,15 +438,14 @@ constexpr int64_t kBackgroundFloats = int64_t{1} << 16;  // 256 KiB per all-redu
 // thread while a thread of its own all-reduces kBackgroundFloats over a ring of all `ranks`, back
 // to back, as data parallelism's communication thread does beside the backward pass. Returns
 // the median all-reduce's seconds.
-absl::StatusOr<double> BackgroundRank(worker::parallel::KeyValueStore& store,
+absl::StatusOr<double> BackgroundRank(parallel::KeyValueStore& store,
                                       const config::JobSpec& reference, int ranks, int rank,
                                       double seconds) {
   ReferenceRank compute;
   TY_RETURN_IF_ERROR(compute.Init(reference, ThreadsPerRank(ranks)));
-  worker::parallel::GlooOptions options;
+  parallel::GlooOptions options;
   options.timeout = std::chrono::milliseconds(30000);
-  TY_ASSIGN_OR_RETURN(auto comm,
-                      worker::parallel::ConnectGloo(store, "background", rank, ranks, options));
+  TY_ASSIGN_OR_RETURN(auto comm, parallel::ConnectGloo(store, "background", rank, ranks, options));
   std::atomic<bool> done = false;
   absl::StatusOr<double> median = absl::UnknownError("not run");
   std::thread communication([&] {
@@ -482,35 +478,34 @@ absl::StatusOr<double> BackgroundRank(worker::parallel::KeyValueStore& store,
 }
 
 // Rank 0's median all-reduce seconds in the background probe of `ranks` ranks (BackgroundRank).
-absl::StatusOr<double> BackgroundAllReduceSeconds(const CalibrationOptions& options, int ranks) {
+absl::StatusOr<double> BackgroundAllReduceSeconds(const planner::CalibrationOptions& options,
+                                                  int ranks) {
   TY_ASSIGN_OR_RETURN(
       const std::vector<double> seconds,
-      RankZeroFigures(options.scratch_dir, absl::StrCat("background-", ranks), ranks, 1,
-                      [&](worker::parallel::KeyValueStore& store,
-                          int r) -> absl::StatusOr<std::vector<double>> {
-                        TY_ASSIGN_OR_RETURN(const double t,
-                                            BackgroundRank(store, options.reference, ranks, r,
-                                                           options.seconds_per_link_probe));
-                        return std::vector<double>{t};
-                      }));
+      RankZeroFigures(
+          options.scratch_dir, absl::StrCat("background-", ranks), ranks, 1,
+          [&](parallel::KeyValueStore& store, int r) -> absl::StatusOr<std::vector<double>> {
+            TY_ASSIGN_OR_RETURN(const double t, BackgroundRank(store, options.reference, ranks, r,
+                                                               options.seconds_per_link_probe));
+            return std::vector<double>{t};
+          }));
   return seconds[0];
 }
 
 // Rank 0's seconds per pass in and outside tensor-parallel collectives with `ranks` ranks, one
 // pair or (lockstep) all in pairs (PairedRank).
-absl::StatusOr<PairedPass> PairedPassSeconds(const CalibrationOptions& options, int ranks,
+absl::StatusOr<PairedPass> PairedPassSeconds(const planner::CalibrationOptions& options, int ranks,
                                              bool lockstep) {
   TY_ASSIGN_OR_RETURN(
       const std::vector<double> seconds,
-      RankZeroFigures(options.scratch_dir, absl::StrCat(lockstep ? "lockstep-" : "pairs-", ranks),
-                      ranks, 2,
-                      [&](worker::parallel::KeyValueStore& store,
-                          int r) -> absl::StatusOr<std::vector<double>> {
-                        TY_ASSIGN_OR_RETURN(const PairedPass t,
-                                            PairedRank(store, options.reference, ranks, r,
-                                                       options.seconds_per_link_probe, lockstep));
-                        return std::vector<double>{t.collectives, t.compute};
-                      }));
+      RankZeroFigures(
+          options.scratch_dir, absl::StrCat(lockstep ? "lockstep-" : "pairs-", ranks), ranks, 2,
+          [&](parallel::KeyValueStore& store, int r) -> absl::StatusOr<std::vector<double>> {
+            TY_ASSIGN_OR_RETURN(const PairedPass t,
+                                PairedRank(store, options.reference, ranks, r,
+                                           options.seconds_per_link_probe, lockstep));
+            return std::vector<double>{t.collectives, t.compute};
+          }));
   return PairedPass{seconds[0], seconds[1]};
 }
 
@@ -538,9 +533,9 @@ constexpr int kComputeRounds = 3;
 // the machine α from the paired collectives (their time less the bytes at the back-to-back β,
 // per latency step), for one pair among computing ranks and for all ranks in pairs (for two
 // ranks they are the same probe). Appends c.shared's entries.
-absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
+absl::Status MeasureLinks(const planner::CalibrationOptions& options, planner::Calibration& c) {
   const std::vector<int> counts = SharedRankCounts();
-  CalibrationOptions round = options;
+  planner::CalibrationOptions round = options;
   round.seconds_per_link_probe = options.seconds_per_link_probe / kLinkRounds;
   std::vector<double> small, large;
   std::vector<std::vector<double>> pair(counts.size()), lockstep(counts.size()),
@@ -569,11 +564,11 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
   c.bytes_per_second = 4.0 * (kLargeFloats - kSmallFloats) / transfer;
 
   // The pair's collectives per pass as the planner counts them.
-  const BackendShape backend{4, int64_t{1} << 20};
+  const planner::BackendShape backend{4, int64_t{1} << 20};
   const config::JobSpec reference = PairReference(options.reference);
   double latency = 0, bytes = 0;
-  for (const Collective& col :
-       ModelTensorParallelTraffic(ShapeOf(reference, reference.parallelism, 0), backend, 0)) {
+  for (const planner::Collective& col : planner::ModelTensorParallelTraffic(
+           planner::ShapeOf(reference, reference.parallelism, 0), backend, 0)) {
     latency += col.repeat * col.latency;
     bytes += col.repeat * col.bytes;
   }
@@ -581,7 +576,7 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
     return std::max((seconds - bytes / c.bytes_per_second) / latency, 1e-7);
   };
   for (size_t j = 0; j < counts.size(); ++j) {
-    SharedRanksCalibration& r = c.shared.emplace_back();
+    planner::SharedRanksCalibration& r = c.shared.emplace_back();
     r.entry.ranks = counts[j];
     r.entry.link.bytes_per_second = c.bytes_per_second;
     if (pair[j].empty()) continue;
@@ -594,21 +589,22 @@ absl::Status MeasureLinks(const CalibrationOptions& options, Calibration& c) {
     // The background all-reduce as the planner counts it (traffic_model.h).
     const int n = counts[j];
     r.background_seconds = Median(background[j]);
-    const double ring_bytes = 4.0 * RingAllReduceElements(kBackgroundFloats, n, 0);
+    const double ring_bytes = 4.0 * planner::RingAllReduceElements(kBackgroundFloats, n, 0);
     r.entry.background_alpha_seconds = std::max(
-        (r.background_seconds - ring_bytes / c.bytes_per_second) / AllReduceLatency(n), 1e-7);
+        (r.background_seconds - ring_bytes / c.bytes_per_second) / planner::AllReduceLatency(n),
+        1e-7);
   }
   return absl::OkStatus();
 }
 
 // The compute, ranks as threads: the backend's GEMM and elementwise add with every core, and for
 // each count of ranks sharing the machine the effective rate from the reference pass.
-absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
+absl::Status MeasureCompute(const planner::CalibrationOptions& options, planner::Calibration& c) {
   std::vector<double> large_gemm, gemm, add;
   std::vector<std::vector<double>> passes(c.shared.size()), steps(c.shared.size());
   for (int i = 0; i < kComputeRounds; ++i) {
     {
-      std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(options.threads);
+      std::unique_ptr<Backend> backend = MakeCpuBackend(options.threads);
       large_gemm.push_back(GemmFlops(*backend, 1024, options.seconds_per_probe));
       gemm.push_back(GemmFlops(*backend, 512, options.seconds_per_probe));
       add.push_back(AddBandwidth(*backend, options.seconds_per_probe));
@@ -627,15 +623,16 @@ absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
   c.large_gemm_flops = Median(large_gemm);
   c.gemm_flops = Median(gemm);
   c.add_bytes_per_second = Median(add);
-  const BackendShape backend{4, int64_t{1} << 20};
-  const MicroBatchWork work =
-      WorkOf(ShapeOf(options.reference, options.reference.parallelism, 0), backend);
+  const planner::BackendShape backend{4, int64_t{1} << 20};
+  const planner::MicroBatchWork work = planner::WorkOf(
+      planner::ShapeOf(options.reference, options.reference.parallelism, 0), backend);
   const config::JobSpec pair = PairReference(options.reference);
-  const MicroBatchWork pair_work = WorkOf(ShapeOf(pair, pair.parallelism, 0), backend);
+  const planner::MicroBatchWork pair_work =
+      planner::WorkOf(planner::ShapeOf(pair, pair.parallelism, 0), backend);
   for (size_t j = 0; j < c.shared.size(); ++j) {
-    SharedRanksCalibration& r = c.shared[j];
+    planner::SharedRanksCalibration& r = c.shared[j];
     // The rate the planner's compute term (planner.h) gives the pass's time at.
-    auto rate = [&](const MicroBatchWork& w, double seconds) {
+    auto rate = [&](const planner::MicroBatchWork& w, double seconds) {
       const double elementwise = 3 * w.slot_bytes / (c.add_bytes_per_second / r.entry.ranks);
       return (w.forward_flops + w.backward_flops) / std::max(seconds - elementwise, 0.05 * seconds);
     };
@@ -646,42 +643,20 @@ absl::Status MeasureCompute(const CalibrationOptions& options, Calibration& c) {
     }
     r.optimizer_step_seconds = Median(steps[j]);
     r.entry.optimizer_elements_per_second =
-        worker::ParameterLayout(options.reference.model).total() / r.optimizer_step_seconds;
+        ParameterLayout(options.reference.model).total() / r.optimizer_step_seconds;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-config::JobSpec DefaultCalibrationReference() {
-  config::JobSpec spec;
-  spec.name = "calibration-reference";
-  spec.model = *config::Preset("gpt2-tiny");
-  spec.training.batch = 4;
-  spec.training.micro_batch = 4;
-  spec.training.seq_len = 64;
-  return spec;
-}
-
-config::JobSpec CalibrationReference(const config::JobSpec& spec) {
-  config::JobSpec reference;
-  reference.name = "calibration-reference";
-  reference.model = spec.model;
-  const int dp = spec.parallelism.automatic ? 1 : std::max(spec.parallelism.dp, 1);
-  const int micro = spec.training.micro_batch > 0 ? spec.training.micro_batch
-                                                  : std::max(spec.training.batch / dp, 1);
-  reference.training.batch = micro;
-  reference.training.micro_batch = micro;
-  reference.training.seq_len = spec.training.seq_len;
-  return reference;
-}
-
-absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
-  Calibration c;
+absl::StatusOr<planner::Calibration> CalibrateCpu(const planner::CalibrationOptions& options) {
+  planner::Calibration c;
   // The probes between ranks first: they fork, and this process has started no threads yet.
   TY_RETURN_IF_ERROR(MeasureLinks(options, c));
   TY_RETURN_IF_ERROR(MeasureCompute(options, c));
-  for (const SharedRanksCalibration& shared : c.shared) c.profile.shared.push_back(shared.entry);
+  for (const planner::SharedRanksCalibration& shared : c.shared)
+    c.profile.shared.push_back(shared.entry);
   const config::ModelConfig& model = options.reference.model;
   c.reference_name = absl::StrFormat(
       "%s, %d layers, width %d, %d × %d tokens", config::FamilyName(model.family), model.layers,
@@ -690,18 +665,19 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   std::error_code ec;
   std::filesystem::remove_all(options.scratch_dir, ec);
 
-  DeviceProfile& p = c.profile;
+  planner::DeviceProfile& p = c.profile;
   p.name = "cpu";
   p.description = "CPU ranks (calibrated on this machine)";
   p.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   p.shared_node = true;
   // The MFU basis: the best the machine reached, so that no prediction exceeds 100%.
   p.peak_flops = std::max(c.large_gemm_flops, c.gemm_flops);
-  for (const SharedRanks& e : p.shared)
+  for (const planner::SharedRanks& e : p.shared)
     p.peak_flops = std::max(p.peak_flops, e.ranks * e.matmul_flops);
   p.matmul_flops = c.gemm_flops;
   p.memory_bytes_per_second = c.add_bytes_per_second;
-  p.intra_node = Link{.alpha_seconds = c.alpha_seconds, .bytes_per_second = c.bytes_per_second};
+  p.intra_node =
+      planner::Link{.alpha_seconds = c.alpha_seconds, .bytes_per_second = c.bytes_per_second};
   p.inter_node = p.intra_node;
   p.act_bytes = 4;
   p.max_logits_chunk = int64_t{1} << 20;
@@ -711,4 +687,4 @@ absl::StatusOr<Calibration> CalibrateCpu(const CalibrationOptions& options) {
   return c;
 }
 
-}  // namespace trainyard::planner
+}  // namespace trainyard::worker

@@ -1,7 +1,7 @@
 // Counter-based randomness: results depend only on the keys given, never on call order across
 // objects, threads or ranks.
-#ifndef TRAINYARD_WORKER_RANDOM_H_
-#define TRAINYARD_WORKER_RANDOM_H_
+#ifndef TRAINYARD_WORKER_SHAPE_RANDOM_H_
+#define TRAINYARD_WORKER_SHAPE_RANDOM_H_
 
 #include <cmath>
 #include <cstdint>
@@ -55,4 +55,4 @@ class NormalStream {
 
 }  // namespace trainyard::worker
 
-#endif  // TRAINYARD_WORKER_RANDOM_H_
+#endif  // TRAINYARD_WORKER_SHAPE_RANDOM_H_

@@ -1,0 +1,198 @@
+#include "planner/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "common/json.h"
+#include "common/status.h"
+#include "config/yaml_tree.h"
+
+namespace trainyard::planner {
+namespace {
+
+// The figures of a calibration and of each shared-ranks entry, by name: CalibrationToJson and
+// CalibrationFromJson read the same tables, so that every figure written is read back.
+template <typename T>
+using Figures = std::vector<std::pair<const char*, double& (*)(T&)>>;
+
+const Figures<Calibration>& CalibrationFigures() {
+  static const Figures<Calibration> figures = {
+      {"large_gemm_flops", [](Calibration& c) -> double& { return c.large_gemm_flops; }},
+      {"gemm_flops", [](Calibration& c) -> double& { return c.gemm_flops; }},
+      {"add_bytes_per_second", [](Calibration& c) -> double& { return c.add_bytes_per_second; }},
+      {"alpha_seconds", [](Calibration& c) -> double& { return c.alpha_seconds; }},
+      {"bytes_per_second", [](Calibration& c) -> double& { return c.bytes_per_second; }},
+  };
+  return figures;
+}
+
+const Figures<SharedRanksCalibration>& SharedFigures() {
+  using S = SharedRanksCalibration;
+  static const Figures<S> figures = {
+      {"matmul_flops", [](S& s) -> double& { return s.entry.matmul_flops; }},
+      {"alpha_seconds", [](S& s) -> double& { return s.entry.link.alpha_seconds; }},
+      {"bytes_per_second", [](S& s) -> double& { return s.entry.link.bytes_per_second; }},
+      {"lockstep_alpha_seconds", [](S& s) -> double& { return s.entry.lockstep_alpha_seconds; }},
+      {"background_alpha_seconds",
+       [](S& s) -> double& { return s.entry.background_alpha_seconds; }},
+      {"optimizer_elements_per_second",
+       [](S& s) -> double& { return s.entry.optimizer_elements_per_second; }},
+      {"lockstep_matmul_flops", [](S& s) -> double& { return s.entry.lockstep_matmul_flops; }},
+      {"pass_seconds", [](S& s) -> double& { return s.pass_seconds; }},
+      {"optimizer_step_seconds", [](S& s) -> double& { return s.optimizer_step_seconds; }},
+      {"collective_seconds", [](S& s) -> double& { return s.collective_seconds; }},
+      {"lockstep_collective_seconds",
+       [](S& s) -> double& { return s.lockstep_collective_seconds; }},
+      {"lockstep_compute_seconds", [](S& s) -> double& { return s.lockstep_compute_seconds; }},
+      {"background_seconds", [](S& s) -> double& { return s.background_seconds; }},
+  };
+  return figures;
+}
+
+// `"name": value` for every figure of `item`, `separator` between them.
+template <typename T>
+std::string FiguresJson(T item, const Figures<T>& figures, const char* separator) {
+  std::vector<std::string> members;
+  for (const auto& [name, figure] : figures) {
+    members.push_back(absl::StrCat("\"", name, "\": ", JsonNumber(figure(item))));
+  }
+  return absl::StrJoin(members, separator);
+}
+
+absl::StatusOr<double> NumberAt(const config::YamlNode& node, const char* name,
+                                const std::string& where) {
+  const config::YamlEntry* entry = node.Find(name);
+  double value = 0;
+  if (entry == nullptr || entry->value.kind != config::YamlNode::Kind::kScalar ||
+      !absl::SimpleAtod(entry->value.value, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration: ", where, name, entry == nullptr ? " is missing" : " is not a number"));
+  }
+  return value;
+}
+
+template <typename T>
+absl::Status ReadFigures(const config::YamlNode& node, const std::string& where,
+                         const Figures<T>& figures, T& item) {
+  for (const auto& [name, figure] : figures) {
+    TY_ASSIGN_OR_RETURN(figure(item), NumberAt(node, name, where));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SharedRanksCalibration>> SharedFromNode(const config::YamlNode& root) {
+  const config::YamlEntry* list = root.Find("shared");
+  if (list == nullptr || list->value.kind != config::YamlNode::Kind::kSequence) {
+    return absl::InvalidArgumentError("calibration: shared is not a list");
+  }
+  std::vector<SharedRanksCalibration> shared;
+  for (const config::YamlNode& item : list->value.items) {
+    const std::string where = absl::StrCat("shared[", shared.size(), "].");
+    SharedRanksCalibration& s = shared.emplace_back();
+    TY_ASSIGN_OR_RETURN(const double ranks, NumberAt(item, "ranks", where));
+    if (!(ranks >= 1 && ranks <= (1 << 20)) || ranks != std::floor(ranks)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration: ", where, "ranks is not a positive whole number"));
+    }
+    s.entry.ranks = static_cast<int>(ranks);
+    TY_RETURN_IF_ERROR(ReadFigures(item, where, SharedFigures(), s));
+  }
+  return shared;
+}
+
+}  // namespace
+
+config::JobSpec DefaultCalibrationReference() {
+  config::JobSpec spec;
+  spec.name = "calibration-reference";
+  spec.model = *config::Preset("gpt2-tiny");
+  spec.training.batch = 4;
+  spec.training.micro_batch = 4;
+  spec.training.seq_len = 64;
+  return spec;
+}
+
+config::JobSpec CalibrationReference(const config::JobSpec& spec) {
+  config::JobSpec reference;
+  reference.name = "calibration-reference";
+  reference.model = spec.model;
+  const int dp = spec.parallelism.automatic ? 1 : std::max(spec.parallelism.dp, 1);
+  const int micro = spec.training.micro_batch > 0 ? spec.training.micro_batch
+                                                  : std::max(spec.training.batch / dp, 1);
+  reference.training.batch = micro;
+  reference.training.micro_batch = micro;
+  reference.training.seq_len = spec.training.seq_len;
+  return reference;
+}
+
+std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
+  const config::JobSpec reference = CalibrationReference(spec);
+  const config::ModelConfig& m = reference.model;
+  std::string yaml = absl::StrFormat(
+      "name: %s\nmodel:\n  family: %s\n  layers: %d\n  width: %d\n  heads: %d\n  kv_heads: %d\n"
+      "  ffn_hidden: %d\n  vocab: %d\n  max_seq: %d\n  tied_embeddings: %s\n  norm_eps: %.9g\n"
+      "  recompute: %s\n",
+      reference.name, config::FamilyName(m.family), m.layers, m.width, m.heads, m.kv_heads,
+      m.ffn_hidden, m.vocab, m.max_seq, m.tied_embeddings ? "true" : "false", m.norm_eps,
+      m.recompute ? "true" : "false");
+  // Only the llama family has a rotary base (the spec parser refuses one for gpt2).
+  if (m.family == config::ModelFamily::kLlama) {
+    absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
+  }
+  // No evaluation: the default data's validation stream need not hold a window of any length.
+  absl::StrAppendFormat(&yaml,
+                        "training:\n  batch: %d\n  micro_batch: %d\n  seq_len: %d\n"
+                        "  eval_every: 0\n",
+                        reference.training.batch, reference.training.micro_batch,
+                        reference.training.seq_len);
+  // The default data (a Markov chain over 32 tokens) must fit a smaller vocabulary.
+  const int markov_vocab = config::MarkovSpec{}.vocab;
+  if (m.vocab < markov_vocab) {
+    absl::StrAppendFormat(&yaml, "data:\n  markov:\n    vocab: %d\n", m.vocab);
+  }
+  return yaml;
+}
+
+std::string CalibrationToJson(const Calibration& c) {
+  std::vector<std::string> shared;
+  for (const SharedRanksCalibration& s : c.shared) {
+    shared.push_back(absl::StrCat("    {\"ranks\": ", s.entry.ranks, ", ",
+                                  FiguresJson(s, SharedFigures(), ", "), "}"));
+  }
+  std::string profile = ProfileToJson(c.profile);
+  profile.pop_back();  // its final newline; its lines are indented as a member's
+  return absl::StrCat(
+      "{\n  ", FiguresJson(c, CalibrationFigures(), ",\n  "),
+      ",\n  \"reference_name\": ", JsonString(c.reference_name), ",\n  \"shared\": [",
+      shared.empty() ? "" : "\n", absl::StrJoin(shared, ",\n"), shared.empty() ? "" : "\n  ",
+      "],\n  \"profile\": ", absl::StrReplaceAll(profile, {{"\n", "\n  "}}), "\n}\n");
+}
+
+absl::StatusOr<Calibration> CalibrationFromJson(const std::string& json) {
+  TY_ASSIGN_OR_RETURN(const config::YamlNode root, config::ParseYamlTree(json, "calibration"));
+  Calibration c;
+  TY_RETURN_IF_ERROR(ReadFigures(root, "", CalibrationFigures(), c));
+  const config::YamlEntry* name = root.Find("reference_name");
+  if (name == nullptr || name->value.kind != config::YamlNode::Kind::kScalar) {
+    return absl::InvalidArgumentError("calibration: reference_name is not a string");
+  }
+  c.reference_name = name->value.value;
+  TY_ASSIGN_OR_RETURN(c.shared, SharedFromNode(root));
+  const config::YamlEntry* profile = root.Find("profile");
+  if (profile == nullptr) return absl::InvalidArgumentError("calibration: profile is missing");
+  absl::StatusOr<DeviceProfile> parsed = ProfileFromNode(profile->value);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration: profile: ", parsed.status().message()));
+  }
+  c.profile = *std::move(parsed);
+  return c;
+}
+
+}  // namespace trainyard::planner

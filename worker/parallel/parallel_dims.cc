@@ -1,0 +1,117 @@
+#include "worker/parallel/parallel_dims.h"
+
+#ifdef TRAINYARD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/parallel/nccl_communicator.h"
+#endif
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "config/mesh.h"
+#include "worker/cuda_backend.h"
+#include "worker/parallel/staging_communicator.h"
+#include "worker/shape/stages.h"
+
+#ifdef TRAINYARD_HAVE_CUDA
+#include "worker/parallel/cuda_device_copier.h"
+#endif
+
+namespace trainyard::worker {
+
+absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankContext& rank) {
+  const config::ParallelismSpec& mesh = spec.parallelism;
+  TY_RETURN_IF_ERROR(config::MeshProblemStatus(config::FindShardingProblem(mesh, spec)));
+  const int world = mesh.world_size();
+  if (rank.rank < 0 || rank.rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank.rank, " outside a world of ", world, " ranks"));
+  }
+  if (world > 1 && rank.store == nullptr) {
+    return absl::InvalidArgumentError("a multi-rank job needs a rendezvous store");
+  }
+  MeshPosition p;
+  p.micro = config::MicroBatchPerRank(spec.training, mesh);
+  p.per_rank = spec.training.batch / mesh.dp;
+  const config::MeshCoordinates at = config::CoordinatesOf(mesh, rank.rank);
+  p.tp_rank = at.tp;
+  p.dp_rank = at.dp;
+  p.pp_rank = at.pp;
+  p.micro_batches = p.per_rank / p.micro;
+  return p;
+}
+
+absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
+                                                   const RankContext& rank, Backend& backend) {
+  TY_ASSIGN_OR_RETURN(const MeshPosition at, PositionOf(spec, rank));
+  void* const device_stream = CudaStreamOf(backend);
+  RankContext::Collectives collectives = rank.collectives;
+  if (device_stream != nullptr && collectives == RankContext::Collectives::kHost) {
+    collectives = RankContext::Collectives::kStaged;
+  }
+  if (device_stream == nullptr && collectives != RankContext::Collectives::kHost) {
+    return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
+  }
+  // `members`: the global rank of each group rank, so that waits name peers as users know them.
+  auto connect =
+      [&](const std::string& group, int index, int size,
+          std::vector<int> members) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+#ifdef TRAINYARD_HAVE_CUDA
+    auto* stream = static_cast<cudaStream_t>(device_stream);
+    if (collectives == RankContext::Collectives::kNccl && size > 1) {
+      return parallel::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
+    }
+#endif
+    std::unique_ptr<parallel::Communicator> host;
+    if (size == 1) {
+      host = parallel::MakeSelfCommunicator();
+    } else {
+      parallel::GlooOptions options = rank.gloo;
+      options.members = std::move(members);
+      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, options));
+    }
+    if (collectives == RankContext::Collectives::kHost) return host;
+#ifdef TRAINYARD_HAVE_CUDA
+    return parallel::MakeStagingCommunicator(std::move(host),
+                                             parallel::MakeCudaDeviceCopier(stream));
+#else
+    return absl::FailedPreconditionError("this build has no CUDA support");
+#endif
+  };
+  const config::ParallelismSpec& mesh = spec.parallelism;
+  auto global = [&](int pp, int dp, int tp) {
+    return config::RankAt(mesh, {.dp = dp, .tp = tp, .pp = pp});
+  };
+  auto members = [](int size, const std::function<int(int)>& of) {
+    std::vector<int> ranks(size);
+    for (int i = 0; i < size; ++i) ranks[i] = of(i);
+    return ranks;
+  };
+  ParallelDims g;
+  g.at = at;
+  TY_ASSIGN_OR_RETURN(
+      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp,
+                    members(mesh.dp, [&](int d) { return global(at.pp_rank, d, at.tp_rank); })));
+  TY_ASSIGN_OR_RETURN(
+      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp,
+                    members(mesh.tp, [&](int t) { return global(at.pp_rank, at.dp_rank, t); })));
+  TY_ASSIGN_OR_RETURN(
+      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp,
+                    members(mesh.pp, [&](int p) { return global(p, at.dp_rank, at.tp_rank); })));
+  g.stage = BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[at.pp_rank];
+  const PipelineStage& stage = g.stage;
+  if (mesh.pp > 1 && spec.model.tied_embeddings && (stage.first || stage.last)) {
+    TY_ASSIGN_OR_RETURN(
+        g.tied,
+        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), stage.first ? 0 : 1, 2,
+                {global(0, at.dp_rank, at.tp_rank), global(mesh.pp - 1, at.dp_rank, at.tp_rank)}));
+  }
+  return g;
+}
+
+}  // namespace trainyard::worker

@@ -1,0 +1,218 @@
+#include "worker/shape/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainyard::worker {
+
+bool SplitsBackward(PipelineSchedule schedule) { return schedule == PipelineSchedule::kZeroBubble; }
+
+std::string PassName(const Pass& pass) {
+  const char* kind = pass.kind == PassKind::kForward    ? "F"
+                     : pass.kind == PassKind::kBackward ? "B"
+                                                        : "W";
+  std::string name = absl::StrCat(kind, pass.micro_batch);
+  if (pass.chunk != 0) absl::StrAppend(&name, ".", pass.chunk);
+  return name;
+}
+
+namespace {
+
+std::vector<Pass> OneForwardOneBackward(int stages, int stage, int m) {
+  const int warmup = std::min(stages - stage - 1, m);
+  std::vector<Pass> passes;
+  for (int i = 0; i < warmup; ++i) passes.push_back({PassKind::kForward, i});
+  for (int j = 0; j < m - warmup; ++j) {
+    passes.push_back({PassKind::kForward, warmup + j});
+    passes.push_back({PassKind::kBackward, j});
+  }
+  for (int i = m - warmup; i < m; ++i) passes.push_back({PassKind::kBackward, i});
+  return passes;
+}
+
+std::vector<Pass> ZeroBubbleH1(int stages, int stage, int m) {
+  std::vector<Pass> passes;
+  int f = 0, b = 0, w = 0;
+  auto run = [&](PassKind kind, int& next) { passes.push_back({kind, next++}); };
+  for (int i = 0; i < std::min(stages - stage - 1, m); ++i) run(PassKind::kForward, f);
+  for (int i = 0; i < stage && f < m; ++i) {  // the W passes this stage defers
+    run(PassKind::kForward, f);
+    run(PassKind::kBackward, b);
+  }
+  while (f < m) {
+    run(PassKind::kForward, f);
+    run(PassKind::kBackward, b);
+    run(PassKind::kWeight, w);
+  }
+  while (b < m) {
+    run(PassKind::kBackward, b);
+    run(PassKind::kWeight, w);
+  }
+  while (w < m) run(PassKind::kWeight, w);
+  return passes;
+}
+
+// Where a pass's input comes from: the stage and pass whose output it is (none for the first
+// virtual stage's forward passes and the last one's backward passes).
+struct Source {
+  int stage;
+  Pass pass;
+};
+
+std::optional<Source> SourceOf(const ScheduleShape& shape, int stage, const Pass& pass) {
+  const int p = shape.stages;
+  if (pass.kind == PassKind::kWeight) return std::nullopt;  // its own B pass, on this stage
+  const int virtual_stage = pass.chunk * p + stage;
+  const int from = pass.kind == PassKind::kForward ? virtual_stage - 1 : virtual_stage + 1;
+  if (from < 0 || from >= p * shape.virtual_stages) return std::nullopt;
+  return Source{from % p, Pass{pass.kind, pass.micro_batch, from / p}};
+}
+
+constexpr int kKinds = 3;
+
+// A key for a pass of one stage, dense in [0, kKinds · virtual_stages · micro_batches).
+int KeyOf(const ScheduleShape& shape, const Pass& pass) {
+  return kKinds * (pass.chunk * shape.micro_batches + pass.micro_batch) +
+         static_cast<int>(pass.kind);
+}
+
+// The tick of every pass on the unit clock (ticks[s][KeyOf(pass)]), or nothing when some pass can
+// never start (a schedule whose orders wait on each other).
+std::optional<std::vector<std::vector<int64_t>>> Ticks(
+    const ScheduleShape& shape, const std::vector<std::vector<Pass>>& orders) {
+  const int p = shape.stages;
+  const int keys = kKinds * shape.virtual_stages * shape.micro_batches;
+  std::vector<std::vector<int64_t>> tick(p, std::vector<int64_t>(keys, -1));
+  std::vector<size_t> next(p, 0);
+  std::vector<int64_t> free_at(p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      for (; next[s] < orders[s].size(); ++next[s]) {
+        const Pass& pass = orders[s][next[s]];
+        int64_t start = free_at[s];
+        if (pass.kind == PassKind::kWeight) {  // after its own B pass, earlier in this order
+          start = std::max(
+              start,
+              tick[s][KeyOf(shape, {PassKind::kBackward, pass.micro_batch, pass.chunk})] + 1);
+        }
+        if (const std::optional<Source> from = SourceOf(shape, s, pass)) {
+          const int64_t ready = tick[from->stage][KeyOf(shape, from->pass)];
+          if (ready < 0) break;  // not run yet
+          start = std::max(start, ready + 1);
+        }
+        tick[s][KeyOf(shape, pass)] = start;
+        free_at[s] = start + 1;
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s) {
+    if (next[s] != orders[s].size()) return std::nullopt;
+  }
+  return tick;
+}
+
+// Slot of every pass in stage `stage`'s order: a forward pass takes the lowest slot its chunk has
+// free, the micro-batch's last pass on the chunk (W with a split backward, else B) frees it.
+std::vector<int> Slots(const ScheduleShape& shape, const std::vector<Pass>& order) {
+  std::vector<std::vector<bool>> used(shape.virtual_stages);
+  std::map<std::pair<int, int>, int> held;  // (chunk, micro-batch) → slot
+  std::vector<int> slots;
+  for (const Pass& pass : order) {
+    std::vector<bool>& chunk = used[pass.chunk];
+    const std::pair<int, int> key{pass.chunk, pass.micro_batch};
+    if (pass.kind == PassKind::kForward) {
+      const int slot =
+          static_cast<int>(std::find(chunk.begin(), chunk.end(), false) - chunk.begin());
+      if (slot == static_cast<int>(chunk.size())) chunk.push_back(false);
+      chunk[slot] = true;
+      held[key] = slot;
+      slots.push_back(slot);
+    } else {
+      const int slot = held[key];
+      const PassKind last =
+          SplitsBackward(shape.schedule) ? PassKind::kWeight : PassKind::kBackward;
+      if (pass.kind == last) {
+        chunk[slot] = false;
+        held.erase(key);
+      }
+      slots.push_back(slot);
+    }
+  }
+  return slots;
+}
+
+}  // namespace
+
+std::vector<Pass> PassOrder(const ScheduleShape& shape, int stage) {
+  switch (shape.schedule) {
+    case PipelineSchedule::kOneForwardOneBackward:
+      return OneForwardOneBackward(shape.stages, stage, shape.micro_batches);
+    case PipelineSchedule::kZeroBubble:
+      return ZeroBubbleH1(shape.stages, stage, shape.micro_batches);
+  }
+  return {};
+}
+
+std::vector<std::vector<ScheduleStep>> PlanSchedule(const ScheduleShape& shape) {
+  const int p = shape.stages;
+  std::vector<std::vector<Pass>> orders(p);
+  for (int s = 0; s < p; ++s) orders[s] = PassOrder(shape, s);
+  const std::optional<std::vector<std::vector<int64_t>>> ticks = Ticks(shape, orders);
+  if (!ticks) return {};
+  std::vector<std::map<int64_t, ScheduleStep>> by_tick(p);
+  auto step_at = [&](int s, int64_t tick) -> ScheduleStep& {
+    ScheduleStep& step = by_tick[s][tick];
+    step.tick = tick;
+    return step;
+  };
+  for (int s = 0; s < p; ++s) {
+    const std::vector<int> slots = Slots(shape, orders[s]);
+    for (size_t k = 0; k < orders[s].size(); ++k) {
+      const Pass& pass = orders[s][k];
+      ScheduleStep& step = step_at(s, (*ticks)[s][KeyOf(shape, pass)]);
+      step.has_pass = true;
+      step.pass = pass;
+      step.slot = slots[k];
+      const std::optional<Source> from = SourceOf(shape, s, pass);
+      if (!from) continue;
+      const int64_t sent = (*ticks)[from->stage][KeyOf(shape, from->pass)];
+      const uint32_t tag = static_cast<uint32_t>(KeyOf(shape, pass));
+      step_at(from->stage, sent)
+          .transfers.push_back(
+              {.send = true, .peer = s, .pass = from->pass, .consumer = pass, .tag = tag});
+      step_at(s, sent).transfers.push_back(
+          {.send = false, .peer = from->stage, .pass = from->pass, .consumer = pass, .tag = tag});
+    }
+  }
+  std::vector<std::vector<ScheduleStep>> steps(p);
+  for (int s = 0; s < p; ++s) {
+    for (auto& [tick, step] : by_tick[s]) steps[s].push_back(std::move(step));
+  }
+  return steps;
+}
+
+bool ComputesWeightGradients(const ScheduleShape& shape, int stage, const Pass& pass) {
+  const bool last = pass.chunk * shape.stages + stage + 1 == shape.stages * shape.virtual_stages;
+  if (pass.kind == PassKind::kForward) return last;
+  const bool split = SplitsBackward(shape.schedule);
+  return pass.kind == PassKind::kWeight || (!split && !last);
+}
+
+int ActivationSlots(const ScheduleShape& shape, int stage) {
+  const std::vector<Pass> order = PassOrder(shape, stage);
+  const std::vector<int> slots = Slots(shape, order);
+  std::vector<int> per_chunk(shape.virtual_stages, 0);
+  for (size_t k = 0; k < order.size(); ++k) {
+    per_chunk[order[k].chunk] = std::max(per_chunk[order[k].chunk], slots[k] + 1);
+  }
+  int total = 0;
+  for (int n : per_chunk) total += n;
+  return total;
+}
+
+}  // namespace trainyard::worker

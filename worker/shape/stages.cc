@@ -1,0 +1,46 @@
+#include "worker/shape/stages.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace trainyard::worker {
+
+std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_len, int stages) {
+  const double width = c.width, ffn = c.ffn_hidden;
+  const double attn = static_cast<double>(c.heads) * c.head_dim();
+  const double fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
+  // Per token: matmul parameters (a multiply-add each) plus the attention scores and values.
+  const double block =
+      c.qkv_width() * width + width * attn + fc * width + width * ffn + 2.0 * seq_len * width;
+  const double head = static_cast<double>(c.vocab) * width;
+  const int layers = c.layers;
+  auto cost = [&](int first, int last_excl, bool is_last) {
+    return (last_excl - first) * block + (is_last ? head : 0.0);
+  };
+  // best[s][l]: the least possible maximum stage cost placing layers [0, l) on stages [0, s).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(layers + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int l = s; l <= layers; ++l) {
+      for (int k = s - 1; k < l; ++k) {
+        const double c2 = std::max(best[s - 1][k], cost(k, l, s == stages));
+        if (c2 < best[s][l]) {
+          best[s][l] = c2;
+          cut[s][l] = k;
+        }
+      }
+    }
+  }
+  std::vector<PipelineStage> out(stages);
+  int end = layers;
+  for (int s = stages; s >= 1; --s) {
+    const int begin = cut[s][end];
+    out[s - 1] = PipelineStage{begin, end - begin, s == 1, s == stages};
+    end = begin;
+  }
+  return out;
+}
+
+}  // namespace trainyard::worker
