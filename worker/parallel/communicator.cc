@@ -8,6 +8,16 @@
 
 namespace trainyard::worker::parallel {
 
+absl::StatusOr<std::unique_ptr<PendingTransfer>> Communicator::StartSend(const void*, int64_t,
+                                                                         DType, int, uint32_t) {
+  return absl::UnimplementedError(absl::StrCat(engine(), " does not start transfers"));
+}
+
+absl::StatusOr<std::unique_ptr<PendingTransfer>> Communicator::StartRecv(void*, int64_t, DType, int,
+                                                                         uint32_t) {
+  return absl::UnimplementedError(absl::StrCat(engine(), " does not start transfers"));
+}
+
 int64_t CommStats::total() const {
   int64_t t = 0;
   for (const auto& s : sent_) t += s.load(std::memory_order_relaxed);

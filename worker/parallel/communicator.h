@@ -49,6 +49,17 @@ class CommStats {
   std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent_{};
 };
 
+// A point-to-point transfer started by Communicator::StartSend or StartRecv and not yet finished.
+// Wait blocks until it is (the data sent, or received into the buffer), with the
+// communicator's timeout; the buffer must stay valid and untouched until then. Wait once; a
+// transfer destroyed unwaited is abandoned (only on the way out of an error). Waited on the
+// thread that issues the communicator's operations.
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  [[nodiscard]] virtual absl::Status Wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -81,6 +92,15 @@ class Communicator {
   [[nodiscard]] virtual absl::Status SendRecv(const float* send, int64_t send_count, int send_peer,
                                               uint32_t send_tag, float* recv, int64_t recv_count,
                                               int recv_peer, uint32_t recv_tag) = 0;
+  // Point to point without waiting: several transfers in flight at once, each finished by its
+  // PendingTransfer's Wait, so a pipeline stage need not wait for a receiver before it computes
+  // on. Only engines whose StartsTransfers() is true implement them (UNIMPLEMENTED otherwise);
+  // their callers then never block on a send before its receiver has reached it.
+  virtual bool StartsTransfers() const { return false; }
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(
+      const void* data, int64_t count, DType dtype, int peer, uint32_t tag);
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingTransfer>> StartRecv(
+      void* data, int64_t count, DType dtype, int peer, uint32_t tag);
   [[nodiscard]] virtual absl::Status Barrier() = 0;
   // Makes every pending and later operation fail with ABORTED.
   virtual void Abort() = 0;

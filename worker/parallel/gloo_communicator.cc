@@ -170,6 +170,18 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  bool StartsTransfers() const override { return true; }
+
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(const void* data, int64_t count,
+                                                             DType dtype, int peer,
+                                                             uint32_t tag) override {
+    return Start(/*send=*/true, const_cast<void*>(data), count, dtype, peer, tag);
+  }
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> StartRecv(void* data, int64_t count, DType dtype,
+                                                             int peer, uint32_t tag) override {
+    return Start(/*send=*/false, data, count, dtype, peer, tag);
+  }
+
   absl::Status Barrier() override {
     return Guard("barrier", [&] {
       gloo::BarrierOptions opts(context_);
@@ -189,6 +201,51 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // A send or receive posted on its own unbound buffer, waited for later.
+  class Transfer final : public PendingTransfer {
+   public:
+    Transfer(GlooCommunicator* comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send,
+             int peer)
+        : comm_(comm), buf_(std::move(buf)), send_(send), peer_(peer) {}
+    absl::Status Wait() override {
+      const char* what = send_ ? "send" : "recv";
+      return comm_->Guard(what, [&] {
+        comm_->Track({buf_.get()});
+        WaitRegistry::Scope wait = comm_->WaitFor(what, comm_->Peer(peer_));
+        if (send_) {
+          buf_->waitSend(comm_->timeout_);
+        } else {
+          buf_->waitRecv(comm_->timeout_);
+        }
+        comm_->Untrack();
+      });
+    }
+
+   private:
+    GlooCommunicator* comm_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+    const bool send_;
+    const int peer_;
+  };
+
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> Start(bool send, void* data, int64_t count,
+                                                         DType dtype, int peer, uint32_t tag) {
+    if (dtype != DType::kF32) {
+      return absl::UnimplementedError("gloo moves fp32 only (bf16 goes through host staging)");
+    }
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    TY_RETURN_IF_ERROR(Guard(send ? "send" : "recv", [&] {
+      buf = context_->createUnboundBuffer(data, count * sizeof(float));
+      if (send) {
+        buf->send(peer, kPointToPointSlotBase + tag);
+      } else {
+        buf->recv(peer, kPointToPointSlotBase + tag);
+      }
+    }));
+    if (send) stats_.Add(CollectiveKind::kSendRecv, count * sizeof(float));
+    return std::make_unique<Transfer>(this, std::move(buf), send, peer);
+  }
+
   // Boundaries of `parts` near-equal chunks of a buffer of `count` floats.
   struct Chunks {
     Chunks(int64_t count, int parts) : count(count), parts(parts) {}

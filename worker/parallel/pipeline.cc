@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -13,44 +14,99 @@
 namespace trainyard::worker {
 namespace {
 
-// Received activations and gradients, held from the tick they arrive until the pass that reads
-// them, in buffers reused across the step.
+// Activation-sized buffers reused across the step.
+class BufferPool {
+ public:
+  BufferPool(Backend& backend, int64_t count) : backend_(backend), count_(count) {}
+  Buffer<Act> Take() {
+    if (spare_.empty()) return backend_.AllocAct(count_);
+    Buffer<Act> buffer = std::move(spare_.back());
+    spare_.pop_back();
+    return buffer;
+  }
+  void Give(Buffer<Act> buffer) {
+    if (buffer.data() != nullptr) spare_.push_back(std::move(buffer));
+  }
+
+ private:
+  Backend& backend_;
+  int64_t count_;
+  std::vector<Buffer<Act>> spare_;
+};
+
+// Received activations and gradients, held from the tick they arrive (or, with started
+// transfers, the tick their receive is posted) until the pass that reads them.
 class Inbox {
  public:
-  Inbox(Backend& backend, int64_t count) : backend_(backend), count_(count) {}
+  explicit Inbox(BufferPool& pool) : pool_(pool) {}
 
-  Act* Receive(const Pass& consumer) {
-    Buffer<Act> buffer;
-    if (spare_.empty()) {
-      buffer = backend_.AllocAct(count_);
-    } else {
-      buffer = std::move(spare_.back());
-      spare_.pop_back();
-    }
-    Act* data = buffer.data();
-    held_[Key(consumer)] = std::move(buffer);
-    return data;
+  Act* Receive(const Pass& consumer, std::unique_ptr<parallel::PendingTransfer> pending = {}) {
+    Held& held = held_[Key(consumer)];
+    held.buffer = pool_.Take();
+    held.pending = std::move(pending);
+    return held.buffer.data();
   }
-  // The input received for `pass`; null when none was.
-  const Act* For(const Pass& pass) const {
+  void Started(const Pass& consumer, std::unique_ptr<parallel::PendingTransfer> pending) {
+    held_[Key(consumer)].pending = std::move(pending);
+  }
+  // The input received for `pass`, after waiting for its transfer if it is still in flight (the
+  // seconds blocked are added to *waited); null when none was received.
+  absl::StatusOr<const Act*> For(const Pass& pass, double* waited) {
     auto it = held_.find(Key(pass));
-    return it == held_.end() ? nullptr : it->second.data();
+    if (it == held_.end()) return nullptr;
+    if (it->second.pending) {
+      const auto start = std::chrono::steady_clock::now();
+      TY_RETURN_IF_ERROR(it->second.pending->Wait());
+      *waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      it->second.pending.reset();
+    }
+    return it->second.buffer.data();
   }
   void Consumed(const Pass& pass) {
     auto it = held_.find(Key(pass));
     if (it == held_.end()) return;
-    spare_.push_back(std::move(it->second));
+    pool_.Give(std::move(it->second.buffer));
     held_.erase(it);
   }
 
  private:
+  struct Held {
+    Buffer<Act> buffer;
+    std::unique_ptr<parallel::PendingTransfer> pending;
+  };
   static std::tuple<int, int, int> Key(const Pass& p) {
     return {static_cast<int>(p.kind), p.micro_batch, p.chunk};
   }
-  Backend& backend_;
-  int64_t count_;
-  std::map<std::tuple<int, int, int>, Buffer<Act>> held_;
-  std::vector<Buffer<Act>> spare_;
+  BufferPool& pool_;
+  std::map<std::tuple<int, int, int>, Held> held_;
+};
+
+// Sends in flight, each holding the output buffer it sends until it is waited for.
+class Outbox {
+ public:
+  explicit Outbox(BufferPool& pool) : pool_(pool) {}
+  void Started(Buffer<Act> buffer, std::unique_ptr<parallel::PendingTransfer> pending) {
+    sending_.push_back({std::move(buffer), std::move(pending)});
+  }
+  // Waits for every send (the seconds blocked added to *waited) and returns their buffers.
+  absl::Status Finish(double* waited) {
+    const auto start = std::chrono::steady_clock::now();
+    for (Sending& s : sending_) {
+      TY_RETURN_IF_ERROR(s.pending->Wait());
+      pool_.Give(std::move(s.buffer));
+    }
+    sending_.clear();
+    *waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Sending {
+    Buffer<Act> buffer;
+    std::unique_ptr<parallel::PendingTransfer> pending;
+  };
+  BufferPool& pool_;
+  std::vector<Sending> sending_;
 };
 
 // Whether `pass` hands an output to another stage: every pass but the last virtual stage's
@@ -111,6 +167,70 @@ absl::Status Exchange(parallel::Communicator& pp, DType dtype, int64_t count,
 
 }  // namespace
 
+namespace {
+
+// One stage's steps with blocking transfers: each tick's exchanged at its end (Exchange).
+absl::Status RunLockstep(parallel::Communicator& pp, BufferPool& pool, const ScheduleShape& shape,
+                         const std::vector<ScheduleStep>& steps, int64_t count, DType dtype,
+                         const StageWork& work, ScheduleStats* stats) {
+  const int stage = pp.rank();
+  Inbox inbox(pool);
+  Buffer<Act> output = pool.Take();
+  for (const ScheduleStep& step : steps) {
+    const bool produces = step.has_pass && HasOutput(shape, stage, step.pass);
+    if (step.has_pass) {
+      TY_ASSIGN_OR_RETURN(const Act* in, inbox.For(step.pass, &stats->wait_seconds));
+      TY_RETURN_IF_ERROR(work.run(step.pass, step.slot, in, produces ? output.data() : nullptr));
+      inbox.Consumed(step.pass);
+    }
+    if (step.transfers.empty()) continue;
+    const auto start = std::chrono::steady_clock::now();
+    TY_RETURN_IF_ERROR(Exchange(pp, dtype, count, step, produces ? output.data() : nullptr, inbox));
+    stats->wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return absl::OkStatus();
+}
+
+// One stage's steps with started transfers: a tick's receives are posted at its end and waited
+// for just before the pass that reads them; its send is started at once and waited for at the
+// end of the step. A stage blocks only for an input it needs now, which the plan guarantees
+// its sender produces without waiting on this stage's later passes.
+absl::Status RunStarted(parallel::Communicator& pp, BufferPool& pool, const ScheduleShape& shape,
+                        const std::vector<ScheduleStep>& steps, int64_t count, DType dtype,
+                        const StageWork& work, ScheduleStats* stats) {
+  const int stage = pp.rank();
+  Inbox inbox(pool);
+  Outbox outbox(pool);
+  for (const ScheduleStep& step : steps) {
+    Buffer<Act> output;
+    if (step.has_pass) {
+      if (HasOutput(shape, stage, step.pass)) output = pool.Take();
+      TY_ASSIGN_OR_RETURN(const Act* in, inbox.For(step.pass, &stats->wait_seconds));
+      TY_RETURN_IF_ERROR(work.run(step.pass, step.slot, in, output.data()));
+      inbox.Consumed(step.pass);
+    }
+    for (const Transfer& t : step.transfers) {
+      if (t.send) {
+        if (output.data() == nullptr || !step.has_pass || !(t.pass == step.pass)) {
+          return absl::InternalError(
+              absl::StrCat("pipeline tick ", step.tick, " sends what its pass does not produce"));
+        }
+        TY_ASSIGN_OR_RETURN(auto pending, pp.StartSend(output.data(), count, dtype, t.peer, t.tag));
+        outbox.Started(std::move(output), std::move(pending));
+      } else {
+        Act* target = inbox.Receive(t.consumer);
+        TY_ASSIGN_OR_RETURN(auto pending, pp.StartRecv(target, count, dtype, t.peer, t.tag));
+        inbox.Started(t.consumer, std::move(pending));
+      }
+    }
+    pool.Give(std::move(output));  // a pass whose output no transfer took
+  }
+  return outbox.Finish(&stats->wait_seconds);
+}
+
+}  // namespace
+
 absl::Status RunSchedule(parallel::Communicator& pp, Backend& backend, const ScheduleShape& shape,
                          int64_t count, const StageWork& work, ScheduleStats* stats) {
   if (pp.size() != shape.stages) {
@@ -123,24 +243,12 @@ absl::Status RunSchedule(parallel::Communicator& pp, Backend& backend, const Sch
                                             shape.stages, " stages and ", shape.micro_batches,
                                             " micro-batches cannot run"));
   }
-  const int stage = pp.rank();
-  const DType dtype = backend.act_dtype();
-  Inbox inbox(backend, count);
-  Buffer<Act> output = backend.AllocAct(count);
-  for (const ScheduleStep& step : plan[stage]) {
-    const bool produces = step.has_pass && HasOutput(shape, stage, step.pass);
-    if (step.has_pass) {
-      TY_RETURN_IF_ERROR(
-          work.run(step.pass, step.slot, inbox.For(step.pass), produces ? output.data() : nullptr));
-      inbox.Consumed(step.pass);
-    }
-    if (step.transfers.empty()) continue;
-    const auto start = std::chrono::steady_clock::now();
-    TY_RETURN_IF_ERROR(Exchange(pp, dtype, count, step, produces ? output.data() : nullptr, inbox));
-    stats->wait_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  BufferPool pool(backend, count);
+  const std::vector<ScheduleStep>& steps = plan[pp.rank()];
+  if (pp.StartsTransfers()) {
+    return RunStarted(pp, pool, shape, steps, count, backend.act_dtype(), work, stats);
   }
-  return absl::OkStatus();
+  return RunLockstep(pp, pool, shape, steps, count, backend.act_dtype(), work, stats);
 }
 
 }  // namespace trainyard::worker

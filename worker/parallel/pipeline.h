@@ -29,11 +29,15 @@ struct ScheduleStats {
 };
 
 // Runs this stage's steps of PlanSchedule(shape) (worker/shape/schedule.h), stage pp.rank() of
-// shape.stages == pp.size(): its passes in order, and after each tick its transfers with the
+// shape.stages == pp.size(): its passes in order, and the transfers of each tick with the
 // neighbouring stages (`count` elements of the backend's activation type each, in buffers
-// allocated from `backend`): neighbour by neighbour in one global order, a send and a receive
-// with the same neighbour paired in one SendRecv. INTERNAL when the schedule cannot be planned; a
-// transfer's error (DEADLINE_EXCEEDED, ABORTED) as it comes.
+// allocated from `backend`). Where the engine starts transfers (StartsTransfers: Gloo), a tick's
+// receives are posted at its end and waited for just before the pass that reads them, and its
+// send is started at once and waited for at the end of the step, so a stage never waits for a
+// receiver. Elsewhere every tick's transfers are exchanged at its end, neighbour by neighbour in
+// one global order, a send and a receive with the same neighbour paired in one SendRecv. INTERNAL
+// when the schedule cannot be planned; a transfer's error (DEADLINE_EXCEEDED, ABORTED) as it
+// comes.
 [[nodiscard]] absl::Status RunSchedule(parallel::Communicator& pp, Backend& backend,
                                        const ScheduleShape& shape, int64_t count,
                                        const StageWork& work, ScheduleStats* stats);

@@ -4,7 +4,9 @@
 // (p − 1)/(m + p − 1) of it under 1F1B, (p − 1)/(3m + p − 1) under ZB-H1.
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -43,10 +45,26 @@ class Wire {
 };
 
 // One stage's end of the pipeline group: a send is instant and never blocks; a receive waits
-// for its message and moves this stage's clock to when it was sent, if that is later.
+// for its message and moves this stage's clock to when it was sent, if that is later. With
+// `starts`, transfers are started and waited for apart (the executor's path for such engines).
 class SimulatedStage final : public parallel::Communicator {
  public:
-  SimulatedStage(Wire* wire, int rank, int size) : wire_(wire), rank_(rank), size_(size) {}
+  SimulatedStage(Wire* wire, int rank, int size, bool starts)
+      : wire_(wire), rank_(rank), size_(size), starts_(starts) {}
+
+  bool StartsTransfers() const override { return starts_; }
+  absl::StatusOr<std::unique_ptr<parallel::PendingTransfer>> StartSend(const void*, int64_t, DType,
+                                                                       int peer,
+                                                                       uint32_t tag) override {
+    wire_->Post(rank_, peer, tag, now_);
+    return std::make_unique<Done>(nullptr);
+  }
+  absl::StatusOr<std::unique_ptr<parallel::PendingTransfer>> StartRecv(void*, int64_t, DType,
+                                                                       int peer,
+                                                                       uint32_t tag) override {
+    return std::make_unique<Done>(
+        [this, peer, tag] { now_ = std::max(now_, wire_->Take(peer, rank_, tag)); });
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -82,21 +100,36 @@ class SimulatedStage final : public parallel::Communicator {
   using Communicator::SendRecv;
 
  private:
+  // A started transfer: a receive takes its message (and the clock) when waited for.
+  class Done final : public parallel::PendingTransfer {
+   public:
+    explicit Done(std::function<void()> on_wait) : on_wait_(std::move(on_wait)) {}
+    absl::Status Wait() override {
+      if (on_wait_) on_wait_();
+      return absl::OkStatus();
+    }
+
+   private:
+    std::function<void()> on_wait_;
+  };
+
   static absl::Status Unused() { return absl::UnimplementedError("not part of the schedule"); }
 
   Wire* wire_;
   const int rank_, size_;
+  const bool starts_;
   int64_t now_ = 0;
 };
 
 // The idle fraction of every stage of a pipeline running `shape`, every pass one unit (the last
 // stage's forward two, its backward none: it runs the micro-batch's backward in its forward pass).
 // Each stage must run exactly the passes of its PassOrder, in that order.
-std::vector<double> IdleFractions(const ScheduleShape& shape) {
+std::vector<double> IdleFractions(const ScheduleShape& shape, bool starts) {
   const int p = shape.stages, m = shape.micro_batches;
   Wire wire;
   std::vector<std::unique_ptr<SimulatedStage>> stages;
-  for (int s = 0; s < p; ++s) stages.push_back(std::make_unique<SimulatedStage>(&wire, s, p));
+  for (int s = 0; s < p; ++s)
+    stages.push_back(std::make_unique<SimulatedStage>(&wire, s, p, starts));
   std::vector<int64_t> busy(p, 0);
   std::vector<std::vector<Pass>> ran(p);
   std::vector<absl::Status> results(p);
@@ -140,9 +173,12 @@ TEST(PipelineSchedule, EveryStageIdlesExactlyTheOneForwardOneBackwardBubble) {
   for (int p : {2, 3, 4}) {
     for (int m : {1, 2, 4, 8}) {
       const double bubble = static_cast<double>(p - 1) / (m + p - 1);
-      const std::vector<double> idle = IdleFractions({.stages = p, .micro_batches = m});
-      for (int s = 0; s < p; ++s) {
-        EXPECT_DOUBLE_EQ(idle[s], bubble) << "p " << p << ", m " << m << ", stage " << s;
+      for (bool starts : {false, true}) {
+        const std::vector<double> idle = IdleFractions({.stages = p, .micro_batches = m}, starts);
+        for (int s = 0; s < p; ++s) {
+          EXPECT_DOUBLE_EQ(idle[s], bubble)
+              << "p " << p << ", m " << m << ", stage " << s << ", started " << starts;
+        }
       }
     }
   }
@@ -153,10 +189,13 @@ TEST(PipelineSchedule, EveryStageIdlesExactlyTheZeroBubbleBubble) {
   for (int p : {2, 3, 4}) {
     for (int m : {4, 5, 8}) {
       const double bubble = static_cast<double>(p - 1) / (3 * m + p - 1);
-      const std::vector<double> idle = IdleFractions(
-          {.schedule = PipelineSchedule::kZeroBubble, .stages = p, .micro_batches = m});
-      for (int s = 0; s < p; ++s) {
-        EXPECT_DOUBLE_EQ(idle[s], bubble) << "p " << p << ", m " << m << ", stage " << s;
+      for (bool starts : {false, true}) {
+        const std::vector<double> idle = IdleFractions(
+            {.schedule = PipelineSchedule::kZeroBubble, .stages = p, .micro_batches = m}, starts);
+        for (int s = 0; s < p; ++s) {
+          EXPECT_DOUBLE_EQ(idle[s], bubble)
+              << "p " << p << ", m " << m << ", stage " << s << ", started " << starts;
+        }
       }
     }
   }

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The pipeline schedules side by side on this machine's CPU: 1F1B against ZB-H1 (zero-bubble).
+
+Usage: python3 bench/schedule_bench.py [--build DIR] [--steps N] [--rounds R] [--no-calibrate]
+                                      [--out FILE] [--wait-idle SECONDS] [--max-other-load CORES]
+                                      [--stages 2,4]
+
+For pp 2 and 4 (gpt2-small-cpu: 4 layers of width 256; 16 sequences of 64 tokens per step in
+micro-batches of 4, so m = 4 micro-batches per step, the fewest ZB-H1 takes at pp 4), `trainyard-worker --standalone` trains the same spec under
+each schedule; its rank 0 prints the planner's prediction beside what it measured (the table above
+its `done:` line): the step and the bubble fraction (the share of training time the stage spent
+blocked on its pipeline peers). Every case runs --rounds times (default 3), the rounds interleaved
+across the cases, and the table reports the median step with the spread of the rounds, the
+predicted step and its error, both bubble fractions, and each schedule's step against 1F1B's of the
+same pp, measured and predicted.
+
+Before the first round `trainyard plan --calibrate --fresh` measures the cpu profile into a
+profile file of the benchmark's own (--no-calibrate: the user's stored profile). The Markdown
+report (default bench/results/schedule_cpu.md) has the machine, the command, the table and the
+raw output. Run it alone: the step times are the machine's.
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plan_accuracy as common  # noqa: E402  (the idle waits, the run table's parser)
+
+ROOT = common.ROOT
+SCHEDULES = ["1f1b", "zero-bubble"]
+
+SPEC = """name: schedule-{tag}
+model: {{preset: gpt2-small-cpu}}
+data: {{source: markov, markov: {{vocab: 64, train_tokens: 200000, val_tokens: 2000}}}}
+training: {{steps: {steps}, batch: 16, micro_batch: 4, seq_len: 64, eval_every: 0, log_every: 1000}}
+parallelism: {{dp: 1, tp: 1, pp: {pp}, zero: 0, schedule: {schedule}}}
+resources: {{nodes: 1, devices_per_node: {pp}}}
+fault_tolerance: {{memory_every_steps: 0}}
+"""
+
+
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def run_cases(args, worker, specs, env):
+    """Every case --rounds times, interleaved; per case the runs' parsed tables and raw text."""
+    results = {name: [] for name in specs}
+    raw = []
+    for round_index in range(args.rounds):
+        for name, spec in specs.items():
+            run, other = common.quiet_run([worker, "--standalone", spec], args, timeout=900,
+                                          env=env)
+            raw.append(f"$ trainyard-worker --standalone ({name}, round {round_index + 1})"
+                       f"   (other processes: {other:.2f} cores)\n" + run.stdout + run.stderr)
+            rows = common.parse(run.stdout)
+            if run.returncode != 0 or "step" not in rows:
+                sys.exit(f"{name} failed:\n{run.stdout}\n{run.stderr}")
+            results[name].append({
+                "predicted": common.milliseconds(rows["step"][0]),
+                "measured": common.milliseconds(rows["step"][1]),
+                "bubble predicted": float(rows["bubble fraction"][0]),
+                "bubble measured": float(rows["bubble fraction"][1]),
+                "other": other,
+            })
+    return results, raw
+
+
+def table(stages, results):
+    lines = ["| pp | schedule | step measured, median (min–max of rounds) | step predicted "
+             "(error) | bubble fraction measured / predicted | step vs 1F1B measured / predicted |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for pp in stages:
+        base = results[f"pp{pp} 1f1b"]
+        base_measured = median([r["measured"] for r in base])
+        base_predicted = median([r["predicted"] for r in base])
+        for schedule in SCHEDULES:
+            runs = results[f"pp{pp} {schedule}"]
+            measured = [r["measured"] for r in runs]
+            step = median(measured)
+            predicted = median([r["predicted"] for r in runs])
+            bubble = median([r["bubble measured"] for r in runs])
+            bubble_predicted = median([r["bubble predicted"] for r in runs])
+            lines.append(
+                f"| {pp} | {schedule} | {step:.1f} ms ({min(measured):.1f}–{max(measured):.1f}) | "
+                f"{predicted:.1f} ms ({100 * (predicted - step) / step:+.1f}%) | "
+                f"{bubble:.3f} / {bubble_predicted:.3f} | "
+                f"{step / base_measured:.3f}× / {predicted / base_predicted:.3f}× |")
+    return lines
+
+
+def write_report(args, text, raw):
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    command = "python3 bench/schedule_bench.py " + " ".join(sys.argv[1:])
+    with open(args.out, "w") as f:
+        f.write("# Pipeline schedules on CPU ranks: 1F1B and ZB-H1\n\n")
+        f.write(f"Machine: {cpu}, {os.cpu_count()} cores. Command (from the build folder's "
+                f"parent): `{command}`.\n\n")
+        f.write(text)
+        f.write("\n## Raw output\n\n```\n" + "\n".join(raw) + "```\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stages", default="2,4")
+    parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "schedule_cpu.md"))
+    parser.add_argument("--wait-idle", type=float, default=120)
+    parser.add_argument("--max-other-load", type=float, default=0.3)
+    args = parser.parse_args()
+    worker = os.path.join(args.build, "worker", "trainyard-worker")
+    cli = os.path.join(args.build, "tools", "cli", "trainyard")
+    stages = [int(p) for p in args.stages.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ)
+        if not args.no_calibrate:
+            env["XDG_CONFIG_HOME"] = os.path.join(tmp, "config")
+            calibration = subprocess.run([cli, "plan", "--calibrate", "--fresh"],
+                                         capture_output=True, text=True, env=env)
+            if calibration.returncode != 0:
+                sys.exit(f"calibration failed: {calibration.stderr}")
+        specs = {}
+        for pp in stages:
+            for schedule in SCHEDULES:
+                name = f"pp{pp} {schedule}"
+                specs[name] = os.path.join(tmp, f"pp{pp}-{schedule}.yaml")
+                with open(specs[name], "w") as f:
+                    f.write(SPEC.format(tag=f"pp{pp}-{schedule}", steps=args.steps, pp=pp,
+                                        schedule=schedule))
+        results, raw = run_cases(args, worker, specs, env)
+        raw = [text.replace(tmp, "SCRATCH") for text in raw]
+    loads = [r["other"] for runs in results.values() for r in runs]
+    text = "\n".join(table(stages, results) + [
+        "", f"machine load: other processes kept {max(loads):.2f} cores busy at most during a run "
+        f"(of {os.cpu_count()} cores)"]) + "\n"
+    print(text)
+    write_report(args, text, raw)
+
+
+if __name__ == "__main__":
+    main()
