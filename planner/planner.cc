@@ -418,7 +418,8 @@ double DalyInterval(double delta_seconds, double mtbf_seconds) {
 
 std::string MeshName(const config::ParallelismSpec& m) {
   return absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, ", ZeRO-", m.zero,
-                      m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "");
+                      m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "",
+                      m.pp > 1 ? absl::StrCat(", ", config::ScheduleName(m.schedule)) : "");
 }
 
 }  // namespace trainyard::planner

@@ -29,7 +29,7 @@ std::string ChosenMesh(const std::string& json) {
   std::smatch m;
   if (!std::regex_search(json, m,
                          std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
-                                    "\"zero\":(\\d+)\\}"))) {
+                                    "\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\"\\}"))) {
     return "";
   }
   return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str());

@@ -18,10 +18,10 @@ std::string CandidateJson(const planner::Candidate& c) {
   const planner::RankMemory& m = c.memory;
   return absl::StrCat(
       "{\"mesh\":{\"dp\":", c.mesh.dp, ",\"tp\":", c.mesh.tp, ",\"pp\":", c.mesh.pp,
-      ",\"zero\":", c.mesh.zero, "},\"memory_bytes\":{\"parameters\":", m.parameters,
-      ",\"gradients\":", m.gradients, ",\"optimizer\":", m.optimizer,
-      ",\"activations\":", m.activations, ",\"other\":", m.other(), ",\"total\":", m.total(),
-      "},\"fits\":", c.fits ? "true" : "false",
+      ",\"zero\":", c.mesh.zero, ",\"schedule\":\"", config::ScheduleName(c.mesh.schedule),
+      "\"},\"memory_bytes\":{\"parameters\":", m.parameters, ",\"gradients\":", m.gradients,
+      ",\"optimizer\":", m.optimizer, ",\"activations\":", m.activations, ",\"other\":", m.other(),
+      ",\"total\":", m.total(), "},\"fits\":", c.fits ? "true" : "false",
       ",\"step_seconds\":{\"compute\":", Number(c.step.compute),
       ",\"communication\":", Number(c.step.communication), ",\"bubble\":", Number(c.step.bubble),
       ",\"total\":", Number(c.step.total), "},\"bubble_fraction\":", Number(c.bubble_fraction),
@@ -66,7 +66,11 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
   for (const planner::Candidate& c : plan.candidates) {
     const planner::RankMemory& m = c.memory;
     rows.push_back(
-        {absl::StrFormat("dp%d tp%d pp%d z%d", c.mesh.dp, c.mesh.tp, c.mesh.pp, c.mesh.zero),
+        {absl::StrFormat(
+             "dp%d tp%d pp%d z%d%s", c.mesh.dp, c.mesh.tp, c.mesh.pp, c.mesh.zero,
+             c.mesh.pp > 1 && c.mesh.schedule != config::PipelineSchedule::kOneForwardOneBackward
+                 ? " zb"
+                 : ""),
          Gib(m.total()), Gib(m.parameters), Gib(m.gradients), Gib(m.optimizer), Gib(m.activations),
          Gib(m.other()), c.fits ? "yes" : "NO", planner::HumanSeconds(c.step.total),
          planner::HumanSeconds(c.step.compute), planner::HumanSeconds(c.step.communication),

@@ -173,8 +173,24 @@ TEST_F(PlanCommand, JsonHasTheDocumentedShape) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " in " << json;
   }
   ASSERT_EQ(Run({SpecWithResources(), "--json", "--mesh", "dp=2,tp=1,pp=1,zero=1"}), 0);
-  EXPECT_TRUE(absl::StrContains(out_.str(), "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"zero\":1}"));
+  EXPECT_TRUE(absl::StrContains(
+      out_.str(), "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"zero\":1,\"schedule\":\"1f1b\"}"));
   EXPECT_TRUE(absl::StrContains(out_.str(), "\"young_daly\":null"));
+}
+
+// A pipelined candidate runs the spec's schedule where it can (zero-bubble here), the others 1F1B.
+TEST_F(PlanCommand, CandidatesShowTheirPipelineSchedule) {
+  const std::string spec =
+      Write("zb.yaml",
+            "name: zb\nmodel:\n  preset: gpt2-debug\ntraining: {batch: 8, micro_batch: 2, "
+            "seq_len: 32}\nparallelism: {pp: 2, schedule: zero-bubble}\n"
+            "resources: {nodes: 1, devices_per_node: 2}\n");
+  ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=1,tp=1,pp=2"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"zero-bubble\"}"))
+      << out_.str();
+  ASSERT_EQ(Run({spec}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp2 z0 zb")) << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 tp1 pp1 z0 ")) << out_.str();
 }
 
 TEST_F(PlanCommand, HumanOutputNamesTheChoice) {
