@@ -73,7 +73,8 @@ Problem CheckTensorParallelInANode(const ParallelismSpec& m, const ResourcesSpec
 Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
   const std::pair<const char*, int> sharded[] = {{"heads", spec.model.heads},
                                                  {"kv_heads", spec.model.kv_heads},
-                                                 {"ffn_hidden", spec.model.ffn_hidden}};
+                                                 {"ffn_hidden", spec.model.ffn_hidden},
+                                                 {"vocab", spec.model.vocab}};
   for (const auto& [name, value] : sharded) {
     if (value % m.tp != 0) {
       return Bad("parallelism.tp",
@@ -91,6 +92,15 @@ Problem CheckPipeline(const ParallelismSpec& m, const ModelConfig& model) {
                absl::StrCat("pp ", m.pp, " exceeds model.layers ", model.layers,
                             " (every pipeline stage needs at least one layer)"),
                {"model.layers", "model.preset"});
+  }
+  // The first and last stages each hold the tied embedding and sum its gradients every step,
+  // which needs the whole gradient on both: not sharded over the data-parallel group.
+  if (m.pp > 1 && model.tied_embeddings && m.zero >= 2) {
+    return Bad("parallelism.zero",
+               absl::StrCat("ZeRO-", m.zero,
+                            " cannot keep a token embedding tied across pipeline stages (ZeRO-0 "
+                            "or 1 can)"),
+               {"model.tied_embeddings", "parallelism.pp"});
   }
   return std::nullopt;
 }

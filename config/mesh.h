@@ -19,8 +19,9 @@ namespace trainyard::config {
 // own parallelism is ignored), or nothing. The rules, in order: every degree is at least 1 and
 // zero is 0..3; dp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
 // names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
-// inside a node); model.heads, model.kv_heads and model.ffn_hidden are divisible by tp;
-// model.layers >= pp (every pipeline stage holds a layer); training.batch is divisible by
+// inside a node); model.heads, model.kv_heads, model.ffn_hidden and model.vocab are divisible by
+// tp; model.layers >= pp (every pipeline stage holds a layer), and a token embedding tied across
+// pipeline stages needs ZeRO 0 or 1; training.batch is divisible by
 // dp x micro_batch (micro_batch 0 meaning batch / dp); a schedule other than 1f1b needs pp > 1,
 // no model.recompute and at least pp micro-batches per step.
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);

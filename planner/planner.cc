@@ -218,21 +218,6 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   return w;
 }
 
-std::optional<std::string> EngineProblem(const config::JobSpec& spec,
-                                         const config::ParallelismSpec& mesh) {
-  if (spec.model.vocab % mesh.tp != 0) {
-    return absl::StrCat("parallelism.tp: model.vocab ", spec.model.vocab,
-                        " is not divisible by tp ", mesh.tp,
-                        " (the embedding and LM head split by vocabulary)");
-  }
-  if (mesh.pp > 1 && spec.model.tied_embeddings && mesh.zero >= 2) {
-    return absl::StrCat("parallelism.zero: ZeRO-", mesh.zero,
-                        " cannot keep a token embedding tied across pipeline stages (ZeRO-0 or "
-                        "1 can)");
-  }
-  return std::nullopt;
-}
-
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
   std::vector<config::ParallelismSpec> meshes;
   const int world = spec.resources.world_size();
@@ -251,7 +236,7 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
         // The spec's schedule where the mesh can run it, else 1F1B.
         mesh.schedule = spec.parallelism.schedule;
         if (config::FindMeshProblem(mesh, spec)) mesh.schedule = config::ParallelismSpec{}.schedule;
-        if (config::FindMeshProblem(mesh, spec) || EngineProblem(spec, mesh)) continue;
+        if (config::FindMeshProblem(mesh, spec)) continue;
         meshes.push_back(mesh);
       }
     }
@@ -337,19 +322,15 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh: ", problem->path, ": ", problem->reason));
     }
-    if (auto problem = EngineProblem(spec, *request.mesh)) {
-      return absl::InvalidArgumentError(absl::StrCat("--mesh: ", *problem));
-    }
     meshes.push_back(*request.mesh);
   } else {
     meshes = ValidMeshes(spec);
     if (meshes.empty()) {
       absl::StatusOr<config::ParallelismSpec> rules = config::ChooseParallelism(spec);
       return absl::InvalidArgumentError(
-          rules.ok() ? absl::StrCat("the engine cannot run any mesh of the ",
-                                    spec.resources.world_size(), " ranks (with ", MeshName(*rules),
-                                    ": ", EngineProblem(spec, *rules).value_or("?"), ")")
-                     : std::string(rules.status().message()));
+          rules.ok()
+              ? absl::StrCat("no mesh of the ", spec.resources.world_size(), " ranks fits the spec")
+              : std::string(rules.status().message()));
     }
   }
   Plan plan;

@@ -88,15 +88,10 @@ struct Plan {
 // for them (naming the rule it breaks).
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
 
-// Every mesh of the spec's resources that the engine can run: config::FindMeshProblem finds
-// nothing and neither does EngineProblem; ZeRO stages 1–3 only with dp > 1. The spec's
-// sequence_parallel is kept (for tp > 1).
+// Every mesh of the spec's resources that the engine can run (config::FindMeshProblem finds
+// nothing); ZeRO stages 1–3 only with dp > 1. The spec's sequence_parallel is kept (for tp > 1),
+// and its pipeline schedule where the mesh can run it (else 1F1B).
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
-
-// Limits of the engine beyond the mesh rules of config/mesh.h: the vocabulary splits over tp,
-// and a token embedding tied across pipeline stages needs ZeRO-0 or 1.
-std::optional<std::string> EngineProblem(const config::JobSpec& spec,
-                                         const config::ParallelismSpec& mesh);
 
 // The prediction for one valid mesh.
 Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,

@@ -66,7 +66,9 @@ struct ScheduleShape {
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   int stages = 1;          // ≥ 1
   int micro_batches = 1;   // ≥ 1
-  int virtual_stages = 1;  // model chunks per rank
+  // Model chunks per rank. The transfer plan, the slots and the stage roles handle several; the
+  // pass orders built so far (1F1B, ZB-H1) hold one chunk per rank and need 1.
+  int virtual_stages = 1;
 };
 
 // Stage `stage`'s passes in one optimizer step, in the order it runs them.

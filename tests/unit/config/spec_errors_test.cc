@@ -78,6 +78,13 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        WithSections("resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n"
                     "training: {batch: 12, micro_batch: 4}\n"),
        "6:36", "training.micro_batch", "batch 12 is not divisible by dp 2 × micro_batch 4 = 8"},
+      {"vocab not divisible by tp",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  vocab: 250\nresources: {devices_per_node: 4}\n"
+       "parallelism: {tp: 4}\n",
+       "6:19", "parallelism.tp", "model.vocab 250 is not divisible by tp 4"},
+      {"tied embedding across stages under ZeRO-2",
+       WithSections("resources: {devices_per_node: 4}\nparallelism: {dp: 2, pp: 2, zero: 2}\n"),
+       "5:35", "parallelism.zero", "ZeRO-2 cannot keep a token embedding tied across pipeline"},
       {"unknown schedule",
        WithSections("resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: gpipe}\n"),
        "5:32", "parallelism.schedule",

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "config/mesh.h"
 #include "gtest/gtest.h"
 #include "planner/device_profile.h"
 #include "planner/memory_model.h"
@@ -158,14 +159,16 @@ TEST(Traffic, HandOversByHand) {
     EXPECT_EQ(c.hand_overs, 0);
 }
 
+// The engine's limits are the mesh validator's rules (config/mesh.h), so the planner offers only
+// meshes a submission would accept.
 TEST(Meshes, EngineLimitsAreApplied) {
   config::JobSpec spec = Gpt2Debug(4);
   spec.model.vocab = 250;  // not divisible by 4
-  EXPECT_TRUE(EngineProblem(spec, Mesh(1, 4, 1, 0)).has_value());
-  EXPECT_FALSE(EngineProblem(spec, Mesh(4, 1, 1, 0)).has_value());
+  EXPECT_TRUE(config::FindMeshProblem(Mesh(1, 4, 1, 0), spec).has_value());
+  EXPECT_FALSE(config::FindMeshProblem(Mesh(4, 1, 1, 0), spec).has_value());
   spec.model.vocab = 256;
-  EXPECT_TRUE(EngineProblem(spec, Mesh(2, 1, 2, 2)).has_value());  // tied across stages
-  EXPECT_FALSE(EngineProblem(spec, Mesh(2, 1, 2, 1)).has_value());
+  EXPECT_TRUE(config::FindMeshProblem(Mesh(2, 1, 2, 2), spec).has_value());  // tied across stages
+  EXPECT_FALSE(config::FindMeshProblem(Mesh(2, 1, 2, 1), spec).has_value());
   for (const config::ParallelismSpec& mesh : ValidMeshes(spec)) {
     EXPECT_EQ(mesh.world_size(), 4);
     EXPECT_FALSE(mesh.pp > 1 && mesh.zero >= 2);
