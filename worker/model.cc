@@ -1,7 +1,6 @@
 #include "worker/model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
@@ -83,8 +82,8 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
              parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel,
              bool split_backward)
     : config_(config),
-      tp_(tp),
-      sp_(sequence_parallel && tp != nullptr && tp->size() > 1),
+      tp_(tp, sequence_parallel, backend->act_dtype()),
+      sp_(tp_.sequence_parallel()),
       split_(split_backward),
       layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, stage),
       backend_(backend),
@@ -142,24 +141,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
   }
   return std::unique_ptr<Model>(
       new Model(config, backend, source, tp, stage, sequence_parallel, split_backward));
-}
-
-absl::Status Model::TpAllReduce(float* data, int64_t count) {
-  if (tp_size() == 1) return absl::OkStatus();
-  return TimedTp([&] { return tp_->AllReduce(data, count); });
-}
-
-absl::Status Model::TpAllReduce(Act* data, int64_t count) {
-  if (tp_size() == 1) return absl::OkStatus();
-  return TimedTp([&] { return tp_->AllReduce(data, count, backend_->act_dtype()); });
-}
-
-absl::Status Model::TimedTp(const std::function<absl::Status()>& op) {
-  const auto start = std::chrono::steady_clock::now();
-  absl::Status status = op();
-  tp_comm_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return status;
 }
 
 const float* Model::P(int group, int64_t offset) const {
@@ -650,16 +631,11 @@ absl::Status Model::FinalNormBackward(Act* dx) {
 // and "full rows" (all n, as the tensor-parallel matmuls need them). Without it every rank holds
 // all rows and the two helpers reduce to tensor parallelism's all-reduce (or nothing).
 absl::Status Model::ToFullRows(Act* local, Act* full, int64_t cols) {
-  if (!sp_) return absl::OkStatus();
-  return TimedTp(
-      [&] { return tp_->AllGather(local, full, local_rows() * cols, backend_->act_dtype()); });
+  return tp_.ToFullRows(local, full, local_rows() * cols);
 }
 
 absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
-  if (tp_size() == 1) return absl::OkStatus();
-  if (!sp_) return TpAllReduce(full, int64_t{acts_->b} * acts_->t * cols);
-  return TimedTp(
-      [&] { return tp_->ReduceScatter(full, local, local_rows() * cols, backend_->act_dtype()); });
+  return tp_.SumToLocalRows(full, local, int64_t{acts_->b} * acts_->t * cols);
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
@@ -677,7 +653,8 @@ Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias,
 absl::Status Model::AddNormGrads(int group, float* scratch,
                                  std::initializer_list<std::pair<int64_t, int64_t>> norms) {
   const int64_t width = config_.width;
-  if (sp_) TY_RETURN_IF_ERROR(TpAllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
+  if (sp_)
+    TY_RETURN_IF_ERROR(tp_.AllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
   for (const auto& [weight, bias] : norms) {
     backend_->Add(G(group, weight), G(group, weight), scratch, width);
     if (bias >= 0) backend_->Add(G(group, bias), G(group, bias), scratch + width, width);
@@ -688,7 +665,7 @@ absl::Status Model::AddNormGrads(int group, float* scratch,
 
 int64_t Model::local_rows() const {
   const int64_t n = int64_t{acts_->b} * acts_->t;
-  return sp_ ? n / tp_size() : n;
+  return tp_.LocalRows(n);
 }
 
 absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
@@ -741,10 +718,7 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
     backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
                                      a.ce_stats.data());
     backend_->CopyToHost(stats.data(), a.ce_stats.data(), rows * 3);
-    const auto gather_start = std::chrono::steady_clock::now();
-    TY_RETURN_IF_ERROR(tp_->AllGather(stats.data(), gathered.data(), chunk * 3));
-    tp_comm_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count();
+    TY_RETURN_IF_ERROR(tp_.AllGather(stats.data(), gathered.data(), chunk * 3));
     for (int64_t r = 0; r < rows; ++r) {
       double mx = -INFINITY, target = 0.0;
       for (int k = 0; k < ranks; ++k) mx = std::max(mx, double{gathered[k * chunk * 3 + 3 * r]});

@@ -21,6 +21,7 @@
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
 #include "worker/shape/parameters.h"
+#include "worker/tensor_parallel.h"
 
 namespace trainyard::worker {
 
@@ -54,7 +55,7 @@ class Model {
   // the backend's activation type, statistics as fp32, token ids as int32.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
-  double tp_comm_seconds() const { return tp_comm_seconds_; }
+  double tp_comm_seconds() const { return tp_.seconds(); }
 
   // The methods below need the model's own LocalParamSource (the first Create).
   float* params();
@@ -143,12 +144,8 @@ class Model {
   // gradients, summed over the tensor-parallel group first under sequence parallelism.
   [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
                                           std::initializer_list<std::pair<int64_t, int64_t>> norms);
-  [[nodiscard]] absl::Status TimedTp(const std::function<absl::Status()>& op);
-  int tp_size() const { return tp_ ? tp_->size() : 1; }
-  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
-  // Σ over the tensor-parallel group, in place (nothing without tensor parallelism).
-  [[nodiscard]] absl::Status TpAllReduce(float* data, int64_t count);
-  [[nodiscard]] absl::Status TpAllReduce(Act* data, int64_t count);
+  int tp_size() const { return tp_.size(); }
+  int tp_rank() const { return tp_.rank(); }
   [[nodiscard]] absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
   [[nodiscard]] absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   void EnsureActivations(int b, int t);
@@ -175,9 +172,9 @@ class Model {
   float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
-  parallel::Communicator* tp_;
-  bool sp_;     // sequence parallelism
-  bool split_;  // a split backward (StageWeightGradients)
+  TensorParallelOps tp_;  // every collective of the tensor-parallel group
+  bool sp_;               // sequence parallelism
+  bool split_;            // a split backward (StageWeightGradients)
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;
@@ -190,7 +187,6 @@ class Model {
   // one the current call uses.
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
-  double tp_comm_seconds_ = 0.0;
   Activations* acts_ = nullptr;
 };
 
