@@ -14,6 +14,7 @@ config::JobSpec Spec(int nodes, int per_node, int dp, int tp, int pp) {
   spec.parallelism.tp = tp;
   spec.parallelism.pp = pp;
   spec.parallelism.zero = 2;
+  spec.model.tied_embeddings = false;  // ZeRO-2 across pipeline stages needs an untied embedding
   spec.fault_tolerance.max_restarts = 4;
   spec.fault_tolerance.heartbeat_timeout_s = 2.5;
   return spec;
