@@ -16,8 +16,8 @@
 #include "gtest/gtest.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/checkpoint/tensor_slices.h"
-#include "worker/shape/stages.h"
 #include "worker/shape/parameters.h"
+#include "worker/shape/stages.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {

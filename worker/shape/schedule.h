@@ -64,8 +64,8 @@ std::string PassName(const Pass& pass);  // "F3", "B0", "W2", "F3.1" (micro-batc
 
 struct ScheduleShape {
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
-  int stages = 1;          // ≥ 1
-  int micro_batches = 1;   // ≥ 1
+  int stages = 1;         // ≥ 1
+  int micro_batches = 1;  // ≥ 1
   // Model chunks per rank. The transfer plan, the slots and the stage roles handle several; the
   // pass orders built so far (1F1B, ZB-H1) hold one chunk per rank and need 1.
   int virtual_stages = 1;
