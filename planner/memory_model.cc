@@ -93,13 +93,9 @@ int BlockGroup(const RankShape& s, int layer) {
 
 int FinalGroup(const RankShape& s) { return static_cast<int>(s.group_sizes.size()) - 1; }
 
-bool SplitBackward(const RankShape& s) {
-  return s.mesh.pp > 1 && worker::SplitsBackward(s.mesh.schedule);
-}
-
 // Model::BackwardBlocks: with a split backward (the input-gradient pass) no gradients.
 void ReplayBackwardBlocks(const RankShape& s, TransientReplay& r) {
-  const bool split = SplitBackward(s);
+  const bool split = s.split_backward();
   const int first = s.stage.first_layer;
   for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
     r.Acquire(BlockGroup(s, l));
@@ -193,7 +189,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     floats += 4 * w;             // norm-gradient scratch
   }
   acts += n * w + n * attn + n * qkv + n * fc + n * ffn + n * w;  // dln .. dlnf
-  if (SplitBackward(s)) {  // what each block's weight pass needs from its input-gradient pass
+  if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
     acts += layers * (2 * n * w + n * fc + n * qkv) + (s.stage.first ? n * w : 0);
     floats += layers * 4 * w;
   }

@@ -211,7 +211,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
   if (c.recompute) w.backward_flops += tokens * (2.0 * s.matmul_params + attention);
-  if (s.mesh.pp > 1 && worker::SplitsBackward(s.mesh.schedule)) {
+  if (s.split_backward()) {
     w.weight_flops = tokens * 2.0 * s.matmul_params;
   }
   w.slot_bytes = static_cast<double>(ActivationSlotBytes(s, backend));

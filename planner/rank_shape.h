@@ -12,6 +12,7 @@
 
 #include "config/spec.h"
 #include "worker/shape/parameters.h"
+#include "worker/shape/schedule.h"
 
 namespace trainyard::planner {
 
@@ -38,6 +39,8 @@ struct RankShape {
   // The elements ZeRO gives each data-parallel rank of group g: ⌈size / dp⌉.
   int64_t chunk(size_t g) const { return (group_sizes[g] + mesh.dp - 1) / mesh.dp; }
   int64_t padded(size_t g) const { return chunk(g) * mesh.dp; }
+  // The pipeline runs a split backward (ZB-H1's input-gradient and weight passes).
+  bool split_backward() const { return mesh.pp > 1 && worker::SplitsBackward(mesh.schedule); }
   bool tied_head_in_embedding_group() const {
     return model.tied_embeddings && stage.first && stage.last;
   }

@@ -94,8 +94,8 @@ class Communicator {
                                               int recv_peer, uint32_t recv_tag) = 0;
   // Point to point without waiting: several transfers in flight at once, each finished by its
   // PendingTransfer's Wait, so a pipeline stage need not wait for a receiver before it computes
-  // on. Only engines whose StartsTransfers() is true implement them (UNIMPLEMENTED otherwise);
-  // their callers then never block on a send before its receiver has reached it.
+  // on. An engine that starts transfers says so with StartsTransfers() and overrides both; the
+  // base class answers UNIMPLEMENTED, naming the engine.
   virtual bool StartsTransfers() const { return false; }
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(
       const void* data, int64_t count, DType dtype, int peer, uint32_t tag);

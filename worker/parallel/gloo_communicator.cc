@@ -133,26 +133,15 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Send(const float* data, int64_t count, int peer, uint32_t tag) override {
-    return Guard("send", [&] {
-      auto buf = context_->createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
-      buf->send(peer, kPointToPointSlotBase + tag);
-      Track({buf.get()});
-      WaitRegistry::Scope wait = WaitFor("send", Peer(peer));
-      buf->waitSend(timeout_);
-      Untrack();
-      stats_.Add(CollectiveKind::kSendRecv, count * sizeof(float));
-    });
+    TY_ASSIGN_OR_RETURN(std::unique_ptr<PendingTransfer> send,
+                        Start(/*send=*/true, const_cast<float*>(data), count, peer, tag));
+    return send->Wait();
   }
 
   absl::Status Recv(float* data, int64_t count, int peer, uint32_t tag) override {
-    return Guard("recv", [&] {
-      auto buf = context_->createUnboundBuffer(data, count * sizeof(float));
-      buf->recv(peer, kPointToPointSlotBase + tag);
-      Track({buf.get()});
-      WaitRegistry::Scope wait = WaitFor("recv", Peer(peer));
-      buf->waitRecv(timeout_);
-      Untrack();
-    });
+    TY_ASSIGN_OR_RETURN(std::unique_ptr<PendingTransfer> recv,
+                        Start(/*send=*/false, data, count, peer, tag));
+    return recv->Wait();
   }
 
   absl::Status SendRecv(const float* send, int64_t send_count, int send_peer, uint32_t send_tag,
@@ -175,11 +164,13 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(const void* data, int64_t count,
                                                              DType dtype, int peer,
                                                              uint32_t tag) override {
-    return Start(/*send=*/true, const_cast<void*>(data), count, dtype, peer, tag);
+    TY_RETURN_IF_ERROR(OnlyFloats(dtype));
+    return Start(/*send=*/true, const_cast<void*>(data), count, peer, tag);
   }
   absl::StatusOr<std::unique_ptr<PendingTransfer>> StartRecv(void* data, int64_t count, DType dtype,
                                                              int peer, uint32_t tag) override {
-    return Start(/*send=*/false, data, count, dtype, peer, tag);
+    TY_RETURN_IF_ERROR(OnlyFloats(dtype));
+    return Start(/*send=*/false, data, count, peer, tag);
   }
 
   absl::Status Barrier() override {
@@ -201,12 +192,13 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  // A send or receive posted on its own unbound buffer, waited for later.
+  // A send or receive posted on its own unbound buffer, waited for later; a send's bytes count
+  // once it has finished.
   class Transfer final : public PendingTransfer {
    public:
     Transfer(GlooCommunicator* comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send,
-             int peer)
-        : comm_(comm), buf_(std::move(buf)), send_(send), peer_(peer) {}
+             int peer, int64_t bytes)
+        : comm_(comm), buf_(std::move(buf)), send_(send), peer_(peer), bytes_(bytes) {}
     absl::Status Wait() override {
       const char* what = send_ ? "send" : "recv";
       return comm_->Guard(what, [&] {
@@ -218,6 +210,7 @@ class GlooCommunicator final : public Communicator {
           buf_->waitRecv(comm_->timeout_);
         }
         comm_->Untrack();
+        if (send_) comm_->stats_.Add(CollectiveKind::kSendRecv, bytes_);
       });
     }
 
@@ -226,13 +219,17 @@ class GlooCommunicator final : public Communicator {
     std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
     const bool send_;
     const int peer_;
+    const int64_t bytes_;
   };
 
+  static absl::Status OnlyFloats(DType dtype) {
+    if (dtype == DType::kF32) return absl::OkStatus();
+    return absl::UnimplementedError("gloo moves fp32 only (bf16 goes through host staging)");
+  }
+
+  // Posts a send or receive of `count` floats.
   absl::StatusOr<std::unique_ptr<PendingTransfer>> Start(bool send, void* data, int64_t count,
-                                                         DType dtype, int peer, uint32_t tag) {
-    if (dtype != DType::kF32) {
-      return absl::UnimplementedError("gloo moves fp32 only (bf16 goes through host staging)");
-    }
+                                                         int peer, uint32_t tag) {
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;
     TY_RETURN_IF_ERROR(Guard(send ? "send" : "recv", [&] {
       buf = context_->createUnboundBuffer(data, count * sizeof(float));
@@ -242,8 +239,8 @@ class GlooCommunicator final : public Communicator {
         buf->recv(peer, kPointToPointSlotBase + tag);
       }
     }));
-    if (send) stats_.Add(CollectiveKind::kSendRecv, count * sizeof(float));
-    return std::make_unique<Transfer>(this, std::move(buf), send, peer);
+    return std::make_unique<Transfer>(this, std::move(buf), send, peer,
+                                      count * static_cast<int64_t>(sizeof(float)));
   }
 
   // Boundaries of `parts` near-equal chunks of a buffer of `count` floats.

@@ -40,12 +40,13 @@ class Inbox {
  public:
   explicit Inbox(BufferPool& pool) : pool_(pool) {}
 
-  Act* Receive(const Pass& consumer, std::unique_ptr<parallel::PendingTransfer> pending = {}) {
+  // A buffer for the input of `consumer`, held until it is consumed.
+  Act* Receive(const Pass& consumer) {
     Held& held = held_[Key(consumer)];
     held.buffer = pool_.Take();
-    held.pending = std::move(pending);
     return held.buffer.data();
   }
+  // The receive into `consumer`'s buffer is in flight: For waits for it.
   void Started(const Pass& consumer, std::unique_ptr<parallel::PendingTransfer> pending) {
     held_[Key(consumer)].pending = std::move(pending);
   }
@@ -118,6 +119,13 @@ bool HasOutput(const ScheduleShape& shape, int stage, const Pass& pass) {
                                          : virtual_stage > 0;
 }
 
+// PlanSchedule's rule: a tick sends only what its own pass produced.
+absl::Status CheckSend(const ScheduleStep& step, const Transfer& send, const Act* output) {
+  if (step.has_pass && send.pass == step.pass && output != nullptr) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("pipeline tick ", step.tick, " sends what its pass does not produce"));
+}
+
 // A tick's transfers with one neighbour: at most one each way (PlanSchedule's rule), a send and a
 // receive paired in one SendRecv.
 absl::Status ExchangeWith(parallel::Communicator& pp, DType dtype, int64_t count, int peer,
@@ -134,10 +142,7 @@ absl::Status ExchangeWith(parallel::Communicator& pp, DType dtype, int64_t count
     }
     slot = &t;
   }
-  if (send != nullptr && (!step.has_pass || !(send->pass == step.pass) || output == nullptr)) {
-    return absl::InternalError(
-        absl::StrCat("pipeline tick ", step.tick, " sends what its pass does not produce"));
-  }
+  if (send != nullptr) TY_RETURN_IF_ERROR(CheckSend(step, *send, output));
   if (send != nullptr && recv != nullptr) {
     return pp.SendRecv(output, count, peer, send->tag, inbox.Receive(recv->consumer), count, peer,
                        recv->tag, dtype);
@@ -164,10 +169,6 @@ absl::Status Exchange(parallel::Communicator& pp, DType dtype, int64_t count,
   }
   return absl::OkStatus();
 }
-
-}  // namespace
-
-namespace {
 
 // One stage's steps with blocking transfers: each tick's exchanged at its end (Exchange).
 absl::Status RunLockstep(parallel::Communicator& pp, BufferPool& pool, const ScheduleShape& shape,
@@ -212,10 +213,7 @@ absl::Status RunStarted(parallel::Communicator& pp, BufferPool& pool, const Sche
     }
     for (const Transfer& t : step.transfers) {
       if (t.send) {
-        if (output.data() == nullptr || !step.has_pass || !(t.pass == step.pass)) {
-          return absl::InternalError(
-              absl::StrCat("pipeline tick ", step.tick, " sends what its pass does not produce"));
-        }
+        TY_RETURN_IF_ERROR(CheckSend(step, t, output.data()));
         TY_ASSIGN_OR_RETURN(auto pending, pp.StartSend(output.data(), count, dtype, t.peer, t.tag));
         outbox.Started(std::move(output), std::move(pending));
       } else {
