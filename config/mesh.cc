@@ -137,8 +137,56 @@ Problem CheckSequenceParallel(const ParallelismSpec& m, const TrainingSpec& t) {
   return std::nullopt;
 }
 
-// ZB-H1 needs a pipeline, every block's activations until its weight pass, and a steady state.
+int64_t MicroBatchesPerStep(const ParallelismSpec& m, const TrainingSpec& t) {
+  const int micro = MicroBatchPerRank(t, m);
+  return micro > 0 && m.dp > 0 ? t.batch / m.dp / micro : 0;
+}
+
+std::string MicroBatchesText(const ParallelismSpec& m, const TrainingSpec& t) {
+  return absl::StrCat("batch ", t.batch, " / dp ", m.dp, " / micro_batch ", MicroBatchPerRank(t, m),
+                      " gives ", MicroBatchesPerStep(m, t));
+}
+
+// Interleaved 1F1B needs two or more chunks per rank, layers that split into pp · V equal
+// chunks, and micro-batches in whole rounds of pp (Megatron's rule).
+Problem CheckInterleaved(const ParallelismSpec& m, const JobSpec& spec) {
+  const int v = m.virtual_stages;
+  if (v < 2 || v > kMaxDegree) {
+    return Bad("parallelism.virtual_stages",
+               absl::StrCat("interleaved needs virtual_stages of at least 2 (model chunks per "
+                            "pipeline rank), got ",
+                            v),
+               {"parallelism.schedule"});
+  }
+  const int64_t chunks = int64_t{m.pp} * v;
+  if (spec.model.layers % chunks != 0) {
+    return Bad("parallelism.virtual_stages",
+               absl::StrCat("model.layers ", spec.model.layers, " do not split into pp ", m.pp,
+                            " × virtual_stages ", v, " = ", chunks, " chunks of equal size"),
+               {"model.layers", "parallelism.pp"});
+  }
+  const int64_t micro_batches = MicroBatchesPerStep(m, spec.training);
+  if (micro_batches < m.pp || micro_batches % m.pp != 0) {
+    return Bad(
+        "training.micro_batch",
+        absl::StrCat("interleaved runs micro-batches in rounds of pp = ", m.pp,
+                     " and needs a multiple of it per step; ", MicroBatchesText(m, spec.training)),
+        {"training.batch", "parallelism.schedule"});
+  }
+  return std::nullopt;
+}
+
+// Every schedule but 1F1B needs a pipeline; ZB-H1 every block's activations until its weight
+// pass, and a steady state.
 Problem CheckSchedule(const ParallelismSpec& m, const JobSpec& spec) {
+  if (m.virtual_stages != 1 && m.schedule != PipelineSchedule::kInterleaved) {
+    return Bad("parallelism.virtual_stages",
+               absl::StrCat("virtual_stages ", m.virtual_stages,
+                            " needs schedule: interleaved (the only schedule with several model "
+                            "chunks per rank), not ",
+                            ScheduleName(m.schedule)),
+               {"parallelism.schedule"});
+  }
   if (m.schedule == PipelineSchedule::kOneForwardOneBackward) return std::nullopt;
   const char* name = ScheduleName(m.schedule);
   if (m.pp == 1) {
@@ -146,6 +194,7 @@ Problem CheckSchedule(const ParallelismSpec& m, const JobSpec& spec) {
                absl::StrCat(name, " needs pp > 1 (one stage has no pipeline to schedule)"),
                {"parallelism.pp"});
   }
+  if (m.schedule == PipelineSchedule::kInterleaved) return CheckInterleaved(m, spec);
   if (spec.model.recompute) {
     return Bad("parallelism.schedule",
                absl::StrCat(name,
@@ -153,13 +202,10 @@ Problem CheckSchedule(const ParallelismSpec& m, const JobSpec& spec) {
                             "run with model.recompute"),
                {"model.recompute"});
   }
-  const int micro = MicroBatchPerRank(spec.training, m);
-  const int64_t micro_batches = micro > 0 && m.dp > 0 ? spec.training.batch / m.dp / micro : 0;
-  if (micro_batches < m.pp) {
+  if (MicroBatchesPerStep(m, spec.training) < m.pp) {
     return Bad("training.micro_batch",
-               absl::StrCat(name, " needs at least pp = ", m.pp, " micro-batches per step; batch ",
-                            spec.training.batch, " / dp ", m.dp, " / micro_batch ", micro,
-                            " gives ", micro_batches),
+               absl::StrCat(name, " needs at least pp = ", m.pp, " micro-batches per step; ",
+                            MicroBatchesText(m, spec.training)),
                {"training.batch", "parallelism.schedule"});
   }
   return std::nullopt;
@@ -171,6 +217,8 @@ const char* ScheduleName(PipelineSchedule schedule) {
   switch (schedule) {
     case PipelineSchedule::kOneForwardOneBackward:
       return "1f1b";
+    case PipelineSchedule::kInterleaved:
+      return "interleaved";
     case PipelineSchedule::kZeroBubble:
       return "zero-bubble";
   }

@@ -20,16 +20,18 @@ absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
     return absl::OkStatus();
   }
   if (!r->IsMapping()) return top.WrongType("parallelism", "auto or a mapping of dp, tp, pp, zero");
-  TY_RETURN_IF_ERROR(
-      r->ExpectMapWithKeys({"dp", "tp", "pp", "zero", "sequence_parallel", "schedule"}));
+  TY_RETURN_IF_ERROR(r->ExpectMapWithKeys(
+      {"dp", "tp", "pp", "zero", "sequence_parallel", "schedule", "virtual_stages"}));
   TY_RETURN_IF_ERROR(r->ReadInt("dp", &p->dp));
   TY_RETURN_IF_ERROR(r->ReadInt("tp", &p->tp));
   TY_RETURN_IF_ERROR(r->ReadInt("pp", &p->pp));
   TY_RETURN_IF_ERROR(r->ReadInt("zero", &p->zero));
   TY_RETURN_IF_ERROR(r->ReadBool("sequence_parallel", &p->sequence_parallel));
+  TY_RETURN_IF_ERROR(r->ReadInt("virtual_stages", &p->virtual_stages));
   std::string schedule = ScheduleName(p->schedule);
   TY_RETURN_IF_ERROR(r->ReadString("schedule", &schedule));
   const std::vector<PipelineSchedule> known = {PipelineSchedule::kOneForwardOneBackward,
+                                               PipelineSchedule::kInterleaved,
                                                PipelineSchedule::kZeroBubble};
   for (PipelineSchedule s : known) {
     if (schedule == ScheduleName(s)) {
@@ -37,11 +39,11 @@ absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
       return absl::OkStatus();
     }
   }
-  const std::string suggestion = ClosestMatch(schedule, {"1f1b", "zero-bubble"});
+  const std::string suggestion = ClosestMatch(schedule, {"1f1b", "interleaved", "zero-bubble"});
   return r->ErrorAt(
       "schedule",
       absl::StrCat("unknown pipeline schedule ", QuoteForMessage(schedule),
-                   suggestion.empty() ? "; expected 1f1b or zero-bubble"
+                   suggestion.empty() ? "; expected 1f1b, interleaved or zero-bubble"
                                       : absl::StrCat("; did you mean '", suggestion, "'?")));
 }
 

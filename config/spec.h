@@ -70,9 +70,10 @@ struct TrainingSpec {
 // How a pipeline's stages order their passes (worker/shape/schedule.h defines each).
 enum class PipelineSchedule {
   kOneForwardOneBackward,  // "1f1b"
+  kInterleaved,            // "interleaved": Megatron's interleaved 1F1B over virtual stages
   kZeroBubble,             // "zero-bubble": ZB-H1, the backward split into B and W passes
 };
-// "1f1b", "zero-bubble": the words specs write.
+// "1f1b", "interleaved", "zero-bubble": the words specs write.
 const char* ScheduleName(PipelineSchedule schedule);
 
 struct ParallelismSpec {
@@ -89,6 +90,9 @@ struct ParallelismSpec {
   // The pipeline schedule (pp > 1); `parallelism: auto` and meshes chosen for an elastic resize
   // run 1F1B unless the spec's explicit mesh is kept.
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
+  // Model chunks per pipeline rank (`interleaved` only; 1 otherwise): rank s holds virtual
+  // stages s, s + pp, s + 2·pp, …, each model.layers / (pp · virtual_stages) layers.
+  int virtual_stages = 1;
 
   int world_size() const { return dp * tp * pp; }
 };

@@ -235,7 +235,11 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
         mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
         // The spec's schedule where the mesh can run it, else 1F1B.
         mesh.schedule = spec.parallelism.schedule;
-        if (config::FindMeshProblem(mesh, spec)) mesh.schedule = config::ParallelismSpec{}.schedule;
+        mesh.virtual_stages = spec.parallelism.virtual_stages;
+        if (config::FindMeshProblem(mesh, spec)) {
+          mesh.schedule = config::ParallelismSpec{}.schedule;
+          mesh.virtual_stages = 1;
+        }
         if (config::FindMeshProblem(mesh, spec)) continue;
         meshes.push_back(mesh);
       }
@@ -400,7 +404,10 @@ double DalyInterval(double delta_seconds, double mtbf_seconds) {
 std::string MeshName(const config::ParallelismSpec& m) {
   return absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, ", ZeRO-", m.zero,
                       m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "",
-                      m.pp > 1 ? absl::StrCat(", ", config::ScheduleName(m.schedule)) : "");
+                      m.pp > 1 ? absl::StrCat(", ", config::ScheduleName(m.schedule)) : "",
+                      m.pp > 1 && m.virtual_stages > 1
+                          ? absl::StrCat(" over ", m.virtual_stages, " virtual stages")
+                          : "");
 }
 
 }  // namespace trainyard::planner

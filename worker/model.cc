@@ -31,6 +31,7 @@ struct Model::LayerActivations {
 
 struct Model::Activations {
   int b = 0, t = 0;
+  int layers_held = 0;  // blocks whose activations the slot holds (a chunk's)
   Buffer<int32_t> inputs, targets;
   // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
   Buffer<int32_t> local_inputs, local_targets;
@@ -79,13 +80,13 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel,
+             parallel::Communicator* tp, std::vector<PipelineStage> chunks, bool sequence_parallel,
              bool split_backward)
     : config_(config),
       tp_(tp, sequence_parallel, backend->act_dtype()),
       sp_(tp_.sequence_parallel()),
       split_(split_backward),
-      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, stage),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, std::move(chunks)),
       backend_(backend),
       source_(source) {
   const int64_t n = tp_size(), d = config.head_dim();
@@ -112,16 +113,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                      Backend* backend) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   return std::unique_ptr<Model>(
-      new Model(config, backend, nullptr, nullptr, PipelineStage{}, false, false));
+      new Model(config, backend, nullptr, nullptr, {PipelineStage{}}, false, false));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
                                                      parallel::Communicator* tp,
-                                                     PipelineStage stage, bool sequence_parallel,
-                                                     bool split_backward) {
+                                                     std::vector<PipelineStage> chunks,
+                                                     bool sequence_parallel, bool split_backward) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
+  if (chunks.empty()) return absl::InvalidArgumentError("a model needs at least one chunk");
+  for (size_t c = 1; c < chunks.size(); ++c) {
+    if (chunks[c].num_layers != chunks[0].num_layers) {
+      // The chunks share their activation slots, so they hold equal numbers of layers.
+      return absl::InvalidArgumentError("a rank's model chunks must hold equal numbers of layers");
+    }
+  }
   if (split_backward && config.recompute) {
     return absl::InvalidArgumentError(
         "a split backward keeps every block's activations until its weight pass; it cannot "
@@ -140,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
     }
   }
   return std::unique_ptr<Model>(
-      new Model(config, backend, source, tp, stage, sequence_parallel, split_backward));
+      new Model(config, backend, source, tp, std::move(chunks), sequence_parallel, split_backward));
 }
 
 const float* Model::P(int group, int64_t offset) const {
@@ -265,7 +273,7 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
 
 void Model::EnsureActivations(int b, int t) {
   std::unique_ptr<Activations>& held = slots_[current_slot_];
-  if (held && held->b == b && held->t == t) {
+  if (held && held->b == b && held->t == t && held->layers_held == stage().num_layers) {
     acts_ = held.get();
     return;
   }
@@ -279,13 +287,14 @@ void Model::EnsureActivations(int b, int t) {
   Backend& be = *backend_;
   a->b = b;
   a->t = t;
+  a->layers_held = stage().num_layers;
   a->inputs = be.AllocInt(n);
   if (tp_size() > 1) {
     a->local_inputs = be.AllocInt(n);
     a->local_targets = be.AllocInt(n);
   }
   a->targets = be.AllocInt(n);
-  const int local_layers = layout_.stage().num_layers;
+  const int local_layers = stage().num_layers;
   for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocAct(nr * width));
   const int saved_layers = c.recompute ? 1 : local_layers;
   for (int l = 0; l < saved_layers; ++l) {
@@ -341,7 +350,8 @@ void Model::EnsureActivations(int b, int t) {
       d.norms = be.AllocFloat(4 * width);
       a->deferred.push_back(std::move(d));
     }
-    if (layout_.stage().first) a->embedding_dy = be.AllocAct(n * width);
+    // A slot serves every chunk of the rank: the embedding chunk's gradient buffer is in all.
+    if (layout_.first()) a->embedding_dy = be.AllocAct(n * width);
   }
   held = std::move(a);
   acts_ = held.get();
@@ -350,7 +360,7 @@ void Model::EnsureActivations(int b, int t) {
 absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
                             const Act* input_acts) {
   Activations& a = *acts_;
-  const PipelineStage& stage = layout_.stage();
+  const PipelineStage& stage = this->stage();
   const int64_t rows = local_rows();
   if (stage.first) {
     TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, ParameterLayout::kEmbeddingGroup));
@@ -392,7 +402,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
 // ∂loss/∂(stage input), then the embedding's gradient on the first stage.
 absl::Status Model::BackwardBlocks(Act* dx) {
   Activations& a = *acts_;
-  const PipelineStage& stage = layout_.stage();
+  const PipelineStage& stage = this->stage();
   const bool recompute = config_.recompute;
   for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
     LayerActivations& la = a.layers[recompute ? 0 : l - stage.first_layer];
@@ -433,8 +443,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const bool split_bias = tp_size() > 1;  // row-parallel outputs take their bias after the sum
-  const int li = layer - layout_.stage().first_layer;  // the block's index on this stage
+  const bool split_bias = tp_size() > 1;       // row-parallel outputs take their bias after the sum
+  const int li = layer - stage().first_layer;  // the block's index on this stage
   const Act* x = a.resid[li].data();
   Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
   Act* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
@@ -484,7 +494,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
 // left to BlockWeightGradients: this pass keeps what they need instead.
 absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const int g = layout_.block_group(layer);
-  const int li = layer - layout_.stage().first_layer;
+  const int li = layer - stage().first_layer;
   Activations::DeferredGrads* deferred = split_ ? &acts_->deferred[li] : nullptr;
   if (!split_) {
     TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
@@ -570,7 +580,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
 // norms' gradients it collected. Needs no parameters.
 absl::Status Model::BlockWeightGradients(int layer) {
   const int g = layout_.block_group(layer);
-  const int li = layer - layout_.stage().first_layer;
+  const int li = layer - stage().first_layer;
   Activations& a = *acts_;
   const LayerActivations& la = a.layers[li];
   Activations::DeferredGrads& d = a.deferred[li];
@@ -596,7 +606,7 @@ absl::Status Model::FinalNorm() {
   Activations& a = *acts_;
   const int g = layout_.final_group();
   const int64_t nr = local_rows();
-  const Act* x = a.resid[layout_.stage().num_layers].data();
+  const Act* x = a.resid[stage().num_layers].data();
   Act* out = sp_ ? a.lnf_local.data() : a.lnf.data();
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()),
@@ -613,7 +623,7 @@ absl::Status Model::FinalNormBackward(Act* dx) {
   const int g = layout_.final_group();
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   const int64_t nr = local_rows();
-  const Act* x = a.resid[layout_.stage().num_layers].data();
+  const Act* x = a.resid[stage().num_layers].data();
   const Act* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
   NormGrads lnf = NormGradTargets(g, layout_.lnf_w(), layout_.lnf_b(), 0);
   if (config_.family == ModelFamily::kGpt2) {
@@ -641,8 +651,8 @@ absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
   // A block's norms under a split backward collect in the block's deferred scratch; the final
   // norm's gradients are never deferred.
-  const int block = group - layout_.block_group(layout_.stage().first_layer);
-  const bool deferred = split_ && block >= 0 && block < layout_.stage().num_layers;
+  const int block = group - layout_.block_group(stage().first_layer);
+  const bool deferred = split_ && block >= 0 && block < stage().num_layers;
   if (!sp_ && !deferred) return {G(group, weight), G(group, bias)};
   float* scratch =
       (deferred ? acts_->deferred[block].norms : acts_->norm_scratch).data() + slot * config_.width;
@@ -749,22 +759,22 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
 
 absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b,
                                               int t, float grad_scale) {
-  if (!layout_.stage().first || !layout_.stage().last) {
+  if (!layout_.first() || !layout_.last()) {
     return absl::FailedPreconditionError("ForwardBackward runs a whole model; use StageForward");
   }
   double loss = 0.0;
-  TY_RETURN_IF_ERROR(StageForward(0, inputs, targets, b, t, nullptr, grad_scale, &loss, nullptr));
-  TY_RETURN_IF_ERROR(StageBackward(0, nullptr, nullptr));
+  TY_RETURN_IF_ERROR(StageForward({}, inputs, targets, b, t, nullptr, grad_scale, &loss, nullptr));
+  TY_RETURN_IF_ERROR(StageBackward({}, nullptr, nullptr));
   return loss;
 }
 
-absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t* targets, int b,
+absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int32_t* targets, int b,
                                  int t, const Act* input_acts, float grad_scale, double* loss_sum,
                                  Act* output_acts) {
-  const PipelineStage& stage = layout_.stage();
+  SelectSlot(at);
+  const PipelineStage& stage = this->stage();
   if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
   const int64_t started = RealClock()->NowNanosMonotonic();
-  SelectSlot(slot);
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
@@ -799,10 +809,10 @@ absl::Status Model::StageForward(int slot, const int32_t* inputs, const int32_t*
   return synced;
 }
 
-absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
-  const PipelineStage& stage = layout_.stage();
+absl::Status Model::StageBackward(StageSlot at, const Act* doutput, Act* dinput) {
+  SelectSlot(at);
+  const PipelineStage& stage = this->stage();
   const int64_t started = RealClock()->NowNanosMonotonic();
-  SelectSlot(slot);
   Activations& a = *acts_;
   const int64_t rows = local_rows();
   if (!stage.last) {
@@ -816,11 +826,11 @@ absl::Status Model::StageBackward(int slot, const Act* doutput, Act* dinput) {
   return synced;
 }
 
-absl::Status Model::StageWeightGradients(int slot) {
+absl::Status Model::StageWeightGradients(StageSlot at) {
   if (!split_) return absl::FailedPreconditionError("weight passes need a split backward");
-  const PipelineStage& stage = layout_.stage();
+  SelectSlot(at);
+  const PipelineStage& stage = this->stage();
   const int64_t started = RealClock()->NowNanosMonotonic();
-  SelectSlot(slot);
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
     TY_RETURN_IF_ERROR(BlockWeightGradients(l));
@@ -831,10 +841,10 @@ absl::Status Model::StageWeightGradients(int slot) {
   return synced;
 }
 
-absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                        const Act* input_acts, Act* output_acts) {
-  const PipelineStage& stage = layout_.stage();
-  SelectSlot(0);
+absl::StatusOr<double> Model::StageLoss(int chunk, const int32_t* inputs, const int32_t* targets,
+                                        int b, int t, const Act* input_acts, Act* output_acts) {
+  SelectSlot({.chunk = chunk, .slot = 0});
+  const PipelineStage& stage = this->stage();
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, input_acts));
@@ -849,28 +859,31 @@ absl::StatusOr<double> Model::StageLoss(const int32_t* inputs, const int32_t* ta
   return loss;
 }
 
-void Model::SelectSlot(int slot) {
-  if (slot >= static_cast<int>(slots_.size())) slots_.resize(slot + 1);
-  current_slot_ = slot;
-  acts_ = slots_[slot].get();
+void Model::SelectSlot(StageSlot at) {
+  TY_CHECK(at.chunk >= 0 && at.chunk < static_cast<int>(layout_.chunks().size()))
+      << "model chunk " << at.chunk << " of " << layout_.chunks().size();
+  chunk_ = at.chunk;
+  if (at.slot >= static_cast<int>(slots_.size())) slots_.resize(at.slot + 1);
+  current_slot_ = at.slot;
+  acts_ = slots_[at.slot].get();
 }
 
 absl::StatusOr<double> Model::Loss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   if (targets == nullptr) return absl::InvalidArgumentError("targets are required");
-  if (!layout_.stage().first || !layout_.stage().last) {
+  if (!layout_.first() || !layout_.last()) {
     return absl::FailedPreconditionError("Loss runs a whole model; use StageLoss");
   }
-  return StageLoss(inputs, targets, b, t, nullptr, nullptr);
+  return StageLoss(0, inputs, targets, b, t, nullptr, nullptr);
 }
 
 absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logits) {
   if (tp_size() > 1) {
     return absl::UnimplementedError("full logits are not assembled under tensor parallelism");
   }
-  if (!layout_.stage().first || !layout_.stage().last) {
+  if (!layout_.first() || !layout_.last()) {
     return absl::FailedPreconditionError("Logits runs a whole model");
   }
-  SelectSlot(0);
+  SelectSlot({});
   TY_RETURN_IF_ERROR(Prepare(inputs, nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, nullptr));

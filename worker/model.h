@@ -25,6 +25,13 @@
 
 namespace trainyard::worker {
 
+// Which of a pipeline rank's model chunks a stage pass runs, and the activation slot of its
+// micro-batch (slots are the rank's, shared by its chunks: worker/shape/schedule.h).
+struct StageSlot {
+  int chunk = 0;
+  int slot = 0;
+};
+
 class Model {
  public:
   // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config.
@@ -37,13 +44,15 @@ class Model {
   // too), the MLP column- then row-parallel, embedding and LM head split by vocabulary; `tp`
   // must outlive the model. With sequence_parallel (and tp > 1) the residual stream between the
   // tensor-parallel regions is split by rows too: the norms run on n / tp rows, gathered before
-  // the column-parallel matmuls and reduce-scattered after the row-parallel ones. With
+  // the column-parallel matmuls and reduce-scattered after the row-parallel ones. `chunks`: the
+  // layers this pipeline rank holds (one stage, or an interleaved schedule's model chunks, all of
+  // the same number of layers; the source uses ParameterLayout(config, tp, chunks)). With
   // split_backward (zero-bubble schedules) StageBackward computes the input gradient only, and
   // StageWeightGradients the blocks' and the embedding's weight gradients later; INVALID_ARGUMENT
   // with config.recompute (the weight pass needs every block's activations).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
       const config::ModelConfig& config, Backend* backend, ParamSource* source,
-      parallel::Communicator* tp = nullptr, PipelineStage stage = {},
+      parallel::Communicator* tp = nullptr, std::vector<PipelineStage> chunks = {PipelineStage{}},
       bool sequence_parallel = false, bool split_backward = false);
   ~Model();
 
@@ -76,27 +85,30 @@ class Model {
   // Σ cross-entropy without gradients.
   [[nodiscard]] absl::StatusOr<double> Loss(const int32_t* inputs, const int32_t* targets, int b,
                                             int t);
-  // One pipeline stage's share of a micro-batch, keeping its activations in `slot` (one slot per
-  // micro-batch in flight). Inputs and targets are the micro-batch's tokens (host); input_acts /
-  // output_acts are [b·t, width] device buffers from / for the neighbouring stages (ignored on
-  // the first / last stage). The last stage computes the loss (Σ cross-entropy into *loss_sum)
-  // and its whole backward in StageForward; StageBackward then only hands on ∂loss/∂input.
-  [[nodiscard]] absl::Status StageForward(int slot, const int32_t* inputs, const int32_t* targets,
-                                          int b, int t, const Act* input_acts, float grad_scale,
-                                          double* loss_sum, Act* output_acts);
+  // One model chunk's share of a micro-batch (at.chunk), keeping its activations in slot at.slot
+  // (one slot per micro-batch and chunk in flight). Inputs and targets are the micro-batch's
+  // tokens (host); input_acts / output_acts are [b·t, width] device buffers from / for the
+  // neighbouring virtual stages (ignored on the first / last one). The last virtual stage computes
+  // the loss (Σ cross-entropy into *loss_sum) and its whole backward in StageForward;
+  // StageBackward then only hands on ∂loss/∂input.
+  [[nodiscard]] absl::Status StageForward(StageSlot at, const int32_t* inputs,
+                                          const int32_t* targets, int b, int t,
+                                          const Act* input_acts, float grad_scale, double* loss_sum,
+                                          Act* output_acts);
   // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
   // input) (not on the first stage). With a split backward the blocks' and the embedding's
   // weight gradients are left to StageWeightGradients (the last stage's final norm and LM head
   // still get theirs in StageForward).
-  [[nodiscard]] absl::Status StageBackward(int slot, const Act* doutput, Act* dinput);
-  // The weight pass of a split backward for the micro-batch in `slot`, after its StageBackward:
+  [[nodiscard]] absl::Status StageBackward(StageSlot at, const Act* doutput, Act* dinput);
+  // The weight pass of a split backward for the micro-batch in `at`, after its StageBackward:
   // the blocks' weight and bias gradients and the norms', then the embedding's on the first
   // stage. Uses no parameters. FAILED_PRECONDITION without split_backward.
-  [[nodiscard]] absl::Status StageWeightGradients(int slot);
-  // Forward only: the last stage returns Σ cross-entropy, the others 0 and fill output_acts.
-  [[nodiscard]] absl::StatusOr<double> StageLoss(const int32_t* inputs, const int32_t* targets,
-                                                 int b, int t, const Act* input_acts,
-                                                 Act* output_acts);
+  [[nodiscard]] absl::Status StageWeightGradients(StageSlot at);
+  // Forward only through `chunk`: the last virtual stage returns Σ cross-entropy, the others 0
+  // and fill output_acts.
+  [[nodiscard]] absl::StatusOr<double> StageLoss(int chunk, const int32_t* inputs,
+                                                 const int32_t* targets, int b, int t,
+                                                 const Act* input_acts, Act* output_acts);
 
   // Full logits [b, t, vocab] into a host array (tests and inference).
   [[nodiscard]] absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
@@ -126,8 +138,10 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        parallel::Communicator* tp, PipelineStage stage, bool sequence_parallel,
+        parallel::Communicator* tp, std::vector<PipelineStage> chunks, bool sequence_parallel,
         bool split_backward);
+  // The chunk the current pass runs.
+  const PipelineStage& stage() const { return layout_.chunks()[chunk_]; }
   // Rows of the residual stream this rank holds for the current micro-batch.
   int64_t local_rows() const;
   [[nodiscard]] absl::Status ToFullRows(Act* local, Act* full, int64_t cols);
@@ -154,7 +168,7 @@ class Model {
   [[nodiscard]] absl::Status Forward(bool keep_layer_activations, std::unique_ptr<Hold>* final_hold,
                                      const Act* input_acts);
   [[nodiscard]] absl::Status BackwardBlocks(Act* dx);
-  void SelectSlot(int slot);
+  void SelectSlot(StageSlot at);
   [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a);
   [[nodiscard]] absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
   [[nodiscard]] absl::Status BlockWeightGradients(int layer);
@@ -187,6 +201,7 @@ class Model {
   // one the current call uses.
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
+  int chunk_ = 0;
   Activations* acts_ = nullptr;
 };
 

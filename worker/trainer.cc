@@ -64,17 +64,18 @@ struct EvalShare {
 };
 
 // Mean validation loss over the windows of EvalShare. With pipeline stages, activations are
-// handed forward stage by stage and the last stage's loss is shared; the data-parallel ranks'
-// sums are added up.
+// handed forward virtual stage by virtual stage (chunk c of rank s is virtual stage c·pp + s; the
+// last rank hands its chunk's output to the first rank's next chunk) and the last virtual stage's
+// loss is shared; the data-parallel ranks' sums are added up.
 absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Communicator& dp,
-                                parallel::Communicator& pp, const BatchSampler& sampler,
+                                parallel::Communicator& pp, int chunks, const BatchSampler& sampler,
                                 const EvalShare& share, int64_t transfer_count) {
   const int t = sampler.seq_len();
-  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  const int p = pp.size(), s = pp.rank(), virtual_stages = p * chunks;
   std::vector<int32_t> inputs(int64_t{share.micro} * t), targets(inputs.size());
   const DType dtype = backend.act_dtype();
-  Buffer<Act> in = first ? Buffer<Act>() : backend.AllocAct(transfer_count);
-  Buffer<Act> out = last ? Buffer<Act>() : backend.AllocAct(transfer_count);
+  Buffer<Act> in = p > 1 ? backend.AllocAct(transfer_count) : Buffer<Act>();
+  Buffer<Act> out = p > 1 ? backend.AllocAct(transfer_count) : Buffer<Act>();
   double total = 0.0;
   uint32_t message = 0;
   for (int i = 0; i < share.eval_batches; ++i) {
@@ -83,17 +84,20 @@ absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Commun
                                   int64_t{share.dp_rank} * share.per_rank +
                                   int64_t{m} * share.micro,
                               share.micro, inputs.data(), targets.data());
+      // The tag of the hand-off into virtual stage v.
       constexpr uint32_t kEvalTag = 1u << 30;
-      if (!first) {
-        TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, pp.rank() - 1, kEvalTag + message));
+      auto tag = [&](int v) { return kEvalTag + message * virtual_stages + v; };
+      for (int c = 0; c < chunks; ++c) {
+        const int v = c * p + s;
+        if (v > 0)
+          TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, (s + p - 1) % p, tag(v)));
+        TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(c, inputs.data(), targets.data(),
+                                                         share.micro, t, in.data(), out.data()));
+        if (v + 1 < virtual_stages) {
+          TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, (s + 1) % p, tag(v + 1)));
+        }
+        total += loss;
       }
-      TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(inputs.data(), targets.data(), share.micro,
-                                                       t, in.data(), out.data()));
-      if (!last) {
-        TY_RETURN_IF_ERROR(
-            pp.Send(out.data(), out.size(), dtype, pp.rank() + 1, kEvalTag + message));
-      }
-      total += loss;
     }
   }
   TY_ASSIGN_OR_RETURN(total, parallel::AllReduceDouble(pp, total));
@@ -253,7 +257,7 @@ absl::Status RankTrainer::Setup() {
   TY_ASSIGN_OR_RETURN(dims_, ParallelDims::Connect(spec_, rank_, backend_));
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
   const config::ParallelismSpec& mesh = spec_.parallelism;
-  layout_ = std::make_unique<ParameterLayout>(mc, dims_.at.tp_rank, mesh.tp, dims_.stage);
+  layout_ = std::make_unique<ParameterLayout>(mc, dims_.at.tp_rank, mesh.tp, dims_.chunks);
   TY_ASSIGN_OR_RETURN(params_,
                       parallel::ShardedParams::Create(
                           *layout_, &backend_, dims_.dp.get(), dims_.tp.get(), dims_.pp.get(),
@@ -261,7 +265,7 @@ absl::Status RankTrainer::Setup() {
                           OptimizerConfigFromSpec(tr)));
   params_->Initialize(tr.seed);
   TY_ASSIGN_OR_RETURN(
-      model_, Model::Create(mc, &backend_, params_.get(), dims_.tp.get(), dims_.stage,
+      model_, Model::Create(mc, &backend_, params_.get(), dims_.tp.get(), dims_.chunks,
                             mesh.sequence_parallel, mesh.pp > 1 && SplitsBackward(mesh.schedule)));
   state_ = TrainState{
       .params = params_.get(), .seed = tr.seed, .global_batch = tr.batch, .seq_len = tr.seq_len};
@@ -280,7 +284,12 @@ absl::Status RankTrainer::Setup() {
                  "mesh dp %d x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
                  config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
                  model_->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero,
-                 mesh.pp > 1 ? absl::StrCat(", ", config::ScheduleName(mesh.schedule)) : "",
+                 mesh.pp > 1 ? absl::StrCat(", ", config::ScheduleName(mesh.schedule),
+                                            mesh.virtual_stages > 1
+                                                ? absl::StrCat(" over ", mesh.virtual_stages,
+                                                               " virtual stages")
+                                                : "")
+                             : "",
                  data_.description)
           << std::flush;
   }
@@ -360,18 +369,20 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   }
   const ScheduleShape shape{.schedule = spec_.parallelism.schedule,
                             .stages = spec_.parallelism.pp,
-                            .micro_batches = dims_.at.micro_batches};
+                            .micro_batches = dims_.at.micro_batches,
+                            .virtual_stages = spec_.parallelism.virtual_stages};
   StageWork work;
   work.run = [&](const Pass& pass, int slot, const Act* in, Act* out) -> absl::Status {
     if (ComputesWeightGradients(shape, dims_.at.pp_rank, pass)) {
       params_->SetLastMicroBatch(pass.micro_batch + 1 == dims_.at.micro_batches);
     }
-    if (pass.kind == PassKind::kBackward) return model_->StageBackward(slot, in, out);
-    if (pass.kind == PassKind::kWeight) return model_->StageWeightGradients(slot);
+    const StageSlot at{.chunk = pass.chunk, .slot = slot};
+    if (pass.kind == PassKind::kBackward) return model_->StageBackward(at, in, out);
+    if (pass.kind == PassKind::kWeight) return model_->StageWeightGradients(at);
     fill(pass.micro_batch);
     double loss = 0.0;
-    TY_RETURN_IF_ERROR(model_->StageForward(slot, inputs_.data(), targets_.data(), dims_.at.micro,
-                                            t, in, grad_scale, &loss, out));
+    TY_RETURN_IF_ERROR(model_->StageForward(at, inputs_.data(), targets_.data(), dims_.at.micro, t,
+                                            in, grad_scale, &loss, out));
     loss_sum += loss;
     return absl::OkStatus();
   };
@@ -510,7 +521,8 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                             .per_rank = dims_.at.per_rank,
                             .micro = dims_.at.micro};
       TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *dims_.dp, *dims_.pp,
-                                               *val_sampler_, share, stage_transfer_));
+                                               spec_.parallelism.virtual_stages, *val_sampler_,
+                                               share, stage_transfer_));
       result_.evals.push_back({state_.step, val});
       report.val_loss = val;
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;

@@ -1,4 +1,4 @@
-// Data, tensor, sequence and pipeline parallelism, every ZeRO stage and both pipeline schedules
+// Data, tensor, sequence and pipeline parallelism, every ZeRO stage and every pipeline schedule
 // against the single-process run: the same global batch for five optimizer steps (gradient
 // clipping active) must give the same losses and the same final parameters.
 //
@@ -105,9 +105,10 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   std::string worst_name;
   for (size_t rank = 0; rank < parallel.rank_params.size(); ++rank) {
     const int dp = spec.parallelism.dp, pp = spec.parallelism.pp;
-    const PipelineStage stage =
-        BalanceStages(spec.model, spec.training.seq_len, pp)[static_cast<int>(rank) / (tp * dp)];
-    const ParameterLayout local(spec.model, static_cast<int>(rank) % tp, tp, stage);
+    const std::vector<PipelineStage> chunks =
+        StageChunks(spec.model, spec.training.seq_len, pp, spec.parallelism.virtual_stages,
+                    static_cast<int>(rank) / (tp * dp));
+    const ParameterLayout local(spec.model, static_cast<int>(rank) % tp, tp, chunks);
     ASSERT_EQ(parallel.rank_params[rank].size(), static_cast<size_t>(local.total()));
     for (const ParamTensor& t : local.tensors()) {
       std::vector<float> expected(t.numel);
@@ -170,9 +171,11 @@ struct MeshCase {
   config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
+  int virtual_stages = 1;
 };
 
 constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
+constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
 
 class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
 
@@ -188,6 +191,7 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.sequence_parallel = mesh.sequence_parallel;
   spec.parallelism.schedule = mesh.schedule;
+  spec.parallelism.virtual_stages = mesh.virtual_stages;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
@@ -197,20 +201,26 @@ INSTANTIATE_TEST_SUITE_P(
     Meshes, ModelParallel,
     ::testing::Combine(
         ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
-        ::testing::Values(MeshCase{"tp2", 1, 2, 1, 0}, MeshCase{"pp2_4micro", 1, 1, 2, 0},
-                          MeshCase{"dp2_tp2", 2, 2, 1, 0}, MeshCase{"tp2_pp2", 1, 2, 2, 0},
-                          MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1},
-                          MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
-                          MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
-                          MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
-                          MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true},
-                          MeshCase{"pp4", 1, 1, 4, 0, false, {}, 4},
-                          // ZB-H1: the backward split into B and W passes.
-                          MeshCase{"zb_pp2", 1, 1, 2, 0, false, kZeroBubble},
-                          MeshCase{"zb_pp4", 1, 1, 4, 0, false, kZeroBubble, 4},
-                          MeshCase{"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, kZeroBubble},
-                          MeshCase{"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, kZeroBubble, 0, true},
-                          MeshCase{"zb_tp2_pp2_sp", 1, 2, 2, 0, true, kZeroBubble})),
+        ::testing::Values(
+            MeshCase{"tp2", 1, 2, 1, 0}, MeshCase{"pp2_4micro", 1, 1, 2, 0},
+            MeshCase{"dp2_tp2", 2, 2, 1, 0}, MeshCase{"tp2_pp2", 1, 2, 2, 0},
+            MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1}, MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
+            MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
+            MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
+            MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true}, MeshCase{"pp4", 1, 1, 4, 0, false, {}, 4},
+            // ZB-H1: the backward split into B and W passes.
+            MeshCase{"zb_pp2", 1, 1, 2, 0, false, kZeroBubble},
+            MeshCase{"zb_pp4", 1, 1, 4, 0, false, kZeroBubble, 4},
+            MeshCase{"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, kZeroBubble},
+            MeshCase{"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, kZeroBubble, 0, true},
+            MeshCase{"zb_tp2_pp2_sp", 1, 2, 2, 0, true, kZeroBubble},
+            // Interleaved 1F1B: each rank holds V chunks of the layers.
+            MeshCase{"il_pp2_v2", 1, 1, 2, 0, false, kInterleaved, 4, false, 2},
+            MeshCase{"il_pp2_v3", 1, 1, 2, 0, false, kInterleaved, 6, false, 3},
+            MeshCase{"il_pp4_v2", 1, 1, 4, 0, false, kInterleaved, 8, false, 2},
+            MeshCase{"il_dp2_pp2_zero1", 2, 1, 2, 1, false, kInterleaved, 4, false, 2},
+            MeshCase{"il_dp2_pp2_zero3", 2, 1, 2, 3, false, kInterleaved, 4, true, 2},
+            MeshCase{"il_tp2_pp2_sp", 1, 2, 2, 0, true, kInterleaved, 4, false, 2})),
     [](const auto& info) {
       return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
                           std::get<1>(info.param).name);
@@ -218,9 +228,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The validation loss covers the same windows on every mesh (eval_batches global batches, each
 // data-parallel rank its share): a single process without accumulation, dp 2 with ZeRO-3 and
-// accumulation, and tp 2 × pp 2 all report it within float error of each other.
+// accumulation, tp 2 × pp 2, and pp 2 interleaved over two chunks per rank all report it within
+// float error of each other.
 TEST(ValidationLoss, IsTheSameOnEveryMesh) {
   config::JobSpec spec = BaseJob(config::ModelFamily::kGpt2);
+  spec.model.layers = 4;  // two chunks on each of two stages for the interleaved mesh
   spec.training.eval_every = spec.training.steps;
   config::JobSpec single = spec;
   single.training.micro_batch = spec.training.batch;
@@ -229,14 +241,18 @@ TEST(ValidationLoss, IsTheSameOnEveryMesh) {
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->evals.size(), 1u);
   const double want = reference->evals[0].loss;
-  const MeshCase meshes[] = {
-      {"dp2_zero3", 2, 1, 1, 3}, {"dp4", 4, 1, 1, 0}, {"tp2_pp2", 1, 2, 2, 0}};
+  const MeshCase meshes[] = {{"dp2_zero3", 2, 1, 1, 3},
+                             {"dp4", 4, 1, 1, 0},
+                             {"tp2_pp2", 1, 2, 2, 0},
+                             {"il_pp2_v2", 1, 1, 2, 0, false, kInterleaved, 0, false, 2}};
   for (const MeshCase& mesh : meshes) {
     config::JobSpec parallel = spec;
     parallel.parallelism.dp = mesh.dp;
     parallel.parallelism.tp = mesh.tp;
     parallel.parallelism.pp = mesh.pp;
     parallel.parallelism.zero = mesh.zero;
+    parallel.parallelism.schedule = mesh.schedule;
+    parallel.parallelism.virtual_stages = mesh.virtual_stages;
     parallel.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
     const RunResult run = Parallel(parallel, /*bucket_bytes=*/16 << 10);
     ASSERT_FALSE(run.ranks.empty()) << mesh.name;

@@ -189,7 +189,7 @@ std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage
     std::vector<float> host(layout.total());
     layout.Initialize(1, host.data());
     backend->CopyFromHost(source.params(), host.data(), layout.total());
-    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, shape.stage,
+    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, {shape.stage},
                                        mesh.sequence_parallel);
     ASSERT_TRUE(model.ok()) << model.status();
     const int b = shape.micro, t = spec.training.seq_len;
@@ -200,10 +200,10 @@ std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage
     auto out = backend->AllocAct(rows * spec.model.width);
     double loss = 0;
     ASSERT_TRUE((*model)
-                    ->StageForward(0, tokens.data(), tokens.data(), b, t, in.data(), 1e-3f, &loss,
+                    ->StageForward({}, tokens.data(), tokens.data(), b, t, in.data(), 1e-3f, &loss,
                                    out.data())
                     .ok());
-    ASSERT_TRUE((*model)->StageBackward(0, out.data(), in.data()).ok());
+    ASSERT_TRUE((*model)->StageBackward({}, out.data(), in.data()).ok());
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       counted[r][k] = tp.stats().bytes_sent(static_cast<CollectiveKind>(k));
     }

@@ -27,9 +27,10 @@ constexpr char kTooBig[] =
 // The first candidate's mesh in `trainyard plan --json` (the chosen one when anything fits).
 std::string ChosenMesh(const std::string& json) {
   std::smatch m;
-  if (!std::regex_search(json, m,
-                         std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
-                                    "\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\"\\}"))) {
+  if (!std::regex_search(
+          json, m,
+          std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
+                     "\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":\\d+\\}"))) {
     return "";
   }
   return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str());

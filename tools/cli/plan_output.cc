@@ -19,7 +19,8 @@ std::string CandidateJson(const planner::Candidate& c) {
   return absl::StrCat(
       "{\"mesh\":{\"dp\":", c.mesh.dp, ",\"tp\":", c.mesh.tp, ",\"pp\":", c.mesh.pp,
       ",\"zero\":", c.mesh.zero, ",\"schedule\":\"", config::ScheduleName(c.mesh.schedule),
-      "\"},\"memory_bytes\":{\"parameters\":", m.parameters, ",\"gradients\":", m.gradients,
+      "\",\"virtual_stages\":", c.mesh.virtual_stages,
+      "},\"memory_bytes\":{\"parameters\":", m.parameters, ",\"gradients\":", m.gradients,
       ",\"optimizer\":", m.optimizer, ",\"activations\":", m.activations, ",\"other\":", m.other(),
       ",\"total\":", m.total(), "},\"fits\":", c.fits ? "true" : "false",
       ",\"step_seconds\":{\"compute\":", Number(c.step.compute),
@@ -52,6 +53,25 @@ std::string PlanJson(const planner::Plan& plan) {
   return out;
 }
 
+namespace {
+
+// After the mesh in the table: "" for 1F1B, " zb" for ZB-H1, " iV" for interleaved 1F1B over V
+// virtual stages.
+std::string ScheduleLabel(const config::ParallelismSpec& mesh) {
+  if (mesh.pp == 1) return "";
+  switch (mesh.schedule) {
+    case config::PipelineSchedule::kOneForwardOneBackward:
+      return "";
+    case config::PipelineSchedule::kInterleaved:
+      return absl::StrCat(" i", mesh.virtual_stages);
+    case config::PipelineSchedule::kZeroBubble:
+      return " zb";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
   const config::ModelConfig& model = spec.model;
   std::string out = absl::StrFormat(
@@ -65,18 +85,15 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
        "comm", "bubble", "tok/s", "MFU", "dp bytes", "tp bytes", "pp bytes"}};
   for (const planner::Candidate& c : plan.candidates) {
     const planner::RankMemory& m = c.memory;
-    rows.push_back(
-        {absl::StrFormat(
-             "dp%d tp%d pp%d z%d%s", c.mesh.dp, c.mesh.tp, c.mesh.pp, c.mesh.zero,
-             c.mesh.pp > 1 && c.mesh.schedule != config::PipelineSchedule::kOneForwardOneBackward
-                 ? " zb"
-                 : ""),
-         Gib(m.total()), Gib(m.parameters), Gib(m.gradients), Gib(m.optimizer), Gib(m.activations),
-         Gib(m.other()), c.fits ? "yes" : "NO", planner::HumanSeconds(c.step.total),
-         planner::HumanSeconds(c.step.compute), planner::HumanSeconds(c.step.communication),
-         planner::HumanSeconds(c.step.bubble), FormatCount(c.tokens_per_second),
-         absl::StrFormat("%.1f%%", 100 * c.mfu), planner::HumanBytes(c.bytes_dp),
-         planner::HumanBytes(c.bytes_tp), planner::HumanBytes(c.bytes_pp)});
+    rows.push_back({absl::StrFormat("dp%d tp%d pp%d z%d%s", c.mesh.dp, c.mesh.tp, c.mesh.pp,
+                                    c.mesh.zero, ScheduleLabel(c.mesh)),
+                    Gib(m.total()), Gib(m.parameters), Gib(m.gradients), Gib(m.optimizer),
+                    Gib(m.activations), Gib(m.other()), c.fits ? "yes" : "NO",
+                    planner::HumanSeconds(c.step.total), planner::HumanSeconds(c.step.compute),
+                    planner::HumanSeconds(c.step.communication),
+                    planner::HumanSeconds(c.step.bubble), FormatCount(c.tokens_per_second),
+                    absl::StrFormat("%.1f%%", 100 * c.mfu), planner::HumanBytes(c.bytes_dp),
+                    planner::HumanBytes(c.bytes_tp), planner::HumanBytes(c.bytes_pp)});
   }
   absl::StrAppend(&out, "\n", Table(rows), "\n");
   // One sentence per line: each ends with ". " before the next mesh's name or the end.

@@ -103,12 +103,13 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
   TY_ASSIGN_OR_RETURN(
       g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp,
                     members(mesh.pp, [&](int p) { return global(p, at.dp_rank, at.tp_rank); })));
-  g.stage = BalanceStages(spec.model, spec.training.seq_len, mesh.pp)[at.pp_rank];
-  const PipelineStage& stage = g.stage;
-  if (mesh.pp > 1 && spec.model.tied_embeddings && (stage.first || stage.last)) {
+  g.chunks =
+      StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, at.pp_rank);
+  const bool first = g.chunks.front().first, last = g.chunks.back().last;
+  if (mesh.pp > 1 && spec.model.tied_embeddings && (first || last)) {
     TY_ASSIGN_OR_RETURN(
         g.tied,
-        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), stage.first ? 0 : 1, 2,
+        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), first ? 0 : 1, 2,
                 {global(0, at.dp_rank, at.tp_rank), global(mesh.pp - 1, at.dp_rank, at.tp_rank)}));
   }
   return g;

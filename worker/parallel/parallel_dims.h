@@ -7,6 +7,7 @@
 #define TRAINYARD_WORKER_PARALLEL_PARALLEL_DIMS_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "config/spec.h"
@@ -34,7 +35,9 @@ struct MeshPosition {
 
 struct ParallelDims {
   MeshPosition at;
-  PipelineStage stage;  // this rank's layers (worker/shape/stages.h)
+  // This rank's layers: one stage, or an interleaved schedule's model chunks
+  // (worker/shape/stages.h: StageChunks).
+  std::vector<PipelineStage> chunks;
   // One process group per mesh axis: the ranks that differ from this one in that coordinate
   // only (a group of one where the degree is 1).
   std::unique_ptr<parallel::Communicator> dp, tp, pp;

@@ -198,7 +198,7 @@ std::vector<ShardedParams::SavedRange> ShardedParams::CheckpointRanges() const {
   for (int i = 0; i < static_cast<int>(layout_.tensors().size()); ++i) {
     const ParamTensor& t = layout_.tensors()[i];
     if (t.shard == ShardKind::kReplicated && !tp_first) continue;
-    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy
+    if (!layout_.first() && t.name == "wte") continue;  // the tied copy
     const Group& g = GroupOf(t);
     const int64_t chunk_lo = std::min(g.size, r * g.chunk);
     const int64_t chunk_hi = std::min(g.size, (r + 1) * g.chunk);
@@ -429,7 +429,7 @@ absl::StatusOr<double> ShardedParams::GradientNorm() {
   std::vector<std::pair<const float*, int64_t>> owned;
   for (const ParamTensor& t : layout_.tensors()) {
     if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
-    if (!layout_.stage().first && t.name == "wte") continue;  // the tied copy counts once
+    if (!layout_.first() && t.name == "wte") continue;  // the tied copy counts once
     const Group& g = GroupOf(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);

@@ -15,65 +15,79 @@ using config::ModelFamily;
 
 ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
                                  PipelineStage stage)
-    : tp_rank_(tp_rank), tp_size_(tp_size), stage_(stage) {
-  if (stage_.num_layers < 0) stage_.num_layers = c.layers - stage_.first_layer;
+    : ParameterLayout(c, tp_rank, tp_size, std::vector<PipelineStage>{stage}) {}
+
+ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
+                                 std::vector<PipelineStage> chunks)
+    : block_index_(c.layers, -1), tp_rank_(tp_rank), tp_size_(tp_size), chunks_(std::move(chunks)) {
+  for (PipelineStage& chunk : chunks_) {
+    if (chunk.num_layers < 0) chunk.num_layers = c.layers - chunk.first_layer;
+  }
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const int64_t width = c.width;
+  if (first()) {
+    wte_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, ShardKind::kRows, {c.vocab});
+    if (gpt2) wpe_ = Add("wpe", {c.max_seq, width}, InitKind::kNormal);
+    groups_.push_back({0, total_});  // embeddings
+  }
+  for (const PipelineStage& chunk : chunks_) {
+    for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) AddBlock(c, l);
+  }
+  if (last()) {
+    const int64_t group_begin = total_;
+    lnf_w_ = Add("lnf.w", {width}, InitKind::kOnes);
+    if (gpt2) lnf_b_ = Add("lnf.b", {width}, InitKind::kZeros);
+    if (!c.tied_embeddings) {
+      lm_head_ =
+          Add("lm_head.w", {c.vocab, width}, InitKind::kNormal, 0.02f, ShardKind::kRows, {c.vocab});
+    } else if (first()) {
+      lm_head_ = wte_;
+    } else {
+      // The tied head on a last stage that is not also the first: its own copy of the token
+      // embedding, drawn from the same stream, kept equal by summing the two copies' gradients.
+      lm_head_ =
+          Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, ShardKind::kRows, {c.vocab});
+    }
+    groups_.push_back({group_begin, total_});  // final norm (and the head)
+  }
+}
+
+// Block `layer`'s tensors, as one group. Replicated tensors (norms, biases added after a
+// reduction) are every tensor-parallel rank's whole.
+void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t width = c.width, qkv = c.qkv_width(), attn = int64_t{c.heads} * c.head_dim();
   const int64_t q_rows = attn, kv_rows = int64_t{c.kv_heads} * c.head_dim();
   constexpr auto kRows = ShardKind::kRows;
   constexpr auto kCols = ShardKind::kColumns;
-  constexpr auto kRep = ShardKind::kReplicated;
   const int64_t ffn = c.ffn_hidden, fc_out = gpt2 ? ffn : 2 * ffn;
   // GPT-2's scheme: projections that write into the residual stream start smaller so that the
   // stream's variance does not grow with depth.
   const float residual_std = 0.02f / std::sqrt(2.0f * c.layers);
-
-  if (stage_.first) {
-    wte_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
-    if (gpt2) wpe_ = Add("wpe", {c.max_seq, width}, InitKind::kNormal);
-    groups_.push_back({0, total_});  // embeddings
+  const int64_t group_begin = total_;
+  const std::string p = absl::StrCat("h.", layer, ".");
+  BlockOffsets b;
+  b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
+  if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
+  b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
+                {q_rows, kv_rows, kv_rows});
+  if (gpt2) {
+    b.qkv_b =
+        Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
   }
-  int64_t group_begin = total_;
-  for (int l = stage_.first_layer; l < stage_.first_layer + stage_.num_layers; ++l) {
-    const std::string p = absl::StrCat("h.", l, ".");
-    BlockOffsets b;
-    b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
-    if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
-    b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
-                  {q_rows, kv_rows, kv_rows});
-    if (gpt2) {
-      b.qkv_b =
-          Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
-    }
-    b.proj_w = Add(p + "attn.proj.w", {width, attn}, InitKind::kNormal, residual_std, kCols);
-    if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);
-    b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
-    if (gpt2) b.ln2_b = Add(p + "ln2.b", {width}, InitKind::kZeros);
-    const std::vector<int64_t> fc_sections =
-        gpt2 ? std::vector<int64_t>{ffn} : std::vector<int64_t>{ffn, ffn};  // (gate, up)
-    b.fc_w = Add(p + "mlp.fc.w", {fc_out, width}, InitKind::kNormal, 0.02f, kRows, fc_sections);
-    if (gpt2) b.fc_b = Add(p + "mlp.fc.b", {fc_out}, InitKind::kZeros, 0.02f, kRows, fc_sections);
-    b.mlp_proj_w = Add(p + "mlp.proj.w", {width, ffn}, InitKind::kNormal, residual_std, kCols);
-    if (gpt2) b.mlp_proj_b = Add(p + "mlp.proj.b", {width}, InitKind::kZeros);
-    blocks_.push_back(b);
-    groups_.push_back({group_begin, total_});
-    group_begin = total_;
-  }
-  if (stage_.last) {
-    lnf_w_ = Add("lnf.w", {width}, InitKind::kOnes);
-    if (gpt2) lnf_b_ = Add("lnf.b", {width}, InitKind::kZeros);
-    if (!c.tied_embeddings) {
-      lm_head_ = Add("lm_head.w", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
-    } else if (stage_.first) {
-      lm_head_ = wte_;
-    } else {
-      // The tied head on a last stage that is not also the first: its own copy of the token
-      // embedding, drawn from the same stream, kept equal by summing the two copies' gradients.
-      lm_head_ = Add("wte", {c.vocab, width}, InitKind::kNormal, 0.02f, kRows, {c.vocab});
-    }
-    groups_.push_back({group_begin, total_});  // final norm (and the head)
-  }
-  (void)kRep;
+  b.proj_w = Add(p + "attn.proj.w", {width, attn}, InitKind::kNormal, residual_std, kCols);
+  if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);
+  b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
+  if (gpt2) b.ln2_b = Add(p + "ln2.b", {width}, InitKind::kZeros);
+  const std::vector<int64_t> fc_sections =
+      gpt2 ? std::vector<int64_t>{ffn} : std::vector<int64_t>{ffn, ffn};  // (gate, up)
+  b.fc_w = Add(p + "mlp.fc.w", {fc_out, width}, InitKind::kNormal, 0.02f, kRows, fc_sections);
+  if (gpt2) b.fc_b = Add(p + "mlp.fc.b", {fc_out}, InitKind::kZeros, 0.02f, kRows, fc_sections);
+  b.mlp_proj_w = Add(p + "mlp.proj.w", {width, ffn}, InitKind::kNormal, residual_std, kCols);
+  if (gpt2) b.mlp_proj_b = Add(p + "mlp.proj.b", {width}, InitKind::kZeros);
+  block_index_[layer] = static_cast<int>(blocks_.size());
+  blocks_.push_back(b);
+  groups_.push_back({group_begin, total_});
 }
 
 int64_t ParameterLayout::Add(const std::string& name, std::vector<int64_t> global_shape,

@@ -52,9 +52,10 @@ struct ParamGroup {
   int64_t size() const { return end - begin; }
 };
 
-// The layers one pipeline stage holds. The first stage also holds the embeddings, the last the
-// final norm and the LM head (with tied embeddings, a copy of the token embedding whose
-// gradient is summed with the first stage's).
+// The layers one pipeline stage (or, with an interleaved schedule, one model chunk of a pipeline
+// rank) holds. The first stage also holds the embeddings, the last the final norm and the LM head
+// (with tied embeddings, a copy of the token embedding whose gradient is summed with the first
+// stage's).
 struct PipelineStage {
   int first_layer = 0;
   int num_layers = -1;  // -1: every layer from first_layer on
@@ -68,15 +69,26 @@ class ParameterLayout {
   // heads, kv_heads, ffn_hidden and vocab divisible by tp_size (the mesh validator checks).
   explicit ParameterLayout(const config::ModelConfig& config, int tp_rank = 0, int tp_size = 1,
                            PipelineStage stage = {});
+  // The layout of a pipeline rank that holds several model chunks (an interleaved schedule), in
+  // ascending layer order: the embeddings if the first chunk is `first`, every chunk's blocks,
+  // then the final norm and head if the last chunk is `last`. Each group is laid out exactly as
+  // in the layout of its chunk alone, so a chunk's model can address this buffer group by group.
+  ParameterLayout(const config::ModelConfig& config, int tp_rank, int tp_size,
+                  std::vector<PipelineStage> chunks);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
   // Returns nullptr when there is no such tensor.
   const ParamTensor* Find(const std::string& name) const;
 
-  // `layer` is the model's (global) layer index; it must belong to this stage.
-  const BlockOffsets& block(int layer) const { return blocks_[layer - stage_.first_layer]; }
-  const PipelineStage& stage() const { return stage_; }
+  // `layer` is the model's (global) layer index; it must belong to this rank.
+  const BlockOffsets& block(int layer) const { return blocks_[block_index_[layer]]; }
+  // The rank's chunks (one unless interleaved); stage(): the first, the only one of a layout
+  // built from one PipelineStage.
+  const std::vector<PipelineStage>& chunks() const { return chunks_; }
+  const PipelineStage& stage() const { return chunks_.front(); }
+  bool first() const { return chunks_.front().first; }  // holds the embeddings
+  bool last() const { return chunks_.back().last; }     // holds the final norm and the head
   int64_t wte() const { return wte_; }
   int64_t wpe() const { return wpe_; }  // -1 for Llama
   int64_t lnf_w() const { return lnf_w_; }
@@ -87,12 +99,10 @@ class ParameterLayout {
   // Group 0 is the first the forward pass uses and the last the backward pass finishes: the
   // embeddings on the first stage, else the stage's first block.
   static constexpr int kEmbeddingGroup = 0;
-  int block_group(int layer) const { return layer - stage_.first_layer + (stage_.first ? 1 : 0); }
+  int block_group(int layer) const { return block_index_[layer] + (first() ? 1 : 0); }
   int final_group() const { return static_cast<int>(groups_.size()) - 1; }  // last stage only
   // The group holding the LM head's weight (the embedding group when tied).
-  int head_group() const {
-    return stage_.first && lm_head_ == wte_ ? kEmbeddingGroup : final_group();
-  }
+  int head_group() const { return first() && lm_head_ == wte_ ? kEmbeddingGroup : final_group(); }
 
   int tp_size() const { return tp_size_; }
   int tp_rank() const { return tp_rank_; }
@@ -110,10 +120,13 @@ class ParameterLayout {
               std::vector<int64_t> row_sections = {});
 
   std::vector<ParamTensor> tensors_;
+  void AddBlock(const config::ModelConfig& config, int layer);
+
   std::vector<BlockOffsets> blocks_;
+  std::vector<int> block_index_;  // per model layer: its index in blocks_, -1 if not held here
   std::vector<ParamGroup> groups_;
   int tp_rank_ = 0, tp_size_ = 1;
-  PipelineStage stage_;
+  std::vector<PipelineStage> chunks_;
   int64_t total_ = 0;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };

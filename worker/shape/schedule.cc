@@ -55,6 +55,29 @@ std::vector<Pass> ZeroBubbleH1(int stages, int stage, int m) {
   return passes;
 }
 
+// Megatron's interleaved 1F1B: the step's m·V chunk passes of each kind, taken in rounds of p
+// micro-batches per chunk (forward: chunk 0's round, chunk 1's, …; backward: the last chunk's
+// first), with (p − s − 1)·2 + (V − 1)·p warm-up forward passes on stage s (all of them when m =
+// p), then one forward and one backward alternating, then the remaining backward passes.
+std::vector<Pass> Interleaved(int stages, int stage, int m, int chunks) {
+  const int total = m * chunks, round = stages * chunks;
+  auto nth = [&](PassKind kind, int k) {
+    const int chunk = k % round / stages;
+    return Pass{kind, k / round * stages + k % stages,
+                kind == PassKind::kForward ? chunk : chunks - 1 - chunk};
+  };
+  const int warmup =
+      m == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  std::vector<Pass> passes;
+  for (int k = 0; k < warmup; ++k) passes.push_back(nth(PassKind::kForward, k));
+  for (int k = 0; k < total - warmup; ++k) {
+    passes.push_back(nth(PassKind::kForward, warmup + k));
+    passes.push_back(nth(PassKind::kBackward, k));
+  }
+  for (int k = total - warmup; k < total; ++k) passes.push_back(nth(PassKind::kBackward, k));
+  return passes;
+}
+
 // Where a pass's input comes from: the stage and pass whose output it is (none for the first
 // virtual stage's forward passes and the last one's backward passes).
 struct Source {
@@ -116,32 +139,30 @@ std::optional<std::vector<std::vector<int64_t>>> Ticks(
   return tick;
 }
 
-// Slot of every pass in stage `stage`'s order: a forward pass takes the lowest slot its chunk has
-// free, the micro-batch's last pass on the chunk (W with a split backward, else B) frees it.
+// Slot of every pass in stage `stage`'s order: a forward pass takes the lowest slot the stage has
+// free (its chunks share the slots), the micro-batch's last pass on the chunk (W with a split
+// backward, else B) frees it.
 std::vector<int> Slots(const ScheduleShape& shape, const std::vector<Pass>& order) {
-  std::vector<std::vector<bool>> used(shape.virtual_stages);
+  std::vector<bool> used;
   std::map<std::pair<int, int>, int> held;  // (chunk, micro-batch) → slot
+  const PassKind last = SplitsBackward(shape.schedule) ? PassKind::kWeight : PassKind::kBackward;
   std::vector<int> slots;
   for (const Pass& pass : order) {
-    std::vector<bool>& chunk = used[pass.chunk];
     const std::pair<int, int> key{pass.chunk, pass.micro_batch};
     if (pass.kind == PassKind::kForward) {
-      const int slot =
-          static_cast<int>(std::find(chunk.begin(), chunk.end(), false) - chunk.begin());
-      if (slot == static_cast<int>(chunk.size())) chunk.push_back(false);
-      chunk[slot] = true;
+      const int slot = static_cast<int>(std::find(used.begin(), used.end(), false) - used.begin());
+      if (slot == static_cast<int>(used.size())) used.push_back(false);
+      used[slot] = true;
       held[key] = slot;
       slots.push_back(slot);
-    } else {
-      const int slot = held[key];
-      const PassKind last =
-          SplitsBackward(shape.schedule) ? PassKind::kWeight : PassKind::kBackward;
-      if (pass.kind == last) {
-        chunk[slot] = false;
-        held.erase(key);
-      }
-      slots.push_back(slot);
+      continue;
     }
+    const int slot = held[key];
+    if (pass.kind == last) {
+      used[slot] = false;
+      held.erase(key);
+    }
+    slots.push_back(slot);
   }
   return slots;
 }
@@ -152,6 +173,8 @@ std::vector<Pass> PassOrder(const ScheduleShape& shape, int stage) {
   switch (shape.schedule) {
     case PipelineSchedule::kOneForwardOneBackward:
       return OneForwardOneBackward(shape.stages, stage, shape.micro_batches);
+    case PipelineSchedule::kInterleaved:
+      return Interleaved(shape.stages, stage, shape.micro_batches, shape.virtual_stages);
     case PipelineSchedule::kZeroBubble:
       return ZeroBubbleH1(shape.stages, stage, shape.micro_batches);
   }
@@ -204,15 +227,8 @@ bool ComputesWeightGradients(const ScheduleShape& shape, int stage, const Pass& 
 }
 
 int ActivationSlots(const ScheduleShape& shape, int stage) {
-  const std::vector<Pass> order = PassOrder(shape, stage);
-  const std::vector<int> slots = Slots(shape, order);
-  std::vector<int> per_chunk(shape.virtual_stages, 0);
-  for (size_t k = 0; k < order.size(); ++k) {
-    per_chunk[order[k].chunk] = std::max(per_chunk[order[k].chunk], slots[k] + 1);
-  }
-  int total = 0;
-  for (int n : per_chunk) total += n;
-  return total;
+  const std::vector<int> slots = Slots(shape, PassOrder(shape, stage));
+  return slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
 }
 
 }  // namespace trainyard::worker

@@ -35,6 +35,14 @@ namespace trainyard::worker {
 //   1F1B (PipeDream-Flush, as Megatron-LM): stage s runs min(p − s − 1, m) warm-up forward
 //     passes, then alternates one forward and one backward pass, then drains the backward passes.
 //     Idle fraction (p − 1)/(m + p − 1) with uniform stages.
+//   Interleaved 1F1B (Megatron-LM, Narayanan et al., SC 2021): each rank holds V model chunks
+//     (virtual stages s, s + p, …), and runs the chunks' passes in rounds of p micro-batches:
+//     (p − s − 1)·2 + (V − 1)·p warm-up forward passes (every forward pass when m = p), then one
+//     forward and one backward alternating, then the rest of the backward passes. A chunk pass
+//     is 1/V of a stage's, so the fill and drain shrink V-fold: idle fraction (p − 1)/(V·m + p − 1)
+//     with uniform chunks, for V times the messages and more activations in flight: stage 0 holds
+//     up to (V + 1)·p − 1 chunks' activations, each 1/V of a stage's ((1 + 1/V)·p − 1/V stages'
+//     worth, against p under 1F1B). Needs m a multiple of p.
 //   ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): the backward pass split into
 //     the input-gradient pass (B, on the critical path) and the weight-gradient pass (W), and
 //     stage s defers s of its W passes to the end of the step, where 1F1B leaves it idle. Stage s
@@ -66,8 +74,7 @@ struct ScheduleShape {
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   int stages = 1;         // ≥ 1
   int micro_batches = 1;  // ≥ 1
-  // Model chunks per rank. The transfer plan, the slots and the stage roles handle several; the
-  // pass orders built so far (1F1B, ZB-H1) hold one chunk per rank and need 1.
+  // Model chunks per rank: V for interleaved 1F1B, 1 for the others.
   int virtual_stages = 1;
 };
 
@@ -91,7 +98,7 @@ struct Transfer {
 struct ScheduleStep {
   bool has_pass = false;
   Pass pass;
-  int slot = 0;  // the activation slot the pass's micro-batch uses on this stage and chunk
+  int slot = 0;  // the activation slot the pass's micro-batch and chunk use on this stage
   int64_t tick = 0;
   std::vector<Transfer> transfers;
 };
@@ -107,9 +114,9 @@ std::vector<std::vector<ScheduleStep>> PlanSchedule(const ScheduleShape& shape);
 // backward passes of other stages, or with a split backward the weight passes.
 bool ComputesWeightGradients(const ScheduleShape& shape, int stage, const Pass& pass);
 
-// Activation slots stage `stage` needs: the most micro-batches whose forward pass has run and
-// whose last pass (W with a split backward, else B) has not, at any point of its pass order (per
-// chunk, summed over chunks).
+// Activation slots stage `stage` needs: the most (micro-batch, chunk) pairs whose forward pass has
+// run and whose last pass (W with a split backward, else B) has not, at any point of its pass
+// order. The stage's chunks share the slots (a slot holds one chunk's activations).
 int ActivationSlots(const ScheduleShape& shape, int stage);
 
 }  // namespace trainyard::worker

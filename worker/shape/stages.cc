@@ -43,4 +43,17 @@ std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_l
   return out;
 }
 
+std::vector<PipelineStage> StageChunks(const config::ModelConfig& c, int seq_len, int stages,
+                                       int virtual_stages, int stage) {
+  if (virtual_stages <= 1) return {BalanceStages(c, seq_len, stages)[stage]};
+  const int chunks = stages * virtual_stages;
+  const int per_chunk = c.layers / chunks;
+  std::vector<PipelineStage> out;
+  for (int k = 0; k < virtual_stages; ++k) {
+    const int v = k * stages + stage;
+    out.push_back(PipelineStage{v * per_chunk, per_chunk, v == 0, v == chunks - 1});
+  }
+  return out;
+}
+
 }  // namespace trainyard::worker

@@ -20,6 +20,15 @@ namespace trainyard::worker {
 std::vector<PipelineStage> BalanceStages(const config::ModelConfig& config, int seq_len,
                                          int stages);
 
+// The model chunks pipeline rank `stage` of `stages` holds, in layer order. With one virtual
+// stage per rank: its BalanceStages stage. With `virtual_stages` V > 1 (interleaved 1F1B): V
+// chunks, virtual stages stage, stage + stages, …, stage + (V − 1)·stages, each of the
+// layers / (stages · V) consecutive layers of its virtual stage (Megatron's round-robin
+// assignment); the first virtual stage holds the embeddings, the last the final norm and head.
+// Requires layers divisible by stages · V when V > 1 (the mesh validator checks).
+std::vector<PipelineStage> StageChunks(const config::ModelConfig& config, int seq_len, int stages,
+                                       int virtual_stages, int stage);
+
 }  // namespace trainyard::worker
 
 #endif  // TRAINYARD_WORKER_SHAPE_STAGES_H_

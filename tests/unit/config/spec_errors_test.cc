@@ -88,7 +88,7 @@ std::vector<BadSpec> RunSectionBadSpecs() {
       {"unknown schedule",
        WithSections("resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: gpipe}\n"),
        "5:32", "parallelism.schedule",
-       "unknown pipeline schedule 'gpipe'; expected 1f1b or zero-bubble"},
+       "unknown pipeline schedule 'gpipe'; expected 1f1b, interleaved or zero-bubble"},
       {"schedule typo",
        WithSections(
            "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: zero_bubble}\n"),

@@ -173,8 +173,9 @@ TEST_F(PlanCommand, JsonHasTheDocumentedShape) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " in " << json;
   }
   ASSERT_EQ(Run({SpecWithResources(), "--json", "--mesh", "dp=2,tp=1,pp=1,zero=1"}), 0);
-  EXPECT_TRUE(absl::StrContains(
-      out_.str(), "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"zero\":1,\"schedule\":\"1f1b\"}"));
+  EXPECT_TRUE(absl::StrContains(out_.str(),
+                                "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"zero\":1,\"schedule\":"
+                                "\"1f1b\",\"virtual_stages\":1}"));
   EXPECT_TRUE(absl::StrContains(out_.str(), "\"young_daly\":null"));
 }
 
@@ -186,7 +187,8 @@ TEST_F(PlanCommand, CandidatesShowTheirPipelineSchedule) {
             "seq_len: 32}\nparallelism: {pp: 2, schedule: zero-bubble}\n"
             "resources: {nodes: 1, devices_per_node: 2}\n");
   ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=1,tp=1,pp=2"}), 0) << err_.str();
-  EXPECT_TRUE(absl::StrContains(out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"zero-bubble\"}"))
+  EXPECT_TRUE(absl::StrContains(
+      out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"zero-bubble\",\"virtual_stages\":1}"))
       << out_.str();
   ASSERT_EQ(Run({spec}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp2 z0 zb")) << out_.str();

@@ -19,6 +19,12 @@ ScheduleShape OneF1B(int p, int m) { return {.stages = p, .micro_batches = m}; }
 ScheduleShape ZeroBubble(int p, int m) {
   return {.schedule = PipelineSchedule::kZeroBubble, .stages = p, .micro_batches = m};
 }
+ScheduleShape Interleaved(int p, int m, int v) {
+  return {.schedule = PipelineSchedule::kInterleaved,
+          .stages = p,
+          .micro_batches = m,
+          .virtual_stages = v};
+}
 
 std::string Names(const std::vector<Pass>& passes) {
   std::string out;
@@ -35,13 +41,14 @@ int64_t Makespan(const ScheduleShape& shape) {
   return makespan;
 }
 
-// Every schedule at p = 2…6 and m = 1…9.
+// Every schedule at p = 2…6 and m = 1…9 (interleaved: m a multiple of p, V = 2…4).
 std::vector<ScheduleShape> EveryShape() {
   std::vector<ScheduleShape> shapes;
   for (int p = 2; p <= 6; ++p) {
     for (int m = 1; m <= 9; ++m) {
       shapes.push_back(OneF1B(p, m));
       shapes.push_back(ZeroBubble(p, m));
+      for (int v = 2; v <= 4 && m % p == 0; ++v) shapes.push_back(Interleaved(p, m, v));
     }
   }
   return shapes;
@@ -49,7 +56,7 @@ std::vector<ScheduleShape> EveryShape() {
 
 std::string Describe(const ScheduleShape& s) {
   return std::string(ScheduleName(s.schedule)) + " p " + std::to_string(s.stages) + " m " +
-         std::to_string(s.micro_batches);
+         std::to_string(s.micro_batches) + " v " + std::to_string(s.virtual_stages);
 }
 
 TEST(Schedule, OneForwardOneBackwardOrderIsWarmupSteadyCooldown) {
@@ -66,41 +73,44 @@ TEST(Schedule, ZeroBubbleDefersWeightPassesOnLaterStages) {
   EXPECT_EQ(Names(PassOrder(ZeroBubble(4, 5), 3)), "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 W2 W3 W4 ");
 }
 
+// Virtual stage v = chunk · p + s: a forward pass after the one on v − 1, a backward pass after
+// the one on v + 1 and after its own forward pass, a weight pass after its own backward pass.
 TEST(Schedule, EveryStageRunsEveryPassOnceAfterWhatItNeeds) {
   for (const ScheduleShape& shape : EveryShape()) {
-    const int p = shape.stages, m = shape.micro_batches;
+    const int p = shape.stages, m = shape.micro_batches, v = shape.virtual_stages;
     const bool split = SplitsBackward(shape.schedule);
     const std::vector<std::vector<ScheduleStep>> plan = PlanSchedule(shape);
     ASSERT_EQ(plan.size(), static_cast<size_t>(p)) << Describe(shape);
-    std::map<std::tuple<int, int, int>, int64_t> ran;  // (stage, kind, micro-batch) → tick
+    // (virtual stage, kind, micro-batch) → tick
+    std::map<std::tuple<int, int, int>, int64_t> ran;
     for (int s = 0; s < p; ++s) {
       int64_t last_tick = -1;
       for (const ScheduleStep& step : plan[s]) {
         EXPECT_GT(step.tick, last_tick);  // in tick order
         last_tick = step.tick;
         if (!step.has_pass) continue;
-        const auto key =
-            std::make_tuple(s, static_cast<int>(step.pass.kind), step.pass.micro_batch);
+        const auto key = std::make_tuple(step.pass.chunk * p + s, static_cast<int>(step.pass.kind),
+                                         step.pass.micro_batch);
         EXPECT_EQ(ran.count(key), 0u) << PassName(step.pass) << " twice on stage " << s;
         ran[key] = step.tick;
       }
     }
-    ASSERT_EQ(ran.size(), static_cast<size_t>((split ? 3 : 2) * p * m)) << Describe(shape);
-    auto at = [&](int s, PassKind kind, int i) {
-      return ran[std::make_tuple(s, static_cast<int>(kind), i)];
+    ASSERT_EQ(ran.size(), static_cast<size_t>((split ? 3 : 2) * p * v * m)) << Describe(shape);
+    auto at = [&](int vs, PassKind kind, int i) {
+      return ran[std::make_tuple(vs, static_cast<int>(kind), i)];
     };
-    for (int s = 0; s < p; ++s) {
+    for (int vs = 0; vs < p * v; ++vs) {
       for (int i = 0; i < m; ++i) {
-        const int64_t f = at(s, PassKind::kForward, i), b = at(s, PassKind::kBackward, i);
+        const int64_t f = at(vs, PassKind::kForward, i), b = at(vs, PassKind::kBackward, i);
         EXPECT_LT(f, b);
         if (split) {
-          EXPECT_LT(b, at(s, PassKind::kWeight, i));
+          EXPECT_LT(b, at(vs, PassKind::kWeight, i));
         }
-        if (s > 0) {
-          EXPECT_LT(at(s - 1, PassKind::kForward, i), f);
+        if (vs > 0) {
+          EXPECT_LT(at(vs - 1, PassKind::kForward, i), f);
         }
-        if (s + 1 < p) {
-          EXPECT_LT(at(s + 1, PassKind::kBackward, i), b);
+        if (vs + 1 < p * v) {
+          EXPECT_LT(at(vs + 1, PassKind::kBackward, i), b);
         }
       }
     }
@@ -129,7 +139,7 @@ TEST(Schedule, UnitClockTakesTheZeroBubbleMakespan) {
 
 TEST(Schedule, EveryTransferMeetsItsOtherEndAtTheSameTick) {
   for (const ScheduleShape& shape : EveryShape()) {
-    const int p = shape.stages, m = shape.micro_batches;
+    const int p = shape.stages, m = shape.micro_batches, v = shape.virtual_stages;
     {
       const std::vector<std::vector<ScheduleStep>> plan = PlanSchedule(shape);
       // (sender, receiver, tag) → tick, from each side.
@@ -139,7 +149,11 @@ TEST(Schedule, EveryTransferMeetsItsOtherEndAtTheSameTick) {
           int sent = 0;
           std::map<int, int> received;  // by peer
           for (const Transfer& t : step.transfers) {
-            EXPECT_EQ(std::abs(t.peer - s), 1);
+            // A neighbour; with several chunks per rank the last stage hands on to the first.
+            EXPECT_TRUE(t.peer == (s + 1) % p || t.peer == (s + p - 1) % p);
+            if (v == 1) {
+              EXPECT_EQ(std::abs(t.peer - s), 1);
+            }
             if (t.send) {
               ++sent;
               ASSERT_TRUE(step.has_pass);
@@ -155,8 +169,9 @@ TEST(Schedule, EveryTransferMeetsItsOtherEndAtTheSameTick) {
         }
       }
       EXPECT_EQ(sends, recvs) << Describe(shape);
-      // One activation and one gradient per micro-batch between each pair of neighbours.
-      EXPECT_EQ(sends.size(), static_cast<size_t>(2 * (p - 1) * m));
+      // One activation and one gradient per micro-batch between each pair of neighbouring
+      // virtual stages.
+      EXPECT_EQ(sends.size(), static_cast<size_t>(2 * (p * v - 1) * m)) << Describe(shape);
     }
   }
 }
@@ -184,6 +199,45 @@ TEST(Schedule, ZeroBubbleHoldsAtMostOneForwardOneBackwardsPeak) {
   }
 }
 
+// Megatron's order: rounds of p micro-batches per chunk, (p − s − 1)·2 + (V − 1)·p warm-up
+// forward passes, then 1F1B over the chunk passes; with m = p every forward pass first.
+TEST(Schedule, InterleavedRunsRoundsOfChunks) {
+  EXPECT_EQ(Names(PassOrder(Interleaved(2, 4, 2), 0)),
+            "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3 ");
+  EXPECT_EQ(Names(PassOrder(Interleaved(2, 4, 2), 1)),
+            "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3 ");
+  EXPECT_EQ(Names(PassOrder(Interleaved(2, 2, 2), 1)), "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1 ");
+}
+
+// With m a multiple of p every stage is busy 2·V·m chunk ticks of 2(V·m + p − 1): the
+// (p − 1)/(V·m + p − 1) bubble, V times smaller in time than 1F1B's.
+TEST(Schedule, UnitClockTakesTheInterleavedMakespan) {
+  for (int p = 2; p <= 6; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      for (int m = p; m <= 4 * p; m += p) {
+        EXPECT_EQ(Makespan(Interleaved(p, m, v)), 2 * (v * m + p - 1))
+            << "p " << p << " m " << m << " v " << v;
+      }
+    }
+  }
+}
+
+// Stage s holds (p − s − 1)·2 + (V − 1)·p + 1 chunk passes' activations at its peak (its warm-up
+// and the one its first steady forward pass adds), all V·m when m = p.
+TEST(Schedule, InterleavedActivationSlotsAreItsWarmUpPlusOne) {
+  for (int p = 2; p <= 6; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      for (int m = p; m <= 3 * p; m += p) {
+        for (int s = 0; s < p; ++s) {
+          const int expected = m == p ? v * m : std::min((p - s - 1) * 2 + (v - 1) * p + 1, v * m);
+          EXPECT_EQ(ActivationSlots(Interleaved(p, m, v), s), expected)
+              << "p " << p << " m " << m << " v " << v << " stage " << s;
+        }
+      }
+    }
+  }
+}
+
 TEST(Schedule, TheLastStageComputesWeightGradientsInItsForwardPass) {
   const ScheduleShape shape = OneF1B(3, 4);
   EXPECT_TRUE(ComputesWeightGradients(shape, 2, {PassKind::kForward, 1}));
@@ -196,6 +250,13 @@ TEST(Schedule, TheLastStageComputesWeightGradientsInItsForwardPass) {
   EXPECT_FALSE(ComputesWeightGradients(zb, 2, {PassKind::kBackward, 1}));
   EXPECT_FALSE(ComputesWeightGradients(zb, 0, {PassKind::kBackward, 1}));
   EXPECT_TRUE(ComputesWeightGradients(zb, 0, {PassKind::kWeight, 1}));
+  // Interleaved: only the last virtual stage's forward pass; every other chunk's backward pass.
+  const ScheduleShape il = Interleaved(2, 4, 2);
+  EXPECT_TRUE(ComputesWeightGradients(il, 1, {PassKind::kForward, 1, 1}));
+  EXPECT_FALSE(ComputesWeightGradients(il, 1, {PassKind::kForward, 1, 0}));
+  EXPECT_TRUE(ComputesWeightGradients(il, 1, {PassKind::kBackward, 1, 0}));
+  EXPECT_FALSE(ComputesWeightGradients(il, 1, {PassKind::kBackward, 1, 1}));
+  EXPECT_TRUE(ComputesWeightGradients(il, 0, {PassKind::kBackward, 1, 1}));
 }
 
 }  // namespace
