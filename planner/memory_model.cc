@@ -87,66 +87,64 @@ class TransientReplay {
   int64_t now_ = 0, peak_ = 0;
 };
 
-int BlockGroup(const RankShape& s, int layer) {
-  return layer - s.stage.first_layer + (s.stage.first ? 1 : 0);
-}
-
 int FinalGroup(const RankShape& s) { return static_cast<int>(s.group_sizes.size()) - 1; }
 
-// Model::BackwardBlocks: with a split backward (the input-gradient pass) no gradients.
-void ReplayBackwardBlocks(const RankShape& s, TransientReplay& r) {
+// Model::BackwardBlocks through chunk `c`: with a split backward (the input-gradient pass) no
+// gradients.
+void ReplayBackwardBlocks(const RankShape& s, int c, TransientReplay& r) {
   const bool split = s.split_backward();
-  const int first = s.stage.first_layer;
-  for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
-    r.Acquire(BlockGroup(s, l));
-    if (l > first) r.Prefetch(BlockGroup(s, l - 1));
+  const worker::PipelineStage& chunk = s.chunks[c];
+  const int first = chunk.first_layer;
+  for (int l = first + chunk.num_layers - 1; l >= first; --l) {
+    r.Acquire(s.block_group(c, l));
+    if (l > first) r.Prefetch(s.block_group(c, l - 1));
     if (!split) {
-      r.Gradients(BlockGroup(s, l));
-      r.Ready(BlockGroup(s, l));
+      r.Gradients(s.block_group(c, l));
+      r.Ready(s.block_group(c, l));
     }
-    r.Release(BlockGroup(s, l));
+    r.Release(s.block_group(c, l));
   }
-  if (s.stage.first && !split) {
+  if (chunk.first && !split) {
     r.Gradients(0);
     r.Ready(0);
   }
 }
 
-// Model::StageWeightGradients: the blocks' gradients, then the embedding's; no parameters.
-void ReplayWeightPass(const RankShape& s, TransientReplay& r) {
-  const int first = s.stage.first_layer;
-  for (int l = first + s.stage.num_layers - 1; l >= first; --l) {
-    r.Gradients(BlockGroup(s, l));
-    r.Ready(BlockGroup(s, l));
+// Model::StageWeightGradients of chunk `c`: the blocks' gradients, then the embedding's; no
+// parameters.
+void ReplayWeightPass(const RankShape& s, int c, TransientReplay& r) {
+  const worker::PipelineStage& chunk = s.chunks[c];
+  const int first = chunk.first_layer;
+  for (int l = first + chunk.num_layers - 1; l >= first; --l) {
+    r.Gradients(s.block_group(c, l));
+    r.Ready(s.block_group(c, l));
   }
-  if (s.stage.first) {
+  if (chunk.first) {
     r.Gradients(0);
     r.Ready(0);
   }
 }
 
-worker::ScheduleShape ScheduleOf(const RankShape& s) {
-  return {.schedule = s.mesh.schedule, .stages = s.mesh.pp, .micro_batches = s.micro_batches};
-}
-
-// Model::StageForward: the forward pass, and on the last stage the loss and the whole backward.
-void ReplayStageForward(const RankShape& s, TransientReplay& r) {
-  const int first = s.stage.first_layer, end = first + s.stage.num_layers;
-  if (s.stage.first) {
+// Model::StageForward of chunk `c`: the forward pass, and on the last virtual stage the loss and
+// the whole backward.
+void ReplayStageForward(const RankShape& s, int c, TransientReplay& r) {
+  const worker::PipelineStage& chunk = s.chunks[c];
+  const int first = chunk.first_layer, end = first + chunk.num_layers;
+  if (chunk.first) {
     r.Acquire(0);
-    if (s.stage.num_layers > 0) r.Prefetch(BlockGroup(s, first));
+    if (chunk.num_layers > 0) r.Prefetch(s.block_group(c, first));
     r.Release(0);
   }
   for (int l = first; l < end; ++l) {
     if (l + 1 < end) {
-      r.Prefetch(BlockGroup(s, l + 1));
-    } else if (s.stage.last) {
+      r.Prefetch(s.block_group(c, l + 1));
+    } else if (chunk.last) {
       r.Prefetch(FinalGroup(s));
     }
-    r.Acquire(BlockGroup(s, l));
-    r.Release(BlockGroup(s, l));
+    r.Acquire(s.block_group(c, l));
+    r.Release(s.block_group(c, l));
   }
-  if (!s.stage.last) return;
+  if (!chunk.last) return;
   const int final_group = FinalGroup(s);
   const int head = s.tied_head_in_embedding_group() ? 0 : final_group;
   r.Acquire(final_group);
@@ -156,14 +154,14 @@ void ReplayStageForward(const RankShape& s, TransientReplay& r) {
   r.Gradients(final_group);  // the final norm's backward
   r.Ready(final_group);
   r.Release(final_group);
-  ReplayBackwardBlocks(s, r);
+  ReplayBackwardBlocks(s, c, r);
 }
 
 }  // namespace
 
 int ActivationSlots(const RankShape& s) {
   if (s.mesh.pp == 1) return 1;
-  return worker::ActivationSlots(ScheduleOf(s), s.stage_index);
+  return worker::ActivationSlots(s.schedule(), s.stage_index);
 }
 
 int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
@@ -175,7 +173,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d, ffn = c.ffn_hidden / tp;
   const int64_t fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
   const int64_t vocab = c.vocab / tp;
-  const int64_t layers = s.stage.num_layers, saved = c.recompute ? 1 : layers;
+  const int64_t layers = s.chunk_layers(), saved = c.recompute ? 1 : layers;
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
   const int64_t ints = 2 * n + (tp > 1 ? 2 * n : 0);
   int64_t acts = (layers + 1) * nr * w;                                          // residual stream
@@ -190,7 +188,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   }
   acts += n * w + n * attn + n * qkv + n * fc + n * ffn + n * w;  // dln .. dlnf
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
-    acts += layers * (2 * n * w + n * fc + n * qkv) + (s.stage.first ? n * w : 0);
+    acts += layers * (2 * n * w + n * fc + n * qkv) + (s.first() ? n * w : 0);
     floats += layers * 4 * w;
   }
   return acts * backend.act_bytes + 4 * floats + 4 * ints;
@@ -201,17 +199,17 @@ int64_t TransientPeakBytes(const RankShape& s) {
   TransientReplay r(s);
   const std::vector<worker::Pass> passes =
       s.mesh.pp == 1 ? std::vector<worker::Pass>(s.micro_batches, worker::Pass{})
-                     : worker::PassOrder(ScheduleOf(s), s.stage_index);
+                     : worker::PassOrder(s.schedule(), s.stage_index);
   for (const worker::Pass& pass : passes) {
     switch (pass.kind) {
       case worker::PassKind::kForward:
-        ReplayStageForward(s, r);  // the last stage's backward too
+        ReplayStageForward(s, pass.chunk, r);  // the last virtual stage's backward too
         break;
       case worker::PassKind::kBackward:
-        if (!s.stage.last) ReplayBackwardBlocks(s, r);
+        if (!s.chunks[pass.chunk].last) ReplayBackwardBlocks(s, pass.chunk, r);
         break;
       case worker::PassKind::kWeight:
-        ReplayWeightPass(s, r);
+        ReplayWeightPass(s, pass.chunk, r);
         break;
     }
   }
@@ -236,7 +234,10 @@ RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
     const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
     const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
     const int64_t slots = ActivationSlots(s);
-    const int64_t buffers = (s.stage.first ? 0 : slots + 1) + (s.stage.last ? 0 : slots + 1);
+    // Several chunks per rank: every rank receives (its later chunks) and sends (its earlier ones).
+    const bool receives = !s.first() || s.chunks.size() > 1;
+    const bool sends = !s.last() || s.chunks.size() > 1;
+    const int64_t buffers = (receives ? slots + 1 : 0) + (sends ? slots + 1 : 0);
     m.pipeline_buffers = buffers * count * backend.act_bytes;
   }
   return m;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "worker/shape/schedule.h"
 
@@ -10,20 +12,46 @@ namespace {
 
 constexpr int kKinds = 3;  // forward, backward, weight
 
+// A pass of the schedule, or (micro_batch == m) the stage's tail.
 struct Pass {
   worker::PassKind kind = worker::PassKind::kForward;
-  int micro_batch = 0;  // m: the stage's tail
-  int index() const { return kKinds * micro_batch + static_cast<int>(kind); }
+  int micro_batch = 0;
+  int chunk = 0;
+};
+
+// A dense index of a pass of one stage: kKinds · (chunk · m + micro-batch) + kind; the tail is
+// kKinds · V · m.
+struct Keys {
+  int m = 1, chunks = 1;
+  int size() const { return kKinds * chunks * m + 1; }
+  int of(const Pass& pass) const {
+    if (pass.micro_batch == m) return kKinds * chunks * m;
+    return kKinds * (pass.chunk * m + pass.micro_batch) + static_cast<int>(pass.kind);
+  }
 };
 
 // Stage s's passes in the engine's order (worker/shape/schedule.h), then its tail.
 std::vector<Pass> PassesOf(const worker::ScheduleShape& schedule, int stage) {
   std::vector<Pass> passes;
   for (const worker::Pass& pass : worker::PassOrder(schedule, stage)) {
-    passes.push_back({pass.kind, pass.micro_batch});
+    passes.push_back({pass.kind, pass.micro_batch, pass.chunk});
   }
-  passes.push_back({worker::PassKind::kForward, schedule.micro_batches});
+  passes.push_back({worker::PassKind::kForward, schedule.micro_batches, 0});
   return passes;
+}
+
+// Where the output of `pass` on stage `s` goes: the stage and the pass on it that waits for it
+// (none for weight passes, the tail, the last virtual stage's forward passes and the first one's
+// backward passes).
+std::optional<std::pair<int, Pass>> Consumer(const worker::ScheduleShape& shape, int s,
+                                             const Pass& pass) {
+  if (pass.micro_batch == shape.micro_batches || pass.kind == worker::PassKind::kWeight) {
+    return std::nullopt;
+  }
+  const int p = shape.stages, v = pass.chunk * p + s;
+  const int to = pass.kind == worker::PassKind::kForward ? v + 1 : v - 1;
+  if (to < 0 || to >= p * shape.virtual_stages) return std::nullopt;
+  return std::make_pair(to % p, Pass{pass.kind, pass.micro_batch, to / p});
 }
 
 }  // namespace
@@ -32,31 +60,36 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
                                  const std::vector<std::vector<PassSeconds>>& running) {
   constexpr double kNever = std::numeric_limits<double>::infinity();
   const int p = static_cast<int>(running.size());
-  const int m = schedule.micro_batches;
+  const int m = schedule.micro_batches, chunks = std::max(1, schedule.virtual_stages);
   worker::ScheduleShape shape = schedule;
   shape.stages = p;
+  const Keys keys{m, chunks};
   ScheduleSeconds out;
   out.computing.assign(p, 0);
   out.communicating.assign(p, 0);
   out.idle.assign(p, 0);
   std::vector<std::vector<Pass>> passes(p);
-  // arrival[s][pass.index()]: when what the pass waits for reaches stage s (0: it waits for
-  // nothing on another stage: the first stage's forward passes, the last stage's backward ones).
-  std::vector<std::vector<double>> arrival(p, std::vector<double>(kKinds * m + 1, kNever));
+  // arrival[s][key]: when what the pass waits for reaches stage s (0: it waits for nothing on
+  // another stage: the first virtual stage's forward passes, the last one's backward passes, the
+  // weight passes and the tail).
+  std::vector<std::vector<double>> arrival(p, std::vector<double>(keys.size(), kNever));
   for (int s = 0; s < p; ++s) {
     passes[s] = PassesOf(shape, s);
-    arrival[s][kKinds * m] = 0;  // the tail waits for nothing but the stage's own passes
+    arrival[s][keys.of({worker::PassKind::kForward, m, 0})] = 0;
     for (int i = 0; i < m; ++i) {
-      if (s == 0) arrival[s][Pass{worker::PassKind::kForward, i}.index()] = 0;
-      if (s == p - 1) arrival[s][Pass{worker::PassKind::kBackward, i}.index()] = 0;
-      arrival[s][Pass{worker::PassKind::kWeight, i}.index()] = 0;  // after its own B pass
+      for (int c = 0; c < chunks; ++c) {
+        const int v = c * p + s;
+        if (v == 0) arrival[s][keys.of({worker::PassKind::kForward, i, c})] = 0;
+        if (v == p * chunks - 1) arrival[s][keys.of({worker::PassKind::kBackward, i, c})] = 0;
+        arrival[s][keys.of({worker::PassKind::kWeight, i, c})] = 0;  // after its own B pass
+      }
     }
   }
   std::vector<size_t> next(p, 0);
   std::vector<double> left(p, 1.0);  // of the current pass's work
   double now = 0;
   auto arrives = [&](int s) {
-    return next[s] == passes[s].size() ? kNever : arrival[s][passes[s][next[s]].index()];
+    return next[s] == passes[s].size() ? kNever : arrival[s][keys.of(passes[s][next[s]])];
   };
 
   for (;;) {
@@ -73,25 +106,28 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
     if (active.empty() && wake == kNever) break;  // every stage is done
     const int k = static_cast<int>(active.size());
     const std::vector<PassSeconds>& at_k = running[std::max(k, 1) - 1];
+    auto share = [&](int s, const Pass& pass) {
+      return at_k[s].chunk_share.empty() ? 1.0 : at_k[s].chunk_share[pass.chunk];
+    };
     auto seconds_of = [&](int s) {
       const Pass pass = passes[s][next[s]];
       if (pass.micro_batch == m) return at_k[s].tail;
       switch (pass.kind) {
         case worker::PassKind::kForward:
-          return at_k[s].forward;
+          return share(s, pass) * at_k[s].forward;
         case worker::PassKind::kBackward:
-          return at_k[s].backward;
+          return share(s, pass) * at_k[s].backward;
         case worker::PassKind::kWeight:
-          return at_k[s].weight;
+          return share(s, pass) * at_k[s].weight;
       }
       return 0.0;
     };
     auto waiting_of = [&](int s) {
       const Pass pass = passes[s][next[s]];
       if (pass.micro_batch == m) return at_k[s].tail_waiting;
-      return pass.kind == worker::PassKind::kForward    ? at_k[s].forward_waiting
-             : pass.kind == worker::PassKind::kBackward ? at_k[s].backward_waiting
-                                                        : 0.0;
+      return share(s, pass) * (pass.kind == worker::PassKind::kForward    ? at_k[s].forward_waiting
+                               : pass.kind == worker::PassKind::kBackward ? at_k[s].backward_waiting
+                                                                          : 0.0);
     };
     // The next event: a hand-off arrives (exactly then, so that it is ready) or the passes
     // nearest their end end. Passes end by decision, not by their remaining work reaching zero
@@ -117,9 +153,9 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
         }
       }
       // Done: hand the result to the stage that waits for it.
-      const int to = pass.kind == worker::PassKind::kBackward ? s - 1 : s + 1;
-      if (pass.micro_batch < m && pass.kind != worker::PassKind::kWeight && to >= 0 && to < p) {
-        arrival[to][pass.index()] = now + at_k[to].handoff;
+      if (const auto consumer = Consumer(shape, s, pass)) {
+        const auto& [to, waiting] = *consumer;
+        arrival[to][keys.of(waiting)] = now + at_k[to].handoff;
       }
       ++next[s];
       left[s] = 1.0;

@@ -2,15 +2,17 @@
 // share the cores of a node.
 //
 // Stage s runs the passes of the schedule's one definition (worker/shape/schedule.h: PassOrder,
-// which the executor runs too), then its tail (PassSeconds). A forward pass of micro-batch i
-// waits for stage s − 1's forward pass of i, a backward pass for stage s + 1's backward pass of
-// i, and each waits a hand-off more after the pass it waits for ends (the message and the
-// receiver's wake-up); a weight pass (ZB-H1) waits for nothing but the stage's passes before it.
+// which the executor runs too), then its tail (PassSeconds). A forward pass of micro-batch i on
+// virtual stage v (chunk c of stage s: v = c·p + s) waits for the forward pass of i on v − 1, a
+// backward pass for the backward pass of i on v + 1, and each waits a hand-off more after the
+// pass it waits for ends (the message and the receiver's wake-up); a weight pass (ZB-H1) waits
+// for nothing but the stage's passes before it.
 // Where the stages time-share cores, a pass runs faster while fewer stages run passes beside it:
 // each pass is a fixed amount of work whose rate follows how many stages are running at every
 // moment (processor sharing). With one duration per stage whatever runs beside it, the makespan is
-// the textbook (m + p − 1)·(F + B) of uniform stages under 1F1B, and m(F + B + W) + (p − 1)(F + B −
-// W) under ZB-H1 (m ≥ p).
+// the textbook (m + p − 1)·(F + B) of uniform stages under 1F1B, m(F + B + W) + (p − 1)(F + B −
+// W) under ZB-H1 (m ≥ p), and (m + (p − 1)/V)·(F + B) under interleaved 1F1B with V equal chunks
+// (m a multiple of p).
 //
 // Threading: plain values and functions.
 #ifndef TRAINYARD_PLANNER_PIPELINE_SCHEDULE_H_
@@ -33,6 +35,9 @@ struct PassSeconds {
   double forward_waiting = 0, backward_waiting = 0;
   double handoff = 0;
   double tail = 0, tail_waiting = 0;
+  // With several model chunks per stage (interleaved), the part of forward, backward and weight
+  // (and of their waiting) that chunk c's pass takes; empty: one chunk, all of it.
+  std::vector<double> chunk_share;
 };
 
 // Per stage, the step's seconds by what the stage did; computing + communicating + idle equals
@@ -45,8 +50,9 @@ struct ScheduleSeconds {
 
 // `running[k − 1][s]`: stage s's passes while k stages run passes at once (k = 1 … p, p =
 // running.size(); every row has p entries); a hand-off costs what it costs at the k of the moment
-// the pass it follows ends. `schedule.micro_batches` ≥ 1.
-// The schedule's stages are running.size() (schedule.stages is not read).
+// the pass it follows ends. `schedule.micro_batches` ≥ 1; with schedule.virtual_stages V > 1
+// every entry's chunk_share has V entries. The schedule's stages are running.size()
+// (schedule.stages is not read).
 ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
                                  const std::vector<std::vector<PassSeconds>>& running);
 

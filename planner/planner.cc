@@ -166,6 +166,23 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
   return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
 }
 
+// With several chunks per rank, each chunk's part of the rank's passes: its blocks' matmul
+// parameters and attention, and on the last virtual stage the LM head (WorkOf's FLOP count);
+// empty for one chunk.
+std::vector<double> ChunkShares(const RankShape& s) {
+  if (s.chunks.size() <= 1) return {};
+  const double attention = 4.0 * s.model.width * s.seq_len / s.mesh.tp;
+  const double block = 2.0 * s.matmul_params / s.layers() + attention;
+  std::vector<double> work;
+  double total = 0;
+  for (const worker::PipelineStage& chunk : s.chunks) {
+    work.push_back(chunk.num_layers * block + (chunk.last ? 2.0 * s.head_params : 0.0));
+    total += work.back();
+  }
+  for (double& w : work) w /= total;
+  return work;
+}
+
 // Every stage's passes while k = 1 … p stages run passes at once (SimulateSchedule),
 // on a shared node: a pass runs at the profile of the ranks working then (ActiveProfile), those
 // of the k stages, as many as the node holds. A pass carries its share of the stage's exposed
@@ -185,8 +202,8 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
     const DeviceProfile device =
         ActiveProfile(node_device, g, std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g));
     for (int s = 0; s < mesh.pp; ++s) {
-      const StageTime t =
-          TimeStage(ShapeOf(spec, mesh, s), device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes);
+      const RankShape shape = ShapeOf(spec, mesh, s);
+      const StageTime t = TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes);
       const double waiting = t.tp / micro_batches / 2;
       running[k - 1].push_back({.forward = t.forward + waiting,
                                 .backward = t.backward + waiting,
@@ -195,7 +212,8 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
                                 .backward_waiting = waiting,
                                 .handoff = t.pp_handoff,
                                 .tail = t.optimizer + t.dp,
-                                .tail_waiting = t.dp});
+                                .tail_waiting = t.dp,
+                                .chunk_share = ChunkShares(shape)});
     }
   }
   return running;
@@ -206,7 +224,7 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
 MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   const config::ModelConfig& c = s.model;
   const double tokens = static_cast<double>(s.micro) * s.seq_len;
-  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.stage.num_layers;
+  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.layers();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
@@ -271,7 +289,9 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       c.memory_stage = s;
     }
     stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
-    slowest_bubble = std::max(slowest_bubble, stages.back().bubble_per_stage(micro_batches));
+    // Interleaved chunks fill and drain the pipeline in passes V times shorter.
+    slowest_bubble = std::max(slowest_bubble,
+                              stages.back().bubble_per_stage(micro_batches) / mesh.virtual_stages);
     c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
     c.bytes_tp = std::max(c.bytes_tp, stages.back().bytes_tp);
     c.bytes_pp = std::max(c.bytes_pp, stages.back().bytes_pp);
@@ -281,16 +301,19 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       *std::max_element(stages.begin(), stages.end(), [&](const StageTime& a, const StageTime& b) {
         return a.per_micro_batch(micro_batches) < b.per_micro_batch(micro_batches);
       });
-  c.bubble_fraction = BubbleFraction(mesh.schedule, mesh.pp, micro_batches, slowest.forward,
-                                     slowest.backward, slowest.weight);
+  const worker::ScheduleShape schedule_shape{.schedule = mesh.schedule,
+                                             .stages = mesh.pp,
+                                             .micro_batches = micro_batches,
+                                             .virtual_stages = mesh.virtual_stages};
+  c.bubble_fraction =
+      BubbleFraction(schedule_shape, slowest.forward, slowest.backward, slowest.weight);
   // On a shared node the schedule decides how many stages work at once, and so every pass's
   // rate; elsewhere a stage's passes take what they take and the fill and drain cost p − 1
   // micro-batch slots of the slowest stage.
   const bool simulate = mesh.pp > 1 && node_device.shared_node && node_device.cores > 0;
   const ScheduleSeconds schedule =
-      simulate ? SimulateSchedule(
-                     {.schedule = mesh.schedule, .stages = mesh.pp, .micro_batches = micro_batches},
-                     PassesWhileRunning(spec, mesh, node_device, loop, c, micro_batches))
+      simulate ? SimulateSchedule(schedule_shape, PassesWhileRunning(spec, mesh, node_device, loop,
+                                                                     c, micro_batches))
                : ScheduleSeconds{};
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageTime& t = stages[s];
@@ -381,12 +404,13 @@ double BubbleFraction(int stages, int micro_batches) {
   return static_cast<double>(stages - 1) / (micro_batches + stages - 1);
 }
 
-double BubbleFraction(config::PipelineSchedule schedule, int stages, int micro_batches,
-                      double forward, double backward, double weight) {
-  if (stages <= 1) return 0;
-  const bool split = worker::SplitsBackward(schedule);
-  const double idle = (stages - 1) * (forward + backward - (split ? weight : 0));
-  const double busy = micro_batches * (forward + backward + weight);
+double BubbleFraction(const worker::ScheduleShape& schedule, double forward, double backward,
+                      double weight) {
+  if (schedule.stages <= 1) return 0;
+  const bool split = worker::SplitsBackward(schedule.schedule);
+  const double idle = (schedule.stages - 1) * (forward + backward - (split ? weight : 0)) /
+                      std::max(1, schedule.virtual_stages);
+  const double busy = schedule.micro_batches * (forward + backward + weight);
   return busy + idle > 0 ? idle / (busy + idle) : 0;
 }
 

@@ -123,12 +123,13 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend);
 
 // The 1F1B bubble: (p − 1) / (m + p − 1).
 double BubbleFraction(int stages, int micro_batches);
-// The idle fraction of a stage whose passes take forward, backward (input gradient and, in
-// 1F1B, the weights') and weight (ZB-H1's weight pass; 0 in 1F1B) seconds: under 1F1B
-// (p − 1)(F + B) over m(F + B) + (p − 1)(F + B); under ZB-H1 (p − 1)(F + B − W) over
-// m(F + B + W) + (p − 1)(F + B − W).
-double BubbleFraction(config::PipelineSchedule schedule, int stages, int micro_batches,
-                      double forward, double backward, double weight);
+// The idle fraction of a stage whose passes (all its chunks together) take forward, backward
+// (input gradient and, unless split, the weights') and weight (ZB-H1's weight pass; else 0)
+// seconds per micro-batch: under 1F1B (p − 1)(F + B) over m(F + B) + (p − 1)(F + B); under
+// interleaved 1F1B over V chunks (p − 1)(F + B)/V over m(F + B) + (p − 1)(F + B)/V; under ZB-H1
+// (p − 1)(F + B − W) over m(F + B + W) + (p − 1)(F + B − W).
+double BubbleFraction(const worker::ScheduleShape& schedule, double forward, double backward,
+                      double weight);
 
 // Young's τ = √(2δM), and Daly's higher-order form (the coordinator's CheckpointPolicy uses
 // these):

@@ -1,5 +1,6 @@
 // RankShape: what one rank of a mesh holds and runs, derived from the spec exactly as the engine
-// derives it (worker/trainer.cc): its pipeline stage from BalanceStages, its parameter groups
+// derives it (worker/trainer.cc): its layers from StageChunks (one pipeline stage, or an
+// interleaved schedule's model chunks), its parameter groups
 // from ParameterLayout (tensor-parallel ranks hold equal shares, so rank 0's stand for all), its
 // micro-batch and the micro-batches per step. The memory and traffic models read it.
 //
@@ -27,7 +28,9 @@ struct RankShape {
   config::ParallelismSpec mesh;
   int seq_len = 0;
   int stage_index = 0;  // pipeline rank
-  worker::PipelineStage stage;
+  // The rank's model chunks, in layer order (one unless the schedule is interleaved), all of
+  // chunk_layers() layers.
+  std::vector<worker::PipelineStage> chunks;
   int micro = 0;                     // sequences per micro-batch
   int micro_batches = 0;             // per optimizer step
   std::vector<int64_t> group_sizes;  // this stage's parameter groups, in layout order
@@ -41,8 +44,22 @@ struct RankShape {
   int64_t padded(size_t g) const { return chunk(g) * mesh.dp; }
   // The pipeline runs a split backward (ZB-H1's input-gradient and weight passes).
   bool split_backward() const { return mesh.pp > 1 && worker::SplitsBackward(mesh.schedule); }
-  bool tied_head_in_embedding_group() const {
-    return model.tied_embeddings && stage.first && stage.last;
+  bool first() const { return chunks.front().first; }  // holds the embeddings
+  bool last() const { return chunks.back().last; }     // holds the final norm and the head
+  int chunk_layers() const { return chunks.front().num_layers; }
+  int layers() const { return chunk_layers() * static_cast<int>(chunks.size()); }
+  // The parameter group of `layer` of chunk `chunk` (ParameterLayout's order: the embeddings,
+  // every chunk's blocks, the final norm).
+  int block_group(int chunk, int layer) const {
+    return (first() ? 1 : 0) + chunk * chunk_layers() + layer - chunks[chunk].first_layer;
+  }
+  bool tied_head_in_embedding_group() const { return model.tied_embeddings && first() && last(); }
+  // The schedule the rank's pipeline runs.
+  worker::ScheduleShape schedule() const {
+    return {.schedule = mesh.schedule,
+            .stages = mesh.pp,
+            .micro_batches = micro_batches,
+            .virtual_stages = mesh.virtual_stages};
   }
 };
 

@@ -80,8 +80,8 @@ void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collec
     out.push_back(Times(
         HandedOver(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward)),
         m));
-    const bool block = g >= (s.stage.first ? 1u : 0u) &&
-                       g < (s.stage.first ? 1u : 0u) + static_cast<size_t>(s.stage.num_layers);
+    const size_t blocks_begin = s.first() ? 1 : 0;
+    const bool block = g >= blocks_begin && g < blocks_begin + static_cast<size_t>(s.layers());
     if (block) {
       out.push_back(Times(HandedOver(dp.AllGather(s.chunk(g), kFloat, Phase::kBackward)), m));
     }
@@ -148,12 +148,12 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
   const bool sp = s.mesh.sequence_parallel;
   const int64_t a = backend.act_bytes, w = s.model.width;
   const int64_t rows = int64_t{s.micro} * s.seq_len, local = sp ? rows / n : rows;
-  const int64_t layers = s.stage.num_layers, recompute = s.model.recompute ? 1 : 0;
+  const int64_t layers = s.layers(), recompute = s.model.recompute ? 1 : 0;
   if (!sp) {
-    if (s.stage.first) out.push_back(tp.AllReduce(rows * w, a));  // vocabulary-parallel embedding
+    if (s.first()) out.push_back(tp.AllReduce(rows * w, a));  // vocabulary-parallel embedding
     out.push_back(Times(tp.AllReduce(rows * w, a), layers * (4 + 2 * recompute)));
   } else {
-    if (s.stage.first) {
+    if (s.first()) {
       out.push_back(tp.ReduceScatter(local * w, a));  // embedding, to local rows
       out.push_back(tp.AllGather(local * w, a));      // its gradient, to full rows
     }
@@ -161,7 +161,7 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.AllReduce(4 * w, kFloat), layers));  // two norms' gradients
   }
-  if (s.stage.last) {
+  if (s.last()) {
     const int64_t vocab = s.model.vocab / n;
     const int64_t chunk = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, rows);
     out.push_back(Times(tp.AllGather(3 * chunk, kFloat), (rows + chunk - 1) / chunk));
@@ -196,14 +196,13 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
   const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
   const Collective send{CollectiveKind::kSendRecv, count * backend.act_bytes, 1, Phase::kExposed};
-  // The sends of this stage's steps of the schedule the executor runs.
-  const worker::ScheduleShape schedule{
-      .schedule = s.mesh.schedule, .stages = s.mesh.pp, .micro_batches = s.micro_batches};
-  int64_t onward = 0, back = 0;  // activations to the next stage, gradients to the previous one
-  const std::vector<std::vector<worker::ScheduleStep>> plan = worker::PlanSchedule(schedule);
+  // The sends of this stage's steps of the schedule the executor runs: activations on to the
+  // next virtual stage, gradients back to the previous one.
+  int64_t onward = 0, back = 0;
+  const std::vector<std::vector<worker::ScheduleStep>> plan = worker::PlanSchedule(s.schedule());
   for (const worker::ScheduleStep& step : plan[s.stage_index]) {
     for (const worker::Transfer& t : step.transfers) {
-      if (t.send) ++(t.peer > s.stage_index ? onward : back);
+      if (t.send) ++(t.pass.kind == worker::PassKind::kForward ? onward : back);
     }
   }
   if (onward > 0) out.push_back(Times(send, onward));
@@ -217,7 +216,7 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
 
 std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s) {
   if (s.tied_copy == 0) return {};
-  return {Group(2, s.stage.first ? 0 : 1).AllReduce(s.tied_copy, kFloat)};
+  return {Group(2, s.first() ? 0 : 1).AllReduce(s.tied_copy, kFloat)};
 }
 
 }  // namespace trainyard::planner

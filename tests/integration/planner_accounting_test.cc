@@ -42,11 +42,13 @@ struct MeshCase {
   config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
+  int virtual_stages = 1;
 };
 
 constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
+constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
 
-// The meshes of tests/integration/parallel_equivalence_test.cc (both pipeline schedules), and
+// The meshes of tests/integration/parallel_equivalence_test.cc (every pipeline schedule), and
 // recomputation.
 const MeshCase kMeshes[] = {
     {"dp2_zero0", 2, 1, 1, 0},
@@ -70,6 +72,13 @@ const MeshCase kMeshes[] = {
     {"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, false, kZeroBubble},
     {"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, false, kZeroBubble, 0, true},
     {"zb_tp2_pp2_sp", 1, 2, 2, 0, true, false, kZeroBubble},
+    {"il_pp2_v2", 1, 1, 2, 0, false, false, kInterleaved, 4, false, 2},
+    {"il_pp2_v3", 1, 1, 2, 0, false, false, kInterleaved, 6, false, 3},
+    {"il_pp4_v2", 1, 1, 4, 0, false, false, kInterleaved, 8, false, 2},
+    {"il_dp2_pp2_zero1", 2, 1, 2, 1, false, false, kInterleaved, 4, false, 2},
+    {"il_dp2_pp2_zero3", 2, 1, 2, 3, false, false, kInterleaved, 4, true, 2},
+    {"il_tp2_pp2_sp", 1, 2, 2, 0, true, false, kInterleaved, 4, false, 2},
+    {"il_pp2_v2_recompute", 1, 1, 2, 0, false, true, kInterleaved, 4, false, 2},
 };
 
 config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
@@ -96,6 +105,7 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.sequence_parallel = mesh.sequence_parallel;
   spec.parallelism.schedule = mesh.schedule;
+  spec.parallelism.virtual_stages = mesh.virtual_stages;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   return spec;
 }
@@ -176,20 +186,20 @@ void WithGroup(int size, const std::function<void(int, Communicator&)>& body) {
   std::filesystem::remove_all(dir);
 }
 
-// One micro-batch's forward and backward through pipeline stage `stage_index` with a real
-// tensor-parallel group; the bytes each rank's group counted.
+// One micro-batch's forward and backward through every chunk of pipeline stage `stage_index` with
+// a real tensor-parallel group; the bytes each rank's group counted.
 std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage_index) {
   const config::ParallelismSpec& mesh = spec.parallelism;
   const RankShape shape = ShapeOf(spec, mesh, stage_index);
   std::vector<KindBytes> counted(mesh.tp);
   WithGroup(mesh.tp, [&](int r, Communicator& tp) {
     auto backend = worker::MakeCpuBackend(1);
-    const worker::ParameterLayout layout(spec.model, r, mesh.tp, shape.stage);
+    const worker::ParameterLayout layout(spec.model, r, mesh.tp, shape.chunks);
     worker::LocalParamSource source(layout, backend.get());
     std::vector<float> host(layout.total());
     layout.Initialize(1, host.data());
     backend->CopyFromHost(source.params(), host.data(), layout.total());
-    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, {shape.stage},
+    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, shape.chunks,
                                        mesh.sequence_parallel);
     ASSERT_TRUE(model.ok()) << model.status();
     const int b = shape.micro, t = spec.training.seq_len;
@@ -199,11 +209,16 @@ std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage
     auto in = backend->AllocAct(rows * spec.model.width);
     auto out = backend->AllocAct(rows * spec.model.width);
     double loss = 0;
-    ASSERT_TRUE((*model)
-                    ->StageForward({}, tokens.data(), tokens.data(), b, t, in.data(), 1e-3f, &loss,
-                                   out.data())
-                    .ok());
-    ASSERT_TRUE((*model)->StageBackward({}, out.data(), in.data()).ok());
+    const int chunks = static_cast<int>(shape.chunks.size());
+    for (int c = 0; c < chunks; ++c) {
+      ASSERT_TRUE((*model)
+                      ->StageForward({.chunk = c, .slot = c}, tokens.data(), tokens.data(), b, t,
+                                     in.data(), 1e-3f, &loss, out.data())
+                      .ok());
+    }
+    for (int c = chunks - 1; c >= 0; --c) {
+      ASSERT_TRUE((*model)->StageBackward({.chunk = c, .slot = c}, out.data(), in.data()).ok());
+    }
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       counted[r][k] = tp.stats().bytes_sent(static_cast<CollectiveKind>(k));
     }
@@ -240,9 +255,7 @@ TEST_P(PipelineAccounting, BytesMatchTheSchedule) {
       return absl::OkStatus();
     };
     worker::ScheduleStats stats;
-    const worker::ScheduleShape schedule{
-        .schedule = mesh.schedule, .stages = mesh.pp, .micro_batches = first.micro_batches};
-    ASSERT_TRUE(worker::RunSchedule(pp, *backend, schedule, count, work, &stats).ok());
+    ASSERT_TRUE(worker::RunSchedule(pp, *backend, first.schedule(), count, work, &stats).ok());
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       counted[r][k] = pp.stats().bytes_sent(static_cast<CollectiveKind>(k));
     }

@@ -1,6 +1,6 @@
-// The 1F1B schedule simulation (planner/pipeline_schedule.h) against schedules worked out by hand
-// here: uniform stages give the textbook makespan, hand-offs sit on the critical path, and passes
-// that share the cores run at the rate of how many stages run beside them.
+// The pipeline schedule simulation (planner/pipeline_schedule.h) against schedules worked out by
+// hand here: uniform stages give each schedule's textbook makespan, hand-offs sit on the critical
+// path, and passes that share the cores run at the rate of how many stages run beside them.
 #include "planner/pipeline_schedule.h"
 
 #include "gtest/gtest.h"
@@ -108,6 +108,31 @@ TEST(PipelineSchedule, ZeroBubbleStagesIdleTheirFormula) {
       for (int stage = 0; stage < p; ++stage) {
         EXPECT_DOUBLE_EQ(s.computing[stage], 3.25 * m);
         EXPECT_DOUBLE_EQ(s.idle[stage], (p - 1) * 1.75);
+      }
+    }
+  }
+}
+
+// Interleaved 1F1B over V equal chunks with m a multiple of p: each chunk pass takes 1/V of the
+// stage's F and B, and each stage idles (p − 1)(F + B)/V of a step of m(F + B) + (p − 1)(F + B)/V:
+// the (p − 1)/(V·m + p − 1) bubble.
+TEST(PipelineSchedule, InterleavedStagesIdleTheirFormula) {
+  for (int p = 2; p <= 4; ++p) {
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = p; m <= 3 * p; m += p) {
+        const worker::ScheduleShape il{.schedule = config::PipelineSchedule::kInterleaved,
+                                       .micro_batches = m,
+                                       .virtual_stages = v};
+        PassSeconds pass{.forward = 1, .backward = 2};
+        pass.chunk_share.assign(v, 1.0 / v);
+        const ScheduleSeconds s = SimulateSchedule(il, Constant(p, pass));
+        const double idle = (p - 1) * 3.0 / v;
+        EXPECT_NEAR(s.makespan, 3.0 * m + idle, 1e-9) << "p " << p << " m " << m << " v " << v;
+        for (int stage = 0; stage < p; ++stage) {
+          EXPECT_NEAR(s.computing[stage], 3.0 * m, 1e-9);
+          EXPECT_NEAR(s.idle[stage], idle, 1e-9);
+          EXPECT_NEAR(s.idle[stage] / s.makespan, (p - 1.0) / (v * m + p - 1.0), 1e-12);
+        }
       }
     }
   }

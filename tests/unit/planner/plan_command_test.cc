@@ -195,6 +195,23 @@ TEST_F(PlanCommand, CandidatesShowTheirPipelineSchedule) {
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 tp1 pp1 z0 ")) << out_.str();
 }
 
+// Interleaved candidates show V; a mesh whose layers do not split into pp · V chunks runs 1F1B.
+TEST_F(PlanCommand, InterleavedCandidatesShowTheirVirtualStages) {
+  const std::string spec =
+      Write("il.yaml",
+            "name: il\nmodel:\n  preset: gpt2-debug\n  layers: 4\ntraining: {batch: 8, "
+            "micro_batch: 2, seq_len: 32}\nparallelism: {dp: 2, pp: 2, schedule: interleaved, "
+            "virtual_stages: 2}\nresources: {nodes: 1, devices_per_node: 4}\n");
+  ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=2,tp=1,pp=2"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(
+      out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"interleaved\",\"virtual_stages\":2}"))
+      << out_.str();
+  ASSERT_EQ(Run({spec}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 tp1 pp2 z0 i2")) << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp4 z0 ")) << out_.str();  // 4 layers, pp 4
+  EXPECT_FALSE(absl::StrContains(out_.str(), "pp4 z0 i2")) << out_.str();
+}
+
 TEST_F(PlanCommand, HumanOutputNamesTheChoice) {
   ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "Chose dp ")) << out_.str();
