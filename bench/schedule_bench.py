@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""The pipeline schedules side by side on this machine's CPU: 1F1B against ZB-H1 (zero-bubble).
+"""The pipeline schedules side by side on this machine's CPU: 1F1B, interleaved 1F1B and ZB-H1.
 
 Usage: python3 bench/schedule_bench.py [--build DIR] [--steps N] [--rounds R] [--no-calibrate]
                                       [--out FILE] [--wait-idle SECONDS] [--max-other-load CORES]
                                       [--stages 2,4]
 
-For pp 2 and 4 (gpt2-small-cpu: 4 layers of width 256; 16 sequences of 64 tokens per step in
-micro-batches of 4, so m = 4 micro-batches per step, the fewest ZB-H1 takes at pp 4), `trainyard-worker --standalone` trains the same spec under
-each schedule; its rank 0 prints the planner's prediction beside what it measured (the table above
-its `done:` line): the step and the bubble fraction (the share of training time the stage spent
-blocked on its pipeline peers). Every case runs --rounds times (default 3), the rounds interleaved
-across the cases, and the table reports the median step with the spread of the rounds, the
-predicted step and its error, both bubble fractions, and each schedule's step against 1F1B's of the
-same pp, measured and predicted.
+For pp 2 and 4 (gpt2-small-cpu widened to 8 layers of width 256, so that pp 4 splits into two
+chunks per rank; 16 sequences of 64 tokens per step in micro-batches of 4, so m = 4 micro-batches
+per step, the fewest ZB-H1 and interleaved take at pp 4), `trainyard-worker --standalone` trains
+the same spec under each schedule (interleaved with virtual_stages 2); its rank 0 prints the
+planner's prediction beside what it measured (the table above its `done:` line): the step and the
+bubble fraction (the share of training time the stage spent blocked on its pipeline peers). Every
+case runs --rounds times (default 3), the rounds interleaved across the cases, and the table
+reports the median step with the spread of the rounds, the predicted step and its error, both
+bubble fractions, and each schedule's step against 1F1B's of the same pp, measured and predicted.
 
 Before the first round `trainyard plan --calibrate --fresh` measures the cpu profile into a
 profile file of the benchmark's own (--no-calibrate: the user's stored profile). The Markdown
@@ -30,13 +31,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plan_accuracy as common  # noqa: E402  (the idle waits, the run table's parser)
 
 ROOT = common.ROOT
-SCHEDULES = ["1f1b", "zero-bubble"]
+SCHEDULES = ["1f1b", "interleaved", "zero-bubble"]
+VIRTUAL_STAGES = {"interleaved": 2}
 
 SPEC = """name: schedule-{tag}
-model: {{preset: gpt2-small-cpu}}
+model: {{preset: gpt2-small-cpu, layers: 8}}
 data: {{source: markov, markov: {{vocab: 64, train_tokens: 200000, val_tokens: 2000}}}}
 training: {{steps: {steps}, batch: 16, micro_batch: 4, seq_len: 64, eval_every: 0, log_every: 1000}}
-parallelism: {{dp: 1, tp: 1, pp: {pp}, zero: 0, schedule: {schedule}}}
+parallelism: {{dp: 1, tp: 1, pp: {pp}, zero: 0, schedule: {schedule}, virtual_stages: {v}}}
 resources: {{nodes: 1, devices_per_node: {pp}}}
 fault_tolerance: {{memory_every_steps: 0}}
 """
@@ -102,7 +104,7 @@ def write_report(args, text, raw):
         pass
     command = "python3 bench/schedule_bench.py " + " ".join(sys.argv[1:])
     with open(args.out, "w") as f:
-        f.write("# Pipeline schedules on CPU ranks: 1F1B and ZB-H1\n\n")
+        f.write("# Pipeline schedules on CPU ranks: 1F1B, interleaved 1F1B and ZB-H1\n\n")
         f.write(f"Machine: {cpu}, {os.cpu_count()} cores. Command (from the build folder's "
                 f"parent): `{command}`.\n\n")
         f.write(text)
@@ -138,7 +140,7 @@ def main():
                 specs[name] = os.path.join(tmp, f"pp{pp}-{schedule}.yaml")
                 with open(specs[name], "w") as f:
                     f.write(SPEC.format(tag=f"pp{pp}-{schedule}", steps=args.steps, pp=pp,
-                                        schedule=schedule))
+                                        schedule=schedule, v=VIRTUAL_STAGES.get(schedule, 1)))
         results, raw = run_cases(args, worker, specs, env)
         raw = [text.replace(tmp, "SCRATCH") for text in raw]
     loads = [r["other"] for runs in results.values() for r in runs]

@@ -20,7 +20,8 @@ Problem Bad(std::string path, std::string reason, std::vector<std::string> relat
 }
 
 Problem CheckDegrees(const ParallelismSpec& m) {
-  const std::pair<const char*, int> degrees[] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}};
+  const std::pair<const char*, int> degrees[] = {
+      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"virtual_stages", m.virtual_stages}};
   for (const auto& [name, value] : degrees) {
     if (value < 1 || value > kMaxDegree) {
       return Bad(absl::StrCat("parallelism.", name),
@@ -225,6 +226,14 @@ const char* ScheduleName(PipelineSchedule schedule) {
   return "?";
 }
 
+std::optional<PipelineSchedule> ScheduleFromName(std::string_view name) {
+  for (PipelineSchedule s : {PipelineSchedule::kOneForwardOneBackward,
+                             PipelineSchedule::kInterleaved, PipelineSchedule::kZeroBubble}) {
+    if (name == ScheduleName(s)) return s;
+  }
+  return std::nullopt;
+}
+
 int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh) {
   if (training.micro_batch > 0) return training.micro_batch;
   return mesh.dp > 0 ? training.batch / mesh.dp : training.batch;
@@ -248,9 +257,10 @@ std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
     while (chosen > 1 && share % chosen != 0) --chosen;
     return chosen;
   };
-  bool valid = world % model_parallel == 0;
+  bool valid = world % model_parallel == 0 && mesh.dp > 0;
   if (valid) {
-    resized.training.micro_batch = 0;
+    // With the micro-batch it would run (a schedule may need several per step).
+    resized.training.micro_batch = fit_micro(mesh);
     valid = !FindMeshProblem(mesh, resized).has_value();
   }
   if (!valid) {

@@ -30,20 +30,25 @@ absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
   TY_RETURN_IF_ERROR(r->ReadInt("virtual_stages", &p->virtual_stages));
   std::string schedule = ScheduleName(p->schedule);
   TY_RETURN_IF_ERROR(r->ReadString("schedule", &schedule));
-  const std::vector<PipelineSchedule> known = {PipelineSchedule::kOneForwardOneBackward,
-                                               PipelineSchedule::kInterleaved,
-                                               PipelineSchedule::kZeroBubble};
-  for (PipelineSchedule s : known) {
-    if (schedule == ScheduleName(s)) {
-      p->schedule = s;
-      return absl::OkStatus();
+  if (schedule == "auto") {
+    if (p->virtual_stages != 1) {
+      return r->ErrorAt("virtual_stages",
+                        "with schedule: auto the planner chooses virtual_stages; write schedule: "
+                        "interleaved to fix them");
     }
+    p->automatic_schedule = true;
+    return absl::OkStatus();
   }
-  const std::string suggestion = ClosestMatch(schedule, {"1f1b", "interleaved", "zero-bubble"});
+  if (const std::optional<PipelineSchedule> known = ScheduleFromName(schedule)) {
+    p->schedule = *known;
+    return absl::OkStatus();
+  }
+  const std::string suggestion =
+      ClosestMatch(schedule, {"1f1b", "interleaved", "zero-bubble", "auto"});
   return r->ErrorAt(
       "schedule",
       absl::StrCat("unknown pipeline schedule ", QuoteForMessage(schedule),
-                   suggestion.empty() ? "; expected 1f1b, interleaved or zero-bubble"
+                   suggestion.empty() ? "; expected 1f1b, interleaved, zero-bubble or auto"
                                       : absl::StrCat("; did you mean '", suggestion, "'?")));
 }
 

@@ -73,8 +73,11 @@ enum class PipelineSchedule {
   kInterleaved,            // "interleaved": Megatron's interleaved 1F1B over virtual stages
   kZeroBubble,             // "zero-bubble": ZB-H1, the backward split into B and W passes
 };
-// "1f1b", "interleaved", "zero-bubble": the words specs write.
+// "1f1b", "interleaved", "zero-bubble": the words specs write (and "auto", for the planner's
+// choice: ParallelismSpec::automatic_schedule).
 const char* ScheduleName(PipelineSchedule schedule);
+// The schedule a word names ("auto" names none: the planner's choice); nullopt for others.
+std::optional<PipelineSchedule> ScheduleFromName(std::string_view name);
 
 struct ParallelismSpec {
   // `parallelism: auto`: dp, tp and pp below were chosen by ChooseParallelism (mesh.h) and may be
@@ -90,6 +93,10 @@ struct ParallelismSpec {
   // The pipeline schedule (pp > 1); `parallelism: auto` and meshes chosen for an elastic resize
   // run 1F1B unless the spec's explicit mesh is kept.
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
+  // `schedule: auto`: the planner chooses schedule and virtual_stages for the mesh by predicted
+  // step time within the memory a rank has (at admission, or in the standalone worker); until it
+  // has, schedule is 1f1b.
+  bool automatic_schedule = false;
   // Model chunks per pipeline rank (`interleaved` only; 1 otherwise): rank s holds virtual
   // stages s, s + pp, s + 2·pp, …, each model.layers / (pp · virtual_stages) layers.
   int virtual_stages = 1;

@@ -15,12 +15,15 @@ std::string Footprint(const RankMemory& m) {
                       ", other ", HumanBytes(m.other()), ")");
 }
 
+// Every mesh of the spec's resources, or with `only_spec_mesh` the spec's own mesh (under every
+// schedule it can run, where the schedule is `auto`).
 absl::StatusOr<Plan> PlanAll(const config::JobSpec& spec, const DeviceProfile& device,
-                             const LoopOptions& loop) {
+                             const LoopOptions& loop, bool only_spec_mesh = false) {
   PlanRequest request;
   request.spec = spec;
   request.device = device;
   request.loop = loop;
+  if (only_spec_mesh) request.mesh = spec.parallelism;
   return MakePlan(request);
 }
 
@@ -30,15 +33,19 @@ absl::StatusOr<config::ParallelismSpec> ChooseMesh(const config::JobSpec& spec,
                                                    const DeviceProfile& device,
                                                    const LoopOptions& loop,
                                                    const std::string& where) {
-  TY_ASSIGN_OR_RETURN(const Plan plan, PlanAll(spec, device, loop));
+  // A fixed mesh whose schedule is `auto`: the schedule only.
+  const bool schedule_only = !spec.parallelism.automatic && spec.parallelism.automatic_schedule;
+  TY_ASSIGN_OR_RETURN(const Plan plan, PlanAll(spec, device, loop, schedule_only));
   if (!plan.chosen) {
     return absl::FailedPreconditionError(
-        absl::StrCat("parallelism: auto: no mesh of the ", spec.resources.world_size(),
-                     " ranks fits in the ", HumanBytes(plan.candidates.front().capacity),
-                     " one rank has (", where, "). ", plan.explanation));
+        absl::StrCat(schedule_only ? "parallelism.schedule: auto: no schedule of the "
+                                   : "parallelism: auto: no mesh of the ",
+                     spec.resources.world_size(), " ranks fits in the ",
+                     HumanBytes(plan.candidates.front().capacity), " one rank has (", where, "). ",
+                     plan.explanation));
   }
   config::ParallelismSpec mesh = plan.candidates[*plan.chosen].mesh;
-  mesh.automatic = true;
+  mesh.automatic = !schedule_only;
   return mesh;
 }
 

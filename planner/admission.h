@@ -17,10 +17,12 @@
 namespace trainyard::planner {
 
 // The mesh the planner chooses for `spec`'s resources on `device` (the fastest that fits; the
-// ZeRO stage is chosen too, the spec's sequence_parallel kept for tp > 1), marked automatic.
-// FAILED_PRECONDITION with the plan's explanation when no mesh fits; INVALID_ARGUMENT when the
-// resources admit no valid mesh at all. `where` says in messages where the memory per rank comes
-// from ("node n1: 15.6 GiB shared by 2 ranks").
+// ZeRO stage is chosen too, the spec's sequence_parallel kept for tp > 1), marked automatic: for
+// `parallelism: auto` any mesh, else the spec's mesh with its `schedule: auto` resolved (the
+// pipeline schedule and virtual stages chosen the same way). FAILED_PRECONDITION with the plan's
+// explanation when nothing fits; INVALID_ARGUMENT when the resources admit no valid mesh at all.
+// `where` says in messages where the memory per rank comes from ("node n1: 15.6 GiB shared by 2
+// ranks").
 [[nodiscard]] absl::StatusOr<config::ParallelismSpec> ChooseMesh(const config::JobSpec& spec,
                                                                  const DeviceProfile& device,
                                                                  const LoopOptions& loop,

@@ -51,6 +51,40 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
   return absl::StrFormat("its pipeline transfers add %s per step", HumanSeconds(d_pp));
 }
 
+// "1f1b", "zero-bubble", "interleaved over 2 virtual stages".
+std::string ScheduleText(const config::ParallelismSpec& mesh) {
+  std::string text = config::ScheduleName(mesh.schedule);
+  if (mesh.virtual_stages > 1)
+    absl::StrAppend(&text, " over ", mesh.virtual_stages, " virtual stages");
+  return text;
+}
+
+bool SameMesh(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {
+  return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp && a.zero == b.zero;
+}
+
+// Under `schedule: auto`: the chosen mesh's schedule against the others the mesh can run.
+std::string WhySchedule(const Plan& plan, const Candidate& chosen) {
+  if (!chosen.mesh.automatic_schedule || chosen.mesh.pp == 1) return "";
+  std::string out = absl::StrFormat(
+      " Schedule auto: %s, the fastest of the schedules this mesh can run within the memory "
+      "(step %s, bubble %.0f%%, %s per rank)",
+      ScheduleText(chosen.mesh), HumanSeconds(chosen.step.total), 100 * chosen.bubble_fraction,
+      HumanBytes(chosen.memory.total()));
+  for (const Candidate& c : plan.candidates) {
+    if (&c == &chosen || !SameMesh(c.mesh, chosen.mesh)) continue;
+    if (c.fits) {
+      absl::StrAppendFormat(&out, "; %s: step %s, bubble %.0f%%", ScheduleText(c.mesh),
+                            HumanSeconds(c.step.total), 100 * c.bubble_fraction);
+    } else {
+      absl::StrAppendFormat(&out, "; %s: needs %s per rank, over the %s a rank has",
+                            ScheduleText(c.mesh), HumanBytes(c.memory.total()),
+                            HumanBytes(c.capacity));
+    }
+  }
+  return out + ".";
+}
+
 }  // namespace
 
 std::string HumanBytes(double bytes) {
@@ -84,8 +118,9 @@ std::string WhyLost(const Plan& plan, const Candidate& loser, const Candidate& c
   const double d_bubble = loser.step.bubble - chosen.step.bubble;
   std::string why;
   if (d_bubble >= d_compute && d_bubble >= d_comm && d_bubble > 0) {
-    why = absl::StrFormat("pp %d idles %.0f%% of each step in the 1F1B bubble (%s more)",
-                          loser.mesh.pp, 100 * loser.bubble_fraction, HumanSeconds(d_bubble));
+    why = absl::StrFormat("pp %d idles %.0f%% of each step in the %s bubble (%s more)",
+                          loser.mesh.pp, 100 * loser.bubble_fraction, ScheduleText(loser.mesh),
+                          HumanSeconds(d_bubble));
   } else if (d_comm >= d_compute && d_comm > 0) {
     why = WhyCommunication(plan, loser, chosen);
   } else if (d_compute > 0 && loser.mesh.zero < chosen.mesh.zero && loser.mesh.dp > 1) {
@@ -127,6 +162,7 @@ std::string Explain(const Plan& plan) {
     return a.mesh.dp == b.mesh.dp && a.mesh.tp == b.mesh.tp && a.mesh.pp == b.mesh.pp;
   };
   for (int i = *plan.chosen + 1; i < fitting; ++i) {
+    if (SameMesh(all[i].mesh, chosen.mesh)) continue;  // another schedule: WhySchedule
     if (same_split(all[i], chosen)) {
       if (other_stage == nullptr) other_stage = &all[i];
       continue;
@@ -149,7 +185,7 @@ std::string Explain(const Plan& plan) {
   for (const Candidate* loser : losers) {
     absl::StrAppend(&out, " ", MeshName(loser->mesh), ": ", WhyLost(plan, *loser, chosen), ".");
   }
-  return out;
+  return out + WhySchedule(plan, chosen);
 }
 
 }  // namespace trainyard::planner

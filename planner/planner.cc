@@ -236,6 +236,30 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   return w;
 }
 
+std::vector<config::ParallelismSpec> ScheduleOptions(config::ParallelismSpec mesh,
+                                                     const config::JobSpec& spec) {
+  const config::ParallelismSpec& wanted = spec.parallelism;
+  std::vector<config::ParallelismSpec> options;
+  auto add = [&](config::PipelineSchedule schedule, int virtual_stages) {
+    mesh.schedule = schedule;
+    mesh.virtual_stages = virtual_stages;
+    if (!config::FindMeshProblem(mesh, spec)) options.push_back(mesh);
+  };
+  mesh.automatic_schedule = wanted.automatic_schedule;
+  if (!wanted.automatic_schedule || mesh.pp == 1) {
+    // The spec's schedule where the mesh can run it, else 1F1B.
+    add(wanted.schedule, wanted.virtual_stages);
+    if (options.empty()) add(config::PipelineSchedule::kOneForwardOneBackward, 1);
+    return options;
+  }
+  add(config::PipelineSchedule::kOneForwardOneBackward, 1);
+  add(config::PipelineSchedule::kZeroBubble, 1);
+  for (int v = 2; v <= kMaxAutoVirtualStages && v * mesh.pp <= spec.model.layers; ++v) {
+    add(config::PipelineSchedule::kInterleaved, v);
+  }
+  return options;
+}
+
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
   std::vector<config::ParallelismSpec> meshes;
   const int world = spec.resources.world_size();
@@ -251,15 +275,9 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
         mesh.pp = pp;
         mesh.zero = zero;
         mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
-        // The spec's schedule where the mesh can run it, else 1F1B.
-        mesh.schedule = spec.parallelism.schedule;
-        mesh.virtual_stages = spec.parallelism.virtual_stages;
-        if (config::FindMeshProblem(mesh, spec)) {
-          mesh.schedule = config::ParallelismSpec{}.schedule;
-          mesh.virtual_stages = 1;
+        for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
+          meshes.push_back(option);
         }
-        if (config::FindMeshProblem(mesh, spec)) continue;
-        meshes.push_back(mesh);
       }
     }
   }
@@ -349,7 +367,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh: ", problem->path, ": ", problem->reason));
     }
-    meshes.push_back(*request.mesh);
+    meshes = ScheduleOptions(*request.mesh, spec);
   } else {
     meshes = ValidMeshes(spec);
     if (meshes.empty()) {

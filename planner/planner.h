@@ -89,9 +89,19 @@ struct Plan {
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
 
 // Every mesh of the spec's resources that the engine can run (config::FindMeshProblem finds
-// nothing); ZeRO stages 1–3 only with dp > 1. The spec's sequence_parallel is kept (for tp > 1),
-// and its pipeline schedule where the mesh can run it (else 1F1B).
+// nothing); ZeRO stages 1–3 only with dp > 1. The spec's sequence_parallel is kept (for tp > 1);
+// each dp × tp × pp × ZeRO split once per schedule of ScheduleOptions.
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
+
+// The most model chunks per rank `schedule: auto` tries for interleaved 1F1B.
+inline constexpr int kMaxAutoVirtualStages = 4;
+
+// The schedules `mesh` is planned with: the spec's (spec.parallelism.schedule and
+// virtual_stages) where the mesh can run it, else 1F1B; under `schedule: auto` with pp > 1 every
+// schedule the mesh can run (1F1B, ZB-H1, interleaved over 2 … kMaxAutoVirtualStages chunks per
+// rank), each marked automatic_schedule. Empty when the mesh runs none.
+std::vector<config::ParallelismSpec> ScheduleOptions(config::ParallelismSpec mesh,
+                                                     const config::JobSpec& spec);
 
 // The prediction for one valid mesh.
 Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& mesh,

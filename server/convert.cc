@@ -32,6 +32,8 @@ void ToProto(const Mesh& mesh, v1::Mesh* out) {
   out->set_tp(mesh.tp);
   out->set_pp(mesh.pp);
   out->set_zero_stage(mesh.zero_stage);
+  out->set_schedule(mesh.schedule);
+  out->set_virtual_stages(mesh.virtual_stages);
 }
 
 void ToProto(const CheckpointSettings& policy, v1::CheckpointPolicy* out) {

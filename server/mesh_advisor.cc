@@ -78,7 +78,7 @@ absl::StatusOr<Admission> AdmitSpec(config::JobSpec spec, const std::vector<Node
   if (!target.known) {
     admission.note = absl::StrCat("memory not checked: no connected ", gpu ? "GPU " : "",
                                   "node reports its memory yet");
-    if (spec.parallelism.automatic) {
+    if (spec.parallelism.automatic || spec.parallelism.automatic_schedule) {
       planner::DeviceProfile unbounded = target.device;
       unbounded.memory_bytes = int64_t{1} << 62;  // unknown: choose by speed alone
       TY_ASSIGN_OR_RETURN(spec.parallelism,
@@ -92,6 +92,10 @@ absl::StatusOr<Admission> AdmitSpec(config::JobSpec spec, const std::vector<Node
                         planner::ChooseMesh(spec, target.device, loop, target.where));
   } else {
     TY_RETURN_IF_ERROR(planner::CheckMeshFits(spec, target.device, loop, target.where));
+    if (spec.parallelism.automatic_schedule) {
+      TY_ASSIGN_OR_RETURN(spec.parallelism,
+                          planner::ChooseMesh(spec, target.device, loop, target.where));
+    }
   }
   admission.note = absl::StrCat("fits the memory of ", target.where);
   admission.spec = std::move(spec);

@@ -26,6 +26,8 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
   req.mesh.tp = spec.parallelism.tp;
   req.mesh.pp = spec.parallelism.pp;
   req.mesh.zero_stage = spec.parallelism.zero;
+  req.mesh.schedule = config::ScheduleName(spec.parallelism.schedule);
+  req.mesh.virtual_stages = spec.parallelism.virtual_stages;
   req.max_restarts = spec.fault_tolerance.max_restarts;
   req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
   req.checkpoint = CheckpointSettingsFromSpec(spec.checkpoint);

@@ -65,6 +65,10 @@ struct Mesh {
   int tp = 1;
   int pp = 1;
   int zero_stage = 0;
+  // The pipeline schedule (config::ScheduleName) and its virtual stages; "" for the spec's own
+  // (meshes stored before the schedule was recorded).
+  std::string schedule;
+  int virtual_stages = 1;
 };
 
 // How a job checkpoints, from its spec's checkpoint section.

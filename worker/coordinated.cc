@@ -143,6 +143,11 @@ absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
     spec.parallelism.tp = std::max(1, reply.mesh().tp());
     spec.parallelism.pp = std::max(1, reply.mesh().pp());
     spec.parallelism.zero = reply.mesh().zero_stage();
+    // The schedule the coordinator admitted (for `schedule: auto`, the planner's choice).
+    if (const auto schedule = config::ScheduleFromName(reply.mesh().schedule())) {
+      spec.parallelism.schedule = *schedule;
+      spec.parallelism.virtual_stages = std::max(1, reply.mesh().virtual_stages());
+    }
   }
   if (reply.world_size() != spec.world_size() || reply.rank() != options.rank) {
     return absl::InternalError(absl::StrCat("the coordinator's join reply does not fit: world ",

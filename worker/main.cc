@@ -286,12 +286,14 @@ absl::Status Run(int argc, char** argv) {
   if (world == 1 || flags.rank >= 0) InstallDrainHandler();
   SetLogContext(spec.name, rank);
   if (world > 1 && flags.rank < 0) {
-    std::cout << absl::StrFormat("job %s: %d steps of %d x %d tokens on %d %s ranks (%s%s)\n",
-                                 spec.name, spec.training.steps, spec.training.batch,
-                                 spec.training.seq_len, world,
-                                 absl::AsciiStrToUpper(config::DeviceKindName(spec.resources.kind)),
-                                 planner::MeshName(spec.parallelism),
-                                 spec.parallelism.automatic ? ", chosen by the planner" : "")
+    std::cout << absl::StrFormat(
+                     "job %s: %d steps of %d x %d tokens on %d %s ranks (%s%s)\n", spec.name,
+                     spec.training.steps, spec.training.batch, spec.training.seq_len, world,
+                     absl::AsciiStrToUpper(config::DeviceKindName(spec.resources.kind)),
+                     planner::MeshName(spec.parallelism),
+                     spec.parallelism.automatic            ? ", chosen by the planner"
+                     : spec.parallelism.automatic_schedule ? ", schedule chosen by the planner"
+                                                           : "")
               << std::flush;
     return LaunchRanks(flags, spec);
   }

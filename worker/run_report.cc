@@ -31,7 +31,9 @@ planner::LoopOptions LoopOptionsFor(bool coordinated) {
 }
 
 absl::Status ResolveAutoMesh(config::JobSpec* spec, const planner::DeviceProfile& device) {
-  if (!spec->parallelism.automatic) return absl::OkStatus();
+  if (!spec->parallelism.automatic && !spec->parallelism.automatic_schedule) {
+    return absl::OkStatus();
+  }
   TY_ASSIGN_OR_RETURN(
       spec->parallelism,
       planner::ChooseMesh(*spec, device, LoopOptionsFor(false),

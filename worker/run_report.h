@@ -25,9 +25,10 @@ namespace trainyard::worker {
 // coordinator, else 1.
 planner::LoopOptions LoopOptionsFor(bool coordinated);
 
-// A standalone run's `parallelism: auto`: the planner's choice on this machine (ChooseMesh), in
-// place of config's least-model-parallel default. Nothing changes for a spec with a fixed mesh.
-// FAILED_PRECONDITION with the planner's explanation when no mesh fits.
+// A standalone run's `parallelism: auto` and `schedule: auto`: the planner's choice on this
+// machine (ChooseMesh), in place of config's least-model-parallel default and 1F1B. Nothing
+// changes for a spec with a fixed mesh and schedule. FAILED_PRECONDITION with the planner's
+// explanation when nothing fits.
 [[nodiscard]] absl::Status ResolveAutoMesh(config::JobSpec* spec,
                                            const planner::DeviceProfile& device);
 

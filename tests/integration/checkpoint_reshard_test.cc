@@ -1,9 +1,9 @@
 // Resharding: a checkpoint written under one mesh loads under every other — data parallelism with
-// ZeRO 1 and 3, tensor and pipeline parallelism, sequence parallelism and another micro-batch —
-// for both model families. After loading, the gathered parameters equal the writer's exactly;
-// training on continues within 1e-5 relative of the single-process run's losses (the
-// reassociation bound of parallel_equivalence_test); and on the writer's own mesh it continues
-// bit for bit.
+// ZeRO 1 and 3, tensor and pipeline parallelism, sequence parallelism, another micro-batch and
+// every pipeline schedule (interleaved 1F1B: two chunks per rank) — for both model families. After
+// loading, the gathered parameters equal the writer's exactly; training on continues within 1e-5
+// relative of the single-process run's losses (the reassociation bound of
+// parallel_equivalence_test); and on the writer's own mesh it continues bit for bit.
 //
 // Ranks run as threads of this process (rank_threads.h), each with its own Gloo context.
 #include <cmath>
@@ -29,7 +29,11 @@ struct MeshCase {
   bool sequence_parallel = false;
   int micro_batch = 2;
   config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
+  int virtual_stages = 1;
 };
+
+constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
+constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
 
 const MeshCase kMeshes[] = {
     {"dp1", 1, 1, 1, 0},
@@ -39,7 +43,8 @@ const MeshCase kMeshes[] = {
     {"pp2", 1, 1, 2, 0},
     {"tp2_pp2_sp", 1, 2, 2, 0, true},
     {"dp1_micro4", 1, 1, 1, 0, false, 4},
-    {"pp2_zero_bubble", 1, 1, 2, 0, false, 2, config::PipelineSchedule::kZeroBubble},
+    {"pp2_zero_bubble", 1, 1, 2, 0, false, 2, kZeroBubble},
+    {"pp2_interleaved", 1, 1, 2, 0, false, 2, kInterleaved, 2},
 };
 
 constexpr int64_t kSavedStep = 3;
@@ -51,6 +56,7 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.model = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
   spec.model.vocab = 64;
   spec.model.max_seq = 16;
+  spec.model.layers = 4;  // pp 2 interleaved: two one-layer chunks on each rank
   spec.data.markov.vocab = 64;
   spec.data.markov.train_tokens = 1 << 14;
   spec.data.markov.val_tokens = 1 << 10;
@@ -67,6 +73,8 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.sequence_parallel = mesh.sequence_parallel;
+  spec.parallelism.schedule = mesh.schedule;
+  spec.parallelism.virtual_stages = mesh.virtual_stages;
   spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   return spec;
 }
@@ -76,14 +84,15 @@ using GlobalTensors = std::map<std::string, std::vector<float>>;
 // The model's global tensors put back together from every rank's local parameters.
 GlobalTensors Gather(const config::JobSpec& spec, const testenv::RankRun& run) {
   const config::ParallelismSpec& p = spec.parallelism;
-  const std::vector<PipelineStage> stages = BalanceStages(spec.model, spec.training.seq_len, p.pp);
   GlobalTensors global;
   for (int rank = 0; rank < spec.world_size(); ++rank) {
     const int tp_rank = rank % p.tp, dp_rank = rank / p.tp % p.dp, pp_rank = rank / (p.tp * p.dp);
     if (dp_rank != 0) continue;  // replicas
-    const ParameterLayout local(spec.model, tp_rank, p.tp, stages[pp_rank]);
+    const ParameterLayout local(
+        spec.model, tp_rank, p.tp,
+        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, pp_rank));
     for (const ParamTensor& t : local.tensors()) {
-      if (!stages[pp_rank].first && t.name == "wte") continue;  // the tied copy
+      if (!local.first() && t.name == "wte") continue;  // the tied copy
       int64_t numel = 1;
       for (int64_t d : t.global_shape) numel *= d;
       std::vector<float>& g = global[t.name];

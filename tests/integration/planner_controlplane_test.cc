@@ -36,6 +36,16 @@ std::string ChosenMesh(const std::string& json) {
   return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str());
 }
 
+// Submits `spec` and watches it to its end: its job id and its status.
+void RunToTheEnd(ControlPlane& cp, const std::string& spec, std::string* job,
+                 v1::GetJobReply* reply) {
+  const ProcessResult submitted = cp.Cli({"submit", spec, "--watch"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
+  *job = submitted.out.substr(0, submitted.out.find('\n'));
+  *reply = cp.Status(*job);
+  ASSERT_GT(reply->attempts_size(), 0);
+}
+
 TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   ControlPlane cp("planner_cp");
   cp.StartServer({.local_agent = true, .local_slots = 2});
@@ -61,11 +71,9 @@ TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   const std::string spec = cp.WriteSpec("tiny.yaml", tiny);
   const ProcessResult plan = cp.Cli({"plan", spec, "--json"});
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
-  const ProcessResult submitted = cp.Cli({"submit", spec, "--watch"});
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
-  const std::string job = submitted.out.substr(0, submitted.out.find('\n'));
-  const v1::GetJobReply reply = cp.Status(job);
-  ASSERT_GT(reply.attempts_size(), 0);
+  std::string job;
+  v1::GetJobReply reply;
+  ASSERT_NO_FATAL_FAILURE(RunToTheEnd(cp, spec, &job, &reply));
   const v1::Mesh& ran = reply.attempts(0).mesh();
   EXPECT_EQ(absl::StrCat(ran.dp(), ",", ran.tp(), ",", ran.pp(), ",", ran.zero_stage()),
             ChosenMesh(plan.out))
@@ -84,6 +92,38 @@ TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   EXPECT_EQ(run.predicted().parameters_bytes(), run.measured().parameters_bytes());
   EXPECT_THAT(cp.Cli({"status", job}).out, HasSubstr("predicted vs measured"));
   EXPECT_THAT(cp.Cli({"logs", job, "--rank", "0"}).out, HasSubstr("predicted vs measured"));
+}
+
+// `schedule: auto` on a fixed pp 2 mesh: the coordinator's planner picks the schedule (and its
+// virtual stages) at submit, the attempt records it, its ranks run it, and it is the one
+// `trainyard plan` chooses for that mesh.
+TEST(PlannerControlPlane, ScheduleAutoRunsThePlannersSchedule) {
+  ControlPlane cp("planner_schedule_cp");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  for (int i = 0; i < 100 && cp.Cli({"nodes"}).out.find("local") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::string tiny = TinySpec({.name = "schedule", .ranks_per_node = 2, .steps = 4});
+  tiny =
+      absl::StrReplaceAll(tiny, {{"parallelism: {dp: 2}", "parallelism: {pp: 2, schedule: auto}"},
+                                 {"{preset: gpt2-debug}", "{preset: gpt2-debug, layers: 4}"},
+                                 {"seq_len: 16,", "micro_batch: 1, seq_len: 16,"}});
+  const std::string spec = cp.WriteSpec("schedule.yaml", tiny);
+  const ProcessResult plan = cp.Cli({"plan", spec, "--json", "--mesh", "dp=1,tp=1,pp=2"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  std::smatch chosen;
+  ASSERT_TRUE(std::regex_search(
+      plan.out, chosen, std::regex("\"schedule\":\"([a-z0-9-]+)\",\"virtual_stages\":(\\d+)")))
+      << plan.out;
+  EXPECT_THAT(plan.out, HasSubstr("Schedule auto: "));
+  std::string job;
+  v1::GetJobReply reply;
+  ASSERT_NO_FATAL_FAILURE(RunToTheEnd(cp, spec, &job, &reply));
+  const v1::Mesh& ran = reply.attempts(0).mesh();
+  EXPECT_EQ(ran.schedule(), chosen[1].str()) << plan.out;
+  EXPECT_EQ(absl::StrCat(ran.virtual_stages()), chosen[2].str()) << plan.out;
+  EXPECT_THAT(cp.Cli({"logs", job, "--rank", "0"}).out,
+              HasSubstr(absl::StrCat("ZeRO-0, ", chosen[1].str())));
 }
 
 }  // namespace

@@ -92,6 +92,18 @@ TEST_F(WorkerCli, WidthNotDivisibleByHeads) {
                  "model.heads");
 }
 
+// Two chunks on each of two pipeline ranks need layers in four equal chunks; gpt2-debug has two.
+TEST_F(WorkerCli, InterleavedScheduleOverTooFewLayers) {
+  ExpectBadInput(
+      Worker({"--standalone",
+              Write("s.yaml",
+                    "name: t\nmodel:\n  preset: gpt2-debug\nresources: {devices_per_node: 2}\n"
+                    "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+                    "training: {batch: 8, micro_batch: 2}\n")}),
+      "s.yaml:5:61: parallelism.virtual_stages: model.layers 2 do not split into pp 2 × "
+      "virtual_stages 2 = 4 chunks");
+}
+
 TEST_F(WorkerCli, MissingDataFile) {
   ExpectBadInput(Worker({"--standalone", BinSpec((dir_ / "absent.bin").string())}), "absent.bin");
 }

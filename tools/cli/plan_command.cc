@@ -135,6 +135,7 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   mesh.sequence_parallel = spec_mesh.sequence_parallel;
   mesh.schedule = spec_mesh.schedule;
   mesh.virtual_stages = spec_mesh.virtual_stages;
+  mesh.automatic_schedule = spec_mesh.automatic_schedule;
   std::map<std::string, int*> fields = {
       {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}};
   std::map<std::string, bool> seen;

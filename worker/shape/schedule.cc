@@ -57,8 +57,10 @@ std::vector<Pass> ZeroBubbleH1(int stages, int stage, int m) {
 
 // Megatron's interleaved 1F1B: the step's m·V chunk passes of each kind, taken in rounds of p
 // micro-batches per chunk (forward: chunk 0's round, chunk 1's, …; backward: the last chunk's
-// first), with (p − s − 1)·2 + (V − 1)·p warm-up forward passes on stage s (all of them when m =
-// p), then one forward and one backward alternating, then the remaining backward passes.
+// first), with (p − s − 1)·2 + (V − 1)·p warm-up forward passes on stage s, then one forward and
+// one backward alternating, then the remaining backward passes. (Megatron runs every forward pass
+// first when m = p; with the last virtual stage's backward inside its forward pass, the warm-up
+// count alone keeps the bubble at its formula there too, and holds fewer activations.)
 std::vector<Pass> Interleaved(int stages, int stage, int m, int chunks) {
   const int total = m * chunks, round = stages * chunks;
   auto nth = [&](PassKind kind, int k) {
@@ -66,8 +68,7 @@ std::vector<Pass> Interleaved(int stages, int stage, int m, int chunks) {
     return Pass{kind, k / round * stages + k % stages,
                 kind == PassKind::kForward ? chunk : chunks - 1 - chunk};
   };
-  const int warmup =
-      m == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  const int warmup = std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
   std::vector<Pass> passes;
   for (int k = 0; k < warmup; ++k) passes.push_back(nth(PassKind::kForward, k));
   for (int k = 0; k < total - warmup; ++k) {

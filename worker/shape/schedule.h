@@ -37,8 +37,8 @@ namespace trainyard::worker {
 //     Idle fraction (p − 1)/(m + p − 1) with uniform stages.
 //   Interleaved 1F1B (Megatron-LM, Narayanan et al., SC 2021): each rank holds V model chunks
 //     (virtual stages s, s + p, …), and runs the chunks' passes in rounds of p micro-batches:
-//     (p − s − 1)·2 + (V − 1)·p warm-up forward passes (every forward pass when m = p), then one
-//     forward and one backward alternating, then the rest of the backward passes. A chunk pass
+//     (p − s − 1)·2 + (V − 1)·p warm-up forward passes, then one forward and one backward
+//     alternating, then the rest of the backward passes. A chunk pass
 //     is 1/V of a stage's, so the fill and drain shrink V-fold: idle fraction (p − 1)/(V·m + p − 1)
 //     with uniform chunks, for V times the messages and more activations in flight: stage 0 holds
 //     up to (V + 1)·p − 1 chunks' activations, each 1/V of a stage's ((1 + 1/V)·p − 1/V stages'

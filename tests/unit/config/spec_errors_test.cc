@@ -88,7 +88,7 @@ std::vector<BadSpec> RunSectionBadSpecs() {
       {"unknown schedule",
        WithSections("resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: gpipe}\n"),
        "5:32", "parallelism.schedule",
-       "unknown pipeline schedule 'gpipe'; expected 1f1b, interleaved or zero-bubble"},
+       "unknown pipeline schedule 'gpipe'; expected 1f1b, interleaved, zero-bubble or auto"},
       {"schedule typo",
        WithSections(
            "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: zero_bubble}\n"),
@@ -106,6 +106,70 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        "6:35", "training.micro_batch",
        "zero-bubble needs at least pp = 2 micro-batches per step; batch 2 / dp 1 / micro_batch 2 "
        "gives 1"},
+      {"virtual stages without interleaving",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {pp: 2, virtual_stages: 2}\n"),
+       "5:38", "parallelism.virtual_stages",
+       "virtual_stages 2 needs schedule: interleaved (the only schedule with several model chunks "
+       "per rank), not 1f1b"},
+      {"virtual stages under an automatic schedule",
+       WithSections("resources: {devices_per_node: 2}\n"
+                    "parallelism: {pp: 2, virtual_stages: 2, schedule: auto}\n"),
+       "5:38", "parallelism.virtual_stages",
+       "with schedule: auto the planner chooses virtual_stages"},
+      {"virtual stages under zero-bubble",
+       WithSections("resources: {devices_per_node: 2}\n"
+                    "parallelism: {pp: 2, schedule: zero-bubble, virtual_stages: 2}\n"),
+       "5:61", "parallelism.virtual_stages",
+       "needs schedule: interleaved (the only schedule with several model chunks per rank), not "
+       "zero-bubble"},
+      {"interleaved without virtual stages",
+       WithSections(
+           "resources: {devices_per_node: 2}\nparallelism: {pp: 2, schedule: interleaved}\n"
+           "training: {batch: 8, micro_batch: 2}\n"),
+       "5:32", "parallelism.virtual_stages",
+       "interleaved needs virtual_stages of at least 2 (model chunks per pipeline rank), got 1"},
+      {"interleaved over one virtual stage",
+       WithSections("resources: {devices_per_node: 2}\n"
+                    "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 1}\n"
+                    "training: {batch: 8, micro_batch: 2}\n"),
+       "5:61", "parallelism.virtual_stages",
+       "interleaved needs virtual_stages of at least 2 (model chunks per pipeline rank), got 1"},
+      {"interleaved without a pipeline",
+       WithSections("parallelism: {schedule: interleaved, virtual_stages: 2}\n"), "4:25",
+       "parallelism.schedule", "interleaved needs pp > 1"},
+      {"interleaved over fewer layers than chunks",
+       WithSections("resources: {devices_per_node: 2}\n"
+                    "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+                    "training: {batch: 8, micro_batch: 2}\n"),
+       "5:61", "parallelism.virtual_stages",
+       "model.layers 2 do not split into pp 2 × virtual_stages 2 = 4 chunks of equal size"},
+      {"interleaved over layers in unequal chunks",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  layers: 6\nresources: {devices_per_node: 2}\n"
+       "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+       "training: {batch: 8, micro_batch: 2}\n",
+       "6:61", "parallelism.virtual_stages",
+       "model.layers 6 do not split into pp 2 × virtual_stages 2 = 4 chunks of equal size"},
+      {"interleaved with fewer micro-batches than stages",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  layers: 4\nresources: {devices_per_node: 2}\n"
+       "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+       "training: {batch: 2, micro_batch: 2}\n",
+       "7:35", "training.micro_batch",
+       "interleaved runs micro-batches in rounds of pp = 2 and needs a multiple of it per step; "
+       "batch 2 / dp 1 / micro_batch 2 gives 1"},
+      {"interleaved with micro-batches in a partial round",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  layers: 4\nresources: {devices_per_node: 2}\n"
+       "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+       "training: {batch: 6, micro_batch: 2}\n",
+       "7:35", "training.micro_batch", "batch 6 / dp 1 / micro_batch 2 gives 3"},
+      {"interleaved with a partial round per replica",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  layers: 4\nresources: {devices_per_node: 4}\n"
+       "parallelism: {dp: 2, pp: 2, schedule: interleaved, virtual_stages: 2}\n"
+       "training: {batch: 12, micro_batch: 2}\n",
+       "7:36", "training.micro_batch", "batch 12 / dp 2 / micro_batch 2 gives 3"},
+      {"interleaved with the whole batch in one micro-batch",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  layers: 4\nresources: {devices_per_node: 2}\n"
+       "parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}\n",
+       "6:32", "training.micro_batch", "batch 8 / dp 1 / micro_batch 8 gives 1"},
       {"zero stage", WithSections("parallelism: {zero: 4}\n"), "4:21", "parallelism.zero",
        "ZeRO stage must be 0, 1, 2 or 3, got 4"},
       {"zero dp", WithSections("parallelism: {dp: 0}\n"), "4:19", "parallelism.dp",

@@ -107,6 +107,7 @@ TEST(ParseJobSpecTest, RunSectionDefaults) {
   EXPECT_FALSE(spec.parallelism.automatic);
   EXPECT_FALSE(spec.parallelism.sequence_parallel);
   EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kOneForwardOneBackward);
+  EXPECT_EQ(spec.parallelism.virtual_stages, 1);
   EXPECT_EQ(spec.world_size(), 1);
   EXPECT_EQ(spec.parallelism.zero, 0);
   EXPECT_EQ(spec.resources.nodes, 1);
@@ -192,6 +193,51 @@ labels: {team: infra, cost-center: 1234, example.com/owner: "ada", empty: ""}
   const std::map<std::string, std::string> labels = {
       {"team", "infra"}, {"cost-center", "1234"}, {"example.com/owner", "ada"}, {"empty", ""}};
   EXPECT_EQ(spec.labels, labels);
+}
+
+// Interleaved 1F1B: V chunks per pipeline rank, layers in pp · V equal chunks, micro-batches in
+// whole rounds of pp. The ranks stay dp × tp × pp: virtual stages add chunks, not processes.
+TEST(ParseJobSpecTest, InterleavedScheduleWithVirtualStages) {
+  JobSpec spec = MustParse(R"(name: interleaved
+model: {preset: gpt2-debug, layers: 4}
+training: {batch: 8, micro_batch: 2}
+parallelism: {pp: 2, schedule: interleaved, virtual_stages: 2}
+resources: {devices_per_node: 2}
+)");
+  EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kInterleaved);
+  EXPECT_EQ(spec.parallelism.virtual_stages, 2);
+  EXPECT_EQ(spec.parallelism.pp, 2);
+  EXPECT_EQ(spec.world_size(), 2);
+  EXPECT_STREQ(ScheduleName(spec.parallelism.schedule), "interleaved");
+
+  // Three chunks of two layers on each of two ranks, over dp 2: 16 / 2 / 2 = 4 micro-batches, two
+  // rounds of pp.
+  spec = MustParse(R"(name: interleaved
+model: {preset: llama-debug, layers: 12}
+training: {batch: 16, micro_batch: 2}
+parallelism: {dp: 2, pp: 2, zero: 1, schedule: interleaved, virtual_stages: 3}
+resources: {devices_per_node: 4}
+)");
+  EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kInterleaved);
+  EXPECT_EQ(spec.parallelism.virtual_stages, 3);
+  EXPECT_EQ(spec.parallelism.dp, 2);
+  EXPECT_EQ(spec.world_size(), 4);
+}
+
+// `schedule: auto` leaves the choice to the planner: until it chooses, the mesh runs 1F1B.
+TEST(ParseJobSpecTest, AutomaticScheduleIsThePlannersToChoose) {
+  const JobSpec spec = MustParse(R"(name: auto-schedule
+model: {preset: gpt2-debug, layers: 4}
+training: {batch: 8, micro_batch: 2}
+parallelism: {pp: 2, schedule: auto}
+resources: {devices_per_node: 2}
+)");
+  EXPECT_TRUE(spec.parallelism.automatic_schedule);
+  EXPECT_FALSE(spec.parallelism.automatic);
+  EXPECT_EQ(spec.parallelism.schedule, PipelineSchedule::kOneForwardOneBackward);
+  EXPECT_EQ(spec.parallelism.virtual_stages, 1);
+  EXPECT_EQ(ScheduleFromName("interleaved"), PipelineSchedule::kInterleaved);
+  EXPECT_FALSE(ScheduleFromName("auto").has_value());
 }
 
 TEST(ParseJobSpecTest, AutoParallelismPrefersDataParallel) {
@@ -435,6 +481,28 @@ fault_tolerance: {min_nodes: 1}
   // 16 sequences do not split over 3 replicas, and gpt2-debug has too few layers for pp 3.
   EXPECT_FALSE(ResizedSpec(spec, 3).has_value());
   EXPECT_FALSE(ResizedSpec(spec, 0).has_value());
+}
+
+// A schedule that needs several micro-batches per step keeps its mesh on fewer nodes: the mesh is
+// checked with the micro-batch the resized job runs, not one micro-batch per step.
+TEST(ResizedSpecTest, PipelineSchedulesKeepTheirMesh) {
+  for (const char* schedule : {"{dp: 2, pp: 2, schedule: interleaved, virtual_stages: 2}",
+                               "{dp: 2, pp: 2, schedule: zero-bubble}"}) {
+    const JobSpec spec = MustParse(absl::StrCat(R"(name: pipelined
+model: {preset: gpt2-debug, layers: 4}
+training: {batch: 8, micro_batch: 2}
+parallelism: )",
+                                                schedule, R"(
+resources: {nodes: 2, devices_per_node: 2}
+)"));
+    const std::optional<JobSpec> one = ResizedSpec(spec, 1);
+    ASSERT_TRUE(one.has_value()) << schedule;
+    EXPECT_EQ(one->parallelism.pp, 2) << schedule;
+    EXPECT_EQ(one->parallelism.dp, 1) << schedule;
+    EXPECT_EQ(one->parallelism.schedule, spec.parallelism.schedule) << schedule;
+    EXPECT_EQ(one->parallelism.virtual_stages, spec.parallelism.virtual_stages) << schedule;
+    EXPECT_EQ(one->training.micro_batch, 2) << schedule;  // 4 micro-batches per step
+  }
 }
 
 TEST(ResizedSpecTest, TensorParallelGroupsStayWholeInsideANode) {

@@ -203,6 +203,59 @@ TEST(Plan, SaysWhenNothingFits) {
   EXPECT_EQ(plan->explanation.rfind("Nothing fits", 0), 0u) << plan->explanation;
 }
 
+// `schedule: auto`: a pipelined mesh is planned under every schedule it can run, the fastest
+// that fits is chosen, and the explanation names the others with their steps; a mesh whose
+// memory the faster schedules overflow runs the one that fits.
+TEST(Plan, ScheduleAutoChoosesTheFastestScheduleThatFits) {
+  PlanRequest request;
+  request.spec = Gpt2Debug(2);
+  request.spec.model = *config::Preset("gpt2-124m");  // 12 layers: compute, not latency, dominates
+  request.spec.training.seq_len = 1024;
+  request.spec.training.micro_batch = 1;  // 8 micro-batches per step
+  request.spec.parallelism.automatic_schedule = true;
+  request.device = *PublishedProfile("h100");
+  request.mesh = Mesh(1, 1, 2, 0);
+  request.mesh->automatic_schedule = true;
+  const std::vector<config::ParallelismSpec> options = ScheduleOptions(*request.mesh, request.spec);
+  // 1F1B, ZB-H1, interleaved over 2 and 3 chunks (12 layers do not split into 2 · 4 chunks).
+  ASSERT_EQ(options.size(), 4u);
+  EXPECT_EQ(options[1].schedule, config::PipelineSchedule::kZeroBubble);
+  EXPECT_EQ(options[2].schedule, config::PipelineSchedule::kInterleaved);
+  EXPECT_EQ(options[2].virtual_stages, 2);
+  EXPECT_EQ(options[3].virtual_stages, 3);
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->candidates.size(), 4u);
+  ASSERT_TRUE(plan->chosen.has_value());
+  const Candidate& chosen = plan->candidates[*plan->chosen];
+  for (const Candidate& c : plan->candidates) EXPECT_LE(chosen.step.total, c.step.total);
+  EXPECT_NE(chosen.mesh.schedule, config::PipelineSchedule::kOneForwardOneBackward)
+      << plan->explanation;  // both others shrink the bubble of these equal stages
+  EXPECT_NE(plan->explanation.find("Schedule auto: "), std::string::npos) << plan->explanation;
+  EXPECT_NE(plan->explanation.find("1f1b: step "), std::string::npos) << plan->explanation;
+
+  // Room for the smallest footprint only: the schedule with it is chosen, the others are named
+  // with what they would need.
+  int64_t smallest = INT64_MAX, largest = 0;
+  for (const Candidate& c : plan->candidates) {
+    smallest = std::min(smallest, c.memory.total());
+    largest = std::max(largest, c.memory.total());
+  }
+  request.device.memory_bytes = smallest;
+  plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->chosen.has_value());
+  EXPECT_EQ(plan->candidates[*plan->chosen].memory.total(), smallest);
+  if (largest > smallest) {
+    EXPECT_NE(plan->explanation.find("over the"), std::string::npos) << plan->explanation;
+  }
+
+  // A fixed schedule is planned as written.
+  request.spec.parallelism.automatic_schedule = false;
+  request.mesh->automatic_schedule = false;
+  EXPECT_EQ(ScheduleOptions(*request.mesh, request.spec).size(), 1u);
+}
+
 TEST(Plan, RefusesAnImpossibleMesh) {
   PlanRequest request;
   request.spec = Gpt2Debug(2);

@@ -23,7 +23,7 @@ JobRecord MakeJob(int64_t seq) {
   job.requirements.nodes = 2;
   job.requirements.ranks_per_node = 4;
   job.requirements.kind = DeviceKind::kGpu;
-  job.requirements.mesh = Mesh{2, 4, 1, 1};
+  job.requirements.mesh = Mesh{2, 4, 1, 1, "zero-bubble", 1};
   job.requirements.max_restarts = 5;
   job.requirements.heartbeat_timeout = absl::Seconds(7);
   job.user = "ada";
@@ -37,7 +37,7 @@ AttemptRecord MakeAttempt(const std::string& job_id) {
   attempt.job_id = job_id;
   attempt.attempt_id = 1;
   attempt.state = AttemptState::kRunning;
-  attempt.mesh = Mesh{2, 1, 1, 0};
+  attempt.mesh = Mesh{2, 1, 1, 0, "interleaved", 3};
   attempt.created = absl::FromUnixSeconds(1001);
   attempt.running = absl::FromUnixSeconds(1002);
   for (int rank = 0; rank < 2; ++rank) {
@@ -116,6 +116,7 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
   EXPECT_EQ(loaded.requirements.kind, DeviceKind::kGpu);
   EXPECT_EQ(loaded.requirements.mesh.tp, 4);
   EXPECT_EQ(loaded.requirements.mesh.zero_stage, 1);
+  EXPECT_EQ(loaded.requirements.mesh.schedule, "zero-bubble");
   EXPECT_EQ(loaded.requirements.max_restarts, 5);
   EXPECT_EQ(loaded.requirements.heartbeat_timeout, absl::Seconds(7));
   EXPECT_EQ(loaded.labels, job.labels);
@@ -131,6 +132,8 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
 
   ASSERT_EQ(state->attempts.size(), 1u);
   const AttemptRecord& a = state->attempts[0];
+  EXPECT_EQ(a.mesh.schedule, "interleaved");
+  EXPECT_EQ(a.mesh.virtual_stages, 3);
   EXPECT_EQ(a.state, AttemptState::kRunning);
   ASSERT_EQ(a.ranks.size(), 2u);
   EXPECT_EQ(a.ranks[0].pid, 100);
