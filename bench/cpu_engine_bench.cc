@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "config/model_config.h"
 #include "worker/backend.h"
-#include "worker/model.h"
+#include "worker/local_model.h"
 #include "worker/optimizer.h"
 
 namespace {
@@ -83,9 +83,9 @@ int main(int argc, char** argv) {
   if (steps < 1 || batch < 1) return Fail("--steps and --batch must be positive");
 
   auto backend = worker::MakeCpuBackend(threads);
-  auto model_or = worker::Model::Create(*config, backend.get());
+  auto model_or = worker::LocalModel::Create(*config, backend.get());
   if (!model_or.ok()) return Fail(std::string(model_or.status().message()));
-  worker::Model& model = **model_or;
+  worker::LocalModel& model = **model_or;
   model.InitParameters(1);
   worker::OptimizerConfig opt_config;
   opt_config.lr = 1e-4;

@@ -49,7 +49,8 @@ class TransientReplay {
     staging_[g] = false;
     pending_.push_back(Bytes(g));
   }
-  // FinishStep: waits for everything and frees prefetched groups nobody holds.
+  // The optimizer step (ShardedParams::FinishGradients, FinishUpdate): waits for everything and
+  // frees prefetched groups nobody holds.
   void FinishStep() {
     FreeReduced();
     for (size_t g = 0; g < gathered_.size(); ++g) {

@@ -24,6 +24,7 @@
 #include "planner/rank_shape.h"
 #include "planner/traffic_model.h"
 #include "worker/backend.h"
+#include "worker/local_model.h"
 #include "worker/model.h"
 #include "worker/optimizer.h"
 #include "worker/parallel/communicator.h"
@@ -172,13 +173,13 @@ absl::StatusOr<std::vector<std::vector<double>>> InProcesses(
 // One rank of the compute probe: the reference model on its own CPU backend.
 struct ReferenceRank {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<LocalModel> model;
   std::vector<int32_t> tokens;
   int micro = 0, seq_len = 0;
 
   [[nodiscard]] absl::Status Init(const config::JobSpec& reference, int threads) {
     backend = MakeCpuBackend(threads);
-    TY_ASSIGN_OR_RETURN(model, Model::Create(reference.model, backend.get()));
+    TY_ASSIGN_OR_RETURN(model, LocalModel::Create(reference.model, backend.get()));
     model->InitParameters(1);
     micro = config::MicroBatchPerRank(reference.training, reference.parallelism);
     seq_len = reference.training.seq_len;

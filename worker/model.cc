@@ -97,10 +97,6 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   dims_.qkv_width = (dims_.heads + 2 * dims_.kv_heads) * d;
   dims_.attn = dims_.heads * d;
   dims_.vocab_begin = dims_.vocab * tp_rank();
-  if (source_ == nullptr) {
-    local_ = std::make_unique<LocalParamSource>(layout_, backend_);
-    source_ = local_.get();
-  }
   slots_.resize(1);
   group_params_.assign(layout_.groups().size(), nullptr);
   group_grads_.assign(layout_.groups().size(), nullptr);
@@ -108,13 +104,6 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
 }
 
 Model::~Model() = default;
-
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
-                                                     Backend* backend) {
-  TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
-  return std::unique_ptr<Model>(
-      new Model(config, backend, nullptr, nullptr, {PipelineStage{}}, false, false));
-}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
@@ -162,36 +151,6 @@ float* Model::G(int group, int64_t offset) const {
   TY_CHECK(group_grads_[group] != nullptr) << "gradients of group " << group << " not requested";
   return group_grads_[group] + (offset - layout_.groups()[group].begin);
 }
-
-float* Model::params() {
-  TY_CHECK(local_ != nullptr) << "params() needs the model's own parameter source";
-  return local_->params();
-}
-
-float* Model::grads() {
-  TY_CHECK(local_ != nullptr) << "grads() needs the model's own parameter source";
-  return local_->grads();
-}
-
-void Model::InitParameters(uint64_t seed) {
-  std::vector<float> host(layout_.total());
-  layout_.Initialize(seed, host.data());
-  LoadParameters(host.data());
-}
-
-void Model::LoadParameters(const float* host) {
-  backend_->CopyFromHost(params(), host, layout_.total());
-}
-
-void Model::ReadParameters(float* host) const {
-  backend_->CopyToHost(host, const_cast<Model*>(this)->params(), layout_.total());
-}
-
-void Model::ReadGradients(float* host) const {
-  backend_->CopyToHost(host, const_cast<Model*>(this)->grads(), layout_.total());
-}
-
-void Model::ZeroGradients() { backend_->Fill(grads(), 0.0f, layout_.total()); }
 
 int64_t Model::activation_bytes() const {
   int64_t floats = 0, acts = 0, ints = 0;

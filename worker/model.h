@@ -1,8 +1,10 @@
 // The decoder-only transformer with an explicit forward and backward per layer (no autograd).
 //
-// One Model owns its parameters and gradients (flat buffers in ParameterLayout order) and the
-// activation memory for the micro-batch shape it last ran. Not thread-safe: one training loop
-// drives it; its Backend may parallelise inside each operation.
+// One Model runs the layers its rank holds, with parameters and gradients from a ParamSource
+// (group by group, in ParameterLayout order: a rank's sharded parameters, or a LocalModel's flat
+// buffers, worker/local_model.h), and owns the activation memory of the micro-batches in flight.
+// Not thread-safe: one training loop drives it; its Backend may parallelise inside each
+// operation.
 #ifndef TRAINYARD_WORKER_MODEL_H_
 #define TRAINYARD_WORKER_MODEL_H_
 
@@ -35,9 +37,6 @@ struct StageSlot {
 class Model {
  public:
   // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config.
-  // Parameters and gradients live in a LocalParamSource the model owns.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
-      const config::ModelConfig& config, Backend* backend);
   // Parameters and gradients come from `source` (which must outlive the model and use this
   // model's layout, e.g. a data-parallel sharded source). With a tensor-parallel group `tp`
   // (size > 1) the model holds this rank's shard: attention split by heads (key/value heads
@@ -65,15 +64,6 @@ class Model {
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_.seconds(); }
-
-  // The methods below need the model's own LocalParamSource (the first Create).
-  float* params();
-  float* grads();
-  void InitParameters(uint64_t seed);
-  void LoadParameters(const float* host);  // layout().total() floats
-  void ReadParameters(float* host) const;
-  void ReadGradients(float* host) const;
-  void ZeroGradients();
 
   // One micro-batch of `b` sequences of `t` tokens (inputs and targets are host arrays of b·t
   // tokens). Accumulates the gradient of grad_scale · Σ cross-entropy into grads() and returns
@@ -192,7 +182,6 @@ class Model {
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;
-  std::unique_ptr<LocalParamSource> local_;  // set by the first Create
   ParamSource* source_;
   std::vector<const float*> group_params_;  // per group, while held
   std::vector<float*> group_grads_;         // per group, once requested this pass

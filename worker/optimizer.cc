@@ -24,6 +24,27 @@ double LearningRate(const OptimizerConfig& c, int64_t step) {
   return c.lr;
 }
 
+float ClipScale(const OptimizerConfig& c, double grad_norm) {
+  if (c.grad_clip <= 0.0) return 1.0f;
+  const double factor = c.grad_clip / (grad_norm + 1e-6);
+  return factor < 1.0 ? static_cast<float>(factor) : 1.0f;
+}
+
+double AdamWStep(Backend& backend, const OptimizerConfig& c, int64_t step, float clip_scale,
+                 const std::vector<OptimizerSlice>& slices) {
+  const double lr = LearningRate(c, step);
+  std::vector<Backend::AdamWTensor> update;
+  update.reserve(slices.size());
+  for (const OptimizerSlice& s : slices) {
+    update.push_back(
+        {s.param, s.grad, s.m, s.v, s.n, s.decay ? static_cast<float>(c.weight_decay) : 0.0f});
+  }
+  backend.AdamWMulti(update, AdamWParams{static_cast<float>(lr), static_cast<float>(c.beta1),
+                                         static_cast<float>(c.beta2), static_cast<float>(c.eps),
+                                         0.0f, step + 1, clip_scale});
+  return lr;
+}
+
 AdamW::AdamW(const OptimizerConfig& config, const ParameterLayout& layout, Backend* backend)
     : config_(config), layout_(layout), backend_(backend) {
   m_ = backend_->AllocFloat(layout_.total());
@@ -32,26 +53,18 @@ AdamW::AdamW(const OptimizerConfig& config, const ParameterLayout& layout, Backe
 
 double AdamW::ClipGradients(float* grads) {
   const double norm = std::sqrt(backend_->SumOfSquares(grads, layout_.total()));
-  if (config_.grad_clip > 0.0) {
-    const double factor = config_.grad_clip / (norm + 1e-6);
-    if (factor < 1.0) backend_->Scale(grads, layout_.total(), static_cast<float>(factor));
-  }
+  const float scale = ClipScale(config_, norm);
+  if (scale < 1.0f) backend_->Scale(grads, layout_.total(), scale);
   return norm;
 }
 
 double AdamW::Step(float* params, const float* grads, int64_t step) {
-  const double lr = LearningRate(config_, step);
+  std::vector<OptimizerSlice> slices;
   for (const ParamTensor& t : layout_.tensors()) {
-    const AdamWParams p{static_cast<float>(lr),
-                        static_cast<float>(config_.beta1),
-                        static_cast<float>(config_.beta2),
-                        static_cast<float>(config_.eps),
-                        t.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                        step + 1};
-    backend_->AdamW(params + t.offset, grads + t.offset, m_.data() + t.offset, v_.data() + t.offset,
-                    t.numel, p);
+    slices.push_back({params + t.offset, grads + t.offset, m_.data() + t.offset,
+                      v_.data() + t.offset, t.numel, t.decay});
   }
-  return lr;
+  return AdamWStep(*backend_, config_, step, 1.0f, slices);
 }
 
 }  // namespace trainyard::worker

@@ -1,10 +1,14 @@
-// AdamW over a model's flat parameter buffer, its learning-rate schedule, and global-norm
-// gradient clipping. Single-threaded: called from the training loop between steps.
+// The optimizer step's pieces: the learning-rate schedule, global-norm gradient clipping, and
+// AdamW over slices of parameters (a rank's owned shards, parallel::ShardedParams::
+// OptimizerSlices, or a whole model's buffer). Where parameters and moments live is the
+// parameter source's business; the update's arithmetic is here. Single-threaded: called from the
+// training loop between steps.
 #ifndef TRAINYARD_WORKER_OPTIMIZER_H_
 #define TRAINYARD_WORKER_OPTIMIZER_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "worker/backend.h"
 #include "worker/buffer.h"
@@ -30,6 +34,25 @@ struct OptimizerConfig {
 // Learning rate of optimizer step `step` (0-based): linear warmup to lr over warmup_steps, then
 // the schedule's decay to lr · min_lr_ratio at total_steps.
 double LearningRate(const OptimizerConfig& config, int64_t step);
+
+// Global-norm clipping (PyTorch's clip_grad_norm_ rule): the factor min(1, grad_clip / (norm +
+// 1e-6)) every gradient is scaled by; 1 with clipping off.
+float ClipScale(const OptimizerConfig& config, double grad_norm);
+
+// Parameters AdamW updates together with their gradients and moments: n floats each.
+struct OptimizerSlice {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  bool decay;  // weight decay applies (the slice's tensor has two or more dims)
+};
+
+// AdamW step `step` (0-based) over `slices`, every gradient read as grad · clip_scale (clipping
+// applied inside the update, without a pass of its own). Returns the learning rate it used.
+double AdamWStep(Backend& backend, const OptimizerConfig& config, int64_t step, float clip_scale,
+                 const std::vector<OptimizerSlice>& slices);
 
 class AdamW {
  public:

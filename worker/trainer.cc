@@ -191,6 +191,13 @@ class RankTrainer {
 
  private:
   absl::StatusOr<double> ForwardBackward();  // this step's loss sum over this rank's tokens
+  struct OptimizerStepped {
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+  };
+  // After the step's last micro-batch: the gradients made final, clipped by their global norm,
+  // and AdamW's update of this rank's slices at the step's learning rate.
+  absl::StatusOr<OptimizerStepped> OptimizerStep();
   absl::StatusOr<double> SumOverWorld(double value);
   absl::Status SumOverWorld(std::span<double> values);
   // What every rank does after this step, agreed over the world: stop (a drain), and the step
@@ -222,6 +229,7 @@ class RankTrainer {
   ParallelDims dims_;
   std::unique_ptr<ParameterLayout> layout_;
   std::unique_ptr<parallel::ShardedParams> params_;
+  OptimizerConfig optimizer_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Checkpointer> checkpointer_;
   DataSplits data_;
@@ -261,8 +269,8 @@ absl::Status RankTrainer::Setup() {
   TY_ASSIGN_OR_RETURN(params_,
                       parallel::ShardedParams::Create(
                           *layout_, &backend_, dims_.dp.get(), dims_.tp.get(), dims_.pp.get(),
-                          {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
-                          OptimizerConfigFromSpec(tr)));
+                          {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes}));
+  optimizer_ = OptimizerConfigFromSpec(tr);
   params_->Initialize(tr.seed);
   TY_ASSIGN_OR_RETURN(
       model_, Model::Create(mc, &backend_, params_.get(), dims_.tp.get(), dims_.chunks,
@@ -392,6 +400,16 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   return loss_sum;
 }
 
+absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
+  TY_RETURN_IF_ERROR(params_->FinishGradients(dims_.tied.get()));
+  OptimizerStepped stepped;
+  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm());
+  stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
+                         ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
+  TY_RETURN_IF_ERROR(params_->FinishUpdate());
+  return stepped;
+}
+
 // Every rank stops at the same step boundary: a stop asked of any rank (a signal, a drain order)
 // is summed over the world after every step, and so is the ordered checkpoint step, to which
 // only rank 0 contributes.
@@ -479,9 +497,9 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     }
     TY_RETURN_IF_ERROR(params_->BeginStep());
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
-    double lr = 0.0;
     const int64_t optimizer_start = clock_.NowNanosMonotonic();
-    TY_ASSIGN_OR_RETURN(const double norm, params_->FinishStep(state_.step, &lr, dims_.tied.get()));
+    TY_ASSIGN_OR_RETURN(const OptimizerStepped stepped, OptimizerStep());
+    const double norm = stepped.grad_norm, lr = stepped.lr;
     const int64_t optimizer_nanos = clock_.NowNanosMonotonic() - optimizer_start;
     TY_ASSIGN_OR_RETURN(loss_sum, params_->SumOverRanks(loss_sum));
     // Only the last pipeline stage computes the loss; every stage reports it.

@@ -38,7 +38,7 @@ struct StepReport {
   double wait_seconds = 0.0;
   // From the step's start to its report: the step, an evaluation and checkpoint blocking.
   double iteration_seconds = 0.0;
-  // Of step_seconds: the forward and backward passes, the optimizer (FinishStep: gradient
+  // Of step_seconds: the forward and backward passes, the optimizer (OptimizerStep: gradient
   // reduction and the update) and drawing the batch. Collectives that block inside a phase count
   // in it and in wait_seconds too.
   double forward_seconds = 0.0;

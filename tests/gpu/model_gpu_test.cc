@@ -17,7 +17,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
-#include "worker/model.h"
+#include "worker/local_model.h"
 
 namespace trainyard::worker {
 namespace {
@@ -63,11 +63,11 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = c.act});
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
   auto& gpu = *gpu_or;
-  auto cpu_model = Model::Create(mc, cpu.get());
-  auto gpu_model = Model::Create(mc, gpu.get());
+  auto cpu_model = LocalModel::Create(mc, cpu.get());
+  auto gpu_model = LocalModel::Create(mc, gpu.get());
   ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
-  Model& cm = **cpu_model;
-  Model& gm = **gpu_model;
+  LocalModel& cm = **cpu_model;
+  LocalModel& gm = **gpu_model;
   cm.InitParameters(11);
   std::vector<float> params(cm.num_params());
   cm.ReadParameters(params.data());
@@ -147,7 +147,7 @@ TEST(ModelOnGpu, UnsupportedHeadDimFailsCleanly) {
   mc.ffn_hidden = 4 * 72;
   auto gpu = MakeCudaBackend({});
   ASSERT_TRUE(gpu.ok());
-  auto model = Model::Create(mc, gpu->get());
+  auto model = LocalModel::Create(mc, gpu->get());
   ASSERT_TRUE(model.ok());
   (*model)->InitParameters(1);
   std::vector<int32_t> tokens(16, 1);

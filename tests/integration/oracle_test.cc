@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
-#include "worker/model.h"
+#include "worker/local_model.h"
 #include "worker/optimizer.h"
 
 namespace trainyard::worker {
@@ -83,7 +83,7 @@ double ScaledMaxError(const float* a, const std::vector<double>& b) {
   return scale == 0 ? err : err / scale;
 }
 
-void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const Model& model,
+void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalModel& model,
                       const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets) {
   fs::create_directories(dir / "params");
   const OptimizerConfig o = TestOptimizer();
@@ -118,9 +118,9 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const Model& mo
 void CompareWithOracle(ModelConfig c) {
   const fs::path dir = testenv::MakeScratchDir("oracle");
   auto backend = MakeCpuBackend(2);
-  auto model_or = Model::Create(c, backend.get());
+  auto model_or = LocalModel::Create(c, backend.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
-  Model& model = **model_or;
+  LocalModel& model = **model_or;
   model.InitParameters(2024);
 
   const int64_t per_step = int64_t{kBatch} * kSeq;

@@ -38,15 +38,8 @@ struct ShardedParams::Group {
 };
 
 ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
-                             Communicator* tp, Communicator* pp, const ShardingOptions& sharding,
-                             const OptimizerConfig& optimizer)
-    : layout_(layout),
-      backend_(backend),
-      dp_(dp),
-      tp_(tp),
-      pp_(pp),
-      options_(sharding),
-      optimizer_(optimizer) {}
+                             Communicator* tp, Communicator* pp, const ShardingOptions& sharding)
+    : layout_(layout), backend_(backend), dp_(dp), tp_(tp), pp_(pp), options_(sharding) {}
 
 ShardedParams::~ShardedParams() {
   // Let queued collectives finish before the buffers they use go away.
@@ -59,7 +52,7 @@ ShardedParams::~ShardedParams() {
 
 absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
     const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-    Communicator* pp, const ShardingOptions& sharding, const OptimizerConfig& optimizer) {
+    Communicator* pp, const ShardingOptions& sharding) {
   if (sharding.zero_stage < 0 || sharding.zero_stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallelism.zero: stage must be 0..3, got ", sharding.zero_stage));
@@ -67,8 +60,7 @@ absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
   if (sharding.bucket_bytes < 1) {
     return absl::InvalidArgumentError("gradient bucket size must be positive");
   }
-  std::unique_ptr<ShardedParams> p(
-      new ShardedParams(layout, backend, dp, tp, pp, sharding, optimizer));
+  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, tp, pp, sharding));
   p->Allocate();
   return p;
 }
@@ -446,48 +438,38 @@ absl::StatusOr<double> ShardedParams::GradientNorm() {
   return std::sqrt(sumsq);
 }
 
-absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, Communicator* tied) {
+absl::Status ShardedParams::FinishGradients(Communicator* tied) {
   TY_RETURN_IF_ERROR_WITH(WaitAll(), "gradient reduction");
-  const int stage = options_.zero_stage;
+  if (tied == nullptr) return absl::OkStatus();
   // A pipeline's first and last stages both hold the tied token embedding: sum the copies'
   // gradients so that both apply the same update.
-  if (tied != nullptr) {
-    if (stage >= 2) {
-      return absl::UnimplementedError(
-          "parallelism.zero: tied embeddings across pipeline stages need ZeRO stage 0 or 1");
-    }
-    const ParamTensor* wte = layout_.Find("wte");
-    if (wte == nullptr) return absl::InternalError("tied embedding group without an embedding");
-    const Group& g = GroupOf(*wte);
-    TY_RETURN_IF_ERROR_WITH(tied->AllReduce(GradAt(g, wte->offset - g.begin), wte->numel),
-                            "summing the tied embedding's gradients");
+  if (options_.zero_stage >= 2) {
+    return absl::UnimplementedError(
+        "parallelism.zero: tied embeddings across pipeline stages need ZeRO stage 0 or 1");
   }
-  TY_ASSIGN_OR_RETURN(const double norm, GradientNorm());
-  // Clipping is applied as the update reads each gradient (grad_scale), not as a pass of its own.
-  float clip_scale = 1.0f;
-  if (optimizer_.grad_clip > 0.0) {
-    const double factor = optimizer_.grad_clip / (norm + 1e-6);
-    if (factor < 1.0) clip_scale = static_cast<float>(factor);
-  }
+  const ParamTensor* wte = layout_.Find("wte");
+  if (wte == nullptr) return absl::InternalError("tied embedding group without an embedding");
+  const Group& g = GroupOf(*wte);
+  return Annotate(tied->AllReduce(GradAt(g, wte->offset - g.begin), wte->numel),
+                  "summing the tied embedding's gradients");
+}
 
-  const double lr = LearningRate(optimizer_, step);
-  if (lr_out != nullptr) *lr_out = lr;
-  std::vector<Backend::AdamWTensor> update;
+std::vector<OptimizerSlice> ShardedParams::OptimizerSlices() {
+  std::vector<OptimizerSlice> slices;
   for (const ParamTensor& t : layout_.tensors()) {
     // The tensor's intersection with the owned range of its group.
     const Group& g = GroupOf(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;
-    update.push_back({ParamAt(g, lo), GradAt(g, lo), m_.data() + StateOffset(g, lo),
-                      v_.data() + StateOffset(g, lo), hi - lo,
-                      t.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f});
+    slices.push_back({ParamAt(g, lo), GradAt(g, lo), m_.data() + StateOffset(g, lo),
+                      v_.data() + StateOffset(g, lo), hi - lo, t.decay});
   }
-  backend_->AdamWMulti(
-      update, AdamWParams{static_cast<float>(lr), static_cast<float>(optimizer_.beta1),
-                          static_cast<float>(optimizer_.beta2), static_cast<float>(optimizer_.eps),
-                          0.0f, step + 1, clip_scale});
+  return slices;
+}
 
+absl::Status ShardedParams::FinishUpdate() {
+  const int stage = options_.zero_stage;
   if (stage == 1 || stage == 2) {
     // Every rank updated its chunk; put the full parameters back together, every group's gather
     // on the wire at once.
@@ -512,7 +494,7 @@ absl::StatusOr<double> ShardedParams::FinishStep(int64_t step, double* lr_out, C
       }
     }
   }
-  return norm;
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard::worker::parallel

@@ -63,7 +63,7 @@ class ShardedParams final : public ParamSource {
   // only for the global gradient norm, from the calling thread.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(
       const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-      Communicator* pp, const ShardingOptions& sharding, const OptimizerConfig& optimizer);
+      Communicator* pp, const ShardingOptions& sharding);
   ~ShardedParams() override;
 
   // Every rank draws the same full initialisation and keeps what it owns.
@@ -96,13 +96,19 @@ class ShardedParams final : public ParamSource {
   // Call before each micro-batch's backward pass: whether it is the step's last, the one whose
   // gradients stages 0/1 reduce.
   void SetLastMicroBatch(bool last) { last_micro_batch_ = last; }
-  // After the last micro-batch: waits for the gradient collectives, clips by the global norm,
-  // applies AdamW step `step` (0-based) to the owned chunks and re-assembles parameters (stages
-  // 1–2). Returns the gradient norm before clipping; *lr receives the learning rate used.
-  // With `tied` (pipeline stages that both hold the tied token embedding, stages 0/1 only), the
-  // two copies' gradients are summed first.
-  [[nodiscard]] absl::StatusOr<double> FinishStep(int64_t step, double* lr,
-                                                  Communicator* tied = nullptr);
+  // The optimizer step around this object (the optimizer's arithmetic is worker/optimizer.h's):
+  //   FinishGradients  after the last micro-batch: waits for the gradient collectives, and with
+  //                    `tied` (pipeline stages that both hold the tied token embedding, stages
+  //                    0/1 only) sums the two copies' gradients;
+  //   GradientNorm     the global L2 norm of the final gradients, over the whole mesh;
+  //   OptimizerSlices  what this rank updates: each tensor's part of the owned chunk of its
+  //                    group, with its gradient and AdamW moments (all of it at stage 0);
+  //   FinishUpdate     after the update: re-assembles the parameters (stages 1–2) or drops the
+  //                    gathered groups nobody holds (stage 3).
+  [[nodiscard]] absl::Status FinishGradients(Communicator* tied = nullptr);
+  [[nodiscard]] absl::StatusOr<double> GradientNorm();
+  std::vector<OptimizerSlice> OptimizerSlices();
+  [[nodiscard]] absl::Status FinishUpdate();
   // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.
   [[nodiscard]] absl::StatusOr<double> SumOverRanks(double value);
   [[nodiscard]] absl::Status SumOverRanks(std::span<double> values);  // in place, one collective
@@ -124,8 +130,7 @@ class ShardedParams final : public ParamSource {
  private:
   struct Group;
   ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-                Communicator* pp, const ShardingOptions& sharding,
-                const OptimizerConfig& optimizer);
+                Communicator* pp, const ShardingOptions& sharding);
   void Allocate();
   const Group& GroupOf(const ParamTensor& t) const;
   // Where element `local` of group `g` (counted from the group's start) lives in this rank's
@@ -134,8 +139,6 @@ class ShardedParams final : public ParamSource {
   float* GradAt(const Group& g, int64_t local);
   float* ParamAt(const Group& g, int64_t local);
   int64_t StateOffset(const Group& g, int64_t local) const;
-  // The global L2 norm of the gradients (after the tied embedding's copies are summed).
-  [[nodiscard]] absl::StatusOr<double> GradientNorm();
   [[nodiscard]] absl::Status WaitAll();
   void LaunchReady(int group);
   void StartGather(int group);
@@ -152,7 +155,6 @@ class ShardedParams final : public ParamSource {
   Communicator* tp_;
   Communicator* pp_;
   ShardingOptions options_;
-  OptimizerConfig optimizer_;
   std::vector<Group> groups_;
   Buffer<float> params_;        // stages 0–2: padded full layout
   Buffer<float> grads_;         // stages 0–1: padded full layout

@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend.h"
-#include "worker/model.h"
+#include "worker/local_model.h"
 
 namespace trainyard::worker {
 namespace {
@@ -234,9 +234,9 @@ TEST_F(GradCheck, Embedding) {
 // truncation error stays under 0.1%, large enough that fp32 rounding of the loss does too.
 void CheckModel(const config::ModelConfig& cfg) {
   auto be = MakeCpuBackend(1);
-  auto model_or = Model::Create(cfg, be.get());
+  auto model_or = LocalModel::Create(cfg, be.get());
   ASSERT_TRUE(model_or.ok()) << model_or.status();
-  Model& model = **model_or;
+  LocalModel& model = **model_or;
   model.InitParameters(7);
   const int b = 2, t = 8;
   std::vector<int32_t> in(b * t), tg(b * t);
