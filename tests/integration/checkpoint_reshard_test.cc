@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/checkpoint/tensor_slices.h"
 #include "worker/shape/parameters.h"
@@ -23,28 +24,20 @@
 namespace trainyard::worker {
 namespace {
 
-struct MeshCase {
-  const char* name;
-  int dp, tp, pp, zero;
-  bool sequence_parallel = false;
-  int micro_batch = 2;
-  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
-  int virtual_stages = 1;
-};
-
-constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
-constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
+using testenv::kInterleaved;
+using testenv::kZeroBubble;
+using testenv::MeshCase;
 
 const MeshCase kMeshes[] = {
-    {"dp1", 1, 1, 1, 0},
-    {"dp2_zero1", 2, 1, 1, 1},
-    {"dp2_zero3", 2, 1, 1, 3},
-    {"tp2", 1, 2, 1, 0},
-    {"pp2", 1, 1, 2, 0},
-    {"tp2_pp2_sp", 1, 2, 2, 0, true},
-    {"dp1_micro4", 1, 1, 1, 0, false, 4},
-    {"pp2_zero_bubble", 1, 1, 2, 0, false, 2, kZeroBubble},
-    {"pp2_interleaved", 1, 1, 2, 0, false, 2, kInterleaved, 2},
+    {.name = "dp1"},
+    {.name = "dp2_zero1", .dp = 2, .zero = 1},
+    {.name = "dp2_zero3", .dp = 2, .zero = 3},
+    {.name = "tp2", .tp = 2},
+    {.name = "pp2", .pp = 2},
+    {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
+    {.name = "dp1_micro4", .micro_batch = 4},
+    {.name = "pp2_zero_bubble", .pp = 2, .schedule = kZeroBubble},
+    {.name = "pp2_interleaved", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2},
 };
 
 constexpr int64_t kSavedStep = 3;
@@ -62,20 +55,13 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.data.markov.val_tokens = 1 << 10;
   spec.training.steps = kSteps;
   spec.training.batch = 8;
-  spec.training.micro_batch = mesh.micro_batch;
+  spec.training.micro_batch = 2;
   spec.training.seq_len = 16;
   spec.training.lr = 1e-2;
   spec.training.warmup_steps = 2;
   spec.training.eval_every = 0;
   spec.training.grad_clip = 0.5;
-  spec.parallelism.dp = mesh.dp;
-  spec.parallelism.tp = mesh.tp;
-  spec.parallelism.pp = mesh.pp;
-  spec.parallelism.zero = mesh.zero;
-  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
-  spec.parallelism.schedule = mesh.schedule;
-  spec.parallelism.virtual_stages = mesh.virtual_stages;
-  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+  testenv::ApplyMesh(mesh, &spec);
   return spec;
 }
 

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/backend.h"
 #include "worker/parallel/kv_store.h"
@@ -64,6 +65,7 @@ struct RunResult {
 
 RunResult Single(config::JobSpec spec) {
   spec.parallelism = config::ParallelismSpec{};
+  spec.resources = config::ResourcesSpec{};
   spec.training.micro_batch = 2;
   auto backend = MakeCpuBackend(1);
   RunResult run;
@@ -164,67 +166,28 @@ INSTANTIATE_TEST_SUITE_P(ZeroStages, DataParallel,
                                                std::get<1>(info.param));
                          });
 
-struct MeshCase {
-  const char* name;
-  int dp, tp, pp, zero;
-  bool sequence_parallel = false;
-  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
-  int layers = 0;       // 0: the preset's
-  bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
-  int virtual_stages = 1;
-};
-
-constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
-constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
+using testenv::kInterleaved;
+using testenv::MeshCase;
 
 class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
 
 TEST_P(ModelParallel, MatchesSingleProcess) {
   const auto [family, mesh] = GetParam();
   config::JobSpec spec = BaseJob(family);
-  if (mesh.layers > 0) spec.model.layers = mesh.layers;
-  if (mesh.untied) spec.model.tied_embeddings = false;
+  testenv::ApplyMesh(mesh, &spec);
   const RunResult single = Single(spec);
-  spec.parallelism.dp = mesh.dp;
-  spec.parallelism.tp = mesh.tp;
-  spec.parallelism.pp = mesh.pp;
-  spec.parallelism.zero = mesh.zero;
-  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
-  spec.parallelism.schedule = mesh.schedule;
-  spec.parallelism.virtual_stages = mesh.virtual_stages;
-  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Meshes, ModelParallel,
-    ::testing::Combine(
-        ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
-        ::testing::Values(
-            MeshCase{"tp2", 1, 2, 1, 0}, MeshCase{"pp2_4micro", 1, 1, 2, 0},
-            MeshCase{"dp2_tp2", 2, 2, 1, 0}, MeshCase{"tp2_pp2", 1, 2, 2, 0},
-            MeshCase{"dp2_pp2_zero1", 2, 1, 2, 1}, MeshCase{"dp2_tp2_zero3", 2, 2, 1, 3},
-            MeshCase{"tp2_sequence_parallel", 1, 2, 1, 0, true},
-            MeshCase{"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
-            MeshCase{"tp2_pp2_sp", 1, 2, 2, 0, true}, MeshCase{"pp4", 1, 1, 4, 0, false, {}, 4},
-            // ZB-H1: the backward split into B and W passes.
-            MeshCase{"zb_pp2", 1, 1, 2, 0, false, kZeroBubble},
-            MeshCase{"zb_pp4", 1, 1, 4, 0, false, kZeroBubble, 4},
-            MeshCase{"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, kZeroBubble},
-            MeshCase{"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, kZeroBubble, 0, true},
-            MeshCase{"zb_tp2_pp2_sp", 1, 2, 2, 0, true, kZeroBubble},
-            // Interleaved 1F1B: each rank holds V chunks of the layers.
-            MeshCase{"il_pp2_v2", 1, 1, 2, 0, false, kInterleaved, 4, false, 2},
-            MeshCase{"il_pp2_v3", 1, 1, 2, 0, false, kInterleaved, 6, false, 3},
-            MeshCase{"il_pp4_v2", 1, 1, 4, 0, false, kInterleaved, 8, false, 2},
-            MeshCase{"il_dp2_pp2_zero1", 2, 1, 2, 1, false, kInterleaved, 4, false, 2},
-            MeshCase{"il_dp2_pp2_zero3", 2, 1, 2, 3, false, kInterleaved, 4, true, 2},
-            MeshCase{"il_tp2_pp2_sp", 1, 2, 2, 0, true, kInterleaved, 4, false, 2})),
-    [](const auto& info) {
-      return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
-                          std::get<1>(info.param).name);
-    });
+INSTANTIATE_TEST_SUITE_P(Meshes, ModelParallel,
+                         ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
+                                                              config::ModelFamily::kLlama),
+                                            ::testing::ValuesIn(testenv::kModelParallelMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
+                                               std::get<1>(info.param).name);
+                         });
 
 // The validation loss covers the same windows on every mesh (eval_batches global batches, each
 // data-parallel rank its share): a single process without accumulation, dp 2 with ZeRO-3 and
@@ -241,19 +204,14 @@ TEST(ValidationLoss, IsTheSameOnEveryMesh) {
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->evals.size(), 1u);
   const double want = reference->evals[0].loss;
-  const MeshCase meshes[] = {{"dp2_zero3", 2, 1, 1, 3},
-                             {"dp4", 4, 1, 1, 0},
-                             {"tp2_pp2", 1, 2, 2, 0},
-                             {"il_pp2_v2", 1, 1, 2, 0, false, kInterleaved, 0, false, 2}};
+  const MeshCase meshes[] = {
+      {.name = "dp2_zero3", .dp = 2, .zero = 3},
+      {.name = "dp4", .dp = 4},
+      {.name = "tp2_pp2", .tp = 2, .pp = 2},
+      {.name = "il_pp2_v2", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2}};
   for (const MeshCase& mesh : meshes) {
     config::JobSpec parallel = spec;
-    parallel.parallelism.dp = mesh.dp;
-    parallel.parallelism.tp = mesh.tp;
-    parallel.parallelism.pp = mesh.pp;
-    parallel.parallelism.zero = mesh.zero;
-    parallel.parallelism.schedule = mesh.schedule;
-    parallel.parallelism.virtual_stages = mesh.virtual_stages;
-    parallel.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+    testenv::ApplyMesh(mesh, &parallel);
     const RunResult run = Parallel(parallel, /*bucket_bytes=*/16 << 10);
     ASSERT_FALSE(run.ranks.empty()) << mesh.name;
     for (size_t r = 0; r < run.ranks.size(); ++r) {

@@ -19,6 +19,7 @@
 #include "planner/memory_model.h"
 #include "planner/rank_shape.h"
 #include "planner/traffic_model.h"
+#include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/model.h"
 #include "worker/parallel/pipeline.h"
@@ -34,52 +35,29 @@ using worker::parallel::Communicator;
 constexpr int64_t kBucketBytes = 16 << 10;  // as the equivalence suite runs
 const BackendShape kCpu{.act_bytes = 4, .max_logits_chunk = int64_t{1} << 20};
 
-struct MeshCase {
-  const char* name;
-  int dp, tp, pp, zero;
-  bool sequence_parallel = false;
-  bool recompute = false;
-  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
-  int layers = 0;       // 0: the preset's
-  bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
-  int virtual_stages = 1;
-};
+using testenv::MeshCase;
 
-constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
-constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
-
-// The meshes of tests/integration/parallel_equivalence_test.cc (every pipeline schedule), and
-// recomputation.
-const MeshCase kMeshes[] = {
-    {"dp2_zero0", 2, 1, 1, 0},
-    {"dp2_zero1", 2, 1, 1, 1},
-    {"dp2_zero2", 2, 1, 1, 2},
-    {"dp2_zero3", 2, 1, 1, 3},
-    {"tp2", 1, 2, 1, 0},
-    {"pp2_4micro", 1, 1, 2, 0},
-    {"dp2_tp2", 2, 2, 1, 0},
-    {"tp2_pp2", 1, 2, 2, 0},
-    {"dp2_pp2_zero1", 2, 1, 2, 1},
-    {"dp2_tp2_zero3", 2, 2, 1, 3},
-    {"tp2_sp", 1, 2, 1, 0, true},
-    {"dp2_tp2_sp_zero2", 2, 2, 1, 2, true},
-    {"tp2_pp2_sp", 1, 2, 2, 0, true},
-    {"dp2_zero3_recompute", 2, 1, 1, 3, false, true},
-    {"tp2_sp_recompute", 1, 2, 1, 0, true, true},
-    {"pp4", 1, 1, 4, 0, false, false, {}, 4},
-    {"zb_pp2", 1, 1, 2, 0, false, false, kZeroBubble},
-    {"zb_pp4", 1, 1, 4, 0, false, false, kZeroBubble, 4},
-    {"zb_dp2_pp2_zero1", 2, 1, 2, 1, false, false, kZeroBubble},
-    {"zb_dp2_pp2_zero3", 2, 1, 2, 3, false, false, kZeroBubble, 0, true},
-    {"zb_tp2_pp2_sp", 1, 2, 2, 0, true, false, kZeroBubble},
-    {"il_pp2_v2", 1, 1, 2, 0, false, false, kInterleaved, 4, false, 2},
-    {"il_pp2_v3", 1, 1, 2, 0, false, false, kInterleaved, 6, false, 3},
-    {"il_pp4_v2", 1, 1, 4, 0, false, false, kInterleaved, 8, false, 2},
-    {"il_dp2_pp2_zero1", 2, 1, 2, 1, false, false, kInterleaved, 4, false, 2},
-    {"il_dp2_pp2_zero3", 2, 1, 2, 3, false, false, kInterleaved, 4, true, 2},
-    {"il_tp2_pp2_sp", 1, 2, 2, 0, true, false, kInterleaved, 4, false, 2},
-    {"il_pp2_v2_recompute", 1, 1, 2, 0, false, true, kInterleaved, 4, false, 2},
-};
+// The meshes of tests/integration/parallel_equivalence_test.cc (every pipeline schedule), data
+// parallelism at every ZeRO stage, and recomputation.
+std::vector<MeshCase> AllMeshes() {
+  std::vector<MeshCase> all = {
+      {.name = "dp2_zero0", .dp = 2},
+      {.name = "dp2_zero1", .dp = 2, .zero = 1},
+      {.name = "dp2_zero2", .dp = 2, .zero = 2},
+      {.name = "dp2_zero3", .dp = 2, .zero = 3},
+      {.name = "dp2_zero3_recompute", .dp = 2, .zero = 3, .recompute = true},
+      {.name = "tp2_sp_recompute", .tp = 2, .sequence_parallel = true, .recompute = true},
+      {.name = "il_pp2_v2_recompute",
+       .pp = 2,
+       .schedule = testenv::kInterleaved,
+       .virtual_stages = 2,
+       .layers = 4,
+       .recompute = true},
+  };
+  all.insert(all.end(), std::begin(testenv::kModelParallelMeshes),
+             std::end(testenv::kModelParallelMeshes));
+  return all;
+}
 
 config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   config::JobSpec spec;
@@ -87,9 +65,6 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.model = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
   spec.model.vocab = 64;
   spec.model.max_seq = 16;
-  spec.model.recompute = mesh.recompute;
-  if (mesh.layers > 0) spec.model.layers = mesh.layers;
-  if (mesh.untied) spec.model.tied_embeddings = false;
   spec.data.markov.vocab = 64;
   spec.data.markov.train_tokens = 1 << 14;
   spec.data.markov.val_tokens = 1 << 10;
@@ -99,14 +74,7 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   spec.training.seq_len = 16;
   spec.training.eval_every = 0;
   spec.fault_tolerance.memory_every_steps = 0;  // no memory tier: no start-up exchange
-  spec.parallelism.dp = mesh.dp;
-  spec.parallelism.tp = mesh.tp;
-  spec.parallelism.pp = mesh.pp;
-  spec.parallelism.zero = mesh.zero;
-  spec.parallelism.sequence_parallel = mesh.sequence_parallel;
-  spec.parallelism.schedule = mesh.schedule;
-  spec.parallelism.virtual_stages = mesh.virtual_stages;
-  spec.resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+  testenv::ApplyMesh(mesh, &spec);
   return spec;
 }
 
@@ -118,7 +86,7 @@ void ExpectWithinOnePercent(int64_t measured, int64_t predicted, const std::stri
 
 std::vector<MeshCase> MeshesWhere(bool (*keep)(const MeshCase&)) {
   std::vector<MeshCase> kept;
-  for (const MeshCase& mesh : kMeshes) {
+  for (const MeshCase& mesh : AllMeshes()) {
     if (keep(mesh)) kept.push_back(mesh);
   }
   return kept;
@@ -278,7 +246,7 @@ std::string CaseName(const ::testing::TestParamInfo<Param>& info) {
 const auto kFamilies = ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama);
 
 INSTANTIATE_TEST_SUITE_P(Meshes, PlannerAccounting,
-                         ::testing::Combine(kFamilies, ::testing::ValuesIn(kMeshes)), CaseName);
+                         ::testing::Combine(kFamilies, ::testing::ValuesIn(AllMeshes())), CaseName);
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelAccounting,
                          ::testing::Combine(kFamilies,
                                             ::testing::ValuesIn(MeshesWhere([](const MeshCase& m) {

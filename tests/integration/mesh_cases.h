@@ -1,0 +1,100 @@
+// The meshes the engine's integration suites run, in one place: a mesh case, how it changes a
+// spec, and the model-parallel meshes that the equivalence suite trains against the single
+// process and the planner's accounting suite measures (every pipeline schedule among them).
+#ifndef TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
+#define TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
+
+#include "config/spec.h"
+
+namespace trainyard::testenv {
+
+struct MeshCase {
+  const char* name;
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  bool sequence_parallel = false;
+  config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
+  int virtual_stages = 1;
+  int layers = 0;       // 0: the preset's
+  bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
+  bool recompute = false;
+  int micro_batch = 0;  // 0: the spec's
+};
+
+// `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
+// batch, its parallelism, and one node holding every rank.
+inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
+  if (mesh.layers > 0) spec->model.layers = mesh.layers;
+  if (mesh.untied) spec->model.tied_embeddings = false;
+  if (mesh.recompute) spec->model.recompute = true;
+  if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
+  config::ParallelismSpec& p = spec->parallelism;
+  p.dp = mesh.dp;
+  p.tp = mesh.tp;
+  p.pp = mesh.pp;
+  p.zero = mesh.zero;
+  p.sequence_parallel = mesh.sequence_parallel;
+  p.schedule = mesh.schedule;
+  p.virtual_stages = mesh.virtual_stages;
+  spec->resources.nodes = 1;
+  spec->resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+}
+
+inline constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
+inline constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
+
+// Tensor, sequence and pipeline parallelism with data parallelism and ZeRO, under every pipeline
+// schedule, on the debug presets (two layers unless a case says more; a batch of 8 in
+// micro-batches of 2).
+inline constexpr MeshCase kModelParallelMeshes[] = {
+    {.name = "tp2", .tp = 2},
+    {.name = "pp2_4micro", .pp = 2},
+    {.name = "dp2_tp2", .dp = 2, .tp = 2},
+    {.name = "tp2_pp2", .tp = 2, .pp = 2},
+    {.name = "dp2_pp2_zero1", .dp = 2, .pp = 2, .zero = 1},
+    {.name = "dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3},
+    {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
+    {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
+    {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
+    {.name = "pp4", .pp = 4, .layers = 4},
+    // ZB-H1: the backward split into B and W passes.
+    {.name = "zb_pp2", .pp = 2, .schedule = kZeroBubble},
+    {.name = "zb_pp4", .pp = 4, .schedule = kZeroBubble, .layers = 4},
+    {.name = "zb_dp2_pp2_zero1", .dp = 2, .pp = 2, .zero = 1, .schedule = kZeroBubble},
+    {.name = "zb_dp2_pp2_zero3",
+     .dp = 2,
+     .pp = 2,
+     .zero = 3,
+     .schedule = kZeroBubble,
+     .untied = true},
+    {.name = "zb_tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true, .schedule = kZeroBubble},
+    // Interleaved 1F1B: each rank holds V chunks of the layers.
+    {.name = "il_pp2_v2", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2, .layers = 4},
+    {.name = "il_pp2_v3", .pp = 2, .schedule = kInterleaved, .virtual_stages = 3, .layers = 6},
+    {.name = "il_pp4_v2", .pp = 4, .schedule = kInterleaved, .virtual_stages = 2, .layers = 8},
+    {.name = "il_dp2_pp2_zero1",
+     .dp = 2,
+     .pp = 2,
+     .zero = 1,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4},
+    {.name = "il_dp2_pp2_zero3",
+     .dp = 2,
+     .pp = 2,
+     .zero = 3,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .untied = true},
+    {.name = "il_tp2_pp2_sp",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4},
+};
+
+}  // namespace trainyard::testenv
+
+#endif  // TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
