@@ -214,7 +214,12 @@ def main():
             try:
                 return json.loads(http_get(url))
             except urllib.error.HTTPError as e:
-                return json.loads(e.read().decode())
+                # A refused query answers JSON with its error; a Prometheus still starting
+                # answers 503 with plain text ("Service Unavailable"): not ready yet.
+                try:
+                    return json.loads(e.read().decode())
+                except ValueError:
+                    return None
             except (urllib.error.URLError, ConnectionError):
                 return None
 
