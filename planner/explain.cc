@@ -51,14 +51,6 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
   return absl::StrFormat("its pipeline transfers add %s per step", HumanSeconds(d_pp));
 }
 
-// "1f1b", "zero-bubble", "interleaved over 2 virtual stages".
-std::string ScheduleText(const config::ParallelismSpec& mesh) {
-  std::string text = config::ScheduleName(mesh.schedule);
-  if (mesh.virtual_stages > 1)
-    absl::StrAppend(&text, " over ", mesh.virtual_stages, " virtual stages");
-  return text;
-}
-
 bool SameMesh(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {
   return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp && a.zero == b.zero;
 }

@@ -443,13 +443,17 @@ double DalyInterval(double delta_seconds, double mtbf_seconds) {
          delta_seconds;
 }
 
+std::string ScheduleText(const config::ParallelismSpec& mesh) {
+  std::string text = config::ScheduleName(mesh.schedule);
+  if (mesh.virtual_stages > 1)
+    absl::StrAppend(&text, " over ", mesh.virtual_stages, " virtual stages");
+  return text;
+}
+
 std::string MeshName(const config::ParallelismSpec& m) {
   return absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, ", ZeRO-", m.zero,
                       m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "",
-                      m.pp > 1 ? absl::StrCat(", ", config::ScheduleName(m.schedule)) : "",
-                      m.pp > 1 && m.virtual_stages > 1
-                          ? absl::StrCat(" over ", m.virtual_stages, " virtual stages")
-                          : "");
+                      m.pp > 1 ? absl::StrCat(", ", ScheduleText(m)) : "");
 }
 
 }  // namespace trainyard::planner

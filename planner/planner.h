@@ -149,6 +149,9 @@ double DalyInterval(double delta_seconds, double mtbf_seconds);
 
 // "dp 4 × tp 2 × pp 1, ZeRO-1" (and ", sequence parallel" where it applies).
 std::string MeshName(const config::ParallelismSpec& mesh);
+// The mesh's pipeline schedule in words: "1f1b", "zero-bubble", "interleaved over 2 virtual
+// stages".
+std::string ScheduleText(const config::ParallelismSpec& mesh);
 
 }  // namespace trainyard::planner
 
