@@ -21,7 +21,7 @@ Problem Bad(std::string path, std::string reason, std::vector<std::string> relat
 
 Problem CheckDegrees(const ParallelismSpec& m) {
   const std::pair<const char*, int> degrees[] = {
-      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"virtual_stages", m.virtual_stages}};
+      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"cp", m.cp}, {"virtual_stages", m.virtual_stages}};
   for (const auto& [name, value] : degrees) {
     if (value < 1 || value > kMaxDegree) {
       return Bad(absl::StrCat("parallelism.", name),
@@ -34,21 +34,25 @@ Problem CheckDegrees(const ParallelismSpec& m) {
   return std::nullopt;
 }
 
-// dp x tp x pp must use every device. The problem names the first factor that, changed alone,
-// would make the product fit (dp before tp before pp), with the value that would.
+// dp x cp x tp x pp must use every device. The problem names the first factor that, changed
+// alone, would make the product fit (dp before tp before pp before cp), with the value that would.
 Problem CheckWorldSize(const ParallelismSpec& m, const ResourcesSpec& r) {
-  const int64_t product = int64_t{m.dp} * m.tp * m.pp;
+  const int64_t product = int64_t{m.dp} * m.cp * m.tp * m.pp;
   const int64_t world = int64_t{r.nodes} * r.devices_per_node;
   if (product == world) return std::nullopt;
-  const std::string what = absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, " = ", product,
-                                        " ranks, but resources provide ", world, " (nodes ",
-                                        r.nodes, " × devices_per_node ", r.devices_per_node, ")");
+  const std::string cp = m.cp == 1 ? "" : absl::StrCat(" × cp ", m.cp);
+  const std::string what =
+      absl::StrCat("dp ", m.dp, cp, " × tp ", m.tp, " × pp ", m.pp, " = ", product,
+                   " ranks, but resources provide ", world, " (nodes ", r.nodes,
+                   " × devices_per_node ", r.devices_per_node, ")");
   const std::vector<std::string> resources = {"resources.devices_per_node", "resources.nodes"};
   const struct {
     const char* name;
     int64_t others;
-  } factors[] = {
-      {"dp", int64_t{m.tp} * m.pp}, {"tp", int64_t{m.dp} * m.pp}, {"pp", int64_t{m.dp} * m.tp}};
+  } factors[] = {{"dp", int64_t{m.cp} * m.tp * m.pp},
+                 {"tp", int64_t{m.dp} * m.cp * m.pp},
+                 {"pp", int64_t{m.dp} * m.cp * m.tp},
+                 {"cp", int64_t{m.dp} * m.tp * m.pp}};
   for (const auto& factor : factors) {
     if (world % factor.others != 0) continue;
     std::vector<std::string> related = {"parallelism"};
@@ -123,16 +127,44 @@ Problem CheckBatch(const ParallelismSpec& m, const TrainingSpec& t) {
   return std::nullopt;
 }
 
-int64_t ModelParallelSize(const ParallelismSpec& m) { return int64_t{m.tp} * m.pp; }
+// The ranks that split one replica of the model, or of its sequences: what an elastic resize
+// keeps while dp takes the rest.
+int64_t ModelParallelSize(const ParallelismSpec& m) { return int64_t{m.tp} * m.pp * m.cp; }
 
-// Sequence parallelism splits each micro-batch's tokens over the tensor-parallel group.
+// The head-tail split cuts every sequence into 2 · cp equal chunks.
+Problem CheckContextParallel(const ParallelismSpec& m, const TrainingSpec& t) {
+  if (m.cp == 1) return std::nullopt;
+  if (t.seq_len % (2 * int64_t{m.cp}) != 0) {
+    return Bad("parallelism.cp",
+               absl::StrCat("training.seq_len ", t.seq_len,
+                            " is not divisible by 2 × cp = ", 2 * int64_t{m.cp},
+                            " (each sequence is cut into 2 · cp equal chunks, two per rank)"),
+               {"training.seq_len"});
+  }
+  return std::nullopt;
+}
+
+// Ring attention's block kernels are the CPU backend's; the CUDA backend has none yet.
+Problem CheckContextParallelDevices(const ParallelismSpec& m, const ResourcesSpec& r) {
+  if (m.cp == 1 || r.kind != DeviceKind::kGpu) return std::nullopt;
+  return Bad("parallelism.cp",
+             absl::StrCat("cp ", m.cp,
+                          " needs CPU ranks: ring attention has no GPU kernels yet (write cp: 1, "
+                          "or resources.kind: cpu)"),
+             {"resources.kind"});
+}
+
+// Sequence parallelism splits each micro-batch's tokens (a rank's share of each sequence under
+// context parallelism) over the tensor-parallel group.
 Problem CheckSequenceParallel(const ParallelismSpec& m, const TrainingSpec& t) {
   if (!m.sequence_parallel || m.tp == 1) return std::nullopt;
-  const int64_t tokens = int64_t{MicroBatchPerRank(t, m)} * t.seq_len;
+  const int64_t local_seq = t.seq_len / std::max(m.cp, 1);
+  const int64_t tokens = int64_t{MicroBatchPerRank(t, m)} * local_seq;
   if (tokens % m.tp != 0) {
+    const std::string share = m.cp == 1 ? "" : absl::StrCat(" of cp ", m.cp);
     return Bad("parallelism.sequence_parallel",
                absl::StrCat(tokens, " tokens per micro-batch (", MicroBatchPerRank(t, m), " × ",
-                            t.seq_len, ") do not split over tp ", m.tp),
+                            local_seq, share, ") do not split over tp ", m.tp),
                {"training.micro_batch", "training.seq_len", "parallelism.tp"});
   }
   return std::nullopt;
@@ -280,6 +312,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
+  if (Problem p = CheckContextParallelDevices(mesh, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 
@@ -288,6 +321,7 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
   if (Problem p = CheckTensorParallel(mesh, spec)) return p;
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
   if (Problem p = CheckBatch(mesh, spec.training)) return p;
+  if (Problem p = CheckContextParallel(mesh, spec.training)) return p;
   if (Problem p = CheckSequenceParallel(mesh, spec.training)) return p;
   return CheckSchedule(mesh, spec);
 }
@@ -298,13 +332,16 @@ absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem) {
 }
 
 MeshCoordinates CoordinatesOf(const ParallelismSpec& mesh, int rank) {
-  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1);
-  return MeshCoordinates{.dp = rank / tp % dp, .tp = rank % tp, .pp = rank / (tp * dp)};
+  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1), cp = std::max(mesh.cp, 1);
+  return MeshCoordinates{.dp = rank / (tp * cp) % dp,
+                         .tp = rank % tp,
+                         .pp = rank / (tp * cp * dp),
+                         .cp = rank / tp % cp};
 }
 
 int RankAt(const ParallelismSpec& mesh, const MeshCoordinates& at) {
-  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1);
-  return (at.pp * dp + at.dp) * tp + at.tp;
+  const int tp = std::max(mesh.tp, 1), dp = std::max(mesh.dp, 1), cp = std::max(mesh.cp, 1);
+  return ((at.pp * dp + at.dp) * cp + at.cp) * tp + at.tp;
 }
 
 absl::StatusOr<ParallelismSpec> ChooseParallelism(const JobSpec& spec) {

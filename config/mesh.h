@@ -17,12 +17,14 @@ namespace trainyard::config {
 
 // The first rule `mesh` breaks for `spec` (its model, training batch and resources; the spec's
 // own parallelism is ignored), or nothing. The rules, in order: every degree is at least 1 and
-// zero is 0..3; dp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
+// zero is 0..3; dp x cp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
 // names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
-// inside a node); model.heads, model.kv_heads, model.ffn_hidden and model.vocab are divisible by
+// inside a node); cp is 1 on GPU resources (ring attention runs on CPU ranks only); model.heads,
+// model.kv_heads, model.ffn_hidden and model.vocab are divisible by
 // tp; model.layers >= pp (every pipeline stage holds a layer), and a token embedding tied across
 // pipeline stages needs ZeRO 0 or 1; training.batch is divisible by
-// dp x micro_batch (micro_batch 0 meaning batch / dp); a schedule other than 1f1b needs pp > 1,
+// dp x micro_batch (micro_batch 0 meaning batch / dp); training.seq_len is divisible by 2 x cp
+// (the head-tail split); a schedule other than 1f1b needs pp > 1,
 // no model.recompute and at least pp micro-batches per step.
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
@@ -34,11 +36,12 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
 // OK without a problem, else INVALID_ARGUMENT "path: reason".
 [[nodiscard]] absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem);
 
-// Where a global rank sits in a mesh. Ranks are laid out tensor-parallel innermost, then data,
-// then pipeline: rank = (pp · dp + dp) · tp + tp. Both the coordinator (what it tells each rank)
-// and the rank (which groups it joins) use these two; a degree below 1 counts as 1.
+// Where a global rank sits in a mesh. Ranks are laid out tensor-parallel innermost, then
+// context, then data, then pipeline: rank = ((pp · dp + dp) · cp + cp) · tp + tp. Both the
+// coordinator (what it tells each rank) and the rank (which groups it joins) use these two; a
+// degree below 1 counts as 1.
 struct MeshCoordinates {
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0;
   bool operator==(const MeshCoordinates&) const = default;
 };
 MeshCoordinates CoordinatesOf(const ParallelismSpec& mesh, int rank);
@@ -55,10 +58,10 @@ int RankAt(const ParallelismSpec& mesh, const MeshCoordinates& at);
 int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh);
 
 // The spec of an attempt on `nodes` nodes instead of resources.nodes (an elastic restart). The
-// tensor- and pipeline-parallel degrees are kept when they still fit, dp takes the rest (else the
-// mesh ChooseParallelism picks for the smaller world), and the global batch stays as it is: each
-// rank keeps the full-size mesh's micro-batch when it divides its larger share of the batch
-// (else the largest micro-batch below it that does) and accumulates more micro-batches. The
+// tensor-, pipeline- and context-parallel degrees are kept when they still fit, dp takes the rest
+// (else the mesh ChooseParallelism picks for the smaller world), and the global batch stays as it
+// is: each rank keeps the full-size mesh's micro-batch when it divides its larger share of the
+// batch (else the largest micro-batch below it that does) and accumulates more micro-batches. The
 // data order does not change (it depends on the global step only). `nodes` equal to
 // resources.nodes gives the spec back; nullopt when no valid mesh exists at that size.
 std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes);

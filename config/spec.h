@@ -100,8 +100,12 @@ struct ParallelismSpec {
   // Model chunks per pipeline rank (`interleaved` only; 1 otherwise): rank s holds virtual
   // stages s, s + pp, s + 2·pp, …, each model.layers / (pp · virtual_stages) layers.
   int virtual_stages = 1;
+  // Context parallelism: ranks that split every sequence between them (ring attention). Rank r
+  // of N holds the sequence's chunks r and 2N − 1 − r of 2N (the head-tail split, which balances
+  // causal attention); the cp ranks of one data-parallel replica read the same sequences.
+  int cp = 1;
 
-  int world_size() const { return dp * tp * pp; }
+  int world_size() const { return dp * cp * tp * pp; }
 };
 
 enum class DeviceKind { kCpu, kGpu };

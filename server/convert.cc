@@ -34,6 +34,7 @@ void ToProto(const Mesh& mesh, v1::Mesh* out) {
   out->set_zero_stage(mesh.zero_stage);
   out->set_schedule(mesh.schedule);
   out->set_virtual_stages(mesh.virtual_stages);
+  out->set_cp(mesh.cp);
 }
 
 void ToProto(const CheckpointSettings& policy, v1::CheckpointPolicy* out) {
@@ -288,6 +289,7 @@ void ToProto(const JoinInfo& info, v1::JoinReply* out) {
   out->set_dp_rank(info.dp_rank);
   out->set_tp_rank(info.tp_rank);
   out->set_pp_rank(info.pp_rank);
+  out->set_cp_rank(info.cp_rank);
   out->set_spec_yaml(info.spec_yaml);
   out->set_kv_prefix(info.kv_prefix);
   ToProto(info.resume_from, out->mutable_resume_from());

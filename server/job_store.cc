@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   checkpoint_interval_auto INTEGER NOT NULL DEFAULT 0,
   checkpoint_keep INTEGER NOT NULL DEFAULT -1,
   run_report TEXT NOT NULL DEFAULT '',
-  schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1);
+  schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
+  cp INTEGER NOT NULL DEFAULT 1);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_labels(
@@ -58,6 +59,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   created_us INTEGER, running_us INTEGER, finished_us INTEGER, cause TEXT NOT NULL,
   failure_class TEXT NOT NULL DEFAULT '', blamed_rank INTEGER NOT NULL DEFAULT -1,
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
+  cp INTEGER NOT NULL DEFAULT 1,
   PRIMARY KEY(job_id, attempt_id));
 CREATE TABLE IF NOT EXISTS attempt_ranks(
   job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
@@ -121,6 +123,15 @@ ALTER TABLE jobs ADD COLUMN virtual_stages INTEGER NOT NULL DEFAULT 1;
 constexpr char kMigrateAttemptsFrom5[] = R"sql(
 ALTER TABLE attempts ADD COLUMN schedule TEXT NOT NULL DEFAULT '';
 ALTER TABLE attempts ADD COLUMN virtual_stages INTEGER NOT NULL DEFAULT 1;
+)sql";
+
+// Schema 6 -> 7: the context-parallel degree of a job's mesh and of each attempt's (1 for meshes
+// stored before, which had none). Each table separately, as for schema 6.
+constexpr char kMigrateJobsFrom6[] = R"sql(
+ALTER TABLE jobs ADD COLUMN cp INTEGER NOT NULL DEFAULT 1;
+)sql";
+constexpr char kMigrateAttemptsFrom6[] = R"sql(
+ALTER TABLE attempts ADD COLUMN cp INTEGER NOT NULL DEFAULT 1;
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -236,6 +247,14 @@ absl::Status JobStore::Migrate() {
       if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(migration), "migrating schema 5 to 6");
     }
     version = 6;
+  }
+  if (version == 6) {
+    for (const auto& [table, migration] :
+         {std::pair{"jobs", kMigrateJobsFrom6}, std::pair{"attempts", kMigrateAttemptsFrom6}}) {
+      TY_ASSIGN_OR_RETURN(const bool has, HasColumn(table, "cp"));
+      if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(migration), "migrating schema 6 to 7");
+    }
+    version = 7;
   }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
@@ -367,9 +386,9 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
       step_communication_ms, step_data_ms, checkpoint_step, checkpoint_path, cancel_requested,
       message, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto, checkpoint_keep,
-      schedule, virtual_stages)
+      schedule, virtual_stages, cp)
     VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?, ?, ?)
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   const JobRequirements& req = job.requirements;
   insert->Bind(1, job.seq)
@@ -395,7 +414,8 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       .Bind(21, int64_t{req.checkpoint.interval_auto ? 1 : 0})
       .Bind(22, int64_t{req.checkpoint.recorded ? req.checkpoint.keep : -1})
       .Bind(23, req.mesh.schedule)
-      .Bind(24, int64_t{req.mesh.virtual_stages});
+      .Bind(24, int64_t{req.mesh.virtual_stages})
+      .Bind(25, int64_t{req.mesh.cp});
   TY_RETURN_IF_ERROR(insert->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * label,
                       Cached("INSERT INTO job_labels(job_id, key, value) VALUES(?, ?, ?)"));
@@ -458,8 +478,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
     INSERT OR REPLACE INTO attempts(job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind,
       created_us, running_us, finished_us, cause, failure_class, blamed_rank, schedule,
-      virtual_stages)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      virtual_stages, cp)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   put->Bind(1, attempt.job_id)
       .Bind(2, int64_t{attempt.attempt_id})
@@ -476,7 +496,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
       .Bind(13, attempt.failure_class)
       .Bind(14, int64_t{attempt.blamed_rank})
       .Bind(15, attempt.mesh.schedule)
-      .Bind(16, int64_t{attempt.mesh.virtual_stages});
+      .Bind(16, int64_t{attempt.mesh.virtual_stages})
+      .Bind(17, int64_t{attempt.mesh.cp});
   TY_RETURN_IF_ERROR(put->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
     INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
@@ -578,7 +599,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
-      checkpoint_keep, run_report, schedule, virtual_stages
+      checkpoint_keep, run_report, schedule, virtual_stages, cp
     FROM jobs ORDER BY seq
   )sql"));
   while (true) {
@@ -639,6 +660,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     if (!absl::Base64Unescape(select->Text(48), &p.run_report)) p.run_report.clear();
     req.mesh.schedule = select->Text(49);
     req.mesh.virtual_stages = static_cast<int>(select->Int(50));
+    req.mesh.cp = static_cast<int>(select->Int(51));
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }
@@ -657,7 +679,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
 absl::Status JobStore::LoadAttempts(StoredState& state) {
   TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
     SELECT job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind, created_us,
-      running_us, finished_us, cause, failure_class, blamed_rank, schedule, virtual_stages
+      running_us, finished_us, cause, failure_class, blamed_rank, schedule, virtual_stages, cp
     FROM attempts ORDER BY job_id, attempt_id
   )sql"));
   std::map<std::pair<std::string, int>, size_t> index;
@@ -674,6 +696,7 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
     attempt.mesh.zero_stage = static_cast<int>(select->Int(6));
     attempt.mesh.schedule = select->Text(14);
     attempt.mesh.virtual_stages = static_cast<int>(select->Int(15));
+    attempt.mesh.cp = static_cast<int>(select->Int(16));
     attempt.kind = select->Int(7) == 1 ? DeviceKind::kGpu : DeviceKind::kCpu;
     attempt.created = MicrosToTime(select->OptionalInt(8));
     attempt.running = MicrosToTime(select->OptionalInt(9));

@@ -12,7 +12,7 @@
 namespace trainyard::server {
 
 // INVALID_ARGUMENT, "<field.path>: <reason>", when the resources cannot hold the mesh: the world
-// of resources (nodes x devices_per_node) must equal dp x tp x pp, and a tensor-parallel group
+// of resources (nodes x devices_per_node) must equal dp x cp x tp x pp, and a tensor-parallel group
 // (tp consecutive ranks) must fit inside one node.
 [[nodiscard]] absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
 

@@ -119,6 +119,7 @@ struct JoinInfo {
   int dp_rank = 0;
   int tp_rank = 0;
   int pp_rank = 0;
+  int cp_rank = 0;
   std::string spec_yaml;
   std::string kv_prefix;
   CheckpointInfo resume_from;

@@ -172,6 +172,7 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     AddEvent(txn, entry, stored.attempt_id, job.state, job.state, "resized",
              absl::StrCat("attempt ", stored.attempt_id, " runs on ", shape->nodes, " of ",
                           job.requirements.nodes, " nodes: dp ", from.dp, " → ", to.dp,
+                          to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
                           to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
                           to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "",
                           ", accumulation ", entry.full_accumulation, " → ", shape->accumulation,

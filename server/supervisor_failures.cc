@@ -63,6 +63,7 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       spec->parallelism.dp = admitted.dp;
       spec->parallelism.tp = std::max(1, admitted.tp);
       spec->parallelism.pp = std::max(1, admitted.pp);
+      spec->parallelism.cp = std::max(1, admitted.cp);
       spec->parallelism.zero = admitted.zero_stage;
       if (const auto schedule = config::ScheduleFromName(admitted.schedule)) {
         spec->parallelism.schedule = *schedule;  // for `schedule: auto`, the planner's choice
@@ -98,7 +99,8 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       if (!resized) continue;
       const config::ParallelismSpec& p = resized->parallelism;
       entry.smaller_shapes.push_back(JobShape{
-          nodes, Mesh{p.dp, p.tp, p.pp, p.zero, config::ScheduleName(p.schedule), p.virtual_stages},
+          nodes,
+          Mesh{p.dp, p.tp, p.pp, p.zero, config::ScheduleName(p.schedule), p.virtual_stages, p.cp},
           accumulation(*resized), RankMemoryNeed(*resized, cpu_profile_)});
     }
   }

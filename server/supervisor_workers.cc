@@ -21,12 +21,16 @@ JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& att
       std::count_if(attempt.ranks.begin(), attempt.ranks.end(),
                     [&](const RankSlot& other) { return other.node_id == slot.node_id; }));
   info.mesh = attempt.mesh;
-  const config::MeshCoordinates at = config::CoordinatesOf(
-      config::ParallelismSpec{.dp = attempt.mesh.dp, .tp = attempt.mesh.tp, .pp = attempt.mesh.pp},
-      rank);
+  const config::MeshCoordinates at =
+      config::CoordinatesOf(config::ParallelismSpec{.dp = attempt.mesh.dp,
+                                                    .tp = attempt.mesh.tp,
+                                                    .pp = attempt.mesh.pp,
+                                                    .cp = attempt.mesh.cp},
+                            rank);
   info.tp_rank = at.tp;
   info.dp_rank = at.dp;
   info.pp_rank = at.pp;
+  info.cp_rank = at.cp;
   info.spec_yaml = entry.job.spec_yaml;
   info.kv_prefix = KvSpace::PrefixFor(entry.job.id, attempt.attempt_id);
   info.resume_from = entry.job.last_checkpoint;

@@ -69,6 +69,8 @@ struct Mesh {
   // (meshes stored before the schedule was recorded).
   std::string schedule;
   int virtual_stages = 1;
+  // Context-parallel ranks per sequence; the world is dp × cp × tp × pp.
+  int cp = 1;
 };
 
 // How a job checkpoints, from its spec's checkpoint section.

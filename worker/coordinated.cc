@@ -142,6 +142,7 @@ absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
     spec.parallelism.dp = reply.mesh().dp();
     spec.parallelism.tp = std::max(1, reply.mesh().tp());
     spec.parallelism.pp = std::max(1, reply.mesh().pp());
+    spec.parallelism.cp = std::max(1, reply.mesh().cp());
     spec.parallelism.zero = reply.mesh().zero_stage();
     // The schedule the coordinator admitted (for `schedule: auto`, the planner's choice).
     if (const auto schedule = config::ScheduleFromName(reply.mesh().schedule())) {
@@ -414,13 +415,16 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   TY_ASSIGN_OR_RETURN(Placement placement, PlaceRank(spec, /*local_rank=*/0, /*ranks_on_node=*/1,
                                                      threads, SystemDeviceProbe()));
   std::unique_ptr<Backend> backend = std::move(placement.backend);
+  const std::string cp_text = spec.parallelism.cp > 1
+                                  ? absl::StrFormat(" cp %d", spec.parallelism.cp)
+                                  : std::string();  // shown only where there is a ring
   std::cout << absl::StrFormat(
-                   "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d tp %d pp %d "
+                   "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d%s tp %d pp %d "
                    "ZeRO-%d | %d steps of %d x %d tokens on %s\n",
                    options.job_id, spec.name, options.attempt_id, options.rank, joined.world_size(),
-                   joined.node_id(), spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp,
-                   spec.parallelism.zero, spec.training.steps, spec.training.batch,
-                   spec.training.seq_len, backend->name())
+                   joined.node_id(), spec.parallelism.dp, cp_text, spec.parallelism.tp,
+                   spec.parallelism.pp, spec.parallelism.zero, spec.training.steps,
+                   spec.training.batch, spec.training.seq_len, backend->name())
             << std::flush;
 
   GrpcKeyValueStore store(stub, joined.kv_prefix());

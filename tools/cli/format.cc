@@ -52,7 +52,10 @@ std::string Labels(const google::protobuf::Map<std::string, std::string>& labels
 }
 
 std::string Mesh(const v1::Mesh& m) {
-  return absl::StrCat("dp ", m.dp(), " × tp ", m.tp(), " × pp ", m.pp(), ", ZeRO-", m.zero_stage());
+  // cp shown only above 1 (0: a coordinator from before context parallelism), as the planner's
+  // MeshName does.
+  return absl::StrCat("dp ", m.dp(), m.cp() > 1 ? absl::StrCat(" × cp ", m.cp()) : "", " × tp ",
+                      m.tp(), " × pp ", m.pp(), ", ZeRO-", m.zero_stage());
 }
 
 // A rank that exited badly on its own; one that ended after a stop order (a cancel, a drain, the

@@ -183,6 +183,25 @@ TEST(FormatTest, ReportNamesTheFailedRankNodeExitAndLastLogLines) {
   EXPECT_THAT(report, HasSubstr("FAILED  failed  restart limit reached"));
 }
 
+// A context-parallel mesh names cp; one without (cp 1, or 0 from an older coordinator) reads as
+// before.
+TEST(FormatTest, ReportNamesContextParallelismOnlyWhenTheMeshHasIt) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  reply.mutable_job()->set_world_size(4);
+  v1::Mesh* mesh = reply.add_attempts()->mutable_mesh();
+  mesh->set_dp(2);
+  mesh->set_tp(1);
+  mesh->set_pp(1);
+  mesh->set_cp(2);
+  EXPECT_THAT(JobReport(reply, 0),
+              HasSubstr("mesh        dp 2 × cp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+  mesh->set_cp(1);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+  mesh->set_cp(0);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+}
+
 TEST(FormatTest, QueuedJobsSayWhyTheyWait) {
   v1::Job job = RunningJob();
   job.set_state(v1::JOB_STATE_QUEUED);

@@ -33,6 +33,23 @@ TEST(MeshCoordinates, TensorParallelInnermostThenDataThenPipeline) {
   EXPECT_EQ(seen.size(), 12u);
 }
 
+TEST(MeshCoordinates, ContextParallelBetweenTensorAndData) {
+  ParallelismSpec mesh = Mesh(/*dp=*/2, /*tp=*/2, /*pp=*/2);
+  mesh.cp = 3;
+  EXPECT_EQ(mesh.world_size(), 24);
+  EXPECT_EQ(CoordinatesOf(mesh, 1), (MeshCoordinates{.dp = 0, .tp = 1, .pp = 0, .cp = 0}));
+  EXPECT_EQ(CoordinatesOf(mesh, 2), (MeshCoordinates{.dp = 0, .tp = 0, .pp = 0, .cp = 1}));
+  EXPECT_EQ(CoordinatesOf(mesh, 6), (MeshCoordinates{.dp = 1, .tp = 0, .pp = 0, .cp = 0}));
+  EXPECT_EQ(CoordinatesOf(mesh, 12), (MeshCoordinates{.dp = 0, .tp = 0, .pp = 1, .cp = 0}));
+  EXPECT_EQ(CoordinatesOf(mesh, 23), (MeshCoordinates{.dp = 1, .tp = 1, .pp = 1, .cp = 2}));
+  std::set<int> seen;
+  for (int rank = 0; rank < mesh.world_size(); ++rank) {
+    EXPECT_EQ(RankAt(mesh, CoordinatesOf(mesh, rank)), rank);
+    seen.insert(RankAt(mesh, CoordinatesOf(mesh, rank)));
+  }
+  EXPECT_EQ(seen.size(), 24u);
+}
+
 TEST(MeshCoordinates, ADegreeBelowOneCountsAsOne) {
   const ParallelismSpec unset = Mesh(0, 0, 0);
   EXPECT_EQ(CoordinatesOf(unset, 3), (MeshCoordinates{.dp = 0, .tp = 0, .pp = 3}));

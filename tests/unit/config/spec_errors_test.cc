@@ -52,6 +52,28 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        WithSections(
            "resources: {nodes: 3, devices_per_node: 2}\nparallelism: {dp: 2, tp: 2, pp: 2}\n"),
        "5:19", "parallelism.dp", "dp 2 × tp 2 × pp 2 = 8 ranks, but resources provide 6"},
+      {"world size: cp", WithSections("resources: {devices_per_node: 2}\nparallelism: {cp: 4}\n"),
+       "5:19", "parallelism.cp",
+       "dp 1 × cp 4 × tp 1 × pp 1 = 4 ranks, but resources provide 2 (nodes 1 × devices_per_node "
+       "2); cp 2 would fit"},
+      {"cp on GPUs",
+       WithSections("resources: {devices_per_node: 2, kind: gpu}\nparallelism: {cp: 2}\n"), "5:19",
+       "parallelism.cp",
+       "cp 2 needs CPU ranks: ring attention has no GPU kernels yet (write cp: 1, or "
+       "resources.kind: cpu)"},
+      {"cp below one", WithSections("parallelism: {cp: 0}\n"), "4:19", "parallelism.cp",
+       "must be between 1 and 65536, got 0"},
+      {"sequence not in 2 × cp chunks",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {cp: 2}\n"
+                    "training: {seq_len: 30}\n"),
+       "5:19", "parallelism.cp",
+       "training.seq_len 30 is not divisible by 2 × cp = 4 (each sequence is cut into 2 · cp "
+       "equal chunks, two per rank)"},
+      {"sequence parallelism: a cp share's tokens over tp",
+       WithSections("resources: {devices_per_node: 8}\nparallelism: {cp: 2, tp: 4, "
+                    "sequence_parallel: true}\ntraining: {batch: 1, seq_len: 4}\n"),
+       "5:48", "parallelism.sequence_parallel",
+       "2 tokens per micro-batch (1 × 2 of cp 2) do not split over tp 4"},
       {"heads not divisible by tp",
        WithSections("resources: {devices_per_node: 3}\nparallelism: {dp: 1, tp: 3}\n"), "5:26",
        "parallelism.tp", "model.heads 4 is not divisible by tp 3"},

@@ -23,7 +23,7 @@ JobRecord MakeJob(int64_t seq) {
   job.requirements.nodes = 2;
   job.requirements.ranks_per_node = 4;
   job.requirements.kind = DeviceKind::kGpu;
-  job.requirements.mesh = Mesh{2, 4, 1, 1, "zero-bubble", 1};
+  job.requirements.mesh = Mesh{1, 4, 1, 1, "zero-bubble", 1, /*cp=*/2};
   job.requirements.max_restarts = 5;
   job.requirements.heartbeat_timeout = absl::Seconds(7);
   job.user = "ada";
@@ -37,7 +37,7 @@ AttemptRecord MakeAttempt(const std::string& job_id) {
   attempt.job_id = job_id;
   attempt.attempt_id = 1;
   attempt.state = AttemptState::kRunning;
-  attempt.mesh = Mesh{2, 1, 1, 0, "interleaved", 3};
+  attempt.mesh = Mesh{1, 1, 1, 0, "interleaved", 3, /*cp=*/2};
   attempt.created = absl::FromUnixSeconds(1001);
   attempt.running = absl::FromUnixSeconds(1002);
   for (int rank = 0; rank < 2; ++rank) {
@@ -117,6 +117,7 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
   EXPECT_EQ(loaded.requirements.mesh.tp, 4);
   EXPECT_EQ(loaded.requirements.mesh.zero_stage, 1);
   EXPECT_EQ(loaded.requirements.mesh.schedule, "zero-bubble");
+  EXPECT_EQ(loaded.requirements.mesh.cp, 2);
   EXPECT_EQ(loaded.requirements.max_restarts, 5);
   EXPECT_EQ(loaded.requirements.heartbeat_timeout, absl::Seconds(7));
   EXPECT_EQ(loaded.labels, job.labels);
@@ -134,6 +135,7 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
   const AttemptRecord& a = state->attempts[0];
   EXPECT_EQ(a.mesh.schedule, "interleaved");
   EXPECT_EQ(a.mesh.virtual_stages, 3);
+  EXPECT_EQ(a.mesh.cp, 2);
   EXPECT_EQ(a.state, AttemptState::kRunning);
   ASSERT_EQ(a.ranks.size(), 2u);
   EXPECT_EQ(a.ranks[0].pid, 100);
@@ -384,13 +386,10 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
-// Schema 3 had no record of whether an exit followed a stop order: its exits load as failures,
-// as before, and new ones keep the flag.
-TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
-  ScratchDir dir;
-  const std::string path = dir.path() + "/state.db";
-  JobRecord job = MakeJob(9);
-  AttemptRecord attempt = MakeAttempt(job.id);
+// Stores `job` and `attempt` at the current schema, then runs `downgrade` on the file (dropping
+// what a later version added and setting the old version number).
+void StoreThenDowngrade(const std::string& path, JobRecord& job, AttemptRecord& attempt,
+                        const std::string& downgrade) {
   {
     auto store = JobStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
@@ -399,14 +398,22 @@ TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
     batch.attempts.push_back(&attempt);
     ASSERT_TRUE((*store)->Commit(batch).ok());
   }
-  {
-    auto db = SqliteDb::Open(path);
-    ASSERT_TRUE(db.ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("ALTER TABLE attempt_ranks DROP COLUMN exit_stopped; "
-                           "UPDATE meta SET value='3' WHERE key='schema_version'")
-                    .ok());
-  }
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  ASSERT_TRUE((*db)->Exec(downgrade).ok());
+}
+
+// Schema 3 had no record of whether an exit followed a stop order: its exits load as failures,
+// as before, and new ones keep the flag.
+TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  ASSERT_NO_FATAL_FAILURE(
+      StoreThenDowngrade(path, job, attempt,
+                         "ALTER TABLE attempt_ranks DROP COLUMN exit_stopped; "
+                         "UPDATE meta SET value='3' WHERE key='schema_version'"));
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   auto state = (*store)->Load();
@@ -420,6 +427,50 @@ TEST(JobStoreTest, SchemaThreeDatabaseIsMigratedForStoppedExits) {
   state = (*store)->Load();
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_TRUE(state->attempts[0].ranks[1].exit->stopped);
+}
+
+// Schema 6 had no context-parallel degree: its jobs and attempts load with cp 1, and meshes
+// stored after the migration keep theirs.
+TEST(JobStoreTest, SchemaSixDatabaseIsMigratedForContextParallelism) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  ASSERT_NO_FATAL_FAILURE(
+      StoreThenDowngrade(path, job, attempt,
+                         "ALTER TABLE jobs DROP COLUMN cp; ALTER TABLE attempts DROP COLUMN cp; "
+                         "UPDATE meta SET value='6' WHERE key='schema_version'"));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_EQ(state->jobs[0].requirements.mesh.cp, 1);
+  EXPECT_EQ(state->jobs[0].requirements.mesh.tp, 4);
+  ASSERT_EQ(state->attempts.size(), 1u);
+  EXPECT_EQ(state->attempts[0].mesh.cp, 1);
+  EXPECT_EQ(state->attempts[0].mesh.virtual_stages, 3);
+
+  JobRecord next = MakeJob(10);
+  attempt.attempt_id = 2;
+  StoreBatch batch;
+  batch.new_jobs.push_back(&next);
+  batch.attempts.push_back(&attempt);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 2u);
+  EXPECT_EQ(state->jobs[1].requirements.mesh.cp, 2);
+  ASSERT_EQ(state->attempts.size(), 2u);
+  EXPECT_EQ(state->attempts[1].mesh.cp, 2);
+
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto version = (*db)->Prepare("SELECT value FROM meta WHERE key='schema_version'");
+  ASSERT_TRUE(version.ok());
+  auto row = (*version)->Step();
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_EQ((*version)->Text(0), "7");
 }
 
 }  // namespace

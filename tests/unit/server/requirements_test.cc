@@ -30,6 +30,25 @@ TEST(RequirementsTest, CopiesThePlacementShape) {
   EXPECT_EQ(req->heartbeat_timeout, absl::Milliseconds(2500));
 }
 
+TEST(RequirementsTest, CarriesTheContextParallelDegreeIntoTheWorld) {
+  config::JobSpec spec = Spec(2, 4, 2, 2, 1);
+  spec.resources.kind = config::DeviceKind::kCpu;  // ring attention runs on CPU ranks
+  spec.parallelism.cp = 2;
+  auto req = RequirementsFromSpec(spec);
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->mesh.cp, 2);
+  EXPECT_EQ(req->world_size(), 8);
+  // Without cp the same degrees fill half the world.
+  spec.parallelism.cp = 1;
+  EXPECT_EQ(RequirementsFromSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  // On GPUs cp is refused, naming the field.
+  spec.parallelism.cp = 2;
+  spec.resources.kind = config::DeviceKind::kGpu;
+  const auto gpu = RequirementsFromSpec(spec);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu.status().message().find("parallelism.cp"), std::string::npos) << gpu.status();
+}
+
 TEST(RequirementsTest, RefusesMeshesThePlacementCannotHold) {
   auto mismatch = RequirementsFromSpec(Spec(1, 2, 4, 1, 1));
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);

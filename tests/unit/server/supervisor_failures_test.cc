@@ -684,6 +684,42 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, exclude_straggle
   EXPECT_THAT(excluded[0].cause, HasSubstr("avoids node node-b"));
 }
 
+// A shrink keeps the context-parallel degree (config::ResizedSpec): dp takes the loss, and the
+// smaller attempt's ranks are told cp and their coordinates in it.
+TEST_F(SupervisorFailurePolicyTest, ElasticShrinkKeepsTheContextParallelDegree) {
+  const std::string id = Submit(R"(name: elastic-cp
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+parallelism: {dp: 2, cp: 2}
+resources: {nodes: 2, devices_per_node: 2}
+checkpoint: {dir: ckpt/elastic-cp, every_steps: 10}
+fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1}
+)");
+  Agent a = Connect("node-a", 2);
+  Agent b = Connect("node-b", 2);
+  JoinAll(id, 1, 4);
+  EXPECT_EQ(View(id).attempts[0].mesh.cp, 2);
+  supervisor_->AgentDisconnected("node-b", b.session);
+  AdvanceWithHeartbeats(absl::Seconds(6), {a});
+  Exit(a, id, 1, 0, 0, /*signal=*/15);
+  Exit(a, id, 1, 1, 0, /*signal=*/15);
+  const JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 2u);
+  ASSERT_EQ(view.attempts[1].ranks.size(), 2u);
+  EXPECT_EQ(view.attempts[1].mesh.dp, 1);
+  EXPECT_EQ(view.attempts[1].mesh.cp, 2);
+  std::vector<EventRecord> resized = EventsOf(id, "resized");
+  ASSERT_EQ(resized.size(), 1u);
+  EXPECT_THAT(resized[0].cause, HasSubstr("runs on 1 of 2 nodes: dp 2 → 1, accumulation"));
+  EXPECT_THAT(resized[0].cause, Not(HasSubstr("cp ")));  // unchanged, so not named
+  auto joins = JoinAll(id, 2, 2);
+  ASSERT_TRUE(joins[1].ok()) << joins[1].status();
+  EXPECT_EQ(joins[1]->mesh.cp, 2);
+  EXPECT_EQ(joins[1]->cp_rank, 1);
+  EXPECT_EQ(joins[1]->dp_rank, 0);
+}
+
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyShrinksOnANodeLossAndGrowsBackAtACheckpoint) {
   const std::string id = Submit(R"(name: elastic
 model: {preset: gpt2-debug}

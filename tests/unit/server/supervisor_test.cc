@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/server/supervisor_fixture.h"
@@ -256,6 +257,29 @@ TEST_F(SupervisorTest, FourRankJobSpansTwoAgents) {
   auto joins = JoinAll(id, 1, 4);
   EXPECT_EQ(joins[3]->node_id, "node-b");
   EXPECT_EQ(joins[3]->local_world_size, 2);
+}
+
+// A context-parallel mesh reaches every rank: its degree in the Join reply's mesh and each rank's
+// coordinates laid out as config::CoordinatesOf lays them (tensor, context, data, pipeline).
+TEST_F(SupervisorTest, JoinRepliesCarryTheContextParallelMesh) {
+  const std::string id =
+      Submit(absl::StrReplaceAll(TinySpec("ring", /*nodes=*/2, /*per_node=*/2),
+                                 {{"parallelism: {dp: 4}", "parallelism: {dp: 2, cp: 2}"}}));
+  Agent a = Connect("node-a", 2);
+  Agent b = Connect("node-b", 2);
+  for (int rank = 0; rank < 4; ++rank) Started(rank < 2 ? a : b, id, 1, rank);
+  auto joins = JoinAll(id, 1, 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(joins[rank].ok()) << joins[rank].status();
+    EXPECT_EQ(joins[rank]->mesh.cp, 2);
+    EXPECT_EQ(joins[rank]->mesh.dp, 2);
+    EXPECT_EQ(joins[rank]->cp_rank, rank % 2) << rank;
+    EXPECT_EQ(joins[rank]->dp_rank, rank / 2) << rank;
+  }
+  EXPECT_EQ(View(id).attempts.back().mesh.cp, 2);
+  Restart();  // from the store
+  EXPECT_EQ(View(id).job.requirements.mesh.cp, 2);
+  EXPECT_EQ(View(id).attempts.back().mesh.cp, 2);
 }
 
 // An agent's progress relay forwards its node's reports as one batch: each is answered as a
