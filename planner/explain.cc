@@ -21,7 +21,14 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
   const double d_dp = loser.exposed.dp - chosen.exposed.dp;
   const double d_tp = loser.exposed.tp - chosen.exposed.tp;
   const double d_pp = loser.exposed.pp - chosen.exposed.pp;
+  const double d_cp = loser.exposed.cp - chosen.exposed.cp;
   const double ratio = LinkRatio(plan.device);
+  if (d_cp > d_dp && d_cp > d_tp && d_cp > d_pp) {
+    return absl::StrFormat(
+        "cp %d sends %s of keys, values and their gradients around its ring per rank and step, "
+        "exposing %s more than attention hides",
+        loser.mesh.cp, HumanBytes(loser.bytes_cp), HumanSeconds(d_cp));
+  }
   if (d_dp >= d_tp && d_dp >= d_pp) {
     if (loser.dp_crosses_nodes && !chosen.dp_crosses_nodes && ratio > 1.01) {
       return absl::StrFormat(
@@ -51,8 +58,37 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
   return absl::StrFormat("its pipeline transfers add %s per step", HumanSeconds(d_pp));
 }
 
+bool SameSplit(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {
+  return a.dp == b.dp && a.cp == b.cp && a.tp == b.tp && a.pp == b.pp;
+}
+
 bool SameMesh(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {
-  return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp && a.zero == b.zero;
+  return SameSplit(a, b) && a.zero == b.zero;
+}
+
+// A chosen cp mesh: why it splits the sequences. When no mesh without context parallelism fits,
+// the smallest of them against the choice's activations (or that there is none); else nothing
+// (the fastest of them is among the runners-up).
+std::string WhyContextParallel(const Plan& plan, const Candidate& chosen) {
+  if (chosen.mesh.cp == 1) return "";
+  const Candidate* smallest = nullptr;
+  for (const Candidate& c : plan.candidates) {
+    if (c.mesh.cp != 1) continue;
+    if (c.fits) return "";
+    if (smallest == nullptr || c.memory.total() < smallest->memory.total()) smallest = &c;
+  }
+  const int64_t seq_len = plan.seq_len;
+  std::string out = absl::StrFormat(
+      " Context parallelism: cp %d splits each sequence of %d tokens over %d ranks (%d each), "
+      "which brings activations to %s per rank",
+      chosen.mesh.cp, seq_len, chosen.mesh.cp, seq_len / chosen.mesh.cp,
+      HumanBytes(chosen.memory.activations));
+  if (smallest == nullptr) return out + "; no mesh without it is valid for these resources.";
+  return out + absl::StrFormat(
+                   "; without it no mesh fits: the smallest, %s, needs %s per rank (activations "
+                   "%s), over the %s a rank has.",
+                   MeshName(smallest->mesh), HumanBytes(smallest->memory.total()),
+                   HumanBytes(smallest->memory.activations), HumanBytes(smallest->capacity));
 }
 
 // Under `schedule: auto`: the chosen mesh's schedule against the others the mesh can run.
@@ -121,6 +157,8 @@ std::string WhyLost(const Plan& plan, const Candidate& loser, const Candidate& c
         chosen.mesh.zero, HumanSeconds(d_compute));
   } else if (d_compute > 0) {
     why = absl::StrFormat("its busiest rank computes %s longer per step", HumanSeconds(d_compute));
+  } else if (loser.mesh.cp > chosen.mesh.cp) {
+    why = "predicted as fast; the mesh with fewer context-parallel ranks won";
   } else {
     why = "predicted as fast; the fewer model-parallel ranks and the lower ZeRO stage won";
   }
@@ -147,12 +185,21 @@ std::string Explain(const Plan& plan) {
                   : std::string("the only mesh that fits"),
       HumanSeconds(chosen.step.total), HumanCount(chosen.tokens_per_second), 100 * chosen.mfu,
       HumanBytes(chosen.memory.total()), HumanBytes(chosen.capacity));
-  // The best mesh of each other dp × tp × pp split, and the chosen split's best other ZeRO stage.
+  out += WhyContextParallel(plan, chosen);
+  // The best mesh of each other dp × cp × tp × pp split, and the chosen split's best other ZeRO
+  // stage; for a chosen cp mesh, the best mesh without context parallelism among them.
   std::vector<const Candidate*> losers;
   const Candidate* other_stage = nullptr;
   auto same_split = [](const Candidate& a, const Candidate& b) {
-    return a.mesh.dp == b.mesh.dp && a.mesh.tp == b.mesh.tp && a.mesh.pp == b.mesh.pp;
+    return SameSplit(a.mesh, b.mesh);
   };
+  if (chosen.mesh.cp > 1) {
+    for (int i = *plan.chosen + 1; i < fitting; ++i) {
+      if (all[i].mesh.cp != 1) continue;
+      losers.push_back(&all[i]);
+      break;
+    }
+  }
   for (int i = *plan.chosen + 1; i < fitting; ++i) {
     if (SameMesh(all[i].mesh, chosen.mesh)) continue;  // another schedule: WhySchedule
     if (same_split(all[i], chosen)) {

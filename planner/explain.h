@@ -14,8 +14,10 @@ struct Candidate;
 struct Plan;
 
 // "Chose <mesh>: <why>." then "<mesh>: <why it lost>." for the runners-up: the best mesh of up
-// to three other dp × tp × pp splits, the chosen split's best other ZeRO stage, and the fastest
-// mesh that does not fit when it would have been faster.
+// to three other dp × cp × tp × pp splits (for a chosen cp mesh, the best without context
+// parallelism among them), the chosen split's best other ZeRO stage, and the fastest mesh that
+// does not fit when it would have been faster. A chosen cp mesh that is the only way to fit says
+// so: "Context parallelism: cp N splits each sequence …; without it no mesh fits: …".
 std::string Explain(const Plan& plan);
 
 // Why `loser` lost to `chosen`, in one sentence without the mesh's name.

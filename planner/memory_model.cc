@@ -169,7 +169,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const config::ModelConfig& c = s.model;
   const int64_t tp = s.mesh.tp;
   const bool sp = s.mesh.sequence_parallel && tp > 1;
-  const int64_t n = int64_t{s.micro} * s.seq_len, nr = sp ? n / tp : n, w = c.width;
+  const int64_t n = s.rows(), nr = sp ? n / tp : n, w = c.width;
   const int64_t heads = c.heads / tp, kv = c.kv_heads / tp, d = c.head_dim();
   const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d, ffn = c.ffn_hidden / tp;
   const int64_t fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
@@ -193,6 +193,16 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     floats += layers * 4 * w;
   }
   return acts * backend.act_bytes + 4 * floats + 4 * ints;
+}
+
+int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {
+  if (s.mesh.cp == 1) return 0;
+  const config::ModelConfig& c = s.model;
+  const int64_t n = s.rows(), d = c.head_dim();
+  const int64_t heads = c.heads / s.mesh.tp, kv_heads = c.kv_heads / s.mesh.tp;
+  const int64_t kv = n * 2 * kv_heads * d;
+  const int64_t partial = n / 2 * heads * d, partial_lse = n / 2 * heads;
+  return (5 * kv + partial) * backend.act_bytes + 4 * partial_lse;
 }
 
 int64_t TransientPeakBytes(const RankShape& s) {
@@ -229,11 +239,12 @@ RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
   m.parameters = 4 * (zero < 3 ? padded : shard);
   m.gradients = 4 * (zero < 2 ? padded : shard);
   m.optimizer = 2 * 4 * (zero == 0 ? padded : shard);
-  m.activations = ActivationSlots(s) * ActivationSlotBytes(s, backend);
+  m.activations =
+      ActivationSlots(s) * ActivationSlotBytes(s, backend) + RingBufferBytes(s, backend);
   m.transient = TransientPeakBytes(s);
   if (s.mesh.pp > 1) {
     const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
-    const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
+    const int64_t count = s.rows() / (sp ? s.mesh.tp : 1) * s.model.width;
     const int64_t slots = ActivationSlots(s);
     // Several chunks per rank: every rank receives (its later chunks) and sends (its earlier ones).
     const bool receives = !s.first() || s.chunks.size() > 1;

@@ -1,11 +1,13 @@
 // The memory equation of one rank, term by term as the engine stores its state:
 //
 // - parameters, gradients and AdamW's two moments are fp32 over the rank's ParameterLayout,
-//   each parameter group padded to a multiple of dp; ZeRO-1 shards the moments, ZeRO-2 the
-//   gradients too, ZeRO-3 the parameters too, to ⌈group / dp⌉ elements per group
-//   (worker/parallel/sharded_params.h);
-// - activations: every buffer one micro-batch's activation slot allocates (worker/model.cc),
-//   times the slots the rank keeps (1, or under 1F1B the micro-batches in flight);
+//   each parameter group padded to a multiple of dp · cp (the data- and context-parallel ranks
+//   share the parameters); ZeRO-1 shards the moments, ZeRO-2 the gradients too, ZeRO-3 the
+//   parameters too, to ⌈group / (dp · cp)⌉ elements per group (worker/parallel/sharded_params.h);
+// - activations: every buffer one micro-batch's activation slot allocates (worker/model.cc) for
+//   the rank's micro · seq_len / cp rows, times the slots the rank keeps (1, or under 1F1B the
+//   micro-batches in flight); under context parallelism, plus ring attention's buffers, once per
+//   rank (worker/context_parallel.h);
 // - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
 //   staging buffers (ZeRO-2/3), plus the pipeline's send and receive buffers.
 //
@@ -38,6 +40,14 @@ RankMemory PredictRankMemory(const RankShape& shape, const BackendShape& backend
 
 // Bytes of one activation slot (one micro-batch in flight), as Model::activation_bytes counts it.
 int64_t ActivationSlotBytes(const RankShape& shape, const BackendShape& backend);
+
+// Bytes of ring attention's buffers (ContextParallelOps::scratch_bytes), held once per rank and
+// shared by every layer and micro-batch; 0 without context parallelism. With n = micro ·
+// seq_len / cp local rows and kv = n · 2 · (kv_heads / tp) · head_dim elements of keys and
+// values: five buffers of kv (in hand, arriving, two gradients, the gradient arriving) and one
+// partial result of n/2 · (heads / tp) · head_dim, at the activation type, and its log-sum-exp
+// of n/2 · (heads / tp) floats.
+int64_t RingBufferBytes(const RankShape& shape, const BackendShape& backend);
 
 // Activation slots the rank keeps: 1 without pipelining, else what the stage's schedule
 // holds at once (worker::ActivationSlots).

@@ -51,18 +51,58 @@ PhaseSeconds TimeOf(const std::vector<Collective>& collectives, const Link& link
   return t;
 }
 
-// Whether some group of the axis spans two nodes (ranks are laid out tp innermost, then dp,
-// then pp; a node holds devices_per_node consecutive ranks).
-bool DataParallelCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
-  const int span = m.dp * m.tp;
-  for (int p = 0; p < m.pp; ++p) {
-    if ((p * span) / devices_per_node != ((p + 1) * span - 1) / devices_per_node) return true;
+// Whether some block of `span` consecutive ranks, of `blocks`, spans two nodes (a node holds
+// devices_per_node consecutive ranks).
+bool BlockCrossesNodes(int span, int blocks, int devices_per_node) {
+  for (int b = 0; b < blocks; ++b) {
+    if ((b * span) / devices_per_node != ((b + 1) * span - 1) / devices_per_node) return true;
   }
   return false;
 }
 
+// Whether some group of the axis spans two nodes (ranks are laid out tp innermost, then cp,
+// then dp, then pp). The data-parallel group (dp · cp ranks) lies within a stage's dp · cp · tp
+// ranks, a context-parallel group within cp · tp.
+bool DataParallelCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
+  return BlockCrossesNodes(m.dp * m.cp * m.tp, m.pp, devices_per_node);
+}
+
+bool ContextParallelCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
+  return m.cp > 1 && BlockCrossesNodes(m.cp * m.tp, m.dp * m.pp, devices_per_node);
+}
+
 bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
-  return m.pp > 1 && (m.pp - 1) * m.dp * m.tp >= devices_per_node;
+  return m.pp > 1 && (m.pp - 1) * m.dp * m.cp * m.tp >= devices_per_node;
+}
+
+// Ring attention's exposed seconds per micro-batch (RingExposure, beside the engine's order in
+// worker/context_parallel.cc): each of a block's cp ring steps computes attention against one
+// rank's keys and values while the next travel; what a step's transfers take beyond its share
+// of the block's attention (1/cp: the head-tail split balances it) is exposed.
+struct RingSeconds {
+  double forward = 0, backward = 0;
+};
+
+RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const Link& link,
+                         const BackendShape& backend) {
+  const int cp = s.mesh.cp;
+  if (cp == 1) return {};
+  const double transfer = link.alpha_seconds + static_cast<double>(RingKeyValueElements(s)) *
+                                                   backend.act_bytes / link.bytes_per_second;
+  // PaLM's attention count for the block: 4·h·s per local token forward (h / tp of the width on
+  // this rank, s the whole sequence), twice that backward.
+  const double attention =
+      4.0 * s.model.width / s.mesh.tp * s.seq_len * s.rows() / device.matmul_flops;
+  const double forward_step = attention / cp, backward_step = 2 * attention / cp;
+  // Forward: cp − 1 steps with one transfer in flight.
+  const double forward = (cp - 1) * std::max(0.0, transfer - forward_step);
+  // Backward: the first step carries the keys and values only, the last the gradient only, those
+  // between both; the gradient's last transfer (to its owner) is waited for after the last step.
+  const double backward = 2 * std::max(0.0, transfer - backward_step) +
+                          (cp - 2) * std::max(0.0, 2 * transfer - backward_step) + transfer;
+  const double blocks = s.layers();
+  return {.forward = blocks * forward,
+          .backward = blocks * (backward + (s.model.recompute ? forward : 0.0))};
 }
 
 // One stage's share of a step.
@@ -71,18 +111,26 @@ struct StageTime {
   // weight the weight pass; else weight is 0.
   double forward = 0, backward = 0, weight = 0;
   double optimizer = 0;
-  double tp = 0, pp = 0, dp = 0;  // exposed seconds per step
+  double tp = 0, pp = 0, dp = 0, cp = 0;  // exposed seconds per step
+  // Of cp, the ring's exposed seconds in one micro-batch's forward and backward passes.
+  RingSeconds ring;
   // Of pp, one activation or gradient message (0 without pipelining) and all of them.
   double pp_handoff = 0, pp_messages = 0;
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;
-  double per_micro_batch(int m) const { return forward + backward + weight + (tp + pp) / m; }
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
+  double per_micro_batch(int m) const { return forward + backward + weight + (tp + pp + cp) / m; }
   // What the pipeline's fill and drain cost per stage of the slowest micro-batch: F + B under
   // 1F1B, F + B − W under ZB-H1 (its weight passes fill the rest).
   double bubble_per_stage(int m) const { return per_micro_batch(m) - 2 * weight; }
 };
 
+// Which axes' groups span nodes (their transfers take the inter-node link).
+struct Crossings {
+  bool dp = false, pp = false, cp = false;
+};
+
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
-                    bool dp_crosses, bool pp_crosses) {
+                    const Crossings& crosses) {
+  const bool dp_crosses = crosses.dp, pp_crosses = crosses.pp;
   const BackendShape backend{device.act_bytes, device.max_logits_chunk};
   const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
@@ -105,6 +153,9 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_dp = TotalBytes(dp);
   t.bytes_tp = TotalBytes(tp);
   t.bytes_pp = TotalBytes(pp);
+  t.bytes_cp = TotalBytes(ContextParallelTraffic(s, backend));
+  t.ring = RingExposure(s, device, crosses.cp ? device.inter_node : device.intra_node, backend);
+  t.cp = s.micro_batches * (t.ring.forward + t.ring.backward);
   const double idle = device.idle_alpha_seconds > 0 ? device.idle_alpha_seconds : -1;
   const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
                              .sync_skew = device.sync_skew_seconds,
@@ -183,19 +234,24 @@ std::vector<double> ChunkShares(const RankShape& s) {
   return work;
 }
 
+Crossings CrossingsOf(const Candidate& c) {
+  return {.dp = c.dp_crosses_nodes, .pp = c.pp_crosses_nodes, .cp = c.cp_crosses_nodes};
+}
+
 // Every stage's passes while k = 1 … p stages run passes at once (SimulateSchedule),
 // on a shared node: a pass runs at the profile of the ranks working then (ActiveProfile), those
 // of the k stages, as many as the node holds. A pass carries its share of the stage's exposed
 // tensor-parallel seconds, half in the forward pass and half in the backward pass (each block
-// all-reduces twice in each); a pipeline message is the hand-off between two stages' passes; the
-// optimizer and the data-parallel reduction are the stage's tail.
+// all-reduces twice in each), and the ring's exposed seconds of its pass; a pipeline message is the
+// hand-off between two stages' passes; the optimizer and the data-parallel reduction are the
+// stage's tail.
 std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& spec,
                                                          const config::ParallelismSpec& mesh,
                                                          const DeviceProfile& node_device,
                                                          const LoopOptions& loop,
                                                          const Candidate& c, int micro_batches) {
   const int g = spec.resources.devices_per_node;
-  const int stage_ranks = mesh.dp * mesh.tp;
+  const int stage_ranks = mesh.dp * mesh.cp * mesh.tp;
   const int stages_per_node = std::max(1, g / stage_ranks);
   std::vector<std::vector<PassSeconds>> running(mesh.pp);
   for (int k = 1; k <= mesh.pp; ++k) {
@@ -203,13 +259,15 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
         ActiveProfile(node_device, g, std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g));
     for (int s = 0; s < mesh.pp; ++s) {
       const RankShape shape = ShapeOf(spec, mesh, s);
-      const StageTime t = TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes);
+      const StageTime t = TimeStage(shape, device, loop, CrossingsOf(c));
       const double waiting = t.tp / micro_batches / 2;
-      running[k - 1].push_back({.forward = t.forward + waiting,
-                                .backward = t.backward + waiting,
+      const double forward_waiting = waiting + t.ring.forward;
+      const double backward_waiting = waiting + t.ring.backward;
+      running[k - 1].push_back({.forward = t.forward + forward_waiting,
+                                .backward = t.backward + backward_waiting,
                                 .weight = t.weight,
-                                .forward_waiting = waiting,
-                                .backward_waiting = waiting,
+                                .forward_waiting = forward_waiting,
+                                .backward_waiting = backward_waiting,
                                 .handoff = t.pp_handoff,
                                 .tail = t.optimizer + t.dp,
                                 .tail_waiting = t.dp,
@@ -223,7 +281,9 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
 
 MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   const config::ModelConfig& c = s.model;
-  const double tokens = static_cast<double>(s.micro) * s.seq_len;
+  // The rank's tokens (1/cp of each sequence), each attending over the whole sequence: the
+  // head-tail split gives every context-parallel rank 1/cp of the causal attention.
+  const double tokens = static_cast<double>(s.rows());
   const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.layers();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
@@ -260,23 +320,47 @@ std::vector<config::ParallelismSpec> ScheduleOptions(config::ParallelismSpec mes
   return options;
 }
 
+std::vector<int> ContextParallelDegrees(const config::JobSpec& spec) {
+  std::vector<int> degrees = {1};
+  if (spec.resources.kind != config::DeviceKind::kCpu) return degrees;
+  const int world = spec.resources.world_size();
+  for (int cp = 2; cp <= world; ++cp) {
+    if (world % cp == 0 && spec.training.seq_len % (2 * cp) == 0) degrees.push_back(cp);
+  }
+  return degrees;
+}
+
+std::optional<std::string> ContextParallelProblem(const config::ParallelismSpec& mesh,
+                                                  const config::JobSpec& spec) {
+  if (mesh.cp == 1 || spec.resources.kind == config::DeviceKind::kCpu) return std::nullopt;
+  return absl::StrCat("parallelism.cp: context parallelism runs on CPU ranks only (cp ", mesh.cp,
+                      " on ", config::DeviceKindName(spec.resources.kind),
+                      " resources); the CUDA backend has no ring-attention kernels yet");
+}
+
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
   std::vector<config::ParallelismSpec> meshes;
   const int world = spec.resources.world_size();
-  for (int tp = 1; tp <= world; ++tp) {
-    if (world % tp != 0) continue;
-    for (int pp = 1; pp <= world / tp; ++pp) {
-      if ((world / tp) % pp != 0) continue;
-      const int dp = world / tp / pp;
-      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
-        config::ParallelismSpec mesh;
-        mesh.dp = dp;
-        mesh.tp = tp;
-        mesh.pp = pp;
-        mesh.zero = zero;
-        mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
-        for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
-          meshes.push_back(option);
+  // cp 1 first: a cp mesh predicted as fast as one without comes after it in the choice.
+  for (int cp : ContextParallelDegrees(spec)) {
+    const int rest = world / cp;
+    for (int tp = 1; tp <= rest; ++tp) {
+      if (rest % tp != 0) continue;
+      for (int pp = 1; pp <= rest / tp; ++pp) {
+        if ((rest / tp) % pp != 0) continue;
+        const int dp = rest / tp / pp;
+        // ZeRO shards over the data- and context-parallel ranks together.
+        for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
+          config::ParallelismSpec mesh;
+          mesh.dp = dp;
+          mesh.cp = cp;
+          mesh.tp = tp;
+          mesh.pp = pp;
+          mesh.zero = zero;
+          mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
+          for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
+            meshes.push_back(option);
+          }
         }
       }
     }
@@ -294,6 +378,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   c.mesh = mesh;
   c.dp_crosses_nodes = DataParallelCrossesNodes(mesh, g);
   c.pp_crosses_nodes = PipelineCrossesNodes(mesh, g);
+  c.cp_crosses_nodes = ContextParallelCrossesNodes(mesh, g);
   c.capacity = device.memory_bytes;
   std::vector<StageTime> stages;
   double slowest_bubble = 0;  // the largest bubble_per_stage
@@ -306,13 +391,14 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       c.memory = memory;
       c.memory_stage = s;
     }
-    stages.push_back(TimeStage(shape, device, loop, c.dp_crosses_nodes, c.pp_crosses_nodes));
+    stages.push_back(TimeStage(shape, device, loop, CrossingsOf(c)));
     // Interleaved chunks fill and drain the pipeline in passes V times shorter.
     slowest_bubble = std::max(slowest_bubble,
                               stages.back().bubble_per_stage(micro_batches) / mesh.virtual_stages);
     c.bytes_dp = std::max(c.bytes_dp, stages.back().bytes_dp);
     c.bytes_tp = std::max(c.bytes_tp, stages.back().bytes_tp);
     c.bytes_pp = std::max(c.bytes_pp, stages.back().bytes_pp);
+    c.bytes_cp = std::max(c.bytes_cp, stages.back().bytes_cp);
   }
   c.fits = c.memory.total() <= c.capacity;
   const StageTime& slowest =
@@ -343,13 +429,13 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       step.bubble = schedule.idle[s];
     } else {
       step.compute = micro_batches * (t.forward + t.backward + t.weight) + t.optimizer;
-      step.communication = t.tp + t.pp + t.dp;
+      step.communication = t.tp + t.pp + t.dp + t.cp;
       step.bubble = (mesh.pp - 1) * slowest_bubble;
     }
     step.total = step.compute + step.communication + step.bubble;
     if (step.total > c.step.total) {
       c.step = step;
-      c.exposed = AxisValues{t.dp, t.tp, t.pp};
+      c.exposed = AxisValues{t.dp, t.tp, t.pp, t.cp};
     }
   }
   c.model_flops = ModelFlopsPerStep(spec);
@@ -367,6 +453,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh: ", problem->path, ": ", problem->reason));
     }
+    if (auto problem = ContextParallelProblem(*request.mesh, spec)) {
+      return absl::InvalidArgumentError(absl::StrCat("--mesh: ", *problem));
+    }
     meshes = ScheduleOptions(*request.mesh, spec);
   } else {
     meshes = ValidMeshes(spec);
@@ -382,6 +471,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   plan.device = request.device;
   plan.nodes = spec.resources.nodes;
   plan.devices_per_node = spec.resources.devices_per_node;
+  plan.seq_len = spec.training.seq_len;
   for (const config::ParallelismSpec& mesh : meshes) {
     plan.candidates.push_back(Evaluate(spec, mesh, request.device, request.loop));
   }
@@ -451,7 +541,8 @@ std::string ScheduleText(const config::ParallelismSpec& mesh) {
 }
 
 std::string MeshName(const config::ParallelismSpec& m) {
-  return absl::StrCat("dp ", m.dp, " × tp ", m.tp, " × pp ", m.pp, ", ZeRO-", m.zero,
+  return absl::StrCat("dp ", m.dp, m.cp > 1 ? absl::StrCat(" × cp ", m.cp) : "", " × tp ", m.tp,
+                      " × pp ", m.pp, ", ZeRO-", m.zero,
                       m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "",
                       m.pp > 1 ? absl::StrCat(", ", ScheduleText(m)) : "");
 }

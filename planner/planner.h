@@ -1,5 +1,5 @@
 // The planner behind `trainyard plan` (written to serve the coordinator's mesh choice too): for
-// a job spec and a device profile it enumerates every valid mesh (dp, tp, pp, ZeRO stage) of
+// a job spec and a device profile it enumerates every valid mesh (dp, cp, tp, pp, ZeRO stage) of
 // the spec's resources, predicts for each the memory of its most loaded rank (memory_model.h),
 // the bytes each axis moves (traffic_model.h) and the step time from compute, the α–β model and
 // the 1F1B bubble, and chooses the fastest mesh that fits, saying why the runners-up lost.
@@ -10,9 +10,13 @@
 // sharing the node); tensor- and pipeline-parallel transfers are exposed; data-parallel
 // reductions hide behind the backward pass (ZeRO-3's gathers behind the forward too) and only
 // what exceeds it is exposed, unless no core is spare for them (then all of it is); the
-// optimizer streams its state once. A step is m micro-batches of the slowest stage plus
-// (p−1) more of them for the 1F1B bubble (fraction (p−1)/(m+p−1)). MFU uses PaLM's count,
-// 6N + 12·L·h·s FLOPs per token, against the profile's peak over all ranks.
+// optimizer streams its state once. Under context parallelism a rank computes its seq_len / cp
+// tokens of each sequence (each attending over the whole sequence), and ring attention's
+// transfers hide behind each block's attention: per ring step, what the step's transfers take
+// beyond its 1/cp of the block's attention is exposed (docs/planner.md). A step is m
+// micro-batches of the slowest stage plus (p−1) more of them for the 1F1B bubble (fraction
+// (p−1)/(m+p−1)). MFU uses PaLM's count, 6N + 12·L·h·s FLOPs per token, against the profile's
+// peak over all ranks.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_PLANNER_PLANNER_H_
@@ -48,7 +52,7 @@ struct StepSeconds {
 };
 
 struct AxisValues {
-  double dp = 0, tp = 0, pp = 0;
+  double dp = 0, tp = 0, pp = 0, cp = 0;
 };
 
 struct Candidate {
@@ -59,9 +63,10 @@ struct Candidate {
   bool fits = false;
   StepSeconds step;
   double bubble_fraction = 0;
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;  // per rank and step, the busiest rank
-  AxisValues exposed;                                // exposed seconds per axis, the slowest stage
-  bool dp_crosses_nodes = false, pp_crosses_nodes = false;
+  // Per rank and step, the busiest rank; bytes_cp is ring attention's (0 for cp 1).
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
+  AxisValues exposed;  // exposed seconds per axis, the slowest stage
+  bool dp_crosses_nodes = false, pp_crosses_nodes = false, cp_crosses_nodes = false;
   double model_flops = 0;  // per step, PaLM's count
   double tokens_per_second = 0;
   double mfu = 0;
@@ -77,6 +82,7 @@ struct YoungDaly {
 struct Plan {
   DeviceProfile device;
   int nodes = 1, devices_per_node = 1;
+  int seq_len = 0;  // the spec's training.seq_len, which context parallelism splits
   // Meshes that fit, fastest first, then those that do not, smallest footprint first.
   std::vector<Candidate> candidates;
   std::optional<int> chosen;  // index into candidates; none when nothing fits
@@ -85,13 +91,24 @@ struct Plan {
 };
 
 // INVALID_ARGUMENT when the spec's resources admit no valid mesh, or request.mesh is not valid
-// for them (naming the rule it breaks).
+// for them (naming the rule it breaks; cp > 1 on GPU resources included).
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
 
 // Every mesh of the spec's resources that the engine can run (config::FindMeshProblem finds
-// nothing); ZeRO stages 1–3 only with dp > 1. The spec's sequence_parallel is kept (for tp > 1);
-// each dp × tp × pp × ZeRO split once per schedule of ScheduleOptions.
+// nothing), over every cp of ContextParallelDegrees; ZeRO stages 1–3 only with dp · cp > 1. The
+// spec's sequence_parallel is kept (for tp > 1); each dp × cp × tp × pp × ZeRO split once per
+// schedule of ScheduleOptions. The cp 1 meshes come first, so that of two meshes predicted as
+// fast the one without context parallelism is chosen.
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
+
+// The context-parallel degrees the planner considers: 1, and on CPU resources (the CUDA backend
+// has no ring attention) every divisor cp > 1 of the world with training.seq_len divisible by
+// 2 · cp (the head-tail split).
+std::vector<int> ContextParallelDegrees(const config::JobSpec& spec);
+// Why `mesh` cannot run on the spec's resources although config's rules allow it: cp > 1 on GPU
+// resources ("parallelism.cp: ..."). Nothing otherwise.
+std::optional<std::string> ContextParallelProblem(const config::ParallelismSpec& mesh,
+                                                  const config::JobSpec& spec);
 
 // The most model chunks per rank `schedule: auto` tries for interleaved 1F1B.
 inline constexpr int kMaxAutoVirtualStages = 4;
@@ -113,9 +130,10 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
 double ModelFlopsPerStep(const config::JobSpec& spec);
 int64_t MatmulParameterCount(const config::ModelConfig& model);
 
-// One micro-batch's work on one rank of a stage: the FLOPs of its forward and backward passes
-// (recomputation included) and the bytes of its activation slot, which the elementwise work
-// streams once forward (written) and twice backward (read, and their gradients written).
+// One micro-batch's work on one rank of a stage (its micro · seq_len / cp tokens): the FLOPs of
+// its forward and backward passes (recomputation included) and the bytes of its activation slot,
+// which the elementwise work streams once forward (written) and twice backward (read, and their
+// gradients written).
 struct MicroBatchWork {
   double forward_flops = 0, backward_flops = 0;
   // Of backward_flops, what a split backward (a zero-bubble schedule) leaves to its weight pass:
@@ -147,7 +165,8 @@ double BubbleFraction(const worker::ScheduleShape& schedule, double forward, dou
 double YoungInterval(double delta_seconds, double mtbf_seconds);
 double DalyInterval(double delta_seconds, double mtbf_seconds);
 
-// "dp 4 × tp 2 × pp 1, ZeRO-1" (and ", sequence parallel" where it applies).
+// "dp 4 × tp 2 × pp 1, ZeRO-1" ("dp 1 × cp 2 × tp 1 × pp 1, ZeRO-0" with cp > 1; and
+// ", sequence parallel" where it applies).
 std::string MeshName(const config::ParallelismSpec& mesh);
 // The mesh's pipeline schedule in words: "1f1b", "zero-bubble", "interleaved over 2 virtual
 // stages".

@@ -13,6 +13,7 @@ RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& me
   s.model = spec.model;
   s.mesh = mesh;
   s.seq_len = spec.training.seq_len;
+  s.local_seq = spec.training.seq_len / mesh.cp;
   s.stage_index = stage_index;
   s.chunks = worker::StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages,
                                  stage_index);

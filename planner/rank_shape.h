@@ -2,7 +2,9 @@
 // derives it (worker/trainer.cc): its layers from StageChunks (one pipeline stage, or an
 // interleaved schedule's model chunks), its parameter groups
 // from ParameterLayout (tensor-parallel ranks hold equal shares, so rank 0's stand for all), its
-// micro-batch and the micro-batches per step. The memory and traffic models read it.
+// micro-batch and the micro-batches per step, and its share of each sequence under context
+// parallelism (seq_len / cp tokens; every cp rank has as many, so rank 0's stand for all). The
+// memory and traffic models read it.
 //
 // Threading: plain values and functions.
 #ifndef TRAINYARD_PLANNER_RANK_SHAPE_H_
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "config/mesh.h"
 #include "config/spec.h"
 #include "worker/shape/parameters.h"
 #include "worker/shape/schedule.h"
@@ -26,7 +29,8 @@ struct BackendShape {
 struct RankShape {
   config::ModelConfig model;
   config::ParallelismSpec mesh;
-  int seq_len = 0;
+  int seq_len = 0;      // tokens of each sequence
+  int local_seq = 0;    // of them, the tokens this rank holds: seq_len / cp (the head-tail split)
   int stage_index = 0;  // pipeline rank
   // The rank's model chunks, in layer order (one unless the schedule is interleaved), all of
   // chunk_layers() layers.
@@ -39,9 +43,16 @@ struct RankShape {
   int64_t head_params = 0;           // the local LM head (last stage), 0 elsewhere
   int64_t tied_copy = 0;  // elements of the token embedding summed with the other end of the
                           // pipeline each step (first and last stage, tied, pp > 1), else 0
-  // The elements ZeRO gives each data-parallel rank of group g: ⌈size / dp⌉.
-  int64_t chunk(size_t g) const { return (group_sizes[g] + mesh.dp - 1) / mesh.dp; }
-  int64_t padded(size_t g) const { return chunk(g) * mesh.dp; }
+  // The ranks that hold the same parameters, sum their gradients and split ZeRO's shards: the
+  // data- and context-parallel ranks together (the engine's dp group, worker/parallel/
+  // parallel_dims.h), dp · cp.
+  int data_ranks() const { return mesh.dp * mesh.cp; }
+  // The elements ZeRO gives each of them of group g: ⌈size / (dp · cp)⌉.
+  int64_t chunk(size_t g) const { return (group_sizes[g] + data_ranks() - 1) / data_ranks(); }
+  int64_t padded(size_t g) const { return chunk(g) * data_ranks(); }
+  // Rows of one micro-batch's activations on this rank (before sequence parallelism's split):
+  // its tokens of every sequence of the micro-batch.
+  int64_t rows() const { return int64_t{micro} * local_seq; }
   // The pipeline runs a split backward (ZB-H1's input-gradient and weight passes).
   bool split_backward() const { return mesh.pp > 1 && worker::SplitsBackward(mesh.schedule); }
   bool first() const { return chunks.front().first; }  // holds the embeddings
@@ -67,6 +78,13 @@ struct RankShape {
 // ignored). `mesh` must satisfy config::FindShardingProblem.
 RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& mesh,
                   int stage_index);
+
+// The index of the rank at `at` in its data-parallel group, which holds the data- and
+// context-parallel ranks of its stage and tensor-parallel slice: dp_rank · cp + cp_rank, as the
+// engine numbers it (worker/parallel/parallel_dims.cc).
+inline int DataGroupRank(const config::ParallelismSpec& mesh, const config::MeshCoordinates& at) {
+  return at.dp * mesh.cp + at.cp;
+}
 
 }  // namespace trainyard::planner
 

@@ -53,10 +53,11 @@ RunFigures PredictRun(const config::JobSpec& spec, const DeviceProfile& device,
   f.optimizer = memory.optimizer;
   f.activations = memory.activations;
   f.transient = memory.transient;
-  f.bytes_dp = TotalBytes(DataParallelTraffic(shape, loop, at.dp));
+  f.bytes_dp = TotalBytes(DataParallelTraffic(shape, loop, DataGroupRank(mesh, at)));
   f.bytes_tp = TotalBytes(TensorParallelTraffic(shape, backend, loop, at.tp));
   f.bytes_pp = TotalBytes(PipelineTraffic(shape, backend, loop, at.pp)) +
                TotalBytes(TiedEmbeddingTraffic(shape));
+  f.bytes_cp = TotalBytes(ContextParallelTraffic(shape, backend));
   f.step = whole.step.total;
   f.compute = whole.step.compute;
   f.communication = whole.step.communication;
@@ -94,6 +95,11 @@ std::string ComparisonText(const RunComparison& c) {
   AddBytes(&out, "bytes sent dp", p.bytes_dp, m.bytes_dp);
   AddBytes(&out, "bytes sent tp", p.bytes_tp, m.bytes_tp);
   AddBytes(&out, "bytes sent pp", p.bytes_pp, m.bytes_pp);
+  // Ring attention's row for a cp mesh, whose prediction is never 0; a report that came over the
+  // wire has no cp figures (v1::RunFigures carries none yet) and shows no row rather than zeros.
+  if (c.mesh.cp > 1 && (p.bytes_cp > 0 || m.bytes_cp > 0)) {
+    AddBytes(&out, "bytes sent cp", p.bytes_cp, m.bytes_cp);
+  }
   AddSeconds(&out, "step", p.step, m.step);
   AddSeconds(&out, "step compute", p.compute, m.compute);
   AddSeconds(&out, "step communication", p.communication, m.communication);

@@ -23,11 +23,12 @@ struct RunFigures {
   // side counts them here).
   int64_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, transient = 0;
   int64_t total() const { return parameters + gradients + optimizer + activations + transient; }
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0;  // sent per step on each axis
-  double step = 0;                                   // seconds = compute + communication + bubble
-  double compute = 0;                                // measured: the rest of the step
-  double communication = 0;                          // exposed collectives
-  double bubble = 0;  // measured: blocked on pipeline peers (transfers included)
+  // Sent per step on each axis; bytes_cp is ring attention's, 0 for cp 1.
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
+  double step = 0;           // seconds = compute + communication + bubble
+  double compute = 0;        // measured: the rest of the step
+  double communication = 0;  // exposed collectives
+  double bubble = 0;         // measured: blocked on pipeline peers (transfers included)
   double bubble_fraction = 0;
   double mfu = 0;
 };
@@ -52,8 +53,9 @@ double MfuAt(const config::JobSpec& spec, const DeviceProfile& device, double st
 double RelativeError(double predicted, double measured);
 
 // A table, one row per figure: "memory  parameters  <predicted>  <measured>  <error>", then
-// bytes per axis, the step and its phases, the bubble fraction and MFU; a header names the mesh,
-// the device profile and the steps measured. Each line ends with a newline.
+// bytes per axis (a "bytes sent cp" row only when the mesh has cp > 1), the step and its phases,
+// the bubble fraction and MFU; a header names the mesh, the device profile and the steps measured.
+// Each line ends with a newline.
 std::string ComparisonText(const RunComparison& comparison);
 
 }  // namespace trainyard::planner

@@ -1,5 +1,7 @@
 #include "planner/run_report_proto.h"
 
+#include <algorithm>
+
 namespace trainyard::planner {
 namespace {
 
@@ -13,6 +15,7 @@ trainyard::v1::RunFigures FiguresToProto(const RunFigures& f) {
   out.set_dp_bytes(f.bytes_dp);
   out.set_tp_bytes(f.bytes_tp);
   out.set_pp_bytes(f.bytes_pp);
+  out.set_cp_bytes(f.bytes_cp);
   out.set_step_s(f.step);
   out.set_compute_s(f.compute);
   out.set_communication_s(f.communication);
@@ -32,6 +35,7 @@ RunFigures FiguresFromProto(const trainyard::v1::RunFigures& f) {
   out.bytes_dp = f.dp_bytes();
   out.bytes_tp = f.tp_bytes();
   out.bytes_pp = f.pp_bytes();
+  out.bytes_cp = f.cp_bytes();
   out.step = f.step_s();
   out.compute = f.compute_s();
   out.communication = f.communication_s();
@@ -49,6 +53,7 @@ trainyard::v1::RunReport ToProto(const RunComparison& c) {
   report.mutable_mesh()->set_tp(c.mesh.tp);
   report.mutable_mesh()->set_pp(c.mesh.pp);
   report.mutable_mesh()->set_zero_stage(c.mesh.zero);
+  report.mutable_mesh()->set_cp(c.mesh.cp);
   report.set_device(c.device);
   report.set_steps(c.steps);
   *report.mutable_predicted() = FiguresToProto(c.predicted);
@@ -62,6 +67,7 @@ RunComparison FromProto(const trainyard::v1::RunReport& report) {
   c.mesh.tp = report.mesh().tp();
   c.mesh.pp = report.mesh().pp();
   c.mesh.zero = report.mesh().zero_stage();
+  c.mesh.cp = std::max(1, report.mesh().cp());  // 0: a report from before context parallelism
   c.device = report.device();
   c.steps = report.steps();
   c.predicted = FiguresFromProto(report.predicted());

@@ -115,7 +115,7 @@ int64_t TotalBytes(const std::vector<Collective>& collectives) {
 
 std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOptions& loop, int rank) {
   std::vector<Collective> out;
-  const int n = s.mesh.dp, zero = s.mesh.zero;
+  const int n = s.data_ranks(), zero = s.mesh.zero;
   if (n == 1) return out;  // a group of one moves nothing
   const Group dp(n, rank);
   if (zero <= 1) AddGradientBuckets(s, loop, dp, out);
@@ -147,7 +147,7 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
   const Group tp(static_cast<int>(n), rank);
   const bool sp = s.mesh.sequence_parallel;
   const int64_t a = backend.act_bytes, w = s.model.width;
-  const int64_t rows = int64_t{s.micro} * s.seq_len, local = sp ? rows / n : rows;
+  const int64_t rows = s.rows(), local = sp ? rows / n : rows;
   const int64_t layers = s.layers(), recompute = s.model.recompute ? 1 : 0;
   if (!sp) {
     if (s.first()) out.push_back(tp.AllReduce(rows * w, a));  // vocabulary-parallel embedding
@@ -194,7 +194,7 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   std::vector<Collective> out;
   if (s.mesh.pp == 1) return out;
   const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;
-  const int64_t count = int64_t{s.micro} * s.seq_len / (sp ? s.mesh.tp : 1) * s.model.width;
+  const int64_t count = s.rows() / (sp ? s.mesh.tp : 1) * s.model.width;
   const Collective send{CollectiveKind::kSendRecv, count * backend.act_bytes, 1, Phase::kExposed};
   // The sends of this stage's steps of the schedule the executor runs: activations on to the
   // next virtual stage, gradients back to the previous one.
@@ -211,6 +211,29 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   out.push_back(pp.Scalars(1));  // the step's loss
   out.push_back(pp.Scalars(1));  // the gradient norm
   out.push_back(pp.Scalars(loop.agreement_values));
+  return out;
+}
+
+int64_t RingKeyValueElements(const RankShape& s) {
+  return s.rows() * 2 * (s.model.kv_heads / s.mesh.tp) * s.model.head_dim();
+}
+
+std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend) {
+  const int64_t cp = s.mesh.cp;
+  if (cp == 1) return {};
+  const int64_t blocks = int64_t{s.micro_batches} * s.layers();
+  const int64_t bytes = RingKeyValueElements(s) * backend.act_bytes;
+  auto sends = [&](int64_t per_block, Phase phase) {
+    return Collective{.kind = CollectiveKind::kSendRecv,
+                      .bytes = bytes,
+                      .latency = 1,
+                      .phase = phase,
+                      .repeat = blocks * per_block};
+  };
+  std::vector<Collective> out = {sends(cp - 1, Phase::kForward)};
+  if (s.model.recompute) out.push_back(sends(cp - 1, Phase::kBackward));  // the forward again
+  out.push_back(sends(cp - 1, Phase::kBackward));                         // keys and values
+  out.push_back(sends(cp, Phase::kBackward));                             // their gradients
   return out;
 }
 

@@ -4,10 +4,11 @@
 // rank's (chunk i of the ring is [c·i/n, c·(i+1)/n)); a reduce-scatter or all-gather of c elements
 // per rank sends (n−1)·c; a send sends its buffer. Sources:
 //
-// - dp (worker/parallel/sharded_params.cc): ZeRO-0/1 all-reduce the gradients once per step in
-//   buckets; ZeRO-2/3 reduce-scatter every group every micro-batch; ZeRO-1/2 all-gather the
-//   updated parameters; ZeRO-3 all-gathers every group for the forward pass and each block again
-//   for the backward pass (a tied head once more);
+// - dp (worker/parallel/sharded_params.cc), over the dp · cp ranks that hold the same parameters:
+//   ZeRO-0/1 all-reduce the gradients once per step in buckets; ZeRO-2/3 reduce-scatter every
+//   group every micro-batch; ZeRO-1/2 all-gather the updated parameters; ZeRO-3 all-gathers every
+//   group for the forward pass and each block again for the backward pass (a tied head once
+//   more);
 // - tp (worker/model.cc): per block two all-reduces forward and two backward (recomputation
 //   repeats the forward's), or under sequence parallelism all-gathers and reduce-scatters of the
 //   rank's rows and the norms' gradient sums; the embedding, the final norm and the
@@ -15,8 +16,15 @@
 // - pp (worker/parallel/pipeline.cc): one activation forward and one gradient back per
 //   micro-batch; the tied embedding's gradient sum between the first and last stages is counted
 //   on this axis too (tied_bytes);
-// - every axis: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
+// - cp (worker/context_parallel.cc): ring attention, per block and micro-batch: the keys and
+//   values sent on cp − 1 times forward (again when recomputed) and cp − 1 times backward, their
+//   gradients cp times; no scalar sums;
+// - every axis but cp: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
 //   agreement), each a 2-float all-reduce per value.
+//
+// Tensor-, pipeline- and context-parallel activations are the rank's micro · seq_len / cp rows
+// of each micro-batch (/ tp under sequence parallelism). Training steps only: evaluation
+// (training.eval_every) runs forward passes on the same groups, which the figures leave out.
 //
 // Each collective also carries its latency steps, whether it can hide behind compute, and the
 // thread hand-overs it costs, for the α–β time model (planner.h).
@@ -71,12 +79,23 @@ struct LoopOptions {
 };
 
 // One rank's collectives per optimizer step on each axis. `rank` is the rank's index in that
-// axis's group (it decides which ring chunks it sends; they differ by at most an element each).
+// axis's group (it decides which ring chunks it sends; they differ by at most an element each);
+// for the data-parallel group of dp · cp ranks, DataGroupRank (rank_shape.h).
 std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOptions& loop, int rank);
 std::vector<Collective> TensorParallelTraffic(const RankShape& s, const BackendShape& backend,
                                               const LoopOptions& loop, int rank);
 std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& backend,
                                         const LoopOptions& loop, int rank);
+
+// Ring attention's transfers per optimizer step (every rank of the ring sends as much): per
+// block and micro-batch, with kv = RingKeyValueElements, cp − 1 sends of kv forward (phase
+// kForward; once more in the backward pass under model.recompute, phase kBackward), cp − 1 of kv
+// and cp of the keys' and values' gradients (kv each) backward (kBackward). Empty for cp 1.
+std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend);
+// The elements of one rank's keys and values that travel the ring: rows · 2 · (kv_heads / tp) ·
+// head_dim, for the rank's rows = micro · seq_len / cp (all of them under sequence parallelism
+// too: attention works on full rows).
+int64_t RingKeyValueElements(const RankShape& s);
 
 // The sum of the tied token embedding's two copies' gradients, on the group of the first and
 // the last stage (its own communicator, not the pipeline's), once per step.

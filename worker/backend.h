@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "common/logging.h"
 #include "worker/buffer.h"
 
 namespace trainyard::worker {
@@ -33,6 +34,18 @@ struct Act;
 
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
+};
+
+// One block of attention for context parallelism: the queries of one sequence chunk against the
+// keys and values of one chunk (this rank's or another's). Row i of sequence bi of the queries
+// starts at q + (bi·q_len + i)·q_stride, query head h at h·head_dim; keys and values likewise
+// with kv_len and kv_stride, kv head g at g·head_dim (query head h reads g = h / (heads/kv_heads)).
+struct AttentionBlockShape {
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+  int64_t q_stride, kv_stride;
+  // Causal: key j is visible to query i iff j <= i (the chunks are the same positions, q_len ==
+  // kv_len); otherwise every key is visible.
+  bool causal;
 };
 
 struct AdamWParams {
@@ -89,6 +102,9 @@ class Backend {
   virtual void Copy(Act* dst, const Act* src, int64_t count) = 0;
   virtual void Fill(Act* dst, float value, int64_t count) = 0;
   virtual void Add(Act* out, const Act* a, const Act* b, int64_t count) = 0;
+  // dst row r [0, cols) ← src row r [0, cols), rows `rows`, with the given row strides (elements).
+  virtual void CopyRows(Act* dst, int64_t dst_stride, const Act* src, int64_t src_stride,
+                        int64_t rows, int64_t cols) = 0;
 
   // out[m, n] = inp[m, k] · weight[n, k]ᵀ + bias[n]   (bias may be null)
   virtual void Linear(Act* out, const Act* inp, const float* weight, const float* bias, int64_t m,
@@ -135,14 +151,45 @@ class Backend {
   virtual void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
                               int64_t f) = 0;
 
-  // In place on the query and key heads of a packed qkv activation.
-  virtual void Rope(Act* qkv, const AttentionShape& s, float theta) = 0;
-  virtual void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) = 0;
+  // In place on the query and key heads of a packed qkv activation; row i of each sequence has
+  // position first_position + i.
+  virtual void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) = 0;
+  virtual void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
+                            int64_t first_position) = 0;
 
   // Causal attention; out [b, t, heads·d], lse [b, heads, t]. dqkv is overwritten.
   virtual void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) = 0;
   virtual void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                  const float* lse, const AttentionShape& s) = 0;
+
+  // Ring attention (context parallelism), built on the CPU backend only: the engine refuses a
+  // context-parallel mesh on other backends, so these defaults abort.
+  //
+  // out [batch, q_len, heads·d] (overwritten, rows contiguous), lse [batch, heads, q_len]: the
+  // block's own softmax-normalised output and log-sum-exp.
+  virtual void AttentionBlock(Act* /*out*/, float* /*lse*/, const Act* /*q*/, const Act* /*k*/,
+                              const Act* /*v*/, const AttentionBlockShape& /*s*/) {
+    NotBuilt("AttentionBlock");
+  }
+  // (out, lse) ← the attention over both key sets, from the two partial results:
+  // lse' = log(e^lse + e^part_lse), out = out·e^(lse − lse') + part·e^(part_lse − lse').
+  // out and part [batch, q_len, heads·d], lse and part_lse [batch, heads, q_len]. A row with
+  // lse = −∞ (no keys yet) takes part's row.
+  virtual void AttentionMerge(Act* /*out*/, float* /*lse*/, const Act* /*part*/,
+                              const float* /*part_lse*/, int64_t /*batch*/, int64_t /*q_len*/,
+                              int64_t /*heads*/, int64_t /*head_dim*/) {
+    NotBuilt("AttentionMerge");
+  }
+  // The block's share of the backward, given the *merged* out and lse of the whole attention
+  // (the FlashAttention recipe: P = exp(S − lse), dS = P ∘ (dP − rowsum(dout ∘ out))):
+  // dq += (dq has q's row stride q_stride), dk += and dv += (row stride kv_stride). dout and
+  // out are [batch, q_len, heads·d] rows contiguous.
+  virtual void AttentionBlockBackward(Act* /*dq*/, Act* /*dk*/, Act* /*dv*/, const Act* /*dout*/,
+                                      const Act* /*q*/, const Act* /*k*/, const Act* /*v*/,
+                                      const Act* /*out*/, const float* /*lse*/,
+                                      const AttentionBlockShape& /*s*/) {
+    NotBuilt("AttentionBlockBackward");
+  }
 
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
   virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
@@ -187,6 +234,14 @@ class Backend {
     return total;
   }
   virtual void Scale(float* x, int64_t n, float factor) = 0;
+
+ private:
+  // Aborts: a programmer error, since the engine checks the backend before it plans ring
+  // attention.
+  void NotBuilt(const char* operation) const {
+    TY_CHECK(false) << operation << " is not built on the " << name()
+                    << " backend (context parallelism runs on CPU ranks)";
+  }
 };
 
 // The fp32 CPU reference backend. `threads` <= 0 uses every core.

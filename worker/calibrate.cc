@@ -400,8 +400,8 @@ absl::StatusOr<PairedPass> PairedRank(parallel::KeyValueStore& store,
   const ParameterLayout layout(pair.model, rank % 2, 2, stage);
   LocalParamSource source(layout, backend.get());
   backend->Fill(source.params(), 0.02f, layout.total());
-  TY_ASSIGN_OR_RETURN(
-      auto model, Model::Create(pair.model, backend.get(), &source, comm.get(), {stage}, false));
+  TY_ASSIGN_OR_RETURN(auto model, Model::Create(pair.model, backend.get(), &source,
+                                                {.tp = comm.get(), .chunks = {stage}}));
   std::vector<int32_t> tokens(static_cast<size_t>(micro) * seq_len + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7 + 3) % pair.model.vocab;
   double summing = 0;  // seconds in the step's scalar sums

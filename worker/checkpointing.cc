@@ -1,6 +1,7 @@
 #include "worker/checkpointing.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,17 @@ namespace {
 
 // Snapshots each rank offers in the exchange: the newest few complete on its node.
 constexpr int kOffered = 3;
+
+// The ranks that wrote a checkpoint (one manifest each).
+int WriterWorld(const checkpoint::v1::WriterMesh& m) {
+  return m.dp() * std::max(m.cp(), 1) * m.tp() * m.pp();
+}
+
+// "dp 2 x tp 1 x pp 2", with cp where it was above 1.
+std::string WriterMeshText(const checkpoint::v1::WriterMesh& m) {
+  return absl::StrFormat("dp %d%s x tp %d x pp %d", m.dp(),
+                         m.cp() > 1 ? absl::StrCat(" x cp ", m.cp()) : "", m.tp(), m.pp());
+}
 
 // A snapshot as one exactly representable number (0: none): step · 2^20 + attempt + 1.
 double Encode(MemorySnapshotId id) {
@@ -64,7 +76,7 @@ std::vector<MemorySnapshotId> Checkpointer::LocalSnapshots() const {
         checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0)));
     if (!first.ok()) continue;
     const checkpoint::v1::WriterMesh& m = first->mesh();
-    const int world = m.dp() * m.tp() * m.pp();
+    const int world = WriterWorld(m);
     bool all = world > 0;
     for (int r = 1; all && r < world; ++r) {
       all = fs_->Exists(checkpoint::JoinPath(dir, MemoryRankManifestName(r)));
@@ -81,7 +93,7 @@ absl::StatusOr<checkpoint::RankState> Checkpointer::LoadMemorySnapshot(
   TY_ASSIGN_OR_RETURN(*merged, checkpoint::ReadManifestFile(
                                    *fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0))));
   const checkpoint::v1::WriterMesh& m = merged->mesh();
-  const int world = m.dp() * m.tp() * m.pp();
+  const int world = WriterWorld(m);
   for (int r = 1; r < world; ++r) {
     TY_ASSIGN_OR_RETURN(
         const checkpoint::Manifest other,
@@ -150,9 +162,8 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
     if (rank_.rank == 0) {
       const checkpoint::v1::WriterMesh& m = manifest.mesh();
       TY_LOG(INFO) << absl::StrFormat(
-          "resumed from step %d in the memory tier: %s (written by dp %d x tp %d x pp %d, "
-          "ZeRO-%d)",
-          state.step, dir, m.dp(), m.tp(), m.pp(), m.zero_stage());
+          "resumed from step %d in the memory tier: %s (written by %s, ZeRO-%d)", state.step, dir,
+          WriterMeshText(m), m.zero_stage());
     }
     return dir;
   }
@@ -209,9 +220,8 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     if (spec_.checkpoint.enabled()) StartWriter(state);
     if (rank_.rank == 0) {
       const checkpoint::v1::WriterMesh& m = manifest->mesh();
-      TY_LOG(INFO) << absl::StrFormat(
-          "resumed from step %d: %s (written by dp %d x tp %d x pp %d, ZeRO-%d)", state.step, path,
-          m.dp(), m.tp(), m.pp(), m.zero_stage());
+      TY_LOG(INFO) << absl::StrFormat("resumed from step %d: %s (written by %s, ZeRO-%d)",
+                                      state.step, path, WriterMeshText(m), m.zero_stage());
     }
     return path;
   }
@@ -261,6 +271,7 @@ checkpoint::Manifest Checkpointer::Header(const TrainState& state) const {
   mesh->set_dp(p.dp);
   mesh->set_tp(p.tp);
   mesh->set_pp(p.pp);
+  mesh->set_cp(p.cp);
   mesh->set_zero_stage(p.zero);
   mesh->set_sequence_parallel(p.sequence_parallel);
   mesh->set_micro_batch(rank_.micro_batch);

@@ -8,6 +8,7 @@
 #include <new>
 #include <thread>
 
+#include "common/logging.h"
 #include "kernels/cpu/activations.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
@@ -100,6 +101,12 @@ class CpuBackend final : public Backend {
   void Copy(Act* dst, const Act* src, int64_t n) override { std::copy_n(F(src), n, F(dst)); }
   void Fill(Act* dst, float value, int64_t n) override { std::fill_n(F(dst), n, value); }
   void Add(Act* out, const Act* a, const Act* b, int64_t n) override { Add(F(out), F(a), F(b), n); }
+  void CopyRows(Act* dst, int64_t dst_stride, const Act* src, int64_t src_stride, int64_t rows,
+                int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(F(src) + r * src_stride, cols, F(dst) + r * dst_stride);
+    }
+  }
 
   void Linear(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
               int64_t kk) override {
@@ -137,11 +144,13 @@ class CpuBackend final : public Backend {
                       int64_t f) override {
     k::SwigluBackward(F(dinp), F(dout), F(inp), rows, f);
   }
-  void Rope(Act* qkv, const AttentionShape& s, float theta) override {
-    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
+  void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) override {
+    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta, first_position);
   }
-  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) override {
-    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta);
+  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
+                    int64_t first_position) override {
+    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta,
+                    first_position);
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
@@ -150,6 +159,20 @@ class CpuBackend final : public Backend {
                          const float* lse, const AttentionShape& s) override {
     k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
                          s.head_dim);
+  }
+  void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
+                      const AttentionBlockShape& s) override {
+    k::AttentionBlockForward(F(out), lse, F(q), F(key), F(value), Dims(s));
+  }
+  void AttentionMerge(Act* out, float* lse, const Act* part, const float* part_lse, int64_t batch,
+                      int64_t q_len, int64_t heads, int64_t head_dim) override {
+    k::AttentionMerge(F(out), lse, F(part), part_lse, batch, q_len, heads, head_dim);
+  }
+  void AttentionBlockBackward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* q,
+                              const Act* key, const Act* value, const Act* out, const float* lse,
+                              const AttentionBlockShape& s) override {
+    k::AttentionBlockBackward(F(dq), F(dk), F(dv), F(dout), F(q), F(key), F(value), F(out), lse,
+                              Dims(s));
   }
   double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                              float grad_scale, bool write_grad) override {
@@ -182,6 +205,25 @@ class CpuBackend final : public Backend {
   }
   double SumOfSquares(const float* x, int64_t n) override { return k::SumOfSquares(x, n); }
   void Scale(float* x, int64_t n, float factor) override { k::ScaleInPlace(x, n, factor); }
+
+ private:
+  static k::BlockDims Dims(const AttentionBlockShape& s) {
+    TY_CHECK(!s.causal || s.q_len == s.kv_len)
+        << "a causal attention block pairs a chunk with itself: q_len " << s.q_len << ", kv_len "
+        << s.kv_len;
+    TY_CHECK(s.kv_len >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0)
+        << "attention block: kv_len " << s.kv_len << ", heads " << s.heads << ", kv_heads "
+        << s.kv_heads;
+    return {.b = s.batch,
+            .q_len = s.q_len,
+            .kv_len = s.kv_len,
+            .heads = s.heads,
+            .kv_heads = s.kv_heads,
+            .d = s.head_dim,
+            .q_stride = s.q_stride,
+            .kv_stride = s.kv_stride,
+            .causal = s.causal};
+  }
 };
 
 }  // namespace

@@ -123,6 +123,14 @@ class CudaBackend final : public Backend {
     Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // tmp dies here
   }
   void Copy(Act* dst, const Act* src, int64_t n) override { DeviceCopy(dst, src, n * act_bytes()); }
+  void CopyRows(Act* dst, int64_t dst_stride, const Act* src, int64_t src_stride, int64_t rows,
+                int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    const int64_t e = act_bytes();
+    Record(cudaMemcpy2DAsync(dst, dst_stride * e, src, src_stride * e, cols * e, rows,
+                             cudaMemcpyDefault, stream_),
+           "cudaMemcpy2DAsync");
+  }
   void Fill(Act* dst, float value, int64_t n) override {
     Run(kc::Fill(stream_, act_dtype(), dst, value, n));
   }
@@ -206,13 +214,14 @@ class CudaBackend final : public Backend {
   }
 
   // Attention.
-  void Rope(Act* qkv, const AttentionShape& s, float theta) override {
+  void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) override {
     Run(kc::RopeForward(stream_, act_dtype(), qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                        theta));
+                        theta, first_position));
   }
-  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta) override {
+  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
+                    int64_t first_position) override {
     Run(kc::RopeBackward(stream_, act_dtype(), dqkv, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim, theta));
+                         s.head_dim, theta, first_position));
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     Run(kc::FlashAttentionForward(stream_, act_dtype(), out, lse, qkv, Dims(s)));

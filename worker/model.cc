@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/cuda_backend.h"
 
 namespace trainyard::worker {
 
@@ -80,13 +81,13 @@ class Model::Hold {
 };
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-             parallel::Communicator* tp, std::vector<PipelineStage> chunks, bool sequence_parallel,
-             bool split_backward)
+             ModelSharding sharding)
     : config_(config),
-      tp_(tp, sequence_parallel, backend->act_dtype()),
+      tp_(sharding.tp, sharding.sequence_parallel, backend->act_dtype()),
+      cp_(sharding.cp, backend),
       sp_(tp_.sequence_parallel()),
-      split_(split_backward),
-      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, std::move(chunks)),
+      split_(sharding.split_backward),
+      layout_(config, tp_.rank(), tp_.size(), std::move(sharding.chunks)),
       backend_(backend),
       source_(source) {
   const int64_t n = tp_size(), d = config.head_dim();
@@ -107,11 +108,10 @@ Model::~Model() = default;
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
-                                                     parallel::Communicator* tp,
-                                                     std::vector<PipelineStage> chunks,
-                                                     bool sequence_parallel, bool split_backward) {
+                                                     ModelSharding sharding) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
+  const std::vector<PipelineStage>& chunks = sharding.chunks;
   if (chunks.empty()) return absl::InvalidArgumentError("a model needs at least one chunk");
   for (size_t c = 1; c < chunks.size(); ++c) {
     if (chunks[c].num_layers != chunks[0].num_layers) {
@@ -119,13 +119,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
       return absl::InvalidArgumentError("a rank's model chunks must hold equal numbers of layers");
     }
   }
-  if (split_backward && config.recompute) {
+  if (sharding.split_backward && config.recompute) {
     return absl::InvalidArgumentError(
         "a split backward keeps every block's activations until its weight pass; it cannot "
         "recompute them");
   }
-  if (tp != nullptr && tp->size() > 1) {
-    const int n = tp->size();
+  if (sharding.tp != nullptr && sharding.tp->size() > 1) {
+    const int n = sharding.tp->size();
     for (const auto& [what, value] : {std::pair<const char*, int>{"heads", config.heads},
                                       {"kv_heads", config.kv_heads},
                                       {"ffn_hidden", config.ffn_hidden},
@@ -136,8 +136,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
       }
     }
   }
-  return std::unique_ptr<Model>(
-      new Model(config, backend, source, tp, std::move(chunks), sequence_parallel, split_backward));
+  if (sharding.cp != nullptr && sharding.cp->size() > 1 && CudaStreamOf(*backend) != nullptr) {
+    // Ring attention's block kernels are the CPU backend's; the CUDA ones are not built yet.
+    return absl::FailedPreconditionError(
+        absl::StrCat("parallelism.cp: context parallelism runs on CPU ranks only; the ",
+                     backend->name(), " backend has no ring-attention kernels yet"));
+  }
+  return std::unique_ptr<Model>(new Model(config, backend, source, std::move(sharding)));
 }
 
 const float* Model::P(int group, int64_t offset) const {
@@ -187,7 +192,7 @@ int64_t Model::activation_bytes() const {
     add_act(a.embedding_dy);
   }
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
-         ints * static_cast<int64_t>(sizeof(int32_t));
+         ints * static_cast<int64_t>(sizeof(int32_t)) + cp_.scratch_bytes();
 }
 
 absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b, int t) {
@@ -196,10 +201,9 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
     return absl::InvalidArgumentError(
         absl::StrCat("sequence length ", t, " is outside [1, max_seq=", config_.max_seq, "]"));
   }
-  const int64_t n = int64_t{b} * t;
   for (const int32_t* tokens : {inputs, targets}) {
     if (tokens == nullptr) continue;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < int64_t{b} * t; ++i) {
       if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
         return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " at position ", i,
                                                        " is outside the vocabulary [0, ",
@@ -207,13 +211,38 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
       }
     }
   }
+  if (cp_.enabled() && t % (2 * cp_.size()) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.cp: sequence length ", t,
+                                                   " does not split into 2 × cp = ", 2 * cp_.size(),
+                                                   " equal chunks"));
+  }
+  const int local_t = t / cp_.size();
+  const int64_t n = int64_t{b} * local_t;
   if (sp_ && n % tp_size() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("parallelism.sequence_parallel: ", n,
                                                    " tokens per micro-batch do not split over tp ",
                                                    tp_size()));
   }
-  EnsureActivations(b, t);
-  backend_->CopyFromHost(acts_->inputs.data(), inputs, n);
+  EnsureActivations(b, local_t);
+  UploadTokens(inputs, targets);
+  return absl::OkStatus();
+}
+
+void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
+  Activations& a = *acts_;
+  const int64_t n = int64_t{a.b} * a.t;
+  std::vector<int32_t> split_inputs, split_targets;
+  if (cp_.enabled()) {  // this rank's share, in its row order
+    split_inputs.resize(n);
+    cp_.Split(inputs, a.b, a.t * cp_.size(), split_inputs.data());
+    inputs = split_inputs.data();
+    if (targets != nullptr) {
+      split_targets.resize(n);
+      cp_.Split(targets, a.b, a.t * cp_.size(), split_targets.data());
+      targets = split_targets.data();
+    }
+  }
+  backend_->CopyFromHost(a.inputs.data(), inputs, n);
   if (tp_size() > 1) {
     std::vector<int32_t> local(n);
     auto to_local = [&](const int32_t* tokens, Buffer<int32_t>& out) {
@@ -223,11 +252,10 @@ absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b
       }
       backend_->CopyFromHost(out.data(), local.data(), n);
     };
-    to_local(inputs, acts_->local_inputs);
-    if (targets != nullptr) to_local(targets, acts_->local_targets);
+    to_local(inputs, a.local_inputs);
+    if (targets != nullptr) to_local(targets, a.local_targets);
   }
-  if (targets != nullptr) backend_->CopyFromHost(acts_->targets.data(), targets, n);
-  return absl::OkStatus();
+  if (targets != nullptr) backend_->CopyFromHost(a.targets.data(), targets, n);
 }
 
 void Model::EnsureActivations(int b, int t) {
@@ -326,15 +354,14 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
     if (stage.num_layers > 0) source_->Prefetch(layout_.block_group(stage.first_layer));
     constexpr int g = ParameterLayout::kEmbeddingGroup;
     if (tp_size() == 1) {
-      backend_->Embedding(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()),
-                          P(g, layout_.wpe()), a.b, a.t, config_.width);
+      EmbeddingLookup(a.resid[0].data(), a.inputs.data(), P(g, layout_.wte()), P(g, layout_.wpe()));
     } else {
       // Vocabulary-parallel: each rank looks up the tokens its shard owns (zeros elsewhere), one
       // rank adds the positions, and the sum over the group is the embedding.
       // Under sequence parallelism the sum is scattered: each rank keeps its rows.
       Act* full = sp_ ? a.tmp.data() : a.resid[0].data();
-      backend_->Embedding(full, a.local_inputs.data(), P(g, layout_.wte()),
-                          tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr, a.b, a.t, config_.width);
+      EmbeddingLookup(full, a.local_inputs.data(), P(g, layout_.wte()),
+                      tp_rank() == 0 ? P(g, layout_.wpe()) : nullptr);
       TY_RETURN_IF_ERROR(SumToLocalRows(full, a.resid[0].data(), config_.width));
     }
   } else {
@@ -384,10 +411,55 @@ absl::Status Model::EmbeddingBackward(const Act* dy) {
   Activations& a = *acts_;
   constexpr int eg = ParameterLayout::kEmbeddingGroup;
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
-  backend_->EmbeddingBackward(G(eg, layout_.wte()), G(eg, layout_.wpe()), dy,
-                              tp_size() > 1 ? a.local_inputs.data() : a.inputs.data(), a.b, a.t,
-                              config_.width, dims_.vocab);
+  const int32_t* tokens = tp_size() > 1 ? a.local_inputs.data() : a.inputs.data();
+  float* dwpe = G(eg, layout_.wpe());
+  if (!cp_.enabled()) {
+    backend_->EmbeddingBackward(G(eg, layout_.wte()), dwpe, dy, tokens, a.b, a.t, config_.width,
+                                dims_.vocab);
+  } else {
+    const int64_t c = a.t / 2, rows = int64_t{a.b} * c, width = config_.width;
+    for (int half = 0; half < 2; ++half) {
+      backend_->EmbeddingBackward(
+          G(eg, layout_.wte()), dwpe != nullptr ? dwpe + cp_.ChunkOf(half) * c * width : nullptr,
+          backend_->At(dy, half * rows * width), tokens + half * rows, a.b, c, width, dims_.vocab);
+    }
+  }
   return source_->GradientsReady(eg);
+}
+
+void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe) {
+  const Activations& a = *acts_;
+  const int64_t width = config_.width;
+  if (!cp_.enabled()) {
+    backend_->Embedding(out, tokens, wte, wpe, a.b, a.t, width);
+    return;
+  }
+  // Each local half is b runs of c consecutive positions, starting at its chunk's first.
+  const int64_t c = a.t / 2, rows = int64_t{a.b} * c;
+  for (int half = 0; half < 2; ++half) {
+    backend_->Embedding(backend_->At(out, half * rows * width), tokens + half * rows, wte,
+                        wpe != nullptr ? wpe + cp_.ChunkOf(half) * c * width : nullptr, a.b, c,
+                        width);
+  }
+}
+
+void Model::Rotate(Act* qkv, bool backward) {
+  const Activations& a = *acts_;
+  const float theta = config_.rope_theta;
+  const int64_t d = config_.head_dim();
+  if (!cp_.enabled()) {
+    const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};
+    backward ? backend_->RopeBackward(qkv, shape, theta, 0) : backend_->Rope(qkv, shape, theta, 0);
+    return;
+  }
+  const int64_t c = a.t / 2, rows = int64_t{a.b} * c;
+  const AttentionShape half_shape{a.b, c, dims_.heads, dims_.kv_heads, d};
+  for (int half = 0; half < 2; ++half) {
+    Act* x = backend_->At(qkv, half * rows * dims_.qkv_width);
+    const int64_t first = cp_.ChunkOf(half) * c;
+    backward ? backend_->RopeBackward(x, half_shape, theta, first)
+             : backend_->Rope(x, half_shape, theta, first);
+  }
 }
 
 absl::Status Model::BlockForward(int layer, LayerActivations& la) {
@@ -418,8 +490,12 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   }
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
   be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
-  if (!gpt2) be.Rope(la.qkv.data(), shape, c.rope_theta);
-  be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
+  if (!gpt2) Rotate(la.qkv.data(), /*backward=*/false);
+  if (cp_.enabled()) {
+    TY_RETURN_IF_ERROR(cp_.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape));
+  } else {
+    be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
+  }
   be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), split_bias ? nullptr : P(g, o.proj_b), n,
             width, attn);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
@@ -511,9 +587,14 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   std::tie(dw, db) =
       weight_grads(o.proj_w, o.proj_b, &Activations::DeferredGrads::proj_dy, dx_full, n * width);
   be.LinearBackward(a.datt.data(), dw, db, dx_full, la.att.data(), P(g, o.proj_w), n, width, attn);
-  be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
-                       shape);
-  if (!gpt2) be.RopeBackward(a.dqkv.data(), shape, c.rope_theta);
+  if (cp_.enabled()) {
+    TY_RETURN_IF_ERROR(cp_.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(),
+                                             la.att.data(), la.lse.data(), shape));
+  } else {
+    be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
+                         shape);
+  }
+  if (!gpt2) Rotate(a.dqkv.data(), /*backward=*/true);
   std::tie(dw, db) = weight_grads(o.qkv_w, o.qkv_b, &Activations::DeferredGrads::qkv_dy,
                                   a.dqkv.data(), n * dims_.qkv_width);
   be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), la.ln1.data(), P(g, o.qkv_w), n,
@@ -836,8 +917,9 @@ absl::StatusOr<double> Model::Loss(const int32_t* inputs, const int32_t* targets
 }
 
 absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logits) {
-  if (tp_size() > 1) {
-    return absl::UnimplementedError("full logits are not assembled under tensor parallelism");
+  if (tp_size() > 1 || cp_.enabled()) {
+    return absl::UnimplementedError(
+        "full logits are not assembled under tensor or context parallelism");
   }
   if (!layout_.first() || !layout_.last()) {
     return absl::FailedPreconditionError("Logits runs a whole model");

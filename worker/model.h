@@ -20,6 +20,7 @@
 #include "config/model_config.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
+#include "worker/context_parallel.h"
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
 #include "worker/shape/parameters.h"
@@ -34,36 +35,57 @@ struct StageSlot {
   int slot = 0;
 };
 
+// How a model is split over its rank's groups (the defaults: the whole model on one rank). The
+// groups must outlive the model.
+struct ModelSharding {
+  // Tensor parallelism (size > 1): attention split by heads (key/value heads too), the MLP
+  // column- then row-parallel, embedding and LM head split by vocabulary.
+  parallel::Communicator* tp = nullptr;
+  // Context parallelism (size > 1): each sequence split over the group, the head-tail way, with
+  // ring attention between its shares (worker/context_parallel.h).
+  parallel::Communicator* cp = nullptr;
+  // The layers this pipeline rank holds (one stage, or an interleaved schedule's model chunks,
+  // all of the same number of layers; the source uses ParameterLayout(config, tp, chunks)).
+  std::vector<PipelineStage> chunks = {PipelineStage{}};
+  // With tp > 1, the residual stream between the tensor-parallel regions is split by rows too:
+  // the norms run on n / tp rows, gathered before the column-parallel matmuls and
+  // reduce-scattered after the row-parallel ones.
+  bool sequence_parallel = false;
+  // Zero-bubble schedules: StageBackward computes the input gradient only, and
+  // StageWeightGradients the blocks' and the embedding's weight gradients later.
+  bool split_backward = false;
+};
+
 class Model {
  public:
-  // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config.
+  // `backend` must outlive the model. Fails with INVALID_ARGUMENT on an inconsistent config, or
+  // a split backward with config.recompute (the weight pass needs every block's activations).
   // Parameters and gradients come from `source` (which must outlive the model and use this
-  // model's layout, e.g. a data-parallel sharded source). With a tensor-parallel group `tp`
-  // (size > 1) the model holds this rank's shard: attention split by heads (key/value heads
-  // too), the MLP column- then row-parallel, embedding and LM head split by vocabulary; `tp`
-  // must outlive the model. With sequence_parallel (and tp > 1) the residual stream between the
-  // tensor-parallel regions is split by rows too: the norms run on n / tp rows, gathered before
-  // the column-parallel matmuls and reduce-scattered after the row-parallel ones. `chunks`: the
-  // layers this pipeline rank holds (one stage, or an interleaved schedule's model chunks, all of
-  // the same number of layers; the source uses ParameterLayout(config, tp, chunks)). With
-  // split_backward (zero-bubble schedules) StageBackward computes the input gradient only, and
-  // StageWeightGradients the blocks' and the embedding's weight gradients later; INVALID_ARGUMENT
-  // with config.recompute (the weight pass needs every block's activations).
+  // model's layout, e.g. a data-parallel sharded source).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Model>> Create(
       const config::ModelConfig& config, Backend* backend, ParamSource* source,
-      parallel::Communicator* tp = nullptr, std::vector<PipelineStage> chunks = {PipelineStage{}},
-      bool sequence_parallel = false, bool split_backward = false);
+      ModelSharding sharding = {});
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
   // Bytes of activation memory held (every micro-batch slot): every buffer a slot allocates,
-  // sequence parallelism's local- and full-row copies and norm scratch included; activations at
-  // the backend's activation type, statistics as fp32, token ids as int32.
+  // sequence parallelism's local- and full-row copies and norm scratch included, and ring
+  // attention's buffers (ring_bytes); activations at the backend's activation type, statistics
+  // as fp32, token ids as int32.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_.seconds(); }
+  // Time spent waiting for ring attention's transfers (what the attention did not hide).
+  double cp_comm_seconds() const { return cp_.seconds(); }
+  // Bytes of ring attention's buffers (shared by every layer and micro-batch; 0 without context
+  // parallelism).
+  int64_t ring_bytes() const { return cp_.scratch_bytes(); }
+
+  // Under context parallelism every call below takes whole sequences (t tokens each) and works on
+  // this rank's share of them; sums (the losses) are over that share, activations ([b·t, width]
+  // and the like) hold its b·t / cp rows.
 
   // One micro-batch of `b` sequences of `t` tokens (inputs and targets are host arrays of b·t
   // tokens). Accumulates the gradient of grad_scale · Σ cross-entropy into grads() and returns
@@ -100,7 +122,8 @@ class Model {
                                                  const int32_t* targets, int b, int t,
                                                  const Act* input_acts, Act* output_acts);
 
-  // Full logits [b, t, vocab] into a host array (tests and inference).
+  // Full logits [b, t, vocab] into a host array (tests and inference). FAILED_PRECONDITION under
+  // context parallelism.
   [[nodiscard]] absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
 
   // Wall seconds of the training passes (StageForward, StageBackward, ForwardBackward) since the
@@ -128,8 +151,7 @@ class Model {
   };
 
   Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
-        parallel::Communicator* tp, std::vector<PipelineStage> chunks, bool sequence_parallel,
-        bool split_backward);
+        ModelSharding sharding);
   // The chunk the current pass runs.
   const PipelineStage& stage() const { return layout_.chunks()[chunk_]; }
   // Rows of the residual stream this rank holds for the current micro-batch.
@@ -152,6 +174,14 @@ class Model {
   int tp_rank() const { return tp_.rank(); }
   [[nodiscard]] absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
   [[nodiscard]] absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
+  // The micro-batch's token ids onto the device (this rank's share of them under context
+  // parallelism, in its row order), with their vocabulary-shard forms under tensor parallelism.
+  void UploadTokens(const int32_t* inputs, const int32_t* targets);
+  // The embedding and its weight gradients, by local half under context parallelism (each half
+  // its own positions).
+  void EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe);
+  // RoPE on the query and key heads of `qkv` (direction: forward or its inverse).
+  void Rotate(Act* qkv, bool backward);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).
@@ -176,9 +206,10 @@ class Model {
   float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
-  TensorParallelOps tp_;  // every collective of the tensor-parallel group
-  bool sp_;               // sequence parallelism
-  bool split_;            // a split backward (StageWeightGradients)
+  TensorParallelOps tp_;   // every collective of the tensor-parallel group
+  ContextParallelOps cp_;  // the sequence split and ring attention
+  bool sp_;                // sequence parallelism
+  bool split_;             // a split backward (StageWeightGradients)
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;

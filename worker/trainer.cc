@@ -273,25 +273,30 @@ absl::Status RankTrainer::Setup() {
   optimizer_ = OptimizerConfigFromSpec(tr);
   params_->Initialize(tr.seed);
   TY_ASSIGN_OR_RETURN(
-      model_, Model::Create(mc, &backend_, params_.get(), dims_.tp.get(), dims_.chunks,
-                            mesh.sequence_parallel, mesh.pp > 1 && SplitsBackward(mesh.schedule)));
+      model_, Model::Create(mc, &backend_, params_.get(),
+                            {.tp = dims_.tp.get(),
+                             .cp = dims_.cp.get(),
+                             .chunks = dims_.chunks,
+                             .sequence_parallel = mesh.sequence_parallel,
+                             .split_backward = mesh.pp > 1 && SplitsBackward(mesh.schedule)}));
   state_ = TrainState{
       .params = params_.get(), .seed = tr.seed, .global_batch = tr.batch, .seq_len = tr.seq_len};
   inputs_.resize(int64_t{dims_.at.micro} * tr.seq_len);
   targets_.resize(inputs_.size());
   // Pipeline stages exchange the residual stream of a micro-batch: this rank's rows of it under
-  // sequence parallelism.
-  stage_transfer_ =
-      int64_t{dims_.at.micro} * tr.seq_len / (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
+  // context and sequence parallelism.
+  stage_transfer_ = int64_t{dims_.at.micro} * tr.seq_len / mesh.cp /
+                    (mesh.sequence_parallel ? mesh.tp : 1) * mc.width;
   tokens_per_step_ = int64_t{tr.batch} * tr.seq_len;
   result_.entropy_nats = data_.entropy_nats;
   result_.parameters = model_->num_params();
   if (out_) {
     *out_ << absl::StrFormat(
                  "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
-                 "mesh dp %d x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
+                 "mesh dp %d%s x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
                  config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
-                 model_->num_params() / 1e6, mesh.dp, mesh.tp, mesh.pp, mesh.zero,
+                 model_->num_params() / 1e6, mesh.dp,
+                 mesh.cp > 1 ? absl::StrCat(" x cp ", mesh.cp) : "", mesh.tp, mesh.pp, mesh.zero,
                  mesh.pp > 1 ? absl::StrCat(", ", config::ScheduleName(mesh.schedule),
                                             mesh.virtual_stages > 1
                                                 ? absl::StrCat(" over ", mesh.virtual_stages,
@@ -317,7 +322,8 @@ absl::Status RankTrainer::SumOverWorld(std::span<double> values) {
 }
 
 double RankTrainer::WaitSeconds() const {
-  return params_->exposed_comm_seconds() + model_->tp_comm_seconds() + pipeline_wait_;
+  return params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds() +
+         pipeline_wait_;
 }
 
 absl::Status RankTrainer::Restore() {
@@ -586,7 +592,8 @@ void RankTrainer::Finish() {
   result_.pipeline_wait_fraction = train_nanos_ > 0 ? pipeline_wait_ / train_s : 0.0;
   result_.train_seconds = train_s;
   result_.pipeline_wait_seconds = pipeline_wait_;
-  result_.exposed_comm_seconds = params_->exposed_comm_seconds() + model_->tp_comm_seconds();
+  result_.exposed_comm_seconds =
+      params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds();
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
   for (int k = 0; k < static_cast<int>(parallel::CollectiveKind::kCount); ++k) {
@@ -594,6 +601,7 @@ void RankTrainer::Finish() {
   }
   result_.tp_bytes_sent = dims_.tp->stats().total();
   result_.pp_bytes_sent = dims_.pp->stats().total();
+  result_.cp_bytes_sent = dims_.cp->stats().total();
   if (dims_.tied) result_.pp_bytes_sent += dims_.tied->stats().total();
   result_.overlap = params_->timeline();
 }

@@ -129,10 +129,12 @@ struct TrainResult {
     int64_t activations = 0;
   } memory;
   std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> bytes_sent{};
-  // Bytes this rank sent on the other two axes over the whole run: its tensor-parallel group,
-  // and its pipeline group with the tied embedding's first-to-last-stage sum.
+  // Bytes this rank sent on the other axes over the whole run: its tensor-parallel group, its
+  // pipeline group with the tied embedding's first-to-last-stage sum, and its context-parallel
+  // ring.
   int64_t tp_bytes_sent = 0;
   int64_t pp_bytes_sent = 0;
+  int64_t cp_bytes_sent = 0;  // ring attention's keys, values and their gradients
   parallel::OverlapTimeline overlap;
   // Pipeline stages: the fraction of training time this stage spent blocked sending or
   // receiving activations (the schedule's bubble plus transfers).

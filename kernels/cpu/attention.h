@@ -20,6 +20,38 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
                        int64_t d);
 
+// Blocks of attention for context parallelism: the queries of one sequence chunk against the keys
+// and values of one chunk, each block's result a partial output with its log-sum-exp, merged by
+// AttentionMerge. Row i of batch entry bi starts at q + (bi·q_len + i)·q_stride (query head h at
+// h·d); keys and values likewise with kv_len and kv_stride (kv head g at g·d). Causal blocks are
+// a chunk against itself (q_len == kv_len, key j visible to query i iff j <= i); other blocks see
+// every key. kv_len >= 1.
+struct BlockDims {
+  int64_t b, q_len, kv_len, heads, kv_heads, d;
+  int64_t q_stride, kv_stride;
+  bool causal;
+};
+
+// out (overwritten): [b, q_len, heads·d]; lse: [b, heads, q_len]. Same arithmetic as
+// AttentionForward, so a causal block over a whole sequence gives its result.
+void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const BlockDims& s);
+
+// (out, lse) ← the attention over the union of both key sets, from the two partial results:
+// lse' = log(e^lse + e^part_lse), out = out·e^(lse − lse') + part·e^(part_lse − lse'). A row whose
+// lse is −∞ (no keys yet) takes part's row; one whose part_lse is −∞ is left as it is.
+// out and part: [b, q_len, heads·d]; lse and part_lse: [b, heads, q_len].
+void AttentionMerge(float* out, float* lse, const float* part, const float* part_lse, int64_t b,
+                    int64_t q_len, int64_t heads, int64_t d);
+
+// The block's share of the backward, from the merged out and lse of the whole attention:
+// dq += (row stride q_stride), dk += and dv += (row stride kv_stride). dout and out:
+// [b, q_len, heads·d]. Deterministic: one task per (batch entry, kv head) owns every element it
+// adds to.
+void AttentionBlockBackward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            const BlockDims& s);
+
 }  // namespace trainyard::kernels::cpu
 
 #endif  // TRAINYARD_KERNELS_CPU_ATTENTION_H_

@@ -16,14 +16,15 @@ constexpr unsigned int kMaxBlocks = 1u << 16;  // grid-stride loop below
 // taken in fp64, as the CPU reference does: at p ≈ 2000 an fp32 angle would be off by ~1e-4 rad.
 // `direction` is +1 (forward) or −1 (backward: the inverse rotation).
 template <typename T>
-__global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t rotated_heads,
-                           int64_t row_width, int64_t d, double theta, double direction) {
+__global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t first_position,
+                           int64_t rotated_heads, int64_t row_width, int64_t d, double theta,
+                           double direction) {
   const int64_t half = d / 2;
   const int64_t n = rows * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / half, i = idx - row * half;
-    const int64_t p = row % t;
+    const int64_t p = first_position + row % t;
     const double angle = static_cast<double>(p) * pow(theta, -2.0 * i / d);
     double s, c;
     sincos(angle, &s, &c);
@@ -39,21 +40,23 @@ __global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t rotated_head
 }
 
 absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t, int64_t heads,
-                  int64_t kv_heads, int64_t d, float theta, double direction) {
+                  int64_t kv_heads, int64_t d, float theta, int64_t first_position,
+                  double direction) {
   TY_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16);
   TY_REQUIRE(b >= 0 && t >= 1);
   TY_REQUIRE(heads >= 1 && kv_heads >= 1);
   TY_REQUIRE(d >= 2 && d % 2 == 0);
   TY_REQUIRE(theta > 0.0f);
+  TY_REQUIRE(first_position >= 0);
   if (b == 0) return absl::OkStatus();
   TY_REQUIRE(qkv != nullptr);
   const int64_t rows = b * t;
   const int64_t row_width = (heads + 2 * kv_heads) * d;
   const unsigned int blocks = std::min(BlocksFor(rows * (d / 2), kThreads), kMaxBlocks);
   TY_DISPATCH_DTYPE(dtype, T, {
-    RopeKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(qkv), rows, t, heads + kv_heads,
-                                                   row_width, d, static_cast<double>(theta),
-                                                   direction);
+    RopeKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(qkv), rows, t, first_position,
+                                                   heads + kv_heads, row_width, d,
+                                                   static_cast<double>(theta), direction);
     TY_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   });
   return absl::OkStatus();
@@ -62,13 +65,15 @@ absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_
 }  // namespace
 
 absl::Status RopeForward(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t,
-                         int64_t heads, int64_t kv_heads, int64_t d, float theta) {
-  return Rope(stream, dtype, qkv, b, t, heads, kv_heads, d, theta, 1.0);
+                         int64_t heads, int64_t kv_heads, int64_t d, float theta,
+                         int64_t first_position) {
+  return Rope(stream, dtype, qkv, b, t, heads, kv_heads, d, theta, first_position, 1.0);
 }
 
 absl::Status RopeBackward(cudaStream_t stream, DType dtype, void* dqkv, int64_t b, int64_t t,
-                          int64_t heads, int64_t kv_heads, int64_t d, float theta) {
-  return Rope(stream, dtype, dqkv, b, t, heads, kv_heads, d, theta, -1.0);
+                          int64_t heads, int64_t kv_heads, int64_t d, float theta,
+                          int64_t first_position) {
+  return Rope(stream, dtype, dqkv, b, t, heads, kv_heads, d, theta, first_position, -1.0);
 }
 
 }  // namespace trainyard::kernels::cuda

@@ -1,6 +1,7 @@
 // Resharding: a checkpoint written under one mesh loads under every other — data parallelism with
-// ZeRO 1 and 3, tensor and pipeline parallelism, sequence parallelism, another micro-batch and
-// every pipeline schedule (interleaved 1F1B: two chunks per rank) — for both model families. After
+// ZeRO 1 and 3, tensor, pipeline, sequence and context parallelism (cp 4, and cp 2 with ZeRO-3
+// sharded over the cp ranks), another micro-batch and every pipeline schedule (interleaved 1F1B:
+// two chunks per rank) — for both model families. After
 // loading, the gathered parameters equal the writer's exactly; training on continues within 1e-5
 // relative of the single-process run's losses (the reassociation bound of
 // parallel_equivalence_test); and on the writer's own mesh it continues bit for bit.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/mesh.h"
 #include "gtest/gtest.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
@@ -38,6 +40,8 @@ const MeshCase kMeshes[] = {
     {.name = "dp1_micro4", .micro_batch = 4},
     {.name = "pp2_zero_bubble", .pp = 2, .schedule = kZeroBubble},
     {.name = "pp2_interleaved", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2},
+    {.name = "cp4", .cp = 4},
+    {.name = "cp2_zero3", .cp = 2, .zero = 3},
 };
 
 constexpr int64_t kSavedStep = 3;
@@ -72,11 +76,12 @@ GlobalTensors Gather(const config::JobSpec& spec, const testenv::RankRun& run) {
   const config::ParallelismSpec& p = spec.parallelism;
   GlobalTensors global;
   for (int rank = 0; rank < spec.world_size(); ++rank) {
-    const int tp_rank = rank % p.tp, dp_rank = rank / p.tp % p.dp, pp_rank = rank / (p.tp * p.dp);
-    if (dp_rank != 0) continue;  // replicas
+    const config::MeshCoordinates at = config::CoordinatesOf(p, rank);
+    const int tp_rank = at.tp;
+    if (at.dp != 0 || at.cp != 0) continue;  // replicas
     const ParameterLayout local(
         spec.model, tp_rank, p.tp,
-        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, pp_rank));
+        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, at.pp));
     for (const ParamTensor& t : local.tensors()) {
       if (!local.first() && t.name == "wte") continue;  // the tied copy
       int64_t numel = 1;

@@ -4,13 +4,15 @@
 #ifndef TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
 #define TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
 
+#include <algorithm>
+
 #include "config/spec.h"
 
 namespace trainyard::testenv {
 
 struct MeshCase {
   const char* name;
-  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0;
   bool sequence_parallel = false;
   config::PipelineSchedule schedule = config::PipelineSchedule::kOneForwardOneBackward;
   int virtual_stages = 1;
@@ -18,6 +20,7 @@ struct MeshCase {
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
   int micro_batch = 0;  // 0: the spec's
+  int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
 };
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
@@ -27,16 +30,21 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (mesh.untied) spec->model.tied_embeddings = false;
   if (mesh.recompute) spec->model.recompute = true;
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
+  if (mesh.seq_len > 0) {
+    spec->training.seq_len = mesh.seq_len;
+    spec->model.max_seq = std::max(spec->model.max_seq, mesh.seq_len);
+  }
   config::ParallelismSpec& p = spec->parallelism;
   p.dp = mesh.dp;
   p.tp = mesh.tp;
   p.pp = mesh.pp;
+  p.cp = mesh.cp;
   p.zero = mesh.zero;
   p.sequence_parallel = mesh.sequence_parallel;
   p.schedule = mesh.schedule;
   p.virtual_stages = mesh.virtual_stages;
   spec->resources.nodes = 1;
-  spec->resources.devices_per_node = mesh.dp * mesh.tp * mesh.pp;
+  spec->resources.devices_per_node = mesh.dp * mesh.cp * mesh.tp * mesh.pp;
 }
 
 inline constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
@@ -93,6 +101,27 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .schedule = kInterleaved,
      .virtual_stages = 2,
      .layers = 4},
+};
+
+// Context parallelism alone and with every other axis, at a sequence length that is not a power
+// of two (24 tokens: chunks of 6 at cp 2, of 3 at cp 4).
+inline constexpr MeshCase kContextParallelMeshes[] = {
+    {.name = "cp2", .cp = 2, .seq_len = 24},
+    {.name = "cp4", .cp = 4, .seq_len = 24},
+    {.name = "dp2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24},
+    {.name = "dp2_cp2_zero3", .dp = 2, .cp = 2, .zero = 3, .seq_len = 24},
+    {.name = "cp2_tp2", .tp = 2, .cp = 2, .seq_len = 24},
+    {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
+    {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
+    {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},
+    {.name = "cp2_pp2_il",
+     .pp = 2,
+     .cp = 2,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .seq_len = 24},
+    {.name = "cp2_recompute", .cp = 2, .recompute = true, .seq_len = 24},
 };
 
 }  // namespace trainyard::testenv

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/mesh.h"
 #include "gtest/gtest.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
@@ -106,11 +107,12 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   double worst = 0;
   std::string worst_name;
   for (size_t rank = 0; rank < parallel.rank_params.size(); ++rank) {
-    const int dp = spec.parallelism.dp, pp = spec.parallelism.pp;
+    const config::MeshCoordinates at =
+        config::CoordinatesOf(spec.parallelism, static_cast<int>(rank));
     const std::vector<PipelineStage> chunks =
-        StageChunks(spec.model, spec.training.seq_len, pp, spec.parallelism.virtual_stages,
-                    static_cast<int>(rank) / (tp * dp));
-    const ParameterLayout local(spec.model, static_cast<int>(rank) % tp, tp, chunks);
+        StageChunks(spec.model, spec.training.seq_len, spec.parallelism.pp,
+                    spec.parallelism.virtual_stages, at.pp);
+    const ParameterLayout local(spec.model, at.tp, tp, chunks);
     ASSERT_EQ(parallel.rank_params[rank].size(), static_cast<size_t>(local.total()));
     for (const ParamTensor& t : local.tensors()) {
       std::vector<float> expected(t.numel);
@@ -135,10 +137,11 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
     }
   }
   std::printf(
-      "dp %d tp %d pp %d zero %d sp %d %s (%s): final loss %.8f vs %.8f, worst parameter error "
-      "%.2e (%s), rank 0 activations %lld bytes\n",
-      spec.parallelism.dp, spec.parallelism.tp, spec.parallelism.pp, spec.parallelism.zero,
-      spec.parallelism.sequence_parallel ? 1 : 0, config::ScheduleName(spec.parallelism.schedule),
+      "dp %d cp %d tp %d pp %d zero %d sp %d %s (%s): final loss %.8f vs %.8f, worst parameter "
+      "error %.2e (%s), rank 0 activations %lld bytes\n",
+      spec.parallelism.dp, spec.parallelism.cp, spec.parallelism.tp, spec.parallelism.pp,
+      spec.parallelism.zero, spec.parallelism.sequence_parallel ? 1 : 0,
+      config::ScheduleName(spec.parallelism.schedule),
       config::FamilyName(spec.model.family).c_str(), parallel.losses.back(), single.losses.back(),
       worst, worst_name.c_str(),
       static_cast<long long>(parallel.ranks.empty() ? 0 : parallel.ranks[0].memory.activations));
@@ -189,10 +192,19 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ModelParallel,
                                                std::get<1>(info.param).name);
                          });
 
+INSTANTIATE_TEST_SUITE_P(ContextParallel, ModelParallel,
+                         ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
+                                                              config::ModelFamily::kLlama),
+                                            ::testing::ValuesIn(testenv::kContextParallelMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
+                                               std::get<1>(info.param).name);
+                         });
+
 // The validation loss covers the same windows on every mesh (eval_batches global batches, each
 // data-parallel rank its share): a single process without accumulation, dp 2 with ZeRO-3 and
-// accumulation, tp 2 × pp 2, and pp 2 interleaved over two chunks per rank all report it within
-// float error of each other.
+// accumulation, tp 2 × pp 2, cp 2 × tp 2, and pp 2 interleaved over two chunks per rank all report
+// it within float error of each other.
 TEST(ValidationLoss, IsTheSameOnEveryMesh) {
   config::JobSpec spec = BaseJob(config::ModelFamily::kGpt2);
   spec.model.layers = 4;  // two chunks on each of two stages for the interleaved mesh
@@ -208,6 +220,7 @@ TEST(ValidationLoss, IsTheSameOnEveryMesh) {
       {.name = "dp2_zero3", .dp = 2, .zero = 3},
       {.name = "dp4", .dp = 4},
       {.name = "tp2_pp2", .tp = 2, .pp = 2},
+      {.name = "cp2_tp2", .tp = 2, .cp = 2},
       {.name = "il_pp2_v2", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2}};
   for (const MeshCase& mesh : meshes) {
     config::JobSpec parallel = spec;

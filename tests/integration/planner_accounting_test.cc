@@ -2,7 +2,9 @@
 // suite and both model families: memory per kind per rank (TrainResult::memory) within 1%, and
 // the bytes each rank's communicators count, per collective kind, exactly: the data-parallel
 // group of a full training run, the tensor-parallel group of a model's forward and backward pass,
-// the pipeline group of a 1F1B schedule.
+// the pipeline group of a 1F1B schedule. Context-parallel meshes (alone and with every other
+// axis) match exactly in everything: every kind of memory of every rank, ring attention's
+// buffers included, and the bytes of a full training run on every axis, the ring's included.
 //
 // Ranks run as threads of this process with Gloo over loopback (tests/integration/rank_threads.h).
 #include <cstdio>
@@ -117,7 +119,8 @@ TEST_P(PlannerAccounting, MemoryPerKindAndDataParallelBytesMatchTheEngine) {
     // The transient peak is the planner's exactly: a group's staging buffer is freed when the
     // next one is handed over, however late its reduction (worker/parallel/sharded_params.h).
     EXPECT_EQ(result.memory.peak_transient, predicted.transient) << rank;
-    const KindBytes bytes = TotalByKind(DataParallelTraffic(shape, loop, at.dp));
+    const KindBytes bytes =
+        TotalByKind(DataParallelTraffic(shape, loop, DataGroupRank(spec.parallelism, at)));
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       EXPECT_EQ(result.bytes_sent[k], spec.training.steps * bytes[k])
           << rank << " " << worker::parallel::CollectiveName(static_cast<CollectiveKind>(k));
@@ -134,6 +137,53 @@ TEST_P(PlannerAccounting, MemoryPerKindAndDataParallelBytesMatchTheEngine) {
           static_cast<long long>(result.memory.peak_transient),
           static_cast<long long>(predicted.transient),
           static_cast<long long>(TotalBytes(DataParallelTraffic(shape, loop, 0))));
+    }
+  }
+}
+
+class ContextParallelAccounting : public ::testing::TestWithParam<Param> {};
+
+// Every rank of a real training run against the planner, exactly: memory by kind (activations:
+// the slots of seq_len / cp rows and the ring's buffers) and the bytes each of its groups sent
+// over the run (steps × the planner's per-step figures; the loop's scalar sums included).
+TEST_P(ContextParallelAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly) {
+  const auto [family, mesh] = GetParam();
+  const config::JobSpec spec = Job(family, mesh);
+  const testenv::RankRun run = testenv::RunRanks(spec, {.bucket_bytes = kBucketBytes});
+  const LoopOptions loop{.bucket_bytes = kBucketBytes, .agreement_values = 1};
+  const int64_t steps = spec.training.steps;
+  for (int r = 0; r < spec.world_size(); ++r) {
+    ASSERT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
+    const worker::TrainResult& result = *run.results[r];
+    const config::MeshCoordinates at = config::CoordinatesOf(spec.parallelism, r);
+    const RankShape shape = ShapeOf(spec, spec.parallelism, at.pp);
+    const RankMemory predicted = PredictRankMemory(shape, kCpu);
+    const std::string rank = absl::StrCat(mesh.name, " rank ", r);
+    EXPECT_EQ(result.memory.params, predicted.parameters) << rank;
+    EXPECT_EQ(result.memory.grads, predicted.gradients) << rank;
+    EXPECT_EQ(result.memory.optimizer, predicted.optimizer) << rank;
+    EXPECT_EQ(result.memory.activations, predicted.activations) << rank;
+    EXPECT_EQ(result.memory.peak_transient, predicted.transient) << rank;
+    const KindBytes dp =
+        TotalByKind(DataParallelTraffic(shape, loop, DataGroupRank(spec.parallelism, at)));
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      EXPECT_EQ(result.bytes_sent[k], steps * dp[k])
+          << rank << " dp " << worker::parallel::CollectiveName(static_cast<CollectiveKind>(k));
+    }
+    EXPECT_EQ(result.tp_bytes_sent,
+              steps * TotalBytes(TensorParallelTraffic(shape, kCpu, loop, at.tp)))
+        << rank;
+    EXPECT_EQ(result.pp_bytes_sent, steps * (TotalBytes(PipelineTraffic(shape, kCpu, loop, at.pp)) +
+                                             TotalBytes(TiedEmbeddingTraffic(shape))))
+        << rank;
+    EXPECT_EQ(result.cp_bytes_sent, steps * TotalBytes(ContextParallelTraffic(shape, kCpu)))
+        << rank;
+    if (r == 0) {
+      std::printf("%s (%s) rank 0: activations %lld (ring %lld), cp bytes %lld\n", mesh.name,
+                  config::FamilyName(family).c_str(),
+                  static_cast<long long>(result.memory.activations),
+                  static_cast<long long>(RingBufferBytes(shape, kCpu)),
+                  static_cast<long long>(result.cp_bytes_sent));
     }
   }
 }
@@ -167,8 +217,9 @@ std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage
     std::vector<float> host(layout.total());
     layout.Initialize(1, host.data());
     backend->CopyFromHost(source.params(), host.data(), layout.total());
-    auto model = worker::Model::Create(spec.model, backend.get(), &source, &tp, shape.chunks,
-                                       mesh.sequence_parallel);
+    auto model = worker::Model::Create(
+        spec.model, backend.get(), &source,
+        {.tp = &tp, .chunks = shape.chunks, .sequence_parallel = mesh.sequence_parallel});
     ASSERT_TRUE(model.ok()) << model.status();
     const int b = shape.micro, t = spec.training.seq_len;
     std::vector<int32_t> tokens(int64_t{b} * t);
@@ -247,6 +298,10 @@ const auto kFamilies = ::testing::Values(config::ModelFamily::kGpt2, config::Mod
 
 INSTANTIATE_TEST_SUITE_P(Meshes, PlannerAccounting,
                          ::testing::Combine(kFamilies, ::testing::ValuesIn(AllMeshes())), CaseName);
+INSTANTIATE_TEST_SUITE_P(Meshes, ContextParallelAccounting,
+                         ::testing::Combine(kFamilies,
+                                            ::testing::ValuesIn(testenv::kContextParallelMeshes)),
+                         CaseName);
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelAccounting,
                          ::testing::Combine(kFamilies,
                                             ::testing::ValuesIn(MeshesWhere([](const MeshCase& m) {

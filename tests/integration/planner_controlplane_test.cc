@@ -2,6 +2,7 @@
 // connected nodes is refused at submit with the planner's explanation (exit 2); `parallelism:
 // auto` runs on the mesh `trainyard plan` chooses; and at the end `trainyard report` (and
 // `status`) show the prediction beside the measurement with the error of each.
+#include <algorithm>
 #include <regex>
 #include <string>
 
@@ -29,11 +30,12 @@ std::string ChosenMesh(const std::string& json) {
   std::smatch m;
   if (!std::regex_search(
           json, m,
-          std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
+          std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),\"cp\":(\\d+),"
                      "\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":\\d+\\}"))) {
     return "";
   }
-  return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str());
+  return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str(), ",",
+                      m[5].str());
 }
 
 // Submits `spec` and watches it to its end: its job id and its status.
@@ -75,7 +77,8 @@ TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   v1::GetJobReply reply;
   ASSERT_NO_FATAL_FAILURE(RunToTheEnd(cp, spec, &job, &reply));
   const v1::Mesh& ran = reply.attempts(0).mesh();
-  EXPECT_EQ(absl::StrCat(ran.dp(), ",", ran.tp(), ",", ran.pp(), ",", ran.zero_stage()),
+  EXPECT_EQ(absl::StrCat(ran.dp(), ",", ran.tp(), ",", ran.pp(), ",", std::max(1, ran.cp()), ",",
+                         ran.zero_stage()),
             ChosenMesh(plan.out))
       << plan.out;
 

@@ -33,7 +33,7 @@ namespace {
 
 constexpr char kPlanUsage[] =
     "usage: trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device "
-    "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H] "
+    "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P,zero=Z[,cp=C]] [--checkpoint-seconds S --mtbf-hours H] "
     "[--calibrate [--fresh]]";
 
 // The flags of the CLI's other commands that carry a value (skipped when finding the command).
@@ -127,7 +127,7 @@ absl::StatusOr<double> PositiveNumber(const PlanFlags& flags, const std::string&
   return value;
 }
 
-// "dp=2,tp=4,pp=1,zero=1": dp, tp and pp required, zero defaulting to the spec's.
+// "dp=2,tp=4,pp=1,zero=1": dp, tp and pp required, zero defaulting to the spec's, cp to 1.
 absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
                                                   const config::ParallelismSpec& spec_mesh) {
   config::ParallelismSpec mesh;
@@ -137,14 +137,14 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   mesh.virtual_stages = spec_mesh.virtual_stages;
   mesh.automatic_schedule = spec_mesh.automatic_schedule;
   std::map<std::string, int*> fields = {
-      {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}};
+      {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}, {"cp", &mesh.cp}};
   std::map<std::string, bool> seen;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::pair<std::string, std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     auto field = fields.find(kv.first);
     if (field == fields.end() || !absl::SimpleAtoi(kv.second, field->second) || seen[kv.first]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--mesh: expected dp=D,tp=T,pp=P[,zero=Z], got '", text, "'"));
+          absl::StrCat("--mesh: expected dp=D,tp=T,pp=P[,zero=Z][,cp=C], got '", text, "'"));
     }
     seen[kv.first] = true;
   }

@@ -1,5 +1,6 @@
 #include "tools/cli/plan_output.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,8 @@ std::string CandidateJson(const planner::Candidate& c) {
   const planner::RankMemory& m = c.memory;
   return absl::StrCat(
       "{\"mesh\":{\"dp\":", c.mesh.dp, ",\"tp\":", c.mesh.tp, ",\"pp\":", c.mesh.pp,
-      ",\"zero\":", c.mesh.zero, ",\"schedule\":\"", config::ScheduleName(c.mesh.schedule),
-      "\",\"virtual_stages\":", c.mesh.virtual_stages,
+      ",\"cp\":", c.mesh.cp, ",\"zero\":", c.mesh.zero, ",\"schedule\":\"",
+      config::ScheduleName(c.mesh.schedule), "\",\"virtual_stages\":", c.mesh.virtual_stages,
       "},\"memory_bytes\":{\"parameters\":", m.parameters, ",\"gradients\":", m.gradients,
       ",\"optimizer\":", m.optimizer, ",\"activations\":", m.activations, ",\"other\":", m.other(),
       ",\"total\":", m.total(), "},\"fits\":", c.fits ? "true" : "false",
@@ -27,7 +28,7 @@ std::string CandidateJson(const planner::Candidate& c) {
       ",\"communication\":", Number(c.step.communication), ",\"bubble\":", Number(c.step.bubble),
       ",\"total\":", Number(c.step.total), "},\"bubble_fraction\":", Number(c.bubble_fraction),
       ",\"communication_bytes\":{\"dp\":", c.bytes_dp, ",\"tp\":", c.bytes_tp,
-      ",\"pp\":", c.bytes_pp, "},\"mfu\":", Number(c.mfu), "}");
+      ",\"pp\":", c.bytes_pp, ",\"cp\":", c.bytes_cp, "},\"mfu\":", Number(c.mfu), "}");
 }
 
 std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", bytes / double{1 << 30}); }
@@ -70,6 +71,13 @@ std::string ScheduleLabel(const config::ParallelismSpec& mesh) {
   return "";
 }
 
+// The table's mesh: "dp2 tp1 pp1 z0", "dp1 cp2 tp1 pp1 z0" with context parallelism.
+std::string MeshLabel(const config::ParallelismSpec& mesh) {
+  return absl::StrFormat("dp%d%s tp%d pp%d z%d%s", mesh.dp,
+                         mesh.cp > 1 ? absl::StrCat(" cp", mesh.cp) : "", mesh.tp, mesh.pp,
+                         mesh.zero, ScheduleLabel(mesh));
+}
+
 }  // namespace
 
 std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
@@ -80,20 +88,23 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
       spec.name, config::FamilyName(model.family), model.layers, model.width,
       model.ParameterCount() / 1e6, spec.training.batch, spec.training.seq_len, plan.nodes,
       plan.devices_per_node, plan.device.description);
+  // Ring attention's bytes only where some candidate splits the sequences.
+  const bool any_cp = std::any_of(plan.candidates.begin(), plan.candidates.end(),
+                                  [](const planner::Candidate& c) { return c.mesh.cp > 1; });
   std::vector<std::vector<std::string>> rows = {
       {"mesh", "GiB/rank", "params", "grads", "optim", "activ", "other", "fits", "step", "compute",
        "comm", "bubble", "tok/s", "MFU", "dp bytes", "tp bytes", "pp bytes"}};
+  if (any_cp) rows.front().push_back("cp bytes");
   for (const planner::Candidate& c : plan.candidates) {
     const planner::RankMemory& m = c.memory;
-    rows.push_back({absl::StrFormat("dp%d tp%d pp%d z%d%s", c.mesh.dp, c.mesh.tp, c.mesh.pp,
-                                    c.mesh.zero, ScheduleLabel(c.mesh)),
-                    Gib(m.total()), Gib(m.parameters), Gib(m.gradients), Gib(m.optimizer),
-                    Gib(m.activations), Gib(m.other()), c.fits ? "yes" : "NO",
+    rows.push_back({MeshLabel(c.mesh), Gib(m.total()), Gib(m.parameters), Gib(m.gradients),
+                    Gib(m.optimizer), Gib(m.activations), Gib(m.other()), c.fits ? "yes" : "NO",
                     planner::HumanSeconds(c.step.total), planner::HumanSeconds(c.step.compute),
                     planner::HumanSeconds(c.step.communication),
                     planner::HumanSeconds(c.step.bubble), FormatCount(c.tokens_per_second),
                     absl::StrFormat("%.1f%%", 100 * c.mfu), planner::HumanBytes(c.bytes_dp),
                     planner::HumanBytes(c.bytes_tp), planner::HumanBytes(c.bytes_pp)});
+    if (any_cp) rows.back().push_back(planner::HumanBytes(c.bytes_cp));
   }
   absl::StrAppend(&out, "\n", Table(rows), "\n");
   // One sentence per line: each ends with ". " before the next mesh's name or the end.

@@ -42,6 +42,7 @@ absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankC
   p.tp_rank = at.tp;
   p.dp_rank = at.dp;
   p.pp_rank = at.pp;
+  p.cp_rank = at.cp;
   p.micro_batches = p.per_rank / p.micro;
   return p;
 }
@@ -84,8 +85,8 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
 #endif
   };
   const config::ParallelismSpec& mesh = spec.parallelism;
-  auto global = [&](int pp, int dp, int tp) {
-    return config::RankAt(mesh, {.dp = dp, .tp = tp, .pp = pp});
+  auto global = [&](int pp, int dp, int tp, int cp) {
+    return config::RankAt(mesh, {.dp = dp, .tp = tp, .pp = pp, .cp = cp});
   };
   auto members = [](int size, const std::function<int(int)>& of) {
     std::vector<int> ranks(size);
@@ -94,23 +95,36 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
   };
   ParallelDims g;
   g.at = at;
+  const int cp = mesh.cp;
+  // Without context parallelism (cp 1) the group names carry no cp coordinate.
+  const std::string cp_at = cp == 1 ? "" : absl::StrCat(".cp", at.cp_rank);
   TY_ASSIGN_OR_RETURN(
-      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank), at.dp_rank, mesh.dp,
-                    members(mesh.dp, [&](int d) { return global(at.pp_rank, d, at.tp_rank); })));
+      g.dp, connect(absl::StrCat("dp.tp", at.tp_rank, ".pp", at.pp_rank),
+                    at.dp_rank * cp + at.cp_rank, mesh.dp * cp, members(mesh.dp * cp, [&](int i) {
+                      return global(at.pp_rank, i / cp, at.tp_rank, i % cp);
+                    })));
+  TY_ASSIGN_OR_RETURN(g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank, cp_at),
+                                    at.tp_rank, mesh.tp, members(mesh.tp, [&](int t) {
+                                      return global(at.pp_rank, at.dp_rank, t, at.cp_rank);
+                                    })));
+  TY_ASSIGN_OR_RETURN(g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank, cp_at),
+                                    at.pp_rank, mesh.pp, members(mesh.pp, [&](int p) {
+                                      return global(p, at.dp_rank, at.tp_rank, at.cp_rank);
+                                    })));
   TY_ASSIGN_OR_RETURN(
-      g.tp, connect(absl::StrCat("tp.dp", at.dp_rank, ".pp", at.pp_rank), at.tp_rank, mesh.tp,
-                    members(mesh.tp, [&](int t) { return global(at.pp_rank, at.dp_rank, t); })));
-  TY_ASSIGN_OR_RETURN(
-      g.pp, connect(absl::StrCat("pp.dp", at.dp_rank, ".tp", at.tp_rank), at.pp_rank, mesh.pp,
-                    members(mesh.pp, [&](int p) { return global(p, at.dp_rank, at.tp_rank); })));
+      g.cp, connect(absl::StrCat("cp.dp", at.dp_rank, ".tp", at.tp_rank, ".pp", at.pp_rank),
+                    at.cp_rank, cp, members(cp, [&](int c) {
+                      return global(at.pp_rank, at.dp_rank, at.tp_rank, c);
+                    })));
   g.chunks =
       StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, at.pp_rank);
   const bool first = g.chunks.front().first, last = g.chunks.back().last;
   if (mesh.pp > 1 && spec.model.tied_embeddings && (first || last)) {
     TY_ASSIGN_OR_RETURN(
         g.tied,
-        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank), first ? 0 : 1, 2,
-                {global(0, at.dp_rank, at.tp_rank), global(mesh.pp - 1, at.dp_rank, at.tp_rank)}));
+        connect(absl::StrCat("tie.dp", at.dp_rank, ".tp", at.tp_rank, cp_at), first ? 0 : 1, 2,
+                {global(0, at.dp_rank, at.tp_rank, at.cp_rank),
+                 global(mesh.pp - 1, at.dp_rank, at.tp_rank, at.cp_rank)}));
   }
   return g;
 }

@@ -18,10 +18,11 @@
 
 namespace trainyard::worker {
 
-// Where a rank sits in the mesh, tensor-parallel innermost:
-// rank = (pp_rank · dp + dp_rank) · tp + tp_rank; and its share of the global batch.
+// Where a rank sits in the mesh, tensor-parallel innermost, then context-parallel:
+// rank = ((pp_rank · dp + dp_rank) · cp + cp_rank) · tp + tp_rank; and its share of the global
+// batch (the cp ranks of a data-parallel rank share its sequences).
 struct MeshPosition {
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;
   int micro = 0;          // sequences per micro-batch
   int per_rank = 0;       // sequences per step on this data-parallel rank
   int micro_batches = 0;  // per step
@@ -39,8 +40,11 @@ struct ParallelDims {
   // (worker/shape/stages.h: StageChunks).
   std::vector<PipelineStage> chunks;
   // One process group per mesh axis: the ranks that differ from this one in that coordinate
-  // only (a group of one where the degree is 1).
-  std::unique_ptr<parallel::Communicator> dp, tp, pp;
+  // only (a group of one where the degree is 1) — except `dp`, which holds the ranks that differ
+  // in their data- or context-parallel coordinate: every rank with the same parameters, whose
+  // gradients are summed and whose ZeRO shards split them (group rank dp_rank · cp + cp_rank).
+  // With cp 1 that is the data-parallel group.
+  std::unique_ptr<parallel::Communicator> dp, tp, pp, cp;
   // The first and last pipeline stage of a tied embedding (pp > 1), whose two copies' gradients
   // are summed each step; null elsewhere.
   std::unique_ptr<parallel::Communicator> tied;

@@ -173,9 +173,10 @@ TEST_F(PlanCommand, JsonHasTheDocumentedShape) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " in " << json;
   }
   ASSERT_EQ(Run({SpecWithResources(), "--json", "--mesh", "dp=2,tp=1,pp=1,zero=1"}), 0);
-  EXPECT_TRUE(absl::StrContains(out_.str(),
-                                "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"zero\":1,\"schedule\":"
-                                "\"1f1b\",\"virtual_stages\":1}"));
+  EXPECT_TRUE(
+      absl::StrContains(out_.str(),
+                        "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"cp\":1,\"zero\":1,\"schedule\":"
+                        "\"1f1b\",\"virtual_stages\":1}"));
   EXPECT_TRUE(absl::StrContains(out_.str(), "\"young_daly\":null"));
 }
 
@@ -188,7 +189,8 @@ TEST_F(PlanCommand, CandidatesShowTheirPipelineSchedule) {
             "resources: {nodes: 1, devices_per_node: 2}\n");
   ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=1,tp=1,pp=2"}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(
-      out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"zero-bubble\",\"virtual_stages\":1}"))
+      out_.str(),
+      "\"pp\":2,\"cp\":1,\"zero\":0,\"schedule\":\"zero-bubble\",\"virtual_stages\":1}"))
       << out_.str();
   ASSERT_EQ(Run({spec}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp2 z0 zb")) << out_.str();
@@ -204,12 +206,37 @@ TEST_F(PlanCommand, InterleavedCandidatesShowTheirVirtualStages) {
             "virtual_stages: 2}\nresources: {nodes: 1, devices_per_node: 4}\n");
   ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=2,tp=1,pp=2"}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(
-      out_.str(), "\"pp\":2,\"zero\":0,\"schedule\":\"interleaved\",\"virtual_stages\":2}"))
+      out_.str(),
+      "\"pp\":2,\"cp\":1,\"zero\":0,\"schedule\":\"interleaved\",\"virtual_stages\":2}"))
       << out_.str();
   ASSERT_EQ(Run({spec}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 tp1 pp2 z0 i2")) << out_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp4 z0 ")) << out_.str();  // 4 layers, pp 4
   EXPECT_FALSE(absl::StrContains(out_.str(), "pp4 z0 i2")) << out_.str();
+}
+
+// CPU ranks are also planned with context parallelism where the sequence splits: the table names
+// cp and adds ring attention's bytes, the JSON has "cp" in every mesh and its bytes; a GPU job's
+// table has neither (the CUDA backend has no ring attention), and `--mesh` takes cp.
+TEST_F(PlanCommand, ContextParallelMeshesOnCpuOnly) {
+  ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 cp2 tp1 pp1 z0 ")) << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), " cp bytes")) << out_.str();
+  ASSERT_EQ(Run({SpecWithResources(), "--json", "--mesh", "dp=1,tp=1,pp=1,cp=2"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"mesh\":{\"dp\":1,\"tp\":1,\"pp\":1,\"cp\":2,"))
+      << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"pp\":0,\"cp\":") &&
+              !absl::StrContains(out_.str(), "\"pp\":0,\"cp\":0}"))
+      << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"explanation\":\"Chose dp 1 × cp 2 × tp 1 × pp 1"))
+      << out_.str();
+
+  const std::string gpu = Write(
+      "gpu.yaml", std::string(kSpec) + "resources: {nodes: 1, devices_per_node: 2, kind: gpu}\n");
+  ASSERT_EQ(Run({gpu}), 0) << err_.str();
+  EXPECT_FALSE(absl::StrContains(out_.str(), " cp")) << out_.str();
+  ExpectBadInput({gpu, "--mesh", "dp=1,tp=1,pp=1,cp=2"}, "--mesh: parallelism.cp");
+  ExpectBadInput({SpecWithResources(), "--mesh", "dp=1,tp=1,pp=1,cp=3"}, "--mesh: parallelism");
 }
 
 TEST_F(PlanCommand, HumanOutputNamesTheChoice) {

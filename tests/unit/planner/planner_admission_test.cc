@@ -164,5 +164,32 @@ TEST(PlannerRunReport, ShowsPredictedMeasuredAndTheErrorOfEach) {
   EXPECT_EQ(c.predicted.bytes_pp, 0);
 }
 
+// A cp mesh's report has ring attention's row; a mesh without context parallelism none.
+TEST(PlannerRunReport, ContextParallelMeshesShowTheRingsBytes) {
+  config::JobSpec spec = Gpt2Debug(2);
+  spec.parallelism.dp = 1;
+  spec.parallelism.cp = 2;
+  RunComparison c;
+  c.mesh = spec.parallelism;
+  c.device = "cpu";
+  c.steps = 2;
+  c.predicted = PredictRun(spec, DeviceWith(int64_t{1} << 40), {}, 1);
+  c.measured = c.predicted;
+  EXPECT_GT(c.predicted.bytes_cp, 0);
+  EXPECT_GT(c.predicted.bytes_dp, 0);  // the gradients' sum over the two cp ranks
+  const std::string text = ComparisonText(c);
+  EXPECT_THAT(text, HasSubstr("predicted vs measured: dp 1 × cp 2 × tp 1 × pp 1, ZeRO-0"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("bytes sent cp +[0-9]+ +[0-9]+ +\\+0\\.0%"));
+  EXPECT_EQ(FromProto(ToProto(c)).mesh.cp, 2);
+  EXPECT_THAT(ComparisonText(FromProto(ToProto(c))), HasSubstr("dp 1 × cp 2"));
+
+  spec.parallelism.dp = 2;
+  spec.parallelism.cp = 1;
+  c.mesh = spec.parallelism;
+  c.predicted = c.measured = PredictRun(spec, DeviceWith(int64_t{1} << 40), {}, 0);
+  EXPECT_EQ(c.predicted.bytes_cp, 0);
+  EXPECT_THAT(ComparisonText(c), ::testing::Not(HasSubstr("bytes sent cp")));
+}
+
 }  // namespace
 }  // namespace trainyard::planner

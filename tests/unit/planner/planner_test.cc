@@ -1,6 +1,8 @@
 // The planner's arithmetic against values worked out by hand here: the 1F1B bubble, PaLM's FLOP
 // count, Young–Daly, the ZeRO sharding factors and their padding, ring bytes, the engine's limits
-// on meshes, the choice and its explanation, and the device profiles.
+// on meshes, the choice and its explanation, the device profiles, and context parallelism (its
+// activations, ring buffers and traffic, the ring's overlap with attention, and when it is
+// chosen).
 #include "planner/planner.h"
 
 #include <cmath>
@@ -172,7 +174,7 @@ TEST(Meshes, EngineLimitsAreApplied) {
   for (const config::ParallelismSpec& mesh : ValidMeshes(spec)) {
     EXPECT_EQ(mesh.world_size(), 4);
     EXPECT_FALSE(mesh.pp > 1 && mesh.zero >= 2);
-    EXPECT_FALSE(mesh.dp == 1 && mesh.zero > 0);
+    EXPECT_FALSE(mesh.dp * mesh.cp == 1 && mesh.zero > 0);  // ZeRO shards over dp · cp
   }
 }
 
@@ -599,6 +601,203 @@ TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
   const Candidate two_alone = Evaluate(spec, Mesh(1, 1, 2, 0), faster_alone, LoopOptions{});
   EXPECT_DOUBLE_EQ(two.step.total, two_alone.step.total);
   EXPECT_DOUBLE_EQ(two.step.bubble, two_alone.step.bubble);
+}
+
+config::ParallelismSpec ContextMesh(int dp, int cp, int tp, int zero) {
+  config::ParallelismSpec m = Mesh(dp, tp, 1, zero);
+  m.cp = cp;
+  return m;
+}
+
+// A rank of cp ranks holds seq_len / cp tokens of every sequence: each per-row buffer of a
+// micro-batch's slot has 1/cp of the rows, so the slot is the cp 1 slot / cp exactly (32 tokens
+// split into 2 · cp chunks; 64 rows of logits fit in one chunk at every cp). Ring attention's
+// buffers come once per rank, on top.
+TEST(ContextParallel, ActivationsFallAsOneOverCp) {
+  for (const char* preset : {"gpt2-debug", "llama-debug"}) {
+    for (int tp : {1, 2}) {
+      config::JobSpec spec = Gpt2Debug(4);
+      spec.model = *config::Preset(preset);
+      spec.training.micro_batch = 2;
+      const int64_t slot = ActivationSlotBytes(ShapeOf(spec, ContextMesh(4 / tp, 1, tp, 0), 0), {});
+      const RankMemory base =
+          PredictRankMemory(ShapeOf(spec, ContextMesh(4 / tp, 1, tp, 0), 0), {});
+      EXPECT_EQ(base.activations, slot);  // no ring at cp 1
+      for (int cp : {2, 4}) {
+        if (cp * tp > 4) continue;
+        const RankShape shape = ShapeOf(spec, ContextMesh(4 / tp / cp, cp, tp, 0), 0);
+        EXPECT_EQ(shape.local_seq, 32 / cp);
+        EXPECT_EQ(cp * ActivationSlotBytes(shape, {}), slot)
+            << preset << " tp " << tp << " cp " << cp;
+        EXPECT_EQ(PredictRankMemory(shape, {}).activations, slot / cp + RingBufferBytes(shape, {}));
+      }
+    }
+  }
+}
+
+// The ring's buffers by hand, for 2 sequences of 32 tokens: at cp 2 a rank holds n = 32 rows.
+// gpt2-debug (4 heads, head_dim 16): keys and values kv = 32 · 2 · 4 · 16 = 4096 elements, five
+// such buffers, a partial result of 16 · 4 · 16 = 1024 elements and its 16 · 4 log-sum-exps.
+// llama-debug (4 heads, 2 key/value heads) over tp 2: kv = 32 · 2 · 1 · 16 = 1024, partial
+// 16 · 2 · 16 = 512, lse 16 · 2.
+TEST(ContextParallel, RingBufferBytesByHand) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.training.micro_batch = 2;
+  EXPECT_EQ(RingBufferBytes(ShapeOf(spec, ContextMesh(2, 2, 1, 0), 0), {}),
+            (5 * 4096 + 1024) * 4 + 4 * 64);
+  EXPECT_EQ(RingBufferBytes(ShapeOf(spec, ContextMesh(2, 2, 1, 0), 0), {.act_bytes = 2}),
+            (5 * 4096 + 1024) * 2 + 4 * 64);
+  EXPECT_EQ(RingBufferBytes(ShapeOf(spec, ContextMesh(4, 1, 1, 0), 0), {}), 0);
+  spec.model = *config::Preset("llama-debug");
+  EXPECT_EQ(RingBufferBytes(ShapeOf(spec, ContextMesh(1, 2, 2, 0), 0), {}),
+            (5 * 1024 + 512) * 4 + 4 * 32);
+}
+
+// ZeRO and the gradient sums run over the dp · cp ranks that hold the same parameters: dp 1 ×
+// cp 2 shards and reduces exactly as dp 2 does.
+TEST(ContextParallel, ZeroAndDataParallelTrafficSpanDpTimesCp) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.training.micro_batch = 2;
+  const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
+  for (int zero : {0, 1, 2, 3}) {
+    const RankShape cp = ShapeOf(spec, ContextMesh(2, 2, 1, zero), 0);
+    const RankShape dp = ShapeOf(spec, ContextMesh(4, 1, 1, zero), 0);
+    const RankMemory cp_memory = PredictRankMemory(cp, {}), dp_memory = PredictRankMemory(dp, {});
+    EXPECT_EQ(cp_memory.parameters, dp_memory.parameters) << "ZeRO-" << zero;
+    EXPECT_EQ(cp_memory.gradients, dp_memory.gradients) << "ZeRO-" << zero;
+    EXPECT_EQ(cp_memory.optimizer, dp_memory.optimizer) << "ZeRO-" << zero;
+    // dp 4 runs half the micro-batches of dp 2 × cp 2 (each rank its own sequences).
+    if (zero <= 1) {
+      EXPECT_EQ(TotalBytes(DataParallelTraffic(cp, loop, 3)),
+                TotalBytes(DataParallelTraffic(dp, loop, 3)));
+    }
+  }
+  // The group rank of dp 1, cp 1 of dp 2 × cp 2: 1 · 2 + 1.
+  EXPECT_EQ(DataGroupRank(ContextMesh(2, 2, 1, 0), {.dp = 1, .cp = 1}), 3);
+  EXPECT_EQ(ShapeOf(spec, ContextMesh(1, 4, 1, 1), 0).chunk(0), (kEmbeddings + 3) / 4);
+}
+
+// Per block and micro-batch the keys and values go round cp − 1 times forward and cp − 1 times
+// backward, their gradients cp times (recomputation: the forward's again). gpt2-debug, micro 2,
+// 4 micro-batches of 2 layers: at cp 2 kv = 2 · 16 · 2 · 4 · 16 = 4096 floats, 1 + 1 + 2 sends;
+// at cp 4 kv = 2 · 8 · 2 · 4 · 16 = 2048 floats, 3 + 3 + 4 sends.
+TEST(ContextParallel, RingBytesByHand) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.training.micro_batch = 2;
+  const BackendShape cpu{};
+  const RankShape cp2 = ShapeOf(spec, ContextMesh(1, 2, 1, 0), 0);
+  ASSERT_EQ(cp2.micro_batches, 4);
+  EXPECT_EQ(RingKeyValueElements(cp2), 4096);
+  EXPECT_EQ(TotalBytes(ContextParallelTraffic(cp2, cpu)), 4 * 2 * (1 + 1 + 2) * 4096 * 4);
+  EXPECT_EQ(TotalBytes(ContextParallelTraffic(ShapeOf(spec, ContextMesh(1, 4, 1, 0), 0), cpu)),
+            4 * 2 * (3 + 3 + 4) * 2048 * 4);
+  spec.model.recompute = true;
+  EXPECT_EQ(TotalBytes(ContextParallelTraffic(ShapeOf(spec, ContextMesh(1, 2, 1, 0), 0), cpu)),
+            4 * 2 * (1 + 1 + 1 + 2) * 4096 * 4);
+  EXPECT_TRUE(ContextParallelTraffic(ShapeOf(spec, ContextMesh(4, 1, 1, 0), 0), cpu).empty());
+}
+
+// The ring's transfers hide behind attention per ring step: exposed is what a step's transfers
+// take beyond its 1/cp of the block's attention; the gradient's last hop to its owner is always
+// exposed. By hand for cp 4, with t one transfer, a the block's forward attention:
+// forward 3·max(0, t − a/4), backward 2·max(0, t − 2a/4) + 2·max(0, 2t − 2a/4) + t, per block
+// and micro-batch.
+TEST(ContextParallel, RingTransfersHideBehindAttention) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.training.micro_batch = 2;
+  const config::ParallelismSpec mesh = ContextMesh(1, 4, 1, 0);
+  const RankShape shape = ShapeOf(spec, mesh, 0);
+  DeviceProfile device = *PublishedProfile("h100");
+  device.matmul_flops = 1e9;  // a block's attention: 4 · 64 · 32 · 16 FLOPs, 131 µs
+  const double bytes = RingKeyValueElements(shape) * device.act_bytes;
+  const double a = 4.0 * 64 * 32 * shape.rows() / device.matmul_flops;
+  auto exposed = [&](double t) {
+    const double forward = 3 * std::max(0.0, t - a / 4);
+    const double backward = 2 * std::max(0.0, t - a / 2) + 2 * std::max(0.0, 2 * t - a / 2) + t;
+    return shape.micro_batches * shape.layers() * (forward + backward);
+  };
+  for (double bytes_per_second : {1e3, 1e15}) {  // transfers far slower, then far faster
+    device.intra_node = Link{.alpha_seconds = 1e-9, .bytes_per_second = bytes_per_second};
+    const double t = 1e-9 + bytes / bytes_per_second;
+    const Candidate c = Evaluate(spec, mesh, device, LoopOptions{});
+    EXPECT_NEAR(c.exposed.cp, exposed(t), 1e-9 * exposed(t)) << bytes_per_second;
+    EXPECT_EQ(c.bytes_cp, TotalBytes(ContextParallelTraffic(shape, {.act_bytes = 2})));
+  }
+  // Fast links: only the last gradient hop of each block is left.
+  EXPECT_NEAR(Evaluate(spec, mesh, device, LoopOptions{}).exposed.cp,
+              shape.micro_batches * shape.layers() * (1e-9 + bytes / 1e15), 1e-15);
+}
+
+// A rank's compute under cp: its seq_len / cp tokens, each attending over the whole sequence,
+// so exactly 1/cp of the cp 1 rank's FLOPs for the same micro-batch.
+TEST(ContextParallel, ComputeIsTheLocalTokensShare) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.training.micro_batch = 2;
+  const MicroBatchWork whole = WorkOf(ShapeOf(spec, ContextMesh(4, 1, 1, 0), 0), {});
+  const MicroBatchWork half = WorkOf(ShapeOf(spec, ContextMesh(2, 2, 1, 0), 0), {});
+  EXPECT_DOUBLE_EQ(2 * half.forward_flops, whole.forward_flops);
+  EXPECT_DOUBLE_EQ(2 * half.backward_flops, whole.backward_flops);
+}
+
+// A sequence too long for any mesh without context parallelism: the planner splits it (cp 2),
+// and says why; with memory to spare it keeps cp 1, which the ring only slows. GPU resources
+// never get cp > 1 (the CUDA backend has no ring attention).
+TEST(ContextParallel, ChosenForASequenceThatFitsNoOtherWay) {
+  PlanRequest request;
+  request.spec = Gpt2Debug(2);
+  request.spec.model.max_seq = 4096;
+  request.spec.training.seq_len = 4096;
+  request.spec.training.batch = 2;
+  request.spec.training.micro_batch = 1;
+  request.device = SharedCpu();
+  request.device.memory_bytes = int64_t{64} << 30;
+  absl::StatusOr<Plan> roomy = MakePlan(request);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ASSERT_TRUE(roomy->chosen.has_value());
+  EXPECT_EQ(roomy->candidates[*roomy->chosen].mesh.cp, 1) << roomy->explanation;
+  int64_t without = INT64_MAX, with = INT64_MAX;
+  for (const Candidate& c : roomy->candidates) {
+    (c.mesh.cp == 1 ? without : with) = std::min(c.mesh.cp == 1 ? without : with, c.memory.total());
+  }
+  ASSERT_LT(with, without) << "cp 2 halves the activations of the longest sequence";
+
+  request.device.memory_bytes = 2 * with;  // two ranks share the node: `with` per rank
+  absl::StatusOr<Plan> tight = MakePlan(request);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(tight->chosen.has_value()) << tight->explanation;
+  const Candidate& chosen = tight->candidates[*tight->chosen];
+  EXPECT_EQ(chosen.mesh.cp, 2);
+  EXPECT_GT(chosen.bytes_cp, 0);
+  EXPECT_EQ(tight->explanation.rfind("Chose dp 1 × cp 2 × tp 1 × pp 1", 0), 0u)
+      << tight->explanation;
+  EXPECT_NE(tight->explanation.find("Context parallelism: cp 2 splits each sequence of 4096 "
+                                    "tokens over 2 ranks (2048 each)"),
+            std::string::npos)
+      << tight->explanation;
+  EXPECT_NE(tight->explanation.find("without it no mesh fits"), std::string::npos)
+      << tight->explanation;
+
+  request.spec.resources.kind = config::DeviceKind::kGpu;
+  for (const config::ParallelismSpec& mesh : ValidMeshes(request.spec)) EXPECT_EQ(mesh.cp, 1);
+  absl::StatusOr<Plan> gpu = MakePlan(request);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_FALSE(gpu->chosen.has_value()) << gpu->explanation;
+  request.mesh = ContextMesh(1, 2, 1, 0);
+  absl::StatusOr<Plan> refused = MakePlan(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("parallelism.cp"), std::string::npos)
+      << refused.status();
+}
+
+// cp is one of the degrees of the world's split, only where the sequence splits into 2 · cp.
+TEST(ContextParallel, DegreesDivideTheWorldAndTheSequence) {
+  config::JobSpec spec = Gpt2Debug(4);
+  EXPECT_EQ(ContextParallelDegrees(spec), (std::vector<int>{1, 2, 4}));
+  spec.training.seq_len = 36;  // 36 = 2 · 18: cp 2 only (36 % 8 ≠ 0)
+  spec.model.max_seq = 64;
+  EXPECT_EQ(ContextParallelDegrees(spec), (std::vector<int>{1, 2}));
+  spec.resources.kind = config::DeviceKind::kGpu;
+  EXPECT_EQ(ContextParallelDegrees(spec), (std::vector<int>{1}));
 }
 
 }  // namespace

@@ -156,12 +156,12 @@ TEST_F(GradCheck, Rope) {
   const int64_t n = s.batch * s.seq * (s.heads + 2 * s.kv_heads) * s.head_dim;
   auto fwd = [&](const Tensors& in) {
     std::vector<float> x = in[0];
-    be_->Rope(A(x.data()), s, 10000.0f);
+    be_->Rope(A(x.data()), s, 10000.0f, 0);
     return x;
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{dout};
-    be_->RopeBackward(A(g[0].data()), s, 10000.0f);
+    be_->RopeBackward(A(g[0].data()), s, 10000.0f, 0);
     return g;
   };
   CheckGradients("rope", {Random(n, rng_)}, fwd, bwd);
