@@ -293,15 +293,30 @@ def report_table(meshes, runs, predictions, calibrations):
     return table, worst, [tuple(w) for w in single_worst]
 
 
-def write_report(args, text, raw):
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+def machine_name():
+    """'AMD EPYC ..., 2 cores': the CPU's model name and core count."""
+    cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                machine = f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-                break
-    except OSError:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
         pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def write_benchmark_report(path, title, script, text, raw):
+    """A benchmark's Markdown report: title, machine, command, its tables, the raw output."""
+    command = f"python3 bench/{script} " + " ".join(sys.argv[1:])
+    with open(path, "w") as f:
+        f.write(f"# {title}\n\n")
+        f.write(f"Machine: {machine_name()}. Command (from the build folder's parent): "
+                f"`{command.strip()}`.\n\n")
+        f.write(text)
+        f.write("\n## Raw output\n\n```\n" + "\n".join(raw) + "```\n")
+
+
+def write_report(args, text, raw):
+    machine = machine_name()
     profile = ("the stored cpu profile" if args.no_calibrate else
                f"the median of {args.rounds} calibrations, one before each round")
     with open(args.out, "w") as f:

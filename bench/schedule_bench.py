@@ -22,7 +22,6 @@ raw output. Run it alone: the step times are the machine's.
 """
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -95,22 +94,6 @@ def table(stages, results):
     return lines
 
 
-def write_report(args, text, raw):
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    command = "python3 bench/schedule_bench.py " + " ".join(sys.argv[1:])
-    with open(args.out, "w") as f:
-        f.write("# Pipeline schedules on CPU ranks: 1F1B, interleaved 1F1B and ZB-H1\n\n")
-        f.write(f"Machine: {cpu}, {os.cpu_count()} cores. Command (from the build folder's "
-                f"parent): `{command}`.\n\n")
-        f.write(text)
-        f.write("\n## Raw output\n\n```\n" + "\n".join(raw) + "```\n")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -148,7 +131,9 @@ def main():
         "", f"machine load: other processes kept {max(loads):.2f} cores busy at most during a run "
         f"(of {os.cpu_count()} cores)"]) + "\n"
     print(text)
-    write_report(args, text, raw)
+    common.write_benchmark_report(
+        args.out, "Pipeline schedules on CPU ranks: 1F1B, interleaved 1F1B and ZB-H1",
+        "schedule_bench.py", text, raw)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
-#include "common/logging.h"
 #include "worker/buffer.h"
 
 namespace trainyard::worker {
@@ -162,34 +161,26 @@ class Backend {
   virtual void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                  const float* lse, const AttentionShape& s) = 0;
 
-  // Ring attention (context parallelism), built on the CPU backend only: the engine refuses a
-  // context-parallel mesh on other backends, so these defaults abort.
+  // Ring attention (context parallelism, worker/context_parallel.h): blocks of attention with
+  // their log-sum-exps, merged.
   //
   // out [batch, q_len, heads·d] (overwritten, rows contiguous), lse [batch, heads, q_len]: the
   // block's own softmax-normalised output and log-sum-exp.
-  virtual void AttentionBlock(Act* /*out*/, float* /*lse*/, const Act* /*q*/, const Act* /*k*/,
-                              const Act* /*v*/, const AttentionBlockShape& /*s*/) {
-    NotBuilt("AttentionBlock");
-  }
+  virtual void AttentionBlock(Act* out, float* lse, const Act* q, const Act* k, const Act* v,
+                              const AttentionBlockShape& s) = 0;
   // (out, lse) ← the attention over both key sets, from the two partial results:
   // lse' = log(e^lse + e^part_lse), out = out·e^(lse − lse') + part·e^(part_lse − lse').
   // out and part [batch, q_len, heads·d], lse and part_lse [batch, heads, q_len]. A row with
   // lse = −∞ (no keys yet) takes part's row.
-  virtual void AttentionMerge(Act* /*out*/, float* /*lse*/, const Act* /*part*/,
-                              const float* /*part_lse*/, int64_t /*batch*/, int64_t /*q_len*/,
-                              int64_t /*heads*/, int64_t /*head_dim*/) {
-    NotBuilt("AttentionMerge");
-  }
+  virtual void AttentionMerge(Act* out, float* lse, const Act* part, const float* part_lse,
+                              int64_t batch, int64_t q_len, int64_t heads, int64_t head_dim) = 0;
   // The block's share of the backward, given the *merged* out and lse of the whole attention
   // (the FlashAttention recipe: P = exp(S − lse), dS = P ∘ (dP − rowsum(dout ∘ out))):
   // dq += (dq has q's row stride q_stride), dk += and dv += (row stride kv_stride). dout and
   // out are [batch, q_len, heads·d] rows contiguous.
-  virtual void AttentionBlockBackward(Act* /*dq*/, Act* /*dk*/, Act* /*dv*/, const Act* /*dout*/,
-                                      const Act* /*q*/, const Act* /*k*/, const Act* /*v*/,
-                                      const Act* /*out*/, const float* /*lse*/,
-                                      const AttentionBlockShape& /*s*/) {
-    NotBuilt("AttentionBlockBackward");
-  }
+  virtual void AttentionBlockBackward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* q,
+                                      const Act* k, const Act* v, const Act* out, const float* lse,
+                                      const AttentionBlockShape& s) = 0;
 
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
   virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
@@ -234,14 +225,6 @@ class Backend {
     return total;
   }
   virtual void Scale(float* x, int64_t n, float factor) = 0;
-
- private:
-  // Aborts: a programmer error, since the engine checks the backend before it plans ring
-  // attention.
-  void NotBuilt(const char* operation) const {
-    TY_CHECK(false) << operation << " is not built on the " << name()
-                    << " backend (context parallelism runs on CPU ranks)";
-  }
 };
 
 // The fp32 CPU reference backend. `threads` <= 0 uses every core.

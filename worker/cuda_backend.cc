@@ -17,6 +17,7 @@
 #include "kernels/cuda/activations.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
@@ -233,6 +234,24 @@ class CudaBackend final : public Backend {
     Run(kc::FlashAttentionBackward(stream_, act_dtype(), dqkv, dout, qkv, out, lse, Dims(s),
                                    scratch, bytes));
   }
+  void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
+                      const AttentionBlockShape& s) override {
+    Run(kc::AttentionBlockForward(stream_, act_dtype(), out, lse, q, key, value, BlockDims(s)));
+  }
+  void AttentionMerge(Act* out, float* lse, const Act* part, const float* part_lse, int64_t batch,
+                      int64_t q_len, int64_t heads, int64_t head_dim) override {
+    Run(kc::AttentionMerge(stream_, act_dtype(), out, lse, part, part_lse, batch, q_len, heads,
+                           head_dim));
+  }
+  void AttentionBlockBackward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* q,
+                              const Act* key, const Act* value, const Act* out, const float* lse,
+                              const AttentionBlockShape& s) override {
+    const kc::AttentionBlockDims dims = BlockDims(s);
+    const size_t bytes = kc::AttentionBlockBackwardScratchBytes(dims);
+    void* scratch = ScratchBytes(Scratch::kAttention, bytes);
+    Run(kc::AttentionBlockBackward(stream_, act_dtype(), dq, dk, dv, dout, q, key, value, out, lse,
+                                   dims, scratch, bytes));
+  }
 
   // Cross-entropy.
   double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
@@ -318,6 +337,10 @@ class CudaBackend final : public Backend {
 
   static kc::AttentionDims Dims(const AttentionShape& s) {
     return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  }
+  static kc::AttentionBlockDims BlockDims(const AttentionBlockShape& s) {
+    return {s.batch,    s.q_len,    s.kv_len,    s.heads, s.kv_heads,
+            s.head_dim, s.q_stride, s.kv_stride, s.causal};
   }
 
   // Keeps the first failure; later calls still run (their results are garbage, and the caller

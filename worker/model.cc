@@ -7,7 +7,6 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "worker/cuda_backend.h"
 
 namespace trainyard::worker {
 
@@ -135,12 +134,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                        " is not divisible by tp ", n));
       }
     }
-  }
-  if (sharding.cp != nullptr && sharding.cp->size() > 1 && CudaStreamOf(*backend) != nullptr) {
-    // Ring attention's block kernels are the CPU backend's; the CUDA ones are not built yet.
-    return absl::FailedPreconditionError(
-        absl::StrCat("parallelism.cp: context parallelism runs on CPU ranks only; the ",
-                     backend->name(), " backend has no ring-attention kernels yet"));
   }
   return std::unique_ptr<Model>(new Model(config, backend, source, std::move(sharding)));
 }

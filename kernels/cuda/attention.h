@@ -4,7 +4,8 @@
 // reads key/value head h / (heads / kv_heads). Layout matches kernels/cpu/attention.h: packed
 // qkv [b, t, (heads + 2·kv_heads)·d] (queries, then keys, then values), out [b, t, heads·d],
 // lse [b, heads, t] fp32, softmax scale 1/sqrt(d). bf16 storage runs on tensor cores with fp32
-// accumulation; fp32 storage runs an fp32 path (the precise reference on the device).
+// accumulation; fp32 storage runs an fp32 path (the precise reference on the device). The
+// kernels are those of attention_block.h: this is the causal block of the qkv against itself.
 #ifndef TRAINYARD_KERNELS_CUDA_ATTENTION_H_
 #define TRAINYARD_KERNELS_CUDA_ATTENTION_H_
 

@@ -1,16 +1,23 @@
-// Causal flash-attention backward, FlashAttention-2 style, in three deterministic kernels:
+// Flash-attention backward, FlashAttention-2 style, for an attention block (attention_block.h)
+// and for the causal self-attention of a packed qkv (attention.h, the block of the qkv against
+// itself), in three deterministic kernels:
 //   1. RowDotKernel:  delta_i = rowsum(dO ∘ O) (fp32, into the caller's scratch);
 //   2. KvKernel:      a block owns kRows keys of one (batch, kv head) and walks the query tiles
-//                     at or below the diagonal, for every query head of the group in turn,
-//                     accumulating dK = Σ dSᵀ·Q and dV = Σ Pᵀ·dO in registers;
-//   3. DqKernel:      a block owns kRows queries of one (batch, head) and walks the key tiles up
-//                     to the diagonal, accumulating dQ = Σ dS·K in registers.
+//                     that see them (in a causal block: at or below the diagonal), for every
+//                     query head of the group in turn, accumulating dK = Σ dSᵀ·Q and
+//                     dV = Σ Pᵀ·dO in registers;
+//   3. DqKernel:      a block owns kRows queries of one (batch, head) and walks the key tiles
+//                     they see (in a causal block: up to the diagonal), accumulating
+//                     dQ = Σ dS·K in registers.
+// Each writes its gradients once at the end, either overwriting (the packed qkv's gradient) or
+// adding to what is there (a block's share: an fp32 sum rounded once).
 // Both 2 and 3 recompute P = exp(scale·q·k − lse) and dP = dO·Vᵀ from the saved log-sum-exp.
 // FlashAttention-2 instead adds dQ into an fp32 buffer with atomics from kernel 2, which saves
 // that recomputation but makes the result depend on the order the blocks run in; here every sum
 // has one fixed order, so a backward run twice gives bit-identical gradients. Likewise the key/
 // value gradients of a GQA group are summed over its query heads inside one block, in head order.
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
 
 namespace trainyard::kernels::cuda {
@@ -65,10 +72,10 @@ constexpr int DqKeys() {
 }
 
 // delta[b, h, i] = Σ_c dout[b, i, h·d + c] · out[b, i, h·d + c] in fp32; one warp per
-// (b, i, h), `rows` = b·t·heads of them in memory order.
+// (b, i, h), `rows` = b·q_len·heads of them in memory order.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RowDotKernel(float* delta, const T* dout, const T* out, int64_t t, int heads, int d,
+    RowDotKernel(float* delta, const T* dout, const T* out, int64_t q_len, int heads, int d,
                  int64_t rows) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= rows) return;  // uniform across the warp
@@ -79,19 +86,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = lane; c < d; c += 32) sum += ToFloat(dy[c]) * ToFloat(y[c]);
   sum = WarpSum(sum);
   if (lane == 0) {
-    const int64_t h = row % heads, i = row / heads % t, bi = row / heads / t;
-    delta[(bi * heads + h) * t + i] = sum;
+    const int64_t h = row % heads, i = row / heads % q_len, bi = row / heads / q_len;
+    delta[(bi * heads + h) * q_len + i] = sum;
   }
 }
 
-// Grid: (key tiles, kv heads, batch). Writes the key and value slots of dqkv for the block's
-// keys j: dK_j = Σ_h Σ_{i ≥ j} dS_hij · q_hi and dV_j = Σ_h Σ_{i ≥ j} P_hij · dO_hi over the query
-// heads h of the group. Warp w owns keys [16w, 16w + 16) and works on Sᵀ (keys × queries), so
-// everything but the shared query tile stays within the warp.
+// Grid: (key tiles, kv heads, batch). Writes (or with `add`, adds to) the key and value
+// gradients of the block's keys j: dK_j = Σ_h Σ_i dS_hij · q_hi and dV_j = Σ_h Σ_i P_hij · dO_hi
+// over the query heads h of the group and the queries i that see key j. Warp w owns keys
+// [16w, 16w + 16) and works on Sᵀ (keys × queries), so everything but the shared query tile stays
+// within the warp.
 template <typename T, int D, int kQueries>
 __global__ void __launch_bounds__(kThreads)
-    KvKernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int64_t t,
-             int heads, int kv_heads, float scale, float scale_log2) {
+    KvKernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
+             const float* delta, BlockGeometry geo, bool add, float scale, float scale_log2) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
   using Smem = KvSmem<T, D, kQueries>;
@@ -112,23 +120,22 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_tile = reinterpret_cast<float*>(smem + Smem::kLse);
   float* delta_tile = reinterpret_cast<float*>(smem + Smem::kDelta);
 
-  // Low key tiles see the most queries and come first in the grid.
+  // Low key tiles of a causal block see the most queries and come first in the grid.
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int g = blockIdx.y, bi = blockIdx.z, group = heads / kv_heads;
-  const int64_t stride = static_cast<int64_t>(heads + 2 * kv_heads) * D;
-  const int64_t out_stride = static_cast<int64_t>(heads) * D;
-  const T* rows_base = qkv + bi * t * stride;
-  const T* dout_base = dout + bi * t * out_stride;
-  LoadTile<T, kRows, D>(k_tile, rows_base + static_cast<int64_t>(heads + g) * D, stride, j0, t);
-  LoadTile<T, kRows, D>(v_tile, rows_base + static_cast<int64_t>(heads + kv_heads + g) * D, stride,
-                        j0, t);
+  const int g = blockIdx.y, bi = blockIdx.z, group = geo.heads / geo.kv_heads;
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
+  const T* q_base = q + bi * geo.q_len * geo.q_stride;
+  const T* dout_base = dout + bi * geo.q_len * out_stride;
+  LoadTile<T, kRows, D>(k_tile, k + kv_offset, geo.kv_stride, j0, geo.kv_len);
+  LoadTile<T, kRows, D>(v_tile, v + kv_offset, geo.kv_stride, j0, geo.kv_len);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Acc dk[D / 16], dv[D / 16];
+  Acc dk_acc[D / 16], dv_acc[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
-    Mma::Zero(dk[n]);
-    Mma::Zero(dv[n]);
+    Mma::Zero(dk_acc[n]);
+    Mma::Zero(dv_acc[n]);
   }
   // Lanes 2r and 2r + 1 compute row r (key `key`) of the warp's Pᵀ and dSᵀ, half each.
   const int r = lane / 2, c0 = lane % 2 * (kQueries / 2);
@@ -140,15 +147,19 @@ __global__ void __launch_bounds__(kThreads)
   T* p_warp = probs + warp * 16 * kLdP;
   T* ds_warp = dscores + warp * 16 * kLdP;
 
+  // In a causal block no query before the block's first key sees it.
+  const int64_t first_query = geo.causal ? j0 / kQueries * kQueries : 0;
   for (int h = g * group; h < (g + 1) * group; ++h) {
-    const float* lse_row = lse + (static_cast<int64_t>(bi) * heads + h) * t;
-    const float* delta_row = delta + (static_cast<int64_t>(bi) * heads + h) * t;
-    for (int64_t i0 = j0 / kQueries * kQueries; i0 < t; i0 += kQueries) {
+    const float* lse_row = lse + (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
+    const float* delta_row = delta + (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
+    for (int64_t i0 = first_query; i0 < geo.q_len; i0 += kQueries) {
       __syncthreads();  // every warp is done with the previous query tile
-      LoadTile<T, kQueries, D>(q_tile, rows_base + static_cast<int64_t>(h) * D, stride, i0, t);
-      LoadTile<T, kQueries, D>(do_tile, dout_base + static_cast<int64_t>(h) * D, out_stride, i0, t);
-      LoadRowValues<kQueries>(lse_tile, lse_row, i0, t, kLog2e);
-      LoadRowValues<kQueries>(delta_tile, delta_row, i0, t, 1.0f);
+      LoadTile<T, kQueries, D>(q_tile, q_base + static_cast<int64_t>(h) * D, geo.q_stride, i0,
+                               geo.q_len);
+      LoadTile<T, kQueries, D>(do_tile, dout_base + static_cast<int64_t>(h) * D, out_stride, i0,
+                               geo.q_len);
+      LoadRowValues<kQueries>(lse_tile, lse_row, i0, geo.q_len, kLog2e);
+      LoadRowValues<kQueries>(delta_tile, delta_row, i0, geo.q_len, 1.0f);
       __syncthreads();
 #pragma unroll
       for (int n = 0; n < kQueries / 16; ++n) {
@@ -163,9 +174,9 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
 #pragma unroll
       for (int c = c0; c < c0 + kQueries / 2; ++c) {
-        const int64_t i = i0 + c;
-        const float p =
-            key <= i && i < t ? exp2f(s_warp[r * kLdS + c] * scale_log2 - lse_tile[c]) : 0.0f;
+        const float p = key < VisibleKeys(geo, i0 + c)
+                            ? exp2f(s_warp[r * kLdS + c] * scale_log2 - lse_tile[c])
+                            : 0.0f;
         const float ds = p * (dp_warp[r * kLdS + c] - delta_tile[c]) * scale;
         p_warp[r * kLdP + c] = FromFloat<T>(p);
         ds_warp[r * kLdP + c] = FromFloat<T>(ds);
@@ -173,27 +184,28 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
-        Mma::template MulAddAB<kQueries>(dv[n], p_warp, kLdP, do_tile + n * 16, kLdD);
-        Mma::template MulAddAB<kQueries>(dk[n], ds_warp, kLdP, q_tile + n * 16, kLdD);
+        Mma::template MulAddAB<kQueries>(dv_acc[n], p_warp, kLdP, do_tile + n * 16, kLdD);
+        Mma::template MulAddAB<kQueries>(dk_acc[n], ds_warp, kLdP, q_tile + n * 16, kLdD);
       }
     }
   }
 
-  T* dk_rows = dqkv + bi * t * stride + static_cast<int64_t>(heads + g) * D;
-  T* dv_rows = dqkv + bi * t * stride + static_cast<int64_t>(heads + kv_heads + g) * D;
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
-    StoreAccTile<T>(dk_rows + n * 16, stride, j0 + warp * 16, t, dk[n], s_warp, kLdS);
-    StoreAccTile<T>(dv_rows + n * 16, stride, j0 + warp * 16, t, dv[n], s_warp, kLdS);
+    StoreAccTile<T>(dk + kv_offset + n * 16, geo.kv_stride, j0 + warp * 16, geo.kv_len, dk_acc[n],
+                    s_warp, kLdS, add);
+    StoreAccTile<T>(dv + kv_offset + n * 16, geo.kv_stride, j0 + warp * 16, geo.kv_len, dv_acc[n],
+                    s_warp, kLdS, add);
   }
 }
 
-// Grid: (query tiles, heads, batch). Writes the query slots of dqkv for the block's queries i:
-// dQ_i = Σ_{j ≤ i} dS_ij · k_j. Warp w owns queries [16w, 16w + 16).
+// Grid: (query tiles, heads, batch). Writes (or with `add`, adds to) the query gradients of the
+// block's queries i: dQ_i = Σ_j dS_ij · k_j over the keys j that query i sees. Warp w owns
+// queries [16w, 16w + 16).
 template <typename T, int D, int kKeys>
 __global__ void __launch_bounds__(kThreads)
-    DqKernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int64_t t,
-             int heads, int kv_heads, float scale, float scale_log2) {
+    DqKernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse,
+             const float* delta, BlockGeometry geo, bool add, float scale, float scale_log2) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
   using Smem = DqSmem<T, D, kKeys>;
@@ -212,39 +224,41 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_tile = reinterpret_cast<float*>(smem + Smem::kLse);
   float* delta_tile = reinterpret_cast<float*>(smem + Smem::kDelta);
 
-  // The last query tiles see the most keys; launching them first shortens the grid's tail.
+  // The last query tiles of a causal block see the most keys; launching them first shortens the
+  // grid's tail.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  const int h = blockIdx.y, bi = blockIdx.z, g = h / (heads / kv_heads);
-  const int64_t stride = static_cast<int64_t>(heads + 2 * kv_heads) * D;
-  const int64_t out_stride = static_cast<int64_t>(heads) * D;
-  const T* rows_base = qkv + bi * t * stride;
-  const T* k_src = rows_base + static_cast<int64_t>(heads + g) * D;
-  const T* v_src = rows_base + static_cast<int64_t>(heads + kv_heads + g) * D;
-  const int64_t head_row = (static_cast<int64_t>(bi) * heads + h) * t;
-  LoadTile<T, kRows, D>(q_tile, rows_base + static_cast<int64_t>(h) * D, stride, i0, t);
-  LoadTile<T, kRows, D>(do_tile, dout + bi * t * out_stride + static_cast<int64_t>(h) * D,
-                        out_stride, i0, t);
-  LoadRowValues<kRows>(lse_tile, lse + head_row, i0, t, kLog2e);
-  LoadRowValues<kRows>(delta_tile, delta + head_row, i0, t, 1.0f);
+  const int h = blockIdx.y, bi = blockIdx.z, g = h / (geo.heads / geo.kv_heads);
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  const int64_t q_offset = bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D;
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
+  const T* k_src = k + kv_offset;
+  const T* v_src = v + kv_offset;
+  const int64_t head_row = (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
+  LoadTile<T, kRows, D>(q_tile, q + q_offset, geo.q_stride, i0, geo.q_len);
+  LoadTile<T, kRows, D>(do_tile, dout + bi * geo.q_len * out_stride + static_cast<int64_t>(h) * D,
+                        out_stride, i0, geo.q_len);
+  LoadRowValues<kRows>(lse_tile, lse + head_row, i0, geo.q_len, kLog2e);
+  LoadRowValues<kRows>(delta_tile, delta + head_row, i0, geo.q_len, 1.0f);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Acc dq[D / 16];
+  Acc dq_acc[D / 16];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) Mma::Zero(dq[n]);
+  for (int n = 0; n < D / 16; ++n) Mma::Zero(dq_acc[n]);
   // Lanes 2r and 2r + 1 compute row r (query `row`) of the warp's dS, half each.
   const int r = lane / 2, c0 = lane % 2 * (kKeys / 2);
-  const int64_t row = i0 + warp * 16 + r;
+  const int64_t row = i0 + warp * 16 + r, row_keys = VisibleKeys(geo, row);
   const T* q_warp = q_tile + warp * 16 * kLdD;
   const T* do_warp = do_tile + warp * 16 * kLdD;
   float* s_warp = scores + warp * 16 * kLdS;
   float* dp_warp = dprobs + warp * 16 * kLdS;
   T* ds_warp = dscores + warp * 16 * kLdP;
 
-  const int64_t last_key = (i0 + kRows < t ? i0 + kRows : t) - 1;
-  for (int64_t j0 = 0; j0 <= last_key; j0 += kKeys) {
+  // The block's last row sees the most keys.
+  const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
     __syncthreads();  // every warp is done with the previous key/value tile
-    LoadTile<T, kKeys, D>(k_tile, k_src, stride, j0, t);
-    LoadTile<T, kKeys, D>(v_tile, v_src, stride, j0, t);
+    LoadTile<T, kKeys, D>(k_tile, k_src, geo.kv_stride, j0, geo.kv_len);
+    LoadTile<T, kKeys, D>(v_tile, v_src, geo.kv_stride, j0, geo.kv_len);
     __syncthreads();
 #pragma unroll
     for (int n = 0; n < kKeys / 16; ++n) {
@@ -260,88 +274,135 @@ __global__ void __launch_bounds__(kThreads)
     const float row_lse = lse_tile[warp * 16 + r], row_delta = delta_tile[warp * 16 + r];
 #pragma unroll
     for (int c = c0; c < c0 + kKeys / 2; ++c) {
-      const int64_t j = j0 + c;
-      const float p =
-          j <= row && row < t ? exp2f(s_warp[r * kLdS + c] * scale_log2 - row_lse) : 0.0f;
+      const float p = j0 + c < row_keys ? exp2f(s_warp[r * kLdS + c] * scale_log2 - row_lse) : 0.0f;
       ds_warp[r * kLdP + c] = FromFloat<T>(p * (dp_warp[r * kLdS + c] - row_delta) * scale);
     }
     __syncwarp();
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
-      Mma::template MulAddAB<kKeys>(dq[n], ds_warp, kLdP, k_tile + n * 16, kLdD);
+      Mma::template MulAddAB<kKeys>(dq_acc[n], ds_warp, kLdP, k_tile + n * 16, kLdD);
     }
   }
 
-  T* dq_rows = dqkv + bi * t * stride + static_cast<int64_t>(h) * D;
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
-    StoreAccTile<T>(dq_rows + n * 16, stride, i0 + warp * 16, t, dq[n], s_warp, kLdS);
+    StoreAccTile<T>(dq + q_offset + n * 16, geo.q_stride, i0 + warp * 16, geo.q_len, dq_acc[n],
+                    s_warp, kLdS, add);
   }
 }
 
+// The operands of one backward (see AttentionBlockBackward), typed.
+template <typename T>
+struct BackwardOperands {
+  T *dq, *dk, *dv;
+  const T *dout, *q, *k, *v, *out;
+  const float* lse;
+  float* delta;
+};
+
 template <typename T, int D>
-absl::Status LaunchBackward(cudaStream_t stream, T* dqkv, const T* dout, const T* qkv, const T* out,
-                            const float* lse, float* delta, const AttentionDims& dims) {
-  const int heads = static_cast<int>(dims.heads), kv_heads = static_cast<int>(dims.kv_heads);
+absl::Status LaunchBackward(cudaStream_t stream, const BackwardOperands<T>& x,
+                            const AttentionBlockDims& dims, bool add) {
+  const BlockGeometry geo = GeometryOf(dims);
   const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
   const dim3 threads(kThreads);
 
-  const int64_t rows = dims.b * dims.t * dims.heads;
-  RowDotKernel<T>
-      <<<BlocksFor(rows, kWarps), threads, 0, stream>>>(delta, dout, out, dims.t, heads, D, rows);
+  const int64_t rows = dims.b * dims.q_len * dims.heads;
+  RowDotKernel<T><<<BlocksFor(rows, kWarps), threads, 0, stream>>>(x.delta, x.dout, x.out,
+                                                                   dims.q_len, geo.heads, D, rows);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("RowDotKernel");
 
   constexpr int kQueries = KvQueries<T, D>();
   constexpr int kKvBytes = KvSmem<T, D, kQueries>::kBytes;
   static_assert(kKvBytes <= kMaxSmemBytes, "dK/dV tiles do not fit in shared memory");
   TY_RETURN_IF_ERROR(AllowSharedMemory(KvKernel<T, D, kQueries>, kKvBytes));
-  const dim3 kv_grid(BlocksFor(dims.t, kRows), static_cast<unsigned>(kv_heads),
+  const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
                      static_cast<unsigned>(dims.b));
   KvKernel<T, D, kQueries><<<kv_grid, threads, kKvBytes, stream>>>(
-      dqkv, dout, qkv, lse, delta, dims.t, heads, kv_heads, scale, scale_log2);
+      x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse, x.delta, geo, add, scale, scale_log2);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("KvKernel");
 
   constexpr int kKeys = DqKeys<T, D>();
   constexpr int kDqBytes = DqSmem<T, D, kKeys>::kBytes;
   static_assert(kDqBytes <= kMaxSmemBytes, "dQ tiles do not fit in shared memory");
   TY_RETURN_IF_ERROR(AllowSharedMemory(DqKernel<T, D, kKeys>, kDqBytes));
-  const dim3 dq_grid(BlocksFor(dims.t, kRows), static_cast<unsigned>(heads),
+  const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),
                      static_cast<unsigned>(dims.b));
-  DqKernel<T, D, kKeys><<<dq_grid, threads, kDqBytes, stream>>>(dqkv, dout, qkv, lse, delta, dims.t,
-                                                                heads, kv_heads, scale, scale_log2);
+  DqKernel<T, D, kKeys><<<dq_grid, threads, kDqBytes, stream>>>(
+      x.dq, x.dout, x.q, x.k, x.v, x.lse, x.delta, geo, add, scale, scale_log2);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("DqKernel");
   return absl::OkStatus();
 }
 
 template <typename T>
-absl::Status BackwardForHeadDim(cudaStream_t stream, void* dqkv, const void* dout, const void* qkv,
-                                const void* out, const float* lse, float* delta,
-                                const AttentionDims& dims) {
-  T* dx = static_cast<T*>(dqkv);
-  const T* dy = static_cast<const T*>(dout);
-  const T* x = static_cast<const T*>(qkv);
-  const T* y = static_cast<const T*>(out);
+absl::Status BackwardForHeadDim(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout,
+                                const void* q, const void* k, const void* v, const void* out,
+                                const float* lse, float* delta, const AttentionBlockDims& dims,
+                                bool add) {
+  const BackwardOperands<T> x{static_cast<T*>(dq),
+                              static_cast<T*>(dk),
+                              static_cast<T*>(dv),
+                              static_cast<const T*>(dout),
+                              static_cast<const T*>(q),
+                              static_cast<const T*>(k),
+                              static_cast<const T*>(v),
+                              static_cast<const T*>(out),
+                              lse,
+                              delta};
   switch (dims.d) {
     case 16:
-      return LaunchBackward<T, 16>(stream, dx, dy, x, y, lse, delta, dims);
+      return LaunchBackward<T, 16>(stream, x, dims, add);
     case 32:
-      return LaunchBackward<T, 32>(stream, dx, dy, x, y, lse, delta, dims);
+      return LaunchBackward<T, 32>(stream, x, dims, add);
     case 64:
-      return LaunchBackward<T, 64>(stream, dx, dy, x, y, lse, delta, dims);
+      return LaunchBackward<T, 64>(stream, x, dims, add);
     case 128:
-      return LaunchBackward<T, 128>(stream, dx, dy, x, y, lse, delta, dims);
+      return LaunchBackward<T, 128>(stream, x, dims, add);
   }
-  return CheckAttentionDims(dims);  // names the unsupported head dim
+  return CheckBlockDims(dims, DType::kF32);  // names the unsupported head dim
+}
+
+// Both public backwards: checks the tensors and launches; `add` chooses += over =.
+absl::Status Backward(cudaStream_t stream, DType dtype, void* dq, void* dk, void* dv,
+                      const void* dout, const void* q, const void* k, const void* v,
+                      const void* out, const float* lse, const AttentionBlockDims& dims,
+                      void* scratch, size_t scratch_bytes, bool add) {
+  TY_RETURN_IF_ERROR(CheckBlockDims(dims, dtype));
+  TY_REQUIRE(dq != nullptr && dk != nullptr && dv != nullptr && dout != nullptr && q != nullptr &&
+             k != nullptr && v != nullptr && out != nullptr && lse != nullptr &&
+             scratch != nullptr);
+  TY_REQUIRE(Aligned16(dq) && Aligned16(dk) && Aligned16(dv) && Aligned16(dout) && Aligned16(q) &&
+             Aligned16(k) && Aligned16(v) && Aligned16(out) && Aligned16(scratch));
+  TY_REQUIRE(scratch_bytes >= AttentionBlockBackwardScratchBytes(dims));
+  float* delta = static_cast<float*>(scratch);
+  if (dtype == DType::kBF16) {
+    return BackwardForHeadDim<bf16>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add);
+  }
+  return BackwardForHeadDim<float>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add);
 }
 
 }  // namespace
 }  // namespace attention_internal
 
-size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype) {
-  // delta: one fp32 per (batch, head, row), whatever the storage type.
-  if (dims.b <= 0 || dims.t <= 0 || dims.heads <= 0) return 0;
+size_t AttentionBlockBackwardScratchBytes(const AttentionBlockDims& dims) {
+  // delta: one fp32 per (batch, head, query row), whatever the storage type.
+  if (dims.b <= 0 || dims.q_len <= 0 || dims.heads <= 0) return 0;
   return static_cast<size_t>(dims.b) * static_cast<size_t>(dims.heads) *
-         static_cast<size_t>(dims.t) * sizeof(float);
+         static_cast<size_t>(dims.q_len) * sizeof(float);
+}
+
+absl::Status AttentionBlockBackward(cudaStream_t stream, DType dtype, void* dq, void* dk, void* dv,
+                                    const void* dout, const void* q, const void* k, const void* v,
+                                    const void* out, const float* lse,
+                                    const AttentionBlockDims& dims, void* scratch,
+                                    size_t scratch_bytes) {
+  return attention_internal::Backward(stream, dtype, dq, dk, dv, dout, q, k, v, out, lse, dims,
+                                      scratch, scratch_bytes, /*add=*/true);
+}
+
+size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType /*dtype*/) {
+  if (dims.b <= 0 || dims.t <= 0 || dims.heads <= 0) return 0;
+  return AttentionBlockBackwardScratchBytes(attention_internal::PackedQkvBlock(dims));
 }
 
 absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv, const void* dout,
@@ -350,16 +411,12 @@ absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv
                                     size_t scratch_bytes) {
   namespace ai = attention_internal;
   TY_RETURN_IF_ERROR(ai::CheckAttentionDims(dims));
-  TY_REQUIRE(dqkv != nullptr && dout != nullptr && qkv != nullptr && out != nullptr &&
-             lse != nullptr && scratch != nullptr);
-  TY_REQUIRE(ai::Aligned16(dqkv) && ai::Aligned16(dout) && ai::Aligned16(qkv) &&
-             ai::Aligned16(out) && ai::Aligned16(scratch));
-  TY_REQUIRE(scratch_bytes >= FlashAttentionBackwardScratchBytes(dims, dtype));
-  float* delta = static_cast<float*>(scratch);
-  if (dtype == DType::kBF16) {
-    return ai::BackwardForHeadDim<bf16>(stream, dqkv, dout, qkv, out, lse, delta, dims);
-  }
-  return ai::BackwardForHeadDim<float>(stream, dqkv, dout, qkv, out, lse, delta, dims);
+  TY_REQUIRE(dqkv != nullptr && qkv != nullptr);
+  const int64_t keys = ai::PackedKeys(dims), values = ai::PackedValues(dims);
+  return ai::Backward(stream, dtype, dqkv, ai::ElementsPast(dqkv, keys, dtype),
+                      ai::ElementsPast(dqkv, values, dtype), dout, qkv,
+                      ai::ElementsPast(qkv, keys, dtype), ai::ElementsPast(qkv, values, dtype), out,
+                      lse, ai::PackedQkvBlock(dims), scratch, scratch_bytes, /*add=*/false);
 }
 
 }  // namespace trainyard::kernels::cuda

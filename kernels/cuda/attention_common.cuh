@@ -1,6 +1,7 @@
 // Private to the flash-attention kernels (attention_fwd.cu, attention_bwd.cu): the warp-level
 // 16×16 tile product both storage types share (tensor cores for bf16, CUDA-core FMAs for fp32),
-// copies between global memory and padded shared tiles, and the launchers' argument checks.
+// copies between global memory and padded shared tiles, the geometry of an attention block, and
+// the launchers' argument checks.
 //
 // Every kernel runs kWarps warps; a block owns kRows = 16·kWarps rows of one (batch, head) —
 // query rows in the forward and in the dQ pass, key rows in the dK/dV pass — and warp w owns
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "common/status.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -259,19 +261,95 @@ __device__ __forceinline__ void Store8(bf16* dst, const float* src) {
                  PackBf16x2(src[6], src[7]));
 }
 
+// Eight consecutive values of a 16-byte aligned source of type T, as fp32.
+__device__ __forceinline__ void Load8(float* dst, const float* src) {
+  const float4 a = *reinterpret_cast<const float4*>(src);
+  const float4 b = *reinterpret_cast<const float4*>(src + 4);
+  dst[0] = a.x, dst[1] = a.y, dst[2] = a.z, dst[3] = a.w;
+  dst[4] = b.x, dst[5] = b.y, dst[6] = b.z, dst[7] = b.w;
+}
+__device__ __forceinline__ void Load8(float* dst, const bf16* src) {
+  const uint4 u = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dst[2 * i] = __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(words[i])));
+    dst[2 * i + 1] =
+        __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(words[i] >> 16)));
+  }
+}
+
 // Writes a warp's 16×16 accumulator to rows [row0, row0 + 16) of a global matrix (columns from
-// `dst`, rows `stride` elements apart), skipping rows at or past `limit` and converting to T.
-// It goes through `staging`, 16×16 floats of shared memory that only this warp uses (leading
-// dimension `ld`). Warp-collective.
+// `dst`, rows `stride` elements apart), skipping rows at or past `limit` and converting to T;
+// with `add`, the accumulator is added in fp32 to the values there (rounded once). It goes
+// through `staging`, 16×16 floats of shared memory that only this warp uses (leading dimension
+// `ld`). Warp-collective.
 template <typename T>
 __device__ __forceinline__ void StoreAccTile(T* dst, int64_t stride, int64_t row0, int64_t limit,
                                              const typename TileMma<T>::Acc& acc, float* staging,
-                                             int ld) {
+                                             int ld, bool add = false) {
   __syncwarp();  // the staging area may still be read by lanes of the previous use
   TileMma<T>::Store(staging, ld, acc);
   __syncwarp();
   const int lane = threadIdx.x % 32, r = lane / 2, c = lane % 2 * 8;
-  if (row0 + r < limit) Store8(dst + (row0 + r) * stride + c, staging + r * ld + c);
+  if (row0 + r >= limit) return;
+  T* row = dst + (row0 + r) * stride + c;
+  const float* values = staging + r * ld + c;
+  if (!add) {
+    Store8(row, values);
+    return;
+  }
+  float sum[8];
+  Load8(sum, row);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum[i] += values[i];
+  Store8(row, sum);
+}
+
+// One attention block as the kernels take it (AttentionBlockDims less the head dim, which is a
+// template argument): the query rows of a batch entry q_stride elements apart, its key and value
+// rows kv_stride apart; out, dout, lse and delta dense.
+struct BlockGeometry {
+  int64_t q_len, kv_len, q_stride, kv_stride;
+  int heads, kv_heads;
+  bool causal;
+};
+
+// Query row i sees keys [0, VisibleKeys(g, i)): every key of a full block, those up to the
+// diagonal of a causal one, none for the padding rows past q_len (whose tiles stay zero).
+__host__ __device__ __forceinline__ int64_t VisibleKeys(const BlockGeometry& g, int64_t i) {
+  if (i >= g.q_len) return 0;
+  return g.causal && i + 1 < g.kv_len ? i + 1 : g.kv_len;
+}
+
+inline BlockGeometry GeometryOf(const AttentionBlockDims& dims) {
+  return BlockGeometry{dims.q_len,
+                       dims.kv_len,
+                       dims.q_stride,
+                       dims.kv_stride,
+                       static_cast<int>(dims.heads),
+                       static_cast<int>(dims.kv_heads),
+                       dims.causal};
+}
+
+// The causal self-attention of a packed qkv [b, t, (heads + 2·kv_heads)·d] as a block: queries,
+// keys and values are column ranges of the same rows.
+inline AttentionBlockDims PackedQkvBlock(const AttentionDims& dims) {
+  const int64_t row = (dims.heads + 2 * dims.kv_heads) * dims.d;
+  return AttentionBlockDims{dims.b, dims.t, dims.t, dims.heads, dims.kv_heads,
+                            dims.d, row,    row,    true};
+}
+// Column offsets of the keys and values in a packed qkv row.
+inline int64_t PackedKeys(const AttentionDims& dims) { return dims.heads * dims.d; }
+inline int64_t PackedValues(const AttentionDims& dims) {
+  return (dims.heads + dims.kv_heads) * dims.d;
+}
+
+// `p` advanced by `elements` elements of `dtype`.
+template <typename V>
+V* ElementsPast(V* p, int64_t elements, DType dtype) {
+  using Byte = std::conditional_t<std::is_const_v<V>, const char, char>;
+  return reinterpret_cast<Byte*>(p) + elements * DTypeBytes(dtype);
 }
 
 // Raises the kernel's dynamic shared memory limit (needed above 48 KiB). Called before every
@@ -296,6 +374,25 @@ inline absl::Status CheckAttentionDims(const AttentionDims& dims) {
   TY_REQUIRE(dims.b >= 1 && dims.t >= 1 && dims.heads >= 1 && dims.kv_heads >= 1);
   TY_REQUIRE(dims.heads % dims.kv_heads == 0);
   TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
+  return absl::OkStatus();
+}
+
+// The checks every block launcher shares (see attention_block.h); the tensors' own checks are
+// the launchers'.
+inline absl::Status CheckBlockDims(const AttentionBlockDims& dims, DType dtype) {
+  if (dims.d != 16 && dims.d != 32 && dims.d != 64 && dims.d != 128) {
+    return absl::InvalidArgumentError("attention block: unsupported head dim " +
+                                      std::to_string(dims.d) + " (supported: 16, 32, 64, 128)");
+  }
+  TY_REQUIRE(dims.b >= 1 && dims.q_len >= 1 && dims.kv_len >= 1 && dims.heads >= 1 &&
+             dims.kv_heads >= 1);
+  TY_REQUIRE(dims.heads % dims.kv_heads == 0);
+  TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
+  TY_REQUIRE(!dims.causal || dims.q_len == dims.kv_len);
+  TY_REQUIRE(dims.q_stride >= dims.heads * dims.d && dims.kv_stride >= dims.kv_heads * dims.d);
+  // Rows are copied in 16-byte vectors.
+  TY_REQUIRE(dims.q_stride * DTypeBytes(dtype) % 16 == 0 &&
+             dims.kv_stride * DTypeBytes(dtype) % 16 == 0);
   return absl::OkStatus();
 }
 

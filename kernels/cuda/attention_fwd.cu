@@ -1,9 +1,12 @@
-// Causal flash-attention forward with the FlashAttention-2 work split: a block owns kRows query
-// rows of one (batch, head) and walks the key/value tiles from the first up to the diagonal
-// (tiles wholly above it are never loaded). Each warp keeps its 16 output rows in fp32
-// accumulators and rescales them whenever the running row maximum grows (online softmax), so
-// scores exist only one tile at a time, in shared memory.
+// Flash-attention forward with the FlashAttention-2 work split, for an attention block
+// (attention_block.h) and for the causal self-attention of a packed qkv (attention.h), which is
+// the block of the qkv against itself: a thread block owns kRows query rows of one (batch, head)
+// and walks the key/value tiles from the first up to the last that one of its rows sees (in a
+// causal block, tiles wholly above the diagonal are never loaded). Each warp keeps its 16 output
+// rows in fp32 accumulators and rescales them whenever the running row maximum grows (online
+// softmax), so scores exist only one tile at a time, in shared memory.
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
 
 namespace trainyard::kernels::cuda {
@@ -31,15 +34,16 @@ constexpr int ForwardKeys() {
   return 16;
 }
 
-// One online-softmax step for a warp row over a key tile, run by the lane pair that owns the row,
-// each lane over half of the tile's columns (`half`). Masks keys past the row (causal) and rows
-// past t, turns the raw scores s_row into probabilities p_row relative to the new running
-// maximum, and updates the running maximum m (log2 units of scale·q·k) and sum l that both lanes
-// hold. Returns the factor by which the output accumulated so far must be scaled. s_row and
-// p_row may alias (each lane reads its columns before writing them).
+// One online-softmax step for a warp row over the key tile starting at key j0, run by the lane
+// pair that owns the row, each lane over half of the tile's columns (`half`). Masks the keys
+// the row does not see (at or past `visible`, VisibleKeys), turns the raw scores s_row into
+// probabilities p_row relative to the new running maximum, and updates the running maximum m
+// (log2 units of scale·q·k) and sum l that both lanes hold. Returns the factor by which the
+// output accumulated so far must be scaled. s_row and p_row may alias (each lane reads its
+// columns before writing them).
 template <typename T, int kKeys>
-__device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int half, int64_t row,
-                                             int64_t j0, int64_t t, float scale_log2, float& m,
+__device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int half, int64_t j0,
+                                             int64_t visible, float scale_log2, float& m,
                                              float& l) {
   constexpr int kHalf = kKeys / 2;
   const int c0 = half * kHalf;
@@ -48,12 +52,12 @@ __device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int h
 #pragma unroll
   for (int c = 0; c < kHalf; ++c) {
     const int64_t j = j0 + c0 + c;
-    x[c] = j <= row && row < t ? s_row[c0 + c] * scale_log2 : -INFINITY;
+    x[c] = j < visible ? s_row[c0 + c] * scale_log2 : -INFINITY;
     tile_max = fmaxf(tile_max, x[c]);
   }
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
   const float m_new = fmaxf(m, tile_max);
-  // Only rows past t have seen no key at all; 0 as reference keeps their values 0 instead of NaN.
+  // Only rows past q_len have seen no key at all; 0 as reference keeps their values 0, not NaN.
   const float ref = m_new == -INFINITY ? 0.0f : m_new;
   float sum = 0.0f;
 #pragma unroll
@@ -85,10 +89,11 @@ __device__ __forceinline__ void ScaleRows(typename TileMma<T>::Acc (&acc)[kFrags
   }
 }
 
-// Grid: (query tiles, heads, batch). out [b, t, heads·D], lse [b, heads, t] (natural log).
+// Grid: (query tiles, heads, batch). out [b, q_len, heads·D], lse [b, heads, q_len] (natural
+// log); q, k and v at head 0 of row 0 (see BlockGeometry).
 template <typename T, int D, int kKeys>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(T* out, float* lse, const T* qkv, int64_t t, int heads, int kv_heads,
+    FlashForwardKernel(T* out, float* lse, const T* q, const T* k, const T* v, BlockGeometry geo,
                        float scale_log2) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
@@ -106,16 +111,17 @@ __global__ void __launch_bounds__(kThreads)
   float* row_factor = reinterpret_cast<float*>(smem + Smem::kRowFactor);
   float* index_tile = reinterpret_cast<float*>(smem + Smem::kIndex);
 
-  // The last query tiles see the most keys; launching them first shortens the grid's tail.
+  // The last query tiles of a causal block see the most keys; launching them first shortens the
+  // grid's tail.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  const int h = blockIdx.y, bi = blockIdx.z, g = h / (heads / kv_heads);
-  const int64_t stride = static_cast<int64_t>(heads + 2 * kv_heads) * D;
-  const T* rows_base = qkv + bi * t * stride;
-  const T* k_src = rows_base + static_cast<int64_t>(heads + g) * D;
-  const T* v_src = rows_base + static_cast<int64_t>(heads + kv_heads + g) * D;
+  const int h = blockIdx.y, bi = blockIdx.z, g = h / (geo.heads / geo.kv_heads);
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
+  const T* k_src = k + kv_offset;
+  const T* v_src = v + kv_offset;
 
   FillRowIndexTile(index_tile);
-  LoadTile<T, kRows, D>(q_tile, rows_base + static_cast<int64_t>(h) * D, stride, i0, t);
+  LoadTile<T, kRows, D>(q_tile, q + bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D,
+                        geo.q_stride, i0, geo.q_len);
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -127,18 +133,19 @@ __global__ void __launch_bounds__(kThreads)
 
   // Lanes 2r and 2r + 1 run the softmax of the warp's row r.
   const int r = lane / 2, half = lane % 2;
-  const int64_t row = i0 + warp * 16 + r;
+  const int64_t row = i0 + warp * 16 + r, row_keys = VisibleKeys(geo, row);
   const T* q_warp = q_tile + warp * 16 * kLdD;
   float* s_warp = scores + warp * 16 * kLdS;
   T* p_warp = probs + warp * 16 * kLdP;
   float* factor_warp = row_factor + warp * 16;
   float m = -INFINITY, l = 0.0f;
 
-  const int64_t last_key = (i0 + kRows < t ? i0 + kRows : t) - 1;
-  for (int64_t j0 = 0; j0 <= last_key; j0 += kKeys) {
+  // The block's last row sees the most keys.
+  const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
     __syncthreads();  // every warp is done with the previous key/value tile
-    LoadTile<T, kKeys, D>(k_tile, k_src, stride, j0, t);
-    LoadTile<T, kKeys, D>(v_tile, v_src, stride, j0, t);
+    LoadTile<T, kKeys, D>(k_tile, k_src, geo.kv_stride, j0, geo.kv_len);
+    LoadTile<T, kKeys, D>(v_tile, v_src, geo.kv_stride, j0, geo.kv_len);
     __syncthreads();
 #pragma unroll
     for (int n = 0; n < kKeys / 16; ++n) {
@@ -148,8 +155,8 @@ __global__ void __launch_bounds__(kThreads)
       Mma::Store(s_warp + n * 16, kLdS, s);
     }
     __syncwarp();
-    const float alpha = SoftmaxStep<T, kKeys>(s_warp + r * kLdS, p_warp + r * kLdP, half, row, j0,
-                                              t, scale_log2, m, l);
+    const float alpha = SoftmaxStep<T, kKeys>(s_warp + r * kLdS, p_warp + r * kLdP, half, j0,
+                                              row_keys, scale_log2, m, l);
     if (half == 0) factor_warp[r] = alpha;
     __syncwarp();
     ScaleRows<T>(o, factor_warp, acc_rows);
@@ -162,62 +169,75 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();  // factor_warp is still read by lanes of the last step
   if (half == 0) {
     factor_warp[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    if (row < t) lse[(static_cast<int64_t>(bi) * heads + h) * t + row] = (m + log2f(l)) * kLn2;
+    if (row < geo.q_len) {
+      lse[(static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len + row] = (m + log2f(l)) * kLn2;
+    }
   }
   __syncwarp();
   ScaleRows<T>(o, factor_warp, acc_rows);
-  const int64_t out_stride = static_cast<int64_t>(heads) * D;
-  T* out_rows = out + bi * t * out_stride + static_cast<int64_t>(h) * D;
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  T* out_rows = out + bi * geo.q_len * out_stride + static_cast<int64_t>(h) * D;
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
-    StoreAccTile<T>(out_rows + n * 16, out_stride, i0 + warp * 16, t, o[n], s_warp, kLdS);
+    StoreAccTile<T>(out_rows + n * 16, out_stride, i0 + warp * 16, geo.q_len, o[n], s_warp, kLdS);
   }
 }
 
 template <typename T, int D>
-absl::Status LaunchForward(cudaStream_t stream, void* out, float* lse, const void* qkv,
-                           const AttentionDims& dims) {
+absl::Status LaunchForward(cudaStream_t stream, void* out, float* lse, const void* q, const void* k,
+                           const void* v, const AttentionBlockDims& dims) {
   constexpr int kKeys = ForwardKeys<T, D>();
   constexpr int kBytes = ForwardSmem<T, D, kKeys>::kBytes;
   static_assert(kBytes <= kMaxSmemBytes, "forward tiles do not fit in shared memory");
   const auto kernel = FlashForwardKernel<T, D, kKeys>;
   TY_RETURN_IF_ERROR(AllowSharedMemory(kernel, kBytes));
-  const dim3 grid(BlocksFor(dims.t, kRows), static_cast<unsigned>(dims.heads),
+  const dim3 grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(dims.heads),
                   static_cast<unsigned>(dims.b));
-  kernel<<<grid, kThreads, kBytes, stream>>>(
-      static_cast<T*>(out), lse, static_cast<const T*>(qkv), dims.t, static_cast<int>(dims.heads),
-      static_cast<int>(dims.kv_heads), SoftmaxScale(D) * kLog2e);
+  kernel<<<grid, kThreads, kBytes, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
+                                             static_cast<const T*>(k), static_cast<const T*>(v),
+                                             GeometryOf(dims), SoftmaxScale(D) * kLog2e);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("FlashForwardKernel");
   return absl::OkStatus();
 }
 
 template <typename T>
-absl::Status ForwardForHeadDim(cudaStream_t stream, void* out, float* lse, const void* qkv,
-                               const AttentionDims& dims) {
+absl::Status ForwardForHeadDim(cudaStream_t stream, void* out, float* lse, const void* q,
+                               const void* k, const void* v, const AttentionBlockDims& dims) {
   switch (dims.d) {
     case 16:
-      return LaunchForward<T, 16>(stream, out, lse, qkv, dims);
+      return LaunchForward<T, 16>(stream, out, lse, q, k, v, dims);
     case 32:
-      return LaunchForward<T, 32>(stream, out, lse, qkv, dims);
+      return LaunchForward<T, 32>(stream, out, lse, q, k, v, dims);
     case 64:
-      return LaunchForward<T, 64>(stream, out, lse, qkv, dims);
+      return LaunchForward<T, 64>(stream, out, lse, q, k, v, dims);
     case 128:
-      return LaunchForward<T, 128>(stream, out, lse, qkv, dims);
+      return LaunchForward<T, 128>(stream, out, lse, q, k, v, dims);
   }
-  return CheckAttentionDims(dims);  // names the unsupported head dim
+  return CheckBlockDims(dims, DType::kF32);  // names the unsupported head dim
 }
 
 }  // namespace
 }  // namespace attention_internal
 
+absl::Status AttentionBlockForward(cudaStream_t stream, DType dtype, void* out, float* lse,
+                                   const void* q, const void* k, const void* v,
+                                   const AttentionBlockDims& dims) {
+  namespace ai = attention_internal;
+  TY_RETURN_IF_ERROR(ai::CheckBlockDims(dims, dtype));
+  TY_REQUIRE(out != nullptr && lse != nullptr && q != nullptr && k != nullptr && v != nullptr);
+  TY_REQUIRE(ai::Aligned16(out) && ai::Aligned16(q) && ai::Aligned16(k) && ai::Aligned16(v));
+  if (dtype == DType::kBF16) return ai::ForwardForHeadDim<bf16>(stream, out, lse, q, k, v, dims);
+  return ai::ForwardForHeadDim<float>(stream, out, lse, q, k, v, dims);
+}
+
 absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out, float* lse,
                                    const void* qkv, const AttentionDims& dims) {
   namespace ai = attention_internal;
   TY_RETURN_IF_ERROR(ai::CheckAttentionDims(dims));
-  TY_REQUIRE(out != nullptr && lse != nullptr && qkv != nullptr);
-  TY_REQUIRE(ai::Aligned16(out) && ai::Aligned16(qkv));
-  if (dtype == DType::kBF16) return ai::ForwardForHeadDim<bf16>(stream, out, lse, qkv, dims);
-  return ai::ForwardForHeadDim<float>(stream, out, lse, qkv, dims);
+  TY_REQUIRE(qkv != nullptr);
+  return AttentionBlockForward(
+      stream, dtype, out, lse, qkv, ai::ElementsPast(qkv, ai::PackedKeys(dims), dtype),
+      ai::ElementsPast(qkv, ai::PackedValues(dims), dtype), ai::PackedQkvBlock(dims));
 }
 
 }  // namespace trainyard::kernels::cuda
