@@ -519,6 +519,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     }
     const int64_t step_nanos = clock_.NowNanosMonotonic() - start;
     result_.train_losses.push_back(loss);
+    result_.grad_norms.push_back(norm);
     result_.step_seconds.push_back(step_nanos / 1e9);
     train_nanos_ += step_nanos;
     ++window_steps_;

@@ -116,6 +116,7 @@ struct TrainResult {
   bool drained = false;              // stopped early by stop_requested (after a checkpoint)
   double restore_seconds = 0.0;      // choosing, verifying and loading the checkpoint
   std::vector<double> train_losses;  // mean loss of every optimizer step this run took
+  std::vector<double> grad_norms;    // the global gradient norm of each, before clipping
   std::vector<double> step_seconds;  // wall time of every optimizer step
   std::vector<EvalPoint> evals;
   std::optional<double> entropy_nats;  // the data's entropy rate, when known

@@ -1,6 +1,6 @@
 // Several GPU ranks sharing one GPU (collectives through Gloo with host staging): DP=2 (plain
-// and ZeRO stages 2 and 3), TP=2 and PP=2 train five steps and must agree with the single-rank GPU
-// run of the same job.
+// and ZeRO stages 2 and 3), TP=2, PP=2 and CP=2 (ring attention; alone and with DP=2 and ZeRO-1)
+// train five steps and must agree with the single-rank GPU run of the same job.
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
 // the CPU equivalence test does (losses ≤ 1e-4 relative). With bf16 activations the parallel
@@ -51,6 +51,7 @@ struct Mesh {
   const char* name;
   int dp, tp, pp;
   int zero = 0;  // ZeRO stage; 2 and 3 accumulate reduce-scattered gradients into device chunks
+  int cp = 1;    // context parallelism: ring attention's block kernels and its transfers
 };
 
 class ParallelOnOneGpu : public ::testing::TestWithParam<std::tuple<Mesh, DType>> {};
@@ -68,6 +69,7 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   spec.parallelism.tp = mesh.tp;
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
+  spec.parallelism.cp = mesh.cp;
   spec.resources.devices_per_node = spec.parallelism.world_size();
   testenv::RankRunOptions options;
   options.make_backend = [act = act](int) { return Gpu(act); };
@@ -90,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(
     Meshes, ParallelOnOneGpu,
     ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1},
                                          Mesh{"pp2", 1, 1, 2}, Mesh{"dp2_zero2", 2, 1, 1, 2},
-                                         Mesh{"dp2_zero3", 2, 1, 1, 3}),
+                                         Mesh{"dp2_zero3", 2, 1, 1, 3}, Mesh{"cp2", 1, 1, 1, 0, 2},
+                                         Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));

@@ -1,6 +1,7 @@
-// Data, tensor, sequence and pipeline parallelism, every ZeRO stage and every pipeline schedule
-// against the single-process run: the same global batch for five optimizer steps (gradient
-// clipping active) must give the same losses and the same final parameters.
+// Data, tensor, sequence, pipeline and context parallelism, every ZeRO stage and every pipeline
+// schedule against the single-process run: the same global batch for five optimizer steps
+// (gradient clipping active) must give the same losses, the same global gradient norm at every
+// step (within 1e-4 relative) and the same final parameters.
 //
 // Ranks run as threads of this process, each with its own Gloo context over loopback TCP and a
 // shared file rendezvous store, exactly as separate processes would.
@@ -59,6 +60,7 @@ config::JobSpec BaseJob(config::ModelFamily family) {
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<double> grad_norms;
   std::vector<float> params;                    // single process: the whole model
   std::vector<std::vector<float>> rank_params;  // parallel: each rank's shard
   std::vector<TrainResult> ranks;
@@ -74,7 +76,10 @@ RunResult Single(config::JobSpec spec) {
   options.final_parameters = &run.params;
   auto result = Train(spec, *backend, options);
   EXPECT_TRUE(result.ok()) << result.status();
-  if (result.ok()) run.losses = result->train_losses;
+  if (result.ok()) {
+    run.losses = result->train_losses;
+    run.grad_norms = result->grad_norms;
+  }
   return run;
 }
 
@@ -87,6 +92,7 @@ RunResult Parallel(const config::JobSpec& spec, int64_t bucket_bytes) {
     run.ranks.push_back(*ranks.results[r]);
   }
   run.losses = run.ranks[0].train_losses;
+  run.grad_norms = run.ranks[0].grad_norms;
   run.rank_params = ranks.final_params;
   for (size_t r = 1; r < ranks.results.size(); ++r) {
     EXPECT_EQ(run.ranks[r].train_losses, run.losses) << "ranks disagree on the loss";
@@ -100,6 +106,13 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   for (size_t i = 0; i < single.losses.size(); ++i) {
     EXPECT_LE(std::abs(parallel.losses[i] - single.losses[i]) / single.losses[i], 1e-5)
         << "step " << i << ": " << parallel.losses[i] << " vs " << single.losses[i];
+  }
+  // The whole gradient, summed over every rank's shard, before clipping.
+  ASSERT_EQ(parallel.grad_norms.size(), single.grad_norms.size());
+  for (size_t i = 0; i < single.grad_norms.size(); ++i) {
+    EXPECT_LE(std::abs(parallel.grad_norms[i] - single.grad_norms[i]) / single.grad_norms[i], 1e-4)
+        << "step " << i << ": gradient norm " << parallel.grad_norms[i] << " vs "
+        << single.grad_norms[i];
   }
   // Each rank's shard against the same slice of the single-process model.
   const int tp = spec.parallelism.tp;
