@@ -109,6 +109,7 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2", .cp = 2, .seq_len = 24},
     {.name = "cp4", .cp = 4, .seq_len = 24},
     {.name = "dp2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24},
+    {.name = "cp2_zero2", .cp = 2, .zero = 2, .seq_len = 24},
     {.name = "dp2_cp2_zero3", .dp = 2, .cp = 2, .zero = 3, .seq_len = 24},
     {.name = "cp2_tp2", .tp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
