@@ -201,21 +201,12 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, 1.0f, dy0, out_stride,
                       base + l.v(g), stride, 0.0f, ds.data(), keys);
           for (int64_t r = 0; r < rows; ++r) {
-            float* pr = p.data() + r * keys;
-            float* dsr = ds.data() + r * keys;
-            const int64_t visible = i0 + r + 1;
-            const float row_lse = lse[(bi * heads + h) * t + i0 + r];
             float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
             for (int64_t c = 0; c < d; ++c)
               delta += dy0[r * out_stride + c] * y0[r * out_stride + c];
-#pragma omp simd
-            for (int64_t j = 0; j < visible; ++j) {
-              pr[j] = FastExp(pr[j] - row_lse);
-              dsr[j] = pr[j] * (dsr[j] - delta) * scale;
-            }
-            std::fill(pr + visible, pr + keys, 0.0f);
-            std::fill(dsr + visible, dsr + keys, 0.0f);
+            GradientRow(p.data() + r * keys, ds.data() + r * keys, i0 + r + 1, keys,
+                        lse[(bi * heads + h) * t + i0 + r], delta, scale);
           }
           // dQ = dS · K;  dK += dSᵀ · Q;  dV += Pᵀ · dY
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, ds.data(),
