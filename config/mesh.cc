@@ -21,7 +21,8 @@ Problem Bad(std::string path, std::string reason, std::vector<std::string> relat
 
 Problem CheckDegrees(const ParallelismSpec& m) {
   const std::pair<const char*, int> degrees[] = {
-      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"cp", m.cp}, {"virtual_stages", m.virtual_stages}};
+      {"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp},
+      {"cp", m.cp}, {"ep", m.ep}, {"virtual_stages", m.virtual_stages}};
   for (const auto& [name, value] : degrees) {
     if (value < 1 || value > kMaxDegree) {
       return Bad(absl::StrCat("parallelism.", name),
@@ -88,6 +89,15 @@ Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
                  {absl::StrCat("model.", name), "model.preset"});
     }
   }
+  // Each expert's MLP (and the shared experts', shared_experts × ffn wide) is split column- and
+  // row-parallel like the dense MLP.
+  const MoeConfig& moe = spec.model.moe;
+  if (moe.enabled() && moe.ffn % m.tp != 0) {
+    return Bad("parallelism.tp",
+               absl::StrCat("model.moe.ffn ", moe.ffn, " is not divisible by tp ", m.tp,
+                            " (tensor parallelism splits every expert's MLP evenly)"),
+               {"model.moe.ffn", "model.moe"});
+  }
   return std::nullopt;
 }
 
@@ -152,6 +162,49 @@ Problem CheckContextParallelDevices(const ParallelismSpec& m, const ResourcesSpe
                           " needs CPU ranks: ring attention has no GPU kernels yet (write cp: 1, "
                           "or resources.kind: cpu)"),
              {"resources.kind"});
+}
+
+// The router picks each token's experts from the whole micro-batch's tokens on the rank; it has
+// not been made to run over a sequence split between context-parallel ranks.
+Problem CheckMixtureOfExpertsContext(const ParallelismSpec& m, const ModelConfig& model) {
+  if (m.cp == 1 || !model.moe.enabled()) return std::nullopt;
+  return Bad("parallelism.cp",
+             absl::StrCat("cp ", m.cp,
+                          " cannot run model.moe yet: the MoE router does not run over a split "
+                          "sequence (write cp: 1)"),
+             {"model.moe"});
+}
+
+// The MoE layers' kernels are the CPU backend's until the CUDA ones have run on a device.
+Problem CheckMixtureOfExpertsDevices(const ModelConfig& model, const ResourcesSpec& r) {
+  if (!model.moe.enabled() || r.kind != DeviceKind::kGpu) return std::nullopt;
+  return Bad("model.moe",
+             "needs CPU ranks: the MoE layers have not run on a GPU yet (leave out model.moe, or "
+             "write resources.kind: cpu)",
+             {"resources.kind"});
+}
+
+// Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.
+Problem CheckExpertParallel(const ParallelismSpec& m, const ModelConfig& model) {
+  if (m.ep == 1) return std::nullopt;
+  if (!model.moe.enabled()) {
+    return Bad("parallelism.ep",
+               absl::StrCat("ep ", m.ep, " needs a mixture-of-experts model (model.moe)"),
+               {"model.moe"});
+  }
+  if (model.moe.experts % m.ep != 0) {
+    return Bad("parallelism.ep",
+               absl::StrCat("ep ", m.ep, " does not divide model.moe.experts ", model.moe.experts,
+                            " (each rank of an expert-parallel group holds experts / ep)"),
+               {"model.moe.experts"});
+  }
+  if (m.dp % m.ep != 0) {
+    return Bad("parallelism.ep",
+               absl::StrCat("ep ", m.ep, " does not divide dp ", m.dp,
+                            " (expert-parallel groups are drawn from the data-parallel ranks)"),
+               {"parallelism.dp"});
+  }
+  return std::nullopt;
 }
 
 // Sequence parallelism splits each micro-batch's tokens (a rank's share of each sequence under
@@ -313,6 +366,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
   if (Problem p = CheckContextParallelDevices(mesh, spec.resources)) return p;
+  if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 
@@ -322,8 +376,27 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
   if (Problem p = CheckBatch(mesh, spec.training)) return p;
   if (Problem p = CheckContextParallel(mesh, spec.training)) return p;
+  if (Problem p = CheckMixtureOfExpertsContext(mesh, spec.model)) return p;
+  if (Problem p = CheckExpertParallel(mesh, spec.model)) return p;
   if (Problem p = CheckSequenceParallel(mesh, spec.training)) return p;
   return CheckSchedule(mesh, spec);
+}
+
+std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec) {
+  if (!spec.model.moe.enabled()) return std::nullopt;
+  if (spec.parallelism.automatic) {
+    return Bad("parallelism",
+               "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
+               "explicitly",
+               {"model.moe"});
+  }
+  if (spec.parallelism.automatic_schedule) {
+    return Bad("parallelism.schedule",
+               "auto: the planner does not model model.moe yet: write the schedule (1f1b, "
+               "interleaved or zero-bubble)",
+               {"model.moe"});
+  }
+  return std::nullopt;
 }
 
 absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem) {

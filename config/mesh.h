@@ -19,19 +19,27 @@ namespace trainyard::config {
 // own parallelism is ignored), or nothing. The rules, in order: every degree is at least 1 and
 // zero is 0..3; dp x cp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
 // names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
-// inside a node); cp is 1 on GPU resources (ring attention runs on CPU ranks only); model.heads,
-// model.kv_heads, model.ffn_hidden and model.vocab are divisible by
+// inside a node); cp is 1 on GPU resources (ring attention runs on CPU ranks only), and so is
+// model.moe (its layers have not run on a GPU); model.heads, model.kv_heads, model.ffn_hidden,
+// model.vocab and model.moe.ffn are divisible by
 // tp; model.layers >= pp (every pipeline stage holds a layer), and a token embedding tied across
 // pipeline stages needs ZeRO 0 or 1; training.batch is divisible by
 // dp x micro_batch (micro_batch 0 meaning batch / dp); training.seq_len is divisible by 2 x cp
-// (the head-tail split); a schedule other than 1f1b needs pp > 1,
+// (the head-tail split), and cp is 1 with model.moe (its router does not run over a split
+// sequence); a schedule other than 1f1b needs pp > 1,
 // no model.recompute and at least pp micro-batches per step.
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
 // The rules of FindMeshProblem between the mesh and the model and batch alone, whatever the
 // resources (degrees, tp dividing the sharded model sizes, pp within the layers, the batch split,
-// sequence parallelism, the pipeline schedule): what a rank checks of the mesh it was handed.
+// context parallelism, sequence parallelism, the pipeline schedule): what a rank checks of the
+// mesh it was handed.
 std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, const JobSpec& spec);
+
+// The spec's own `auto` parallelism fields (`parallelism: auto`, `parallelism.schedule: auto`)
+// are the planner's to fill at submit, and its memory and time models know dense blocks only:
+// with model.moe each is refused, naming the field. Nothing otherwise.
+std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec);
 
 // OK without a problem, else INVALID_ARGUMENT "path: reason".
 [[nodiscard]] absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem);

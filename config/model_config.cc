@@ -1,5 +1,6 @@
 #include "config/model_config.h"
 
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,8 @@
 
 namespace trainyard::config {
 namespace {
+
+constexpr int kMaxExperts = 65536;
 
 ModelConfig Gpt2(int layers, int width, int heads, int vocab, int max_seq) {
   ModelConfig c;
@@ -55,25 +58,42 @@ const std::map<std::string, ModelConfig>& Presets() {
 }  // namespace
 
 int64_t ModelConfig::ParameterCount() const {
-  const int64_t c = width, f = ffn_hidden, v = vocab;
+  const int64_t c = width, v = vocab;
   const int64_t qkv = qkv_width();
   const int64_t attn_out = static_cast<int64_t>(heads) * head_dim();
-  int64_t per_layer = 0;
+  const bool gpt2 = family == ModelFamily::kGpt2;
+  // One MLP of hidden size f: GPT-2's fc and proj with biases, or Llama's gate/up and down.
+  auto mlp = [&](int64_t f) { return gpt2 ? f * c + f + c * f + c : 2 * f * c + c * f; };
+  int64_t attention = 0;  // everything of a block but its MLP
   int64_t total = v * c;  // token embedding
-  if (family == ModelFamily::kGpt2) {
-    per_layer = 2 * c                                    // ln1
-                + qkv * c + qkv                          // qkv
-                + c * attn_out + c                       // attention projection
-                + 2 * c                                  // ln2
-                + f * c + f + c * f + c;                 // MLP
-    total += static_cast<int64_t>(max_seq) * c + 2 * c;  // positions, final LayerNorm
+  if (gpt2) {
+    attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
+    total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    per_layer = c + qkv * c + c * attn_out + c + 2 * f * c + c * f;
+    attention = c + qkv * c + c * attn_out + c;
     total += c;  // final RMSNorm
   }
-  total += per_layer * layers;
+  for (int l = 0; l < layers; ++l) {
+    total += attention;
+    if (!moe.IsMoeLayer(l)) {
+      total += mlp(ffn_hidden);
+      continue;
+    }
+    // The router (its selection bias is not trained), the routed and the shared experts.
+    total += int64_t{moe.experts} * c + moe.experts * mlp(moe.ffn);
+    if (moe.shared_experts > 0) total += mlp(int64_t{moe.shared_experts} * moe.ffn);
+  }
   if (!tied_embeddings) total += v * c;
   return total;
+}
+
+int64_t ModelConfig::ActiveParameterCount() const {
+  if (!moe.enabled()) return ParameterCount();
+  ModelConfig active = *this;
+  // A token's share of an MoE layer: the router, top_k routed experts and the shared ones.
+  active.moe.experts = moe.top_k;
+  const int64_t unused_router = int64_t{moe.experts - moe.top_k} * width;
+  return active.ParameterCount() + unused_router * (layers / moe.every);
 }
 
 std::string FamilyName(ModelFamily family) {
@@ -101,6 +121,48 @@ std::vector<std::string> PresetNames() {
   for (const auto& [name, unused] : Presets()) names.push_back(name);
   return names;
 }
+
+namespace {
+
+// The MoE fields, checked unless experts is 0 (a dense model, whose other moe fields mean nothing).
+// NaN fails every comparison, so the real-valued checks are written as "!(good)".
+absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
+  const MoeConfig& moe = c.moe;
+  if (moe.experts == 0) return absl::OkStatus();
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".moe.", field, ": ", why));
+  };
+  if (moe.experts < 1 || moe.experts > kMaxExperts) {
+    return bad("experts",
+               absl::StrCat("must be between 1 and ", kMaxExperts, ", got ", moe.experts));
+  }
+  if (moe.top_k < 1 || moe.top_k > moe.experts) {
+    return bad("top_k",
+               absl::StrCat("must be between 1 and experts ", moe.experts, ", got ", moe.top_k));
+  }
+  if (moe.shared_experts < 0) {
+    return bad("shared_experts", absl::StrCat("must be at least 0, got ", moe.shared_experts));
+  }
+  if (moe.every < 1 || moe.every > c.layers) {
+    return bad("every",
+               absl::StrCat("must be between 1 and layers ", c.layers, ", got ", moe.every));
+  }
+  if (moe.ffn < 1) return bad("ffn", absl::StrCat("must be at least 1, got ", moe.ffn));
+  if (!(moe.aux_loss_coeff >= 0.0f) || !std::isfinite(moe.aux_loss_coeff)) {
+    return bad("aux_loss_coeff",
+               absl::StrCat("must be zero or positive, got ", moe.aux_loss_coeff));
+  }
+  if (!(moe.bias_update_rate > 0.0f) || !std::isfinite(moe.bias_update_rate)) {
+    return bad("bias_update_rate", absl::StrCat("must be positive, got ", moe.bias_update_rate));
+  }
+  if (!(moe.capacity_factor >= 0.0f) || !std::isfinite(moe.capacity_factor)) {
+    return bad("capacity_factor",
+               absl::StrCat("must be 0 (dropless) or positive, got ", moe.capacity_factor));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
@@ -130,7 +192,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (!(c.norm_eps > 0.0f)) return bad("norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0f)) return bad("rope_theta", "must be positive");
-  return absl::OkStatus();
+  return ValidateMoe(c, p);
 }
 
 }  // namespace trainyard::config

@@ -17,6 +17,42 @@ enum class ModelFamily {
   kLlama,  // RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied embeddings
 };
 
+// Mixture of experts: every `every`-th block's MLP (blocks every−1, 2·every−1, … counting from 0)
+// becomes `experts` routed MLPs of the family's shape with hidden size `ffn`, of which each token
+// uses `top_k`, plus `shared_experts` MLPs every token uses (held as one MLP of hidden
+// shared_experts·ffn). The router is a linear layer [experts, width] computed in fp32; its scores
+// are softmax(logits) or sigmoid(logits); a token picks the top_k of score + bias (bias: the
+// auxiliary-loss-free rule's per-expert selection bias, zero under aux_loss; ties go to the lower
+// expert index) and weighs expert e by score_e, divided by the sum of its picks' scores when
+// normalize_top_k. The output is Σ weight · expert(x) + shared(x).
+enum class MoeBalance {
+  kAuxLoss,  // + aux_loss_coeff · E · Σᵢ fᵢ·Pᵢ per micro-batch (fᵢ: share of the micro-batch's
+             // picks that went to i, Pᵢ: its mean normalised score)
+  kBias,  // after each step biasᵢ += bias_update_rate · sign(mean load − loadᵢ), the loads
+          // summed over the step and the data-parallel world
+};
+enum class MoeScore { kSoftmax, kSigmoid };
+
+struct MoeConfig {
+  int experts = 0;  // 0: a dense model (no MoE layers)
+  int top_k = 1;
+  int shared_experts = 0;
+  int every = 1;
+  int ffn = 0;  // each expert's hidden size (the family's MLP shape)
+  MoeScore score = MoeScore::kSoftmax;
+  bool normalize_top_k = false;
+  MoeBalance balance = MoeBalance::kAuxLoss;
+  float aux_loss_coeff = 0.01f;
+  float bias_update_rate = 0.001f;
+  // 0: dropless. Otherwise each expert takes at most ceil(capacity_factor · tokens · top_k /
+  // experts) of a micro-batch's picks, in token order; the rest are dropped (counted).
+  float capacity_factor = 0.0f;
+
+  bool enabled() const { return experts > 0; }
+  bool IsMoeLayer(int layer) const { return enabled() && (layer + 1) % every == 0; }
+  bool has_bias() const { return enabled() && balance == MoeBalance::kBias; }
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
   int layers = 2;
@@ -30,11 +66,15 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool recompute = false;  // recompute each layer's activations in the backward pass
+  MoeConfig moe;
 
   int head_dim() const { return width / heads; }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;
+  // Parameters one token's computation uses: with MoE layers, the router, top_k routed experts
+  // and the shared experts of each (equal to ParameterCount for a dense model).
+  int64_t ActiveParameterCount() const;
 };
 
 std::string FamilyName(ModelFamily family);
@@ -45,7 +85,10 @@ std::string FamilyName(ModelFamily family);
 std::vector<std::string> PresetNames();
 
 // Checks internal consistency. Errors are INVALID_ARGUMENT naming the field under `path_prefix`
-// (e.g. "model.heads: width 100 is not divisible by heads 3").
+// (e.g. "model.heads: width 100 is not divisible by heads 3"). The moe fields are checked unless
+// moe.experts is 0 (a dense model): experts 1..65536, top_k 1..experts, shared_experts >= 0,
+// every 1..layers, ffn >= 1, aux_loss_coeff >= 0, bias_update_rate > 0, capacity_factor 0 or
+// positive, the reals finite ("model.moe.top_k: must be between 1 and experts 4, got 5").
 [[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config,
                                                const std::string& path_prefix = "model");
 

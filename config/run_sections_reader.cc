@@ -21,11 +21,12 @@ absl::Status ReadParallelism(FieldReader& top, ParallelismSpec* p) {
   }
   if (!r->IsMapping()) return top.WrongType("parallelism", "auto or a mapping of dp, tp, pp, zero");
   TY_RETURN_IF_ERROR(r->ExpectMapWithKeys(
-      {"dp", "tp", "pp", "cp", "zero", "sequence_parallel", "schedule", "virtual_stages"}));
+      {"dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "schedule", "virtual_stages"}));
   TY_RETURN_IF_ERROR(r->ReadInt("dp", &p->dp));
   TY_RETURN_IF_ERROR(r->ReadInt("tp", &p->tp));
   TY_RETURN_IF_ERROR(r->ReadInt("pp", &p->pp));
   TY_RETURN_IF_ERROR(r->ReadInt("cp", &p->cp));
+  TY_RETURN_IF_ERROR(r->ReadInt("ep", &p->ep));
   TY_RETURN_IF_ERROR(r->ReadInt("zero", &p->zero));
   TY_RETURN_IF_ERROR(r->ReadBool("sequence_parallel", &p->sequence_parallel));
   TY_RETURN_IF_ERROR(r->ReadInt("virtual_stages", &p->virtual_stages));

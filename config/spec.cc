@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -75,10 +77,73 @@ absl::Status ReadFamilyAndSizes(FieldReader& r, ModelConfig* model) {
   return absl::OkStatus();
 }
 
+// Reads `key`, when present, as one of `words` into `*index`; another word is refused ("unknown
+// <what> ...") with the closest of them, else the list.
+absl::Status ReadChoice(FieldReader& r, std::string_view key, const char* what,
+                        const std::vector<std::string>& words, size_t* index) {
+  if (!r.Has(key)) return absl::OkStatus();
+  std::string word;
+  TY_RETURN_IF_ERROR(r.ReadString(key, &word));
+  const auto known = std::find(words.begin(), words.end(), word);
+  if (known != words.end()) {
+    *index = known - words.begin();
+    return absl::OkStatus();
+  }
+  const std::string suggestion = ClosestMatch(word, words);
+  return r.ErrorAt(key, absl::StrCat("unknown ", what, " ", QuoteForMessage(word),
+                                     suggestion.empty()
+                                         ? absl::StrCat("; expected ", absl::StrJoin(words, " or "))
+                                         : absl::StrCat("; did you mean '", suggestion, "'?")));
+}
+
+// model.moe: `ffn_hidden` is the model's own (after its preset and defaults), each expert's
+// default. A field the chosen balance rule does not use is refused: it is a mistake.
+absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"experts", "top_k", "shared_experts", "every", "ffn",
+                                          "score", "normalize_top_k", "balance", "aux_loss_coeff",
+                                          "bias_update_rate", "capacity_factor"}));
+  if (!r.Has("experts")) {
+    return r.ErrorAt("experts", "required: the routed experts of each MoE block");
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt("experts", &moe->experts));
+  if (moe->experts == 0) {
+    return r.ErrorAt("experts", "must be at least 1 (a dense model leaves out model.moe)");
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt("top_k", &moe->top_k));
+  TY_RETURN_IF_ERROR(r.ReadInt("shared_experts", &moe->shared_experts));
+  TY_RETURN_IF_ERROR(r.ReadInt("every", &moe->every));
+  moe->ffn = ffn_hidden;
+  TY_RETURN_IF_ERROR(r.ReadInt("ffn", &moe->ffn));
+  size_t score = 0;
+  TY_RETURN_IF_ERROR(ReadChoice(r, "score", "router score", {"softmax", "sigmoid"}, &score));
+  moe->score = score == 0 ? MoeScore::kSoftmax : MoeScore::kSigmoid;
+  // Sigmoid scores do not sum to one over the experts: by default a token's picks are weighed
+  // by their share of the picks' sum.
+  moe->normalize_top_k = moe->score == MoeScore::kSigmoid;
+  TY_RETURN_IF_ERROR(r.ReadBool("normalize_top_k", &moe->normalize_top_k));
+  size_t balance = 0;
+  TY_RETURN_IF_ERROR(ReadChoice(r, "balance", "balance rule", {"aux_loss", "bias"}, &balance));
+  moe->balance = balance == 0 ? MoeBalance::kAuxLoss : MoeBalance::kBias;
+  if (moe->balance == MoeBalance::kBias && r.Has("aux_loss_coeff")) {
+    return r.ErrorAt("aux_loss_coeff",
+                     "only used with balance: aux_loss (this model balances "
+                     "its experts with a selection bias)");
+  }
+  if (moe->balance == MoeBalance::kAuxLoss && r.Has("bias_update_rate")) {
+    return r.ErrorAt("bias_update_rate",
+                     "only used with balance: bias (this model balances its experts with an "
+                     "auxiliary loss)");
+  }
+  TY_RETURN_IF_ERROR(r.ReadFloat("aux_loss_coeff", &moe->aux_loss_coeff));
+  TY_RETURN_IF_ERROR(r.ReadFloat("bias_update_rate", &moe->bias_update_rate));
+  TY_RETURN_IF_ERROR(r.ReadFloat("capacity_factor", &moe->capacity_factor));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
       {"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq",
-       "tied_embeddings", "norm_eps", "rope_theta", "recompute"}));
+       "tied_embeddings", "norm_eps", "rope_theta", "recompute", "moe"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -105,6 +170,9 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   }
   if (gpt2 && r.Has("rope_theta")) {
     return r.ErrorAt("rope_theta", "only the llama family uses rotary position embeddings");
+  }
+  if (std::optional<FieldReader> moe = r.Child("moe")) {
+    TY_RETURN_IF_ERROR(ReadMoe(*moe, m.ffn_hidden, &m.moe));
   }
   return m;
 }

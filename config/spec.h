@@ -104,6 +104,10 @@ struct ParallelismSpec {
   // of N holds the sequence's chunks r and 2N − 1 − r of 2N (the head-tail split, which balances
   // causal attention); the cp ranks of one data-parallel replica read the same sequences.
   int cp = 1;
+  // Expert parallelism: the routed experts of every MoE layer (model.moe) split over groups of
+  // `ep` data-parallel ranks (consecutive data-parallel indices); tokens reach their experts by
+  // all-to-all. Drawn from dp: it does not change the world size.
+  int ep = 1;
 
   int world_size() const { return dp * cp * tp * pp; }
 };

@@ -182,6 +182,27 @@ class Backend {
                                       const Act* k, const Act* v, const Act* out, const float* lse,
                                       const AttentionBlockShape& s) = 0;
 
+  // Mixture of experts (worker/moe_routing.h): the router's fp32 linear layer, tokens gathered
+  // into their experts' rows and combined back.
+  //
+  // out[m, n] = inp[m, k] · weight[n, k]ᵀ in fp32 (overwritten).
+  virtual void LinearF32(float* out, const Act* inp, const float* weight, int64_t m, int64_t n,
+                         int64_t k) = 0;
+  // Its backward with both gradients accumulated (dinp adds onto the other branches'): dinp +=
+  // dout · weight, dweight += doutᵀ · inp; either skipped when null.
+  virtual void LinearF32Backward(Act* dinp, float* dweight, const float* dout, const Act* inp,
+                                 const float* weight, int64_t m, int64_t n, int64_t k) = 0;
+  // out row r = scale[r] · inp row rows[r] (scale null: 1), `count` rows of `cols`.
+  virtual void GatherRows(Act* out, const Act* inp, const int32_t* rows, const float* scale,
+                          int64_t count, int64_t cols) = 0;
+  // out row t (overwritten, or accumulated) = Σ_j weights[t·k + j] · inp row slots[t·k + j] over
+  // j < k in order, skipping slots −1 (weights null: 1).
+  virtual void CombineRows(Act* out, const Act* inp, const int32_t* slots, const float* weights,
+                           int64_t rows, int64_t k, int64_t cols, bool accumulate) = 0;
+  // out[r] = ⟨a row a_rows[r], b row r⟩ for r < count.
+  virtual void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
+                       int64_t cols) = 0;
+
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
   virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
                                      int64_t vocab, float grad_scale, bool write_grad) = 0;

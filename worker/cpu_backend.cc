@@ -15,6 +15,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/rope.h"
 #include "worker/backend.h"
@@ -115,6 +116,26 @@ class CpuBackend final : public Backend {
   void LinearBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                       const float* w, int64_t m, int64_t n, int64_t kk) override {
     k::LinearBackward(F(dinp), dw, db, F(dout), F(inp), w, m, n, kk);
+  }
+  void LinearF32(float* out, const Act* inp, const float* w, int64_t m, int64_t n,
+                 int64_t kk) override {
+    k::LinearForward(out, F(inp), w, nullptr, m, n, kk);
+  }
+  void LinearF32Backward(Act* dinp, float* dw, const float* dout, const Act* inp, const float* w,
+                         int64_t m, int64_t n, int64_t kk) override {
+    k::LinearBackwardAccumulate(F(dinp), dw, dout, F(inp), w, m, n, kk);
+  }
+  void GatherRows(Act* out, const Act* inp, const int32_t* rows, const float* scale, int64_t count,
+                  int64_t cols) override {
+    k::GatherRows(F(out), F(inp), rows, scale, count, cols);
+  }
+  void CombineRows(Act* out, const Act* inp, const int32_t* slots, const float* weights,
+                   int64_t rows, int64_t kk, int64_t cols, bool accumulate) override {
+    k::CombineRows(F(out), F(inp), slots, weights, rows, kk, cols, accumulate);
+  }
+  void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
+               int64_t cols) override {
+    k::RowDots(out, F(a), a_rows, F(b), count, cols);
   }
   void LayerNorm(Act* out, float* mean, float* rstd, const Act* inp, const float* w, const float* b,
                  int64_t rows, int64_t c, float eps) override {

@@ -23,6 +23,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/rope.h"
 
@@ -165,6 +166,29 @@ class CudaBackend final : public Backend {
       float* scratch = ScratchFloats(Scratch::kReduce, kc::ColumnSumScratchFloats(m, n));
       Run(kc::AccumulateColumnSums(stream_, act_dtype(), db, dout, m, n, scratch));
     }
+  }
+
+  // Mixture of experts: the router's fp32 linear layer and the token movement, deterministic
+  // kernels of their own (the router's few experts make too narrow a GEMM to be worth cuBLASLt).
+  void LinearF32(float* out, const Act* inp, const float* w, int64_t m, int64_t n,
+                 int64_t k) override {
+    Run(kc::RouterLinearForward(stream_, act_dtype(), out, inp, w, m, n, k));
+  }
+  void LinearF32Backward(Act* dinp, float* dw, const float* dout, const Act* inp, const float* w,
+                         int64_t m, int64_t n, int64_t k) override {
+    Run(kc::RouterLinearBackward(stream_, act_dtype(), dinp, dw, dout, inp, w, m, n, k));
+  }
+  void GatherRows(Act* out, const Act* inp, const int32_t* rows, const float* scale, int64_t count,
+                  int64_t cols) override {
+    Run(kc::GatherRows(stream_, act_dtype(), out, inp, rows, scale, count, cols));
+  }
+  void CombineRows(Act* out, const Act* inp, const int32_t* slots, const float* weights,
+                   int64_t rows, int64_t k, int64_t cols, bool accumulate) override {
+    Run(kc::CombineRows(stream_, act_dtype(), out, inp, slots, weights, rows, k, cols, accumulate));
+  }
+  void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
+               int64_t cols) override {
+    Run(kc::RowDots(stream_, act_dtype(), out, a, a_rows, b, count, cols));
   }
 
   // Norms.

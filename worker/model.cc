@@ -7,86 +7,22 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/model_activations.h"
 
 namespace trainyard::worker {
 
 using config::ModelFamily;
-
-// Saved activations of one transformer block for one micro-batch (N = b·t rows).
-// Activations are Buffer<Act> (the backend's activation type); statistics are fp32.
-struct Model::LayerActivations {
-  Buffer<Act> ln1;                   // [N, C]
-  Buffer<float> ln1_mean, ln1_rstd;  // [N], [N]
-  Buffer<Act> qkv;                   // [N, qkv_width], after RoPE
-  Buffer<Act> att;                   // [N, heads·d]
-  Buffer<float> lse;                 // [b, heads, t]
-  Buffer<Act> mid;                   // [N, C]: the residual stream after attention
-  Buffer<Act> ln2;                   // [N, C]
-  Buffer<float> ln2_mean, ln2_rstd;  // [N], [N]
-  Buffer<Act> fc;                    // [N, ffn] (GPT-2) or [N, 2·ffn] (gate, up)
-  Buffer<Act> act;                   // [N, ffn]
-  // Sequence parallelism: the norms' outputs on this rank's rows, before they are gathered.
-  Buffer<Act> ln1_local, ln2_local;
-};
-
-struct Model::Activations {
-  int b = 0, t = 0;
-  int layers_held = 0;  // blocks whose activations the slot holds (a chunk's)
-  Buffer<int32_t> inputs, targets;
-  // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
-  Buffer<int32_t> local_inputs, local_targets;
-  Buffer<float> ce_stats, ce_lse;        // vocabulary-parallel loss: [chunk, 3] and [chunk]
-  std::vector<Buffer<Act>> resid;        // layers + 1 of [N, C]: the input of each block
-  std::vector<LayerActivations> layers;  // one per block, or a single one when recomputing
-  Buffer<Act> lnf;                       // final norm
-  Buffer<float> lnf_mean, lnf_rstd;
-  Buffer<Act> tmp;     // [N, C]: a projection's output before the residual add
-  Buffer<Act> logits;  // [chunk rows, vocab]
-  // Gradients flowing backward.
-  Buffer<Act> dx, dln, datt, dqkv, dfc, dact, dlnf;
-  // Sequence parallelism: local-row and full-row counterparts.
-  Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
-  Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
-  // A split backward (ZB's B and W passes): what each block's weight pass needs besides the
-  // saved activations, from the input-gradient pass: the gradients at the outputs of its four
-  // linears (full rows) and its norms' weight and bias gradients; on the first stage the gradient
-  // at the embedding's output (full rows).
-  struct DeferredGrads {
-    Buffer<Act> mlp_proj_dy, fc_dy, proj_dy, qkv_dy;
-    Buffer<float> norms;  // [4, width]: ln1 weight, bias, ln2 weight, bias
-  };
-  std::vector<DeferredGrads> deferred;
-  Buffer<Act> embedding_dy;
-};
-
-// Holds one parameter group acquired from the source for a scope; records its pointer so that
-// P() can find it.
-class Model::Hold {
- public:
-  static absl::StatusOr<std::unique_ptr<Hold>> Acquire(Model* model, int group) {
-    TY_ASSIGN_OR_RETURN(const float* p, model->source_->Acquire(group));
-    model->group_params_[group] = p;
-    return std::unique_ptr<Hold>(new Hold(model, group));
-  }
-  ~Hold() {
-    model_->source_->Release(group_);
-    if (--model_->hold_counts_[group_] == 0) model_->group_params_[group_] = nullptr;
-  }
-
- private:
-  Hold(Model* model, int group) : model_(model), group_(group) { ++model_->hold_counts_[group]; }
-  Model* model_;
-  int group_;
-};
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
              ModelSharding sharding)
     : config_(config),
       tp_(sharding.tp, sharding.sequence_parallel, backend->act_dtype()),
       cp_(sharding.cp, backend),
+      ep_(sharding.ep != nullptr && sharding.ep->size() > 1 ? sharding.ep : nullptr),
       sp_(tp_.sequence_parallel()),
       split_(sharding.split_backward),
-      layout_(config, tp_.rank(), tp_.size(), std::move(sharding.chunks)),
+      layout_(config, tp_.rank(), tp_.size(), std::move(sharding.chunks),
+              ep_ != nullptr ? ep_->rank() : 0, ep_ != nullptr ? ep_->size() : 1),
       backend_(backend),
       source_(source) {
   const int64_t n = tp_size(), d = config.head_dim();
@@ -101,6 +37,13 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   group_params_.assign(layout_.groups().size(), nullptr);
   group_grads_.assign(layout_.groups().size(), nullptr);
   hold_counts_.assign(layout_.groups().size(), 0);
+  for (const PipelineStage& chunk : layout_.chunks()) {
+    for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
+      if (config.moe.IsMoeLayer(l)) {
+        moe_stats_.push_back({l, std::vector<int64_t>(config.moe.experts)});
+      }
+    }
+  }
 }
 
 Model::~Model() = default;
@@ -110,6 +53,22 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                      ModelSharding sharding) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
+  if (config.moe.enabled() && sharding.cp != nullptr && sharding.cp->size() > 1) {
+    return absl::InvalidArgumentError(
+        "model.moe: mixture-of-experts layers do not run with context parallelism "
+        "(parallelism.cp) yet");
+  }
+  const int tp = sharding.tp != nullptr ? sharding.tp->size() : 1;
+  const int ep = sharding.ep != nullptr ? sharding.ep->size() : 1;
+  if (ep > 1 && (!config.moe.enabled() || config.moe.experts % ep != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.ep: ", ep,
+                                                   " does not split the experts of model.moe (",
+                                                   config.moe.experts, ")"));
+  }
+  if (config.moe.enabled() && config.moe.ffn % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe.ffn: ", config.moe.ffn, " does not split over tp ", tp));
+  }
   const std::vector<PipelineStage>& chunks = sharding.chunks;
   if (chunks.empty()) return absl::InvalidArgumentError("a model needs at least one chunk");
   for (size_t c = 1; c < chunks.size(); ++c) {
@@ -168,6 +127,13 @@ int64_t Model::activation_bytes() const {
            {&la.ln1_mean, &la.ln1_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd}) {
         add(*b);
       }
+      const LayerActivations::Experts& m = la.moe;
+      for (const Buffer<Act>* b :
+           {&m.in, &m.fc, &m.act, &m.out, &m.expert_in, &m.expert_fc, &m.expert_act}) {
+        add_act(*b);
+      }
+      for (const Buffer<float>* b : {&m.logits, &m.row_weight, &m.weight}) add(*b);
+      ints += m.source.size() + m.slot.size() + m.to_experts.size() + m.from_experts.size();
     }
     for (const Buffer<Act>* b :
          {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf,
@@ -183,6 +149,12 @@ int64_t Model::activation_bytes() const {
       add(d.norms);
     }
     add_act(a.embedding_dy);
+    add_act(a.moe_dout);
+    add_act(a.moe_din);
+    add(a.moe_dweight);
+    add(a.moe_dlogits);
+    add_act(a.moe_exchange);
+    add_act(a.moe_expert_rows);
   }
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
          ints * static_cast<int64_t>(sizeof(int32_t)) + cp_.scratch_bytes();
@@ -263,7 +235,6 @@ void Model::EnsureActivations(int b, int t) {
   const int64_t n = int64_t{b} * t, width = c.width, qkv = dims_.qkv_width;
   const int64_t nr = sp_ ? n / tp_size() : n;  // rows of the residual stream held here
   const int64_t attn = dims_.attn;
-  const int64_t fc = c.family == ModelFamily::kGpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
   Backend& be = *backend_;
   a->b = b;
   a->t = t;
@@ -277,6 +248,10 @@ void Model::EnsureActivations(int b, int t) {
   const int local_layers = stage().num_layers;
   for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocAct(nr * width));
   const int saved_layers = c.recompute ? 1 : local_layers;
+  const int64_t experts = c.moe.experts, picks = n * c.moe.top_k;
+  const int64_t expert_ffn = c.moe.ffn / tp_size();
+  const int64_t expert_fc = c.family == ModelFamily::kGpt2 ? expert_ffn : 2 * expert_ffn;
+  MlpSizes most;  // the largest of any slot, for the backward's scratch
   for (int l = 0; l < saved_layers; ++l) {
     LayerActivations la;
     la.ln1 = be.AllocAct(n * width);
@@ -293,8 +268,13 @@ void Model::EnsureActivations(int b, int t) {
       la.ln1_local = be.AllocAct(nr * width);
       la.ln2_local = be.AllocAct(nr * width);
     }
-    la.fc = be.AllocAct(n * fc);
-    la.act = be.AllocAct(n * dims_.ffn);
+    const MlpSizes sizes = MlpSizesOf(l);
+    la.fc = be.AllocAct(n * sizes.fc);
+    la.act = be.AllocAct(n * sizes.ffn);
+    if (sizes.moe) AllocateExperts(la, n);
+    most.fc = std::max({most.fc, sizes.fc, sizes.moe ? c.moe.top_k * expert_fc : 0});
+    most.ffn = std::max({most.ffn, sizes.ffn, sizes.moe ? c.moe.top_k * expert_ffn : 0});
+    most.moe = most.moe || sizes.moe;
     a->layers.push_back(std::move(la));
   }
   a->lnf = be.AllocAct(n * width);
@@ -317,14 +297,20 @@ void Model::EnsureActivations(int b, int t) {
   a->dln = be.AllocAct(n * width);
   a->datt = be.AllocAct(n * attn);
   a->dqkv = be.AllocAct(n * qkv);
-  a->dfc = be.AllocAct(n * fc);
-  a->dact = be.AllocAct(n * dims_.ffn);
+  a->dfc = be.AllocAct(n * most.fc);
+  a->dact = be.AllocAct(n * most.ffn);
+  if (most.moe) {
+    a->moe_dout = be.AllocAct(picks * width);
+    a->moe_din = be.AllocAct(picks * width);
+    a->moe_dweight = be.AllocFloat(picks);
+    a->moe_dlogits = be.AllocFloat(n * experts);
+  }
   a->dlnf = be.AllocAct(n * width);
   if (split_) {
     for (int l = 0; l < local_layers; ++l) {
       Activations::DeferredGrads d;
       d.mlp_proj_dy = be.AllocAct(n * width);
-      d.fc_dy = be.AllocAct(n * fc);
+      d.fc_dy = be.AllocAct(n * MlpSizesOf(l).fc);
       d.proj_dy = be.AllocAct(n * width);
       d.qkv_dy = be.AllocAct(n * qkv);
       d.norms = be.AllocFloat(4 * width);
@@ -387,7 +373,12 @@ absl::Status Model::BackwardBlocks(Act* dx) {
     LayerActivations& la = a.layers[recompute ? 0 : l - stage.first_layer];
     TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, layout_.block_group(l)));
     if (l > stage.first_layer) source_->Prefetch(layout_.block_group(l - 1));
-    if (recompute) TY_RETURN_IF_ERROR(BlockForward(l, la));
+    if (recompute) {
+      recomputing_ = true;
+      const absl::Status recomputed = BlockForward(l, la);
+      recomputing_ = false;
+      TY_RETURN_IF_ERROR(recomputed);
+    }
     TY_RETURN_IF_ERROR(BlockBackward(l, la, dx));
   }
   if (!stage.first) return absl::OkStatus();
@@ -458,6 +449,7 @@ void Model::Rotate(Act* qkv, bool backward) {
 absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
+  if (layout_.expert_group(layer) >= 0) source_->Prefetch(layout_.expert_group(layer));
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
@@ -502,19 +494,66 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
                   c.norm_eps);
   }
   TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
-  if (gpt2) {
-    be.LinearGelu(la.act.data(), la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n,
-                  dims_.ffn, width);
-  } else {
-    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * int64_t{dims_.ffn}, width);
-    be.Swiglu(la.act.data(), la.fc.data(), n, dims_.ffn);
-  }
-  be.Linear(a.tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
-            split_bias ? nullptr : P(g, o.mlp_proj_b), n, width, dims_.ffn);
+  // MLP branch: the dense MLP, or an MoE block's shared and routed experts.
+  if (o.mlp_ffn > 0) MlpForward(layer, la);
+  if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   if (split_bias && o.mlp_proj_b >= 0) be.AddBias(proj_out, P(g, o.mlp_proj_b), nr, width);
   be.Add(a.resid[li + 1].data(), la.mid.data(), proj_out, nr * width);
   return absl::OkStatus();
+}
+
+void Model::MlpForward(int layer, LayerActivations& la) {
+  const int g = layout_.block_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const int64_t n = int64_t{acts_->b} * acts_->t, width = config_.width;
+  const int64_t ffn = o.mlp_ffn / tp_size();
+  const bool split_bias = tp_size() > 1;  // a row-parallel output takes its bias after the sum
+  Backend& be = *backend_;
+  if (config_.family == ModelFamily::kGpt2) {
+    be.LinearGelu(la.act.data(), la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, ffn,
+                  width);
+  } else {
+    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
+    be.Swiglu(la.act.data(), la.fc.data(), n, ffn);
+  }
+  be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
+            split_bias ? nullptr : P(g, o.mlp_proj_b), n, width, ffn);
+}
+
+// An MoE block's routing and its experts' rows for `n` tokens (at most n · top_k picks: dropless).
+void Model::AllocateExperts(LayerActivations& la, int64_t n) {
+  LayerActivations::Experts& m = la.moe;
+  const config::MoeConfig& moe = config_.moe;
+  const int64_t picks = n * moe.top_k, width = config_.width, ffn = moe.ffn / tp_size();
+  const int64_t fc = config_.family == ModelFamily::kGpt2 ? ffn : 2 * ffn;
+  Backend& be = *backend_;
+  m.logits = be.AllocFloat(n * moe.experts);
+  m.source = be.AllocInt(picks);
+  m.slot = be.AllocInt(picks);
+  m.row_weight = be.AllocFloat(picks);
+  m.weight = be.AllocFloat(picks);
+  m.in = be.AllocAct(picks * width);
+  m.fc = be.AllocAct(picks * fc);
+  m.act = be.AllocAct(picks * ffn);
+  m.out = be.AllocAct(picks * width);
+}
+
+Model::MlpSizes Model::MlpSizesOf(int saved_layer) const {
+  MlpSizes sizes;
+  for (const PipelineStage& chunk : layout_.chunks()) {
+    for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
+      // Slot i serves each chunk's i-th block in a training pass; slot 0 serves every block when
+      // recomputing and in forward-only passes.
+      if (saved_layer != 0 && l - chunk.first_layer != saved_layer) continue;
+      const BlockOffsets& o = layout_.block(l);
+      const int64_t ffn = o.mlp_ffn / tp_size();
+      sizes.ffn = std::max(sizes.ffn, ffn);
+      sizes.fc = std::max(sizes.fc, config_.family == ModelFamily::kGpt2 ? ffn : 2 * ffn);
+      sizes.moe = sizes.moe || o.moe;
+    }
+  }
+  return sizes;
 }
 
 // On entry dx holds ∂loss/∂(block output); on return, ∂loss/∂(block input). The block's
@@ -534,7 +573,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const int64_t fc = gpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
+  const int64_t ffn = o.mlp_ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
   Act* dx_full = sp_ ? a.dx_full.data() : dx;
   Act* dln = sp_ ? a.dln_local.data() : a.dln.data();
   Backend& be = *backend_;
@@ -554,18 +593,24 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   // MLP branch: out = mid + proj(act(fc(norm2(mid)))). The gradient of the rows' reduction is
   // the gathered gradient, which also gives the (replicated) bias its whole-batch gradient.
   TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
-  auto [dw, db] = weight_grads(o.mlp_proj_w, o.mlp_proj_b, &Activations::DeferredGrads::mlp_proj_dy,
-                               dx_full, n * width);
-  be.LinearBackward(a.dact.data(), dw, db, dx_full, la.act.data(), P(g, o.mlp_proj_w), n, width,
-                    dims_.ffn);
-  if (gpt2) {
-    be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * dims_.ffn);
-  } else {
-    be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, dims_.ffn);
+  float *dw = nullptr, *db = nullptr;
+  if (o.mlp_ffn > 0) {  // the dense MLP or an MoE block's shared experts
+    std::tie(dw, db) = weight_grads(o.mlp_proj_w, o.mlp_proj_b,
+                                    &Activations::DeferredGrads::mlp_proj_dy, dx_full, n * width);
+    be.LinearBackward(a.dact.data(), dw, db, dx_full, la.act.data(), P(g, o.mlp_proj_w), n, width,
+                      ffn);
+    if (gpt2) {
+      be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * ffn);
+    } else {
+      be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, ffn);
+    }
+    std::tie(dw, db) =
+        weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);
+    be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), la.ln2.data(), P(g, o.fc_w), n, fc,
+                      width);
   }
-  std::tie(dw, db) =
-      weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);
-  be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), la.ln2.data(), P(g, o.fc_w), n, fc, width);
+  // The routed experts' and the router's weight gradients are not deferred by a split backward.
+  if (o.moe) TY_RETURN_IF_ERROR(MoeBackward(layer, la, dx_full, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));  // column-parallel input's grad
   if (gpt2) {
     be.LayerNormBackward(dx, ln2.weight, ln2.bias, dln, la.mid.data(), P(g, o.ln2_w),
@@ -621,17 +666,27 @@ absl::Status Model::BlockWeightGradients(int layer) {
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
-  const int64_t fc = c.family == ModelFamily::kGpt2 ? dims_.ffn : 2 * int64_t{dims_.ffn};
+  const int64_t ffn = o.mlp_ffn / tp_size();
+  const int64_t fc = c.family == ModelFamily::kGpt2 ? ffn : 2 * ffn;
   Backend& be = *backend_;
-  be.LinearBackward(nullptr, G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), d.mlp_proj_dy.data(),
-                    la.act.data(), nullptr, n, width, dims_.ffn);
-  be.LinearBackward(nullptr, G(g, o.fc_w), G(g, o.fc_b), d.fc_dy.data(), la.ln2.data(), nullptr, n,
-                    fc, width);
+  if (o.mlp_ffn > 0) {
+    be.LinearBackward(nullptr, G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), d.mlp_proj_dy.data(),
+                      la.act.data(), nullptr, n, width, ffn);
+    be.LinearBackward(nullptr, G(g, o.fc_w), G(g, o.fc_b), d.fc_dy.data(), la.ln2.data(), nullptr,
+                      n, fc, width);
+  }
   be.LinearBackward(nullptr, G(g, o.proj_w), G(g, o.proj_b), d.proj_dy.data(), la.att.data(),
                     nullptr, n, width, dims_.attn);
   be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(), la.ln1.data(), nullptr,
                     n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+  // An MoE block's experts got their gradients in the input pass (MoeBackward), into the
+  // buffer the source handed out then, which later input passes may have added to before this
+  // one's weight pass: asked for again here (a fresh one once the last went off).
+  if (const int eg = layout_.expert_group(layer); eg >= 0) {
+    TY_RETURN_IF_ERROR(source_->Gradients(eg).status());
+    TY_RETURN_IF_ERROR(source_->GradientsReady(eg));
+  }
   return source_->GradientsReady(g);
 }
 
@@ -684,8 +739,11 @@ absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
   // A block's norms under a split backward collect in the block's deferred scratch; the final
   // norm's gradients are never deferred.
-  const int block = group - layout_.block_group(stage().first_layer);
-  const bool deferred = split_ && block >= 0 && block < stage().num_layers;
+  int block = -1;  // the block's index on this stage, if `group` is a block's
+  for (int i = 0; i < stage().num_layers; ++i) {
+    if (layout_.block_group(stage().first_layer + i) == group) block = i;
+  }
+  const bool deferred = split_ && block >= 0;
   if (!sp_ && !deferred) return {G(group, weight), G(group, bias)};
   float* scratch =
       (deferred ? acts_->deferred[block].norms : acts_->norm_scratch).data() + slot * config_.width;
@@ -811,6 +869,8 @@ absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int3
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
+  a.grad_scale = grad_scale;
+  training_pass_ = true;
   if (!stage.last) {
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
@@ -880,6 +940,7 @@ absl::StatusOr<double> Model::StageLoss(int chunk, const int32_t* inputs, const 
   const PipelineStage& stage = this->stage();
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
+  training_pass_ = false;
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, input_acts));
   if (!stage.last) {
     backend_->Copy(output_acts, acts_->resid[stage.num_layers].data(),
@@ -920,6 +981,7 @@ absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logi
   SelectSlot({});
   TY_RETURN_IF_ERROR(Prepare(inputs, nullptr, b, t));
   std::unique_ptr<Hold> final_hold;
+  training_pass_ = false;
   TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/false, &final_hold, nullptr));
   TY_ASSIGN_OR_RETURN(auto head_hold, Hold::Acquire(this, layout_.head_group()));
   Activations& a = *acts_;

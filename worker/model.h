@@ -12,6 +12,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "worker/backend.h"
 #include "worker/buffer.h"
 #include "worker/context_parallel.h"
+#include "worker/moe_routing.h"
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
 #include "worker/shape/parameters.h"
@@ -44,6 +46,9 @@ struct ModelSharding {
   // Context parallelism (size > 1): each sequence split over the group, the head-tail way, with
   // ring attention between its shares (worker/context_parallel.h).
   parallel::Communicator* cp = nullptr;
+  // Expert parallelism (size > 1): the routed experts of every MoE layer split over the group,
+  // tokens carried to their experts' ranks and back by all-to-all.
+  parallel::Communicator* ep = nullptr;
   // The layers this pipeline rank holds (one stage, or an interleaved schedule's model chunks,
   // all of the same number of layers; the source uses ParameterLayout(config, tp, chunks)).
   std::vector<PipelineStage> chunks = {PipelineStage{}};
@@ -136,6 +141,23 @@ class Model {
   };
   PhaseSeconds TakePhaseSeconds() { return std::exchange(phase_seconds_, PhaseSeconds{}); }
 
+  // Routing of the MoE layers this rank holds (config::MoeConfig), summed over the training
+  // passes (StageForward) since the last call: one entry per layer, in layer order.
+  struct MoeLayerStats {
+    int layer = 0;
+    std::vector<int64_t> picks;  // per expert, before capacity drops
+    int64_t dropped = 0;
+    double aux_loss = 0;  // Σ over micro-batches of the layer's aux loss · its tokens
+    int64_t tokens = 0;
+    double bias_spread = 0;  // max − min of the selection bias it last routed with
+    // Expert parallelism's all-to-alls of the layer (forward, backward and recomputation): bytes
+    // this rank sent to others, and seconds it spent in them (in TrainResult::moe_routing:
+    // summed over the data-parallel group).
+    int64_t exchange_bytes = 0;
+    double exchange_seconds = 0;
+  };
+  std::vector<MoeLayerStats> TakeMoeStats();
+
  private:
   struct LayerActivations;
   struct Activations;
@@ -190,6 +212,35 @@ class Model {
   [[nodiscard]] absl::Status BackwardBlocks(Act* dx);
   void SelectSlot(StageSlot at);
   [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a);
+  // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
+  // under tensor parallelism; the proj bias only without it).
+  void MlpForward(int layer, LayerActivations& la);
+  // An MoE block's routed experts on la.ln2, added into acts_->tmp (overwritten when
+  // `accumulate` is false), partial sums under tensor parallelism.
+  [[nodiscard]] absl::Status MoeForward(int layer, LayerActivations& la, bool accumulate);
+  // Its backward from dy = ∂loss/∂(MLP output) (full rows): the experts' and the router's weight
+  // gradients, and ∂loss/∂ln2 into acts_->dln (added when `accumulate`).
+  [[nodiscard]] absl::Status MoeBackward(int layer, LayerActivations& la, const Act* dy,
+                                         bool accumulate);
+  // The routed experts this rank holds, each on its rows [offsets[j], offsets[j + 1]) (j: the
+  // rank's j-th expert), and their backward (weight gradients accumulated, din overwritten).
+  void RunExperts(int layer, std::span<const int64_t> offsets, const Act* in, Act* hidden, Act* act,
+                  Act* out);
+  void RunExpertsBackward(int layer, std::span<const int64_t> offsets, const Act* dout,
+                          const Act* in, const Act* hidden, const Act* act, Act* din);
+  // Expert parallelism: the exchange's counts and orders for la's routing (an all-gather of the
+  // counts per expert), and one all-to-all of rows, out to the experts (`forward`) or back.
+  [[nodiscard]] absl::Status PlanExchange(LayerActivations& la);
+  [[nodiscard]] absl::Status ExchangeRows(int layer, const LayerActivations& la, bool forward,
+                                          const Act* in, Act* out, int phase);
+  // Sizes a saved-activation slot's MLP buffers for every block it serves.
+  struct MlpSizes {
+    int64_t fc = 0, ffn = 0;  // the dense or shared MLP's, this rank's share
+    bool moe = false;
+  };
+  MlpSizes MlpSizesOf(int saved_layer) const;
+  void AllocateExperts(LayerActivations& la, int64_t n);
+  void RecordRouting(int layer, const MoeRouting& routing, std::span<const float> bias);
   [[nodiscard]] absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
   [[nodiscard]] absl::Status BlockWeightGradients(int layer);
   // The embedding's weight gradients from dy = ∂loss/∂(embedding output), full rows.
@@ -206,10 +257,11 @@ class Model {
   float* G(int group, int64_t offset) const;
 
   config::ModelConfig config_;
-  TensorParallelOps tp_;   // every collective of the tensor-parallel group
-  ContextParallelOps cp_;  // the sequence split and ring attention
-  bool sp_;                // sequence parallelism
-  bool split_;             // a split backward (StageWeightGradients)
+  TensorParallelOps tp_;        // every collective of the tensor-parallel group
+  ContextParallelOps cp_;       // the sequence split and ring attention
+  parallel::Communicator* ep_;  // expert parallelism's group (null without it)
+  bool sp_;                     // sequence parallelism
+  bool split_;                  // a split backward (StageWeightGradients)
   ParameterLayout layout_;
   LocalDims dims_;
   Backend* backend_;
@@ -221,6 +273,9 @@ class Model {
   // one the current call uses.
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
+  bool training_pass_ = false;  // StageForward's: MoE routing is counted
+  bool recomputing_ = false;    // a recomputed forward in the backward (counted already)
+  std::vector<MoeLayerStats> moe_stats_;
   int chunk_ = 0;
   Activations* acts_ = nullptr;
 };

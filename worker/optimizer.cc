@@ -36,6 +36,7 @@ double AdamWStep(Backend& backend, const OptimizerConfig& c, int64_t step, float
   std::vector<Backend::AdamWTensor> update;
   update.reserve(slices.size());
   for (const OptimizerSlice& s : slices) {
+    if (s.tensor != nullptr && !s.tensor->trainable) continue;
     update.push_back(
         {s.param, s.grad, s.m, s.v, s.n, s.decay ? static_cast<float>(c.weight_decay) : 0.0f});
   }
@@ -62,7 +63,7 @@ double AdamW::Step(float* params, const float* grads, int64_t step) {
   std::vector<OptimizerSlice> slices;
   for (const ParamTensor& t : layout_.tensors()) {
     slices.push_back({params + t.offset, grads + t.offset, m_.data() + t.offset,
-                      v_.data() + t.offset, t.numel, t.decay});
+                      v_.data() + t.offset, t.numel, t.decay, &t, 0});
   }
   return AdamWStep(*backend_, config_, step, 1.0f, slices);
 }

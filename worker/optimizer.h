@@ -47,10 +47,14 @@ struct OptimizerSlice {
   float* v;
   int64_t n;
   bool decay;  // weight decay applies (the slice's tensor has two or more dims)
+  // The tensor the slice is part of, from element `first` on (null: not known).
+  const ParamTensor* tensor = nullptr;
+  int64_t first = 0;
 };
 
-// AdamW step `step` (0-based) over `slices`, every gradient read as grad · clip_scale (clipping
-// applied inside the update, without a pass of its own). Returns the learning rate it used.
+// AdamW step `step` (0-based) over `slices` (those of trainable tensors), every gradient read as
+// grad · clip_scale (clipping applied inside the update, without a pass of its own). Returns the
+// learning rate it used.
 double AdamWStep(Backend& backend, const OptimizerConfig& config, int64_t step, float clip_scale,
                  const std::vector<OptimizerSlice>& slices);
 

@@ -23,6 +23,7 @@
 #include "worker/data/sampler.h"
 #include "worker/hang_watchdog.h"
 #include "worker/model.h"
+#include "worker/moe_routing.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/parallel_dims.h"
 #include "worker/parallel/pipeline.h"
@@ -132,9 +133,29 @@ std::string SummaryLine(const TrainResult& result) {
     absl::StrAppendFormat(&line, " | data entropy %.4f", *result.entropy_nats);
   std::vector<double> times = result.step_seconds;
   std::sort(times.begin(), times.end());
-  absl::StrAppendFormat(&line, " | %.0f tok/s | median step %.2f ms | exact final loss %a",
-                        result.tokens_per_second, 1e3 * times[times.size() / 2],
-                        result.train_losses.back());
+  absl::StrAppendFormat(&line, " | %.0f tok/s | median step %.2f ms", result.tokens_per_second,
+                        1e3 * times[times.size() / 2]);
+  // MoE runs: of the layers this rank holds, the largest share of a layer's tokens that one
+  // expert took over the run (1: a collapsed router), and the picks dropped in them all.
+  if (!result.moe_routing.empty()) {
+    const Model::MoeLayerStats* worst = nullptr;
+    double worst_share = -1;
+    int64_t dropped = 0;
+    for (const Model::MoeLayerStats& layer : result.moe_routing) {
+      const int64_t most =
+          layer.picks.empty() ? 0 : *std::max_element(layer.picks.begin(), layer.picks.end());
+      const double share =
+          layer.tokens > 0 ? static_cast<double>(most) / static_cast<double>(layer.tokens) : 0.0;
+      if (share > worst_share) {
+        worst_share = share;
+        worst = &layer;
+      }
+      dropped += layer.dropped;
+    }
+    absl::StrAppendFormat(&line, " | moe max expert share %.3f (layer %d), %d dropped", worst_share,
+                          worst->layer, dropped);
+  }
+  absl::StrAppendFormat(&line, " | exact final loss %a", result.train_losses.back());
   return line;
 }
 
@@ -198,6 +219,9 @@ class RankTrainer {
   // After the step's last micro-batch: the gradients made final, clipped by their global norm,
   // and AdamW's update of this rank's slices at the step's learning rate.
   absl::StatusOr<OptimizerStepped> OptimizerStep();
+  absl::Status MoeStep();
+  void AddStepDetail(StepReport& report, int64_t optimizer_nanos);
+  std::vector<MoeLayerReport> moe_report_;  // the last step's
   absl::StatusOr<double> SumOverWorld(double value);
   absl::Status SumOverWorld(std::span<double> values);
   // What every rank does after this step, agreed over the world: stop (a drain), and the step
@@ -265,17 +289,21 @@ absl::Status RankTrainer::Setup() {
   TY_ASSIGN_OR_RETURN(dims_, ParallelDims::Connect(spec_, rank_, backend_));
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
   const config::ParallelismSpec& mesh = spec_.parallelism;
-  layout_ = std::make_unique<ParameterLayout>(mc, dims_.at.tp_rank, mesh.tp, dims_.chunks);
+  const int ep_rank = dims_.ep ? dims_.ep->rank() : 0, ep = dims_.ep ? dims_.ep->size() : 1;
+  layout_ =
+      std::make_unique<ParameterLayout>(mc, dims_.at.tp_rank, mesh.tp, dims_.chunks, ep_rank, ep);
   TY_ASSIGN_OR_RETURN(params_,
                       parallel::ShardedParams::Create(
                           *layout_, &backend_, dims_.dp.get(), dims_.tp.get(), dims_.pp.get(),
-                          {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes}));
+                          {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
+                          {.ep = dims_.ep.get(), .edp = dims_.edp.get()}));
   optimizer_ = OptimizerConfigFromSpec(tr);
   params_->Initialize(tr.seed);
   TY_ASSIGN_OR_RETURN(
       model_, Model::Create(mc, &backend_, params_.get(),
                             {.tp = dims_.tp.get(),
                              .cp = dims_.cp.get(),
+                             .ep = dims_.ep.get(),
                              .chunks = dims_.chunks,
                              .sequence_parallel = mesh.sequence_parallel,
                              .split_backward = mesh.pp > 1 && SplitsBackward(mesh.schedule)}));
@@ -293,9 +321,10 @@ absl::Status RankTrainer::Setup() {
   if (out_) {
     *out_ << absl::StrFormat(
                  "model %s: %d layers, width %d, %d heads (%d kv), %.3fM parameters per rank | "
-                 "mesh dp %d%s x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
+                 "mesh dp %d%s%s x tp %d x pp %d (ZeRO-%d%s) | data %s\n",
                  config::FamilyName(mc.family), mc.layers, mc.width, mc.heads, mc.kv_heads,
                  model_->num_params() / 1e6, mesh.dp,
+                 mesh.ep > 1 ? absl::StrCat(" (experts over ep ", mesh.ep, ")") : "",
                  mesh.cp > 1 ? absl::StrCat(" x cp ", mesh.cp) : "", mesh.tp, mesh.pp, mesh.zero,
                  mesh.pp > 1 ? absl::StrCat(", ", config::ScheduleName(mesh.schedule),
                                             mesh.virtual_stages > 1
@@ -412,8 +441,91 @@ absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
   TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm());
   stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
                          ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
+  TY_RETURN_IF_ERROR(MoeStep());
   TY_RETURN_IF_ERROR(params_->FinishUpdate());
   return stepped;
+}
+
+// The step's routing in the MoE layers, summed over the data-parallel group (every rank of it
+// holds the same layers); under the bias rule, each selection bias moved by its layer's loads,
+// on the slices this rank updates (before they are reassembled).
+// Where the step's time went (the passes, the optimizer, the data) and its MoE routing.
+void RankTrainer::AddStepDetail(StepReport& report, int64_t optimizer_nanos) {
+  report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
+  const Model::PhaseSeconds passes = model_->TakePhaseSeconds();
+  report.forward_seconds = passes.forward;
+  report.backward_seconds = passes.backward;
+  report.optimizer_seconds = optimizer_nanos / 1e9;
+  report.data_seconds = std::exchange(data_nanos_, 0) / 1e9;
+  report.moe = moe_report_;
+}
+
+absl::Status RankTrainer::MoeStep() {
+  const config::MoeConfig& moe = spec_.model.moe;
+  if (!moe.enabled()) return absl::OkStatus();
+  std::vector<Model::MoeLayerStats> stats = model_->TakeMoeStats();
+  // Per MoE layer of the model: picks per expert, drops, Σ aux · tokens, tokens and the bias
+  // spread; zeros for layers other stages hold. Summed over the data-parallel group, then over
+  // the pipeline (each layer on one stage; the bias spread summed only over the latter).
+  const size_t per_layer = moe.experts + 6;
+  const int layers = spec_.model.layers;
+  std::vector<double> sums(layers * per_layer, 0.0), spreads(layers, 0.0);
+  for (const Model::MoeLayerStats& s : stats) {
+    double* at = &sums[s.layer * per_layer];
+    for (int e = 0; e < moe.experts; ++e) at[e] = static_cast<double>(s.picks[e]);
+    at[moe.experts] = static_cast<double>(s.dropped);
+    at[moe.experts + 1] = s.aux_loss;
+    at[moe.experts + 2] = static_cast<double>(s.tokens);
+    at[moe.experts + 4] = static_cast<double>(s.exchange_bytes);
+    at[moe.experts + 5] = s.exchange_seconds;
+    spreads[s.layer] = s.bias_spread;  // the same on every data-parallel rank
+  }
+  TY_RETURN_IF_ERROR(params_->SumOverRanks(sums));
+  for (int l = 0; l < layers; ++l) sums[l * per_layer + moe.experts + 3] = spreads[l];
+  TY_RETURN_IF_ERROR(parallel::AllReduceDoubles(*dims_.pp, sums));
+  moe_report_.clear();
+  for (int l = 0; l < layers; ++l) {
+    if (!moe.IsMoeLayer(l)) continue;
+    const double* at = &sums[l * per_layer];
+    MoeLayerReport& r = moe_report_.emplace_back();
+    r.layer = l;
+    for (int e = 0; e < moe.experts; ++e) r.tokens_per_expert.push_back(std::llround(at[e]));
+    r.dropped = std::llround(at[moe.experts]);
+    r.aux_loss = at[moe.experts + 2] > 0 ? at[moe.experts + 1] / at[moe.experts + 2] : 0.0;
+    r.bias_spread = at[moe.experts + 3];
+    r.all_to_all_bytes = at[moe.experts + 4] / spec_.parallelism.dp;
+    r.all_to_all_seconds = at[moe.experts + 5] / spec_.parallelism.dp;
+  }
+  if (result_.moe_routing.empty()) {
+    for (const Model::MoeLayerStats& s : stats) {
+      result_.moe_routing.push_back({s.layer, std::vector<int64_t>(moe.experts)});
+    }
+  }
+  for (Model::MoeLayerStats& run : result_.moe_routing) {
+    const double* at = &sums[run.layer * per_layer];
+    for (int e = 0; e < moe.experts; ++e) run.picks[e] += std::llround(at[e]);
+    run.dropped += std::llround(at[moe.experts]);
+    run.aux_loss += at[moe.experts + 1];
+    run.tokens += std::llround(at[moe.experts + 2]);
+    run.bias_spread = at[moe.experts + 3];
+    run.exchange_bytes += std::llround(at[moe.experts + 4]);
+    run.exchange_seconds += at[moe.experts + 5];
+  }
+  if (!moe.has_bias()) return absl::OkStatus();
+  for (const OptimizerSlice& slice : params_->OptimizerSlices()) {
+    if (slice.tensor == nullptr || slice.tensor->trainable) continue;
+    for (size_t i = 0; i < stats.size(); ++i) {
+      if (layout_->block(stats[i].layer).router_bias != slice.tensor->offset) continue;
+      const std::vector<float> delta =
+          BiasUpdate(moe, std::span<const double>(&sums[stats[i].layer * per_layer],
+                                                  static_cast<size_t>(moe.experts)));
+      std::vector<float> bias(slice.n);
+      backend_.CopyToHost(bias.data(), slice.param, slice.n);
+      for (int64_t j = 0; j < slice.n; ++j) bias[j] += delta[slice.first + j];
+      backend_.CopyFromHost(slice.param, bias.data(), slice.n);
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Every rank stops at the same step boundary: a stop asked of any rank (a signal, a drain order)
@@ -533,12 +645,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                       .grad_norm = norm,
                       .step_seconds = step_nanos / 1e9,
                       .wait_seconds = WaitSeconds() - wait_before};
-    report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
-    const Model::PhaseSeconds passes = model_->TakePhaseSeconds();
-    report.forward_seconds = passes.forward;
-    report.backward_seconds = passes.backward;
-    report.optimizer_seconds = optimizer_nanos / 1e9;
-    report.data_seconds = std::exchange(data_nanos_, 0) / 1e9;
+    AddStepDetail(report, optimizer_nanos);
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
       const EvalShare share{.eval_batches = tr.eval_batches,
                             .global_batch = tr.batch,

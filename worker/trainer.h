@@ -18,6 +18,7 @@
 #include "common/filesystem.h"
 #include "config/spec.h"
 #include "worker/backend.h"
+#include "worker/model.h"
 #include "worker/optimizer.h"
 #include "worker/parallel/communicator.h"
 #include "worker/parallel/rank_context.h"
@@ -26,6 +27,20 @@
 namespace trainyard::worker {
 
 // What the loop reports after every optimizer step (to a coordinator, a test, a log).
+// One MoE layer's routing in one optimizer step (config::MoeConfig), over the whole data-parallel
+// group.
+struct MoeLayerReport {
+  int layer = 0;
+  std::vector<int64_t> tokens_per_expert;  // picks, before capacity drops
+  int64_t dropped = 0;                     // picks over an expert's capacity
+  double aux_loss = 0;     // the aux loss, token-weighted over micro-batches (aux_loss rule)
+  double bias_spread = 0;  // max − min of the selection bias the step routed with (bias rule)
+  // Expert parallelism's all-to-alls (forward, backward, recomputation), per rank on average:
+  // bytes sent to other ranks and seconds spent.
+  double all_to_all_bytes = 0;
+  double all_to_all_seconds = 0;
+};
+
 struct StepReport {
   int64_t step = 0;  // optimizer steps completed
   int64_t total_steps = 0;
@@ -47,6 +62,9 @@ struct StepReport {
   double data_seconds = 0.0;
   double tokens_per_second = 0.0;
   std::optional<double> val_loss;  // set on steps that evaluated
+  // Every MoE layer of the model (whichever pipeline stage holds it), in layer order; empty for a
+  // dense model.
+  std::vector<MoeLayerReport> moe;
 };
 
 namespace checkpoint {
@@ -144,6 +162,9 @@ struct TrainResult {
   double train_seconds = 0.0;
   double exposed_comm_seconds = 0.0;  // waiting for data/tensor-parallel collectives
   double pipeline_wait_seconds = 0.0;
+  // The MoE layers this rank holds (config::MoeConfig): their routing over the run, summed over
+  // the data-parallel group (picks per expert, drops, Σ aux loss · tokens, tokens).
+  std::vector<Model::MoeLayerStats> moe_routing;
 };
 
 OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& training);

@@ -1,7 +1,8 @@
 // Resharding: a checkpoint written under one mesh loads under every other — data parallelism with
 // ZeRO 1 and 3, tensor, pipeline, sequence and context parallelism (cp 4, and cp 2 with ZeRO-3
 // sharded over the cp ranks), another micro-batch and every pipeline schedule (interleaved 1F1B:
-// two chunks per rank) — for both model families. After
+// two chunks per rank), and a mixture-of-experts model with and without expert parallelism — for
+// both model families. After
 // loading, the gathered parameters equal the writer's exactly; training on continues within 1e-5
 // relative of the single-process run's losses (the reassociation bound of
 // parallel_equivalence_test); and on the writer's own mesh it continues bit for bit.
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,16 @@ const MeshCase kMeshes[] = {
     {.name = "pp2_interleaved", .pp = 2, .schedule = kInterleaved, .virtual_stages = 2},
     {.name = "cp4", .cp = 4},
     {.name = "cp2_zero3", .cp = 2, .zero = 3},
+};
+
+// A mixture-of-experts model (four experts, top-2, one shared) written and read with and without
+// expert parallelism: the experts of a layer on one rank or split over 2 or 4.
+const MeshCase kMoeMeshes[] = {
+    {.name = "moe_dp1", .experts = 4},
+    {.name = "moe_dp2_ep2_zero1", .dp = 2, .zero = 1, .experts = 4, .ep = 2},
+    {.name = "moe_dp4_ep2_zero3", .dp = 4, .zero = 3, .experts = 4, .ep = 2},
+    {.name = "moe_dp4_ep4", .dp = 4, .experts = 4, .ep = 4},
+    {.name = "moe_tp2_pp2", .tp = 2, .pp = 2, .experts = 4},
 };
 
 constexpr int64_t kSavedStep = 3;
@@ -78,10 +90,10 @@ GlobalTensors Gather(const config::JobSpec& spec, const testenv::RankRun& run) {
   for (int rank = 0; rank < spec.world_size(); ++rank) {
     const config::MeshCoordinates at = config::CoordinatesOf(p, rank);
     const int tp_rank = at.tp;
-    if (at.dp != 0 || at.cp != 0) continue;  // replicas
+    if (at.dp >= p.ep || at.cp != 0) continue;  // replicas (the first ep hold every expert)
     const ParameterLayout local(
         spec.model, tp_rank, p.tp,
-        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, at.pp));
+        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, at.pp), at.dp, p.ep);
     for (const ParamTensor& t : local.tensors()) {
       if (!local.first() && t.name == "wte") continue;  // the tied copy
       int64_t numel = 1;
@@ -111,13 +123,12 @@ testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after) {
   return run;
 }
 
-class Reshard : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
-
-TEST_P(Reshard, CheckpointLoadsOnEveryMesh) {
-  const auto [family, source] = GetParam();
+// A checkpoint written on `source` loads on every mesh of `meshes` (the first: one process).
+void CheckReshard(config::ModelFamily family, const MeshCase& source,
+                  std::span<const MeshCase> meshes) {
   const std::filesystem::path scratch = testenv::MakeScratchDir("reshard");
   // The single-process losses nothing interrupted: what every mesh must continue with.
-  testenv::RankRun reference = RunOrFail(Job(family, kMeshes[0]), 0);
+  testenv::RankRun reference = RunOrFail(Job(family, meshes[0]), 0);
   ASSERT_TRUE(reference.results[0].ok());
   const std::vector<double> ref_losses = reference.results[0]->train_losses;
 
@@ -133,7 +144,7 @@ TEST_P(Reshard, CheckpointLoadsOnEveryMesh) {
   ASSERT_TRUE(uninterrupted.results[0].ok());
 
   int index = 0;
-  for (const MeshCase& target : kMeshes) {
+  for (const MeshCase& target : meshes) {
     SCOPED_TRACE(absl::StrCat(source.name, " -> ", target.name));
     config::JobSpec reader = Job(family, target);
     reader.checkpoint.dir = (scratch / absl::StrCat("target", index++)).string();
@@ -164,10 +175,34 @@ TEST_P(Reshard, CheckpointLoadsOnEveryMesh) {
   std::filesystem::remove_all(scratch);
 }
 
+class Reshard : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {};
+
+TEST_P(Reshard, CheckpointLoadsOnEveryMesh) {
+  const auto [family, source] = GetParam();
+  CheckReshard(family, source, kMeshes);
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, Reshard,
                          ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
                                                               config::ModelFamily::kLlama),
                                             ::testing::ValuesIn(kMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)),
+                                               "_from_", std::get<1>(info.param).name);
+                         });
+
+class ReshardExperts : public ::testing::TestWithParam<std::tuple<config::ModelFamily, MeshCase>> {
+};
+
+TEST_P(ReshardExperts, CheckpointLoadsOnEveryMesh) {
+  const auto [family, source] = GetParam();
+  CheckReshard(family, source, kMoeMeshes);
+}
+
+INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, ReshardExperts,
+                         ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
+                                                              config::ModelFamily::kLlama),
+                                            ::testing::ValuesIn(kMoeMeshes)),
                          [](const auto& info) {
                            return absl::StrCat(config::FamilyName(std::get<0>(info.param)),
                                                "_from_", std::get<1>(info.param).name);

@@ -21,7 +21,26 @@ struct MeshCase {
   bool recompute = false;
   int micro_batch = 0;  // 0: the spec's
   int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
+  // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
+  // MoeMeshModel sets it), under the aux-loss or the bias rule.
+  int experts = 0;
+  bool bias_balance = false;
+  int ep = 1;  // expert parallelism (drawn from dp)
 };
+
+// The MoE model of a mesh case: `experts` experts of hidden size 32 with top-2, one shared
+// expert, on every block; an aux loss or a selection bias strong enough to matter in five steps.
+inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
+  if (mesh.experts == 0) return;
+  config::MoeConfig& moe = model->moe;
+  moe.experts = mesh.experts;
+  moe.top_k = 2;
+  moe.shared_experts = 1;
+  moe.ffn = 32;
+  moe.balance = mesh.bias_balance ? config::MoeBalance::kBias : config::MoeBalance::kAuxLoss;
+  moe.aux_loss_coeff = 0.1f;
+  moe.bias_update_rate = 0.01f;
+}
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
 // batch, its parallelism, and one node holding every rank.
@@ -29,6 +48,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (mesh.layers > 0) spec->model.layers = mesh.layers;
   if (mesh.untied) spec->model.tied_embeddings = false;
   if (mesh.recompute) spec->model.recompute = true;
+  MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
   if (mesh.seq_len > 0) {
     spec->training.seq_len = mesh.seq_len;
@@ -39,6 +59,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   p.tp = mesh.tp;
   p.pp = mesh.pp;
   p.cp = mesh.cp;
+  p.ep = mesh.ep;
   p.zero = mesh.zero;
   p.sequence_parallel = mesh.sequence_parallel;
   p.schedule = mesh.schedule;
@@ -123,6 +144,76 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
      .layers = 4,
      .seq_len = 24},
     {.name = "cp2_recompute", .cp = 2, .recompute = true, .seq_len = 24},
+};
+
+// Mixture of experts with every other axis and schedule, ZeRO 1 and 3, recomputation, under
+// both balance rules; and expert parallelism (the experts of a layer split over ep data-parallel
+// ranks, tokens exchanged all-to-all) with each of them.
+inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
+    {.name = "moe_dp2", .dp = 2, .experts = 4},
+    {.name = "moe_dp2_zero3", .dp = 2, .zero = 3, .experts = 4},
+    {.name = "moe_tp2", .tp = 2, .experts = 4},
+    {.name = "moe_dp2_tp2_sp_zero1",
+     .dp = 2,
+     .tp = 2,
+     .zero = 1,
+     .sequence_parallel = true,
+     .experts = 4},
+    {.name = "moe_pp2", .pp = 2, .experts = 4},
+    {.name = "moe_zb_dp2_pp2_zero1",
+     .dp = 2,
+     .pp = 2,
+     .zero = 1,
+     .schedule = kZeroBubble,
+     .experts = 4},
+    {.name = "moe_il_pp2_v2",
+     .pp = 2,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .experts = 4},
+    {.name = "moe_dp2_recompute", .dp = 2, .recompute = true, .experts = 4},
+    {.name = "moe_bias_dp2_zero1", .dp = 2, .zero = 1, .experts = 4, .bias_balance = true},
+    {.name = "moe_bias_dp2_tp2_zero3",
+     .dp = 2,
+     .tp = 2,
+     .zero = 3,
+     .experts = 4,
+     .bias_balance = true},
+    {.name = "moe_bias_zb_pp2",
+     .pp = 2,
+     .schedule = kZeroBubble,
+     .experts = 4,
+     .bias_balance = true},
+    // Two MoE blocks per stage under a split backward with ZeRO-2: each weight pass hands on the
+    // experts' gradients of input passes that may have run since.
+    {.name = "moe_zb_dp2_pp2_zero2_4layers",
+     .dp = 2,
+     .pp = 2,
+     .zero = 2,
+     .schedule = kZeroBubble,
+     .layers = 4,
+     .untied = true,
+     .experts = 4},
+    {.name = "ep2_zb_pp2_zero3_4layers",
+     .dp = 2,
+     .pp = 2,
+     .zero = 3,
+     .schedule = kZeroBubble,
+     .layers = 4,
+     .untied = true,
+     .experts = 4,
+     .ep = 2},
+    {.name = "ep2", .dp = 2, .experts = 4, .ep = 2},
+    {.name = "ep4", .dp = 4, .experts = 4, .ep = 4},
+    {.name = "dp4_ep2_zero1", .dp = 4, .zero = 1, .experts = 4, .ep = 2},
+    {.name = "dp4_ep2_zero3", .dp = 4, .zero = 3, .experts = 4, .ep = 2},
+    {.name = "ep2_zero2", .dp = 2, .zero = 2, .experts = 4, .ep = 2},
+    {.name = "ep2_tp2_sp", .dp = 2, .tp = 2, .sequence_parallel = true, .experts = 4, .ep = 2},
+    {.name = "ep2_pp2", .dp = 2, .pp = 2, .experts = 4, .ep = 2},
+    {.name = "ep2_zb_pp2", .dp = 2, .pp = 2, .schedule = kZeroBubble, .experts = 4, .ep = 2},
+    {.name = "ep2_recompute", .dp = 2, .recompute = true, .experts = 4, .ep = 2},
+    {.name = "ep2_bias_zero1", .dp = 2, .zero = 1, .experts = 4, .bias_balance = true, .ep = 2},
 };
 
 }  // namespace trainyard::testenv

@@ -26,6 +26,7 @@
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
 #include "worker/local_model.h"
+#include "worker/moe_routing.h"
 #include "worker/optimizer.h"
 
 namespace trainyard::worker {
@@ -99,8 +100,20 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"lr\": " << o.lr << ", \"min_lr_ratio\": " << o.min_lr_ratio
       << ", \"warmup_steps\": " << o.warmup_steps << ", \"schedule\": \"cosine\""
       << ", \"weight_decay\": " << o.weight_decay << ", \"beta1\": " << o.beta1
-      << ", \"beta2\": " << o.beta2 << ", \"eps\": " << o.eps << ", \"grad_clip\": " << o.grad_clip
-      << "}\n";
+      << ", \"beta2\": " << o.beta2 << ", \"eps\": " << o.eps << ", \"grad_clip\": " << o.grad_clip;
+  if (c.moe.enabled()) {
+    const config::MoeConfig& m = c.moe;
+    cfg << ", \"moe\": {\"experts\": " << m.experts << ", \"top_k\": " << m.top_k
+        << ", \"shared_experts\": " << m.shared_experts << ", \"every\": " << m.every
+        << ", \"ffn\": " << m.ffn << ", \"score\": \""
+        << (m.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax")
+        << "\", \"normalize_top_k\": " << (m.normalize_top_k ? "true" : "false")
+        << ", \"balance\": \"" << (m.balance == config::MoeBalance::kBias ? "bias" : "aux_loss")
+        << "\", \"aux_loss_coeff\": " << m.aux_loss_coeff
+        << ", \"bias_update_rate\": " << m.bias_update_rate
+        << ", \"capacity_factor\": " << m.capacity_factor << "}";
+  }
+  cfg << "}\n";
   cfg.close();
   std::vector<float> params(model.num_params());
   model.ReadParameters(params.data());
@@ -113,6 +126,45 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
   }
   WriteRaw(dir / "inputs.i32", inputs.data(), inputs.size());
   WriteRaw(dir / "targets.i32", targets.data(), targets.size());
+}
+
+// The routing of the first batch: expert_counts.txt holds, per MoE layer, "layer count_0 …
+// count_{E−1} dropped".
+void ExpectSameRouting(const std::vector<Model::MoeLayerStats>& stats, const fs::path& out) {
+  std::ifstream in(out / "expert_counts.txt");
+  std::vector<std::vector<int64_t>> want;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    want.emplace_back();
+    for (int64_t v; fields >> v;) want.back().push_back(v);
+  }
+  ASSERT_EQ(want.size(), stats.size());
+  for (size_t i = 0; i < stats.size(); ++i) {
+    std::vector<int64_t> got = {stats[i].layer};
+    got.insert(got.end(), stats[i].picks.begin(), stats[i].picks.end());
+    got.push_back(stats[i].dropped);
+    EXPECT_EQ(got, want[i]) << "routing of layer " << stats[i].layer;
+  }
+}
+
+// After an optimizer step: the bias rule on each MoE layer's selection bias from the step's
+// loads (as the trainer does over its data-parallel group); returns the step's Σ aux losses
+// (token-weighted mean over micro-batches).
+double MoeStep(LocalModel& model, Backend& backend) {
+  const config::MoeConfig& moe = model.config().moe;
+  double aux = 0;
+  for (const Model::MoeLayerStats& s : model.model().TakeMoeStats()) {
+    aux += s.aux_loss / static_cast<double>(s.tokens);
+    const int64_t offset = model.layout().block(s.layer).router_bias;
+    if (offset < 0) continue;
+    const std::vector<double> load(s.picks.begin(), s.picks.end());
+    const std::vector<float> delta = BiasUpdate(moe, load);
+    std::vector<float> bias(moe.experts);
+    backend.CopyToHost(bias.data(), model.params() + offset, moe.experts);
+    for (int e = 0; e < moe.experts; ++e) bias[e] += delta[e];
+    backend.CopyFromHost(model.params() + offset, bias.data(), moe.experts);
+  }
+  return aux;
 }
 
 void CompareWithOracle(ModelConfig c) {
@@ -155,31 +207,40 @@ void CompareWithOracle(ModelConfig c) {
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, 1e-5) << loss << " vs " << ref_loss;
   std::vector<float> grads(model.num_params());
   model.ReadGradients(grads.data());
+  ExpectSameRouting(model.model().TakeMoeStats(), out);
   double worst = 0;
   for (const ParamTensor& t : model.layout().tensors()) {
+    if (!t.trainable) continue;  // an MoE selection bias: no gradient
     const double err = ScaledMaxError(grads.data() + t.offset,
                                       ReadF64(out / "grads" / (t.name + ".f64"), t.numel));
     EXPECT_LE(err, 1e-4) << "gradient of " << t.name;
     worst = std::max(worst, err);
   }
 
-  // Five AdamW steps with two micro-batches each (gradient accumulation), clipping and the
-  // warmup + cosine schedule.
+  // Five AdamW steps with two micro-batches each (gradient accumulation; one with MoE layers,
+  // whose aux loss and capacity are per micro-batch where the oracle's are per batch), clipping
+  // and the warmup + cosine schedule; then the bias rule.
   AdamW opt(TestOptimizer(), model.layout(), backend.get());
   const std::vector<double> ref_losses = ReadLines(out / "losses.txt");
+  const std::vector<double> ref_aux = ReadLines(out / "aux_losses.txt");
   ASSERT_EQ(ref_losses.size(), static_cast<size_t>(kSteps));
+  const int micro = c.moe.enabled() ? kBatch : kMicro;
   for (int step = 0; step < kSteps; ++step) {
     model.ZeroGradients();
     double sum = 0;
-    for (int first = 0; first < kBatch; first += kMicro) {
+    for (int first = 0; first < kBatch; first += micro) {
       const int64_t off = step * per_step + int64_t{first} * kSeq;
-      auto l = model.ForwardBackward(inputs.data() + off, targets.data() + off, kMicro, kSeq,
+      auto l = model.ForwardBackward(inputs.data() + off, targets.data() + off, micro, kSeq,
                                      1.0f / per_step);
       ASSERT_TRUE(l.ok()) << l.status();
       sum += *l;
     }
     opt.ClipGradients(model.grads());
     opt.Step(model.params(), model.grads(), step);
+    if (c.moe.enabled()) {
+      const double aux = MoeStep(model, *backend);
+      EXPECT_NEAR(aux, ref_aux.at(step), 1e-5 * std::max(1e-3, ref_aux.at(step))) << step;
+    }
     const double step_loss = sum / per_step;
     EXPECT_LE(std::abs(step_loss - ref_losses[step]) / ref_losses[step], 1e-5)
         << "step " << step << ": " << step_loss << " vs " << ref_losses[step];
@@ -207,6 +268,36 @@ ModelConfig Small(config::ModelFamily family) {
 TEST(TorchOracle, Gpt2) { CompareWithOracle(Small(config::ModelFamily::kGpt2)); }
 
 TEST(TorchOracle, Llama) { CompareWithOracle(Small(config::ModelFamily::kLlama)); }
+
+config::MoeConfig OracleMoe() {
+  config::MoeConfig moe;
+  moe.experts = 4;
+  moe.top_k = 2;
+  moe.shared_experts = 1;
+  moe.ffn = 48;
+  moe.aux_loss_coeff = 0.05f;
+  return moe;
+}
+
+// Mixture of experts on every block: softmax top-2 with an aux loss and a capacity that drops
+// picks (GPT-2), normalised sigmoid scores under the bias rule on the second block only (Llama).
+TEST(TorchOracle, Gpt2MixtureOfExperts) {
+  ModelConfig c = Small(config::ModelFamily::kGpt2);
+  c.moe = OracleMoe();
+  c.moe.capacity_factor = 1.0f;
+  CompareWithOracle(c);
+}
+
+TEST(TorchOracle, LlamaMixtureOfExpertsWithTheBiasRule) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.moe = OracleMoe();
+  c.moe.every = 2;
+  c.moe.score = config::MoeScore::kSigmoid;
+  c.moe.normalize_top_k = true;
+  c.moe.balance = config::MoeBalance::kBias;
+  c.moe.bias_update_rate = 0.01f;
+  CompareWithOracle(c);
+}
 
 TEST(TorchOracle, LlamaTiedWithRecomputation) {
   ModelConfig c = Small(config::ModelFamily::kLlama);

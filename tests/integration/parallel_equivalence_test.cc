@@ -64,6 +64,7 @@ struct RunResult {
   std::vector<float> params;                    // single process: the whole model
   std::vector<std::vector<float>> rank_params;  // parallel: each rank's shard
   std::vector<TrainResult> ranks;
+  std::vector<Model::MoeLayerStats> moe_routing;  // single process
 };
 
 RunResult Single(config::JobSpec spec) {
@@ -79,8 +80,35 @@ RunResult Single(config::JobSpec spec) {
   if (result.ok()) {
     run.losses = result->train_losses;
     run.grad_norms = result->grad_norms;
+    run.moe_routing = result->moe_routing;
   }
   return run;
+}
+
+// Every MoE layer routed the same tokens to the same experts over the run: the picks each rank
+// reports (summed over its data-parallel group) are the single process's.
+void ExpectSameRouting(const config::JobSpec& spec, const RunResult& single,
+                       const RunResult& parallel) {
+  if (!spec.model.moe.enabled()) return;
+  int layers_seen = 0;
+  for (size_t rank = 0; rank < parallel.ranks.size(); ++rank) {
+    for (const Model::MoeLayerStats& s : parallel.ranks[rank].moe_routing) {
+      const auto want = std::find_if(single.moe_routing.begin(), single.moe_routing.end(),
+                                     [&](const auto& w) { return w.layer == s.layer; });
+      ASSERT_NE(want, single.moe_routing.end()) << "layer " << s.layer;
+      EXPECT_EQ(s.picks, want->picks) << "layer " << s.layer << " on rank " << rank;
+      EXPECT_EQ(s.tokens, want->tokens) << "layer " << s.layer << " on rank " << rank;
+      EXPECT_NEAR(s.aux_loss, want->aux_loss, 1e-5 * std::abs(want->aux_loss));
+      ++layers_seen;
+    }
+  }
+  EXPECT_GE(layers_seen, spec.model.layers);
+  // Under expert parallelism the tokens travelled: every layer's all-to-alls sent bytes.
+  for (const TrainResult& rank : parallel.ranks) {
+    for (const Model::MoeLayerStats& s : rank.moe_routing) {
+      EXPECT_EQ(s.exchange_bytes > 0, spec.parallelism.ep > 1) << "layer " << s.layer;
+    }
+  }
 }
 
 RunResult Parallel(const config::JobSpec& spec, int64_t bucket_bytes) {
@@ -125,7 +153,8 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
     const std::vector<PipelineStage> chunks =
         StageChunks(spec.model, spec.training.seq_len, spec.parallelism.pp,
                     spec.parallelism.virtual_stages, at.pp);
-    const ParameterLayout local(spec.model, at.tp, tp, chunks);
+    const int ep = spec.parallelism.ep;
+    const ParameterLayout local(spec.model, at.tp, tp, chunks, at.dp % ep, ep);
     ASSERT_EQ(parallel.rank_params[rank].size(), static_cast<size_t>(local.total()));
     for (const ParamTensor& t : local.tensors()) {
       std::vector<float> expected(t.numel);
@@ -194,6 +223,7 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   const RunResult single = Single(spec);
   const RunResult parallel = Parallel(spec, /*bucket_bytes=*/16 << 10);
   ExpectEquivalent(spec, single, parallel);
+  ExpectSameRouting(spec, single, parallel);
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, ModelParallel,
@@ -209,6 +239,15 @@ INSTANTIATE_TEST_SUITE_P(ContextParallel, ModelParallel,
                          ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
                                                               config::ModelFamily::kLlama),
                                             ::testing::ValuesIn(testenv::kContextParallelMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
+                                               std::get<1>(info.param).name);
+                         });
+
+INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, ModelParallel,
+                         ::testing::Combine(::testing::Values(config::ModelFamily::kGpt2,
+                                                              config::ModelFamily::kLlama),
+                                            ::testing::ValuesIn(testenv::kMixtureOfExpertsMeshes)),
                          [](const auto& info) {
                            return absl::StrCat(config::FamilyName(std::get<0>(info.param)), "_",
                                                std::get<1>(info.param).name);

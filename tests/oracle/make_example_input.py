@@ -4,6 +4,8 @@ pipeline without the engine.
 
 Usage: make_example_input.py OUT_DIR [--family gpt2|llama] [--seed N] [--steps N]
                              [--untied | --tied] [--kv-heads N]
+                             [--moe [--moe-balance aux_loss|bias] [--moe-score softmax|sigmoid]
+                              [--capacity-factor X]]
 """
 
 import argparse
@@ -34,11 +36,23 @@ def example_config(family="gpt2", **overrides):
     return cfg
 
 
+def example_moe(**overrides):
+    """A small "moe" object: 4 experts of hidden 8, top 2, one shared expert, every block."""
+    moe = {
+        "experts": 4, "top_k": 2, "shared_experts": 1, "every": 1, "ffn": 8, "score": "softmax",
+        "normalize_top_k": True, "balance": "aux_loss", "aux_loss_coeff": 0.01,
+        "bias_update_rate": 0.001, "capacity_factor": 0.0,
+    }
+    moe.update(overrides)
+    return moe
+
+
 def write_example(out_dir, cfg, seed=0):
     """Writes config.json, params.txt, params/*.f32, inputs.i32, targets.i32 under out_dir.
 
-    Parameters are random (std 0.2 for matrices, 1 + noise for norm weights, noise for biases) so
-    that every term of the forward pass is exercised. Returns the float32 model it wrote."""
+    Parameters are random (std 0.2 for tensors of 2+ dims, 1 + noise for norm weights, noise for
+    biases, the MoE selection biases included) so that every term of the forward pass is
+    exercised. Returns the float32 model it wrote."""
     os.makedirs(os.path.join(out_dir, "params"), exist_ok=True)
     model = torch_model.build_model(cfg)
     gen = torch.Generator().manual_seed(seed)
@@ -62,7 +76,8 @@ def write_example(out_dir, cfg, seed=0):
     return model
 
 
-def main():
+def main(argv=None):
+    """The CLI; `argv` (without the program name) defaults to sys.argv[1:]."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--family", choices=torch_model.FAMILIES, default="gpt2")
@@ -72,12 +87,19 @@ def main():
     tie = ap.add_mutually_exclusive_group()
     tie.add_argument("--tied", dest="tied", action="store_true", default=None)
     tie.add_argument("--untied", dest="tied", action="store_false")
-    args = ap.parse_args()
+    ap.add_argument("--moe", action="store_true", help="every block an MoE layer (example_moe)")
+    ap.add_argument("--moe-balance", choices=("aux_loss", "bias"), default="aux_loss")
+    ap.add_argument("--moe-score", choices=("softmax", "sigmoid"), default="softmax")
+    ap.add_argument("--capacity-factor", type=float, default=0.0)
+    args = ap.parse_args(argv)
     overrides = {"steps": args.steps}
     if args.kv_heads is not None:
         overrides["kv_heads"] = args.kv_heads
     if args.tied is not None:
         overrides["tied_embeddings"] = args.tied
+    if args.moe:
+        overrides["moe"] = example_moe(balance=args.moe_balance, score=args.moe_score,
+                                       capacity_factor=args.capacity_factor)
     write_example(args.out_dir, example_config(args.family, **overrides), args.seed)
     return 0
 

@@ -5,9 +5,11 @@ Usage: run_oracle.py IN_DIR OUT_DIR
 
 IN_DIR (written by the C++ test): config.json, params.txt, params/<name>.f32, inputs.i32,
 targets.i32 (int32 [steps, batch, seq_len]).
-OUT_DIR: logits.f64 [batch, seq_len, vocab] and loss.txt for the step-0 batch with the initial
-parameters; grads/<name>.f64 (step-0 gradients, unclipped); losses.txt (the loss of every step,
-before its update); final/<name>.f64 (parameters after the last step). See README.md.
+OUT_DIR: logits.f64 [batch, seq_len, vocab] and loss.txt (mean cross-entropy) for the step-0
+batch with the initial parameters; grads/<name>.f64 (step-0 gradients of the training objective,
+cross-entropy plus MoE auxiliary losses, unclipped); expert_counts.txt (step-0 routing of each MoE
+layer); losses.txt and aux_losses.txt (each step's cross-entropy and summed auxiliary loss, before
+its update); final/<name>.f64 (parameters after the last step). See README.md.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr), 1 on an internal error.
 """
@@ -82,29 +84,46 @@ def load_inputs(in_dir):
     return cfg, model, tokens[0], tokens[1]
 
 
+def write_lines(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def expert_count_lines(routing):
+    """`layer count_0 ... count_{E-1} dropped` for each MoE layer (counts before drops)."""
+    return [" ".join(str(v) for v in [r.layer] + r.counts.tolist() + [r.dropped])
+            for r in routing]
+
+
 def run(cfg, model, inputs, targets, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     opt, sched = torch_model.make_optimizer(model, cfg)
-    params = [p for _, p in model.named_contract_parameters()]
+    params = [p for _, p in model.named_trainable_parameters()]
     grad_clip = float(cfg["grad_clip"])
-    losses = []
+    losses, aux_losses = [], []
     for step in range(cfg["steps"]):
         opt.zero_grad(set_to_none=False)
-        loss, logits = model.loss(inputs[step], targets[step])
-        loss.backward()
+        result = model.objective(inputs[step], targets[step])
+        result.objective.backward()
+        for p in params:  # AdamW would skip (not even decay) a tensor without a gradient
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if step == 0:
-            torch_model.write_array(os.path.join(out_dir, "logits.f64"), logits, "f64")
-            with open(os.path.join(out_dir, "loss.txt"), "w", encoding="utf-8") as f:
-                f.write(repr(loss.item()) + "\n")
+            torch_model.write_array(os.path.join(out_dir, "logits.f64"), result.logits, "f64")
+            write_lines(os.path.join(out_dir, "loss.txt"), [repr(result.cross_entropy.item())])
             torch_model.save_grads(model, os.path.join(out_dir, "grads"), "f64")
-        losses.append(loss.item())
+            write_lines(os.path.join(out_dir, "expert_counts.txt"),
+                        expert_count_lines(result.routing))
+        losses.append(result.cross_entropy.item())
+        aux_losses.append(result.aux_loss.item())
         if grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
         opt.step()
         sched.step()
-    with open(os.path.join(out_dir, "losses.txt"), "w", encoding="utf-8") as f:
-        for value in losses:
-            f.write(repr(value) + "\n")
+        model.update_selection_biases(result.routing)
+    write_lines(os.path.join(out_dir, "losses.txt"), [repr(v) for v in losses])
+    write_lines(os.path.join(out_dir, "aux_losses.txt"), [repr(v) for v in aux_losses])
     torch_model.save_params(model, os.path.join(out_dir, "final"), "f64")
 
 

@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """Self-consistency tests of the PyTorch oracle (torch_model.py, run_oracle.py).
 
-Checks the parameter contract, the forward pass against a loop-by-loop numpy reference written
-from the model description, grouped-query attention against plain multi-head attention, autograd
+Checks the parameter contract, the forward pass (with MoE layers: also the routing counts and the
+auxiliary loss) against a loop-by-loop numpy reference written from the model description,
+grouped-query attention against plain multi-head attention, autograd of the training objective
 against finite differences (float64), causality, RoPE's relative-position property, the learning
-rate schedule, AdamW and clipping against their formulas, and the oracle CLI end to end.
+rate schedule, AdamW, clipping and the MoE bias rule against their formulas, and the oracle CLI
+end to end. The MoE layer's own tests (moe_selftest.py) run as part of this suite; the helpers
+shared with them are in oracle_testutil.py.
 """
 
 import json
@@ -22,153 +25,20 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_example_input  # noqa: E402
+import moe_selftest  # noqa: E402
+import run_oracle  # noqa: E402
 import torch_model  # noqa: E402
+from oracle_testutil import (  # noqa: E402
+    CONFIGS, expected_contract, manual_training, params_numpy, random_model, random_tokens,
+    reference_forward, small_cfg)
 
 torch.set_num_threads(1)
 
 
-def random_model(cfg, seed=0):
-    """float64 model with random parameters (every term of the forward pass non-trivial)."""
-    model = torch_model.build_model(cfg).double()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_contract_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if p.ndim >= 2:
-                p.copy_(0.3 * noise)
-            elif name.endswith(".w"):
-                p.copy_(1.0 + 0.2 * noise)
-            else:
-                p.copy_(0.2 * noise)
-    return model
-
-
-def random_tokens(cfg, batch, seq, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg["vocab"], (batch, seq), generator=gen)
-
-
-def small_cfg(family, **overrides):
-    return make_example_input.example_config(family, **overrides)
-
-
-# ---- An independent loop-by-loop reference of the forward pass, in numpy float64 ---------------
-
-def reference_logits(cfg, params, tokens):
-    """Computes logits [B,T,V] straight from the model description; params maps name -> ndarray."""
-    cfg = torch_model.normalize_config(cfg)
-    gpt2 = cfg["family"] == "gpt2"
-    H, KV, C, L = cfg["heads"], cfg["kv_heads"], cfg["width"], cfg["layers"]
-    D = C // H
-    eps = cfg["norm_eps"]
-    B, T = tokens.shape
-
-    def norm(x, prefix):
-        out = np.empty_like(x)
-        for idx in np.ndindex(*x.shape[:-1]):
-            row = x[idx]
-            if gpt2:
-                mean = sum(row) / C
-                var = sum((v - mean) ** 2 for v in row) / C
-                out[idx] = (row - mean) / math.sqrt(var + eps) * params[prefix + ".w"] + \
-                    params[prefix + ".b"]
-            else:
-                ms = sum(v * v for v in row) / C
-                out[idx] = row / math.sqrt(ms + eps) * params[prefix + ".w"]
-        return out
-
-    def linear(x, prefix):
-        y = x @ params[prefix + ".w"].T
-        if gpt2:
-            y = y + params[prefix + ".b"]
-        return y
-
-    def rope(vec, pos):
-        out = np.empty_like(vec)
-        for i in range(D // 2):
-            angle = pos * cfg["rope_theta"] ** (-2.0 * i / D)
-            x1, x2 = vec[i], vec[i + D // 2]
-            out[i] = x1 * math.cos(angle) - x2 * math.sin(angle)
-            out[i + D // 2] = x2 * math.cos(angle) + x1 * math.sin(angle)
-        return out
-
-    x = np.stack([np.stack([params["wte"][tokens[b, t]] for t in range(T)]) for b in range(B)])
-    if gpt2:
-        x = x + params["wpe"][:T]
-    for l in range(L):
-        p = "h.%d." % l
-        qkv = linear(norm(x, p + "ln1"), p + "attn.qkv")
-        attn = np.zeros((B, T, H * D))
-        for b in range(B):
-            for h in range(H):
-                g = h // (H // KV)
-                q = [qkv[b, t, h * D:(h + 1) * D] for t in range(T)]
-                k = [qkv[b, t, (H + g) * D:(H + g + 1) * D] for t in range(T)]
-                v = [qkv[b, t, (H + KV + g) * D:(H + KV + g + 1) * D] for t in range(T)]
-                if not gpt2:
-                    q = [rope(q[t], t) for t in range(T)]
-                    k = [rope(k[t], t) for t in range(T)]
-                for t in range(T):
-                    scores = [float(np.dot(q[t], k[j])) / math.sqrt(D) for j in range(t + 1)]
-                    top = max(scores)
-                    w = [math.exp(s - top) for s in scores]
-                    total = sum(w)
-                    attn[b, t, h * D:(h + 1) * D] = sum(w[j] / total * v[j] for j in range(t + 1))
-        x = x + linear(attn, p + "attn.proj")
-        hidden = linear(norm(x, p + "ln2"), p + "mlp.fc")
-        if gpt2:
-            act = 0.5 * hidden * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) *
-                                                (hidden + 0.044715 * hidden ** 3)))
-        else:
-            F_ = cfg["ffn_hidden"]
-            gate, up = hidden[..., :F_], hidden[..., F_:]
-            act = gate / (1.0 + np.exp(-gate)) * up
-        x = x + linear(act, p + "mlp.proj")
-    x = norm(x, "lnf")
-    head = params["wte"] if cfg["tied_embeddings"] else params["lm_head.w"]
-    return x @ head.T
-
-
-def params_numpy(model):
-    return {n: p.detach().numpy().copy() for n, p in model.named_contract_parameters()}
-
-
-def expected_contract(cfg):
-    """[(name, shape)] written out from the contract description."""
-    cfg = torch_model.normalize_config(cfg)
-    C, H, KV, F_, V = cfg["width"], cfg["heads"], cfg["kv_heads"], cfg["ffn_hidden"], cfg["vocab"]
-    D = C // H
-    out = [("wte", (V, C))]
-    if cfg["family"] == "gpt2":
-        out.append(("wpe", (cfg["max_seq"], C)))
-        for l in range(cfg["layers"]):
-            p = "h.%d." % l
-            out += [(p + "ln1.w", (C,)), (p + "ln1.b", (C,)),
-                    (p + "attn.qkv.w", ((H + 2 * KV) * D, C)), (p + "attn.qkv.b", ((H + 2 * KV) * D,)),
-                    (p + "attn.proj.w", (C, H * D)), (p + "attn.proj.b", (C,)),
-                    (p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
-                    (p + "mlp.fc.w", (F_, C)), (p + "mlp.fc.b", (F_,)),
-                    (p + "mlp.proj.w", (C, F_)), (p + "mlp.proj.b", (C,))]
-        out += [("lnf.w", (C,)), ("lnf.b", (C,))]
-    else:
-        for l in range(cfg["layers"]):
-            p = "h.%d." % l
-            out += [(p + "ln1.w", (C,)), (p + "attn.qkv.w", ((H + 2 * KV) * D, C)),
-                    (p + "attn.proj.w", (C, H * D)), (p + "ln2.w", (C,)),
-                    (p + "mlp.fc.w", (2 * F_, C)), (p + "mlp.proj.w", (C, F_))]
-        out.append(("lnf.w", (C,)))
-    if not cfg["tied_embeddings"]:
-        out.append(("lm_head.w", (V, C)))
-    return out
-
-
-CONFIGS = {
-    "gpt2_tied": small_cfg("gpt2"),
-    "gpt2_untied": small_cfg("gpt2", tied_embeddings=False),
-    "llama_gqa": small_cfg("llama"),
-    "llama_mqa_tied": small_cfg("llama", kv_heads=1, tied_embeddings=True),
-    "llama_mha": small_cfg("llama", kv_heads=4),
-}
+def load_tests(loader, tests, pattern):
+    """unittest's hook: the MoE tests (moe_selftest.py) run as part of this suite."""
+    tests.addTests(loader.loadTestsFromModule(moe_selftest))
+    return tests
 
 
 class ContractTest(unittest.TestCase):
@@ -178,10 +48,19 @@ class ContractTest(unittest.TestCase):
                 model = torch_model.build_model(cfg)
                 got = [(n, tuple(p.shape)) for n, p in model.named_contract_parameters()]
                 self.assertEqual(got, expected_contract(cfg))
-                # Every trainable tensor of the module is in the contract, exactly once.
+                # Every trainable tensor of the module is in the contract, exactly once; the
+                # contract's other tensors are the MoE selection biases, which are buffers.
                 contract_ids = [id(p) for _, p in model.named_contract_parameters()]
                 self.assertEqual(len(set(contract_ids)), len(contract_ids))
-                self.assertEqual(set(contract_ids), {id(p) for p in model.parameters()})
+                trained = model.named_trainable_parameters()
+                self.assertEqual({id(p) for _, p in trained}, {id(p) for p in model.parameters()})
+                untrained = [n for n, _ in model.named_contract_parameters()
+                             if n not in dict(trained)]
+                self.assertEqual(untrained, [n for n, _ in expected_contract(cfg)
+                                             if n.endswith(".moe.router.bias")])
+                self.assertEqual({id(p) for p in model.buffers()},
+                                 {id(p) for n, p in model.named_contract_parameters()
+                                  if n in untrained})
 
     def test_preset_parameter_counts(self):
         # The engine's presets gpt2-124m and llama-debug, counted from the contract.
@@ -221,10 +100,17 @@ class ForwardTest(unittest.TestCase):
             with self.subTest(label):
                 model = random_model(cfg, seed=1)
                 tokens = random_tokens(cfg, 2, cfg["seq_len"], seed=2)
+                targets = random_tokens(cfg, 2, cfg["seq_len"], seed=3)
                 with torch.no_grad():
-                    got = model(tokens).numpy()
-                want = reference_logits(cfg, params_numpy(model), tokens.numpy())
-                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+                    got = model.objective(tokens, targets)
+                want, want_aux, want_routing = reference_forward(cfg, params_numpy(model),
+                                                                 tokens.numpy())
+                np.testing.assert_allclose(got.logits.numpy(), want, rtol=1e-10, atol=1e-10)
+                self.assertAlmostEqual(got.aux_loss.item(), want_aux, delta=1e-12)
+                self.assertEqual([(r.layer, r.counts.tolist(), r.dropped) for r in got.routing],
+                                 want_routing)
+                if "moe" in cfg and cfg["moe"]["balance"] == "aux_loss":
+                    self.assertGreater(want_aux, 0.0)
 
     def test_gqa_with_kv_equal_heads_is_plain_mha(self):
         # Plain multi-head attention written directly with per-head q/k/v blocks, no grouping.
@@ -311,11 +197,10 @@ class GradientTest(unittest.TestCase):
                 tokens = random_tokens(cfg, 2, 6, seed=11)
                 targets = random_tokens(cfg, 2, 6, seed=12)
                 model.zero_grad()
-                loss, _ = model.loss(tokens, targets)
-                loss.backward()
+                model.objective(tokens, targets).objective.backward()
                 gen = torch.Generator().manual_seed(13)
                 h = 1e-6
-                for name, p in model.named_contract_parameters():
+                for name, p in model.named_trainable_parameters():
                     flat = p.data.view(-1)
                     picks = torch.randint(0, flat.numel(), (2,), generator=gen).tolist()
                     if name == "wte":  # make sure rows used as input tokens are probed too
@@ -324,9 +209,9 @@ class GradientTest(unittest.TestCase):
                         old = flat[i].item()
                         with torch.no_grad():
                             flat[i] = old + h
-                            up = model.loss(tokens, targets)[0].item()
+                            up = model.objective(tokens, targets).objective.item()
                             flat[i] = old - h
-                            down = model.loss(tokens, targets)[0].item()
+                            down = model.objective(tokens, targets).objective.item()
                             flat[i] = old
                         numeric = (up - down) / (2 * h)
                         analytic = p.grad.view(-1)[i].item()
@@ -347,51 +232,6 @@ class GradientTest(unittest.TestCase):
         torch.testing.assert_close(tied.wte.weight.grad,
                                    untied.wte.weight.grad + untied.lm_head.weight.grad,
                                    rtol=1e-12, atol=1e-14)
-
-
-def manual_training(cfg, params, inputs, targets):
-    """Training loop with AdamW, clipping and the schedule written out by hand (float64).
-
-    params: {name: float64 tensor}. Returns (losses, final params)."""
-    model = torch_model.build_model(cfg).double()
-    named = model.named_contract_parameters()
-    with torch.no_grad():
-        for name, p in named:
-            p.copy_(params[name])
-    m = {n: torch.zeros_like(p) for n, p in named}
-    v = {n: torch.zeros_like(p) for n, p in named}
-    b1, b2, eps, wd = cfg["beta1"], cfg["beta2"], cfg["eps"], cfg["weight_decay"]
-    losses = []
-    for s in range(cfg["steps"]):
-        model.zero_grad()
-        loss, _ = model.loss(inputs[s], targets[s])
-        loss.backward()
-        losses.append(loss.item())
-        grads = {n: p.grad.clone() for n, p in named}
-        if cfg["grad_clip"] > 0:
-            norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
-            coef = min(1.0, cfg["grad_clip"] / (norm + 1e-6))
-            grads = {n: g * coef for n, g in grads.items()}
-        # Schedule written from the contract, independently of torch_model.lr_multiplier.
-        warm, total, peak = cfg["warmup_steps"], cfg["steps"], cfg["lr"]
-        lo = peak * cfg["min_lr_ratio"]
-        if s < warm:
-            lr = peak * (s + 1) / warm
-        else:
-            prog = min(1.0, max(0.0, (s - warm) / max(1, total - warm)))
-            lr = {"cosine": lo + 0.5 * (peak - lo) * (1 + math.cos(math.pi * prog)),
-                  "linear": peak + (lo - peak) * prog, "constant": peak}[cfg["schedule"]]
-        t = s + 1
-        with torch.no_grad():
-            for n, p in named:
-                g = grads[n]
-                if p.ndim >= 2:
-                    p.mul_(1 - lr * wd)
-                m[n] = b1 * m[n] + (1 - b1) * g
-                v[n] = b2 * v[n] + (1 - b2) * g * g
-                denom = (v[n] / (1 - b2 ** t)).sqrt() + eps
-                p.sub_(lr * (m[n] / (1 - b1 ** t)) / denom)
-    return losses, {n: p.detach().clone() for n, p in named}
 
 
 class ScheduleTest(unittest.TestCase):
@@ -461,8 +301,9 @@ class OracleCliTest(unittest.TestCase):
                                   .reshape(shape).astype(np.int64))
         targets = torch.from_numpy(np.fromfile(os.path.join(in_dir, "targets.i32"), "<i4")
                                    .reshape(shape).astype(np.int64))
-        loss, logits = model.loss(inputs[0], targets[0])
-        loss.backward()
+        result = model.objective(inputs[0], targets[0])
+        result.objective.backward()
+        loss, logits = result.cross_entropy, result.logits
 
         got_logits = torch_model.read_array(os.path.join(out_dir, "logits.f64"),
                                             (cfg["batch"], cfg["seq_len"], cfg["vocab"]), "f64")
@@ -476,26 +317,39 @@ class OracleCliTest(unittest.TestCase):
         lse = np.log(np.exp(flat - top).sum(-1)) + top[:, 0]
         ce = (lse - flat[np.arange(flat.shape[0]), targets[0].reshape(-1).numpy()]).mean()
         self.assertAlmostEqual(step0_loss, ce, delta=1e-12)
-        for name, p in model.named_contract_parameters():
+        # Gradients of the training objective; the selection biases, untrained, have no file.
+        grads_written = sorted(os.listdir(os.path.join(out_dir, "grads")))
+        self.assertEqual(grads_written, sorted(n + ".f64" for n, _ in expected_contract(cfg)
+                                               if not n.endswith(".moe.router.bias")))
+        for name, p in model.named_trainable_parameters():
             g = torch_model.read_array(os.path.join(out_dir, "grads", name + ".f64"),
                                        tuple(p.shape), "f64")
             np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+        with open(os.path.join(out_dir, "expert_counts.txt")) as f:
+            counts = [[int(v) for v in line.split()] for line in f]
+        self.assertEqual(counts, [[r.layer] + r.counts.tolist() + [r.dropped]
+                                  for r in result.routing])
 
         with open(os.path.join(out_dir, "losses.txt")) as f:
             losses = [float(line) for line in f]
+        with open(os.path.join(out_dir, "aux_losses.txt")) as f:
+            aux_losses = [float(line) for line in f]
         self.assertEqual(len(losses), cfg["steps"])
         self.assertEqual(losses[0], step0_loss)
-        want_losses, want_final = manual_training(cfg, initial, inputs, targets)
+        self.assertEqual(aux_losses[0], result.aux_loss.item())
+        want_losses, want_aux, want_final = manual_training(cfg, initial, inputs, targets)
         np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
-        moved = 0.0
+        np.testing.assert_allclose(aux_losses, want_aux, rtol=1e-12, atol=1e-15)
+        moved = {}
         for name, p in want_final.items():
             got = torch_model.read_array(os.path.join(out_dir, "final", name + ".f64"),
                                          tuple(p.shape), "f64")
             # atol covers the key bias, whose gradient is zero up to rounding (softmax is invariant
             # to it) and which Adam therefore moves by normalised rounding noise.
             np.testing.assert_allclose(got, p.numpy(), rtol=1e-9, atol=1e-10, err_msg=name)
-            moved = max(moved, float(np.abs(got - initial[name].numpy()).max()))
-        self.assertGreater(moved, 1e-4)
+            moved[name] = float(np.abs(got - initial[name].numpy()).max())
+        self.assertGreater(max(moved.values()), 1e-4)
+        return aux_losses, moved
 
     def test_gpt2_pipeline(self):
         self.check_pipeline(small_cfg("gpt2", steps=4), seed=1)
@@ -506,6 +360,43 @@ class OracleCliTest(unittest.TestCase):
     def test_untied_gpt2_without_clipping(self):
         self.check_pipeline(small_cfg("gpt2", tied_embeddings=False, grad_clip=0.0,
                                       schedule="constant", warmup_steps=0, steps=3), seed=3)
+
+    def test_gpt2_moe_pipeline(self):
+        cfg = small_cfg("gpt2", steps=3, moe=make_example_input.example_moe(
+            capacity_factor=1.0, aux_loss_coeff=0.1))
+        aux_losses, _ = self.check_pipeline(cfg, seed=7)
+        self.assertTrue(all(v > 0 for v in aux_losses))
+
+    def test_llama_moe_bias_pipeline(self):
+        # Layer 1 only is MoE; the selection bias moves by +-rate (or 0) after every step.
+        cfg = small_cfg("llama", steps=3, moe=make_example_input.example_moe(
+            score="sigmoid", balance="bias", every=2, bias_update_rate=0.01, shared_experts=0))
+        aux_losses, moved = self.check_pipeline(cfg, seed=8)
+        self.assertEqual(aux_losses, [0.0] * 3)
+        self.assertGreater(moved["h.1.moe.router.bias"], 0.005)
+
+    def test_make_example_input_moe_option(self):
+        for family in torch_model.FAMILIES:
+            with self.subTest(family):
+                in_dir = os.path.join(self.tmp, "cli_in_" + family)
+                out_dir = os.path.join(self.tmp, "cli_out_" + family)
+                # In process: a torch import per subprocess would cost seconds.
+                self.assertEqual(make_example_input.main(
+                    [in_dir, "--family", family, "--moe", "--steps", "2", "--moe-balance", "bias"]),
+                    0)
+                with open(os.path.join(in_dir, "config.json")) as f:
+                    moe = json.load(f)["moe"]
+                self.assertEqual((moe["experts"], moe["top_k"], moe["shared_experts"],
+                                  moe["every"], moe["balance"]), (4, 2, 1, 1, "bias"))
+                self.assertEqual(run_oracle.main(["run_oracle.py", in_dir, out_dir]), 0)
+                with open(os.path.join(out_dir, "expert_counts.txt")) as f:
+                    lines = [[int(v) for v in line.split()] for line in f]
+                # Both layers; 2*7 tokens with 2 picks each, dropless.
+                self.assertEqual([row[0] for row in lines], [0, 1])
+                self.assertEqual([sum(row[1:5]) for row in lines], [28, 28])
+                self.assertEqual([row[5] for row in lines], [0, 0])
+                self.assertTrue(os.path.exists(
+                    os.path.join(out_dir, "final", "h.1.moe.router.bias.f64")))
 
     def test_clipping_is_active(self):
         # With a tiny clip threshold, clipping changes the trajectory: guards that the comparison
@@ -561,6 +452,8 @@ class OracleCliTest(unittest.TestCase):
                 d, {k: v for k, v in cfg.items() if k != "beta2"}),
             "not_json": lambda d: open(os.path.join(d, "config.json"), "w").close(),
             "not_object": lambda d: write_config(d, [1, 2]),
+            "moe_top_k": lambda d: write_config(
+                d, dict(cfg, moe=make_example_input.example_moe(top_k=5))),
         }
         for label, corrupt in cases.items():
             with self.subTest(label):

@@ -14,11 +14,19 @@ Parameter names, shapes and order are the contract with the C++ engine:
   Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w, h.{l}.attn.proj.w, h.{l}.ln2.w,
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
+  MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
+          are replaced by h.{l}.moe.router.w [E,C], h.{l}.moe.router.bias [E] (balance "bias"
+          only; not trained), h.{l}.moe.experts.fc.w [E*Fo,C] (Fo = F, or 2F for llama: each
+          expert's gate rows then up rows), h.{l}.moe.experts.fc.b [E*F] (gpt2),
+          h.{l}.moe.experts.proj.w [E,C,F], h.{l}.moe.experts.proj.b [E,C] (gpt2), and with
+          S shared experts h.{l}.moe.shared.{fc.w, fc.b, proj.w, proj.b} of a dense MLP of hidden
+          S*F (fc.b and proj.b gpt2 only).
 
 Linear weights are [out, in]. Parameter files are raw little-endian arrays named
 `<dir>/<name>.<ext>`; `params.txt` lists `name d0 d1 ...` one parameter per line.
 """
 
+import collections
 import math
 import os
 
@@ -27,10 +35,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torch_moe
+
 FAMILIES = ("gpt2", "llama")
 
 # Keys of a model config and how missing optional ones are filled in (mirrors the C++ defaults).
 _REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
+
+# The "moe" object's keys and defaults (mirrors config::MoeConfig). experts 0 means dense.
+MOE_DEFAULTS = {
+    "experts": 0, "top_k": 1, "shared_experts": 0, "every": 1, "ffn": 0, "score": "softmax",
+    "normalize_top_k": False, "balance": "aux_loss", "aux_loss_coeff": 0.01,
+    "bias_update_rate": 0.001, "capacity_factor": 0.0,
+}
+_MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias")}
+# (key, lower bound, whether the bound itself is allowed) for the real-valued keys.
+_MOE_REALS = (("aux_loss_coeff", 0.0, True), ("bias_update_rate", 0.0, False),
+              ("capacity_factor", 0.0, True))
 
 
 class ConfigError(ValueError):
@@ -42,7 +63,8 @@ def normalize_config(cfg):
 
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
     Defaults: kv_heads = heads; ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
-    norm_eps = 1e-5; rope_theta = 10000. Other keys (training keys) are kept untouched.
+    norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
+    MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
     """
     if not isinstance(cfg, dict):
@@ -84,7 +106,56 @@ def normalize_config(cfg):
     if family == "llama" and (out["width"] // out["heads"]) % 2 != 0:
         raise ConfigError("heads: RoPE needs an even head dimension, got %d"
                           % (out["width"] // out["heads"]))
+    out["moe"] = _normalize_moe(out.get("moe"), out["layers"])
     return out
+
+
+def _normalize_moe(moe, layers):
+    """The "moe" object with defaults filled in; validated unless experts is 0 (dense)."""
+    if moe is None:
+        return dict(MOE_DEFAULTS)
+    if not isinstance(moe, dict):
+        raise ConfigError("moe: must be an object")
+    unknown = sorted(set(moe) - set(MOE_DEFAULTS))
+    if unknown:
+        raise ConfigError("moe.%s: unknown key" % unknown[0])
+    out = dict(MOE_DEFAULTS)
+    out.update(moe)
+    for key in ("experts", "top_k", "shared_experts", "every", "ffn"):
+        if isinstance(out[key], bool) or not isinstance(out[key], int):
+            raise ConfigError("moe.%s: must be an integer, got %r" % (key, out[key]))
+    if out["experts"] == 0:
+        return out
+    if out["experts"] < 0:
+        raise ConfigError("moe.experts: must be at least 0, got %d" % out["experts"])
+    limits = (("top_k", 1, out["experts"]), ("every", 1, layers), ("ffn", 1, None),
+              ("shared_experts", 0, None))
+    for key, low, high in limits:
+        if out[key] < low or (high is not None and out[key] > high):
+            raise ConfigError("moe.%s: must be %s, got %d" % (
+                key, "at least %d" % low if high is None else "between %d and %d" % (low, high),
+                out[key]))
+    for key, choices in _MOE_CHOICES.items():
+        if out[key] not in choices:
+            raise ConfigError("moe.%s: must be one of %s, got %r"
+                              % (key, ", ".join(choices), out[key]))
+    if not isinstance(out["normalize_top_k"], bool):
+        raise ConfigError("moe.normalize_top_k: must be true or false")
+    for key, low, inclusive in _MOE_REALS:
+        value = out[key]
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and math.isfinite(value) and (value >= low if inclusive else value > low))
+        if not ok:
+            raise ConfigError("moe.%s: must be a finite number %s %g, got %r"
+                              % (key, ">=" if inclusive else ">", low, value))
+        out[key] = float(value)
+    return out
+
+
+def is_moe_layer(cfg, layer):
+    """Whether block `layer` (0-based) of the normalised `cfg` has an MoE layer for its MLP."""
+    every = cfg["moe"]["every"]
+    return cfg["moe"]["experts"] > 0 and (layer + 1) % every == 0
 
 
 class RMSNorm(nn.Module):
@@ -173,12 +244,13 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u)."""
+    """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u).
+    Hidden size `hidden`, by default cfg["ffn_hidden"]."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, hidden=None):
         super().__init__()
         self.gated = cfg["family"] == "llama"
-        c, f = cfg["width"], cfg["ffn_hidden"]
+        c, f = cfg["width"], cfg["ffn_hidden"] if hidden is None else hidden
         self.ffn = f
         self.fc = nn.Linear(c, 2 * f if self.gated else f, bias=not self.gated)
         self.proj = nn.Linear(f, c, bias=not self.gated)
@@ -198,18 +270,35 @@ def _make_norm(cfg):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x += attn(norm1(x)); x += mlp(norm2(x))."""
+    """Pre-norm residual block: x += attn(norm1(x)); x += mlp(norm2(x)), where the MLP of an MoE
+    block (is_moe_layer) is an MoeLayer (`moe`; `mlp` is then None)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer):
         super().__init__()
         self.ln1 = _make_norm(cfg)
         self.attn = Attention(cfg)
         self.ln2 = _make_norm(cfg)
-        self.mlp = Mlp(cfg)
+        if is_moe_layer(cfg, layer):
+            self.mlp = None
+            self.moe = torch_moe.MoeLayer(cfg["family"], cfg["width"], cfg["moe"], layer,
+                                          lambda hidden: Mlp(cfg, hidden))
+        else:
+            self.mlp = Mlp(cfg)
+            self.moe = None
 
     def forward(self, x):
+        """x -> (x, Routing of the MoE layer or None)."""
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        if self.moe is None:
+            return x + self.mlp(self.ln2(x)), None
+        y, routing = self.moe(self.ln2(x))
+        return x + y, routing
+
+
+# The training objective of one batch: objective = cross_entropy + aux_loss (the sum of the MoE
+# layers' L_aux, a zero tensor without any); routing holds each MoE layer's Routing in order.
+TrainingLoss = collections.namedtuple("TrainingLoss",
+                                      "objective cross_entropy aux_loss logits routing")
 
 
 class Transformer(nn.Module):
@@ -221,32 +310,55 @@ class Transformer(nn.Module):
         cfg = self.cfg
         self.wte = nn.Embedding(cfg["vocab"], cfg["width"])
         self.wpe = nn.Embedding(cfg["max_seq"], cfg["width"]) if cfg["family"] == "gpt2" else None
-        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg["layers"])])
+        self.h = nn.ModuleList([Block(cfg, l) for l in range(cfg["layers"])])
         self.lnf = _make_norm(cfg)
         self.lm_head = (None if cfg["tied_embeddings"]
                         else nn.Linear(cfg["width"], cfg["vocab"], bias=False))
 
     def forward(self, tokens):
+        return self.forward_with_routing(tokens)[0]
+
+    def forward_with_routing(self, tokens):
+        """tokens [B,T] -> (logits [B,T,V], [Routing of each MoE layer, in layer order])."""
         t = tokens.shape[1]
         if t > self.cfg["max_seq"]:
             raise ValueError("sequence length %d exceeds max_seq %d" % (t, self.cfg["max_seq"]))
         x = self.wte(tokens)
         if self.wpe is not None:
             x = x + self.wpe.weight[:t]
+        routing = []
         for block in self.h:
-            x = block(x)
+            x, layer_routing = block(x)
+            if layer_routing is not None:
+                routing.append(layer_routing)
         x = self.lnf(x)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head)
+        return F.linear(x, head), routing
 
     def loss(self, tokens, targets):
-        """Mean cross-entropy over all B*T positions; returns (loss, logits)."""
-        logits = self.forward(tokens)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return loss, logits
+        """Mean cross-entropy over all B*T positions; returns (loss, logits). For a model with MoE
+        layers this is not the training objective (see objective)."""
+        result = self.objective(tokens, targets)
+        return result.cross_entropy, result.logits
+
+    def objective(self, tokens, targets):
+        """The training objective of one batch, as a TrainingLoss."""
+        logits, routing = self.forward_with_routing(tokens)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        aux = logits.new_zeros(())
+        for layer in routing:
+            aux = aux + layer.aux_loss
+        return TrainingLoss(ce + aux, ce, aux, logits, routing)
+
+    def update_selection_biases(self, routing):
+        """Applies the bias rule of every MoE layer with balance "bias" to the loads in `routing`
+        (from forward_with_routing of the step just taken); others are left alone."""
+        for layer in routing:
+            self.h[layer.layer].moe.update_selection_bias(layer.counts)
 
     def named_contract_parameters(self):
-        """[(contract name, Parameter)] in the contract order (see the module docstring)."""
+        """[(contract name, tensor)] in the contract order (see the module docstring). Every tensor
+        is an nn.Parameter except the MoE selection biases, which are buffers."""
         out = [("wte", self.wte.weight)]
         gpt2 = self.cfg["family"] == "gpt2"
         if gpt2:
@@ -265,18 +377,54 @@ class Transformer(nn.Module):
             out.append((p + "ln2.w", block.ln2.weight))
             if gpt2:
                 out.append((p + "ln2.b", block.ln2.bias))
-            out.append((p + "mlp.fc.w", block.mlp.fc.weight))
-            if gpt2:
-                out.append((p + "mlp.fc.b", block.mlp.fc.bias))
-            out.append((p + "mlp.proj.w", block.mlp.proj.weight))
-            if gpt2:
-                out.append((p + "mlp.proj.b", block.mlp.proj.bias))
+            if block.moe is None:
+                out += _mlp_contract(p + "mlp.", block.mlp)
+            else:
+                out += _moe_contract(p + "moe.", block.moe)
         out.append(("lnf.w", self.lnf.weight))
         if gpt2:
             out.append(("lnf.b", self.lnf.bias))
         if self.lm_head is not None:
             out.append(("lm_head.w", self.lm_head.weight))
         return out
+
+    def named_trainable_parameters(self):
+        """The contract parameters that are trained (all but the MoE selection biases), in
+        contract order: the ones AdamW updates, clipping measures and grads/ holds."""
+        return [(n, p) for n, p in self.named_contract_parameters() if is_trainable(n)]
+
+
+def is_trainable(name):
+    """False only for the MoE selection bias, which the bias rule moves instead of AdamW."""
+    return not name.endswith(".moe.router.bias")
+
+
+def _mlp_contract(prefix, mlp):
+    out = [(prefix + "fc.w", mlp.fc.weight)]
+    if mlp.fc.bias is not None:
+        out.append((prefix + "fc.b", mlp.fc.bias))
+    out.append((prefix + "proj.w", mlp.proj.weight))
+    if mlp.proj.bias is not None:
+        out.append((prefix + "proj.b", mlp.proj.bias))
+    return out
+
+
+def _moe_contract(prefix, moe):
+    """The router (and its selection bias), the shared experts, then the routed experts (the
+    engine keeps these last, as a parameter group of their own)."""
+    out = [(prefix + "router.w", moe.router.weight)]
+    if moe.selection_bias is not None:
+        out.append((prefix + "router.bias", moe.selection_bias))
+    if moe.shared is not None:
+        out += _mlp_contract(prefix + "shared.", moe.shared)
+    experts = moe.experts
+    out.append((prefix + "experts.fc.w", experts.fc_w))
+    if experts.fc_b is not None:
+        out.append((prefix + "experts.fc.b", experts.fc_b))
+    out.append((prefix + "experts.proj.w", experts.proj_w))
+    if experts.proj_b is not None:
+        out.append((prefix + "experts.proj.b", experts.proj_b))
+    return out
 
 
 def build_model(cfg):
@@ -285,17 +433,19 @@ def build_model(cfg):
 
 
 def parameter_count(model):
-    return sum(p.numel() for _, p in model.named_contract_parameters())
+    """Trained parameters (the MoE selection biases are not counted, as in the C++ count)."""
+    return sum(p.numel() for _, p in model.named_trainable_parameters())
 
 
 def init_parameters(model, seed=0, std=0.02):
-    """GPT-2 style init: normal(0, std) for embeddings and linear weights (output projections
-    scaled by 1/sqrt(2*layers)), ones for norm weights, zeros for biases. Deterministic in seed."""
+    """GPT-2 style init: normal(0, std) for embeddings and linear weights (router and expert fc
+    included; output projections, the experts' too, scaled by 1/sqrt(2*layers)), ones for norm
+    weights, zeros for biases and MoE selection biases. Deterministic in seed."""
     gen = torch.Generator().manual_seed(seed)
     proj_std = std / math.sqrt(2 * model.cfg["layers"])
     with torch.no_grad():
         for name, p in model.named_contract_parameters():
-            if name.endswith(".b"):
+            if name.endswith(".b") or not is_trainable(name):
                 p.zero_()
             elif p.ndim == 1:
                 p.fill_(1.0)
@@ -305,11 +455,16 @@ def init_parameters(model, seed=0, std=0.02):
 
 
 def decay_groups(model, weight_decay):
-    """AdamW parameter groups: ndim >= 2 parameters decay, the rest do not (contract order)."""
-    params = [p for _, p in model.named_contract_parameters()]
+    """AdamW parameter groups of the trained parameters: weights (ndim >= 2) decay; norms and
+    biases (including the [E, C] moe.experts.proj.b) do not (contract order)."""
+    named = list(model.named_trainable_parameters())
+
+    def decays(name, p):
+        return p.ndim >= 2 and not name.endswith(".b")
+
     return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
     ]
 
 
@@ -420,8 +575,9 @@ def save_params(model, directory, ext="f32"):
 
 
 def save_grads(model, directory, ext="f64"):
-    """Writes each contract parameter's .grad (zeros where None) to `<directory>/<name>.<ext>`."""
+    """Writes each trained parameter's .grad (zeros where None) to `<directory>/<name>.<ext>`;
+    the MoE selection biases, which have no gradient, get no file."""
     os.makedirs(directory, exist_ok=True)
-    for name, p in model.named_contract_parameters():
+    for name, p in model.named_trainable_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         write_array(os.path.join(directory, name + "." + ext), g, ext)

@@ -59,8 +59,41 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_vocab(m.vocab);
   s.set_max_seq(m.max_seq);
   s.set_tied_embeddings(m.tied_embeddings);
+  if (m.moe.enabled()) {
+    MoeSignature& moe = *s.mutable_moe();
+    moe.set_experts(m.moe.experts);
+    moe.set_ffn(m.moe.ffn);
+    moe.set_shared_experts(m.moe.shared_experts);
+    moe.set_every(m.moe.every);
+    moe.set_router_bias(m.moe.has_bias());
+  }
   return s;
 }
+
+namespace {
+
+// A dense model's signature (all zero) differs from an MoE model's in experts first.
+absl::Status CheckMoeMatches(const MoeSignature& saved, const MoeSignature& want) {
+  auto differ = [](const char* field, const auto& in_checkpoint, const auto& in_spec) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.", field, " is ", in_checkpoint,
+                                                   " in the checkpoint, ", in_spec,
+                                                   " in the spec"));
+  };
+  if (saved.experts() != want.experts()) return differ("experts", saved.experts(), want.experts());
+  if (saved.ffn() != want.ffn()) return differ("ffn", saved.ffn(), want.ffn());
+  if (saved.shared_experts() != want.shared_experts()) {
+    return differ("shared_experts", saved.shared_experts(), want.shared_experts());
+  }
+  if (saved.every() != want.every()) return differ("every", saved.every(), want.every());
+  // The selection bias exists under balance: bias only.
+  if (saved.router_bias() != want.router_bias()) {
+    return differ("balance", saved.router_bias() ? "bias" : "aux_loss",
+                  want.router_bias() ? "bias" : "aux_loss");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelConfig& model) {
   const ModelSignature want = SignatureOf(model);
@@ -84,7 +117,7 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
     return differ("tied_embeddings", saved.tied_embeddings() ? "true" : "false",
                   want.tied_embeddings() ? "true" : "false");
   }
-  return absl::OkStatus();
+  return CheckMoeMatches(saved.moe(), want.moe());
 }
 
 namespace {

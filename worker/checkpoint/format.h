@@ -26,6 +26,7 @@ namespace trainyard::worker::checkpoint {
 
 using v1::Manifest;
 using v1::ModelSignature;
+using v1::MoeSignature;
 using v1::ShardFile;
 using v1::TensorRecord;
 
@@ -46,7 +47,8 @@ uint64_t Checksum(const void* data, size_t size);  // XXH3-64
 
 ModelSignature SignatureOf(const config::ModelConfig& model);
 // OK when a checkpoint of `saved` loads into `model`; otherwise INVALID_ARGUMENT naming the first
-// field that differs ("model.width is 128 in the checkpoint, 256 in the spec").
+// field that differs ("model.width is 128 in the checkpoint, 256 in the spec", "model.moe.experts
+// is 0 in the checkpoint, 8 in the spec" for a dense checkpoint and an MoE model).
 [[nodiscard]] absl::Status CheckModelMatches(const ModelSignature& saved,
                                              const config::ModelConfig& model);
 

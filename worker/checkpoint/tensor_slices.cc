@@ -11,6 +11,18 @@ int64_t Hyperslab::numel() const {
 }
 
 std::vector<Hyperslab> LocalPieces(const ParamTensor& t, int tp_rank, int tp_size) {
+  if (t.experts > 0 && t.expert_count < t.experts) {
+    // This rank's experts (expert parallelism): their pieces as a tensor of their own, moved to
+    // where those experts start along the first dimension.
+    ParamTensor held = t;
+    const int64_t per_expert = t.global_shape[0] / t.experts;
+    held.global_shape[0] = per_expert * t.expert_count;
+    held.row_sections.resize(t.row_sections.size() / t.experts * t.expert_count);
+    held.experts = 0;
+    std::vector<Hyperslab> pieces = LocalPieces(held, tp_rank, tp_size);
+    for (Hyperslab& piece : pieces) piece.offsets[0] += per_expert * t.expert_begin;
+    return pieces;
+  }
   const std::vector<int64_t>& shape = t.global_shape;
   Hyperslab whole{std::vector<int64_t>(shape.size(), 0), shape};
   switch (t.shard) {

@@ -25,7 +25,8 @@ struct Hyperslab {
 };
 
 // The pieces of `t`'s global tensor that tensor-parallel rank `tp_rank` of `tp_size` holds, in
-// the order of its local elements.
+// the order of its local elements (of an expert tensor, within the experts the rank holds:
+// ParamTensor::expert_begin, expert_count).
 std::vector<Hyperslab> LocalPieces(const ParamTensor& t, int tp_rank, int tp_size);
 
 // Calls `run(global_offset, slab_index, count)` for elements [begin, end) of `slab` (row-major

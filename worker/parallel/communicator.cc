@@ -76,6 +76,37 @@ absl::Status Communicator::SendRecv(const void* send, int64_t send_count, int se
                   static_cast<float*>(recv), recv_count, recv_peer, recv_tag);
 }
 
+absl::Status Communicator::AllToAllV(const void* in, std::span<const int64_t> send_counts,
+                                     void* out, std::span<const int64_t> recv_counts, DType dtype,
+                                     uint32_t tag) {
+  const int n = size(), me = rank();
+  if (static_cast<int>(send_counts.size()) != n || static_cast<int>(recv_counts.size()) != n) {
+    return absl::InvalidArgumentError("all-to-all needs one count per rank");
+  }
+  const int64_t bytes = DTypeBytes(dtype);
+  std::vector<int64_t> send_at(n + 1, 0), recv_at(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    send_at[r + 1] = send_at[r] + send_counts[r];
+    recv_at[r + 1] = recv_at[r] + recv_counts[r];
+  }
+  const char* from = static_cast<const char*>(in);
+  char* to = static_cast<char*>(out);
+  for (int k = 1; k < n; ++k) {
+    const int dst = (me + k) % n, src = (me - k + n) % n;
+    const int64_t send = send_counts[dst], recv = recv_counts[src];
+    const void* send_data = from + send_at[dst] * bytes;
+    void* recv_data = to + recv_at[src] * bytes;
+    if (send > 0 && recv > 0) {
+      TY_RETURN_IF_ERROR(SendRecv(send_data, send, dst, tag, recv_data, recv, src, tag, dtype));
+    } else if (send > 0) {
+      TY_RETURN_IF_ERROR(Send(send_data, send, dtype, dst, tag));
+    } else if (recv > 0) {
+      TY_RETURN_IF_ERROR(Recv(recv_data, recv, dtype, src, tag));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 class SelfCommunicator final : public Communicator {

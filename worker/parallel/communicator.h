@@ -122,6 +122,16 @@ class Communicator {
                                               uint32_t send_tag, void* recv, int64_t recv_count,
                                               int recv_peer, uint32_t recv_tag, DType dtype);
 
+  // All-to-all with a count per peer (an MoE layer's tokens to their experts and back): `in`
+  // holds send_counts[0] elements for rank 0, then send_counts[1] for rank 1, …; `out` receives
+  // recv_counts[r] elements from each rank r, in rank order. Counts must agree pairwise (what r
+  // sends to q is what q expects from r). This rank's own part is not moved: the caller copies
+  // it (device memory is the backend's). The default exchanges with one peer pair per round
+  // (send to rank + k, receive from rank − k), skipping empty transfers.
+  [[nodiscard]] virtual absl::Status AllToAllV(const void* in, std::span<const int64_t> send_counts,
+                                               void* out, std::span<const int64_t> recv_counts,
+                                               DType dtype, uint32_t tag);
+
   // Names the engine in error messages ("gloo", "nccl", ...).
   virtual const char* engine() const { return "unnamed"; }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -221,6 +222,42 @@ class NcclCommunicator final : public TypedCommunicator {
     TY_RETURN_IF_ERROR(StageOut(recv_buf, recv, recv_bytes));
     // A rank sending to itself moves nothing over a link.
     if (send_peer != rank_) stats_.Add(CollectiveKind::kSendRecv, send_bytes);
+    return absl::OkStatus();
+  }
+
+  // Every peer's send and receive in one NCCL group (its all-to-all of variable sizes). Host
+  // buffers take the pairwise default (each transfer staged).
+  absl::Status AllToAllV(const void* in, std::span<const int64_t> send_counts, void* out,
+                         std::span<const int64_t> recv_counts, DType dtype,
+                         uint32_t tag) override {
+    constexpr const char* kWhat = "nccl all-to-all";
+    if (!copier_->IsDevicePointer(in) || !copier_->IsDevicePointer(out)) {
+      return Communicator::AllToAllV(in, send_counts, out, recv_counts, dtype, tag);
+    }
+    const bool counts_ok = static_cast<int>(send_counts.size()) == size_ &&
+                           static_cast<int>(recv_counts.size()) == size_;
+    TY_RETURN_IF_ERROR(Begin(kWhat, counts_ok));
+    const int64_t bytes = DTypeBytes(dtype);
+    const ncclDataType_t type = NcclType(dtype);
+    int64_t send_at = 0, recv_at = 0, sent = 0;
+    ncclResult_t result = ncclGroupStart();
+    if (result != ncclSuccess) return Complete(kWhat, result);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && send_counts[peer] > 0 && result == ncclSuccess) {
+        result = ncclSend(static_cast<const char*>(in) + send_at * bytes, send_counts[peer], type,
+                          peer, comm_, stream_);
+        sent += send_counts[peer] * bytes;
+      }
+      if (peer != rank_ && recv_counts[peer] > 0 && result == ncclSuccess) {
+        result = ncclRecv(static_cast<char*>(out) + recv_at * bytes, recv_counts[peer], type, peer,
+                          comm_, stream_);
+      }
+      send_at += send_counts[peer];
+      recv_at += recv_counts[peer];
+    }
+    const ncclResult_t ended = ncclGroupEnd();  // always closes the group
+    TY_RETURN_IF_ERROR(Complete(kWhat, result != ncclSuccess ? result : ended));
+    stats_.Add(CollectiveKind::kSendRecv, sent);
     return absl::OkStatus();
   }
 

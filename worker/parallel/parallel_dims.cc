@@ -116,6 +116,19 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
                     at.cp_rank, cp, members(cp, [&](int c) {
                       return global(at.pp_rank, at.dp_rank, at.tp_rank, c);
                     })));
+  if (const int ep = mesh.ep; ep > 1) {
+    const int block = at.dp_rank / ep, index = at.dp_rank % ep;
+    const std::string where = absl::StrCat(".tp", at.tp_rank, ".pp", at.pp_rank, cp_at);
+    TY_ASSIGN_OR_RETURN(
+        g.ep, connect(absl::StrCat("ep", block, where), index, ep, members(ep, [&](int e) {
+                        return global(at.pp_rank, block * ep + e, at.tp_rank, at.cp_rank);
+                      })));
+    TY_ASSIGN_OR_RETURN(g.edp, connect(absl::StrCat("edp", index, where), block, mesh.dp / ep,
+                                       members(mesh.dp / ep, [&](int b) {
+                                         return global(at.pp_rank, b * ep + index, at.tp_rank,
+                                                       at.cp_rank);
+                                       })));
+  }
   g.chunks =
       StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, at.pp_rank);
   const bool first = g.chunks.front().first, last = g.chunks.back().last;

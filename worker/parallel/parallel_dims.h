@@ -48,6 +48,10 @@ struct ParallelDims {
   // The first and last pipeline stage of a tied embedding (pp > 1), whose two copies' gradients
   // are summed each step; null elsewhere.
   std::unique_ptr<parallel::Communicator> tied;
+  // Expert parallelism (parallelism.ep > 1; null otherwise): `ep` holds the ep consecutive data-
+  // parallel ranks whose experts differ (group rank dp_rank % ep), `edp` those holding the same
+  // experts (group rank dp_rank / ep).
+  std::unique_ptr<parallel::Communicator> ep, edp;
 
   // Connects every group of rank `rank` of spec.parallelism, each through the rendezvous store.
   // On a GPU backend collectives reach device memory through NCCL or through Gloo with host

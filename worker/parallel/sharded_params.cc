@@ -23,6 +23,7 @@ int64_t NowNanos() {
 }  // namespace
 
 struct ShardedParams::Group {
+  Communicator* comm = nullptr;    // the data-parallel group, or an expert group's edp
   int64_t begin = 0, size = 0;     // in the model's flat layout
   int64_t chunk = 0;               // per-rank share, ⌈size / dp⌉
   int64_t padded_begin = 0;        // in the padded full layout (chunk · dp per group)
@@ -38,8 +39,15 @@ struct ShardedParams::Group {
 };
 
 ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp,
-                             Communicator* tp, Communicator* pp, const ShardingOptions& sharding)
-    : layout_(layout), backend_(backend), dp_(dp), tp_(tp), pp_(pp), options_(sharding) {}
+                             Communicator* tp, Communicator* pp, const ShardingOptions& sharding,
+                             ExpertGroups experts)
+    : layout_(layout),
+      backend_(backend),
+      dp_(dp),
+      tp_(tp),
+      pp_(pp),
+      experts_(experts),
+      options_(sharding) {}
 
 ShardedParams::~ShardedParams() {
   // Let queued collectives finish before the buffers they use go away.
@@ -52,7 +60,7 @@ ShardedParams::~ShardedParams() {
 
 absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
     const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-    Communicator* pp, const ShardingOptions& sharding) {
+    Communicator* pp, const ShardingOptions& sharding, ExpertGroups experts) {
   if (sharding.zero_stage < 0 || sharding.zero_stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallelism.zero: stage must be 0..3, got ", sharding.zero_stage));
@@ -60,18 +68,23 @@ absl::StatusOr<std::unique_ptr<ShardedParams>> ShardedParams::Create(
   if (sharding.bucket_bytes < 1) {
     return absl::InvalidArgumentError("gradient bucket size must be positive");
   }
-  std::unique_ptr<ShardedParams> p(new ShardedParams(layout, backend, dp, tp, pp, sharding));
+  if ((experts.ep == nullptr) != (experts.edp == nullptr)) {
+    return absl::InvalidArgumentError("expert parallelism needs both its groups");
+  }
+  std::unique_ptr<ShardedParams> p(
+      new ShardedParams(layout, backend, dp, tp, pp, sharding, experts));
   p->Allocate();
   return p;
 }
 
 void ShardedParams::Allocate() {
-  const int n = dp_->size(), r = dp_->rank();
   const int stage = options_.zero_stage;
   int64_t padded = 0, shard = 0;
   groups_.resize(layout_.groups().size());
   for (size_t i = 0; i < groups_.size(); ++i) {
     Group& g = groups_[i];
+    g.comm = layout_.groups()[i].experts && experts_.edp != nullptr ? experts_.edp : dp_;
+    const int n = g.comm->size(), r = g.comm->rank();
     g.begin = layout_.groups()[i].begin;
     g.size = layout_.groups()[i].size();
     g.chunk = (g.size + n - 1) / n;
@@ -99,17 +112,19 @@ void ShardedParams::Allocate() {
   memory_.optimizer = 2 * 4 * state;
 
   // Buckets for stages 0–1: groups in backward order (last group first), packed up to the
-  // bucket size. A bucket is a contiguous range of the padded layout.
+  // bucket size. A bucket is a contiguous range of the padded layout, reduced over one group.
   bucket_of_.assign(groups_.size(), -1);
   int64_t filled = 0;
   for (int i = static_cast<int>(groups_.size()) - 1; i >= 0; --i) {
-    if (buckets_.empty() || filled >= options_.bucket_bytes) {
+    const bool other_group =
+        !buckets_.empty() && groups_[buckets_.back().back()].comm != groups_[i].comm;
+    if (buckets_.empty() || filled >= options_.bucket_bytes || other_group) {
       buckets_.emplace_back();
       filled = 0;
     }
     buckets_.back().push_back(i);
     bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
-    filled += 4 * groups_[i].chunk * n;
+    filled += 4 * groups_[i].chunk * groups_[i].comm->size();
   }
   bucket_pending_.assign(buckets_.size(), 0);
   comm_ = std::make_unique<AsyncRunner>();
@@ -168,9 +183,9 @@ absl::Status ShardedParams::GatherParameters(float* host) {
       backend_->CopyToHost(host + g.begin, params_.data() + g.padded_begin, g.size);
       continue;
     }
-    Buffer<float> full = backend_->AllocFloat(g.chunk * dp_->size());
+    Buffer<float> full = backend_->AllocFloat(g.chunk * g.comm->size());
     TY_RETURN_IF_ERROR(comm_->Run([&] {
-      return dp_->AllGather(shard_params_.data() + g.shard_begin, full.data(), g.chunk);
+      return g.comm->AllGather(shard_params_.data() + g.shard_begin, full.data(), g.chunk);
     }));
     backend_->CopyToHost(host + g.begin, full.data(), g.size);
   }
@@ -185,13 +200,13 @@ const ShardedParams::Group& ShardedParams::GroupOf(const ParamTensor& t) const {
 
 std::vector<ShardedParams::SavedRange> ShardedParams::CheckpointRanges() const {
   const bool tp_first = tp_ == nullptr || tp_->rank() == 0;
-  const int r = dp_->rank();
   std::vector<SavedRange> ranges;
   for (int i = 0; i < static_cast<int>(layout_.tensors().size()); ++i) {
     const ParamTensor& t = layout_.tensors()[i];
     if (t.shard == ShardKind::kReplicated && !tp_first) continue;
     if (!layout_.first() && t.name == "wte") continue;  // the tied copy
     const Group& g = GroupOf(t);
+    const int r = g.comm->rank();
     const int64_t chunk_lo = std::min(g.size, r * g.chunk);
     const int64_t chunk_hi = std::min(g.size, (r + 1) * g.chunk);
     const int64_t lo = std::max(t.offset - g.begin, chunk_lo);
@@ -271,7 +286,7 @@ void ShardedParams::AccumulateReduced(bool wait) {
     if (!wait && p.work.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
     // A failed reduce-scatter adds nothing; WaitAll reports its status.
     if (p.work.get().ok()) {
-      const float* reduced = p.staging->data() + int64_t{dp_->rank()} * p.chunk;
+      const float* reduced = p.staging->data() + int64_t{p.rank} * p.chunk;
       backend_->Add(p.owned, p.owned, reduced, p.chunk);
     }
     UpdateTransient(-4 * p.staging->size());
@@ -281,12 +296,13 @@ void ShardedParams::AccumulateReduced(bool wait) {
 
 void ShardedParams::StartGather(int index) {
   Group& g = groups_[index];
-  g.gathered = backend_->AllocFloat(g.chunk * dp_->size());
+  g.gathered = backend_->AllocFloat(g.chunk * g.comm->size());
   UpdateTransient(4 * g.gathered.size());
   float* out = g.gathered.data();
   const float* in = shard_params_.data() + g.shard_begin;
   const int64_t chunk = g.chunk;
-  g.gather = comm_->Submit([this, in, out, chunk] { return dp_->AllGather(in, out, chunk); });
+  Communicator* group = g.comm;
+  g.gather = comm_->Submit([group, in, out, chunk] { return group->AllGather(in, out, chunk); });
   g.gather_pending = true;
 }
 
@@ -323,7 +339,7 @@ absl::StatusOr<float*> ShardedParams::Gradients(int index) {
   Group& g = groups_[index];
   if (options_.zero_stage < 2) return grads_.data() + g.padded_begin;
   if (!g.staging) {
-    g.staging = std::make_shared<Buffer<float>>(backend_->AllocFloat(g.chunk * dp_->size()));
+    g.staging = std::make_shared<Buffer<float>>(backend_->AllocFloat(g.chunk * g.comm->size()));
     UpdateTransient(4 * g.staging->size());
   }
   return g.staging->data();
@@ -351,28 +367,30 @@ void ShardedParams::LaunchReady(int index) {
     float* staged = g.staging->data();
     const int64_t chunk = g.chunk;
     const size_t slot = NewTimelineSlot();
-    AsyncRunner::Work work = comm_->Submit([this, staged, chunk, slot]() -> absl::Status {
+    Communicator* group = g.comm;
+    AsyncRunner::Work work = comm_->Submit([this, group, staged, chunk, slot]() -> absl::Status {
       const absl::Status s =
-          dp_->ReduceScatter(staged, staged + int64_t{dp_->rank()} * chunk, chunk);
+          group->ReduceScatter(staged, staged + int64_t{group->rank()} * chunk, chunk);
       MarkDone(slot);
       return s;
     });
     in_flight_.push_back(work);
-    pending_.push_back(
-        {std::move(work), std::move(g.staging), shard_grads_.data() + g.shard_begin, chunk});
+    pending_.push_back({std::move(work), std::move(g.staging), shard_grads_.data() + g.shard_begin,
+                        chunk, group->rank()});
     return;
   }
-  if (!last_micro_batch_ || dp_->size() == 1) return;
+  if (!last_micro_batch_ || g.comm->size() == 1) return;
   const int b = bucket_of_[index];
   if (++bucket_pending_[b] < static_cast<int>(buckets_[b].size())) return;
   bucket_pending_[b] = 0;
   const Group& lo = groups_[buckets_[b].back()];
   const Group& hi = groups_[buckets_[b].front()];
   float* data = grads_.data() + lo.padded_begin;
-  const int64_t count = hi.padded_begin + hi.chunk * dp_->size() - lo.padded_begin;
+  Communicator* group = hi.comm;
+  const int64_t count = hi.padded_begin + hi.chunk * group->size() - lo.padded_begin;
   const size_t slot = NewTimelineSlot();
-  in_flight_.push_back(comm_->Submit([this, data, count, slot]() -> absl::Status {
-    TY_RETURN_IF_ERROR(dp_->AllReduce(data, count));
+  in_flight_.push_back(comm_->Submit([this, group, data, count, slot]() -> absl::Status {
+    TY_RETURN_IF_ERROR(group->AllReduce(data, count));
     MarkDone(slot);
     return absl::OkStatus();
   }));
@@ -417,17 +435,25 @@ absl::StatusOr<double> ShardedParams::GradientNorm() {
   // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
   // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
   // parallel group are counted by its rank 0 only.
+  // Under expert parallelism the experts differ across the ep group: at stage 0 their squares
+  // are summed over it (at stages 1–3 the data-parallel sum covers every owned chunk once).
   const bool count_replicated = tp_ == nullptr || tp_->rank() == 0;
-  std::vector<std::pair<const float*, int64_t>> owned;
+  std::vector<std::pair<const float*, int64_t>> owned, owned_experts;
   for (const ParamTensor& t : layout_.tensors()) {
     if (t.shard == ShardKind::kReplicated && !count_replicated) continue;
     if (!layout_.first() && t.name == "wte") continue;  // the tied copy counts once
     const Group& g = GroupOf(t);
     const int64_t lo = std::max(t.offset - g.begin, g.own_lo);
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
-    if (hi > lo) owned.emplace_back(GradAt(g, lo), hi - lo);
+    if (hi <= lo) continue;
+    (g.comm != dp_ ? owned_experts : owned).emplace_back(GradAt(g, lo), hi - lo);
   }
   double sumsq = backend_->SumOfSquaresMulti(owned);
+  double experts_sumsq = owned_experts.empty() ? 0.0 : backend_->SumOfSquaresMulti(owned_experts);
+  if (options_.zero_stage == 0 && experts_.ep != nullptr) {
+    TY_ASSIGN_OR_RETURN(experts_sumsq, AllReduceDouble(*experts_.ep, experts_sumsq));
+  }
+  sumsq += experts_sumsq;
   if (options_.zero_stage > 0) {
     TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
   }
@@ -463,7 +489,8 @@ std::vector<OptimizerSlice> ShardedParams::OptimizerSlices() {
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;
     slices.push_back({ParamAt(g, lo), GradAt(g, lo), m_.data() + StateOffset(g, lo),
-                      v_.data() + StateOffset(g, lo), hi - lo, t.decay});
+                      v_.data() + StateOffset(g, lo), hi - lo, t.decay, &t,
+                      lo - (t.offset - g.begin)});
   }
   return slices;
 }
@@ -473,13 +500,18 @@ absl::Status ShardedParams::FinishUpdate() {
   if (stage == 1 || stage == 2) {
     // Every rank updated its chunk; put the full parameters back together, every group's gather
     // on the wire at once.
-    std::vector<Communicator::GatherPart> parts;
-    for (Group& g : groups_) {
-      float* base = params_.data() + g.padded_begin;
-      parts.push_back({base + int64_t{dp_->rank()} * g.chunk, base, g.chunk});
+    for (Communicator* group : {dp_, experts_.edp}) {
+      if (group == nullptr) continue;
+      std::vector<Communicator::GatherPart> parts;
+      for (Group& g : groups_) {
+        if (g.comm != group) continue;
+        float* base = params_.data() + g.padded_begin;
+        parts.push_back({base + int64_t{group->rank()} * g.chunk, base, g.chunk});
+      }
+      if (parts.empty()) continue;
+      in_flight_.push_back(
+          comm_->Submit([group, parts = std::move(parts)] { return group->AllGatherMany(parts); }));
     }
-    in_flight_.push_back(
-        comm_->Submit([this, parts = std::move(parts)] { return dp_->AllGatherMany(parts); }));
     TY_RETURN_IF_ERROR_WITH(WaitAll(), "parameter all-gather");
   }
   if (stage == 3) {

@@ -56,14 +56,24 @@ struct OverlapTimeline {
   int64_t backward_end_ns = 0;
 };
 
+// Expert parallelism (an MoE model with ep > 1): the groups its routed experts live on. `ep`: the
+// data-parallel ranks that hold different experts (the tokens' all-to-all); `edp`: those that
+// hold the same ones, over which the experts' gradients are summed and their ZeRO shards split.
+// Null: no expert parallelism (the experts are data-parallel like the rest).
+struct ExpertGroups {
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
+};
+
 class ShardedParams final : public ParamSource {
  public:
   // `dp` (the data-parallel group), `tp` and `pp` (the tensor- and pipeline-parallel groups, or
   // null), `backend` and `layout` (this rank's) must outlive the object. `tp` and `pp` are used
   // only for the global gradient norm, from the calling thread.
+  // The layout's expert groups (ParamGroup::experts) use `experts.edp` in place of `dp`.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedParams>> Create(
       const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-      Communicator* pp, const ShardingOptions& sharding);
+      Communicator* pp, const ShardingOptions& sharding, ExpertGroups experts = {});
   ~ShardedParams() override;
 
   // Every rank draws the same full initialisation and keeps what it owns.
@@ -130,7 +140,7 @@ class ShardedParams final : public ParamSource {
  private:
   struct Group;
   ShardedParams(const ParameterLayout& layout, Backend* backend, Communicator* dp, Communicator* tp,
-                Communicator* pp, const ShardingOptions& sharding);
+                Communicator* pp, const ShardingOptions& sharding, ExpertGroups experts);
   void Allocate();
   const Group& GroupOf(const ParamTensor& t) const;
   // Where element `local` of group `g` (counted from the group's start) lives in this rank's
@@ -154,6 +164,7 @@ class ShardedParams final : public ParamSource {
   Communicator* dp_;
   Communicator* tp_;
   Communicator* pp_;
+  ExpertGroups experts_;
   ShardingOptions options_;
   std::vector<Group> groups_;
   Buffer<float> params_;        // stages 0–2: padded full layout
@@ -173,6 +184,7 @@ class ShardedParams final : public ParamSource {
     std::shared_ptr<Buffer<float>> staging;
     float* owned;
     int64_t chunk;
+    int rank;  // in the group's communicator
   };
   std::deque<PendingGradient> pending_;  // in launch order
   bool last_micro_batch_ = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,13 @@ ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
     : ParameterLayout(c, tp_rank, tp_size, std::vector<PipelineStage>{stage}) {}
 
 ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
-                                 std::vector<PipelineStage> chunks)
-    : block_index_(c.layers, -1), tp_rank_(tp_rank), tp_size_(tp_size), chunks_(std::move(chunks)) {
+                                 std::vector<PipelineStage> chunks, int ep_rank, int ep_size)
+    : block_index_(c.layers, -1),
+      tp_rank_(tp_rank),
+      tp_size_(tp_size),
+      ep_rank_(ep_rank),
+      ep_size_(ep_size),
+      chunks_(std::move(chunks)) {
   for (PipelineStage& chunk : chunks_) {
     if (chunk.num_layers < 0) chunk.num_layers = c.layers - chunk.first_layer;
   }
@@ -60,13 +66,13 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   const int64_t q_rows = attn, kv_rows = int64_t{c.kv_heads} * c.head_dim();
   constexpr auto kRows = ShardKind::kRows;
   constexpr auto kCols = ShardKind::kColumns;
-  const int64_t ffn = c.ffn_hidden, fc_out = gpt2 ? ffn : 2 * ffn;
   // GPT-2's scheme: projections that write into the residual stream start smaller so that the
   // stream's variance does not grow with depth.
   const float residual_std = 0.02f / std::sqrt(2.0f * c.layers);
   const int64_t group_begin = total_;
   const std::string p = absl::StrCat("h.", layer, ".");
   BlockOffsets b;
+  int expert_group = -1;
   b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
   b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
@@ -79,15 +85,95 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);
   b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln2_b = Add(p + "ln2.b", {width}, InitKind::kZeros);
-  const std::vector<int64_t> fc_sections =
-      gpt2 ? std::vector<int64_t>{ffn} : std::vector<int64_t>{ffn, ffn};  // (gate, up)
-  b.fc_w = Add(p + "mlp.fc.w", {fc_out, width}, InitKind::kNormal, 0.02f, kRows, fc_sections);
-  if (gpt2) b.fc_b = Add(p + "mlp.fc.b", {fc_out}, InitKind::kZeros, 0.02f, kRows, fc_sections);
-  b.mlp_proj_w = Add(p + "mlp.proj.w", {width, ffn}, InitKind::kNormal, residual_std, kCols);
-  if (gpt2) b.mlp_proj_b = Add(p + "mlp.proj.b", {width}, InitKind::kZeros);
+  if (!c.moe.IsMoeLayer(layer)) {
+    const MlpOffsets mlp = AddMlp(c, p + "mlp.", c.ffn_hidden, 0);
+    std::tie(b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b) =
+        std::tuple(mlp.fc_w, mlp.fc_b, mlp.proj_w, mlp.proj_b);
+    b.mlp_ffn = c.ffn_hidden;
+  } else {
+    // The router and the shared experts in the block's group; the routed experts in a group of
+    // their own.
+    const config::MoeConfig& moe = c.moe;
+    b.moe = true;
+    b.router_w = Add(p + "moe.router.w", {moe.experts, width}, InitKind::kNormal);
+    if (moe.has_bias()) {
+      b.router_bias = Add(p + "moe.router.bias", {moe.experts}, InitKind::kZeros);
+      tensors_.back().trainable = false;
+    }
+    if (moe.shared_experts > 0) {
+      b.mlp_ffn = int64_t{moe.shared_experts} * moe.ffn;
+      const MlpOffsets shared = AddMlp(c, p + "moe.shared.", b.mlp_ffn, 0);
+      std::tie(b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b) =
+          std::tuple(shared.fc_w, shared.fc_b, shared.proj_w, shared.proj_b);
+    }
+    groups_.push_back({group_begin, total_});
+    const int64_t experts_begin = total_;
+    const MlpOffsets experts = AddMlp(c, p + "moe.experts.", moe.ffn, moe.experts);
+    std::tie(b.experts_fc_w, b.experts_fc_b, b.experts_proj_w, b.experts_proj_b) =
+        std::tuple(experts.fc_w, experts.fc_b, experts.proj_w, experts.proj_b);
+    expert_group = static_cast<int>(groups_.size());
+    groups_.push_back({experts_begin, total_, /*experts=*/true});
+  }
   block_index_[layer] = static_cast<int>(blocks_.size());
   blocks_.push_back(b);
-  groups_.push_back({group_begin, total_});
+  if (expert_group < 0) {
+    block_groups_.push_back(static_cast<int>(groups_.size()));
+    groups_.push_back({group_begin, total_});
+  } else {
+    block_groups_.push_back(expert_group - 1);
+  }
+  expert_groups_.push_back(expert_group);
+}
+
+// fc [count·fc_out, C] split by rows per expert and section (Llama's gate and up), proj
+// [count, C, ffn] split by columns; GPT-2's biases (proj's added after the tensor-parallel sum,
+// so replicated). count 0: one MLP without the leading expert dimension.
+ParameterLayout::MlpOffsets ParameterLayout::AddMlp(const ModelConfig& c, const std::string& p,
+                                                    int64_t ffn, int count) {
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const int64_t width = c.width, experts = std::max(count, 1);
+  const int64_t fc_out = gpt2 ? ffn : 2 * ffn;
+  const float residual_std = 0.02f / std::sqrt(2.0f * c.layers);
+  std::vector<int64_t> fc_sections;
+  for (int64_t e = 0; e < experts; ++e) {
+    fc_sections.push_back(ffn);
+    if (!gpt2) fc_sections.push_back(ffn);  // (gate, up)
+  }
+  std::vector<int64_t> fc_bias_sections(experts, ffn);
+  const std::vector<int64_t> proj_shape =
+      count > 0 ? std::vector<int64_t>{count, width, ffn} : std::vector<int64_t>{width, ffn};
+  std::vector<int64_t> proj_bias_shape =
+      count > 0 ? std::vector<int64_t>{count, width} : std::vector<int64_t>{width};
+  MlpOffsets o;
+  o.fc_w = Add(p + "fc.w", {experts * fc_out, width}, InitKind::kNormal, 0.02f, ShardKind::kRows,
+               fc_sections);
+  HoldExperts(count);
+  if (gpt2) {
+    o.fc_b = Add(p + "fc.b", {experts * ffn}, InitKind::kZeros, 0.02f, ShardKind::kRows,
+                 fc_bias_sections);
+    HoldExperts(count);
+  }
+  o.proj_w = Add(p + "proj.w", proj_shape, InitKind::kNormal, residual_std, ShardKind::kColumns);
+  HoldExperts(count);
+  if (gpt2) {
+    o.proj_b = Add(p + "proj.b", proj_bias_shape, InitKind::kZeros);
+    tensors_.back().decay = false;  // a bias, even as [experts, C]
+    HoldExperts(count);
+  }
+  return o;
+}
+
+void ParameterLayout::HoldExperts(int experts) {
+  if (experts == 0) return;
+  ParamTensor& t = tensors_.back();
+  t.experts = experts;
+  t.expert_count = experts / ep_size_;
+  t.expert_begin = ep_rank_ * t.expert_count;
+  total_ -= t.numel;
+  t.shape[0] = t.shape[0] / experts * t.expert_count;
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= d;
+  total_ += t.numel;
 }
 
 int64_t ParameterLayout::Add(const std::string& name, std::vector<int64_t> global_shape,
@@ -146,6 +232,17 @@ void ParameterLayout::Initialize(uint64_t seed, float* host) const {
 }
 
 void ParameterLayout::Slice(const ParamTensor& t, const float* global, float* local) const {
+  if (t.experts > 0 && t.expert_count < t.experts) {
+    // This rank's experts, contiguous in the global tensor, then as a tensor of their own.
+    ParamTensor held = t;
+    int64_t numel = 1;
+    for (int64_t d : t.global_shape) numel *= d;
+    held.global_shape[0] = t.global_shape[0] / t.experts * t.expert_count;
+    held.row_sections.resize(t.row_sections.size() / t.experts * t.expert_count);
+    held.experts = 0;
+    Slice(held, global + numel / t.experts * t.expert_begin, local);
+    return;
+  }
   switch (t.shard) {
     case ShardKind::kReplicated:
       std::copy(global, global + t.numel, local);

@@ -34,13 +34,27 @@ struct ParamTensor {
   ShardKind shard = ShardKind::kReplicated;
   std::vector<int64_t> global_shape;  // the tensor's shape in the unsharded model
   std::vector<int64_t> row_sections;  // kRows only
+  // Trained by the optimizer (an MoE router's selection bias is not: a rule moves it).
+  bool trainable = true;
+  // An MoE layer's routed experts side by side along the first dimension (`experts` > 0 of them
+  // in global_shape): this rank holds experts [expert_begin, expert_begin + expert_count)
+  // (expert parallelism), before any tensor-parallel split within each expert.
+  int experts = 0, expert_begin = 0, expert_count = 0;
 };
 
 // Offsets (into the flat buffer) of one transformer block's tensors; -1 where the family has
-// no such tensor (Llama has no biases and no norm bias).
+// no such tensor (Llama has no biases and no norm bias). In an MoE block (config::MoeConfig)
+// fc_* and mlp_proj_* are the shared experts' MLP (-1 without shared experts) and the moe_*
+// offsets its router and routed experts.
 struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mlp_proj_w = -1, mlp_proj_b = -1;
+  int64_t mlp_ffn = 0;  // the (global) hidden size of fc_*/mlp_proj_*; 0 without them
+  bool moe = false;
+  // router [E, C]; selection bias [E] (balance: bias); experts' fc [E·fc_out, C] (expert e's rows
+  // together: Llama's gate rows then up rows) and bias [E·ffn]; proj [E, C, ffn] and bias [E, C].
+  int64_t router_w = -1, router_bias = -1;
+  int64_t experts_fc_w = -1, experts_fc_b = -1, experts_proj_w = -1, experts_proj_b = -1;
 };
 
 // A contiguous range [begin, end) of the flat buffer that the model uses as a unit: group 0 holds
@@ -49,6 +63,9 @@ struct BlockOffsets {
 struct ParamGroup {
   int64_t begin = 0;
   int64_t end = 0;
+  // An MoE block's routed experts: reduced and sharded over the expert-data-parallel group (the
+  // data-parallel ranks holding the same experts) instead of the whole data-parallel group.
+  bool experts = false;
   int64_t size() const { return end - begin; }
 };
 
@@ -73,8 +90,10 @@ class ParameterLayout {
   // ascending layer order: the embeddings if the first chunk is `first`, every chunk's blocks,
   // then the final norm and head if the last chunk is `last`. Each group is laid out exactly as
   // in the layout of its chunk alone, so a chunk's model can address this buffer group by group.
+  // With expert parallelism (ep_size > 1) the rank holds experts [ep_rank, ep_rank + 1) ·
+  // experts / ep_size of every MoE layer.
   ParameterLayout(const config::ModelConfig& config, int tp_rank, int tp_size,
-                  std::vector<PipelineStage> chunks);
+                  std::vector<PipelineStage> chunks, int ep_rank = 0, int ep_size = 1);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
@@ -97,15 +116,19 @@ class ParameterLayout {
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Group 0 is the first the forward pass uses and the last the backward pass finishes: the
-  // embeddings on the first stage, else the stage's first block.
+  // embeddings on the first stage, else the stage's first block. An MoE block's routed experts
+  // are a group of their own, right after the block's (-1 for a dense block).
   static constexpr int kEmbeddingGroup = 0;
-  int block_group(int layer) const { return block_index_[layer] + (first() ? 1 : 0); }
+  int block_group(int layer) const { return block_groups_[block_index_[layer]]; }
+  int expert_group(int layer) const { return expert_groups_[block_index_[layer]]; }
   int final_group() const { return static_cast<int>(groups_.size()) - 1; }  // last stage only
   // The group holding the LM head's weight (the embedding group when tied).
   int head_group() const { return first() && lm_head_ == wte_ ? kEmbeddingGroup : final_group(); }
 
   int tp_size() const { return tp_size_; }
   int tp_rank() const { return tp_rank_; }
+  int ep_size() const { return ep_size_; }
+  int ep_rank() const { return ep_rank_; }
   // Copies this rank's part of `t` from the full (unsharded) tensor `global` into `local`.
   void Slice(const ParamTensor& t, const float* global, float* local) const;
 
@@ -121,11 +144,21 @@ class ParameterLayout {
 
   std::vector<ParamTensor> tensors_;
   void AddBlock(const config::ModelConfig& config, int layer);
+  // An MLP of the family's shape with hidden size `ffn` (× `count` experts side by side when
+  // count > 0, as one tensor per kind): fc weight and bias, proj weight and bias offsets.
+  struct MlpOffsets {
+    int64_t fc_w = -1, fc_b = -1, proj_w = -1, proj_b = -1;
+  };
+  MlpOffsets AddMlp(const config::ModelConfig& config, const std::string& prefix, int64_t ffn,
+                    int count);
+  // Narrows the tensor just added to this rank's experts.
+  void HoldExperts(int experts);
 
   std::vector<BlockOffsets> blocks_;
   std::vector<int> block_index_;  // per model layer: its index in blocks_, -1 if not held here
+  std::vector<int> block_groups_, expert_groups_;  // per held block
   std::vector<ParamGroup> groups_;
-  int tp_rank_ = 0, tp_size_ = 1;
+  int tp_rank_ = 0, tp_size_ = 1, ep_rank_ = 0, ep_size_ = 1;
   std::vector<PipelineStage> chunks_;
   int64_t total_ = 0;
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;

@@ -3,6 +3,8 @@
 #include "config/mesh.h"
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -74,6 +76,105 @@ TEST(FindShardingProblem, ChecksTheModelAndBatchButNotTheResources) {
   EXPECT_EQ(MeshProblemStatus(heads).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MeshProblemStatus(heads).message().substr(0, 16), "parallelism.tp: ");
   EXPECT_TRUE(MeshProblemStatus(std::nullopt).ok());
+}
+
+// A four-rank job of the default model (2 layers, 4 heads, ffn 256) with four experts of `ffn`.
+JobSpec MoeSpec(int ffn) {
+  JobSpec spec;
+  spec.resources.devices_per_node = 4;
+  spec.model.layers = 2;
+  spec.model.heads = spec.model.kv_heads = 4;
+  spec.model.moe = MoeConfig{.experts = 4, .top_k = 2, .ffn = ffn};
+  spec.training.batch = 8;
+  spec.training.seq_len = 16;
+  return spec;
+}
+
+TEST(FindMeshProblem, TensorParallelismSplitsEveryExpertsMlp) {
+  const JobSpec spec = MoeSpec(/*ffn=*/96);
+  EXPECT_FALSE(FindMeshProblem(Mesh(2, 2, 1), spec).has_value());
+  EXPECT_FALSE(FindMeshProblem(Mesh(1, 4, 1), spec).has_value());  // 96 = 4 × 24
+  const JobSpec odd = MoeSpec(/*ffn=*/90);
+  std::optional<SpecProblem> tp4 = FindShardingProblem(Mesh(1, 4, 1), odd);
+  ASSERT_TRUE(tp4.has_value());
+  EXPECT_EQ(tp4->path, "parallelism.tp");
+  EXPECT_EQ(tp4->reason,
+            "model.moe.ffn 90 is not divisible by tp 4 (tensor parallelism splits every expert's "
+            "MLP evenly)");
+  EXPECT_EQ(tp4->related.front(), "model.moe.ffn");
+  EXPECT_FALSE(FindShardingProblem(Mesh(2, 2, 1), odd).has_value());  // 90 = 2 × 45
+  // A dense model's moe fields mean nothing.
+  JobSpec dense = odd;
+  dense.model.moe.experts = 0;
+  EXPECT_FALSE(FindShardingProblem(Mesh(1, 4, 1), dense).has_value());
+}
+
+TEST(FindMeshProblem, MoeRefusesContextParallelism) {
+  ParallelismSpec mesh = Mesh(2, 1, 1);
+  mesh.cp = 2;
+  JobSpec spec = MoeSpec(/*ffn=*/64);
+  std::optional<SpecProblem> cp = FindShardingProblem(mesh, spec);
+  ASSERT_TRUE(cp.has_value());
+  EXPECT_EQ(cp->path, "parallelism.cp");
+  EXPECT_EQ(cp->reason,
+            "cp 2 cannot run model.moe yet: the MoE router does not run over a split sequence "
+            "(write cp: 1)");
+  EXPECT_EQ(cp->related, std::vector<std::string>{"model.moe"});
+  spec.model.moe.experts = 0;
+  EXPECT_FALSE(FindMeshProblem(mesh, spec).has_value());
+}
+
+TEST(FindMeshProblem, MoeNeedsCpuRanks) {
+  JobSpec spec = MoeSpec(/*ffn=*/64);
+  spec.resources.kind = DeviceKind::kGpu;
+  std::optional<SpecProblem> gpu = FindMeshProblem(Mesh(4, 1, 1), spec);
+  ASSERT_TRUE(gpu.has_value());
+  EXPECT_EQ(gpu->path, "model.moe");
+  EXPECT_EQ(gpu->reason,
+            "needs CPU ranks: the MoE layers have not run on a GPU yet (leave out model.moe, or "
+            "write resources.kind: cpu)");
+  EXPECT_EQ(gpu->related, std::vector<std::string>{"resources.kind"});
+  // The coordinator's rule about the resources, not one a rank checks of its mesh.
+  EXPECT_FALSE(FindShardingProblem(Mesh(4, 1, 1), spec).has_value());
+  // `parallelism: auto` finds no mesh either.
+  EXPECT_FALSE(ChooseParallelism(spec).ok());
+  spec.resources.kind = DeviceKind::kCpu;
+  EXPECT_FALSE(FindMeshProblem(Mesh(4, 1, 1), spec).has_value());
+}
+
+TEST(FindAutomaticMeshProblem, ThePlannerDoesNotChooseForMoe) {
+  JobSpec spec = MoeSpec(/*ffn=*/64);
+  EXPECT_FALSE(FindAutomaticMeshProblem(spec).has_value());  // an explicit mesh
+  spec.parallelism.automatic = true;
+  std::optional<SpecProblem> mesh = FindAutomaticMeshProblem(spec);
+  ASSERT_TRUE(mesh.has_value());
+  EXPECT_EQ(mesh->path, "parallelism");
+  EXPECT_EQ(mesh->reason,
+            "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
+            "explicitly");
+  spec.parallelism.automatic = false;
+  spec.parallelism.automatic_schedule = true;
+  std::optional<SpecProblem> schedule = FindAutomaticMeshProblem(spec);
+  ASSERT_TRUE(schedule.has_value());
+  EXPECT_EQ(schedule->path, "parallelism.schedule");
+  EXPECT_EQ(schedule->related, std::vector<std::string>{"model.moe"});
+  // A dense model's `auto` fields are the planner's.
+  spec.model.moe.experts = 0;
+  spec.parallelism.automatic = true;
+  EXPECT_FALSE(FindAutomaticMeshProblem(spec).has_value());
+}
+
+TEST(ResizedSpecTest, AnMoeMeshIsResizedByTheStaticRules) {
+  JobSpec spec = MoeSpec(/*ffn=*/64);
+  spec.resources.nodes = 2;
+  spec.resources.devices_per_node = 2;
+  spec.parallelism = Mesh(2, 2, 1);
+  ASSERT_FALSE(FindMeshProblem(spec.parallelism, spec).has_value());
+  const std::optional<JobSpec> one_node = ResizedSpec(spec, 1);
+  ASSERT_TRUE(one_node.has_value());
+  EXPECT_EQ(one_node->parallelism.dp, 1);
+  EXPECT_EQ(one_node->parallelism.tp, 2);
+  EXPECT_EQ(one_node->model.moe.experts, 4);
 }
 
 }  // namespace

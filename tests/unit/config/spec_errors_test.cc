@@ -38,6 +38,104 @@ std::string ManyLabels(int count) {
   return labels + "}\n";
 }
 
+// The gpt2-debug model (2 layers, ffn 256) with `moe` on line 4 and extra sections from line 5.
+std::string WithMoe(const std::string& moe, const std::string& sections = "") {
+  return absl::StrCat("name: job\nmodel:\n  preset: gpt2-debug\n  moe: ", moe, "\n", sections);
+}
+
+// model.moe: its fields, and the mesh rules it brings.
+std::vector<BadSpec> MoeBadSpecs() {
+  return {
+      {"moe without experts", WithMoe("{top_k: 2}"), "4:8", "model.moe.experts",
+       "required: the routed experts of each MoE block"},
+      {"moe with zero experts", WithMoe("{experts: 0}"), "4:18", "model.moe.experts",
+       "must be at least 1 (a dense model leaves out model.moe)"},
+      {"moe with negative experts", WithMoe("{experts: -2}"), "4:18", "model.moe.experts",
+       "must be between 1 and 65536, got -2"},
+      {"moe with too many experts", WithMoe("{experts: 65537}"), "4:18", "model.moe.experts",
+       "must be between 1 and 65536, got 65537"},
+      {"moe as a number", WithMoe("8"), "4:8", "model.moe", "expected a mapping"},
+      {"moe field typo", WithMoe("{experts: 4, topk: 2}"), "4:21", "model.moe.topk",
+       "unknown field; did you mean 'top_k'?"},
+      {"top_k over experts", WithMoe("{experts: 4, top_k: 5}"), "4:28", "model.moe.top_k",
+       "must be between 1 and experts 4, got 5"},
+      {"top_k zero", WithMoe("{experts: 4, top_k: 0}"), "4:28", "model.moe.top_k",
+       "must be between 1 and experts 4, got 0"},
+      {"negative shared experts", WithMoe("{experts: 4, shared_experts: -1}"), "4:37",
+       "model.moe.shared_experts", "must be at least 0, got -1"},
+      {"every beyond the layers", WithMoe("{experts: 4, every: 3}"), "4:28", "model.moe.every",
+       "must be between 1 and layers 2, got 3"},
+      {"every zero", WithMoe("{experts: 4, every: 0}"), "4:28", "model.moe.every",
+       "must be between 1 and layers 2, got 0"},
+      {"expert ffn zero", WithMoe("{experts: 4, ffn: 0}"), "4:26", "model.moe.ffn",
+       "must be at least 1, got 0"},
+      {"expert ffn as a word", WithMoe("{experts: 4, ffn: wide}"), "4:26", "model.moe.ffn",
+       "expected an integer, got 'wide'"},
+      {"score typo", WithMoe("{experts: 4, score: softmx}"), "4:28", "model.moe.score",
+       "unknown router score 'softmx'; did you mean 'softmax'?"},
+      {"unknown score", WithMoe("{experts: 4, score: relu}"), "4:28", "model.moe.score",
+       "unknown router score 'relu'; expected softmax or sigmoid"},
+      {"unknown balance rule", WithMoe("{experts: 4, balance: none}"), "4:30", "model.moe.balance",
+       "unknown balance rule 'none'; expected aux_loss or bias"},
+      {"normalize_top_k as a word", WithMoe("{experts: 4, normalize_top_k: yes}"), "4:38",
+       "model.moe.normalize_top_k", "expected true or false, got 'yes'"},
+      {"aux_loss_coeff with the bias rule",
+       WithMoe("{experts: 4, balance: bias, aux_loss_coeff: 0.1}"), "4:52",
+       "model.moe.aux_loss_coeff", "only used with balance: aux_loss"},
+      {"bias_update_rate with the auxiliary loss", WithMoe("{experts: 4, bias_update_rate: 0.01}"),
+       "4:39", "model.moe.bias_update_rate", "only used with balance: bias"},
+      {"negative aux_loss_coeff", WithMoe("{experts: 4, aux_loss_coeff: -0.1}"), "4:37",
+       "model.moe.aux_loss_coeff", "must be zero or positive, got -0.1"},
+      {"zero bias_update_rate", WithMoe("{experts: 4, balance: bias, bias_update_rate: 0}"), "4:54",
+       "model.moe.bias_update_rate", "must be positive, got 0"},
+      {"negative capacity_factor", WithMoe("{experts: 4, capacity_factor: -1}"), "4:38",
+       "model.moe.capacity_factor", "must be 0 (dropless) or positive, got -1"},
+      {"infinite capacity_factor", WithMoe("{experts: 4, capacity_factor: inf}"), "4:38",
+       "model.moe.capacity_factor", "expected a finite number"},
+      {"expert ffn not divisible by tp",
+       WithMoe("{experts: 4, ffn: 102}",
+               "resources: {devices_per_node: 4}\nparallelism: {tp: 4}\n"),
+       "6:19", "parallelism.tp",
+       "model.moe.ffn 102 is not divisible by tp 4 (tensor parallelism splits every expert's MLP "
+       "evenly)"},
+      {"moe with context parallelism",
+       WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: {cp: 2}\n"), "6:19",
+       "parallelism.cp",
+       "cp 2 cannot run model.moe yet: the MoE router does not run over a split sequence (write "
+       "cp: 1)"},
+      {"ep without moe",
+       WithSections("resources: {devices_per_node: 2}\nparallelism: {dp: 2, ep: 2}\n"), "5:26",
+       "parallelism.ep", "ep 2 needs a mixture-of-experts model (model.moe)"},
+      {"ep below one", WithSections("parallelism: {ep: 0}\n"), "4:19", "parallelism.ep",
+       "must be between 1 and 65536, got 0"},
+      {"ep not dividing the experts",
+       WithMoe("{experts: 3}", "resources: {devices_per_node: 2}\nparallelism: {dp: 2, ep: 2}\n"),
+       "6:26", "parallelism.ep",
+       "ep 2 does not divide model.moe.experts 3 (each rank of an expert-parallel group holds "
+       "experts / ep)"},
+      {"ep not dividing dp",
+       WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: {dp: 2, ep: 4}\n"),
+       "6:26", "parallelism.ep",
+       "ep 4 does not divide dp 2 (expert-parallel groups are drawn from the data-parallel "
+       "ranks)"},
+      {"moe on GPUs", WithMoe("{experts: 4}", "resources: {kind: gpu}\n"), "4:8", "model.moe",
+       "needs CPU ranks: the MoE layers have not run on a GPU yet (leave out model.moe, or write "
+       "resources.kind: cpu)"},
+      {"moe with parallelism: auto",
+       WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: auto\n"), "6:14",
+       "parallelism",
+       "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
+       "explicitly"},
+      {"moe with schedule: auto",
+       WithMoe("{experts: 4}",
+               "resources: {devices_per_node: 2}\nparallelism: {pp: 2, "
+               "schedule: auto}\n"),
+       "6:32", "parallelism.schedule",
+       "auto: the planner does not model model.moe yet: write the schedule (1f1b, interleaved or "
+       "zero-bubble)"},
+  };
+}
+
 // The run sections: parallelism, resources, checkpoint, fault_tolerance, priority, labels.
 std::vector<BadSpec> RunSectionBadSpecs() {
   return {
@@ -407,6 +505,10 @@ TEST(SpecErrorsTest, EachBadSpecNamesFieldAndPosition) {
 TEST(SpecErrorsTest, EachBadRunSectionNamesFieldAndPosition) {
   ASSERT_GE(RunSectionBadSpecs().size(), 30u);
   for (const BadSpec& bad : RunSectionBadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, EachBadMoeSpecNamesFieldAndPosition) {
+  for (const BadSpec& bad : MoeBadSpecs()) ExpectRefused(bad);
 }
 
 TEST(SpecErrorsTest, DataAndCheckpointPathsOutsideTheRootsAreRefused) {

@@ -331,6 +331,101 @@ model:
   EXPECT_FLOAT_EQ(spec.model.norm_eps, 1e-6f);
 }
 
+TEST(ParseJobSpecTest, MoeDefaults) {
+  const MoeConfig dense = MustParse("name: dense\nmodel: {preset: gpt2-debug}\n").model.moe;
+  EXPECT_EQ(dense.experts, 0);
+  EXPECT_FALSE(dense.enabled());
+
+  const MoeConfig moe =
+      MustParse("name: moe\nmodel: {preset: gpt2-debug, moe: {experts: 4}}\n").model.moe;
+  EXPECT_EQ(moe.experts, 4);
+  EXPECT_EQ(moe.top_k, 1);
+  EXPECT_EQ(moe.shared_experts, 0);
+  EXPECT_EQ(moe.every, 1);
+  EXPECT_EQ(moe.ffn, 256);  // the preset's ffn_hidden
+  EXPECT_EQ(moe.score, MoeScore::kSoftmax);
+  EXPECT_FALSE(moe.normalize_top_k);
+  EXPECT_EQ(moe.balance, MoeBalance::kAuxLoss);
+  EXPECT_FLOAT_EQ(moe.aux_loss_coeff, 0.01f);
+  EXPECT_FLOAT_EQ(moe.bias_update_rate, 0.001f);
+  EXPECT_FLOAT_EQ(moe.capacity_factor, 0.0f);
+  EXPECT_FALSE(moe.has_bias());
+}
+
+TEST(ParseJobSpecTest, MoeExpertFfnFollowsTheModelsOwn) {
+  // A GPT-2 width override makes ffn_hidden 4 × width, and the experts' ffn follows it.
+  EXPECT_EQ(MustParse("name: m\nmodel: {preset: gpt2-debug, width: 128, moe: {experts: 2}}\n")
+                .model.moe.ffn,
+            512);
+  EXPECT_EQ(MustParse("name: m\nmodel: {preset: llama-debug, ffn_hidden: 96, moe: {experts: 2}}\n")
+                .model.moe.ffn,
+            96);
+  EXPECT_EQ(MustParse("name: m\nmodel: {preset: llama-debug, moe: {experts: 2}}\n").model.moe.ffn,
+            128);
+  EXPECT_EQ(MustParse("name: m\nmodel: {preset: llama-debug, moe: {experts: 2, ffn: 32}}\n")
+                .model.moe.ffn,
+            32);
+}
+
+TEST(ParseJobSpecTest, MoeSigmoidScoresNormaliseTheirPicksByDefault) {
+  const MoeConfig sigmoid =
+      MustParse("name: m\nmodel: {preset: llama-debug, moe: {experts: 8, score: sigmoid}}\n")
+          .model.moe;
+  EXPECT_EQ(sigmoid.score, MoeScore::kSigmoid);
+  EXPECT_TRUE(sigmoid.normalize_top_k);
+  EXPECT_FALSE(MustParse("name: m\nmodel: {preset: llama-debug, moe: {experts: 8, score: sigmoid, "
+                         "normalize_top_k: false}}\n")
+                   .model.moe.normalize_top_k);
+  EXPECT_TRUE(MustParse("name: m\nmodel: {preset: llama-debug, moe: {experts: 8, score: softmax, "
+                        "normalize_top_k: true}}\n")
+                  .model.moe.normalize_top_k);
+}
+
+TEST(ParseJobSpecTest, MoeEveryField) {
+  JobSpec spec = MustParse(R"(name: moe
+model:
+  preset: llama-tiny
+  moe:
+    experts: 16
+    top_k: 2
+    shared_experts: 1
+    every: 2
+    ffn: 88
+    score: sigmoid
+    normalize_top_k: false
+    balance: bias
+    bias_update_rate: 0.002
+    capacity_factor: 1.25
+resources: {devices_per_node: 2}
+parallelism: {dp: 1, tp: 2}
+)");
+  const MoeConfig& moe = spec.model.moe;
+  EXPECT_EQ(moe.experts, 16);
+  EXPECT_EQ(moe.top_k, 2);
+  EXPECT_EQ(moe.shared_experts, 1);
+  EXPECT_EQ(moe.every, 2);
+  EXPECT_EQ(moe.ffn, 88);
+  EXPECT_EQ(moe.score, MoeScore::kSigmoid);
+  EXPECT_FALSE(moe.normalize_top_k);
+  EXPECT_EQ(moe.balance, MoeBalance::kBias);
+  EXPECT_TRUE(moe.has_bias());
+  EXPECT_FLOAT_EQ(moe.bias_update_rate, 0.002f);
+  EXPECT_FLOAT_EQ(moe.aux_loss_coeff, 0.01f);  // unused under bias, left at its default
+  EXPECT_FLOAT_EQ(moe.capacity_factor, 1.25f);
+  // Blocks 1 and 3 of the 4 are MoE blocks.
+  EXPECT_FALSE(moe.IsMoeLayer(0));
+  EXPECT_TRUE(moe.IsMoeLayer(1));
+  EXPECT_FALSE(moe.IsMoeLayer(2));
+  EXPECT_TRUE(moe.IsMoeLayer(3));
+
+  const MoeConfig aux = MustParse(
+                            "name: m\nmodel: {preset: gpt2-debug, moe: {experts: 4, "
+                            "balance: aux_loss, aux_loss_coeff: 0}}\n")
+                            .model.moe;
+  EXPECT_EQ(aux.balance, MoeBalance::kAuxLoss);
+  EXPECT_FLOAT_EQ(aux.aux_loss_coeff, 0.0f);
+}
+
 TEST(ParseJobSpecTest, NumbersStringsAndBooleans) {
   JobSpec spec = MustParse(R"(name: "quoted-name"
 model: {preset: llama-debug, tied_embeddings: True}
@@ -422,6 +517,48 @@ TEST(ValidateJobSpecTest, ChecksStructsBuiltInCode) {
   spec.training.lr = 1e-3;
   spec.data.source = "bin";
   EXPECT_EQ(ValidateJobSpec(spec).message(), "data.path: required when source is bin");
+}
+
+TEST(ValidateJobSpecTest, ChecksMoeBuiltInCode) {
+  JobSpec spec;
+  spec.name = "built";
+  // experts 0 is a dense model: its other moe fields are not looked at.
+  spec.model.moe.top_k = 99;
+  spec.model.moe.ffn = -1;
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  spec.model.moe = MoeConfig{.experts = 4, .ffn = 64};
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  auto message = [&](auto change) {
+    JobSpec changed = spec;
+    change(changed.model.moe);
+    return std::string(ValidateJobSpec(changed).message());
+  };
+  EXPECT_EQ(message([](MoeConfig& m) { m.experts = -1; }),
+            "model.moe.experts: must be between 1 and 65536, got -1");
+  EXPECT_EQ(message([](MoeConfig& m) { m.top_k = 5; }),
+            "model.moe.top_k: must be between 1 and experts 4, got 5");
+  EXPECT_EQ(message([](MoeConfig& m) { m.shared_experts = -2; }),
+            "model.moe.shared_experts: must be at least 0, got -2");
+  EXPECT_EQ(message([](MoeConfig& m) { m.every = 3; }),
+            "model.moe.every: must be between 1 and layers 2, got 3");
+  EXPECT_EQ(message([](MoeConfig& m) { m.ffn = 0; }), "model.moe.ffn: must be at least 1, got 0");
+  EXPECT_EQ(message([](MoeConfig& m) { m.aux_loss_coeff = std::nanf(""); }),
+            "model.moe.aux_loss_coeff: must be zero or positive, got nan");
+  EXPECT_EQ(message([](MoeConfig& m) { m.bias_update_rate = 0; }),
+            "model.moe.bias_update_rate: must be positive, got 0");
+  EXPECT_EQ(message([](MoeConfig& m) { m.bias_update_rate = INFINITY; }),
+            "model.moe.bias_update_rate: must be positive, got inf");
+  EXPECT_EQ(message([](MoeConfig& m) { m.capacity_factor = -0.5f; }),
+            "model.moe.capacity_factor: must be 0 (dropless) or positive, got -0.5");
+  EXPECT_EQ(message([](MoeConfig& m) { m.capacity_factor = INFINITY; }),
+            "model.moe.capacity_factor: must be 0 (dropless) or positive, got inf");
+  EXPECT_TRUE(message([](MoeConfig& m) { m.capacity_factor = 2; }).empty());
+  // ValidateModelConfig names the field under its caller's prefix.
+  ModelConfig model = spec.model;
+  model.moe.top_k = 0;
+  EXPECT_EQ(ValidateModelConfig(model, "m").message(),
+            "m.moe.top_k: must be between 1 and experts 4, got 0");
 }
 
 TEST(ValidateJobSpecTest, ChecksRunSectionsBuiltInCode) {

@@ -17,6 +17,7 @@ namespace trainyard::worker::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Rebuilding each global tensor from the local tensors of every tensor-parallel rank, through
 // LocalPieces/ForEachRun, must give back exactly the global tensor ParameterLayout::Slice cut.
@@ -149,6 +150,66 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_THAT(s.message(), HasSubstr("model.width"));
   model = *config::Preset("llama-debug");
   EXPECT_THAT(CheckModelMatches(saved, model).message(), HasSubstr("model.family"));
+}
+
+config::ModelConfig MoeModel() {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.moe = {.experts = 4, .top_k = 2, .shared_experts = 1, .every = 2, .ffn = 32};
+  return model;
+}
+
+TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
+  const config::ModelConfig moe = MoeModel();
+  const ModelSignature saved = SignatureOf(moe);
+  EXPECT_TRUE(CheckModelMatches(saved, moe).ok());
+  // What leaves every parameter's shape alone may change between runs.
+  config::ModelConfig retuned = moe;
+  retuned.moe.top_k = 1;
+  retuned.moe.score = config::MoeScore::kSigmoid;
+  retuned.moe.normalize_top_k = true;
+  retuned.moe.aux_loss_coeff = 0.1f;
+  retuned.moe.capacity_factor = 1.5f;
+  EXPECT_TRUE(CheckModelMatches(saved, retuned).ok());
+  auto mismatch = [&](auto change) {
+    config::ModelConfig changed = moe;
+    change(changed.moe);
+    return std::string(CheckModelMatches(saved, changed).message());
+  };
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.experts = 8; }),
+            "model.moe.experts is 4 in the checkpoint, 8 in the spec");
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.ffn = 64; }),
+            "model.moe.ffn is 32 in the checkpoint, 64 in the spec");
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.shared_experts = 0; }),
+            "model.moe.shared_experts is 1 in the checkpoint, 0 in the spec");
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.every = 1; }),
+            "model.moe.every is 2 in the checkpoint, 1 in the spec");
+  // The selection bias is a tensor of the bias rule's routers only.
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.balance = config::MoeBalance::kBias; }),
+            "model.moe.balance is aux_loss in the checkpoint, bias in the spec");
+  // A dense checkpoint (every one written before MoE existed, too) and an MoE model.
+  const config::ModelConfig dense = *config::Preset("llama-debug");
+  EXPECT_EQ(CheckModelMatches(SignatureOf(dense), moe).message(),
+            "model.moe.experts is 0 in the checkpoint, 4 in the spec");
+  EXPECT_EQ(CheckModelMatches(saved, dense).message(),
+            "model.moe.experts is 4 in the checkpoint, 0 in the spec");
+}
+
+TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {
+  // A dense model's manifest has no moe member, as before MoE existed.
+  EXPECT_THAT(SerializeManifest(SomeManifest()), Not(HasSubstr("moe")));
+  Manifest manifest = SomeManifest();
+  config::ModelConfig moe = MoeModel();
+  moe.moe.balance = config::MoeBalance::kBias;
+  *manifest.mutable_model() = SignatureOf(moe);
+  FakeFileSystem fs;
+  ASSERT_TRUE(fs.CreateDirs("ck/step-00000007-aa").ok());
+  const std::string json = SerializeManifest(manifest);
+  EXPECT_THAT(json, HasSubstr("\"router_bias\": true"));
+  ASSERT_TRUE(fs.WriteFileAtomic("ck/step-00000007-aa/manifest.json", json).ok());
+  absl::StatusOr<Manifest> read = ReadManifest(fs, "ck/step-00000007-aa");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(CheckModelMatches(read->model(), moe).ok());
+  EXPECT_EQ(read->model().moe().experts(), 4);
 }
 
 }  // namespace

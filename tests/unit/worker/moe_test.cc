@@ -1,0 +1,282 @@
+// Mixture-of-experts layers (config::MoeConfig): the router's decisions and backward
+// (worker/moe_routing.h) against values worked by hand and finite differences, and whole MoE
+// models on the CPU backend: one expert with top-1 is the dense model, and the gradient of the
+// training objective (cross-entropy plus the aux loss) matches finite differences.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "config/model_config.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+#include "worker/local_model.h"
+#include "worker/moe_routing.h"
+
+namespace trainyard::worker {
+namespace {
+
+using config::MoeBalance;
+using config::MoeConfig;
+using config::MoeScore;
+
+MoeConfig Moe(int experts, int top_k) {
+  MoeConfig moe;
+  moe.experts = experts;
+  moe.top_k = top_k;
+  moe.ffn = 32;
+  return moe;
+}
+
+TEST(MoeRouting, TopKPicksBestFirstAndTiesGoToTheLowerExpert) {
+  MoeConfig moe = Moe(4, 2);
+  // Token 0: experts 1 and 3 tie for best; token 1: all four tie.
+  const std::vector<float> logits = {0.0f, 2.0f, 1.0f, 2.0f, 0.5f, 0.5f, 0.5f, 0.5f};
+  const MoeRouting r = Route(moe, logits.data(), 2, {});
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{1, 3, 0, 1}));
+  // Softmax weights are the picks' probabilities as they are.
+  const double z = 2 * std::exp(2.0) + std::exp(1.0) + 1.0;
+  EXPECT_NEAR(r.weight[0], std::exp(2.0) / z, 1e-6);
+  EXPECT_NEAR(r.weight[2], 0.25, 1e-6);
+  // Kept rows expert by expert, token order within one.
+  EXPECT_EQ(r.offsets, (std::vector<int64_t>{0, 1, 3, 3, 4}));
+  EXPECT_EQ(r.source, (std::vector<int32_t>{1, 0, 1, 0}));
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{1, 3, 0, 2}));
+  EXPECT_EQ(r.picks, (std::vector<int64_t>{1, 2, 0, 1}));
+}
+
+TEST(MoeRouting, NormalisedSigmoidWeightsAndTheSelectionBias) {
+  MoeConfig moe = Moe(3, 2);
+  moe.score = MoeScore::kSigmoid;
+  moe.normalize_top_k = true;
+  const std::vector<float> logits = {1.0f, 0.0f, -1.0f};
+  const std::vector<float> bias = {0.0f, 0.0f, 1.0f};  // moves expert 2 ahead of expert 1
+  const MoeRouting r = Route(moe, logits.data(), 1, bias);
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{2, 0}));
+  const double s0 = 1 / (1 + std::exp(-1.0)), s2 = 1 / (1 + std::exp(1.0));
+  // The weights use the unbiased scores.
+  EXPECT_NEAR(r.weight[0], s2 / (s0 + s2), 1e-6);
+  EXPECT_NEAR(r.weight[1], s0 / (s0 + s2), 1e-6);
+}
+
+TEST(MoeRouting, CapacityDropsThePicksPastAnExpertsRoomInTokenOrder) {
+  MoeConfig moe = Moe(2, 1);
+  moe.capacity_factor = 1.0f;  // ceil(1.0 · 5 · 1 / 2) = 3 rows per expert
+  // Every token prefers expert 0.
+  const std::vector<float> logits = {1, 0, 1, 0, 1, 0, 1, 0, 0, 1};
+  const MoeRouting r = Route(moe, logits.data(), 5, {});
+  EXPECT_EQ(r.picks, (std::vector<int64_t>{4, 1}));
+  EXPECT_EQ(r.dropped, 1);
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{0, 1, 2, -1, 3}));
+  EXPECT_EQ(r.offsets, (std::vector<int64_t>{0, 3, 4}));
+}
+
+TEST(MoeRouting, AuxLossByHand) {
+  MoeConfig moe = Moe(2, 1);
+  moe.aux_loss_coeff = 0.5f;
+  const std::vector<float> logits = {std::log(3.0f), 0.0f, 0.0f, 0.0f};  // p = (.75,.25), (.5,.5)
+  const MoeRouting r = Route(moe, logits.data(), 2, {});
+  // f = (1, 0) (the tie goes to expert 0), P = (0.625, 0.375): 0.5 · 2 · (1 · 0.625).
+  EXPECT_NEAR(r.aux_loss, 0.625, 1e-6);
+}
+
+TEST(MoeRouting, BiasRuleByHand) {
+  MoeConfig moe = Moe(4, 1);
+  moe.balance = MoeBalance::kBias;
+  moe.bias_update_rate = 0.01f;
+  const std::vector<double> load = {10, 2, 4, 4};  // mean 5
+  EXPECT_EQ(BiasUpdate(moe, load), (std::vector<float>{-0.01f, 0.01f, 0.01f, 0.01f}));
+  EXPECT_EQ(BiasUpdate(moe, std::vector<double>{3, 3, 3, 3}), (std::vector<float>(4, 0.0f)));
+}
+
+// The router's backward against central differences of weights·r + aux_grad · aux loss, for
+// every score and normalisation, with a capacity drop.
+TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t tokens = 6;
+  for (MoeScore score : {MoeScore::kSoftmax, MoeScore::kSigmoid}) {
+    for (bool normalize : {false, true}) {
+      MoeConfig moe = Moe(5, 2);
+      moe.score = score;
+      moe.normalize_top_k = normalize;
+      moe.aux_loss_coeff = 0.3f;
+      moe.capacity_factor = 1.0f;
+      std::vector<float> logits(tokens * moe.experts), dweight(tokens * moe.top_k);
+      for (float& x : logits) x = normal(rng);
+      for (float& x : dweight) x = normal(rng);
+      const double aux_grad = 0.7;
+      auto objective = [&](const std::vector<float>& l) {
+        const MoeRouting r = Route(moe, l.data(), tokens, {});
+        double sum = aux_grad * r.aux_loss;
+        for (size_t p = 0; p < r.weight.size(); ++p) {
+          if (r.slot[p] >= 0) sum += double{r.weight[p]} * dweight[p];
+        }
+        return sum;
+      };
+      const MoeRouting r = Route(moe, logits.data(), tokens, {});
+      std::vector<float> dlogits(logits.size());
+      RouterBackward(moe, r, dweight.data(), aux_grad, dlogits.data());
+      for (size_t i = 0; i < logits.size(); ++i) {
+        std::vector<float> plus = logits, minus = logits;
+        plus[i] += 1e-3f;
+        minus[i] -= 1e-3f;
+        const double numeric = (objective(plus) - objective(minus)) / 2e-3;
+        EXPECT_NEAR(dlogits[i], numeric, 2e-3)
+            << "logit " << i << " score " << static_cast<int>(score) << " normalize " << normalize;
+      }
+    }
+  }
+}
+
+std::vector<int32_t> Tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = pick(rng);
+  return v;
+}
+
+config::ModelConfig Small(config::ModelFamily family) {
+  config::ModelConfig c;
+  c.family = family;
+  c.layers = 2;
+  c.width = 16;
+  c.heads = 2;
+  c.kv_heads = family == config::ModelFamily::kGpt2 ? 2 : 1;
+  c.ffn_hidden = 24;
+  c.vocab = 32;
+  c.max_seq = 8;
+  c.tied_embeddings = family == config::ModelFamily::kGpt2;
+  return c;
+}
+
+// One expert with top-1 routes every token to it with weight 1: the dense model's loss and
+// gradients, the router's gradient zero.
+TEST(MoeModel, OneExpertIsTheDenseModel) {
+  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    const config::ModelConfig dense_config = Small(family);
+    config::ModelConfig moe_config = dense_config;
+    moe_config.moe = Moe(1, 1);
+    moe_config.moe.ffn = dense_config.ffn_hidden;
+    std::unique_ptr<Backend> be = MakeCpuBackend(1);
+    auto dense = LocalModel::Create(dense_config, be.get());
+    auto moe = LocalModel::Create(moe_config, be.get());
+    ASSERT_TRUE(dense.ok() && moe.ok()) << dense.status() << moe.status();
+    (*dense)->InitParameters(3);
+    (*moe)->InitParameters(5);
+    std::vector<float> dense_params((*dense)->num_params()), moe_params((*moe)->num_params());
+    (*dense)->ReadParameters(dense_params.data());
+    (*moe)->ReadParameters(moe_params.data());
+    auto dense_name = [](const std::string& name) {
+      return absl::StrReplaceAll(name, {{"moe.experts.", "mlp."}});
+    };
+    for (const ParamTensor& t : (*moe)->layout().tensors()) {
+      const ParamTensor* d = (*dense)->layout().Find(dense_name(t.name));
+      if (d == nullptr) continue;  // the router
+      ASSERT_EQ(d->numel, t.numel) << t.name;
+      std::copy_n(dense_params.data() + d->offset, d->numel, moe_params.data() + t.offset);
+    }
+    (*moe)->LoadParameters(moe_params.data());
+    const int b = 2, t = 8;
+    const auto inputs = Tokens(b * t, 32, 1), targets = Tokens(b * t, 32, 2);
+    auto dense_loss = (*dense)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / 16);
+    auto moe_loss = (*moe)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / 16);
+    ASSERT_TRUE(dense_loss.ok() && moe_loss.ok());
+    EXPECT_NEAR(*moe_loss, *dense_loss, 1e-5 * std::abs(*dense_loss));
+    std::vector<float> dense_grads((*dense)->num_params()), moe_grads((*moe)->num_params());
+    (*dense)->ReadGradients(dense_grads.data());
+    (*moe)->ReadGradients(moe_grads.data());
+    for (const ParamTensor& t : (*moe)->layout().tensors()) {
+      const ParamTensor* d = (*dense)->layout().Find(dense_name(t.name));
+      for (int64_t i = 0; i < t.numel; ++i) {
+        const float want = d != nullptr ? dense_grads[d->offset + i] : 0.0f;
+        ASSERT_NEAR(moe_grads[t.offset + i], want, 1e-4 * std::max(1.0f, std::abs(want)))
+            << t.name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+// The gradient of mean cross-entropy + Σ aux losses against central differences along random
+// directions, for both families with shared experts, and the routing counted once per token.
+// Routing is piecewise constant, so a direction that changes a pick has no derivative: with
+// top_k = experts no pick can change (all parameters move); with top_k < experts only the last
+// block's routed experts move, which no router reads.
+void CheckObjectiveGradient(config::ModelFamily family, int top_k, bool last_experts_only) {
+  config::ModelConfig c = Small(family);
+  c.moe = Moe(4, top_k);
+  c.moe.ffn = 8;
+  c.moe.shared_experts = 1;
+  c.moe.aux_loss_coeff = 0.5f;
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  auto model = LocalModel::Create(c, be.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  LocalModel& m = **model;
+  m.InitParameters(11);
+  const int b = 2, t = 8;
+  const float scale = 1.0f / (b * t);
+  const auto inputs = Tokens(b * t, 32, 3), targets = Tokens(b * t, 32, 4);
+  auto objective = [&](double* aux_out = nullptr) {
+    m.ZeroGradients();
+    const double ce = *m.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    double aux = 0;
+    for (const Model::MoeLayerStats& s : m.model().TakeMoeStats()) {
+      aux += s.aux_loss;
+      int64_t picks = 0;
+      for (int64_t p : s.picks) picks += p;
+      EXPECT_EQ(picks, b * t * c.moe.top_k);
+      EXPECT_EQ(s.tokens, b * t);
+    }
+    if (aux_out != nullptr) *aux_out = aux * scale;
+    return (ce + aux) * scale;
+  };
+  std::vector<float> params(m.num_params()), grads(m.num_params()), movable(m.num_params(), 1);
+  if (last_experts_only) {
+    std::fill(movable.begin(), movable.end(), 0.0f);
+    for (const ParamTensor& p : m.layout().tensors()) {
+      if (p.name.starts_with("h.1.moe.experts.")) {
+        std::fill_n(movable.begin() + p.offset, p.numel, 1.0f);
+      }
+    }
+  }
+  m.ReadParameters(params.data());
+  double aux = 0;
+  objective(&aux);
+  EXPECT_GT(aux, 0.0);
+  m.ReadGradients(grads.data());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Small enough that the curvature of GPT-2's norms stays under the tolerance (the dense model
+  // is 0.8% off at 1e-3), large enough for fp32.
+  constexpr float kEps = 3e-4f;
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<float> plus = params, minus = params;
+    double analytic = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float d = movable[i] * normal(rng);
+      plus[i] += kEps * d;
+      minus[i] -= kEps * d;
+      analytic += double{grads[i]} * d;
+    }
+    m.LoadParameters(plus.data());
+    const double up = objective();
+    m.LoadParameters(minus.data());
+    const double down = objective();
+    m.LoadParameters(params.data());
+    const double numeric = (up - down) / (2 * kEps);
+    EXPECT_NEAR(analytic, numeric, 5e-3 * std::max(1.0, std::abs(numeric)))
+        << config::FamilyName(family) << " top_k " << top_k << " trial " << trial;
+  }
+}
+
+TEST(MoeModel, ObjectiveGradientMatchesFiniteDifferences) {
+  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    CheckObjectiveGradient(family, /*top_k=*/4, /*last_experts_only=*/false);
+    CheckObjectiveGradient(family, /*top_k=*/2, /*last_experts_only=*/true);
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::worker

@@ -1,0 +1,181 @@
+#include "worker/moe_routing.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trainyard::worker {
+namespace {
+
+using config::MoeBalance;
+using config::MoeConfig;
+using config::MoeScore;
+
+// Scores of one token's logits: softmax over the experts, or each logit's sigmoid.
+void Scores(MoeScore kind, const float* logits, int experts, float* out) {
+  if (kind == MoeScore::kSigmoid) {
+    for (int e = 0; e < experts; ++e) out[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    return;
+  }
+  const float top = *std::max_element(logits, logits + experts);
+  double sum = 0;
+  for (int e = 0; e < experts; ++e) sum += std::exp(double{logits[e]} - top);
+  for (int e = 0; e < experts; ++e) out[e] = static_cast<float>(std::exp(logits[e] - top) / sum);
+}
+
+// The top_k of score + bias, best first; an equal value goes to the lower expert index.
+void Pick(const float* scores, std::span<const float> bias, int experts, int top_k, int32_t* out) {
+  for (int j = 0; j < top_k; ++j) {
+    int best = -1;
+    float best_value = 0;
+    for (int e = 0; e < experts; ++e) {
+      if (std::find(out, out + j, e) != out + j) continue;
+      const float value = scores[e] + (bias.empty() ? 0.0f : bias[e]);
+      if (best < 0 || value > best_value) best = e, best_value = value;
+    }
+    out[j] = best;
+  }
+}
+
+// Keeps picks in token order while their expert has room, then lays the kept ones out expert by
+// expert.
+void Permute(const MoeConfig& moe, MoeRouting& r) {
+  const int64_t picks = r.tokens * r.top_k;
+  int64_t capacity = picks;
+  if (moe.capacity_factor > 0) {
+    capacity = static_cast<int64_t>(
+        std::ceil(double{moe.capacity_factor} * static_cast<double>(picks) / r.experts));
+  }
+  std::vector<int64_t> taken(r.experts, 0);
+  for (int64_t p = 0; p < picks; ++p) {
+    const int e = r.expert[p];
+    ++r.picks[e];
+    if (taken[e] < capacity) {
+      r.slot[p] = static_cast<int32_t>(taken[e]++);  // rank within the expert, for now
+    } else {
+      ++r.dropped;
+    }
+  }
+  r.offsets.assign(r.experts + 1, 0);
+  for (int e = 0; e < r.experts; ++e) r.offsets[e + 1] = r.offsets[e] + taken[e];
+  r.source.assign(r.offsets.back(), 0);
+  r.row_weight.assign(r.offsets.back(), 0.0f);
+  for (int64_t p = 0; p < picks; ++p) {
+    if (r.slot[p] < 0) continue;
+    r.slot[p] += static_cast<int32_t>(r.offsets[r.expert[p]]);
+    r.source[r.slot[p]] = static_cast<int32_t>(p / r.top_k);
+    r.row_weight[r.slot[p]] = r.weight[p];
+  }
+}
+
+// Pᵢ and the aux loss coeff · E · Σ fᵢ·Pᵢ, fᵢ the share of picks (before drops).
+void AuxLoss(const MoeConfig& moe, MoeRouting& r) {
+  r.mean_score.assign(r.experts, 0.0);
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const float* g = &r.scores[t * r.experts];
+    double norm = 1.0;
+    if (moe.score == MoeScore::kSigmoid) {
+      norm = 0;
+      for (int e = 0; e < r.experts; ++e) norm += g[e];
+    }
+    for (int e = 0; e < r.experts; ++e) r.mean_score[e] += g[e] / norm;
+  }
+  double sum = 0;
+  for (int e = 0; e < r.experts; ++e) {
+    r.mean_score[e] /= static_cast<double>(r.tokens);
+    const double share = static_cast<double>(r.picks[e]) / static_cast<double>(r.tokens * r.top_k);
+    sum += share * r.mean_score[e];
+  }
+  r.aux_loss = moe.balance == MoeBalance::kAuxLoss ? moe.aux_loss_coeff * r.experts * sum : 0.0;
+}
+
+}  // namespace
+
+MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
+                 std::span<const float> bias) {
+  MoeRouting r;
+  r.tokens = tokens;
+  r.top_k = moe.top_k;
+  r.experts = moe.experts;
+  const int E = moe.experts, K = moe.top_k;
+  r.scores.resize(tokens * E);
+  r.expert.resize(tokens * K);
+  r.weight.resize(tokens * K);
+  r.slot.assign(tokens * K, -1);
+  r.picks.assign(E, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* g = &r.scores[t * E];
+    Scores(moe.score, logits + t * E, E, g);
+    int32_t* picked = &r.expert[t * K];
+    Pick(g, bias, E, K, picked);
+    double norm = 0;
+    for (int j = 0; j < K; ++j) norm += g[picked[j]];
+    for (int j = 0; j < K; ++j) {
+      r.weight[t * K + j] =
+          moe.normalize_top_k ? static_cast<float>(g[picked[j]] / norm) : g[picked[j]];
+    }
+  }
+  Permute(moe, r);
+  AuxLoss(moe, r);
+  return r;
+}
+
+void RouterBackward(const MoeConfig& moe, const MoeRouting& r, const float* dweight,
+                    double aux_grad, float* dlogits) {
+  const int E = r.experts, K = r.top_k;
+  const bool aux = moe.balance == MoeBalance::kAuxLoss && aux_grad != 0.0;
+  std::vector<double> dg(E), dq(E);
+  if (aux) {
+    // ∂(coeff · E · Σ fᵢ·Pᵢ)/∂q_t,i = coeff · E · fᵢ / tokens, the same for every token.
+    for (int e = 0; e < E; ++e) {
+      const double share = static_cast<double>(r.picks[e]) / static_cast<double>(r.tokens * K);
+      dq[e] = aux_grad * moe.aux_loss_coeff * E * share / static_cast<double>(r.tokens);
+    }
+  }
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const float* g = &r.scores[t * E];
+    std::fill(dg.begin(), dg.end(), 0.0);
+    // Through the combine weights (a dropped pick's weight did nothing).
+    const int32_t* picked = &r.expert[t * K];
+    double norm = 0, weighted = 0;
+    for (int j = 0; j < K; ++j) {
+      norm += g[picked[j]];
+      if (r.slot[t * K + j] >= 0) weighted += double{dweight[t * K + j]} * r.weight[t * K + j];
+    }
+    for (int j = 0; j < K; ++j) {
+      const double dw = r.slot[t * K + j] >= 0 ? dweight[t * K + j] : 0.0;
+      dg[picked[j]] += moe.normalize_top_k ? (dw - weighted) / norm : dw;
+    }
+    // Through the aux loss's normalised scores q (q = g for softmax, g / Σg for sigmoid).
+    if (aux && moe.score == MoeScore::kSoftmax) {
+      for (int e = 0; e < E; ++e) dg[e] += dq[e];
+    } else if (aux) {
+      double sum = 0, dot = 0;
+      for (int e = 0; e < E; ++e) sum += g[e];
+      for (int e = 0; e < E; ++e) dot += dq[e] * g[e] / sum;
+      for (int e = 0; e < E; ++e) dg[e] += (dq[e] - dot) / sum;
+    }
+    // Scores to logits.
+    float* dl = dlogits + t * E;
+    if (moe.score == MoeScore::kSigmoid) {
+      for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(dg[e] * g[e] * (1.0 - g[e]));
+    } else {
+      double dot = 0;
+      for (int e = 0; e < E; ++e) dot += dg[e] * g[e];
+      for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(g[e] * (dg[e] - dot));
+    }
+  }
+}
+
+std::vector<float> BiasUpdate(const MoeConfig& moe, std::span<const double> load) {
+  double mean = 0;
+  for (double l : load) mean += l;
+  mean /= static_cast<double>(load.size());
+  std::vector<float> delta(load.size());
+  for (size_t e = 0; e < load.size(); ++e) {
+    const double error = mean - load[e];
+    delta[e] = error > 0 ? moe.bias_update_rate : error < 0 ? -moe.bias_update_rate : 0.0f;
+  }
+  return delta;
+}
+
+}  // namespace trainyard::worker

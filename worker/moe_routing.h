@@ -1,0 +1,53 @@
+// The router of a mixture-of-experts layer (config::MoeConfig): which experts each token goes to,
+// with what weight, in what order the experts see their rows, and the router's backward. Host
+// arithmetic on the router's fp32 logits, deterministic (no ties left to chance): the model
+// copies the logits here, then hands the permutation and weights to its Backend.
+#ifndef TRAINYARD_WORKER_MOE_ROUTING_H_
+#define TRAINYARD_WORKER_MOE_ROUTING_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "config/model_config.h"
+
+namespace trainyard::worker {
+
+// One micro-batch's routing through one MoE layer. A pick is (token t, rank j < top_k); kept
+// picks are laid out expert by expert (token order within an expert): the permuted rows.
+struct MoeRouting {
+  int64_t tokens = 0;
+  int top_k = 0;
+  int experts = 0;
+  std::vector<float> scores;      // [tokens, E]: softmax or sigmoid of the logits
+  std::vector<int32_t> expert;    // [tokens, K]: the picks, best first
+  std::vector<float> weight;      // [tokens, K]: their combine weights (dropped ones too)
+  std::vector<int32_t> slot;      // [tokens, K]: the pick's permuted row, −1 if dropped
+  std::vector<int32_t> source;    // [kept]: permuted row → its token
+  std::vector<float> row_weight;  // [kept]: permuted row → its pick's weight
+  std::vector<int64_t> offsets;  // [E + 1]: expert e's permuted rows are [offsets[e], offsets[e+1])
+  std::vector<int64_t> picks;    // [E]: picks of each expert before capacity drops (its load)
+  std::vector<double> mean_score;  // [E]: Pᵢ, the mean normalised score (aux_loss balance)
+  int64_t dropped = 0;             // picks over an expert's capacity
+  double aux_loss = 0;             // coeff · E · Σ fᵢ·Pᵢ (0 under the bias rule)
+
+  int64_t kept() const { return static_cast<int64_t>(source.size()); }
+};
+
+// Routes `tokens` rows of router logits [tokens, E] (`bias`: the selection bias [E], or empty).
+MoeRouting Route(const config::MoeConfig& moe, const float* logits, int64_t tokens,
+                 std::span<const float> bias);
+
+// ∂objective/∂logits [tokens, E] (overwritten), given ∂objective/∂weight [tokens, K] (only kept
+// picks' entries are read) and the factor `aux_grad` the micro-batch's aux loss enters the
+// objective with (ignored under the bias rule).
+void RouterBackward(const config::MoeConfig& moe, const MoeRouting& routing, const float* dweight,
+                    double aux_grad, float* dlogits);
+
+// The auxiliary-loss-free rule's step for one layer: biasᵢ += rate · sign(mean load − loadᵢ),
+// loads summed over the step and the data-parallel world. Returns the change per expert.
+std::vector<float> BiasUpdate(const config::MoeConfig& moe, std::span<const double> load);
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_MOE_ROUTING_H_
