@@ -63,6 +63,8 @@ absl::Status CheckMeshFits(const config::JobSpec& spec, const DeviceProfile& dev
                     " per rank), and `parallelism: auto` would choose it: ", plan->explanation);
   } else if (plan.ok()) {
     absl::StrAppend(&message, ". ", plan->explanation);
+  } else {
+    absl::StrAppend(&message, "; no other mesh is suggested: ", plan.status().message());
   }
   return absl::FailedPreconditionError(message);
 }

@@ -30,7 +30,8 @@ namespace trainyard::planner {
 
 // OK when spec.parallelism fits `device`'s memory per rank; else FAILED_PRECONDITION naming the
 // mesh's footprint by kind, the memory it was checked against (`where`), and the meshes of the
-// same resources that would fit (or why none does).
+// same resources that would fit (or why none does; for a model whose meshes the planner does not
+// choose, an MoE model's, why none is suggested).
 [[nodiscard]] absl::Status CheckMeshFits(const config::JobSpec& spec, const DeviceProfile& device,
                                          const LoopOptions& loop, const std::string& where);
 

@@ -106,6 +106,22 @@ absl::StatusOr<std::vector<SharedRanksCalibration>> SharedFromNode(const config:
   return shared;
 }
 
+// model.moe with every field written out, but the one its balance rule does not use (the spec
+// parser refuses it).
+void AppendMoeYaml(const config::MoeConfig& moe, std::string* yaml) {
+  const bool bias = moe.balance == config::MoeBalance::kBias;
+  absl::StrAppendFormat(
+      yaml,
+      "  moe:\n    experts: %d\n    top_k: %d\n    shared_experts: %d\n    every: %d\n"
+      "    ffn: %d\n    score: %s\n    normalize_top_k: %s\n    balance: %s\n    %s: %.9g\n"
+      "    capacity_factor: %.9g\n",
+      moe.experts, moe.top_k, moe.shared_experts, moe.every, moe.ffn,
+      moe.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax",
+      moe.normalize_top_k ? "true" : "false", bias ? "bias" : "aux_loss",
+      bias ? "bias_update_rate" : "aux_loss_coeff",
+      bias ? moe.bias_update_rate : moe.aux_loss_coeff, moe.capacity_factor);
+}
+
 }  // namespace
 
 config::JobSpec DefaultCalibrationReference() {
@@ -145,6 +161,7 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
   if (m.family == config::ModelFamily::kLlama) {
     absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
   }
+  if (m.moe.enabled()) AppendMoeYaml(m.moe, &yaml);
   // No evaluation: the default data's validation stream need not hold a window of any length.
   absl::StrAppendFormat(&yaml,
                         "training:\n  batch: %d\n  micro_batch: %d\n  seq_len: %d\n"

@@ -90,20 +90,44 @@ class TransientReplay {
 
 int FinalGroup(const RankShape& s) { return static_cast<int>(s.group_sizes.size()) - 1; }
 
-// Model::BackwardBlocks through chunk `c`: with a split backward (the input-gradient pass) no
-// gradients.
+// Model::BlockForward of MoE block `l` past its attention: its routed experts' group,
+// prefetched as the block starts, held for the experts' pass (Model::MoeForward).
+void ReplayExpertsForward(const RankShape& s, int l, TransientReplay& r) {
+  const int experts = s.expert_group(l);
+  if (experts < 0) return;
+  r.Prefetch(experts);
+  r.Acquire(experts);
+  r.Release(experts);
+}
+
+// Model::BackwardBlocks through chunk `c`: each block held (recomputed first under
+// model.recompute), its gradients handed over; with a split backward (the input-gradient pass)
+// the block's are left to the weight pass, but an MoE block's are requested (its router's weight
+// gradient is computed here). An MoE block's routed experts are gathered again and their
+// gradients computed in this pass either way (Model::MoeBackward), and handed over here without
+// a split backward, else in the weight pass.
 void ReplayBackwardBlocks(const RankShape& s, int c, TransientReplay& r) {
   const bool split = s.split_backward();
   const worker::PipelineStage& chunk = s.chunks[c];
   const int first = chunk.first_layer;
   for (int l = first + chunk.num_layers - 1; l >= first; --l) {
-    r.Acquire(s.block_group(c, l));
-    if (l > first) r.Prefetch(s.block_group(c, l - 1));
-    if (!split) {
-      r.Gradients(s.block_group(c, l));
-      r.Ready(s.block_group(c, l));
+    const int block = s.block_group(l), experts = s.expert_group(l);
+    r.Acquire(block);
+    if (l > first) r.Prefetch(s.block_group(l - 1));
+    if (s.model.recompute) {
+      r.Acquire(block);
+      ReplayExpertsForward(s, l, r);
+      r.Release(block);
     }
-    r.Release(s.block_group(c, l));
+    if (!split || experts >= 0) r.Gradients(block);
+    if (experts >= 0) {
+      r.Acquire(experts);
+      r.Gradients(experts);
+      if (!split) r.Ready(experts);
+      r.Release(experts);
+    }
+    if (!split) r.Ready(block);
+    r.Release(block);
   }
   if (chunk.first && !split) {
     r.Gradients(0);
@@ -111,14 +135,18 @@ void ReplayBackwardBlocks(const RankShape& s, int c, TransientReplay& r) {
   }
 }
 
-// Model::StageWeightGradients of chunk `c`: the blocks' gradients, then the embedding's; no
-// parameters.
+// Model::StageWeightGradients of chunk `c`: the blocks' gradients (an MoE block's routed
+// experts' handed over before the block's), then the embedding's; no parameters.
 void ReplayWeightPass(const RankShape& s, int c, TransientReplay& r) {
   const worker::PipelineStage& chunk = s.chunks[c];
   const int first = chunk.first_layer;
   for (int l = first + chunk.num_layers - 1; l >= first; --l) {
-    r.Gradients(s.block_group(c, l));
-    r.Ready(s.block_group(c, l));
+    r.Gradients(s.block_group(l));
+    if (const int experts = s.expert_group(l); experts >= 0) {
+      r.Gradients(experts);
+      r.Ready(experts);
+    }
+    r.Ready(s.block_group(l));
   }
   if (chunk.first) {
     r.Gradients(0);
@@ -133,17 +161,18 @@ void ReplayStageForward(const RankShape& s, int c, TransientReplay& r) {
   const int first = chunk.first_layer, end = first + chunk.num_layers;
   if (chunk.first) {
     r.Acquire(0);
-    if (chunk.num_layers > 0) r.Prefetch(s.block_group(c, first));
+    if (chunk.num_layers > 0) r.Prefetch(s.block_group(first));
     r.Release(0);
   }
   for (int l = first; l < end; ++l) {
     if (l + 1 < end) {
-      r.Prefetch(s.block_group(c, l + 1));
+      r.Prefetch(s.block_group(l + 1));
     } else if (chunk.last) {
       r.Prefetch(FinalGroup(s));
     }
-    r.Acquire(s.block_group(c, l));
-    r.Release(s.block_group(c, l));
+    r.Acquire(s.block_group(l));
+    ReplayExpertsForward(s, l, r);
+    r.Release(s.block_group(l));
   }
   if (!chunk.last) return;
   const int final_group = FinalGroup(s);
@@ -165,34 +194,109 @@ int ActivationSlots(const RankShape& s) {
   return worker::ActivationSlots(s.schedule(), s.stage_index);
 }
 
+namespace {
+
+// The MLP buffers of saved block `saved_layer` of an activation slot (Model::MlpSizesOf): this
+// rank's share of the dense or shared MLP's fc and hidden widths, the largest over the blocks the
+// slot's i-th layer serves (each chunk's i-th block; slot 0 serves every block, when recomputing
+// and in forward-only passes), and whether one of them is an MoE block.
+struct SlotMlp {
+  int64_t fc = 0, ffn = 0;
+  bool moe = false;
+};
+
+SlotMlp SlotMlpOf(const RankShape& s, int saved_layer) {
+  SlotMlp sizes;
+  const bool gpt2 = s.model.family == config::ModelFamily::kGpt2;
+  for (const worker::PipelineStage& chunk : s.chunks) {
+    for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
+      if (saved_layer != 0 && l - chunk.first_layer != saved_layer) continue;
+      const int64_t ffn = s.mlp_hidden(l) / s.mesh.tp;
+      sizes.ffn = std::max(sizes.ffn, ffn);
+      sizes.fc = std::max(sizes.fc, gpt2 ? ffn : 2 * ffn);
+      sizes.moe = sizes.moe || s.model.moe.IsMoeLayer(l);
+    }
+  }
+  return sizes;
+}
+
+// Elements of an activation slot by type.
+struct SlotElements {
+  int64_t acts = 0, floats = 0, ints = 0;
+};
+
+// An MoE block's buffers for a micro-batch of n rows (worker/model_activations.h): n · top_k
+// picks (the dropless bound, allocated whatever the capacity), each expert's fc and hidden
+// widths on this rank.
+struct ExpertShapes {
+  explicit ExpertShapes(const RankShape& s)
+      : n(s.rows()),
+        picks(n * s.model.moe.top_k),
+        experts(s.model.moe.experts),
+        ffn(s.model.moe.ffn / s.mesh.tp),
+        fc(s.model.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn) {}
+  // A saved block's (LayerActivations::Experts): the router's fp32 logits [n, E], the picks'
+  // sources and slots (int32) and two weights (fp32), and their rows in, through fc and the
+  // activation, and out.
+  void AddSaved(int64_t width, SlotElements& e) const {
+    e.floats += n * experts + 2 * picks;
+    e.ints += 2 * picks;
+    e.acts += picks * (2 * width + fc + ffn);
+  }
+  // The backward's MoE scratch, once in a slot that holds an MoE block: the picks' output and
+  // input gradients, their combine weights' gradients and the router logits' (fp32).
+  void AddBackwardScratch(int64_t width, SlotElements& e) const {
+    e.acts += 2 * picks * width;
+    e.floats += picks + n * experts;
+  }
+  const int64_t n, picks, experts, ffn, fc;
+};
+
+}  // namespace
+
 int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const config::ModelConfig& c = s.model;
   const int64_t tp = s.mesh.tp;
   const bool sp = s.mesh.sequence_parallel && tp > 1;
   const int64_t n = s.rows(), nr = sp ? n / tp : n, w = c.width;
   const int64_t heads = c.heads / tp, kv = c.kv_heads / tp, d = c.head_dim();
-  const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d, ffn = c.ffn_hidden / tp;
-  const int64_t fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
+  const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d;
   const int64_t vocab = c.vocab / tp;
   const int64_t layers = s.chunk_layers(), saved = c.recompute ? 1 : layers;
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
-  const int64_t ints = 2 * n + (tp > 1 ? 2 * n : 0);
-  int64_t acts = (layers + 1) * nr * w;                                          // residual stream
-  acts += saved * (2 * n * w + n * qkv + n * attn + nr * w + n * fc + n * ffn);  // per block
-  if (sp) acts += saved * 2 * nr * w;               // the norms' local rows
-  int64_t floats = saved * (4 * nr + n * heads);    // norm statistics, attention log-sum-exp
-  acts += 2 * n * w + chunk_rows * vocab + nr * w;  // lnf, tmp, logits, dx
-  floats += 2 * nr + 4 * chunk_rows;                // lnf statistics, loss statistics
+  SlotElements e;
+  e.ints = 2 * n + (tp > 1 ? 2 * n : 0);
+  e.acts = (layers + 1) * nr * w;                               // residual stream
+  e.acts += saved * (2 * n * w + n * qkv + n * attn + nr * w);  // per block, its MLP aside
+  if (sp) e.acts += saved * 2 * nr * w;                         // the norms' local rows
+  e.floats = saved * (4 * nr + n * heads);  // norm statistics, attention log-sum-exp
+  // Each saved block's MLP (or shared experts, and routed experts), and the backward's scratch
+  // for the largest of them.
+  const ExpertShapes experts(s);
+  SlotMlp most;
+  for (int i = 0; i < saved; ++i) {
+    const SlotMlp mlp = SlotMlpOf(s, i);
+    e.acts += n * (mlp.fc + mlp.ffn);
+    if (mlp.moe) experts.AddSaved(w, e);
+    const int64_t k = mlp.moe ? c.moe.top_k : 0;
+    most.fc = std::max({most.fc, mlp.fc, k * experts.fc});
+    most.ffn = std::max({most.ffn, mlp.ffn, k * experts.ffn});
+    most.moe = most.moe || mlp.moe;
+  }
+  e.acts += 2 * n * w + chunk_rows * vocab + nr * w;  // lnf, tmp, logits, dx
+  e.floats += 2 * nr + 4 * chunk_rows;                // lnf statistics, loss statistics
   if (sp) {
-    acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
-    floats += 4 * w;             // norm-gradient scratch
+    e.acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
+    e.floats += 4 * w;             // norm-gradient scratch
   }
-  acts += n * w + n * attn + n * qkv + n * fc + n * ffn + n * w;  // dln .. dlnf
+  e.acts += n * w + n * attn + n * qkv + n * most.fc + n * most.ffn + n * w;  // dln .. dlnf
+  if (most.moe) experts.AddBackwardScratch(w, e);
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
-    acts += layers * (2 * n * w + n * fc + n * qkv) + (s.first() ? n * w : 0);
-    floats += layers * 4 * w;
+    for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + n * qkv;
+    if (s.first()) e.acts += n * w;
+    e.floats += layers * 4 * w;
   }
-  return acts * backend.act_bytes + 4 * floats + 4 * ints;
+  return e.acts * backend.act_bytes + 4 * e.floats + 4 * e.ints;
 }
 
 int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {

@@ -6,10 +6,13 @@
 //   parameters too, to ⌈group / (dp · cp)⌉ elements per group (worker/parallel/sharded_params.h);
 // - activations: every buffer one micro-batch's activation slot allocates (worker/model.cc) for
 //   the rank's micro · seq_len / cp rows, times the slots the rank keeps (1, or under 1F1B the
-//   micro-batches in flight); under context parallelism, plus ring attention's buffers, once per
-//   rank (worker/context_parallel.h);
+//   micro-batches in flight); an MoE block's router logits, picks and experts' rows (top_k per
+//   row) and the backward's MoE scratch among them (docs/planner.md, *Mixture of experts*);
+//   under context parallelism, plus ring attention's buffers, once per rank
+//   (worker/context_parallel.h);
 // - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
-//   staging buffers (ZeRO-2/3), plus the pipeline's send and receive buffers.
+//   staging buffers (ZeRO-2/3), an MoE block's routed experts being a group of their own, plus
+//   the pipeline's send and receive buffers.
 //
 // The first four equal the engine's accounting (TrainResult::memory) exactly, and so does the
 // transient peak: the engine frees a group's gradient staging when the next group's is handed

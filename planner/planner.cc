@@ -217,17 +217,17 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
   return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
 }
 
-// With several chunks per rank, each chunk's part of the rank's passes: its blocks' matmul
-// parameters and attention, and on the last virtual stage the LM head (WorkOf's FLOP count);
-// empty for one chunk.
+// With several chunks per rank, each chunk's part of the rank's passes: its blocks' active
+// matmul parameters and attention, and on the last virtual stage the LM head (WorkOf's FLOP
+// count); empty for one chunk.
 std::vector<double> ChunkShares(const RankShape& s) {
   if (s.chunks.size() <= 1) return {};
   const double attention = 4.0 * s.model.width * s.seq_len / s.mesh.tp;
-  const double block = 2.0 * s.matmul_params / s.layers() + attention;
   std::vector<double> work;
   double total = 0;
-  for (const worker::PipelineStage& chunk : s.chunks) {
-    work.push_back(chunk.num_layers * block + (chunk.last ? 2.0 * s.head_params : 0.0));
+  for (size_t c = 0; c < s.chunks.size(); ++c) {
+    work.push_back(2.0 * s.chunk_matmul_params[c] + s.chunks[c].num_layers * attention +
+                   (s.chunks[c].last ? 2.0 * s.head_params : 0.0));
     total += work.back();
   }
   for (double& w : work) w /= total;
@@ -290,7 +290,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   w.backward_flops = 2 * w.forward_flops;
   if (c.recompute) w.backward_flops += tokens * (2.0 * s.matmul_params + attention);
   if (s.split_backward()) {
-    w.weight_flops = tokens * 2.0 * s.matmul_params;
+    w.weight_flops = tokens * 2.0 * s.weight_pass_params;
   }
   w.slot_bytes = static_cast<double>(ActivationSlotBytes(s, backend));
   return w;
@@ -445,8 +445,22 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   return c;
 }
 
+const char kMoeNotSearched[] =
+    "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
+    "predicts one given mesh: trainyard plan --mesh)";
+
+std::optional<std::string> UnsearchedProblem(const config::ModelConfig& model) {
+  if (!model.moe.enabled()) return std::nullopt;
+  return kMoeNotSearched;
+}
+
 absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   const config::JobSpec& spec = request.spec;
+  if (!request.mesh) {
+    if (std::optional<std::string> problem = UnsearchedProblem(spec.model)) {
+      return absl::InvalidArgumentError(*problem);
+    }
+  }
   std::vector<config::ParallelismSpec> meshes;
   if (request.mesh) {
     if (auto problem = config::FindMeshProblem(*request.mesh, spec)) {
@@ -495,7 +509,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
 }
 
 int64_t MatmulParameterCount(const config::ModelConfig& model) {
-  int64_t n = model.ParameterCount();
+  int64_t n = model.ActiveParameterCount();
   if (model.family == config::ModelFamily::kGpt2) n -= int64_t{model.max_seq} * model.width;
   if (!model.tied_embeddings) n -= int64_t{model.vocab} * model.width;  // the input table
   return n;

@@ -91,8 +91,18 @@ struct Plan {
 };
 
 // INVALID_ARGUMENT when the spec's resources admit no valid mesh, or request.mesh is not valid
-// for them (naming the rule it breaks; cp > 1 on GPU resources included).
+// for them (naming the rule it breaks; cp > 1 on GPU resources included), or request.mesh is
+// absent and the planner does not choose meshes for the spec's model (UnsearchedProblem).
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
+
+// Why the planner does not choose the mesh of a model with MoE layers ("model.moe: ..."): it
+// predicts a given mesh's memory and traffic exactly (expert parallelism aside) and its time from
+// the active FLOPs, but its time model has not been measured against MoE steps, whose routing
+// runs on the host, so it does not rank meshes by it.
+extern const char kMoeNotSearched[];
+// kMoeNotSearched for a model with MoE layers; nothing otherwise. The prediction for one mesh
+// (Evaluate, MakePlan with request.mesh) does not check.
+std::optional<std::string> UnsearchedProblem(const config::ModelConfig& model);
 
 // Every mesh of the spec's resources that the engine can run (config::FindMeshProblem finds
 // nothing), over every cp of ContextParallelDegrees; ZeRO stages 1–3 only with dp · cp > 1. The
@@ -125,19 +135,23 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
                    const DeviceProfile& device, const LoopOptions& loop);
 
 // PaLM's model FLOPs per optimizer step: batch · seq_len · (6N + 12·L·h·s), N the parameters
-// that take part in matmuls (every parameter except lookup-only tables: GPT-2's positions, an
-// untied input embedding).
+// that take part in one token's matmuls (every parameter except lookup-only tables: GPT-2's
+// positions, an untied input embedding; of an MoE layer, the router, top_k routed experts and the
+// shared experts: config::ModelConfig::ActiveParameterCount).
 double ModelFlopsPerStep(const config::JobSpec& spec);
 int64_t MatmulParameterCount(const config::ModelConfig& model);
 
 // One micro-batch's work on one rank of a stage (its micro · seq_len / cp tokens): the FLOPs of
-// its forward and backward passes (recomputation included) and the bytes of its activation slot,
+// its forward and backward passes (recomputation included; per token 2 per active matmul weight,
+// RankShape::matmul_params, so an MoE block counts its router, top_k routed experts and shared
+// experts, plus the head and PaLM's attention) and the bytes of its activation slot,
 // which the elementwise work streams once forward (written) and twice backward (read, and their
 // gradients written).
 struct MicroBatchWork {
   double forward_flops = 0, backward_flops = 0;
   // Of backward_flops, what a split backward (a zero-bubble schedule) leaves to its weight pass:
-  // the blocks' weight gradients. 0 when the backward is one pass.
+  // the blocks' weight gradients but an MoE block's router's and routed experts'
+  // (RankShape::weight_pass_params). 0 when the backward is one pass.
   double weight_flops = 0;
   double slot_bytes = 0;
   double forward_seconds(const DeviceProfile& d) const {

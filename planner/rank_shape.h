@@ -4,7 +4,8 @@
 // from ParameterLayout (tensor-parallel ranks hold equal shares, so rank 0's stand for all), its
 // micro-batch and the micro-batches per step, and its share of each sequence under context
 // parallelism (seq_len / cp tokens; every cp rank has as many, so rank 0's stand for all). The
-// memory and traffic models read it.
+// memory and traffic models read it. Expert parallelism (parallelism.ep) is not modelled: the
+// shape is that of ep 1, every expert on every data-parallel rank.
 //
 // Threading: plain values and functions.
 #ifndef TRAINYARD_PLANNER_RANK_SHAPE_H_
@@ -39,10 +40,18 @@ struct RankShape {
   int micro_batches = 0;             // per optimizer step
   std::vector<int64_t> group_sizes;  // this stage's parameter groups, in layout order
   int64_t local_params = 0;          // Σ group_sizes
-  int64_t matmul_params = 0;         // the local weights of this stage's blocks' four matmuls
-  int64_t head_params = 0;           // the local LM head (last stage), 0 elsewhere
-  int64_t tied_copy = 0;  // elements of the token embedding summed with the other end of the
-                          // pipeline each step (first and last stage, tied, pp > 1), else 0
+  // The local weights one token multiplies by in this stage's blocks: attention's two matmuls
+  // and the dense MLP's two, or in an MoE block the router's (replicated: whole on every tensor-
+  // parallel rank), top_k routed experts' two each and the shared experts' two. Per chunk, and
+  // their sum.
+  std::vector<int64_t> chunk_matmul_params;
+  int64_t matmul_params = 0;
+  // Of matmul_params, the weights whose gradients a split backward leaves to its weight pass:
+  // all but an MoE block's router and routed experts (the input-gradient pass computes theirs).
+  int64_t weight_pass_params = 0;
+  int64_t head_params = 0;  // the local LM head (last stage), 0 elsewhere
+  int64_t tied_copy = 0;    // elements of the token embedding summed with the other end of the
+                            // pipeline each step (first and last stage, tied, pp > 1), else 0
   // The ranks that hold the same parameters, sum their gradients and split ZeRO's shards: the
   // data- and context-parallel ranks together (the engine's dp group, worker/parallel/
   // parallel_dims.h), dp · cp.
@@ -59,12 +68,29 @@ struct RankShape {
   bool last() const { return chunks.back().last; }     // holds the final norm and the head
   int chunk_layers() const { return chunks.front().num_layers; }
   int layers() const { return chunk_layers() * static_cast<int>(chunks.size()); }
-  // The parameter group of `layer` of chunk `chunk` (ParameterLayout's order: the embeddings,
-  // every chunk's blocks, the final norm).
-  int block_group(int chunk, int layer) const {
-    return (first() ? 1 : 0) + chunk * chunk_layers() + layer - chunks[chunk].first_layer;
-  }
+  // The parameter group of model layer `layer` (ParameterLayout's order: the embeddings, every
+  // chunk's blocks, each MoE block followed by a group of its routed experts, the final norm),
+  // and an MoE block's experts' group (-1 for a dense block); `layer` must be the rank's.
+  int block_group(int layer) const { return layer_groups[layer]; }
+  int expert_group(int layer) const { return expert_groups[layer]; }
+  std::vector<int> layer_groups, expert_groups;  // by model layer; -1 where not held
   bool tied_head_in_embedding_group() const { return model.tied_embeddings && first() && last(); }
+  // The global hidden size of block `layer`'s dense MLP, or of an MoE block's shared experts (0
+  // without them), as ParameterLayout gives it (BlockOffsets::mlp_ffn).
+  int64_t mlp_hidden(int layer) const {
+    if (!model.moe.IsMoeLayer(layer)) return model.ffn_hidden;
+    return int64_t{model.moe.shared_experts} * model.moe.ffn;
+  }
+  // The MoE blocks among the rank's layers (every chunk's).
+  int moe_blocks() const {
+    int count = 0;
+    for (const worker::PipelineStage& chunk : chunks) {
+      for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
+        count += model.moe.IsMoeLayer(l) ? 1 : 0;
+      }
+    }
+    return count;
+  }
   // The schedule the rank's pipeline runs.
   worker::ScheduleShape schedule() const {
     return {.schedule = mesh.schedule,

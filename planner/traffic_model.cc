@@ -71,8 +71,11 @@ void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group
   }
 }
 
-// ZeRO-3's parameter gathers per micro-batch: every group before its forward use, each block
-// again for the backward pass, and the tied LM head (in the embedding group) for the loss.
+// ZeRO-3's parameter gathers per micro-batch: every group before its forward use (an MoE
+// block's routed experts prefetched as its block starts), each block again for the backward pass
+// (prefetched during the block after it), each MoE block's experts again when its backward needs
+// them (waited for; under model.recompute once more, prefetched for the recomputed forward and
+// freed after it), and the tied LM head (in the embedding group) for the loss.
 void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collective>& out) {
   const int64_t m = s.micro_batches;
   for (size_t g = 0; g < s.group_sizes.size(); ++g) {
@@ -80,10 +83,17 @@ void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collec
     out.push_back(Times(
         HandedOver(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward)),
         m));
-    const size_t blocks_begin = s.first() ? 1 : 0;
-    const bool block = g >= blocks_begin && g < blocks_begin + static_cast<size_t>(s.layers());
-    if (block) {
-      out.push_back(Times(HandedOver(dp.AllGather(s.chunk(g), kFloat, Phase::kBackward)), m));
+  }
+  for (const worker::PipelineStage& chunk : s.chunks) {
+    for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
+      const int64_t block = s.chunk(s.block_group(l));
+      out.push_back(Times(HandedOver(dp.AllGather(block, kFloat, Phase::kBackward)), m));
+      if (s.expert_group(l) < 0) continue;
+      const int64_t experts = s.chunk(s.expert_group(l));
+      out.push_back(Times(HandedOver(dp.AllGather(experts, kFloat)), m));
+      if (s.model.recompute) {
+        out.push_back(Times(HandedOver(dp.AllGather(experts, kFloat, Phase::kBackward)), m));
+      }
     }
   }
   if (s.tied_head_in_embedding_group()) {
@@ -92,6 +102,10 @@ void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collec
 }
 
 }  // namespace
+
+int MoeStepValues(const config::ModelConfig& model) {
+  return model.moe.enabled() ? model.layers * (model.moe.experts + 6) : 0;
+}
 
 int64_t RingAllReduceElements(int64_t count, int n, int rank) {
   if (n <= 1) return 0;
@@ -133,6 +147,7 @@ std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOption
     out.push_back(HandedOver(dp.AllGather(owned, kFloat)));
   }
   if (zero == 3) AddParameterGathers(s, dp, out);
+  if (s.model.moe.enabled()) out.push_back(HandedOver(dp.Scalars(MoeStepValues(s.model))));
   out.push_back(HandedOver(dp.Scalars(1)));                      // the step's loss
   out.push_back(HandedOver(dp.Scalars(loop.agreement_values)));  // stop / checkpoint agreement
   if (zero > 0) out.push_back(HandedOver(dp.Scalars(1)));        // the gradient norm's sharded sum
@@ -160,6 +175,11 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     out.push_back(Times(tp.AllGather(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.AllReduce(4 * w, kFloat), layers));  // two norms' gradients
+  }
+  // An MoE block's combine weights' gradients, one float per pick (all N·top_k of them when
+  // dropless; fewer when a capacity drops some, which this bound does not know).
+  if (const int moe_blocks = s.moe_blocks(); moe_blocks > 0) {
+    out.push_back(Times(tp.AllReduce(rows * s.model.moe.top_k, kFloat), moe_blocks));
   }
   if (s.last()) {
     const int64_t vocab = s.model.vocab / n;
@@ -208,6 +228,7 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   if (onward > 0) out.push_back(Times(send, onward));
   if (back > 0) out.push_back(Times(send, back));
   const Group pp(s.mesh.pp, rank);
+  if (s.model.moe.enabled()) out.push_back(pp.Scalars(MoeStepValues(s.model)));
   out.push_back(pp.Scalars(1));  // the step's loss
   out.push_back(pp.Scalars(1));  // the gradient norm
   out.push_back(pp.Scalars(loop.agreement_values));

@@ -20,7 +20,11 @@
 //   values sent on cp − 1 times forward (again when recomputed) and cp − 1 times backward, their
 //   gradients cp times; no scalar sums;
 // - every axis but cp: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
-//   agreement), each a 2-float all-reduce per value.
+//   agreement), each a 2-float all-reduce per value;
+// - mixture of experts (worker/model_moe.cc, worker/trainer.cc): on tp, each MoE block's combine
+//   weights' gradients, an fp32 all-reduce of micro · seq_len · top_k per micro-batch (dropless;
+//   a capacity that drops picks sends less); on dp and pp, the step's routing statistics, one sum
+//   of MoeStepValues per step.
 //
 // Tensor-, pipeline- and context-parallel activations are the rank's micro · seq_len / cp rows
 // of each micro-batch (/ tp under sequence parallelism). Training steps only: evaluation
@@ -105,6 +109,11 @@ std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s);
 // the training loop's scalars: what a Model with a tensor-parallel group of tp ranks sends.
 std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const BackendShape& backend,
                                                    int rank);
+
+// The values of the training loop's per-step MoE sum (RankTrainer::MoeStep): per layer of the
+// whole model, each expert's picks, the drops, the aux loss, the tokens, the bias spread and the
+// all-to-all's bytes and seconds (layers · (experts + 6)); 0 for a dense model.
+int MoeStepValues(const config::ModelConfig& model);
 
 // Elements rank `rank` sends in a ring all-reduce of `count` elements over `n` ranks.
 int64_t RingAllReduceElements(int64_t count, int n, int rank);

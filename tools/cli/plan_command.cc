@@ -156,6 +156,12 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   return mesh;
 }
 
+// The spec writes model.moe, whose mesh the planner does not choose (planner::kMoeNotSearched).
+bool WritesMoe(const config::YamlNode& root) {
+  const config::YamlEntry* model = root.Find("model");
+  return model != nullptr && model->value.Find("moe") != nullptr;
+}
+
 // The spec with the resources planned for. Without a resources section the spec does not say
 // where it runs: --nodes or --devices-per-node must.
 absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags) {
@@ -166,12 +172,26 @@ absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags)
         absl::StrCat("cannot read the spec ", path, ": ", text.status().message()));
   }
   absl::StatusOr<config::YamlNode> tree = config::ParseYamlTree(*text, path);
+  const bool has_parallelism = tree.ok() && tree->Find("parallelism") != nullptr;
+  // An MoE model's mesh is not chosen: only --mesh is planned, and the spec itself must name
+  // its mesh (the `parallelism: auto` added below would be refused, on a line the user did not
+  // write). Said first, before any calibration whose reference no plan would use.
+  if (tree.ok() && WritesMoe(*tree)) {
+    if (!flags.Get("mesh")) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", planner::kMoeNotSearched));
+    }
+    if (!has_parallelism) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path,
+                       ": parallelism: a spec with model.moe names its mesh (dp, tp, pp); "
+                       "`auto` is not planned for it"));
+    }
+  }
   const bool has_resources = tree.ok() && tree->Find("resources") != nullptr;
   // The planner chooses the mesh: a spec that names none is read as `parallelism: auto`, so that
   // its default single rank is not held against its resources.
   std::string yaml = *text;
-  if (tree.ok() && tree->kind == config::YamlNode::Kind::kMap &&
-      tree->Find("parallelism") == nullptr &&
+  if (tree.ok() && tree->kind == config::YamlNode::Kind::kMap && !has_parallelism &&
       !absl::StartsWith(absl::StripLeadingAsciiWhitespace(yaml), "{")) {
     absl::StrAppend(&yaml, "\nparallelism: auto\n");
   }

@@ -82,11 +82,16 @@ std::string MeshLabel(const config::ParallelismSpec& mesh) {
 
 std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
   const config::ModelConfig& model = spec.model;
+  // An MoE model's tokens each use a share of its parameters, which its FLOPs count.
+  const std::string active =
+      model.moe.enabled()
+          ? absl::StrFormat(" (%.1fM active per token)", model.ActiveParameterCount() / 1e6)
+          : "";
   std::string out = absl::StrFormat(
-      "plan for %s: %s, %d layers, width %d, %.1fM parameters; batch %d × %d tokens\n"
+      "plan for %s: %s, %d layers, width %d, %.1fM parameters%s; batch %d × %d tokens\n"
       "on %d node(s) × %d: %s\n",
       spec.name, config::FamilyName(model.family), model.layers, model.width,
-      model.ParameterCount() / 1e6, spec.training.batch, spec.training.seq_len, plan.nodes,
+      model.ParameterCount() / 1e6, active, spec.training.batch, spec.training.seq_len, plan.nodes,
       plan.devices_per_node, plan.device.description);
   // Ring attention's bytes only where some candidate splits the sequences.
   const bool any_cp = std::any_of(plan.candidates.begin(), plan.candidates.end(),

@@ -181,6 +181,17 @@ void ExpectCarried(const config::JobSpec& spec) {
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.recompute, b.recompute);
+  EXPECT_EQ(a.moe.experts, b.moe.experts);
+  EXPECT_EQ(a.moe.top_k, b.moe.top_k);
+  EXPECT_EQ(a.moe.shared_experts, b.moe.shared_experts);
+  EXPECT_EQ(a.moe.every, b.moe.every);
+  EXPECT_EQ(a.moe.ffn, b.moe.ffn);
+  EXPECT_EQ(a.moe.score, b.moe.score);
+  EXPECT_EQ(a.moe.normalize_top_k, b.moe.normalize_top_k);
+  EXPECT_EQ(a.moe.balance, b.moe.balance);
+  EXPECT_EQ(a.moe.aux_loss_coeff, b.moe.aux_loss_coeff);
+  EXPECT_EQ(a.moe.bias_update_rate, b.moe.bias_update_rate);
+  EXPECT_EQ(a.moe.capacity_factor, b.moe.capacity_factor);
   EXPECT_EQ(got.training.batch, want.training.batch);
   EXPECT_EQ(got.training.micro_batch, want.training.micro_batch);
   EXPECT_EQ(got.training.seq_len, want.training.seq_len);
@@ -203,6 +214,15 @@ TEST(CalibrationReference, TheSpecFileCarriesTheReference) {
       SpecOf("name: s\nmodel: {preset: gpt2-debug, vocab: 16, tied_embeddings: false}\n"
              "data: {source: markov, markov: {vocab: 8}}\ntraining: {batch: 4, micro_batch: 2, "
              "seq_len: 16}\n"));
+  // MoE models, under each balance rule (each writes only its own coefficient), with values
+  // that are not the defaults.
+  ExpectCarried(
+      SpecOf("name: m\nmodel: {preset: llama-debug, moe: {experts: 6, top_k: 2, shared_experts: 1, "
+             "every: 2, ffn: 48, score: sigmoid, normalize_top_k: false, balance: bias, "
+             "bias_update_rate: 0.0025, capacity_factor: 1.3}}\n"));
+  ExpectCarried(
+      SpecOf("name: m\nmodel: {preset: gpt2-debug, moe: {experts: 3, normalize_top_k: true, "
+             "aux_loss_coeff: 0.037}}\n"));
 }
 
 }  // namespace

@@ -239,6 +239,32 @@ TEST_F(PlanCommand, ContextParallelMeshesOnCpuOnly) {
   ExpectBadInput({SpecWithResources(), "--mesh", "dp=1,tp=1,pp=1,cp=3"}, "--mesh: parallelism");
 }
 
+TEST_F(PlanCommand, MoeModelsArePlannedOnAGivenMeshOnly) {
+  const std::string why =
+      "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
+      "predicts one given mesh: trainyard plan --mesh)";
+  const std::string spec =
+      "name: moe\nmodel:\n  preset: gpt2-debug\n  moe: {experts: 4, top_k: 2}\n"
+      "training: {batch: 8, seq_len: 32}\n";
+  // Without --mesh the planner would choose: refused, whether the spec names a mesh or not
+  // (which plan would otherwise read as `parallelism: auto`).
+  const std::string unnamed = Write("auto.yaml", spec + "resources: {devices_per_node: 2}\n");
+  ExpectBadInput({unnamed}, why);
+  const std::string mesh =
+      Write("mesh.yaml", spec + "resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n");
+  ExpectBadInput({mesh}, why);
+  // With --mesh, a spec that names its own mesh (as an MoE job's must) is planned.
+  ASSERT_EQ(Run({mesh, "--mesh", "dp=1,tp=2,pp=1"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "M active per token")) << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "Chose dp 1 × tp 2 × pp 1")) << out_.str();
+  ExpectBadInput({unnamed, "--mesh", "dp=2,tp=1,pp=1"},
+                 "parallelism: a spec with model.moe names its mesh (dp, tp, pp)");
+  // Nor is a calibration run against it without a mesh to plan.
+  draws_ = {1e-3};
+  ExpectBadInput({"--calibrate", Write("one.yaml", spec)}, why);
+  EXPECT_EQ(calls_, 0u);
+}
+
 TEST_F(PlanCommand, HumanOutputNamesTheChoice) {
   ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "Chose dp ")) << out_.str();

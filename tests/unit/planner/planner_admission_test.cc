@@ -93,6 +93,20 @@ TEST(PlannerAdmission, AMeshThatCannotFitIsRefusedWithItsFootprintAndOneThatFits
   EXPECT_TRUE(CheckMeshFits(spec, device, {}, "").ok());
 }
 
+// An MoE job's own mesh is checked (the planner predicts it), but no other is suggested: the
+// planner does not choose meshes for MoE models.
+TEST(PlannerAdmission, AnMoeMeshIsCheckedButNoOtherSuggested) {
+  config::JobSpec spec = Gpt2Debug(4);
+  spec.model.moe = config::MoeConfig{.experts = 4, .top_k = 2, .ffn = 64};
+  const int64_t need = Evaluate(spec, spec.parallelism, DeviceWith(1), {}).memory.total();
+  const absl::Status refused = CheckMeshFits(spec, DeviceWith(need - 1), {}, "node n1");
+  ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("does not fit in memory: dp 4 × tp 1 × pp 1, ZeRO-0"));
+  EXPECT_THAT(refused.message(),
+              HasSubstr("no other mesh is suggested: model.moe: the planner does not choose"));
+  EXPECT_TRUE(CheckMeshFits(spec, DeviceWith(need), {}, "node n1").ok());
+}
+
 server::NodeStatus CpuNode(const std::string& id, int64_t memory, bool connected = true) {
   server::NodeStatus node;
   node.record.node_id = id;

@@ -2,7 +2,7 @@
 // count, Young–Daly, the ZeRO sharding factors and their padding, ring bytes, the engine's limits
 // on meshes, the choice and its explanation, the device profiles, and context parallelism (its
 // activations, ring buffers and traffic, the ring's overlap with attention, and when it is
-// chosen).
+// chosen), and mixture-of-experts models (active FLOPs, their activations, a given mesh only).
 #include "planner/planner.h"
 
 #include <cmath>
@@ -798,6 +798,123 @@ TEST(ContextParallel, DegreesDivideTheWorldAndTheSequence) {
   EXPECT_EQ(ContextParallelDegrees(spec), (std::vector<int>{1, 2}));
   spec.resources.kind = config::DeviceKind::kGpu;
   EXPECT_EQ(ContextParallelDegrees(spec), (std::vector<int>{1}));
+}
+
+// gpt2-debug with four experts of hidden size 32 in every block, top-2, one shared expert.
+// One such MLP: fc 32·64 + 32, proj 64·32 + 64 = 4192 parameters.
+config::JobSpec Gpt2DebugMoe(int devices) {
+  config::JobSpec spec = Gpt2Debug(devices);
+  spec.model.moe = config::MoeConfig{.experts = 4, .top_k = 2, .shared_experts = 1, .ffn = 32};
+  return spec;
+}
+
+// PaLM's N counts what one token uses: per block the router (4·64), two routed experts and the
+// shared one (3 · 4192) besides attention and norms (16896); with the embeddings (wte 256·64;
+// wpe 64·64, a lookup, left out) and the final norm (128): N = 16384 + 128 + 2·(16896 + 256 +
+// 3·4192) = 75968, not the 92736 of all four experts.
+TEST(Moe, ModelFlopsCountTheActiveParameters) {
+  const config::JobSpec spec = Gpt2DebugMoe(2);
+  EXPECT_EQ(MatmulParameterCount(spec.model), 75968);
+  EXPECT_EQ(spec.model.ParameterCount() - 64 * 64, 92736);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(spec), (6.0 * 75968 + 12.0 * 2 * 64 * 32) * 8 * 32);
+}
+
+// A rank's matmul weights per token: qkv 192·64, projection 64·64, the shared expert's 2·32·64,
+// the router's 4·64 (whole on every tensor-parallel rank) and two routed experts' 2·32·64 each:
+// 28928 per block; its weight pass (a split backward) leaves out the router and the routed
+// experts, whose gradients the input-gradient pass computes: 20480. Under tp 2 everything but the
+// router halves: 14592 and 10240.
+TEST(Moe, RankMatmulsAreTheActiveOnes) {
+  const config::JobSpec spec = Gpt2DebugMoe(2);
+  const RankShape whole = ShapeOf(spec, Mesh(2, 1, 1, 0), 0);
+  EXPECT_EQ(whole.matmul_params, 2 * 28928);
+  EXPECT_EQ(whole.weight_pass_params, 2 * 20480);
+  EXPECT_EQ(whole.moe_blocks(), 2);
+  const RankShape half = ShapeOf(spec, Mesh(1, 2, 1, 0), 0);
+  EXPECT_EQ(half.matmul_params, 2 * 14592);
+  EXPECT_EQ(half.weight_pass_params, 2 * 10240);
+  // One micro-batch's (4 × 32 tokens) forward FLOPs: per token 2 per weight (the tied head's
+  // 256·64 included) and PaLM's attention, 4·64·32 per block.
+  const MicroBatchWork work = WorkOf(whole, {});
+  EXPECT_DOUBLE_EQ(work.forward_flops,
+                   4.0 * 32 * (2.0 * (2 * 28928 + 256 * 64) + 2 * 4.0 * 64 * 32));
+  // A block's routed experts and router form groups the layout keeps apart from the block's.
+  EXPECT_EQ(whole.group_sizes.size(), size_t{6});  // embeddings, 2 × (block, experts), final
+  EXPECT_EQ(whole.block_group(1), 3);
+  EXPECT_EQ(whole.expert_group(1), 4);
+}
+
+// Top-2 against top-1 on one rank (n = 8 · 32 = 256 rows, fp32): each of the two saved MoE
+// blocks holds n more picks: their weights and row weights (2n floats), sources and slots (2n
+// ints), rows in, through fc (32) and the activation (32), and out (n · (64 + 32 + 32 + 64));
+// the backward's scratch holds n more picks' output and input gradients (2n · 64), combine-weight
+// gradients (n floats), and its fc and activation gradients widen from 32 to 2 · 32 (64n).
+TEST(Moe, ActivationsHoldTopKPicksPerToken) {
+  config::JobSpec top2 = Gpt2DebugMoe(1);
+  config::JobSpec top1 = top2;
+  top1.model.moe.top_k = 1;
+  const int64_t n = 256;
+  const int64_t per_block = 4 * (2 * n + 2 * n + n * (64 + 32 + 32 + 64));
+  const int64_t scratch = 4 * (2 * n * 64 + n + 2 * n * 32);
+  EXPECT_EQ(ActivationSlotBytes(ShapeOf(top2, Mesh(1, 1, 1, 0), 0), {}) -
+                ActivationSlotBytes(ShapeOf(top1, Mesh(1, 1, 1, 0), 0), {}),
+            2 * per_block + scratch);
+}
+
+// The planner predicts a given mesh of an MoE model (every axis and schedule, ZeRO-3's gathers
+// of the experts' groups) but does not choose one: a plan without a mesh is refused.
+TEST(Moe, IsPredictedOnAGivenMeshButNotSearched) {
+  PlanRequest request;
+  request.spec = Gpt2DebugMoe(4);
+  request.spec.model.layers = 4;
+  request.spec.training.micro_batch = 2;  // two per step at dp 2, as a pipeline needs
+  request.device = *PublishedProfile("h100");
+  const std::string why =
+      "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
+      "predicts one given mesh: trainyard plan --mesh)";
+  EXPECT_EQ(UnsearchedProblem(request.spec.model), why);
+  absl::StatusOr<Plan> every = MakePlan(request);
+  EXPECT_EQ(every.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(every.status().message(), why);
+  request.mesh = Mesh(4, 1, 1, 3);
+  absl::StatusOr<Plan> given = MakePlan(request);
+  ASSERT_TRUE(given.ok()) << given.status();
+  ASSERT_EQ(given->candidates.size(), 1u);
+  EXPECT_DOUBLE_EQ(given->candidates[0].model_flops, ModelFlopsPerStep(request.spec));
+  EXPECT_GT(given->candidates[0].step.total, 0);
+  // Every axis and schedule evaluates.
+  config::ParallelismSpec tp_sp = Mesh(2, 2, 1, 1);
+  tp_sp.sequence_parallel = true;
+  config::ParallelismSpec zb = Mesh(2, 1, 2, 1);
+  zb.schedule = config::PipelineSchedule::kZeroBubble;
+  config::ParallelismSpec interleaved = Mesh(2, 1, 2, 0);
+  interleaved.schedule = config::PipelineSchedule::kInterleaved;
+  interleaved.virtual_stages = 2;
+  for (const config::ParallelismSpec& mesh : {tp_sp, zb, interleaved}) {
+    ASSERT_FALSE(config::FindMeshProblem(mesh, request.spec).has_value()) << MeshName(mesh);
+    const Candidate c = Evaluate(request.spec, mesh, request.device, LoopOptions{});
+    EXPECT_GT(c.memory.activations, 0) << MeshName(mesh);
+    EXPECT_GT(c.step.compute, 0) << MeshName(mesh);
+  }
+  // A dense model's plan still searches.
+  request.spec.model.moe.experts = 0;
+  request.mesh.reset();
+  EXPECT_FALSE(UnsearchedProblem(request.spec.model).has_value());
+  EXPECT_TRUE(MakePlan(request).ok());
+}
+
+// A micro-batch's FLOPs follow what a token uses: more experts at the same top_k add only the
+// router's 2 · 64 per expert, token and block; more picks per token add whole experts (2 · 4096).
+TEST(Moe, FlopsFollowTopKNotTheExperts) {
+  auto forward = [](int experts, int top_k) {
+    config::JobSpec spec = Gpt2DebugMoe(2);
+    spec.model.moe.experts = experts;
+    spec.model.moe.top_k = top_k;
+    return WorkOf(ShapeOf(spec, Mesh(2, 1, 1, 0), 0), {}).forward_flops;
+  };
+  const double tokens = 4 * 32, blocks = 2;
+  EXPECT_DOUBLE_EQ(forward(16, 2) - forward(4, 2), tokens * blocks * 2 * 12 * 64);
+  EXPECT_DOUBLE_EQ(forward(4, 4) - forward(4, 2), tokens * blocks * 2 * 2 * 4096);
 }
 
 }  // namespace
