@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "common/moe_load.h"
 
 namespace trainyard::server {
 namespace {
@@ -21,6 +22,63 @@ v1::Order ToProto(WorkerOrder order) {
       return v1::ORDER_STOP;
   }
   return v1::ORDER_CONTINUE;
+}
+
+v1::MoeBalance ToProto(MoeBalance balance) {
+  switch (balance) {
+    case MoeBalance::kAuxLoss:
+      return v1::MOE_BALANCE_AUX_LOSS;
+    case MoeBalance::kBias:
+      return v1::MOE_BALANCE_BIAS;
+    case MoeBalance::kUnknown:
+      break;
+  }
+  return v1::MOE_BALANCE_UNSPECIFIED;
+}
+
+MoeBalance FromProto(v1::MoeBalance balance) {
+  switch (balance) {
+    case v1::MOE_BALANCE_AUX_LOSS:
+      return MoeBalance::kAuxLoss;
+    case v1::MOE_BALANCE_BIAS:
+      return MoeBalance::kBias;
+    default:
+      return MoeBalance::kUnknown;
+  }
+}
+
+// The derived figures (min, max, CV, max share, dead experts) from tokens_per_expert.
+void ToProto(const MoeLayerProgress& layer, v1::MoeLayerProgress* out) {
+  const ExpertLoad load = SummarizeExpertLoad(layer.tokens_per_expert, layer.tokens);
+  out->set_layer(layer.layer);
+  out->set_steps(layer.steps);
+  for (const int64_t picks : layer.tokens_per_expert) out->add_tokens_per_expert(picks);
+  out->set_tokens(layer.tokens);
+  out->set_tokens_min(load.min);
+  out->set_tokens_max(load.max);
+  out->set_tokens_cv(load.cv);
+  out->set_tokens_max_share(load.max_share);
+  out->set_dead_experts(load.dead);
+  out->set_dropped(layer.dropped);
+  out->set_dropped_total(layer.dropped_total);
+  out->set_balance(ToProto(layer.balance));
+  out->set_aux_loss(layer.aux_loss);
+  out->set_bias_spread(layer.bias_spread);
+}
+
+// Only what the worker measured: the coordinator derives the rest itself.
+MoeLayerProgress FromProto(const v1::MoeLayerProgress& layer) {
+  MoeLayerProgress out;
+  out.layer = layer.layer();
+  out.steps = layer.steps();
+  out.tokens_per_expert.assign(layer.tokens_per_expert().begin(), layer.tokens_per_expert().end());
+  out.tokens = layer.tokens();
+  out.dropped = layer.dropped();
+  out.dropped_total = layer.dropped_total();
+  out.balance = FromProto(layer.balance());
+  out.aux_loss = layer.aux_loss();
+  out.bias_spread = layer.bias_spread();
+  return out;
 }
 
 absl::Time FromUnixMillis(int64_t millis) {
@@ -97,6 +155,7 @@ void ToProto(const Progress& progress, v1::Progress* out) {
       !out->mutable_run_report()->ParseFromString(progress.run_report)) {
     out->clear_run_report();
   }
+  for (const MoeLayerProgress& layer : progress.moe) ToProto(layer, out->add_moe());
 }
 
 void ToProto(const RankExit& exit, const RankSlot& slot, v1::RankExit* out) {
@@ -434,6 +493,7 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
                                           r.started_ms()};
   }
   if (report.has_run_report()) out.run_report = report.run_report().SerializeAsString();
+  for (const v1::MoeLayerProgress& layer : report.moe()) out.moe.push_back(FromProto(layer));
   return out;
 }
 

@@ -1,11 +1,13 @@
 #include "server/job_store.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
@@ -47,7 +49,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   checkpoint_keep INTEGER NOT NULL DEFAULT -1,
   run_report TEXT NOT NULL DEFAULT '',
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
-  cp INTEGER NOT NULL DEFAULT 1);
+  cp INTEGER NOT NULL DEFAULT 1,
+  moe TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_labels(
@@ -134,6 +137,12 @@ constexpr char kMigrateAttemptsFrom6[] = R"sql(
 ALTER TABLE attempts ADD COLUMN cp INTEGER NOT NULL DEFAULT 1;
 )sql";
 
+// Schema 7 -> 8: the MoE layers' routing of a job's newest progress (EncodeMoe). Jobs stored
+// before have none.
+constexpr char kMigrateFrom7[] = R"sql(
+ALTER TABLE jobs ADD COLUMN moe TEXT NOT NULL DEFAULT '';
+)sql";
+
 std::optional<int64_t> TimeToMicros(absl::Time time) {
   if (time == absl::InfinitePast()) return std::nullopt;
   return absl::ToUnixMicros(time);
@@ -177,6 +186,45 @@ absl::StatusOr<std::vector<GpuInfo>> DecodeGpus(const std::string& text) {
     gpus.push_back(std::move(gpu));
   }
   return gpus;
+}
+
+// MoE layers as one line each: layer, steps, tokens, dropped, dropped_total, balance, aux_loss,
+// bias_spread (tab-separated; the reals as "%.17g", which reads back exactly), then the picks
+// per expert, comma-separated.
+std::string EncodeMoe(const std::vector<MoeLayerProgress>& layers) {
+  std::vector<std::string> lines;
+  for (const MoeLayerProgress& l : layers) {
+    lines.push_back(absl::StrFormat("%d\t%d\t%d\t%d\t%d\t%d\t%.17g\t%.17g\t%s", l.layer, l.steps,
+                                    l.tokens, l.dropped, l.dropped_total,
+                                    static_cast<int>(l.balance), l.aux_loss, l.bias_spread,
+                                    absl::StrJoin(l.tokens_per_expert, ",")));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+// Soft state that workers report again: a record that does not read back is dropped (nullopt),
+// not a reason to refuse the database.
+std::optional<std::vector<MoeLayerProgress>> DecodeMoe(const std::string& text) {
+  std::vector<MoeLayerProgress> layers;
+  if (text.empty()) return layers;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
+    MoeLayerProgress l;
+    int balance = 0;
+    if (f.size() != 9 || !absl::SimpleAtoi(f[0], &l.layer) || !absl::SimpleAtoi(f[1], &l.steps) ||
+        !absl::SimpleAtoi(f[2], &l.tokens) || !absl::SimpleAtoi(f[3], &l.dropped) ||
+        !absl::SimpleAtoi(f[4], &l.dropped_total) || !absl::SimpleAtoi(f[5], &balance) ||
+        balance < 0 || balance > static_cast<int>(MoeBalance::kBias) ||
+        !absl::SimpleAtod(f[6], &l.aux_loss) || !absl::SimpleAtod(f[7], &l.bias_spread)) {
+      return std::nullopt;
+    }
+    l.balance = static_cast<MoeBalance>(balance);
+    for (absl::string_view picks : absl::StrSplit(f[8], ',', absl::SkipEmpty())) {
+      if (!absl::SimpleAtoi(picks, &l.tokens_per_expert.emplace_back())) return std::nullopt;
+    }
+    layers.push_back(std::move(l));
+  }
+  return layers;
 }
 
 std::string EncodeLines(const std::vector<std::string>& lines) {
@@ -255,6 +303,11 @@ absl::Status JobStore::Migrate() {
       if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(migration), "migrating schema 6 to 7");
     }
     version = 7;
+  }
+  if (version == 7) {
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("jobs", "moe"));
+    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom7), "migrating schema 7 to 8");
+    version = 8;
   }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
@@ -339,7 +392,7 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
         UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
           step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
           step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
-          run_report=?
+          run_report=?, moe=?
         WHERE id=?
       )sql"));
     update->Bind(1, p.step)
@@ -362,7 +415,8 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
     update->Bind(14, DurationToMicros(p.eta))
         .Bind(15, TimeToMicros(p.reported))
         .Bind(16, absl::Base64Escape(p.run_report))
-        .Bind(17, job_id);
+        .Bind(17, EncodeMoe(p.moe))
+        .Bind(18, job_id);
     TY_RETURN_IF_ERROR(update->Run());
   }
   for (const SoftStateBatch::Pid& pid : batch.pids) {
@@ -434,7 +488,7 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
       step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
       checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?,
-      drain_requested=?, run_report=?
+      drain_requested=?, run_report=?, moe=?
     WHERE id=?
   )sql"));
   const Progress& p = job.progress;
@@ -470,7 +524,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       .Bind(26, job.message)
       .Bind(27, int64_t{job.drain_requested ? 1 : 0})
       .Bind(28, absl::Base64Escape(p.run_report))
-      .Bind(29, job.id);
+      .Bind(29, EncodeMoe(p.moe))
+      .Bind(30, job.id);
   return update->Run();
 }
 
@@ -599,7 +654,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
-      checkpoint_keep, run_report, schedule, virtual_stages, cp
+      checkpoint_keep, run_report, schedule, virtual_stages, cp, moe
     FROM jobs ORDER BY seq
   )sql"));
   while (true) {
@@ -661,6 +716,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     req.mesh.schedule = select->Text(49);
     req.mesh.virtual_stages = static_cast<int>(select->Int(50));
     req.mesh.cp = static_cast<int>(select->Int(51));
+    p.moe = DecodeMoe(select->Text(52)).value_or(std::vector<MoeLayerProgress>{});
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }

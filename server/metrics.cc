@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/moe_load.h"
 
 namespace trainyard::server {
 namespace {
@@ -187,6 +188,60 @@ std::vector<MetricFamily> JobFailureFamilies(const std::vector<JobMetrics>& jobs
           mtbf,  interval, interval_steps, straggler, flagged};
 }
 
+// The MoE layers of each job's newest report, one series per layer (labelled `layer`); the aux
+// loss only under the aux-loss rule and the bias spread only under the bias rule (both when the
+// rule is not known). The drop counter counts from the attempt's start, so it starts again with
+// each attempt (rate() reads that as a counter reset).
+std::vector<MetricFamily> MoeFamilies(const std::vector<JobMetrics>& jobs) {
+  MetricFamily cv = Family("trainyard_moe_expert_tokens_cv",
+                           "Coefficient of variation (standard deviation over mean) of the tokens "
+                           "each expert of an MoE layer was picked for, over the steps of the "
+                           "latest progress report: 0 when the load is even",
+                           MetricType::Gauge);
+  MetricFamily max_share = Family("trainyard_moe_expert_tokens_max_share",
+                                  "Share of an MoE layer's tokens that its busiest expert took "
+                                  "over the steps of the latest progress report: top_k/experts "
+                                  "when the load is even, 1 when the router has collapsed onto "
+                                  "one expert",
+                                  MetricType::Gauge);
+  MetricFamily dead = Family("trainyard_moe_dead_experts",
+                             "Experts of an MoE layer that no token picked over the steps of the "
+                             "latest progress report",
+                             MetricType::Gauge);
+  MetricFamily dropped = Family("trainyard_moe_dropped_tokens_total",
+                                "Picks an MoE layer dropped over an expert's capacity since the "
+                                "job's current attempt started",
+                                MetricType::Counter);
+  MetricFamily aux_loss =
+      Family("trainyard_moe_aux_loss",
+             "An MoE layer's auxiliary load-balancing loss, mean over the steps "
+             "of the latest progress report (balance: aux_loss)",
+             MetricType::Gauge);
+  MetricFamily bias_spread = Family("trainyard_moe_bias_spread",
+                                    "Max minus min of an MoE layer's expert selection bias at the "
+                                    "latest progress report (balance: bias)",
+                                    MetricType::Gauge);
+  for (const JobMetrics& job : jobs) {
+    for (const MoeLayerProgress& layer : job.progress.moe) {
+      std::vector<ClientMetric::Label> labels = JobLabels(job);
+      labels.push_back({"layer", absl::StrCat(layer.layer)});
+      const ExpertLoad load = SummarizeExpertLoad(layer.tokens_per_expert, layer.tokens);
+      cv.metric.push_back(Metric(labels, load.cv, MetricType::Gauge));
+      max_share.metric.push_back(Metric(labels, load.max_share, MetricType::Gauge));
+      dead.metric.push_back(Metric(labels, load.dead, MetricType::Gauge));
+      dropped.metric.push_back(
+          Metric(labels, static_cast<double>(layer.dropped_total), MetricType::Counter));
+      if (layer.balance != MoeBalance::kBias) {
+        aux_loss.metric.push_back(Metric(labels, layer.aux_loss, MetricType::Gauge));
+      }
+      if (layer.balance != MoeBalance::kAuxLoss) {
+        bias_spread.metric.push_back(Metric(labels, layer.bias_spread, MetricType::Gauge));
+      }
+    }
+  }
+  return {cv, max_share, dead, dropped, aux_loss, bias_spread};
+}
+
 // Failures over all jobs since the coordinator started: counts and latencies.
 std::vector<MetricFamily> FailureCounterFamilies(const MetricsSnapshot& snapshot) {
   MetricFamily failures =
@@ -320,6 +375,7 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
   for (MetricFamily& family : JobFailureFamilies(snapshot.jobs)) {
     families.push_back(std::move(family));
   }
+  for (MetricFamily& family : MoeFamilies(snapshot.jobs)) families.push_back(std::move(family));
   for (MetricFamily& family : FailureCounterFamilies(snapshot)) {
     families.push_back(std::move(family));
   }

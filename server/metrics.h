@@ -17,6 +17,13 @@
 //   trainyard_checkpoint_failures_total{...}       counter: failed saves
 //     (the checkpoint series exist for jobs whose spec checkpoints; the histograms and the
 //     counter count each reported save once, from the coordinator's start)
+//   trainyard_moe_expert_tokens_cv{...,layer}      gauge: per MoE layer, over the latest report's
+//                                                  steps: std/mean of the tokens per expert
+//   trainyard_moe_expert_tokens_max_share{...}     gauge: the busiest expert's share of the tokens
+//   trainyard_moe_dead_experts{...}                gauge: experts no token picked
+//   trainyard_moe_aux_loss{...}                    gauge (balance: aux_loss)
+//   trainyard_moe_bias_spread{...}                 gauge (balance: bias)
+//   trainyard_moe_dropped_tokens_total{...}        counter: dropped picks since the attempt began
 //   trainyard_node_heartbeat_age_seconds{node}     gauge
 //   trainyard_node_connected{node}                 gauge: 1 or 0
 //   trainyard_node_free_slots{node}                gauge

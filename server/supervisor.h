@@ -161,6 +161,8 @@ struct ProgressUpdate {
   std::optional<Resumed> resumed;
   // Rank 0, once after its last step: a serialized v1::RunReport (empty: none).
   std::string run_report;
+  // The MoE layers' routing since the rank's previous report; empty for a dense model.
+  std::vector<MoeLayerProgress> moe;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };

@@ -103,6 +103,8 @@ void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressU
   progress.step_times = update.step_times;
   if (progress.step_times.total_ms <= 0 && step_ms > 0) progress.step_times.total_ms = step_ms;
   if (update.val_loss.has_value()) progress.val_loss = update.val_loss;
+  // Like the validation loss, the newest figures stand until a report brings others.
+  if (!update.moe.empty()) progress.moe = update.moe;
   if (step_ms > 0 && update.total_steps >= update.step) {
     progress.eta =
         absl::Milliseconds(step_ms * static_cast<double>(update.total_steps - update.step));

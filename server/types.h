@@ -124,6 +124,27 @@ struct CheckpointInfo {
   int attempt_id = 0;          // the attempt that wrote it
 };
 
+// How an MoE layer keeps its experts' load even. The numeric values are stored in SQLite and
+// match trainyard.v1.MoeBalance; never renumber.
+enum class MoeBalance { kUnknown = 0, kAuxLoss = 1, kBias = 2 };
+
+// One MoE layer's routing over the steps of the newest report that carried it (a
+// v1::MoeLayerProgress without the figures derived from tokens_per_expert, which
+// SummarizeExpertLoad in common/moe_load.h computes when they are shown).
+struct MoeLayerProgress {
+  int layer = 0;
+  int64_t steps = 0;                       // optimizer steps in the report's window
+  std::vector<int64_t> tokens_per_expert;  // picks per expert over them, before capacity drops
+  int64_t tokens = 0;                      // tokens the layer routed over them
+  int64_t dropped = 0;                     // picks over an expert's capacity over them
+  int64_t dropped_total = 0;               // since the attempt's ranks started
+  MoeBalance balance = MoeBalance::kUnknown;
+  double aux_loss = 0;     // mean over the window's steps (kAuxLoss)
+  double bias_spread = 0;  // max − min of the selection bias at its last step (kBias)
+
+  bool operator==(const MoeLayerProgress&) const = default;
+};
+
 struct Progress {
   int64_t step = 0;
   int64_t total_steps = 0;
@@ -138,6 +159,8 @@ struct Progress {
   // Once the run ended: rank 0's serialized v1::RunReport (the planner's prediction beside what
   // was measured); empty before. Opaque to the coordinator.
   std::string run_report;
+  // The MoE layers' routing as the newest report that carried it had it; empty for a dense model.
+  std::vector<MoeLayerProgress> moe;
 };
 
 // The newest failure of a job's attempts: how it was classified and whom it blamed.

@@ -446,6 +446,9 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   ProgressReporter reporter(
       channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock(),
       absl::Milliseconds(500), absl::Minutes(10), &drain, &checkpoint_order);
+  if (const config::MoeConfig& moe = spec.model.moe; moe.enabled()) {
+    reporter.SetMoe(moe.has_bias() ? v1::MOE_BALANCE_BIAS : v1::MOE_BALANCE_AUX_LOSS, moe.top_k);
+  }
   TrainOptions train;
   train.fs = files.checkpoints;
   train.data_fs = files.data;

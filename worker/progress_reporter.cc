@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/moe_load.h"
 #include "worker/grpc_kv_store.h"
 
 namespace trainyard::worker {
@@ -79,6 +80,57 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
   return std::make_unique<GrpcProgressChannel<v1::ProgressRelay::StubInterface>>(std::move(stub));
 }
 
+MoeProgressWindow::MoeProgressWindow(v1::MoeBalance balance, int top_k)
+    : balance_(balance), top_k_(std::max(top_k, 1)) {}
+
+void MoeProgressWindow::Add(const std::vector<MoeLayerReport>& step) {
+  if (layers_.size() != step.size()) layers_.assign(step.size(), Layer{});
+  for (size_t i = 0; i < step.size(); ++i) {
+    const MoeLayerReport& report = step[i];
+    Layer& layer = layers_[i];
+    if (layer.layer != report.layer || layer.picks.size() != report.tokens_per_expert.size()) {
+      layer = Layer{report.layer, std::vector<int64_t>(report.tokens_per_expert.size())};
+    }
+    for (size_t e = 0; e < layer.picks.size(); ++e) layer.picks[e] += report.tokens_per_expert[e];
+    ++layer.steps;
+    layer.dropped += report.dropped;
+    layer.dropped_total += report.dropped;
+    layer.aux_loss += report.aux_loss;
+    layer.bias_spread = report.bias_spread;
+  }
+}
+
+std::vector<v1::MoeLayerProgress> MoeProgressWindow::Take() {
+  std::vector<v1::MoeLayerProgress> taken;
+  for (Layer& layer : layers_) {
+    if (layer.steps == 0) continue;
+    int64_t picks = 0;
+    for (const int64_t p : layer.picks) picks += p;
+    const int64_t tokens = picks / top_k_;  // every token picks top_k experts
+    const ExpertLoad load = SummarizeExpertLoad(layer.picks, tokens);
+    v1::MoeLayerProgress& out = taken.emplace_back();
+    out.set_layer(layer.layer);
+    out.set_steps(layer.steps);
+    for (const int64_t p : layer.picks) out.add_tokens_per_expert(p);
+    out.set_tokens(tokens);
+    out.set_tokens_min(load.min);
+    out.set_tokens_max(load.max);
+    out.set_tokens_cv(load.cv);
+    out.set_tokens_max_share(load.max_share);
+    out.set_dead_experts(load.dead);
+    out.set_dropped(layer.dropped);
+    out.set_dropped_total(layer.dropped_total);
+    out.set_balance(balance_);
+    out.set_aux_loss(layer.aux_loss / static_cast<double>(layer.steps));
+    out.set_bias_spread(layer.bias_spread);
+    std::fill(layer.picks.begin(), layer.picks.end(), 0);
+    layer.steps = 0;
+    layer.dropped = 0;
+    layer.aux_loss = 0;
+  }
+  return taken;
+}
+
 ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity identity, Clock* clock,
                                    absl::Duration min_interval, absl::Duration orphan_timeout,
                                    std::atomic<bool>* drain, std::atomic<int64_t>* checkpoint_order)
@@ -93,6 +145,10 @@ ProgressReporter::ProgressReporter(ProgressChannel* channel, WorkerIdentity iden
 void ProgressReporter::AddCheckpoint(const v1::Checkpoint& checkpoint) {
   pending_checkpoints_.push_back(checkpoint);
   if (checkpoint.state() == v1::CHECKPOINT_STATE_COMMITTED) last_committed_ = checkpoint;
+}
+
+void ProgressReporter::SetMoe(v1::MoeBalance balance, int top_k) {
+  moe_ = MoeProgressWindow(balance, top_k);
 }
 
 void ProgressReporter::SetResumed(const v1::Resumed& resumed) { resumed_ = resumed; }
@@ -133,6 +189,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
       std::max(max_step_seconds_, std::max(step.step_seconds, step.iteration_seconds));
   tokens_ += step.tokens_per_second * step.step_seconds;
   if (step.val_loss) val_loss_ = step.val_loss;
+  moe_.Add(step.moe);
   const int64_t now = clock_->NowNanosMonotonic();
   const int64_t since_last = last_report_nanos_ ? now - *last_report_nanos_ : INT64_MAX;
   const bool due = unreachable_since_nanos_
@@ -164,6 +221,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     report.set_has_val_loss(true);
     report.set_val_loss(*val_loss_);
   }
+  for (v1::MoeLayerProgress& layer : moe_.Take()) *report.add_moe() = std::move(layer);
   for (const v1::Checkpoint& c : pending_checkpoints_) *report.add_checkpoints() = c;
   if (resumed_) *report.mutable_resumed() = *resumed_;
   if (!last_committed_.path().empty()) *report.mutable_last_checkpoint() = last_committed_;

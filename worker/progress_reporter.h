@@ -1,7 +1,7 @@
 // ProgressReporter: a coordinated worker's TrainOptions::on_step. It sends WorkerService
 // ReportProgress at most every `min_interval` (and always on the last step and on steps that
-// evaluated), with the step times averaged over the steps since the previous report, and obeys
-// the order in the reply.
+// evaluated), with the step times averaged and the MoE layers' routing summed over the steps
+// since the previous report, and obeys the order in the reply.
 //
 // Checkpoint saves that ended (AddCheckpoint) make the next step's report due and ride along in
 // every report until one is answered. ORDER_CHECKPOINT stores its step in `checkpoint_order`
@@ -66,6 +66,36 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
 std::unique_ptr<ProgressChannel> MakeFallbackProgressChannel(
     std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator);
 
+// The MoE layers' routing (StepReport::moe) summed over the steps since the last Take: what a
+// progress report carries of each layer (v1::MoeLayerProgress), its derived figures computed by
+// SummarizeExpertLoad (common/moe_load.h).
+class MoeProgressWindow {
+ public:
+  // `balance` and `top_k` as the job's spec has them (model.moe): top_k turns picks into the
+  // tokens a layer routed.
+  explicit MoeProgressWindow(
+      trainyard::v1::MoeBalance balance = trainyard::v1::MOE_BALANCE_UNSPECIFIED, int top_k = 1);
+
+  void Add(const std::vector<MoeLayerReport>& step);
+  // Every layer a step added since the last Take (none for a dense model), in the order the
+  // steps listed them; then the window starts again (dropped_total goes on counting).
+  std::vector<trainyard::v1::MoeLayerProgress> Take();
+
+ private:
+  struct Layer {
+    int layer = 0;
+    std::vector<int64_t> picks;  // per expert, over the window
+    int64_t steps = 0;
+    int64_t dropped = 0;
+    int64_t dropped_total = 0;  // since the first step added
+    double aux_loss = 0;        // Σ over the window's steps
+    double bias_spread = 0;     // the latest step's
+  };
+  trainyard::v1::MoeBalance balance_;
+  int top_k_;
+  std::vector<Layer> layers_;
+};
+
 struct WorkerIdentity {
   std::string job_id;
   int attempt_id = 0;
@@ -82,6 +112,9 @@ class ProgressReporter {
                    std::atomic<int64_t>* checkpoint_order = nullptr);
 
   [[nodiscard]] absl::Status OnStep(const StepReport& step);
+  // An MoE job's balance rule and top_k (model.moe), which its reports' MoE figures need; call
+  // it before the first step.
+  void SetMoe(trainyard::v1::MoeBalance balance, int top_k);
   // A checkpoint save that ended, to report with the next step.
   void AddCheckpoint(const trainyard::v1::Checkpoint& checkpoint);
   // Where the attempt started from; it rides along until a report is answered.
@@ -113,6 +146,7 @@ class ProgressReporter {
   double max_step_seconds_ = 0;
   double tokens_ = 0;
   std::optional<double> val_loss_;
+  MoeProgressWindow moe_;
   int64_t reports_sent_ = 0;
   std::atomic<bool>* drain_;
   std::atomic<int64_t>* checkpoint_order_;

@@ -1,9 +1,11 @@
 #include "server/agent/progress_relay.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/moe_load.h"
 
 namespace trainyard::server::agent {
 namespace {
@@ -18,6 +20,45 @@ bool SameSecret(const std::string& a, const std::string& b) {
 
 bool SameCheckpoint(const v1::Checkpoint& a, const v1::Checkpoint& b) {
   return a.path() == b.path() && a.state() == b.state() && a.step() == b.step();
+}
+
+// `newer`'s MoE layers over both windows, as if one report had covered them: picks, tokens,
+// drops and steps summed, the aux loss averaged over all the steps, the derived figures
+// recomputed; the bias spread and the running drop count are the newer's. A layer `older` lacks
+// (or has with other experts) stays as it is.
+void MergeMoeWindows(const v1::ProgressReport& older, v1::ProgressReport* newer) {
+  if (newer->moe_size() == 0) {
+    *newer->mutable_moe() = older.moe();
+    return;
+  }
+  for (v1::MoeLayerProgress& layer : *newer->mutable_moe()) {
+    const auto before = std::find_if(
+        older.moe().begin(), older.moe().end(), [&layer](const v1::MoeLayerProgress& o) {
+          return o.layer() == layer.layer() &&
+                 o.tokens_per_expert_size() == layer.tokens_per_expert_size();
+        });
+    if (before == older.moe().end()) continue;
+    for (int e = 0; e < layer.tokens_per_expert_size(); ++e) {
+      layer.set_tokens_per_expert(e, layer.tokens_per_expert(e) + before->tokens_per_expert(e));
+    }
+    const int64_t steps = layer.steps() + before->steps();
+    if (steps > 0) {
+      layer.set_aux_loss((layer.aux_loss() * static_cast<double>(layer.steps()) +
+                          before->aux_loss() * static_cast<double>(before->steps())) /
+                         static_cast<double>(steps));
+    }
+    layer.set_steps(steps);
+    layer.set_tokens(layer.tokens() + before->tokens());
+    layer.set_dropped(layer.dropped() + before->dropped());
+    const ExpertLoad load = SummarizeExpertLoad(
+        std::span<const int64_t>(layer.tokens_per_expert().data(), layer.tokens_per_expert_size()),
+        layer.tokens());
+    layer.set_tokens_min(load.min);
+    layer.set_tokens_max(load.max);
+    layer.set_tokens_cv(load.cv);
+    layer.set_tokens_max_share(load.max_share);
+    layer.set_dead_experts(load.dead);
+  }
 }
 
 }  // namespace
@@ -157,6 +198,7 @@ void ProgressRelay::Merge(v1::ProgressReport* older, const v1::ProgressReport& n
     *merged.mutable_last_checkpoint() = older->last_checkpoint();
   }
   merged.set_max_step_ms(std::max(older->max_step_ms(), newer.max_step_ms()));
+  MergeMoeWindows(*older, &merged);
   *older = std::move(merged);
 }
 

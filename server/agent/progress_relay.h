@@ -16,8 +16,10 @@
 // When the agent's stream breaks, the waiting calls are answered UNAVAILABLE, and the batches
 // sent but not answered go back to the waiting reports and are sent again after the agent
 // reconnects (the coordinator treats a repeated checkpoint or resume as a no-op). Reports of a
-// rank not yet sent merge: the newest wins, the slowest step is the slowest of both, and
-// checkpoints, the resume, the run report and a validation loss carry over.
+// rank not yet sent merge: the newest wins, the slowest step is the slowest of both, the MoE
+// layers' routing adds up over both reports' steps, and checkpoints, the resume, the run report
+// and a validation loss carry over. (A batch the coordinator did take, whose answer the broken
+// stream lost, is sent again: its MoE routing then counts twice in that one report's window.)
 //
 // Authentication: the relay admits the attempt secrets of the StartWorker orders the agent got;
 // a report must present its own attempt's secret (an attempt started without one admits reports

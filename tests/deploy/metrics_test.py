@@ -3,12 +3,12 @@
 
 1. `promtool check config`, `check rules` and `test rules` (deploy/prometheus/rules_test.yml).
 2. Starts a coordinator (the embedded default: loopback, a local agent) in a temp directory,
-   runs a checkpointing job to the end, and scrapes /metrics: every metric the rules and the
-   dashboard query must be one it exports.
+   runs a checkpointing job and a tiny mixture-of-experts job to the end, and scrapes /metrics:
+   every metric the rules and the dashboard query must be one it exports.
 3. Starts a real Prometheus that scrapes that coordinator with deploy/prometheus/rules.yml, and
    runs every dashboard query and every rule through its query API: each must evaluate, the
-   rules must load healthy, and the panels about jobs, training, checkpoints and nodes must
-   return data.
+   rules must load healthy, and the panels about jobs, training, checkpoints, nodes and MoE
+   routing must return data.
 Every process is stopped by its pid at the end, also on failure. Skips (77) without promtool or
 prometheus.
 
@@ -172,11 +172,24 @@ def main():
         with open(spec, "w") as f:
             f.write(open(os.path.join(SRC, "config", "examples", "tiny.yaml")).read())
             f.write(f"checkpoint: {{dir: {tmp}/ckpt, every_steps: 100}}\n")
-        r = subprocess.run([CLI, "submit", spec, "--watch"], env=env, capture_output=True,
-                           text=True, timeout=300)
-        if r.returncode != 0:
-            raise AssertionError(f"the job did not succeed:\n{r.stdout[-2000:]}{r.stderr}")
+        moe_spec = os.path.join(tmp, "moe.yaml")
+        with open(moe_spec, "w") as f:
+            f.write("name: tiny-moe\n"
+                    "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2}}\n"
+                    "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, "
+                    "val_tokens: 2000}}\n"
+                    "training: {steps: 20, batch: 4, seq_len: 16, eval_every: 0, log_every: 10, "
+                    "threads: 1}\n")
+        for job_spec in (spec, moe_spec):
+            r = subprocess.run([CLI, "submit", job_spec, "--watch"], env=env, capture_output=True,
+                               text=True, timeout=300)
+            if r.returncode != 0:
+                raise AssertionError(f"the job did not succeed:\n{r.stdout[-2000:]}{r.stderr}")
         text = http_get(f"http://{metrics_addr}/metrics")
+        if not re.search(r'^trainyard_moe_expert_tokens_max_share\{.*job_name="tiny-moe".*'
+                         r'layer="1"\} ', text, re.M):
+            raise AssertionError("no trainyard_moe_expert_tokens_max_share series of the MoE "
+                                 "job's layer 1")
         families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
         missing = []
         for where, expr in exprs:
@@ -241,7 +254,9 @@ def main():
             raise AssertionError("queries Prometheus refused:\n  " + "\n  ".join(problems))
         must_have_data = {"Jobs by state", "Loss", "Tokens per second", "Step time by phase",
                           "Goodput", "Checkpoint interval and steps since the last",
-                          "Heartbeat age", "Coordinator up", "variable job"}
+                          "Heartbeat age", "Coordinator up", "variable job",
+                          "Expert load CV by MoE layer", "Busiest expert's share by MoE layer",
+                          "Dead experts and dropped tokens by MoE layer"}
         empty = sorted(must_have_data - with_data)
         if empty:
             raise AssertionError(f"panels without data from a live coordinator: {empty}")

@@ -106,6 +106,50 @@ TEST(ControlPlaneJobsTest, TwoRankJobMatchesTheStandaloneRun) {
   EXPECT_EQ(coordinated_loss, FinalLossOf(standalone.out));
 }
 
+// An MoE job's routing travels from both ranks' reports, through the agent's relay and the
+// coordinator, to `trainyard status`; the done line adds the run's worst layer.
+TEST(ControlPlaneJobsTest, MoeJobsRoutingReachesStatus) {
+  ControlPlane cp("cp_moe");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string spec = cp.WriteSpec(
+      "moe.yaml", TinySpec({.name = "moe",
+                            .ranks_per_node = 2,
+                            .steps = 8,
+                            .model = "{preset: gpt2-debug, moe: {experts: 4, top_k: 2}}"}));
+  const ProcessResult submitted = cp.Cli({"submit", spec, "--watch"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
+  const std::string job_id = submitted.out.substr(0, submitted.out.find('\n'));
+
+  const v1::Progress progress = cp.Status(job_id).job().progress();
+  EXPECT_EQ(progress.step(), 8);
+  ASSERT_EQ(progress.moe_size(), 2) << "gpt2-debug's two blocks are both MoE blocks";
+  for (int i = 0; i < 2; ++i) {
+    const v1::MoeLayerProgress& layer = progress.moe(i);
+    SCOPED_TRACE(layer.DebugString());
+    EXPECT_EQ(layer.layer(), i);
+    ASSERT_EQ(layer.tokens_per_expert_size(), 4);
+    ASSERT_GE(layer.steps(), 1);
+    // Both ranks' tokens: 2 ranks × 4 sequences × 16 tokens a step, each picking 2 experts.
+    EXPECT_EQ(layer.tokens(), 128 * layer.steps());
+    int64_t picks = 0;
+    for (const int64_t p : layer.tokens_per_expert()) picks += p;
+    EXPECT_EQ(picks, 2 * layer.tokens());
+    EXPECT_GE(layer.tokens_max_share(), 0.5);  // top_k / experts at best
+    EXPECT_LE(layer.tokens_max_share(), 1.0);
+    EXPECT_GE(layer.tokens_cv(), 0.0);
+    EXPECT_EQ(layer.balance(), v1::MOE_BALANCE_AUX_LOSS);
+    EXPECT_GT(layer.aux_loss(), 0.0);
+    EXPECT_EQ(layer.dropped_total(), 0) << "dropless";
+  }
+  const ProcessResult status = cp.Cli({"status", job_id});
+  EXPECT_EQ(status.exit_code, 0);
+  EXPECT_THAT(status.out, HasSubstr("moe routing (tokens per expert over the last "));
+  EXPECT_THAT(status.out, HasSubstr("aux loss "));
+  const std::string log = cp.Cli({"logs", job_id, "--rank", "0"}).out;
+  EXPECT_THAT(log, HasSubstr("moe max expert share "));
+  EXPECT_FALSE(FinalLossOf(log).empty()) << "the exact final loss stays the done line's last";
+}
+
 TEST(ControlPlaneJobsTest, FourRanksSpanTwoAgents) {
   ControlPlane cp("cp_four_rank");
   cp.StartServer();

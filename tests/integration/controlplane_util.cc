@@ -56,7 +56,7 @@ std::string TinySpec(const TinyJob& job) {
           ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
           : job.data;
   std::string spec = absl::StrCat(
-      "name: ", job.name, "\nmodel: {preset: gpt2-debug}\ndata: ", data,
+      "name: ", job.name, "\nmodel: ", job.model, "\ndata: ", data,
       "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
       ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n", "parallelism: {dp: ", world,
       "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,

@@ -43,11 +43,12 @@ struct TinyJob {
   std::string checkpoint;       // a `checkpoint:` mapping; empty: the job does not checkpoint
   std::string fault_tolerance;  // more `fault_tolerance:` entries ("hang_floor_s: 2, ...")
   int batch_per_rank = 4;
+  std::string model = "{preset: gpt2-debug}";  // the `model:` mapping
 };
 
-// A valid spec for the debug GPT-2: nodes x ranks_per_node data-parallel CPU ranks, one thread
-// each, a batch of 4 sequences of 16 tokens per rank; a checkpoint section when job.checkpoint is
-// given.
+// A valid spec for the debug GPT-2 (or job.model): nodes x ranks_per_node data-parallel CPU
+// ranks, one thread each, a batch of 4 sequences of 16 tokens per rank; a checkpoint section when
+// job.checkpoint is given.
 std::string TinySpec(const TinyJob& job);
 
 // The exact final loss ("exact final loss 0x1.4p+0") of a rank-0 log; NaN when absent.

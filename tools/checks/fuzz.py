@@ -31,7 +31,8 @@ def target_sources(src, build):
     return {
         "spec_fuzzer": [os.path.join(src, "tests", "fuzz", "spec_fuzzer.cc"), *config, *common],
         "request_fuzzer": [os.path.join(src, "tests", "fuzz", "request_fuzzer.cc"), *config,
-                           *common, os.path.join(src, "server", "convert.cc"),
+                           *common, os.path.join(src, "common", "moe_load.cc"),
+                           os.path.join(src, "server", "convert.cc"),
                            os.path.join(src, "server", "types.cc"),
                            os.path.join(build, "proto", "trainyard.pb.cc")],
     }

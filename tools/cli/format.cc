@@ -119,6 +119,41 @@ void AppendHealthRows(const v1::Job& job, int64_t now_ms,
   }
 }
 
+// The balancing rule's figure of an MoE layer: its aux loss or its selection bias's spread (both
+// when the report did not say which rule the job uses).
+std::string MoeBalanceText(const v1::MoeLayerProgress& layer) {
+  const std::string aux = absl::StrFormat("aux loss %.4g", layer.aux_loss());
+  const std::string bias = absl::StrFormat("bias spread %.4g", layer.bias_spread());
+  switch (layer.balance()) {
+    case v1::MOE_BALANCE_AUX_LOSS:
+      return aux;
+    case v1::MOE_BALANCE_BIAS:
+      return bias;
+    default:
+      return absl::StrCat(aux, ", ", bias);
+  }
+}
+
+// An MoE job's routing, one row per MoE layer, over the steps of the newest report that carried
+// it; nothing for a dense job.
+void AppendMoeRouting(const v1::Progress& p, std::string* text) {
+  if (p.moe_size() == 0) return;
+  absl::StrAppend(text, "moe routing (tokens per expert over the last ", p.moe(0).steps(),
+                  p.moe(0).steps() == 1 ? " step" : " steps", "):\n");
+  std::vector<std::vector<std::string>> rows = {
+      {"LAYER", "MIN", "MAX", "CV", "MAX SHARE", "DEAD", "DROPPED", "BALANCE"}};
+  for (const v1::MoeLayerProgress& layer : p.moe()) {
+    rows.push_back({absl::StrCat(layer.layer()), FormatCount(layer.tokens_min()),
+                    FormatCount(layer.tokens_max()), absl::StrFormat("%.3f", layer.tokens_cv()),
+                    absl::StrFormat("%.3f", layer.tokens_max_share()),
+                    absl::StrCat(layer.dead_experts(), "/", layer.tokens_per_expert_size()),
+                    FormatCount(layer.dropped()), MoeBalanceText(layer)});
+  }
+  for (absl::string_view line : absl::StrSplit(Table(rows), '\n', absl::SkipEmpty())) {
+    absl::StrAppend(text, "  ", line, "\n");
+  }
+}
+
 void AppendFailures(const v1::GetJobReply& reply, std::string* text) {
   bool header = false;
   for (int a = reply.attempts_size() - 1; a >= 0; --a) {
@@ -374,6 +409,7 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
   for (absl::string_view line : absl::StrSplit(Table(rows), '\n', absl::SkipEmpty())) {
     absl::StrAppend(&text, "  ", line, "\n");
   }
+  AppendMoeRouting(p, &text);
   AppendFailures(reply, &text);
   if (p.has_run_report()) {
     absl::StrAppend(&text, planner::ComparisonText(planner::FromProto(p.run_report())));

@@ -47,7 +47,7 @@ std::string OutcomeLine(const v1::Job& job);
 // `trainyard list`: one row per job under a header.
 std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms);
 // `trainyard status`: the job, its attempts, progress, checkpoint policy and newest committed
-// checkpoint, the failures with their last log lines, events.
+// checkpoint, an MoE job's routing per MoE layer, the failures with their last log lines, events.
 std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms);
 // `trainyard nodes`.
 std::string NodeTable(const std::vector<v1::Node>& nodes);

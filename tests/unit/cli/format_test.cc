@@ -216,6 +216,46 @@ TEST(FormatTest, QueuedJobsSayWhyTheyWait) {
   EXPECT_THAT(WatchLine(job, {}, 0), HasSubstr("QUEUED | it cannot be placed"));
 }
 
+// An MoE job's status has one row per MoE layer, with its balancing rule's figure; a dense job
+// has none.
+TEST(FormatTest, ReportShowsAnMoeJobsRoutingPerLayer) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  EXPECT_THAT(JobReport(reply, 0), Not(HasSubstr("moe routing")));
+  v1::Progress* p = reply.mutable_job()->mutable_progress();
+  v1::MoeLayerProgress* aux = p->add_moe();
+  aux->set_layer(1);
+  aux->set_steps(5);
+  for (int64_t picks : {3000, 12500, 0, 4500}) aux->add_tokens_per_expert(picks);
+  aux->set_tokens_min(0);
+  aux->set_tokens_max(12500);
+  aux->set_tokens_cv(0.9354);
+  aux->set_tokens_max_share(0.625);
+  aux->set_dead_experts(1);
+  aux->set_dropped(17);
+  aux->set_balance(v1::MOE_BALANCE_AUX_LOSS);
+  aux->set_aux_loss(0.01234);
+  v1::MoeLayerProgress* bias = p->add_moe();
+  bias->set_layer(3);
+  bias->set_steps(5);
+  for (int64_t picks : {5000, 5000, 5000, 5000}) bias->add_tokens_per_expert(picks);
+  bias->set_tokens_min(5000);
+  bias->set_tokens_max(5000);
+  bias->set_tokens_max_share(0.25);
+  bias->set_balance(v1::MOE_BALANCE_BIAS);
+  bias->set_bias_spread(0.004);
+  const std::string report = JobReport(reply, 0);
+  EXPECT_THAT(report,
+              HasSubstr("moe routing (tokens per expert over the last 5 steps):\n"
+                        "  LAYER  MIN   MAX    CV     MAX SHARE  DEAD  DROPPED  BALANCE\n"
+                        "  1      0     12.5k  0.935  0.625      1/4   17       aux loss "
+                        "0.01234\n"
+                        "  3      5.0k  5.0k   0.000  0.250      0/4   0        bias spread "
+                        "0.004\n"));
+  bias->set_balance(v1::MOE_BALANCE_UNSPECIFIED);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("aux loss 0, bias spread 0.004"));
+}
+
 // Ranks that ended on the coordinator's stop order (here a cancel) are not failures.
 TEST(FormatTest, ACancelledJobListsNoFailures) {
   v1::GetJobReply reply;

@@ -470,7 +470,78 @@ TEST(JobStoreTest, SchemaSixDatabaseIsMigratedForContextParallelism) {
   ASSERT_TRUE(version.ok());
   auto row = (*version)->Step();
   ASSERT_TRUE(row.ok() && *row);
-  EXPECT_EQ((*version)->Text(0), "7");
+  EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
+}
+
+std::vector<MoeLayerProgress> TwoMoeLayers() {
+  MoeLayerProgress aux{1, 3, {15, 15, 18, 0}, 24, 5, 6, MoeBalance::kAuxLoss, 0.1 + 0.2, 0};
+  MoeLayerProgress bias{3, 3, {12, 12, 12, 12}, 24, 0, 0, MoeBalance::kBias, 0, 1.0 / 3.0};
+  return {aux, bias};
+}
+
+// The MoE routing is progress: written with the soft state, read back exactly (the reals too).
+TEST(JobStoreTest, MoeRoutingSurvivesReopen) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(11);
+  JobRecord dense = MakeJob(12);
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreBatch batch;
+    batch.new_jobs = {&job, &dense};
+    ASSERT_TRUE((*store)->Commit(batch).ok());
+    job.progress.step = 9;
+    job.progress.moe = TwoMoeLayers();
+    SoftStateBatch soft;
+    soft.progress.emplace_back(job.id, job.progress);
+    ASSERT_TRUE((*store)->CommitSoftState(soft).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 2u);
+  EXPECT_EQ(state->jobs[0].progress.step, 9);
+  EXPECT_EQ(state->jobs[0].progress.moe, TwoMoeLayers());
+  EXPECT_TRUE(state->jobs[1].progress.moe.empty());
+
+  // And with the job's other columns (a transition stores the whole progress).
+  job.progress.moe.pop_back();
+  StoreBatch update;
+  update.updated_jobs.push_back(&job);
+  ASSERT_TRUE((*store)->Commit(update).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs[0].progress.moe.size(), 1u);
+  EXPECT_EQ(state->jobs[0].progress.moe[0], TwoMoeLayers()[0]);
+}
+
+// Schema 7 had no MoE routing: its jobs load without any, and progress stored after the migration
+// keeps it.
+TEST(JobStoreTest, SchemaSevenDatabaseIsMigratedForMoeRouting) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  ASSERT_NO_FATAL_FAILURE(StoreThenDowngrade(
+      path, job, attempt,
+      "ALTER TABLE jobs DROP COLUMN moe; UPDATE meta SET value='7' WHERE key='schema_version'"));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_TRUE(state->jobs[0].progress.moe.empty());
+  EXPECT_EQ(state->jobs[0].requirements.mesh.cp, 2);
+
+  job.progress.moe = TwoMoeLayers();
+  SoftStateBatch soft;
+  soft.progress.emplace_back(job.id, job.progress);
+  ASSERT_TRUE((*store)->CommitSoftState(soft).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->jobs[0].progress.moe, TwoMoeLayers());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // answered, what survives a broken stream, and who may report.
 #include "server/agent/progress_relay.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,6 +152,61 @@ TEST_F(ProgressRelayTest, ABrokenStreamAnswersUnavailableAndSendsTheReportsAgain
   ASSERT_EQ(merged.checkpoints_size(), 2) << merged.DebugString();
   EXPECT_EQ(merged.checkpoints(0).path(), "/ck/step-10");
   EXPECT_EQ(merged.checkpoints(1).path(), "/ck/step-12");
+}
+
+// One MoE layer's window: `picks` over `steps` steps (top_k 1), derived figures left out.
+v1::MoeLayerProgress MoeWindow(int layer, std::vector<int64_t> picks, int64_t steps,
+                               int64_t dropped, double aux_loss) {
+  v1::MoeLayerProgress window;
+  window.set_layer(layer);
+  window.set_steps(steps);
+  int64_t tokens = 0;
+  for (int64_t p : picks) {
+    window.add_tokens_per_expert(p);
+    tokens += p;
+  }
+  window.set_tokens(tokens);
+  window.set_dropped(dropped);
+  window.set_aux_loss(aux_loss);
+  return window;
+}
+
+TEST_F(ProgressRelayTest, MergedReportsAddUpTheirMoeWindows) {
+  relay_.SetConnected(false);
+  Call a, b;
+  v1::ProgressReport older = ReportOf("job-b", 1, 0, 10);
+  *older.add_moe() = MoeWindow(1, {6, 0, 2}, 1, 3, 0.4);
+  older.mutable_moe(0)->set_dropped_total(3);
+  *older.add_moe() = MoeWindow(3, {2, 2, 4}, 1, 0, 0.1);
+  relay_.Report(older, "secret-b1", a.Callback());
+  v1::ProgressReport newer = ReportOf("job-b", 1, 0, 13);
+  *newer.add_moe() = MoeWindow(1, {6, 0, 10}, 3, 1, 0.2);
+  newer.mutable_moe(0)->set_dropped_total(4);
+  newer.mutable_moe(0)->set_bias_spread(0.5);
+  relay_.Report(newer, "secret-b1", b.Callback());
+  EXPECT_EQ(relay_.pending(), 1);
+
+  relay_.SetConnected(true);
+  std::optional<v1::ProgressBatch> batch = relay_.TakeBatch(/*force=*/true);
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->reports_size(), 1);
+  const v1::ProgressReport& merged = batch->reports(0);
+  ASSERT_EQ(merged.moe_size(), 1) << "the newest report's layers";
+  const v1::MoeLayerProgress& layer = merged.moe(0);
+  EXPECT_EQ(layer.steps(), 4);
+  EXPECT_EQ(
+      std::vector<int64_t>(layer.tokens_per_expert().begin(), layer.tokens_per_expert().end()),
+      (std::vector<int64_t>{12, 0, 12}));
+  EXPECT_EQ(layer.tokens(), 24);
+  EXPECT_EQ(layer.tokens_min(), 0);
+  EXPECT_EQ(layer.tokens_max(), 12);
+  EXPECT_DOUBLE_EQ(layer.tokens_max_share(), 0.5);
+  EXPECT_NEAR(layer.tokens_cv(), std::sqrt(2.0) / 2.0, 1e-12);  // mean 8, deviations 4, -8, 4
+  EXPECT_EQ(layer.dead_experts(), 1) << "expert 1 had no pick in either window";
+  EXPECT_EQ(layer.dropped(), 4);
+  EXPECT_EQ(layer.dropped_total(), 4) << "the newer's running count";
+  EXPECT_DOUBLE_EQ(layer.aux_loss(), (0.4 + 3 * 0.2) / 4);
+  EXPECT_DOUBLE_EQ(layer.bias_spread(), 0.5);
 }
 
 TEST_F(ProgressRelayTest, OnlyTheAttemptsOwnSecretMayReport) {

@@ -1,6 +1,7 @@
 #include "worker/progress_reporter.h"
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -275,6 +276,91 @@ TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
 // A worker whose agent died (its relay refuses connections), lost the coordinator or forgot the
 // attempt still hears from the coordinator directly, e.g. that its attempt ended; what the relay
 // relays stands.
+// Two MoE layers (blocks 1 and 3) of 4 experts, top_k 2: 8 tokens, 16 picks a step.
+StepReport MoeStep(int64_t step, std::vector<int64_t> layer1, int64_t dropped, double aux_loss) {
+  StepReport report = Step(step);
+  report.moe.push_back({1, std::move(layer1), dropped, aux_loss, 0.0});
+  report.moe.push_back({3, {4, 4, 4, 4}, 0, 0.5, 0.0});
+  return report;
+}
+
+TEST_F(ProgressReporterTest, MoeRoutingIsSummedOverTheReportsWindow) {
+  reporter_.SetMoe(v1::MOE_BALANCE_AUX_LOSS, 2);
+  ASSERT_TRUE(reporter_.OnStep(MoeStep(1, {8, 8, 0, 0}, 1, 0.25)).ok());
+  ASSERT_EQ(channel_.reports.size(), 1u);
+  ASSERT_EQ(channel_.reports[0].moe_size(), 2);
+  // One step: expert 0 and 1 took every token (both top-2 picks), 2 and 3 none.
+  const v1::MoeLayerProgress& first = channel_.reports[0].moe(0);
+  EXPECT_EQ(first.layer(), 1);
+  EXPECT_EQ(first.steps(), 1);
+  EXPECT_EQ(first.tokens(), 8);
+  EXPECT_DOUBLE_EQ(first.tokens_max_share(), 1.0) << "a collapsed top-2 router";
+  EXPECT_EQ(first.dead_experts(), 2);
+  EXPECT_DOUBLE_EQ(first.tokens_cv(), 1.0);  // mean 4, deviations ±4
+
+  // Three steps in the next window: the picks add up, expert 3 is never picked.
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(reporter_.OnStep(MoeStep(2, {6, 6, 4, 0}, 2, 0.25)).ok());
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(reporter_.OnStep(MoeStep(3, {4, 4, 8, 0}, 0, 0.5)).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(reporter_.OnStep(MoeStep(4, {5, 5, 6, 0}, 3, 0.75)).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  ASSERT_EQ(channel_.reports[1].moe_size(), 2);
+  const v1::MoeLayerProgress& window = channel_.reports[1].moe(0);
+  EXPECT_EQ(window.layer(), 1);
+  EXPECT_EQ(window.steps(), 3);
+  EXPECT_EQ(
+      std::vector<int64_t>(window.tokens_per_expert().begin(), window.tokens_per_expert().end()),
+      (std::vector<int64_t>{15, 15, 18, 0}));
+  EXPECT_EQ(window.tokens(), 24);  // 48 picks, 2 per token
+  EXPECT_EQ(window.tokens_min(), 0);
+  EXPECT_EQ(window.tokens_max(), 18);
+  EXPECT_DOUBLE_EQ(window.tokens_max_share(), 18.0 / 24.0);
+  // Mean 12; deviations 3, 3, 6, -12: variance (9 + 9 + 36 + 144) / 4 = 49.5.
+  EXPECT_NEAR(window.tokens_cv(), std::sqrt(49.5) / 12.0, 1e-12);
+  EXPECT_EQ(window.dead_experts(), 1);
+  EXPECT_EQ(window.dropped(), 5);
+  EXPECT_EQ(window.dropped_total(), 6) << "the first window's drop counts too";
+  EXPECT_DOUBLE_EQ(window.aux_loss(), 0.5);  // the mean of 0.25, 0.5 and 0.75
+  EXPECT_EQ(window.balance(), v1::MOE_BALANCE_AUX_LOSS);
+  const v1::MoeLayerProgress& even = channel_.reports[1].moe(1);
+  EXPECT_EQ(even.layer(), 3);
+  EXPECT_DOUBLE_EQ(even.tokens_cv(), 0.0);
+  EXPECT_DOUBLE_EQ(even.tokens_max_share(), 0.5) << "top_k / experts when even";
+  EXPECT_EQ(even.dead_experts(), 0);
+}
+
+TEST_F(ProgressReporterTest, MoeBiasRuleReportsTheLatestSpread) {
+  reporter_.SetMoe(v1::MOE_BALANCE_BIAS, 1);
+  StepReport first = Step(1);
+  first.moe.push_back({0, {3, 1}, 0, 0.0, 0.0});
+  ASSERT_TRUE(reporter_.OnStep(first).ok());
+  clock_.Advance(absl::Milliseconds(300));
+  StepReport second = Step(2);
+  second.moe.push_back({0, {2, 2}, 0, 0.0, 0.002});
+  ASSERT_TRUE(reporter_.OnStep(second).ok());
+  clock_.Advance(absl::Milliseconds(300));
+  StepReport third = Step(3);
+  third.moe.push_back({0, {1, 3}, 0, 0.0, 0.001});
+  ASSERT_TRUE(reporter_.OnStep(third).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  const v1::MoeLayerProgress& layer = channel_.reports[1].moe(0);
+  EXPECT_EQ(layer.balance(), v1::MOE_BALANCE_BIAS);
+  EXPECT_DOUBLE_EQ(layer.bias_spread(), 0.001) << "the latest step's, not the window's largest";
+  EXPECT_EQ(layer.tokens(), 8);  // top_k 1: one pick per token
+  EXPECT_DOUBLE_EQ(layer.tokens_max_share(), 5.0 / 8.0);
+  EXPECT_DOUBLE_EQ(layer.aux_loss(), 0.0);
+}
+
+TEST_F(ProgressReporterTest, DenseModelsReportNoMoeRouting) {
+  ASSERT_TRUE(reporter_.OnStep(Step(1)).ok());
+  ASSERT_TRUE(reporter_.OnStep(Step(100)).ok());
+  ASSERT_EQ(channel_.reports.size(), 2u);
+  EXPECT_EQ(channel_.reports[0].moe_size(), 0);
+  EXPECT_EQ(channel_.reports[1].moe_size(), 0);
+}
+
 TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
   auto relay_owned = std::make_unique<FakeProgressChannel>();
   auto direct_owned = std::make_unique<FakeProgressChannel>();
