@@ -151,8 +151,8 @@ class Model {
     int64_t tokens = 0;
     double bias_spread = 0;  // max − min of the selection bias it last routed with
     // Expert parallelism's all-to-alls of the layer (forward, backward and recomputation): bytes
-    // this rank sent to others, and seconds it spent in them (in TrainResult::moe_routing:
-    // summed over the data-parallel group).
+    // this rank sent to others, and seconds it spent in them (in TrainResult::moe_routing: the
+    // data-parallel ranks' mean).
     int64_t exchange_bytes = 0;
     double exchange_seconds = 0;
   };

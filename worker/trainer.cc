@@ -136,11 +136,13 @@ std::string SummaryLine(const TrainResult& result) {
   absl::StrAppendFormat(&line, " | %.0f tok/s | median step %.2f ms", result.tokens_per_second,
                         1e3 * times[times.size() / 2]);
   // MoE runs: of the layers this rank holds, the largest share of a layer's tokens that one
-  // expert took over the run (1: a collapsed router), and the picks dropped in them all.
+  // expert took over the run (1: a collapsed router), and the picks dropped in them all; under
+  // expert parallelism, what their all-to-alls moved and took per rank.
   if (!result.moe_routing.empty()) {
     const Model::MoeLayerStats* worst = nullptr;
     double worst_share = -1;
-    int64_t dropped = 0;
+    int64_t dropped = 0, exchange_bytes = 0;
+    double exchange_seconds = 0;
     for (const Model::MoeLayerStats& layer : result.moe_routing) {
       const int64_t most =
           layer.picks.empty() ? 0 : *std::max_element(layer.picks.begin(), layer.picks.end());
@@ -151,9 +153,15 @@ std::string SummaryLine(const TrainResult& result) {
         worst = &layer;
       }
       dropped += layer.dropped;
+      exchange_bytes += layer.exchange_bytes;
+      exchange_seconds += layer.exchange_seconds;
     }
     absl::StrAppendFormat(&line, " | moe max expert share %.3f (layer %d), %d dropped", worst_share,
                           worst->layer, dropped);
+    if (exchange_bytes > 0) {
+      absl::StrAppendFormat(&line, " | all-to-all %.2f MiB, %.3f s per rank",
+                            exchange_bytes / double{1 << 20}, exchange_seconds);
+    }
   }
   absl::StrAppendFormat(&line, " | exact final loss %a", result.train_losses.back());
   return line;
@@ -508,8 +516,8 @@ absl::Status RankTrainer::MoeStep() {
     run.aux_loss += at[moe.experts + 1];
     run.tokens += std::llround(at[moe.experts + 2]);
     run.bias_spread = at[moe.experts + 3];
-    run.exchange_bytes += std::llround(at[moe.experts + 4]);
-    run.exchange_seconds += at[moe.experts + 5];
+    run.exchange_bytes += std::llround(at[moe.experts + 4] / spec_.parallelism.dp);
+    run.exchange_seconds += at[moe.experts + 5] / spec_.parallelism.dp;
   }
   if (!moe.has_bias()) return absl::OkStatus();
   for (const OptimizerSlice& slice : params_->OptimizerSlices()) {

@@ -163,7 +163,8 @@ struct TrainResult {
   double exposed_comm_seconds = 0.0;  // waiting for data/tensor-parallel collectives
   double pipeline_wait_seconds = 0.0;
   // The MoE layers this rank holds (config::MoeConfig): their routing over the run, summed over
-  // the data-parallel group (picks per expert, drops, Σ aux loss · tokens, tokens).
+  // the data-parallel group (picks per expert, drops, Σ aux loss · tokens, tokens; all-to-all
+  // bytes and seconds as the group's mean per rank).
   std::vector<Model::MoeLayerStats> moe_routing;
 };
 
