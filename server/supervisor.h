@@ -407,6 +407,7 @@ class Supervisor {
     absl::Time last_resize = absl::InfinitePast();
     int64_t last_save_step = 0;                       // the newest save reported, in any state
     int64_t ordered_step = 0;                         // the save ordered next
+    int ordered_attempt = 0;                          // the attempt it was ordered of
     absl::Time exposure_mark = absl::InfinitePast();  // running time counted up to here
     GoodputAccount goodput;
     absl::Time failed_at = absl::InfinitePast();  // the last failure's detection

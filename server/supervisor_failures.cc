@@ -324,10 +324,17 @@ void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const Progress
     entry.checkpoint_policy->ObserveStepTime(update.step_times.total_ms / 1e3);
   }
   if (update.step >= update.total_steps) return;
-  const int64_t last = std::max(entry.last_save_step, entry.job.last_checkpoint.step);
+  int64_t last = std::max(entry.last_save_step, entry.job.last_checkpoint.step);
+  // The ranks save at the ordered step itself: once this attempt has passed it, that save counts
+  // as the last one, even before its report arrives (saves report when they commit), so that
+  // the next order keeps min_every_steps from it.
+  if (entry.ordered_attempt == update.attempt_id && entry.ordered_step <= update.step) {
+    last = std::max(last, entry.ordered_step);
+  }
   if (std::optional<int64_t> next =
           entry.checkpoint_policy->NextCheckpointStep(update.step, last)) {
     entry.ordered_step = std::min(*next, update.total_steps);
+    entry.ordered_attempt = update.attempt_id;
     reply.order = WorkerOrder::kCheckpoint;
     reply.checkpoint_step = entry.ordered_step;
   }

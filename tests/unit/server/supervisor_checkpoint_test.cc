@@ -188,6 +188,34 @@ TEST_F(SupervisorCheckpointTest, InvalidCheckpointRecordsAreDroppedAndProgressGo
   EXPECT_TRUE(View(id).job.last_checkpoint.path.empty());
 }
 
+// The ranks save at the ordered step, and their report of the save comes when it commits: a report
+// from past the ordered step that does not carry the save yet must not bring the next order
+// closer than min_every_steps to it.
+TEST_F(SupervisorCheckpointTest, OrdersKeepTheirIntervalFromASaveNotYetReported) {
+  const std::string id = StartJob(TinySpec("young", 1, 2, 0, 1) +
+                                  "checkpoint: {dir: ckpt/young, every_steps: auto, "
+                                  "min_every_steps: 5, keep: 2}\n");
+  auto report = [&](int64_t step) {
+    ProgressUpdate update;
+    update.job_id = id;
+    update.attempt_id = 1;
+    update.rank = 0;
+    update.step = step;
+    update.total_steps = 1000;
+    update.loss = 3.0;
+    update.step_times.total_ms = 100;
+    return supervisor_->ReportProgress(update);
+  };
+  auto first = report(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->order, WorkerOrder::kCheckpoint);
+  const int64_t ordered = first->checkpoint_step;
+  auto next = report(ordered);  // the save is taken, its record still on the way
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->order, WorkerOrder::kCheckpoint);
+  EXPECT_GE(next->checkpoint_step - ordered, 5) << "ordered " << ordered;
+}
+
 TEST_F(SupervisorCheckpointTest, CheckpointSettingsComeFromTheSpec) {
   const std::string every = Submit(CheckpointedSpec("every", "250"));
   const std::string automatic = Submit(CheckpointedSpec("automatic", "auto"));
