@@ -386,15 +386,17 @@ std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec) {
   if (!spec.model.moe.enabled()) return std::nullopt;
   if (spec.parallelism.automatic) {
     return Bad("parallelism",
-               "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
+               "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, "
+               "tp and pp "
                "explicitly",
                {"model.moe"});
   }
   if (spec.parallelism.automatic_schedule) {
-    return Bad("parallelism.schedule",
-               "auto: the planner does not model model.moe yet: write the schedule (1f1b, "
-               "interleaved or zero-bubble)",
-               {"model.moe"});
+    return Bad(
+        "parallelism.schedule",
+        "auto: the planner does not choose schedules for model.moe yet: write the schedule (1f1b, "
+        "interleaved or zero-bubble)",
+        {"model.moe"});
   }
   return std::nullopt;
 }

@@ -149,9 +149,10 @@ TEST(FindAutomaticMeshProblem, ThePlannerDoesNotChooseForMoe) {
   std::optional<SpecProblem> mesh = FindAutomaticMeshProblem(spec);
   ASSERT_TRUE(mesh.has_value());
   EXPECT_EQ(mesh->path, "parallelism");
-  EXPECT_EQ(mesh->reason,
-            "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
-            "explicitly");
+  EXPECT_EQ(
+      mesh->reason,
+      "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, tp and pp "
+      "explicitly");
   spec.parallelism.automatic = false;
   spec.parallelism.automatic_schedule = true;
   std::optional<SpecProblem> schedule = FindAutomaticMeshProblem(spec);

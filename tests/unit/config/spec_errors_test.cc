@@ -124,14 +124,15 @@ std::vector<BadSpec> MoeBadSpecs() {
       {"moe with parallelism: auto",
        WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: auto\n"), "6:14",
        "parallelism",
-       "auto: the planner does not model model.moe yet: give parallelism dp, tp and pp "
+       "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, tp and pp "
        "explicitly"},
       {"moe with schedule: auto",
        WithMoe("{experts: 4}",
                "resources: {devices_per_node: 2}\nparallelism: {pp: 2, "
                "schedule: auto}\n"),
        "6:32", "parallelism.schedule",
-       "auto: the planner does not model model.moe yet: write the schedule (1f1b, interleaved or "
+       "auto: the planner does not choose schedules for model.moe yet: write the schedule (1f1b, "
+       "interleaved or "
        "zero-bubble)"},
   };
 }
