@@ -240,6 +240,8 @@ class Model {
   };
   MlpSizes MlpSizesOf(int saved_layer) const;
   void AllocateExperts(LayerActivations& la, int64_t n);
+  // The routing statistics of MoE layer `layer` (null if this rank does not hold it).
+  MoeLayerStats* StatsOf(int layer);
   void RecordRouting(int layer, const MoeRouting& routing, std::span<const float> bias);
   [[nodiscard]] absl::Status BlockBackward(int layer, LayerActivations& a, Act* dx);
   [[nodiscard]] absl::Status BlockWeightGradients(int layer);

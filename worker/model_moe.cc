@@ -161,10 +161,9 @@ absl::Status Model::ExchangeRows(int layer, const LayerActivations& la, bool for
   TY_RETURN_IF_ERROR(ep_->AllToAllV(in, send, out, recv, backend_->act_dtype(),
                                     kExchangeTag + 4 * static_cast<uint32_t>(layer) + phase));
   if (!training_pass_) return absl::OkStatus();
-  for (MoeLayerStats& s : moe_stats_) {
-    if (s.layer != layer) continue;
-    s.exchange_seconds += (RealClock()->NowNanosMonotonic() - started) / 1e9;
-    s.exchange_bytes += sent * backend_->act_bytes();
+  if (MoeLayerStats* s = StatsOf(layer)) {
+    s->exchange_seconds += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+    s->exchange_bytes += sent * backend_->act_bytes();
   }
   return absl::OkStatus();
 }
@@ -289,18 +288,24 @@ absl::Status Model::MoeBackward(int layer, LayerActivations& la, const Act* dy, 
   return absl::OkStatus();
 }
 
-void Model::RecordRouting(int layer, const MoeRouting& routing, std::span<const float> bias) {
+Model::MoeLayerStats* Model::StatsOf(int layer) {
   for (MoeLayerStats& s : moe_stats_) {
-    if (s.layer != layer) continue;
-    if (!bias.empty()) {
-      const auto [lo, hi] = std::minmax_element(bias.begin(), bias.end());
-      s.bias_spread = *hi - *lo;
-    }
-    for (int e = 0; e < routing.experts; ++e) s.picks[e] += routing.picks[e];
-    s.dropped += routing.dropped;
-    s.aux_loss += routing.aux_loss * static_cast<double>(routing.tokens);
-    s.tokens += routing.tokens;
+    if (s.layer == layer) return &s;
   }
+  return nullptr;
+}
+
+void Model::RecordRouting(int layer, const MoeRouting& routing, std::span<const float> bias) {
+  MoeLayerStats* s = StatsOf(layer);
+  if (s == nullptr) return;
+  if (!bias.empty()) {
+    const auto [lo, hi] = std::minmax_element(bias.begin(), bias.end());
+    s->bias_spread = *hi - *lo;
+  }
+  for (int e = 0; e < routing.experts; ++e) s->picks[e] += routing.picks[e];
+  s->dropped += routing.dropped;
+  s->aux_loss += routing.aux_loss * static_cast<double>(routing.tokens);
+  s->tokens += routing.tokens;
 }
 
 std::vector<Model::MoeLayerStats> Model::TakeMoeStats() {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/moe_load.h"
 #include "common/status.h"
 #include "config/mesh.h"
 #include "worker/checkpoint/writer.h"
@@ -144,10 +145,7 @@ std::string SummaryLine(const TrainResult& result) {
     int64_t dropped = 0, exchange_bytes = 0;
     double exchange_seconds = 0;
     for (const Model::MoeLayerStats& layer : result.moe_routing) {
-      const int64_t most =
-          layer.picks.empty() ? 0 : *std::max_element(layer.picks.begin(), layer.picks.end());
-      const double share =
-          layer.tokens > 0 ? static_cast<double>(most) / static_cast<double>(layer.tokens) : 0.0;
+      const double share = SummarizeExpertLoad(layer.picks, layer.tokens).max_share;
       if (share > worst_share) {
         worst_share = share;
         worst = &layer;

@@ -228,8 +228,7 @@ class NcclCommunicator final : public TypedCommunicator {
   // Every peer's send and receive in one NCCL group (its all-to-all of variable sizes). Host
   // buffers take the pairwise default (each transfer staged).
   absl::Status AllToAllV(const void* in, std::span<const int64_t> send_counts, void* out,
-                         std::span<const int64_t> recv_counts, DType dtype,
-                         uint32_t tag) override {
+                         std::span<const int64_t> recv_counts, DType dtype, uint32_t tag) override {
     constexpr const char* kWhat = "nccl all-to-all";
     if (!copier_->IsDevicePointer(in) || !copier_->IsDevicePointer(out)) {
       return Communicator::AllToAllV(in, send_counts, out, recv_counts, dtype, tag);
