@@ -1,7 +1,9 @@
 #include "bench/gpu_kernel_cases.h"
 
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -265,10 +267,12 @@ absl::Status EmbeddingBackward(const BenchModel& m, const CaseContext& ctx, Row*
 enum class GemmKind { kForward, kForwardBias, kBackwardInput, kBackwardWeight };
 
 // out[m, n] = inp[m, k] · w[n, k]ᵀ (+ bias) and its two backward products: bf16 operands, fp32
-// accumulation; the weight gradient accumulates into fp32.
+// accumulation; the weight gradient accumulates into fp32. `ld`: the row stride of out / dout
+// (0: n).
 absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const CaseContext& ctx,
-                      Row* row) {
-  row->shape = absl::StrCat("m", m, " n", n, " k", k);
+                      Row* row, int64_t ld = 0) {
+  row->shape = absl::StrCat("m", m, " n", n, " k", k, ld != 0 ? absl::StrCat(" ld", ld) : "");
+  if (ld == 0) ld = n;
   row->flop = 2.0 * m * n * k;
   switch (kind) {
     case GemmKind::kForward:
@@ -277,23 +281,24 @@ absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const Case
       TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, m * k, 17));
       TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, n * k, 18));
       TY_ASSIGN_OR_RETURN(DeviceBuffer b, Act(ctx, bias ? n : 0, 19));
-      TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(m * n * kAb));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(m * ld * kAb));
       return Measure(ctx, row, [&] {
         return ctx.gemm->Forward(ctx.stream, kAct, out.get(), nullptr, inp.get(), w.get(),
                                  bias ? b.get() : nullptr, m, n, k,
-                                 bias ? GemmEpilogue::kBias : GemmEpilogue::kNone);
+                                 bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, ld);
       });
     }
     case GemmKind::kBackwardInput: {
-      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * n, 20));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * ld, 20));
       TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, n * k, 18));
       TY_ASSIGN_OR_RETURN(DeviceBuffer dinp, DeviceBuffer::Create(m * k * kAb));
       return Measure(ctx, row, [&] {
-        return ctx.gemm->BackwardInput(ctx.stream, kAct, dinp.get(), dout.get(), w.get(), m, n, k);
+        return ctx.gemm->BackwardInput(ctx.stream, kAct, dinp.get(), dout.get(), w.get(), m, n, k,
+                                       ld);
       });
     }
     case GemmKind::kBackwardWeight: {
-      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * n, 20));
+      TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, m * ld, 20));
       TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, m * k, 17));
       TY_ASSIGN_OR_RETURN(DeviceBuffer dw, Floats(ctx, n * k, 0, 0.0f));
       return Measure(ctx, row, [&] {
@@ -347,9 +352,28 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   cases.push_back({"gemm fc bwd-weight", [=](X x, Row* r) {
                      return GemmCase(rows, fc_out, c, GemmKind::kBackwardWeight, x, r);
                    }});
-  cases.push_back({"gemm lm-head fwd", [=](X x, Row* r) {
-                     return GemmCase(m.ce_rows, v, c, GemmKind::kForward, x, r);
-                   }});
+  // The LM head at the logical vocabulary and, where that is not a multiple of 128, rounded up
+  // to one (as llm.c pads GPT-2's 50257 to 50304), and at the logical vocabulary with the
+  // logits' rows padded alone (ld128, Trainyard only): what each form of padding would buy.
+  const int64_t padded = (v + 127) / 128 * 128;
+  struct Head {
+    std::string name;
+    int64_t vocab, ld;
+  };
+  std::vector<Head> heads = {{"gemm lm-head ", v, 0}};
+  if (padded != v) {
+    heads.push_back({"gemm lm-head-pad128 ", padded, 0});
+    heads.push_back({"gemm lm-head-ld128 ", v, padded});
+  }
+  for (const Head& head : heads) {
+    for (auto [kind, label] : {std::pair{GemmKind::kForward, "fwd"},
+                               std::pair{GemmKind::kBackwardInput, "bwd-input"},
+                               std::pair{GemmKind::kBackwardWeight, "bwd-weight"}}) {
+      cases.push_back({head.name + label, [=](X x, Row* r) {
+                         return GemmCase(m.ce_rows, head.vocab, c, kind, x, r, head.ld);
+                       }});
+    }
+  }
   return cases;
 }
 

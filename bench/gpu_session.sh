@@ -8,11 +8,13 @@
 #   gpu_tests.txt       every GPU test binary's output, then a pass/fail summary
 #   gpu_bench.txt       the side-by-side tables (Markdown)
 #   gpu_bench_raw.txt   every benchmark program's own output
+#   timeline.md         per-kernel account of both presets' steps, Trainyard beside PyTorch
+#   timelines.tar.xz    the raw timelines it was made from (bench/timeline_report.py reads them)
 # Environment (seconds; defaults in brackets): TESTS_BUDGET_S [150] for all tests together,
-# KERNELS_BUDGET_S [140], TRAIN_BUDGET_S [220]; REPS [20], KERNEL_WARMUP [3], STEPS [10],
+# KERNELS_BUDGET_S [140], TRAIN_BUDGET_S [220], TIMELINE_BUDGET_S [160]; REPS [20], KERNEL_WARMUP [3], STEPS [10],
 # WARMUP [3], COMPILE [regional] (PyTorch's torch.compile mode, see bench/torch_gpu_train.py:
 # whole-model compilation of two models does not fit the time), PEAK_TFLOPS [from the device];
-# PYTHON [python3]; CUDA_HOME [/usr/local/cuda]; PARTS [tests kernels train]: which phases run
+# PYTHON [python3]; CUDA_HOME [/usr/local/cuda]; PARTS [tests kernels train timeline]: which run
 # (a session split over two leases runs some in each); ONLY_TESTS [all]: test names to run.
 # Exit status: 0 when every test passed and every benchmark ran, 1 otherwise.
 set -uo pipefail
@@ -21,10 +23,11 @@ BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$BUNDLE/out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-PARTS=" ${PARTS:-tests kernels train} "
+PARTS=" ${PARTS:-tests kernels train timeline} "
 TESTS_BUDGET_S="${TESTS_BUDGET_S:-150}"
 KERNELS_BUDGET_S="${KERNELS_BUDGET_S:-140}"
 TRAIN_BUDGET_S="${TRAIN_BUDGET_S:-220}"
+TIMELINE_BUDGET_S="${TIMELINE_BUDGET_S:-160}"
 
 # The libraries the bundler copied (the large ones arrive xz-compressed: unpacked here, with
 # Python's lzma, which every Python has), then CUDA's, then NCCL from PyTorch's wheel: for our
@@ -123,7 +126,31 @@ if [[ "$PARTS" == *" train "* ]]; then
     --compile "${COMPILE:-regional}" --budget-s "$TRAIN_BUDGET_S" ${peak[@]+"${peak[@]}"} \
     >>"$BENCH" 2>>"$RAW" || bench_status=1
 fi
-echo "training benchmark: $((SECONDS - t0))s; whole session: ${SECONDS}s" >>"$SESSION"
+echo "training benchmark: $((SECONDS - t0))s" >>"$SESSION"
+
+# ---- Per-kernel timelines (3 recorded steps after 3 warm-up, each engine, both presets) -----
+t0=$SECONDS
+if [[ "$PARTS" == *" timeline "* ]]; then
+  tl="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-timeline.XXXXXX")"
+  for entry in "gpt2-124m 1024 16" "llama-1b 2048 4"; do
+    read -r preset seq batch <<<"$entry"
+    args=(--preset "$preset" --seq "$seq" --batch "$batch" --steps 3 --warmup 3
+          ${peak[@]+"${peak[@]}"})
+    left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
+    LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
+      "$BUNDLE/bin/trainyard-bench-gpu-train" "${args[@]}" --timeline "$tl/trainyard-$preset.json" \
+      >>"$RAW" 2>&1 || bench_status=1
+    left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
+    timeout "$left" "$PY" "$BUNDLE/bench/torch_gpu_train.py" "${args[@]}" \
+      --compile "${COMPILE:-regional}" --timeline "$tl/pytorch-$preset.json" >>"$RAW" 2>&1 ||
+      bench_status=1
+  done
+  "$PY" "$BUNDLE/bench/timeline_report.py" "$tl"/*.json >"$OUT/timeline.md" 2>>"$RAW" ||
+    bench_status=1
+  tar -C "$tl" -cJf "$OUT/timelines.tar.xz" . 2>>"$RAW"
+  rm -rf "$tl"
+fi
+echo "timelines: $((SECONDS - t0))s; whole session: ${SECONDS}s" >>"$SESSION"
 cat "$BENCH"
 tail -n 2 "$SESSION"
 

@@ -5,6 +5,7 @@
 //
 //   trainyard-bench-gpu-train --preset gpt2-124m --seq 1024 --batch 16 [--micro-batch 16]
 //                             [--steps 10] [--warmup 3] [--peak-tflops X] [--recompute]
+//                             [--timeline FILE]
 //   trainyard-bench-gpu-train --cpu --preset gpt2-debug --peak-tflops 1   (checks the harness
 //                                                     itself on the CPU backend, without a GPU)
 //
@@ -16,6 +17,10 @@
 // embedding (for Llama 1B, 263M of its 1.50B parameters). MFU is against the device's dense
 // bf16 peak: H100 SXM (HBM3) 989 TFLOP/s, H100 PCIe 756, H100 NVL 835, H200 989; other devices
 // need --peak-tflops.
+//
+// --timeline FILE records every kernel, copy and fill of the measured steps with CUPTI and
+// writes them as JSON (bench/timeline_report.py sets them beside PyTorch's); recording costs
+// some speed, so the step times of such a run are not the benchmark's.
 #include <stdlib.h>
 
 #include <algorithm>
@@ -33,6 +38,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/device_probe.h"
+#include "common/status.h"
+#ifdef TRAINYARD_HAVE_CUPTI
+#include "bench/gpu_timeline.h"
+#endif
 #include "config/spec.h"
 #include "worker/cuda_backend.h"
 #include "worker/data/bin_shards.h"
@@ -47,7 +56,7 @@ int Fail(const std::string& message, int code = 2) {
   if (code == 2) {
     std::fputs(
         "usage: trainyard-bench-gpu-train --preset NAME [--seq T] [--batch B] [--micro-batch M] "
-        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--cpu]\n",
+        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--cpu] [--timeline FILE]\n",
         stderr);
   }
   return code;
@@ -63,6 +72,7 @@ struct Flags {
   double peak_tflops = 0.0;  // 0: from the device name
   bool recompute = false;
   bool cpu = false;  // the CPU backend: exercises this program where there is no GPU
+  std::string timeline;  // where the CUPTI records of the measured steps go; none when empty
 };
 
 std::string ParseFlags(int argc, char** argv, Flags* f) {
@@ -82,6 +92,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
                                            : nullptr;
     if (arg == "--preset") {
       f->preset = value;
+    } else if (arg == "--timeline") {
+      f->timeline = value;
     } else if (arg == "--peak-tflops") {
       if (!absl::SimpleAtod(value, &f->peak_tflops) || !(f->peak_tflops > 0)) {
         return "bad value for --peak-tflops";
@@ -93,6 +105,10 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     }
   }
   if (f->steps < 1) return "--steps must be at least 1";
+#ifndef TRAINYARD_HAVE_CUPTI
+  if (!f->timeline.empty()) return "--timeline needs CUPTI, which this build was made without";
+#endif
+  if (!f->timeline.empty() && f->cpu) return "--timeline records the GPU; it has no --cpu form";
   return "";
 }
 
@@ -183,6 +199,31 @@ int64_t LookupOnlyParameters(const ModelConfig& c) {
   return n;
 }
 
+// Trains; with --timeline, records the steps after the warm-up and writes their records.
+absl::StatusOr<trainyard::worker::TrainResult> RunSteps(const trainyard::config::JobSpec& spec,
+                                                        trainyard::worker::Backend& backend,
+                                                        const Flags& f) {
+  if (f.timeline.empty()) return trainyard::worker::Train(spec, backend, {.progress = &std::cerr});
+#ifdef TRAINYARD_HAVE_CUPTI
+  TY_ASSIGN_OR_RETURN(auto timeline, trainyard::bench::KernelTimeline::Start());
+  trainyard::worker::TrainOptions options{.progress = &std::cerr};
+  options.on_step = [&](const trainyard::worker::StepReport& report) {
+    if (report.step >= f.warmup) timeline->Mark();  // the end of a step is the next's start
+    return absl::OkStatus();
+  };
+  TY_ASSIGN_OR_RETURN(auto result, trainyard::worker::Train(spec, backend, options));
+  TY_ASSIGN_OR_RETURN(const std::string json, timeline->Finish("trainyard", f.preset));
+  std::ofstream out(f.timeline, std::ios::trunc);
+  out << json;
+  if (!out.good()) return absl::UnavailableError("cannot write " + f.timeline);
+  std::fprintf(stderr, "timeline of %d steps written to %s\n", timeline->marks() - 1,
+               f.timeline.c_str());
+  return result;
+#else
+  return absl::FailedPreconditionError("--timeline needs CUPTI");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -223,7 +264,7 @@ int main(int argc, char** argv) {
       f.cpu ? absl::StatusOr<std::unique_ptr<worker::Backend>>(worker::MakeCpuBackend(0))
             : worker::MakeCudaBackend({.device = 0, .act_dtype = DType::kBF16});
   if (!backend.ok()) return Fail(std::string(backend.status().message()), 1);
-  auto result = worker::Train(spec, **backend, {.progress = &std::cerr});
+  auto result = RunSteps(spec, **backend, f);
   if (!result.ok()) return Fail(result.status().ToString(), 1);
 
   std::vector<double> times(result->step_seconds.begin() + f.warmup, result->step_seconds.end());

@@ -149,6 +149,11 @@ def achieved(r):
 status = 0
 for case in list(ty) + [c for c in pt if c not in ty]:
     a, b = ty.get(case), pt.get(case)
+    if "-ld128 " in case and a is not None and b is None and "error" not in a:
+        # A layout PyTorch's matmul does not offer (padded output rows): Trainyard's own figure.
+        print("| %s | %s | %.4f | | %s | | | Trainyard only |"
+              % (case, a["shape"], a["median_ms"], achieved(a)))
+        continue
     if a is None or b is None or "error" in a or "error" in b:
         why = [("%s: %s" % (n, r.get("error", "")) if r else "%s: missing" % n)
                for n, r in (("trainyard", a), ("pytorch", b)) if not r or "error" in r]

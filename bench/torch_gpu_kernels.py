@@ -343,7 +343,14 @@ def cases_for(m):
         ("gemm fc bwd-input", lambda e: gemm(e, rows, fc_out, c, "bwd-input")),
         ("gemm fc bwd-weight", lambda e: gemm(e, rows, fc_out, c, "bwd-weight")),
         ("gemm lm-head fwd", lambda e: gemm(e, m["ce_rows"], v, c, "fwd")),
+        ("gemm lm-head bwd-input", lambda e: gemm(e, m["ce_rows"], v, c, "bwd-input")),
+        ("gemm lm-head bwd-weight", lambda e: gemm(e, m["ce_rows"], v, c, "bwd-weight")),
     ]
+    padded = -(-v // 128) * 128  # the vocabulary rounded up to a multiple of 128, as llm.c does
+    if padded != v:
+        cases += [("gemm lm-head-pad128 " + kind,
+                   lambda e, kind=kind: gemm(e, m["ce_rows"], padded, c, kind))
+                  for kind in ("fwd", "bwd-input", "bwd-weight")]
     return cases
 
 

@@ -3,7 +3,7 @@
 
 Usage: torch_gpu_train.py --preset gpt2-124m|llama-1b [--seq T] [--batch B] [--micro-batch M]
                           [--steps 10] [--warmup 3] [--compile model|regional|none]
-                          [--peak-tflops X] [--cpu-smoke]
+                          [--peak-tflops X] [--cpu-smoke] [--timeline FILE]
 
 The same two models as Trainyard's presets, written the way a PyTorch user would: fp32
 parameters under bf16 autocast, F.scaled_dot_product_attention(is_causal=True) (GQA through
@@ -23,6 +23,11 @@ device before timing. Prints a summary, then one JSON line with the keys of
 trainyard-bench-gpu-train's. MFU uses PaLM's 6·N + 12·L·H·Q·T FLOPs per token with N every
 parameter (a tied embedding once) against the device's dense bf16 peak: H100 SXM 989 TFLOP/s,
 H100 PCIe 756, H100 NVL 835, H200 989, else --peak-tflops.
+
+--timeline FILE records every kernel, copy and fill of the measured steps with PyTorch's profiler
+(CUPTI underneath) and writes them as JSON in the form trainyard-bench-gpu-train --timeline
+writes (bench/timeline_report.py sets the two side by side); those steps' times are not the
+benchmark's.
 
 --cpu-smoke swaps the preset for its family's debug size and runs a few fp32 steps on the CPU
 without compile: it checks this script (and that the parameter count matches Trainyard's
@@ -220,6 +225,36 @@ def compiled(model, mode):
     return model
 
 
+def write_timeline(profiler, preset, path):
+    """The measured steps' GPU activities as trainyard-bench-gpu-train --timeline writes them:
+    step marks and [kind, start, end, bytes, name] records in ns from the first mark."""
+    cuda = torch.autograd.DeviceType.CUDA
+    events = list(profiler.events())
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.name == "trainyard_timeline_step" and e.device_type != cuda)
+    if not steps:
+        raise SystemExit("torch_gpu_train: the profiler recorded no step marks")
+    first = steps[0][0]
+    marks = [start - first for start, _ in steps] + [steps[-1][1] - first]
+    records = []
+    for e in events:
+        # The device-side copies of record_function ranges (the step marks, the optimizer's
+        # own) are annotations, not work.
+        if e.device_type != cuda or getattr(e, "is_user_annotation", False) or \
+                e.name == "trainyard_timeline_step" or e.name.startswith("Optimizer."):
+            continue
+        kind = ("memcpy" if e.name.startswith("Memcpy") else
+                "memset" if e.name.startswith("Memset") else "kernel")
+        start, end = e.time_range.start - first, e.time_range.end - first
+        if start >= 0 and end <= marks[-1]:
+            records.append([kind, int(start * 1000), int(end * 1000), 0, e.name])
+    records.sort(key=lambda r: r[1])
+    with open(path, "w") as out:
+        json.dump({"engine": "pytorch", "preset": preset, "clock": "ns",
+                   "marks": [int(m * 1000) for m in marks], "records": records}, out)
+    sys.stderr.write("timeline of %d steps written to %s\n" % (len(steps), path))
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpt2-124m", choices=["gpt2-124m", "llama-1b"])
@@ -231,7 +266,10 @@ def parse_args():
     ap.add_argument("--compile", default="model", choices=["model", "regional", "none"])
     ap.add_argument("--peak-tflops", type=float, default=0.0)
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--timeline", default="", help="write the measured steps' GPU records here")
     args = ap.parse_args()
+    if args.timeline and args.cpu_smoke:
+        ap.error("--timeline records the GPU; it has no --cpu-smoke form")
     if args.cpu_smoke:
         args.preset = "gpt2-debug" if args.preset.startswith("gpt2") else "llama-debug"
         args.seq, args.batch = min(args.seq or 32, 32), min(args.batch or 2, 4)
@@ -287,7 +325,15 @@ def main():
                 else contextlib.nullcontext())
 
     times, loss_value = [], float("nan")
+    profiler = None
     for step in range(total):
+        if step == args.warmup and args.timeline:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
+        marker = (torch.profiler.record_function("trainyard_timeline_step") if profiler
+                  else contextlib.nullcontext())
+        marker.__enter__()
         start = time.perf_counter()
         loss_sum = 0.0
         for i in range(micro_batches):
@@ -303,12 +349,16 @@ def main():
         if not args.cpu_smoke:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
+        marker.__exit__(None, None, None)
         if step >= args.warmup:
             times.append(elapsed)
         else:
             sys.stderr.write("warm-up step %d: %.1f ms, loss %.4f\n"
                              % (step + 1, elapsed * 1e3, loss_value))
 
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        write_timeline(profiler, args.preset, args.timeline)
     median = statistics.median(times)
     tokens_per_step = args.batch * args.seq
     tokens_per_s = tokens_per_step / median

@@ -88,7 +88,7 @@ Gemm::~Gemm() {
 
 absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  const auto [act_align, transa, transb, M, N, K, epi, d_fp32, accumulate] = key;
+  const auto [act_align, transa, transb, M, N, K, epi, d_fp32, accumulate, ld_n] = key;
   const DType act = static_cast<DType>(act_align & 0xff);
   const uint32_t align = static_cast<uint32_t>(act_align >> 8);
   auto plan = std::make_unique<Plan>();
@@ -115,7 +115,7 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder, sizeof(placeholder)));
   }
   if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX) {
-    const int64_t aux_ld = M;
+    const int64_t aux_ld = ld_n;
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
@@ -123,9 +123,10 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   }
   const int64_t a_rows = transa ? K : M, a_cols = transa ? M : K;
   const int64_t b_rows = transb ? N : K, b_cols = transb ? K : N;
+  const int64_t b_ld = transa ? b_rows : ld_n, d_ld = transa ? ld_n : M;
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab_type, a_rows, a_cols, a_rows));
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols, b_rows));
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, d_type, M, N, M));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols, b_ld));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, d_type, M, N, d_ld));
 
   cublasLtMatmulPreference_t pref = nullptr;
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
@@ -174,52 +175,45 @@ absl::Status Gemm::Run(cudaStream_t stream, const Key& key, const void* a, const
 
 absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre, const void* inp,
                            const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
-                           GemmEpilogue epilogue) {
+                           GemmEpilogue epilogue, int64_t ld) {
   TY_REQUIRE(out != nullptr && inp != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
   const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
   TY_REQUIRE(!gelu || pre != nullptr);
   TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
              (bias != nullptr));
   const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight, bias}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
-  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k,
-                static_cast<int>(epilogue),         0, 0};
+  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k, static_cast<int>(epilogue), 0,
+                0, ld == 0 ? n : ld};
   return Run(stream, key, weight, inp, out, bias, gelu ? pre : nullptr);
 }
 
 absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, const void* dout,
-                                 const void* weight, int64_t m, int64_t n, int64_t k) {
+                                 const void* weight, int64_t m, int64_t n, int64_t k, int64_t ld) {
   TY_REQUIRE(dinp != nullptr && dout != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
   const int align = static_cast<int>(CommonAlignment({dinp, dout, weight}));
   // Column-major: dinpᵀ[k×m] = (weight stored k×n) · (dout stored n×m).
-  const Key key{static_cast<int>(act) | align << 8,    0, 0, k, m, n,
-                static_cast<int>(GemmEpilogue::kNone), 0, 0};
+  const Key key{static_cast<int>(act) | align << 8, 0, 0, k, m, n,
+                static_cast<int>(GemmEpilogue::kNone), 0, 0, ld == 0 ? n : ld};
   return Run(stream, key, weight, dout, dinp, nullptr, nullptr);
 }
 
 absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight, const void* dout,
-                                  const void* inp, int64_t m, int64_t n, int64_t k) {
+                                  const void* inp, int64_t m, int64_t n, int64_t k, int64_t ld) {
   TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
   const int align = static_cast<int>(CommonAlignment({dweight, dout, inp}));
   // Column-major: dweightᵀ[k×n] += (inp stored k×m) · (dout stored n×m)ᵀ.
-  const Key key{static_cast<int>(act) | align << 8,    0, 1, k, n, m,
-                static_cast<int>(GemmEpilogue::kNone), 1, 1};
+  const Key key{static_cast<int>(act) | align << 8, 0, 1, k, n, m,
+                static_cast<int>(GemmEpilogue::kNone), 1, 1, ld == 0 ? n : ld};
   return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
 }
 
 bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {
-  const Key key{static_cast<int>(act) | 16 << 8,
-                1,
-                0,
-                n,
-                m,
-                k,
-                static_cast<int>(GemmEpilogue::kGeluAuxBias),
-                0,
-                0};
+  const Key key{static_cast<int>(act) | 16 << 8, 1, 0, n, m, k,
+                static_cast<int>(GemmEpilogue::kGeluAuxBias), 0, 0, n};
   return GetPlan(key).ok();
 }
 

@@ -34,17 +34,21 @@ class Gemm {
 
   // out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias[n], bias of type `act`).
   // kGeluAux(Bias): pre[m, n] receives the pre-activation and out = gelu(pre) (tanh form).
+  // `ld`: the row stride of out (and pre) in elements, at least n; 0 means n. A stride that is
+  // a multiple of 8 keeps cuBLASLt's fast kernels for an odd n (GPT-2's 50257-wide logits).
   [[nodiscard]] absl::Status Forward(cudaStream_t stream, DType act, void* out, void* pre,
                                      const void* inp, const void* weight, const void* bias,
-                                     int64_t m, int64_t n, int64_t k, GemmEpilogue epilogue);
-  // dinp[m, k] = dout[m, n] · weight[n, k] (overwritten).
+                                     int64_t m, int64_t n, int64_t k, GemmEpilogue epilogue,
+                                     int64_t ld = 0);
+  // dinp[m, k] = dout[m, n] · weight[n, k] (overwritten); `ld` is dout's row stride (0: n).
   [[nodiscard]] absl::Status BackwardInput(cudaStream_t stream, DType act, void* dinp,
                                            const void* dout, const void* weight, int64_t m,
-                                           int64_t n, int64_t k);
-  // dweight[n, k] += dout[m, n]ᵀ · inp[m, k] (fp32 accumulation into fp32 dweight).
+                                           int64_t n, int64_t k, int64_t ld = 0);
+  // dweight[n, k] += dout[m, n]ᵀ · inp[m, k] (fp32 accumulation into fp32 dweight); `ld` is
+  // dout's row stride (0: n).
   [[nodiscard]] absl::Status BackwardWeight(cudaStream_t stream, DType act, float* dweight,
                                             const void* dout, const void* inp, int64_t m, int64_t n,
-                                            int64_t k);
+                                            int64_t k, int64_t ld = 0);
 
   // Whether the fused GELU epilogue is available for this shape (cuBLASLt may offer no
   // algorithm); the caller falls back to a separate GELU kernel.
@@ -55,8 +59,9 @@ class Gemm {
 
  private:
   struct Plan;
-  // (act, transa, transb, m, n, k, epilogue, d_is_fp32, accumulate)
-  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int>;
+  // (act, transa, transb, m, n, k, epilogue, d_is_fp32, accumulate, ld of the operand whose
+  // rows are the caller's n: d when transa, else b)
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int, int64_t>;
   Gemm() = default;
   [[nodiscard]] absl::StatusOr<const Plan*> GetPlan(const Key& key);
   [[nodiscard]] absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b,
