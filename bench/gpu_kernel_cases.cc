@@ -202,7 +202,7 @@ absl::Status CrossEntropy(const BenchModel& m, const CaseContext& ctx, Row* row)
       ctx, row,
       [&] {
         return kernels::cuda::SoftmaxCrossEntropy(ctx.stream, kAct, logits.get(), targets.i32(),
-                                                  rows, v, 1.0f / rows, /*write_grad=*/true,
+                                                  rows, v, v, 1.0f / rows, /*write_grad=*/true,
                                                   losses.f32());
       },
       restore);

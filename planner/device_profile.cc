@@ -37,6 +37,7 @@ DeviceProfile HopperSxm(std::string name, double memory_gib, double hbm_bytes_pe
   p.inter_node = Link{.alpha_seconds = 10e-6, .bytes_per_second = 50e9};
   p.act_bytes = 2;                        // bf16 activations
   p.max_logits_chunk = int64_t{1} << 27;  // the CUDA backend's
+  p.logits_vocab_multiple = 128;          // likewise
   p.calibrated = true;
   return p;
 }

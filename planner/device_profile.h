@@ -63,9 +63,11 @@ struct DeviceProfile {
   Link intra_node;                     // NVLink; CPU: loopback TCP
   Link inter_node;                     // InfiniBand; CPU: as loopback (see docs/planner.md)
   // How the engine's backend stores activations on this device: bf16 on CUDA, fp32 on the CPU,
-  // and the most logits its chunked cross-entropy holds at once (Backend::max_logits_chunk).
+  // the most logits its chunked cross-entropy holds at once (Backend::max_logits_chunk) and the
+  // multiple it pads the LM head's width to (Backend::logits_vocab_multiple).
   int64_t act_bytes = 4;
   int64_t max_logits_chunk = int64_t{1} << 20;
+  int64_t logits_vocab_multiple = 1;
   bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
   // cpu: the model and micro-batch the shared-rank probes ran, in words (empty: not recorded).
   std::string reference;

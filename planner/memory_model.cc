@@ -261,7 +261,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const int64_t n = s.rows(), nr = sp ? n / tp : n, w = c.width;
   const int64_t heads = c.heads / tp, kv = c.kv_heads / tp, d = c.head_dim();
   const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d;
-  const int64_t vocab = c.vocab / tp;
+  const int64_t vocab = PaddedHeadVocab(s, backend);  // the logits' row stride
   const int64_t layers = s.chunk_layers(), saved = c.recompute ? 1 : layers;
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
   SlotElements e;
@@ -297,6 +297,18 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     e.floats += layers * 4 * w;
   }
   return e.acts * backend.act_bytes + 4 * e.floats + 4 * e.ints;
+}
+
+int64_t PaddedHeadVocab(const RankShape& s, const BackendShape& backend) {
+  const int64_t vocab = s.model.vocab / s.mesh.tp, multiple = backend.logits_vocab_multiple;
+  if (s.mesh.tp > 1 || multiple <= 1) return vocab;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+int64_t PaddedHeadBytes(const RankShape& s, const BackendShape& backend) {
+  const int64_t padded = PaddedHeadVocab(s, backend);
+  if (!s.last() || padded == s.model.vocab / s.mesh.tp) return 0;
+  return 2 * 4 * padded * s.model.width;
 }
 
 int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {
@@ -343,8 +355,8 @@ RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
   m.parameters = 4 * (zero < 3 ? padded : shard);
   m.gradients = 4 * (zero < 2 ? padded : shard);
   m.optimizer = 2 * 4 * (zero == 0 ? padded : shard);
-  m.activations =
-      ActivationSlots(s) * ActivationSlotBytes(s, backend) + RingBufferBytes(s, backend);
+  m.activations = ActivationSlots(s) * ActivationSlotBytes(s, backend) +
+                  RingBufferBytes(s, backend) + PaddedHeadBytes(s, backend);
   m.transient = TransientPeakBytes(s);
   if (s.mesh.pp > 1) {
     const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;

@@ -9,7 +9,8 @@
 //   micro-batches in flight); an MoE block's router logits, picks and experts' rows (top_k per
 //   row) and the backward's MoE scratch among them (docs/planner.md, *Mixture of experts*);
 //   under context parallelism, plus ring attention's buffers, once per rank
-//   (worker/context_parallel.h);
+//   (worker/context_parallel.h); where the backend pads the LM head's width (CUDA: to a
+//   multiple of 128), the padded head's weight and gradient copies, once per last-stage rank;
 // - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
 //   staging buffers (ZeRO-2/3), an MoE block's routed experts being a group of their own, plus
 //   the pipeline's send and receive buffers.
@@ -51,6 +52,14 @@ int64_t ActivationSlotBytes(const RankShape& shape, const BackendShape& backend)
 // partial result of n/2 · (heads / tp) · head_dim, at the activation type, and its log-sum-exp
 // of n/2 · (heads / tp) floats.
 int64_t RingBufferBytes(const RankShape& shape, const BackendShape& backend);
+
+// The width the chunked cross-entropy runs the LM head at (worker::Model's padded head): the
+// rank's vocabulary, rounded up to the backend's logits_vocab_multiple without tensor
+// parallelism.
+int64_t PaddedHeadVocab(const RankShape& shape, const BackendShape& backend);
+// Bytes of the padded head's weight and gradient copies (fp32), held once by the last stage
+// when padding applies; 0 otherwise.
+int64_t PaddedHeadBytes(const RankShape& shape, const BackendShape& backend);
 
 // Activation slots the rank keeps: 1 without pipelining, else what the stage's schedule
 // holds at once (worker::ActivationSlots).

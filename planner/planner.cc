@@ -131,7 +131,8 @@ struct Crossings {
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
                     const Crossings& crosses) {
   const bool dp_crosses = crosses.dp, pp_crosses = crosses.pp;
-  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk,
+                             device.logits_vocab_multiple};
   const MicroBatchWork work = WorkOf(s, backend);
   StageTime t;
   t.forward = work.forward_seconds(device);
@@ -373,7 +374,8 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   const int g = spec.resources.devices_per_node;
   // Without pipelining a node's ranks move in step: all compute, then all exchange.
   const DeviceProfile device = ForMesh(PerRankProfile(node_device, g, mesh.pp == 1), mesh);
-  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk,
+                             device.logits_vocab_multiple};
   Candidate c;
   c.mesh = mesh;
   c.dp_crosses_nodes = DataParallelCrossesNodes(mesh, g);

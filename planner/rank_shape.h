@@ -25,6 +25,7 @@ namespace trainyard::planner {
 struct BackendShape {
   int64_t act_bytes = 4;                        // fp32 (CPU) or bf16 (CUDA)
   int64_t max_logits_chunk = int64_t{1} << 20;  // Backend::max_logits_chunk
+  int64_t logits_vocab_multiple = 1;            // Backend::logits_vocab_multiple
 };
 
 struct RankShape {

@@ -45,7 +45,8 @@ RunFigures PredictRun(const config::JobSpec& spec, const DeviceProfile& device,
   const Candidate whole = Evaluate(spec, mesh, device, loop);
   const config::MeshCoordinates at = config::CoordinatesOf(mesh, rank);
   const RankShape shape = ShapeOf(spec, mesh, at.pp);
-  const BackendShape backend{device.act_bytes, device.max_logits_chunk};
+  const BackendShape backend{device.act_bytes, device.max_logits_chunk,
+                             device.logits_vocab_multiple};
   const RankMemory memory = PredictRankMemory(shape, backend);
   RunFigures f;
   f.parameters = memory.parameters;

@@ -71,6 +71,10 @@ class Backend {
   }
   // Largest number of logits the chunked cross-entropy should hold at once.
   virtual int64_t max_logits_chunk() const { return int64_t{1} << 20; }
+  // The LM head's width is rounded up to a multiple of this inside the chunked cross-entropy
+  // (zero weight rows, masked out of the softmax): cuBLASLt runs GPT-2's 50257-wide head with
+  // 1-element-aligned kernels at an eighth of the speed of a 50304-wide one.
+  virtual int64_t logits_vocab_multiple() const { return 1; }
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }
@@ -204,8 +208,10 @@ class Backend {
                        int64_t cols) = 0;
 
   // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
+  // Rows are `ld` apart (ld ≥ vocab): a padded row's columns [vocab, ld) are left alone.
   virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
-                                     int64_t vocab, float grad_scale, bool write_grad) = 0;
+                                     int64_t vocab, int64_t ld, float grad_scale,
+                                     bool write_grad) = 0;
 
   // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
   virtual void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
@@ -249,7 +255,8 @@ class Backend {
 };
 
 // The fp32 CPU reference backend. `threads` <= 0 uses every core.
-std::unique_ptr<Backend> MakeCpuBackend(int threads);
+// `logits_vocab_multiple` > 1 pads the LM head as the CUDA backend does (tests of the padding).
+std::unique_ptr<Backend> MakeCpuBackend(int threads, int64_t logits_vocab_multiple = 1);
 
 }  // namespace trainyard::worker
 

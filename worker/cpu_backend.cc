@@ -47,13 +47,15 @@ const float* F(const Act* p) { return reinterpret_cast<const float*>(p); }
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, int64_t logits_vocab_multiple)
+      : logits_vocab_multiple_(logits_vocab_multiple) {
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
   }
 
   std::string name() const override { return "cpu"; }
+  int64_t logits_vocab_multiple() const override { return logits_vocab_multiple_; }
   DType act_dtype() const override { return DType::kF32; }
 
   Buffer<float> AllocFloat(int64_t count) override {
@@ -196,8 +198,8 @@ class CpuBackend final : public Backend {
                               Dims(s));
   }
   double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             float grad_scale, bool write_grad) override {
-    return k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, grad_scale, write_grad);
+                             int64_t ld, float grad_scale, bool write_grad) override {
+    return k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale, write_grad);
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
@@ -245,12 +247,14 @@ class CpuBackend final : public Backend {
             .kv_stride = s.kv_stride,
             .causal = s.causal};
   }
+ private:
+  int64_t logits_vocab_multiple_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> MakeCpuBackend(int threads, int64_t logits_vocab_multiple) {
+  return std::make_unique<CpuBackend>(threads, std::max<int64_t>(1, logits_vocab_multiple));
 }
 
 }  // namespace trainyard::worker

@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   // 2^27 bf16 logits (256 MiB): a GPT-2 vocabulary in chunks of 2,670 rows, so the LM head
   // (and its bf16 conversion) runs a few times per micro-batch rather than hundreds.
   int64_t max_logits_chunk() const override { return int64_t{1} << 27; }
+  int64_t logits_vocab_multiple() const override { return 128; }
   cudaStream_t stream() const { return stream_; }
 
   absl::Status Synchronize() override {
@@ -279,9 +280,9 @@ class CudaBackend final : public Backend {
 
   // Cross-entropy.
   double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             float grad_scale, bool write_grad) override {
+                             int64_t ld, float grad_scale, bool write_grad) override {
     float* losses = ScratchFloats(Scratch::kLosses, rows);
-    Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, grad_scale,
+    Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, ld, grad_scale,
                                 write_grad, losses));
     std::vector<float> host(rows);
     ToHost(host.data(), losses, rows * 4);

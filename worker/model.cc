@@ -33,6 +33,15 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   dims_.qkv_width = (dims_.heads + 2 * dims_.kv_heads) * d;
   dims_.attn = dims_.heads * d;
   dims_.vocab_begin = dims_.vocab * tp_rank();
+  const int64_t multiple = backend->logits_vocab_multiple();
+  head_.vocab = dims_.vocab;
+  if (layout_.last() && n == 1 && dims_.vocab % multiple != 0) {
+    head_.vocab = (dims_.vocab + multiple - 1) / multiple * multiple;
+    for (Buffer<float>* b : {&head_.weight, &head_.grad}) {
+      *b = backend->AllocFloat(head_.vocab * config.width);
+      backend->Fill(b->data(), 0.0f, b->size());
+    }
+  }
   slots_.resize(1);
   group_params_.assign(layout_.groups().size(), nullptr);
   group_grads_.assign(layout_.groups().size(), nullptr);
@@ -156,6 +165,7 @@ int64_t Model::activation_bytes() const {
     add_act(a.moe_exchange);
     add_act(a.moe_expert_rows);
   }
+  floats += head_.weight.size() + head_.grad.size();
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
          ints * static_cast<int64_t>(sizeof(int32_t)) + cp_.scratch_bytes();
 }
@@ -281,8 +291,8 @@ void Model::EnsureActivations(int b, int t) {
   a->lnf_mean = be.AllocFloat(nr);
   a->lnf_rstd = be.AllocFloat(nr);
   a->tmp = be.AllocAct(n * width);
-  const int64_t chunk_rows = std::clamp<int64_t>(be.max_logits_chunk() / dims_.vocab, 1, n);
-  a->logits = be.AllocAct(chunk_rows * dims_.vocab);
+  const int64_t chunk_rows = std::clamp<int64_t>(be.max_logits_chunk() / head_.vocab, 1, n);
+  a->logits = be.AllocAct(chunk_rows * head_.vocab);
   a->ce_stats = be.AllocFloat(chunk_rows * 3);
   a->ce_lse = be.AllocFloat(chunk_rows);
   a->dx = be.AllocAct(nr * width);
@@ -778,21 +788,36 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
     TY_ASSIGN_OR_RETURN(group_grads_[hg], source_->Gradients(hg));
   }
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
-  const int64_t chunk = a.logits.size() / vocab;
+  const int64_t padded = head_.vocab;  // the logits' row stride; columns past vocab are masked
+  const int64_t chunk = a.logits.size() / padded;
   const float* head = P(hg, layout_.lm_head());
+  float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
+  if (padded != vocab) PadHead(&head, with_grad ? &dhead : nullptr);
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
-    backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
+    backend_->Linear(a.logits.data(), h, head, nullptr, rows, padded, width);
     total += backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab,
-                                           grad_scale, with_grad);
+                                           padded, grad_scale, with_grad);
     if (with_grad) {
-      backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
-                               nullptr, a.logits.data(), h, head, rows, vocab, width);
+      backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), dhead, nullptr,
+                               a.logits.data(), h, head, rows, padded, width);
     }
   }
+  if (with_grad && padded != vocab) {
+    backend_->Copy(G(hg, layout_.lm_head()), head_.grad.data(), vocab * width);
+  }
   return total;
+}
+
+void Model::PadHead(const float** head, float** dhead) {
+  const int64_t count = dims_.vocab * config_.width;
+  backend_->Copy(head_.weight.data(), *head, count);
+  *head = head_.weight.data();
+  if (dhead == nullptr) return;
+  backend_->Copy(head_.grad.data(), *dhead, count);  // accumulated onto, then copied back
+  *dhead = head_.grad.data();
 }
 
 // Cross-entropy with the LM head split by vocabulary: each rank has logits for its shard of the

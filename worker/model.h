@@ -258,6 +258,18 @@ class Model {
   const float* P(int group, int64_t offset) const;
   float* G(int group, int64_t offset) const;
 
+  // The chunked cross-entropy's LM head with its width rounded up to the backend's
+  // logits_vocab_multiple (a whole vocabulary only: not under tensor parallelism). The head's
+  // rows are copied in above zero rows for each loss pass and its gradient accumulated there,
+  // the padding's gradient staying zero (its logits are masked out of the softmax). Checkpoints,
+  // reports and the planner's parameters never see it.
+  struct PaddedHead {
+    int64_t vocab = 0;  // the width the GEMMs run at (dims_.vocab when nothing is padded)
+    Buffer<float> weight, grad;  // [vocab, width]; empty when nothing is padded
+  };
+  // Points `head` (and `dhead`, when not null) at the padded copies, filled from them.
+  void PadHead(const float** head, float** dhead);
+
   config::ModelConfig config_;
   TensorParallelOps tp_;        // every collective of the tensor-parallel group
   ContextParallelOps cp_;       // the sequence split and ring attention
@@ -268,6 +280,7 @@ class Model {
   LocalDims dims_;
   Backend* backend_;
   ParamSource* source_;
+  PaddedHead head_;
   std::vector<const float*> group_params_;  // per group, while held
   std::vector<float*> group_grads_;         // per group, once requested this pass
   std::vector<int> hold_counts_;            // live Holds per group

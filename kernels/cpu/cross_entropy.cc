@@ -9,11 +9,11 @@
 namespace trainyard::kernels::cpu {
 
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           float grad_scale, bool write_grad) {
+                           int64_t ld, float grad_scale, bool write_grad) {
   std::vector<double> row_loss(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = logits + r * vocab;
+    float* x = logits + r * ld;
     const float target_logit = x[targets[r]];
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)

@@ -9,10 +9,11 @@ namespace trainyard::kernels::cpu {
 
 // Returns Σ_rows -log softmax(logits[r])[targets[r]] (accumulated in double). logits is scratch:
 // it is overwritten, and when write_grad is set it ends holding the logits' gradient
-// grad_scale · (softmax(logits) - onehot(target)).
+// grad_scale · (softmax(logits) - onehot(target)). Row r starts at logits + r · ld (ld ≥ vocab);
+// the columns [vocab, ld) of a padded row are neither read nor written.
 // Targets must lie in [0, vocab).
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           float grad_scale, bool write_grad);
+                           int64_t ld, float grad_scale, bool write_grad);
 
 // Vocabulary-parallel pieces, for logits split by columns across ranks. Per row r of the local
 // logits: stats[3r] = the row's local max m, stats[3r+1] = Σ exp(x − m), stats[3r+2] = the

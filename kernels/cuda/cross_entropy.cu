@@ -145,8 +145,9 @@ __device__ MaxSum RowMaxSum(const T* row, int64_t vocab) {
 
 template <typename T>
 __global__ void SoftmaxCrossEntropyKernel(T* logits, const int32_t* targets, int64_t vocab,
-                                          float grad_scale, bool write_grad, float* losses) {
-  T* row = logits + blockIdx.x * vocab;
+                                          int64_t ld, float grad_scale, bool write_grad,
+                                          float* losses) {
+  T* row = logits + blockIdx.x * ld;
   const int32_t target = targets[blockIdx.x];
   const bool valid = target >= 0 && target < vocab;
   // Read before the in-place gradient pass; the reduction's barriers order it before any write.
@@ -198,13 +199,14 @@ absl::Status CheckShape(int64_t rows, int64_t vocab) {
 }  // namespace
 
 absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
-                                 const int32_t* targets, int64_t rows, int64_t vocab,
+                                 const int32_t* targets, int64_t rows, int64_t vocab, int64_t ld,
                                  float grad_scale, bool write_grad, float* losses) {
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
+  TY_REQUIRE(ld >= vocab);
   TY_REQUIRE(logits != nullptr && targets != nullptr && losses != nullptr);
   TY_DISPATCH_DTYPE(dtype, T, {
     SoftmaxCrossEntropyKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), targets, vocab, grad_scale, write_grad, losses);
+        static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, losses);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("SoftmaxCrossEntropyKernel");
   return absl::OkStatus();

@@ -17,10 +17,12 @@ namespace trainyard::kernels::cuda {
 // losses[r] = logsumexp(logits[r]) − logits[r, targets[r]]; with write_grad the row becomes
 // grad_scale · (softmax − onehot); without write_grad the logits are left unchanged. Targets
 // must lie in [0, vocab); the launcher cannot check device data, so a target outside it gives
-// that row a NaN loss (and no onehot term) rather than an out-of-bounds access.
+// that row a NaN loss (and no onehot term) rather than an out-of-bounds access. Row r starts at
+// logits + r · ld (ld ≥ vocab); the columns [vocab, ld) of a padded row are left alone.
 [[nodiscard]] absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
                                                const int32_t* targets, int64_t rows, int64_t vocab,
-                                               float grad_scale, bool write_grad, float* losses);
+                                               int64_t ld, float grad_scale, bool write_grad,
+                                               float* losses);
 // Vocabulary-parallel pieces: stats[r] = (max, Σ exp(x − max), target logit or 0 when the
 // target (−1) is another shard's). A local target ≥ vocab (not checkable here) gives NaN.
 [[nodiscard]] absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype,

@@ -2,6 +2,7 @@
 // vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized.
 #include "kernels/cuda/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -66,7 +67,7 @@ TEST(CudaCrossEntropy, LossAndGradientMatchCpu) {
         std::vector<float> want_grad = logits, want_loss(rows);
         for (int64_t r = 0; r < rows; ++r) {
           want_loss[r] = static_cast<float>(cpu::SoftmaxCrossEntropy(
-              want_grad.data() + r * vocab, &targets[r], 1, vocab, kGradScale, true));
+              want_grad.data() + r * vocab, &targets[r], 1, vocab, vocab, kGradScale, true));
         }
 
         DeviceMemory d_logits(rows * vocab * DTypeBytes(dtype)), losses(rows * sizeof(float));
@@ -77,7 +78,7 @@ TEST(CudaCrossEntropy, LossAndGradientMatchCpu) {
           losses.Poison();
           const absl::Status status =
               SoftmaxCrossEntropy(nullptr, dtype, d_logits.get(), d_targets.get(), rows, vocab,
-                                  kGradScale, write_grad, losses.as<float>());
+                                  vocab, kGradScale, write_grad, losses.as<float>());
           ASSERT_TRUE(status.ok()) << status;
           TY_CUDA_ASSERT(cudaDeviceSynchronize());
           // Losses are fp32 arithmetic on identical inputs, whatever the logits' dtype.
@@ -92,6 +93,56 @@ TEST(CudaCrossEntropy, LossAndGradientMatchCpu) {
         }
       }
     }
+  }
+}
+
+// Padded rows (the engine rounds the LM head's width up to a multiple of 128): the columns past
+// the vocabulary hold values that would dominate the softmax; they must be neither read nor
+// written, and every row's loss and gradient equal the unpadded row's.
+TEST(CudaCrossEntropy, PaddedRowsIgnoreTheirPadding) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(24);
+  const int64_t rows = 5, vocab = 133, ld = 256;
+  for (DType dtype : kDTypes) {
+    TY_SHAPE_TRACE(rows, vocab, dtype);
+    const std::vector<float> logits = RandomLogits(rows * vocab, dtype, rng);
+    const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.0, rng);
+    std::vector<float> padded(rows * ld, 8192.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(logits.begin() + r * vocab, vocab, padded.begin() + r * ld);
+    }
+    std::vector<float> want_grad = padded;
+    const double want =
+        cpu::SoftmaxCrossEntropy(want_grad.data(), targets.data(), rows, vocab, ld, kGradScale,
+                                 true);
+    std::vector<float> unpadded_grad = logits;
+    EXPECT_DOUBLE_EQ(want, cpu::SoftmaxCrossEntropy(unpadded_grad.data(), targets.data(), rows,
+                                                    vocab, vocab, kGradScale, true));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < ld; ++j) {
+        ASSERT_EQ(want_grad[r * ld + j], j < vocab ? unpadded_grad[r * vocab + j] : 8192.0f)
+            << "CPU row " << r << " column " << j;
+      }
+    }
+
+    DeviceMemory d_logits(rows * ld * DTypeBytes(dtype)), losses(rows * sizeof(float));
+    const DeviceInts d_targets(targets);
+    Upload(padded, dtype, d_logits.get());
+    ASSERT_TRUE(SoftmaxCrossEntropy(nullptr, dtype, d_logits.get(), d_targets.get(), rows, vocab,
+                                    ld, kGradScale, true, losses.as<float>())
+                    .ok());
+    TY_CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<float> got_losses = Download(losses.get(), rows, DType::kF32);
+    double got = 0.0;
+    for (float l : got_losses) got += l;
+    EXPECT_NEAR(got, want, Tolerance(DType::kF32) * std::abs(want));
+    const std::vector<float> got_grad = Download(d_logits.get(), rows * ld, dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = vocab; j < ld; ++j) {
+        ASSERT_EQ(got_grad[r * ld + j], 8192.0f) << "padding written: row " << r << " column " << j;
+      }
+    }
+    EXPECT_LE(RelativeError(got_grad, want_grad), Tolerance(dtype));
   }
 }
 
@@ -155,7 +206,7 @@ TEST(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
   const DeviceInts d_targets(targets);
   Upload(logits, DType::kF32, d_logits.get());
   ASSERT_TRUE(SoftmaxCrossEntropy(nullptr, DType::kF32, d_logits.get(), d_targets.get(), rows,
-                                  vocab, 1.0f, true, losses.as<float>())
+                                  vocab, vocab, 1.0f, true, losses.as<float>())
                   .ok());
   TY_CUDA_ASSERT(cudaDeviceSynchronize());
   const std::vector<float> got = Download(losses.get(), rows, DType::kF32);
@@ -168,11 +219,15 @@ TEST(CudaCrossEntropy, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceMemory logits(4 * sizeof(float)), targets(2 * sizeof(int32_t)), out(6 * sizeof(float));
   EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2,
-                                1.0f, true, nullptr)
+                                2, 1.0f, true, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 0, 2,
-                                1.0f, true, out.as<float>())
+                                2, 1.0f, true, out.as<float>())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2,
+                                1, 1.0f, true, out.as<float>())
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(

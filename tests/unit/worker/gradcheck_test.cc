@@ -201,11 +201,12 @@ TEST_F(GradCheck, SoftmaxCrossEntropy) {
   auto fwd = [&](const Tensors& in) {
     std::vector<float> logits = in[0];
     return std::vector<float>{static_cast<float>(
-        be_->SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, 0.0f, false))};
+        be_->SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f,
+                                 false))};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
-    be_->SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, dout[0], true);
+    be_->SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true);
     return g;
   };
   CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng_, 2.0f)}, fwd, bwd);
