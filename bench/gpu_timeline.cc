@@ -3,6 +3,7 @@
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -160,9 +161,12 @@ absl::StatusOr<std::string> KernelTimeline::Finish(const std::string& engine,
   std::lock_guard<std::mutex> lock(records_mutex);
   bool any = false;
   for (const Record& r : Records()) {
-    if (r.start_ns < first || r.end_ns > last) continue;
+    // A record that straddles a window's edge (the previous step's optimizer still running at
+    // the first mark) counts for its part inside.
+    if (r.end_ns <= first || r.start_ns >= last) continue;
+    const uint64_t start = std::max(r.start_ns, first), end = std::min(r.end_ns, last);
     absl::StrAppendFormat(&out, "%s[\"%s\",%d,%d,%d,%s]", any ? ",\n" : "\n", r.kind,
-                          r.start_ns - first, r.end_ns - first, r.bytes, JsonString(r.name));
+                          start - first, end - first, r.bytes, JsonString(r.name));
     any = true;
   }
   absl::StrAppend(&out, "]}\n");

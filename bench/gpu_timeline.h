@@ -29,8 +29,8 @@ class KernelTimeline {
   KernelTimeline(const KernelTimeline&) = delete;
   KernelTimeline& operator=(const KernelTimeline&) = delete;
 
-  // A step boundary, on the clock of the activity records. Records before the first mark and
-  // after the last are left out.
+  // A step boundary, on the clock of the activity records. Records are clipped to the span from
+  // the first mark to the last (what lies outside it is left out).
   void Mark();
   int marks() const { return static_cast<int>(marks_ns_.size()); }
 

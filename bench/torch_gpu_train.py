@@ -245,8 +245,10 @@ def write_timeline(profiler, preset, path):
             continue
         kind = ("memcpy" if e.name.startswith("Memcpy") else
                 "memset" if e.name.startswith("Memset") else "kernel")
-        start, end = e.time_range.start - first, e.time_range.end - first
-        if start >= 0 and end <= marks[-1]:
+        # A record that straddles the window's edges counts for its part inside.
+        start = max(e.time_range.start - first, 0)
+        end = min(e.time_range.end - first, marks[-1])
+        if end > start:
             records.append([kind, int(start * 1000), int(end * 1000), 0, e.name])
     records.sort(key=lambda r: r[1])
     with open(path, "w") as out:

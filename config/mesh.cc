@@ -154,16 +154,6 @@ Problem CheckContextParallel(const ParallelismSpec& m, const TrainingSpec& t) {
   return std::nullopt;
 }
 
-// Ring attention's block kernels are the CPU backend's; the CUDA backend has none yet.
-Problem CheckContextParallelDevices(const ParallelismSpec& m, const ResourcesSpec& r) {
-  if (m.cp == 1 || r.kind != DeviceKind::kGpu) return std::nullopt;
-  return Bad("parallelism.cp",
-             absl::StrCat("cp ", m.cp,
-                          " needs CPU ranks: ring attention has no GPU kernels yet (write cp: 1, "
-                          "or resources.kind: cpu)"),
-             {"resources.kind"});
-}
-
 // The router picks each token's experts from the whole micro-batch's tokens on the rank; it has
 // not been made to run over a sequence split between context-parallel ranks.
 Problem CheckMixtureOfExpertsContext(const ParallelismSpec& m, const ModelConfig& model) {
@@ -365,7 +355,6 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
-  if (Problem p = CheckContextParallelDevices(mesh, spec.resources)) return p;
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }

@@ -19,8 +19,8 @@ namespace trainyard::config {
 // own parallelism is ignored), or nothing. The rules, in order: every degree is at least 1 and
 // zero is 0..3; dp x cp x tp x pp equals resources.nodes x resources.devices_per_node (the problem
 // names the factor that, changed alone, would fit); tp divides devices_per_node (TP groups stay
-// inside a node); cp is 1 on GPU resources (ring attention runs on CPU ranks only), and so is
-// model.moe (its layers have not run on a GPU); model.heads, model.kv_heads, model.ffn_hidden,
+// inside a node); model.moe is on CPU resources only (its layers have not run on a GPU);
+// model.heads, model.kv_heads, model.ffn_hidden,
 // model.vocab and model.moe.ffn are divisible by
 // tp; model.layers >= pp (every pipeline stage holds a layer), and a token embedding tied across
 // pipeline stages needs ZeRO 0 or 1; training.batch is divisible by

@@ -68,6 +68,9 @@ struct DeviceProfile {
   int64_t act_bytes = 4;
   int64_t max_logits_chunk = int64_t{1} << 20;
   int64_t logits_vocab_multiple = 1;
+  // Ring attention's transfers run while the block in hand is computed (Gloo's started sends and
+  // receives, CPU ranks); on the CUDA backend's communicators each hop is a blocking exchange.
+  bool ring_overlap = true;
   bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
   // cpu: the model and micro-batch the shared-rank probes ran, in words (empty: not recorded).
   std::string reference;

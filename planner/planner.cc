@@ -78,7 +78,9 @@ bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node
 // Ring attention's exposed seconds per micro-batch (RingExposure, beside the engine's order in
 // worker/context_parallel.cc): each of a block's cp ring steps computes attention against one
 // rank's keys and values while the next travel; what a step's transfers take beyond its share
-// of the block's attention (1/cp: the head-tail split balances it) is exposed.
+// of the block's attention (1/cp: the head-tail split balances it) is exposed. Where the
+// device's communicator exchanges without overlap (DeviceProfile::ring_overlap false: the CUDA
+// backend), every transfer is.
 struct RingSeconds {
   double forward = 0, backward = 0;
 };
@@ -93,7 +95,8 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   // this rank, s the whole sequence), twice that backward.
   const double attention =
       4.0 * s.model.width / s.mesh.tp * s.seq_len * s.rows() / device.matmul_flops;
-  const double forward_step = attention / cp, backward_step = 2 * attention / cp;
+  const double hidden = device.ring_overlap ? 1.0 : 0.0;
+  const double forward_step = hidden * attention / cp, backward_step = 2 * hidden * attention / cp;
   // Forward: cp − 1 steps with one transfer in flight.
   const double forward = (cp - 1) * std::max(0.0, transfer - forward_step);
   // Backward: the first step carries the keys and values only, the last the gradient only, those
@@ -323,20 +326,11 @@ std::vector<config::ParallelismSpec> ScheduleOptions(config::ParallelismSpec mes
 
 std::vector<int> ContextParallelDegrees(const config::JobSpec& spec) {
   std::vector<int> degrees = {1};
-  if (spec.resources.kind != config::DeviceKind::kCpu) return degrees;
   const int world = spec.resources.world_size();
   for (int cp = 2; cp <= world; ++cp) {
     if (world % cp == 0 && spec.training.seq_len % (2 * cp) == 0) degrees.push_back(cp);
   }
   return degrees;
-}
-
-std::optional<std::string> ContextParallelProblem(const config::ParallelismSpec& mesh,
-                                                  const config::JobSpec& spec) {
-  if (mesh.cp == 1 || spec.resources.kind == config::DeviceKind::kCpu) return std::nullopt;
-  return absl::StrCat("parallelism.cp: context parallelism runs on CPU ranks only (cp ", mesh.cp,
-                      " on ", config::DeviceKindName(spec.resources.kind),
-                      " resources); the CUDA backend has no ring-attention kernels yet");
 }
 
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
@@ -468,9 +462,6 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
     if (auto problem = config::FindMeshProblem(*request.mesh, spec)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh: ", problem->path, ": ", problem->reason));
-    }
-    if (auto problem = ContextParallelProblem(*request.mesh, spec)) {
-      return absl::InvalidArgumentError(absl::StrCat("--mesh: ", *problem));
     }
     meshes = ScheduleOptions(*request.mesh, spec);
   } else {

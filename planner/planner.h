@@ -111,14 +111,9 @@ std::optional<std::string> UnsearchedProblem(const config::ModelConfig& model);
 // fast the one without context parallelism is chosen.
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
 
-// The context-parallel degrees the planner considers: 1, and on CPU resources (the CUDA backend
-// has no ring attention) every divisor cp > 1 of the world with training.seq_len divisible by
-// 2 · cp (the head-tail split).
+// The context-parallel degrees the planner considers: 1, and every divisor cp > 1 of the world
+// with training.seq_len divisible by 2 · cp (the head-tail split).
 std::vector<int> ContextParallelDegrees(const config::JobSpec& spec);
-// Why `mesh` cannot run on the spec's resources although config's rules allow it: cp > 1 on GPU
-// resources ("parallelism.cp: ..."). Nothing otherwise.
-std::optional<std::string> ContextParallelProblem(const config::ParallelismSpec& mesh,
-                                                  const config::JobSpec& spec);
 
 // The most model chunks per rank `schedule: auto` tries for interleaved 1F1B.
 inline constexpr int kMaxAutoVirtualStages = 4;

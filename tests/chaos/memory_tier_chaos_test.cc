@@ -1,8 +1,9 @@
 // The memory tier with real processes: a worker killed with SIGKILL costs at most one step (the
 // new attempt resumes from the step the crash interrupted, or the one before it, from its
-// node's memory, not from the far older checkpoint on disk); a whole node lost (agent and
-// worker killed) resumes from the copy its peer node holds, on the survivor alone; and an agent
-// whose budget is too small refuses the reservation with an event while the job goes on.
+// node's memory, not from the far older checkpoint on disk), at context parallelism too; a whole
+// node lost (agent and worker killed) resumes from the copy its peer node holds, on the survivor
+// alone; and an agent whose budget is too small refuses the reservation with an event while the
+// job goes on.
 #include <signal.h>
 
 #include <chrono>
@@ -113,6 +114,41 @@ TEST(MemoryTierChaosTest, WorkerKillResumesFromTheInterruptedStepInMemory) {
   EXPECT_GE(interrupted, 300);
   EXPECT_GE(resumed, interrupted - 1) << "more than one step lost";
   EXPECT_LE(resumed, interrupted);
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const double got = ExactFinalLoss(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", resumed " << got;
+}
+
+// dp 1 × cp 2: both ranks hold every parameter (replicated over the cp ranks as over dp ones)
+// and each its own half of every sequence. A killed rank's job resumes from the node's memory,
+// not from the disk, and ends at the uninterrupted run's exact loss.
+TEST(MemoryTierChaosTest, ContextParallelJobResumesFromMemoryToTheExactLoss) {
+  auto job = [](const std::string& name, const std::string& dir) {
+    return absl::StrReplaceAll(MemoryJob(name, dir, 1), {{"parallelism: {dp: 2}",
+                                                          "parallelism: {dp: 1, cp: 2}"},
+                                                         {"steps: 1200", "steps: 400"}});
+  };
+  ControlPlane cp("chaos_memory_cp");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  const std::string reference =
+      cp.Submit(cp.WriteSpec("reference.yaml", job("reference", cp.dir() + "/ref")));
+  const ProcessResult uninterrupted = cp.Cli({"watch", reference}, 300);
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.out << uninterrupted.err;
+  const double want = ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id = cp.Submit(cp.WriteSpec("job.yaml", job("job", cp.dir() + "/ckpt")));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 100, 120));
+  const v1::GetJobReply running = cp.Status(job_id);
+  ASSERT_EQ(running.attempts(0).placement_size(), 2);
+  ASSERT_EQ(kill(static_cast<pid_t>(running.attempts(0).placement(1).pid()), SIGKILL), 0);
+  const std::string cause = WaitForResumedAttempt2(cp, job_id);
+  ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(cause, HasSubstr("memory tier"));
+  EXPECT_GE(ResumedStep(cause), 100);
 
   const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;

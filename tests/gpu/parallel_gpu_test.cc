@@ -1,6 +1,8 @@
 // Several GPU ranks sharing one GPU (collectives through Gloo with host staging): DP=2 (plain
 // and ZeRO stages 2 and 3), TP=2, PP=2 and CP=2 (ring attention; alone and with DP=2 and ZeRO-1)
-// train five steps and must agree with the single-rank GPU run of the same job.
+// train five steps and must agree with the single-rank GPU run of the same job; so do a mixture of
+// experts (four experts, top-2, one shared, in every block) on DP=2 and on DP=2 with EP=2, and
+// the single GPU's mixture of experts agrees with the CPU backend's.
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
 // the CPU equivalence test does (losses ≤ 1e-4 relative). With bf16 activations the parallel
@@ -52,7 +54,19 @@ struct Mesh {
   int dp, tp, pp;
   int zero = 0;  // ZeRO stage; 2 and 3 accumulate reduce-scattered gradients into device chunks
   int cp = 1;    // context parallelism: ring attention's block kernels and its transfers
+  int ep = 1;    // expert parallelism (with `moe`): tokens to their experts by all-to-all
+  bool moe = false;
 };
+
+// model.moe as the CPU equivalence suite's MoE meshes have it (tests/integration/mesh_cases.h).
+void AddExperts(config::JobSpec* spec) {
+  config::MoeConfig& moe = spec->model.moe;
+  moe.experts = 4;
+  moe.top_k = 2;
+  moe.shared_experts = 1;
+  moe.ffn = 32;
+  moe.aux_loss_coeff = 0.1f;
+}
 
 class ParallelOnOneGpu : public ::testing::TestWithParam<std::tuple<Mesh, DType>> {};
 
@@ -60,6 +74,7 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   TY_SKIP_WITHOUT_GPU();
   const auto [mesh, act] = GetParam();
   config::JobSpec spec = BaseJob();
+  if (mesh.moe) AddExperts(&spec);
   auto single_backend = Gpu(act);
   ASSERT_NE(single_backend, nullptr);
   auto single = Train(spec, *single_backend, {});
@@ -70,6 +85,7 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   spec.parallelism.pp = mesh.pp;
   spec.parallelism.zero = mesh.zero;
   spec.parallelism.cp = mesh.cp;
+  spec.parallelism.ep = mesh.ep;
   spec.resources.devices_per_node = spec.parallelism.world_size();
   testenv::RankRunOptions options;
   options.make_backend = [act = act](int) { return Gpu(act); };
@@ -88,12 +104,37 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   }
 }
 
+// The whole MoE layer on the CUDA backend (router, routing on the host, expert GEMMs, gather and
+// combine, their backward) trains as the CPU backend's does: fp32 losses within 1e-4.
+TEST(MoeOnGpu, TrainsAsTheCpuBackendDoes) {
+  TY_SKIP_WITHOUT_GPU();
+  config::JobSpec spec = BaseJob();
+  AddExperts(&spec);
+  auto gpu = Gpu(DType::kF32);
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = MakeCpuBackend(0);
+  auto on_gpu = Train(spec, *gpu, {});
+  auto on_cpu = Train(spec, *cpu, {});
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  ASSERT_EQ(on_gpu->train_losses.size(), on_cpu->train_losses.size());
+  for (size_t i = 0; i < on_gpu->train_losses.size(); ++i) {
+    EXPECT_LE(std::abs(on_gpu->train_losses[i] - on_cpu->train_losses[i]) /
+                  on_cpu->train_losses[i],
+              1e-4)
+        << "step " << i + 1 << ": " << on_gpu->train_losses[i] << " vs "
+        << on_cpu->train_losses[i];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ParallelOnOneGpu,
     ::testing::Combine(::testing::Values(Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1},
                                          Mesh{"pp2", 1, 1, 2}, Mesh{"dp2_zero2", 2, 1, 1, 2},
                                          Mesh{"dp2_zero3", 2, 1, 1, 3}, Mesh{"cp2", 1, 1, 1, 0, 2},
-                                         Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2}),
+                                         Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2},
+                                         Mesh{"moe_dp2", 2, 1, 1, 0, 1, 1, true},
+                                         Mesh{"moe_dp2_ep2", 2, 1, 1, 0, 1, 2, true}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));

@@ -155,11 +155,6 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        "5:19", "parallelism.cp",
        "dp 1 × cp 4 × tp 1 × pp 1 = 4 ranks, but resources provide 2 (nodes 1 × devices_per_node "
        "2); cp 2 would fit"},
-      {"cp on GPUs",
-       WithSections("resources: {devices_per_node: 2, kind: gpu}\nparallelism: {cp: 2}\n"), "5:19",
-       "parallelism.cp",
-       "cp 2 needs CPU ranks: ring attention has no GPU kernels yet (write cp: 1, or "
-       "resources.kind: cpu)"},
       {"cp below one", WithSections("parallelism: {cp: 0}\n"), "4:19", "parallelism.cp",
        "must be between 1 and 65536, got 0"},
       {"sequence not in 2 × cp chunks",

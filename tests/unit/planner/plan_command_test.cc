@@ -215,10 +215,10 @@ TEST_F(PlanCommand, InterleavedCandidatesShowTheirVirtualStages) {
   EXPECT_FALSE(absl::StrContains(out_.str(), "pp4 z0 i2")) << out_.str();
 }
 
-// CPU ranks are also planned with context parallelism where the sequence splits: the table names
-// cp and adds ring attention's bytes, the JSON has "cp" in every mesh and its bytes; a GPU job's
-// table has neither (the CUDA backend has no ring attention), and `--mesh` takes cp.
-TEST_F(PlanCommand, ContextParallelMeshesOnCpuOnly) {
+// Jobs are also planned with context parallelism where the sequence splits, on CPU ranks and
+// GPUs alike: the table names cp and adds ring attention's bytes, the JSON has "cp" in every mesh
+// and its bytes, and `--mesh` takes cp.
+TEST_F(PlanCommand, ContextParallelMeshesOnCpuAndGpu) {
   ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 cp2 tp1 pp1 z0 ")) << out_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), " cp bytes")) << out_.str();
@@ -234,8 +234,10 @@ TEST_F(PlanCommand, ContextParallelMeshesOnCpuOnly) {
   const std::string gpu = Write(
       "gpu.yaml", std::string(kSpec) + "resources: {nodes: 1, devices_per_node: 2, kind: gpu}\n");
   ASSERT_EQ(Run({gpu}), 0) << err_.str();
-  EXPECT_FALSE(absl::StrContains(out_.str(), " cp")) << out_.str();
-  ExpectBadInput({gpu, "--mesh", "dp=1,tp=1,pp=1,cp=2"}, "--mesh: parallelism.cp");
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 cp2 tp1 pp1 z0 ")) << out_.str();
+  ASSERT_EQ(Run({gpu, "--json", "--mesh", "dp=1,tp=1,pp=1,cp=2"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"mesh\":{\"dp\":1,\"tp\":1,\"pp\":1,\"cp\":2,"))
+      << out_.str();
   ExpectBadInput({SpecWithResources(), "--mesh", "dp=1,tp=1,pp=1,cp=3"}, "--mesh: parallelism");
 }
 

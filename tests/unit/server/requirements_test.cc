@@ -32,7 +32,7 @@ TEST(RequirementsTest, CopiesThePlacementShape) {
 
 TEST(RequirementsTest, CarriesTheContextParallelDegreeIntoTheWorld) {
   config::JobSpec spec = Spec(2, 4, 2, 2, 1);
-  spec.resources.kind = config::DeviceKind::kCpu;  // ring attention runs on CPU ranks
+  spec.resources.kind = config::DeviceKind::kCpu;
   spec.parallelism.cp = 2;
   auto req = RequirementsFromSpec(spec);
   ASSERT_TRUE(req.ok()) << req.status();
@@ -41,12 +41,13 @@ TEST(RequirementsTest, CarriesTheContextParallelDegreeIntoTheWorld) {
   // Without cp the same degrees fill half the world.
   spec.parallelism.cp = 1;
   EXPECT_EQ(RequirementsFromSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
-  // On GPUs cp is refused, naming the field.
+  // On GPUs alike.
   spec.parallelism.cp = 2;
   spec.resources.kind = config::DeviceKind::kGpu;
   const auto gpu = RequirementsFromSpec(spec);
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(gpu.status().message().find("parallelism.cp"), std::string::npos) << gpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->mesh.cp, 2);
+  EXPECT_EQ(gpu->world_size(), 8);
 }
 
 TEST(RequirementsTest, RefusesMeshesThePlacementCannotHold) {
