@@ -75,6 +75,13 @@ class Backend {
   // (zero weight rows, masked out of the softmax): cuBLASLt runs GPT-2's 50257-wide head with
   // 1-element-aligned kernels at an eighth of the speed of a 50304-wide one.
   virtual int64_t logits_vocab_multiple() const { return 1; }
+  // Between HoldWeight(w, count) and ReleaseWeight(), linear operations that name `w` (with
+  // `count` elements) may reuse one converted copy of it instead of converting it on every use:
+  // the caller promises that w does not change meanwhile. The chunked cross-entropy holds the LM
+  // head over its chunks (the CUDA backend converts it to bf16 once instead of twice a chunk).
+  // Backends that convert nothing ignore both.
+  virtual void HoldWeight(const float* w, int64_t count) {}
+  virtual void ReleaseWeight() {}
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }

@@ -81,6 +81,8 @@ class CudaBackend final : public Backend {
   // (and its bf16 conversion) runs a few times per micro-batch rather than hundreds.
   int64_t max_logits_chunk() const override { return int64_t{1} << 27; }
   int64_t logits_vocab_multiple() const override { return 128; }
+  void HoldWeight(const float* w, int64_t count) override { held_ = {w, count, false}; }
+  void ReleaseWeight() override { held_ = {}; }
   cudaStream_t stream() const { return stream_; }
 
   absl::Status Synchronize() override {
@@ -440,8 +442,13 @@ class CudaBackend final : public Backend {
   // use, so they are right whatever changed the master copy — an optimizer step, a ZeRO gather).
   const void* Weight(const float* w, int64_t n) {
     if (act_dtype() == DType::kF32) return w;
+    if (held_.weight != nullptr && held_.converted && w == held_.weight && n == held_.count) {
+      return scratch_[static_cast<int>(Scratch::kWeight)].ptr;
+    }
     void* dst = ScratchBytes(Scratch::kWeight, n * 2);
     Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, w, n));
+    // The scratch now holds this weight: valid for reuse only if it is the held one.
+    held_.converted = dst != nullptr && w == held_.weight && n == held_.count;
     return dst;
   }
   const void* Bias(const float* b, int64_t n) {
@@ -456,6 +463,13 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
 
+  // The weight HoldWeight named, and whether the kWeight scratch holds its conversion.
+  struct HeldWeight {
+    const float* weight = nullptr;
+    int64_t count = 0;
+    bool converted = false;
+  };
+  HeldWeight held_;
   CudaBackendOptions options_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;

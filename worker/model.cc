@@ -793,6 +793,7 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
   const float* head = P(hg, layout_.lm_head());
   float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
   if (padded != vocab) PadHead(&head, with_grad ? &dhead : nullptr);
+  backend_->HoldWeight(head, padded * width);  // unchanged until the last chunk's backward
   double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
@@ -805,6 +806,7 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
                                a.logits.data(), h, head, rows, padded, width);
     }
   }
+  backend_->ReleaseWeight();
   if (with_grad && padded != vocab) {
     backend_->Copy(G(hg, layout_.lm_head()), head_.grad.data(), vocab * width);
   }
