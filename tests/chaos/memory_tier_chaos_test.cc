@@ -1,6 +1,6 @@
-// The memory tier with real processes: a worker killed with SIGKILL costs at most one step (the
-// new attempt resumes from the step the crash interrupted, or the one before it, from its
-// node's memory, not from the far older checkpoint on disk), at context parallelism too; a whole
+// The memory tier with real processes: a worker killed with SIGKILL costs at most the snapshot
+// in flight (the new attempt resumes from its node's memory, not from the far older checkpoint
+// on disk, within two steps of the last one logged), at context parallelism too; a whole
 // node lost (agent and worker killed) resumes from the copy its peer node holds, on the survivor
 // alone; and an agent whose budget is too small refuses the reservation with an event while the
 // job goes on.
@@ -112,7 +112,11 @@ TEST(MemoryTierChaosTest, WorkerKillResumesFromTheInterruptedStepInMemory) {
       LastLoggedStep(cp.Cli({"logs", job_id, "--attempt", "1", "--rank", "0"}).out);
   const int64_t resumed = ResumedStep(cause);
   EXPECT_GE(interrupted, 300);
-  EXPECT_GE(resumed, interrupted - 1) << "more than one step lost";
+  // Each rank writes one snapshot at a time (the next save waits for the last): a kill that
+  // lands after step L's collectives but before the rank saved L, while its snapshot of L − 1 is
+  // still being written (a loaded machine writes slower than it steps), leaves L − 2 as the
+  // newest snapshot every rank committed.
+  EXPECT_GE(resumed, interrupted - 2) << "more than the snapshot in flight lost";
   EXPECT_LE(resumed, interrupted);
 
   const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
