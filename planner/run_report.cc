@@ -64,11 +64,14 @@ RunFigures PredictRun(const config::JobSpec& spec, const DeviceProfile& device,
   f.communication = whole.step.communication;
   f.bubble = whole.step.bubble;
   f.bubble_fraction = whole.bubble_fraction;
-  f.mfu = whole.mfu;
+  f.mfu = device.calibrated ? whole.mfu : std::numeric_limits<double>::quiet_NaN();
   return f;
 }
 
 double MfuAt(const config::JobSpec& spec, const DeviceProfile& device, double step_seconds) {
+  // A placeholder profile's peak is no machine's: an MFU against it means nothing (it read 149%
+  // on a 2-core machine).
+  if (!device.calibrated) return std::numeric_limits<double>::quiet_NaN();
   const double share = device.shared_node ? spec.resources.devices_per_node : 1;
   const double peak = device.peak_flops / std::max(1.0, share);
   if (!(step_seconds > 0) || !(peak > 0)) return 0;
@@ -108,8 +111,13 @@ std::string ComparisonText(const RunComparison& c) {
   AddRow(&out, "bubble fraction", absl::StrFormat("%.3f", p.bubble_fraction),
          absl::StrFormat("%.3f", m.bubble_fraction),
          ErrorText(p.bubble_fraction, m.bubble_fraction));
-  AddRow(&out, "MFU", absl::StrFormat("%.2f%%", 100 * p.mfu),
-         absl::StrFormat("%.2f%%", 100 * m.mfu), ErrorText(p.mfu, m.mfu));
+  if (std::isfinite(p.mfu) && std::isfinite(m.mfu)) {
+    AddRow(&out, "MFU", absl::StrFormat("%.2f%%", 100 * p.mfu),
+           absl::StrFormat("%.2f%%", 100 * m.mfu), ErrorText(p.mfu, m.mfu));
+  } else {
+    AddRow(&out, "MFU", "n/a", "n/a",
+           "no measured peak: the profile is not calibrated (trainyard plan --calibrate)");
+  }
   return out;
 }
 

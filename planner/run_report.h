@@ -30,7 +30,7 @@ struct RunFigures {
   double communication = 0;  // exposed collectives
   double bubble = 0;         // measured: blocked on pipeline peers (transfers included)
   double bubble_fraction = 0;
-  double mfu = 0;
+  double mfu = 0;  // NaN where the device profile has no measured peak (not calibrated)
 };
 
 struct RunComparison {
@@ -46,7 +46,8 @@ struct RunComparison {
 RunFigures PredictRun(const config::JobSpec& spec, const DeviceProfile& device,
                       const LoopOptions& loop, int rank);
 
-// The MFU a measured step time gives, against the same peak the prediction used.
+// The MFU a measured step time gives, against the same peak the prediction used; NaN for a
+// profile that is not calibrated (its peak is a placeholder), as RunFigures::mfu then is.
 double MfuAt(const config::JobSpec& spec, const DeviceProfile& device, double step_seconds);
 
 // (predicted − measured) / measured; 0 when both are 0, and infinite when only measured is.

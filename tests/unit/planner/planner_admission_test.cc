@@ -178,6 +178,31 @@ TEST(PlannerRunReport, ShowsPredictedMeasuredAndTheErrorOfEach) {
   EXPECT_EQ(c.predicted.bytes_pp, 0);
 }
 
+// MFU needs a true peak: against the uncalibrated CPU placeholder (50 GFLOP/s, which a 2-core
+// machine's run beat at 149%) the report says it has none instead of printing a number, also
+// after the coordinator's round trip.
+TEST(PlannerRunReport, NoMfuWithoutAMeasuredPeak) {
+  const config::JobSpec spec = Gpt2Debug(2);
+  DeviceProfile device = *PublishedProfile("h100");
+  device.calibrated = false;  // as LoadCpuProfile's placeholder is
+  RunComparison c;
+  c.mesh = spec.parallelism;
+  c.device = device.name;
+  c.steps = 3;
+  c.predicted = PredictRun(spec, device, {}, 0);
+  c.measured = c.predicted;
+  c.measured.mfu = MfuAt(spec, device, 1e-6);  // a step far faster than the placeholder allows
+  EXPECT_TRUE(std::isnan(c.predicted.mfu));
+  EXPECT_TRUE(std::isnan(c.measured.mfu));
+  const std::string text = ComparisonText(FromProto(ToProto(c)));
+  EXPECT_THAT(text, ::testing::ContainsRegex("MFU +n/a +n/a +no measured peak"));
+  EXPECT_THAT(text, ::testing::Not(::testing::ContainsRegex("MFU +[0-9]")));
+
+  device.calibrated = true;
+  EXPECT_GT(MfuAt(spec, device, 1.0), 0);
+  EXPECT_TRUE(std::isfinite(PredictRun(spec, device, {}, 0).mfu));
+}
+
 // A cp mesh's report has ring attention's row; a mesh without context parallelism none.
 TEST(PlannerRunReport, ContextParallelMeshesShowTheRingsBytes) {
   config::JobSpec spec = Gpt2Debug(2);
