@@ -10,7 +10,8 @@
 // Uncordon(); either way the node starts over with an empty history.
 //
 // Nothing is persisted: a restarted coordinator forgets cordons, which errs on the side of using
-// the node. Times are the caller's (absl::Time now); they should not go backwards.
+// the node. The Supervisor undoes (Uncordon) a cordon that would leave the failing job no node
+// to run on. Times are the caller's (absl::Time now); they should not go backwards.
 //
 // Pure: no clock, no I/O. Threading: none; the owner (Supervisor) calls it under its lock.
 #ifndef TRAINYARD_SERVER_NODE_QUARANTINE_H_

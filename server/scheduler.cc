@@ -151,6 +151,12 @@ std::string NeverFits(const PendingJob& job, const std::vector<NodeView>& capaci
 
 }  // namespace
 
+bool Scheduler::FitsNowhere(const std::string& job_id, std::vector<NodeView> capacity) const {
+  const PendingJob* job = Find(job_id);
+  Placement ignored;
+  return job != nullptr && !PlaceAtSomeSize(*job, capacity, ignored);
+}
+
 std::string Scheduler::WaitReason(const std::string& job_id, std::vector<NodeView> capacity,
                                   std::vector<NodeView> free) const {
   const PendingJob* job = Find(job_id);

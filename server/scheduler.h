@@ -110,6 +110,9 @@ class Scheduler {
   // `free`. "" when it is not queued, or would be placed now.
   std::string WaitReason(const std::string& job_id, std::vector<NodeView> capacity,
                          std::vector<NodeView> free) const;
+  // Whether queued job `job_id` fits on `capacity` at no size it may take (false when it is not
+  // queued).
+  bool FitsNowhere(const std::string& job_id, std::vector<NodeView> capacity) const;
 
  private:
   struct Key {

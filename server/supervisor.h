@@ -562,9 +562,18 @@ class Supervisor {
   void TickFailuresLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshHealthLocked(JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<NodeView> SchedulableNodesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every slot of the nodes a job could be placed on (connected, not lost, not cordoned), as if
-  // all were free.
-  std::vector<NodeView> CapacityLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every slot of the nodes a job could be placed on (connected, not lost, and not cordoned
+  // unless `with_cordoned`), as if all were free.
+  std::vector<NodeView> CapacityLocked(absl::Time now, bool with_cordoned = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `entry`'s job, at its own size or a smaller one it may restart at, fits the capacity
+  // left without cordoned nodes.
+  bool CouldRunLocked(const JobEntry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts an infrastructure failure against `node_id`; a cordon it brings is undone (with an
+  // event saying so) when it would leave `entry`'s job no node to run on.
+  void RecordNodeFailureLocked(Txn& txn, JobEntry& entry, int attempt_id,
+                               const std::string& node_id, const std::string& cause,
+                               absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job`, a copy of a job's record for a reader, with `waiting` filled in while it is queued.
   void FillWaitingLocked(JobRecord& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "config/mesh.h"
@@ -183,16 +184,8 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
     if (infrastructure) entry.checkpoint_policy->ObserveFailure();
   }
   entry.exposure_mark = absl::InfinitePast();
-  if (infrastructure && !summary.node_id.empty() &&
-      quarantine_.RecordFailure(summary.node_id, now, failure.cause)) {
-    const std::optional<Cordon> cordon = quarantine_.Find(summary.node_id, now);
-    const std::string why = absl::StrCat(
-        "node ", summary.node_id, " cordoned until ",
-        cordon ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", cordon->until, absl::UTCTimeZone())
-               : std::string("lifted"),
-        ": ", cordon ? cordon->reason : failure.cause);
-    TY_LOG(WARNING) << why;
-    AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "node_cordoned", why);
+  if (infrastructure && !summary.node_id.empty()) {
+    RecordNodeFailureLocked(txn, entry, attempt.attempt_id, summary.node_id, failure.cause, now);
   }
 
   // A job being cancelled or drained is never restarted: the user asked it to stop.
@@ -396,6 +389,44 @@ void Supervisor::RefreshHealthLocked(JobEntry& entry, absl::Time now) {
   }
 }
 
+void Supervisor::RecordNodeFailureLocked(Txn& txn, JobEntry& entry, int attempt_id,
+                                         const std::string& node_id, const std::string& cause,
+                                         absl::Time now) {
+  if (!quarantine_.RecordFailure(node_id, now, cause)) return;
+  const JobState state = entry.job.state;
+  const std::optional<Cordon> cordon = quarantine_.Find(node_id, now);
+  const std::string reason = cordon ? cordon->reason : cause;
+  if (!CouldRunLocked(entry, now)) {
+    // A cordon would strand the job (on a one-node cluster, the only node): the node stays
+    // usable and its failures count from zero again; the job's own restart limit still holds.
+    quarantine_.Uncordon(node_id);
+    const std::string why =
+        absl::StrCat("node ", node_id, " not cordoned (", reason, "): no other connected node ",
+                     "can run job ", entry.job.id, ", which a cordon would strand");
+    TY_LOG(WARNING) << why;
+    AddEvent(txn, entry, attempt_id, state, state, "node_not_cordoned", why);
+    return;
+  }
+  const std::string why = absl::StrCat(
+      "node ", node_id, " cordoned until ",
+      cordon ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", cordon->until, absl::UTCTimeZone())
+             : std::string("lifted"),
+      ": ", reason);
+  TY_LOG(WARNING) << why;
+  AddEvent(txn, entry, attempt_id, state, state, "node_cordoned", why);
+}
+
+bool Supervisor::CouldRunLocked(const JobEntry& entry, absl::Time now) {
+  PendingJob job;
+  job.job_id = entry.job.id;
+  job.requirements = entry.job.requirements;
+  job.memory_per_rank = entry.memory_per_rank;
+  job.smaller = entry.smaller_shapes;  // a restart may run at any of them
+  std::vector<NodeView> capacity = CapacityLocked(now);
+  Placement ignored;
+  return PlaceAtSomeSize(job, capacity, ignored);
+}
+
 std::vector<NodeView> Supervisor::SchedulableNodesLocked(absl::Time now) {
   std::vector<NodeView> nodes;
   for (NodeView& node : registry_->FreeNodes()) {
@@ -404,10 +435,11 @@ std::vector<NodeView> Supervisor::SchedulableNodesLocked(absl::Time now) {
   return nodes;
 }
 
-std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now) {
+std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now, bool with_cordoned) {
   std::vector<NodeView> nodes;
   for (const NodeStatus& status : registry_->Nodes()) {
-    if (!status.connected || status.lost || quarantine_.IsCordoned(status.record.node_id, now)) {
+    if (!status.connected || status.lost ||
+        (!with_cordoned && quarantine_.IsCordoned(status.record.node_id, now))) {
       continue;
     }
     NodeView& node = nodes.emplace_back();
@@ -423,7 +455,22 @@ std::vector<NodeView> Supervisor::CapacityLocked(absl::Time now) {
 
 void Supervisor::FillWaitingLocked(JobRecord& job, absl::Time now) {
   if (!scheduler_.Contains(job.id)) return;
-  job.waiting = scheduler_.WaitReason(job.id, CapacityLocked(now), SchedulableNodesLocked(now));
+  const std::vector<NodeView> capacity = CapacityLocked(now);
+  job.waiting = scheduler_.WaitReason(job.id, capacity, SchedulableNodesLocked(now));
+  const std::vector<Cordon> cordons = quarantine_.Cordoned(now);
+  if (cordons.empty() || !scheduler_.FitsNowhere(job.id, capacity) ||
+      scheduler_.FitsNowhere(job.id, CapacityLocked(now, /*with_cordoned=*/true))) {
+    return;
+  }
+  // Only cordoned nodes could run it: say which, why, until when, and how to lift them.
+  std::vector<std::string> parts;
+  for (const Cordon& c : cordons) {
+    parts.push_back(absl::StrCat(
+        "node ", c.node_id, " is cordoned until ",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", c.until, absl::UTCTimeZone()), " (", c.reason,
+        "); `trainyard nodes uncordon ", c.node_id, "` lifts it now"));
+  }
+  job.waiting = absl::StrCat("waiting for cordoned nodes: ", absl::StrJoin(parts, "; "));
 }
 
 absl::StatusOr<NodeStatus> Supervisor::Uncordon(const std::string& node_id) {

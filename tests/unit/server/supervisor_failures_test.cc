@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -492,6 +493,61 @@ TEST_F(SupervisorFailurePolicyTest, QuarantinePolicyCordonsANodeWhereAttemptsKee
   EXPECT_EQ(TakeSent(a).starts.size(), 1u);
   EXPECT_EQ(supervisor_->Uncordon("node-a").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(supervisor_->Uncordon("node-z").status().code(), absl::StatusCode::kNotFound);
+}
+
+// On a one-node cluster the failures that would cordon the node do not: a cordon would strand
+// the job (it sat RESTARTING with "no node is connected" for the cooldown). The job goes on
+// restarting there within its own limit, and an event says why the node was spared.
+TEST_F(SupervisorFailurePolicyTest, QuarantineNeverStrandsAJobOnTheOnlyNodeThatCanRunIt) {
+  options_.quarantine.failures = 2;
+  Restart();
+  Agent a = Connect("node-a", 1);
+  const std::string id = Submit(FailureSpec("alone", 1, "max_restarts: 3, backoff_initial_s: 0"));
+  ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+  StartAndJoin(a, id, 1, 1);
+  Exit(a, id, 1, 0, 0, /*signal=*/9);
+  ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+  StartAndJoin(a, id, 2, 1);
+  Exit(a, id, 2, 0, 0, /*signal=*/9);
+
+  EXPECT_FALSE(IsCordoned("node-a"));
+  EXPECT_TRUE(EventsOf(id, "node_cordoned").empty());
+  const std::vector<EventRecord> spared = EventsOf(id, "node_not_cordoned");
+  ASSERT_EQ(spared.size(), 1u);
+  EXPECT_THAT(spared[0].cause, HasSubstr("node node-a not cordoned (2 failures"));
+  EXPECT_THAT(spared[0].cause, HasSubstr("no other connected node can run job " + id));
+  const Sent third = TakeSent(a);
+  ASSERT_EQ(third.starts.size(), 1u);
+  EXPECT_EQ(third.starts[0].attempt_id, 3);
+}
+
+// A job that only cordoned nodes could run says so while it waits: which node, why, until when,
+// and the command that lifts the cordon now.
+TEST_F(SupervisorFailurePolicyTest, AJobWaitingOnACordonNamesTheNodeItsEndAndTheCommand) {
+  options_.quarantine.failures = 2;
+  Restart();
+  Agent a = Connect("node-a", 1);
+  Agent b = Connect("node-b", 1);
+  Agent c = Connect("node-c", 1);
+  const std::string id = Submit(FailureSpec("unlucky", 1, "max_restarts: 3, backoff_initial_s: 0"));
+  ASSERT_EQ(TakeSent(a).starts.size(), 1u);  // equal fits: the lowest node id
+  StartAndJoin(a, id, 1, 1);
+  Exit(a, id, 1, 0, 0, /*signal=*/9);
+  ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+  StartAndJoin(a, id, 2, 1);
+  Exit(a, id, 2, 0, 0, /*signal=*/9);
+  ASSERT_TRUE(IsCordoned("node-a"));  // node-b and node-c can run the job
+
+  // Three nodes of one slot: only with node-a.
+  const std::string wide = Submit(absl::StrReplaceAll(
+      FailureSpec("wide", 3, "max_restarts: 1"),
+      {{"resources: {nodes: 1, devices_per_node: 3}", "resources: {nodes: 3, devices_per_node: 1}"}}));
+  EXPECT_EQ(State(wide), JobState::kQueued);
+  const std::string waiting = View(wide).job.waiting;
+  EXPECT_THAT(waiting, HasSubstr("waiting for cordoned nodes: node node-a is cordoned until "));
+  EXPECT_THAT(waiting, HasSubstr("(2 failures"));
+  EXPECT_THAT(waiting, HasSubstr("`trainyard nodes uncordon node-a` lifts it now"));
+  EXPECT_THAT(waiting, ::testing::Not(HasSubstr("no node is connected")));
 }
 
 TEST_F(SupervisorFailurePolicyTest, QuarantinePolicyIgnoresUserErrors) {
