@@ -143,8 +143,8 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     registry_->Hold(slot.node_id, attempt.kind, slot.slot);
   }
   job.attempts = attempt.attempt_id;
-  // A resize (growing back) is not a restart after a failure.
-  if (restart && !entry.resized_by_choice) ++job.restarts;
+  // job.restarts counted the restart when it was granted (FailAttemptLocked), as the restart
+  // budgets do; a resize (growing back) is not one.
   entry.resized_by_choice = false;
   if (shape) entry.last_resize = attempt.created;
   job.current_attempt = attempt.attempt_id;

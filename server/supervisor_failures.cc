@@ -204,7 +204,10 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
     const RestartDecision decision = entry.restart_policy->Decide(
         failure.failure_class, entry.restarts_by_class, entry.consecutive_failures + 1, draw);
     if (decision.restart) {
+      // Counted when granted, in the budgets and the job's total alike, so that `status` shows
+      // the same count on its attempts and restarts lines while the restart waits for a node.
       ++entry.restarts_by_class[failure.failure_class];
+      ++job.restarts;
       ++entry.consecutive_failures;
       ++restarts_by_cause_[class_name];
       entry.restart_at = now + decision.delay;

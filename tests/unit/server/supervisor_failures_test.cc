@@ -218,6 +218,11 @@ TEST_F(SupervisorFailurePolicyTest, CrashRestartsAfterAnExponentialBackoff) {
   EXPECT_THAT(EventsOf(id, "crash")[0].cause, HasSubstr("crash: restart 1 of 3 in 4s"));
   EXPECT_THAT(EventsOf(id, "requeued").back().cause, HasSubstr("backoff of 4s"));
   EXPECT_TRUE(TakeSent(agent).starts.empty());  // the slot is free, yet nothing starts
+  // While the restart waits, the job's count of restarts and its crash budget agree (`status`
+  // showed "0 restarts of 3" beside "crash 1/3").
+  EXPECT_EQ(view.job.restarts, 1);
+  ASSERT_TRUE(Budget(view.job.health, "crash").has_value());
+  EXPECT_EQ(Budget(view.job.health, "crash")->used, view.job.restarts);
 
   AdvanceWithHeartbeats(absl::Milliseconds(3900), {agent});
   EXPECT_EQ(State(id), JobState::kRestarting);
