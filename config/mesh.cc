@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -324,6 +325,9 @@ std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
   ParallelismSpec mesh = spec.parallelism;
   mesh.automatic = false;
   mesh.dp = static_cast<int>(world / model_parallel);
+  // Expert-parallel groups are drawn from the data-parallel ranks: on fewer of them the experts
+  // spread over the largest group both still divide (checkpoints reshard across ep).
+  if (mesh.dp > 0) mesh.ep = std::gcd(mesh.ep, mesh.dp);
   // The full-size micro-batch, kept when it divides the new share of the batch.
   const int micro = MicroBatchPerRank(spec.training, spec.parallelism);
   auto fit_micro = [&](const ParallelismSpec& m) {

@@ -620,6 +620,31 @@ fault_tolerance: {min_nodes: 1}
   EXPECT_FALSE(ResizedSpec(spec, 0).has_value());
 }
 
+// Expert parallelism shrinks with the data-parallel ranks it is drawn from: ep 4 over dp 4
+// becomes ep 2 over dp 2 and ep 1 on one node (the checkpoint reshards across ep), and comes back
+// with the nodes.
+TEST(ResizedSpecTest, ExpertParallelismShrinksWithTheDataParallelRanks) {
+  const JobSpec spec = MustParse(R"(name: experts
+model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2}}
+training: {batch: 16}
+parallelism: {dp: 4, ep: 4}
+resources: {nodes: 4}
+fault_tolerance: {min_nodes: 1}
+)");
+  const std::optional<JobSpec> half = ResizedSpec(spec, 2);
+  ASSERT_TRUE(half.has_value());
+  EXPECT_EQ(half->parallelism.dp, 2);
+  EXPECT_EQ(half->parallelism.ep, 2);
+  const std::optional<JobSpec> one = ResizedSpec(spec, 1);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->parallelism.dp, 1);
+  EXPECT_EQ(one->parallelism.ep, 1);
+  const std::optional<JobSpec> back = ResizedSpec(*one, 4);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->parallelism.ep, 1);  // from the shrunk spec; the original keeps its own
+  EXPECT_EQ(ResizedSpec(spec, 4)->parallelism.ep, 4);
+}
+
 // A schedule that needs several micro-batches per step keeps its mesh on fewer nodes: the mesh is
 // checked with the micro-batch the resized job runs, not one micro-batch per step.
 TEST(ResizedSpecTest, PipelineSchedulesKeepTheirMesh) {
