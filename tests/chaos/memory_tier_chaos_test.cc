@@ -1,6 +1,6 @@
 // The memory tier with real processes: a worker killed with SIGKILL costs at most the snapshot
 // in flight (the new attempt resumes from its node's memory, not from the far older checkpoint
-// on disk, within two steps of the last one logged), at context parallelism too; a whole
+// on disk, within two steps of the last one logged), at context and expert parallelism too; a whole
 // node lost (agent and worker killed) resumes from the copy its peer node holds, on the survivor
 // alone; and an agent whose budget is too small refuses the reservation with an event while the
 // job goes on.
@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <regex>
 #include <string>
@@ -125,18 +126,12 @@ TEST(MemoryTierChaosTest, WorkerKillResumesFromTheInterruptedStepInMemory) {
   EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", resumed " << got;
 }
 
-// dp 1 × cp 2: both ranks hold every parameter (replicated over the cp ranks as over dp ones)
-// and each its own half of every sequence. A killed rank's job resumes from the node's memory,
-// not from the disk, and ends at the uninterrupted run's exact loss.
-TEST(MemoryTierChaosTest, ContextParallelJobResumesFromMemoryToTheExactLoss) {
-  auto job = [](const std::string& name, const std::string& dir) {
-    return absl::StrReplaceAll(MemoryJob(name, dir, 1), {{"parallelism: {dp: 2}",
-                                                          "parallelism: {dp: 1, cp: 2}"},
-                                                         {"steps: 1200", "steps: 400"}});
-  };
-  ControlPlane cp("chaos_memory_cp");
-  cp.StartServer({.local_agent = false});
-  cp.StartAgent("node-a", 2);
+// Runs `job(name, dir)` uninterrupted, then again with rank 1 SIGKILLed after `kill_after`
+// steps: the new attempt resumes from the node's memory and ends at the uninterrupted run's exact
+// loss.
+void ExpectResumesFromMemoryToTheExactLoss(
+    ControlPlane& cp, const std::function<std::string(const std::string&, const std::string&)>& job,
+    int64_t kill_after) {
   const std::string reference =
       cp.Submit(cp.WriteSpec("reference.yaml", job("reference", cp.dir() + "/ref")));
   const ProcessResult uninterrupted = cp.Cli({"watch", reference}, 300);
@@ -145,19 +140,54 @@ TEST(MemoryTierChaosTest, ContextParallelJobResumesFromMemoryToTheExactLoss) {
   ASSERT_FALSE(std::isnan(want));
 
   const std::string job_id = cp.Submit(cp.WriteSpec("job.yaml", job("job", cp.dir() + "/ckpt")));
-  ASSERT_TRUE(cp.WaitForStep(job_id, 100, 120));
+  ASSERT_TRUE(cp.WaitForStep(job_id, kill_after, 120));
   const v1::GetJobReply running = cp.Status(job_id);
   ASSERT_EQ(running.attempts(0).placement_size(), 2);
   ASSERT_EQ(kill(static_cast<pid_t>(running.attempts(0).placement(1).pid()), SIGKILL), 0);
   const std::string cause = WaitForResumedAttempt2(cp, job_id);
   ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
   EXPECT_THAT(cause, HasSubstr("memory tier"));
-  EXPECT_GE(ResumedStep(cause), 100);
+  EXPECT_GE(ResumedStep(cause), kill_after);
 
   const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   const double got = ExactFinalLoss(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out);
   EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", resumed " << got;
+}
+
+// dp 1 × cp 2: both ranks hold every parameter (replicated over the cp ranks as over dp ones)
+// and each its own half of every sequence.
+TEST(MemoryTierChaosTest, ContextParallelJobResumesFromMemoryToTheExactLoss) {
+  ControlPlane cp("chaos_memory_cp");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  ExpectResumesFromMemoryToTheExactLoss(
+      cp,
+      [](const std::string& name, const std::string& dir) {
+        return absl::StrReplaceAll(MemoryJob(name, dir, 1),
+                                   {{"parallelism: {dp: 2}", "parallelism: {dp: 1, cp: 2}"},
+                                    {"steps: 1200", "steps: 400"}});
+      },
+      100);
+}
+
+// A mixture of experts with dp 2 × ep 2: each rank's snapshot holds its own two of the four
+// experts of every block (and the router's selection state), which the resumed ranks reload.
+TEST(MemoryTierChaosTest, ExpertParallelJobResumesFromMemoryToTheExactLoss) {
+  ControlPlane cp("chaos_memory_ep");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  ExpectResumesFromMemoryToTheExactLoss(
+      cp,
+      [](const std::string& name, const std::string& dir) {
+        return absl::StrReplaceAll(
+            MemoryJob(name, dir, 1),
+            {{"model: {preset: gpt2-debug}",
+              "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2, balance: bias}}"},
+             {"parallelism: {dp: 2}", "parallelism: {dp: 2, ep: 2}"},
+             {"steps: 1200", "steps: 400"}});
+      },
+      100);
 }
 
 TEST(MemoryTierChaosTest, LostNodeResumesFromThePeerCopyOnTheSurvivor) {
