@@ -119,6 +119,22 @@ TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLo
   std::cout << "final loss " << got << " against " << want << " uninterrupted" << std::endl;
 }
 
+// A job on 2 nodes of `per_node` slots that may shrink to one, checkpointing every 100 steps.
+std::string ShrinkableSpec(ControlPlane& cp, const std::string& name, const std::string& model,
+                           int steps, const std::string& parallelism, int per_node) {
+  return absl::StrCat(
+      "name: ", name, "\nmodel: ", model,
+      "\ndata: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
+      "training: {steps: ",
+      steps,
+      ", batch: 8, seq_len: 16, eval_every: 0, log_every: 100, threads: 1}\n"
+      "parallelism: ",
+      parallelism, "\nresources: {nodes: 2, devices_per_node: ", per_node,
+      "}\ncheckpoint: {dir: ", cp.dir(), "/", name, ", every_steps: 100}\n",
+      "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
+      "backoff_initial_s: 0}\n");
+}
+
 TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) {
   ControlPlane cp("chaos_shrink_tp");
   cp.StartServer({.local_agent = false});
@@ -126,17 +142,7 @@ TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) 
   cp.StartAgent("node-b", 2);
   // tp 2 × dp 2 on 2 nodes of 2 slots: each node holds one tensor-parallel pair.
   auto spec = [&cp](const std::string& name) {
-    return absl::StrCat(
-        "name: ", name,
-        "\nmodel: {preset: gpt2-debug}\n"
-        "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
-        "training: {steps: 800, batch: 8, seq_len: 16, eval_every: 0, log_every: 100, "
-        "threads: 1}\n"
-        "parallelism: {dp: 2, tp: 2}\nresources: {nodes: 2, devices_per_node: 2}\n"
-        "checkpoint: {dir: ",
-        cp.dir(), "/", name, ", every_steps: 100}\n",
-        "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
-        "backoff_initial_s: 0}\n");
+    return ShrinkableSpec(cp, name, "{preset: gpt2-debug}", 800, "{dp: 2, tp: 2}", 2);
   };
   // The uninterrupted run, for the loss to match.
   const std::string reference = cp.Submit(cp.WriteSpec("reference.yaml", spec("reference")));
@@ -173,17 +179,8 @@ TEST(ElasticChaosTest, ExpertParallelJobLosingANodeRunsEveryExpertOnTheSurvivor)
   cp.StartAgent("node-a", 1);
   cp.StartAgent("node-b", 1);
   auto spec = [&cp](const std::string& name) {
-    return absl::StrCat(
-        "name: ", name,
-        "\nmodel: {preset: gpt2-debug, moe: {experts: 4, top_k: 2}}\n"
-        "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}\n"
-        "training: {steps: 600, batch: 8, seq_len: 16, eval_every: 0, log_every: 100, "
-        "threads: 1}\n"
-        "parallelism: {dp: 2, ep: 2}\nresources: {nodes: 2, devices_per_node: 1}\n"
-        "checkpoint: {dir: ",
-        cp.dir(), "/", name, ", every_steps: 100}\n",
-        "fault_tolerance: {max_restarts: 2, heartbeat_timeout_s: 5, min_nodes: 1, "
-        "backoff_initial_s: 0}\n");
+    return ShrinkableSpec(cp, name, "{preset: gpt2-debug, moe: {experts: 4, top_k: 2}}", 600,
+                          "{dp: 2, ep: 2}", 1);
   };
   const std::string reference = cp.Submit(cp.WriteSpec("reference.yaml", spec("reference")));
   const ProcessResult ref_watch = cp.Cli({"watch", reference}, 300);
