@@ -366,9 +366,9 @@ std::vector<Case> CasesFor(const BenchModel& model) {
     heads.push_back({"gemm lm-head-ld128 ", v, padded});
   }
   for (const Head& head : heads) {
-    for (auto [kind, label] : {std::pair{GemmKind::kForward, "fwd"},
-                               std::pair{GemmKind::kBackwardInput, "bwd-input"},
-                               std::pair{GemmKind::kBackwardWeight, "bwd-weight"}}) {
+    for (auto [kind, label] :
+         {std::pair{GemmKind::kForward, "fwd"}, std::pair{GemmKind::kBackwardInput, "bwd-input"},
+          std::pair{GemmKind::kBackwardWeight, "bwd-weight"}}) {
       cases.push_back({head.name + label, [=](X x, Row* r) {
                          return GemmCase(m.ce_rows, head.vocab, c, kind, x, r, head.ld);
                        }});

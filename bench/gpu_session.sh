@@ -33,7 +33,8 @@ TIMELINE_BUDGET_S="${TIMELINE_BUDGET_S:-160}"
 # Python's lzma, which every Python has), then CUDA's, then NCCL from PyTorch's wheel: for our
 # binaries only (Python keeps its own libstdc++ and friends).
 UNPACKED="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-libs.XXXXXX")"
-trap 'rm -rf "$UNPACKED"' EXIT
+TIMELINES=""  # the timeline part's records, removed on any exit as the libraries are
+trap 'rm -rf "$UNPACKED" ${TIMELINES:+"$TIMELINES"}' EXIT
 for packed in "$BUNDLE"/lib/*.xz; do
   [[ -f "$packed" ]] || continue
   "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
@@ -131,7 +132,8 @@ echo "training benchmark: $((SECONDS - t0))s" >>"$SESSION"
 # ---- Per-kernel timelines (3 recorded steps after 3 warm-up, each engine, both presets) -----
 t0=$SECONDS
 if [[ "$PARTS" == *" timeline "* ]]; then
-  tl="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-timeline.XXXXXX")"
+  TIMELINES="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-timeline.XXXXXX")"
+  tl=$TIMELINES
   for entry in "gpt2-124m 1024 16" "llama-1b 2048 4"; do
     read -r preset seq batch <<<"$entry"
     args=(--preset "$preset" --seq "$seq" --batch "$batch" --steps 3 --warmup 3

@@ -165,8 +165,8 @@ absl::StatusOr<std::string> KernelTimeline::Finish(const std::string& engine,
     // the first mark) counts for its part inside.
     if (r.end_ns <= first || r.start_ns >= last) continue;
     const uint64_t start = std::max(r.start_ns, first), end = std::min(r.end_ns, last);
-    absl::StrAppendFormat(&out, "%s[\"%s\",%d,%d,%d,%s]", any ? ",\n" : "\n", r.kind,
-                          start - first, end - first, r.bytes, JsonString(r.name));
+    absl::StrAppendFormat(&out, "%s[\"%s\",%d,%d,%d,%s]", any ? ",\n" : "\n", r.kind, start - first,
+                          end - first, r.bytes, JsonString(r.name));
     any = true;
   }
   absl::StrAppend(&out, "]}\n");

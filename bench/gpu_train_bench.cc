@@ -71,7 +71,7 @@ struct Flags {
   int warmup = 3;
   double peak_tflops = 0.0;  // 0: from the device name
   bool recompute = false;
-  bool cpu = false;  // the CPU backend: exercises this program where there is no GPU
+  bool cpu = false;      // the CPU backend: exercises this program where there is no GPU
   std::string timeline;  // where the CUPTI records of the measured steps go; none when empty
 };
 

@@ -572,8 +572,8 @@ class Supervisor {
   // Counts an infrastructure failure against `node_id`; a cordon it brings is undone (with an
   // event saying so) when it would leave `entry`'s job no node to run on.
   void RecordNodeFailureLocked(Txn& txn, JobEntry& entry, int attempt_id,
-                               const std::string& node_id, const std::string& cause,
-                               absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               const std::string& node_id, const std::string& cause, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job`, a copy of a job's record for a reader, with `waiting` filled in while it is queued.
   void FillWaitingLocked(JobRecord& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,

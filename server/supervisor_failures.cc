@@ -468,10 +468,10 @@ void Supervisor::FillWaitingLocked(JobRecord& job, absl::Time now) {
   // Only cordoned nodes could run it: say which, why, until when, and how to lift them.
   std::vector<std::string> parts;
   for (const Cordon& c : cordons) {
-    parts.push_back(absl::StrCat(
-        "node ", c.node_id, " is cordoned until ",
-        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", c.until, absl::UTCTimeZone()), " (", c.reason,
-        "); `trainyard nodes uncordon ", c.node_id, "` lifts it now"));
+    parts.push_back(
+        absl::StrCat("node ", c.node_id, " is cordoned until ",
+                     absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", c.until, absl::UTCTimeZone()), " (",
+                     c.reason, "); `trainyard nodes uncordon ", c.node_id, "` lifts it now"));
   }
   job.waiting = absl::StrCat("waiting for cordoned nodes: ", absl::StrJoin(parts, "; "));
 }

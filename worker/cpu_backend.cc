@@ -247,6 +247,7 @@ class CpuBackend final : public Backend {
             .kv_stride = s.kv_stride,
             .causal = s.causal};
   }
+
  private:
   int64_t logits_vocab_multiple_;
 };

@@ -264,7 +264,7 @@ class Model {
   // the padding's gradient staying zero (its logits are masked out of the softmax). Checkpoints,
   // reports and the planner's parameters never see it.
   struct PaddedHead {
-    int64_t vocab = 0;  // the width the GEMMs run at (dims_.vocab when nothing is padded)
+    int64_t vocab = 0;           // the width the GEMMs run at (dims_.vocab when nothing is padded)
     Buffer<float> weight, grad;  // [vocab, width]; empty when nothing is padded
   };
   // Points `head` (and `dhead`, when not null) at the padded copies, filled from them.

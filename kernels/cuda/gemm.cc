@@ -184,8 +184,16 @@ absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre,
              (bias != nullptr));
   const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight, bias}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
-  const Key key{static_cast<int>(act) | align << 8, 1, 0, n, m, k, static_cast<int>(epilogue), 0,
-                0, ld == 0 ? n : ld};
+  const Key key{static_cast<int>(act) | align << 8,
+                1,
+                0,
+                n,
+                m,
+                k,
+                static_cast<int>(epilogue),
+                0,
+                0,
+                ld == 0 ? n : ld};
   return Run(stream, key, weight, inp, out, bias, gelu ? pre : nullptr);
 }
 
@@ -195,8 +203,16 @@ absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, con
   TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
   const int align = static_cast<int>(CommonAlignment({dinp, dout, weight}));
   // Column-major: dinpᵀ[k×m] = (weight stored k×n) · (dout stored n×m).
-  const Key key{static_cast<int>(act) | align << 8, 0, 0, k, m, n,
-                static_cast<int>(GemmEpilogue::kNone), 0, 0, ld == 0 ? n : ld};
+  const Key key{static_cast<int>(act) | align << 8,
+                0,
+                0,
+                k,
+                m,
+                n,
+                static_cast<int>(GemmEpilogue::kNone),
+                0,
+                0,
+                ld == 0 ? n : ld};
   return Run(stream, key, weight, dout, dinp, nullptr, nullptr);
 }
 
@@ -206,14 +222,30 @@ absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight
   TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
   const int align = static_cast<int>(CommonAlignment({dweight, dout, inp}));
   // Column-major: dweightᵀ[k×n] += (inp stored k×m) · (dout stored n×m)ᵀ.
-  const Key key{static_cast<int>(act) | align << 8, 0, 1, k, n, m,
-                static_cast<int>(GemmEpilogue::kNone), 1, 1, ld == 0 ? n : ld};
+  const Key key{static_cast<int>(act) | align << 8,
+                0,
+                1,
+                k,
+                n,
+                m,
+                static_cast<int>(GemmEpilogue::kNone),
+                1,
+                1,
+                ld == 0 ? n : ld};
   return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
 }
 
 bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {
-  const Key key{static_cast<int>(act) | 16 << 8, 1, 0, n, m, k,
-                static_cast<int>(GemmEpilogue::kGeluAuxBias), 0, 0, n};
+  const Key key{static_cast<int>(act) | 16 << 8,
+                1,
+                0,
+                n,
+                m,
+                k,
+                static_cast<int>(GemmEpilogue::kGeluAuxBias),
+                0,
+                0,
+                n};
   return GetPlan(key).ok();
 }
 

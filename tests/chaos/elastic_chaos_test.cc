@@ -208,7 +208,8 @@ TEST(ElasticChaosTest, ExpertParallelJobLosingANodeRunsEveryExpertOnTheSurvivor)
   }();
   ASSERT_FALSE(resumed.empty()) << log;
   const int64_t next = (std::stoll(resumed[1].str()) / 100 + 1) * 100;
-  const std::regex line(absl::StrCat("step +", next, "/600 \\| loss [0-9.]+ \\| lr [^|]+\\| grad norm [0-9.]+"));
+  const std::regex line(
+      absl::StrCat("step +", next, "/600 \\| loss [0-9.]+ \\| lr [^|]+\\| grad norm [0-9.]+"));
   std::smatch ours, theirs;
   ASSERT_TRUE(std::regex_search(log, ours, line)) << log;
   ASSERT_TRUE(std::regex_search(reference_log, theirs, line)) << reference_log;

@@ -112,9 +112,8 @@ TEST(CudaCrossEntropy, PaddedRowsIgnoreTheirPadding) {
       std::copy_n(logits.begin() + r * vocab, vocab, padded.begin() + r * ld);
     }
     std::vector<float> want_grad = padded;
-    const double want =
-        cpu::SoftmaxCrossEntropy(want_grad.data(), targets.data(), rows, vocab, ld, kGradScale,
-                                 true);
+    const double want = cpu::SoftmaxCrossEntropy(want_grad.data(), targets.data(), rows, vocab, ld,
+                                                 kGradScale, true);
     std::vector<float> unpadded_grad = logits;
     EXPECT_DOUBLE_EQ(want, cpu::SoftmaxCrossEntropy(unpadded_grad.data(), targets.data(), rows,
                                                     vocab, vocab, kGradScale, true));
@@ -218,16 +217,16 @@ TEST(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
 TEST(CudaCrossEntropy, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceMemory logits(4 * sizeof(float)), targets(2 * sizeof(int32_t)), out(6 * sizeof(float));
-  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2,
-                                2, 1.0f, true, nullptr)
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2, 2,
+                                1.0f, true, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 0, 2,
-                                2, 1.0f, true, out.as<float>())
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 0, 2, 2,
+                                1.0f, true, out.as<float>())
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2,
-                                1, 1.0f, true, out.as<float>())
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2, 1,
+                                1.0f, true, out.as<float>())
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(

@@ -119,11 +119,9 @@ TEST(MoeOnGpu, TrainsAsTheCpuBackendDoes) {
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   ASSERT_EQ(on_gpu->train_losses.size(), on_cpu->train_losses.size());
   for (size_t i = 0; i < on_gpu->train_losses.size(); ++i) {
-    EXPECT_LE(std::abs(on_gpu->train_losses[i] - on_cpu->train_losses[i]) /
-                  on_cpu->train_losses[i],
+    EXPECT_LE(std::abs(on_gpu->train_losses[i] - on_cpu->train_losses[i]) / on_cpu->train_losses[i],
               1e-4)
-        << "step " << i + 1 << ": " << on_gpu->train_losses[i] << " vs "
-        << on_cpu->train_losses[i];
+        << "step " << i + 1 << ": " << on_gpu->train_losses[i] << " vs " << on_cpu->train_losses[i];
   }
 }
 

@@ -118,8 +118,7 @@ TEST_P(PaddedVocab, TrainsAsTheUnpaddedModelDoes) {
   const planner::BackendShape backend{
       .act_bytes = 4, .max_logits_chunk = int64_t{1} << 20, .logits_vocab_multiple = kPad};
   EXPECT_EQ(planner::PaddedHeadVocab(shape, backend), 256);
-  EXPECT_EQ(b.result->memory.activations,
-            planner::PredictRankMemory(shape, backend).activations);
+  EXPECT_EQ(b.result->memory.activations, planner::PredictRankMemory(shape, backend).activations);
   EXPECT_EQ(b.result->memory.activations - a.result->memory.activations,
             planner::PaddedHeadBytes(shape, backend) +
                 (256 - 200) * int64_t{padded.training.micro_batch} * padded.training.seq_len * 4);
@@ -135,8 +134,7 @@ TEST_P(PaddedVocab, TrainsAsTheUnpaddedModelDoes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PaddedVocab,
-                         ::testing::Values(config::ModelFamily::kGpt2,
-                                           config::ModelFamily::kLlama),
+                         ::testing::Values(config::ModelFamily::kGpt2, config::ModelFamily::kLlama),
                          [](const auto& info) { return config::FamilyName(info.param); });
 
 }  // namespace

@@ -545,8 +545,8 @@ TEST_F(SupervisorFailurePolicyTest, AJobWaitingOnACordonNamesTheNodeItsEndAndThe
 
   // Three nodes of one slot: only with node-a.
   const std::string wide = Submit(absl::StrReplaceAll(
-      FailureSpec("wide", 3, "max_restarts: 1"),
-      {{"resources: {nodes: 1, devices_per_node: 3}", "resources: {nodes: 3, devices_per_node: 1}"}}));
+      FailureSpec("wide", 3, "max_restarts: 1"), {{"resources: {nodes: 1, devices_per_node: 3}",
+                                                   "resources: {nodes: 3, devices_per_node: 1}"}}));
   EXPECT_EQ(State(wide), JobState::kQueued);
   const std::string waiting = View(wide).job.waiting;
   EXPECT_THAT(waiting, HasSubstr("waiting for cordoned nodes: node node-a is cordoned until "));

@@ -200,9 +200,8 @@ TEST_F(GradCheck, SoftmaxCrossEntropy) {
   // Output is the per-call loss sum, a 1-element tensor.
   auto fwd = [&](const Tensors& in) {
     std::vector<float> logits = in[0];
-    return std::vector<float>{static_cast<float>(
-        be_->SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f,
-                                 false))};
+    return std::vector<float>{static_cast<float>(be_->SoftmaxCrossEntropy(
+        A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false))};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
