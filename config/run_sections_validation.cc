@@ -200,7 +200,9 @@ Problem CheckLabels(const std::map<std::string, std::string>& labels) {
 
 Problem CheckConfinement(const JobSpec& spec, const SpecLimits& limits) {
   const std::pair<const char*, const std::string*> data_paths[] = {
-      {"data.path", &spec.data.path}, {"data.val_path", &spec.data.val_path}};
+      {"data.path", &spec.data.path},
+      {"data.val_path", &spec.data.val_path},
+      {"model.init_from", &spec.init_from}};
   for (const auto& [field, path] : data_paths) {
     if (path->empty()) continue;
     if (std::optional<std::string> why = FindConfinementProblem(*path, limits.allowed_data_roots)) {

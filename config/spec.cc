@@ -143,7 +143,7 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
       {"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq",
-       "tied_embeddings", "norm_eps", "rope_theta", "recompute", "moe"}));
+       "tied_embeddings", "norm_eps", "rope_theta", "recompute", "moe", "init_from"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -260,6 +260,10 @@ absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
   TY_RETURN_IF_ERROR(top.Require("model"));
   std::optional<FieldReader> model = top.Child("model");
   TY_ASSIGN_OR_RETURN(spec.model, ReadModel(*model));
+  TY_RETURN_IF_ERROR(model->ReadString("init_from", &spec.init_from));
+  if (model->Has("init_from") && spec.init_from.empty()) {
+    return model->ErrorAt("init_from", "must not be empty");
+  }
   if (std::optional<FieldReader> data = top.Child("data")) {
     TY_RETURN_IF_ERROR(ReadData(*data, &spec.data));
   }

@@ -197,6 +197,10 @@ std::string MetricLabelName(const std::string& key);
 struct JobSpec {
   std::string name;
   ModelConfig model;
+  // model.init_from: published weights the job starts from instead of a random initialisation
+  // (a Hugging Face model directory or an llm.c model file; worker/convert/init_from.h). A
+  // checkpoint to resume from takes precedence.
+  std::string init_from;
   DataSpec data;
   TrainingSpec training;
   ParallelismSpec parallelism;
@@ -218,9 +222,9 @@ struct JobSpec {
 // Where a spec may point. Empty root lists confine nothing (the standalone worker); a server
 // passes its configured roots so that a submitted spec cannot read or write elsewhere.
 struct SpecLimits {
-  // data.path and data.val_path must lie under one of these directories. Relative paths are
-  // resolved against the current working directory, and ".." is normalised away, before the
-  // comparison.
+  // data.path, data.val_path and model.init_from must lie under one of these directories.
+  // Relative paths are resolved against the current working directory, and ".." is normalised
+  // away, before the comparison.
   std::vector<std::string> allowed_data_roots;
   // checkpoint.dir and checkpoint.resume_from must lie under one of these (same rules).
   std::vector<std::string> allowed_checkpoint_roots;

@@ -29,6 +29,7 @@
 #include "worker/backend.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
+#include "worker/convert/init_from.h"
 #include "worker/grpc_kv_store.h"
 #include "worker/grpc_memory_tier.h"
 #include "worker/hang_watchdog.h"
@@ -409,6 +410,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   watchdog.Start();
   const WorkerFileSystems files = FileSystemsFor(joined);
   TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*files.checkpoints, spec));
+  TY_RETURN_IF_ERROR(convert::CheckInitFrom(*files.data, spec));
   const int threads = ThreadsFor(options, spec);
   // The agent gives a GPU rank exactly one visible device (CUDA_VISIBLE_DEVICES), so each rank
   // has its own: NCCL between them.

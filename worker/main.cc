@@ -20,6 +20,13 @@
 //
 // Exit codes: 0 measured; 2 bad flags or reference spec; 1 the calibration failed (one line on
 // stderr).
+//
+// or exports a checkpoint of any mesh as a Hugging Face model directory (worker/convert/):
+//
+//   trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16]
+//                           [--max-shard-size SIZE]
+//
+// Exit codes: 0 exported; 2 bad flags or input (nothing is written); 1 anything else.
 #include <signal.h>
 
 #include <algorithm>
@@ -48,6 +55,8 @@
 #include "worker/backend.h"
 #include "worker/calibrate.h"
 #include "worker/checkpoint/reader.h"
+#include "worker/convert/hf_export.h"
+#include "worker/convert/init_from.h"
 #include "worker/coordinated.h"
 #include "worker/launcher.h"
 #include "worker/parallel/kv_store.h"
@@ -97,7 +106,12 @@ constexpr char kHelp[] =
     "  --threads N               CPU backend threads of the GEMM and bandwidth probes (default:\n"
     "                            every core)\n"
     "  --seconds-per-probe S     each round of a compute probe (default 0.5)\n"
-    "  --seconds-per-link-probe S  each link probe, its rounds together (default 3)\n";
+    "  --seconds-per-link-probe S  each link probe, its rounds together (default 3)\n"
+    "\n"
+    "       trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16]\n"
+    "                        [--max-shard-size SIZE]\n"
+    "\n"
+    "Export: a checkpoint as a Hugging Face model directory (see `export --help`).\n";
 
 constexpr char kCalibrateUsage[] =
     "usage: trainyard-worker calibrate --scratch DIR [--reference SPEC.yaml] [--threads N] "
@@ -235,6 +249,92 @@ int RunCalibrate(int argc, char** argv) {
   return kExitOk;
 }
 
+constexpr char kExportUsage[] =
+    "usage: trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16] "
+    "[--max-shard-size SIZE]";
+
+constexpr char kExportHelp[] =
+    "Export: writes a checkpoint (a checkpoint directory, or a checkpoint.dir whose newest\n"
+    "committed checkpoint is taken) as a Hugging Face model directory that transformers loads\n"
+    "as GPT2LMHeadModel or LlamaForCausalLM: config.json and model.safetensors.\n"
+    "  --format hf             the only format\n"
+    "  --out DIR               a new or empty directory\n"
+    "  --dtype fp32|bf16       the tensors' type (default fp32)\n"
+    "  --max-shard-size SIZE   split into files of at most SIZE (\"2GB\", \"500MiB\") with\n"
+    "                          model.safetensors.index.json (default: one file)\n";
+
+bool IsExportInvocation(int argc, char** argv) {
+  return argc >= 2 &&
+         (std::string_view(argv[1]) == "export" || std::string_view(argv[1]) == "--export");
+}
+
+absl::StatusOr<std::pair<std::string, convert::ExportOptions>> ParseExportFlags(int argc,
+                                                                                char** argv) {
+  std::string source, format;
+  convert::ExportOptions options;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    if (arg == "--format") {
+      TY_ASSIGN_OR_RETURN(format, value());
+      if (format != "hf") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--format must be hf (Hugging Face), got '", format, "'"));
+      }
+    } else if (arg == "--out") {
+      TY_ASSIGN_OR_RETURN(options.out_dir, value());
+    } else if (arg == "--dtype") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (v != "fp32" && v != "bf16") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--dtype must be fp32 or bf16, got '", v, "'"));
+      }
+      options.dtype = v == "bf16" ? convert::TensorDtype::kBF16 : convert::TensorDtype::kF32;
+    } else if (arg == "--max-shard-size") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      TY_ASSIGN_OR_RETURN(options.max_shard_bytes, convert::ParseByteSize(v));
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kExportUsage << "\n\n" << kExportHelp;
+      std::exit(0);
+    } else if (!arg.empty() && arg[0] != '-' && source.empty()) {
+      source = arg;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' for export"));
+    }
+  }
+  if (source.empty()) return absl::InvalidArgumentError("the CHECKPOINT to export is required");
+  if (format.empty()) return absl::InvalidArgumentError("--format hf is required");
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("--out DIR is required");
+  return std::pair{source, options};
+}
+
+// `trainyard-worker export`: returns the exit code, having said why on stderr.
+int RunExport(int argc, char** argv) {
+  absl::StatusOr<std::pair<std::string, convert::ExportOptions>> flags =
+      ParseExportFlags(argc, argv);
+  if (!flags.ok()) {
+    std::cerr << "trainyard-worker: error: " << Annotate(flags.status(), kExportUsage).message()
+              << "\n";
+    return kExitUserError;
+  }
+  absl::StatusOr<convert::ExportResult> result =
+      convert::ExportHf(*RealFileSystem(), flags->first, flags->second);
+  if (!result.ok()) {
+    std::cerr << "trainyard-worker: error: " << result.status().message() << "\n";
+    return ExitCodeForStatus(result.status());
+  }
+  std::cout << absl::StrFormat(
+      "exported step %d of %s to %s: %d file%s, %.1f MiB of %s tensors in %.2f s (%.0f MB/s)\n",
+      result->step, result->checkpoint, flags->second.out_dir, result->files,
+      result->files == 1 ? "" : "s", result->tensor_bytes / 1048576.0,
+      convert::DtypeName(flags->second.dtype), result->seconds,
+      result->tensor_bytes / 1e6 / std::max(result->seconds, 1e-9));
+  return kExitOk;
+}
+
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
 std::atomic<bool> g_drain_requested{false};
@@ -282,6 +382,7 @@ absl::Status Run(int argc, char** argv) {
   const int rank = std::max(flags.rank, 0);
   if (flags.rank < 0) {
     TY_RETURN_IF_ERROR(checkpoint::CheckResumeFrom(*RealFileSystem(), spec));
+    TY_RETURN_IF_ERROR(convert::CheckInitFrom(*RealFileSystem(), spec));
   }
   if (world == 1 || flags.rank >= 0) InstallDrainHandler();
   SetLogContext(spec.name, rank);
@@ -342,6 +443,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   if (trainyard::worker::IsCalibrateInvocation(argc, argv)) {
     return trainyard::worker::RunCalibrate(argc, argv);
+  }
+  if (trainyard::worker::IsExportInvocation(argc, argv)) {
+    return trainyard::worker::RunExport(argc, argv);
   }
   absl::Status status;
   try {

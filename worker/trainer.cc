@@ -20,6 +20,7 @@
 #include "config/mesh.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/checkpointing.h"
+#include "worker/convert/init_from.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
 #include "worker/hang_watchdog.h"
@@ -305,6 +306,14 @@ absl::Status RankTrainer::Setup() {
                           {.ep = dims_.ep.get(), .edp = dims_.edp.get()}));
   optimizer_ = OptimizerConfigFromSpec(tr);
   params_->Initialize(tr.seed);
+  if (!spec_.init_from.empty()) {
+    // Published weights for step 0; a checkpoint Restore finds later still wins.
+    std::vector<float> host(layout_->total());
+    TY_ASSIGN_OR_RETURN(const std::string loaded,
+                        convert::LoadInitFrom(data_fs_, spec_, *layout_, host.data()));
+    params_->LoadParameters(host.data());
+    if (out_) *out_ << "initialised from " << spec_.init_from << ": " << loaded << "\n";
+  }
   TY_ASSIGN_OR_RETURN(
       model_, Model::Create(mc, &backend_, params_.get(),
                             {.tp = dims_.tp.get(),

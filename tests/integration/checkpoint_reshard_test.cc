@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/mesh.h"
 #include "gtest/gtest.h"
+#include "tests/integration/global_params.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/checkpoint/tensor_slices.h"
@@ -81,38 +82,8 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
   return spec;
 }
 
-using GlobalTensors = std::map<std::string, std::vector<float>>;
-
-// The model's global tensors put back together from every rank's local parameters.
-GlobalTensors Gather(const config::JobSpec& spec, const testenv::RankRun& run) {
-  const config::ParallelismSpec& p = spec.parallelism;
-  GlobalTensors global;
-  for (int rank = 0; rank < spec.world_size(); ++rank) {
-    const config::MeshCoordinates at = config::CoordinatesOf(p, rank);
-    const int tp_rank = at.tp;
-    if (at.dp >= p.ep || at.cp != 0) continue;  // replicas (the first ep hold every expert)
-    const ParameterLayout local(
-        spec.model, tp_rank, p.tp,
-        StageChunks(spec.model, spec.training.seq_len, p.pp, p.virtual_stages, at.pp), at.dp, p.ep);
-    for (const ParamTensor& t : local.tensors()) {
-      if (!local.first() && t.name == "wte") continue;  // the tied copy
-      int64_t numel = 1;
-      for (int64_t d : t.global_shape) numel *= d;
-      std::vector<float>& g = global[t.name];
-      g.resize(numel);
-      int64_t start = t.offset;
-      for (const checkpoint::Hyperslab& piece : checkpoint::LocalPieces(t, tp_rank, p.tp)) {
-        checkpoint::ForEachRun(t.global_shape, piece, 0, piece.numel(),
-                               [&](int64_t at, int64_t from, int64_t n) {
-                                 const float* src = run.final_params[rank].data() + start + from;
-                                 std::copy(src, src + n, g.begin() + at);
-                               });
-        start += piece.numel();
-      }
-    }
-  }
-  return global;
-}
+using testenv::GatherGlobalParams;
+using testenv::GlobalTensors;
 
 testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after) {
   testenv::RankRun run = testenv::RunRanks(
@@ -137,7 +108,7 @@ void CheckReshard(config::ModelFamily family, const MeshCase& source,
   writer.checkpoint.every_steps = kSavedStep;
   testenv::RankRun saved = RunOrFail(writer, kSavedStep);
   ASSERT_TRUE(saved.results[0].ok());
-  const GlobalTensors saved_params = Gather(writer, saved);
+  const GlobalTensors saved_params = GatherGlobalParams(writer, saved);
   // The writer's mesh, uninterrupted: its own continuation must match it bit for bit.
   config::JobSpec plain = Job(family, source);
   testenv::RankRun uninterrupted = RunOrFail(plain, 0);
@@ -152,7 +123,7 @@ void CheckReshard(config::ModelFamily family, const MeshCase& source,
     testenv::RankRun loaded = RunOrFail(reader, kSavedStep);  // restore, no step
     ASSERT_TRUE(loaded.results[0].ok());
     EXPECT_EQ(loaded.results[0]->first_step, kSavedStep);
-    const GlobalTensors loaded_params = Gather(reader, loaded);
+    const GlobalTensors loaded_params = GatherGlobalParams(reader, loaded);
     ASSERT_EQ(loaded_params.size(), saved_params.size());
     for (const auto& [name, values] : saved_params) {
       EXPECT_EQ(loaded_params.at(name), values) << name << " differs after loading";

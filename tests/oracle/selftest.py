@@ -6,8 +6,9 @@ auxiliary loss) against a loop-by-loop numpy reference written from the model de
 grouped-query attention against plain multi-head attention, autograd of the training objective
 against finite differences (float64), causality, RoPE's relative-position property, the learning
 rate schedule, AdamW, clipping and the MoE bias rule against their formulas, and the oracle CLI
-end to end. The MoE layer's own tests (moe_selftest.py) run as part of this suite; the helpers
-shared with them are in oracle_testutil.py.
+end to end. The MoE layer's own tests (moe_selftest.py) and those of the Hugging Face format
+oracle (hf_selftest.py) run as part of this suite; the helpers shared with them are in
+oracle_testutil.py.
 """
 
 import json
@@ -24,6 +25,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import hf_selftest  # noqa: E402
 import make_example_input  # noqa: E402
 import moe_selftest  # noqa: E402
 import run_oracle  # noqa: E402
@@ -36,8 +38,10 @@ torch.set_num_threads(1)
 
 
 def load_tests(loader, tests, pattern):
-    """unittest's hook: the MoE tests (moe_selftest.py) run as part of this suite."""
+    """unittest's hook: the MoE tests (moe_selftest.py) and the Hugging Face format oracle's
+    tests (hf_selftest.py) run as part of this suite."""
     tests.addTests(loader.loadTestsFromModule(moe_selftest))
+    tests.addTests(loader.loadTestsFromModule(hf_selftest))
     return tests
 
 

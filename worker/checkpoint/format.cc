@@ -59,6 +59,8 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_vocab(m.vocab);
   s.set_max_seq(m.max_seq);
   s.set_tied_embeddings(m.tied_embeddings);
+  s.set_norm_eps(m.norm_eps);
+  if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (m.moe.enabled()) {
     MoeSignature& moe = *s.mutable_moe();
     moe.set_experts(m.moe.experts);
@@ -68,6 +70,31 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     moe.set_router_bias(m.moe.has_bias());
   }
   return s;
+}
+
+absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) {
+  config::ModelConfig m;
+  TY_ASSIGN_OR_RETURN(m.family, config::ParseFamily(s.family()));
+  m.layers = s.layers();
+  m.width = s.width();
+  m.heads = s.heads();
+  m.kv_heads = s.kv_heads();
+  m.ffn_hidden = s.ffn_hidden();
+  m.vocab = s.vocab();
+  m.max_seq = s.max_seq();
+  m.tied_embeddings = s.tied_embeddings();
+  if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
+  if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
+  if (s.moe().experts() > 0) {
+    m.moe.experts = s.moe().experts();
+    m.moe.ffn = s.moe().ffn();
+    m.moe.shared_experts = s.moe().shared_experts();
+    m.moe.every = s.moe().every();
+    m.moe.top_k = 1;
+    if (s.moe().router_bias()) m.moe.balance = config::MoeBalance::kBias;
+  }
+  TY_RETURN_IF_ERROR(config::ValidateModelConfig(m, "the checkpoint's model"));
+  return m;
 }
 
 namespace {

@@ -15,10 +15,7 @@ namespace {
 
 constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 
-struct RecordRef {
-  int shard;
-  const TensorRecord* record;
-};
+}  // namespace
 
 // Maps shard files on first use and checks their size against the manifest.
 class ShardFiles {
@@ -48,18 +45,22 @@ class ShardFiles {
   std::vector<std::unique_ptr<ReadOnlyRegion>> regions_;
 };
 
-// Assembles global tensor `t` of `kind` from its records into `global` (grown as needed, not
-// cleared: the records must cover every element, which is checked), verifying each.
-absl::Status Assemble(ShardFiles& files, const std::vector<RecordRef>& refs, const ParamTensor& t,
+namespace {
+
+// Assembles global tensor `name` of `kind` and `global_shape` from its records into `global`
+// (grown as needed, not cleared: the records must cover every element, which is checked),
+// verifying each.
+absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::RecordRef>& refs,
+                      const std::string& name, const std::vector<int64_t>& global_shape,
                       const std::string& kind, std::vector<float>& global) {
   int64_t numel = 1;
-  for (int64_t d : t.global_shape) numel *= d;
+  for (int64_t d : global_shape) numel *= d;
   if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
   int64_t covered = 0;
-  for (const RecordRef& ref : refs) {
+  for (const CheckpointTensors::RecordRef& ref : refs) {
     const TensorRecord& r = *ref.record;
     const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-    if (shape != t.global_shape || r.dtype() != "f32" || r.offsets_size() != r.sizes_size() ||
+    if (shape != global_shape || r.dtype() != "f32" || r.offsets_size() != r.sizes_size() ||
         r.sizes_size() != static_cast<int>(shape.size())) {
       return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
                                               " (", kind, ") does not fit the tensor"));
@@ -91,22 +92,39 @@ absl::Status Assemble(ShardFiles& files, const std::vector<RecordRef>& refs, con
   }
   if (covered != numel) {
     return absl::DataLossError(absl::StrCat("the checkpoint holds ", covered, " of ", numel,
-                                            " elements of ", t.name, " (", kind, ")"));
+                                            " elements of ", name, " (", kind, ")"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
-                                        const Manifest& manifest, const ParameterLayout& layout) {
-  std::map<std::pair<std::string, std::string>, std::vector<RecordRef>> index;
+CheckpointTensors::CheckpointTensors(FileSystem& fs, const std::string& path,
+                                     const Manifest& manifest)
+    : path_(path), files_(std::make_unique<ShardFiles>(fs, path_, manifest)) {
   for (int s = 0; s < manifest.shards_size(); ++s) {
     for (const TensorRecord& r : manifest.shards(s).records()) {
-      index[{r.kind(), r.name()}].push_back({s, &r});
+      index_[{r.kind(), r.name()}].push_back({s, &r});
     }
   }
-  ShardFiles files(fs, path, manifest);
+}
+
+CheckpointTensors::~CheckpointTensors() = default;
+
+absl::Status CheckpointTensors::Read(const std::string& name, const std::string& kind,
+                                     const std::vector<int64_t>& global_shape,
+                                     std::vector<float>& global) {
+  auto it = index_.find({kind, name});
+  if (it == index_.end()) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": the manifest has no ", name, " (", kind, ")"));
+  }
+  return Assemble(*files_, it->second, name, global_shape, kind, global);
+}
+
+absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
+                                        const Manifest& manifest, const ParameterLayout& layout) {
+  CheckpointTensors tensors(fs, path, manifest);
   RankState state;
   std::unique_ptr<float[]>* outputs[] = {&state.params, &state.first_moment, &state.second_moment};
   std::vector<float> global;
@@ -114,12 +132,7 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
     // Not zero-filled: every element of every tensor is written below.
     outputs[k]->reset(new float[layout.total()]);
     for (const ParamTensor& t : layout.tensors()) {
-      auto it = index.find({kKinds[k], t.name});
-      if (it == index.end()) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": the manifest has no ", t.name, " (", kKinds[k], ")"));
-      }
-      TY_RETURN_IF_ERROR(Assemble(files, it->second, t, kKinds[k], global));
+      TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
       layout.Slice(t, global.data(), outputs[k]->get() + t.offset);
     }
   }

@@ -8,8 +8,10 @@
 #ifndef TRAINYARD_WORKER_CHECKPOINT_READER_H_
 #define TRAINYARD_WORKER_CHECKPOINT_READER_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +28,34 @@ struct RankState {
   std::unique_ptr<float[]> params;
   std::unique_ptr<float[]> first_moment;
   std::unique_ptr<float[]> second_moment;
+};
+
+class ShardFiles;
+
+// Global (unsharded) tensors read one at a time from the checkpoint at `path` whose verified
+// manifest is `manifest` (both must outlive the reader): what an export streams from. Each shard
+// file is mapped on first use; every record's checksum is verified before its bytes are used.
+class CheckpointTensors {
+ public:
+  CheckpointTensors(FileSystem& fs, const std::string& path, const Manifest& manifest);
+  ~CheckpointTensors();
+
+  // Global tensor `name` of `kind` ("param", "exp_avg", "exp_avg_sq") and `global_shape` into
+  // the first numel elements of `global` (grown when smaller). DATA_LOSS naming the file when a
+  // record is missing, damaged or the records do not cover the tensor.
+  [[nodiscard]] absl::Status Read(const std::string& name, const std::string& kind,
+                                  const std::vector<int64_t>& global_shape,
+                                  std::vector<float>& global);
+
+  struct RecordRef {  // a record of a tensor, in shard `shard`
+    int shard;
+    const TensorRecord* record;
+  };
+
+ private:
+  const std::string path_;
+  std::unique_ptr<ShardFiles> files_;
+  std::map<std::pair<std::string, std::string>, std::vector<RecordRef>> index_;
 };
 
 // Reads what `layout` (one rank's: its tensor-parallel slice and pipeline stage) needs from the

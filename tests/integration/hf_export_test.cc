@@ -1,0 +1,233 @@
+// Weights out and back in (worker/convert/). A checkpoint written on dp 2 with ZeRO-3, tp 2 and
+// pp 2 exports as a Hugging Face directory that reads back bit for bit (fp32), and a job started
+// from it (model.init_from) on the writer's mesh and on one process takes the same first step.
+// The exported files, read by an independent oracle (tests/oracle/hf_oracle.py: numpy, Hugging
+// Face's names, layouts and conventions), give Trainyard's logits to 1e-4 relative, for both
+// families; an llm.c model file written from them (tests/oracle/write_llmc.py) loads to the same
+// logits.
+//
+// Ranks run as threads of this process (rank_threads.h).
+#include "worker/convert/hf_export.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/global_params.h"
+#include "tests/integration/mesh_cases.h"
+#include "tests/integration/rank_threads.h"
+#include "tests/integration/test_env.h"
+#include "worker/backend.h"
+#include "worker/convert/init_from.h"
+#include "worker/local_model.h"
+#include "worker/trainer.h"
+
+namespace trainyard::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using config::ModelFamily;
+using testenv::MeshCase;
+
+const MeshCase kMeshes[] = {
+    {.name = "dp2_zero3", .dp = 2, .zero = 3},
+    {.name = "tp2", .tp = 2},
+    {.name = "pp2", .pp = 2},
+};
+
+constexpr int64_t kSavedStep = 3;
+
+config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
+  config::JobSpec spec;
+  spec.name = "export";
+  spec.model = *config::Preset(family == ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  spec.model.vocab = 64;
+  spec.model.max_seq = 16;
+  spec.data.markov.vocab = 64;
+  spec.data.markov.train_tokens = 1 << 14;
+  spec.data.markov.val_tokens = 1 << 10;
+  spec.training.steps = 5;
+  spec.training.batch = 8;
+  spec.training.micro_batch = 2;
+  spec.training.seq_len = 16;
+  spec.training.lr = 1e-2;
+  spec.training.warmup_steps = 2;
+  spec.training.eval_every = 0;
+  testenv::ApplyMesh(mesh, &spec);
+  return spec;
+}
+
+testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after) {
+  testenv::RankRun run = testenv::RunRanks(
+      spec, {.customize = [&](int, TrainOptions& o) { o.stop_after_step = stop_after; }});
+  for (size_t r = 0; r < run.results.size(); ++r) {
+    EXPECT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
+  }
+  return run;
+}
+
+// Trains `spec` to kSavedStep with a checkpoint there and exports it to `out`; returns the
+// model's global tensors as the writer held them.
+testenv::GlobalTensors TrainAndExport(config::JobSpec spec, const fs::path& scratch,
+                                      const fs::path& out) {
+  spec.checkpoint.dir = (scratch / "ckpt").string();
+  spec.checkpoint.every_steps = kSavedStep;
+  testenv::RankRun saved = RunOrFail(spec, kSavedStep);
+  if (!saved.results[0].ok()) return {};
+  absl::StatusOr<convert::ExportResult> exported =
+      convert::ExportHf(*RealFileSystem(), spec.checkpoint.dir, {.out_dir = out.string()});
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  if (exported.ok()) EXPECT_EQ(exported->step, kSavedStep);
+  return testenv::GatherGlobalParams(spec, saved);
+}
+
+double FirstLoss(const config::JobSpec& spec) {
+  testenv::RankRun run = RunOrFail(spec, 1);
+  if (!run.results[0].ok() || run.results[0]->train_losses.empty()) return NAN;
+  return run.results[0]->train_losses[0];
+}
+
+class HfRoundTrip : public ::testing::TestWithParam<std::tuple<ModelFamily, MeshCase>> {};
+
+TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
+  const auto [family, mesh] = GetParam();
+  const fs::path scratch = testenv::MakeScratchDir("hf_export");
+  const fs::path hf = scratch / "hf";
+  const testenv::GlobalTensors saved = TrainAndExport(Job(family, mesh), scratch, hf);
+  ASSERT_FALSE(saved.empty());
+
+  absl::StatusOr<std::unique_ptr<convert::WeightSource>> source =
+      convert::WeightSource::Open(*RealFileSystem(), hf.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<float> read;
+  for (const auto& [name, values] : saved) {
+    ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), read.begin()))
+        << name << " differs after the round trip";
+  }
+
+  // A job started from the export, on the writer's mesh and on one process, takes the same
+  // first step, which a random start does not.
+  config::JobSpec on_mesh = Job(family, mesh);
+  on_mesh.init_from = hf.string();
+  config::JobSpec single = Job(family, MeshCase{.name = "dp1"});
+  single.init_from = hf.string();
+  const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
+  EXPECT_LE(std::abs(mesh_loss - single_loss) / single_loss, 1e-5)
+      << mesh_loss << " vs " << single_loss;
+  const double random_loss = FirstLoss(Job(family, MeshCase{.name = "dp1"}));
+  EXPECT_LT(single_loss, random_loss - 0.05) << "the exported weights were trained";
+  fs::remove_all(scratch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kGpt2,
+                                                              ModelFamily::kLlama),
+                                            ::testing::ValuesIn(kMeshes)),
+                         [](const auto& info) {
+                           return absl::StrCat(config::FamilyName(std::get<0>(info.param)),
+                                               "_from_", std::get<1>(info.param).name);
+                         });
+
+constexpr int kBatch = 2, kSeq = 16;
+
+// Trainyard's logits for `tokens` with the weights at `path` (a Hugging Face directory or an
+// llm.c file) loaded through model.init_from's reader.
+std::vector<float> TrainyardLogits(const config::ModelConfig& model, const std::string& path,
+                                   const std::vector<int32_t>& tokens) {
+  auto backend = MakeCpuBackend(1);
+  auto local = LocalModel::Create(model, backend.get());
+  EXPECT_TRUE(local.ok());
+  auto source = convert::WeightSource::Open(*RealFileSystem(), path);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!local.ok() || !source.ok()) return {};
+  std::vector<float> host((*local)->num_params());
+  EXPECT_TRUE((*source)->ReadLayout((*local)->layout(), host.data()).ok());
+  (*local)->LoadParameters(host.data());
+  std::vector<float> logits(int64_t{kBatch} * kSeq * model.vocab);
+  EXPECT_TRUE((*local)->Logits(tokens.data(), kBatch, kSeq, logits.data()).ok());
+  return logits;
+}
+
+// max |ours − theirs| / max |theirs|.
+double RelativeError(const std::vector<float>& ours, const std::vector<double>& theirs) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    err = std::max(err, std::abs(ours[i] - theirs[i]));
+    scale = std::max(scale, std::abs(theirs[i]));
+  }
+  return err / scale;
+}
+
+int RunPython(const std::string& script, const std::string& args) {
+  const std::string cmd = absl::StrCat(testenv::PythonInterpreter(), " ", testenv::SourceDir(),
+                                       "/tests/oracle/", script, " ", args);
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+class HfOracle : public ::testing::TestWithParam<ModelFamily> {};
+
+TEST_P(HfOracle, ExportedFilesGiveTrainyardsLogits) {
+  const ModelFamily family = GetParam();
+  const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
+  const fs::path hf = scratch / "hf";
+  const config::JobSpec spec = Job(family, MeshCase{.name = "dp1"});
+  ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
+
+  std::vector<int32_t> tokens(kBatch * kSeq);
+  std::mt19937 rng(7);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % spec.model.vocab);
+  const fs::path tokens_file = scratch / "tokens.i32";
+  std::ofstream(tokens_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), 4 * tokens.size());
+  ASSERT_EQ(RunPython("hf_oracle.py", absl::StrCat(hf.string(), " ", tokens_file.string(), " ",
+                                                   (scratch / "out").string(), " --batch ", kBatch,
+                                                   " --seq ", kSeq)),
+            0);
+  std::vector<double> oracle(tokens.size() * spec.model.vocab);
+  std::ifstream(scratch / "out" / "logits.f64", std::ios::binary)
+      .read(reinterpret_cast<char*>(oracle.data()), 8 * oracle.size());
+
+  const std::vector<float> ours = TrainyardLogits(spec.model, hf.string(), tokens);
+  ASSERT_EQ(ours.size(), oracle.size());
+  const double error = RelativeError(ours, oracle);
+  std::printf("%s logits against the oracle: max relative error %.2e\n",
+              config::FamilyName(family).c_str(), error);
+  EXPECT_LE(error, 1e-4);
+
+  if (family == ModelFamily::kGpt2) {
+    // llm.c's file of the same weights: version 3 (fp32) gives the same logits; version 5 (bf16)
+    // the same up to bf16's rounding of the weights.
+    for (int version : {3, 5}) {
+      const fs::path bin = scratch / absl::StrCat("gpt2_v", version, ".bin");
+      ASSERT_EQ(RunPython("write_llmc.py",
+                          absl::StrCat(hf.string(), " ", bin.string(), " --version ", version)),
+                0);
+      const std::vector<float> llmc = TrainyardLogits(spec.model, bin.string(), tokens);
+      ASSERT_EQ(llmc.size(), oracle.size());
+      const double llmc_error = RelativeError(llmc, oracle);
+      std::printf("llm.c version %d logits against the oracle: max relative error %.2e\n", version,
+                  llmc_error);
+      EXPECT_LE(llmc_error, version == 3 ? 1e-4 : 3e-2);
+    }
+  }
+  fs::remove_all(scratch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfOracle,
+                         ::testing::Values(ModelFamily::kGpt2, ModelFamily::kLlama),
+                         [](const auto& info) { return config::FamilyName(info.param); });
+
+}  // namespace
+}  // namespace trainyard::worker

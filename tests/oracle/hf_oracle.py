@@ -1,0 +1,619 @@
+#!/usr/bin/python3
+"""Logits of a model directory in Hugging Face's format, computed with Hugging Face's conventions.
+
+Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
+
+MODEL_DIR: config.json (model_type "gpt2" or "llama") and model.safetensors, or
+model.safetensors.index.json (its weight_map names each tensor's shard) with the shards.
+TOKENS_FILE: int32 little-endian token ids [B, T], no header.
+OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the prompt; with
+--generate N also generated.txt, one line per row with the N greedily chosen new ids (argmax, the
+lowest id on ties, the whole forward pass recomputed for every new token).
+
+This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
+tensor names, layouts and config keys of transformers' GPT2LMHeadModel and LlamaForCausalLM,
+written from their documented conventions; it needs neither transformers nor safetensors, only
+numpy, and computes in float64. See README.md for the conventions.
+
+Exit status: 0 on success, 2 on bad input (one line on stderr, "hf_oracle: " first), 1 on an
+internal error.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+# The safetensors format: an 8-byte little-endian header length N, N bytes of JSON, then the data
+# buffer that every tensor's data_offsets index. The reference implementation's limit on N:
+MAX_HEADER_BYTES = 100_000_000
+# Every dtype the format defines, with its size in bytes; only DECODABLE ones can hold weights.
+DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DECODABLE = ("F32", "BF16", "F16")
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class InputError(Exception):
+    """Bad input; the message is the one line printed after "hf_oracle: "."""
+
+
+# ---- safetensors ---------------------------------------------------------------------------------
+
+class SafetensorsFile:
+    """A validated safetensors file. tensors maps name -> (dtype, shape tuple, begin, end), the
+    offsets relative to the data buffer, which starts at data_start."""
+
+    def __init__(self, path, tensors, data_start, metadata):
+        self.path = path
+        self.tensors = tensors
+        self.data_start = data_start
+        self.metadata = metadata
+
+    def read(self, name):
+        """The tensor as a float64 array; raises InputError for a dtype that holds no weights."""
+        dtype, shape, begin, end = self.tensors[name]
+        if dtype not in DECODABLE:
+            raise InputError("%s: tensor %r has dtype %s; weights must be one of %s"
+                             % (self.path, name, dtype, ", ".join(DECODABLE)))
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + begin)
+            raw = f.read(end - begin)
+        if len(raw) != end - begin:  # the file changed since it was opened
+            raise InputError("%s: tensor %r: short read" % (self.path, name))
+        if dtype == "F32":
+            values = np.frombuffer(raw, dtype="<f4")
+        elif dtype == "F16":
+            values = np.frombuffer(raw, dtype="<f2")
+        else:  # BF16 is the high half of an IEEE float32.
+            values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        return values.astype(np.float64).reshape(shape)
+
+
+def _json_object_without_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError("duplicate key %r" % key)
+        out[key] = value
+    return out
+
+
+def _reject_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
+def parse_json(text):
+    """json.loads, but a duplicate key or NaN/Infinity is an error (ValueError)."""
+    return json.loads(text, object_pairs_hook=_json_object_without_duplicates,
+                      parse_constant=_reject_constant)
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_tensor_entry(path, name, info, buffer_len):
+    """(dtype, shape, begin, end) of one header entry, or InputError."""
+    where = "%s: tensor %r" % (path, name)
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise InputError("%s: entry must be an object with exactly the keys dtype, shape and "
+                         "data_offsets" % where)
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise InputError("%s: unknown dtype %r" % (where, dtype))
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise InputError("%s: shape must be a list of non-negative integers, got %r"
+                         % (where, shape))
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_int(v) for v in offsets)):
+        raise InputError("%s: data_offsets must be two integers, got %r" % (where, offsets))
+    begin, end = offsets
+    if not 0 <= begin <= end <= buffer_len:
+        raise InputError("%s: data_offsets [%d, %d] lie outside the %d-byte data buffer"
+                         % (where, begin, end, buffer_len))
+    want = math.prod(shape) * DTYPE_SIZES[dtype]
+    if end - begin != want:
+        raise InputError("%s: data_offsets [%d, %d] hold %d bytes, but %s %s needs %d"
+                         % (where, begin, end, end - begin, dtype, shape, want))
+    return dtype, tuple(shape), begin, end
+
+
+def _check_tiling(path, tensors, buffer_len):
+    """The tensors' byte ranges must tile the data buffer: no overlap, no gap, nothing after."""
+    expected = 0
+    previous = None
+    for name, (_, _, begin, end) in sorted(tensors.items(), key=lambda kv: kv[1][2:]):
+        if begin < expected:
+            raise InputError("%s: tensors %r and %r overlap (bytes [%d, %d) and [%d, %d))"
+                             % (path, previous[0], name, previous[1], previous[2], begin, end))
+        if begin > expected:
+            raise InputError("%s: bytes [%d, %d) of the data buffer belong to no tensor (before "
+                             "tensor %r)" % (path, expected, begin, name))
+        expected = end
+        previous = (name, begin, end)
+    if expected != buffer_len:
+        raise InputError("%s: bytes [%d, %d) of the data buffer belong to no tensor"
+                         % (path, expected, buffer_len))
+
+
+def open_safetensors(path):
+    """Reads and validates the header of the safetensors file at `path`; InputError if it is
+    not a well-formed file (the data itself is read later, by SafetensorsFile.read)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise InputError("%s: truncated: %d bytes, shorter than the 8-byte header length"
+                                 % (path, size))
+            header_len = int.from_bytes(prefix, "little")
+            if header_len > MAX_HEADER_BYTES:
+                raise InputError("%s: header length %d exceeds the limit of %d bytes"
+                                 % (path, header_len, MAX_HEADER_BYTES))
+            if header_len > size - 8:
+                raise InputError("%s: truncated: header length %d but only %d bytes follow"
+                                 % (path, header_len, size - 8))
+            raw = f.read(header_len)
+    except OSError as e:
+        raise InputError("%s: %s" % (path, e.strerror or e))
+    try:
+        header = parse_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError("%s: header is not valid JSON: %s" % (path, e))
+    if not isinstance(header, dict):
+        raise InputError("%s: header must be a JSON object" % path)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise InputError("%s: __metadata__ must map strings to strings" % path)
+    buffer_len = size - 8 - header_len
+    tensors = {name: _check_tensor_entry(path, name, info, buffer_len)
+               for name, info in header.items()}
+    _check_tiling(path, tensors, buffer_len)
+    return SafetensorsFile(path, tensors, 8 + header_len, metadata)
+
+
+def load_checkpoint(model_dir):
+    """{tensor name: SafetensorsFile holding it} from model.safetensors (preferred, as
+    transformers does) or from the index and its shards. Returns (mapping, the file to name when
+    a tensor is missing)."""
+    single = os.path.join(model_dir, SINGLE_FILE)
+    if os.path.exists(single):
+        st = open_safetensors(single)
+        return {name: st for name in st.tensors}, single
+    index_path = os.path.join(model_dir, INDEX_FILE)
+    if not os.path.exists(index_path):
+        raise InputError("%s: holds neither %s nor %s" % (model_dir, SINGLE_FILE, INDEX_FILE))
+    try:
+        with open(index_path, "rb") as f:
+            index = parse_json(f.read().decode("utf-8"))
+    except OSError as e:
+        raise InputError("%s: %s" % (index_path, e.strerror or e))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError("%s: not valid JSON: %s" % (index_path, e))
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise InputError("%s: must be an object with a weight_map object" % index_path)
+    shards = {}
+    for name, shard in weight_map.items():
+        if (not isinstance(shard, str) or shard in ("", ".", "..")
+                or os.path.basename(shard) != shard):
+            raise InputError("%s: weight_map[%r] must be a file name in the model directory, "
+                             "got %r" % (index_path, name, shard))
+        if shard not in shards:
+            shards[shard] = open_safetensors(os.path.join(model_dir, shard))
+        if name not in shards[shard].tensors:
+            raise InputError("%s: tensor %r is missing (the index puts it in %s)"
+                             % (shards[shard].path, name, shard))
+    for shard, st in sorted(shards.items()):
+        for name in st.tensors:
+            if weight_map.get(name) != shard:
+                raise InputError("%s: tensor %r is not in %s's weight_map for this shard"
+                                 % (st.path, name, INDEX_FILE))
+    return {name: shards[shard] for name, shard in weight_map.items()}, index_path
+
+
+# ---- config.json ---------------------------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+class Config:
+    """Typed access to config.json; every accessor raises InputError naming the key."""
+
+    def __init__(self, raw, path):
+        self.raw = raw
+        self.path = path
+
+    def _get(self, key, default):
+        value = self.raw.get(key, default)
+        if value is _REQUIRED:
+            raise InputError("%s: missing the key %r" % (self.path, key))
+        return value
+
+    def int(self, key, default=_REQUIRED, minimum=1):
+        value = self._get(key, default)
+        if not _is_int(value) or value < minimum:
+            raise InputError("%s: %s must be an integer >= %d, got %r"
+                             % (self.path, key, minimum, value))
+        return value
+
+    def positive(self, key, default):
+        value = self._get(key, default)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise InputError("%s: %s must be a positive number, got %r" % (self.path, key, value))
+        return float(value)
+
+    def bool(self, key, default):
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise InputError("%s: %s must be true or false, got %r" % (self.path, key, value))
+        return value
+
+    def require(self, key, default, allowed, why):
+        """The value of `key` (default `default`), which must be one of `allowed`."""
+        value = self._get(key, default)
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            raise InputError("%s: %s = %s is not supported (%s)"
+                             % (self.path, key, json.dumps(value), why))
+        return value
+
+
+def read_config(model_dir):
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path, "rb") as f:
+            raw = parse_json(f.read().decode("utf-8"))
+    except OSError as e:
+        raise InputError("%s: %s" % (path, e.strerror or e))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError("%s: not valid JSON: %s" % (path, e))
+    if not isinstance(raw, dict):
+        raise InputError("%s: must be a JSON object" % path)
+    model_type = raw.get("model_type")
+    if model_type not in MODELS:
+        raise InputError("%s: model_type %s is not supported (gpt2 or llama)"
+                         % (path, json.dumps(model_type)))
+    return MODELS[model_type](Config(raw, path))
+
+
+# ---- the models ---------------------------------------------------------------------------------
+
+def layer_norm(x, weight, bias, eps):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def rms_norm(x, weight, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    """x * sigmoid(x), the sigmoid as exp(-log(1 + exp(-x))) so that no exp overflows."""
+    return x * np.exp(-np.logaddexp(0.0, -x))
+
+
+def causal_attention(q, k, v):
+    """softmax(q k^T / sqrt(D)) v over positions <= the query's; q, k, v [B, H, T, D]."""
+    t, d = q.shape[-2], q.shape[-1]
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(d)
+    scores = np.where(np.triu(np.ones((t, t), dtype=bool), k=1), -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs @ v
+
+
+def split_heads(x, heads):
+    """[B, T, heads*D] -> [B, heads, T, D]; head h is columns h*D .. h*D+D-1."""
+    b, t, width = x.shape
+    return x.reshape(b, t, heads, width // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """[B, H, T, D] -> [B, T, H*D]."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def rope_tables(seq_len, head_dim, theta):
+    """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D), the angles
+    pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([angles, angles], axis=-1)
+    return np.cos(emb), np.sin(emb)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x [..., T, D] rotated by position: x*cos + rotate_half(x)*sin."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Gpt2:
+    """GPT2LMHeadModel. Conv1D weights are stored [in, out] (y = x W + b)."""
+
+    def __init__(self, cfg):
+        self.vocab = cfg.int("vocab_size")
+        self.positions = cfg.int("n_positions")
+        self.width = cfg.int("n_embd")
+        self.layers = cfg.int("n_layer")
+        self.heads = cfg.int("n_head")
+        inner = cfg.raw.get("n_inner")
+        self.inner = 4 * self.width if inner is None else cfg.int("n_inner")
+        self.eps = cfg.positive("layer_norm_epsilon", 1e-5)
+        self.tied = cfg.bool("tie_word_embeddings", True)
+        cfg.require("activation_function", "gelu_new", ("gelu_new", "gelu_pytorch_tanh"),
+                    "only the tanh approximation of GELU is implemented")
+        cfg.require("scale_attn_weights", True, (True,), "scores are scaled by 1/sqrt(head_dim)")
+        cfg.require("scale_attn_by_inverse_layer_idx", False, (False,), "not implemented")
+        cfg.require("add_cross_attention", False, (False,), "a decoder-only model is expected")
+        if self.width % self.heads != 0:
+            raise InputError("%s: n_embd %d is not divisible by n_head %d"
+                             % (cfg.path, self.width, self.heads))
+        self.max_positions = self.positions
+
+    @staticmethod
+    def canonical_name(name):
+        return name[len("transformer."):] if name.startswith("transformer.") else name
+
+    def expected_tensors(self):
+        """[(name, shape)] the config implies, and the set of names tolerated and ignored."""
+        C, F_, V = self.width, self.inner, self.vocab
+        out = [("wte.weight", (V, C)), ("wpe.weight", (self.positions, C))]
+        ignored = set()
+        for i in range(self.layers):
+            p = "h.%d." % i
+            out += [(p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,)),
+                    (p + "attn.c_attn.weight", (C, 3 * C)), (p + "attn.c_attn.bias", (3 * C,)),
+                    (p + "attn.c_proj.weight", (C, C)), (p + "attn.c_proj.bias", (C,)),
+                    (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)),
+                    (p + "mlp.c_fc.weight", (C, F_)), (p + "mlp.c_fc.bias", (F_,)),
+                    (p + "mlp.c_proj.weight", (F_, C)), (p + "mlp.c_proj.bias", (C,))]
+            # Old checkpoints carry the causal mask buffers; they are not weights.
+            ignored |= {p + "attn.bias", p + "attn.masked_bias"}
+        out += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
+        if not self.tied:
+            out.append(("lm_head.weight", (V, C)))
+        return out, ignored
+
+    def forward(self, w, tokens):
+        """tokens [B, T] -> logits [B, T, V]."""
+        C = self.width
+        x = w["wte.weight"][tokens] + w["wpe.weight"][: tokens.shape[1]]
+        for i in range(self.layers):
+            p = "h.%d." % i
+            a = layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], self.eps)
+            qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+            q, k, v = (split_heads(qkv[..., j * C:(j + 1) * C], self.heads) for j in range(3))
+            y = merge_heads(causal_attention(q, k, v))
+            x = x + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+            m = layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], self.eps)
+            hidden = gelu_new(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
+            x = x + hidden @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+        x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.eps)
+        head = w["wte.weight"] if self.tied else w["lm_head.weight"]
+        return x @ head.T
+
+
+class Llama:
+    """LlamaForCausalLM. nn.Linear weights are stored [out, in] (y = x W^T), no biases."""
+
+    def __init__(self, cfg):
+        self.vocab = cfg.int("vocab_size")
+        self.width = cfg.int("hidden_size")
+        self.ffn = cfg.int("intermediate_size")
+        self.layers = cfg.int("num_hidden_layers")
+        self.heads = cfg.int("num_attention_heads")
+        kv = cfg.raw.get("num_key_value_heads")
+        self.kv_heads = self.heads if kv is None else cfg.int("num_key_value_heads")
+        head_dim = cfg.raw.get("head_dim")
+        if head_dim is None:
+            if self.width % self.heads != 0:
+                raise InputError("%s: hidden_size %d is not divisible by num_attention_heads %d "
+                                 "(and head_dim is not given)" % (cfg.path, self.width, self.heads))
+            self.head_dim = self.width // self.heads
+        else:
+            self.head_dim = cfg.int("head_dim")
+        if self.head_dim % 2 != 0:
+            raise InputError("%s: RoPE needs an even head dimension, got %d"
+                             % (cfg.path, self.head_dim))
+        if self.heads % self.kv_heads != 0:
+            raise InputError("%s: num_attention_heads %d is not divisible by "
+                             "num_key_value_heads %d" % (cfg.path, self.heads, self.kv_heads))
+        self.max_positions = cfg.int("max_position_embeddings")
+        self.eps = cfg.positive("rms_norm_eps", 1e-6)
+        self.theta = cfg.positive("rope_theta", 10000.0)
+        self.tied = cfg.bool("tie_word_embeddings", False)
+        cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
+        cfg.require("attention_bias", False, (False,), "projections without biases")
+        cfg.require("mlp_bias", False, (False,), "projections without biases")
+        scaling = cfg.raw.get("rope_scaling")
+        if scaling is not None and not (isinstance(scaling, dict) and scaling.get(
+                "rope_type", scaling.get("type")) == "default"):
+            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE only)"
+                             % (cfg.path, json.dumps(scaling)))
+
+    @staticmethod
+    def canonical_name(name):
+        return name
+
+    def expected_tensors(self):
+        C, F_, V, D = self.width, self.ffn, self.vocab, self.head_dim
+        H, KV = self.heads, self.kv_heads
+        out = [("model.embed_tokens.weight", (V, C))]
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            out += [(p + "input_layernorm.weight", (C,)),
+                    (p + "self_attn.q_proj.weight", (H * D, C)),
+                    (p + "self_attn.k_proj.weight", (KV * D, C)),
+                    (p + "self_attn.v_proj.weight", (KV * D, C)),
+                    (p + "self_attn.o_proj.weight", (C, H * D)),
+                    (p + "post_attention_layernorm.weight", (C,)),
+                    (p + "mlp.gate_proj.weight", (F_, C)),
+                    (p + "mlp.up_proj.weight", (F_, C)),
+                    (p + "mlp.down_proj.weight", (C, F_))]
+        out.append(("model.norm.weight", (C,)))
+        if not self.tied:
+            out.append(("lm_head.weight", (V, C)))
+        return out, set()
+
+    def forward(self, w, tokens):
+        """tokens [B, T] -> logits [B, T, V]."""
+        cos, sin = rope_tables(tokens.shape[1], self.head_dim, self.theta)
+        group = self.heads // self.kv_heads
+        x = w["model.embed_tokens.weight"][tokens]
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            a = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
+            q = apply_rope(split_heads(a @ w[p + "self_attn.q_proj.weight"].T, self.heads),
+                           cos, sin)
+            k = apply_rope(split_heads(a @ w[p + "self_attn.k_proj.weight"].T, self.kv_heads),
+                           cos, sin)
+            v = split_heads(a @ w[p + "self_attn.v_proj.weight"].T, self.kv_heads)
+            # Query head h reads key/value head h // group.
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+            y = merge_heads(causal_attention(q, k, v))
+            x = x + y @ w[p + "self_attn.o_proj.weight"].T
+            m = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
+            gate = silu(m @ w[p + "mlp.gate_proj.weight"].T)
+            x = x + (gate * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = rms_norm(x, w["model.norm.weight"], self.eps)
+        head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
+        return x @ head.T
+
+
+MODELS = {"gpt2": Gpt2, "llama": Llama}
+
+
+def load_weights(model, model_dir):
+    """{canonical name: float64 array} holding exactly the tensors the config implies."""
+    files, missing_where = load_checkpoint(model_dir)
+    by_canonical = {}
+    for name in sorted(files):
+        canonical = model.canonical_name(name)
+        if canonical in by_canonical:
+            raise InputError("%s: tensors %r and %r are the same tensor"
+                             % (files[name].path, by_canonical[canonical], name))
+        by_canonical[canonical] = name
+    expected, ignored = model.expected_tensors()
+    weights = {}
+    for canonical, shape in expected:
+        if canonical not in by_canonical:
+            raise InputError("%s: tensor %r is missing (the config implies %s)"
+                             % (missing_where, canonical, list(shape)))
+        name = by_canonical[canonical]
+        st = files[name]
+        got = st.tensors[name][1]
+        if got != shape:
+            raise InputError("%s: tensor %r has shape %s, the config implies %s"
+                             % (st.path, name, list(got), list(shape)))
+        weights[canonical] = st.read(name)
+    implied = {canonical for canonical, _ in expected} | ignored
+    for canonical, name in sorted(by_canonical.items()):
+        if canonical not in implied:
+            raise InputError("%s: tensor %r is not part of the model the config describes"
+                             % (files[name].path, name))
+    return weights
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise InputError(message)
+
+
+def parse_args(argv):
+    parser = _ArgumentParser(prog="hf_oracle.py", description=__doc__.split("\n")[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("tokens_file")
+    parser.add_argument("out_dir")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--generate", type=int, default=None, metavar="N")
+    args = parser.parse_args(argv)
+    for key in ("batch", "seq"):
+        if getattr(args, key) < 1:
+            raise InputError("--%s must be at least 1" % key)
+    if args.generate is not None and args.generate < 0:
+        raise InputError("--generate must be at least 0")
+    return args
+
+
+def read_tokens(path, batch, seq, vocab):
+    want = batch * seq * 4
+    try:
+        size = os.path.getsize(path)
+        tokens = np.fromfile(path, dtype="<i4")
+    except OSError as e:
+        raise InputError("%s: %s" % (path, e.strerror or e))
+    if size != want:
+        raise InputError("%s: expected int32 [%d, %d] (%d bytes), the file has %d bytes"
+                         % (path, batch, seq, want, size))
+    if tokens.min() < 0 or tokens.max() >= vocab:
+        raise InputError("%s: token ids must lie in [0, %d), found [%d, %d]"
+                         % (path, vocab, tokens.min(), tokens.max()))
+    return tokens.reshape(batch, seq).astype(np.int64)
+
+
+def greedy_generate(model, weights, tokens, count, first_logits):
+    """The `count` new ids of each row [B, count]; first_logits = forward(tokens)."""
+    logits, seq, new = first_logits, tokens, []
+    for step in range(count):
+        if step > 0:
+            logits = model.forward(weights, seq)
+        chosen = np.argmax(logits[:, -1, :], axis=-1)  # the first maximum: the lowest id
+        new.append(chosen)
+        seq = np.concatenate([seq, chosen[:, None]], axis=1)
+    return np.stack(new, axis=1) if new else np.zeros((tokens.shape[0], 0), dtype=np.int64)
+
+
+def run(argv):
+    args = parse_args(argv)
+    model = read_config(args.model_dir)
+    new_tokens = args.generate or 0
+    if args.seq + new_tokens > model.max_positions:
+        raise InputError("--seq %d + --generate %d exceeds the model's %d positions"
+                         % (args.seq, new_tokens, model.max_positions))
+    weights = load_weights(model, args.model_dir)
+    tokens = read_tokens(args.tokens_file, args.batch, args.seq, model.vocab)
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError("%s: %s" % (args.out_dir, e.strerror or e))
+    logits = model.forward(weights, tokens)
+    np.ascontiguousarray(logits, dtype="<f8").tofile(os.path.join(args.out_dir, "logits.f64"))
+    if args.generate is not None:
+        new = greedy_generate(model, weights, tokens, args.generate, logits)
+        with open(os.path.join(args.out_dir, "generated.txt"), "w", encoding="utf-8") as f:
+            for row in new:
+                f.write(" ".join(str(int(v)) for v in row) + "\n")
+
+
+def main(argv):
+    try:
+        run(argv[1:])
+    except InputError as e:
+        sys.stderr.write("hf_oracle: %s\n" % str(e).replace("\n", "\\n"))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

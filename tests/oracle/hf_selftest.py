@@ -1,0 +1,394 @@
+#!/usr/bin/python3
+"""Tests of the Hugging Face format oracle (hf_oracle.py).
+
+selftest.py (CTest torch_oracle_selftest) runs these too; this file also runs alone. Tiny random
+GPT-2 and Llama (grouped-query: 4 heads, 2 key/value heads) models are written in Hugging Face's
+layout with a safetensors writer of this file's own, then hf_oracle.py's logits are compared with
+torch_model.py on the same weights mapped into Trainyard's contract (which shares no code with
+it), in F32, BF16, F16, a single file and shards. Then causality, RoPE at position 0, greedy
+generation, and every kind of malformed input, each of which must exit 2 with one line.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hf_oracle  # noqa: E402
+from oracle_testutil import random_model, random_tokens, small_cfg  # noqa: E402
+
+torch.set_num_threads(1)
+ORACLE = os.path.join(HERE, "hf_oracle.py")
+
+
+# ---- writing a model directory ------------------------------------------------------------------
+
+def encode(array, dtype):
+    """Little-endian bytes of `array` in safetensors dtype F32, F16 or BF16 (BF16 through torch's
+    round-to-nearest-even conversion, independent of the oracle's decoder)."""
+    if dtype == "F32":
+        return np.ascontiguousarray(array, dtype="<f4").tobytes()
+    if dtype == "F16":
+        return np.ascontiguousarray(array, dtype="<f2").tobytes()
+    bf16 = torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16)
+    return bf16.view(torch.int16).numpy().astype("<i2").tobytes()
+
+
+def stored_value(array, dtype):
+    """The float64 values that `array` has once stored as `dtype`."""
+    if dtype == "F32":
+        return np.asarray(array, np.float32).astype(np.float64)
+    if dtype == "F16":
+        return np.asarray(array, np.float16).astype(np.float64)
+    return torch.from_numpy(np.asarray(array, np.float32)).to(torch.bfloat16).double().numpy()
+
+
+def write_safetensors(path, tensors, edit_header=None, header_len=None, junk_after=None):
+    """Writes [(name, dtype, array)] in order, the data contiguous, the header padded with spaces
+    to a multiple of 8 bytes as the reference writer does. Corruptions for the tests:
+    edit_header(header dict) changes the header before it is encoded; header_len overrides the
+    length prefix; junk_after = (name, n) puts n stray bytes after that tensor's data."""
+    header = {"__metadata__": {"format": "pt"}}
+    data = b""
+    for name, dtype, array in tensors:
+        raw = encode(array, dtype)
+        header[name] = {"dtype": dtype, "shape": list(np.shape(array)),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+        if junk_after is not None and junk_after[0] == name:
+            data += b"\x00" * junk_after[1]
+    if edit_header is not None:
+        edit_header(header)
+    text = json.dumps(header).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write((len(text) if header_len is None else header_len).to_bytes(8, "little"))
+        f.write(text)
+        f.write(data)
+
+
+def gpt2_hf_tensors(cfg, params, prefix=""):
+    """[(HF name, array)] of a contract GPT-2 (numpy params by contract name): Conv1D weights
+    are the transposes of the contract's [out, in] linear weights."""
+    out = [(prefix + "wte.weight", params["wte"]), (prefix + "wpe.weight", params["wpe"])]
+    for i in range(cfg["layers"]):
+        c, p = "h.%d." % i, prefix + "h.%d." % i
+        out += [(p + "ln_1.weight", params[c + "ln1.w"]), (p + "ln_1.bias", params[c + "ln1.b"]),
+                (p + "attn.c_attn.weight", params[c + "attn.qkv.w"].T),
+                (p + "attn.c_attn.bias", params[c + "attn.qkv.b"]),
+                (p + "attn.c_proj.weight", params[c + "attn.proj.w"].T),
+                (p + "attn.c_proj.bias", params[c + "attn.proj.b"]),
+                (p + "ln_2.weight", params[c + "ln2.w"]), (p + "ln_2.bias", params[c + "ln2.b"]),
+                (p + "mlp.c_fc.weight", params[c + "mlp.fc.w"].T),
+                (p + "mlp.c_fc.bias", params[c + "mlp.fc.b"]),
+                (p + "mlp.c_proj.weight", params[c + "mlp.proj.w"].T),
+                (p + "mlp.c_proj.bias", params[c + "mlp.proj.b"])]
+    out += [(prefix + "ln_f.weight", params["lnf.w"]), (prefix + "ln_f.bias", params["lnf.b"])]
+    if not cfg["tied_embeddings"]:
+        out.append(("lm_head.weight", params["lm_head.w"]))
+    return out
+
+
+def gpt2_hf_config(cfg):
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": cfg["vocab"], "n_positions": cfg["max_seq"], "n_embd": cfg["width"],
+            "n_layer": cfg["layers"], "n_head": cfg["heads"],
+            "n_inner": None if cfg["ffn_hidden"] == 4 * cfg["width"] else cfg["ffn_hidden"],
+            "layer_norm_epsilon": cfg["norm_eps"], "activation_function": "gelu_new",
+            "tie_word_embeddings": cfg["tied_embeddings"]}
+
+
+def llama_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama: the fused qkv and gate/up weights split."""
+    H, KV, F_ = cfg["heads"], cfg["kv_heads"], cfg["ffn_hidden"]
+    D = cfg["width"] // H
+    out = [("model.embed_tokens.weight", params["wte"])]
+    for i in range(cfg["layers"]):
+        c, p = "h.%d." % i, "model.layers.%d." % i
+        qkv, fc = params[c + "attn.qkv.w"], params[c + "mlp.fc.w"]
+        out += [(p + "input_layernorm.weight", params[c + "ln1.w"]),
+                (p + "self_attn.q_proj.weight", qkv[:H * D]),
+                (p + "self_attn.k_proj.weight", qkv[H * D:(H + KV) * D]),
+                (p + "self_attn.v_proj.weight", qkv[(H + KV) * D:]),
+                (p + "self_attn.o_proj.weight", params[c + "attn.proj.w"]),
+                (p + "post_attention_layernorm.weight", params[c + "ln2.w"]),
+                (p + "mlp.gate_proj.weight", fc[:F_]), (p + "mlp.up_proj.weight", fc[F_:]),
+                (p + "mlp.down_proj.weight", params[c + "mlp.proj.w"])]
+    out.append(("model.norm.weight", params["lnf.w"]))
+    if not cfg["tied_embeddings"]:
+        out.append(("lm_head.weight", params["lm_head.w"]))
+    return out
+
+
+def llama_hf_config(cfg):
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+            "vocab_size": cfg["vocab"], "hidden_size": cfg["width"],
+            "intermediate_size": cfg["ffn_hidden"], "num_hidden_layers": cfg["layers"],
+            "num_attention_heads": cfg["heads"], "num_key_value_heads": cfg["kv_heads"],
+            "max_position_embeddings": cfg["max_seq"], "rms_norm_eps": cfg["norm_eps"],
+            "rope_theta": cfg["rope_theta"], "tie_word_embeddings": cfg["tied_embeddings"],
+            "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def contract_params(model):
+    return {n: p.detach().numpy().copy() for n, p in model.named_contract_parameters()}
+
+
+# ---- the tests ----------------------------------------------------------------------------------
+
+class HfOracleTest(unittest.TestCase):
+    BATCH, SEQ = 2, 7
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="hf_oracle_selftest_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write_model(self, label, hf_config, tensors, dtype="F32", shards=1, **corruption):
+        """A model directory with config.json and `tensors` [(name, array)] as one
+        model.safetensors, or split round-robin into `shards` files with an index."""
+        model_dir = os.path.join(self.tmp, label)
+        os.makedirs(model_dir)
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(hf_config, f)
+        typed = [(name, dtype, array) for name, array in tensors]
+        if shards == 1:
+            write_safetensors(os.path.join(model_dir, "model.safetensors"), typed, **corruption)
+            return model_dir
+        weight_map = {}
+        for s in range(shards):
+            shard = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
+            write_safetensors(os.path.join(model_dir, shard), typed[s::shards])
+            weight_map.update({name: shard for name, _, _ in typed[s::shards]})
+        with open(os.path.join(model_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f)
+        return model_dir
+
+    def run_oracle(self, model_dir, tokens, *extra):
+        """(CompletedProcess, OUT_DIR) of hf_oracle.py on int64 tokens [B, T]."""
+        tokens_path = model_dir + ".tokens.i32"
+        np.asarray(tokens, "<i4").tofile(tokens_path)
+        out_dir = model_dir + ".out"
+        proc = subprocess.run(
+            [sys.executable, ORACLE, model_dir, tokens_path, out_dir, "--batch",
+             str(tokens.shape[0]), "--seq", str(tokens.shape[1])] + list(extra),
+            capture_output=True, text=True, check=False)
+        return proc, out_dir
+
+    def oracle_logits(self, model_dir, tokens, vocab):
+        proc, out_dir = self.run_oracle(model_dir, tokens)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, "")
+        path = os.path.join(out_dir, "logits.f64")
+        self.assertEqual(os.path.getsize(path), 8 * tokens.size * vocab)
+        return np.fromfile(path, "<f8").reshape(tokens.shape + (vocab,))
+
+    def check_against_torch_model(self, label, cfg, to_hf, hf_config, dtype="F32", shards=1):
+        """hf_oracle's logits on the HF layout equal torch_model's on the contract layout, with
+        the weights rounded to `dtype` on both sides. Returns (model_dir, tokens, logits)."""
+        model = random_model(cfg, seed=len(label))
+        params = {n: stored_value(v, dtype) for n, v in contract_params(model).items()}
+        with torch.no_grad():
+            for name, p in model.named_contract_parameters():
+                p.copy_(torch.from_numpy(params[name]))
+        model_dir = self.write_model(label, hf_config, to_hf(params), dtype, shards)
+        tokens = random_tokens(cfg, self.BATCH, self.SEQ, seed=len(label)).numpy()
+        got = self.oracle_logits(model_dir, tokens, cfg["vocab"])
+        with torch.no_grad():
+            want = model(torch.from_numpy(tokens)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11, err_msg=label)
+        self.assertGreater(np.abs(want).max(), 0.1)  # a non-trivial comparison
+        return model_dir, tokens, got
+
+    def test_gpt2_tied_matches_torch_model(self):
+        cfg = small_cfg("gpt2")  # n_inner 4*n_embd, written as null
+        self.check_against_torch_model("gpt2", cfg, lambda p: gpt2_hf_tensors(cfg, p),
+                                       gpt2_hf_config(cfg))
+
+    def test_gpt2_untied_prefixed_bf16_with_mask_buffers(self):
+        # transformer.* names, BF16 weights and the legacy attn.bias / attn.masked_bias buffers
+        # of old checkpoints (not weights; ignored), n_inner given explicitly.
+        cfg = small_cfg("gpt2", tied_embeddings=False, ffn_hidden=24)
+        T = cfg["max_seq"]
+
+        def to_hf(params):
+            tensors = gpt2_hf_tensors(cfg, params, prefix="transformer.")
+            for i in range(cfg["layers"]):
+                tensors += [("transformer.h.%d.attn.bias" % i, np.tril(np.ones((1, 1, T, T)))),
+                            ("transformer.h.%d.attn.masked_bias" % i, np.array(-1e4))]
+            return tensors
+
+        self.check_against_torch_model("gpt2_bf16", cfg, to_hf, gpt2_hf_config(cfg), "BF16")
+
+    def test_llama_gqa_sharded_matches_torch_model(self):
+        cfg = small_cfg("llama")
+        self.assertEqual((cfg["heads"], cfg["kv_heads"]), (4, 2))
+        self.check_against_torch_model("llama", cfg, lambda p: llama_hf_tensors(cfg, p),
+                                       llama_hf_config(cfg), shards=3)
+
+    def test_llama_tied_f16_matches_torch_model(self):
+        cfg = small_cfg("llama", tied_embeddings=True, rope_theta=500.0)
+        self.check_against_torch_model("llama_f16", cfg, lambda p: llama_hf_tensors(cfg, p),
+                                       llama_hf_config(cfg), "F16")
+
+    def test_causal_and_finite(self):
+        for family in ("gpt2", "llama"):
+            with self.subTest(family):
+                cfg = small_cfg(family)
+                to_hf = gpt2_hf_tensors if family == "gpt2" else llama_hf_tensors
+                params = contract_params(random_model(cfg, seed=5))
+                model_dir = self.write_model("causal_" + family, (
+                    gpt2_hf_config if family == "gpt2" else llama_hf_config)(cfg),
+                    to_hf(cfg, params))
+                tokens = random_tokens(cfg, 1, self.SEQ, seed=6).numpy()
+                before = self.oracle_logits(model_dir, tokens, cfg["vocab"])
+                self.assertTrue(np.isfinite(before).all())
+                changed = tokens.copy()
+                changed[0, 4] = (changed[0, 4] + 1) % cfg["vocab"]
+                after = self.oracle_logits(model_dir, changed, cfg["vocab"])
+                np.testing.assert_allclose(after[:, :4], before[:, :4], rtol=0, atol=1e-13)
+                self.assertGreater(np.abs(after[:, 4:] - before[:, 4:]).min(), 0.0)
+                self.assertGreater(np.abs(after[:, 4] - before[:, 4]).max(), 1e-3)
+
+    def test_rope_leaves_position_zero_alone(self):
+        D, T = 8, 5
+        cos, sin = hf_oracle.rope_tables(T, D, 10000.0)
+        q = np.random.default_rng(0).normal(size=(2, 3, T, D))
+        rotated = hf_oracle.apply_rope(q, cos, sin)
+        np.testing.assert_array_equal(rotated[..., 0, :], q[..., 0, :])
+        # Position p turns the pair (i, i + D/2) by p * theta^(-2i/D), written out directly.
+        p, i = 3, 1
+        angle = p * 10000.0 ** (-2.0 * i / D)
+        x1, x2 = q[..., p, i], q[..., p, i + D // 2]
+        np.testing.assert_allclose(rotated[..., p, i], x1 * np.cos(angle) - x2 * np.sin(angle),
+                                   rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(rotated[..., p, i + D // 2],
+                                   x2 * np.cos(angle) + x1 * np.sin(angle), rtol=1e-14,
+                                   atol=1e-15)
+
+    def test_greedy_generation_matches_torch_model(self):
+        cfg = small_cfg("llama")
+        model = random_model(cfg, seed=8)
+        params = {n: stored_value(v, "F32") for n, v in contract_params(model).items()}
+        with torch.no_grad():
+            for name, p in model.named_contract_parameters():
+                p.copy_(torch.from_numpy(params[name]))
+        model_dir = self.write_model("generate", llama_hf_config(cfg),
+                                     llama_hf_tensors(cfg, params))
+        tokens = random_tokens(cfg, 2, 5, seed=9).numpy()
+        count = cfg["max_seq"] - 5  # the longest allowed
+        proc, out_dir = self.run_oracle(model_dir, tokens, "--generate", str(count))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(out_dir, "generated.txt")) as f:
+            got = [[int(v) for v in line.split()] for line in f]
+        seq = torch.from_numpy(tokens)
+        with torch.no_grad():
+            for _ in range(count):
+                seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        self.assertEqual(got, seq[:, 5:].tolist())
+        proc, _ = self.run_oracle(model_dir, tokens, "--generate", str(count + 1))
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+
+    def test_greedy_ties_go_to_lowest_id(self):
+        class Flat:  # every id scores the same, except ids 3 and 5 which tie above the rest
+            def forward(self, weights, tokens):
+                logits = np.zeros(tokens.shape + (7,))
+                logits[..., 3] = logits[..., 5] = 1.0
+                return logits
+
+        tokens = np.zeros((2, 3), dtype=np.int64)
+        model = Flat()
+        new = hf_oracle.greedy_generate(model, None, tokens, 2, model.forward(None, tokens))
+        self.assertEqual(new.tolist(), [[3, 3], [3, 3]])
+
+    def test_bad_inputs_exit_2_with_one_line(self):
+        cfg = small_cfg("gpt2")
+        params = contract_params(random_model(cfg, seed=10))
+        good = gpt2_hf_tensors(cfg, params)
+        C = cfg["width"]
+
+        def overlap(header):
+            header["h.0.ln_1.bias"]["data_offsets"] = header["h.0.ln_1.weight"]["data_offsets"]
+
+        def past_end(header):
+            begin, end = header["ln_f.bias"]["data_offsets"]  # the last tensor
+            header["ln_f.bias"]["data_offsets"] = [begin + 4, end + 4]
+
+        def unknown_dtype(header):
+            header["h.1.ln_2.weight"]["dtype"] = "F8_E9"
+
+        def truncate(model_dir, size):
+            path = os.path.join(model_dir, "model.safetensors")
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 3 if size is None else size)
+
+        def replace_with_text_header(model_dir):
+            with open(os.path.join(model_dir, "model.safetensors"), "wb") as f:
+                f.write((8).to_bytes(8, "little") + b"not json")
+
+        without = [t for t in good if t[0] != "h.1.mlp.c_fc.bias"]
+        extra = good + [("h.0.attn.rotary.weight", np.ones(C))]
+        transposed = [(n, a.T if n == "h.0.attn.c_attn.weight" else a) for n, a in good]
+        # label: (tensors, write_safetensors corruption, file edit, what the line must name)
+        cases = {
+            "truncated": (good, {}, lambda d: truncate(d, None), ["model.safetensors"]),
+            "shorter_than_length": (good, {}, lambda d: truncate(d, 5), ["truncated"]),
+            "header_over_100mb": (good, {"header_len": 100_000_001}, None, ["100000000"]),
+            "header_past_end": (good, {"header_len": 1 << 20}, None, ["truncated"]),
+            "header_not_json": (good, {}, replace_with_text_header, ["not valid JSON"]),
+            "overlap": (good, {"edit_header": overlap}, None, ["overlap", "h.0.ln_1.bias"]),
+            "past_end": (good, {"edit_header": past_end}, None, ["ln_f.bias", "outside"]),
+            "gap": (good, {"junk_after": ("wpe.weight", 4)}, None, ["belong to no tensor"]),
+            "unknown_dtype": (good, {"edit_header": unknown_dtype}, None,
+                              ["F8_E9", "h.1.ln_2.weight"]),
+            "missing": (without, {}, None, ["missing", "h.1.mlp.c_fc.bias"]),
+            "extra": (extra, {}, None, ["h.0.attn.rotary.weight"]),
+            "wrong_shape": (transposed, {}, None, ["h.0.attn.c_attn.weight", "[16, 48]"]),
+            "model_type": (good, {}, lambda d: self.edit_config(d, model_type="bert"),
+                           ["model_type"]),
+            "inner_activation": (good, {}, lambda d: self.edit_config(
+                d, activation_function="relu"), ["activation_function"]),
+        }
+        tokens = random_tokens(cfg, 2, 5, seed=11).numpy()
+        for label, (tensors, corruption, edit, needles) in cases.items():
+            with self.subTest(label):
+                model_dir = self.write_model("bad_" + label, gpt2_hf_config(cfg), tensors,
+                                             **corruption)
+                if edit is not None:
+                    edit(model_dir)
+                self.check_rejected(self.run_oracle(model_dir, tokens)[0], needles)
+        # Token ids and the positions limit.
+        model_dir = self.write_model("bad_tokens", gpt2_hf_config(cfg), good)
+        self.check_rejected(self.run_oracle(model_dir, np.full((2, 5), cfg["vocab"]))[0],
+                            ["token ids"])
+        self.check_rejected(self.run_oracle(model_dir, tokens, "--generate", "8")[0],
+                            ["positions"])
+
+    def edit_config(self, model_dir, **changes):
+        path = os.path.join(model_dir, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config.update(changes)
+        with open(path, "w") as f:
+            json.dump(config, f)
+
+    def check_rejected(self, proc, needles):
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        lines = proc.stderr.splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("hf_oracle: "), proc.stderr)
+        for needle in needles:
+            self.assertIn(needle, lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

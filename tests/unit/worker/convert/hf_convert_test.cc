@@ -1,0 +1,383 @@
+// worker/convert/: the safetensors reader and writer, the Hugging Face layouts of both families
+// and config.json, llm.c model files, and the one-line refusals of bad input, all on an
+// in-memory filesystem.
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/filesystem.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/convert/hf_format.h"
+#include "worker/convert/init_from.h"
+#include "worker/convert/safetensors.h"
+#include "worker/shape/parameters.h"
+
+namespace trainyard::worker::convert {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string U64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+  return out;
+}
+
+// A safetensors file from a header's JSON and the data bytes.
+std::string Raw(const std::string& json, const std::string& data) {
+  return U64(json.size()) + json + data;
+}
+
+std::string Floats(std::vector<float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), 4 * v.size());
+}
+
+TEST(Safetensors, WrittenFileReadsBack) {
+  FakeFileSystem fs;
+  std::vector<TensorInfo> tensors = {{"a", TensorDtype::kF32, {2, 3}},
+                                     {"b", TensorDtype::kBF16, {3}}};
+  auto writer = SafetensorsWriter::Create(fs, "m.safetensors", tensors, {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const float a[] = {1, 2, 3, 4, 5, 6.5f}, b[] = {0.5f, -2, 1.0f / 3};
+  ASSERT_TRUE((*writer)->Write("a", a).ok());
+  EXPECT_FALSE(fs.Exists("m.safetensors")) << "renamed into place only when finished";
+  EXPECT_EQ((*writer)->Finish().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*writer)->Write("b", b).ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+
+  auto file = SafetensorsFile::Open(fs, "m.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->metadata().at("format"), "pt");
+  ASSERT_EQ((*file)->tensors().size(), 2u);
+  const TensorInfo* ta = (*file)->Find("a");
+  ASSERT_NE(ta, nullptr);
+  EXPECT_EQ(ta->shape, (std::vector<int64_t>{2, 3}));
+  std::vector<float> got(6);
+  (*file)->ReadFloats(*ta, 0, 6, got.data());
+  EXPECT_EQ(got, std::vector<float>(a, a + 6));
+  const TensorInfo* tb = (*file)->Find("b");
+  ASSERT_NE(tb, nullptr);
+  EXPECT_EQ(tb->dtype, TensorDtype::kBF16);
+  (*file)->ReadFloats(*tb, 0, 3, got.data());
+  EXPECT_EQ(got[0], 0.5f);
+  EXPECT_EQ(got[1], -2.0f);
+  EXPECT_NEAR(got[2], 1.0f / 3, 1e-3);
+  // The data starts 8-byte aligned.
+  auto bytes = fs.ReadFile("m.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, bytes->data(), 8);
+  EXPECT_EQ(header % 8, 0u);
+}
+
+TEST(Safetensors, ReadsHalfPrecision) {
+  FakeFileSystem fs;
+  // 1.0, -2.0, 65504 (the largest half), 2^-24 (the smallest subnormal).
+  const uint16_t h[] = {0x3C00, 0xC000, 0x7BFF, 0x0001};
+  ASSERT_TRUE(fs.WriteFileAtomic("h.safetensors",
+                                 Raw(R"({"x":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})",
+                                     std::string(reinterpret_cast<const char*>(h), 8)))
+                  .ok());
+  auto file = SafetensorsFile::Open(fs, "h.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<float> got(4);
+  (*file)->ReadFloats((*file)->tensors()[0], 0, 4, got.data());
+  EXPECT_EQ(got, (std::vector<float>{1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24)}));
+}
+
+struct BadFile {
+  const char* name;
+  std::string bytes;
+  const char* says;
+};
+
+TEST(Safetensors, BadFilesAreRefusedWithOneLineNamingTheFileAndTensor) {
+  const std::string two = Floats({1, 2});
+  const BadFile cases[] = {
+      {"short", "abc", "truncated"},
+      {"truncated_header", U64(100) + "{}", "truncated"},
+      {"huge_header", U64(200'000'000) + "{}", "over the limit"},
+      {"not_json", Raw("{not json", ""), "not a JSON object"},
+      {"json_array", Raw("[1,2]", ""), "not a JSON object"},
+      {"unknown_dtype", Raw(R"({"x":{"dtype":"F8_E9","shape":[2],"data_offsets":[0,8]}})", two),
+       "tensor x: unknown dtype \"F8_E9\""},
+      {"past_end", Raw(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", two),
+       "tensor x: data_offsets [0, 16) run past"},
+      {"size_mismatch", Raw(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", two),
+       "tensor x: data_offsets hold 8 bytes"},
+      {"overlap",
+       Raw(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+           R"("y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+           two),
+       "tensors x and y overlap"},
+      {"negative_offset", Raw(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", two),
+       "tensor x: data_offsets"},
+  };
+  for (const BadFile& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeFileSystem fs;
+    const std::string path = absl::StrCat(c.name, ".safetensors");
+    ASSERT_TRUE(fs.WriteFileAtomic(path, c.bytes).ok());
+    auto file = SafetensorsFile::Open(fs, path);
+    ASSERT_FALSE(file.ok());
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(file.status().message(), HasSubstr(path + ": "));
+    EXPECT_THAT(file.status().message(), HasSubstr(c.says));
+    EXPECT_EQ(std::string(file.status().message()).find('\n'), std::string::npos);
+  }
+}
+
+config::ModelConfig Tiny(config::ModelFamily family) {
+  config::ModelConfig m =
+      *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  m.vocab = 48;
+  m.max_seq = 16;
+  return m;
+}
+
+TEST(HfFormat, PiecesCoverEveryTensorOnce) {
+  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    for (bool tied : {true, false}) {
+      config::ModelConfig m = Tiny(family);
+      m.tied_embeddings = tied;
+      auto maps = HfTensors(m);
+      ASSERT_TRUE(maps.ok());
+      const ParameterLayout layout(m, 0, 1, PipelineStage{});
+      ASSERT_EQ(maps->size(), layout.tensors().size()) << config::FamilyName(family);
+      for (size_t i = 0; i < maps->size(); ++i) {
+        const ParamTensor& t = layout.tensors()[i];
+        EXPECT_EQ((*maps)[i].name, t.name);
+        EXPECT_EQ((*maps)[i].shape, t.global_shape) << t.name;
+        int64_t rows = 0, numel = 0;
+        for (const HfPiece& p : (*maps)[i].pieces) {
+          EXPECT_EQ(p.row_begin, rows) << p.name;
+          rows += p.rows;
+          int64_t n = 1;
+          for (int64_t d : HfShape((*maps)[i], p)) n *= d;
+          numel += n;
+        }
+        EXPECT_EQ(rows, t.global_shape[0]) << t.name;
+        EXPECT_EQ(numel, t.numel) << t.name;
+      }
+    }
+  }
+}
+
+TEST(HfFormat, Gpt2IsConv1DTransposedAndLlamaSplitsRows) {
+  auto gpt2 = HfTensors(Tiny(config::ModelFamily::kGpt2));
+  ASSERT_TRUE(gpt2.ok());
+  const HfTensorMap* qkv = nullptr;
+  for (const HfTensorMap& t : *gpt2) {
+    if (t.name == "h.0.attn.qkv.w") qkv = &t;
+  }
+  ASSERT_NE(qkv, nullptr);
+  ASSERT_EQ(qkv->pieces.size(), 1u);
+  EXPECT_EQ(qkv->pieces[0].name, "h.0.attn.c_attn.weight");
+  const int64_t c = 64;
+  EXPECT_EQ(HfShape(*qkv, qkv->pieces[0]), (std::vector<int64_t>{c, 3 * c}));
+  std::vector<float> ours(3 * c * c), theirs(ours.size()), back(ours.size());
+  std::iota(ours.begin(), ours.end(), 0.0f);
+  ToHf(*qkv, qkv->pieces[0], ours.data(), theirs.data());
+  EXPECT_EQ(theirs[1], ours[c]);  // theirs[0][1] = ours[1][0]
+  FromHf(*qkv, qkv->pieces[0], theirs.data(), back.data());
+  EXPECT_EQ(back, ours);
+
+  auto llama = HfTensors(Tiny(config::ModelFamily::kLlama));
+  ASSERT_TRUE(llama.ok());
+  for (const HfTensorMap& t : *llama) {
+    if (t.name == "h.1.attn.qkv.w") {
+      ASSERT_EQ(t.pieces.size(), 3u);
+      EXPECT_EQ(t.pieces[1].name, "model.layers.1.self_attn.k_proj.weight");
+      EXPECT_EQ(t.pieces[1].row_begin, 64);  // 4 query heads of 16
+      EXPECT_EQ(t.pieces[1].rows, 32);       // 2 key/value heads of 16
+    }
+    if (t.name == "h.1.mlp.fc.w") {
+      EXPECT_EQ(t.pieces[0].name, "model.layers.1.mlp.gate_proj.weight");
+      EXPECT_EQ(t.pieces[1].name, "model.layers.1.mlp.up_proj.weight");
+    }
+  }
+  config::ModelConfig moe = Tiny(config::ModelFamily::kLlama);
+  moe.moe.experts = 4;
+  moe.moe.ffn = 32;
+  EXPECT_EQ(HfTensors(moe).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
+  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    config::ModelConfig m = Tiny(family);
+    m.norm_eps = 1e-6f;
+    if (family == config::ModelFamily::kLlama) m.rope_theta = 500000.0f;
+    auto back = ModelFromHfConfig(HfConfigJson(m, TensorDtype::kBF16), "config.json");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->family, m.family);
+    EXPECT_EQ(back->layers, m.layers);
+    EXPECT_EQ(back->width, m.width);
+    EXPECT_EQ(back->heads, m.heads);
+    EXPECT_EQ(back->kv_heads, m.kv_heads);
+    EXPECT_EQ(back->ffn_hidden, m.ffn_hidden);
+    EXPECT_EQ(back->vocab, m.vocab);
+    EXPECT_EQ(back->max_seq, m.max_seq);
+    EXPECT_EQ(back->tied_embeddings, m.tied_embeddings);
+    EXPECT_EQ(back->norm_eps, m.norm_eps);
+    EXPECT_EQ(back->rope_theta, m.rope_theta);
+  }
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "mistral"})", "x/config.json").status().message(),
+              HasSubstr("x/config.json: model_type is \"mistral\""));
+  EXPECT_THAT(
+      ModelFromHfConfig(R"({"model_type": "gpt2", "n_embd": 64})", "c.json").status().message(),
+      HasSubstr("c.json: vocab_size is missing"));
+}
+
+// A Hugging Face directory of `m` with every tensor's value its index + 0.25 · element.
+void WriteHfDir(FileSystem& fs, const std::string& dir, const config::ModelConfig& m,
+                const std::string& drop = "", const std::string& extra = "",
+                const std::string& reshape = "") {
+  ASSERT_TRUE(fs.CreateDirs(dir).ok());
+  ASSERT_TRUE(fs.WriteFileAtomic(dir + "/config.json", HfConfigJson(m, TensorDtype::kF32)).ok());
+  std::vector<TensorInfo> tensors;
+  auto maps = HfTensors(m);
+  ASSERT_TRUE(maps.ok());
+  for (const HfTensorMap& t : *maps) {
+    for (const HfPiece& p : t.pieces) {
+      if (p.name == drop) continue;
+      std::vector<int64_t> shape = HfShape(t, p);
+      if (p.name == reshape) shape[0] += 1;
+      tensors.push_back({p.name, TensorDtype::kF32, shape});
+    }
+  }
+  if (!extra.empty()) tensors.push_back({extra, TensorDtype::kF32, {2}});
+  auto writer = SafetensorsWriter::Create(fs, dir + "/model.safetensors", tensors, {});
+  ASSERT_TRUE(writer.ok());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<float> v(tensors[i].numel());
+    for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<float>(i) + 0.25f * e;
+    ASSERT_TRUE((*writer)->Write(tensors[i].name, v.data()).ok());
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+TEST(InitFrom, HfDirectoryLoadsIntoEveryTensorParallelSlice) {
+  FakeFileSystem fs;
+  const config::ModelConfig m = Tiny(config::ModelFamily::kLlama);
+  WriteHfDir(fs, "w", m);
+  auto source = WeightSource::Open(fs, "w");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const ParameterLayout whole(m, 0, 1, PipelineStage{});
+  std::vector<float> full(whole.total());
+  ASSERT_TRUE((*source)->ReadLayout(whole, full.data()).ok());
+  for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+    const ParameterLayout half(m, tp_rank, 2, PipelineStage{});
+    std::vector<float> mine(half.total()), want(half.total());
+    ASSERT_TRUE((*source)->ReadLayout(half, mine.data()).ok());
+    for (const ParamTensor& t : half.tensors()) {
+      half.Slice(t, full.data() + whole.Find(t.name)->offset, want.data() + t.offset);
+    }
+    EXPECT_EQ(mine, want) << "tp rank " << tp_rank;
+  }
+}
+
+TEST(InitFrom, BadDirectoriesAreRefusedNamingTheFileAndTensor) {
+  const config::ModelConfig m = Tiny(config::ModelFamily::kGpt2);
+  struct Case {
+    const char* drop;
+    const char* extra;
+    const char* reshape;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"h.1.mlp.c_fc.bias", "", "", "w/model.safetensors: missing tensor h.1.mlp.c_fc.bias"},
+      {"", "h.0.attn.rotary", "", "w/model.safetensors: extra tensor h.0.attn.rotary"},
+      {"", "", "wpe.weight",
+       "w/model.safetensors: tensor wpe.weight has shape [17, 64], config.json implies [16, 64]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    FakeFileSystem fs;
+    WriteHfDir(fs, "w", m, c.drop, c.extra, c.reshape);
+    config::JobSpec spec;
+    spec.model = m;
+    spec.init_from = "w";
+    absl::Status status = CheckInitFrom(fs, spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr(std::string("model.init_from: ") + c.says));
+  }
+}
+
+TEST(InitFrom, AnotherModelIsRefusedNamingTheFieldAndBothValues) {
+  FakeFileSystem fs;
+  const config::ModelConfig m = Tiny(config::ModelFamily::kLlama);
+  WriteHfDir(fs, "w", m);
+  config::JobSpec spec;
+  spec.model = m;
+  spec.model.kv_heads = 4;
+  spec.init_from = "w";
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.init_from: model.kv_heads is 2 in w/config.json, 4 in the spec"));
+  spec.model = m;
+  EXPECT_TRUE(CheckInitFrom(fs, spec).ok());
+  spec.init_from = "nowhere";
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.init_from: nowhere: no such file or directory"));
+}
+
+// llm.c's GPT-2 file: a 256-int header, then the tensors kind by kind over all layers, the
+// token embedding padded to `padded` rows.
+std::string LlmcFile(const config::ModelConfig& m, int padded, int version, int64_t* count) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240326;
+  header[1] = version;
+  header[2] = m.max_seq;
+  header[3] = m.vocab;
+  header[4] = m.layers;
+  header[5] = m.heads;
+  header[6] = m.width;
+  header[7] = padded;
+  const int64_t c = m.width, l = m.layers;
+  *count = padded * c + m.max_seq * c +
+           l * (2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c + 4 * c * c + c) +
+           2 * c;
+  std::string out(reinterpret_cast<const char*>(header.data()), 1024);
+  for (int64_t i = 0; i < *count; ++i) {
+    const float v = 0.001f * static_cast<float>(i % 1000);
+    if (version == 3) {
+      out.append(reinterpret_cast<const char*>(&v), 4);
+    } else {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      const uint16_t top = static_cast<uint16_t>(bits >> 16);
+      out.append(reinterpret_cast<const char*>(&top), 2);
+    }
+  }
+  return out;
+}
+
+TEST(InitFrom, LlmcFileLoadsAndItsBadHeadersAreRefused) {
+  const config::ModelConfig m = Tiny(config::ModelFamily::kGpt2);
+  for (int version : {3, 5}) {
+    FakeFileSystem fs;
+    int64_t count = 0;
+    const std::string file = LlmcFile(m, 64, version, &count);
+    ASSERT_TRUE(fs.WriteFileAtomic("gpt2.bin", file).ok());
+    auto source = WeightSource::Open(fs, "gpt2.bin");
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_EQ((*source)->model().vocab, 48);
+    std::vector<float> wpe;
+    ASSERT_TRUE((*source)->Read("wpe", wpe).ok());
+    // wpe follows the 64 padded rows of wte.
+    EXPECT_NEAR(wpe[0], 0.001f * ((64 * 64) % 1000), 1e-2);
+    ASSERT_TRUE(fs.WriteFileAtomic("short.bin", file.substr(0, file.size() - 2)).ok());
+    EXPECT_THAT(WeightSource::Open(fs, "short.bin").status().message(),
+                HasSubstr("short.bin: truncated"));
+    std::string bad = file;
+    bad[4] = 7;  // version 7
+    ASSERT_TRUE(fs.WriteFileAtomic("v7.bin", bad).ok());
+    EXPECT_THAT(WeightSource::Open(fs, "v7.bin").status().message(),
+                HasSubstr("v7.bin: llm.c version 7"));
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::worker::convert

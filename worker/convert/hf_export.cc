@@ -1,0 +1,214 @@
+#include "worker/convert/hf_export.h"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/json.h"
+#include "common/status.h"
+#include "worker/checkpoint/format.h"
+#include "worker/checkpoint/reader.h"
+#include "worker/convert/hf_format.h"
+
+namespace trainyard::worker::convert {
+namespace {
+
+using checkpoint::JoinPath;
+using checkpoint::Manifest;
+
+// The checkpoint `source` names: itself, or its newest committed one that has an intact
+// manifest.
+absl::StatusOr<std::pair<std::string, Manifest>> FindCheckpoint(FileSystem& fs,
+                                                                const std::string& source) {
+  if (!fs.Exists(source)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": no such file or directory"));
+  }
+  if (fs.Exists(JoinPath(source, checkpoint::kManifestName))) {
+    TY_ASSIGN_OR_RETURN(Manifest manifest, checkpoint::ReadManifest(fs, source));
+    return std::pair{source, std::move(manifest)};
+  }
+  absl::StatusOr<std::vector<std::string>> committed = checkpoint::ListCommitted(fs, source);
+  if (!committed.ok() || committed->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " is not a checkpoint (no manifest.json) and holds no committed checkpoints"));
+  }
+  absl::Status last;
+  for (const std::string& path : *committed) {
+    absl::StatusOr<Manifest> manifest = checkpoint::ReadManifest(fs, path);
+    if (manifest.ok()) return std::pair{path, *std::move(manifest)};
+    last = manifest.status();
+  }
+  return absl::DataLossError(
+      absl::StrCat("no intact manifest in ", source, " (", last.message(), ")"));
+}
+
+// The output files: one model.safetensors, or consecutive groups of tensors of at most
+// max_shard_bytes each (a tensor larger than that alone in its file).
+std::vector<std::vector<TensorInfo>> PlanFiles(const std::vector<HfTensorMap>& tensors,
+                                               TensorDtype dtype, int64_t max_shard_bytes) {
+  std::vector<std::vector<TensorInfo>> files(1);
+  int64_t bytes = 0;
+  for (const HfTensorMap& t : tensors) {
+    for (const HfPiece& piece : t.pieces) {
+      TensorInfo info{piece.name, dtype, HfShape(t, piece)};
+      if (max_shard_bytes > 0 && bytes > 0 && bytes + info.bytes() > max_shard_bytes) {
+        files.emplace_back();
+        bytes = 0;
+      }
+      bytes += info.bytes();
+      files.back().push_back(std::move(info));
+    }
+  }
+  return files;
+}
+
+std::string FileName(size_t index, size_t count) {
+  if (count == 1) return "model.safetensors";
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", index + 1, count);
+}
+
+std::string IndexJson(const std::vector<std::vector<TensorInfo>>& files, int64_t total) {
+  std::string json =
+      absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total, "},\n  \"weight_map\": {");
+  bool first = true;
+  for (size_t f = 0; f < files.size(); ++f) {
+    for (const TensorInfo& t : files[f]) {
+      absl::StrAppend(&json, first ? "\n" : ",\n", "    ", JsonString(t.name), ": ",
+                      JsonString(FileName(f, files.size())));
+      first = false;
+    }
+  }
+  return json + "\n  }\n}\n";
+}
+
+absl::Status CheckDestination(FileSystem& fs, const std::string& out) {
+  if (out.empty()) return absl::InvalidArgumentError("--out DIR is required");
+  if (!fs.Exists(out)) return absl::OkStatus();
+  if (!fs.IsDirectory(out)) return absl::InvalidArgumentError(absl::StrCat(out, " is a file"));
+  TY_ASSIGN_OR_RETURN(std::vector<std::string> entries, fs.ListDir(out));
+  if (!entries.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(out,
+                                                   " is not empty (an export writes a new "
+                                                   "directory)"));
+  }
+  return absl::OkStatus();
+}
+
+// Streams every tensor of the checkpoint through the safetensors writers into `dir`.
+absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::string& checkpoint,
+                          const Manifest& manifest, const std::vector<HfTensorMap>& tensors,
+                          const std::vector<std::vector<TensorInfo>>& files) {
+  checkpoint::CheckpointTensors reader(fs, checkpoint, manifest);
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"trainyard.job", manifest.job()},
+      {"trainyard.step", absl::StrCat(manifest.step())}};
+  size_t file = 0;
+  TY_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Create(fs, JoinPath(dir, FileName(0, files.size())), files[0], metadata));
+  size_t in_file = 0;
+  std::vector<float> global, converted;
+  for (const HfTensorMap& t : tensors) {
+    TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
+    for (const HfPiece& piece : t.pieces) {
+      if (in_file == files[file].size()) {
+        TY_RETURN_IF_ERROR(writer->Finish());
+        ++file;
+        in_file = 0;
+        TY_ASSIGN_OR_RETURN(
+            writer, SafetensorsWriter::Create(fs, JoinPath(dir, FileName(file, files.size())),
+                                              files[file], metadata));
+      }
+      converted.resize(files[file][in_file].numel());
+      ToHf(t, piece, global.data(), converted.data());
+      TY_RETURN_IF_ERROR(writer->Write(piece.name, converted.data()));
+      ++in_file;
+    }
+  }
+  return writer->Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
+                                      const ExportOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  TY_RETURN_IF_ERROR(CheckDestination(fs, options.out_dir));
+  TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, source));
+  const auto& [checkpoint, manifest] = found;
+  TY_ASSIGN_OR_RETURN(config::ModelConfig model, checkpoint::ModelFromSignature(manifest.model()));
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(model);
+  if (!tensors.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(checkpoint, ": ", tensors.status().message()));
+  }
+  const std::vector<std::vector<TensorInfo>> files =
+      PlanFiles(*tensors, options.dtype, options.max_shard_bytes);
+  int64_t total = 0;
+  for (const auto& f : files) {
+    for (const TensorInfo& t : f) total += t.bytes();
+  }
+  // Written beside the destination, renamed into place when complete.
+  const std::string out = options.out_dir;
+  const std::string staging = absl::StrCat(out, ".exporting");
+  if (fs.Exists(staging)) TY_RETURN_IF_ERROR(RemoveRecursively(fs, staging));
+  TY_RETURN_IF_ERROR(fs.CreateDirs(staging));
+  absl::Status written = [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(WriteTensors(fs, staging, checkpoint, manifest, *tensors, files));
+    if (files.size() > 1) {
+      TY_RETURN_IF_ERROR(fs.WriteFileAtomic(JoinPath(staging, "model.safetensors.index.json"),
+                                            IndexJson(files, total)));
+    }
+    TY_RETURN_IF_ERROR(
+        fs.WriteFileAtomic(JoinPath(staging, "config.json"), HfConfigJson(model, options.dtype)));
+    TY_RETURN_IF_ERROR(fs.SyncDir(staging));
+    if (fs.Exists(out)) TY_RETURN_IF_ERROR(fs.RemoveDir(out));  // checked empty above
+    TY_RETURN_IF_ERROR(fs.RenameFile(staging, out));
+    return fs.SyncDir(Dirname(out));
+  }();
+  if (!written.ok()) {
+    (void)RemoveRecursively(fs, staging);
+    return written;
+  }
+  ExportResult result;
+  result.checkpoint = checkpoint;
+  result.step = manifest.step();
+  result.tensor_bytes = total;
+  result.files = static_cast<int>(files.size());
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
+  std::string number = absl::AsciiStrToUpper(text);
+  int64_t unit = 1;
+  const std::pair<const char*, int64_t> suffixes[] = {{"KIB", int64_t{1} << 10},
+                                                      {"MIB", int64_t{1} << 20},
+                                                      {"GIB", int64_t{1} << 30},
+                                                      {"KB", 1000},
+                                                      {"MB", 1000 * 1000},
+                                                      {"GB", 1000 * 1000 * 1000},
+                                                      {"B", 1}};
+  for (const auto& [suffix, bytes] : suffixes) {
+    if (absl::EndsWith(number, suffix)) {
+      number.resize(number.size() - std::string(suffix).size());
+      unit = bytes;
+      break;
+    }
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(number, &value) || value < 1 || value > (int64_t{1} << 50) / unit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a size must be a positive number of bytes (\"500MB\", \"2GiB\"), got '", text, "'"));
+  }
+  return value * unit;
+}
+
+}  // namespace trainyard::worker::convert

@@ -1,0 +1,49 @@
+// `trainyard export --format hf`: a Trainyard checkpoint of any mesh as a Hugging Face model
+// directory (config.json, model.safetensors or shards with model.safetensors.index.json) that
+// `transformers` loads as GPT2LMHeadModel or LlamaForCausalLM.
+//
+// It streams: one global tensor is assembled from the checkpoint's records at a time (each
+// verified), converted and appended, so the process holds one tensor, not the model. The
+// directory is written under a temporary name and renamed into place at the end: a failed export
+// leaves nothing at the destination.
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_WORKER_CONVERT_HF_EXPORT_H_
+#define TRAINYARD_WORKER_CONVERT_HF_EXPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+#include "worker/convert/safetensors.h"
+
+namespace trainyard::worker::convert {
+
+struct ExportOptions {
+  std::string out_dir;  // must not exist, or be an empty directory
+  TensorDtype dtype = TensorDtype::kF32;
+  int64_t max_shard_bytes = 0;  // 0: one model.safetensors
+};
+
+struct ExportResult {
+  std::string checkpoint;  // the checkpoint directory exported
+  int64_t step = 0;
+  int64_t tensor_bytes = 0;  // the tensors' bytes written
+  int files = 0;             // safetensors files
+  double seconds = 0;
+};
+
+// Exports `source`: a checkpoint directory, or a checkpoint root whose newest committed
+// checkpoint with an intact manifest is taken. INVALID_ARGUMENT for bad input (no checkpoint, a
+// destination that is not empty, a mixture-of-experts model); DATA_LOSS for a damaged
+// checkpoint.
+[[nodiscard]] absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
+                                                    const ExportOptions& options);
+
+// Parses "--max-shard-size"'s value: bytes, or with a KB/MB/GB/KiB/MiB/GiB suffix ("5GB").
+[[nodiscard]] absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
+
+}  // namespace trainyard::worker::convert
+
+#endif  // TRAINYARD_WORKER_CONVERT_HF_EXPORT_H_

@@ -1,0 +1,289 @@
+#include "worker/convert/hf_format.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+
+namespace trainyard::worker::convert {
+namespace {
+
+using config::ModelConfig;
+using config::ModelFamily;
+using google::protobuf::Value;
+
+// The shortest decimal that reads back as `value` in fp32 (1e-05, not 9.99999975e-06).
+std::string ShortFloat(float value) {
+  if (value == std::floor(value) && std::abs(value) < 1e9f) return absl::StrFormat("%.1f", value);
+  for (int digits = 1; digits < 10; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtof(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.9g", value);
+}
+
+HfTensorMap Whole(std::string ours, std::vector<int64_t> shape, std::string theirs,
+                  bool transpose = false) {
+  const int64_t rows = shape[0];
+  return {std::move(ours), std::move(shape), {{std::move(theirs), 0, rows, transpose}}};
+}
+
+void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, f = m.ffn_hidden, qkv = m.qkv_width();
+  const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("h.", l, ".");
+  out.push_back(Whole(p + "ln1.w", {c}, h + "ln_1.weight"));
+  out.push_back(Whole(p + "ln1.b", {c}, h + "ln_1.bias"));
+  out.push_back(Whole(p + "attn.qkv.w", {qkv, c}, h + "attn.c_attn.weight", true));
+  out.push_back(Whole(p + "attn.qkv.b", {qkv}, h + "attn.c_attn.bias"));
+  out.push_back(Whole(p + "attn.proj.w", {c, c}, h + "attn.c_proj.weight", true));
+  out.push_back(Whole(p + "attn.proj.b", {c}, h + "attn.c_proj.bias"));
+  out.push_back(Whole(p + "ln2.w", {c}, h + "ln_2.weight"));
+  out.push_back(Whole(p + "ln2.b", {c}, h + "ln_2.bias"));
+  out.push_back(Whole(p + "mlp.fc.w", {f, c}, h + "mlp.c_fc.weight", true));
+  out.push_back(Whole(p + "mlp.fc.b", {f}, h + "mlp.c_fc.bias"));
+  out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.c_proj.weight", true));
+  out.push_back(Whole(p + "mlp.proj.b", {c}, h + "mlp.c_proj.bias"));
+}
+
+void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
+  const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
+  const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
+  out.push_back(Whole(p + "ln1.w", {c}, h + "input_layernorm.weight"));
+  out.push_back({p + "attn.qkv.w",
+                 {q + 2 * kv, c},
+                 {{h + "self_attn.q_proj.weight", 0, q},
+                  {h + "self_attn.k_proj.weight", q, kv},
+                  {h + "self_attn.v_proj.weight", q + kv, kv}}});
+  out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
+  out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
+  out.push_back({p + "mlp.fc.w",
+                 {2 * f, c},
+                 {{h + "mlp.gate_proj.weight", 0, f}, {h + "mlp.up_proj.weight", f, f}}});
+  out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
+}
+
+// A JSON config's fields, read with the file's name in every error.
+class ConfigFields {
+ public:
+  ConfigFields(const google::protobuf::Struct& s, std::string source)
+      : fields_(s.fields()), source_(std::move(source)) {}
+
+  bool Has(const std::string& key) const {
+    auto it = fields_.find(key);
+    return it != fields_.end() && it->second.kind_case() != Value::kNullValue;
+  }
+  absl::Status Int(const std::string& key, int* out, bool required = true) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
+      return required ? Bad(key, "is missing") : absl::OkStatus();
+    }
+    const double v = it->second.number_value();
+    if (it->second.kind_case() != Value::kNumberValue || v != std::floor(v) || v < 1 || v > 1e9) {
+      return Bad(key, "must be a positive integer");
+    }
+    *out = static_cast<int>(v);
+    return absl::OkStatus();
+  }
+  absl::Status Float(const std::string& key, float* out) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
+      return absl::OkStatus();
+    }
+    if (it->second.kind_case() != Value::kNumberValue || !(it->second.number_value() > 0)) {
+      return Bad(key, "must be a positive number");
+    }
+    *out = static_cast<float>(it->second.number_value());
+    return absl::OkStatus();
+  }
+  absl::Status Bool(const std::string& key, bool* out) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
+      return absl::OkStatus();
+    }
+    if (it->second.kind_case() != Value::kBoolValue) return Bad(key, "must be true or false");
+    *out = it->second.bool_value();
+    return absl::OkStatus();
+  }
+  // A string field that, when present, must be one of `allowed`.
+  absl::Status OneOf(const std::string& key, std::initializer_list<std::string> allowed) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
+      return absl::OkStatus();
+    }
+    for (const std::string& a : allowed) {
+      if (it->second.kind_case() == Value::kStringValue && it->second.string_value() == a) {
+        return absl::OkStatus();
+      }
+    }
+    return Bad(key, absl::StrCat("must be \"", *allowed.begin(), "\" (what Trainyard trains)"));
+  }
+  absl::Status Bad(const std::string& key, const std::string& why) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", key, " ", why));
+  }
+
+ private:
+  const google::protobuf::Map<std::string, Value>& fields_;
+  const std::string source_;
+};
+
+absl::Status ReadGpt2Config(const ConfigFields& f, ModelConfig& m) {
+  m.family = ModelFamily::kGpt2;
+  TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
+  TY_RETURN_IF_ERROR(f.Int("n_positions", &m.max_seq));
+  TY_RETURN_IF_ERROR(f.Int("n_embd", &m.width));
+  TY_RETURN_IF_ERROR(f.Int("n_layer", &m.layers));
+  TY_RETURN_IF_ERROR(f.Int("n_head", &m.heads));
+  m.kv_heads = m.heads;
+  m.ffn_hidden = 4 * m.width;
+  TY_RETURN_IF_ERROR(f.Int("n_inner", &m.ffn_hidden, /*required=*/false));
+  m.norm_eps = 1e-5f;
+  TY_RETURN_IF_ERROR(f.Float("layer_norm_epsilon", &m.norm_eps));
+  m.tied_embeddings = true;
+  TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
+  return f.OneOf("activation_function", {"gelu_new", "gelu_pytorch_tanh"});
+}
+
+absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
+  m.family = ModelFamily::kLlama;
+  TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
+  TY_RETURN_IF_ERROR(f.Int("max_position_embeddings", &m.max_seq));
+  TY_RETURN_IF_ERROR(f.Int("hidden_size", &m.width));
+  TY_RETURN_IF_ERROR(f.Int("intermediate_size", &m.ffn_hidden));
+  TY_RETURN_IF_ERROR(f.Int("num_hidden_layers", &m.layers));
+  TY_RETURN_IF_ERROR(f.Int("num_attention_heads", &m.heads));
+  m.kv_heads = m.heads;
+  TY_RETURN_IF_ERROR(f.Int("num_key_value_heads", &m.kv_heads, /*required=*/false));
+  int head_dim = m.width / m.heads;
+  TY_RETURN_IF_ERROR(f.Int("head_dim", &head_dim, /*required=*/false));
+  if (head_dim * m.heads != m.width) {
+    return f.Bad("head_dim", absl::StrCat("is ", head_dim, "; Trainyard needs hidden_size / ",
+                                          "num_attention_heads = ", m.width / m.heads));
+  }
+  m.norm_eps = 1e-6f;  // Hugging Face's default for Llama
+  TY_RETURN_IF_ERROR(f.Float("rms_norm_eps", &m.norm_eps));
+  m.rope_theta = 10000.0f;
+  TY_RETURN_IF_ERROR(f.Float("rope_theta", &m.rope_theta));
+  m.tied_embeddings = false;
+  TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool biased = false;
+    TY_RETURN_IF_ERROR(f.Bool(key, &biased));
+    if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
+  }
+  if (f.Has("rope_scaling")) return f.Bad("rope_scaling", "is not supported (null only)");
+  return f.OneOf("hidden_act", {"silu"});
+}
+
+}  // namespace
+
+std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
+  if (tensor.shape.size() == 1) return {piece.rows};
+  const int64_t cols = tensor.shape[1];
+  return piece.transpose ? std::vector<int64_t>{cols, piece.rows}
+                         : std::vector<int64_t>{piece.rows, cols};
+}
+
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
+  if (m.moe.enabled()) {
+    return absl::UnimplementedError(
+        "a mixture-of-experts model has no Hugging Face layout in Trainyard yet (dense models "
+        "only)");
+  }
+  std::vector<HfTensorMap> out;
+  const int64_t c = m.width, v = m.vocab;
+  if (m.family == ModelFamily::kGpt2) {
+    out.push_back(Whole("wte", {v, c}, "wte.weight"));
+    out.push_back(Whole("wpe", {m.max_seq, c}, "wpe.weight"));
+    for (int l = 0; l < m.layers; ++l) AddGpt2Block(m, l, out);
+    out.push_back(Whole("lnf.w", {c}, "ln_f.weight"));
+    out.push_back(Whole("lnf.b", {c}, "ln_f.bias"));
+  } else {
+    out.push_back(Whole("wte", {v, c}, "model.embed_tokens.weight"));
+    for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, out);
+    out.push_back(Whole("lnf.w", {c}, "model.norm.weight"));
+  }
+  if (!m.tied_embeddings) out.push_back(Whole("lm_head.w", {v, c}, "lm_head.weight"));
+  return out;
+}
+
+void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs) {
+  const int64_t cols = tensor.shape.size() > 1 ? tensor.shape[1] : 1;
+  const float* from = ours + piece.row_begin * cols;
+  if (!piece.transpose) {
+    std::copy(from, from + piece.rows * cols, theirs);
+    return;
+  }
+  for (int64_t r = 0; r < piece.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) theirs[c * piece.rows + r] = from[r * cols + c];
+  }
+}
+
+void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours) {
+  const int64_t cols = tensor.shape.size() > 1 ? tensor.shape[1] : 1;
+  float* to = ours + piece.row_begin * cols;
+  if (!piece.transpose) {
+    std::copy(theirs, theirs + piece.rows * cols, to);
+    return;
+  }
+  for (int64_t r = 0; r < piece.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) to[r * cols + c] = theirs[c * piece.rows + r];
+  }
+}
+
+std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
+  const std::string torch_dtype = dtype == TensorDtype::kBF16 ? "bfloat16" : "float32";
+  const char* tied = m.tied_embeddings ? "true" : "false";
+  if (m.family == ModelFamily::kGpt2) {
+    return absl::StrCat(
+        "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n",
+        "  \"vocab_size\": ", m.vocab, ",\n  \"n_positions\": ", m.max_seq,
+        ",\n  \"n_ctx\": ", m.max_seq, ",\n  \"n_embd\": ", m.width, ",\n  \"n_layer\": ", m.layers,
+        ",\n  \"n_head\": ", m.heads, ",\n  \"n_inner\": ", m.ffn_hidden,
+        ",\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": ",
+        ShortFloat(m.norm_eps),
+        ",\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+        "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
+        tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
+  }
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
+      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
+      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
+      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      ",\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+      "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
+      tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
+}
+
+absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source) {
+  google::protobuf::Struct parsed;
+  if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  const ConfigFields fields(parsed, source);
+  auto type = parsed.fields().find("model_type");
+  const std::string model_type = type != parsed.fields().end() ? type->second.string_value() : "";
+  ModelConfig m;
+  if (model_type == "gpt2") {
+    TY_RETURN_IF_ERROR(ReadGpt2Config(fields, m));
+  } else if (model_type == "llama") {
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+  } else {
+    return fields.Bad("model_type", absl::StrCat("is \"", model_type,
+                                                 "\"; Trainyard reads \"gpt2\" and \"llama\""));
+  }
+  if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
+  return m;
+}
+
+}  // namespace trainyard::worker::convert

@@ -1,0 +1,63 @@
+// Hugging Face's layout of the two families (GPT2LMHeadModel, LlamaForCausalLM) against
+// Trainyard's parameter layout (worker/shape/parameters.h): tensor names, how each of our tensors
+// splits into theirs, and config.json.
+//
+// Every mapping is a list of pieces: a block of our global tensor's rows that is one of their
+// tensors, stored as is or transposed (GPT-2's Conv1D keeps [in, out]). GPT-2: qkv.w [3C, C] is
+// c_attn.weight transposed, the MLP's and projections' weights likewise. Llama: qkv.w's rows are
+// q_proj, k_proj, v_proj; mlp.fc.w's rows are gate_proj then up_proj. Trainyard's RoPE is the
+// half-split (rotate-half) convention Hugging Face's Llama uses, so q and k rows are not
+// permuted. The engine's internal vocabulary padding never reaches a checkpoint, so none shows.
+//
+// Threading: plain functions.
+#ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
+#define TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/model_config.h"
+#include "worker/convert/safetensors.h"
+
+namespace trainyard::worker::convert {
+
+// Rows [row_begin, row_begin + rows) of one of our tensors, as the Hugging Face tensor `name`.
+struct HfPiece {
+  std::string name;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  bool transpose = false;  // theirs is [cols, rows] of ours
+};
+
+// One of our global tensors (the ParameterLayout name and shape) and the pieces that make it.
+struct HfTensorMap {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<HfPiece> pieces;
+};
+
+// The shape of `piece` of `tensor` in Hugging Face's layout.
+std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece);
+
+// Every tensor of `model`, in our layout's order. UNIMPLEMENTED for a mixture-of-experts model
+// (Hugging Face has no one layout for Trainyard's MoE blocks).
+[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model);
+
+// Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid
+// out as Hugging Face's tensor; and back.
+void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs);
+void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours);
+
+// config.json for `model` with `dtype` as its torch_dtype.
+std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
+
+// The model a config.json describes (`source` names it in errors). INVALID_ARGUMENT, naming the
+// file and field, for another model_type or a field missing or out of range.
+[[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,
+                                                                    const std::string& source);
+
+}  // namespace trainyard::worker::convert
+
+#endif  // TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_

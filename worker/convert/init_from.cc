@@ -1,0 +1,354 @@
+#include "worker/convert/init_from.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/bf16.h"
+#include "common/status.h"
+
+namespace trainyard::worker::convert {
+namespace {
+
+using config::ModelConfig;
+using config::ModelFamily;
+
+constexpr int32_t kLlmcMagic = 20240326;
+constexpr int64_t kLlmcHeaderInts = 256;
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? ", " : "", shape[i]);
+  return out + "]";
+}
+
+// Tensors a published file may carry that are not parameters: GPT-2's old causal-mask buffers
+// and Llama's RoPE frequencies.
+bool IsBuffer(const std::string& name) {
+  return absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias") ||
+         absl::EndsWith(name, "rotary_emb.inv_freq");
+}
+
+// The safetensors files of a Hugging Face directory: model.safetensors, or the shards its index
+// names (each once).
+absl::StatusOr<std::vector<std::string>> ShardNames(FileSystem& fs, const std::string& dir,
+                                                    std::map<std::string, std::string>* wanted) {
+  const std::string index = Join(dir, "model.safetensors.index.json");
+  if (!fs.Exists(index)) {
+    if (!fs.Exists(Join(dir, "model.safetensors"))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
+    }
+    return std::vector<std::string>{"model.safetensors"};
+  }
+  TY_ASSIGN_OR_RETURN(const std::string text, fs.ReadFile(index));
+  google::protobuf::Struct parsed;
+  auto map = parsed.fields().end();
+  if (google::protobuf::util::JsonStringToMessage(text, &parsed).ok()) {
+    map = parsed.fields().find("weight_map");
+  }
+  if (map == parsed.fields().end() ||
+      map->second.kind_case() != google::protobuf::Value::kStructValue) {
+    return absl::InvalidArgumentError(absl::StrCat(index, ": not JSON with a weight_map object"));
+  }
+  std::set<std::string> files;
+  for (const auto& [name, file] : map->second.struct_value().fields()) {
+    const std::string& f = file.string_value();
+    if (file.kind_case() != google::protobuf::Value::kStringValue || f.empty() ||
+        absl::StrContains(f, "/") || f == "." || f == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": tensor ", name, " maps to something other than a file name"));
+    }
+    files.insert(f);
+    (*wanted)[name] = f;
+  }
+  return std::vector<std::string>(files.begin(), files.end());
+}
+
+absl::Status Differ(const std::string& field, const std::string& in_file, const std::string& source,
+                    const std::string& in_spec) {
+  return absl::InvalidArgumentError(absl::StrCat("model.", field, " is ", in_file, " in ", source,
+                                                 ", ", in_spec, " in the spec"));
+}
+
+// OK when `file` (the weights' model) is `spec`'s model; else names the first field that differs.
+absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
+                            const std::string& source) {
+  auto num = [](auto v) { return absl::StrCat(v); };
+  if (file.family != spec.family) {
+    return Differ("family", config::FamilyName(file.family), source,
+                  config::FamilyName(spec.family));
+  }
+  const std::pair<const char*, std::pair<int, int>> ints[] = {
+      {"layers", {file.layers, spec.layers}},
+      {"width", {file.width, spec.width}},
+      {"heads", {file.heads, spec.heads}},
+      {"kv_heads", {file.kv_heads, spec.kv_heads}},
+      {"ffn_hidden", {file.ffn_hidden, spec.ffn_hidden}},
+      {"vocab", {file.vocab, spec.vocab}},
+      {"moe.experts", {file.moe.experts, spec.moe.experts}}};
+  for (const auto& [field, values] : ints) {
+    if (values.first != values.second) {
+      return Differ(field, num(values.first), source, num(values.second));
+    }
+  }
+  // GPT-2's learned positions are a tensor; Llama's limit is not, and may differ.
+  if (file.family == ModelFamily::kGpt2 && file.max_seq != spec.max_seq) {
+    return Differ("max_seq", num(file.max_seq), source, num(spec.max_seq));
+  }
+  if (file.tied_embeddings != spec.tied_embeddings) {
+    return Differ("tied_embeddings", file.tied_embeddings ? "true" : "false", source,
+                  spec.tied_embeddings ? "true" : "false");
+  }
+  if (file.norm_eps != spec.norm_eps) {
+    return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));
+  }
+  if (file.family == ModelFamily::kLlama && file.rope_theta != spec.rope_theta) {
+    return Differ("rope_theta", num(file.rope_theta), source, num(spec.rope_theta));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WeightSource::~WeightSource() = default;
+
+absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(FileSystem& fs,
+                                                                 const std::string& path) {
+  if (!fs.Exists(path)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no such file or directory"));
+  }
+  std::unique_ptr<WeightSource> source(new WeightSource());
+  TY_RETURN_IF_ERROR(fs.IsDirectory(path) ? source->OpenHf(fs, path) : source->OpenLlmc(fs, path));
+  return source;
+}
+
+absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir) {
+  const std::string config_path = Join(dir, "config.json");
+  if (!fs.Exists(config_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": no config.json (a Hugging Face model directory, or an llm.c model file)"));
+  }
+  TY_ASSIGN_OR_RETURN(const std::string config_text, fs.ReadFile(config_path));
+  TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path));
+  std::map<std::string, std::string> wanted;  // from the index: tensor -> file
+  TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardNames(fs, dir, &wanted));
+  const bool gpt2 = model_.family == ModelFamily::kGpt2;
+  for (const std::string& name : names) {
+    TY_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                        SafetensorsFile::Open(fs, Join(dir, name)));
+    for (const TensorInfo& t : file->tensors()) {
+      std::string key = t.name;
+      if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
+      if (!wanted.empty() && (wanted.count(t.name) == 0 || wanted[t.name] != name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            file->path(), ": tensor ", t.name, " is not where model.safetensors.index.json says"));
+      }
+      if (!pieces_.emplace(key, std::pair{file.get(), &t}).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file->path(), ": tensor ", t.name, " appears twice"));
+      }
+    }
+    files_.push_back(std::move(file));
+  }
+  for (const auto& [name, file] : wanted) {
+    std::string key = name;
+    if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
+    if (pieces_.count(key) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Join(dir, file), ": missing tensor ", name, " (the index lists it)"));
+    }
+  }
+  TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_));
+  std::set<std::string> claimed;
+  for (HfTensorMap& m : maps) {
+    for (const HfPiece& piece : m.pieces) {
+      auto it = pieces_.find(piece.name);
+      const std::string where = files_.size() == 1 ? files_[0]->path() : dir;
+      if (it == pieces_.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": missing tensor ", piece.name, " (config.json implies it)"));
+      }
+      const std::vector<int64_t> shape = HfShape(m, piece);
+      if (it->second.second->shape != shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            it->second.first->path(), ": tensor ", it->second.second->name, " has shape ",
+            ShapeText(it->second.second->shape), ", config.json implies ", ShapeText(shape)));
+      }
+      claimed.insert(piece.name);
+    }
+    std::string name = m.name;
+    maps_.emplace(std::move(name), std::move(m));
+  }
+  for (const auto& [key, where] : pieces_) {
+    if (claimed.count(key) == 0 && !IsBuffer(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where.first->path(), ": extra tensor ", where.second->name,
+                       " (not part of the model config.json describes)"));
+    }
+  }
+  description_ = absl::StrCat(
+      "Hugging Face ", gpt2 ? "gpt2" : "llama", " (",
+      DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
+      ", ", files_.size(), files_.size() == 1 ? " file)" : " files)");
+  return absl::OkStatus();
+}
+
+absl::Status WeightSource::OpenLlmc(FileSystem& fs, const std::string& file) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", why));
+  };
+  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> region = fs.MapReadOnly(file);
+  if (!region.ok()) return bad(std::string(region.status().message()));
+  llmc_ = *std::move(region);
+  if (llmc_->size() < 4 * kLlmcHeaderInts) return bad("truncated: shorter than llm.c's header");
+  int32_t h[8];
+  std::memcpy(h, llmc_->data(), sizeof(h));
+  if (h[0] != kLlmcMagic) {
+    return bad(absl::StrCat("not an llm.c model file (magic ", h[0], ", want ", kLlmcMagic,
+                            ") nor a Hugging Face directory"));
+  }
+  if (h[1] != 3 && h[1] != 5) {
+    return bad(absl::StrCat("llm.c version ", h[1], " (Trainyard reads 3, fp32, and 5, bf16)"));
+  }
+  llmc_dtype_ = h[1] == 3 ? TensorDtype::kF32 : TensorDtype::kBF16;
+  const int64_t max_t = h[2], v = h[3], layers = h[4], heads = h[5], c = h[6], vp = h[7];
+  if (max_t < 1 || v < 1 || layers < 1 || heads < 1 || c < 1 || vp < v) {
+    return bad(absl::StrCat("header sizes out of range (max_seq ", max_t, ", vocab ", v,
+                            ", padded vocab ", vp, ", layers ", layers, ", heads ", heads,
+                            ", channels ", c, ")"));
+  }
+  model_ = ModelConfig{.family = ModelFamily::kGpt2,
+                       .layers = static_cast<int>(layers),
+                       .width = static_cast<int>(c),
+                       .heads = static_cast<int>(heads),
+                       .kv_heads = static_cast<int>(heads),
+                       .ffn_hidden = static_cast<int>(4 * c),
+                       .vocab = static_cast<int>(v),
+                       .max_seq = static_cast<int>(max_t),
+                       .tied_embeddings = true};
+  if (absl::Status valid = config::ValidateModelConfig(model_, file + ":"); !valid.ok()) {
+    return valid;
+  }
+  // llm.c's order: every layer's tensor of one kind together.
+  int64_t at = 0;
+  auto add = [&](const std::string& name, int64_t numel, int64_t stride = 0) {
+    llmc_offsets_[name] = {at, numel};
+    at += stride > 0 ? stride : numel;
+  };
+  add("wte", v * c, vp * c);
+  add("wpe", max_t * c);
+  const std::pair<const char*, int64_t> per_layer[] = {{"ln1.w", c},
+                                                       {"ln1.b", c},
+                                                       {"attn.qkv.w", 3 * c * c},
+                                                       {"attn.qkv.b", 3 * c},
+                                                       {"attn.proj.w", c * c},
+                                                       {"attn.proj.b", c},
+                                                       {"ln2.w", c},
+                                                       {"ln2.b", c},
+                                                       {"mlp.fc.w", 4 * c * c},
+                                                       {"mlp.fc.b", 4 * c},
+                                                       {"mlp.proj.w", 4 * c * c},
+                                                       {"mlp.proj.b", c}};
+  for (const auto& [suffix, numel] : per_layer) {
+    for (int64_t l = 0; l < layers; ++l) add(absl::StrCat("h.", l, ".", suffix), numel);
+  }
+  add("lnf.w", c);
+  add("lnf.b", c);
+  const uint64_t want = 4 * kLlmcHeaderInts + at * DtypeBytes(llmc_dtype_);
+  if (llmc_->size() != want) {
+    return bad(absl::StrCat(llmc_->size() < want ? "truncated: " : "", llmc_->size(),
+                            " bytes, its header implies ", want));
+  }
+  description_ =
+      absl::StrCat("llm.c GPT-2 (version ", h[1], ", ", h[1] == 3 ? "fp32" : "bf16", ")");
+  return absl::OkStatus();
+}
+
+absl::Status WeightSource::Read(const std::string& name, std::vector<float>& global) {
+  if (llmc_) {
+    auto it = llmc_offsets_.find(name);
+    if (it == llmc_offsets_.end()) {
+      return absl::InternalError(absl::StrCat("llm.c file has no tensor for ", name));
+    }
+    const auto [offset, numel] = it->second;
+    if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
+    const uint8_t* data = llmc_->data() + 4 * kLlmcHeaderInts;
+    if (llmc_dtype_ == TensorDtype::kF32) {
+      std::memcpy(global.data(), data + 4 * offset, 4 * numel);
+    } else {
+      for (int64_t i = 0; i < numel; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, data + 2 * (offset + i), 2);
+        global[i] = Bf16BitsToFloat(bits);
+      }
+    }
+    return absl::OkStatus();
+  }
+  auto it = maps_.find(name);
+  if (it == maps_.end()) return absl::InternalError(absl::StrCat("no tensor maps to ", name));
+  const HfTensorMap& m = it->second;
+  int64_t numel = 1;
+  for (int64_t d : m.shape) numel *= d;
+  if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
+  std::vector<float> theirs;
+  for (const HfPiece& piece : m.pieces) {
+    const auto& [file, info] = pieces_.at(piece.name);
+    theirs.resize(info->numel());
+    file->ReadFloats(*info, 0, info->numel(), theirs.data());
+    FromHf(m, piece, theirs.data(), global.data());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightSource::ReadLayout(const ParameterLayout& layout, float* host) {
+  std::vector<float> global;
+  for (const ParamTensor& t : layout.tensors()) {
+    TY_RETURN_IF_ERROR(Read(t.name, global));
+    layout.Slice(t, global.data(), host + t.offset);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// spec.init_from opened and checked against the spec's model.
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenForSpec(FileSystem& fs,
+                                                          const config::JobSpec& spec) {
+  absl::StatusOr<std::unique_ptr<WeightSource>> source = WeightSource::Open(fs, spec.init_from);
+  absl::Status status = source.status();
+  if (source.ok()) {
+    const std::string where =
+        fs.IsDirectory(spec.init_from) ? Join(spec.init_from, "config.json") : spec.init_from;
+    status = CheckSameModel((*source)->model(), spec.model, where);
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("model.init_from: ", status.message()));
+  }
+  return source;
+}
+
+}  // namespace
+
+absl::Status CheckInitFrom(FileSystem& fs, const config::JobSpec& spec) {
+  if (spec.init_from.empty()) return absl::OkStatus();
+  return OpenForSpec(fs, spec).status();
+}
+
+absl::StatusOr<std::string> LoadInitFrom(FileSystem& fs, const config::JobSpec& spec,
+                                         const ParameterLayout& layout, float* host) {
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source, OpenForSpec(fs, spec));
+  TY_RETURN_IF_ERROR(source->ReadLayout(layout, host));
+  return source->description();
+}
+
+}  // namespace trainyard::worker::convert

@@ -1,0 +1,78 @@
+// model.init_from: a job's first parameters from published weights instead of the seed's random
+// initialisation — a Hugging Face model directory of either family (config.json and
+// model.safetensors, or shards with model.safetensors.index.json; F32, BF16 or F16) or an llm.c
+// GPT-2 model file (magic 20240326, version 3 fp32 or 5 bf16, its vocabulary padded).
+//
+// Opening checks everything that does not need the tensors' values: the config (or llm.c's
+// header) against the spec's model, field by field, and every tensor's presence, dtype, shape and
+// byte range; no tensor missing and none extra. A checkpoint to resume from takes precedence:
+// init_from only decides step 0.
+//
+// Threading: a WeightSource is used by one thread.
+#ifndef TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
+#define TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/filesystem.h"
+#include "config/model_config.h"
+#include "config/spec.h"
+#include "worker/convert/hf_format.h"
+#include "worker/convert/safetensors.h"
+#include "worker/shape/parameters.h"
+
+namespace trainyard::worker::convert {
+
+class WeightSource {
+ public:
+  // INVALID_ARGUMENT with one line naming the file (and tensor) for anything wrong with `path`.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<WeightSource>> Open(FileSystem& fs,
+                                                                          const std::string& path);
+  ~WeightSource();
+
+  // The model the files describe (norm epsilon and RoPE base included).
+  const config::ModelConfig& model() const { return model_; }
+  // "Hugging Face gpt2 (F32, 1 file)", "llm.c GPT-2 (version 3, fp32)".
+  const std::string& description() const { return description_; }
+
+  // Our global tensor `name` (a ParameterLayout name) into the first numel elements of `global`
+  // (grown when smaller).
+  [[nodiscard]] absl::Status Read(const std::string& name, std::vector<float>& global);
+
+  // Every tensor of `layout` (one rank's slice of `model()`), at its offset in `host`.
+  [[nodiscard]] absl::Status ReadLayout(const ParameterLayout& layout, float* host);
+
+ private:
+  WeightSource() = default;
+  [[nodiscard]] absl::Status OpenHf(FileSystem& fs, const std::string& dir);
+  [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file);
+
+  config::ModelConfig model_;
+  std::string description_;
+  // Hugging Face: the safetensors files, each of our tensors' pieces, and where each piece is.
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, HfTensorMap> maps_;
+  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> pieces_;
+  // llm.c: the mapped file, its dtype, and each of our tensors' first element in it.
+  std::unique_ptr<ReadOnlyRegion> llmc_;
+  TensorDtype llmc_dtype_ = TensorDtype::kF32;
+  std::map<std::string, std::pair<int64_t, int64_t>> llmc_offsets_;  // name -> (offset, numel)
+};
+
+// OK when spec.init_from is empty, or names weights whose model is the spec's. Errors start with
+// "model.init_from: " and name the field and both values ("model.width is 768 in
+// gpt2/config.json, 512 in the spec").
+[[nodiscard]] absl::Status CheckInitFrom(FileSystem& fs, const config::JobSpec& spec);
+
+// The spec's init_from weights into `host` (layout.total() floats, one rank's slice); returns
+// their description().
+[[nodiscard]] absl::StatusOr<std::string> LoadInitFrom(FileSystem& fs, const config::JobSpec& spec,
+                                                       const ParameterLayout& layout, float* host);
+
+}  // namespace trainyard::worker::convert
+
+#endif  // TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
