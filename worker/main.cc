@@ -27,6 +27,11 @@
 //                           [--max-shard-size SIZE]
 //
 // Exit codes: 0 exported; 2 bad flags or input (nothing is written); 1 anything else.
+//
+// or generates text from a checkpoint or published weights (worker/generate.h):
+//
+//   trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N]
+//                           [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda]
 #include <signal.h>
 
 #include <algorithm>
@@ -45,6 +50,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
 #include "common/logging.h"
@@ -58,6 +64,8 @@
 #include "worker/convert/hf_export.h"
 #include "worker/convert/init_from.h"
 #include "worker/coordinated.h"
+#include "worker/cuda_backend.h"
+#include "worker/generate.h"
 #include "worker/launcher.h"
 #include "worker/parallel/kv_store.h"
 #include "worker/parallel/placement.h"
@@ -111,7 +119,12 @@ constexpr char kHelp[] =
     "       trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16]\n"
     "                        [--max-shard-size SIZE]\n"
     "\n"
-    "Export: a checkpoint as a Hugging Face model directory (see `export --help`).\n";
+    "Export: a checkpoint as a Hugging Face model directory (see `export --help`).\n"
+    "\n"
+    "       trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N]\n"
+    "                        [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda]\n"
+    "\n"
+    "Sample: text generated from a checkpoint or published weights (see `sample --help`).\n";
 
 constexpr char kCalibrateUsage[] =
     "usage: trainyard-worker calibrate --scratch DIR [--reference SPEC.yaml] [--threads N] "
@@ -335,6 +348,166 @@ int RunExport(int argc, char** argv) {
   return kExitOk;
 }
 
+constexpr char kSampleUsage[] =
+    "usage: trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N] "
+    "[--temperature T] [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]";
+
+constexpr char kSampleHelp[] =
+    "Sample: generates text from a model, with a key/value cache. WEIGHTS is a checkpoint\n"
+    "directory, a checkpoint.dir (its newest committed checkpoint), a Hugging Face model\n"
+    "directory or an llm.c model file.\n"
+    "  --prompt TEXT          the prompt as bytes (a model with a 256-token, byte-level\n"
+    "                         vocabulary); the text is printed, then what follows it\n"
+    "  --prompt-tokens IDS    the prompt as token ids (\"5 17 3\" or \"5,17,3\"); the new ids\n"
+    "                         are printed on one line\n"
+    "  --tokens N             new tokens (default 32; prompt + N at most the model's max_seq)\n"
+    "  --temperature T        0 (the default) is greedy: the most likely token each time\n"
+    "  --top-k K              draw only among the K most likely tokens (default: all)\n"
+    "  --seed S               the draws' seed (default 0): the same seed, the same text\n"
+    "  --device cpu|cuda      where the model runs (default cpu)\n"
+    "  --threads N            CPU threads (default: every core)\n";
+
+struct SampleFlags {
+  std::string weights, prompt, prompt_tokens, device = "cpu";
+  bool has_prompt = false;
+  SampleOptions options;
+  int threads = 0;
+};
+
+absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
+  SampleFlags flags;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    auto count = [&](int* out, int min) -> absl::Status {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, out) || *out < min) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, " must be an integer of at least ", min, ", got '", v, "'"));
+      }
+      return absl::OkStatus();
+    };
+    if (arg == "--prompt") {
+      TY_ASSIGN_OR_RETURN(flags.prompt, value());
+      flags.has_prompt = true;
+    } else if (arg == "--prompt-tokens") {
+      TY_ASSIGN_OR_RETURN(flags.prompt_tokens, value());
+    } else if (arg == "--tokens") {
+      TY_RETURN_IF_ERROR(count(&flags.options.tokens, 1));
+    } else if (arg == "--top-k") {
+      TY_RETURN_IF_ERROR(count(&flags.options.top_k, 0));
+    } else if (arg == "--threads") {
+      TY_RETURN_IF_ERROR(count(&flags.threads, 1));
+    } else if (arg == "--temperature") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtof(v, &flags.options.temperature) || !(flags.options.temperature >= 0) ||
+          !std::isfinite(flags.options.temperature)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--temperature must be a number of at least 0, got '", v, "'"));
+      }
+    } else if (arg == "--seed") {
+      TY_ASSIGN_OR_RETURN(const std::string v, value());
+      if (!absl::SimpleAtoi(v, &flags.options.seed)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--seed must be a non-negative integer, got '", v, "'"));
+      }
+    } else if (arg == "--device") {
+      TY_ASSIGN_OR_RETURN(flags.device, value());
+      if (flags.device != "cpu" && flags.device != "cuda") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--device must be cpu or cuda, got '", flags.device, "'"));
+      }
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kSampleUsage << "\n\n" << kSampleHelp;
+      std::exit(0);
+    } else if (!arg.empty() && arg[0] != '-' && flags.weights.empty()) {
+      flags.weights = arg;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' for sample"));
+    }
+  }
+  if (flags.weights.empty()) return absl::InvalidArgumentError("the WEIGHTS to sample is required");
+  if (flags.has_prompt == !flags.prompt_tokens.empty()) {
+    return absl::InvalidArgumentError("give one of --prompt TEXT and --prompt-tokens IDS");
+  }
+  if (flags.has_prompt && flags.prompt.empty()) {
+    return absl::InvalidArgumentError("--prompt must not be empty");
+  }
+  return flags;
+}
+
+// The prompt's token ids: the bytes of --prompt (a byte-level vocabulary), or --prompt-tokens.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int vocab) {
+  std::vector<int32_t> tokens;
+  if (flags.has_prompt) {
+    if (vocab != 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt needs a byte-level model (vocabulary 256); this one has ", vocab,
+                       " tokens: use --prompt-tokens"));
+    }
+    for (unsigned char byte : flags.prompt) tokens.push_back(byte);
+    return tokens;
+  }
+  for (absl::string_view part :
+       absl::StrSplit(flags.prompt_tokens, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(part, &id) || id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt-tokens: '", part,
+                                                     "' is not a token id below the vocabulary "
+                                                     "of ",
+                                                     vocab));
+    }
+    tokens.push_back(id);
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError("--prompt-tokens holds no token ids");
+  return tokens;
+}
+
+absl::Status Sample(const SampleFlags& flags) {
+  TY_ASSIGN_OR_RETURN(convert::LoadedWeights weights,
+                      convert::LoadModelWeights(*RealFileSystem(), flags.weights));
+  TY_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptTokens(flags, weights.model.vocab));
+  std::unique_ptr<Backend> backend;
+  if (flags.device == "cuda") {
+    TY_ASSIGN_OR_RETURN(backend, MakeCudaBackend(CudaBackendOptions{}));
+  } else {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    backend = MakeCpuBackend(flags.threads > 0 ? flags.threads : cores);
+  }
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
+                      Generator::Create(weights.model, backend.get(), weights.params.data()));
+  std::cerr << "sampling " << weights.description << " on " << backend->name() << "\n";
+  const bool text = flags.has_prompt;
+  if (text) std::cout << flags.prompt << std::flush;
+  bool first = true;
+  TY_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
+                      generator->Generate(prompt, flags.options, [&](int32_t token) {
+                        if (text) {
+                          std::cout << static_cast<char>(token) << std::flush;
+                        } else {
+                          std::cout << (first ? "" : " ") << token << std::flush;
+                        }
+                        first = false;
+                      }));
+  std::cout << "\n";
+  return absl::OkStatus();
+}
+
+bool IsSampleInvocation(int argc, char** argv) {
+  return argc >= 2 && std::string_view(argv[1]) == "sample";
+}
+
+int RunSample(int argc, char** argv) {
+  absl::StatusOr<SampleFlags> flags = ParseSampleFlags(argc, argv);
+  absl::Status status = flags.ok() ? Sample(*flags) : Annotate(flags.status(), kSampleUsage);
+  if (status.ok()) return kExitOk;
+  std::cerr << "trainyard-worker: error: " << status.message() << "\n";
+  return ExitCodeForStatus(status);
+}
+
 void PrintSummary(const TrainResult& result) { std::cout << SummaryLine(result) << std::endl; }
 
 std::atomic<bool> g_drain_requested{false};
@@ -443,6 +616,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   if (trainyard::worker::IsCalibrateInvocation(argc, argv)) {
     return trainyard::worker::RunCalibrate(argc, argv);
+  }
+  if (trainyard::worker::IsSampleInvocation(argc, argv)) {
+    return trainyard::worker::RunSample(argc, argv);
   }
   if (trainyard::worker::IsExportInvocation(argc, argv)) {
     return trainyard::worker::RunExport(argc, argv);

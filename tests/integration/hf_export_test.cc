@@ -4,7 +4,8 @@
 // The exported files, read by an independent oracle (tests/oracle/hf_oracle.py: numpy, Hugging
 // Face's names, layouts and conventions), give Trainyard's logits to 1e-4 relative, for both
 // families; an llm.c model file written from them (tests/oracle/write_llmc.py) loads to the same
-// logits.
+// logits. Greedy generation with the key/value cache, from the export and from the checkpoint,
+// chooses the oracle's 32 tokens.
 //
 // Ranks run as threads of this process (rank_threads.h).
 #include "worker/convert/hf_export.h"
@@ -29,6 +30,7 @@
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
 #include "worker/convert/init_from.h"
+#include "worker/generate.h"
 #include "worker/local_model.h"
 #include "worker/trainer.h"
 
@@ -169,6 +171,20 @@ double RelativeError(const std::vector<float>& ours, const std::vector<double>& 
   return err / scale;
 }
 
+// 32 greedy tokens after `prompt` from the weights at `path`, with the key/value cache.
+std::vector<int32_t> Generate(const std::string& path, const std::vector<int32_t>& prompt) {
+  auto weights = convert::LoadModelWeights(*RealFileSystem(), path);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return {};
+  auto backend = MakeCpuBackend(1);
+  auto generator = Generator::Create(weights->model, backend.get(), weights->params.data());
+  EXPECT_TRUE(generator.ok()) << generator.status();
+  if (!generator.ok()) return {};
+  auto out = (*generator)->Generate(prompt, {.tokens = 32});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : std::vector<int32_t>{};
+}
+
 int RunPython(const std::string& script, const std::string& args) {
   const std::string cmd = absl::StrCat(testenv::PythonInterpreter(), " ", testenv::SourceDir(),
                                        "/tests/oracle/", script, " ", args);
@@ -182,7 +198,8 @@ TEST_P(HfOracle, ExportedFilesGiveTrainyardsLogits) {
   const ModelFamily family = GetParam();
   const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
   const fs::path hf = scratch / "hf";
-  const config::JobSpec spec = Job(family, MeshCase{.name = "dp1"});
+  config::JobSpec spec = Job(family, MeshCase{.name = "dp1"});
+  spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
 
   std::vector<int32_t> tokens(kBatch * kSeq);
@@ -205,6 +222,27 @@ TEST_P(HfOracle, ExportedFilesGiveTrainyardsLogits) {
   std::printf("%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(), error);
   EXPECT_LE(error, 1e-4);
+
+  // Greedy generation with the key/value cache, from the export and from the checkpoint itself,
+  // against the oracle's (which recomputes the whole sequence for every token).
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 8);
+  const fs::path prompt_file = scratch / "prompt.i32";
+  std::ofstream(prompt_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(prompt.data()), 4 * prompt.size());
+  ASSERT_EQ(RunPython("hf_oracle.py",
+                      absl::StrCat(hf.string(), " ", prompt_file.string(), " ",
+                                   (scratch / "gen").string(), " --batch 1 --seq 8 --generate 32")),
+            0);
+  std::vector<int32_t> oracle_tokens;
+  std::ifstream generated(scratch / "gen" / "generated.txt");
+  for (int32_t t; generated >> t;) oracle_tokens.push_back(t);
+  ASSERT_EQ(oracle_tokens.size(), 32u);
+  std::printf("oracle greedy tokens:");
+  for (int32_t t : oracle_tokens) std::printf(" %d", t);
+  std::printf("\n");
+  for (const fs::path& from : {hf, scratch / "ckpt"}) {
+    EXPECT_EQ(Generate(from.string(), prompt), oracle_tokens) << from;
+  }
 
   if (family == ModelFamily::kGpt2) {
     // llm.c's file of the same weights: version 3 (fp32) gives the same logits; version 5 (bf16)

@@ -23,8 +23,8 @@ namespace {
 using checkpoint::JoinPath;
 using checkpoint::Manifest;
 
-// The checkpoint `source` names: itself, or its newest committed one that has an intact
-// manifest.
+}  // namespace
+
 absl::StatusOr<std::pair<std::string, Manifest>> FindCheckpoint(FileSystem& fs,
                                                                 const std::string& source) {
   if (!fs.Exists(source)) {
@@ -48,6 +48,8 @@ absl::StatusOr<std::pair<std::string, Manifest>> FindCheckpoint(FileSystem& fs,
   return absl::DataLossError(
       absl::StrCat("no intact manifest in ", source, " (", last.message(), ")"));
 }
+
+namespace {
 
 // The output files: one model.safetensors, or consecutive groups of tensors of at most
 // max_shard_bytes each (a tensor larger than that alone in its file).

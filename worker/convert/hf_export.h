@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
+#include "worker/checkpoint/format.h"
 #include "worker/convert/safetensors.h"
 
 namespace trainyard::worker::convert {
@@ -40,6 +42,11 @@ struct ExportResult {
 // checkpoint.
 [[nodiscard]] absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
                                                     const ExportOptions& options);
+
+// The checkpoint `source` names: itself (a directory with a manifest), or a checkpoint root's
+// newest committed checkpoint whose manifest is intact; its path and verified manifest.
+[[nodiscard]] absl::StatusOr<std::pair<std::string, checkpoint::Manifest>> FindCheckpoint(
+    FileSystem& fs, const std::string& source);
 
 // Parses "--max-shard-size"'s value: bytes, or with a KB/MB/GB/KiB/MiB/GiB suffix ("5GB").
 [[nodiscard]] absl::StatusOr<int64_t> ParseByteSize(const std::string& text);

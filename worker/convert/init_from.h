@@ -73,6 +73,16 @@ class WeightSource {
 [[nodiscard]] absl::StatusOr<std::string> LoadInitFrom(FileSystem& fs, const config::JobSpec& spec,
                                                        const ParameterLayout& layout, float* host);
 
+// A whole model's weights, from any of: a checkpoint directory, a checkpoint root (its newest
+// committed checkpoint), a Hugging Face model directory or an llm.c model file.
+struct LoadedWeights {
+  config::ModelConfig model;
+  std::vector<float> params;  // ParameterLayout(model) order
+  std::string description;
+};
+[[nodiscard]] absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs,
+                                                             const std::string& path);
+
 }  // namespace trainyard::worker::convert
 
 #endif  // TRAINYARD_WORKER_CONVERT_INIT_FROM_H_

@@ -1,0 +1,191 @@
+#include "worker/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace trainyard::worker {
+namespace {
+
+using config::ModelFamily;
+
+// The next token from the last position's logits.
+int32_t Choose(const std::vector<float>& logits, const SampleOptions& o, std::mt19937_64& rng) {
+  const int vocab = static_cast<int>(logits.size());
+  if (o.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  int keep = vocab;
+  if (o.top_k > 0 && o.top_k < vocab) {
+    keep = o.top_k;
+    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    ids.resize(keep);
+    std::sort(ids.begin(), ids.end());
+  }
+  double top = -INFINITY;
+  for (int32_t id : ids) top = std::max(top, static_cast<double>(logits[id]));
+  std::vector<double> weight(keep);
+  double sum = 0;
+  for (int i = 0; i < keep; ++i) {
+    weight[i] = std::exp((logits[ids[i]] - top) / o.temperature);
+    sum += weight[i];
+  }
+  const double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
+  double acc = 0;
+  for (int i = 0; i < keep; ++i) {
+    acc += weight[i];
+    if (u < acc) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+}  // namespace
+
+Generator::Generator(const config::ModelConfig& model, Backend* backend)
+    : model_(model), backend_(backend), layout_(model) {}
+
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const config::ModelConfig& model,
+                                                             Backend* backend,
+                                                             const float* params) {
+  TY_RETURN_IF_ERROR(config::ValidateModelConfig(model));
+  if (model.moe.enabled()) {
+    return absl::InvalidArgumentError(
+        "sampling from a mixture-of-experts model is not supported yet (dense models only)");
+  }
+  std::unique_ptr<Generator> g(new Generator(model, backend));
+  Backend& be = *backend;
+  const int64_t rows = model.max_seq, c = model.width;
+  const int64_t kv = int64_t{model.kv_heads} * model.head_dim();
+  const int64_t ffn = model.ffn_hidden;
+  g->params_ = be.AllocFloat(g->layout_.total());
+  be.CopyFromHost(g->params_.data(), params, g->layout_.total());
+  g->tokens_ = be.AllocInt(rows);
+  g->x_ = be.AllocAct(rows * c);
+  g->norm_ = be.AllocAct(rows * c);
+  g->qkv_ = be.AllocAct(rows * model.qkv_width());
+  g->attn_ = be.AllocAct(rows * int64_t{model.heads} * model.head_dim());
+  g->tmp_ = be.AllocAct(rows * c);
+  g->fc_ = be.AllocAct(rows * (model.family == ModelFamily::kGpt2 ? ffn : 2 * ffn));
+  g->act_ = be.AllocAct(rows * ffn);
+  g->logits_ = be.AllocAct(model.vocab);
+  g->mean_ = be.AllocFloat(rows);
+  g->rstd_ = be.AllocFloat(rows);
+  g->lse_ = be.AllocFloat(rows * model.heads);
+  for (int l = 0; l < model.layers; ++l) {
+    g->keys_.push_back(be.AllocAct(rows * kv));
+    g->values_.push_back(be.AllocAct(rows * kv));
+  }
+  g->host_logits_.resize(model.vocab);
+  return g;
+}
+
+void Generator::Block(int layer, int64_t n, int64_t pos) {
+  Backend& be = *backend_;
+  const config::ModelConfig& m = model_;
+  const BlockOffsets& o = layout_.block(layer);
+  const bool gpt2 = m.family == ModelFamily::kGpt2;
+  const int64_t c = m.width, d = m.head_dim(), qkv = m.qkv_width();
+  const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d, ffn = m.ffn_hidden;
+  if (gpt2) {
+    be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln1_w), P(o.ln1_b), n, c,
+                 m.norm_eps);
+  } else {
+    be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln1_w), n, c, m.norm_eps);
+  }
+  be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), gpt2 ? P(o.qkv_b) : nullptr, n, qkv, c);
+  const AttentionShape shape{
+      .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
+  if (!gpt2) be.Rope(qkv_.data(), shape, m.rope_theta, pos);
+  // This pass's keys and values join the cache; the queries attend to every cached position
+  // (causally among themselves when the prompt runs as one pass).
+  Act* keys = keys_[layer].data();
+  Act* values = values_[layer].data();
+  be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, kv);
+  be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + kv), qkv, n, kv);
+  const bool prompt = pos == 0;
+  be.AttentionBlock(attn_.data(), lse_.data(), qkv_.data(), keys, values,
+                    AttentionBlockShape{.batch = 1,
+                                        .q_len = n,
+                                        .kv_len = prompt ? n : pos + n,
+                                        .heads = m.heads,
+                                        .kv_heads = m.kv_heads,
+                                        .head_dim = d,
+                                        .q_stride = qkv,
+                                        .kv_stride = kv,
+                                        .causal = prompt});
+  be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
+  if (gpt2) {
+    be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+    be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln2_w), P(o.ln2_b), n, c,
+                 m.norm_eps);
+    be.LinearGelu(act_.data(), fc_.data(), norm_.data(), P(o.fc_w), P(o.fc_b), n, ffn, c);
+  } else {
+    be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+    be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln2_w), n, c, m.norm_eps);
+    be.Linear(fc_.data(), norm_.data(), P(o.fc_w), nullptr, n, 2 * ffn, c);
+    be.Swiglu(act_.data(), fc_.data(), n, ffn);
+  }
+  be.Linear(tmp_.data(), act_.data(), P(o.mlp_proj_w), gpt2 ? P(o.mlp_proj_b) : nullptr, n, c, ffn);
+  be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+}
+
+void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
+  Backend& be = *backend_;
+  const int64_t c = model_.width;
+  const bool gpt2 = model_.family == ModelFamily::kGpt2;
+  be.CopyFromHost(tokens_.data(), tokens, n);
+  be.Embedding(x_.data(), tokens_.data(), P(layout_.wte()),
+               gpt2 ? P(layout_.wpe()) + pos * c : nullptr, 1, n, c);
+  for (int l = 0; l < model_.layers; ++l) Block(l, n, pos);
+  const Act* last = be.At(x_.data(), (n - 1) * c);
+  if (gpt2) {
+    be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), last, P(layout_.lnf_w()),
+                 P(layout_.lnf_b()), 1, c, model_.norm_eps);
+  } else {
+    be.RmsNorm(norm_.data(), rstd_.data(), last, P(layout_.lnf_w()), 1, c, model_.norm_eps);
+  }
+  be.Linear(logits_.data(), norm_.data(), P(layout_.lm_head()), nullptr, 1, model_.vocab, c);
+  be.CopyActToHost(host_logits_.data(), logits_.data(), model_.vocab);
+}
+
+absl::StatusOr<std::vector<int32_t>> Generator::Generate(
+    const std::vector<int32_t>& prompt, const SampleOptions& options,
+    const std::function<void(int32_t)>& on_token) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= model_.vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token ", t, " is outside the vocabulary of ", model_.vocab));
+    }
+  }
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.tokens;
+  if (total > model_.max_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt's ", prompt.size(), " tokens and ",
+                                                   options.tokens, " new ones exceed the ",
+                                                   "model's max_seq of ", model_.max_seq));
+  }
+  std::mt19937_64 rng(options.seed);
+  std::vector<int32_t> out;
+  Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);
+  for (int i = 0; i < options.tokens; ++i) {
+    const int32_t next = Choose(host_logits_, options, rng);
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (i + 1 < options.tokens) {
+      Forward(&next, 1, static_cast<int64_t>(prompt.size()) + i);
+    }
+  }
+  TY_RETURN_IF_ERROR(backend_->Synchronize());
+  return out;
+}
+
+}  // namespace trainyard::worker

@@ -1,0 +1,73 @@
+// Text generation with a key/value cache: `trainyard sample`'s engine.
+//
+// A Generator holds a whole dense model (one process, no mesh) on a Backend and, per layer, the
+// keys and values of every position so far. The prompt runs as one causal pass that fills the
+// cache; each new token then runs alone, its query attending to the cached keys (the backend's
+// attention block with every key visible), so a token costs one row through the model instead of
+// the whole sequence again.
+//
+// Choosing a token: greedy (temperature 0: the largest logit, the lowest id on ties), else a draw
+// from softmax(logits / temperature), over the top_k largest when top_k > 0, from a generator
+// seeded with `seed`: the same seed gives the same text.
+//
+// Not thread-safe.
+#ifndef TRAINYARD_WORKER_GENERATE_H_
+#define TRAINYARD_WORKER_GENERATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/model_config.h"
+#include "worker/backend.h"
+#include "worker/buffer.h"
+#include "worker/shape/parameters.h"
+
+namespace trainyard::worker {
+
+struct SampleOptions {
+  int tokens = 32;  // new tokens to generate
+  float temperature = 0.0f;
+  int top_k = 0;  // 0: every token
+  uint64_t seed = 0;
+};
+
+class Generator {
+ public:
+  // `params`: the model's tensors in ParameterLayout(model) order (one process's whole layout).
+  // `backend` must outlive the generator. INVALID_ARGUMENT for a mixture-of-experts model.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Generator>> Create(
+      const config::ModelConfig& model, Backend* backend, const float* params);
+
+  // The `options.tokens` tokens that follow `prompt` (at least one token, each below the
+  // vocabulary); `on_token` sees each as it is chosen. INVALID_ARGUMENT when prompt and new
+  // tokens together exceed the model's max_seq.
+  [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Generate(
+      const std::vector<int32_t>& prompt, const SampleOptions& options,
+      const std::function<void(int32_t)>& on_token = {});
+
+ private:
+  Generator(const config::ModelConfig& model, Backend* backend);
+  // Runs tokens [0, n) at positions [pos, pos + n) through the model, appending their keys and
+  // values to the cache, and leaves the last row's logits in logits_.
+  void Forward(const int32_t* tokens, int64_t n, int64_t pos);
+  void Block(int layer, int64_t n, int64_t pos);
+  const float* P(int64_t offset) const { return params_.data() + offset; }
+
+  const config::ModelConfig model_;
+  Backend* backend_;
+  const ParameterLayout layout_;
+  Buffer<float> params_;
+  Buffer<int32_t> tokens_;
+  // Activations for up to max_seq rows; the cache [layer][position, kv_heads · head_dim].
+  Buffer<Act> x_, norm_, qkv_, attn_, tmp_, fc_, act_, logits_;
+  Buffer<float> mean_, rstd_, lse_;
+  std::vector<Buffer<Act>> keys_, values_;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_GENERATE_H_
