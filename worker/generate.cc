@@ -157,9 +157,8 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
   be.CopyActToHost(host_logits_.data(), logits_.data(), model_.vocab);
 }
 
-absl::StatusOr<std::vector<int32_t>> Generator::Generate(
-    const std::vector<int32_t>& prompt, const SampleOptions& options,
-    const std::function<void(int32_t)>& on_token) {
+absl::Status Generator::CheckRequest(const std::vector<int32_t>& prompt,
+                                     const SampleOptions& options) const {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
   for (int32_t t : prompt) {
     if (t < 0 || t >= model_.vocab) {
@@ -173,6 +172,13 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
                                                    options.tokens, " new ones exceed the ",
                                                    "model's max_seq of ", model_.max_seq));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Generator::Generate(
+    const std::vector<int32_t>& prompt, const SampleOptions& options,
+    const std::function<void(int32_t)>& on_token) {
+  TY_RETURN_IF_ERROR(CheckRequest(prompt, options));
   std::mt19937_64 rng(options.seed);
   std::vector<int32_t> out;
   Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);

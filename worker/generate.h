@@ -44,6 +44,10 @@ class Generator {
   // The `options.tokens` tokens that follow `prompt` (at least one token, each below the
   // vocabulary); `on_token` sees each as it is chosen. INVALID_ARGUMENT when prompt and new
   // tokens together exceed the model's max_seq.
+  // Generate's checks of its arguments, without generating.
+  [[nodiscard]] absl::Status CheckRequest(const std::vector<int32_t>& prompt,
+                                          const SampleOptions& options) const;
+
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Generate(
       const std::vector<int32_t>& prompt, const SampleOptions& options,
       const std::function<void(int32_t)>& on_token = {});

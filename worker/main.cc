@@ -479,6 +479,7 @@ absl::Status Sample(const SampleFlags& flags) {
   }
   TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                       Generator::Create(weights.model, backend.get(), weights.params.data()));
+  TY_RETURN_IF_ERROR(generator->CheckRequest(prompt, flags.options));
   std::cerr << "sampling " << weights.description << " on " << backend->name() << "\n";
   const bool text = flags.has_prompt;
   if (text) std::cout << flags.prompt << std::flush;

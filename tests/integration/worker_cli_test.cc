@@ -195,5 +195,96 @@ TEST_F(WorkerResumeFrom, CheckpointOfAnotherModel) {
   EXPECT_NE(resumed.out.find("resumed from step 2: "), std::string::npos) << resumed.out;
 }
 
+// Weights in and out from the command line: model.init_from that cannot be used, and export and
+// sample with bad input, each end with one line naming the file (and tensor), exit code 2, and
+// nothing written.
+class WorkerWeights : public WorkerCli {
+ protected:
+  void SetUp() override {
+    WorkerCli::SetUp();
+    // A checkpoint of gpt2-debug to export and sample from.
+    const ProcessResult trained = Worker({"--standalone", Spec("saved.yaml", "")});
+    ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  }
+  std::string Spec(const std::string& name, const std::string& init_from) {
+    return Write(name,
+                 absl::StrCat("name: t\nmodel: {preset: gpt2-debug",
+                              init_from.empty() ? "" : ", init_from: " + init_from,
+                              "}\ntraining: {steps: 2, warmup_steps: 1, batch: 2, "
+                              "seq_len: 16, eval_every: 0}\ncheckpoint: {dir: ",
+                              (dir_ / (init_from.empty() ? "saved" : "out")).string(), "}\n"));
+  }
+  // A Hugging Face directory exported from the checkpoint.
+  std::string Exported(const std::string& name) {
+    const ProcessResult r = Worker(
+        {"export", (dir_ / "saved").string(), "--format", "hf", "--out", (dir_ / name).string()});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return (dir_ / name).string();
+  }
+  void ExpectNothingWritten() { EXPECT_FALSE(fs::exists(dir_ / "out")); }
+};
+
+TEST_F(WorkerWeights, InitFromATruncatedFile) {
+  const std::string hf = Exported("hf");
+  const std::string file = hf + "/model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 4);
+  ExpectBadInput(Worker({"--standalone", Spec("init.yaml", hf)}),
+                 "model.init_from: " + file + ": tensor ");
+  ExpectNothingWritten();
+  fs::resize_file(file, 6);
+  ExpectBadInput(Worker({"--standalone", Spec("init.yaml", hf)}), file + ": truncated");
+  ExpectNothingWritten();
+}
+
+TEST_F(WorkerWeights, InitFromAnotherModel) {
+  const std::string hf = Exported("hf");
+  std::ifstream in(hf + "/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = config.find("\"n_layer\": 2");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.replace(at, std::string("\"n_layer\": 2").size(), "\"n_layer\": 3");
+  Write("hf/config.json", config);
+  ExpectBadInput(Worker({"--standalone", Spec("init.yaml", hf)}),
+                 "model.init_from: model.layers is 3 in " + hf + "/config.json, 2 in the spec");
+  ExpectNothingWritten();
+}
+
+TEST_F(WorkerWeights, InitFromStartsTraining) {
+  const ProcessResult r = Worker({"--standalone", Spec("init.yaml", Exported("hf"))});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("initialised from "), std::string::npos) << r.out;
+}
+
+TEST_F(WorkerWeights, ExportBadInput) {
+  const std::string saved = (dir_ / "saved").string(), out = (dir_ / "out").string();
+  ExpectBadInput(Worker({"export", (dir_ / "gone").string(), "--format", "hf", "--out", out}),
+                 "gone: no such file or directory");
+  ExpectBadInput(Worker({"export", saved, "--format", "onnx", "--out", out}), "--format");
+  ExpectBadInput(Worker({"export", saved, "--format", "hf", "--out", out, "--dtype", "fp8"}),
+                 "--dtype");
+  ExpectBadInput(Worker({"export", saved, "--format", "hf"}), "--out DIR is required");
+  ExpectNothingWritten();
+  fs::create_directories(out);
+  Write("out/keep.txt", "mine");
+  ExpectBadInput(Worker({"export", saved, "--format", "hf", "--out", out}), "is not empty");
+  EXPECT_EQ(std::vector<fs::directory_entry>(fs::directory_iterator(out), {}).size(), 1u);
+}
+
+TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
+  const std::string saved = (dir_ / "saved").string();
+  ExpectBadInput(Worker({"sample", saved, "--prompt-tokens", "1 999"}),
+                 "'999' is not a token id below the vocabulary of 256");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--tokens", "100"}),
+                 "exceed the model's max_seq of 64");
+  ExpectBadInput(Worker({"sample", saved}), "give one of --prompt TEXT and --prompt-tokens IDS");
+  // gpt2-debug's vocabulary is bytes: the text comes back, then 8 more bytes, the same each time.
+  const ProcessResult a = Worker({"sample", saved, "--prompt", "hi", "--tokens", "8"});
+  const ProcessResult b = Worker({"sample", Exported("hf"), "--prompt", "hi", "--tokens", "8"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out.substr(0, 2), "hi");
+  EXPECT_EQ(a.out.size(), 2u + 8u + 1u);
+  EXPECT_EQ(a.out, b.out) << "the checkpoint and its export write the same";
+}
+
 }  // namespace
 }  // namespace trainyard::testenv

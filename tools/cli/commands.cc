@@ -21,6 +21,7 @@
 #include "tools/cli/job_client.h"
 #include "tools/cli/plan_command.h"
 #include "tools/cli/server_address.h"
+#include "tools/cli/worker_command.h"
 
 namespace trainyard::cli {
 namespace {
@@ -50,6 +51,13 @@ commands:
   nodes uncordon NODE               lift a node's quarantine now
   plan SPEC [--json] [...]          memory, step time and MFU of every mesh, and the best one
                                     (no coordinator; docs/planner.md)
+  export CHECKPOINT_OR_JOB --format hf --out DIR [--dtype fp32|bf16] [--max-shard-size SIZE]
+                                    a checkpoint (a job's newest committed one) as a Hugging Face
+                                    model directory that transformers loads (docs/weights.md)
+  sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokens N] [--temperature T]
+         [--top-k K] [--seed S] [--device cpu|cuda]
+                                    text generated from a checkpoint, a job's newest checkpoint,
+                                    a Hugging Face directory or an llm.c file (greedy when T is 0)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
@@ -99,6 +107,16 @@ const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
       {"checkpoints", {}},
       {"report", {}},
       {"nodes", {}},
+      {"export", {{"format", true}, {"out", true}, {"dtype", true}, {"max-shard-size", true}}},
+      {"sample",
+       {{"prompt", true},
+        {"prompt-tokens", true},
+        {"tokens", true},
+        {"temperature", true},
+        {"top-k", true},
+        {"seed", true},
+        {"device", true},
+        {"threads", true}}},
   };
   return *flags;
 }
@@ -184,6 +202,18 @@ absl::StatusOr<CommandLine> Parse(const std::vector<std::string>& args) {
   return line;
 }
 
+// trainyard-worker's arguments for `export` or `sample` of `source`: the command's own flags.
+std::vector<std::string> WorkerArgs(const CommandLine& line, const std::string& source) {
+  std::vector<std::string> args = {line.command, source};
+  for (const auto& [name, values] : line.flags) {
+    for (const std::string& value : values) {
+      args.push_back("--" + name);
+      args.push_back(value);
+    }
+  }
+  return args;
+}
+
 absl::StatusOr<int> NonNegative(const CommandLine& line, const std::string& name, int fallback) {
   if (!line.Has(name)) return fallback;
   int value = 0;
@@ -227,6 +257,7 @@ class Cli {
     if (c == "drain") return Drain();
     if (c == "checkpoints") return Checkpoints();
     if (c == "report") return Report();
+    if (c == "export" || c == "sample") return OnNewestCheckpoint();
     return Nodes();
   }
 
@@ -361,6 +392,23 @@ class Cli {
            << ", then exit; `trainyard watch " << job.id() << "` follows it" << std::endl;
     }
     return 0;
+  }
+
+  // `export` or `sample` of a job: its newest committed checkpoint, read on this machine.
+  absl::StatusOr<int> OnNewestCheckpoint() {
+    const std::string& id = line_.positionals[0];
+    TY_ASSIGN_OR_RETURN(const std::vector<v1::Checkpoint> checkpoints, client_.ListCheckpoints(id));
+    const v1::Checkpoint* newest = nullptr;
+    for (const v1::Checkpoint& c : checkpoints) {
+      if (c.state() == v1::CHECKPOINT_STATE_COMMITTED && (!newest || c.step() > newest->step())) {
+        newest = &c;
+      }
+    }
+    if (newest == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " has no committed checkpoint to ", line_.command));
+    }
+    return RunWorkerCommand(WorkerArgs(line_, newest->path()));
   }
 
   absl::StatusOr<int> Checkpoints() {
@@ -543,6 +591,17 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
   if (line->command.empty()) {
     *io.err << kUsage;
     return 2;
+  }
+  const bool weights_command = line->command == "export" || line->command == "sample";
+  if (weights_command && line->positionals.size() != 1) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("usage: trainyard ", line->command, " ",
+                     line->command == "export" ? "CHECKPOINT" : "WEIGHTS",
+                     "_OR_JOB [flags] (see trainyard --help)")));
+  }
+  if (weights_command && io.fs->Exists(line->positionals[0])) {
+    absl::StatusOr<int> code = RunWorkerCommand(WorkerArgs(*line, line->positionals[0]));
+    return code.ok() ? *code : fail(code.status());
   }
   absl::StatusOr<std::string> address =
       ResolveServerAddress(line->server, io.server_env, *io.fs, io.state_dir);

@@ -124,17 +124,19 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
 
 WeightSource::~WeightSource() = default;
 
-absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(FileSystem& fs,
-                                                                 const std::string& path) {
+absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(
+    FileSystem& fs, const std::string& path, const config::ModelConfig* expected) {
   if (!fs.Exists(path)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no such file or directory"));
   }
   std::unique_ptr<WeightSource> source(new WeightSource());
-  TY_RETURN_IF_ERROR(fs.IsDirectory(path) ? source->OpenHf(fs, path) : source->OpenLlmc(fs, path));
+  TY_RETURN_IF_ERROR(fs.IsDirectory(path) ? source->OpenHf(fs, path, expected)
+                                          : source->OpenLlmc(fs, path, expected));
   return source;
 }
 
-absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir) {
+absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
+                                  const config::ModelConfig* expected) {
   const std::string config_path = Join(dir, "config.json");
   if (!fs.Exists(config_path)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -142,6 +144,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir) {
   }
   TY_ASSIGN_OR_RETURN(const std::string config_text, fs.ReadFile(config_path));
   TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path));
+  if (expected) TY_RETURN_IF_ERROR(CheckSameModel(model_, *expected, config_path));
   std::map<std::string, std::string> wanted;  // from the index: tensor -> file
   TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardNames(fs, dir, &wanted));
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
@@ -205,7 +208,8 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WeightSource::OpenLlmc(FileSystem& fs, const std::string& file) {
+absl::Status WeightSource::OpenLlmc(FileSystem& fs, const std::string& file,
+                                    const config::ModelConfig* expected) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": ", why));
   };
@@ -241,6 +245,7 @@ absl::Status WeightSource::OpenLlmc(FileSystem& fs, const std::string& file) {
   if (absl::Status valid = config::ValidateModelConfig(model_, file + ":"); !valid.ok()) {
     return valid;
   }
+  if (expected) TY_RETURN_IF_ERROR(CheckSameModel(model_, *expected, file));
   // llm.c's order: every layer's tensor of one kind together.
   int64_t at = 0;
   auto add = [&](const std::string& name, int64_t numel, int64_t stride = 0) {
@@ -326,15 +331,11 @@ namespace {
 // spec.init_from opened and checked against the spec's model.
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenForSpec(FileSystem& fs,
                                                           const config::JobSpec& spec) {
-  absl::StatusOr<std::unique_ptr<WeightSource>> source = WeightSource::Open(fs, spec.init_from);
-  absl::Status status = source.status();
-  if (source.ok()) {
-    const std::string where =
-        fs.IsDirectory(spec.init_from) ? Join(spec.init_from, "config.json") : spec.init_from;
-    status = CheckSameModel((*source)->model(), spec.model, where);
-  }
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("model.init_from: ", status.message()));
+  absl::StatusOr<std::unique_ptr<WeightSource>> source =
+      WeightSource::Open(fs, spec.init_from, &spec.model);
+  if (!source.ok()) {
+    return absl::Status(source.status().code(),
+                        absl::StrCat("model.init_from: ", source.status().message()));
   }
   return source;
 }

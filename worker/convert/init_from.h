@@ -30,8 +30,10 @@ namespace trainyard::worker::convert {
 class WeightSource {
  public:
   // INVALID_ARGUMENT with one line naming the file (and tensor) for anything wrong with `path`.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<WeightSource>> Open(FileSystem& fs,
-                                                                          const std::string& path);
+  // With `expected`, the files' model must be it (checked before the tensors): otherwise
+  // INVALID_ARGUMENT naming the first field that differs and both values.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<WeightSource>> Open(
+      FileSystem& fs, const std::string& path, const config::ModelConfig* expected = nullptr);
   ~WeightSource();
 
   // The model the files describe (norm epsilon and RoPE base included).
@@ -48,8 +50,10 @@ class WeightSource {
 
  private:
   WeightSource() = default;
-  [[nodiscard]] absl::Status OpenHf(FileSystem& fs, const std::string& dir);
-  [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file);
+  [[nodiscard]] absl::Status OpenHf(FileSystem& fs, const std::string& dir,
+                                    const config::ModelConfig* expected);
+  [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file,
+                                      const config::ModelConfig* expected);
 
   config::ModelConfig model_;
   std::string description_;
