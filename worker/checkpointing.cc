@@ -177,6 +177,8 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
   const std::vector<std::string> candidates =
       checkpoint::ResumeCandidates(*fs_, spec_.checkpoint, recorded_path);
   std::optional<int64_t> disk_step;
+  bool mixed = false;  // this rank loaded a checkpoint another rank could not
+  partial_state_ = false;
   for (const std::string& path : candidates) {
     std::optional<int64_t> step = checkpoint::StepOfDirName(path.substr(path.rfind('/') + 1));
     if (step && (!disk_step || *step > *disk_step)) disk_step = step;
@@ -192,28 +194,37 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
   }
   for (const std::string& path : candidates) {
     absl::StatusOr<checkpoint::Manifest> manifest = checkpoint::ReadManifest(*fs_, path);
-    absl::StatusOr<checkpoint::RankState> loaded =
-        manifest.ok() ? absl::InternalError("not loaded") : manifest.status();
+    absl::Status loaded = manifest.status();
     if (manifest.ok()) {
       if (absl::Status fits = checkpoint::CheckModelMatches(manifest->model(), spec_.model);
           !fits.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("checkpoint ", path, " does not fit this job: ", fits.message()));
       }
-      loaded = checkpoint::LoadRankState(*fs_, path, *manifest, layout_);
+      // Straight into the parameters and moments, one tensor at a time; nothing changes unless
+      // every record this rank needs verifies.
+      parallel::ShardedParams& params = *state.params;
+      TY_RETURN_IF_ERROR(params.BeginRestore());
+      loaded = checkpoint::LoadRankStateInto(
+          *fs_, path, *manifest, layout_,
+          {.wants = [&](int kind, const ParamTensor& t) { return params.WantsState(kind, t); },
+           .put = [&](int kind, const ParamTensor& t,
+                      const float* local) { params.RestoreTensor(kind, t, local); }});
     }
     double agreed[1] = {loaded.ok() ? 0.0 : 1.0};
     TY_RETURN_IF_ERROR(sum_(agreed));
     const double failures = agreed[0];
     if (failures > 0) {
+      // A rank that loaded while another failed keeps a mix: the next candidate (or the step-0
+      // state, below) replaces every tensor again.
       TY_LOG(WARNING) << "checkpoint " << path << " not loaded ("
-                      << (loaded.ok() ? absl::StrCat(failures, " rank(s) could not read it")
-                                      : std::string(loaded.status().message()))
+                      << (!loaded.ok() ? std::string(loaded.message())
+                                       : absl::StrCat(failures, " rank(s) could not read it"))
                       << "); trying the one before it";
+      mixed = mixed || loaded.ok();
       continue;
     }
-    TY_RETURN_IF_ERROR(state.params->RestoreState(loaded->params.get(), loaded->first_moment.get(),
-                                                  loaded->second_moment.get()));
+    TY_RETURN_IF_ERROR(state.params->FinishRestore());
     state.step = manifest->step();
     state.last_loss = manifest->training().loss();
     resumed_step_ = state.step;
@@ -229,6 +240,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     TY_LOG(WARNING) << "no intact checkpoint among " << candidates.size()
                     << " found; starting from step 0";
   }
+  partial_state_ = mixed;
   if (spec_.checkpoint.enabled()) StartWriter(state);
   return std::nullopt;
 }

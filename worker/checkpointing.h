@@ -65,6 +65,10 @@ class Checkpointer {
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Restore(TrainState& state,
                                                                    const std::string& recorded_path,
                                                                    bool* from_memory = nullptr);
+  // After a Restore that found nothing: whether this rank's state holds a checkpoint other ranks
+  // could not load (tensors are read straight into place), so the caller must initialise the
+  // parameters and zero the moments again.
+  bool left_partial_state() const { return partial_state_; }
 
   // Whether a memory snapshot is due after `state.step`, and taking one (blocks while the state
   // is copied, and while the previous snapshot is still being written).
@@ -125,6 +129,7 @@ class Checkpointer {
   std::atomic<int> memory_failures_{0};
   double memory_cost_seconds_ = 0.0;
   int64_t resumed_step_ = 0;
+  bool partial_state_ = false;
   std::unique_ptr<checkpoint::CheckpointWriter> writer_;  // with checkpoint.dir, after Restore
 };
 

@@ -215,6 +215,7 @@ class RankTrainer {
 
   absl::Status Setup();
   absl::Status Restore();
+  absl::Status InitializeParameters();
   absl::StatusOr<TrainResult> Run();
 
  private:
@@ -305,15 +306,7 @@ absl::Status RankTrainer::Setup() {
                           {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
                           {.ep = dims_.ep.get(), .edp = dims_.edp.get()}));
   optimizer_ = OptimizerConfigFromSpec(tr);
-  params_->Initialize(tr.seed);
-  if (!spec_.init_from.empty()) {
-    // Published weights for step 0; a checkpoint Restore finds later still wins.
-    std::vector<float> host(layout_->total());
-    TY_ASSIGN_OR_RETURN(const std::string loaded,
-                        convert::LoadInitFrom(data_fs_, spec_, *layout_, host.data()));
-    params_->LoadParameters(host.data());
-    if (out_) *out_ << "initialised from " << spec_.init_from << ": " << loaded << "\n";
-  }
+  TY_RETURN_IF_ERROR(InitializeParameters());
   TY_ASSIGN_OR_RETURN(
       model_, Model::Create(mc, &backend_, params_.get(),
                             {.tp = dims_.tp.get(),
@@ -353,6 +346,24 @@ absl::Status RankTrainer::Setup() {
   return absl::OkStatus();
 }
 
+// Step 0's parameters: the seed's random initialisation, or model.init_from's weights (a
+// checkpoint Restore finds later still wins).
+absl::Status RankTrainer::InitializeParameters() {
+  if (spec_.init_from.empty()) {
+    params_->Initialize(spec_.training.seed);
+    return absl::OkStatus();
+  }
+  TY_RETURN_IF_ERROR(params_->BeginRestore());
+  TY_ASSIGN_OR_RETURN(const std::string loaded,
+                      convert::LoadInitFrom(data_fs_, spec_, *layout_,
+                                            [&](const ParamTensor& t, const float* local) {
+                                              params_->RestoreTensor(0, t, local);
+                                            }));
+  TY_RETURN_IF_ERROR(params_->FinishRestore());
+  if (out_) *out_ << "initialised from " << spec_.init_from << ": " << loaded << "\n";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> RankTrainer::SumOverWorld(double value) {
   TY_ASSIGN_OR_RETURN(value, params_->SumOverRanks(value));
   TY_ASSIGN_OR_RETURN(value, parallel::AllReduceDouble(*dims_.tp, value));
@@ -386,6 +397,10 @@ absl::Status RankTrainer::Restore() {
   bool from_memory = false;
   TY_ASSIGN_OR_RETURN(const std::optional<std::string> from,
                       checkpointer_->Restore(state_, options_.recorded_checkpoint, &from_memory));
+  if (!from && checkpointer_->left_partial_state()) {
+    TY_RETURN_IF_ERROR(InitializeParameters());
+    params_->ZeroMoments();
+  }
   result_.restore_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
   if (rank_.rank == 0 && options_.on_resumed) {
     options_.on_resumed(ResumeInfo{.step = state_.step,

@@ -49,13 +49,14 @@ namespace {
 
 // Assembles global tensor `name` of `kind` and `global_shape` from its records into `global`
 // (grown as needed, not cleared: the records must cover every element, which is checked),
-// verifying each.
+// verifying each; with a null `global`, only verifies. `checksums`: whether to verify the
+// records' bytes too (not again when a pass before did).
 absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::RecordRef>& refs,
                       const std::string& name, const std::vector<int64_t>& global_shape,
-                      const std::string& kind, std::vector<float>& global) {
+                      const std::string& kind, std::vector<float>* global, bool checksums) {
   int64_t numel = 1;
   for (int64_t d : global_shape) numel *= d;
-  if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
+  if (global != nullptr && static_cast<int64_t>(global->size()) < numel) global->resize(numel);
   int64_t covered = 0;
   for (const CheckpointTensors::RecordRef& ref : refs) {
     const TensorRecord& r = *ref.record;
@@ -81,13 +82,16 @@ absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::Re
     }
     TY_ASSIGN_OR_RETURN(const uint8_t* base, files.Data(ref.shard));
     const uint8_t* data = base + r.byte_offset();
-    if (Checksum(data, bytes) != r.xxh3()) {
+    if (checksums && Checksum(data, bytes) != r.xxh3()) {
       return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": checksum mismatch in ",
                                               r.name(), " (", kind, ")"));
     }
-    ForEachRun(shape, slab, r.flat_begin(), r.flat_end(), [&](int64_t at, int64_t from, int64_t n) {
-      std::memcpy(global.data() + at, data + 4 * (from - r.flat_begin()), 4 * n);
-    });
+    if (global != nullptr) {
+      ForEachRun(shape, slab, r.flat_begin(), r.flat_end(),
+                 [&](int64_t at, int64_t from, int64_t n) {
+                   std::memcpy(global->data() + at, data + 4 * (from - r.flat_begin()), 4 * n);
+                 });
+    }
     covered += count;
   }
   if (covered != numel) {
@@ -119,7 +123,20 @@ absl::Status CheckpointTensors::Read(const std::string& name, const std::string&
     return absl::DataLossError(
         absl::StrCat(path_, ": the manifest has no ", name, " (", kind, ")"));
   }
-  return Assemble(*files_, it->second, name, global_shape, kind, global);
+  const bool verified = verified_.count({kind, name}) > 0;
+  return Assemble(*files_, it->second, name, global_shape, kind, &global, !verified);
+}
+
+absl::Status CheckpointTensors::Verify(const std::string& name, const std::string& kind,
+                                       const std::vector<int64_t>& global_shape) {
+  auto it = index_.find({kind, name});
+  if (it == index_.end()) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": the manifest has no ", name, " (", kind, ")"));
+  }
+  TY_RETURN_IF_ERROR(Assemble(*files_, it->second, name, global_shape, kind, nullptr, true));
+  verified_.insert({kind, name});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
@@ -137,6 +154,29 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
     }
   }
   return state;
+}
+
+absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Manifest& manifest,
+                               const ParameterLayout& layout, const StateSink& sink) {
+  CheckpointTensors tensors(fs, path, manifest);
+  // Every record this rank reads is verified before anything is handed over, so that a damaged
+  // checkpoint changes nothing and the caller can fall back to another.
+  for (int k = 0; k < 3; ++k) {
+    for (const ParamTensor& t : layout.tensors()) {
+      if (sink.wants(k, t)) TY_RETURN_IF_ERROR(tensors.Verify(t.name, kKinds[k], t.global_shape));
+    }
+  }
+  std::vector<float> global, local;
+  for (int k = 0; k < 3; ++k) {
+    for (const ParamTensor& t : layout.tensors()) {
+      if (!sink.wants(k, t)) continue;
+      TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
+      if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
+      layout.Slice(t, global.data(), local.data());
+      sink.put(k, t, local.data());
+    }
+  }
+  return absl::OkStatus();
 }
 
 namespace {

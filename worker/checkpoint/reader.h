@@ -8,8 +8,10 @@
 #ifndef TRAINYARD_WORKER_CHECKPOINT_READER_H_
 #define TRAINYARD_WORKER_CHECKPOINT_READER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +49,11 @@ class CheckpointTensors {
                                   const std::vector<int64_t>& global_shape,
                                   std::vector<float>& global);
 
+  // Checks tensor `name` of `kind` as Read does (its records cover it, each checksum matches)
+  // without copying it; a later Read of it skips the checksums.
+  [[nodiscard]] absl::Status Verify(const std::string& name, const std::string& kind,
+                                    const std::vector<int64_t>& global_shape);
+
   struct RecordRef {  // a record of a tensor, in shard `shard`
     int shard;
     const TensorRecord* record;
@@ -56,6 +63,7 @@ class CheckpointTensors {
   const std::string path_;
   std::unique_ptr<ShardFiles> files_;
   std::map<std::pair<std::string, std::string>, std::vector<RecordRef>> index_;
+  std::set<std::pair<std::string, std::string>> verified_;  // (kind, name)
 };
 
 // Reads what `layout` (one rank's: its tensor-parallel slice and pipeline stage) needs from the
@@ -63,6 +71,20 @@ class CheckpointTensors {
 [[nodiscard]] absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
                                                       const Manifest& manifest,
                                                       const ParameterLayout& layout);
+
+// Where LoadRankStateInto puts what it reads: `kind` 0 the parameters, 1 the first moments, 2
+// the second moments. `wants` says whether to read a tensor at all; `put` receives its local
+// values (t.numel floats, valid during the call).
+struct StateSink {
+  std::function<bool(int kind, const ParamTensor& t)> wants;
+  std::function<void(int kind, const ParamTensor& t, const float* local)> put;
+};
+
+// LoadRankState without full-size buffers: verifies every record the wanted tensors need first
+// (an error leaves the sink untouched), then hands the tensors over one at a time.
+[[nodiscard]] absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path,
+                                             const Manifest& manifest,
+                                             const ParameterLayout& layout, const StateSink& sink);
 
 // The checkpoints a run tries to resume from, best first: `recorded` (the coordinator's newest
 // committed one, when given), then checkpoint.dir's committed ones newest first, then

@@ -318,10 +318,20 @@ absl::Status WeightSource::Read(const std::string& name, std::vector<float>& glo
 }
 
 absl::Status WeightSource::ReadLayout(const ParameterLayout& layout, float* host) {
-  std::vector<float> global;
+  return ReadEach(layout, [&](const ParamTensor& t, const float* local) {
+    std::copy(local, local + t.numel, host + t.offset);
+  });
+}
+
+absl::Status WeightSource::ReadEach(
+    const ParameterLayout& layout,
+    const std::function<void(const ParamTensor& t, const float* local)>& put) {
+  std::vector<float> global, local;
   for (const ParamTensor& t : layout.tensors()) {
     TY_RETURN_IF_ERROR(Read(t.name, global));
-    layout.Slice(t, global.data(), host + t.offset);
+    if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
+    layout.Slice(t, global.data(), local.data());
+    put(t, local.data());
   }
   return absl::OkStatus();
 }
@@ -347,10 +357,11 @@ absl::Status CheckInitFrom(FileSystem& fs, const config::JobSpec& spec) {
   return OpenForSpec(fs, spec).status();
 }
 
-absl::StatusOr<std::string> LoadInitFrom(FileSystem& fs, const config::JobSpec& spec,
-                                         const ParameterLayout& layout, float* host) {
+absl::StatusOr<std::string> LoadInitFrom(
+    FileSystem& fs, const config::JobSpec& spec, const ParameterLayout& layout,
+    const std::function<void(const ParamTensor& t, const float* local)>& put) {
   TY_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source, OpenForSpec(fs, spec));
-  TY_RETURN_IF_ERROR(source->ReadLayout(layout, host));
+  TY_RETURN_IF_ERROR(source->ReadEach(layout, put));
   return source->description();
 }
 

@@ -12,6 +12,7 @@
 #ifndef TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
 #define TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,10 @@ class WeightSource {
 
   // Every tensor of `layout` (one rank's slice of `model()`), at its offset in `host`.
   [[nodiscard]] absl::Status ReadLayout(const ParameterLayout& layout, float* host);
+  // The same handed to `put` one tensor at a time (valid during the call).
+  [[nodiscard]] absl::Status ReadEach(
+      const ParameterLayout& layout,
+      const std::function<void(const ParamTensor& t, const float* local)>& put);
 
  private:
   WeightSource() = default;
@@ -72,10 +77,12 @@ class WeightSource {
 // gpt2/config.json, 512 in the spec").
 [[nodiscard]] absl::Status CheckInitFrom(FileSystem& fs, const config::JobSpec& spec);
 
-// The spec's init_from weights into `host` (layout.total() floats, one rank's slice); returns
-// their description().
-[[nodiscard]] absl::StatusOr<std::string> LoadInitFrom(FileSystem& fs, const config::JobSpec& spec,
-                                                       const ParameterLayout& layout, float* host);
+// The spec's init_from weights for one rank's `layout`, handed to `put` one tensor at a time
+// (its local values, valid during the call); returns their description(). Nothing is handed over
+// unless the files check out.
+[[nodiscard]] absl::StatusOr<std::string> LoadInitFrom(
+    FileSystem& fs, const config::JobSpec& spec, const ParameterLayout& layout,
+    const std::function<void(const ParamTensor& t, const float* local)>& put);
 
 // A whole model's weights, from any of: a checkpoint directory, a checkpoint root (its newest
 // committed checkpoint), a Hugging Face model directory or an llm.c model file.

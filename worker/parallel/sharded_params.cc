@@ -258,6 +258,33 @@ absl::Status ShardedParams::RestoreState(const float* params, const float* first
   return backend_->Synchronize();
 }
 
+// The part of tensor `t` (group-local [lo, hi)) this rank keeps of `kind`.
+bool ShardedParams::WantsState(int kind, const ParamTensor& t) const {
+  if (kind == 0 && options_.zero_stage < 3) return true;
+  const Group& g = GroupOf(t);
+  const int64_t lo = t.offset - g.begin, hi = lo + t.numel;
+  return std::max(lo, g.own_lo) < std::min(hi, g.own_hi);
+}
+
+void ShardedParams::RestoreTensor(int kind, const ParamTensor& t, const float* local) {
+  const Group& g = GroupOf(t);
+  const int64_t lo = t.offset - g.begin, hi = lo + t.numel;
+  if (kind == 0 && options_.zero_stage < 3) {
+    backend_->CopyFromHost(params_.data() + g.padded_begin + lo, local, t.numel);
+    return;
+  }
+  const int64_t from = std::max(lo, g.own_lo), to = std::min(hi, g.own_hi);
+  if (from >= to) return;
+  const float* values = local + (from - lo);
+  if (kind == 0) {
+    backend_->CopyFromHost(shard_params_.data() + g.shard_begin + (from - g.own_lo), values,
+                           to - from);
+    return;
+  }
+  Buffer<float>& state = kind == 1 ? m_ : v_;
+  backend_->CopyFromHost(state.data() + StateOffset(g, from), values, to - from);
+}
+
 absl::Status ShardedParams::BeginStep() {
   TY_RETURN_IF_ERROR(WaitAll());
   if (options_.zero_stage < 2) backend_->Fill(grads_.data(), 0.0f, grads_.size());

@@ -100,6 +100,20 @@ class ShardedParams final : public ParamSource {
   // floats each, on the host); keeps what this rank owns.
   [[nodiscard]] absl::Status RestoreState(const float* params, const float* first_moment,
                                           const float* second_moment);
+  // The same one tensor at a time, straight into place (no full-size staging): `kind` 0 the
+  // parameters, 1 the first moments, 2 the second; `local` the tensor's t.numel local values.
+  // WantsState says whether this rank keeps any of the tensor's `kind` (a ZeRO rank keeps the
+  // moments of its shard only), so that a reader may skip it. Call WaitAll first (BeginRestore)
+  // and FinishRestore after.
+  [[nodiscard]] absl::Status BeginRestore() { return WaitAll(); }
+  bool WantsState(int kind, const ParamTensor& t) const;
+  void RestoreTensor(int kind, const ParamTensor& t, const float* local);
+  [[nodiscard]] absl::Status FinishRestore() { return backend_->Synchronize(); }
+  // AdamW's moments back to zero (a fresh start after a partial restore).
+  void ZeroMoments() {
+    backend_->Fill(m_.data(), 0.0f, m_.size());
+    backend_->Fill(v_.data(), 0.0f, v_.size());
+  }
 
   // Call once before an optimizer step's first micro-batch: zeroes the gradients.
   [[nodiscard]] absl::Status BeginStep();
