@@ -7,6 +7,8 @@
 //     sequential write bandwidth, measured here on the same directory;
 //   - restore time (TrainResult.restore_seconds of a run resumed from the last checkpoint), with
 //     the checkpoint's pages dropped from the page cache (cold) and again with them cached (warm).
+//   - export (`trainyard export --format hf` of the last checkpoint, against the disk's bandwidth)
+//     and model.init_from of the exported directory, the whole model in one process.
 // bench/run_checkpoint_bench.sh runs it beside bench/torch_checkpoint_peer.py.
 //
 //   checkpoint_bench --preset gpt2-124m --batch 1 --seq 128 --steps 8 --every 2 --ranks 1,2
@@ -44,6 +46,8 @@
 #include "config/spec.h"
 #include "worker/backend.h"
 #include "worker/checkpoint/writer.h"
+#include "worker/convert/hf_export.h"
+#include "worker/convert/init_from.h"
 #include "worker/parallel/kv_store.h"
 #include "worker/trainer.h"
 
@@ -327,7 +331,35 @@ struct Row {
                                  // has the cores to itself
   double restore_cold_s = 0.0;   // slowest rank; checkpoint not in the page cache
   double restore_warm_s = 0.0;   // slowest rank; checkpoint cached
+  double export_s = 0.0;         // the last checkpoint as a Hugging Face directory (fsync'd)
+  int64_t export_bytes = 0;      // its tensors' bytes
+  double init_from_s = 0.0;      // model.init_from of that directory: the whole model, one process
 };
+
+// `trainyard export` of the newest checkpoint in `checkpoint_dir` to `out`, then model.init_from's
+// reader over it into a buffer already touched (as a rank's parameters are): their seconds.
+absl::Status TimeExportAndInitFrom(const config::JobSpec& spec, const std::string& checkpoint_dir,
+                                   const std::string& out, Row& row) {
+  absl::StatusOr<worker::convert::ExportResult> exported =
+      worker::convert::ExportHf(*RealFileSystem(), checkpoint_dir, {.out_dir = out});
+  if (!exported.ok()) return exported.status();
+  row.export_s = exported->seconds;
+  row.export_bytes = exported->tensor_bytes;
+  config::JobSpec from = spec;
+  from.init_from = out;
+  const worker::ParameterLayout layout(spec.model);
+  std::vector<float> params(layout.total(), 0.0f);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::string> loaded = worker::convert::LoadInitFrom(
+      *RealFileSystem(), from, layout, [&](const worker::ParamTensor& t, const float* local) {
+        std::copy(local, local + t.numel, params.data() + t.offset);
+      });
+  if (!loaded.ok()) return loaded.status();
+  row.init_from_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::error_code ec;
+  std::filesystem::remove_all(out, ec);
+  return absl::OkStatus();
+}
 
 // Fills the step and save columns of `row` from the training run's log.
 absl::Status Summarize(const RunLog& log, Row& row) {
@@ -405,6 +437,11 @@ absl::StatusOr<Row> MeasureMesh(const Flags& f, int ranks, const std::string& sc
   if (!warm.ok()) return warm.status();
   row.restore_cold_s = *cold;
   row.restore_warm_s = *warm;
+  std::fprintf(stderr, "checkpoint_bench: %s: export and init_from\n", tag.c_str());
+  if (absl::Status s = TimeExportAndInitFrom(*spec, checkpoint_dir, scratch + "/hf-" + tag, row);
+      !s.ok()) {
+    return s;
+  }
   std::error_code ec;
   std::filesystem::remove_all(checkpoint_dir, ec);  // keep the scratch disk's footprint small
   return row;
@@ -423,20 +460,20 @@ void PrintTable(const Flags& f, const std::vector<Row>& rows, double disk_bw, do
       "| model | ranks | params | 12 B/param MiB | checkpoint MiB | median step s "
       "| step s, write in flight | 1st save blocked s | blocked s | blocked %% of step "
       "| memcpy floor s | write s | last write s | write MB/s | disk MB/s | %% of disk "
-      "| restore cold s | restore warm s |\n");
+      "| restore cold s | restore warm s | export s | export MB/s | init_from s |\n");
   std::printf(
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-      "|---:|---:|\n");
+      "|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
     const double write_bw = r.bytes / r.write_s;
     std::printf(
         "| %s | %d | %lld | %.1f | %.1f | %.3f | %.3f | %.4f | %.4f | %.2f%% | %.4f "
-        "| %.3f | %.3f | %.0f | %.0f | %.0f%% | %.3f | %.3f |\n",
+        "| %.3f | %.3f | %.0f | %.0f | %.0f%% | %.3f | %.3f | %.3f | %.0f | %.3f |\n",
         r.preset.c_str(), r.ranks, static_cast<long long>(r.params),
         1.0 * kBytesPerParam * r.params / kMiB, 1.0 * r.bytes / kMiB, r.step_s, r.step_writing_s,
         r.first_blocked_s, r.blocked_s, 100.0 * r.blocked_s / r.step_s, r.floor_s, r.write_s,
         r.last_write_s, write_bw / 1e6, disk_bw / 1e6, 100.0 * write_bw / disk_bw, r.restore_cold_s,
-        r.restore_warm_s);
+        r.restore_warm_s, r.export_s, r.export_bytes / r.export_s / 1e6, r.init_from_s);
   }
 }
 
@@ -452,11 +489,13 @@ void PrintJson(const Flags& f, const std::vector<Row>& rows, double disk_bw, dou
         "\"bytes\":%lld,\"saves\":%d,\"median_step_s\":%.6f,\"step_writing_s\":%.6f,"
         "\"first_blocked_s\":%.6f,\"blocked_s\":%.6f,\"memcpy_floor_s\":%.6f,"
         "\"write_s\":%.6f,\"last_write_s\":%.6f,\"restore_cold_s\":%.6f,\"restore_warm_s\":%.6f,"
+        "\"export_s\":%.6f,\"export_bytes\":%lld,\"init_from_s\":%.6f,"
         "\"disk_bytes_per_s\":%.0f}\n",
         r.preset.c_str(), r.ranks, f.batch, f.seq, f.steps, f.every, f.threads,
         static_cast<long long>(r.params), static_cast<long long>(r.bytes), r.saves, r.step_s,
         r.step_writing_s, r.first_blocked_s, r.blocked_s, r.floor_s, r.write_s, r.last_write_s,
-        r.restore_cold_s, r.restore_warm_s, disk_bw);
+        r.restore_cold_s, r.restore_warm_s, r.export_s, static_cast<long long>(r.export_bytes),
+        r.init_from_s, disk_bw);
   }
 }
 

@@ -118,6 +118,9 @@ def print_table(ours, torch):
     print("- write s: Trainyard from snapshot to committed manifest (all ranks' shard files "
           "fsync'd, manifest renamed, directories synced), median over saves; write MB/s = "
           "checkpoint bytes / write s. torch.save's MB/s without fsync is into the page cache.")
+    print("- export: `trainyard export --format hf` of the last checkpoint (fp32, files fsync'd); "
+          "init_from: model.init_from's reader over that directory, the whole model in one "
+          "process (table below).")
     print("- restore: Trainyard's `TrainResult.restore_seconds` (choose, verify checksums, load), "
           "slowest rank; PyTorch's torch.save row: torch.load alone, + fsync row: torch.load + "
           "model.load_state_dict + optimizer.load_state_dict. Cold: the checkpoint's pages "
@@ -131,14 +134,18 @@ def print_details(ours):
           "save after the last step is written while training waits for it (the writer alone).")
     print()
     print("| model | ranks | saves | 1st save blocked s | later saves blocked s | memcpy floor s "
-          "| median step s | median step s, write in flight | last save: write s (MB/s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| median step s | median step s, write in flight | last save: write s (MB/s) "
+          "| export s (MB/s) | init_from s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in ours:
-        print("| %s | %d | %d | %.4f | %.4f | %.4f | %.3f | %s | %.3f (%.0f) |" % (
+        print("| %s | %d | %d | %.4f | %.4f | %.4f | %.3f | %s | %.3f (%.0f) | %s | %s |" % (
             r["preset"], r["ranks"], r["saves"], r["first_blocked_s"], r["blocked_s"],
             r["memcpy_floor_s"], r["median_step_s"],
             "%.3f" % r["step_writing_s"] if r["step_writing_s"] > 0 else "-",
-            r["last_write_s"], mbps(r["bytes"], r["last_write_s"])))
+            r["last_write_s"], mbps(r["bytes"], r["last_write_s"]),
+            "%.3f (%.0f)" % (r["export_s"], mbps(r["export_bytes"], r["export_s"]))
+            if "export_s" in r else "-",
+            "%.3f" % r["init_from_s"] if "init_from_s" in r else "-"))
     print()
 
 
@@ -176,6 +183,33 @@ def print_goals(ours, torch):
         print("3. %d rank(s): blocked %.4f s = 1/%.0f of torch.save's %.3f s (goal <= 1/10): "
               "**%s**" % (r["ranks"], r["blocked_s"], 1 / share if share > 0 else float("inf"),
                           t["save_s"], "met" if ok else "missed"))
+    for r in rows:
+        if t is None or "export_s" not in r:
+            continue
+        restore = (t["restore_cold_s"], t["restore_warm_s"])
+        ok = r["restore_cold_s"] <= restore[0] and r["restore_warm_s"] <= restore[1]
+        missed += not ok
+        print("4. %d rank(s): restore %.3f / %.3f s (cold / warm) against torch.load + "
+              "load_state_dict's %.3f / %.3f s (goal: at most): **%s**"
+              % (r["ranks"], r["restore_cold_s"], r["restore_warm_s"], restore[0], restore[1],
+                 "met" if ok else "missed"))
+    for r in rows:
+        if t is None or "init_from_s" not in r:
+            continue
+        ok = r["init_from_s"] <= t["restore_warm_s"]
+        missed += not ok
+        print("5. checkpoint of %d rank(s): init_from %.3f s against torch.load + load_state_dict's "
+              "%.3f s (warm; goal: at most): **%s**"
+              % (r["ranks"], r["init_from_s"], t["restore_warm_s"], "met" if ok else "missed"))
+    for r in rows:
+        if "export_s" not in r:
+            continue
+        bw = r["export_bytes"] / r["export_s"]
+        ok = bw >= GOAL_OF_DISK * r["disk_bytes_per_s"]
+        missed += not ok
+        print("6. checkpoint of %d rank(s): export %.0f MB/s = %.0f%% of the disk's %.0f MB/s "
+              "(goal >= 80%%): **%s**" % (r["ranks"], bw / 1e6, 100 * bw / r["disk_bytes_per_s"],
+                                          r["disk_bytes_per_s"] / 1e6, "met" if ok else "missed"))
     print()
     return missed
 

@@ -4,14 +4,19 @@
 #include "server/supervisor.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/filesystem.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "planner/planner.h"
 #include "server/mesh_advisor.h"
 #include "server/requirements.h"
+#include "worker/convert/init_from.h"
 
 namespace trainyard::server {
 
@@ -368,6 +373,19 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   scheduler_.Enqueue(pending);
 }
 
+// model.init_from, when this machine can see it (under the data roots): the weights' model
+// against the spec's, and the files' headers, before the job is queued. Elsewhere the workers
+// check it before their first step.
+absl::Status Supervisor::CheckInitFromHere(const config::JobSpec& spec) const {
+  if (spec.init_from.empty()) return absl::OkStatus();
+  const std::vector<std::string>& roots = options_.spec_limits.allowed_data_roots;
+  std::unique_ptr<FileSystem> confined;
+  if (!roots.empty()) confined = NewConfinedFileSystem(roots);
+  FileSystem& fs = confined ? *confined : *RealFileSystem();
+  if (!fs.Exists(spec.init_from)) return absl::OkStatus();
+  return worker::convert::CheckInitFrom(fs, spec);
+}
+
 absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
   if (request.spec_yaml.size() > config::kMaxSpecBytes) {
     return absl::ResourceExhaustedError(absl::StrCat("spec of ", request.spec_yaml.size(),
@@ -381,6 +399,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
                            AdmitSpec(std::move(parsed), registry_->SmallestNodes(), cpu_profile_),
                            request.spec_source);
   const config::JobSpec& spec = admission.spec;
+  TY_RETURN_IF_ERROR_WITH(CheckInitFromHere(spec), request.spec_source);
   TY_ASSIGN_OR_RETURN_WITH(JobRequirements requirements, RequirementsFromSpec(spec),
                            request.spec_source);
   Txn txn;

@@ -273,6 +273,7 @@ class Supervisor {
   // with the planner's explanation when the job cannot fit the memory of the connected nodes of
   // its kind (server/mesh_advisor.h; `parallelism: auto` becomes the planner's choice there);
   // RESOURCE_EXHAUSTED over 1 MiB; UNAVAILABLE when shutting down; INTERNAL on store failure.
+  // model.init_from is checked here when this machine sees its path (worker/convert/init_from.h).
   [[nodiscard]] absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   // NOT_FOUND; FAILED_PRECONDITION for a SUCCEEDED, FAILED or DRAINED job; OK (no-op) when
   // CANCELLED.
@@ -361,6 +362,7 @@ class Supervisor {
   void SetCoordinatorAddress(const std::string& address);
 
  private:
+  [[nodiscard]] absl::Status CheckInitFromHere(const config::JobSpec& spec) const;
   struct JoinWaiter {
     int rank;
     absl::Time deadline;

@@ -63,6 +63,7 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/convert/hf_export.h"
 #include "worker/convert/init_from.h"
+#include "worker/convert/weights.h"
 #include "worker/coordinated.h"
 #include "worker/cuda_backend.h"
 #include "worker/generate.h"

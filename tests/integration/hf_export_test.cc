@@ -30,6 +30,7 @@
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
 #include "worker/convert/init_from.h"
+#include "worker/convert/weights.h"
 #include "worker/generate.h"
 #include "worker/local_model.h"
 #include "worker/trainer.h"

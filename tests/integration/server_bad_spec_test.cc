@@ -1,5 +1,7 @@
 // Bad specs submitted over gRPC: each is refused with INVALID_ARGUMENT naming the field path (and
 // line:column), the server stays up, and nothing is stored — not even after a restart.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,34 @@ TEST_F(ServerBadSpecTest, EveryBadSpecIsRefusedWithItsFieldPathAndNothingIsStore
   ASSERT_TRUE(again.JobStub()->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
   ASSERT_EQ(list.jobs_size(), 1);
   EXPECT_EQ(list.jobs(0).name(), "good");
+}
+
+// model.init_from that this machine can read is checked at submit: weights of another model are
+// refused naming the field and both values, and nothing is stored.
+TEST_F(ServerBadSpecTest, InitFromOfAnotherModelIsRefusedAtSubmit) {
+  const std::filesystem::path weights = std::filesystem::path(state_dir_).parent_path() / "gpt2";
+  std::filesystem::create_directories(weights);
+  std::ofstream(weights / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64,)"
+      << R"( "n_layer": 3, "n_head": 4})";
+  ServerProcess server(state_dir_);
+  ASSERT_TRUE(server.ok()) << server.log();
+  auto stub = server.JobStub();
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(Spec("name: bad\n",
+                             "model: {preset: gpt2-debug, init_from: " + weights.string() + "}\n",
+                             kData, kTraining));
+  request.set_spec_source("job.yaml");
+  request.set_user("tester");
+  v1::SubmitJobReply reply;
+  grpc::Status status = stub->SubmitJob(Deadline(10).get(), request, &reply);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("model.init_from: model.layers is 3 in " +
+                        (weights / "config.json").string() + ", 2 in the spec"));
+  v1::ListJobsReply list;
+  ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
 }
 
 }  // namespace

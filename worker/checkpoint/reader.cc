@@ -127,6 +127,23 @@ absl::Status CheckpointTensors::Read(const std::string& name, const std::string&
   return Assemble(*files_, it->second, name, global_shape, kind, &global, !verified);
 }
 
+absl::StatusOr<const float*> CheckpointTensors::WholeRecord(
+    const std::string& name, const std::string& kind, const std::vector<int64_t>& global_shape) {
+  auto it = index_.find({kind, name});
+  if (it == index_.end() || it->second.size() != 1 || verified_.count({kind, name}) == 0) {
+    return nullptr;
+  }
+  const TensorRecord& r = *it->second[0].record;
+  int64_t numel = 1;
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    if (r.offsets(d) != 0 || r.sizes(d) != global_shape[d]) return nullptr;
+    numel *= global_shape[d];
+  }
+  if (r.flat_begin() != 0 || r.flat_end() != numel || r.byte_offset() % 4 != 0) return nullptr;
+  TY_ASSIGN_OR_RETURN(const uint8_t* base, files_->Data(it->second[0].shard));
+  return reinterpret_cast<const float*>(base + r.byte_offset());
+}
+
 absl::Status CheckpointTensors::Verify(const std::string& name, const std::string& kind,
                                        const std::vector<int64_t>& global_shape) {
   auto it = index_.find({kind, name});
@@ -170,6 +187,20 @@ absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Ma
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
       if (!sink.wants(k, t)) continue;
+      int64_t numel = 1;
+      for (int64_t d : t.global_shape) numel *= d;
+      if (t.numel == numel) {
+        // The rank holds the whole tensor: straight from the mapped file when one record is all
+        // of it, else assembled in place.
+        TY_ASSIGN_OR_RETURN(const float* whole,
+                            tensors.WholeRecord(t.name, kKinds[k], t.global_shape));
+        if (whole == nullptr) {
+          TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
+          whole = global.data();
+        }
+        sink.put(k, t, whole);
+        continue;
+      }
       TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
       if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
       layout.Slice(t, global.data(), local.data());

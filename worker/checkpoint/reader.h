@@ -54,6 +54,12 @@ class CheckpointTensors {
   [[nodiscard]] absl::Status Verify(const std::string& name, const std::string& kind,
                                     const std::vector<int64_t>& global_shape);
 
+  // After Verify: the tensor's values in the mapped shard file when one record holds all of it
+  // in order (valid while the reader lives), else nullptr.
+  [[nodiscard]] absl::StatusOr<const float*> WholeRecord(const std::string& name,
+                                                         const std::string& kind,
+                                                         const std::vector<int64_t>& global_shape);
+
   struct RecordRef {  // a record of a tensor, in shard `shard`
     int shard;
     const TensorRecord* record;

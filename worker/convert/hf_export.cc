@@ -119,7 +119,15 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
   size_t in_file = 0;
   std::vector<float> global, converted;
   for (const HfTensorMap& t : tensors) {
-    TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
+    // Straight from the mapped shard file when one record holds the whole tensor; only the
+    // transposed pieces (GPT-2's Conv1D weights) pass through a buffer.
+    TY_RETURN_IF_ERROR(reader.Verify(t.name, "param", t.shape));
+    TY_ASSIGN_OR_RETURN(const float* whole, reader.WholeRecord(t.name, "param", t.shape));
+    if (whole == nullptr) {
+      TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
+      whole = global.data();
+    }
+    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
     for (const HfPiece& piece : t.pieces) {
       if (in_file == files[file].size()) {
         TY_RETURN_IF_ERROR(writer->Finish());
@@ -129,9 +137,13 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
             writer, SafetensorsWriter::Create(fs, JoinPath(dir, FileName(file, files.size())),
                                               files[file], metadata));
       }
-      converted.resize(files[file][in_file].numel());
-      ToHf(t, piece, global.data(), converted.data());
-      TY_RETURN_IF_ERROR(writer->Write(piece.name, converted.data()));
+      const float* values = whole + piece.row_begin * cols;
+      if (piece.transpose) {
+        converted.resize(files[file][in_file].numel());
+        ToHf(t, piece, whole, converted.data());
+        values = converted.data();
+      }
+      TY_RETURN_IF_ERROR(writer->Write(piece.name, values));
       ++in_file;
     }
   }

@@ -3,6 +3,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -26,6 +27,19 @@ std::string ShortFloat(float value) {
     if (std::strtof(text.c_str(), nullptr) == value) return text;
   }
   return absl::StrFormat("%.9g", value);
+}
+
+// out [cols, rows] = in [rows, cols]ᵀ, in cache-sized tiles.
+void Transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
 }
 
 HfTensorMap Whole(std::string ours, std::vector<int64_t> shape, std::string theirs,
@@ -220,9 +234,7 @@ void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, fl
     std::copy(from, from + piece.rows * cols, theirs);
     return;
   }
-  for (int64_t r = 0; r < piece.rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) theirs[c * piece.rows + r] = from[r * cols + c];
-  }
+  Transpose(from, piece.rows, cols, theirs);
 }
 
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours) {
@@ -232,9 +244,7 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
     std::copy(theirs, theirs + piece.rows * cols, to);
     return;
   }
-  for (int64_t r = 0; r < piece.rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) to[r * cols + c] = theirs[c * piece.rows + r];
-  }
+  Transpose(theirs, cols, piece.rows, to);
 }
 
 std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {

@@ -11,8 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status.h"
-#include "worker/checkpoint/reader.h"
-#include "worker/convert/hf_export.h"
 
 namespace trainyard::worker::convert {
 namespace {
@@ -317,6 +315,20 @@ absl::Status WeightSource::Read(const std::string& name, std::vector<float>& glo
   return absl::OkStatus();
 }
 
+const float* WeightSource::Direct(const std::string& name) const {
+  if (llmc_) {
+    auto it = llmc_offsets_.find(name);
+    if (llmc_dtype_ != TensorDtype::kF32 || it == llmc_offsets_.end()) return nullptr;
+    return reinterpret_cast<const float*>(llmc_->data() + 4 * kLlmcHeaderInts) + it->second.first;
+  }
+  auto it = maps_.find(name);
+  if (it == maps_.end() || it->second.pieces.size() != 1 || it->second.pieces[0].transpose) {
+    return nullptr;
+  }
+  const auto& [file, info] = pieces_.at(it->second.pieces[0].name);
+  return file->FloatData(*info);
+}
+
 absl::Status WeightSource::ReadLayout(const ParameterLayout& layout, float* host) {
   return ReadEach(layout, [&](const ParamTensor& t, const float* local) {
     std::copy(local, local + t.numel, host + t.offset);
@@ -328,6 +340,18 @@ absl::Status WeightSource::ReadEach(
     const std::function<void(const ParamTensor& t, const float* local)>& put) {
   std::vector<float> global, local;
   for (const ParamTensor& t : layout.tensors()) {
+    int64_t numel = 1;
+    for (int64_t d : t.global_shape) numel *= d;
+    if (t.numel == numel) {
+      // The rank holds the whole tensor: straight from the mapped file when it is stored as is.
+      const float* whole = Direct(t.name);
+      if (whole == nullptr) {
+        TY_RETURN_IF_ERROR(Read(t.name, global));
+        whole = global.data();
+      }
+      put(t, whole);
+      continue;
+    }
     TY_RETURN_IF_ERROR(Read(t.name, global));
     if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
     layout.Slice(t, global.data(), local.data());
@@ -363,36 +387,6 @@ absl::StatusOr<std::string> LoadInitFrom(
   TY_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source, OpenForSpec(fs, spec));
   TY_RETURN_IF_ERROR(source->ReadEach(layout, put));
   return source->description();
-}
-
-absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs, const std::string& path) {
-  LoadedWeights out;
-  const bool checkpoint =
-      fs.IsDirectory(path) && !fs.Exists(Join(path, "config.json")) &&
-      (fs.Exists(Join(path, checkpoint::kManifestName)) ||
-       !checkpoint::ListCommitted(fs, path).value_or(std::vector<std::string>{}).empty());
-  if (!checkpoint) {
-    TY_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source, WeightSource::Open(fs, path));
-    out.model = source->model();
-    const ParameterLayout layout(out.model);
-    out.params.resize(layout.total());
-    TY_RETURN_IF_ERROR(source->ReadLayout(layout, out.params.data()));
-    out.description = absl::StrCat(path, ": ", source->description());
-    return out;
-  }
-  TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, path));
-  const auto& [dir, manifest] = found;
-  TY_ASSIGN_OR_RETURN(out.model, checkpoint::ModelFromSignature(manifest.model()));
-  const ParameterLayout layout(out.model);
-  out.params.resize(layout.total());
-  checkpoint::CheckpointTensors tensors(fs, dir, manifest);
-  std::vector<float> global;
-  for (const ParamTensor& t : layout.tensors()) {
-    TY_RETURN_IF_ERROR(tensors.Read(t.name, "param", t.global_shape, global));
-    layout.Slice(t, global.data(), out.params.data() + t.offset);
-  }
-  out.description = absl::StrCat(dir, ": step ", manifest.step(), " of job ", manifest.job());
-  return out;
 }
 
 }  // namespace trainyard::worker::convert

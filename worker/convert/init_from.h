@@ -55,6 +55,9 @@ class WeightSource {
 
  private:
   WeightSource() = default;
+  // Our tensor `name` as it lies in the mapped file when it needs no conversion (fp32, one
+  // piece, not transposed, 4-byte aligned), else nullptr.
+  const float* Direct(const std::string& name) const;
   [[nodiscard]] absl::Status OpenHf(FileSystem& fs, const std::string& dir,
                                     const config::ModelConfig* expected);
   [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file,
@@ -83,16 +86,6 @@ class WeightSource {
 [[nodiscard]] absl::StatusOr<std::string> LoadInitFrom(
     FileSystem& fs, const config::JobSpec& spec, const ParameterLayout& layout,
     const std::function<void(const ParamTensor& t, const float* local)>& put);
-
-// A whole model's weights, from any of: a checkpoint directory, a checkpoint root (its newest
-// committed checkpoint), a Hugging Face model directory or an llm.c model file.
-struct LoadedWeights {
-  config::ModelConfig model;
-  std::vector<float> params;  // ParameterLayout(model) order
-  std::string description;
-};
-[[nodiscard]] absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs,
-                                                             const std::string& path);
 
 }  // namespace trainyard::worker::convert
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -15,6 +16,8 @@
 
 namespace trainyard::worker::convert {
 namespace {
+
+constexpr size_t kStagingBytes = size_t{8} << 20;  // a whole number of direct-I/O blocks
 
 using google::protobuf::Struct;
 using google::protobuf::Value;
@@ -218,6 +221,14 @@ const TensorInfo* SafetensorsFile::Find(const std::string& name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
+const float* SafetensorsFile::FloatData(const TensorInfo& tensor) const {
+  const uint8_t* data = data_[&tensor - tensors_.data()];
+  if (tensor.dtype != TensorDtype::kF32 || reinterpret_cast<uintptr_t>(data) % 4 != 0) {
+    return nullptr;
+  }
+  return reinterpret_cast<const float*>(data);
+}
+
 void SafetensorsFile::ReadFloats(const TensorInfo& tensor, int64_t begin, int64_t count,
                                  float* out) const {
   const uint8_t* data = data_[&tensor - tensors_.data()];
@@ -285,9 +296,45 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   }
   const std::string header = Header(tensors, metadata);
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter(fs, path, std::move(tensors)));
-  TY_ASSIGN_OR_RETURN(writer->file_, fs.NewWritableFile(path + ".partial"));
-  TY_RETURN_IF_ERROR(writer->file_->Append(header));
+  for (auto& buffer : writer->staging_) {
+    buffer = {static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, kStagingBytes)),
+              &std::free};
+    if (!buffer) return absl::ResourceExhaustedError("no memory for the staging buffers");
+  }
+  TY_ASSIGN_OR_RETURN(writer->file_, fs.NewDirectWritableFile(path + ".partial"));
+  TY_RETURN_IF_ERROR(writer->Put(header.data(), header.size()));
   return writer;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (pending_.valid()) pending_.wait();
+}
+
+absl::Status SafetensorsWriter::Put(const void* bytes, size_t size) {
+  const char* from = static_cast<const char*>(bytes);
+  while (size > 0) {
+    const size_t n = std::min(size, kStagingBytes - staged_);
+    std::memcpy(staging_[current_].get() + staged_, from, n);
+    staged_ += n;
+    from += n;
+    size -= n;
+    if (staged_ == kStagingBytes) TY_RETURN_IF_ERROR(Flush());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Flush() {
+  // The write before this one used the other buffer: it must be done before that buffer fills.
+  absl::Status previous = pending_.valid() ? pending_.get() : absl::OkStatus();
+  TY_RETURN_IF_ERROR(previous);
+  if (staged_ == 0) return absl::OkStatus();
+  // The direct-I/O contract: the last append may be short, but the memory after it up to the
+  // next aligned size must be readable (it is: each buffer is a whole number of blocks).
+  const std::string_view data(staging_[current_].get(), staged_);
+  pending_ = std::async(std::launch::async, [this, data] { return file_->Append(data); });
+  current_ ^= 1;
+  staged_ = 0;
+  return absl::OkStatus();
 }
 
 absl::Status SafetensorsWriter::Write(const std::string& name, const float* values) {
@@ -296,19 +343,14 @@ absl::Status SafetensorsWriter::Write(const std::string& name, const float* valu
   }
   const TensorInfo& t = tensors_[next_++];
   const int64_t numel = t.numel();
-  constexpr int64_t kChunk = 1 << 20;  // elements converted per Append
+  if (t.dtype == TensorDtype::kF32) return Put(values, 4 * static_cast<size_t>(numel));
+  constexpr int64_t kChunk = 1 << 20;  // elements converted at a time
   std::vector<uint16_t> narrow;
   for (int64_t at = 0; at < numel; at += kChunk) {
     const int64_t n = std::min(kChunk, numel - at);
-    if (t.dtype == TensorDtype::kF32) {
-      TY_RETURN_IF_ERROR(file_->Append(std::string_view(reinterpret_cast<const char*>(values + at),
-                                                        4 * static_cast<size_t>(n))));
-      continue;
-    }
     narrow.resize(n);
     for (int64_t i = 0; i < n; ++i) narrow[i] = FloatToBf16Bits(values[at + i]);
-    TY_RETURN_IF_ERROR(file_->Append(std::string_view(reinterpret_cast<const char*>(narrow.data()),
-                                                      2 * static_cast<size_t>(n))));
+    TY_RETURN_IF_ERROR(Put(narrow.data(), 2 * static_cast<size_t>(n)));
   }
   return absl::OkStatus();
 }
@@ -318,6 +360,8 @@ absl::Status SafetensorsWriter::Finish() {
     return absl::FailedPreconditionError(
         absl::StrCat(path_, ": ", tensors_[next_].name, " was never written"));
   }
+  TY_RETURN_IF_ERROR(Flush());
+  if (pending_.valid()) TY_RETURN_IF_ERROR(pending_.get());
   TY_RETURN_IF_ERROR(file_->Sync());
   TY_RETURN_IF_ERROR(file_->Close());
   return fs_.RenameFile(path_ + ".partial", path_);

@@ -15,6 +15,7 @@
 #define TRAINYARD_WORKER_CONVERT_SAFETENSORS_H_
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // nullptr when the file has no tensor of that name.
   const TensorInfo* Find(const std::string& name) const;
+  // `tensor`'s bytes as fp32 values in the mapping when it is F32 and 4-byte aligned, else
+  // nullptr.
+  const float* FloatData(const TensorInfo& tensor) const;
   // Elements [begin, begin + count) of `tensor` (one of tensors()) as fp32.
   void ReadFloats(const TensorInfo& tensor, int64_t begin, int64_t count, float* out) const;
 
@@ -69,12 +73,16 @@ class SafetensorsFile {
 };
 
 // Writes `path` (via a temporary name, renamed into place by Finish): the header for `tensors`
-// first, then each tensor's bytes by Write in the declared order.
+// first, then each tensor's bytes by Write in the declared order, staged through an aligned
+// buffer so that the file goes to the device without a copy into the page cache where the
+// filesystem allows (FileSystem::NewDirectWritableFile).
 class SafetensorsWriter {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       FileSystem& fs, const std::string& path, std::vector<TensorInfo> tensors,
       const std::map<std::string, std::string>& metadata);
+
+  ~SafetensorsWriter();
 
   // The next declared tensor's values (numel floats), stored in its dtype (bf16 and f16 rounded
   // to nearest even). FAILED_PRECONDITION when `name` is not the next one.
@@ -89,11 +97,22 @@ class SafetensorsWriter {
  private:
   SafetensorsWriter(FileSystem& fs, std::string path, std::vector<TensorInfo> tensors);
 
+  // Appends `bytes` through the staging buffers: the file is written with O_DIRECT where the
+  // filesystem allows it, in whole aligned blocks but the last, by a background task.
+  [[nodiscard]] absl::Status Put(const void* bytes, size_t size);
+  [[nodiscard]] absl::Status Flush();
+
   FileSystem& fs_;
   const std::string path_;
   const std::vector<TensorInfo> tensors_;
   size_t next_ = 0;
   std::unique_ptr<WritableFile> file_;
+  // Two staging buffers: one fills while the other is being written (`pending_`), so that the
+  // conversion and the disk overlap.
+  std::unique_ptr<char, void (*)(void*)> staging_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  int current_ = 0;
+  size_t staged_ = 0;
+  std::future<absl::Status> pending_;
 };
 
 }  // namespace trainyard::worker::convert
