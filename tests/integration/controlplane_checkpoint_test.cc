@@ -6,6 +6,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -303,6 +304,32 @@ TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReaso
   EXPECT_THAT(cp.Cli({"logs", job_id, "--rank", "0"}).out,
               HasSubstr("trainyard-worker: error: " + reason + "\n"));
   EXPECT_FALSE(fs::exists(missing)) << "nothing is written for a refused resume_from";
+}
+
+// `trainyard export JOB` and `trainyard sample JOB` read the job's newest committed checkpoint,
+// which the coordinator names, on this machine; an unknown job is refused and nothing written.
+TEST(ControlPlaneCheckpointTest, ExportAndSampleOfAJobReadItsNewestCheckpoint) {
+  ControlPlane cp("cp_ck_export");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const TinyJob job = Job("weights", absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 100}"));
+  const ProcessResult run =
+      cp.Cli({"submit", cp.WriteSpec("w.yaml", TinySpec(job)), "--watch"}, 180);
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::string job_id = run.out.substr(0, run.out.find('\n'));
+  const std::string out = cp.dir() + "/hf";
+  const ProcessResult exported = cp.Cli({"export", job_id, "--format", "hf", "--out", out}, 60);
+  EXPECT_EQ(exported.exit_code, 0) << exported.out << exported.err;
+  EXPECT_THAT(exported.out, HasSubstr(absl::StrCat("exported step ", kSteps, " of ")));
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  const ProcessResult sampled =
+      cp.Cli({"sample", job_id, "--prompt-tokens", "1 2 3", "--tokens", "5"}, 60);
+  EXPECT_EQ(sampled.exit_code, 0) << sampled.out << sampled.err;
+  EXPECT_EQ(std::count(sampled.out.begin(), sampled.out.end(), ' '), 4) << sampled.out;
+  const ProcessResult unknown =
+      cp.Cli({"export", "j-999999", "--format", "hf", "--out", cp.dir() + "/none"}, 30);
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.out << unknown.err;
+  EXPECT_FALSE(fs::exists(cp.dir() + "/none"));
 }
 
 // `every_steps: auto` on real ranks: the coordinator orders saves at its Young–Daly interval
