@@ -535,13 +535,13 @@ class PosixFileSystem : public FileSystem {
   const std::unique_ptr<PathResolver> resolver_;
 };
 
+}  // namespace
+
 std::string ChildPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   if (dir.back() == '/') return dir + name;
   return absl::StrCat(dir, "/", name);
 }
-
-}  // namespace
 
 std::string Dirname(const std::string& path) {
   size_t slash = path.find_last_of('/');

@@ -121,6 +121,8 @@ class FileSystem {
 
 // The directory part of `path`: "." for a bare name, "/" for a file in the root.
 std::string Dirname(const std::string& path);
+// `name` inside directory `dir` ("dir/name"; `name` alone for an empty `dir`).
+std::string ChildPath(const std::string& dir, const std::string& name);
 
 // A region that holds its own copy of `bytes` (the in-memory filesystems' MapReadOnly).
 std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes);

@@ -89,50 +89,39 @@ class ConfigFields {
   ConfigFields(const google::protobuf::Struct& s, std::string source)
       : fields_(s.fields()), source_(std::move(source)) {}
 
-  bool Has(const std::string& key) const {
-    auto it = fields_.find(key);
-    return it != fields_.end() && it->second.kind_case() != Value::kNullValue;
-  }
+  bool Has(const std::string& key) const { return Get(key) != nullptr; }
   absl::Status Int(const std::string& key, int* out, bool required = true) const {
-    auto it = fields_.find(key);
-    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
-      return required ? Bad(key, "is missing") : absl::OkStatus();
-    }
-    const double v = it->second.number_value();
-    if (it->second.kind_case() != Value::kNumberValue || v != std::floor(v) || v < 1 || v > 1e9) {
+    const Value* value = Get(key);
+    if (value == nullptr) return required ? Bad(key, "is missing") : absl::OkStatus();
+    const double v = value->number_value();
+    if (value->kind_case() != Value::kNumberValue || v != std::floor(v) || v < 1 || v > 1e9) {
       return Bad(key, "must be a positive integer");
     }
     *out = static_cast<int>(v);
     return absl::OkStatus();
   }
   absl::Status Float(const std::string& key, float* out) const {
-    auto it = fields_.find(key);
-    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
-      return absl::OkStatus();
-    }
-    if (it->second.kind_case() != Value::kNumberValue || !(it->second.number_value() > 0)) {
+    const Value* value = Get(key);
+    if (value == nullptr) return absl::OkStatus();
+    if (value->kind_case() != Value::kNumberValue || !(value->number_value() > 0)) {
       return Bad(key, "must be a positive number");
     }
-    *out = static_cast<float>(it->second.number_value());
+    *out = static_cast<float>(value->number_value());
     return absl::OkStatus();
   }
   absl::Status Bool(const std::string& key, bool* out) const {
-    auto it = fields_.find(key);
-    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
-      return absl::OkStatus();
-    }
-    if (it->second.kind_case() != Value::kBoolValue) return Bad(key, "must be true or false");
-    *out = it->second.bool_value();
+    const Value* value = Get(key);
+    if (value == nullptr) return absl::OkStatus();
+    if (value->kind_case() != Value::kBoolValue) return Bad(key, "must be true or false");
+    *out = value->bool_value();
     return absl::OkStatus();
   }
   // A string field that, when present, must be one of `allowed`.
   absl::Status OneOf(const std::string& key, std::initializer_list<std::string> allowed) const {
-    auto it = fields_.find(key);
-    if (it == fields_.end() || it->second.kind_case() == Value::kNullValue) {
-      return absl::OkStatus();
-    }
+    const Value* value = Get(key);
+    if (value == nullptr) return absl::OkStatus();
     for (const std::string& a : allowed) {
-      if (it->second.kind_case() == Value::kStringValue && it->second.string_value() == a) {
+      if (value->kind_case() == Value::kStringValue && value->string_value() == a) {
         return absl::OkStatus();
       }
     }
@@ -143,6 +132,13 @@ class ConfigFields {
   }
 
  private:
+  // The field's value; nullptr when it is missing or null (Hugging Face's "use the default").
+  const Value* Get(const std::string& key) const {
+    auto it = fields_.find(key);
+    return it == fields_.end() || it->second.kind_case() == Value::kNullValue ? nullptr
+                                                                              : &it->second;
+  }
+
   const google::protobuf::Map<std::string, Value>& fields_;
   const std::string source_;
 };

@@ -21,10 +21,6 @@ using config::ModelFamily;
 constexpr int32_t kLlmcMagic = 20240326;
 constexpr int64_t kLlmcHeaderInts = 256;
 
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? ", " : "", shape[i]);
@@ -42,9 +38,9 @@ bool IsBuffer(const std::string& name) {
 // names (each once).
 absl::StatusOr<std::vector<std::string>> ShardNames(FileSystem& fs, const std::string& dir,
                                                     std::map<std::string, std::string>* wanted) {
-  const std::string index = Join(dir, "model.safetensors.index.json");
+  const std::string index = ChildPath(dir, "model.safetensors.index.json");
   if (!fs.Exists(index)) {
-    if (!fs.Exists(Join(dir, "model.safetensors"))) {
+    if (!fs.Exists(ChildPath(dir, "model.safetensors"))) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
     }
@@ -135,7 +131,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(
 
 absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
                                   const config::ModelConfig* expected) {
-  const std::string config_path = Join(dir, "config.json");
+  const std::string config_path = ChildPath(dir, "config.json");
   if (!fs.Exists(config_path)) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": no config.json (a Hugging Face model directory, or an llm.c model file)"));
@@ -148,7 +144,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
   for (const std::string& name : names) {
     TY_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                        SafetensorsFile::Open(fs, Join(dir, name)));
+                        SafetensorsFile::Open(fs, ChildPath(dir, name)));
     for (const TensorInfo& t : file->tensors()) {
       std::string key = t.name;
       if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
@@ -168,7 +164,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
     if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
     if (pieces_.count(key) == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Join(dir, file), ": missing tensor ", name, " (the index lists it)"));
+          absl::StrCat(ChildPath(dir, file), ": missing tensor ", name, " (the index lists it)"));
     }
   }
   TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_));
