@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -248,6 +249,23 @@ absl::Status FieldReader::ReadString(std::string_view key, std::string* out) {
   if (value == nullptr) return absl::OkStatus();
   if (value->kind != YamlNode::Kind::kScalar) return TypeError(key, *value, "a string");
   *out = value->value;
+  return absl::OkStatus();
+}
+
+absl::Status FieldReader::ReadInt32List(std::string_view key, std::vector<int32_t>* out) {
+  const YamlNode* value = Lookup(key);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->kind != YamlNode::Kind::kSequence) return TypeError(key, *value, "a list of integers");
+  std::vector<int32_t> read;
+  for (const YamlNode& item : value->items) {
+    int32_t n;
+    if (item.kind != YamlNode::Kind::kScalar || !absl::SimpleAtoi(item.value, &n)) {
+      return LocatedError(source_name_, item.mark, PathOf(key),
+                          absl::StrCat("expected an integer, got ", DescribeNode(item)));
+    }
+    read.push_back(n);
+  }
+  *out = std::move(read);
   return absl::OkStatus();
 }
 

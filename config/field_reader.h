@@ -74,6 +74,8 @@ class FieldReader {
   [[nodiscard]] absl::Status ReadFloat(std::string_view key, float* out);
   [[nodiscard]] absl::Status ReadBool(std::string_view key, bool* out);
   [[nodiscard]] absl::Status ReadString(std::string_view key, std::string* out);
+  // A sequence of integers (`[1, 2, 3]`), each in int32's range.
+  [[nodiscard]] absl::Status ReadInt32List(std::string_view key, std::vector<int32_t>* out);
   // An integer, or the word `auto`, which is read as nullopt.
   [[nodiscard]] absl::Status ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out);
   // A mapping of strings to strings (numbers and booleans are kept as written). Each entry's

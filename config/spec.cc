@@ -221,10 +221,30 @@ absl::Status ReadData(FieldReader& r, DataSpec* d) {
 }
 
 absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"steps", "batch", "micro_batch", "seq_len", "seed", "lr", "min_lr_ratio",
-                           "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
-                           "grad_clip", "eval_every", "eval_batches", "log_every", "threads"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"steps",
+                                          "batch",
+                                          "micro_batch",
+                                          "seq_len",
+                                          "seed",
+                                          "lr",
+                                          "min_lr_ratio",
+                                          "warmup_steps",
+                                          "schedule",
+                                          "weight_decay",
+                                          "beta1",
+                                          "beta2",
+                                          "eps",
+                                          "grad_clip",
+                                          "eval_every",
+                                          "eval_batches",
+                                          "log_every",
+                                          "threads",
+                                          "sample_every",
+                                          "sample_tokens",
+                                          "sample_prompt",
+                                          "sample_prompt_tokens",
+                                          "sample_temperature",
+                                          "sample_top_k"}));
   TY_RETURN_IF_ERROR(r.ReadInt64("steps", &t->steps));
   TY_RETURN_IF_ERROR(r.ReadInt("batch", &t->batch));
   TY_RETURN_IF_ERROR(r.ReadInt("micro_batch", &t->micro_batch));
@@ -247,6 +267,12 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   TY_RETURN_IF_ERROR(r.ReadInt("eval_batches", &t->eval_batches));
   TY_RETURN_IF_ERROR(r.ReadInt64("log_every", &t->log_every));
   TY_RETURN_IF_ERROR(r.ReadInt("threads", &t->threads));
+  TY_RETURN_IF_ERROR(r.ReadInt64("sample_every", &t->sample_every));
+  TY_RETURN_IF_ERROR(r.ReadInt("sample_tokens", &t->sample_tokens));
+  TY_RETURN_IF_ERROR(r.ReadString("sample_prompt", &t->sample_prompt));
+  TY_RETURN_IF_ERROR(r.ReadInt32List("sample_prompt_tokens", &t->sample_prompt_tokens));
+  TY_RETURN_IF_ERROR(r.ReadDouble("sample_temperature", &t->sample_temperature));
+  TY_RETURN_IF_ERROR(r.ReadInt("sample_top_k", &t->sample_top_k));
   return absl::OkStatus();
 }
 

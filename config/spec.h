@@ -63,7 +63,20 @@ struct TrainingSpec {
   int eval_batches = 4;     // batches per validation pass
   int64_t log_every = 10;
   int threads = 0;  // CPU threads per rank; 0 = all cores
+  // Text generated from the model while it trains (worker/sampling.h): every sample_every steps
+  // and at the last one; 0 = never. Each sample continues its prompt by sample_tokens tokens,
+  // drawn at sample_temperature (0: greedy) among the sample_top_k most likely (0: all).
+  int64_t sample_every = 0;
+  int sample_tokens = 64;
+  std::string sample_prompt;                  // text, for a byte-level model (vocab 256)
+  std::vector<int32_t> sample_prompt_tokens;  // or token ids
+  double sample_temperature = 1.0;
+  int sample_top_k = 0;
 };
+
+// Without sample_prompt or sample_prompt_tokens, samples continue the first this many tokens of
+// the validation split (fewer when seq_len is shorter).
+inline constexpr int kDefaultSamplePromptTokens = 16;
 
 // The device mesh: world = dp x tp x pp ranks, tp innermost (a TP group is tp consecutive ranks,
 // so it stays inside a node), then dp, then pp.

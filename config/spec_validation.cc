@@ -1,5 +1,6 @@
 #include "config/spec_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -116,6 +117,51 @@ Problem CheckOptimizer(const TrainingSpec& t) {
   return std::nullopt;
 }
 
+// training.sample_*: what the worker's samples need (worker/sampling.h).
+Problem CheckSamples(const TrainingSpec& t, const ModelConfig& model) {
+  if (Problem p = CheckAtLeast("training.sample_every", t.sample_every, 0)) return p;
+  if (Problem p = CheckAtLeast("training.sample_tokens", t.sample_tokens, 1)) return p;
+  if (Problem p = CheckAtLeast("training.sample_top_k", t.sample_top_k, 0)) return p;
+  if (!(t.sample_temperature >= 0) || !std::isfinite(t.sample_temperature)) {
+    return Bad("training.sample_temperature",
+               absl::StrCat("must be 0 (greedy) or positive, got ", t.sample_temperature));
+  }
+  if (!t.sample_prompt.empty() && !t.sample_prompt_tokens.empty()) {
+    return Bad("training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both",
+               {"training.sample_prompt_tokens"});
+  }
+  if (!t.sample_prompt.empty() && model.vocab != 256) {
+    return Bad("training.sample_prompt",
+               absl::StrCat("a text prompt needs a byte-level model (model.vocab 256), this one "
+                            "has ",
+                            model.vocab, " tokens; give sample_prompt_tokens"),
+               {"model.vocab", "training.sample_prompt_tokens"});
+  }
+  for (int32_t id : t.sample_prompt_tokens) {
+    if (id < 0 || id >= model.vocab) {
+      return Bad("training.sample_prompt_tokens",
+                 absl::StrCat("token ", id, " is outside the vocabulary [0, ", model.vocab, ")"),
+                 {"model.vocab"});
+    }
+  }
+  const int64_t prompt = !t.sample_prompt.empty() ? static_cast<int64_t>(t.sample_prompt.size())
+                         : !t.sample_prompt_tokens.empty()
+                             ? static_cast<int64_t>(t.sample_prompt_tokens.size())
+                             : std::min(kDefaultSamplePromptTokens, t.seq_len);
+  if (t.sample_every > 0 && prompt + t.sample_tokens > model.max_seq) {
+    return Bad("training.sample_tokens",
+               absl::StrCat("a prompt of ", prompt, " tokens and ", t.sample_tokens,
+                            " new ones exceed model.max_seq ", model.max_seq),
+               {"model.max_seq", "training.sample_prompt"});
+  }
+  if (t.sample_every > 0 && model.moe.enabled()) {
+    return Bad("training.sample_every",
+               "generation does not run mixture-of-experts models; set sample_every to 0",
+               {"model.moe"});
+  }
+  return std::nullopt;
+}
+
 Problem CheckTraining(const TrainingSpec& t, const ModelConfig& model) {
   if (Problem p = CheckAtLeast("training.steps", t.steps, 1)) return p;
   if (Problem p = CheckAtLeast("training.batch", t.batch, 1)) return p;
@@ -146,7 +192,7 @@ Problem CheckTraining(const TrainingSpec& t, const ModelConfig& model) {
     return Bad("training.threads",
                absl::StrCat("must be at most ", kMaxThreads, ", got ", t.threads));
   }
-  return std::nullopt;
+  return CheckSamples(t, model);
 }
 
 // base^exponent, saturating just above `limit`.

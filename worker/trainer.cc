@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -23,6 +24,7 @@
 #include "worker/convert/init_from.h"
 #include "worker/data/dataset.h"
 #include "worker/data/sampler.h"
+#include "worker/generate.h"
 #include "worker/hang_watchdog.h"
 #include "worker/model.h"
 #include "worker/moe_routing.h"
@@ -30,6 +32,7 @@
 #include "worker/parallel/parallel_dims.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/parallel/sharded_params.h"
+#include "worker/sampling.h"
 #include "worker/shape/parameters.h"
 #include "worker/shape/stages.h"
 #include "worker/train_state.h"
@@ -246,6 +249,7 @@ class RankTrainer {
   absl::StatusOr<Agreement> Agree(double step_seconds);
   double WaitSeconds() const;  // collective and pipeline waits so far
   absl::Status Checkpoint(bool save, bool wait);
+  absl::Status Sample();
   void LogStep(double loss, double lr, double norm);
   void Finish();
 
@@ -278,6 +282,9 @@ class RankTrainer {
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
   double memory_cost_seen_ = 0.0;
+  // Bytes the samples' gathers sent (training.sample_every), left out of the run's counts.
+  std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> sample_dp_bytes_{};
+  int64_t sample_tp_bytes_ = 0, sample_pp_bytes_ = 0;
 };
 
 absl::Status RankTrainer::Setup() {
@@ -611,6 +618,43 @@ absl::Status RankTrainer::Checkpoint(bool save, bool wait) {
   return absl::OkStatus();
 }
 
+// training.sample_every: rank 0 continues the prompt with the model as it stands.
+absl::Status RankTrainer::Sample() {
+  // Its traffic is not training's: the run's byte counts leave it out.
+  constexpr int kKinds = static_cast<int>(parallel::CollectiveKind::kCount);
+  for (int k = 0; k < kKinds; ++k) {
+    sample_dp_bytes_[k] -= dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+  }
+  sample_tp_bytes_ -= dims_.tp->stats().total();
+  sample_pp_bytes_ -= dims_.pp->stats().total();
+  absl::StatusOr<std::vector<float>> gathered =
+      GatherWholeModel(spec_, dims_, *layout_, *params_, backend_);
+  for (int k = 0; k < kKinds; ++k) {
+    sample_dp_bytes_[k] += dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+  }
+  sample_tp_bytes_ += dims_.tp->stats().total();
+  sample_pp_bytes_ += dims_.pp->stats().total();
+  TY_ASSIGN_OR_RETURN(std::vector<float> whole, std::move(gathered));
+  if (rank_.rank != 0) return absl::OkStatus();
+  const config::TrainingSpec& tr = spec_.training;
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
+                      Generator::Create(spec_.model, &backend_, whole.data()));
+  whole = {};
+  SamplePoint sample{.step = state_.step, .prompt = SamplePrompt(tr, *val_sampler_)};
+  // The same step of the same spec draws the same text, on any mesh and after a restart.
+  const SampleOptions options{.tokens = tr.sample_tokens,
+                              .temperature = static_cast<float>(tr.sample_temperature),
+                              .top_k = tr.sample_top_k,
+                              .seed = tr.seed * 0x9e3779b97f4a7c15ull + state_.step};
+  TY_ASSIGN_OR_RETURN(sample.tokens, generator->Generate(sample.prompt, options));
+  if (out_) {
+    *out_ << SampleLine(sample.step, sample.prompt, sample.tokens, spec_.model.vocab) << "\n"
+          << std::flush;
+  }
+  result_.samples.push_back(std::move(sample));
+  return absl::OkStatus();
+}
+
 void RankTrainer::LogStep(double loss, double lr, double norm) {
   const int64_t steps = spec_.training.steps;
   const bool last = state_.step == steps;
@@ -690,6 +734,10 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;
       window_start_ = clock_.NowNanosMonotonic();
     }
+    if (tr.sample_every > 0 && (last || state_.step % tr.sample_every == 0)) {
+      TY_RETURN_IF_ERROR(Sample());
+      window_start_ = clock_.NowNanosMonotonic();
+    }
     TY_ASSIGN_OR_RETURN(const Agreement agreed, Agree(report.step_seconds));
     const bool stopping = agreed.stop && !last;
     const bool due =
@@ -735,10 +783,11 @@ void RankTrainer::Finish() {
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
   for (int k = 0; k < static_cast<int>(parallel::CollectiveKind::kCount); ++k) {
-    result_.bytes_sent[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+    result_.bytes_sent[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k)) -
+                            sample_dp_bytes_[k];
   }
-  result_.tp_bytes_sent = dims_.tp->stats().total();
-  result_.pp_bytes_sent = dims_.pp->stats().total();
+  result_.tp_bytes_sent = dims_.tp->stats().total() - sample_tp_bytes_;
+  result_.pp_bytes_sent = dims_.pp->stats().total() - sample_pp_bytes_;
   result_.cp_bytes_sent = dims_.cp->stats().total();
   if (dims_.tied) result_.pp_bytes_sent += dims_.tied->stats().total();
   result_.overlap = params_->timeline();

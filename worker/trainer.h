@@ -127,6 +127,12 @@ struct EvalPoint {
   double loss;   // mean validation cross-entropy, nats per token
 };
 
+// A sample of training.sample_every (rank 0 only): the prompt and the tokens that followed it.
+struct SamplePoint {
+  int64_t step;
+  std::vector<int32_t> prompt, tokens;
+};
+
 struct TrainResult {
   int64_t first_step = 0;            // the step training resumed from (0: from scratch)
   std::string resumed_from;          // the checkpoint it resumed from, if any
@@ -137,6 +143,7 @@ struct TrainResult {
   std::vector<double> grad_norms;    // the global gradient norm of each, before clipping
   std::vector<double> step_seconds;  // wall time of every optimizer step
   std::vector<EvalPoint> evals;
+  std::vector<SamplePoint> samples;    // rank 0's; empty on the other ranks
   std::optional<double> entropy_nats;  // the data's entropy rate, when known
   double tokens_per_second = 0.0;      // over the whole run, evaluation excluded
   int64_t parameters = 0;

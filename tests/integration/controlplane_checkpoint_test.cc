@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/controlplane_util.h"
@@ -308,14 +309,21 @@ TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReaso
 
 // `trainyard export JOB` and `trainyard sample JOB` read the job's newest committed checkpoint,
 // which the coordinator names, on this machine; an unknown job is refused and nothing written.
+// The job samples while it trains (training.sample_every), and its log keeps the samples.
 TEST(ControlPlaneCheckpointTest, ExportAndSampleOfAJobReadItsNewestCheckpoint) {
   ControlPlane cp("cp_ck_export");
   cp.StartServer({.local_agent = true, .local_slots = 2});
   const TinyJob job = Job("weights", absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 100}"));
-  const ProcessResult run =
-      cp.Cli({"submit", cp.WriteSpec("w.yaml", TinySpec(job)), "--watch"}, 180);
+  // With samples while it trains (training.sample_every), kept in rank 0's log.
+  const std::string spec = absl::StrReplaceAll(
+      TinySpec(job), {{"training: {", "training: {sample_every: 100, sample_tokens: 6, "}});
+  const ProcessResult run = cp.Cli({"submit", cp.WriteSpec("w.yaml", spec), "--watch"}, 180);
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   const std::string job_id = run.out.substr(0, run.out.find('\n'));
+  const std::string log = cp.Cli({"logs", job_id, "--rank", "0"}).out;
+  for (int step = 100; step <= kSteps; step += 100) {
+    EXPECT_THAT(log, HasSubstr(absl::StrCat("sample step ", step, " | \""))) << log;
+  }
   const std::string out = cp.dir() + "/hf";
   const ProcessResult exported = cp.Cli({"export", job_id, "--format", "hf", "--out", out}, 60);
   EXPECT_EQ(exported.exit_code, 0) << exported.out << exported.err;

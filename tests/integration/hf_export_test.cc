@@ -51,22 +51,8 @@ const MeshCase kMeshes[] = {
 constexpr int64_t kSavedStep = 3;
 
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
-  config::JobSpec spec;
+  config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/16);
   spec.name = "export";
-  spec.model = *config::Preset(family == ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
-  spec.model.vocab = 64;
-  spec.model.max_seq = 16;
-  spec.data.markov.vocab = 64;
-  spec.data.markov.train_tokens = 1 << 14;
-  spec.data.markov.val_tokens = 1 << 10;
-  spec.training.steps = 5;
-  spec.training.batch = 8;
-  spec.training.micro_batch = 2;
-  spec.training.seq_len = 16;
-  spec.training.lr = 1e-2;
-  spec.training.warmup_steps = 2;
-  spec.training.eval_every = 0;
-  testenv::ApplyMesh(mesh, &spec);
   return spec;
 }
 

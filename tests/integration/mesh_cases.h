@@ -68,6 +68,27 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   spec->resources.devices_per_node = mesh.dp * mesh.cp * mesh.tp * mesh.pp;
 }
 
+// A five-step job of a family's debug preset over a 64-token Markov chain (batch 8 in micro-
+// batches of 2, sequences of 16, no evaluation) on `mesh`; the model's positions reach max_seq.
+inline config::JobSpec DebugJob(config::ModelFamily family, const MeshCase& mesh, int max_seq) {
+  config::JobSpec spec;
+  spec.model = *config::Preset(family == config::ModelFamily::kGpt2 ? "gpt2-debug" : "llama-debug");
+  spec.model.vocab = 64;
+  spec.model.max_seq = max_seq;
+  spec.data.markov.vocab = 64;
+  spec.data.markov.train_tokens = 1 << 14;
+  spec.data.markov.val_tokens = 1 << 10;
+  spec.training.steps = 5;
+  spec.training.batch = 8;
+  spec.training.micro_batch = 2;
+  spec.training.seq_len = 16;
+  spec.training.lr = 1e-2;
+  spec.training.warmup_steps = 2;
+  spec.training.eval_every = 0;
+  ApplyMesh(mesh, &spec);
+  return spec;
+}
+
 inline constexpr config::PipelineSchedule kZeroBubble = config::PipelineSchedule::kZeroBubble;
 inline constexpr config::PipelineSchedule kInterleaved = config::PipelineSchedule::kInterleaved;
 

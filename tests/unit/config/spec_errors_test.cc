@@ -368,6 +368,38 @@ std::vector<BadSpec> RunSectionBadSpecs() {
   };
 }
 
+// training.sample_*: the gpt2-debug model has a byte-level vocabulary (256) and max_seq 64, so the
+// default prompt is 16 tokens of the default seq_len 32.
+std::vector<BadSpec> SampleBadSpecs() {
+  const std::string wide_vocab =
+      "name: job\nmodel:\n  preset: gpt2-debug\n  vocab: 512\ntraining:\n  sample_prompt: hi\n";
+  return {
+      {"negative sample_every", Base("  sample_every: -1\n"), "5:17", "training.sample_every",
+       "must be at least 0, got -1"},
+      {"no sample tokens", Base("  sample_tokens: 0\n"), "5:18", "training.sample_tokens",
+       "must be at least 1, got 0"},
+      {"negative temperature", Base("  sample_temperature: -1\n"), "5:23",
+       "training.sample_temperature", "must be 0 (greedy) or positive, got -1"},
+      {"negative top_k", Base("  sample_top_k: -3\n"), "5:17", "training.sample_top_k",
+       "must be at least 0, got -3"},
+      {"both prompts", Base("  sample_prompt: hi\n  sample_prompt_tokens: [1]\n"), "5:18",
+       "training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both"},
+      {"text prompt of a wide vocabulary", wide_vocab, "6:18", "training.sample_prompt",
+       "needs a byte-level model (model.vocab 256), this one has 512 tokens"},
+      {"prompt token outside the vocabulary", Base("  sample_prompt_tokens: [1, 300]\n"), "5:25",
+       "training.sample_prompt_tokens", "token 300 is outside the vocabulary [0, 256)"},
+      {"prompt token not a number", Base("  sample_prompt_tokens: [1, x]\n"), "5:29",
+       "training.sample_prompt_tokens", "expected an integer, got 'x'"},
+      {"prompt tokens as a string", Base("  sample_prompt_tokens: \"1 2\"\n"), "5:25",
+       "training.sample_prompt_tokens", "expected a list of integers"},
+      {"sample past max_seq", Base("  sample_every: 5\n  sample_tokens: 60\n"), "6:18",
+       "training.sample_tokens", "a prompt of 16 tokens and 60 new ones exceed model.max_seq 64"},
+      {"samples of a mixture of experts",
+       WithMoe("{experts: 4}", "training:\n  sample_every: 5\n  sample_tokens: 8\n"), "6:17",
+       "training.sample_every", "generation does not run mixture-of-experts models"},
+  };
+}
+
 std::vector<BadSpec> BadSpecs() {
   return {
       {"string for int", Base("  steps: many\n"), "5:10", "training.steps",
@@ -501,6 +533,10 @@ TEST(SpecErrorsTest, EachBadSpecNamesFieldAndPosition) {
 TEST(SpecErrorsTest, EachBadRunSectionNamesFieldAndPosition) {
   ASSERT_GE(RunSectionBadSpecs().size(), 30u);
   for (const BadSpec& bad : RunSectionBadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, EachBadSampleSpecNamesFieldAndPosition) {
+  for (const BadSpec& bad : SampleBadSpecs()) ExpectRefused(bad);
 }
 
 TEST(SpecErrorsTest, EachBadMoeSpecNamesFieldAndPosition) {

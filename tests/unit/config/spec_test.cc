@@ -291,6 +291,25 @@ TEST(ParseJobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec.model.max_seq, 64);
 }
 
+TEST(ParseJobSpecTest, SampleFields) {
+  JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
+  EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for
+  JobSpec text = MustParse(
+      "name: s\nmodel: {preset: gpt2-debug}\ntraining:\n  sample_every: 20\n"
+      "  sample_tokens: 40\n  sample_prompt: \"Once upon\"\n  sample_temperature: 0.8\n"
+      "  sample_top_k: 40\n");
+  EXPECT_EQ(text.training.sample_every, 20);
+  EXPECT_EQ(text.training.sample_tokens, 40);
+  EXPECT_EQ(text.training.sample_prompt, "Once upon");
+  EXPECT_DOUBLE_EQ(text.training.sample_temperature, 0.8);
+  EXPECT_EQ(text.training.sample_top_k, 40);
+  JobSpec ids = MustParse(
+      "name: s\nmodel: {preset: gpt2-debug}\ntraining:\n  sample_every: 5\n"
+      "  sample_tokens: 8\n  sample_prompt_tokens: [10, 0, 255]\n  sample_temperature: 0\n");
+  EXPECT_EQ(ids.training.sample_prompt_tokens, (std::vector<int32_t>{10, 0, 255}));
+  EXPECT_DOUBLE_EQ(ids.training.sample_temperature, 0.0);
+}
+
 TEST(ParseJobSpecTest, PresetOverridesKeepGpt2Consistent) {
   JobSpec spec = MustParse(R"(name: wider
 model:
