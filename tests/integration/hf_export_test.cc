@@ -1,7 +1,7 @@
 // Weights out and back in (worker/convert/). A checkpoint written on dp 2 with ZeRO-3, tp 2 and
 // pp 2 exports as a Hugging Face directory that reads back bit for bit (fp32), and a job started
 // from it (model.init_from) on the writer's mesh and on one process takes the same first step.
-// The exported files, read by an independent oracle (tests/oracle/hf_oracle.py: numpy, Hugging
+// The exported files, read by an independent oracle (tests/oracle/hf_oracle.py: PyTorch, Hugging
 // Face's names, layouts and conventions), give Trainyard's logits to 1e-4 relative, for both
 // families; an llm.c model file written from them (tests/oracle/write_llmc.py) loads to the same
 // logits. Greedy generation with the key/value cache, from the export and from the checkpoint,

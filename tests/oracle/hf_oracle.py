@@ -12,8 +12,9 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel and LlamaForCausalLM,
-written from their documented conventions; it needs neither transformers nor safetensors, only
-numpy, and computes in float64. See README.md for the conventions.
+written from their documented conventions; it needs neither transformers nor safetensors: it
+reads the files with its own parser (numpy) and computes the forward passes in PyTorch, in
+float64. See README.md for the conventions.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr, "hf_oracle: " first), 1 on an
 internal error.
@@ -26,6 +27,16 @@ import os
 import sys
 
 import numpy as np
+
+# PyTorch, imported by load_torch() only once the input has been read and found good: importing
+# it takes seconds, refusing a bad file milliseconds.
+torch = None
+
+
+def load_torch():
+    global torch
+    import torch  # noqa: F811
+    return torch
 
 # The safetensors format: an 8-byte little-endian header length N, N bytes of JSON, then the data
 # buffer that every tensor's data_offsets index. The reference implementation's limit on N:
@@ -284,60 +295,64 @@ def read_config(model_dir):
 
 # ---- the models ---------------------------------------------------------------------------------
 
+# The forward passes run in PyTorch (Debian's python3-torch) in float64, written out operation by
+# operation from the conventions rather than through torch.nn's modules.
+
 def layer_norm(x, weight, bias, eps):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
 
 
 def rms_norm(x, weight, eps):
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight
 
 
 def gelu_new(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
 def silu(x):
     """x * sigmoid(x), the sigmoid as exp(-log(1 + exp(-x))) so that no exp overflows."""
-    return x * np.exp(-np.logaddexp(0.0, -x))
+    return x * torch.exp(-torch.logaddexp(torch.zeros_like(x), -x))
 
 
 def causal_attention(q, k, v):
     """softmax(q k^T / sqrt(D)) v over positions <= the query's; q, k, v [B, H, T, D]."""
     t, d = q.shape[-2], q.shape[-1]
-    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(d)
-    scores = np.where(np.triu(np.ones((t, t), dtype=bool), k=1), -np.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    future = torch.triu(torch.ones((t, t), dtype=torch.bool), diagonal=1)
+    scores = scores.masked_fill(future, float("-inf"))
+    scores = scores - scores.max(dim=-1, keepdim=True).values
+    probs = torch.exp(scores)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs @ v
 
 
 def split_heads(x, heads):
     """[B, T, heads*D] -> [B, heads, T, D]; head h is columns h*D .. h*D+D-1."""
     b, t, width = x.shape
-    return x.reshape(b, t, heads, width // heads).transpose(0, 2, 1, 3)
+    return x.reshape(b, t, heads, width // heads).permute(0, 2, 1, 3)
 
 
 def merge_heads(x):
     """[B, H, T, D] -> [B, T, H*D]."""
     b, h, t, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+    return x.permute(0, 2, 1, 3).reshape(b, t, h * d)
 
 
 def rope_tables(seq_len, head_dim, theta):
     """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D), the angles
     pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
-    emb = np.concatenate([angles, angles], axis=-1)
-    return np.cos(emb), np.sin(emb)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat([angles, angles], dim=-1)
+    return torch.cos(emb), torch.sin(emb)
 
 
 def rotate_half(x):
     half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 def apply_rope(x, cos, sin):
@@ -487,7 +502,7 @@ class Llama:
                            cos, sin)
             v = split_heads(a @ w[p + "self_attn.v_proj.weight"].T, self.kv_heads)
             # Query head h reads key/value head h // group.
-            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             y = merge_heads(causal_attention(q, k, v))
             x = x + y @ w[p + "self_attn.o_proj.weight"].T
             m = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
@@ -572,16 +587,23 @@ def read_tokens(path, batch, seq, vocab):
     return tokens.reshape(batch, seq).astype(np.int64)
 
 
+def first_argmax(x):
+    """The index of the largest entry of each row of x [B, V]; the lowest one on ties."""
+    top = x.max(dim=-1, keepdim=True).values
+    ids = torch.arange(x.shape[-1]).expand_as(x)
+    return torch.where(x == top, ids, x.shape[-1]).min(dim=-1).values
+
+
 def greedy_generate(model, weights, tokens, count, first_logits):
-    """The `count` new ids of each row [B, count]; first_logits = forward(tokens)."""
+    """The `count` new ids of each row [B, count] (torch int64); first_logits = forward(tokens)."""
     logits, seq, new = first_logits, tokens, []
     for step in range(count):
         if step > 0:
             logits = model.forward(weights, seq)
-        chosen = np.argmax(logits[:, -1, :], axis=-1)  # the first maximum: the lowest id
+        chosen = first_argmax(logits[:, -1, :])
         new.append(chosen)
-        seq = np.concatenate([seq, chosen[:, None]], axis=1)
-    return np.stack(new, axis=1) if new else np.zeros((tokens.shape[0], 0), dtype=np.int64)
+        seq = torch.cat([seq, chosen[:, None]], dim=1)
+    return torch.stack(new, dim=1) if new else torch.zeros((tokens.shape[0], 0), dtype=torch.int64)
 
 
 def run(argv):
@@ -597,10 +619,16 @@ def run(argv):
         os.makedirs(args.out_dir, exist_ok=True)
     except OSError as e:
         raise InputError("%s: %s" % (args.out_dir, e.strerror or e))
-    logits = model.forward(weights, tokens)
-    np.ascontiguousarray(logits, dtype="<f8").tofile(os.path.join(args.out_dir, "logits.f64"))
+    load_torch()
+    weights = {name: torch.from_numpy(value) for name, value in weights.items()}
+    tokens = torch.from_numpy(tokens)
+    with torch.no_grad():
+        logits = model.forward(weights, tokens)
+    np.ascontiguousarray(logits.numpy(), dtype="<f8").tofile(
+        os.path.join(args.out_dir, "logits.f64"))
     if args.generate is not None:
-        new = greedy_generate(model, weights, tokens, args.generate, logits)
+        with torch.no_grad():
+            new = greedy_generate(model, weights, tokens, args.generate, logits).tolist()
         with open(os.path.join(args.out_dir, "generated.txt"), "w", encoding="utf-8") as f:
             for row in new:
                 f.write(" ".join(str(int(v)) for v in row) + "\n")

@@ -23,6 +23,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_oracle  # noqa: E402
+
+hf_oracle.load_torch()
 from oracle_testutil import random_model, random_tokens, small_cfg  # noqa: E402
 
 torch.set_num_threads(1)
@@ -263,7 +265,7 @@ class HfOracleTest(unittest.TestCase):
         D, T = 8, 5
         cos, sin = hf_oracle.rope_tables(T, D, 10000.0)
         q = np.random.default_rng(0).normal(size=(2, 3, T, D))
-        rotated = hf_oracle.apply_rope(q, cos, sin)
+        rotated = hf_oracle.apply_rope(torch.from_numpy(q), cos, sin).numpy()
         np.testing.assert_array_equal(rotated[..., 0, :], q[..., 0, :])
         # Position p turns the pair (i, i + D/2) by p * theta^(-2i/D), written out directly.
         p, i = 3, 1
@@ -301,11 +303,11 @@ class HfOracleTest(unittest.TestCase):
     def test_greedy_ties_go_to_lowest_id(self):
         class Flat:  # every id scores the same, except ids 3 and 5 which tie above the rest
             def forward(self, weights, tokens):
-                logits = np.zeros(tokens.shape + (7,))
+                logits = torch.zeros(tuple(tokens.shape) + (7,), dtype=torch.float64)
                 logits[..., 3] = logits[..., 5] = 1.0
                 return logits
 
-        tokens = np.zeros((2, 3), dtype=np.int64)
+        tokens = torch.zeros((2, 3), dtype=torch.int64)
         model = Flat()
         new = hf_oracle.greedy_generate(model, None, tokens, 2, model.forward(None, tokens))
         self.assertEqual(new.tolist(), [[3, 3], [3, 3]])
