@@ -36,6 +36,10 @@ class ShardFiles {
     return regions_[shard]->data();
   }
   int64_t Bytes(int shard) const { return manifest_.shards(shard).bytes(); }
+  // After Data(shard): bytes [offset, offset + length) of the shard are about to be read.
+  void WillRead(int shard, int64_t offset, int64_t length) const {
+    regions_[shard]->WillRead(static_cast<size_t>(offset), static_cast<size_t>(length));
+  }
   std::string FileName(int shard) const { return JoinPath(path_, manifest_.shards(shard).file()); }
 
  private:
@@ -82,6 +86,7 @@ absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::Re
     }
     TY_ASSIGN_OR_RETURN(const uint8_t* base, files.Data(ref.shard));
     const uint8_t* data = base + r.byte_offset();
+    if (checksums || global != nullptr) files.WillRead(ref.shard, r.byte_offset(), bytes);
     if (checksums && Checksum(data, bytes) != r.xxh3()) {
       return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": checksum mismatch in ",
                                               r.name(), " (", kind, ")"));
@@ -127,21 +132,52 @@ absl::Status CheckpointTensors::Read(const std::string& name, const std::string&
   return Assemble(*files_, it->second, name, global_shape, kind, &global, !verified);
 }
 
+absl::StatusOr<std::vector<std::span<const float>>> CheckpointTensors::Runs(
+    const std::string& name, const std::string& kind, const std::vector<int64_t>& global_shape) {
+  using Spans = std::vector<std::span<const float>>;
+  auto it = index_.find({kind, name});
+  if (it == index_.end() || verified_.count({kind, name}) == 0) return Spans{};
+  struct Run {
+    int64_t at;
+    const float* data;
+    int64_t count;
+  };
+  std::vector<Run> runs;
+  for (const RecordRef& ref : it->second) {  // Verify checked that each lies in its file
+    const TensorRecord& r = *ref.record;
+    if (r.byte_offset() % 4 != 0) return Spans{};
+    TY_ASSIGN_OR_RETURN(const uint8_t* base, files_->Data(ref.shard));
+    const float* data = reinterpret_cast<const float*>(base + r.byte_offset());
+    const Hyperslab slab{{r.offsets().begin(), r.offsets().end()},
+                         {r.sizes().begin(), r.sizes().end()}};
+    ForEachRun(global_shape, slab, r.flat_begin(), r.flat_end(),
+               [&](int64_t at, int64_t from, int64_t n) {
+                 runs.push_back({at, data + (from - r.flat_begin()), n});
+               });
+  }
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.at < b.at; });
+  int64_t numel = 1;
+  for (int64_t d : global_shape) numel *= d;
+  Spans spans;
+  int64_t next = 0;
+  for (const Run& run : runs) {
+    if (run.at != next) return Spans{};  // a gap or an overlap: not a tiling
+    if (!spans.empty() && spans.back().data() + spans.back().size() == run.data) {
+      spans.back() = {spans.back().data(), spans.back().size() + run.count};
+    } else {
+      spans.emplace_back(run.data, run.count);
+    }
+    next += run.count;
+  }
+  if (next != numel) return Spans{};
+  return spans;
+}
+
 absl::StatusOr<const float*> CheckpointTensors::WholeRecord(
     const std::string& name, const std::string& kind, const std::vector<int64_t>& global_shape) {
-  auto it = index_.find({kind, name});
-  if (it == index_.end() || it->second.size() != 1 || verified_.count({kind, name}) == 0) {
-    return nullptr;
-  }
-  const TensorRecord& r = *it->second[0].record;
-  int64_t numel = 1;
-  for (size_t d = 0; d < global_shape.size(); ++d) {
-    if (r.offsets(d) != 0 || r.sizes(d) != global_shape[d]) return nullptr;
-    numel *= global_shape[d];
-  }
-  if (r.flat_begin() != 0 || r.flat_end() != numel || r.byte_offset() % 4 != 0) return nullptr;
-  TY_ASSIGN_OR_RETURN(const uint8_t* base, files_->Data(it->second[0].shard));
-  return reinterpret_cast<const float*>(base + r.byte_offset());
+  TY_ASSIGN_OR_RETURN(const std::vector<std::span<const float>> spans,
+                      Runs(name, kind, global_shape));
+  return spans.size() == 1 ? spans[0].data() : nullptr;
 }
 
 absl::Status CheckpointTensors::Verify(const std::string& name, const std::string& kind,

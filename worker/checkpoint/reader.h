@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +55,15 @@ class CheckpointTensors {
   [[nodiscard]] absl::Status Verify(const std::string& name, const std::string& kind,
                                     const std::vector<int64_t>& global_shape);
 
-  // After Verify: the tensor's values in the mapped shard file when one record holds all of it
-  // in order (valid while the reader lives), else nullptr.
+  // After Verify: the tensor's values as spans of the mapped shard files (valid while the reader
+  // lives) that follow one another in the tensor's row-major order and together are all of it,
+  // so that a reader streams it without assembling it; empty when its records do not tile it
+  // (Read assembles it then) or it was not verified.
+  [[nodiscard]] absl::StatusOr<std::vector<std::span<const float>>> Runs(
+      const std::string& name, const std::string& kind, const std::vector<int64_t>& global_shape);
+
+  // After Verify: the tensor's values in the mapped shard file when they lie there whole and in
+  // order (valid while the reader lives), else nullptr.
   [[nodiscard]] absl::StatusOr<const float*> WholeRecord(const std::string& name,
                                                          const std::string& kind,
                                                          const std::vector<int64_t>& global_shape);

@@ -1,8 +1,10 @@
 #include "worker/convert/hf_export.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -103,6 +105,20 @@ absl::Status CheckDestination(FileSystem& fs, const std::string& out) {
   return absl::OkStatus();
 }
 
+// Elements [begin, begin + count) of the concatenation of `spans`.
+std::vector<std::span<const float>> SliceOfSpans(const std::vector<std::span<const float>>& spans,
+                                                 int64_t begin, int64_t count) {
+  std::vector<std::span<const float>> out;
+  int64_t at = 0;  // where the span in hand starts
+  for (std::span<const float> s : spans) {
+    const int64_t size = static_cast<int64_t>(s.size());
+    const int64_t lo = std::max(begin, at), hi = std::min(begin + count, at + size);
+    if (hi > lo) out.push_back(s.subspan(lo - at, hi - lo));
+    at += size;
+  }
+  return out;
+}
+
 // Streams every tensor of the checkpoint through the safetensors writers into `dir`.
 absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::string& checkpoint,
                           const Manifest& manifest, const std::vector<HfTensorMap>& tensors,
@@ -119,11 +135,16 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
   size_t in_file = 0;
   std::vector<float> global, converted;
   for (const HfTensorMap& t : tensors) {
-    // Straight from the mapped shard file when one record holds the whole tensor; only the
-    // transposed pieces (GPT-2's Conv1D weights) pass through a buffer.
+    // Straight from the mapped shard files, whichever ranks' records hold the tensor; only the
+    // transposed pieces (GPT-2's Conv1D weights), and a tensor whose records do not tile it in
+    // order, pass through a buffer.
     TY_RETURN_IF_ERROR(reader.Verify(t.name, "param", t.shape));
-    TY_ASSIGN_OR_RETURN(const float* whole, reader.WholeRecord(t.name, "param", t.shape));
-    if (whole == nullptr) {
+    TY_ASSIGN_OR_RETURN(std::vector<std::span<const float>> runs,
+                        reader.Runs(t.name, "param", t.shape));
+    const bool transposed =
+        std::any_of(t.pieces.begin(), t.pieces.end(), [](const HfPiece& p) { return p.transpose; });
+    const float* whole = runs.size() == 1 ? runs[0].data() : nullptr;
+    if (whole == nullptr && (runs.empty() || transposed)) {
       TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
       whole = global.data();
     }
@@ -137,13 +158,17 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
             writer, SafetensorsWriter::Create(fs, JoinPath(dir, FileName(file, files.size())),
                                               files[file], metadata));
       }
-      const float* values = whole + piece.row_begin * cols;
       if (piece.transpose) {
         converted.resize(files[file][in_file].numel());
         ToHf(t, piece, whole, converted.data());
-        values = converted.data();
+        TY_RETURN_IF_ERROR(writer->Write(piece.name, converted.data()));
+      } else if (whole != nullptr) {
+        TY_RETURN_IF_ERROR(writer->Write(piece.name, whole + piece.row_begin * cols));
+      } else {
+        const std::vector<std::span<const float>> parts =
+            SliceOfSpans(runs, piece.row_begin * cols, piece.rows * cols);
+        TY_RETURN_IF_ERROR(writer->Write(piece.name, parts));
       }
-      TY_RETURN_IF_ERROR(writer->Write(piece.name, values));
       ++in_file;
     }
   }

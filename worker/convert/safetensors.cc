@@ -338,19 +338,35 @@ absl::Status SafetensorsWriter::Flush() {
 }
 
 absl::Status SafetensorsWriter::Write(const std::string& name, const float* values) {
+  const std::span<const float> whole(values, next_ < tensors_.size() ? tensors_[next_].numel() : 0);
+  return Write(name, std::span<const std::span<const float>>(&whole, 1));
+}
+
+absl::Status SafetensorsWriter::Write(const std::string& name,
+                                      std::span<const std::span<const float>> parts) {
   if (next_ >= tensors_.size() || tensors_[next_].name != name) {
     return absl::FailedPreconditionError(absl::StrCat(path_, ": ", name, " written out of order"));
   }
   const TensorInfo& t = tensors_[next_++];
-  const int64_t numel = t.numel();
-  if (t.dtype == TensorDtype::kF32) return Put(values, 4 * static_cast<size_t>(numel));
+  int64_t given = 0;
+  for (std::span<const float> part : parts) given += static_cast<int64_t>(part.size());
+  if (given != t.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": ", name, " has ", t.numel(), " elements, ", given, " were given"));
+  }
   constexpr int64_t kChunk = 1 << 20;  // elements converted at a time
   std::vector<uint16_t> narrow;
-  for (int64_t at = 0; at < numel; at += kChunk) {
-    const int64_t n = std::min(kChunk, numel - at);
-    narrow.resize(n);
-    for (int64_t i = 0; i < n; ++i) narrow[i] = FloatToBf16Bits(values[at + i]);
-    TY_RETURN_IF_ERROR(Put(narrow.data(), 2 * static_cast<size_t>(n)));
+  for (std::span<const float> part : parts) {
+    if (t.dtype == TensorDtype::kF32) {
+      TY_RETURN_IF_ERROR(Put(part.data(), 4 * part.size()));
+      continue;
+    }
+    for (size_t at = 0; at < part.size(); at += kChunk) {
+      const size_t n = std::min<size_t>(kChunk, part.size() - at);
+      narrow.resize(n);
+      for (size_t i = 0; i < n; ++i) narrow[i] = FloatToBf16Bits(part[at + i]);
+      TY_RETURN_IF_ERROR(Put(narrow.data(), 2 * n));
+    }
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +88,9 @@ class SafetensorsWriter {
   // The next declared tensor's values (numel floats), stored in its dtype (bf16 and f16 rounded
   // to nearest even). FAILED_PRECONDITION when `name` is not the next one.
   [[nodiscard]] absl::Status Write(const std::string& name, const float* values);
+  // The same, its values given as consecutive parts whose sizes add up to numel.
+  [[nodiscard]] absl::Status Write(const std::string& name,
+                                   std::span<const std::span<const float>> parts);
   // Syncs and renames the file into place; FAILED_PRECONDITION when a tensor was not written.
   [[nodiscard]] absl::Status Finish();
 
