@@ -9,7 +9,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/checkpoint/reader.h"
-#include "worker/checkpoint/tensor_slices.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker {
 
@@ -256,9 +256,8 @@ std::vector<checkpoint::SnapshotRecord> Checkpointer::Records(
   for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
     for (const parallel::ShardedParams::SavedRange& range : ranges) {
       const ParamTensor& t = layout_.tensors()[range.tensor];
-      const std::vector<checkpoint::Hyperslab> pieces =
-          checkpoint::LocalPieces(t, layout_.tp_rank(), layout_.tp_size());
-      for (const checkpoint::PieceRange& p : checkpoint::SplitByPiece(pieces, range.lo, range.hi)) {
+      const std::vector<Hyperslab> pieces = LocalPieces(t, layout_.tp_rank(), layout_.tp_size());
+      for (const PieceRange& p : SplitByPiece(pieces, range.lo, range.hi)) {
         records.push_back({t.name, kind, t.global_shape, pieces[p.piece], p.begin, p.end});
       }
     }

@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
-#include "worker/checkpoint/tensor_slices.h"
 #include "worker/shape/stages.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker {
 namespace {
@@ -27,12 +27,11 @@ void PlacePiece(const config::JobSpec& spec, const ParameterLayout& global, int 
     if (!local.first() && t.name == "wte") continue;  // the last stage's tied copy
     const ParamTensor* g = global.Find(t.name);
     int64_t start = t.offset;
-    for (const checkpoint::Hyperslab& slab : checkpoint::LocalPieces(t, tp_rank, mesh.tp)) {
-      checkpoint::ForEachRun(t.global_shape, slab, 0, slab.numel(),
-                             [&](int64_t at, int64_t from, int64_t n) {
-                               const float* src = piece + start + from;
-                               std::copy(src, src + n, whole + g->offset + at);
-                             });
+    for (const Hyperslab& slab : LocalPieces(t, tp_rank, mesh.tp)) {
+      ForEachRun(t.global_shape, slab, 0, slab.numel(), [&](int64_t at, int64_t from, int64_t n) {
+        const float* src = piece + start + from;
+        std::copy(src, src + n, whole + g->offset + at);
+      });
       start += slab.numel();
     }
   }

@@ -419,7 +419,11 @@ absl::Status RankTrainer::Restore() {
     result_.first_step = state_.step;
     result_.resumed_from = *from;
     result_.resumed_loss = state_.last_loss;
-    if (out_) *out_ << "resumed from step " << state_.step << ": " << *from << "\n" << std::flush;
+    if (out_) {
+      *out_ << absl::StrFormat("resumed from step %d: %s (restored in %.2f s)\n", state_.step,
+                               *from, result_.restore_seconds)
+            << std::flush;
+    }
   }
   return absl::OkStatus();
 }

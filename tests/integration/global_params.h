@@ -10,9 +10,9 @@
 
 #include "config/mesh.h"
 #include "tests/integration/rank_threads.h"
-#include "worker/checkpoint/tensor_slices.h"
 #include "worker/shape/parameters.h"
 #include "worker/shape/stages.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::testenv {
 
@@ -38,13 +38,12 @@ inline GlobalTensors GatherGlobalParams(const config::JobSpec& spec, const RankR
       std::vector<float>& g = global[t.name];
       g.resize(numel);
       int64_t start = t.offset;
-      for (const worker::checkpoint::Hyperslab& piece :
-           worker::checkpoint::LocalPieces(t, tp_rank, p.tp)) {
-        worker::checkpoint::ForEachRun(
-            t.global_shape, piece, 0, piece.numel(), [&](int64_t at, int64_t from, int64_t n) {
-              const float* src = run.final_params[rank].data() + start + from;
-              std::copy(src, src + n, g.begin() + at);
-            });
+      for (const worker::Hyperslab& piece : worker::LocalPieces(t, tp_rank, p.tp)) {
+        worker::ForEachRun(t.global_shape, piece, 0, piece.numel(),
+                           [&](int64_t at, int64_t from, int64_t n) {
+                             const float* src = run.final_params[rank].data() + start + from;
+                             std::copy(src, src + n, g.begin() + at);
+                           });
         start += piece.numel();
       }
     }

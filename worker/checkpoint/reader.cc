@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/checkpoint/tensor_slices.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker::checkpoint {
 namespace {

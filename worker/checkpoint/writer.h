@@ -33,7 +33,7 @@
 #include "common/clock.h"
 #include "common/filesystem.h"
 #include "worker/checkpoint/format.h"
-#include "worker/checkpoint/tensor_slices.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker::checkpoint {
 

@@ -3,6 +3,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker::convert {
 namespace {
@@ -275,25 +277,63 @@ absl::Status WeightSource::OpenLlmc(FileSystem& fs, const std::string& file,
   return absl::OkStatus();
 }
 
+absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int64_t count,
+                                     float* out) const {
+  if (llmc_) {
+    auto it = llmc_offsets_.find(name);
+    if (it == llmc_offsets_.end()) {
+      return absl::InternalError(absl::StrCat("llm.c file has no tensor for ", name));
+    }
+    const int64_t at = it->second.first + begin;
+    const uint8_t* data = llmc_->data() + 4 * kLlmcHeaderInts;
+    if (llmc_dtype_ == TensorDtype::kF32) {
+      std::memcpy(out, data + 4 * at, 4 * count);
+    } else {
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, data + 2 * (at + i), 2);
+        out[i] = Bf16BitsToFloat(bits);
+      }
+    }
+    return absl::OkStatus();
+  }
+  auto it = maps_.find(name);
+  if (it == maps_.end()) return absl::InternalError(absl::StrCat("no tensor maps to ", name));
+  const HfTensorMap& m = it->second;
+  const int64_t cols = m.shape.size() > 1 ? m.shape[1] : 1;
+  std::vector<float> segment;
+  for (const HfPiece& piece : m.pieces) {
+    const int64_t p0 = piece.row_begin * cols, p1 = p0 + piece.rows * cols;
+    const int64_t lo = std::max(begin, p0), hi = std::min(begin + count, p1);
+    if (lo >= hi) continue;
+    const auto& [file, info] = pieces_.at(piece.name);
+    if (!piece.transpose) {
+      file->ReadFloats(*info, lo - p0, hi - lo, out + (lo - begin));
+      continue;
+    }
+    // Theirs is [cols, rows] of ours: our rows [r_lo, r_hi) of the piece are one segment of
+    // each of its rows.
+    const int64_t r_lo = (lo - p0) / cols, r_hi = (hi - p0 + cols - 1) / cols;
+    segment.resize(r_hi - r_lo);
+    for (int64_t c = 0; c < cols; ++c) {
+      file->ReadFloats(*info, c * piece.rows + r_lo, r_hi - r_lo, segment.data());
+      for (int64_t r = r_lo; r < r_hi; ++r) {
+        const int64_t e = p0 + r * cols + c;
+        if (e >= lo && e < hi) out[e - begin] = segment[r - r_lo];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WeightSource::Read(const std::string& name, std::vector<float>& global) {
   if (llmc_) {
     auto it = llmc_offsets_.find(name);
     if (it == llmc_offsets_.end()) {
       return absl::InternalError(absl::StrCat("llm.c file has no tensor for ", name));
     }
-    const auto [offset, numel] = it->second;
-    if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
-    const uint8_t* data = llmc_->data() + 4 * kLlmcHeaderInts;
-    if (llmc_dtype_ == TensorDtype::kF32) {
-      std::memcpy(global.data(), data + 4 * offset, 4 * numel);
-    } else {
-      for (int64_t i = 0; i < numel; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, data + 2 * (offset + i), 2);
-        global[i] = Bf16BitsToFloat(bits);
-      }
-    }
-    return absl::OkStatus();
+    if (static_cast<int64_t>(global.size()) < it->second.second) global.resize(it->second.second);
+    return ReadRange(name, 0, it->second.second, global.data());
   }
   auto it = maps_.find(name);
   if (it == maps_.end()) return absl::InternalError(absl::StrCat("no tensor maps to ", name));
@@ -348,9 +388,17 @@ absl::Status WeightSource::ReadEach(
       put(t, whole);
       continue;
     }
-    TY_RETURN_IF_ERROR(Read(t.name, global));
+    // A tensor-parallel slice: only its elements are read, a contiguous run at a time.
     if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
-    layout.Slice(t, global.data(), local.data());
+    absl::Status read;
+    int64_t start = 0;  // where the piece begins in the local tensor
+    for (const Hyperslab& slab : LocalPieces(t, layout.tp_rank(), layout.tp_size())) {
+      ForEachRun(t.global_shape, slab, 0, slab.numel(), [&](int64_t at, int64_t from, int64_t n) {
+        if (read.ok()) read = ReadRange(t.name, at, n, local.data() + start + from);
+      });
+      start += slab.numel();
+    }
+    TY_RETURN_IF_ERROR(read);
     put(t, local.data());
   }
   return absl::OkStatus();

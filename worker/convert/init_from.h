@@ -58,6 +58,10 @@ class WeightSource {
   // Our tensor `name` as it lies in the mapped file when it needs no conversion (fp32, one
   // piece, not transposed, 4-byte aligned), else nullptr.
   const float* Direct(const std::string& name) const;
+  // Elements [begin, begin + count) of our global tensor `name`, row-major, into `out`: only
+  // those elements are read (a transposed piece a segment of each of its rows at a time).
+  [[nodiscard]] absl::Status ReadRange(const std::string& name, int64_t begin, int64_t count,
+                                       float* out) const;
   [[nodiscard]] absl::Status OpenHf(FileSystem& fs, const std::string& dir,
                                     const config::ModelConfig* expected);
   [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file,

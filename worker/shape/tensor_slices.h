@@ -7,8 +7,8 @@
 // sections (the q, k and v parts of a fused projection).
 //
 // Threading: plain functions.
-#ifndef TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_
-#define TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_
+#ifndef TRAINYARD_WORKER_SHAPE_TENSOR_SLICES_H_
+#define TRAINYARD_WORKER_SHAPE_TENSOR_SLICES_H_
 
 #include <cstdint>
 #include <functional>
@@ -16,7 +16,7 @@
 
 #include "worker/shape/parameters.h"
 
-namespace trainyard::worker::checkpoint {
+namespace trainyard::worker {
 
 struct Hyperslab {
   std::vector<int64_t> offsets;  // per dimension, in the global tensor
@@ -44,6 +44,6 @@ struct PieceRange {
 };
 std::vector<PieceRange> SplitByPiece(const std::vector<Hyperslab>& pieces, int64_t lo, int64_t hi);
 
-}  // namespace trainyard::worker::checkpoint
+}  // namespace trainyard::worker
 
-#endif  // TRAINYARD_WORKER_CHECKPOINT_TENSOR_SLICES_H_
+#endif  // TRAINYARD_WORKER_SHAPE_TENSOR_SLICES_H_

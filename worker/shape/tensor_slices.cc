@@ -1,8 +1,8 @@
-#include "worker/checkpoint/tensor_slices.h"
+#include "worker/shape/tensor_slices.h"
 
 #include <algorithm>
 
-namespace trainyard::worker::checkpoint {
+namespace trainyard::worker {
 
 int64_t Hyperslab::numel() const {
   int64_t n = 1;
@@ -83,4 +83,4 @@ std::vector<PieceRange> SplitByPiece(const std::vector<Hyperslab>& pieces, int64
   return out;
 }
 
-}  // namespace trainyard::worker::checkpoint
+}  // namespace trainyard::worker
