@@ -34,14 +34,15 @@ class StreamChannel : public AgentChannel {
 
 class AgentStream : public Reactor {
  public:
-  // `allowed`: the caller's authentication; a refused stream ends at once with it.
-  AgentStream(Supervisor* supervisor, LogRouter* logs, const absl::Status& allowed)
+  // `caller`: the caller's authentication; a refused stream ends at once with it.
+  AgentStream(Supervisor* supervisor, LogRouter* logs, absl::StatusOr<Identity> caller)
       : supervisor_(supervisor), logs_(logs), writer_(std::make_shared<Writer>(this)) {
-    if (!allowed.ok()) {
-      TY_LOG(WARNING) << "refused an agent: " << allowed;
-      writer_->FinishWhenDrained(ToGrpc(allowed));
+    if (!caller.ok()) {
+      TY_LOG(WARNING) << "refused an agent: " << caller.status();
+      writer_->FinishWhenDrained(ToGrpc(caller.status()));
       return;
     }
+    caller_ = *std::move(caller);
     StartRead(&in_);
   }
 
@@ -144,6 +145,7 @@ class AgentStream : public Reactor {
   }
 
   absl::Status Register(const v1::RegisterAgent& registration) {
+    TY_RETURN_IF_ERROR(MayRegisterNode(caller_, registration.node_id()));
     std::vector<RunningWorker> running;
     for (const v1::RunningWorker& w : registration.running()) running.push_back(FromProto(w));
     std::vector<WorkerExit> exited;
@@ -166,6 +168,7 @@ class AgentStream : public Reactor {
   Supervisor* const supervisor_;
   LogRouter* const logs_;
   std::shared_ptr<Writer> writer_;
+  Identity caller_;
   v1::AgentMessage in_;
   std::string node_id_;
   uint64_t session_ = 0;
@@ -175,7 +178,7 @@ class AgentStream : public Reactor {
 
 grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* AgentServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  return new AgentStream(supervisor_, logs_, auth_->Agent(*context).status());
+  return new AgentStream(supervisor_, logs_, auth_->Agent(*context));
 }
 
 }  // namespace trainyard::server

@@ -1,6 +1,7 @@
 #include "server/auth.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -50,8 +51,8 @@ bool IsLowerHex(absl::string_view text, size_t size) {
 }
 
 absl::StatusOr<TokenEntry> ParseEntry(const std::vector<absl::string_view>& fields) {
-  if (fields.size() < 3 || fields.size() > 4) {
-    return absl::InvalidArgumentError("expected USER ROLE CREDENTIAL [expires=TIME]");
+  if (fields.size() < 3 || fields.size() > 5) {
+    return absl::InvalidArgumentError("expected USER ROLE CREDENTIAL [expires=TIME] [nodes=GLOB]");
   }
   TokenEntry entry;
   entry.user = std::string(fields[0]);
@@ -73,19 +74,38 @@ absl::StatusOr<TokenEntry> ParseEntry(const std::vector<absl::string_view>& fiel
     return absl::InvalidArgumentError(
         absl::StrCat("credential '", fields[2], "' is neither sha256:HEX nor mtls:NAME"));
   }
-  if (fields.size() == 4) {
-    absl::string_view expires = fields[3];
+  for (size_t i = 3; i < fields.size(); ++i) {
+    absl::string_view option = fields[i];
     std::string error;
-    if (!absl::ConsumePrefix(&expires, "expires=") ||
-        !absl::ParseTime(kExpiresFormat, expires, &entry.expires, &error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", fields[3], "' is not expires=YYYY-MM-DDTHH:MM:SSZ"));
+    if (absl::ConsumePrefix(&option, "nodes=")) {
+      if (entry.role != Role::kAgent || option.empty() || !entry.nodes.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", fields[i], "': nodes= binds an agent's token to node ids, once per line"));
+      }
+      entry.nodes = std::string(option);
+    } else if (!absl::ConsumePrefix(&option, "expires=") ||
+               entry.expires != absl::InfiniteFuture() ||
+               !absl::ParseTime(kExpiresFormat, option, &entry.expires, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", fields[i], "' is neither expires=YYYY-MM-DDTHH:MM:SSZ nor nodes=GLOB (once each)"));
     }
   }
   return entry;
 }
 
 }  // namespace
+
+absl::Status MayRegisterNode(const Identity& caller, const std::string& node_id) {
+  if (caller.role == Role::kAdmin) return absl::OkStatus();
+  if (caller.role == Role::kAgent && ::fnmatch(caller.nodes.c_str(), node_id.c_str(), 0) == 0) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("the agent token of ", caller.user, " registers nodes matching '", caller.nodes,
+                   "' only, not '", node_id,
+                   "': use that node's token, or add one with trainyard-server token "
+                   "add NAME --role agent --nodes PATTERN"));
+}
 
 absl::string_view RoleName(Role role) {
   switch (role) {
@@ -136,6 +156,7 @@ std::string FormatTokenEntry(const TokenEntry& entry) {
     absl::StrAppend(
         &line, " expires=", absl::FormatTime(kExpiresFormat, entry.expires, absl::UTCTimeZone()));
   }
+  if (!entry.nodes.empty()) absl::StrAppend(&line, " nodes=", entry.nodes);
   return line;
 }
 
@@ -316,7 +337,9 @@ absl::StatusOr<Identity> Authenticator::Authenticate(const std::optional<std::st
           absl::StrCat("the token of ", entry.user, " expired at ",
                        absl::FormatTime(kExpiresFormat, entry.expires, absl::UTCTimeZone())));
     }
-    return Identity{entry.user, entry.role};
+    Identity identity{entry.user, entry.role};
+    if (entry.role == Role::kAgent) identity.nodes = entry.nodes.empty() ? entry.user : entry.nodes;
+    return identity;
   }
   if (bearer) {
     return absl::UnauthenticatedError("the token is unknown or revoked");

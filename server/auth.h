@@ -47,19 +47,29 @@ std::optional<Role> ParseRole(absl::string_view name);
 struct Identity {
   std::string user;
   Role role = Role::kUser;
+  // An agent's: the node ids it may register, a shell glob (TokenEntry::nodes, by default the
+  // agent's user name itself). Empty for the other roles.
+  std::string nodes;
 
   bool admin() const { return role == Role::kAdmin; }
 };
 
-// One line of the token file: "USER ROLE CREDENTIAL [expires=YYYY-MM-DDTHH:MM:SSZ]", where
-// CREDENTIAL is "sha256:HEX" (the token's hash) or "mtls:NAME" (a client certificate's common
-// name). '#' starts a comment; blank lines are ignored.
+// OK when `caller` may register node `node_id`: an admin any node, an agent a node its pattern
+// matches; PERMISSION_DENIED with one line naming the token, the pattern and how to get another.
+[[nodiscard]] absl::Status MayRegisterNode(const Identity& caller, const std::string& node_id);
+
+// One line of the token file: "USER ROLE CREDENTIAL [expires=YYYY-MM-DDTHH:MM:SSZ]
+// [nodes=GLOB]", where CREDENTIAL is "sha256:HEX" (the token's hash) or "mtls:NAME" (a client
+// certificate's common name), and nodes= (agents only) the node ids the agent may register, a
+// shell glob ("gpu-*", "*"); without it an agent registers only the node named like its user.
+// '#' starts a comment; blank lines are ignored.
 struct TokenEntry {
   std::string user;
   Role role = Role::kUser;
   std::string sha256;       // lower-case hex; empty for a certificate
   std::string certificate;  // the common name; empty for a token
   absl::Time expires = absl::InfiniteFuture();
+  std::string nodes;  // agents: empty means `user`
 };
 
 // INVALID_ARGUMENT naming the line of the first malformed entry.

@@ -19,8 +19,8 @@ namespace trainyard::server {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: trainyard-server token add USER [--role user|admin|agent] [--expires-in DURATION] "
-    "[--certificate NAME] [--tokens FILE | --state-dir DIR]\n"
+    "usage: trainyard-server token add USER [--role user|admin|agent] [--nodes GLOB] "
+    "[--expires-in DURATION] [--certificate NAME] [--tokens FILE | --state-dir DIR]\n"
     "       trainyard-server token revoke USER [--tokens FILE | --state-dir DIR]\n"
     "       trainyard-server token list [--tokens FILE | --state-dir DIR]";
 
@@ -40,8 +40,8 @@ absl::StatusOr<TokenLine> Parse(const std::vector<std::string>& args) {
       continue;
     }
     const std::string name = arg.substr(2);
-    if (name != "role" && name != "expires-in" && name != "certificate" && name != "tokens" &&
-        name != "state-dir") {
+    if (name != "role" && name != "nodes" && name != "expires-in" && name != "certificate" &&
+        name != "tokens" && name != "state-dir") {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
     }
     if (i + 1 >= args.size())
@@ -93,7 +93,8 @@ absl::StatusOr<std::vector<TokenEntry>> ReadEntries(const std::string& path) {
 
 absl::Status WriteEntries(const std::string& path, const std::vector<TokenEntry>& entries) {
   std::string text =
-      "# trainyard token file: USER ROLE CREDENTIAL [expires=TIME] (trainyard-server token)\n";
+      "# trainyard token file: USER ROLE CREDENTIAL [expires=TIME] [nodes=GLOB] (trainyard-server "
+      "token)\n";
   for (const TokenEntry& entry : entries) absl::StrAppend(&text, FormatTokenEntry(entry), "\n");
   return WritePrivateFile(path, text);
 }
@@ -109,6 +110,16 @@ absl::Status Add(const TokenLine& line, const std::string& path, std::ostream& o
           absl::StrCat("--role '", it->second, "': expected user, admin or agent"));
     }
     entry.role = *role;
+  }
+  if (auto it = line.flags.find("nodes"); it != line.flags.end()) {
+    // An agent registers the node ids the glob matches (default: its own name only).
+    if (entry.role != Role::kAgent) {
+      return absl::InvalidArgumentError("--nodes binds an agent's token: it needs --role agent");
+    }
+    if (it->second.empty() || it->second.find_first_of(" \t\r\n#") != std::string::npos) {
+      return absl::InvalidArgumentError("--nodes: a glob without white space or '#' (\"gpu-*\")");
+    }
+    entry.nodes = it->second;
   }
   if (auto it = line.flags.find("expires-in"); it != line.flags.end()) {
     TY_ASSIGN_OR_RETURN(const absl::Duration lifetime, ParseLifetime(it->second));

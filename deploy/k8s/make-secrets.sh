@@ -26,8 +26,9 @@ days=${3:-365}
 umask 077
 
 # A token, and its line in the token file (only the SHA-256 of the token is stored).
-token_line() {  # USER ROLE TOKEN
-  printf '%s %s sha256:%s\n' "$1" "$2" "$(printf %s "$3" | openssl dgst -sha256 -r | cut -d' ' -f1)"
+token_line() {  # USER ROLE TOKEN [OPTION]
+  printf '%s %s sha256:%s%s\n' "$1" "$2" "$(printf %s "$3" | openssl dgst -sha256 -r | cut -d' ' -f1)" \
+    "${4:+ $4}"
 }
 if [[ -f "$auth/tokens" && -f "$auth/agent.token" && -f "$auth/client.token" ]]; then
   echo "make-secrets: $auth already holds tokens, agent.token and client.token; kept" >&2
@@ -38,8 +39,9 @@ else
   printf '%s\n' "$agent" >"$auth/agent.token"
   printf '%s\n' "$client" >"$auth/client.token"
   {
-    echo "# trainyard token file: USER ROLE CREDENTIAL [expires=TIME] (trainyard-server token)"
-    token_line agents agent "$agent"
+    echo "# trainyard token file: USER ROLE CREDENTIAL [expires=TIME] [nodes=GLOB] (trainyard-server token)"
+    # The agents register as their pods, trainyard-agent-0, -1, ... (StatefulSet trainyard-agent).
+    token_line agents agent "$agent" 'nodes=trainyard-agent-*'
     token_line demo user "$client"
   } >"$auth/tokens"
   echo "make-secrets: wrote $auth/tokens, agent.token, client.token" >&2

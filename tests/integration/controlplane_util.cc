@@ -154,7 +154,7 @@ void ControlPlane::StartServer(const ServerOptions& options) {
     // The agents' own credential, as an operator makes one.
     const ProcessResult added =
         RunProcess({Binary("server/trainyard-server"), "token", "add", "agents", "--role", "agent",
-                    "--state-dir", state_dir()},
+                    "--nodes", "*", "--state-dir", state_dir()},
                    30);
     ASSERT_EQ(added.exit_code, 0) << added.err;
     std::ofstream(agent_token_file()) << added.out;

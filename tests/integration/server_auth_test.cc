@@ -201,7 +201,7 @@ TEST_F(AuthTest, UsersSeeAndActOnTheirOwnJobsOnlyAndTheAdminOnAll) {
 
 TEST_F(AuthTest, AgentAndUserCredentialsAreNotInterchangeable) {
   StartServer();
-  const std::string agent = Token({"add", "rack-1", "--role", "agent"});
+  const std::string agent = Token({"add", "rack-1", "--role", "agent", "--nodes", "node-*"});
   const std::string alice = Token({"add", "alice"});
   grpc::Status as_user = Submit(agent, "agent");
   EXPECT_EQ(as_user.error_code(), grpc::StatusCode::PERMISSION_DENIED) << as_user.error_message();
@@ -212,6 +212,24 @@ TEST_F(AuthTest, AgentAndUserCredentialsAreNotInterchangeable) {
 
   agent_ = std::make_unique<FakeAgent>(server_->Channel(agent), "node-a", 2);
   EXPECT_TRUE(agent_->NextOf(v1::CoordinatorMessage::kRegistered).has_value());
+}
+
+// An agent's token registers only the nodes it was made for: its own name by default, or the
+// glob an admin gave with --nodes; another node id is refused and the stream ends.
+TEST_F(AuthTest, AnAgentTokenRegistersOnlyItsOwnNodes) {
+  StartServer();
+  const std::string own = Token({"add", "node-b", "--role", "agent"});
+  FakeAgent impostor(server_->Channel(own), "node-c", 2);
+  EXPECT_FALSE(impostor.NextOf(v1::CoordinatorMessage::kRegistered, absl::Seconds(5)).has_value());
+  EXPECT_TRUE(impostor.stream_ended());
+  agent_ = std::make_unique<FakeAgent>(server_->Channel(own), "node-b", 2);
+  EXPECT_TRUE(agent_->NextOf(v1::CoordinatorMessage::kRegistered).has_value());
+  const ProcessResult refused =
+      RunProcess({BinaryDir() + "/server/trainyard-server", "token", "add", "alice", "--nodes", "x",
+                  "--state-dir", state_dir()},
+                 30);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(refused.err, "--nodes binds an agent's token")) << refused.err;
 }
 
 TEST_F(AuthTest, AWorkerSecretActsForItsOwnAttemptOnly) {

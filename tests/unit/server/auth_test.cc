@@ -15,7 +15,8 @@ namespace {
 TEST(AuthTokenFileTest, EntriesRoundTripThroughTheirLines) {
   TokenEntry token{.user = "alice", .role = Role::kAdmin, .sha256 = Sha256Hex("secret")};
   token.expires = absl::FromUnixSeconds(1893456000);  // 2030-01-01
-  TokenEntry certificate{.user = "rack-7", .role = Role::kAgent, .certificate = "node7.example"};
+  TokenEntry certificate{
+      .user = "rack-7", .role = Role::kAgent, .certificate = "node7.example", .nodes = "rack-7-*"};
   const std::string text = absl::StrCat("# comment\n\n", FormatTokenEntry(token), "  # note\n",
                                         FormatTokenEntry(certificate), "\n");
   absl::StatusOr<std::vector<TokenEntry>> parsed = ParseTokenFile(text);
@@ -27,6 +28,8 @@ TEST(AuthTokenFileTest, EntriesRoundTripThroughTheirLines) {
   EXPECT_EQ((*parsed)[0].expires, token.expires);
   EXPECT_EQ((*parsed)[1].certificate, "node7.example");
   EXPECT_EQ((*parsed)[1].expires, absl::InfiniteFuture());
+  EXPECT_EQ((*parsed)[1].nodes, "rack-7-*");
+  EXPECT_EQ((*parsed)[0].nodes, "");
   // A known vector: SHA-256("abc").
   EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
@@ -36,12 +39,53 @@ TEST(AuthTokenFileTest, MalformedLinesAreNamed) {
   for (const std::string& line : std::vector<std::string>{
            "alice", "alice root sha256:" + hash, "alice user sha256:ABC", "alice user md5:" + hash,
            "alice user mtls:", "alice user sha256:" + hash + " soon",
-           "alice user sha256:" + hash + " expires=tomorrow"}) {
+           "alice user sha256:" + hash + " expires=tomorrow",
+           "alice user sha256:" + hash + " nodes=*",  // only an agent is bound to nodes
+           "rack agent sha256:" + hash + " nodes=a nodes=b",
+           "rack agent sha256:" + hash + " nodes=",
+           "rack agent sha256:" + hash + " expires=2030-01-01T00:00:00Z nodes=a extra"}) {
     absl::StatusOr<std::vector<TokenEntry>> parsed = ParseTokenFile("\n" + line + "\n");
     ASSERT_FALSE(parsed.ok()) << line;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(parsed.status().message(), "line 2")) << parsed.status();
   }
+}
+
+// An agent registers the nodes its token's glob matches, by default only the node named like
+// its user; an admin any node; a user none.
+TEST(AuthNodeBindingTest, AnAgentRegistersOnlyTheNodesItsTokenNames) {
+  const Identity bound{.user = "node-3", .role = Role::kAgent, .nodes = "node-3"};
+  EXPECT_TRUE(MayRegisterNode(bound, "node-3").ok());
+  const absl::Status other = MayRegisterNode(bound, "node-4");
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(other.message(),
+                                "registers nodes matching 'node-3' only, not "
+                                "'node-4'"))
+      << other;
+  EXPECT_FALSE(absl::StrContains(other.message(), "\n"));
+  const Identity rack{.user = "rack-1", .role = Role::kAgent, .nodes = "gpu-[0-9]*"};
+  EXPECT_TRUE(MayRegisterNode(rack, "gpu-17").ok());
+  EXPECT_FALSE(MayRegisterNode(rack, "cpu-1").ok());
+  EXPECT_TRUE(MayRegisterNode({.user = "root", .role = Role::kAdmin}, "anything").ok());
+  EXPECT_FALSE(MayRegisterNode({.user = "alice", .role = Role::kUser}, "alice").ok());
+}
+
+TEST(AuthNodeBindingTest, AnAgentsNodesComeFromItsTokenLine) {
+  const std::string dir = testenv::MakeScratchDir("auth_nodes").string();
+  const TokenEntry own{.user = "node-3", .role = Role::kAgent, .sha256 = Sha256Hex("ty_own")};
+  const TokenEntry rack{
+      .user = "rack", .role = Role::kAgent, .sha256 = Sha256Hex("ty_rack"), .nodes = "rack-*"};
+  ASSERT_TRUE(WritePrivateFile(dir + "/tokens",
+                               FormatTokenEntry(own) + "\n" + FormatTokenEntry(rack) + "\n")
+                  .ok());
+  Authenticator auth(AuthOptions{.tokens_file = dir + "/tokens"});
+  ASSERT_TRUE(auth.Load().ok());
+  absl::StatusOr<Identity> who = auth.Authenticate(std::string("ty_own"), "");
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->nodes, "node-3");  // no nodes=: its own name only
+  who = auth.Authenticate(std::string("ty_rack"), "");
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->nodes, "rack-*");
 }
 
 TEST(AuthAttemptSecretsTest, ASecretIsGoodForItsOwnAttemptOnly) {

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/format.h"
-#include "worker/checkpoint/tensor_slices.h"
+#include "worker/shape/tensor_slices.h"
 #include "worker/shape/parameters.h"
 
 namespace trainyard::worker::checkpoint {
