@@ -73,17 +73,23 @@ class MappedRegion : public ReadOnlyRegion {
   const uint8_t* data() const override { return static_cast<const uint8_t*>(base_); }
   size_t size() const override { return size_; }
   void WillRead(size_t offset, size_t length) const override {
-    if (base_ == nullptr || offset >= size_) return;
-    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    const size_t begin = offset / page * page;
-    const size_t end = std::min(size_, offset + length);
-    char* const at = static_cast<char*>(base_) + begin;
     // Populating needs Linux 5.14; before it, ask for read-ahead. A failure costs only speed.
-    if (::madvise(at, end - begin, kPopulateRead) != 0)
-      (void)::madvise(at, end - begin, MADV_WILLNEED);
+    if (!Advise(offset, length, kPopulateRead)) (void)Advise(offset, length, MADV_WILLNEED);
+  }
+  void Prefetch(size_t offset, size_t length) const override {
+    (void)Advise(offset, length, MADV_WILLNEED);
   }
 
  private:
+  // madvise over the whole pages holding bytes [offset, offset + length); false when it failed.
+  bool Advise(size_t offset, size_t length, int advice) const {
+    if (base_ == nullptr || offset >= size_) return true;
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t begin = offset / page * page;
+    const size_t end = std::min(size_, offset + length);
+    return ::madvise(static_cast<char*>(base_) + begin, end - begin, advice) == 0;
+  }
+
 #ifdef MADV_POPULATE_READ
   static constexpr int kPopulateRead = MADV_POPULATE_READ;
 #else

@@ -37,6 +37,9 @@ class ReadOnlyRegion {
   // A hint that bytes [offset, offset + length) are about to be read: a mapped file reads them in
   // and maps them with one call instead of a page fault per page. Changes no contents.
   virtual void WillRead(size_t offset, size_t length) const {}
+  // A hint that those bytes will be read soon: a mapped file starts reading them in the
+  // background and returns at once, so that the disk works while the caller computes.
+  virtual void Prefetch(size_t offset, size_t length) const {}
 };
 
 // A file being written, from its start. Appended bytes may sit in the operating system's cache

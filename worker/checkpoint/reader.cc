@@ -36,9 +36,13 @@ class ShardFiles {
     return regions_[shard]->data();
   }
   int64_t Bytes(int shard) const { return manifest_.shards(shard).bytes(); }
-  // After Data(shard): bytes [offset, offset + length) of the shard are about to be read.
+  // After Data(shard): bytes [offset, offset + length) of the shard are about to be read, or
+  // (Prefetch) will be soon.
   void WillRead(int shard, int64_t offset, int64_t length) const {
     regions_[shard]->WillRead(static_cast<size_t>(offset), static_cast<size_t>(length));
+  }
+  void Prefetch(int shard, int64_t offset, int64_t length) const {
+    regions_[shard]->Prefetch(static_cast<size_t>(offset), static_cast<size_t>(length));
   }
   std::string FileName(int shard) const { return JoinPath(path_, manifest_.shards(shard).file()); }
 
@@ -173,6 +177,16 @@ absl::StatusOr<std::vector<std::span<const float>>> CheckpointTensors::Runs(
   return spans;
 }
 
+void CheckpointTensors::Prefetch(const std::string& name, const std::string& kind) {
+  auto it = index_.find({kind, name});
+  if (it == index_.end()) return;
+  for (const RecordRef& ref : it->second) {
+    const TensorRecord& r = *ref.record;
+    if (!files_->Data(ref.shard).ok() || r.byte_offset() < 0) continue;  // Verify will say why
+    files_->Prefetch(ref.shard, r.byte_offset(), 4 * (r.flat_end() - r.flat_begin()));
+  }
+}
+
 absl::StatusOr<const float*> CheckpointTensors::WholeRecord(
     const std::string& name, const std::string& kind, const std::vector<int64_t>& global_shape) {
   TY_ASSIGN_OR_RETURN(const std::vector<std::span<const float>> spans,
@@ -214,10 +228,17 @@ absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Ma
   CheckpointTensors tensors(fs, path, manifest);
   // Every record this rank reads is verified before anything is handed over, so that a damaged
   // checkpoint changes nothing and the caller can fall back to another.
+  std::vector<std::pair<int, const ParamTensor*>> wanted;
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
-      if (sink.wants(k, t)) TY_RETURN_IF_ERROR(tensors.Verify(t.name, kKinds[k], t.global_shape));
+      if (sink.wants(k, t)) wanted.emplace_back(k, &t);
     }
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (i + 1 < wanted.size())
+      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first]);
+    const auto [k, t] = wanted[i];
+    TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
   }
   std::vector<float> global, local;
   for (int k = 0; k < 3; ++k) {

@@ -55,6 +55,11 @@ class CheckpointTensors {
   [[nodiscard]] absl::Status Verify(const std::string& name, const std::string& kind,
                                     const std::vector<int64_t>& global_shape);
 
+  // Starts reading tensor `name` of `kind` from disk in the background (nothing for an unknown
+  // one): a reader that verifies one tensor prefetches the next, so the disk and the checksums
+  // overlap.
+  void Prefetch(const std::string& name, const std::string& kind);
+
   // After Verify: the tensor's values as spans of the mapped shard files (valid while the reader
   // lives) that follow one another in the tensor's row-major order and together are all of it,
   // so that a reader streams it without assembling it; empty when its records do not tile it

@@ -134,7 +134,10 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
       SafetensorsWriter::Create(fs, JoinPath(dir, FileName(0, files.size())), files[0], metadata));
   size_t in_file = 0;
   std::vector<float> global, converted;
-  for (const HfTensorMap& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const HfTensorMap& t = tensors[i];
+    // The next tensor comes off the disk while this one is checked, converted and written.
+    if (i + 1 < tensors.size()) reader.Prefetch(tensors[i + 1].name, "param");
     // Straight from the mapped shard files, whichever ranks' records hold the tensor; only the
     // transposed pieces (GPT-2's Conv1D weights), and a tensor whose records do not tile it in
     // order, pass through a buffer.
