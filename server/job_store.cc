@@ -85,6 +85,8 @@ CREATE TABLE IF NOT EXISTS checkpoints(
 CREATE TABLE IF NOT EXISTS nodes(
   node_id TEXT PRIMARY KEY, hostname TEXT NOT NULL, cpu_slots INTEGER NOT NULL,
   gpus TEXT NOT NULL, registered_us INTEGER, last_seen_us INTEGER);
+CREATE TABLE IF NOT EXISTS cordons(
+  node_id TEXT PRIMARY KEY, reason TEXT NOT NULL, since_us INTEGER NOT NULL, until_us INTEGER);
 )sql";
 
 // Schema 1 -> 2: the checkpoint policy and the drain request of jobs (the checkpoints table is
@@ -355,6 +357,7 @@ absl::Status JobStore::StoreBatchLocked(StoreBatch& batch) {
   for (const NodeRecord* node : batch.nodes) {
     TY_RETURN_IF_ERROR_WITH(PutNode(*node), absl::StrCat("store node ", node->node_id));
   }
+  TY_RETURN_IF_ERROR_WITH(PutCordons(batch), "store cordons");
   for (const JobCheckpoint& checkpoint : batch.checkpoints) {
     TY_RETURN_IF_ERROR_WITH(
         PutCheckpoint(checkpoint),
@@ -635,12 +638,56 @@ absl::Status JobStore::PutNode(const NodeRecord& node) {
   return put->Run();
 }
 
+absl::Status JobStore::PutCordons(const StoreBatch& batch) {
+  for (const StoreBatch::CordonChange& change : batch.cordons) {
+    if (!change.cordon.has_value()) {
+      TY_ASSIGN_OR_RETURN(SqliteStatement * remove,
+                          Cached("DELETE FROM cordons WHERE node_id = ?"));
+      remove->Bind(1, change.node_id);
+      TY_RETURN_IF_ERROR(remove->Run());
+      continue;
+    }
+    const Cordon& cordon = *change.cordon;
+    TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
+      INSERT OR REPLACE INTO cordons(node_id, reason, since_us, until_us) VALUES(?, ?, ?, ?)
+    )sql"));
+    // A cordon until uncordoned (an infinite cooldown) has no end time.
+    const std::optional<int64_t> until =
+        cordon.until == absl::InfiniteFuture() ? std::nullopt : TimeToMicros(cordon.until);
+    put->Bind(1, cordon.node_id)
+        .Bind(2, cordon.reason)
+        .Bind(3, TimeToMicros(cordon.since))
+        .Bind(4, until);
+    TY_RETURN_IF_ERROR(put->Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::LoadCordons(StoredState& state) {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT node_id, reason, since_us, until_us FROM cordons ORDER BY node_id
+  )sql"));
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    Cordon cordon;
+    cordon.node_id = select->Text(0);
+    cordon.reason = select->Text(1);
+    cordon.since = MicrosToTime(select->OptionalInt(2));
+    const std::optional<int64_t> until = select->OptionalInt(3);
+    cordon.until = until.has_value() ? MicrosToTime(until) : absl::InfiniteFuture();
+    state.cordons.push_back(std::move(cordon));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StoredState> JobStore::Load() {
   absl::MutexLock lock(&mu_);
   StoredState state;
   TY_RETURN_IF_ERROR(LoadJobs(state));
   TY_RETURN_IF_ERROR(LoadAttempts(state));
   TY_RETURN_IF_ERROR(LoadNodes(state));
+  TY_RETURN_IF_ERROR(LoadCordons(state));
   TY_RETURN_IF_ERROR(LoadCheckpoints(state));
   return state;
 }

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/node_quarantine.h"
 #include "server/sqlite.h"
 #include "server/types.h"
 
@@ -42,10 +43,16 @@ struct StoreBatch {
   std::vector<EventRecord> events;             // appended; Commit() fills in their ids
   std::vector<const NodeRecord*> nodes;        // inserted or replaced
   std::vector<JobCheckpoint> checkpoints;      // inserted or replaced, by (job id, path)
+  // Cordons put in place (stored, replacing the node's) or lifted (deleted), in order.
+  struct CordonChange {
+    std::string node_id;
+    std::optional<Cordon> cordon;  // nullopt: lifted
+  };
+  std::vector<CordonChange> cordons;
 
   bool empty() const {
     return new_jobs.empty() && updated_jobs.empty() && attempts.empty() && events.empty() &&
-           nodes.empty() && checkpoints.empty();
+           nodes.empty() && checkpoints.empty() && cordons.empty();
   }
 };
 
@@ -69,6 +76,7 @@ struct StoredState {
   std::vector<AttemptRecord> attempts;  // by job, then attempt id
   std::vector<NodeRecord> nodes;
   std::vector<JobCheckpoint> checkpoints;  // by job, then oldest first (written time, step)
+  std::vector<Cordon> cordons;             // by node id; some may have expired
   int64_t max_job_seq = 0;
 };
 
@@ -130,11 +138,13 @@ class JobStore final : public StateStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status PutCordons(const StoreBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutCheckpoint(const JobCheckpoint& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status LoadJobs(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status LoadAttempts(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status LoadNodes(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status LoadCordons(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status LoadCheckpoints(StoredState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prepared statement for `sql`, kept for reuse; reset and unbound.
   [[nodiscard]] absl::StatusOr<SqliteStatement*> Cached(const char* sql)

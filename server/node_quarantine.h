@@ -9,9 +9,10 @@
 // were already there) are ignored. The cordon lifts by itself once the cooldown has passed or by
 // Uncordon(); either way the node starts over with an empty history.
 //
-// Nothing is persisted: a restarted coordinator forgets cordons, which errs on the side of using
-// the node. The Supervisor undoes (Uncordon) a cordon that would leave the failing job no node
-// to run on. Times are the caller's (absl::Time now); they should not go backwards.
+// The Supervisor stores each cordon and its lifting (JobStore) and gives a restarted coordinator
+// its cordons back (Restore); failure histories short of a cordon are not stored. It undoes
+// (Uncordon) a cordon that would leave the failing job no node to run on. Times are the caller's
+// (absl::Time now); they should not go backwards.
 //
 // Pure: no clock, no I/O. Threading: none; the owner (Supervisor) calls it under its lock.
 #ifndef TRAINYARD_SERVER_NODE_QUARANTINE_H_
@@ -60,6 +61,10 @@ class NodeQuarantine {
   std::optional<Cordon> Find(const std::string& node_id, absl::Time now) const;
   // Every cordon in force at `now`, by node id.
   std::vector<Cordon> Cordoned(absl::Time now) const;
+
+  // A stored cordon, as RecordFailure made it (a restarted coordinator's); it replaces any cordon
+  // on record for its node.
+  void Restore(const Cordon& cordon) { nodes_[cordon.node_id].cordon = cordon; }
 
   // Lifts the cordon on `node_id` and forgets its failures. False when no cordon was on record
   // (one whose cooldown has passed but that no later RecordFailure has cleared still counts).

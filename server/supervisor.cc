@@ -74,6 +74,7 @@ absl::Status Supervisor::Restore() {
     entry->attempts.push_back(std::move(attempt));
   }
   RestoreCheckpointsLocked(std::move(state.checkpoints));
+  for (const Cordon& cordon : state.cordons) quarantine_.Restore(cordon);
   for (auto& [id, entry] : jobs_) {
     if (IsFinal(entry.job.state)) continue;
     live_jobs_.insert(id);
@@ -205,6 +206,7 @@ uint64_t Supervisor::EnqueueCommitLocked(Txn& txn, bool submission) {
   for (const NodeRecord* node : txn.batch.nodes) commit.nodes.push_back(*node);
   commit.events = std::move(txn.batch.events);
   commit.checkpoints = std::move(txn.batch.checkpoints);
+  commit.cordons = std::move(txn.batch.cordons);
   commit.orders = std::move(txn.orders);
   txn.orders.clear();
   for (const JobEntry* entry : txn.touched) commit.touched.push_back(entry->job.id);
@@ -249,6 +251,7 @@ void Supervisor::StoreQueuedLocked() {
     merged.events.insert(merged.events.end(), commit.events.begin(), commit.events.end());
     merged.checkpoints.insert(merged.checkpoints.end(), commit.checkpoints.begin(),
                               commit.checkpoints.end());
+    merged.cordons.insert(merged.cordons.end(), commit.cordons.begin(), commit.cordons.end());
   }
   mu_.Unlock();
   const absl::Status status = store_->Commit(merged);

@@ -490,6 +490,7 @@ class Supervisor {
     std::vector<NodeRecord> nodes;
     std::vector<EventRecord> events;
     std::vector<JobCheckpoint> checkpoints;
+    std::vector<StoreBatch::CordonChange> cordons;
     std::vector<std::pair<std::string, AgentOrder>> orders;
     std::vector<std::string> touched;  // job ids: watchers, storage_failed events
     bool submission = false;           // refused, not held back, when its store fails

@@ -416,6 +416,7 @@ void Supervisor::RecordNodeFailureLocked(Txn& txn, JobEntry& entry, int attempt_
              : std::string("lifted"),
       ": ", reason);
   TY_LOG(WARNING) << why;
+  if (cordon) txn.batch.cordons.push_back({node_id, *cordon});  // a restarted coordinator keeps it
   AddEvent(txn, entry, attempt_id, state, state, "node_cordoned", why);
 }
 
@@ -490,6 +491,7 @@ absl::StatusOr<NodeStatus> Supervisor::Uncordon(const std::string& node_id) {
       return absl::FailedPreconditionError(absl::StrCat("node ", node_id, " is not cordoned"));
     }
     quarantine_.Uncordon(node_id);
+    txn.batch.cordons.push_back({node_id, std::nullopt});
     TY_LOG(INFO) << "node " << node_id << " uncordoned";
     result = *node;
     ScheduleLocked(txn);

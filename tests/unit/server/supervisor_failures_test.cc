@@ -500,6 +500,36 @@ TEST_F(SupervisorFailurePolicyTest, QuarantinePolicyCordonsANodeWhereAttemptsKee
   EXPECT_EQ(supervisor_->Uncordon("node-z").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A cordon and its lifting are stored: a restarted coordinator keeps the cordon, with its reason
+// and end, and forgets it once it was lifted.
+TEST_F(SupervisorFailurePolicyTest, CordonsSurviveACoordinatorRestart) {
+  options_.quarantine.failures = 2;
+  Restart();
+  Agent a = Connect("node-a", 1);
+  Agent b = Connect("node-b", 1);
+  const std::string id = Submit(FailureSpec("unlucky", 1, "max_restarts: 3, backoff_initial_s: 0"));
+  ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    StartAndJoin(a, id, attempt, 1);
+    Exit(a, id, attempt, 0, 0, /*signal=*/9);
+    if (attempt == 1) ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+  }
+  std::optional<NodeStatus> before = FindNode("node-a");
+  ASSERT_TRUE(before.has_value() && before->cordoned);
+
+  Restart();
+  std::optional<NodeStatus> after = FindNode("node-a");
+  ASSERT_TRUE(after.has_value());
+  EXPECT_TRUE(after->cordoned) << "the restart forgot the cordon";
+  EXPECT_EQ(after->cordon_reason, before->cordon_reason);
+  EXPECT_EQ(after->cordoned_until, before->cordoned_until);
+  EXPECT_FALSE(IsCordoned("node-b"));
+
+  ASSERT_TRUE(supervisor_->Uncordon("node-a").ok());
+  Restart();
+  EXPECT_FALSE(IsCordoned("node-a")) << "the restart brought a lifted cordon back";
+}
+
 // On a one-node cluster the failures that would cordon the node do not: a cordon would strand
 // the job (it sat RESTARTING with "no node is connected" for the cooldown). The job goes on
 // restarting there within its own limit, and an event says why the node was spared.
