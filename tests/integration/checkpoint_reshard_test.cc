@@ -21,9 +21,9 @@
 #include "tests/integration/global_params.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
-#include "worker/shape/tensor_slices.h"
 #include "worker/shape/parameters.h"
 #include "worker/shape/stages.h"
+#include "worker/shape/tensor_slices.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {

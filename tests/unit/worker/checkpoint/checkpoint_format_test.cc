@@ -10,8 +10,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/format.h"
-#include "worker/shape/tensor_slices.h"
 #include "worker/shape/parameters.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker::checkpoint {
 namespace {
