@@ -77,6 +77,12 @@ struct TrainingSpec {
 // Without sample_prompt or sample_prompt_tokens, samples continue the first this many tokens of
 // the validation split (fewer when seq_len is shorter).
 inline constexpr int kDefaultSamplePromptTokens = 16;
+// The number of tokens the samples' prompt holds.
+inline int SamplePromptLength(const TrainingSpec& t) {
+  if (!t.sample_prompt.empty()) return static_cast<int>(t.sample_prompt.size());
+  if (!t.sample_prompt_tokens.empty()) return static_cast<int>(t.sample_prompt_tokens.size());
+  return std::min(kDefaultSamplePromptTokens, t.seq_len);
+}
 
 // The device mesh: world = dp x tp x pp ranks, tp innermost (a TP group is tp consecutive ranks,
 // so it stays inside a node), then dp, then pp.

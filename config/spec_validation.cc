@@ -144,10 +144,7 @@ Problem CheckSamples(const TrainingSpec& t, const ModelConfig& model) {
                  {"model.vocab"});
     }
   }
-  const int64_t prompt = !t.sample_prompt.empty() ? static_cast<int64_t>(t.sample_prompt.size())
-                         : !t.sample_prompt_tokens.empty()
-                             ? static_cast<int64_t>(t.sample_prompt_tokens.size())
-                             : std::min(kDefaultSamplePromptTokens, t.seq_len);
+  const int64_t prompt = SamplePromptLength(t);
   if (t.sample_every > 0 && prompt + t.sample_tokens > model.max_seq) {
     return Bad("training.sample_tokens",
                absl::StrCat("a prompt of ", prompt, " tokens and ", t.sample_tokens,

@@ -15,34 +15,26 @@ namespace {
 // Tag of the gather's point-to-point messages (distinct from the pipeline's activations).
 constexpr uint32_t kGatherTag = 0x53414d50;  // "SAMP"
 
-// Writes the piece of tensor-parallel rank `tp_rank` on pipeline stage `stage` (its local
-// parameters, `piece`) into `whole`, the model in ParameterLayout(spec.model) order.
-void PlacePiece(const config::JobSpec& spec, const ParameterLayout& global, int tp_rank, int stage,
-                const float* piece, float* whole) {
-  const config::ParallelismSpec& mesh = spec.parallelism;
-  const ParameterLayout local(
-      spec.model, tp_rank, mesh.tp,
-      StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, stage));
-  for (const ParamTensor& t : local.tensors()) {
-    if (!local.first() && t.name == "wte") continue;  // the last stage's tied copy
-    const ParamTensor* g = global.Find(t.name);
-    int64_t start = t.offset;
-    for (const Hyperslab& slab : LocalPieces(t, tp_rank, mesh.tp)) {
-      ForEachRun(t.global_shape, slab, 0, slab.numel(), [&](int64_t at, int64_t from, int64_t n) {
-        const float* src = piece + start + from;
-        std::copy(src, src + n, whole + g->offset + at);
-      });
-      start += slab.numel();
-    }
-  }
-}
-
-int64_t PieceSize(const config::JobSpec& spec, int tp_rank, int stage) {
+// The layout of the rank of data- and context-parallel coordinate 0 at (tp_rank, stage).
+ParameterLayout PeerLayout(const config::JobSpec& spec, int tp_rank, int stage) {
   const config::ParallelismSpec& mesh = spec.parallelism;
   return ParameterLayout(
-             spec.model, tp_rank, mesh.tp,
-             StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, stage))
-      .total();
+      spec.model, tp_rank, mesh.tp,
+      StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, stage));
+}
+
+// Writes `piece`, the parameters of the rank whose layout is `local`, into `whole`, the model in
+// ParameterLayout(spec.model) order (`global`).
+void PlacePiece(const ParameterLayout& local, const ParameterLayout& global, const float* piece,
+                float* whole) {
+  for (const ParamTensor& t : local.tensors()) {
+    if (!local.first() && t.name == "wte") continue;  // the last stage's tied copy
+    const float* held = piece + t.offset;
+    float* to = whole + global.Find(t.name)->offset;
+    ForEachLocalRun(t, local.tp_rank(), local.tp_size(), [&](int64_t at, int64_t from, int64_t n) {
+      std::copy(held + from, held + from + n, to + at);
+    });
+  }
 }
 
 }  // namespace
@@ -81,7 +73,7 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const config::JobSpec& spec,
   if (at.pp_rank != 0) {  // a later stage's first tensor-parallel rank relays its group's pieces
     TY_RETURN_IF_ERROR(send(*dims.pp, mine.data(), local.total(), 0));
     for (int t = 1; t < tp; ++t) {
-      TY_RETURN_IF_ERROR(receive(*dims.tp, piece, PieceSize(spec, t, at.pp_rank), t));
+      TY_RETURN_IF_ERROR(receive(*dims.tp, piece, PeerLayout(spec, t, at.pp_rank).total(), t));
       TY_RETURN_IF_ERROR(send(*dims.pp, piece.data(), static_cast<int64_t>(piece.size()), 0));
     }
     return std::vector<float>{};
@@ -90,13 +82,14 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const config::JobSpec& spec,
   std::vector<float> whole(global.total());
   for (int stage = 0; stage < pp; ++stage) {
     for (int t = 0; t < tp; ++t) {
+      const ParameterLayout peer = PeerLayout(spec, t, stage);
       const float* data = mine.data();
       if (stage > 0 || t > 0) {
         parallel::Communicator& from = stage == 0 ? *dims.tp : *dims.pp;
-        TY_RETURN_IF_ERROR(receive(from, piece, PieceSize(spec, t, stage), stage == 0 ? t : stage));
+        TY_RETURN_IF_ERROR(receive(from, piece, peer.total(), stage == 0 ? t : stage));
         data = piece.data();
       }
-      PlacePiece(spec, global, t, stage, data, whole.data());
+      PlacePiece(peer, global, data, whole.data());
     }
   }
   return whole;
@@ -109,8 +102,15 @@ std::vector<int32_t> SamplePrompt(const config::TrainingSpec& training, const Ba
   if (!training.sample_prompt_tokens.empty()) return training.sample_prompt_tokens;
   std::vector<int32_t> inputs(val.seq_len()), targets(val.seq_len());
   val.FillEvalWindows(0, 1, inputs.data(), targets.data());
-  inputs.resize(std::min(config::kDefaultSamplePromptTokens, val.seq_len()));
+  inputs.resize(config::SamplePromptLength(training));
   return inputs;
+}
+
+SampleOptions SampleOptionsAt(const config::TrainingSpec& training, int64_t step) {
+  return {.tokens = training.sample_tokens,
+          .temperature = static_cast<float>(training.sample_temperature),
+          .top_k = training.sample_top_k,
+          .seed = training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(step)};
 }
 
 std::string SampleLine(int64_t step, const std::vector<int32_t>& prompt,

@@ -22,6 +22,7 @@
 #include "config/spec.h"
 #include "worker/backend.h"
 #include "worker/data/sampler.h"
+#include "worker/generate.h"
 #include "worker/parallel/parallel_dims.h"
 #include "worker/parallel/sharded_params.h"
 #include "worker/shape/parameters.h"
@@ -40,6 +41,11 @@ namespace trainyard::worker {
 // The prompt samples continue: sample_prompt's bytes, sample_prompt_tokens, or the first
 // min(kDefaultSamplePromptTokens, seq_len) tokens of the validation split.
 std::vector<int32_t> SamplePrompt(const config::TrainingSpec& training, const BatchSampler& val);
+
+// How step `step` draws its sample: training's sample_* fields, seeded by training.seed and the
+// step, so that the same step of the same spec draws the same text on any mesh and after a
+// restart.
+SampleOptions SampleOptionsAt(const config::TrainingSpec& training, int64_t step);
 
 // The log line of a sample: "sample step S | " then, for a byte-level model (vocab 256), the
 // prompt and its continuation as C-escaped text with " → " between them; otherwise the ids.

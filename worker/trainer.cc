@@ -282,9 +282,15 @@ class RankTrainer {
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
   double memory_cost_seen_ = 0.0;
-  // Bytes the samples' gathers sent (training.sample_every), left out of the run's counts.
-  std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> sample_dp_bytes_{};
-  int64_t sample_tp_bytes_ = 0, sample_pp_bytes_ = 0;
+  // Bytes the data-parallel group sent per collective kind, and the tensor- and pipeline-parallel
+  // groups in all.
+  struct Traffic {
+    std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> dp{};
+    int64_t tp = 0, pp = 0;
+  };
+  Traffic SentSoFar() const;
+  // What the samples' gathers sent (training.sample_every), left out of the run's counts.
+  Traffic sample_traffic_;
 };
 
 absl::Status RankTrainer::Setup() {
@@ -625,19 +631,13 @@ absl::Status RankTrainer::Checkpoint(bool save, bool wait) {
 // training.sample_every: rank 0 continues the prompt with the model as it stands.
 absl::Status RankTrainer::Sample() {
   // Its traffic is not training's: the run's byte counts leave it out.
-  constexpr int kKinds = static_cast<int>(parallel::CollectiveKind::kCount);
-  for (int k = 0; k < kKinds; ++k) {
-    sample_dp_bytes_[k] -= dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
-  }
-  sample_tp_bytes_ -= dims_.tp->stats().total();
-  sample_pp_bytes_ -= dims_.pp->stats().total();
+  const Traffic before = SentSoFar();
   absl::StatusOr<std::vector<float>> gathered =
       GatherWholeModel(spec_, dims_, *layout_, *params_, backend_);
-  for (int k = 0; k < kKinds; ++k) {
-    sample_dp_bytes_[k] += dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
-  }
-  sample_tp_bytes_ += dims_.tp->stats().total();
-  sample_pp_bytes_ += dims_.pp->stats().total();
+  const Traffic after = SentSoFar();
+  for (size_t k = 0; k < after.dp.size(); ++k) sample_traffic_.dp[k] += after.dp[k] - before.dp[k];
+  sample_traffic_.tp += after.tp - before.tp;
+  sample_traffic_.pp += after.pp - before.pp;
   TY_ASSIGN_OR_RETURN(std::vector<float> whole, std::move(gathered));
   if (rank_.rank != 0) return absl::OkStatus();
   const config::TrainingSpec& tr = spec_.training;
@@ -645,12 +645,8 @@ absl::Status RankTrainer::Sample() {
                       Generator::Create(spec_.model, &backend_, whole.data()));
   whole = {};
   SamplePoint sample{.step = state_.step, .prompt = SamplePrompt(tr, *val_sampler_)};
-  // The same step of the same spec draws the same text, on any mesh and after a restart.
-  const SampleOptions options{.tokens = tr.sample_tokens,
-                              .temperature = static_cast<float>(tr.sample_temperature),
-                              .top_k = tr.sample_top_k,
-                              .seed = tr.seed * 0x9e3779b97f4a7c15ull + state_.step};
-  TY_ASSIGN_OR_RETURN(sample.tokens, generator->Generate(sample.prompt, options));
+  TY_ASSIGN_OR_RETURN(sample.tokens,
+                      generator->Generate(sample.prompt, SampleOptionsAt(tr, state_.step)));
   if (out_) {
     *out_ << SampleLine(sample.step, sample.prompt, sample.tokens, spec_.model.vocab) << "\n"
           << std::flush;
@@ -775,6 +771,16 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
   return std::move(result_);
 }
 
+RankTrainer::Traffic RankTrainer::SentSoFar() const {
+  Traffic sent;
+  for (size_t k = 0; k < sent.dp.size(); ++k) {
+    sent.dp[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+  }
+  sent.tp = dims_.tp->stats().total();
+  sent.pp = dims_.pp->stats().total();
+  return sent;
+}
+
 void RankTrainer::Finish() {
   const int64_t steps = static_cast<int64_t>(result_.train_losses.size());
   const double train_s = train_nanos_ / 1e9;
@@ -786,12 +792,12 @@ void RankTrainer::Finish() {
       params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds();
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
+  const Traffic sent = SentSoFar();
   for (int k = 0; k < static_cast<int>(parallel::CollectiveKind::kCount); ++k) {
-    result_.bytes_sent[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k)) -
-                            sample_dp_bytes_[k];
+    result_.bytes_sent[k] = sent.dp[k] - sample_traffic_.dp[k];
   }
-  result_.tp_bytes_sent = dims_.tp->stats().total() - sample_tp_bytes_;
-  result_.pp_bytes_sent = dims_.pp->stats().total() - sample_pp_bytes_;
+  result_.tp_bytes_sent = sent.tp - sample_traffic_.tp;
+  result_.pp_bytes_sent = sent.pp - sample_traffic_.pp;
   result_.cp_bytes_sent = dims_.cp->stats().total();
   if (dims_.tied) result_.pp_bytes_sent += dims_.tied->stats().total();
   result_.overlap = params_->timeline();

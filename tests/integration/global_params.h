@@ -37,15 +37,10 @@ inline GlobalTensors GatherGlobalParams(const config::JobSpec& spec, const RankR
       for (int64_t d : t.global_shape) numel *= d;
       std::vector<float>& g = global[t.name];
       g.resize(numel);
-      int64_t start = t.offset;
-      for (const worker::Hyperslab& piece : worker::LocalPieces(t, tp_rank, p.tp)) {
-        worker::ForEachRun(t.global_shape, piece, 0, piece.numel(),
-                           [&](int64_t at, int64_t from, int64_t n) {
-                             const float* src = run.final_params[rank].data() + start + from;
-                             std::copy(src, src + n, g.begin() + at);
-                           });
-        start += piece.numel();
-      }
+      const float* held = run.final_params[rank].data() + t.offset;
+      worker::ForEachLocalRun(t, tp_rank, p.tp, [&](int64_t at, int64_t from, int64_t n) {
+        std::copy(held + from, held + from + n, g.begin() + at);
+      });
     }
   }
   return global;

@@ -72,13 +72,8 @@ std::vector<int32_t> Expected(const config::JobSpec& spec, const testenv::RankRu
       Generator::Create(spec.model, backend.get(), whole.data());
   EXPECT_TRUE(generator.ok()) << generator.status();
   if (!generator.ok()) return {};
-  const config::TrainingSpec& tr = spec.training;
   absl::StatusOr<std::vector<int32_t>> tokens =
-      (*generator)
-          ->Generate(sample.prompt, {.tokens = tr.sample_tokens,
-                                     .temperature = static_cast<float>(tr.sample_temperature),
-                                     .top_k = tr.sample_top_k,
-                                     .seed = tr.seed * 0x9e3779b97f4a7c15ull + sample.step});
+      (*generator)->Generate(sample.prompt, SampleOptionsAt(spec.training, sample.step));
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int32_t>{};
 }

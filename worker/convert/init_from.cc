@@ -391,13 +391,10 @@ absl::Status WeightSource::ReadEach(
     // A tensor-parallel slice: only its elements are read, a contiguous run at a time.
     if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
     absl::Status read;
-    int64_t start = 0;  // where the piece begins in the local tensor
-    for (const Hyperslab& slab : LocalPieces(t, layout.tp_rank(), layout.tp_size())) {
-      ForEachRun(t.global_shape, slab, 0, slab.numel(), [&](int64_t at, int64_t from, int64_t n) {
-        if (read.ok()) read = ReadRange(t.name, at, n, local.data() + start + from);
-      });
-      start += slab.numel();
-    }
+    ForEachLocalRun(t, layout.tp_rank(), layout.tp_size(),
+                    [&](int64_t at, int64_t from, int64_t n) {
+                      if (read.ok()) read = ReadRange(t.name, at, n, local.data() + from);
+                    });
     TY_RETURN_IF_ERROR(read);
     put(t, local.data());
   }

@@ -71,6 +71,16 @@ void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab,
   }
 }
 
+void ForEachLocalRun(const ParamTensor& t, int tp_rank, int tp_size,
+                     const std::function<void(int64_t, int64_t, int64_t)>& run) {
+  int64_t start = 0;  // where the piece begins in the local tensor
+  for (const Hyperslab& slab : LocalPieces(t, tp_rank, tp_size)) {
+    ForEachRun(t.global_shape, slab, 0, slab.numel(),
+               [&](int64_t at, int64_t from, int64_t n) { run(at, start + from, n); });
+    start += slab.numel();
+  }
+}
+
 std::vector<PieceRange> SplitByPiece(const std::vector<Hyperslab>& pieces, int64_t lo, int64_t hi) {
   std::vector<PieceRange> out;
   int64_t start = 0;

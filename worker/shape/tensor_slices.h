@@ -35,6 +35,13 @@ std::vector<Hyperslab> LocalPieces(const ParamTensor& t, int tp_rank, int tp_siz
 void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab, int64_t begin,
                 int64_t end, const std::function<void(int64_t, int64_t, int64_t)>& run);
 
+// Calls `run(global_offset, local_index, count)` for every element of `t` that tensor-parallel
+// rank `tp_rank` of `tp_size` holds, one call per run contiguous in the global tensor: element
+// local_index + i of the local tensor (from its own start, not t.offset) is element
+// global_offset + i of the global tensor. LocalPieces and ForEachRun together.
+void ForEachLocalRun(const ParamTensor& t, int tp_rank, int tp_size,
+                     const std::function<void(int64_t, int64_t, int64_t)>& run);
+
 // Elements [lo, hi) of a local tensor, split by piece: (piece index, begin, end) with begin/end
 // relative to that piece.
 struct PieceRange {
