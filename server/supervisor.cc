@@ -76,6 +76,10 @@ absl::Status Supervisor::Restore() {
   RestoreCheckpointsLocked(std::move(state.checkpoints));
   for (const Cordon& cordon : state.cordons) quarantine_.Restore(cordon);
   for (auto& [id, entry] : jobs_) {
+    entry.stored = entry.job;
+    entry.stored_attempts = entry.attempts;
+  }
+  for (auto& [id, entry] : jobs_) {
     if (IsFinal(entry.job.state)) continue;
     live_jobs_.insert(id);
     LoadPoliciesLocked(entry);
@@ -266,6 +270,7 @@ void Supervisor::StoreQueuedLocked() {
     std::set<std::string> touched;
     for (size_t i = 0; i < count; ++i) {
       QueuedCommit& commit = commit_queue_.front();
+      ApplyStoredLocked(commit);
       SendOrdersLocked(commit.orders);
       touched.insert(commit.touched.begin(), commit.touched.end());
       commit_queue_.pop_front();
@@ -282,6 +287,82 @@ void Supervisor::StoreQueuedLocked() {
     HoldBackQueuedLocked(count, status);
   }
   commit_done_.SignalAll();
+}
+
+void Supervisor::ApplyStoredLocked(QueuedCommit& commit) {
+  // A submission's entry does not exist yet: Submit gives it its stored record.
+  for (std::vector<JobRecord>* jobs : {&commit.new_jobs, &commit.updated_jobs}) {
+    for (JobRecord& job : *jobs) {
+      if (JobEntry* entry = FindJob(job.id)) entry->stored = std::move(job);
+    }
+  }
+  for (AttemptRecord& attempt : commit.attempts) {
+    JobEntry* entry = FindJob(attempt.job_id);
+    if (entry == nullptr) continue;
+    std::deque<AttemptRecord>& stored = entry->stored_attempts;
+    auto it = std::find_if(stored.begin(), stored.end(), [&](const AttemptRecord& a) {
+      return a.attempt_id == attempt.attempt_id;
+    });
+    if (it == stored.end()) {
+      stored.push_back(std::move(attempt));
+    } else {
+      *it = std::move(attempt);
+    }
+  }
+}
+
+void Supervisor::ApplyStoredSoftStateLocked(const SoftStateBatch& soft) {
+  std::set<JobEntry*> changed;
+  for (const auto& [job_id, progress] : soft.progress) {
+    JobEntry* entry = FindJob(job_id);
+    // A commit may have stored newer progress (with the job's row) since this was collected.
+    if (entry == nullptr || entry->stored.progress.reported > progress.reported) continue;
+    entry->stored.progress = progress;
+    changed.insert(entry);
+  }
+  for (const SoftStateBatch::Pid& pid : soft.pids) {
+    JobEntry* entry = FindJob(pid.job_id);
+    if (entry == nullptr) continue;
+    for (AttemptRecord& attempt : entry->stored_attempts) {
+      if (attempt.attempt_id == pid.attempt_id && pid.rank >= 0 &&
+          pid.rank < static_cast<int>(attempt.ranks.size())) {
+        attempt.ranks[pid.rank].pid = pid.pid;
+      }
+    }
+  }
+  const absl::Time now = clock_->Now();
+  for (JobEntry* entry : changed) {
+    if (entry->watchers.empty()) continue;
+    const JobRecord view = StoredViewLocked(*entry, now);
+    for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(view, nullptr);
+  }
+}
+
+JobRecord Supervisor::StoredViewLocked(JobEntry& entry, absl::Time now, bool with_spec) {
+  RefreshHealthLocked(entry, now);
+  JobRecord view;
+  if (with_spec) {
+    view = entry.stored;
+  } else {  // without copying the spec (up to 1 MiB) only to drop it
+    std::string spec = std::move(entry.stored.spec_yaml);
+    view = entry.stored;
+    entry.stored.spec_yaml = std::move(spec);
+  }
+  view.health = entry.job.health;
+  FillWaitingLocked(view, now);
+  if (!storage_error_.ok()) {
+    for (const QueuedCommit& commit : commit_queue_) {
+      if (!commit.held_back || std::find(commit.touched.begin(), commit.touched.end(),
+                                         entry.job.id) == commit.touched.end()) {
+        continue;
+      }
+      view.waiting = absl::StrCat(
+          "the coordinator cannot store this job's latest changes (", storage_error_.message(),
+          "); shown is what is stored, and its workers hear of the changes once they are stored");
+      break;
+    }
+  }
+  return view;
 }
 
 void Supervisor::HoldBackQueuedLocked(size_t count, const absl::Status& status) {
@@ -335,15 +416,15 @@ void Supervisor::NotifyStoredLocked(const std::set<std::string>& job_ids,
   for (const std::string& job_id : job_ids) {
     JobEntry* entry = FindJob(job_id);
     if (entry == nullptr || entry->watchers.empty()) continue;
-    RefreshHealthLocked(*entry, clock_->Now());
+    const JobRecord view = StoredViewLocked(*entry, clock_->Now());
     bool notified = false;
     for (const EventRecord& event : events) {
       if (event.job_id != job_id) continue;
-      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, &event);
+      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(view, &event);
       notified = true;
     }
     if (!notified) {
-      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(entry->job, nullptr);
+      for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(view, nullptr);
     }
   }
 }
@@ -416,7 +497,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     while (!key.empty()) {
       if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
       if (auto it = by_request_id_.find(key); it != by_request_id_.end()) {
-        return jobs_.at(it->second).job;
+        return jobs_.at(it->second).stored;
       }
       // The same request is being stored by another call: its outcome answers this one too.
       if (submitting_.count(key) == 0) break;
@@ -464,6 +545,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     if (!key.empty()) by_request_id_[key] = job.id;
     live_jobs_.insert(job.id);
     JobEntry& entry = jobs_[job.id];
+    entry.stored = job;
     entry.job = std::move(job);
     TY_LOG(INFO) << "job " << entry.job.id << " (" << entry.job.name << ") submitted";
     LoadPoliciesLocked(entry, &spec);
@@ -524,10 +606,8 @@ absl::StatusOr<JobView> Supervisor::GetJob(const std::string& job_id, int max_ev
     absl::MutexLock lock(&mu_);
     JobEntry* entry = FindJob(job_id);
     if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-    RefreshHealthLocked(*entry, clock_->Now());
-    view.job = entry->job;
-    FillWaitingLocked(view.job, clock_->Now());
-    view.attempts.assign(entry->attempts.begin(), entry->attempts.end());
+    view.job = StoredViewLocked(*entry, clock_->Now());
+    view.attempts.assign(entry->stored_attempts.begin(), entry->stored_attempts.end());
   }
   TY_ASSIGN_OR_RETURN(view.events, store_->ListEvents(job_id, max_events > 0 ? max_events : 50));
   return view;
@@ -560,24 +640,20 @@ absl::StatusOr<std::string> Supervisor::JobOwner(const std::string& job_id) {
 std::vector<JobRecord> Supervisor::ListJobs(const std::set<JobState>& states, int limit,
                                             const std::optional<std::string>& user) {
   absl::MutexLock lock(&mu_);
-  std::vector<const JobRecord*> matching;
+  std::vector<JobEntry*> matching;
   const absl::Time now = clock_->Now();
   for (auto& [id, entry] : jobs_) {
-    if (!states.empty() && states.count(entry.job.state) == 0) continue;
-    if (user && entry.job.user != *user) continue;
-    if (!IsFinal(entry.job.state)) RefreshHealthLocked(entry, now);
-    matching.push_back(&entry.job);
+    if (!states.empty() && states.count(entry.stored.state) == 0) continue;
+    if (user && entry.stored.user != *user) continue;
+    matching.push_back(&entry);
   }
   std::sort(matching.begin(), matching.end(),
-            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+            [](const JobEntry* a, const JobEntry* b) { return a->stored.seq > b->stored.seq; });
   if (limit > 0 && static_cast<int>(matching.size()) > limit) matching.resize(limit);
   std::vector<JobRecord> out;
   out.reserve(matching.size());
-  for (const JobRecord* job : matching) {
-    JobRecord copy = *job;
-    copy.spec_yaml.clear();
-    FillWaitingLocked(copy, now);
-    out.push_back(std::move(copy));
+  for (JobEntry* entry : matching) {
+    out.push_back(StoredViewLocked(*entry, now, /*with_spec=*/false));
   }
   return out;
 }
@@ -589,8 +665,7 @@ absl::StatusOr<uint64_t> Supervisor::Watch(const std::string& job_id,
   JobEntry* entry = FindJob(job_id);
   if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   const uint64_t id = next_watch_id_++;
-  RefreshHealthLocked(*entry, clock_->Now());
-  watcher->OnUpdate(entry->job, nullptr);
+  watcher->OnUpdate(StoredViewLocked(*entry, clock_->Now()), nullptr);
   entry->watchers[id] = std::move(watcher);
   return id;
 }
@@ -710,6 +785,9 @@ void Supervisor::Tick() {
   // Outside the lock: soft state never decides anything, so RPCs need not wait for its write.
   if (absl::Status stored = store_->CommitSoftState(soft); !stored.ok()) {
     TY_LOG(ERROR) << "storing progress failed: " << stored;
+  } else if (!soft.empty()) {
+    absl::MutexLock lock(&mu_);
+    ApplyStoredSoftStateLocked(soft);
   }
   kv_->ExpireWaiters(now);
   RunAfter(txn);
@@ -752,17 +830,16 @@ MetricsSnapshot Supervisor::Metrics() {
         std::count_if(commit_queue_.begin(), commit_queue_.end(),
                       [](const QueuedCommit& commit) { return commit.held_back; }));
     snapshot.store_queued = static_cast<int64_t>(commit_queue_.size());
-    for (const auto& [id, entry] : jobs_) {
-      const JobRecord& job = entry.job;
+    for (auto& [id, entry] : jobs_) {
+      const JobRecord& job = entry.stored;
       ++snapshot.jobs_by_state[job.state];
       snapshot.attempts_total += job.attempts;
       if (!IsFinal(job.state) || now - job.finished <= options_.finished_job_metrics_retention) {
-        JobEntry& mutable_entry = const_cast<JobEntry&>(entry);
-        RefreshHealthLocked(mutable_entry, now);
+        RefreshHealthLocked(entry, now);
         JobMetrics metrics{job.id,
                            job.name,
                            job.state,
-                           job.health,
+                           entry.job.health,
                            {},
                            job.progress,
                            job.labels,

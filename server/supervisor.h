@@ -12,7 +12,8 @@
 // (timeouts, lost nodes, scheduling, progress persistence). Every transition is written to the
 // JobStore together with a durable event naming its cause, before any order that follows from it
 // is sent to an agent; when the store fails, the change and its orders are held back until it is
-// stored (CommitLocked). Finals are reached only when every worker of the attempt is gone, so a
+// stored (CommitLocked). Readers (GetJob, ListJobs, Watch, Metrics) see only what is stored.
+// Finals are reached only when every worker of the attempt is gone, so a
 // FAILED, CANCELLED or DRAINED job has no process left.
 //
 // Checkpoints: rank 0 reports every save that ended (ProgressUpdate::checkpoints); each new
@@ -371,7 +372,12 @@ class Supervisor {
   struct JobEntry {
     JobRecord job;
     std::deque<AttemptRecord> attempts;  // oldest first; references stay valid on push_back
-    std::set<int> joined;                // ranks of the current attempt that called Join
+    // The job's and its attempts' records as the store holds them: what readers see (status,
+    // list, watch, metrics). Memory runs ahead of them from a change until its commit, and for
+    // as long as the store fails; a restart would find these, not `job` and `attempts`.
+    JobRecord stored;
+    std::deque<AttemptRecord> stored_attempts;
+    std::set<int> joined;  // ranks of the current attempt that called Join
     std::vector<JoinWaiter> join_waiters;
     absl::Time stop_sent = absl::InfinitePast();
     // Soft state not yet stored: progress (the job row) and worker pids (the current attempt's
@@ -579,6 +585,16 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job`, a copy of a job's record for a reader, with `waiting` filled in while it is queued.
   void FillWaitingLocked(JobRecord& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a reader sees of a job: its stored record (spec left out unless `with_spec`), with what
+  // is never stored (health, why it waits) computed now; `waiting` says so when changes to it
+  // are held back by a failing store.
+  JobRecord StoredViewLocked(JobEntry& entry, absl::Time now, bool with_spec = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A commit stored: its records become what readers see.
+  void ApplyStoredLocked(QueuedCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The progress and pids of a soft-state write that succeeded become what readers see, and the
+  // jobs' watchers hear of it.
+  void ApplyStoredSoftStateLocked(const SoftStateBatch& soft) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRemainingLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                            const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)

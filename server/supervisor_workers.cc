@@ -112,9 +112,8 @@ void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressU
   progress.reported = now;
   entry.progress_dirty = true;
   RecordReportedCheckpointLocked(txn, entry, update);
-  // A touched job's watchers hear of it when the transaction commits (with its events).
-  if (txn.touched.count(&entry) > 0) return;
-  for (auto& [id, watcher] : entry.watchers) watcher->OnUpdate(entry.job, nullptr);
+  // Watchers hear of the progress once it is stored: with the job's row when the transaction
+  // touched it, else with the next soft-state write (Tick).
 }
 
 absl::StatusOr<Supervisor::RankOfAttempt> Supervisor::FindLiveRankLocked(const std::string& job_id,

@@ -92,6 +92,7 @@ TEST_F(MoeStatusTest, RankZerosRoutingShowsInStatusAndMetricsAndSurvivesARestart
   other.mutable_moe(1)->set_dropped_total(1000);
   ASSERT_TRUE(supervisor_->ReportProgress(FromProto(other)).ok());
 
+  StoreProgress();
   v1::Job job = StatusOf(id);
   ASSERT_EQ(job.progress().moe_size(), 2);
   const v1::MoeLayerProgress& layer = job.progress().moe(1);

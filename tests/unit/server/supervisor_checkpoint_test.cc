@@ -184,6 +184,7 @@ TEST_F(SupervisorCheckpointTest, InvalidCheckpointRecordsAreDroppedAndProgressGo
   ASSERT_TRUE(order.ok()) << order.status();
   EXPECT_EQ(order->order, WorkerOrder::kContinue);
   EXPECT_TRUE(Checkpoints(id).empty());
+  StoreProgress();
   EXPECT_EQ(View(id).job.progress.step, 5);
   EXPECT_TRUE(View(id).job.last_checkpoint.path.empty());
 }

@@ -240,6 +240,12 @@ class SupervisorTest : public ::testing::Test {
     }
   }
 
+  // Readers see progress once it is stored: past the progress write interval, a Tick writes it.
+  void StoreProgress() {
+    clock_.Advance(options_.progress_flush_interval);
+    supervisor_->Tick();
+  }
+
   void Started(const Agent& agent, const std::string& job_id, int attempt, int rank) {
     ASSERT_TRUE(supervisor_
                     ->WorkerStarted(agent.node_id, agent.session,

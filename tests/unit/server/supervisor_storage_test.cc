@@ -24,7 +24,9 @@ TEST_F(SupervisorTest, OrdersWaitUntilTheChangeTheyFollowFromIsStored) {
   const std::string id = Submit(TinySpec("disk"));
   faults_->FailEveryCommit(true);
   Agent agent = Connect("node-a", 2);
-  EXPECT_EQ(State(id), JobState::kStarting);
+  EXPECT_EQ(State(id), JobState::kQueued) << "status shows a placement that is not stored";
+  EXPECT_THAT(View(id).job.waiting, ::testing::HasSubstr("cannot store this job's latest changes"));
+  EXPECT_TRUE(View(id).attempts.empty());
   EXPECT_TRUE(agent.channel->TakeOf<StartWorkerOrder>().empty())
       << "workers ordered before their attempt was stored";
   AdvanceWithHeartbeats(absl::Seconds(3), {agent});  // every Tick tries again, in vain
@@ -49,6 +51,67 @@ TEST_F(SupervisorTest, OrdersWaitUntilTheChangeTheyFollowFromIsStored) {
   const JobView view = View(id);
   EXPECT_EQ(view.job.state, JobState::kStarting);
   EXPECT_EQ(view.attempts.size(), 1u);
+}
+
+// Status, list, watch and metrics show only what is stored: a job that succeeds while the disk is
+// full stays RUNNING for every reader (a restart would find it so) until SUCCEEDED is stored.
+TEST_F(SupervisorTest, ReadersSeeOnlyStoredStateWhileTheStoreFails) {
+  const std::string id = Submit(TinySpec("full-disk"));
+  Agent agent = Connect("node-a", 2);
+  supervisor_->Tick();
+  const auto starts = agent.channel->TakeOf<StartWorkerOrder>();
+  ASSERT_EQ(starts.size(), 2u);
+  const int attempt = starts[0].attempt_id;
+  Started(agent, id, attempt, 0);
+  Started(agent, id, attempt, 1);
+  for (const auto& joined : JoinAll(id, attempt, 2)) ASSERT_TRUE(joined.ok()) << joined.status();
+  supervisor_->Tick();
+  ASSERT_EQ(State(id), JobState::kRunning);
+  auto watcher = std::make_shared<testing::RecordingWatcher>();
+  ASSERT_TRUE(supervisor_->Watch(id, watcher).ok());
+  ProgressUpdate progress;
+  progress.job_id = id;
+  progress.attempt_id = attempt;
+  progress.step = 7;
+  progress.total_steps = 7;
+  ASSERT_TRUE(supervisor_->ReportProgress(progress).ok());
+  EXPECT_EQ(View(id).job.progress.step, 0) << "progress shown before it is stored";
+  clock_.Advance(absl::Seconds(2));
+  supervisor_->Tick();  // the progress write
+  EXPECT_EQ(View(id).job.progress.step, 7);
+  ASSERT_FALSE(watcher->states.empty());
+
+  faults_->FailEveryCommit(true);
+  Exit(agent, id, attempt, 0, 0);
+  Exit(agent, id, attempt, 1, 0);
+  AdvanceWithHeartbeats(absl::Seconds(2), {agent});
+  const JobView view = View(id);
+  EXPECT_EQ(view.job.state, JobState::kRunning);
+  EXPECT_THAT(view.job.waiting, ::testing::HasSubstr("database or disk is full"));
+  ASSERT_EQ(view.attempts.size(), 1u);
+  EXPECT_EQ(view.attempts[0].state, AttemptState::kRunning);
+  EXPECT_FALSE(view.attempts[0].ranks[0].exit.has_value());
+  const std::vector<JobRecord> listed = supervisor_->ListJobs({JobState::kSucceeded}, 0);
+  EXPECT_TRUE(listed.empty()) << "listed SUCCEEDED before it was stored";
+  ASSERT_EQ(supervisor_->ListJobs({}, 0).size(), 1u);
+  EXPECT_EQ(supervisor_->ListJobs({}, 0)[0].state, JobState::kRunning);
+  MetricsSnapshot metrics = supervisor_->Metrics();
+  EXPECT_EQ(metrics.jobs_by_state[JobState::kSucceeded], 0);
+  EXPECT_EQ(metrics.jobs_by_state[JobState::kRunning], 1);
+  ASSERT_EQ(metrics.jobs.size(), 1u);
+  EXPECT_EQ(metrics.jobs[0].state, JobState::kRunning);
+  auto late = std::make_shared<testing::RecordingWatcher>();
+  ASSERT_TRUE(supervisor_->Watch(id, late).ok());
+  EXPECT_THAT(late->states, ::testing::ElementsAre(JobState::kRunning));
+  EXPECT_THAT(watcher->states, ::testing::Not(Contains(JobState::kSucceeded)));
+
+  faults_->FailEveryCommit(false);
+  supervisor_->Tick();
+  EXPECT_EQ(State(id), JobState::kSucceeded);
+  EXPECT_EQ(supervisor_->ListJobs({JobState::kSucceeded}, 0).size(), 1u);
+  EXPECT_EQ(supervisor_->Metrics().jobs_by_state[JobState::kSucceeded], 1);
+  EXPECT_THAT(watcher->states, Contains(JobState::kSucceeded));
+  EXPECT_TRUE(View(id).job.waiting.empty());
 }
 
 // Group commit: while one change is being stored (a slow disk), the supervisor's lock is free —

@@ -307,6 +307,7 @@ TEST_F(SupervisorTest, ANodesProgressBatchIsAnsweredPerReportAndOnlyForItsOwnRan
   EXPECT_TRUE(absl::IsPermissionDenied((*answers)[2].status())) << (*answers)[2].status();
   EXPECT_THAT(std::string((*answers)[2].status().message()), HasSubstr("node-a"));
   EXPECT_TRUE(absl::IsNotFound((*answers)[3].status())) << (*answers)[3].status();
+  StoreProgress();
   EXPECT_EQ(View(id).job.progress.step, 3) << "rank 0's report is the job's progress";
 
   // A replaced session speaks for nobody.
