@@ -6,6 +6,20 @@
 
 namespace trainyard::config {
 
+const char* HangPhaseName(HangPhase phase) {
+  switch (phase) {
+    case HangPhase::kStep:
+      return "step";
+    case HangPhase::kEvaluation:
+      return "evaluation";
+    case HangPhase::kSampling:
+      return "sampling";
+    case HangPhase::kCheckpoint:
+      return "checkpoint save";
+  }
+  return "step";
+}
+
 double Percentile99(std::span<const double> values) {
   if (values.empty()) return 0.0;
   std::vector<double> sorted(values.begin(), values.end());

@@ -183,7 +183,9 @@ struct FaultToleranceSpec {
   double backoff_jitter = 0.2;
   // A step (or a collective inside it) is hung after max(hang_floor_s, hang_step_multiple ×
   // the p99 of the recent step times); before an attempt's first step, after hang_startup_s.
-  double hang_floor_s = 30.0;
+  // Evaluation, sampling and checkpoint saves are held to the same rule over their own recent
+  // durations, and to hang_startup_s the first time (config/hang_limit.h).
+  double hang_floor_s = 10.0;
   double hang_step_multiple = 10.0;
   double hang_startup_s = 600.0;
   // A rank whose compute time per step exceeds its peers' median by more than this fraction

@@ -229,6 +229,7 @@ void ToProto(const JobHealth& health, v1::Job* out) {
   }
   out->set_restart_at_unix_ms(UnixMillisOrZero(health.restart_at));
   out->set_hang_limit_s(health.hang_limit_s);
+  out->set_hang_limit_of(health.hang_limit_of);
   if (health.young_daly) {
     const YoungDalyView& y = *health.young_daly;
     v1::YoungDaly* yd = out->mutable_young_daly();
@@ -494,6 +495,10 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
   }
   if (report.has_run_report()) out.run_report = report.run_report().SerializeAsString();
   for (const v1::MoeLayerProgress& layer : report.moe()) out.moe.push_back(FromProto(layer));
+  if (report.phase() != v1::ITERATION_PHASE_STEP) {
+    out.phase = ProgressUpdate::Phase{static_cast<config::HangPhase>(report.phase()),
+                                      report.phase_limit_s()};
+  }
   return out;
 }
 

@@ -35,6 +35,18 @@ void FailureDetector::Progress(int rank, int64_t step, double max_step_s, absl::
     step_ = std::max(step_, step);
     moved_ = true;
     last_progress_ = now;
+    phase_.reset();
+  }
+}
+
+void FailureDetector::PhaseStarted(int rank, int64_t step, config::HangPhase phase, double limit_s,
+                                   absl::Time now) {
+  if (rank < 0 || rank >= world_size_ || !(limit_s > 0)) return;
+  Progress(rank, step, 0, now);
+  // A rank's word: bounded, so that no report can switch the check off.
+  limit_s = std::min(limit_s, 1e7);
+  if (!phase_ || now + absl::Seconds(limit_s) > phase_->since + absl::Seconds(phase_->limit_s)) {
+    phase_ = RunningPhase{phase, limit_s, now};
   }
 }
 
@@ -52,6 +64,15 @@ double FailureDetector::LimitSeconds() const {
   return config::HangLimitSeconds(options_.limits, recent);
 }
 
+double FailureDetector::LimitInUse() const {
+  return phase_ && moved_ ? phase_->limit_s : LimitSeconds();
+}
+
+std::string FailureDetector::LimitOf() const {
+  if (!moved_) return "start-up";
+  return phase_ ? config::HangPhaseName(phase_->phase) : "step";
+}
+
 std::optional<HangVerdict> FailureDetector::Check(absl::Time now) {
   if (decided_) return std::nullopt;
   if (first_report_) {
@@ -64,8 +85,9 @@ std::optional<HangVerdict> FailureDetector::Check(absl::Time now) {
     return BlameFromReports(now);
   }
   if (suspended_) return std::nullopt;
-  const absl::Duration limit = absl::Seconds(LimitSeconds()) + options_.slack;
-  if (now - last_progress_ <= limit) return std::nullopt;
+  absl::Time deadline = last_progress_ + absl::Seconds(LimitSeconds());
+  if (phase_) deadline = std::max(deadline, phase_->since + absl::Seconds(phase_->limit_s));
+  if (now <= deadline + options_.slack) return std::nullopt;
   decided_ = true;
   return BlameFromSilence(now);
 }
@@ -146,10 +168,10 @@ HangVerdict FailureDetector::BlameFromSilence(absl::Time now) const {
           ? std::string("it never reported progress")
           : absl::StrFormat("its last report was %.1f s ago", absl::ToDoubleSeconds(now - oldest));
   verdict.reason = moved_ ? absl::StrFormat(
-                                "no step finished for %.1f s after step %d (limit %.1f s "
+                                "no step finished for %.1f s after step %d (%s limit %.1f s "
                                 "+ %.0f s); %s",
-                                absl::ToDoubleSeconds(now - last_progress_), step_, LimitSeconds(),
-                                absl::ToDoubleSeconds(options_.slack), silent)
+                                absl::ToDoubleSeconds(now - last_progress_), step_, LimitOf(),
+                                LimitInUse(), absl::ToDoubleSeconds(options_.slack), silent)
                           : absl::StrFormat(
                                 "no step finished %.1f s after the attempt started "
                                 "(hang_startup_s %.0f s); %s",

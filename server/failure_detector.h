@@ -6,7 +6,9 @@
 //  - the coordinator's own check: no rank reported a finished step for longer than the limit
 //    computed from the slowest reported steps, plus `slack` (a rank that is stopped, or whose
 //    reports do not get through, cannot report itself; the slack lets the workers' reports,
-//    which say more, arrive first).
+//    which say more, arrive first). A rank entering a phase other than the step (evaluation,
+//    sampling, a checkpoint save) says so with the limit it holds the phase to; until the next
+//    step is reported, the check allows that phase its limit from when it began.
 // The first worker report opens a gathering window: the verdict comes when every rank still
 // running has reported, or `gather` after the first report, so that the reports of the ranks
 // waiting in a ring can be put together. Blame follows the waits: the rank others wait for and
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "config/hang_limit.h"
 #include "config/spec.h"
 
 namespace trainyard::server {
@@ -65,6 +68,9 @@ class FailureDetector {
 
   // A progress report of `rank`: `step` steps done, the slowest recent step `max_step_s`.
   void Progress(int rank, int64_t step, double max_step_s, absl::Time now);
+  // `rank` completed `step` steps and entered `phase`, which it holds to `limit_s`.
+  void PhaseStarted(int rank, int64_t step, config::HangPhase phase, double limit_s,
+                    absl::Time now);
   // Ignored for a rank outside the world or after the verdict.
   void HangReported(const HangReport& report, absl::Time now);
   void RankExited(int rank);
@@ -79,6 +85,10 @@ class FailureDetector {
   // The limit a step has now (the workers' rule over the reported slowest steps), and when the
   // attempt last moved.
   double LimitSeconds() const;
+  // The limit in use: the start-up limit before the first step, a phase's while one runs, else
+  // the step's; and what it applies to ("start-up", "step", "evaluation", ...).
+  double LimitInUse() const;
+  std::string LimitOf() const;
   absl::Time last_progress() const { return last_progress_; }
   int64_t step() const { return step_; }
 
@@ -92,6 +102,12 @@ class FailureDetector {
   int64_t step_ = 0;
   bool moved_ = false;  // a step finished in this attempt
   std::deque<double> recent_;
+  struct RunningPhase {
+    config::HangPhase phase;
+    double limit_s;
+    absl::Time since;
+  };
+  std::optional<RunningPhase> phase_;      // until a later step is reported
   std::map<int, absl::Time> last_report_;  // by rank
   std::map<int, HangReport> reports_;      // by rank
   std::set<int> exited_;

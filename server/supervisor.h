@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "config/hang_limit.h"
 #include "config/spec.h"
 #include "planner/device_profile.h"
 #include "server/agent_registry.h"
@@ -164,6 +165,13 @@ struct ProgressUpdate {
   std::string run_report;
   // The MoE layers' routing since the rank's previous report; empty for a dense model.
   std::vector<MoeLayerProgress> moe;
+  // Set when the rank enters a phase other than the step (ProgressReport.phase): the report
+  // says only that, and the hang limit the rank holds the phase to.
+  struct Phase {
+    config::HangPhase phase = config::HangPhase::kEvaluation;
+    double limit_s = 0;
+  };
+  std::optional<Phase> phase;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };

@@ -364,7 +364,10 @@ void Supervisor::RefreshHealthLocked(JobEntry& entry, absl::Time now) {
   if (entry.job.state == JobState::kRestarting && now < entry.restart_at) {
     health.restart_at = entry.restart_at;
   }
-  if (entry.detector) health.hang_limit_s = entry.detector->LimitSeconds();
+  if (entry.detector) {
+    health.hang_limit_s = entry.detector->LimitInUse();
+    health.hang_limit_of = entry.detector->LimitOf();
+  }
   if (entry.checkpoint_policy) {
     const CheckpointPolicySnapshot p = entry.checkpoint_policy->Snapshot();
     YoungDalyView view;

@@ -184,6 +184,18 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
                                                     update.attempt_id, " of job ", update.job_id,
                                                     " does not run on node ", *node_id));
   }
+  // A phase notice (ProgressUpdate::phase) alone, or merged into a step's report by the relay.
+  const auto phase_started = [&] {
+    if (update.phase && entry->detector && attempt->state == AttemptState::kRunning) {
+      entry->detector->PhaseStarted(update.rank, update.step, update.phase->phase,
+                                    update.phase->limit_s, clock_->Now());
+    }
+  };
+  if (update.phase && update.total_steps == 0) {
+    if (attempt->state == AttemptState::kStopping) reply.order = WorkerOrder::kStop;
+    phase_started();
+    return reply;
+  }
   // A save that ended is a fact even when the attempt is being torn down: record it first.
   if (update.rank == 0) RecordCheckpointsLocked(txn, *entry, update);
   // So is the run's report (it comes after the last step, as the attempt may be ending).
@@ -211,6 +223,7 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
   }
   if (update.rank == 0) UpdateProgressLocked(txn, *entry, update);
   if (attempt->state == AttemptState::kRunning) ObserveProgressLocked(txn, *entry, update, reply);
+  phase_started();
   // Repeated on every report while draining, so a lost reply costs nothing.
   // (A resize stops the ranks the same way: a checkpoint at a step they agree on.)
   if (entry->job.drain_requested || entry->resizing) reply.order = WorkerOrder::kDrain;

@@ -216,7 +216,8 @@ struct JobHealth {
   std::vector<RestartBudgetView> restart_budgets;
   absl::Time restart_at = absl::InfinitePast();  // RESTARTING: the backoff ends then
   double hang_limit_s = 0;                       // the live attempt's; 0: none running
-  std::optional<YoungDalyView> young_daly;       // `every_steps: auto` only
+  std::string hang_limit_of;  // what it applies to: "start-up", "step", "evaluation", ...
+  std::optional<YoungDalyView> young_daly;  // `every_steps: auto` only
   GoodputView goodput;
   std::vector<StragglerView> stragglers;
 };

@@ -22,6 +22,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "config/hang_limit.h"
 #include "config/mesh.h"
 #include "config/spec.h"
 #include "planner/run_report_proto.h"
@@ -337,7 +338,50 @@ void ReadSpinInjection(TrainOptions& train) {
   }
 }
 
+// TRAINYARD_INJECT_SLOW_PHASE=PHASE:SECONDS[,PHASE:SECONDS] (PHASE: evaluation, sampling or
+// checkpoint) makes every such phase of this worker sleep that long first (tests of the phases'
+// hang limits).
+void ReadSlowPhaseInjection(TrainOptions& train) {
+  const char* value = std::getenv("TRAINYARD_INJECT_SLOW_PHASE");
+  if (value == nullptr || *value == '\0') return;
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    std::pair<std::string, std::string> parts = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    double seconds = 0;
+    int phase = 0;
+    for (int p = 1; p < config::kHangPhases; ++p) {
+      const std::string name = config::HangPhaseName(static_cast<config::HangPhase>(p));
+      if (absl::StartsWith(name, parts.first)) phase = p;
+    }
+    if (phase == 0 || !absl::SimpleAtod(parts.second, &seconds) || seconds < 0) {
+      TY_LOG(WARNING) << "TRAINYARD_INJECT_SLOW_PHASE item " << item
+                      << " ignored: expected evaluation, sampling or checkpoint:SECONDS";
+      continue;
+    }
+    train.slow_phase_s[phase] = seconds;
+  }
+}
+
 namespace {
+
+// This rank in its groups: rendezvous through `store`, waits recorded in `waits` (for the
+// watchdog), and the Gloo address TRAINYARD_GLOO_HOSTNAME names, else this host's name unless
+// the coordinator is on loopback.
+RankContext RankContextFor(const CoordinatedOptions& options, RankContext::Collectives collectives,
+                           parallel::KeyValueStore* store, parallel::WaitRegistry* waits) {
+  RankContext rank;
+  rank.rank = options.rank;
+  rank.collectives = collectives;
+  rank.store = store;
+  rank.gloo.timeout =
+      std::chrono::milliseconds(absl::ToInt64Milliseconds(options.collective_timeout));
+  rank.gloo.waits = waits;
+  if (const char* host = std::getenv("TRAINYARD_GLOO_HOSTNAME"); host != nullptr && *host) {
+    rank.gloo.hostname = host;
+  } else if (!IsLoopback(options.coordinator)) {
+    rank.gloo.hostname = LocalHostname();
+  }
+  return rank;
+}
 
 // OK when the coordinator confirms `options`' attempt is still the job's current one.
 absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
@@ -430,18 +474,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
             << std::flush;
 
   GrpcKeyValueStore store(stub, joined.kv_prefix());
-  RankContext rank;
-  rank.rank = options.rank;
-  rank.collectives = placement.collectives;
-  rank.store = &store;
-  rank.gloo.timeout =
-      std::chrono::milliseconds(absl::ToInt64Milliseconds(options.collective_timeout));
-  rank.gloo.waits = &waits;
-  if (const char* host = std::getenv("TRAINYARD_GLOO_HOSTNAME"); host != nullptr && *host) {
-    rank.gloo.hostname = host;
-  } else if (!IsLoopback(options.coordinator)) {
-    rank.gloo.hostname = LocalHostname();
-  }
+  RankContext rank = RankContextFor(options, placement.collectives, &store, &waits);
   TY_ASSIGN_OR_RETURN(std::unique_ptr<ProgressChannel> channel, ProgressChannelFor(stub));
   std::atomic<bool> drain{false};
   std::atomic<int64_t> checkpoint_order{0};
@@ -460,6 +493,10 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   train.watchdog = &watchdog;
   train.checkpoint_order = &checkpoint_order;
   ReadSpinInjection(train);
+  ReadSlowPhaseInjection(train);
+  train.on_phase = [&reporter](config::HangPhase phase, double limit_s, int64_t step) {
+    reporter.OnPhase(phase, limit_s, step);
+  };
   train.recorded_checkpoint = joined.resume_from().path();
   train.on_checkpoint = [&reporter, &options](const checkpoint::SaveOutcome& outcome) {
     reporter.AddCheckpoint(CheckpointRecord(outcome, options.attempt_id));

@@ -12,7 +12,10 @@ namespace trainyard::worker {
 
 std::string HangDiagnosis::Describe() const {
   std::string text =
-      absl::StrFormat("step %d has run %.1f s (limit %.1f s)", step + 1, elapsed_s, limit_s);
+      phase == config::HangPhase::kStep
+          ? absl::StrFormat("step %d has run %.1f s (limit %.1f s)", step + 1, elapsed_s, limit_s)
+          : absl::StrFormat("the %s of step %d has run %.1f s (limit %.1f s)",
+                            config::HangPhaseName(phase), step + 1, elapsed_s, limit_s);
   if (!wait) return absl::StrCat(text, ", not blocked in a collective");
   std::vector<std::string> peers;
   for (int r : wait->waiting_for) peers.push_back(absl::StrCat(r));
@@ -27,8 +30,9 @@ HangWatchdog::HangWatchdog(config::FaultToleranceSpec limits, Clock* clock,
       clock_(clock),
       waits_(waits),
       on_hang_(std::move(on_hang)),
-      poll_(poll) {
-  since_nanos_ = clock_->NowNanosMonotonic();
+      poll_(poll),
+      created_nanos_(clock_->NowNanosMonotonic()) {
+  since_nanos_ = created_nanos_;
 }
 
 HangWatchdog::~HangWatchdog() {
@@ -47,16 +51,40 @@ void HangWatchdog::Start() {
 void HangWatchdog::StepStarted(int64_t completed) {
   absl::MutexLock lock(&mu_);
   step_ = completed;
-  // Until a step has finished, the start-up limit runs from construction.
-  if (!recent_.empty() || !armed_) since_nanos_ = clock_->NowNanosMonotonic();
+  phase_ = config::HangPhase::kStep;
+  since_nanos_ = clock_->NowNanosMonotonic();
+  step_spent_s_ = 0;
   armed_ = true;
 }
 
-void HangWatchdog::StepFinished(double seconds) {
+void HangWatchdog::StepFinished() {
   absl::MutexLock lock(&mu_);
-  recent_.push_back(seconds);
-  if (recent_.size() > config::kHangLimitHistory) recent_.pop_front();
-  since_nanos_ = clock_->NowNanosMonotonic();
+  const int64_t now = clock_->NowNanosMonotonic();
+  std::deque<double>& steps = recent_[static_cast<int>(config::HangPhase::kStep)];
+  steps.push_back(step_spent_s_ + (now - since_nanos_) / 1e9);
+  if (steps.size() > config::kHangLimitHistory) steps.pop_front();
+  since_nanos_ = now;
+  step_spent_s_ = 0;
+}
+
+double HangWatchdog::PhaseStarted(config::HangPhase phase) {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = clock_->NowNanosMonotonic();
+  if (phase_ == config::HangPhase::kStep) step_spent_s_ += (now - since_nanos_) / 1e9;
+  phase_ = phase;
+  since_nanos_ = now;
+  return LimitLocked(phase);
+}
+
+void HangWatchdog::PhaseFinished() {
+  absl::MutexLock lock(&mu_);
+  if (phase_ == config::HangPhase::kStep) return;
+  const int64_t now = clock_->NowNanosMonotonic();
+  std::deque<double>& durations = recent_[static_cast<int>(phase_)];
+  durations.push_back((now - since_nanos_) / 1e9);
+  if (durations.size() > config::kHangLimitHistory) durations.pop_front();
+  phase_ = config::HangPhase::kStep;
+  since_nanos_ = now;
 }
 
 void HangWatchdog::Suspend() {
@@ -64,10 +92,15 @@ void HangWatchdog::Suspend() {
   armed_ = false;
 }
 
+double HangWatchdog::LimitLocked(config::HangPhase phase) const {
+  const std::deque<double>& durations = recent_[static_cast<int>(phase)];
+  const std::vector<double> recent(durations.begin(), durations.end());
+  return config::HangLimitSeconds(limits_, recent);
+}
+
 double HangWatchdog::LimitSeconds() const {
   absl::MutexLock lock(&mu_);
-  const std::vector<double> recent(recent_.begin(), recent_.end());
-  return config::HangLimitSeconds(limits_, recent);
+  return LimitLocked(config::HangPhase::kStep);
 }
 
 bool HangWatchdog::Poll() {
@@ -76,9 +109,15 @@ bool HangWatchdog::Poll() {
     absl::MutexLock lock(&mu_);
     if (!armed_ || fired_) return false;
     const int64_t now = clock_->NowNanosMonotonic();
-    const std::vector<double> recent(recent_.begin(), recent_.end());
-    diagnosis.limit_s = config::HangLimitSeconds(limits_, recent);
-    diagnosis.elapsed_s = (now - since_nanos_) / 1e9;
+    diagnosis.phase = phase_;
+    if (StartingUp()) {  // the whole first iteration, from the worker's start
+      diagnosis.limit_s = limits_.hang_startup_s;
+      diagnosis.elapsed_s = (now - created_nanos_) / 1e9;
+    } else {
+      diagnosis.limit_s = LimitLocked(phase_);
+      diagnosis.elapsed_s = (now - since_nanos_) / 1e9;
+      if (phase_ == config::HangPhase::kStep) diagnosis.elapsed_s += step_spent_s_;
+    }
     if (diagnosis.elapsed_s <= diagnosis.limit_s) return false;
     fired_ = true;
     diagnosis.step = step_;

@@ -271,6 +271,25 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   }
 }
 
+static_assert(static_cast<int>(config::HangPhase::kEvaluation) == v1::ITERATION_PHASE_EVALUATION &&
+              static_cast<int>(config::HangPhase::kSampling) == v1::ITERATION_PHASE_SAMPLING &&
+              static_cast<int>(config::HangPhase::kCheckpoint) == v1::ITERATION_PHASE_CHECKPOINT);
+
+void ProgressReporter::OnPhase(config::HangPhase phase, double limit_s, int64_t step) {
+  if (unreachable_since_nanos_) return;
+  v1::ProgressReport report;
+  report.set_job_id(identity_.job_id);
+  report.set_attempt_id(identity_.attempt_id);
+  report.set_rank(identity_.rank);
+  report.set_step(step);
+  report.set_phase(static_cast<v1::IterationPhase>(phase));
+  report.set_phase_limit_s(limit_s);
+  if (absl::Status sent = channel_->Report(report, kUnreachableTimeout).status(); !sent.ok()) {
+    TY_LOG(WARNING) << "cannot tell the coordinator of the " << config::HangPhaseName(phase)
+                    << " after step " << step << ": " << sent;
+  }
+}
+
 absl::Status ProgressReporter::SendRunReport(const v1::RunReport& run_report) {
   v1::ProgressReport report = last_report_;
   report.set_job_id(identity_.job_id);

@@ -112,6 +112,11 @@ class ProgressReporter {
                    std::atomic<int64_t>* checkpoint_order = nullptr);
 
   [[nodiscard]] absl::Status OnStep(const StepReport& step);
+  // A phase of the iteration other than the step begins (TrainOptions::on_phase): the
+  // coordinator hears of it at once, with the phase's hang limit (ProgressReport.phase). Not
+  // sent while the coordinator is unreachable; a failure is logged, and the reply's order waits
+  // for the next step's report.
+  void OnPhase(config::HangPhase phase, double limit_s, int64_t step);
   // An MoE job's balance rule and top_k (model.moe), which its reports' MoE figures need; call
   // it before the first step.
   void SetMoe(trainyard::v1::MoeBalance balance, int top_k);

@@ -250,6 +250,13 @@ class RankTrainer {
   double WaitSeconds() const;  // collective and pipeline waits so far
   absl::Status Checkpoint(bool save, bool wait);
   absl::Status Sample();
+  // The validation loss of the model as it stands, added to result_.evals.
+  absl::Status EvaluateNow();
+  // Runs `body` as a phase of the iteration other than the step (see TrainOptions::on_phase):
+  // held to that phase's own hang limit, its time left out of the step's, and left by every rank
+  // together (a world barrier), so that a rank still in it is not taken for hung by a peer that
+  // is back in the step and waits for it in a collective.
+  absl::Status InPhase(config::HangPhase phase, const std::function<absl::Status()>& body);
   void LogStep(double loss, double lr, double norm);
   void Finish();
 
@@ -277,7 +284,8 @@ class RankTrainer {
   int64_t stage_transfer_ = 0;  // elements of the residual stream a pipeline stage hands on
   int64_t tokens_per_step_ = 0;
   int64_t train_nanos_ = 0;
-  int64_t data_nanos_ = 0;  // drawing batches, since the last step's report
+  int64_t phase_nanos_ = 0;  // of the running iteration, in InPhase
+  int64_t data_nanos_ = 0;   // drawing batches, since the last step's report
   double pipeline_wait_ = 0.0;
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
@@ -628,6 +636,40 @@ absl::Status RankTrainer::Checkpoint(bool save, bool wait) {
   return absl::OkStatus();
 }
 
+absl::Status RankTrainer::EvaluateNow() {
+  const config::TrainingSpec& tr = spec_.training;
+  const EvalShare share{.eval_batches = tr.eval_batches,
+                        .global_batch = tr.batch,
+                        .dp_rank = dims_.at.dp_rank,
+                        .per_rank = dims_.at.per_rank,
+                        .micro = dims_.at.micro};
+  TY_ASSIGN_OR_RETURN(const double val, Evaluate(*model_, backend_, *dims_.dp, *dims_.pp,
+                                                 spec_.parallelism.virtual_stages, *val_sampler_,
+                                                 share, stage_transfer_));
+  result_.evals.push_back({state_.step, val});
+  return absl::OkStatus();
+}
+
+absl::Status RankTrainer::InPhase(config::HangPhase phase,
+                                  const std::function<absl::Status()>& body) {
+  const int64_t start = clock_.NowNanosMonotonic();
+  HangWatchdog* const watchdog = options_.watchdog;
+  if (watchdog != nullptr) {
+    const double limit_s = watchdog->PhaseStarted(phase);
+    if (options_.on_phase) options_.on_phase(phase, limit_s, state_.step);
+  }
+  if (const double slow_s = options_.slow_phase_s[static_cast<int>(phase)]; slow_s > 0) {
+    clock_.SleepFor(absl::Seconds(slow_s));
+  }
+  absl::Status status = body();
+  if (status.ok() && watchdog != nullptr && spec_.world_size() > 1) {
+    status = SumOverWorld(0.0).status();
+  }
+  if (watchdog != nullptr) watchdog->PhaseFinished();
+  phase_nanos_ += clock_.NowNanosMonotonic() - start;
+  return status;
+}
+
 // training.sample_every: rank 0 continues the prompt with the model as it stands.
 absl::Status RankTrainer::Sample() {
   // Its traffic is not training's: the run's byte counts leave it out.
@@ -679,6 +721,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
   while (state_.step < tr.steps) {
     if (options_.stop_after_step > 0 && state_.step >= options_.stop_after_step) break;
     const int64_t start = clock_.NowNanosMonotonic();
+    phase_nanos_ = 0;
     const double wait_before = WaitSeconds();
     if (watchdog != nullptr) watchdog->StepStarted(state_.step);
     if (options_.spin_at_step > 0 && state_.step == options_.spin_at_step &&
@@ -721,21 +764,13 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                       .wait_seconds = WaitSeconds() - wait_before};
     AddStepDetail(report, optimizer_nanos);
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
-      const EvalShare share{.eval_batches = tr.eval_batches,
-                            .global_batch = tr.batch,
-                            .dp_rank = dims_.at.dp_rank,
-                            .per_rank = dims_.at.per_rank,
-                            .micro = dims_.at.micro};
-      TY_ASSIGN_OR_RETURN(double val, Evaluate(*model_, backend_, *dims_.dp, *dims_.pp,
-                                               spec_.parallelism.virtual_stages, *val_sampler_,
-                                               share, stage_transfer_));
-      result_.evals.push_back({state_.step, val});
-      report.val_loss = val;
+      TY_RETURN_IF_ERROR(InPhase(config::HangPhase::kEvaluation, [&] { return EvaluateNow(); }));
+      report.val_loss = result_.evals.back().loss;
       if (out_) *out_ << EvalLine(result_.evals.back(), data_.entropy_nats) << "\n" << std::flush;
       window_start_ = clock_.NowNanosMonotonic();
     }
     if (tr.sample_every > 0 && (last || state_.step % tr.sample_every == 0)) {
-      TY_RETURN_IF_ERROR(Sample());
+      TY_RETURN_IF_ERROR(InPhase(config::HangPhase::kSampling, [&] { return Sample(); }));
       window_start_ = clock_.NowNanosMonotonic();
     }
     TY_ASSIGN_OR_RETURN(const Agreement agreed, Agree(report.step_seconds));
@@ -745,16 +780,19 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                 : checkpointer_->Due(state_, tr.steps);
     const bool save = due || (stopping && spec_.checkpoint.enabled());
     if (watchdog != nullptr && save && (last || stopping)) watchdog->Suspend();
-    TY_RETURN_IF_ERROR(Checkpoint(save, /*wait=*/save && (last || stopping)));
+    // Every rank agrees on `save` (a phase's barrier needs them all); a memory snapshot, a copy
+    // within the node that a rank may skip after failures of its own, stays in the step.
+    const auto checkpoint = [&] { return Checkpoint(save, /*wait=*/save && (last || stopping)); };
+    TY_RETURN_IF_ERROR(save ? InPhase(config::HangPhase::kCheckpoint, checkpoint) : checkpoint());
     if (!stopping && checkpointer_->MemoryDue(state_, tr.steps, agreed.memory_interval)) {
       if (absl::Status s = checkpointer_->SaveToMemory(state_); !s.ok()) {
         TY_LOG(WARNING) << "memory snapshot of step " << state_.step
                         << " not taken: " << s.message();
       }
     }
-    report.iteration_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
+    report.iteration_seconds = (clock_.NowNanosMonotonic() - start - phase_nanos_) / 1e9;
     if (options_.on_step) TY_RETURN_IF_ERROR(options_.on_step(report));
-    if (watchdog != nullptr) watchdog->StepFinished(report.iteration_seconds);
+    if (watchdog != nullptr) watchdog->StepFinished();
     if (stopping) {
       result_.drained = true;
       if (out_) *out_ << "drained at step " << state_.step << "\n" << std::flush;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
+#include "config/hang_limit.h"
 #include "config/spec.h"
 #include "worker/backend.h"
 #include "worker/model.h"
@@ -51,7 +52,8 @@ struct StepReport {
   // Of step_seconds, waiting for collectives and pipeline peers: the rest is this rank's own
   // compute, which is what tells a straggler from the peers that wait for it.
   double wait_seconds = 0.0;
-  // From the step's start to its report: the step, an evaluation and checkpoint blocking.
+  // From the step's start to its report, leaving out evaluation, sampling and checkpoint saves
+  // (phases with hang limits of their own, config/hang_limit.h).
   double iteration_seconds = 0.0;
   // Of step_seconds: the forward and backward passes, the optimizer (OptimizerStep: gradient
   // reduction and the update) and drawing the batch. Collectives that block inside a phase count
@@ -102,8 +104,15 @@ struct TrainOptions {
   // Stop after this many optimizer steps of the run even if the spec asks for more (tests and
   // benchmarks of resumption); 0: no limit. The schedule still follows training.steps.
   int64_t stop_after_step = 0;
-  // Told when each step starts and ends, so that a hung step is noticed (none when null).
+  // Told when each step and each phase within it (evaluation, sampling, a checkpoint save)
+  // starts and ends, so that a hung step or phase is noticed (none when null).
   HangWatchdog* watchdog = nullptr;
+  // With a watchdog: called when such a phase begins, with the limit it is held to and the steps
+  // completed, so that the coordinator's own check allows for it (none when null).
+  std::function<void(config::HangPhase phase, double limit_s, int64_t step)> on_phase;
+  // Fault injection for tests of the phase limits: every such phase of this rank first sleeps
+  // this long (seconds, by config::HangPhase). 0: off.
+  std::array<double, config::kHangPhases> slow_phase_s{};
   // With `checkpoint.every_steps: auto`, the step at which the coordinator ordered the next
   // save (0: none yet), as rank 0 last heard it; every rank saves at the step rank 0 names.
   // Null: the fixed interval config::CheckpointSpec::interval_steps gives.

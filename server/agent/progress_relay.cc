@@ -158,7 +158,7 @@ bool ProgressRelay::Keep(const v1::ProgressReport& report, int64_t now_nanos) {
 
 bool ProgressRelay::IsUrgent(const v1::ProgressReport& report) {
   return report.checkpoints_size() > 0 || report.has_resumed() || report.has_run_report() ||
-         report.has_val_loss() ||
+         report.has_val_loss() || report.phase() != v1::ITERATION_PHASE_STEP ||
          (report.total_steps() > 0 && report.step() >= report.total_steps());
 }
 
@@ -178,6 +178,12 @@ bool ProgressRelay::DueLocked(int64_t now_nanos) const {
 }
 
 void ProgressRelay::Merge(v1::ProgressReport* older, const v1::ProgressReport& newer) {
+  if (newer.phase() != v1::ITERATION_PHASE_STEP && newer.total_steps() == 0) {
+    // A phase notice: the waiting report keeps its figures and carries the phase too.
+    older->set_phase(newer.phase());
+    older->set_phase_limit_s(newer.phase_limit_s());
+    return;
+  }
   v1::ProgressReport merged = newer;
   merged.clear_checkpoints();
   for (const v1::Checkpoint& c : older->checkpoints()) *merged.add_checkpoints() = c;

@@ -8,9 +8,9 @@
 // When a batch is due: when every rank of some attempt on this node has a report waiting (ranks
 // of one job step together, so they report within a moment of each other), when a report has
 // waited `window`, or at once for a report the coordinator should hear of now (checkpoints, a
-// resume, a run report, a validation loss, the last step). Before a worker's exit is reported the
-// transport takes whatever waits (TakeBatch with force), so the coordinator sees a rank's last
-// report before its exit.
+// resume, a run report, a validation loss, the last step, a phase notice). Before a worker's exit
+// is reported the transport takes whatever waits (TakeBatch with force), so the coordinator sees a
+// rank's last report before its exit.
 //
 // A report stays with the relay until the coordinator has answered the batch that carried it.
 // When the agent's stream breaks, the waiting calls are answered UNAVAILABLE, and the batches
@@ -18,7 +18,8 @@
 // reconnects (the coordinator treats a repeated checkpoint or resume as a no-op). Reports of a
 // rank not yet sent merge: the newest wins, the slowest step is the slowest of both, the MoE
 // layers' routing adds up over both reports' steps, and checkpoints, the resume, the run report
-// and a validation loss carry over. (A batch the coordinator did take, whose answer the broken
+// and a validation loss carry over; a phase notice (ProgressReport.phase) joins a waiting
+// report, which keeps its figures. (A batch the coordinator did take, whose answer the broken
 // stream lost, is sent again: its MoE routing then counts twice in that one report's window.)
 //
 // Authentication: the relay admits the attempt secrets of the StartWorker orders the agent got;

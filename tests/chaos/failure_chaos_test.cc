@@ -23,6 +23,7 @@ namespace trainyard::testenv {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 // Hang limits small enough for a tiny job: a step is hung after max(2 s, 10 × p99) — the tiny
@@ -91,6 +92,78 @@ TEST(FailureDetectorChaosTest, StoppedRankOfATwoRankJobIsBlamedWithinSeconds) {
   const ProcessResult logs = cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"});
   EXPECT_THAT(logs.out, HasSubstr("resumed from step"));
   EXPECT_TRUE(cp.WorkerPids().empty());
+}
+
+// With the default limits, a stopped rank of a 2-rank job that evaluates and checkpoints every
+// 20 steps is found within 15 s, and status shows the limit in use.
+TEST(FailureDetectorChaosTest, StoppedRankIsFoundWithinFifteenSecondsWithTheDefaults) {
+  ControlPlane cp("chaos_hang_defaults");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml",
+      TinySpec({.name = "defaults",
+                .ranks_per_node = 2,
+                .steps = 100000,
+                .max_restarts = 2,
+                .checkpoint = absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 20}"),
+                .fault_tolerance = "backoff_initial_s: 0.2",
+                .eval_every = 20})));
+  int64_t stopped = 0;
+  const Clock::time_point t0 = StopRankAfterACheckpoint(cp, job_id, 1, &stopped);
+  const v1::Job before = cp.Status(job_id).job();
+  EXPECT_EQ(before.restarts(), 0) << "an evaluation or save was taken for a hang";
+  EXPECT_GT(before.hang_limit_s(), 0);
+  EXPECT_LE(before.hang_limit_s(), 10) << before.hang_limit_of();
+  ASSERT_TRUE(cp.WaitFor(
+      job_id, [](const v1::GetJobReply& r) { return FailedAs(r, "hang"); }, 15))
+      << "no hang found within 15 s";
+  const double found = SecondsSince(t0);
+  const v1::FailureSummary failure = cp.Status(job_id).job().last_failure();
+  EXPECT_EQ(failure.rank(), 1) << failure.cause();
+  std::cout << "with the default limits, a stopped rank of a 2-rank job was found " << found
+            << " s after SIGSTOP; " << failure.cause() << std::endl;
+  EXPECT_EQ(cp.Cli({"cancel", job_id}).exit_code, 0);
+  EXPECT_TRUE(cp.WaitFor(
+      job_id, [](const v1::GetJobReply& r) { return r.job().state() == v1::JOB_STATE_CANCELLED; },
+      60));
+  EXPECT_TRUE(ProcessGone(stopped));
+  EXPECT_TRUE(cp.WorkerPids().empty());
+}
+
+// Evaluations and checkpoint saves longer than the step's limit and the coordinator's slack are
+// no hang: each phase has a limit of its own, and the ranks tell the coordinator when one begins.
+TEST(FailureDetectorChaosTest, LongEvaluationsAndSavesAreNoHang) {
+  ControlPlane cp("chaos_slow_phases");
+  cp.StartServer({.local_agent = true,
+                  .local_slots = 2,
+                  .env = {"TRAINYARD_INJECT_SLOW_PHASE=evaluation:6,checkpoint:6"}});
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml",
+      TinySpec({.name = "slow-phases",
+                .ranks_per_node = 2,
+                .steps = 40,
+                .max_restarts = 2,
+                .checkpoint = absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 20}"),
+                .fault_tolerance = kFastHangs,  // the step's limit: 2 s; the slack: 3 s
+                .eval_every = 20})));
+  std::string phase;
+  EXPECT_TRUE(cp.WaitFor(
+      job_id,
+      [&phase](const v1::GetJobReply& r) {
+        phase = r.job().hang_limit_of();
+        return phase == "evaluation" || phase == "checkpoint save" ||
+               r.job().state() == v1::JOB_STATE_SUCCEEDED;
+      },
+      120));
+  EXPECT_TRUE(phase == "evaluation" || phase == "checkpoint save") << phase;
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  const v1::GetJobReply done = cp.Status(job_id);
+  EXPECT_EQ(done.job().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.job().restarts(), 0) << done.job().last_failure().cause();
+  const ProcessResult logs = cp.Cli({"logs", job_id, "--rank", "0"});
+  EXPECT_THAT(logs.out, HasSubstr("val loss"));
+  EXPECT_THAT(logs.out, Not(HasSubstr("hang:")));
 }
 
 TEST(FailureDetectorChaosTest, StoppedOnlyRankIsFoundByTheCoordinator) {

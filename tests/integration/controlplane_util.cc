@@ -55,14 +55,15 @@ std::string TinySpec(const TinyJob& job) {
       job.data.empty()
           ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
           : job.data;
-  std::string spec = absl::StrCat(
-      "name: ", job.name, "\nmodel: ", job.model, "\ndata: ", data,
-      "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
-      ", seq_len: 16, eval_every: 0, log_every: 10, threads: 1}\n", "parallelism: {dp: ", world,
-      "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,
-      "}\nfault_tolerance: {max_restarts: ", job.max_restarts, ", heartbeat_timeout_s: 5",
-      job.fault_tolerance.empty() ? "" : ", ", job.fault_tolerance, "}\npriority: ", job.priority,
-      "\n");
+  std::string spec =
+      absl::StrCat("name: ", job.name, "\nmodel: ", job.model, "\ndata: ", data,
+                   "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
+                   ", seq_len: 16, eval_every: ", job.eval_every,
+                   ", eval_batches: 2, log_every: 10, threads: 1}\nparallelism: {dp: ", world,
+                   "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,
+                   "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
+                   ", heartbeat_timeout_s: 5", job.fault_tolerance.empty() ? "" : ", ",
+                   job.fault_tolerance, "}\npriority: ", job.priority, "\n");
   if (!job.checkpoint.empty()) absl::StrAppend(&spec, "checkpoint: ", job.checkpoint, "\n");
   return spec;
 }

@@ -44,6 +44,7 @@ struct TinyJob {
   std::string fault_tolerance;  // more `fault_tolerance:` entries ("hang_floor_s: 2, ...")
   int batch_per_rank = 4;
   std::string model = "{preset: gpt2-debug}";  // the `model:` mapping
+  int eval_every = 0;                          // training.eval_every (2 batches each)
 };
 
 // A valid spec for the debug GPT-2 (or job.model): nodes x ranks_per_node data-parallel CPU

@@ -89,7 +89,12 @@ void AppendHealthRows(const v1::Job& job, int64_t now_ms,
         {"backoff", absl::StrCat("next attempt in ", FormatDuration(std::max<int64_t>(
                                                          0, job.restart_at_unix_ms() - now_ms)))});
   }
-  if (job.hang_limit_s() > 0) rows.push_back({"hang limit", Seconds(job.hang_limit_s())});
+  if (job.hang_limit_s() > 0) {
+    rows.push_back({"hang limit", job.hang_limit_of().empty()
+                                      ? Seconds(job.hang_limit_s())
+                                      : absl::StrCat(Seconds(job.hang_limit_s()), " (",
+                                                     job.hang_limit_of(), ")")});
+  }
   if (job.has_young_daly()) {
     const v1::YoungDaly& y = job.young_daly();
     std::string text =

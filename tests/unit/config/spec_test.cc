@@ -157,7 +157,7 @@ fault_tolerance:
   // Defaults fit every valid spec.
   const FaultToleranceSpec d = MustParse("name: d\nmodel: {preset: gpt2-debug}\n").fault_tolerance;
   EXPECT_DOUBLE_EQ(d.backoff_initial_s, 1);
-  EXPECT_DOUBLE_EQ(d.hang_floor_s, 30);
+  EXPECT_DOUBLE_EQ(d.hang_floor_s, 10);
   EXPECT_DOUBLE_EQ(d.hang_startup_s, 600);
   EXPECT_TRUE(d.max_restarts_by_cause.empty());
 }

@@ -68,6 +68,46 @@ TEST(FailureDetectorTest, SteadyProgressIsNeverAHang) {
   EXPECT_EQ(d.LimitSeconds(), 3);
 }
 
+// A rank that says it entered a long phase (a first evaluation, a checkpoint save) is allowed
+// that phase's limit from when it began; the next step's report ends it, and the step's short
+// limit applies again.
+TEST(FailureDetectorTest, APhaseNoticeExtendsTheCheckUntilTheNextStep) {
+  FailureDetector d(Opts(), 2, kStart);
+  absl::Time t = kStart;
+  for (int step = 1; step <= 20; ++step) {
+    t += absl::Milliseconds(100);
+    d.Progress(0, step, 0.1, t);
+    d.Progress(1, step, 0.1, t);
+  }
+  EXPECT_EQ(d.LimitOf(), "step");
+  t += absl::Milliseconds(100);
+  d.PhaseStarted(0, 21, config::HangPhase::kEvaluation, 60, t);
+  EXPECT_EQ(d.step(), 21) << "the notice says step 21 finished";
+  EXPECT_EQ(d.LimitInUse(), 60);
+  EXPECT_EQ(d.LimitOf(), "evaluation");
+  const absl::Time phase_start = t;
+  EXPECT_FALSE(d.Check(phase_start + absl::Seconds(62)).has_value());  // 60 s + 3 s slack
+  t = phase_start + absl::Seconds(50);
+  d.Progress(0, 22, 0.1, t);  // the evaluation ended; the next step finished
+  EXPECT_EQ(d.LimitOf(), "step");
+  EXPECT_EQ(d.LimitInUse(), 3);
+  EXPECT_FALSE(d.Check(t + absl::Seconds(6)).has_value());
+  const std::optional<HangVerdict> v = d.Check(t + absl::Seconds(6.5));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_THAT(v->reason, HasSubstr("after step 22 (step limit 3.0 s + 3 s)"));
+}
+
+TEST(FailureDetectorTest, ASilentPhasePastItsLimitIsAHang) {
+  FailureDetector d(Opts(), 1, kStart);
+  d.Progress(0, 5, 0.1, kStart + absl::Seconds(1));
+  d.PhaseStarted(0, 5, config::HangPhase::kCheckpoint, 20, kStart + absl::Seconds(2));
+  d.PhaseStarted(0, 5, config::HangPhase::kCheckpoint, -1, kStart + absl::Seconds(2));  // ignored
+  EXPECT_FALSE(d.Check(kStart + absl::Seconds(25)).has_value());
+  const std::optional<HangVerdict> v = d.Check(kStart + absl::Seconds(25.5));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_THAT(v->reason, HasSubstr("(checkpoint save limit 20.0 s + 3 s)"));
+}
+
 TEST(FailureDetectorTest, StartupLimitBeforeTheFirstStep) {
   FailureDetector d(Opts(Limits(3, 10, 60)), 1, kStart);
   EXPECT_FALSE(d.Check(kStart + absl::Seconds(62)).has_value());  // 60 s + 3 s slack

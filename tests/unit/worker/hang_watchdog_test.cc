@@ -42,7 +42,7 @@ class HangWatchdogDetectorTest : public ::testing::Test {
     for (int i = 0; i < count; ++i) {
       watchdog_.StepStarted(completed_);
       clock_.Advance(absl::Seconds(seconds));
-      watchdog_.StepFinished(seconds);
+      watchdog_.StepFinished();
       ++completed_;
     }
   }
@@ -181,11 +181,68 @@ TEST_F(HangWatchdogDetectorTest, FiresOnlyOnce) {
   clock_.Advance(absl::Seconds(3));
   EXPECT_FALSE(watchdog_.Poll());
   // Not even for a later step.
-  watchdog_.StepFinished(6);
+  watchdog_.StepFinished();
   watchdog_.StepStarted(completed_ + 1);
   clock_.Advance(absl::Minutes(10));
   EXPECT_FALSE(watchdog_.Poll());
   EXPECT_EQ(fired_.size(), 1u);
+}
+
+// Evaluation, sampling and checkpoint saves have limits of their own: the first of each gets the
+// start-up limit, later ones a multiple of their own recent durations; their time is not the
+// step's, so the step's limit stays short.
+TEST_F(HangWatchdogDetectorTest, PhasesAreHeldToTheirOwnLimitsAndLeaveTheStepsAlone) {
+  RunSteps(20, 0.1);  // the step's limit: the 2 s floor
+  watchdog_.StepStarted(completed_);
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_DOUBLE_EQ(watchdog_.PhaseStarted(config::HangPhase::kEvaluation), 60);
+  clock_.Advance(absl::Seconds(40));  // a first evaluation of 40 s: within the start-up limit
+  EXPECT_FALSE(watchdog_.Poll());
+  watchdog_.PhaseFinished();
+  clock_.Advance(absl::Milliseconds(50));  // the step's own time: 0.15 s
+  EXPECT_FALSE(watchdog_.Poll());
+  watchdog_.StepFinished();
+  ++completed_;
+  EXPECT_DOUBLE_EQ(watchdog_.LimitSeconds(), 2) << "the evaluation counted as the step's";
+  // A first checkpoint save is allowed the start-up limit too, whatever the evaluations took.
+  watchdog_.StepStarted(completed_);
+  EXPECT_DOUBLE_EQ(watchdog_.PhaseStarted(config::HangPhase::kCheckpoint), 60);
+  clock_.Advance(absl::Seconds(3));
+  watchdog_.PhaseFinished();
+  watchdog_.StepFinished();
+  ++completed_;
+  // The second evaluation: 10 × the first one's 40 s.
+  watchdog_.StepStarted(completed_);
+  EXPECT_DOUBLE_EQ(watchdog_.PhaseStarted(config::HangPhase::kEvaluation), 400);
+  clock_.Advance(absl::Seconds(400));
+  EXPECT_FALSE(watchdog_.Poll());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(watchdog_.Poll());
+  ASSERT_EQ(fired_.size(), 1u);
+  EXPECT_EQ(fired_[0].phase, config::HangPhase::kEvaluation);
+  EXPECT_DOUBLE_EQ(fired_[0].limit_s, 400);
+  EXPECT_EQ(fired_[0].Describe(),
+            "the evaluation of step 23 has run 401.0 s (limit 400.0 s), not blocked in a "
+            "collective");
+}
+
+// A stopped peer blocks this rank in the step's collective: found after the step's short limit,
+// not the phases' long ones.
+TEST_F(HangWatchdogDetectorTest, AStepAfterAPhaseIsHeldToTheStepsLimit) {
+  RunSteps(20, 0.1);
+  watchdog_.StepStarted(completed_);
+  watchdog_.PhaseStarted(config::HangPhase::kCheckpoint);
+  clock_.Advance(absl::Seconds(30));
+  watchdog_.PhaseFinished();
+  watchdog_.StepFinished();
+  ++completed_;
+  watchdog_.StepStarted(completed_);
+  parallel::WaitRegistry::Scope all_reduce = waits_.Begin("all-reduce", "dp", {1});
+  clock_.Advance(absl::Milliseconds(2100));
+  ASSERT_TRUE(watchdog_.Poll());
+  ASSERT_EQ(fired_.size(), 1u);
+  EXPECT_EQ(fired_[0].phase, config::HangPhase::kStep);
+  EXPECT_DOUBLE_EQ(fired_[0].limit_s, 2);
 }
 
 TEST_F(HangWatchdogDetectorTest, FinishedStepsKeepTheWatchdogQuiet) {

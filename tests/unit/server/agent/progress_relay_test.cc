@@ -209,6 +209,34 @@ TEST_F(ProgressRelayTest, MergedReportsAddUpTheirMoeWindows) {
   EXPECT_DOUBLE_EQ(layer.bias_spread(), 0.5);
 }
 
+// A phase notice goes at once; one that finds a step's report waiting joins it, and the report
+// keeps its figures.
+TEST_F(ProgressRelayTest, APhaseNoticeGoesAtOnceAndJoinsAWaitingReport) {
+  relay_.SetConnected(false);
+  Call a, b;
+  v1::ProgressReport step = ReportOf("job-b", 1, 0, 20);
+  step.set_loss(2.5);
+  relay_.Report(step, "secret-b1", a.Callback());
+  v1::ProgressReport notice;
+  notice.set_job_id("job-b");
+  notice.set_attempt_id(1);
+  notice.set_rank(0);
+  notice.set_step(20);
+  notice.set_phase(v1::ITERATION_PHASE_EVALUATION);
+  notice.set_phase_limit_s(600);
+  relay_.Report(notice, "secret-b1", b.Callback());
+  EXPECT_EQ(relay_.pending(), 1);
+  relay_.SetConnected(true);
+  std::optional<v1::ProgressBatch> batch = relay_.TakeBatch(/*force=*/false);
+  ASSERT_TRUE(batch) << "a phase notice is urgent";
+  ASSERT_EQ(batch->reports_size(), 1);
+  const v1::ProgressReport& merged = batch->reports(0);
+  EXPECT_EQ(merged.total_steps(), 1000);
+  EXPECT_DOUBLE_EQ(merged.loss(), 2.5);
+  EXPECT_EQ(merged.phase(), v1::ITERATION_PHASE_EVALUATION);
+  EXPECT_DOUBLE_EQ(merged.phase_limit_s(), 600);
+}
+
 TEST_F(ProgressRelayTest, OnlyTheAttemptsOwnSecretMayReport) {
   Call none, wrong, other, forged;
   relay_.Report(ReportOf("job-a", 1, 0, 1), "", none.Callback());
