@@ -185,4 +185,44 @@ CheckpointPolicySnapshot CheckpointPolicy::Snapshot() const {
   return snapshot;
 }
 
+stored::YoungDaly CheckpointPolicy::Save() const {
+  stored::YoungDaly saved;
+  for (double delta : deltas_) saved.add_deltas(delta);
+  for (double step_time : step_times_) saved.add_step_times(step_time);
+  saved.set_evidence_failures(evidence_failures_);
+  saved.set_evidence_exposure_s(evidence_exposure_s_);
+  for (const Mark& mark : marks_) {
+    stored::YoungDaly::Mark* m = saved.add_marks();
+    m->set_exposure_s(mark.exposure_s);
+    m->set_mtbf_s(mark.mtbf_s);
+  }
+  saved.set_failures(failures_);
+  saved.set_exposure_ns(absl::ToInt64Nanoseconds(exposure_));
+  return saved;
+}
+
+absl::Status CheckpointPolicy::Load(const stored::YoungDaly& saved) {
+  const auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!(saved.evidence_failures() > 0) || !std::isfinite(saved.evidence_failures()) ||
+      !(saved.evidence_exposure_s() > 0) || !std::isfinite(saved.evidence_exposure_s()) ||
+      saved.failures() < 0 || saved.exposure_ns() < 0 ||
+      !std::all_of(saved.deltas().begin(), saved.deltas().end(), finite_non_negative) ||
+      !std::all_of(saved.step_times().begin(), saved.step_times().end(), finite_non_negative)) {
+    return absl::InvalidArgumentError("stored Young–Daly estimates out of range");
+  }
+  deltas_.assign(saved.deltas().begin(), saved.deltas().end());
+  while (static_cast<int>(deltas_.size()) > options_.delta_window) deltas_.pop_front();
+  step_times_.assign(saved.step_times().begin(), saved.step_times().end());
+  while (static_cast<int>(step_times_.size()) > options_.step_time_window) step_times_.pop_front();
+  evidence_failures_ = saved.evidence_failures();
+  evidence_exposure_s_ = saved.evidence_exposure_s();
+  marks_.clear();
+  for (const stored::YoungDaly::Mark& m : saved.marks())
+    marks_.push_back({m.exposure_s(), m.mtbf_s()});
+  while (static_cast<int>(marks_.size()) > kChangeMaxFailures) marks_.pop_front();
+  failures_ = saved.failures();
+  exposure_ = absl::Nanoseconds(saved.exposure_ns());
+  return absl::OkStatus();
+}
+
 }  // namespace trainyard::server

@@ -62,6 +62,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "proto/stored.pb.h"
 
 namespace trainyard::server {
 
@@ -138,6 +139,11 @@ class CheckpointPolicy {
   // Steps between saves: Daly's τ over the step time, clamped to the spec's bounds; the early
   // first save's distance while δ is unknown; nullopt until a step time is known.
   std::optional<int64_t> IntervalSteps() const;
+
+  // The estimates, to store and to restore after a coordinator restart (Load replaces them;
+  // INVALID_ARGUMENT for values no policy could hold).
+  stored::YoungDaly Save() const;
+  [[nodiscard]] absl::Status Load(const stored::YoungDaly& saved);
 
  private:
   // The change tests: windows of kChangeMinFailures to kChangeMaxFailures failures for a rise,

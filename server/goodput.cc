@@ -213,4 +213,94 @@ GoodputSnapshot GoodputAccount::Snapshot(absl::Time now) const {
   return snapshot;
 }
 
+namespace {
+
+int64_t Nanos(absl::Time t) { return absl::ToUnixNanos(t); }
+absl::Time FromNanos(int64_t ns) { return absl::FromUnixNanos(ns); }
+
+}  // namespace
+
+stored::Goodput GoodputAccount::Save() const {
+  stored::Goodput saved;
+  for (const Attempt& a : attempts_) {
+    stored::Goodput::Attempt* out = saved.add_attempts();
+    out->set_scheduled_ns(Nanos(a.scheduled));
+    out->set_resume_step(a.resume_step);
+    if (a.first_step_time) out->set_first_step_time_ns(Nanos(*a.first_step_time));
+    out->set_first_step(a.first_step);
+    out->set_top_step(a.top_step);
+    if (a.last_report != absl::InfinitePast()) out->set_last_report_ns(Nanos(a.last_report));
+    out->set_training_ns(absl::ToInt64Nanoseconds(a.training));
+    out->set_stalled_ns(absl::ToInt64Nanoseconds(a.stalled));
+    out->set_checkpoint_blocked_ns(absl::ToInt64Nanoseconds(a.checkpoint_blocked));
+    if (a.end) out->set_end_ns(Nanos(*a.end));
+    if (a.failure) out->set_failure(*a.failure);
+    for (const Cut& c : a.cuts) {
+      stored::Goodput::Cut* cut = out->add_cuts();
+      cut->set_step(c.step);
+      cut->set_cause(c.cause);
+      cut->set_by(c.by);
+    }
+  }
+  for (const Failure& f : failures_) {
+    stored::Goodput::Failure* out = saved.add_failures();
+    out->set_cause(f.cause);
+    out->set_detection_ns(absl::ToInt64Nanoseconds(f.detection));
+    out->set_detected_ns(Nanos(f.detected));
+    if (f.next_first_step) out->set_next_first_step_ns(Nanos(*f.next_first_step));
+  }
+  if (finished_) saved.set_finished_ns(Nanos(*finished_));
+  if (latest_ != absl::InfinitePast()) saved.set_latest_ns(Nanos(latest_));
+  return saved;
+}
+
+absl::Status GoodputAccount::Load(const stored::Goodput& saved) {
+  std::vector<Attempt> attempts;
+  for (const stored::Goodput::Attempt& in : saved.attempts()) {
+    Attempt& a = attempts.emplace_back();
+    a.scheduled = FromNanos(in.scheduled_ns());
+    a.resume_step = in.resume_step();
+    if (in.has_first_step_time_ns()) a.first_step_time = FromNanos(in.first_step_time_ns());
+    a.first_step = in.first_step();
+    a.top_step = in.top_step();
+    a.last_report = in.has_last_report_ns() ? FromNanos(in.last_report_ns()) : absl::InfinitePast();
+    a.training = absl::Nanoseconds(in.training_ns());
+    a.stalled = absl::Nanoseconds(in.stalled_ns());
+    a.checkpoint_blocked = absl::Nanoseconds(in.checkpoint_blocked_ns());
+    if (in.has_end_ns()) a.end = FromNanos(in.end_ns());
+    if (in.has_failure()) {
+      if (in.failure() >= static_cast<uint64_t>(saved.failures_size())) {
+        return absl::InvalidArgumentError("a stored goodput attempt names a failure it lacks");
+      }
+      a.failure = in.failure();
+    }
+    for (const stored::Goodput::Cut& c : in.cuts()) {
+      if (c.by() >= static_cast<uint64_t>(saved.attempts_size())) {
+        return absl::InvalidArgumentError("a stored goodput cut names an attempt it lacks");
+      }
+      a.cuts.push_back(Cut{c.step(), c.cause(), c.by()});
+    }
+  }
+  // Every attempt but the latest has ended by failing: AttemptScheduled reads that failure.
+  for (size_t i = 0; i + 1 < attempts.size(); ++i) {
+    if (!attempts[i].failure) {
+      return absl::InvalidArgumentError("a stored goodput attempt before the latest never ended");
+    }
+  }
+  std::vector<Failure> failures;
+  for (const stored::Goodput::Failure& in : saved.failures()) {
+    Failure& f = failures.emplace_back();
+    f.cause = in.cause();
+    f.detection = absl::Nanoseconds(in.detection_ns());
+    f.detected = FromNanos(in.detected_ns());
+    if (in.has_next_first_step_ns()) f.next_first_step = FromNanos(in.next_first_step_ns());
+  }
+  attempts_ = std::move(attempts);
+  failures_ = std::move(failures);
+  finished_.reset();
+  if (saved.has_finished_ns()) finished_ = FromNanos(saved.finished_ns());
+  latest_ = saved.has_latest_ns() ? FromNanos(saved.latest_ns()) : absl::InfinitePast();
+  return absl::OkStatus();
+}
+
 }  // namespace trainyard::server

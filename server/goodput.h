@@ -52,7 +52,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "proto/stored.pb.h"
 
 namespace trainyard::server {
 
@@ -107,6 +109,11 @@ class GoodputAccount {
 
   // The categories up to `now` (ignored once finished).
   GoodputSnapshot Snapshot(absl::Time now) const;
+
+  // The whole account, to store and to restore after a coordinator restart (Load replaces
+  // this account; INVALID_ARGUMENT for one that does not hold together).
+  stored::Goodput Save() const;
+  [[nodiscard]] absl::Status Load(const stored::Goodput& saved);
 
  private:
   struct Cut {

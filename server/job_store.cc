@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   run_report TEXT NOT NULL DEFAULT '',
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
   cp INTEGER NOT NULL DEFAULT 1,
-  moe TEXT NOT NULL DEFAULT '');
+  moe TEXT NOT NULL DEFAULT '',
+  accounts TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_labels(
@@ -143,6 +144,12 @@ ALTER TABLE attempts ADD COLUMN cp INTEGER NOT NULL DEFAULT 1;
 // before have none.
 constexpr char kMigrateFrom7[] = R"sql(
 ALTER TABLE jobs ADD COLUMN moe TEXT NOT NULL DEFAULT '';
+)sql";
+
+// Schema 8 -> 9: the job's failure-handling accounts (goodput, Young–Daly: stored.proto's
+// JobAccounts, base64). Jobs stored before have none and start them afresh.
+constexpr char kMigrateFrom8[] = R"sql(
+ALTER TABLE jobs ADD COLUMN accounts TEXT NOT NULL DEFAULT '';
 )sql";
 
 std::optional<int64_t> TimeToMicros(absl::Time time) {
@@ -311,6 +318,11 @@ absl::Status JobStore::Migrate() {
     if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom7), "migrating schema 7 to 8");
     version = 8;
   }
+  if (version == 8) {
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("jobs", "accounts"));
+    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom8), "migrating schema 8 to 9");
+    version = 9;
+  }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
@@ -422,6 +434,11 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
         .Bind(18, job_id);
     TY_RETURN_IF_ERROR(update->Run());
   }
+  for (const auto& [job_id, accounts] : batch.accounts) {
+    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached("UPDATE jobs SET accounts=? WHERE id=?"));
+    update->Bind(1, absl::Base64Escape(accounts)).Bind(2, job_id);
+    TY_RETURN_IF_ERROR(update->Run());
+  }
   for (const SoftStateBatch::Pid& pid : batch.pids) {
     TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
         UPDATE attempt_ranks SET pid=? WHERE job_id=? AND attempt_id=? AND rank=?
@@ -491,7 +508,7 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
       step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
       checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?,
-      drain_requested=?, run_report=?, moe=?
+      drain_requested=?, run_report=?, moe=?, accounts=?
     WHERE id=?
   )sql"));
   const Progress& p = job.progress;
@@ -528,7 +545,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       .Bind(27, int64_t{job.drain_requested ? 1 : 0})
       .Bind(28, absl::Base64Escape(p.run_report))
       .Bind(29, EncodeMoe(p.moe))
-      .Bind(30, job.id);
+      .Bind(30, absl::Base64Escape(job.accounts))
+      .Bind(31, job.id);
   return update->Run();
 }
 
@@ -701,7 +719,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
-      checkpoint_keep, run_report, schedule, virtual_stages, cp, moe
+      checkpoint_keep, run_report, schedule, virtual_stages, cp, moe, accounts
     FROM jobs ORDER BY seq
   )sql"));
   while (true) {
@@ -764,6 +782,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     req.mesh.virtual_stages = static_cast<int>(select->Int(50));
     req.mesh.cp = static_cast<int>(select->Int(51));
     p.moe = DecodeMoe(select->Text(52)).value_or(std::vector<MoeLayerProgress>{});
+    if (!absl::Base64Unescape(select->Text(53), &job.accounts)) job.accounts.clear();
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }

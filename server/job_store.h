@@ -66,8 +66,10 @@ struct SoftStateBatch {
     int64_t pid = 0;
   };
   std::vector<std::pair<std::string, Progress>> progress;  // by job id
+  // By job id: its failure-handling accounts (JobRecord::accounts).
+  std::vector<std::pair<std::string, std::string>> accounts;
   std::vector<Pid> pids;
-  bool empty() const { return progress.empty() && pids.empty(); }
+  bool empty() const { return progress.empty() && accounts.empty() && pids.empty(); }
 };
 
 // Everything Load() reads back.
@@ -97,7 +99,7 @@ class StateStore {
 
 class JobStore final : public StateStore {
  public:
-  static constexpr int kSchemaVersion = 8;
+  static constexpr int kSchemaVersion = 9;
 
   // Opens or creates the database at `path` (its directory must exist), migrating one of an
   // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;

@@ -83,6 +83,7 @@ absl::Status Supervisor::Restore() {
     if (IsFinal(entry.job.state)) continue;
     live_jobs_.insert(id);
     LoadPoliciesLocked(entry);
+    const bool accounts_restored = RestoreAccountsLocked(entry);
     AttemptRecord* attempt = LiveAttempt(entry);
     if (attempt == nullptr) {
       // QUEUED, or RESTARTING after its failed attempt was torn down.
@@ -96,8 +97,11 @@ absl::Status Supervisor::Restore() {
     if (attempt->state == AttemptState::kStopping) entry.stop_sent = clock_->Now();
     if (attempt->state == AttemptState::kRunning) {
       // Watched again from now: its ranks report on, or the progress check finds them hung.
-      // Goodput and Young–Daly exposure count from the restore (the past is not stored).
-      entry.goodput.AttemptScheduled(attempt->created, entry.job.last_checkpoint.step);
+      // The stored goodput account has the attempt already (an older record, none: counted
+      // from its start); Young–Daly exposure counts on from the restore.
+      if (!accounts_restored) {
+        entry.goodput.AttemptScheduled(attempt->created, entry.job.last_checkpoint.step);
+      }
       WatchAttemptLocked(entry, *attempt, clock_->Now());
     }
   }
@@ -205,7 +209,12 @@ uint64_t Supervisor::EnqueueCommitLocked(Txn& txn, bool submission) {
   commit.seq = ++last_commit_seq_;
   commit.submission = submission;
   for (const JobRecord* job : txn.batch.new_jobs) commit.new_jobs.push_back(*job);
-  for (const JobRecord* job : txn.batch.updated_jobs) commit.updated_jobs.push_back(*job);
+  for (const JobRecord* job : txn.batch.updated_jobs) {
+    commit.updated_jobs.push_back(*job);
+    if (const JobEntry* entry = FindJob(job->id)) {
+      commit.updated_jobs.back().accounts = EncodeAccountsLocked(*entry);
+    }
+  }
   for (const AttemptRecord* attempt : txn.batch.attempts) commit.attempts.push_back(*attempt);
   for (const NodeRecord* node : txn.batch.nodes) commit.nodes.push_back(*node);
   commit.events = std::move(txn.batch.events);
@@ -700,8 +709,12 @@ absl::StatusOr<LogTargets> Supervisor::LocateLogs(const std::string& job_id, int
   return targets;
 }
 
-void Supervisor::CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch) {
+void Supervisor::CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch,
+                                        bool with_accounts) {
   if (entry.progress_dirty) batch.progress.emplace_back(entry.job.id, entry.job.progress);
+  if (entry.progress_dirty || with_accounts) {
+    batch.accounts.emplace_back(entry.job.id, EncodeAccountsLocked(entry));
+  }
   AttemptRecord* current = CurrentAttempt(entry);
   if (entry.attempt_dirty && current != nullptr) {
     for (const RankSlot& slot : current->ranks) {
@@ -805,7 +818,7 @@ void Supervisor::Shutdown() {
       FailJoinWaitersLocked(txn, entry, closing);
       for (auto& [watch_id, watcher] : entry.watchers) watcher->OnClose(closing);
       entry.watchers.clear();
-      CollectSoftStateLocked(entry, soft);
+      CollectSoftStateLocked(entry, soft, /*with_accounts=*/live_jobs_.contains(id));
     }
     CommitLocked(txn).IgnoreError();
   }

@@ -560,6 +560,11 @@ class Supervisor {
   // submission has it already); null: parsed from the stored YAML.
   void LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's goodput account and Young–Daly estimates, serialized for its stored record
+  // (JobRecord::accounts); and, at restore, read back into the entry's policies (after
+  // LoadPoliciesLocked). False when the record has none, or none that reads back (logged).
+  std::string EncodeAccountsLocked(const JobEntry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RestoreAccountsLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic growth (supervisor_elastic.cc): orders a resize when more nodes fit the job, and
   // restarts it when its ranks stopped for it.
   void ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now)
@@ -610,8 +615,9 @@ class Supervisor {
   void FailJoinWaitersLocked(Txn& txn, JobEntry& entry, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves `entry`'s unsaved progress and pids into `batch` and marks them saved.
-  void CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch)
+  // Moves `entry`'s unsaved progress and pids into `batch` and marks them saved; its accounts go
+  // with its progress, or always with `with_accounts`.
+  void CollectSoftStateLocked(JobEntry& entry, SoftStateBatch& batch, bool with_accounts = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JoinInfo JoinInfoFor(const JobEntry& entry, const AttemptRecord& attempt, int rank) const;
   void UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)

@@ -45,6 +45,32 @@ RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& f) {
 
 }  // namespace
 
+std::string Supervisor::EncodeAccountsLocked(const JobEntry& entry) const {
+  stored::JobAccounts accounts;
+  *accounts.mutable_goodput() = entry.goodput.Save();
+  if (entry.checkpoint_policy) *accounts.mutable_young_daly() = entry.checkpoint_policy->Save();
+  return accounts.SerializeAsString();
+}
+
+bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
+  if (entry.job.accounts.empty()) return false;
+  stored::JobAccounts accounts;
+  absl::Status loaded = accounts.ParseFromString(entry.job.accounts)
+                            ? entry.goodput.Load(accounts.goodput())
+                            : absl::DataLossError("unreadable");
+  if (loaded.ok() && entry.checkpoint_policy && accounts.has_young_daly()) {
+    loaded = entry.checkpoint_policy->Load(accounts.young_daly());
+  }
+  if (!loaded.ok()) {
+    TY_LOG(WARNING) << "job " << entry.job.id << ": the stored goodput and Young–Daly accounts "
+                    << "do not read back (" << loaded.message() << "); they start afresh";
+    entry.goodput = GoodputAccount();
+    LoadPoliciesLocked(entry);
+    return false;
+  }
+  return true;
+}
+
 void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed) {
   // Parsing YAML is the costliest part of a submission: never twice, and not under the lock.
   absl::StatusOr<config::JobSpec> spec =

@@ -210,7 +210,8 @@ struct StragglerView {
 };
 
 // What the supervisor knows of a job's failures and their cost, computed when asked (not
-// stored: it starts afresh when the coordinator restarts, except the restart counts).
+// stored as such; the restart counts, the goodput account and the Young–Daly estimates it is
+// computed from are, in the attempts and JobRecord::accounts).
 struct JobHealth {
   FailureSummary last_failure;
   std::vector<RestartBudgetView> restart_budgets;
@@ -247,6 +248,9 @@ struct JobRecord {
   // While it waits in the queue: why it is not placed (Scheduler::WaitReason). Not stored.
   std::string waiting;
   JobHealth health;  // filled in by the supervisor when the job is read; never stored
+  // Its goodput account and Young–Daly estimates (a serialized stored::JobAccounts; empty: none
+  // yet): stored with the job so that a coordinator restart keeps them; never shown.
+  std::string accounts;
 };
 
 struct RankExit {

@@ -353,5 +353,32 @@ TEST(CheckpointPolicyTest, ValidateNamesTheBadField) {
   expect_bad(options, "first_checkpoint_steps");
 }
 
+// Saved and loaded, the estimates are the original's, and stay so under the same observations.
+TEST(CheckpointPolicyTest, SavedEstimatesLoadBackAndGoOnAsTheOriginal) {
+  CheckpointPolicy original(PriorOf(10));
+  original.ObserveStepTime(0.5);
+  original.ObserveCheckpoint(4);
+  FailEvery(original, 1, 3);
+  CheckpointPolicy loaded(PriorOf(10));
+  ASSERT_TRUE(loaded.Load(original.Save()).ok());
+  for (CheckpointPolicy* policy : {&original, &loaded}) {
+    FailEvery(*policy, 0.5, 2);
+    policy->ObserveCheckpoint(6);
+  }
+  const CheckpointPolicySnapshot a = original.Snapshot();
+  const CheckpointPolicySnapshot b = loaded.Snapshot();
+  EXPECT_EQ(b.delta_s, a.delta_s);
+  EXPECT_EQ(b.step_time_s, a.step_time_s);
+  EXPECT_DOUBLE_EQ(b.mtbf_s, a.mtbf_s);
+  EXPECT_EQ(b.interval_steps, a.interval_steps);
+  EXPECT_EQ(b.failures, a.failures);
+  EXPECT_EQ(b.exposure, a.exposure);
+  EXPECT_DOUBLE_EQ(b.effective_failures, a.effective_failures);
+
+  stored::YoungDaly broken = original.Save();
+  broken.set_evidence_failures(0);
+  EXPECT_FALSE(CheckpointPolicy(PriorOf(10)).Load(broken).ok());
+}
+
 }  // namespace
 }  // namespace trainyard::server

@@ -359,5 +359,39 @@ TEST(GoodputAccountTest, TimesThatGoBackwardsAreOrdered) {
   ExpectSumsToWall(early);
 }
 
+// Saved and loaded, an account goes on exactly as the original: the same split now and after
+// more events (a resume that cuts the lost work, more training, the end).
+TEST(GoodputAccountTest, ASavedAccountLoadsBackAndGoesOnAsTheOriginal) {
+  GoodputAccount original;
+  original.AttemptScheduled(At(0), 0);
+  TrainSteadily(original, 2, 1, 20, 2);
+  original.CheckpointBlocked(0.5);
+  original.Failed(At(14), At(15), "hang");
+  original.AttemptScheduled(At(16), 10);
+  TrainSteadily(original, 18, 11, 15, 1);
+  GoodputAccount loaded;
+  ASSERT_TRUE(loaded.Load(original.Save()).ok());
+  for (GoodputAccount* account : {&original, &loaded}) {
+    account->Resumed(12);
+    TrainSteadily(*account, 24, 16, 30, 1);
+    account->Finished(At(40));
+  }
+  const GoodputSnapshot a = original.Snapshot(At(50));
+  const GoodputSnapshot b = loaded.Snapshot(At(50));
+  ExpectSumsToWall(b);
+  EXPECT_DOUBLE_EQ(b.wall_s, a.wall_s);
+  EXPECT_DOUBLE_EQ(b.productive_s, a.productive_s);
+  EXPECT_DOUBLE_EQ(b.checkpoint_s, a.checkpoint_s);
+  EXPECT_DOUBLE_EQ(b.startup_s, a.startup_s);
+  EXPECT_EQ(b.restart_s_by_cause, a.restart_s_by_cause);
+  EXPECT_EQ(b.lost_s_by_cause, a.lost_s_by_cause);
+  EXPECT_EQ(b.attempts, a.attempts);
+  EXPECT_GT(b.lost_s, 0);
+
+  stored::Goodput broken = original.Save();
+  broken.mutable_attempts(1)->add_cuts()->set_by(7);  // no attempt 7
+  EXPECT_FALSE(GoodputAccount().Load(broken).ok());
+}
+
 }  // namespace
 }  // namespace trainyard::server

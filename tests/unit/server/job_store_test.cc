@@ -544,5 +544,37 @@ TEST(JobStoreTest, SchemaSevenDatabaseIsMigratedForMoeRouting) {
   EXPECT_EQ(state->jobs[0].progress.moe, TwoMoeLayers());
 }
 
+// Schema 8 had no failure-handling accounts: its jobs load without any; accounts stored after the
+// migration, with the job's row or with its progress, read back byte for byte.
+TEST(JobStoreTest, SchemaEightDatabaseIsMigratedForTheJobsAccounts) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  ASSERT_NO_FATAL_FAILURE(StoreThenDowngrade(path, job, attempt,
+                                             "ALTER TABLE jobs DROP COLUMN accounts; UPDATE meta "
+                                             "SET value='8' WHERE key='schema_version'"));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_TRUE(state->jobs[0].accounts.empty());
+
+  job.accounts = std::string("\0binary\xff", 9);
+  StoreBatch batch;
+  batch.updated_jobs.push_back(&job);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->jobs[0].accounts, job.accounts);
+  SoftStateBatch soft;
+  soft.accounts.emplace_back(job.id, "newer");
+  ASSERT_TRUE((*store)->CommitSoftState(soft).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->jobs[0].accounts, "newer");
+}
+
 }  // namespace
 }  // namespace trainyard::server

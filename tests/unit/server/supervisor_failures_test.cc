@@ -712,6 +712,67 @@ TEST_F(SupervisorFailurePolicyTest, GoodputSplitsTheWallTimeOfARunWithACrash) {
   EXPECT_DOUBLE_EQ(View(id).job.health.goodput.wall_s, 10);
 }
 
+// The goodput account and the Young–Daly estimates are stored with the job: a coordinator
+// restart changes none of them (before, δ went back to unknown, M̂ to the prior, and the goodput
+// account started over at the restore).
+TEST_F(SupervisorFailurePolicyTest, GoodputAndYoungDalyEstimatesSurviveACoordinatorRestart) {
+  options_.node_mtbf = absl::Hours(1);
+  Restart();
+  const std::string id = Submit(FailureSpec("kept", 1, "max_restarts: 2, backoff_initial_s: 0",
+                                            "checkpoint: {dir: ckpt/kept, every_steps: auto}\n"));
+  Agent agent = Connect("node-a", 1);
+  const auto step = [&](int attempt, int64_t reached, std::vector<CheckpointInfo> saves = {}) {
+    AdvanceWithHeartbeats(absl::Seconds(1), {agent});
+    ProgressUpdate update = Update(id, attempt, 0, reached, 1000);
+    update.step_times.total_ms = 200;
+    update.checkpoints = std::move(saves);
+    Report(update);
+  };
+  AdvanceWithHeartbeats(absl::Seconds(2), {agent});
+  StartAndJoin(agent, id, 1, 1);
+  step(1, 5);
+  CheckpointInfo saved;
+  saved.step = 10;
+  saved.path = "ckpt/kept/step-10";
+  saved.state = CheckpointState::kCommitted;
+  saved.bytes = int64_t{3} << 20;
+  saved.write_seconds = 3;
+  saved.blocked_seconds = 2;
+  saved.written = clock_.Now();
+  step(1, 12, {saved});
+  step(1, 20);
+  AdvanceWithHeartbeats(absl::Seconds(1), {agent});
+  Exit(agent, id, 1, 0, 0, /*signal=*/9);  // a crash: attempt 2 resumes from step 10
+  AdvanceWithHeartbeats(absl::Seconds(1), {agent});
+  StartAndJoin(agent, id, 2, 1);
+  step(2, 14);
+  step(2, 18);
+  StoreProgress();
+  const JobHealth before = View(id).job.health;
+  ASSERT_TRUE(before.young_daly.has_value());
+  ASSERT_DOUBLE_EQ(before.young_daly->checkpoint_cost_s, 2);
+  ASSERT_GT(before.goodput.wall_s, 0);
+  ASSERT_EQ(before.goodput.lost_s.count("crash"), 1u);
+
+  Restart();
+  const JobHealth after = View(id).job.health;
+  ASSERT_TRUE(after.young_daly.has_value());
+  EXPECT_DOUBLE_EQ(after.young_daly->checkpoint_cost_s, before.young_daly->checkpoint_cost_s);
+  EXPECT_DOUBLE_EQ(after.young_daly->mtbf_s, before.young_daly->mtbf_s);
+  EXPECT_DOUBLE_EQ(after.young_daly->interval_s, before.young_daly->interval_s);
+  EXPECT_EQ(after.young_daly->interval_steps, before.young_daly->interval_steps);
+  const GoodputView& g = after.goodput;
+  const GoodputView& b = before.goodput;
+  EXPECT_DOUBLE_EQ(g.wall_s, b.wall_s);
+  EXPECT_DOUBLE_EQ(g.productive_s, b.productive_s);
+  EXPECT_DOUBLE_EQ(g.checkpoint_s, b.checkpoint_s);
+  EXPECT_DOUBLE_EQ(g.startup_s, b.startup_s);
+  EXPECT_DOUBLE_EQ(g.other_s, b.other_s);
+  EXPECT_EQ(g.restart_s, b.restart_s);
+  EXPECT_EQ(g.lost_s, b.lost_s);
+  EXPECT_DOUBLE_EQ(g.ratio, b.ratio);
+}
+
 // --- Stragglers ---------------------------------------------------------------------------------
 
 TEST_F(SupervisorFailurePolicyTest, StragglerDetectorFlagsTheRankThatComputesNotTheOnesThatWait) {
