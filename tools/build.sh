@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Installs the dependencies and builds Trainyard into ./build (Release). Extra arguments go to
-# CMake's configure step, e.g. -DTRAINYARD_CUDA=OFF.
+# Installs the dependencies and builds Trainyard into ./build (Release): everything, tests
+# included. Extra arguments go to CMake's configure step, e.g. -DTRAINYARD_CUDA=OFF.
+#
+# Usage: tools/build.sh [--binaries] [CMAKE_ARGS...]
+#   --binaries   only what the daemon needs: the build's packages, and the four binaries
+#                (trainyard-server, trainyard-agent, trainyard-worker, trainyard), without the
+#                tests and benchmarks (tools/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--binaries" ]; then
+  shift
+  bash tools/setup.sh --build-only
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINYARD_TESTS=OFF "$@"
+  cmake --build build -j"$(nproc)" --target trainyard-server trainyard-agent trainyard-worker \
+    trainyard
+  exit 0
+fi
 bash tools/setup.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINYARD_TESTS=ON "$@"
 cmake --build build -j"$(nproc)"

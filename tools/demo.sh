@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job: installs and builds, starts the coordinator (the embedded default: loopback, a
-# local agent with this machine's CPU slots, its state in a fresh scratch directory), submits
-# the tiny example, watches it train to the end, shows the last lines of its log, and stops the
-# coordinator. Exits with the job's outcome (0 succeeded, 1 failed, 4 cancelled).
+# The main job: installs what the daemon needs and builds its binaries (not the tests), starts
+# the coordinator (the embedded default: loopback, a local agent with this machine's CPU slots,
+# its state in a fresh scratch directory), submits the tiny example, watches it train to the
+# end, shows the last lines of its log, and stops the coordinator. Exits with the job's outcome
+# (0 succeeded, 1 failed, 4 cancelled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/build.sh
+bash tools/build.sh --binaries
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-demo.XXXXXX")
 server_pid=""

@@ -178,12 +178,18 @@ TEST_F(ServerApiTest, WatchStreamsEveryStateAndEndsWithTheJob) {
   std::vector<v1::JoinReply> joins = JoinAll(job, 1, 2);
   EXPECT_EQ(Report(job, 1, 3).order(), v1::ORDER_CONTINUE);
 
-  // The metrics endpoint shows the step, the loss and the node while the job runs.
+  // The metrics endpoint shows the step, the loss and the node while the job runs: the step once
+  // it is stored (progress is written every second).
   const std::string metrics_address =
       WaitForFileLine(scratch_ + "/state/metrics.addr", std::chrono::seconds(5));
-  const std::string metrics = HttpGet(metrics_address, "/metrics");
-  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("trainyard_job_step{job_id=\"", job,
-                                              "\",job_name=\"watched\"} 3")));
+  const std::string step_line =
+      absl::StrCat("trainyard_job_step{job_id=\"", job, "\",job_name=\"watched\"} 3");
+  std::string metrics = HttpGet(metrics_address, "/metrics");
+  for (int i = 0; i < 50 && metrics.find(step_line) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    metrics = HttpGet(metrics_address, "/metrics");
+  }
+  EXPECT_THAT(metrics, HasSubstr(step_line));
   EXPECT_THAT(metrics, HasSubstr("trainyard_jobs{state=\"RUNNING\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("trainyard_node_connected{node=\"node-a\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("trainyard_job_tokens_per_second{"));
