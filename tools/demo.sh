@@ -3,10 +3,11 @@
 # the coordinator (the embedded default: loopback, a local agent with this machine's CPU slots,
 # its state in a fresh scratch directory), submits the tiny example, watches it train to the
 # end, shows the last lines of its log, and stops the coordinator. Exits with the job's outcome
-# (0 succeeded, 1 failed, 4 cancelled).
+# (0 succeeded, 1 failed, 4 cancelled). Arguments go to CMake's configure step, e.g.
+# -DTRAINYARD_CUDA=OFF to leave the CUDA backend out where a toolkit is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/build.sh --binaries
+bash tools/build.sh --binaries "$@"
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-demo.XXXXXX")
 server_pid=""
