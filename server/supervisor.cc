@@ -77,6 +77,7 @@ absl::Status Supervisor::Restore() {
   for (const Cordon& cordon : state.cordons) quarantine_.Restore(cordon);
   for (auto& [id, entry] : jobs_) {
     entry.stored = entry.job;
+    entry.stored.accounts.clear();  // never shown
     entry.stored_attempts = entry.attempts;
   }
   for (auto& [id, entry] : jobs_) {
@@ -302,7 +303,10 @@ void Supervisor::ApplyStoredLocked(QueuedCommit& commit) {
   // A submission's entry does not exist yet: Submit gives it its stored record.
   for (std::vector<JobRecord>* jobs : {&commit.new_jobs, &commit.updated_jobs}) {
     for (JobRecord& job : *jobs) {
-      if (JobEntry* entry = FindJob(job.id)) entry->stored = std::move(job);
+      if (JobEntry* entry = FindJob(job.id)) {
+        entry->stored = std::move(job);
+        entry->stored.accounts.clear();  // never shown
+      }
     }
   }
   for (AttemptRecord& attempt : commit.attempts) {

@@ -53,19 +53,22 @@ std::string Supervisor::EncodeAccountsLocked(const JobEntry& entry) const {
 }
 
 bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
-  if (entry.job.accounts.empty()) return false;
+  // Read once: from here the policies hold them, and each commit encodes them afresh.
+  const std::string encoded = std::move(entry.job.accounts);
+  entry.job.accounts.clear();
+  if (encoded.empty()) return false;
   stored::JobAccounts accounts;
-  absl::Status loaded = accounts.ParseFromString(entry.job.accounts)
-                            ? entry.goodput.Load(accounts.goodput())
-                            : absl::DataLossError("unreadable");
+  absl::Status loaded = accounts.ParseFromString(encoded) ? entry.goodput.Load(accounts.goodput())
+                                                          : absl::DataLossError("unreadable");
   if (loaded.ok() && entry.checkpoint_policy && accounts.has_young_daly()) {
     loaded = entry.checkpoint_policy->Load(accounts.young_daly());
   }
   if (!loaded.ok()) {
+    // Load validates before it changes anything, so only a goodput account loaded before the
+    // Young–Daly estimates failed needs undoing.
     TY_LOG(WARNING) << "job " << entry.job.id << ": the stored goodput and Young–Daly accounts "
                     << "do not read back (" << loaded.message() << "); they start afresh";
     entry.goodput = GoodputAccount();
-    LoadPoliciesLocked(entry);
     return false;
   }
   return true;

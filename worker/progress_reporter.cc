@@ -177,6 +177,12 @@ absl::StatusOr<std::optional<v1::ProgressReply>> ProgressReporter::Send(
   return std::nullopt;
 }
 
+void ProgressReporter::Identify(v1::ProgressReport& report) const {
+  report.set_job_id(identity_.job_id);
+  report.set_attempt_id(identity_.attempt_id);
+  report.set_rank(identity_.rank);
+}
+
 absl::Status ProgressReporter::OnStep(const StepReport& step) {
   ++steps_;
   seconds_ += step.step_seconds;
@@ -201,9 +207,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   if (!due) return absl::OkStatus();
 
   v1::ProgressReport report;
-  report.set_job_id(identity_.job_id);
-  report.set_attempt_id(identity_.attempt_id);
-  report.set_rank(identity_.rank);
+  Identify(report);
   report.set_step(step.step);
   report.set_total_steps(step.total_steps);
   report.set_loss(step.loss);
@@ -278,9 +282,7 @@ static_assert(static_cast<int>(config::HangPhase::kEvaluation) == v1::ITERATION_
 void ProgressReporter::OnPhase(config::HangPhase phase, double limit_s, int64_t step) {
   if (unreachable_since_nanos_) return;
   v1::ProgressReport report;
-  report.set_job_id(identity_.job_id);
-  report.set_attempt_id(identity_.attempt_id);
-  report.set_rank(identity_.rank);
+  Identify(report);
   report.set_step(step);
   report.set_phase(static_cast<v1::IterationPhase>(phase));
   report.set_phase_limit_s(limit_s);
@@ -292,9 +294,7 @@ void ProgressReporter::OnPhase(config::HangPhase phase, double limit_s, int64_t 
 
 absl::Status ProgressReporter::SendRunReport(const v1::RunReport& run_report) {
   v1::ProgressReport report = last_report_;
-  report.set_job_id(identity_.job_id);
-  report.set_attempt_id(identity_.attempt_id);
-  report.set_rank(identity_.rank);
+  Identify(report);
   report.clear_checkpoints();
   report.clear_resumed();
   *report.mutable_run_report() = run_report;

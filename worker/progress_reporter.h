@@ -133,6 +133,8 @@ class ProgressReporter {
   int64_t reports_sent() const { return reports_sent_; }
 
  private:
+  // Sets the report's job, attempt and rank to this worker's.
+  void Identify(trainyard::v1::ProgressReport& report) const;
   [[nodiscard]] absl::StatusOr<std::optional<trainyard::v1::ProgressReply>> Send(
       const trainyard::v1::ProgressReport& report, int64_t now);
 

@@ -70,6 +70,19 @@ class SupervisorFailurePolicyTest : public SupervisorTest {
     ASSERT_EQ(State(id), JobState::kRunning);
   }
 
+  // A committed save of 3 MiB, written in 3 s, that blocked training 2 s, written now.
+  CheckpointInfo CommittedSave(int64_t step, const std::string& path) {
+    CheckpointInfo saved;
+    saved.step = step;
+    saved.path = path;
+    saved.state = CheckpointState::kCommitted;
+    saved.bytes = int64_t{3} << 20;
+    saved.write_seconds = 3;
+    saved.blocked_seconds = 2;
+    saved.written = clock_.Now();
+    return saved;
+  }
+
   ProgressUpdate Update(const std::string& id, int attempt, int rank, int64_t step,
                         int64_t total_steps = 1000) {
     ProgressUpdate update;
@@ -634,14 +647,7 @@ TEST_F(SupervisorFailurePolicyTest, YoungDalyPolicyOrdersSavesThroughTheProgress
 
   // The save of step 10 committed and blocked training 2 s: δ = 2 s, and
   // τ = √(2·2·3600)·(1 + √(2/7200)/3 + (2/7200)/9) − 2 ≈ 118.67 s ≈ 593 steps of 0.2 s.
-  CheckpointInfo saved;
-  saved.step = 10;
-  saved.path = "ckpt/auto/step-10";
-  saved.state = CheckpointState::kCommitted;
-  saved.bytes = int64_t{3} << 20;
-  saved.write_seconds = 3;
-  saved.blocked_seconds = 2;
-  saved.written = clock_.Now();
+  const CheckpointInfo saved = CommittedSave(10, "ckpt/auto/step-10");
   update.step = 11;
   update.checkpoints = {saved};
   reply = Report(update);
@@ -731,14 +737,7 @@ TEST_F(SupervisorFailurePolicyTest, GoodputAndYoungDalyEstimatesSurviveACoordina
   AdvanceWithHeartbeats(absl::Seconds(2), {agent});
   StartAndJoin(agent, id, 1, 1);
   step(1, 5);
-  CheckpointInfo saved;
-  saved.step = 10;
-  saved.path = "ckpt/kept/step-10";
-  saved.state = CheckpointState::kCommitted;
-  saved.bytes = int64_t{3} << 20;
-  saved.write_seconds = 3;
-  saved.blocked_seconds = 2;
-  saved.written = clock_.Now();
+  const CheckpointInfo saved = CommittedSave(10, "ckpt/kept/step-10");
   step(1, 12, {saved});
   step(1, 20);
   AdvanceWithHeartbeats(absl::Seconds(1), {agent});
