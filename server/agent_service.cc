@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "google/protobuf/arena.h"
 #include "server/convert.h"
 #include "server/stream_writer.h"
 
@@ -16,6 +17,13 @@ namespace {
 
 using Reactor = grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>;
 using Writer = QueuedWriter<Reactor, v1::CoordinatorMessage>;
+
+google::protobuf::ArenaOptions ArenaOptions(char* first_block, size_t size) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = first_block;
+  options.initial_block_size = size;
+  return options;
+}
 
 // The registry's handle on one stream.
 class StreamChannel : public AgentChannel {
@@ -43,7 +51,7 @@ class AgentStream : public Reactor {
       return;
     }
     caller_ = *std::move(caller);
-    StartRead(&in_);
+    NextRead();
   }
 
   void OnReadDone(bool ok) override {
@@ -51,14 +59,14 @@ class AgentStream : public Reactor {
       writer_->FinishWhenDrained(grpc::Status::OK);
       return;
     }
-    absl::Status status = Handle(in_);
+    absl::Status status = Handle(*in_);
     if (!status.ok()) {
       TY_LOG(WARNING) << "agent stream " << (node_id_.empty() ? "(unregistered)" : node_id_)
                       << " ended: " << status;
       writer_->FinishWhenDrained(ToGrpc(status));
       return;
     }
-    StartRead(&in_);
+    NextRead();
   }
 
   void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
@@ -77,6 +85,14 @@ class AgentStream : public Reactor {
   }
 
  private:
+  // Every message is read into the arena, emptied once the message was handled: reading a
+  // heartbeat or a batch of reports then allocates nothing while it fits the first block.
+  void NextRead() {
+    arena_.Reset();
+    in_ = google::protobuf::Arena::CreateMessage<v1::AgentMessage>(&arena_);
+    StartRead(in_);
+  }
+
   absl::Status Handle(const v1::AgentMessage& message) {
     if (session_ == 0) {
       if (!message.has_registration()) {
@@ -169,7 +185,9 @@ class AgentStream : public Reactor {
   LogRouter* const logs_;
   std::shared_ptr<Writer> writer_;
   Identity caller_;
-  v1::AgentMessage in_;
+  alignas(8) char first_block_[16 << 10];
+  google::protobuf::Arena arena_{ArenaOptions(first_block_, sizeof(first_block_))};
+  v1::AgentMessage* in_ = nullptr;  // on arena_
   std::string node_id_;
   uint64_t session_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -232,12 +233,33 @@ absl::StatusOr<std::string> LoadOrCreateSecret(const std::string& path, std::str
   return secret;
 }
 
+AttemptSecrets::AttemptSecrets(std::string key) {
+  EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  EVP_MAC_CTX* ctx = hmac != nullptr ? EVP_MAC_CTX_new(hmac) : nullptr;
+  EVP_MAC_free(hmac);  // the context holds its own reference
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                               OSSL_PARAM_construct_end()};
+  TY_CHECK(ctx != nullptr && EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()),
+                                          key.size(), params) == 1)
+      << "OpenSSL cannot key HMAC-SHA256";
+  OPENSSL_cleanse(key.data(), key.size());
+  keyed_ = std::shared_ptr<const void>(ctx, [](const void* c) {
+    EVP_MAC_CTX_free(static_cast<EVP_MAC_CTX*>(const_cast<void*>(c)));
+  });
+}
+
 std::string AttemptSecrets::Mac(const std::string& job_id, int attempt_id) const {
   const std::string message = absl::StrCat(job_id, "/", attempt_id);
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_dup(static_cast<const EVP_MAC_CTX*>(keyed_.get()));
   unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest, &size);
+  size_t size = 0;
+  TY_CHECK(ctx != nullptr &&
+           EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(message.data()),
+                          message.size()) == 1 &&
+           EVP_MAC_final(ctx, digest, &size, sizeof(digest)) == 1)
+      << "OpenSSL's HMAC-SHA256 failed";
+  EVP_MAC_CTX_free(ctx);
   return Hex(digest, size);
 }
 

@@ -85,6 +85,10 @@ std::optional<HangVerdict> FailureDetector::Check(absl::Time now) {
     return BlameFromReports(now);
   }
   if (suspended_) return std::nullopt;
+  // No limit is shorter than the floor or the start-up limit (HangLimitSeconds): while those
+  // have not run out, the limit itself need not be worked out.
+  const double shortest = std::min(options_.limits.hang_floor_s, options_.limits.hang_startup_s);
+  if (now <= last_progress_ + absl::Seconds(shortest) + options_.slack) return std::nullopt;
   absl::Time deadline = last_progress_ + absl::Seconds(LimitSeconds());
   if (phase_) deadline = std::max(deadline, phase_->since + absl::Seconds(phase_->limit_s));
   if (now <= deadline + options_.slack) return std::nullopt;

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -402,12 +403,23 @@ absl::Status JobStore::CommitSoftState(const SoftStateBatch& batch) {
 
 absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
   TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
+  // A job's progress and accounts go in one UPDATE: each rewrites the job's whole row.
+  absl::flat_hash_map<absl::string_view, const std::string*> accounts;
+  for (const auto& [job_id, encoded] : batch.accounts) accounts[job_id] = &encoded;
   for (const auto& [job_id, p] : batch.progress) {
-    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+    auto with = accounts.find(job_id);
+    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(with == accounts.end() ? R"sql(
         UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
           step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
           step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
           run_report=?, moe=?
+        WHERE id=?
+      )sql"
+                                                                                : R"sql(
+        UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
+          step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
+          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
+          run_report=?, moe=?, accounts=?
         WHERE id=?
       )sql"));
     update->Bind(1, p.step)
@@ -430,13 +442,19 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
     update->Bind(14, DurationToMicros(p.eta))
         .Bind(15, TimeToMicros(p.reported))
         .Bind(16, absl::Base64Escape(p.run_report))
-        .Bind(17, EncodeMoe(p.moe))
-        .Bind(18, job_id);
+        .Bind(17, EncodeMoe(p.moe));
+    if (with != accounts.end()) {
+      update->Bind(18, absl::Base64Escape(*with->second)).Bind(19, job_id);
+      accounts.erase(with);
+    } else {
+      update->Bind(18, job_id);
+    }
     TY_RETURN_IF_ERROR(update->Run());
   }
-  for (const auto& [job_id, accounts] : batch.accounts) {
+  for (const auto& [job_id, encoded] : batch.accounts) {
+    if (!accounts.contains(job_id)) continue;  // stored with its progress
     TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached("UPDATE jobs SET accounts=? WHERE id=?"));
-    update->Bind(1, absl::Base64Escape(accounts)).Bind(2, job_id);
+    update->Bind(1, absl::Base64Escape(encoded)).Bind(2, job_id);
     TY_RETURN_IF_ERROR(update->Run());
   }
   for (const SoftStateBatch::Pid& pid : batch.pids) {

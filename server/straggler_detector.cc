@@ -57,23 +57,30 @@ StragglerDetector::StragglerDetector(StragglerOptions options)
     : options_(Sanitized(std::move(options))) {}
 
 std::pair<double, int> StragglerDetector::PeerMedian(int rank, absl::Time t) const {
-  std::vector<double> medians;
-  for (const auto& [peer, state] : ranks_) {
-    if (peer == rank || !FreshAt(state.last_report, t, options_.stale_after)) continue;
-    medians.push_back(state.recent_median);
+  scratch_.clear();
+  for (int peer = 0; peer < static_cast<int>(ranks_.size()); ++peer) {
+    const Rank& state = ranks_[peer];
+    if (peer == rank || !state.reported || !FreshAt(state.last_report, t, options_.stale_after)) {
+      continue;
+    }
+    scratch_.push_back(state.recent_median);
   }
-  const int peers = static_cast<int>(medians.size());
-  return {Median(medians), peers};
+  const int peers = static_cast<int>(scratch_.size());
+  return {Median(scratch_), peers};
 }
 
 std::optional<StragglerChange> StragglerDetector::Report(int rank, double compute_seconds,
                                                          absl::Time t) {
-  if (rank < 0 || !std::isfinite(compute_seconds) || compute_seconds < 0) return std::nullopt;
+  if (rank < 0 || rank >= kMaxRanks || !std::isfinite(compute_seconds) || compute_seconds < 0) {
+    return std::nullopt;
+  }
+  if (rank >= static_cast<int>(ranks_.size())) ranks_.resize(rank + 1);
   Rank& state = ranks_[rank];
+  state.reported = true;
   state.recent.push_back(compute_seconds);
   while (static_cast<int>(state.recent.size()) > options_.window) state.recent.pop_front();
-  std::vector<double> recent(state.recent.begin(), state.recent.end());
-  state.recent_median = Median(recent);
+  scratch_.assign(state.recent.begin(), state.recent.end());
+  state.recent_median = Median(scratch_);
   state.last_report = std::max(state.last_report, t);
 
   const auto [peer_median, peers] = PeerMedian(rank, t);
@@ -104,7 +111,8 @@ std::optional<StragglerChange> StragglerDetector::Report(int rank, double comput
 
 std::vector<Straggler> StragglerDetector::Flagged() const {
   std::vector<Straggler> flagged;
-  for (const auto& [rank, state] : ranks_) {
+  for (int rank = 0; rank < static_cast<int>(ranks_.size()); ++rank) {
+    const Rank& state = ranks_[rank];
     if (state.flagged) flagged.push_back(Straggler{rank, state.score, state.since});
   }
   return flagged;
@@ -112,8 +120,9 @@ std::vector<Straggler> StragglerDetector::Flagged() const {
 
 std::vector<RankScore> StragglerDetector::Scores(absl::Time now) const {
   std::vector<RankScore> scores;
-  for (const auto& [rank, state] : ranks_) {
-    if (!FreshAt(state.last_report, now, options_.stale_after)) continue;
+  for (int rank = 0; rank < static_cast<int>(ranks_.size()); ++rank) {
+    const Rank& state = ranks_[rank];
+    if (!state.reported || !FreshAt(state.last_report, now, options_.stale_after)) continue;
     const auto [peer_median, peers] = PeerMedian(rank, now);
     if (peers + 1 < options_.min_ranks || !(peer_median > 0)) continue;
     scores.push_back(RankScore{rank, state.recent_median / peer_median});

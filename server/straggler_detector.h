@@ -16,15 +16,14 @@
 //   both runs.
 // - r's score: its recent median over the peer median (1: typical, 1.5: half again as slow).
 //
-// Reports with a negative rank or a negative or non-finite compute time are ignored. A flagged
-// rank that falls silent stays flagged; each attempt gets a new detector.
+// Reports with a rank out of [0, kMaxRanks) or a negative or non-finite compute time are ignored. A
+// flagged rank that falls silent stays flagged; each attempt gets a new detector.
 //
 // Threading: none; the Supervisor owns one per attempt under its lock.
 #ifndef TRAINYARD_SERVER_STRAGGLER_DETECTOR_H_
 #define TRAINYARD_SERVER_STRAGGLER_DETECTOR_H_
 
 #include <deque>
-#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -66,6 +65,8 @@ struct StragglerChange {
 
 class StragglerDetector {
  public:
+  static constexpr int kMaxRanks = 1 << 20;
+
   // INVALID_ARGUMENT naming the first option out of its range.
   [[nodiscard]] static absl::Status Validate(const StragglerOptions& options);
 
@@ -85,6 +86,7 @@ class StragglerDetector {
 
  private:
   struct Rank {
+    bool reported = false;      // a report of this rank was recorded
     std::deque<double> recent;  // the last `window` reports
     double recent_median = 0;
     absl::Time last_report = absl::InfinitePast();
@@ -100,7 +102,9 @@ class StragglerDetector {
   std::pair<double, int> PeerMedian(int rank, absl::Time t) const;
 
   const StragglerOptions options_;
-  std::map<int, Rank> ranks_;
+  std::vector<Rank> ranks_;  // by rank
+  // Reused by every report, so that one allocates nothing once the vectors have grown.
+  mutable std::vector<double> scratch_;
 };
 
 }  // namespace trainyard::server

@@ -63,6 +63,7 @@ absl::Status Supervisor::Restore() {
       by_request_id_[RequestKey(job.user, job.client_request_id)] = id;
     }
     JobEntry& entry = jobs_[id];
+    job_index_[id] = &entry;
     entry.job = std::move(job);
   }
   for (AttemptRecord& attempt : state.attempts) {
@@ -82,7 +83,7 @@ absl::Status Supervisor::Restore() {
   }
   for (auto& [id, entry] : jobs_) {
     if (IsFinal(entry.job.state)) continue;
-    live_jobs_.insert(id);
+    live_jobs_.emplace(id, &entry);
     LoadPoliciesLocked(entry);
     const bool accounts_restored = RestoreAccountsLocked(entry);
     AttemptRecord* attempt = LiveAttempt(entry);
@@ -112,8 +113,8 @@ absl::Status Supervisor::Restore() {
 }
 
 Supervisor::JobEntry* Supervisor::FindJob(const std::string& job_id) {
-  auto it = jobs_.find(job_id);
-  return it == jobs_.end() ? nullptr : &it->second;
+  auto it = job_index_.find(job_id);
+  return it == job_index_.end() ? nullptr : it->second;
 }
 
 AttemptRecord* Supervisor::FindAttempt(JobEntry& entry, int attempt_id) {
@@ -556,8 +557,9 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
       return Annotate(status, "storing the job");
     }
     if (!key.empty()) by_request_id_[key] = job.id;
-    live_jobs_.insert(job.id);
     JobEntry& entry = jobs_[job.id];
+    job_index_[job.id] = &entry;
+    live_jobs_.emplace(job.id, &entry);
     entry.stored = job;
     entry.job = std::move(job);
     TY_LOG(INFO) << "job " << entry.job.id << " (" << entry.job.name << ") submitted";
@@ -742,10 +744,9 @@ void Supervisor::Tick() {
     std::vector<JobEntry*> live_entries;
     live_entries.reserve(live_jobs_.size());
     absl::Duration shortest_timeout = absl::InfiniteDuration();
-    for (const std::string& id : live_jobs_) {
-      JobEntry& entry = jobs_.at(id);
-      live_entries.push_back(&entry);
-      shortest_timeout = std::min(shortest_timeout, entry.job.requirements.heartbeat_timeout);
+    for (const auto& [id, entry] : live_jobs_) {
+      live_entries.push_back(entry);
+      shortest_timeout = std::min(shortest_timeout, entry->job.requirements.heartbeat_timeout);
     }
     // Only the nodes silent for longer than some job tolerates.
     const std::map<std::string, absl::Duration> ages = registry_->HeartbeatAges(shortest_timeout);

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -653,7 +654,10 @@ class Supervisor {
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> live_jobs_ ABSL_GUARDED_BY(mu_);  // ids of non-final jobs
+  // jobs_ by id, hashed: the lookup of every report and heartbeat (entries never move).
+  absl::flat_hash_map<std::string, JobEntry*> job_index_ ABSL_GUARDED_BY(mu_);
+  // The non-final jobs by id (entries of jobs_, which never moves or erases one).
+  std::map<std::string, JobEntry*> live_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);

@@ -198,7 +198,7 @@ void Supervisor::ReconcileLocked(Txn& txn, const std::string& node_id,
       StopStrayLocked(txn, node_id, worker, "the worker belongs to no live attempt");
       continue;
     }
-    seen.insert({entry, worker.rank});
+    if (on_connect) seen.insert({entry, worker.rank});  // read only on connect
     RankSlot& slot = attempt->ranks[worker.rank];
     if (slot.pid != worker.pid) {
       slot.pid = worker.pid;  // soft state: stored by the next flush (agents re-report it)
@@ -218,8 +218,11 @@ void Supervisor::ReconcileLocked(Txn& txn, const std::string& node_id,
   }
   // Ranks placed here that the agent does not run: never started (the order was lost: send it
   // again) or gone while nobody was listening (a lost worker, handled as a failure).
-  for (const std::string& id : std::vector<std::string>(live_jobs_.begin(), live_jobs_.end())) {
-    JobEntry& entry = jobs_.at(id);
+  std::vector<JobEntry*> live;  // HandleExitLocked may end a job (and leave live_jobs_)
+  for (const auto& [id, entry] : live_jobs_) live.push_back(entry);
+  for (JobEntry* live_entry : live) {
+    JobEntry& entry = *live_entry;
+    const std::string& id = entry.job.id;
     AttemptRecord* attempt = LiveAttempt(entry);
     if (attempt == nullptr) continue;
     const int attempt_id = attempt->attempt_id;

@@ -35,6 +35,7 @@ if ((!build_only)); then
   packages+=(
     prometheus iproute2 clang libclang-rt-14-dev
     python3-numpy python3-torch
+    valgrind                             # the coordinator's instruction-count check
     slurmctld slurmd slurm-client munge  # the Slurm deployment test
     nodejs                               # the Kubernetes manifest test
   )
