@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "proto/stored.pb.h"
 
 namespace trainyard::server {
 namespace {
@@ -55,6 +56,10 @@ CREATE TABLE IF NOT EXISTS jobs(
   accounts TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
+CREATE TABLE IF NOT EXISTS job_progress(
+  job_id TEXT PRIMARY KEY,
+  progress BLOB NOT NULL DEFAULT x'',
+  accounts BLOB NOT NULL DEFAULT x'');
 CREATE TABLE IF NOT EXISTS job_labels(
   job_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(job_id, key));
 CREATE TABLE IF NOT EXISTS attempts(
@@ -153,6 +158,11 @@ constexpr char kMigrateFrom8[] = R"sql(
 ALTER TABLE jobs ADD COLUMN accounts TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Schema 9 -> 10: a job's progress and accounts move to the narrow job_progress table
+// (progress: stored.proto's Progress; accounts: JobAccounts), which kSchema creates: the
+// once-a-second write of every running job's progress no longer rewrites the jobs row. A job
+// with no job_progress row (stored before, or never updated since) keeps the jobs columns'.
+
 std::optional<int64_t> TimeToMicros(absl::Time time) {
   if (time == absl::InfinitePast()) return std::nullopt;
   return absl::ToUnixMicros(time);
@@ -235,6 +245,52 @@ std::optional<std::vector<MoeLayerProgress>> DecodeMoe(const std::string& text) 
     layers.push_back(std::move(l));
   }
   return layers;
+}
+
+std::string EncodeProgress(const Progress& p) {
+  stored::Progress out;
+  out.set_step(p.step);
+  out.set_total_steps(p.total_steps);
+  out.set_loss(p.loss);
+  out.set_learning_rate(p.learning_rate);
+  out.set_grad_norm(p.grad_norm);
+  out.set_tokens_per_second(p.tokens_per_second);
+  stored::Progress::StepTimes* t = out.mutable_step_times();
+  t->set_total_ms(p.step_times.total_ms);
+  t->set_forward_ms(p.step_times.forward_ms);
+  t->set_backward_ms(p.step_times.backward_ms);
+  t->set_optimizer_ms(p.step_times.optimizer_ms);
+  t->set_communication_ms(p.step_times.communication_ms);
+  t->set_data_ms(p.step_times.data_ms);
+  if (p.val_loss.has_value()) out.set_val_loss(*p.val_loss);
+  if (std::optional<int64_t> eta = DurationToMicros(p.eta)) out.set_eta_us(*eta);
+  if (std::optional<int64_t> reported = TimeToMicros(p.reported)) out.set_reported_us(*reported);
+  out.set_run_report(p.run_report);
+  out.set_moe(EncodeMoe(p.moe));
+  return out.SerializeAsString();
+}
+
+// Soft state again: a record that does not parse leaves the progress as it was.
+void DecodeProgress(const std::string& bytes, Progress& p) {
+  stored::Progress in;
+  if (!in.ParseFromString(bytes)) return;
+  p.step = in.step();
+  p.total_steps = in.total_steps();
+  p.loss = in.loss();
+  p.learning_rate = in.learning_rate();
+  p.grad_norm = in.grad_norm();
+  p.tokens_per_second = in.tokens_per_second();
+  const stored::Progress::StepTimes& t = in.step_times();
+  p.step_times = StepTimes{t.total_ms(),     t.forward_ms(),       t.backward_ms(),
+                           t.optimizer_ms(), t.communication_ms(), t.data_ms()};
+  p.val_loss.reset();
+  if (in.has_val_loss()) p.val_loss = in.val_loss();
+  p.eta.reset();
+  if (in.has_eta_us()) p.eta = absl::Microseconds(in.eta_us());
+  p.reported =
+      MicrosToTime(in.has_reported_us() ? std::optional<int64_t>(in.reported_us()) : std::nullopt);
+  p.run_report = in.run_report();
+  p.moe = DecodeMoe(in.moe()).value_or(std::vector<MoeLayerProgress>{});
 }
 
 std::string EncodeLines(const std::vector<std::string>& lines) {
@@ -324,6 +380,7 @@ absl::Status JobStore::Migrate() {
     if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom8), "migrating schema 8 to 9");
     version = 9;
   }
+  if (version == 9) version = 10;  // kSchema made job_progress
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
@@ -403,59 +460,16 @@ absl::Status JobStore::CommitSoftState(const SoftStateBatch& batch) {
 
 absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
   TY_ASSIGN_OR_RETURN(auto txn, SqliteTransaction::Begin(*db_));
-  // A job's progress and accounts go in one UPDATE: each rewrites the job's whole row.
+  // A job's progress and accounts go in one statement.
   absl::flat_hash_map<absl::string_view, const std::string*> accounts;
   for (const auto& [job_id, encoded] : batch.accounts) accounts[job_id] = &encoded;
   for (const auto& [job_id, p] : batch.progress) {
     auto with = accounts.find(job_id);
-    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(with == accounts.end() ? R"sql(
-        UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
-          step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
-          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
-          run_report=?, moe=?
-        WHERE id=?
-      )sql"
-                                                                                : R"sql(
-        UPDATE jobs SET step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
-          step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
-          step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
-          run_report=?, moe=?, accounts=?
-        WHERE id=?
-      )sql"));
-    update->Bind(1, p.step)
-        .Bind(2, p.total_steps)
-        .Bind(3, p.loss)
-        .Bind(4, p.learning_rate)
-        .Bind(5, p.grad_norm)
-        .Bind(6, p.tokens_per_second)
-        .Bind(7, p.step_times.total_ms)
-        .Bind(8, p.step_times.forward_ms)
-        .Bind(9, p.step_times.backward_ms)
-        .Bind(10, p.step_times.optimizer_ms)
-        .Bind(11, p.step_times.communication_ms)
-        .Bind(12, p.step_times.data_ms);
-    if (p.val_loss.has_value()) {
-      update->Bind(13, *p.val_loss);
-    } else {
-      update->BindNull(13);
-    }
-    update->Bind(14, DurationToMicros(p.eta))
-        .Bind(15, TimeToMicros(p.reported))
-        .Bind(16, absl::Base64Escape(p.run_report))
-        .Bind(17, EncodeMoe(p.moe));
-    if (with != accounts.end()) {
-      update->Bind(18, absl::Base64Escape(*with->second)).Bind(19, job_id);
-      accounts.erase(with);
-    } else {
-      update->Bind(18, job_id);
-    }
-    TY_RETURN_IF_ERROR(update->Run());
+    TY_RETURN_IF_ERROR(PutProgress(job_id, &p, with == accounts.end() ? nullptr : with->second));
+    if (with != accounts.end()) accounts.erase(with);
   }
   for (const auto& [job_id, encoded] : batch.accounts) {
-    if (!accounts.contains(job_id)) continue;  // stored with its progress
-    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached("UPDATE jobs SET accounts=? WHERE id=?"));
-    update->Bind(1, absl::Base64Escape(encoded)).Bind(2, job_id);
-    TY_RETURN_IF_ERROR(update->Run());
+    if (accounts.contains(job_id)) TY_RETURN_IF_ERROR(PutProgress(job_id, nullptr, &encoded));
   }
   for (const SoftStateBatch::Pid& pid : batch.pids) {
     TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
@@ -468,6 +482,27 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
     TY_RETURN_IF_ERROR(update->Run());
   }
   return txn->Commit();
+}
+
+absl::Status JobStore::PutProgress(const std::string& job_id, const Progress* progress,
+                                   const std::string* accounts) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(progress == nullptr   ? R"sql(
+    INSERT INTO job_progress(job_id, accounts) VALUES(?, ?)
+    ON CONFLICT(job_id) DO UPDATE SET accounts=excluded.accounts
+  )sql"
+                                                    : accounts == nullptr ? R"sql(
+    INSERT INTO job_progress(job_id, progress) VALUES(?, ?)
+    ON CONFLICT(job_id) DO UPDATE SET progress=excluded.progress
+  )sql"
+                                                                          : R"sql(
+    INSERT INTO job_progress(job_id, progress, accounts) VALUES(?, ?, ?)
+    ON CONFLICT(job_id) DO UPDATE SET progress=excluded.progress, accounts=excluded.accounts
+  )sql"));
+  put->Bind(1, job_id);
+  int next = 2;
+  if (progress != nullptr) put->BindBlob(next++, EncodeProgress(*progress));
+  if (accounts != nullptr) put->BindBlob(next, *accounts);
+  return put->Run();
 }
 
 absl::Status JobStore::InsertJob(const JobRecord& job) {
@@ -522,50 +557,25 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
 absl::Status JobStore::UpdateJob(const JobRecord& job) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
     UPDATE jobs SET state=?, started_us=?, finished_us=?, attempts=?, restarts=?,
-      current_attempt=?, step=?, total_steps=?, loss=?, lr=?, grad_norm=?, tokens_per_second=?,
-      step_total_ms=?, step_forward_ms=?, step_backward_ms=?, step_optimizer_ms=?,
-      step_communication_ms=?, step_data_ms=?, val_loss=?, eta_us=?, progress_us=?,
-      checkpoint_step=?, checkpoint_path=?, checkpoint_us=?, cancel_requested=?, message=?,
-      drain_requested=?, run_report=?, moe=?, accounts=?
+      current_attempt=?, checkpoint_step=?, checkpoint_path=?, checkpoint_us=?,
+      cancel_requested=?, message=?, drain_requested=?
     WHERE id=?
   )sql"));
-  const Progress& p = job.progress;
   update->Bind(1, int64_t{static_cast<int>(job.state)})
       .Bind(2, TimeToMicros(job.started))
       .Bind(3, TimeToMicros(job.finished))
       .Bind(4, int64_t{job.attempts})
       .Bind(5, int64_t{job.restarts})
       .Bind(6, int64_t{job.current_attempt})
-      .Bind(7, p.step)
-      .Bind(8, p.total_steps)
-      .Bind(9, p.loss)
-      .Bind(10, p.learning_rate)
-      .Bind(11, p.grad_norm)
-      .Bind(12, p.tokens_per_second)
-      .Bind(13, p.step_times.total_ms)
-      .Bind(14, p.step_times.forward_ms)
-      .Bind(15, p.step_times.backward_ms)
-      .Bind(16, p.step_times.optimizer_ms)
-      .Bind(17, p.step_times.communication_ms)
-      .Bind(18, p.step_times.data_ms);
-  if (p.val_loss.has_value()) {
-    update->Bind(19, *p.val_loss);
-  } else {
-    update->BindNull(19);
-  }
-  update->Bind(20, DurationToMicros(p.eta))
-      .Bind(21, TimeToMicros(p.reported))
-      .Bind(22, job.last_checkpoint.step)
-      .Bind(23, job.last_checkpoint.path)
-      .Bind(24, TimeToMicros(job.last_checkpoint.written))
-      .Bind(25, int64_t{job.cancel_requested ? 1 : 0})
-      .Bind(26, job.message)
-      .Bind(27, int64_t{job.drain_requested ? 1 : 0})
-      .Bind(28, absl::Base64Escape(p.run_report))
-      .Bind(29, EncodeMoe(p.moe))
-      .Bind(30, absl::Base64Escape(job.accounts))
-      .Bind(31, job.id);
-  return update->Run();
+      .Bind(7, job.last_checkpoint.step)
+      .Bind(8, job.last_checkpoint.path)
+      .Bind(9, TimeToMicros(job.last_checkpoint.written))
+      .Bind(10, int64_t{job.cancel_requested ? 1 : 0})
+      .Bind(11, job.message)
+      .Bind(12, int64_t{job.drain_requested ? 1 : 0})
+      .Bind(13, job.id);
+  TY_RETURN_IF_ERROR(update->Run());
+  return PutProgress(job.id, &job.progress, &job.accounts);
 }
 
 absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
@@ -737,8 +747,9 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       step_communication_ms, step_data_ms, val_loss, eta_us, progress_us, checkpoint_step,
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
-      checkpoint_keep, run_report, schedule, virtual_stages, cp, moe, accounts
-    FROM jobs ORDER BY seq
+      checkpoint_keep, run_report, schedule, virtual_stages, cp, moe, jobs.accounts,
+      job_progress.job_id IS NOT NULL, job_progress.progress, job_progress.accounts
+    FROM jobs LEFT JOIN job_progress ON job_progress.job_id = jobs.id ORDER BY seq
   )sql"));
   while (true) {
     TY_ASSIGN_OR_RETURN(bool row, select->Step());
@@ -801,6 +812,10 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
     req.mesh.cp = static_cast<int>(select->Int(51));
     p.moe = DecodeMoe(select->Text(52)).value_or(std::vector<MoeLayerProgress>{});
     if (!absl::Base64Unescape(select->Text(53), &job.accounts)) job.accounts.clear();
+    if (select->Int(54) != 0) {  // newer than the jobs columns (schema 10)
+      DecodeProgress(select->Blob(55), p);
+      job.accounts = select->Blob(56);
+    }
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }

@@ -99,7 +99,7 @@ class StateStore {
 
 class JobStore final : public StateStore {
  public:
-  static constexpr int kSchemaVersion = 9;
+  static constexpr int kSchemaVersion = 10;
 
   // Opens or creates the database at `path` (its directory must exist), migrating one of an
   // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;
@@ -136,6 +136,10 @@ class JobStore final : public StateStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status InsertJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status UpdateJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's job_progress row: its progress, its accounts, or both (null: left as stored).
+  [[nodiscard]] absl::Status PutProgress(const std::string& job_id, const Progress* progress,
+                                         const std::string* accounts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutAttempt(const AttemptRecord& attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

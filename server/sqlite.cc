@@ -30,6 +30,12 @@ SqliteStatement& SqliteStatement::Bind(int index, double value) {
   return *this;
 }
 
+SqliteStatement& SqliteStatement::BindBlob(int index, std::string_view bytes) {
+  const int rc = sqlite3_bind_blob64(stmt_, index, bytes.data(), bytes.size(), SQLITE_TRANSIENT);
+  if (rc != SQLITE_OK && bind_error_ == 0) bind_error_ = rc;
+  return *this;
+}
+
 SqliteStatement& SqliteStatement::Bind(int index, std::string_view text) {
   const int rc =
       sqlite3_bind_text64(stmt_, index, text.data(), text.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
@@ -75,6 +81,12 @@ std::string SqliteStatement::Text(int column) const {
   const unsigned char* text = sqlite3_column_text(stmt_, column);
   if (text == nullptr) return std::string();
   return std::string(reinterpret_cast<const char*>(text), sqlite3_column_bytes(stmt_, column));
+}
+
+std::string SqliteStatement::Blob(int column) const {
+  const void* bytes = sqlite3_column_blob(stmt_, column);
+  if (bytes == nullptr) return std::string();
+  return std::string(static_cast<const char*>(bytes), sqlite3_column_bytes(stmt_, column));
 }
 
 bool SqliteStatement::IsNull(int column) const {

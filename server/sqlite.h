@@ -31,6 +31,7 @@ class SqliteStatement {
   SqliteStatement& Bind(int index, int64_t value);
   SqliteStatement& Bind(int index, double value);
   SqliteStatement& Bind(int index, std::string_view text);
+  SqliteStatement& BindBlob(int index, std::string_view bytes);
   SqliteStatement& BindNull(int index);
   SqliteStatement& Bind(int index, std::optional<int64_t> value);
 
@@ -45,6 +46,7 @@ class SqliteStatement {
   int64_t Int(int column) const;
   double Double(int column) const;
   std::string Text(int column) const;
+  std::string Blob(int column) const;
   bool IsNull(int column) const;
   std::optional<int64_t> OptionalInt(int column) const;
 

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/sqlite.h"
@@ -574,6 +576,59 @@ TEST(JobStoreTest, SchemaEightDatabaseIsMigratedForTheJobsAccounts) {
   state = (*store)->Load();
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->jobs[0].accounts, "newer");
+}
+
+// Schema 9 kept a job's progress and accounts in its jobs row: they load from there until the
+// job's first write after the migration, which goes to the narrow job_progress table only (the
+// once-a-second progress write no longer rewrites the jobs row).
+TEST(JobStoreTest, SchemaNineDatabaseIsMigratedForTheProgressTable) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  ASSERT_NO_FATAL_FAILURE(StoreThenDowngrade(
+      path, job, attempt,
+      absl::StrCat("DROP TABLE job_progress; UPDATE jobs SET step=41, loss=2.5, val_loss=2.75, "
+                   "accounts='",
+                   absl::Base64Escape(std::string("\0old\xff", 5)),
+                   "'; UPDATE meta SET value='9' WHERE key='schema_version'")));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_EQ(state->jobs[0].progress.step, 41);
+  EXPECT_EQ(state->jobs[0].progress.loss, 2.5);
+  EXPECT_EQ(state->jobs[0].progress.val_loss, 2.75);
+  EXPECT_EQ(state->jobs[0].accounts, std::string("\0old\xff", 5));
+
+  job.progress.step = 42;
+  job.progress.loss = 2.25;
+  job.progress.eta = absl::Seconds(90);
+  job.progress.reported = absl::FromUnixSeconds(1800000000);
+  job.progress.run_report = std::string("\0report", 7);
+  SoftStateBatch soft;
+  soft.progress.emplace_back(job.id, job.progress);
+  soft.accounts.emplace_back(job.id, "newer");
+  ASSERT_TRUE((*store)->CommitSoftState(soft).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  const Progress& p = state->jobs[0].progress;
+  EXPECT_EQ(p.step, 42);
+  EXPECT_EQ(p.loss, 2.25);
+  EXPECT_FALSE(p.val_loss.has_value());
+  EXPECT_EQ(p.eta, absl::Seconds(90));
+  EXPECT_EQ(p.reported, absl::FromUnixSeconds(1800000000));
+  EXPECT_EQ(p.run_report, job.progress.run_report);
+  EXPECT_EQ(state->jobs[0].accounts, "newer");
+
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto legacy = (*db)->Prepare("SELECT step FROM jobs");
+  ASSERT_TRUE(legacy.ok());
+  auto row = (*legacy)->Step();
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_EQ((*legacy)->Int(0), 41) << "the progress write rewrote the jobs row";
 }
 
 }  // namespace
