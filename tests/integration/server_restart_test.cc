@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/stored.pb.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/server_harness.h"
 
@@ -94,10 +95,16 @@ bool StoredStepReaches(const std::string& state_dir, const std::string& job, int
     int64_t stored = -1;
     if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
       sqlite3_stmt* select = nullptr;
-      if (sqlite3_prepare_v2(db, "SELECT step FROM jobs WHERE id = ?", -1, &select, nullptr) ==
-          SQLITE_OK) {
+      // The job's progress row (schema 10): stored.proto's Progress.
+      if (sqlite3_prepare_v2(db, "SELECT progress FROM job_progress WHERE job_id = ?", -1, &select,
+                             nullptr) == SQLITE_OK) {
         sqlite3_bind_text(select, 1, job.c_str(), -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(select) == SQLITE_ROW) stored = sqlite3_column_int64(select, 0);
+        trainyard::stored::Progress progress;
+        if (sqlite3_step(select) == SQLITE_ROW &&
+            progress.ParseFromArray(sqlite3_column_blob(select, 0),
+                                    sqlite3_column_bytes(select, 0))) {
+          stored = progress.step();
+        }
       }
       sqlite3_finalize(select);
     }
