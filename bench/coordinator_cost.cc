@@ -25,15 +25,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <memory>
-#include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +50,9 @@
 
 namespace trainyard::bench {
 namespace {
+
+// Client threads submitting the jobs: enough that submissions overlap and share commits.
+constexpr int kSubmitters = 4;
 
 struct Options {
   std::string server_binary;
@@ -94,12 +93,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   if (options.slots % options.ranks_per_job != 0) {
     return absl::InvalidArgumentError("--ranks-per-job must divide --slots");
   }
-  if (options.server_binary.empty()) {
-    options.server_binary =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "server" /
-         "trainyard-server")
-            .string();
-  }
+  if (options.server_binary.empty()) options.server_binary = DefaultServerBinary();
   return options;
 }
 
@@ -254,11 +248,13 @@ absl::Status Run(const Options& options) {
   Counter counter(server.pid(), dumps);
   std::string admin_token;
   std::getline(std::ifstream(state_dir + "/admin.token"), admin_token);
-  auto channel = MakeChannel(server.cluster_address(), 0);
-  auto agent_stub = v1::AgentService::NewStub(channel);
+  // A fixed workload needs no spread: the agents and ranks share one connection to the cluster
+  // listener, the submissions one to the clients' (MakeChannel's index keeps them distinct).
+  auto cluster = MakeChannel(server.cluster_address(), /*index=*/0);
+  auto agent_stub = v1::AgentService::NewStub(cluster);
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> worker_stubs;
-  worker_stubs.push_back(v1::WorkerService::NewStub(channel));
-  auto job_stub = v1::JobService::NewStub(MakeChannel(server.address(), 1));
+  worker_stubs.push_back(v1::WorkerService::NewStub(cluster));
+  auto job_stub = v1::JobService::NewStub(MakeChannel(server.address(), /*index=*/1));
   const int jobs = options.agents * options.slots / options.ranks_per_job;
   const int ranks_total = jobs * options.ranks_per_job;
 
@@ -297,8 +293,9 @@ absl::Status Run(const Options& options) {
   }
   // 2. Submissions, counted until every worker started.
   TY_RETURN_IF_ERROR(counter.Start());
-  TY_ASSIGN_OR_RETURN(const std::vector<std::string> job_ids,
-                      SubmitJobs(job_stub.get(), admin_token, jobs, options.ranks_per_job, 4));
+  TY_ASSIGN_OR_RETURN(
+      const std::vector<std::string> job_ids,
+      SubmitJobs(job_stub.get(), admin_token, jobs, options.ranks_per_job, kSubmitters));
   if (!WaitFor([&] { return started.load() == ranks_total; }, absl::Seconds(600))) {
     return absl::DeadlineExceededError("not every worker was started");
   }

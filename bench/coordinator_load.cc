@@ -91,13 +91,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   if (options.slots % options.ranks_per_job != 0) {
     return absl::InvalidArgumentError("--ranks-per-job must divide --slots");
   }
-  if (options.server_binary.empty()) {
-    // Beside this binary's build folder: <build>/bench/.. -> <build>/server/trainyard-server.
-    options.server_binary =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "server" /
-         "trainyard-server")
-            .string();
-  }
+  if (options.server_binary.empty()) options.server_binary = DefaultServerBinary();
   return options;
 }
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -42,6 +43,14 @@
 namespace trainyard::bench {
 
 namespace v1 = ::trainyard::v1;
+
+// trainyard-server beside the calling benchmark's build folder:
+// <build>/bench/<benchmark> -> <build>/server/trainyard-server.
+inline std::string DefaultServerBinary() {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "server" /
+          "trainyard-server")
+      .string();
+}
 
 // --- The coordinator process ---------------------------------------------------------------
 
