@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -50,6 +51,8 @@ class ScopedFd {
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
   }
+  // Gives the descriptor up without closing it.
+  int Release() { return std::exchange(fd_, -1); }
   // Closes now and reports the error close() gives (which can be a delayed write error).
   absl::Status Close(const std::string& path) {
     int fd = fd_;
@@ -62,9 +65,10 @@ class ScopedFd {
   int fd_;
 };
 
+// A mapped file that keeps its descriptor, so that CopyOut reads with pread(2).
 class MappedRegion : public ReadOnlyRegion {
  public:
-  MappedRegion(void* base, size_t size) : base_(base), size_(size) {}
+  MappedRegion(void* base, size_t size, int fd) : base_(base), size_(size), fd_(fd) {}
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
   ~MappedRegion() override {
@@ -78,6 +82,19 @@ class MappedRegion : public ReadOnlyRegion {
   }
   void Prefetch(size_t offset, size_t length) const override {
     (void)Advise(offset, length, MADV_WILLNEED);
+  }
+  absl::Status CopyOut(size_t offset, size_t length, void* dst) const override {
+    char* out = static_cast<char*>(dst);
+    while (length > 0) {
+      const ssize_t n = ::pread(fd_.get(), out, length, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoStatus(errno, "read");
+      if (n == 0) return absl::DataLossError("read: the file ends early");
+      out += n;
+      offset += static_cast<size_t>(n);
+      length -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -97,6 +114,7 @@ class MappedRegion : public ReadOnlyRegion {
 #endif
   void* base_;
   size_t size_;
+  ScopedFd fd_;
 };
 
 absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
@@ -477,10 +495,12 @@ class PosixFileSystem : public FileSystem {
       return absl::FailedPreconditionError(absl::StrCat("map ", path, ": not a regular file"));
     }
     const size_t size = static_cast<size_t>(st.st_size);
-    if (size == 0) return std::make_unique<MappedRegion>(nullptr, 0);
+    if (size == 0) return std::make_unique<MappedRegion>(nullptr, 0, -1);
     void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (base == MAP_FAILED) return PosixError("map", path);
-    return std::make_unique<MappedRegion>(base, size);
+    const int kept = fd.get();
+    fd.Release();
+    return std::make_unique<MappedRegion>(base, size, kept);
   }
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
@@ -569,6 +589,14 @@ std::string Dirname(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+absl::Status ReadOnlyRegion::CopyOut(size_t offset, size_t length, void* dst) const {
+  if (offset > size() || length > size() - offset) {
+    return absl::DataLossError("read: the file ends early");
+  }
+  if (length > 0) std::memcpy(dst, data() + offset, length);
+  return absl::OkStatus();
 }
 
 std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes) {

@@ -40,6 +40,11 @@ class ReadOnlyRegion {
   // A hint that those bytes will be read soon: a mapped file starts reading them in the
   // background and returns at once, so that the disk works while the caller computes.
   virtual void Prefetch(size_t offset, size_t length) const {}
+  // Copies bytes [offset, offset + length), which must lie in the file, into `dst`. A mapped file
+  // reads them with pread(2), from the page cache or the disk straight into `dst`, touching no
+  // page of the mapping (no page-table work, no second copy). DATA_LOSS when the file no longer
+  // holds them; other read errors keep their errno's code.
+  [[nodiscard]] virtual absl::Status CopyOut(size_t offset, size_t length, void* dst) const;
 };
 
 // A file being written, from its start. Appended bytes may sit in the operating system's cache

@@ -87,6 +87,9 @@ class Backend {
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }
 
   // Memory. Allocations are zero-filled.
+  // Whether buffers live in host memory the caller may write directly (the CPU backend's), so
+  // that a reader can put file contents straight into them instead of through CopyFromHost.
+  virtual bool host_memory() const { return false; }
   virtual Buffer<float> AllocFloat(int64_t count) = 0;
   virtual Buffer<Act> AllocAct(int64_t count) = 0;
   virtual Buffer<int32_t> AllocInt(int64_t count) = 0;

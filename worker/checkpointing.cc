@@ -193,6 +193,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     }
   }
   for (const std::string& path : candidates) {
+    bool touched = false;  // this rank's state was (partly) replaced by this candidate
     absl::StatusOr<checkpoint::Manifest> manifest = checkpoint::ReadManifest(*fs_, path);
     absl::Status loaded = manifest.status();
     if (manifest.ok()) {
@@ -201,27 +202,36 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
         return absl::InvalidArgumentError(
             absl::StrCat("checkpoint ", path, " does not fit this job: ", fits.message()));
       }
-      // Straight into the parameters and moments, one tensor at a time; nothing changes unless
-      // every record this rank needs verifies.
+      // Straight into the parameters and moments, one tensor at a time (read into them where
+      // they are host memory). A damaged record found part way leaves a mix: `touched`.
       parallel::ShardedParams& params = *state.params;
       TY_RETURN_IF_ERROR(params.BeginRestore());
       loaded = checkpoint::LoadRankStateInto(
           *fs_, path, *manifest, layout_,
           {.wants = [&](int kind, const ParamTensor& t) { return params.WantsState(kind, t); },
-           .put = [&](int kind, const ParamTensor& t,
-                      const float* local) { params.RestoreTensor(kind, t, local); }});
+           .put =
+               [&](int kind, const ParamTensor& t, const float* local) {
+                 touched = true;
+                 params.RestoreTensor(kind, t, local);
+               },
+           .target =
+               [&](int kind, const ParamTensor& t) {
+                 const parallel::ShardedParams::Destination d = params.RestoreTarget(kind, t);
+                 touched = touched || d.data != nullptr;
+                 return checkpoint::StateSink::Target{.data = d.data, .lo = d.lo, .hi = d.hi};
+               }});
     }
     double agreed[1] = {loaded.ok() ? 0.0 : 1.0};
     TY_RETURN_IF_ERROR(sum_(agreed));
     const double failures = agreed[0];
     if (failures > 0) {
-      // A rank that loaded while another failed keeps a mix: the next candidate (or the step-0
-      // state, below) replaces every tensor again.
+      // A rank that loaded while another failed, or failed part way, keeps a mix: the next
+      // candidate (or the step-0 state, below) replaces every tensor again.
       TY_LOG(WARNING) << "checkpoint " << path << " not loaded ("
                       << (!loaded.ok() ? std::string(loaded.message())
                                        : absl::StrCat(failures, " rank(s) could not read it"))
                       << "); trying the one before it";
-      mixed = mixed || loaded.ok();
+      mixed = mixed || touched;
       continue;
     }
     TY_RETURN_IF_ERROR(state.params->FinishRestore());

@@ -66,8 +66,8 @@ class Checkpointer {
                                                                    const std::string& recorded_path,
                                                                    bool* from_memory = nullptr);
   // After a Restore that found nothing: whether this rank's state holds a checkpoint other ranks
-  // could not load (tensors are read straight into place), so the caller must initialise the
-  // parameters and zero the moments again.
+  // could not load, or part of one it could not finish (tensors are read straight into place),
+  // so the caller must initialise the parameters and zero the moments again.
   bool left_partial_state() const { return partial_state_; }
 
   // Whether a memory snapshot is due after `state.step`, and taking one (blocks while the state

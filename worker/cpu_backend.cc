@@ -8,6 +8,7 @@
 #include <new>
 #include <thread>
 
+#include "common/host_memory.h"
 #include "common/logging.h"
 #include "kernels/cpu/activations.h"
 #include "kernels/cpu/adamw.h"
@@ -29,15 +30,12 @@ namespace k = ::trainyard::kernels::cpu;
 
 constexpr size_t kAlignment = 64;
 
-// `count` zeroed elements of `element_bytes` each; T may be incomplete (Act).
+// `count` zeroed elements of `element_bytes` each; T may be incomplete (Act). Large ones on huge
+// pages (AllocateHostMemory).
 template <typename T>
 Buffer<T> AllocAligned(int64_t count, size_t element_bytes) {
   if (count <= 0) return Buffer<T>();
-  const size_t bytes =
-      (static_cast<size_t>(count) * element_bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
+  void* p = AllocateHostMemory(static_cast<size_t>(count) * element_bytes, kAlignment).release();
   return Buffer<T>(static_cast<T*>(p), count, [](void* q) { std::free(q); });
 }
 
@@ -58,6 +56,7 @@ class CpuBackend final : public Backend {
   int64_t logits_vocab_multiple() const override { return logits_vocab_multiple_; }
   DType act_dtype() const override { return DType::kF32; }
 
+  bool host_memory() const override { return true; }
   Buffer<float> AllocFloat(int64_t count) override {
     return AllocAligned<float>(count, sizeof(float));
   }

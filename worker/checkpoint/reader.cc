@@ -1,9 +1,12 @@
 #include "worker/checkpoint/reader.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +18,41 @@ namespace {
 
 constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 
+// Elements (4 MiB) a direct read moves per pread(2): enough that the system calls cost nothing,
+// few enough that the checksum after it reads them back from the cache.
+constexpr int64_t kReadChunkFloats = int64_t{1} << 20;
+// How far ahead of a direct read the disk is asked to be (MADV_WILLNEED): deep enough to keep a
+// cold read streaming while the checksums run.
+constexpr int64_t kReadAheadBytes = int64_t{64} << 20;
+
+Hyperslab SlabOf(const TensorRecord& r) {
+  return {{r.offsets().begin(), r.offsets().end()}, {r.sizes().begin(), r.sizes().end()}};
+}
+
+int64_t NumelOf(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  return numel;
+}
+
 }  // namespace
+
+// XXH3-64 over bytes handed in pieces: the same value as Checksum over them all at once.
+class StreamingChecksum {
+ public:
+  StreamingChecksum() : state_(XXH3_createState()) {
+    if (state_ == nullptr) throw std::bad_alloc();
+  }
+  StreamingChecksum(const StreamingChecksum&) = delete;
+  StreamingChecksum& operator=(const StreamingChecksum&) = delete;
+  ~StreamingChecksum() { XXH3_freeState(state_); }
+  void Reset() { XXH3_64bits_reset(state_); }
+  void Add(const void* data, size_t bytes) { XXH3_64bits_update(state_, data, bytes); }
+  uint64_t Value() const { return XXH3_64bits_digest(state_); }
+
+ private:
+  XXH3_state_t* state_;
+};
 
 // Maps shard files on first use and checks their size against the manifest.
 class ShardFiles {
@@ -44,6 +81,14 @@ class ShardFiles {
   void Prefetch(int shard, int64_t offset, int64_t length) const {
     regions_[shard]->Prefetch(static_cast<size_t>(offset), static_cast<size_t>(length));
   }
+  // After Data(shard): bytes [offset, offset + length) of the shard into `dst`, not through the
+  // mapping (pread for a real file).
+  absl::Status CopyOut(int shard, int64_t offset, int64_t length, void* dst) const {
+    absl::Status s =
+        regions_[shard]->CopyOut(static_cast<size_t>(offset), static_cast<size_t>(length), dst);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(FileName(shard), ": ", s.message()));
+    return s;
+  }
   std::string FileName(int shard) const { return JoinPath(path_, manifest_.shards(shard).file()); }
 
  private:
@@ -55,6 +100,39 @@ class ShardFiles {
 
 namespace {
 
+// Checks that record `ref` of tensor `kind` with `global_shape` fits the tensor and lies in its
+// file (from the manifest alone, reading no data); DATA_LOSS naming the file otherwise.
+absl::Status CheckRecord(const ShardFiles& files, const CheckpointTensors::RecordRef& ref,
+                         const std::vector<int64_t>& global_shape, const std::string& kind) {
+  const TensorRecord& r = *ref.record;
+  const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
+  if (shape != global_shape || r.dtype() != "f32" || r.offsets_size() != r.sizes_size() ||
+      r.sizes_size() != static_cast<int>(shape.size())) {
+    return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                            " (", kind, ") does not fit the tensor"));
+  }
+  const Hyperslab slab = SlabOf(r);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (slab.offsets[d] < 0 || slab.sizes[d] < 1 || slab.offsets[d] + slab.sizes[d] > shape[d]) {
+      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                              " lies outside the tensor"));
+    }
+  }
+  const int64_t count = r.flat_end() - r.flat_begin();
+  if (r.flat_begin() < 0 || count < 0 || r.flat_end() > slab.numel() || r.byte_offset() < 0 ||
+      r.byte_offset() + 4 * count > files.Bytes(ref.shard)) {
+    return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
+                                            " lies outside the file"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoverageError(int64_t covered, int64_t numel, const std::string& name,
+                           const std::string& kind) {
+  return absl::DataLossError(absl::StrCat("the checkpoint holds ", covered, " of ", numel,
+                                          " elements of ", name, " (", kind, ")"));
+}
+
 // Assembles global tensor `name` of `kind` and `global_shape` from its records into `global`
 // (grown as needed, not cleared: the records must cover every element, which is checked),
 // verifying each; with a null `global`, only verifies. `checksums`: whether to verify the
@@ -62,32 +140,14 @@ namespace {
 absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::RecordRef>& refs,
                       const std::string& name, const std::vector<int64_t>& global_shape,
                       const std::string& kind, std::vector<float>* global, bool checksums) {
-  int64_t numel = 1;
-  for (int64_t d : global_shape) numel *= d;
+  const int64_t numel = NumelOf(global_shape);
   if (global != nullptr && static_cast<int64_t>(global->size()) < numel) global->resize(numel);
   int64_t covered = 0;
   for (const CheckpointTensors::RecordRef& ref : refs) {
+    TY_RETURN_IF_ERROR(CheckRecord(files, ref, global_shape, kind));
     const TensorRecord& r = *ref.record;
-    const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-    if (shape != global_shape || r.dtype() != "f32" || r.offsets_size() != r.sizes_size() ||
-        r.sizes_size() != static_cast<int>(shape.size())) {
-      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
-                                              " (", kind, ") does not fit the tensor"));
-    }
-    Hyperslab slab{{r.offsets().begin(), r.offsets().end()}, {r.sizes().begin(), r.sizes().end()}};
-    for (size_t d = 0; d < shape.size(); ++d) {
-      if (slab.offsets[d] < 0 || slab.sizes[d] < 1 || slab.offsets[d] + slab.sizes[d] > shape[d]) {
-        return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
-                                                " lies outside the tensor"));
-      }
-    }
     const int64_t count = r.flat_end() - r.flat_begin();
     const int64_t bytes = 4 * count;
-    if (r.flat_begin() < 0 || count < 0 || r.flat_end() > slab.numel() || r.byte_offset() < 0 ||
-        r.byte_offset() + bytes > files.Bytes(ref.shard)) {
-      return absl::DataLossError(absl::StrCat(files.FileName(ref.shard), ": record of ", r.name(),
-                                              " lies outside the file"));
-    }
     TY_ASSIGN_OR_RETURN(const uint8_t* base, files.Data(ref.shard));
     const uint8_t* data = base + r.byte_offset();
     if (checksums || global != nullptr) files.WillRead(ref.shard, r.byte_offset(), bytes);
@@ -96,17 +156,14 @@ absl::Status Assemble(ShardFiles& files, const std::vector<CheckpointTensors::Re
                                               r.name(), " (", kind, ")"));
     }
     if (global != nullptr) {
-      ForEachRun(shape, slab, r.flat_begin(), r.flat_end(),
+      ForEachRun(global_shape, SlabOf(r), r.flat_begin(), r.flat_end(),
                  [&](int64_t at, int64_t from, int64_t n) {
                    std::memcpy(global->data() + at, data + 4 * (from - r.flat_begin()), 4 * n);
                  });
     }
     covered += count;
   }
-  if (covered != numel) {
-    return absl::DataLossError(absl::StrCat("the checkpoint holds ", covered, " of ", numel,
-                                            " elements of ", name, " (", kind, ")"));
-  }
+  if (covered != numel) return CoverageError(covered, numel, name, kind);
   return absl::OkStatus();
 }
 
@@ -152,16 +209,13 @@ absl::StatusOr<std::vector<std::span<const float>>> CheckpointTensors::Runs(
     if (r.byte_offset() % 4 != 0) return Spans{};
     TY_ASSIGN_OR_RETURN(const uint8_t* base, files_->Data(ref.shard));
     const float* data = reinterpret_cast<const float*>(base + r.byte_offset());
-    const Hyperslab slab{{r.offsets().begin(), r.offsets().end()},
-                         {r.sizes().begin(), r.sizes().end()}};
-    ForEachRun(global_shape, slab, r.flat_begin(), r.flat_end(),
+    ForEachRun(global_shape, SlabOf(r), r.flat_begin(), r.flat_end(),
                [&](int64_t at, int64_t from, int64_t n) {
                  runs.push_back({at, data + (from - r.flat_begin()), n});
                });
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.at < b.at; });
-  int64_t numel = 1;
-  for (int64_t d : global_shape) numel *= d;
+  const int64_t numel = NumelOf(global_shape);
   Spans spans;
   int64_t next = 0;
   for (const Run& run : runs) {
@@ -177,13 +231,15 @@ absl::StatusOr<std::vector<std::span<const float>>> CheckpointTensors::Runs(
   return spans;
 }
 
-void CheckpointTensors::Prefetch(const std::string& name, const std::string& kind) {
+void CheckpointTensors::Prefetch(const std::string& name, const std::string& kind,
+                                 int64_t max_bytes) {
   auto it = index_.find({kind, name});
   if (it == index_.end()) return;
   for (const RecordRef& ref : it->second) {
     const TensorRecord& r = *ref.record;
     if (!files_->Data(ref.shard).ok() || r.byte_offset() < 0) continue;  // Verify will say why
-    files_->Prefetch(ref.shard, r.byte_offset(), 4 * (r.flat_end() - r.flat_begin()));
+    files_->Prefetch(ref.shard, r.byte_offset(),
+                     std::min(max_bytes, 4 * (r.flat_end() - r.flat_begin())));
   }
 }
 
@@ -203,6 +259,97 @@ absl::Status CheckpointTensors::Verify(const std::string& name, const std::strin
   }
   TY_RETURN_IF_ERROR(Assemble(*files_, it->second, name, global_shape, kind, nullptr, true));
   verified_.insert({kind, name});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CheckpointTensors::ReadRange(const std::string& name, const std::string& kind,
+                                                  const std::vector<int64_t>& global_shape,
+                                                  int64_t lo, int64_t hi, float* dst) {
+  auto it = index_.find({kind, name});
+  if (it == index_.end()) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": the manifest has no ", name, " (", kind, ")"));
+  }
+  struct Piece {  // a record that is one run of the tensor, from element `at`
+    const RecordRef* ref;
+    int64_t at;
+  };
+  std::vector<Piece> pieces;
+  for (const RecordRef& ref : it->second) {
+    TY_RETURN_IF_ERROR(CheckRecord(*files_, ref, global_shape, kind));
+    const TensorRecord& r = *ref.record;
+    if (r.flat_end() == r.flat_begin()) continue;  // holds nothing
+    // One run: each row ForEachRun gives continues the one before it.
+    bool one_run = true;
+    int64_t at = -1, next = -1;
+    ForEachRun(global_shape, SlabOf(r), r.flat_begin(), r.flat_end(),
+               [&](int64_t a, int64_t, int64_t n) {
+                 if (at < 0) at = a;
+                 one_run = one_run && (next < 0 || a == next);
+                 next = a + n;
+               });
+    if (!one_run) return false;
+    pieces.push_back({&ref, at});
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.at < b.at; });
+  int64_t covered = 0;  // the records must tile the tensor: no gap, no overlap
+  for (const Piece& p : pieces) {
+    if (p.at != covered) break;
+    covered += p.ref->record->flat_end() - p.ref->record->flat_begin();
+  }
+  const int64_t numel = NumelOf(global_shape);
+  if (covered != numel) return CoverageError(covered, numel, name, kind);
+  for (const Piece& p : pieces) {
+    const TensorRecord& r = *p.ref->record;
+    const int64_t count = r.flat_end() - r.flat_begin();
+    if (p.at + count <= lo || p.at >= hi) continue;  // none of it is wanted: not read
+    TY_RETURN_IF_ERROR(ReadRecord(*p.ref, p.at, lo, hi, dst));
+  }
+  return true;
+}
+
+// Record `ref`, elements [at, at + count) of its tensor, read chunk by chunk and checksummed as
+// it goes: what falls in [lo, hi) goes to dst, the rest (read only for the checksum) to scratch.
+absl::Status CheckpointTensors::ReadRecord(const RecordRef& ref, int64_t at, int64_t lo, int64_t hi,
+                                           float* dst) {
+  const TensorRecord& r = *ref.record;
+  TY_RETURN_IF_ERROR(files_->Data(ref.shard).status());
+  const int64_t count = r.flat_end() - r.flat_begin();
+  if (checksum_ == nullptr) checksum_ = std::make_unique<StreamingChecksum>();
+  checksum_->Reset();
+  for (int64_t x = 0; x < count;) {  // element x of the record is element at + x of the tensor
+    const int64_t end = std::min(count, x + kReadChunkFloats);
+    // Keep the disk kReadAheadBytes ahead: all of it at the start, a chunk's worth after that.
+    const int64_t ahead = x == 0 ? 0 : 4 * (x - kReadChunkFloats) + kReadAheadBytes;
+    if (ahead < 4 * count) {
+      files_->Prefetch(
+          ref.shard, r.byte_offset() + ahead,
+          std::min(4 * count - ahead, x == 0 ? kReadAheadBytes : 4 * kReadChunkFloats));
+    }
+    const int64_t in_lo = std::clamp(lo - at, x, end), in_hi = std::clamp(hi - at, in_lo, end);
+    const struct {
+      int64_t begin, end;
+      float* to;
+    } parts[] = {
+        {x, in_lo, nullptr}, {in_lo, in_hi, dst + (at + in_lo - lo)}, {in_hi, end, nullptr}};
+    for (const auto& part : parts) {
+      const int64_t n = part.end - part.begin;
+      if (n == 0) continue;
+      float* to = part.to;
+      if (to == nullptr) {
+        if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
+        to = scratch_.data();
+      }
+      TY_RETURN_IF_ERROR(files_->CopyOut(ref.shard, r.byte_offset() + 4 * part.begin, 4 * n, to));
+      checksum_->Add(to, 4 * n);
+    }
+    x = end;
+  }
+  if (checksum_->Value() != r.xxh3()) {
+    return absl::DataLossError(absl::StrCat(files_->FileName(ref.shard), ": checksum mismatch in ",
+                                            r.name(), " (", r.kind(), ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -226,43 +373,47 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
 absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Manifest& manifest,
                                const ParameterLayout& layout, const StateSink& sink) {
   CheckpointTensors tensors(fs, path, manifest);
-  // Every record this rank reads is verified before anything is handed over, so that a damaged
-  // checkpoint changes nothing and the caller can fall back to another.
   std::vector<std::pair<int, const ParamTensor*>> wanted;
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
       if (sink.wants(k, t)) wanted.emplace_back(k, &t);
     }
   }
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    if (i + 1 < wanted.size())
-      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first]);
-    const auto [k, t] = wanted[i];
-    TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
-  }
   std::vector<float> global, local;
-  for (int k = 0; k < 3; ++k) {
-    for (const ParamTensor& t : layout.tensors()) {
-      if (!sink.wants(k, t)) continue;
-      int64_t numel = 1;
-      for (int64_t d : t.global_shape) numel *= d;
-      if (t.numel == numel) {
-        // The rank holds the whole tensor: straight from the mapped file when one record is all
-        // of it, else assembled in place.
-        TY_ASSIGN_OR_RETURN(const float* whole,
-                            tensors.WholeRecord(t.name, kKinds[k], t.global_shape));
-        if (whole == nullptr) {
-          TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
-          whole = global.data();
-        }
-        sink.put(k, t, whole);
-        continue;
-      }
-      TY_RETURN_IF_ERROR(tensors.Read(t.name, kKinds[k], t.global_shape, global));
-      if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
-      layout.Slice(t, global.data(), local.data());
-      sink.put(k, t, local.data());
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const auto [k, t] = wanted[i];
+    const bool whole = t->numel == NumelOf(t->global_shape);  // the rank holds all of it
+    if (i + 1 < wanted.size()) {  // the disk reads the start of the next one meanwhile
+      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first], kReadAheadBytes);
     }
+    if (whole && sink.target) {
+      // Straight from the files into the rank's memory, the rank's range only.
+      const StateSink::Target to = sink.target(k, *t);
+      if (to.data != nullptr) {
+        TY_ASSIGN_OR_RETURN(const bool read, tensors.ReadRange(t->name, kKinds[k], t->global_shape,
+                                                               to.lo, to.hi, to.data));
+        if (read) continue;
+      }
+    }
+    if (i + 1 < wanted.size()) {  // all of the next one, while this one is verified
+      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first]);
+    }
+    TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
+    if (whole) {
+      // From the mapped file when one record is all of it, else assembled.
+      TY_ASSIGN_OR_RETURN(const float* values,
+                          tensors.WholeRecord(t->name, kKinds[k], t->global_shape));
+      if (values == nullptr) {
+        TY_RETURN_IF_ERROR(tensors.Read(t->name, kKinds[k], t->global_shape, global));
+        values = global.data();
+      }
+      sink.put(k, *t, values);
+      continue;
+    }
+    TY_RETURN_IF_ERROR(tensors.Read(t->name, kKinds[k], t->global_shape, global));
+    if (static_cast<int64_t>(local.size()) < t->numel) local.resize(t->numel);
+    layout.Slice(*t, global.data(), local.data());
+    sink.put(k, *t, local.data());
   }
   return absl::OkStatus();
 }

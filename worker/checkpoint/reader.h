@@ -9,6 +9,7 @@
 #define TRAINYARD_WORKER_CHECKPOINT_READER_H_
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,6 +35,7 @@ struct RankState {
 };
 
 class ShardFiles;
+class StreamingChecksum;
 
 // Global (unsharded) tensors read one at a time from the checkpoint at `path` whose verified
 // manifest is `manifest` (both must outlive the reader): what an export streams from. Each shard
@@ -58,7 +60,9 @@ class CheckpointTensors {
   // Starts reading tensor `name` of `kind` from disk in the background (nothing for an unknown
   // one): a reader that verifies one tensor prefetches the next, so the disk and the checksums
   // overlap.
-  void Prefetch(const std::string& name, const std::string& kind);
+  // At most `max_bytes` of each of its records.
+  void Prefetch(const std::string& name, const std::string& kind,
+                int64_t max_bytes = std::numeric_limits<int64_t>::max());
 
   // After Verify: the tensor's values as spans of the mapped shard files (valid while the reader
   // lives) that follow one another in the tensor's row-major order and together are all of it,
@@ -73,16 +77,30 @@ class CheckpointTensors {
                                                          const std::string& kind,
                                                          const std::vector<int64_t>& global_shape);
 
+  // Local elements [lo, hi) of tensor `name` of `kind` (in the tensor's row-major order) into
+  // dst[0, hi - lo), read from the shard files with no mapping and no staging copy, each record
+  // verified by its checksum as it is read; records holding none of [lo, hi) are not read. False,
+  // with nothing read, when a record is not one run of the tensor (a tensor-parallel slice of a
+  // matrix): Read assembles those. DATA_LOSS naming the file as Read; dst may then hold part of
+  // the values.
+  [[nodiscard]] absl::StatusOr<bool> ReadRange(const std::string& name, const std::string& kind,
+                                               const std::vector<int64_t>& global_shape, int64_t lo,
+                                               int64_t hi, float* dst);
+
   struct RecordRef {  // a record of a tensor, in shard `shard`
     int shard;
     const TensorRecord* record;
   };
 
  private:
+  absl::Status ReadRecord(const RecordRef& ref, int64_t at, int64_t lo, int64_t hi, float* dst);
+
   const std::string path_;
   std::unique_ptr<ShardFiles> files_;
   std::map<std::pair<std::string, std::string>, std::vector<RecordRef>> index_;
   std::set<std::pair<std::string, std::string>> verified_;  // (kind, name)
+  std::unique_ptr<StreamingChecksum> checksum_;             // ReadRange's
+  std::vector<float> scratch_;  // ReadRange's bytes outside the wanted range
 };
 
 // Reads what `layout` (one rank's: its tensor-parallel slice and pipeline stage) needs from the
@@ -93,14 +111,22 @@ class CheckpointTensors {
 
 // Where LoadRankStateInto puts what it reads: `kind` 0 the parameters, 1 the first moments, 2
 // the second moments. `wants` says whether to read a tensor at all; `put` receives its local
-// values (t.numel floats, valid during the call).
+// values (t.numel floats, valid during the call). `target`, when set, may name host memory for a
+// tensor the rank holds whole: its local elements [lo, hi) are then read straight into `data`
+// onward instead of through put (a null `data`: through put).
 struct StateSink {
+  struct Target {
+    float* data = nullptr;
+    int64_t lo = 0, hi = 0;
+  };
   std::function<bool(int kind, const ParamTensor& t)> wants;
   std::function<void(int kind, const ParamTensor& t, const float* local)> put;
+  std::function<Target(int kind, const ParamTensor& t)> target;
 };
 
-// LoadRankState without full-size buffers: verifies every record the wanted tensors need first
-// (an error leaves the sink untouched), then hands the tensors over one at a time.
+// LoadRankState without full-size buffers: one tensor at a time, each record verified by its
+// checksum before (put) or as (target) its values arrive. An error may leave some tensors
+// replaced and others not: the caller restores every one from elsewhere then.
 [[nodiscard]] absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path,
                                              const Manifest& manifest,
                                              const ParameterLayout& layout, const StateSink& sink);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_memory.h"
 #include "common/logging.h"
 #include "common/memory_tier_names.h"
 #include "common/status.h"
@@ -86,9 +87,8 @@ void CheckpointWriter::EnsureHost(int64_t floats) {
   if (floats <= host_floats_) return;
   const size_t bytes = (4 * static_cast<size_t>(floats) + kDirectIoAlignment - 1) /
                        kDirectIoAlignment * kDirectIoAlignment;
-  host_.reset(static_cast<float*>(std::aligned_alloc(kDirectIoAlignment, bytes)));
-  if (host_ == nullptr) throw std::bad_alloc();
-  std::memset(host_.get(), 0, bytes);  // every page touched now, not during a snapshot
+  // Every page touched now, not during a snapshot.
+  host_.reset(static_cast<float*>(AllocateHostMemory(bytes, kDirectIoAlignment).release()));
   host_floats_ = floats;
 }
 

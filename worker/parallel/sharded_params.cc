@@ -266,23 +266,27 @@ bool ShardedParams::WantsState(int kind, const ParamTensor& t) const {
   return std::max(lo, g.own_lo) < std::min(hi, g.own_hi);
 }
 
-void ShardedParams::RestoreTensor(int kind, const ParamTensor& t, const float* local) {
+ShardedParams::Destination ShardedParams::Place(int kind, const ParamTensor& t) {
   const Group& g = GroupOf(t);
   const int64_t lo = t.offset - g.begin, hi = lo + t.numel;
   if (kind == 0 && options_.zero_stage < 3) {
-    backend_->CopyFromHost(params_.data() + g.padded_begin + lo, local, t.numel);
-    return;
+    return {params_.data() + g.padded_begin + lo, 0, t.numel};
   }
   const int64_t from = std::max(lo, g.own_lo), to = std::min(hi, g.own_hi);
-  if (from >= to) return;
-  const float* values = local + (from - lo);
-  if (kind == 0) {
-    backend_->CopyFromHost(shard_params_.data() + g.shard_begin + (from - g.own_lo), values,
-                           to - from);
-    return;
-  }
+  if (from >= to) return {};
+  if (kind == 0)
+    return {shard_params_.data() + g.shard_begin + (from - g.own_lo), from - lo, to - lo};
   Buffer<float>& state = kind == 1 ? m_ : v_;
-  backend_->CopyFromHost(state.data() + StateOffset(g, from), values, to - from);
+  return {state.data() + StateOffset(g, from), from - lo, to - lo};
+}
+
+void ShardedParams::RestoreTensor(int kind, const ParamTensor& t, const float* local) {
+  const Destination d = Place(kind, t);
+  if (d.data != nullptr) backend_->CopyFromHost(d.data, local + d.lo, d.hi - d.lo);
+}
+
+ShardedParams::Destination ShardedParams::RestoreTarget(int kind, const ParamTensor& t) {
+  return backend_->host_memory() ? Place(kind, t) : Destination{};
 }
 
 absl::Status ShardedParams::BeginStep() {

@@ -108,6 +108,15 @@ class ShardedParams final : public ParamSource {
   [[nodiscard]] absl::Status BeginRestore() { return WaitAll(); }
   bool WantsState(int kind, const ParamTensor& t) const;
   void RestoreTensor(int kind, const ParamTensor& t, const float* local);
+  // Where RestoreTensor puts tensor t's `kind`: its local elements [lo, hi) go to `data`
+  // onward. RestoreTarget gives it only when this rank's buffers are host memory, so that a
+  // reader may write the values there itself; {nullptr, 0, 0} when the rank keeps none of them
+  // or its memory is a device's.
+  struct Destination {
+    float* data = nullptr;
+    int64_t lo = 0, hi = 0;
+  };
+  Destination RestoreTarget(int kind, const ParamTensor& t);
   [[nodiscard]] absl::Status FinishRestore() { return backend_->Synchronize(); }
   // AdamW's moments back to zero (a fresh start after a partial restore).
   void ZeroMoments() {
@@ -163,6 +172,8 @@ class ShardedParams final : public ParamSource {
   float* GradAt(const Group& g, int64_t local);
   float* ParamAt(const Group& g, int64_t local);
   int64_t StateOffset(const Group& g, int64_t local) const;
+  // Where tensor t's `kind` lives in this rank's buffers (RestoreTarget's meaning, any memory).
+  Destination Place(int kind, const ParamTensor& t);
   [[nodiscard]] absl::Status WaitAll();
   void LaunchReady(int group);
   void StartGather(int group);

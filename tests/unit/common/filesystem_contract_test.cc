@@ -1,12 +1,13 @@
-// The FileSystem contract for writable files, directory sync, directory removal and
-// RemoveRecursively, checked against every implementation: POSIX (in a private temporary
-// directory), the confined POSIX filesystem rooted there (with openat2, and walking components),
-// FakeFileSystem and FaultInjectionFileSystem.
+// The FileSystem contract for writable files, reads from a mapped file, directory sync,
+// directory removal and RemoveRecursively, checked against every implementation: POSIX (in a
+// private temporary directory), the confined POSIX filesystem rooted there (with openat2, and
+// walking components), FakeFileSystem and FaultInjectionFileSystem.
 #include <stdlib.h>
 
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -104,6 +105,23 @@ TEST_P(FileSystemContractTest, WritableFileKeepsEveryAppendedByte) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == "header:" + big + std::string("\0tail", 5));
   EXPECT_EQ(*fs_->FileSize(path), 7 + big.size() + 5);
+}
+
+TEST_P(FileSystemContractTest, AMappedFileCopiesOutAnyRangeAndRefusesOnePastItsEnd) {
+  std::string data(3 * 4096 + 17, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  ASSERT_TRUE(WriteWithWriter(Path("shard"), data).ok());
+  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> region = fs_->MapReadOnly(Path("shard"));
+  ASSERT_TRUE(region.ok()) << region.status();
+  for (const auto& [offset, length] : std::vector<std::pair<size_t, size_t>>{
+           {0, data.size()}, {4095, 4098}, {data.size() - 1, 1}, {77, 0}}) {
+    std::string out(length, 'x');
+    ASSERT_TRUE((*region)->CopyOut(offset, length, out.data()).ok()) << offset << "+" << length;
+    EXPECT_EQ(out, data.substr(offset, length)) << offset << "+" << length;
+  }
+  std::string out(32, 'x');
+  const absl::Status past = (*region)->CopyOut(data.size() - 16, 32, out.data());
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
 }
 
 TEST_P(FileSystemContractTest, NewWritableFileTruncatesAnExistingFile) {

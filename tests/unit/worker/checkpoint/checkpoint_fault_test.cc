@@ -210,6 +210,13 @@ std::vector<std::string> FilesOfNewest(FileSystem& fs) {
   return files;
 }
 
+std::string ShardOfNewest(FileSystem& fs) {
+  for (const std::string& file : FilesOfNewest(fs)) {
+    if (!file.ends_with(checkpoint::kManifestName)) return file;
+  }
+  return "";
+}
+
 TEST(CheckpointFaultTest, AFlippedBitAnywhereIsDetectedAndThePreviousCheckpointLoads) {
   FaultInjectionFileSystem fs({"/"});
   ASSERT_TRUE(TrainOn(fs, 4).result.ok());
@@ -235,6 +242,31 @@ TEST(CheckpointFaultTest, AFlippedBitAnywhereIsDetectedAndThePreviousCheckpointL
   RunOutcome intact = TrainOn(fs, 2);
   ASSERT_TRUE(intact.result.ok());
   EXPECT_EQ(intact.result->first_step, 4);
+}
+
+// Tensors are read straight into the parameters and moments, so a damaged record found part way
+// leaves a mix; the previous checkpoint (or, with none intact, the step-0 state) must replace all
+// of it: the run ends with the exact loss.
+TEST(CheckpointFaultTest, DamageFoundPartWayThroughARestoreLeavesNoTrace) {
+  FaultInjectionFileSystem fs({"/"});
+  ASSERT_TRUE(TrainOn(fs, 4).result.ok());
+  const std::string newest = ShardOfNewest(fs);  // its last records are read last
+  ASSERT_TRUE(fs.CorruptByte(newest, *fs.FileSize(newest) - 5).ok());
+  RunOutcome fell_back = TrainOn(fs);
+  ASSERT_TRUE(fell_back.result.ok()) << fell_back.result.status();
+  EXPECT_EQ(fell_back.result->first_step, 2);
+  EXPECT_EQ(FinalLoss(fell_back), ReferenceLoss());
+
+  FaultInjectionFileSystem only({"/"});
+  config::JobSpec spec = Job();
+  spec.checkpoint.keep = 1;
+  ASSERT_TRUE(TrainOn(only, 2, spec).result.ok());
+  const std::string shard = ShardOfNewest(only);
+  ASSERT_TRUE(only.CorruptByte(shard, *only.FileSize(shard) - 5).ok());
+  RunOutcome fresh = TrainOn(only, 0, spec);
+  ASSERT_TRUE(fresh.result.ok()) << fresh.result.status();
+  EXPECT_EQ(fresh.result->first_step, 0);
+  EXPECT_EQ(FinalLoss(fresh), ReferenceLoss());
 }
 
 TEST(CheckpointFaultTest, ATruncatedFileIsDetected) {
