@@ -51,8 +51,6 @@ class ScopedFd {
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
   }
-  // Gives the descriptor up without closing it.
-  int Release() { return std::exchange(fd_, -1); }
   // Closes now and reports the error close() gives (which can be a delayed write error).
   absl::Status Close(const std::string& path) {
     int fd = fd_;
@@ -65,10 +63,9 @@ class ScopedFd {
   int fd_;
 };
 
-// A mapped file that keeps its descriptor, so that CopyOut reads with pread(2).
 class MappedRegion : public ReadOnlyRegion {
  public:
-  MappedRegion(void* base, size_t size, int fd) : base_(base), size_(size), fd_(fd) {}
+  MappedRegion(void* base, size_t size) : base_(base), size_(size) {}
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
   ~MappedRegion() override {
@@ -82,19 +79,6 @@ class MappedRegion : public ReadOnlyRegion {
   }
   void Prefetch(size_t offset, size_t length) const override {
     (void)Advise(offset, length, MADV_WILLNEED);
-  }
-  absl::Status CopyOut(size_t offset, size_t length, void* dst) const override {
-    char* out = static_cast<char*>(dst);
-    while (length > 0) {
-      const ssize_t n = ::pread(fd_.get(), out, length, static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoStatus(errno, "read");
-      if (n == 0) return absl::DataLossError("read: the file ends early");
-      out += n;
-      offset += static_cast<size_t>(n);
-      length -= static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
   }
 
  private:
@@ -114,7 +98,35 @@ class MappedRegion : public ReadOnlyRegion {
 #endif
   void* base_;
   size_t size_;
+};
+
+absl::Status ReadFully(int fd, uint64_t offset, size_t length, void* dst, const std::string& path) {
+  char* out = static_cast<char*>(dst);
+  while (length > 0) {
+    const ssize_t n = ::pread(fd, out, length, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return PosixError("read", path);
+    if (n == 0) {
+      return absl::DataLossError(
+          absl::StrCat("read ", path, ": the file ends before byte ", offset + length));
+    }
+    out += n;
+    offset += static_cast<uint64_t>(n);
+    length -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+class PosixRandomAccessFile : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  absl::Status ReadAt(uint64_t offset, size_t length, void* dst) const override {
+    return ReadFully(fd_.get(), offset, length, dst, path_);
+  }
+
+ private:
   ScopedFd fd_;
+  const std::string path_;
 };
 
 absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
@@ -495,12 +507,17 @@ class PosixFileSystem : public FileSystem {
       return absl::FailedPreconditionError(absl::StrCat("map ", path, ": not a regular file"));
     }
     const size_t size = static_cast<size_t>(st.st_size);
-    if (size == 0) return std::make_unique<MappedRegion>(nullptr, 0, -1);
+    if (size == 0) return std::make_unique<MappedRegion>(nullptr, 0);
     void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (base == MAP_FAILED) return PosixError("map", path);
-    const int kept = fd.get();
-    fd.Release();
-    return std::make_unique<MappedRegion>(base, size, kept);
+    return std::make_unique<MappedRegion>(base, size);
+  }
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenRandomAccess(
+      const std::string& path) override {
+    const int fd = resolver_->Open(path, O_RDONLY);
+    if (fd < 0) return PosixError("open", path);
+    return std::make_unique<PosixRandomAccessFile>(fd, path);
   }
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
@@ -591,12 +608,27 @@ std::string Dirname(const std::string& path) {
   return path.substr(0, slash);
 }
 
-absl::Status ReadOnlyRegion::CopyOut(size_t offset, size_t length, void* dst) const {
-  if (offset > size() || length > size() - offset) {
-    return absl::DataLossError("read: the file ends early");
-  }
-  if (length > 0) std::memcpy(dst, data() + offset, length);
-  return absl::OkStatus();
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> FileSystem::OpenRandomAccess(
+    const std::string& path) {
+  class MappedFile : public RandomAccessFile {
+   public:
+    MappedFile(std::unique_ptr<ReadOnlyRegion> region, std::string path)
+        : region_(std::move(region)), path_(std::move(path)) {}
+    absl::Status ReadAt(uint64_t offset, size_t length, void* dst) const override {
+      if (offset > region_->size() || length > region_->size() - offset) {
+        return absl::DataLossError(
+            absl::StrCat("read ", path_, ": the file ends before byte ", offset + length));
+      }
+      if (length > 0) std::memcpy(dst, region_->data() + offset, length);
+      return absl::OkStatus();
+    }
+
+   private:
+    const std::unique_ptr<ReadOnlyRegion> region_;
+    const std::string path_;
+  };
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyRegion> region, MapReadOnly(path));
+  return std::make_unique<MappedFile>(std::move(region), path);
 }
 
 std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes) {

@@ -40,11 +40,18 @@ class ReadOnlyRegion {
   // A hint that those bytes will be read soon: a mapped file starts reading them in the
   // background and returns at once, so that the disk works while the caller computes.
   virtual void Prefetch(size_t offset, size_t length) const {}
-  // Copies bytes [offset, offset + length), which must lie in the file, into `dst`. A mapped file
-  // reads them with pread(2), from the page cache or the disk straight into `dst`, touching no
-  // page of the mapping (no page-table work, no second copy). DATA_LOSS when the file no longer
-  // holds them; other read errors keep their errno's code.
-  [[nodiscard]] virtual absl::Status CopyOut(size_t offset, size_t length, void* dst) const;
+};
+
+// A file open for reads at any offset, for large reads straight into the caller's memory: the
+// POSIX filesystems read with pread(2), from the page cache or the disk into `dst`, with no
+// mapping (no page-table work) and no second copy. Holds a file descriptor while it lives.
+// Thread-compatible.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Bytes [offset, offset + length) into `dst`. DATA_LOSS when the file does not hold them all;
+  // other read errors keep their errno's code. Every message names the file.
+  [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, size_t length, void* dst) const = 0;
 };
 
 // A file being written, from its start. Appended bytes may sit in the operating system's cache
@@ -97,6 +104,11 @@ class FileSystem {
   // Maps the file at `path` read-only. The file must not be truncated while mapped.
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> MapReadOnly(
       const std::string& path) = 0;
+
+  // Opens the file at `path` for reads at any offset. The base version maps it and copies out of
+  // the mapping (the in-memory filesystems).
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenRandomAccess(
+      const std::string& path);
 
   // Creates the file at `path` (truncating one that exists) for writing. The parent directory
   // must exist. The new name is durable only once the parent directory is synced.

@@ -193,7 +193,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
     }
   }
   for (const std::string& path : candidates) {
-    bool touched = false;  // this rank's state was (partly) replaced by this candidate
+    bool touched = false;  // this rank's state may have been (partly) replaced by this one
     absl::StatusOr<checkpoint::Manifest> manifest = checkpoint::ReadManifest(*fs_, path);
     absl::Status loaded = manifest.status();
     if (manifest.ok()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <new>
@@ -81,13 +82,19 @@ class ShardFiles {
   void Prefetch(int shard, int64_t offset, int64_t length) const {
     regions_[shard]->Prefetch(static_cast<size_t>(offset), static_cast<size_t>(length));
   }
-  // After Data(shard): bytes [offset, offset + length) of the shard into `dst`, not through the
-  // mapping (pread for a real file).
-  absl::Status CopyOut(int shard, int64_t offset, int64_t length, void* dst) const {
-    absl::Status s =
-        regions_[shard]->CopyOut(static_cast<size_t>(offset), static_cast<size_t>(length), dst);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(FileName(shard), ": ", s.message()));
-    return s;
+  // Bytes [offset, offset + length) of the shard into `dst`, not through the mapping (pread for
+  // a real file). At most kOpenFiles shards stay open for it, so that a checkpoint of thousands
+  // of ranks does not run out of descriptors.
+  absl::Status ReadAt(int shard, int64_t offset, int64_t length, void* dst) {
+    auto open = std::find_if(open_.begin(), open_.end(),
+                             [&](const OpenFile& f) { return f.shard == shard; });
+    if (open == open_.end()) {
+      TY_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                          fs_.OpenRandomAccess(FileName(shard)));
+      if (open_.size() == kOpenFiles) open_.erase(open_.begin());  // the oldest
+      open = open_.insert(open_.end(), OpenFile{shard, std::move(file)});
+    }
+    return open->file->ReadAt(static_cast<uint64_t>(offset), static_cast<size_t>(length), dst);
   }
   std::string FileName(int shard) const { return JoinPath(path_, manifest_.shards(shard).file()); }
 
@@ -96,6 +103,12 @@ class ShardFiles {
   const std::string& path_;
   const Manifest& manifest_;
   std::vector<std::unique_ptr<ReadOnlyRegion>> regions_;
+  static constexpr size_t kOpenFiles = 8;
+  struct OpenFile {
+    int shard;
+    std::unique_ptr<RandomAccessFile> file;
+  };
+  std::vector<OpenFile> open_;  // oldest first
 };
 
 namespace {
@@ -232,12 +245,28 @@ absl::StatusOr<std::vector<std::span<const float>>> CheckpointTensors::Runs(
 }
 
 void CheckpointTensors::Prefetch(const std::string& name, const std::string& kind,
-                                 int64_t max_bytes) {
+                                 int64_t max_bytes, int64_t lo, int64_t hi) {
   auto it = index_.find({kind, name});
   if (it == index_.end()) return;
   for (const RecordRef& ref : it->second) {
     const TensorRecord& r = *ref.record;
     if (!files_->Data(ref.shard).ok() || r.byte_offset() < 0) continue;  // Verify will say why
+    if (lo > 0 || hi < std::numeric_limits<int64_t>::max()) {
+      // Only a record holding some of [lo, hi) (ReadRange's range); a malformed one is skipped
+      // here and refused by the read.
+      const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
+      if (r.sizes_size() != static_cast<int>(shape.size()) || r.offsets_size() != r.sizes_size() ||
+          r.flat_begin() < 0 || r.flat_end() > SlabOf(r).numel()) {
+        continue;
+      }
+      int64_t first = -1, last = -1;
+      ForEachRun(shape, SlabOf(r), r.flat_begin(), r.flat_end(),
+                 [&](int64_t at, int64_t, int64_t n) {
+                   if (first < 0) first = at;
+                   last = at + n;
+                 });
+      if (first < 0 || last <= lo || first >= hi) continue;
+    }
     files_->Prefetch(ref.shard, r.byte_offset(),
                      std::min(max_bytes, 4 * (r.flat_end() - r.flat_begin())));
   }
@@ -295,7 +324,10 @@ absl::StatusOr<bool> CheckpointTensors::ReadRange(const std::string& name, const
             [](const Piece& a, const Piece& b) { return a.at < b.at; });
   int64_t covered = 0;  // the records must tile the tensor: no gap, no overlap
   for (const Piece& p : pieces) {
-    if (p.at != covered) break;
+    if (p.at != covered) {
+      return absl::DataLossError(absl::StrCat(path_, ": the records of ", name, " (", kind,
+                                              ") leave a gap or overlap at element ", covered));
+    }
     covered += p.ref->record->flat_end() - p.ref->record->flat_begin();
   }
   const int64_t numel = NumelOf(global_shape);
@@ -330,18 +362,14 @@ absl::Status CheckpointTensors::ReadRecord(const RecordRef& ref, int64_t at, int
     const int64_t in_lo = std::clamp(lo - at, x, end), in_hi = std::clamp(hi - at, in_lo, end);
     const struct {
       int64_t begin, end;
-      float* to;
-    } parts[] = {
-        {x, in_lo, nullptr}, {in_lo, in_hi, dst + (at + in_lo - lo)}, {in_hi, end, nullptr}};
+      bool wanted;
+    } parts[] = {{x, in_lo, false}, {in_lo, in_hi, true}, {in_hi, end, false}};
     for (const auto& part : parts) {
       const int64_t n = part.end - part.begin;
       if (n == 0) continue;
-      float* to = part.to;
-      if (to == nullptr) {
-        if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
-        to = scratch_.data();
-      }
-      TY_RETURN_IF_ERROR(files_->CopyOut(ref.shard, r.byte_offset() + 4 * part.begin, 4 * n, to));
+      if (!part.wanted && static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
+      float* to = part.wanted ? dst + (at + part.begin - lo) : scratch_.data();
+      TY_RETURN_IF_ERROR(files_->ReadAt(ref.shard, r.byte_offset() + 4 * part.begin, 4 * n, to));
       checksum_->Add(to, 4 * n);
     }
     x = end;
@@ -373,33 +401,39 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
 absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Manifest& manifest,
                                const ParameterLayout& layout, const StateSink& sink) {
   CheckpointTensors tensors(fs, path, manifest);
-  std::vector<std::pair<int, const ParamTensor*>> wanted;
+  struct Wanted {
+    int kind;
+    const ParamTensor* t;
+    StateSink::Target to;  // data == nullptr: through put
+  };
+  std::vector<Wanted> wanted;
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
-      if (sink.wants(k, t)) wanted.emplace_back(k, &t);
+      if (!sink.wants(k, t)) continue;
+      // Read straight into place only a tensor the rank holds whole: its local elements are
+      // then the global tensor's in row-major order.
+      const bool whole = t.numel == NumelOf(t.global_shape);
+      wanted.push_back({k, &t, whole && sink.target ? sink.target(k, t) : StateSink::Target{}});
     }
   }
   std::vector<float> global, local;
   for (size_t i = 0; i < wanted.size(); ++i) {
-    const auto [k, t] = wanted[i];
-    const bool whole = t->numel == NumelOf(t->global_shape);  // the rank holds all of it
-    if (i + 1 < wanted.size()) {  // the disk reads the start of the next one meanwhile
-      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first], kReadAheadBytes);
-    }
-    if (whole && sink.target) {
-      // Straight from the files into the rank's memory, the rank's range only.
-      const StateSink::Target to = sink.target(k, *t);
-      if (to.data != nullptr) {
-        TY_ASSIGN_OR_RETURN(const bool read, tensors.ReadRange(t->name, kKinds[k], t->global_shape,
-                                                               to.lo, to.hi, to.data));
-        if (read) continue;
+    const auto& [k, t, to] = wanted[i];
+    if (i + 1 < wanted.size()) {  // the disk reads (the start of) the next one meanwhile
+      const Wanted& next = wanted[i + 1];
+      if (next.to.data != nullptr) {
+        tensors.Prefetch(next.t->name, kKinds[next.kind], kReadAheadBytes, next.to.lo, next.to.hi);
+      } else {
+        tensors.Prefetch(next.t->name, kKinds[next.kind]);
       }
     }
-    if (i + 1 < wanted.size()) {  // all of the next one, while this one is verified
-      tensors.Prefetch(wanted[i + 1].second->name, kKinds[wanted[i + 1].first]);
+    if (to.data != nullptr) {
+      TY_ASSIGN_OR_RETURN(const bool read, tensors.ReadRange(t->name, kKinds[k], t->global_shape,
+                                                             to.lo, to.hi, to.data));
+      if (read) continue;
     }
     TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
-    if (whole) {
+    if (t->numel == NumelOf(t->global_shape)) {
       // From the mapped file when one record is all of it, else assembled.
       TY_ASSIGN_OR_RETURN(const float* values,
                           tensors.WholeRecord(t->name, kKinds[k], t->global_shape));

@@ -60,9 +60,11 @@ class CheckpointTensors {
   // Starts reading tensor `name` of `kind` from disk in the background (nothing for an unknown
   // one): a reader that verifies one tensor prefetches the next, so the disk and the checksums
   // overlap.
-  // At most `max_bytes` of each of its records.
+  // At most `max_bytes` of each of its records, and only of records holding some of its
+  // elements [lo, hi) (row-major; what a ReadRange of them will read).
   void Prefetch(const std::string& name, const std::string& kind,
-                int64_t max_bytes = std::numeric_limits<int64_t>::max());
+                int64_t max_bytes = std::numeric_limits<int64_t>::max(), int64_t lo = 0,
+                int64_t hi = std::numeric_limits<int64_t>::max());
 
   // After Verify: the tensor's values as spans of the mapped shard files (valid while the reader
   // lives) that follow one another in the tensor's row-major order and together are all of it,
@@ -113,7 +115,8 @@ class CheckpointTensors {
 // the second moments. `wants` says whether to read a tensor at all; `put` receives its local
 // values (t.numel floats, valid during the call). `target`, when set, may name host memory for a
 // tensor the rank holds whole: its local elements [lo, hi) are then read straight into `data`
-// onward instead of through put (a null `data`: through put).
+// onward instead of through put (a null `data`: through put). Every target is asked for before
+// anything is read.
 struct StateSink {
   struct Target {
     float* data = nullptr;

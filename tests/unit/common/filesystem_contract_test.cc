@@ -1,4 +1,4 @@
-// The FileSystem contract for writable files, reads from a mapped file, directory sync,
+// The FileSystem contract for writable files, reads at any offset, directory sync,
 // directory removal and RemoveRecursively, checked against every implementation: POSIX (in a
 // private temporary directory), the confined POSIX filesystem rooted there (with openat2, and
 // walking components), FakeFileSystem and FaultInjectionFileSystem.
@@ -107,21 +107,23 @@ TEST_P(FileSystemContractTest, WritableFileKeepsEveryAppendedByte) {
   EXPECT_EQ(*fs_->FileSize(path), 7 + big.size() + 5);
 }
 
-TEST_P(FileSystemContractTest, AMappedFileCopiesOutAnyRangeAndRefusesOnePastItsEnd) {
+TEST_P(FileSystemContractTest, RandomAccessReadsAnyRangeAndRefusesOnePastTheEnd) {
   std::string data(3 * 4096 + 17, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
   ASSERT_TRUE(WriteWithWriter(Path("shard"), data).ok());
-  absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> region = fs_->MapReadOnly(Path("shard"));
-  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenRandomAccess(Path("shard"));
+  ASSERT_TRUE(file.ok()) << file.status();
   for (const auto& [offset, length] : std::vector<std::pair<size_t, size_t>>{
            {0, data.size()}, {4095, 4098}, {data.size() - 1, 1}, {77, 0}}) {
     std::string out(length, 'x');
-    ASSERT_TRUE((*region)->CopyOut(offset, length, out.data()).ok()) << offset << "+" << length;
+    ASSERT_TRUE((*file)->ReadAt(offset, length, out.data()).ok()) << offset << "+" << length;
     EXPECT_EQ(out, data.substr(offset, length)) << offset << "+" << length;
   }
   std::string out(32, 'x');
-  const absl::Status past = (*region)->CopyOut(data.size() - 16, 32, out.data());
+  const absl::Status past = (*file)->ReadAt(data.size() - 16, 32, out.data());
   EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
+  EXPECT_TRUE(absl::StrContains(past.message(), Path("shard"))) << past;
+  EXPECT_EQ(fs_->OpenRandomAccess(Path("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_P(FileSystemContractTest, NewWritableFileTruncatesAnExistingFile) {
