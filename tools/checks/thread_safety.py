@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Clang's thread-safety analysis over the code that shares state between threads.
 
-The coordinator (server/) and the worker's parallel runtime (worker/parallel/) annotate their
-locks with ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED. GCC ignores those annotations; this
-check compiles each of those files with clang++ -fsyntax-only -Wthread-safety -Werror, using the
-flags CMake recorded in compile_commands.json, so an unguarded access is a failing test.
+The coordinator (server/), the worker's parallel runtime (worker/parallel/) and its checkpoint
+writer (worker/checkpoint/) annotate their locks with ABSL_GUARDED_BY /
+ABSL_EXCLUSIVE_LOCKS_REQUIRED. GCC ignores those annotations; this check compiles each of those
+files with clang++ -fsyntax-only -Wthread-safety -Werror, using the flags CMake recorded in
+compile_commands.json, so an unguarded access is a failing test.
 
 Usage: thread_safety.py BUILD_DIR [--jobs N]
 Exit codes: 0 clean, 1 a violation (clang's diagnostics printed), 77 clang++ is not installed.
@@ -18,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-CHECKED = ("server/", "worker/parallel/")
+CHECKED = ("server/", "worker/parallel/", "worker/checkpoint/")
 # Flags of GCC's command lines that clang does not take or that do not matter for a syntax check.
 DROPPED_PREFIXES = ("-W", "-O", "-g", "-march", "-fno-fat-lto", "-flto", "-o", "-c", "-MD", "-MT",
                     "-MF", "-fdiagnostics-color")

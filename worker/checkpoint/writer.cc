@@ -29,11 +29,11 @@ CheckpointWriter::CheckpointWriter(FileSystem* fs, Clock* clock, WriterOptions o
 
 CheckpointWriter::~CheckpointWriter() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
+    absl::MutexLock lock(&mu_);
+    while (busy_) changed_.Wait(&mu_);
     stop_ = true;
+    changed_.SignalAll();
   }
-  cv_.notify_all();
   thread_.join();
 }
 
@@ -42,8 +42,8 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
                                     const std::function<absl::Status(float*)>& fill) {
   const int64_t start = clock_->NowNanosMonotonic();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
+    absl::MutexLock lock(&mu_);
+    while (busy_) changed_.Wait(&mu_);
   }
   const int64_t waited = clock_->NowNanosMonotonic() - start;
   int64_t floats = 0;
@@ -51,7 +51,7 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   EnsureHost(floats);
   if (absl::Status filled = fill(host_.get()); !filled.ok()) {
     const std::string why = absl::StrCat("snapshot of step ", step, ": ", filled.message());
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last_ = absl::Status(filled.code(), why);
     outcomes_.push_back({.step = step, .message = why, .finished = clock_->Now()});
     return last_;
@@ -64,22 +64,22 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   job.blocked_seconds = (job.started_nanos - start) / 1e9;
   job.waited_seconds = waited / 1e9;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     job_ = std::move(job);
     busy_ = true;
+    changed_.SignalAll();
   }
-  cv_.notify_all();
   return absl::OkStatus();
 }
 
 absl::Status CheckpointWriter::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !busy_; });
+  absl::MutexLock lock(&mu_);
+  while (busy_) changed_.Wait(&mu_);
   return last_;
 }
 
 std::vector<SaveOutcome> CheckpointWriter::TakeOutcomes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return std::exchange(outcomes_, {});
 }
 
@@ -95,30 +95,28 @@ void CheckpointWriter::EnsureHost(int64_t floats) {
 void CheckpointWriter::Loop() {
   if (options_.snapshot_floats > 0) {
     EnsureHost(options_.snapshot_floats);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      busy_ = false;
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    busy_ = false;
+    changed_.SignalAll();
   }
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && !job_.has_value()) changed_.Wait(&mu_);
       if (!job_) return;
       job = std::move(*job_);
       job_.reset();
     }
     SaveOutcome outcome = Write(job);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       last_ = outcome.committed || outcome.message.empty() ? absl::OkStatus()
                                                            : absl::InternalError(outcome.message);
       outcomes_.push_back(std::move(outcome));
       busy_ = false;
+      changed_.SignalAll();
     }
-    cv_.notify_all();
   }
 }
 

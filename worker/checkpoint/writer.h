@@ -17,18 +17,18 @@
 #ifndef TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
 #define TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
@@ -142,14 +142,14 @@ class CheckpointWriter {
   int64_t host_floats_ = 0;
   void EnsureHost(int64_t floats);  // allocates and touches every page
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<Job> job_;             // GUARDED_BY(mu_): the save to write
-  bool busy_ = false;                  // GUARDED_BY(mu_): a save is in flight
-  bool stop_ = false;                  // GUARDED_BY(mu_)
-  absl::Status last_;                  // GUARDED_BY(mu_)
-  std::vector<SaveOutcome> outcomes_;  // GUARDED_BY(mu_)
-  std::thread thread_;                 // last: started after everything it uses
+  absl::Mutex mu_;
+  absl::CondVar changed_;                        // any of the fields below changed
+  std::optional<Job> job_ ABSL_GUARDED_BY(mu_);  // the save to write
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;       // a save is in flight
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status last_ ABSL_GUARDED_BY(mu_);
+  std::vector<SaveOutcome> outcomes_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: started after everything it uses
 };
 
 }  // namespace trainyard::worker::checkpoint

@@ -6,10 +6,10 @@ AsyncRunner::AsyncRunner() : thread_([this] { Loop(); }) {}
 
 AsyncRunner::~AsyncRunner() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
+    changed_.Signal();
   }
-  cv_.notify_one();
   thread_.join();
 }
 
@@ -17,10 +17,10 @@ AsyncRunner::Work AsyncRunner::Submit(std::function<absl::Status()> op) {
   std::packaged_task<absl::Status()> task(std::move(op));
   Work work = task.get_future().share();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(task));
+    changed_.Signal();
   }
-  cv_.notify_one();
   return work;
 }
 
@@ -28,8 +28,8 @@ void AsyncRunner::Loop() {
   while (true) {
     std::packaged_task<absl::Status()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) changed_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping, and nothing left to run
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -4,14 +4,14 @@
 #ifndef TRAINYARD_WORKER_PARALLEL_ASYNC_RUNNER_H_
 #define TRAINYARD_WORKER_PARALLEL_ASYNC_RUNNER_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace trainyard::worker::parallel {
 
@@ -34,10 +34,10 @@ class AsyncRunner {
  private:
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<absl::Status()>> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                                 // GUARDED_BY(mu_)
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // queued, or stopping
+  std::deque<std::packaged_task<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -10,12 +10,13 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "worker/parallel/communicator.h"
 
@@ -184,7 +185,7 @@ class GlooCommunicator final : public Communicator {
 
   void Abort() override {
     aborted_.store(true);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (gloo::transport::UnboundBuffer* buf : in_flight_) {
       buf->abortWaitRecv();
       buf->abortWaitSend();
@@ -376,7 +377,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void Track(Buffers bufs) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     in_flight_ = std::move(bufs);
     // An Abort between Guard's check and here found nothing in flight: it must still reach these
     // buffers (gloo keeps an abort until the next wait takes it), or a wait runs to its timeout.
@@ -388,7 +389,7 @@ class GlooCommunicator final : public Communicator {
     }
   }
   void Untrack() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     in_flight_.clear();
   }
 
@@ -429,8 +430,8 @@ class GlooCommunicator final : public Communicator {
   const std::vector<int> members_;  // global rank of each group rank; empty: unknown
   std::vector<float> recv_, scratch_;
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;
-  Buffers in_flight_;  // GUARDED_BY(mu_)
+  absl::Mutex mu_;
+  Buffers in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

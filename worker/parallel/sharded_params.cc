@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <future>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -144,18 +143,18 @@ MemoryAccount ShardedParams::memory() const {
 }
 
 OverlapTimeline ShardedParams::timeline() const {
-  std::lock_guard<std::mutex> lock(timeline_mu_);
+  absl::MutexLock lock(&timeline_mu_);
   return timeline_;
 }
 
 size_t ShardedParams::NewTimelineSlot() {
-  std::lock_guard<std::mutex> lock(timeline_mu_);
+  absl::MutexLock lock(&timeline_mu_);
   timeline_.bucket_done_ns.push_back(0);
   return timeline_.bucket_done_ns.size() - 1;
 }
 
 void ShardedParams::MarkDone(size_t slot) {
-  std::lock_guard<std::mutex> lock(timeline_mu_);
+  absl::MutexLock lock(&timeline_mu_);
   timeline_.bucket_done_ns[slot] = NowNanos();
 }
 
@@ -294,7 +293,7 @@ absl::Status ShardedParams::BeginStep() {
   if (options_.zero_stage < 2) backend_->Fill(grads_.data(), 0.0f, grads_.size());
   if (options_.zero_stage >= 2) backend_->Fill(shard_grads_.data(), 0.0f, shard_grads_.size());
   {
-    std::lock_guard<std::mutex> lock(timeline_mu_);
+    absl::MutexLock lock(&timeline_mu_);
     timeline_ = OverlapTimeline();
   }
   return absl::OkStatus();
@@ -378,7 +377,7 @@ absl::StatusOr<float*> ShardedParams::Gradients(int index) {
 
 absl::Status ShardedParams::GradientsReady(int index) {
   if (index == ParameterLayout::kEmbeddingGroup) {
-    std::lock_guard<std::mutex> lock(timeline_mu_);
+    absl::MutexLock lock(&timeline_mu_);
     timeline_.backward_end_ns = NowNanos();
   }
   LaunchReady(index);

@@ -22,11 +22,12 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/backend.h"
 #include "worker/optimizer.h"
 #include "worker/parallel/async_runner.h"
@@ -217,8 +218,8 @@ class ShardedParams final : public ParamSource {
   std::atomic<int64_t> transient_{0};
   std::atomic<int64_t> peak_transient_{0};
   MemoryAccount memory_;  // persistent sizes, fixed at construction
-  mutable std::mutex timeline_mu_;
-  OverlapTimeline timeline_;           // GUARDED_BY(timeline_mu_)
+  mutable absl::Mutex timeline_mu_;
+  OverlapTimeline timeline_ ABSL_GUARDED_BY(timeline_mu_);
   std::unique_ptr<AsyncRunner> comm_;  // last: joined first on destruction
 };
 
