@@ -5,8 +5,10 @@
 //     and against its floor, a memcpy of the rank's share of the state;
 //   - write throughput (checkpoint bytes / write_seconds) against this disk's own fsync'd
 //     sequential write bandwidth, measured here on the same directory;
-//   - restore time (TrainResult.restore_seconds of a run resumed from the last checkpoint), with
-//     the checkpoint's pages dropped from the page cache (cold) and again with them cached (warm).
+//   - restore time of a run resumed from the last checkpoint, from the moment the last rank began
+//     its restore to the moment the last rank finished (TrainResult.restore_began_ns / _ended_ns:
+//     a rank's own restore_seconds also holds its wait for peers still starting up), with the
+//     checkpoint's pages dropped from the page cache (cold) and again with them cached (warm).
 //   - export (`trainyard export --format hf` of the last checkpoint, against the disk's bandwidth)
 //     and model.init_from of the exported directory, the whole model in one process.
 // bench/run_checkpoint_bench.sh runs it beside bench/torch_checkpoint_peer.py.
@@ -329,8 +331,8 @@ struct Row {
   double write_s = 0.0;          // median snapshot → committed
   double last_write_s = 0.0;     // the save after the last step: training waits, the writer
                                  // has the cores to itself
-  double restore_cold_s = 0.0;   // slowest rank; checkpoint not in the page cache
-  double restore_warm_s = 0.0;   // slowest rank; checkpoint cached
+  double restore_cold_s = 0.0;   // last start to last end; checkpoint not in the page cache
+  double restore_warm_s = 0.0;   // the same, checkpoint cached
   double export_s = 0.0;         // the last checkpoint as a Hugging Face directory (fsync'd)
   int64_t export_bytes = 0;      // its tensors' bytes
   double init_from_s = 0.0;      // model.init_from of that directory: the whole model, one process
@@ -394,22 +396,23 @@ absl::Status Summarize(const RunLog& log, Row& row) {
   return absl::OkStatus();
 }
 
-// A run resumed from the newest checkpoint in the spec's dir that stops at once; the slowest
-// rank's restore time.
+// A run resumed from the newest checkpoint in the spec's dir that stops at once; the restore's
+// time from the last rank's start to the last rank's end (the ranks share this process's clock).
 absl::StatusOr<double> TimeRestore(const config::JobSpec& spec, int threads_per_rank,
                                    const std::string& rendezvous_dir) {
   const RunLog log =
       RunRanks(spec, threads_per_rank, /*stop_after_step=*/spec.training.steps, rendezvous_dir);
   if (absl::Status s = FirstError(log); !s.ok()) return s;
-  double slowest = 0.0;
+  int64_t began = 0, ended = 0;
   for (const auto& result : log.results) {
     if (result->first_step != spec.training.steps) {
       return absl::InternalError(absl::StrCat("the resumed run started at step ",
                                               result->first_step, ", not at the last save"));
     }
-    slowest = std::max(slowest, result->restore_seconds);
+    began = std::max(began, result->restore_began_ns);
+    ended = std::max(ended, result->restore_ended_ns);
   }
-  return slowest;
+  return (ended - began) / 1e9;
 }
 
 absl::StatusOr<Row> MeasureMesh(const Flags& f, int ranks, const std::string& scratch,

@@ -121,8 +121,9 @@ def print_table(ours, torch):
     print("- export: `trainyard export --format hf` of the last checkpoint (fp32, files fsync'd); "
           "init_from: model.init_from's reader over that directory, the whole model in one "
           "process (table below).")
-    print("- restore: Trainyard's `TrainResult.restore_seconds` (choose, verify checksums, load), "
-          "slowest rank; PyTorch's torch.save row: torch.load alone, + fsync row: torch.load + "
+    print("- restore: Trainyard's restore (choose, verify checksums, load), from the last rank's "
+          "start to the last rank's end (`TrainResult.restore_began_ns` / `_ended_ns`: a rank's "
+          "own `restore_seconds` also holds its wait for peers still starting up); PyTorch's torch.save row: torch.load alone, + fsync row: torch.load + "
           "model.load_state_dict + optimizer.load_state_dict. Cold: the checkpoint's pages "
           "dropped with posix_fadvise(DONTNEED) first; warm: read again from the page cache.")
     print()

@@ -422,7 +422,9 @@ absl::Status RankTrainer::Restore() {
     TY_RETURN_IF_ERROR(InitializeParameters());
     params_->ZeroMoments();
   }
-  result_.restore_seconds = (clock_.NowNanosMonotonic() - start) / 1e9;
+  result_.restore_began_ns = start;
+  result_.restore_ended_ns = clock_.NowNanosMonotonic();
+  result_.restore_seconds = (result_.restore_ended_ns - start) / 1e9;
   if (rank_.rank == 0 && options_.on_resumed) {
     options_.on_resumed(ResumeInfo{.step = state_.step,
                                    .from = from.value_or(""),
