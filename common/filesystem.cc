@@ -608,8 +608,8 @@ std::string Dirname(const std::string& path) {
   return path.substr(0, slash);
 }
 
-absl::StatusOr<std::unique_ptr<RandomAccessFile>> FileSystem::OpenRandomAccess(
-    const std::string& path) {
+std::unique_ptr<RandomAccessFile> RandomAccessFromRegion(std::unique_ptr<ReadOnlyRegion> region,
+                                                         std::string path) {
   class MappedFile : public RandomAccessFile {
    public:
     MappedFile(std::unique_ptr<ReadOnlyRegion> region, std::string path)
@@ -627,8 +627,7 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> FileSystem::OpenRandomAccess(
     const std::unique_ptr<ReadOnlyRegion> region_;
     const std::string path_;
   };
-  TY_ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyRegion> region, MapReadOnly(path));
-  return std::make_unique<MappedFile>(std::move(region), path);
+  return std::make_unique<MappedFile>(std::move(region), std::move(path));
 }
 
 std::unique_ptr<ReadOnlyRegion> RegionHolding(std::string bytes) {

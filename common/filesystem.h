@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -67,6 +68,10 @@ class WritableFile {
   [[nodiscard]] virtual absl::Status Close() = 0;
 };
 
+// Reads out of `region`, the whole of the file at `path` (FileSystem::OpenRandomAccess's base).
+std::unique_ptr<RandomAccessFile> RandomAccessFromRegion(std::unique_ptr<ReadOnlyRegion> region,
+                                                         std::string path);
+
 // The alignment NewDirectWritableFile needs of memory and sizes.
 inline constexpr size_t kDirectIoAlignment = 4096;
 
@@ -106,9 +111,15 @@ class FileSystem {
       const std::string& path) = 0;
 
   // Opens the file at `path` for reads at any offset. The base version maps it and copies out of
-  // the mapping (the in-memory filesystems).
+  // the mapping (the in-memory filesystems). Defined here, so that FileSystem keeps no key
+  // function and its type information stays in every translation unit that uses it (the fuzz
+  // targets link a few sources only).
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenRandomAccess(
-      const std::string& path);
+      const std::string& path) {
+    absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> region = MapReadOnly(path);
+    if (!region.ok()) return region.status();
+    return RandomAccessFromRegion(std::move(*region), path);
+  }
 
   // Creates the file at `path` (truncating one that exists) for writing. The parent directory
   // must exist. The new name is durable only once the parent directory is synced.
