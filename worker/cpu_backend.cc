@@ -36,7 +36,7 @@ template <typename T>
 Buffer<T> AllocAligned(int64_t count, size_t element_bytes) {
   if (count <= 0) return Buffer<T>();
   void* p = AllocateHostMemory(static_cast<size_t>(count) * element_bytes, kAlignment).release();
-  return Buffer<T>(static_cast<T*>(p), count, [](void* q) { std::free(q); });
+  return Buffer<T>(static_cast<T*>(p), count, FreeHostMemory());
 }
 
 // Activations are fp32 on the CPU: an Act* is a float*.

@@ -729,8 +729,8 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     if (options_.spin_at_step > 0 && state_.step == options_.spin_at_step &&
         rank_.rank == options_.spin_rank) {
       TY_LOG(WARNING) << "fault injection: step " << state_.step + 1 << " spins forever";
-      for (volatile uint64_t spins = 0;; spins = spins + 1) {
-      }
+      volatile uint64_t spins = 0;
+      for (;;) spins = spins + 1;
     }
     TY_RETURN_IF_ERROR(params_->BeginStep());
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());

@@ -76,7 +76,9 @@ testenv::GlobalTensors TrainAndExport(config::JobSpec spec, const fs::path& scra
   absl::StatusOr<convert::ExportResult> exported =
       convert::ExportHf(*RealFileSystem(), spec.checkpoint.dir, {.out_dir = out.string()});
   EXPECT_TRUE(exported.ok()) << exported.status();
-  if (exported.ok()) EXPECT_EQ(exported->step, kSavedStep);
+  if (exported.ok()) {
+    EXPECT_EQ(exported->step, kSavedStep);
+  }
   return testenv::GatherGlobalParams(spec, saved);
 }
 

@@ -86,7 +86,9 @@ TEST_P(TrainingSamples, RankZeroSamplesTheModelAsItStands) {
   const testenv::RankRun run = testenv::RunRanks(spec);
   for (size_t r = 0; r < run.results.size(); ++r) {
     ASSERT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
-    if (r > 0) EXPECT_TRUE(run.results[r]->samples.empty()) << "rank " << r;
+    if (r > 0) {
+      EXPECT_TRUE(run.results[r]->samples.empty()) << "rank " << r;
+    }
   }
   const std::vector<SamplePoint>& samples = run.results[0]->samples;
   ASSERT_EQ(samples.size(), 3u);  // steps 2, 4 and the last

@@ -255,10 +255,7 @@ void CheckpointTensors::Prefetch(const std::string& name, const std::string& kin
       // Only a record holding some of [lo, hi) (ReadRange's range); a malformed one is skipped
       // here and refused by the read.
       const std::vector<int64_t> shape(r.global_shape().begin(), r.global_shape().end());
-      if (r.sizes_size() != static_cast<int>(shape.size()) || r.offsets_size() != r.sizes_size() ||
-          r.flat_begin() < 0 || r.flat_end() > SlabOf(r).numel()) {
-        continue;
-      }
+      if (!CheckRecord(*files_, ref, shape, kind).ok()) continue;
       int64_t first = -1, last = -1;
       ForEachRun(shape, SlabOf(r), r.flat_begin(), r.flat_end(),
                  [&](int64_t at, int64_t, int64_t n) {
@@ -308,16 +305,14 @@ absl::StatusOr<bool> CheckpointTensors::ReadRange(const std::string& name, const
     TY_RETURN_IF_ERROR(CheckRecord(*files_, ref, global_shape, kind));
     const TensorRecord& r = *ref.record;
     if (r.flat_end() == r.flat_begin()) continue;  // holds nothing
-    // One run: each row ForEachRun gives continues the one before it.
-    bool one_run = true;
-    int64_t at = -1, next = -1;
+    int runs = 0;
+    int64_t at = -1;
     ForEachRun(global_shape, SlabOf(r), r.flat_begin(), r.flat_end(),
-               [&](int64_t a, int64_t, int64_t n) {
-                 if (at < 0) at = a;
-                 one_run = one_run && (next < 0 || a == next);
-                 next = a + n;
+               [&](int64_t a, int64_t, int64_t) {
+                 at = a;
+                 ++runs;
                });
-    if (!one_run) return false;
+    if (runs != 1) return false;  // not one run of the tensor
     pieces.push_back({&ref, at});
   }
   std::sort(pieces.begin(), pieces.end(),
@@ -404,21 +399,23 @@ absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Ma
   struct Wanted {
     int kind;
     const ParamTensor* t;
+    bool whole;            // the rank holds all of it: its local elements are the global
+                           // tensor's in row-major order
     StateSink::Target to;  // data == nullptr: through put
   };
   std::vector<Wanted> wanted;
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
       if (!sink.wants(k, t)) continue;
-      // Read straight into place only a tensor the rank holds whole: its local elements are
-      // then the global tensor's in row-major order.
+      // Read straight into place only a tensor the rank holds whole.
       const bool whole = t.numel == NumelOf(t.global_shape);
-      wanted.push_back({k, &t, whole && sink.target ? sink.target(k, t) : StateSink::Target{}});
+      wanted.push_back(
+          {k, &t, whole, whole && sink.target ? sink.target(k, t) : StateSink::Target{}});
     }
   }
   std::vector<float> global, local;
   for (size_t i = 0; i < wanted.size(); ++i) {
-    const auto& [k, t, to] = wanted[i];
+    const auto& [k, t, whole, to] = wanted[i];
     if (i + 1 < wanted.size()) {  // the disk reads (the start of) the next one meanwhile
       const Wanted& next = wanted[i + 1];
       if (next.to.data != nullptr) {
@@ -433,7 +430,7 @@ absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Ma
       if (read) continue;
     }
     TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
-    if (t->numel == NumelOf(t->global_shape)) {
+    if (whole) {
       // From the mapped file when one record is all of it, else assembled.
       TY_ASSIGN_OR_RETURN(const float* values,
                           tensors.WholeRecord(t->name, kKinds[k], t->global_shape));

@@ -49,7 +49,7 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   int64_t floats = 0;
   for (const SnapshotRecord& r : records) floats += r.end - r.begin;
   EnsureHost(floats);
-  if (absl::Status filled = fill(host_.get()); !filled.ok()) {
+  if (absl::Status filled = fill(static_cast<float*>(host_.get())); !filled.ok()) {
     const std::string why = absl::StrCat("snapshot of step ", step, ": ", filled.message());
     absl::MutexLock lock(&mu_);
     last_ = absl::Status(filled.code(), why);
@@ -88,7 +88,7 @@ void CheckpointWriter::EnsureHost(int64_t floats) {
   const size_t bytes = (4 * static_cast<size_t>(floats) + kDirectIoAlignment - 1) /
                        kDirectIoAlignment * kDirectIoAlignment;
   // Every page touched now, not during a snapshot.
-  host_.reset(static_cast<float*>(AllocateHostMemory(bytes, kDirectIoAlignment).release()));
+  host_ = AllocateHostMemory(bytes, kDirectIoAlignment);
   host_floats_ = floats;
 }
 

@@ -18,7 +18,6 @@
 #define TRAINYARD_WORKER_CHECKPOINT_WRITER_H_
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/filesystem.h"
+#include "common/host_memory.h"
 #include "worker/checkpoint/format.h"
 #include "worker/shape/tensor_slices.h"
 
@@ -135,10 +135,7 @@ class CheckpointWriter {
   const WriterOptions options_;
   // The snapshot; written by Save, read by the thread while busy_. Aligned, and its size rounded
   // up, for FileSystem::NewDirectWritableFile.
-  struct FreeAligned {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, FreeAligned> host_;
+  std::unique_ptr<void, FreeHostMemory> host_;
   int64_t host_floats_ = 0;
   void EnsureHost(int64_t floats);  // allocates and touches every page
 

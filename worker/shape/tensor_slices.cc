@@ -57,6 +57,9 @@ void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab,
   std::vector<int64_t> stride(dims, 1);
   for (size_t d = dims; d-- > 1;) stride[d - 1] = stride[d] * global_shape[d];
   const int64_t row = slab.sizes.back();
+  // Rows that continue each other in the global tensor (a slab spanning whole inner dimensions)
+  // are merged into one run.
+  int64_t run_global = 0, run_from = begin, run_count = 0;
   for (int64_t f = begin; f < end;) {
     int64_t r = f / row;
     const int64_t col = f % row;
@@ -66,9 +69,18 @@ void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab,
       global += (slab.offsets[d] + r % slab.sizes[d]) * stride[d];
       r /= slab.sizes[d];
     }
-    run(global, f, count);
+    if (run_count > 0 && global != run_global + run_count) {
+      run(run_global, run_from, run_count);
+      run_count = 0;
+    }
+    if (run_count == 0) {
+      run_global = global;
+      run_from = f;
+    }
+    run_count += count;
     f += count;
   }
+  if (run_count > 0) run(run_global, run_from, run_count);
 }
 
 void ForEachLocalRun(const ParamTensor& t, int tp_rank, int tp_size,

@@ -30,7 +30,7 @@ struct Hyperslab {
 std::vector<Hyperslab> LocalPieces(const ParamTensor& t, int tp_rank, int tp_size);
 
 // Calls `run(global_offset, slab_index, count)` for elements [begin, end) of `slab` (row-major
-// positions within it), one call per run of elements contiguous in the global tensor:
+// positions within it), one call per maximal run of elements contiguous in the global tensor:
 // element slab_index + i of the slab is element global_offset + i of the global tensor.
 void ForEachRun(const std::vector<int64_t>& global_shape, const Hyperslab& slab, int64_t begin,
                 int64_t end, const std::function<void(int64_t, int64_t, int64_t)>& run);
