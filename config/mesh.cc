@@ -379,9 +379,9 @@ std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec) {
   if (!spec.model.moe.enabled()) return std::nullopt;
   if (spec.parallelism.automatic) {
     return Bad("parallelism",
-               "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, "
-               "tp and pp "
-               "explicitly",
+               "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel "
+               "degree is not carried to the ranks): give parallelism dp, tp, pp and ep "
+               "(`trainyard plan` ranks them)",
                {"model.moe"});
   }
   if (spec.parallelism.automatic_schedule) {

@@ -22,7 +22,14 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
   const double d_tp = loser.exposed.tp - chosen.exposed.tp;
   const double d_pp = loser.exposed.pp - chosen.exposed.pp;
   const double d_cp = loser.exposed.cp - chosen.exposed.cp;
+  const double d_ep = loser.exposed.ep - chosen.exposed.ep;
   const double ratio = LinkRatio(plan.device);
+  if (d_ep > d_dp && d_ep > d_tp && d_ep > d_pp && d_ep > d_cp) {
+    return absl::StrFormat(
+        "ep %d carries %s of tokens and their gradients to the experts' ranks and back per rank "
+        "and step (balanced routing), exposing %s more",
+        loser.mesh.ep, HumanBytes(loser.bytes_ep), HumanSeconds(d_ep));
+  }
   if (d_cp > d_dp && d_cp > d_tp && d_cp > d_pp) {
     return absl::StrFormat(
         "cp %d sends %s of keys, values and their gradients around its ring per rank and step, "
@@ -59,7 +66,7 @@ std::string WhyCommunication(const Plan& plan, const Candidate& loser, const Can
 }
 
 bool SameSplit(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {
-  return a.dp == b.dp && a.cp == b.cp && a.tp == b.tp && a.pp == b.pp;
+  return a.dp == b.dp && a.cp == b.cp && a.tp == b.tp && a.pp == b.pp && a.ep == b.ep;
 }
 
 bool SameMesh(const config::ParallelismSpec& a, const config::ParallelismSpec& b) {

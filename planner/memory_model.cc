@@ -227,29 +227,34 @@ struct SlotElements {
 
 // An MoE block's buffers for a micro-batch of n rows (worker/model_activations.h): n · top_k
 // picks (the dropless bound, allocated whatever the capacity), each expert's fc and hidden
-// widths on this rank.
+// widths on this rank. Under expert parallelism the rows a rank's experts receive are as many
+// as it sends when routing is balanced (exactly when every token picks every expert); the
+// engine grows those buffers to the most it has received.
 struct ExpertShapes {
   explicit ExpertShapes(const RankShape& s)
       : n(s.rows()),
         picks(n * s.model.moe.top_k),
         experts(s.model.moe.experts),
         ffn(s.model.moe.ffn / s.mesh.tp),
-        fc(s.model.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn) {}
+        fc(s.model.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn),
+        received(s.mesh.ep > 1 ? picks : 0) {}
   // A saved block's (LayerActivations::Experts): the router's fp32 logits [n, E], the picks'
   // sources and slots (int32) and two weights (fp32), and their rows in, through fc and the
-  // activation, and out.
+  // activation, and out; under expert parallelism the received rows in, through fc and the
+  // activation, and the orders between rank-major and expert-major rows (int32).
   void AddSaved(int64_t width, SlotElements& e) const {
     e.floats += n * experts + 2 * picks;
-    e.ints += 2 * picks;
-    e.acts += picks * (2 * width + fc + ffn);
+    e.ints += 2 * picks + 2 * received;
+    e.acts += picks * (2 * width + fc + ffn) + received * (width + fc + ffn);
   }
   // The backward's MoE scratch, once in a slot that holds an MoE block: the picks' output and
-  // input gradients, their combine weights' gradients and the router logits' (fp32).
+  // input gradients, their combine weights' gradients and the router logits' (fp32); under
+  // expert parallelism the exchange's two buffers of received rows.
   void AddBackwardScratch(int64_t width, SlotElements& e) const {
-    e.acts += 2 * picks * width;
+    e.acts += 2 * picks * width + 2 * received * width;
     e.floats += picks + n * experts;
   }
-  const int64_t n, picks, experts, ffn, fc;
+  const int64_t n, picks, experts, ffn, fc, received;
 };
 
 }  // namespace

@@ -71,6 +71,11 @@ bool ContextParallelCrossesNodes(const config::ParallelismSpec& m, int devices_p
   return m.cp > 1 && BlockCrossesNodes(m.cp * m.tp, m.dp * m.pp, devices_per_node);
 }
 
+bool ExpertParallelCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
+  // An ep group: ep consecutive data-parallel indices of one stage, cp · tp ranks apart.
+  return m.ep > 1 && BlockCrossesNodes(m.ep * m.cp * m.tp, m.dp / m.ep * m.pp, devices_per_node);
+}
+
 bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node) {
   return m.pp > 1 && (m.pp - 1) * m.dp * m.cp * m.tp >= devices_per_node;
 }
@@ -108,19 +113,38 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
           .backward = blocks * (backward + (s.model.recompute ? forward : 0.0))};
 }
 
+// Expert parallelism's exposed seconds per micro-batch (ExpertParallelTraffic): nothing
+// computes beside the all-to-alls, each (ep − 1) pairwise exchanges of its share of the rows,
+// nor beside the counts' all-gather. The forward pass makes the all-gather and two all-to-alls
+// per MoE block, the backward two (and the forward's again under model.recompute).
+RingSeconds ExchangeExposure(const RankShape& s, const Link& link, const BackendShape& backend) {
+  const int ep = s.mesh.ep;
+  if (ep == 1 || s.moe_blocks() == 0) return {};
+  const double steps = (ep - 1) * link.alpha_seconds;
+  const double counts = steps + (ep - 1) * 4.0 * s.model.moe.experts / link.bytes_per_second;
+  const double exchange = steps + static_cast<double>(ExchangedRows(s)) * s.model.width *
+                                      backend.act_bytes / link.bytes_per_second;
+  const double forward = counts + 2 * exchange, blocks = s.moe_blocks();
+  return {.forward = blocks * forward,
+          .backward = blocks * (2 * exchange + (s.model.recompute ? forward : 0.0))};
+}
+
 // One stage's share of a step.
 struct StageTime {
   // One micro-batch's compute: with a split backward, backward is the input-gradient pass and
   // weight the weight pass; else weight is 0.
   double forward = 0, backward = 0, weight = 0;
   double optimizer = 0;
-  double tp = 0, pp = 0, dp = 0, cp = 0;  // exposed seconds per step
-  // Of cp, the ring's exposed seconds in one micro-batch's forward and backward passes.
-  RingSeconds ring;
+  double tp = 0, pp = 0, dp = 0, cp = 0, ep = 0;  // exposed seconds per step
+  // Of cp, the ring's exposed seconds in one micro-batch's forward and backward passes; of ep,
+  // the all-to-alls'.
+  RingSeconds ring, exchange;
   // Of pp, one activation or gradient message (0 without pipelining) and all of them.
   double pp_handoff = 0, pp_messages = 0;
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
-  double per_micro_batch(int m) const { return forward + backward + weight + (tp + pp + cp) / m; }
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0, bytes_ep = 0;
+  double per_micro_batch(int m) const {
+    return forward + backward + weight + (tp + pp + cp + ep) / m;
+  }
   // What the pipeline's fill and drain cost per stage of the slowest micro-batch: F + B under
   // 1F1B, F + B − W under ZB-H1 (its weight passes fill the rest).
   double bubble_per_stage(int m) const { return per_micro_batch(m) - 2 * weight; }
@@ -128,7 +152,7 @@ struct StageTime {
 
 // Which axes' groups span nodes (their transfers take the inter-node link).
 struct Crossings {
-  bool dp = false, pp = false, cp = false;
+  bool dp = false, pp = false, cp = false, ep = false;
 };
 
 StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopOptions& loop,
@@ -160,6 +184,9 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_cp = TotalBytes(ContextParallelTraffic(s, backend));
   t.ring = RingExposure(s, device, crosses.cp ? device.inter_node : device.intra_node, backend);
   t.cp = s.micro_batches * (t.ring.forward + t.ring.backward);
+  t.bytes_ep = TotalBytes(ExpertParallelTraffic(s, backend));
+  t.exchange = ExchangeExposure(s, crosses.ep ? device.inter_node : device.intra_node, backend);
+  t.ep = s.micro_batches * (t.exchange.forward + t.exchange.backward);
   const double idle = device.idle_alpha_seconds > 0 ? device.idle_alpha_seconds : -1;
   const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
                              .sync_skew = device.sync_skew_seconds,
@@ -239,7 +266,10 @@ std::vector<double> ChunkShares(const RankShape& s) {
 }
 
 Crossings CrossingsOf(const Candidate& c) {
-  return {.dp = c.dp_crosses_nodes, .pp = c.pp_crosses_nodes, .cp = c.cp_crosses_nodes};
+  return {.dp = c.dp_crosses_nodes,
+          .pp = c.pp_crosses_nodes,
+          .cp = c.cp_crosses_nodes,
+          .ep = c.ep_crosses_nodes};
 }
 
 // Every stage's passes while k = 1 … p stages run passes at once (SimulateSchedule),
@@ -265,8 +295,8 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
       const RankShape shape = ShapeOf(spec, mesh, s);
       const StageTime t = TimeStage(shape, device, loop, CrossingsOf(c));
       const double waiting = t.tp / micro_batches / 2;
-      const double forward_waiting = waiting + t.ring.forward;
-      const double backward_waiting = waiting + t.ring.backward;
+      const double forward_waiting = waiting + t.ring.forward + t.exchange.forward;
+      const double backward_waiting = waiting + t.ring.backward + t.exchange.backward;
       running[k - 1].push_back({.forward = t.forward + forward_waiting,
                                 .backward = t.backward + backward_waiting,
                                 .weight = t.weight,
@@ -333,6 +363,15 @@ std::vector<int> ContextParallelDegrees(const config::JobSpec& spec) {
   return degrees;
 }
 
+std::vector<int> ExpertParallelDegrees(const config::JobSpec& spec, int dp) {
+  std::vector<int> degrees = {1};
+  if (!spec.model.moe.enabled()) return degrees;
+  for (int ep = 2; ep <= dp; ++ep) {
+    if (dp % ep == 0 && spec.model.moe.experts % ep == 0) degrees.push_back(ep);
+  }
+  return degrees;
+}
+
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
   std::vector<config::ParallelismSpec> meshes;
   const int world = spec.resources.world_size();
@@ -344,17 +383,21 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
       for (int pp = 1; pp <= rest / tp; ++pp) {
         if ((rest / tp) % pp != 0) continue;
         const int dp = rest / tp / pp;
-        // ZeRO shards over the data- and context-parallel ranks together.
-        for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
-          config::ParallelismSpec mesh;
-          mesh.dp = dp;
-          mesh.cp = cp;
-          mesh.tp = tp;
-          mesh.pp = pp;
-          mesh.zero = zero;
-          mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
-          for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
-            meshes.push_back(option);
+        // ep 1 first too: experts split over ranks only where that is predicted faster.
+        for (int ep : ExpertParallelDegrees(spec, dp)) {
+          // ZeRO shards over the data- and context-parallel ranks together.
+          for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
+            config::ParallelismSpec mesh;
+            mesh.dp = dp;
+            mesh.cp = cp;
+            mesh.tp = tp;
+            mesh.pp = pp;
+            mesh.ep = ep;
+            mesh.zero = zero;
+            mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
+            for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
+              meshes.push_back(option);
+            }
           }
         }
       }
@@ -375,6 +418,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   c.dp_crosses_nodes = DataParallelCrossesNodes(mesh, g);
   c.pp_crosses_nodes = PipelineCrossesNodes(mesh, g);
   c.cp_crosses_nodes = ContextParallelCrossesNodes(mesh, g);
+  c.ep_crosses_nodes = ExpertParallelCrossesNodes(mesh, g);
   c.capacity = device.memory_bytes;
   std::vector<StageTime> stages;
   double slowest_bubble = 0;  // the largest bubble_per_stage
@@ -395,6 +439,7 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
     c.bytes_tp = std::max(c.bytes_tp, stages.back().bytes_tp);
     c.bytes_pp = std::max(c.bytes_pp, stages.back().bytes_pp);
     c.bytes_cp = std::max(c.bytes_cp, stages.back().bytes_cp);
+    c.bytes_ep = std::max(c.bytes_ep, stages.back().bytes_ep);
   }
   c.fits = c.memory.total() <= c.capacity;
   const StageTime& slowest =
@@ -425,13 +470,13 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
       step.bubble = schedule.idle[s];
     } else {
       step.compute = micro_batches * (t.forward + t.backward + t.weight) + t.optimizer;
-      step.communication = t.tp + t.pp + t.dp + t.cp;
+      step.communication = t.tp + t.pp + t.dp + t.cp + t.ep;
       step.bubble = (mesh.pp - 1) * slowest_bubble;
     }
     step.total = step.compute + step.communication + step.bubble;
     if (step.total > c.step.total) {
       c.step = step;
-      c.exposed = AxisValues{t.dp, t.tp, t.pp, t.cp};
+      c.exposed = AxisValues{t.dp, t.tp, t.pp, t.cp, t.ep};
     }
   }
   c.model_flops = ModelFlopsPerStep(spec);
@@ -441,22 +486,8 @@ Candidate Evaluate(const config::JobSpec& spec, const config::ParallelismSpec& m
   return c;
 }
 
-const char kMoeNotSearched[] =
-    "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
-    "predicts one given mesh: trainyard plan --mesh)";
-
-std::optional<std::string> UnsearchedProblem(const config::ModelConfig& model) {
-  if (!model.moe.enabled()) return std::nullopt;
-  return kMoeNotSearched;
-}
-
 absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   const config::JobSpec& spec = request.spec;
-  if (!request.mesh) {
-    if (std::optional<std::string> problem = UnsearchedProblem(spec.model)) {
-      return absl::InvalidArgumentError(*problem);
-    }
-  }
   std::vector<config::ParallelismSpec> meshes;
   if (request.mesh) {
     if (auto problem = config::FindMeshProblem(*request.mesh, spec)) {
@@ -548,8 +579,9 @@ std::string ScheduleText(const config::ParallelismSpec& mesh) {
 }
 
 std::string MeshName(const config::ParallelismSpec& m) {
-  return absl::StrCat("dp ", m.dp, m.cp > 1 ? absl::StrCat(" × cp ", m.cp) : "", " × tp ", m.tp,
-                      " × pp ", m.pp, ", ZeRO-", m.zero,
+  return absl::StrCat("dp ", m.dp, m.ep > 1 ? absl::StrCat(" (experts over ep ", m.ep, ")") : "",
+                      m.cp > 1 ? absl::StrCat(" × cp ", m.cp) : "", " × tp ", m.tp, " × pp ", m.pp,
+                      ", ZeRO-", m.zero,
                       m.sequence_parallel && m.tp > 1 ? ", sequence parallel" : "",
                       m.pp > 1 ? absl::StrCat(", ", ScheduleText(m)) : "");
 }

@@ -52,7 +52,7 @@ struct StepSeconds {
 };
 
 struct AxisValues {
-  double dp = 0, tp = 0, pp = 0, cp = 0;
+  double dp = 0, tp = 0, pp = 0, cp = 0, ep = 0;
 };
 
 struct Candidate {
@@ -63,10 +63,12 @@ struct Candidate {
   bool fits = false;
   StepSeconds step;
   double bubble_fraction = 0;
-  // Per rank and step, the busiest rank; bytes_cp is ring attention's (0 for cp 1).
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
+  // Per rank and step, the busiest rank; bytes_cp is ring attention's (0 for cp 1), bytes_ep
+  // expert parallelism's all-to-alls (0 for ep 1; as if routing were balanced).
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0, bytes_ep = 0;
   AxisValues exposed;  // exposed seconds per axis, the slowest stage
-  bool dp_crosses_nodes = false, pp_crosses_nodes = false, cp_crosses_nodes = false;
+  bool dp_crosses_nodes = false, pp_crosses_nodes = false, cp_crosses_nodes = false,
+       ep_crosses_nodes = false;
   double model_flops = 0;  // per step, PaLM's count
   double tokens_per_second = 0;
   double mfu = 0;
@@ -91,25 +93,20 @@ struct Plan {
 };
 
 // INVALID_ARGUMENT when the spec's resources admit no valid mesh, or request.mesh is not valid
-// for them (naming the rule it breaks; cp > 1 on GPU resources included), or request.mesh is
-// absent and the planner does not choose meshes for the spec's model (UnsearchedProblem).
+// for them (naming the rule it breaks; cp > 1 on GPU resources included).
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request);
 
-// Why the planner does not choose the mesh of a model with MoE layers ("model.moe: ..."): it
-// predicts a given mesh's memory and traffic exactly (expert parallelism aside) and its time from
-// the active FLOPs, but its time model has not been measured against MoE steps, whose routing
-// runs on the host, so it does not rank meshes by it.
-extern const char kMoeNotSearched[];
-// kMoeNotSearched for a model with MoE layers; nothing otherwise. The prediction for one mesh
-// (Evaluate, MakePlan with request.mesh) does not check.
-std::optional<std::string> UnsearchedProblem(const config::ModelConfig& model);
-
 // Every mesh of the spec's resources that the engine can run (config::FindMeshProblem finds
-// nothing), over every cp of ContextParallelDegrees; ZeRO stages 1–3 only with dp · cp > 1. The
-// spec's sequence_parallel is kept (for tp > 1); each dp × cp × tp × pp × ZeRO split once per
-// schedule of ScheduleOptions. The cp 1 meshes come first, so that of two meshes predicted as
-// fast the one without context parallelism is chosen.
+// nothing), over every cp of ContextParallelDegrees and, for an MoE model, every ep of
+// ExpertParallelDegrees; ZeRO stages 1–3 only with dp · cp > 1. The spec's sequence_parallel is
+// kept (for tp > 1); each dp × cp × tp × pp × ep × ZeRO split once per schedule of
+// ScheduleOptions. The cp 1 and ep 1 meshes come first, so that of two meshes predicted as fast
+// the one without context (or expert) parallelism is chosen.
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec);
+
+// The expert-parallel degrees the planner considers for `dp` data-parallel ranks: 1, and for an
+// MoE model every divisor ep > 1 of dp that divides model.moe.experts.
+std::vector<int> ExpertParallelDegrees(const config::JobSpec& spec, int dp);
 
 // The context-parallel degrees the planner considers: 1, and every divisor cp > 1 of the world
 // with training.seq_len divisible by 2 · cp (the head-tail split).

@@ -68,8 +68,12 @@ RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& me
                                  stage_index);
   s.micro = config::MicroBatchPerRank(spec.training, mesh);
   s.micro_batches = spec.training.batch / mesh.dp / s.micro;
-  const worker::ParameterLayout layout(spec.model, /*tp_rank=*/0, mesh.tp, s.chunks);
-  for (const worker::ParamGroup& g : layout.groups()) s.group_sizes.push_back(g.size());
+  const worker::ParameterLayout layout(spec.model, /*tp_rank=*/0, mesh.tp, s.chunks,
+                                       /*ep_rank=*/0, mesh.ep);
+  for (const worker::ParamGroup& g : layout.groups()) {
+    s.group_sizes.push_back(g.size());
+    s.group_is_experts.push_back(g.experts);
+  }
   s.local_params = layout.total();
   s.layer_groups.assign(spec.model.layers, -1);
   s.expert_groups.assign(spec.model.layers, -1);

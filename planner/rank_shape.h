@@ -4,8 +4,9 @@
 // from ParameterLayout (tensor-parallel ranks hold equal shares, so rank 0's stand for all), its
 // micro-batch and the micro-batches per step, and its share of each sequence under context
 // parallelism (seq_len / cp tokens; every cp rank has as many, so rank 0's stand for all). The
-// memory and traffic models read it. Expert parallelism (parallelism.ep) is not modelled: the
-// shape is that of ep 1, every expert on every data-parallel rank.
+// memory and traffic models read it. Under expert parallelism (parallelism.ep) a rank holds
+// experts / ep of each MoE layer's routed experts (ep rank 0's stand for all: every rank holds as
+// many), reduced and sharded over the dp / ep ranks holding the same ones.
 //
 // Threading: plain values and functions.
 #ifndef TRAINYARD_PLANNER_RANK_SHAPE_H_
@@ -40,7 +41,9 @@ struct RankShape {
   int micro = 0;                     // sequences per micro-batch
   int micro_batches = 0;             // per optimizer step
   std::vector<int64_t> group_sizes;  // this stage's parameter groups, in layout order
-  int64_t local_params = 0;          // Σ group_sizes
+  // Of them, the groups of an MoE block's routed experts (ParamGroup::experts).
+  std::vector<bool> group_is_experts;
+  int64_t local_params = 0;  // Σ group_sizes
   // The local weights one token multiplies by in this stage's blocks: attention's two matmuls
   // and the dense MLP's two, or in an MoE block the router's (replicated: whole on every tensor-
   // parallel rank), top_k routed experts' two each and the shared experts' two. Per chunk, and
@@ -57,9 +60,17 @@ struct RankShape {
   // data- and context-parallel ranks together (the engine's dp group, worker/parallel/
   // parallel_dims.h), dp · cp.
   int data_ranks() const { return mesh.dp * mesh.cp; }
-  // The elements ZeRO gives each of them of group g: ⌈size / (dp · cp)⌉.
-  int64_t chunk(size_t g) const { return (group_sizes[g] + data_ranks() - 1) / data_ranks(); }
-  int64_t padded(size_t g) const { return chunk(g) * data_ranks(); }
+  // Under expert parallelism the routed experts' groups are reduced and sharded over the
+  // expert-data-parallel group instead (the engine's edp, dp / ep ranks; model.moe excludes cp).
+  bool expert_data_group(size_t g) const { return mesh.ep > 1 && group_is_experts[g]; }
+  int expert_data_ranks() const { return mesh.dp / mesh.ep; }
+  // The ranks group g is reduced and sharded over.
+  int group_ranks(size_t g) const {
+    return expert_data_group(g) ? expert_data_ranks() : data_ranks();
+  }
+  // The elements ZeRO gives each of them of group g: ⌈size / group_ranks(g)⌉.
+  int64_t chunk(size_t g) const { return (group_sizes[g] + group_ranks(g) - 1) / group_ranks(g); }
+  int64_t padded(size_t g) const { return chunk(g) * group_ranks(g); }
   // Rows of one micro-batch's activations on this rank (before sequence parallelism's split):
   // its tokens of every sequence of the micro-batch.
   int64_t rows() const { return int64_t{micro} * local_seq; }

@@ -59,6 +59,7 @@ RunFigures PredictRun(const config::JobSpec& spec, const DeviceProfile& device,
   f.bytes_pp = TotalBytes(PipelineTraffic(shape, backend, loop, at.pp)) +
                TotalBytes(TiedEmbeddingTraffic(shape));
   f.bytes_cp = TotalBytes(ContextParallelTraffic(shape, backend));
+  f.bytes_ep = TotalBytes(ExpertParallelTraffic(shape, backend));
   f.step = whole.step.total;
   f.compute = whole.step.compute;
   f.communication = whole.step.communication;
@@ -103,6 +104,9 @@ std::string ComparisonText(const RunComparison& c) {
   // wire has no cp figures (v1::RunFigures carries none yet) and shows no row rather than zeros.
   if (c.mesh.cp > 1 && (p.bytes_cp > 0 || m.bytes_cp > 0)) {
     AddBytes(&out, "bytes sent cp", p.bytes_cp, m.bytes_cp);
+  }
+  if (c.mesh.ep > 1 && (p.bytes_ep > 0 || m.bytes_ep > 0)) {
+    AddBytes(&out, "bytes sent ep", p.bytes_ep, m.bytes_ep);
   }
   AddSeconds(&out, "step", p.step, m.step);
   AddSeconds(&out, "step compute", p.compute, m.compute);

@@ -23,8 +23,9 @@ struct RunFigures {
   // side counts them here).
   int64_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, transient = 0;
   int64_t total() const { return parameters + gradients + optimizer + activations + transient; }
-  // Sent per step on each axis; bytes_cp is ring attention's, 0 for cp 1.
-  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0;
+  // Sent per step on each axis; bytes_cp is ring attention's, 0 for cp 1; bytes_ep expert
+  // parallelism's (the routed experts' reductions are in bytes_dp), 0 for ep 1.
+  int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0, bytes_ep = 0;
   double step = 0;           // seconds = compute + communication + bubble
   double compute = 0;        // measured: the rest of the step
   double communication = 0;  // exposed collectives

@@ -16,6 +16,7 @@ trainyard::v1::RunFigures FiguresToProto(const RunFigures& f) {
   out.set_tp_bytes(f.bytes_tp);
   out.set_pp_bytes(f.bytes_pp);
   out.set_cp_bytes(f.bytes_cp);
+  out.set_ep_bytes(f.bytes_ep);
   out.set_step_s(f.step);
   out.set_compute_s(f.compute);
   out.set_communication_s(f.communication);
@@ -36,6 +37,7 @@ RunFigures FiguresFromProto(const trainyard::v1::RunFigures& f) {
   out.bytes_tp = f.tp_bytes();
   out.bytes_pp = f.pp_bytes();
   out.bytes_cp = f.cp_bytes();
+  out.bytes_ep = f.ep_bytes();
   out.step = f.step_s();
   out.compute = f.compute_s();
   out.communication = f.communication_s();

@@ -49,25 +49,49 @@ Collective HandedOver(Collective c) {
   return c;
 }
 
+// The groups a rank's parameter groups are reduced over, as rank `rank` of the data-parallel
+// group sees them: that group, and under expert parallelism the routed experts' (the engine's
+// edp: the dp / ep ranks holding the same experts, group rank dp_rank / ep).
+class DataGroups {
+ public:
+  DataGroups(const RankShape& s, int rank)
+      : s_(s), dense_(s.data_ranks(), rank), experts_(s.expert_data_ranks(), rank / s.mesh.ep) {}
+  const Group& of(size_t g) const { return s_.expert_data_group(g) ? experts_ : dense_; }
+  const Group& dense() const { return dense_; }
+  const Group& experts() const { return experts_; }
+
+ private:
+  const RankShape& s_;
+  Group dense_, experts_;
+};
+
 // ZeRO-0/1: the gradient all-reduce in buckets of whole groups, packed in backward order (last
-// group first) up to bucket_bytes, as ShardedParams::Allocate packs them.
-void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group& dp,
+// group first) up to bucket_bytes, a bucket's groups all reduced over the same ranks, as
+// ShardedParams::Allocate packs them.
+void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const DataGroups& groups,
                         std::vector<Collective>& out) {
-  std::vector<int64_t> buckets;
+  struct Bucket {
+    int64_t count = 0;
+    size_t group = 0;  // one of its parameter groups
+  };
+  std::vector<Bucket> buckets;
   int64_t filled = 0;
   for (int g = static_cast<int>(s.group_sizes.size()) - 1; g >= 0; --g) {
-    if (buckets.empty() || filled >= loop.bucket_bytes) {
-      buckets.push_back(0);
+    if (buckets.empty() || filled >= loop.bucket_bytes ||
+        s.expert_data_group(buckets.back().group) != s.expert_data_group(g)) {
+      buckets.push_back({0, static_cast<size_t>(g)});
       filled = 0;
     }
-    buckets.back() += s.padded(g);
+    buckets.back().count += s.padded(g);
     filled += kFloat * s.padded(g);
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
+    if (s.group_ranks(buckets[b].group) == 1) continue;  // a group of one moves nothing
     // The last bucket (holding the embeddings) is launched when the backward pass ends.
     const bool last = b + 1 == buckets.size();
-    out.push_back(
-        HandedOver(dp.AllReduce(buckets[b], kFloat, last ? Phase::kExposed : Phase::kBackward)));
+    out.push_back(HandedOver(
+        groups.of(buckets[b].group)
+            .AllReduce(buckets[b].count, kFloat, last ? Phase::kExposed : Phase::kBackward)));
   }
 }
 
@@ -75,30 +99,28 @@ void AddGradientBuckets(const RankShape& s, const LoopOptions& loop, const Group
 // block's routed experts prefetched as its block starts), each block again for the backward pass
 // (prefetched during the block after it), each MoE block's experts again when its backward needs
 // them (waited for; under model.recompute once more, prefetched for the recomputed forward and
-// freed after it), and the tied LM head (in the embedding group) for the loss.
-void AddParameterGathers(const RankShape& s, const Group& dp, std::vector<Collective>& out) {
+// freed after it), and the tied LM head (in the embedding group) for the loss. A routed experts'
+// group is gathered over its own ranks (none under ep = dp).
+void AddParameterGathers(const RankShape& s, const DataGroups& groups,
+                         std::vector<Collective>& out) {
   const int64_t m = s.micro_batches;
+  auto gather = [&](size_t g, Phase phase) {
+    if (s.group_ranks(g) == 1) return;
+    out.push_back(Times(HandedOver(groups.of(g).AllGather(s.chunk(g), kFloat, phase)), m));
+  };
   for (size_t g = 0; g < s.group_sizes.size(); ++g) {
     // The first group of a pass is waited for; the rest are prefetched behind compute.
-    out.push_back(Times(
-        HandedOver(dp.AllGather(s.chunk(g), kFloat, g == 0 ? Phase::kExposed : Phase::kForward)),
-        m));
+    gather(g, g == 0 ? Phase::kExposed : Phase::kForward);
   }
   for (const worker::PipelineStage& chunk : s.chunks) {
     for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
-      const int64_t block = s.chunk(s.block_group(l));
-      out.push_back(Times(HandedOver(dp.AllGather(block, kFloat, Phase::kBackward)), m));
+      gather(s.block_group(l), Phase::kBackward);
       if (s.expert_group(l) < 0) continue;
-      const int64_t experts = s.chunk(s.expert_group(l));
-      out.push_back(Times(HandedOver(dp.AllGather(experts, kFloat)), m));
-      if (s.model.recompute) {
-        out.push_back(Times(HandedOver(dp.AllGather(experts, kFloat, Phase::kBackward)), m));
-      }
+      gather(s.expert_group(l), Phase::kExposed);
+      if (s.model.recompute) gather(s.expert_group(l), Phase::kBackward);
     }
   }
-  if (s.tied_head_in_embedding_group()) {
-    out.push_back(Times(HandedOver(dp.AllGather(s.chunk(0), kFloat)), m));
-  }
+  if (s.tied_head_in_embedding_group()) gather(0, Phase::kExposed);
 }
 
 }  // namespace
@@ -129,24 +151,32 @@ int64_t TotalBytes(const std::vector<Collective>& collectives) {
 
 std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOptions& loop, int rank) {
   std::vector<Collective> out;
-  const int n = s.data_ranks(), zero = s.mesh.zero;
-  if (n == 1) return out;  // a group of one moves nothing
-  const Group dp(n, rank);
-  if (zero <= 1) AddGradientBuckets(s, loop, dp, out);
+  const int zero = s.mesh.zero;
+  if (s.data_ranks() == 1) return out;  // a group of one moves nothing
+  const DataGroups groups(s, rank);
+  const Group& dp = groups.dense();
+  if (zero <= 1) AddGradientBuckets(s, loop, groups, out);
   for (size_t g = 0; g < s.group_sizes.size(); ++g) {
-    if (zero >= 2) {
-      out.push_back(Times(HandedOver(dp.ReduceScatter(s.chunk(g), kFloat, Phase::kBackward)),
-                          s.micro_batches));
+    if (zero >= 2 && s.group_ranks(g) > 1) {
+      out.push_back(
+          Times(HandedOver(groups.of(g).ReduceScatter(s.chunk(g), kFloat, Phase::kBackward)),
+                s.micro_batches));
     }
   }
   if (zero == 1 || zero == 2) {
     // The parameters gathered back after the update: every group's gather on the wire at once
-    // (Communicator::AllGatherMany), one exchange per ring step for them all.
-    int64_t owned = 0;
-    for (size_t g = 0; g < s.group_sizes.size(); ++g) owned += s.chunk(g);
-    out.push_back(HandedOver(dp.AllGather(owned, kFloat)));
+    // (Communicator::AllGatherMany), one exchange per ring step for them all; the routed
+    // experts' groups in one more over their own ranks.
+    int64_t dense = 0, experts = 0;
+    for (size_t g = 0; g < s.group_sizes.size(); ++g) {
+      (s.expert_data_group(g) ? experts : dense) += s.chunk(g);
+    }
+    if (dense > 0) out.push_back(HandedOver(dp.AllGather(dense, kFloat)));
+    if (experts > 0 && s.expert_data_ranks() > 1) {
+      out.push_back(HandedOver(groups.experts().AllGather(experts, kFloat)));
+    }
   }
-  if (zero == 3) AddParameterGathers(s, dp, out);
+  if (zero == 3) AddParameterGathers(s, groups, out);
   if (s.model.moe.enabled()) out.push_back(HandedOver(dp.Scalars(MoeStepValues(s.model))));
   out.push_back(HandedOver(dp.Scalars(1)));                      // the step's loss
   out.push_back(HandedOver(dp.Scalars(loop.agreement_values)));  // stop / checkpoint agreement
@@ -232,6 +262,30 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   out.push_back(pp.Scalars(1));  // the step's loss
   out.push_back(pp.Scalars(1));  // the gradient norm
   out.push_back(pp.Scalars(loop.agreement_values));
+  return out;
+}
+
+int64_t ExchangedRows(const RankShape& s) {
+  const int64_t picks = s.rows() * s.model.moe.top_k, ep = s.mesh.ep;
+  return picks * (ep - 1) / ep;
+}
+
+std::vector<Collective> ExpertParallelTraffic(const RankShape& s, const BackendShape& backend) {
+  const int ep = s.mesh.ep;
+  if (ep == 1) return {};
+  std::vector<Collective> out;
+  const Group group(ep, 0);
+  if (const int64_t blocks = s.moe_blocks(); blocks > 0) {
+    // Per MoE block and micro-batch; the forward's again when the backward recomputes it.
+    const int64_t forwards = s.model.recompute ? 2 : 1, m = s.micro_batches;
+    out.push_back(Times(group.AllGather(s.model.moe.experts, kFloat), m * blocks * forwards));
+    const Collective exchange{.kind = CollectiveKind::kSendRecv,
+                              .bytes = ExchangedRows(s) * s.model.width * backend.act_bytes,
+                              .latency = ep - 1};
+    out.push_back(Times(exchange, m * blocks * (2 * forwards + 2)));
+  }
+  // ZeRO-0: the experts' share of the gradient norm, summed over the ranks holding the others.
+  if (s.mesh.zero == 0) out.push_back(group.Scalars(1));
   return out;
 }
 

@@ -21,6 +21,9 @@
 //   gradients cp times; no scalar sums;
 // - every axis but cp: the training loop's scalar sums (loss, gradient norm, the stop/checkpoint
 //   agreement), each a 2-float all-reduce per value;
+// - ep (worker/model_moe.cc): the all-to-alls that carry tokens to their experts' ranks and back
+//   (ExpertParallelTraffic); under it the routed experts' groups are reduced and sharded on the
+//   dp / ep ranks holding the same experts, counted on the dp axis;
 // - mixture of experts (worker/model_moe.cc, worker/trainer.cc): on tp, each MoE block's combine
 //   weights' gradients, an fp32 all-reduce of micro · seq_len · top_k per micro-batch (dropless;
 //   a capacity that drops picks sends less); on dp and pp, the step's routing statistics, one sum
@@ -100,6 +103,19 @@ std::vector<Collective> ContextParallelTraffic(const RankShape& s, const Backend
 // head_dim, for the rank's rows = micro · seq_len / cp (all of them under sequence parallelism
 // too: attention works on full rows).
 int64_t RingKeyValueElements(const RankShape& s);
+
+// Expert parallelism's transfers per optimizer step over the ep group (worker/model_moe.cc), as
+// if routing were balanced (each expert takes an equal share of the picks; exact when every
+// token picks every expert, top_k = experts): per MoE block and micro-batch, an all-gather of
+// every rank's count per expert, then four all-to-alls of rows of width activations: to the
+// experts and back in the forward pass, the output gradients to the experts and the input
+// gradients back in the backward pass (the forward's two and its all-gather again under
+// model.recompute), each sending ExchangedRows; under ZeRO-0 the experts' share of the gradient
+// norm summed over the group. Empty for ep 1.
+std::vector<Collective> ExpertParallelTraffic(const RankShape& s, const BackendShape& backend);
+// The rows one all-to-all sends to the other ranks under balanced routing: the micro-batch's
+// rows · top_k picks (dropless), (ep − 1) / ep of them (rounded down).
+int64_t ExchangedRows(const RankShape& s);
 
 // The sum of the tied token embedding's two copies' gradients, on the group of the first and
 // the last stage (its own communicator, not the pipeline's), once per step.

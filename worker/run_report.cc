@@ -59,6 +59,7 @@ planner::RunFigures MeasuredFigures(const config::JobSpec& spec,
   f.bytes_tp = result.tp_bytes_sent / steps;
   f.bytes_pp = result.pp_bytes_sent / steps;
   f.bytes_cp = result.cp_bytes_sent / steps;
+  f.bytes_ep = result.ep_bytes_sent / steps;
   if (result.step_seconds.empty() || !(result.train_seconds > 0)) return f;
   std::vector<double> times = result.step_seconds;
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());

@@ -294,7 +294,7 @@ class RankTrainer {
   // groups in all.
   struct Traffic {
     std::array<int64_t, static_cast<int>(parallel::CollectiveKind::kCount)> dp{};
-    int64_t tp = 0, pp = 0;
+    int64_t tp = 0, pp = 0, ep = 0;
   };
   Traffic SentSoFar() const;
   // What the samples' gathers sent (training.sample_every), left out of the run's counts.
@@ -682,6 +682,7 @@ absl::Status RankTrainer::Sample() {
   for (size_t k = 0; k < after.dp.size(); ++k) sample_traffic_.dp[k] += after.dp[k] - before.dp[k];
   sample_traffic_.tp += after.tp - before.tp;
   sample_traffic_.pp += after.pp - before.pp;
+  sample_traffic_.ep += after.ep - before.ep;
   TY_ASSIGN_OR_RETURN(std::vector<float> whole, std::move(gathered));
   if (rank_.rank != 0) return absl::OkStatus();
   const config::TrainingSpec& tr = spec_.training;
@@ -814,10 +815,14 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
 RankTrainer::Traffic RankTrainer::SentSoFar() const {
   Traffic sent;
   for (size_t k = 0; k < sent.dp.size(); ++k) {
-    sent.dp[k] = dims_.dp->stats().bytes_sent(static_cast<parallel::CollectiveKind>(k));
+    // The routed experts' reductions (expert parallelism) count as data-parallel traffic.
+    const auto kind = static_cast<parallel::CollectiveKind>(k);
+    sent.dp[k] =
+        dims_.dp->stats().bytes_sent(kind) + (dims_.edp ? dims_.edp->stats().bytes_sent(kind) : 0);
   }
   sent.tp = dims_.tp->stats().total();
   sent.pp = dims_.pp->stats().total();
+  sent.ep = dims_.ep ? dims_.ep->stats().total() : 0;
   return sent;
 }
 
@@ -839,6 +844,7 @@ void RankTrainer::Finish() {
   result_.tp_bytes_sent = sent.tp - sample_traffic_.tp;
   result_.pp_bytes_sent = sent.pp - sample_traffic_.pp;
   result_.cp_bytes_sent = dims_.cp->stats().total();
+  result_.ep_bytes_sent = sent.ep - sample_traffic_.ep;
   if (dims_.tied) result_.pp_bytes_sent += dims_.tied->stats().total();
   result_.overlap = params_->timeline();
 }

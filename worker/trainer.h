@@ -173,6 +173,10 @@ struct TrainResult {
   int64_t tp_bytes_sent = 0;
   int64_t pp_bytes_sent = 0;
   int64_t cp_bytes_sent = 0;  // ring attention's keys, values and their gradients
+  // Expert parallelism's group: the all-to-alls of tokens and their gradients, the counts per
+  // expert, and under ZeRO-0 the experts' share of the gradient norm (the routed experts'
+  // reductions over the ranks holding the same experts are in bytes_sent).
+  int64_t ep_bytes_sent = 0;
   parallel::OverlapTimeline overlap;
   // Pipeline stages: the fraction of training time this stage spent blocked sending or
   // receiving activations (the schedule's bubble plus transfers).

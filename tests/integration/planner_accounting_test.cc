@@ -6,7 +6,8 @@
 // axis) match exactly in everything: every kind of memory of every rank, ring attention's
 // buffers included, and the bytes of a full training run on every axis, the ring's included; so
 // do the mixture-of-experts meshes (tests/integration/mesh_cases.h), with dp, tp, sp, pp under
-// every schedule, ZeRO 0, 1 and 3, recomputation and both balance rules.
+// every schedule, ZeRO 0, 1 and 3, recomputation and both balance rules, and under expert
+// parallelism with routing balanced exactly (every token to every expert).
 //
 // Ranks run as threads of this process with Gloo over loopback (tests/integration/rank_threads.h).
 #include <cstdio>
@@ -99,11 +100,20 @@ std::vector<MeshCase> MeshesWhere(const std::vector<MeshCase>& meshes,
 }
 
 // The MoE meshes without expert parallelism (ep 1: every data-parallel rank holds every
-// expert), which is what the planner models.
+// expert), whose routing does not change what a rank holds or sends.
 std::vector<MeshCase> ExpertMeshes() {
   std::vector<MeshCase> kept;
   for (const MeshCase& mesh : testenv::kMixtureOfExpertsMeshes) {
     if (mesh.ep == 1) kept.push_back(mesh);
+  }
+  return kept;
+}
+
+// The expert-parallel ones, whose exchanges and received rows follow the routing.
+std::vector<MeshCase> ExpertParallelMeshes() {
+  std::vector<MeshCase> kept;
+  for (const MeshCase& mesh : testenv::kMixtureOfExpertsMeshes) {
+    if (mesh.ep > 1) kept.push_back(mesh);
   }
   return kept;
 }
@@ -197,6 +207,7 @@ void ExpectEveryRankExactly(const config::JobSpec& spec, const std::string& name
         << rank;
     EXPECT_EQ(result.cp_bytes_sent, steps * TotalBytes(ContextParallelTraffic(shape, kCpu)))
         << rank;
+    EXPECT_EQ(result.ep_bytes_sent, steps * TotalBytes(ExpertParallelTraffic(shape, kCpu))) << rank;
     if (r == 0) {
       std::printf("%s (%s) rank 0: params %lld, activations %lld%s, tp bytes %lld\n", name.c_str(),
                   config::FamilyName(spec.model.family).c_str(),
@@ -233,6 +244,25 @@ std::string DescribeExperts(const RankShape& shape) {
 TEST_P(MixtureOfExpertsAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly) {
   const auto [family, mesh] = GetParam();
   ExpectEveryRankExactly(Job(family, mesh), mesh.name, DescribeExperts);
+}
+
+class ExpertParallelAccounting : public ::testing::TestWithParam<Param> {};
+
+// Expert-parallel meshes with every token picking every expert (top_k = experts), which makes
+// routing balanced exactly: a rank's experts receive as many rows as it sends and each
+// all-to-all carries (ep − 1) / ep of the picks, which the planner assumes of any routing. Then
+// every figure is the planner's exactly: the parameters of experts / ep experts, ZeRO's shards of
+// them over the dp / ep ranks holding the same ones (their reductions on the dp axis), the
+// exchange's buffers, and the all-to-alls, the counts' all-gathers and the ZeRO-0 norm on the ep
+// axis.
+TEST_P(ExpertParallelAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly) {
+  const auto [family, mesh] = GetParam();
+  config::JobSpec spec = Job(family, mesh);
+  spec.model.moe.top_k = spec.model.moe.experts;
+  ExpectEveryRankExactly(spec, mesh.name, [](const RankShape& shape) {
+    return absl::StrCat(DescribeExperts(shape), ", ep bytes ",
+                        TotalBytes(ExpertParallelTraffic(shape, kCpu)));
+  });
 }
 
 // MoE models the mesh cases' one (an MoE layer everywhere, one shared expert, dropless) leaves
@@ -409,6 +439,9 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ContextParallelAccounting,
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(Meshes, MixtureOfExpertsAccounting,
                          ::testing::Combine(kFamilies, ::testing::ValuesIn(ExpertMeshes())),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Meshes, ExpertParallelAccounting,
+                         ::testing::Combine(kFamilies, ::testing::ValuesIn(ExpertParallelMeshes())),
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(Meshes, ExpertVariantAccounting,
                          ::testing::Combine(kFamilies, ::testing::ValuesIn(kExpertVariants)),

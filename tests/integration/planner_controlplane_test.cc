@@ -31,7 +31,7 @@ std::string ChosenMesh(const std::string& json) {
   if (!std::regex_search(
           json, m,
           std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),\"cp\":(\\d+),"
-                     "\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":\\d+\\}"))) {
+                     "\"ep\":\\d+,\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":\\d+\\}"))) {
     return "";
   }
   return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str(), ",",

@@ -111,7 +111,7 @@ std::vector<BadSpec> Corpus() {
       {"mixture of experts with parallelism: auto",
        Spec("name: bad\n", "model: {preset: gpt2-debug, moe: {experts: 4}}\n", kData, kTraining,
             "resources: {devices_per_node: 2}\nparallelism: auto\n"),
-       "parallelism: auto: the planner does not choose meshes for model.moe"},
+       "parallelism: auto: a job with model.moe does not run on a chosen mesh yet"},
       {"unknown device kind", WithExtra("resources: {kind: tpu}\n"), "resources.kind"},
       {"zero nodes", WithExtra("resources: {nodes: 0}\n"), "resources.nodes"},
       {"negative restarts", WithExtra("fault_tolerance: {max_restarts: -1}\n"),

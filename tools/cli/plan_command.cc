@@ -127,7 +127,7 @@ absl::StatusOr<double> PositiveNumber(const PlanFlags& flags, const std::string&
   return value;
 }
 
-// "dp=2,tp=4,pp=1,zero=1": dp, tp and pp required, zero defaulting to the spec's, cp to 1.
+// "dp=2,tp=4,pp=1,zero=1": dp, tp and pp required, zero defaulting to the spec's, cp and ep to 1.
 absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
                                                   const config::ParallelismSpec& spec_mesh) {
   config::ParallelismSpec mesh;
@@ -136,15 +136,15 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   mesh.schedule = spec_mesh.schedule;
   mesh.virtual_stages = spec_mesh.virtual_stages;
   mesh.automatic_schedule = spec_mesh.automatic_schedule;
-  std::map<std::string, int*> fields = {
-      {"dp", &mesh.dp}, {"tp", &mesh.tp}, {"pp", &mesh.pp}, {"zero", &mesh.zero}, {"cp", &mesh.cp}};
+  std::map<std::string, int*> fields = {{"dp", &mesh.dp},     {"tp", &mesh.tp}, {"pp", &mesh.pp},
+                                        {"zero", &mesh.zero}, {"cp", &mesh.cp}, {"ep", &mesh.ep}};
   std::map<std::string, bool> seen;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::pair<std::string, std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     auto field = fields.find(kv.first);
     if (field == fields.end() || !absl::SimpleAtoi(kv.second, field->second) || seen[kv.first]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--mesh: expected dp=D,tp=T,pp=P[,zero=Z][,cp=C], got '", text, "'"));
+          absl::StrCat("--mesh: expected dp=D,tp=T,pp=P[,zero=Z][,cp=C][,ep=E], got '", text, "'"));
     }
     seen[kv.first] = true;
   }
@@ -156,7 +156,8 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   return mesh;
 }
 
-// The spec writes model.moe, whose mesh the planner does not choose (planner::kMoeNotSearched).
+// The spec writes model.moe, whose job must name its mesh: `parallelism: auto` is not carried to
+// the ranks with an expert-parallel degree yet (config::FindAutomaticMeshProblem).
 bool WritesMoe(const config::YamlNode& root) {
   const config::YamlEntry* model = root.Find("model");
   return model != nullptr && model->value.Find("moe") != nullptr;
@@ -173,19 +174,14 @@ absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags)
   }
   absl::StatusOr<config::YamlNode> tree = config::ParseYamlTree(*text, path);
   const bool has_parallelism = tree.ok() && tree->Find("parallelism") != nullptr;
-  // An MoE model's mesh is not chosen: only --mesh is planned, and the spec itself must name
-  // its mesh (the `parallelism: auto` added below would be refused, on a line the user did not
-  // write). Said first, before any calibration whose reference no plan would use.
-  if (tree.ok() && WritesMoe(*tree)) {
-    if (!flags.Get("mesh")) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", planner::kMoeNotSearched));
-    }
-    if (!has_parallelism) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path,
-                       ": parallelism: a spec with model.moe names its mesh (dp, tp, pp); "
-                       "`auto` is not planned for it"));
-    }
+  // An MoE job names its mesh (the `parallelism: auto` added below would be refused, on a line
+  // the user did not write); the plan still searches every mesh, ep included. Said first, before
+  // any calibration.
+  if (tree.ok() && WritesMoe(*tree) && !has_parallelism) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": parallelism: a spec with model.moe names its mesh (dp, tp, pp, ep): "
+                     "its job cannot run `auto` yet"));
   }
   const bool has_resources = tree.ok() && tree->Find("resources") != nullptr;
   // The planner chooses the mesh: a spec that names none is read as `parallelism: auto`, so that

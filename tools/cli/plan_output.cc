@@ -19,7 +19,7 @@ std::string CandidateJson(const planner::Candidate& c) {
   const planner::RankMemory& m = c.memory;
   return absl::StrCat(
       "{\"mesh\":{\"dp\":", c.mesh.dp, ",\"tp\":", c.mesh.tp, ",\"pp\":", c.mesh.pp,
-      ",\"cp\":", c.mesh.cp, ",\"zero\":", c.mesh.zero, ",\"schedule\":\"",
+      ",\"cp\":", c.mesh.cp, ",\"ep\":", c.mesh.ep, ",\"zero\":", c.mesh.zero, ",\"schedule\":\"",
       config::ScheduleName(c.mesh.schedule), "\",\"virtual_stages\":", c.mesh.virtual_stages,
       "},\"memory_bytes\":{\"parameters\":", m.parameters, ",\"gradients\":", m.gradients,
       ",\"optimizer\":", m.optimizer, ",\"activations\":", m.activations, ",\"other\":", m.other(),
@@ -28,7 +28,8 @@ std::string CandidateJson(const planner::Candidate& c) {
       ",\"communication\":", Number(c.step.communication), ",\"bubble\":", Number(c.step.bubble),
       ",\"total\":", Number(c.step.total), "},\"bubble_fraction\":", Number(c.bubble_fraction),
       ",\"communication_bytes\":{\"dp\":", c.bytes_dp, ",\"tp\":", c.bytes_tp,
-      ",\"pp\":", c.bytes_pp, ",\"cp\":", c.bytes_cp, "},\"mfu\":", Number(c.mfu), "}");
+      ",\"pp\":", c.bytes_pp, ",\"cp\":", c.bytes_cp, ",\"ep\":", c.bytes_ep,
+      "},\"mfu\":", Number(c.mfu), "}");
 }
 
 std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", bytes / double{1 << 30}); }
@@ -73,7 +74,8 @@ std::string ScheduleLabel(const config::ParallelismSpec& mesh) {
 
 // The table's mesh: "dp2 tp1 pp1 z0", "dp1 cp2 tp1 pp1 z0" with context parallelism.
 std::string MeshLabel(const config::ParallelismSpec& mesh) {
-  return absl::StrFormat("dp%d%s tp%d pp%d z%d%s", mesh.dp,
+  return absl::StrFormat("dp%d%s%s tp%d pp%d z%d%s", mesh.dp,
+                         mesh.ep > 1 ? absl::StrCat(" ep", mesh.ep) : "",
                          mesh.cp > 1 ? absl::StrCat(" cp", mesh.cp) : "", mesh.tp, mesh.pp,
                          mesh.zero, ScheduleLabel(mesh));
 }
@@ -100,6 +102,10 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
       {"mesh", "GiB/rank", "params", "grads", "optim", "activ", "other", "fits", "step", "compute",
        "comm", "bubble", "tok/s", "MFU", "dp bytes", "tp bytes", "pp bytes"}};
   if (any_cp) rows.front().push_back("cp bytes");
+  // Expert parallelism's all-to-all bytes only where some candidate splits the experts.
+  const bool any_ep = std::any_of(plan.candidates.begin(), plan.candidates.end(),
+                                  [](const planner::Candidate& c) { return c.mesh.ep > 1; });
+  if (any_ep) rows.front().push_back("ep bytes");
   for (const planner::Candidate& c : plan.candidates) {
     const planner::RankMemory& m = c.memory;
     rows.push_back({MeshLabel(c.mesh), Gib(m.total()), Gib(m.parameters), Gib(m.gradients),
@@ -110,6 +116,7 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
                     absl::StrFormat("%.1f%%", 100 * c.mfu), planner::HumanBytes(c.bytes_dp),
                     planner::HumanBytes(c.bytes_tp), planner::HumanBytes(c.bytes_pp)});
     if (any_cp) rows.back().push_back(planner::HumanBytes(c.bytes_cp));
+    if (any_ep) rows.back().push_back(planner::HumanBytes(c.bytes_ep));
   }
   absl::StrAppend(&out, "\n", Table(rows), "\n");
   // One sentence per line: each ends with ". " before the next mesh's name or the end.

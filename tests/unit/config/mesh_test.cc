@@ -151,8 +151,9 @@ TEST(FindAutomaticMeshProblem, ThePlannerDoesNotChooseForMoe) {
   EXPECT_EQ(mesh->path, "parallelism");
   EXPECT_EQ(
       mesh->reason,
-      "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, tp and pp "
-      "explicitly");
+      "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel degree "
+      "is not carried to the ranks): give parallelism dp, tp, pp and ep (`trainyard plan` ranks "
+      "them)");
   spec.parallelism.automatic = false;
   spec.parallelism.automatic_schedule = true;
   std::optional<SpecProblem> schedule = FindAutomaticMeshProblem(spec);

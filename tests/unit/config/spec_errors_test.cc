@@ -124,8 +124,9 @@ std::vector<BadSpec> MoeBadSpecs() {
       {"moe with parallelism: auto",
        WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: auto\n"), "6:14",
        "parallelism",
-       "auto: the planner does not choose meshes for model.moe yet: give parallelism dp, tp and pp "
-       "explicitly"},
+       "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel degree "
+       "is not carried to the ranks): give parallelism dp, tp, pp and ep (`trainyard plan` ranks "
+       "them)"},
       {"moe with schedule: auto",
        WithMoe("{experts: 4}",
                "resources: {devices_per_node: 2}\nparallelism: {pp: 2, "

@@ -173,10 +173,10 @@ TEST_F(PlanCommand, JsonHasTheDocumentedShape) {
     EXPECT_TRUE(absl::StrContains(json, key)) << key << " in " << json;
   }
   ASSERT_EQ(Run({SpecWithResources(), "--json", "--mesh", "dp=2,tp=1,pp=1,zero=1"}), 0);
-  EXPECT_TRUE(
-      absl::StrContains(out_.str(),
-                        "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"cp\":1,\"zero\":1,\"schedule\":"
-                        "\"1f1b\",\"virtual_stages\":1}"));
+  EXPECT_TRUE(absl::StrContains(
+      out_.str(),
+      "\"mesh\":{\"dp\":2,\"tp\":1,\"pp\":1,\"cp\":1,\"ep\":1,\"zero\":1,\"schedule\":"
+      "\"1f1b\",\"virtual_stages\":1}"));
   EXPECT_TRUE(absl::StrContains(out_.str(), "\"young_daly\":null"));
 }
 
@@ -190,7 +190,7 @@ TEST_F(PlanCommand, CandidatesShowTheirPipelineSchedule) {
   ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=1,tp=1,pp=2"}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(
       out_.str(),
-      "\"pp\":2,\"cp\":1,\"zero\":0,\"schedule\":\"zero-bubble\",\"virtual_stages\":1}"))
+      "\"pp\":2,\"cp\":1,\"ep\":1,\"zero\":0,\"schedule\":\"zero-bubble\",\"virtual_stages\":1}"))
       << out_.str();
   ASSERT_EQ(Run({spec}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp1 tp1 pp2 z0 zb")) << out_.str();
@@ -207,7 +207,7 @@ TEST_F(PlanCommand, InterleavedCandidatesShowTheirVirtualStages) {
   ASSERT_EQ(Run({spec, "--json", "--mesh", "dp=2,tp=1,pp=2"}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(
       out_.str(),
-      "\"pp\":2,\"cp\":1,\"zero\":0,\"schedule\":\"interleaved\",\"virtual_stages\":2}"))
+      "\"pp\":2,\"cp\":1,\"ep\":1,\"zero\":0,\"schedule\":\"interleaved\",\"virtual_stages\":2}"))
       << out_.str();
   ASSERT_EQ(Run({spec}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 tp1 pp2 z0 i2")) << out_.str();
@@ -241,29 +241,31 @@ TEST_F(PlanCommand, ContextParallelMeshesOnCpuAndGpu) {
   ExpectBadInput({SpecWithResources(), "--mesh", "dp=1,tp=1,pp=1,cp=3"}, "--mesh: parallelism");
 }
 
-TEST_F(PlanCommand, MoeModelsArePlannedOnAGivenMeshOnly) {
-  const std::string why =
-      "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
-      "predicts one given mesh: trainyard plan --mesh)";
+TEST_F(PlanCommand, MoeModelsAreSearchedOverExpertParallelism) {
   const std::string spec =
       "name: moe\nmodel:\n  preset: gpt2-debug\n  moe: {experts: 4, top_k: 2}\n"
       "training: {batch: 8, seq_len: 32}\n";
-  // Without --mesh the planner would choose: refused, whether the spec names a mesh or not
-  // (which plan would otherwise read as `parallelism: auto`).
-  const std::string unnamed = Write("auto.yaml", spec + "resources: {devices_per_node: 2}\n");
-  ExpectBadInput({unnamed}, why);
+  // The plan searches every mesh, ep included, and shows the all-to-all bytes.
   const std::string mesh =
       Write("mesh.yaml", spec + "resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n");
-  ExpectBadInput({mesh}, why);
-  // With --mesh, a spec that names its own mesh (as an MoE job's must) is planned.
-  ASSERT_EQ(Run({mesh, "--mesh", "dp=1,tp=2,pp=1"}), 0) << err_.str();
+  ASSERT_EQ(Run({mesh}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "M active per token")) << out_.str();
-  EXPECT_TRUE(absl::StrContains(out_.str(), "Chose dp 1 × tp 2 × pp 1")) << out_.str();
-  ExpectBadInput({unnamed, "--mesh", "dp=2,tp=1,pp=1"},
-                 "parallelism: a spec with model.moe names its mesh (dp, tp, pp)");
-  // Nor is a calibration run against it without a mesh to plan.
+  EXPECT_TRUE(absl::StrContains(out_.str(), "ep bytes")) << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "dp2 ep2 tp1 pp1 z0")) << out_.str();
+  ASSERT_EQ(Run({mesh, "--json"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "\"cp\":1,\"ep\":2,")) << out_.str();
+  // --mesh names an expert-parallel degree; one that does not divide the experts is refused.
+  ASSERT_EQ(Run({mesh, "--mesh", "dp=2,tp=1,pp=1,ep=2"}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "Chose dp 2 (experts over ep 2) × tp 1 × pp 1"))
+      << out_.str();
+  ExpectBadInput({mesh, "--mesh", "dp=2,tp=1,pp=1,ep=3"}, "--mesh: parallelism.ep");
+  // A spec without a mesh would be read as `parallelism: auto`, which an MoE job cannot run yet.
+  const std::string unnamed = Write("auto.yaml", spec + "resources: {devices_per_node: 2}\n");
+  ExpectBadInput({unnamed},
+                 "parallelism: a spec with model.moe names its mesh (dp, tp, pp, ep): its job "
+                 "cannot run `auto` yet");
   draws_ = {1e-3};
-  ExpectBadInput({"--calibrate", Write("one.yaml", spec)}, why);
+  ExpectBadInput({"--calibrate", Write("one.yaml", spec)}, "a spec with model.moe names its mesh");
   EXPECT_EQ(calls_, 0u);
 }
 

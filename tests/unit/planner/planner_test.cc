@@ -6,6 +6,8 @@
 #include "planner/planner.h"
 
 #include <cmath>
+#include <set>
+#include <vector>
 
 #include "config/mesh.h"
 #include "gtest/gtest.h"
@@ -868,46 +870,93 @@ TEST(Moe, ActivationsHoldTopKPicksPerToken) {
             2 * per_block + scratch);
 }
 
-// The planner predicts a given mesh of an MoE model (every axis and schedule, ZeRO-3's gathers
-// of the experts' groups) but does not choose one: a plan without a mesh is refused.
-TEST(Moe, IsPredictedOnAGivenMeshButNotSearched) {
+// A plan for an MoE model searches expert parallelism too: every ep dividing dp and the experts,
+// each ep > 1 candidate with its all-to-all bytes, ep 1 without; every axis and schedule
+// evaluates.
+TEST(Moe, PlansSearchExpertParallelism) {
   PlanRequest request;
   request.spec = Gpt2DebugMoe(4);
   request.spec.model.layers = 4;
   request.spec.training.micro_batch = 2;  // two per step at dp 2, as a pipeline needs
   request.device = *PublishedProfile("h100");
-  const std::string why =
-      "model.moe: the planner does not choose the mesh of a mixture-of-experts model yet (it "
-      "predicts one given mesh: trainyard plan --mesh)";
-  EXPECT_EQ(UnsearchedProblem(request.spec.model), why);
-  absl::StatusOr<Plan> every = MakePlan(request);
-  EXPECT_EQ(every.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(every.status().message(), why);
-  request.mesh = Mesh(4, 1, 1, 3);
-  absl::StatusOr<Plan> given = MakePlan(request);
-  ASSERT_TRUE(given.ok()) << given.status();
-  ASSERT_EQ(given->candidates.size(), 1u);
-  EXPECT_DOUBLE_EQ(given->candidates[0].model_flops, ModelFlopsPerStep(request.spec));
-  EXPECT_GT(given->candidates[0].step.total, 0);
-  // Every axis and schedule evaluates.
+  absl::StatusOr<Plan> plan = MakePlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->chosen.has_value());
+  std::set<int> degrees;
+  for (const Candidate& c : plan->candidates) {
+    degrees.insert(c.mesh.ep);
+    EXPECT_EQ(c.bytes_ep > 0, c.mesh.ep > 1) << MeshName(c.mesh);
+    EXPECT_DOUBLE_EQ(c.model_flops, ModelFlopsPerStep(request.spec)) << MeshName(c.mesh);
+  }
+  EXPECT_EQ(degrees, (std::set<int>{1, 2, 4}));
+  EXPECT_EQ(ExpertParallelDegrees(request.spec, 4), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(ExpertParallelDegrees(request.spec, 3), (std::vector<int>{1}));  // 3 ∤ 4 experts
+  request.spec.model.moe.experts = 0;
+  EXPECT_EQ(ExpertParallelDegrees(request.spec, 4), (std::vector<int>{1}));
+  request.spec.model.moe.experts = 4;
+  // A given mesh, every axis and schedule.
+  config::ParallelismSpec ep2 = Mesh(4, 1, 1, 3);
+  ep2.ep = 2;
   config::ParallelismSpec tp_sp = Mesh(2, 2, 1, 1);
   tp_sp.sequence_parallel = true;
+  tp_sp.ep = 2;
   config::ParallelismSpec zb = Mesh(2, 1, 2, 1);
   zb.schedule = config::PipelineSchedule::kZeroBubble;
   config::ParallelismSpec interleaved = Mesh(2, 1, 2, 0);
   interleaved.schedule = config::PipelineSchedule::kInterleaved;
   interleaved.virtual_stages = 2;
-  for (const config::ParallelismSpec& mesh : {tp_sp, zb, interleaved}) {
+  interleaved.ep = 2;
+  for (const config::ParallelismSpec& mesh : {ep2, tp_sp, zb, interleaved}) {
     ASSERT_FALSE(config::FindMeshProblem(mesh, request.spec).has_value()) << MeshName(mesh);
-    const Candidate c = Evaluate(request.spec, mesh, request.device, LoopOptions{});
+    request.mesh = mesh;
+    absl::StatusOr<Plan> given = MakePlan(request);
+    ASSERT_TRUE(given.ok()) << given.status();
+    ASSERT_EQ(given->candidates.size(), 1u);
+    const Candidate& c = given->candidates[0];
     EXPECT_GT(c.memory.activations, 0) << MeshName(mesh);
     EXPECT_GT(c.step.compute, 0) << MeshName(mesh);
+    EXPECT_EQ(c.bytes_ep > 0, mesh.ep > 1) << MeshName(mesh);
   }
-  // A dense model's plan still searches.
-  request.spec.model.moe.experts = 0;
-  request.mesh.reset();
-  EXPECT_FALSE(UnsearchedProblem(request.spec.model).has_value());
-  EXPECT_TRUE(MakePlan(request).ok());
+}
+
+// Expert parallelism splits the routed experts, which ZeRO then shards over the dp / ep ranks
+// holding the same ones; the all-to-alls carry (ep − 1) / ep of a micro-batch's picks each way
+// in each pass, after an all-gather of the counts per expert.
+TEST(Moe, ExpertParallelismSplitsTheExpertsAndCountsItsAllToAlls) {
+  config::JobSpec spec = Gpt2DebugMoe(4);
+  config::ParallelismSpec whole = Mesh(4, 1, 1, 0), split = whole;
+  split.ep = 4;
+  const RankShape all = ShapeOf(spec, whole, 0), quarter = ShapeOf(spec, split, 0);
+  const config::MoeConfig& moe = spec.model.moe;
+  const int64_t width = spec.model.width;
+  // One expert: fc [32, 64] + bias 32, proj [64, 32] + bias 64 (GPT-2).
+  const int64_t expert = 32 * width + 32 + width * 32 + width;
+  const int64_t layers = spec.model.layers;
+  EXPECT_EQ(all.local_params - quarter.local_params, layers * (moe.experts - 1) * expert);
+  // ZeRO-1 shards the experts over dp / ep = 1 rank under ep 4: a rank keeps its own experts'
+  // moments, as many as a quarter of all of them (ZeRO-1 over four ranks without ep), and a
+  // quarter of the experts' parameters.
+  split.zero = 1;
+  whole.zero = 1;
+  const BackendShape cpu;
+  const RankMemory split_memory = PredictRankMemory(ShapeOf(spec, split, 0), cpu);
+  const RankMemory whole_memory = PredictRankMemory(ShapeOf(spec, whole, 0), cpu);
+  EXPECT_EQ(split_memory.parameters, 4 * quarter.local_params);
+  EXPECT_EQ(split_memory.optimizer, whole_memory.optimizer);
+  EXPECT_LT(split_memory.parameters, whole_memory.parameters);
+  // The all-to-alls: rows = micro 2 × 32 tokens, picks 2 per row, 3/4 of them to other ranks.
+  split.zero = 0;
+  const RankShape s = ShapeOf(spec, split, 0);
+  ASSERT_EQ(s.rows(), 64);
+  EXPECT_EQ(ExchangedRows(s), 64 * 2 * 3 / 4);
+  const int64_t per_block = 3 * 4 * moe.experts + 4 * ExchangedRows(s) * width * 4;
+  const int64_t norm = 4 * RingAllReduceElements(2, 4, 0);  // the experts' share, ZeRO-0
+  EXPECT_EQ(TotalBytes(ExpertParallelTraffic(s, cpu)), layers * per_block + norm);
+  EXPECT_TRUE(ExpertParallelTraffic(all, cpu).empty());
+  // The dp axis reduces only the dense groups over all four ranks; the experts' groups have no
+  // one to share them with.
+  EXPECT_LT(TotalBytes(DataParallelTraffic(s, LoopOptions{}, 0)),
+            TotalBytes(DataParallelTraffic(all, LoopOptions{}, 0)));
 }
 
 // A micro-batch's FLOPs follow what a token uses: more experts at the same top_k add only the
