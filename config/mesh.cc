@@ -375,25 +375,6 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
   return CheckSchedule(mesh, spec);
 }
 
-std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec) {
-  if (!spec.model.moe.enabled()) return std::nullopt;
-  if (spec.parallelism.automatic) {
-    return Bad("parallelism",
-               "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel "
-               "degree is not carried to the ranks): give parallelism dp, tp, pp and ep "
-               "(`trainyard plan` ranks them)",
-               {"model.moe"});
-  }
-  if (spec.parallelism.automatic_schedule) {
-    return Bad(
-        "parallelism.schedule",
-        "auto: the planner does not choose schedules for model.moe yet: write the schedule (1f1b, "
-        "interleaved or zero-bubble)",
-        {"model.moe"});
-  }
-  return std::nullopt;
-}
-
 absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem) {
   if (!problem.has_value()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(problem->path, ": ", problem->reason));

@@ -36,11 +36,6 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
 // mesh it was handed.
 std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 
-// The spec's own `auto` parallelism fields (`parallelism: auto`, `parallelism.schedule: auto`)
-// are the planner's to fill at submit, and its memory and time models know dense blocks only:
-// with model.moe each is refused, naming the field. Nothing otherwise.
-std::optional<SpecProblem> FindAutomaticMeshProblem(const JobSpec& spec);
-
 // OK without a problem, else INVALID_ARGUMENT "path: reason".
 [[nodiscard]] absl::Status MeshProblemStatus(const std::optional<SpecProblem>& problem);
 

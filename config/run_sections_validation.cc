@@ -33,7 +33,6 @@ Problem CheckResources(const ResourcesSpec& r) {
 }
 
 Problem CheckParallelism(const JobSpec& spec) {
-  if (Problem p = FindAutomaticMeshProblem(spec)) return p;
   if (!spec.parallelism.automatic) return FindMeshProblem(spec.parallelism, spec);
   if (spec.parallelism.zero < 0 || spec.parallelism.zero > 3) {
     return Bad("parallelism.zero",

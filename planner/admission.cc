@@ -59,14 +59,8 @@ absl::Status CheckMeshFits(const config::JobSpec& spec, const DeviceProfile& dev
   absl::StatusOr<Plan> plan = PlanAll(spec, device, loop);
   if (plan.ok() && plan->chosen) {
     const Candidate& best = plan->candidates[*plan->chosen];
-    // A job with model.moe cannot run `auto` yet (config::FindAutomaticMeshProblem): it is told
-    // the mesh to write instead.
-    const char* how = spec.model.moe.enabled()
-                          ? " per rank); write it in the spec's parallelism (a job with model.moe "
-                            "does not run `auto` yet): "
-                          : " per rank), and `parallelism: auto` would choose it: ";
     absl::StrAppend(&message, ". ", MeshName(best.mesh), " fits (", HumanBytes(best.memory.total()),
-                    how, plan->explanation);
+                    " per rank), and `parallelism: auto` would choose it: ", plan->explanation);
   } else if (plan.ok()) {
     absl::StrAppend(&message, ". ", plan->explanation);
   } else {

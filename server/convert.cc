@@ -93,6 +93,7 @@ void ToProto(const Mesh& mesh, v1::Mesh* out) {
   out->set_schedule(mesh.schedule);
   out->set_virtual_stages(mesh.virtual_stages);
   out->set_cp(mesh.cp);
+  out->set_ep(mesh.ep);
 }
 
 void ToProto(const CheckpointSettings& policy, v1::CheckpointPolicy* out) {

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
   cp INTEGER NOT NULL DEFAULT 1,
   moe TEXT NOT NULL DEFAULT '',
-  accounts TEXT NOT NULL DEFAULT '');
+  accounts TEXT NOT NULL DEFAULT '',
+  ep INTEGER NOT NULL DEFAULT 0);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_client_request ON jobs(client_request_id)
   WHERE client_request_id <> '';
 CREATE TABLE IF NOT EXISTS job_progress(
@@ -70,6 +71,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   failure_class TEXT NOT NULL DEFAULT '', blamed_rank INTEGER NOT NULL DEFAULT -1,
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
   cp INTEGER NOT NULL DEFAULT 1,
+  ep INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(job_id, attempt_id));
 CREATE TABLE IF NOT EXISTS attempt_ranks(
   job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
@@ -156,6 +158,16 @@ ALTER TABLE jobs ADD COLUMN moe TEXT NOT NULL DEFAULT '';
 // JobAccounts, base64). Jobs stored before have none and start them afresh.
 constexpr char kMigrateFrom8[] = R"sql(
 ALTER TABLE jobs ADD COLUMN accounts TEXT NOT NULL DEFAULT '';
+)sql";
+
+// Schema 10 -> 11: the expert-parallel degree of a job's mesh and of each attempt's (an MoE job's
+// `parallelism: auto` may now choose it); 0 for meshes stored before, which run the spec's own.
+// Each table separately, as for schema 6.
+constexpr char kMigrateJobsFrom10[] = R"sql(
+ALTER TABLE jobs ADD COLUMN ep INTEGER NOT NULL DEFAULT 0;
+)sql";
+constexpr char kMigrateAttemptsFrom10[] = R"sql(
+ALTER TABLE attempts ADD COLUMN ep INTEGER NOT NULL DEFAULT 0;
 )sql";
 
 // Schema 9 -> 10: a job's progress and accounts move to the narrow job_progress table
@@ -381,6 +393,14 @@ absl::Status JobStore::Migrate() {
     version = 9;
   }
   if (version == 9) version = 10;  // kSchema made job_progress
+  if (version == 10) {
+    for (const auto& [table, migration] :
+         {std::pair{"jobs", kMigrateJobsFrom10}, std::pair{"attempts", kMigrateAttemptsFrom10}}) {
+      TY_ASSIGN_OR_RETURN(const bool has, HasColumn(table, "ep"));
+      if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(migration), "migrating schema 10 to 11");
+    }
+    version = 11;
+  }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
                                                       " is not a version this build knows (1 to ",
@@ -513,9 +533,9 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
       step_communication_ms, step_data_ms, checkpoint_step, checkpoint_path, cancel_requested,
       message, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto, checkpoint_keep,
-      schedule, virtual_stages, cp)
+      schedule, virtual_stages, cp, ep)
     VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?, ?, ?, ?)
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   const JobRequirements& req = job.requirements;
   insert->Bind(1, job.seq)
@@ -542,7 +562,8 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
       .Bind(22, int64_t{req.checkpoint.recorded ? req.checkpoint.keep : -1})
       .Bind(23, req.mesh.schedule)
       .Bind(24, int64_t{req.mesh.virtual_stages})
-      .Bind(25, int64_t{req.mesh.cp});
+      .Bind(25, int64_t{req.mesh.cp})
+      .Bind(26, int64_t{req.mesh.ep});
   TY_RETURN_IF_ERROR(insert->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * label,
                       Cached("INSERT INTO job_labels(job_id, key, value) VALUES(?, ?, ?)"));
@@ -582,8 +603,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
     INSERT OR REPLACE INTO attempts(job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind,
       created_us, running_us, finished_us, cause, failure_class, blamed_rank, schedule,
-      virtual_stages, cp)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      virtual_stages, cp, ep)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   put->Bind(1, attempt.job_id)
       .Bind(2, int64_t{attempt.attempt_id})
@@ -601,7 +622,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
       .Bind(14, int64_t{attempt.blamed_rank})
       .Bind(15, attempt.mesh.schedule)
       .Bind(16, int64_t{attempt.mesh.virtual_stages})
-      .Bind(17, int64_t{attempt.mesh.cp});
+      .Bind(17, int64_t{attempt.mesh.cp})
+      .Bind(18, int64_t{attempt.mesh.ep});
   TY_RETURN_IF_ERROR(put->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
     INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
@@ -748,7 +770,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       checkpoint_path, checkpoint_us, cancel_requested, message, heartbeat_timeout_ms,
       drain_requested, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
       checkpoint_keep, run_report, schedule, virtual_stages, cp, moe, jobs.accounts,
-      job_progress.job_id IS NOT NULL, job_progress.progress, job_progress.accounts
+      job_progress.job_id IS NOT NULL, job_progress.progress, job_progress.accounts, jobs.ep
     FROM jobs LEFT JOIN job_progress ON job_progress.job_id = jobs.id ORDER BY seq
   )sql"));
   while (true) {
@@ -816,6 +838,7 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
       DecodeProgress(select->Blob(55), p);
       job.accounts = select->Blob(56);
     }
+    req.mesh.ep = static_cast<int>(select->Int(57));
     state.max_job_seq = std::max(state.max_job_seq, job.seq);
     state.jobs.push_back(std::move(job));
   }
@@ -834,7 +857,8 @@ absl::Status JobStore::LoadJobs(StoredState& state) {
 absl::Status JobStore::LoadAttempts(StoredState& state) {
   TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
     SELECT job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind, created_us,
-      running_us, finished_us, cause, failure_class, blamed_rank, schedule, virtual_stages, cp
+      running_us, finished_us, cause, failure_class, blamed_rank, schedule, virtual_stages, cp,
+      ep
     FROM attempts ORDER BY job_id, attempt_id
   )sql"));
   std::map<std::pair<std::string, int>, size_t> index;
@@ -852,6 +876,7 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
     attempt.mesh.schedule = select->Text(14);
     attempt.mesh.virtual_stages = static_cast<int>(select->Int(15));
     attempt.mesh.cp = static_cast<int>(select->Int(16));
+    attempt.mesh.ep = static_cast<int>(select->Int(17));
     attempt.kind = select->Int(7) == 1 ? DeviceKind::kGpu : DeviceKind::kCpu;
     attempt.created = MicrosToTime(select->OptionalInt(8));
     attempt.running = MicrosToTime(select->OptionalInt(9));

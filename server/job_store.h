@@ -99,7 +99,7 @@ class StateStore {
 
 class JobStore final : public StateStore {
  public:
-  static constexpr int kSchemaVersion = 10;
+  static constexpr int kSchemaVersion = 11;
 
   // Opens or creates the database at `path` (its directory must exist), migrating one of an
   // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;

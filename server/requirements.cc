@@ -29,6 +29,7 @@ absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec
   req.mesh.schedule = config::ScheduleName(spec.parallelism.schedule);
   req.mesh.virtual_stages = spec.parallelism.virtual_stages;
   req.mesh.cp = spec.parallelism.cp;
+  req.mesh.ep = spec.parallelism.ep;
   req.max_restarts = spec.fault_tolerance.max_restarts;
   req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
   req.checkpoint = CheckpointSettingsFromSpec(spec.checkpoint);

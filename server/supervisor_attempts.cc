@@ -169,14 +169,17 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     if (entry.last_failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
       why = absl::StrCat(entry.last_failure.node_id, " lost; ", why);
     }
-    AddEvent(txn, entry, stored.attempt_id, job.state, job.state, "resized",
-             absl::StrCat("attempt ", stored.attempt_id, " runs on ", shape->nodes, " of ",
-                          job.requirements.nodes, " nodes: dp ", from.dp, " → ", to.dp,
-                          to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
-                          to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
-                          to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "",
-                          ", accumulation ", entry.full_accumulation, " → ", shape->accumulation,
-                          " (the global batch is kept; ", why, ")"));
+    AddEvent(
+        txn, entry, stored.attempt_id, job.state, job.state, "resized",
+        absl::StrCat(
+            "attempt ", stored.attempt_id, " runs on ", shape->nodes, " of ",
+            job.requirements.nodes, " nodes: dp ", from.dp, " → ", to.dp,
+            to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
+            from.ep > 0 && to.ep != from.ep ? absl::StrCat(", ep ", from.ep, " → ", to.ep) : "",
+            to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
+            to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "", ", accumulation ",
+            entry.full_accumulation, " → ", shape->accumulation, " (the global batch is kept; ",
+            why, ")"));
   }
   for (const RankSlot& slot : stored.ranks) {
     txn.orders.emplace_back(slot.node_id, StartOrderFor(entry, stored, slot));

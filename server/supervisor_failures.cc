@@ -94,6 +94,7 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       spec->parallelism.tp = std::max(1, admitted.tp);
       spec->parallelism.pp = std::max(1, admitted.pp);
       spec->parallelism.cp = std::max(1, admitted.cp);
+      if (admitted.ep > 0) spec->parallelism.ep = admitted.ep;  // 0: the spec's own
       spec->parallelism.zero = admitted.zero_stage;
       if (const auto schedule = config::ScheduleFromName(admitted.schedule)) {
         spec->parallelism.schedule = *schedule;  // for `schedule: auto`, the planner's choice
@@ -128,10 +129,11 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       std::optional<config::JobSpec> resized = config::ResizedSpec(*spec, nodes);
       if (!resized) continue;
       const config::ParallelismSpec& p = resized->parallelism;
-      entry.smaller_shapes.push_back(JobShape{
-          nodes,
-          Mesh{p.dp, p.tp, p.pp, p.zero, config::ScheduleName(p.schedule), p.virtual_stages, p.cp},
-          accumulation(*resized), RankMemoryNeed(*resized, cpu_profile_)});
+      entry.smaller_shapes.push_back(
+          JobShape{nodes,
+                   Mesh{p.dp, p.tp, p.pp, p.zero, config::ScheduleName(p.schedule),
+                        p.virtual_stages, p.cp, p.ep},
+                   accumulation(*resized), RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
   // Restart counts from the stored attempts: every classified failure followed by an attempt.

@@ -71,6 +71,9 @@ struct Mesh {
   int virtual_stages = 1;
   // Context-parallel ranks per sequence; the world is dp × cp × tp × pp.
   int cp = 1;
+  // Expert-parallel ranks an MoE layer's experts are split over (drawn from the dp ranks); 0 for
+  // the spec's own (meshes stored before it was recorded).
+  int ep = 1;
 };
 
 // How a job checkpoints, from its spec's checkpoint section.

@@ -145,6 +145,8 @@ absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
     spec.parallelism.tp = std::max(1, reply.mesh().tp());
     spec.parallelism.pp = std::max(1, reply.mesh().pp());
     spec.parallelism.cp = std::max(1, reply.mesh().cp());
+    // The expert-parallel degree (for `auto`, the planner's; 0: the spec's own).
+    if (reply.mesh().ep() > 0) spec.parallelism.ep = reply.mesh().ep();
     spec.parallelism.zero = reply.mesh().zero_stage();
     // The schedule the coordinator admitted (for `schedule: auto`, the planner's choice).
     if (const auto schedule = config::ScheduleFromName(reply.mesh().schedule())) {

@@ -31,7 +31,8 @@ std::string ChosenMesh(const std::string& json) {
   if (!std::regex_search(
           json, m,
           std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),\"cp\":(\\d+),"
-                     "\"ep\":\\d+,\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":\\d+\\}"))) {
+                     "\"ep\":\\d+,\"zero\":(\\d+),\"schedule\":\"[a-z0-9-]+\",\"virtual_stages\":"
+                     "\\d+\\}"))) {
     return "";
   }
   return absl::StrCat(m[1].str(), ",", m[2].str(), ",", m[3].str(), ",", m[4].str(), ",",
@@ -95,6 +96,49 @@ TEST(PlannerControlPlane, RefusesWhatCannotFitAndReportsPredictedVsMeasured) {
   EXPECT_EQ(run.predicted().parameters_bytes(), run.measured().parameters_bytes());
   EXPECT_THAT(cp.Cli({"status", job}).out, HasSubstr("predicted vs measured"));
   EXPECT_THAT(cp.Cli({"logs", job, "--rank", "0"}).out, HasSubstr("predicted vs measured"));
+}
+
+// An MoE job's expert-parallel degree travels with its mesh: under `parallelism: auto` the
+// attempt runs the mesh `trainyard plan` chooses, ep included; a written ep 2 is stored with the
+// attempt and its ranks split the experts.
+TEST(PlannerControlPlane, MoeMeshesCarryTheirExpertParallelDegree) {
+  ControlPlane cp("planner_moe_cp");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  for (int i = 0; i < 100 && cp.Cli({"nodes"}).out.find("local") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::string tiny = TinySpec({.name = "moe",
+                               .ranks_per_node = 2,
+                               .steps = 4,
+                               .model = "{preset: gpt2-debug, moe: {experts: 4, top_k: 2}}"});
+  const std::string automatic = cp.WriteSpec(
+      "moe-auto.yaml", absl::StrReplaceAll(tiny, {{"parallelism: {dp: 2}", "parallelism: auto"}}));
+  const ProcessResult plan = cp.Cli({"plan", automatic, "--json"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  std::smatch chosen;
+  ASSERT_TRUE(std::regex_search(plan.out, chosen,
+                                std::regex("\"mesh\":\\{\"dp\":(\\d+),\"tp\":(\\d+),\"pp\":(\\d+),"
+                                           "\"cp\":\\d+,\"ep\":(\\d+),\"zero\":(\\d+)")))
+      << plan.out;
+  std::string job;
+  v1::GetJobReply reply;
+  ASSERT_NO_FATAL_FAILURE(RunToTheEnd(cp, automatic, &job, &reply));
+  EXPECT_EQ(reply.job().state(), v1::JOB_STATE_SUCCEEDED) << cp.Cli({"status", job}).out;
+  const v1::Mesh& ran = reply.attempts(0).mesh();
+  EXPECT_EQ(
+      absl::StrCat(ran.dp(), ",", ran.tp(), ",", ran.pp(), ",", ran.ep(), ",", ran.zero_stage()),
+      absl::StrCat(chosen[1].str(), ",", chosen[2].str(), ",", chosen[3].str(), ",",
+                   chosen[4].str(), ",", chosen[5].str()))
+      << plan.out;
+
+  const std::string written = cp.WriteSpec(
+      "moe-ep2.yaml",
+      absl::StrReplaceAll(tiny, {{"parallelism: {dp: 2}", "parallelism: {dp: 2, ep: 2}"}}));
+  ASSERT_NO_FATAL_FAILURE(RunToTheEnd(cp, written, &job, &reply));
+  EXPECT_EQ(reply.job().state(), v1::JOB_STATE_SUCCEEDED) << cp.Cli({"status", job}).out;
+  EXPECT_EQ(reply.attempts(0).mesh().ep(), 2);
+  EXPECT_THAT(cp.Cli({"status", job}).out, HasSubstr("dp 2 (experts over ep 2) × tp 1"));
+  EXPECT_THAT(cp.Cli({"logs", job, "--rank", "0"}).out, HasSubstr("(experts over ep 2)"));
 }
 
 // `schedule: auto` on a fixed pp 2 mesh: the coordinator's planner picks the schedule (and its

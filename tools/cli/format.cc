@@ -52,10 +52,12 @@ std::string Labels(const google::protobuf::Map<std::string, std::string>& labels
 }
 
 std::string Mesh(const v1::Mesh& m) {
-  // cp shown only above 1 (0: a coordinator from before context parallelism), as the planner's
-  // MeshName does.
-  return absl::StrCat("dp ", m.dp(), m.cp() > 1 ? absl::StrCat(" × cp ", m.cp()) : "", " × tp ",
-                      m.tp(), " × pp ", m.pp(), ", ZeRO-", m.zero_stage());
+  // cp and ep shown only above 1 (0: a coordinator from before them), as the planner's MeshName
+  // does.
+  return absl::StrCat("dp ", m.dp(),
+                      m.ep() > 1 ? absl::StrCat(" (experts over ep ", m.ep(), ")") : "",
+                      m.cp() > 1 ? absl::StrCat(" × cp ", m.cp()) : "", " × tp ", m.tp(), " × pp ",
+                      m.pp(), ", ZeRO-", m.zero_stage());
 }
 
 // A rank that exited badly on its own; one that ended after a stop order (a cancel, a drain, the

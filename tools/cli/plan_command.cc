@@ -156,13 +156,6 @@ absl::StatusOr<config::ParallelismSpec> ParseMesh(const std::string& text,
   return mesh;
 }
 
-// The spec writes model.moe, whose job must name its mesh: `parallelism: auto` is not carried to
-// the ranks with an expert-parallel degree yet (config::FindAutomaticMeshProblem).
-bool WritesMoe(const config::YamlNode& root) {
-  const config::YamlEntry* model = root.Find("model");
-  return model != nullptr && model->value.Find("moe") != nullptr;
-}
-
 // The spec with the resources planned for. Without a resources section the spec does not say
 // where it runs: --nodes or --devices-per-node must.
 absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags) {
@@ -174,15 +167,6 @@ absl::StatusOr<config::JobSpec> LoadSpec(FileSystem& fs, const PlanFlags& flags)
   }
   absl::StatusOr<config::YamlNode> tree = config::ParseYamlTree(*text, path);
   const bool has_parallelism = tree.ok() && tree->Find("parallelism") != nullptr;
-  // An MoE job names its mesh (the `parallelism: auto` added below would be refused, on a line
-  // the user did not write); the plan still searches every mesh, ep included. Said first, before
-  // any calibration.
-  if (tree.ok() && WritesMoe(*tree) && !has_parallelism) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path,
-                     ": parallelism: a spec with model.moe names its mesh (dp, tp, pp, ep): "
-                     "its job cannot run `auto` yet"));
-  }
   const bool has_resources = tree.ok() && tree->Find("resources") != nullptr;
   // The planner chooses the mesh: a spec that names none is read as `parallelism: auto`, so that
   // its default single rank is not held against its resources.

@@ -142,30 +142,6 @@ TEST(FindMeshProblem, MoeNeedsCpuRanks) {
   EXPECT_FALSE(FindMeshProblem(Mesh(4, 1, 1), spec).has_value());
 }
 
-TEST(FindAutomaticMeshProblem, ThePlannerDoesNotChooseForMoe) {
-  JobSpec spec = MoeSpec(/*ffn=*/64);
-  EXPECT_FALSE(FindAutomaticMeshProblem(spec).has_value());  // an explicit mesh
-  spec.parallelism.automatic = true;
-  std::optional<SpecProblem> mesh = FindAutomaticMeshProblem(spec);
-  ASSERT_TRUE(mesh.has_value());
-  EXPECT_EQ(mesh->path, "parallelism");
-  EXPECT_EQ(
-      mesh->reason,
-      "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel degree "
-      "is not carried to the ranks): give parallelism dp, tp, pp and ep (`trainyard plan` ranks "
-      "them)");
-  spec.parallelism.automatic = false;
-  spec.parallelism.automatic_schedule = true;
-  std::optional<SpecProblem> schedule = FindAutomaticMeshProblem(spec);
-  ASSERT_TRUE(schedule.has_value());
-  EXPECT_EQ(schedule->path, "parallelism.schedule");
-  EXPECT_EQ(schedule->related, std::vector<std::string>{"model.moe"});
-  // A dense model's `auto` fields are the planner's.
-  spec.model.moe.experts = 0;
-  spec.parallelism.automatic = true;
-  EXPECT_FALSE(FindAutomaticMeshProblem(spec).has_value());
-}
-
 TEST(ResizedSpecTest, AnMoeMeshIsResizedByTheStaticRules) {
   JobSpec spec = MoeSpec(/*ffn=*/64);
   spec.resources.nodes = 2;

@@ -121,20 +121,6 @@ std::vector<BadSpec> MoeBadSpecs() {
       {"moe on GPUs", WithMoe("{experts: 4}", "resources: {kind: gpu}\n"), "4:8", "model.moe",
        "needs CPU ranks: the MoE layers have not run on a GPU yet (leave out model.moe, or write "
        "resources.kind: cpu)"},
-      {"moe with parallelism: auto",
-       WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: auto\n"), "6:14",
-       "parallelism",
-       "auto: a job with model.moe does not run on a chosen mesh yet (its expert-parallel degree "
-       "is not carried to the ranks): give parallelism dp, tp, pp and ep (`trainyard plan` ranks "
-       "them)"},
-      {"moe with schedule: auto",
-       WithMoe("{experts: 4}",
-               "resources: {devices_per_node: 2}\nparallelism: {pp: 2, "
-               "schedule: auto}\n"),
-       "6:32", "parallelism.schedule",
-       "auto: the planner does not choose schedules for model.moe yet: write the schedule (1f1b, "
-       "interleaved or "
-       "zero-bubble)"},
   };
 }
 

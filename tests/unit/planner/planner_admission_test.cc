@@ -93,9 +93,9 @@ TEST(PlannerAdmission, AMeshThatCannotFitIsRefusedWithItsFootprintAndOneThatFits
   EXPECT_TRUE(CheckMeshFits(spec, device, {}, "").ok());
 }
 
-// An MoE job's own mesh is checked, and the one the plan ranks first suggested as a mesh to
-// write (a job with model.moe cannot run `auto` yet).
-TEST(PlannerAdmission, AnMoeMeshIsCheckedAndTheBestOneSuggestedToWrite) {
+// An MoE job's own mesh is checked, and the one `auto` would choose suggested, expert
+// parallelism included.
+TEST(PlannerAdmission, AnMoeMeshIsCheckedAndTheBestOneSuggested) {
   config::JobSpec spec = Gpt2Debug(4);
   spec.model.moe = config::MoeConfig{.experts = 4, .top_k = 2, .ffn = 64};
   const int64_t need = Evaluate(spec, spec.parallelism, DeviceWith(1), {}).memory.total();
@@ -103,8 +103,7 @@ TEST(PlannerAdmission, AnMoeMeshIsCheckedAndTheBestOneSuggestedToWrite) {
   ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("does not fit in memory: dp 4 × tp 1 × pp 1, ZeRO-0"));
   EXPECT_THAT(refused.message(),
-              HasSubstr("per rank); write it in the spec's parallelism (a job with model.moe does "
-                        "not run `auto` yet): Chose "));
+              HasSubstr("per rank), and `parallelism: auto` would choose it: Chose "));
   EXPECT_TRUE(CheckMeshFits(spec, DeviceWith(need), {}, "node n1").ok());
 }
 

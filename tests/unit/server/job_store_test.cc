@@ -25,7 +25,7 @@ JobRecord MakeJob(int64_t seq) {
   job.requirements.nodes = 2;
   job.requirements.ranks_per_node = 4;
   job.requirements.kind = DeviceKind::kGpu;
-  job.requirements.mesh = Mesh{1, 4, 1, 1, "zero-bubble", 1, /*cp=*/2};
+  job.requirements.mesh = Mesh{1, 4, 1, 1, "zero-bubble", 1, /*cp=*/2, /*ep=*/1};
   job.requirements.max_restarts = 5;
   job.requirements.heartbeat_timeout = absl::Seconds(7);
   job.user = "ada";
@@ -39,7 +39,7 @@ AttemptRecord MakeAttempt(const std::string& job_id) {
   attempt.job_id = job_id;
   attempt.attempt_id = 1;
   attempt.state = AttemptState::kRunning;
-  attempt.mesh = Mesh{1, 1, 1, 0, "interleaved", 3, /*cp=*/2};
+  attempt.mesh = Mesh{1, 1, 1, 0, "interleaved", 3, /*cp=*/2, /*ep=*/1};
   attempt.created = absl::FromUnixSeconds(1001);
   attempt.running = absl::FromUnixSeconds(1002);
   for (int rank = 0; rank < 2; ++rank) {
@@ -517,6 +517,44 @@ TEST(JobStoreTest, MoeRoutingSurvivesReopen) {
   ASSERT_TRUE(state.ok()) << state.status();
   ASSERT_EQ(state->jobs[0].progress.moe.size(), 1u);
   EXPECT_EQ(state->jobs[0].progress.moe[0], TwoMoeLayers()[0]);
+}
+
+// Schema 10 had no expert-parallel degree: its jobs and attempts load with ep 0 (the spec's own),
+// and meshes stored after the migration keep theirs.
+TEST(JobStoreTest, SchemaTenDatabaseIsMigratedForExpertParallelism) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  job.requirements.mesh.ep = 2;  // dropped by the downgrade below
+  attempt.mesh.ep = 2;
+  ASSERT_NO_FATAL_FAILURE(
+      StoreThenDowngrade(path, job, attempt,
+                         "ALTER TABLE jobs DROP COLUMN ep; ALTER TABLE attempts DROP COLUMN ep; "
+                         "UPDATE meta SET value='10' WHERE key='schema_version'"));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 1u);
+  EXPECT_EQ(state->jobs[0].requirements.mesh.ep, 0);
+  EXPECT_EQ(state->jobs[0].requirements.mesh.cp, 2);
+  ASSERT_EQ(state->attempts.size(), 1u);
+  EXPECT_EQ(state->attempts[0].mesh.ep, 0);
+
+  JobRecord next = MakeJob(10);
+  next.requirements.mesh.ep = 4;
+  attempt.attempt_id = 2;
+  StoreBatch batch;
+  batch.new_jobs.push_back(&next);
+  batch.attempts.push_back(&attempt);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs.size(), 2u);
+  EXPECT_EQ(state->jobs[1].requirements.mesh.ep, 4);
+  ASSERT_EQ(state->attempts.size(), 2u);
+  EXPECT_EQ(state->attempts[1].mesh.ep, 2);
 }
 
 // Schema 7 had no MoE routing: its jobs load without any, and progress stored after the migration

@@ -30,6 +30,17 @@ TEST(RequirementsTest, CopiesThePlacementShape) {
   EXPECT_EQ(req->heartbeat_timeout, absl::Milliseconds(2500));
 }
 
+TEST(RequirementsTest, CarriesTheExpertParallelDegree) {
+  config::JobSpec spec = Spec(1, 4, 4, 1, 1);
+  spec.resources.kind = config::DeviceKind::kCpu;
+  spec.model.moe = config::MoeConfig{.experts = 4, .top_k = 2, .ffn = 64};
+  spec.parallelism.ep = 2;
+  auto req = RequirementsFromSpec(spec);
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->mesh.ep, 2);
+  EXPECT_EQ(req->world_size(), 4);  // drawn from dp: the world does not change
+}
+
 TEST(RequirementsTest, CarriesTheContextParallelDegreeIntoTheWorld) {
   config::JobSpec spec = Spec(2, 4, 2, 2, 1);
   spec.resources.kind = config::DeviceKind::kCpu;
