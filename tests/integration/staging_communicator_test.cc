@@ -1,7 +1,8 @@
 // The host-staging communicator over Gloo, with ranks as threads of this process (each its own
 // Gloo context over loopback TCP, meeting through a file rendezvous store). A host copier that
 // calls every buffer device memory drives every staging path: copies in and out, bf16 widened
-// to fp32 and rounded back. The Gloo communicator's batched all-gather is checked bare here too.
+// to fp32 and rounded back. The Gloo communicator's batched all-gather and its all-to-all are
+// checked bare here too.
 //
 // Inputs are small multiples of 1/4, so every sum is exact in fp32 and in bf16 and the expected
 // results are exact: any difference is a bug, not rounding. One case checks that bf16 sums are
@@ -442,6 +443,80 @@ TEST(GlooCommunicatorTest, AllGatherManyIsAbortedOrTimesOut) {
                     abort ? absl::StatusCode::kAborted : absl::StatusCode::kDeadlineExceeded)
               << pending;
           // Aborted: long before the 30 s timeout that any part's wait left pending would hit.
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+          checked.Raise();
+        },
+        /*all_device=*/false, milliseconds(abort ? 30000 : 2000), /*staged=*/false);
+  }
+}
+
+// Rank r sends (r + d) % 3 rows of width 2 to rank d (none for some pairs, its own rows left in
+// place), every peer's in flight at once: each receives exactly the rows meant for it, rank by
+// rank, and counts only the bytes that left it.
+TEST(GlooCommunicatorTest, AllToAllVDeliversUnevenRowsToEveryPeer) {
+  constexpr int kWorld = 3, kWidth = 2;
+  auto rows = [](int from, int to) { return int64_t{(from + to) % 3}; };
+  auto value = [](int from, int to, int64_t i) { return 100.0f * from + 10.0f * to + i; };
+  RunGroup(
+      kWorld,
+      [&](int rank, Communicator& comm) {
+        std::vector<int64_t> send(kWorld), recv(kWorld);
+        std::vector<float> in;
+        int64_t sent = 0;
+        for (int d = 0; d < kWorld; ++d) {
+          send[d] = rows(rank, d) * kWidth;
+          recv[d] = rows(d, rank) * kWidth;
+          for (int64_t i = 0; i < send[d]; ++i) in.push_back(value(rank, d, i));
+          if (d != rank) sent += send[d] * 4;
+        }
+        int64_t received = 0;
+        for (int64_t n : recv) received += n;
+        std::vector<float> out(received, -1.0f);
+        ASSERT_TRUE(comm.AllToAllV(in.data(), send, out.data(), recv, DType::kF32, 7).ok());
+        int64_t at = 0;
+        for (int s = 0; s < kWorld; ++s) {
+          for (int64_t i = 0; i < recv[s]; ++i, ++at) {
+            // Its own rows are the caller's to copy: left as they were.
+            const float want = s == rank ? -1.0f : value(s, rank, i);
+            ASSERT_EQ(out[at], want) << "rank " << rank << " from " << s << " row element " << i;
+          }
+        }
+        EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::kSendRecv), sent) << "rank " << rank;
+      },
+      /*all_device=*/false, milliseconds(30000), /*staged=*/false);
+}
+
+// The exchange waits on every peer's buffers: Abort reaches it while it is pending, and a peer
+// that never joins gives DEADLINE_EXCEEDED.
+TEST(GlooCommunicatorTest, AllToAllVIsAbortedOrTimesOut) {
+  for (bool abort : {true, false}) {
+    SCOPED_TRACE(abort ? "abort" : "timeout");
+    Flag checked;
+    RunGroup(
+        3,
+        [&](int rank, Communicator& comm) {
+          if (rank > 0) {  // connected, but never join the exchange
+            checked.Await();
+            return;
+          }
+          const std::vector<int64_t> counts = {4, 4, 4};
+          std::vector<float> in(12, 1.0f), out(12, 0.0f);
+          absl::Status pending = absl::UnknownError("not run");
+          std::atomic<int64_t> tid{0};
+          const auto start = std::chrono::steady_clock::now();
+          std::thread exchanger([&] {
+            tid = testenv::ThisThreadId();
+            pending = comm.AllToAllV(in.data(), counts, out.data(), counts, DType::kF32, 3);
+          });
+          while (tid.load() == 0) std::this_thread::yield();
+          if (abort) {
+            EXPECT_TRUE(testenv::WaitUntilBlocked(tid.load(), milliseconds(10000)));
+            comm.Abort();
+          }
+          exchanger.join();
+          EXPECT_EQ(pending.code(),
+                    abort ? absl::StatusCode::kAborted : absl::StatusCode::kDeadlineExceeded)
+              << pending;
           EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
           checked.Raise();
         },

@@ -160,6 +160,44 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // Every peer's rows in flight at once, as gloo::alltoallv posts them, but over buffers this
+  // communicator tracks, so that Abort() ends the wait (gloo::alltoallv's own are out of its
+  // reach); the rows this rank keeps are the caller's to copy, as in the base class.
+  absl::Status AllToAllV(const void* in, std::span<const int64_t> send_counts, void* out,
+                         std::span<const int64_t> recv_counts, DType dtype, uint32_t tag) override {
+    TY_RETURN_IF_ERROR(OnlyFloats(dtype));
+    const int n = size(), me = rank();
+    if (static_cast<int>(send_counts.size()) != n || static_cast<int>(recv_counts.size()) != n) {
+      return absl::InvalidArgumentError("all-to-all needs one count per rank");
+    }
+    return Guard("all-to-all", [&] {
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> owned;
+      Buffers sends, recvs;
+      char* from = static_cast<char*>(const_cast<void*>(in));
+      char* to = static_cast<char*>(out);
+      int64_t sent = 0;
+      for (int r = 0; r < n; ++r) {
+        const int64_t send_bytes = send_counts[r] * sizeof(float);
+        const int64_t recv_bytes = recv_counts[r] * sizeof(float);
+        if (r != me && recv_bytes > 0) {
+          owned.push_back(context_->createUnboundBuffer(to, recv_bytes));
+          owned.back()->recv(r, kPointToPointSlotBase + tag);
+          recvs.push_back(owned.back().get());
+        }
+        if (r != me && send_bytes > 0) {
+          owned.push_back(context_->createUnboundBuffer(from, send_bytes));
+          owned.back()->send(r, kPointToPointSlotBase + tag);
+          sends.push_back(owned.back().get());
+          sent += send_bytes;
+        }
+        from += send_bytes;
+        to += recv_bytes;
+      }
+      ExchangeWithAll("all-to-all", sends, recvs);
+      stats_.Add(CollectiveKind::kSendRecv, sent);
+    });
+  }
+
   bool StartsTransfers() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(const void* data, int64_t count,
@@ -355,6 +393,19 @@ class GlooCommunicator final : public Communicator {
     }
     {
       WaitRegistry::Scope wait = WaitFor(operation, Peer(to));
+      for (gloo::transport::UnboundBuffer* b : sends) b->waitSend(timeout_);
+    }
+    Untrack();
+  }
+
+  // Waits for every receive, then for every send, each with any member of the group.
+  void ExchangeWithAll(const char* operation, const Buffers& sends, const Buffers& recvs) {
+    Buffers all = recvs;
+    all.insert(all.end(), sends.begin(), sends.end());
+    Track(std::move(all));
+    {
+      WaitRegistry::Scope wait = WaitFor(operation, Others());
+      for (gloo::transport::UnboundBuffer* b : recvs) b->waitRecv(timeout_);
       for (gloo::transport::UnboundBuffer* b : sends) b->waitSend(timeout_);
     }
     Untrack();
