@@ -114,16 +114,21 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
 }
 
 // Expert parallelism's exposed seconds per micro-batch (ExpertParallelTraffic): nothing
-// computes beside the all-to-alls, each (ep − 1) pairwise exchanges of its share of the rows,
-// nor beside the counts' all-gather. The forward pass makes the all-gather and two all-to-alls
-// per MoE block, the backward two (and the forward's again under model.recompute).
-RingSeconds ExchangeExposure(const RankShape& s, const Link& link, const BackendShape& backend) {
-  const int ep = s.mesh.ep;
-  if (ep == 1 || s.moe_blocks() == 0) return {};
-  const double steps = (ep - 1) * link.alpha_seconds;
-  const double counts = steps + (ep - 1) * 4.0 * s.model.moe.experts / link.bytes_per_second;
-  const double exchange = steps + static_cast<double>(ExchangedRows(s)) * s.model.width *
-                                      backend.act_bytes / link.bytes_per_second;
+// computes beside the all-to-alls (each (ep − 1) pairwise exchanges of its share of the rows) nor
+// beside the counts' all-gather, and every one of them waits for the slowest peer, as any exposed
+// collective does (`costs`, the tensor-parallel ones'). The forward pass makes the all-gather and
+// two all-to-alls per MoE block, the backward two (and the forward's again under
+// model.recompute).
+RingSeconds ExchangeExposure(const RankShape& s, const Link& link, const LatencyCosts& costs,
+                             const BackendShape& backend) {
+  if (s.mesh.ep == 1 || s.moe_blocks() == 0) return {};
+  double counts = 0, exchange = 0;  // one of each
+  for (const Collective& c : ExpertParallelTraffic(s, backend)) {
+    if (c.step_end) continue;  // the experts' share of the norm: the step's end, not a pass
+    Collective one = c;
+    one.repeat = 1;
+    (c.kind == CollectiveKind::kAllGather ? counts : exchange) = TimeOf({one}, link, costs).all();
+  }
   const double forward = counts + 2 * exchange, blocks = s.moe_blocks();
   return {.forward = blocks * forward,
           .backward = blocks * (2 * exchange + (s.model.recompute ? forward : 0.0))};
@@ -185,13 +190,17 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.ring = RingExposure(s, device, crosses.cp ? device.inter_node : device.intra_node, backend);
   t.cp = s.micro_batches * (t.ring.forward + t.ring.backward);
   t.bytes_ep = TotalBytes(ExpertParallelTraffic(s, backend));
-  t.exchange = ExchangeExposure(s, crosses.ep ? device.inter_node : device.intra_node, backend);
-  t.ep = s.micro_batches * (t.exchange.forward + t.exchange.backward);
+
   const double idle = device.idle_alpha_seconds > 0 ? device.idle_alpha_seconds : -1;
   const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
                              .sync_skew = device.sync_skew_seconds,
                              .step_end = idle};
   t.tp = TimeOf(tp, device.intra_node, in_step).all();
+  const Link& ep_link = crosses.ep ? device.inter_node : device.intra_node;
+  t.exchange = ExchangeExposure(
+      s, ep_link, {.message = ep_link.alpha_seconds, .sync_skew = device.sync_skew_seconds},
+      backend);
+  t.ep = s.micro_batches * (t.exchange.forward + t.exchange.backward);
   const Link& pp_link = pp_crosses ? device.inter_node : device.intra_node;
   t.pp = TimeOf(pp, pp_link,
                 {.message = pp_link.alpha_seconds,
