@@ -72,8 +72,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 131);
     for (size_t at = 0; at < bytes; at += block.size()) {
       if (::write(fd, block.data(), std::min(block.size(), bytes - at)) < 0) {
+        std::fprintf(stderr, "trainyard-bench-host-pages: writing %s failed\n", path.c_str());
+        ::close(fd);
         ::unlink(path.c_str());
-        return Usage("write failed");
+        return 1;
       }
     }
   }
@@ -90,7 +92,11 @@ int main(int argc, char** argv) {
       owned = trainyard::AllocateHostMemory(bytes, 64);
     } else {
       owned.reset(std::aligned_alloc(4096, bytes));
-      if (owned == nullptr) return Usage("out of memory");
+      if (owned == nullptr) {
+        std::fprintf(stderr, "trainyard-bench-host-pages: out of memory\n");
+        rc = 1;
+        break;
+      }
       std::memset(owned.get(), 0, bytes);
     }
     std::printf("| %s |", huge ? "huge pages (AllocateHostMemory)" : "4 KiB pages (memset)");

@@ -113,17 +113,18 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
           .backward = blocks * (backward + (s.model.recompute ? forward : 0.0))};
 }
 
-// Expert parallelism's exposed seconds per micro-batch (ExpertParallelTraffic): nothing
+// Expert parallelism's exposed seconds per micro-batch, from its `traffic`
+// (ExpertParallelTraffic): nothing
 // computes beside the all-to-alls (each (ep − 1) pairwise exchanges of its share of the rows) nor
 // beside the counts' all-gather, and every one of them waits for the slowest peer, as any exposed
 // collective does (`costs`, the tensor-parallel ones'). The forward pass makes the all-gather and
 // two all-to-alls per MoE block, the backward two (and the forward's again under
 // model.recompute).
-RingSeconds ExchangeExposure(const RankShape& s, const Link& link, const LatencyCosts& costs,
-                             const BackendShape& backend) {
+RingSeconds ExchangeExposure(const RankShape& s, const std::vector<Collective>& traffic,
+                             const Link& link, const LatencyCosts& costs) {
   if (s.mesh.ep == 1 || s.moe_blocks() == 0) return {};
   double counts = 0, exchange = 0;  // one of each
-  for (const Collective& c : ExpertParallelTraffic(s, backend)) {
+  for (const Collective& c : traffic) {
     if (c.step_end) continue;  // the experts' share of the norm: the step's end, not a pass
     Collective one = c;
     one.repeat = 1;
@@ -189,8 +190,8 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.bytes_cp = TotalBytes(ContextParallelTraffic(s, backend));
   t.ring = RingExposure(s, device, crosses.cp ? device.inter_node : device.intra_node, backend);
   t.cp = s.micro_batches * (t.ring.forward + t.ring.backward);
-  t.bytes_ep = TotalBytes(ExpertParallelTraffic(s, backend));
-
+  const std::vector<Collective> ep = ExpertParallelTraffic(s, backend);
+  t.bytes_ep = TotalBytes(ep);
   const double idle = device.idle_alpha_seconds > 0 ? device.idle_alpha_seconds : -1;
   const LatencyCosts in_step{.message = device.intra_node.alpha_seconds,
                              .sync_skew = device.sync_skew_seconds,
@@ -198,8 +199,7 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
   t.tp = TimeOf(tp, device.intra_node, in_step).all();
   const Link& ep_link = crosses.ep ? device.inter_node : device.intra_node;
   t.exchange = ExchangeExposure(
-      s, ep_link, {.message = ep_link.alpha_seconds, .sync_skew = device.sync_skew_seconds},
-      backend);
+      s, ep, ep_link, {.message = ep_link.alpha_seconds, .sync_skew = device.sync_skew_seconds});
   t.ep = s.micro_batches * (t.exchange.forward + t.exchange.backward);
   const Link& pp_link = pp_crosses ? device.inter_node : device.intra_node;
   t.pp = TimeOf(pp, pp_link,
@@ -381,6 +381,32 @@ std::vector<int> ExpertParallelDegrees(const config::JobSpec& spec, int dp) {
   return degrees;
 }
 
+namespace {
+
+// Every mesh of one dp × cp × tp × pp split: each ep of ExpertParallelDegrees (1 first: experts
+// split over ranks only where that is predicted faster), each ZeRO stage (sharding over the data-
+// and context-parallel ranks together), each schedule of ScheduleOptions.
+void AddSplit(const config::JobSpec& spec, int dp, int cp, int tp, int pp,
+              std::vector<config::ParallelismSpec>& meshes) {
+  for (int ep : ExpertParallelDegrees(spec, dp)) {
+    for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
+      const config::ParallelismSpec mesh{
+          .dp = dp,
+          .tp = tp,
+          .pp = pp,
+          .zero = zero,
+          .sequence_parallel = spec.parallelism.sequence_parallel && tp > 1,
+          .cp = cp,
+          .ep = ep};
+      for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
+        meshes.push_back(option);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
   std::vector<config::ParallelismSpec> meshes;
   const int world = spec.resources.world_size();
@@ -390,25 +416,7 @@ std::vector<config::ParallelismSpec> ValidMeshes(const config::JobSpec& spec) {
     for (int tp = 1; tp <= rest; ++tp) {
       if (rest % tp != 0) continue;
       for (int pp = 1; pp <= rest / tp; ++pp) {
-        if ((rest / tp) % pp != 0) continue;
-        const int dp = rest / tp / pp;
-        // ep 1 first too: experts split over ranks only where that is predicted faster.
-        for (int ep : ExpertParallelDegrees(spec, dp)) {
-          // ZeRO shards over the data- and context-parallel ranks together.
-          for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
-            config::ParallelismSpec mesh;
-            mesh.dp = dp;
-            mesh.cp = cp;
-            mesh.tp = tp;
-            mesh.pp = pp;
-            mesh.ep = ep;
-            mesh.zero = zero;
-            mesh.sequence_parallel = spec.parallelism.sequence_parallel && tp > 1;
-            for (const config::ParallelismSpec& option : ScheduleOptions(mesh, spec)) {
-              meshes.push_back(option);
-            }
-          }
-        }
+        if ((rest / tp) % pp == 0) AddSplit(spec, rest / tp / pp, cp, tp, pp, meshes);
       }
     }
   }

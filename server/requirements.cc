@@ -17,19 +17,23 @@ CheckpointSettings CheckpointSettingsFromSpec(const config::CheckpointSpec& spec
   return policy;
 }
 
+Mesh MeshOf(const config::ParallelismSpec& p) {
+  return Mesh{.dp = p.dp,
+              .tp = p.tp,
+              .pp = p.pp,
+              .zero_stage = p.zero,
+              .schedule = config::ScheduleName(p.schedule),
+              .virtual_stages = p.virtual_stages,
+              .cp = p.cp,
+              .ep = p.ep};
+}
+
 absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec) {
   JobRequirements req;
   req.nodes = spec.resources.nodes;
   req.ranks_per_node = spec.resources.devices_per_node;
   req.kind = spec.resources.kind == config::DeviceKind::kGpu ? DeviceKind::kGpu : DeviceKind::kCpu;
-  req.mesh.dp = spec.parallelism.dp;
-  req.mesh.tp = spec.parallelism.tp;
-  req.mesh.pp = spec.parallelism.pp;
-  req.mesh.zero_stage = spec.parallelism.zero;
-  req.mesh.schedule = config::ScheduleName(spec.parallelism.schedule);
-  req.mesh.virtual_stages = spec.parallelism.virtual_stages;
-  req.mesh.cp = spec.parallelism.cp;
-  req.mesh.ep = spec.parallelism.ep;
+  req.mesh = MeshOf(spec.parallelism);
   req.max_restarts = spec.fault_tolerance.max_restarts;
   req.heartbeat_timeout = absl::Seconds(spec.fault_tolerance.heartbeat_timeout_s);
   req.checkpoint = CheckpointSettingsFromSpec(spec.checkpoint);

@@ -16,6 +16,9 @@ namespace trainyard::server {
 // (tp consecutive ranks) must fit inside one node.
 [[nodiscard]] absl::StatusOr<JobRequirements> RequirementsFromSpec(const config::JobSpec& spec);
 
+// The mesh the coordinator stores and hands to the ranks for `parallelism` (its schedule by name).
+Mesh MeshOf(const config::ParallelismSpec& parallelism);
+
 // The checkpoint section as the coordinator shows it: `every_steps: auto` becomes the fixed
 // interval the workers use for it (config::kAutoCheckpointEverySteps) with interval_auto set.
 // Without a checkpoint dir: an empty dir, interval 0 and keep 0.

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "config/mesh.h"
 #include "server/mesh_advisor.h"
+#include "server/requirements.h"
 #include "server/supervisor.h"
 
 namespace trainyard::server {
@@ -128,12 +129,9 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
     for (int nodes = spec->resources.nodes - 1; nodes >= spec->min_nodes(); --nodes) {
       std::optional<config::JobSpec> resized = config::ResizedSpec(*spec, nodes);
       if (!resized) continue;
-      const config::ParallelismSpec& p = resized->parallelism;
-      entry.smaller_shapes.push_back(
-          JobShape{nodes,
-                   Mesh{p.dp, p.tp, p.pp, p.zero, config::ScheduleName(p.schedule),
-                        p.virtual_stages, p.cp, p.ep},
-                   accumulation(*resized), RankMemoryNeed(*resized, cpu_profile_)});
+      entry.smaller_shapes.push_back(JobShape{nodes, MeshOf(resized->parallelism),
+                                              accumulation(*resized),
+                                              RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
   // Restart counts from the stored attempts: every classified failure followed by an attempt.

@@ -424,12 +424,11 @@ absl::Status RankTrainer::Restore() {
   }
   result_.restore_began_ns = start;
   result_.restore_ended_ns = clock_.NowNanosMonotonic();
-  result_.restore_seconds = (result_.restore_ended_ns - start) / 1e9;
   if (rank_.rank == 0 && options_.on_resumed) {
     options_.on_resumed(ResumeInfo{.step = state_.step,
                                    .from = from.value_or(""),
                                    .from_memory = from_memory,
-                                   .restore_seconds = result_.restore_seconds});
+                                   .restore_seconds = result_.restore_seconds()});
   }
   if (from) {
     result_.first_step = state_.step;
@@ -437,7 +436,7 @@ absl::Status RankTrainer::Restore() {
     result_.resumed_loss = state_.last_loss;
     if (out_) {
       *out_ << absl::StrFormat("resumed from step %d: %s (restored in %.2f s)\n", state_.step,
-                               *from, result_.restore_seconds)
+                               *from, result_.restore_seconds())
             << std::flush;
     }
   }

@@ -143,14 +143,15 @@ struct SamplePoint {
 };
 
 struct TrainResult {
-  int64_t first_step = 0;        // the step training resumed from (0: from scratch)
-  std::string resumed_from;      // the checkpoint it resumed from, if any
-  double resumed_loss = 0.0;     // the loss of the step it resumed from
-  bool drained = false;          // stopped early by stop_requested (after a checkpoint)
-  double restore_seconds = 0.0;  // choosing, verifying and loading the checkpoint
-  // When this rank's restore began and ended (Clock::NowNanosMonotonic): its restore_seconds
-  // include waiting for peers still starting up, which ranks sharing one clock can take out.
+  int64_t first_step = 0;     // the step training resumed from (0: from scratch)
+  std::string resumed_from;   // the checkpoint it resumed from, if any
+  double resumed_loss = 0.0;  // the loss of the step it resumed from
+  bool drained = false;       // stopped early by stop_requested (after a checkpoint)
+  // When this rank's restore (choosing, verifying and loading the checkpoint) began and ended
+  // (Clock::NowNanosMonotonic). Its seconds include waiting for peers still starting up, which
+  // ranks sharing one clock can take out (the last start to the last end).
   int64_t restore_began_ns = 0, restore_ended_ns = 0;
+  double restore_seconds() const { return (restore_ended_ns - restore_began_ns) / 1e9; }
   std::vector<double> train_losses;  // mean loss of every optimizer step this run took
   std::vector<double> grad_norms;    // the global gradient norm of each, before clipping
   std::vector<double> step_seconds;  // wall time of every optimizer step
