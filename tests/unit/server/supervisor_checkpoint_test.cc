@@ -116,7 +116,9 @@ TEST_F(SupervisorCheckpointTest, CheckpointRecordsAreStoredAndAnnouncedOnceAndSu
   EXPECT_EQ(view.job.last_checkpoint.path, "ckpt/run/step-2");
   EXPECT_EQ(view.job.last_checkpoint.bytes, int64_t{3} << 20);
 
-  const JobMetrics* metrics = MetricsOf(supervisor_->Metrics(), id);
+  // The snapshot outlives the pointers into it.
+  MetricsSnapshot snapshot = supervisor_->Metrics();
+  const JobMetrics* metrics = MetricsOf(snapshot, id);
   ASSERT_NE(metrics, nullptr);
   EXPECT_TRUE(metrics->checkpointing);
   EXPECT_EQ(metrics->checkpoints.write_seconds.count(), 1u);  // the repeats were not observed
@@ -137,7 +139,8 @@ TEST_F(SupervisorCheckpointTest, CheckpointRecordsAreStoredAndAnnouncedOnceAndSu
   Agent back = Connect("node-a", 2, {RunningWorker{id, 1, 0, 1000}, RunningWorker{id, 1, 1, 1001}});
   ASSERT_TRUE(Report(id, 1, 0, 6, {Save(4, CheckpointState::kFailed, "disk full\nENOSPC")}).ok());
   EXPECT_EQ(CheckpointCauses(id).size(), 2u);
-  metrics = MetricsOf(supervisor_->Metrics(), id);
+  snapshot = supervisor_->Metrics();
+  metrics = MetricsOf(snapshot, id);
   ASSERT_NE(metrics, nullptr);
   EXPECT_EQ(metrics->checkpoints.blocked_seconds.count(), 0u);
   EXPECT_EQ(metrics->checkpoints.failures, 0);
