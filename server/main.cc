@@ -21,9 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -32,6 +33,34 @@
 #if TRAINYARD_SERVER_WITH_AGENT
 #include "server/agent/agent.h"
 #endif
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address of the CLI's service");
+ABSL_FLAG(std::string, cluster_listen, "", "the agents' and workers' gRPC address");
+ABSL_FLAG(std::string, state_dir, "trainyard-state", "jobs, events and node records");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics (off: none)");
+ABSL_FLAG(bool, local_agent, true, "run an agent in this process (--no-local-agent: none)");
+ABSL_FLAG(int, agent_slots, 0, "CPU slots of the local agent");
+ABSL_FLAG(std::string, agent_node_id, "", "node id of the local agent");
+ABSL_FLAG(std::string, worker_binary, "", "trainyard-worker for the local agent");
+ABSL_FLAG(trainyard::FlagList, agent_pass_env, {}, "a variable the local agent passes on");
+ABSL_FLAG(std::string, agent_memory_tier_dir, "", "the local agent's memory tier");
+ABSL_FLAG(int64_t, agent_memory_tier_mb, -1, "its budget in MiB (0: none)");
+ABSL_FLAG(std::string, advertise_address, "", "address workers reach the coordinator at");
+ABSL_FLAG(std::string, tls_cert, "", "serve TLS: the certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "serve TLS: its key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, "", "require client certificates this CA signed");
+ABSL_FLAG(std::string, tokens, "", "the token file");
+ABSL_FLAG(double, stop_grace, 10, "SIGTERM-to-SIGKILL grace, seconds");
+ABSL_FLAG(double, heartbeat_timeout, 10, "close a silent agent's stream after, seconds");
+ABSL_FLAG(double, node_mtbf_hours, 5000, "prior mean time between failures of one node");
+ABSL_FLAG(int, quarantine_failures, 3, "cordon a node after this many failures (0: never)");
+ABSL_FLAG(double, quarantine_window, 600, "the window of those failures, seconds");
+ABSL_FLAG(double, quarantine_cooldown, 1800, "how long a cordon lasts, seconds");
+ABSL_FLAG(int, max_streams_per_user, 64, "open watch and logs streams per user");
+ABSL_FLAG(int, max_queued_jobs_per_user, 256, "queued jobs per user");
+ABSL_FLAG(trainyard::FlagList, data_root, {}, "confine data paths beneath this directory");
+ABSL_FLAG(trainyard::FlagList, checkpoint_root, {}, "confine checkpoint dirs beneath this one");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace trainyard::server {
 namespace {
@@ -86,148 +115,140 @@ struct Flags {
   std::string worker_binary;
 };
 
-absl::Status ParseSeconds(const std::string& flag, const std::string& text, absl::Duration* out) {
-  double seconds = 0;
-  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
+// Seconds in (0, 86400] of the flag `name`, when given.
+absl::Status ReadSeconds(const CommandLine& line, const std::string& name,
+                         const absl::Flag<double>& flag, absl::Duration* out) {
+  if (!line.Has(name)) return absl::OkStatus();
+  const double seconds = absl::GetFlag(flag);
+  if (!(seconds > 0) || seconds > 86400) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected seconds in (0, 86400], got '", text, "'"));
+        absl::StrCat("--", name, ": expected seconds in (0, 86400], got ", seconds));
   }
   *out = absl::Seconds(seconds);
   return absl::OkStatus();
 }
 
-// The memory tier's budget: a whole number of MiB, 0 meaning none.
-absl::Status ParseMemoryTierMib(const std::string& flag, const std::string& text, int64_t* out) {
-  if (!absl::SimpleAtoi(text, out) || *out < 0) {
+// A per-user limit: 1 to 1,000,000, when given.
+absl::Status ReadLimit(const CommandLine& line, const std::string& name,
+                       const absl::Flag<int>& flag, int* out) {
+  if (!line.Has(name)) return absl::OkStatus();
+  *out = absl::GetFlag(flag);
+  if (*out < 1 || *out > 1000000) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected a whole number of MiB (0: no tier), got '", text, "'"));
+        absl::StrCat("--", name, ": expected 1 to 1000000, got ", *out));
   }
   return absl::OkStatus();
 }
 
-// A per-user limit: 1 to 1,000,000.
-absl::Status ParseLimit(const std::string& flag, const std::string& text, int* out) {
-  if (!absl::SimpleAtoi(text, out) || *out < 1 || *out > 1000000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected 1 to 1000000, got '", text, "'"));
-  }
-  return absl::OkStatus();
-}
+constexpr std::string_view kFlags[] = {"listen",
+                                       "cluster-listen",
+                                       "state-dir",
+                                       "metrics-listen",
+                                       "local-agent",
+                                       "agent-slots",
+                                       "agent-node-id",
+                                       "worker-binary",
+                                       "agent-pass-env",
+                                       "agent-memory-tier-dir",
+                                       "agent-memory-tier-mb",
+                                       "advertise-address",
+                                       "tls-cert",
+                                       "tls-key",
+                                       "tls-client-ca",
+                                       "tokens",
+                                       "stop-grace",
+                                       "heartbeat-timeout",
+                                       "node-mtbf-hours",
+                                       "quarantine-failures",
+                                       "quarantine-window",
+                                       "quarantine-cooldown",
+                                       "max-streams-per-user",
+                                       "max-queued-jobs-per-user",
+                                       "data-root",
+                                       "checkpoint-root",
+                                       "log-level"};
 
-// The flags of TLS, authentication, limits and path confinement; false when `arg` is another.
-absl::StatusOr<bool> ParseSecurityFlag(const std::string& arg,
-                                       const std::function<absl::StatusOr<std::string>()>& value,
-                                       CoordinatorOptions& c) {
-  std::string* file = arg == "--tls-cert"        ? &c.tls_cert_file
-                      : arg == "--tls-key"       ? &c.tls_key_file
-                      : arg == "--tls-client-ca" ? &c.tls_client_ca_file
-                      : arg == "--tokens"        ? &c.tokens_file
-                                                 : nullptr;
-  if (file != nullptr) {
-    TY_ASSIGN_OR_RETURN(*file, value());
-  } else if (arg == "--max-streams-per-user" || arg == "--max-queued-jobs-per-user") {
-    TY_ASSIGN_OR_RETURN(std::string text, value());
-    TY_RETURN_IF_ERROR(ParseLimit(
-        arg, text,
-        arg == "--max-streams-per-user" ? &c.max_streams_per_user : &c.max_queued_jobs_per_user));
-  } else if (arg == "--data-root" || arg == "--checkpoint-root") {
-    TY_ASSIGN_OR_RETURN(std::string dir, value());
-    (arg == "--data-root" ? c.allowed_data_roots : c.allowed_checkpoint_roots).push_back(dir);
-  } else {
-    return false;
+// The coordinator's own options: where it listens and keeps state, TLS, authentication, limits
+// and path confinement, and its failure policies.
+absl::Status ReadCoordinatorFlags(const CommandLine& line, CoordinatorOptions& c) {
+  if (line.Has("listen")) c.listen = absl::GetFlag(FLAGS_listen);
+  c.cluster_listen = absl::GetFlag(FLAGS_cluster_listen);
+  if (line.Has("state-dir")) c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (line.Has("metrics-listen")) {
+    c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+    if (c.metrics_listen == "off") c.metrics_listen.clear();
   }
-  return true;
+  c.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  c.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  c.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  c.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  c.tokens_file = absl::GetFlag(FLAGS_tokens);
+  c.allowed_data_roots = absl::GetFlag(FLAGS_data_root).values;
+  c.allowed_checkpoint_roots = absl::GetFlag(FLAGS_checkpoint_root).values;
+  TY_RETURN_IF_ERROR(
+      ReadLimit(line, "max-streams-per-user", FLAGS_max_streams_per_user, &c.max_streams_per_user));
+  TY_RETURN_IF_ERROR(ReadLimit(line, "max-queued-jobs-per-user", FLAGS_max_queued_jobs_per_user,
+                               &c.max_queued_jobs_per_user));
+  TY_RETURN_IF_ERROR(ReadSeconds(line, "stop-grace", FLAGS_stop_grace, &c.stop_grace));
+  TY_RETURN_IF_ERROR(
+      ReadSeconds(line, "heartbeat-timeout", FLAGS_heartbeat_timeout, &c.heartbeat_timeout));
+  if (line.Has("node-mtbf-hours")) {
+    const double hours = absl::GetFlag(FLAGS_node_mtbf_hours);
+    if (!(hours > 0 && hours <= 1e7)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--node-mtbf-hours: expected hours in (0, 1e7], got ", hours));
+    }
+    c.node_mtbf = absl::Hours(hours);
+  }
+  if (line.Has("quarantine-failures")) {
+    c.quarantine.failures = absl::GetFlag(FLAGS_quarantine_failures);
+    if (c.quarantine.failures < 0 || c.quarantine.failures > 1000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--quarantine-failures: expected 0 to 1000, got ", c.quarantine.failures));
+    }
+  }
+  TY_RETURN_IF_ERROR(
+      ReadSeconds(line, "quarantine-window", FLAGS_quarantine_window, &c.quarantine.window));
+  return ReadSeconds(line, "quarantine-cooldown", FLAGS_quarantine_cooldown,
+                     &c.quarantine.cooldown);
 }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
+  if (line.help) {
+    std::cout << kUsage << std::endl;
+    std::exit(0);
+  }
+  if (!line.positionals.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
+  }
   Flags flags;
-  flags.coordinator.state_dir = "trainyard-state";
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string inline_value;
-    bool has_inline = false;
-    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_inline = true;
+  TY_RETURN_IF_ERROR(ReadCoordinatorFlags(line, flags.coordinator));
+  flags.listen_given = line.Has("listen");
+  flags.local_agent = absl::GetFlag(FLAGS_local_agent);
+  if (line.Has("agent-slots")) {
+    flags.agent_slots = absl::GetFlag(FLAGS_agent_slots);
+    if (flags.agent_slots < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--agent-slots: expected a positive integer, got ", flags.agent_slots));
     }
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (has_inline) return inline_value;
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    CoordinatorOptions& c = flags.coordinator;
-    TY_ASSIGN_OR_RETURN(const bool security, ParseSecurityFlag(arg, value, c));
-    if (security) continue;
-    if (arg == "--listen") {
-      TY_ASSIGN_OR_RETURN(c.listen, value());
-      flags.listen_given = true;
-    } else if (arg == "--cluster-listen") {
-      TY_ASSIGN_OR_RETURN(c.cluster_listen, value());
-    } else if (arg == "--state-dir") {
-      TY_ASSIGN_OR_RETURN(c.state_dir, value());
-    } else if (arg == "--metrics-listen") {
-      TY_ASSIGN_OR_RETURN(c.metrics_listen, value());
-      if (c.metrics_listen == "off") c.metrics_listen.clear();
-    } else if (arg == "--no-local-agent") {
-      flags.local_agent = false;
-    } else if (arg == "--agent-slots") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      if (!absl::SimpleAtoi(text, &flags.agent_slots) || flags.agent_slots < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--agent-slots: expected a positive integer, got '", text, "'"));
-      }
-    } else if (arg == "--agent-node-id") {
-      TY_ASSIGN_OR_RETURN(flags.agent_node_id, value());
-    } else if (arg == "--worker-binary") {
-      TY_ASSIGN_OR_RETURN(flags.worker_binary, value());
-    } else if (arg == "--agent-pass-env") {
-      TY_ASSIGN_OR_RETURN(std::string pattern, value());
-      flags.agent_pass_env.push_back(std::move(pattern));
-    } else if (arg == "--agent-memory-tier-dir") {
-      TY_ASSIGN_OR_RETURN(flags.agent_memory_tier_dir, value());
-    } else if (arg == "--agent-memory-tier-mb") {
-      TY_ASSIGN_OR_RETURN(const std::string text, value());
-      TY_RETURN_IF_ERROR(ParseMemoryTierMib(arg, text, &flags.agent_memory_tier_mb));
-    } else if (arg == "--advertise-address") {
-      TY_ASSIGN_OR_RETURN(c.advertise_address, value());
-    } else if (arg == "--stop-grace") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.stop_grace));
-    } else if (arg == "--heartbeat-timeout") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.heartbeat_timeout));
-    } else if (arg == "--node-mtbf-hours") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      double hours = 0;
-      if (!absl::SimpleAtod(text, &hours) || !(hours > 0 && hours <= 1e7)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, ": expected hours in (0, 1e7], got '", text, "'"));
-      }
-      c.node_mtbf = absl::Hours(hours);
-    } else if (arg == "--quarantine-failures") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      if (!absl::SimpleAtoi(text, &c.quarantine.failures) || c.quarantine.failures < 0 ||
-          c.quarantine.failures > 1000) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, ": expected 0 to 1000, got '", text, "'"));
-      }
-    } else if (arg == "--quarantine-window") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.quarantine.window));
-    } else if (arg == "--quarantine-cooldown") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      TY_RETURN_IF_ERROR(ParseSeconds(arg, text, &c.quarantine.cooldown));
-    } else if (arg == "--log-level") {
-      TY_ASSIGN_OR_RETURN(std::string text, value());
-      TY_ASSIGN_OR_RETURN(LogLevel level, ParseLogLevel(text));
-      SetMinLogLevel(level);
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << std::endl;
-      std::exit(0);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+  }
+  flags.agent_node_id = absl::GetFlag(FLAGS_agent_node_id);
+  flags.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  flags.agent_pass_env = absl::GetFlag(FLAGS_agent_pass_env).values;
+  flags.agent_memory_tier_dir = absl::GetFlag(FLAGS_agent_memory_tier_dir);
+  if (line.Has("agent-memory-tier-mb")) {
+    flags.agent_memory_tier_mb = absl::GetFlag(FLAGS_agent_memory_tier_mb);
+    if (flags.agent_memory_tier_mb < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--agent-memory-tier-mb: expected a whole number of MiB (0: no tier), got ",
+                       flags.agent_memory_tier_mb));
     }
+  }
+  if (line.Has("log-level")) {
+    TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+    SetMinLogLevel(level);
   }
   return flags;
 }

@@ -8,12 +8,20 @@
 #include <cerrno>
 #include <map>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/filesystem.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "server/auth.h"
+
+// `token add`'s flags; each is checked as written, below.
+ABSL_FLAG(std::string, role, "user", "the token's role: user, admin or agent");
+ABSL_FLAG(std::string, nodes, "", "an agent token's node ids (a glob)");
+ABSL_FLAG(std::string, expires_in, "", "the token's lifetime (\"30d\")");
+ABSL_FLAG(std::string, certificate, "", "a client certificate's common name for the user");
 
 namespace trainyard::server {
 namespace {
@@ -31,23 +39,13 @@ struct TokenLine {
 };
 
 absl::StatusOr<TokenLine> Parse(const std::vector<std::string>& args) {
+  // --tokens and --state-dir are the server's own flags (main.cc), read here as written.
+  constexpr std::string_view kFlags[] = {"role",        "nodes",  "expires-in",
+                                         "certificate", "tokens", "state-dir"};
+  TY_ASSIGN_OR_RETURN(const CommandLine parsed, ParseCommandLine(args, kFlags, "token"));
   TokenLine line;
-  std::vector<std::string> positional;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0) {
-      positional.push_back(arg);
-      continue;
-    }
-    const std::string name = arg.substr(2);
-    if (name != "role" && name != "nodes" && name != "expires-in" && name != "certificate" &&
-        name != "tokens" && name != "state-dir") {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
-    }
-    if (i + 1 >= args.size())
-      return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-    line.flags[name] = args[++i];
-  }
+  for (const auto& [name, values] : parsed.values) line.flags[name] = values.back();
+  const std::vector<std::string>& positional = parsed.positionals;
   if (positional.empty()) return absl::InvalidArgumentError("missing the command");
   line.command = positional[0];
   const bool needs_user = line.command == "add" || line.command == "revoke";
@@ -169,6 +167,11 @@ absl::Status Apply(const TokenLine& line, const std::string& path, std::ostream&
 }  // namespace
 
 absl::Status RunTokenCommand(const std::vector<std::string>& args, std::ostream& out) {
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    out << kUsage << "\n";
+    return absl::OkStatus();
+  }
   absl::StatusOr<TokenLine> line = Parse(args);
   if (!line.ok()) return Annotate(line.status(), kUsage);
   std::string path;

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -31,6 +33,7 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/convert/init_from.h"
+#include "worker/flags.h"
 #include "worker/grpc_kv_store.h"
 #include "worker/grpc_memory_tier.h"
 #include "worker/hang_watchdog.h"
@@ -210,54 +213,47 @@ v1::Checkpoint CheckpointRecord(const checkpoint::SaveOutcome& outcome, int atte
 
 bool IsCoordinatedInvocation(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--coordinator") return true;
+    const std::string arg = argv[i];
+    if (arg == "--coordinator" || arg.rfind("--coordinator=", 0) == 0) return true;
   }
   return false;
 }
 
 absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv) {
+  constexpr std::string_view kFlags[] = {
+      "coordinator", "job", "attempt", "rank", "threads", "join-timeout-s", "collective-timeout-s"};
   CoordinatedOptions options;
   auto parse = [&]() -> absl::Status {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> absl::StatusOr<std::string> {
-        if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-        return std::string(argv[++i]);
-      };
-      auto integer = [&](int* out, int min) -> absl::Status {
-        TY_ASSIGN_OR_RETURN(const std::string v, value());
-        if (!absl::SimpleAtoi(v, out) || *out < min) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(arg, " must be an integer >= ", min, ", got '", v, "'"));
-        }
-        return absl::OkStatus();
-      };
-      if (arg == "--coordinator") {
-        TY_ASSIGN_OR_RETURN(options.coordinator, value());
-      } else if (arg == "--job") {
-        TY_ASSIGN_OR_RETURN(options.job_id, value());
-      } else if (arg == "--attempt") {
-        TY_RETURN_IF_ERROR(integer(&options.attempt_id, 1));
-      } else if (arg == "--rank") {
-        TY_RETURN_IF_ERROR(integer(&options.rank, 0));
-      } else if (arg == "--threads") {
-        TY_RETURN_IF_ERROR(integer(&options.threads, 1));
-      } else if (arg == "--join-timeout-s") {
-        int seconds = 0;
-        TY_RETURN_IF_ERROR(integer(&seconds, 1));
-        options.join_timeout = absl::Seconds(seconds);
-      } else if (arg == "--collective-timeout-s") {
-        int seconds = 0;
-        TY_RETURN_IF_ERROR(integer(&seconds, 1));
-        options.collective_timeout = absl::Seconds(seconds);
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
-      }
+    TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
+    if (!line.positionals.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", line.positionals[0], "'"));
     }
-    if (options.coordinator.empty() || options.job_id.empty() || options.attempt_id < 1 ||
-        options.rank < 0) {
+    options.coordinator = absl::GetFlag(FLAGS_coordinator);
+    options.job_id = absl::GetFlag(FLAGS_job);
+    options.attempt_id = absl::GetFlag(FLAGS_attempt);
+    options.rank = absl::GetFlag(FLAGS_rank);
+    if (options.coordinator.empty() || options.job_id.empty() || !line.Has("attempt") ||
+        !line.Has("rank")) {
       return absl::InvalidArgumentError("--coordinator, --job, --attempt and --rank are required");
     }
+    if (options.attempt_id < 1 || options.rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--attempt must be at least 1 and --rank at least 0, got ",
+                       options.attempt_id, " and ", options.rank));
+    }
+    if (line.Has("threads")) {
+      options.threads = absl::GetFlag(FLAGS_threads);
+      if (options.threads < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--threads must be at least 1, got ", options.threads));
+      }
+    }
+    TY_ASSIGN_OR_RETURN(options.join_timeout,
+                        PositiveSeconds("join-timeout-s", absl::GetFlag(FLAGS_join_timeout_s)));
+    TY_ASSIGN_OR_RETURN(
+        options.collective_timeout,
+        PositiveSeconds("collective-timeout-s", absl::GetFlag(FLAGS_collective_timeout_s)));
     return absl::OkStatus();
   };
   if (absl::Status status = parse(); !status.ok()) return Annotate(status, kUsage);

@@ -45,6 +45,7 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -53,6 +54,7 @@
 #include "absl/strings/str_split.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "config/spec.h"
@@ -66,6 +68,7 @@
 #include "worker/convert/weights.h"
 #include "worker/coordinated.h"
 #include "worker/cuda_backend.h"
+#include "worker/flags.h"
 #include "worker/generate.h"
 #include "worker/launcher.h"
 #include "worker/parallel/kv_store.h"
@@ -140,43 +143,35 @@ struct Flags {
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  constexpr std::string_view kFlags[] = {"standalone", "threads", "rank", "rendezvous",
+                                         "collective-timeout-s"};
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
+  if (line.help) {
+    std::cout << kUsage << "\n\n" << kHelp;
+    std::exit(0);
+  }
+  if (!line.positionals.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
+  }
   Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto positive_int = [&](int* out) -> absl::Status {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, out) || *out < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, " must be a non-negative integer, got '", v, "'"));
-      }
-      return absl::OkStatus();
-    };
-    if (arg == "--standalone") {
-      TY_ASSIGN_OR_RETURN(flags.spec_path, value());
-    } else if (arg == "--threads") {
-      TY_RETURN_IF_ERROR(positive_int(&flags.threads));
-      if (flags.threads == 0) return absl::InvalidArgumentError("--threads must be positive");
-    } else if (arg == "--rank") {
-      TY_RETURN_IF_ERROR(positive_int(&flags.rank));
-    } else if (arg == "--rendezvous") {
-      TY_ASSIGN_OR_RETURN(flags.rendezvous, value());
-    } else if (arg == "--collective-timeout-s") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtod(v, &flags.collective_timeout_s) || !(flags.collective_timeout_s > 0)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--collective-timeout-s must be a positive number, got '", v, "'"));
-      }
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << "\n\n" << kHelp;
-      std::exit(0);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+  flags.spec_path = absl::GetFlag(FLAGS_standalone);
+  if (line.Has("threads")) {
+    flags.threads = absl::GetFlag(FLAGS_threads);
+    if (flags.threads < 1) return absl::InvalidArgumentError("--threads must be positive");
+  }
+  if (line.Has("rank")) {
+    flags.rank = absl::GetFlag(FLAGS_rank);
+    if (flags.rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rank must be a non-negative integer, got ", flags.rank));
     }
   }
+  flags.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  TY_ASSIGN_OR_RETURN(
+      const absl::Duration timeout,
+      PositiveSeconds("collective-timeout-s", absl::GetFlag(FLAGS_collective_timeout_s)));
+  flags.collective_timeout_s = absl::ToDoubleSeconds(timeout);
   if (flags.spec_path.empty()) {
     return absl::InvalidArgumentError("--standalone SPEC.yaml is required");
   }
@@ -193,42 +188,34 @@ struct CalibrateFlags {
 };
 
 absl::StatusOr<CalibrateFlags> ParseCalibrateFlags(int argc, char** argv) {
+  constexpr std::string_view kFlags[] = {"scratch", "reference", "threads", "seconds-per-probe",
+                                         "seconds-per-link-probe"};
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "calibrate"));
+  if (line.help) {
+    std::cout << kCalibrateUsage << "\n\n" << kHelp;
+    std::exit(0);
+  }
+  if (!line.positionals.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[0], "' for calibrate"));
+  }
   CalibrateFlags flags;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto positive = [&](double* out) -> absl::Status {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtod(v, out) || !(*out > 0) || !std::isfinite(*out)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, " must be a positive number, got '", v, "'"));
-      }
-      return absl::OkStatus();
-    };
-    if (arg == "--scratch") {
-      TY_ASSIGN_OR_RETURN(flags.options.scratch_dir, value());
-    } else if (arg == "--reference") {
-      TY_ASSIGN_OR_RETURN(flags.reference_path, value());
-    } else if (arg == "--threads") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, &flags.options.threads) || flags.options.threads < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--threads must be a positive integer, got '", v, "'"));
-      }
-    } else if (arg == "--seconds-per-probe") {
-      TY_RETURN_IF_ERROR(positive(&flags.options.seconds_per_probe));
-    } else if (arg == "--seconds-per-link-probe") {
-      TY_RETURN_IF_ERROR(positive(&flags.options.seconds_per_link_probe));
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kCalibrateUsage << "\n\n" << kHelp;
-      std::exit(0);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "' for calibrate"));
+  flags.options.scratch_dir = absl::GetFlag(FLAGS_scratch);
+  flags.reference_path = absl::GetFlag(FLAGS_reference);
+  if (line.Has("threads")) {
+    flags.options.threads = absl::GetFlag(FLAGS_threads);
+    if (flags.options.threads < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--threads must be a positive integer, got ", flags.options.threads));
     }
   }
+  TY_ASSIGN_OR_RETURN(const absl::Duration probe,
+                      PositiveSeconds("seconds-per-probe", absl::GetFlag(FLAGS_seconds_per_probe)));
+  TY_ASSIGN_OR_RETURN(
+      const absl::Duration link_probe,
+      PositiveSeconds("seconds-per-link-probe", absl::GetFlag(FLAGS_seconds_per_link_probe)));
+  flags.options.seconds_per_probe = absl::ToDoubleSeconds(probe);
+  flags.options.seconds_per_link_probe = absl::ToDoubleSeconds(link_probe);
   if (flags.options.scratch_dir.empty()) {
     return absl::InvalidArgumentError("--scratch DIR is required");
   }
@@ -284,45 +271,39 @@ bool IsExportInvocation(int argc, char** argv) {
 
 absl::StatusOr<std::pair<std::string, convert::ExportOptions>> ParseExportFlags(int argc,
                                                                                 char** argv) {
-  std::string source, format;
-  convert::ExportOptions options;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    if (arg == "--format") {
-      TY_ASSIGN_OR_RETURN(format, value());
-      if (format != "hf") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--format must be hf (Hugging Face), got '", format, "'"));
-      }
-    } else if (arg == "--out") {
-      TY_ASSIGN_OR_RETURN(options.out_dir, value());
-    } else if (arg == "--dtype") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (v != "fp32" && v != "bf16") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--dtype must be fp32 or bf16, got '", v, "'"));
-      }
-      options.dtype = v == "bf16" ? convert::TensorDtype::kBF16 : convert::TensorDtype::kF32;
-    } else if (arg == "--max-shard-size") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      TY_ASSIGN_OR_RETURN(options.max_shard_bytes, convert::ParseByteSize(v));
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kExportUsage << "\n\n" << kExportHelp;
-      std::exit(0);
-    } else if (!arg.empty() && arg[0] != '-' && source.empty()) {
-      source = arg;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' for export"));
-    }
+  constexpr std::string_view kFlags[] = {"format", "out", "dtype", "max-shard-size"};
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "export"));
+  if (line.help) {
+    std::cout << kExportUsage << "\n\n" << kExportHelp;
+    std::exit(0);
   }
-  if (source.empty()) return absl::InvalidArgumentError("the CHECKPOINT to export is required");
+  if (line.positionals.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[1], "' for export"));
+  }
+  convert::ExportOptions options;
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (line.Has("format") && format != "hf") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be hf (Hugging Face), got '", format, "'"));
+  }
+  options.out_dir = absl::GetFlag(FLAGS_out);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype != "fp32" && dtype != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be fp32 or bf16, got '", dtype, "'"));
+  }
+  options.dtype = dtype == "bf16" ? convert::TensorDtype::kBF16 : convert::TensorDtype::kF32;
+  if (line.Has("max-shard-size")) {
+    TY_ASSIGN_OR_RETURN(options.max_shard_bytes,
+                        convert::ParseByteSize(absl::GetFlag(FLAGS_max_shard_size)));
+  }
+  if (line.positionals.empty()) {
+    return absl::InvalidArgumentError("the CHECKPOINT to export is required");
+  }
   if (format.empty()) return absl::InvalidArgumentError("--format hf is required");
   if (options.out_dir.empty()) return absl::InvalidArgumentError("--out DIR is required");
-  return std::pair{source, options};
+  return std::pair{line.positionals[0], options};
 }
 
 // `trainyard-worker export`: returns the exit code, having said why on stderr.
@@ -376,61 +357,53 @@ struct SampleFlags {
 };
 
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
+  constexpr std::string_view kFlags[] = {"prompt", "prompt-tokens", "tokens", "temperature",
+                                         "top-k",  "seed",          "device", "threads"};
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "sample"));
+  if (line.help) {
+    std::cout << kSampleUsage << "\n\n" << kSampleHelp;
+    std::exit(0);
+  }
+  if (line.positionals.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[1], "' for sample"));
+  }
   SampleFlags flags;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto count = [&](int* out, int min) -> absl::Status {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, out) || *out < min) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, " must be an integer of at least ", min, ", got '", v, "'"));
-      }
-      return absl::OkStatus();
-    };
-    if (arg == "--prompt") {
-      TY_ASSIGN_OR_RETURN(flags.prompt, value());
-      flags.has_prompt = true;
-    } else if (arg == "--prompt-tokens") {
-      TY_ASSIGN_OR_RETURN(flags.prompt_tokens, value());
-    } else if (arg == "--tokens") {
-      TY_RETURN_IF_ERROR(count(&flags.options.tokens, 1));
-    } else if (arg == "--top-k") {
-      TY_RETURN_IF_ERROR(count(&flags.options.top_k, 0));
-    } else if (arg == "--threads") {
-      TY_RETURN_IF_ERROR(count(&flags.threads, 1));
-    } else if (arg == "--temperature") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtof(v, &flags.options.temperature) || !(flags.options.temperature >= 0) ||
-          !std::isfinite(flags.options.temperature)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--temperature must be a number of at least 0, got '", v, "'"));
-      }
-    } else if (arg == "--seed") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, &flags.options.seed)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--seed must be a non-negative integer, got '", v, "'"));
-      }
-    } else if (arg == "--device") {
-      TY_ASSIGN_OR_RETURN(flags.device, value());
-      if (flags.device != "cpu" && flags.device != "cuda") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--device must be cpu or cuda, got '", flags.device, "'"));
-      }
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kSampleUsage << "\n\n" << kSampleHelp;
-      std::exit(0);
-    } else if (!arg.empty() && arg[0] != '-' && flags.weights.empty()) {
-      flags.weights = arg;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' for sample"));
+  flags.prompt = absl::GetFlag(FLAGS_prompt);
+  flags.has_prompt = line.Has("prompt");
+  flags.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  flags.options.tokens = absl::GetFlag(FLAGS_tokens);
+  flags.options.top_k = absl::GetFlag(FLAGS_top_k);
+  flags.options.temperature = absl::GetFlag(FLAGS_temperature);
+  flags.options.seed = absl::GetFlag(FLAGS_seed);
+  flags.device = absl::GetFlag(FLAGS_device);
+  if (flags.options.tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens must be an integer of at least 1, got ", flags.options.tokens));
+  }
+  if (flags.options.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k must be an integer of at least 0, got ", flags.options.top_k));
+  }
+  if (line.Has("threads")) {
+    flags.threads = absl::GetFlag(FLAGS_threads);
+    if (flags.threads < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--threads must be an integer of at least 1, got ", flags.threads));
     }
   }
-  if (flags.weights.empty()) return absl::InvalidArgumentError("the WEIGHTS to sample is required");
+  if (!(flags.options.temperature >= 0) || !std::isfinite(flags.options.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--temperature must be a number of at least 0, got ", flags.options.temperature));
+  }
+  if (flags.device != "cpu" && flags.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu or cuda, got '", flags.device, "'"));
+  }
+  if (line.positionals.empty()) {
+    return absl::InvalidArgumentError("the WEIGHTS to sample is required");
+  }
+  flags.weights = line.positionals[0];
   if (flags.has_prompt == !flags.prompt_tokens.empty()) {
     return absl::InvalidArgumentError("give one of --prompt TEXT and --prompt-tokens IDS");
   }

@@ -22,11 +22,30 @@
 #include <iostream>
 #include <string>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/agent/agent.h"
+
+ABSL_FLAG(std::string, coordinator, "", "the coordinator's gRPC address (HOST:PORT)");
+ABSL_FLAG(std::string, node_id, "", "this node's stable name (default: the hostname)");
+ABSL_FLAG(int, slots, 0, "CPU ranks this node runs at once (default: its CPU cores)");
+ABSL_FLAG(bool, gpus, true, "offer this machine's GPUs (--no-gpus: none)");
+ABSL_FLAG(std::string, work_dir, "trainyard-agent", "per-rank logs and the worker records");
+ABSL_FLAG(std::string, worker_binary, "", "trainyard-worker (default: found beside this binary)");
+ABSL_FLAG(int, threads_per_worker, 0, "OMP_NUM_THREADS of CPU workers (default: cores / slots)");
+ABSL_FLAG(trainyard::FlagList, pass_env, {}, "another variable (or PREFIX*) workers inherit");
+ABSL_FLAG(std::string, advertise_host, "", "where other nodes reach this one");
+ABSL_FLAG(std::string, tls_ca, "", "mutual TLS: the CA (PEM)");
+ABSL_FLAG(std::string, tls_cert, "", "mutual TLS: this node's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "mutual TLS: its key (PEM)");
+ABSL_FLAG(std::string, token_file, "", "the agent's token");
+ABSL_FLAG(std::string, memory_tier_dir, "", "the workers' in-memory snapshots");
+ABSL_FLAG(int64_t, memory_tier_mb, -1, "their budget in MiB (0: none)");
+ABSL_FLAG(int, memory_tier_port, 0, "where peer agents send copies (0: a free port)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace trainyard::server::agent {
 namespace {
@@ -74,78 +93,80 @@ std::atomic<bool> g_stop{false};
 
 void OnStopSignal(int) { g_stop = true; }
 
-absl::StatusOr<int> PositiveInt(const std::string& flag, const std::string& value) {
-  int parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed) || parsed < 1) {
+absl::StatusOr<int> PositiveInt(const std::string& flag, int value) {
+  if (value < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, " must be a positive integer, got '", value, "'"));
+        absl::StrCat("--", flag, " must be a positive integer, got ", value));
   }
-  return parsed;
+  return value;
 }
 
+constexpr std::string_view kFlags[] = {"coordinator",
+                                       "node-id",
+                                       "slots",
+                                       "gpus",
+                                       "work-dir",
+                                       "worker-binary",
+                                       "threads-per-worker",
+                                       "pass-env",
+                                       "advertise-host",
+                                       "tls-ca",
+                                       "tls-cert",
+                                       "tls-key",
+                                       "token-file",
+                                       "memory-tier-dir",
+                                       "memory-tier-mb",
+                                       "memory-tier-port",
+                                       "log-level"};
+
 absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
+  if (line.help) {
+    std::cout << kUsage << "\n\n" << kHelp;
+    std::exit(0);
+  }
+  if (!line.positionals.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
+  }
   AgentOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    if (arg == "--coordinator") {
-      TY_ASSIGN_OR_RETURN(options.coordinator_address, value());
-    } else if (arg == "--node-id") {
-      TY_ASSIGN_OR_RETURN(options.node_id, value());
-    } else if (arg == "--slots") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      TY_ASSIGN_OR_RETURN(options.slots, PositiveInt(arg, v));
-    } else if (arg == "--no-gpus") {
-      options.probe_gpus = false;
-    } else if (arg == "--work-dir") {
-      TY_ASSIGN_OR_RETURN(options.work_dir, value());
-    } else if (arg == "--worker-binary") {
-      TY_ASSIGN_OR_RETURN(options.worker_binary, value());
-    } else if (arg == "--threads-per-worker") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      TY_ASSIGN_OR_RETURN(options.threads_per_cpu_worker, PositiveInt(arg, v));
-    } else if (arg == "--pass-env") {
-      TY_ASSIGN_OR_RETURN(std::string v, value());
-      options.pass_env.push_back(std::move(v));
-    } else if (arg == "--advertise-host") {
-      TY_ASSIGN_OR_RETURN(options.advertise_host, value());
-    } else if (arg == "--tls-ca") {
-      TY_ASSIGN_OR_RETURN(options.tls.ca, value());
-    } else if (arg == "--tls-cert") {
-      TY_ASSIGN_OR_RETURN(options.tls.cert, value());
-    } else if (arg == "--tls-key") {
-      TY_ASSIGN_OR_RETURN(options.tls.key, value());
-    } else if (arg == "--token-file") {
-      TY_ASSIGN_OR_RETURN(const std::string path, value());
-      TY_ASSIGN_OR_RETURN(options.token, rpc::ReadTokenFile(path));
-    } else if (arg == "--memory-tier-dir") {
-      TY_ASSIGN_OR_RETURN(options.memory_tier_dir, value());
-    } else if (arg == "--memory-tier-mb") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, &options.memory_tier_mb) || options.memory_tier_mb < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--memory-tier-mb must be a whole number of MiB (0: no tier), got '", v, "'"));
-      }
-    } else if (arg == "--memory-tier-port") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      if (!absl::SimpleAtoi(v, &options.memory_tier_port) || options.memory_tier_port < 0 ||
-          options.memory_tier_port > 65535) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--memory-tier-port must be a port number, got '", v, "'"));
-      }
-    } else if (arg == "--log-level") {
-      TY_ASSIGN_OR_RETURN(const std::string v, value());
-      TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(v));
-      SetMinLogLevel(level);
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << "\n\n" << kHelp;
-      std::exit(0);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  if (line.Has("slots")) {
+    TY_ASSIGN_OR_RETURN(options.slots, PositiveInt("slots", absl::GetFlag(FLAGS_slots)));
+  }
+  options.probe_gpus = absl::GetFlag(FLAGS_gpus);
+  if (line.Has("work-dir")) options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  if (line.Has("threads-per-worker")) {
+    TY_ASSIGN_OR_RETURN(options.threads_per_cpu_worker,
+                        PositiveInt("threads-per-worker", absl::GetFlag(FLAGS_threads_per_worker)));
+  }
+  options.pass_env = absl::GetFlag(FLAGS_pass_env).values;
+  options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  options.tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
+                 .cert = absl::GetFlag(FLAGS_tls_cert),
+                 .key = absl::GetFlag(FLAGS_tls_key)};
+  if (line.Has("token-file")) {
+    TY_ASSIGN_OR_RETURN(options.token, rpc::ReadTokenFile(absl::GetFlag(FLAGS_token_file)));
+  }
+  options.memory_tier_dir = absl::GetFlag(FLAGS_memory_tier_dir);
+  if (line.Has("memory-tier-mb")) {
+    options.memory_tier_mb = absl::GetFlag(FLAGS_memory_tier_mb);
+    if (options.memory_tier_mb < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory-tier-mb must be a whole number of MiB (0: no tier), got ",
+                       options.memory_tier_mb));
     }
+  }
+  options.memory_tier_port = absl::GetFlag(FLAGS_memory_tier_port);
+  if (options.memory_tier_port < 0 || options.memory_tier_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory-tier-port must be a port number, got ", options.memory_tier_port));
+  }
+  if (line.Has("log-level")) {
+    TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+    SetMinLogLevel(level);
   }
   if (options.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");

@@ -6,12 +6,14 @@
 #include <random>
 #include <set>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "common/text_check.h"
 #include "config/spec.h"
@@ -23,8 +25,40 @@
 #include "tools/cli/server_address.h"
 #include "tools/cli/worker_command.h"
 
+// The flags of every command (global) and of each (CommandFlags). Values are kept as written:
+// each command checks its own, and `export` and `sample` pass theirs on to trainyard-worker.
+ABSL_FLAG(std::string, server, "", "the coordinator's address");
+ABSL_FLAG(std::string, token_file, "", "the token to present");
+ABSL_FLAG(std::string, tls_ca, "", "mutual TLS: the coordinator's CA");
+ABSL_FLAG(std::string, tls_cert, "", "mutual TLS: this client's certificate");
+ABSL_FLAG(std::string, tls_key, "", "mutual TLS: its key");
+ABSL_FLAG(bool, json, false, "machine-readable output");
+ABSL_FLAG(bool, watch, false, "submit: follow the job to the end");
+ABSL_FLAG(trainyard::FlagList, state, {}, "list: jobs in this state (repeatable)");
+ABSL_FLAG(std::string, limit, "", "list: at most this many jobs");
+ABSL_FLAG(std::string, rank, "", "logs: this rank's log");
+ABSL_FLAG(std::string, attempt, "", "logs: this attempt's");
+ABSL_FLAG(std::string, tail, "", "logs: the last lines");
+ABSL_FLAG(bool, follow, false, "logs: keep following");
+ABSL_FLAG(std::string, reason, "", "cancel, drain: why");
+ABSL_FLAG(std::string, format, "", "export: the format");
+ABSL_FLAG(std::string, out, "", "export: the directory");
+ABSL_FLAG(std::string, dtype, "", "export: the tensors' type");
+ABSL_FLAG(std::string, max_shard_size, "", "export: the largest file");
+ABSL_FLAG(std::string, prompt, "", "sample: the prompt as bytes");
+ABSL_FLAG(std::string, prompt_tokens, "", "sample: the prompt as token ids");
+ABSL_FLAG(std::string, tokens, "", "sample: new tokens");
+ABSL_FLAG(std::string, temperature, "", "sample: 0 is greedy");
+ABSL_FLAG(std::string, top_k, "", "sample: draw among the K most likely");
+ABSL_FLAG(std::string, seed, "", "sample: the draws' seed");
+ABSL_FLAG(std::string, device, "", "sample: where the model runs");
+ABSL_FLAG(std::string, threads, "", "sample: CPU threads");
+
 namespace trainyard::cli {
 namespace {
+
+constexpr std::string_view kGlobalFlags[] = {"server",   "token-file", "tls-ca",
+                                             "tls-cert", "tls-key",    "json"};
 
 constexpr char kUsage[] =
     R"(usage: trainyard [--server HOST:PORT] [--token-file FILE]
@@ -94,109 +128,64 @@ struct CommandLine {
   }
 };
 
-// Flags each command takes: name -> takes a value.
-const std::map<std::string, std::map<std::string, bool>>& CommandFlags() {
-  static const auto* flags = new std::map<std::string, std::map<std::string, bool>>{
-      {"submit", {{"watch", false}}},
-      {"list", {{"state", true}, {"limit", true}}},
+// Flags each command takes (a boolean flag is a switch).
+const std::map<std::string, std::vector<std::string_view>>& CommandFlags() {
+  static const auto* flags = new std::map<std::string, std::vector<std::string_view>>{
+      {"submit", {"watch"}},
+      {"list", {"state", "limit"}},
       {"status", {}},
       {"watch", {}},
-      {"logs", {{"rank", true}, {"attempt", true}, {"tail", true}, {"follow", false}}},
-      {"cancel", {{"reason", true}}},
-      {"drain", {{"reason", true}}},
+      {"logs", {"rank", "attempt", "tail", "follow"}},
+      {"cancel", {"reason"}},
+      {"drain", {"reason"}},
       {"checkpoints", {}},
       {"report", {}},
       {"nodes", {}},
-      {"export", {{"format", true}, {"out", true}, {"dtype", true}, {"max-shard-size", true}}},
+      {"export", {"format", "out", "dtype", "max-shard-size"}},
       {"sample",
-       {{"prompt", true},
-        {"prompt-tokens", true},
-        {"tokens", true},
-        {"temperature", true},
-        {"top-k", true},
-        {"seed", true},
-        {"device", true},
-        {"threads", true}}},
+       {"prompt", "prompt-tokens", "tokens", "temperature", "top-k", "seed", "device", "threads"}},
   };
   return *flags;
 }
 
-// The flags every command takes that carry a value: where they are stored, else null.
-std::string* GlobalFlag(CommandLine& line, const std::string& name) {
-  if (name == "server") return &line.server;
-  if (name == "token-file") return &line.token_file;
-  if (name == "tls-ca") return &line.tls.ca;
-  if (name == "tls-cert") return &line.tls.cert;
-  if (name == "tls-key") return &line.tls.key;
-  return nullptr;
-}
-
-absl::StatusOr<CommandLine> Parse(const std::vector<std::string>& args) {
-  CommandLine line;
-  std::vector<std::pair<std::string, std::optional<std::string>>> pending;  // command flags
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "-h" || arg == "--help") {
-      line.help = true;
-      continue;
-    }
-    if (arg == "-f") {
-      pending.emplace_back("follow", std::nullopt);
-      continue;
-    }
-    if (!absl::StartsWith(arg, "--") || arg == "--") {
-      if (line.command.empty()) {
-        line.command = arg;
-      } else {
-        line.positionals.push_back(arg);
-      }
-      continue;
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (const size_t equals = name.find('='); equals != std::string::npos) {
-      value = name.substr(equals + 1);
-      name = name.substr(0, equals);
-    }
-    if (name == "json") {
-      line.json = true;
-    } else if (std::string* global = GlobalFlag(line, name); global != nullptr) {
-      if (!value) {
-        if (i + 1 >= args.size()) return absl::InvalidArgumentError("--" + name + " needs a value");
-        value = args[++i];
-      }
-      *global = *value;
-    } else {
-      // Command flags are resolved once the command is known; a value may follow.
-      pending.emplace_back(name, value);
-      if (!value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "-")) {
-        pending.back().second = args[++i];
-        pending.back().first = "?" + name;  // a value that may be a positional instead
-      }
-    }
+absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
+  for (std::string& arg : args) {
+    if (arg == "-f") arg = "--follow";
   }
-  if (line.help || line.command.empty()) return line;
+  CommandLine line;
+  line.command = CommandOf(args);
+  std::vector<std::string_view> accepted(std::begin(kGlobalFlags), std::end(kGlobalFlags));
   auto known = CommandFlags().find(line.command);
-  if (known == CommandFlags().end()) {
+  if (known != CommandFlags().end()) {
+    accepted.insert(accepted.end(), known->second.begin(), known->second.end());
+  }
+  absl::StatusOr<trainyard::CommandLine> parsed =
+      ParseCommandLine(args, accepted, absl::StrCat("'", line.command, "'"));
+  const bool help = parsed.ok() ? parsed->help
+                                : std::find(args.begin(), args.end(), "--help") != args.end() ||
+                                      std::find(args.begin(), args.end(), "-h") != args.end();
+  if (help || line.command.empty()) {
+    line.help = help;
+    if (parsed.ok() || help) return line;
+  }
+  if (known == CommandFlags().end() && !line.command.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown command '", line.command, "'"));
   }
-  for (auto& [raw_name, value] : pending) {
-    const bool guessed = absl::StartsWith(raw_name, "?");
-    const std::string name = guessed ? raw_name.substr(1) : raw_name;
-    auto flag = known->second.find(name);
-    if (flag == known->second.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " for '", line.command, "'"));
-    }
-    if (flag->second) {
-      if (!value) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-      line.flags[name].push_back(*value);
-    } else {
-      if (value && !guessed) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      }
-      line.flags[name].push_back("");
-      if (value) line.positionals.push_back(*value);  // it was a positional after a switch
+  if (!parsed.ok()) return parsed.status();
+  line.positionals.assign(parsed->positionals.begin() + 1, parsed->positionals.end());
+  line.server = absl::GetFlag(FLAGS_server);
+  line.token_file = absl::GetFlag(FLAGS_token_file);
+  line.tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
+              .cert = absl::GetFlag(FLAGS_tls_cert),
+              .key = absl::GetFlag(FLAGS_tls_key)};
+  line.json = absl::GetFlag(FLAGS_json);
+  for (std::string_view name : known->second) {
+    auto given = parsed->values.find(std::string(name));
+    if (given == parsed->values.end()) continue;
+    const bool is_switch = name == "watch" || name == "follow";
+    for (const std::string& value : given->second) {
+      if (is_switch && value == "false") continue;
+      line.flags[std::string(name)].push_back(is_switch ? "" : value);
     }
   }
   return line;

@@ -11,12 +11,15 @@
 #include <map>
 #include <optional>
 
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/flags.h"
 #include "common/status.h"
 #include "config/mesh.h"
 #include "config/run_sections.h"
@@ -27,6 +30,17 @@
 #include "planner/planner.h"
 #include "tools/cli/format.h"
 #include "tools/cli/plan_output.h"
+
+// `plan`'s own flags (its --json and --device are the CLI's, commands.cc). Values are checked
+// as written, below.
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_FLAG(std::string, nodes, "", "plan: nodes instead of the spec's");
+ABSL_FLAG(std::string, devices_per_node, "", "plan: devices per node instead of the spec's");
+ABSL_FLAG(std::string, mesh, "", "plan: only this mesh");
+ABSL_FLAG(std::string, checkpoint_seconds, "", "plan: one checkpoint's cost");
+ABSL_FLAG(std::string, mtbf_hours, "", "plan: a node's mean time between failures");
+ABSL_FLAG(bool, calibrate, false, "plan: measure the cpu profile");
+ABSL_FLAG(bool, fresh, false, "plan: forget the earlier calibrations");
 
 namespace trainyard::cli {
 namespace {
@@ -55,47 +69,27 @@ struct PlanFlags {
 };
 
 absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
-  static const char* const kValueFlags[] = {"nodes", "devices-per-node",   "device",
-                                            "mesh",  "checkpoint-seconds", "mtbf-hours"};
+  constexpr std::string_view kValueFlags[] = {"nodes", "devices-per-node",   "device",
+                                              "mesh",  "checkpoint-seconds", "mtbf-hours"};
+  // The global flags are accepted and ignored: plan needs no coordinator.
+  constexpr std::string_view kFlags[] = {
+      "nodes",    "devices-per-node", "device", "mesh",   "checkpoint-seconds", "mtbf-hours",
+      "json",     "calibrate",        "fresh",  "server", "token-file",         "tls-ca",
+      "tls-cert", "tls-key"};
+  TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(args, kFlags, "'plan'"));
   PlanFlags flags;
-  bool seen_command = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (!absl::StartsWith(arg, "--")) {
-      if (!seen_command && arg == "plan") {
-        seen_command = true;
-      } else if (flags.spec_path.empty()) {
-        flags.spec_path = arg;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
-      }
-      continue;
-    }
-    std::string name = arg.substr(2), value;
-    const size_t equals = name.find('=');
-    const bool inline_value = equals != std::string::npos;
-    if (inline_value) {
-      value = name.substr(equals + 1);
-      name = name.substr(0, equals);
-    }
-    if (name == "json" || name == "calibrate" || name == "fresh") {
-      if (inline_value)
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      (name == "json" ? flags.json : name == "calibrate" ? flags.calibrate : flags.fresh) = true;
-      continue;
-    }
-    if (IsGlobalValueFlag("--" + name)) {  // accepted and ignored: plan needs no coordinator
-      if (!inline_value) ++i;
-      continue;
-    }
-    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " for 'plan'"));
-    }
-    if (!inline_value) {
-      if (i + 1 >= args.size()) return absl::InvalidArgumentError("--" + name + " needs a value");
-      value = args[++i];
-    }
-    flags.values[name] = value;
+  // positionals[0] is "plan" itself.
+  if (line.positionals.size() > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", line.positionals[2], "'"));
+  }
+  if (line.positionals.size() == 2) flags.spec_path = line.positionals[1];
+  flags.json = absl::GetFlag(FLAGS_json);
+  flags.calibrate = absl::GetFlag(FLAGS_calibrate);
+  flags.fresh = absl::GetFlag(FLAGS_fresh);
+  for (std::string_view name : kValueFlags) {
+    auto given = line.values.find(std::string(name));
+    if (given != line.values.end()) flags.values[std::string(name)] = given->second.back();
   }
   if (flags.spec_path.empty() && !flags.calibrate) {
     return absl::InvalidArgumentError("plan needs a SPEC");
@@ -264,16 +258,18 @@ absl::StatusOr<int> Plan(const PlanFlags& flags, const PlanIo& io) {
 
 }  // namespace
 
-bool IsPlanCommand(const std::vector<std::string>& args) {
+std::string CommandOf(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (IsGlobalValueFlag(args[i])) {
       ++i;
-      continue;
+    } else if (!absl::StartsWith(args[i], "-")) {
+      return args[i];
     }
-    if (!absl::StartsWith(args[i], "-")) return args[i] == "plan";
   }
-  return false;
+  return "";
 }
+
+bool IsPlanCommand(const std::vector<std::string>& args) { return CommandOf(args) == "plan"; }
 
 int RunPlan(const std::vector<std::string>& args, const PlanIo& io) {
   absl::StatusOr<int> code = [&]() -> absl::StatusOr<int> {

@@ -46,8 +46,11 @@ struct PlanIo {
       calibrate = CalibrateInWorker;
 };
 
-// True when `args` (the command line without the program name) asks for `plan`: its first word
-// that is not a flag is "plan" (global flags with a value are skipped with it).
+// The command `args` (the command line without the program name) asks for: its first word
+// that is not a flag (global flags with a value are skipped with it); empty when none.
+std::string CommandOf(const std::vector<std::string>& args);
+
+// True when that command is `plan`.
 bool IsPlanCommand(const std::vector<std::string>& args);
 
 // Runs `trainyard plan` (`args` as for IsPlanCommand) and returns the exit code.

@@ -61,8 +61,13 @@ TEST_F(CommandsTest, HelpAndBadCommandLines) {
   EXPECT_EQ(Run({}), 2);
   EXPECT_EQ(Run({"frobnicate"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("trainyard: error: unknown command 'frobnicate'"));
+  EXPECT_EQ(Run({"frobnicate", "--colour"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown command 'frobnicate'"));
+  // One parser: --flag=value as well as --flag value, and a switch is no flag's value.
+  EXPECT_EQ(Run({"--server=127.0.0.1:1", "logs", "--follow", "--tail=-3", "j-1"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--tail must be a non-negative integer, got '-3'"));
   EXPECT_EQ(Run({"list", "--colour"}), 2);
-  EXPECT_THAT(err_.str(), HasSubstr("unknown flag --colour for 'list'"));
+  EXPECT_THAT(err_.str(), HasSubstr("unknown flag '--colour' for 'list'"));
   EXPECT_EQ(Run({"logs", "j-1", "--rank"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--rank needs a value"));
   EXPECT_EQ(Run({"--server", "127.0.0.1:1", "status"}), 2);
@@ -82,7 +87,7 @@ TEST_F(CommandsTest, CheckpointsAndDrainCommandLines) {
   EXPECT_EQ(Run({"--server", "127.0.0.1:1", "checkpoints", "j-1", "j-2"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("usage: trainyard checkpoints JOB"));
   EXPECT_EQ(Run({"checkpoints", "j-1", "--rank", "0"}), 2);
-  EXPECT_THAT(err_.str(), HasSubstr("unknown flag --rank for 'checkpoints'"));
+  EXPECT_THAT(err_.str(), HasSubstr("unknown flag '--rank' for 'checkpoints'"));
   EXPECT_EQ(Run({"drain", "j-1", "--reason"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--reason needs a value"));
   const std::string dead = DeadAddress();

@@ -118,10 +118,10 @@ TEST_F(PlanCommand, UnreadableOrInvalidSpec) {
 TEST_F(PlanCommand, BadFlags) {
   ExpectBadInput({SpecWithResources(), "--checkpoint-seconds", "30"}, "go together");
   ExpectBadInput({SpecWithResources(), "--nodes", "0"}, "--nodes must be an integer");
-  ExpectBadInput({SpecWithResources(), "--frobnicate"}, "unknown flag --frobnicate");
+  ExpectBadInput({SpecWithResources(), "--frobnicate"}, "unknown flag '--frobnicate' for 'plan'");
   ExpectBadInput({}, "plan needs a SPEC");
   ExpectBadInput({SpecWithResources(), "--fresh"}, "--fresh goes with --calibrate");
-  ExpectBadInput({"--calibrate", "--fresh=yes"}, "--fresh takes no value");
+  ExpectBadInput({"--calibrate", "--fresh=maybe"}, "--fresh: invalid value 'maybe'");
 }
 
 TEST_F(PlanCommand, CalibrationsAreKeptAndTheProfileIsTheirMedian) {
