@@ -9,6 +9,14 @@
 #include "common/exit_codes.h"
 
 namespace trainyard::server {
+
+double JitterDraws::Next() {
+  state_ += 0x9e3779b97f4a7c15ull;
+  uint64_t z = state_;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
 namespace {
 
 constexpr FailureClass kAllClasses[] = {FailureClass::kUserError, FailureClass::kCrash,

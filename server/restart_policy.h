@@ -35,6 +35,7 @@
 #ifndef TRAINYARD_SERVER_RESTART_POLICY_H_
 #define TRAINYARD_SERVER_RESTART_POLICY_H_
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -98,6 +99,18 @@ struct RestartDecision {
   // restarts used after this)" (the part in brackets when the class has a budget of its own),
   // "crash: no restarts left (3 of 3 used)", "hang: its budget of 2 restarts is used up".
   std::string reason;
+};
+
+// The backoff jitter's draws: uniform in [0, 1), from splitmix64 (Steele et al., 2014) over a
+// seed. The coordinator seeds it from its clock; tests inject their own draws instead
+// (SupervisorOptions::jitter_draw).
+class JitterDraws {
+ public:
+  explicit JitterDraws(uint64_t seed) : state_(seed) {}
+  double Next();
+
+ private:
+  uint64_t state_;
 };
 
 class RestartPolicy {

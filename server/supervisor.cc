@@ -29,9 +29,24 @@ Supervisor::Supervisor(StateStore* store, AgentRegistry* registry, KvSpace* kv, 
       options_(std::move(options)),
       cpu_profile_(options_.cpu_profile ? *options_.cpu_profile : CoordinatorCpuProfile()),
       quarantine_(options_.quarantine),
-      jitter_state_(options_.jitter_seed != 0
-                        ? options_.jitter_seed
-                        : static_cast<uint64_t>(absl::ToUnixNanos(clock->Now()))),
+      jitter_draw_(options_.jitter_draw
+                       ? options_.jitter_draw
+                       : [draws = JitterDraws(static_cast<uint64_t>(absl::ToUnixNanos(
+                              clock->Now())))]() mutable { return draws.Next(); }),
+      outbox_(
+          store,
+          CommitQueue::Hooks{
+              .stored =
+                  [this](QueuedCommit& commit) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                    ApplyStoredLocked(commit);  // under mu_: the queue calls it holding it
+                    SendOrdersLocked(commit.orders);
+                  },
+              .notify = [this](const std::set<std::string>& job_ids,
+                               const std::vector<EventRecord>& events)
+                            ABSL_NO_THREAD_SAFETY_ANALYSIS { NotifyStoredLocked(job_ids, events); },
+              .held_back = [this](QueuedCommit& commit, const absl::Status& status)
+                               ABSL_NO_THREAD_SAFETY_ANALYSIS { HoldBackLocked(commit, status); },
+          }),
       coordinator_address_(options_.coordinator_address) {}
 
 void Supervisor::SetCoordinatorAddress(const std::string& address) {
@@ -198,17 +213,16 @@ absl::Status Supervisor::CommitLocked(Txn& txn) {
     }
   }
   if (txn.batch.empty() && txn.orders.empty()) return absl::OkStatus();
-  if (txn.batch.empty() && commit_queue_.empty()) {
+  if (txn.batch.empty() && outbox_.empty()) {
     // Nothing to store and nothing stored ahead of them: the orders go out now.
     SendOrdersLocked(txn.orders);
     return absl::OkStatus();
   }
-  return AwaitStoredLocked(EnqueueCommitLocked(txn, /*submission=*/false));
+  return outbox_.AwaitStored(mu_, EnqueueCommitLocked(txn, /*submission=*/false));
 }
 
 uint64_t Supervisor::EnqueueCommitLocked(Txn& txn, bool submission) {
-  QueuedCommit& commit = commit_queue_.emplace_back();
-  commit.seq = ++last_commit_seq_;
+  QueuedCommit commit;
   commit.submission = submission;
   for (const JobRecord* job : txn.batch.new_jobs) commit.new_jobs.push_back(*job);
   for (const JobRecord* job : txn.batch.updated_jobs) {
@@ -227,77 +241,7 @@ uint64_t Supervisor::EnqueueCommitLocked(Txn& txn, bool submission) {
   for (const JobEntry* entry : txn.touched) commit.touched.push_back(entry->job.id);
   for (const JobRecord& job : commit.new_jobs) commit.touched.push_back(job.id);
   txn.batch = StoreBatch();
-  return commit.seq;
-}
-
-absl::Status Supervisor::AwaitStoredLocked(uint64_t seq) {
-  while (true) {
-    if (auto refused = refused_.find(seq); refused != refused_.end()) {
-      absl::Status status = std::move(refused->second);
-      refused_.erase(refused);
-      return status;
-    }
-    if (stored_seq_ >= seq) return absl::OkStatus();
-    if (failed_seq_ >= seq) return storage_error_;
-    if (committing_) {
-      commit_done_.Wait(&mu_);
-    } else if (!commit_queue_.empty() && commit_queue_.front().held_back) {
-      // Earlier changes are held back: this one waits behind them, and Tick retries them all.
-      HoldBackQueuedLocked(commit_queue_.size(), storage_error_);
-    } else {
-      StoreQueuedLocked();
-    }
-  }
-}
-
-void Supervisor::StoreQueuedLocked() {
-  if (commit_queue_.empty() || committing_) return;
-  committing_ = true;
-  // The queue only grows at its end while mu_ is released, so these references stay valid.
-  const size_t count = commit_queue_.size();
-  const uint64_t last = commit_queue_.back().seq;
-  StoreBatch merged;
-  for (size_t i = 0; i < count; ++i) {
-    QueuedCommit& commit = commit_queue_[i];
-    for (const JobRecord& job : commit.new_jobs) merged.new_jobs.push_back(&job);
-    for (const JobRecord& job : commit.updated_jobs) merged.updated_jobs.push_back(&job);
-    for (const AttemptRecord& attempt : commit.attempts) merged.attempts.push_back(&attempt);
-    for (const NodeRecord& node : commit.nodes) merged.nodes.push_back(&node);
-    merged.events.insert(merged.events.end(), commit.events.begin(), commit.events.end());
-    merged.checkpoints.insert(merged.checkpoints.end(), commit.checkpoints.begin(),
-                              commit.checkpoints.end());
-    merged.cordons.insert(merged.cordons.end(), commit.cordons.begin(), commit.cordons.end());
-  }
-  mu_.Unlock();
-  const absl::Status status = store_->Commit(merged);
-  mu_.Lock();
-  committing_ = false;
-  if (status.ok()) {
-    if (!storage_error_.ok()) {
-      TY_LOG(INFO) << "the job store works again: the held-back changes are stored and their "
-                      "orders sent";
-      storage_error_ = absl::OkStatus();
-    }
-    std::set<std::string> touched;
-    for (size_t i = 0; i < count; ++i) {
-      QueuedCommit& commit = commit_queue_.front();
-      ApplyStoredLocked(commit);
-      SendOrdersLocked(commit.orders);
-      touched.insert(commit.touched.begin(), commit.touched.end());
-      commit_queue_.pop_front();
-    }
-    stored_seq_ = last;
-    NotifyStoredLocked(touched, merged.events);
-  } else {
-    if (storage_error_.ok()) {
-      TY_LOG(ERROR) << "the job store cannot store changes: " << status
-                    << "; the orders that follow from them wait until it can";
-    }
-    storage_error_ = status;
-    ++storage_failures_;
-    HoldBackQueuedLocked(count, status);
-  }
-  commit_done_.SignalAll();
+  return outbox_.Enqueue(mu_, std::move(commit));
 }
 
 void Supervisor::ApplyStoredLocked(QueuedCommit& commit) {
@@ -364,36 +308,13 @@ JobRecord Supervisor::StoredViewLocked(JobEntry& entry, absl::Time now, bool wit
   }
   view.health = entry.job.health;
   FillWaitingLocked(view, now);
-  if (!storage_error_.ok()) {
-    for (const QueuedCommit& commit : commit_queue_) {
-      if (!commit.held_back || std::find(commit.touched.begin(), commit.touched.end(),
-                                         entry.job.id) == commit.touched.end()) {
-        continue;
-      }
-      view.waiting = absl::StrCat(
-          "the coordinator cannot store this job's latest changes (", storage_error_.message(),
-          "); shown is what is stored, and its workers hear of the changes once they are stored");
-      break;
-    }
+  if (!outbox_.storage_error().ok() && outbox_.HoldsBackChangeOf(entry.job.id)) {
+    view.waiting = absl::StrCat(
+        "the coordinator cannot store this job's latest changes (",
+        outbox_.storage_error().message(),
+        "); shown is what is stored, and its workers hear of the changes once they are stored");
   }
   return view;
-}
-
-void Supervisor::HoldBackQueuedLocked(size_t count, const absl::Status& status) {
-  if (count == 0) return;
-  failed_seq_ = std::max(failed_seq_, commit_queue_[count - 1].seq);
-  // Submissions are refused (nothing exists in memory that is not stored); the rest is held.
-  size_t kept = 0;
-  for (size_t i = 0; i < count; ++i) {
-    QueuedCommit& commit = commit_queue_[kept];
-    if (commit.submission) {
-      refused_[commit.seq] = status;
-      commit_queue_.erase(commit_queue_.begin() + kept);
-      continue;
-    }
-    HoldBackLocked(commit, status);
-    ++kept;
-  }
 }
 
 void Supervisor::SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>>& orders) {
@@ -406,8 +327,6 @@ void Supervisor::SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>
 }
 
 void Supervisor::HoldBackLocked(QueuedCommit& commit, const absl::Status& status) {
-  if (commit.held_back) return;
-  commit.held_back = true;
   // Each job this change touched says why its workers are not told yet; stored with it.
   for (const std::string& job_id :
        std::set<std::string>(commit.touched.begin(), commit.touched.end())) {
@@ -441,15 +360,6 @@ void Supervisor::NotifyStoredLocked(const std::set<std::string>& job_ids,
       for (auto& [id, watcher] : entry->watchers) watcher->OnUpdate(view, nullptr);
     }
   }
-}
-
-void Supervisor::StoreHeldBackLocked() {
-  if (storage_error_.ok() || committing_) return;
-  if (commit_queue_.empty()) {
-    storage_error_ = absl::OkStatus();  // only refused submissions failed: try the next change
-    return;
-  }
-  StoreQueuedLocked();
 }
 
 void Supervisor::RunAfter(Txn& txn) {
@@ -515,7 +425,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
       }
       // The same request is being stored by another call: its outcome answers this one too.
       if (submitting_.count(key) == 0) break;
-      commit_done_.Wait(&mu_);
+      outbox_.WaitForStore(mu_);
     }
     if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
     TY_RETURN_IF_ERROR(CheckQueuedLimitLocked(request.user));
@@ -550,10 +460,10 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
     stored.batch.events.push_back(submitted);
     const uint64_t seq = EnqueueCommitLocked(stored, /*submission=*/true);
     if (!key.empty()) submitting_.insert(key);
-    const absl::Status status = AwaitStoredLocked(seq);
+    const absl::Status status = outbox_.AwaitStored(mu_, seq);
     if (!key.empty()) submitting_.erase(key);
     if (!status.ok()) {
-      commit_done_.SignalAll();  // a submission waiting on the same key tries again
+      outbox_.Signal();  // a submission waiting on the same key tries again
       return Annotate(status, "storing the job");
     }
     if (!key.empty()) by_request_id_[key] = job.id;
@@ -796,7 +706,7 @@ void Supervisor::Tick() {
         CollectSoftStateLocked(entry, soft);
       }
     }
-    StoreHeldBackLocked();
+    outbox_.RetryHeldBack(mu_);
     ScheduleLocked(txn);
     CommitLocked(txn).IgnoreError();
   }
@@ -843,11 +753,9 @@ MetricsSnapshot Supervisor::Metrics() {
       snapshot.jobs_by_state[static_cast<JobState>(s)] = 0;
     }
     const absl::Time now = clock_->Now();
-    snapshot.store_failures_total = storage_failures_;
-    snapshot.store_held_back = static_cast<int64_t>(
-        std::count_if(commit_queue_.begin(), commit_queue_.end(),
-                      [](const QueuedCommit& commit) { return commit.held_back; }));
-    snapshot.store_queued = static_cast<int64_t>(commit_queue_.size());
+    snapshot.store_failures_total = outbox_.storage_failures();
+    snapshot.store_held_back = outbox_.held_back();
+    snapshot.store_queued = outbox_.queued();
     for (auto& [id, entry] : jobs_) {
       const JobRecord& job = entry.stored;
       ++snapshot.jobs_by_state[job.state];

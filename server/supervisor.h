@@ -61,6 +61,7 @@
 #include "server/agent_registry.h"
 #include "server/checkpoint_ledger.h"
 #include "server/checkpoint_policy.h"
+#include "server/commit_queue.h"
 #include "server/failure_detector.h"
 #include "server/goodput.h"
 #include "server/job_store.h"
@@ -84,12 +85,14 @@ struct SupervisorOptions {
   config::SpecLimits spec_limits;
   // Failure handling (docs/failures.md): the prior MTBF of one node for Young–Daly, the
   // quarantine of nodes where attempts keep failing, how long hang reports are gathered and the
-  // slack of the coordinator's own progress check, and the seed of the backoff jitter.
+  // slack of the coordinator's own progress check, and the source of the backoff jitter.
   absl::Duration node_mtbf = absl::Hours(5000);
   QuarantineOptions quarantine;
   absl::Duration hang_gather = absl::Seconds(2);
   absl::Duration hang_slack = absl::Seconds(3);
-  uint64_t jitter_seed = 0;  // 0: from the clock
+  // Draws uniform in [0, 1) for the restart backoff's jitter (RestartPolicy::Decide); empty:
+  // JitterDraws seeded from the clock.
+  std::function<double()> jitter_draw;
   // The secret a worker of (job, attempt) proves itself with (ServiceAuth::Worker); null: none.
   std::function<std::string(const std::string& job_id, int attempt_id)> attempt_secret;
   // Submissions beyond this many QUEUED jobs of one user are refused (RESOURCE_EXHAUSTED).
@@ -487,51 +490,27 @@ class Supervisor {
   void Transition(Txn& txn, JobEntry& entry, JobState to, std::string kind, std::string cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores txn.batch, then sends txn.orders and notifies watchers, and returns once that is
-  // done. Group commit: the change joins the queue of changes to store (with copies of its
-  // records); whichever caller finds no store in progress stores everything queued in one
-  // transaction with mu_ released, so the disk's latency holds up no other caller and concurrent
-  // changes share one fsync; the others wait for it (mu_ released too). So when this returns,
-  // other threads may have changed the state in between. When the store fails, the change is
-  // held back with a "storage_failed" event for each job it touched, and so are its orders and
-  // every later change's: no agent acts on a change before it is stored. Returns the store's
-  // error then; memory keeps the change, and Tick stores it once the store works again.
+  // done, through the commit queue (outbox_, server/commit_queue.h): whichever caller finds no
+  // store in progress stores everything queued in one transaction with mu_ released, so when
+  // this returns other threads may have changed the state in between. When the store fails, the
+  // change is held back with a "storage_failed" event for each job it touched, and so are its
+  // orders and every later change's: no agent acts on a change before it is stored. Returns the
+  // store's error then; memory keeps the change, and Tick stores it once the store works again.
   [[nodiscard]] absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A change waiting in the commit queue: copies of the records it stores, taken when it was
-  // queued, so that the store reads them without the lock.
-  struct QueuedCommit {
-    uint64_t seq = 0;
-    std::vector<JobRecord> new_jobs, updated_jobs;
-    std::vector<AttemptRecord> attempts;
-    std::vector<NodeRecord> nodes;
-    std::vector<EventRecord> events;
-    std::vector<JobCheckpoint> checkpoints;
-    std::vector<StoreBatch::CordonChange> cordons;
-    std::vector<std::pair<std::string, AgentOrder>> orders;
-    std::vector<std::string> touched;  // job ids: watchers, storage_failed events
-    bool submission = false;           // refused, not held back, when its store fails
-    bool held_back = false;            // a store of it failed (its storage_failed events added)
-  };
-  // Queues txn's changes (taking txn.orders) and returns their sequence number.
+  // Queues txn's changes (copies of its records; taking txn.orders) and returns their sequence
+  // number.
   uint64_t EnqueueCommitLocked(Txn& txn, bool submission) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until change `seq` is stored (OK), refused or held back (the store's error), storing
-  // the queue itself when no other caller is.
-  [[nodiscard]] absl::Status AwaitStoredLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores everything queued in one transaction, mu_ released during the store; then sends the
-  // stored changes' orders and notifies their watchers, or holds them back.
-  void StoreQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `orders` in order (taking them); an order to a disconnected node is dropped, logged.
   void SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>>& orders)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The commit queue's hook for a change held back: a storage_failed event for each job it
+  // touched, stored with it.
   void HoldBackLocked(QueuedCommit& commit, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Holds back the first `count` queued changes (refusing the submissions among them).
-  void HoldBackQueuedLocked(size_t count, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyStoredLocked(const std::set<std::string>& job_ids,
                           const std::vector<EventRecord>& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick: retries the held-back changes; once they are stored their orders go out.
-  void StoreHeldBackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunAfter(Txn& txn);
 
   // State machine steps.
@@ -669,25 +648,14 @@ class Supervisor {
   std::map<std::string, Histogram> detection_seconds_ ABSL_GUARDED_BY(mu_);
   Histogram restart_seconds_ ABSL_GUARDED_BY(mu_){FailureSecondsBuckets()};
   NodeQuarantine quarantine_ ABSL_GUARDED_BY(mu_);
-  uint64_t jitter_state_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<double()> jitter_draw_ ABSL_GUARDED_BY(mu_);
   // Stop orders sent for stray workers, keyed "node/job/attempt/rank", to resend them at most
   // once per grace period.
   std::map<std::string, absl::Time> stray_stops_ ABSL_GUARDED_BY(mu_);
-  // Group commit: the changes not stored yet, oldest first (sequence numbers from 1); the newest
-  // stored one; the newest whose store failed (held back); refused submissions' errors for their
-  // waiters; whether a caller is storing now (mu_ released), and the signal when it is done.
-  std::deque<QueuedCommit> commit_queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_commit_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t stored_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t failed_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
-  bool committing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar commit_done_;
+  // Group commit (server/commit_queue.h): the changes not stored yet and the store's health.
+  CommitQueue outbox_ ABSL_GUARDED_BY(mu_);
   // Submissions being stored, by client_request_id: a second one with the same key waits.
   std::set<std::string> submitting_ ABSL_GUARDED_BY(mu_);
-  // Storage failures: the newest error (OK while the store works) and a count.
-  absl::Status storage_error_ ABSL_GUARDED_BY(mu_);
-  int64_t storage_failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
 };
 

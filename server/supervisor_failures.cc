@@ -224,14 +224,9 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
     AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
              absl::StrCat(failure.cause, "; the job was draining: no restart"));
   } else {
-    // A uniform draw in [0, 1) for the jitter (splitmix64).
-    jitter_state_ += 0x9e3779b97f4a7c15ull;
-    uint64_t z = jitter_state_;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    const double draw = static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-    const RestartDecision decision = entry.restart_policy->Decide(
-        failure.failure_class, entry.restarts_by_class, entry.consecutive_failures + 1, draw);
+    const RestartDecision decision =
+        entry.restart_policy->Decide(failure.failure_class, entry.restarts_by_class,
+                                     entry.consecutive_failures + 1, jitter_draw_());
     if (decision.restart) {
       // Counted when granted, in the budgets and the job's total alike, so that `status` shows
       // the same count on its attempts and restarts lines while the restart waits for a node.

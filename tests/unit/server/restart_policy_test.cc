@@ -1,6 +1,7 @@
 // RestartPolicy: classification of failures, restart budgets and the backoff sequence.
 #include "server/restart_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <map>
@@ -247,6 +248,27 @@ TEST(RestartPolicyTest, JitterStaysWithinItsFraction) {
   const absl::Duration capped_high = policy.Backoff(20, 0.999);
   EXPECT_GT(capped_high, absl::Milliseconds(74900));
   EXPECT_LT(capped_high, absl::Seconds(75));
+}
+
+TEST(RestartPolicyTest, JitterDrawsAreASeededUniformSequence) {
+  JitterDraws a(42), b(42), c(43);
+  double sum = 0, low = 1, high = 0;
+  bool differs = false;
+  constexpr int kDraws = 20000;
+  for (int i = 0; i < kDraws; ++i) {
+    const double x = a.Next();
+    EXPECT_EQ(x, b.Next());  // the same seed, the same draws
+    differs = differs || x != c.Next();
+    ASSERT_GE(x, 0.0);
+    ASSERT_LT(x, 1.0);
+    sum += x;
+    low = std::min(low, x);
+    high = std::max(high, x);
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_NEAR(sum / kDraws, 0.5, 0.01);  // 1/sqrt(12·20000) ≈ 0.002 is one standard error
+  EXPECT_LT(low, 0.001);
+  EXPECT_GT(high, 0.999);
 }
 
 TEST(RestartPolicyTest, FullJitterNeverGoesNegative) {

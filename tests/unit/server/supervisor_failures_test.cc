@@ -266,6 +266,33 @@ TEST_F(SupervisorFailurePolicyTest, CrashRestartsAfterAnExponentialBackoff) {
   EXPECT_EQ(sent.starts[0].attempt_id, 3);
 }
 
+// The jitter's draws come from SupervisorOptions::jitter_draw: with draws 0 and then 0.75 and a
+// jitter of 0.5, the delays are 4 s × 0.5 and 8 s × 1.25.
+TEST_F(SupervisorFailurePolicyTest, BackoffJitterTakesTheInjectedDraws) {
+  std::vector<double> draws = {0.0, 0.75};
+  options_.jitter_draw = [&draws] {
+    const double draw = draws.front();
+    draws.erase(draws.begin());
+    return draw;
+  };
+  Restart();
+  const std::string id = Submit(FailureSpec(
+      "jitter", 1,
+      "max_restarts: 3, backoff_initial_s: 4, backoff_max_s: 60, backoff_multiplier: 2, "
+      "backoff_jitter: 0.5"));
+  Agent agent = Connect("node-a", 1);
+  StartAndJoin(agent, id, 1, 1);
+  absl::Time failed = clock_.Now();
+  Exit(agent, id, 1, 0, 0, /*signal=*/9);
+  EXPECT_EQ(View(id).job.health.restart_at, failed + absl::Seconds(2));
+  AdvanceWithHeartbeats(absl::Seconds(2), {agent});
+  StartAndJoin(agent, id, 2, 1);
+  failed = clock_.Now();
+  Exit(agent, id, 2, 0, 0, /*signal=*/9);
+  EXPECT_EQ(View(id).job.health.restart_at, failed + absl::Seconds(10));
+  EXPECT_TRUE(draws.empty());
+}
+
 TEST_F(SupervisorFailurePolicyTest, ClassBudgetEndsHangRestartsWhileCrashesStillRestart) {
   const std::string id = Submit(FailureSpec(
       "budget", 1, "max_restarts: 3, max_restarts_by_cause: {hang: 1}, backoff_initial_s: 0"));
@@ -525,7 +552,9 @@ TEST_F(SupervisorFailurePolicyTest, CordonsSurviveACoordinatorRestart) {
   for (int attempt = 1; attempt <= 2; ++attempt) {
     StartAndJoin(a, id, attempt, 1);
     Exit(a, id, attempt, 0, 0, /*signal=*/9);
-    if (attempt == 1) ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+    if (attempt == 1) {
+      ASSERT_EQ(TakeSent(a).starts.size(), 1u);
+    }
   }
   std::optional<NodeStatus> before = FindNode("node-a");
   ASSERT_TRUE(before.has_value() && before->cordoned);
