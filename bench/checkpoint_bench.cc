@@ -9,7 +9,8 @@
 //     its restore to the moment the last rank finished (TrainResult.restore_began_ns / _ended_ns:
 //     a rank's own restore_seconds also holds its wait for peers still starting up), with the
 //     checkpoint's pages dropped from the page cache (cold) and again with them cached (warm).
-//   - export (`trainyard export --format hf` of the last checkpoint, against the disk's bandwidth)
+//   - export (`trainyard export --format hf` of the last checkpoint, against the disk's bandwidth
+//     measured just before and just after it)
 //     and model.init_from of the exported directory, the whole model in one process.
 // bench/run_checkpoint_bench.sh runs it beside bench/torch_checkpoint_peer.py.
 //
@@ -335,16 +336,33 @@ struct Row {
   double restore_warm_s = 0.0;   // the same, checkpoint cached
   double export_s = 0.0;         // the last checkpoint as a Hugging Face directory (fsync'd)
   int64_t export_bytes = 0;      // its tensors' bytes
-  double init_from_s = 0.0;      // model.init_from of that directory: the whole model, one process
+  // The disk's fsync'd write bandwidth around the export: one write of the export's size just
+  // before it and one just after, their mean time (the disk swings between runs).
+  double export_disk_bytes_per_s = 0.0;
+  double init_from_s = 0.0;  // model.init_from of that directory: the whole model, one process
 };
 
 // `trainyard export` of the newest checkpoint in `checkpoint_dir` to `out`, then model.init_from's
 // reader over it into a buffer already touched (as a rank's parameters are): their seconds.
 absl::Status TimeExportAndInitFrom(const config::JobSpec& spec, const std::string& checkpoint_dir,
                                    const std::string& out, Row& row) {
+  // The reference writes as many bytes as the export's fp32 tensors (the parameters).
+  const int64_t reference_bytes = row.params * static_cast<int64_t>(sizeof(float));
+  std::vector<char> source(reference_bytes);
+  std::mt19937_64 rng(2);
+  for (size_t i = 0; i + 8 <= source.size(); i += 8) {
+    const uint64_t word = rng();
+    std::memcpy(source.data() + i, &word, 8);
+  }
+  const std::string scratch = std::filesystem::path(out).parent_path().string();
+  absl::StatusOr<double> before = TimeFsyncedWrite(scratch, reference_bytes, source);
+  if (!before.ok()) return before.status();
   absl::StatusOr<worker::convert::ExportResult> exported =
       worker::convert::ExportHf(*RealFileSystem(), checkpoint_dir, {.out_dir = out});
   if (!exported.ok()) return exported.status();
+  absl::StatusOr<double> after = TimeFsyncedWrite(scratch, reference_bytes, source);
+  if (!after.ok()) return after.status();
+  row.export_disk_bytes_per_s = 2.0 * static_cast<double>(reference_bytes) / (*before + *after);
   row.export_s = exported->seconds;
   row.export_bytes = exported->tensor_bytes;
   config::JobSpec from = spec;
@@ -493,12 +511,12 @@ void PrintJson(const Flags& f, const std::vector<Row>& rows, double disk_bw, dou
         "\"first_blocked_s\":%.6f,\"blocked_s\":%.6f,\"memcpy_floor_s\":%.6f,"
         "\"write_s\":%.6f,\"last_write_s\":%.6f,\"restore_cold_s\":%.6f,\"restore_warm_s\":%.6f,"
         "\"export_s\":%.6f,\"export_bytes\":%lld,\"init_from_s\":%.6f,"
-        "\"disk_bytes_per_s\":%.0f}\n",
+        "\"disk_bytes_per_s\":%.0f,\"export_disk_bytes_per_s\":%.0f}\n",
         r.preset.c_str(), r.ranks, f.batch, f.seq, f.steps, f.every, f.threads,
         static_cast<long long>(r.params), static_cast<long long>(r.bytes), r.saves, r.step_s,
         r.step_writing_s, r.first_blocked_s, r.blocked_s, r.floor_s, r.write_s, r.last_write_s,
         r.restore_cold_s, r.restore_warm_s, r.export_s, static_cast<long long>(r.export_bytes),
-        r.init_from_s, disk_bw);
+        r.init_from_s, disk_bw, r.export_disk_bytes_per_s);
   }
 }
 

@@ -206,11 +206,13 @@ def print_goals(ours, torch):
         if "export_s" not in r:
             continue
         bw = r["export_bytes"] / r["export_s"]
-        ok = bw >= GOAL_OF_DISK * r["disk_bytes_per_s"]
+        # The disk as measured around the export (older results: the run's reference).
+        disk = r.get("export_disk_bytes_per_s") or r["disk_bytes_per_s"]
+        ok = bw >= GOAL_OF_DISK * disk
         missed += not ok
         print("6. checkpoint of %d rank(s): export %.0f MB/s = %.0f%% of the disk's %.0f MB/s "
-              "(goal >= 80%%): **%s**" % (r["ranks"], bw / 1e6, 100 * bw / r["disk_bytes_per_s"],
-                                          r["disk_bytes_per_s"] / 1e6, "met" if ok else "missed"))
+              "(written just before and after the export; goal >= 80%%): **%s**"
+              % (r["ranks"], bw / 1e6, 100 * bw / disk, disk / 1e6, "met" if ok else "missed"))
     print()
     return missed
 

@@ -71,7 +71,8 @@ RAW="$WORK/raw.txt"
 run() {
   local name=$1
   shift
-  echo "\$$(printf ' %q' "$@")" >>"$RAW"
+  # The command as run, with the checkout's own path left out (the report is committed).
+  echo "\$$(printf ' %q' "$@")" | sed "s|$ROOT/||g" >>"$RAW"
   sync
   if ! "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"; then
     echo "run_checkpoint_bench: $name failed:" >&2
