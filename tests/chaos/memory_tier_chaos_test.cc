@@ -231,10 +231,13 @@ TEST(MemoryTierChaosTest, LostNodeResumesFromThePeerCopyOnTheSurvivor) {
       LastLoggedStep(cp.Cli({"logs", job_id, "--attempt", "1", "--rank", "0"}).out);
   const int64_t resumed = ResumedStep(cause);
   // No checkpoint on disk yet (every 1000 steps): all of it came from memory. The peer copy
-  // trails the snapshot it copies by the time a copy takes: a few steps of this tiny model.
+  // trails the snapshot it copies (one per step) by the time a copy takes: a few steps of this
+  // tiny model on an idle machine, but 11 and 20 steps in two runs of the whole suite on a
+  // loaded 2-core machine (a step takes milliseconds). 50 steps still tells a recent copy from
+  // a stale one; the exact final loss below tells that it was whole.
   EXPECT_LT(interrupted, 1000);
   EXPECT_GT(resumed, 0);
-  EXPECT_GE(resumed, interrupted - 10);
+  EXPECT_GE(resumed, interrupted - 50);
   EXPECT_LE(resumed, interrupted);
 
   const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
