@@ -161,6 +161,13 @@ absl::StatusOr<CommandLine> ParseCommandLine(absl::Span<const std::string> args,
   return line;
 }
 
+absl::Status RefusePositionals(const CommandLine& line, std::string_view command) {
+  if (line.positionals.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unexpected argument '", line.positionals[0], "'",
+                   command.empty() ? "" : absl::StrCat(" for ", std::string(command))));
+}
+
 absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv, int first,
                                              absl::Span<const std::string_view> accepted,
                                              std::string_view command) {

@@ -56,6 +56,11 @@ struct CommandLine {
     absl::Span<const std::string> args, absl::Span<const std::string_view> accepted,
     std::string_view command = "");
 
+// INVALID_ARGUMENT naming the first positional argument, for a command that takes none
+// ("unexpected argument 'x' for calibrate"); OK when there is none.
+[[nodiscard]] absl::Status RefusePositionals(const CommandLine& line,
+                                             std::string_view command = "");
+
 // The same over main's argv from index `first` on.
 [[nodiscard]] absl::StatusOr<CommandLine> ParseCommandLine(
     int argc, char** argv, int first, absl::Span<const std::string_view> accepted,

@@ -219,10 +219,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     std::cout << kUsage << std::endl;
     std::exit(0);
   }
-  if (!line.positionals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
-  }
+  TY_RETURN_IF_ERROR(RefusePositionals(line));
   Flags flags;
   TY_RETURN_IF_ERROR(ReadCoordinatorFlags(line, flags.coordinator));
   flags.listen_given = line.Has("listen");

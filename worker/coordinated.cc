@@ -225,10 +225,7 @@ absl::StatusOr<CoordinatedOptions> ParseCoordinatedFlags(int argc, char** argv) 
   CoordinatedOptions options;
   auto parse = [&]() -> absl::Status {
     TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
-    if (!line.positionals.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", line.positionals[0], "'"));
-    }
+    TY_RETURN_IF_ERROR(RefusePositionals(line));
     options.coordinator = absl::GetFlag(FLAGS_coordinator);
     options.job_id = absl::GetFlag(FLAGS_job);
     options.attempt_id = absl::GetFlag(FLAGS_attempt);

@@ -150,10 +150,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     std::cout << kUsage << "\n\n" << kHelp;
     std::exit(0);
   }
-  if (!line.positionals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
-  }
+  TY_RETURN_IF_ERROR(RefusePositionals(line));
   Flags flags;
   flags.spec_path = absl::GetFlag(FLAGS_standalone);
   if (line.Has("threads")) {
@@ -195,10 +192,7 @@ absl::StatusOr<CalibrateFlags> ParseCalibrateFlags(int argc, char** argv) {
     std::cout << kCalibrateUsage << "\n\n" << kHelp;
     std::exit(0);
   }
-  if (!line.positionals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", line.positionals[0], "' for calibrate"));
-  }
+  TY_RETURN_IF_ERROR(RefusePositionals(line, "calibrate"));
   CalibrateFlags flags;
   flags.options.scratch_dir = absl::GetFlag(FLAGS_scratch);
   flags.reference_path = absl::GetFlag(FLAGS_reference);

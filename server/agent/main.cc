@@ -125,10 +125,7 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
     std::cout << kUsage << "\n\n" << kHelp;
     std::exit(0);
   }
-  if (!line.positionals.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", line.positionals[0], "'"));
-  }
+  TY_RETURN_IF_ERROR(RefusePositionals(line));
   AgentOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.node_id = absl::GetFlag(FLAGS_node_id);

@@ -98,6 +98,12 @@ TEST(FlagsTest, HelpAndTheEndOfFlags) {
   EXPECT_TRUE(Parse({"--help"})->help);
 }
 
+TEST(FlagsTest, ACommandWithoutPositionalsRefusesTheFirst) {
+  EXPECT_TRUE(RefusePositionals(*Parse({"--threads", "2"})).ok());
+  EXPECT_EQ(RefusePositionals(*Parse({"ckpt", "more"}), "calibrate").message(),
+            "unexpected argument 'ckpt' for calibrate");
+}
+
 TEST(FlagsTest, AFlagTheBinaryNeverDefinedIsAnError) {
   constexpr std::string_view kMissing[] = {"not-defined-anywhere"};
   EXPECT_EQ(Parse({}, kMissing).status().code(), absl::StatusCode::kInternal);
