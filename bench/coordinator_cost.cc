@@ -8,8 +8,9 @@
 //      is answered (counted from the first submission to the last WorkerStarted);
 //   3. every rank joins (not counted);
 //   4. "agent-second": --rounds times, every agent sends what it sends each second, one
-//      heartbeat and one ProgressBatch of its ranks' reports, and the round ends when every
-//      batch is answered (counted over all rounds).
+//      ProgressBatch of its ranks' reports carrying its heartbeat (as an agent whose ranks report
+//      about once a heartbeat interval sends them), and the round ends when every batch is
+//      answered (counted over all rounds).
 //
 // The coordinator's 100 ms tick runs during the phases as it always does; its instructions are
 // taken out of each phase's figure (Callgrind's inclusive cost of Supervisor::Tick) and reported
@@ -308,8 +309,9 @@ absl::Status Run(const Options& options) {
     for (int r = 0; r < options.ranks_per_job; ++r) ranks.push_back({id, r, 0, secrets.by_job[id]});
   }
   TY_RETURN_IF_ERROR(JoinRanks(worker_stubs, ranks, absl::Seconds(600)));
-  // 4. Agent-seconds: a heartbeat and a batch of reports from every agent, round by round.
+  // 4. Agent-seconds: a batch of reports with the heartbeat from every agent, round by round.
   beating = false;
+  for (auto& agent : agents) agent->HeartbeatInBatches();
   absl::SleepFor(absl::Milliseconds(100));  // a heartbeat round under way ends
   TY_RETURN_IF_ERROR(counter.Start());
   for (int round = 1; round <= options.rounds; ++round) {

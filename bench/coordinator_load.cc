@@ -19,7 +19,11 @@
 //
 // Usage: trainyard-bench-coordinator [--server-binary PATH] [--agents N] [--slots S]
 //          [--ranks-per-job R] [--seconds T] [--channels C] [--submitters N]
-//          [--progress relay|direct]
+//          [--progress relay|direct] [--heartbeat-in-batch yes|no]
+//
+// With --progress relay, each batch carries its agent's heartbeat once the reports start (as an
+// agent's batches do when its ranks report about once a heartbeat interval); with
+// --heartbeat-in-batch no the heartbeats stay separate messages.
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +59,9 @@ struct Options {
   int submitters = 16;  // client threads submitting the jobs concurrently
   std::string dump;     // CSV of every measured report: send time (ms into the window), ms
   bool relay = true;    // --progress relay (batches on the agents' streams) or direct
+  // --heartbeat-in-batch yes|no: with the relay, whether each batch carries its agent's heartbeat
+  // (one message per agent-second, as the agent sends them) or heartbeats go on their own
+  bool heartbeat_in_batch = true;
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -77,6 +84,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     } else if (arg == "--progress") {
       ok = value == "relay" || value == "direct";
       options.relay = value == "relay";
+    } else if (arg == "--heartbeat-in-batch") {
+      ok = value == "yes" || value == "no";
+      options.heartbeat_in_batch = value == "yes";
     } else if (arg == "--dump") {
       options.dump = value;
     } else if (arg == "--submitters") {
@@ -179,6 +189,9 @@ absl::Status Run(const Options& options) {
   std::atomic<int64_t> in_flight{0};
   std::thread reporters([&] {
     if (options.relay) {
+      if (options.heartbeat_in_batch) {
+        for (auto& agent : agents) agent->HeartbeatInBatches();
+      }
       PacedLoop(options.agents, stop, [&](int64_t i) { agents[i]->ReportBatch(); });
       return;
     }
@@ -257,7 +270,7 @@ absl::Status Run(const Options& options) {
       "| metric | value |\n|---|---:|\n"
       "| simulated agents (1 Hz heartbeats, %d workers each) | %d |\n"
       "| simulated ranks (1 Hz progress reports) / jobs | %d / %d |\n"
-      "| reports sent as | %s |\n"
+      "| reports sent as | %s%s |\n"
       "| set-up: agents registered / jobs submitted / all ranks started / all joined | "
       "%.1f s / %.1f s / %.1f s / %.1f s |\n"
       "| submissions accepted per second (%d client threads) | %.0f |\n"
@@ -275,6 +288,7 @@ absl::Status Run(const Options& options) {
       options.slots, options.agents, ranks_total, jobs,
       options.relay ? "one ProgressBatch per agent per second (relay)"
                     : "one WorkerService.ReportProgress call per rank (direct)",
+      options.relay && options.heartbeat_in_batch ? ", carrying the agent's heartbeat" : "",
       absl::ToDoubleSeconds(register_time), absl::ToDoubleSeconds(submit_time),
       absl::ToDoubleSeconds(place_time), absl::ToDoubleSeconds(join_time), options.submitters,
       jobs / std::max(absl::ToDoubleSeconds(submit_time), 1e-9), seconds,

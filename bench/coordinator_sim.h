@@ -229,16 +229,20 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     StartCall();
   }
 
+  // A Heartbeat message; none once the heartbeat rides on the batches (HeartbeatInBatches).
   void Heartbeat() {
+    if (heartbeat_in_batches_.load()) return;
     v1::AgentMessage beat;
-    beat.mutable_heartbeat()->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
     {
       absl::MutexLock lock(&mu_);
-      for (const v1::RunningWorker& w : running_) *beat.mutable_heartbeat()->add_running() = w;
+      FillHeartbeatLocked(beat.mutable_heartbeat());
     }
     Enqueue(std::move(beat));
     heartbeats_.fetch_add(1);
   }
+  // From now on each batch carries the heartbeat, as a real agent's do when its ranks report
+  // about once a heartbeat interval.
+  void HeartbeatInBatches() { heartbeat_in_batches_ = true; }
 
   // What the agent's progress relay sends: one report per rank it runs, in one batch.
   void ReportBatch() {
@@ -246,6 +250,10 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     v1::ProgressBatch* batch = message.mutable_progress();
     {
       absl::MutexLock lock(&mu_);
+      if (heartbeat_in_batches_.load()) {
+        FillHeartbeatLocked(batch->mutable_heartbeat());
+        heartbeats_.fetch_add(1);
+      }
       batch->set_batch_id(++batch_id_);
       sent_[batch_id_] = absl::Now();
       ++step_;
@@ -336,6 +344,11 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     }
   }
 
+  void FillHeartbeatLocked(v1::Heartbeat* heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    heartbeat->set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
+    for (const v1::RunningWorker& w : running_) *heartbeat->add_running() = w;
+  }
+
   void Enqueue(v1::AgentMessage message) {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(message));
@@ -367,6 +380,7 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   std::atomic<int64_t> answered_{0};
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<bool> ended_early_{false};
+  std::atomic<bool> heartbeat_in_batches_{false};
   absl::Notification done_;
 };
 

@@ -1,6 +1,7 @@
 #include "server/agent_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,13 @@ google::protobuf::ArenaOptions ArenaOptions(char* first_block, size_t size) {
   options.initial_block = first_block;
   options.initial_block_size = size;
   return options;
+}
+
+std::vector<RunningWorker> Running(const v1::Heartbeat& heartbeat) {
+  std::vector<RunningWorker> running;
+  running.reserve(heartbeat.running_size());
+  for (const v1::RunningWorker& w : heartbeat.running()) running.push_back(FromProto(w));
+  return running;
 }
 
 // The registry's handle on one stream.
@@ -103,13 +111,8 @@ class AgentStream : public Reactor {
     switch (message.msg_case()) {
       case v1::AgentMessage::kRegistration:
         return absl::InvalidArgumentError("registered twice on one stream");
-      case v1::AgentMessage::kHeartbeat: {
-        std::vector<RunningWorker> running;
-        for (const v1::RunningWorker& w : message.heartbeat().running()) {
-          running.push_back(FromProto(w));
-        }
-        return supervisor_->Heartbeat(node_id_, session_, running);
-      }
+      case v1::AgentMessage::kHeartbeat:
+        return supervisor_->Heartbeat(node_id_, session_, Running(message.heartbeat()));
       case v1::AgentMessage::kStarted: {
         const v1::WorkerStarted& started = message.started();
         return supervisor_->WorkerStarted(
@@ -139,8 +142,11 @@ class AgentStream : public Reactor {
     std::vector<ProgressUpdate> updates;
     updates.reserve(batch.reports_size());
     for (const v1::ProgressReport& report : batch.reports()) updates.push_back(FromProto(report));
+    std::optional<std::vector<RunningWorker>> running;
+    if (batch.has_heartbeat()) running = Running(batch.heartbeat());
     TY_ASSIGN_OR_RETURN(std::vector<absl::StatusOr<OrderReply>> orders,
-                        supervisor_->ReportNodeProgress(node_id_, session_, updates));
+                        supervisor_->ReportNodeProgress(node_id_, session_, updates,
+                                                        running ? &*running : nullptr));
     v1::CoordinatorMessage message;
     v1::ProgressAnswers* answers = message.mutable_progress_answers();
     answers->set_batch_id(batch.batch_id());

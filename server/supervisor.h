@@ -348,9 +348,11 @@ class Supervisor {
   // Connect stream), handled under one lock and one transaction: one answer per update, in order,
   // each what ReportProgress would answer, or PERMISSION_DENIED for a rank that the update's
   // attempt did not place on `node_id`. FAILED_PRECONDITION for the whole batch when `session`
-  // was replaced or lost (the agent must reconnect).
+  // was replaced or lost (the agent must reconnect). `heartbeat` (may be null): the workers a
+  // heartbeat sent with the batch lists, taken as Heartbeat takes them, before the updates.
   [[nodiscard]] absl::StatusOr<std::vector<absl::StatusOr<OrderReply>>> ReportNodeProgress(
-      const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates);
+      const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates,
+      const std::vector<RunningWorker>* heartbeat = nullptr);
 
   // --- Time and lifecycle --------------------------------------------------------------------
   // Expires rendezvous and KV waits, declares silent nodes lost, resends stop orders that went

@@ -153,7 +153,8 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<OrderReply>>> Supervisor::ReportNodeProgress(
-    const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates) {
+    const std::string& node_id, uint64_t session, const std::vector<ProgressUpdate>& updates,
+    const std::vector<RunningWorker>* heartbeat) {
   if (!registry_->Touch(node_id, session)) {
     return absl::FailedPreconditionError(
         absl::StrCat("session of node ", node_id, " was replaced or lost; reconnect"));
@@ -163,6 +164,7 @@ absl::StatusOr<std::vector<absl::StatusOr<OrderReply>>> Supervisor::ReportNodePr
   Txn txn;
   {
     absl::MutexLock lock(&mu_);
+    if (heartbeat != nullptr) ReconcileLocked(txn, node_id, *heartbeat, /*on_connect=*/false);
     for (const ProgressUpdate& update : updates) {
       answers.push_back(ReportProgressLocked(txn, update, &node_id));
     }

@@ -310,6 +310,21 @@ TEST_F(SupervisorTest, ANodesProgressBatchIsAnsweredPerReportAndOnlyForItsOwnRan
   StoreProgress();
   EXPECT_EQ(View(id).job.progress.step, 3) << "rank 0's report is the job's progress";
 
+  // A heartbeat that rides on the batch is taken as a Heartbeat message is: its stray worker
+  // is stopped, and the reports are answered as before.
+  a.channel->Take();
+  const std::vector<RunningWorker> heartbeat = {RunningWorker{id, 1, 0, 1000},
+                                                RunningWorker{"j-424242", 1, 0, 77}};
+  auto with_heartbeat =
+      supervisor_->ReportNodeProgress("node-a", a.session, {updates[0], updates[1]}, &heartbeat);
+  ASSERT_TRUE(with_heartbeat.ok()) << with_heartbeat.status();
+  EXPECT_TRUE((*with_heartbeat)[0].ok());
+  EXPECT_TRUE((*with_heartbeat)[1].ok());
+  std::vector<AgentOrder> orders = a.channel->Take();
+  ASSERT_EQ(orders.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<StopWorkersOrder>(orders[0]));
+  EXPECT_EQ(std::get<StopWorkersOrder>(orders[0]).job_id, "j-424242");
+
   // A replaced session speaks for nobody.
   EXPECT_TRUE(absl::IsFailedPrecondition(
       supervisor_->ReportNodeProgress("node-b", b.session + 1000, {updates[2]}).status()));
