@@ -225,12 +225,13 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   TY_ASSIGN_OR_RETURN(supervisor_, Supervisor::Create(store_.get(), registry_.get(), kv_.get(),
                                                       clock_, SupervisorOptionsFor(options)));
   logs_ = std::make_unique<LogRouter>(registry_.get());
-  job_service_ = std::make_unique<JobServiceImpl>(supervisor_.get(), logs_.get(),
-                                                  service_auth_.get(), streams_.get());
+  executor_ = std::make_unique<CallExecutor>();
+  job_service_ = std::make_unique<JobServiceImpl>(
+      supervisor_.get(), logs_.get(), service_auth_.get(), streams_.get(), executor_.get());
   agent_service_ =
       std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get(), service_auth_.get());
   worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_,
-                                                        service_auth_.get());
+                                                        service_auth_.get(), executor_.get());
 
   // The main listener takes every service, its requests' memory bounded; the cluster listener
   // takes the agents' and workers' traffic, unbounded by that quota (at thousands of connections
@@ -335,6 +336,7 @@ void Coordinator::Stop(absl::Duration deadline) {
     (*server)->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
     (*server)->Wait();
   }
+  executor_.reset();
   metrics_server_.reset();
   if (!state_dir_.empty()) {
     std::error_code ignored;

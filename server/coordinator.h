@@ -36,6 +36,7 @@ class AgentRegistry;
 class AgentServiceImpl;
 class AttemptSecrets;
 class Authenticator;
+class CallExecutor;
 class ServiceAuth;
 class StreamQuota;
 class CoordinatorMetrics;
@@ -124,6 +125,9 @@ class Coordinator {
   std::unique_ptr<StreamQuota> streams_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<LogRouter> logs_;
+  // The calls that may wait for the store run here, not on gRPC's threads; stopped after the
+  // listeners, which wait for those calls' answers.
+  std::unique_ptr<CallExecutor> executor_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

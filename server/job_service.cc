@@ -180,16 +180,17 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                "spec of ", request->spec_yaml().size(),
                                " bytes is over the limit of ", config::kMaxSpecBytes, " bytes")));
   }
-  absl::StatusOr<Identity> caller = auth_->User(*context);
-  if (!caller.ok()) return Answer(context, caller.status());
-  SubmitRequest submit;
-  submit.spec_yaml = request->spec_yaml();
-  if (!request->spec_source().empty()) submit.spec_source = request->spec_source();
-  submit.user = caller->user;  // who the credential proves, never who the request says
-  submit.client_request_id = request->client_request_id();
-  absl::StatusOr<JobRecord> job = supervisor_->Submit(submit);
-  if (job.ok()) ToProto(*job, reply->mutable_job());
-  return Answer(context, job.status());
+  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(const Identity caller, auth_->User(*context));
+    SubmitRequest submit;
+    submit.spec_yaml = request->spec_yaml();
+    if (!request->spec_source().empty()) submit.spec_source = request->spec_source();
+    submit.user = caller.user;  // who the credential proves, never who the request says
+    submit.client_request_id = request->client_request_id();
+    TY_ASSIGN_OR_RETURN(const JobRecord job, supervisor_->Submit(submit));
+    ToProto(job, reply->mutable_job());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
@@ -239,12 +240,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  absl::StatusOr<Identity> caller = JobCaller(*context, request->job_id());
-  if (!caller.ok()) return Answer(context, caller.status());
-  absl::StatusOr<JobRecord> job =
-      supervisor_->Cancel(request->job_id(), request->reason(), caller->user);
-  if (job.ok()) ToProto(*job, reply->mutable_job());
-  return Answer(context, job.status());
+  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(*context, request->job_id()));
+    TY_ASSIGN_OR_RETURN(const JobRecord job,
+                        supervisor_->Cancel(request->job_id(), request->reason(), caller.user));
+    ToProto(job, reply->mutable_job());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* context,
@@ -268,12 +270,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::DrainJob(grpc::CallbackServerContext* 
                                                    const v1::DrainJobRequest* request,
                                                    v1::DrainJobReply* reply) {
   if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  absl::StatusOr<Identity> caller = JobCaller(*context, request->job_id());
-  if (!caller.ok()) return Answer(context, caller.status());
-  absl::StatusOr<JobRecord> job =
-      supervisor_->Drain(request->job_id(), request->reason(), caller->user);
-  if (job.ok()) ToProto(*job, reply->mutable_job());
-  return Answer(context, job.status());
+  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(*context, request->job_id()));
+    TY_ASSIGN_OR_RETURN(const JobRecord job,
+                        supervisor_->Drain(request->job_id(), request->reason(), caller.user));
+    ToProto(job, reply->mutable_job());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerWriteReactor<v1::JobUpdate>* JobServiceImpl::WatchJob(
@@ -302,15 +305,16 @@ grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(grpc::CallbackServerConte
   if (request->node_id().empty()) {
     return Answer(context, absl::InvalidArgumentError("node_id is empty"));
   }
-  absl::StatusOr<Identity> caller = auth_->User(*context);
-  if (!caller.ok()) return Answer(context, caller.status());
-  if (!caller->admin()) {
-    return Answer(context, absl::PermissionDeniedError(absl::StrCat(
-                               caller->user, " is not an admin: only admins manage nodes")));
-  }
-  absl::StatusOr<NodeStatus> node = supervisor_->Uncordon(request->node_id());
-  if (node.ok()) ToProto(*node, reply->mutable_node());
-  return Answer(context, node.status());
+  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(const Identity caller, auth_->User(*context));
+    if (!caller.admin()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(caller.user, " is not an admin: only admins manage nodes"));
+    }
+    TY_ASSIGN_OR_RETURN(const NodeStatus node, supervisor_->Uncordon(request->node_id()));
+    ToProto(node, reply->mutable_node());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace trainyard::server

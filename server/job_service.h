@@ -1,6 +1,7 @@
 // JobService over gRPC's callback API: translates requests to Supervisor and LogRouter calls and
-// their results back. Unary calls answer on the gRPC thread that received them; WatchJob and
-// GetLogs are server streams fed by the Supervisor (JobWatcher) and the LogRouter (LogSink).
+// their results back. Reads answer on the gRPC thread that received them; calls that change
+// state (and so wait for the store) answer from the CallExecutor's threads; WatchJob and GetLogs
+// are server streams fed by the Supervisor (JobWatcher) and the LogRouter (LogSink).
 //
 // Every call is authenticated (ServiceAuth::User); a user sees and acts on their own jobs only,
 // an admin on all, and only an admin uncordons nodes. A job is recorded as submitted by the user
@@ -12,6 +13,7 @@
 
 #include "proto/trainyard.grpc.pb.h"
 #include "server/auth.h"
+#include "server/call_executor.h"
 #include "server/log_router.h"
 #include "server/service_auth.h"
 #include "server/supervisor.h"
@@ -22,8 +24,8 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
  public:
   // None is owned; all must outlive the service.
   JobServiceImpl(Supervisor* supervisor, LogRouter* logs, const ServiceAuth* auth,
-                 StreamQuota* streams)
-      : supervisor_(supervisor), logs_(logs), auth_(auth), streams_(streams) {}
+                 StreamQuota* streams, CallExecutor* executor)
+      : supervisor_(supervisor), logs_(logs), auth_(auth), streams_(streams), executor_(executor) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const ::trainyard::v1::SubmitJobRequest* request,
@@ -70,6 +72,7 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
   LogRouter* const logs_;
   const ServiceAuth* const auth_;
   StreamQuota* const streams_;
+  CallExecutor* const executor_;
 };
 
 }  // namespace trainyard::server

@@ -24,12 +24,15 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(grpc::CallbackServerContext* c
     reactor->Finish(ToGrpc(allowed));
     return reactor;
   }
-  supervisor_->Join(request->job_id(), request->attempt_id(), request->rank(),
-                    FromDeadline(context->deadline()),
-                    [reactor, reply](absl::StatusOr<JoinInfo> info) {
-                      if (info.ok()) ToProto(*info, reply);
-                      reactor->Finish(ToGrpc(info.status()));
-                    });
+  // The last rank's Join stores the attempt's start: it may wait for the store.
+  executor_->Run([this, context, request, reply, reactor] {
+    supervisor_->Join(request->job_id(), request->attempt_id(), request->rank(),
+                      FromDeadline(context->deadline()),
+                      [reactor, reply](absl::StatusOr<JoinInfo> info) {
+                        if (info.ok()) ToProto(*info, reply);
+                        reactor->Finish(ToGrpc(info.status()));
+                      });
+  });
   return reactor;
 }
 
@@ -73,40 +76,30 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportProgress(grpc::CallbackServerContext* context,
                                                             const v1::ProgressReport* request,
                                                             v1::ProgressReply* reply) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status allowed = auth_->Worker(*context, request->job_id(), request->attempt_id());
-      !allowed.ok()) {
-    reactor->Finish(ToGrpc(allowed));
-    return reactor;
-  }
-  absl::StatusOr<OrderReply> order = supervisor_->ReportProgress(FromProto(*request));
-  if (order.ok()) {
-    ToProto(*order, reply);
-  }
-  reactor->Finish(ToGrpc(order.status()));
-  return reactor;
+  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
+    TY_RETURN_IF_ERROR(auth_->Worker(*context, request->job_id(), request->attempt_id()));
+    TY_ASSIGN_OR_RETURN(const OrderReply order, supervisor_->ReportProgress(FromProto(*request)));
+    ToProto(order, reply);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportHang(grpc::CallbackServerContext* context,
                                                         const v1::HangReport* request,
                                                         v1::HangReply* /*reply*/) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = auth_->Worker(*context, request->job_id(), request->attempt_id());
-  if (status.ok()) status = supervisor_->ReportHang(FromProto(*request));
-  reactor->Finish(ToGrpc(status));
-  return reactor;
+  return AnswerFrom(executor_, context, [this, context, request]() -> absl::Status {
+    TY_RETURN_IF_ERROR(auth_->Worker(*context, request->job_id(), request->attempt_id()));
+    return supervisor_->ReportHang(FromProto(*request));
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ConfirmAttempt(
     grpc::CallbackServerContext* context, const v1::ConfirmAttemptRequest* request,
     v1::ConfirmAttemptReply* /*reply*/) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = auth_->Worker(*context, request->job_id(), request->attempt_id());
-  if (status.ok()) {
-    status = supervisor_->ConfirmAttempt(request->job_id(), request->attempt_id(), request->rank());
-  }
-  reactor->Finish(ToGrpc(status));
-  return reactor;
+  return AnswerFrom(executor_, context, [this, context, request]() -> absl::Status {
+    TY_RETURN_IF_ERROR(auth_->Worker(*context, request->job_id(), request->attempt_id()));
+    return supervisor_->ConfirmAttempt(request->job_id(), request->attempt_id(), request->rank());
+  });
 }
 
 }  // namespace trainyard::server

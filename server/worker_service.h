@@ -5,13 +5,16 @@
 // Every call must carry the secret of the attempt it names (in its fields, or its key's prefix):
 // a worker cannot join, report for or read the key-value space of another attempt.
 //
-// Threading: gRPC calls the methods on its own threads; the service holds no state of its own.
+// Threading: gRPC calls the methods on its own threads; the calls that may wait for the store
+// (Join, ReportProgress, ReportHang, ConfirmAttempt) go on to the CallExecutor's. The service
+// holds no state of its own.
 #ifndef TRAINYARD_SERVER_WORKER_SERVICE_H_
 #define TRAINYARD_SERVER_WORKER_SERVICE_H_
 
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/trainyard.grpc.pb.h"
+#include "server/call_executor.h"
 #include "server/kv_space.h"
 #include "server/service_auth.h"
 #include "server/supervisor.h"
@@ -21,8 +24,9 @@ namespace trainyard::server {
 class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackService {
  public:
   // None is owned; all must outlive the service.
-  WorkerServiceImpl(Supervisor* supervisor, KvSpace* kv, Clock* clock, const ServiceAuth* auth)
-      : supervisor_(supervisor), kv_(kv), clock_(clock), auth_(auth) {}
+  WorkerServiceImpl(Supervisor* supervisor, KvSpace* kv, Clock* clock, const ServiceAuth* auth,
+                    CallExecutor* executor)
+      : supervisor_(supervisor), kv_(kv), clock_(clock), auth_(auth), executor_(executor) {}
 
   // The longest a KvGet waits before answering found = false.
   static constexpr absl::Duration kMaxKvWait = absl::Seconds(30);
@@ -55,6 +59,7 @@ class WorkerServiceImpl final : public ::trainyard::v1::WorkerService::CallbackS
   KvSpace* const kv_;
   Clock* const clock_;
   const ServiceAuth* const auth_;
+  CallExecutor* const executor_;
 };
 
 }  // namespace trainyard::server
