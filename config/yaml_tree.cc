@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "config/yaml_common.h"
 
 namespace trainyard::config {
 namespace {
@@ -187,6 +188,17 @@ const YamlEntry* YamlNode::Find(std::string_view key) const {
 
 absl::StatusOr<YamlNode> ParseYamlTree(std::string_view text, std::string_view source_name,
                                        const YamlLimits& limits) {
+  if (text.size() <= limits.max_bytes) {
+    if (std::optional<YamlNode> common = ParseCommonYaml(text, limits.max_depth)) {
+      return std::move(*common);
+    }
+  }
+  return ParseYamlTreeWithYamlCpp(text, source_name, limits);
+}
+
+absl::StatusOr<YamlNode> ParseYamlTreeWithYamlCpp(std::string_view text,
+                                                  std::string_view source_name,
+                                                  const YamlLimits& limits) {
   if (text.size() > limits.max_bytes) {
     return LocatedError(
         source_name, YamlMark{}, "",
