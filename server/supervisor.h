@@ -520,8 +520,11 @@ class Supervisor {
   // `shape`: the smaller size an elastic restart was placed at (none: the job's own).
   void StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks,
                           const std::optional<JobShape>& shape) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `secret`: the attempt's secret when the caller has it (one HMAC per attempt, not per rank);
+  // null: worked out here.
   StartWorkerOrder StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
-                                 const RankSlot& slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                 const RankSlot& slot, const std::string* secret = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleExitLocked(Txn& txn, const std::string& node_id, const WorkerExit& exit,

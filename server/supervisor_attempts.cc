@@ -102,7 +102,7 @@ void Supervisor::ScheduleLocked(Txn& txn) {
 }
 
 StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
-                                           const RankSlot& slot) const {
+                                           const RankSlot& slot, const std::string* secret) const {
   StartWorkerOrder order;
   order.job_id = entry.job.id;
   order.attempt_id = attempt.attempt_id;
@@ -112,8 +112,11 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   order.gpu = attempt.kind == DeviceKind::kGpu;
   order.coordinator_address = coordinator_address_;
   order.env["TRAINYARD_JOB_NAME"] = entry.job.name;
-  if (options_.attempt_secret)
+  if (secret != nullptr) {
+    order.attempt_secret = *secret;
+  } else if (options_.attempt_secret) {
     order.attempt_secret = options_.attempt_secret(entry.job.id, attempt.attempt_id);
+  }
   // Peer copies of the memory tier go round the attempt's nodes: each node's snapshots to the
   // next one, so that a lost node's are on a survivor.
   std::vector<std::string> nodes;
@@ -181,8 +184,10 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
             entry.full_accumulation, " → ", shape->accumulation, " (the global batch is kept; ",
             why, ")"));
   }
+  const std::string secret =
+      options_.attempt_secret ? options_.attempt_secret(job.id, stored.attempt_id) : "";
   for (const RankSlot& slot : stored.ranks) {
-    txn.orders.emplace_back(slot.node_id, StartOrderFor(entry, stored, slot));
+    txn.orders.emplace_back(slot.node_id, StartOrderFor(entry, stored, slot, &secret));
   }
 }
 
