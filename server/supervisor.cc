@@ -374,7 +374,7 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   pending.priority = entry.job.priority;
   pending.seq = entry.job.seq;
   pending.requirements = entry.job.requirements;
-  pending.avoid_nodes = entry.avoid_nodes;
+  pending.avoid_nodes = entry.controller.avoid_nodes();
   pending.memory_per_rank = entry.memory_per_rank;
   // Only a restart may run smaller: a new job waits for its full size.
   if (entry.job.state == JobState::kRestarting) pending.smaller = entry.smaller_shapes;

@@ -64,6 +64,7 @@
 #include "server/commit_queue.h"
 #include "server/failure_detector.h"
 #include "server/goodput.h"
+#include "server/job_controller.h"
 #include "server/job_store.h"
 #include "server/kv_space.h"
 #include "server/node_quarantine.h"
@@ -401,18 +402,11 @@ class Supervisor {
     absl::Time progress_flushed = absl::InfinitePast();
     std::map<uint64_t, std::shared_ptr<JobWatcher>> watchers;
     CheckpointLedger checkpoints;
-    // Failure handling (supervisor_failures.cc). From the spec's fault_tolerance section.
-    config::FaultToleranceSpec fault_tolerance;
-    std::unique_ptr<RestartPolicy> restart_policy;
+    // Failure handling (supervisor_failures.cc). The restart policy and what it remembers
+    // between attempts, from the spec's fault_tolerance section.
+    JobController controller;
     std::unique_ptr<FailureDetector> detector;      // the running attempt's
     std::unique_ptr<StragglerDetector> stragglers;  // the running attempt's
-    std::map<FailureClass, int> restarts_by_class;
-    int consecutive_failures = 0;  // since an attempt last committed a checkpoint
-    absl::Time restart_at = absl::InfinitePast();
-    bool backing_off = false;  // RESTARTING, every worker gone, waiting for restart_at
-    FailureSummary last_failure;
-    std::unique_ptr<CheckpointPolicy> checkpoint_policy;  // `every_steps: auto`
-    std::set<std::string> avoid_nodes;  // stragglers' nodes, with exclude_stragglers
     // Elastic restarts: the sizes between min_nodes and resources.nodes with a valid mesh
     // (largest first), and the micro-batches accumulated per step at the full size.
     int min_nodes = 1;
@@ -427,13 +421,10 @@ class Supervisor {
     bool resized_by_choice = false;  // the next attempt follows a resize, not a failure
     int resumed_attempt = 0;         // the attempt whose "resumed" event was recorded
     absl::Time last_resize = absl::InfinitePast();
-    int64_t last_save_step = 0;                       // the newest save reported, in any state
-    int64_t ordered_step = 0;                         // the save ordered next
-    int ordered_attempt = 0;                          // the attempt it was ordered of
-    absl::Time exposure_mark = absl::InfinitePast();  // running time counted up to here
+    int64_t last_save_step = 0;  // the newest save reported, in any state
+    int64_t ordered_step = 0;    // the save ordered next
+    int ordered_attempt = 0;     // the attempt it was ordered of
     GoodputAccount goodput;
-    absl::Time failed_at = absl::InfinitePast();  // the last failure's detection
-    bool awaiting_first_step = false;             // a restart latency is due
   };
   // Changes of one operation: stored together (group commit, below), then orders sent and
   // watchers notified (under the lock, so orders keep their order), then `after` run without the

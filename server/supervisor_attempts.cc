@@ -151,7 +151,7 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
   entry.resized_by_choice = false;
   if (shape) entry.last_resize = attempt.created;
   job.current_attempt = attempt.attempt_id;
-  entry.backing_off = false;
+  entry.controller.AttemptPlaced();
   entry.goodput.AttemptScheduled(attempt.created, job.last_checkpoint.step);
   entry.joined.clear();
   entry.stop_sent = absl::InfinitePast();
@@ -169,8 +169,9 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     const Mesh& from = job.requirements.mesh;
     const Mesh& to = shape->mesh;
     std::string why = absl::StrCat("min_nodes ", entry.min_nodes);
-    if (entry.last_failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
-      why = absl::StrCat(entry.last_failure.node_id, " lost; ", why);
+    const FailureSummary& failure = entry.controller.last_failure();
+    if (failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
+      why = absl::StrCat(failure.node_id, " lost; ", why);
     }
     AddEvent(
         txn, entry, stored.attempt_id, job.state, job.state, "resized",
@@ -320,13 +321,12 @@ void Supervisor::FinishAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& a
   }
   if (job.state == JobState::kRestarting) {
     const absl::Time now = clock_->Now();
-    if (now < entry.restart_at) {
-      entry.backing_off = true;  // Tick enqueues it when the backoff ends
+    if (entry.controller.HoldForBackoff(now)) {  // Tick enqueues it when the backoff ends
       AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",
                absl::StrCat("every worker of attempt ", attempt.attempt_id,
                             " is gone; restarting after a backoff of ",
-                            absl::FormatDuration(
-                                absl::Trunc(entry.restart_at - now, absl::Milliseconds(100)))));
+                            absl::FormatDuration(absl::Trunc(entry.controller.restart_at() - now,
+                                                             absl::Milliseconds(100)))));
       return;
     }
     AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "requeued",

@@ -78,11 +78,10 @@ void Supervisor::RecordCheckpointsLocked(Txn& txn, JobEntry& entry, const Progre
              DescribeCheckpoint(record));
     entry.last_save_step = std::max(entry.last_save_step, record.step);
     if (record.state == CheckpointState::kCommitted) {
-      if (entry.checkpoint_policy)
-        entry.checkpoint_policy->ObserveCheckpoint(record.blocked_seconds);
       entry.goodput.CheckpointBlocked(record.blocked_seconds);
-      // Durable progress: the next failure starts the backoff afresh.
-      if (record.attempt_id == job.current_attempt) entry.consecutive_failures = 0;
+      // Of the current attempt, durable progress: the next failure starts the backoff afresh.
+      entry.controller.CheckpointCommitted(record.blocked_seconds,
+                                           record.attempt_id == job.current_attempt);
     }
   }
   CheckpointInfo newest = entry.checkpoints.NewestCommitted(job.last_checkpoint);

@@ -27,7 +27,8 @@ void Supervisor::ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now) {
   const int current = static_cast<int>(mine.size());
   if (current >= job.requirements.nodes) return;
   if (entry.last_resize != absl::InfinitePast() &&
-      now - entry.last_resize < absl::Seconds(entry.fault_tolerance.resize_cooldown_s)) {
+      now - entry.last_resize <
+          absl::Seconds(entry.controller.fault_tolerance().resize_cooldown_s)) {
     return;
   }
   // Nodes the job could hold: its own, and free ones with room for a node's share of ranks.

@@ -31,25 +31,12 @@ std::string Where(const AttemptRecord& attempt, int rank) {
   return where;
 }
 
-RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& f) {
-  RestartOptions options;
-  options.max_restarts = f.max_restarts;
-  for (const auto& [name, budget] : f.max_restarts_by_cause) {
-    if (std::optional<FailureClass> c = ParseFailureClass(name)) options.budget[*c] = budget;
-  }
-  options.backoff_initial = absl::Seconds(f.backoff_initial_s);
-  options.backoff_max = absl::Seconds(f.backoff_max_s);
-  options.backoff_multiplier = f.backoff_multiplier;
-  options.backoff_jitter = f.backoff_jitter;
-  return options;
-}
-
 }  // namespace
 
 std::string Supervisor::EncodeAccountsLocked(const JobEntry& entry) const {
   stored::JobAccounts accounts;
   *accounts.mutable_goodput() = entry.goodput.Save();
-  if (entry.checkpoint_policy) *accounts.mutable_young_daly() = entry.checkpoint_policy->Save();
+  entry.controller.SaveCheckpointEstimates(accounts);
   return accounts.SerializeAsString();
 }
 
@@ -61,9 +48,7 @@ bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
   stored::JobAccounts accounts;
   absl::Status loaded = accounts.ParseFromString(encoded) ? entry.goodput.Load(accounts.goodput())
                                                           : absl::DataLossError("unreadable");
-  if (loaded.ok() && entry.checkpoint_policy && accounts.has_young_daly()) {
-    loaded = entry.checkpoint_policy->Load(accounts.young_daly());
-  }
+  if (loaded.ok()) loaded = entry.controller.LoadCheckpointEstimates(accounts);
   if (!loaded.ok()) {
     // Load validates before it changes anything, so only a goodput account loaded before the
     // Young–Daly estimates failed needs undoing.
@@ -84,10 +69,11 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
     // Stored specs passed validation; one a newer build refuses keeps the defaults.
     TY_LOG(WARNING) << "job " << entry.job.id
                     << ": fault tolerance from defaults: " << spec.status();
-    entry.fault_tolerance = config::FaultToleranceSpec{};
-    entry.fault_tolerance.max_restarts = entry.job.requirements.max_restarts;
+    config::FaultToleranceSpec defaults;
+    defaults.max_restarts = entry.job.requirements.max_restarts;
+    entry.controller.Configure(defaults);
   } else {
-    entry.fault_tolerance = spec->fault_tolerance;
+    entry.controller.Configure(spec->fault_tolerance);
     // The mesh the job was admitted with: for `auto`, the planner's choice (not config's).
     const Mesh& admitted = entry.job.requirements.mesh;
     if (admitted.dp > 0) {
@@ -103,19 +89,17 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       }
     }
   }
-  entry.restart_policy =
-      std::make_unique<RestartPolicy>(RestartOptionsFromSpec(entry.fault_tolerance));
-  entry.checkpoint_policy.reset();
+  std::optional<CheckpointPolicyOptions> young_daly;
   if (spec.ok() && spec->checkpoint.enabled() && !spec->checkpoint.every_steps) {
-    CheckpointPolicyOptions options;
+    CheckpointPolicyOptions& options = young_daly.emplace();
     options.node_mtbf = options_.node_mtbf;
     options.nodes = std::max(entry.job.requirements.nodes, 1);
     options.min_every_steps = spec->checkpoint.min_every_steps;
     options.max_every_steps = spec->checkpoint.max_every_steps;
     options.first_checkpoint_steps = std::clamp<int64_t>(
         options.first_checkpoint_steps, options.min_every_steps, options.max_every_steps);
-    entry.checkpoint_policy = std::make_unique<CheckpointPolicy>(options);
   }
+  entry.controller.ChooseCheckpoints(young_daly);
   // Elastic sizes: resources.nodes - 1 down to min_nodes, where the spec has a valid mesh.
   entry.min_nodes = spec.ok() ? spec->min_nodes() : entry.job.requirements.nodes;
   entry.memory_per_rank = spec.ok() ? RankMemoryNeed(*spec, cpu_profile_) : 0;
@@ -134,38 +118,23 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
                                               RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
-  // Restart counts from the stored attempts: every classified failure followed by an attempt.
-  entry.restarts_by_class.clear();
-  entry.consecutive_failures = 0;
-  for (size_t i = 0; i + 1 < entry.attempts.size(); ++i) {
-    const AttemptRecord& attempt = entry.attempts[i];
-    if (std::optional<FailureClass> c = ParseFailureClass(attempt.failure_class)) {
-      ++entry.restarts_by_class[*c];
-      if (entry.checkpoint_policy && *c != FailureClass::kUserError) {
-        entry.checkpoint_policy->ObserveFailure();
-      }
-    }
-  }
-  for (auto a = entry.attempts.rbegin(); a != entry.attempts.rend(); ++a) {
-    if (a->state != AttemptState::kFailed) break;
-    ++entry.consecutive_failures;
-  }
+  entry.controller.Restore(entry.attempts);
 }
 
 void Supervisor::WatchAttemptLocked(JobEntry& entry, const AttemptRecord& attempt,
                                     absl::Time since) {
-  entry.detector =
-      std::make_unique<FailureDetector>(FailureDetector::Options{.limits = entry.fault_tolerance,
-                                                                 .gather = options_.hang_gather,
-                                                                 .slack = options_.hang_slack},
-                                        static_cast<int>(attempt.ranks.size()), since);
+  entry.detector = std::make_unique<FailureDetector>(
+      FailureDetector::Options{.limits = entry.controller.fault_tolerance(),
+                               .gather = options_.hang_gather,
+                               .slack = options_.hang_slack},
+      static_cast<int>(attempt.ranks.size()), since);
   entry.stragglers.reset();
-  if (entry.fault_tolerance.straggler_margin > 0) {
+  if (entry.controller.fault_tolerance().straggler_margin > 0) {
     entry.stragglers = std::make_unique<StragglerDetector>(
-        StragglerOptions{.margin = entry.fault_tolerance.straggler_margin,
-                         .window = entry.fault_tolerance.straggler_window});
+        StragglerOptions{.margin = entry.controller.fault_tolerance().straggler_margin,
+                         .window = entry.controller.fault_tolerance().straggler_window});
   }
-  entry.exposure_mark = since;
+  entry.controller.AttemptRunning(since);
 }
 
 void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
@@ -187,32 +156,17 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
   if (entry.stragglers) stragglers = entry.stragglers->Flagged();
   entry.stragglers.reset();
 
-  FailureSummary& summary = entry.last_failure;
-  summary = FailureSummary{};
-  summary.failure_class = class_name;
-  summary.cause = failure.cause;
-  summary.rank = failure.rank;
-  if (failure.rank >= 0 && failure.rank < static_cast<int>(attempt.ranks.size())) {
-    summary.node_id = attempt.ranks[failure.rank].node_id;
-  }
-  summary.attempt_id = attempt.attempt_id;
-  summary.detected = now;
   const absl::Time fault =
       failure.fault == absl::InfinitePast() ? now : std::min(failure.fault, now);
-  summary.detection_seconds = absl::ToDoubleSeconds(now - fault);
+  const FailureSummary& summary = entry.controller.Record(
+      JobController::Failure{failure.failure_class, failure.cause, failure.rank, fault}, attempt,
+      now);
   ++failures_by_class_[class_name];
   detection_seconds_.try_emplace(class_name, FailureSecondsBuckets())
       .first->second.Observe(summary.detection_seconds);
   entry.goodput.Failed(fault, now, class_name);
 
   const bool infrastructure = failure.failure_class != FailureClass::kUserError;
-  if (entry.checkpoint_policy) {
-    if (entry.exposure_mark != absl::InfinitePast() && now > entry.exposure_mark) {
-      entry.checkpoint_policy->ObserveRunning(now - entry.exposure_mark);
-    }
-    if (infrastructure) entry.checkpoint_policy->ObserveFailure();
-  }
-  entry.exposure_mark = absl::InfinitePast();
   if (infrastructure && !summary.node_id.empty()) {
     RecordNodeFailureLocked(txn, entry, attempt.attempt_id, summary.node_id, failure.cause, now);
   }
@@ -224,37 +178,24 @@ void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& att
     AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
              absl::StrCat(failure.cause, "; the job was draining: no restart"));
   } else {
-    const RestartDecision decision =
-        entry.restart_policy->Decide(failure.failure_class, entry.restarts_by_class,
-                                     entry.consecutive_failures + 1, jitter_draw_());
-    if (decision.restart) {
+    const JobController::Verdict verdict =
+        entry.controller.Decide(attempt, stragglers, now, jitter_draw_());
+    if (verdict.restart) {
       // Counted when granted, in the budgets and the job's total alike, so that `status` shows
       // the same count on its attempts and restarts lines while the restart waits for a node.
-      ++entry.restarts_by_class[failure.failure_class];
       ++job.restarts;
-      ++entry.consecutive_failures;
       ++restarts_by_cause_[class_name];
-      entry.restart_at = now + decision.delay;
-      entry.failed_at = now;
-      entry.awaiting_first_step = true;
-      summary.restarted = true;
       Transition(txn, entry, JobState::kRestarting, class_name,
-                 absl::StrCat(failure.cause, "; ", decision.reason));
-      entry.avoid_nodes.clear();
-      if (entry.fault_tolerance.exclude_stragglers) {
-        for (const Straggler& s : stragglers) {
-          if (s.rank < 0 || s.rank >= static_cast<int>(attempt.ranks.size())) continue;
-          const std::string& node = attempt.ranks[s.rank].node_id;
-          if (!entry.avoid_nodes.insert(node).second) continue;
-          AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "straggler_excluded",
-                   absl::StrFormat("the next attempt avoids node %s when enough others are free: "
-                                   "rank %d there computed %.2f× its peers' median",
-                                   node, s.rank, s.score));
-        }
+                 absl::StrCat(failure.cause, "; ", verdict.reason));
+      for (const JobController::Exclusion& x : verdict.excluded) {
+        AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, "straggler_excluded",
+                 absl::StrFormat("the next attempt avoids node %s when enough others are free: "
+                                 "rank %d there computed %.2f× its peers' median",
+                                 x.node_id, x.rank, x.score));
       }
     } else {
       AddEvent(txn, entry, attempt.attempt_id, job.state, job.state, class_name,
-               absl::StrCat(failure.cause, "; ", decision.reason));
+               absl::StrCat(failure.cause, "; ", verdict.reason));
     }
   }
   StopRemainingLocked(txn, entry, attempt, failure.cause);
@@ -326,24 +267,21 @@ void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const Progress
                    ? absl::StrFormat("%s is a straggler: it computes %.2f× its peers' median "
                                      "(margin %.0f%%, %d reports in a row)",
                                      Where(*attempt, change->rank), change->score,
-                                     100 * entry.fault_tolerance.straggler_margin,
-                                     entry.fault_tolerance.straggler_window)
+                                     100 * entry.controller.fault_tolerance().straggler_margin,
+                                     entry.controller.fault_tolerance().straggler_window)
                    : absl::StrFormat("%s is no longer a straggler (%.2f× its peers' median)",
                                      Where(*attempt, change->rank), change->score));
     }
   }
   if (update.rank != 0) return;
   entry.goodput.Progress(now, update.step);
-  if (entry.awaiting_first_step && update.attempt_id == entry.job.current_attempt &&
-      entry.failed_at != absl::InfinitePast()) {
-    entry.awaiting_first_step = false;
-    restart_seconds_.Observe(absl::ToDoubleSeconds(now - entry.failed_at));
+  if (update.attempt_id == entry.job.current_attempt) {
+    if (std::optional<absl::Duration> latency = entry.controller.FirstStep(now)) {
+      restart_seconds_.Observe(absl::ToDoubleSeconds(*latency));
+    }
   }
-  if (!entry.checkpoint_policy) return;
-  if (update.step_times.total_ms > 0) {
-    entry.checkpoint_policy->ObserveStepTime(update.step_times.total_ms / 1e3);
-  }
-  if (update.step >= update.total_steps) return;
+  entry.controller.StepTook(update.step_times.total_ms / 1e3);
+  if (!entry.controller.chooses_checkpoints() || update.step >= update.total_steps) return;
   int64_t last = std::max(entry.last_save_step, entry.job.last_checkpoint.step);
   // The ranks save at the ordered step itself: once this attempt has passed it, that save counts
   // as the last one, even before its report arrives (saves report when they commit), so that
@@ -351,8 +289,7 @@ void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const Progress
   if (entry.ordered_attempt == update.attempt_id && entry.ordered_step <= update.step) {
     last = std::max(last, entry.ordered_step);
   }
-  if (std::optional<int64_t> next =
-          entry.checkpoint_policy->NextCheckpointStep(update.step, last)) {
+  if (std::optional<int64_t> next = entry.controller.CheckpointDue(update.step, last)) {
     entry.ordered_step = std::min(*next, update.total_steps);
     entry.ordered_attempt = update.attempt_id;
     reply.order = WorkerOrder::kCheckpoint;
@@ -361,48 +298,20 @@ void Supervisor::ObserveProgressLocked(Txn& txn, JobEntry& entry, const Progress
 }
 
 void Supervisor::TickFailuresLocked(JobEntry& entry, absl::Time now) {
-  if (entry.backing_off && now >= entry.restart_at && entry.job.state == JobState::kRestarting) {
-    entry.backing_off = false;
+  if (entry.job.state == JobState::kRestarting && entry.controller.BackoffEnded(now)) {
     EnqueueLocked(entry);  // placed by Tick's ScheduleLocked
   }
-  if (entry.checkpoint_policy && entry.exposure_mark != absl::InfinitePast() &&
-      now > entry.exposure_mark) {
-    entry.checkpoint_policy->ObserveRunning(now - entry.exposure_mark);
-    entry.exposure_mark = now;
-  }
+  entry.controller.RunningUntil(now);
 }
 
 void Supervisor::RefreshHealthLocked(JobEntry& entry, absl::Time now) {
   JobHealth& health = entry.job.health;
   health = JobHealth{};
-  health.last_failure = entry.last_failure;
-  if (entry.restart_policy) {
-    for (FailureClass c : {FailureClass::kCrash, FailureClass::kHang, FailureClass::kNodeLost,
-                           FailureClass::kCollectiveTimeout}) {
-      auto used = entry.restarts_by_class.find(c);
-      health.restart_budgets.push_back(RestartBudgetView{
-          FailureClassName(c), used == entry.restarts_by_class.end() ? 0 : used->second,
-          entry.restart_policy->BudgetFor(c)});
-    }
-  }
-  if (entry.job.state == JobState::kRestarting && now < entry.restart_at) {
-    health.restart_at = entry.restart_at;
-  }
+  entry.controller.FillHealth(health, entry.job.state == JobState::kRestarting, now,
+                              entry.ordered_step);
   if (entry.detector) {
     health.hang_limit_s = entry.detector->LimitInUse();
     health.hang_limit_of = entry.detector->LimitOf();
-  }
-  if (entry.checkpoint_policy) {
-    const CheckpointPolicySnapshot p = entry.checkpoint_policy->Snapshot();
-    YoungDalyView view;
-    view.checkpoint_cost_s = p.delta_s.value_or(0);
-    view.mtbf_s = p.mtbf_s;
-    view.interval_s = p.interval_s.value_or(0);
-    view.interval_steps = p.interval_steps.value_or(0);
-    view.next_step = entry.ordered_step;
-    view.failures_observed = static_cast<int>(p.failures);
-    view.exposure_s = absl::ToDoubleSeconds(p.exposure);
-    health.young_daly = view;
   }
   const GoodputSnapshot g = entry.goodput.Snapshot(now);
   health.goodput = GoodputView{g.wall_s,  g.productive_s,       g.checkpoint_s,    g.startup_s,
