@@ -18,8 +18,6 @@ RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& fault_to
   return options;
 }
 
-JobController::JobController() { Configure(config::FaultToleranceSpec{}); }
-
 void JobController::Configure(const config::FaultToleranceSpec& fault_tolerance) {
   fault_tolerance_ = fault_tolerance;
   policy_ = std::make_unique<RestartPolicy>(RestartOptionsFromSpec(fault_tolerance_));
@@ -66,6 +64,7 @@ const FailureSummary& JobController::Record(const Failure& failure, const Attemp
 JobController::Verdict JobController::Decide(const AttemptRecord& attempt,
                                              const std::vector<Straggler>& stragglers,
                                              absl::Time now, double jitter_draw) {
+  if (!policy_) Configure(fault_tolerance_);  // never configured: the defaults
   const RestartDecision decision =
       policy_->Decide(last_class_, restarts_by_class_, consecutive_failures_ + 1, jitter_draw);
   Verdict verdict;
@@ -147,6 +146,7 @@ void JobController::FillHealth(JobHealth& health, bool restarting, absl::Time no
   health.last_failure = last_failure_;
   for (FailureClass c : {FailureClass::kCrash, FailureClass::kHang, FailureClass::kNodeLost,
                          FailureClass::kCollectiveTimeout}) {
+    if (!policy_) break;  // a job that had ended before a coordinator restart
     auto used = restarts_by_class_.find(c);
     health.restart_budgets.push_back(
         RestartBudgetView{FailureClassName(c), used == restarts_by_class_.end() ? 0 : used->second,

@@ -43,9 +43,9 @@ RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& fault_to
 
 class JobController {
  public:
-  JobController();
-
-  // The spec's fault tolerance section (the defaults for a spec that no longer parses).
+  // The spec's fault tolerance section (the defaults for a spec that no longer parses). Until
+  // it is called (a job that had ended when the coordinator restarted), `status` shows no
+  // budgets, and Decide uses the defaults.
   void Configure(const config::FaultToleranceSpec& fault_tolerance);
   // The restarts already used, from the job's stored attempts (oldest first): each classified
   // failure followed by another attempt counts against its class; the failed attempts at the

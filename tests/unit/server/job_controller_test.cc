@@ -148,6 +148,14 @@ TEST(JobControllerTest, TheFirstStepAfterARestartGivesItsLatencyOnce) {
   EXPECT_FALSE(controller.FirstStep(kT0 + absl::Seconds(6)).has_value());
 }
 
+// A job restored after it ended is never configured: it shows no budgets (not unused ones).
+TEST(JobControllerTest, AnUnconfiguredControllerShowsNoBudgets) {
+  JobController controller;
+  JobHealth health;
+  controller.FillHealth(health, false, kT0, 0);
+  EXPECT_TRUE(health.restart_budgets.empty());
+}
+
 // For `every_steps: auto` the controller keeps the Young–Daly estimate: the attempt's running
 // time and its infrastructure failures (not the user's) feed it, the first save comes after
 // first_checkpoint_steps, and the estimate survives a coordinator restart through the accounts.
