@@ -4,7 +4,9 @@
 #include <utility>
 
 namespace trainyard::server {
+namespace {
 
+// The restart policy a fault_tolerance section gives.
 RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& fault_tolerance) {
   RestartOptions options;
   options.max_restarts = fault_tolerance.max_restarts;
@@ -17,6 +19,8 @@ RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& fault_to
   options.backoff_jitter = fault_tolerance.backoff_jitter;
   return options;
 }
+
+}  // namespace
 
 void JobController::Configure(const config::FaultToleranceSpec& fault_tolerance) {
   fault_tolerance_ = fault_tolerance;
@@ -144,9 +148,10 @@ std::optional<int64_t> JobController::CheckpointDue(int64_t step, int64_t last_s
 void JobController::FillHealth(JobHealth& health, bool restarting, absl::Time now,
                                int64_t next_checkpoint_step) const {
   health.last_failure = last_failure_;
+  // None for a job that had ended before a coordinator restart (never configured).
   for (FailureClass c : {FailureClass::kCrash, FailureClass::kHang, FailureClass::kNodeLost,
                          FailureClass::kCollectiveTimeout}) {
-    if (!policy_) break;  // a job that had ended before a coordinator restart
+    if (!policy_) break;
     auto used = restarts_by_class_.find(c);
     health.restart_budgets.push_back(
         RestartBudgetView{FailureClassName(c), used == restarts_by_class_.end() ? 0 : used->second,

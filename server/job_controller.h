@@ -38,9 +38,6 @@
 
 namespace trainyard::server {
 
-// The restart policy a fault_tolerance section gives.
-RestartOptions RestartOptionsFromSpec(const config::FaultToleranceSpec& fault_tolerance);
-
 class JobController {
  public:
   // The spec's fault tolerance section (the defaults for a spec that no longer parses). Until

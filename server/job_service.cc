@@ -239,14 +239,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobReply* reply) {
-  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
-    TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(*context, request->job_id()));
-    TY_ASSIGN_OR_RETURN(const JobRecord job,
-                        supervisor_->Cancel(request->job_id(), request->reason(), caller.user));
-    ToProto(job, reply->mutable_job());
-    return absl::OkStatus();
-  });
+  return StopJob(context, request->job_id(), request->reason(), reply->mutable_job(),
+                 &Supervisor::Cancel);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerContext* context,
@@ -269,12 +263,19 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* JobServiceImpl::DrainJob(grpc::CallbackServerContext* context,
                                                    const v1::DrainJobRequest* request,
                                                    v1::DrainJobReply* reply) {
-  if (request->job_id().empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
-  return AnswerFrom(executor_, context, [this, context, request, reply]() -> absl::Status {
-    TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(*context, request->job_id()));
-    TY_ASSIGN_OR_RETURN(const JobRecord job,
-                        supervisor_->Drain(request->job_id(), request->reason(), caller.user));
-    ToProto(job, reply->mutable_job());
+  return StopJob(context, request->job_id(), request->reason(), reply->mutable_job(),
+                 &Supervisor::Drain);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::StopJob(grpc::CallbackServerContext* context,
+                                                  const std::string& job_id,
+                                                  const std::string& reason, v1::Job* reply,
+                                                  StopFn stop) {
+  if (job_id.empty()) return Answer(context, absl::InvalidArgumentError("empty job_id"));
+  return AnswerFrom(executor_, context, [=, this]() -> absl::Status {
+    TY_ASSIGN_OR_RETURN(const Identity caller, JobCaller(*context, job_id));
+    TY_ASSIGN_OR_RETURN(const JobRecord job, (supervisor_->*stop)(job_id, reason, caller.user));
+    ToProto(job, reply);
     return absl::OkStatus();
   });
 }

@@ -64,6 +64,13 @@ class JobServiceImpl final : public ::trainyard::v1::JobService::CallbackService
                                                    const std::string& job_id) const;
   [[nodiscard]] absl::Status MayUseJob(const grpc::ServerContextBase& context,
                                        const std::string& job_id) const;
+  // CancelJob and DrainJob: `stop` (Supervisor::Cancel or Drain) on the caller's job, answered
+  // from the executor.
+  using StopFn = absl::StatusOr<JobRecord> (Supervisor::*)(const std::string&, const std::string&,
+                                                           const std::string&);
+  grpc::ServerUnaryReactor* StopJob(grpc::CallbackServerContext* context, const std::string& job_id,
+                                    const std::string& reason, ::trainyard::v1::Job* reply,
+                                    StopFn stop);
   // JobCaller, and one of the caller's streams from the quota.
   [[nodiscard]] absl::StatusOr<StreamTicket> OpenStream(const grpc::ServerContextBase& context,
                                                         const std::string& job_id) const;
