@@ -31,6 +31,26 @@ bool FreshAt(absl::Time last_report, absl::Time t, absl::Duration stale_after) {
   return t - last_report <= stale_after;
 }
 
+// The median of `sorted` (ascending) with one element equal to `value` left out, and how many
+// elements that leaves; 0 when none. `value` must be in `sorted`.
+std::pair<double, int> MedianWithout(const std::vector<double>& sorted, double value) {
+  const int left = static_cast<int>(sorted.size()) - 1;
+  if (left <= 0) return {0, 0};
+  const size_t gone = std::lower_bound(sorted.begin(), sorted.end(), value) - sorted.begin();
+  const auto at = [&](size_t k) { return k < gone ? sorted[k] : sorted[k + 1]; };
+  const size_t middle = left / 2;
+  if (left % 2 == 1) return {at(middle), left};
+  return {(at(middle - 1) + at(middle)) / 2, left};
+}
+
+void InsertSorted(std::vector<double>& sorted, double value) {
+  sorted.insert(std::upper_bound(sorted.begin(), sorted.end(), value), value);
+}
+
+void EraseSorted(std::vector<double>& sorted, double value) {
+  sorted.erase(std::lower_bound(sorted.begin(), sorted.end(), value));
+}
+
 }  // namespace
 
 absl::Status StragglerDetector::Validate(const StragglerOptions& options) {
@@ -56,17 +76,16 @@ absl::Status StragglerDetector::Validate(const StragglerOptions& options) {
 StragglerDetector::StragglerDetector(StragglerOptions options)
     : options_(Sanitized(std::move(options))) {}
 
-std::pair<double, int> StragglerDetector::PeerMedian(int rank, absl::Time t) const {
-  scratch_.clear();
-  for (int peer = 0; peer < static_cast<int>(ranks_.size()); ++peer) {
-    const Rank& state = ranks_[peer];
-    if (peer == rank || !state.reported || !FreshAt(state.last_report, t, options_.stale_after)) {
-      continue;
-    }
-    scratch_.push_back(state.recent_median);
+void StragglerDetector::Recount(absl::Time t) {
+  fresh_medians_.clear();
+  oldest_counted_ = absl::InfiniteFuture();
+  for (Rank& state : ranks_) {
+    state.counted = state.reported && FreshAt(state.last_report, t, options_.stale_after);
+    if (!state.counted) continue;
+    fresh_medians_.push_back(state.recent_median);
+    oldest_counted_ = std::min(oldest_counted_, state.last_report);
   }
-  const int peers = static_cast<int>(scratch_.size());
-  return {Median(scratch_), peers};
+  std::sort(fresh_medians_.begin(), fresh_medians_.end());
 }
 
 std::optional<StragglerChange> StragglerDetector::Report(int rank, double compute_seconds,
@@ -74,16 +93,26 @@ std::optional<StragglerChange> StragglerDetector::Report(int rank, double comput
   if (rank < 0 || rank >= kMaxRanks || !std::isfinite(compute_seconds) || compute_seconds < 0) {
     return std::nullopt;
   }
+  if (t < latest_report_ || !FreshAt(oldest_counted_, t, options_.stale_after)) Recount(t);
+  latest_report_ = std::max(latest_report_, t);
   if (rank >= static_cast<int>(ranks_.size())) ranks_.resize(rank + 1);
   Rank& state = ranks_[rank];
   state.reported = true;
-  state.recent.push_back(compute_seconds);
-  while (static_cast<int>(state.recent.size()) > options_.window) state.recent.pop_front();
+  if (static_cast<int>(state.recent.size()) < options_.window) {
+    state.recent.push_back(compute_seconds);
+  } else {
+    state.recent[state.oldest] = compute_seconds;
+    state.oldest = (state.oldest + 1) % options_.window;
+  }
+  if (state.counted) EraseSorted(fresh_medians_, state.recent_median);
   scratch_.assign(state.recent.begin(), state.recent.end());
   state.recent_median = Median(scratch_);
+  InsertSorted(fresh_medians_, state.recent_median);
+  state.counted = true;
   state.last_report = std::max(state.last_report, t);
+  oldest_counted_ = std::min(oldest_counted_, state.last_report);
 
-  const auto [peer_median, peers] = PeerMedian(rank, t);
+  const auto [peer_median, peers] = MedianWithout(fresh_medians_, state.recent_median);
   if (peers + 1 < options_.min_ranks || !(peer_median > 0)) {
     state.slow_run = 0;
     state.normal_run = 0;
@@ -119,11 +148,18 @@ std::vector<Straggler> StragglerDetector::Flagged() const {
 }
 
 std::vector<RankScore> StragglerDetector::Scores(absl::Time now) const {
+  scratch_.clear();
+  for (const Rank& state : ranks_) {
+    if (state.reported && FreshAt(state.last_report, now, options_.stale_after)) {
+      scratch_.push_back(state.recent_median);
+    }
+  }
+  std::sort(scratch_.begin(), scratch_.end());
   std::vector<RankScore> scores;
   for (int rank = 0; rank < static_cast<int>(ranks_.size()); ++rank) {
     const Rank& state = ranks_[rank];
     if (!state.reported || !FreshAt(state.last_report, now, options_.stale_after)) continue;
-    const auto [peer_median, peers] = PeerMedian(rank, now);
+    const auto [peer_median, peers] = MedianWithout(scratch_, state.recent_median);
     if (peers + 1 < options_.min_ranks || !(peer_median > 0)) continue;
     scores.push_back(RankScore{rank, state.recent_median / peer_median});
   }

@@ -23,7 +23,6 @@
 #ifndef TRAINYARD_SERVER_STRAGGLER_DETECTOR_H_
 #define TRAINYARD_SERVER_STRAGGLER_DETECTOR_H_
 
-#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -86,8 +85,10 @@ class StragglerDetector {
 
  private:
   struct Rank {
-    bool reported = false;      // a report of this rank was recorded
-    std::deque<double> recent;  // the last `window` reports
+    bool reported = false;       // a report of this rank was recorded
+    bool counted = false;        // its recent median is in fresh_medians_
+    std::vector<double> recent;  // the last `window` reports, a ring once full
+    int oldest = 0;              // where the ring's oldest report is
     double recent_median = 0;
     absl::Time last_report = absl::InfinitePast();
     int slow_run = 0;
@@ -97,12 +98,19 @@ class StragglerDetector {
     double score = 0;
   };
 
-  // The median of the recent medians of the ranks other than `rank` fresh at `t`, and how many
-  // they are.
-  std::pair<double, int> PeerMedian(int rank, absl::Time t) const;
+  // Makes fresh_medians_ hold the ranks fresh at `t` again, from scratch.
+  void Recount(absl::Time t);
 
   const StragglerOptions options_;
   std::vector<Rank> ranks_;  // by rank
+  // The recent medians of the counted ranks, sorted: a report finds its peer median in it
+  // without walking every rank. At a report's time t the counted ranks are exactly the ranks
+  // fresh at t: none was counted before oldest_counted_, so all stay fresh while t is within
+  // stale_after of it, and a rank left out as stale stays stale while t does not go back.
+  // Otherwise the report recounts (about once per stale_after while every rank reports).
+  std::vector<double> fresh_medians_;
+  absl::Time oldest_counted_ = absl::InfiniteFuture();
+  absl::Time latest_report_ = absl::InfinitePast();
   // Reused by every report, so that one allocates nothing once the vectors have grown.
   mutable std::vector<double> scratch_;
 };

@@ -1,8 +1,10 @@
 #include "server/straggler_detector.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -158,6 +160,103 @@ TEST(StragglerDetectorTest, InvalidReportsAreIgnored) {
   }
   EXPECT_THAT(detector.Flagged(), IsEmpty());
   EXPECT_EQ(detector.Scores(At(9)).size(), 2u);
+}
+
+// The detector's definition (header comment) evaluated directly, walking every rank at every
+// report: what the detector's sorted bookkeeping must reproduce exactly.
+class DefinitionDetector {
+ public:
+  explicit DefinitionDetector(StragglerOptions options) : options_(options) {}
+
+  std::optional<StragglerChange> Report(int rank, double compute_seconds, absl::Time t) {
+    if (rank >= static_cast<int>(ranks_.size())) ranks_.resize(rank + 1);
+    Rank& state = ranks_[rank];
+    state.reported = true;
+    state.recent.push_back(compute_seconds);
+    if (static_cast<int>(state.recent.size()) > options_.window) {
+      state.recent.erase(state.recent.begin());
+    }
+    state.recent_median = Median(state.recent);
+    state.last_report = std::max(state.last_report, t);
+    std::vector<double> peers;
+    for (int peer = 0; peer < static_cast<int>(ranks_.size()); ++peer) {
+      if (peer != rank && Fresh(ranks_[peer], t)) peers.push_back(ranks_[peer].recent_median);
+    }
+    const double peer_median = Median(peers);
+    if (static_cast<int>(peers.size()) + 1 < options_.min_ranks || !(peer_median > 0)) {
+      state.slow_run = state.normal_run = 0;
+      return std::nullopt;
+    }
+    state.score = state.recent_median / peer_median;
+    const bool slow = compute_seconds > (1 + options_.margin) * peer_median;
+    state.slow_run = slow ? state.slow_run + 1 : 0;
+    state.normal_run = slow ? 0 : state.normal_run + 1;
+    if (!state.flagged && state.slow_run >= options_.window) {
+      state.flagged = true;
+      return StragglerChange{rank, true, state.score, t};
+    }
+    if (state.flagged && state.normal_run >= options_.window) {
+      state.flagged = false;
+      return StragglerChange{rank, false, state.score, t};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Rank {
+    bool reported = false;
+    std::vector<double> recent;
+    double recent_median = 0;
+    absl::Time last_report = absl::InfinitePast();
+    int slow_run = 0;
+    int normal_run = 0;
+    bool flagged = false;
+    double score = 0;
+  };
+  static double Median(std::vector<double> values) {
+    if (values.empty()) return 0;
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  }
+  bool Fresh(const Rank& state, absl::Time t) const {
+    return state.reported && t - state.last_report <= options_.stale_after;
+  }
+
+  StragglerOptions options_;
+  std::vector<Rank> ranks_;
+};
+
+TEST(StragglerDetectorTest, EveryReportAgreesWithTheDefinitionEvaluatedDirectly) {
+  std::mt19937 random(20261130);
+  for (int trial = 0; trial < 200; ++trial) {
+    StragglerOptions options;
+    options.window = 1 + static_cast<int>(random() % 5);
+    options.min_ranks = 2 + static_cast<int>(random() % 3);
+    options.margin = 0.1 + 0.1 * static_cast<double>(random() % 4);
+    options.stale_after = absl::Seconds(2 + random() % 6);
+    StragglerDetector detector(options);
+    DefinitionDetector definition(options);
+    const int ranks = 1 + static_cast<int>(random() % 12);
+    double t = 0;
+    for (int report = 0; report < 400; ++report) {
+      // Mostly forward in small steps; now and then a long silence or a clock that goes back.
+      const int move = static_cast<int>(random() % 100);
+      t += move < 3 ? 10.0 : move < 5 ? -3.0 : 0.25 * static_cast<double>(random() % 3);
+      const int rank = static_cast<int>(random() % ranks);
+      // Few distinct values, so that equal medians are common; rank 0 is often slow.
+      double compute = 1.0 + 0.25 * static_cast<double>(random() % 3);
+      if (rank == 0 && random() % 3 != 0) compute *= 2;
+      if (random() % 50 == 0) compute = 0;
+      const std::optional<StragglerChange> got = detector.Report(rank, compute, At(t));
+      const std::optional<StragglerChange> want = definition.Report(rank, compute, At(t));
+      ASSERT_EQ(got.has_value(), want.has_value()) << "trial " << trial << " report " << report;
+      if (!got) continue;
+      EXPECT_EQ(got->rank, want->rank);
+      EXPECT_EQ(got->flagged, want->flagged);
+      EXPECT_DOUBLE_EQ(got->score, want->score);
+    }
+  }
 }
 
 TEST(StragglerDetectorTest, ValidateNamesTheBadOption) {
