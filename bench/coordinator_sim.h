@@ -255,7 +255,8 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
         heartbeats_.fetch_add(1);
       }
       batch->set_batch_id(++batch_id_);
-      sent_[batch_id_] = absl::Now();
+      batch->set_omit_plain_answers(true);
+      sent_[batch_id_] = Sent{absl::Now(), static_cast<int>(running_.size())};
       ++step_;
       for (const v1::RunningWorker& w : running_) {
         v1::ProgressReport* report = batch->add_reports();
@@ -325,7 +326,7 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
 
  private:
   void Answered(const v1::ProgressAnswers& answers) {
-    absl::Time sent;
+    Sent sent;
     {
       absl::MutexLock lock(&mu_);
       auto it = sent_.find(answers.batch_id());
@@ -334,14 +335,12 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
       sent_.erase(it);
     }
     answered_.fetch_add(1);
-    const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
-    for (const v1::ProgressAnswer& answer : answers.answers()) {
-      if (answer.code() == 0) {
-        progress_->Add(sent, ms);
-      } else {
-        progress_->Error();
-      }
-    }
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent.at);
+    // The answers left out (the batch asked for omit_plain_answers) were OK.
+    int errors = 0;
+    for (const v1::ProgressAnswer& answer : answers.answers()) errors += answer.code() != 0;
+    for (int i = 0; i < sent.reports - errors; ++i) progress_->Add(sent.at, ms);
+    for (int i = 0; i < errors; ++i) progress_->Error();
   }
 
   void FillHeartbeatLocked(v1::Heartbeat* heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -375,7 +374,11 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   Latencies* progress_;
   int64_t batch_id_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, absl::Time> sent_ ABSL_GUARDED_BY(mu_);
+  struct Sent {
+    absl::Time at;
+    int reports = 0;
+  };
+  std::map<int64_t, Sent> sent_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> answered_{0};
   std::atomic<int64_t> heartbeats_{0};

@@ -151,6 +151,10 @@ class AgentStream : public Reactor {
     v1::ProgressAnswers* answers = message.mutable_progress_answers();
     answers->set_batch_id(batch.batch_id());
     for (int i = 0; i < batch.reports_size(); ++i) {
+      if (batch.omit_plain_answers() && orders[i].ok() &&
+          orders[i]->order == WorkerOrder::kContinue && orders[i]->checkpoint_step == 0) {
+        continue;
+      }
       v1::ProgressAnswer* answer = answers->add_answers();
       answer->set_job_id(batch.reports(i).job_id());
       answer->set_attempt_id(batch.reports(i).attempt_id());

@@ -265,6 +265,7 @@ std::optional<v1::ProgressBatch> ProgressRelay::TakeBatch(bool force) {
     if (connected_ && (force ? !pending_.empty() : DueLocked(now))) {
       batch.emplace();
       batch->set_batch_id(next_batch_id_++);
+      batch->set_omit_plain_answers(true);
       Sent& sent = in_flight_[batch->batch_id()];
       for (auto& [key, pending] : pending_) {
         *batch->add_reports() = pending.report;
@@ -281,15 +282,25 @@ void ProgressRelay::OnAnswers(const v1::ProgressAnswers& answers) {
   Deliveries deliveries;
   {
     absl::MutexLock lock(&mu_);
-    in_flight_.erase(answers.batch_id());
-    for (const v1::ProgressAnswer& a : answers.answers()) {
-      auto it = waiters_.find({a.job_id(), a.attempt_id(), a.rank()});
-      if (it == waiters_.end()) continue;
-      absl::StatusOr<v1::ProgressReply> result =
-          a.code() == 0 ? absl::StatusOr<v1::ProgressReply>(a.reply())
-                        : absl::Status(static_cast<absl::StatusCode>(a.code()), a.message());
+    const auto answer = [&](const RankKey& key, const absl::StatusOr<v1::ProgressReply>& result) {
+      auto it = waiters_.find(key);
+      if (it == waiters_.end()) return;
       for (Waiter& waiter : it->second) deliveries.emplace_back(std::move(waiter.answer), result);
       waiters_.erase(it);
+    };
+    for (const v1::ProgressAnswer& a : answers.answers()) {
+      answer({a.job_id(), a.attempt_id(), a.rank()},
+             a.code() == 0 ? absl::StatusOr<v1::ProgressReply>(a.reply())
+                           : absl::Status(static_cast<absl::StatusCode>(a.code()), a.message()));
+    }
+    // The batch asked for omit_plain_answers: the reports answered above have no waiters left,
+    // the rest were answered OK with ORDER_CONTINUE.
+    auto sent = in_flight_.find(answers.batch_id());
+    if (sent != in_flight_.end()) {
+      v1::ProgressReply plain;
+      plain.set_order(v1::ORDER_CONTINUE);
+      for (const v1::ProgressReport& report : sent->second.reports) answer(KeyOf(report), plain);
+      in_flight_.erase(sent);
     }
   }
   Deliver(deliveries);

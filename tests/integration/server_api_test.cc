@@ -312,6 +312,49 @@ TEST_F(ServerApiTest, LogsAreReadThroughTheAgent) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// An agent's batch of its ranks' reports: the answers come in one ProgressAnswers, and a batch
+// that asks for it is answered only where the answer is not a plain "continue".
+TEST_F(ServerApiTest, ABatchIsAnsweredPerReportOrOnlyWhereThereIsSomethingToSay) {
+  const std::string job = Submit(SmallSpec("batched"));
+  StartAgent(2);
+  ExpectStarts(job, 1, 2);
+  JoinAll(job, 1, 2);
+  const auto send = [&](int64_t batch_id, bool omit_plain) {
+    v1::AgentMessage message;
+    v1::ProgressBatch* batch = message.mutable_progress();
+    batch->set_batch_id(batch_id);
+    batch->set_omit_plain_answers(omit_plain);
+    for (int rank : {0, 1, 5}) {  // rank 5: not in the attempt's world of 2
+      v1::ProgressReport* report = batch->add_reports();
+      report->set_job_id(job);
+      report->set_attempt_id(1);
+      report->set_rank(rank);
+      report->set_step(batch_id);
+      report->set_total_steps(5);
+      report->mutable_step_times()->set_total_ms(20);
+    }
+    agent_->Send(message);
+    std::optional<v1::CoordinatorMessage> answers =
+        agent_->NextOf(v1::CoordinatorMessage::kProgressAnswers);
+    EXPECT_TRUE(answers.has_value());
+    EXPECT_EQ(answers->progress_answers().batch_id(), batch_id);
+    return answers->progress_answers();
+  };
+  const v1::ProgressAnswers every = send(1, false);
+  ASSERT_EQ(every.answers_size(), 3);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(every.answers(i).rank(), i);
+    EXPECT_EQ(every.answers(i).code(), 0);
+    EXPECT_EQ(every.answers(i).reply().order(), v1::ORDER_CONTINUE);
+  }
+  EXPECT_NE(every.answers(2).code(), 0);
+
+  const v1::ProgressAnswers some = send(2, true);
+  ASSERT_EQ(some.answers_size(), 1) << some.DebugString();
+  EXPECT_EQ(some.answers(0).rank(), 5);
+  EXPECT_NE(some.answers(0).code(), 0);
+}
+
 TEST_F(ServerApiTest, CancelStopsWorkersWithTheGracePeriod) {
   const std::string job = Submit(SmallSpec("cancelled"));
   StartAgent(2);

@@ -96,6 +96,37 @@ TEST_F(ProgressRelayTest, ABatchGoesOnceEveryRankOfAnAttemptReportedAndEachCallG
   EXPECT_EQ(calls[2].answer->status().message(), "attempt 1 of job job-a has ended");
 }
 
+TEST_F(ProgressRelayTest, AReportTheAnswersLeaveOutWasAnsweredContinue) {
+  std::vector<Call> calls(4);
+  for (int rank = 0; rank < 4; ++rank) {
+    relay_.Report(ReportOf("job-a", 1, rank, 7), "secret-a1", calls[rank].Callback());
+  }
+  std::optional<v1::ProgressBatch> batch = relay_.TakeBatch();
+  ASSERT_TRUE(batch);
+  EXPECT_TRUE(batch->omit_plain_answers());
+  // Only rank 2 has something to say; the others are left out.
+  v1::ProgressAnswers answers;
+  answers.set_batch_id(batch->batch_id());
+  v1::ProgressAnswer* drain = answers.add_answers();
+  drain->set_job_id("job-a");
+  drain->set_attempt_id(1);
+  drain->set_rank(2);
+  drain->mutable_reply()->set_order(v1::ORDER_DRAIN);
+  relay_.OnAnswers(answers);
+  EXPECT_EQ(relay_.in_flight(), 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(calls[rank].answer && calls[rank].answer->ok()) << "rank " << rank;
+    EXPECT_EQ((*calls[rank].answer)->order(), rank == 2 ? v1::ORDER_DRAIN : v1::ORDER_CONTINUE);
+  }
+  // Answers of a batch the relay no longer knows (sent again after a reconnect) imply nothing.
+  Call late;
+  relay_.Report(ReportOf("job-a", 1, 0, 8), "secret-a1", late.Callback());
+  answers.set_batch_id(batch->batch_id());
+  answers.clear_answers();
+  relay_.OnAnswers(answers);
+  EXPECT_FALSE(late.answer);
+}
+
 TEST_F(ProgressRelayTest, AReportWaitsAtMostTheWindowAndUrgentOnesGoAtOnce) {
   Call first;
   relay_.Report(ReportOf("job-a", 1, 0, 5), "secret-a1", first.Callback());
