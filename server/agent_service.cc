@@ -143,7 +143,14 @@ class AgentStream : public Reactor {
     updates.reserve(batch.reports_size());
     for (const v1::ProgressReport& report : batch.reports()) updates.push_back(FromProto(report));
     std::optional<std::vector<RunningWorker>> running;
-    if (batch.has_heartbeat()) running = Running(batch.heartbeat());
+    if (batch.has_heartbeat()) {
+      running = Running(batch.heartbeat());
+      if (batch.heartbeat().omits_reported()) {
+        for (const ProgressUpdate& u : updates) {
+          running->push_back(RunningWorker{u.job_id, u.attempt_id, u.rank, /*pid=*/0});
+        }
+      }
+    }
     TY_ASSIGN_OR_RETURN(std::vector<absl::StatusOr<OrderReply>> orders,
                         supervisor_->ReportNodeProgress(node_id_, session_, updates,
                                                         running ? &*running : nullptr));

@@ -196,7 +196,7 @@ struct RunningWorker {
   std::string job_id;
   int attempt_id = 0;
   int rank = 0;
-  int64_t pid = 0;
+  int64_t pid = 0;  // 0: not said (a worker that a progress batch's report speaks for)
 };
 
 struct WorkerExit {

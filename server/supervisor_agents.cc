@@ -200,7 +200,7 @@ void Supervisor::ReconcileLocked(Txn& txn, const std::string& node_id,
     }
     if (on_connect) seen.insert({entry, worker.rank});  // read only on connect
     RankSlot& slot = attempt->ranks[worker.rank];
-    if (slot.pid != worker.pid) {
+    if (worker.pid != 0 && slot.pid != worker.pid) {
       slot.pid = worker.pid;  // soft state: stored by the next flush (agents re-report it)
       entry->attempt_dirty = true;
     }

@@ -168,8 +168,8 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
     const int64_t interval = absl::ToInt64Nanoseconds(core.heartbeat_interval());
     if (registered && !outgoing.empty() && outgoing.back().has_progress() &&
         clock->NowNanosMonotonic() >= next_heartbeat - interval / 2) {
-      *outgoing.back().mutable_progress()->mutable_heartbeat() =
-          std::move(*core.Heartbeat().mutable_heartbeat());
+      v1::ProgressBatch* batch = outgoing.back().mutable_progress();
+      *batch->mutable_heartbeat() = std::move(*core.Heartbeat(batch).mutable_heartbeat());
       next_heartbeat = clock->NowNanosMonotonic() + interval;
     }
     for (size_t i = 0; i < outgoing.size(); ++i) {

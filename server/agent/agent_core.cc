@@ -540,13 +540,21 @@ bool AgentCore::PumpLog(LogRequest& request) {
   return false;  // more next tick
 }
 
-v1::AgentMessage AgentCore::Heartbeat() {
+v1::AgentMessage AgentCore::Heartbeat(const v1::ProgressBatch* batch) {
+  std::set<WorkerKey> reported;
+  if (batch != nullptr) {
+    for (const v1::ProgressReport& report : batch->reports()) {
+      reported.insert(WorkerKey{report.job_id(), report.attempt_id(), report.rank()});
+    }
+  }
   absl::MutexLock lock(&mu_);
   v1::AgentMessage message;
   v1::Heartbeat* heartbeat = message.mutable_heartbeat();
   heartbeat->set_sent_unix_ms(NowUnixMs());
-  for (const auto& [key, worker] : workers_)
-    *heartbeat->add_running() = RunningMessage(worker.record);
+  heartbeat->set_omits_reported(batch != nullptr);
+  for (const auto& [key, worker] : workers_) {
+    if (reported.count(key) == 0) *heartbeat->add_running() = RunningMessage(worker.record);
+  }
   return message;
 }
 

@@ -110,7 +110,9 @@ class AgentCore {
   // Reaps exited workers, sends SIGKILL past the grace period, streams followed logs. Call it
   // often (every 50-100 ms).
   void Tick();
-  v1::AgentMessage Heartbeat();
+  // With `batch`: the heartbeat to ride on it, which leaves out the workers whose reports the
+  // batch carries (Heartbeat.omits_reported).
+  v1::AgentMessage Heartbeat(const v1::ProgressBatch* batch = nullptr);
   // The messages produced since the last call, in order.
   std::vector<v1::AgentMessage> TakeOutgoing();
   // Messages the transport took but could not send; exits among them wait for the next

@@ -353,6 +353,25 @@ TEST_F(ServerApiTest, ABatchIsAnsweredPerReportOrOnlyWhereThereIsSomethingToSay)
   ASSERT_EQ(some.answers_size(), 1) << some.DebugString();
   EXPECT_EQ(some.answers(0).rank(), 5);
   EXPECT_NE(some.answers(0).code(), 0);
+
+  // A heartbeat on a batch that leaves out the workers the batch reports for: a report of a
+  // worker of no live attempt stands for that worker, which is ordered stopped.
+  v1::AgentMessage message;
+  v1::ProgressBatch* batch = message.mutable_progress();
+  batch->set_batch_id(3);
+  batch->mutable_heartbeat()->set_omits_reported(true);
+  v1::ProgressReport* stray = batch->add_reports();
+  stray->set_job_id(job);
+  stray->set_attempt_id(7);
+  stray->set_rank(0);
+  stray->set_step(3);
+  stray->set_total_steps(5);
+  agent_->Send(message);
+  std::optional<v1::CoordinatorMessage> stop = agent_->NextOf(v1::CoordinatorMessage::kStop);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->stop().job_id(), job);
+  EXPECT_EQ(stop->stop().attempt_id(), 7);
+  EXPECT_THAT(stop->stop().ranks(), ElementsAre(0));
 }
 
 TEST_F(ServerApiTest, CancelStopsWorkersWithTheGracePeriod) {

@@ -192,6 +192,19 @@ TEST_F(AgentCoreTest, StartExecsTheWorkerWithAnArgvAndTheAllowlistedEnvironment)
   EXPECT_EQ(heartbeat.heartbeat().running(0).pid(), 1000);
   EXPECT_EQ(heartbeat.heartbeat().running(0).job_id(), "j-000007");
   EXPECT_EQ(heartbeat.heartbeat().sent_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_FALSE(heartbeat.heartbeat().omits_reported());
+
+  // On a progress batch the heartbeat leaves out the workers the batch's reports speak for.
+  v1::ProgressBatch batch;
+  v1::ProgressReport* report = batch.add_reports();
+  report->set_job_id("j-000007");
+  report->set_attempt_id(2);
+  report->set_rank(1);
+  const v1::AgentMessage riding = core->Heartbeat(&batch);
+  EXPECT_TRUE(riding.heartbeat().omits_reported());
+  EXPECT_EQ(riding.heartbeat().running_size(), 0);
+  report->set_rank(0);  // a report of another rank speaks for nobody this node runs
+  EXPECT_EQ(core->Heartbeat(&batch).heartbeat().running_size(), 1);
 }
 
 TEST_F(AgentCoreTest, GpuWorkersSeeOnlyTheirDevice) {
