@@ -1,6 +1,7 @@
 #include "server/job_store.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -72,15 +73,8 @@ CREATE TABLE IF NOT EXISTS attempts(
   schedule TEXT NOT NULL DEFAULT '', virtual_stages INTEGER NOT NULL DEFAULT 1,
   cp INTEGER NOT NULL DEFAULT 1,
   ep INTEGER NOT NULL DEFAULT 0,
+  ranks BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY(job_id, attempt_id));
-CREATE TABLE IF NOT EXISTS attempt_ranks(
-  job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
-  node_id TEXT NOT NULL, hostname TEXT NOT NULL, slot INTEGER NOT NULL,
-  local_rank INTEGER NOT NULL, pid INTEGER NOT NULL,
-  exited INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL,
-  exit_pid INTEGER NOT NULL, exited_us INTEGER, last_log_lines TEXT NOT NULL,
-  exit_message TEXT NOT NULL, exit_stopped INTEGER NOT NULL DEFAULT 0,
-  PRIMARY KEY(job_id, attempt_id, rank));
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL,
   time_us INTEGER, from_state INTEGER NOT NULL, to_state INTEGER NOT NULL,
@@ -168,6 +162,13 @@ ALTER TABLE jobs ADD COLUMN ep INTEGER NOT NULL DEFAULT 0;
 )sql";
 constexpr char kMigrateAttemptsFrom10[] = R"sql(
 ALTER TABLE attempts ADD COLUMN ep INTEGER NOT NULL DEFAULT 0;
+)sql";
+
+// Schema 11 -> 12: an attempt's ranks move from the attempt_ranks table (a row per rank) into
+// the attempts row (stored.proto's AttemptRanks): MoveRanksIntoAttempts copies them, then drops
+// attempt_ranks.
+constexpr char kMigrateAttemptsFrom11[] = R"sql(
+ALTER TABLE attempts ADD COLUMN ranks BLOB NOT NULL DEFAULT x'';
 )sql";
 
 // Schema 9 -> 10: a job's progress and accounts move to the narrow job_progress table
@@ -305,21 +306,60 @@ void DecodeProgress(const std::string& bytes, Progress& p) {
   p.moe = DecodeMoe(in.moe()).value_or(std::vector<MoeLayerProgress>{});
 }
 
-std::string EncodeLines(const std::vector<std::string>& lines) {
-  std::vector<std::string> clean;
-  clean.reserve(lines.size());
-  for (std::string line : lines) {
-    for (char& c : line) {
-      if (c == '\n') c = ' ';
-    }
-    clean.push_back(std::move(line));
-  }
-  return absl::StrJoin(clean, "\n");
-}
-
+// Schema 11's attempt_ranks.last_log_lines: the lines joined by newlines.
 std::vector<std::string> DecodeLines(const std::string& text, bool any) {
   if (!any) return {};
   return absl::StrSplit(text, '\n');
+}
+
+std::string EncodeRanks(const std::vector<RankSlot>& ranks) {
+  stored::AttemptRanks out;
+  for (const RankSlot& slot : ranks) {
+    stored::AttemptRanks::Rank* rank = out.add_ranks();
+    rank->set_node_id(slot.node_id);
+    rank->set_hostname(slot.hostname);
+    rank->set_slot(slot.slot);
+    rank->set_local_rank(slot.local_rank);
+    rank->set_pid(slot.pid);
+    if (!slot.exit.has_value()) continue;
+    const RankExit& exit = *slot.exit;
+    stored::AttemptRanks::Exit* e = rank->mutable_exit();
+    e->set_exit_code(exit.exit_code);
+    e->set_signal(exit.signal);
+    e->set_pid(exit.pid);
+    if (exit.exited != absl::InfinitePast()) e->set_exited_ns(absl::ToUnixNanos(exit.exited));
+    for (const std::string& line : exit.last_log_lines) e->add_last_log_lines(line);
+    e->set_message(exit.message);
+    e->set_stopped(exit.stopped);
+  }
+  return out.SerializeAsString();
+}
+
+absl::StatusOr<std::vector<RankSlot>> DecodeRanks(const std::string& bytes) {
+  stored::AttemptRanks in;
+  if (!in.ParseFromString(bytes)) return absl::DataLossError("its ranks do not parse");
+  std::vector<RankSlot> ranks;
+  ranks.reserve(in.ranks_size());
+  for (const stored::AttemptRanks::Rank& rank : in.ranks()) {
+    RankSlot& slot = ranks.emplace_back();
+    slot.rank = static_cast<int>(ranks.size()) - 1;
+    slot.node_id = rank.node_id();
+    slot.hostname = rank.hostname();
+    slot.slot = rank.slot();
+    slot.local_rank = rank.local_rank();
+    slot.pid = rank.pid();
+    if (!rank.has_exit()) continue;
+    const stored::AttemptRanks::Exit& e = rank.exit();
+    RankExit& exit = slot.exit.emplace();
+    exit.exit_code = e.exit_code();
+    exit.signal = e.signal();
+    exit.pid = e.pid();
+    exit.exited = e.has_exited_ns() ? absl::FromUnixNanos(e.exited_ns()) : absl::InfinitePast();
+    exit.last_log_lines.assign(e.last_log_lines().begin(), e.last_log_lines().end());
+    exit.message = e.message();
+    exit.stopped = e.stopped();
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -346,6 +386,7 @@ absl::Status JobStore::Migrate() {
     return absl::FailedPreconditionError(
         absl::StrCat("unreadable schema_version '", select->Text(0), "'"));
   }
+  select.reset();  // a statement left running would keep schema 12 from dropping a table
   if (version == 1) {
     TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom1), "migrating schema 1 to 2");
     version = 2;
@@ -357,8 +398,10 @@ absl::Status JobStore::Migrate() {
     version = 3;
   }
   if (version == 3) {
+    // (A database without attempt_ranks has no ranks to migrate: schema 12 has no such table.)
+    TY_ASSIGN_OR_RETURN(const bool table, HasColumn("attempt_ranks", "rank"));
     TY_ASSIGN_OR_RETURN(const bool has, HasColumn("attempt_ranks", "exit_stopped"));
-    if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom3), "migrating schema 3 to 4");
+    if (table && !has) TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateFrom3), "migrating schema 3 to 4");
     version = 4;
   }
   if (version == 4) {
@@ -400,6 +443,14 @@ absl::Status JobStore::Migrate() {
       if (!has) TY_RETURN_IF_ERROR_WITH(db_->Exec(migration), "migrating schema 10 to 11");
     }
     version = 11;
+  }
+  if (version == 11) {
+    TY_ASSIGN_OR_RETURN(const bool has, HasColumn("attempts", "ranks"));
+    if (!has)
+      TY_RETURN_IF_ERROR_WITH(db_->Exec(kMigrateAttemptsFrom11), "migrating schema 11 to 12");
+    TY_ASSIGN_OR_RETURN(const bool old, HasColumn("attempt_ranks", "rank"));
+    if (old) TY_RETURN_IF_ERROR_WITH(MoveRanksIntoAttempts(), "migrating schema 11 to 12");
+    version = 12;
   }
   if (version != kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat("schema version ", version,
@@ -491,17 +542,86 @@ absl::Status JobStore::StoreSoftStateLocked(const SoftStateBatch& batch) {
   for (const auto& [job_id, encoded] : batch.accounts) {
     if (accounts.contains(job_id)) TY_RETURN_IF_ERROR(PutProgress(job_id, nullptr, &encoded));
   }
-  for (const SoftStateBatch::Pid& pid : batch.pids) {
-    TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
-        UPDATE attempt_ranks SET pid=? WHERE job_id=? AND attempt_id=? AND rank=?
-      )sql"));
-    update->Bind(1, pid.pid)
-        .Bind(2, pid.job_id)
-        .Bind(3, int64_t{pid.attempt_id})
-        .Bind(4, int64_t{pid.rank});
-    TY_RETURN_IF_ERROR(update->Run());
+  // The pids of one attempt come together: its ranks are read, changed and written once.
+  for (size_t first = 0; first < batch.pids.size();) {
+    const SoftStateBatch::Pid& head = batch.pids[first];
+    size_t end = first;
+    while (end < batch.pids.size() && batch.pids[end].job_id == head.job_id &&
+           batch.pids[end].attempt_id == head.attempt_id) {
+      ++end;
+    }
+    TY_RETURN_IF_ERROR(PutPidsLocked(head.job_id, head.attempt_id,
+                                     absl::MakeConstSpan(batch.pids).subspan(first, end - first)));
+    first = end;
   }
   return txn->Commit();
+}
+
+absl::Status JobStore::PutPidsLocked(const std::string& job_id, int attempt_id,
+                                     absl::Span<const SoftStateBatch::Pid> pids) {
+  TY_ASSIGN_OR_RETURN(SqliteStatement * select, Cached(R"sql(
+    SELECT ranks FROM attempts WHERE job_id=? AND attempt_id=?
+  )sql"));
+  select->Bind(1, job_id).Bind(2, int64_t{attempt_id});
+  TY_ASSIGN_OR_RETURN(const bool found, select->Step());
+  if (!found) return absl::OkStatus();  // soft state: an attempt not stored yet has no pids
+  TY_ASSIGN_OR_RETURN(std::vector<RankSlot> ranks, DecodeRanks(select->Blob(0)));
+  for (const SoftStateBatch::Pid& pid : pids) {
+    if (pid.rank >= 0 && pid.rank < static_cast<int>(ranks.size())) ranks[pid.rank].pid = pid.pid;
+  }
+  TY_ASSIGN_OR_RETURN(SqliteStatement * update, Cached(R"sql(
+    UPDATE attempts SET ranks=? WHERE job_id=? AND attempt_id=?
+  )sql"));
+  update->BindBlob(1, EncodeRanks(ranks)).Bind(2, job_id).Bind(3, int64_t{attempt_id});
+  return update->Run();
+}
+
+absl::Status JobStore::MoveRanksIntoAttempts() {
+  TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
+    SELECT job_id, attempt_id, rank, node_id, hostname, slot, local_rank, pid, exited, exit_code,
+      signal, exit_pid, exited_us, last_log_lines, exit_message, exit_stopped
+    FROM attempt_ranks ORDER BY job_id, attempt_id, rank
+  )sql"));
+  std::map<std::pair<std::string, int>, std::vector<RankSlot>> by_attempt;
+  while (true) {
+    TY_ASSIGN_OR_RETURN(bool row, select->Step());
+    if (!row) break;
+    std::vector<RankSlot>& ranks = by_attempt[{select->Text(0), static_cast<int>(select->Int(1))}];
+    RankSlot slot;
+    slot.rank = static_cast<int>(select->Int(2));
+    if (slot.rank != static_cast<int>(ranks.size())) {
+      return absl::InternalError(absl::StrCat("attempt ", select->Text(0), "/", select->Int(1),
+                                              " has a gap before rank ", slot.rank));
+    }
+    slot.node_id = select->Text(3);
+    slot.hostname = select->Text(4);
+    slot.slot = static_cast<int>(select->Int(5));
+    slot.local_rank = static_cast<int>(select->Int(6));
+    slot.pid = select->Int(7);
+    if (select->Int(8) != 0) {
+      RankExit& exit = slot.exit.emplace();
+      exit.exit_code = static_cast<int>(select->Int(9));
+      exit.signal = static_cast<int>(select->Int(10));
+      exit.pid = select->Int(11);
+      exit.exited = MicrosToTime(select->OptionalInt(12));
+      const std::string lines = select->Text(13);
+      exit.last_log_lines = DecodeLines(lines, !lines.empty());
+      exit.message = select->Text(14);
+      exit.stopped = select->Int(15) != 0;
+    }
+    ranks.push_back(std::move(slot));
+  }
+  select.reset();  // an open statement on attempt_ranks would keep it from being dropped
+  TY_ASSIGN_OR_RETURN(auto update, db_->Prepare(R"sql(
+    UPDATE attempts SET ranks=? WHERE job_id=? AND attempt_id=?
+  )sql"));
+  for (const auto& [attempt, ranks] : by_attempt) {
+    update->Reset();
+    update->BindBlob(1, EncodeRanks(ranks)).Bind(2, attempt.first).Bind(3, int64_t{attempt.second});
+    TY_RETURN_IF_ERROR(update->Run());
+  }
+  update.reset();
+  return db_->Exec("DROP TABLE attempt_ranks");
 }
 
 absl::Status JobStore::PutProgress(const std::string& job_id, const Progress* progress,
@@ -603,8 +723,8 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
   TY_ASSIGN_OR_RETURN(SqliteStatement * put, Cached(R"sql(
     INSERT OR REPLACE INTO attempts(job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind,
       created_us, running_us, finished_us, cause, failure_class, blamed_rank, schedule,
-      virtual_stages, cp, ep)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      virtual_stages, cp, ep, ranks)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
   )sql"));
   put->Bind(1, attempt.job_id)
       .Bind(2, int64_t{attempt.attempt_id})
@@ -623,36 +743,9 @@ absl::Status JobStore::PutAttempt(const AttemptRecord& attempt) {
       .Bind(15, attempt.mesh.schedule)
       .Bind(16, int64_t{attempt.mesh.virtual_stages})
       .Bind(17, int64_t{attempt.mesh.cp})
-      .Bind(18, int64_t{attempt.mesh.ep});
-  TY_RETURN_IF_ERROR(put->Run());
-  TY_ASSIGN_OR_RETURN(SqliteStatement * rank, Cached(R"sql(
-    INSERT OR REPLACE INTO attempt_ranks(job_id, attempt_id, rank, node_id, hostname, slot,
-      local_rank, pid, exited, exit_code, signal, exit_pid, exited_us, last_log_lines,
-      exit_message, exit_stopped)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-  )sql"));
-  for (const RankSlot& slot : attempt.ranks) {
-    rank->Reset();
-    const RankExit exit = slot.exit.value_or(RankExit{});
-    rank->Bind(1, attempt.job_id)
-        .Bind(2, int64_t{attempt.attempt_id})
-        .Bind(3, int64_t{slot.rank})
-        .Bind(4, slot.node_id)
-        .Bind(5, slot.hostname)
-        .Bind(6, int64_t{slot.slot})
-        .Bind(7, int64_t{slot.local_rank})
-        .Bind(8, slot.pid)
-        .Bind(9, int64_t{slot.exit.has_value() ? 1 : 0})
-        .Bind(10, int64_t{exit.exit_code})
-        .Bind(11, int64_t{exit.signal})
-        .Bind(12, exit.pid)
-        .Bind(13, TimeToMicros(exit.exited))
-        .Bind(14, EncodeLines(exit.last_log_lines))
-        .Bind(15, exit.message)
-        .Bind(16, int64_t{exit.stopped ? 1 : 0});
-    TY_RETURN_IF_ERROR(rank->Run());
-  }
-  return absl::OkStatus();
+      .Bind(18, int64_t{attempt.mesh.ep})
+      .BindBlob(19, EncodeRanks(attempt.ranks));
+  return put->Run();
 }
 
 absl::Status JobStore::AppendEvent(EventRecord& event) {
@@ -858,10 +951,9 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
   TY_ASSIGN_OR_RETURN(auto select, db_->Prepare(R"sql(
     SELECT job_id, attempt_id, state, dp, tp, pp, zero_stage, device_kind, created_us,
       running_us, finished_us, cause, failure_class, blamed_rank, schedule, virtual_stages, cp,
-      ep
+      ep, ranks
     FROM attempts ORDER BY job_id, attempt_id
   )sql"));
-  std::map<std::pair<std::string, int>, size_t> index;
   while (true) {
     TY_ASSIGN_OR_RETURN(bool row, select->Step());
     if (!row) break;
@@ -884,47 +976,10 @@ absl::Status JobStore::LoadAttempts(StoredState& state) {
     attempt.cause = select->Text(11);
     attempt.failure_class = select->Text(12);
     attempt.blamed_rank = static_cast<int>(select->Int(13));
-    index[{attempt.job_id, attempt.attempt_id}] = state.attempts.size();
+    TY_ASSIGN_OR_RETURN_WITH(
+        attempt.ranks, DecodeRanks(select->Blob(18)),
+        absl::StrCat("attempt ", attempt.attempt_id, " of job ", attempt.job_id));
     state.attempts.push_back(std::move(attempt));
-  }
-  TY_ASSIGN_OR_RETURN(auto ranks, db_->Prepare(R"sql(
-    SELECT job_id, attempt_id, rank, node_id, hostname, slot, local_rank, pid, exited, exit_code,
-      signal, exit_pid, exited_us, last_log_lines, exit_message, exit_stopped
-    FROM attempt_ranks ORDER BY job_id, attempt_id, rank
-  )sql"));
-  while (true) {
-    TY_ASSIGN_OR_RETURN(bool row, ranks->Step());
-    if (!row) break;
-    auto it = index.find({ranks->Text(0), static_cast<int>(ranks->Int(1))});
-    if (it == index.end()) {
-      return absl::InternalError(
-          absl::StrCat("rank of unknown attempt ", ranks->Text(0), "/", ranks->Int(1)));
-    }
-    RankSlot slot;
-    slot.rank = static_cast<int>(ranks->Int(2));
-    slot.node_id = ranks->Text(3);
-    slot.hostname = ranks->Text(4);
-    slot.slot = static_cast<int>(ranks->Int(5));
-    slot.local_rank = static_cast<int>(ranks->Int(6));
-    slot.pid = ranks->Int(7);
-    if (ranks->Int(8) != 0) {
-      RankExit exit;
-      exit.exit_code = static_cast<int>(ranks->Int(9));
-      exit.signal = static_cast<int>(ranks->Int(10));
-      exit.pid = ranks->Int(11);
-      exit.exited = MicrosToTime(ranks->OptionalInt(12));
-      const std::string lines = ranks->Text(13);
-      exit.last_log_lines = DecodeLines(lines, !lines.empty());
-      exit.message = ranks->Text(14);
-      exit.stopped = ranks->Int(15) != 0;
-      slot.exit = std::move(exit);
-    }
-    AttemptRecord& attempt = state.attempts[it->second];
-    if (slot.rank != static_cast<int>(attempt.ranks.size())) {
-      return absl::InternalError(absl::StrCat("attempt ", attempt.job_id, "/", attempt.attempt_id,
-                                              " has a gap before rank ", slot.rank));
-    }
-    attempt.ranks.push_back(std::move(slot));
   }
   return absl::OkStatus();
 }

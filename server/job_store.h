@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "server/node_quarantine.h"
 #include "server/sqlite.h"
 #include "server/types.h"
@@ -99,7 +100,7 @@ class StateStore {
 
 class JobStore final : public StateStore {
  public:
-  static constexpr int kSchemaVersion = 11;
+  static constexpr int kSchemaVersion = 12;
 
   // Opens or creates the database at `path` (its directory must exist), migrating one of an
   // older schema version (1: before checkpoints and drains). INTERNAL for SQLite errors;
@@ -142,6 +143,12 @@ class JobStore final : public StateStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutAttempt(const AttemptRecord& attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker pids of one stored attempt's ranks (its other fields as stored).
+  [[nodiscard]] absl::Status PutPidsLocked(const std::string& job_id, int attempt_id,
+                                           absl::Span<const SoftStateBatch::Pid> pids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Schema 11 -> 12: attempt_ranks' rows into the attempts' ranks column.
+  [[nodiscard]] absl::Status MoveRanksIntoAttempts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status AppendEvent(EventRecord& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutNode(const NodeRecord& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   [[nodiscard]] absl::Status PutCordons(const StoreBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

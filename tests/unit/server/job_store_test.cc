@@ -4,7 +4,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sqlite.h"
 #include "tests/unit/server/server_test_util.h"
@@ -388,8 +390,53 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
-// Stores `job` and `attempt` at the current schema, then runs `downgrade` on the file (dropping
-// what a later version added and setting the old version number).
+// Schema 11 kept an attempt's ranks in a table of their own, a row per rank: moves `attempt`'s
+// ranks there, as schema 11 stored them.
+void DowngradeToSchemaEleven(SqliteDb& db, const AttemptRecord& attempt) {
+  ASSERT_TRUE(db.Exec(R"sql(
+    CREATE TABLE attempt_ranks(
+      job_id TEXT NOT NULL, attempt_id INTEGER NOT NULL, rank INTEGER NOT NULL,
+      node_id TEXT NOT NULL, hostname TEXT NOT NULL, slot INTEGER NOT NULL,
+      local_rank INTEGER NOT NULL, pid INTEGER NOT NULL,
+      exited INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL,
+      exit_pid INTEGER NOT NULL, exited_us INTEGER, last_log_lines TEXT NOT NULL,
+      exit_message TEXT NOT NULL, exit_stopped INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY(job_id, attempt_id, rank));
+    ALTER TABLE attempts DROP COLUMN ranks;
+    UPDATE meta SET value='11' WHERE key='schema_version';
+  )sql")
+                  .ok());
+  auto insert = db.Prepare(R"sql(
+    INSERT INTO attempt_ranks VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+  )sql");
+  ASSERT_TRUE(insert.ok()) << insert.status();
+  for (const RankSlot& slot : attempt.ranks) {
+    const RankExit exit = slot.exit.value_or(RankExit{});
+    (*insert)->Reset();
+    (*insert)
+        ->Bind(1, attempt.job_id)
+        .Bind(2, int64_t{attempt.attempt_id})
+        .Bind(3, int64_t{slot.rank})
+        .Bind(4, slot.node_id)
+        .Bind(5, slot.hostname)
+        .Bind(6, int64_t{slot.slot})
+        .Bind(7, int64_t{slot.local_rank})
+        .Bind(8, slot.pid)
+        .Bind(9, int64_t{slot.exit.has_value() ? 1 : 0})
+        .Bind(10, int64_t{exit.exit_code})
+        .Bind(11, int64_t{exit.signal})
+        .Bind(12, exit.pid)
+        .Bind(13, absl::ToUnixMicros(exit.exited))
+        .Bind(14, absl::StrJoin(exit.last_log_lines, "\n"))
+        .Bind(15, exit.message)
+        .Bind(16, int64_t{exit.stopped ? 1 : 0});
+    ASSERT_TRUE((*insert)->Run().ok());
+  }
+}
+
+// Stores `job` and `attempt` at the current schema, then brings the file back to schema 11 and
+// runs `downgrade` on it (dropping what a later version added and setting the old version
+// number).
 void StoreThenDowngrade(const std::string& path, JobRecord& job, AttemptRecord& attempt,
                         const std::string& downgrade) {
   {
@@ -402,7 +449,92 @@ void StoreThenDowngrade(const std::string& path, JobRecord& job, AttemptRecord& 
   }
   auto db = SqliteDb::Open(path);
   ASSERT_TRUE(db.ok());
+  ASSERT_NO_FATAL_FAILURE(DowngradeToSchemaEleven(**db, attempt));
   ASSERT_TRUE((*db)->Exec(downgrade).ok());
+}
+
+void ExpectSameRanks(const std::vector<RankSlot>& got, const std::vector<RankSlot>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].rank, want[i].rank);
+    EXPECT_EQ(got[i].node_id, want[i].node_id);
+    EXPECT_EQ(got[i].hostname, want[i].hostname);
+    EXPECT_EQ(got[i].slot, want[i].slot);
+    EXPECT_EQ(got[i].local_rank, want[i].local_rank);
+    EXPECT_EQ(got[i].pid, want[i].pid);
+    ASSERT_EQ(got[i].exit.has_value(), want[i].exit.has_value()) << "rank " << i;
+    if (!want[i].exit) continue;
+    EXPECT_EQ(got[i].exit->exit_code, want[i].exit->exit_code);
+    EXPECT_EQ(got[i].exit->signal, want[i].exit->signal);
+    EXPECT_EQ(got[i].exit->pid, want[i].exit->pid);
+    EXPECT_EQ(got[i].exit->exited, want[i].exit->exited);
+    EXPECT_EQ(got[i].exit->last_log_lines, want[i].exit->last_log_lines);
+    EXPECT_EQ(got[i].exit->message, want[i].exit->message);
+    EXPECT_EQ(got[i].exit->stopped, want[i].exit->stopped);
+  }
+}
+
+// Schema 11 stored a row per rank: the ranks move into their attempt's row unchanged, the old
+// table goes, and the workers' pids (soft state) are written into the row afterwards.
+TEST(JobStoreTest, SchemaElevenDatabaseIsMigratedForRanksInTheAttemptRow) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  attempt.ranks[1].exit->message = "exec failed: no such file";
+  attempt.ranks[1].exit->stopped = true;
+  ASSERT_NO_FATAL_FAILURE(StoreThenDowngrade(path, job, attempt, ""));
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->attempts.size(), 1u);
+  ExpectSameRanks(state->attempts[0].ranks, attempt.ranks);
+
+  SoftStateBatch soft;
+  soft.pids.push_back({job.id, 1, 0, 4242});
+  soft.pids.push_back({job.id, 1, 1, 4343});
+  soft.pids.push_back({job.id, 7, 0, 1});  // an attempt never stored: nothing to update
+  ASSERT_TRUE((*store)->CommitSoftState(soft).ok());
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  attempt.ranks[0].pid = 4242;
+  attempt.ranks[1].pid = 4343;
+  ExpectSameRanks(state->attempts[0].ranks, attempt.ranks);
+
+  auto db = SqliteDb::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto tables = (*db)->Prepare("SELECT COUNT(*) FROM sqlite_master WHERE name='attempt_ranks'");
+  ASSERT_TRUE(tables.ok());
+  auto row = (*tables)->Step();
+  ASSERT_TRUE(row.ok() && *row);
+  EXPECT_EQ((*tables)->Int(0), 0);
+}
+
+// An attempt's ranks that no longer parse are reported, naming the attempt, not loaded as none.
+TEST(JobStoreTest, RanksThatDoNotParseFailTheLoadNamingTheAttempt) {
+  ScratchDir dir;
+  const std::string path = dir.path() + "/state.db";
+  JobRecord job = MakeJob(9);
+  AttemptRecord attempt = MakeAttempt(job.id);
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreBatch batch;
+    batch.new_jobs.push_back(&job);
+    batch.attempts.push_back(&attempt);
+    ASSERT_TRUE((*store)->Commit(batch).ok());
+  }
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("UPDATE attempts SET ranks=x'ffff'").ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto state = (*store)->Load();
+  ASSERT_FALSE(state.ok());
+  EXPECT_THAT(std::string(state.status().message()), ::testing::HasSubstr(job.id));
 }
 
 // Schema 3 had no record of whether an exit followed a stop order: its exits load as failures,
