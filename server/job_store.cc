@@ -645,45 +645,68 @@ absl::Status JobStore::PutProgress(const std::string& job_id, const Progress* pr
   return put->Run();
 }
 
+namespace {
+
+// A job's state as UpdateJob writes it (state and the 11 columns after it), from `first` on.
+void BindJobState(SqliteStatement& statement, int first, const JobRecord& job) {
+  statement.Bind(first, int64_t{static_cast<int>(job.state)})
+      .Bind(first + 1, TimeToMicros(job.started))
+      .Bind(first + 2, TimeToMicros(job.finished))
+      .Bind(first + 3, int64_t{job.attempts})
+      .Bind(first + 4, int64_t{job.restarts})
+      .Bind(first + 5, int64_t{job.current_attempt})
+      .Bind(first + 6, job.last_checkpoint.step)
+      .Bind(first + 7, job.last_checkpoint.path)
+      .Bind(first + 8, TimeToMicros(job.last_checkpoint.written))
+      .Bind(first + 9, int64_t{job.cancel_requested ? 1 : 0})
+      .Bind(first + 10, job.message)
+      .Bind(first + 11, int64_t{job.drain_requested ? 1 : 0});
+}
+
+}  // namespace
+
 absl::Status JobStore::InsertJob(const JobRecord& job) {
+  // The whole row in one statement; the columns of progress before schema 10 stay 0.
   TY_ASSIGN_OR_RETURN(SqliteStatement * insert, Cached(R"sql(
-    INSERT INTO jobs(seq, id, name, spec_yaml, state, priority, nodes, ranks_per_node, device_kind,
+    INSERT INTO jobs(seq, id, name, spec_yaml, priority, nodes, ranks_per_node, device_kind,
       dp, tp, pp, zero_stage, max_restarts, heartbeat_timeout_ms, user, client_request_id,
-      created_us, attempts, restarts, current_attempt, step, total_steps, loss, lr, grad_norm,
-      tokens_per_second, step_total_ms, step_forward_ms, step_backward_ms, step_optimizer_ms,
-      step_communication_ms, step_data_ms, checkpoint_step, checkpoint_path, cancel_requested,
-      message, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto, checkpoint_keep,
-      schedule, virtual_stages, cp, ep)
-    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '', 0, '', ?, ?, ?, ?, ?, ?, ?, ?)
+      created_us, checkpoint_dir, checkpoint_every_steps, checkpoint_interval_auto,
+      checkpoint_keep, schedule, virtual_stages, cp, ep,
+      state, started_us, finished_us, attempts, restarts, current_attempt, checkpoint_step,
+      checkpoint_path, checkpoint_us, cancel_requested, message, drain_requested,
+      step, total_steps, loss, lr, grad_norm, tokens_per_second, step_total_ms, step_forward_ms,
+      step_backward_ms, step_optimizer_ms, step_communication_ms, step_data_ms)
+    VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+           ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
   )sql"));
   const JobRequirements& req = job.requirements;
   insert->Bind(1, job.seq)
       .Bind(2, job.id)
       .Bind(3, job.name)
       .Bind(4, job.spec_yaml)
-      .Bind(5, int64_t{static_cast<int>(job.state)})
-      .Bind(6, int64_t{job.priority})
-      .Bind(7, int64_t{req.nodes})
-      .Bind(8, int64_t{req.ranks_per_node})
-      .Bind(9, int64_t{static_cast<int>(req.kind)})
-      .Bind(10, int64_t{req.mesh.dp})
-      .Bind(11, int64_t{req.mesh.tp})
-      .Bind(12, int64_t{req.mesh.pp})
-      .Bind(13, int64_t{req.mesh.zero_stage})
-      .Bind(14, int64_t{req.max_restarts})
-      .Bind(15, absl::ToInt64Milliseconds(req.heartbeat_timeout))
-      .Bind(16, job.user)
-      .Bind(17, job.client_request_id)
-      .Bind(18, TimeToMicros(job.created))
-      .Bind(19, req.checkpoint.dir)
-      .Bind(20, req.checkpoint.every_steps)
-      .Bind(21, int64_t{req.checkpoint.interval_auto ? 1 : 0})
-      .Bind(22, int64_t{req.checkpoint.recorded ? req.checkpoint.keep : -1})
-      .Bind(23, req.mesh.schedule)
-      .Bind(24, int64_t{req.mesh.virtual_stages})
-      .Bind(25, int64_t{req.mesh.cp})
-      .Bind(26, int64_t{req.mesh.ep});
+      .Bind(5, int64_t{job.priority})
+      .Bind(6, int64_t{req.nodes})
+      .Bind(7, int64_t{req.ranks_per_node})
+      .Bind(8, int64_t{static_cast<int>(req.kind)})
+      .Bind(9, int64_t{req.mesh.dp})
+      .Bind(10, int64_t{req.mesh.tp})
+      .Bind(11, int64_t{req.mesh.pp})
+      .Bind(12, int64_t{req.mesh.zero_stage})
+      .Bind(13, int64_t{req.max_restarts})
+      .Bind(14, absl::ToInt64Milliseconds(req.heartbeat_timeout))
+      .Bind(15, job.user)
+      .Bind(16, job.client_request_id)
+      .Bind(17, TimeToMicros(job.created))
+      .Bind(18, req.checkpoint.dir)
+      .Bind(19, req.checkpoint.every_steps)
+      .Bind(20, int64_t{req.checkpoint.interval_auto ? 1 : 0})
+      .Bind(21, int64_t{req.checkpoint.recorded ? req.checkpoint.keep : -1})
+      .Bind(22, req.mesh.schedule)
+      .Bind(23, int64_t{req.mesh.virtual_stages})
+      .Bind(24, int64_t{req.mesh.cp})
+      .Bind(25, int64_t{req.mesh.ep});
+  BindJobState(*insert, 26, job);
   TY_RETURN_IF_ERROR(insert->Run());
   TY_ASSIGN_OR_RETURN(SqliteStatement * label,
                       Cached("INSERT INTO job_labels(job_id, key, value) VALUES(?, ?, ?)"));
@@ -692,7 +715,7 @@ absl::Status JobStore::InsertJob(const JobRecord& job) {
     label->Bind(1, job.id).Bind(2, key).Bind(3, value);
     TY_RETURN_IF_ERROR(label->Run());
   }
-  return UpdateJob(job);
+  return PutProgress(job.id, &job.progress, &job.accounts);
 }
 
 absl::Status JobStore::UpdateJob(const JobRecord& job) {
@@ -702,19 +725,8 @@ absl::Status JobStore::UpdateJob(const JobRecord& job) {
       cancel_requested=?, message=?, drain_requested=?
     WHERE id=?
   )sql"));
-  update->Bind(1, int64_t{static_cast<int>(job.state)})
-      .Bind(2, TimeToMicros(job.started))
-      .Bind(3, TimeToMicros(job.finished))
-      .Bind(4, int64_t{job.attempts})
-      .Bind(5, int64_t{job.restarts})
-      .Bind(6, int64_t{job.current_attempt})
-      .Bind(7, job.last_checkpoint.step)
-      .Bind(8, job.last_checkpoint.path)
-      .Bind(9, TimeToMicros(job.last_checkpoint.written))
-      .Bind(10, int64_t{job.cancel_requested ? 1 : 0})
-      .Bind(11, job.message)
-      .Bind(12, int64_t{job.drain_requested ? 1 : 0})
-      .Bind(13, job.id);
+  BindJobState(*update, 1, job);
+  update->Bind(13, job.id);
   TY_RETURN_IF_ERROR(update->Run());
   return PutProgress(job.id, &job.progress, &job.accounts);
 }
