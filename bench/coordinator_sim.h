@@ -224,6 +224,7 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     hello.mutable_registration()->set_hostname(node_id);
     hello.mutable_registration()->set_cpu_slots(slots);
     hello.mutable_registration()->set_agent_version("bench");
+    hello.mutable_registration()->set_accepts_start_batches(true);  // as the real agent does
     StartRead(&in_);
     Enqueue(std::move(hello));
     StartCall();
@@ -287,30 +288,8 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
     if (!ok) return;
     if (in_.has_registered()) registered_->fetch_add(1);
     if (in_.has_progress_answers()) Answered(in_.progress_answers());
-    if (in_.has_start()) {
-      const v1::StartWorker& start = in_.start();
-      {
-        absl::MutexLock lock(&secrets_->mu);
-        secrets_->by_job[start.job_id()] = start.attempt_secret();
-      }
-      v1::RunningWorker worker;
-      worker.set_job_id(start.job_id());
-      worker.set_attempt_id(start.attempt_id());
-      worker.set_rank(start.rank());
-      worker.set_pid(100000 + start.rank());
-      {
-        absl::MutexLock lock(&mu_);
-        running_.push_back(worker);
-      }
-      v1::AgentMessage message;
-      v1::WorkerStarted* started = message.mutable_started();
-      started->set_job_id(start.job_id());
-      started->set_attempt_id(start.attempt_id());
-      started->set_rank(start.rank());
-      started->set_pid(worker.pid());
-      Enqueue(std::move(message));
-      started_->fetch_add(1);
-    }
+    if (in_.has_start()) Start(in_.start());
+    for (const v1::StartWorker& start : in_.start_batch().workers()) Start(start);
     StartRead(&in_);
   }
 
@@ -327,6 +306,31 @@ class SimAgent : public grpc::ClientBidiReactor<v1::AgentMessage, v1::Coordinato
   }
 
  private:
+  // What the agent does with a start order: runs the worker (here: records it) and says so.
+  void Start(const v1::StartWorker& start) {
+    {
+      absl::MutexLock lock(&secrets_->mu);
+      secrets_->by_job[start.job_id()] = start.attempt_secret();
+    }
+    v1::RunningWorker worker;
+    worker.set_job_id(start.job_id());
+    worker.set_attempt_id(start.attempt_id());
+    worker.set_rank(start.rank());
+    worker.set_pid(100000 + start.rank());
+    {
+      absl::MutexLock lock(&mu_);
+      running_.push_back(worker);
+    }
+    v1::AgentMessage message;
+    v1::WorkerStarted* started = message.mutable_started();
+    started->set_job_id(start.job_id());
+    started->set_attempt_id(start.attempt_id());
+    started->set_rank(start.rank());
+    started->set_pid(worker.pid());
+    Enqueue(std::move(message));
+    started_->fetch_add(1);
+  }
+
   void Answered(const v1::ProgressAnswers& answers) {
     Sent sent;
     {

@@ -91,6 +91,14 @@ bool AgentRegistry::Send(const std::string& node_id, AgentOrder order) {
   return true;
 }
 
+bool AgentRegistry::SendAll(const std::string& node_id, std::vector<AgentOrder> orders) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel == nullptr) return false;
+  it->second.channel->SendAll(std::move(orders));
+  return true;
+}
+
 void AgentRegistry::Hold(const std::string& node_id, DeviceKind kind, int slot) {
   absl::MutexLock lock(&mu_);
   Entry& entry = nodes_[node_id];

@@ -74,6 +74,10 @@ class AgentChannel {
  public:
   virtual ~AgentChannel() = default;
   virtual void Send(AgentOrder order) = 0;
+  // `orders` in order; a channel may put several in one message.
+  virtual void SendAll(std::vector<AgentOrder> orders) {
+    for (AgentOrder& order : orders) Send(std::move(order));
+  }
   // Ends the connection with `status` (e.g. ABORTED when replaced, UNAVAILABLE when silent).
   virtual void Close(const absl::Status& status) = 0;
 };
@@ -112,6 +116,8 @@ class AgentRegistry {
 
   // Sends to a connected node; false when it is not connected.
   bool Send(const std::string& node_id, AgentOrder order);
+  // Several orders to one node, in order (see AgentChannel::SendAll).
+  bool SendAll(const std::string& node_id, std::vector<AgentOrder> orders);
 
   // Slots held by live attempts. Holding survives disconnection (the workers may still run).
   void Hold(const std::string& node_id, DeviceKind kind, int slot);

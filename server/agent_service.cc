@@ -36,16 +36,38 @@ std::vector<RunningWorker> Running(const v1::Heartbeat& heartbeat) {
 // The registry's handle on one stream.
 class StreamChannel : public AgentChannel {
  public:
-  explicit StreamChannel(std::shared_ptr<Writer> writer) : writer_(std::move(writer)) {}
+  // `start_batches`: the agent takes StartWorkers.
+  StreamChannel(std::shared_ptr<Writer> writer, bool start_batches)
+      : writer_(std::move(writer)), start_batches_(start_batches) {}
   void Send(AgentOrder order) override {
     v1::CoordinatorMessage message;
     ToProto(order, &message);
     writer_->Push(std::move(message));
   }
+  // Consecutive start orders go in one StartWorkers message.
+  void SendAll(std::vector<AgentOrder> orders) override {
+    for (size_t first = 0; first < orders.size();) {
+      size_t end = first;
+      while (end < orders.size() && std::holds_alternative<StartWorkerOrder>(orders[end])) ++end;
+      if (!start_batches_ || end - first < 2) {
+        Send(std::move(orders[first]));
+        ++first;
+        continue;
+      }
+      v1::CoordinatorMessage batch;
+      for (; first < end; ++first) {
+        v1::CoordinatorMessage one;
+        ToProto(orders[first], &one);
+        batch.mutable_start_batch()->add_workers()->Swap(one.mutable_start());
+      }
+      writer_->Push(std::move(batch));
+    }
+  }
   void Close(const absl::Status& status) override { writer_->FinishWhenDrained(ToGrpc(status)); }
 
  private:
   std::shared_ptr<Writer> writer_;
+  const bool start_batches_;
 };
 
 class AgentStream : public Reactor {
@@ -185,7 +207,7 @@ class AgentStream : public Reactor {
     for (const v1::WorkerExited& e : registration.exited_while_disconnected()) {
       exited.push_back(FromProto(e));
     }
-    auto channel = std::make_shared<StreamChannel>(writer_);
+    auto channel = std::make_shared<StreamChannel>(writer_, registration.accepts_start_batches());
     absl::StatusOr<uint64_t> session = supervisor_->AgentConnected(
         FromProto(registration), running, exited, channel, [this](const RegisteredOrder& order) {
           v1::CoordinatorMessage message;

@@ -318,10 +318,19 @@ JobRecord Supervisor::StoredViewLocked(JobEntry& entry, absl::Time now, bool wit
 }
 
 void Supervisor::SendOrdersLocked(std::vector<std::pair<std::string, AgentOrder>>& orders) {
-  for (auto& [node_id, order] : orders) {
-    if (!registry_->Send(node_id, std::move(order))) {
-      TY_LOG(WARNING) << "node " << node_id << " is not connected; an order to it was dropped";
+  // Each run of orders to one node goes together (an attempt's start orders: one message).
+  for (size_t first = 0; first < orders.size();) {
+    const std::string& node_id = orders[first].first;
+    std::vector<AgentOrder> run;
+    size_t end = first;
+    for (; end < orders.size() && orders[end].first == node_id; ++end) {
+      run.push_back(std::move(orders[end].second));
     }
+    if (!registry_->SendAll(node_id, std::move(run))) {
+      TY_LOG(WARNING) << "node " << node_id << " is not connected; " << end - first
+                      << " order(s) to it were dropped";
+    }
+    first = end;
   }
   orders.clear();
 }

@@ -134,6 +134,7 @@ v1::AgentMessage AgentCore::Registration() {
   for (const v1::GpuInfo& gpu : config_.gpus) *r->add_gpus() = gpu;
   r->set_agent_version(config_.version);
   r->set_instance_id(config_.instance_id);
+  r->set_accepts_start_batches(true);
   if (config_.memory_tier != nullptr) {
     r->set_memory_tier_address(config_.memory_tier_address);
     r->set_memory_tier_budget_bytes(config_.memory_tier->budget_bytes());
@@ -169,6 +170,17 @@ void AgentCore::ReturnUnsent(std::vector<v1::AgentMessage> messages) {
   }
 }
 
+void AgentCore::AdmitAndStart(const v1::StartWorker& order) {
+  if (config_.memory_tier != nullptr) {
+    config_.memory_tier->SetPeer(order.job_id(), order.memory_peer_address());
+    config_.memory_tier->AdmitSecret(order.job_id(), order.attempt_secret());
+  }
+  if (config_.progress_relay != nullptr) {
+    config_.progress_relay->Admit(order.job_id(), order.attempt_id(), order.attempt_secret());
+  }
+  Start(order);
+}
+
 void AgentCore::Handle(const v1::CoordinatorMessage& message) {
   absl::MutexLock lock(&mu_);
   switch (message.msg_case()) {
@@ -186,17 +198,10 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
       }
       break;
     case v1::CoordinatorMessage::kStart:
-      if (config_.memory_tier != nullptr) {
-        config_.memory_tier->SetPeer(message.start().job_id(),
-                                     message.start().memory_peer_address());
-        config_.memory_tier->AdmitSecret(message.start().job_id(),
-                                         message.start().attempt_secret());
-      }
-      if (config_.progress_relay != nullptr) {
-        config_.progress_relay->Admit(message.start().job_id(), message.start().attempt_id(),
-                                      message.start().attempt_secret());
-      }
-      Start(message.start());
+      AdmitAndStart(message.start());
+      break;
+    case v1::CoordinatorMessage::kStartBatch:
+      for (const v1::StartWorker& order : message.start_batch().workers()) AdmitAndStart(order);
       break;
     case v1::CoordinatorMessage::kProgressAnswers:
       if (config_.progress_relay != nullptr) {

@@ -374,6 +374,26 @@ TEST_F(ServerApiTest, ABatchIsAnsweredPerReportOrOnlyWhereThereIsSomethingToSay)
   EXPECT_THAT(stop->stop().ranks(), ElementsAre(0));
 }
 
+// An agent that takes start batches gets an attempt's start orders for its node in one message;
+// one that does not (every test above) gets one message per rank.
+TEST_F(ServerApiTest, AnAttemptsStartOrdersComeInOneMessageToAnAgentThatTakesBatches) {
+  const std::string job = Submit(SmallSpec("batched-starts", 3));
+  agent_ = std::make_unique<FakeAgent>(server_->channel(), "node-a", 3,
+                                       std::vector<v1::RunningWorker>{}, /*start_batches=*/true);
+  ASSERT_TRUE(agent_->NextOf(v1::CoordinatorMessage::kRegistered).has_value());
+  std::optional<v1::CoordinatorMessage> batch = agent_->NextOf(v1::CoordinatorMessage::kStartBatch);
+  ASSERT_TRUE(batch.has_value());
+  ASSERT_EQ(batch->start_batch().workers_size(), 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    const v1::StartWorker& start = batch->start_batch().workers(rank);
+    EXPECT_EQ(start.job_id(), job);
+    EXPECT_EQ(start.rank(), rank);
+    EXPECT_FALSE(start.attempt_secret().empty());
+    agent_->Started(job, 1, rank, 7000 + rank);
+  }
+  JoinAll(job, 1, 3);
+}
+
 TEST_F(ServerApiTest, CancelStopsWorkersWithTheGracePeriod) {
   const std::string job = Submit(SmallSpec("cancelled"));
   StartAgent(2);

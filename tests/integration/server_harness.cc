@@ -45,7 +45,7 @@ std::unique_ptr<grpc::ClientContext> Deadline(double seconds) {
 }
 
 FakeAgent::FakeAgent(std::shared_ptr<grpc::Channel> channel, const std::string& node_id, int slots,
-                     const std::vector<v1::RunningWorker>& running)
+                     const std::vector<v1::RunningWorker>& running, bool start_batches)
     : node_id_(node_id), stub_(v1::AgentService::NewStub(channel)) {
   stream_ = stub_->Connect(&context_);
   {
@@ -58,6 +58,7 @@ FakeAgent::FakeAgent(std::shared_ptr<grpc::Channel> channel, const std::string& 
   registration->set_hostname(node_id + ".test");
   registration->set_cpu_slots(slots);
   registration->set_agent_version("fake");
+  registration->set_accepts_start_batches(start_batches);
   for (const v1::RunningWorker& w : running) *registration->add_running() = w;
   Send(hello);
   reader_ = std::thread([this] { ReadLoop(); });

@@ -62,8 +62,9 @@ std::unique_ptr<grpc::ClientContext> Deadline(double seconds);
 // SetRunning, and queues what the coordinator sends.
 class FakeAgent {
  public:
+  // `start_batches`: registers accepts_start_batches (start orders may come as StartWorkers).
   FakeAgent(std::shared_ptr<grpc::Channel> channel, const std::string& node_id, int slots,
-            const std::vector<v1::RunningWorker>& running = {});
+            const std::vector<v1::RunningWorker>& running = {}, bool start_batches = false);
   ~FakeAgent();
 
   // The coordinator's next message, waiting up to `timeout`.

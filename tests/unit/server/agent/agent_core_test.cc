@@ -207,6 +207,23 @@ TEST_F(AgentCoreTest, StartExecsTheWorkerWithAnArgvAndTheAllowlistedEnvironment)
   EXPECT_EQ(core->Heartbeat(&batch).heartbeat().running_size(), 1);
 }
 
+TEST_F(AgentCoreTest, AStartBatchStartsEachWorkerInOrder) {
+  std::unique_ptr<AgentCore> core = NewCore();
+  EXPECT_TRUE(core->Registration().registration().accepts_start_batches());
+  Connect(*core);
+  v1::CoordinatorMessage batch;
+  for (int rank = 0; rank < 3; ++rank) {
+    *batch.mutable_start_batch()->add_workers() = StartOrder("j-1", 1, rank).start();
+  }
+  core->Handle(batch);
+  ASSERT_EQ(launcher_.launches().size(), 3u);
+  std::vector<int> started;
+  for (const v1::AgentMessage& m : core->TakeOutgoing()) {
+    if (m.has_started()) started.push_back(m.started().rank());
+  }
+  EXPECT_EQ(started, (std::vector<int>{0, 1, 2}));
+}
+
 TEST_F(AgentCoreTest, GpuWorkersSeeOnlyTheirDevice) {
   std::unique_ptr<AgentCore> core = NewCore();
   Connect(*core);
