@@ -73,8 +73,12 @@ class StreamChannel : public AgentChannel {
 class AgentStream : public Reactor {
  public:
   // `caller`: the caller's authentication; a refused stream ends at once with it.
-  AgentStream(Supervisor* supervisor, LogRouter* logs, absl::StatusOr<Identity> caller)
-      : supervisor_(supervisor), logs_(logs), writer_(std::make_shared<Writer>(this)) {
+  AgentStream(Supervisor* supervisor, LogRouter* logs, CallExecutor* executor,
+              absl::StatusOr<Identity> caller)
+      : supervisor_(supervisor),
+        logs_(logs),
+        executor_(executor),
+        writer_(std::make_shared<Writer>(this)) {
     if (!caller.ok()) {
       TY_LOG(WARNING) << "refused an agent: " << caller.status();
       writer_->FinishWhenDrained(ToGrpc(caller.status()));
@@ -89,14 +93,18 @@ class AgentStream : public Reactor {
       writer_->FinishWhenDrained(grpc::Status::OK);
       return;
     }
-    absl::Status status = Handle(*in_);
-    if (!status.ok()) {
-      TY_LOG(WARNING) << "agent stream " << (node_id_.empty() ? "(unregistered)" : node_id_)
-                      << " ended: " << status;
-      writer_->FinishWhenDrained(ToGrpc(status));
+    // A message whose handling waits for the store (a registration, an exit: each is stored
+    // before it is answered) is handled on the coordinator's threads, so that gRPC's few callback
+    // threads never wait for a commit; the stream is held open until it is handled and the next
+    // read started. The next message is read only then, so a stream's messages keep their order.
+    if (MayWaitForStore(*in_) && writer_->Hold()) {
+      executor_->Run([this] {
+        Handled(Handle(*in_));
+        writer_->Release();
+      });
       return;
     }
-    NextRead();
+    Handled(Handle(*in_));
   }
 
   void OnWriteDone(bool ok) override { writer_->OnWriteDone(ok); }
@@ -121,6 +129,21 @@ class AgentStream : public Reactor {
     arena_.Reset();
     in_ = google::protobuf::Arena::CreateMessage<v1::AgentMessage>(&arena_);
     StartRead(in_);
+  }
+
+  static bool MayWaitForStore(const v1::AgentMessage& message) {
+    return message.has_registration() || message.has_exited() || message.has_tier_notice();
+  }
+
+  // Reads the next message, or ends the stream when `status` (the last one's) is an error.
+  void Handled(const absl::Status& status) {
+    if (!status.ok()) {
+      TY_LOG(WARNING) << "agent stream " << (node_id_.empty() ? "(unregistered)" : node_id_)
+                      << " ended: " << status;
+      writer_->FinishWhenDrained(ToGrpc(status));
+      return;
+    }
+    NextRead();
   }
 
   absl::Status Handle(const v1::AgentMessage& message) {
@@ -222,6 +245,7 @@ class AgentStream : public Reactor {
 
   Supervisor* const supervisor_;
   LogRouter* const logs_;
+  CallExecutor* const executor_;
   std::shared_ptr<Writer> writer_;
   Identity caller_;
   alignas(8) char first_block_[16 << 10];
@@ -235,7 +259,7 @@ class AgentStream : public Reactor {
 
 grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* AgentServiceImpl::Connect(
     grpc::CallbackServerContext* context) {
-  return new AgentStream(supervisor_, logs_, auth_->Agent(*context));
+  return new AgentStream(supervisor_, logs_, executor_, auth_->Agent(*context));
 }
 
 }  // namespace trainyard::server

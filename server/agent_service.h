@@ -8,6 +8,7 @@
 #define TRAINYARD_SERVER_AGENT_SERVICE_H_
 
 #include "proto/trainyard.grpc.pb.h"
+#include "server/call_executor.h"
 #include "server/log_router.h"
 #include "server/service_auth.h"
 #include "server/supervisor.h"
@@ -17,8 +18,10 @@ namespace trainyard::server {
 class AgentServiceImpl final : public ::trainyard::v1::AgentService::CallbackService {
  public:
   // None is owned; all must outlive the service.
-  AgentServiceImpl(Supervisor* supervisor, LogRouter* logs, const ServiceAuth* auth)
-      : supervisor_(supervisor), logs_(logs), auth_(auth) {}
+  // `executor` handles the agents' messages that wait for the store (see AgentStream).
+  AgentServiceImpl(Supervisor* supervisor, LogRouter* logs, const ServiceAuth* auth,
+                   CallExecutor* executor)
+      : supervisor_(supervisor), logs_(logs), auth_(auth), executor_(executor) {}
 
   grpc::ServerBidiReactor<::trainyard::v1::AgentMessage, ::trainyard::v1::CoordinatorMessage>*
   Connect(grpc::CallbackServerContext* context) override;
@@ -27,6 +30,7 @@ class AgentServiceImpl final : public ::trainyard::v1::AgentService::CallbackSer
   Supervisor* const supervisor_;
   LogRouter* const logs_;
   const ServiceAuth* const auth_;
+  CallExecutor* const executor_;
 };
 
 }  // namespace trainyard::server

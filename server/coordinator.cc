@@ -228,8 +228,8 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   executor_ = std::make_unique<CallExecutor>();
   job_service_ = std::make_unique<JobServiceImpl>(
       supervisor_.get(), logs_.get(), service_auth_.get(), streams_.get(), executor_.get());
-  agent_service_ =
-      std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get(), service_auth_.get());
+  agent_service_ = std::make_unique<AgentServiceImpl>(supervisor_.get(), logs_.get(),
+                                                      service_auth_.get(), executor_.get());
   worker_service_ = std::make_unique<WorkerServiceImpl>(supervisor_.get(), kv_.get(), clock_,
                                                         service_auth_.get(), executor_.get());
 

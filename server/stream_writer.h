@@ -73,6 +73,21 @@ class QueuedWriter {
     return finish_.has_value();
   }
 
+  // Keeps Finish from being sent until the matching Release, so that work a reaction handed to
+  // another thread may still start a read (a read must not follow Finish, after which the
+  // reactor may be done). False, holding nothing, when Finish was sent already.
+  bool Hold() {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finished_) return false;
+    ++holds_;
+    return true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    --holds_;
+    PumpLocked();
+  }
+
  private:
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reactor_ == nullptr || writing_ || finished_) return;
@@ -83,7 +98,7 @@ class QueuedWriter {
       reactor_->StartWrite(&current_);
       return;
     }
-    if (finish_.has_value()) {
+    if (finish_.has_value() && holds_ == 0) {
       finished_ = true;
       reactor_->Finish(*finish_);
     }
@@ -95,6 +110,7 @@ class QueuedWriter {
   Message current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -278,20 +278,24 @@ std::optional<v1::ProgressBatch> ProgressRelay::TakeBatch(bool force) {
   return batch;
 }
 
+void ProgressRelay::AnswerLocked(const RankKey& key,
+                                 const absl::StatusOr<v1::ProgressReply>& result, Deliveries& out) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  for (Waiter& waiter : it->second) out.emplace_back(std::move(waiter.answer), result);
+  waiters_.erase(it);
+}
+
 void ProgressRelay::OnAnswers(const v1::ProgressAnswers& answers) {
   Deliveries deliveries;
   {
     absl::MutexLock lock(&mu_);
-    const auto answer = [&](const RankKey& key, const absl::StatusOr<v1::ProgressReply>& result) {
-      auto it = waiters_.find(key);
-      if (it == waiters_.end()) return;
-      for (Waiter& waiter : it->second) deliveries.emplace_back(std::move(waiter.answer), result);
-      waiters_.erase(it);
-    };
     for (const v1::ProgressAnswer& a : answers.answers()) {
-      answer({a.job_id(), a.attempt_id(), a.rank()},
-             a.code() == 0 ? absl::StatusOr<v1::ProgressReply>(a.reply())
-                           : absl::Status(static_cast<absl::StatusCode>(a.code()), a.message()));
+      AnswerLocked({a.job_id(), a.attempt_id(), a.rank()},
+                   a.code() == 0
+                       ? absl::StatusOr<v1::ProgressReply>(a.reply())
+                       : absl::Status(static_cast<absl::StatusCode>(a.code()), a.message()),
+                   deliveries);
     }
     // The batch asked for omit_plain_answers: the reports answered above have no waiters left,
     // the rest were answered OK with ORDER_CONTINUE.
@@ -299,7 +303,9 @@ void ProgressRelay::OnAnswers(const v1::ProgressAnswers& answers) {
     if (sent != in_flight_.end()) {
       v1::ProgressReply plain;
       plain.set_order(v1::ORDER_CONTINUE);
-      for (const v1::ProgressReport& report : sent->second.reports) answer(KeyOf(report), plain);
+      for (const v1::ProgressReport& report : sent->second.reports) {
+        AnswerLocked(KeyOf(report), plain, deliveries);
+      }
       in_flight_.erase(sent);
     }
   }

@@ -109,6 +109,9 @@ class ProgressRelay {
     std::vector<v1::ProgressReport> reports;
   };
   using Deliveries = std::vector<std::pair<Answer, absl::StatusOr<v1::ProgressReply>>>;
+  // Answers every call waiting on `key`'s report with `result` (into `out`).
+  void AnswerLocked(const RankKey& key, const absl::StatusOr<v1::ProgressReply>& result,
+                    Deliveries& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Folds `newer` into `older` (the result in *older).
   static void Merge(v1::ProgressReport* older, const v1::ProgressReport& newer);
