@@ -3,11 +3,16 @@
 # the coordinator (the embedded default: loopback, a local agent with this machine's CPU slots,
 # its state in a fresh scratch directory), submits the tiny example, watches it train to the
 # end, shows the last lines of its log, and stops the coordinator. Exits with the job's outcome
-# (0 succeeded, 1 failed, 4 cancelled). Arguments go to CMake's configure step, e.g.
-# -DTRAINYARD_CUDA=OFF to leave the CUDA backend out where a toolkit is installed.
+# (0 succeeded, 1 failed, 4 cancelled). Arguments go to CMake's configure step. The tiny job
+# trains on CPU ranks, so the CUDA backend is built only where a GPU is visible (nvidia-smi lists
+# one); -DTRAINYARD_CUDA=ON or OFF decides instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/build.sh --binaries "$@"
+cuda=()
+if [[ " $* " != *" -DTRAINYARD_CUDA="* ]]; then
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then cuda=(-DTRAINYARD_CUDA=ON); else cuda=(-DTRAINYARD_CUDA=OFF); fi
+fi
+bash tools/build.sh --binaries "${cuda[@]}" "$@"
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-demo.XXXXXX")
 server_pid=""
