@@ -315,7 +315,7 @@ int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh)
   return mesh.dp > 0 ? training.batch / mesh.dp : training.batch;
 }
 
-std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
+std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes, const ParallelismSpec* given) {
   if (nodes == spec.resources.nodes) return spec;
   if (nodes < 1) return std::nullopt;
   JobSpec resized = spec;
@@ -336,6 +336,12 @@ std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes) {
     while (chosen > 1 && share % chosen != 0) --chosen;
     return chosen;
   };
+  if (given != nullptr) {
+    resized.parallelism = *given;
+    resized.training.micro_batch = fit_micro(*given);
+    if (FindMeshProblem(*given, resized).has_value()) return std::nullopt;
+    return resized;
+  }
   bool valid = world % model_parallel == 0 && mesh.dp > 0;
   if (valid) {
     // With the micro-batch it would run (a schedule may need several per step).

@@ -67,7 +67,10 @@ int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh)
 // batch (else the largest micro-batch below it that does) and accumulates more micro-batches. The
 // data order does not change (it depends on the global step only). `nodes` equal to
 // resources.nodes gives the spec back; nullopt when no valid mesh exists at that size.
-std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes);
+// With `given` (a mesh chosen for that size elsewhere: the planner's, for `parallelism: auto`),
+// that mesh instead, the micro-batch fitted to it the same way; nullopt when it is not valid there.
+std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes,
+                                   const ParallelismSpec* given = nullptr);
 
 }  // namespace trainyard::config
 

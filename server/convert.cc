@@ -351,6 +351,7 @@ void ToProto(const JoinInfo& info, v1::JoinReply* out) {
   out->set_tp_rank(info.tp_rank);
   out->set_pp_rank(info.pp_rank);
   out->set_cp_rank(info.cp_rank);
+  out->set_micro_batch(info.micro_batch);
   out->set_spec_yaml(info.spec_yaml);
   out->set_kv_prefix(info.kv_prefix);
   ToProto(info.resume_from, out->mutable_resume_from());

@@ -35,6 +35,7 @@ struct JobShape {
   int nodes = 0;
   Mesh mesh;
   int accumulation = 1;
+  int micro_batch = 0;          // per rank and pass at this size
   int64_t memory_per_rank = 0;  // the planner's prediction at this size; 0: not checked
 };
 

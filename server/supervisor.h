@@ -127,6 +127,7 @@ struct JoinInfo {
   int tp_rank = 0;
   int pp_rank = 0;
   int cp_rank = 0;
+  int micro_batch = 0;  // this attempt's (JoinReply.micro_batch); 0: the spec's own
   std::string spec_yaml;
   std::string kv_prefix;
   CheckpointInfo resume_from;
@@ -415,6 +416,7 @@ class Supervisor {
     // which the scheduler checks nodes against.
     int64_t memory_per_rank = 0;
     int full_accumulation = 1;
+    int full_micro_batch = 0;
     // Growing back: the ranks were ordered to checkpoint and stop (like a drain) so that the
     // job restarts on more nodes; at most one resize in flight, one per resize_cooldown_s.
     bool resizing = false;
@@ -531,6 +533,10 @@ class Supervisor {
   void FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                          const AttemptFailure& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Failure handling (supervisor_failures.cc).
+  // The spec of an elastic attempt of `spec`'s job on `nodes` nodes (config::ResizedSpec; for
+  // `parallelism: auto`, with the planner's mesh for that size).
+  std::optional<config::JobSpec> SmallerSpecLocked(const config::JobSpec& spec, int nodes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
   // the restart counts from the stored attempts. `parsed`: the job's spec as admitted (a
   // submission has it already); null: parsed from the stored YAML.

@@ -60,6 +60,24 @@ bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
   return true;
 }
 
+std::optional<config::JobSpec> Supervisor::SmallerSpecLocked(const config::JobSpec& spec,
+                                                             int nodes) {
+  std::optional<config::JobSpec> resized = config::ResizedSpec(spec, nodes);
+  if (!spec.parallelism.automatic || nodes == spec.resources.nodes) return resized;
+  // `auto` is the planner's choice at every size: the mesh it would choose had the job been
+  // submitted for this many nodes (the fastest that fits the connected nodes), run with the
+  // micro-batch fitted as for any resize. When it has none, the static rule's mesh stands (the
+  // scheduler still places it only where its memory fits).
+  config::JobSpec ask = spec;
+  ask.resources.nodes = nodes;
+  absl::StatusOr<Admission> planned =
+      AdmitSpec(std::move(ask), registry_->SmallestNodes(), cpu_profile_);
+  if (!planned.ok()) return resized;
+  const config::ParallelismSpec chosen = planned->spec.parallelism;
+  std::optional<config::JobSpec> planned_spec = config::ResizedSpec(spec, nodes, &chosen);
+  return planned_spec.has_value() ? planned_spec : resized;
+}
+
 void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed) {
   // Parsing YAML is the costliest part of a submission: never twice, and not under the lock.
   absl::StatusOr<config::JobSpec> spec =
@@ -110,12 +128,14 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
       return micro > 0 ? s.training.batch / s.parallelism.dp / micro : 1;
     };
     entry.full_accumulation = accumulation(*spec);
+    entry.full_micro_batch = config::MicroBatchPerRank(spec->training, spec->parallelism);
     for (int nodes = spec->resources.nodes - 1; nodes >= spec->min_nodes(); --nodes) {
-      std::optional<config::JobSpec> resized = config::ResizedSpec(*spec, nodes);
+      std::optional<config::JobSpec> resized = SmallerSpecLocked(*spec, nodes);
       if (!resized) continue;
-      entry.smaller_shapes.push_back(JobShape{nodes, MeshOf(resized->parallelism),
-                                              accumulation(*resized),
-                                              RankMemoryNeed(*resized, cpu_profile_)});
+      entry.smaller_shapes.push_back(
+          JobShape{nodes, MeshOf(resized->parallelism), accumulation(*resized),
+                   config::MicroBatchPerRank(resized->training, resized->parallelism),
+                   RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
   entry.controller.Restore(entry.attempts);

@@ -125,38 +125,48 @@ absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
   }
 }
 
+// The mesh the coordinator chose for this attempt, over `base` (the spec's); none when the reply
+// names none.
+std::optional<config::ParallelismSpec> MeshOfReply(const v1::JoinReply& reply,
+                                                   config::ParallelismSpec base) {
+  if (reply.mesh().dp() <= 0) return std::nullopt;
+  base.dp = reply.mesh().dp();
+  base.tp = std::max(1, reply.mesh().tp());
+  base.pp = std::max(1, reply.mesh().pp());
+  base.cp = std::max(1, reply.mesh().cp());
+  // The expert-parallel degree (for `auto`, the planner's; 0: the spec's own).
+  if (reply.mesh().ep() > 0) base.ep = reply.mesh().ep();
+  base.zero = reply.mesh().zero_stage();
+  // The schedule the coordinator admitted (for `schedule: auto`, the planner's choice).
+  if (const auto schedule = config::ScheduleFromName(reply.mesh().schedule())) {
+    base.schedule = *schedule;
+    base.virtual_stages = std::max(1, reply.mesh().virtual_stages());
+  }
+  return base;
+}
+
 // The spec as the coordinator sent it, with the mesh it chose for this attempt.
 absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
                                               const CoordinatedOptions& options) {
   TY_ASSIGN_OR_RETURN(
       config::JobSpec spec,
       config::ParseJobSpec(reply.spec_yaml(), absl::StrCat("job ", options.job_id)));
+  std::optional<config::ParallelismSpec> told = MeshOfReply(reply, spec.parallelism);
   const int per_node = spec.resources.devices_per_node;
   if (reply.world_size() != spec.world_size() && per_node > 0 &&
       reply.world_size() % per_node == 0) {
-    // An elastic attempt on fewer (or more) nodes: the same rule as the coordinator's.
-    std::optional<config::JobSpec> resized =
-        config::ResizedSpec(spec, reply.world_size() / per_node);
+    // An elastic attempt on fewer (or more) nodes: the coordinator's mesh for that size (the
+    // planner's, for `auto`), with the micro-batch fitted to it as the coordinator did.
+    std::optional<config::JobSpec> resized = config::ResizedSpec(
+        spec, reply.world_size() / per_node, told.has_value() ? &*told : nullptr);
     if (!resized) {
       return absl::InternalError(absl::StrCat("the coordinator placed ", reply.world_size(),
                                               " ranks, for which the spec has no valid mesh"));
     }
     spec = *std::move(resized);
   }
-  if (reply.mesh().dp() > 0) {
-    spec.parallelism.dp = reply.mesh().dp();
-    spec.parallelism.tp = std::max(1, reply.mesh().tp());
-    spec.parallelism.pp = std::max(1, reply.mesh().pp());
-    spec.parallelism.cp = std::max(1, reply.mesh().cp());
-    // The expert-parallel degree (for `auto`, the planner's; 0: the spec's own).
-    if (reply.mesh().ep() > 0) spec.parallelism.ep = reply.mesh().ep();
-    spec.parallelism.zero = reply.mesh().zero_stage();
-    // The schedule the coordinator admitted (for `schedule: auto`, the planner's choice).
-    if (const auto schedule = config::ScheduleFromName(reply.mesh().schedule())) {
-      spec.parallelism.schedule = *schedule;
-      spec.parallelism.virtual_stages = std::max(1, reply.mesh().virtual_stages());
-    }
-  }
+  if (told.has_value()) spec.parallelism = *told;
+  if (reply.micro_batch() > 0) spec.training.micro_batch = reply.micro_batch();
   if (reply.world_size() != spec.world_size() || reply.rank() != options.rank) {
     return absl::InternalError(absl::StrCat("the coordinator's join reply does not fit: world ",
                                             reply.world_size(), " rank ", reply.rank(),

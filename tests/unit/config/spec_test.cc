@@ -722,6 +722,28 @@ resources: {nodes: 3}
   EXPECT_EQ(ResizedSpec(six, 2)->training.micro_batch, 4);
 }
 
+TEST(ResizedSpecTest, AGivenMeshIsRunWithTheMicroBatchFittedToIt) {
+  const JobSpec spec = MustParse(R"(name: given
+model: {preset: gpt2-debug}
+training: {batch: 12}
+parallelism: {dp: 2, tp: 2}
+resources: {nodes: 2, devices_per_node: 2}
+)");
+  // Full size: 6 sequences a rank. On one node the rule keeps tp 2 (dp 1, micro-batches of 6);
+  // given dp 2 instead, each rank takes 6 again in one micro-batch.
+  ParallelismSpec given = spec.parallelism;
+  given.dp = 2;
+  given.tp = 1;
+  const std::optional<JobSpec> one = ResizedSpec(spec, 1, &given);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->parallelism.dp, 2);
+  EXPECT_EQ(one->parallelism.tp, 1);
+  EXPECT_EQ(one->training.micro_batch, 6);
+  // Given dp 4 on one node of 2 devices: no such mesh there.
+  given.dp = 4;
+  EXPECT_FALSE(ResizedSpec(spec, 1, &given).has_value());
+}
+
 TEST(ParseJobSpecTest, DefaultWarmupFitsAShortRun) {
   const JobSpec short_run =
       MustParse("name: short\nmodel: {preset: gpt2-debug}\ntraining: {steps: 4}\n");

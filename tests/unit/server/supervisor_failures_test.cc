@@ -14,8 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
+#include "common/filesystem.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/device_profile.h"
+#include "server/mesh_advisor.h"
 #include "server/supervisor.h"
 #include "tests/unit/server/supervisor_fixture.h"
 
@@ -898,6 +901,53 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1}
   EXPECT_EQ(joins[1]->mesh.cp, 2);
   EXPECT_EQ(joins[1]->cp_rank, 1);
   EXPECT_EQ(joins[1]->dp_rank, 0);
+}
+
+// `parallelism: auto` is the planner's choice at every size: a shrink runs the mesh the planner
+// picks for the smaller world (here not the one the static rule keeps), and each rank is told the
+// micro-batch fitted to it, so the worker runs what the coordinator planned.
+TEST_F(SupervisorFailurePolicyTest, ElasticShrinkOfAnAutoJobRunsThePlannersMeshForTheSmallerWorld) {
+  const planner::DeviceProfile profile = *planner::LoadCpuProfile(*RealFileSystem(), "");
+  options_.cpu_profile = profile;  // the placeholder, whatever this machine has calibrated
+  Restart();
+  const std::string yaml = R"(name: elastic-auto
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+parallelism: auto
+resources: {nodes: 2, devices_per_node: 2}
+checkpoint: {dir: ckpt/elastic-auto, every_steps: 10}
+fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1}
+)";
+  const std::string id = Submit(yaml);
+  Agent a = Connect("node-a", 2);
+  Agent b = Connect("node-b", 2);
+  JoinAll(id, 1, 4);
+  const Mesh full = View(id).attempts[0].mesh;
+  // The premise: on one node the planner's mesh is not the full mesh's tp and pp kept.
+  absl::StatusOr<config::JobSpec> one_node = config::ParseJobSpec(yaml, "test");
+  ASSERT_TRUE(one_node.ok()) << one_node.status();
+  one_node->resources.nodes = 1;
+  absl::StatusOr<Admission> planned = AdmitSpec(*one_node, {}, profile);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const config::ParallelismSpec& want = planned->spec.parallelism;
+  ASSERT_TRUE(want.tp != full.tp || want.pp != full.pp)
+      << "the planner keeps the full mesh's tp " << full.tp << " and pp " << full.pp;
+
+  supervisor_->AgentDisconnected("node-b", b.session);
+  AdvanceWithHeartbeats(absl::Seconds(6), {a});
+  Exit(a, id, 1, 0, 0, /*signal=*/15);
+  Exit(a, id, 1, 1, 0, /*signal=*/15);
+  const JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 2u);
+  const Mesh& smaller = view.attempts[1].mesh;
+  EXPECT_EQ(smaller.dp, want.dp);
+  EXPECT_EQ(smaller.tp, want.tp);
+  EXPECT_EQ(smaller.pp, want.pp);
+  auto joins = JoinAll(id, 2, 2);
+  ASSERT_TRUE(joins[0].ok()) << joins[0].status();
+  // 8 sequences over dp ranks, in one micro-batch each unless the full size's was smaller.
+  EXPECT_EQ(joins[0]->micro_batch, std::min(8 / smaller.dp, 8 / full.dp));
 }
 
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyShrinksOnANodeLossAndGrowsBackAtACheckpoint) {
