@@ -66,6 +66,15 @@ class SupervisorFailurePolicyTest : public SupervisorTest {
     return sent;
   }
 
+  // Attempt 1 of `id` runs on node-a (`a`, ranks 0 and 1) and node-b (`b`): node-b goes silent,
+  // and once node-a's ranks are stopped the job restarts (on node-a alone, when it is elastic).
+  void LoseNodeBOfTwoByTwo(const Agent& a, const Agent& b, const std::string& id) {
+    supervisor_->AgentDisconnected("node-b", b.session);
+    AdvanceWithHeartbeats(absl::Seconds(6), {a});
+    Exit(a, id, 1, 0, 0, /*signal=*/15);
+    Exit(a, id, 1, 1, 0, /*signal=*/15);
+  }
+
   // Attempt `attempt` of `id`: every rank on `agent` started (pids 1000 + rank) and joined.
   void StartAndJoin(const Agent& agent, const std::string& id, int attempt, int world) {
     for (int rank = 0; rank < world; ++rank) Started(agent, id, attempt, rank);
@@ -883,10 +892,7 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1}
   Agent b = Connect("node-b", 2);
   JoinAll(id, 1, 4);
   EXPECT_EQ(View(id).attempts[0].mesh.cp, 2);
-  supervisor_->AgentDisconnected("node-b", b.session);
-  AdvanceWithHeartbeats(absl::Seconds(6), {a});
-  Exit(a, id, 1, 0, 0, /*signal=*/15);
-  Exit(a, id, 1, 1, 0, /*signal=*/15);
+  LoseNodeBOfTwoByTwo(a, b, id);
   const JobView view = View(id);
   ASSERT_EQ(view.attempts.size(), 2u);
   ASSERT_EQ(view.attempts[1].ranks.size(), 2u);
@@ -934,10 +940,7 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1}
   ASSERT_TRUE(want.tp != full.tp || want.pp != full.pp)
       << "the planner keeps the full mesh's tp " << full.tp << " and pp " << full.pp;
 
-  supervisor_->AgentDisconnected("node-b", b.session);
-  AdvanceWithHeartbeats(absl::Seconds(6), {a});
-  Exit(a, id, 1, 0, 0, /*signal=*/15);
-  Exit(a, id, 1, 1, 0, /*signal=*/15);
+  LoseNodeBOfTwoByTwo(a, b, id);
   const JobView view = View(id);
   ASSERT_EQ(view.attempts.size(), 2u);
   const Mesh& smaller = view.attempts[1].mesh;
