@@ -83,20 +83,23 @@ bool AgentRegistry::IsCurrent(const std::string& node_id, uint64_t session) cons
   return it != nodes_.end() && it->second.session == session && it->second.channel != nullptr;
 }
 
+AgentChannel* AgentRegistry::ChannelLocked(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? nullptr : it->second.channel.get();
+}
+
 bool AgentRegistry::Send(const std::string& node_id, AgentOrder order) {
   absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || it->second.channel == nullptr) return false;
-  it->second.channel->Send(std::move(order));
-  return true;
+  AgentChannel* channel = ChannelLocked(node_id);
+  if (channel != nullptr) channel->Send(std::move(order));
+  return channel != nullptr;
 }
 
 bool AgentRegistry::SendAll(const std::string& node_id, std::vector<AgentOrder> orders) {
   absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || it->second.channel == nullptr) return false;
-  it->second.channel->SendAll(std::move(orders));
-  return true;
+  AgentChannel* channel = ChannelLocked(node_id);
+  if (channel != nullptr) channel->SendAll(std::move(orders));
+  return channel != nullptr;
 }
 
 void AgentRegistry::Hold(const std::string& node_id, DeviceKind kind, int slot) {

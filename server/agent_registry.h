@@ -173,6 +173,8 @@ class AgentRegistry {
   absl::Duration Age(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Nodes() reports of one node.
   NodeStatus StatusOf(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node's connected channel; null when it is unknown or disconnected.
+  AgentChannel* ChannelLocked(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const absl::Duration heartbeat_timeout_;

@@ -62,20 +62,22 @@ bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
 
 std::optional<config::JobSpec> Supervisor::SmallerSpecLocked(const config::JobSpec& spec,
                                                              int nodes) {
-  std::optional<config::JobSpec> resized = config::ResizedSpec(spec, nodes);
-  if (!spec.parallelism.automatic || nodes == spec.resources.nodes) return resized;
-  // `auto` is the planner's choice at every size: the mesh it would choose had the job been
-  // submitted for this many nodes (the fastest that fits the connected nodes), run with the
-  // micro-batch fitted as for any resize. When it has none, the static rule's mesh stands (the
-  // scheduler still places it only where its memory fits).
-  config::JobSpec ask = spec;
-  ask.resources.nodes = nodes;
-  absl::StatusOr<Admission> planned =
-      AdmitSpec(std::move(ask), registry_->SmallestNodes(), cpu_profile_);
-  if (!planned.ok()) return resized;
-  const config::ParallelismSpec chosen = planned->spec.parallelism;
-  std::optional<config::JobSpec> planned_spec = config::ResizedSpec(spec, nodes, &chosen);
-  return planned_spec.has_value() ? planned_spec : resized;
+  if (spec.parallelism.automatic && nodes != spec.resources.nodes) {
+    // `auto` is the planner's choice at every size: the mesh it would choose had the job been
+    // submitted for this many nodes (the fastest that fits the connected nodes), run with the
+    // micro-batch fitted as for any resize. When it has none, the static rule's mesh stands (the
+    // scheduler still places it only where its memory fits).
+    config::JobSpec ask = spec;
+    ask.resources.nodes = nodes;
+    absl::StatusOr<Admission> planned =
+        AdmitSpec(std::move(ask), registry_->SmallestNodes(), cpu_profile_);
+    if (planned.ok()) {
+      std::optional<config::JobSpec> resized =
+          config::ResizedSpec(spec, nodes, &planned->spec.parallelism);
+      if (resized.has_value()) return resized;
+    }
+  }
+  return config::ResizedSpec(spec, nodes);
 }
 
 void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed) {

@@ -390,6 +390,16 @@ TEST(JobStoreTest, SchemaOneDatabaseIsMigratedForCheckpointsAndDrains) {
   EXPECT_EQ((*version)->Text(0), absl::StrCat(JobStore::kSchemaVersion));
 }
 
+// Stores `job` and `attempt` at the current schema in a new store at `path`, then closes it.
+void StoreJobAndAttempt(const std::string& path, JobRecord& job, AttemptRecord& attempt) {
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoreBatch batch;
+  batch.new_jobs.push_back(&job);
+  batch.attempts.push_back(&attempt);
+  ASSERT_TRUE((*store)->Commit(batch).ok());
+}
+
 // Schema 11 kept an attempt's ranks in a table of their own, a row per rank: moves `attempt`'s
 // ranks there, as schema 11 stored them.
 void DowngradeToSchemaEleven(SqliteDb& db, const AttemptRecord& attempt) {
@@ -439,14 +449,7 @@ void DowngradeToSchemaEleven(SqliteDb& db, const AttemptRecord& attempt) {
 // number).
 void StoreThenDowngrade(const std::string& path, JobRecord& job, AttemptRecord& attempt,
                         const std::string& downgrade) {
-  {
-    auto store = JobStore::Open(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    StoreBatch batch;
-    batch.new_jobs.push_back(&job);
-    batch.attempts.push_back(&attempt);
-    ASSERT_TRUE((*store)->Commit(batch).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreJobAndAttempt(path, job, attempt));
   auto db = SqliteDb::Open(path);
   ASSERT_TRUE(db.ok());
   ASSERT_NO_FATAL_FAILURE(DowngradeToSchemaEleven(**db, attempt));
@@ -517,14 +520,7 @@ TEST(JobStoreTest, RanksThatDoNotParseFailTheLoadNamingTheAttempt) {
   const std::string path = dir.path() + "/state.db";
   JobRecord job = MakeJob(9);
   AttemptRecord attempt = MakeAttempt(job.id);
-  {
-    auto store = JobStore::Open(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    StoreBatch batch;
-    batch.new_jobs.push_back(&job);
-    batch.attempts.push_back(&attempt);
-    ASSERT_TRUE((*store)->Commit(batch).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreJobAndAttempt(path, job, attempt));
   {
     auto db = SqliteDb::Open(path);
     ASSERT_TRUE(db.ok());
