@@ -74,8 +74,7 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
   // weight passes and the tail).
   std::vector<std::vector<double>> arrival(p, std::vector<double>(keys.size(), kNever));
   for (int s = 0; s < p; ++s) {
-    passes[s] = PassesOf(shape, s);
-    arrival[s][keys.of({worker::PassKind::kForward, m, 0})] = 0;
+    passes[s] = PassesOf(shape, s);  // the tail's arrival: when every stage's passes are done
     for (int i = 0; i < m; ++i) {
       for (int c = 0; c < chunks; ++c) {
         const int v = c * p + s;
@@ -159,6 +158,14 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
       }
       ++next[s];
       left[s] = 1.0;
+    }
+    // The tails start together: the gradient norm, summed over the pipeline before any stage
+    // updates, holds every stage until the last has finished its passes.
+    const int tail = keys.of({worker::PassKind::kForward, m, 0});
+    bool passes_done = arrival[0][tail] == kNever;
+    for (int s = 0; s < p && passes_done; ++s) passes_done = next[s] + 1 >= passes[s].size();
+    if (passes_done) {
+      for (int s = 0; s < p; ++s) arrival[s][tail] = now;
     }
   }
   out.makespan = now;

@@ -6,7 +6,9 @@
 // virtual stage v (chunk c of stage s: v = c·p + s) waits for the forward pass of i on v − 1, a
 // backward pass for the backward pass of i on v + 1, and each waits a hand-off more after the
 // pass it waits for ends (the message and the receiver's wake-up); a weight pass (ZB-H1) waits
-// for nothing but the stage's passes before it.
+// for nothing but the stage's passes before it. The stages' tails start together, once the last
+// stage has finished its passes (the engine sums the gradient norm over the pipeline before any
+// stage updates), and so share the cores with each other rather than with passes.
 // Where the stages time-share cores, a pass runs faster while fewer stages run passes beside it:
 // each pass is a fixed amount of work whose rate follows how many stages are running at every
 // moment (processor sharing). With one duration per stage whatever runs beside it, the makespan is
@@ -27,8 +29,8 @@ namespace trainyard::planner {
 // One micro-batch's passes on one stage, their collectives included, and of those seconds the
 // part spent waiting in collectives (the rest computes); `handoff`: from the end of the pass on
 // a neighbouring stage that one of this stage's passes waits for to the start of that pass;
-// `tail`: the stage's work after its last pass (its optimizer and data-parallel reduction),
-// which shares the cores with the stages still in their passes.
+// `tail`: the stage's work after every stage's last pass (its optimizer and data-parallel
+// reduction), which shares the cores with the other stages' tails.
 struct PassSeconds {
   double forward = 0, backward = 0;
   double weight = 0;  // a split backward's weight pass (its backward is then the input part)

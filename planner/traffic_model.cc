@@ -178,9 +178,9 @@ std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOption
   }
   if (zero == 3) AddParameterGathers(s, groups, out);
   if (s.model.moe.enabled()) out.push_back(HandedOver(dp.Scalars(MoeStepValues(s.model))));
-  out.push_back(HandedOver(dp.Scalars(1)));                      // the step's loss
+  // The step's loss, in one collective with the gradient norm's sharded sum under ZeRO 1–3.
+  out.push_back(HandedOver(dp.Scalars(zero > 0 ? 2 : 1)));
   out.push_back(HandedOver(dp.Scalars(loop.agreement_values)));  // stop / checkpoint agreement
-  if (zero > 0) out.push_back(HandedOver(dp.Scalars(1)));        // the gradient norm's sharded sum
   return out;
 }
 
@@ -259,8 +259,7 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   if (back > 0) out.push_back(Times(send, back));
   const Group pp(s.mesh.pp, rank);
   if (s.model.moe.enabled()) out.push_back(pp.Scalars(MoeStepValues(s.model)));
-  out.push_back(pp.Scalars(1));  // the step's loss
-  out.push_back(pp.Scalars(1));  // the gradient norm
+  out.push_back(pp.Scalars(2));  // the gradient norm and the step's loss, in one collective
   out.push_back(pp.Scalars(loop.agreement_values));
   return out;
 }

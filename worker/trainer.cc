@@ -228,8 +228,9 @@ class RankTrainer {
     double lr = 0;
   };
   // After the step's last micro-batch: the gradients made final, clipped by their global norm,
-  // and AdamW's update of this rank's slices at the step's learning rate.
-  absl::StatusOr<OptimizerStepped> OptimizerStep();
+  // and AdamW's update of this rank's slices at the step's learning rate; `loss_sum`, this rank's,
+  // becomes the batch's (summed in the norm's collectives).
+  absl::StatusOr<OptimizerStepped> OptimizerStep(double& loss_sum);
   absl::Status MoeStep();
   void AddStepDetail(StepReport& report, int64_t optimizer_nanos);
   std::vector<MoeLayerReport> moe_report_;  // the last step's
@@ -491,10 +492,11 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   return loss_sum;
 }
 
-absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
+absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep(double& loss_sum) {
   TY_RETURN_IF_ERROR(params_->FinishGradients(dims_.tied.get()));
   OptimizerStepped stepped;
-  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm());
+  // Only the last pipeline stage computes the loss; the pipeline's sum gives every stage it.
+  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({&loss_sum, 1}));
   stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
                          ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
   TY_RETURN_IF_ERROR(MoeStep());
@@ -735,12 +737,9 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     TY_RETURN_IF_ERROR(params_->BeginStep());
     TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
     const int64_t optimizer_start = clock_.NowNanosMonotonic();
-    TY_ASSIGN_OR_RETURN(const OptimizerStepped stepped, OptimizerStep());
+    TY_ASSIGN_OR_RETURN(const OptimizerStepped stepped, OptimizerStep(loss_sum));
     const double norm = stepped.grad_norm, lr = stepped.lr;
     const int64_t optimizer_nanos = clock_.NowNanosMonotonic() - optimizer_start;
-    TY_ASSIGN_OR_RETURN(loss_sum, params_->SumOverRanks(loss_sum));
-    // Only the last pipeline stage computes the loss; every stage reports it.
-    TY_ASSIGN_OR_RETURN(loss_sum, parallel::AllReduceDouble(*dims_.pp, loss_sum));
     const double loss = loss_sum / static_cast<double>(tokens_per_step_);
     ++state_.step;
     state_.last_loss = loss;

@@ -461,7 +461,7 @@ int64_t ShardedParams::StateOffset(const Group& g, int64_t local) const {
   return options_.zero_stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
 }
 
-absl::StatusOr<double> ShardedParams::GradientNorm() {
+absl::StatusOr<double> ShardedParams::GradientNorm(std::span<double> batch_sums) {
   // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
   // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
   // parallel group are counted by its rank 0 only.
@@ -484,14 +484,19 @@ absl::StatusOr<double> ShardedParams::GradientNorm() {
     TY_ASSIGN_OR_RETURN(experts_sumsq, AllReduceDouble(*experts_.ep, experts_sumsq));
   }
   sumsq += experts_sumsq;
-  if (options_.zero_stage > 0) {
-    TY_ASSIGN_OR_RETURN(sumsq, SumOverRanks(sumsq));
+  // [squares, batch sums…]: the squares are summed over the data-parallel group only where ZeRO
+  // splits the gradients among its ranks, over the tensor-parallel group always; the batch sums
+  // over the data-parallel and pipeline groups.
+  std::vector<double> sums{sumsq};
+  sums.insert(sums.end(), batch_sums.begin(), batch_sums.end());
+  const std::span<double> all(sums), riders = all.subspan(1);
+  TY_RETURN_IF_ERROR(SumOverRanks(options_.zero_stage > 0 ? all : riders));
+  if (tp_ != nullptr) {
+    TY_ASSIGN_OR_RETURN(sums[0], AllReduceDouble(*tp_, sums[0]));
   }
-  for (Communicator* group : {tp_, pp_}) {
-    if (group == nullptr) continue;
-    TY_ASSIGN_OR_RETURN(sumsq, AllReduceDouble(*group, sumsq));
-  }
-  return std::sqrt(sumsq);
+  if (pp_ != nullptr && pp_->size() > 1) TY_RETURN_IF_ERROR(AllReduceDoubles(*pp_, all));
+  std::copy(riders.begin(), riders.end(), batch_sums.begin());
+  return std::sqrt(sums[0]);
 }
 
 absl::Status ShardedParams::FinishGradients(Communicator* tied) {

@@ -134,13 +134,16 @@ class ShardedParams final : public ParamSource {
   //   FinishGradients  after the last micro-batch: waits for the gradient collectives, and with
   //                    `tied` (pipeline stages that both hold the tied token embedding, stages
   //                    0/1 only) sums the two copies' gradients;
-  //   GradientNorm     the global L2 norm of the final gradients, over the whole mesh;
+  //   GradientNorm     the global L2 norm of the final gradients, over the whole mesh; each of
+  //                    `batch_sums` (e.g. the rank's loss sum) is summed in place over the
+  //                    data-parallel and pipeline groups in the same collectives, so that the
+  //                    step's other sums cost no synchronisation of their own;
   //   OptimizerSlices  what this rank updates: each tensor's part of the owned chunk of its
   //                    group, with its gradient and AdamW moments (all of it at stage 0);
   //   FinishUpdate     after the update: re-assembles the parameters (stages 1–2) or drops the
   //                    gathered groups nobody holds (stage 3).
   [[nodiscard]] absl::Status FinishGradients(Communicator* tied = nullptr);
-  [[nodiscard]] absl::StatusOr<double> GradientNorm();
+  [[nodiscard]] absl::StatusOr<double> GradientNorm(std::span<double> batch_sums = {});
   std::vector<OptimizerSlice> OptimizerSlices();
   [[nodiscard]] absl::Status FinishUpdate();
   // Σ over the data-parallel group (e.g. of per-rank loss sums), through the same ordered queue.

@@ -76,20 +76,24 @@ TEST(PipelineSchedule, PassesRunAtTheRateOfTheStagesBesideThem) {
   EXPECT_DOUBLE_EQ(s.computing[0], 9.0);
 }
 
-// A stage's tail (its optimizer and reduction) shares the cores with the stages still in their
-// passes. One micro-batch, F and B 1 alone and 2 together; stage 1's tail 2 alone:
-//   0–1 s0 F0, 1–2 s1 F0, 2–3 s1 B0 (each alone)
-//   3–5 s0 B0 and s1's tail together: B0 ends, the tail is half done
-//   5–6 the tail's other half alone.
-TEST(PipelineSchedule, TailsShareTheCoresWithTheLastPasses) {
+// The stages' tails (their optimizers and reductions) start together once the last pass has
+// ended, and share the cores with each other. One micro-batch, F and B 1 alone and 2 together;
+// stage 0's tail 1 alone, stage 1's 2 alone (half of it waiting):
+//   0–1 s0 F0, 1–2 s1 F0, 2–3 s1 B0, 3–4 s0 B0 (each alone; s1 waits for s0 from 3)
+//   4–6 both tails together: stage 0's ends, stage 1's is half done
+//   6–7 stage 1's other half alone.
+TEST(PipelineSchedule, TailsStartTogetherAfterTheLastPass) {
   std::vector<std::vector<PassSeconds>> running = {
-      {{.forward = 1, .backward = 1}, {.forward = 1, .backward = 1, .tail = 2, .tail_waiting = 1}},
-      {{.forward = 2, .backward = 2}, {.forward = 2, .backward = 2, .tail = 4, .tail_waiting = 2}}};
+      {{.forward = 1, .backward = 1, .tail = 1},
+       {.forward = 1, .backward = 1, .tail = 2, .tail_waiting = 1}},
+      {{.forward = 2, .backward = 2, .tail = 2},
+       {.forward = 2, .backward = 2, .tail = 4, .tail_waiting = 2}}};
   const ScheduleSeconds s = SimulateSchedule(OneF1B(1), running);
-  EXPECT_DOUBLE_EQ(s.makespan, 6.0);
-  EXPECT_DOUBLE_EQ(s.idle[0], 3.0);  // 1–3 and 5–6
-  EXPECT_DOUBLE_EQ(s.idle[1], 1.0);
+  EXPECT_DOUBLE_EQ(s.makespan, 7.0);
+  EXPECT_DOUBLE_EQ(s.idle[0], 3.0);           // 1–3 and 6–7
+  EXPECT_DOUBLE_EQ(s.idle[1], 2.0);           // 0–1 and 3–4
   EXPECT_DOUBLE_EQ(s.communicating[1], 1.5);  // half of the tail, over 3 seconds
+  EXPECT_DOUBLE_EQ(s.computing[0], 4.0);
 }
 
 // ZB-H1 with uniform stages and m ≥ p: each stage idles (p − 1)(F + B − W) of a step of

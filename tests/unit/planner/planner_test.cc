@@ -126,8 +126,8 @@ TEST(Traffic, RingBytesByHand) {
   const RankShape zero0 = ShapeOf(spec, Mesh(2, 1, 1, 0), 0);
   EXPECT_EQ(TotalBytes(DataParallelTraffic(zero0, loop, 0)), 4 * kPsi + 8 + 8);
   // ZeRO-2 (micro_batch 0: each rank's 4 sequences are one micro-batch): the gradient
-  // reduce-scattered once and the parameters all-gathered once, Ψ/2 elements each; then the loss,
-  // the agreement and the gradient norm.
+  // reduce-scattered once and the parameters all-gathered once, Ψ/2 elements each; then the loss
+  // with the gradient norm (4 floats, two of them sent) and the agreement.
   const RankShape zero2 = ShapeOf(spec, Mesh(2, 1, 1, 2), 0);
   ASSERT_EQ(zero2.micro_batches, 1);
   EXPECT_EQ(TotalBytes(DataParallelTraffic(zero2, loop, 0)), 4 * kPsi / 2 * 2 + 3 * 8);
@@ -149,13 +149,13 @@ TEST(Traffic, HandOversByHand) {
   EXPECT_EQ(hand_overs(0, Phase::kExposed), 2 + 2 + 2);
   EXPECT_EQ(hand_overs(0, Phase::kBackward), 0);
   // ZeRO-2, one micro-batch: a reduce-scatter per group beside the backward pass (1 each); the
-  // gathers' batch (2); the loss, the agreement and the gradient norm (2 each).
+  // gathers' batch (2); the loss with the gradient norm, and the agreement (2 each).
   const RankShape zero2 = ShapeOf(spec, Mesh(2, 1, 1, 2), 0);
   const auto groups = static_cast<int64_t>(zero2.group_sizes.size());
   EXPECT_EQ(hand_overs(2, Phase::kBackward), groups);
-  EXPECT_EQ(hand_overs(2, Phase::kExposed), 2 + 3 * 2);
-  // ZeRO-1 in one bucket: the bucket (2), the gathers' batch (2), the three scalar sums (2 each).
-  EXPECT_EQ(hand_overs(1, Phase::kExposed), 2 + 2 + 3 * 2);
+  EXPECT_EQ(hand_overs(2, Phase::kExposed), 2 + 2 * 2);
+  // ZeRO-1 in one bucket: the bucket (2), the gathers' batch (2), the two scalar sums (2 each).
+  EXPECT_EQ(hand_overs(1, Phase::kExposed), 2 + 2 + 2 * 2);
   // Tensor parallelism runs on the training thread: no hand-overs.
   spec.resources.devices_per_node = 2;
   for (const Collective& c :
@@ -565,7 +565,8 @@ TEST(Plan, TheOptimizerStepAtItsMeasuredRate) {
 // (an exposed one, without pipelining); its hand-overs cost the link's α, but the step's scalar
 // sums', run while no rank computes, the idle α. By hand, ZeRO-2 over two ranks in one
 // micro-batch: a one-step reduce-scatter per group beside the backward pass; exposed, the
-// gathers' batch (one step for all groups) and three one-step scalar sums (two hand-overs each).
+// gathers' batch (one step for all groups) and two one-step scalar sums (the loss with the
+// gradient norm, and the agreement: two hand-overs each).
 TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
   config::JobSpec spec = Gpt2Debug(2);
   const LoopOptions loop{.bucket_bytes = int64_t{1} << 30, .agreement_values = 1};
@@ -580,7 +581,7 @@ TEST(Plan, TheCommunicationThreadsMessagesCostTheirAlpha) {
   cpu.intra_node.alpha_seconds = 2e-5;  // the idle machine's α: 7e-5 before
   const Candidate idle = Evaluate(spec, Mesh(2, 1, 1, 2), cpu, loop);
   EXPECT_NEAR(background.step.communication - idle.step.communication,
-              (1 + 3 + 3 * 2) * (7e-5 - 2e-5), 1e-12);
+              (1 + 2 + 2 * 2) * (7e-5 - 2e-5), 1e-12);
 }
 
 TEST(Plan, IdleStagesLeaveTheirCoresToTheWorkingOnes) {
