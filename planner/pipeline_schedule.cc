@@ -111,11 +111,12 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
     auto seconds_of = [&](int s) {
       const Pass pass = passes[s][next[s]];
       if (pass.micro_batch == m) return at_k[s].tail;
+      const double send = Consumer(shape, s, pass) ? at_k[s].send : 0.0;
       switch (pass.kind) {
         case worker::PassKind::kForward:
-          return share(s, pass) * at_k[s].forward;
+          return share(s, pass) * at_k[s].forward + send;
         case worker::PassKind::kBackward:
-          return share(s, pass) * at_k[s].backward;
+          return share(s, pass) * at_k[s].backward + send;
         case worker::PassKind::kWeight:
           return share(s, pass) * at_k[s].weight;
       }

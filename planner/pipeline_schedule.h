@@ -36,6 +36,9 @@ struct PassSeconds {
   double weight = 0;  // a split backward's weight pass (its backward is then the input part)
   double forward_waiting = 0, backward_waiting = 0;
   double handoff = 0;
+  // A pass that hands its output to another stage moves the message's bytes: on a shared node
+  // a copy, work that shares the cores like the pass's own (the hand-off is then the wake-up).
+  double send = 0;
   double tail = 0, tail_waiting = 0;
   // With several model chunks per stage (interleaved), the part of forward, backward and weight
   // (and of their waiting) that chunk c's pass takes; empty: one chunk, all of it.

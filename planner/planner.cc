@@ -145,8 +145,9 @@ struct StageTime {
   // Of cp, the ring's exposed seconds in one micro-batch's forward and backward passes; of ep,
   // the all-to-alls'.
   RingSeconds ring, exchange;
-  // Of pp, one activation or gradient message (0 without pipelining) and all of them.
-  double pp_handoff = 0, pp_messages = 0;
+  // Of pp, one activation or gradient message (0 without pipelining) and all of them; of the
+  // one, moving its bytes.
+  double pp_handoff = 0, pp_messages = 0, pp_copy = 0;
   int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0, bytes_ep = 0;
   double per_micro_batch(int m) const {
     return forward + backward + weight + (tp + pp + cp + ep) / m;
@@ -209,7 +210,8 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
              .all();
   for (const Collective& c : pp) {
     if (c.kind != CollectiveKind::kSendRecv) continue;
-    t.pp_handoff = c.latency * pp_link.alpha_seconds + c.bytes / pp_link.bytes_per_second;
+    t.pp_copy = c.bytes / pp_link.bytes_per_second;
+    t.pp_handoff = c.latency * pp_link.alpha_seconds + t.pp_copy;
     t.pp_messages += c.repeat * t.pp_handoff;
   }
   // On a shared node the communication thread's messages cost what they cost beside compute
@@ -298,8 +300,12 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
   const int stages_per_node = std::max(1, g / stage_ranks);
   std::vector<std::vector<PassSeconds>> running(mesh.pp);
   for (int k = 1; k <= mesh.pp; ++k) {
-    const DeviceProfile device =
-        ActiveProfile(node_device, g, std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g));
+    const int active = std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g);
+    const DeviceProfile device = ActiveProfile(node_device, g, active);
+    // A message's copy gets its rank's share of the cores, as the passes do.
+    const double cores_share =
+        std::max(1.0, static_cast<double>(std::max(active, std::min(g, node_device.cores))) /
+                          node_device.cores);
     for (int s = 0; s < mesh.pp; ++s) {
       const RankShape shape = ShapeOf(spec, mesh, s);
       const StageTime t = TimeStage(shape, device, loop, CrossingsOf(c));
@@ -311,7 +317,8 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
                                 .weight = t.weight,
                                 .forward_waiting = forward_waiting,
                                 .backward_waiting = backward_waiting,
-                                .handoff = t.pp_handoff,
+                                .handoff = t.pp_handoff - t.pp_copy,
+                                .send = t.pp_copy * cores_share,
                                 .tail = t.optimizer + t.dp,
                                 .tail_waiting = t.dp,
                                 .chunk_share = ChunkShares(shape)});

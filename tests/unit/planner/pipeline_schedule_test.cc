@@ -57,6 +57,18 @@ TEST(PipelineSchedule, HandOffsAreOnTheCriticalPath) {
   EXPECT_DOUBLE_EQ(s.idle[1], 4.0);
 }
 
+// A pass that hands its output on also moves its bytes (work, not waiting); the last virtual
+// stage's forward pass and the first one's backward pass hand nothing on. Two stages, one
+// micro-batch: 1.25 (F0 and its send) + h + 1 (F0) + 2.25 (B0 and its send) + h + 2 (B0).
+TEST(PipelineSchedule, SendingPassesMoveTheirBytes) {
+  const ScheduleSeconds s = SimulateSchedule(
+      OneF1B(1), Constant(2, {.forward = 1, .backward = 2, .handoff = 0.5, .send = 0.25}));
+  EXPECT_DOUBLE_EQ(s.makespan, 7.5);
+  EXPECT_DOUBLE_EQ(s.computing[0], 3.25);
+  EXPECT_DOUBLE_EQ(s.computing[1], 3.25);
+  EXPECT_DOUBLE_EQ(s.idle[0], 4.25);
+}
+
 // Two stages, two micro-batches; a pass alone takes F 1 and B 2, beside another stage's twice
 // that. Stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1:
 //   0–1  s0 F0 alone
