@@ -15,12 +15,18 @@ case runs --rounds times (default 3), the rounds interleaved across the cases, a
 reports the median step with the spread of the rounds, the predicted step and its error, both
 bubble fractions, and each schedule's step against 1F1B's of the same pp, measured and predicted.
 
-Before the first round `trainyard plan --calibrate --fresh` measures the cpu profile into a
-profile file of the benchmark's own (--no-calibrate: the user's stored profile). The Markdown
+Before each round `trainyard plan --calibrate` measures the cpu profile again, into a profile
+file of the benchmark's own (the first with --fresh), so that the file ends with one calibration
+per round, taken in the same minutes as the runs, and its profile is their median (one calibration
+is one draw of a machine whose speed moves between regimes lasting minutes: docs/planner.md).
+When every round has run, `trainyard plan SPEC --mesh ... --json` predicts each case's step and
+bubble with that profile; those are the table's predicted figures (each run's own table, in the
+raw output, used the profile of its moment). --no-calibrate: the user's stored profile. The Markdown
 report (default bench/results/schedule_cpu.md) has the machine, the command, the table and the
 raw output. Run it alone: the step times are the machine's.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -48,11 +54,29 @@ def median(values):
     return ordered[len(ordered) // 2]
 
 
-def run_cases(args, worker, specs, env):
+def calibrate(cli, env, fresh):
+    command = [cli, "plan", "--calibrate"] + (["--fresh"] if fresh else [])
+    calibration = subprocess.run(command, capture_output=True, text=True, env=env)
+    if calibration.returncode != 0:
+        sys.exit(f"calibration failed: {calibration.stderr}")
+
+
+def predicted(cli, spec, pp, env):
+    """The planner's step (ms) and bubble fraction for `spec` at pp `pp` with `env`'s profile."""
+    run = subprocess.run([cli, "plan", spec, "--json", "--device", "cpu", "--mesh",
+                          f"dp=1,tp=1,pp={pp},zero=0"], capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        sys.exit(f"trainyard plan failed for {spec}: {run.stderr}")
+    candidate = json.loads(run.stdout)["candidates"][0]
+    return 1e3 * candidate["step_seconds"]["total"], candidate["bubble_fraction"]
+
+
+def run_cases(args, worker, specs, env, before_round):
     """Every case --rounds times, interleaved; per case the runs' parsed tables and raw text."""
     results = {name: [] for name in specs}
     raw = []
     for round_index in range(args.rounds):
+        before_round(round_index)
         for name, spec in specs.items():
             run, other = common.quiet_run([worker, "--standalone", spec], args, timeout=900,
                                           env=env)
@@ -112,10 +136,6 @@ def main():
         env = dict(os.environ)
         if not args.no_calibrate:
             env["XDG_CONFIG_HOME"] = os.path.join(tmp, "config")
-            calibration = subprocess.run([cli, "plan", "--calibrate", "--fresh"],
-                                         capture_output=True, text=True, env=env)
-            if calibration.returncode != 0:
-                sys.exit(f"calibration failed: {calibration.stderr}")
         specs = {}
         for pp in stages:
             for schedule in SCHEDULES:
@@ -124,7 +144,14 @@ def main():
                 with open(specs[name], "w") as f:
                     f.write(SPEC.format(tag=f"pp{pp}-{schedule}", steps=args.steps, pp=pp,
                                         schedule=schedule, v=VIRTUAL_STAGES.get(schedule, 1)))
-        results, raw = run_cases(args, worker, specs, env)
+        results, raw = run_cases(
+            args, worker, specs, env,
+            lambda i: None if args.no_calibrate else calibrate(cli, env, fresh=i == 0))
+        # The predictions of the rounds' median profile (the same for every round).
+        for name, runs in results.items():
+            step, bubble = predicted(cli, specs[name], int(name.split()[0][2:]), env)
+            for r in runs:
+                r["predicted"], r["bubble predicted"] = step, bubble
         raw = [text.replace(tmp, "SCRATCH") for text in raw]
     loads = [r["other"] for runs in results.values() for r in runs]
     text = "\n".join(table(stages, results) + [
