@@ -146,7 +146,7 @@ struct StageTime {
   // the all-to-alls'.
   RingSeconds ring, exchange;
   // Of pp, one activation or gradient message (0 without pipelining) and all of them; of the
-  // one, moving its bytes.
+  // one, moving its bytes within the node (0 across nodes: the wire's time, not the cores').
   double pp_handoff = 0, pp_messages = 0, pp_copy = 0;
   int64_t bytes_dp = 0, bytes_tp = 0, bytes_pp = 0, bytes_cp = 0, bytes_ep = 0;
   double per_micro_batch(int m) const {
@@ -210,8 +210,8 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
              .all();
   for (const Collective& c : pp) {
     if (c.kind != CollectiveKind::kSendRecv) continue;
-    t.pp_copy = c.bytes / pp_link.bytes_per_second;
-    t.pp_handoff = c.latency * pp_link.alpha_seconds + t.pp_copy;
+    t.pp_handoff = c.latency * pp_link.alpha_seconds + c.bytes / pp_link.bytes_per_second;
+    t.pp_copy = pp_crosses ? 0 : c.bytes / pp_link.bytes_per_second;
     t.pp_messages += c.repeat * t.pp_handoff;
   }
   // On a shared node the communication thread's messages cost what they cost beside compute
