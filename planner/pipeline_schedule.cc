@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "worker/shape/schedule.h"
+#include "worker/shape/stages.h"
 
 namespace trainyard::planner {
 namespace {
@@ -48,10 +49,11 @@ std::optional<std::pair<int, Pass>> Consumer(const worker::ScheduleShape& shape,
   if (pass.micro_batch == shape.micro_batches || pass.kind == worker::PassKind::kWeight) {
     return std::nullopt;
   }
-  const int p = shape.stages, v = pass.chunk * p + s;
+  const int p = shape.stages, v = worker::VirtualStage(p, s, pass.chunk);
   const int to = pass.kind == worker::PassKind::kForward ? v + 1 : v - 1;
   if (to < 0 || to >= p * shape.virtual_stages) return std::nullopt;
-  return std::make_pair(to % p, Pass{pass.kind, pass.micro_batch, to / p});
+  const worker::StageChunk consumer = worker::StageChunkOf(p, to);
+  return std::make_pair(consumer.stage, Pass{pass.kind, pass.micro_batch, consumer.chunk});
 }
 
 }  // namespace
@@ -77,7 +79,7 @@ ScheduleSeconds SimulateSchedule(const worker::ScheduleShape& schedule,
     passes[s] = PassesOf(shape, s);  // the tail's arrival: when every stage's passes are done
     for (int i = 0; i < m; ++i) {
       for (int c = 0; c < chunks; ++c) {
-        const int v = c * p + s;
+        const int v = worker::VirtualStage(p, s, c);
         if (v == 0) arrival[s][keys.of({worker::PassKind::kForward, i, c})] = 0;
         if (v == p * chunks - 1) arrival[s][keys.of({worker::PassKind::kBackward, i, c})] = 0;
         arrival[s][keys.of({worker::PassKind::kWeight, i, c})] = 0;  // after its own B pass

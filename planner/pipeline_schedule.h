@@ -3,8 +3,8 @@
 //
 // Stage s runs the passes of the schedule's one definition (worker/shape/schedule.h: PassOrder,
 // which the executor runs too), then its tail (PassSeconds). A forward pass of micro-batch i on
-// virtual stage v (chunk c of stage s: v = c·p + s) waits for the forward pass of i on v − 1, a
-// backward pass for the backward pass of i on v + 1, and each waits a hand-off more after the
+// virtual stage v (chunk c of stage s: worker::VirtualStage) waits for the forward pass of i on v −
+// 1, a backward pass for the backward pass of i on v + 1, and each waits a hand-off more after the
 // pass it waits for ends (the message and the receiver's wake-up); a weight pass (ZB-H1) waits
 // for nothing but the stage's passes before it. The stages' tails start together, once the last
 // stage has finished its passes (the engine sums the gradient norm over the pipeline before any

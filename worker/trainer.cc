@@ -70,9 +70,9 @@ struct EvalShare {
 };
 
 // Mean validation loss over the windows of EvalShare. With pipeline stages, activations are
-// handed forward virtual stage by virtual stage (chunk c of rank s is virtual stage c·pp + s; the
-// last rank hands its chunk's output to the first rank's next chunk) and the last virtual stage's
-// loss is shared; the data-parallel ranks' sums are added up.
+// handed forward virtual stage by virtual stage (VirtualStage: the last rank hands its chunk's
+// output to the first rank's next chunk) and the last virtual stage's loss is shared; the
+// data-parallel ranks' sums are added up.
 absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Communicator& dp,
                                 parallel::Communicator& pp, int chunks, const BatchSampler& sampler,
                                 const EvalShare& share, int64_t transfer_count) {
@@ -94,13 +94,16 @@ absl::StatusOr<double> Evaluate(Model& model, Backend& backend, parallel::Commun
       constexpr uint32_t kEvalTag = 1u << 30;
       auto tag = [&](int v) { return kEvalTag + message * virtual_stages + v; };
       for (int c = 0; c < chunks; ++c) {
-        const int v = c * p + s;
-        if (v > 0)
-          TY_RETURN_IF_ERROR(pp.Recv(in.data(), in.size(), dtype, (s + p - 1) % p, tag(v)));
+        const int v = VirtualStage(p, s, c);
+        if (v > 0) {
+          TY_RETURN_IF_ERROR(
+              pp.Recv(in.data(), in.size(), dtype, StageChunkOf(p, v - 1).stage, tag(v)));
+        }
         TY_ASSIGN_OR_RETURN(double loss, model.StageLoss(c, inputs.data(), targets.data(),
                                                          share.micro, t, in.data(), out.data()));
         if (v + 1 < virtual_stages) {
-          TY_RETURN_IF_ERROR(pp.Send(out.data(), out.size(), dtype, (s + 1) % p, tag(v + 1)));
+          TY_RETURN_IF_ERROR(
+              pp.Send(out.data(), out.size(), dtype, StageChunkOf(p, v + 1).stage, tag(v + 1)));
         }
         total += loss;
       }

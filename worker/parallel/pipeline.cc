@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/shape/stages.h"
 
 namespace trainyard::worker {
 namespace {
@@ -114,7 +115,7 @@ class Outbox {
 // forward passes, the first virtual stage's backward passes and the weight passes.
 bool HasOutput(const ScheduleShape& shape, int stage, const Pass& pass) {
   if (pass.kind == PassKind::kWeight) return false;
-  const int virtual_stage = pass.chunk * shape.stages + stage;
+  const int virtual_stage = VirtualStage(shape.stages, stage, pass.chunk);
   return pass.kind == PassKind::kForward ? virtual_stage + 1 < shape.stages * shape.virtual_stages
                                          : virtual_stage > 0;
 }

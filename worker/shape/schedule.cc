@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "worker/shape/stages.h"
 
 namespace trainyard::worker {
 
@@ -89,10 +90,11 @@ struct Source {
 std::optional<Source> SourceOf(const ScheduleShape& shape, int stage, const Pass& pass) {
   const int p = shape.stages;
   if (pass.kind == PassKind::kWeight) return std::nullopt;  // its own B pass, on this stage
-  const int virtual_stage = pass.chunk * p + stage;
+  const int virtual_stage = VirtualStage(p, stage, pass.chunk);
   const int from = pass.kind == PassKind::kForward ? virtual_stage - 1 : virtual_stage + 1;
   if (from < 0 || from >= p * shape.virtual_stages) return std::nullopt;
-  return Source{from % p, Pass{pass.kind, pass.micro_batch, from / p}};
+  const StageChunk source = StageChunkOf(p, from);
+  return Source{source.stage, Pass{pass.kind, pass.micro_batch, source.chunk}};
 }
 
 constexpr int kKinds = 3;
@@ -221,7 +223,8 @@ std::vector<std::vector<ScheduleStep>> PlanSchedule(const ScheduleShape& shape) 
 }
 
 bool ComputesWeightGradients(const ScheduleShape& shape, int stage, const Pass& pass) {
-  const bool last = pass.chunk * shape.stages + stage + 1 == shape.stages * shape.virtual_stages;
+  const bool last =
+      VirtualStage(shape.stages, stage, pass.chunk) + 1 == shape.stages * shape.virtual_stages;
   if (pass.kind == PassKind::kForward) return last;
   const bool split = SplitsBackward(shape.schedule);
   return pass.kind == PassKind::kWeight || (!split && !last);

@@ -43,6 +43,12 @@ std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_l
   return out;
 }
 
+int VirtualStage(int stages, int stage, int chunk) { return chunk * stages + stage; }
+
+StageChunk StageChunkOf(int stages, int virtual_stage) {
+  return {.stage = virtual_stage % stages, .chunk = virtual_stage / stages};
+}
+
 std::vector<PipelineStage> StageChunks(const config::ModelConfig& c, int seq_len, int stages,
                                        int virtual_stages, int stage) {
   if (virtual_stages <= 1) return {BalanceStages(c, seq_len, stages)[stage]};
@@ -50,7 +56,7 @@ std::vector<PipelineStage> StageChunks(const config::ModelConfig& c, int seq_len
   const int per_chunk = c.layers / chunks;
   std::vector<PipelineStage> out;
   for (int k = 0; k < virtual_stages; ++k) {
-    const int v = k * stages + stage;
+    const int v = VirtualStage(stages, stage, k);
     out.push_back(PipelineStage{v * per_chunk, per_chunk, v == 0, v == chunks - 1});
   }
   return out;

@@ -20,6 +20,17 @@ namespace trainyard::worker {
 std::vector<PipelineStage> BalanceStages(const config::ModelConfig& config, int seq_len,
                                          int stages);
 
+// Where the model's virtual stages (its chunks in layer order, `stages` · V of them) sit: chunk
+// `chunk` of pipeline rank `stage` is virtual stage chunk · stages + stage (Megatron's
+// round-robin placement; with one chunk per rank, the rank's own stage), and back. Every part of
+// the engine and the planner that walks the virtual stages goes through these two.
+int VirtualStage(int stages, int stage, int chunk);
+struct StageChunk {
+  int stage = 0;  // the pipeline rank
+  int chunk = 0;  // which of its chunks
+};
+StageChunk StageChunkOf(int stages, int virtual_stage);
+
 // The model chunks pipeline rank `stage` of `stages` holds, in layer order. With one virtual
 // stage per rank: its BalanceStages stage. With `virtual_stages` V > 1 (interleaved 1F1B): V
 // chunks, virtual stages stage, stage + stages, …, stage + (V − 1)·stages, each of the
