@@ -136,10 +136,11 @@ def main():
         env = dict(os.environ)
         if not args.no_calibrate:
             env["XDG_CONFIG_HOME"] = os.path.join(tmp, "config")
-        specs = {}
+        specs, depth = {}, {}
         for pp in stages:
             for schedule in SCHEDULES:
                 name = f"pp{pp} {schedule}"
+                depth[name] = pp
                 specs[name] = os.path.join(tmp, f"pp{pp}-{schedule}.yaml")
                 with open(specs[name], "w") as f:
                     f.write(SPEC.format(tag=f"pp{pp}-{schedule}", steps=args.steps, pp=pp,
@@ -149,7 +150,7 @@ def main():
             lambda i: None if args.no_calibrate else calibrate(cli, env, fresh=i == 0))
         # The predictions of the rounds' median profile (the same for every round).
         for name, runs in results.items():
-            step, bubble = predicted(cli, specs[name], int(name.split()[0][2:]), env)
+            step, bubble = predicted(cli, specs[name], depth[name], env)
             for r in runs:
                 r["predicted"], r["bubble predicted"] = step, bubble
         raw = [text.replace(tmp, "SCRATCH") for text in raw]

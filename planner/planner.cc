@@ -210,8 +210,9 @@ StageTime TimeStage(const RankShape& s, const DeviceProfile& device, const LoopO
              .all();
   for (const Collective& c : pp) {
     if (c.kind != CollectiveKind::kSendRecv) continue;
-    t.pp_handoff = c.latency * pp_link.alpha_seconds + c.bytes / pp_link.bytes_per_second;
-    t.pp_copy = pp_crosses ? 0 : c.bytes / pp_link.bytes_per_second;
+    const double transfer = c.bytes / pp_link.bytes_per_second;
+    t.pp_handoff = c.latency * pp_link.alpha_seconds + transfer;
+    t.pp_copy = pp_crosses ? 0 : transfer;
     t.pp_messages += c.repeat * t.pp_handoff;
   }
   // On a shared node the communication thread's messages cost what they cost beside compute
@@ -250,13 +251,18 @@ DeviceProfile ForMesh(DeviceProfile device, const config::ParallelismSpec& mesh)
   return device;
 }
 
-// The profile a rank works at while `active` of the node's g ranks work and the others wait. A
-// rank's threads are fixed at max(1, cores / g) (the standalone worker's), so waiting neighbours
-// only speed up ranks that time-share the cores: the profile of max(active, min(g, cores)) ranks.
-// Without shared_node or known cores, the profile of all g.
+// The ranks that share a shared node's cores while `active` of its g ranks work and the others
+// wait. A rank's threads are fixed at max(1, cores / g) (the standalone worker's), so waiting
+// neighbours only speed up ranks that time-share the cores: max(active, min(g, cores)).
+int TimeSharingRanks(const DeviceProfile& node, int g, int active) {
+  return std::clamp(std::max(active, std::min(g, node.cores)), 1, g);
+}
+
+// The profile a rank works at then: that many ranks' entry. Without shared_node or known cores,
+// the profile of all g.
 DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
   if (!node.shared_node || node.cores <= 0) return PerRankProfile(node, g);
-  return PerRankProfile(node, std::clamp(std::max(active, std::min(g, node.cores)), 1, g));
+  return PerRankProfile(node, TimeSharingRanks(node, g, active));
 }
 
 // With several chunks per rank, each chunk's part of the rank's passes: its blocks' active
@@ -303,9 +309,8 @@ std::vector<std::vector<PassSeconds>> PassesWhileRunning(const config::JobSpec& 
     const int active = std::clamp(std::min(k, stages_per_node) * stage_ranks, 1, g);
     const DeviceProfile device = ActiveProfile(node_device, g, active);
     // A message's copy gets its rank's share of the cores, as the passes do.
-    const double cores_share =
-        std::max(1.0, static_cast<double>(std::max(active, std::min(g, node_device.cores))) /
-                          node_device.cores);
+    const double cores_share = std::max(
+        1.0, static_cast<double>(TimeSharingRanks(node_device, g, active)) / node_device.cores);
     for (int s = 0; s < mesh.pp; ++s) {
       const RankShape shape = ShapeOf(spec, mesh, s);
       const StageTime t = TimeStage(shape, device, loop, CrossingsOf(c));

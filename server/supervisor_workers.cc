@@ -31,17 +31,15 @@ JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& att
   info.dp_rank = at.dp;
   info.pp_rank = at.pp;
   info.cp_rank = at.cp;
-  // The micro-batch of the size the attempt runs at; at a smaller size only the shape it was
-  // placed with knows it (none: the worker fits its own, 0).
+  // The micro-batch of the size the attempt runs at; at a smaller size only the shape of that
+  // many nodes knows it (none: the worker fits its own, 0).
   info.micro_batch = entry.full_micro_batch;
   if (info.world_size != entry.job.requirements.world_size()) {
-    info.micro_batch = 0;
-    for (const JobShape& shape : entry.smaller_shapes) {
-      if (shape.mesh.dp == attempt.mesh.dp && shape.mesh.tp == attempt.mesh.tp &&
-          shape.mesh.pp == attempt.mesh.pp && shape.mesh.cp == attempt.mesh.cp) {
-        info.micro_batch = shape.micro_batch;
-      }
-    }
+    const auto shape = std::find_if(
+        entry.smaller_shapes.begin(), entry.smaller_shapes.end(), [&](const JobShape& s) {
+          return s.nodes * entry.job.requirements.ranks_per_node == info.world_size;
+        });
+    info.micro_batch = shape == entry.smaller_shapes.end() ? 0 : shape->micro_batch;
   }
   info.spec_yaml = entry.job.spec_yaml;
   info.kv_prefix = KvSpace::PrefixFor(entry.job.id, attempt.attempt_id);
