@@ -11,9 +11,14 @@ per step, the fewest ZB-H1 and interleaved take at pp 4), `trainyard-worker --st
 the same spec under each schedule (interleaved with virtual_stages 2); its rank 0 prints the
 planner's prediction beside what it measured (the table above its `done:` line): the step and the
 bubble fraction (the share of training time the stage spent blocked on its pipeline peers). Every
-case runs --rounds times (default 3), the rounds interleaved across the cases, and the table
-reports the median step with the spread of the rounds, the predicted step and its error, both
-bubble fractions, and each schedule's step against 1F1B's of the same pp, measured and predicted.
+case runs --rounds times (default 3), the rounds interleaved across the cases (in the reverse
+order every other round, so that a machine slowing or speeding up over minutes favours no case),
+and the table reports the median step with the spread of the rounds, the predicted step and its
+error, both bubble fractions, and each schedule's step against 1F1B's of the same pp: measured,
+the median over the rounds of the round's own ratio (paired: the two runs were minutes apart at
+most, where the machine's regime moves the medians of separate rounds by several percent), with
+the rounds' spread, and predicted. Each run trains --steps steps (default 40) and reports its
+median step: four ranks time-sharing two cores move single steps by ±8%.
 
 Before each round `trainyard plan --calibrate` measures the cpu profile again, into a profile
 file of the benchmark's own (the first with --fresh), so that the file ends with one calibration
@@ -77,7 +82,9 @@ def run_cases(args, worker, specs, env, before_round):
     raw = []
     for round_index in range(args.rounds):
         before_round(round_index)
-        for name, spec in specs.items():
+        names = list(specs) if round_index % 2 == 0 else list(reversed(specs))
+        for name in names:
+            spec = specs[name]
             run, other = common.quiet_run([worker, "--standalone", spec], args, timeout=900,
                                           env=env)
             raw.append(f"$ trainyard-worker --standalone ({name}, round {round_index + 1})"
@@ -97,11 +104,11 @@ def run_cases(args, worker, specs, env, before_round):
 
 def table(stages, results):
     lines = ["| pp | schedule | step measured, median (min–max of rounds) | step predicted "
-             "(error) | bubble fraction measured / predicted | step vs 1F1B measured / predicted |",
+             "(error) | bubble fraction measured / predicted | step vs 1F1B measured, median of the rounds' "
+             "ratios (min–max) / predicted |",
              "| --- | --- | --- | --- | --- | --- |"]
     for pp in stages:
         base = results[f"pp{pp} 1f1b"]
-        base_measured = median([r["measured"] for r in base])
         base_predicted = median([r["predicted"] for r in base])
         for schedule in SCHEDULES:
             runs = results[f"pp{pp} {schedule}"]
@@ -110,18 +117,39 @@ def table(stages, results):
             predicted = median([r["predicted"] for r in runs])
             bubble = median([r["bubble measured"] for r in runs])
             bubble_predicted = median([r["bubble predicted"] for r in runs])
+            ratios = [r["measured"] / b["measured"] for r, b in zip(runs, base)]
+            spread = "" if schedule == "1f1b" else f" ({min(ratios):.3f}–{max(ratios):.3f})"
             lines.append(
                 f"| {pp} | {schedule} | {step:.1f} ms ({min(measured):.1f}–{max(measured):.1f}) | "
                 f"{predicted:.1f} ms ({100 * (predicted - step) / step:+.1f}%) | "
                 f"{bubble:.3f} / {bubble_predicted:.3f} | "
-                f"{step / base_measured:.3f}× / {predicted / base_predicted:.3f}× |")
+                f"{median(ratios):.3f}×{spread} / {predicted / base_predicted:.3f}× |")
     return lines
+
+
+def goals(stages, results):
+    """The benchmark's two goals, checked: every step within 15% of its prediction, and ZB-H1
+    faster than 1F1B (the median of the rounds' ratios below 1) wherever the model predicts it."""
+    errors, faster = [], []
+    for pp in stages:
+        base = results[f"pp{pp} 1f1b"]
+        for schedule in SCHEDULES:
+            runs = results[f"pp{pp} {schedule}"]
+            step = median([r["measured"] for r in runs])
+            errors.append(abs(median([r["predicted"] for r in runs]) - step) / step)
+        runs = results[f"pp{pp} zero-bubble"]
+        if median([r["predicted"] for r in runs]) < median([r["predicted"] for r in base]):
+            ratios = [r["measured"] / b["measured"] for r, b in zip(runs, base)]
+            faster.append(f"pp {pp}: {'yes' if median(ratios) < 1 else 'NO'}")
+    return [f"goal, every step within 15% of its prediction: "
+            f"{'yes' if max(errors) <= 0.15 else 'NO'} (largest error {100 * max(errors):.1f}%)",
+            f"goal, ZB-H1 faster than 1F1B where predicted: {', '.join(faster) or 'not predicted'}"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--no-calibrate", action="store_true")
@@ -155,7 +183,7 @@ def main():
                 r["predicted"], r["bubble predicted"] = step, bubble
         raw = [text.replace(tmp, "SCRATCH") for text in raw]
     loads = [r["other"] for runs in results.values() for r in runs]
-    text = "\n".join(table(stages, results) + [
+    text = "\n".join(table(stages, results) + [""] + goals(stages, results) + [
         "", f"machine load: other processes kept {max(loads):.2f} cores busy at most during a run "
         f"(of {os.cpu_count()} cores)"]) + "\n"
     print(text)
