@@ -11,7 +11,8 @@ per step, the fewest ZB-H1 and interleaved take at pp 4), `trainyard-worker --st
 the same spec under each schedule (interleaved with virtual_stages 2); its rank 0 prints the
 planner's prediction beside what it measured (the table above its `done:` line): the step and the
 bubble fraction (the share of training time the stage spent blocked on its pipeline peers). Every
-case runs --rounds times (default 3), the rounds interleaved across the cases (in the reverse
+case runs --rounds times (default 5: ZB-H1's gain at pp 4 on two cores is about 2%, and one
+round's paired ratio moves by about as much), the rounds interleaved across the cases (in the reverse
 order every other round, so that a machine slowing or speeding up over minutes favours no case),
 and the table reports the median step with the spread of the rounds, the predicted step and its
 error, both bubble fractions, and each schedule's step against 1F1B's of the same pp: measured,
@@ -150,7 +151,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--no-calibrate", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "schedule_cpu.md"))
