@@ -103,6 +103,11 @@ def run_cases(args, worker, specs, env, before_round):
     return results, raw
 
 
+def paired_ratios(runs, base):
+    """Each round's step of `runs` over the same round's 1F1B step (`base`)."""
+    return [r["measured"] / b["measured"] for r, b in zip(runs, base)]
+
+
 def table(stages, results):
     lines = ["| pp | schedule | step measured, median (min–max of rounds) | step predicted "
              "(error) | bubble fraction measured / predicted | step vs 1F1B measured, median of the rounds' "
@@ -118,7 +123,7 @@ def table(stages, results):
             predicted = median([r["predicted"] for r in runs])
             bubble = median([r["bubble measured"] for r in runs])
             bubble_predicted = median([r["bubble predicted"] for r in runs])
-            ratios = [r["measured"] / b["measured"] for r, b in zip(runs, base)]
+            ratios = paired_ratios(runs, base)
             spread = "" if schedule == "1f1b" else f" ({min(ratios):.3f}–{max(ratios):.3f})"
             lines.append(
                 f"| {pp} | {schedule} | {step:.1f} ms ({min(measured):.1f}–{max(measured):.1f}) | "
@@ -140,7 +145,7 @@ def goals(stages, results):
             errors.append(abs(median([r["predicted"] for r in runs]) - step) / step)
         runs = results[f"pp{pp} zero-bubble"]
         if median([r["predicted"] for r in runs]) < median([r["predicted"] for r in base]):
-            ratios = [r["measured"] / b["measured"] for r, b in zip(runs, base)]
+            ratios = paired_ratios(runs, base)
             faster.append(f"pp {pp}: {'yes' if median(ratios) < 1 else 'NO'}")
     return [f"goal, every step within 15% of its prediction: "
             f"{'yes' if max(errors) <= 0.15 else 'NO'} (largest error {100 * max(errors):.1f}%)",

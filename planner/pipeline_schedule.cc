@@ -46,14 +46,11 @@ std::vector<Pass> PassesOf(const worker::ScheduleShape& schedule, int stage) {
 // backward passes).
 std::optional<std::pair<int, Pass>> Consumer(const worker::ScheduleShape& shape, int s,
                                              const Pass& pass) {
-  if (pass.micro_batch == shape.micro_batches || pass.kind == worker::PassKind::kWeight) {
-    return std::nullopt;
-  }
-  const int p = shape.stages, v = worker::VirtualStage(p, s, pass.chunk);
-  const int to = pass.kind == worker::PassKind::kForward ? v + 1 : v - 1;
-  if (to < 0 || to >= p * shape.virtual_stages) return std::nullopt;
-  const worker::StageChunk consumer = worker::StageChunkOf(p, to);
-  return std::make_pair(consumer.stage, Pass{pass.kind, pass.micro_batch, consumer.chunk});
+  if (pass.micro_batch == shape.micro_batches) return std::nullopt;  // the tail
+  const std::optional<worker::StagePass> to =
+      worker::ConsumerOf(shape, s, {pass.kind, pass.micro_batch, pass.chunk});
+  if (!to) return std::nullopt;
+  return std::make_pair(to->stage, Pass{to->pass.kind, to->pass.micro_batch, to->pass.chunk});
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/shape/stages.h"
 
 namespace trainyard::worker {
 namespace {
@@ -114,10 +113,7 @@ class Outbox {
 // Whether `pass` hands an output to another stage: every pass but the last virtual stage's
 // forward passes, the first virtual stage's backward passes and the weight passes.
 bool HasOutput(const ScheduleShape& shape, int stage, const Pass& pass) {
-  if (pass.kind == PassKind::kWeight) return false;
-  const int virtual_stage = VirtualStage(shape.stages, stage, pass.chunk);
-  return pass.kind == PassKind::kForward ? virtual_stage + 1 < shape.stages * shape.virtual_stages
-                                         : virtual_stage > 0;
+  return ConsumerOf(shape, stage, pass).has_value();
 }
 
 // PlanSchedule's rule: a tick sends only what its own pass produced.

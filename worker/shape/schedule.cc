@@ -80,21 +80,19 @@ std::vector<Pass> Interleaved(int stages, int stage, int m, int chunks) {
   return passes;
 }
 
-// Where a pass's input comes from: the stage and pass whose output it is (none for the first
-// virtual stage's forward passes and the last one's backward passes).
-struct Source {
-  int stage;
-  Pass pass;
-};
-
-std::optional<Source> SourceOf(const ScheduleShape& shape, int stage, const Pass& pass) {
+// The pass of the same kind and micro-batch one virtual stage along the data's way (`toward` +1:
+// downstream, where the output goes; −1: upstream, where the input comes from); forward passes
+// flow up the virtual stages, backward passes down. None past either end, and for weight passes
+// (they need only their own B pass, on this stage).
+std::optional<StagePass> Adjacent(const ScheduleShape& shape, int stage, const Pass& pass,
+                                  int toward) {
+  if (pass.kind == PassKind::kWeight) return std::nullopt;
   const int p = shape.stages;
-  if (pass.kind == PassKind::kWeight) return std::nullopt;  // its own B pass, on this stage
-  const int virtual_stage = VirtualStage(p, stage, pass.chunk);
-  const int from = pass.kind == PassKind::kForward ? virtual_stage - 1 : virtual_stage + 1;
-  if (from < 0 || from >= p * shape.virtual_stages) return std::nullopt;
-  const StageChunk source = StageChunkOf(p, from);
-  return Source{source.stage, Pass{pass.kind, pass.micro_batch, source.chunk}};
+  const int v =
+      VirtualStage(p, stage, pass.chunk) + (pass.kind == PassKind::kForward ? toward : -toward);
+  if (v < 0 || v >= p * shape.virtual_stages) return std::nullopt;
+  const StageChunk at = StageChunkOf(p, v);
+  return StagePass{at.stage, Pass{pass.kind, pass.micro_batch, at.chunk}};
 }
 
 constexpr int kKinds = 3;
@@ -125,7 +123,7 @@ std::optional<std::vector<std::vector<int64_t>>> Ticks(
               start,
               tick[s][KeyOf(shape, {PassKind::kBackward, pass.micro_batch, pass.chunk})] + 1);
         }
-        if (const std::optional<Source> from = SourceOf(shape, s, pass)) {
+        if (const std::optional<StagePass> from = SourceOf(shape, s, pass)) {
           const int64_t ready = tick[from->stage][KeyOf(shape, from->pass)];
           if (ready < 0) break;  // not run yet
           start = std::max(start, ready + 1);
@@ -172,6 +170,14 @@ std::vector<int> Slots(const ScheduleShape& shape, const std::vector<Pass>& orde
 
 }  // namespace
 
+std::optional<StagePass> SourceOf(const ScheduleShape& shape, int stage, const Pass& pass) {
+  return Adjacent(shape, stage, pass, -1);
+}
+
+std::optional<StagePass> ConsumerOf(const ScheduleShape& shape, int stage, const Pass& pass) {
+  return Adjacent(shape, stage, pass, +1);
+}
+
 std::vector<Pass> PassOrder(const ScheduleShape& shape, int stage) {
   switch (shape.schedule) {
     case PipelineSchedule::kOneForwardOneBackward:
@@ -204,7 +210,7 @@ std::vector<std::vector<ScheduleStep>> PlanSchedule(const ScheduleShape& shape) 
       step.has_pass = true;
       step.pass = pass;
       step.slot = slots[k];
-      const std::optional<Source> from = SourceOf(shape, s, pass);
+      const std::optional<StagePass> from = SourceOf(shape, s, pass);
       if (!from) continue;
       const int64_t sent = (*ticks)[from->stage][KeyOf(shape, from->pass)];
       const uint32_t tag = static_cast<uint32_t>(KeyOf(shape, pass));

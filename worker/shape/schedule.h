@@ -24,6 +24,7 @@
 #define TRAINYARD_WORKER_SHAPE_SCHEDULE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,19 @@ struct ScheduleShape {
 
 // Stage `stage`'s passes in one optimizer step, in the order it runs them.
 std::vector<Pass> PassOrder(const ScheduleShape& shape, int stage);
+
+// A pass on a pipeline stage.
+struct StagePass {
+  int stage = 0;
+  Pass pass;
+};
+// Where the input of `pass` on `stage` comes from: the pass of the same kind and micro-batch on
+// the neighbouring virtual stage whose output it is (none for weight passes, the first virtual
+// stage's forward passes and the last one's backward passes).
+std::optional<StagePass> SourceOf(const ScheduleShape& shape, int stage, const Pass& pass);
+// Where its output goes: the pass that takes it as input (none for weight passes, the last
+// virtual stage's forward passes and the first one's backward passes).
+std::optional<StagePass> ConsumerOf(const ScheduleShape& shape, int stage, const Pass& pass);
 
 // One point-to-point transfer: on the sender, the output of `pass` (an activation after a
 // forward pass, an input gradient after a backward pass); on the receiver the same data, the
