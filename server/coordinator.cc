@@ -270,6 +270,10 @@ absl::Status Coordinator::Init(const CoordinatorOptions& options) {
   }
   TY_RETURN_IF_ERROR(
       WriteFileAtomically(options.state_dir + "/cluster.addr", cluster_address_ + "\n"));
+  std::string last = absl::StrCat("grpc ", address_, "\ncluster ", cluster_address_, "\n");
+  if (!metrics_address_.empty()) absl::StrAppend(&last, "metrics ", metrics_address_, "\n");
+  TY_RETURN_IF_ERROR(
+      WriteFileAtomically(absl::StrCat(options.state_dir, "/", kLastAddressesFile), last));
   TY_RETURN_IF_ERROR(WriteFileAtomically(options.state_dir + "/server.addr", address_ + "\n"));
   state_dir_ = options.state_dir;
   ticker_ = std::thread([this, interval = options.tick_interval] { TickLoop(interval); });

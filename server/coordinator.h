@@ -86,10 +86,17 @@ bool IsLoopbackHost(const std::string& host);
 // Splits "host:port" / "[v6]:port"; INVALID_ARGUMENT when malformed.
 [[nodiscard]] absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
+// Where the last start listened, kept in the state directory across stops and crashes (server.addr
+// and metrics.addr go with a graceful stop): "grpc HOST:PORT", "cluster HOST:PORT" and
+// "metrics HOST:PORT" lines.
+inline constexpr char kLastAddressesFile[] = "last-addresses";
+
 class Coordinator {
  public:
-  // Opens the state, restores jobs, starts serving. The chosen address is written to
-  // <state_dir>/server.addr (and the metrics address to <state_dir>/metrics.addr).
+  // Opens the state, restores jobs, starts serving. The bound addresses are recorded in
+  // <state_dir>/last-addresses before the chosen address is written to <state_dir>/server.addr
+  // (and the metrics address to <state_dir>/metrics.addr): whoever has read server.addr may kill
+  // this process and find the addresses recorded for the next start.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Coordinator>> Start(
       const CoordinatorOptions& options);
   ~Coordinator();  // Stop()s

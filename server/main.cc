@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -279,30 +278,12 @@ int WaitForSignal() {
   return byte;
 }
 
-// Where the previous start listened, kept in the state directory across stops (server.addr and
-// metrics.addr go with a graceful stop): "grpc HOST:PORT" and "metrics HOST:PORT" lines.
-constexpr char kLastAddresses[] = "last-addresses";
-
 std::map<std::string, std::string> ReadLastAddresses(const std::string& state_dir) {
   std::map<std::string, std::string> last;
-  std::ifstream in(state_dir + "/" + kLastAddresses);
+  std::ifstream in(state_dir + "/" + kLastAddressesFile);
   std::string kind, address;
   while (in >> kind >> address) last[kind] = address;
   return last;
-}
-
-void WriteLastAddresses(const std::string& state_dir, const Coordinator& coordinator) {
-  const std::string path = state_dir + "/" + kLastAddresses;
-  {
-    std::ofstream out(path + ".tmp", std::ios::trunc);
-    out << "grpc " << coordinator.address() << "\n";
-    out << "cluster " << coordinator.cluster_address() << "\n";
-    if (!coordinator.metrics_address().empty()) {
-      out << "metrics " << coordinator.metrics_address() << "\n";
-    }
-  }
-  std::error_code ignored;
-  std::filesystem::rename(path + ".tmp", path, ignored);
 }
 
 // `wanted` with port 0 (any free port) becomes `previous` when that is on the same host: a
@@ -343,7 +324,6 @@ absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags
                     << "); listening on new ports";
     started = Coordinator::Start(flags.coordinator);
   }
-  if (started.ok()) WriteLastAddresses(flags.coordinator.state_dir, **started);
   return started;
 }
 
