@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,23 @@ struct AttentionBlockShape {
   // Causal: key j is visible to query i iff j <= i (the chunks are the same positions, q_len ==
   // kv_len); otherwise every key is visible.
   bool causal;
+};
+
+// The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on
+// rows [offsets[j], offsets[j + 1]) of every row-major activation operand, and its weights start
+// j strides into each array: fc [fc_out, width] (fc_out = ffn, or 2·ffn for SwiGLU's gate and up
+// halves), fc_b [fc_out], proj [width, ffn], proj_b [width]; a null bias is none.
+struct ExpertMlp {
+  std::span<const int64_t> offsets;  // experts + 1
+  int64_t width, ffn;
+  bool gated;  // SwiGLU; else GELU
+  const float *fc_w, *fc_b, *proj_w, *proj_b;
+  int64_t experts() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t fc_out() const { return gated ? 2 * ffn : ffn; }
+};
+// Its gradients, accumulated (a null pointer is not computed).
+struct ExpertMlpGrads {
+  float *fc_w, *fc_b, *proj_w, *proj_b;
 };
 
 struct AdamWParams {
@@ -213,6 +231,15 @@ class Backend {
   // j < k in order, skipping slots −1 (weights null: 1).
   virtual void CombineRows(Act* out, const Act* inp, const int32_t* slots, const float* weights,
                            int64_t rows, int64_t k, int64_t cols, bool accumulate) = 0;
+  // The experts' MLPs: hidden = in · fc_wᵀ + fc_b, act = gelu(hidden) (or swiglu), out = act ·
+  // proj_wᵀ + proj_b, expert by expert. The default runs one Linear (or LinearGelu) pair per
+  // expert; a backend may run the experts as one grouped GEMM.
+  virtual void ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, Act* act, Act* out);
+  // Its backward: weight gradients accumulated, din overwritten; dact and dhidden are scratch of
+  // act's and hidden's size.
+  virtual void ExpertsBackward(const ExpertMlp& mlp, const ExpertMlpGrads& grads, const Act* dout,
+                               const Act* in, const Act* hidden, const Act* act, Act* dact,
+                               Act* dhidden, Act* din);
   // out[r] = ⟨a row a_rows[r], b row r⟩ for r < count.
   virtual void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                        int64_t cols) = 0;

@@ -134,6 +134,16 @@ class CpuBackend final : public Backend {
                    int64_t rows, int64_t kk, int64_t cols, bool accumulate) override {
     k::CombineRows(F(out), F(inp), slots, weights, rows, kk, cols, accumulate);
   }
+  void ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, Act* act,
+                      Act* out) override {
+    k::ExpertMlpForward(Shape(mlp), Weights(mlp), F(in), F(hidden), F(act), F(out));
+  }
+  void ExpertsBackward(const ExpertMlp& mlp, const ExpertMlpGrads& g, const Act* dout,
+                       const Act* in, const Act* hidden, const Act* act, Act* dact, Act* dhidden,
+                       Act* din) override {
+    k::ExpertMlpBackward(Shape(mlp), Weights(mlp), {g.fc_w, g.fc_b, g.proj_w, g.proj_b}, F(dout),
+                         F(in), F(hidden), F(act), F(dact), F(dhidden), F(din));
+  }
   void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                int64_t cols) override {
     k::RowDots(out, F(a), a_rows, F(b), count, cols);
@@ -245,6 +255,16 @@ class CpuBackend final : public Backend {
             .q_stride = s.q_stride,
             .kv_stride = s.kv_stride,
             .causal = s.causal};
+  }
+  static k::ExpertMlpShape Shape(const ExpertMlp& mlp) {
+    return {.offsets = mlp.offsets.data(),
+            .experts = mlp.experts(),
+            .width = mlp.width,
+            .ffn = mlp.ffn,
+            .gated = mlp.gated};
+  }
+  static k::ExpertMlpWeights Weights(const ExpertMlp& mlp) {
+    return {mlp.fc_w, mlp.fc_b, mlp.proj_w, mlp.proj_b};
   }
 
  private:

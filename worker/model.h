@@ -228,6 +228,7 @@ class Model {
                   Act* out);
   void RunExpertsBackward(int layer, std::span<const int64_t> offsets, const Act* dout,
                           const Act* in, const Act* hidden, const Act* act, Act* din);
+  ExpertMlp ExpertsOf(int layer, std::span<const int64_t> offsets);
   // Expert parallelism: the exchange's counts and orders for la's routing (an all-gather of the
   // counts per expert), and one all-to-all of rows, out to the experts (`forward`) or back.
   [[nodiscard]] absl::Status PlanExchange(LayerActivations& la);

@@ -43,28 +43,7 @@ constexpr uint32_t kExchangeTag = 0x4d6f4500;  // "MoE"
 // into the same rows of hidden, act and out.
 void Model::RunExperts(int layer, std::span<const int64_t> offsets, const Act* in, Act* hidden,
                        Act* act, Act* out) {
-  const int eg = layout_.expert_group(layer);
-  const BlockOffsets& o = layout_.block(layer);
-  const bool gpt2 = config_.family == ModelFamily::kGpt2;
-  const int64_t width = config_.width, ffn = config_.moe.ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
-  const bool add_bias = gpt2 && tp_rank() == 0;
-  Backend& be = *backend_;
-  for (size_t j = 0; j + 1 < offsets.size(); ++j) {
-    const int64_t r0 = offsets[j], rows = offsets[j + 1] - r0;
-    if (rows == 0) continue;
-    const Act* x = be.At(in, r0 * width);
-    Act* h = be.At(hidden, r0 * fc);
-    Act* a = be.At(act, r0 * ffn);
-    const float* fc_w = P(eg, o.experts_fc_w) + j * fc * width;
-    if (gpt2) {
-      be.LinearGelu(a, h, x, fc_w, P(eg, o.experts_fc_b) + j * ffn, rows, ffn, width);
-    } else {
-      be.Linear(h, x, fc_w, nullptr, rows, fc, width);
-      be.Swiglu(a, h, rows, ffn);
-    }
-    be.Linear(be.At(out, r0 * width), a, P(eg, o.experts_proj_w) + j * width * ffn,
-              add_bias ? P(eg, o.experts_proj_b) + j * width : nullptr, rows, width, ffn);
-  }
+  backend_->ExpertsForward(ExpertsOf(layer, offsets), in, hidden, act, out);
 }
 
 // The experts' backward on the rows RunExperts ran: weight gradients accumulated, ∂/∂in into din.
@@ -73,28 +52,28 @@ void Model::RunExpertsBackward(int layer, std::span<const int64_t> offsets, cons
   const int eg = layout_.expert_group(layer);
   const BlockOffsets& o = layout_.block(layer);
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
-  const int64_t width = config_.width, ffn = config_.moe.ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
-  Activations& a = *acts_;
-  Backend& be = *backend_;
-  for (size_t j = 0; j + 1 < offsets.size(); ++j) {
-    const int64_t r0 = offsets[j], rows = offsets[j + 1] - r0;
-    if (rows == 0) continue;
-    Act* dact = be.At(a.dact.data(), r0 * ffn);
-    Act* dhidden = be.At(a.dfc.data(), r0 * fc);
-    be.LinearBackward(dact, G(eg, o.experts_proj_w) + j * width * ffn,
-                      gpt2 ? G(eg, o.experts_proj_b) + j * width : nullptr, be.At(dout, r0 * width),
-                      be.At(act, r0 * ffn), P(eg, o.experts_proj_w) + j * width * ffn, rows, width,
-                      ffn);
-    if (gpt2) {
-      be.GeluBackward(dhidden, dact, be.At(hidden, r0 * fc), rows * ffn);
-    } else {
-      be.SwigluBackward(dhidden, dact, be.At(hidden, r0 * fc), rows, ffn);
-    }
-    be.LinearBackward(be.At(din, r0 * width), G(eg, o.experts_fc_w) + j * fc * width,
-                      gpt2 ? G(eg, o.experts_fc_b) + j * ffn : nullptr, dhidden,
-                      be.At(in, r0 * width), P(eg, o.experts_fc_w) + j * fc * width, rows, fc,
-                      width);
-  }
+  const ExpertMlpGrads grads{.fc_w = G(eg, o.experts_fc_w),
+                             .fc_b = gpt2 ? G(eg, o.experts_fc_b) : nullptr,
+                             .proj_w = G(eg, o.experts_proj_w),
+                             .proj_b = gpt2 ? G(eg, o.experts_proj_b) : nullptr};
+  backend_->ExpertsBackward(ExpertsOf(layer, offsets), grads, dout, in, hidden, act,
+                            acts_->dact.data(), acts_->dfc.data(), din);
+}
+
+// Layer `layer`'s experts on this rank, over `offsets`. Under tensor parallelism each expert's
+// MLP is split as the dense one is; proj's row-parallel bias is added by the group's rank 0.
+ExpertMlp Model::ExpertsOf(int layer, std::span<const int64_t> offsets) {
+  const int eg = layout_.expert_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const bool gpt2 = config_.family == ModelFamily::kGpt2;
+  return {.offsets = offsets,
+          .width = config_.width,
+          .ffn = config_.moe.ffn / tp_size(),
+          .gated = !gpt2,
+          .fc_w = P(eg, o.experts_fc_w),
+          .fc_b = gpt2 ? P(eg, o.experts_fc_b) : nullptr,
+          .proj_w = P(eg, o.experts_proj_w),
+          .proj_b = gpt2 && tp_rank() == 0 ? P(eg, o.experts_proj_b) : nullptr};
 }
 
 // Under expert parallelism: who sends how many rows to whom, and the orders that put the rows

@@ -8,6 +8,35 @@
 
 namespace trainyard::kernels::cpu {
 
+// The routed experts' MLPs as one grouped pass: expert j on rows [offsets[j], offsets[j + 1]) of
+// every row-major operand, its weights j strides into each array (fc [fc_out, width] with fc_out =
+// ffn, or 2·ffn gated; proj [width, ffn]; biases fc_out and width; a null bias is none). Work is
+// split into tasks of one expert's row block (forward, input gradients) or one expert's block of
+// weight-gradient rows, run on the threads one task at a time with single-threaded GEMMs: for the
+// small GEMMs that routing leaves each expert, one parallel region instead of one threaded GEMM
+// per expert and layer. A task's result does not depend on which thread runs it.
+struct ExpertMlpShape {
+  const int64_t* offsets;  // experts + 1 row offsets
+  int64_t experts, width, ffn;
+  bool gated;  // SwiGLU over fc's [gate, up] halves; else GELU
+};
+struct ExpertMlpWeights {
+  const float *fc_w, *fc_b, *proj_w, *proj_b;
+};
+struct ExpertMlpGrads {
+  float *fc_w, *fc_b, *proj_w, *proj_b;  // accumulated; a null pointer is skipped
+};
+
+// hidden = in · fc_wᵀ + fc_b, act = gelu(hidden) (or swiglu), out = act · proj_wᵀ + proj_b.
+void ExpertMlpForward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const float* in,
+                      float* hidden, float* act, float* out);
+
+// The backward of ExpertMlpForward: weight gradients accumulated, din overwritten; dact and
+// dhidden are scratch of act's and hidden's size.
+void ExpertMlpBackward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const ExpertMlpGrads& g,
+                       const float* dout, const float* in, const float* hidden, const float* act,
+                       float* dact, float* dhidden, float* din);
+
 // out row r = scale[r] · inp row rows[r], `count` rows of `cols` (scale null: 1).
 void GatherRows(float* out, const float* inp, const int32_t* rows, const float* scale,
                 int64_t count, int64_t cols);
