@@ -6,7 +6,9 @@
 //
 // Exit codes: 0 after a graceful shutdown; 2 bad flags or a state directory in use; 1 otherwise.
 #include <fcntl.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -300,21 +302,54 @@ std::string PreferPrevious(const std::string& wanted, const std::string& previou
   return previous;
 }
 
-// Listens where the previous start did when the flags ask for any free port; when those ports
-// have been taken since, on new ones.
+// Whether a listener could bind `address` (HOST:PORT) now, as gRPC's and the metrics server's do
+// (SO_REUSEADDR): not when another socket has taken the port since.
+bool CanBind(const std::string& address) {
+  absl::StatusOr<std::pair<std::string, int>> split = SplitHostPort(address);
+  if (!split.ok()) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(split->second);
+  if (getaddrinfo(split->first.c_str(), port.c_str(), &hints, &found) != 0) return false;
+  bool free = found != nullptr;
+  for (addrinfo* a = found; a != nullptr && free; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    const int one = 1;
+    free = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+           bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (fd >= 0) close(fd);
+  }
+  freeaddrinfo(found);
+  return free;
+}
+
+// Listens where the previous start did when the flags ask for any free port, address by address:
+// one that another process has taken since becomes a new port, the others stay.
 absl::StatusOr<std::unique_ptr<Coordinator>> StartCoordinator(const Flags& flags) {
   const std::map<std::string, std::string> last = ReadLastAddresses(flags.coordinator.state_dir);
+  auto prefer = [&](const std::string& wanted, const std::string& kind) {
+    auto it = last.find(kind);
+    if (it == last.end()) return wanted;
+    const std::string previous = PreferPrevious(wanted, it->second);
+    if (previous == wanted || CanBind(previous)) return previous;
+    TY_LOG(WARNING) << "the previous " << kind << " address " << previous
+                    << " is taken; listening on a new port";
+    return wanted;
+  };
   CoordinatorOptions options = flags.coordinator;
-  if (last.count("grpc")) options.listen = PreferPrevious(options.listen, last.at("grpc"));
+  options.listen = prefer(options.listen, "grpc");
   // The cluster port too: agents, and workers that outlive this process, reconnect to it.
   if (last.count("cluster")) {
-    const std::string wanted = options.cluster_listen.empty()
-                                   ? options.listen.substr(0, options.listen.rfind(':')) + ":0"
-                                   : options.cluster_listen;
-    options.cluster_listen = PreferPrevious(wanted, last.at("cluster"));
+    options.cluster_listen = prefer(options.cluster_listen.empty()
+                                        ? options.listen.substr(0, options.listen.rfind(':')) + ":0"
+                                        : options.cluster_listen,
+                                    "cluster");
   }
-  if (last.count("metrics") && !options.metrics_listen.empty()) {
-    options.metrics_listen = PreferPrevious(options.metrics_listen, last.at("metrics"));
+  if (!options.metrics_listen.empty()) {
+    options.metrics_listen = prefer(options.metrics_listen, "metrics");
   }
   absl::StatusOr<std::unique_ptr<Coordinator>> started = Coordinator::Start(options);
   if (!started.ok() && (options.listen != flags.coordinator.listen ||

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/stored.pb.h"
@@ -18,6 +19,7 @@ namespace trainyard::testenv {
 namespace {
 
 using ::testing::Contains;
+using ::testing::HasSubstr;
 
 v1::RunningWorker Worker(const std::string& job, int attempt, int rank, int64_t pid) {
   v1::RunningWorker worker;
@@ -197,12 +199,25 @@ TEST(ServerRestartTest, SigkilledCoordinatorComesBackAndAdoptsRunningWorkers) {
 
 // Prometheus scrapes a fixed target and agents know one address: a restarted coordinator that was
 // asked for any free port listens where it did before, after a crash and after a graceful stop,
-// for gRPC and /metrics alike; when that port is taken, it takes a new one.
+// for gRPC and /metrics alike; when that port is taken, it takes a new one and says so.
+//
+// The ports come from the ephemeral range, where the suite's other tests draw their connections'
+// ports too: one of them may take a port between two starts. A moved address therefore passes
+// when the coordinator's log names it as taken, but at most one of the four may move.
 TEST(ServerRestartTest, RestartKeepsTheGrpcAndMetricsPorts) {
   const std::string scratch = MakeScratchDir("server_ports").string();
   const std::string state = scratch + "/state";
   auto metrics_address = [&] {
     return WaitForFileLine(state + "/metrics.addr", std::chrono::seconds(10));
+  };
+  int moved = 0;
+  auto expect_kept = [&](const ServerProcess& server, const std::string& kind,
+                         const std::string& now, const std::string& before) {
+    if (now == before) return;
+    ++moved;
+    EXPECT_THAT(server.log(),
+                HasSubstr(absl::StrCat("the previous ", kind, " address ", before, " is taken")))
+        << kind << " moved from " << before << " to " << now;
   };
   std::string grpc_address, metrics;
   {
@@ -216,16 +231,16 @@ TEST(ServerRestartTest, RestartKeepsTheGrpcAndMetricsPorts) {
   {
     ServerProcess crashed(state);
     ASSERT_TRUE(crashed.ok()) << crashed.log();
-    EXPECT_EQ(crashed.address(), grpc_address);
-    EXPECT_EQ(metrics_address(), metrics);
+    expect_kept(crashed, "grpc", crashed.address(), grpc_address);
+    expect_kept(crashed, "metrics", metrics_address(), metrics);
     crashed.process().Signal(SIGTERM);
     ASSERT_TRUE(crashed.process().Wait(std::chrono::seconds(20)).has_value());
   }
   {
     ServerProcess stopped(state);
     ASSERT_TRUE(stopped.ok()) << stopped.log();
-    EXPECT_EQ(stopped.address(), grpc_address);
-    EXPECT_EQ(metrics_address(), metrics);
+    expect_kept(stopped, "grpc", stopped.address(), grpc_address);
+    expect_kept(stopped, "metrics", metrics_address(), metrics);
     // While it runs, a second coordinator on another state directory that remembers the same
     // ports cannot have them: it listens elsewhere.
     const std::string other = scratch + "/other";
@@ -233,8 +248,11 @@ TEST(ServerRestartTest, RestartKeepsTheGrpcAndMetricsPorts) {
     std::filesystem::copy_file(state + "/last-addresses", other + "/last-addresses");
     ServerProcess second(other);
     ASSERT_TRUE(second.ok()) << second.log();
-    EXPECT_NE(second.address(), grpc_address);
+    EXPECT_NE(second.address(), stopped.address());
+    EXPECT_THAT(second.log(), HasSubstr(absl::StrCat("the previous grpc address ",
+                                                     stopped.address(), " is taken")));
   }
+  EXPECT_LE(moved, 1);
   std::error_code ignored;
   std::filesystem::remove_all(scratch, ignored);
 }
