@@ -331,7 +331,8 @@ absl::Status RankTrainer::Setup() {
                           {.zero_stage = mesh.zero, .bucket_bytes = rank_.bucket_bytes},
                           {.ep = dims_.ep.get(), .edp = dims_.edp.get()}));
   optimizer_ = OptimizerConfigFromSpec(tr);
-  TY_RETURN_IF_ERROR(InitializeParameters());
+  // The parameters stay uninitialised until Restore: a restart that finds a checkpoint skips the
+  // seed's initialisation (or model.init_from's read) that the checkpoint would overwrite.
   TY_ASSIGN_OR_RETURN(
       model_, Model::Create(mc, &backend_, params_.get(),
                             {.tp = dims_.tp.get(),
@@ -371,8 +372,8 @@ absl::Status RankTrainer::Setup() {
   return absl::OkStatus();
 }
 
-// Step 0's parameters: the seed's random initialisation, or model.init_from's weights (a
-// checkpoint Restore finds later still wins).
+// Step 0's parameters: the seed's random initialisation, or model.init_from's weights; Restore
+// calls it when it finds no checkpoint to resume from.
 absl::Status RankTrainer::InitializeParameters() {
   if (spec_.init_from.empty()) {
     params_->Initialize(spec_.training.seed);
@@ -422,12 +423,13 @@ absl::Status RankTrainer::Restore() {
   bool from_memory = false;
   TY_ASSIGN_OR_RETURN(const std::optional<std::string> from,
                       checkpointer_->Restore(state_, options_.recorded_checkpoint, &from_memory));
-  if (!from && checkpointer_->left_partial_state()) {
-    TY_RETURN_IF_ERROR(InitializeParameters());
-    params_->ZeroMoments();
-  }
   result_.restore_began_ns = start;
   result_.restore_ended_ns = clock_.NowNanosMonotonic();
+  if (!from) {
+    TY_RETURN_IF_ERROR(InitializeParameters());
+    // A candidate that failed part way may have replaced some moments.
+    if (checkpointer_->left_partial_state()) params_->ZeroMoments();
+  }
   if (rank_.rank == 0 && options_.on_resumed) {
     options_.on_resumed(ResumeInfo{.step = state_.step,
                                    .from = from.value_or(""),

@@ -222,8 +222,15 @@ void ParameterLayout::Initialize(uint64_t seed, float* host) const {
         int64_t global = 1;
         for (int64_t d : t.global_shape) global *= d;
         std::vector<float> full(global);
-        NormalStream stream(seed, HashString(t.name));
-        for (int64_t i = 0; i < global; ++i) full[i] = t.init_std * stream.Next();
+        const uint64_t key = HashString(t.name);
+        constexpr int64_t kBlock = int64_t{1} << 16;
+        const int64_t blocks = (global + kBlock - 1) / kBlock;
+        // Each block a pure function of its range: the same values on any number of threads.
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b) {
+          FillNormal(seed, key, t.init_std, b * kBlock, std::min(global, (b + 1) * kBlock),
+                     full.data() + b * kBlock);
+        }
         Slice(t, full.data(), out);
         break;
       }
