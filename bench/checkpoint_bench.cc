@@ -8,14 +8,15 @@
 //   - restore time of a run resumed from the last checkpoint, from the moment the last rank began
 //     its restore to the moment the last rank finished (TrainResult.restore_began_ns / _ended_ns:
 //     a rank's own restore_seconds also holds its wait for peers still starting up), with the
-//     checkpoint's pages dropped from the page cache (cold) and again with them cached (warm).
+//     checkpoint's pages dropped from the page cache (cold) and again with them cached (warm),
+//     --restore-rounds times each, alternating (the medians; a disk's speed drifts by minutes);
 //   - export (`trainyard export --format hf` of the last checkpoint, against the disk's bandwidth
 //     measured just before and just after it)
 //     and model.init_from of the exported directory, the whole model in one process.
 // bench/run_checkpoint_bench.sh runs it beside bench/torch_checkpoint_peer.py.
 //
 //   checkpoint_bench --preset gpt2-124m --batch 1 --seq 128 --steps 8 --every 2 --ranks 1,2
-//                    [--dir /tmp] [--threads 2] [--disk-mib 1024]
+//                    [--dir /tmp] [--threads 2] [--disk-mib 1024] [--restore-rounds 3]
 //
 // --batch is per rank (dp ranks train a global batch of batch x ranks); --threads is the CPU
 // threads of the whole run, split over the ranks. Prints a Markdown table, then one JSON line per
@@ -73,11 +74,13 @@ struct Flags {
   std::string dir = "/tmp";
   int threads = 0;  // 0: every core
   int disk_mib = 1024;
+  int restore_rounds = 3;
 };
 
 constexpr char kUsage[] =
     "usage: checkpoint_bench --preset NAME [--batch B] [--seq T] [--steps N] [--every K]\n"
-    "                        [--ranks 1,2] [--dir PARENT] [--threads K] [--disk-mib M]\n";
+    "                        [--ranks 1,2] [--dir PARENT] [--threads K] [--disk-mib M]\n"
+    "                        [--restore-rounds R]\n";
 
 absl::Status ParseIntFlag(const std::string& name, const std::string& value, int* out) {
   if (!absl::SimpleAtoi(value, out) || *out < 0) {
@@ -93,13 +96,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) return absl::InvalidArgumentError(arg + " needs a value");
     const std::string value = argv[++i];
-    int* number = arg == "--batch"      ? &f.batch
-                  : arg == "--seq"      ? &f.seq
-                  : arg == "--steps"    ? &f.steps
-                  : arg == "--every"    ? &f.every
-                  : arg == "--threads"  ? &f.threads
-                  : arg == "--disk-mib" ? &f.disk_mib
-                                        : nullptr;
+    int* number = arg == "--batch"            ? &f.batch
+                  : arg == "--seq"            ? &f.seq
+                  : arg == "--steps"          ? &f.steps
+                  : arg == "--every"          ? &f.every
+                  : arg == "--threads"        ? &f.threads
+                  : arg == "--disk-mib"       ? &f.disk_mib
+                  : arg == "--restore-rounds" ? &f.restore_rounds
+                                              : nullptr;
     if (number != nullptr) {
       if (absl::Status s = ParseIntFlag(arg, value, number); !s.ok()) return s;
     } else if (arg == "--preset") {
@@ -125,6 +129,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         "(the first save allocates the snapshot buffer; later ones show the steady state)");
   }
   if (f.disk_mib < 16) return absl::InvalidArgumentError("--disk-mib must be at least 16");
+  if (f.restore_rounds < 1) return absl::InvalidArgumentError("--restore-rounds must be positive");
   if (f.dir.find_first_of("\"\\\n") != std::string::npos) {
     return absl::InvalidArgumentError("--dir may not contain quotes, backslashes or newlines");
   }
@@ -449,15 +454,23 @@ absl::StatusOr<Row> MeasureMesh(const Flags& f, int ranks, const std::string& sc
   if (absl::Status s = Summarize(train, row); !s.ok()) return s;
   row.floor_s = static_cast<double>(kBytesPerParam) * row.params / ranks / memcpy_bw;
 
-  std::fprintf(stderr, "checkpoint_bench: %s: restoring (cold, then warm page cache)\n",
-               tag.c_str());
-  if (absl::Status s = DropFromPageCache(checkpoint_dir); !s.ok()) return s;
-  absl::StatusOr<double> cold = TimeRestore(*spec, threads_per_rank, scratch + "/rdv-cold-" + tag);
-  if (!cold.ok()) return cold.status();
-  absl::StatusOr<double> warm = TimeRestore(*spec, threads_per_rank, scratch + "/rdv-warm-" + tag);
-  if (!warm.ok()) return warm.status();
-  row.restore_cold_s = *cold;
-  row.restore_warm_s = *warm;
+  std::vector<double> cold_s, warm_s;
+  for (int round = 0; round < f.restore_rounds; ++round) {
+    std::fprintf(stderr, "checkpoint_bench: %s: restoring (cold, then warm page cache), round %d\n",
+                 tag.c_str(), round + 1);
+    const std::string rdv = absl::StrCat(scratch, "/rdv-", round, "-");
+    if (absl::Status s = DropFromPageCache(checkpoint_dir); !s.ok()) return s;
+    absl::StatusOr<double> cold = TimeRestore(*spec, threads_per_rank, rdv + "cold-" + tag);
+    if (!cold.ok()) return cold.status();
+    absl::StatusOr<double> warm = TimeRestore(*spec, threads_per_rank, rdv + "warm-" + tag);
+    if (!warm.ok()) return warm.status();
+    std::printf("%s: restore round %d: cold %.3f s, warm %.3f s\n", tag.c_str(), round + 1, *cold,
+                *warm);
+    cold_s.push_back(*cold);
+    warm_s.push_back(*warm);
+  }
+  row.restore_cold_s = Median(cold_s);
+  row.restore_warm_s = Median(warm_s);
   std::fprintf(stderr, "checkpoint_bench: %s: export and init_from\n", tag.c_str());
   if (absl::Status s = TimeExportAndInitFrom(*spec, checkpoint_dir, scratch + "/hf-" + tag, row);
       !s.ok()) {

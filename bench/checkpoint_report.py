@@ -125,7 +125,9 @@ def print_table(ours, torch):
           "start to the last rank's end (`TrainResult.restore_began_ns` / `_ended_ns`: a rank's "
           "own `restore_seconds` also holds its wait for peers still starting up); PyTorch's torch.save row: torch.load alone, + fsync row: torch.load + "
           "model.load_state_dict + optimizer.load_state_dict. Cold: the checkpoint's pages "
-          "dropped with posix_fadvise(DONTNEED) first; warm: read again from the page cache.")
+          "dropped with posix_fadvise(DONTNEED) first; warm: read again from the page cache. "
+          "Both sides: the median of the rounds (Trainyard's cold and warm restores alternate, "
+          "each round's times in the raw output).")
     print()
 
 

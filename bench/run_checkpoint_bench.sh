@@ -7,7 +7,8 @@
 #
 # For each preset runs checkpoint_bench (one rank, then dp 2 ZeRO-1: training-blocked time per
 # save, write throughput against the disk's own fsync'd bandwidth measured in PARENT, restore
-# time) and bench/torch_checkpoint_peer.py (torch.save / torch.load of model + AdamW state), then
+# time, median of --rounds cold and warm restores) and bench/torch_checkpoint_peer.py (torch.save /
+# torch.load of model + AdamW state, median of --rounds rounds), then
 # writes a Markdown report (default bench/results/checkpoint.md) with the machine, the command,
 # the table, the three goals met or missed, and the raw output. Both programs write only under
 # fresh mkdtemp directories in PARENT (default /tmp) and remove them. Run it on an idle machine.
@@ -94,7 +95,8 @@ for preset in "${WANTED[@]}"; do
     found=1
     echo "== $name: batch $batch per rank, seq $seq, $STEPS steps, a save every $EVERY" >&2
     run "trainyard-$name" "$BIN" --preset "$name" --batch "$batch" --seq "$seq" --steps "$STEPS" \
-      --every "$EVERY" --ranks 1,2 --dir "$PARENT" --threads "$THREADS" --disk-mib "$disk_mib"
+      --every "$EVERY" --ranks 1,2 --dir "$PARENT" --threads "$THREADS" --disk-mib "$disk_mib" \
+      --restore-rounds "$ROUNDS"
     run "pytorch-$name" env OMP_NUM_THREADS="$THREADS" "$PY" "$ROOT/bench/torch_checkpoint_peer.py" \
       --config "$torch_cfg" --batch "$batch" --seq "$seq" --dir "$PARENT" --rounds "$ROUNDS" \
       --threads "$THREADS" --label "$name"
