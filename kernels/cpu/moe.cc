@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/activations.h"
+#include "kernels/cpu/linear.h"
 
 namespace trainyard::kernels::cpu {
 namespace {
@@ -57,16 +58,6 @@ std::vector<Task> WeightTasks(const ExpertMlpShape& s, int64_t fc) {
   return tasks;
 }
 
-// out[m, n] = inp[m, k] · weight[n, k]ᵀ (+ bias), on the calling thread.
-void SerialLinear(float* out, const float* inp, const float* weight, const float* bias, int64_t m,
-                  int64_t n, int64_t k) {
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, inp, k, weight, k,
-              bias != nullptr ? 1.0f : 0.0f, out, n);
-}
-
 // sums[c] += Σ_r x[r, c] over rows in order, for the columns [c0, c1) of a row stride n.
 void ColumnSums(float* sums, const float* x, int64_t m, int64_t n, int64_t c0, int64_t c1) {
   for (int64_t r = 0; r < m; ++r) {
@@ -78,9 +69,9 @@ void ColumnSums(float* sums, const float* x, int64_t m, int64_t n, int64_t c0, i
 
 }  // namespace
 
-// Single-threaded GEMMs inside the region: OpenBLAS runs a call single-threaded when it is made
-// from inside a parallel region (omp_in_parallel), and the activation kernels' own regions are
-// nested ones of one thread.
+// The linear and activation kernels run inside the region on one thread each: OpenBLAS runs a call
+// single-threaded when it is made from inside a parallel region (omp_in_parallel), and the
+// kernels' own regions are nested ones of one thread.
 void ExpertMlpForward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const float* in,
                       float* hidden, float* act, float* out) {
   const int64_t width = s.width, ffn = s.ffn, fc = s.gated ? 2 * ffn : ffn;
@@ -90,15 +81,15 @@ void ExpertMlpForward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const 
     const int64_t j = tasks[t].expert, r0 = tasks[t].begin, rows = tasks[t].end - r0;
     float* h = hidden + r0 * fc;
     float* a = act + r0 * ffn;
-    SerialLinear(h, in + r0 * width, w.fc_w + j * fc * width,
-                 w.fc_b != nullptr ? w.fc_b + j * fc : nullptr, rows, fc, width);
+    LinearForward(h, in + r0 * width, w.fc_w + j * fc * width,
+                  w.fc_b != nullptr ? w.fc_b + j * fc : nullptr, rows, fc, width);
     if (s.gated) {
       SwigluForward(a, h, rows, ffn);
     } else {
       GeluForward(a, h, rows * ffn);
     }
-    SerialLinear(out + r0 * width, a, w.proj_w + j * width * ffn,
-                 w.proj_b != nullptr ? w.proj_b + j * width : nullptr, rows, width, ffn);
+    LinearForward(out + r0 * width, a, w.proj_w + j * width * ffn,
+                  w.proj_b != nullptr ? w.proj_b + j * width : nullptr, rows, width, ffn);
   }
 }
 
@@ -117,15 +108,15 @@ void ExpertMlpBackward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const
       const int64_t j = rows[t].expert, r0 = rows[t].begin, m = rows[t].end - r0;
       float* da = dact + r0 * ffn;
       float* dh = dhidden + r0 * fc;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, ffn, width, 1.0f, dout + r0 * width,
-                  width, w.proj_w + j * width * ffn, ffn, 0.0f, da, ffn);
+      LinearBackward(da, nullptr, nullptr, dout + r0 * width, nullptr, w.proj_w + j * width * ffn,
+                     m, width, ffn);
       if (s.gated) {
         SwigluBackward(dh, da, hidden + r0 * fc, m, ffn);
       } else {
         GeluBackward(dh, da, hidden + r0 * fc, m * ffn);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, width, fc, 1.0f, dh, fc,
-                  w.fc_w + j * fc * width, width, 0.0f, din + r0 * width, width);
+      LinearBackward(din + r0 * width, nullptr, nullptr, dh, nullptr, w.fc_w + j * fc * width, m,
+                     fc, width);
     }
     // dproj_w[n0:n1] += dout[:, n0:n1]ᵀ · act and dfc_w[n0:n1] += dhidden[:, n0:n1]ᵀ · in over
     // the expert's rows, biases alike: each gradient row is one task's.
