@@ -1,12 +1,15 @@
 #include "worker/checkpoint/reader.h"
 
+#include <omp.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
 
@@ -393,58 +396,128 @@ absl::StatusOr<RankState> LoadRankState(FileSystem& fs, const std::string& path,
   return state;
 }
 
+namespace {
+
+// A tensor LoadRankStateInto reads.
+struct Wanted {
+  int kind;
+  const ParamTensor* t;
+  bool whole;            // the rank holds all of it: its local elements are the global tensor's in
+                         // row-major order
+  StateSink::Target to;  // data == nullptr: through put
+};
+
+// Reads `w` through the sink's put (on the calling thread: put may copy to a device).
+absl::Status ReadThroughPut(CheckpointTensors& tensors, const ParameterLayout& layout,
+                            const Wanted& w, const StateSink& sink, std::vector<float>& global,
+                            std::vector<float>& local) {
+  const char* kind = kKinds[w.kind];
+  const ParamTensor& t = *w.t;
+  TY_RETURN_IF_ERROR(tensors.Verify(t.name, kind, t.global_shape));
+  if (w.whole) {
+    // From the mapped file when one record is all of it, else assembled.
+    TY_ASSIGN_OR_RETURN(const float* values, tensors.WholeRecord(t.name, kind, t.global_shape));
+    if (values == nullptr) {
+      TY_RETURN_IF_ERROR(tensors.Read(t.name, kind, t.global_shape, global));
+      values = global.data();
+    }
+    sink.put(w.kind, t, values);
+    return absl::OkStatus();
+  }
+  TY_RETURN_IF_ERROR(tensors.Read(t.name, kind, t.global_shape, global));
+  if (static_cast<int64_t>(local.size()) < t.numel) local.resize(t.numel);
+  layout.Slice(t, global.data(), local.data());
+  sink.put(w.kind, t, local.data());
+  return absl::OkStatus();
+}
+
+// Starts the disk on (the start of) `w` while the tensor before it is read.
+void PrefetchWanted(CheckpointTensors& tensors, const Wanted& w) {
+  if (w.to.data != nullptr) {
+    tensors.Prefetch(w.t->name, kKinds[w.kind], kReadAheadBytes, w.to.lo, w.to.hi);
+  } else {
+    tensors.Prefetch(w.t->name, kKinds[w.kind]);
+  }
+}
+
+// Reads the direct-read tensors `direct` (largest first) on the rank's threads, each thread with
+// its own reader taking the next unread one; the calling thread first reads `through` (put's),
+// then joins them. A direct tensor whose records are not runs of it (ReadRange's false) is left
+// in `fell_back` for the calling thread. The first error stops every thread.
+absl::Status ReadInParallel(FileSystem& fs, const std::string& path, const Manifest& manifest,
+                            const ParameterLayout& layout, const StateSink& sink,
+                            const std::vector<Wanted>& direct, const std::vector<Wanted>& through,
+                            std::vector<Wanted>& fell_back) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  absl::Status first_error;
+  auto fail = [&](absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_error.ok()) first_error = std::move(status);
+    failed = true;
+  };
+  std::vector<char> direct_fell_back(direct.size(), 0);
+  const int threads = static_cast<int>(
+      std::clamp<size_t>(omp_get_max_threads(), 1, std::max<size_t>(1, direct.size())));
+#pragma omp parallel num_threads(threads)
+  {
+    try {
+      CheckpointTensors tensors(fs, path, manifest);
+      if (omp_get_thread_num() == 0) {
+        std::vector<float> global, local;
+        for (size_t i = 0; i < through.size() && !failed; ++i) {
+          if (i + 1 < through.size()) PrefetchWanted(tensors, through[i + 1]);
+          if (absl::Status s = ReadThroughPut(tensors, layout, through[i], sink, global, local);
+              !s.ok()) {
+            fail(std::move(s));
+          }
+        }
+      }
+      for (size_t i = next++; i < direct.size() && !failed; i = next++) {
+        if (i + 1 < direct.size()) PrefetchWanted(tensors, direct[i + 1]);
+        const Wanted& w = direct[i];
+        absl::StatusOr<bool> read = tensors.ReadRange(w.t->name, kKinds[w.kind], w.t->global_shape,
+                                                      w.to.lo, w.to.hi, w.to.data);
+        if (!read.ok()) {
+          fail(read.status());
+        } else if (!*read) {
+          direct_fell_back[i] = 1;
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      fail(absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory reading it")));
+    }
+  }
+  for (size_t i = 0; i < direct.size(); ++i) {
+    if (direct_fell_back[i]) fell_back.push_back(direct[i]);
+  }
+  return first_error;
+}
+
+}  // namespace
+
 absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path, const Manifest& manifest,
                                const ParameterLayout& layout, const StateSink& sink) {
-  CheckpointTensors tensors(fs, path, manifest);
-  struct Wanted {
-    int kind;
-    const ParamTensor* t;
-    bool whole;            // the rank holds all of it: its local elements are the global
-                           // tensor's in row-major order
-    StateSink::Target to;  // data == nullptr: through put
-  };
-  std::vector<Wanted> wanted;
+  std::vector<Wanted> direct, through;
   for (int k = 0; k < 3; ++k) {
     for (const ParamTensor& t : layout.tensors()) {
       if (!sink.wants(k, t)) continue;
       // Read straight into place only a tensor the rank holds whole.
       const bool whole = t.numel == NumelOf(t.global_shape);
-      wanted.push_back(
-          {k, &t, whole, whole && sink.target ? sink.target(k, t) : StateSink::Target{}});
+      const Wanted w{k, &t, whole, whole && sink.target ? sink.target(k, t) : StateSink::Target{}};
+      (w.to.data != nullptr ? direct : through).push_back(w);
     }
   }
+  // Largest first, so that the threads end together.
+  std::stable_sort(direct.begin(), direct.end(),
+                   [](const Wanted& a, const Wanted& b) { return a.t->numel > b.t->numel; });
+  std::vector<Wanted> fell_back;
+  TY_RETURN_IF_ERROR(ReadInParallel(fs, path, manifest, layout, sink, direct, through, fell_back));
+  CheckpointTensors tensors(fs, path, manifest);
   std::vector<float> global, local;
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    const auto& [k, t, whole, to] = wanted[i];
-    if (i + 1 < wanted.size()) {  // the disk reads (the start of) the next one meanwhile
-      const Wanted& next = wanted[i + 1];
-      if (next.to.data != nullptr) {
-        tensors.Prefetch(next.t->name, kKinds[next.kind], kReadAheadBytes, next.to.lo, next.to.hi);
-      } else {
-        tensors.Prefetch(next.t->name, kKinds[next.kind]);
-      }
-    }
-    if (to.data != nullptr) {
-      TY_ASSIGN_OR_RETURN(const bool read, tensors.ReadRange(t->name, kKinds[k], t->global_shape,
-                                                             to.lo, to.hi, to.data));
-      if (read) continue;
-    }
-    TY_RETURN_IF_ERROR(tensors.Verify(t->name, kKinds[k], t->global_shape));
-    if (whole) {
-      // From the mapped file when one record is all of it, else assembled.
-      TY_ASSIGN_OR_RETURN(const float* values,
-                          tensors.WholeRecord(t->name, kKinds[k], t->global_shape));
-      if (values == nullptr) {
-        TY_RETURN_IF_ERROR(tensors.Read(t->name, kKinds[k], t->global_shape, global));
-        values = global.data();
-      }
-      sink.put(k, *t, values);
-      continue;
-    }
-    TY_RETURN_IF_ERROR(tensors.Read(t->name, kKinds[k], t->global_shape, global));
-    if (static_cast<int64_t>(local.size()) < t->numel) local.resize(t->numel);
-    layout.Slice(*t, global.data(), local.data());
-    sink.put(k, *t, local.data());
+  for (const Wanted& w : fell_back) {
+    TY_RETURN_IF_ERROR(ReadThroughPut(tensors, layout, w, sink, global, local));
   }
   return absl::OkStatus();
 }

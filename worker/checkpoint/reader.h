@@ -4,7 +4,8 @@
 // its manifest says, a mismatch, or a tensor the checkpoint does not cover completely is
 // DATA_LOSS naming the file, so the caller can fall back to an older checkpoint.
 //
-// Threading: plain functions.
+// Threading: plain functions; LoadRankStateInto reads on the calling thread's OpenMP threads
+// (omp_get_max_threads()) and calls its sink on the calling thread only.
 #ifndef TRAINYARD_WORKER_CHECKPOINT_READER_H_
 #define TRAINYARD_WORKER_CHECKPOINT_READER_H_
 
@@ -128,7 +129,9 @@ struct StateSink {
 };
 
 // LoadRankState without full-size buffers: one tensor at a time, each record verified by its
-// checksum before (put) or as (target) its values arrive. An error may leave some tensors
+// checksum before (put) or as (target) its values arrive. Tensors read straight into a target
+// are read on the calling thread's OpenMP threads at once (each thread one tensor at a time,
+// largest first); put runs on the calling thread, meanwhile. An error may leave some tensors
 // replaced and others not: the caller restores every one from elsewhere then.
 [[nodiscard]] absl::Status LoadRankStateInto(FileSystem& fs, const std::string& path,
                                              const Manifest& manifest,

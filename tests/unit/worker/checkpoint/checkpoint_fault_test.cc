@@ -5,6 +5,7 @@
 // exactly the loss of a run nothing happened to.
 #include <cctype>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,8 +54,10 @@ struct RunOutcome {
 };
 
 // Trains Job() on `fs` up to step `stop_after` (0: to the end).
-RunOutcome TrainOn(FileSystem& fs, int64_t stop_after = 0, config::JobSpec spec = Job()) {
-  auto backend = MakeCpuBackend(1);
+// `threads`: the rank's CPU threads (a restore reads its tensors on them).
+RunOutcome TrainOn(FileSystem& fs, int64_t stop_after = 0, config::JobSpec spec = Job(),
+                   int threads = 1) {
+  auto backend = MakeCpuBackend(threads);
   RunOutcome run;
   TrainOptions options;
   options.fs = &fs;
@@ -69,15 +72,17 @@ double FinalLoss(const RunOutcome& run) {
                                                               : -1.0;
 }
 
-// The loss a run nothing happened to ends with.
-double ReferenceLoss() {
-  static const double loss = [] {
+// The loss a run on `threads` threads that nothing happened to ends with.
+double ReferenceLoss(int threads = 1) {
+  static std::map<int, double> losses;  // by threads
+  auto it = losses.find(threads);
+  if (it == losses.end()) {
     FaultInjectionFileSystem fs({"/"});
     config::JobSpec spec = Job();
     spec.checkpoint = {};
-    return FinalLoss(TrainOn(fs, 0, spec));
-  }();
-  return loss;
+    it = losses.emplace(threads, FinalLoss(TrainOn(fs, 0, spec, threads))).first;
+  }
+  return it->second;
 }
 
 // Checkpoint directories under kDir without a manifest.
@@ -267,6 +272,32 @@ TEST(CheckpointFaultTest, DamageFoundPartWayThroughARestoreLeavesNoTrace) {
   ASSERT_TRUE(fresh.result.ok()) << fresh.result.status();
   EXPECT_EQ(fresh.result->first_step, 0);
   EXPECT_EQ(FinalLoss(fresh), ReferenceLoss());
+}
+
+// A rank of two threads reads its tensors on both: every tensor arrives (the run continues
+// exactly), and a damaged record read by either thread sends the restore to the checkpoint
+// before, with nothing of the damaged one left behind.
+TEST(CheckpointFaultTest, ARestoreOnTwoThreadsReadsEveryTensorAndFallsBackFromDamage) {
+  const double reference = ReferenceLoss(2);
+  FaultInjectionFileSystem fs({"/"});
+  ASSERT_TRUE(TrainOn(fs, 4, Job(), 2).result.ok());
+  RunOutcome resumed = TrainOn(fs, 0, Job(), 2);
+  ASSERT_TRUE(resumed.result.ok()) << resumed.result.status();
+  EXPECT_EQ(resumed.result->first_step, 4);
+  EXPECT_EQ(FinalLoss(resumed), reference);
+
+  for (int part : {5, 2, 1}) {  // the largest tensors are read first
+    FaultInjectionFileSystem damaged({"/"});
+    ASSERT_TRUE(TrainOn(damaged, 4, Job(), 2).result.ok());
+    const std::string shard = ShardOfNewest(damaged);
+    const uint64_t offset = *damaged.FileSize(shard) / part - 5;
+    SCOPED_TRACE(testing::Message() << "byte " << offset);
+    ASSERT_TRUE(damaged.CorruptByte(shard, offset).ok());
+    RunOutcome run = TrainOn(damaged, 0, Job(), 2);
+    ASSERT_TRUE(run.result.ok()) << run.result.status();
+    EXPECT_EQ(run.result->first_step, 2);
+    EXPECT_EQ(FinalLoss(run), reference);
+  }
 }
 
 TEST(CheckpointFaultTest, ATruncatedFileIsDetected) {
