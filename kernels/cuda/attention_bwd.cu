@@ -16,6 +16,8 @@
 // that recomputation but makes the result depend on the order the blocks run in; here every sum
 // has one fixed order, so a backward run twice gives bit-identical gradients. Likewise the key/
 // value gradients of a GQA group are summed over its query heads inside one block, in head order.
+// Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same passes with
+// scores in registers.
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -301,17 +303,33 @@ struct BackwardOperands {
 };
 
 template <typename T, int D>
+absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& x,
+                                const AttentionBlockDims& dims, bool add);
+
+template <typename T, int D>
 absl::Status LaunchBackward(cudaStream_t stream, const BackwardOperands<T>& x,
                             const AttentionBlockDims& dims, bool add) {
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
   const dim3 threads(kThreads);
-
   const int64_t rows = dims.b * dims.q_len * dims.heads;
   RowDotKernel<T><<<BlocksFor(rows, kWarps), threads, 0, stream>>>(x.delta, x.dout, x.out,
                                                                    dims.q_len, geo.heads, D, rows);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("RowDotKernel");
+  if constexpr (std::is_same_v<T, bf16>) {
+    return LaunchMmaBackward(stream, {x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse, x.delta},
+                             dims, add);
+  } else {
+    return LaunchTileBackward<T, D>(stream, x, dims, add);
+  }
+}
 
+// The fp32 passes 2 and 3.
+template <typename T, int D>
+absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& x,
+                                const AttentionBlockDims& dims, bool add) {
+  const BlockGeometry geo = GeometryOf(dims);
+  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  const dim3 threads(kThreads);
   constexpr int kQueries = KvQueries<T, D>();
   constexpr int kKvBytes = KvSmem<T, D, kQueries>::kBytes;
   static_assert(kKvBytes <= kMaxSmemBytes, "dK/dV tiles do not fit in shared memory");

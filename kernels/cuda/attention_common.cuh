@@ -1,7 +1,7 @@
-// Private to the flash-attention kernels (attention_fwd.cu, attention_bwd.cu): the warp-level
-// 16×16 tile product both storage types share (tensor cores for bf16, CUDA-core FMAs for fp32),
-// copies between global memory and padded shared tiles, the geometry of an attention block, and
-// the launchers' argument checks.
+// Private to the flash-attention kernels (attention_fwd.cu and attention_bwd.cu for fp32 storage,
+// attention_fwd_mma.cu and attention_bwd_mma.cu for bf16): the fp32 path's warp-level 16×16 tile
+// product, copies between global memory and padded shared tiles, the geometry of an attention
+// block, and the launchers' argument checks.
 //
 // Every kernel runs kWarps warps; a block owns kRows = 16·kWarps rows of one (batch, head) —
 // query rows in the forward and in the dQ pass, key rows in the dK/dV pass — and warp w owns
@@ -12,7 +12,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace trainyard::kernels::cuda::attention_internal {
 
@@ -40,8 +40,8 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 __host__ __device__ constexpr int AlignUp(int bytes) { return (bytes + 127) / 128 * 128; }
 
 // Leading dimension, in elements, of a shared tile with `cols` columns of U. Rows are padded by
-// 16 bytes: every fragment starting at a multiple of 16 rows and columns stays 32-byte aligned
-// (what WMMA requires), 16-byte vector accesses stay aligned, and rows start in different banks.
+// 16 bytes: every row stays 16-byte aligned (cp.async, ldmatrix and vector accesses need it), and
+// the eight rows an ldmatrix matrix reads start in different banks.
 template <typename U>
 __host__ __device__ constexpr int Ld(int cols) {
   return cols + 16 / static_cast<int>(sizeof(U));
@@ -52,8 +52,8 @@ __host__ __device__ constexpr int TileBytes(int rows, int cols) {
   return AlignUp(rows * Ld<U>(cols) * static_cast<int>(sizeof(U)));
 }
 
-// In the fp32 kernels the probabilities (and dS) overwrite the fp32 scores they come from; the
-// bf16 kernels need them as bf16 operands in a tile of their own.
+// In the fp32 kernels the probabilities (and dS) overwrite the fp32 scores they come from (the
+// tile kernels are written for any T; only fp32 storage instantiates them).
 template <typename T>
 inline constexpr bool kInPlaceProbs = std::is_same_v<T, float>;
 
@@ -66,52 +66,6 @@ inline constexpr bool kInPlaceProbs = std::is_same_v<T, float>;
 // (callers find out by loading a tile of row indices, see RowsOfAcc).
 template <typename T>
 struct TileMma;
-
-template <>
-struct TileMma<bf16> {
-  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-  using ARow =
-      nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, bf16, nvcuda::wmma::row_major>;
-  using BRow =
-      nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, bf16, nvcuda::wmma::row_major>;
-  using BCol =
-      nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, bf16, nvcuda::wmma::col_major>;
-
-  static __device__ __forceinline__ void Zero(Acc& c) { nvcuda::wmma::fill_fragment(c, 0.0f); }
-
-  template <int K>
-  static __device__ __forceinline__ void MulAddABt(Acc& c, const bf16* a, int lda, const bf16* b,
-                                                   int ldb) {
-#pragma unroll
-    for (int k = 0; k < K; k += 16) {
-      ARow fa;
-      BCol fb;  // Bᵀ read column-major: element (k, n) of Bᵀ is b[n·ldb + k]
-      nvcuda::wmma::load_matrix_sync(fa, a + k, lda);
-      nvcuda::wmma::load_matrix_sync(fb, b + k, ldb);
-      nvcuda::wmma::mma_sync(c, fa, fb, c);
-    }
-  }
-
-  template <int K>
-  static __device__ __forceinline__ void MulAddAB(Acc& c, const bf16* a, int lda, const bf16* b,
-                                                  int ldb) {
-#pragma unroll
-    for (int k = 0; k < K; k += 16) {
-      ARow fa;
-      BRow fb;
-      nvcuda::wmma::load_matrix_sync(fa, a + k, lda);
-      nvcuda::wmma::load_matrix_sync(fb, b + k * ldb, ldb);
-      nvcuda::wmma::mma_sync(c, fa, fb, c);
-    }
-  }
-
-  static __device__ __forceinline__ void Store(float* p, int ld, const Acc& c) {
-    nvcuda::wmma::store_matrix_sync(p, c, ld, nvcuda::wmma::mem_row_major);
-  }
-  static __device__ __forceinline__ void Load(Acc& c, const float* p, int ld) {
-    nvcuda::wmma::load_matrix_sync(c, p, ld, nvcuda::wmma::mem_row_major);
-  }
-};
 
 // fp32 on CUDA cores: lane l holds rows 2·(l/4) + {0, 1} and columns 4·(l%4) + {0..3} of the
 // tile (x[4i + j] is (row0 + i, col0 + j)), and reads its operands straight from shared memory
@@ -237,6 +191,22 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t stride, 
   }
 }
 
+// Starts copying rows [row0, row0 + kTileRows) of a global matrix (D bf16 per row, rows
+// `stride` elements apart) into a shared tile with leading dimension Ld<bf16>(D); rows at or past
+// `limit` become zeros (a masked probability of 0 times a zero row is 0). Block-collective; the
+// copies land at the next CpAsyncWait that covers the caller's next commit.
+template <int kTileRows, int D>
+__device__ __forceinline__ void LoadTileAsync(bf16* tile, const bf16* src, int64_t stride,
+                                              int64_t row0, int64_t limit) {
+  constexpr int kChunks = D / 8;
+  constexpr int kLd = Ld<bf16>(D);
+  for (int i = threadIdx.x; i < kTileRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks * 8;
+    const bool inside = row0 + r < limit;
+    warp::CpAsync16(tile + r * kLd + c, inside ? src + (row0 + r) * stride + c : src, inside);
+  }
+}
+
 // dst[r] = src[row0 + r] · mul for the rows below `limit`, 0 past it. Block-collective.
 template <int kTileRows>
 __device__ __forceinline__ void LoadRowValues(float* dst, const float* src, int64_t row0,
@@ -246,37 +216,23 @@ __device__ __forceinline__ void LoadRowValues(float* dst, const float* src, int6
   }
 }
 
-// Eight consecutive fp32 values to a 16-byte aligned destination of type T.
+// Eight consecutive fp32 values to a 16-byte aligned destination.
 __device__ __forceinline__ void Store8(float* dst, const float* src) {
   *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
   *reinterpret_cast<float4*>(dst + 4) = make_float4(src[4], src[5], src[6], src[7]);
 }
+// Two values rounded to bf16, `lo` in the low half: an mma fragment register's order.
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
          static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
 }
-__device__ __forceinline__ void Store8(bf16* dst, const float* src) {
-  *reinterpret_cast<uint4*>(dst) =
-      make_uint4(PackBf16x2(src[0], src[1]), PackBf16x2(src[2], src[3]), PackBf16x2(src[4], src[5]),
-                 PackBf16x2(src[6], src[7]));
-}
 
-// Eight consecutive values of a 16-byte aligned source of type T, as fp32.
+// Eight consecutive fp32 values of a 16-byte aligned source.
 __device__ __forceinline__ void Load8(float* dst, const float* src) {
   const float4 a = *reinterpret_cast<const float4*>(src);
   const float4 b = *reinterpret_cast<const float4*>(src + 4);
   dst[0] = a.x, dst[1] = a.y, dst[2] = a.z, dst[3] = a.w;
   dst[4] = b.x, dst[5] = b.y, dst[6] = b.z, dst[7] = b.w;
-}
-__device__ __forceinline__ void Load8(float* dst, const bf16* src) {
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    dst[2 * i] = __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(words[i])));
-    dst[2 * i + 1] =
-        __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(words[i] >> 16)));
-  }
 }
 
 // Writes a warp's 16×16 accumulator to rows [row0, row0 + 16) of a global matrix (columns from
@@ -397,6 +353,21 @@ inline absl::Status CheckBlockDims(const AttentionBlockDims& dims, DType dtype) 
 }
 
 inline float SoftmaxScale(int64_t d) { return 1.0f / std::sqrt(static_cast<float>(d)); }
+
+// The bf16 forward and backward of an attention block with scores in registers
+// (attention_fwd_mma.cu, attention_bwd_mma.cu); the caller has checked the block's dims and
+// tensors (and, for the backward, computed delta = rowsum(dO ∘ O) per query row). The fp32 ones
+// are attention_fwd.cu's and attention_bwd.cu's.
+[[nodiscard]] absl::Status LaunchMmaForward(cudaStream_t stream, void* out, float* lse,
+                                            const void* q, const void* k, const void* v,
+                                            const AttentionBlockDims& dims);
+struct MmaBackwardOperands {
+  bf16 *dq, *dk, *dv;
+  const bf16 *dout, *q, *k, *v;
+  const float *lse, *delta;
+};
+[[nodiscard]] absl::Status LaunchMmaBackward(cudaStream_t stream, const MmaBackwardOperands& x,
+                                             const AttentionBlockDims& dims, bool add);
 
 }  // namespace trainyard::kernels::cuda::attention_internal
 

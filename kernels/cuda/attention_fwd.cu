@@ -4,7 +4,9 @@
 // and walks the key/value tiles from the first up to the last that one of its rows sees (in a
 // causal block, tiles wholly above the diagonal are never loaded). Each warp keeps its 16 output
 // rows in fp32 accumulators and rescales them whenever the running row maximum grows (online
-// softmax), so scores exist only one tile at a time, in shared memory.
+// softmax), so scores exist only one tile at a time, in shared memory. This kernel runs fp32
+// storage (the device's precise reference); bf16 runs attention_fwd_mma.cu's, whose scores never
+// leave registers.
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -226,7 +228,7 @@ absl::Status AttentionBlockForward(cudaStream_t stream, DType dtype, void* out, 
   TY_RETURN_IF_ERROR(ai::CheckBlockDims(dims, dtype));
   TY_REQUIRE(out != nullptr && lse != nullptr && q != nullptr && k != nullptr && v != nullptr);
   TY_REQUIRE(ai::Aligned16(out) && ai::Aligned16(q) && ai::Aligned16(k) && ai::Aligned16(v));
-  if (dtype == DType::kBF16) return ai::ForwardForHeadDim<bf16>(stream, out, lse, q, k, v, dims);
+  if (dtype == DType::kBF16) return ai::LaunchMmaForward(stream, out, lse, q, k, v, dims);
   return ai::ForwardForHeadDim<float>(stream, out, lse, q, k, v, dims);
 }
 

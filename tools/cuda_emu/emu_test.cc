@@ -2,9 +2,11 @@
 // does, launch errors reach cudaGetLastError, and impossible synchronisation aborts.
 #include "tools/cuda_emu/emu.h"
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tools/cuda_emu/warp_mma.h"
 
 namespace trainyard::emu {
 namespace {
@@ -95,6 +97,68 @@ TEST(CudaEmu, DeviceAttributesMatchProperties) {
             cudaErrorInvalidDevice);
   EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrL2CacheSize, 0), cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
+// A (16×16) and B (16×8) of small integers (exact in bf16) in shared memory, loaded into
+// fragments as the attention kernels load them (A with ldmatrix, B as rows of Bᵀ with ldmatrix
+// and as rows of B with its transposed form) and multiplied with mma.sync. `frags` gets each
+// lane's four A registers; `products` the two products as each lane's four accumulators.
+void MmaKernel(uint32_t* frags, float* products) {
+  static __nv_bfloat16 a[16 * 24], bt[8 * 24], b[16 * 24];  // rows padded to 48 bytes
+  const int lane = threadIdx.x;
+  for (int i = lane; i < 256; i += 32) {
+    const int r = i / 16, c = i % 16;
+    a[r * 24 + c] = __float2bfloat16(static_cast<float>(r * 16 + c));
+    if (c < 8) {
+      b[r * 24 + c] = __float2bfloat16(static_cast<float>((r + 2 * c) % 7 - 3));
+      bt[c * 24 + r] = b[r * 24 + c];
+    }
+  }
+  __syncthreads();
+  using namespace ::trainyard::kernels::cuda::warp;  // NOLINT(build/namespaces)
+  uint32_t af[4], b_from_t[4], b_from_b[4];
+  LdMatrixX4(af, a + (lane % 16) * 24 + lane / 16 * 8);
+  // Matrices 0 and 1: keys 0-7 × k 0-7 and k 8-15 (matrices 2 and 3 repeat them).
+  LdMatrixX4(b_from_t, bt + (lane % 8) * 24 + (lane / 8) % 2 * 8);
+  LdMatrixX4Trans(b_from_b, b + ((lane / 8) % 2 * 8 + lane % 8) * 24);
+  float d1[4] = {0, 0, 0, 0}, d2[4] = {1, 1, 1, 1};
+  MmaBf16(d1, af, b_from_t[0], b_from_t[1]);
+  MmaBf16(d2, af, b_from_b[0], b_from_b[1]);
+  for (int i = 0; i < 4; ++i) {
+    frags[lane * 4 + i] = af[i];
+    products[lane * 8 + i] = d1[i];
+    products[lane * 8 + 4 + i] = d2[i];
+  }
+}
+
+// The fragment layouts of the PTX ISA's mma.m16n8k16 and what ldmatrix gives each lane.
+TEST(CudaEmu, WarpMmaFragmentsFollowThePtxLayout) {
+  std::vector<uint32_t> frags(32 * 4);
+  std::vector<float> products(32 * 8);
+  Launch(dim3(1), dim3(32), 0, nullptr, MmaKernel, frags.data(), products.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  auto bf16_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u >> 16;
+  };
+  auto b = [](int k, int n) { return static_cast<float>((k + 2 * n) % 7 - 3); };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int reg = 0; reg < 4; ++reg) {  // a[reg] = A(g + 8·(reg % 2), 2t + 8·(reg / 2) + {0, 1})
+      const int r = g + 8 * (reg % 2), c = 2 * t + 8 * (reg / 2);
+      const uint32_t want = bf16_bits(static_cast<float>(r * 16 + c)) |
+                            bf16_bits(static_cast<float>(r * 16 + c + 1)) << 16;
+      EXPECT_EQ(frags[lane * 4 + reg], want) << "lane " << lane << " a[" << reg << "]";
+    }
+    for (int e = 0; e < 4; ++e) {  // d[e] = D(g + 8·(e / 2), 2t + e % 2)
+      const int r = g + 8 * (e / 2), n = 2 * t + e % 2;
+      float want = 0;
+      for (int k = 0; k < 16; ++k) want += static_cast<float>(r * 16 + k) * b(k, n);
+      EXPECT_EQ(products[lane * 8 + e], want) << "lane " << lane << " d[" << e << "]";
+      EXPECT_EQ(products[lane * 8 + 4 + e], want + 1) << "lane " << lane << " d[" << e << "]";
+    }
+  }
 }
 
 void DivergentBarrierKernel() {

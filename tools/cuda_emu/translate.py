@@ -4,7 +4,7 @@
 Not a CUDA front end: it rewrites exactly the constructs the project's kernels use, namely
 kernel<<<grid, block[, smem[, stream]]>>>(args) launches, the execution-space and launch-bound
 qualifiers, __shared__ and extern __shared__ declarations, #pragma unroll, and the device-only
-includes. Line numbers are kept and a #line directive names the original file, so compiler
+includes (kernels/cuda/warp_mma.cuh's inline PTX becomes warp_mma.h's emulation). Line numbers are kept and a #line directive names the original file, so compiler
 errors and debuggers point into the .cu source.
 
 usage: translate.py INPUT OUTPUT [NAME_FOR_#line]
@@ -15,8 +15,8 @@ import sys
 
 INCLUDES = {
     "<cuda_runtime.h>": '"tools/cuda_emu/emu.h"',
-    "<mma.h>": '"tools/cuda_emu/wmma.h"',
     "<cub/cub.cuh>": '"tools/cuda_emu/cub.h"',
+    '"kernels/cuda/warp_mma.cuh"': '"tools/cuda_emu/warp_mma.h"',
 }
 
 OPEN, CLOSE = "([{", ")]}"

@@ -1,0 +1,337 @@
+// The bf16 flash-attention backward on sm_80+ tensor cores: attention_bwd.cu's two deterministic
+// passes (dK/dV per key tile, dQ per query tile, every sum in one fixed order), with each warp's
+// scores, probabilities, their gradients and its accumulators in registers (mma.sync m16n8k16,
+// ldmatrix operands from shared memory, warp_mma.cuh) instead of round trips through shared
+// memory, and the next query (or key) tile arriving by cp.async while the current one is used.
+//
+//   KvKernel: a block owns kRows keys of one (batch, kv head); warp w owns keys [16w, 16w + 16)
+//     and, per tile of queries of each query head of the group, computes Sᵀ = K·Qᵀ and
+//     dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale, then dV += Pᵀ·dO and
+//     dK += dSᵀ·Q, Pᵀ and dSᵀ going from accumulators straight into A fragments.
+//   DqKernel: a block owns kRows queries of one (batch, head); per key tile, S = Q·Kᵀ, dP = dO·Vᵀ,
+//     dS as above, dQ += dS·K.
+// Gradients are written once at the end from the accumulators (with `add`, added in fp32 to the
+// values there and rounded once).
+#include "kernels/cuda/attention_block.h"
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/warp_mma.cuh"
+
+namespace trainyard::kernels::cuda {
+namespace attention_internal {
+namespace {
+
+// Inner tile (queries of the dK/dV pass, keys of the dQ pass): 64, or 32 at head dim 128 so that
+// two buffers of it fit beside the block's own rows.
+template <int D>
+inline constexpr int kInner = D == 128 ? 32 : 64;
+
+// Shared memory of both kernels: the block's own two tiles of kRows rows (keys and values, or
+// queries and output gradients), then two buffers of each of the two inner tiles, then two
+// buffers of the inner tile's lse and delta (dK/dV pass only).
+template <int D>
+struct MmaBackwardSmem {
+  static constexpr int kOwn = TileBytes<bf16>(kRows, D);
+  static constexpr int kTile = TileBytes<bf16>(kInner<D>, D);
+  static constexpr int kRows0 = 0, kRows1 = kOwn;
+  static constexpr int kInner0 = 2 * kOwn;  // two buffers
+  static constexpr int kInner1 = kInner0 + 2 * kTile;
+  static constexpr int kLse = kInner1 + 2 * kTile;  // two buffers of kInner fp32
+  static constexpr int kDelta = kLse + 2 * AlignUp(kInner<D> * 4);
+  static constexpr int kBytes = kDelta + 2 * AlignUp(kInner<D> * 4);
+};
+
+// c[n] (16 rows × kCols as kCols/8 accumulators) = A·Bᵀ for A the warp's 16 rows of `a` and B
+// the kCols rows of `b` (both shared tiles with D columns, leading dimension Ld<bf16>(D)).
+template <int D, int kCols>
+__device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const bf16* a,
+                                           const bf16* b, int lane) {
+  constexpr int kLd = Ld<bf16>(D);
+#pragma unroll
+  for (int n = 0; n < kCols / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t af[4];
+    warp::LdMatrixX4(af, a + (lane % 16) * kLd + ks * 16 + lane / 16 * 8);
+#pragma unroll
+    for (int np = 0; np < kCols / 16; ++np) {
+      uint32_t bf[4];
+      warp::LdMatrixX4(bf, b + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 +
+                               (lane / 8) % 2 * 8);
+      warp::MmaBf16(c[2 * np], af, bf[0], bf[1]);
+      warp::MmaBf16(c[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16 rows × D) += P·B for P the warp's 16 × kK values in accumulator layout (rounded to
+// bf16 as A fragments) and B the kK rows of shared tile `b` (D columns).
+template <int D, int kK>
+__device__ __forceinline__ void AddProductAB(float (&acc)[D / 8][4], const float (&p)[kK / 8][4],
+                                             const bf16* b, int lane) {
+  constexpr int kLd = Ld<bf16>(D);
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    const uint32_t a[4] = {PackBf16x2(p[2 * ks][0], p[2 * ks][1]),
+                           PackBf16x2(p[2 * ks][2], p[2 * ks][3]),
+                           PackBf16x2(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                           PackBf16x2(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t bf[4];
+      warp::LdMatrixX4Trans(bf, b + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd + dn * 16 +
+                                    lane / 16 * 8);
+      warp::MmaBf16(acc[2 * dn], a, bf[0], bf[1]);
+      warp::MmaBf16(acc[2 * dn + 1], a, bf[2], bf[3]);
+    }
+  }
+}
+
+// Writes (or with `add`, adds in fp32 to) rows `row0` + quad and + 8 of a gradient (D columns
+// from `dst`, rows `stride` apart) from a warp's accumulators, skipping rows at or past `limit`.
+template <int D>
+__device__ __forceinline__ void StoreRows(bf16* dst, int64_t stride, int64_t row0, int64_t limit,
+                                          const float (&acc)[D / 8][4], bool add, int lane) {
+  const int quad = lane / 4, pair = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t row = row0 + quad + 8 * hh;
+    if (row >= limit) continue;
+    bf16* p = dst + row * stride + 2 * pair;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float lo = acc[n][2 * hh], hi = acc[n][2 * hh + 1];
+      uint32_t* word = reinterpret_cast<uint32_t*>(p + n * 8);
+      if (add) {
+        const uint32_t old = *word;
+        lo += __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(old)));
+        hi += __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(old >> 16)));
+      }
+      *word = PackBf16x2(lo, hi);
+    }
+  }
+}
+
+// Grid: (key tiles, kv heads, batch). See the file comment; lse in natural log, delta = rowsum(dO
+// ∘ O), both [b, heads, q_len].
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    MmaKvKernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                const float* lse, const float* delta, BlockGeometry geo, bool add, float scale,
+                float scale_log2) {
+  using Smem = MmaBackwardSmem<D>;
+  constexpr int kQ = kInner<D>;
+  constexpr int kLd = Ld<bf16>(D);
+  constexpr int kTileElems = Smem::kTile / static_cast<int>(sizeof(bf16));
+  constexpr int kRowVals = AlignUp(kQ * 4) / 4;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* k_tile = reinterpret_cast<bf16*>(smem + Smem::kRows0);
+  bf16* v_tile = reinterpret_cast<bf16*>(smem + Smem::kRows1);
+  bf16* q_tiles = reinterpret_cast<bf16*>(smem + Smem::kInner0);
+  bf16* do_tiles = reinterpret_cast<bf16*>(smem + Smem::kInner1);
+  float* lse_tiles = reinterpret_cast<float*>(smem + Smem::kLse);
+  float* delta_tiles = reinterpret_cast<float*>(smem + Smem::kDelta);
+
+  // Low key tiles of a causal block see the most queries and come first in the grid.
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int g = blockIdx.y, bi = blockIdx.z, group = geo.heads / geo.kv_heads;
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
+  const bf16* q_base = q + bi * geo.q_len * geo.q_stride;
+  const bf16* dout_base = dout + bi * geo.q_len * out_stride;
+  // In a causal block no query before the block's first key sees it.
+  const int64_t first_query = geo.causal ? j0 / kQ * kQ : 0;
+  const int per_head = static_cast<int>((geo.q_len - first_query + kQ - 1) / kQ);
+  const int tiles = per_head * group;
+  // Tile `it`: query head g·group + it / per_head, queries from first_query + kQ·(it % per_head).
+  auto load = [&](int it) {
+    const int h = g * group + it / per_head, buffer = it % 2;
+    const int64_t i0 = first_query + static_cast<int64_t>(it % per_head) * kQ;
+    LoadTileAsync<kQ, D>(q_tiles + buffer * kTileElems, q_base + static_cast<int64_t>(h) * D,
+                         geo.q_stride, i0, geo.q_len);
+    LoadTileAsync<kQ, D>(do_tiles + buffer * kTileElems, dout_base + static_cast<int64_t>(h) * D,
+                         out_stride, i0, geo.q_len);
+    const int64_t head_row = (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
+    LoadRowValues<kQ>(lse_tiles + buffer * kRowVals, lse + head_row, i0, geo.q_len, kLog2e);
+    LoadRowValues<kQ>(delta_tiles + buffer * kRowVals, delta + head_row, i0, geo.q_len, 1.0f);
+  };
+  LoadTileAsync<kRows, D>(k_tile, k + kv_offset, geo.kv_stride, j0, geo.kv_len);
+  LoadTileAsync<kRows, D>(v_tile, v + kv_offset, geo.kv_stride, j0, geo.kv_len);
+  load(0);
+  warp::CpAsyncCommit();
+
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
+  const int64_t first_key = j0 + warp_id * 16;
+  const int64_t key[2] = {first_key + quad, first_key + quad + 8};
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  }
+
+  for (int it = 0; it < tiles; ++it) {
+    warp::CpAsyncWait<0>();
+    __syncthreads();  // tile `it` (and its lse and delta) has landed; tile it - 1 is done with
+    if (it + 1 < tiles) load(it + 1);
+    warp::CpAsyncCommit();
+    const int64_t i0 = first_query + static_cast<int64_t>(it % per_head) * kQ;
+    // Nothing to do for keys past the end, or queries that all come before the warp's keys.
+    if (first_key >= geo.kv_len || (geo.causal && i0 + kQ <= first_key)) continue;
+    const int buffer = it % 2;
+    const bf16* q_tile = q_tiles + buffer * kTileElems;
+    const bf16* do_tile = do_tiles + buffer * kTileElems;
+    const float* lse_tile = lse_tiles + buffer * kRowVals;
+    const float* delta_tile = delta_tiles + buffer * kRowVals;
+
+    float s[kQ / 8][4], dp[kQ / 8][4];
+    ProductABt<D, kQ>(s, k_tile + warp_id * 16 * kLd, q_tile, lane);
+    ProductABt<D, kQ>(dp, v_tile + warp_id * 16 * kLd, do_tile, lane);
+#pragma unroll
+    for (int n = 0; n < kQ / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
+        const float p = key[e / 2] < VisibleKeys(geo, i0 + c)
+                            ? exp2f(s[n][e] * scale_log2 - lse_tile[c])
+                            : 0.0f;
+        s[n][e] = p;
+        dp[n][e] = p * (dp[n][e] - delta_tile[c]) * scale;
+      }
+    }
+    AddProductAB<D, kQ>(dv_acc, s, do_tile, lane);
+    AddProductAB<D, kQ>(dk_acc, dp, q_tile, lane);
+  }
+  StoreRows<D>(dk + kv_offset, geo.kv_stride, first_key, geo.kv_len, dk_acc, add, lane);
+  StoreRows<D>(dv + kv_offset, geo.kv_stride, first_key, geo.kv_len, dv_acc, add, lane);
+}
+
+// Grid: (query tiles, heads, batch). dQ_i = Σ_j dS_ij · k_j over the keys query i sees.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    MmaDqKernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                const float* lse, const float* delta, BlockGeometry geo, bool add, float scale,
+                float scale_log2) {
+  using Smem = MmaBackwardSmem<D>;
+  constexpr int kK = kInner<D>;
+  constexpr int kLd = Ld<bf16>(D);
+  constexpr int kTileElems = Smem::kTile / static_cast<int>(sizeof(bf16));
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_tile = reinterpret_cast<bf16*>(smem + Smem::kRows0);
+  bf16* do_tile = reinterpret_cast<bf16*>(smem + Smem::kRows1);
+  bf16* k_tiles = reinterpret_cast<bf16*>(smem + Smem::kInner0);
+  bf16* v_tiles = reinterpret_cast<bf16*>(smem + Smem::kInner1);
+
+  // The last query tiles of a causal block see the most keys; launching them first shortens the
+  // grid's tail.
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const int h = blockIdx.y, bi = blockIdx.z, g = h / (geo.heads / geo.kv_heads);
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  const int64_t q_offset = bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D;
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
+  const bf16* k_src = k + kv_offset;
+  const bf16* v_src = v + kv_offset;
+  const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
+  const int tiles = static_cast<int>((keys + kK - 1) / kK);
+  LoadTileAsync<kRows, D>(q_tile, q + q_offset, geo.q_stride, i0, geo.q_len);
+  const bf16* dout_rows = dout + bi * geo.q_len * out_stride + static_cast<int64_t>(h) * D;
+  LoadTileAsync<kRows, D>(do_tile, dout_rows, out_stride, i0, geo.q_len);
+  LoadTileAsync<kK, D>(k_tiles, k_src, geo.kv_stride, 0, geo.kv_len);
+  LoadTileAsync<kK, D>(v_tiles, v_src, geo.kv_stride, 0, geo.kv_len);
+  warp::CpAsyncCommit();
+
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
+  const int64_t first = i0 + warp_id * 16;
+  const int64_t row[2] = {first + quad, first + quad + 8};
+  const int64_t visible[2] = {VisibleKeys(geo, row[0]), VisibleKeys(geo, row[1])};
+  const int64_t warp_last = first + 15 < geo.q_len ? first + 15 : geo.q_len - 1;
+  const int64_t warp_keys = first >= geo.q_len ? 0 : VisibleKeys(geo, warp_last);
+  const int64_t head_row = (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const bool inside = row[hh] < geo.q_len;
+    row_lse[hh] = inside ? lse[head_row + row[hh]] * kLog2e : 0.0f;
+    row_delta[hh] = inside ? delta[head_row + row[hh]] : 0.0f;
+  }
+  float dq_acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
+  }
+
+  for (int it = 0; it < tiles; ++it) {
+    warp::CpAsyncWait<0>();
+    __syncthreads();  // tile `it` has landed everywhere; every warp is done with tile it - 1
+    if (it + 1 < tiles) {
+      const int64_t next = static_cast<int64_t>(it + 1) * kK;
+      const int buffer = (it + 1) % 2;
+      LoadTileAsync<kK, D>(k_tiles + buffer * kTileElems, k_src, geo.kv_stride, next, geo.kv_len);
+      LoadTileAsync<kK, D>(v_tiles + buffer * kTileElems, v_src, geo.kv_stride, next, geo.kv_len);
+    }
+    warp::CpAsyncCommit();
+    const int64_t j0 = static_cast<int64_t>(it) * kK;
+    if (j0 >= warp_keys) continue;  // none of the warp's rows sees a key of this tile
+    const bf16* k_tile = k_tiles + (it % 2) * kTileElems;
+    const bf16* v_tile = v_tiles + (it % 2) * kTileElems;
+
+    float s[kK / 8][4], dp[kK / 8][4];
+    ProductABt<D, kK>(s, q_tile + warp_id * 16 * kLd, k_tile, lane);
+    ProductABt<D, kK>(dp, do_tile + warp_id * 16 * kLd, v_tile, lane);
+#pragma unroll
+    for (int n = 0; n < kK / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
+        const int hh = e / 2;
+        const float p = j < visible[hh] ? exp2f(s[n][e] * scale_log2 - row_lse[hh]) : 0.0f;
+        dp[n][e] = p * (dp[n][e] - row_delta[hh]) * scale;
+      }
+    }
+    AddProductAB<D, kK>(dq_acc, dp, k_tile, lane);
+  }
+  StoreRows<D>(dq + q_offset, geo.q_stride, first, geo.q_len, dq_acc, add, lane);
+}
+
+template <int D>
+absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
+                       const AttentionBlockDims& dims, bool add) {
+  const BlockGeometry geo = GeometryOf(dims);
+  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  constexpr int kBytes = MmaBackwardSmem<D>::kBytes;
+  static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
+
+  TY_RETURN_IF_ERROR(AllowSharedMemory(MmaKvKernel<D>, kBytes));
+  const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
+                     static_cast<unsigned>(dims.b));
+  MmaKvKernel<D><<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse,
+                                                        x.delta, geo, add, scale, scale_log2);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
+
+  TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));
+  const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),
+                     static_cast<unsigned>(dims.b));
+  MmaDqKernel<D><<<dq_grid, kThreads, kBytes, stream>>>(x.dq, x.dout, x.q, x.k, x.v, x.lse,
+                                                        x.delta, geo, add, scale, scale_log2);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaDqKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchMmaBackward(cudaStream_t stream, const MmaBackwardOperands& x,
+                               const AttentionBlockDims& dims, bool add) {
+  switch (dims.d) {
+    case 16:
+      return LaunchFor<16>(stream, x, dims, add);
+    case 32:
+      return LaunchFor<32>(stream, x, dims, add);
+    case 64:
+      return LaunchFor<64>(stream, x, dims, add);
+    case 128:
+      return LaunchFor<128>(stream, x, dims, add);
+  }
+  return CheckBlockDims(dims, DType::kBF16);  // names the unsupported head dim
+}
+
+}  // namespace attention_internal
+}  // namespace trainyard::kernels::cuda

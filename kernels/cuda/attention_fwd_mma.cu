@@ -1,0 +1,252 @@
+// The bf16 flash-attention forward on sm_80+ tensor cores, as FlashAttention-2 computes it: a
+// block of kWarps warps owns kRows query rows of one (batch, head); each warp keeps its 16 rows'
+// query fragments, scores, probabilities and output accumulators in registers (mma.sync
+// m16n8k16 with ldmatrix operands, warp_mma.cuh) and runs the online softmax there, so shared
+// memory holds only the query tile and two key/value tiles, the next one arriving (cp.async)
+// while the current one is used. Key tiles wholly above a causal block's diagonal are never
+// loaded, and a warp skips the tiles past its own rows' last visible key. Grouped-query heads
+// read their key/value head in place.
+//
+// Per 64-key tile a warp runs D/16 · 8 + 4 · D/8 mma.sync (S = Q·Kᵀ, then O += P·V) and loads
+// K and V with 2 · D/16 · 4 ldmatrix; the block moves 2 · 64 · D · 2 bytes from global memory.
+#include "kernels/cuda/attention_block.h"
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/warp_mma.cuh"
+
+namespace trainyard::kernels::cuda {
+namespace attention_internal {
+namespace {
+
+inline constexpr int kTileKeys = 64;  // keys per key/value tile
+
+// Byte offsets into the kernel's dynamic shared memory: the query tile, then two buffers each of
+// keys and values (tile `it` in buffer it % 2).
+template <int D>
+struct MmaForwardSmem {
+  static constexpr int kTile = TileBytes<bf16>(kTileKeys, D);
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + TileBytes<bf16>(kRows, D);
+  static constexpr int kV = kK + 2 * kTile;
+  static constexpr int kBytes = kV + 2 * kTile;
+};
+
+// One warp's online softmax over a tile's scores s (16 rows × 64 keys as eight 16×8
+// accumulators; this lane holds rows `quad` and `quad` + 8): scales them to log2 units, masks the
+// keys a row does not see (`masked` tiles only: keys at or past visible[row]), turns them into
+// probabilities against the new running maxima m, and adds this lane's share of each row's sum
+// to l. Returns the factors by which the rows' output so far must be scaled.
+__device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int64_t j0, int pair,
+                                              bool masked, const int64_t (&visible)[2],
+                                              float scale_log2, float (&m)[2], float (&l)[2]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kTileKeys / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
+      float x = s[n][e] * scale_log2;
+      if (masked && j >= visible[e / 2]) x = -INFINITY;
+      s[n][e] = x;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+    }
+  }
+  float alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the quad's four lanes hold the row between them
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float m_new = fmaxf(m[h], tile_max[h]);
+    // A padding row (past q_len) sees no key at all; 0 as reference keeps its values 0, not NaN.
+    const float ref = m_new == -INFINITY ? 0.0f : m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kTileKeys / 8; ++n) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[n][e] = exp2f(s[n][e] - ref);
+        sum += s[n][e];
+      }
+    }
+    alpha[h] = exp2f(m[h] - ref);
+    l[h] = l[h] * alpha[h] + sum;
+    m[h] = m_new;
+  }
+  return make_float2(alpha[0], alpha[1]);
+}
+
+// Grid: (query tiles, heads, batch). out [b, q_len, heads·D], lse [b, heads, q_len] (natural
+// log); q, k and v at head 0 of row 0 (see BlockGeometry).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    MmaForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                     BlockGeometry geo, float scale_log2) {
+  using Smem = MmaForwardSmem<D>;
+  constexpr int kLd = Ld<bf16>(D);
+  constexpr int kTileElems = Smem::kTile / static_cast<int>(sizeof(bf16));
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_tile = reinterpret_cast<bf16*>(smem + Smem::kQ);
+  bf16* k_tiles = reinterpret_cast<bf16*>(smem + Smem::kK);
+  bf16* v_tiles = reinterpret_cast<bf16*>(smem + Smem::kV);
+
+  // The last query tiles of a causal block see the most keys; launching them first shortens the
+  // grid's tail.
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const int h = blockIdx.y, bi = blockIdx.z, group = h / (geo.heads / geo.kv_heads);
+  const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(group) * D;
+  const bf16* k_src = k + kv_offset;
+  const bf16* v_src = v + kv_offset;
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
+
+  // The block's last row sees the most keys.
+  const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
+  const int tiles = static_cast<int>((keys + kTileKeys - 1) / kTileKeys);
+  LoadTileAsync<kRows, D>(q_tile, q + bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D,
+                          geo.q_stride, i0, geo.q_len);
+  warp::CpAsyncCommit();  // the queries, then the first key/value tile, as two groups
+  LoadTileAsync<kTileKeys, D>(k_tiles, k_src, geo.kv_stride, 0, geo.kv_len);
+  LoadTileAsync<kTileKeys, D>(v_tiles, v_src, geo.kv_stride, 0, geo.kv_len);
+  warp::CpAsyncCommit();
+
+  // This lane's rows, the keys each sees, the keys past which the warp needs no tile, and those
+  // below which no row of the warp masks any.
+  const int64_t first = i0 + warp_id * 16;
+  const int64_t row[2] = {first + quad, first + quad + 8};
+  const int64_t visible[2] = {VisibleKeys(geo, row[0]), VisibleKeys(geo, row[1])};
+  const int64_t warp_last = first + 15 < geo.q_len ? first + 15 : geo.q_len - 1;
+  const int64_t warp_keys = first >= geo.q_len ? 0 : VisibleKeys(geo, warp_last);
+  const int64_t unmasked = first + 15 < geo.q_len ? VisibleKeys(geo, first) : 0;
+
+  warp::CpAsyncWait<1>();
+  __syncthreads();  // the queries have landed
+  uint32_t qf[D / 16][4];  // the warp's 16 query rows, as A fragments along the head dim
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    warp::LdMatrixX4(qf[ks], q_tile + (warp_id * 16 + lane % 16) * kLd + ks * 16 + lane / 16 * 8);
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int it = 0; it < tiles; ++it) {
+    warp::CpAsyncWait<0>();
+    __syncthreads();  // tile `it` has landed everywhere; every warp is done with tile it - 1
+    if (it + 1 < tiles) {
+      const int64_t next = static_cast<int64_t>(it + 1) * kTileKeys;
+      const int buffer = (it + 1) % 2;
+      LoadTileAsync<kTileKeys, D>(k_tiles + buffer * kTileElems, k_src, geo.kv_stride, next,
+                                  geo.kv_len);
+      LoadTileAsync<kTileKeys, D>(v_tiles + buffer * kTileElems, v_src, geo.kv_stride, next,
+                                  geo.kv_len);
+    }
+    warp::CpAsyncCommit();
+    const int64_t j0 = static_cast<int64_t>(it) * kTileKeys;
+    if (j0 >= warp_keys) continue;  // none of the warp's rows sees a key of this tile
+    const bf16* k_tile = k_tiles + (it % 2) * kTileElems;
+    const bf16* v_tile = v_tiles + (it % 2) * kTileElems;
+
+    float s[kTileKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kTileKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kTileKeys / 16; ++np) {  // keys 16·np.., as two 8-key B fragments
+        uint32_t b[4];
+        warp::LdMatrixX4(b, k_tile + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 +
+                                (lane / 8) % 2 * 8);
+        warp::MmaBf16(s[2 * np], qf[ks], b[0], b[1]);
+        warp::MmaBf16(s[2 * np + 1], qf[ks], b[2], b[3]);
+      }
+    }
+    const float2 alpha = SoftmaxTile(s, j0, pair, j0 + kTileKeys > unmasked, visible, scale_log2,
+                                     m, l);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha.x, o[n][1] *= alpha.x, o[n][2] *= alpha.y, o[n][3] *= alpha.y;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kTileKeys / 16; ++ks) {  // keys 16·ks..: P's accumulators are A's layout
+      const uint32_t a[4] = {PackBf16x2(s[2 * ks][0], s[2 * ks][1]),
+                             PackBf16x2(s[2 * ks][2], s[2 * ks][3]),
+                             PackBf16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             PackBf16x2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {  // head-dim columns 16·dn.., two 8-column fragments
+        uint32_t b[4];
+        warp::LdMatrixX4Trans(b, v_tile + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd +
+                                     dn * 16 + lane / 16 * 8);
+        warp::MmaBf16(o[2 * dn], a, b[0], b[1]);
+        warp::MmaBf16(o[2 * dn + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Each row's sum from the quad's four lanes, the log-sum-exp, and the normalised output, staged
+  // through the warp's own rows of the query tile for 16-byte stores.
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+    inv[hh] = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
+    if (pair == 0 && row[hh] < geo.q_len) {
+      lse[(static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len + row[hh]] =
+          (m[hh] + log2f(l[hh])) * kLn2;
+    }
+  }
+  bf16* staging = q_tile + warp_id * 16 * kLd;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(staging + quad * kLd + n * 8 + 2 * pair) =
+        PackBf16x2(o[n][0] * inv[0], o[n][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(staging + (quad + 8) * kLd + n * 8 + 2 * pair) =
+        PackBf16x2(o[n][2] * inv[1], o[n][3] * inv[1]);
+  }
+  __syncwarp();
+  const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
+  bf16* out_rows = out + bi * geo.q_len * out_stride + static_cast<int64_t>(h) * D;
+  for (int i = lane; i < 16 * (D / 8); i += 32) {
+    const int r = i / (D / 8), c = i % (D / 8) * 8;
+    if (first + r < geo.q_len) {
+      *reinterpret_cast<uint4*>(out_rows + (first + r) * out_stride + c) =
+          *reinterpret_cast<const uint4*>(staging + r * kLd + c);
+    }
+  }
+}
+
+template <int D>
+absl::Status LaunchMmaForwardFor(cudaStream_t stream, void* out, float* lse, const void* q,
+                                 const void* k, const void* v, const AttentionBlockDims& dims) {
+  constexpr int kBytes = MmaForwardSmem<D>::kBytes;
+  static_assert(kBytes <= kMaxSmemBytes, "forward tiles do not fit in shared memory");
+  const auto kernel = MmaForwardKernel<D>;
+  TY_RETURN_IF_ERROR(AllowSharedMemory(kernel, kBytes));
+  const dim3 grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(dims.heads),
+                  static_cast<unsigned>(dims.b));
+  kernel<<<grid, kThreads, kBytes, stream>>>(
+      static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+      static_cast<const bf16*>(v), GeometryOf(dims), SoftmaxScale(D) * kLog2e);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaForwardKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchMmaForward(cudaStream_t stream, void* out, float* lse, const void* q,
+                              const void* k, const void* v, const AttentionBlockDims& dims) {
+  switch (dims.d) {
+    case 16:
+      return LaunchMmaForwardFor<16>(stream, out, lse, q, k, v, dims);
+    case 32:
+      return LaunchMmaForwardFor<32>(stream, out, lse, q, k, v, dims);
+    case 64:
+      return LaunchMmaForwardFor<64>(stream, out, lse, q, k, v, dims);
+    case 128:
+      return LaunchMmaForwardFor<128>(stream, out, lse, q, k, v, dims);
+  }
+  return CheckBlockDims(dims, DType::kBF16);  // names the unsupported head dim
+}
+
+}  // namespace attention_internal
+}  // namespace trainyard::kernels::cuda
