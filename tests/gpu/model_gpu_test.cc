@@ -1,5 +1,7 @@
 // The whole model on the GPU against the CPU backend on the debug presets: loss, logits and every
-// parameter's gradient after one forward and backward from the same parameters and tokens.
+// parameter's gradient after one forward and backward from the same parameters and tokens; also
+// with every MLP a mixture of experts (fp32 activations, so that both backends route every token
+// alike: with bf16 ones a near tie may go the other way, and a token's expert gradients with it).
 //
 // Tolerances: with fp32 activations the CUDA backend runs the same arithmetic in another order
 // (loss and logits ≤ 1e-5 relative, gradients ≤ 1e-4 L2-relative per tensor). With bf16
@@ -25,10 +27,12 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
+  bool moe = false;  // every block's MLP as 4 routed experts (top-2) and a shared one
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = std::string(info.param.preset) + "_" + DTypeName(info.param.act);
+  std::string name = std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
+                     (info.param.moe ? "_moe" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -52,6 +56,13 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   const Case& c = GetParam();
   const bool bf16 = c.act == DType::kBF16;
   config::ModelConfig mc = *config::Preset(c.preset);
+  if (c.moe) {
+    mc.moe.experts = 4;
+    mc.moe.top_k = 2;
+    mc.moe.shared_experts = 1;
+    mc.moe.ffn = mc.ffn_hidden / 2;
+    mc.moe.aux_loss_coeff = 0.01f;
+  }
   const int b = 2, t = 48;  // 48: not a multiple of the attention tiles
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
@@ -103,7 +114,9 @@ INSTANTIATE_TEST_SUITE_P(DebugPresets, ModelOnGpu,
                          ::testing::Values(Case{"gpt2-debug", DType::kF32},
                                            Case{"gpt2-debug", DType::kBF16},
                                            Case{"llama-debug", DType::kF32},
-                                           Case{"llama-debug", DType::kBF16}),
+                                           Case{"llama-debug", DType::kBF16},
+                                           Case{"gpt2-debug", DType::kF32, true},
+                                           Case{"llama-debug", DType::kF32, true}),
                          Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same
