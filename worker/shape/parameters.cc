@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/shape/random.h"
+#include "worker/shape/tensor_slices.h"
 
 namespace trainyard::worker {
 
@@ -216,25 +217,34 @@ void ParameterLayout::Initialize(uint64_t seed, float* host) const {
       case InitKind::kOnes:
         for (int64_t i = 0; i < t.numel; ++i) out[i] = 1.0f;
         break;
-      case InitKind::kNormal: {
-        // Draw the whole (unsharded) tensor, then keep this rank's part: every mesh starts from
-        // the same model.
-        int64_t global = 1;
-        for (int64_t d : t.global_shape) global *= d;
-        std::vector<float> full(global);
-        const uint64_t key = HashString(t.name);
-        constexpr int64_t kBlock = int64_t{1} << 16;
-        const int64_t blocks = (global + kBlock - 1) / kBlock;
-        // Each block a pure function of its range: the same values on any number of threads.
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < blocks; ++b) {
-          FillNormal(seed, key, t.init_std, b * kBlock, std::min(global, (b + 1) * kBlock),
-                     full.data() + b * kBlock);
-        }
-        Slice(t, full.data(), out);
+      case InitKind::kNormal:
+        DrawNormal(t, seed, out);
         break;
-      }
     }
+  }
+}
+
+void ParameterLayout::DrawNormal(const ParamTensor& t, uint64_t seed, float* out) const {
+  // Value i of the tensor's stream is element i of the whole (unsharded) tensor: every mesh starts
+  // from the same model. A rank draws only the elements it holds, run by run of the global
+  // tensor, in blocks spread over its threads (each block a pure function of its range, so the
+  // values do not depend on the number of threads).
+  struct Block {
+    int64_t global, local, count;
+  };
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  std::vector<Block> blocks;
+  ForEachLocalRun(t, tp_rank_, tp_size_, [&](int64_t global, int64_t local, int64_t count) {
+    for (int64_t b = 0; b < count; b += kBlock) {
+      blocks.push_back({global + b, local + b, std::min(kBlock, count - b)});
+    }
+  });
+  const uint64_t key = HashString(t.name);
+  const int64_t n = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const Block& b = blocks[i];
+    FillNormal(seed, key, t.init_std, b.global, b.global + b.count, out + b.local);
   }
 }
 

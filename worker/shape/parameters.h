@@ -138,6 +138,8 @@ class ParameterLayout {
   void Initialize(uint64_t seed, float* host) const;
 
  private:
+  // Tensor `t`'s normal initialisation, this rank's elements of it, into `out` (t.numel floats).
+  void DrawNormal(const ParamTensor& t, uint64_t seed, float* out) const;
   int64_t Add(const std::string& name, std::vector<int64_t> global_shape, InitKind init,
               float std = 0.02f, ShardKind shard = ShardKind::kReplicated,
               std::vector<int64_t> row_sections = {});

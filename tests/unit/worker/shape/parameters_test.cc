@@ -1,0 +1,72 @@
+// A rank's random initialisation draws only the elements it holds, and they are exactly its slice
+// of the whole model's: every mesh (tensor-parallel rank, expert-parallel rank, pipeline stage)
+// starts from the same model, value for value.
+#include "worker/shape/parameters.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::worker {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+
+// Every tensor of `local` against the slice of the whole model's (tp 1, ep 1, one stage).
+void ExpectSlicesOfTheWholeModel(const config::ModelConfig& model, const ParameterLayout& local) {
+  const ParameterLayout whole(model);
+  std::vector<float> all(whole.total()), mine(local.total());
+  whole.Initialize(kSeed, all.data());
+  local.Initialize(kSeed, mine.data());
+  for (const ParamTensor& t : local.tensors()) {
+    SCOPED_TRACE(t.name);
+    const ParamTensor* w = whole.Find(t.name);
+    ASSERT_NE(w, nullptr);
+    std::vector<float> want(t.numel);
+    local.Slice(t, all.data() + w->offset, want.data());
+    EXPECT_EQ(std::memcmp(want.data(), mine.data() + t.offset, t.numel * sizeof(float)), 0);
+  }
+}
+
+TEST(ParameterInitialisation, EveryTensorParallelRankDrawsItsSliceOfTheWholeModel) {
+  for (const char* preset : {"gpt2-debug", "llama-debug"}) {
+    SCOPED_TRACE(preset);
+    const config::ModelConfig model = *config::Preset(preset);
+    for (int tp : {1, 2}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        SCOPED_TRACE(testing::Message() << "tp rank " << rank << " of " << tp);
+        ExpectSlicesOfTheWholeModel(model, ParameterLayout(model, rank, tp));
+      }
+    }
+  }
+}
+
+TEST(ParameterInitialisation, ExpertAndPipelineRanksDrawTheirSlices) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.layers = 4;
+  model.moe.experts = 4;
+  model.moe.top_k = 2;
+  model.moe.shared_experts = 1;
+  model.moe.every = 2;
+  model.moe.ffn = 32;
+  const std::vector<PipelineStage> first = {{.first_layer = 0, .num_layers = 2, .last = false}};
+  const std::vector<PipelineStage> second = {{.first_layer = 2, .num_layers = 2, .first = false}};
+  for (int tp : {1, 2}) {
+    for (int ep : {1, 2}) {
+      for (int rank = 0; rank < tp * ep; ++rank) {
+        for (const auto& stage : {first, second}) {
+          SCOPED_TRACE(testing::Message() << "tp " << tp << " ep " << ep << " rank " << rank
+                                          << " stage from layer " << stage[0].first_layer);
+          ExpectSlicesOfTheWholeModel(model,
+                                      ParameterLayout(model, rank % tp, tp, stage, rank / tp, ep));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::worker
