@@ -3,8 +3,8 @@
 experts of the same active size, and expert parallelism over two ranks.
 
 Usage: python3 bench/moe_bench.py [--build DIR] [--ffn F] [--steps N] [--rounds R]
-                                  [--no-calibrate] [--out FILE] [--wait-idle SECONDS]
-                                  [--max-other-load CORES]
+                                  [--no-calibrate | --calibrate-on dense|moe] [--out FILE]
+                                  [--wait-idle SECONDS] [--max-other-load CORES]
 
 The model is gpt2-tiny (4 layers, width 128, 4 heads) with an MLP of hidden size F (--ffn,
 default 512, the preset's), 16 sequences of 64 tokens per step in micro-batches of 8, the same
@@ -34,7 +34,9 @@ the run); their share of the step is those seconds over steps × the run's media
 listed under the table).
 
 Before the first run `trainyard plan --calibrate --fresh` measures the cpu profile into a profile
-file of the benchmark's own (--no-calibrate: the user's stored profile). The Markdown report
+file of the benchmark's own (--no-calibrate: the user's stored profile), with the default
+reference (gpt2-tiny, 4 × 64 tokens), or with --calibrate-on dense|moe with that case's spec as
+the reference (`trainyard plan --calibrate --fresh SPEC`: its model and per-rank micro-batch). The Markdown report
 (default bench/results/moe_cpu.md) has the machine, the command, the table and the raw output.
 Run it alone: the step times are the machine's.
 """
@@ -257,12 +259,16 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--calibrate-on", choices=["dense", "moe"],
+                        help="calibrate with this case's spec as the reference")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "moe_cpu.md"))
     parser.add_argument("--wait-idle", type=float, default=120)
     parser.add_argument("--max-other-load", type=float, default=0.3)
     args = parser.parse_args()
     if args.ffn < TOP_K or args.ffn % TOP_K != 0:
         sys.exit(f"--ffn must be a positive multiple of top_k {TOP_K}, got {args.ffn}")
+    if args.no_calibrate and args.calibrate_on:
+        sys.exit("--calibrate-on calibrates: not with --no-calibrate")
     if args.rounds < 1 or args.steps < 1:
         sys.exit("--steps and --rounds must be at least 1")
     worker = os.path.join(args.build, "worker", "trainyard-worker")
@@ -272,13 +278,14 @@ def main():
     raw = []
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
+        specs = write_specs(tmp, args)
         if not args.no_calibrate:
             env["XDG_CONFIG_HOME"] = os.path.join(tmp, "config")
-            calibration = subprocess.run([cli, "plan", "--calibrate", "--fresh"],
+            reference = [specs[args.calibrate_on]] if args.calibrate_on else []
+            calibration = subprocess.run([cli, "plan", "--calibrate", "--fresh"] + reference,
                                          capture_output=True, text=True, env=env)
             if calibration.returncode != 0:
                 sys.exit(f"calibration failed: {calibration.stderr}")
-        specs = write_specs(tmp, args)
         refusal = planner_refusal(cli, specs["moe"], env, raw)
         results, runs_raw = run_cases(args, worker, specs, env)
         raw = [text.replace(tmp, "SCRATCH") for text in raw + runs_raw]

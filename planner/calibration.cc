@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/json.h"
 #include "common/status.h"
+#include "config/mesh.h"
 #include "config/yaml_tree.h"
 
 namespace trainyard::planner {
@@ -145,6 +146,20 @@ config::JobSpec CalibrationReference(const config::JobSpec& spec) {
   reference.training.micro_batch = micro;
   reference.training.seq_len = spec.training.seq_len;
   return reference;
+}
+
+std::string CalibrationReferenceName(const config::JobSpec& reference) {
+  const config::ModelConfig& model = reference.model;
+  const int64_t rows =
+      int64_t{config::MicroBatchPerRank(reference.training, reference.parallelism)} *
+      reference.training.seq_len;
+  const std::string experts =
+      model.moe.enabled() ? absl::StrFormat(", MoE %d experts top-%d every %d", model.moe.experts,
+                                            model.moe.top_k, model.moe.every)
+                          : "";
+  return absl::StrFormat("%s, %d layers, width %d%s, %d × %d tokens",
+                         config::FamilyName(model.family), model.layers, model.width, experts,
+                         rows / reference.training.seq_len, reference.training.seq_len);
 }
 
 std::string CalibrationReferenceYaml(const config::JobSpec& spec) {

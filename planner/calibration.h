@@ -22,6 +22,10 @@ namespace trainyard::planner {
 config::JobSpec DefaultCalibrationReference();
 config::JobSpec CalibrationReference(const config::JobSpec& spec);
 
+// The reference in words, as a calibrated profile records it (DeviceProfile::reference): the
+// family, layers, width, the experts of an MoE model, and the micro-batch.
+std::string CalibrationReferenceName(const config::JobSpec& reference);
+
 // A job spec's YAML whose CalibrationReference is `reference`'s: its model with every field
 // written out, and one micro-batch. What the CLI hands `trainyard-worker calibrate --reference`.
 std::string CalibrationReferenceYaml(const config::JobSpec& reference);

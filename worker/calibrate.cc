@@ -343,12 +343,6 @@ absl::StatusOr<LinkTimes> MeasureLoopback(const std::string& scratch_dir) {
   return LinkTimes{t[0], t[1]};
 }
 
-// The reference's activations: what one of its tensor-parallel collectives carries.
-int64_t ReferenceRows(const config::JobSpec& reference) {
-  return int64_t{config::MicroBatchPerRank(reference.training, reference.parallelism)} *
-         reference.training.seq_len;
-}
-
 // The reference split over a tensor-parallel pair (the default reference when the model cannot
 // split in two).
 config::JobSpec PairReference(const config::JobSpec& reference) {
@@ -658,11 +652,7 @@ absl::StatusOr<planner::Calibration> CalibrateCpu(const planner::CalibrationOpti
   TY_RETURN_IF_ERROR(MeasureCompute(options, c));
   for (const planner::SharedRanksCalibration& shared : c.shared)
     c.profile.shared.push_back(shared.entry);
-  const config::ModelConfig& model = options.reference.model;
-  c.reference_name = absl::StrFormat(
-      "%s, %d layers, width %d, %d × %d tokens", config::FamilyName(model.family), model.layers,
-      model.width, ReferenceRows(options.reference) / options.reference.training.seq_len,
-      options.reference.training.seq_len);
+  c.reference_name = planner::CalibrationReferenceName(options.reference);
   std::error_code ec;
   std::filesystem::remove_all(options.scratch_dir, ec);
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "planner/calibration.h"
 #include "planner/explain.h"
 #include "tools/cli/format.h"
 
@@ -141,6 +142,16 @@ std::string PlanText(const planner::Plan& plan, const config::JobSpec& spec) {
     absl::StrAppend(&out,
                     "note: the cpu profile is a placeholder; `trainyard plan --calibrate` "
                     "measures this machine.\n");
+  } else if (spec.model.moe.enabled() && plan.device.name == "cpu" &&
+             plan.device.reference !=
+                 planner::CalibrationReferenceName(planner::CalibrationReference(spec))) {
+    // Expert GEMMs over a few rows run slower per FLOP than a dense reference's (docs/planner.md).
+    absl::StrAppendFormat(&out,
+                          "note: the cpu profile was measured on another model (%s); this MoE "
+                          "model's small expert GEMMs run slower per FLOP, so its steps are "
+                          "predicted short: `trainyard plan --calibrate SPEC` measures on this "
+                          "spec's own model and micro-batch.\n",
+                          plan.device.reference.empty() ? "not recorded" : plan.device.reference);
   }
   return out;
 }

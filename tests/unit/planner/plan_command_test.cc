@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "common/filesystem.h"
 #include "gtest/gtest.h"
+#include "planner/calibration.h"
 #include "planner/device_profile.h"
 #include "tools/cli/commands.h"
 
@@ -74,7 +75,8 @@ class PlanCommand : public ::testing::Test {
   size_t calls_ = 0;
   std::function<absl::StatusOr<planner::Calibration>(const planner::CalibrationOptions&)>
       calibrate_ =
-          [this](const planner::CalibrationOptions&) -> absl::StatusOr<planner::Calibration> {
+          [this](
+              const planner::CalibrationOptions& options) -> absl::StatusOr<planner::Calibration> {
     if (calls_ >= draws_.size()) return absl::UnavailableError("no more draws");
     planner::Calibration c;
     planner::DeviceProfile& p = c.profile;
@@ -85,7 +87,7 @@ class PlanCommand : public ::testing::Test {
     p.peak_flops = p.matmul_flops = 1e11;
     p.memory_bytes_per_second = 4e10;
     p.intra_node = p.inter_node = planner::Link{.alpha_seconds = 7e-5, .bytes_per_second = 1.5e9};
-    p.reference = c.reference_name = "gpt2-tiny, 4 × 64 tokens";
+    p.reference = c.reference_name = planner::CalibrationReferenceName(options.reference);
     const double alpha = draws_[calls_++];
     p.shared = {{.ranks = 1, .matmul_flops = 1e11, .link = {0, 1.5e9}},
                 {.ranks = 2, .matmul_flops = 5e10, .link = {alpha, 1.5e9}}};
@@ -263,6 +265,28 @@ TEST_F(PlanCommand, MoeModelsAreSearchedOverExpertParallelism) {
   const std::string unnamed = Write("auto.yaml", spec + "resources: {devices_per_node: 2}\n");
   ASSERT_EQ(Run({unnamed}), 0) << err_.str();
   EXPECT_TRUE(absl::StrContains(out_.str(), "ep bytes")) << out_.str();
+}
+
+// Planned with a profile measured on another model, an MoE spec's plan says its steps are
+// predicted short and how to measure on its own model; measured on it, the note goes.
+TEST_F(PlanCommand, MoeSpecsAskForACalibrationOnTheirOwnModel) {
+  const std::string spec = Write("moe.yaml",
+                                 "name: moe\nmodel:\n  preset: gpt2-debug\n  moe: {experts: 4, "
+                                 "top_k: 2}\ntraining: {batch: 8, seq_len: 32}\n"
+                                 "resources: {devices_per_node: 2}\nparallelism: {dp: 2}\n");
+  draws_ = {1e-3, 1e-3};
+  ASSERT_EQ(Run({"--calibrate"}), 0) << err_.str();
+  ASSERT_EQ(Run({spec}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "measured on another model (gpt2, 4 layers"))
+      << out_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "`trainyard plan --calibrate SPEC`")) << out_.str();
+  ASSERT_EQ(Run({"--calibrate", "--fresh", spec}), 0) << err_.str();
+  EXPECT_TRUE(absl::StrContains(out_.str(), "MoE 4 experts top-2 every 1")) << out_.str();
+  ASSERT_EQ(Run({spec}), 0) << err_.str();
+  EXPECT_FALSE(absl::StrContains(out_.str(), "measured on another model")) << out_.str();
+  // A dense spec never gets the note.
+  ASSERT_EQ(Run({SpecWithResources()}), 0) << err_.str();
+  EXPECT_FALSE(absl::StrContains(out_.str(), "measured on another model")) << out_.str();
 }
 
 TEST_F(PlanCommand, HumanOutputNamesTheChoice) {
