@@ -26,7 +26,8 @@ struct BenchModel {
   int64_t ce_rows = 4096;      // rows of one cross-entropy / LM-head chunk
 };
 
-// GPT-2 124M at 16 × 1024 tokens and Llama 1B at 4 × 2048.
+// GPT-2 124M at 16 × 1024 tokens, Llama 1B at 4 × 2048, and "attn-d128": attention alone at
+// head dim 128 (32 query heads over 8 key/value heads) at 2 × 4096.
 std::vector<BenchModel> BenchModels();
 
 struct CaseContext {

@@ -3,7 +3,7 @@
 // followed by its JSON line. bench/torch_gpu_kernels.py prints the same rows for PyTorch and
 // bench/run_gpu_vs_torch.sh puts the two side by side.
 //
-//   trainyard-bench-gpu-kernels [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b]
+//   trainyard-bench-gpu-kernels [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b|attn-d128]
 //                               [--only SUBSTRING] [--json]
 //
 // Exit status: 0 when every case ran, 1 when one failed (its row says why), 2 on bad flags or

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's counterparts of trainyard-bench-gpu-kernels, at the same shapes and dtypes.
 
-Usage: torch_gpu_kernels.py [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b]
+Usage: torch_gpu_kernels.py [--warmup 5] [--reps 30] [--model gpt2-124m|llama-1b|attn-d128]
                             [--only SUBSTRING] [--json] [--cpu-smoke]
 
 Every case of bench/gpu_kernel_cases.cc under the same name, shape and work count, timed the
@@ -46,12 +46,18 @@ MODELS = {
                       ffn=3072, vocab=50257, layers=12, max_seq=1024, ce_rows=4096),
     "llama-1b": dict(family="llama", batch=4, seq=2048, width=2048, heads=32, kv_heads=8,
                      ffn=8192, vocab=128256, layers=16, max_seq=2048, ce_rows=4096),
+    # Attention alone at head dim 128 (the other fields are unused).
+    "attn-d128": dict(family="llama", batch=2, seq=4096, width=4096, heads=32, kv_heads=8,
+                      ffn=8192, vocab=128256, layers=1, max_seq=4096, ce_rows=4096,
+                      attention_only=True),
 }
 SMOKE = {
     "gpt2-124m": dict(family="gpt2", batch=2, seq=64, width=64, heads=4, kv_heads=4, ffn=256,
                       vocab=300, layers=2, max_seq=64, ce_rows=32),
     "llama-1b": dict(family="llama", batch=2, seq=64, width=64, heads=4, kv_heads=2, ffn=128,
                      vocab=300, layers=2, max_seq=64, ce_rows=32),
+    "attn-d128": dict(family="llama", batch=1, seq=64, width=256, heads=2, kv_heads=1, ffn=128,
+                      vocab=300, layers=1, max_seq=64, ce_rows=32, attention_only=True),
 }
 EPS = 1e-5
 SLEEP_CYCLES = 2_000_000
@@ -330,6 +336,10 @@ def cases_for(m):
         ("attention fwd", lambda e: attention(e, m, "fwd")),
         ("attention bwd", lambda e: attention(e, m, "bwd")),
         ("attention fwd+bwd", lambda e: attention(e, m, "both")),
+    ]
+    if m.get("attention_only"):
+        return cases
+    cases += [
         (nm + " fwd+bwd", lambda e: norm(e, m, gpt2)),
         ("gelu fwd+bwd", lambda e: gelu(e, m)) if gpt2 else
         ("swiglu fwd+bwd", lambda e: swiglu(e, m)),
