@@ -1,6 +1,7 @@
 #include "planner/memory_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "worker/shape/schedule.h"
@@ -227,9 +228,28 @@ struct SlotElements {
 
 // An MoE block's buffers for a micro-batch of n rows (worker/model_activations.h): n · top_k
 // picks (the dropless bound, allocated whatever the capacity), each expert's fc and hidden
-// widths on this rank. Under expert parallelism the rows a rank's experts receive are as many
-// as it sends when routing is balanced (exactly when every token picks every expert); the
-// engine grows those buffers to the most it has received.
+// widths on this rank. Under expert parallelism the engine grows the buffers of the rows a
+// rank's experts receive to the most it has received, which depends on the routing: counted
+// here is the most it can receive (ReceivedRowsBound), so that a plan's memory holds however
+// the router learns to route.
+// The most rows a rank's experts can receive in one exchange (0 without expert parallelism): from
+// each of the ep ranks (itself included), every token's picks of this rank's E / ep experts, at
+// most min(top_k, E / ep) per token, and under a capacity at most capacity rows per expert
+// (ceil(capacity_factor · n · top_k / E), the engine's). With every token picking every expert
+// this is exactly the balanced count.
+int64_t ReceivedRowsBound(const RankShape& s) {
+  const config::MoeConfig& moe = s.model.moe;
+  if (s.mesh.ep <= 1) return 0;
+  const int64_t n = s.rows(), local = moe.experts / s.mesh.ep;
+  int64_t per_source = n * std::min<int64_t>(moe.top_k, local);
+  if (moe.capacity_factor > 0) {
+    const int64_t capacity = static_cast<int64_t>(
+        std::ceil(double{moe.capacity_factor} * static_cast<double>(n * moe.top_k) / moe.experts));
+    per_source = std::min(per_source, local * capacity);
+  }
+  return s.mesh.ep * per_source;
+}
+
 struct ExpertShapes {
   explicit ExpertShapes(const RankShape& s)
       : n(s.rows()),
@@ -237,7 +257,7 @@ struct ExpertShapes {
         experts(s.model.moe.experts),
         ffn(s.model.moe.ffn / s.mesh.tp),
         fc(s.model.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn),
-        received(s.mesh.ep > 1 ? picks : 0) {}
+        received(ReceivedRowsBound(s)) {}
   // A saved block's (LayerActivations::Experts): the router's fp32 logits [n, E], the picks'
   // sources and slots (int32) and two weights (fp32), and their rows in, through fc and the
   // activation, and out; under expert parallelism the received rows in, through fc and the

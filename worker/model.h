@@ -84,6 +84,9 @@ class Model {
   double tp_comm_seconds() const { return tp_.seconds(); }
   // Time spent waiting for ring attention's transfers (what the attention did not hide).
   double cp_comm_seconds() const { return cp_.seconds(); }
+  // Time spent in expert parallelism's collectives of training passes (the counts' all-gather
+  // and the rows' all-to-alls; all exposed: nothing computes beside them).
+  double ep_comm_seconds() const { return ep_seconds_; }
   // Bytes of ring attention's buffers (shared by every layer and micro-batch; 0 without context
   // parallelism).
   int64_t ring_bytes() const { return cp_.scratch_bytes(); }
@@ -290,6 +293,7 @@ class Model {
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
   bool training_pass_ = false;  // StageForward's: MoE routing is counted
+  double ep_seconds_ = 0;       // ep_comm_seconds()
   bool recomputing_ = false;    // a recomputed forward in the backward (counted already)
   std::vector<MoeLayerStats> moe_stats_;
   int chunk_ = 0;

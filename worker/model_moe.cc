@@ -85,7 +85,9 @@ absl::Status Model::PlanExchange(LayerActivations& la) {
   const int local = experts / ranks;
   std::vector<float> mine(experts), all(int64_t{experts} * ranks);
   for (int e = 0; e < experts; ++e) mine[e] = static_cast<float>(r.offsets[e + 1] - r.offsets[e]);
+  const int64_t started = RealClock()->NowNanosMonotonic();
   TY_RETURN_IF_ERROR(ep_->AllGather(mine.data(), all.data(), experts));
+  if (training_pass_) ep_seconds_ += (RealClock()->NowNanosMonotonic() - started) / 1e9;
   auto rows = [&](int rank, int expert) { return std::llround(all[rank * experts + expert]); };
   m.send_counts.assign(ranks, 0);
   m.recv_counts.assign(ranks, 0);
@@ -140,8 +142,10 @@ absl::Status Model::ExchangeRows(int layer, const LayerActivations& la, bool for
   TY_RETURN_IF_ERROR(ep_->AllToAllV(in, send, out, recv, backend_->act_dtype(),
                                     kExchangeTag + 4 * static_cast<uint32_t>(layer) + phase));
   if (!training_pass_) return absl::OkStatus();
+  const double seconds = (RealClock()->NowNanosMonotonic() - started) / 1e9;
+  ep_seconds_ += seconds;
   if (MoeLayerStats* s = StatsOf(layer)) {
-    s->exchange_seconds += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+    s->exchange_seconds += seconds;
     s->exchange_bytes += sent * backend_->act_bytes();
   }
   return absl::OkStatus();

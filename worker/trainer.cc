@@ -404,7 +404,7 @@ absl::Status RankTrainer::SumOverWorld(std::span<double> values) {
 
 double RankTrainer::WaitSeconds() const {
   return params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds() +
-         pipeline_wait_;
+         model_->ep_comm_seconds() + pipeline_wait_;
 }
 
 absl::Status RankTrainer::Restore() {
@@ -836,8 +836,8 @@ void RankTrainer::Finish() {
   result_.pipeline_wait_fraction = train_nanos_ > 0 ? pipeline_wait_ / train_s : 0.0;
   result_.train_seconds = train_s;
   result_.pipeline_wait_seconds = pipeline_wait_;
-  result_.exposed_comm_seconds =
-      params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds();
+  result_.exposed_comm_seconds = params_->exposed_comm_seconds() + model_->tp_comm_seconds() +
+                                 model_->cp_comm_seconds() + model_->ep_comm_seconds();
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
   const Traffic sent = SentSoFar();

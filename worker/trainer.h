@@ -184,7 +184,9 @@ struct TrainResult {
   double pipeline_wait_fraction = 0.0;
   // Where this rank's training time went (evaluation excluded): the rest of it was compute.
   double train_seconds = 0.0;
-  double exposed_comm_seconds = 0.0;  // waiting for data/tensor-parallel collectives
+  // Waiting for collectives: data-parallel (what the overlap did not hide), tensor-parallel,
+  // ring attention's and expert parallelism's.
+  double exposed_comm_seconds = 0.0;
   double pipeline_wait_seconds = 0.0;
   // The MoE layers this rank holds (config::MoeConfig): their routing over the run, summed over
   // the data-parallel group (picks per expert, drops, Σ aux loss · tokens, tokens; all-to-all

@@ -265,6 +265,28 @@ TEST_P(ExpertParallelAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly)
   });
 }
 
+// With a learned router (top-2 of 4 experts, so that routing can be uneven), the rows a rank's
+// experts receive vary; the planner counts the most they can be, dropless and under a capacity,
+// so no rank's activation memory exceeds the plan's. The dropless bound is above the balanced
+// count (it is the balanced count only when every token picks every expert, as above).
+TEST(ExpertParallelMemory, ALearnedRouterStaysWithinThePlannedMemory) {
+  for (float capacity : {0.0f, 1.0f}) {
+    config::JobSpec spec =
+        Job(config::ModelFamily::kGpt2, {.name = "ep2", .dp = 2, .experts = 4, .ep = 2});
+    spec.training.steps = 4;
+    spec.model.moe.capacity_factor = capacity;
+    const testenv::RankRun run = testenv::RunRanks(spec, {.bucket_bytes = kBucketBytes});
+    const RankShape shape = ShapeOf(spec, spec.parallelism, 0);
+    const RankMemory predicted = PredictRankMemory(shape, kCpu);
+    for (int r = 0; r < spec.world_size(); ++r) {
+      SCOPED_TRACE(testing::Message() << "capacity " << capacity << " rank " << r);
+      ASSERT_TRUE(run.results[r].ok()) << run.results[r].status();
+      EXPECT_LE(run.results[r]->memory.activations, predicted.activations);
+      EXPECT_GT(run.results[r]->memory.activations, 0);
+    }
+  }
+}
+
 // MoE models the mesh cases' one (an MoE layer everywhere, one shared expert, dropless) leaves
 // out, each on a mesh where it matters: MoE and dense blocks mixed in the chunks an activation
 // slot serves (interleaved; a split backward's per-block buffers), MoE blocks without shared
