@@ -159,9 +159,20 @@ void ShardedParams::MarkDone(size_t slot) {
 }
 
 void ShardedParams::Initialize(uint64_t seed) {
-  std::vector<float> host(layout_.total());
-  layout_.Initialize(seed, host.data());
-  LoadParameters(host.data());
+  if (options_.zero_stage < 3) {
+    std::vector<float> host(layout_.total());
+    layout_.Initialize(seed, host.data());
+    LoadParameters(host.data());
+    return;
+  }
+  // ZeRO-3: each group's own shard only, drawn without the rest of the model.
+  std::vector<float> shard;
+  for (const Group& g : groups_) {
+    if (g.own_hi <= g.own_lo) continue;
+    shard.resize(g.own_hi - g.own_lo);
+    layout_.InitializeRange(seed, g.begin + g.own_lo, g.begin + g.own_hi, shard.data());
+    backend_->CopyFromHost(shard_params_.data() + g.shard_begin, shard.data(), shard.size());
+  }
 }
 
 void ShardedParams::LoadParameters(const float* host) {

@@ -77,7 +77,8 @@ class ShardedParams final : public ParamSource {
       Communicator* pp, const ShardingOptions& sharding, ExpertGroups experts = {});
   ~ShardedParams() override;
 
-  // Every rank draws the same full initialisation and keeps what it owns.
+  // The model's initialisation, the same values on every mesh (ParameterLayout::Initialize):
+  // under ZeRO-3 each group's own shard only, drawn without the rest; else the whole layout.
   void Initialize(uint64_t seed);
   // Loads a full parameter vector (layout order) from the host; keeps what this rank owns.
   void LoadParameters(const float* host);

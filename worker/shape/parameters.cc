@@ -208,23 +208,32 @@ const ParamTensor* ParameterLayout::Find(const std::string& name) const {
 }
 
 void ParameterLayout::Initialize(uint64_t seed, float* host) const {
+  InitializeRange(seed, 0, total_, host);
+}
+
+void ParameterLayout::InitializeRange(uint64_t seed, int64_t lo, int64_t hi, float* out) const {
   for (const auto& t : tensors_) {
-    float* out = host + t.offset;
+    // The tensor's elements [begin, end) that fall in [lo, hi).
+    const int64_t begin = std::max<int64_t>(0, lo - t.offset);
+    const int64_t end = std::min<int64_t>(t.numel, hi - t.offset);
+    if (begin >= end) continue;
+    float* at = out + (t.offset + begin - lo);
     switch (t.init) {
       case InitKind::kZeros:
-        for (int64_t i = 0; i < t.numel; ++i) out[i] = 0.0f;
+        std::fill(at, at + (end - begin), 0.0f);
         break;
       case InitKind::kOnes:
-        for (int64_t i = 0; i < t.numel; ++i) out[i] = 1.0f;
+        std::fill(at, at + (end - begin), 1.0f);
         break;
       case InitKind::kNormal:
-        DrawNormal(t, seed, out);
+        DrawNormal(t, seed, begin, end, at);
         break;
     }
   }
 }
 
-void ParameterLayout::DrawNormal(const ParamTensor& t, uint64_t seed, float* out) const {
+void ParameterLayout::DrawNormal(const ParamTensor& t, uint64_t seed, int64_t begin, int64_t end,
+                                 float* out) const {
   // Value i of the tensor's stream is element i of the whole (unsharded) tensor: every mesh starts
   // from the same model. A rank draws only the elements it holds, run by run of the global
   // tensor, in blocks spread over its threads (each block a pure function of its range, so the
@@ -235,8 +244,10 @@ void ParameterLayout::DrawNormal(const ParamTensor& t, uint64_t seed, float* out
   constexpr int64_t kBlock = int64_t{1} << 16;
   std::vector<Block> blocks;
   ForEachLocalRun(t, tp_rank_, tp_size_, [&](int64_t global, int64_t local, int64_t count) {
-    for (int64_t b = 0; b < count; b += kBlock) {
-      blocks.push_back({global + b, local + b, std::min(kBlock, count - b)});
+    // The part of this run within the wanted local elements [begin, end).
+    const int64_t from = std::max(local, begin), to = std::min(local + count, end);
+    for (int64_t b = from; b < to; b += kBlock) {
+      blocks.push_back({global + (b - local), b - begin, std::min(kBlock, to - b)});
     }
   });
   const uint64_t key = HashString(t.name);

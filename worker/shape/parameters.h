@@ -136,10 +136,14 @@ class ParameterLayout {
   // counter-based stream keyed by (seed, name), so a value does not depend on which other
   // tensors exist or on how the model is later sharded.
   void Initialize(uint64_t seed, float* host) const;
+  // Elements [lo, hi) of what Initialize fills, into out[0, hi − lo): the same values, drawn
+  // without the rest (a ZeRO-3 rank's own shard).
+  void InitializeRange(uint64_t seed, int64_t lo, int64_t hi, float* out) const;
 
  private:
-  // Tensor `t`'s normal initialisation, this rank's elements of it, into `out` (t.numel floats).
-  void DrawNormal(const ParamTensor& t, uint64_t seed, float* out) const;
+  // Local elements [begin, end) of tensor `t`'s normal initialisation into out[0, end − begin).
+  void DrawNormal(const ParamTensor& t, uint64_t seed, int64_t begin, int64_t end,
+                  float* out) const;
   int64_t Add(const std::string& name, std::vector<int64_t> global_shape, InitKind init,
               float std = 0.02f, ShardKind shard = ShardKind::kReplicated,
               std::vector<int64_t> row_sections = {});

@@ -68,5 +68,28 @@ TEST(ParameterInitialisation, ExpertAndPipelineRanksDrawTheirSlices) {
   }
 }
 
+// A range of the flat buffer (a ZeRO-3 shard: it may start and end inside tensors) is drawn
+// without the rest, with the same values as the whole layout's.
+TEST(ParameterInitialisation, AnyRangeOfTheBufferIsTheWholeDrawsSlice) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.moe.experts = 4;
+  model.moe.top_k = 2;
+  model.moe.ffn = 32;
+  for (int tp : {1, 2}) {
+    const ParameterLayout layout(model, tp - 1, tp, {PipelineStage{}}, 1, 2);
+    std::vector<float> whole(layout.total());
+    layout.Initialize(kSeed, whole.data());
+    const int64_t n = layout.total();
+    const int64_t cuts[][2] = {{0, n},         {0, 1},         {n - 1, n},
+                               {n / 3, n / 2}, {7, n / 5 + 3}, {n / 2 + 11, n - 17}};
+    for (const auto& [lo, hi] : cuts) {
+      SCOPED_TRACE(testing::Message() << "tp " << tp << " [" << lo << ", " << hi << ")");
+      std::vector<float> part(hi - lo);
+      layout.InitializeRange(kSeed, lo, hi, part.data());
+      EXPECT_EQ(std::memcmp(part.data(), whole.data() + lo, part.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainyard::worker
