@@ -43,8 +43,8 @@ struct MmaBackwardSmem {
 // c[n] (16 rows × kCols as kCols/8 accumulators) = A·Bᵀ for A the warp's 16 rows of `a` and B
 // the kCols rows of `b` (both shared tiles with D columns, leading dimension Ld<bf16>(D)).
 template <int D, int kCols>
-__device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const bf16* a,
-                                           const bf16* b, int lane) {
+__device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const bf16* a, const bf16* b,
+                                           int lane) {
   constexpr int kLd = Ld<bf16>(D);
 #pragma unroll
   for (int n = 0; n < kCols / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
@@ -55,8 +55,8 @@ __device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const bf16*
 #pragma unroll
     for (int np = 0; np < kCols / 16; ++np) {
       uint32_t bf[4];
-      warp::LdMatrixX4(bf, b + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 +
-                               (lane / 8) % 2 * 8);
+      warp::LdMatrixX4(
+          bf, b + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 + (lane / 8) % 2 * 8);
       warp::MmaBf16(c[2 * np], af, bf[0], bf[1]);
       warp::MmaBf16(c[2 * np + 1], af, bf[2], bf[3]);
     }
@@ -78,8 +78,8 @@ __device__ __forceinline__ void AddProductAB(float (&acc)[D / 8][4], const float
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t bf[4];
-      warp::LdMatrixX4Trans(bf, b + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd + dn * 16 +
-                                    lane / 16 * 8);
+      warp::LdMatrixX4Trans(
+          bf, b + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd + dn * 16 + lane / 16 * 8);
       warp::MmaBf16(acc[2 * dn], a, bf[0], bf[1]);
       warp::MmaBf16(acc[2 * dn + 1], a, bf[2], bf[3]);
     }
@@ -310,8 +310,8 @@ absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
   TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));
   const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),
                      static_cast<unsigned>(dims.b));
-  MmaDqKernel<D><<<dq_grid, kThreads, kBytes, stream>>>(x.dq, x.dout, x.q, x.k, x.v, x.lse,
-                                                        x.delta, geo, add, scale, scale_log2);
+  MmaDqKernel<D><<<dq_grid, kThreads, kBytes, stream>>>(x.dq, x.dout, x.q, x.k, x.v, x.lse, x.delta,
+                                                        geo, add, scale, scale_log2);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaDqKernel");
   return absl::OkStatus();
 }

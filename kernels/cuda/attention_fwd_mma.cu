@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t unmasked = first + 15 < geo.q_len ? VisibleKeys(geo, first) : 0;
 
   warp::CpAsyncWait<1>();
-  __syncthreads();  // the queries have landed
+  __syncthreads();         // the queries have landed
   uint32_t qf[D / 16][4];  // the warp's 16 query rows, as A fragments along the head dim
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
@@ -153,14 +153,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int np = 0; np < kTileKeys / 16; ++np) {  // keys 16·np.., as two 8-key B fragments
         uint32_t b[4];
-        warp::LdMatrixX4(b, k_tile + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 +
-                                (lane / 8) % 2 * 8);
+        warp::LdMatrixX4(
+            b, k_tile + (np * 16 + lane / 16 * 8 + lane % 8) * kLd + ks * 16 + (lane / 8) % 2 * 8);
         warp::MmaBf16(s[2 * np], qf[ks], b[0], b[1]);
         warp::MmaBf16(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
     }
-    const float2 alpha = SoftmaxTile(s, j0, pair, j0 + kTileKeys > unmasked, visible, scale_log2,
-                                     m, l);
+    const float2 alpha =
+        SoftmaxTile(s, j0, pair, j0 + kTileKeys > unmasked, visible, scale_log2, m, l);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       o[n][0] *= alpha.x, o[n][1] *= alpha.x, o[n][2] *= alpha.y, o[n][3] *= alpha.y;
@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {  // head-dim columns 16·dn.., two 8-column fragments
         uint32_t b[4];
-        warp::LdMatrixX4Trans(b, v_tile + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd +
-                                     dn * 16 + lane / 16 * 8);
+        warp::LdMatrixX4Trans(
+            b, v_tile + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd + dn * 16 + lane / 16 * 8);
         warp::MmaBf16(o[2 * dn], a, b[0], b[1]);
         warp::MmaBf16(o[2 * dn + 1], a, b[2], b[3]);
       }
