@@ -3,6 +3,7 @@
 #ifndef TRAINYARD_CONFIG_MODEL_CONFIG_H_
 #define TRAINYARD_CONFIG_MODEL_CONFIG_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,6 +50,13 @@ struct MoeConfig {
   float capacity_factor = 0.0f;
 
   bool enabled() const { return experts > 0; }
+  // The most of a micro-batch's `picks` (tokens · top_k) one expert takes: all of them when
+  // dropless, else ceil(capacity_factor · picks / experts).
+  int64_t CapacityPerExpert(int64_t picks) const {
+    if (capacity_factor <= 0) return picks;
+    return static_cast<int64_t>(
+        std::ceil(double{capacity_factor} * static_cast<double>(picks) / experts));
+  }
   bool IsMoeLayer(int layer) const { return enabled() && (layer + 1) % every == 0; }
   bool has_bias() const { return enabled() && balance == MoeBalance::kBias; }
 };

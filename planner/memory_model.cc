@@ -1,7 +1,6 @@
 #include "planner/memory_model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "worker/shape/schedule.h"
@@ -235,18 +234,14 @@ struct SlotElements {
 // The most rows a rank's experts can receive in one exchange (0 without expert parallelism): from
 // each of the ep ranks (itself included), every token's picks of this rank's E / ep experts, at
 // most min(top_k, E / ep) per token, and under a capacity at most capacity rows per expert
-// (ceil(capacity_factor · n · top_k / E), the engine's). With every token picking every expert
+// (MoeConfig::CapacityPerExpert, the engine's). With every token picking every expert
 // this is exactly the balanced count.
 int64_t ReceivedRowsBound(const RankShape& s) {
   const config::MoeConfig& moe = s.model.moe;
   if (s.mesh.ep <= 1) return 0;
   const int64_t n = s.rows(), local = moe.experts / s.mesh.ep;
-  int64_t per_source = n * std::min<int64_t>(moe.top_k, local);
-  if (moe.capacity_factor > 0) {
-    const int64_t capacity = static_cast<int64_t>(
-        std::ceil(double{moe.capacity_factor} * static_cast<double>(n * moe.top_k) / moe.experts));
-    per_source = std::min(per_source, local * capacity);
-  }
+  const int64_t per_source = std::min(n * std::min<int64_t>(moe.top_k, local),
+                                      local * moe.CapacityPerExpert(n * moe.top_k));
   return s.mesh.ep * per_source;
 }
 

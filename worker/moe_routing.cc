@@ -40,11 +40,7 @@ void Pick(const float* scores, std::span<const float> bias, int experts, int top
 // expert.
 void Permute(const MoeConfig& moe, MoeRouting& r) {
   const int64_t picks = r.tokens * r.top_k;
-  int64_t capacity = picks;
-  if (moe.capacity_factor > 0) {
-    capacity = static_cast<int64_t>(
-        std::ceil(double{moe.capacity_factor} * static_cast<double>(picks) / r.experts));
-  }
+  const int64_t capacity = moe.CapacityPerExpert(picks);
   std::vector<int64_t> taken(r.experts, 0);
   for (int64_t p = 0; p < picks; ++p) {
     const int e = r.expert[p];
