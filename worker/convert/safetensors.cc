@@ -12,12 +12,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/json.h"
+#include "common/staged_appender.h"
 #include "common/status.h"
 
 namespace trainyard::worker::convert {
 namespace {
 
-constexpr size_t kStagingBytes = size_t{8} << 20;  // a whole number of direct-I/O blocks
+// The staging ring (StagedAppender): eight buffers of 8 MiB let the caller run up to 56 MiB
+// ahead of the disk, so that neither the disk waits through a slow stretch of conversion (a
+// transposed matrix, a large tensor's checksum) nor the caller through a stretch of plain copies.
+constexpr size_t kStagingBytes = size_t{8} << 20;
+constexpr int kStagingBuffers = 8;
 
 using google::protobuf::Struct;
 using google::protobuf::Value;
@@ -296,45 +301,18 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   }
   const std::string header = Header(tensors, metadata);
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter(fs, path, std::move(tensors)));
-  for (auto& buffer : writer->staging_) {
-    buffer = {static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, kStagingBytes)),
-              &std::free};
-    if (!buffer) return absl::ResourceExhaustedError("no memory for the staging buffers");
-  }
-  TY_ASSIGN_OR_RETURN(writer->file_, fs.NewDirectWritableFile(path + ".partial"));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                      fs.NewDirectWritableFile(path + ".partial"));
+  TY_ASSIGN_OR_RETURN(writer->out_,
+                      StagedAppender::Create(std::move(file), kStagingBytes, kStagingBuffers));
   TY_RETURN_IF_ERROR(writer->Put(header.data(), header.size()));
   return writer;
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (pending_.valid()) pending_.wait();
-}
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 absl::Status SafetensorsWriter::Put(const void* bytes, size_t size) {
-  const char* from = static_cast<const char*>(bytes);
-  while (size > 0) {
-    const size_t n = std::min(size, kStagingBytes - staged_);
-    std::memcpy(staging_[current_].get() + staged_, from, n);
-    staged_ += n;
-    from += n;
-    size -= n;
-    if (staged_ == kStagingBytes) TY_RETURN_IF_ERROR(Flush());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SafetensorsWriter::Flush() {
-  // The write before this one used the other buffer: it must be done before that buffer fills.
-  absl::Status previous = pending_.valid() ? pending_.get() : absl::OkStatus();
-  TY_RETURN_IF_ERROR(previous);
-  if (staged_ == 0) return absl::OkStatus();
-  // The direct-I/O contract: the last append may be short, but the memory after it up to the
-  // next aligned size must be readable (it is: each buffer is a whole number of blocks).
-  const std::string_view data(staging_[current_].get(), staged_);
-  pending_ = std::async(std::launch::async, [this, data] { return file_->Append(data); });
-  current_ ^= 1;
-  staged_ = 0;
-  return absl::OkStatus();
+  return out_->Put(bytes, size);
 }
 
 absl::Status SafetensorsWriter::Write(const std::string& name, const float* values) {
@@ -376,10 +354,7 @@ absl::Status SafetensorsWriter::Finish() {
     return absl::FailedPreconditionError(
         absl::StrCat(path_, ": ", tensors_[next_].name, " was never written"));
   }
-  TY_RETURN_IF_ERROR(Flush());
-  if (pending_.valid()) TY_RETURN_IF_ERROR(pending_.get());
-  TY_RETURN_IF_ERROR(file_->Sync());
-  TY_RETURN_IF_ERROR(file_->Close());
+  TY_RETURN_IF_ERROR(out_->Finish());
   return fs_.RenameFile(path_ + ".partial", path_);
 }
 

@@ -15,7 +15,6 @@
 #define TRAINYARD_WORKER_CONVERT_SAFETENSORS_H_
 
 #include <cstdint>
-#include <future>
 #include <map>
 #include <memory>
 #include <span>
@@ -26,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
+#include "common/staged_appender.h"
 
 namespace trainyard::worker::convert {
 
@@ -75,8 +75,8 @@ class SafetensorsFile {
 
 // Writes `path` (via a temporary name, renamed into place by Finish): the header for `tensors`
 // first, then each tensor's bytes by Write in the declared order, staged through an aligned
-// buffer so that the file goes to the device without a copy into the page cache where the
-// filesystem allows (FileSystem::NewDirectWritableFile).
+// buffers so that the file goes to the device without a copy into the page cache where the
+// filesystem allows (FileSystem::NewDirectWritableFile), while the caller converts the next ones.
 class SafetensorsWriter {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
@@ -101,22 +101,15 @@ class SafetensorsWriter {
  private:
   SafetensorsWriter(FileSystem& fs, std::string path, std::vector<TensorInfo> tensors);
 
-  // Appends `bytes` through the staging buffers: the file is written with O_DIRECT where the
-  // filesystem allows it, in whole aligned blocks but the last, by a background task.
+  // Appends `bytes` through the staging ring: the file is written with O_DIRECT where the
+  // filesystem allows it, on the appender's thread.
   [[nodiscard]] absl::Status Put(const void* bytes, size_t size);
-  [[nodiscard]] absl::Status Flush();
 
   FileSystem& fs_;
   const std::string path_;
   const std::vector<TensorInfo> tensors_;
   size_t next_ = 0;
-  std::unique_ptr<WritableFile> file_;
-  // Two staging buffers: one fills while the other is being written (`pending_`), so that the
-  // conversion and the disk overlap.
-  std::unique_ptr<char, void (*)(void*)> staging_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
-  int current_ = 0;
-  size_t staged_ = 0;
-  std::future<absl::Status> pending_;
+  std::unique_ptr<StagedAppender> out_;
 };
 
 }  // namespace trainyard::worker::convert
