@@ -29,16 +29,16 @@ StagedAppender::StagedAppender(std::unique_ptr<WritableFile> file, size_t buffer
     : file_(std::move(file)), buffer_bytes_(buffer_bytes) {
   buffers_.reserve(buffers);
   for (int i = 0; i < buffers; ++i) buffers_.emplace_back(nullptr, &std::free);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sizes_.assign(buffers, 0);
 }
 
 StagedAppender::~StagedAppender() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     closing_ = true;
+    changed_.SignalAll();
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -58,45 +58,47 @@ absl::Status StagedAppender::Put(const void* bytes, size_t size) {
 absl::Status StagedAppender::Finish() {
   if (staged_ > 0) TY_RETURN_IF_ERROR(Submit());
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return written_ == submitted_; });
+    absl::MutexLock lock(&mu_);
+    while (written_ != submitted_) changed_.Wait(&mu_);
     TY_RETURN_IF_ERROR(status_);
   }
   TY_RETURN_IF_ERROR(file_->Sync());
   return file_->Close();
 }
 
+bool StagedAppender::HasFreeBuffer() const {
+  return submitted_ - written_ < static_cast<int64_t>(buffers_.size());
+}
+
 // Queues the buffer in hand and waits until the next one is free (or a write failed).
 absl::Status StagedAppender::Submit() {
-  const int64_t ring = static_cast<int64_t>(buffers_.size());
-  std::unique_lock<std::mutex> lock(mu_);
-  sizes_[filling_ % ring] = staged_;
+  absl::MutexLock lock(&mu_);
+  sizes_[filling_ % buffers_.size()] = staged_;
   submitted_ = ++filling_;
   staged_ = 0;
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return submitted_ - written_ < ring || !status_.ok(); });
+  changed_.SignalAll();
+  while (!HasFreeBuffer() && status_.ok()) changed_.Wait(&mu_);
   return status_;
 }
 
 // The appender's thread: the queued buffers in order; after a failed append it skips the rest.
 void StagedAppender::Run() {
-  const int64_t ring = static_cast<int64_t>(buffers_.size());
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return written_ < submitted_ || closing_; });
+    while (written_ == submitted_ && !closing_) changed_.Wait(&mu_);
     if (written_ == submitted_) return;  // closing, nothing queued
-    const int64_t index = written_ % ring;
+    const size_t index = static_cast<size_t>(written_ % static_cast<int64_t>(buffers_.size()));
     if (status_.ok()) {
       const std::string_view data(buffers_[index].get(), sizes_[index]);
-      lock.unlock();
+      mu_.Unlock();
       // The direct-I/O contract holds: only the last append may be short, and the memory after
       // it up to the next aligned size is readable (each buffer is whole blocks).
       absl::Status appended = file_->Append(data);
-      lock.lock();
+      mu_.Lock();
       status_.Update(appended);
     }
     ++written_;
-    cv_.notify_all();
+    changed_.SignalAll();
   }
 }
 

@@ -14,17 +14,16 @@
 #ifndef TRAINYARD_COMMON_STAGED_APPENDER_H_
 #define TRAINYARD_COMMON_STAGED_APPENDER_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/filesystem.h"
 
 namespace trainyard {
@@ -49,14 +48,16 @@ class StagedAppender {
   StagedAppender(std::unique_ptr<WritableFile> file, size_t buffer_bytes, int buffers);
   absl::Status Submit();
   void Run();
+  // Called with mu_ held: whether a buffer is free to fill.
+  bool HasFreeBuffer() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<WritableFile> file_;
   const size_t buffer_bytes_;
   std::vector<std::unique_ptr<char, void (*)(void*)>> buffers_;
   int64_t filling_ = 0;  // the caller's: buffers submitted, so it fills filling_ % buffers
   size_t staged_ = 0;    // the caller's: bytes in that buffer
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;                           // submitted_, written_ or closing_ changed
   std::vector<size_t> sizes_ ABSL_GUARDED_BY(mu_);  // each queued buffer's bytes
   int64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;      // buffers handed to the thread, ever
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;        // of those, written (or skipped after an error)
