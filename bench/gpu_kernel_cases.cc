@@ -312,7 +312,6 @@ absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const Case
 }  // namespace
 
 // Attention alone at head dim 128: 32 query heads over 8 key/value heads, 2 × 4096 tokens.
-constexpr char kAttentionD128[] = "attn-d128";
 config::ModelConfig AttentionD128() {
   config::ModelConfig c = *config::Preset("llama-1b");
   c.heads = 32;
@@ -328,7 +327,11 @@ std::vector<BenchModel> BenchModels() {
           .name = "gpt2-124m", .config = *config::Preset("gpt2-124m"), .batch = 16, .seq = 1024},
       BenchModel{
           .name = "llama-1b", .config = *config::Preset("llama-1b"), .batch = 4, .seq = 2048},
-      BenchModel{.name = kAttentionD128, .config = AttentionD128(), .batch = 2, .seq = 4096},
+      BenchModel{.name = "attn-d128",
+                 .config = AttentionD128(),
+                 .batch = 2,
+                 .seq = 4096,
+                 .attention_only = true},
   };
 }
 
@@ -346,7 +349,7 @@ std::vector<Case> CasesFor(const BenchModel& model) {
       {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, x, r); }},
       {"attention fwd+bwd", [m](X x, Row* r) { return Attention(m, Pass::kBoth, x, r); }},
   };
-  if (m.name == kAttentionD128) return cases;
+  if (m.attention_only) return cases;
   cases.push_back({norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, x, r); }});
   if (gpt2) {
     cases.push_back({"gelu fwd+bwd", [m](X x, Row* r) { return Gelu(m, x, r); }});

@@ -22,8 +22,9 @@ namespace trainyard::bench {
 struct BenchModel {
   std::string name;  // the preset
   config::ModelConfig config;
-  int64_t batch = 0, seq = 0;  // the training shape: batch · seq token rows
-  int64_t ce_rows = 4096;      // rows of one cross-entropy / LM-head chunk
+  int64_t batch = 0, seq = 0;   // the training shape: batch · seq token rows
+  int64_t ce_rows = 4096;       // rows of one cross-entropy / LM-head chunk
+  bool attention_only = false;  // only the attention cases (a shape for attention alone)
 };
 
 // GPT-2 124M at 16 × 1024 tokens, Llama 1B at 4 × 2048, and "attn-d128": attention alone at

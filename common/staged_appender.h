@@ -9,8 +9,8 @@
 // more, and the next Put or Finish returns that error.
 //
 // Threading: Put and Finish are called from one thread; the file is used only by the appender's
-// thread until Finish returns. Destroying an appender without Finish waits for the writes in
-// flight and leaves the file unsynced.
+// thread until Finish returns. Destroying an appender without Finish writes the buffers already
+// handed over (not the one being filled) and leaves the file unsynced.
 #ifndef TRAINYARD_COMMON_STAGED_APPENDER_H_
 #define TRAINYARD_COMMON_STAGED_APPENDER_H_
 

@@ -225,12 +225,6 @@ struct SlotElements {
   int64_t acts = 0, floats = 0, ints = 0;
 };
 
-// An MoE block's buffers for a micro-batch of n rows (worker/model_activations.h): n · top_k
-// picks (the dropless bound, allocated whatever the capacity), each expert's fc and hidden
-// widths on this rank. Under expert parallelism the engine grows the buffers of the rows a
-// rank's experts receive to the most it has received, which depends on the routing: counted
-// here is the most it can receive (ReceivedRowsBound), so that a plan's memory holds however
-// the router learns to route.
 // The most rows a rank's experts can receive in one exchange (0 without expert parallelism): from
 // each of the ep ranks (itself included), every token's picks of this rank's E / ep experts, at
 // most min(top_k, E / ep) per token, and under a capacity at most capacity rows per expert
@@ -245,6 +239,12 @@ int64_t ReceivedRowsBound(const RankShape& s) {
   return s.mesh.ep * per_source;
 }
 
+// An MoE block's buffers for a micro-batch of n rows (worker/model_activations.h): n · top_k
+// picks (the dropless bound, allocated whatever the capacity), each expert's fc and hidden
+// widths on this rank. Under expert parallelism the engine grows the buffers of the rows a
+// rank's experts receive to the most it has received, which depends on the routing: counted
+// here is the most it can receive (ReceivedRowsBound), so that a plan's memory holds however
+// the router learns to route.
 struct ExpertShapes {
   explicit ExpertShapes(const RankShape& s)
       : n(s.rows()),

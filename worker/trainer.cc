@@ -251,7 +251,8 @@ class RankTrainer {
   // config::kMemorySnapshotBudget of the step time).
   int64_t ProposedMemoryInterval(double step_seconds);
   absl::StatusOr<Agreement> Agree(double step_seconds);
-  double WaitSeconds() const;  // collective and pipeline waits so far
+  double CollectiveWaitSeconds() const;  // exposed collective waits so far (every axis)
+  double WaitSeconds() const;            // those and the pipeline's waits so far
   absl::Status Checkpoint(bool save, bool wait);
   absl::Status Sample();
   // The validation loss of the model as it stands, added to result_.evals.
@@ -402,10 +403,12 @@ absl::Status RankTrainer::SumOverWorld(std::span<double> values) {
   return parallel::AllReduceDoubles(*dims_.pp, values);
 }
 
-double RankTrainer::WaitSeconds() const {
+double RankTrainer::CollectiveWaitSeconds() const {
   return params_->exposed_comm_seconds() + model_->tp_comm_seconds() + model_->cp_comm_seconds() +
-         model_->ep_comm_seconds() + pipeline_wait_;
+         model_->ep_comm_seconds();
 }
+
+double RankTrainer::WaitSeconds() const { return CollectiveWaitSeconds() + pipeline_wait_; }
 
 absl::Status RankTrainer::Restore() {
   const int world = spec_.world_size();
@@ -836,8 +839,7 @@ void RankTrainer::Finish() {
   result_.pipeline_wait_fraction = train_nanos_ > 0 ? pipeline_wait_ / train_s : 0.0;
   result_.train_seconds = train_s;
   result_.pipeline_wait_seconds = pipeline_wait_;
-  result_.exposed_comm_seconds = params_->exposed_comm_seconds() + model_->tp_comm_seconds() +
-                                 model_->cp_comm_seconds() + model_->ep_comm_seconds();
+  result_.exposed_comm_seconds = CollectiveWaitSeconds();
   static_cast<parallel::MemoryAccount&>(result_.memory) = params_->memory();
   result_.memory.activations = model_->activation_bytes();
   const Traffic sent = SentSoFar();
