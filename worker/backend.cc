@@ -1,6 +1,36 @@
 #include "worker/backend.h"
 
+#include <utility>
+
+#include "common/clock.h"
+
 namespace trainyard::worker {
+namespace {
+
+class HostSum final : public DeviceSum {
+ public:
+  void AddHost(double value) override { sum_ += value; }
+  absl::StatusOr<double> Take() override { return std::exchange(sum_, 0.0); }
+
+ private:
+  double sum_ = 0.0;
+};
+
+class HostTimer final : public DeviceTimer {
+ public:
+  void Start() override { started_ = RealClock()->NowNanosMonotonic(); }
+  void Stop() override { nanos_ += RealClock()->NowNanosMonotonic() - started_; }
+  absl::StatusOr<double> Take() override { return std::exchange(nanos_, 0) / 1e9; }
+
+ private:
+  int64_t started_ = 0;
+  int64_t nanos_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceSum> Backend::NewDeviceSum() { return std::make_unique<HostSum>(); }
+std::unique_ptr<DeviceTimer> Backend::NewDeviceTimer() { return std::make_unique<HostTimer>(); }
 
 void Backend::ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, Act* act, Act* out) {
   const int64_t width = mlp.width, ffn = mlp.ffn, fc = mlp.fc_out();

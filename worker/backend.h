@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "worker/buffer.h"
 
@@ -73,6 +74,31 @@ struct AdamWParams {
   float grad_scale = 1.0f;
 };
 
+// A sum kept where the backend computes its terms (on the device for CUDA) until it is read
+// once: a training step's loss, added to by every chunk of every micro-batch, is read at the
+// step's end instead of after each chunk.
+class DeviceSum {
+ public:
+  virtual ~DeviceSum() = default;
+  // Adds a term the host computed (the vocabulary-parallel loss's).
+  virtual void AddHost(double value) = 0;
+  // The sum of everything added since the last Take, then zero; waits for the device and
+  // returns its first error instead (as Synchronize does).
+  [[nodiscard]] virtual absl::StatusOr<double> Take() = 0;
+};
+
+// Device time of a kind of work, summed over spans Start..Stop and read once: each end is the
+// moment the device gets to it (the work queued before it has run), so timing a pass does not
+// make the host wait for it.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual void Start() = 0;
+  virtual void Stop() = 0;
+  // Seconds of the spans since the last Take, then zero; waits for the last Stop.
+  [[nodiscard]] virtual absl::StatusOr<double> Take() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -103,6 +129,10 @@ class Backend {
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  // A zero sum for SoftmaxCrossEntropy, and a timer. These defaults suit a backend that runs
+  // each call before returning: a host double, and the host's monotonic clock.
+  virtual std::unique_ptr<DeviceSum> NewDeviceSum();
+  virtual std::unique_ptr<DeviceTimer> NewDeviceTimer();
 
   // Memory. Allocations are zero-filled.
   // Whether buffers live in host memory the caller may write directly (the CPU backend's), so
@@ -244,11 +274,12 @@ class Backend {
   virtual void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                        int64_t cols) = 0;
 
-  // Σ cross-entropy over rows; with write_grad, logits become grad_scale·(softmax − onehot).
-  // Rows are `ld` apart (ld ≥ vocab): a padded row's columns [vocab, ld) are left alone.
-  virtual double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows,
-                                     int64_t vocab, int64_t ld, float grad_scale,
-                                     bool write_grad) = 0;
+  // Σ cross-entropy over rows, added to *loss (a sum this backend made, NewDeviceSum); with
+  // write_grad, logits become grad_scale·(softmax − onehot). Rows are `ld` apart (ld ≥ vocab): a
+  // padded row's columns [vocab, ld) are left alone.
+  virtual void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                                   int64_t ld, float grad_scale, bool write_grad,
+                                   DeviceSum* loss) = 0;
 
   // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
   virtual void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,

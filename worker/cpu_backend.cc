@@ -206,9 +206,11 @@ class CpuBackend final : public Backend {
     k::AttentionBlockBackward(F(dq), F(dk), F(dv), F(dout), F(q), F(key), F(value), F(out), lse,
                               Dims(s));
   }
-  double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             int64_t ld, float grad_scale, bool write_grad) override {
-    return k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale, write_grad);
+  void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                           int64_t ld, float grad_scale, bool write_grad,
+                           DeviceSum* loss) override {
+    loss->AddHost(
+        k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale, write_grad));
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {

@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +35,7 @@ namespace {
 namespace kc = ::trainyard::kernels::cuda;
 
 // Scratch buffers, one per use that can be live at the same time within one operation.
-enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kLosses, kCount };
+enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kCount };
 
 class CudaBackend final : public Backend {
  public:
@@ -89,6 +91,10 @@ class CudaBackend final : public Backend {
     Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     Record(cudaGetLastError(), "cudaGetLastError");
     return status_;
+  }
+  std::unique_ptr<DeviceSum> NewDeviceSum() override { return std::make_unique<RowSums>(this); }
+  std::unique_ptr<DeviceTimer> NewDeviceTimer() override {
+    return std::make_unique<EventTimer>(this);
   }
 
   // Memory.
@@ -281,16 +287,12 @@ class CudaBackend final : public Backend {
   }
 
   // Cross-entropy.
-  double SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             int64_t ld, float grad_scale, bool write_grad) override {
-    float* losses = ScratchFloats(Scratch::kLosses, rows);
+  void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                           int64_t ld, float grad_scale, bool write_grad,
+                           DeviceSum* loss) override {
+    float* losses = static_cast<RowSums*>(loss)->Reserve(rows);
     Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, ld, grad_scale,
                                 write_grad, losses));
-    std::vector<float> host(rows);
-    ToHost(host.data(), losses, rows * 4);
-    double total = 0.0;
-    for (float l : host) total += l;
-    return total;
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
@@ -461,6 +463,89 @@ class CudaBackend final : public Backend {
   struct Block {
     void* ptr = nullptr;
     size_t bytes = 0;
+  };
+
+  // A loss sum on the device: the per-row losses of each SoftmaxCrossEntropy call since the last
+  // Take, which the host sums when it reads them (each call's rows in order, in double, as the CPU
+  // backend does). The buffer grows in stream order and is kept from step to step.
+  class RowSums final : public DeviceSum {
+   public:
+    explicit RowSums(CudaBackend* backend) : backend_(backend) {}
+    void AddHost(double value) override { host_ += value; }
+    absl::StatusOr<double> Take() override {
+      const int64_t used = ends_.empty() ? 0 : ends_.back();
+      std::vector<float> rows(used);
+      backend_->CopyToHost(rows.data(), rows_.data(), used);  // waits for the stream
+      TY_RETURN_IF_ERROR(backend_->Synchronize());
+      double total = 0.0;
+      int64_t r = 0;
+      for (const int64_t end : ends_) {
+        double call = 0.0;
+        for (; r < end; ++r) call += rows[r];
+        total += call;
+      }
+      ends_.clear();
+      return total + std::exchange(host_, 0.0);
+    }
+    // Room for one call's `count` row losses.
+    float* Reserve(int64_t count) {
+      const int64_t used = ends_.empty() ? 0 : ends_.back();
+      if (used + count > rows_.size()) {
+        Buffer<float> grown = backend_->AllocFloat(std::max(2 * rows_.size(), used + count));
+        backend_->Copy(grown.data(), rows_.data(), used);
+        rows_ = std::move(grown);  // freed in stream order, after the copy
+      }
+      ends_.push_back(used + count);
+      return rows_.data() == nullptr ? nullptr : rows_.data() + used;
+    }
+
+   private:
+    CudaBackend* backend_;
+    Buffer<float> rows_;
+    std::vector<int64_t> ends_;  // each call's end in rows_
+    double host_ = 0.0;
+  };
+
+  // Spans timed with CUDA events on the stream, read when taken; the events are reused from
+  // step to step.
+  class EventTimer final : public DeviceTimer {
+   public:
+    explicit EventTimer(CudaBackend* backend) : backend_(backend) {}
+    ~EventTimer() override {
+      for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    }
+    void Start() override { RecordNext(); }
+    void Stop() override { RecordNext(); }
+    absl::StatusOr<double> Take() override {
+      TY_RETURN_IF_ERROR(backend_->status_);
+      if (used_ % 2 != 0) return absl::FailedPreconditionError("timer read inside a span");
+      if (used_ == 0) return 0.0;
+      TY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[used_ - 1]));
+      double ms = 0.0;
+      for (size_t i = 0; i < used_; i += 2) {
+        float span = 0.0f;
+        TY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&span, events_[i], events_[i + 1]));
+        ms += span;
+      }
+      used_ = 0;
+      return ms / 1e3;
+    }
+
+   private:
+    void RecordNext() {
+      if (used_ == events_.size()) {
+        cudaEvent_t event = nullptr;
+        const cudaError_t made = cudaEventCreate(&event);
+        backend_->Record(made, "cudaEventCreate");
+        if (made != cudaSuccess) return;  // the error is the backend's: Take reports it
+        events_.push_back(event);
+      }
+      backend_->Record(cudaEventRecord(events_[used_++], backend_->stream_), "cudaEventRecord");
+    }
+
+    CudaBackend* backend_;
+    std::vector<cudaEvent_t> events_;
+    size_t used_ = 0;  // events recorded since the last Take: Start, Stop, Start, ...
   };
 
   // The weight HoldWeight named, and whether the kWeight scratch holds its conversion.

@@ -4,7 +4,6 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/model_activations.h"
@@ -24,7 +23,10 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
       layout_(config, tp_.rank(), tp_.size(), std::move(sharding.chunks),
               ep_ != nullptr ? ep_->rank() : 0, ep_ != nullptr ? ep_->size() : 1),
       backend_(backend),
-      source_(source) {
+      source_(source),
+      forward_timer_(backend->NewDeviceTimer()),
+      backward_timer_(backend->NewDeviceTimer()),
+      train_loss_(backend->NewDeviceSum()) {
   const int64_t n = tp_size(), d = config.head_dim();
   dims_.heads = config.heads / n;
   dims_.kv_heads = config.kv_heads / n;
@@ -779,8 +781,8 @@ int64_t Model::local_rows() const {
   return tp_.LocalRows(n);
 }
 
-absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
-  if (tp_size() > 1) return VocabParallelLoss(grad_scale, with_grad);
+absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* loss) {
+  if (tp_size() > 1) return VocabParallelLoss(grad_scale, with_grad, loss);
   Activations& a = *acts_;
   const int hg = layout_.head_group();
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, hg));
@@ -794,13 +796,12 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
   float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
   if (padded != vocab) PadHead(&head, with_grad ? &dhead : nullptr);
   backend_->HoldWeight(head, padded * width);  // unchanged until the last chunk's backward
-  double total = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, padded, width);
-    total += backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab,
-                                           padded, grad_scale, with_grad);
+    backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab, padded,
+                                  grad_scale, with_grad, loss);
     if (with_grad) {
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), dhead, nullptr,
                                a.logits.data(), h, head, rows, padded, width);
@@ -810,7 +811,7 @@ absl::StatusOr<double> Model::ChunkedLoss(float grad_scale, bool with_grad) {
   if (with_grad && padded != vocab) {
     backend_->Copy(G(hg, layout_.lm_head()), head_.grad.data(), vocab * width);
   }
-  return total;
+  return absl::OkStatus();
 }
 
 void Model::PadHead(const float** head, float** dhead) {
@@ -826,7 +827,7 @@ void Model::PadHead(const float** head, float** dhead) {
 // vocabulary; per row, the shards' (max, Σexp, target logit) are exchanged to form the full
 // log-sum-exp, and each rank writes the gradient of its own logits. No rank ever holds a full
 // row of logits.
-absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad) {
+absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSum* loss) {
   Activations& a = *acts_;
   const int hg = layout_.head_group();
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, hg));
@@ -868,11 +869,12 @@ absl::StatusOr<double> Model::VocabParallelLoss(float grad_scale, bool with_grad
                                nullptr, a.logits.data(), h, head, rows, vocab, width);
     }
   }
+  loss->AddHost(total);
   if (with_grad) {
     TY_RETURN_IF_ERROR(
         SumToLocalRows(a.dlnf.data(), sp_ ? a.dlnf_local.data() : a.dlnf.data(), width));
   }
-  return total;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b,
@@ -880,19 +882,17 @@ absl::StatusOr<double> Model::ForwardBackward(const int32_t* inputs, const int32
   if (!layout_.first() || !layout_.last()) {
     return absl::FailedPreconditionError("ForwardBackward runs a whole model; use StageForward");
   }
-  double loss = 0.0;
-  TY_RETURN_IF_ERROR(StageForward({}, inputs, targets, b, t, nullptr, grad_scale, &loss, nullptr));
+  TY_RETURN_IF_ERROR(StageForward({}, inputs, targets, b, t, nullptr, grad_scale, nullptr));
   TY_RETURN_IF_ERROR(StageBackward({}, nullptr, nullptr));
-  return loss;
+  return TakeTrainingLoss();
 }
 
 absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int32_t* targets, int b,
-                                 int t, const Act* input_acts, float grad_scale, double* loss_sum,
-                                 Act* output_acts) {
+                                 int t, const Act* input_acts, float grad_scale, Act* output_acts) {
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
   if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
-  const int64_t started = RealClock()->NowNanosMonotonic();
+  forward_timer_->Start();
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
@@ -902,37 +902,33 @@ absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int3
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
     backend_->Copy(output_acts, a.resid[stage.num_layers].data(), local_rows() * config_.width);
-    const absl::Status synced = backend_->Synchronize();
-    phase_seconds_.forward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
-    return synced;
+    forward_timer_->Stop();
+    return absl::OkStatus();
   }
   // The last stage runs its whole backward at once: the loss's gradient is known as soon as
   // the loss is.
   Act* dx = a.dx.data();
-  int64_t loss_known = 0;
   {
     std::unique_ptr<Hold> final_hold;
     TY_RETURN_IF_ERROR(
         Forward(/*keep_layer_activations=*/!config_.recompute, &final_hold, input_acts));
-    TY_ASSIGN_OR_RETURN(*loss_sum, ChunkedLoss(grad_scale, /*with_grad=*/true));
-    // The loss is on the host: the device has finished the forward pass.
-    loss_known = RealClock()->NowNanosMonotonic();
-    phase_seconds_.forward += (loss_known - started) / 1e9;
+    TY_RETURN_IF_ERROR(ChunkedLoss(grad_scale, /*with_grad=*/true, train_loss_.get()));
+    forward_timer_->Stop();
+    backward_timer_->Start();
     backend_->Fill(dx, 0.0f, a.dx.size());
     TY_RETURN_IF_ERROR(FinalNormBackward(dx));
     // Complete now: a tied head on the first stage lives in the embedding group, finished last.
     TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
   }
   TY_RETURN_IF_ERROR(BackwardBlocks(dx));
-  const absl::Status synced = backend_->Synchronize();
-  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - loss_known) / 1e9;
-  return synced;
+  backward_timer_->Stop();
+  return absl::OkStatus();
 }
 
 absl::Status Model::StageBackward(StageSlot at, const Act* doutput, Act* dinput) {
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
-  const int64_t started = RealClock()->NowNanosMonotonic();
+  backward_timer_->Start();
   Activations& a = *acts_;
   const int64_t rows = local_rows();
   if (!stage.last) {
@@ -941,24 +937,29 @@ absl::Status Model::StageBackward(StageSlot at, const Act* doutput, Act* dinput)
     TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
   if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
-  const absl::Status synced = backend_->Synchronize();
-  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
-  return synced;
+  backward_timer_->Stop();
+  return absl::OkStatus();
 }
 
 absl::Status Model::StageWeightGradients(StageSlot at) {
   if (!split_) return absl::FailedPreconditionError("weight passes need a split backward");
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
-  const int64_t started = RealClock()->NowNanosMonotonic();
+  backward_timer_->Start();
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
     TY_RETURN_IF_ERROR(BlockWeightGradients(l));
   }
   if (stage.first) TY_RETURN_IF_ERROR(EmbeddingBackward(acts_->embedding_dy.data()));
-  const absl::Status synced = backend_->Synchronize();
-  phase_seconds_.backward += (RealClock()->NowNanosMonotonic() - started) / 1e9;
-  return synced;
+  backward_timer_->Stop();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Model::PhaseSeconds> Model::TakePhaseSeconds() {
+  PhaseSeconds seconds;
+  TY_ASSIGN_OR_RETURN(seconds.forward, forward_timer_->Take());
+  TY_ASSIGN_OR_RETURN(seconds.backward, backward_timer_->Take());
+  return seconds;
 }
 
 absl::StatusOr<double> Model::StageLoss(int chunk, const int32_t* inputs, const int32_t* targets,
@@ -975,9 +976,9 @@ absl::StatusOr<double> Model::StageLoss(int chunk, const int32_t* inputs, const 
     TY_RETURN_IF_ERROR(backend_->Synchronize());
     return 0.0;
   }
-  TY_ASSIGN_OR_RETURN(const double loss, ChunkedLoss(0.0f, /*with_grad=*/false));
-  TY_RETURN_IF_ERROR(backend_->Synchronize());
-  return loss;
+  std::unique_ptr<DeviceSum> loss = backend_->NewDeviceSum();
+  TY_RETURN_IF_ERROR(ChunkedLoss(0.0f, /*with_grad=*/false, loss.get()));
+  return loss->Take();
 }
 
 void Model::SelectSlot(StageSlot at) {

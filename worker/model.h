@@ -97,8 +97,9 @@ class Model {
 
   // One micro-batch of `b` sequences of `t` tokens (inputs and targets are host arrays of b·t
   // tokens). Accumulates the gradient of grad_scale · Σ cross-entropy into grads() and returns
-  // Σ cross-entropy over the b·t positions. INVALID_ARGUMENT for t > max_seq or a token outside
-  // the vocabulary.
+  // Σ cross-entropy over the b·t positions, which it reads at once (a training loop that runs
+  // several micro-batches calls StageForward and StageBackward, and TakeTrainingLoss once).
+  // INVALID_ARGUMENT for t > max_seq or a token outside the vocabulary.
   [[nodiscard]] absl::StatusOr<double> ForwardBackward(const int32_t* inputs,
                                                        const int32_t* targets, int b, int t,
                                                        float grad_scale);
@@ -109,11 +110,11 @@ class Model {
   // (one slot per micro-batch and chunk in flight). Inputs and targets are the micro-batch's
   // tokens (host); input_acts / output_acts are [b·t, width] device buffers from / for the
   // neighbouring virtual stages (ignored on the first / last one). The last virtual stage computes
-  // the loss (Σ cross-entropy into *loss_sum) and its whole backward in StageForward;
-  // StageBackward then only hands on ∂loss/∂input.
+  // the loss (Σ cross-entropy, added to what TakeTrainingLoss reads) and its whole backward in
+  // StageForward; StageBackward then only hands on ∂loss/∂input. No pass waits for the device.
   [[nodiscard]] absl::Status StageForward(StageSlot at, const int32_t* inputs,
                                           const int32_t* targets, int b, int t,
-                                          const Act* input_acts, float grad_scale, double* loss_sum,
+                                          const Act* input_acts, float grad_scale,
                                           Act* output_acts);
   // doutput: ∂loss/∂(stage output) (ignored on the last stage); dinput receives ∂loss/∂(stage
   // input) (not on the first stage). With a split backward the blocks' and the embedding's
@@ -134,15 +135,19 @@ class Model {
   // context parallelism.
   [[nodiscard]] absl::Status Logits(const int32_t* inputs, int b, int t, float* host_logits);
 
-  // Wall seconds of the training passes (StageForward, StageBackward, ForwardBackward) since the
-  // last call: the loss and its gradient count as forward, everything after them as backward.
-  // Each is measured up to a point where the device has finished (a synchronisation), so the
-  // split holds on a GPU too. Evaluations (Loss, StageLoss) are not counted.
+  // Σ cross-entropy of the training passes (StageForward) since the last call: the step's one
+  // read of its loss, which waits for the device (and returns its first error instead).
+  [[nodiscard]] absl::StatusOr<double> TakeTrainingLoss() { return train_loss_->Take(); }
+
+  // Device seconds of the training passes (StageForward, StageBackward, StageWeightGradients)
+  // since the last call: the loss and its gradient count as forward, everything after them as
+  // backward. Each pass is timed from where the device begins it to where it ends it (events on
+  // a GPU, read here, so that no pass waits for the device). Evaluations are not counted.
   struct PhaseSeconds {
     double forward = 0;
     double backward = 0;
   };
-  PhaseSeconds TakePhaseSeconds() { return std::exchange(phase_seconds_, PhaseSeconds{}); }
+  [[nodiscard]] absl::StatusOr<PhaseSeconds> TakePhaseSeconds();
 
   // Routing of the MoE layers this rank holds (config::MoeConfig), summed over the training
   // passes (StageForward) since the last call: one entry per layer, in layer order.
@@ -165,7 +170,8 @@ class Model {
   struct LayerActivations;
   struct Activations;
 
-  PhaseSeconds phase_seconds_;
+  std::unique_ptr<DeviceTimer> forward_timer_, backward_timer_;  // TakePhaseSeconds
+  std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
 
   class Hold;
 
@@ -197,7 +203,7 @@ class Model {
                                           std::initializer_list<std::pair<int64_t, int64_t>> norms);
   int tp_size() const { return tp_.size(); }
   int tp_rank() const { return tp_.rank(); }
-  [[nodiscard]] absl::StatusOr<double> VocabParallelLoss(float grad_scale, bool with_grad);
+  [[nodiscard]] absl::Status VocabParallelLoss(float grad_scale, bool with_grad, DeviceSum* loss);
   [[nodiscard]] absl::Status Prepare(const int32_t* inputs, const int32_t* targets, int b, int t);
   // The micro-batch's token ids onto the device (this rank's share of them under context
   // parallelism, in its row order), with their vocabulary-shard forms under tensor parallelism.
@@ -253,9 +259,9 @@ class Model {
   [[nodiscard]] absl::Status EmbeddingBackward(const Act* dy);
   [[nodiscard]] absl::Status FinalNorm();
   [[nodiscard]] absl::Status FinalNormBackward(Act* dx);
-  // Cross-entropy over the final hidden states, chunk by chunk; with gradients it also writes
-  // d(lnf) and accumulates the LM head's weight gradient.
-  [[nodiscard]] absl::StatusOr<double> ChunkedLoss(float grad_scale, bool with_grad);
+  // Cross-entropy over the final hidden states, chunk by chunk, added to *loss; with gradients it
+  // also writes d(lnf) and accumulates the LM head's weight gradient.
+  [[nodiscard]] absl::Status ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* loss);
 
   // Parameter / gradient of the tensor at flat `offset` in `group` (null for offset -1). Valid
   // while the group is held / after Gradients(group) this pass.

@@ -235,7 +235,7 @@ class RankTrainer {
   // becomes the batch's (summed in the norm's collectives).
   absl::StatusOr<OptimizerStepped> OptimizerStep(double& loss_sum);
   absl::Status MoeStep();
-  void AddStepDetail(StepReport& report, int64_t optimizer_nanos);
+  [[nodiscard]] absl::Status AddStepDetail(StepReport& report, int64_t optimizer_nanos);
   std::vector<MoeLayerReport> moe_report_;  // the last step's
   absl::StatusOr<double> SumOverWorld(double value);
   absl::Status SumOverWorld(std::span<double> values);
@@ -455,7 +455,6 @@ absl::Status RankTrainer::Restore() {
 absl::StatusOr<double> RankTrainer::ForwardBackward() {
   const int t = spec_.training.seq_len;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step_);
-  double loss_sum = 0.0;
   // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
   // the same samples the single-process run draws for those positions.
   auto fill = [&](int i) {
@@ -465,15 +464,16 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
         dims_.at.micro, inputs_.data(), targets_.data());
     data_nanos_ += clock_.NowNanosMonotonic() - started;
   };
+  // The loss stays on the device until every micro-batch has run: one read per step.
   if (spec_.parallelism.pp == 1) {
     for (int i = 0; i < dims_.at.micro_batches; ++i) {
       params_->SetLastMicroBatch(i + 1 == dims_.at.micro_batches);
       fill(i);
-      TY_ASSIGN_OR_RETURN(double loss, model_->ForwardBackward(inputs_.data(), targets_.data(),
-                                                               dims_.at.micro, t, grad_scale));
-      loss_sum += loss;
+      TY_RETURN_IF_ERROR(model_->StageForward({}, inputs_.data(), targets_.data(), dims_.at.micro,
+                                              t, nullptr, grad_scale, nullptr));
+      TY_RETURN_IF_ERROR(model_->StageBackward({}, nullptr, nullptr));
     }
-    return loss_sum;
+    return model_->TakeTrainingLoss();
   }
   const ScheduleShape shape{.schedule = spec_.parallelism.schedule,
                             .stages = spec_.parallelism.pp,
@@ -488,16 +488,13 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
     if (pass.kind == PassKind::kBackward) return model_->StageBackward(at, in, out);
     if (pass.kind == PassKind::kWeight) return model_->StageWeightGradients(at);
     fill(pass.micro_batch);
-    double loss = 0.0;
-    TY_RETURN_IF_ERROR(model_->StageForward(at, inputs_.data(), targets_.data(), dims_.at.micro, t,
-                                            in, grad_scale, &loss, out));
-    loss_sum += loss;
-    return absl::OkStatus();
+    return model_->StageForward(at, inputs_.data(), targets_.data(), dims_.at.micro, t, in,
+                                grad_scale, out);
   };
   ScheduleStats schedule;
   TY_RETURN_IF_ERROR(RunSchedule(*dims_.pp, backend_, shape, stage_transfer_, work, &schedule));
   pipeline_wait_ += schedule.wait_seconds;
-  return loss_sum;
+  return model_->TakeTrainingLoss();
 }
 
 absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep(double& loss_sum) {
@@ -516,14 +513,15 @@ absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep(double&
 // holds the same layers); under the bias rule, each selection bias moved by its layer's loads,
 // on the slices this rank updates (before they are reassembled).
 // Where the step's time went (the passes, the optimizer, the data) and its MoE routing.
-void RankTrainer::AddStepDetail(StepReport& report, int64_t optimizer_nanos) {
+absl::Status RankTrainer::AddStepDetail(StepReport& report, int64_t optimizer_nanos) {
   report.tokens_per_second = tokens_per_step_ / std::max(report.step_seconds, 1e-9);
-  const Model::PhaseSeconds passes = model_->TakePhaseSeconds();
+  TY_ASSIGN_OR_RETURN(const Model::PhaseSeconds passes, model_->TakePhaseSeconds());
   report.forward_seconds = passes.forward;
   report.backward_seconds = passes.backward;
   report.optimizer_seconds = optimizer_nanos / 1e9;
   report.data_seconds = std::exchange(data_nanos_, 0) / 1e9;
   report.moe = moe_report_;
+  return absl::OkStatus();
 }
 
 absl::Status RankTrainer::MoeStep() {
@@ -771,7 +769,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
                       .grad_norm = norm,
                       .step_seconds = step_nanos / 1e9,
                       .wait_seconds = WaitSeconds() - wait_before};
-    AddStepDetail(report, optimizer_nanos);
+    TY_RETURN_IF_ERROR(AddStepDetail(report, optimizer_nanos));
     if (tr.eval_every > 0 && (last || state_.step % tr.eval_every == 0)) {
       TY_RETURN_IF_ERROR(InPhase(config::HangPhase::kEvaluation, [&] { return EvaluateNow(); }));
       report.val_loss = result_.evals.back().loss;

@@ -49,6 +49,16 @@ double L2Relative(const float* got, const float* want, int64_t n) {
   return ref == 0.0 ? std::sqrt(diff) : std::sqrt(diff / ref);
 }
 
+// The same initial parameters on both models, and zero gradients.
+void StartAlike(LocalModel& cpu, LocalModel& gpu) {
+  cpu.InitParameters(11);
+  std::vector<float> params(cpu.num_params());
+  cpu.ReadParameters(params.data());
+  gpu.LoadParameters(params.data());
+  cpu.ZeroGradients();
+  gpu.ZeroGradients();
+}
+
 class ModelOnGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
@@ -79,12 +89,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
   LocalModel& cm = **cpu_model;
   LocalModel& gm = **gpu_model;
-  cm.InitParameters(11);
-  std::vector<float> params(cm.num_params());
-  cm.ReadParameters(params.data());
-  gm.LoadParameters(params.data());
-  cm.ZeroGradients();
-  gm.ZeroGradients();
+  StartAlike(cm, gm);
 
   const float scale = 1.0f / (b * t);
   auto cpu_loss = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
@@ -108,6 +113,52 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   ASSERT_TRUE(cm.Logits(inputs.data(), b, t, cl.data()).ok());
   ASSERT_TRUE(gm.Logits(inputs.data(), b, t, gl.data()).ok());
   EXPECT_LE(testing::RelativeError(gl, cl), bf16 ? 2e-2 : 1e-5);
+}
+
+// Micro-batches as a training rank runs them (StageForward, StageBackward, no read between
+// them): the loss summed on the device over three micro-batches (its row buffer grows twice) and
+// read once equals the CPU's, and the passes were timed with events.
+TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
+  TY_SKIP_WITHOUT_GPU();
+  const config::ModelConfig mc = *config::Preset("gpt2-debug");
+  auto cpu = MakeCpuBackend(0);
+  auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = DType::kF32});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  auto cpu_model = LocalModel::Create(mc, cpu.get());
+  auto gpu_model = LocalModel::Create(mc, gpu_or->get());
+  ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
+  LocalModel& cm = **cpu_model;
+  LocalModel& gm = **gpu_model;
+  StartAlike(cm, gm);
+  const int b = 2, t = 48, micro_batches = 3;
+  const float scale = 1.0f / (micro_batches * b * t);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
+  double want = 0.0;
+  for (int i = 0; i < micro_batches; ++i) {
+    std::vector<int32_t> inputs(b * t), targets(b * t);
+    for (auto& x : inputs) x = token(rng);
+    for (auto& x : targets) x = token(rng);
+    ASSERT_TRUE(gm.model()
+                    .StageForward({}, inputs.data(), targets.data(), b, t, nullptr, scale, nullptr)
+                    .ok());
+    ASSERT_TRUE(gm.model().StageBackward({}, nullptr, nullptr).ok());
+    auto loss = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    want += *loss;
+  }
+  auto got = gm.model().TakeTrainingLoss();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LE(std::abs(*got - want) / want, 1e-5) << *got << " vs " << want;
+  EXPECT_EQ(*gm.model().TakeTrainingLoss(), 0.0);
+  auto phases = gm.model().TakePhaseSeconds();
+  ASSERT_TRUE(phases.ok()) << phases.status();
+  EXPECT_GT(phases->forward, 0.0);
+  EXPECT_GT(phases->backward, 0.0);
+  std::vector<float> cg(cm.num_params()), gg(cm.num_params(), NAN);
+  cm.ReadGradients(cg.data());
+  gm.ReadGradients(gg.data());
+  EXPECT_LE(L2Relative(gg.data(), cg.data(), cm.num_params()), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(DebugPresets, ModelOnGpu,

@@ -6,6 +6,7 @@
 // ε = 1e-3 the difference has an error around 1e-4 relative, so the tolerance is 2e-3.
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -200,12 +201,16 @@ TEST_F(GradCheck, SoftmaxCrossEntropy) {
   // Output is the per-call loss sum, a 1-element tensor.
   auto fwd = [&](const Tensors& in) {
     std::vector<float> logits = in[0];
-    return std::vector<float>{static_cast<float>(be_->SoftmaxCrossEntropy(
-        A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false))};
+    std::unique_ptr<DeviceSum> loss = be_->NewDeviceSum();
+    be_->SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false,
+                             loss.get());
+    return std::vector<float>{static_cast<float>(*loss->Take())};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
-    be_->SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true);
+    std::unique_ptr<DeviceSum> loss = be_->NewDeviceSum();
+    be_->SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true,
+                             loss.get());
     return g;
   };
   CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng_, 2.0f)}, fwd, bwd);
