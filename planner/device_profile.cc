@@ -38,7 +38,7 @@ DeviceProfile HopperSxm(std::string name, double memory_gib, double hbm_bytes_pe
   p.act_bytes = 2;                        // bf16 activations
   p.max_logits_chunk = int64_t{1} << 27;  // the CUDA backend's
   p.logits_vocab_multiple = 128;          // likewise
-  p.ring_overlap = false;                 // NCCL and host staging: blocking exchanges
+  p.ring_overlap = false;                 // started exchanges not yet measured on a GPU
   p.calibrated = true;
   return p;
 }

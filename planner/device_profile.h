@@ -69,7 +69,9 @@ struct DeviceProfile {
   int64_t max_logits_chunk = int64_t{1} << 20;
   int64_t logits_vocab_multiple = 1;
   // Ring attention's transfers run while the block in hand is computed (Gloo's started sends and
-  // receives, CPU ranks); on the CUDA backend's communicators each hop is a blocking exchange.
+  // receives, CPU ranks). The CUDA backend's communicators start their exchanges too (NCCL on its
+  // own stream, host staging through Gloo's), but until that overlap is measured on a GPU the
+  // published GPU profiles count every hop whole.
   bool ring_overlap = true;
   bool calibrated = false;  // cpu: measured on this machine (false: the built-in placeholder)
   // cpu: the model and micro-batch the shared-rank probes ran, in words (empty: not recorded).

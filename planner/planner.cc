@@ -84,8 +84,8 @@ bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node
 // worker/context_parallel.cc): each of a block's cp ring steps computes attention against one
 // rank's keys and values while the next travel; what a step's transfers take beyond its share
 // of the block's attention (1/cp: the head-tail split balances it) is exposed. Where the
-// device's communicator exchanges without overlap (DeviceProfile::ring_overlap false: the CUDA
-// backend), every transfer is.
+// device's profile does not count on the overlap (DeviceProfile::ring_overlap false: the
+// published GPU profiles), every transfer is.
 struct RingSeconds {
   double forward = 0, backward = 0;
 };

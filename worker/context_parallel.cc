@@ -29,7 +29,10 @@ struct ContextParallelOps::Scratch {
 };
 
 // One exchange around the ring, started now and finished by Wait: send to the next rank, receive
-// from the previous one. An engine that cannot start transfers does the exchange at once.
+// from the previous one. An engine that cannot start exchanges does it at once. The seconds
+// counted are the caller's waits: on a GPU rank they include the device finishing the work
+// queued before them (the engine's copies and waits are stream-ordered), so they bound the
+// exposed transfer time from above.
 class ContextParallelOps::Ring {
  public:
   Ring(parallel::Communicator& group, DType dtype, double* seconds)
@@ -37,25 +40,19 @@ class ContextParallelOps::Ring {
 
   [[nodiscard]] absl::Status Start(const Act* send, Act* recv, int64_t count, uint32_t tag) {
     const int n = group_.size(), next = (group_.rank() + 1) % n, prev = (group_.rank() + n - 1) % n;
-    if (!group_.StartsTransfers()) {
-      const auto start = std::chrono::steady_clock::now();
-      TY_RETURN_IF_ERROR(group_.SendRecv(send, count, next, tag, recv, count, prev, tag, dtype_));
-      *seconds_ += SecondsSince(start);
-      return absl::OkStatus();
-    }
-    TY_ASSIGN_OR_RETURN(recv_, group_.StartRecv(recv, count, dtype_, prev, tag));
-    TY_ASSIGN_OR_RETURN(send_, group_.StartSend(send, count, dtype_, next, tag));
+    const auto start = std::chrono::steady_clock::now();
+    TY_ASSIGN_OR_RETURN(
+        pending_, group_.StartExchange(send, count, next, tag, recv, count, prev, tag, dtype_));
+    if (!group_.StartsExchanges()) *seconds_ += SecondsSince(start);
     return absl::OkStatus();
   }
 
   [[nodiscard]] absl::Status Wait() {
+    if (pending_ == nullptr) return absl::OkStatus();
     const auto start = std::chrono::steady_clock::now();
-    for (std::unique_ptr<parallel::PendingTransfer>* t : {&recv_, &send_}) {
-      if (*t == nullptr) continue;
-      const absl::Status status = (*t)->Wait();
-      t->reset();
-      TY_RETURN_IF_ERROR(status);
-    }
+    const absl::Status status = pending_->Wait();
+    pending_.reset();
+    TY_RETURN_IF_ERROR(status);
     *seconds_ += SecondsSince(start);
     return absl::OkStatus();
   }
@@ -64,7 +61,7 @@ class ContextParallelOps::Ring {
   parallel::Communicator& group_;
   DType dtype_;
   double* seconds_;
-  std::unique_ptr<parallel::PendingTransfer> send_, recv_;
+  std::unique_ptr<parallel::PendingTransfer> pending_;
 };
 
 ContextParallelOps::ContextParallelOps(parallel::Communicator* group, Backend* backend)

@@ -125,6 +125,33 @@ TEST_F(NcclSingleRankTest, CollectivesOnDeviceBuffersAreIdentitiesAndCopies) {
   EXPECT_EQ(comm->stats().total(), 0) << "a group of one sends nothing";
 }
 
+// A started exchange (ring attention's hop) runs after the work its producer stream had queued
+// when it started, and its Wait returns once the data has arrived.
+TEST_F(NcclSingleRankTest, StartedExchangeFollowsTheProducersWork) {
+  TY_SKIP_WITHOUT_GPU();
+  std::unique_ptr<Communicator> comm = Connect();
+  ASSERT_NE(comm, nullptr);
+  ASSERT_TRUE(comm->StartsExchanges());
+  for (DType dtype : kTypes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t n = 4099, bytes = n * DTypeBytes(dtype);
+    const std::vector<float> x = Input(0, n, dtype, /*salt=*/4);
+    DeviceMemory source(bytes), a(bytes), b(bytes);
+    Upload(x, dtype, source.get());
+    a.Poison();
+    b.Poison();
+    // The producer writes `a` (queued, not waited for); the exchange sends `a` to itself.
+    ASSERT_EQ(
+        cudaMemcpyAsync(a.get(), source.get(), bytes, cudaMemcpyDeviceToDevice, stream_.get()),
+        cudaSuccess);
+    auto pending = comm->StartExchange(a.get(), n, 0, 3, b.get(), n, 0, 3, dtype);
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    ASSERT_TRUE((*pending)->Wait().ok());
+    EXPECT_EQ(Download(b.get(), n, dtype), x);
+  }
+  EXPECT_EQ(comm->stats().total(), 0) << "an exchange with itself sends nothing";
+}
+
 TEST_F(NcclSingleRankTest, HostBuffersAreStagedThroughTheDevice) {
   TY_SKIP_WITHOUT_GPU();
   std::unique_ptr<Communicator> comm = Connect();
@@ -263,6 +290,17 @@ TEST(StagedGpuPairTest, CollectivesOnDeviceBuffersMatchHostSums) {
                 .ok());
         EXPECT_EQ(Download(recv.get(), n + peer, dtype), Input(peer, n + peer, dtype, 3))
             << "send-recv";
+
+        // The same as a started exchange (staged now, moved while the caller goes on, stored in
+        // Wait).
+        ASSERT_TRUE(comm.StartsExchanges());
+        recv.Poison();
+        auto pending =
+            comm.StartExchange(send.get(), n + rank, peer, 6, recv.get(), n + peer, peer, 6, dtype);
+        ASSERT_TRUE(pending.ok()) << pending.status();
+        ASSERT_TRUE((*pending)->Wait().ok());
+        EXPECT_EQ(Download(recv.get(), n + peer, dtype), Input(peer, n + peer, dtype, 3))
+            << "started exchange";
       }
     }
   });

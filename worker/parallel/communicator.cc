@@ -1,6 +1,8 @@
 #include "worker/parallel/communicator.h"
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,45 @@ absl::StatusOr<std::unique_ptr<PendingTransfer>> Communicator::StartSend(const v
 absl::StatusOr<std::unique_ptr<PendingTransfer>> Communicator::StartRecv(void*, int64_t, DType, int,
                                                                          uint32_t) {
   return absl::UnimplementedError(absl::StrCat(engine(), " does not start transfers"));
+}
+
+namespace {
+
+// A started send and receive, finished together; the receive first, as a ring's hop needs it.
+class PendingPair final : public PendingTransfer {
+ public:
+  PendingPair(std::unique_ptr<PendingTransfer> recv, std::unique_ptr<PendingTransfer> send)
+      : recv_(std::move(recv)), send_(std::move(send)) {}
+  absl::Status Wait() override {
+    TY_RETURN_IF_ERROR(recv_->Wait());  // on failure the send is abandoned with this transfer
+    return send_->Wait();
+  }
+
+ private:
+  std::unique_ptr<PendingTransfer> recv_, send_;
+};
+
+class Finished final : public PendingTransfer {
+ public:
+  absl::Status Wait() override { return absl::OkStatus(); }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PendingTransfer>> Communicator::StartExchange(
+    const void* send, int64_t send_count, int send_peer, uint32_t send_tag, void* recv,
+    int64_t recv_count, int recv_peer, uint32_t recv_tag, DType dtype) {
+  if (!StartsTransfers()) {
+    TY_RETURN_IF_ERROR(SendRecv(send, send_count, send_peer, send_tag, recv, recv_count, recv_peer,
+                                recv_tag, dtype));
+    return std::unique_ptr<PendingTransfer>(std::make_unique<Finished>());
+  }
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<PendingTransfer> received,
+                      StartRecv(recv, recv_count, dtype, recv_peer, recv_tag));
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<PendingTransfer> sent,
+                      StartSend(send, send_count, dtype, send_peer, send_tag));
+  return std::unique_ptr<PendingTransfer>(
+      std::make_unique<PendingPair>(std::move(received), std::move(sent)));
 }
 
 int64_t CommStats::total() const {

@@ -101,6 +101,16 @@ class Communicator {
       const void* data, int64_t count, DType dtype, int peer, uint32_t tag);
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingTransfer>> StartRecv(
       void* data, int64_t count, DType dtype, int peer, uint32_t tag);
+  // SendRecv without waiting: one send and one receive started together (a hop around a ring),
+  // finished by the returned transfer's Wait, so that the caller computes while they move. An
+  // engine whose sends and receives cannot be started apart (NCCL's must be in one group) starts
+  // the pair this way. StartsExchanges() says whether it returns before the exchange is done;
+  // the default starts both transfers where the engine starts transfers, and otherwise runs
+  // SendRecv at once (the transfer it returns is finished).
+  virtual bool StartsExchanges() const { return StartsTransfers(); }
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<PendingTransfer>> StartExchange(
+      const void* send, int64_t send_count, int send_peer, uint32_t send_tag, void* recv,
+      int64_t recv_count, int recv_peer, uint32_t recv_tag, DType dtype);
   [[nodiscard]] virtual absl::Status Barrier() = 0;
   // Makes every pending and later operation fail with ABORTED.
   virtual void Abort() = 0;

@@ -225,6 +225,27 @@ class NcclCommunicator final : public TypedCommunicator {
     return absl::OkStatus();
   }
 
+  // A hop around a ring, queued on this communicator's stream (after the producer's work, as
+  // every operation) and waited for by the returned transfer: the producer's stream runs the
+  // caller's next kernels meanwhile. Host buffers take the default, an exchange at once.
+  bool StartsExchanges() const override { return true; }
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> StartExchange(
+      const void* send, int64_t send_count, int send_peer, uint32_t send_tag, void* recv,
+      int64_t recv_count, int recv_peer, uint32_t recv_tag, DType dtype) override {
+    constexpr const char* kWhat = "nccl send-recv";
+    if (!copier_->IsDevicePointer(send) || !copier_->IsDevicePointer(recv)) {
+      return Communicator::StartExchange(send, send_count, send_peer, send_tag, recv, recv_count,
+                                         recv_peer, recv_tag, dtype);
+    }
+    TY_RETURN_IF_ERROR(Begin(
+        kWhat, send_count >= 0 && recv_count >= 0 && ValidPeer(send_peer) && ValidPeer(recv_peer)));
+    const ncclResult_t enqueued =
+        GroupSendRecv(send, send_count, send_peer, recv, recv_count, recv_peer, NcclType(dtype));
+    if (enqueued != ncclSuccess && enqueued != ncclInProgress) return Complete(kWhat, enqueued);
+    const int64_t sent = send_peer != rank_ ? send_count * DTypeBytes(dtype) : 0;
+    return std::unique_ptr<PendingTransfer>(std::make_unique<Exchange>(this, sent));
+  }
+
   // Every peer's send and receive in one NCCL group (its all-to-all of variable sizes). Host
   // buffers take the pairwise default (each transfer staged).
   absl::Status AllToAllV(const void* in, std::span<const int64_t> send_counts, void* out,
@@ -272,6 +293,22 @@ class NcclCommunicator final : public TypedCommunicator {
   void Abort() override { aborted_.store(true); }
 
  private:
+  // A started exchange (StartExchange): Wait polls this communicator's stream as the blocking
+  // operations do, with the same deadline and abort.
+  class Exchange final : public PendingTransfer {
+   public:
+    Exchange(NcclCommunicator* comm, int64_t sent_bytes) : comm_(comm), sent_bytes_(sent_bytes) {}
+    absl::Status Wait() override {
+      TY_RETURN_IF_ERROR(comm_->Complete("nccl send-recv", ncclSuccess));
+      comm_->stats_.Add(CollectiveKind::kSendRecv, sent_bytes_);
+      return absl::OkStatus();
+    }
+
+   private:
+    NcclCommunicator* comm_;
+    int64_t sent_bytes_;
+  };
+
   bool ValidPeer(int peer) const { return peer >= 0 && peer < size_; }
 
   // Refuses the operation when the communicator is finished or the arguments are bad, and makes

@@ -102,6 +102,35 @@ class StagingCommunicator final : public TypedCommunicator {
     });
   }
 
+  // Transfers are started when the engine starts them: a send's data is staged now (the copier
+  // waits for the work that wrote it), the engine moves it while the caller computes, and a
+  // receive's data reaches its buffer in Wait. Each transfer stages through its own buffer.
+  bool StartsTransfers() const override { return inner_->StartsTransfers(); }
+
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> StartSend(const void* data, int64_t count,
+                                                             DType dtype, int peer,
+                                                             uint32_t tag) override {
+    auto transfer = std::make_unique<Transfer>(this, nullptr, count, dtype);
+    TY_RETURN_IF_ERROR(Run([&]() -> absl::Status {
+      TY_ASSIGN_OR_RETURN(float* host, Load(data, count, dtype, transfer->staging));
+      TY_ASSIGN_OR_RETURN(transfer->inner, inner_->StartSend(host, count, DType::kF32, peer, tag));
+      return absl::OkStatus();
+    }));
+    return std::unique_ptr<PendingTransfer>(std::move(transfer));
+  }
+
+  absl::StatusOr<std::unique_ptr<PendingTransfer>> StartRecv(void* data, int64_t count, DType dtype,
+                                                             int peer, uint32_t tag) override {
+    auto transfer = std::make_unique<Transfer>(this, data, count, dtype);
+    TY_RETURN_IF_ERROR(Run([&]() -> absl::Status {
+      transfer->host = Target(data, count, dtype, transfer->staging);
+      TY_ASSIGN_OR_RETURN(transfer->inner,
+                          inner_->StartRecv(transfer->host, count, DType::kF32, peer, tag));
+      return absl::OkStatus();
+    }));
+    return std::unique_ptr<PendingTransfer>(std::move(transfer));
+  }
+
   absl::Status Barrier() override {
     return Run([&] { return inner_->Barrier(); });
   }
@@ -112,6 +141,30 @@ class StagingCommunicator final : public TypedCommunicator {
   }
 
  private:
+  // A started send or receive: the inner engine's transfer, the fp32 host buffer it uses, and for
+  // a receive the caller's buffer that Wait stores the result into.
+  class Transfer final : public PendingTransfer {
+   public:
+    Transfer(StagingCommunicator* comm, void* recv, int64_t count, DType dtype)
+        : comm_(comm), recv_(recv), count_(count), dtype_(dtype) {}
+    absl::Status Wait() override {
+      return comm_->Run([&]() -> absl::Status {
+        TY_RETURN_IF_ERROR(inner->Wait());
+        return recv_ == nullptr ? absl::OkStatus() : comm_->Store(host, recv_, count_, dtype_);
+      });
+    }
+
+    std::unique_ptr<PendingTransfer> inner;
+    std::vector<float> staging;  // where `host` points unless the buffer was used in place
+    float* host = nullptr;       // a receive's fp32 target
+
+   private:
+    StagingCommunicator* comm_;
+    void* recv_;
+    int64_t count_;
+    DType dtype_;
+  };
+
   // The engine reads and writes host fp32 buffers in place; anything else goes through staging.
   bool Direct(const void* ptr, DType dtype) const {
     return dtype == DType::kF32 && !copier_->IsDevicePointer(ptr);

@@ -8,6 +8,11 @@
 // even; gathers and point-to-point transfers of bf16 are exact. Host buffers (those the copier
 // says are not device memory) go straight to the engine when they are fp32.
 //
+// Point-to-point transfers start when the inner engine starts them (StartSend, StartRecv): a
+// send is staged at once and moved by the engine while the caller computes, so that ring
+// attention and pipeline hand-offs overlap their transfers on a GPU rank too; a receive's
+// result reaches the device in Wait.
+//
 // Bytes in stats() are the inner engine's: what actually crossed the wire (fp32, so a bf16
 // transfer counts four bytes an element).
 //
