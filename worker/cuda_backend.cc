@@ -519,20 +519,30 @@ class CudaBackend final : public Backend {
     absl::StatusOr<double> Take() override {
       TY_RETURN_IF_ERROR(backend_->status_);
       if (used_ % 2 != 0) return absl::FailedPreconditionError("timer read inside a span");
-      if (used_ == 0) return 0.0;
-      TY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[used_ - 1]));
-      double ms = 0.0;
-      for (size_t i = 0; i < used_; i += 2) {
-        float span = 0.0f;
-        TY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&span, events_[i], events_[i + 1]));
-        ms += span;
-      }
-      used_ = 0;
-      return ms / 1e3;
+      TY_RETURN_IF_ERROR(Fold());
+      return std::exchange(folded_ms_, 0.0) / 1e3;
     }
 
    private:
+    // A timer nobody reads (a model driven outside a training loop) keeps at most this many
+    // events: at a span's start beyond it, the spans so far are read and summed into folded_ms_.
+    static constexpr size_t kMaxEvents = 1024;
+
+    // Adds the recorded spans to folded_ms_ (waiting for the last) and reuses their events.
+    absl::Status Fold() {
+      if (used_ == 0) return absl::OkStatus();
+      TY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[used_ - 1]));
+      for (size_t i = 0; i < used_; i += 2) {
+        float span = 0.0f;
+        TY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&span, events_[i], events_[i + 1]));
+        folded_ms_ += span;
+      }
+      used_ = 0;
+      return absl::OkStatus();
+    }
+
     void RecordNext() {
+      if (used_ >= kMaxEvents && used_ % 2 == 0) backend_->Run(Fold());
       if (used_ == events_.size()) {
         cudaEvent_t event = nullptr;
         const cudaError_t made = cudaEventCreate(&event);
@@ -545,7 +555,8 @@ class CudaBackend final : public Backend {
 
     CudaBackend* backend_;
     std::vector<cudaEvent_t> events_;
-    size_t used_ = 0;  // events recorded since the last Take: Start, Stop, Start, ...
+    size_t used_ = 0;         // events recorded since the last Take or Fold: Start, Stop, ...
+    double folded_ms_ = 0.0;  // spans read by Fold since the last Take
   };
 
   // The weight HoldWeight named, and whether the kWeight scratch holds its conversion.
