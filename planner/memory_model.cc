@@ -331,6 +331,11 @@ int64_t PaddedHeadBytes(const RankShape& s, const BackendShape& backend) {
   return 2 * 4 * padded * s.model.width;
 }
 
+int64_t KeptWeightBytes(const RankShape& s, const BackendShape& backend) {
+  const bool converts = backend.act_bytes < 4;  // bf16 activations: weights converted for GEMMs
+  return converts && s.mesh.zero < 3 ? s.block_matmul_params * backend.act_bytes : 0;
+}
+
 int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {
   if (s.mesh.cp == 1) return 0;
   const config::ModelConfig& c = s.model;
@@ -376,7 +381,8 @@ RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
   m.gradients = 4 * (zero < 2 ? padded : shard);
   m.optimizer = 2 * 4 * (zero == 0 ? padded : shard);
   m.activations = ActivationSlots(s) * ActivationSlotBytes(s, backend) +
-                  RingBufferBytes(s, backend) + PaddedHeadBytes(s, backend);
+                  RingBufferBytes(s, backend) + PaddedHeadBytes(s, backend) +
+                  KeptWeightBytes(s, backend);
   m.transient = TransientPeakBytes(s);
   if (s.mesh.pp > 1) {
     const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;

@@ -11,6 +11,8 @@
 //   under context parallelism, plus ring attention's buffers, once per rank
 //   (worker/context_parallel.h); where the backend pads the LM head's width (CUDA: to a
 //   multiple of 128), the padded head's weight and gradient copies, once per last-stage rank;
+//   with bf16 activations and without ZeRO-3, the kept bf16 copies of the blocks' matmul
+//   weights (KeptWeightBytes);
 // - other: the largest transient working set of gathered parameter groups (ZeRO-3) and gradient
 //   staging buffers (ZeRO-2/3), an MoE block's routed experts being a group of their own, plus
 //   the pipeline's send and receive buffers.
@@ -60,6 +62,11 @@ int64_t PaddedHeadVocab(const RankShape& shape, const BackendShape& backend);
 // Bytes of the padded head's weight and gradient copies (fp32), held once by the last stage
 // when padding applies; 0 otherwise.
 int64_t PaddedHeadBytes(const RankShape& shape, const BackendShape& backend);
+
+// Bytes of the converted copies of the blocks' matmul weights a backend with bf16 activations
+// keeps (Backend::KeepWeightCopy), at the activation type; 0 with fp32 activations or under
+// ZeRO-3 (whose gathers reuse memory, so nothing is kept).
+int64_t KeptWeightBytes(const RankShape& shape, const BackendShape& backend);
 
 // Activation slots the rank keeps: 1 without pipelining, else what the stage's schedule
 // holds at once (worker::ActivationSlots).

@@ -126,6 +126,16 @@ class Backend {
   // Backends that convert nothing ignore both.
   virtual void HoldWeight(const float* w, int64_t count) {}
   virtual void ReleaseWeight() {}
+  // Kept weight copies, for weights that stay in one buffer (a rank without ZeRO-3's gathers):
+  // the conversion a linear operation makes of a weight registered with KeepWeightCopy (with the
+  // `count` it is used at) is kept and reused until a weight may have changed, which the backend
+  // takes to be the next AdamW, CopyFromHost into the memory the registered weights span, or
+  // WeightsChanged() (the call for writes it does not see: a communicator's). Returns whether it
+  // keeps the copy, of act_bytes() · count bytes (false: a backend that converts nothing).
+  // DropWeightCopies forgets every registration and frees the copies.
+  virtual bool KeepWeightCopy(const float* w, int64_t count) { return false; }
+  virtual void WeightsChanged() {}
+  virtual void DropWeightCopies() {}
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }

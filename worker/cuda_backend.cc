@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/device_probe.h"
 #include "common/logging.h"
@@ -66,6 +68,7 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    kept_.clear();  // their buffers are freed on the stream, before it goes
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     for (auto& s : scratch_) {
       if (s.ptr != nullptr) cudaFree(s.ptr);
@@ -85,6 +88,21 @@ class CudaBackend final : public Backend {
   int64_t logits_vocab_multiple() const override { return 128; }
   void HoldWeight(const float* w, int64_t count) override { held_ = {w, count, false}; }
   void ReleaseWeight() override { held_ = {}; }
+  bool KeepWeightCopy(const float* w, int64_t count) override {
+    if (act_dtype() == DType::kF32) return false;
+    auto [it, added] = kept_.try_emplace(w);
+    if (!added && it->second.count == count) return true;
+    it->second = KeptWeight{.count = count};
+    const auto lo = reinterpret_cast<uintptr_t>(w), hi = lo + count * sizeof(float);
+    kept_lo_ = kept_.size() == 1 ? lo : std::min(kept_lo_, lo);
+    kept_hi_ = kept_.size() == 1 ? hi : std::max(kept_hi_, hi);
+    return true;
+  }
+  void WeightsChanged() override { ++weights_epoch_; }
+  void DropWeightCopies() override {
+    kept_.clear();
+    kept_lo_ = kept_hi_ = 0;
+  }
   cudaStream_t stream() const { return stream_; }
 
   absl::Status Synchronize() override {
@@ -107,7 +125,11 @@ class CudaBackend final : public Backend {
   Buffer<int32_t> AllocInt(int64_t count) override {
     return Buffer<int32_t>(static_cast<int32_t*>(Alloc(count * 4)), count, Free());
   }
-  void CopyFromHost(float* dst, const float* src, int64_t n) override { ToDevice(dst, src, n * 4); }
+  void CopyFromHost(float* dst, const float* src, int64_t n) override {
+    const auto lo = reinterpret_cast<uintptr_t>(dst);
+    if (lo < kept_hi_ && lo + n * sizeof(float) > kept_lo_) ++weights_epoch_;  // may be a weight
+    ToDevice(dst, src, n * 4);
+  }
   void CopyFromHost(int32_t* dst, const int32_t* src, int64_t n) override {
     ToDevice(dst, src, n * 4);
   }
@@ -327,6 +349,7 @@ class CudaBackend final : public Backend {
     AdamWMulti({{param, grad, m, v, n, p.weight_decay}}, p);
   }
   void AdamWMulti(const std::vector<AdamWTensor>& tensors, AdamWParams p) override {
+    ++weights_epoch_;
     std::vector<kc::AdamWTensor> list;
     list.reserve(tensors.size());
     for (const AdamWTensor& t : tensors) {
@@ -440,12 +463,23 @@ class CudaBackend final : public Backend {
     return static_cast<float*>(ScratchBytes(which, std::max<int64_t>(count, 1) * 4));
   }
 
-  // fp32 master weights in the activation type: bf16 copies for the tensor cores (made on every
-  // use, so they are right whatever changed the master copy — an optimizer step, a ZeRO gather).
+  // fp32 master weights in the activation type: bf16 copies for the tensor cores, kept for a
+  // registered weight (KeepWeightCopy) until a weight may have changed, else made on every use,
+  // so that they are right whatever changed the master copy (an optimizer step, a ZeRO gather).
   const void* Weight(const float* w, int64_t n) {
     if (act_dtype() == DType::kF32) return w;
     if (held_.weight != nullptr && held_.converted && w == held_.weight && n == held_.count) {
       return scratch_[static_cast<int>(Scratch::kWeight)].ptr;
+    }
+    if (auto it = kept_.find(w); it != kept_.end() && it->second.count == n) {
+      KeptWeight& kept = it->second;
+      if (kept.copy.size() != n) kept.copy = AllocAct(n);
+      if (kept.copy.data() == nullptr) return nullptr;  // the allocation's error is recorded
+      if (kept.epoch != weights_epoch_) {
+        Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, w, n));
+        kept.epoch = weights_epoch_;
+      }
+      return kept.copy.data();
     }
     void* dst = ScratchBytes(Scratch::kWeight, n * 2);
     Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, w, n));
@@ -566,6 +600,15 @@ class CudaBackend final : public Backend {
     bool converted = false;
   };
   HeldWeight held_;
+  // A registered weight's kept conversion, valid while epoch is weights_epoch_.
+  struct KeptWeight {
+    int64_t count = 0;
+    Buffer<Act> copy;
+    uint64_t epoch = 0;
+  };
+  absl::flat_hash_map<const float*, KeptWeight> kept_;
+  uintptr_t kept_lo_ = 0, kept_hi_ = 0;  // the addresses the kept weights span
+  uint64_t weights_epoch_ = 1;           // moved on by anything that may change a weight
   CudaBackendOptions options_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;

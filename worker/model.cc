@@ -44,6 +44,12 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
       backend->Fill(b->data(), 0.0f, b->size());
     }
   }
+  // Block weights stay in one buffer: a converting backend keeps their conversions (the source
+  // registers nothing else; counted with the activations, as the padded head is).
+  if (source->persistent() && backend->act_dtype() != DType::kF32) {
+    kept_weight_bytes_ = BlockMatmulWeightElements(layout_) * backend->act_bytes();
+  }
+  kept_groups_.assign(layout_.groups().size(), false);
   slots_.resize(1);
   group_params_.assign(layout_.groups().size(), nullptr);
   group_grads_.assign(layout_.groups().size(), nullptr);
@@ -57,7 +63,9 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   }
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  if (kept_weight_bytes_ > 0) backend_->DropWeightCopies();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
                                                      Backend* backend, ParamSource* source,
@@ -169,7 +177,21 @@ int64_t Model::activation_bytes() const {
   }
   floats += head_.weight.size() + head_.grad.size();
   return floats * static_cast<int64_t>(sizeof(float)) + acts * backend_->act_bytes() +
-         ints * static_cast<int64_t>(sizeof(int32_t)) + cp_.scratch_bytes();
+         ints * static_cast<int64_t>(sizeof(int32_t)) + cp_.scratch_bytes() + kept_weight_bytes_;
+}
+
+void Model::KeepWeightCopies(int group, const float* params) {
+  if (kept_weight_bytes_ == 0 || kept_groups_[group]) return;
+  kept_groups_[group] = true;
+  const ParamGroup& g = layout_.groups()[group];
+  for (const ParamTensor& t : layout_.tensors()) {
+    if (t.offset < g.begin || t.offset >= g.end || !IsBlockMatmulWeight(t)) continue;
+    // Routed experts are used one expert's slice at a time (Backend::ExpertsForward).
+    const int64_t slices = std::max(t.expert_count, 1), count = t.numel / slices;
+    for (int64_t e = 0; e < slices; ++e) {
+      backend_->KeepWeightCopy(params + (t.offset - g.begin) + e * count, count);
+    }
+  }
 }
 
 absl::Status Model::Prepare(const int32_t* inputs, const int32_t* targets, int b, int t) {

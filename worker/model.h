@@ -78,7 +78,9 @@ class Model {
   // Bytes of activation memory held (every micro-batch slot): every buffer a slot allocates,
   // sequence parallelism's local- and full-row copies and norm scratch included, and ring
   // attention's buffers (ring_bytes); activations at the backend's activation type, statistics
-  // as fp32, token ids as int32.
+  // as fp32, token ids as int32. Also, where the backend converts weights for its GEMMs (bf16
+  // activations) and the source's parameters stay put (no ZeRO-3), the converted copies of the
+  // blocks' matmul weights it keeps (IsBlockMatmulWeight), at the activation type.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_.seconds(); }
@@ -174,6 +176,11 @@ class Model {
   std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
 
   class Hold;
+  // Registers the block matmul weights of `group` (at `params`) with the backend as weights to
+  // keep converted, once per group; nothing unless kept_weight_bytes_ > 0.
+  void KeepWeightCopies(int group, const float* params);
+  int64_t kept_weight_bytes_ = 0;
+  std::vector<bool> kept_groups_;
 
   // This rank's share of the sharded dimensions (the whole model without tensor parallelism).
   struct LocalDims {

@@ -96,6 +96,7 @@ class Model::Hold {
   static absl::StatusOr<std::unique_ptr<Hold>> Acquire(Model* model, int group) {
     TY_ASSIGN_OR_RETURN(const float* p, model->source_->Acquire(group));
     model->group_params_[group] = p;
+    model->KeepWeightCopies(group, p);
     return std::unique_ptr<Hold>(new Hold(model, group));
   }
   ~Hold() {

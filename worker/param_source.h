@@ -21,6 +21,9 @@ class ParamSource {
   // The group's full parameters, valid until the matching Release. Calls nest (a group may be
   // acquired again while held; each Acquire is paired with one Release).
   [[nodiscard]] virtual absl::StatusOr<const float*> Acquire(int group) = 0;
+  // Whether Acquire returns the same memory, holding only that group, for the source's life (so
+  // that a backend may keep converted copies of its weights: Backend::KeepWeightCopy).
+  virtual bool persistent() const { return true; }
   virtual void Release(int group) = 0;
   // A hint: the model will acquire `group` next, so a sharded source can start gathering it.
   virtual void Prefetch(int group) {}

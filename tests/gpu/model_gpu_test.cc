@@ -8,10 +8,13 @@
 // activations every activation is rounded to 8 bits of mantissa between kernels, through two
 // layers and back: loss ≤ 1e-2 relative, logits ≤ 2e-2 and gradients ≤ 5e-2 L2-relative per
 // tensor.
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/model_config.h"
@@ -159,6 +162,80 @@ TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
   cm.ReadGradients(cg.data());
   gm.ReadGradients(gg.data());
   EXPECT_LE(L2Relative(gg.data(), cg.data(), cm.num_params()), 1e-4);
+}
+
+// bf16 activations keep the blocks' weights converted between uses (Backend::KeepWeightCopy):
+// every way a weight changes is seen. After parameters loaded from the host, an AdamW step on
+// the device, and a write the backend does not see (followed by WeightsChanged), the GPU loss
+// follows the CPU's, and moves as far as the CPU's does (a stale copy would keep the old loss).
+TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
+  TY_SKIP_WITHOUT_GPU();
+  const config::ModelConfig mc = *config::Preset("llama-debug");
+  auto cpu = MakeCpuBackend(0);
+  auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = DType::kBF16});
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  Backend& gpu = **gpu_or;
+  auto cpu_model = LocalModel::Create(mc, cpu.get());
+  auto gpu_model = LocalModel::Create(mc, &gpu);
+  ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
+  LocalModel& cm = **cpu_model;
+  LocalModel& gm = **gpu_model;
+  const int b = 2, t = 48;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
+  std::vector<int32_t> inputs(b * t), targets(b * t);
+  for (auto& x : inputs) x = token(rng);
+  for (auto& x : targets) x = token(rng);
+  const float scale = 1.0f / (b * t);
+  // Both models' loss (and gradients) at their current parameters.
+  auto losses = [&]() -> std::pair<double, double> {
+    cm.ZeroGradients();
+    gm.ZeroGradients();
+    auto c = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    auto g = gm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    EXPECT_TRUE(c.ok() && g.ok());
+    return {c.ok() ? *c : NAN, g.ok() ? *g : NAN};
+  };
+  auto expect_follows = [&](std::pair<double, double> before, std::pair<double, double> after,
+                            const char* change) {
+    SCOPED_TRACE(change);
+    EXPECT_LE(std::abs(after.second - after.first) / after.first, 3e-2);
+    const double moved = after.first - before.first;
+    ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the change must move the loss";
+    EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
+  };
+  StartAlike(cm, gm);
+  auto before = losses();
+  // Parameters from the host: every one scaled by 4 (sharper logits, a very different loss).
+  std::vector<float> params(cm.num_params());
+  auto scaled = [&](float factor) {
+    cm.ReadParameters(params.data());
+    for (float& p : params) p *= factor;
+    cm.LoadParameters(params.data());
+  };
+  scaled(4.0f);
+  gm.LoadParameters(params.data());
+  auto after = losses();
+  expect_follows(before, after, "parameters loaded from the host");
+  // An AdamW step on each backend (its first: the update is lr · sign(grad), large at lr 0.05).
+  before = after;
+  const int64_t n = cm.num_params();
+  Buffer<float> cpu_m = cpu->AllocFloat(n), cpu_v = cpu->AllocFloat(n);
+  Buffer<float> gpu_m = gpu.AllocFloat(n), gpu_v = gpu.AllocFloat(n);
+  const AdamWParams adamw{
+      .lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .step = 1};
+  cpu->AdamW(cm.params(), cm.grads(), cpu_m.data(), cpu_v.data(), n, adamw);
+  gpu.AdamW(gm.params(), gm.grads(), gpu_m.data(), gpu_v.data(), n, adamw);
+  after = losses();
+  expect_follows(before, after, "an AdamW step");
+  // A write the backend does not see (as a communicator's), then WeightsChanged.
+  before = after;
+  scaled(0.5f);
+  ASSERT_EQ(cudaMemcpy(gm.params(), params.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  gpu.WeightsChanged();
+  after = losses();
+  expect_follows(before, after, "a communicator's write");
 }
 
 INSTANTIATE_TEST_SUITE_P(DebugPresets, ModelOnGpu,

@@ -559,6 +559,7 @@ absl::Status ShardedParams::FinishUpdate() {
           comm_->Submit([group, parts = std::move(parts)] { return group->AllGatherMany(parts); }));
     }
     TY_RETURN_IF_ERROR_WITH(WaitAll(), "parameter all-gather");
+    backend_->WeightsChanged();  // the gathers wrote them, not the backend
   }
   if (stage == 3) {
     for (Group& g : groups_) {

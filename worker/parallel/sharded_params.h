@@ -151,7 +151,8 @@ class ShardedParams final : public ParamSource {
   [[nodiscard]] absl::StatusOr<double> SumOverRanks(double value);
   [[nodiscard]] absl::Status SumOverRanks(std::span<double> values);  // in place, one collective
 
-  // ParamSource.
+  // ParamSource. Under ZeRO-3 a group is gathered into memory that other groups reuse.
+  bool persistent() const override { return options_.zero_stage < 3; }
   [[nodiscard]] absl::StatusOr<const float*> Acquire(int group) override;
   void Prefetch(int group) override;
   void Release(int group) override;

@@ -91,5 +91,39 @@ TEST(ParameterInitialisation, AnyRangeOfTheBufferIsTheWholeDrawsSlice) {
   }
 }
 
+// The weights a converting backend keeps converted: the blocks' attention and MLP matrices
+// (dense, shared and every local routed expert), counted by hand; not the router, norms, biases,
+// embeddings or LM head.
+TEST(BlockMatmulWeights, AreTheBlocksAttentionAndMlpMatrices) {
+  const config::ModelConfig gpt2 = *config::Preset("gpt2-debug");
+  const int64_t c = gpt2.width, layers = gpt2.layers;
+  EXPECT_EQ(BlockMatmulWeightElements(ParameterLayout(gpt2)),
+            layers * (3 * c * c + c * c + 2 * c * gpt2.ffn_hidden));
+
+  config::ModelConfig llama = *config::Preset("llama-debug");
+  llama.layers = 2;
+  llama.moe.experts = 4;
+  llama.moe.top_k = 2;
+  llama.moe.shared_experts = 1;
+  llama.moe.every = 2;  // layer 1
+  llama.moe.ffn = 32;
+  const ParameterLayout layout(llama);
+  std::vector<std::string> kept;
+  for (const ParamTensor& t : layout.tensors()) {
+    if (IsBlockMatmulWeight(t)) kept.push_back(t.name);
+  }
+  EXPECT_EQ(kept, (std::vector<std::string>{"h.0.attn.qkv.w", "h.0.attn.proj.w", "h.0.mlp.fc.w",
+                                            "h.0.mlp.proj.w", "h.1.attn.qkv.w", "h.1.attn.proj.w",
+                                            "h.1.moe.shared.fc.w", "h.1.moe.shared.proj.w",
+                                            "h.1.moe.experts.fc.w", "h.1.moe.experts.proj.w"}));
+  const int64_t w = llama.width, d = llama.head_dim();
+  const int64_t attn = (llama.heads + 2 * llama.kv_heads) * d * w + w * llama.heads * d;
+  const int64_t dense = 3 * w * llama.ffn_hidden, expert = 3 * w * llama.moe.ffn;
+  EXPECT_EQ(BlockMatmulWeightElements(layout), 2 * attn + dense + expert + 4 * expert);
+  // An expert-parallel rank holds half the routed experts.
+  EXPECT_EQ(BlockMatmulWeightElements(ParameterLayout(llama, 0, 1, {PipelineStage{}}, 0, 2)),
+            2 * attn + dense + expert + 2 * expert);
+}
+
 }  // namespace
 }  // namespace trainyard::worker
