@@ -132,10 +132,10 @@ class Backend {
   // takes to be the next AdamW, CopyFromHost into the memory the registered weights span, or
   // WeightsChanged() (the call for writes it does not see: a communicator's). Returns whether it
   // keeps the copy, of act_bytes() · count bytes (false: a backend that converts nothing).
-  // DropWeightCopies forgets every registration and frees the copies.
+  // DropWeightCopy forgets a registration and frees its copy.
   virtual bool KeepWeightCopy(const float* w, int64_t count) { return false; }
   virtual void WeightsChanged() {}
-  virtual void DropWeightCopies() {}
+  virtual void DropWeightCopy(const float* w) {}
   // Waits for every queued operation; returns the first device error since the last call
   // (INTERNAL), or OK. The CPU backend runs synchronously and always returns OK.
   [[nodiscard]] virtual absl::Status Synchronize() { return absl::OkStatus(); }

@@ -99,9 +99,9 @@ class CudaBackend final : public Backend {
     return true;
   }
   void WeightsChanged() override { ++weights_epoch_; }
-  void DropWeightCopies() override {
-    kept_.clear();
-    kept_lo_ = kept_hi_ = 0;
+  void DropWeightCopy(const float* w) override {
+    kept_.erase(w);
+    if (kept_.empty()) kept_lo_ = kept_hi_ = 0;  // else the span stays as wide: more bumps, no harm
   }
   cudaStream_t stream() const { return stream_; }
 
@@ -312,7 +312,9 @@ class CudaBackend final : public Backend {
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            int64_t ld, float grad_scale, bool write_grad,
                            DeviceSum* loss) override {
-    float* losses = static_cast<RowSums*>(loss)->Reserve(rows);
+    auto* sum = dynamic_cast<RowSums*>(loss);
+    TY_CHECK(sum != nullptr) << "a loss sum from another backend";
+    float* losses = sum->Reserve(rows);
     Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, ld, grad_scale,
                                 write_grad, losses));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -11,6 +12,27 @@
 namespace trainyard::worker {
 
 using config::ModelFamily;
+
+namespace {
+
+// A span of a DeviceTimer that ends when End() is called or it goes out of scope (an error
+// return too), so that the timer's starts and stops stay paired.
+class TimedSpan {
+ public:
+  explicit TimedSpan(DeviceTimer* timer) : timer_(timer) { timer_->Start(); }
+  ~TimedSpan() { End(); }
+  TimedSpan(const TimedSpan&) = delete;
+  TimedSpan& operator=(const TimedSpan&) = delete;
+  void End() {
+    if (timer_ != nullptr) timer_->Stop();
+    timer_ = nullptr;
+  }
+
+ private:
+  DeviceTimer* timer_;
+};
+
+}  // namespace
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
              ModelSharding sharding)
@@ -64,7 +86,7 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
 }
 
 Model::~Model() {
-  if (kept_weight_bytes_ > 0) backend_->DropWeightCopies();
+  for (const float* w : kept_weights_) backend_->DropWeightCopy(w);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& config,
@@ -189,7 +211,8 @@ void Model::KeepWeightCopies(int group, const float* params) {
     // Routed experts are used one expert's slice at a time (Backend::ExpertsForward).
     const int64_t slices = std::max(t.expert_count, 1), count = t.numel / slices;
     for (int64_t e = 0; e < slices; ++e) {
-      backend_->KeepWeightCopy(params + (t.offset - g.begin) + e * count, count);
+      const float* w = params + (t.offset - g.begin) + e * count;
+      if (backend_->KeepWeightCopy(w, count)) kept_weights_.push_back(w);
     }
   }
 }
@@ -914,7 +937,7 @@ absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int3
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
   if (stage.last && targets == nullptr) return absl::InvalidArgumentError("targets are required");
-  forward_timer_->Start();
+  TimedSpan forward(forward_timer_.get());
   TY_RETURN_IF_ERROR(Prepare(inputs, stage.last ? targets : nullptr, b, t));
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   Activations& a = *acts_;
@@ -924,33 +947,31 @@ absl::Status Model::StageForward(StageSlot at, const int32_t* inputs, const int3
     std::unique_ptr<Hold> none;
     TY_RETURN_IF_ERROR(Forward(/*keep_layer_activations=*/!config_.recompute, &none, input_acts));
     backend_->Copy(output_acts, a.resid[stage.num_layers].data(), local_rows() * config_.width);
-    forward_timer_->Stop();
     return absl::OkStatus();
   }
   // The last stage runs its whole backward at once: the loss's gradient is known as soon as
   // the loss is.
   Act* dx = a.dx.data();
+  std::optional<TimedSpan> backward;
   {
     std::unique_ptr<Hold> final_hold;
     TY_RETURN_IF_ERROR(
         Forward(/*keep_layer_activations=*/!config_.recompute, &final_hold, input_acts));
     TY_RETURN_IF_ERROR(ChunkedLoss(grad_scale, /*with_grad=*/true, train_loss_.get()));
-    forward_timer_->Stop();
-    backward_timer_->Start();
+    forward.End();
+    backward.emplace(backward_timer_.get());
     backend_->Fill(dx, 0.0f, a.dx.size());
     TY_RETURN_IF_ERROR(FinalNormBackward(dx));
     // Complete now: a tied head on the first stage lives in the embedding group, finished last.
     TY_RETURN_IF_ERROR(source_->GradientsReady(layout_.final_group()));
   }
-  TY_RETURN_IF_ERROR(BackwardBlocks(dx));
-  backward_timer_->Stop();
-  return absl::OkStatus();
+  return BackwardBlocks(dx);
 }
 
 absl::Status Model::StageBackward(StageSlot at, const Act* doutput, Act* dinput) {
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
-  backward_timer_->Start();
+  TimedSpan backward(backward_timer_.get());
   Activations& a = *acts_;
   const int64_t rows = local_rows();
   if (!stage.last) {
@@ -959,7 +980,6 @@ absl::Status Model::StageBackward(StageSlot at, const Act* doutput, Act* dinput)
     TY_RETURN_IF_ERROR(BackwardBlocks(a.dx.data()));
   }
   if (!stage.first) backend_->Copy(dinput, a.dx.data(), rows * config_.width);
-  backward_timer_->Stop();
   return absl::OkStatus();
 }
 
@@ -967,13 +987,12 @@ absl::Status Model::StageWeightGradients(StageSlot at) {
   if (!split_) return absl::FailedPreconditionError("weight passes need a split backward");
   SelectSlot(at);
   const PipelineStage& stage = this->stage();
-  backward_timer_->Start();
+  TimedSpan backward(backward_timer_.get());
   std::fill(group_grads_.begin(), group_grads_.end(), nullptr);
   for (int l = stage.first_layer + stage.num_layers - 1; l >= stage.first_layer; --l) {
     TY_RETURN_IF_ERROR(BlockWeightGradients(l));
   }
   if (stage.first) TY_RETURN_IF_ERROR(EmbeddingBackward(acts_->embedding_dy.data()));
-  backward_timer_->Stop();
   return absl::OkStatus();
 }
 

@@ -181,6 +181,7 @@ class Model {
   void KeepWeightCopies(int group, const float* params);
   int64_t kept_weight_bytes_ = 0;
   std::vector<bool> kept_groups_;
+  std::vector<const float*> kept_weights_;  // registered, dropped with the model
 
   // This rank's share of the sharded dimensions (the whole model without tensor parallelism).
   struct LocalDims {

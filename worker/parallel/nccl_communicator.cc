@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <thread>
@@ -239,11 +240,16 @@ class NcclCommunicator final : public TypedCommunicator {
     }
     TY_RETURN_IF_ERROR(Begin(
         kWhat, send_count >= 0 && recv_count >= 0 && ValidPeer(send_peer) && ValidPeer(recv_peer)));
-    const ncclResult_t enqueued =
-        GroupSendRecv(send, send_count, send_peer, recv, recv_count, recv_peer, NcclType(dtype));
-    if (enqueued != ncclSuccess && enqueued != ncclInProgress) return Complete(kWhat, enqueued);
-    const int64_t sent = send_peer != rank_ ? send_count * DTypeBytes(dtype) : 0;
-    return std::unique_ptr<PendingTransfer>(std::make_unique<Exchange>(this, sent));
+    TY_RETURN_IF_ERROR(WaitQueued(kWhat, GroupSendRecv(send, send_count, send_peer, recv,
+                                                       recv_count, recv_peer, NcclType(dtype))));
+    // Its own event, so that waiting for it does not wait for what is queued after it (the next
+    // exchange of another ring).
+    cudaEvent_t done = nullptr;
+    TY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    auto exchange = std::make_unique<Exchange>(
+        this, send_peer != rank_ ? send_count * DTypeBytes(dtype) : 0, done);
+    TY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, stream_));
+    return std::unique_ptr<PendingTransfer>(std::move(exchange));
   }
 
   // Every peer's send and receive in one NCCL group (its all-to-all of variable sizes). Host
@@ -293,13 +299,16 @@ class NcclCommunicator final : public TypedCommunicator {
   void Abort() override { aborted_.store(true); }
 
  private:
-  // A started exchange (StartExchange): Wait polls this communicator's stream as the blocking
-  // operations do, with the same deadline and abort.
+  // A started exchange (StartExchange): Wait polls the event recorded after it on this
+  // communicator's stream, with the blocking operations' deadline and abort.
   class Exchange final : public PendingTransfer {
    public:
-    Exchange(NcclCommunicator* comm, int64_t sent_bytes) : comm_(comm), sent_bytes_(sent_bytes) {}
+    Exchange(NcclCommunicator* comm, int64_t sent_bytes, cudaEvent_t done)
+        : comm_(comm), sent_bytes_(sent_bytes), done_(done) {}
+    ~Exchange() override { cudaEventDestroy(done_); }
     absl::Status Wait() override {
-      TY_RETURN_IF_ERROR(comm_->Complete("nccl send-recv", ncclSuccess));
+      TY_RETURN_IF_ERROR(
+          comm_->Await("nccl send-recv", ncclSuccess, [this] { return cudaEventQuery(done_); }));
       comm_->stats_.Add(CollectiveKind::kSendRecv, sent_bytes_);
       return absl::OkStatus();
     }
@@ -307,6 +316,7 @@ class NcclCommunicator final : public TypedCommunicator {
    private:
     NcclCommunicator* comm_;
     int64_t sent_bytes_;
+    cudaEvent_t done_;  // owned
   };
 
   bool ValidPeer(int peer) const { return peer >= 0 && peer < size_; }
@@ -371,6 +381,19 @@ class NcclCommunicator final : public TypedCommunicator {
   // enqueued it (non-blocking calls may return ncclInProgress), then until the stream has run
   // it. Any failure, the deadline, or Abort() aborts the communicator.
   absl::Status Complete(const char* what, ncclResult_t enqueued) {
+    return Await(what, enqueued, [this] { return cudaStreamQuery(stream_); });
+  }
+  // Only until NCCL has enqueued it: no other NCCL call may come before that.
+  absl::Status WaitQueued(const char* what, ncclResult_t enqueued) {
+    return Await(what, enqueued, [] { return cudaSuccess; });
+  }
+  // Complete's loop, with `ran` saying whether the enqueued work has run (cudaSuccess), not yet
+  // (cudaErrorNotReady), or failed.
+  absl::Status Await(const char* what, ncclResult_t enqueued,
+                     const std::function<cudaError_t()>& ran) {
+    if (comm_ == nullptr) {
+      return absl::AbortedError(absl::StrCat(what, ": communicator aborted (", ended_by_, ")"));
+    }
     if (enqueued != ncclSuccess && enqueued != ncclInProgress) {
       const absl::Status status = NcclStatus(enqueued, what);
       AbortComm(status.ToString());
@@ -390,12 +413,12 @@ class NcclCommunicator final : public TypedCommunicator {
         AbortComm(status.ToString());
         return status;
       }
-      if (state == ncclSuccess) {  // enqueued: now the stream tells when it has run
-        const cudaError_t done = cudaStreamQuery(stream_);
+      if (state == ncclSuccess) {  // enqueued: now the stream (or an event on it) tells
+        const cudaError_t done = ran();
         if (done == cudaSuccess) return absl::OkStatus();
         if (done != cudaErrorNotReady) {
           const absl::Status status =
-              kernels::cuda::CudaError(done, "cudaStreamQuery", __FILE__, __LINE__);
+              kernels::cuda::CudaError(done, "waiting for the stream", __FILE__, __LINE__);
           AbortComm(status.ToString());
           return status;
         }

@@ -154,9 +154,11 @@ class StagingCommunicator final : public TypedCommunicator {
       });
     }
 
-    std::unique_ptr<PendingTransfer> inner;
+    // Declared before `inner`, so that an abandoned transfer (destroyed unwaited) outlives the
+    // engine's hold on it.
     std::vector<float> staging;  // where `host` points unless the buffer was used in place
     float* host = nullptr;       // a receive's fp32 target
+    std::unique_ptr<PendingTransfer> inner;
 
    private:
     StagingCommunicator* comm_;
