@@ -12,11 +12,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/status.h"
 #include "config/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -52,14 +54,25 @@ double L2Relative(const float* got, const float* want, int64_t n) {
   return ref == 0.0 ? std::sqrt(diff) : std::sqrt(diff / ref);
 }
 
-// The same initial parameters on both models, and zero gradients.
-void StartAlike(LocalModel& cpu, LocalModel& gpu) {
-  cpu.InitParameters(11);
-  std::vector<float> params(cpu.num_params());
-  cpu.ReadParameters(params.data());
-  gpu.LoadParameters(params.data());
-  cpu.ZeroGradients();
-  gpu.ZeroGradients();
+// The same model on the CPU backend and on the GPU (activations of `act`), from the same initial
+// parameters, with zero gradients. The models go before their backends.
+struct ModelPair {
+  std::unique_ptr<Backend> cpu, gpu;
+  std::unique_ptr<LocalModel> cpu_model, gpu_model;
+};
+absl::StatusOr<ModelPair> MakeModelPair(const config::ModelConfig& mc, DType act) {
+  ModelPair p;
+  p.cpu = MakeCpuBackend(0);
+  TY_ASSIGN_OR_RETURN(p.gpu, MakeCudaBackend({.device = 0, .act_dtype = act}));
+  TY_ASSIGN_OR_RETURN(p.cpu_model, LocalModel::Create(mc, p.cpu.get()));
+  TY_ASSIGN_OR_RETURN(p.gpu_model, LocalModel::Create(mc, p.gpu.get()));
+  p.cpu_model->InitParameters(11);
+  std::vector<float> params(p.cpu_model->num_params());
+  p.cpu_model->ReadParameters(params.data());
+  p.gpu_model->LoadParameters(params.data());
+  p.cpu_model->ZeroGradients();
+  p.gpu_model->ZeroGradients();
+  return p;
 }
 
 class ModelOnGpu : public ::testing::TestWithParam<Case> {};
@@ -83,23 +96,17 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   for (auto& x : inputs) x = token(rng);
   for (auto& x : targets) x = token(rng);
 
-  auto cpu = MakeCpuBackend(0);
-  auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = c.act});
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-  auto& gpu = *gpu_or;
-  auto cpu_model = LocalModel::Create(mc, cpu.get());
-  auto gpu_model = LocalModel::Create(mc, gpu.get());
-  ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
-  LocalModel& cm = **cpu_model;
-  LocalModel& gm = **gpu_model;
-  StartAlike(cm, gm);
+  auto pair = MakeModelPair(mc, c.act);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  LocalModel& cm = *pair->cpu_model;
+  LocalModel& gm = *pair->gpu_model;
 
   const float scale = 1.0f / (b * t);
   auto cpu_loss = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
   auto gpu_loss = gm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
   ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status();
   ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status();
-  ASSERT_TRUE(gpu->Synchronize().ok());
+  ASSERT_TRUE(pair->gpu->Synchronize().ok());
   EXPECT_TRUE(std::isfinite(*gpu_loss));
   EXPECT_LE(std::abs(*gpu_loss - *cpu_loss) / *cpu_loss, bf16 ? 1e-2 : 1e-5)
       << "loss " << *gpu_loss << " vs " << *cpu_loss;
@@ -124,15 +131,10 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
 TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
   TY_SKIP_WITHOUT_GPU();
   const config::ModelConfig mc = *config::Preset("gpt2-debug");
-  auto cpu = MakeCpuBackend(0);
-  auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = DType::kF32});
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-  auto cpu_model = LocalModel::Create(mc, cpu.get());
-  auto gpu_model = LocalModel::Create(mc, gpu_or->get());
-  ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
-  LocalModel& cm = **cpu_model;
-  LocalModel& gm = **gpu_model;
-  StartAlike(cm, gm);
+  auto pair = MakeModelPair(mc, DType::kF32);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  LocalModel& cm = *pair->cpu_model;
+  LocalModel& gm = *pair->gpu_model;
   const int b = 2, t = 48, micro_batches = 3;
   const float scale = 1.0f / (micro_batches * b * t);
   std::mt19937 rng(3);
@@ -171,15 +173,12 @@ TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
 TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   TY_SKIP_WITHOUT_GPU();
   const config::ModelConfig mc = *config::Preset("llama-debug");
-  auto cpu = MakeCpuBackend(0);
-  auto gpu_or = MakeCudaBackend({.device = 0, .act_dtype = DType::kBF16});
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-  Backend& gpu = **gpu_or;
-  auto cpu_model = LocalModel::Create(mc, cpu.get());
-  auto gpu_model = LocalModel::Create(mc, &gpu);
-  ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
-  LocalModel& cm = **cpu_model;
-  LocalModel& gm = **gpu_model;
+  auto pair = MakeModelPair(mc, DType::kBF16);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  LocalModel& cm = *pair->cpu_model;
+  LocalModel& gm = *pair->gpu_model;
+  Backend& cpu = *pair->cpu;
+  Backend& gpu = *pair->gpu;
   const int b = 2, t = 48;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
@@ -204,7 +203,6 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
     ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the change must move the loss";
     EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
   };
-  StartAlike(cm, gm);
   auto before = losses();
   // Parameters from the host: every one scaled by 4 (sharper logits, a very different loss).
   std::vector<float> params(cm.num_params());
@@ -220,11 +218,11 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   // An AdamW step on each backend (its first: the update is lr · sign(grad), large at lr 0.05).
   before = after;
   const int64_t n = cm.num_params();
-  Buffer<float> cpu_m = cpu->AllocFloat(n), cpu_v = cpu->AllocFloat(n);
+  Buffer<float> cpu_m = cpu.AllocFloat(n), cpu_v = cpu.AllocFloat(n);
   Buffer<float> gpu_m = gpu.AllocFloat(n), gpu_v = gpu.AllocFloat(n);
   const AdamWParams adamw{
       .lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .step = 1};
-  cpu->AdamW(cm.params(), cm.grads(), cpu_m.data(), cpu_v.data(), n, adamw);
+  cpu.AdamW(cm.params(), cm.grads(), cpu_m.data(), cpu_v.data(), n, adamw);
   gpu.AdamW(gm.params(), gm.grads(), gpu_m.data(), gpu_v.data(), n, adamw);
   after = losses();
   expect_follows(before, after, "an AdamW step");

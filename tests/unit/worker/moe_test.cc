@@ -10,6 +10,7 @@
 #include "absl/strings/str_replace.h"
 #include "config/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/worker_test_util.h"
 #include "worker/backend.h"
 #include "worker/local_model.h"
 #include "worker/moe_routing.h"
@@ -130,13 +131,7 @@ TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
   }
 }
 
-std::vector<int32_t> Tokens(int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = pick(rng);
-  return v;
-}
+using test_util::RandomTokens;
 
 config::ModelConfig Small(config::ModelFamily family) {
   config::ModelConfig c;
@@ -261,7 +256,7 @@ TEST(MoeModel, OneExpertIsTheDenseModel) {
     }
     (*moe)->LoadParameters(moe_params.data());
     const int b = 2, t = 8;
-    const auto inputs = Tokens(b * t, 32, 1), targets = Tokens(b * t, 32, 2);
+    const auto inputs = RandomTokens(b * t, 32, 1), targets = RandomTokens(b * t, 32, 2);
     auto dense_loss = (*dense)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / 16);
     auto moe_loss = (*moe)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / 16);
     ASSERT_TRUE(dense_loss.ok() && moe_loss.ok());
@@ -298,7 +293,7 @@ void CheckObjectiveGradient(config::ModelFamily family, int top_k, bool last_exp
   m.InitParameters(11);
   const int b = 2, t = 8;
   const float scale = 1.0f / (b * t);
-  const auto inputs = Tokens(b * t, 32, 3), targets = Tokens(b * t, 32, 4);
+  const auto inputs = RandomTokens(b * t, 32, 3), targets = RandomTokens(b * t, 32, 4);
   auto objective = [&](double* aux_out = nullptr) {
     m.ZeroGradients();
     const double ce = *m.ForwardBackward(inputs.data(), targets.data(), b, t, scale);

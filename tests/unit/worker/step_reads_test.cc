@@ -6,12 +6,12 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "config/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/worker_test_util.h"
 #include "worker/backend.h"
 #include "worker/local_model.h"
 
@@ -57,13 +57,7 @@ TEST(DeviceTimer, SumsItsSpansAndNothingBetweenThem) {
   EXPECT_EQ(*timer->Take(), 0.0);
 }
 
-std::vector<int32_t> Tokens(int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
-  std::vector<int32_t> out(n);
-  for (auto& x : out) x = token(rng);
-  return out;
-}
+using test_util::RandomTokens;
 
 // Three micro-batches as a rank runs them, the loss read once, against ForwardBackward's reading
 // each: the same sum (in the same order), the same accumulated gradients, and passes timed.
@@ -84,8 +78,8 @@ TEST(StepReads, MicroBatchesReadTheirLossOnceAtTheEnd) {
     double summed = 0.0;
     Model& model = (*once)->model();
     for (int i = 0; i < micro_batches; ++i) {
-      const auto inputs = Tokens(b * t, config.vocab, 2 * i + 1);
-      const auto targets = Tokens(b * t, config.vocab, 2 * i + 2);
+      const auto inputs = RandomTokens(b * t, config.vocab, 2 * i + 1);
+      const auto targets = RandomTokens(b * t, config.vocab, 2 * i + 2);
       ASSERT_TRUE(
           model.StageForward({}, inputs.data(), targets.data(), b, t, nullptr, scale, nullptr)
               .ok());
@@ -110,7 +104,7 @@ TEST(StepReads, MicroBatchesReadTheirLossOnceAtTheEnd) {
     EXPECT_GT(phases->backward, 0.0);
     EXPECT_EQ(model.TakePhaseSeconds()->forward, 0.0);
     // An evaluation is read at once and leaves the training sum alone.
-    const auto inputs = Tokens(b * t, config.vocab, 9);
+    const auto inputs = RandomTokens(b * t, config.vocab, 9);
     auto eval = model.Loss(inputs.data(), inputs.data(), b, t);
     ASSERT_TRUE(eval.ok()) << eval.status();
     EXPECT_GT(*eval, 0.0);
