@@ -65,7 +65,9 @@ absl::Status Measure(const CaseContext& ctx, Row* row, const EventTimer::Op& op,
 
 enum class Pass { kForward, kBackward, kBoth };
 
-absl::Status Attention(const BenchModel& m, Pass pass, const CaseContext& ctx, Row* row) {
+// `dq_sum`: how the backward sums dQ (the atomic rows are compared with the same SDPA rows).
+absl::Status Attention(const BenchModel& m, Pass pass, kernels::cuda::AttentionDqSum dq_sum,
+                       const CaseContext& ctx, Row* row) {
   const config::ModelConfig& c = m.config;
   const kernels::cuda::AttentionDims dims{m.batch, m.seq, c.heads, c.kv_heads, c.head_dim()};
   row->shape = absl::StrCat("b", m.batch, " t", m.seq, " h", c.heads, "/", c.kv_heads, " d",
@@ -76,7 +78,8 @@ absl::Status Attention(const BenchModel& m, Pass pass, const CaseContext& ctx, R
   TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(tokens * c.width * kAb));
   TY_ASSIGN_OR_RETURN(DeviceBuffer dqkv, DeviceBuffer::Create(tokens * c.qkv_width() * kAb));
   TY_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Create(m.batch * c.heads * m.seq * kFb));
-  const size_t scratch_bytes = kernels::cuda::FlashAttentionBackwardScratchBytes(dims, kAct);
+  const size_t scratch_bytes =
+      kernels::cuda::FlashAttentionBackwardScratchBytes(dims, kAct, dq_sum);
   TY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
                       DeviceBuffer::Create(static_cast<int64_t>(scratch_bytes)));
   auto forward = [&] {
@@ -86,7 +89,7 @@ absl::Status Attention(const BenchModel& m, Pass pass, const CaseContext& ctx, R
   auto backward = [&] {
     return kernels::cuda::FlashAttentionBackward(ctx.stream, kAct, dqkv.get(), dout.get(),
                                                  qkv.get(), out.get(), lse.f32(), dims,
-                                                 scratch.get(), scratch_bytes);
+                                                 scratch.get(), scratch_bytes, dq_sum);
   };
   const double forward_flop = 2.0 * m.batch * c.heads * double(m.seq) * m.seq * c.head_dim();
   switch (pass) {
@@ -344,10 +347,18 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   const int64_t fc_out = gpt2 ? m.config.ffn_hidden : 2 * int64_t{m.config.ffn_hidden};
   const GemmKind fc_forward = gpt2 ? GemmKind::kForwardBias : GemmKind::kForward;
   const std::string norm = gpt2 ? "layernorm" : "rmsnorm";
+  using kernels::cuda::AttentionDqSum;
+  constexpr AttentionDqSum kFixed = AttentionDqSum::kDeterministic;
+  constexpr AttentionDqSum kAtomic = AttentionDqSum::kAtomic;
   std::vector<Case> cases = {
-      {"attention fwd", [m](X x, Row* r) { return Attention(m, Pass::kForward, x, r); }},
-      {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, x, r); }},
-      {"attention fwd+bwd", [m](X x, Row* r) { return Attention(m, Pass::kBoth, x, r); }},
+      {"attention fwd", [m](X x, Row* r) { return Attention(m, Pass::kForward, kFixed, x, r); }},
+      {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, kFixed, x, r); }},
+      {"attention fwd+bwd",
+       [m](X x, Row* r) { return Attention(m, Pass::kBoth, kFixed, x, r); }},
+      {"attention bwd atomic-dq",
+       [m](X x, Row* r) { return Attention(m, Pass::kBackward, kAtomic, x, r); }},
+      {"attention fwd+bwd atomic-dq",
+       [m](X x, Row* r) { return Attention(m, Pass::kBoth, kAtomic, x, r); }},
   };
   if (m.attention_only) return cases;
   cases.push_back({norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, x, r); }});

@@ -23,6 +23,19 @@ struct AttentionDims {
   int64_t b, t, heads, kv_heads, d;
 };
 
+// How the bf16 backward sums the query gradient over key tiles.
+enum class AttentionDqSum {
+  // A pass of its own per query tile with every sum in one fixed order: a backward run twice
+  // gives bit-identical gradients. The default.
+  kDeterministic,
+  // FlashAttention-2's way: the key/value pass adds each tile pair's share into an fp32 buffer
+  // with atomics, sparing the dQ pass its recomputation of P and dP (five tile products per pair
+  // of query and key tiles instead of seven) for b·t·heads·d more fp32 of scratch. The order of
+  // the sums, and so the last bits of dq, depends on the order blocks run in. fp32 storage is
+  // deterministic either way.
+  kAtomic,
+};
+
 // Supported head dims: 16, 32, 64, 128 (others: INVALID_ARGUMENT naming the head dim).
 // heads must be a multiple of kv_heads, and b and heads at most 65535. The tensors qkv, out,
 // dout and dqkv start 16-byte aligned (any cudaMalloc'd or 256-byte sub-allocated buffer is).
@@ -30,18 +43,19 @@ struct AttentionDims {
 [[nodiscard]] absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out,
                                                  float* lse, const void* qkv,
                                                  const AttentionDims& dims);
-// dqkv overwritten (key/value gradients summed over the query heads of their group,
-// deterministically: the same inputs give bit-identical gradients). `scratch` holds
-// FlashAttentionBackwardScratchBytes(dims, dtype) bytes (16-byte aligned); it is overwritten and
-// may be reused once the stream has passed this call.
-[[nodiscard]] absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv,
-                                                  const void* dout, const void* qkv,
-                                                  const void* out, const float* lse,
-                                                  const AttentionDims& dims, void* scratch,
-                                                  size_t scratch_bytes);
-// b·heads·t fp32 values (rowsum(dout ∘ out) per query row); dQ is accumulated on chip, so the
-// scratch does not grow with the head dim or the storage type.
-size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype);
+// dqkv overwritten (key/value gradients summed over the query heads of their group in head
+// order; dq summed as `dq_sum` says). `scratch` holds FlashAttentionBackwardScratchBytes(dims,
+// dtype, dq_sum) bytes (16-byte aligned); it is overwritten and may be reused once the stream has
+// passed this call.
+[[nodiscard]] absl::Status FlashAttentionBackward(
+    cudaStream_t stream, DType dtype, void* dqkv, const void* dout, const void* qkv,
+    const void* out, const float* lse, const AttentionDims& dims, void* scratch,
+    size_t scratch_bytes, AttentionDqSum dq_sum = AttentionDqSum::kDeterministic);
+// b·heads·t fp32 values (rowsum(dout ∘ out) per query row); with atomic dQ sums in bf16, then
+// b·t·heads·d fp32 sums (at a 256-byte boundary). A deterministic dQ is accumulated on chip, so
+// its scratch does not grow with the head dim.
+size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype,
+                                          AttentionDqSum dq_sum = AttentionDqSum::kDeterministic);
 
 }  // namespace trainyard::kernels::cuda
 

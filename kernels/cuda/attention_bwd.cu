@@ -14,10 +14,11 @@
 // Both 2 and 3 recompute P = exp(scale·q·k − lse) and dP = dO·Vᵀ from the saved log-sum-exp.
 // FlashAttention-2 instead adds dQ into an fp32 buffer with atomics from kernel 2, which saves
 // that recomputation but makes the result depend on the order the blocks run in; here every sum
-// has one fixed order, so a backward run twice gives bit-identical gradients. Likewise the key/
-// value gradients of a GQA group are summed over its query heads inside one block, in head order.
-// Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same passes with
-// scores in registers.
+// has one fixed order, so a backward run twice gives bit-identical gradients. (The bf16 path
+// offers FlashAttention-2's way too, AttentionDqSum::kAtomic: attention_bwd_mma.cu.) Likewise the
+// key/ value gradients of a GQA group are summed over its query heads inside one block, in head
+// order. Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same passes
+// with scores in registers.
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -308,7 +309,7 @@ absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& 
 
 template <typename T, int D>
 absl::Status LaunchBackward(cudaStream_t stream, const BackwardOperands<T>& x,
-                            const AttentionBlockDims& dims, bool add) {
+                            const AttentionBlockDims& dims, bool add, float* dq_sums) {
   const BlockGeometry geo = GeometryOf(dims);
   const dim3 threads(kThreads);
   const int64_t rows = dims.b * dims.q_len * dims.heads;
@@ -317,7 +318,7 @@ absl::Status LaunchBackward(cudaStream_t stream, const BackwardOperands<T>& x,
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("RowDotKernel");
   if constexpr (std::is_same_v<T, bf16>) {
     return LaunchMmaBackward(stream, {x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse, x.delta},
-                             dims, add);
+                             dims, add, dq_sums);
   } else {
     return LaunchTileBackward<T, D>(stream, x, dims, add);
   }
@@ -356,7 +357,7 @@ template <typename T>
 absl::Status BackwardForHeadDim(cudaStream_t stream, void* dq, void* dk, void* dv, const void* dout,
                                 const void* q, const void* k, const void* v, const void* out,
                                 const float* lse, float* delta, const AttentionBlockDims& dims,
-                                bool add) {
+                                bool add, float* dq_sums) {
   const BackwardOperands<T> x{static_cast<T*>(dq),
                               static_cast<T*>(dk),
                               static_cast<T*>(dv),
@@ -369,34 +370,55 @@ absl::Status BackwardForHeadDim(cudaStream_t stream, void* dq, void* dk, void* d
                               delta};
   switch (dims.d) {
     case 16:
-      return LaunchBackward<T, 16>(stream, x, dims, add);
+      return LaunchBackward<T, 16>(stream, x, dims, add, dq_sums);
     case 32:
-      return LaunchBackward<T, 32>(stream, x, dims, add);
+      return LaunchBackward<T, 32>(stream, x, dims, add, dq_sums);
     case 64:
-      return LaunchBackward<T, 64>(stream, x, dims, add);
+      return LaunchBackward<T, 64>(stream, x, dims, add, dq_sums);
     case 128:
-      return LaunchBackward<T, 128>(stream, x, dims, add);
+      return LaunchBackward<T, 128>(stream, x, dims, add, dq_sums);
   }
   return CheckBlockDims(dims, DType::kF32);  // names the unsupported head dim
+}
+
+// Where the atomic dQ sums start in the scratch: past the deltas, at a 256-byte boundary.
+size_t DqSumsOffset(const AttentionBlockDims& dims) {
+  return (AttentionBlockBackwardScratchBytes(dims) + 255) / 256 * 256;
+}
+
+// The scratch of a backward summing dQ as `dq_sum` says.
+size_t BackwardScratchBytes(const AttentionBlockDims& dims, DType dtype, AttentionDqSum dq_sum) {
+  if (dq_sum == AttentionDqSum::kDeterministic || dtype != DType::kBF16) {
+    return AttentionBlockBackwardScratchBytes(dims);
+  }
+  if (dims.b <= 0 || dims.q_len <= 0 || dims.heads <= 0 || dims.d <= 0) return 0;
+  return DqSumsOffset(dims) +
+         static_cast<size_t>(dims.b * dims.q_len * dims.heads * dims.d) * sizeof(float);
 }
 
 // Both public backwards: checks the tensors and launches; `add` chooses += over =.
 absl::Status Backward(cudaStream_t stream, DType dtype, void* dq, void* dk, void* dv,
                       const void* dout, const void* q, const void* k, const void* v,
                       const void* out, const float* lse, const AttentionBlockDims& dims,
-                      void* scratch, size_t scratch_bytes, bool add) {
+                      void* scratch, size_t scratch_bytes, bool add, AttentionDqSum dq_sum) {
   TY_RETURN_IF_ERROR(CheckBlockDims(dims, dtype));
   TY_REQUIRE(dq != nullptr && dk != nullptr && dv != nullptr && dout != nullptr && q != nullptr &&
              k != nullptr && v != nullptr && out != nullptr && lse != nullptr &&
              scratch != nullptr);
   TY_REQUIRE(Aligned16(dq) && Aligned16(dk) && Aligned16(dv) && Aligned16(dout) && Aligned16(q) &&
              Aligned16(k) && Aligned16(v) && Aligned16(out) && Aligned16(scratch));
-  TY_REQUIRE(scratch_bytes >= AttentionBlockBackwardScratchBytes(dims));
+  TY_REQUIRE(scratch_bytes >= BackwardScratchBytes(dims, dtype, dq_sum));
   float* delta = static_cast<float*>(scratch);
   if (dtype == DType::kBF16) {
-    return BackwardForHeadDim<bf16>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add);
+    float* dq_sums =
+        dq_sum == AttentionDqSum::kAtomic
+            ? reinterpret_cast<float*>(static_cast<char*>(scratch) + DqSumsOffset(dims))
+            : nullptr;
+    return BackwardForHeadDim<bf16>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add,
+                                    dq_sums);
   }
-  return BackwardForHeadDim<float>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add);
+  return BackwardForHeadDim<float>(stream, dq, dk, dv, dout, q, k, v, out, lse, delta, dims, add,
+                                   nullptr);
 }
 
 }  // namespace
@@ -415,18 +437,21 @@ absl::Status AttentionBlockBackward(cudaStream_t stream, DType dtype, void* dq, 
                                     const AttentionBlockDims& dims, void* scratch,
                                     size_t scratch_bytes) {
   return attention_internal::Backward(stream, dtype, dq, dk, dv, dout, q, k, v, out, lse, dims,
-                                      scratch, scratch_bytes, /*add=*/true);
+                                      scratch, scratch_bytes, /*add=*/true,
+                                      AttentionDqSum::kDeterministic);
 }
 
-size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType /*dtype*/) {
+size_t FlashAttentionBackwardScratchBytes(const AttentionDims& dims, DType dtype,
+                                          AttentionDqSum dq_sum) {
   if (dims.b <= 0 || dims.t <= 0 || dims.heads <= 0) return 0;
-  return AttentionBlockBackwardScratchBytes(attention_internal::PackedQkvBlock(dims));
+  return attention_internal::BackwardScratchBytes(attention_internal::PackedQkvBlock(dims), dtype,
+                                                  dq_sum);
 }
 
 absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv, const void* dout,
                                     const void* qkv, const void* out, const float* lse,
-                                    const AttentionDims& dims, void* scratch,
-                                    size_t scratch_bytes) {
+                                    const AttentionDims& dims, void* scratch, size_t scratch_bytes,
+                                    AttentionDqSum dq_sum) {
   namespace ai = attention_internal;
   TY_RETURN_IF_ERROR(ai::CheckAttentionDims(dims));
   TY_REQUIRE(dqkv != nullptr && qkv != nullptr);
@@ -434,7 +459,7 @@ absl::Status FlashAttentionBackward(cudaStream_t stream, DType dtype, void* dqkv
   return ai::Backward(stream, dtype, dqkv, ai::ElementsPast(dqkv, keys, dtype),
                       ai::ElementsPast(dqkv, values, dtype), dout, qkv,
                       ai::ElementsPast(qkv, keys, dtype), ai::ElementsPast(qkv, values, dtype), out,
-                      lse, ai::PackedQkvBlock(dims), scratch, scratch_bytes, /*add=*/false);
+                      lse, ai::PackedQkvBlock(dims), scratch, scratch_bytes, /*add=*/false, dq_sum);
 }
 
 }  // namespace trainyard::kernels::cuda

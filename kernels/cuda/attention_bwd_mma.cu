@@ -12,6 +12,12 @@
 //     dS as above, dQ += dS·K.
 // Gradients are written once at the end from the accumulators (with `add`, added in fp32 to the
 // values there and rounded once).
+//
+// With atomic dQ sums (AttentionDqSum::kAtomic, FlashAttention-2's way) the DqKernel does not
+// run: KvKernel also stages each tile's dSᵀ in shared memory as bf16 and adds the tile's dQ share
+// (dS·K over the block's keys) into an fp32 buffer with atomics, and DqFromSumsKernel rounds the
+// sums into dq. Per (query tile, key tile) pair that is five tile products instead of seven,
+// for q_len·heads·d fp32 of scratch and sums whose order depends on the order blocks run in.
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/warp_mma.cuh"
@@ -38,6 +44,9 @@ struct MmaBackwardSmem {
   static constexpr int kLse = kInner1 + 2 * kTile;  // two buffers of kInner fp32
   static constexpr int kDelta = kLse + 2 * AlignUp(kInner<D> * 4);
   static constexpr int kBytes = kDelta + 2 * AlignUp(kInner<D> * 4);
+  // With atomic dQ sums, KvKernel's dSᵀ tile (kRows keys × kInner queries, bf16) follows.
+  static constexpr int kDs = kBytes;
+  static constexpr int kAtomicBytes = kDs + TileBytes<bf16>(kRows, kInner<D>);
 };
 
 // c[n] (16 rows × kCols as kCols/8 accumulators) = A·Bᵀ for A the warp's 16 rows of `a` and B
@@ -111,13 +120,111 @@ __device__ __forceinline__ void StoreRows(bf16* dst, int64_t stride, int64_t row
   }
 }
 
+// A warp's Pᵀ and dSᵀ against a tile of kQ queries (i0..): its 16 keys `k_rows` and values
+// `v_rows` against the shared query tile, output-gradient tile, and the tile's lse (log2 units)
+// and delta: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − lse) where the key is visible (0 where not),
+// dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale. `key` holds this lane's two key rows.
+template <int D, int kQ>
+__device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[kQ / 8][4],
+                                             const bf16* k_rows, const bf16* v_rows,
+                                             const bf16* q_tile, const bf16* do_tile,
+                                             const float* lse_tile, const float* delta_tile,
+                                             int64_t i0, const int64_t (&key)[2],
+                                             const BlockGeometry& geo, float scale,
+                                             float scale_log2, int lane) {
+  const int pair = lane % 4;
+  ProductABt<D, kQ>(p, k_rows, q_tile, lane);
+  ProductABt<D, kQ>(ds, v_rows, do_tile, lane);
+#pragma unroll
+  for (int n = 0; n < kQ / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
+      const float pe =
+          key[e / 2] < VisibleKeys(geo, i0 + c) ? exp2f(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
+      p[n][e] = pe;
+      ds[n][e] = pe * (ds[n][e] - delta_tile[c]) * scale;
+    }
+  }
+}
+
+// Stages a warp's dSᵀ (its 16 key rows × kQ queries, accumulator layout) in rows 16·warp.. of
+// the block's shared dSᵀ tile as bf16; an idle warp (`ds` null) writes zeros there.
+template <int kQ>
+__device__ __forceinline__ void StageDsT(bf16* ds_tile, const float (*ds)[4], int warp_id,
+                                         int lane) {
+  constexpr int kLdS = Ld<bf16>(kQ);
+  bf16* rows = ds_tile + warp_id * 16 * kLdS;
+  if (ds == nullptr) {
+    for (int i = lane; i < 16 * kQ / 2; i += 32) {
+      *reinterpret_cast<uint32_t*>(rows + i / (kQ / 2) * kLdS + i % (kQ / 2) * 2) = 0u;
+    }
+    return;
+  }
+  const int quad = lane / 4, pair = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kQ / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(rows + quad * kLdS + n * 8 + 2 * pair) =
+        PackBf16x2(ds[n][0], ds[n][1]);
+    *reinterpret_cast<uint32_t*>(rows + (quad + 8) * kLdS + n * 8 + 2 * pair) =
+        PackBf16x2(ds[n][2], ds[n][3]);
+  }
+}
+
+// Adds a query tile's dQ share from the block's keys, dS·K, into the fp32 sums: `sums` at query
+// row 0 of the tile's head (rows `stride` apart), queries i0.. (rows at or past q_len skipped).
+// dS comes from the block's shared dSᵀ tile (kRows keys × kQ queries) and K from its key tile.
+// Warp w takes 16 of the tile's query rows and D / kSplit of the head's columns.
+// Block-collective in that every warp takes a share; the tiles must be complete.
+template <int D, int kQ>
+__device__ __forceinline__ void AddDqShare(float* sums, int64_t stride, int64_t i0, int64_t q_len,
+                                           const bf16* ds_tile, const bf16* k_tile, int warp_id,
+                                           int lane) {
+  constexpr int kRowGroups = kQ / 16;
+  static_assert(kWarps % kRowGroups == 0, "the warps split the query rows evenly");
+  constexpr int kSplit = kWarps / kRowGroups, kCols = D / kSplit;
+  static_assert(kCols % 16 == 0, "each warp takes whole 16-column fragments");
+  constexpr int kLdS = Ld<bf16>(kQ), kLd = Ld<bf16>(D);
+  const int m0 = warp_id % kRowGroups * 16, c0 = warp_id / kRowGroups * kCols;
+  float acc[kCols / 8][4];
+#pragma unroll
+  for (int n = 0; n < kCols / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kRows / 16; ++ks) {  // keys 16·ks..: dS as A fragments, transposed
+    uint32_t a[4];
+    warp::LdMatrixX4Trans(
+        a, ds_tile + (ks * 16 + lane / 16 * 8 + lane % 8) * kLdS + m0 + (lane / 8) % 2 * 8);
+#pragma unroll
+    for (int dn = 0; dn < kCols / 16; ++dn) {
+      uint32_t b[4];
+      warp::LdMatrixX4Trans(b, k_tile + (ks * 16 + (lane / 8) % 2 * 8 + lane % 8) * kLd + c0 +
+                                   dn * 16 + lane / 16 * 8);
+      warp::MmaBf16(acc[2 * dn], a, b[0], b[1]);
+      warp::MmaBf16(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+  const int quad = lane / 4, pair = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t row = i0 + m0 + quad + 8 * hh;
+    if (row >= q_len) continue;
+    float* p = sums + row * stride + c0 + 2 * pair;
+#pragma unroll
+    for (int n = 0; n < kCols / 8; ++n) {
+      atomicAdd(p + n * 8, acc[n][2 * hh]);
+      atomicAdd(p + n * 8 + 1, acc[n][2 * hh + 1]);
+    }
+  }
+}
+
 // Grid: (key tiles, kv heads, batch). See the file comment; lse in natural log, delta = rowsum(dO
-// ∘ O), both [b, heads, q_len].
-template <int D>
+// ∘ O), both [b, heads, q_len]. With kAtomicDq, dq_sums [b, q_len, heads·D] (zeroed) receives
+// the dQ shares.
+template <int D, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
-    MmaKvKernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                const float* lse, const float* delta, BlockGeometry geo, bool add, float scale,
-                float scale_log2) {
+    MmaKvKernel(bf16* dk, bf16* dv, float* dq_sums, const bf16* dout, const bf16* q, const bf16* k,
+                const bf16* v, const float* lse, const float* delta, BlockGeometry geo, bool add,
+                float scale, float scale_log2) {
   using Smem = MmaBackwardSmem<D>;
   constexpr int kQ = kInner<D>;
   constexpr int kLd = Ld<bf16>(D);
@@ -130,6 +237,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* do_tiles = reinterpret_cast<bf16*>(smem + Smem::kInner1);
   float* lse_tiles = reinterpret_cast<float*>(smem + Smem::kLse);
   float* delta_tiles = reinterpret_cast<float*>(smem + Smem::kDelta);
+  bf16* ds_tile = reinterpret_cast<bf16*>(smem + Smem::kDs);  // kAtomicDq only
 
   // Low key tiles of a causal block see the most queries and come first in the grid.
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -159,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
   load(0);
   warp::CpAsyncCommit();
 
-  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4;
   const int64_t first_key = j0 + warp_id * 16;
   const int64_t key[2] = {first_key + quad, first_key + quad + 8};
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
@@ -175,31 +283,30 @@ __global__ void __launch_bounds__(kThreads)
     if (it + 1 < tiles) load(it + 1);
     warp::CpAsyncCommit();
     const int64_t i0 = first_query + static_cast<int64_t>(it % per_head) * kQ;
-    // Nothing to do for keys past the end, or queries that all come before the warp's keys.
-    if (first_key >= geo.kv_len || (geo.causal && i0 + kQ <= first_key)) continue;
-    const int buffer = it % 2;
-    const bf16* q_tile = q_tiles + buffer * kTileElems;
-    const bf16* do_tile = do_tiles + buffer * kTileElems;
-    const float* lse_tile = lse_tiles + buffer * kRowVals;
-    const float* delta_tile = delta_tiles + buffer * kRowVals;
-
-    float s[kQ / 8][4], dp[kQ / 8][4];
-    ProductABt<D, kQ>(s, k_tile + warp_id * 16 * kLd, q_tile, lane);
-    ProductABt<D, kQ>(dp, v_tile + warp_id * 16 * kLd, do_tile, lane);
-#pragma unroll
-    for (int n = 0; n < kQ / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
-        const float p = key[e / 2] < VisibleKeys(geo, i0 + c)
-                            ? exp2f(s[n][e] * scale_log2 - lse_tile[c])
-                            : 0.0f;
-        s[n][e] = p;
-        dp[n][e] = p * (dp[n][e] - delta_tile[c]) * scale;
-      }
+    // Nothing to do for keys past the end, or queries that all come before the warp's keys (but
+    // zeros for the dSᵀ tile and a share of the tile's dQ, with atomic sums).
+    const bool idle = first_key >= geo.kv_len || (geo.causal && i0 + kQ <= first_key);
+    if (!kAtomicDq && idle) continue;
+    if (!idle) {
+      const int buffer = it % 2;
+      const bf16* q_tile = q_tiles + buffer * kTileElems;
+      const bf16* do_tile = do_tiles + buffer * kTileElems;
+      float p[kQ / 8][4], ds[kQ / 8][4];
+      KvTileScores<D, kQ>(p, ds, k_tile + warp_id * 16 * kLd, v_tile + warp_id * 16 * kLd, q_tile,
+                          do_tile, lse_tiles + buffer * kRowVals, delta_tiles + buffer * kRowVals,
+                          i0, key, geo, scale, scale_log2, lane);
+      AddProductAB<D, kQ>(dv_acc, p, do_tile, lane);
+      AddProductAB<D, kQ>(dk_acc, ds, q_tile, lane);
+      if constexpr (kAtomicDq) StageDsT<kQ>(ds_tile, ds, warp_id, lane);
+    } else {
+      StageDsT<kQ>(ds_tile, nullptr, warp_id, lane);
     }
-    AddProductAB<D, kQ>(dv_acc, s, do_tile, lane);
-    AddProductAB<D, kQ>(dk_acc, dp, q_tile, lane);
+    if constexpr (kAtomicDq) {
+      __syncthreads();  // the dSᵀ tile is complete
+      AddDqShare<D, kQ>(dq_sums + bi * geo.q_len * out_stride +
+                            static_cast<int64_t>(g * group + it / per_head) * D,
+                        out_stride, i0, geo.q_len, ds_tile, k_tile, warp_id, lane);
+    }
   }
   StoreRows<D>(dk + kv_offset, geo.kv_stride, first_key, geo.kv_len, dk_acc, add, lane);
   StoreRows<D>(dv + kv_offset, geo.kv_stride, first_key, geo.kv_len, dv_acc, add, lane);
@@ -292,19 +399,76 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<D>(dq + q_offset, geo.q_stride, first, geo.q_len, dq_acc, add, lane);
 }
 
+// dq (rows `q_stride` apart, query head h at h·width / heads) = the fp32 sums [rows, width],
+// rounded once; with `add`, the sums are first added to what dq holds. Eight columns per thread
+// (width and q_stride multiples of 8).
+__global__ void DqFromSumsKernel(bf16* dq, const float* sums, int64_t q_stride, int64_t rows,
+                                 int64_t width, bool add) {
+  const int64_t chunks = width / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * chunks) return;
+  const int64_t row = i / chunks, c = i % chunks * 8;
+  float v[8];
+  Load8(v, sums + row * width + c);
+  uint4* out = reinterpret_cast<uint4*>(dq + row * q_stride + c);
+  uint32_t words[4];
+  if (add) {
+    const uint4 old = *out;
+    const uint32_t old_words[4] = {old.x, old.y, old.z, old.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      v[2 * w] += __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(old_words[w])));
+      v[2 * w + 1] +=
+          __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(old_words[w] >> 16)));
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) words[w] = PackBf16x2(v[2 * w], v[2 * w + 1]);
+  *out = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// The atomic-dQ backward: the sums zeroed, the dK/dV pass adding dQ shares, dq from the sums.
+template <int D>
+absl::Status LaunchAtomicFor(cudaStream_t stream, const MmaBackwardOperands& x,
+                             const AttentionBlockDims& dims, bool add, float* dq_sums) {
+  const BlockGeometry geo = GeometryOf(dims);
+  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  constexpr int kBytes = MmaBackwardSmem<D>::kAtomicBytes;
+  static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
+  const int64_t rows = dims.b * dims.q_len, width = dims.heads * D;
+  TY_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(dq_sums, 0, static_cast<size_t>(rows * width) * sizeof(float), stream));
+
+  const auto kv_kernel = MmaKvKernel<D, true>;
+  TY_RETURN_IF_ERROR(AllowSharedMemory(kv_kernel, kBytes));
+  const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
+                     static_cast<unsigned>(dims.b));
+  kv_kernel<<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, dq_sums, x.dout, x.q, x.k, x.v,
+                                                   x.lse, x.delta, geo, add, scale, scale_log2);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
+
+  constexpr int kConvertThreads = 256;
+  DqFromSumsKernel<<<BlocksFor(rows * (width / 8), kConvertThreads), kConvertThreads, 0, stream>>>(
+      x.dq, dq_sums, dims.q_stride, rows, width, add);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("DqFromSumsKernel");
+  return absl::OkStatus();
+}
+
 template <int D>
 absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
-                       const AttentionBlockDims& dims, bool add) {
+                       const AttentionBlockDims& dims, bool add, float* dq_sums) {
+  if (dq_sums != nullptr) return LaunchAtomicFor<D>(stream, x, dims, add, dq_sums);
   const BlockGeometry geo = GeometryOf(dims);
   const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
   constexpr int kBytes = MmaBackwardSmem<D>::kBytes;
   static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
 
-  TY_RETURN_IF_ERROR(AllowSharedMemory(MmaKvKernel<D>, kBytes));
+  const auto kv_kernel = MmaKvKernel<D, false>;
+  TY_RETURN_IF_ERROR(AllowSharedMemory(kv_kernel, kBytes));
   const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
                      static_cast<unsigned>(dims.b));
-  MmaKvKernel<D><<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse,
-                                                        x.delta, geo, add, scale, scale_log2);
+  kv_kernel<<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, nullptr, x.dout, x.q, x.k, x.v,
+                                                   x.lse, x.delta, geo, add, scale, scale_log2);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
 
   TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));
@@ -319,16 +483,16 @@ absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
 }  // namespace
 
 absl::Status LaunchMmaBackward(cudaStream_t stream, const MmaBackwardOperands& x,
-                               const AttentionBlockDims& dims, bool add) {
+                               const AttentionBlockDims& dims, bool add, float* dq_sums) {
   switch (dims.d) {
     case 16:
-      return LaunchFor<16>(stream, x, dims, add);
+      return LaunchFor<16>(stream, x, dims, add, dq_sums);
     case 32:
-      return LaunchFor<32>(stream, x, dims, add);
+      return LaunchFor<32>(stream, x, dims, add, dq_sums);
     case 64:
-      return LaunchFor<64>(stream, x, dims, add);
+      return LaunchFor<64>(stream, x, dims, add, dq_sums);
     case 128:
-      return LaunchFor<128>(stream, x, dims, add);
+      return LaunchFor<128>(stream, x, dims, add, dq_sums);
   }
   return CheckBlockDims(dims, DType::kBF16);  // names the unsupported head dim
 }

@@ -357,7 +357,8 @@ inline float SoftmaxScale(int64_t d) { return 1.0f / std::sqrt(static_cast<float
 // The bf16 forward and backward of an attention block with scores in registers
 // (attention_fwd_mma.cu, attention_bwd_mma.cu); the caller has checked the block's dims and
 // tensors (and, for the backward, computed delta = rowsum(dO ∘ O) per query row). The fp32 ones
-// are attention_fwd.cu's and attention_bwd.cu's.
+// are attention_fwd.cu's and attention_bwd.cu's. With `dq_sums` (b·q_len·heads·d fp32 of
+// scratch), the backward sums dQ with atomics (AttentionDqSum::kAtomic); null, deterministically.
 [[nodiscard]] absl::Status LaunchMmaForward(cudaStream_t stream, void* out, float* lse,
                                             const void* q, const void* k, const void* v,
                                             const AttentionBlockDims& dims);
@@ -367,7 +368,8 @@ struct MmaBackwardOperands {
   const float *lse, *delta;
 };
 [[nodiscard]] absl::Status LaunchMmaBackward(cudaStream_t stream, const MmaBackwardOperands& x,
-                                             const AttentionBlockDims& dims, bool add);
+                                             const AttentionBlockDims& dims, bool add,
+                                             float* dq_sums);
 
 }  // namespace trainyard::kernels::cuda::attention_internal
 

@@ -153,6 +153,27 @@ void ExpectMatchesCpu(const AttentionDims& s, DType dtype) {
           << "the backward is not deterministic";
     }
   }
+
+  // Atomic dQ sums: dq within the same tolerance (its last bits may differ run to run), dk and dv
+  // bit for bit those of the deterministic backward (the same pass computes them).
+  const size_t atomic_bytes = FlashAttentionBackwardScratchBytes(s, dtype, AttentionDqSum::kAtomic);
+  DeviceMemory atomic_scratch(static_cast<int64_t>(atomic_bytes));
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("atomic dQ sums, run " + std::to_string(run));
+    dqkv.Poison();
+    atomic_scratch.Poison();
+    const absl::Status backward = FlashAttentionBackward(
+        nullptr, dtype, dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), s,
+        atomic_scratch.get(), atomic_bytes, AttentionDqSum::kAtomic);
+    ASSERT_TRUE(backward.ok()) << backward;
+    TY_CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<float> got = Download(dqkv.get(), n_qkv, dtype);
+    ExpectGradientsMatch(got, ref.dqkv, s, tolerance);
+    const int64_t row = (s.heads + 2 * s.kv_heads) * s.d, q_width = s.heads * s.d;
+    EXPECT_EQ(Columns(got, row, q_width, row - q_width),
+              Columns(first, row, q_width, row - q_width))
+        << "dk and dv differ from the deterministic backward's";
+  }
 }
 
 TEST(FlashAttention, MatchesCpuF32) {
@@ -209,6 +230,30 @@ TEST(FlashAttention, RejectsPartialGroupsAndShortScratch) {
   const Statuses b = RunBoth(dims, DType::kF32, needed - sizeof(float));
   EXPECT_TRUE(b.forward.ok()) << b.forward;
   EXPECT_EQ(b.backward.code(), absl::StatusCode::kInvalidArgument) << b.backward;
+}
+
+// Atomic dQ sums need the fp32 sums' room on top of the deltas (bf16 only; fp32 storage is
+// deterministic either way and needs nothing more), and a backward given less refuses.
+TEST(FlashAttention, AtomicDqSumsNeedTheirScratch) {
+  TY_SKIP_WITHOUT_GPU();
+  const AttentionDims dims{2, 40, 4, 2, 32};
+  const size_t deltas = FlashAttentionBackwardScratchBytes(dims, DType::kBF16);
+  const size_t atomic =
+      FlashAttentionBackwardScratchBytes(dims, DType::kBF16, AttentionDqSum::kAtomic);
+  EXPECT_EQ(deltas, size_t{2 * 4 * 40} * sizeof(float));
+  EXPECT_EQ(atomic, (deltas + 255) / 256 * 256 + size_t{2 * 40 * 4 * 32} * sizeof(float));
+  EXPECT_EQ(FlashAttentionBackwardScratchBytes(dims, DType::kF32, AttentionDqSum::kAtomic),
+            FlashAttentionBackwardScratchBytes(dims, DType::kF32));
+
+  const int64_t rows = dims.b * dims.t, elem = DTypeBytes(DType::kBF16);
+  DeviceMemory qkv(rows * (dims.heads + 2 * dims.kv_heads) * dims.d * elem);
+  DeviceMemory dqkv(qkv.bytes()), out(rows * dims.heads * dims.d * elem), dout(out.bytes());
+  DeviceMemory lse(dims.b * dims.heads * dims.t * static_cast<int64_t>(sizeof(float)));
+  DeviceMemory scratch(static_cast<int64_t>(atomic));
+  const absl::Status short_scratch = FlashAttentionBackward(
+      nullptr, DType::kBF16, dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), dims,
+      scratch.get(), atomic - sizeof(float), AttentionDqSum::kAtomic);
+  EXPECT_EQ(short_scratch.code(), absl::StatusCode::kInvalidArgument) << short_scratch;
 }
 
 }  // namespace
