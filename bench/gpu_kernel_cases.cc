@@ -65,8 +65,14 @@ absl::Status Measure(const CaseContext& ctx, Row* row, const EventTimer::Op& op,
 
 enum class Pass { kForward, kBackward, kBoth };
 
-// `dq_sum`: how the backward sums dQ (the atomic rows are compared with the same SDPA rows).
-absl::Status Attention(const BenchModel& m, Pass pass, kernels::cuda::AttentionDqSum dq_sum,
+// How the kernels are asked to run: the backward's dQ sums and the forward's query rows per warp
+// (0: the default). The variants' rows are compared with the same SDPA rows as the defaults'.
+struct AttentionVariant {
+  kernels::cuda::AttentionDqSum dq_sum = kernels::cuda::AttentionDqSum::kDeterministic;
+  int warp_rows = 0;
+};
+
+absl::Status Attention(const BenchModel& m, Pass pass, AttentionVariant variant,
                        const CaseContext& ctx, Row* row) {
   const config::ModelConfig& c = m.config;
   const kernels::cuda::AttentionDims dims{m.batch, m.seq, c.heads, c.kv_heads, c.head_dim()};
@@ -79,17 +85,17 @@ absl::Status Attention(const BenchModel& m, Pass pass, kernels::cuda::AttentionD
   TY_ASSIGN_OR_RETURN(DeviceBuffer dqkv, DeviceBuffer::Create(tokens * c.qkv_width() * kAb));
   TY_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Create(m.batch * c.heads * m.seq * kFb));
   const size_t scratch_bytes =
-      kernels::cuda::FlashAttentionBackwardScratchBytes(dims, kAct, dq_sum);
+      kernels::cuda::FlashAttentionBackwardScratchBytes(dims, kAct, variant.dq_sum);
   TY_ASSIGN_OR_RETURN(DeviceBuffer scratch,
                       DeviceBuffer::Create(static_cast<int64_t>(scratch_bytes)));
   auto forward = [&] {
     return kernels::cuda::FlashAttentionForward(ctx.stream, kAct, out.get(), lse.f32(), qkv.get(),
-                                                dims);
+                                                dims, variant.warp_rows);
   };
   auto backward = [&] {
     return kernels::cuda::FlashAttentionBackward(ctx.stream, kAct, dqkv.get(), dout.get(),
                                                  qkv.get(), out.get(), lse.f32(), dims,
-                                                 scratch.get(), scratch_bytes, dq_sum);
+                                                 scratch.get(), scratch_bytes, variant.dq_sum);
   };
   const double forward_flop = 2.0 * m.batch * c.heads * double(m.seq) * m.seq * c.head_dim();
   switch (pass) {
@@ -347,19 +353,21 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   const int64_t fc_out = gpt2 ? m.config.ffn_hidden : 2 * int64_t{m.config.ffn_hidden};
   const GemmKind fc_forward = gpt2 ? GemmKind::kForwardBias : GemmKind::kForward;
   const std::string norm = gpt2 ? "layernorm" : "rmsnorm";
-  using kernels::cuda::AttentionDqSum;
-  constexpr AttentionDqSum kFixed = AttentionDqSum::kDeterministic;
-  constexpr AttentionDqSum kAtomic = AttentionDqSum::kAtomic;
+  const AttentionVariant plain, atomic{.dq_sum = kernels::cuda::AttentionDqSum::kAtomic};
   std::vector<Case> cases = {
-      {"attention fwd", [m](X x, Row* r) { return Attention(m, Pass::kForward, kFixed, x, r); }},
-      {"attention bwd", [m](X x, Row* r) { return Attention(m, Pass::kBackward, kFixed, x, r); }},
-      {"attention fwd+bwd",
-       [m](X x, Row* r) { return Attention(m, Pass::kBoth, kFixed, x, r); }},
+      {"attention fwd", [=](X x, Row* r) { return Attention(m, Pass::kForward, plain, x, r); }},
+      {"attention bwd", [=](X x, Row* r) { return Attention(m, Pass::kBackward, plain, x, r); }},
+      {"attention fwd+bwd", [=](X x, Row* r) { return Attention(m, Pass::kBoth, plain, x, r); }},
       {"attention bwd atomic-dq",
-       [m](X x, Row* r) { return Attention(m, Pass::kBackward, kAtomic, x, r); }},
+       [=](X x, Row* r) { return Attention(m, Pass::kBackward, atomic, x, r); }},
       {"attention fwd+bwd atomic-dq",
-       [m](X x, Row* r) { return Attention(m, Pass::kBoth, kAtomic, x, r); }},
+       [=](X x, Row* r) { return Attention(m, Pass::kBoth, atomic, x, r); }},
   };
+  if (m.config.head_dim() <= 64) {  // the default there is 32 rows per warp; 16 for comparison
+    const AttentionVariant rows16{.warp_rows = 16};
+    cases.push_back({"attention fwd warp-rows16",
+                     [=](X x, Row* r) { return Attention(m, Pass::kForward, rows16, x, r); }});
+  }
   if (m.attention_only) return cases;
   cases.push_back({norm + " fwd+bwd", [m, gpt2](X x, Row* r) { return Norm(m, gpt2, x, r); }});
   if (gpt2) {

@@ -148,8 +148,10 @@ def achieved(r):
 
 status = 0
 for case in list(ty) + [c for c in pt if c not in ty]:
-    # The atomic-dQ attention rows do the work of the plain ones: the same SDPA row is the peer.
-    a, b = ty.get(case), pt.get(case, pt.get(case.replace(" atomic-dq", "")))
+    # The attention variants' rows (atomic dQ sums, 16 query rows per warp) do the work of the
+    # plain ones: the same SDPA row is the peer.
+    peer = case.replace(" atomic-dq", "").replace(" warp-rows16", "")
+    a, b = ty.get(case), pt.get(case, pt.get(peer))
     if "-ld128 " in case and a is not None and b is None and "error" not in a:
         # A layout PyTorch's matmul does not offer (padded output rows): Trainyard's own figure.
         print("| %s | %s | %.4f | | %s | | | Trainyard only |"

@@ -40,9 +40,15 @@ enum class AttentionDqSum {
 // heads must be a multiple of kv_heads, and b and heads at most 65535. The tensors qkv, out,
 // dout and dqkv start 16-byte aligned (any cudaMalloc'd or 256-byte sub-allocated buffer is).
 // Asynchronous on `stream`; a non-OK status means nothing was launched or the launch failed.
+// `warp_rows`: the query rows each warp of the bf16 forward owns, 32 (two 16-row groups sharing
+// every key and value fragment a warp loads, in 128-row blocks) or 16 (64-row blocks); 0 takes
+// the default for the head dim (32 up to d 64, 16 at d 128, where 32 rows do not fit in shared
+// memory: INVALID_ARGUMENT). Either gives the same results to rounding; the choice is there so
+// that the kernel benchmark can measure both. fp32 storage ignores it; any other value is
+// INVALID_ARGUMENT.
 [[nodiscard]] absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out,
                                                  float* lse, const void* qkv,
-                                                 const AttentionDims& dims);
+                                                 const AttentionDims& dims, int warp_rows = 0);
 // dqkv overwritten (key/value gradients summed over the query heads of their group in head
 // order; dq summed as `dq_sum` says). `scratch` holds FlashAttentionBackwardScratchBytes(dims,
 // dtype, dq_sum) bytes (16-byte aligned); it is overwritten and may be reused once the stream has

@@ -49,18 +49,45 @@ struct MmaBackwardSmem {
   static constexpr int kAtomicBytes = kDs + TileBytes<bf16>(kRows, kInner<D>);
 };
 
-// c[n] (16 rows × kCols as kCols/8 accumulators) = A·Bᵀ for A the warp's 16 rows of `a` and B
-// the kCols rows of `b` (both shared tiles with D columns, leading dimension Ld<bf16>(D)).
+// A warp's 16 rows of a block's own shared tile (D columns, leading dimension Ld<bf16>(D)) as mma
+// A fragments along the head dim, for the products every inner tile takes with them: held in
+// registers from Load on at d 64 (16 registers each, sparing 2·D/16 of a tile's 18·D/16
+// ldmatrix), read from shared memory at every use otherwise (d 128's accumulators need the
+// registers, and at d 32 ptxas spills with them held).
+template <int D, bool kHold = (D == 64)>
+struct RowFragments {
+  uint32_t f[D / 16][4];
+  __device__ __forceinline__ void Load(const bf16* rows, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      warp::LdMatrixX4(f[ks], rows + (lane % 16) * Ld<bf16>(D) + ks * 16 + lane / 16 * 8);
+    }
+  }
+  __device__ __forceinline__ void Get(uint32_t (&a)[4], int ks, int /*lane*/) const {
+    a[0] = f[ks][0], a[1] = f[ks][1], a[2] = f[ks][2], a[3] = f[ks][3];
+  }
+};
+template <int D>
+struct RowFragments<D, false> {
+  const bf16* rows;
+  __device__ __forceinline__ void Load(const bf16* r, int /*lane*/) { rows = r; }
+  __device__ __forceinline__ void Get(uint32_t (&a)[4], int ks, int lane) const {
+    warp::LdMatrixX4(a, rows + (lane % 16) * Ld<bf16>(D) + ks * 16 + lane / 16 * 8);
+  }
+};
+
+// c[n] (16 rows × kCols as kCols/8 accumulators) = A·Bᵀ for A the warp's 16 rows `a` and B the
+// kCols rows of `b` (a shared tile with D columns, leading dimension Ld<bf16>(D)).
 template <int D, int kCols>
-__device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const bf16* a, const bf16* b,
-                                           int lane) {
+__device__ __forceinline__ void ProductABt(float (&c)[kCols / 8][4], const RowFragments<D>& a,
+                                           const bf16* b, int lane) {
   constexpr int kLd = Ld<bf16>(D);
 #pragma unroll
   for (int n = 0; n < kCols / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     uint32_t af[4];
-    warp::LdMatrixX4(af, a + (lane % 16) * kLd + ks * 16 + lane / 16 * 8);
+    a.Get(af, ks, lane);
 #pragma unroll
     for (int np = 0; np < kCols / 16; ++np) {
       uint32_t bf[4];
@@ -126,12 +153,12 @@ __device__ __forceinline__ void StoreRows(bf16* dst, int64_t stride, int64_t row
 // dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale. `key` holds this lane's two key rows.
 template <int D, int kQ>
 __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[kQ / 8][4],
-                                             const bf16* k_rows, const bf16* v_rows,
-                                             const bf16* q_tile, const bf16* do_tile,
-                                             const float* lse_tile, const float* delta_tile,
-                                             int64_t i0, const int64_t (&key)[2],
-                                             const BlockGeometry& geo, float scale,
-                                             float scale_log2, int lane) {
+                                             const RowFragments<D>& k_rows,
+                                             const RowFragments<D>& v_rows, const bf16* q_tile,
+                                             const bf16* do_tile, const float* lse_tile,
+                                             const float* delta_tile, int64_t i0,
+                                             const int64_t (&key)[2], const BlockGeometry& geo,
+                                             float scale, float scale_log2, int lane) {
   const int pair = lane % 4;
   ProductABt<D, kQ>(p, k_rows, q_tile, lane);
   ProductABt<D, kQ>(ds, v_rows, do_tile, lane);
@@ -208,11 +235,17 @@ __device__ __forceinline__ void AddDqShare(float* sums, int64_t stride, int64_t 
   for (int hh = 0; hh < 2; ++hh) {
     const int64_t row = i0 + m0 + quad + 8 * hh;
     if (row >= q_len) continue;
-    float* p = sums + row * stride + c0 + 2 * pair;
+    float* p = sums + row * stride + c0 + 2 * pair;  // 8-byte aligned: every term is even
 #pragma unroll
     for (int n = 0; n < kCols / 8; ++n) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+      // One atomic per column pair (sm_90's vector atomics halve the atomic traffic's requests).
+      atomicAdd(reinterpret_cast<float2*>(p + n * 8),
+                make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]));
+#else
       atomicAdd(p + n * 8, acc[n][2 * hh]);
       atomicAdd(p + n * 8 + 1, acc[n][2 * hh + 1]);
+#endif
     }
   }
 }
@@ -276,6 +309,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
   }
+  warp::CpAsyncWait<0>();
+  __syncthreads();                 // the block's keys and values have landed
+  RowFragments<D> k_rows, v_rows;  // the warp's keys and values, the A operands of every tile
+  k_rows.Load(k_tile + warp_id * 16 * kLd, lane);
+  v_rows.Load(v_tile + warp_id * 16 * kLd, lane);
 
   for (int it = 0; it < tiles; ++it) {
     warp::CpAsyncWait<0>();
@@ -292,9 +330,8 @@ __global__ void __launch_bounds__(kThreads)
       const bf16* q_tile = q_tiles + buffer * kTileElems;
       const bf16* do_tile = do_tiles + buffer * kTileElems;
       float p[kQ / 8][4], ds[kQ / 8][4];
-      KvTileScores<D, kQ>(p, ds, k_tile + warp_id * 16 * kLd, v_tile + warp_id * 16 * kLd, q_tile,
-                          do_tile, lse_tiles + buffer * kRowVals, delta_tiles + buffer * kRowVals,
-                          i0, key, geo, scale, scale_log2, lane);
+      KvTileScores<D, kQ>(p, ds, k_rows, v_rows, q_tile, do_tile, lse_tiles + buffer * kRowVals,
+                          delta_tiles + buffer * kRowVals, i0, key, geo, scale, scale_log2, lane);
       AddProductAB<D, kQ>(dv_acc, p, do_tile, lane);
       AddProductAB<D, kQ>(dk_acc, ds, q_tile, lane);
       if constexpr (kAtomicDq) StageDsT<kQ>(ds_tile, ds, warp_id, lane);
@@ -365,6 +402,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < D / 8; ++n) {
     dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
   }
+  warp::CpAsyncWait<0>();
+  __syncthreads();                  // the block's queries and output gradients have landed
+  RowFragments<D> q_rows, do_rows;  // the warp's rows of both, the A operands of every tile
+  q_rows.Load(q_tile + warp_id * 16 * kLd, lane);
+  do_rows.Load(do_tile + warp_id * 16 * kLd, lane);
 
   for (int it = 0; it < tiles; ++it) {
     warp::CpAsyncWait<0>();
@@ -382,8 +424,8 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* v_tile = v_tiles + (it % 2) * kTileElems;
 
     float s[kK / 8][4], dp[kK / 8][4];
-    ProductABt<D, kK>(s, q_tile + warp_id * 16 * kLd, k_tile, lane);
-    ProductABt<D, kK>(dp, do_tile + warp_id * 16 * kLd, v_tile, lane);
+    ProductABt<D, kK>(s, q_rows, k_tile, lane);
+    ProductABt<D, kK>(dp, do_rows, v_tile, lane);
 #pragma unroll
     for (int n = 0; n < kK / 8; ++n) {
 #pragma unroll

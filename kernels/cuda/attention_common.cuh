@@ -359,9 +359,13 @@ inline float SoftmaxScale(int64_t d) { return 1.0f / std::sqrt(static_cast<float
 // tensors (and, for the backward, computed delta = rowsum(dO ∘ O) per query row). The fp32 ones
 // are attention_fwd.cu's and attention_bwd.cu's. With `dq_sums` (b·q_len·heads·d fp32 of
 // scratch), the backward sums dQ with atomics (AttentionDqSum::kAtomic); null, deterministically.
+// warp_rows: 16 or 32 query rows per warp, 0 for DefaultForwardWarpRows(dims.d).
 [[nodiscard]] absl::Status LaunchMmaForward(cudaStream_t stream, void* out, float* lse,
                                             const void* q, const void* k, const void* v,
-                                            const AttentionBlockDims& dims);
+                                            const AttentionBlockDims& dims, int warp_rows);
+// Two row groups per warp where their query fragments, scores and output accumulators fit in
+// registers beside each other (FlashAttention-2's 128-row forward blocks), one at d 128.
+inline int DefaultForwardWarpRows(int64_t d) { return d <= 64 ? 32 : 16; }
 struct MmaBackwardOperands {
   bf16 *dq, *dk, *dv;
   const bf16 *dout, *q, *k, *v;

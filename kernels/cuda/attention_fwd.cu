@@ -221,25 +221,37 @@ absl::Status ForwardForHeadDim(cudaStream_t stream, void* out, float* lse, const
 }  // namespace
 }  // namespace attention_internal
 
+namespace attention_internal {
+namespace {
+
+// Both public forwards: checks the tensors and launches.
+absl::Status Forward(cudaStream_t stream, DType dtype, void* out, float* lse, const void* q,
+                     const void* k, const void* v, const AttentionBlockDims& dims, int warp_rows) {
+  TY_RETURN_IF_ERROR(CheckBlockDims(dims, dtype));
+  TY_REQUIRE(out != nullptr && lse != nullptr && q != nullptr && k != nullptr && v != nullptr);
+  TY_REQUIRE(Aligned16(out) && Aligned16(q) && Aligned16(k) && Aligned16(v));
+  TY_REQUIRE(warp_rows == 0 || warp_rows == 16 || warp_rows == 32);
+  if (dtype == DType::kBF16) return LaunchMmaForward(stream, out, lse, q, k, v, dims, warp_rows);
+  return ForwardForHeadDim<float>(stream, out, lse, q, k, v, dims);
+}
+
+}  // namespace
+}  // namespace attention_internal
+
 absl::Status AttentionBlockForward(cudaStream_t stream, DType dtype, void* out, float* lse,
                                    const void* q, const void* k, const void* v,
                                    const AttentionBlockDims& dims) {
-  namespace ai = attention_internal;
-  TY_RETURN_IF_ERROR(ai::CheckBlockDims(dims, dtype));
-  TY_REQUIRE(out != nullptr && lse != nullptr && q != nullptr && k != nullptr && v != nullptr);
-  TY_REQUIRE(ai::Aligned16(out) && ai::Aligned16(q) && ai::Aligned16(k) && ai::Aligned16(v));
-  if (dtype == DType::kBF16) return ai::LaunchMmaForward(stream, out, lse, q, k, v, dims);
-  return ai::ForwardForHeadDim<float>(stream, out, lse, q, k, v, dims);
+  return attention_internal::Forward(stream, dtype, out, lse, q, k, v, dims, /*warp_rows=*/0);
 }
 
 absl::Status FlashAttentionForward(cudaStream_t stream, DType dtype, void* out, float* lse,
-                                   const void* qkv, const AttentionDims& dims) {
+                                   const void* qkv, const AttentionDims& dims, int warp_rows) {
   namespace ai = attention_internal;
   TY_RETURN_IF_ERROR(ai::CheckAttentionDims(dims));
   TY_REQUIRE(qkv != nullptr);
-  return AttentionBlockForward(
+  return ai::Forward(
       stream, dtype, out, lse, qkv, ai::ElementsPast(qkv, ai::PackedKeys(dims), dtype),
-      ai::ElementsPast(qkv, ai::PackedValues(dims), dtype), ai::PackedQkvBlock(dims));
+      ai::ElementsPast(qkv, ai::PackedValues(dims), dtype), ai::PackedQkvBlock(dims), warp_rows);
 }
 
 }  // namespace trainyard::kernels::cuda

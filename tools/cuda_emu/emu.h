@@ -141,6 +141,17 @@ T atomicAdd(T* p, T v) {
   *p = old + v;
   return old;
 }
+// sm_90's vector atomic add (one access on the device, which faults unless it is 8-byte
+// aligned; componentwise here).
+inline float2 atomicAdd(float2* p, float2 v) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(float2) != 0) {
+    ::trainyard::emu::Misaligned("float2", p, 8);
+  }
+  const float2 old = *p;
+  p->x = old.x + v.x;
+  p->y = old.y + v.y;
+  return old;
+}
 template <typename T>
 T atomicMax(T* p, T v) {
   T old = *p;
