@@ -5,7 +5,9 @@
 //
 //   trainyard-bench-gpu-train --preset gpt2-124m --seq 1024 --batch 16 [--micro-batch 16]
 //                             [--steps 10] [--warmup 3] [--peak-tflops X] [--recompute]
-//                             [--timeline FILE]
+//                             [--atomic-dq] [--timeline FILE]
+//   (--atomic-dq: attention's query gradient summed with atomics, FlashAttention-2's way,
+//   instead of the deterministic pass; see CudaBackendOptions)
 //   trainyard-bench-gpu-train --cpu --preset gpt2-debug --peak-tflops 1   (checks the harness
 //                                                     itself on the CPU backend, without a GPU)
 //
@@ -56,7 +58,8 @@ int Fail(const std::string& message, int code = 2) {
   if (code == 2) {
     std::fputs(
         "usage: trainyard-bench-gpu-train --preset NAME [--seq T] [--batch B] [--micro-batch M] "
-        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--cpu] [--timeline FILE]\n",
+        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--atomic-dq] [--cpu] "
+        "[--timeline FILE]\n",
         stderr);
   }
   return code;
@@ -71,15 +74,16 @@ struct Flags {
   int warmup = 3;
   double peak_tflops = 0.0;  // 0: from the device name
   bool recompute = false;
-  bool cpu = false;      // the CPU backend: exercises this program where there is no GPU
-  std::string timeline;  // where the CUPTI records of the measured steps go; none when empty
+  bool cpu = false;        // the CPU backend: exercises this program where there is no GPU
+  bool atomic_dq = false;  // attention's dQ summed with atomics (CudaBackendOptions)
+  std::string timeline;    // where the CUPTI records of the measured steps go; none when empty
 };
 
 std::string ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--recompute" || arg == "--cpu") {
-      (arg == "--cpu" ? f->cpu : f->recompute) = true;
+    if (arg == "--recompute" || arg == "--cpu" || arg == "--atomic-dq") {
+      (arg == "--cpu" ? f->cpu : arg == "--recompute" ? f->recompute : f->atomic_dq) = true;
       continue;
     }
     if (i + 1 >= argc) return arg + " needs a value";
@@ -109,6 +113,7 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
   if (!f->timeline.empty()) return "--timeline needs CUPTI, which this build was made without";
 #endif
   if (!f->timeline.empty() && f->cpu) return "--timeline records the GPU; it has no --cpu form";
+  if (f->atomic_dq && f->cpu) return "--atomic-dq chooses a GPU kernel; it has no --cpu form";
   return "";
 }
 
@@ -262,7 +267,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<worker::Backend>> backend =
       f.cpu ? absl::StatusOr<std::unique_ptr<worker::Backend>>(worker::MakeCpuBackend(0))
-            : worker::MakeCudaBackend({.device = 0, .act_dtype = DType::kBF16});
+            : worker::MakeCudaBackend(
+                  {.device = 0, .act_dtype = DType::kBF16, .atomic_attention_dq = f.atomic_dq});
   if (!backend.ok()) return Fail(std::string(backend.status().message()), 1);
   auto result = RunSteps(spec, **backend, f);
   if (!result.ok()) return Fail(result.status().ToString(), 1);

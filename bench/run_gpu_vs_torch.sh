@@ -6,8 +6,9 @@
 #          [--timeout-s N] [--budget-s N]
 #
 # kernels: trainyard-bench-gpu-kernels and bench/torch_gpu_kernels.py (N timed reps after W);
-# train:   trainyard-bench-gpu-train and bench/torch_gpu_train.py for GPT-2 124M (16 x 1024
-#          tokens) and Llama 1B (4 x 2048), S timed steps after W (PyTorch compiled as --compile).
+# train:   trainyard-bench-gpu-train (also with --atomic-dq) and bench/torch_gpu_train.py for
+#          GPT-2 124M (16 x 1024 tokens) and Llama 1B (4 x 2048), S timed steps after W
+#          (PyTorch compiled as --compile).
 # Prints Markdown tables; ratio = PyTorch time / Trainyard time (above 1: Trainyard is faster),
 # with the issue's goals marked. Every program's raw output goes to stderr. Each program is
 # stopped after --timeout-s seconds (default 300), and none starts or runs past --budget-s
@@ -196,10 +197,16 @@ if [[ "$PART" != kernels ]]; then
       "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}"
     run "pytorch $preset" "$WORK/t_pt" "$PY" "$HERE/torch_gpu_train.py" "${common[@]}" \
       --compile "$COMPILE"
-    for engine in ty pt; do
-      json="$(grep '^{' "$WORK/t_$engine" | tail -n 1)"
+    # The same step with attention's dQ summed by atomics, beside the same PyTorch run.
+    run "trainyard $preset atomic-dq" "$WORK/t_tya" "${TRAINYARD_ENV[@]}" \
+      "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}" --atomic-dq
+    # row | engine | the run whose JSON line it is
+    for line in "$preset|ty|ty" "$preset|pt|pt" "$preset atomic-dq|ty|tya" \
+        "$preset atomic-dq|pt|pt"; do
+      IFS="|" read -r row engine from <<<"$line"
+      json="$(grep '^{' "$WORK/t_$from" | tail -n 1)"
       [[ -n "$json" ]] || json='{}'
-      printf '%s\t%s\t%s\n' "$preset" "$engine" "$json" >>"$WORK/train.tsv"
+      printf '%s\t%s\t%s\n' "$row" "$engine" "$json" >>"$WORK/train.tsv"
     done
   done
   "$PY" - "$WORK/train.tsv" "$STEPS" "$WARMUP" "$COMPILE" <<'PYEOF' || FAILED=1

@@ -284,10 +284,13 @@ class CudaBackend final : public Backend {
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
-    const size_t bytes = kc::FlashAttentionBackwardScratchBytes(Dims(s), act_dtype());
+    const kc::AttentionDqSum dq_sum = options_.atomic_attention_dq
+                                          ? kc::AttentionDqSum::kAtomic
+                                          : kc::AttentionDqSum::kDeterministic;
+    const size_t bytes = kc::FlashAttentionBackwardScratchBytes(Dims(s), act_dtype(), dq_sum);
     void* scratch = ScratchBytes(Scratch::kAttention, bytes);
     Run(kc::FlashAttentionBackward(stream_, act_dtype(), dqkv, dout, qkv, out, lse, Dims(s),
-                                   scratch, bytes));
+                                   scratch, bytes, dq_sum));
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {

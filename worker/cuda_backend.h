@@ -22,6 +22,12 @@ struct CudaBackendOptions {
   // kernel, and which GELU form it computes is checked only by model_gpu_test's
   // FusedGeluEpilogueMatchesSeparateKernel; the GPU benchmark measures both.
   bool fused_gelu_epilogue = false;
+  // Sum attention's query gradient with atomics as FlashAttention-2 does
+  // (kernels::cuda::AttentionDqSum::kAtomic, bf16 only: the last bits of dq then depend on the
+  // order the device runs blocks in) instead of the deterministic pass. Off by default and not
+  // reachable from a job spec: the training benchmark measures both until a GPU run shows which
+  // is faster.
+  bool atomic_attention_dq = false;
 };
 
 // FAILED_PRECONDITION when the device cannot be used (none, or the runtime fails).

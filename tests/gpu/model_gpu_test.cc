@@ -279,6 +279,42 @@ TEST(ModelOnGpu, FusedGeluEpilogueMatchesSeparateKernel) {
   EXPECT_LE(out_err, 1e-2);
 }
 
+// A training step with attention's dQ summed by atomics against the deterministic backward:
+// the same loss (the forward is the same), every gradient within bf16 rounding of the other's.
+TEST(ModelOnGpu, AtomicAttentionDqMatchesDeterministic) {
+  TY_SKIP_WITHOUT_GPU();
+  const config::ModelConfig mc = *config::Preset("llama-debug");  // grouped-query heads
+  auto fixed = MakeCudaBackend({});
+  auto atomic = MakeCudaBackend({.atomic_attention_dq = true});
+  ASSERT_TRUE(fixed.ok() && atomic.ok());
+  const int b = 2, t = 48;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
+  std::vector<int32_t> inputs(b * t), targets(b * t);
+  for (auto& x : inputs) x = token(rng);
+  for (auto& x : targets) x = token(rng);
+  std::vector<float> losses, grads[2];
+  for (Backend* be : {fixed->get(), atomic->get()}) {
+    auto model = LocalModel::Create(mc, be);
+    ASSERT_TRUE(model.ok()) << model.status();
+    (*model)->InitParameters(11);
+    (*model)->ZeroGradients();
+    auto loss = (*model)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / (b * t));
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(*loss);
+    std::vector<float>& g = grads[losses.size() - 1];
+    g.assign((*model)->num_params(), NAN);
+    (*model)->ReadGradients(g.data());
+    if (be == atomic->get()) {
+      for (const ParamTensor& p : (*model)->layout().tensors()) {
+        EXPECT_LE(L2Relative(g.data() + p.offset, grads[0].data() + p.offset, p.numel), 1e-2)
+            << "gradient of " << p.name;
+      }
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 TEST(ModelOnGpu, UnsupportedHeadDimFailsCleanly) {
   TY_SKIP_WITHOUT_GPU();
   config::ModelConfig mc = *config::Preset("gpt2-debug");
