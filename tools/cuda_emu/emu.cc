@@ -362,6 +362,19 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) { return cudaFree(ptr); }
+// The device's stream-ordered pool: one handle; its attributes change nothing here (memory is
+// the host's).
+struct CUmemPoolHandle_st {};
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  static CUmemPoolHandle_st the_pool;
+  if (pool == nullptr) return Fail(cudaErrorInvalidValue);
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  *pool = &the_pool;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* value) {
+  return pool == nullptr || value == nullptr ? Fail(cudaErrorInvalidValue) : cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   *free_bytes = size_t{64} << 30;
   *total = size_t{80} << 30;
@@ -375,6 +388,16 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind)
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t) {
   return cudaMemcpy(dst, src, count, kind);
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+  if (width > dpitch || width > spitch) return Fail(cudaErrorInvalidPitchValue);
+  for (size_t r = 0; r < height; ++r) {
+    const cudaError_t err = cudaMemcpy(static_cast<char*>(dst) + r * dpitch,
+                                       static_cast<const char*>(src) + r * spitch, width, kind);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   if (count > 0 && ptr == nullptr) return Fail(cudaErrorInvalidValue);

@@ -1,0 +1,111 @@
+// kernels/cuda/gemm.h on the CPU emulator: the products cuBLASLt computes for the CUDA backend,
+// as plain loops with the device's types (operands of the storage type `act`, fp32 accumulation,
+// one rounding of each output to its type), so that the backend itself can run on the
+// emulator. Arithmetic follows the header's contract, not cuBLASLt's summation order: results
+// agree with the device's to the rounding of the sums.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm.h"
+
+namespace trainyard::kernels::cuda {
+
+struct Gemm::Plan {};
+
+namespace {
+
+float Load(DType act, const void* p, int64_t i) {
+  if (act == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+void Store(DType act, void* p, int64_t i, float v) {
+  if (act == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
+// The tanh form, as the GELU kernels compute it.
+float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
+  std::unique_ptr<Gemm> gemm(new Gemm());
+  gemm->workspace_bytes_ = workspace_bytes;
+  return gemm;
+}
+
+Gemm::~Gemm() = default;
+
+absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
+                           GemmEpilogue epilogue, int64_t ld) {
+  TY_REQUIRE(out != nullptr && inp != nullptr && weight != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
+  TY_REQUIRE(!gelu || pre != nullptr);
+  TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
+             (bias != nullptr));
+  if (ld == 0) ld = n;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k; ++p)
+        sum += Load(act, inp, i * k + p) * Load(act, weight, j * k + p);
+      if (bias != nullptr) sum += Load(act, bias, j);
+      if (gelu) {
+        Store(act, pre, i * ld + j, sum);
+        sum = GeluTanh(sum);
+      }
+      Store(act, out, i * ld + j, sum);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::BackwardInput(cudaStream_t, DType act, void* dinp, const void* dout,
+                                 const void* weight, int64_t m, int64_t n, int64_t k, int64_t ld) {
+  TY_REQUIRE(dinp != nullptr && dout != nullptr && weight != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  if (ld == 0) ld = n;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t p = 0; p < k; ++p) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j)
+        sum += Load(act, dout, i * ld + j) * Load(act, weight, j * k + p);
+      Store(act, dinp, i * k + p, sum);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const void* dout,
+                                  const void* inp, int64_t m, int64_t n, int64_t k, int64_t ld) {
+  TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
+  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  if (ld == 0) ld = n;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t p = 0; p < k; ++p) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < m; ++i)
+        sum += Load(act, dout, i * ld + j) * Load(act, inp, i * k + p);
+      dweight[j * k + p] += sum;
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Gemm::SupportsGeluEpilogue(DType, int64_t, int64_t, int64_t) { return true; }
+
+}  // namespace trainyard::kernels::cuda
