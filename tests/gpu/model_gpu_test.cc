@@ -25,6 +25,7 @@
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
 #include "worker/local_model.h"
+#include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
 namespace {
@@ -226,9 +227,16 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   gpu.AdamW(gm.params(), gm.grads(), gpu_m.data(), gpu_v.data(), n, adamw);
   after = losses();
   expect_follows(before, after, "an AdamW step");
-  // A write the backend does not see (as a communicator's), then WeightsChanged.
+  // A write the backend does not see (as a communicator's), then WeightsChanged. Only the kept
+  // weights change (the others are converted at each use and would follow anyway): the block
+  // matrices scaled by 0.3.
   before = after;
-  scaled(0.5f);
+  cm.ReadParameters(params.data());
+  for (const ParamTensor& p : cm.layout().tensors()) {
+    if (!IsBlockMatmulWeight(p)) continue;
+    for (int64_t i = 0; i < p.numel; ++i) params[p.offset + i] *= 0.3f;
+  }
+  cm.LoadParameters(params.data());
   ASSERT_EQ(cudaMemcpy(gm.params(), params.data(), n * sizeof(float), cudaMemcpyHostToDevice),
             cudaSuccess);
   gpu.WeightsChanged();
