@@ -469,26 +469,33 @@ __global__ void DqFromSumsKernel(bf16* dq, const float* sums, int64_t q_stride, 
   *out = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// The dK/dV pass (with kAtomicDq, also adding the dQ shares into dq_sums).
+template <int D, bool kAtomicDq>
+absl::Status LaunchKv(cudaStream_t stream, const MmaBackwardOperands& x,
+                      const AttentionBlockDims& dims, bool add, float* dq_sums) {
+  const BlockGeometry geo = GeometryOf(dims);
+  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  using Smem = MmaBackwardSmem<D>;
+  constexpr int kBytes = kAtomicDq ? Smem::kAtomicBytes : Smem::kBytes;
+  static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
+  const auto kernel = MmaKvKernel<D, kAtomicDq>;
+  TY_RETURN_IF_ERROR(AllowSharedMemory(kernel, kBytes));
+  const dim3 grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
+                  static_cast<unsigned>(dims.b));
+  kernel<<<grid, kThreads, kBytes, stream>>>(x.dk, x.dv, dq_sums, x.dout, x.q, x.k, x.v, x.lse,
+                                             x.delta, geo, add, scale, scale_log2);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
+  return absl::OkStatus();
+}
+
 // The atomic-dQ backward: the sums zeroed, the dK/dV pass adding dQ shares, dq from the sums.
 template <int D>
 absl::Status LaunchAtomicFor(cudaStream_t stream, const MmaBackwardOperands& x,
                              const AttentionBlockDims& dims, bool add, float* dq_sums) {
-  const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
-  constexpr int kBytes = MmaBackwardSmem<D>::kAtomicBytes;
-  static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
   const int64_t rows = dims.b * dims.q_len, width = dims.heads * D;
   TY_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(dq_sums, 0, static_cast<size_t>(rows * width) * sizeof(float), stream));
-
-  const auto kv_kernel = MmaKvKernel<D, true>;
-  TY_RETURN_IF_ERROR(AllowSharedMemory(kv_kernel, kBytes));
-  const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
-                     static_cast<unsigned>(dims.b));
-  kv_kernel<<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, dq_sums, x.dout, x.q, x.k, x.v,
-                                                   x.lse, x.delta, geo, add, scale, scale_log2);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
-
+  TY_RETURN_IF_ERROR((LaunchKv<D, true>(stream, x, dims, add, dq_sums)));
   constexpr int kConvertThreads = 256;
   DqFromSumsKernel<<<BlocksFor(rows * (width / 8), kConvertThreads), kConvertThreads, 0, stream>>>(
       x.dq, dq_sums, dims.q_stride, rows, width, add);
@@ -500,18 +507,10 @@ template <int D>
 absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
                        const AttentionBlockDims& dims, bool add, float* dq_sums) {
   if (dq_sums != nullptr) return LaunchAtomicFor<D>(stream, x, dims, add, dq_sums);
+  TY_RETURN_IF_ERROR((LaunchKv<D, false>(stream, x, dims, add, nullptr)));
   const BlockGeometry geo = GeometryOf(dims);
   const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
   constexpr int kBytes = MmaBackwardSmem<D>::kBytes;
-  static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
-
-  const auto kv_kernel = MmaKvKernel<D, false>;
-  TY_RETURN_IF_ERROR(AllowSharedMemory(kv_kernel, kBytes));
-  const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
-                     static_cast<unsigned>(dims.b));
-  kv_kernel<<<kv_grid, kThreads, kBytes, stream>>>(x.dk, x.dv, nullptr, x.dout, x.q, x.k, x.v,
-                                                   x.lse, x.delta, geo, add, scale, scale_log2);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
 
   TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));
   const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),

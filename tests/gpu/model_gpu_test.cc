@@ -55,6 +55,17 @@ double L2Relative(const float* got, const float* want, int64_t n) {
   return ref == 0.0 ? std::sqrt(diff) : std::sqrt(diff / ref);
 }
 
+// Input and target token ids for `n` positions, drawn uniformly below `vocab` from `seed`.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> RandomBatch(int64_t vocab, int64_t n,
+                                                                  unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> inputs(n), targets(n);
+  for (auto& x : inputs) x = token(rng);
+  for (auto& x : targets) x = token(rng);
+  return {inputs, targets};
+}
+
 // The same model on the CPU backend and on the GPU (activations of `act`), from the same initial
 // parameters, with zero gradients. The models go before their backends.
 struct ModelPair {
@@ -91,11 +102,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
     mc.moe.aux_loss_coeff = 0.01f;
   }
   const int b = 2, t = 48;  // 48: not a multiple of the attention tiles
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
-  std::vector<int32_t> inputs(b * t), targets(b * t);
-  for (auto& x : inputs) x = token(rng);
-  for (auto& x : targets) x = token(rng);
+  const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 7);
 
   auto pair = MakeModelPair(mc, c.act);
   ASSERT_TRUE(pair.ok()) << pair.status();
@@ -181,11 +188,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   Backend& cpu = *pair->cpu;
   Backend& gpu = *pair->gpu;
   const int b = 2, t = 48;
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
-  std::vector<int32_t> inputs(b * t), targets(b * t);
-  for (auto& x : inputs) x = token(rng);
-  for (auto& x : targets) x = token(rng);
+  const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 5);
   const float scale = 1.0f / (b * t);
   // Both models' loss (and gradients) at their current parameters.
   auto losses = [&]() -> std::pair<double, double> {
@@ -296,11 +299,7 @@ TEST(ModelOnGpu, AtomicAttentionDqMatchesDeterministic) {
   auto atomic = MakeCudaBackend({.atomic_attention_dq = true});
   ASSERT_TRUE(fixed.ok() && atomic.ok());
   const int b = 2, t = 48;
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> token(0, mc.vocab - 1);
-  std::vector<int32_t> inputs(b * t), targets(b * t);
-  for (auto& x : inputs) x = token(rng);
-  for (auto& x : targets) x = token(rng);
+  const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 5);
   std::vector<float> losses, grads[2];
   for (Backend* be : {fixed->get(), atomic->get()}) {
     auto model = LocalModel::Create(mc, be);
