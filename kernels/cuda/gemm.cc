@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_args.h"
 
 namespace trainyard::kernels::cuda {
 namespace {
@@ -176,12 +177,9 @@ absl::Status Gemm::Run(cudaStream_t stream, const Key& key, const void* a, const
 absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre, const void* inp,
                            const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
                            GemmEpilogue epilogue, int64_t ld) {
-  TY_REQUIRE(out != nullptr && inp != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(out, inp, weight, m, n, k, ld));
+  TY_RETURN_IF_ERROR(gemm_args::CheckEpilogue(epilogue, pre, bias));
   const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
-  TY_REQUIRE(!gelu || pre != nullptr);
-  TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
-             (bias != nullptr));
   const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight, bias}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
   const Key key{static_cast<int>(act) | align << 8,
@@ -199,8 +197,7 @@ absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre,
 
 absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, const void* dout,
                                  const void* weight, int64_t m, int64_t n, int64_t k, int64_t ld) {
-  TY_REQUIRE(dinp != nullptr && dout != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dinp, dout, weight, m, n, k, ld));
   const int align = static_cast<int>(CommonAlignment({dinp, dout, weight}));
   // Column-major: dinpᵀ[k×m] = (weight stored k×n) · (dout stored n×m).
   const Key key{static_cast<int>(act) | align << 8,
@@ -218,8 +215,7 @@ absl::Status Gemm::BackwardInput(cudaStream_t stream, DType act, void* dinp, con
 
 absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight, const void* dout,
                                   const void* inp, int64_t m, int64_t n, int64_t k, int64_t ld) {
-  TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dweight, dout, inp, m, n, k, ld));
   const int align = static_cast<int>(CommonAlignment({dweight, dout, inp}));
   // Column-major: dweightᵀ[k×n] += (inp stored k×m) · (dout stored n×m)ᵀ.
   const Key key{static_cast<int>(act) | align << 8,

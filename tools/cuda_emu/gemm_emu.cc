@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_args.h"
 
 namespace trainyard::kernels::cuda {
 
@@ -51,12 +52,9 @@ Gemm::~Gemm() = default;
 absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const void* inp,
                            const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
                            GemmEpilogue epilogue, int64_t ld) {
-  TY_REQUIRE(out != nullptr && inp != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(out, inp, weight, m, n, k, ld));
+  TY_RETURN_IF_ERROR(gemm_args::CheckEpilogue(epilogue, pre, bias));
   const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
-  TY_REQUIRE(!gelu || pre != nullptr);
-  TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
-             (bias != nullptr));
   if (ld == 0) ld = n;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -76,8 +74,7 @@ absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const 
 
 absl::Status Gemm::BackwardInput(cudaStream_t, DType act, void* dinp, const void* dout,
                                  const void* weight, int64_t m, int64_t n, int64_t k, int64_t ld) {
-  TY_REQUIRE(dinp != nullptr && dout != nullptr && weight != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dinp, dout, weight, m, n, k, ld));
   if (ld == 0) ld = n;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t p = 0; p < k; ++p) {
@@ -92,8 +89,7 @@ absl::Status Gemm::BackwardInput(cudaStream_t, DType act, void* dinp, const void
 
 absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const void* dout,
                                   const void* inp, int64_t m, int64_t n, int64_t k, int64_t ld) {
-  TY_REQUIRE(dweight != nullptr && dout != nullptr && inp != nullptr);
-  TY_REQUIRE(m > 0 && n > 0 && k > 0 && (ld == 0 || ld >= n));
+  TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dweight, dout, inp, m, n, k, ld));
   if (ld == 0) ld = n;
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t p = 0; p < k; ++p) {
