@@ -49,6 +49,22 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
 
 Gemm::~Gemm() = default;
 
+// c(r, s) = Σ_p a[r·a_r + p·a_p] · b[s·b_s + p·b_p] over p < depth, for r < rows and s < cols,
+// each sum in fp32 in p's order, handed to `store` (r, s, sum). Operands of the storage type.
+template <typename Store>
+void Product(DType act, const void* a, int64_t a_r, int64_t a_p, const void* b, int64_t b_s,
+             int64_t b_p, int64_t rows, int64_t cols, int64_t depth, Store store) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = 0; s < cols; ++s) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < depth; ++p) {
+        sum += Load(act, a, r * a_r + p * a_p) * Load(act, b, s * b_s + p * b_p);
+      }
+      store(r, s, sum);
+    }
+  }
+}
+
 absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const void* inp,
                            const void* weight, const void* bias, int64_t m, int64_t n, int64_t k,
                            GemmEpilogue epilogue, int64_t ld) {
@@ -56,19 +72,15 @@ absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const 
   TY_RETURN_IF_ERROR(gemm_args::CheckEpilogue(epilogue, pre, bias));
   const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
   if (ld == 0) ld = n;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      float sum = 0.0f;
-      for (int64_t p = 0; p < k; ++p)
-        sum += Load(act, inp, i * k + p) * Load(act, weight, j * k + p);
-      if (bias != nullptr) sum += Load(act, bias, j);
-      if (gelu) {
-        Store(act, pre, i * ld + j, sum);
-        sum = GeluTanh(sum);
-      }
-      Store(act, out, i * ld + j, sum);
+  // out[i, j] = Σ_p inp[i, p] · weight[j, p]
+  Product(act, inp, k, 1, weight, k, 1, m, n, k, [&](int64_t i, int64_t j, float sum) {
+    if (bias != nullptr) sum += Load(act, bias, j);
+    if (gelu) {
+      Store(act, pre, i * ld + j, sum);
+      sum = GeluTanh(sum);
     }
-  }
+    Store(act, out, i * ld + j, sum);
+  });
   return absl::OkStatus();
 }
 
@@ -76,14 +88,9 @@ absl::Status Gemm::BackwardInput(cudaStream_t, DType act, void* dinp, const void
                                  const void* weight, int64_t m, int64_t n, int64_t k, int64_t ld) {
   TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dinp, dout, weight, m, n, k, ld));
   if (ld == 0) ld = n;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t p = 0; p < k; ++p) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j)
-        sum += Load(act, dout, i * ld + j) * Load(act, weight, j * k + p);
-      Store(act, dinp, i * k + p, sum);
-    }
-  }
+  // dinp[i, p] = Σ_j dout[i, j] · weight[j, p]
+  Product(act, dout, ld, 1, weight, 1, k, m, k, n,
+          [&](int64_t i, int64_t p, float sum) { Store(act, dinp, i * k + p, sum); });
   return absl::OkStatus();
 }
 
@@ -91,14 +98,9 @@ absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const
                                   const void* inp, int64_t m, int64_t n, int64_t k, int64_t ld) {
   TY_RETURN_IF_ERROR(gemm_args::CheckProduct(dweight, dout, inp, m, n, k, ld));
   if (ld == 0) ld = n;
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t p = 0; p < k; ++p) {
-      float sum = 0.0f;
-      for (int64_t i = 0; i < m; ++i)
-        sum += Load(act, dout, i * ld + j) * Load(act, inp, i * k + p);
-      dweight[j * k + p] += sum;
-    }
-  }
+  // dweight[j, p] += Σ_i dout[i, j] · inp[i, p]
+  Product(act, dout, 1, ld, inp, 1, k, n, k, m,
+          [&](int64_t j, int64_t p, float sum) { dweight[j * k + p] += sum; });
   return absl::OkStatus();
 }
 
