@@ -33,7 +33,7 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
-  bool moe = false;  // every block's MLP as 4 routed experts (top-2) and a shared one
+  bool moe = false;  // every block's MLP as 4 routed experts and a shared one
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -96,7 +96,11 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   config::ModelConfig mc = *config::Preset(c.preset);
   if (c.moe) {
     mc.moe.experts = 4;
-    mc.moe.top_k = 2;
+    // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
+    // logits can resolve differently after bf16 rounding and send a token elsewhere, a difference
+    // of kind that no rounding tolerance covers (top-2 fails here by 6-16% in the second layer's
+    // expert gradients; with all experts chosen it passes). Selection itself is checked in fp32.
+    mc.moe.top_k = bf16 ? mc.moe.experts : 2;
     mc.moe.shared_experts = 1;
     mc.moe.ffn = mc.ffn_hidden / 2;
     mc.moe.aux_loss_coeff = 0.01f;
@@ -247,14 +251,14 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   expect_follows(before, after, "a communicator's write");
 }
 
-INSTANTIATE_TEST_SUITE_P(DebugPresets, ModelOnGpu,
-                         ::testing::Values(Case{"gpt2-debug", DType::kF32},
-                                           Case{"gpt2-debug", DType::kBF16},
-                                           Case{"llama-debug", DType::kF32},
-                                           Case{"llama-debug", DType::kBF16},
-                                           Case{"gpt2-debug", DType::kF32, true},
-                                           Case{"llama-debug", DType::kF32, true}),
-                         Name);
+INSTANTIATE_TEST_SUITE_P(
+    DebugPresets, ModelOnGpu,
+    ::testing::Values(Case{"gpt2-debug", DType::kF32}, Case{"gpt2-debug", DType::kBF16},
+                      Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16},
+                      Case{"gpt2-debug", DType::kF32, true}, Case{"llama-debug", DType::kF32, true},
+                      Case{"gpt2-debug", DType::kBF16, true},
+                      Case{"llama-debug", DType::kBF16, true}),
+    Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same
 // pre-activation, and outputs within bf16 rounding (an erf-form epilogue would differ by up to
