@@ -16,7 +16,7 @@
 // that recomputation but makes the result depend on the order the blocks run in; here every sum
 // has one fixed order, so a backward run twice gives bit-identical gradients. (The bf16 path
 // offers FlashAttention-2's way too, AttentionDqSum::kAtomic: attention_bwd_mma.cu.) Likewise the
-// key/ value gradients of a GQA group are summed over its query heads inside one block, in head
+// key/value gradients of a GQA group are summed over its query heads inside one block, in head
 // order. Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same passes
 // with scores in registers.
 #include "kernels/cuda/attention.h"

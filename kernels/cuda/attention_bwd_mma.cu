@@ -147,6 +147,16 @@ __device__ __forceinline__ void StoreRows(bf16* dst, int64_t stride, int64_t row
   }
 }
 
+// One score's probability and its gradient, in place of the score `s` and of dP: P = exp(S·scale
+// − lse) where the key is visible (0 where not), dS = P ∘ (dP − δ)·scale (lse in log2 units).
+// Both passes take them this way, each in its own orientation.
+__device__ __forceinline__ void ProbAndGrad(float& s, float& dp, bool visible, float lse,
+                                            float delta, float scale, float scale_log2) {
+  const float p = visible ? exp2f(s * scale_log2 - lse) : 0.0f;
+  s = p;
+  dp = p * (dp - delta) * scale;
+}
+
 // A warp's Pᵀ and dSᵀ against a tile of kQ queries (i0..): its 16 keys `k_rows` and values
 // `v_rows` against the shared query tile, output-gradient tile, and the tile's lse (log2 units)
 // and delta: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − lse) where the key is visible (0 where not),
@@ -167,10 +177,8 @@ __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
-      const float pe =
-          key[e / 2] < VisibleKeys(geo, i0 + c) ? exp2f(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
-      p[n][e] = pe;
-      ds[n][e] = pe * (ds[n][e] - delta_tile[c]) * scale;
+      ProbAndGrad(p[n][e], ds[n][e], key[e / 2] < VisibleKeys(geo, i0 + c), lse_tile[c],
+                  delta_tile[c], scale, scale_log2);
     }
   }
 }
@@ -432,8 +440,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
         const int hh = e / 2;
-        const float p = j < visible[hh] ? exp2f(s[n][e] * scale_log2 - row_lse[hh]) : 0.0f;
-        dp[n][e] = p * (dp[n][e] - row_delta[hh]) * scale;
+        ProbAndGrad(s[n][e], dp[n][e], j < visible[hh], row_lse[hh], row_delta[hh], scale,
+                    scale_log2);
       }
     }
     AddProductAB<D, kK>(dq_acc, dp, k_tile, lane);

@@ -218,12 +218,6 @@ absl::Status ForwardForHeadDim(cudaStream_t stream, void* out, float* lse, const
   return CheckBlockDims(dims, DType::kF32);  // names the unsupported head dim
 }
 
-}  // namespace
-}  // namespace attention_internal
-
-namespace attention_internal {
-namespace {
-
 // Both public forwards: checks the tensors and launches.
 absl::Status Forward(cudaStream_t stream, DType dtype, void* out, float* lse, const void* q,
                      const void* k, const void* v, const AttentionBlockDims& dims, int warp_rows) {

@@ -179,7 +179,7 @@ absl::Status Gemm::Forward(cudaStream_t stream, DType act, void* out, void* pre,
                            GemmEpilogue epilogue, int64_t ld) {
   TY_RETURN_IF_ERROR(gemm_args::CheckProduct(out, inp, weight, m, n, k, ld));
   TY_RETURN_IF_ERROR(gemm_args::CheckEpilogue(epilogue, pre, bias));
-  const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
+  const bool gelu = gemm_args::HasGelu(epilogue);
   const int align = static_cast<int>(CommonAlignment({out, pre, inp, weight, bias}));
   // Column-major: outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m).
   const Key key{static_cast<int>(act) | align << 8,

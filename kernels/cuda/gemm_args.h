@@ -12,6 +12,11 @@
 
 namespace trainyard::kernels::cuda::gemm_args {
 
+// The epilogues that apply GELU (and store the pre-activation).
+inline bool HasGelu(GemmEpilogue epilogue) {
+  return epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
+}
+
 // Every product: its three operands present, sizes positive, the row stride `ld` 0 or at least n.
 inline absl::Status CheckProduct(const void* a, const void* b, const void* c, int64_t m, int64_t n,
                                  int64_t k, int64_t ld) {
@@ -22,8 +27,7 @@ inline absl::Status CheckProduct(const void* a, const void* b, const void* c, in
 
 // Forward's epilogue: `pre` with the GELU forms, `bias` exactly with the biased ones.
 inline absl::Status CheckEpilogue(GemmEpilogue epilogue, const void* pre, const void* bias) {
-  TY_REQUIRE(!(epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias) ||
-             pre != nullptr);
+  TY_REQUIRE(!HasGelu(epilogue) || pre != nullptr);
   TY_REQUIRE((epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAuxBias) ==
              (bias != nullptr));
   return absl::OkStatus();

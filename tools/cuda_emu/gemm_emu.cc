@@ -70,7 +70,7 @@ absl::Status Gemm::Forward(cudaStream_t, DType act, void* out, void* pre, const 
                            GemmEpilogue epilogue, int64_t ld) {
   TY_RETURN_IF_ERROR(gemm_args::CheckProduct(out, inp, weight, m, n, k, ld));
   TY_RETURN_IF_ERROR(gemm_args::CheckEpilogue(epilogue, pre, bias));
-  const bool gelu = epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
+  const bool gelu = gemm_args::HasGelu(epilogue);
   if (ld == 0) ld = n;
   // out[i, j] = Σ_p inp[i, p] · weight[j, p]
   Product(act, inp, k, 1, weight, k, 1, m, n, k, [&](int64_t i, int64_t j, float sum) {
