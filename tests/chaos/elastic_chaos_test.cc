@@ -171,8 +171,8 @@ TEST(ElasticChaosTest, TensorParallelJobLosingANodeKeepsItsTensorParallelGroup) 
 // the checkpoint that stored each expert once, and trains on as the uninterrupted run did. Not
 // to the last bit: at ep 2 an expert's weight gradient is one GEMM over both ranks' rows, at
 // ep 1 two accumulated ones, and routing's discrete choices amplify that rounding over the
-// following steps: the first 100 agree to the log's four digits; 200 steps on, the losses
-// differed by 0.1% here, and the final loss is only held to 5%.
+// following steps: the first 100 agree to within a unit of the log's last digit; 200 steps on, the
+// losses differed by 0.1% here, and the final loss is only held to 5%.
 TEST(ElasticChaosTest, ExpertParallelJobLosingANodeRunsEveryExpertOnTheSurvivor) {
   ControlPlane cp("chaos_shrink_ep");
   cp.StartServer({.local_agent = false});
@@ -208,12 +208,17 @@ TEST(ElasticChaosTest, ExpertParallelJobLosingANodeRunsEveryExpertOnTheSurvivor)
   }();
   ASSERT_FALSE(resumed.empty()) << log;
   const int64_t next = (std::stoll(resumed[1].str()) / 100 + 1) * 100;
+  // The log prints the loss to four decimals and the norm to three: values a few 1e-6 apart can
+  // round to neighbouring last digits, so each may differ by one unit there and no more.
   const std::regex line(
-      absl::StrCat("step +", next, "/600 \\| loss [0-9.]+ \\| lr [^|]+\\| grad norm [0-9.]+"));
+      absl::StrCat("step +", next, "/600 \\| loss ([0-9.]+) \\| lr [^|]+\\| grad norm ([0-9.]+)"));
   std::smatch ours, theirs;
   ASSERT_TRUE(std::regex_search(log, ours, line)) << log;
   ASSERT_TRUE(std::regex_search(reference_log, theirs, line)) << reference_log;
-  EXPECT_EQ(ours.str(), theirs.str());
+  EXPECT_NEAR(std::stod(ours[1].str()), std::stod(theirs[1].str()), 1.5e-4) << ours.str() << "\n"
+                                                                            << theirs.str();
+  EXPECT_NEAR(std::stod(ours[2].str()), std::stod(theirs[2].str()), 1.5e-3) << ours.str() << "\n"
+                                                                            << theirs.str();
   const double got = ExactFinalLoss(log);
   EXPECT_NEAR(got, want, 5e-2 * std::abs(want))
       << "uninterrupted " << want << ", shrunk " << got << "\nuninterrupted:\n"
