@@ -88,23 +88,52 @@ __device__ double BlockSumDouble(double v) {
   return warp == 0 ? WarpSumDouble(v) : 0.0;
 }
 
-// Pass 1: partials[block] = Σ x² over the elements block·kThreads + thread + k·grid stride.
-__global__ void SquarePartialsKernel(double* partials, const float* x, int64_t n) {
+// Ranges per launch of the sum of squares, sized so that the argument struct stays under the
+// classic 4 KiB limit on kernel parameters.
+constexpr int kMaxSquareRanges = 128;
+
+// One launch's ranges: range r owns the blocks [first_block[r], first_block[r + 1]) and its
+// partials sit at the same indices of the scratch.
+struct SquareArgs {
+  const float* x[kMaxSquareRanges];
+  int64_t n[kMaxSquareRanges];
+  int64_t first_block[kMaxSquareRanges + 1];
+  int count;
+};
+static_assert(sizeof(SquareArgs) <= 4096, "kernel arguments must fit the 4 KiB parameter space");
+
+// Pass 1: partials[block] = Σ x² over its range's elements local·kThreads + thread + k·stride,
+// where local is the block's index among its range's blocks and stride their threads.
+__global__ void SquarePartialsKernel(double* partials, const SquareArgs args) {
+  const int64_t block = blockIdx.x;
+  int lo = 0, hi = args.count - 1;  // the last range whose first block is at or before this one
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (args.first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const float* x = args.x[lo];
+  const int64_t n = args.n[lo], first = args.first_block[lo];
+  const int64_t stride = (args.first_block[lo + 1] - first) * blockDim.x;
   double sum = 0.0;
-  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+  for (int64_t i = (block - first) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const double v = x[i];
     sum += v * v;
   }
   sum = BlockSumDouble(sum);
-  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+  if (threadIdx.x == 0) partials[block] = sum;
 }
 
-// Pass 2, one block: *result = Σ partials.
-__global__ void SumPartialsKernel(double* result, const double* partials, int64_t count) {
+// Pass 2, a block per range: results[r] = Σ of its partials, in a fixed order.
+__global__ void SumPartialsKernel(double* results, const double* partials, const SquareArgs args) {
+  const int r = blockIdx.x;
+  const int64_t first = args.first_block[r], count = args.first_block[r + 1] - first;
   double sum = 0.0;
-  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += partials[k];
+  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += partials[first + k];
   sum = BlockSumDouble(sum);
-  if (threadIdx.x == 0) *result = sum;
+  if (threadIdx.x == 0) results[r] = sum;
 }
 
 absl::Status CheckDType(DType dtype) {
@@ -214,18 +243,47 @@ int64_t SumOfSquaresScratchDoubles(int64_t n) {
                              kMaxSquareBlocks);
 }
 
+int64_t SumOfSquaresScratchDoubles(const std::vector<SquaresRange>& ranges) {
+  int64_t doubles = 0;
+  for (const SquaresRange& r : ranges) doubles += SumOfSquaresScratchDoubles(r.n);
+  return doubles;
+}
+
 absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n, double* result,
                           double* scratch) {
-  TY_REQUIRE(n >= 0);
-  TY_REQUIRE(result != nullptr && scratch != nullptr);
-  TY_REQUIRE(n == 0 || x != nullptr);
-  // The block count is a function of n alone, which fixes the summation order.
-  const int64_t blocks = SumOfSquaresScratchDoubles(n);
-  SquarePartialsKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(scratch, x, n);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("SquarePartialsKernel");
-  SumPartialsKernel<<<1, kThreads, 0, stream>>>(result, scratch, blocks);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("SumPartialsKernel");
-  return absl::OkStatus();
+  return SumOfSquaresMulti(stream, {SquaresRange{x, n}}, result, scratch);
+}
+
+absl::Status SumOfSquaresMulti(cudaStream_t stream, const std::vector<SquaresRange>& ranges,
+                               double* results, double* scratch) {
+  if (ranges.empty()) return absl::OkStatus();
+  TY_REQUIRE(results != nullptr && scratch != nullptr);
+  for (const SquaresRange& r : ranges) TY_REQUIRE(r.n >= 0 && (r.n == 0 || r.x != nullptr));
+  SquareArgs args{};
+  int64_t blocks = 0;
+  // Each range's block count is a function of its length alone, which fixes its summation order.
+  auto launch = [&]() -> absl::Status {
+    args.first_block[args.count] = blocks;
+    SquarePartialsKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(scratch, args);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("SquarePartialsKernel");
+    SumPartialsKernel<<<static_cast<unsigned int>(args.count), kThreads, 0, stream>>>(
+        results, scratch, args);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("SumPartialsKernel");
+    results += args.count;
+    scratch += blocks;
+    args.count = 0;
+    blocks = 0;
+    return absl::OkStatus();
+  };
+  for (const SquaresRange& r : ranges) {
+    if (args.count == kMaxSquareRanges) TY_RETURN_IF_ERROR(launch());
+    args.x[args.count] = r.x;
+    args.n[args.count] = r.n;
+    args.first_block[args.count] = blocks;
+    ++args.count;
+    blocks += SumOfSquaresScratchDoubles(r.n);
+  }
+  return launch();
 }
 
 }  // namespace trainyard::kernels::cuda

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
@@ -38,6 +39,19 @@ int64_t ColumnSumScratchFloats(int64_t m, int64_t n);
 [[nodiscard]] absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n,
                                         double* result, double* scratch);
 int64_t SumOfSquaresScratchDoubles(int64_t n);
+
+// results[i] (device, fp64) = Σ x² over ranges[i], each with the bits SumOfSquares gives that
+// range alone, in two launches for up to 128 ranges (a model's gradients are hundreds of small
+// tensors: one pair of launches per tensor left the device mostly waiting on them). Ranges may
+// be empty (their result is 0); scratch holds SumOfSquaresScratchDoubles(ranges) doubles.
+struct SquaresRange {
+  const float* x;
+  int64_t n;
+};
+[[nodiscard]] absl::Status SumOfSquaresMulti(cudaStream_t stream,
+                                             const std::vector<SquaresRange>& ranges,
+                                             double* results, double* scratch);
+int64_t SumOfSquaresScratchDoubles(const std::vector<SquaresRange>& ranges);
 
 }  // namespace trainyard::kernels::cuda
 

@@ -218,6 +218,51 @@ TEST(CudaElementwise, SumOfSquaresIsExactEnoughAndDeterministic) {
   }
 }
 
+// Many ranges at once (more than one launch holds, some empty, sizes around a block's share):
+// each range's result has exactly the bits SumOfSquares gives it alone.
+TEST(CudaElementwise, SumOfSquaresMultiGivesEachRangeItsOwnBits) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(37);
+  std::vector<int64_t> sizes = {0, 1, 2047, 2048, 2049, 300001, 0, 77};
+  for (int i = 0; i < 150; ++i) sizes.push_back(1 + (i * 611) % 5000);
+  // The ranges lie one after another in one buffer.
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const DeviceTensor d_x(RandomVector(total, rng, 0.01f), kF32);
+  std::vector<SquaresRange> ranges;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    ranges.push_back({n == 0 ? nullptr : d_x.f32() + at, n});
+    at += n;
+  }
+  const int64_t k = static_cast<int64_t>(ranges.size());
+  DeviceMemory d_results(k * sizeof(double));
+  DeviceMemory d_scratch(SumOfSquaresScratchDoubles(ranges) * sizeof(double));
+  d_results.Poison();
+  d_scratch.Poison();
+  absl::Status status =
+      SumOfSquaresMulti(nullptr, ranges, d_results.as<double>(), d_scratch.as<double>());
+  ASSERT_TRUE(status.ok()) << status;
+  std::vector<double> got(k);
+  cudaMemcpy(got.data(), d_results.get(), k * sizeof(double), cudaMemcpyDeviceToHost);
+
+  DeviceMemory d_one(sizeof(double));
+  for (int64_t i = 0; i < k; ++i) {
+    SCOPED_TRACE(absl::StrCat("range ", i, " of ", sizes[i]));
+    DeviceMemory d_alone(SumOfSquaresScratchDoubles(sizes[i]) * sizeof(double));
+    status = SumOfSquares(nullptr, ranges[i].x, sizes[i], d_one.as<double>(), d_alone.as<double>());
+    ASSERT_TRUE(status.ok()) << status;
+    double want = NAN;
+    cudaMemcpy(&want, d_one.get(), sizeof(double), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(std::memcmp(&got[i], &want, sizeof(double)), 0) << got[i] << " vs " << want;
+  }
+  EXPECT_EQ(got[0], 0.0);
+  const std::vector<SquaresRange> missing = {{nullptr, 5}};
+  EXPECT_EQ(
+      SumOfSquaresMulti(nullptr, missing, d_results.as<double>(), d_scratch.as<double>()).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaElementwise, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceTensor x(64, kF32);
