@@ -85,6 +85,11 @@ class DeviceSum {
   // The sum of everything added since the last Take, then zero; waits for the device and
   // returns its first error instead (as Synchronize does).
   [[nodiscard]] virtual absl::StatusOr<double> Take() = 0;
+  // Starts the read of what was added so far without waiting: a Take with nothing added since
+  // waits only for that read, which is done once the device has run the work queued before
+  // it. So the sums a step reads share one wait: start the read of those queued first, then
+  // Take the last one queued, then the others.
+  virtual void StartRead() {}
 };
 
 // Device time of a kind of work, summed over spans Start..Stop and read once: each end is the
@@ -323,11 +328,14 @@ class Backend {
     }
   }
   virtual double SumOfSquares(const float* x, int64_t n) = 0;
-  // Σ over the ranges, added in list order (one device round trip on CUDA).
-  virtual double SumOfSquaresMulti(const std::vector<std::pair<const float*, int64_t>>& ranges) {
+  // Adds Σ x² over the ranges to `sum` (one this backend made, NewDeviceSum): each range's
+  // squares summed in a fixed order, the ranges' sums added in list order, and nothing waited
+  // for (on CUDA, two launches for a model's gradients and the sums kept on the device).
+  virtual void AddSumOfSquares(const std::vector<std::pair<const float*, int64_t>>& ranges,
+                               DeviceSum* sum) {
     double total = 0.0;
     for (const auto& [x, n] : ranges) total += SumOfSquares(x, n);
-    return total;
+    sum->AddHost(total);
   }
   virtual void Scale(float* x, int64_t n, float factor) = 0;
 };

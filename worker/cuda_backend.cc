@@ -364,28 +364,26 @@ class CudaBackend final : public Backend {
     Run(kc::MultiTensorAdamW(stream_, list,
                              kc::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.step, p.grad_scale}));
   }
-  double SumOfSquares(const float* x, int64_t n) override { return SumOfSquaresMulti({{x, n}}); }
-  // Every range's sum into its own device double, then one copy back and a host sum in list
-  // order.
-  double SumOfSquaresMulti(const std::vector<std::pair<const float*, int64_t>>& ranges) override {
-    int64_t scratch_doubles = 0;
-    for (const auto& [x, n] : ranges) {
-      scratch_doubles = std::max(scratch_doubles, kc::SumOfSquaresScratchDoubles(n));
-    }
-    const int64_t k = static_cast<int64_t>(ranges.size());
-    auto* results = static_cast<double*>(ScratchBytes(Scratch::kReduce, (k + scratch_doubles) * 8));
-    for (int64_t i = 0; i < k; ++i) {
-      if (ranges[i].second <= 0) {
-        Record(cudaMemsetAsync(results + i, 0, sizeof(double), stream_), "cudaMemsetAsync");
-        continue;
-      }
-      Run(kc::SumOfSquares(stream_, ranges[i].first, ranges[i].second, results + i, results + k));
-    }
-    std::vector<double> host(k);
-    ToHost(host.data(), results, k * 8);
+  double SumOfSquares(const float* x, int64_t n) override {
+    auto* reduce = static_cast<double*>(
+        ScratchBytes(Scratch::kReduce, (1 + kc::SumOfSquaresScratchDoubles(n)) * 8));
+    if (reduce == nullptr) return 0.0;  // the allocation's error is recorded
+    Run(kc::SumOfSquares(stream_, x, n, reduce, reduce + 1));
     double total = 0.0;
-    for (double r : host) total += r;
+    ToHost(&total, reduce, 8);
     return total;
+  }
+  void AddSumOfSquares(const std::vector<std::pair<const float*, int64_t>>& ranges,
+                       DeviceSum* sum) override {
+    auto* sums = dynamic_cast<RowSums*>(sum);
+    TY_CHECK(sums != nullptr) << "a device sum from another backend";
+    std::vector<kc::SquaresRange> list;
+    list.reserve(ranges.size());
+    for (const auto& [x, n] : ranges) list.push_back({x, n});
+    double* results = sums->ReserveTerms(static_cast<int64_t>(list.size()));
+    auto* scratch = static_cast<double*>(
+        ScratchBytes(Scratch::kReduce, kc::SumOfSquaresScratchDoubles(list) * 8));
+    Run(kc::SumOfSquaresMulti(stream_, list, results, scratch));
   }
   void Scale(float* x, int64_t n, float factor) override { Run(kc::Scale(stream_, x, n, factor)); }
 
@@ -504,45 +502,123 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
 
-  // A loss sum on the device: the per-row losses of each SoftmaxCrossEntropy call since the last
-  // Take, which the host sums when it reads them (each call's rows in order, in double, as the CPU
-  // backend does). The buffer grows in stream order and is kept from step to step.
+  // A sum on the device: the per-row losses of each SoftmaxCrossEntropy call and the per-range
+  // sums of each AddSumOfSquares call since the last Take. The host sums what it reads in the
+  // order the CPU backend adds: each call's rows in order, in double, then the terms in order.
+  // The device buffers grow in stream order and are kept from step to step, and the read goes
+  // into pinned host memory behind an event, so that StartRead does not wait.
   class RowSums final : public DeviceSum {
    public:
     explicit RowSums(CudaBackend* backend) : backend_(backend) {}
+    ~RowSums() override {
+      if (read_ != nullptr) {
+        cudaEventSynchronize(read_);
+        cudaEventDestroy(read_);
+      }
+      if (pinned_ != nullptr) cudaFreeHost(pinned_);
+    }
     void AddHost(double value) override { host_ += value; }
+    void StartRead() override {
+      const int64_t rows = Used(row_ends_), terms = Used(term_ends_);
+      const size_t bytes = terms * sizeof(double) + rows * sizeof(float);
+      if (bytes > pinned_bytes_ && !GrowPinned(bytes)) return;  // the error is recorded
+      if (read_ == nullptr) {
+        backend_->Record(cudaEventCreateWithFlags(&read_, cudaEventDisableTiming),
+                         "cudaEventCreate");
+        if (read_ == nullptr) return;
+      }
+      auto* host_terms = static_cast<double*>(pinned_);
+      auto* host_rows = reinterpret_cast<float*>(host_terms + terms);
+      cudaStream_t stream = backend_->stream_;
+      if (terms > 0) {
+        backend_->Record(cudaMemcpyAsync(host_terms, terms_.data(), terms * sizeof(double),
+                                         cudaMemcpyDeviceToHost, stream),
+                         "D2H");
+      }
+      if (rows > 0) {
+        backend_->Record(cudaMemcpyAsync(host_rows, rows_.data(), rows * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream),
+                         "D2H");
+      }
+      backend_->Record(cudaEventRecord(read_, stream), "cudaEventRecord");
+      read_rows_ = rows;
+      read_terms_ = terms;
+      reading_ = true;
+    }
     absl::StatusOr<double> Take() override {
-      const int64_t used = ends_.empty() ? 0 : ends_.back();
-      std::vector<float> rows(used);
-      backend_->CopyToHost(rows.data(), rows_.data(), used);  // waits for the stream
-      TY_RETURN_IF_ERROR(backend_->Synchronize());
+      if (!reading_ || read_rows_ != Used(row_ends_) || read_terms_ != Used(term_ends_)) {
+        StartRead();
+      }
+      if (read_ != nullptr) backend_->Record(cudaEventSynchronize(read_), "cudaEventSynchronize");
+      backend_->Record(cudaGetLastError(), "cudaGetLastError");
+      TY_RETURN_IF_ERROR(backend_->status_);
+      const auto* terms = static_cast<const double*>(pinned_);
+      const auto* rows = reinterpret_cast<const float*>(terms + read_terms_);
       double total = 0.0;
       int64_t r = 0;
-      for (const int64_t end : ends_) {
+      for (const int64_t end : row_ends_) {
         double call = 0.0;
         for (; r < end; ++r) call += rows[r];
         total += call;
       }
-      ends_.clear();
-      return total + std::exchange(host_, 0.0);
+      double squares = 0.0;
+      for (int64_t i = 0; i < read_terms_; ++i) squares += terms[i];
+      row_ends_.clear();
+      term_ends_.clear();
+      reading_ = false;
+      return total + squares + std::exchange(host_, 0.0);
     }
-    // Room for one call's `count` row losses.
-    float* Reserve(int64_t count) {
-      const int64_t used = ends_.empty() ? 0 : ends_.back();
-      if (used + count > rows_.size()) {
-        Buffer<float> grown = backend_->AllocFloat(std::max(2 * rows_.size(), used + count));
-        backend_->Copy(grown.data(), rows_.data(), used);
-        rows_ = std::move(grown);  // freed in stream order, after the copy
-      }
-      ends_.push_back(used + count);
-      return rows_.data() == nullptr ? nullptr : rows_.data() + used;
-    }
+    // Room for one call's `count` row losses, or its `count` terms.
+    float* Reserve(int64_t count) { return Grow(rows_, row_ends_, count); }
+    double* ReserveTerms(int64_t count) { return Grow(terms_, term_ends_, count); }
 
    private:
+    static int64_t Used(const std::vector<int64_t>& ends) { return ends.empty() ? 0 : ends.back(); }
+
+    template <typename T>
+    T* Grow(Buffer<T>& buffer, std::vector<int64_t>& ends, int64_t count) {
+      const int64_t used = Used(ends);
+      if (used + count > buffer.size()) {
+        const int64_t size = std::max(2 * buffer.size(), used + count);
+        Buffer<T> grown(static_cast<T*>(backend_->Alloc(size * sizeof(T))), size, backend_->Free());
+        if (grown.data() != nullptr && used > 0) {
+          backend_->DeviceCopy(grown.data(), buffer.data(), used * sizeof(T));
+        }
+        buffer = std::move(grown);  // freed in stream order, after the copy
+      }
+      ends.push_back(used + count);
+      return buffer.data() == nullptr ? nullptr : buffer.data() + used;
+    }
+
+    // Room for `bytes` of pinned memory, after any read into the old one is done.
+    bool GrowPinned(size_t bytes) {
+      const size_t size = std::max(bytes, 2 * pinned_bytes_);
+      if (pinned_ != nullptr) {
+        if (read_ != nullptr) cudaEventSynchronize(read_);
+        cudaFreeHost(pinned_);
+        pinned_ = nullptr;
+        pinned_bytes_ = 0;
+      }
+      const cudaError_t err = cudaMallocHost(&pinned_, size);
+      backend_->Record(err, "cudaMallocHost");
+      if (err != cudaSuccess) {
+        pinned_ = nullptr;
+        return false;
+      }
+      pinned_bytes_ = size;
+      return true;
+    }
+
     CudaBackend* backend_;
     Buffer<float> rows_;
-    std::vector<int64_t> ends_;  // each call's end in rows_
+    Buffer<double> terms_;
+    std::vector<int64_t> row_ends_, term_ends_;  // each call's end in rows_ and terms_
     double host_ = 0.0;
+    void* pinned_ = nullptr;  // the last read: its terms, then its rows
+    size_t pinned_bytes_ = 0;
+    cudaEvent_t read_ = nullptr;  // recorded after the last read's copies
+    bool reading_ = false;        // a read started since the last Take
+    int64_t read_rows_ = 0, read_terms_ = 0;
   };
 
   // Spans timed with CUDA events on the stream, read when taken; the events are reused from

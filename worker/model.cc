@@ -48,7 +48,8 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
       source_(source),
       forward_timer_(backend->NewDeviceTimer()),
       backward_timer_(backend->NewDeviceTimer()),
-      train_loss_(backend->NewDeviceSum()) {
+      train_loss_(backend->NewDeviceSum()),
+      eval_loss_(backend->NewDeviceSum()) {
   const int64_t n = tp_size(), d = config.head_dim();
   dims_.heads = config.heads / n;
   dims_.kv_heads = config.kv_heads / n;

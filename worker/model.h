@@ -174,6 +174,7 @@ class Model {
 
   std::unique_ptr<DeviceTimer> forward_timer_, backward_timer_;  // TakePhaseSeconds
   std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
+  std::unique_ptr<DeviceSum> eval_loss_;                         // Loss
 
   class Hold;
   // Registers the block matmul weights of `group` (at `params`) with the backend as weights to

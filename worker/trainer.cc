@@ -225,15 +225,19 @@ class RankTrainer {
   absl::StatusOr<TrainResult> Run();
 
  private:
-  absl::StatusOr<double> ForwardBackward();  // this step's loss sum over this rank's tokens
+  // The step's passes, queued; the loss stays on the device until OptimizerStep reads it.
+  absl::Status ForwardBackward();
   struct OptimizerStepped {
+    double loss_sum = 0;   // the batch's, over every rank's tokens
     double grad_norm = 0;  // before clipping
     double lr = 0;
+    int64_t wait_nanos = 0;  // waiting for the device to finish the passes
   };
-  // After the step's last micro-batch: the gradients made final, clipped by their global norm,
-  // and AdamW's update of this rank's slices at the step's learning rate; `loss_sum`, this rank's,
-  // becomes the batch's (summed in the norm's collectives).
-  absl::StatusOr<OptimizerStepped> OptimizerStep(double& loss_sum);
+  // After the step's last micro-batch: the gradients made final, their squares queued, the
+  // step's loss read (one wait for the device, which covers the squares too), the gradients
+  // clipped by their global norm, and AdamW's update of this rank's slices at the step's
+  // learning rate. The loss sum, this rank's, becomes the batch's in the norm's collectives.
+  absl::StatusOr<OptimizerStepped> OptimizerStep();
   absl::Status MoeStep();
   [[nodiscard]] absl::Status AddStepDetail(StepReport& report, int64_t optimizer_nanos);
   std::vector<MoeLayerReport> moe_report_;  // the last step's
@@ -452,7 +456,7 @@ absl::Status RankTrainer::Restore() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> RankTrainer::ForwardBackward() {
+absl::Status RankTrainer::ForwardBackward() {
   const int t = spec_.training.seq_len;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step_);
   // This rank's share of the global batch: samples [dp_rank·per_rank, (dp_rank+1)·per_rank),
@@ -464,7 +468,6 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
         dims_.at.micro, inputs_.data(), targets_.data());
     data_nanos_ += clock_.NowNanosMonotonic() - started;
   };
-  // The loss stays on the device until every micro-batch has run: one read per step.
   if (spec_.parallelism.pp == 1) {
     for (int i = 0; i < dims_.at.micro_batches; ++i) {
       params_->SetLastMicroBatch(i + 1 == dims_.at.micro_batches);
@@ -473,7 +476,7 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
                                               t, nullptr, grad_scale, nullptr));
       TY_RETURN_IF_ERROR(model_->StageBackward({}, nullptr, nullptr));
     }
-    return model_->TakeTrainingLoss();
+    return absl::OkStatus();
   }
   const ScheduleShape shape{.schedule = spec_.parallelism.schedule,
                             .stages = spec_.parallelism.pp,
@@ -494,14 +497,18 @@ absl::StatusOr<double> RankTrainer::ForwardBackward() {
   ScheduleStats schedule;
   TY_RETURN_IF_ERROR(RunSchedule(*dims_.pp, backend_, shape, stage_transfer_, work, &schedule));
   pipeline_wait_ += schedule.wait_seconds;
-  return model_->TakeTrainingLoss();
+  return absl::OkStatus();
 }
 
-absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep(double& loss_sum) {
+absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
   TY_RETURN_IF_ERROR(params_->FinishGradients(dims_.tied.get()));
   OptimizerStepped stepped;
+  params_->QueueGradientSquares();
+  const int64_t wait_start = clock_.NowNanosMonotonic();
+  TY_ASSIGN_OR_RETURN(stepped.loss_sum, model_->TakeTrainingLoss());
+  stepped.wait_nanos = clock_.NowNanosMonotonic() - wait_start;
   // Only the last pipeline stage computes the loss; the pipeline's sum gives every stage it.
-  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({&loss_sum, 1}));
+  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({&stepped.loss_sum, 1}));
   stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
                          ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
   TY_RETURN_IF_ERROR(MoeStep());
@@ -741,12 +748,13 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
       for (;;) spins = spins + 1;
     }
     TY_RETURN_IF_ERROR(params_->BeginStep());
-    TY_ASSIGN_OR_RETURN(double loss_sum, ForwardBackward());
+    TY_RETURN_IF_ERROR(ForwardBackward());
     const int64_t optimizer_start = clock_.NowNanosMonotonic();
-    TY_ASSIGN_OR_RETURN(const OptimizerStepped stepped, OptimizerStep(loss_sum));
+    TY_ASSIGN_OR_RETURN(const OptimizerStepped stepped, OptimizerStep());
     const double norm = stepped.grad_norm, lr = stepped.lr;
-    const int64_t optimizer_nanos = clock_.NowNanosMonotonic() - optimizer_start;
-    const double loss = loss_sum / static_cast<double>(tokens_per_step_);
+    const int64_t optimizer_nanos =
+        clock_.NowNanosMonotonic() - optimizer_start - stepped.wait_nanos;
+    const double loss = stepped.loss_sum / static_cast<double>(tokens_per_step_);
     ++state_.step;
     state_.last_loss = loss;
     if (!std::isfinite(loss)) {

@@ -27,6 +27,12 @@
 #include "worker/local_model.h"
 #include "worker/shape/parameters.h"
 
+#if TRAINYARD_CUDA_EMU
+namespace trainyard::emu {
+int64_t HostWaits();  // tools/cuda_emu/emu.h: the times the host waited for the device
+}  // namespace trainyard::emu
+#endif
+
 namespace trainyard::worker {
 namespace {
 
@@ -182,6 +188,56 @@ TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
 // every way a weight changes is seen. After parameters loaded from the host, an AdamW step on
 // the device, and a write the backend does not see (followed by WeightsChanged), the GPU loss
 // follows the CPU's, and moves as far as the CPU's does (a stale copy would keep the old loss).
+// The end of a training step as a rank runs it: after two micro-batches, the gradients'
+// squares queued with their read started, then the loss read, then the squares and the pass
+// timers: each sum has the bits it has when read alone, and on the emulated device (which counts
+// the host's waits as a device would make them) the whole step waits for the device once.
+TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
+  TY_SKIP_WITHOUT_GPU();
+  const config::ModelConfig mc = *config::Preset("llama-debug");
+  auto pair = MakeModelPair(mc, DType::kBF16);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  LocalModel& gm = *pair->gpu_model;
+  Backend& gpu = *pair->gpu;
+  const int b = 2, t = 48, micro_batches = 2;
+  const float scale = 1.0f / (micro_batches * b * t);
+  std::vector<std::pair<const float*, int64_t>> ranges;
+  for (const ParamTensor& p : gm.layout().tensors())
+    ranges.emplace_back(gm.grads() + p.offset, p.numel);
+  std::unique_ptr<DeviceSum> squares = gpu.NewDeviceSum();
+  for (int step = 0; step < 2; ++step) {  // the first step allocates what the second reuses
+    SCOPED_TRACE(absl::StrCat("step ", step));
+#if TRAINYARD_CUDA_EMU
+    const int64_t waits_before = emu::HostWaits();
+#endif
+    gm.ZeroGradients();
+    for (int i = 0; i < micro_batches; ++i) {
+      const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 20 + 2 * step + i);
+      ASSERT_TRUE(
+          gm.model()
+              .StageForward({}, inputs.data(), targets.data(), b, t, nullptr, scale, nullptr)
+              .ok());
+      ASSERT_TRUE(gm.model().StageBackward({}, nullptr, nullptr).ok());
+    }
+    gpu.AddSumOfSquares(ranges, squares.get());
+    squares->StartRead();
+    auto loss = gm.model().TakeTrainingLoss();
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    auto sumsq = squares->Take();
+    ASSERT_TRUE(sumsq.ok()) << sumsq.status();
+    auto phases = gm.model().TakePhaseSeconds();
+    ASSERT_TRUE(phases.ok()) << phases.status();
+#if TRAINYARD_CUDA_EMU
+    if (step == 1) EXPECT_EQ(emu::HostWaits() - waits_before, 1);
+#endif
+    EXPECT_GT(*loss, 0.0);
+    double alone = 0.0;
+    for (const auto& [x, n] : ranges) alone += gpu.SumOfSquares(x, n);
+    EXPECT_EQ(*sumsq, alone);
+    EXPECT_EQ(*squares->Take(), 0.0);
+  }
+}
+
 TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   TY_SKIP_WITHOUT_GPU();
   const config::ModelConfig mc = *config::Preset("llama-debug");

@@ -57,6 +57,35 @@ trainyard_emu_switch:
 namespace trainyard::emu {
 namespace {
 
+// The device work the host thread has queued (launches, copies, fills) and how much of it the
+// host has waited for: a wait for work already waited for costs nothing on a device.
+thread_local int64_t g_queued = 0, g_waited_for = 0, g_waits = 0;
+void Queue() { ++g_queued; }
+void WaitFor(int64_t work) {
+  if (work <= g_waited_for) return;
+  g_waited_for = work;
+  ++g_waits;
+}
+
+// Live device and pinned allocations (start → bytes): host memory outside them is pageable.
+std::mutex g_memory_mu;
+std::map<uintptr_t, size_t> g_allocations;
+void Track(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  g_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
+}
+void Untrack(void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  g_allocations.erase(reinterpret_cast<uintptr_t>(p));
+}
+bool Pageable(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  auto it = g_allocations.upper_bound(at);
+  if (it == g_allocations.begin()) return true;
+  --it;
+  return at >= it->first + it->second;
+}
 constexpr size_t kStackBytes = 512 * 1024;  // kernels keep register tiles in local arrays
 constexpr int kDefaultSmemLimit = 48 * 1024;
 constexpr int kOptInSmemLimit = 227 * 1024;
@@ -247,6 +276,7 @@ cudaError_t LaunchBlocks(dim3 grid, dim3 block, size_t dynamic_smem, const void*
     return err;
   }
   if (g_run != nullptr) Fatal("kernel launch from inside a kernel");
+  Queue();
   static thread_local BlockRun run;
   g_run = &run;
   run.body = &body;
@@ -335,9 +365,16 @@ unsigned __ballot_sync(unsigned mask, int predicate) {
 struct CUstream_st {};
 struct CUevent_st {
   std::chrono::steady_clock::time_point when;
+  int64_t work = 0;  // the host thread's queued work when it was recorded
 };
 
+namespace trainyard::emu {
+int64_t HostWaits() { return g_waits; }
+}  // namespace trainyard::emu
+
 namespace {
+using trainyard::emu::Queue;
+using trainyard::emu::WaitFor;
 cudaError_t Fail(cudaError_t err) {
   trainyard::emu::g_last_error = err;
   return err;
@@ -354,14 +391,24 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = nullptr;
     return Fail(cudaErrorMemoryAllocation);
   }
+  trainyard::emu::Track(*ptr, size);
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
-cudaError_t cudaFree(void* ptr) {
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) {
+  trainyard::emu::Untrack(ptr);
   std::free(ptr);
   return cudaSuccess;
 }
-cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) { return cudaFree(ptr); }
+// cudaFree waits for the device; cudaFreeAsync is ordered on the stream instead.
+cudaError_t cudaFree(void* ptr) {
+  WaitFor(trainyard::emu::g_queued);
+  return cudaFreeAsync(ptr, nullptr);
+}
+// Pinned host memory: host memory here as everything is, told apart from pageable memory by
+// being tracked like the device's.
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(ptr, size); }
+cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
 // The device's stream-ordered pool: one handle; its attributes change nothing here (memory is
 // the host's).
 struct CUmemPoolHandle_st {};
@@ -380,35 +427,56 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   *total = size_t{80} << 30;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+namespace {
+cudaError_t Copy(void* dst, const void* src, size_t count) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return Fail(cudaErrorInvalidValue);
   if (count > 0) std::memmove(dst, src, count);
+  Queue();
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+}  // namespace
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+  const cudaError_t err = Copy(dst, src, count);
+  WaitFor(trainyard::emu::g_queued);
+  return err;
+}
+// Into pageable host memory the copy returns only once it is done, like the device's.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind,
                             cudaStream_t) {
-  return cudaMemcpy(dst, src, count, kind);
+  const cudaError_t err = Copy(dst, src, count);
+  if (count > 0 && trainyard::emu::Pageable(dst)) WaitFor(trainyard::emu::g_queued);
+  return err;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
   if (width > dpitch || width > spitch) return Fail(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; ++r) {
-    const cudaError_t err = cudaMemcpy(static_cast<char*>(dst) + r * dpitch,
-                                       static_cast<const char*>(src) + r * spitch, width, kind);
+    const cudaError_t err =
+        cudaMemcpyAsync(static_cast<char*>(dst) + r * dpitch,
+                        static_cast<const char*>(src) + r * spitch, width, kind, nullptr);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }
-cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
   if (count > 0 && ptr == nullptr) return Fail(cudaErrorInvalidValue);
   if (count > 0) std::memset(ptr, value, count);
+  Queue();
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
-  return cudaMemset(ptr, value, count);
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  const cudaError_t err = cudaMemsetAsync(ptr, value, count, nullptr);
+  WaitFor(trainyard::emu::g_queued);
+  return err;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  WaitFor(trainyard::emu::g_queued);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  WaitFor(trainyard::emu::g_queued);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   *stream = new CUstream_st;
   return cudaSuccess;
@@ -430,9 +498,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   event->when = std::chrono::steady_clock::now();
+  event->work = trainyard::emu::g_queued;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  WaitFor(event->work);
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;

@@ -174,6 +174,36 @@ void ExitedLaneShuffleKernel() {
   __shfl_xor_sync(0xffffffffu, 1.0f, 1);
 }
 
+// The host waits only where a device would hold it: for queued work it has not waited for yet.
+TEST(CudaEmu, HostWaitsCountWhatADeviceWouldMakeTheHostWaitFor) {
+  int* device = nullptr;
+  int* pinned = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 256 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 256 * sizeof(int)), cudaSuccess);
+  std::vector<int> pageable(256);
+  cudaEvent_t event = nullptr;
+  ASSERT_EQ(cudaEventCreate(&event), cudaSuccess);
+  const int64_t start = HostWaits();
+  Launch(dim3(1), dim3(256), 0, nullptr, RotateKernel, device);
+  cudaEventRecord(event, nullptr);
+  cudaMemcpyAsync(pinned, device, 256 * sizeof(int), cudaMemcpyDeviceToHost, nullptr);
+  EXPECT_EQ(HostWaits(), start) << "queuing work, an event and a copy into pinned memory";
+  cudaStreamSynchronize(nullptr);
+  EXPECT_EQ(HostWaits(), start + 1);
+  cudaEventSynchronize(event);
+  cudaStreamSynchronize(nullptr);
+  EXPECT_EQ(HostWaits(), start + 1) << "nothing queued since the last wait";
+  Launch(dim3(1), dim3(256), 0, nullptr, RotateKernel, device);
+  cudaMemcpyAsync(pageable.data(), device, 256 * sizeof(int), cudaMemcpyDeviceToHost, nullptr);
+  EXPECT_EQ(HostWaits(), start + 2) << "a copy into pageable memory returns when it is done";
+  EXPECT_EQ(pageable[0], 1);  // thread 0 read what thread 1 wrote
+  Launch(dim3(1), dim3(256), 0, nullptr, RotateKernel, device);
+  cudaFree(device);
+  EXPECT_EQ(HostWaits(), start + 3) << "cudaFree waits for the device";
+  cudaFreeHost(pinned);
+  cudaEventDestroy(event);
+}
+
 TEST(CudaEmuDeathTest, ImpossibleSynchronisationAborts) {
   EXPECT_DEATH(Launch(dim3(1), dim3(64), 0, nullptr, DivergentBarrierKernel), "deadlock");
   EXPECT_DEATH(Launch(dim3(1), dim3(32), 0, nullptr, ExitedLaneShuffleKernel), "exited lanes");

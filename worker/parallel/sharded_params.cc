@@ -472,7 +472,7 @@ int64_t ShardedParams::StateOffset(const Group& g, int64_t local) const {
   return options_.zero_stage == 0 ? g.padded_begin + local : g.shard_begin + (local - g.own_lo);
 }
 
-absl::StatusOr<double> ShardedParams::GradientNorm(std::span<double> batch_sums) {
+void ShardedParams::QueueGradientSquares() {
   // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
   // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
   // parallel group are counted by its rank 0 only.
@@ -489,8 +489,21 @@ absl::StatusOr<double> ShardedParams::GradientNorm(std::span<double> batch_sums)
     if (hi <= lo) continue;
     (g.comm != dp_ ? owned_experts : owned).emplace_back(GradAt(g, lo), hi - lo);
   }
-  double sumsq = backend_->SumOfSquaresMulti(owned);
-  double experts_sumsq = owned_experts.empty() ? 0.0 : backend_->SumOfSquaresMulti(owned_experts);
+  if (squares_ == nullptr) {
+    squares_ = backend_->NewDeviceSum();
+    expert_squares_ = backend_->NewDeviceSum();
+  }
+  backend_->AddSumOfSquares(owned, squares_.get());
+  if (!owned_experts.empty()) backend_->AddSumOfSquares(owned_experts, expert_squares_.get());
+  squares_->StartRead();
+  expert_squares_->StartRead();
+  squares_queued_ = true;
+}
+
+absl::StatusOr<double> ShardedParams::GradientNorm(std::span<double> batch_sums) {
+  if (!std::exchange(squares_queued_, false)) QueueGradientSquares();
+  TY_ASSIGN_OR_RETURN(double sumsq, squares_->Take());
+  TY_ASSIGN_OR_RETURN(double experts_sumsq, expert_squares_->Take());
   if (options_.zero_stage == 0 && experts_.ep != nullptr) {
     TY_ASSIGN_OR_RETURN(experts_sumsq, AllReduceDouble(*experts_.ep, experts_sumsq));
   }

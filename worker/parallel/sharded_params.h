@@ -135,7 +135,11 @@ class ShardedParams final : public ParamSource {
   //   FinishGradients  after the last micro-batch: waits for the gradient collectives, and with
   //                    `tied` (pipeline stages that both hold the tied token embedding, stages
   //                    0/1 only) sums the two copies' gradients;
-  //   GradientNorm     the global L2 norm of the final gradients, over the whole mesh; each of
+  //   QueueGradientSquares  after FinishGradients: the squares of the gradients this rank
+  //                    counts, summed on the device with their read started, so that the wait
+  //                    for a sum read after it (the step's loss) covers them too;
+  //   GradientNorm     the global L2 norm of the final gradients, over the whole mesh (queuing
+  //                    the squares itself unless QueueGradientSquares did); each of
   //                    `batch_sums` (e.g. the rank's loss sum) is summed in place over the
   //                    data-parallel and pipeline groups in the same collectives, so that the
   //                    step's other sums cost no synchronisation of their own;
@@ -144,6 +148,7 @@ class ShardedParams final : public ParamSource {
   //   FinishUpdate     after the update: re-assembles the parameters (stages 1–2) or drops the
   //                    gathered groups nobody holds (stage 3).
   [[nodiscard]] absl::Status FinishGradients(Communicator* tied = nullptr);
+  void QueueGradientSquares();
   [[nodiscard]] absl::StatusOr<double> GradientNorm(std::span<double> batch_sums = {});
   std::vector<OptimizerSlice> OptimizerSlices();
   [[nodiscard]] absl::Status FinishUpdate();
@@ -218,6 +223,10 @@ class ShardedParams final : public ParamSource {
     int rank;  // in the group's communicator
   };
   std::deque<PendingGradient> pending_;  // in launch order
+  // QueueGradientSquares' sums (the experts' apart: summed over the expert-parallel group at
+  // stage 0) until GradientNorm reads them.
+  std::unique_ptr<DeviceSum> squares_, expert_squares_;
+  bool squares_queued_ = false;
   bool last_micro_batch_ = true;
   int64_t exposed_ns_ = 0;
   std::atomic<int64_t> transient_{0};
