@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norms.h"
 #include "worker/shape/parameters.h"
@@ -249,6 +250,27 @@ absl::Status AdamW(const BenchModel& m, const CaseContext& ctx, Row* row) {
                  [&] { return kernels::cuda::MultiTensorAdamW(ctx.stream, tensors, hyper); });
 }
 
+// The squares behind the global gradient norm over every tensor of the model (read once).
+absl::Status GradNorm(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const worker::ParameterLayout layout(m.config);
+  row->shape = absl::StrCat(absl::SixDigits(layout.total() / 1e6), "M params, ",
+                            layout.tensors().size(), " tensors");
+  TY_ASSIGN_OR_RETURN(DeviceBuffer g, Floats(ctx, layout.total(), 14, 0.01f));
+  std::vector<kernels::cuda::SquaresRange> ranges;
+  for (const worker::ParamTensor& t : layout.tensors()) {
+    ranges.push_back({g.f32() + t.offset, t.numel});
+  }
+  const int64_t k = static_cast<int64_t>(ranges.size());
+  TY_ASSIGN_OR_RETURN(
+      DeviceBuffer sums,
+      Floats(ctx, 2 * (k + kernels::cuda::SumOfSquaresScratchDoubles(ranges)), 0, 0.0f));
+  auto* results = reinterpret_cast<double*>(sums.f32());
+  row->bytes = 1.0 * layout.total() * kFb;  // each gradient read once
+  return Measure(ctx, row, [&] {
+    return kernels::cuda::SumOfSquaresMulti(ctx.stream, ranges, results, results + k);
+  });
+}
+
 // The token (and, for GPT-2, position) embedding gradient of one batch.
 absl::Status EmbeddingBackward(const BenchModel& m, const CaseContext& ctx, Row* row) {
   const int64_t tokens = m.batch * m.seq, c = m.config.width, v = m.config.vocab;
@@ -378,6 +400,7 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   cases.push_back({"cross-entropy fwd+bwd", [m](X x, Row* r) { return CrossEntropy(m, x, r); }});
   // The optimizer over GPT-2 124M's parameters (the AdamW case).
   if (gpt2) cases.push_back({"adamw step", [m](X x, Row* r) { return AdamW(m, x, r); }});
+  if (gpt2) cases.push_back({"grad norm", [m](X x, Row* r) { return GradNorm(m, x, r); }});
   cases.push_back({"embedding bwd", [m](X x, Row* r) { return EmbeddingBackward(m, x, r); }});
   cases.push_back(
       {"gemm fc fwd", [=](X x, Row* r) { return GemmCase(rows, fc_out, c, fc_forward, x, r); }});

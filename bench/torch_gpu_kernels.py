@@ -292,6 +292,17 @@ def adamw(env, m):
     return shape, 0, 7.0 * n * FB, env.time(opt.step)
 
 
+def grad_norm(env, m):
+    """The global gradient norm over GPT-2's tensors, as clip_grad_norm_ computes it (foreach)."""
+    grads = [torch.randn(s, device=env.device) * 0.01 for s in gpt2_parameter_shapes(m)]
+    n = sum(g.numel() for g in grads)
+    shape = "%sM params, %d tensors" % (sig6(n / 1e6), len(grads))
+
+    def run():
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return shape, 0, 1.0 * n * FB, env.time(run)
+
+
 def embedding_backward(env, m):
     b, t, c, v = m["batch"], m["seq"], m["width"], m["vocab"]
     positions = m["family"] == "gpt2"
@@ -347,6 +358,7 @@ def cases_for(m):
     ]
     if gpt2:
         cases.append(("adamw step", lambda e: adamw(e, m)))
+        cases.append(("grad norm", lambda e: grad_norm(e, m)))
     cases += [
         ("embedding bwd", lambda e: embedding_backward(e, m)),
         ("gemm fc fwd", lambda e: gemm(e, rows, fc_out, c, "fwd+bias" if gpt2 else "fwd")),
