@@ -192,10 +192,8 @@ TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
 // squares queued with their read started, then the loss read, then the squares and the pass
 // timers: each sum has the bits it has when read alone, and on the emulated device (which counts
 // the host's waits as a device would make them) the whole step waits for the device once.
-TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
-  TY_SKIP_WITHOUT_GPU();
-  const config::ModelConfig mc = *config::Preset("llama-debug");
-  auto pair = MakeModelPair(mc, DType::kBF16);
+void StepWaitsForTheDeviceOnce(const config::ModelConfig& mc, DType act) {
+  auto pair = MakeModelPair(mc, act);
   ASSERT_TRUE(pair.ok()) << pair.status();
   LocalModel& gm = *pair->gpu_model;
   Backend& gpu = *pair->gpu;
@@ -235,6 +233,15 @@ TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
     for (const auto& [x, n] : ranges) alone += gpu.SumOfSquares(x, n);
     EXPECT_EQ(*sumsq, alone);
     EXPECT_EQ(*squares->Take(), 0.0);
+  }
+}
+
+TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
+  TY_SKIP_WITHOUT_GPU();
+  for (const auto& [preset, act] :
+       {std::pair{"gpt2-debug", DType::kF32}, std::pair{"llama-debug", DType::kBF16}}) {
+    SCOPED_TRACE(preset);
+    StepWaitsForTheDeviceOnce(*config::Preset(preset), act);
   }
 }
 
