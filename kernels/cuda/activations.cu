@@ -10,9 +10,10 @@
 //
 // Every kernel is a grid-stride loop over units of 16 bytes (8 bf16 or 4 fp32), or of single
 // elements when a pointer (or SwiGLU's f) does not allow 16-byte accesses; GELU takes its last
-// n mod 8 elements one at a time. The grid is one wave of kBlocksPerSm blocks a multiprocessor.
-// At this bandwidth a bf16 element of the backward has ~50 instructions' worth of time, so tanh
-// and the sigmoid use the fast exponential and division (MUFU) instead of tanhf and expf.
+// n mod 8 elements one at a time. The grid is one wave of kStrideBlocksPerSm blocks a
+// multiprocessor. At this bandwidth a bf16 element of the backward has ~50 instructions' worth of
+// time, so tanh and the sigmoid use the fast exponential and division (MUFU) instead of tanhf and
+// expf.
 #include <algorithm>
 #include <cstdint>
 
@@ -25,20 +26,9 @@
 namespace trainyard::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// 2048 threads, the most an sm_80/sm_90 multiprocessor holds (so at most 32 registers a thread).
-constexpr int kBlocksPerSm = 8;
-
 // The GPT-2 tanh approximation; the constants are the CPU reference's.
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
-
-__device__ __forceinline__ int64_t FirstIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
 
 // tanh as the CPU reference computes it, 1 − 2/(e^{2u} + 1): absolute error about 1e-6 with the
 // fast intrinsics. It saturates to ±1 (e^{2u} = inf gives 2/inf = 0) and propagates NaN.
@@ -139,74 +129,6 @@ struct SwigluBackwardOp {
     StoreVec(dinp + up_at, dup);
   }
 };
-
-// Elements [0, n): units of kVec in a grid-stride loop, then the last n mod kVec one at a time.
-template <int kVec, typename Op>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) ElementsKernel(Op op, int64_t n) {
-  const int64_t in_units = n / kVec * kVec, stride = GridStride();
-  for (int64_t i = FirstIndex() * kVec; i < in_units; i += stride * kVec) {
-    op.template Apply<kVec>(i);
-  }
-  for (int64_t i = in_units + FirstIndex(); i < n; i += stride) op.template Apply<1>(i);
-}
-
-// Rows × f elements (f a multiple of kVec), as units of kVec in a grid-stride loop over the
-// flattened units; the (row, unit) position advances by the stride without a division a step.
-template <int kVec, typename Op>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    RowsKernel(Op op, int64_t rows, int64_t f) {
-  const int64_t units = f / kVec, first = FirstIndex(), stride = GridStride();
-  // Both below the stride, which is below 2^31 (one wave of blocks).
-  const int stride_rows = static_cast<int>(stride / units);
-  const int stride_units = static_cast<int>(stride - stride_rows * units);
-  int64_t r = first / units, u = first - r * units;
-  while (r < rows) {
-    op.template Apply<kVec>(r, u * kVec);
-    r += stride_rows;
-    u += stride_units;
-    if (u >= units) {
-      u -= units;
-      ++r;
-    }
-  }
-}
-
-template <int kVec, typename Op>
-absl::Status LaunchElements(cudaStream_t stream, const char* name, const Op& op, int64_t n) {
-  TY_ASSIGN_OR_RETURN(const unsigned int blocks,
-                      GridStrideBlocks(std::max(n / kVec, n % kVec), kThreads, kBlocksPerSm));
-  ElementsKernel<kVec, Op><<<blocks, kThreads, 0, stream>>>(op, n);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED(name);
-  return absl::OkStatus();
-}
-
-// 16-byte units when every pointer of the operation allows them.
-template <typename Op>
-absl::Status LaunchElements(cudaStream_t stream, const char* name, const Op& op, int64_t n,
-                            bool aligned) {
-  constexpr int kPack = kPackOf<typename Op::Elem>;
-  return aligned ? LaunchElements<kPack>(stream, name, op, n)
-                 : LaunchElements<1>(stream, name, op, n);
-}
-
-template <int kVec, typename Op>
-absl::Status LaunchRows(cudaStream_t stream, const char* name, const Op& op, int64_t rows,
-                        int64_t f) {
-  TY_ASSIGN_OR_RETURN(const unsigned int blocks,
-                      GridStrideBlocks(rows * (f / kVec), kThreads, kBlocksPerSm));
-  RowsKernel<kVec, Op><<<blocks, kThreads, 0, stream>>>(op, rows, f);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED(name);
-  return absl::OkStatus();
-}
-
-// 16-byte units when every pointer allows them and rows start on 16-byte boundaries.
-template <typename Op>
-absl::Status LaunchRows(cudaStream_t stream, const char* name, const Op& op, int64_t rows,
-                        int64_t f, bool aligned) {
-  constexpr int kPack = kPackOf<typename Op::Elem>;
-  return aligned && f % kPack == 0 ? LaunchRows<kPack>(stream, name, op, rows, f)
-                                   : LaunchRows<1>(stream, name, op, rows, f);
-}
 
 absl::Status CheckDType(DType dtype) {
   TY_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -5,55 +5,96 @@
 #include "kernels/cuda/column_partials.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/memory_bound.cuh"
 
 namespace trainyard::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr unsigned int kMaxBlocks = 1u << 16;  // the pointwise kernels loop over a grid stride
 // SumOfSquares: each of at most kMaxSquareBlocks blocks covers about kThreads · 8 elements.
 constexpr int64_t kSquareElementsPerBlock = kThreads * 8;
 constexpr int64_t kMaxSquareBlocks = 1024;
 
-unsigned int GridFor(int64_t n) { return std::min(BlocksFor(n, kThreads), kMaxBlocks); }
-
-__device__ __forceinline__ int64_t FirstIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
+// The pointwise operations, memory-bound: 16-byte accesses where every pointer allows them
+// (memory_bound.cuh's grid-stride kernels), each element read once and written once.
 // Same-index reads precede the write, so out may alias a or b.
 template <typename T>
-__global__ void AddKernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
-    out[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
+struct AddOp {
+  using Elem = T;
+  T* out;
+  const T* a;
+  const T* b;
+  template <int kVec>
+  __device__ __forceinline__ void Apply(int64_t i) const {
+    const Vec<T, kVec> x = LoadVec<T, kVec>(a + i), y = LoadVec<T, kVec>(b + i);
+    Vec<T, kVec> z;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) z.v[k] = FromFloat<T>(ToFloat(x.v[k]) + ToFloat(y.v[k]));
+    StoreVec(out + i, z);
   }
-}
+};
+
+// Row r, columns [j, j + kVec) of out[m, n] += bias[j, j + kVec).
+template <typename T>
+struct AddBiasOp {
+  using Elem = T;
+  T* out;
+  const float* bias;
+  int64_t n;
+  template <int kVec>
+  __device__ __forceinline__ void Apply(int64_t r, int64_t j) const {
+    T* at = out + r * n + j;
+    const Vec<T, kVec> x = LoadVec<T, kVec>(at);
+    const Vec<float, kVec> c = LoadVec<float, kVec>(bias + j);
+    Vec<T, kVec> y;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.v[k] = FromFloat<T>(ToFloat(x.v[k]) + c.v[k]);
+    StoreVec(at, y);
+  }
+};
 
 template <typename T>
-__global__ void AddBiasKernel(T* out, const float* bias, int64_t m, int64_t n) {
-  const int64_t count = m * n;
-  for (int64_t i = FirstIndex(); i < count; i += GridStride()) {
-    out[i] = FromFloat<T>(ToFloat(out[i]) + bias[i % n]);
+struct FillOp {
+  using Elem = T;
+  T* out;
+  float value;
+  template <int kVec>
+  __device__ __forceinline__ void Apply(int64_t i) const {
+    Vec<T, kVec> y;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.v[k] = FromFloat<T>(value);
+    StoreVec(out + i, y);
   }
-}
+};
 
-template <typename T>
-__global__ void FillKernel(T* out, float value, int64_t n) {
-  const T v = FromFloat<T>(value);
-  for (int64_t i = FirstIndex(); i < n; i += GridStride()) out[i] = v;
-}
+struct ScaleOp {
+  using Elem = float;
+  float* x;
+  float factor;
+  template <int kVec>
+  __device__ __forceinline__ void Apply(int64_t i) const {
+    Vec<float, kVec> v = LoadVec<float, kVec>(x + i);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v.v[k] *= factor;
+    StoreVec(x + i, v);
+  }
+};
 
-__global__ void ScaleKernel(float* x, int64_t n, float factor) {
-  for (int64_t i = FirstIndex(); i < n; i += GridStride()) x[i] *= factor;
-}
-
+// fp32 ↔ bf16: a unit is 8 elements, one 16-byte access of bf16 and two of fp32.
 template <typename Dst, typename Src>
-__global__ void ConvertKernel(Dst* dst, const Src* src, int64_t n) {
-  for (int64_t i = FirstIndex(); i < n; i += GridStride()) dst[i] = FromFloat<Dst>(ToFloat(src[i]));
-}
+struct ConvertOp {
+  using Elem = bf16;
+  Dst* dst;
+  const Src* src;
+  template <int kVec>
+  __device__ __forceinline__ void Apply(int64_t i) const {
+    const Vec<Src, kVec> x = LoadVec<Src, kVec>(src + i);
+    Vec<Dst, kVec> y;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y.v[k] = FromFloat<Dst>(ToFloat(x.v[k]));
+    StoreVec(dst + i, y);
+  }
+};
 
 // partials[chunk, j] = Σ over the chunk's rows, in row order, of dout[r, j].
 template <typename T>
@@ -149,10 +190,10 @@ absl::Status Add(cudaStream_t stream, DType dtype, void* out, const void* a, con
   TY_REQUIRE(n >= 0);
   if (n == 0) return absl::OkStatus();
   TY_REQUIRE(out != nullptr && a != nullptr && b != nullptr);
+  const bool aligned = Aligned16(out) && Aligned16(a) && Aligned16(b);
   TY_DISPATCH_DTYPE(dtype, T, {
-    AddKernel<T><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
-    TY_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
+    const AddOp<T> op{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b)};
+    TY_RETURN_IF_ERROR(LaunchElements(stream, "AddKernel", op, n, aligned));
   });
   return absl::OkStatus();
 }
@@ -163,9 +204,10 @@ absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* b
   TY_REQUIRE(m >= 0 && n >= 1);
   if (m == 0) return absl::OkStatus();
   TY_REQUIRE(out != nullptr && bias != nullptr);
+  const bool aligned = Aligned16(out) && Aligned16(bias);
   TY_DISPATCH_DTYPE(dtype, T, {
-    AddBiasKernel<T><<<GridFor(m * n), kThreads, 0, stream>>>(static_cast<T*>(out), bias, m, n);
-    TY_CUDA_RETURN_IF_LAUNCH_FAILED("AddBiasKernel");
+    const AddBiasOp<T> op{static_cast<T*>(out), bias, n};
+    TY_RETURN_IF_ERROR(LaunchRows(stream, "AddBiasKernel", op, m, n, aligned));
   });
   return absl::OkStatus();
 }
@@ -176,8 +218,8 @@ absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value, int6
   if (n == 0) return absl::OkStatus();
   TY_REQUIRE(out != nullptr);
   TY_DISPATCH_DTYPE(dtype, T, {
-    FillKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<T*>(out), value, n);
-    TY_CUDA_RETURN_IF_LAUNCH_FAILED("FillKernel");
+    const FillOp<T> op{static_cast<T*>(out), value};
+    TY_RETURN_IF_ERROR(LaunchElements(stream, "FillKernel", op, n, Aligned16(out)));
   });
   return absl::OkStatus();
 }
@@ -186,9 +228,7 @@ absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor) {
   TY_REQUIRE(n >= 0);
   if (n == 0) return absl::OkStatus();
   TY_REQUIRE(x != nullptr);
-  ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, factor);
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
-  return absl::OkStatus();
+  return LaunchElements(stream, "ScaleKernel", ScaleOp{x, factor}, n, Aligned16(x));
 }
 
 absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,
@@ -206,15 +246,13 @@ absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_t
   }
   // Element sizes differ, so converting in place would overwrite unread input.
   TY_REQUIRE(dst != src);
+  const bool aligned = Aligned16(dst) && Aligned16(src);
   if (dst_type == DType::kBF16) {
-    ConvertKernel<bf16, float><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<bf16*>(dst), static_cast<const float*>(src), n);
-  } else {
-    ConvertKernel<float, bf16><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<float*>(dst), static_cast<const bf16*>(src), n);
+    const ConvertOp<bf16, float> op{static_cast<bf16*>(dst), static_cast<const float*>(src)};
+    return LaunchElements(stream, "ConvertKernel", op, n, aligned);
   }
-  TY_CUDA_RETURN_IF_LAUNCH_FAILED("ConvertKernel");
-  return absl::OkStatus();
+  const ConvertOp<float, bf16> op{static_cast<float*>(dst), static_cast<const bf16*>(src)};
+  return LaunchElements(stream, "ConvertKernel", op, n, aligned);
 }
 
 int64_t ColumnSumScratchFloats(int64_t m, int64_t n) {

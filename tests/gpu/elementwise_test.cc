@@ -154,6 +154,46 @@ TEST(CudaElementwise, ConvertRoundsToNearestEvenAndCopies) {
   }
 }
 
+// The pointwise kernels move 16 bytes an access where every pointer allows it and one element
+// at a time otherwise: pointers one element past an allocation's start take the second path.
+TEST(CudaElementwise, PointwiseKernelsTakeMisalignedPointers) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(38);
+  const int64_t n = 4099;
+  for (DType dtype : kDTypes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t bytes = DTypeBytes(dtype);
+    std::vector<float> a = RandomActivation(n + 1, dtype, rng);
+    std::vector<float> b = RandomActivation(n + 1, dtype, rng);
+    DeviceTensor d_a(a, dtype), d_b(b, dtype), d_out(n + 1, dtype);
+    auto at1 = [bytes](const DeviceTensor& t) { return static_cast<char*>(t.get()) + bytes; };
+    ASSERT_TRUE(Add(nullptr, dtype, at1(d_out), at1(d_a), d_b.get(), n).ok());
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = a[i + 1] + b[i];
+    if (dtype == DType::kBF16) RoundToBf16(want);
+    std::vector<float> got = d_out.Read();
+    EXPECT_LE(RelativeError({got.begin() + 1, got.end()}, want), Tolerance(dtype)) << "add";
+
+    ASSERT_TRUE(Fill(nullptr, dtype, at1(d_out), 0.37f, n).ok());
+    got = d_out.Read();
+    std::vector<float> filled(n, 0.37f);
+    if (dtype == DType::kBF16) RoundToBf16(filled);
+    EXPECT_TRUE(Identical({got.begin() + 1, got.end()}, filled)) << "fill";
+  }
+  const std::vector<float> f32 = RandomVector(n + 1, rng, 3.0f);
+  std::vector<float> rounded(f32.begin() + 1, f32.end());
+  RoundToBf16(rounded);
+  DeviceTensor d_f32(f32, kF32), d_bf16(n, DType::kBF16);
+  ASSERT_TRUE(Convert(nullptr, DType::kBF16, d_bf16.get(), kF32, d_f32.f32() + 1, n).ok());
+  EXPECT_TRUE(Identical(d_bf16.Read(), rounded)) << "f32 -> bf16";
+  ASSERT_TRUE(Scale(nullptr, d_f32.f32() + 1, n, -0.5f).ok());
+  std::vector<float> scaled(f32.begin() + 1, f32.end());
+  for (float& v : scaled) v *= -0.5f;
+  const std::vector<float> after = d_f32.Read();
+  EXPECT_TRUE(Identical({after.begin() + 1, after.end()}, scaled)) << "scale";
+  EXPECT_EQ(after[0], f32[0]) << "scale wrote before its range";
+}
+
 TEST(CudaElementwise, ColumnSumsAccumulateLikeCpuAndAreDeterministic) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(35);
