@@ -218,6 +218,31 @@ absl::Status CrossEntropy(const BenchModel& m, const CaseContext& ctx, Row* row)
       restore);
 }
 
+// The residual stream's update, in place: x += y over every activation of a batch.
+absl::Status ResidualAdd(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const int64_t rows = m.batch * m.seq, c = m.config.width, n = rows * c;
+  row->shape = absl::StrCat(rows, " x ", c);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer x, Act(ctx, n, 17));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer y, Act(ctx, n, 18));
+  row->bytes = 3.0 * n * kAb;  // x and y in, x out
+  return Measure(
+      ctx, row, [&] { return kernels::cuda::Add(ctx.stream, kAct, x.get(), x.get(), y.get(), n); });
+}
+
+// A block weight's bf16 copy for the tensor cores (the MLP's first matrix), from its fp32
+// master.
+absl::Status WeightConvert(const BenchModel& m, const CaseContext& ctx, Row* row) {
+  const int64_t c = m.config.width, f = m.config.ffn_hidden;
+  const int64_t n = c * (m.config.family == config::ModelFamily::kGpt2 ? f : 2 * f);
+  row->shape = absl::StrCat(n / c, " x ", c, " fp32 -> bf16");
+  TY_ASSIGN_OR_RETURN(DeviceBuffer w, Floats(ctx, n, 19, 0.02f));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer copy, DeviceBuffer::Create(n * kAb));
+  row->bytes = 1.0 * n * (kFb + kAb);
+  return Measure(ctx, row, [&] {
+    return kernels::cuda::Convert(ctx.stream, kAct, copy.get(), DType::kF32, w.get(), n);
+  });
+}
+
 // One AdamW step over every parameter of the model, in its own tensor sizes.
 absl::Status AdamW(const BenchModel& m, const CaseContext& ctx, Row* row) {
   const worker::ParameterLayout layout(m.config);
@@ -399,6 +424,8 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   }
   cases.push_back({"cross-entropy fwd+bwd", [m](X x, Row* r) { return CrossEntropy(m, x, r); }});
   // The optimizer over GPT-2 124M's parameters (the AdamW case).
+  cases.push_back({"residual add", [m](X x, Row* r) { return ResidualAdd(m, x, r); }});
+  cases.push_back({"weight convert", [m](X x, Row* r) { return WeightConvert(m, x, r); }});
   if (gpt2) cases.push_back({"adamw step", [m](X x, Row* r) { return AdamW(m, x, r); }});
   if (gpt2) cases.push_back({"grad norm", [m](X x, Row* r) { return GradNorm(m, x, r); }});
   cases.push_back({"embedding bwd", [m](X x, Row* r) { return EmbeddingBackward(m, x, r); }});

@@ -292,6 +292,21 @@ def adamw(env, m):
     return shape, 0, 7.0 * n * FB, env.time(opt.step)
 
 
+def residual_add(env, m):
+    rows, c = m["batch"] * m["seq"], m["width"]
+    x, y = env.randn(rows, c), env.randn(rows, c)
+    return "%d x %d" % (rows, c), 0, 3.0 * rows * c * AB, env.time(lambda: x.add_(y))
+
+
+def weight_convert(env, m):
+    """A weight's copy in the activation type, as autocast makes it for a matmul."""
+    c, f = m["width"], m["ffn"]
+    rows = f if m["family"] == "gpt2" else 2 * f
+    w = env.randn(rows, c, dtype=torch.float32, scale=0.02)
+    return "%d x %d fp32 -> bf16" % (rows, c), 0, 1.0 * rows * c * (FB + AB), env.time(
+        lambda: w.to(env.act))
+
+
 def grad_norm(env, m):
     """The global gradient norm over GPT-2's tensors, as clip_grad_norm_ computes it (foreach)."""
     grads = [torch.randn(s, device=env.device) * 0.01 for s in gpt2_parameter_shapes(m)]
@@ -355,6 +370,10 @@ def cases_for(m):
         ("gelu fwd+bwd", lambda e: gelu(e, m)) if gpt2 else
         ("swiglu fwd+bwd", lambda e: swiglu(e, m)),
         ("cross-entropy fwd+bwd", lambda e: cross_entropy(e, m)),
+    ]
+    cases += [
+        ("residual add", lambda e: residual_add(e, m)),
+        ("weight convert", lambda e: weight_convert(e, m)),
     ]
     if gpt2:
         cases.append(("adamw step", lambda e: adamw(e, m)))
