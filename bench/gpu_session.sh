@@ -35,11 +35,23 @@ TIMELINE_BUDGET_S="${TIMELINE_BUDGET_S:-160}"
 UNPACKED="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-libs.XXXXXX")"
 TIMELINES=""  # the timeline part's records, removed on any exit as the libraries are
 trap 'rm -rf "$UNPACKED" ${TIMELINES:+"$TIMELINES"}' EXIT
-for packed in "$BUNDLE"/lib/*.xz; do
-  [[ -f "$packed" ]] || continue
+unpack() {  # packed.xz destination
   "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$packed" "$UNPACKED/$(basename "$packed" .xz)" || echo "cannot unpack $packed" >&2
+    "$1" "$2" || echo "cannot unpack $1" >&2
+}
+for packed in "$BUNDLE"/lib/*.xz; do
+  [[ -f "$packed" ]] && unpack "$packed" "$UNPACKED/$(basename "$packed" .xz)"
 done
+# The programs, the large ones unpacked beside the small ones.
+BIN="$UNPACKED/bin"
+mkdir -p "$BIN"
+for program in "$BUNDLE"/bin/*; do
+  case "$program" in
+    *.xz) unpack "$program" "$BIN/$(basename "$program" .xz)" ;;
+    *) cp "$program" "$BIN/" ;;
+  esac
+done
+chmod +x "$BIN"/*
 # NCCL's folder inside PyTorch's nvidia-nccl wheel, wherever this version of it puts it.
 NCCL_LIB="$("$PY" - 2>/dev/null <<'PYEOF' || true
 import glob, os, site
@@ -57,7 +69,7 @@ PYEOF
 )"
 LIBS="$BUNDLE/lib:$UNPACKED:${CUDA_HOME:-/usr/local/cuda}/lib64${NCCL_LIB:+:$NCCL_LIB}"
 export TRAINYARD_LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TRAINYARD_BIN_DIR="$BUNDLE/bin"
+export TRAINYARD_BIN_DIR="$BIN"
 export PYTHON="$PY"
 
 SESSION="$OUT/session.txt"
@@ -86,7 +98,7 @@ while read -r test; do
   fi
   t0=$SECONDS rc=0
   (cd "$work" && LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" \
-    timeout --kill-after=5 "$left" "$BUNDLE/bin/$test" --gtest_color=no) >"$work/log" 2>&1 || rc=$?
+    timeout --kill-after=5 "$left" "$BIN/$test" --gtest_color=no) >"$work/log" 2>&1 || rc=$?
   { echo "===== $test (at most ${left}s)"; cat "$work/log"
     echo "===== $test: exit $rc after $((SECONDS - t0))s"; } >>"$TESTS_LOG"
   if [[ $rc -ne 0 ]]; then
@@ -140,7 +152,7 @@ if [[ "$PARTS" == *" timeline "* ]]; then
           ${peak[@]+"${peak[@]}"})
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
     LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
-      "$BUNDLE/bin/trainyard-bench-gpu-train" "${args[@]}" --timeline "$tl/trainyard-$preset.json" \
+      "$BIN/trainyard-bench-gpu-train" "${args[@]}" --timeline "$tl/trainyard-$preset.json" \
       >>"$RAW" 2>&1 || bench_status=1
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
     timeout "$left" "$PY" "$BUNDLE/bench/torch_gpu_train.py" "${args[@]}" \
