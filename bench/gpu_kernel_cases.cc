@@ -423,9 +423,9 @@ std::vector<Case> CasesFor(const BenchModel& model) {
     cases.push_back({"swiglu fwd+bwd", [m](X x, Row* r) { return Swiglu(m, x, r); }});
   }
   cases.push_back({"cross-entropy fwd+bwd", [m](X x, Row* r) { return CrossEntropy(m, x, r); }});
-  // The optimizer over GPT-2 124M's parameters (the AdamW case).
   cases.push_back({"residual add", [m](X x, Row* r) { return ResidualAdd(m, x, r); }});
   cases.push_back({"weight convert", [m](X x, Row* r) { return WeightConvert(m, x, r); }});
+  // The optimizer over GPT-2 124M's parameters, and their gradient norm.
   if (gpt2) cases.push_back({"adamw step", [m](X x, Row* r) { return AdamW(m, x, r); }});
   if (gpt2) cases.push_back({"grad norm", [m](X x, Row* r) { return GradNorm(m, x, r); }});
   cases.push_back({"embedding bwd", [m](X x, Row* r) { return EmbeddingBackward(m, x, r); }});

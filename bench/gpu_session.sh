@@ -35,9 +35,9 @@ TIMELINE_BUDGET_S="${TIMELINE_BUDGET_S:-160}"
 UNPACKED="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-gpu-libs.XXXXXX")"
 TIMELINES=""  # the timeline part's records, removed on any exit as the libraries are
 trap 'rm -rf "$UNPACKED" ${TIMELINES:+"$TIMELINES"}' EXIT
-unpack() {  # packed.xz destination
+unpack() {  # packed.xz destination; nothing is left at the destination when it fails
   "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$1" "$2" || echo "cannot unpack $1" >&2
+    "$1" "$2" || { echo "cannot unpack $1" >&2; rm -f "$2"; }
 }
 for packed in "$BUNDLE"/lib/*.xz; do
   [[ -f "$packed" ]] && unpack "$packed" "$UNPACKED/$(basename "$packed" .xz)"
@@ -46,12 +46,13 @@ done
 BIN="$UNPACKED/bin"
 mkdir -p "$BIN"
 for program in "$BUNDLE"/bin/*; do
+  [[ -f "$program" ]] || continue
   case "$program" in
     *.xz) unpack "$program" "$BIN/$(basename "$program" .xz)" ;;
     *) cp "$program" "$BIN/" ;;
   esac
 done
-chmod +x "$BIN"/*
+chmod +x "$BIN"/* 2>/dev/null
 # NCCL's folder inside PyTorch's nvidia-nccl wheel, wherever this version of it puts it.
 NCCL_LIB="$("$PY" - 2>/dev/null <<'PYEOF' || true
 import glob, os, site

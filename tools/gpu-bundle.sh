@@ -13,8 +13,8 @@
 #   TRAINYARD_BUILD_LOCK (when set, a file every build step holds with flock),
 #   MAX_BUNDLE_MIB (default 64: a larger bundle is an error).
 # OUT_DIR is created, or replaced when it holds an earlier bundle; any other existing non-empty
-# folder is refused. Layout: bin/ (tests and benchmarks, stripped), lib/ (in both, those over
-# 1 MiB xz-compressed), bench/ (the drivers, the PyTorch peers, gpu_session.sh), gpu_tests.list,
+# folder is refused. Layout: bin/ (tests and benchmarks, stripped) and lib/ (files over 1 MiB
+# xz-compressed in both), bench/ (the drivers, the PyTorch peers, gpu_session.sh), gpu_tests.list,
 # BUNDLE_INFO.
 # On the GPU machine: OUT_DIR/bench/gpu_session.sh (outputs in $OUT, see that script).
 set -euo pipefail

@@ -1018,9 +1018,8 @@ absl::StatusOr<double> Model::StageLoss(int chunk, const int32_t* inputs, const 
     TY_RETURN_IF_ERROR(backend_->Synchronize());
     return 0.0;
   }
-  std::unique_ptr<DeviceSum> loss = backend_->NewDeviceSum();
-  TY_RETURN_IF_ERROR(ChunkedLoss(0.0f, /*with_grad=*/false, loss.get()));
-  return loss->Take();
+  TY_RETURN_IF_ERROR(ChunkedLoss(0.0f, /*with_grad=*/false, eval_loss_.get()));
+  return eval_loss_->Take();
 }
 
 void Model::SelectSlot(StageSlot at) {

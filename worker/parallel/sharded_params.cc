@@ -473,6 +473,15 @@ int64_t ShardedParams::StateOffset(const Group& g, int64_t local) const {
 }
 
 void ShardedParams::QueueGradientSquares() {
+  if (squares_queued_) {  // queued by a step that ended before its norm: not this step's
+    (void)squares_->Take();
+    (void)expert_squares_->Take();
+  }
+  AddGradientSquares();
+  squares_queued_ = true;
+}
+
+void ShardedParams::AddGradientSquares() {
   // Global gradient norm: each rank sums the squares it owns (all of it at stage 0, where every
   // data-parallel rank holds the same reduced gradient); tensors replicated across the tensor-
   // parallel group are counted by its rank 0 only.
@@ -497,11 +506,10 @@ void ShardedParams::QueueGradientSquares() {
   if (!owned_experts.empty()) backend_->AddSumOfSquares(owned_experts, expert_squares_.get());
   squares_->StartRead();
   expert_squares_->StartRead();
-  squares_queued_ = true;
 }
 
 absl::StatusOr<double> ShardedParams::GradientNorm(std::span<double> batch_sums) {
-  if (!std::exchange(squares_queued_, false)) QueueGradientSquares();
+  if (!std::exchange(squares_queued_, false)) AddGradientSquares();
   TY_ASSIGN_OR_RETURN(double sumsq, squares_->Take());
   TY_ASSIGN_OR_RETURN(double experts_sumsq, expert_squares_->Take());
   if (options_.zero_stage == 0 && experts_.ep != nullptr) {

@@ -191,6 +191,9 @@ class ShardedParams final : public ParamSource {
   // Adds the finished reduce-scatters' results into the owned gradient chunks, in launch order;
   // with `wait`, waits for all of them. Training thread only.
   void AccumulateReduced(bool wait);
+  // The squares of the gradients this rank counts into squares_ and expert_squares_, their
+  // reads started.
+  void AddGradientSquares();
   void UpdateTransient(int64_t delta);  // any thread
   size_t NewTimelineSlot();
   void MarkDone(size_t slot);  // any thread
