@@ -353,16 +353,28 @@ class CudaBackend final : public Backend {
              const AdamWParams& p) override {
     AdamWMulti({{param, grad, m, v, n, p.weight_decay}}, p);
   }
+  // Every kept weight copy goes stale, but those of the tensors updated whole here: the update
+  // writes them too.
   void AdamWMulti(const std::vector<AdamWTensor>& tensors, AdamWParams p) override {
-    ++weights_epoch_;
+    const uint64_t updated = ++weights_epoch_;
     std::vector<kc::AdamWTensor> list;
+    std::vector<KeptWeight*> rewritten;
     list.reserve(tensors.size());
     for (const AdamWTensor& t : tensors) {
-      if (t.n > 0) list.push_back({t.param, t.grad, t.m, t.v, t.n, t.weight_decay});
+      if (t.n <= 0) continue;
+      kc::AdamWTensor& k =
+          list.emplace_back(kc::AdamWTensor{t.param, t.grad, t.m, t.v, t.n, t.weight_decay});
+      auto it = kept_.find(t.param);
+      if (it != kept_.end() && it->second.count == t.n && it->second.copy.size() == t.n) {
+        k.bf16_copy = it->second.copy.data();
+        rewritten.push_back(&it->second);
+      }
     }
     if (list.empty()) return;
     Run(kc::MultiTensorAdamW(stream_, list,
                              kc::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.step, p.grad_scale}));
+    if (!status_.ok()) return;
+    for (KeptWeight* kept : rewritten) kept->epoch = updated;
   }
   double SumOfSquares(const float* x, int64_t n) override {
     auto* reduce = static_cast<double*>(
@@ -504,7 +516,7 @@ class CudaBackend final : public Backend {
 
   // A sum on the device: the per-row losses of each SoftmaxCrossEntropy call and the per-range
   // sums of each AddSumOfSquares call since the last Take. The host sums what it reads in the
-  // order the CPU backend adds: each call's rows in order, in double, then the terms in order.
+  // order the CPU backend adds: each call's rows (or terms) in order, in double, then the calls.
   // The device buffers grow in stream order and are kept from step to step, and the read goes
   // into pinned host memory behind an event, so that StartRead does not wait.
   class RowSums final : public DeviceSum {
@@ -562,7 +574,12 @@ class CudaBackend final : public Backend {
         total += call;
       }
       double squares = 0.0;
-      for (int64_t i = 0; i < read_terms_; ++i) squares += terms[i];
+      int64_t i = 0;
+      for (const int64_t end : term_ends_) {
+        double call = 0.0;
+        for (; i < end; ++i) call += terms[i];
+        squares += call;
+      }
       row_ends_.clear();
       term_ends_.clear();
       reading_ = false;

@@ -4,6 +4,7 @@
 #include "common/status.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device_math.cuh"
 
 namespace trainyard::kernels::cuda {
 namespace {
@@ -22,6 +23,7 @@ struct DeviceTensor {
   float* v;
   int64_t n;
   float decay;  // 1 − lr·weight_decay, computed on the host as the CPU reference does
+  bf16* copy;   // null, or where the updated parameter goes in bf16
 };
 
 // One launch's worth of tensors. Tensor i owns blocks [first_block[i], first_block[i + 1]).
@@ -49,8 +51,10 @@ __global__ void MultiTensorAdamWKernel(const LaunchArgs args) {
     const float v = args.beta2 * t.v[j] + (1.0f - args.beta2) * g * g;
     t.m[j] = m;
     t.v[j] = v;
-    t.param[j] =
+    const float p =
         t.param[j] * t.decay - args.step_size * m / (sqrtf(v) * args.inv_sqrt_bc2 + args.eps);
+    t.param[j] = p;
+    if (t.copy != nullptr) t.copy[j] = FromFloat<bf16>(p);
   }
 }
 
@@ -104,7 +108,8 @@ absl::Status MultiTensorAdamW(cudaStream_t stream, const std::vector<AdamWTensor
       TY_RETURN_IF_ERROR(launch());
     }
     const float decay = 1.0f - hyper.lr * t.weight_decay;
-    args.tensors[args.count] = {t.param, t.grad, t.m, t.v, t.n, decay};
+    args.tensors[args.count] = {
+        t.param, t.grad, t.m, t.v, t.n, decay, static_cast<bf16*>(t.bf16_copy)};
     args.first_block[args.count] = blocks;
     ++args.count;
     blocks += tensor_blocks;

@@ -1,6 +1,7 @@
 // Multi-tensor AdamW on the GPU: one launch updates every tensor of a list (fp32 parameters,
 // gradients and moments), with the global-norm clipping factor applied to each gradient as it
-// is read, so clipping costs no pass of its own. Semantics match kernels/cpu/adamw.h.
+// is read, so clipping costs no pass of its own, and a tensor's bf16 copy written as its
+// parameter is, so keeping one costs no pass either. Semantics match kernels/cpu/adamw.h.
 #ifndef TRAINYARD_KERNELS_CUDA_ADAMW_H_
 #define TRAINYARD_KERNELS_CUDA_ADAMW_H_
 
@@ -20,6 +21,9 @@ struct AdamWTensor {
   float* v;
   int64_t n;
   float weight_decay;  // 0 for tensors that are not decayed
+  // When set, n bf16 values: the updated parameter rounded to nearest even, written in the
+  // same pass (the tensor cores' copy of a weight, without a conversion pass of its own).
+  void* bf16_copy = nullptr;
 };
 
 struct AdamWHyper {

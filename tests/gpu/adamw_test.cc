@@ -1,6 +1,7 @@
 // The CUDA multi-tensor AdamW against kernels/cpu/adamw: one, three and a hundred tensors (more
 // than one launch holds), sizes from 1 to 1,000,003, decayed and undecayed tensors, with and
-// without a clipping factor, at the first step and a later one.
+// without a clipping factor, at the first step and a later one; every other tensor with its bf16
+// copy written in the same pass.
 #include "kernels/cuda/adamw.h"
 
 #include <cstdint>
@@ -19,6 +20,7 @@ using testing::DeviceMemory;
 using testing::Download;
 using testing::RandomVector;
 using testing::RelativeError;
+using testing::RoundToBf16;
 using testing::Tolerance;
 using testing::Upload;
 
@@ -30,6 +32,7 @@ struct Tensor {
   float weight_decay;
   std::vector<float> param, grad, m, v;
   std::unique_ptr<DeviceMemory> d_param, d_grad, d_m, d_v;
+  std::unique_ptr<DeviceMemory> d_copy;  // every other tensor's bf16 copy
 };
 
 std::unique_ptr<DeviceMemory> ToDevice(const std::vector<float>& host) {
@@ -71,8 +74,10 @@ void CheckUpdate(int count, float grad_scale, int64_t step) {
     const float weight_decay = tensors.size() % 2 == 0 ? 0.1f : 0.0f;
     tensors.push_back(MakeTensor(n, weight_decay, rng));
     Tensor& t = tensors.back();
+    if (tensors.size() % 2 == 1) t.d_copy = std::make_unique<DeviceMemory>(n * 2);
     args.push_back({t.d_param->as<float>(), t.d_grad->as<float>(), t.d_m->as<float>(),
-                    t.d_v->as<float>(), n, weight_decay});
+                    t.d_v->as<float>(), n, weight_decay,
+                    t.d_copy != nullptr ? t.d_copy->get() : nullptr});
   }
   const absl::Status status =
       MultiTensorAdamW(nullptr, args, AdamWHyper{kLr, kBeta1, kBeta2, kEps, step, grad_scale});
@@ -89,7 +94,12 @@ void CheckUpdate(int count, float grad_scale, int64_t step) {
     for (float& x : g) x *= grad_scale;
     cpu::AdamWUpdate(t.param.data(), g.data(), t.m.data(), t.v.data(), t.n,
                      cpu::AdamWStep{kLr, kBeta1, kBeta2, kEps, t.weight_decay, step});
-    EXPECT_LE(RelativeError(Download(t.d_param->get(), t.n, DType::kF32), t.param), tolerance);
+    std::vector<float> updated = Download(t.d_param->get(), t.n, DType::kF32);
+    EXPECT_LE(RelativeError(updated, t.param), tolerance);
+    if (t.d_copy != nullptr) {  // the device's own update, rounded to nearest even
+      RoundToBf16(updated);
+      EXPECT_TRUE(Download(t.d_copy->get(), t.n, DType::kBF16) == updated) << "bf16 copy";
+    }
     EXPECT_LE(RelativeError(Download(t.d_m->get(), t.n, DType::kF32), t.m), tolerance);
     EXPECT_LE(RelativeError(Download(t.d_v->get(), t.n, DType::kF32), t.v), tolerance);
     // The gradient is read, never written.

@@ -30,6 +30,7 @@
 #if TRAINYARD_CUDA_EMU
 namespace trainyard::emu {
 int64_t HostWaits();  // tools/cuda_emu/emu.h: the times the host waited for the device
+int64_t Launches();   // and the kernels it launched
 }  // namespace trainyard::emu
 #endif
 
@@ -184,10 +185,6 @@ TEST(ModelOnGpuSteps, MicroBatchesReadTheirLossOnce) {
   EXPECT_LE(L2Relative(gg.data(), cg.data(), cm.num_params()), 1e-4);
 }
 
-// bf16 activations keep the blocks' weights converted between uses (Backend::KeepWeightCopy):
-// every way a weight changes is seen. After parameters loaded from the host, an AdamW step on
-// the device, and a write the backend does not see (followed by WeightsChanged), the GPU loss
-// follows the CPU's, and moves as far as the CPU's does (a stale copy would keep the old loss).
 // The end of a training step as a rank runs it: after two micro-batches, the gradients'
 // squares queued with their read started, then the loss read, then the squares and the pass
 // timers: each sum has the bits it has when read alone, and on the emulated device (which counts
@@ -245,6 +242,10 @@ TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
   }
 }
 
+// bf16 activations keep the blocks' weights converted between uses (Backend::KeepWeightCopy):
+// every way a weight changes is seen. After parameters loaded from the host, an AdamW step on
+// the device, and a write the backend does not see (followed by WeightsChanged), the GPU loss
+// follows the CPU's, and moves as far as the CPU's does (a stale copy would keep the old loss).
 TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   TY_SKIP_WITHOUT_GPU();
   const config::ModelConfig mc = *config::Preset("llama-debug");
@@ -312,6 +313,63 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   gpu.WeightsChanged();
   after = losses();
   expect_follows(before, after, "a communicator's write");
+}
+
+// An AdamW step tensor by tensor, as the sharded parameters run it, writes each kept weight's
+// bf16 copy as it updates the weight: the loss then follows the CPU's, and on the emulated
+// device the passes after it launch no conversion (as many kernels as before the step).
+TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
+  TY_SKIP_WITHOUT_GPU();
+  const config::ModelConfig mc = *config::Preset("llama-debug");
+  auto pair = MakeModelPair(mc, DType::kBF16);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  LocalModel& cm = *pair->cpu_model;
+  LocalModel& gm = *pair->gpu_model;
+  const int b = 2, t = 48;
+  const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 6);
+  const float scale = 1.0f / (b * t);
+  auto losses = [&]() -> std::pair<double, double> {
+    cm.ZeroGradients();
+    gm.ZeroGradients();
+    auto c = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    auto g = gm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+    EXPECT_TRUE(c.ok() && g.ok());
+    return {c.ok() ? *c : NAN, g.ok() ? *g : NAN};
+  };
+  losses();  // converts every kept weight once
+#if TRAINYARD_CUDA_EMU
+  int64_t launches = emu::Launches();
+#endif
+  const auto before = losses();
+#if TRAINYARD_CUDA_EMU
+  const int64_t unchanged = emu::Launches() - launches;
+#endif
+  const int64_t n = cm.num_params();
+  Buffer<float> cpu_m = pair->cpu->AllocFloat(n), cpu_v = pair->cpu->AllocFloat(n);
+  Buffer<float> gpu_m = pair->gpu->AllocFloat(n), gpu_v = pair->gpu->AllocFloat(n);
+  std::vector<Backend::AdamWTensor> cpu_list, gpu_list;
+  for (const ParamTensor& p : cm.layout().tensors()) {
+    const int64_t o = p.offset;
+    cpu_list.push_back(
+        {cm.params() + o, cm.grads() + o, cpu_m.data() + o, cpu_v.data() + o, p.numel, 0.0f});
+    gpu_list.push_back(
+        {gm.params() + o, gm.grads() + o, gpu_m.data() + o, gpu_v.data() + o, p.numel, 0.0f});
+  }
+  const AdamWParams adamw{
+      .lr = 0.02f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f, .step = 1};
+  pair->cpu->AdamWMulti(cpu_list, adamw);
+  pair->gpu->AdamWMulti(gpu_list, adamw);
+#if TRAINYARD_CUDA_EMU
+  launches = emu::Launches();
+#endif
+  const auto after = losses();
+#if TRAINYARD_CUDA_EMU
+  EXPECT_EQ(emu::Launches() - launches, unchanged) << "the passes converted a weight again";
+#endif
+  EXPECT_LE(std::abs(after.second - after.first) / after.first, 3e-2);
+  const double moved = after.first - before.first;
+  ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the step must move the loss";
+  EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
 }
 
 INSTANTIATE_TEST_SUITE_P(

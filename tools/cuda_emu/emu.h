@@ -99,6 +99,8 @@ int LaneId();
 // only when that work had not been waited for already, as a device would make the host wait.
 // Memory from cudaMallocHost is pinned; host memory from anywhere else is pageable.
 int64_t HostWaits();
+// Kernel launches by the calling host thread.
+int64_t Launches();
 
 }  // namespace trainyard::emu
 
