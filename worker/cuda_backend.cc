@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +76,7 @@ class CudaBackend final : public Backend {
       if (s.ptr != nullptr) cudaFree(s.ptr);
     }
     gemm_.reset();
+    upload_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -440,7 +443,10 @@ class CudaBackend final : public Backend {
     return [stream](void* p) { cudaFreeAsync(p, stream); };
   }
   void ToDevice(void* dst, const void* src, int64_t bytes) {
-    if (bytes > 0) Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "H2D");
+    if (bytes <= 0) return;
+    if (upload_ == nullptr) upload_ = std::make_unique<UploadRing>(this);
+    if (upload_->Upload(dst, src, bytes)) return;
+    Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "H2D");
   }
   void ToHost(void* dst, const void* src, int64_t bytes) {
     if (bytes <= 0) return;
@@ -638,6 +644,90 @@ class CudaBackend final : public Backend {
     int64_t read_rows_ = 0, read_terms_ = 0;
   };
 
+  // Host-to-device copies of up to kMaxBytes go through pinned memory: from pageable memory the
+  // driver may synchronise with the stream before it copies, and every micro-batch's token ids
+  // cross here. A copy's space in the ring is reused once the copy has run (an event each); the
+  // host waits only when it is a whole ring ahead of the device.
+  class UploadRing {
+   public:
+    static constexpr size_t kBytes = size_t{8} << 20;
+    static constexpr size_t kMaxBytes = kBytes / 4;  // larger copies (weight loads) go directly
+
+    explicit UploadRing(CudaBackend* backend) : backend_(backend) {}
+    ~UploadRing() {
+      for (const Region& r : in_flight_) {
+        cudaEventSynchronize(r.done);
+        cudaEventDestroy(r.done);
+      }
+      for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+      if (base_ != nullptr) cudaFreeHost(base_);
+    }
+    // Queues the copy of `bytes` from `src` to `dst` through the ring; false (nothing queued)
+    // when it is too large or the ring cannot be had.
+    bool Upload(void* dst, const void* src, int64_t bytes) {
+      const auto size = static_cast<size_t>(bytes);
+      if (size > kMaxBytes) return false;
+      if (base_ == nullptr && cudaMallocHost(&base_, kBytes) != cudaSuccess) {
+        base_ = nullptr;
+        cudaGetLastError();  // not sticky: the copy goes directly instead
+        return false;
+      }
+      const size_t at = head_ + size <= kBytes ? head_ : 0;
+      Reclaim(at, size);
+      std::memcpy(static_cast<char*>(base_) + at, src, size);
+      backend_->Record(cudaMemcpyAsync(dst, static_cast<char*>(base_) + at, size,
+                                       cudaMemcpyHostToDevice, backend_->stream_),
+                       "H2D");
+      cudaEvent_t done = nullptr;
+      if (spare_.empty()) {
+        backend_->Record(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                         "cudaEventCreate");
+      } else {
+        done = spare_.back();
+        spare_.pop_back();
+      }
+      if (done != nullptr) {
+        backend_->Record(cudaEventRecord(done, backend_->stream_), "cudaEventRecord");
+        in_flight_.push_back({at, size, done});
+      }
+      head_ = (at + size + 255) / 256 * 256;  // the next copy starts 256-byte aligned
+      return true;
+    }
+
+   private:
+    struct Region {
+      size_t at, size;
+      cudaEvent_t done;  // recorded after the copy that reads the region
+    };
+
+    // Frees the ring's space [at, at + size): the copies that are done give theirs back, and if
+    // one still pending overlaps it, the host waits for the newest such (the stream runs them
+    // in order, so every earlier one is done then too).
+    void Reclaim(size_t at, size_t size) {
+      while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done) == cudaSuccess) {
+        Recycle();
+      }
+      size_t last = in_flight_.size();
+      for (size_t i = 0; i < in_flight_.size(); ++i) {
+        const Region& r = in_flight_[i];
+        if (r.at < at + size && at < r.at + r.size) last = i;
+      }
+      if (last == in_flight_.size()) return;
+      backend_->Record(cudaEventSynchronize(in_flight_[last].done), "cudaEventSynchronize");
+      for (size_t i = 0; i <= last; ++i) Recycle();
+    }
+    void Recycle() {
+      spare_.push_back(in_flight_.front().done);
+      in_flight_.pop_front();
+    }
+
+    CudaBackend* backend_;
+    void* base_ = nullptr;          // kBytes of pinned memory
+    size_t head_ = 0;               // where the next copy goes, if it fits before the end
+    std::deque<Region> in_flight_;  // in the order queued
+    std::vector<cudaEvent_t> spare_;
+  };
+
   // Spans timed with CUDA events on the stream, read when taken; the events are reused from
   // step to step.
   class EventTimer final : public DeviceTimer {
@@ -711,6 +801,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_;
+  std::unique_ptr<UploadRing> upload_;  // made at the first host-to-device copy
   std::array<Block, static_cast<int>(Scratch::kCount)> scratch_{};
   absl::Status status_;
 };

@@ -446,7 +446,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind)
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind,
                             cudaStream_t) {
   const cudaError_t err = Copy(dst, src, count);
-  if (count > 0 && trainyard::emu::Pageable(dst)) WaitFor(trainyard::emu::g_queued);
+  if (count > 0 && (trainyard::emu::Pageable(dst) || trainyard::emu::Pageable(src))) {
+    WaitFor(trainyard::emu::g_queued);
+  }
   return err;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
@@ -505,6 +507,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   event->work = trainyard::emu::g_queued;
   return cudaSuccess;
 }
+// Every queued operation has run by the time a call returns here, so an event is always done;
+// asking is not waiting.
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   WaitFor(event->work);
   return cudaSuccess;

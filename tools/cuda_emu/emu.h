@@ -95,7 +95,8 @@ int LaneId();
 
 // How many times the calling host thread has waited for the device: every call that blocks
 // until work queued before it has run (a stream, device or event synchronisation, a synchronous
-// cudaMemcpy, a cudaMemcpyAsync into pageable host memory, cudaFree and cudaFreeHost), counted
+// cudaMemcpy, a cudaMemcpyAsync to or from pageable host memory (from it, the driver may
+// synchronise with the stream before staging the copy), cudaFree and cudaFreeHost), counted
 // only when that work had not been waited for already, as a device would make the host wait.
 // Memory from cudaMallocHost is pinned; host memory from anywhere else is pageable.
 int64_t HostWaits();
