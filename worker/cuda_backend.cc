@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
     uint64_t keep = UINT64_MAX;
     TY_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     TY_ASSIGN_OR_RETURN(be->gemm_, kc::Gemm::Create());
+    be->upload_ = std::make_unique<UploadRing>(be.get());
     return std::unique_ptr<Backend>(std::move(be));
   }
 
@@ -444,7 +445,6 @@ class CudaBackend final : public Backend {
   }
   void ToDevice(void* dst, const void* src, int64_t bytes) {
     if (bytes <= 0) return;
-    if (upload_ == nullptr) upload_ = std::make_unique<UploadRing>(this);
     if (upload_->Upload(dst, src, bytes)) return;
     Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "H2D");
   }
@@ -527,7 +527,7 @@ class CudaBackend final : public Backend {
   // into pinned host memory behind an event, so that StartRead does not wait.
   class RowSums final : public DeviceSum {
    public:
-    explicit RowSums(CudaBackend* backend) : backend_(backend) {}
+    explicit RowSums(CudaBackend* backend) : backend_(backend), rows_(backend), terms_(backend) {}
     ~RowSums() override {
       if (read_ != nullptr) {
         cudaEventSynchronize(read_);
@@ -537,7 +537,7 @@ class CudaBackend final : public Backend {
     }
     void AddHost(double value) override { host_ += value; }
     void StartRead() override {
-      const int64_t rows = Used(row_ends_), terms = Used(term_ends_);
+      const int64_t rows = rows_.used(), terms = terms_.used();
       const size_t bytes = terms * sizeof(double) + rows * sizeof(float);
       if (bytes > pinned_bytes_ && !GrowPinned(bytes)) return;  // the error is recorded
       if (read_ == nullptr) {
@@ -546,72 +546,74 @@ class CudaBackend final : public Backend {
         if (read_ == nullptr) return;
       }
       auto* host_terms = static_cast<double*>(pinned_);
-      auto* host_rows = reinterpret_cast<float*>(host_terms + terms);
-      cudaStream_t stream = backend_->stream_;
-      if (terms > 0) {
-        backend_->Record(cudaMemcpyAsync(host_terms, terms_.data(), terms * sizeof(double),
-                                         cudaMemcpyDeviceToHost, stream),
-                         "D2H");
-      }
-      if (rows > 0) {
-        backend_->Record(cudaMemcpyAsync(host_rows, rows_.data(), rows * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream),
-                         "D2H");
-      }
-      backend_->Record(cudaEventRecord(read_, stream), "cudaEventRecord");
+      terms_.Read(host_terms);
+      rows_.Read(reinterpret_cast<float*>(host_terms + terms));
+      backend_->Record(cudaEventRecord(read_, backend_->stream_), "cudaEventRecord");
       read_rows_ = rows;
       read_terms_ = terms;
-      reading_ = true;
     }
     absl::StatusOr<double> Take() override {
-      if (!reading_ || read_rows_ != Used(row_ends_) || read_terms_ != Used(term_ends_)) {
-        StartRead();
-      }
+      if (read_rows_ != rows_.used() || read_terms_ != terms_.used()) StartRead();
       if (read_ != nullptr) backend_->Record(cudaEventSynchronize(read_), "cudaEventSynchronize");
       backend_->Record(cudaGetLastError(), "cudaGetLastError");
       TY_RETURN_IF_ERROR(backend_->status_);
       const auto* terms = static_cast<const double*>(pinned_);
-      const auto* rows = reinterpret_cast<const float*>(terms + read_terms_);
-      double total = 0.0;
-      int64_t r = 0;
-      for (const int64_t end : row_ends_) {
-        double call = 0.0;
-        for (; r < end; ++r) call += rows[r];
-        total += call;
-      }
-      double squares = 0.0;
-      int64_t i = 0;
-      for (const int64_t end : term_ends_) {
-        double call = 0.0;
-        for (; i < end; ++i) call += terms[i];
-        squares += call;
-      }
-      row_ends_.clear();
-      term_ends_.clear();
-      reading_ = false;
-      return total + squares + std::exchange(host_, 0.0);
+      const double total = rows_.TakeSum(reinterpret_cast<const float*>(terms + read_terms_)) +
+                           terms_.TakeSum(terms);
+      read_rows_ = read_terms_ = -1;
+      return total + std::exchange(host_, 0.0);
     }
     // Room for one call's `count` row losses, or its `count` terms.
-    float* Reserve(int64_t count) { return Grow(rows_, row_ends_, count); }
-    double* ReserveTerms(int64_t count) { return Grow(terms_, term_ends_, count); }
+    float* Reserve(int64_t count) { return rows_.Reserve(count); }
+    double* ReserveTerms(int64_t count) { return terms_.Reserve(count); }
 
    private:
-    static int64_t Used(const std::vector<int64_t>& ends) { return ends.empty() ? 0 : ends.back(); }
-
+    // One kind of term: the calls' values one after another on the device, each call's end.
     template <typename T>
-    T* Grow(Buffer<T>& buffer, std::vector<int64_t>& ends, int64_t count) {
-      const int64_t used = Used(ends);
-      if (used + count > buffer.size()) {
-        const int64_t size = std::max(2 * buffer.size(), used + count);
-        Buffer<T> grown(static_cast<T*>(backend_->Alloc(size * sizeof(T))), size, backend_->Free());
-        if (grown.data() != nullptr && used > 0) {
-          backend_->DeviceCopy(grown.data(), buffer.data(), used * sizeof(T));
+    class Calls {
+     public:
+      explicit Calls(CudaBackend* backend) : backend_(backend) {}
+      int64_t used() const { return ends_.empty() ? 0 : ends_.back(); }
+      T* Reserve(int64_t count) {
+        const int64_t used = this->used();
+        if (used + count > buffer_.size()) {
+          const int64_t size = std::max(2 * buffer_.size(), used + count);
+          Buffer<T> grown(static_cast<T*>(backend_->Alloc(size * sizeof(T))), size,
+                          backend_->Free());
+          if (grown.data() != nullptr && used > 0) {
+            backend_->DeviceCopy(grown.data(), buffer_.data(), used * sizeof(T));
+          }
+          buffer_ = std::move(grown);  // freed in stream order, after the copy
         }
-        buffer = std::move(grown);  // freed in stream order, after the copy
+        ends_.push_back(used + count);
+        return buffer_.data() == nullptr ? nullptr : buffer_.data() + used;
       }
-      ends.push_back(used + count);
-      return buffer.data() == nullptr ? nullptr : buffer.data() + used;
-    }
+      // Queues the copy of every value to `host` (pinned).
+      void Read(T* host) const {
+        if (used() == 0) return;
+        backend_->Record(cudaMemcpyAsync(host, buffer_.data(), used() * sizeof(T),
+                                         cudaMemcpyDeviceToHost, backend_->stream_),
+                         "D2H");
+      }
+      // Σ over the calls of each call's values summed in order (in double), from `host` as
+      // Read left it; then no calls.
+      double TakeSum(const T* host) {
+        double total = 0.0;
+        int64_t i = 0;
+        for (const int64_t end : ends_) {
+          double call = 0.0;
+          for (; i < end; ++i) call += host[i];
+          total += call;
+        }
+        ends_.clear();
+        return total;
+      }
+
+     private:
+      CudaBackend* backend_;
+      Buffer<T> buffer_;
+      std::vector<int64_t> ends_;  // each call's end in buffer_
+    };
 
     // Room for `bytes` of pinned memory, after any read into the old one is done.
     bool GrowPinned(size_t bytes) {
@@ -633,15 +635,14 @@ class CudaBackend final : public Backend {
     }
 
     CudaBackend* backend_;
-    Buffer<float> rows_;
-    Buffer<double> terms_;
-    std::vector<int64_t> row_ends_, term_ends_;  // each call's end in rows_ and terms_
+    Calls<float> rows_;
+    Calls<double> terms_;
     double host_ = 0.0;
     void* pinned_ = nullptr;  // the last read: its terms, then its rows
     size_t pinned_bytes_ = 0;
     cudaEvent_t read_ = nullptr;  // recorded after the last read's copies
-    bool reading_ = false;        // a read started since the last Take
-    int64_t read_rows_ = 0, read_terms_ = 0;
+    // What the read started since the last Take covers (-1: none started).
+    int64_t read_rows_ = -1, read_terms_ = -1;
   };
 
   // Host-to-device copies of up to kMaxBytes go through pinned memory: from pageable memory the
@@ -801,7 +802,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_;
-  std::unique_ptr<UploadRing> upload_;  // made at the first host-to-device copy
+  std::unique_ptr<UploadRing> upload_;  // its pinned memory comes with the first copy
   std::array<Block, static_cast<int>(Scratch::kCount)> scratch_{};
   absl::Status status_;
 };

@@ -223,7 +223,9 @@ void StepWaitsForTheDeviceOnce(const config::ModelConfig& mc, DType act) {
     auto phases = gm.model().TakePhaseSeconds();
     ASSERT_TRUE(phases.ok()) << phases.status();
 #if TRAINYARD_CUDA_EMU
-    if (step == 1) EXPECT_EQ(emu::HostWaits() - waits_before, 1);
+    if (step == 1) {
+      EXPECT_EQ(emu::HostWaits() - waits_before, 1);
+    }
 #endif
     EXPECT_GT(*loss, 0.0);
     double alone = 0.0;
@@ -242,6 +244,30 @@ TEST(ModelOnGpuSteps, AStepWaitsForTheDeviceOnce) {
   }
 }
 
+// Both models' loss (and gradients, from zero) on one batch at their current parameters:
+// {CPU, GPU}.
+std::pair<double, double> PairLosses(ModelPair& pair, const std::vector<int32_t>& inputs,
+                                     const std::vector<int32_t>& targets, int b, int t) {
+  const float scale = 1.0f / (b * t);
+  pair.cpu_model->ZeroGradients();
+  pair.gpu_model->ZeroGradients();
+  auto c = pair.cpu_model->ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+  auto g = pair.gpu_model->ForwardBackward(inputs.data(), targets.data(), b, t, scale);
+  EXPECT_TRUE(c.ok() && g.ok());
+  return {c.ok() ? *c : NAN, g.ok() ? *g : NAN};
+}
+
+// After `change` to both models' weights the GPU loss is the CPU's, and moved as far as the
+// CPU's (a stale weight copy would keep the old loss); the change must move it.
+void ExpectFollows(std::pair<double, double> before, std::pair<double, double> after,
+                   const char* change) {
+  SCOPED_TRACE(change);
+  EXPECT_LE(std::abs(after.second - after.first) / after.first, 3e-2);
+  const double moved = after.first - before.first;
+  ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the change must move the loss";
+  EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
+}
+
 // bf16 activations keep the blocks' weights converted between uses (Backend::KeepWeightCopy):
 // every way a weight changes is seen. After parameters loaded from the host, an AdamW step on
 // the device, and a write the backend does not see (followed by WeightsChanged), the GPU loss
@@ -257,24 +283,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   Backend& gpu = *pair->gpu;
   const int b = 2, t = 48;
   const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 5);
-  const float scale = 1.0f / (b * t);
-  // Both models' loss (and gradients) at their current parameters.
-  auto losses = [&]() -> std::pair<double, double> {
-    cm.ZeroGradients();
-    gm.ZeroGradients();
-    auto c = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
-    auto g = gm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
-    EXPECT_TRUE(c.ok() && g.ok());
-    return {c.ok() ? *c : NAN, g.ok() ? *g : NAN};
-  };
-  auto expect_follows = [&](std::pair<double, double> before, std::pair<double, double> after,
-                            const char* change) {
-    SCOPED_TRACE(change);
-    EXPECT_LE(std::abs(after.second - after.first) / after.first, 3e-2);
-    const double moved = after.first - before.first;
-    ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the change must move the loss";
-    EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
-  };
+  auto losses = [&] { return PairLosses(*pair, inputs, targets, b, t); };
   auto before = losses();
   // Parameters from the host: every one scaled by 4 (sharper logits, a very different loss).
   std::vector<float> params(cm.num_params());
@@ -286,7 +295,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   scaled(4.0f);
   gm.LoadParameters(params.data());
   auto after = losses();
-  expect_follows(before, after, "parameters loaded from the host");
+  ExpectFollows(before, after, "parameters loaded from the host");
   // An AdamW step on each backend (its first: the update is lr · sign(grad), large at lr 0.05).
   before = after;
   const int64_t n = cm.num_params();
@@ -297,7 +306,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   cpu.AdamW(cm.params(), cm.grads(), cpu_m.data(), cpu_v.data(), n, adamw);
   gpu.AdamW(gm.params(), gm.grads(), gpu_m.data(), gpu_v.data(), n, adamw);
   after = losses();
-  expect_follows(before, after, "an AdamW step");
+  ExpectFollows(before, after, "an AdamW step");
   // A write the backend does not see (as a communicator's), then WeightsChanged. Only the kept
   // weights change (the others are converted at each use and would follow anyway): the block
   // matrices scaled by 0.3.
@@ -312,7 +321,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
             cudaSuccess);
   gpu.WeightsChanged();
   after = losses();
-  expect_follows(before, after, "a communicator's write");
+  ExpectFollows(before, after, "a communicator's write");
 }
 
 // Host-to-device copies go through the backend's pinned ring (8 MiB): 40 copies of 1 MiB wrap
@@ -353,15 +362,7 @@ TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
   LocalModel& gm = *pair->gpu_model;
   const int b = 2, t = 48;
   const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 6);
-  const float scale = 1.0f / (b * t);
-  auto losses = [&]() -> std::pair<double, double> {
-    cm.ZeroGradients();
-    gm.ZeroGradients();
-    auto c = cm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
-    auto g = gm.ForwardBackward(inputs.data(), targets.data(), b, t, scale);
-    EXPECT_TRUE(c.ok() && g.ok());
-    return {c.ok() ? *c : NAN, g.ok() ? *g : NAN};
-  };
+  auto losses = [&] { return PairLosses(*pair, inputs, targets, b, t); };
   losses();  // converts every kept weight once
 #if TRAINYARD_CUDA_EMU
   int64_t launches = emu::Launches();
@@ -392,10 +393,7 @@ TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
 #if TRAINYARD_CUDA_EMU
   EXPECT_EQ(emu::Launches() - launches, unchanged) << "the passes converted a weight again";
 #endif
-  EXPECT_LE(std::abs(after.second - after.first) / after.first, 3e-2);
-  const double moved = after.first - before.first;
-  ASSERT_GT(std::abs(moved), 0.05 * after.first) << "the step must move the loss";
-  EXPECT_NEAR(after.second - before.second, moved, 0.25 * std::abs(moved));
+  ExpectFollows(before, after, "an AdamW step tensor by tensor");
 }
 
 INSTANTIATE_TEST_SUITE_P(

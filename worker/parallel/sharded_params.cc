@@ -46,7 +46,9 @@ ShardedParams::ShardedParams(const ParameterLayout& layout, Backend* backend, Co
       tp_(tp),
       pp_(pp),
       experts_(experts),
-      options_(sharding) {}
+      options_(sharding),
+      squares_(backend->NewDeviceSum()),
+      expert_squares_(backend->NewDeviceSum()) {}
 
 ShardedParams::~ShardedParams() {
   // Let queued collectives finish before the buffers they use go away.
@@ -497,10 +499,6 @@ void ShardedParams::AddGradientSquares() {
     const int64_t hi = std::min(t.offset + t.numel - g.begin, g.own_hi);
     if (hi <= lo) continue;
     (g.comm != dp_ ? owned_experts : owned).emplace_back(GradAt(g, lo), hi - lo);
-  }
-  if (squares_ == nullptr) {
-    squares_ = backend_->NewDeviceSum();
-    expert_squares_ = backend_->NewDeviceSum();
   }
   backend_->AddSumOfSquares(owned, squares_.get());
   if (!owned_experts.empty()) backend_->AddSumOfSquares(owned_experts, expert_squares_.get());
