@@ -333,7 +333,7 @@ int64_t PaddedHeadBytes(const RankShape& s, const BackendShape& backend) {
 
 int64_t KeptWeightBytes(const RankShape& s, const BackendShape& backend) {
   const bool converts = backend.act_bytes < 4;  // bf16 activations: weights converted for GEMMs
-  return converts && s.mesh.zero < 3 ? s.block_matmul_params * backend.act_bytes : 0;
+  return converts && s.mesh.zero < 3 ? s.block_linear_params * backend.act_bytes : 0;
 }
 
 int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {

@@ -75,7 +75,7 @@ RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& me
     s.group_is_experts.push_back(g.experts);
   }
   s.local_params = layout.total();
-  s.block_matmul_params = worker::BlockMatmulWeightElements(layout);
+  s.block_linear_params = worker::BlockLinearParamElements(layout);
   s.layer_groups.assign(spec.model.layers, -1);
   s.expert_groups.assign(spec.model.layers, -1);
   for (const worker::PipelineStage& chunk : s.chunks) {

@@ -54,9 +54,9 @@ struct RankShape {
   // all but an MoE block's router and routed experts (the input-gradient pass computes theirs).
   int64_t weight_pass_params = 0;
   int64_t head_params = 0;  // the local LM head (last stage), 0 elsewhere
-  // Every block matmul weight the rank holds (worker::IsBlockMatmulWeight: all its routed
+  // Every block matmul weight and bias the rank holds (worker::IsBlockLinearParam: all its routed
   // experts, not top_k), which a converting backend keeps converted.
-  int64_t block_matmul_params = 0;
+  int64_t block_linear_params = 0;
   int64_t tied_copy = 0;  // elements of the token embedding summed with the other end of the
                           // pipeline each step (first and last stage, tied, pp > 1), else 0
   // The ranks that hold the same parameters, sum their gradients and split ZeRO's shards: the

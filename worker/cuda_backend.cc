@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -492,27 +493,34 @@ class CudaBackend final : public Backend {
     if (held_.weight != nullptr && held_.converted && w == held_.weight && n == held_.count) {
       return scratch_[static_cast<int>(Scratch::kWeight)].ptr;
     }
-    if (auto it = kept_.find(w); it != kept_.end() && it->second.count == n) {
-      KeptWeight& kept = it->second;
-      if (kept.copy.size() != n) kept.copy = AllocAct(n);
-      if (kept.copy.data() == nullptr) return nullptr;  // the allocation's error is recorded
-      if (kept.epoch != weights_epoch_) {
-        Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, w, n));
-        kept.epoch = weights_epoch_;
-      }
-      return kept.copy.data();
-    }
+    if (const std::optional<const void*> kept = KeptCopy(w, n)) return *kept;
     void* dst = ScratchBytes(Scratch::kWeight, n * 2);
     Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, w, n));
     // The scratch now holds this weight: valid for reuse only if it is the held one.
     held_.converted = dst != nullptr && w == held_.weight && n == held_.count;
     return dst;
   }
+  // A bias in the output's type (cuBLASLt's bias epilogue reads it so), kept as weights are.
   const void* Bias(const float* b, int64_t n) {
     if (act_dtype() == DType::kF32) return b;
+    if (const std::optional<const void*> kept = KeptCopy(b, n)) return *kept;
     void* dst = ScratchBytes(Scratch::kBias, n * 2);
     Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, b, n));
     return dst;
+  }
+  // The kept copy of a registered `w` used at `n` elements, converted again if a weight may have
+  // changed since; none for an unregistered one (a null copy: its allocation failed, recorded).
+  std::optional<const void*> KeptCopy(const float* w, int64_t n) {
+    auto it = kept_.find(w);
+    if (it == kept_.end() || it->second.count != n) return std::nullopt;
+    KeptWeight& kept = it->second;
+    if (kept.copy.size() != n) kept.copy = AllocAct(n);
+    if (kept.copy.data() == nullptr) return nullptr;
+    if (kept.epoch != weights_epoch_) {
+      Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, w, n));
+      kept.epoch = weights_epoch_;
+    }
+    return kept.copy.data();
   }
 
   struct Block {

@@ -70,7 +70,7 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   // Block weights stay in one buffer: a converting backend keeps their conversions (the source
   // registers nothing else; counted with the activations, as the padded head is).
   if (source->persistent() && backend->act_dtype() != DType::kF32) {
-    kept_weight_bytes_ = BlockMatmulWeightElements(layout_) * backend->act_bytes();
+    kept_weight_bytes_ = BlockLinearParamElements(layout_) * backend->act_bytes();
   }
   kept_groups_.assign(layout_.groups().size(), false);
   slots_.resize(1);
@@ -208,7 +208,7 @@ void Model::KeepWeightCopies(int group, const float* params) {
   kept_groups_[group] = true;
   const ParamGroup& g = layout_.groups()[group];
   for (const ParamTensor& t : layout_.tensors()) {
-    if (t.offset < g.begin || t.offset >= g.end || !IsBlockMatmulWeight(t)) continue;
+    if (t.offset < g.begin || t.offset >= g.end || !IsBlockLinearParam(t)) continue;
     // Routed experts are used one expert's slice at a time (Backend::ExpertsForward).
     const int64_t slices = std::max(t.expert_count, 1), count = t.numel / slices;
     for (int64_t e = 0; e < slices; ++e) {
@@ -404,19 +404,23 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
   } else {
     backend_->Copy(a.resid[0].data(), input_acts, rows * config_.width);
   }
+  // Each block's closing residual add goes into the norm that follows it on this stage (the
+  // next block's first, or the final norm); a stage whose output travels on adds its own last.
   const int end = stage.first_layer + stage.num_layers;
+  PendingSum residual;
   for (int l = stage.first_layer; l < end; ++l) {
     if (l + 1 < end) {
       source_->Prefetch(layout_.block_group(l + 1));
     } else if (stage.last) {
       source_->Prefetch(layout_.final_group());
     }
-    TY_RETURN_IF_ERROR(
-        BlockForward(l, a.layers[keep_layer_activations ? l - stage.first_layer : 0]));
+    const bool norm_follows = l + 1 < end || stage.last;
+    TY_RETURN_IF_ERROR(BlockForward(l, a.layers[keep_layer_activations ? l - stage.first_layer : 0],
+                                    &residual, norm_follows));
   }
   if (stage.last) {
     TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
-    TY_RETURN_IF_ERROR(FinalNorm());
+    TY_RETURN_IF_ERROR(FinalNorm(residual));
   }
   return absl::OkStatus();
 }
@@ -504,7 +508,8 @@ void Model::Rotate(Act* qkv, bool backward) {
   }
 }
 
-absl::Status Model::BlockForward(int layer, LayerActivations& la) {
+absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum* residual,
+                                 bool output_pending) {
   const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
   if (layout_.expert_group(layer) >= 0) source_->Prefetch(layout_.expert_group(layer));
@@ -525,7 +530,16 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   Act* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
   Backend& be = *backend_;
 
-  if (gpt2) {
+  if (residual != nullptr && residual->pending()) {  // the previous block's residual add, here
+    Act* sum = a.resid[li].data();
+    if (gpt2) {
+      be.AddLayerNorm(sum, ln1, la.ln1_mean.data(), la.ln1_rstd.data(), residual->a, residual->b,
+                      P(g, o.ln1_w), P(g, o.ln1_b), nr, width, c.norm_eps);
+    } else {
+      be.AddRmsNorm(sum, ln1, la.ln1_rstd.data(), residual->a, residual->b, P(g, o.ln1_w), nr,
+                    width, c.norm_eps);
+    }
+  } else if (gpt2) {
     be.LayerNorm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), P(g, o.ln1_b), nr,
                  width, c.norm_eps);
   } else {
@@ -557,7 +571,12 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la) {
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   if (split_bias && o.mlp_proj_b >= 0) be.AddBias(proj_out, P(g, o.mlp_proj_b), nr, width);
-  be.Add(a.resid[li + 1].data(), la.mid.data(), proj_out, nr * width);
+  if (output_pending) {
+    *residual = {la.mid.data(), proj_out};
+  } else {
+    be.Add(a.resid[li + 1].data(), la.mid.data(), proj_out, nr * width);
+    if (residual != nullptr) *residual = {};
+  }
   return absl::OkStatus();
 }
 
@@ -748,20 +767,28 @@ absl::Status Model::BlockWeightGradients(int layer) {
   return source_->GradientsReady(g);
 }
 
-absl::Status Model::FinalNorm() {
+absl::Status Model::FinalNorm(const PendingSum& residual) {
   Activations& a = *acts_;
   const int g = layout_.final_group();
-  const int64_t nr = local_rows();
-  const Act* x = a.resid[stage().num_layers].data();
+  const int64_t nr = local_rows(), width = config_.width;
+  Act* x = a.resid[stage().num_layers].data();
   Act* out = sp_ ? a.lnf_local.data() : a.lnf.data();
+  const float *w = P(g, layout_.lnf_w()), *b = P(g, layout_.lnf_b());
+  Backend& be = *backend_;
+  const float eps = config_.norm_eps;
   if (config_.family == ModelFamily::kGpt2) {
-    backend_->LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, P(g, layout_.lnf_w()),
-                        P(g, layout_.lnf_b()), nr, config_.width, config_.norm_eps);
+    if (residual.pending()) {
+      be.AddLayerNorm(x, out, a.lnf_mean.data(), a.lnf_rstd.data(), residual.a, residual.b, w, b,
+                      nr, width, eps);
+    } else {
+      be.LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, w, b, nr, width, eps);
+    }
+  } else if (residual.pending()) {
+    be.AddRmsNorm(x, out, a.lnf_rstd.data(), residual.a, residual.b, w, nr, width, eps);
   } else {
-    backend_->RmsNorm(out, a.lnf_rstd.data(), x, P(g, layout_.lnf_w()), nr, config_.width,
-                      config_.norm_eps);
+    be.RmsNorm(out, a.lnf_rstd.data(), x, w, nr, width, eps);
   }
-  return ToFullRows(out, a.lnf.data(), config_.width);
+  return ToFullRows(out, a.lnf.data(), width);
 }
 
 absl::Status Model::FinalNormBackward(Act* dx) {

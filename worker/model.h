@@ -80,7 +80,7 @@ class Model {
   // attention's buffers (ring_bytes); activations at the backend's activation type, statistics
   // as fp32, token ids as int32. Also, where the backend converts weights for its GEMMs (bf16
   // activations) and the source's parameters stay put (no ZeRO-3), the converted copies of the
-  // blocks' matmul weights it keeps (IsBlockMatmulWeight), at the activation type.
+  // blocks' matmul weights and biases it keeps (IsBlockLinearParam), at the activation type.
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_.seconds(); }
@@ -172,12 +172,8 @@ class Model {
   struct LayerActivations;
   struct Activations;
 
-  std::unique_ptr<DeviceTimer> forward_timer_, backward_timer_;  // TakePhaseSeconds
-  std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
-  std::unique_ptr<DeviceSum> eval_loss_;                         // Loss
-
   class Hold;
-  // Registers the block matmul weights of `group` (at `params`) with the backend as weights to
+  // Registers the block matmul weights and biases of `group` (at `params`) with the backend to
   // keep converted, once per group; nothing unless kept_weight_bytes_ > 0.
   void KeepWeightCopies(int group, const float* params);
   int64_t kept_weight_bytes_ = 0;
@@ -229,7 +225,19 @@ class Model {
                                      const Act* input_acts);
   [[nodiscard]] absl::Status BackwardBlocks(Act* dx);
   void SelectSlot(StageSlot at);
-  [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a);
+  // A residual-stream row block not yet added up: a + b, written by the norm that reads it (the
+  // add fused into that norm's pass) instead of a pass of its own.
+  struct PendingSum {
+    const Act* a = nullptr;
+    const Act* b = nullptr;
+    bool pending() const { return a != nullptr; }
+  };
+  // One block forward. With `residual`, a pending sum on entry is the block's input (its first
+  // norm writes it to the residual stream), and with `output_pending` the block's output is left
+  // pending in it for the next norm; otherwise input and output are in the residual stream.
+  [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a,
+                                          PendingSum* residual = nullptr,
+                                          bool output_pending = false);
   // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
   // under tensor parallelism; the proj bias only without it).
   void MlpForward(int layer, LayerActivations& la);
@@ -266,7 +274,8 @@ class Model {
   [[nodiscard]] absl::Status BlockWeightGradients(int layer);
   // The embedding's weight gradients from dy = ∂loss/∂(embedding output), full rows.
   [[nodiscard]] absl::Status EmbeddingBackward(const Act* dy);
-  [[nodiscard]] absl::Status FinalNorm();
+  // The final norm of the stage's output (given as a pending sum when it is one).
+  [[nodiscard]] absl::Status FinalNorm(const PendingSum& residual);
   [[nodiscard]] absl::Status FinalNormBackward(Act* dx);
   // Cross-entropy over the final hidden states, chunk by chunk, added to *loss; with gradients it
   // also writes d(lnf) and accumulates the LM head's weight gradient.
@@ -299,6 +308,9 @@ class Model {
   LocalDims dims_;
   Backend* backend_;
   ParamSource* source_;
+  std::unique_ptr<DeviceTimer> forward_timer_, backward_timer_;  // TakePhaseSeconds
+  std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
+  std::unique_ptr<DeviceSum> eval_loss_;                         // Loss
   PaddedHead head_;
   std::vector<const float*> group_params_;  // per group, while held
   std::vector<float*> group_grads_;         // per group, once requested this pass

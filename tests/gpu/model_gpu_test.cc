@@ -313,7 +313,7 @@ TEST(ModelOnGpuSteps, KeptWeightCopiesFollowEveryChange) {
   before = after;
   cm.ReadParameters(params.data());
   for (const ParamTensor& p : cm.layout().tensors()) {
-    if (!IsBlockMatmulWeight(p)) continue;
+    if (!IsBlockLinearParam(p)) continue;
     for (int64_t i = 0; i < p.numel; ++i) params[p.offset + i] *= 0.3f;
   }
   cm.LoadParameters(params.data());
@@ -349,6 +349,51 @@ TEST(ModelOnGpuSteps, HostCopiesArriveIntactThroughThePinnedRing) {
   for (int64_t i = 0; i < large; ++i) wrong += back[chunks * chunk + i] != -i;
   EXPECT_EQ(wrong, 0);
 }
+
+#if TRAINYARD_CUDA_EMU
+// Kernel launches (GEMMs aside: the emulated cuBLASLt launches none) of a forward pass of
+// gpt2-debug with `layers` blocks to the logits, after one pass has converted the kept weights.
+int64_t ForwardLaunches(int layers, DType act) {
+  config::ModelConfig mc = *config::Preset("gpt2-debug");
+  mc.layers = layers;
+  auto gpu = MakeCudaBackend({.device = 0, .act_dtype = act});
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  auto model = LocalModel::Create(mc, gpu->get());
+  EXPECT_TRUE(model.ok()) << model.status();
+  (*model)->InitParameters(5);
+  const int b = 2, t = 48;
+  const auto inputs = RandomBatch(mc.vocab, b * t, 8).first;
+  std::vector<float> logits(int64_t{b} * t * mc.vocab);
+  EXPECT_TRUE((*model)->Logits(inputs.data(), b, t, logits.data()).ok());
+  const int64_t before = emu::Launches();
+  EXPECT_TRUE((*model)->Logits(inputs.data(), b, t, logits.data()).ok());
+  return emu::Launches() - before;
+}
+
+// A block's closing residual add runs inside the norm that follows it (the next block's first,
+// or the final norm) instead of as a pass of its own: on the emulated device one more block
+// adds its attention's launches and its two norms' (each with its residual add), nothing else.
+TEST(ModelOnGpuSteps, ResidualAddsRunInsideTheNorms) {
+  TY_SKIP_WITHOUT_GPU();
+  for (const DType act : {DType::kF32, DType::kBF16}) {
+    auto gpu = MakeCudaBackend({.device = 0, .act_dtype = act});
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const config::ModelConfig mc = *config::Preset("gpt2-debug");
+    const int64_t b = 2, t = 48;
+    const AttentionShape shape{b, t, mc.heads, mc.kv_heads, mc.head_dim()};
+    Buffer<Act> out = (*gpu)->AllocAct(b * t * mc.width),
+                qkv = (*gpu)->AllocAct(b * t * 3 * mc.width);
+    Buffer<float> lse = (*gpu)->AllocFloat(b * t * mc.heads);
+    (*gpu)->Fill(qkv.data(), 0.0f, b * t * 3 * mc.width);
+    const int64_t before = emu::Launches();
+    (*gpu)->Attention(out.data(), lse.data(), qkv.data(), shape);
+    const int64_t attention = emu::Launches() - before;
+    const int64_t gelu = 1;  // the GELU after the fc GEMM (no fused epilogue by default)
+    EXPECT_EQ(ForwardLaunches(3, act) - ForwardLaunches(2, act), attention + 2 + gelu)
+        << DTypeName(act);
+  }
+}
+#endif
 
 // An AdamW step tensor by tensor, as the sharded parameters run it, writes each kept weight's
 // bf16 copy as it updates the weight: the loss then follows the CPU's, and on the emulated

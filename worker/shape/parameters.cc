@@ -298,18 +298,19 @@ void ParameterLayout::Slice(const ParamTensor& t, const float* global, float* lo
   }
 }
 
-bool IsBlockMatmulWeight(const ParamTensor& t) {
+bool IsBlockLinearParam(const ParamTensor& t) {
   if (!t.name.starts_with("h.")) return false;
-  for (const char* suffix : {".attn.qkv.w", ".attn.proj.w", ".fc.w", ".proj.w"}) {
+  for (const char* suffix : {".attn.qkv.w", ".attn.proj.w", ".fc.w", ".proj.w", ".attn.qkv.b",
+                             ".attn.proj.b", ".fc.b", ".proj.b"}) {
     if (t.name.ends_with(suffix)) return true;
   }
   return false;
 }
 
-int64_t BlockMatmulWeightElements(const ParameterLayout& layout) {
+int64_t BlockLinearParamElements(const ParameterLayout& layout) {
   int64_t total = 0;
   for (const ParamTensor& t : layout.tensors()) {
-    if (IsBlockMatmulWeight(t)) total += t.numel;
+    if (IsBlockLinearParam(t)) total += t.numel;
   }
   return total;
 }

@@ -170,14 +170,14 @@ class ParameterLayout {
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };
 
-// Whether the blocks' linear operations read `t` as a weight matrix: attention's qkv and
-// projection, and the MLP's fc and projection (dense, shared experts, routed experts). These are
-// what a backend that converts weights for its GEMMs may keep converted
-// (Backend::KeepWeightCopy); not the router (run in fp32), the embeddings or the LM head (held
-// over each loss pass instead).
-bool IsBlockMatmulWeight(const ParamTensor& t);
-// Σ elements of a layout's block matmul weights.
-int64_t BlockMatmulWeightElements(const ParameterLayout& layout);
+// Whether the blocks' linear operations read `t` as a weight matrix or its bias: attention's qkv
+// and projection, and the MLP's fc and projection (dense, shared experts, routed experts). These
+// are what a backend that converts weights for its GEMMs may keep converted
+// (Backend::KeepWeightCopy); not the router (run in fp32), the norms, the embeddings or the LM
+// head (held over each loss pass instead).
+bool IsBlockLinearParam(const ParamTensor& t);
+// Σ elements of a layout's block linear parameters.
+int64_t BlockLinearParamElements(const ParameterLayout& layout);
 
 }  // namespace trainyard::worker
 

@@ -104,16 +104,16 @@ TEST(Zero, ShardsStateByStage) {
   }
 }
 
-// With bf16 activations the engine keeps bf16 copies of the blocks' matmul weights (2 bytes an
-// element, with the activations), except under ZeRO-3; fp32 activations convert nothing.
+// With bf16 activations the engine keeps bf16 copies of the blocks' matmul weights and biases (2
+// bytes an element, with the activations), except under ZeRO-3; fp32 activations convert nothing.
 TEST(Zero, KeptWeightCopiesUnlessZero3) {
   const config::JobSpec spec = Gpt2Debug(4);
   const BackendShape cpu, bf16{.act_bytes = 2};
-  const int64_t c = spec.model.width;
-  const int64_t block_weights = spec.model.layers * (4 * c * c + 2 * c * spec.model.ffn_hidden);
+  const int64_t c = spec.model.width, ffn = spec.model.ffn_hidden;
+  const int64_t block_weights = spec.model.layers * (4 * c * c + 2 * c * ffn + 5 * c + ffn);
   for (int zero : {0, 1, 2, 3}) {
     const RankShape shape = ShapeOf(spec, Mesh(4, 1, 1, zero), 0);
-    EXPECT_EQ(shape.block_matmul_params, block_weights);
+    EXPECT_EQ(shape.block_linear_params, block_weights);
     EXPECT_EQ(KeptWeightBytes(shape, cpu), 0);
     EXPECT_EQ(KeptWeightBytes(shape, bf16), zero < 3 ? 2 * block_weights : 0) << "ZeRO-" << zero;
     EXPECT_EQ(PredictRankMemory(shape, bf16).activations,

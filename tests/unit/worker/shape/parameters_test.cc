@@ -91,14 +91,14 @@ TEST(ParameterInitialisation, AnyRangeOfTheBufferIsTheWholeDrawsSlice) {
   }
 }
 
-// The weights a converting backend keeps converted: the blocks' attention and MLP matrices
-// (dense, shared and every local routed expert), counted by hand; not the router, norms, biases,
-// embeddings or LM head.
-TEST(BlockMatmulWeights, AreTheBlocksAttentionAndMlpMatrices) {
+// The parameters a converting backend keeps converted: the blocks' attention and MLP matrices
+// and their biases (dense, shared and every local routed expert), counted by hand; not the
+// router, norms, embeddings or LM head.
+TEST(BlockLinearParams, AreTheBlocksAttentionAndMlpMatricesAndBiases) {
   const config::ModelConfig gpt2 = *config::Preset("gpt2-debug");
-  const int64_t c = gpt2.width, layers = gpt2.layers;
-  EXPECT_EQ(BlockMatmulWeightElements(ParameterLayout(gpt2)),
-            layers * (3 * c * c + c * c + 2 * c * gpt2.ffn_hidden));
+  const int64_t c = gpt2.width, layers = gpt2.layers, ffn = gpt2.ffn_hidden;
+  EXPECT_EQ(BlockLinearParamElements(ParameterLayout(gpt2)),
+            layers * (3 * c * c + c * c + 2 * c * ffn + (3 * c + c + ffn + c)));
 
   config::ModelConfig llama = *config::Preset("llama-debug");
   llama.layers = 2;
@@ -110,7 +110,7 @@ TEST(BlockMatmulWeights, AreTheBlocksAttentionAndMlpMatrices) {
   const ParameterLayout layout(llama);
   std::vector<std::string> kept;
   for (const ParamTensor& t : layout.tensors()) {
-    if (IsBlockMatmulWeight(t)) kept.push_back(t.name);
+    if (IsBlockLinearParam(t)) kept.push_back(t.name);
   }
   EXPECT_EQ(kept, (std::vector<std::string>{"h.0.attn.qkv.w", "h.0.attn.proj.w", "h.0.mlp.fc.w",
                                             "h.0.mlp.proj.w", "h.1.attn.qkv.w", "h.1.attn.proj.w",
@@ -119,9 +119,9 @@ TEST(BlockMatmulWeights, AreTheBlocksAttentionAndMlpMatrices) {
   const int64_t w = llama.width, d = llama.head_dim();
   const int64_t attn = (llama.heads + 2 * llama.kv_heads) * d * w + w * llama.heads * d;
   const int64_t dense = 3 * w * llama.ffn_hidden, expert = 3 * w * llama.moe.ffn;
-  EXPECT_EQ(BlockMatmulWeightElements(layout), 2 * attn + dense + expert + 4 * expert);
+  EXPECT_EQ(BlockLinearParamElements(layout), 2 * attn + dense + expert + 4 * expert);
   // An expert-parallel rank holds half the routed experts.
-  EXPECT_EQ(BlockMatmulWeightElements(ParameterLayout(llama, 0, 1, {PipelineStage{}}, 0, 2)),
+  EXPECT_EQ(BlockLinearParamElements(ParameterLayout(llama, 0, 1, {PipelineStage{}}, 0, 2)),
             2 * attn + dense + expert + 2 * expert);
 }
 
