@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,7 +42,7 @@ namespace {
 namespace kc = ::trainyard::kernels::cuda;
 
 // Scratch buffers, one per use that can be live at the same time within one operation.
-enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kCount };
+enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kGroups, kCount };
 
 class CudaBackend final : public Backend {
  public:
@@ -225,6 +227,84 @@ class CudaBackend final : public Backend {
   void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                int64_t cols) override {
     Run(kc::RowDots(stream_, act_dtype(), out, a, a_rows, b, count, cols));
+  }
+
+  // The experts' MLPs with each GEMM as one grouped call over the experts (kc::Gemm::Grouped),
+  // and the biases and the activation each as one launch over all the experts' rows. Where a
+  // bf16 expert weight has no kept copy (ZeRO-3's gathers), the experts run one at a time as
+  // the default does: converting a whole layer's experts at once would take scratch the planner
+  // does not count.
+  void ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, Act* act,
+                      Act* out) override {
+    ExpertWeights w;
+    if (!GroupedExperts(mlp, &w)) return Backend::ExpertsForward(mlp, in, hidden, act, out);
+    const int64_t width = mlp.width, ffn = mlp.ffn, fc = mlp.fc_out();
+    const int64_t rows = mlp.offsets.back();
+    const int groups = static_cast<int>(mlp.experts());
+    GroupArrays up(kc::GemmKind::kForward), down(kc::GemmKind::kForward);
+    for (size_t i = 0; i < w.experts.size(); ++i) {
+      const int64_t r0 = mlp.offsets[w.experts[i]], m = mlp.offsets[w.experts[i] + 1] - r0;
+      up.Add(m, At(hidden, r0 * fc), At(in, r0 * width), w.fc[i]);
+      down.Add(m, At(out, r0 * width), At(act, r0 * ffn), w.proj[i]);
+    }
+    const uint64_t* device = UploadGroups(mlp.offsets, {&up, &down});
+    if (device == nullptr) return;  // the error is recorded
+    const auto* offsets = reinterpret_cast<const int64_t*>(device);
+    Run(gemm_->Grouped(stream_, act_dtype(), up.Group(device), fc, width));
+    if (mlp.fc_b != nullptr) {
+      Run(kc::AddGroupedBias(stream_, act_dtype(), hidden, mlp.fc_b, offsets, groups, rows, fc));
+    }
+    mlp.gated ? Swiglu(act, hidden, rows, ffn) : Gelu(act, hidden, rows * ffn);
+    Run(gemm_->Grouped(stream_, act_dtype(), down.Group(device), width, ffn));
+    if (mlp.proj_b != nullptr) {
+      Run(kc::AddGroupedBias(stream_, act_dtype(), out, mlp.proj_b, offsets, groups, rows, width));
+    }
+  }
+  void ExpertsBackward(const ExpertMlp& mlp, const ExpertMlpGrads& grads, const Act* dout,
+                       const Act* in, const Act* hidden, const Act* act, Act* dact, Act* dhidden,
+                       Act* din) override {
+    ExpertWeights w;
+    if (!GroupedExperts(mlp, &w)) {
+      return Backend::ExpertsBackward(mlp, grads, dout, in, hidden, act, dact, dhidden, din);
+    }
+    const int64_t width = mlp.width, ffn = mlp.ffn, fc = mlp.fc_out();
+    const int64_t rows = mlp.offsets.back();
+    GroupArrays proj_in(kc::GemmKind::kBackwardInput), fc_in(kc::GemmKind::kBackwardInput);
+    GroupArrays proj_w(kc::GemmKind::kBackwardWeight), fc_w(kc::GemmKind::kBackwardWeight);
+    for (size_t i = 0; i < w.experts.size(); ++i) {
+      const int64_t j = w.experts[i], r0 = mlp.offsets[j], m = mlp.offsets[j + 1] - r0;
+      proj_in.Add(m, At(dact, r0 * ffn), At(dout, r0 * width), w.proj[i]);
+      fc_in.Add(m, At(din, r0 * width), At(dhidden, r0 * fc), w.fc[i]);
+      if (grads.proj_w != nullptr) {
+        proj_w.Add(m, grads.proj_w + j * width * ffn, At(dout, r0 * width), At(act, r0 * ffn));
+      }
+      if (grads.fc_w != nullptr) {
+        fc_w.Add(m, grads.fc_w + j * fc * width, At(dhidden, r0 * fc), At(in, r0 * width));
+      }
+    }
+    const uint64_t* device = UploadGroups(mlp.offsets, {&proj_in, &proj_w, &fc_in, &fc_w});
+    if (device == nullptr) return;  // the error is recorded
+    // Bias gradients: a deterministic column sum per expert (a handful of small launches).
+    auto bias_grads = [&](float* db, const Act* dy, int64_t n) {
+      if (db == nullptr) return;
+      for (const int64_t j : w.experts) {
+        const int64_t r0 = mlp.offsets[j], m = mlp.offsets[j + 1] - r0;
+        float* scratch = ScratchFloats(Scratch::kReduce, kc::ColumnSumScratchFloats(m, n));
+        Run(kc::AccumulateColumnSums(stream_, act_dtype(), db + j * n, At(dy, r0 * n), m, n,
+                                     scratch));
+      }
+    };
+    Run(gemm_->Grouped(stream_, act_dtype(), proj_in.Group(device), width, ffn));
+    Run(gemm_->Grouped(stream_, act_dtype(), proj_w.Group(device), width, ffn));
+    bias_grads(grads.proj_b, dout, width);
+    if (mlp.gated) {
+      SwigluBackward(dhidden, dact, hidden, rows, ffn);
+    } else {
+      GeluBackward(dhidden, dact, hidden, rows * ffn);
+    }
+    Run(gemm_->Grouped(stream_, act_dtype(), fc_in.Group(device), fc, width));
+    Run(gemm_->Grouped(stream_, act_dtype(), fc_w.Group(device), fc, width));
+    bias_grads(grads.fc_b, dhidden, fc);
   }
 
   // Norms.
@@ -521,6 +601,85 @@ class CudaBackend final : public Backend {
       kept.epoch = weights_epoch_;
     }
     return kept.copy.data();
+  }
+
+  // The experts of one MoE call that have rows, with their weights in the activation type.
+  struct ExpertWeights {
+    std::vector<int64_t> experts;
+    std::vector<const void*> fc, proj;
+  };
+  // Fills `w` and returns true when the experts can run grouped: rows start at 0 and every
+  // weight needed is usable in place (fp32) or has a kept copy (bf16).
+  bool GroupedExperts(const ExpertMlp& mlp, ExpertWeights* w) {
+    if (mlp.offsets.empty() || mlp.offsets.front() != 0 || mlp.offsets.back() == 0) return false;
+    const int64_t fc = mlp.fc_out() * mlp.width, proj = mlp.width * mlp.ffn;
+    for (int64_t j = 0; j < mlp.experts(); ++j) {
+      if (mlp.offsets[j + 1] == mlp.offsets[j]) continue;
+      const float *fc_w = mlp.fc_w + j * fc, *proj_w = mlp.proj_w + j * proj;
+      w->experts.push_back(j);
+      if (act_dtype() == DType::kF32) {
+        w->fc.push_back(fc_w);
+        w->proj.push_back(proj_w);
+        continue;
+      }
+      const std::optional<const void*> fc_copy = KeptCopy(fc_w, fc);
+      const std::optional<const void*> proj_copy = KeptCopy(proj_w, proj);
+      if (!fc_copy || !proj_copy) return false;
+      w->fc.push_back(*fc_copy);
+      w->proj.push_back(*proj_copy);
+    }
+    return true;
+  }
+  // One grouped GEMM's operands on the host, and where UploadGroups put their device copy.
+  class GroupArrays {
+   public:
+    explicit GroupArrays(kc::GemmKind kind) : kind_(kind) {}
+    void Add(int64_t m, void* out, const void* x, const void* y) {
+      m_.push_back(m);
+      out_.push_back(out);
+      x_.push_back(x);
+      y_.push_back(y);
+    }
+    int count() const { return static_cast<int>(m_.size()); }
+    // Appends the device layout Gemm::Grouped reads (out's pointers, x's, y's) to `words`.
+    void Append(std::vector<uint64_t>& words) {
+      first_word_ = words.size();
+      auto append = [&](const auto& pointers) {
+        for (const void* p : pointers) words.push_back(reinterpret_cast<uintptr_t>(p));
+      };
+      append(out_);
+      append(x_);
+      append(y_);
+    }
+    kc::GemmGroup Group(const uint64_t* device_words) const {
+      return {.kind = kind_,
+              .count = count(),
+              .m = m_.data(),
+              .out = out_.data(),
+              .x = x_.data(),
+              .y = y_.data(),
+              .device = reinterpret_cast<const void* const*>(device_words + first_word_)};
+    }
+
+   private:
+    kc::GemmKind kind_;
+    std::vector<int64_t> m_;
+    std::vector<void*> out_;
+    std::vector<const void*> x_, y_;
+    size_t first_word_ = 0;
+  };
+  // Uploads the row offsets and every group's pointer arrays in one copy (stream-ordered, into
+  // scratch that the next call may reuse once these have run); returns the device words, the
+  // offsets first (null on an allocation failure, recorded).
+  const uint64_t* UploadGroups(std::span<const int64_t> offsets,
+                               std::initializer_list<GroupArrays*> groups) {
+    std::vector<uint64_t> words(offsets.begin(), offsets.end());
+    for (GroupArrays* g : groups) g->Append(words);
+    const int64_t bytes = static_cast<int64_t>(words.size() * sizeof(uint64_t));
+    void* device = ScratchBytes(Scratch::kGroups, bytes);
+    if (device == nullptr) return nullptr;
+    ToDevice(device, words.data(), bytes);
+    return static_cast<const uint64_t*>(device);
   }
 
   struct Block {

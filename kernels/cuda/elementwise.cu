@@ -41,11 +41,27 @@ struct AddBiasOp {
   T* out;
   const float* bias;
   int64_t n;
+  // Grouped: row r takes bias row g, the group whose rows [offsets[g], offsets[g + 1]) hold it.
+  const int64_t* offsets = nullptr;
+  int groups = 0;
+  __device__ __forceinline__ int64_t GroupOf(int64_t r) const {
+    int lo = 0, hi = groups - 1;  // the last g with offsets[g] <= r, past empty groups
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (offsets[mid] <= r) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  }
   template <int kVec>
   __device__ __forceinline__ void Apply(int64_t r, int64_t j) const {
     T* at = out + r * n + j;
     const Vec<T, kVec> x = LoadVec<T, kVec>(at);
-    const Vec<float, kVec> c = LoadVec<float, kVec>(bias + j);
+    const float* row = offsets != nullptr ? bias + GroupOf(r) * n : bias;
+    const Vec<float, kVec> c = LoadVec<float, kVec>(row + j);
     Vec<T, kVec> y;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) y.v[k] = FromFloat<T>(ToFloat(x.v[k]) + c.v[k]);
@@ -208,6 +224,20 @@ absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* b
   TY_DISPATCH_DTYPE(dtype, T, {
     const AddBiasOp<T> op{static_cast<T*>(out), bias, n};
     TY_RETURN_IF_ERROR(LaunchRows(stream, "AddBiasKernel", op, m, n, aligned));
+  });
+  return absl::OkStatus();
+}
+
+absl::Status AddGroupedBias(cudaStream_t stream, DType dtype, void* out, const float* bias,
+                            const int64_t* offsets, int groups, int64_t m, int64_t n) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(m >= 0 && n >= 1 && groups >= 1);
+  if (m == 0) return absl::OkStatus();
+  TY_REQUIRE(out != nullptr && bias != nullptr && offsets != nullptr);
+  const bool aligned = Aligned16(out) && Aligned16(bias);  // rows of n floats: n % kPack == 0
+  TY_DISPATCH_DTYPE(dtype, T, {
+    const AddBiasOp<T> op{static_cast<T*>(out), bias, n, offsets, groups};
+    TY_RETURN_IF_ERROR(LaunchRows(stream, "AddGroupedBiasKernel", op, m, n, aligned));
   });
   return absl::OkStatus();
 }

@@ -20,6 +20,12 @@ namespace trainyard::kernels::cuda {
 // out[m, n] += bias[n] (bias fp32).
 [[nodiscard]] absl::Status AddBias(cudaStream_t stream, DType dtype, void* out, const float* bias,
                                    int64_t m, int64_t n);
+// out[r, :] += bias[g, :] for the rows r of group g, [offsets[g], offsets[g + 1]) (offsets in
+// device memory, groups + 1 of them from 0 to m; a group may be empty): a mixture of experts'
+// biases over its experts' rows (bias fp32, [groups, n]).
+[[nodiscard]] absl::Status AddGroupedBias(cudaStream_t stream, DType dtype, void* out,
+                                          const float* bias, const int64_t* offsets, int groups,
+                                          int64_t m, int64_t n);
 [[nodiscard]] absl::Status Fill(cudaStream_t stream, DType dtype, void* out, float value,
                                 int64_t n);
 // x *= factor (fp32).

@@ -1,8 +1,10 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
 }
 
 Gemm::~Gemm() {
+  if (grouped_handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(grouped_handle_));
   plans_.clear();
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
@@ -229,6 +232,59 @@ absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight
                 1,
                 ld == 0 ? n : ld};
   return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
+}
+
+absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, int64_t n,
+                           int64_t k) {
+  TY_RETURN_IF_ERROR(gemm_args::CheckGroup(g, n, k));
+  if (g.count == 0) return absl::OkStatus();
+  if (grouped_handle_ == nullptr && !grouped_one_by_one_) {
+    cublasHandle_t handle = nullptr;
+    if (cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS) {
+      grouped_handle_ = handle;
+    } else {
+      grouped_one_by_one_ = true;
+    }
+  }
+  if (!grouped_one_by_one_) {
+    // Column-major, one group per product (their m differ), A = y and B = x throughout:
+    // forward outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m); input gradient dinpᵀ[k×m] =
+    // (weight stored k×n) · (dout stored n×m); weight gradient dweightᵀ[k×n] += (inp stored k×m)
+    // · (dout stored n×m)ᵀ.
+    const size_t count = static_cast<size_t>(g.count);
+    const bool weight_grad = g.kind == GemmKind::kBackwardWeight;
+    const cublasOperation_t op_a = g.kind == GemmKind::kForward ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = weight_grad ? CUBLAS_OP_T : CUBLAS_OP_N;
+    std::vector<cublasOperation_t> transa(count, op_a), transb(count, op_b);
+    std::vector<int> rows(count), cols(count), depth(count), lda(count, static_cast<int>(k));
+    std::vector<int> ldb(count, static_cast<int>(g.kind == GemmKind::kForward ? k : n));
+    std::vector<int> ldc(count, static_cast<int>(g.kind == GemmKind::kForward ? n : k));
+    std::vector<int> sizes(count, 1);
+    const std::vector<float> alpha(count, 1.0f), beta(count, weight_grad ? 1.0f : 0.0f);
+    for (size_t i = 0; i < count; ++i) {
+      const int m = static_cast<int>(g.m[i]);
+      rows[i] = static_cast<int>(g.kind == GemmKind::kForward ? n : k);
+      cols[i] = weight_grad ? static_cast<int>(n) : m;
+      depth[i] = static_cast<int>(g.kind == GemmKind::kForward ? k : weight_grad ? m : n);
+    }
+    const auto handle = static_cast<cublasHandle_t>(grouped_handle_);
+    TY_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream));
+    const void* const* device = g.device;
+    const cudaDataType_t type = CudaType(act), c_type = weight_grad ? CUDA_R_32F : type;
+    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+        handle, transa.data(), transb.data(), rows.data(), cols.data(), depth.data(), alpha.data(),
+        device + 2 * count, type, lda.data(), device + count, type, ldb.data(), beta.data(),
+        const_cast<void* const*>(device), c_type, ldc.data(), g.count, sizes.data(),
+        CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
+      return CublasError(s, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
+    }
+    grouped_one_by_one_ = true;  // nothing ran: the products go one by one below
+  }
+  for (int i = 0; i < g.count; ++i)
+    TY_RETURN_IF_ERROR(gemm_args::RunOne(*this, stream, act, g, i, n, k));
+  return absl::OkStatus();
 }
 
 bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {

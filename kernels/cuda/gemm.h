@@ -23,6 +23,23 @@ namespace trainyard::kernels::cuda {
 
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kGeluAux };
 
+// A group of products of one kind, each with its own operands and row count m (a mixture of
+// experts' experts, each on its own rows), as Gemm::Grouped runs them. The operands are named as
+// the one-product calls name theirs: kForward (out, inp, weight), kBackwardInput (dinp, dout,
+// weight), kBackwardWeight (dweight, dout, inp).
+enum class GemmKind { kForward, kBackwardInput, kBackwardWeight };
+struct GemmGroup {
+  GemmKind kind = GemmKind::kForward;
+  int count = 0;                   // products
+  const int64_t* m = nullptr;      // host: each product's m (> 0)
+  void* const* out = nullptr;      // host arrays of each product's operands
+  const void* const* x = nullptr;  //   (out, inp, weight) / (dinp, dout, weight) /
+  const void* const* y = nullptr;  //   (dweight, dout, inp)
+  // The same pointers in device memory, as 3·count entries: out's, then x's, then y's. cuBLAS's
+  // grouped GEMM reads them there, so the caller uploads them in stream order before the call.
+  const void* const* device = nullptr;
+};
+
 class Gemm {
  public:
   // Creates the cuBLASLt handle and a workspace of `workspace_bytes` on the current device.
@@ -50,6 +67,15 @@ class Gemm {
                                             const void* dout, const void* inp, int64_t m, int64_t n,
                                             int64_t k, int64_t ld = 0);
 
+  // The group's products with the shared n and k, as the one-product calls define them (no
+  // epilogue; weight gradients accumulated into fp32), in one cuBLAS grouped batched GEMM. Where
+  // the library offers none (too old, or not for these types), the products run one by one from
+  // the host arrays instead, from then on.
+  [[nodiscard]] absl::Status Grouped(cudaStream_t stream, DType act, const GemmGroup& group,
+                                     int64_t n, int64_t k);
+  // Whether Grouped runs products one by one (cuBLAS offered no grouped GEMM for a call).
+  bool grouped_one_by_one() const { return grouped_one_by_one_; }
+
   // Whether the fused GELU epilogue is available for this shape (cuBLASLt may offer no
   // algorithm); the caller falls back to a separate GELU kernel.
   bool SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k);
@@ -67,7 +93,9 @@ class Gemm {
   [[nodiscard]] absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b,
                                  void* d, const void* bias, void* aux);
 
-  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* handle_ = nullptr;          // cublasLtHandle_t
+  void* grouped_handle_ = nullptr;  // cublasHandle_t, made on the first Grouped call
+  bool grouped_one_by_one_ = false;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;

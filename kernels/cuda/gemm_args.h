@@ -33,6 +33,37 @@ inline absl::Status CheckEpilogue(GemmEpilogue epilogue, const void* pre, const 
   return absl::OkStatus();
 }
 
+// A grouped call: sizes positive and within cuBLAS's int arguments, every product's operands
+// present (host arrays) and the device copy of them given.
+inline absl::Status CheckGroup(const GemmGroup& g, int64_t n, int64_t k) {
+  constexpr int64_t kMaxInt = 0x7fffffff;
+  TY_REQUIRE(g.count >= 0 && n > 0 && k > 0 && n <= kMaxInt && k <= kMaxInt);
+  if (g.count == 0) return absl::OkStatus();
+  TY_REQUIRE(g.m != nullptr && g.out != nullptr && g.x != nullptr && g.y != nullptr &&
+             g.device != nullptr);
+  for (int i = 0; i < g.count; ++i) {
+    TY_REQUIRE(g.m[i] > 0 && g.m[i] <= kMaxInt);
+    TY_RETURN_IF_ERROR(CheckProduct(g.out[i], g.x[i], g.y[i], g.m[i], n, k, 0));
+  }
+  return absl::OkStatus();
+}
+
+// The group's i-th product through the one-product calls.
+inline absl::Status RunOne(Gemm& gemm, cudaStream_t stream, DType act, const GemmGroup& g, int i,
+                           int64_t n, int64_t k) {
+  switch (g.kind) {
+    case GemmKind::kForward:
+      return gemm.Forward(stream, act, g.out[i], nullptr, g.x[i], g.y[i], nullptr, g.m[i], n, k,
+                          GemmEpilogue::kNone);
+    case GemmKind::kBackwardInput:
+      return gemm.BackwardInput(stream, act, g.out[i], g.x[i], g.y[i], g.m[i], n, k);
+    case GemmKind::kBackwardWeight:
+      return gemm.BackwardWeight(stream, act, static_cast<float*>(g.out[i]), g.x[i], g.y[i], g.m[i],
+                                 n, k);
+  }
+  return absl::InvalidArgumentError("unknown GEMM kind");
+}
+
 }  // namespace trainyard::kernels::cuda::gemm_args
 
 #endif  // TRAINYARD_KERNELS_CUDA_GEMM_ARGS_H_

@@ -95,6 +95,38 @@ TEST(CudaElementwise, AddBiasMatchesCpu) {
   }
 }
 
+// Each group's rows take that group's bias row: five groups over 45 rows, the second and the
+// last empty, widths with and without 16-byte rows.
+TEST(CudaElementwise, AddGroupedBiasMatchesCpuGroupByGroup) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(34);
+  const std::vector<int64_t> offsets = {0, 7, 7, 20, 45, 45};
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  const int64_t m = offsets.back();
+  DeviceMemory d_offsets(offsets.size() * sizeof(int64_t));
+  ASSERT_EQ(cudaMemcpy(d_offsets.get(), offsets.data(), offsets.size() * sizeof(int64_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  for (DType dtype : kDTypes) {
+    for (int64_t n : {24, 37}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
+      const std::vector<float> out0 = RandomActivation(m * n, dtype, rng);
+      const std::vector<float> bias = RandomVector(groups * n, rng);
+      std::vector<float> want = out0;
+      for (int g = 0; g < groups; ++g) {
+        cpu::AddBias(want.data() + offsets[g] * n, bias.data() + g * n, offsets[g + 1] - offsets[g],
+                     n);
+      }
+      if (dtype == DType::kBF16) RoundToBf16(want);
+      DeviceTensor d_out(out0, dtype), d_bias(bias, kF32);
+      const absl::Status status = AddGroupedBias(nullptr, dtype, d_out.get(), d_bias.f32(),
+                                                 d_offsets.as<const int64_t>(), groups, m, n);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(Identical(d_out.Read(), want)) << "one rounding of x + bias, as AddBias";
+    }
+  }
+}
+
 TEST(CudaElementwise, FillAndScale) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(33);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -18,6 +19,12 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
+
+#if TRAINYARD_CUDA_EMU
+namespace trainyard::emu {
+int64_t Launches();  // tools/cuda_emu/emu.h: the kernels the calling thread launched
+}  // namespace trainyard::emu
+#endif
 
 namespace trainyard::worker {
 namespace {
@@ -61,6 +68,18 @@ Inputs MakeInputs(DType act, std::mt19937& rng) {
   return in;
 }
 
+// A backend buffer's values on the host.
+std::vector<float> ReadAct(Backend& be, const Buffer<Act>& b) {
+  std::vector<float> host(b.size());
+  be.CopyActToHost(host.data(), b.data(), b.size());
+  return host;
+}
+std::vector<float> ReadF32(Backend& be, const Buffer<float>& b) {
+  std::vector<float> host(b.size());
+  be.CopyToHost(host.data(), b.data(), b.size());
+  return host;
+}
+
 struct Outputs {
   std::vector<float> logits, gathered, combined, combined_plain, dots, dx, drouter_w;
 };
@@ -81,16 +100,6 @@ Outputs RunAll(Backend& be, const Inputs& in) {
     Buffer<int32_t> b = be.AllocInt(static_cast<int64_t>(host.size()));
     be.CopyFromHost(b.data(), host.data(), static_cast<int64_t>(host.size()));
     return b;
-  };
-  auto read_act = [&](const Buffer<Act>& b) {
-    std::vector<float> host(b.size());
-    be.CopyActToHost(host.data(), b.data(), b.size());
-    return host;
-  };
-  auto read_f32 = [&](const Buffer<float>& b) {
-    std::vector<float> host(b.size());
-    be.CopyToHost(host.data(), b.data(), b.size());
-    return host;
   };
 
   Buffer<Act> x = act(in.x), expert_out = act(in.expert_out), dy = act(in.dy);
@@ -114,8 +123,9 @@ Outputs RunAll(Backend& be, const Inputs& in) {
                        kTokens, kExperts, kWidth);
   EXPECT_TRUE(be.Synchronize().ok());
 
-  return Outputs{read_f32(logits), read_act(gathered), read_act(combined), read_act(combined_plain),
-                 read_f32(dots),   read_act(dx),       read_f32(drouter_w)};
+  return Outputs{ReadF32(be, logits),         ReadAct(be, gathered), ReadAct(be, combined),
+                 ReadAct(be, combined_plain), ReadF32(be, dots),     ReadAct(be, dx),
+                 ReadF32(be, drouter_w)};
 }
 
 class MoeBackendOnGpu : public ::testing::TestWithParam<DType> {};
@@ -140,6 +150,133 @@ TEST_P(MoeBackendOnGpu, MatchesCpuBackend) {
   EXPECT_LE(RelativeError(got.dx, want.dx), act_tol) << "LinearF32Backward dinp";
   EXPECT_LE(RelativeError(got.drouter_w, want.drouter_w), f32_tol) << "LinearF32Backward dweight";
 }
+
+// The experts' MLPs (Backend::ExpertsForward / ExpertsBackward): five experts over 45 rows, the
+// second and the last with none, GELU experts with biases and SwiGLU ones without. The CUDA
+// backend runs each GEMM as one grouped call over the experts when their weights are usable in
+// place (fp32) or kept converted (bf16, `keep`); unkept bf16 weights run one expert at a time.
+// Both ways match the CPU backend; the weight gradients accumulate onto existing values.
+struct ExpertsCase {
+  bool gated;
+  bool keep;  // register the bf16 weight copies (KeepWeightCopy), as a rank without ZeRO-3 does
+};
+
+struct ExpertsRun {
+  std::vector<float> hidden, act, out, din, dfc_w, dfc_b, dproj_w, dproj_b;
+  int64_t forward_launches = -1;  // on the emulated device
+};
+
+constexpr int64_t kExpertWidth = 40, kExpertFfn = 24;
+const std::vector<int64_t> kExpertOffsets = {0, 7, 7, 20, 45, 45};
+
+ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool keep) {
+  const int64_t experts = static_cast<int64_t>(kExpertOffsets.size()) - 1;
+  const int64_t rows = kExpertOffsets.back(), width = kExpertWidth, ffn = kExpertFfn;
+  const int64_t fc = c.gated ? 2 * ffn : ffn;
+  std::mt19937 rng(77);
+  auto f32 = [&](int64_t n, float scale) {
+    std::vector<float> host = RandomVector(n, rng, scale);
+    Buffer<float> b = be.AllocFloat(n);
+    be.CopyFromHost(b.data(), host.data(), n);
+    return b;
+  };
+  auto act = [&](int64_t n) {
+    std::vector<float> host = RandomActivation(n, act_type, rng);
+    Buffer<Act> b = be.AllocAct(n);
+    be.CopyActFromHost(b.data(), host.data(), n);
+    return b;
+  };
+  Buffer<float> fc_w = f32(experts * fc * width, 0.2f), proj_w = f32(experts * width * ffn, 0.2f);
+  Buffer<float> fc_b = f32(experts * fc, 0.5f), proj_b = f32(experts * width, 0.5f);
+  Buffer<float> dfc_w = f32(experts * fc * width, 1.0f), dproj_w = f32(experts * width * ffn, 1.0f);
+  Buffer<float> dfc_b = f32(experts * fc, 1.0f), dproj_b = f32(experts * width, 1.0f);
+  Buffer<Act> in = act(rows * width), dout = act(rows * width);
+  Buffer<Act> hidden = be.AllocAct(rows * fc), a = be.AllocAct(rows * ffn);
+  Buffer<Act> out = be.AllocAct(rows * width), din = be.AllocAct(rows * width);
+  Buffer<Act> dact = be.AllocAct(rows * ffn), dhidden = be.AllocAct(rows * fc);
+  if (keep) {
+    for (int64_t j = 0; j < experts; ++j) {
+      be.KeepWeightCopy(fc_w.data() + j * fc * width, fc * width);
+      be.KeepWeightCopy(proj_w.data() + j * width * ffn, width * ffn);
+    }
+  }
+  const ExpertMlp mlp{.offsets = kExpertOffsets,
+                      .width = width,
+                      .ffn = ffn,
+                      .gated = c.gated,
+                      .fc_w = fc_w.data(),
+                      .fc_b = c.gated ? nullptr : fc_b.data(),
+                      .proj_w = proj_w.data(),
+                      .proj_b = c.gated ? nullptr : proj_b.data()};
+  const ExpertMlpGrads grads{.fc_w = dfc_w.data(),
+                             .fc_b = c.gated ? nullptr : dfc_b.data(),
+                             .proj_w = dproj_w.data(),
+                             .proj_b = c.gated ? nullptr : dproj_b.data()};
+  ExpertsRun run;
+  // Once to convert the kept copies (the forward overwrites its outputs), then counted.
+  be.ExpertsForward(mlp, in.data(), hidden.data(), a.data(), out.data());
+#if TRAINYARD_CUDA_EMU
+  const int64_t before = emu::Launches();
+#endif
+  be.ExpertsForward(mlp, in.data(), hidden.data(), a.data(), out.data());
+#if TRAINYARD_CUDA_EMU
+  run.forward_launches = emu::Launches() - before;
+#endif
+  be.ExpertsBackward(mlp, grads, dout.data(), in.data(), hidden.data(), a.data(), dact.data(),
+                     dhidden.data(), din.data());
+  EXPECT_TRUE(be.Synchronize().ok());
+  run.hidden = ReadAct(be, hidden);
+  run.act = ReadAct(be, a);
+  run.out = ReadAct(be, out);
+  run.din = ReadAct(be, din);
+  run.dfc_w = ReadF32(be, dfc_w);
+  run.dproj_w = ReadF32(be, dproj_w);
+  if (!c.gated) {
+    run.dfc_b = ReadF32(be, dfc_b);
+    run.dproj_b = ReadF32(be, dproj_b);
+  }
+  return run;
+}
+
+class ExpertsOnGpu : public ::testing::TestWithParam<std::tuple<ExpertsCase, DType>> {};
+
+TEST_P(ExpertsOnGpu, MatchCpuBackend) {
+  TY_SKIP_WITHOUT_GPU();
+  const auto [c, act] = GetParam();
+  auto cpu = MakeCpuBackend(0);
+  auto gpu = MakeCudaBackend({.device = 0, .act_dtype = act});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const ExpertsRun want = RunExperts(*cpu, c, act, false);
+  const ExpertsRun got = RunExperts(**gpu, c, act, c.keep);
+  const double tol = Tolerance(act);
+  EXPECT_LE(RelativeError(got.hidden, want.hidden), tol) << "hidden";
+  EXPECT_LE(RelativeError(got.act, want.act), tol) << "activation";
+  EXPECT_LE(RelativeError(got.out, want.out), tol) << "out";
+  EXPECT_LE(RelativeError(got.din, want.din), 2 * tol) << "input gradient";
+  EXPECT_LE(RelativeError(got.dfc_w, want.dfc_w), tol) << "fc weight gradient";
+  EXPECT_LE(RelativeError(got.dproj_w, want.dproj_w), tol) << "proj weight gradient";
+  EXPECT_LE(RelativeError(got.dfc_b, want.dfc_b), tol) << "fc bias gradient";
+  EXPECT_LE(RelativeError(got.dproj_b, want.dproj_b), tol) << "proj bias gradient";
+#if TRAINYARD_CUDA_EMU
+  // Grouped, the forward's kernels are the same few for any number of experts (GEMMs aside: the
+  // emulated cuBLAS launches none): the activation, and GELU experts' two bias adds. One expert
+  // at a time, each expert with rows launches its own (3 of 5 here, and bf16 conversions).
+  const bool grouped = act == DType::kF32 || c.keep;
+  if (grouped) EXPECT_EQ(got.forward_launches, c.gated ? 1 : 3);
+  if (!grouped) EXPECT_GE(got.forward_launches, 3);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, ExpertsOnGpu,
+    ::testing::Combine(::testing::Values(ExpertsCase{false, true}, ExpertsCase{true, true},
+                                         ExpertsCase{false, false}, ExpertsCase{true, false}),
+                       ::testing::Values(DType::kF32, DType::kBF16)),
+    [](const auto& info) {
+      const ExpertsCase c = std::get<0>(info.param);
+      return std::string(c.gated ? "swiglu" : "gelu") + (c.keep ? "_kept_" : "_converted_") +
+             DTypeName(std::get<1>(info.param));
+    });
 
 INSTANTIATE_TEST_SUITE_P(ActTypes, MoeBackendOnGpu, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const ::testing::TestParamInfo<DType>& info) {

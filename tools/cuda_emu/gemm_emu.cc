@@ -106,4 +106,18 @@ absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const
 
 bool Gemm::SupportsGeluEpilogue(DType, int64_t, int64_t, int64_t) { return true; }
 
+// As cuBLAS's grouped GEMM: the operands are read from the device copy of the pointer arrays
+// (so a caller that uploads wrong or stale pointers gets wrong results here too).
+absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, int64_t n,
+                           int64_t k) {
+  TY_RETURN_IF_ERROR(gemm_args::CheckGroup(g, n, k));
+  GemmGroup device = g;
+  device.out = const_cast<void* const*>(g.device);
+  device.x = g.device + g.count;
+  device.y = g.device + 2 * g.count;
+  for (int i = 0; i < g.count; ++i)
+    TY_RETURN_IF_ERROR(gemm_args::RunOne(*this, stream, act, device, i, n, k));
+  return absl::OkStatus();
+}
+
 }  // namespace trainyard::kernels::cuda
