@@ -132,10 +132,11 @@ class Backend {
   virtual void HoldWeight(const float* w, int64_t count) {}
   virtual void ReleaseWeight() {}
   // Kept weight copies, for weights that stay in one buffer (a rank without ZeRO-3's gathers):
-  // the conversion a linear operation makes of a weight registered with KeepWeightCopy (with the
-  // `count` it is used at) is kept and reused until a weight may have changed, which the backend
-  // takes to be the next AdamW, CopyFromHost into the memory the registered weights span, or
-  // WeightsChanged() (the call for writes it does not see: a communicator's). Returns whether it
+  // the conversion a linear operation makes of a weight registered with KeepWeightCopy (`count`
+  // elements), or of a part of one (an expert's slice), is kept and reused (the whole weight
+  // converted at once) until a weight may have changed, which the backend takes to be the next
+  // AdamW, CopyFromHost into the memory the registered weights span, or WeightsChanged() (the
+  // call for writes it does not see: a communicator's). Returns whether it
   // keeps the copy, of act_bytes() · count bytes (false: a backend that converts nothing).
   // DropWeightCopy forgets a registration and frees its copy.
   virtual bool KeepWeightCopy(const float* w, int64_t count) { return false; }

@@ -12,13 +12,13 @@
 #include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/device_probe.h"
 #include "common/logging.h"
@@ -588,19 +588,24 @@ class CudaBackend final : public Backend {
     Run(kc::Convert(stream_, DType::kBF16, dst, DType::kF32, b, n));
     return dst;
   }
-  // The kept copy of a registered `w` used at `n` elements, converted again if a weight may have
-  // changed since; none for an unregistered one (a null copy: its allocation failed, recorded).
+  // The kept copy of `n` elements at `w`, a registered weight or a part of one (an expert's
+  // slice of its layer's tensor), the whole weight converted again if a weight may have changed
+  // since; none outside every registered weight (a null copy: its allocation failed, recorded).
   std::optional<const void*> KeptCopy(const float* w, int64_t n) {
-    auto it = kept_.find(w);
-    if (it == kept_.end() || it->second.count != n) return std::nullopt;
+    auto it = kept_.upper_bound(w);  // the first weight starting after w
+    if (it == kept_.begin()) return std::nullopt;
+    --it;
+    const float* base = it->first;
     KeptWeight& kept = it->second;
-    if (kept.copy.size() != n) kept.copy = AllocAct(n);
+    const int64_t at = w - base;
+    if (at + n > kept.count) return std::nullopt;
+    if (kept.copy.size() != kept.count) kept.copy = AllocAct(kept.count);
     if (kept.copy.data() == nullptr) return nullptr;
     if (kept.epoch != weights_epoch_) {
-      Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, w, n));
+      Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, base, kept.count));
       kept.epoch = weights_epoch_;
     }
-    return kept.copy.data();
+    return At(kept.copy.data(), at);
   }
 
   // The experts of one MoE call that have rows, with their weights in the activation type.
@@ -962,9 +967,9 @@ class CudaBackend final : public Backend {
     Buffer<Act> copy;
     uint64_t epoch = 0;
   };
-  absl::flat_hash_map<const float*, KeptWeight> kept_;
-  uintptr_t kept_lo_ = 0, kept_hi_ = 0;  // the addresses the kept weights span
-  uint64_t weights_epoch_ = 1;           // moved on by anything that may change a weight
+  std::map<const float*, KeptWeight> kept_;  // by address: a part of a weight finds its whole
+  uintptr_t kept_lo_ = 0, kept_hi_ = 0;      // the addresses the kept weights span
+  uint64_t weights_epoch_ = 1;               // moved on by anything that may change a weight
   CudaBackendOptions options_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;

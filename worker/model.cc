@@ -209,12 +209,10 @@ void Model::KeepWeightCopies(int group, const float* params) {
   const ParamGroup& g = layout_.groups()[group];
   for (const ParamTensor& t : layout_.tensors()) {
     if (t.offset < g.begin || t.offset >= g.end || !IsBlockLinearParam(t)) continue;
-    // Routed experts are used one expert's slice at a time (Backend::ExpertsForward).
-    const int64_t slices = std::max(t.expert_count, 1), count = t.numel / slices;
-    for (int64_t e = 0; e < slices; ++e) {
-      const float* w = params + (t.offset - g.begin) + e * count;
-      if (backend_->KeepWeightCopy(w, count)) kept_weights_.push_back(w);
-    }
+    // A whole tensor (the routed experts' slices of one are parts of it), so that the optimizer
+    // step that updates it writes its copy too.
+    const float* w = params + (t.offset - g.begin);
+    if (backend_->KeepWeightCopy(w, t.numel)) kept_weights_.push_back(w);
   }
 }
 

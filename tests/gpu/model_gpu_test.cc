@@ -397,10 +397,9 @@ TEST(ModelOnGpuSteps, ResidualAddsRunInsideTheNorms) {
 
 // An AdamW step tensor by tensor, as the sharded parameters run it, writes each kept weight's
 // bf16 copy as it updates the weight: the loss then follows the CPU's, and on the emulated
-// device the passes after it launch no conversion (as many kernels as before the step).
-TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
-  TY_SKIP_WITHOUT_GPU();
-  const config::ModelConfig mc = *config::Preset("llama-debug");
+// device the passes after it launch no conversion (as many kernels as before the step). Also
+// for routed experts, whose copies are kept per tensor while each expert uses its slice.
+void AdamWWritesTheKeptCopies(const config::ModelConfig& mc) {
   auto pair = MakeModelPair(mc, DType::kBF16);
   ASSERT_TRUE(pair.ok()) << pair.status();
   LocalModel& cm = *pair->cpu_model;
@@ -439,6 +438,20 @@ TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
   EXPECT_EQ(emu::Launches() - launches, unchanged) << "the passes converted a weight again";
 #endif
   ExpectFollows(before, after, "an AdamW step tensor by tensor");
+}
+
+TEST(ModelOnGpuSteps, AdamWWritesTheKeptCopies) {
+  TY_SKIP_WITHOUT_GPU();
+  AdamWWritesTheKeptCopies(*config::Preset("llama-debug"));
+}
+
+TEST(ModelOnGpuSteps, AdamWWritesTheKeptExpertCopies) {
+  TY_SKIP_WITHOUT_GPU();
+  config::ModelConfig mc = *config::Preset("gpt2-debug");
+  mc.moe.experts = 4;
+  mc.moe.top_k = mc.moe.experts;  // every token to every expert: no near-tie in bf16 routing
+  mc.moe.ffn = mc.ffn_hidden / 2;
+  AdamWWritesTheKeptCopies(mc);
 }
 
 INSTANTIATE_TEST_SUITE_P(
