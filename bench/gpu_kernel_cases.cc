@@ -14,6 +14,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm_args.h"
 #include "kernels/cuda/norms.h"
 #include "worker/shape/parameters.h"
 
@@ -365,6 +366,68 @@ absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const Case
   return absl::InternalError("unknown GEMM kind");
 }
 
+// A mixture of experts' linear over its experts' rows: 8 experts, each of `tokens` tokens routed
+// to 2, the picks spread unevenly (expert j takes a share ∝ j + 1), each expert its own [n, k]
+// weight; the forward product or the fp32-accumulated weight gradient. As one grouped GEMM, or
+// (`one_by_one`) one GEMM per expert. The pointer arrays are uploaded before the timing.
+absl::Status ExpertsGemm(int64_t tokens, int64_t n, int64_t k, bool weight_grad, bool one_by_one,
+                         const CaseContext& ctx, Row* row) {
+  namespace kc = kernels::cuda;
+  constexpr int kExperts = 8, kTopK = 2;
+  const int64_t picks = tokens * kTopK;
+  std::vector<int64_t> m(kExperts);
+  int64_t given = 0;
+  for (int j = 0; j < kExperts; ++j)
+    given += m[j] = picks * (j + 1) / (kExperts * (kExperts + 1) / 2);
+  m.back() += picks - given;
+  row->shape = absl::StrCat("E", kExperts, " m", picks, " n", n, " k", k);
+  row->flop = 2.0 * picks * n * k;
+  // Forward: out [picks, n] = x [picks, k] · w_jᵀ; weight gradient: dw_j [n, k] += dout_jᵀ · x_j.
+  TY_ASSIGN_OR_RETURN(DeviceBuffer x, Act(ctx, picks * k, 21));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, kExperts * n * k, 22));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dout, Act(ctx, picks * n, 23));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(picks * n * kAb));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer dw, Floats(ctx, kExperts * n * k, 0, 0.0f));
+  auto* x0 = static_cast<char*>(x.get());
+  std::vector<void*> outs;
+  std::vector<const void*> xs, ys;
+  int64_t r0 = 0;
+  for (int j = 0; j < kExperts; ++j) {
+    if (weight_grad) {
+      outs.push_back(dw.f32() + j * n * k);
+      xs.push_back(static_cast<char*>(dout.get()) + r0 * n * kAb);
+      ys.push_back(x0 + r0 * k * kAb);
+    } else {
+      outs.push_back(static_cast<char*>(out.get()) + r0 * n * kAb);
+      xs.push_back(x0 + r0 * k * kAb);
+      ys.push_back(static_cast<char*>(w.get()) + j * n * k * kAb);
+    }
+    r0 += m[j];
+  }
+  std::vector<const void*> words(outs.begin(), outs.end());
+  words.insert(words.end(), xs.begin(), xs.end());
+  words.insert(words.end(), ys.begin(), ys.end());
+  TY_ASSIGN_OR_RETURN(DeviceBuffer device,
+                      DeviceBuffer::Create(static_cast<int64_t>(words.size() * sizeof(void*))));
+  TY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(device.get(), words.data(), words.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  const kc::GemmGroup group{
+      .kind = weight_grad ? kc::GemmKind::kBackwardWeight : kc::GemmKind::kForward,
+      .count = kExperts,
+      .m = m.data(),
+      .out = outs.data(),
+      .x = xs.data(),
+      .y = ys.data(),
+      .device = static_cast<const void* const*>(device.get())};
+  return Measure(ctx, row, [&]() -> absl::Status {
+    if (!one_by_one) return ctx.gemm->Grouped(ctx.stream, kAct, group, n, k);
+    for (int j = 0; j < kExperts; ++j) {
+      TY_RETURN_IF_ERROR(kc::gemm_args::RunOne(*ctx.gemm, ctx.stream, kAct, group, j, n, k));
+    }
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 // Attention alone at head dim 128: 32 query heads over 8 key/value heads, 2 × 4096 tokens.
@@ -437,6 +500,19 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   cases.push_back({"gemm fc bwd-weight", [=](X x, Row* r) {
                      return GemmCase(rows, fc_out, c, GemmKind::kBackwardWeight, x, r);
                    }});
+  // A mixture of experts' fc layer with this model's shapes (8 experts, top 2): grouped, and one
+  // GEMM per expert as a comparison (the same PyTorch row, a loop over the experts, is the peer).
+  if (gpt2) {
+    for (const bool weight_grad : {false, true}) {
+      for (const bool one_by_one : {false, true}) {
+        const std::string name = absl::StrCat("gemm experts ", weight_grad ? "bwd-weight" : "fwd",
+                                              one_by_one ? " one-by-one" : "");
+        cases.push_back({name, [=](X x, Row* r) {
+                           return ExpertsGemm(rows, fc_out, c, weight_grad, one_by_one, x, r);
+                         }});
+      }
+    }
+  }
   // The LM head at the logical vocabulary and, where that is not a multiple of 128, rounded up
   // to one (as llm.c pads GPT-2's 50257 to 50304), and at the logical vocabulary with the
   // logits' rows padded alone (ld128, Trainyard only): what each form of padding would buy.

@@ -352,6 +352,28 @@ def gemm(env, mm, n, k, kind):
         return shape, 2.0 * mm * n * k, 0, env.time(op)
 
 
+def experts_gemm(env, tokens, n, k, kind):
+    """A mixture of experts' linear as a plain PyTorch MoE layer runs it, one matmul per expert
+    over its slice of the permuted rows: 8 experts, top 2, expert j taking a share of the picks
+    proportional to j + 1 (as bench/gpu_kernel_cases.cc's ExpertsGemm)."""
+    experts, top_k = 8, 2
+    picks = tokens * top_k
+    ms = [picks * (j + 1) // (experts * (experts + 1) // 2) for j in range(experts)]
+    ms[-1] += picks - sum(ms)
+    shape = "E%d m%d n%d k%d" % (experts, picks, n, k)
+    with torch.no_grad():
+        x = env.randn(picks, k)
+        if kind == "fwd":
+            ws = [env.randn(n, k) for _ in range(experts)]
+            xs = torch.split(x, ms)
+            op = lambda: [F.linear(xj, w) for xj, w in zip(xs, ws)]  # noqa: E731
+        else:
+            dout = env.randn(picks, n)
+            pairs = list(zip(torch.split(dout, ms), torch.split(x, ms)))
+            op = lambda: [torch.matmul(d.t(), xj) for d, xj in pairs]  # noqa: E731
+        return shape, 2.0 * picks * n * k, 0, env.time(op)
+
+
 def cases_for(m):
     """[(kernel, fn(env) -> result)] in the order of CasesFor in bench/gpu_kernel_cases.cc."""
     gpt2 = m["family"] == "gpt2"
@@ -383,6 +405,12 @@ def cases_for(m):
         ("gemm fc fwd", lambda e: gemm(e, rows, fc_out, c, "fwd+bias" if gpt2 else "fwd")),
         ("gemm fc bwd-input", lambda e: gemm(e, rows, fc_out, c, "bwd-input")),
         ("gemm fc bwd-weight", lambda e: gemm(e, rows, fc_out, c, "bwd-weight")),
+    ]
+    if gpt2:
+        cases += [("gemm experts " + kind,
+                   lambda e, kind=kind: experts_gemm(e, rows, fc_out, c, kind))
+                  for kind in ("fwd", "bwd-weight")]
+    cases += [
         ("gemm lm-head fwd", lambda e: gemm(e, m["ce_rows"], v, c, "fwd")),
         ("gemm lm-head bwd-input", lambda e: gemm(e, m["ce_rows"], v, c, "bwd-input")),
         ("gemm lm-head bwd-weight", lambda e: gemm(e, m["ce_rows"], v, c, "bwd-weight")),
