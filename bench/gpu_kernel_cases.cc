@@ -419,13 +419,18 @@ absl::Status ExpertsGemm(int64_t tokens, int64_t n, int64_t k, bool weight_grad,
       .x = xs.data(),
       .y = ys.data(),
       .device = static_cast<const void* const*>(device.get())};
-  return Measure(ctx, row, [&]() -> absl::Status {
+  TY_RETURN_IF_ERROR(Measure(ctx, row, [&]() -> absl::Status {
     if (!one_by_one) return ctx.gemm->Grouped(ctx.stream, kAct, group, n, k);
     for (int j = 0; j < kExperts; ++j) {
       TY_RETURN_IF_ERROR(kc::gemm_args::RunOne(*ctx.gemm, ctx.stream, kAct, group, j, n, k));
     }
     return absl::OkStatus();
-  });
+  }));
+  // A grouped row that cuBLAS refused timed the products one by one: say so beside its shape.
+  if (!one_by_one && ctx.gemm->GroupedOneByOne(group.kind, kAct)) {
+    absl::StrAppend(&row->shape, " (no grouped GEMM: one by one)");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

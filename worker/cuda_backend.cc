@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <span>
@@ -99,6 +100,11 @@ class CudaBackend final : public Backend {
     if (act_dtype() == DType::kF32) return false;
     auto [it, added] = kept_.try_emplace(w);
     if (!added && it->second.count == count) return true;
+    // KeptCopy finds a part of a weight by the registration starting at or before it, so the
+    // registered weights must not overlap.
+    TY_CHECK((it == kept_.begin() || std::prev(it)->first + std::prev(it)->second.count <= w) &&
+             (std::next(it) == kept_.end() || w + count <= std::next(it)->first))
+        << "a kept weight overlaps another";
     it->second = KeptWeight{.count = count};
     const auto lo = reinterpret_cast<uintptr_t>(w), hi = lo + count * sizeof(float);
     kept_lo_ = kept_.size() == 1 ? lo : std::min(kept_lo_, lo);
@@ -250,12 +256,12 @@ class CudaBackend final : public Backend {
     const uint64_t* device = UploadGroups(mlp.offsets, {&up, &down});
     if (device == nullptr) return;  // the error is recorded
     const auto* offsets = reinterpret_cast<const int64_t*>(device);
-    Run(gemm_->Grouped(stream_, act_dtype(), up.Group(device), fc, width));
+    RunGrouped(up, device, fc, width);
     if (mlp.fc_b != nullptr) {
       Run(kc::AddGroupedBias(stream_, act_dtype(), hidden, mlp.fc_b, offsets, groups, rows, fc));
     }
     mlp.gated ? Swiglu(act, hidden, rows, ffn) : Gelu(act, hidden, rows * ffn);
-    Run(gemm_->Grouped(stream_, act_dtype(), down.Group(device), width, ffn));
+    RunGrouped(down, device, width, ffn);
     if (mlp.proj_b != nullptr) {
       Run(kc::AddGroupedBias(stream_, act_dtype(), out, mlp.proj_b, offsets, groups, rows, width));
     }
@@ -294,16 +300,16 @@ class CudaBackend final : public Backend {
                                      scratch));
       }
     };
-    Run(gemm_->Grouped(stream_, act_dtype(), proj_in.Group(device), width, ffn));
-    Run(gemm_->Grouped(stream_, act_dtype(), proj_w.Group(device), width, ffn));
+    RunGrouped(proj_in, device, width, ffn);
+    RunGrouped(proj_w, device, width, ffn);
     bias_grads(grads.proj_b, dout, width);
     if (mlp.gated) {
       SwigluBackward(dhidden, dact, hidden, rows, ffn);
     } else {
       GeluBackward(dhidden, dact, hidden, rows * ffn);
     }
-    Run(gemm_->Grouped(stream_, act_dtype(), fc_in.Group(device), fc, width));
-    Run(gemm_->Grouped(stream_, act_dtype(), fc_w.Group(device), fc, width));
+    RunGrouped(fc_in, device, fc, width);
+    RunGrouped(fc_w, device, fc, width);
     bias_grads(grads.fc_b, dhidden, fc);
   }
 
@@ -598,7 +604,7 @@ class CudaBackend final : public Backend {
     const float* base = it->first;
     KeptWeight& kept = it->second;
     const int64_t at = w - base;
-    if (at + n > kept.count) return std::nullopt;
+    if (n <= 0 || at + n > kept.count) return std::nullopt;
     if (kept.copy.size() != kept.count) kept.copy = AllocAct(kept.count);
     if (kept.copy.data() == nullptr) return nullptr;
     if (kept.epoch != weights_epoch_) {
@@ -673,6 +679,20 @@ class CudaBackend final : public Backend {
     std::vector<const void*> x_, y_;
     size_t first_word_ = 0;
   };
+  // Runs one grouped GEMM (its pointer arrays uploaded at `device_words`); says once when cuBLAS
+  // has no grouped GEMM for its kind and type, which then run one product at a time.
+  void RunGrouped(const GroupArrays& g, const uint64_t* device_words, int64_t n, int64_t k) {
+    const kc::GemmGroup group = g.Group(device_words);
+    const bool before = gemm_->GroupedOneByOne(group.kind, act_dtype());
+    Run(gemm_->Grouped(stream_, act_dtype(), group, n, k));
+    if (!before && gemm_->GroupedOneByOne(group.kind, act_dtype())) {
+      TY_LOG(WARNING) << "cuBLAS has no grouped GEMM for the experts' "
+                      << (group.kind == kc::GemmKind::kForward         ? "forward"
+                          : group.kind == kc::GemmKind::kBackwardInput ? "input gradient"
+                                                                       : "weight gradient")
+                      << " products in " << DTypeName(act_dtype()) << ": they run one by one";
+    }
+  }
   // Uploads the row offsets and every group's pointer arrays in one copy (stream-ordered, into
   // scratch that the next call may reuse once these have run); returns the device words, the
   // offsets first (null on an allocation failure, recorded).

@@ -508,6 +508,7 @@ void Model::Rotate(Act* qkv, bool backward) {
 
 absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum* residual,
                                  bool output_pending) {
+  TY_CHECK(residual != nullptr || !output_pending) << "a pending output needs somewhere to go";
   const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
   if (layout_.expert_group(layer) >= 0) source_->Prefetch(layout_.expert_group(layer));

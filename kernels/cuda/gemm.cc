@@ -15,7 +15,7 @@ namespace trainyard::kernels::cuda {
 namespace {
 
 absl::Status CublasError(cublasStatus_t s, const char* expr, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(expr, ": cuBLASLt status ", static_cast<int>(s), " (",
+  return absl::InternalError(absl::StrCat(expr, ": cuBLAS status ", static_cast<int>(s), " (",
                                           cublasLtGetStatusString(s), ") at ", file, ":", line));
 }
 
@@ -238,15 +238,16 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
                            int64_t k) {
   TY_RETURN_IF_ERROR(gemm_args::CheckGroup(g, n, k));
   if (g.count == 0) return absl::OkStatus();
-  if (grouped_handle_ == nullptr && !grouped_one_by_one_) {
+  if (grouped_handle_ == nullptr && grouped_available_) {
     cublasHandle_t handle = nullptr;
     if (cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS) {
       grouped_handle_ = handle;
     } else {
-      grouped_one_by_one_ = true;
+      grouped_available_ = false;  // no library (or no memory for its handle): one by one
     }
   }
-  if (!grouped_one_by_one_) {
+  const std::pair<int, int> combination{static_cast<int>(g.kind), static_cast<int>(act)};
+  if (!GroupedOneByOne(g.kind, act)) {
     // Column-major, one group per product (their m differ), A = y and B = x throughout:
     // forward outᵀ[n×m] = (weight stored k×n)ᵀ · (inp stored k×m); input gradient dinpᵀ[k×m] =
     // (weight stored k×n) · (dout stored n×m); weight gradient dweightᵀ[k×n] += (inp stored k×m)
@@ -276,11 +277,17 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
         device + 2 * count, type, lda.data(), device + count, type, ldb.data(), beta.data(),
         const_cast<void* const*>(device), c_type, ldc.data(), g.count, sizes.data(),
         CUBLAS_COMPUTE_32F);
-    if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-    if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      grouped_ran_.insert(combination);
+      return absl::OkStatus();
+    }
+    // A refusal of a combination's first call means the library has no grouped GEMM for it
+    // (nothing ran: the products go one by one below); after a success, it is an error.
+    const bool refused = s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE;
+    if (!refused || grouped_ran_.contains(combination)) {
       return CublasError(s, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
     }
-    grouped_one_by_one_ = true;  // nothing ran: the products go one by one below
+    one_by_one_.insert(combination);
   }
   for (int i = 0; i < g.count; ++i)
     TY_RETURN_IF_ERROR(gemm_args::RunOne(*this, stream, act, g, i, n, k));

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,12 +71,15 @@ class Gemm {
 
   // The group's products with the shared n and k, as the one-product calls define them (no
   // epilogue; weight gradients accumulated into fp32), in one cuBLAS grouped batched GEMM. Where
-  // the library offers none (too old, or not for these types), the products run one by one from
-  // the host arrays instead, from then on.
+  // the library refuses the first call of a kind and type (too old, or not for these types), the
+  // products of that kind and type run one by one from the host arrays instead, from then on.
   [[nodiscard]] absl::Status Grouped(cudaStream_t stream, DType act, const GemmGroup& group,
                                      int64_t n, int64_t k);
-  // Whether Grouped runs products one by one (cuBLAS offered no grouped GEMM for a call).
-  bool grouped_one_by_one() const { return grouped_one_by_one_; }
+  // Whether Grouped runs this kind and type one product at a time (cuBLAS refused it).
+  bool GroupedOneByOne(GemmKind kind, DType act) const {
+    return !grouped_available_ ||
+           one_by_one_.contains({static_cast<int>(kind), static_cast<int>(act)});
+  }
 
   // Whether the fused GELU epilogue is available for this shape (cuBLASLt may offer no
   // algorithm); the caller falls back to a separate GELU kernel.
@@ -95,7 +100,9 @@ class Gemm {
 
   void* handle_ = nullptr;          // cublasLtHandle_t
   void* grouped_handle_ = nullptr;  // cublasHandle_t, made on the first Grouped call
-  bool grouped_one_by_one_ = false;
+  bool grouped_available_ = true;   // false: the handle could not be made
+  // (kind, act) that cuBLAS refused on their first call, and those it has run.
+  std::set<std::pair<int, int>> one_by_one_, grouped_ran_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -4,6 +4,7 @@
 // first, so the CPU sees what the device sees; products are accumulated in fp32 on both sides.
 #include "kernels/cuda/gemm.h"
 
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <tuple>
@@ -84,7 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
 
 // Grouped products (a mixture of experts' GEMMs: each expert on its own rows, weights and
 // outputs) against the CPU reference product by product, for each kind, with an m of 1 and
-// ones that are not multiples of any tile. The pointers are read from their device copy.
+// ones that are not multiples of any tile. The forward and input-gradient products (operands
+// and output of one type) must run grouped, reading their pointers from the device copy; the
+// weight gradient (fp32 output) may fall back to one product at a time where cuBLAS has no
+// grouped GEMM for that mix of types, and the test says which ran.
 class GroupedGemmTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(GroupedGemmTest, MatchesCpuProductByProduct) {
@@ -136,8 +140,17 @@ TEST_P(GroupedGemmTest, MatchesCpuProductByProduct) {
                           .x = x.data(),
                           .y = y.data(),
                           .device = static_cast<const void* const*>(device.get())};
-    ASSERT_TRUE((*gemm)->Grouped(nullptr, dtype, group, n, k).ok());
+    const absl::Status status = (*gemm)->Grouped(nullptr, dtype, group, n, k);
+    ASSERT_TRUE(status.ok()) << status;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const bool one_by_one = (*gemm)->GroupedOneByOne(kind, dtype);
+    if (kind == GemmKind::kBackwardWeight) {
+      std::printf("grouped weight gradient, %s: %s\n", DTypeName(dtype),
+                  one_by_one ? "one product at a time (cuBLAS refused the grouped GEMM)"
+                             : "one grouped GEMM");
+    } else {
+      EXPECT_FALSE(one_by_one) << "cuBLAS refused a grouped GEMM of one type";
+    }
   };
   for (const auto& q : p) {
     q->d_out.Poison();
