@@ -151,9 +151,18 @@ absl::StatusOr<Timing> EventTimer::Time(cudaStream_t stream, const Op& op, const
 
 std::string RowKey(const Row& row) { return absl::StrCat(row.model, "/", row.kernel); }
 
+void SetOfPeak(Row* row, double peak_tflops, double peak_bytes_per_s) {
+  row->of_peak = 0.0;
+  if (!row->error.empty() || row->timing.median_ms <= 0) return;
+  const double seconds = row->timing.median_ms / 1e3;
+  if (row->flop > 0 && peak_tflops > 0) row->of_peak = row->flop / seconds / 1e12 / peak_tflops;
+  if (row->flop <= 0 && peak_bytes_per_s > 0)
+    row->of_peak = row->bytes / seconds / peak_bytes_per_s;
+}
+
 void PrintTableHeader() {
-  std::printf("%-10s %-22s %-34s %10s %10s %12s\n", "model", "kernel", "shape", "median ms",
-              "min ms", "achieved");
+  std::printf("%-10s %-22s %-34s %10s %10s %12s %8s\n", "model", "kernel", "shape", "median ms",
+              "min ms", "achieved", "of peak");
 }
 
 void PrintTableRow(const Row& row) {
@@ -166,8 +175,11 @@ void PrintTableRow(const Row& row) {
   const std::string achieved =
       row.flop > 0 ? absl::StrCat(absl::SixDigits(row.flop / seconds / 1e12), " TFLOP/s")
                    : absl::StrCat(absl::SixDigits(row.bytes / seconds / 1e9), " GB/s");
-  std::printf("%-10s %-22s %-34s %10.4f %10.4f %12s\n", row.model.c_str(), row.kernel.c_str(),
-              row.shape.c_str(), row.timing.median_ms, row.timing.min_ms, achieved.c_str());
+  const std::string of_peak =
+      row.of_peak > 0 ? absl::StrCat(static_cast<int>(row.of_peak * 100 + 0.5), "%") : "";
+  std::printf("%-10s %-22s %-34s %10.4f %10.4f %12s %8s\n", row.model.c_str(), row.kernel.c_str(),
+              row.shape.c_str(), row.timing.median_ms, row.timing.min_ms, achieved.c_str(),
+              of_peak.c_str());
 }
 
 void PrintJsonRow(const std::string& engine, const Row& row) {
@@ -184,6 +196,7 @@ void PrintJsonRow(const std::string& engine, const Row& row) {
                   ",\"median_ms\":%.6f,\"min_ms\":%.6f,\"reps\":%d,\"flop\":%.17g,\"bytes\":%.17g",
                   row.timing.median_ms, row.timing.min_ms, row.timing.reps, row.flop, row.bytes);
     absl::StrAppend(&line, numbers);
+    if (row.of_peak > 0) absl::StrAppend(&line, ",\"of_peak\":", absl::SixDigits(row.of_peak));
     std::snprintf(numbers, sizeof(numbers), row.flop > 0 ? ",\"tflops\":%.3f}" : ",\"gbps\":%.1f}",
                   row.flop > 0 ? row.flop / seconds / 1e12 : row.bytes / seconds / 1e9);
     absl::StrAppend(&line, numbers);

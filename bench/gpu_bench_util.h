@@ -85,14 +85,20 @@ struct Row {
   double bytes = 0.0;
   Timing timing;
   std::string error;  // set when the kernel failed; the timing is then meaningless
+  // The achieved rate over the device's peak for the row's kind (bf16 tensor-core FLOP/s, or
+  // memory bytes/s: bench/device_peaks.h), how far the kernel is from its floor; 0: unknown.
+  double of_peak = 0.0;
 };
+// Sets row->of_peak from its timing and the peaks (0 for one not known).
+void SetOfPeak(Row* row, double peak_tflops, double peak_bytes_per_s);
 
 // The case's key in JSON ("model/kernel"), which the comparison driver matches rows by.
 std::string RowKey(const Row& row);
 void PrintTableHeader();
 void PrintTableRow(const Row& row);
 // {"engine":..., "case":..., "model":..., "kernel":..., "shape":..., "median_ms":...,
-//  "min_ms":..., "reps":..., "flop":..., "bytes":..., "tflops":... | "gbps":..., "error":...}
+//  "min_ms":..., "reps":..., "flop":..., "bytes":..., "of_peak":... (when known),
+//  "tflops":... | "gbps":..., "error":...}
 void PrintJsonRow(const std::string& engine, const Row& row);
 
 }  // namespace trainyard::bench

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "bench/device_peaks.h"
 #include "bench/gpu_bench_util.h"
 #include "bench/gpu_kernel_cases.h"
 #include "common/device_probe.h"
@@ -90,6 +91,14 @@ int main(int argc, char** argv) {
 
   std::printf("# device: %s (sm_%d); median of %d reps after %d warm-up, L2 flushed before each\n",
               device.name.c_str(), device.sm, flags.reps, flags.warmup);
+  // "of peak": compute-bound rows against the dense bf16 peak, memory-bound ones against the
+  // memory's bandwidth.
+  const double peak_tflops = bench::PeakTflops(device.name).value_or(0.0);
+  const double peak_bytes = bench::PeakBytesPerSecond().value_or(0.0);
+  std::printf(
+      "# peaks: %s bf16 TFLOP/s, %s GB/s memory\n",
+      peak_tflops > 0 ? absl::StrCat(peak_tflops).c_str() : "unknown",
+      peak_bytes > 0 ? absl::StrCat(static_cast<int64_t>(peak_bytes / 1e9)).c_str() : "unknown");
   bench::PrintTableHeader();
   std::vector<bench::Row> rows;
   for (const bench::BenchModel& model : bench::BenchModels()) {
@@ -103,6 +112,7 @@ int main(int argc, char** argv) {
         cudaStreamSynchronize(stream);
         cudaGetLastError();
       }
+      bench::SetOfPeak(&row, peak_tflops, peak_bytes);
       bench::PrintTableRow(row);
       // Each row's JSON right after it, so that a run stopped early still reports what it did.
       if (flags.json) bench::PrintJsonRow("trainyard", row);

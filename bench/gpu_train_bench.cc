@@ -39,6 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "bench/device_peaks.h"
 #include "common/device_probe.h"
 #include "common/status.h"
 #ifdef TRAINYARD_HAVE_CUPTI
@@ -115,17 +116,6 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
   if (!f->timeline.empty() && f->cpu) return "--timeline records the GPU; it has no --cpu form";
   if (f->atomic_dq && f->cpu) return "--atomic-dq chooses a GPU kernel; it has no --cpu form";
   return "";
-}
-
-// The dense bf16 peak of the devices we know, from CUDA's device name; nullopt otherwise.
-std::optional<double> PeakTflops(const std::string& name) {
-  if (absl::StrContains(name, "H200")) return 989.0;
-  if (absl::StrContains(name, "H100")) {
-    if (absl::StrContains(name, "PCIe")) return 756.0;
-    if (absl::StrContains(name, "NVL")) return 835.0;
-    return 989.0;  // SXM5 (HBM3)
-  }
-  return std::nullopt;
 }
 
 // A temporary directory holding one llm.c shard of uniformly random tokens, removed on
@@ -251,7 +241,7 @@ int main(int argc, char** argv) {
       return Fail("no usable CUDA device (" + device.why_none + "); this benchmark needs a GPU");
     }
   }
-  const std::optional<double> known_peak = PeakTflops(device.name);
+  const std::optional<double> known_peak = bench::PeakTflops(device.name);
   const double peak = f.peak_tflops > 0 ? f.peak_tflops : known_peak.value_or(0.0);
   if (!(peak > 0)) {
     return Fail("no known bf16 peak for '" + device.name + "': pass --peak-tflops");

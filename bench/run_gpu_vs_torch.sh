@@ -139,13 +139,25 @@ ty, pt = rows(sys.argv[1]), rows(sys.argv[2])
 print()
 print("### Kernels (median of %s reps after %s warm-up, L2 flushed before each)" % tuple(sys.argv[3:5]))
 print()
-print("| case | shape | trainyard ms | pytorch ms | trainyard | pytorch | ratio | goal |")
-print("|---|---|---:|---:|---:|---:|---:|---|")
+print("| case | shape | trainyard ms | pytorch ms | trainyard | pytorch | of peak (ty / pt) "
+      "| ratio | goal |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|")
 
 def achieved(r):
     if "error" in r:
         return "error"
     return "%.1f TFLOP/s" % r["tflops"] if "tflops" in r else "%.0f GB/s" % r["gbps"]
+
+def rate(r):
+    return r.get("tflops", r.get("gbps", 0.0))
+
+def of_peak(a, b):
+    # Trainyard's rows carry their fraction of the device's peak for the row's kind (dense bf16
+    # FLOP/s, or memory bandwidth); PyTorch's rate is held against the same peak.
+    if not a.get("of_peak") or not rate(a):
+        return ""
+    peak = rate(a) / a["of_peak"]
+    return "%.0f%% / %.0f%%" % (100 * a["of_peak"], 100 * rate(b) / peak)
 
 status = 0
 for case in list(ty) + [c for c in pt if c not in ty]:
@@ -155,13 +167,14 @@ for case in list(ty) + [c for c in pt if c not in ty]:
     a, b = ty.get(case), pt.get(case, pt.get(peer))
     if "-ld128 " in case and a is not None and b is None and "error" not in a:
         # A layout PyTorch's matmul does not offer (padded output rows): Trainyard's own figure.
-        print("| %s | %s | %.4f | | %s | | | Trainyard only |"
-              % (case, a["shape"], a["median_ms"], achieved(a)))
+        print("| %s | %s | %.4f | | %s | | %s | | Trainyard only |"
+              % (case, a["shape"], a["median_ms"], achieved(a),
+                 "%.0f%%" % (100 * a["of_peak"]) if a.get("of_peak") else ""))
         continue
     if a is None or b is None or "error" in a or "error" in b:
         why = [("%s: %s" % (n, r.get("error", "")) if r else "%s: missing" % n)
                for n, r in (("trainyard", a), ("pytorch", b)) if not r or "error" in r]
-        print("| %s | %s | | | | | | %s |" % (case, (a or b).get("shape", ""), "; ".join(why)))
+        print("| %s | %s | | | | | | | %s |" % (case, (a or b).get("shape", ""), "; ".join(why)))
         status = 1
         continue
     if abs(a["flop"] - b["flop"]) > 1e-6 * max(a["flop"], 1) or \
@@ -174,13 +187,14 @@ for case in list(ty) + [c for c in pt if c not in ty]:
     goal = ""
     if case.endswith("/attention fwd+bwd") or case.endswith("/attention fwd+bwd atomic-dq"):
         goal = "goal >= 1.0x: %s" % ("met" if ratio >= 1.0 else "NOT met")
-    print("| %s | %s | %.4f | %.4f | %s | %s | %.2fx | %s |"
-          % (case, a["shape"], a["median_ms"], b["median_ms"], achieved(a), achieved(b), ratio,
-             goal))
+    print("| %s | %s | %.4f | %.4f | %s | %s | %s | %.2fx | %s |"
+          % (case, a["shape"], a["median_ms"], b["median_ms"], achieved(a), achieved(b),
+             of_peak(a, b), ratio, goal))
 gqa = sorted({r.get("gqa") for r in pt.values() if r.get("gqa")})
 print()
-print("ratio = pytorch ms / trainyard ms (above 1: Trainyard is faster). PyTorch GQA: %s."
-      % (", ".join(gqa) or "n/a"))
+print("ratio = pytorch ms / trainyard ms (above 1: Trainyard is faster). of peak = the rate "
+      "over the device's dense bf16 peak (TFLOP/s rows) or memory bandwidth (GB/s rows): how "
+      "far each engine is from the row's floor. PyTorch GQA: %s." % (", ".join(gqa) or "n/a"))
 sys.exit(status)
 PYEOF
 fi
