@@ -288,17 +288,22 @@ class CudaBackend final : public Backend {
         fc_w.Add(m, grads.fc_w + j * fc * width, At(dhidden, r0 * fc), At(in, r0 * width));
       }
     }
-    const uint64_t* device = UploadGroups(mlp.offsets, {&proj_in, &proj_w, &fc_in, &fc_w});
+    // The bias gradients' chunks (each expert's column sums as it would have them alone).
+    const int groups = static_cast<int>(mlp.experts());
+    const std::vector<int64_t> chunks = grads.fc_b != nullptr || grads.proj_b != nullptr
+                                            ? kc::GroupedColumnSumTable(mlp.offsets.data(), groups)
+                                            : std::vector<int64_t>();
+    size_t chunks_at = 0;
+    const uint64_t* device =
+        UploadGroups(mlp.offsets, {&proj_in, &proj_w, &fc_in, &fc_w}, chunks, &chunks_at);
     if (device == nullptr) return;  // the error is recorded
-    // Bias gradients: a deterministic column sum per expert (a handful of small launches).
     auto bias_grads = [&](float* db, const Act* dy, int64_t n) {
       if (db == nullptr) return;
-      for (const int64_t j : w.experts) {
-        const int64_t r0 = mlp.offsets[j], m = mlp.offsets[j + 1] - r0;
-        float* scratch = ScratchFloats(Scratch::kReduce, kc::ColumnSumScratchFloats(m, n));
-        Run(kc::AccumulateColumnSums(stream_, act_dtype(), db + j * n, At(dy, r0 * n), m, n,
-                                     scratch));
-      }
+      float* scratch = ScratchFloats(
+          Scratch::kReduce, kc::GroupedColumnSumScratchFloats(mlp.offsets.data(), groups, n));
+      Run(kc::AccumulateGroupedColumnSums(stream_, act_dtype(), db, dy, mlp.offsets.data(), groups,
+                                          n, reinterpret_cast<const int64_t*>(device + chunks_at),
+                                          scratch));
     };
     RunGrouped(proj_in, device, width, ffn);
     RunGrouped(proj_w, device, width, ffn);
@@ -693,13 +698,16 @@ class CudaBackend final : public Backend {
                       << " products in " << DTypeName(act_dtype()) << ": they run one by one";
     }
   }
-  // Uploads the row offsets and every group's pointer arrays in one copy (stream-ordered, into
-  // scratch that the next call may reuse once these have run); returns the device words, the
-  // offsets first (null on an allocation failure, recorded).
+  // Uploads the row offsets, every group's pointer arrays and `extra` (at word *extra_at) in one
+  // copy (stream-ordered, into scratch that the next call may reuse once these have run);
+  // returns the device words, the offsets first (null on an allocation failure, recorded).
   const uint64_t* UploadGroups(std::span<const int64_t> offsets,
-                               std::initializer_list<GroupArrays*> groups) {
+                               std::initializer_list<GroupArrays*> groups,
+                               std::span<const int64_t> extra = {}, size_t* extra_at = nullptr) {
     std::vector<uint64_t> words(offsets.begin(), offsets.end());
     for (GroupArrays* g : groups) g->Append(words);
+    if (extra_at != nullptr) *extra_at = words.size();
+    words.insert(words.end(), extra.begin(), extra.end());
     const int64_t bytes = static_cast<int64_t>(words.size() * sizeof(uint64_t));
     void* device = ScratchBytes(Scratch::kGroups, bytes);
     if (device == nullptr) return nullptr;

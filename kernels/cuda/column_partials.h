@@ -36,6 +36,14 @@ RowChunks ChunkRows(int64_t rows);
                                                  const float* partials0, float* dst1,
                                                  const float* partials1, int64_t chunks, int64_t c);
 
+// The same for groups of chunks, each into its own row of dst [groups, c]: group g's partials
+// are the rows [groups_table[2g], + groups_table[2g + 1]) of `partials` (device memory; a group
+// of no chunks adds nothing), each group summed as AddColumnPartials sums its chunks alone.
+[[nodiscard]] absl::Status AddGroupedColumnPartials(cudaStream_t stream, float* dst,
+                                                    const float* partials,
+                                                    const int64_t* groups_table, int groups,
+                                                    int64_t c);
+
 }  // namespace trainyard::kernels::cuda
 
 #endif  // TRAINYARD_KERNELS_CUDA_COLUMN_PARTIALS_H_

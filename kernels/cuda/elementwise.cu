@@ -126,6 +126,19 @@ __global__ void ColumnPartialsKernel(float* partials, const T* dout, int64_t m, 
   partials[chunk * n + j] = sum;
 }
 
+// The same with each chunk's rows [chunk_rows[2t], chunk_rows[2t + 1]) from a table: the chunks
+// of several row ranges, each cut as ColumnPartialsKernel cuts a range alone.
+template <typename T>
+__global__ void GroupedColumnPartialsKernel(float* partials, const T* dout, int64_t n,
+                                            const int64_t* chunk_rows) {
+  const int64_t j = FirstIndex();
+  if (j >= n) return;
+  const int64_t t = blockIdx.y, r1 = chunk_rows[2 * t + 1];
+  float sum = 0.0f;
+  for (int64_t r = chunk_rows[2 * t]; r < r1; ++r) sum += ToFloat(dout[r * n + j]);
+  partials[t * n + j] = sum;
+}
+
 __device__ __forceinline__ double WarpSumDouble(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -304,6 +317,48 @@ absl::Status AccumulateColumnSums(cudaStream_t stream, DType dtype, float* dbias
     TY_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnPartialsKernel");
   });
   return AddColumnPartials(stream, dbias, scratch, chunks.count, n);
+}
+
+std::vector<int64_t> GroupedColumnSumTable(const int64_t* offsets, int groups) {
+  std::vector<int64_t> table(2 * static_cast<size_t>(groups));
+  int64_t first = 0;
+  for (int g = 0; g < groups; ++g) {
+    const int64_t m = offsets[g + 1] - offsets[g];
+    const RowChunks chunks = ChunkRows(m);
+    const int64_t count = m > 0 ? chunks.count : 0;
+    table[2 * g] = first;
+    table[2 * g + 1] = count;
+    for (int64_t c = 0; c < count; ++c) {
+      table.push_back(offsets[g] + c * chunks.rows_per_chunk);
+      table.push_back(offsets[g] + std::min(m, (c + 1) * chunks.rows_per_chunk));
+    }
+    first += count;
+  }
+  return table;
+}
+
+int64_t GroupedColumnSumScratchFloats(const int64_t* offsets, int groups, int64_t n) {
+  int64_t floats = 0;
+  for (int g = 0; g < groups; ++g) floats += ColumnSumScratchFloats(offsets[g + 1] - offsets[g], n);
+  return floats;
+}
+
+absl::Status AccumulateGroupedColumnSums(cudaStream_t stream, DType dtype, float* dbias,
+                                         const void* dout, const int64_t* offsets, int groups,
+                                         int64_t n, const int64_t* table, float* scratch) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(offsets != nullptr && groups >= 1 && n >= 1);
+  const int64_t chunks = GroupedColumnSumScratchFloats(offsets, groups, n) / n;
+  if (chunks == 0) return absl::OkStatus();  // every range empty
+  TY_REQUIRE(dbias != nullptr && dout != nullptr && table != nullptr && scratch != nullptr);
+  TY_REQUIRE(chunks <= 65535);
+  const dim3 grid(BlocksFor(n, kThreads), static_cast<unsigned int>(chunks));
+  TY_DISPATCH_DTYPE(dtype, T, {
+    GroupedColumnPartialsKernel<T><<<grid, kThreads, 0, stream>>>(
+        scratch, static_cast<const T*>(dout), n, table + 2 * groups);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("GroupedColumnPartialsKernel");
+  });
+  return AddGroupedColumnPartials(stream, dbias, scratch, table, groups, n);
 }
 
 int64_t SumOfSquaresScratchDoubles(int64_t n) {

@@ -40,6 +40,21 @@ namespace trainyard::kernels::cuda {
                                                 const void* dout, int64_t m, int64_t n,
                                                 float* scratch);
 int64_t ColumnSumScratchFloats(int64_t m, int64_t n);
+// The same for consecutive row ranges of dout, each into its own row of dbias [groups, n]:
+// dbias[g, :] += Σ dout[r, :] over r in [offsets[g], offsets[g + 1]) (a mixture of experts' bias
+// gradients, expert by expert; a range may be empty), in two launches, each range with the bits
+// AccumulateColumnSums gives it alone. `table` is GroupedColumnSumTable(offsets, groups) in
+// device memory (uploaded by the caller in stream order); scratch holds
+// GroupedColumnSumScratchFloats(offsets, groups, n) floats.
+[[nodiscard]] absl::Status AccumulateGroupedColumnSums(cudaStream_t stream, DType dtype,
+                                                       float* dbias, const void* dout,
+                                                       const int64_t* offsets, int groups,
+                                                       int64_t n, const int64_t* table,
+                                                       float* scratch);
+// The host side of that table: each group's first chunk and chunk count, then each chunk's first
+// and end row (the chunking AccumulateColumnSums makes of each range alone).
+std::vector<int64_t> GroupedColumnSumTable(const int64_t* offsets, int groups);
+int64_t GroupedColumnSumScratchFloats(const int64_t* offsets, int groups, int64_t n);
 // *result (device, fp64) = Σ x² in a fixed order (the same bits every run); scratch holds
 // SumOfSquaresScratchDoubles(n) doubles.
 [[nodiscard]] absl::Status SumOfSquares(cudaStream_t stream, const float* x, int64_t n,

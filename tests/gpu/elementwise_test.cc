@@ -258,6 +258,53 @@ TEST(CudaElementwise, ColumnSumsAccumulateLikeCpuAndAreDeterministic) {
   }
 }
 
+// Grouped column sums (an MoE layer's bias gradients, expert by expert) give each range the
+// bits AccumulateColumnSums gives it alone: ranges of 5 rows, none, 1995 (many chunks) and 40.
+TEST(CudaElementwise, GroupedColumnSumsEqualEachRangeAlone) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(36);
+  const std::vector<int64_t> offsets = {0, 5, 5, 2000, 2040};
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  const int64_t m = offsets.back();
+  const std::vector<int64_t> table = GroupedColumnSumTable(offsets.data(), groups);
+  DeviceMemory d_table(static_cast<int64_t>(table.size() * sizeof(int64_t)));
+  ASSERT_EQ(cudaMemcpy(d_table.get(), table.data(), table.size() * sizeof(int64_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  for (DType dtype : kDTypes) {
+    for (int64_t n : {24, 37}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
+      const std::vector<float> dout = RandomActivation(m * n, dtype, rng);
+      const std::vector<float> dbias0 = RandomVector(groups * n, rng);
+      DeviceTensor d_dout(dout, dtype), d_grouped(dbias0, kF32), d_alone(dbias0, kF32);
+      DeviceTensor d_scratch(GroupedColumnSumScratchFloats(offsets.data(), groups, n), kF32);
+      d_scratch.Poison();
+      absl::Status status =
+          AccumulateGroupedColumnSums(nullptr, dtype, d_grouped.f32(), d_dout.get(),
+                                      offsets.data(), groups, n,
+                                      d_table.as<const int64_t>(), d_scratch.f32());
+      ASSERT_TRUE(status.ok()) << status;
+      const int64_t bytes = dtype == DType::kBF16 ? 2 : 4;
+      for (int g = 0; g < groups; ++g) {
+        const int64_t rows = offsets[g + 1] - offsets[g];
+        DeviceTensor scratch(std::max<int64_t>(ColumnSumScratchFloats(rows, n), 1), kF32);
+        status = AccumulateColumnSums(
+            nullptr, dtype, d_alone.f32() + g * n,
+            static_cast<const char*>(d_dout.get()) + offsets[g] * n * bytes, rows, n,
+            scratch.f32());
+        ASSERT_TRUE(status.ok()) << status;
+      }
+      EXPECT_TRUE(Identical(d_grouped.Read(), d_alone.Read()));
+      std::vector<float> want = dbias0;  // and the CPU's sums, range by range
+      for (int g = 0; g < groups; ++g) {
+        cpu::AccumulateColumnSums(want.data() + g * n, dout.data() + offsets[g] * n,
+                                  offsets[g + 1] - offsets[g], n);
+      }
+      EXPECT_LE(RelativeError(d_grouped.Read(), want), Tolerance(kF32));
+    }
+  }
+}
+
 TEST(CudaElementwise, SumOfSquaresIsExactEnoughAndDeterministic) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(36);

@@ -163,7 +163,7 @@ struct ExpertsCase {
 
 struct ExpertsRun {
   std::vector<float> hidden, act, out, din, dfc_w, dfc_b, dproj_w, dproj_b;
-  int64_t forward_launches = -1;  // on the emulated device
+  int64_t forward_launches = -1, backward_launches = -1;  // on the emulated device
 };
 
 constexpr int64_t kExpertWidth = 40, kExpertFfn = 24;
@@ -222,8 +222,14 @@ ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool ke
 #if TRAINYARD_CUDA_EMU
   run.forward_launches = emu::Launches() - before;
 #endif
+#if TRAINYARD_CUDA_EMU
+  const int64_t backward_from = emu::Launches();
+#endif
   be.ExpertsBackward(mlp, grads, dout.data(), in.data(), hidden.data(), a.data(), dact.data(),
                      dhidden.data(), din.data());
+#if TRAINYARD_CUDA_EMU
+  run.backward_launches = emu::Launches() - backward_from;
+#endif
   EXPECT_TRUE(be.Synchronize().ok());
   run.hidden = ReadAct(be, hidden);
   run.act = ReadAct(be, a);
@@ -258,12 +264,17 @@ TEST_P(ExpertsOnGpu, MatchCpuBackend) {
   EXPECT_LE(RelativeError(got.dfc_b, want.dfc_b), tol) << "fc bias gradient";
   EXPECT_LE(RelativeError(got.dproj_b, want.dproj_b), tol) << "proj bias gradient";
 #if TRAINYARD_CUDA_EMU
-  // Grouped, the forward's kernels are the same few for any number of experts (GEMMs aside: the
-  // emulated cuBLAS launches none): the activation, and GELU experts' two bias adds. One expert
-  // at a time, each expert with rows launches its own (3 of 5 here, and bf16 conversions).
+  // Grouped, the kernels are the same few for any number of experts (GEMMs aside: the emulated
+  // cuBLAS launches none): the activation and its backward, and GELU experts' two bias adds and
+  // two bias-gradient sums (partials, then their sum). One expert at a time, each expert with
+  // rows launches its own (3 of 5 here, and bf16 conversions).
   const bool grouped = act == DType::kF32 || c.keep;
-  if (grouped) EXPECT_EQ(got.forward_launches, c.gated ? 1 : 3);
-  if (!grouped) EXPECT_GE(got.forward_launches, 3);
+  if (grouped) {
+    EXPECT_EQ(got.forward_launches, c.gated ? 1 : 3);
+    EXPECT_EQ(got.backward_launches, c.gated ? 1 : 5);
+  } else {
+    EXPECT_GE(got.forward_launches, 3);
+  }
 #endif
 }
 
