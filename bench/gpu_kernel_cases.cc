@@ -404,21 +404,18 @@ absl::Status ExpertsGemm(int64_t tokens, int64_t n, int64_t k, bool weight_grad,
     }
     r0 += m[j];
   }
-  std::vector<const void*> words(outs.begin(), outs.end());
-  words.insert(words.end(), xs.begin(), xs.end());
-  words.insert(words.end(), ys.begin(), ys.end());
+  kc::GemmGroup group{.kind = weight_grad ? kc::GemmKind::kBackwardWeight : kc::GemmKind::kForward,
+                      .count = kExperts,
+                      .m = m.data(),
+                      .out = outs.data(),
+                      .x = xs.data(),
+                      .y = ys.data()};
+  const std::vector<const void*> words = kc::GroupPointers(group);
   TY_ASSIGN_OR_RETURN(DeviceBuffer device,
                       DeviceBuffer::Create(static_cast<int64_t>(words.size() * sizeof(void*))));
   TY_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(device.get(), words.data(), words.size() * sizeof(void*), cudaMemcpyHostToDevice));
-  const kc::GemmGroup group{
-      .kind = weight_grad ? kc::GemmKind::kBackwardWeight : kc::GemmKind::kForward,
-      .count = kExperts,
-      .m = m.data(),
-      .out = outs.data(),
-      .x = xs.data(),
-      .y = ys.data(),
-      .device = static_cast<const void* const*>(device.get())};
+  group.device = static_cast<const void* const*>(device.get());
   TY_RETURN_IF_ERROR(Measure(ctx, row, [&]() -> absl::Status {
     if (!one_by_one) return ctx.gemm->Grouped(ctx.stream, kAct, group, n, k);
     for (int j = 0; j < kExperts; ++j) {

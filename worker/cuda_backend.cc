@@ -657,15 +657,12 @@ class CudaBackend final : public Backend {
       y_.push_back(y);
     }
     int count() const { return static_cast<int>(m_.size()); }
-    // Appends the device layout Gemm::Grouped reads (out's pointers, x's, y's) to `words`.
+    // Appends the device layout Gemm::Grouped reads (kc::GroupPointers) to `words`.
     void Append(std::vector<uint64_t>& words) {
       first_word_ = words.size();
-      auto append = [&](const auto& pointers) {
-        for (const void* p : pointers) words.push_back(reinterpret_cast<uintptr_t>(p));
-      };
-      append(out_);
-      append(x_);
-      append(y_);
+      for (const void* p : kc::GroupPointers(Group(nullptr))) {
+        words.push_back(reinterpret_cast<uintptr_t>(p));
+      }
     }
     kc::GemmGroup Group(const uint64_t* device_words) const {
       return {.kind = kind_,
@@ -674,7 +671,9 @@ class CudaBackend final : public Backend {
               .out = out_.data(),
               .x = x_.data(),
               .y = y_.data(),
-              .device = reinterpret_cast<const void* const*>(device_words + first_word_)};
+              .device = device_words == nullptr
+                            ? nullptr
+                            : reinterpret_cast<const void* const*>(device_words + first_word_)};
     }
 
    private:

@@ -403,7 +403,7 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
     backend_->Copy(a.resid[0].data(), input_acts, rows * config_.width);
   }
   // Each block's closing residual add goes into the norm that follows it on this stage (the
-  // next block's first, or the final norm); a stage whose output travels on adds its own last.
+  // next block's first, or the final norm); a stage whose output travels on adds its last here.
   const int end = stage.first_layer + stage.num_layers;
   PendingSum residual;
   for (int l = stage.first_layer; l < end; ++l) {
@@ -412,13 +412,15 @@ absl::Status Model::Forward(bool keep_layer_activations, std::unique_ptr<Hold>* 
     } else if (stage.last) {
       source_->Prefetch(layout_.final_group());
     }
-    const bool norm_follows = l + 1 < end || stage.last;
-    TY_RETURN_IF_ERROR(BlockForward(l, a.layers[keep_layer_activations ? l - stage.first_layer : 0],
-                                    &residual, norm_follows));
+    TY_RETURN_IF_ERROR(
+        BlockForward(l, a.layers[keep_layer_activations ? l - stage.first_layer : 0], residual));
   }
   if (stage.last) {
     TY_ASSIGN_OR_RETURN(*final_hold, Hold::Acquire(this, layout_.final_group()));
-    TY_RETURN_IF_ERROR(FinalNorm(residual));
+    return FinalNorm(residual);
+  }
+  if (residual.pending()) {
+    backend_->Add(a.resid[stage.num_layers].data(), residual.a, residual.b, rows * config_.width);
   }
   return absl::OkStatus();
 }
@@ -435,7 +437,8 @@ absl::Status Model::BackwardBlocks(Act* dx) {
     if (l > stage.first_layer) source_->Prefetch(layout_.block_group(l - 1));
     if (recompute) {
       recomputing_ = true;
-      const absl::Status recomputed = BlockForward(l, la);
+      PendingSum output;  // the forward pass put the block's output in the residual stream
+      const absl::Status recomputed = BlockForward(l, la, output);
       recomputing_ = false;
       TY_RETURN_IF_ERROR(recomputed);
     }
@@ -506,9 +509,7 @@ void Model::Rotate(Act* qkv, bool backward) {
   }
 }
 
-absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum* residual,
-                                 bool output_pending) {
-  TY_CHECK(residual != nullptr || !output_pending) << "a pending output needs somewhere to go";
+absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& residual) {
   const int g = layout_.block_group(layer);
   TY_ASSIGN_OR_RETURN(auto hold, Hold::Acquire(this, g));
   if (layout_.expert_group(layer) >= 0) source_->Prefetch(layout_.expert_group(layer));
@@ -523,27 +524,13 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum* re
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const bool split_bias = tp_size() > 1;       // row-parallel outputs take their bias after the sum
   const int li = layer - stage().first_layer;  // the block's index on this stage
-  const Act* x = a.resid[li].data();
+  Act* x = a.resid[li].data();
   Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
   Act* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
   Act* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
   Backend& be = *backend_;
 
-  if (residual != nullptr && residual->pending()) {  // the previous block's residual add, here
-    Act* sum = a.resid[li].data();
-    if (gpt2) {
-      be.AddLayerNorm(sum, ln1, la.ln1_mean.data(), la.ln1_rstd.data(), residual->a, residual->b,
-                      P(g, o.ln1_w), P(g, o.ln1_b), nr, width, c.norm_eps);
-    } else {
-      be.AddRmsNorm(sum, ln1, la.ln1_rstd.data(), residual->a, residual->b, P(g, o.ln1_w), nr,
-                    width, c.norm_eps);
-    }
-  } else if (gpt2) {
-    be.LayerNorm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, P(g, o.ln1_w), P(g, o.ln1_b), nr,
-                 width, c.norm_eps);
-  } else {
-    be.RmsNorm(ln1, la.ln1_rstd.data(), x, P(g, o.ln1_w), nr, width, c.norm_eps);
-  }
+  Norm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, residual, P(g, o.ln1_w), P(g, o.ln1_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
   be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
   if (!gpt2) Rotate(la.qkv.data(), /*backward=*/false);
@@ -557,26 +544,34 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum* re
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   if (split_bias && o.proj_b >= 0) be.AddBias(proj_out, P(g, o.proj_b), nr, width);
   // The residual add and the second norm in one pass.
-  if (gpt2) {
-    be.AddLayerNorm(la.mid.data(), ln2, la.ln2_mean.data(), la.ln2_rstd.data(), x, proj_out,
-                    P(g, o.ln2_w), P(g, o.ln2_b), nr, width, c.norm_eps);
-  } else {
-    be.AddRmsNorm(la.mid.data(), ln2, la.ln2_rstd.data(), x, proj_out, P(g, o.ln2_w), nr, width,
-                  c.norm_eps);
-  }
+  Norm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), PendingSum{x, proj_out},
+       P(g, o.ln2_w), P(g, o.ln2_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
   // MLP branch: the dense MLP, or an MoE block's shared and routed experts.
   if (o.mlp_ffn > 0) MlpForward(layer, la);
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   if (split_bias && o.mlp_proj_b >= 0) be.AddBias(proj_out, P(g, o.mlp_proj_b), nr, width);
-  if (output_pending) {
-    *residual = {la.mid.data(), proj_out};
-  } else {
-    be.Add(a.resid[li + 1].data(), la.mid.data(), proj_out, nr * width);
-    if (residual != nullptr) *residual = {};
-  }
+  residual = {la.mid.data(), proj_out};
   return absl::OkStatus();
+}
+
+void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending,
+                 const float* w, const float* b) {
+  const int64_t rows = local_rows(), width = config_.width;
+  const float eps = config_.norm_eps;
+  Backend& be = *backend_;
+  if (config_.family == ModelFamily::kGpt2) {
+    if (pending.pending()) {
+      be.AddLayerNorm(x, out, mean, rstd, pending.a, pending.b, w, b, rows, width, eps);
+    } else {
+      be.LayerNorm(out, mean, rstd, x, w, b, rows, width, eps);
+    }
+  } else if (pending.pending()) {
+    be.AddRmsNorm(x, out, rstd, pending.a, pending.b, w, rows, width, eps);
+  } else {
+    be.RmsNorm(out, rstd, x, w, rows, width, eps);
+  }
 }
 
 void Model::MlpForward(int layer, LayerActivations& la) {
@@ -769,25 +764,10 @@ absl::Status Model::BlockWeightGradients(int layer) {
 absl::Status Model::FinalNorm(const PendingSum& residual) {
   Activations& a = *acts_;
   const int g = layout_.final_group();
-  const int64_t nr = local_rows(), width = config_.width;
-  Act* x = a.resid[stage().num_layers].data();
   Act* out = sp_ ? a.lnf_local.data() : a.lnf.data();
-  const float *w = P(g, layout_.lnf_w()), *b = P(g, layout_.lnf_b());
-  Backend& be = *backend_;
-  const float eps = config_.norm_eps;
-  if (config_.family == ModelFamily::kGpt2) {
-    if (residual.pending()) {
-      be.AddLayerNorm(x, out, a.lnf_mean.data(), a.lnf_rstd.data(), residual.a, residual.b, w, b,
-                      nr, width, eps);
-    } else {
-      be.LayerNorm(out, a.lnf_mean.data(), a.lnf_rstd.data(), x, w, b, nr, width, eps);
-    }
-  } else if (residual.pending()) {
-    be.AddRmsNorm(x, out, a.lnf_rstd.data(), residual.a, residual.b, w, nr, width, eps);
-  } else {
-    be.RmsNorm(out, a.lnf_rstd.data(), x, w, nr, width, eps);
-  }
-  return ToFullRows(out, a.lnf.data(), width);
+  Norm(out, a.lnf_mean.data(), a.lnf_rstd.data(), a.resid[stage().num_layers].data(), residual,
+       P(g, layout_.lnf_w()), P(g, layout_.lnf_b()));
+  return ToFullRows(out, a.lnf.data(), config_.width);
 }
 
 absl::Status Model::FinalNormBackward(Act* dx) {

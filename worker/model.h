@@ -232,12 +232,14 @@ class Model {
     const Act* b = nullptr;
     bool pending() const { return a != nullptr; }
   };
-  // One block forward. With `residual`, a pending sum on entry is the block's input (its first
-  // norm writes it to the residual stream), and with `output_pending` the block's output is left
-  // pending in it for the next norm; otherwise input and output are in the residual stream.
-  [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a,
-                                          PendingSum* residual = nullptr,
-                                          bool output_pending = false);
+  // One block forward. A pending `residual` on entry is the block's input (its first norm
+  // writes it to the residual stream; else the input is there already); on return it holds the
+  // block's output, pending, for the next norm (or for the caller to add).
+  [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a, PendingSum& residual);
+  // The family's norm of the residual-stream rows x into out (LayerNorm's statistics in mean and
+  // rstd, RMSNorm's in rstd), where a pending sum is x's value: the fused add then writes it to x.
+  void Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending, const float* w,
+            const float* b);
   // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
   // under tensor parallelism; the proj bias only without it).
   void MlpForward(int layer, LayerActivations& la);

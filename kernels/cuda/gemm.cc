@@ -253,21 +253,19 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
     // (weight stored k×n) · (dout stored n×m); weight gradient dweightᵀ[k×n] += (inp stored k×m)
     // · (dout stored n×m)ᵀ.
     const size_t count = static_cast<size_t>(g.count);
+    const bool forward = g.kind == GemmKind::kForward;
     const bool weight_grad = g.kind == GemmKind::kBackwardWeight;
-    const cublasOperation_t op_a = g.kind == GemmKind::kForward ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = forward ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = weight_grad ? CUBLAS_OP_T : CUBLAS_OP_N;
     std::vector<cublasOperation_t> transa(count, op_a), transb(count, op_b);
-    std::vector<int> rows(count), cols(count), depth(count), lda(count, static_cast<int>(k));
-    std::vector<int> ldb(count, static_cast<int>(g.kind == GemmKind::kForward ? k : n));
-    std::vector<int> ldc(count, static_cast<int>(g.kind == GemmKind::kForward ? n : k));
-    std::vector<int> sizes(count, 1);
+    // Per product only m varies: it is the columns, or (weight gradient) the depth.
+    std::vector<int> rows(count, static_cast<int>(forward ? n : k));
+    std::vector<int> cols(count, static_cast<int>(n)),
+        depth(count, static_cast<int>(forward ? k : n));
+    for (size_t i = 0; i < count; ++i) (weight_grad ? depth : cols)[i] = static_cast<int>(g.m[i]);
+    std::vector<int> lda(count, static_cast<int>(k)), ldb(count, static_cast<int>(forward ? k : n));
+    std::vector<int> ldc(count, static_cast<int>(forward ? n : k)), sizes(count, 1);
     const std::vector<float> alpha(count, 1.0f), beta(count, weight_grad ? 1.0f : 0.0f);
-    for (size_t i = 0; i < count; ++i) {
-      const int m = static_cast<int>(g.m[i]);
-      rows[i] = static_cast<int>(g.kind == GemmKind::kForward ? n : k);
-      cols[i] = weight_grad ? static_cast<int>(n) : m;
-      depth[i] = static_cast<int>(g.kind == GemmKind::kForward ? k : weight_grad ? m : n);
-    }
     const auto handle = static_cast<cublasHandle_t>(grouped_handle_);
     TY_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream));
     const void* const* device = g.device;
@@ -289,8 +287,9 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
     }
     one_by_one_.insert(combination);
   }
-  for (int i = 0; i < g.count; ++i)
+  for (int i = 0; i < g.count; ++i) {
     TY_RETURN_IF_ERROR(gemm_args::RunOne(*this, stream, act, g, i, n, k));
+  }
   return absl::OkStatus();
 }
 

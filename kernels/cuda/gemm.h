@@ -16,6 +16,7 @@
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,10 +38,18 @@ struct GemmGroup {
   void* const* out = nullptr;      // host arrays of each product's operands
   const void* const* x = nullptr;  //   (out, inp, weight) / (dinp, dout, weight) /
   const void* const* y = nullptr;  //   (dweight, dout, inp)
-  // The same pointers in device memory, as 3·count entries: out's, then x's, then y's. cuBLAS's
-  // grouped GEMM reads them there, so the caller uploads them in stream order before the call.
+  // The same pointers in device memory, laid out as GroupPointers gives them. cuBLAS's grouped
+  // GEMM reads them there, so the caller uploads them in stream order before the call.
   const void* const* device = nullptr;
 };
+
+// The layout of GemmGroup::device, from the host arrays: out's pointers, then x's, then y's.
+inline std::vector<const void*> GroupPointers(const GemmGroup& g) {
+  std::vector<const void*> pointers(g.out, g.out + g.count);
+  pointers.insert(pointers.end(), g.x, g.x + g.count);
+  pointers.insert(pointers.end(), g.y, g.y + g.count);
+  return pointers;
+}
 
 class Gemm {
  public:

@@ -19,6 +19,7 @@ namespace {
 
 using ::trainyard::testing::DeviceMemory;
 using ::trainyard::testing::DeviceTensor;
+using ::trainyard::testing::DeviceValues;
 using ::trainyard::testing::RandomActivation;
 using ::trainyard::testing::RandomVector;
 using ::trainyard::testing::RelativeError;
@@ -103,10 +104,7 @@ TEST(CudaElementwise, AddGroupedBiasMatchesCpuGroupByGroup) {
   const std::vector<int64_t> offsets = {0, 7, 7, 20, 45, 45};
   const int groups = static_cast<int>(offsets.size()) - 1;
   const int64_t m = offsets.back();
-  DeviceMemory d_offsets(offsets.size() * sizeof(int64_t));
-  ASSERT_EQ(cudaMemcpy(d_offsets.get(), offsets.data(), offsets.size() * sizeof(int64_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  const DeviceValues<int64_t> d_offsets(offsets);
   for (DType dtype : kDTypes) {
     for (int64_t n : {24, 37}) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
@@ -119,8 +117,8 @@ TEST(CudaElementwise, AddGroupedBiasMatchesCpuGroupByGroup) {
       }
       if (dtype == DType::kBF16) RoundToBf16(want);
       DeviceTensor d_out(out0, dtype), d_bias(bias, kF32);
-      const absl::Status status = AddGroupedBias(nullptr, dtype, d_out.get(), d_bias.f32(),
-                                                 d_offsets.as<const int64_t>(), groups, m, n);
+      const absl::Status status =
+          AddGroupedBias(nullptr, dtype, d_out.get(), d_bias.f32(), d_offsets.get(), groups, m, n);
       ASSERT_TRUE(status.ok()) << status;
       EXPECT_TRUE(Identical(d_out.Read(), want)) << "one rounding of x + bias, as AddBias";
     }
@@ -266,11 +264,7 @@ TEST(CudaElementwise, GroupedColumnSumsEqualEachRangeAlone) {
   const std::vector<int64_t> offsets = {0, 5, 5, 2000, 2040};
   const int groups = static_cast<int>(offsets.size()) - 1;
   const int64_t m = offsets.back();
-  const std::vector<int64_t> table = GroupedColumnSumTable(offsets.data(), groups);
-  DeviceMemory d_table(static_cast<int64_t>(table.size() * sizeof(int64_t)));
-  ASSERT_EQ(cudaMemcpy(d_table.get(), table.data(), table.size() * sizeof(int64_t),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  const DeviceValues<int64_t> d_table(GroupedColumnSumTable(offsets.data(), groups));
   for (DType dtype : kDTypes) {
     for (int64_t n : {24, 37}) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
@@ -280,17 +274,15 @@ TEST(CudaElementwise, GroupedColumnSumsEqualEachRangeAlone) {
       DeviceTensor d_scratch(GroupedColumnSumScratchFloats(offsets.data(), groups, n), kF32);
       d_scratch.Poison();
       absl::Status status =
-          AccumulateGroupedColumnSums(nullptr, dtype, d_grouped.f32(), d_dout.get(),
-                                      offsets.data(), groups, n,
-                                      d_table.as<const int64_t>(), d_scratch.f32());
+          AccumulateGroupedColumnSums(nullptr, dtype, d_grouped.f32(), d_dout.get(), offsets.data(),
+                                      groups, n, d_table.get(), d_scratch.f32());
       ASSERT_TRUE(status.ok()) << status;
-      const int64_t bytes = dtype == DType::kBF16 ? 2 : 4;
       for (int g = 0; g < groups; ++g) {
         const int64_t rows = offsets[g + 1] - offsets[g];
         DeviceTensor scratch(std::max<int64_t>(ColumnSumScratchFloats(rows, n), 1), kF32);
         status = AccumulateColumnSums(
             nullptr, dtype, d_alone.f32() + g * n,
-            static_cast<const char*>(d_dout.get()) + offsets[g] * n * bytes, rows, n,
+            static_cast<const char*>(d_dout.get()) + offsets[g] * n * DTypeBytes(dtype), rows, n,
             scratch.f32());
         ASSERT_TRUE(status.ok()) << status;
       }

@@ -126,20 +126,14 @@ TEST_P(GroupedGemmTest, MatchesCpuProductByProduct) {
       x.push_back(kind == GemmKind::kForward ? q->d_inp.get() : q->d_dout.get());
       y.push_back(kind == GemmKind::kBackwardWeight ? q->d_inp.get() : q->d_w.get());
     }
-    std::vector<const void*> words(out.begin(), out.end());
-    words.insert(words.end(), x.begin(), x.end());
-    words.insert(words.end(), y.begin(), y.end());
-    testing::DeviceMemory device(words.size() * sizeof(void*));
-    ASSERT_EQ(cudaMemcpy(device.get(), words.data(), words.size() * sizeof(void*),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    const GemmGroup group{.kind = kind,
-                          .count = count,
-                          .m = ms.data(),
-                          .out = out.data(),
-                          .x = x.data(),
-                          .y = y.data(),
-                          .device = static_cast<const void* const*>(device.get())};
+    GemmGroup group{.kind = kind,
+                    .count = count,
+                    .m = ms.data(),
+                    .out = out.data(),
+                    .x = x.data(),
+                    .y = y.data()};
+    const testing::DeviceValues<const void*> device(GroupPointers(group));
+    group.device = device.get();
     const absl::Status status = (*gemm)->Grouped(nullptr, dtype, group, n, k);
     ASSERT_TRUE(status.ok()) << status;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -54,18 +54,20 @@ class DeviceMemory {
   int64_t bytes_;
 };
 
-// Token ids or targets copied to the device.
-class DeviceInts {
+// A host vector copied to the device as it is: token ids or targets, row offsets, pointer arrays.
+template <typename T>
+class DeviceValues {
  public:
-  explicit DeviceInts(const std::vector<int32_t>& host)
-      : mem_(static_cast<int64_t>(host.size() * sizeof(int32_t))) {
-    cudaMemcpy(mem_.get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  explicit DeviceValues(const std::vector<T>& host)
+      : mem_(static_cast<int64_t>(host.size() * sizeof(T))) {
+    cudaMemcpy(mem_.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
-  const int32_t* get() const { return mem_.as<int32_t>(); }
+  const T* get() const { return mem_.as<const T>(); }
 
  private:
   DeviceMemory mem_;
 };
+using DeviceInts = DeviceValues<int32_t>;
 
 // Rounds every value to the nearest bf16 (what the device will see when the tensor is bf16).
 inline void RoundToBf16(std::vector<float>& v) {

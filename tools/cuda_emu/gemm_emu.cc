@@ -115,8 +115,9 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
   device.out = const_cast<void* const*>(g.device);
   device.x = g.device + g.count;
   device.y = g.device + 2 * g.count;
-  for (int i = 0; i < g.count; ++i)
+  for (int i = 0; i < g.count; ++i) {
     TY_RETURN_IF_ERROR(gemm_args::RunOne(*this, stream, act, device, i, n, k));
+  }
   return absl::OkStatus();
 }
 
