@@ -2,13 +2,14 @@
 """Context parallelism on this machine's CPU: how long a sequence cp 1, 2 and 4 train within a
 fixed memory per rank, and their speed at a sequence all of them can train.
 
-Usage: python3 bench/context_bench.py [--build DIR] [--limit-mib M] [--ladder 512,1024,...]
-                                      [--degrees 1,2,4] [--steps N] [--rounds R]
-                                      [--no-calibrate] [--out FILE] [--wait-idle SECONDS]
-                                      [--max-other-load CORES]
+Usage: python3 bench/context_bench.py [--build DIR] [--moe] [--limit-mib M]
+                                      [--ladder 512,1024,...] [--degrees 1,2,4] [--steps N]
+                                      [--rounds R] [--no-calibrate] [--out FILE]
+                                      [--wait-idle SECONDS] [--max-other-load CORES]
 
 The model is gpt2-tiny (4 layers, width 128, 4 heads) with room for 8192 positions, one sequence
-per step. Part 1, memory: for each cp, `trainyard-worker --standalone` trains two steps at each
+per step; with --moe every block's MLP is 4 routed experts of hidden size 256, top-2 (the dense
+MLP's active FLOPs), and the report goes to bench/results/context_moe_cpu.md. Part 1, memory: for each cp, `trainyard-worker --standalone` trains two steps at each
 sequence length of the ladder, shortest first, until a rank needs more than --limit-mib (default
 64 MiB) by the engine's own accounting (every buffer it allocates: parameters, gradients,
 optimizer state, activations with ring attention's buffers, ZeRO's transient ones; rank 0's
@@ -37,7 +38,7 @@ import plan_accuracy as common  # noqa: E402  (the idle waits, the run table's p
 ROOT = common.ROOT
 
 SPEC = """name: context-{tag}
-model: {{preset: gpt2-tiny, max_seq: 8192}}
+model: {{preset: gpt2-tiny, max_seq: 8192{moe}}}
 data: {{source: markov, markov: {{vocab: 64, train_tokens: 200000, val_tokens: 20000}}}}
 training: {{steps: {steps}, batch: 1, micro_batch: 1, seq_len: {seq}, eval_every: 0, log_every: 1000}}
 parallelism: {{dp: 1, cp: {cp}}}
@@ -59,7 +60,8 @@ def train(args, worker, tmp, env, cp, seq, steps, raw, label):
     tag = f"cp{cp}-t{seq}"
     spec = os.path.join(tmp, f"{tag}.yaml")
     with open(spec, "w") as f:
-        f.write(SPEC.format(tag=tag, steps=steps, seq=seq, cp=cp))
+        f.write(SPEC.format(tag=tag, steps=steps, seq=seq, cp=cp,
+                            moe=", moe: {experts: 4, top_k: 2, ffn: 256}" if args.moe else ""))
     run, other = common.quiet_run([worker, "--standalone", spec], args, timeout=1800, env=env)
     raw.append(f"$ trainyard-worker --standalone ({label}: cp {cp}, seq_len {seq})"
                f"   (other processes: {other:.2f} cores)\n" + run.stdout + run.stderr)
@@ -129,16 +131,20 @@ def speed_table(degrees, seq, results):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--moe", action="store_true")
     parser.add_argument("--limit-mib", type=int, default=64)
     parser.add_argument("--ladder", default="512,1024,1536,2048,3072,4096,6144,8192")
     parser.add_argument("--degrees", default="1,2,4")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-calibrate", action="store_true")
-    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "context_cpu.md"))
+    parser.add_argument("--out")
     parser.add_argument("--wait-idle", type=float, default=120)
     parser.add_argument("--max-other-load", type=float, default=0.3)
     args = parser.parse_args()
+    if args.out is None:
+        name = "context_moe_cpu.md" if args.moe else "context_cpu.md"
+        args.out = os.path.join(ROOT, "bench", "results", name)
     worker = os.path.join(args.build, "worker", "trainyard-worker")
     cli = os.path.join(args.build, "tools", "cli", "trainyard")
     degrees = [int(c) for c in args.degrees.split(",")]
@@ -170,9 +176,10 @@ def main():
         "", f"machine load: other processes kept {max(loads):.2f} cores busy at most during a "
         f"speed run (of {os.cpu_count()} cores)"]) + "\n"
     print(text)
+    model = " with a mixture-of-experts model" if args.moe else ""
     common.write_benchmark_report(
-        args.out, "Context parallelism on CPU ranks: sequence length within a memory limit, and "
-        "speed", "context_bench.py", text, raw)
+        args.out, f"Context parallelism on CPU ranks{model}: sequence length within a memory "
+        "limit, and speed", "context_bench.py", text, raw)
 
 
 if __name__ == "__main__":

@@ -155,17 +155,6 @@ Problem CheckContextParallel(const ParallelismSpec& m, const TrainingSpec& t) {
   return std::nullopt;
 }
 
-// The router picks each token's experts from the whole micro-batch's tokens on the rank; it has
-// not been made to run over a sequence split between context-parallel ranks.
-Problem CheckMixtureOfExpertsContext(const ParallelismSpec& m, const ModelConfig& model) {
-  if (m.cp == 1 || !model.moe.enabled()) return std::nullopt;
-  return Bad("parallelism.cp",
-             absl::StrCat("cp ", m.cp,
-                          " cannot run model.moe yet: the MoE router does not run over a split "
-                          "sequence (write cp: 1)"),
-             {"model.moe"});
-}
-
 // The MoE layers' kernels are the CPU backend's until the CUDA ones have run on a device.
 Problem CheckMixtureOfExpertsDevices(const ModelConfig& model, const ResourcesSpec& r) {
   if (!model.moe.enabled() || r.kind != DeviceKind::kGpu) return std::nullopt;
@@ -375,7 +364,6 @@ std::optional<SpecProblem> FindShardingProblem(const ParallelismSpec& mesh, cons
   if (Problem p = CheckPipeline(mesh, spec.model)) return p;
   if (Problem p = CheckBatch(mesh, spec.training)) return p;
   if (Problem p = CheckContextParallel(mesh, spec.training)) return p;
-  if (Problem p = CheckMixtureOfExpertsContext(mesh, spec.model)) return p;
   if (Problem p = CheckExpertParallel(mesh, spec.model)) return p;
   if (Problem p = CheckSequenceParallel(mesh, spec.training)) return p;
   return CheckSchedule(mesh, spec);

@@ -80,7 +80,8 @@ bool PipelineCrossesNodes(const config::ParallelismSpec& m, int devices_per_node
   return m.pp > 1 && (m.pp - 1) * m.dp * m.cp * m.tp >= devices_per_node;
 }
 
-// Ring attention's exposed seconds per micro-batch (RingExposure, beside the engine's order in
+// Ring attention's exposed seconds per micro-batch, and MoE routing's over the cp group
+// (RingExposure, beside the engine's order in
 // worker/context_parallel.cc): each of a block's cp ring steps computes attention against one
 // rank's keys and values while the next travel; what a step's transfers take beyond its share
 // of the block's attention (1/cp: the head-tail split balances it) is exposed. Where the
@@ -109,8 +110,13 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   const double backward = 2 * std::max(0.0, transfer - backward_step) +
                           (cp - 2) * std::max(0.0, 2 * transfer - backward_step) + transfer;
   const double blocks = s.layers();
-  return {.forward = blocks * forward,
-          .backward = blocks * (backward + (s.model.recompute ? forward : 0.0))};
+  // MoE routing's all-gather of counts per MoE block (ContextParallelTraffic), all exposed:
+  // nothing computes beside it.
+  const double gather =
+      s.moe_blocks() * (cp - 1) *
+      (link.alpha_seconds + (2.0 * s.micro + 2) * s.model.moe.experts * 4 / link.bytes_per_second);
+  return {.forward = blocks * forward + gather,
+          .backward = blocks * backward + (s.model.recompute ? blocks * forward + gather : 0.0)};
 }
 
 // Expert parallelism's exposed seconds per micro-batch, from its `traffic`

@@ -64,9 +64,15 @@ struct RankShape {
   // parallel_dims.h), dp · cp.
   int data_ranks() const { return mesh.dp * mesh.cp; }
   // Under expert parallelism the routed experts' groups are reduced and sharded over the
-  // expert-data-parallel group instead (the engine's edp, dp / ep ranks; model.moe excludes cp).
+  // expert-data-parallel group instead (the engine's edp: the dp / ep data-parallel ranks holding
+  // the same experts, with their context-parallel ranks, (dp / ep) · cp).
   bool expert_data_group(size_t g) const { return mesh.ep > 1 && group_is_experts[g]; }
-  int expert_data_ranks() const { return mesh.dp / mesh.ep; }
+  int expert_data_ranks() const { return mesh.dp / mesh.ep * mesh.cp; }
+  // Rank `data_rank` of the data-parallel group (dp_rank · cp + cp_rank) in the edp group
+  // (dp_rank / ep · cp + cp_rank).
+  int expert_data_rank(int data_rank) const {
+    return data_rank / mesh.cp / mesh.ep * mesh.cp + data_rank % mesh.cp;
+  }
   // The ranks group g is reduced and sharded over.
   int group_ranks(size_t g) const {
     return expert_data_group(g) ? expert_data_ranks() : data_ranks();

@@ -51,11 +51,13 @@ Collective HandedOver(Collective c) {
 
 // The groups a rank's parameter groups are reduced over, as rank `rank` of the data-parallel
 // group sees them: that group, and under expert parallelism the routed experts' (the engine's
-// edp: the dp / ep ranks holding the same experts, group rank dp_rank / ep).
+// edp: the ranks holding the same experts, RankShape::expert_data_rank).
 class DataGroups {
  public:
   DataGroups(const RankShape& s, int rank)
-      : s_(s), dense_(s.data_ranks(), rank), experts_(s.expert_data_ranks(), rank / s.mesh.ep) {}
+      : s_(s),
+        dense_(s.data_ranks(), rank),
+        experts_(s.expert_data_ranks(), s.expert_data_rank(rank)) {}
   const Group& of(size_t g) const { return s_.expert_data_group(g) ? experts_ : dense_; }
   const Group& dense() const { return dense_; }
   const Group& experts() const { return experts_; }
@@ -308,6 +310,14 @@ std::vector<Collective> ContextParallelTraffic(const RankShape& s, const Backend
   if (s.model.recompute) out.push_back(sends(cp - 1, Phase::kBackward));  // the forward again
   out.push_back(sends(cp - 1, Phase::kBackward));                         // keys and values
   out.push_back(sends(cp, Phase::kBackward));                             // their gradients
+  // MoE routing (Model::RouteTokens): per MoE block and forward, each rank's picks per expert in
+  // each of its 2 · micro chunks and its Σ scores (float pairs), all-gathered.
+  if (const int64_t moe_blocks = s.moe_blocks(); moe_blocks > 0) {
+    const int64_t experts = s.model.moe.experts, forwards = s.model.recompute ? 2 : 1;
+    const Group group(static_cast<int>(cp), 0);
+    out.push_back(Times(group.AllGather((2 * int64_t{s.micro} + 2) * experts, kFloat),
+                        int64_t{s.micro_batches} * moe_blocks * forwards));
+  }
   return out;
 }
 

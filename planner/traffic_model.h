@@ -97,7 +97,9 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
 // Ring attention's transfers per optimizer step (every rank of the ring sends as much): per
 // block and micro-batch, with kv = RingKeyValueElements, cp − 1 sends of kv forward (phase
 // kForward; once more in the backward pass under model.recompute, phase kBackward), cp − 1 of kv
-// and cp of the keys' and values' gradients (kv each) backward (kBackward). Empty for cp 1.
+// and cp of the keys' and values' gradients (kv each) backward (kBackward); and per MoE block and
+// forward pass (exposed) an all-gather of (2 · micro + 2) · experts floats, MoE routing's counts.
+// Empty for cp 1.
 std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend);
 // The elements of one rank's keys and values that travel the ring: rows · 2 · (kv_heads / tp) ·
 // head_dim, for the rank's rows = micro · seq_len / cp (all of them under sequence parallelism

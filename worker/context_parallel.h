@@ -48,6 +48,7 @@ class ContextParallelOps {
   int size() const { return group_ != nullptr ? group_->size() : 1; }
   int rank() const { return group_ != nullptr ? group_->rank() : 0; }
   bool enabled() const { return size() > 1; }
+  parallel::Communicator* group() const { return group_; }
 
   // Which of the sequence's 2·size() chunks local half `half` (0 or 1) holds.
   int ChunkOf(int half) const { return HeadTailChunk(rank(), size(), half); }

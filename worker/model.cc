@@ -95,11 +95,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                      ModelSharding sharding) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(config));
   if (source == nullptr) return absl::InvalidArgumentError("a parameter source is required");
-  if (config.moe.enabled() && sharding.cp != nullptr && sharding.cp->size() > 1) {
-    return absl::InvalidArgumentError(
-        "model.moe: mixture-of-experts layers do not run with context parallelism "
-        "(parallelism.cp) yet");
-  }
   const int tp = sharding.tp != nullptr ? sharding.tp->size() : 1;
   const int ep = sharding.ep != nullptr ? sharding.ep->size() : 1;
   if (ep > 1 && (!config.moe.enabled() || config.moe.experts % ep != 0)) {

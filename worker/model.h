@@ -84,8 +84,9 @@ class Model {
   int64_t activation_bytes() const;
   // Time spent in tensor-parallel collectives (all exposed: the next operation needs them).
   double tp_comm_seconds() const { return tp_.seconds(); }
-  // Time spent waiting for ring attention's transfers (what the attention did not hide).
-  double cp_comm_seconds() const { return cp_.seconds(); }
+  // Time spent waiting for ring attention's transfers (what the attention did not hide) and in
+  // MoE routing's gathers over the context-parallel group.
+  double cp_comm_seconds() const { return cp_.seconds() + cp_routing_seconds_; }
   // Time spent in expert parallelism's collectives of training passes (the counts' all-gather
   // and the rows' all-to-alls; all exposed: nothing computes beside them).
   double ep_comm_seconds() const { return ep_seconds_; }
@@ -257,6 +258,11 @@ class Model {
   void RunExpertsBackward(int layer, std::span<const int64_t> offsets, const Act* dout,
                           const Act* in, const Act* hidden, const Act* act, Act* din);
   ExpertMlp ExpertsOf(int layer, std::span<const int64_t> offsets);
+  // The routing of this rank's acts_->b · acts_->t rows of router logits [rows, E] (`bias`: the
+  // selection bias, or empty). Under context parallelism the capacity's token order and the aux
+  // loss are the micro-batch's, from counts gathered over the cp group.
+  [[nodiscard]] absl::StatusOr<MoeRouting> RouteTokens(const float* logits,
+                                                       std::span<const float> bias);
   // Expert parallelism: the exchange's counts and orders for la's routing (an all-gather of the
   // counts per expert), and one all-to-all of rows, out to the experts (`forward`) or back.
   [[nodiscard]] absl::Status PlanExchange(LayerActivations& la);
@@ -321,9 +327,10 @@ class Model {
   // one the current call uses.
   std::vector<std::unique_ptr<Activations>> slots_;
   int current_slot_ = 0;
-  bool training_pass_ = false;  // StageForward's: MoE routing is counted
-  double ep_seconds_ = 0;       // ep_comm_seconds()
-  bool recomputing_ = false;    // a recomputed forward in the backward (counted already)
+  bool training_pass_ = false;     // StageForward's: MoE routing is counted
+  double ep_seconds_ = 0;          // ep_comm_seconds()
+  double cp_routing_seconds_ = 0;  // of cp_comm_seconds()
+  bool recomputing_ = false;       // a recomputed forward in the backward (counted already)
   std::vector<MoeLayerStats> moe_stats_;
   int chunk_ = 0;
   Activations* acts_ = nullptr;

@@ -14,6 +14,7 @@
 // second all-to-all. The backward moves the experts' output gradients the same way and their
 // input gradients back.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/clock.h"
@@ -74,6 +75,58 @@ ExpertMlp Model::ExpertsOf(int layer, std::span<const int64_t> offsets) {
           .fc_b = gpt2 ? P(eg, o.experts_fc_b) : nullptr,
           .proj_w = P(eg, o.experts_proj_w),
           .proj_b = gpt2 && tp_rank() == 0 ? P(eg, o.experts_proj_b) : nullptr};
+}
+
+// Under context parallelism the rank holds two chunks of each of the micro-batch's b sequences
+// (ContextParallelOps, half-major rows: half h of sequence i is rows [(h·b + i)·c, +c)); the
+// micro-batch's token order runs sequence by sequence, chunk by chunk, chunk k held by rank k
+// (its half 0) or rank 2·cp − 1 − k (its half 1). One all-gather over the group carries every
+// rank's picks per expert in each chunk (exact as floats below 2^24) and its Σ scores (as float
+// pairs), from which each rank finds the picks made before each of its chunks and the
+// micro-batch's totals.
+absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<const float> bias) {
+  const config::MoeConfig& moe = config_.moe;
+  const int b = acts_->b;
+  const int64_t n = int64_t{b} * acts_->t;
+  if (!cp_.enabled()) return Route(moe, logits, n, bias);
+  MoeRouting r = SelectExperts(moe, logits, n, bias);
+  const int E = moe.experts, K = moe.top_k, ranks = cp_.size();
+  const int64_t c = acts_->t / 2, runs = 2 * int64_t{b};
+  const int64_t per_rank = runs * E + 2 * E;
+  std::vector<float> mine(per_rank, 0.0f), all(per_rank * ranks);
+  for (int64_t p = 0; p < n * K; ++p) mine[p / K / c * E + r.expert[p]] += 1.0f;
+  for (int e = 0; e < E; ++e) {
+    const float high = static_cast<float>(r.score_sum[e]);
+    mine[runs * E + 2 * e] = high;
+    mine[runs * E + 2 * e + 1] = static_cast<float>(r.score_sum[e] - double{high});
+  }
+  const int64_t started = RealClock()->NowNanosMonotonic();
+  TY_RETURN_IF_ERROR(cp_.group()->AllGather(mine.data(), all.data(), per_rank));
+  cp_routing_seconds_ += (RealClock()->NowNanosMonotonic() - started) / 1e9;
+
+  MoeShare share{.batch_tokens = n * ranks,
+                 .runs = std::vector<int64_t>(runs, c),
+                 .picks_before = std::vector<int64_t>(runs * E)};
+  std::vector<int64_t> batch_picks(E, 0);  // so far, in the micro-batch's token order
+  for (int i = 0; i < b; ++i) {
+    for (int chunk = 0; chunk < 2 * ranks; ++chunk) {
+      const int half = chunk < ranks ? 0 : 1, owner = half == 0 ? chunk : 2 * ranks - 1 - chunk;
+      const int64_t run = int64_t{half} * b + i;
+      if (owner == cp_.rank()) {
+        std::copy(batch_picks.begin(), batch_picks.end(), &share.picks_before[run * E]);
+      }
+      const float* counts = &all[owner * per_rank + run * E];
+      for (int e = 0; e < E; ++e) batch_picks[e] += std::llround(counts[e]);
+    }
+  }
+  std::vector<double> score_sum(E, 0.0);
+  for (int k = 0; k < ranks; ++k) {
+    const float* sums = &all[k * per_rank + runs * E];
+    for (int e = 0; e < E; ++e) score_sum[e] += double{sums[2 * e]} + double{sums[2 * e + 1]};
+  }
+  KeepPicks(moe, r, &share);
+  Balance(moe, r, share.batch_tokens, batch_picks, score_sum);
+  return r;
 }
 
 // Under expert parallelism: who sends how many rows to whom, and the orders that put the rows
@@ -170,7 +223,7 @@ absl::Status Model::MoeForward(int layer, LayerActivations& la, bool accumulate)
     bias.resize(experts);
     be.CopyToHost(bias.data(), P(g, o.router_bias), experts);
   }
-  m.routing = Route(moe, logits.data(), n, bias);
+  TY_ASSIGN_OR_RETURN(m.routing, RouteTokens(logits.data(), bias));
   const MoeRouting& r = m.routing;
   if (training_pass_ && !recomputing_) RecordRouting(layer, r, bias);
   const int64_t kept = r.kept(), picks = n * moe.top_k;
@@ -257,13 +310,14 @@ absl::Status Model::MoeBackward(int layer, LayerActivations& la, const Act* dy, 
                  accumulate);
 
   // The router: the weights' gradients back to the picks, and the aux loss's, whose share of the
-  // objective is the micro-batch's tokens times the loss scale.
+  // objective is the micro-batch's tokens (all of them, also those of other cp ranks) times the
+  // loss scale.
   std::vector<float> row_dweight(kept), dweight(picks, 0.0f), dlogits(n * experts);
   be.CopyToHost(row_dweight.data(), a.moe_dweight.data(), kept);
   for (int64_t p = 0; p < picks; ++p) {
     if (r.slot[p] >= 0) dweight[p] = row_dweight[r.slot[p]];
   }
-  RouterBackward(moe, r, dweight.data(), double{a.grad_scale} * static_cast<double>(n),
+  RouterBackward(moe, r, dweight.data(), double{a.grad_scale} * static_cast<double>(r.batch_tokens),
                  dlogits.data());
   be.CopyFromHost(a.moe_dlogits.data(), dlogits.data(), n * experts);
   be.LinearF32Backward(tp_rank() == 0 ? a.dln.data() : nullptr, G(g, o.router_w),

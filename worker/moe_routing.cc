@@ -36,58 +36,10 @@ void Pick(const float* scores, std::span<const float> bias, int experts, int top
   }
 }
 
-// Keeps picks in token order while their expert has room, then lays the kept ones out expert by
-// expert.
-void Permute(const MoeConfig& moe, MoeRouting& r) {
-  const int64_t picks = r.tokens * r.top_k;
-  const int64_t capacity = moe.CapacityPerExpert(picks);
-  std::vector<int64_t> taken(r.experts, 0);
-  for (int64_t p = 0; p < picks; ++p) {
-    const int e = r.expert[p];
-    ++r.picks[e];
-    if (taken[e] < capacity) {
-      r.slot[p] = static_cast<int32_t>(taken[e]++);  // rank within the expert, for now
-    } else {
-      ++r.dropped;
-    }
-  }
-  r.offsets.assign(r.experts + 1, 0);
-  for (int e = 0; e < r.experts; ++e) r.offsets[e + 1] = r.offsets[e] + taken[e];
-  r.source.assign(r.offsets.back(), 0);
-  r.row_weight.assign(r.offsets.back(), 0.0f);
-  for (int64_t p = 0; p < picks; ++p) {
-    if (r.slot[p] < 0) continue;
-    r.slot[p] += static_cast<int32_t>(r.offsets[r.expert[p]]);
-    r.source[r.slot[p]] = static_cast<int32_t>(p / r.top_k);
-    r.row_weight[r.slot[p]] = r.weight[p];
-  }
-}
-
-// Pᵢ and the aux loss coeff · E · Σ fᵢ·Pᵢ, fᵢ the share of picks (before drops).
-void AuxLoss(const MoeConfig& moe, MoeRouting& r) {
-  r.mean_score.assign(r.experts, 0.0);
-  for (int64_t t = 0; t < r.tokens; ++t) {
-    const float* g = &r.scores[t * r.experts];
-    double norm = 1.0;
-    if (moe.score == MoeScore::kSigmoid) {
-      norm = 0;
-      for (int e = 0; e < r.experts; ++e) norm += g[e];
-    }
-    for (int e = 0; e < r.experts; ++e) r.mean_score[e] += g[e] / norm;
-  }
-  double sum = 0;
-  for (int e = 0; e < r.experts; ++e) {
-    r.mean_score[e] /= static_cast<double>(r.tokens);
-    const double share = static_cast<double>(r.picks[e]) / static_cast<double>(r.tokens * r.top_k);
-    sum += share * r.mean_score[e];
-  }
-  r.aux_loss = moe.balance == MoeBalance::kAuxLoss ? moe.aux_loss_coeff * r.experts * sum : 0.0;
-}
-
 }  // namespace
 
-MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
-                 std::span<const float> bias) {
+MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t tokens,
+                         std::span<const float> bias) {
   MoeRouting r;
   r.tokens = tokens;
   r.top_k = moe.top_k;
@@ -98,6 +50,7 @@ MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
   r.weight.resize(tokens * K);
   r.slot.assign(tokens * K, -1);
   r.picks.assign(E, 0);
+  r.score_sum.assign(E, 0.0);
   for (int64_t t = 0; t < tokens; ++t) {
     float* g = &r.scores[t * E];
     Scores(moe.score, logits + t * E, E, g);
@@ -108,10 +61,75 @@ MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
     for (int j = 0; j < K; ++j) {
       r.weight[t * K + j] =
           moe.normalize_top_k ? static_cast<float>(g[picked[j]] / norm) : g[picked[j]];
+      ++r.picks[picked[j]];
+    }
+    // The aux loss's normalised scores q (q = g for softmax, g / Σg for sigmoid).
+    double q_norm = 1.0;
+    if (moe.score == MoeScore::kSigmoid) {
+      q_norm = 0;
+      for (int e = 0; e < E; ++e) q_norm += g[e];
+    }
+    for (int e = 0; e < E; ++e) r.score_sum[e] += g[e] / q_norm;
+  }
+  return r;
+}
+
+void KeepPicks(const MoeConfig& moe, MoeRouting& r, const MoeShare* share) {
+  const int E = r.experts, K = r.top_k;
+  const int64_t capacity = moe.CapacityPerExpert(
+      (share != nullptr ? share->batch_tokens : r.tokens) * static_cast<int64_t>(K));
+  std::vector<int64_t> before(E, 0);  // the micro-batch's picks of each expert before the token's
+  std::vector<int64_t> kept(E, 0);    // of this rank's, those kept
+  int64_t run = 0, run_end = share != nullptr ? 0 : r.tokens;
+  r.dropped = 0;
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    if (share != nullptr && t == run_end) {  // the next run: its earlier picks are the batch's
+      std::copy_n(&share->picks_before[run * E], E, before.begin());
+      run_end += share->runs[run++];
+    }
+    for (int j = 0; j < K; ++j) {
+      const int64_t p = t * K + j;
+      const int e = r.expert[p];
+      if (before[e]++ < capacity) {
+        r.slot[p] = static_cast<int32_t>(kept[e]++);  // rank within the expert, for now
+      } else {
+        ++r.dropped;
+      }
     }
   }
-  Permute(moe, r);
-  AuxLoss(moe, r);
+  // The kept picks expert by expert, each expert's in token order.
+  r.offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) r.offsets[e + 1] = r.offsets[e] + kept[e];
+  r.source.assign(r.offsets.back(), 0);
+  r.row_weight.assign(r.offsets.back(), 0.0f);
+  for (int64_t p = 0; p < r.tokens * K; ++p) {
+    if (r.slot[p] < 0) continue;
+    r.slot[p] += static_cast<int32_t>(r.offsets[r.expert[p]]);
+    r.source[r.slot[p]] = static_cast<int32_t>(p / K);
+    r.row_weight[r.slot[p]] = r.weight[p];
+  }
+}
+
+void Balance(const MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
+             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum) {
+  r.batch_tokens = batch_tokens;
+  r.batch_picks.assign(batch_picks.begin(), batch_picks.end());
+  r.mean_score.assign(r.experts, 0.0);
+  double sum = 0;
+  for (int e = 0; e < r.experts; ++e) {
+    r.mean_score[e] = batch_score_sum[e] / static_cast<double>(batch_tokens);
+    const double share =
+        static_cast<double>(batch_picks[e]) / static_cast<double>(batch_tokens * r.top_k);
+    sum += share * r.mean_score[e];
+  }
+  r.aux_loss = moe.balance == MoeBalance::kAuxLoss ? moe.aux_loss_coeff * r.experts * sum : 0.0;
+}
+
+MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
+                 std::span<const float> bias) {
+  MoeRouting r = SelectExperts(moe, logits, tokens, bias);
+  KeepPicks(moe, r, nullptr);
+  Balance(moe, r, tokens, r.picks, r.score_sum);
   return r;
 }
 
@@ -121,10 +139,12 @@ void RouterBackward(const MoeConfig& moe, const MoeRouting& r, const float* dwei
   const bool aux = moe.balance == MoeBalance::kAuxLoss && aux_grad != 0.0;
   std::vector<double> dg(E), dq(E);
   if (aux) {
-    // ∂(coeff · E · Σ fᵢ·Pᵢ)/∂q_t,i = coeff · E · fᵢ / tokens, the same for every token.
+    // ∂(coeff · E · Σ fᵢ·Pᵢ)/∂q_t,i = coeff · E · fᵢ / tokens, the same for every token of the
+    // micro-batch.
+    const double tokens = static_cast<double>(r.batch_tokens);
     for (int e = 0; e < E; ++e) {
-      const double share = static_cast<double>(r.picks[e]) / static_cast<double>(r.tokens * K);
-      dq[e] = aux_grad * moe.aux_loss_coeff * E * share / static_cast<double>(r.tokens);
+      const double share = static_cast<double>(r.batch_picks[e]) / (tokens * K);
+      dq[e] = aux_grad * moe.aux_loss_coeff * E * share / tokens;
     }
   }
   for (int64_t t = 0; t < r.tokens; ++t) {

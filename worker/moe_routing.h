@@ -27,20 +27,47 @@ struct MoeRouting {
   std::vector<float> row_weight;  // [kept]: permuted row → its pick's weight
   std::vector<int64_t> offsets;  // [E + 1]: expert e's permuted rows are [offsets[e], offsets[e+1])
   std::vector<int64_t> picks;    // [E]: picks of each expert before capacity drops (its load)
-  std::vector<double> mean_score;  // [E]: Pᵢ, the mean normalised score (aux_loss balance)
-  int64_t dropped = 0;             // picks over an expert's capacity
-  double aux_loss = 0;             // coeff · E · Σ fᵢ·Pᵢ (0 under the bias rule)
+  std::vector<double> score_sum;  // [E]: Σ over the tokens of the normalised scores
+  int64_t dropped = 0;            // picks over an expert's capacity
+  // The whole micro-batch's (this rank's tokens' unless they are split over ranks): its tokens,
+  // each expert's picks and Pᵢ, the mean normalised score; and the aux loss
+  // coeff · E · Σ fᵢ·Pᵢ with fᵢ its share of the picks (0 under the bias rule).
+  int64_t batch_tokens = 0;
+  std::vector<int64_t> batch_picks;
+  std::vector<double> mean_score;
+  double aux_loss = 0;
 
   int64_t kept() const { return static_cast<int64_t>(source.size()); }
 };
 
-// Routes `tokens` rows of router logits [tokens, E] (`bias`: the selection bias [E], or empty).
+// Routes `tokens` rows of router logits [tokens, E] (`bias`: the selection bias [E], or empty):
+// a whole micro-batch.
 MoeRouting Route(const config::MoeConfig& moe, const float* logits, int64_t tokens,
                  std::span<const float> bias);
 
+// Route's steps for a rank that holds only some of a micro-batch's tokens.
+// Each token's scores, picks and combine weights; picks and score_sum of these tokens.
+MoeRouting SelectExperts(const config::MoeConfig& moe, const float* logits, int64_t tokens,
+                         std::span<const float> bias);
+// Where this rank's rows sit in the micro-batch: consecutive runs of rows (`runs`, in row order;
+// Σ = tokens), and for each run and expert the picks that the micro-batch's tokens before the run
+// made ([runs, E]). The capacity counts the micro-batch's `batch_tokens` · top_k picks.
+struct MoeShare {
+  int64_t batch_tokens = 0;
+  std::vector<int64_t> runs;
+  std::vector<int64_t> picks_before;
+};
+// Capacity drops (a pick is kept while fewer than the capacity of its expert's picks came before
+// it in the micro-batch's token order) and the permuted rows. `share` null: the whole micro-batch.
+void KeepPicks(const config::MoeConfig& moe, MoeRouting& r, const MoeShare* share);
+// The aux loss from the micro-batch's tokens, picks per expert and Σ normalised scores.
+void Balance(const config::MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
+             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum);
+
 // ∂objective/∂logits [tokens, E] (overwritten), given ∂objective/∂weight [tokens, K] (only kept
 // picks' entries are read) and the factor `aux_grad` the micro-batch's aux loss enters the
-// objective with (ignored under the bias rule).
+// objective with (ignored under the bias rule). The aux loss's part uses the micro-batch's shares,
+// so the ranks holding parts of a micro-batch give the gradients of its logits between them.
 void RouterBackward(const config::MoeConfig& moe, const MoeRouting& routing, const float* dweight,
                     double aux_grad, float* dlogits);
 

@@ -536,8 +536,9 @@ absl::Status RankTrainer::MoeStep() {
   if (!moe.enabled()) return absl::OkStatus();
   std::vector<Model::MoeLayerStats> stats = model_->TakeMoeStats();
   // Per MoE layer of the model: picks per expert, drops, Σ aux · tokens, tokens and the bias
-  // spread; zeros for layers other stages hold. Summed over the data-parallel group, then over
-  // the pipeline (each layer on one stage; the bias spread summed only over the latter).
+  // spread; zeros for layers other stages hold. Summed over the data-parallel group (its
+  // context-parallel ranks too), then over the pipeline (each layer on one stage; the bias spread
+  // summed only over the latter). The exchanges' bytes and seconds are means over the group.
   const size_t per_layer = moe.experts + 6;
   const int layers = spec_.model.layers;
   std::vector<double> sums(layers * per_layer, 0.0), spreads(layers, 0.0);
@@ -552,6 +553,7 @@ absl::Status RankTrainer::MoeStep() {
     spreads[s.layer] = s.bias_spread;  // the same on every data-parallel rank
   }
   TY_RETURN_IF_ERROR(params_->SumOverRanks(sums));
+  const double data_ranks = spec_.parallelism.dp * spec_.parallelism.cp;
   for (int l = 0; l < layers; ++l) sums[l * per_layer + moe.experts + 3] = spreads[l];
   TY_RETURN_IF_ERROR(parallel::AllReduceDoubles(*dims_.pp, sums));
   moe_report_.clear();
@@ -564,8 +566,8 @@ absl::Status RankTrainer::MoeStep() {
     r.dropped = std::llround(at[moe.experts]);
     r.aux_loss = at[moe.experts + 2] > 0 ? at[moe.experts + 1] / at[moe.experts + 2] : 0.0;
     r.bias_spread = at[moe.experts + 3];
-    r.all_to_all_bytes = at[moe.experts + 4] / spec_.parallelism.dp;
-    r.all_to_all_seconds = at[moe.experts + 5] / spec_.parallelism.dp;
+    r.all_to_all_bytes = at[moe.experts + 4] / data_ranks;
+    r.all_to_all_seconds = at[moe.experts + 5] / data_ranks;
   }
   if (result_.moe_routing.empty()) {
     for (const Model::MoeLayerStats& s : stats) {
@@ -579,8 +581,8 @@ absl::Status RankTrainer::MoeStep() {
     run.aux_loss += at[moe.experts + 1];
     run.tokens += std::llround(at[moe.experts + 2]);
     run.bias_spread = at[moe.experts + 3];
-    run.exchange_bytes += std::llround(at[moe.experts + 4] / spec_.parallelism.dp);
-    run.exchange_seconds += at[moe.experts + 5] / spec_.parallelism.dp;
+    run.exchange_bytes += std::llround(at[moe.experts + 4] / data_ranks);
+    run.exchange_seconds += at[moe.experts + 5] / data_ranks;
   }
   if (!moe.has_bias()) return absl::OkStatus();
   for (const OptimizerSlice& slice : params_->OptimizerSlices()) {

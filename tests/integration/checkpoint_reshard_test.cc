@@ -1,8 +1,8 @@
 // Resharding: a checkpoint written under one mesh loads under every other — data parallelism with
 // ZeRO 1 and 3, tensor, pipeline, sequence and context parallelism (cp 4, and cp 2 with ZeRO-3
 // sharded over the cp ranks), another micro-batch and every pipeline schedule (interleaved 1F1B:
-// two chunks per rank), and a mixture-of-experts model with and without expert parallelism — for
-// both model families. After
+// two chunks per rank), and a mixture-of-experts model with and without expert and context
+// parallelism — for both model families. After
 // loading, the gathered parameters equal the writer's exactly; training on continues within 1e-5
 // relative of the single-process run's losses (the reassociation bound of
 // parallel_equivalence_test); and on the writer's own mesh it continues bit for bit.
@@ -48,13 +48,15 @@ const MeshCase kMeshes[] = {
 };
 
 // A mixture-of-experts model (four experts, top-2, one shared) written and read with and without
-// expert parallelism: the experts of a layer on one rank or split over 2 or 4.
+// expert parallelism: the experts of a layer on one rank or split over 2 or 4, and with context
+// parallelism (each expert's ZeRO-3 shards over its data- and context-parallel ranks).
 const MeshCase kMoeMeshes[] = {
     {.name = "moe_dp1", .experts = 4},
     {.name = "moe_dp2_ep2_zero1", .dp = 2, .zero = 1, .experts = 4, .ep = 2},
     {.name = "moe_dp4_ep2_zero3", .dp = 4, .zero = 3, .experts = 4, .ep = 2},
     {.name = "moe_dp4_ep4", .dp = 4, .experts = 4, .ep = 4},
     {.name = "moe_tp2_pp2", .tp = 2, .pp = 2, .experts = 4},
+    {.name = "moe_dp2_cp2_ep2_zero3", .dp = 2, .cp = 2, .zero = 3, .experts = 4, .ep = 2},
 };
 
 constexpr int64_t kSavedStep = 3;

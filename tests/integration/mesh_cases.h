@@ -25,7 +25,8 @@ struct MeshCase {
   // MoeMeshModel sets it), under the aux-loss or the bias rule.
   int experts = 0;
   bool bias_balance = false;
-  int ep = 1;  // expert parallelism (drawn from dp)
+  int ep = 1;                    // expert parallelism (drawn from dp)
+  float capacity_factor = 0.0f;  // 0: dropless
 };
 
 // The MoE model of a mesh case: `experts` experts of hidden size 32 with top-2, one shared
@@ -40,6 +41,7 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
   moe.balance = mesh.bias_balance ? config::MoeBalance::kBias : config::MoeBalance::kAuxLoss;
   moe.aux_loss_coeff = 0.1f;
   moe.bias_update_rate = 0.01f;
+  moe.capacity_factor = mesh.capacity_factor;
 }
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
@@ -167,9 +169,9 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_recompute", .cp = 2, .recompute = true, .seq_len = 24},
 };
 
-// Mixture of experts with every other axis and schedule, ZeRO 1 and 3, recomputation, under
-// both balance rules; and expert parallelism (the experts of a layer split over ep data-parallel
-// ranks, tokens exchanged all-to-all) with each of them.
+// Mixture of experts with every other axis and schedule (context parallelism included), ZeRO 1
+// and 3, recomputation, under both balance rules; and expert parallelism (the experts of a layer
+// split over ep data-parallel ranks, tokens exchanged all-to-all) with each of them.
 inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
     {.name = "moe_dp2", .dp = 2, .experts = 4},
     {.name = "moe_dp2_zero3", .dp = 2, .zero = 3, .experts = 4},
@@ -235,6 +237,25 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
     {.name = "ep2_zb_pp2", .dp = 2, .pp = 2, .schedule = kZeroBubble, .experts = 4, .ep = 2},
     {.name = "ep2_recompute", .dp = 2, .recompute = true, .experts = 4, .ep = 2},
     {.name = "ep2_bias_zero1", .dp = 2, .zero = 1, .experts = 4, .bias_balance = true, .ep = 2},
+    // With context parallelism: a micro-batch's tokens split over the cp ranks, whose capacity
+    // drops (capacity 1: about a quarter of the picks dropped), aux loss and loads are still the
+    // micro-batch's; under ep the experts' gradients are summed over the cp ranks too.
+    {.name = "moe_cp2_capacity", .cp = 2, .seq_len = 24, .experts = 4, .capacity_factor = 1.0f},
+    {.name = "moe_cp4_capacity", .cp = 4, .seq_len = 24, .experts = 4, .capacity_factor = 1.0f},
+    {.name = "moe_bias_dp2_cp2_zero3",
+     .dp = 2,
+     .cp = 2,
+     .zero = 3,
+     .seq_len = 24,
+     .experts = 4,
+     .bias_balance = true},
+    {.name = "moe_cp2_pp2_recompute",
+     .pp = 2,
+     .cp = 2,
+     .recompute = true,
+     .seq_len = 24,
+     .experts = 4},
+    {.name = "ep2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24, .experts = 4, .ep = 2},
 };
 
 }  // namespace trainyard::testenv

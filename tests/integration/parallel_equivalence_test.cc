@@ -85,8 +85,8 @@ RunResult Single(config::JobSpec spec) {
   return run;
 }
 
-// Every MoE layer routed the same tokens to the same experts over the run: the picks each rank
-// reports (summed over its data-parallel group) are the single process's.
+// Every MoE layer routed the same tokens to the same experts over the run: the picks and drops
+// each rank reports (summed over its data-parallel group) are the single process's.
 void ExpectSameRouting(const config::JobSpec& spec, const RunResult& single,
                        const RunResult& parallel) {
   if (!spec.model.moe.enabled()) return;
@@ -98,11 +98,18 @@ void ExpectSameRouting(const config::JobSpec& spec, const RunResult& single,
       ASSERT_NE(want, single.moe_routing.end()) << "layer " << s.layer;
       EXPECT_EQ(s.picks, want->picks) << "layer " << s.layer << " on rank " << rank;
       EXPECT_EQ(s.tokens, want->tokens) << "layer " << s.layer << " on rank " << rank;
+      EXPECT_EQ(s.dropped, want->dropped) << "layer " << s.layer << " on rank " << rank;
       EXPECT_NEAR(s.aux_loss, want->aux_loss, 1e-5 * std::abs(want->aux_loss));
       ++layers_seen;
     }
   }
   EXPECT_GE(layers_seen, spec.model.layers);
+  // A capacity that drops nothing would leave the drops' order untested.
+  if (spec.model.moe.capacity_factor > 0) {
+    int64_t dropped = 0;
+    for (const Model::MoeLayerStats& s : single.moe_routing) dropped += s.dropped;
+    EXPECT_GT(dropped, 0);
+  }
   // Under expert parallelism the tokens travelled: every layer's all-to-alls sent bytes.
   for (const TrainResult& rank : parallel.ranks) {
     for (const Model::MoeLayerStats& s : rank.moe_routing) {

@@ -123,11 +123,14 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
         g.ep, connect(absl::StrCat("ep", block, where), index, ep, members(ep, [&](int e) {
                         return global(at.pp_rank, block * ep + e, at.tp_rank, at.cp_rank);
                       })));
-    TY_ASSIGN_OR_RETURN(g.edp, connect(absl::StrCat("edp", index, where), block, mesh.dp / ep,
-                                       members(mesh.dp / ep, [&](int b) {
-                                         return global(at.pp_rank, b * ep + index, at.tp_rank,
-                                                       at.cp_rank);
-                                       })));
+    // The ranks holding the same experts: one per block of ep data-parallel ranks, with every
+    // context-parallel rank of each (as the dp group has them), group rank block · cp + cp_rank.
+    TY_ASSIGN_OR_RETURN(
+        g.edp,
+        connect(absl::StrCat("edp", index, ".tp", at.tp_rank, ".pp", at.pp_rank),
+                block * cp + at.cp_rank, mesh.dp / ep * cp, members(mesh.dp / ep * cp, [&](int i) {
+                  return global(at.pp_rank, i / cp * ep + index, at.tp_rank, i % cp);
+                })));
   }
   g.chunks =
       StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, at.pp_rank);

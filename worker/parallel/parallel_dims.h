@@ -49,8 +49,9 @@ struct ParallelDims {
   // are summed each step; null elsewhere.
   std::unique_ptr<parallel::Communicator> tied;
   // Expert parallelism (parallelism.ep > 1; null otherwise): `ep` holds the ep consecutive data-
-  // parallel ranks whose experts differ (group rank dp_rank % ep), `edp` those holding the same
-  // experts (group rank dp_rank / ep).
+  // parallel ranks of this context-parallel rank whose experts differ (group rank dp_rank % ep),
+  // `edp` every rank holding the same experts, their context-parallel ranks included (group rank
+  // dp_rank / ep · cp + cp_rank).
   std::unique_ptr<parallel::Communicator> ep, edp;
 
   // Connects every group of rank `rank` of spec.parallelism, each through the rendezvous store.

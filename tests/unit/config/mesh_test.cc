@@ -109,18 +109,13 @@ TEST(FindMeshProblem, TensorParallelismSplitsEveryExpertsMlp) {
   EXPECT_FALSE(FindShardingProblem(Mesh(1, 4, 1), dense).has_value());
 }
 
-TEST(FindMeshProblem, MoeRefusesContextParallelism) {
+TEST(FindMeshProblem, MoeRunsWithContextAndExpertParallelism) {
   ParallelismSpec mesh = Mesh(2, 1, 1);
   mesh.cp = 2;
+  mesh.ep = 2;
   JobSpec spec = MoeSpec(/*ffn=*/64);
-  std::optional<SpecProblem> cp = FindShardingProblem(mesh, spec);
-  ASSERT_TRUE(cp.has_value());
-  EXPECT_EQ(cp->path, "parallelism.cp");
-  EXPECT_EQ(cp->reason,
-            "cp 2 cannot run model.moe yet: the MoE router does not run over a split sequence "
-            "(write cp: 1)");
-  EXPECT_EQ(cp->related, std::vector<std::string>{"model.moe"});
-  spec.model.moe.experts = 0;
+  spec.resources.devices_per_node = 4;
+  EXPECT_FALSE(FindShardingProblem(mesh, spec).has_value());
   EXPECT_FALSE(FindMeshProblem(mesh, spec).has_value());
 }
 

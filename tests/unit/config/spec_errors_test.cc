@@ -98,11 +98,6 @@ std::vector<BadSpec> MoeBadSpecs() {
        "6:19", "parallelism.tp",
        "model.moe.ffn 102 is not divisible by tp 4 (tensor parallelism splits every expert's MLP "
        "evenly)"},
-      {"moe with context parallelism",
-       WithMoe("{experts: 4}", "resources: {devices_per_node: 2}\nparallelism: {cp: 2}\n"), "6:19",
-       "parallelism.cp",
-       "cp 2 cannot run model.moe yet: the MoE router does not run over a split sequence (write "
-       "cp: 1)"},
       {"ep without moe",
        WithSections("resources: {devices_per_node: 2}\nparallelism: {dp: 2, ep: 2}\n"), "5:26",
        "parallelism.ep", "ep 2 needs a mixture-of-experts model (model.moe)"},

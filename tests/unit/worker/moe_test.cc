@@ -1,7 +1,9 @@
 // Mixture-of-experts layers (config::MoeConfig): the router's decisions and backward
-// (worker/moe_routing.h) against values worked by hand and finite differences, and whole MoE
+// (worker/moe_routing.h) against values worked by hand and finite differences, a micro-batch
+// routed in pieces against the whole, and whole MoE
 // models on the CPU backend: one expert with top-1 is the dense model, and the gradient of the
 // training objective (cross-entropy plus the aux loss) matches finite differences.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -129,6 +131,84 @@ TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
       }
     }
   }
+}
+
+// A micro-batch of 3 sequences × 8 tokens split head-tail over two ranks (chunks of 2: rank 0
+// holds chunks 0 and 3 of each sequence, rank 1 chunks 1 and 2; rows half-major), each rank routing
+// its own tokens with the picks made before each of its chunks: every token's picks kept or
+// dropped as when the whole micro-batch is routed at once, the drops and the aux loss add up, and
+// the router's backward gives each token's logits the whole micro-batch's gradient.
+TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int b = 3, t = 8, ranks = 2, c = t / (2 * ranks);
+  MoeConfig moe = Moe(4, 2);
+  moe.aux_loss_coeff = 0.3f;
+  moe.capacity_factor = 1.0f;
+  const int E = moe.experts, K = moe.top_k;
+  std::vector<float> logits(b * t * E), dweight(b * t * K);
+  for (float& x : logits) x = normal(rng);
+  for (float& x : dweight) x = normal(rng);
+  for (int i = 0; i < b * t; ++i) logits[i * E] += 1.0f;  // expert 0 overflows
+  const MoeRouting whole = Route(moe, logits.data(), b * t, {});
+  ASSERT_GT(whole.dropped, 0);
+  std::vector<float> whole_dlogits(logits.size());
+  RouterBackward(moe, whole, dweight.data(), 0.7, whole_dlogits.data());
+
+  int64_t dropped = 0;
+  double aux = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    // The rank's tokens in its row order: half h of sequence i is chunk HeadTail(h).
+    auto chunk_of = [&](int half) { return half == 0 ? rank : 2 * ranks - 1 - rank; };
+    std::vector<int> token;  // local row → the micro-batch's token
+    for (int half = 0; half < 2; ++half) {
+      for (int i = 0; i < b; ++i) {
+        for (int j = 0; j < c; ++j) token.push_back(i * t + chunk_of(half) * c + j);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(token.size());
+    std::vector<float> local(n * E), local_dweight(n * K);
+    for (int64_t row = 0; row < n; ++row) {
+      std::copy_n(&logits[token[row] * E], E, &local[row * E]);
+      std::copy_n(&dweight[token[row] * K], K, &local_dweight[row * K]);
+    }
+    MoeRouting r = SelectExperts(moe, local.data(), n, {});
+    // Each run (a chunk of c rows) starts after every pick of the micro-batch's earlier tokens.
+    MoeShare share{.batch_tokens = b * t, .runs = std::vector<int64_t>(2 * b, c)};
+    for (int run = 0; run < 2 * b; ++run) {
+      const int first = token[run * c];
+      for (int e = 0; e < E; ++e) {
+        int64_t before = 0;
+        for (int64_t p = 0; p < int64_t{first} * K; ++p) before += whole.expert[p] == e ? 1 : 0;
+        share.picks_before.push_back(before);
+      }
+    }
+    KeepPicks(moe, r, &share);
+    Balance(moe, r, b * t, whole.picks, whole.score_sum);
+    EXPECT_NEAR(r.aux_loss, whole.aux_loss, 1e-12);
+    dropped += r.dropped;
+    aux += r.aux_loss * static_cast<double>(n);
+    std::vector<float> dlogits(n * E);
+    RouterBackward(moe, r, local_dweight.data(), 0.7, dlogits.data());
+    for (int64_t row = 0; row < n; ++row) {
+      for (int j = 0; j < K; ++j) {
+        EXPECT_EQ(r.slot[row * K + j] >= 0, whole.slot[token[row] * K + j] >= 0)
+            << "rank " << rank << " row " << row << " pick " << j;
+      }
+      for (int e = 0; e < E; ++e) {
+        EXPECT_EQ(dlogits[row * E + e], whole_dlogits[token[row] * E + e])
+            << "rank " << rank << " row " << row << " expert " << e;
+      }
+    }
+    // Kept rows expert by expert, the rank's token order within one.
+    for (int e = 0; e < E; ++e) {
+      for (int64_t k = r.offsets[e] + 1; k < r.offsets[e + 1]; ++k) {
+        EXPECT_LT(r.source[k - 1], r.source[k]);
+      }
+    }
+  }
+  EXPECT_EQ(dropped, whole.dropped);
+  EXPECT_NEAR(aux, whole.aux_loss * b * t, 1e-9);
 }
 
 using test_util::RandomTokens;
