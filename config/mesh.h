@@ -25,8 +25,7 @@ namespace trainyard::config {
 // tp; model.layers >= pp (every pipeline stage holds a layer), and a token embedding tied across
 // pipeline stages needs ZeRO 0 or 1; training.batch is divisible by
 // dp x micro_batch (micro_batch 0 meaning batch / dp); training.seq_len is divisible by 2 x cp
-// (the head-tail split), and cp is 1 with model.moe (its router does not run over a split
-// sequence); a schedule other than 1f1b needs pp > 1,
+// (the head-tail split); a schedule other than 1f1b needs pp > 1,
 // no model.recompute and at least pp micro-batches per step.
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec);
 

@@ -228,14 +228,15 @@ struct SlotElements {
 // The most rows a rank's experts can receive in one exchange (0 without expert parallelism): from
 // each of the ep ranks (itself included), every token's picks of this rank's E / ep experts, at
 // most min(top_k, E / ep) per token, and under a capacity at most capacity rows per expert
-// (MoeConfig::CapacityPerExpert, the engine's). With every token picking every expert
-// this is exactly the balanced count.
+// (MoeConfig::CapacityPerExpert, the engine's, of the whole micro-batch's picks: under context
+// parallelism a rank holding the early tokens may keep all of an expert's room). With every
+// token picking every expert this is exactly the balanced count.
 int64_t ReceivedRowsBound(const RankShape& s) {
   const config::MoeConfig& moe = s.model.moe;
   if (s.mesh.ep <= 1) return 0;
   const int64_t n = s.rows(), local = moe.experts / s.mesh.ep;
   const int64_t per_source = std::min(n * std::min<int64_t>(moe.top_k, local),
-                                      local * moe.CapacityPerExpert(n * moe.top_k));
+                                      local * moe.CapacityPerExpert(n * s.mesh.cp * moe.top_k));
   return s.mesh.ep * per_source;
 }
 
