@@ -511,13 +511,14 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
-  // n: the micro-batch's rows; nr: the rows of the residual stream this rank holds (n / tp under
-  // sequence parallelism, else n).
-  const int64_t n = int64_t{a.b} * a.t, nr = local_rows(), width = c.width;
+  // n: the micro-batch's rows (the residual stream's rows on this rank are n / tp under sequence
+  // parallelism).
+  const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const bool split_bias = tp_size() > 1;       // row-parallel outputs take their bias after the sum
+  // A row-parallel output's bias enters the group's sum once, from rank 0's GEMM epilogue.
+  const float* proj_b = tp_rank() == 0 ? P(g, o.proj_b) : nullptr;
   const int li = layer - stage().first_layer;  // the block's index on this stage
   Act* x = a.resid[li].data();
   Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
@@ -534,10 +535,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   } else {
     be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
   }
-  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), split_bias ? nullptr : P(g, o.proj_b), n,
-            width, attn);
+  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), proj_b, n, width, attn);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
-  if (split_bias && o.proj_b >= 0) be.AddBias(proj_out, P(g, o.proj_b), nr, width);
   // The residual add and the second norm in one pass.
   Norm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), PendingSum{x, proj_out},
        P(g, o.ln2_w), P(g, o.ln2_b));
@@ -546,7 +545,6 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   if (o.mlp_ffn > 0) MlpForward(layer, la);
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
-  if (split_bias && o.mlp_proj_b >= 0) be.AddBias(proj_out, P(g, o.mlp_proj_b), nr, width);
   residual = {la.mid.data(), proj_out};
   return absl::OkStatus();
 }
@@ -574,7 +572,6 @@ void Model::MlpForward(int layer, LayerActivations& la) {
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{acts_->b} * acts_->t, width = config_.width;
   const int64_t ffn = o.mlp_ffn / tp_size();
-  const bool split_bias = tp_size() > 1;  // a row-parallel output takes its bias after the sum
   Backend& be = *backend_;
   if (config_.family == ModelFamily::kGpt2) {
     be.LinearGelu(la.act.data(), la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, ffn,
@@ -583,8 +580,9 @@ void Model::MlpForward(int layer, LayerActivations& la) {
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
     be.Swiglu(la.act.data(), la.fc.data(), n, ffn);
   }
+  // proj is row-parallel: its bias enters the group's sum once, from rank 0.
   be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
-            split_bias ? nullptr : P(g, o.mlp_proj_b), n, width, ffn);
+            tp_rank() == 0 ? P(g, o.mlp_proj_b) : nullptr, n, width, ffn);
 }
 
 // An MoE block's routing and its experts' rows for `n` tokens (at most n · top_k picks: dropless).
