@@ -112,9 +112,8 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   const double blocks = s.layers();
   // MoE routing's all-gather of counts per MoE block (ContextParallelTraffic), all exposed:
   // nothing computes beside it.
-  const double gather =
-      s.moe_blocks() * (cp - 1) *
-      (link.alpha_seconds + (2.0 * s.micro + 2) * s.model.moe.experts * 4 / link.bytes_per_second);
+  const double gather = s.moe_blocks() * (cp - 1) *
+                        (link.alpha_seconds + RoutingGatherFloats(s) * 4.0 / link.bytes_per_second);
   return {.forward = blocks * forward + gather,
           .backward = blocks * backward + (s.model.recompute ? blocks * forward + gather : 0.0)};
 }

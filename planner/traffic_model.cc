@@ -310,15 +310,18 @@ std::vector<Collective> ContextParallelTraffic(const RankShape& s, const Backend
   if (s.model.recompute) out.push_back(sends(cp - 1, Phase::kBackward));  // the forward again
   out.push_back(sends(cp - 1, Phase::kBackward));                         // keys and values
   out.push_back(sends(cp, Phase::kBackward));                             // their gradients
-  // MoE routing (Model::RouteTokens): per MoE block and forward, each rank's picks per expert in
-  // each of its 2 · micro chunks and its Σ scores (float pairs), all-gathered.
+  // MoE routing (Model::RouteTokens): per MoE block and forward pass, one all-gather.
   if (const int64_t moe_blocks = s.moe_blocks(); moe_blocks > 0) {
-    const int64_t experts = s.model.moe.experts, forwards = s.model.recompute ? 2 : 1;
+    const int64_t forwards = s.model.recompute ? 2 : 1;
     const Group group(static_cast<int>(cp), 0);
-    out.push_back(Times(group.AllGather((2 * int64_t{s.micro} + 2) * experts, kFloat),
+    out.push_back(Times(group.AllGather(RoutingGatherFloats(s), kFloat),
                         int64_t{s.micro_batches} * moe_blocks * forwards));
   }
   return out;
+}
+
+int64_t RoutingGatherFloats(const RankShape& s) {
+  return (2 * int64_t{s.micro} + 2) * s.model.moe.experts;
 }
 
 std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s) {

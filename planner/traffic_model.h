@@ -98,9 +98,13 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
 // block and micro-batch, with kv = RingKeyValueElements, cp − 1 sends of kv forward (phase
 // kForward; once more in the backward pass under model.recompute, phase kBackward), cp − 1 of kv
 // and cp of the keys' and values' gradients (kv each) backward (kBackward); and per MoE block and
-// forward pass (exposed) an all-gather of (2 · micro + 2) · experts floats, MoE routing's counts.
-// Empty for cp 1.
+// forward pass (exposed) an all-gather of RoutingGatherFloats, MoE routing's counts. Empty for
+// cp 1.
 std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend);
+// The fp32 values each rank contributes to MoE routing's all-gather over the cp group
+// (Model::RouteTokens): its picks per expert in each of its 2 · micro chunks and its sums of
+// scores as float pairs, (2 · micro + 2) · experts.
+int64_t RoutingGatherFloats(const RankShape& s);
 // The elements of one rank's keys and values that travel the ring: rows · 2 · (kv_heads / tp) ·
 // head_dim, for the rank's rows = micro · seq_len / cp (all of them under sequence parallelism
 // too: attention works on full rows).

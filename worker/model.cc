@@ -517,8 +517,6 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   const int64_t attn = dims_.attn;
   const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim()};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  // A row-parallel output's bias enters the group's sum once, from rank 0's GEMM epilogue.
-  const float* proj_b = tp_rank() == 0 ? P(g, o.proj_b) : nullptr;
   const int li = layer - stage().first_layer;  // the block's index on this stage
   Act* x = a.resid[li].data();
   Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
@@ -535,7 +533,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   } else {
     be.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape);
   }
-  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), proj_b, n, width, attn);
+  be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), RowParallelBias(g, o.proj_b), n, width,
+            attn);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   // The residual add and the second norm in one pass.
   Norm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), PendingSum{x, proj_out},
@@ -580,9 +579,8 @@ void Model::MlpForward(int layer, LayerActivations& la) {
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
     be.Swiglu(la.act.data(), la.fc.data(), n, ffn);
   }
-  // proj is row-parallel: its bias enters the group's sum once, from rank 0.
-  be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w),
-            tp_rank() == 0 ? P(g, o.mlp_proj_b) : nullptr, n, width, ffn);
+  be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w), RowParallelBias(g, o.mlp_proj_b),
+            n, width, ffn);
 }
 
 // An MoE block's routing and its experts' rows for `n` tokens (at most n · top_k picks: dropless).

@@ -292,6 +292,11 @@ class Model {
   // Parameter / gradient of the tensor at flat `offset` in `group` (null for offset -1). Valid
   // while the group is held / after Gradients(group) this pass.
   const float* P(int group, int64_t offset) const;
+  // A row-parallel layer's bias at `offset`: its output is summed over the tensor-parallel group,
+  // which takes the bias once, from rank 0 (null on the others, and where there is none).
+  const float* RowParallelBias(int group, int64_t offset) const {
+    return tp_rank() == 0 ? P(group, offset) : nullptr;
+  }
   float* G(int group, int64_t offset) const;
 
   // The chunked cross-entropy's LM head with its width rounded up to the backend's

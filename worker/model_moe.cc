@@ -74,7 +74,7 @@ ExpertMlp Model::ExpertsOf(int layer, std::span<const int64_t> offsets) {
           .fc_w = P(eg, o.experts_fc_w),
           .fc_b = gpt2 ? P(eg, o.experts_fc_b) : nullptr,
           .proj_w = P(eg, o.experts_proj_w),
-          .proj_b = gpt2 && tp_rank() == 0 ? P(eg, o.experts_proj_b) : nullptr};
+          .proj_b = gpt2 ? RowParallelBias(eg, o.experts_proj_b) : nullptr};
 }
 
 // Under context parallelism the rank holds two chunks of each of the micro-batch's b sequences
@@ -95,18 +95,13 @@ absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<con
   const int64_t per_rank = runs * E + 2 * E;
   std::vector<float> mine(per_rank, 0.0f), all(per_rank * ranks);
   for (int64_t p = 0; p < n * K; ++p) mine[p / K / c * E + r.expert[p]] += 1.0f;
-  for (int e = 0; e < E; ++e) {
-    const float high = static_cast<float>(r.score_sum[e]);
-    mine[runs * E + 2 * e] = high;
-    mine[runs * E + 2 * e + 1] = static_cast<float>(r.score_sum[e] - double{high});
-  }
+  for (int e = 0; e < E; ++e) parallel::ToFloatPair(r.score_sum[e], &mine[runs * E + 2 * e]);
   const int64_t started = RealClock()->NowNanosMonotonic();
   TY_RETURN_IF_ERROR(cp_.group()->AllGather(mine.data(), all.data(), per_rank));
   cp_routing_seconds_ += (RealClock()->NowNanosMonotonic() - started) / 1e9;
 
-  MoeShare share{.batch_tokens = n * ranks,
-                 .runs = std::vector<int64_t>(runs, c),
-                 .picks_before = std::vector<int64_t>(runs * E)};
+  MoeShare share{
+      .batch_tokens = n * ranks, .run_rows = c, .picks_before = std::vector<int64_t>(runs * E)};
   std::vector<int64_t> batch_picks(E, 0);  // so far, in the micro-batch's token order
   for (int i = 0; i < b; ++i) {
     for (int chunk = 0; chunk < 2 * ranks; ++chunk) {
@@ -122,9 +117,9 @@ absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<con
   std::vector<double> score_sum(E, 0.0);
   for (int k = 0; k < ranks; ++k) {
     const float* sums = &all[k * per_rank + runs * E];
-    for (int e = 0; e < E; ++e) score_sum[e] += double{sums[2 * e]} + double{sums[2 * e + 1]};
+    for (int e = 0; e < E; ++e) score_sum[e] += parallel::FromFloatPair(&sums[2 * e]);
   }
-  KeepPicks(moe, r, &share);
+  KeepPicks(moe, r, share);
   Balance(moe, r, share.batch_tokens, batch_picks, score_sum);
   return r;
 }

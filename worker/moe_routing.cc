@@ -74,18 +74,15 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
   return r;
 }
 
-void KeepPicks(const MoeConfig& moe, MoeRouting& r, const MoeShare* share) {
+void KeepPicks(const MoeConfig& moe, MoeRouting& r, const MoeShare& share) {
   const int E = r.experts, K = r.top_k;
-  const int64_t capacity = moe.CapacityPerExpert(
-      (share != nullptr ? share->batch_tokens : r.tokens) * static_cast<int64_t>(K));
-  std::vector<int64_t> before(E, 0);  // the micro-batch's picks of each expert before the token's
-  std::vector<int64_t> kept(E, 0);    // of this rank's, those kept
-  int64_t run = 0, run_end = share != nullptr ? 0 : r.tokens;
+  const int64_t capacity = moe.CapacityPerExpert(share.batch_tokens * K);
+  std::vector<int64_t> before(E);   // the micro-batch's picks of each expert before the token's
+  std::vector<int64_t> kept(E, 0);  // of this rank's, those kept
   r.dropped = 0;
   for (int64_t t = 0; t < r.tokens; ++t) {
-    if (share != nullptr && t == run_end) {  // the next run: its earlier picks are the batch's
-      std::copy_n(&share->picks_before[run * E], E, before.begin());
-      run_end += share->runs[run++];
+    if (t % share.run_rows == 0) {  // a run starts: its earlier picks are the micro-batch's
+      std::copy_n(&share.picks_before[t / share.run_rows * E], E, before.begin());
     }
     for (int j = 0; j < K; ++j) {
       const int64_t p = t * K + j;
@@ -128,7 +125,7 @@ void Balance(const MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
 MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
                  std::span<const float> bias) {
   MoeRouting r = SelectExperts(moe, logits, tokens, bias);
-  KeepPicks(moe, r, nullptr);
+  KeepPicks(moe, r, MoeShare::Whole(tokens, moe.experts));
   Balance(moe, r, tokens, r.picks, r.score_sum);
   return r;
 }

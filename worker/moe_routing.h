@@ -49,17 +49,23 @@ MoeRouting Route(const config::MoeConfig& moe, const float* logits, int64_t toke
 // Each token's scores, picks and combine weights; picks and score_sum of these tokens.
 MoeRouting SelectExperts(const config::MoeConfig& moe, const float* logits, int64_t tokens,
                          std::span<const float> bias);
-// Where this rank's rows sit in the micro-batch: consecutive runs of rows (`runs`, in row order;
-// Σ = tokens), and for each run and expert the picks that the micro-batch's tokens before the run
-// made ([runs, E]). The capacity counts the micro-batch's `batch_tokens` · top_k picks.
+// Where a rank's rows sit in the micro-batch: runs of `run_rows` consecutive rows, each
+// contiguous in the micro-batch's token order, and for each run and expert the picks that the
+// micro-batch's tokens before the run made ([runs, E]). The capacity counts the micro-batch's
+// `batch_tokens` · top_k picks. Whole: the rank holds the micro-batch, one run with none before.
 struct MoeShare {
   int64_t batch_tokens = 0;
-  std::vector<int64_t> runs;
+  int64_t run_rows = 0;
   std::vector<int64_t> picks_before;
+
+  static MoeShare Whole(int64_t tokens, int experts) {
+    return {
+        .batch_tokens = tokens, .run_rows = tokens, .picks_before = std::vector<int64_t>(experts)};
+  }
 };
 // Capacity drops (a pick is kept while fewer than the capacity of its expert's picks came before
-// it in the micro-batch's token order) and the permuted rows. `share` null: the whole micro-batch.
-void KeepPicks(const config::MoeConfig& moe, MoeRouting& r, const MoeShare* share);
+// it in the micro-batch's token order) and the permuted rows.
+void KeepPicks(const config::MoeConfig& moe, MoeRouting& r, const MoeShare& share);
 // The aux loss from the micro-batch's tokens, picks per expert and Σ normalised scores.
 void Balance(const config::MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
              std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum);

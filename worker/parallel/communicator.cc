@@ -196,23 +196,18 @@ class SelfCommunicator final : public Communicator {
 
 absl::StatusOr<double> AllReduceDouble(Communicator& group, double value) {
   if (group.size() == 1) return value;
-  float parts[2] = {static_cast<float>(value), 0.0f};
-  parts[1] = static_cast<float>(value - static_cast<double>(parts[0]));
+  float parts[2];
+  ToFloatPair(value, parts);
   if (absl::Status s = group.AllReduce(parts, 2); !s.ok()) return s;
-  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+  return FromFloatPair(parts);
 }
 
 absl::Status AllReduceDoubles(Communicator& group, std::span<double> values) {
   if (group.size() == 1 || values.empty()) return absl::OkStatus();
   std::vector<float> parts(2 * values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    parts[2 * i] = static_cast<float>(values[i]);
-    parts[2 * i + 1] = static_cast<float>(values[i] - static_cast<double>(parts[2 * i]));
-  }
+  for (size_t i = 0; i < values.size(); ++i) ToFloatPair(values[i], &parts[2 * i]);
   TY_RETURN_IF_ERROR(group.AllReduce(parts.data(), static_cast<int64_t>(parts.size())));
-  for (size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
-  }
+  for (size_t i = 0; i < values.size(); ++i) values[i] = FromFloatPair(&parts[2 * i]);
   return absl::OkStatus();
 }
 

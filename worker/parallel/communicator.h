@@ -201,8 +201,17 @@ struct GlooOptions {
                                                                         int rank, int size,
                                                                         const GlooOptions& options);
 
-// Σ over `group` of one double per rank, carried as two floats (high part and remainder) so the
-// float collective keeps a double's precision. A group of one returns `value`.
+// A double carried as two floats (its high part and the remainder), so that a float collective
+// keeps about 48 bits of it: the encoding of the sums below.
+inline void ToFloatPair(double value, float* pair) {
+  pair[0] = static_cast<float>(value);
+  pair[1] = static_cast<float>(value - static_cast<double>(pair[0]));
+}
+inline double FromFloatPair(const float* pair) {
+  return static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
+}
+
+// Σ over `group` of one double per rank, as a float pair. A group of one returns `value`.
 [[nodiscard]] absl::StatusOr<double> AllReduceDouble(Communicator& group, double value);
 // The same for several values in one collective, summed in place.
 [[nodiscard]] absl::Status AllReduceDoubles(Communicator& group, std::span<double> values);

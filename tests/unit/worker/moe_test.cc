@@ -174,7 +174,7 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
     }
     MoeRouting r = SelectExperts(moe, local.data(), n, {});
     // Each run (a chunk of c rows) starts after every pick of the micro-batch's earlier tokens.
-    MoeShare share{.batch_tokens = b * t, .runs = std::vector<int64_t>(2 * b, c)};
+    MoeShare share{.batch_tokens = b * t, .run_rows = c};
     for (int run = 0; run < 2 * b; ++run) {
       const int first = token[run * c];
       for (int e = 0; e < E; ++e) {
@@ -183,7 +183,7 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
         share.picks_before.push_back(before);
       }
     }
-    KeepPicks(moe, r, &share);
+    KeepPicks(moe, r, share);
     Balance(moe, r, b * t, whole.picks, whole.score_sum);
     EXPECT_NEAR(r.aux_loss, whole.aux_loss, 1e-12);
     dropped += r.dropped;
