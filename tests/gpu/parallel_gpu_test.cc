@@ -2,7 +2,8 @@
 // and ZeRO stages 2 and 3), TP=2, PP=2 and CP=2 (ring attention; alone and with DP=2 and ZeRO-1)
 // train five steps and must agree with the single-rank GPU run of the same job; so do a mixture of
 // experts (four experts, top-2, one shared, in every block) on DP=2 and on DP=2 with EP=2, and
-// the single GPU's mixture of experts agrees with the CPU backend's.
+// the single GPU's mixture of experts agrees with the CPU backend's. The ordinary test command
+// runs it on the CUDA emulation too (cuda_emu_parallel_test: ranks are host threads there).
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
 // the CPU equivalence test does (losses ≤ 1e-4 relative). With bf16 activations the parallel

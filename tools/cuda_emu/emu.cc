@@ -17,7 +17,9 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 thread_local uint3 threadIdx;
@@ -67,25 +69,33 @@ void WaitFor(int64_t work) {
   ++g_waits;
 }
 
-// Live device and pinned allocations (start → bytes): host memory outside them is pageable.
+// Live device and pinned allocations (start → bytes, and whether pinned host memory): host
+// memory outside them is pageable.
+struct Allocation {
+  size_t bytes;
+  bool pinned;
+};
 std::mutex g_memory_mu;
-std::map<uintptr_t, size_t> g_allocations;
-void Track(void* p, size_t bytes) {
+std::map<uintptr_t, Allocation> g_allocations;
+void Track(void* p, size_t bytes, bool pinned) {
   std::lock_guard<std::mutex> lock(g_memory_mu);
-  g_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
+  g_allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, pinned};
 }
 void Untrack(void* p) {
   std::lock_guard<std::mutex> lock(g_memory_mu);
   g_allocations.erase(reinterpret_cast<uintptr_t>(p));
 }
-bool Pageable(const void* p) {
+// The allocation holding `p` (its start and kind), or none for pageable host memory.
+std::optional<std::pair<uintptr_t, Allocation>> AllocationOf(const void* p) {
   const auto at = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(g_memory_mu);
   auto it = g_allocations.upper_bound(at);
-  if (it == g_allocations.begin()) return true;
+  if (it == g_allocations.begin()) return std::nullopt;
   --it;
-  return at >= it->first + it->second;
+  if (at >= it->first + it->second.bytes) return std::nullopt;
+  return *it;
 }
+bool Pageable(const void* p) { return !AllocationOf(p).has_value(); }
 constexpr size_t kStackBytes = 512 * 1024;  // kernels keep register tiles in local arrays
 constexpr int kDefaultSmemLimit = 48 * 1024;
 constexpr int kOptInSmemLimit = 227 * 1024;
@@ -383,7 +393,8 @@ cudaError_t Fail(cudaError_t err) {
 }
 }  // namespace
 
-cudaError_t cudaMalloc(void** ptr, size_t size) {
+namespace {
+cudaError_t Allocate(void** ptr, size_t size, bool pinned) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -393,9 +404,12 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = nullptr;
     return Fail(cudaErrorMemoryAllocation);
   }
-  trainyard::emu::Track(*ptr, size);
+  trainyard::emu::Track(*ptr, size, pinned);
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaMalloc(void** ptr, size_t size) { return Allocate(ptr, size, false); }
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return cudaMalloc(ptr, size); }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) {
   trainyard::emu::Untrack(ptr);
@@ -408,9 +422,27 @@ cudaError_t cudaFree(void* ptr) {
   return cudaFreeAsync(ptr, nullptr);
 }
 // Pinned host memory: host memory here as everything is, told apart from pageable memory by
-// being tracked like the device's.
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaMalloc(ptr, size); }
+// being tracked like the device's, and from the device's by its kind.
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return Allocate(ptr, size, true); }
 cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+// As CUDA 11 and later answer: memory CUDA did not allocate is "unregistered", not an error.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr) return Fail(cudaErrorInvalidValue);
+  *attributes = {};
+  void* const p = const_cast<void*>(ptr);
+  const auto allocation = trainyard::emu::AllocationOf(ptr);
+  if (!allocation) {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    attributes->hostPointer = p;
+    return cudaSuccess;
+  }
+  attributes->type = allocation->second.pinned ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
+  attributes->device = 0;
+  attributes->devicePointer = p;
+  attributes->hostPointer = allocation->second.pinned ? p : nullptr;
+  return cudaSuccess;
+}
 // The device's stream-ordered pool: one handle; its attributes change nothing here (memory is
 // the host's).
 struct CUmemPoolHandle_st {};

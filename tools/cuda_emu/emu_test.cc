@@ -3,6 +3,7 @@
 #include "tools/cuda_emu/emu.h"
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -202,6 +203,58 @@ TEST(CudaEmu, HostWaitsCountWhatADeviceWouldMakeTheHostWaitFor) {
   EXPECT_EQ(HostWaits(), start + 3) << "cudaFree waits for the device";
   cudaFreeHost(pinned);
   cudaEventDestroy(event);
+}
+
+// What translate.py makes of a `__shared__` array: a static of the host thread, so that ranks
+// on their own host threads can run one kernel at once. Each block sums its own values through
+// the array, with a barrier between each thread's write and the reads of every other.
+void BlockSumKernel(int seed, int* out) {
+  static thread_local int smem[128];
+  const int n = blockDim.x, i = threadIdx.x;
+  smem[i] = seed + i;
+  __syncthreads();
+  int sum = 0;
+  for (int j = 0; j < n; ++j) sum += smem[j];
+  __syncthreads();
+  out[blockIdx.x * n + i] = sum;
+}
+
+TEST(CudaEmu, HostThreadsRunOneKernelAtOnce) {
+  constexpr int kThreads = 4, kBlocks = 64, kBlock = 128;
+  std::vector<std::vector<int>> out(kThreads, std::vector<int>(kBlocks * kBlock, -1));
+  std::vector<std::thread> hosts;
+  for (int t = 0; t < kThreads; ++t) {
+    hosts.emplace_back([&out, t] {
+      Launch(dim3(kBlocks), dim3(kBlock), 0, nullptr, BlockSumKernel, 1000 * t, out[t].data());
+    });
+  }
+  for (std::thread& h : hosts) h.join();
+  for (int t = 0; t < kThreads; ++t) {
+    const int want = kBlock * 1000 * t + kBlock * (kBlock - 1) / 2;
+    for (int v : out[t]) ASSERT_EQ(v, want) << "host thread " << t;
+  }
+}
+
+// As CUDA 11 and later answer: device and pinned memory by their kind, anything else as
+// unregistered host memory (not an error), inside an allocation as well as at its start.
+TEST(CudaEmu, PointerAttributesTellDeviceFromHostMemory) {
+  void* device = nullptr;
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 1024), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&pinned, 1024), cudaSuccess);
+  std::vector<char> pageable(1024);
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(device) + 1000), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, pageable.data()), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(device) + 1024), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);  // one past the end is not the allocation's
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST(CudaEmuDeathTest, ImpossibleSynchronisationAborts) {

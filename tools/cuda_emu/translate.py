@@ -134,15 +134,16 @@ def translate(src, name):
         r"\1* \2 = reinterpret_cast<\1*>(::trainyard::emu::DynamicShared());",
         s,
     )
-    # One block runs at a time and its threads share these: function statics serve. Arrays are
-    # poisoned (NaN) when a block first reaches them, so reading what no thread of the block
-    # wrote fails as it would on the device, rather than seeing the previous block's values.
+    # One block runs at a time on a host thread and its threads share these: the host thread's
+    # function statics serve (ranks on their own host threads may run one kernel at once).
+    # Arrays are poisoned (NaN) when a block first reaches them, so reading what no thread of the
+    # block wrote fails as it would on the device, rather than seeing the previous block's values.
     s = re.sub(
         r"\b__shared__\s+([^;{}()]+?)\s+(\w+)\s*(\[[^;]*\])\s*;",
-        r"static \1 \2\3; ::trainyard::emu::PoisonShared(\2, sizeof(\2));",
+        r"static thread_local \1 \2\3; ::trainyard::emu::PoisonShared(\2, sizeof(\2));",
         s,
     )
-    s = re.sub(r"\b__shared__\b", "static", s)
+    s = re.sub(r"\b__shared__\b", "static thread_local", s)
     s = re.sub(r"\b__align__\s*\(([^)]*)\)", r"__attribute__((aligned(\1)))", s)
     s = remove_call(s, "__launch_bounds__")
     s = re.sub(r"\b__forceinline__\b", "inline", s)

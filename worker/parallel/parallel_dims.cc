@@ -2,7 +2,8 @@
 
 #ifdef TRAINYARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
+#endif
+#ifdef TRAINYARD_HAVE_NCCL
 #include "worker/parallel/nccl_communicator.h"
 #endif
 
@@ -47,6 +48,44 @@ absl::StatusOr<MeshPosition> PositionOf(const config::JobSpec& spec, const RankC
   return p;
 }
 
+namespace {
+
+// One process group of the mesh: `index` of `size` ranks, `members` the global rank of each
+// group rank (so that waits name peers as users know them). Host collectives over Gloo, NCCL on
+// the device's stream, or Gloo through host staging of device buffers.
+absl::StatusOr<std::unique_ptr<parallel::Communicator>> ConnectGroup(
+    const RankContext& rank, RankContext::Collectives collectives, void* device_stream,
+    const std::string& group, int index, int size, std::vector<int> members) {
+#ifdef TRAINYARD_HAVE_CUDA
+  auto* stream = static_cast<cudaStream_t>(device_stream);
+#endif
+  if (collectives == RankContext::Collectives::kNccl && size > 1) {
+#ifdef TRAINYARD_HAVE_NCCL
+    return parallel::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
+#else
+    return absl::FailedPreconditionError(
+        "this build has no NCCL: GPU ranks of one device share it through host staging");
+#endif
+  }
+  std::unique_ptr<parallel::Communicator> host;
+  if (size == 1) {
+    host = parallel::MakeSelfCommunicator();
+  } else {
+    parallel::GlooOptions options = rank.gloo;
+    options.members = std::move(members);
+    TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, options));
+  }
+  if (collectives == RankContext::Collectives::kHost) return host;
+#ifdef TRAINYARD_HAVE_CUDA
+  return parallel::MakeStagingCommunicator(std::move(host), parallel::MakeCudaDeviceCopier(stream));
+#else
+  (void)device_stream;
+  return absl::FailedPreconditionError("this build has no CUDA support");
+#endif
+}
+
+}  // namespace
+
 absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
                                                    const RankContext& rank, Backend& backend) {
   TY_ASSIGN_OR_RETURN(const MeshPosition at, PositionOf(spec, rank));
@@ -58,31 +97,8 @@ absl::StatusOr<ParallelDims> ParallelDims::Connect(const config::JobSpec& spec,
   if (device_stream == nullptr && collectives != RankContext::Collectives::kHost) {
     return absl::FailedPreconditionError("staged and NCCL collectives need the CUDA backend");
   }
-  // `members`: the global rank of each group rank, so that waits name peers as users know them.
-  auto connect =
-      [&](const std::string& group, int index, int size,
-          std::vector<int> members) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-#ifdef TRAINYARD_HAVE_CUDA
-    auto* stream = static_cast<cudaStream_t>(device_stream);
-    if (collectives == RankContext::Collectives::kNccl && size > 1) {
-      return parallel::ConnectNccl(*rank.store, group, index, size, stream, rank.gloo.timeout);
-    }
-#endif
-    std::unique_ptr<parallel::Communicator> host;
-    if (size == 1) {
-      host = parallel::MakeSelfCommunicator();
-    } else {
-      parallel::GlooOptions options = rank.gloo;
-      options.members = std::move(members);
-      TY_ASSIGN_OR_RETURN(host, parallel::ConnectGloo(*rank.store, group, index, size, options));
-    }
-    if (collectives == RankContext::Collectives::kHost) return host;
-#ifdef TRAINYARD_HAVE_CUDA
-    return parallel::MakeStagingCommunicator(std::move(host),
-                                             parallel::MakeCudaDeviceCopier(stream));
-#else
-    return absl::FailedPreconditionError("this build has no CUDA support");
-#endif
+  auto connect = [&](const std::string& group, int index, int size, std::vector<int> members) {
+    return ConnectGroup(rank, collectives, device_stream, group, index, size, std::move(members));
   };
   const config::ParallelismSpec& mesh = spec.parallelism;
   auto global = [&](int pp, int dp, int tp, int cp) {
