@@ -1,8 +1,9 @@
 // Several GPU ranks sharing one GPU (collectives through Gloo with host staging): DP=2 (plain
 // and ZeRO stages 2 and 3), TP=2, PP=2 and CP=2 (ring attention; alone and with DP=2 and ZeRO-1)
-// train five steps and must agree with the single-rank GPU run of the same job; so do a mixture of
-// experts (four experts, top-2, one shared, in every block) on DP=2 and on DP=2 with EP=2, and
-// the single GPU's mixture of experts agrees with the CPU backend's. The ordinary test command
+// train five steps and must agree with the single-rank GPU run of the same job; so does a mixture
+// of experts (four experts, top-2, one shared, in every block) on DP=2, TP=2, PP=2, CP=2, DP=2
+// with EP=2 (plain and ZeRO-3) and DP=2 × CP=2 with EP=2 and ZeRO-1, and the single GPU's mixture
+// of experts agrees with the CPU backend's. The ordinary test command
 // runs it on the CUDA emulation too (cuda_emu_parallel_test: ranks are host threads there).
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
@@ -133,7 +134,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          Mesh{"dp2_zero3", 2, 1, 1, 3}, Mesh{"cp2", 1, 1, 1, 0, 2},
                                          Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2},
                                          Mesh{"moe_dp2", 2, 1, 1, 0, 1, 1, true},
-                                         Mesh{"moe_dp2_ep2", 2, 1, 1, 0, 1, 2, true}),
+                                         Mesh{"moe_dp2_ep2", 2, 1, 1, 0, 1, 2, true},
+                                         Mesh{"moe_tp2", 1, 2, 1, 0, 1, 1, true},
+                                         Mesh{"moe_pp2", 1, 1, 2, 0, 1, 1, true},
+                                         Mesh{"moe_dp2_ep2_zero3", 2, 1, 1, 3, 1, 2, true},
+                                         Mesh{"moe_cp2", 1, 1, 1, 0, 2, 1, true},
+                                         Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));
