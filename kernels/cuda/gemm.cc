@@ -55,6 +55,15 @@ uint32_t CommonAlignment(std::initializer_list<const void*> ptrs) {
   return align;
 }
 
+// The first element of a Key: the activation type in bits 0-7 and the alignment from bit 8;
+// an FP8 product sets kFp8Bit, the formats of cuBLASLt's A and B (E5M2 bits) and fast
+// accumulation.
+constexpr int kFp8Bit = 1 << 20, kFp8AIsE5M2 = 1 << 21, kFp8BIsE5M2 = 1 << 22,
+              kFp8FastAccum = 1 << 23;
+constexpr int kAlignMask = (1 << 20) - 1;
+
+cudaDataType_t Fp8Type(bool e5m2) { return e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
 }  // namespace
 
 // Key layout: (act, transa, transb, M, N, K, epilogue, d_fp32, accumulate) in cuBLASLt's
@@ -94,12 +103,20 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   const auto [act_align, transa, transb, M, N, K, epi, d_fp32, accumulate, ld_n] = key;
   const DType act = static_cast<DType>(act_align & 0xff);
-  const uint32_t align = static_cast<uint32_t>(act_align >> 8);
+  const uint32_t align = static_cast<uint32_t>((act_align & kAlignMask) >> 8);
+  const bool fp8 = (act_align & kFp8Bit) != 0;
   auto plan = std::make_unique<Plan>();
   plan->accumulate = accumulate != 0;
-  const cudaDataType_t ab_type = CudaType(act);
-  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : ab_type;
+  // FP8 products write bf16 (`act`) or fp32 from FP8 operands.
+  const cudaDataType_t a_type = fp8 ? Fp8Type(act_align & kFp8AIsE5M2) : CudaType(act);
+  const cudaDataType_t b_type = fp8 ? Fp8Type(act_align & kFp8BIsE5M2) : CudaType(act);
+  const cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CudaType(act);
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (fp8) {
+    const int8_t fast = (act_align & kFp8FastAccum) != 0 ? 1 : 0;
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
   TY_CUBLAS_RETURN_IF_ERROR(
@@ -128,8 +145,8 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   const int64_t a_rows = transa ? K : M, a_cols = transa ? M : K;
   const int64_t b_rows = transb ? N : K, b_cols = transb ? K : N;
   const int64_t b_ld = transa ? b_rows : ld_n, d_ld = transa ? ld_n : M;
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab_type, a_rows, a_cols, a_rows));
-  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols, b_ld));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, a_type, a_rows, a_cols, a_rows));
+  TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, b_type, b_rows, b_cols, b_ld));
   TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, d_type, M, N, d_ld));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -149,9 +166,10 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
                                      plan->b, plan->d, plan->d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuBLASLt has no algorithm for ", DTypeName(act), " M=", M, " N=", N, " K=", K,
-        " transa=", transa, " transb=", transb, " epilogue=", epi, " alignment=", align));
+    return absl::UnimplementedError(
+        absl::StrCat("cuBLASLt has no algorithm for ", fp8 ? "FP8 to " : "", DTypeName(act),
+                     d_fp32 ? " (fp32 out)" : "", " M=", M, " N=", N, " K=", K, " transa=", transa,
+                     " transb=", transb, " epilogue=", epi, " alignment=", align));
   }
   plan->algo = result.algo;
   const Plan* raw = plan.get();
@@ -160,8 +178,14 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
 }
 
 absl::Status Gemm::Run(cudaStream_t stream, const Key& key, const void* a, const void* b, void* d,
-                       const void* bias, void* aux) {
+                       const void* bias, void* aux, const float* a_scale, const float* b_scale) {
   TY_ASSIGN_OR_RETURN(const Plan* plan, GetPlan(key));
+  if (a_scale != nullptr) {
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  }
   if (bias != nullptr) {
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -232,6 +256,24 @@ absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight
                 1,
                 ld == 0 ? n : ld};
   return Run(stream, key, inp, dout, dweight, nullptr, nullptr);
+}
+
+absl::Status Gemm::Fp8(cudaStream_t stream, void* out, DType out_type, const void* a,
+                       Fp8Format a_format, const float* a_scale, const void* b, Fp8Format b_format,
+                       const float* b_scale, int64_t m, int64_t n, int64_t k, bool fast_accum) {
+  TY_RETURN_IF_ERROR(
+      gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale, m, n, k));
+  const bool fp32 = out_type == DType::kF32;
+  // As Forward: column-major outᵀ[n×m] = (b stored k×n)ᵀ · (a stored k×m), the "TN" form
+  // cuBLASLt's FP8 kernels take, so cuBLASLt's A is b and its B is a. The act bits carry the
+  // output's type (bf16, or fp32 with accumulation).
+  int first = static_cast<int>(fp32 ? DType::kBF16 : out_type) | 16 << 8 | kFp8Bit;
+  if (b_format == Fp8Format::kE5M2) first |= kFp8AIsE5M2;
+  if (a_format == Fp8Format::kE5M2) first |= kFp8BIsE5M2;
+  if (fast_accum) first |= kFp8FastAccum;
+  const Key key{first,        1, 0, n, m, k, static_cast<int>(GemmEpilogue::kNone), fp32 ? 1 : 0,
+                fp32 ? 1 : 0, n};
+  return Run(stream, key, b, a, out, nullptr, nullptr, b_scale, a_scale);
 }
 
 absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, int64_t n,

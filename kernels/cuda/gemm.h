@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "kernels/fp8_format.h"
 
 namespace trainyard::kernels::cuda {
 
@@ -78,6 +79,18 @@ class Gemm {
                                             const void* dout, const void* inp, int64_t m, int64_t n,
                                             int64_t k, int64_t ld = 0);
 
+  // An FP8 product (cuBLASLt's FP8 kernels, sm_89 and later): out[m, n] = a_scale · b_scale ·
+  // Σ_k a[m, k] · b[n, k], both operands FP8 codes (kernels/fp8_format.h) with the summed
+  // dimension contiguous, as cuBLASLt takes FP8 operands, and not both E5M2; a_scale and b_scale
+  // are fp32 in device memory (the quantizers' scale_inv). m, n and k are multiples of 16 and
+  // the pointers 16-byte aligned. out is bf16 (overwritten) or fp32 (accumulated, out += ...:
+  // weight gradients). `fast_accum`: Hopper's faster accumulation of the tensor cores' partial
+  // sums (fewer fp32 promotions; for forward products, as FP8 training recipes use it).
+  [[nodiscard]] absl::Status Fp8(cudaStream_t stream, void* out, DType out_type, const void* a,
+                                 Fp8Format a_format, const float* a_scale, const void* b,
+                                 Fp8Format b_format, const float* b_scale, int64_t m, int64_t n,
+                                 int64_t k, bool fast_accum = false);
+
   // The group's products with the shared n and k, as the one-product calls define them (no
   // epilogue; weight gradients accumulated into fp32), in one cuBLAS grouped batched GEMM. Where
   // the library refuses the first call of a kind and type (too old, or not for these types), the
@@ -99,13 +112,15 @@ class Gemm {
 
  private:
   struct Plan;
-  // (act, transa, transb, m, n, k, epilogue, d_is_fp32, accumulate, ld of the operand whose
-  // rows are the caller's n: d when transa, else b)
+  // (act with the alignment and the FP8 bits folded in (gemm.cc), transa, transb, m, n, k,
+  // epilogue, d_is_fp32, accumulate, ld of the operand whose rows are the caller's n: d when
+  // transa, else b)
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int, int, int64_t>;
   Gemm() = default;
   [[nodiscard]] absl::StatusOr<const Plan*> GetPlan(const Key& key);
   [[nodiscard]] absl::Status Run(cudaStream_t stream, const Key& key, const void* a, const void* b,
-                                 void* d, const void* bias, void* aux);
+                                 void* d, const void* bias, void* aux,
+                                 const float* a_scale = nullptr, const float* b_scale = nullptr);
 
   void* handle_ = nullptr;          // cublasLtHandle_t
   void* grouped_handle_ = nullptr;  // cublasHandle_t, made on the first Grouped call

@@ -4,6 +4,7 @@
 // emulator. Arithmetic follows the header's contract, not cuBLASLt's summation order: results
 // agree with the device's to the rounding of the sums.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -101,6 +102,36 @@ absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const
   // dweight[j, p] += Σ_i dout[i, j] · inp[i, p]
   Product(act, dout, 1, ld, inp, 1, k, n, k, m,
           [&](int64_t j, int64_t p, float sum) { dweight[j * k + p] += sum; });
+  return absl::OkStatus();
+}
+
+// FP8 codes decoded with CUDA's own conversion (not the project's reference, which the
+// quantizers are checked against), the sum in fp32 in k's order, times both scales, rounded once
+// to bf16 or added to the fp32 output. Fast accumulation changes nothing here.
+absl::Status Gemm::Fp8(cudaStream_t, void* out, DType out_type, const void* a, Fp8Format a_format,
+                       const float* a_scale, const void* b, Fp8Format b_format,
+                       const float* b_scale, int64_t m, int64_t n, int64_t k, bool) {
+  TY_RETURN_IF_ERROR(
+      gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale, m, n, k));
+  auto decode = [](const void* codes, int64_t i, Fp8Format f) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(codes)[i],
+                                                 f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+    return __half2float(__half(h));
+  };
+  const float scale = *a_scale * *b_scale;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k; ++p) {
+        sum += decode(a, i * k + p, a_format) * decode(b, j * k + p, b_format);
+      }
+      if (out_type == DType::kF32) {
+        static_cast<float*>(out)[i * n + j] += scale * sum;
+      } else {
+        Store(DType::kBF16, out, i * n + j, scale * sum);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
