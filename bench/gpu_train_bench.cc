@@ -5,9 +5,10 @@
 //
 //   trainyard-bench-gpu-train --preset gpt2-124m --seq 1024 --batch 16 [--micro-batch 16]
 //                             [--steps 10] [--warmup 3] [--peak-tflops X] [--recompute]
-//                             [--atomic-dq] [--timeline FILE]
+//                             [--atomic-dq] [--fp8] [--timeline FILE]
 //   (--atomic-dq: attention's query gradient summed with atomics, FlashAttention-2's way,
-//   instead of the deterministic pass; see CudaBackendOptions)
+//   instead of the deterministic pass; --fp8: the linear layers' GEMMs in FP8 with per-tensor
+//   current scaling, sm_89 and later; see CudaBackendOptions)
 //   trainyard-bench-gpu-train --cpu --preset gpt2-debug --peak-tflops 1   (checks the harness
 //                                                     itself on the CPU backend, without a GPU)
 //
@@ -59,7 +60,7 @@ int Fail(const std::string& message, int code = 2) {
   if (code == 2) {
     std::fputs(
         "usage: trainyard-bench-gpu-train --preset NAME [--seq T] [--batch B] [--micro-batch M] "
-        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--atomic-dq] [--cpu] "
+        "[--steps S] [--warmup W] [--peak-tflops X] [--recompute] [--atomic-dq] [--fp8] [--cpu] "
         "[--timeline FILE]\n",
         stderr);
   }
@@ -77,14 +78,18 @@ struct Flags {
   bool recompute = false;
   bool cpu = false;        // the CPU backend: exercises this program where there is no GPU
   bool atomic_dq = false;  // attention's dQ summed with atomics (CudaBackendOptions)
+  bool fp8 = false;        // FP8 linear layers (CudaBackendOptions::fp8_linear)
   std::string timeline;    // where the CUPTI records of the measured steps go; none when empty
 };
 
 std::string ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--recompute" || arg == "--cpu" || arg == "--atomic-dq") {
-      (arg == "--cpu" ? f->cpu : arg == "--recompute" ? f->recompute : f->atomic_dq) = true;
+    if (arg == "--recompute" || arg == "--cpu" || arg == "--atomic-dq" || arg == "--fp8") {
+      (arg == "--cpu"         ? f->cpu
+       : arg == "--recompute" ? f->recompute
+       : arg == "--fp8"       ? f->fp8
+                              : f->atomic_dq) = true;
       continue;
     }
     if (i + 1 >= argc) return arg + " needs a value";
@@ -115,6 +120,7 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
 #endif
   if (!f->timeline.empty() && f->cpu) return "--timeline records the GPU; it has no --cpu form";
   if (f->atomic_dq && f->cpu) return "--atomic-dq chooses a GPU kernel; it has no --cpu form";
+  if (f->fp8 && f->cpu) return "--fp8 chooses the GPU's FP8 GEMMs; it has no --cpu form";
   return "";
 }
 
@@ -257,8 +263,10 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<worker::Backend>> backend =
       f.cpu ? absl::StatusOr<std::unique_ptr<worker::Backend>>(worker::MakeCpuBackend(0))
-            : worker::MakeCudaBackend(
-                  {.device = 0, .act_dtype = DType::kBF16, .atomic_attention_dq = f.atomic_dq});
+            : worker::MakeCudaBackend({.device = 0,
+                                       .act_dtype = DType::kBF16,
+                                       .atomic_attention_dq = f.atomic_dq,
+                                       .fp8_linear = f.fp8});
   if (!backend.ok()) return Fail(std::string(backend.status().message()), 1);
   auto result = RunSteps(spec, **backend, f);
   if (!result.ok()) return Fail(result.status().ToString(), 1);

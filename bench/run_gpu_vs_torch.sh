@@ -6,7 +6,7 @@
 #          [--timeout-s N] [--budget-s N]
 #
 # kernels: trainyard-bench-gpu-kernels and bench/torch_gpu_kernels.py (N timed reps after W);
-# train:   trainyard-bench-gpu-train (also with --atomic-dq) and bench/torch_gpu_train.py for
+# train:   trainyard-bench-gpu-train (also with --atomic-dq and --fp8) and bench/torch_gpu_train.py for
 #          GPT-2 124M (16 x 1024 tokens) and Llama 1B (4 x 2048), S timed steps after W
 #          (PyTorch compiled as --compile).
 # Prints Markdown tables; ratio = PyTorch time / Trainyard time (above 1: Trainyard is faster),
@@ -214,9 +214,13 @@ if [[ "$PART" != kernels ]]; then
     # The same step with attention's dQ summed by atomics, beside the same PyTorch run.
     run "trainyard $preset atomic-dq" "$WORK/t_tya" "${TRAINYARD_ENV[@]}" \
       "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}" --atomic-dq
+    # And with the linear layers in FP8 (beside the same bf16 PyTorch run; its final loss beside
+    # the bf16 run's in the JSON).
+    run "trainyard $preset fp8" "$WORK/t_tyf" "${TRAINYARD_ENV[@]}" \
+      "$BIN_DIR/trainyard-bench-gpu-train" "${common[@]}" --fp8
     # row | engine | the run whose JSON line it is
     for line in "$preset|ty|ty" "$preset|pt|pt" "$preset atomic-dq|ty|tya" \
-        "$preset atomic-dq|pt|pt"; do
+        "$preset atomic-dq|pt|pt" "$preset fp8|ty|tyf" "$preset fp8|pt|pt"; do
       IFS="|" read -r row engine from <<<"$line"
       json="$(grep '^{' "$WORK/t_$from" | tail -n 1)"
       [[ -n "$json" ]] || json='{}'
@@ -275,6 +279,12 @@ print("ratio = trainyard tok/s / pytorch tok/s. MFU = (6N + 12·L·H·Q·T) FLOP
                    for p, r in runs.items()
                    if "mfu_matmul_params" in r.get("ty", {}) and
                    "mfu_matmul_params" in r.get("pt", {})) or "n/a"))
+fp8 = ["%s %.4f (bf16 %.4f)" % (p, r["ty"]["final_loss"], runs[p[:-4]]["ty"]["final_loss"])
+       for p, r in runs.items() if p.endswith(" fp8") and "final_loss" in r.get("ty", {})
+       and "final_loss" in runs.get(p[:-4], {}).get("ty", {})]
+if fp8:
+    print("FP8 rows: the linear layers' GEMMs in FP8, MFU still against the bf16 peak; the last "
+          "step's training loss on the same random tokens: %s." % "; ".join(fp8))
 sys.exit(status)
 PYEOF
 fi

@@ -32,6 +32,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norms.h"
@@ -41,9 +42,10 @@ namespace trainyard::worker {
 namespace {
 
 namespace kc = ::trainyard::kernels::cuda;
+using ::trainyard::kernels::Fp8Format;
 
 // Scratch buffers, one per use that can be live at the same time within one operation.
-enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kGroups, kCount };
+enum class Scratch { kWeight, kBias, kReduce, kAttention, kEmbedding, kGroups, kFp8, kCount };
 
 class CudaBackend final : public Backend {
  public:
@@ -62,6 +64,14 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     TY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
     be->device_name_ = prop.name;
+    if (options.fp8_linear && options.act_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError("FP8 linear layers need bf16 activations");
+    }
+    if (options.fp8_linear && prop.major * 10 + prop.minor < 89) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("FP8 linear layers need compute capability 8.9 or later; ", prop.name,
+                       " has ", prop.major, ".", prop.minor));
+    }
     // A blocking stream, so that stray work on the legacy default stream is ordered with it too.
     TY_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&be->stream_));
     // Keep freed memory in the pool rather than returning it to the driver at each sync.
@@ -87,7 +97,8 @@ class CudaBackend final : public Backend {
 
   std::string name() const override {
     return absl::StrCat("cuda:", options_.device, " (", device_name_, ", ",
-                        DTypeName(options_.act_dtype), " activations)");
+                        DTypeName(options_.act_dtype), " activations",
+                        options_.fp8_linear ? ", FP8 linear layers" : "", ")");
   }
   DType act_dtype() const override { return options_.act_dtype; }
   // 2^27 bf16 logits (256 MiB): a GPT-2 vocabulary in chunks of 2,670 rows, so the LM head
@@ -187,6 +198,7 @@ class CudaBackend final : public Backend {
   // Linear layers.
   void Linear(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
               int64_t k) override {
+    if (Fp8Linear(w, m, n, k)) return Fp8Forward(out, inp, w, b, m, n, k);
     Run(gemm_->Forward(stream_, act_dtype(), out, nullptr, inp, Weight(w, n * k),
                        b ? Bias(b, n) : nullptr, m, n, k,
                        b ? kc::GemmEpilogue::kBias : kc::GemmEpilogue::kNone));
@@ -194,7 +206,7 @@ class CudaBackend final : public Backend {
   void LinearGelu(Act* out, Act* pre, const Act* inp, const float* w, const float* b, int64_t m,
                   int64_t n, int64_t k) override {
     const bool fused = options_.fused_gelu_epilogue && act_dtype() == DType::kBF16 &&
-                       gemm_->SupportsGeluEpilogue(act_dtype(), m, n, k);
+                       !Fp8Linear(w, m, n, k) && gemm_->SupportsGeluEpilogue(act_dtype(), m, n, k);
     if (!fused) return Backend::LinearGelu(out, pre, inp, w, b, m, n, k);
     Run(gemm_->Forward(stream_, act_dtype(), out, pre, inp, Weight(w, n * k),
                        b ? Bias(b, n) : nullptr, m, n, k,
@@ -202,10 +214,14 @@ class CudaBackend final : public Backend {
   }
   void LinearBackward(Act* dinp, float* dw, float* db, const Act* dout, const Act* inp,
                       const float* w, int64_t m, int64_t n, int64_t k) override {
-    if (dinp != nullptr) {
-      Run(gemm_->BackwardInput(stream_, act_dtype(), dinp, dout, Weight(w, n * k), m, n, k));
+    if (Fp8Linear(w, m, n, k)) {
+      Fp8Backward(dinp, dw, dout, inp, w, m, n, k);
+    } else {
+      if (dinp != nullptr) {
+        Run(gemm_->BackwardInput(stream_, act_dtype(), dinp, dout, Weight(w, n * k), m, n, k));
+      }
+      if (dw != nullptr) Run(gemm_->BackwardWeight(stream_, act_dtype(), dw, dout, inp, m, n, k));
     }
-    if (dw != nullptr) Run(gemm_->BackwardWeight(stream_, act_dtype(), dw, dout, inp, m, n, k));
     if (db != nullptr) {
       float* scratch = ScratchFloats(Scratch::kReduce, kc::ColumnSumScratchFloats(m, n));
       Run(kc::AccumulateColumnSums(stream_, act_dtype(), db, dout, m, n, scratch));
@@ -548,6 +564,78 @@ class CudaBackend final : public Backend {
   void DeviceCopy(void* dst, const void* src, int64_t bytes) {
     if (bytes > 0 && dst != src) {
       Record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "D2D");
+    }
+  }
+
+  // FP8 linear layers (CudaBackendOptions::fp8_linear). A layer's operands are quantized where
+  // its GEMMs need them, from the bf16 activations the model keeps and the weight's bf16 copy, so
+  // nothing FP8 outlives the call: the input gradient's product takes the weight transposed, the
+  // weight gradient's the output gradient and the input transposed (cuBLASLt's FP8 kernels sum
+  // along contiguous rows of both operands).
+  bool Fp8Linear(const float* w, int64_t m, int64_t n, int64_t k) const {
+    return options_.fp8_linear && w != held_.weight && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+  }
+  struct Fp8Operand {
+    float* amax = nullptr;
+    float* scale_inv = nullptr;
+    uint8_t* codes = nullptr;    // rows × cols
+    uint8_t* codes_t = nullptr;  // cols × rows
+  };
+  struct Fp8Operands {
+    Fp8Operand x, w, dy;  // the input [m, k], the weight [n, k], the output gradient [m, n]
+  };
+  // The kFp8 scratch carved into the three operands (each code array 256-byte aligned); all
+  // null when it could not be had (the error is recorded).
+  Fp8Operands Fp8Scratch(int64_t m, int64_t n, int64_t k) {
+    auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+    const int64_t sizes[3] = {aligned(m * k), aligned(n * k), aligned(m * n)};
+    auto* base = static_cast<uint8_t*>(
+        ScratchBytes(Scratch::kFp8, 256 + 2 * (sizes[0] + sizes[1] + sizes[2])));
+    if (base == nullptr) return {};
+    auto* scalars = reinterpret_cast<float*>(base);  // 3 amax, then 3 scale_inv
+    uint8_t* next = base + 256;
+    Fp8Operand operands[3];
+    for (int i = 0; i < 3; ++i) {
+      operands[i] = {scalars + i, scalars + 3 + i, next, next + sizes[i]};
+      next += 2 * sizes[i];
+    }
+    return {operands[0], operands[1], operands[2]};
+  }
+  // x (bf16, rows × cols) scaled by its own amax into `op`, with the transposed codes if asked.
+  void Quantize(const void* x, int64_t rows, int64_t cols, Fp8Format format, const Fp8Operand& op,
+                bool transpose) {
+    Run(kc::AbsMax(stream_, DType::kBF16, x, rows * cols, op.amax));
+    Run(kc::QuantizeFp8(stream_, DType::kBF16, format, x, rows, cols, op.amax, op.codes,
+                        transpose ? op.codes_t : nullptr, op.scale_inv));
+  }
+  // out = inp · wᵀ + b with E4M3 operands, fast accumulation as recipes use for forward products.
+  void Fp8Forward(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
+                  int64_t k) {
+    const Fp8Operands s = Fp8Scratch(m, n, k);
+    if (s.x.codes == nullptr) return;
+    Quantize(inp, m, k, Fp8Format::kE4M3, s.x, false);
+    Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, s.w, false);
+    Run(gemm_->Fp8(stream_, out, DType::kBF16, s.x.codes, Fp8Format::kE4M3, s.x.scale_inv,
+                   s.w.codes, Fp8Format::kE4M3, s.w.scale_inv, m, n, k, b ? Bias(b, n) : nullptr,
+                   /*fast_accum=*/true));
+  }
+  // dinp[m, k] = dy[m, n] · w[n, k] and dw[n, k] += dy[m, n]ᵀ · inp[m, k], dy in E5M2; either may
+  // be skipped (null), as LinearBackward's split backward asks.
+  void Fp8Backward(Act* dinp, float* dw, const Act* dout, const Act* inp, const float* w, int64_t m,
+                   int64_t n, int64_t k) {
+    if (dinp == nullptr && dw == nullptr) return;
+    const Fp8Operands s = Fp8Scratch(m, n, k);
+    if (s.x.codes == nullptr) return;
+    Quantize(dout, m, n, Fp8Format::kE5M2, s.dy, /*transpose=*/dw != nullptr);
+    if (dinp != nullptr) {
+      Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, s.w, /*transpose=*/true);
+      Run(gemm_->Fp8(stream_, dinp, DType::kBF16, s.dy.codes, Fp8Format::kE5M2, s.dy.scale_inv,
+                     s.w.codes_t, Fp8Format::kE4M3, s.w.scale_inv, m, k, n));
+    }
+    if (dw != nullptr) {
+      Quantize(inp, m, k, Fp8Format::kE4M3, s.x, /*transpose=*/true);
+      Run(gemm_->Fp8(stream_, dw, DType::kF32, s.dy.codes_t, Fp8Format::kE5M2, s.dy.scale_inv,
+                     s.x.codes_t, Fp8Format::kE4M3, s.x.scale_inv, n, k, m));
     }
   }
 

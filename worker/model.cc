@@ -32,6 +32,21 @@ class TimedSpan {
   DeviceTimer* timer_;
 };
 
+// Backend::HoldWeight for a scope (an error return too): the LM head over the chunks of a loss or
+// of logits, which it does not change.
+class HeldWeight {
+ public:
+  HeldWeight(Backend* backend, const float* w, int64_t count) : backend_(backend) {
+    backend_->HoldWeight(w, count);
+  }
+  ~HeldWeight() { backend_->ReleaseWeight(); }
+  HeldWeight(const HeldWeight&) = delete;
+  HeldWeight& operator=(const HeldWeight&) = delete;
+
+ private:
+  Backend* backend_;
+};
+
 }  // namespace
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
@@ -838,7 +853,7 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
   const float* head = P(hg, layout_.lm_head());
   float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
   if (padded != vocab) PadHead(&head, with_grad ? &dhead : nullptr);
-  backend_->HoldWeight(head, padded * width);  // unchanged until the last chunk's backward
+  const HeldWeight held(backend_, head, padded * width);  // unchanged until the last backward
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
@@ -850,7 +865,6 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
                                a.logits.data(), h, head, rows, padded, width);
     }
   }
-  backend_->ReleaseWeight();
   if (with_grad && padded != vocab) {
     backend_->Copy(G(hg, layout_.lm_head()), head_.grad.data(), vocab * width);
   }
@@ -883,6 +897,7 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
   const float* head = P(hg, layout_.lm_head());
   std::vector<float> stats(chunk * 3), gathered(chunk * 3 * ranks), lse(chunk);
   double total = 0.0;
+  const HeldWeight held(backend_, head, vocab * width);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
@@ -1054,6 +1069,7 @@ absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logi
   const int64_t n = int64_t{b} * t, vocab = dims_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
   const float* head = P(layout_.head_group(), layout_.lm_head());
+  const HeldWeight held(backend_, head, vocab * config_.width);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     backend_->Linear(a.logits.data(), backend_->At(a.lnf.data(), r0 * config_.width), head, nullptr,

@@ -260,20 +260,22 @@ absl::Status Gemm::BackwardWeight(cudaStream_t stream, DType act, float* dweight
 
 absl::Status Gemm::Fp8(cudaStream_t stream, void* out, DType out_type, const void* a,
                        Fp8Format a_format, const float* a_scale, const void* b, Fp8Format b_format,
-                       const float* b_scale, int64_t m, int64_t n, int64_t k, bool fast_accum) {
-  TY_RETURN_IF_ERROR(
-      gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale, m, n, k));
+                       const float* b_scale, int64_t m, int64_t n, int64_t k, const void* bias,
+                       bool fast_accum) {
+  TY_RETURN_IF_ERROR(gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale,
+                                         m, n, k, bias));
   const bool fp32 = out_type == DType::kF32;
   // As Forward: column-major outᵀ[n×m] = (b stored k×n)ᵀ · (a stored k×m), the "TN" form
   // cuBLASLt's FP8 kernels take, so cuBLASLt's A is b and its B is a. The act bits carry the
-  // output's type (bf16, or fp32 with accumulation).
-  int first = static_cast<int>(fp32 ? DType::kBF16 : out_type) | 16 << 8 | kFp8Bit;
+  // output's type (bf16, or fp32 with accumulation); the alignment is 16 (checked) or the bias's.
+  const int align = static_cast<int>(CommonAlignment({out, a, b, bias}));
+  int first = static_cast<int>(fp32 ? DType::kBF16 : out_type) | align << 8 | kFp8Bit;
   if (b_format == Fp8Format::kE5M2) first |= kFp8AIsE5M2;
   if (a_format == Fp8Format::kE5M2) first |= kFp8BIsE5M2;
   if (fast_accum) first |= kFp8FastAccum;
-  const Key key{first,        1, 0, n, m, k, static_cast<int>(GemmEpilogue::kNone), fp32 ? 1 : 0,
-                fp32 ? 1 : 0, n};
-  return Run(stream, key, b, a, out, nullptr, nullptr, b_scale, a_scale);
+  const GemmEpilogue epilogue = bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  const Key key{first, 1, 0, n, m, k, static_cast<int>(epilogue), fp32 ? 1 : 0, fp32 ? 1 : 0, n};
+  return Run(stream, key, b, a, out, bias, nullptr, b_scale, a_scale);
 }
 
 absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, int64_t n,

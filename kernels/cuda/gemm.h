@@ -84,12 +84,13 @@ class Gemm {
   // dimension contiguous, as cuBLASLt takes FP8 operands, and not both E5M2; a_scale and b_scale
   // are fp32 in device memory (the quantizers' scale_inv). m, n and k are multiples of 16 and
   // the pointers 16-byte aligned. out is bf16 (overwritten) or fp32 (accumulated, out += ...:
-  // weight gradients). `fast_accum`: Hopper's faster accumulation of the tensor cores' partial
-  // sums (fewer fp32 promotions; for forward products, as FP8 training recipes use it).
+  // weight gradients). `bias` (bf16, [n], bf16 out only; may be null) is added in the epilogue
+  // before the one rounding. `fast_accum`: Hopper's faster accumulation of the tensor cores'
+  // partial sums (fewer fp32 promotions; for forward products, as FP8 training recipes use it).
   [[nodiscard]] absl::Status Fp8(cudaStream_t stream, void* out, DType out_type, const void* a,
                                  Fp8Format a_format, const float* a_scale, const void* b,
                                  Fp8Format b_format, const float* b_scale, int64_t m, int64_t n,
-                                 int64_t k, bool fast_accum = false);
+                                 int64_t k, const void* bias = nullptr, bool fast_accum = false);
 
   // The group's products with the shared n and k, as the one-product calls define them (no
   // epilogue; weight gradients accumulated into fp32), in one cuBLAS grouped batched GEMM. Where

@@ -35,16 +35,18 @@ inline absl::Status CheckEpilogue(GemmEpilogue epilogue, const void* pre, const 
 
 // An FP8 product: operands and scales present, sizes multiples of 16 (cuBLASLt's FP8 kernels
 // need the summed dimension's stride and the output's in multiples of 16 bytes), pointers
-// 16-byte aligned, not both operands E5M2, the output bf16 or fp32.
+// 16-byte aligned, not both operands E5M2, the output bf16 or fp32 (a bias only with bf16).
 inline absl::Status CheckFp8(const void* out, DType out_type, const void* a, Fp8Format a_format,
                              const float* a_scale, const void* b, Fp8Format b_format,
-                             const float* b_scale, int64_t m, int64_t n, int64_t k) {
+                             const float* b_scale, int64_t m, int64_t n, int64_t k,
+                             const void* bias) {
   TY_RETURN_IF_ERROR(CheckProduct(out, a, b, m, n, k, 0));
   TY_REQUIRE(a_scale != nullptr && b_scale != nullptr);
   TY_REQUIRE(m % 16 == 0 && n % 16 == 0 && k % 16 == 0);
   for (const void* p : {out, a, b}) TY_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0);
   TY_REQUIRE(a_format == Fp8Format::kE4M3 || b_format == Fp8Format::kE4M3);
   TY_REQUIRE(out_type == DType::kBF16 || out_type == DType::kF32);
+  TY_REQUIRE(bias == nullptr || out_type == DType::kBF16);
   return absl::OkStatus();
 }
 

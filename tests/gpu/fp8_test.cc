@@ -233,10 +233,12 @@ struct Fp8Case {
   Fp8Format a, b;
   DType out;  // bf16 overwritten, fp32 accumulated
   bool fast_accum;
+  bool bias;  // a bf16 bias in the epilogue (bf16 out)
 };
 
 // The products of the three forms a linear layer needs (forward E4M3 × E4M3 into bf16; input
-// gradient E5M2 × E4M3 into bf16; weight gradient E5M2 × E4M3 added to fp32) against the CPU's
+// gradient E5M2 × E4M3 into bf16; weight gradient E5M2 × E4M3 added to fp32), with and without
+// the bias epilogue, against the CPU's
 // product of the decoded codes (fp64 sums, times both scales). The tolerance is the output's
 // rounding plus fp32 summation error relative to Σ|terms| (a hundred times more with fast
 // accumulation).
@@ -246,26 +248,30 @@ TEST(Fp8Gemm, ComputesTheProductOfTheDecodedCodes) {
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   std::mt19937 rng(11);
   const Fp8Case cases[] = {
-      {64, 48, 96, Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, false},
-      {64, 48, 96, Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, true},
-      {32, 80, 48, Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kBF16, false},
-      {48, 32, 160, Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kF32, false},
-      {16, 16, 16, Fp8Format::kE4M3, Fp8Format::kE5M2, DType::kBF16, false},
+      {64, 48, 96, Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, false, false},
+      {64, 48, 96, Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, true, true},
+      {32, 80, 48, Fp8Format::kE4M3, Fp8Format::kE4M3, DType::kBF16, false, true},
+      {32, 80, 48, Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kBF16, false, false},
+      {48, 32, 160, Fp8Format::kE5M2, Fp8Format::kE4M3, DType::kF32, false, false},
+      {16, 16, 16, Fp8Format::kE4M3, Fp8Format::kE5M2, DType::kBF16, false, false},
   };
   for (const Fp8Case& c : cases) {
-    const std::string what =
-        absl::StrCat(c.m, "x", c.n, "x", c.k, " ", Name(c.out, c.a),
-                     c.b == Fp8Format::kE4M3 ? "·e4m3" : "·e5m2", c.fast_accum ? " fast" : "");
+    const std::string what = absl::StrCat(c.m, "x", c.n, "x", c.k, " ", Name(c.out, c.a),
+                                          c.b == Fp8Format::kE4M3 ? "·e4m3" : "·e5m2",
+                                          c.fast_accum ? " fast" : "", c.bias ? " bias" : "");
     const std::vector<float> a = RandomActivation(c.m * c.k, DType::kBF16, rng, 3.0f);
     const std::vector<float> b = RandomActivation(c.n * c.k, DType::kBF16, rng, 0.02f);
     auto qa = QuantizeOnDevice(a, c.m, c.k, c.a), qb = QuantizeOnDevice(b, c.n, c.k, c.b);
     const std::vector<float> before = RandomActivation(c.m * c.n, DType::kF32, rng);
+    const std::vector<float> bias = RandomActivation(c.n, DType::kBF16, rng);
+    DeviceTensor dbias(bias, DType::kBF16);
     DeviceTensor out(c.out == DType::kF32 ? before : std::vector<float>(c.m * c.n, 0.0f), c.out);
     if (c.out == DType::kBF16) out.Poison();
     ASSERT_TRUE((*gemm)
                     ->Fp8(nullptr, out.get(), c.out, qa->codes.get(), c.a,
                           qa->scale_inv.as<float>(), qb->codes.get(), c.b,
-                          qb->scale_inv.as<float>(), c.m, c.n, c.k, c.fast_accum)
+                          qb->scale_inv.as<float>(), c.m, c.n, c.k, c.bias ? dbias.get() : nullptr,
+                          c.fast_accum)
                     .ok())
         << what;
     const std::vector<float> got = out.Read();
@@ -287,6 +293,7 @@ TEST(Fp8Gemm, ComputesTheProductOfTheDecodedCodes) {
           want += before[i * c.n + j];
           tolerance += 1e-6 * std::fabs(before[i * c.n + j]);
         } else {
+          if (c.bias) want += bias[j];
           tolerance += std::ldexp(std::fabs(want), -8);  // bf16's rounding
         }
         ASSERT_LE(std::fabs(got[i * c.n + j] - want), tolerance)
@@ -314,6 +321,10 @@ TEST(Fp8Gemm, RefusesWhatCublasLtCannotRun) {
                    ->Fp8(nullptr, static_cast<char*>(out.get()) + 8, DType::kBF16, a.get(), e4, s,
                          b.get(), e4, s, 32, 32, 32)
                    .ok());  // output not 16-byte aligned
+  EXPECT_FALSE((*gemm)
+                   ->Fp8(nullptr, out.get(), DType::kF32, a.get(), e4, s, b.get(), e4, s, 32, 32,
+                         32, /*bias=*/b.get())
+                   .ok());  // a bias only into bf16
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 // tensor.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -497,6 +498,31 @@ TEST(ModelOnGpu, FusedGeluEpilogueMatchesSeparateKernel) {
   EXPECT_LE(out_err, 1e-2);
 }
 
+// One forward and backward of a fresh model (parameters from `seed`) on `be`: the loss and every
+// gradient, with the model's layout to name them.
+struct OneStep {
+  double loss = 0.0;
+  std::vector<float> grads;
+  std::vector<ParamTensor> tensors;
+};
+OneStep ForwardBackwardOnce(const config::ModelConfig& mc, Backend* be, uint64_t seed,
+                            const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets,
+                            int b, int t) {
+  OneStep out;
+  auto model = LocalModel::Create(mc, be);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return out;
+  (*model)->InitParameters(seed);
+  (*model)->ZeroGradients();
+  auto loss = (*model)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / (b * t));
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  out.loss = loss.value_or(NAN);
+  out.grads.assign((*model)->num_params(), NAN);
+  (*model)->ReadGradients(out.grads.data());
+  out.tensors = (*model)->layout().tensors();
+  return out;
+}
+
 // A training step with attention's dQ summed by atomics against the deterministic backward:
 // the same loss (the forward is the same), every gradient within bf16 rounding of the other's.
 TEST(ModelOnGpu, AtomicAttentionDqMatchesDeterministic) {
@@ -507,26 +533,85 @@ TEST(ModelOnGpu, AtomicAttentionDqMatchesDeterministic) {
   ASSERT_TRUE(fixed.ok() && atomic.ok());
   const int b = 2, t = 48;
   const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 5);
-  std::vector<float> losses, grads[2];
-  for (Backend* be : {fixed->get(), atomic->get()}) {
-    auto model = LocalModel::Create(mc, be);
-    ASSERT_TRUE(model.ok()) << model.status();
-    (*model)->InitParameters(11);
-    (*model)->ZeroGradients();
-    auto loss = (*model)->ForwardBackward(inputs.data(), targets.data(), b, t, 1.0f / (b * t));
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    losses.push_back(*loss);
-    std::vector<float>& g = grads[losses.size() - 1];
-    g.assign((*model)->num_params(), NAN);
-    (*model)->ReadGradients(g.data());
-    if (be == atomic->get()) {
-      for (const ParamTensor& p : (*model)->layout().tensors()) {
-        EXPECT_LE(L2Relative(g.data() + p.offset, grads[0].data() + p.offset, p.numel), 1e-2)
-            << "gradient of " << p.name;
-      }
-    }
+  const OneStep want = ForwardBackwardOnce(mc, fixed->get(), 11, inputs, targets, b, t);
+  const OneStep got = ForwardBackwardOnce(mc, atomic->get(), 11, inputs, targets, b, t);
+  for (const ParamTensor& p : got.tensors) {
+    EXPECT_LE(L2Relative(got.grads.data() + p.offset, want.grads.data() + p.offset, p.numel), 1e-2)
+        << "gradient of " << p.name;
   }
-  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(want.loss, got.loss);
+}
+
+// FP8 linear layers (CudaBackendOptions::fp8_linear) against bf16 ones, from the same
+// parameters and tokens: the FP8 path runs (the loss differs) and stays within FP8's rounding of
+// bf16 — the loss within 2%, every gradient within 15% L2-relative (E5M2 gradients carry 2
+// mantissa bits; the emulation gives 11% at worst) — for both families (GPT-2's biases in the
+// epilogue, Llama's SwiGLU).
+TEST(ModelOnGpu, Fp8LinearLayersStayCloseToBf16) {
+  TY_SKIP_WITHOUT_GPU();
+  for (const char* preset : {"gpt2-debug", "llama-debug"}) {
+    const config::ModelConfig mc = *config::Preset(preset);
+    auto bf16 = MakeCudaBackend({});
+    auto fp8 = MakeCudaBackend({.fp8_linear = true});
+    ASSERT_TRUE(bf16.ok()) << bf16.status();
+    ASSERT_TRUE(fp8.ok()) << fp8.status();
+    const int b = 2, t = 48;  // 96 rows: a multiple of 16
+    const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 9);
+    const OneStep want = ForwardBackwardOnce(mc, bf16->get(), 13, inputs, targets, b, t);
+    const OneStep got = ForwardBackwardOnce(mc, fp8->get(), 13, inputs, targets, b, t);
+    double worst = 0.0;
+    for (const ParamTensor& p : got.tensors) {
+      const double err =
+          L2Relative(got.grads.data() + p.offset, want.grads.data() + p.offset, p.numel);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, 0.15) << preset << ": gradient of " << p.name;
+    }
+    std::printf("%s: FP8 loss %.6f vs bf16 %.6f; worst gradient %.4f L2-relative\n", preset,
+                got.loss, want.loss, worst);
+    EXPECT_NE(want.loss, got.loss) << preset << ": the FP8 path did not run";
+    EXPECT_LE(std::abs(got.loss - want.loss) / want.loss, 2e-2) << preset;
+  }
+}
+
+// The held weight (the LM head over its chunks) stays in bf16 under FP8: its product has the
+// bits of the bf16 backend's, which the same product of a weight not held does not.
+TEST(ModelOnGpu, Fp8LeavesTheHeldWeightInBf16) {
+  TY_SKIP_WITHOUT_GPU();
+  auto bf16 = MakeCudaBackend({});
+  auto fp8 = MakeCudaBackend({.fp8_linear = true});
+  ASSERT_TRUE(bf16.ok() && fp8.ok());
+  const int64_t m = 32, n = 48, k = 64;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(m * k), w(n * k);
+  for (float& v : x) v = normal(rng);
+  for (float& v : w) v = 0.1f * normal(rng);
+  std::vector<float> outs[3];
+  int run = 0;
+  for (auto [be, hold] :
+       {std::pair{bf16->get(), false}, std::pair{fp8->get(), true}, std::pair{fp8->get(), false}}) {
+    Buffer<Act> dx = be->AllocAct(m * k), dout = be->AllocAct(m * n);
+    Buffer<float> dw = be->AllocFloat(n * k);
+    be->CopyActFromHost(dx.data(), x.data(), m * k);
+    be->CopyFromHost(dw.data(), w.data(), n * k);
+    if (hold) be->HoldWeight(dw.data(), n * k);
+    be->Linear(dout.data(), dx.data(), dw.data(), nullptr, m, n, k);
+    if (hold) be->ReleaseWeight();
+    outs[run].resize(m * n);
+    be->CopyActToHost(outs[run].data(), dout.data(), m * n);
+    ASSERT_TRUE(be->Synchronize().ok());
+    ++run;
+  }
+  EXPECT_EQ(outs[1], outs[0]);
+  EXPECT_NE(outs[2], outs[0]);
+  EXPECT_LE(testing::RelativeError(outs[2], outs[0]), 0.1);
+}
+
+TEST(ModelOnGpu, Fp8NeedsBf16Activations) {
+  TY_SKIP_WITHOUT_GPU();
+  auto backend = MakeCudaBackend({.act_dtype = DType::kF32, .fp8_linear = true});
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.status().message().find("bf16"), std::string::npos) << backend.status();
 }
 
 TEST(ModelOnGpu, UnsupportedHeadDimFailsCleanly) {

@@ -107,12 +107,13 @@ absl::Status Gemm::BackwardWeight(cudaStream_t, DType act, float* dweight, const
 
 // FP8 codes decoded with CUDA's own conversion (not the project's reference, which the
 // quantizers are checked against), the sum in fp32 in k's order, times both scales, rounded once
-// to bf16 or added to the fp32 output. Fast accumulation changes nothing here.
+// to bf16 (with the bias) or added to the fp32 output. Fast accumulation changes nothing here.
 absl::Status Gemm::Fp8(cudaStream_t, void* out, DType out_type, const void* a, Fp8Format a_format,
                        const float* a_scale, const void* b, Fp8Format b_format,
-                       const float* b_scale, int64_t m, int64_t n, int64_t k, bool) {
-  TY_RETURN_IF_ERROR(
-      gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale, m, n, k));
+                       const float* b_scale, int64_t m, int64_t n, int64_t k, const void* bias,
+                       bool) {
+  TY_RETURN_IF_ERROR(gemm_args::CheckFp8(out, out_type, a, a_format, a_scale, b, b_format, b_scale,
+                                         m, n, k, bias));
   auto decode = [](const void* codes, int64_t i, Fp8Format f) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(codes)[i],
                                                  f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
@@ -128,7 +129,8 @@ absl::Status Gemm::Fp8(cudaStream_t, void* out, DType out_type, const void* a, F
       if (out_type == DType::kF32) {
         static_cast<float*>(out)[i * n + j] += scale * sum;
       } else {
-        Store(DType::kBF16, out, i * n + j, scale * sum);
+        const float biased = scale * sum + (bias != nullptr ? Load(DType::kBF16, bias, j) : 0.0f);
+        Store(DType::kBF16, out, i * n + j, biased);
       }
     }
   }
