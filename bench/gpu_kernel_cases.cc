@@ -14,6 +14,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm_args.h"
 #include "kernels/cuda/norms.h"
 #include "worker/shape/parameters.h"
@@ -27,6 +28,9 @@
 //    statistics fp32, ids int32). Accumulating outputs (+=) are counted as written once, not
 //    read too, so both engines are held to the same count whatever their in-place habits.
 //    A fwd+bwd row counts the forward and the backward pass, each with its own reads.
+//  - FP8 quantization (current scaling) must see a tensor whole before it can scale it: the
+//    amax pass reads it, the quantizing pass reads it again and writes the codes and their
+//    transpose, 2 + 2 + 1 + 1 bytes an element of a bf16 tensor.
 namespace trainyard::bench {
 namespace {
 
@@ -366,6 +370,51 @@ absl::Status GemmCase(int64_t m, int64_t n, int64_t k, GemmKind kind, const Case
   return absl::InternalError("unknown GEMM kind");
 }
 
+// An activation [rows, cols] quantized as an FP8 linear layer's forward and weight gradient
+// need it: its amax, then the E4M3 codes and their transpose.
+absl::Status Fp8Quantize(int64_t rows, int64_t cols, const CaseContext& ctx, Row* row) {
+  namespace kc = kernels::cuda;
+  row->shape = absl::StrCat(rows, " x ", cols, " bf16 -> e4m3 +T");
+  row->bytes = double(rows) * cols * (2 * kAb + 2);
+  TY_ASSIGN_OR_RETURN(DeviceBuffer x, Act(ctx, rows * cols, 21));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer codes, DeviceBuffer::Create(rows * cols));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer codes_t, DeviceBuffer::Create(rows * cols));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer scalars, Floats(ctx, 2, 0, 0.0f));  // amax, scale_inv
+  return Measure(ctx, row, [&]() -> absl::Status {
+    TY_RETURN_IF_ERROR(kc::AbsMax(ctx.stream, kAct, x.get(), rows * cols, scalars.f32()));
+    return kc::QuantizeFp8(ctx.stream, kAct, kernels::Fp8Format::kE4M3, x.get(), rows, cols,
+                           scalars.f32(), codes.get(), codes_t.get(), scalars.f32() + 1);
+  });
+}
+
+// out[m, n] = inp[m, k] · w[n, k]ᵀ (+ bias) from E4M3 codes of both (quantized before the timed
+// runs), into bf16 with fast accumulation: an FP8 linear layer's forward product.
+absl::Status Fp8GemmCase(int64_t m, int64_t n, int64_t k, bool bias, const CaseContext& ctx,
+                         Row* row) {
+  namespace kc = kernels::cuda;
+  constexpr kernels::Fp8Format kE4M3 = kernels::Fp8Format::kE4M3;
+  row->shape = absl::StrCat("m", m, " n", n, " k", k, " e4m3");
+  row->flop = 2.0 * m * n * k;
+  TY_ASSIGN_OR_RETURN(DeviceBuffer inp, Act(ctx, m * k, 17));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer w, Act(ctx, n * k, 18));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer b, Act(ctx, bias ? n : 0, 19));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer a8, DeviceBuffer::Create(m * k));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer w8, DeviceBuffer::Create(n * k));
+  TY_ASSIGN_OR_RETURN(DeviceBuffer scalars, Floats(ctx, 4, 0, 0.0f));  // amax, scale_inv × 2
+  TY_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Create(m * n * kAb));
+  float* f = scalars.f32();
+  TY_RETURN_IF_ERROR(kc::AbsMax(ctx.stream, kAct, inp.get(), m * k, f));
+  TY_RETURN_IF_ERROR(
+      kc::QuantizeFp8(ctx.stream, kAct, kE4M3, inp.get(), m, k, f, a8.get(), nullptr, f + 1));
+  TY_RETURN_IF_ERROR(kc::AbsMax(ctx.stream, kAct, w.get(), n * k, f + 2));
+  TY_RETURN_IF_ERROR(
+      kc::QuantizeFp8(ctx.stream, kAct, kE4M3, w.get(), n, k, f + 2, w8.get(), nullptr, f + 3));
+  return Measure(ctx, row, [&] {
+    return ctx.gemm->Fp8(ctx.stream, out.get(), kAct, a8.get(), kE4M3, f + 1, w8.get(), kE4M3,
+                         f + 3, m, n, k, bias ? b.get() : nullptr, /*fast_accum=*/true);
+  });
+}
+
 // A mixture of experts' linear over its experts' rows: 8 experts, each of `tokens` tokens routed
 // to 2, the picks spread unevenly (expert j takes a share ∝ j + 1), each expert its own [n, k]
 // weight; the forward product or the fp32-accumulated weight gradient. As one grouped GEMM, or
@@ -502,6 +551,13 @@ std::vector<Case> CasesFor(const BenchModel& model) {
   cases.push_back({"gemm fc bwd-weight", [=](X x, Row* r) {
                      return GemmCase(rows, fc_out, c, GemmKind::kBackwardWeight, x, r);
                    }});
+  // The same forward product in FP8 (sm_89 and later; GPT-2's bias in the epilogue), and an
+  // activation of the fc layer's input quantized for it.
+  cases.push_back({"gemm fc fwd fp8", [=](X x, Row* r) {
+                     return Fp8GemmCase(rows, fc_out, c, fc_forward == GemmKind::kForwardBias, x,
+                                        r);
+                   }});
+  cases.push_back({"fp8 quantize", [=](X x, Row* r) { return Fp8Quantize(rows, c, x, r); }});
   // A mixture of experts' fc layer with this model's shapes (8 experts, top 2): grouped, and one
   // GEMM per expert as a comparison (the same PyTorch row, a loop over the experts, is the peer).
   if (gpt2) {

@@ -352,6 +352,37 @@ def gemm(env, mm, n, k, kind):
         return shape, 2.0 * mm * n * k, 0, env.time(op)
 
 
+def fp8_gemm(env, mm, n, k, bias):
+    """torch._scaled_mm on E4M3 codes of both operands (quantized before the timed runs), into
+    bf16 with fast accumulation: the forward product of torchao's float8 linear."""
+    shape = "m%d n%d k%d e4m3" % (mm, n, k)
+    with torch.no_grad():
+        x, w = env.randn(mm, k), env.randn(n, k)
+        b = env.randn(n) if bias else None
+        sx = (448.0 / x.abs().amax().float().clamp(min=1e-12))
+        sw = (448.0 / w.abs().amax().float().clamp(min=1e-12))
+        x8 = (x.float() * sx).to(torch.float8_e4m3fn)
+        w8 = (w.float() * sw).to(torch.float8_e4m3fn)
+        inv_x, inv_w = sx.reciprocal(), sw.reciprocal()
+        op = lambda: torch._scaled_mm(x8, w8.t(), scale_a=inv_x, scale_b=inv_w, bias=b,  # noqa
+                                      out_dtype=torch.bfloat16, use_fast_accum=True)
+        return shape, 2.0 * mm * n * k, 0, env.time(op)
+
+
+def fp8_quantize(env, rows, c):
+    """An activation's amax, then its E4M3 codes and their transpose (torch.compile'd, as
+    torchao's tensorwise scaling computes them)."""
+    x = env.randn(rows, c)
+
+    def quantize(x):
+        scale = 448.0 / x.abs().amax().float().clamp(min=1e-12)
+        q = (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q, q.t().contiguous(), scale.reciprocal()
+    fn = env.compile(quantize)
+    return ("%d x %d bf16 -> e4m3 +T" % (rows, c), 0, 1.0 * rows * c * (2 * AB + 2),
+            env.time(lambda: fn(x)))
+
+
 def experts_gemm(env, tokens, n, k, kind):
     """A mixture of experts' linear as a plain PyTorch MoE layer runs it, one matmul per expert
     over its slice of the permuted rows: 8 experts, top 2, expert j taking a share of the picks
@@ -405,6 +436,10 @@ def cases_for(m):
         ("gemm fc fwd", lambda e: gemm(e, rows, fc_out, c, "fwd+bias" if gpt2 else "fwd")),
         ("gemm fc bwd-input", lambda e: gemm(e, rows, fc_out, c, "bwd-input")),
         ("gemm fc bwd-weight", lambda e: gemm(e, rows, fc_out, c, "bwd-weight")),
+    ]
+    cases += [
+        ("gemm fc fwd fp8", lambda e: fp8_gemm(e, rows, fc_out, c, gpt2)),
+        ("fp8 quantize", lambda e: fp8_quantize(e, rows, c)),
     ]
     if gpt2:
         cases += [("gemm experts " + kind,
