@@ -3,7 +3,8 @@
 // train five steps and must agree with the single-rank GPU run of the same job; so does a mixture
 // of experts (four experts, top-2, one shared, in every block) on DP=2, TP=2, PP=2, CP=2, DP=2
 // with EP=2 (plain and ZeRO-3) and DP=2 × CP=2 with EP=2 and ZeRO-1, and the single GPU's mixture
-// of experts agrees with the CPU backend's. The ordinary test command
+// of experts agrees with the CPU backend's; and GPU ranks' checkpoints resume bit for bit on
+// their own mesh and exactly on a CPU process, and back. The ordinary test command
 // runs it on the CUDA emulation too (cuda_emu_parallel_test: ranks are host threads there).
 //
 // With fp32 activations this checks the distributed machinery on device memory as tightly as
@@ -11,6 +12,7 @@
 // runs round at other points (a tensor-parallel partial sum is rounded before it is added), so
 // losses agree to 2e-2.
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "config/spec.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/integration/global_params.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/cuda_backend.h"
 #include "worker/trainer.h"
@@ -125,6 +128,79 @@ TEST(MoeOnGpu, TrainsAsTheCpuBackendDoes) {
               1e-4)
         << "step " << i + 1 << ": " << on_gpu->train_losses[i] << " vs " << on_cpu->train_losses[i];
   }
+}
+
+// Checkpoints of GPU ranks: a mixture of experts on dp 2 × ep 2 under ZeRO-3 (each rank's
+// experts, shards and moments in device memory) saves at step 3. On its own GPU mesh the run goes
+// on bit for bit as the uninterrupted one; one CPU process loads exactly the writer's parameters
+// and goes on within bf16's rounding of it; and that process's own checkpoint loads back on the
+// GPU ranks with the same parameters.
+TEST(CheckpointOnGpu, GpuRanksSaveAndResumeOnAnyMesh) {
+  TY_SKIP_WITHOUT_GPU();
+  constexpr int64_t kSaved = 3;
+  const std::filesystem::path scratch = testenv::MakeScratchDir("gpu-checkpoint");
+  config::JobSpec gpu = BaseJob();
+  AddExperts(&gpu);
+  gpu.parallelism.dp = 2;
+  gpu.parallelism.ep = 2;
+  gpu.parallelism.zero = 3;
+  gpu.resources.devices_per_node = 2;
+  config::JobSpec cpu = BaseJob();
+  AddExperts(&cpu);
+  auto run = [](const config::JobSpec& spec, int64_t stop_after, bool on_gpu) {
+    testenv::RankRunOptions options;
+    options.customize = [stop_after](int, TrainOptions& o) { o.stop_after_step = stop_after; };
+    if (on_gpu) {
+      options.make_backend = [](int) { return Gpu(DType::kBF16); };
+      options.collectives = RankContext::Collectives::kStaged;
+    }
+    testenv::RankRun result = testenv::RunRanks(spec, options);
+    for (size_t r = 0; r < result.results.size(); ++r) {
+      EXPECT_TRUE(result.results[r].ok()) << "rank " << r << ": " << result.results[r].status();
+    }
+    return result;
+  };
+  auto with_checkpoints = [&](config::JobSpec spec, const char* dir, const char* resume) {
+    spec.checkpoint.dir = (scratch / dir).string();
+    spec.checkpoint.every_steps = kSaved;
+    if (resume != nullptr) spec.checkpoint.resume_from = (scratch / resume).string();
+    return spec;
+  };
+  const testenv::RankRun uninterrupted = run(gpu, 0, true);
+  ASSERT_TRUE(uninterrupted.results[0].ok());
+  const std::vector<double>& all = uninterrupted.results[0]->train_losses;
+  const std::vector<double> tail(all.begin() + kSaved, all.end());
+
+  const config::JobSpec writer = with_checkpoints(gpu, "gpu", nullptr);
+  const testenv::RankRun saved = run(writer, kSaved, true);
+  ASSERT_TRUE(saved.results[0].ok());
+  const testenv::GlobalTensors saved_params = testenv::GatherGlobalParams(writer, saved);
+
+  const testenv::RankRun again = run(with_checkpoints(gpu, "gpu-again", "gpu"), 0, true);
+  ASSERT_TRUE(again.results[0].ok());
+  EXPECT_EQ(again.results[0]->train_losses, tail) << "on its own GPU mesh: bit for bit";
+
+  const config::JobSpec reader = with_checkpoints(cpu, "cpu", "gpu");
+  const testenv::RankRun loaded = run(reader, kSaved, false);  // restore, no step
+  ASSERT_TRUE(loaded.results[0].ok());
+  EXPECT_EQ(testenv::GatherGlobalParams(reader, loaded), saved_params);
+  std::filesystem::remove_all(reader.checkpoint.dir);
+  const testenv::RankRun on_cpu = run(reader, 0, false);
+  ASSERT_TRUE(on_cpu.results[0].ok());
+  const std::vector<double>& losses = on_cpu.results[0]->train_losses;
+  ASSERT_EQ(losses.size(), tail.size());
+  for (size_t i = 0; i < tail.size(); ++i) {
+    EXPECT_LE(std::abs(losses[i] - tail[i]) / tail[i], 2e-2) << "step " << kSaved + i + 1;
+  }
+
+  // The CPU process's last checkpoint (its final step's) back on the GPU ranks.
+  const config::JobSpec back = with_checkpoints(gpu, "gpu-back", "cpu");
+  const testenv::RankRun restored = run(back, gpu.training.steps, true);
+  ASSERT_TRUE(restored.results[0].ok());
+  EXPECT_EQ(restored.results[0]->first_step, gpu.training.steps);
+  EXPECT_EQ(testenv::GatherGlobalParams(back, restored),
+            testenv::GatherGlobalParams(reader, on_cpu));
+  std::filesystem::remove_all(scratch);
 }
 
 INSTANTIATE_TEST_SUITE_P(
