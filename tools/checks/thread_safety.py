@@ -57,12 +57,14 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(options.build_dir, "compile_commands.json")) as f:
         entries = json.load(f)
-    chosen = []
+    # A source built into more than one library (the CUDA emulation rebuilds worker/parallel)
+    # is checked once, with its first library's flags.
+    first = {}
     for entry in entries:
         rel = os.path.relpath(entry["file"], root)
         if rel.startswith(CHECKED) and rel.endswith(".cc"):
-            chosen.append((rel, entry))
-    chosen.sort()
+            first.setdefault(rel, entry)
+    chosen = sorted(first.items(), key=lambda item: item[0])
     if not chosen:
         print("thread_safety: no server/ or worker/parallel/ sources in compile_commands.json")
         return 1
