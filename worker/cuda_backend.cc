@@ -259,7 +259,10 @@ class CudaBackend final : public Backend {
   void ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, Act* act,
                       Act* out) override {
     ExpertWeights w;
-    if (!GroupedExperts(mlp, &w)) return Backend::ExpertsForward(mlp, in, hidden, act, out);
+    if (!GroupedExperts(mlp, &w)) {
+      const ExpertsInBf16 bf16(this);
+      return Backend::ExpertsForward(mlp, in, hidden, act, out);
+    }
     const int64_t width = mlp.width, ffn = mlp.ffn, fc = mlp.fc_out();
     const int64_t rows = mlp.offsets.back();
     const int groups = static_cast<int>(mlp.experts());
@@ -287,6 +290,7 @@ class CudaBackend final : public Backend {
                        Act* din) override {
     ExpertWeights w;
     if (!GroupedExperts(mlp, &w)) {
+      const ExpertsInBf16 bf16(this);
       return Backend::ExpertsBackward(mlp, grads, dout, in, hidden, act, dact, dhidden, din);
     }
     const int64_t width = mlp.width, ffn = mlp.ffn, fc = mlp.fc_out();
@@ -573,8 +577,21 @@ class CudaBackend final : public Backend {
   // weight gradient's the output gradient and the input transposed (cuBLASLt's FP8 kernels sum
   // along contiguous rows of both operands).
   bool Fp8Linear(const float* w, int64_t m, int64_t n, int64_t k) const {
-    return options_.fp8_linear && w != held_.weight && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    return options_.fp8_linear && !experts_in_bf16_ && w != held_.weight && m % 16 == 0 &&
+           n % 16 == 0 && k % 16 == 0;
   }
+  // Experts run one at a time (their weights gathered, not kept) stay in bf16 as the grouped
+  // ones do, whatever their rows: routing must not decide which experts compute in FP8.
+  class ExpertsInBf16 {
+   public:
+    explicit ExpertsInBf16(CudaBackend* be) : be_(be) { be_->experts_in_bf16_ = true; }
+    ~ExpertsInBf16() { be_->experts_in_bf16_ = false; }
+    ExpertsInBf16(const ExpertsInBf16&) = delete;
+    ExpertsInBf16& operator=(const ExpertsInBf16&) = delete;
+
+   private:
+    CudaBackend* be_;
+  };
   struct Fp8Operand {
     float* amax = nullptr;
     float* scale_inv = nullptr;
@@ -1076,6 +1093,7 @@ class CudaBackend final : public Backend {
     bool converted = false;
   };
   HeldWeight held_;
+  bool experts_in_bf16_ = false;  // set by ExpertsInBf16
   // A registered weight's kept conversion, valid while epoch is weights_epoch_.
   struct KeptWeight {
     int64_t count = 0;

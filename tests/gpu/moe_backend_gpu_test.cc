@@ -166,12 +166,17 @@ struct ExpertsRun {
   int64_t forward_launches = -1, backward_launches = -1;  // on the emulated device
 };
 
-constexpr int64_t kExpertWidth = 40, kExpertFfn = 24;
-const std::vector<int64_t> kExpertOffsets = {0, 7, 7, 20, 45, 45};
+struct ExpertShape {
+  std::vector<int64_t> offsets;  // each expert's first row, then the rows in all
+  int64_t width, ffn;
+};
+const ExpertShape kExpertShape{{0, 7, 7, 20, 45, 45}, 40, 24};
 
-ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool keep) {
-  const int64_t experts = static_cast<int64_t>(kExpertOffsets.size()) - 1;
-  const int64_t rows = kExpertOffsets.back(), width = kExpertWidth, ffn = kExpertFfn;
+ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool keep,
+                      const ExpertShape& shape = kExpertShape) {
+  const std::vector<int64_t>& offsets = shape.offsets;
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  const int64_t rows = offsets.back(), width = shape.width, ffn = shape.ffn;
   const int64_t fc = c.gated ? 2 * ffn : ffn;
   std::mt19937 rng(77);
   auto f32 = [&](int64_t n, float scale) {
@@ -200,7 +205,7 @@ ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool ke
       be.KeepWeightCopy(proj_w.data() + j * width * ffn, width * ffn);
     }
   }
-  const ExpertMlp mlp{.offsets = kExpertOffsets,
+  const ExpertMlp mlp{.offsets = offsets,
                       .width = width,
                       .ffn = ffn,
                       .gated = c.gated,
@@ -276,6 +281,29 @@ TEST_P(ExpertsOnGpu, MatchCpuBackend) {
     EXPECT_GE(got.forward_launches, 3);
   }
 #endif
+}
+
+// Under FP8 linear layers (CudaBackendOptions::fp8_linear) the experts stay in bf16 both ways
+// they run, grouped (kept copies) and one at a time (converted weights, through Linear): the
+// bf16 backend's bits, with shapes FP8 would otherwise take (every size a multiple of 16).
+TEST(ExpertsOnGpuFp8, StayInBf16) {
+  TY_SKIP_WITHOUT_GPU();
+  auto bf16 = MakeCudaBackend({});
+  auto fp8 = MakeCudaBackend({.fp8_linear = true});
+  ASSERT_TRUE(bf16.ok() && fp8.ok());
+  const ExpertShape shape{{0, 16, 16, 48, 64}, 64, 32};
+  for (const bool keep : {true, false}) {
+    for (const bool gated : {false, true}) {
+      const ExpertsCase c{gated, keep};
+      const ExpertsRun want = RunExperts(**bf16, c, DType::kBF16, keep, shape);
+      const ExpertsRun got = RunExperts(**fp8, c, DType::kBF16, keep, shape);
+      const std::string what = std::string(gated ? "swiglu" : "gelu") + (keep ? " kept" : "");
+      EXPECT_EQ(got.out, want.out) << what;
+      EXPECT_EQ(got.din, want.din) << what;
+      EXPECT_EQ(got.dfc_w, want.dfc_w) << what;
+      EXPECT_EQ(got.dproj_w, want.dproj_w) << what;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
