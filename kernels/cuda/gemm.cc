@@ -116,6 +116,13 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
     const int8_t fast = (act_align & kFp8FastAccum) != 0 ? 1 : 0;
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    // The heuristic sees scale pointers set, as every run has them (any device address serves
+    // until Run sets the real ones).
+    const void* scale = workspace_;
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale, sizeof(scale)));
+    TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale, sizeof(scale)));
   }
   const cublasOperation_t op_a = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -134,6 +141,11 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder, sizeof(placeholder)));
+    if (fp8) {  // an FP8 product's bias is bf16 (Gemm::Fp8), stated as FP8 recipes state it
+      const cudaDataType_t bias_type = CUDA_R_16BF;
+      TY_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
   }
   if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX) {
     const int64_t aux_ld = ld_n;
