@@ -107,6 +107,22 @@ absl::Status LaunchQuantize(cudaStream_t stream, Fp8Format format, const T* x, i
   return absl::OkStatus();
 }
 
+// 16-byte units where x allows them, as memory_bound.cuh's LaunchElements chooses.
+template <typename T, int kVec>
+absl::Status LaunchAbsMax(cudaStream_t stream, const T* x, int64_t n, unsigned* bits) {
+  TY_ASSIGN_OR_RETURN(const unsigned blocks, GridStrideBlocks(std::max(n / kVec, n % kVec),
+                                                              kStrideThreads, kStrideBlocksPerSm));
+  AbsMaxKernel<T, kVec><<<blocks, kStrideThreads, 0, stream>>>(x, n, bits);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("AbsMaxKernel");
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status AbsMaxAs(cudaStream_t stream, const T* x, int64_t n, unsigned* bits) {
+  return Aligned16(x) ? LaunchAbsMax<T, kPackOf<T>>(stream, x, n, bits)
+                      : LaunchAbsMax<T, 1>(stream, x, n, bits);
+}
+
 template <typename T>
 absl::Status QuantizeAs(cudaStream_t stream, Fp8Format format, const T* x, int64_t rows,
                         int64_t cols, const float* amax, uint8_t* out, uint8_t* out_t,
@@ -130,21 +146,8 @@ absl::Status AbsMax(cudaStream_t stream, DType dtype, const void* x, int64_t n, 
   TY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (n == 0) return absl::OkStatus();
   auto* bits = reinterpret_cast<unsigned*>(amax);
-  TY_DISPATCH_DTYPE(dtype, T, {
-    const auto* xt = static_cast<const T*>(x);
-    constexpr int kPack = kPackOf<T>;
-    if (Aligned16(x)) {
-      TY_ASSIGN_OR_RETURN(
-          const unsigned blocks,
-          GridStrideBlocks(std::max(n / kPack, n % kPack), kStrideThreads, kStrideBlocksPerSm));
-      AbsMaxKernel<T, kPack><<<blocks, kStrideThreads, 0, stream>>>(xt, n, bits);
-    } else {
-      TY_ASSIGN_OR_RETURN(const unsigned blocks,
-                          GridStrideBlocks(n, kStrideThreads, kStrideBlocksPerSm));
-      AbsMaxKernel<T, 1><<<blocks, kStrideThreads, 0, stream>>>(xt, n, bits);
-    }
-    TY_CUDA_RETURN_IF_LAUNCH_FAILED("AbsMaxKernel");
-  });
+  TY_DISPATCH_DTYPE(
+      dtype, T, { TY_RETURN_IF_ERROR(AbsMaxAs<T>(stream, static_cast<const T*>(x), n, bits)); });
   return absl::OkStatus();
 }
 

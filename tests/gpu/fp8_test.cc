@@ -40,11 +40,7 @@ std::string Name(DType dtype, Fp8Format f) {
   return absl::StrCat(DTypeName(dtype), f == Fp8Format::kE4M3 ? " e4m3" : " e5m2");
 }
 
-float DeviceFloat(const float* p) {
-  float v = 0.0f;
-  EXPECT_EQ(cudaMemcpy(&v, p, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
+float DeviceFloat(const float* p) { return ::trainyard::testing::Download(p, 1, DType::kF32)[0]; }
 
 std::vector<uint8_t> DeviceBytes(const DeviceMemory& m) {
   std::vector<uint8_t> v(m.bytes());
