@@ -51,6 +51,10 @@ __global__ void __launch_bounds__(kStrideThreads, kStrideBlocksPerSm)
   }
 }
 
+__device__ __forceinline__ float ScaleOf(float amax, float largest, float min_amax) {
+  return largest / (amax != amax ? amax : fmaxf(amax, min_amax));  // NaN stays NaN
+}
+
 // A tile of 32 × 32 elements a block of 32 × 8 threads: thread (tx, ty) takes column c0 + tx of
 // rows r0 + ty + 8j. Reads and the row-major writes go along rows; the transpose goes through
 // shared memory, so its writes go along the transposed rows too.
@@ -61,8 +65,7 @@ __global__ void __launch_bounds__(kTile* kTileRows)
     QuantizeKernel(const T* x, int64_t rows, int64_t cols, const float* amax, float largest,
                    float min_amax, uint8_t* out, uint8_t* out_t, float* scale_inv) {
   __shared__ uint8_t tile[kTile][kTile + 1];
-  const float a = *amax;
-  const float scale = largest / (a != a ? a : fmaxf(a, min_amax));  // NaN stays NaN
+  const float scale = ScaleOf(*amax, largest, min_amax);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
     *scale_inv = 1.0f / scale;
   }
@@ -89,19 +92,90 @@ __global__ void __launch_bounds__(kTile* kTileRows)
   }
 }
 
+// The wide form, for rows and cols multiples of 8 with x 16-byte and the codes 8-byte aligned
+// (every FP8 linear layer's operands): a block of 256 threads takes a 64 × 64 tile as 8-element
+// row segments, one 16-byte load of bf16 each, and stores a segment's eight codes at once; the
+// transpose reads eight rows of one column back from shared memory as one 8-byte store along the
+// transposed row, eight lanes covering 64 contiguous bytes of it. Per thread two segments are in
+// flight (32 bytes of bf16), where the 32 × 32 form has four single elements (8 bytes).
+constexpr int kWide = 64, kSeg = 8, kWideThreads = 256;
+constexpr int kWideLd = kWide + 4;  // bytes per shared row: 17 banks, at most 2-way conflicts
+
+// Four codes of v[first..first + 3] · scale, the first in the lowest byte (memory order).
+template <__nv_fp8_interpretation_t kFormat, typename T>
+__device__ __forceinline__ uint32_t PackCodes(const Vec<T, kSeg>& v, int first, float scale) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+      make_float2(ToFloat(v.v[first]) * scale, ToFloat(v.v[first + 1]) * scale), __NV_SATFINITE,
+      kFormat);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+      make_float2(ToFloat(v.v[first + 2]) * scale, ToFloat(v.v[first + 3]) * scale), __NV_SATFINITE,
+      kFormat);
+  return lo | hi << 16;
+}
+
+template <typename T, __nv_fp8_interpretation_t kFormat, bool kTranspose>
+__global__ void __launch_bounds__(kWideThreads)
+    QuantizeWideKernel(const T* x, int64_t rows, int64_t cols, const float* amax, float largest,
+                       float min_amax, uint8_t* out, uint8_t* out_t, float* scale_inv) {
+  __shared__ __align__(16) uint8_t tile[kWide * kWideLd];
+  const float scale = ScaleOf(*amax, largest, min_amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kWide;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWide;
+  constexpr int kSegs = kWide * kWide / kSeg, kRowSegs = kWide / kSeg;
+  static_assert(kSegs % kWideThreads == 0);
+#pragma unroll
+  for (int j = 0; j < kSegs / kWideThreads; ++j) {
+    const int s = threadIdx.x + j * kWideThreads;
+    const int lr = s / kRowSegs, lc = s % kRowSegs * kSeg;
+    const int64_t r = r0 + lr, c = c0 + lc;
+    if (r >= rows || c >= cols) continue;
+    const Vec<T, kSeg> v = LoadVec<T, kSeg>(x + r * cols + c);
+    const uint32_t lo = PackCodes<kFormat>(v, 0, scale), hi = PackCodes<kFormat>(v, 4, scale);
+    *reinterpret_cast<uint2*>(out + r * cols + c) = make_uint2(lo, hi);
+    if constexpr (kTranspose) {
+      auto* words = reinterpret_cast<uint32_t*>(tile + lr * kWideLd + lc);
+      words[0] = lo;
+      words[1] = hi;
+    }
+  }
+  if constexpr (!kTranspose) return;
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kSegs / kWideThreads; ++j) {
+    const int s = threadIdx.x + j * kWideThreads;
+    const int lc = s / kRowSegs, lr = s % kRowSegs * kSeg;  // column lc, rows lr..lr + 7
+    const int64_t c = c0 + lc, r = r0 + lr;
+    if (r >= rows || c >= cols) continue;
+    uint32_t half[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < kSeg; ++i) {
+      half[i / 4] |= static_cast<uint32_t>(tile[(lr + i) * kWideLd + lc]) << (8 * (i % 4));
+    }
+    *reinterpret_cast<uint2*>(out_t + c * rows + r) = make_uint2(half[0], half[1]);
+  }
+}
+
 template <typename T, __nv_fp8_interpretation_t kFormat>
 absl::Status LaunchQuantize(cudaStream_t stream, Fp8Format format, const T* x, int64_t rows,
                             int64_t cols, const float* amax, uint8_t* out, uint8_t* out_t,
                             float* scale_inv) {
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                  static_cast<unsigned>((rows + kTile - 1) / kTile));
-  const dim3 block(kTile, kTileRows);
-  if (out_t != nullptr) {
-    QuantizeKernel<T, kFormat, true><<<grid, block, 0, stream>>>(
-        x, rows, cols, amax, Fp8Max(format), kFp8MinAmax, out, out_t, scale_inv);
+  auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+  const bool wide =
+      rows % kSeg == 0 && cols % kSeg == 0 && Aligned16(x) && aligned8(out) && aligned8(out_t);
+  const int64_t side = wide ? kWide : kTile;
+  const dim3 grid(static_cast<unsigned>((cols + side - 1) / side),
+                  static_cast<unsigned>((rows + side - 1) / side));
+  auto launch = [&](auto kernel, dim3 block) {
+    kernel<<<grid, block, 0, stream>>>(x, rows, cols, amax, Fp8Max(format), kFp8MinAmax, out, out_t,
+                                       scale_inv);
+  };
+  if (wide) {
+    out_t != nullptr ? launch(QuantizeWideKernel<T, kFormat, true>, dim3(kWideThreads))
+                     : launch(QuantizeWideKernel<T, kFormat, false>, dim3(kWideThreads));
   } else {
-    QuantizeKernel<T, kFormat, false><<<grid, block, 0, stream>>>(
-        x, rows, cols, amax, Fp8Max(format), kFp8MinAmax, out, out_t, scale_inv);
+    out_t != nullptr ? launch(QuantizeKernel<T, kFormat, true>, dim3(kTile, kTileRows))
+                     : launch(QuantizeKernel<T, kFormat, false>, dim3(kTile, kTileRows));
   }
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("QuantizeFp8Kernel");
   return absl::OkStatus();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cuda/gemm.h"
@@ -34,7 +35,9 @@ struct Shape {
   int64_t rows;
   int64_t cols;
 };
-constexpr Shape kShapes[] = {{1, 1}, {7, 100}, {33, 65}, {129, 768}, {300, 1030}};
+// Tile remainders of every kind; the last three (sides multiples of 8) take the wide kernel.
+constexpr Shape kShapes[] = {{1, 1},      {7, 100}, {33, 65}, {129, 768},
+                             {300, 1030}, {64, 64}, {8, 136}, {200, 776}};
 
 std::string Name(DType dtype, Fp8Format f) {
   return absl::StrCat(DTypeName(dtype), f == Fp8Format::kE4M3 ? " e4m3" : " e5m2");
@@ -55,7 +58,7 @@ std::vector<uint8_t> DeviceBytes(const DeviceMemory& m) {
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
       return ::testing::AssertionFailure()
-             << "code " << i << ": 0x" << std::hex << int{got[i]} << " vs 0x" << int{want[i]};
+             << absl::StrFormat("code %d: 0x%02x vs 0x%02x", i, got[i], want[i]);
     }
   }
   return ::testing::AssertionSuccess();
@@ -137,13 +140,17 @@ TEST(Fp8Kernels, AbsMaxKeepsNaNAndIsZeroForNothing) {
 }
 
 // Quantizes x with the given amax on the device and on the CPU; both forms compared bit for
-// bit, and the scale's inverse exactly.
+// bit, and the scale's inverse exactly. x starts `offset` elements into its allocation (1: not
+// 16-byte aligned, which the wide kernel needs).
 void ExpectQuantizedAsReference(DType dtype, Fp8Format f, const std::vector<float>& x, Shape s,
-                                float amax, const std::string& what) {
-  DeviceTensor dx(x, dtype);
+                                float amax, const std::string& what, int64_t offset = 0) {
+  std::vector<float> padded(offset, 0.0f);
+  padded.insert(padded.end(), x.begin(), x.end());
+  DeviceTensor dpadded(padded, dtype);
+  const void* dx = static_cast<const char*>(dpadded.get()) + offset * DTypeBytes(dtype);
   DeviceTensor damax(std::vector<float>{amax}, DType::kF32);
   DeviceMemory out(s.rows * s.cols), out_t(s.rows * s.cols), scale_inv(sizeof(float));
-  ASSERT_TRUE(QuantizeFp8(nullptr, dtype, f, dx.get(), s.rows, s.cols, damax.f32(), out.get(),
+  ASSERT_TRUE(QuantizeFp8(nullptr, dtype, f, dx, s.rows, s.cols, damax.f32(), out.get(),
                           out_t.get(), scale_inv.as<float>())
                   .ok());
   const float scale = cpu::Fp8Scale(amax, f);
@@ -159,8 +166,8 @@ void ExpectQuantizedAsReference(DType dtype, Fp8Format f, const std::vector<floa
   }
   // Without the transpose: the same row-major codes, and out_t never touched.
   DeviceMemory again(s.rows * s.cols);
-  ASSERT_TRUE(QuantizeFp8(nullptr, dtype, f, dx.get(), s.rows, s.cols, damax.f32(), again.get(),
-                          nullptr, scale_inv.as<float>())
+  ASSERT_TRUE(QuantizeFp8(nullptr, dtype, f, dx, s.rows, s.cols, damax.f32(), again.get(), nullptr,
+                          scale_inv.as<float>())
                   .ok());
   EXPECT_TRUE(SameCodes(DeviceBytes(again), want)) << what << " without the transpose";
 }
@@ -172,8 +179,12 @@ TEST(Fp8Kernels, QuantizeMatchesTheReferenceBitForBit) {
     for (Fp8Format f : kFormats) {
       for (Shape s : kShapes) {
         const std::vector<float> x = WideValues(s.rows * s.cols, dtype, rng);
-        ExpectQuantizedAsReference(dtype, f, x, s, cpu::AbsMax(x.data(), s.rows * s.cols),
-                                   absl::StrCat(Name(dtype, f), " ", s.rows, "x", s.cols));
+        const std::string what = absl::StrCat(Name(dtype, f), " ", s.rows, "x", s.cols);
+        const float amax = cpu::AbsMax(x.data(), s.rows * s.cols);
+        ExpectQuantizedAsReference(dtype, f, x, s, amax, what);
+        if (s.rows % 8 == 0 && s.cols % 8 == 0) {
+          ExpectQuantizedAsReference(dtype, f, x, s, amax, what + " unaligned", /*offset=*/1);
+        }
       }
     }
   }
@@ -185,15 +196,16 @@ TEST(Fp8Kernels, QuantizeMatchesTheReferenceBitForBit) {
 TEST(Fp8Kernels, SaturationZerosAndNaN) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);
-  const Shape s{45, 70};
-  for (DType dtype : kDTypes) {
-    for (Fp8Format f : kFormats) {
-      const std::vector<float> x = WideValues(s.rows * s.cols, dtype, rng);
-      const std::string name = Name(dtype, f);
-      ExpectQuantizedAsReference(dtype, f, x, s, 0.01f, name + " saturating");
-      ExpectQuantizedAsReference(dtype, f, std::vector<float>(s.rows * s.cols, 0.0f), s, 0.0f,
-                                 name + " zeros");
-      ExpectQuantizedAsReference(dtype, f, x, s, NAN, name + " NaN amax");
+  for (Shape s : {Shape{45, 70}, Shape{48, 72}}) {
+    for (DType dtype : kDTypes) {
+      for (Fp8Format f : kFormats) {
+        const std::vector<float> x = WideValues(s.rows * s.cols, dtype, rng);
+        const std::string name = absl::StrCat(Name(dtype, f), " ", s.rows, "x", s.cols);
+        ExpectQuantizedAsReference(dtype, f, x, s, 0.01f, name + " saturating");
+        ExpectQuantizedAsReference(dtype, f, std::vector<float>(s.rows * s.cols, 0.0f), s, 0.0f,
+                                   name + " zeros");
+        ExpectQuantizedAsReference(dtype, f, x, s, NAN, name + " NaN amax");
+      }
     }
   }
   std::vector<uint8_t> codes(4);
