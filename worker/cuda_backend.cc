@@ -572,8 +572,9 @@ class CudaBackend final : public Backend {
   }
 
   // FP8 linear layers (CudaBackendOptions::fp8_linear). A layer's operands are quantized where
-  // its GEMMs need them, from the bf16 activations the model keeps and the weight's bf16 copy, so
-  // nothing FP8 outlives the call: the input gradient's product takes the weight transposed, the
+  // its GEMMs need them, from the bf16 activations the model keeps and the weight's bf16 copy
+  // (a kept weight's codes are kept with that copy, Fp8Weight; nothing else FP8 outlives the
+  // call): the input gradient's product takes the weight transposed, the
   // weight gradient's the output gradient and the input transposed (cuBLASLt's FP8 kernels sum
   // along contiguous rows of both operands).
   bool Fp8Linear(const float* w, int64_t m, int64_t n, int64_t k) const {
@@ -625,15 +626,49 @@ class CudaBackend final : public Backend {
     Run(kc::QuantizeFp8(stream_, DType::kBF16, format, x, rows, cols, op.amax, op.codes,
                         transpose ? op.codes_t : nullptr, op.scale_inv));
   }
+  // The E4M3 form of the weight w [n, k], with its transpose if asked. A kept weight's (both
+  // layouts) is made once after each change of the weight and kept beside its bf16 copy: the
+  // forward and input-gradient products of every micro-batch until the next optimizer step
+  // share it, where quantizing on each use reads 6 bytes a parameter per product. Any other
+  // weight is quantized into `scratch`. All null if memory could not be had (recorded).
+  Fp8Operand Fp8Weight(const float* w, int64_t n, int64_t k, const Fp8Operand& scratch,
+                       bool transpose) {
+    const auto it = kept_.find(w);
+    if (it == kept_.end() || it->second.count != n * k) {
+      Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, scratch, transpose);
+      return scratch;
+    }
+    const std::optional<const void*> copy = KeptCopy(w, n * k);  // brings kept.epoch up to date
+    KeptWeight& kept = it->second;
+    if (kept.fp8.size() != kept.count) {
+      kept.fp8 = AllocAct(kept.count);
+      kept.fp8_scalars = AllocFloat(2);
+      kept.fp8_epoch = 0;
+    }
+    if (!copy.has_value() || *copy == nullptr || kept.fp8.data() == nullptr ||
+        kept.fp8_scalars.data() == nullptr) {
+      return {};
+    }
+    auto* codes = reinterpret_cast<uint8_t*>(kept.fp8.data());
+    const Fp8Operand op{kept.fp8_scalars.data(), kept.fp8_scalars.data() + 1, codes,
+                        codes + kept.count};
+    if (kept.fp8_epoch != kept.epoch || kept.fp8_rows != n) {
+      Quantize(*copy, n, k, Fp8Format::kE4M3, op, /*transpose=*/true);
+      kept.fp8_epoch = kept.epoch;
+      kept.fp8_rows = n;
+    }
+    return op;
+  }
   // out = inp · wᵀ + b with E4M3 operands, fast accumulation as recipes use for forward products.
   void Fp8Forward(Act* out, const Act* inp, const float* w, const float* b, int64_t m, int64_t n,
                   int64_t k) {
     const Fp8Operands s = Fp8Scratch(m, n, k);
     if (s.x.codes == nullptr) return;
     Quantize(inp, m, k, Fp8Format::kE4M3, s.x, false);
-    Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, s.w, false);
-    Run(gemm_->Fp8(stream_, out, DType::kBF16, s.x.codes, Fp8Format::kE4M3, s.x.scale_inv,
-                   s.w.codes, Fp8Format::kE4M3, s.w.scale_inv, m, n, k, b ? Bias(b, n) : nullptr,
+    const Fp8Operand wq = Fp8Weight(w, n, k, s.w, /*transpose=*/false);
+    if (wq.codes == nullptr) return;
+    Run(gemm_->Fp8(stream_, out, DType::kBF16, s.x.codes, Fp8Format::kE4M3, s.x.scale_inv, wq.codes,
+                   Fp8Format::kE4M3, wq.scale_inv, m, n, k, b ? Bias(b, n) : nullptr,
                    /*fast_accum=*/true));
   }
   // dinp[m, k] = dy[m, n] · w[n, k] and dw[n, k] += dy[m, n]ᵀ · inp[m, k], dy in E5M2; either may
@@ -645,9 +680,10 @@ class CudaBackend final : public Backend {
     if (s.x.codes == nullptr) return;
     Quantize(dout, m, n, Fp8Format::kE5M2, s.dy, /*transpose=*/dw != nullptr);
     if (dinp != nullptr) {
-      Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, s.w, /*transpose=*/true);
+      const Fp8Operand wq = Fp8Weight(w, n, k, s.w, /*transpose=*/true);
+      if (wq.codes == nullptr) return;
       Run(gemm_->Fp8(stream_, dinp, DType::kBF16, s.dy.codes, Fp8Format::kE5M2, s.dy.scale_inv,
-                     s.w.codes_t, Fp8Format::kE4M3, s.w.scale_inv, m, k, n));
+                     wq.codes_t, Fp8Format::kE4M3, wq.scale_inv, m, k, n));
     }
     if (dw != nullptr) {
       Quantize(inp, m, k, Fp8Format::kE4M3, s.x, /*transpose=*/true);
@@ -1094,11 +1130,17 @@ class CudaBackend final : public Backend {
   };
   HeldWeight held_;
   bool experts_in_bf16_ = false;  // set by ExpertsInBf16
-  // A registered weight's kept conversion, valid while epoch is weights_epoch_.
+  // A registered weight's kept conversion, valid while epoch is weights_epoch_; under FP8 linear
+  // layers also its E4M3 codes in both layouts (count bytes each, in one buffer) with their amax
+  // and scale inverse, valid while fp8_epoch is epoch and the product's rows are fp8_rows.
   struct KeptWeight {
     int64_t count = 0;
     Buffer<Act> copy;
     uint64_t epoch = 0;
+    Buffer<Act> fp8;
+    Buffer<float> fp8_scalars;
+    uint64_t fp8_epoch = 0;
+    int64_t fp8_rows = 0;
   };
   std::map<const float*, KeptWeight> kept_;  // by address: a part of a weight finds its whole
   uintptr_t kept_lo_ = 0, kept_hi_ = 0;      // the addresses the kept weights span

@@ -607,6 +607,83 @@ TEST(ModelOnGpu, Fp8LeavesTheHeldWeightInBf16) {
   EXPECT_LE(testing::RelativeError(outs[2], outs[0]), 0.1);
 }
 
+// A kept weight's FP8 codes (made once and kept beside its bf16 copy) give the bits of the same
+// weight quantized where it is used, before and after each kind of change to it (an optimizer
+// step, an upload), and the products of an unchanged kept weight skip its conversion and both of
+// its quantizations.
+TEST(ModelOnGpu, Fp8KeptWeightCodesFollowTheWeight) {
+  TY_SKIP_WITHOUT_GPU();
+  auto backend = MakeCudaBackend({.fp8_linear = true});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Backend* be = backend->get();
+  const int64_t m = 32, n = 48, k = 64;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal;
+  auto random = [&](int64_t count, float scale) {
+    std::vector<float> v(count);
+    for (float& x : v) x = scale * normal(rng);
+    return v;
+  };
+  const std::vector<float> x = random(m * k, 1.0f), dy = random(m * n, 1.0f);
+  Buffer<Act> dx = be->AllocAct(m * k), ddy = be->AllocAct(m * n), out = be->AllocAct(m * n),
+              dinp = be->AllocAct(m * k);
+  Buffer<float> kept = be->AllocFloat(n * k), plain = be->AllocFloat(n * k);
+  Buffer<float> grad = be->AllocFloat(n * k), mom = be->AllocFloat(n * k),
+                var = be->AllocFloat(n * k);
+  be->CopyActFromHost(dx.data(), x.data(), m * k);
+  be->CopyActFromHost(ddy.data(), dy.data(), m * n);
+  auto set_weight = [&](const std::vector<float>& w) {
+    be->CopyFromHost(kept.data(), w.data(), n * k);
+    be->CopyFromHost(plain.data(), w.data(), n * k);
+  };
+  set_weight(random(n * k, 0.1f));
+  ASSERT_TRUE(be->KeepWeightCopy(kept.data(), n * k));
+  // The forward's output and the input gradient of one weight.
+  auto products = [&](const float* w) {
+    std::pair<std::vector<float>, std::vector<float>> got{std::vector<float>(m * n),
+                                                          std::vector<float>(m * k)};
+    be->Linear(out.data(), dx.data(), w, nullptr, m, n, k);
+    be->LinearBackward(dinp.data(), nullptr, nullptr, ddy.data(), dx.data(), w, m, n, k);
+    be->CopyActToHost(got.first.data(), out.data(), m * n);
+    be->CopyActToHost(got.second.data(), dinp.data(), m * k);
+    EXPECT_TRUE(be->Synchronize().ok());
+    return got;
+  };
+  auto expect_same = [&](const std::string& when) {
+    const auto want = products(plain.data());
+    const auto got = products(kept.data());
+    EXPECT_EQ(got.first, want.first) << when << ": forward";
+    EXPECT_EQ(got.second, want.second) << when << ": input gradient";
+  };
+  expect_same("first use");
+#if TRAINYARD_CUDA_EMU
+  int64_t before = emu::Launches();
+  products(plain.data());
+  const int64_t plain_launches = emu::Launches() - before;
+  before = emu::Launches();
+  products(kept.data());
+  // Per product: the bf16 conversion, the amax and the codes.
+  EXPECT_EQ(plain_launches - (emu::Launches() - before), 6);
+#endif
+
+  be->Fill(grad.data(), 0.5f, n * k);
+  be->Fill(mom.data(), 0.0f, n * k);
+  be->Fill(var.data(), 0.0f, n * k);
+  be->AdamWMulti({{kept.data(), grad.data(), mom.data(), var.data(), n * k, 0.0f}},
+                 AdamWParams{.lr = 0.05f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.95f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.0f,
+                             .step = 1});
+  std::vector<float> stepped(n * k);
+  be->CopyToHost(stepped.data(), kept.data(), n * k);
+  be->CopyFromHost(plain.data(), stepped.data(), n * k);
+  expect_same("after an optimizer step");
+  set_weight(random(n * k, 0.2f));
+  expect_same("after an upload");
+}
+
 TEST(ModelOnGpu, Fp8NeedsBf16Activations) {
   TY_SKIP_WITHOUT_GPU();
   auto backend = MakeCudaBackend({.act_dtype = DType::kF32, .fp8_linear = true});
