@@ -137,7 +137,9 @@ class Backend {
   // converted at once) until a weight may have changed, which the backend takes to be the next
   // AdamW, CopyFromHost into the memory the registered weights span, or WeightsChanged() (the
   // call for writes it does not see: a communicator's). Returns whether it
-  // keeps the copy, of act_bytes() · count bytes (false: a backend that converts nothing).
+  // keeps the copy, of act_bytes() · count bytes (false: a backend that converts nothing); a
+  // CUDA backend with FP8 linear layers keeps 2 · count bytes more, the codes of a weight that
+  // its FP8 products use.
   // DropWeightCopy forgets a registration and frees its copy.
   virtual bool KeepWeightCopy(const float* w, int64_t count) { return false; }
   virtual void WeightsChanged() {}
