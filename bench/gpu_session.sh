@@ -8,7 +8,8 @@
 #   gpu_tests.txt       every GPU test binary's output, then a pass/fail summary
 #   gpu_bench.txt       the side-by-side tables (Markdown)
 #   gpu_bench_raw.txt   every benchmark program's own output
-#   timeline.md         per-kernel account of both presets' steps, Trainyard beside PyTorch
+#   timeline.md         per-kernel account of both presets' steps, Trainyard beside PyTorch (and
+#                       Trainyard's Llama step with FP8 linear layers)
 #   timelines.tar.xz    the raw timelines it was made from (bench/timeline_report.py reads them)
 # Environment (seconds; defaults in brackets): TESTS_BUDGET_S [150] for all tests together,
 # KERNELS_BUDGET_S [140], TRAIN_BUDGET_S [220], TIMELINE_BUDGET_S [160]; REPS [20], KERNEL_WARMUP [3], STEPS [10],
@@ -147,15 +148,25 @@ t0=$SECONDS
 if [[ "$PARTS" == *" timeline "* ]]; then
   TIMELINES="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-timeline.XXXXXX")"
   tl=$TIMELINES
-  for entry in "gpt2-124m 1024 16" "llama-1b 2048 4"; do
-    read -r preset seq batch <<<"$entry"
+  # Last, Trainyard alone with its linear layers in FP8 (the report sets it beside the two
+  # bf16 runs of its preset): where the quantization's time goes.
+  for entry in "gpt2-124m 1024 16" "llama-1b 2048 4" "llama-1b 2048 4 fp8"; do
+    read -r preset seq batch variant <<<"$entry"
     args=(--preset "$preset" --seq "$seq" --batch "$batch" --steps 3 --warmup 3
           ${peak[@]+"${peak[@]}"})
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
+    ((left > 0)) || break  # (timeout 0 would mean no limit)
+    if [[ -n "$variant" ]]; then
+      LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
+        "$BIN/trainyard-bench-gpu-train" "${args[@]}" "--$variant" \
+        --timeline "$tl/trainyard-$variant-$preset.json" >>"$RAW" 2>&1 || bench_status=1
+      continue
+    fi
     LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
       "$BIN/trainyard-bench-gpu-train" "${args[@]}" --timeline "$tl/trainyard-$preset.json" \
       >>"$RAW" 2>&1 || bench_status=1
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
+    ((left > 0)) || break
     timeout "$left" "$PY" "$BUNDLE/bench/torch_gpu_train.py" "${args[@]}" \
       --compile "${COMPILE:-regional}" --timeline "$tl/pytorch-$preset.json" >>"$RAW" 2>&1 ||
       bench_status=1

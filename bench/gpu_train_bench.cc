@@ -213,7 +213,10 @@ absl::StatusOr<trainyard::worker::TrainResult> RunSteps(const trainyard::config:
     return absl::OkStatus();
   };
   TY_ASSIGN_OR_RETURN(auto result, trainyard::worker::Train(spec, backend, options));
-  TY_ASSIGN_OR_RETURN(const std::string json, timeline->Finish("trainyard", f.preset));
+  // The variant in the engine's name, so that the report sets it beside the plain run.
+  const std::string engine = std::string("trainyard") + (f.fp8 ? " fp8" : "") +
+                             (f.atomic_dq ? " atomic-dq" : "") + (f.recompute ? " recompute" : "");
+  TY_ASSIGN_OR_RETURN(const std::string json, timeline->Finish(engine, f.preset));
   std::ofstream out(f.timeline, std::ios::trunc);
   out << json;
   if (!out.good()) return absl::UnavailableError("cannot write " + f.timeline);

@@ -21,6 +21,7 @@ import sys
 CATEGORIES = [
     ("attention", r"attention|attn|flash|fmha|sdpa|dot_do_o"),
     ("gemm", r"gemm|xmma|cutlass|nvjet|cublas|sm90_|sm80_|matmul"),
+    ("fp8 quantize", r"quantize|absmax|fp8"),
     ("optimizer", r"adam|multi_tensor|foreach|clip|lpnorm|squarepartials|sumpartials|gradnorm|"
                   r"grad_norm|optimizer"),
     ("loss", r"cross_?entropy|softmax|nll|logsumexp"),
