@@ -41,7 +41,8 @@ constexpr DType kF32 = DType::kF32;
 const double kF32Tolerance = Tolerance(DType::kF32);
 
 bool BitsEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // `n` indices drawn from [0, bound), repeats allowed (two tokens may pick the same expert row).

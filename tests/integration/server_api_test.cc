@@ -61,6 +61,9 @@ class ServerApiTest : public ::testing::Test {
   }
   void TearDown() override {
     agent_.reset();
+    if (HasFailure() && server_ != nullptr) {
+      std::fprintf(stderr, "trainyard-server's log:\n%s\n", server_->log().c_str());
+    }
     server_.reset();
     std::error_code ignored;
     std::filesystem::remove_all(scratch_, ignored);
@@ -403,7 +406,8 @@ TEST_F(ServerApiTest, CancelStopsWorkersWithTheGracePeriod) {
   cancel.set_job_id(job);
   cancel.set_reason("test cancel");
   v1::CancelJobReply reply;
-  ASSERT_TRUE(jobs_->CancelJob(Deadline(5).get(), cancel, &reply).ok());
+  const grpc::Status status = jobs_->CancelJob(Deadline(5).get(), cancel, &reply);
+  ASSERT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
   EXPECT_TRUE(reply.job().cancel_requested());
   std::optional<v1::CoordinatorMessage> stop = agent_->NextOf(v1::CoordinatorMessage::kStop);
   ASSERT_TRUE(stop.has_value());
