@@ -156,15 +156,10 @@ if [[ "$PARTS" == *" timeline "* ]]; then
           ${peak[@]+"${peak[@]}"})
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
     ((left > 0)) || break  # (timeout 0 would mean no limit)
-    if [[ -n "$variant" ]]; then
-      LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
-        "$BIN/trainyard-bench-gpu-train" "${args[@]}" "--$variant" \
-        --timeline "$tl/trainyard-$variant-$preset.json" >>"$RAW" 2>&1 || bench_status=1
-      continue
-    fi
     LD_LIBRARY_PATH="$TRAINYARD_LD_LIBRARY_PATH" timeout "$left" \
-      "$BIN/trainyard-bench-gpu-train" "${args[@]}" --timeline "$tl/trainyard-$preset.json" \
-      >>"$RAW" 2>&1 || bench_status=1
+      "$BIN/trainyard-bench-gpu-train" "${args[@]}" ${variant:+"--$variant"} \
+      --timeline "$tl/trainyard-${variant:+$variant-}$preset.json" >>"$RAW" 2>&1 || bench_status=1
+    [[ -z "$variant" ]] || continue  # a variant runs beside the preset's PyTorch run above
     left=$((TIMELINE_BUDGET_S - (SECONDS - t0)))
     ((left > 0)) || break
     timeout "$left" "$PY" "$BUNDLE/bench/torch_gpu_train.py" "${args[@]}" \

@@ -638,22 +638,20 @@ class CudaBackend final : public Backend {
       Quantize(Weight(w, n * k), n, k, Fp8Format::kE4M3, scratch, transpose);
       return scratch;
     }
-    const std::optional<const void*> copy = KeptCopy(w, n * k);  // brings kept.epoch up to date
     KeptWeight& kept = it->second;
+    const Act* copy = UpToDate(w, kept);
     if (kept.fp8.size() != kept.count) {
       kept.fp8 = AllocAct(kept.count);
       kept.fp8_scalars = AllocFloat(2);
-      kept.fp8_epoch = 0;
     }
-    if (!copy.has_value() || *copy == nullptr || kept.fp8.data() == nullptr ||
-        kept.fp8_scalars.data() == nullptr) {
+    if (copy == nullptr || kept.fp8.data() == nullptr || kept.fp8_scalars.data() == nullptr) {
       return {};
     }
     auto* codes = reinterpret_cast<uint8_t*>(kept.fp8.data());
     const Fp8Operand op{kept.fp8_scalars.data(), kept.fp8_scalars.data() + 1, codes,
                         codes + kept.count};
     if (kept.fp8_epoch != kept.epoch || kept.fp8_rows != n) {
-      Quantize(*copy, n, k, Fp8Format::kE4M3, op, /*transpose=*/true);
+      Quantize(copy, n, k, Fp8Format::kE4M3, op, /*transpose=*/true);
       kept.fp8_epoch = kept.epoch;
       kept.fp8_rows = n;
     }
@@ -751,13 +749,21 @@ class CudaBackend final : public Backend {
     KeptWeight& kept = it->second;
     const int64_t at = w - base;
     if (n <= 0 || at + n > kept.count) return std::nullopt;
+    Act* copy = UpToDate(base, kept);
+    if (copy == nullptr) return nullptr;
+    return At(copy, at);
+  }
+  struct KeptWeight;  // below, with the other state
+  // The whole kept copy of the registered weight at `base`, converted again if a weight may have
+  // changed since; null if its allocation failed (recorded).
+  Act* UpToDate(const float* base, KeptWeight& kept) {
     if (kept.copy.size() != kept.count) kept.copy = AllocAct(kept.count);
     if (kept.copy.data() == nullptr) return nullptr;
     if (kept.epoch != weights_epoch_) {
       Run(kc::Convert(stream_, DType::kBF16, kept.copy.data(), DType::kF32, base, kept.count));
       kept.epoch = weights_epoch_;
     }
-    return At(kept.copy.data(), at);
+    return kept.copy.data();
   }
 
   // The experts of one MoE call that have rows, with their weights in the activation type.

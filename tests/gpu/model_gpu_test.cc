@@ -618,13 +618,8 @@ TEST(ModelOnGpu, Fp8KeptWeightCodesFollowTheWeight) {
   Backend* be = backend->get();
   const int64_t m = 32, n = 48, k = 64;
   std::mt19937 rng(4);
-  std::normal_distribution<float> normal;
-  auto random = [&](int64_t count, float scale) {
-    std::vector<float> v(count);
-    for (float& x : v) x = scale * normal(rng);
-    return v;
-  };
-  const std::vector<float> x = random(m * k, 1.0f), dy = random(m * n, 1.0f);
+  const std::vector<float> x = testing::RandomVector(m * k, rng),
+                           dy = testing::RandomVector(m * n, rng);
   Buffer<Act> dx = be->AllocAct(m * k), ddy = be->AllocAct(m * n), out = be->AllocAct(m * n),
               dinp = be->AllocAct(m * k);
   Buffer<float> kept = be->AllocFloat(n * k), plain = be->AllocFloat(n * k);
@@ -636,7 +631,7 @@ TEST(ModelOnGpu, Fp8KeptWeightCodesFollowTheWeight) {
     be->CopyFromHost(kept.data(), w.data(), n * k);
     be->CopyFromHost(plain.data(), w.data(), n * k);
   };
-  set_weight(random(n * k, 0.1f));
+  set_weight(testing::RandomVector(n * k, rng, 0.1f));
   ASSERT_TRUE(be->KeepWeightCopy(kept.data(), n * k));
   // The forward's output and the input gradient of one weight.
   auto products = [&](const float* w) {
@@ -680,7 +675,7 @@ TEST(ModelOnGpu, Fp8KeptWeightCodesFollowTheWeight) {
   be->CopyToHost(stepped.data(), kept.data(), n * k);
   be->CopyFromHost(plain.data(), stepped.data(), n * k);
   expect_same("after an optimizer step");
-  set_weight(random(n * k, 0.2f));
+  set_weight(testing::RandomVector(n * k, rng, 0.2f));
   expect_same("after an upload");
 }
 
