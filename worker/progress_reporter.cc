@@ -39,11 +39,12 @@ class GrpcProgressChannel : public ProgressChannel {
 class FallbackProgressChannel : public ProgressChannel {
  public:
   FallbackProgressChannel(std::unique_ptr<ProgressChannel> relay,
-                          std::unique_ptr<ProgressChannel> coordinator)
-      : relay_(std::move(relay)), coordinator_(std::move(coordinator)) {}
+                          std::unique_ptr<ProgressChannel> coordinator, Clock* clock)
+      : relay_(std::move(relay)), coordinator_(std::move(coordinator)), clock_(clock) {}
 
   absl::StatusOr<v1::ProgressReply> Report(const v1::ProgressReport& report,
                                            absl::Duration timeout) override {
+    const int64_t start = clock_->NowNanosMonotonic();
     absl::StatusOr<v1::ProgressReply> reply = relay_->Report(report, timeout);
     // The relay's own answers stand; so does an order or refusal it relayed. It cannot answer
     // when it is gone or has lost the coordinator, nor once it forgot this attempt (its agent
@@ -53,7 +54,9 @@ class FallbackProgressChannel : public ProgressChannel {
          !absl::IsUnauthenticated(reply.status()))) {
       return reply;
     }
-    absl::StatusOr<v1::ProgressReply> direct = coordinator_->Report(report, timeout);
+    const absl::Duration left = timeout - absl::Nanoseconds(clock_->NowNanosMonotonic() - start);
+    if (left <= absl::ZeroDuration()) return reply;
+    absl::StatusOr<v1::ProgressReply> direct = coordinator_->Report(report, left);
     if (direct.ok() || !absl::IsUnavailable(direct.status())) return direct;
     return reply;  // neither answered: say why the relay did not
   }
@@ -61,13 +64,15 @@ class FallbackProgressChannel : public ProgressChannel {
  private:
   std::unique_ptr<ProgressChannel> relay_;
   std::unique_ptr<ProgressChannel> coordinator_;
+  Clock* clock_;
 };
 
 }  // namespace
 
 std::unique_ptr<ProgressChannel> MakeFallbackProgressChannel(
-    std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator) {
-  return std::make_unique<FallbackProgressChannel>(std::move(relay), std::move(coordinator));
+    std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator,
+    Clock* clock) {
+  return std::make_unique<FallbackProgressChannel>(std::move(relay), std::move(coordinator), clock);
 }
 
 std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
@@ -247,7 +252,12 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     sent = Send(report, clock_->NowNanosMonotonic());
   }
   if (!sent.ok()) return sent.status();
-  if (!sent->has_value()) return absl::OkStatus();
+  if (!sent->has_value()) {
+    // The next try waits kUnreachableRetry from the end of this one, which may have taken its
+    // whole deadline: training gets that long between tries.
+    last_report_nanos_ = clock_->NowNanosMonotonic();
+    return absl::OkStatus();
+  }
   const v1::ProgressReply& reply = **sent;
   ++reports_sent_;
   unreachable_since_nanos_.reset();

@@ -8,15 +8,15 @@
 // (TrainOptions::checkpoint_order), where the training loop finds it.
 //
 // Outcomes of OnStep: OK, keep training (also when the coordinator cannot be reached: training
-// goes on, and while it is unreachable a report is tried only every kUnreachableRetry with a
-// deadline of kUnreachableTimeout, so a partition that swallows calls until their deadline
-// slows training by a third at most instead of blocking it on every step; and for ORDER_DRAIN,
-// which sets the drain flag the training loop watches: every rank then stops at the same step after
-// a checkpoint); CANCELLED for ORDER_STOP, and for ORDER_DRAIN when no drain flag was given;
-// ABORTED when the coordinator answers FAILED_PRECONDITION or NOT_FOUND, i.e. this attempt is over
-// or unknown and the worker must exit; UNAVAILABLE once the coordinator has been unreachable for
-// longer than `orphan_timeout` (a coordinator restart takes seconds; a worker nobody supervises any
-// more must not train forever).
+// goes on, and while it is unreachable a report is tried only kUnreachableRetry after the
+// previous try ended, with a deadline of kUnreachableTimeout, so a partition that swallows calls
+// until their deadline slows training by a third at most instead of blocking it on every step; and
+// for ORDER_DRAIN, which sets the drain flag the training loop watches: every rank then stops at
+// the same step after a checkpoint); CANCELLED for ORDER_STOP, and for ORDER_DRAIN when no drain
+// flag was given; ABORTED when the coordinator answers FAILED_PRECONDITION or NOT_FOUND, i.e. this
+// attempt is over or unknown and the worker must exit; UNAVAILABLE once the coordinator has been
+// unreachable for longer than `orphan_timeout` (a coordinator restart takes seconds; a worker
+// nobody supervises any more must not train forever).
 //
 // Threading: not thread-safe; used from the training thread only.
 #ifndef TRAINYARD_WORKER_PROGRESS_REPORTER_H_
@@ -63,8 +63,13 @@ std::unique_ptr<ProgressChannel> MakeGrpcProgressChannel(
 // cannot answer: UNAVAILABLE or DEADLINE_EXCEEDED (the agent is gone or has lost the
 // coordinator) or UNAUTHENTICATED (it does not know this attempt: its agent restarted without
 // learning it, or the job ended), so that such a worker still learns that its attempt ended.
+// Both calls share the one deadline: the coordinator gets what the relay left of it (a relay
+// answers UNAVAILABLE itself after kProgressAnswerLimit, which leaves a second of
+// kReportTimeout), and is not asked when nothing is left, so that a report never blocks the
+// training loop for longer than its timeout. `clock` measures what is left.
 std::unique_ptr<ProgressChannel> MakeFallbackProgressChannel(
-    std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator);
+    std::unique_ptr<ProgressChannel> relay, std::unique_ptr<ProgressChannel> coordinator,
+    Clock* clock = RealClock());
 
 // The MoE layers' routing (StepReport::moe) summed over the steps since the last Take: what a
 // progress report carries of each layer (v1::MoeLayerProgress), its derived figures computed by

@@ -20,6 +20,7 @@ class FakeProgressChannel : public ProgressChannel {
                                            absl::Duration timeout) override {
     reports.push_back(report);
     timeouts.push_back(timeout);
+    if (clock != nullptr) clock->Advance(timeout * takes);
     if (unavailable_calls > 0) {
       --unavailable_calls;
       return absl::UnavailableError("restarting");
@@ -35,6 +36,8 @@ class FakeProgressChannel : public ProgressChannel {
   absl::Status next_status;
   int unavailable_calls = 0;  // the next calls that fail as UNAVAILABLE before next_status holds
   v1::Order next_order = v1::ORDER_CONTINUE;
+  FakeClock* clock = nullptr;  // when set, each call takes `takes` of its timeout on it
+  double takes = 1;
 };
 
 StepReport Step(int64_t step, double seconds = 0.1, double tokens_per_second = 1000) {
@@ -224,6 +227,43 @@ TEST_F(ProgressReporterTest, WhileUnreachableReportsAreSpacedOutAndShort) {
   EXPECT_EQ(channel_.timeouts.back(), kReportTimeout);
 }
 
+// A partition where the relay says after a while that it lost the coordinator, and the
+// coordinator itself swallows the direct call until its deadline: the tries, each bounded by
+// one deadline across both calls, with the spacing counted from a try's end, leave training
+// two thirds of the time.
+TEST(ProgressReporterPartitionTest, APartitionSlowsTrainingByAThirdAtMost) {
+  FakeClock clock;
+  auto relay = std::make_unique<FakeProgressChannel>();
+  auto direct = std::make_unique<FakeProgressChannel>();
+  relay->clock = direct->clock = &clock;
+  relay->takes = 0.5;
+  relay->next_status = absl::UnavailableError("the agent lost the coordinator");
+  direct->next_status = absl::DeadlineExceededError("Deadline Exceeded");
+  FakeProgressChannel* direct_calls = direct.get();
+  std::unique_ptr<ProgressChannel> channel =
+      MakeFallbackProgressChannel(std::move(relay), std::move(direct), &clock);
+  ProgressReporter reporter(channel.get(), WorkerIdentity{"j-1", 1, 0}, &clock,
+                            absl::Milliseconds(500));
+  // The first try has the normal deadline; from then on it is known unreachable.
+  const absl::Duration step_time = absl::Milliseconds(10);
+  int64_t step = 0;
+  while (direct_calls->reports.empty()) {
+    clock.Advance(step_time);
+    ASSERT_TRUE(reporter.OnStep(Step(++step, absl::ToDoubleSeconds(step_time))).ok());
+  }
+  const int64_t first_step = step, start = clock.NowNanosMonotonic();
+  while (clock.NowNanosMonotonic() - start < absl::ToInt64Nanoseconds(absl::Minutes(1))) {
+    clock.Advance(step_time);
+    ASSERT_TRUE(reporter.OnStep(Step(++step % 99 + 1, absl::ToDoubleSeconds(step_time))).ok());
+  }
+  const double training = absl::ToDoubleSeconds((step - first_step) * step_time);
+  const double elapsed = (clock.NowNanosMonotonic() - start) / 1e9;
+  EXPECT_GE(training / elapsed, 2.0 / 3 - 0.01)
+      << step - first_step << " steps in " << elapsed << " s, " << direct_calls->reports.size()
+      << " tries";
+  EXPECT_EQ(direct_calls->timeouts.back(), kUnreachableTimeout / 2);
+}
+
 // The last step's report (the final progress, the last checkpoints) is not lost to a coordinator
 // that is restarting: it is tried every kUnreachableRetry until answered.
 TEST_F(ProgressReporterTest, TheLastStepsReportWaitsForACoordinatorThatComesBack) {
@@ -362,12 +402,13 @@ TEST_F(ProgressReporterTest, DenseModelsReportNoMoeRouting) {
 }
 
 TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
+  FakeClock clock;  // the calls take no time
   auto relay_owned = std::make_unique<FakeProgressChannel>();
   auto direct_owned = std::make_unique<FakeProgressChannel>();
   FakeProgressChannel* relay = relay_owned.get();
   FakeProgressChannel* direct = direct_owned.get();
   std::unique_ptr<ProgressChannel> channel =
-      MakeFallbackProgressChannel(std::move(relay_owned), std::move(direct_owned));
+      MakeFallbackProgressChannel(std::move(relay_owned), std::move(direct_owned), &clock);
   v1::ProgressReport report;
   report.set_step(4);
 
@@ -398,6 +439,32 @@ TEST(FallbackProgressChannelTest, TheCoordinatorAnswersWhenTheRelayCannot) {
   relay->next_status = absl::NotFoundError("job j-000003 has no attempt 2");
   EXPECT_TRUE(absl::IsNotFound(channel->Report(report, absl::Seconds(1)).status()));
   EXPECT_EQ(direct->reports.size(), 3u);
+}
+
+// One deadline for both calls: the coordinator gets what the relay left, and no call when the
+// relay used it all.
+TEST(FallbackProgressChannelTest, BothCallsShareTheReportsDeadline) {
+  FakeClock clock;
+  auto relay_owned = std::make_unique<FakeProgressChannel>();
+  auto direct_owned = std::make_unique<FakeProgressChannel>();
+  FakeProgressChannel* relay = relay_owned.get();
+  FakeProgressChannel* direct = direct_owned.get();
+  relay->clock = &clock;
+  std::unique_ptr<ProgressChannel> channel =
+      MakeFallbackProgressChannel(std::move(relay_owned), std::move(direct_owned), &clock);
+  v1::ProgressReport report;
+
+  relay->takes = 0.8;  // the relay's own UNAVAILABLE after its answer limit
+  relay->next_status = absl::UnavailableError("no answer from the coordinator");
+  direct->next_order = v1::ORDER_STOP;
+  EXPECT_EQ(channel->Report(report, absl::Seconds(5))->order(), v1::ORDER_STOP);
+  ASSERT_EQ(direct->timeouts.size(), 1u);
+  EXPECT_EQ(direct->timeouts[0], absl::Seconds(1));
+
+  relay->takes = 1;
+  relay->next_status = absl::DeadlineExceededError("Deadline Exceeded");
+  EXPECT_TRUE(absl::IsDeadlineExceeded(channel->Report(report, absl::Seconds(1)).status()));
+  EXPECT_EQ(direct->timeouts.size(), 1u) << "asked with nothing of the deadline left";
 }
 
 }  // namespace
