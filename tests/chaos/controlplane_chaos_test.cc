@@ -141,6 +141,17 @@ TEST(ControlPlaneChaosTest, PastTheRestartLimitTheJobFailsAndStatusSaysWhy) {
         },
         120))
         << "attempt " << attempt;
+    // A resumed attempt reports its resume step at once: wait for a step line of its own in its
+    // log too, which the failure's status then shows.
+    const std::vector<std::string> logs = {"logs",   job_id, "--attempt", absl::StrCat(attempt),
+                                           "--rank", "0"};
+    bool logged = false;
+    for (int i = 0; i < 600 && !logged; ++i) {
+      const std::string log = cp.Cli(logs).out;
+      logged = absl::StartsWith(log, "step ") || absl::StrContains(log, "\nstep ");
+      if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(logged) << "attempt " << attempt << " logged no step: " << cp.Cli(logs).out;
     const v1::GetJobReply running = cp.Status(job_id);
     ASSERT_EQ(kill(static_cast<pid_t>(running.attempts(attempt - 1).placement(0).pid()), SIGKILL),
               0);
