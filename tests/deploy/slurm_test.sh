@@ -6,9 +6,9 @@
 #   2. sbatches a longer job that checkpoints, sends the preemption signal mid-run
 #      (scancel --signal=USR1 --batch), and requires the script to drain and requeue itself and
 #      the requeued run to resume from the drain's checkpoint and succeed;
-#   3. requeues a running job with `scontrol requeue` (Slurm kills everything at once, as when a
-#      node fails) and requires the requeued coordinator to carry on with the same job, resumed
-#      from its newest checkpoint.
+#   3. kills a running job's script and steps with SIGKILL and requeues it (as when a node
+#      fails) and requires the requeued coordinator to carry on with the same job, resumed from
+#      its newest checkpoint.
 # Every daemon is stopped by its pid at the end, also on failure. Skips (77) without root or
 # without the Slurm and munge programs.
 #
@@ -197,8 +197,16 @@ echo "== requeue"
 sed "s#$T/ckpt#$T/ckpt-requeue#; s/^name: long/name: requeued/" "$T/long.yaml" >"$T/requeued.yaml"
 id=$(sbatch_job requeued "$T/requeued.yaml") || fail "sbatch of the requeued job"
 wait_checkpoint "$T/ckpt-requeue"
-# Slurm kills the script and every step at once, as when a node fails, and queues it again.
-scontrol requeue "$id" || fail "scontrol requeue"
+# A node failure: everything on the node dies at once, and no trap of the script runs (an
+# administrator's `scontrol requeue` would send SIGTERM first, and the script would drain). So
+# SIGKILL the script and every step, and let Slurm queue the job again, as it does a job whose
+# node failed.
+scancel --full --signal=KILL "$id" || fail "scancel --full --signal=KILL"
+for _ in $(seq 1 300); do
+  [[ "$(job_field "$id" JobState)" =~ ^(RUNNING|COMPLETING)$ ]] || break
+  sleep 0.2
+done
+scontrol requeue "$id" || fail "scontrol requeue (Slurm says $(job_field "$id" JobState))"
 release_and_finish "$id"
 out="$T/out-requeued.txt"
 grep -q "carrying on with j-000001" "$out" || fail "the requeued run did not carry on with the job"
