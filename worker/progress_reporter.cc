@@ -235,7 +235,6 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   if (resumed_) *report.mutable_resumed() = *resumed_;
   if (!last_committed_.path().empty()) *report.mutable_last_checkpoint() = last_committed_;
   last_report_ = report;
-  last_report_nanos_ = now;
   steps_ = 0;
   seconds_ = 0;
   forward_seconds_ = backward_seconds_ = optimizer_seconds_ = data_seconds_ = 0;
@@ -251,13 +250,11 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
     clock_->SleepFor(kUnreachableRetry);
     sent = Send(report, clock_->NowNanosMonotonic());
   }
+  // The next report is due counting from this one's end: a try that took its whole deadline
+  // leaves training kUnreachableRetry before the next.
+  last_report_nanos_ = clock_->NowNanosMonotonic();
   if (!sent.ok()) return sent.status();
-  if (!sent->has_value()) {
-    // The next try waits kUnreachableRetry from the end of this one, which may have taken its
-    // whole deadline: training gets that long between tries.
-    last_report_nanos_ = clock_->NowNanosMonotonic();
-    return absl::OkStatus();
-  }
+  if (!sent->has_value()) return absl::OkStatus();
   const v1::ProgressReply& reply = **sent;
   ++reports_sent_;
   unreachable_since_nanos_.reset();
