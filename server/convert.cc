@@ -501,6 +501,7 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
     out.phase = ProgressUpdate::Phase{static_cast<config::HangPhase>(report.phase()),
                                       report.phase_limit_s()};
   }
+  out.terminated = report.terminated();
   return out;
 }
 

@@ -2,15 +2,17 @@
 // ./trainyard-state, gRPC and /metrics on loopback (free ports, printed and written to
 // <state-dir>/server.addr and metrics.addr), and a local agent offering this machine's CPU slots
 // and GPUs. SIGTERM or SIGINT shut it down gracefully; running jobs keep running and a restarted
-// server on the same state directory adopts them.
+// server on the same state directory adopts them (with --drain-on-stop, they drain first).
 //
 // Exit codes: 0 after a graceful shutdown; 2 bad flags or a state directory in use; 1 otherwise.
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -52,6 +54,7 @@ ABSL_FLAG(std::string, tls_key, "", "serve TLS: its key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "", "require client certificates this CA signed");
 ABSL_FLAG(std::string, tokens, "", "the token file");
 ABSL_FLAG(double, stop_grace, 10, "SIGTERM-to-SIGKILL grace, seconds");
+ABSL_FLAG(double, drain_on_stop, 0, "on SIGTERM, drain the running jobs for up to, seconds");
 ABSL_FLAG(double, heartbeat_timeout, 10, "close a silent agent's stream after, seconds");
 ABSL_FLAG(double, node_mtbf_hours, 5000, "prior mean time between failures of one node");
 ABSL_FLAG(int, quarantine_failures, 3, "cordon a node after this many failures (0: never)");
@@ -87,6 +90,12 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
                              serve TLS; with a client CA, clients must present certificates it
                              signed (all three are required for a non-loopback --listen)
   --stop-grace SECONDS       SIGTERM-to-SIGKILL grace when stopping workers (default 10)
+  --drain-on-stop SECONDS    on SIGTERM or SIGINT, first drain every job that has workers (its
+                             ranks checkpoint at a step they agree on and exit) and stop once
+                             each has ended or SECONDS have passed, or at a second signal; for a
+                             coordinator whose end ends the jobs too, as in a Slurm allocation
+                             (default: stop at once; running jobs keep running and a restarted
+                             coordinator adopts them)
   --heartbeat-timeout SECONDS  close a silent agent's stream after this long (default 10)
   --node-mtbf-hours H        prior mean time between failures of one node, for Young–Daly
                              checkpoint intervals (default 5000)
@@ -114,6 +123,7 @@ struct Flags {
   int64_t agent_memory_tier_mb = -1;
   std::string agent_node_id;
   std::string worker_binary;
+  absl::Duration drain_on_stop = absl::ZeroDuration();
 };
 
 // Seconds in (0, 86400] of the flag `name`, when given.
@@ -158,6 +168,7 @@ constexpr std::string_view kFlags[] = {"listen",
                                        "tls-client-ca",
                                        "tokens",
                                        "stop-grace",
+                                       "drain-on-stop",
                                        "heartbeat-timeout",
                                        "node-mtbf-hours",
                                        "quarantine-failures",
@@ -224,6 +235,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
   TY_RETURN_IF_ERROR(ReadCoordinatorFlags(line, flags.coordinator));
   flags.listen_given = line.Has("listen");
+  TY_RETURN_IF_ERROR(ReadSeconds(line, "drain-on-stop", FLAGS_drain_on_stop, &flags.drain_on_stop));
   flags.local_agent = absl::GetFlag(FLAGS_local_agent);
   if (line.Has("agent-slots")) {
     flags.agent_slots = absl::GetFlag(FLAGS_agent_slots);
@@ -278,6 +290,56 @@ int WaitForSignal() {
   while (read(signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
   }
   return byte;
+}
+
+// True when a signal (or the local agent's end) came within `timeout`.
+bool SignalWithin(absl::Duration timeout) {
+  pollfd fd = {.fd = signal_pipe[0], .events = POLLIN, .revents = 0};
+  const int ms =
+      static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 60000));
+  if (poll(&fd, 1, ms) <= 0) return false;
+  WaitForSignal();
+  return true;
+}
+
+// --drain-on-stop: drains every job that has workers, and keeps serving (the ranks report, commit
+// their checkpoints and exit through this coordinator) until each has ended, `grace` has passed or
+// another signal came.
+void DrainBeforeStop(Supervisor& supervisor, absl::Duration grace, const std::string& why) {
+  std::vector<std::string> draining;
+  for (const JobRecord& job : supervisor.ListJobs(
+           {JobState::kStarting, JobState::kRunning, JobState::kRestarting}, /*limit=*/0)) {
+    absl::StatusOr<JobRecord> drained = supervisor.Drain(job.id, why);
+    if (!drained.ok()) {
+      TY_LOG(WARNING) << "cannot drain " << job.id << ": " << drained.status().message();
+    } else if (!IsFinal(drained->state)) {
+      draining.push_back(job.id);
+    }
+  }
+  if (draining.empty()) return;
+  TY_LOG(INFO) << "draining " << draining.size() << " job(s) before stopping; waiting up to "
+               << absl::FormatDuration(grace) << " for them to end";
+  const absl::Time deadline = absl::Now() + grace;
+  while (!draining.empty()) {
+    if (absl::Now() >= deadline) {
+      TY_LOG(WARNING) << draining.size() << " job(s) still draining after "
+                      << absl::FormatDuration(grace) << "; stopping (they stay adoptable)";
+      return;
+    }
+    if (SignalWithin(absl::Milliseconds(100))) {
+      TY_LOG(WARNING) << "a second signal; stopping with " << draining.size()
+                      << " job(s) still draining";
+      return;
+    }
+    std::erase_if(draining, [&supervisor](const std::string& id) {
+      absl::StatusOr<JobView> view = supervisor.GetJob(id, /*max_events=*/0);
+      return !view.ok() || IsFinal(view->job.state);
+    });
+  }
+  TY_LOG(INFO) << "every drained job has ended";
+  // A moment more, so that the final states reach the watchers (a batch script's `trainyard
+  // watch`) before the streams end.
+  SignalWithin(std::min(absl::Seconds(1), deadline - absl::Now()));
 }
 
 std::map<std::string, std::string> ReadLastAddresses(const std::string& state_dir) {
@@ -428,6 +490,10 @@ absl::Status Run(int argc, char** argv) {
   const int signal_number = WaitForSignal();
   if (signal_number != 0) {
     TY_LOG(INFO) << "received " << strsignal(signal_number) << "; shutting down";
+    if (flags.drain_on_stop > absl::ZeroDuration()) {
+      DrainBeforeStop(*coordinator->supervisor(), flags.drain_on_stop,
+                      absl::StrCat("the coordinator received ", strsignal(signal_number)));
+    }
   }
   stop_agent = true;
   if (agent.joinable()) agent.join();

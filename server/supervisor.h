@@ -24,7 +24,8 @@
 // Drain: a durable flag (drain_requested). While it is set, every progress report of the live
 // attempt is answered kDrain; the ranks checkpoint and exit 0, and the job becomes DRAINED. A
 // rank failure while draining fails the job (no restart). A job with no worker running drains at
-// once.
+// once. A rank's termination notice (it received SIGTERM) drains the job too, unless the rank is
+// being stopped (its attempt is stopping, its job being cancelled): then it is told to stop.
 //
 // Restart after a coordinator crash: Create() reloads jobs and attempts; live attempts keep
 // their slots, and when their agents reconnect and list their running workers those workers are
@@ -178,6 +179,9 @@ struct ProgressUpdate {
     double limit_s = 0;
   };
   std::optional<Phase> phase;
+  // A termination notice (ProgressReport.terminated): the rank received SIGTERM. The other
+  // fields but the identity are unset.
+  bool terminated = false;
 };
 
 enum class WorkerOrder { kContinue, kCheckpoint, kDrain, kStop };
@@ -469,6 +473,9 @@ class Supervisor {
                                                                 const ProgressUpdate& update,
                                                                 const std::string* node_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A termination notice (ProgressUpdate::terminated) of `rank` of the live `attempt`.
+  OrderReply TerminatedLocked(Txn& txn, JobEntry& entry, const AttemptRecord& attempt, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
   // For a registering agent: the secrets of the live attempts among its running workers.
   std::vector<RegisteredOrder::Secret> SecretsOfLocked(const std::vector<RunningWorker>& running)
@@ -611,6 +618,10 @@ class Supervisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The report's last_checkpoint, from a worker that does not send records.
   void RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the job's drain flag with an event naming `cause`, and drains it at once when no worker
+  // runs: Drain without its checks and commit.
+  void DrainLocked(Txn& txn, JobEntry& entry, const std::string& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The final transition of a drained job (no worker left).
   void FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string& context)

@@ -112,6 +112,27 @@ void Supervisor::FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string&
   Transition(txn, entry, JobState::kDrained, "drained", absl::StrCat(job.message, "; ", context));
 }
 
+void Supervisor::DrainLocked(Txn& txn, JobEntry& entry, const std::string& cause) {
+  JobRecord& job = entry.job;
+  job.drain_requested = true;
+  AttemptRecord* attempt = LiveAttempt(entry);
+  if (attempt == nullptr) {
+    scheduler_.Remove(job.id);
+    FinishDrainLocked(txn, entry, absl::StrCat(cause, " while no worker was running"));
+  } else if (attempt->state == AttemptState::kStopping) {
+    AddEvent(txn, entry, attempt->attempt_id, job.state, job.state, "drain_requested",
+             absl::StrCat(cause, "; attempt ", attempt->attempt_id,
+                          " is already stopping: no restart follows"));
+  } else {
+    AddEvent(txn, entry, attempt->attempt_id, job.state, job.state, "drain_requested",
+             absl::StrCat(cause, "; the ranks of attempt ", attempt->attempt_id,
+                          job.requirements.checkpoint.enabled()
+                              ? " checkpoint at a step they agree on, then exit"
+                              : " stop at a step they agree on and exit (no checkpoint dir)"));
+  }
+  ScheduleLocked(txn);  // a drained head of the queue may have blocked others
+}
+
 absl::StatusOr<JobRecord> Supervisor::Drain(const std::string& job_id, const std::string& reason,
                                             const std::string& user) {
   Txn txn;
@@ -131,24 +152,7 @@ absl::StatusOr<JobRecord> Supervisor::Drain(const std::string& job_id, const std
     if (job.cancel_requested) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is being cancelled"));
     }
-    const std::string cause = RequestCause("drain requested", "drain requested", user, reason);
-    job.drain_requested = true;
-    AttemptRecord* attempt = LiveAttempt(*entry);
-    if (attempt == nullptr) {
-      scheduler_.Remove(job_id);
-      FinishDrainLocked(txn, *entry, absl::StrCat(cause, " while no worker was running"));
-    } else if (attempt->state == AttemptState::kStopping) {
-      AddEvent(txn, *entry, attempt->attempt_id, job.state, job.state, "drain_requested",
-               absl::StrCat(cause, "; attempt ", attempt->attempt_id,
-                            " is already stopping: no restart follows"));
-    } else {
-      AddEvent(txn, *entry, attempt->attempt_id, job.state, job.state, "drain_requested",
-               absl::StrCat(cause, "; the ranks of attempt ", attempt->attempt_id,
-                            job.requirements.checkpoint.enabled()
-                                ? " checkpoint at a step they agree on, then exit"
-                                : " stop at a step they agree on and exit (no checkpoint dir)"));
-    }
-    ScheduleLocked(txn);  // a drained head of the queue may have blocked others
+    DrainLocked(txn, *entry, RequestCause("drain requested", "drain requested", user, reason));
     TY_RETURN_IF_ERROR(CommitLocked(txn));
     result = job;
   }

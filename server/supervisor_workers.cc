@@ -196,6 +196,7 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
                                                     update.attempt_id, " of job ", update.job_id,
                                                     " does not run on node ", *node_id));
   }
+  if (update.terminated) return TerminatedLocked(txn, *entry, *attempt, update.rank);
   // A phase notice (ProgressUpdate::phase) alone, or merged into a step's report by the relay.
   const auto phase_started = [&] {
     if (update.phase && entry->detector && attempt->state == AttemptState::kRunning) {
@@ -239,6 +240,25 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
   // Repeated on every report while draining, so a lost reply costs nothing.
   // (A resize stops the ranks the same way: a checkpoint at a step they agree on.)
   if (entry->job.drain_requested || entry->resizing) reply.order = WorkerOrder::kDrain;
+  return reply;
+}
+
+// A rank received SIGTERM. The coordinator's own stop of it (the attempt is stopping, the job
+// being cancelled) says exit; a signal from outside the coordinator drains the job, the way a
+// standalone worker drains on SIGTERM: a batch system ending the job signals every process of it.
+OrderReply Supervisor::TerminatedLocked(Txn& txn, JobEntry& entry, const AttemptRecord& attempt,
+                                        int rank) {
+  OrderReply reply;
+  if (attempt.state == AttemptState::kStopping || entry.job.cancel_requested) {
+    reply.order = WorkerOrder::kStop;
+    return reply;
+  }
+  if (!entry.job.drain_requested) {
+    DrainLocked(txn, entry,
+                absl::StrFormat("drain requested: rank %d of attempt %d received SIGTERM", rank,
+                                attempt.attempt_id));
+  }
+  reply.order = WorkerOrder::kDrain;
   return reply;
 }
 

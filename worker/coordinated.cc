@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
@@ -41,6 +42,7 @@
 #include "worker/parallel/wait_registry.h"
 #include "worker/progress_reporter.h"
 #include "worker/run_report.h"
+#include "worker/termination.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -405,6 +407,23 @@ absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
       s.error_message(), "); a newer attempt may own the job"));
 }
 
+// What a SIGTERM means for this rank (ProgressReport.terminated), asked of the coordinator
+// directly: a relay forwards reports in batches, and a stop should not wait for one.
+absl::StatusOr<v1::Order> AskTermination(v1::WorkerService::StubInterface& stub,
+                                         const CoordinatedOptions& options,
+                                         absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::ProgressReport report;
+  report.set_job_id(options.job_id);
+  report.set_attempt_id(options.attempt_id);
+  report.set_rank(options.rank);
+  report.set_terminated(true);
+  v1::ProgressReply reply;
+  TY_RETURN_IF_ERROR(rpc::FromGrpc(stub.ReportProgress(&context, report, &reply)));
+  return reply.order();
+}
+
 }  // namespace
 
 namespace {
@@ -447,6 +466,10 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
                       CoordinatorChannel(options.coordinator));
   std::shared_ptr<v1::WorkerService::StubInterface> stub =
       v1::WorkerService::NewStub(std::move(coordinator_channel));
+  std::atomic<bool> drain{false};  // the coordinator's drain order, or a SIGTERM it answered so
+  TerminationWatcher termination(
+      [&stub, &options](absl::Duration timeout) { return AskTermination(*stub, options, timeout); },
+      &drain);
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
   // From here the start-up limit runs: placement, connecting the groups, the restore and the
@@ -481,7 +504,6 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   GrpcKeyValueStore store(stub, joined.kv_prefix());
   RankContext rank = RankContextFor(options, placement.collectives, &store, &waits);
   TY_ASSIGN_OR_RETURN(std::unique_ptr<ProgressChannel> channel, ProgressChannelFor(stub));
-  std::atomic<bool> drain{false};
   std::atomic<int64_t> checkpoint_order{0};
   ProgressReporter reporter(
       channel.get(), WorkerIdentity{options.job_id, options.attempt_id, options.rank}, RealClock(),

@@ -7,6 +7,8 @@
 // has joined, with the spec, the mesh and the attempt's key-value prefix), bootstraps its
 // collectives through the coordinator's key-value space (GrpcKeyValueStore), trains its rank with
 // worker::TrainRank, and reports progress, obeying the orders in the replies (ProgressReporter).
+// SIGTERM asks the coordinator what it means (worker/termination.h): a drain of the job, or, when
+// the coordinator is stopping this rank or does not answer, the end SIGTERM's default gives.
 //
 // Exit codes (through ExitCodeForStatus): 0 trained to the end; 2 the spec or a data file is
 // bad, the coordinator refused the join (FAILED_PRECONDITION: a superseded attempt), or it

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -103,11 +104,6 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
   return config;
 }
 
-// One Connect stream, from registration until it breaks or *stop. True when the coordinator
-// accepted the registration. *refused: set when the coordinator refused this agent because its
-// node id belongs to another live agent (ALREADY_EXISTS) or its credential (UNAUTHENTICATED,
-// PERMISSION_DENIED).
-// `quiet`: the coordinator has been unreachable for a while and that was said already.
 // The progress relay's server, on the port it had before this agent restarted when it can: the
 // workers it adopts know only that address (their TRAINYARD_PROGRESS_RELAY).
 absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRelay* relay,
@@ -133,8 +129,45 @@ absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRe
   return server;
 }
 
+// When the agent stops: at once when the stop flag is set, or with a stop grace
+// (AgentOptions::stop_grace) once the workers, sent SIGTERM at the stop, have exited or the grace
+// has passed.
+class StopCondition {
+ public:
+  StopCondition(std::atomic<bool>* stop, absl::Duration grace, AgentCore* core)
+      : stop_(stop), grace_(grace), core_(core) {}
+
+  bool requested() const { return *stop_; }
+
+  // True when the agent should stop now.
+  bool operator()() {
+    if (!*stop_) return false;
+    if (grace_ <= absl::ZeroDuration()) return true;
+    const int64_t now = RealClock()->NowNanosMonotonic();
+    if (!deadline_) {
+      deadline_ = now + absl::ToInt64Nanoseconds(grace_);
+      const int signalled = core_->TerminateWorkers();
+      TY_LOG(INFO) << "stopping: sent SIGTERM to " << signalled
+                   << " workers, whose jobs drain; waiting up to " << absl::FormatDuration(grace_)
+                   << " for them to exit";
+    }
+    return core_->running_workers().empty() || now >= *deadline_;
+  }
+
+ private:
+  std::atomic<bool>* stop_;
+  absl::Duration grace_;
+  AgentCore* core_;
+  std::optional<int64_t> deadline_;  // monotonic; set at the stop when there is a grace
+};
+
+// One Connect stream, from registration until it breaks or `stopping`. True when the coordinator
+// accepted the registration. *refused: set when the coordinator refused this agent because its
+// node id belongs to another live agent (ALREADY_EXISTS) or its credential (UNAUTHENTICATED,
+// PERMISSION_DENIED).
+// `quiet`: the coordinator has been unreachable for a while and that was said already.
 // `wakeup`: notified when the loop has something to send before its next tick.
-bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>* stop,
+bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, StopCondition& stopping,
                 absl::Status* refused, bool quiet, Wakeup& wakeup) {
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub.Connect(&context);
@@ -159,7 +192,7 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
   });
   Clock* clock = RealClock();
   int64_t next_heartbeat = clock->NowNanosMonotonic();
-  while (!*stop && !reader_done) {
+  while (!stopping() && !reader_done) {
     core.Tick();
     std::vector<v1::AgentMessage> outgoing = core.TakeOutgoing();
     // A heartbeat due within half an interval rides on a progress batch that goes last (so it
@@ -197,7 +230,7 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, std::atomic<bool>
     *refused = rpc::FromGrpc(status);
     return registered;
   }
-  if (!*stop && (registered || !quiet)) {
+  if (!stopping.requested() && (registered || !quiet)) {
     TY_LOG(WARNING) << (registered ? "connection to the coordinator ended: "
                                    : "cannot connect to the coordinator: ")
                     << (status.ok() ? "OK" : status.error_message()) << " (code "
@@ -266,12 +299,13 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   absl::Duration backoff = kFirstBackoff;
   int failures = 0;       // connection attempts in a row that did not register
   int64_t last_said = 0;  // monotonic: when the last such failure was logged
-  while (!*stop) {
+  StopCondition stopping(stop, options.stop_grace, &core);
+  while (!stopping()) {
     absl::Status refused;
     const int64_t now = RealClock()->NowNanosMonotonic();
     const bool quiet = failures > 0 && now - last_said < absl::ToInt64Nanoseconds(kMaxQuietLog);
     if (!quiet) last_said = now;
-    if (RunSession(*stub, core, stop, &refused, quiet, wakeup)) {
+    if (RunSession(*stub, core, stopping, &refused, quiet, wakeup)) {
       if (failures > 1) TY_LOG(INFO) << "connected again after " << failures << " attempts";
       backoff = kFirstBackoff;
       failures = 0;
@@ -295,7 +329,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     core.OnDisconnected();
     // Keep watching the workers while disconnected; their exits wait for the next registration.
     const int64_t until = RealClock()->NowNanosMonotonic() + absl::ToInt64Nanoseconds(backoff);
-    while (!*stop && RealClock()->NowNanosMonotonic() < until) {
+    while (!stopping() && RealClock()->NowNanosMonotonic() < until) {
       core.Tick();
       RealClock()->SleepFor(std::min(kLoopPeriod, backoff));
     }

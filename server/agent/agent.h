@@ -45,15 +45,22 @@ struct AgentOptions {
   // The host or address other nodes reach this one at: its memory tier, and its workers'
   // collectives (TRAINYARD_GLOO_HOSTNAME). Empty: the hostname.
   std::string advertise_host;
+  // How a stop treats the workers. Zero: the agent stops at once and its workers keep running,
+  // for a restarted agent to adopt. Above zero (where the agent's end ends its workers too: a
+  // Slurm job step, a container): the agent sends each running worker SIGTERM, on which a worker
+  // asks the coordinator to drain its job (its ranks checkpoint at a step they agree on and exit;
+  // worker/termination.h), and goes on relaying their progress and reporting their exits until
+  // none runs or this long has passed.
+  absl::Duration stop_grace = absl::ZeroDuration();
 };
 
 // Runs the agent until *stop is true: connects to the coordinator, registers (reporting the
 // workers it still runs after a restart), heartbeats, carries out start/stop/log orders, and
 // reconnects with backoff (100 ms doubling up to max_reconnect_backoff) whenever the stream
-// breaks. Workers keep running when the agent stops; a restarted agent with the same work_dir
-// adopts them. Returns OK after stop. Errors, before connecting: INVALID_ARGUMENT for bad
-// options, NOT_FOUND when there is no worker binary, and the filesystem's error when work_dir
-// cannot be created.
+// breaks. Workers keep running when the agent stops (after their drain, with a stop_grace); a
+// restarted agent with the same work_dir adopts them. Returns OK after stop. Errors, before
+// connecting: INVALID_ARGUMENT for bad options, NOT_FOUND when there is no worker binary, and the
+// filesystem's error when work_dir cannot be created.
 [[nodiscard]] absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop);
 
 }  // namespace trainyard::server::agent

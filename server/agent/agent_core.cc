@@ -607,6 +607,19 @@ bool AgentCore::connected() const {
   return connected_;
 }
 
+int AgentCore::TerminateWorkers() {
+  absl::MutexLock lock(&mu_);
+  int signalled = 0;
+  for (const auto& [key, worker] : workers_) {
+    if (absl::Status sent = launcher_->SignalGroup(worker.record.process, SIGTERM); !sent.ok()) {
+      TY_LOG(WARNING) << sent;
+      continue;
+    }
+    ++signalled;
+  }
+  return signalled;
+}
+
 std::vector<WorkerRecord> AgentCore::running_workers() const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerRecord> records;

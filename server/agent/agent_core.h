@@ -119,6 +119,11 @@ class AgentCore {
   // registration.
   void ReturnUnsent(std::vector<v1::AgentMessage> messages);
 
+  // Sends SIGTERM to every running worker's process group (the worker's job drains on it, when
+  // the coordinator is not stopping the worker itself: worker/termination.h); returns how
+  // many it signalled. Their exits are reported as any exit is.
+  int TerminateWorkers();
+
   absl::Duration heartbeat_interval() const;
   bool connected() const;
   std::vector<WorkerRecord> running_workers() const;

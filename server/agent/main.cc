@@ -6,15 +6,17 @@
 //                   [--memory-tier-dir DIR] [--memory-tier-mb N] [--memory-tier-port PORT]
 //                   [--pass-env PATTERN]... [--advertise-host HOST]
 //                   [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE]
-//                   [--log-level LEVEL]
+//                   [--stop-grace-s SECONDS] [--log-level LEVEL]
 //
 // The memory tier (memory_tier.h) keeps the workers' in-memory snapshots: in DIR (default: a
 // directory of /dev/shm named after the node), at most N MiB (default: a quarter of the
 // machine's memory; 0: no tier), served on PORT (default: a free one).
 //
 // SIGTERM or SIGINT stops the agent; its workers keep running and a restarted agent with the
-// same --work-dir adopts them. Exit codes: 0 stopped; 2 bad flags, no worker binary or a refused
-// credential; 1 other.
+// same --work-dir adopts them. With --stop-grace-s (where the agent's end ends its workers too,
+// as a Slurm job step's does), it first sends them SIGTERM, on which their coordinator drains
+// their jobs, and stops once they have exited or SECONDS have passed. Exit codes: 0 stopped; 2 bad
+// flags, no worker binary or a refused credential; 1 other.
 #include <signal.h>
 
 #include <atomic>
@@ -45,6 +47,7 @@ ABSL_FLAG(std::string, token_file, "", "the agent's token");
 ABSL_FLAG(std::string, memory_tier_dir, "", "the workers' in-memory snapshots");
 ABSL_FLAG(int64_t, memory_tier_mb, -1, "their budget in MiB (0: none)");
 ABSL_FLAG(int, memory_tier_port, 0, "where peer agents send copies (0: a free port)");
+ABSL_FLAG(double, stop_grace_s, 0, "on a stop, how long draining workers may take to exit");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace trainyard::server::agent {
@@ -55,7 +58,7 @@ constexpr char kUsage[] =
     "[--work-dir DIR] [--worker-binary PATH] [--threads-per-worker N] [--memory-tier-dir DIR] "
     "[--memory-tier-mb N] [--memory-tier-port PORT] [--pass-env PATTERN]... "
     "[--advertise-host HOST] [--tls-ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE] "
-    "[--log-level LEVEL]";
+    "[--stop-grace-s SECONDS] [--log-level LEVEL]";
 
 constexpr char kHelp[] =
     "The node agent: registers this node's CPU slots and GPUs with the coordinator, and starts,\n"
@@ -81,13 +84,18 @@ constexpr char kHelp[] =
     "  --token-file FILE         the agent's token (trainyard-server token add --role agent);\n"
     "                            without one, only a client certificate the coordinator's token\n"
     "                            file maps to an agent identifies it\n"
+    "  --stop-grace-s SECONDS    on SIGTERM or SIGINT, first send the workers SIGTERM (their\n"
+    "                            coordinator then drains their jobs: the ranks checkpoint at a\n"
+    "                            step they agree on and exit), and stop once they have exited or\n"
+    "                            SECONDS have passed; for agents whose end ends their workers\n"
+    "                            (a Slurm job step, a container) (default: 0, stop at once)\n"
     "  --log-level LEVEL         debug, info, warning or error (default: info)\n"
     "\n"
-    "SIGTERM or SIGINT stops the agent; its workers keep running, and a restarted agent with the\n"
-    "same --work-dir adopts them. While another live agent has the same --node-id, the\n"
-    "coordinator refuses this one, which says so and asks again every 5 s. Exit codes: 0\n"
-    "stopped; 2 bad flags, no worker binary, or a credential the coordinator refuses; 1 other\n"
-    "errors.\n";
+    "SIGTERM or SIGINT stops the agent; its workers keep running (unless --stop-grace-s drained\n"
+    "them), and a restarted agent with the same --work-dir adopts them. While another live\n"
+    "agent has the same --node-id, the coordinator refuses this one, which says so and asks\n"
+    "again every 5 s. Exit codes: 0 stopped; 2 bad flags, no worker binary, or a credential the\n"
+    "coordinator refuses; 1 other errors.\n";
 
 std::atomic<bool> g_stop{false};
 
@@ -117,6 +125,7 @@ constexpr std::string_view kFlags[] = {"coordinator",
                                        "memory-tier-dir",
                                        "memory-tier-mb",
                                        "memory-tier-port",
+                                       "stop-grace-s",
                                        "log-level"};
 
 absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
@@ -160,6 +169,14 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
   if (options.memory_tier_port < 0 || options.memory_tier_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--memory-tier-port must be a port number, got ", options.memory_tier_port));
+  }
+  if (line.Has("stop-grace-s")) {
+    const double grace = absl::GetFlag(FLAGS_stop_grace_s);
+    if (!(grace >= 0 && grace <= 86400)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stop-grace-s must be a number of seconds from 0 to 86400, got ", grace));
+    }
+    options.stop_grace = absl::Seconds(grace);
   }
   if (line.Has("log-level")) {
     TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));

@@ -6,9 +6,11 @@
 #   2. sbatches a longer job that checkpoints, sends the preemption signal mid-run
 #      (scancel --signal=USR1 --batch), and requires the script to drain and requeue itself and
 #      the requeued run to resume from the drain's checkpoint and succeed;
-#   3. kills a running job's script and steps with SIGKILL and requeues it (as when a node
+#   3. kills every process of a running job with SIGKILL and requeues it (as when a node
 #      fails) and requires the requeued coordinator to carry on with the same job, resumed from
-#      its newest checkpoint.
+#      its newest checkpoint;
+#   4. cancels a running job with scancel (SIGTERM to the script and every step) and requires the
+#      job to drain at a checkpoint before Slurm ends it.
 # Every daemon is stopped by its pid at the end, also on failure. Skips (77) without root or
 # without the Slurm and munge programs.
 #
@@ -197,11 +199,14 @@ echo "== requeue"
 sed "s#$T/ckpt#$T/ckpt-requeue#; s/^name: long/name: requeued/" "$T/long.yaml" >"$T/requeued.yaml"
 id=$(sbatch_job requeued "$T/requeued.yaml") || fail "sbatch of the requeued job"
 wait_checkpoint "$T/ckpt-requeue"
-# A node failure: everything on the node dies at once, and no trap of the script runs (an
-# administrator's `scontrol requeue` would send SIGTERM first, and the script would drain). So
-# SIGKILL the script and every step, and let Slurm queue the job again, as it does a job whose
-# node failed.
-scancel --full --signal=KILL "$id" || fail "scancel --full --signal=KILL"
+# A node failure: everything on the node dies at once, and nothing drains (an administrator's
+# `scontrol requeue`, like scancel even with --signal=KILL, sends SIGTERM first, and the job
+# would drain). So SIGKILL every process Slurm counts as the job's, and let Slurm queue the job
+# again, as it does a job whose node failed.
+job_pids=$(scontrol listpids "$id" 2>/dev/null | awk 'NR > 1 && $1 ~ /^[0-9]+$/ {print $1}')
+[[ -n "$job_pids" ]] || fail "scontrol listpids $id lists no process"
+# shellcheck disable=SC2086  # one pid per word
+kill -KILL $job_pids 2>/dev/null
 for _ in $(seq 1 300); do
   [[ "$(job_field "$id" JobState)" =~ ^(RUNNING|COMPLETING)$ ]] || break
   sleep 0.2
@@ -214,3 +219,23 @@ resumed=$(grep -o "resumed from step [0-9]*" "$out" | tail -n 1 | grep -o "[0-9]
 [[ -n "$resumed" && "$resumed" -gt 0 ]] || fail "the job did not resume from a checkpoint after the requeue"
 grep -q "SUCCEEDED" "$out" || fail "the requeued job did not succeed"
 echo "ok: killed and requeued by Slurm, the same job resumed from step $resumed, COMPLETED with exit 0"
+
+# ---- 4: cancelled mid-run (scancel: SIGTERM to the script and every process of every step) ------
+# The ranks ask the coordinator, which drains the job and outlives the drain, as the agents do:
+# the job ends DRAINED at a checkpoint of the step its ranks agreed on, within Slurm's KillWait.
+echo "== scancel"
+sed "s#$T/ckpt#$T/ckpt-cancel#; s/^name: long/name: cancelled/" "$T/long.yaml" >"$T/cancelled.yaml"
+id=$(sbatch_job cancelled "$T/cancelled.yaml") || fail "sbatch of the cancelled job"
+wait_checkpoint "$T/ckpt-cancel"
+scancel "$id" || fail "scancel"
+wait_state "$id" CANCELLED 60
+out="$T/out-cancelled.txt"
+# The watch's outcome line: "JOB cancelled DRAINED after ... | drained at step N: checkpoint ...".
+grep -q " cancelled DRAINED " "$out" || fail "the cancelled job did not end DRAINED: $(tail -n 5 "$out")"
+drained=$(grep -o "drained at step [0-9]*" "$out" | tail -n 1 | grep -o "[0-9]*$")
+[[ -n "$drained" ]] || fail "the cancelled job's outcome names no drain checkpoint"
+compgen -G "$T/ckpt-cancel/step-$(printf %08d "$drained")-*" >/dev/null ||
+  fail "no checkpoint of step $drained in $T/ckpt-cancel"
+grep -q "drain_requested .*received" "$T/state-cancelled/server.log" ||
+  fail "the coordinator's log names no signal as the drain's cause"
+echo "ok: cancelled by Slurm, drained at step $drained with its checkpoint"

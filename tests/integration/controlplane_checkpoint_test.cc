@@ -2,15 +2,18 @@
 // workers and the trainyard CLI. A rank killed with SIGKILL costs the job only the steps since
 // the checkpoint the coordinator recorded, and the restarted job ends with exactly the loss of a
 // run nobody killed; `checkpoints` and `status` show the saves; `drain` stops a job at a
-// checkpoint that a resubmitted spec continues from; a bad resume_from is a clear failure.
+// checkpoint that a resubmitted spec continues from, and so do SIGTERM to a rank and, with
+// --drain-on-stop, to the coordinator; a bad resume_from is a clear failure.
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -195,6 +198,35 @@ TEST(ControlPlaneCheckpointTest, KilledRankResumesFromTheRecordedCheckpointWithT
   EXPECT_THAT(status.out, HasSubstr(newest.path()));
 }
 
+// The spec of a job of `cp` whose only checkpoint before its end is the one a drain takes (under
+// <dir>/ck), written to job.yaml.
+std::string DrainableSpec(ControlPlane& cp) {
+  return cp.WriteSpec("job.yaml",
+                      TinySpec(Job("ck", absl::StrCat("{dir: ", cp.dir(),
+                                                      "/ck, every_steps: ", 10 * kSteps, "}"))));
+}
+
+// Submits `spec` and waits until the job has made a step: its id, "" after a failure.
+std::string SubmitAndWaitForAStep(ControlPlane& cp, const std::string& spec) {
+  const std::string job_id = cp.Submit(spec);
+  if (job_id.empty()) return "";
+  EXPECT_TRUE(cp.WaitForStep(job_id, 1, 120)) << cp.Cli({"status", job_id}).out;
+  return job_id;
+}
+
+// A drained job of `cp`: DRAINED after one attempt, at a committed checkpoint before its last
+// step; its status, for more checks.
+v1::GetJobReply ExpectDrainedAtACheckpoint(ControlPlane& cp, const std::string& job_id) {
+  const v1::GetJobReply drained = cp.Status(job_id);
+  EXPECT_EQ(drained.job().state(), v1::JOB_STATE_DRAINED) << cp.Cli({"status", job_id}).out;
+  const v1::Checkpoint& last = drained.job().last_checkpoint();
+  EXPECT_GT(last.step(), 0);
+  EXPECT_LT(last.step(), kSteps) << "the drain must stop the job before its last step";
+  EXPECT_TRUE(IsCommittedCheckpoint(last.path())) << last.path();
+  EXPECT_EQ(drained.attempts_size(), 1) << "a drain, not a failure and a restart";
+  return drained;
+}
+
 TEST(ControlPlaneCheckpointTest, DrainedJobEndsAtACheckpointThatTheResubmittedSpecContinues) {
   ControlPlane cp("cp_ck_drain");
   cp.StartServer({.local_agent = true, .local_slots = 2});
@@ -202,12 +234,9 @@ TEST(ControlPlaneCheckpointTest, DrainedJobEndsAtACheckpointThatTheResubmittedSp
   ASSERT_FALSE(want.empty());
   const std::string ck = cp.dir() + "/ck";
   // No periodic save before the end: the drain's checkpoint is the only one.
-  const std::string spec = cp.WriteSpec(
-      "job.yaml",
-      TinySpec(Job("ck", absl::StrCat("{dir: ", ck, ", every_steps: ", 10 * kSteps, "}"))));
-  const std::string job_id = cp.Submit(spec);
+  const std::string spec = DrainableSpec(cp);
+  const std::string job_id = SubmitAndWaitForAStep(cp, spec);
   ASSERT_FALSE(job_id.empty());
-  ASSERT_TRUE(cp.WaitForStep(job_id, 1, 120)) << cp.Cli({"status", job_id}).out;
 
   const ProcessResult drain = cp.Cli({"drain", job_id, "--reason", "maintenance"});
   ASSERT_EQ(drain.exit_code, 0) << drain.err;
@@ -247,6 +276,51 @@ TEST(ControlPlaneCheckpointTest, DrainedJobEndsAtACheckpointThatTheResubmittedSp
   EXPECT_EQ(resumed.step, last.step()) << log;
   EXPECT_EQ(resumed.path, last.path()) << log;
   EXPECT_EQ(ExactFinalLoss(log), want) << log;
+}
+
+// A batch system ending a job (Slurm's scancel, a preemption) sends SIGTERM to every process of
+// it. A rank that receives it asks the coordinator, which drains the job: every rank checkpoints
+// at a step they agree on and exits 0, as `trainyard drain` has them do.
+TEST(ControlPlaneCheckpointTest, SigtermToARankDrainsTheJobAtACheckpoint) {
+  ControlPlane cp("cp_ck_sigterm");
+  cp.StartServer({.local_agent = true, .local_slots = 2});
+  const std::string job_id = SubmitAndWaitForAStep(cp, DrainableSpec(cp));
+  ASSERT_FALSE(job_id.empty());
+  const std::vector<int64_t> pids = cp.WorkerPids();
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(static_cast<pid_t>(pids[1]), SIGTERM), 0);
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 120);
+  EXPECT_EQ(watch.exit_code, 5) << watch.out << watch.err;
+  const v1::GetJobReply drained = ExpectDrainedAtACheckpoint(cp, job_id);
+  const std::string status = cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(status, HasSubstr("received SIGTERM")) << status;
+  ASSERT_EQ(drained.attempts_size(), 1);
+  ASSERT_EQ(drained.attempts(0).exits_size(), 2);
+  for (const v1::RankExit& exit : drained.attempts(0).exits()) {
+    EXPECT_EQ(exit.signal(), 0) << "rank " << exit.rank();
+    EXPECT_EQ(exit.exit_code(), 0) << "rank " << exit.rank();
+  }
+}
+
+// The coordinator's own SIGTERM, with --drain-on-stop (a coordinator whose end ends the jobs, as
+// in a Slurm allocation): it drains every running job, stops once they have ended, and the
+// next start finds them DRAINED at their checkpoints.
+TEST(ControlPlaneCheckpointTest, DrainOnStopDrainsTheRunningJobsBeforeTheCoordinatorExits) {
+  ControlPlane cp("cp_ck_drain_on_stop");
+  ServerOptions options{.local_agent = true, .local_slots = 2};
+  options.extra_args = {"--drain-on-stop", "60"};
+  cp.StartServer(options);
+  const std::string job_id = SubmitAndWaitForAStep(cp, DrainableSpec(cp));
+  ASSERT_FALSE(job_id.empty());
+
+  const std::optional<int> exited = cp.StopServer(SIGTERM, 60);
+  ASSERT_TRUE(exited.has_value()) << "the coordinator did not stop within 60 s";
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;
+  cp.StartServer(options);
+  ExpectDrainedAtACheckpoint(cp, job_id);
+  const std::string status = cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(status, HasSubstr("the coordinator received Terminated")) << status;
 }
 
 // The coordinator does not look at the path (it may exist only on the workers' nodes); the ranks

@@ -167,6 +167,15 @@ void ControlPlane::KillServer() {
   server_.reset();
 }
 
+std::optional<int> ControlPlane::StopServer(int signal, double timeout_s) {
+  if (!server_) return std::nullopt;
+  server_->Signal(signal);
+  const std::optional<int> code =
+      server_->Wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  KillServer();
+  return code;
+}
+
 bool ControlPlane::ServerRunning() { return server_ != nullptr && server_->running(); }
 
 void ControlPlane::StartAgent(const std::string& node_id, int slots,

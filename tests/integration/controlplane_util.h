@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ class ControlPlane {
   // picks a free port; later starts (after KillServer) listen on the same one.
   void StartServer(const ServerOptions& options = ServerOptions());
   void KillServer();  // SIGKILL, no chance to clean up
+  // Sends the server `signal` and waits up to `timeout_s` for it to exit: its wait status (as
+  // waitpid gives it), or nullopt when it still ran (it is then killed). StartServer may follow.
+  std::optional<int> StopServer(int signal, double timeout_s);
   bool ServerRunning();
   // `env`: "NAME=value" entries for the agent (and, for TRAINYARD_*, its workers).
   // `extra_args`: more trainyard-agent flags. Each agent's memory tier is <dir>/tier-<node>.

@@ -551,6 +551,18 @@ TEST_F(ServerApiTest, RefusesExposedAddressWithoutTlsAndASecondServerOnTheSameSt
   EXPECT_THAT(twice.err, HasSubstr("another coordinator"));
   ProcessResult bad_flag = RunProcess({binary, "--frobnicate"}, 30);
   EXPECT_EQ(bad_flag.exit_code, 2);
+  for (const char* seconds : {"0", "-5", "soon", "90000"}) {
+    ProcessResult bad_drain = RunProcess({binary, "--drain-on-stop", seconds}, 30);
+    EXPECT_EQ(bad_drain.exit_code, 2) << seconds;
+    EXPECT_THAT(bad_drain.err, HasSubstr("--drain-on-stop")) << seconds;
+  }
+  const std::string agent = BinaryDir() + "/server/agent/trainyard-agent";
+  for (const char* seconds : {"-1", "soon", "90000"}) {
+    ProcessResult bad_grace =
+        RunProcess({agent, "--coordinator", "127.0.0.1:1", "--stop-grace-s", seconds}, 30);
+    EXPECT_EQ(bad_grace.exit_code, 2) << seconds;
+    EXPECT_THAT(bad_grace.err, HasSubstr("stop-grace-s")) << seconds;
+  }
   EXPECT_TRUE(server_->process().running());
 }
 

@@ -69,6 +69,16 @@ class SupervisorCheckpointTest : public SupervisorTest {
     return supervisor_->ReportProgress(update);
   }
 
+  // A termination notice: the rank received SIGTERM.
+  absl::StatusOr<OrderReply> Terminated(const std::string& id, int attempt, int rank) {
+    ProgressUpdate update;
+    update.job_id = id;
+    update.attempt_id = attempt;
+    update.rank = rank;
+    update.terminated = true;
+    return supervisor_->ReportProgress(update);
+  }
+
   std::vector<CheckpointInfo> Checkpoints(const std::string& id) {
     auto records = supervisor_->ListCheckpoints(id);
     EXPECT_TRUE(records.ok()) << records.status();
@@ -289,6 +299,46 @@ TEST_F(SupervisorCheckpointTest, DrainOrdersEveryRankAndEndsDrainedAtTheCheckpoi
   EXPECT_EQ(supervisor_->Cancel(id, "").status().code(), absl::StatusCode::kFailedPrecondition);
   Restart();
   EXPECT_EQ(State(id), JobState::kDrained);
+}
+
+// SIGTERM from outside the control plane (a batch system ending the job) drains the job; the
+// notice is no progress report: the job's progress stays rank 0's last.
+TEST_F(SupervisorCheckpointTest, ARanksSigtermDrainsTheJob) {
+  const std::string id = StartJob(CheckpointedSpec("signalled"));
+  ASSERT_EQ(Report(id, 1, 0, 3)->order, WorkerOrder::kContinue);
+  ASSERT_EQ(Terminated(id, 1, 1)->order, WorkerOrder::kDrain);
+  JobView view = View(id);
+  EXPECT_TRUE(view.job.drain_requested);
+  EXPECT_EQ(view.job.progress.step, 3);
+  EXPECT_EQ(view.events.back().kind, "drain_requested");
+  EXPECT_THAT(view.events.back().cause, HasSubstr("rank 1 of attempt 1 received SIGTERM"));
+  EXPECT_TRUE(agent_.channel->TakeOf<StopWorkersOrder>().empty());  // no one is killed
+  // Every rank gets the signal: one event, the same answer.
+  ASSERT_EQ(Terminated(id, 1, 0)->order, WorkerOrder::kDrain);
+  EXPECT_EQ(View(id).events.size(), view.events.size());
+  EXPECT_EQ(Report(id, 1, 0, 4)->order, WorkerOrder::kDrain);
+  ASSERT_TRUE(Report(id, 1, 0, 4, {Save(4, CheckpointState::kCommitted)}).ok());
+  Exit(agent_, id, 1, 0, 0);
+  Exit(agent_, id, 1, 1, 0);
+  EXPECT_EQ(State(id), JobState::kDrained);
+  EXPECT_EQ(View(id).job.message, "drained at step 4: checkpoint ckpt/run/step-4");
+}
+
+// The coordinator's own stop sends SIGTERM too: a rank of a job being cancelled, or of an attempt
+// being stopped, is told to exit, and nothing is drained.
+TEST_F(SupervisorCheckpointTest, ASigtermOfACancelMeansExit) {
+  const std::string cancelled = StartJob(CheckpointedSpec("cancelled"));
+  ASSERT_TRUE(supervisor_->Cancel(cancelled, "").ok());
+  EXPECT_EQ(Terminated(cancelled, 1, 0)->order, WorkerOrder::kStop);
+  EXPECT_FALSE(View(cancelled).job.drain_requested);
+}
+
+TEST_F(SupervisorCheckpointTest, ASigtermOfAStoppingAttemptMeansExit) {
+  const std::string failing = StartJob(CheckpointedSpec("failing", "2", /*max_restarts=*/2));
+  Exit(agent_, failing, 1, 1, 3);  // the attempt stops; rank 0 gets SIGTERM from its agent
+  EXPECT_EQ(Terminated(failing, 1, 0)->order, WorkerOrder::kStop);
+  EXPECT_FALSE(View(failing).job.drain_requested);
+  EXPECT_EQ(Terminated(failing, 9, 0).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(SupervisorCheckpointTest, DrainSurvivesACoordinatorRestart) {

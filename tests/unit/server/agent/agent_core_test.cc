@@ -24,6 +24,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::UnorderedElementsAre;
 using ::trainyard::server::agent::testing::ReadWholeFile;
 using ::trainyard::server::agent::testing::TempDir;
 using ::trainyard::server::agent::testing::WriteFile;
@@ -338,6 +339,33 @@ TEST_F(AgentCoreTest, StopWithoutGraceKillsAtOnce) {
   const int64_t pid = StartedPid(*core, "j-1", 1, 0);
   core->Handle(StopOrder("j-1", 1, {}, 0));
   EXPECT_THAT(launcher_.signals(), ElementsAre(std::make_pair(pid, SIGKILL)));
+}
+
+// An agent stopping with a grace (a Slurm job step's): every worker gets SIGTERM, its job drains,
+// and its exit is its own (code 0, not stopped by the coordinator).
+TEST_F(AgentCoreTest, TerminateWorkersSendsEveryWorkerTerm) {
+  std::unique_ptr<AgentCore> core = NewCore();
+  Connect(*core);
+  const int64_t a = StartedPid(*core, "j-1", 1, 0);
+  const int64_t b = StartedPid(*core, "j-2", 1, 0);
+  launcher_.IgnoreTerm(a);
+  launcher_.IgnoreTerm(b);
+  EXPECT_EQ(core->TerminateWorkers(), 2);
+  EXPECT_THAT(launcher_.signals(),
+              UnorderedElementsAre(std::make_pair(a, SIGTERM), std::make_pair(b, SIGTERM)));
+  core->Tick();
+  EXPECT_EQ(core->running_workers().size(), 2u) << "draining workers still run";
+  launcher_.Exit(a, ProcessExit{.exit_code = 0});
+  launcher_.Exit(b, ProcessExit{.exit_code = 0});
+  core->Tick();
+  const std::vector<v1::WorkerExited> exits = Exits(core->TakeOutgoing());
+  ASSERT_EQ(exits.size(), 2u);
+  for (const v1::WorkerExited& exit : exits) {
+    EXPECT_EQ(exit.exit().exit_code(), 0);
+    EXPECT_FALSE(exit.exit().stopped());
+  }
+  EXPECT_TRUE(core->running_workers().empty());
+  EXPECT_EQ(core->TerminateWorkers(), 0);
 }
 
 TEST_F(AgentCoreTest, StopSelectsTheAttemptAndRanks) {
