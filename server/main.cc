@@ -306,6 +306,7 @@ bool SignalWithin(absl::Duration timeout) {
 // their checkpoints and exit through this coordinator) until each has ended, `grace` has passed or
 // another signal came.
 void DrainBeforeStop(Supervisor& supervisor, absl::Duration grace, const std::string& why) {
+  supervisor.HoldQueue();
   std::vector<std::string> draining;
   for (const JobRecord& job : supervisor.ListJobs(
            {JobState::kStarting, JobState::kRunning, JobState::kRestarting}, /*limit=*/0)) {

@@ -730,6 +730,11 @@ void Supervisor::Tick() {
   RunAfter(txn);
 }
 
+void Supervisor::HoldQueue() {
+  absl::MutexLock lock(&mu_);
+  queue_held_ = true;
+}
+
 void Supervisor::Shutdown() {
   Txn txn;
   SoftStateBatch soft;

@@ -367,6 +367,10 @@ class Supervisor {
   // Refuses new work with UNAVAILABLE and ends every waiter and watcher. Jobs keep running:
   // a restarted coordinator adopts them.
   void Shutdown();
+  // Starts no queued job from now on, while everything else goes on: for a coordinator that
+  // drains its jobs before it stops (trainyard-server --drain-on-stop), so that the slots the
+  // drained jobs free are not taken by a job that would only be stopped.
+  void HoldQueue();
 
   MetricsSnapshot Metrics();
   std::vector<NodeStatus> Nodes();
@@ -656,6 +660,7 @@ class Supervisor {
   int64_t max_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool queue_held_ ABSL_GUARDED_BY(mu_) = false;  // HoldQueue
   std::map<std::string, int64_t> restarts_by_cause_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> failures_by_class_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Histogram> detection_seconds_ ABSL_GUARDED_BY(mu_);

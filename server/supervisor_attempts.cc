@@ -74,7 +74,7 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
 }  // namespace
 
 void Supervisor::ScheduleLocked(Txn& txn) {
-  if (scheduler_.size() == 0 || shutting_down_) return;
+  if (scheduler_.size() == 0 || shutting_down_ || queue_held_) return;
   // Only the nodes the queued jobs could take, from the registry's best-fit index: a pass costs
   // O(demand · log nodes), not a view of the whole cluster (Scheduler::Demands says why that
   // places the same).

@@ -156,7 +156,11 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgress(const ProgressUpdate& upda
   {
     absl::MutexLock lock(&mu_);
     reply = ReportProgressLocked(txn, update, /*node_id=*/nullptr);
-    CommitLocked(txn).IgnoreError();
+    const absl::Status committed = CommitLocked(txn);
+    // A drain a termination notice asked for must be stored before the rank drains: if it were
+    // lost with the coordinator, ranks that exit 0 would end the job SUCCEEDED. Unstored, the
+    // worker gets the error and ends as SIGTERM ends it, a failure the job may restart from.
+    if (update.terminated && !committed.ok()) reply = committed;
   }
   RunAfter(txn);
   return reply;
@@ -249,7 +253,9 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
 OrderReply Supervisor::TerminatedLocked(Txn& txn, JobEntry& entry, const AttemptRecord& attempt,
                                         int rank) {
   OrderReply reply;
-  if (attempt.state == AttemptState::kStopping || entry.job.cancel_requested) {
+  // (A rank whose exit is recorded already is a stray the coordinator is stopping.)
+  if (attempt.state == AttemptState::kStopping || entry.job.cancel_requested ||
+      attempt.ranks[rank].exit.has_value()) {
     reply.order = WorkerOrder::kStop;
     return reply;
   }

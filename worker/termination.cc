@@ -40,12 +40,17 @@ TerminationWatcher::TerminationWatcher(Ask ask, std::atomic<bool>* drain, Termin
   action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, nullptr);
   thread_ = std::thread([this] { Loop(); });
+  // The agent starts workers with SIGTERM blocked; one that came before now reaches the handler.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
 }
 
 TerminationWatcher::~TerminationWatcher() {
-  signal(SIGTERM, SIG_DFL);
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  signal(SIGTERM, SIG_DFL);
 }
 
 void TerminationWatcher::Loop() {
@@ -63,6 +68,7 @@ void TerminationWatcher::Loop() {
       }
       continue;
     }
+    if (stop_) return;  // the worker is ending on its own: no reason to end it here
     TY_LOG(INFO) << "SIGTERM: "
                  << (order.ok() ? "the coordinator is stopping this rank"
                                 : "the coordinator did not answer (" +

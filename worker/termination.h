@@ -29,9 +29,12 @@ class TerminationWatcher {
   // What ends the process (tests replace it); by default SIGTERM's own action.
   using Terminate = std::function<void()>;
 
-  // Installs the SIGTERM handler (one watcher per process) and starts the thread.
+  // Installs the SIGTERM handler (one watcher per process), starts the thread, and unblocks
+  // SIGTERM in the calling thread (the agent starts workers with it blocked, so that one sent
+  // before the handler was in place waits for it).
   TerminationWatcher(Ask ask, std::atomic<bool>* drain, Terminate terminate = DefaultTerminate);
-  // Stops the thread and restores SIGTERM's default action.
+  // Stops the thread (a SIGTERM whose answer comes after this ends nothing: the worker is ending
+  // anyway) and restores SIGTERM's default action.
   ~TerminationWatcher();
   TerminationWatcher(const TerminationWatcher&) = delete;
   TerminationWatcher& operator=(const TerminationWatcher&) = delete;

@@ -32,6 +32,8 @@ namespace trainyard::server::agent {
 namespace {
 
 constexpr absl::Duration kLoopPeriod = absl::Milliseconds(50);
+// How long a stopping agent with a grace waits for the coordinator to end the stream.
+constexpr absl::Duration kGracefulClose = absl::Seconds(3);
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
 // While the coordinator stays unreachable, the agent says so once per this long, not at every try.
 constexpr absl::Duration kMaxQuietLog = absl::Minutes(1);
@@ -130,26 +132,31 @@ absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRe
 }
 
 // When the agent stops: at once when the stop flag is set, or with a stop grace
-// (AgentOptions::stop_grace) once the workers, sent SIGTERM at the stop, have exited or the grace
-// has passed.
+// (AgentOptions::stop_grace) once the workers, sent SIGTERM at the stop (and any started since,
+// when they are first seen), have exited or the grace has passed.
 class StopCondition {
  public:
   StopCondition(std::atomic<bool>* stop, absl::Duration grace, AgentCore* core)
       : stop_(stop), grace_(grace), core_(core) {}
 
   bool requested() const { return *stop_; }
+  // A stop with a grace ends the coordinator's stream only after it has what the workers' ends
+  // produced.
+  bool graceful() const { return *stop_ && grace_ > absl::ZeroDuration(); }
 
   // True when the agent should stop now.
   bool operator()() {
     if (!*stop_) return false;
     if (grace_ <= absl::ZeroDuration()) return true;
     const int64_t now = RealClock()->NowNanosMonotonic();
+    const int signalled = core_->TerminateWorkers();
     if (!deadline_) {
       deadline_ = now + absl::ToInt64Nanoseconds(grace_);
-      const int signalled = core_->TerminateWorkers();
       TY_LOG(INFO) << "stopping: sent SIGTERM to " << signalled
                    << " workers, whose jobs drain; waiting up to " << absl::FormatDuration(grace_)
                    << " for them to exit";
+    } else if (signalled > 0) {
+      TY_LOG(INFO) << "stopping: sent SIGTERM to " << signalled << " workers started since";
     }
     return core_->running_workers().empty() || now >= *deadline_;
   }
@@ -218,6 +225,13 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, StopCondition& st
       next_heartbeat = clock->NowNanosMonotonic() + interval;
     }
     wakeup.WaitFor(kLoopPeriod);
+  }
+  if (stopping.graceful() && !reader_done) {
+    // The workers' last reports and exits went out just now: half-close, so that the coordinator
+    // handles them before it ends the stream, and cancel only if it does not end it soon.
+    stream->WritesDone();
+    const int64_t until = clock->NowNanosMonotonic() + absl::ToInt64Nanoseconds(kGracefulClose);
+    while (!reader_done && clock->NowNanosMonotonic() < until) wakeup.WaitFor(kLoopPeriod);
   }
   // A stream the coordinator ended carries its status (a refusal says why): cancel only one
   // this side gives up on.

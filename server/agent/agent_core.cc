@@ -336,6 +336,9 @@ void AgentCore::Start(const v1::StartWorker& order) {
                   absl::StrCat(order.rank())};
   request.env = *std::move(env);
   request.log_path = log_path;
+  // Until the worker's own handler is in place (worker/termination.h): a SIGTERM that comes
+  // earlier waits for it instead of ending the worker.
+  request.blocked_signals = {SIGTERM};
   absl::StatusOr<ProcessId> process = launcher_->Launch(request);
   if (!process.ok()) {
     ReportLaunchFailure(order, std::string(process.status().message()));
@@ -610,7 +613,9 @@ bool AgentCore::connected() const {
 int AgentCore::TerminateWorkers() {
   absl::MutexLock lock(&mu_);
   int signalled = 0;
-  for (const auto& [key, worker] : workers_) {
+  for (auto& [key, worker] : workers_) {
+    if (worker.terminated) continue;
+    worker.terminated = true;
     if (absl::Status sent = launcher_->SignalGroup(worker.record.process, SIGTERM); !sent.ok()) {
       TY_LOG(WARNING) << sent;
       continue;

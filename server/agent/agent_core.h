@@ -119,9 +119,10 @@ class AgentCore {
   // registration.
   void ReturnUnsent(std::vector<v1::AgentMessage> messages);
 
-  // Sends SIGTERM to every running worker's process group (the worker's job drains on it, when
-  // the coordinator is not stopping the worker itself: worker/termination.h); returns how
-  // many it signalled. Their exits are reported as any exit is.
+  // Sends SIGTERM to every running worker's process group that it has not sent it yet (the
+  // worker's job drains on it, when the coordinator is not stopping the worker itself:
+  // worker/termination.h); returns how many it signalled now. Their exits are reported as any
+  // exit is.
   int TerminateWorkers();
 
   absl::Duration heartbeat_interval() const;
@@ -137,6 +138,7 @@ class AgentCore {
     WorkerRecord record;
     bool stopping = false;
     bool killed = false;
+    bool terminated = false;    // TerminateWorkers sent it SIGTERM
     int64_t kill_at_nanos = 0;  // monotonic
     std::string stop_reason;
   };

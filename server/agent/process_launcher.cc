@@ -30,7 +30,8 @@ class RealProcessLauncher : public ProcessLauncher {
     TY_ASSIGN_OR_RETURN(const pid_t pid, Spawn({.argv = request.argv,
                                                 .env = request.env,
                                                 .stdout_path = request.log_path,
-                                                .stderr_path = request.log_path}));
+                                                .stderr_path = request.log_path,
+                                                .blocked_signals = request.blocked_signals}));
     // A child that already exited is a zombie until reaped, and keeps its start time.
     return ProcessId{pid, ProcessStartTicks(pid, /*include_ended=*/true).value_or(0)};
   }

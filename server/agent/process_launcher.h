@@ -28,6 +28,9 @@ struct LaunchRequest {
   std::vector<std::string> env;
   // stdout and stderr are appended to this file (created 0644 when missing); stdin is /dev/null.
   std::string log_path;
+  // Signals blocked in the process across exec, for a program that installs its own handler for
+  // them first (a worker's SIGTERM: worker/termination.h).
+  std::vector<int> blocked_signals;
 };
 
 struct ProcessId {

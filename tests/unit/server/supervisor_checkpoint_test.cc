@@ -341,6 +341,32 @@ TEST_F(SupervisorCheckpointTest, ASigtermOfAStoppingAttemptMeansExit) {
   EXPECT_EQ(Terminated(failing, 9, 0).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A rank whose exit the coordinator has recorded, still seen running (a stray it stops), is told
+// to exit; its attempt goes on.
+TEST_F(SupervisorCheckpointTest, ASigtermOfARankThatExitedAlreadyMeansExit) {
+  const std::string id = StartJob(CheckpointedSpec("stray"));
+  Exit(agent_, id, 1, 1, 0);
+  EXPECT_EQ(Terminated(id, 1, 1)->order, WorkerOrder::kStop);
+  EXPECT_FALSE(View(id).job.drain_requested);
+  EXPECT_EQ(State(id), JobState::kRunning);
+}
+
+// A coordinator that drains before it stops holds the queue: the slots drained jobs free go to
+// nobody.
+TEST_F(SupervisorCheckpointTest, AHeldQueueStartsNoJob) {
+  const std::string running = StartJob(CheckpointedSpec("running"));
+  const std::string queued = Submit(CheckpointedSpec("queued"));
+  EXPECT_EQ(State(queued), JobState::kQueued);
+  supervisor_->HoldQueue();
+  ASSERT_TRUE(supervisor_->Drain(running, "").ok());
+  Exit(agent_, running, 1, 0, 0);
+  Exit(agent_, running, 1, 1, 0);
+  EXPECT_EQ(State(running), JobState::kDrained);
+  supervisor_->Tick();
+  EXPECT_EQ(State(queued), JobState::kQueued);
+  EXPECT_TRUE(agent_.channel->TakeOf<StartWorkerOrder>().empty());
+}
+
 TEST_F(SupervisorCheckpointTest, DrainSurvivesACoordinatorRestart) {
   const std::string id = StartJob(CheckpointedSpec("durable"));
   ASSERT_TRUE(supervisor_->Drain(id, "").ok());

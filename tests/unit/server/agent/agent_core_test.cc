@@ -368,6 +368,26 @@ TEST_F(AgentCoreTest, TerminateWorkersSendsEveryWorkerTerm) {
   EXPECT_EQ(core->TerminateWorkers(), 0);
 }
 
+// Each worker gets one SIGTERM, also one started after the first call (a start order that
+// crossed the stop); and every worker starts with SIGTERM blocked, until its own handler is in
+// place.
+TEST_F(AgentCoreTest, TerminateWorkersSignalsEachWorkerOnceAndLateStartsToo) {
+  std::unique_ptr<AgentCore> core = NewCore();
+  Connect(*core);
+  const int64_t a = StartedPid(*core, "j-1", 1, 0);
+  launcher_.IgnoreTerm(a);
+  EXPECT_EQ(core->TerminateWorkers(), 1);
+  EXPECT_EQ(core->TerminateWorkers(), 0);
+  const int64_t b = StartedPid(*core, "j-1", 1, 1);
+  launcher_.IgnoreTerm(b);
+  EXPECT_EQ(core->TerminateWorkers(), 1);
+  EXPECT_THAT(launcher_.signals(),
+              ElementsAre(std::make_pair(a, SIGTERM), std::make_pair(b, SIGTERM)));
+  for (const LaunchRequest& launch : launcher_.launches()) {
+    EXPECT_THAT(launch.blocked_signals, ElementsAre(SIGTERM));
+  }
+}
+
 TEST_F(AgentCoreTest, StopSelectsTheAttemptAndRanks) {
   std::unique_ptr<AgentCore> core = NewCore();
   Connect(*core);
