@@ -149,6 +149,13 @@ wait_checkpoint() {  # DIR: a committed checkpoint appears there within 60 s
   done
   fail "no checkpoint in $1 within 60 s"
 }
+wait_recorded() {  # NAME: the coordinator of job NAME has recorded a checkpoint, within 60 s
+  for _ in $(seq 1 600); do
+    grep -q "checkpoint of step [0-9]* committed" "$T/state-$1/server.log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "the coordinator of $1 recorded no checkpoint within 60 s"
+}
 # Slurm holds a requeued job until its begin time (about two minutes later): release it, and
 # require it to run to the end with exit code 0. slurmd revoked the first run's credential at the
 # requeue and refuses a credential created in the same whole second ("Job credential revoked",
@@ -199,6 +206,9 @@ echo "== requeue"
 sed "s#$T/ckpt#$T/ckpt-requeue#; s/^name: long/name: requeued/" "$T/long.yaml" >"$T/requeued.yaml"
 id=$(sbatch_job requeued "$T/requeued.yaml") || fail "sbatch of the requeued job"
 wait_checkpoint "$T/ckpt-requeue"
+# A node failure between a checkpoint's commit and the coordinator's record of it resumes from the
+# record before (here: from scratch); the case is about carrying on, so it waits for the record.
+wait_recorded requeued
 # A node failure: everything on the node dies at once, and nothing drains (an administrator's
 # `scontrol requeue`, like scancel even with --signal=KILL, sends SIGTERM first, and the job
 # would drain). So SIGKILL every process Slurm counts as the job's, and let Slurm queue the job
