@@ -407,21 +407,15 @@ absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
       s.error_message(), "); a newer attempt may own the job"));
 }
 
-// What a SIGTERM means for this rank (ProgressReport.terminated), asked of the coordinator
-// directly: a relay forwards reports in batches, and a stop should not wait for one.
-absl::StatusOr<v1::Order> AskTermination(v1::WorkerService::StubInterface& stub,
-                                         const CoordinatedOptions& options,
-                                         absl::Duration timeout) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+// The report that asks the coordinator what a SIGTERM means for this rank (a termination
+// notice, ProgressReport.terminated).
+v1::ProgressReport TerminationNotice(const CoordinatedOptions& options) {
   v1::ProgressReport report;
   report.set_job_id(options.job_id);
   report.set_attempt_id(options.attempt_id);
   report.set_rank(options.rank);
   report.set_terminated(true);
-  v1::ProgressReply reply;
-  TY_RETURN_IF_ERROR(rpc::FromGrpc(stub.ReportProgress(&context, report, &reply)));
-  return reply.order();
+  return report;
 }
 
 }  // namespace
@@ -467,8 +461,15 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   std::shared_ptr<v1::WorkerService::StubInterface> stub =
       v1::WorkerService::NewStub(std::move(coordinator_channel));
   std::atomic<bool> drain{false};  // the coordinator's drain order, or a SIGTERM it answered so
+  // Asked directly, not through the agent's relay, which forwards reports in batches: a stop
+  // should not wait for one.
+  const std::unique_ptr<ProgressChannel> direct = MakeGrpcProgressChannel(stub);
   TerminationWatcher termination(
-      [&stub, &options](absl::Duration timeout) { return AskTermination(*stub, options, timeout); },
+      [&direct,
+       notice = TerminationNotice(options)](absl::Duration timeout) -> absl::StatusOr<v1::Order> {
+        TY_ASSIGN_OR_RETURN(const v1::ProgressReply reply, direct->Report(notice, timeout));
+        return reply.order();
+      },
       &drain);
   TY_ASSIGN_OR_RETURN(const v1::JoinReply joined, Join(*stub, options));
   TY_ASSIGN_OR_RETURN(const config::JobSpec spec, SpecOfAttempt(joined, options));
