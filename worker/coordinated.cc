@@ -451,6 +451,22 @@ absl::StatusOr<std::unique_ptr<ProgressChannel>> ProgressChannelFor(
       MakeGrpcProgressChannel(std::move(coordinator)));
 }
 
+// The log's first line: who this rank is, on which mesh, and what it will train.
+void PrintRankBanner(const CoordinatedOptions& options, const config::JobSpec& spec,
+                     const v1::JoinReply& joined, const Backend& backend) {
+  const std::string cp_text = spec.parallelism.cp > 1
+                                  ? absl::StrFormat(" cp %d", spec.parallelism.cp)
+                                  : std::string();  // shown only where there is a ring
+  std::cout << absl::StrFormat(
+                   "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d%s tp %d pp %d "
+                   "ZeRO-%d | %d steps of %d x %d tokens on %s\n",
+                   options.job_id, spec.name, options.attempt_id, options.rank, joined.world_size(),
+                   joined.node_id(), spec.parallelism.dp, cp_text, spec.parallelism.tp,
+                   spec.parallelism.pp, spec.parallelism.zero, spec.training.steps,
+                   spec.training.batch, spec.training.seq_len, backend.name())
+            << std::flush;
+}
+
 }  // namespace
 
 absl::Status RunCoordinated(const CoordinatedOptions& options) {
@@ -490,17 +506,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   TY_ASSIGN_OR_RETURN(Placement placement, PlaceRank(spec, /*local_rank=*/0, /*ranks_on_node=*/1,
                                                      threads, SystemDeviceProbe()));
   std::unique_ptr<Backend> backend = std::move(placement.backend);
-  const std::string cp_text = spec.parallelism.cp > 1
-                                  ? absl::StrFormat(" cp %d", spec.parallelism.cp)
-                                  : std::string();  // shown only where there is a ring
-  std::cout << absl::StrFormat(
-                   "job %s (%s) attempt %d: rank %d of %d on node %s | mesh dp %d%s tp %d pp %d "
-                   "ZeRO-%d | %d steps of %d x %d tokens on %s\n",
-                   options.job_id, spec.name, options.attempt_id, options.rank, joined.world_size(),
-                   joined.node_id(), spec.parallelism.dp, cp_text, spec.parallelism.tp,
-                   spec.parallelism.pp, spec.parallelism.zero, spec.training.steps,
-                   spec.training.batch, spec.training.seq_len, backend->name())
-            << std::flush;
+  PrintRankBanner(options, spec, joined, *backend);
 
   GrpcKeyValueStore store(stub, joined.kv_prefix());
   RankContext rank = RankContextFor(options, placement.collectives, &store, &waits);
