@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -541,8 +542,23 @@ std::vector<std::string> ResumeCandidates(FileSystem& fs, const config::Checkpoi
       if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
     }
   };
-  if (!recorded.empty()) add({recorded});
-  if (!spec.dir.empty() && fs.IsDirectory(spec.dir)) add(CheckpointsAt(fs, spec.dir));
+  // The coordinator records a checkpoint when rank 0 reports it, so one committed just before a
+  // node died can be newer than the record: the record goes before the directory's checkpoints of
+  // its step or older, not before all of them.
+  const std::optional<int64_t> recorded_step =
+      recorded.empty() ? std::nullopt : StepOfDirName(recorded.substr(recorded.rfind('/') + 1));
+  bool recorded_added = recorded.empty();
+  if (!spec.dir.empty() && fs.IsDirectory(spec.dir)) {
+    for (const std::string& path : CheckpointsAt(fs, spec.dir)) {
+      const std::optional<int64_t> step = StepOfDirName(path.substr(path.rfind('/') + 1));
+      if (!recorded_added && (!recorded_step || !step || *step <= *recorded_step)) {
+        add({recorded});
+        recorded_added = true;
+      }
+      add({path});
+    }
+  }
+  if (!recorded_added) add({recorded});
   if (!spec.resume_from.empty()) add(CheckpointsAt(fs, spec.resume_from));
   return out;
 }

@@ -137,10 +137,12 @@ struct StateSink {
                                              const Manifest& manifest,
                                              const ParameterLayout& layout, const StateSink& sink);
 
-// The checkpoints a run tries to resume from, best first: `recorded` (the coordinator's newest
-// committed one, when given), then checkpoint.dir's committed ones newest first, then
-// checkpoint.resume_from (a checkpoint, or a directory's committed ones newest first). The first
-// that loads on every rank wins; none: the run starts from step 0.
+// The checkpoints a run tries to resume from, best first: checkpoint.dir's committed ones newest
+// first with `recorded` (the coordinator's newest committed one, when given) before those of its
+// step or older, then checkpoint.resume_from (a checkpoint, or a directory's committed ones
+// newest first). A checkpoint newer than the record is one committed whose report never reached
+// the coordinator (its node died first). The first that loads on every rank wins; none: the run
+// starts from step 0.
 std::vector<std::string> ResumeCandidates(FileSystem& fs, const config::CheckpointSpec& spec,
                                           const std::string& recorded = "");
 

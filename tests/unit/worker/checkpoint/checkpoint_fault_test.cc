@@ -157,6 +157,32 @@ TEST(CheckpointFaultTest, SavesCommitAndTheNextRunContinuesExactly) {
   EXPECT_EQ(list->size(), 2u);
 }
 
+TEST(CheckpointFaultTest, ACheckpointNewerThanTheRecordedOneIsResumedFrom) {
+  // The coordinator records a checkpoint when rank 0's report of it arrives: a node that dies
+  // between the commit and that report leaves the record one checkpoint behind.
+  FaultInjectionFileSystem fs({"/"});
+  ASSERT_TRUE(TrainOn(fs, 4).result.ok());  // steps 2 and 4 committed
+  absl::StatusOr<std::vector<std::string>> list = checkpoint::ListCommitted(fs, kDir);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  const std::string newest = (*list)[0], recorded = (*list)[1];
+  EXPECT_EQ(checkpoint::ResumeCandidates(fs, Job().checkpoint, recorded), *list);
+  EXPECT_EQ(checkpoint::ResumeCandidates(fs, Job().checkpoint, newest), *list);
+  // A record outside checkpoint.dir (the spec's directory changed) is still tried, after the
+  // directory's newer checkpoints.
+  EXPECT_EQ(checkpoint::ResumeCandidates(fs, Job().checkpoint, "/elsewhere/step-00000003-x"),
+            (std::vector<std::string>{newest, "/elsewhere/step-00000003-x", recorded}));
+
+  auto backend = MakeCpuBackend(1);
+  TrainOptions options;
+  options.fs = &fs;
+  options.recorded_checkpoint = recorded;
+  const absl::StatusOr<TrainResult> resumed = Train(Job(), *backend, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->first_step, 4);
+  EXPECT_EQ(resumed->train_losses.back(), ReferenceLoss());
+}
+
 TEST(CheckpointFaultTest, CrashAtEveryOperationOfASave) {
   const int64_t ops = OpsOfOneSave();
   ASSERT_GT(ops, 8);
