@@ -144,17 +144,10 @@ wait_state() {  # JOB STATE SECONDS
 }
 wait_checkpoint() {  # DIR: a committed checkpoint appears there within 60 s
   for _ in $(seq 1 600); do
-    compgen -G "$1/step-*" >/dev/null && return 0
+    compgen -G "$1/step-*/manifest.json" >/dev/null && return 0
     sleep 0.1
   done
   fail "no checkpoint in $1 within 60 s"
-}
-wait_recorded() {  # NAME: the coordinator of job NAME has recorded a checkpoint, within 60 s
-  for _ in $(seq 1 600); do
-    grep -q "checkpoint of step [0-9]* committed" "$T/state-$1/server.log" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "the coordinator of $1 recorded no checkpoint within 60 s"
 }
 # Slurm holds a requeued job until its begin time (about two minutes later): release it, and
 # require it to run to the end with exit code 0. slurmd revoked the first run's credential at the
@@ -206,9 +199,11 @@ echo "== requeue"
 sed "s#$T/ckpt#$T/ckpt-requeue#; s/^name: long/name: requeued/" "$T/long.yaml" >"$T/requeued.yaml"
 id=$(sbatch_job requeued "$T/requeued.yaml") || fail "sbatch of the requeued job"
 wait_checkpoint "$T/ckpt-requeue"
-# A node failure between a checkpoint's commit and the coordinator's record of it resumes from the
-# record before (here: from scratch); the case is about carrying on, so it waits for the record.
-wait_recorded requeued
+# The coordinator may not have recorded that checkpoint yet (it does when rank 0's report of it
+# arrives, which the kill below can prevent): the job resumes from it either way.
+recorded="recorded"
+grep -q "checkpoint of step [0-9]* committed" "$T/state-requeued/server.log" 2>/dev/null ||
+  recorded="not yet recorded"
 # A node failure: everything on the node dies at once, and nothing drains (an administrator's
 # `scontrol requeue`, like scancel even with --signal=KILL, sends SIGTERM first, and the job
 # would drain). So SIGKILL every process Slurm counts as the job's, and let Slurm queue the job
@@ -228,7 +223,7 @@ grep -q "carrying on with j-000001" "$out" || fail "the requeued run did not car
 resumed=$(grep -o "resumed from step [0-9]*" "$out" | tail -n 1 | grep -o "[0-9]*$")
 [[ -n "$resumed" && "$resumed" -gt 0 ]] || fail "the job did not resume from a checkpoint after the requeue"
 grep -q "SUCCEEDED" "$out" || fail "the requeued job did not succeed"
-echo "ok: killed and requeued by Slurm, the same job resumed from step $resumed, COMPLETED with exit 0"
+echo "ok: killed and requeued by Slurm (the checkpoint $recorded by the coordinator), the same job resumed from step $resumed, COMPLETED with exit 0"
 
 # ---- 4: cancelled mid-run (scancel: SIGTERM to the script and every process of every step) ------
 # The ranks ask the coordinator, which drains the job and outlives the drain, as the agents do:
