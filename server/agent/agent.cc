@@ -144,8 +144,9 @@ class StopCondition {
   // produced.
   bool graceful() const { return *stop_ && grace_ > absl::ZeroDuration(); }
 
-  // True when the agent should stop now.
-  bool operator()() {
+  // Whether the agent should stop now. Not a pure test: during a graceful stop each call also
+  // sends SIGTERM to the workers not yet told (those started since the last call).
+  bool Poll() {
     if (!*stop_) return false;
     if (grace_ <= absl::ZeroDuration()) return true;
     const int64_t now = RealClock()->NowNanosMonotonic();
@@ -199,7 +200,7 @@ bool RunSession(v1::AgentService::Stub& stub, AgentCore& core, StopCondition& st
   });
   Clock* clock = RealClock();
   int64_t next_heartbeat = clock->NowNanosMonotonic();
-  while (!stopping() && !reader_done) {
+  while (!stopping.Poll() && !reader_done) {
     core.Tick();
     std::vector<v1::AgentMessage> outgoing = core.TakeOutgoing();
     // A heartbeat due within half an interval rides on a progress batch that goes last (so it
@@ -314,7 +315,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   int failures = 0;       // connection attempts in a row that did not register
   int64_t last_said = 0;  // monotonic: when the last such failure was logged
   StopCondition stopping(stop, options.stop_grace, &core);
-  while (!stopping()) {
+  while (!stopping.Poll()) {
     absl::Status refused;
     const int64_t now = RealClock()->NowNanosMonotonic();
     const bool quiet = failures > 0 && now - last_said < absl::ToInt64Nanoseconds(kMaxQuietLog);
@@ -343,7 +344,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
     core.OnDisconnected();
     // Keep watching the workers while disconnected; their exits wait for the next registration.
     const int64_t until = RealClock()->NowNanosMonotonic() + absl::ToInt64Nanoseconds(backoff);
-    while (!stopping() && RealClock()->NowNanosMonotonic() < until) {
+    while (!stopping.Poll() && RealClock()->NowNanosMonotonic() < until) {
       core.Tick();
       RealClock()->SleepFor(std::min(kLoopPeriod, backoff));
     }
