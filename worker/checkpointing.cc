@@ -180,7 +180,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::Restore(TrainState& sta
   bool mixed = false;  // this rank loaded a checkpoint another rank could not
   partial_state_ = false;
   for (const std::string& path : candidates) {
-    std::optional<int64_t> step = checkpoint::StepOfDirName(path.substr(path.rfind('/') + 1));
+    std::optional<int64_t> step = checkpoint::StepOfPath(path);
     if (step && (!disk_step || *step > *disk_step)) disk_step = step;
   }
   if (spec_.fault_tolerance.memory_tier_enabled()) {

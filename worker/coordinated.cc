@@ -48,6 +48,14 @@
 namespace trainyard::worker {
 namespace {
 
+// Names this rank in a request or report to the coordinator.
+template <typename Message>
+void IdentifyRank(const CoordinatedOptions& options, Message& message) {
+  message.set_job_id(options.job_id);
+  message.set_attempt_id(options.attempt_id);
+  message.set_rank(options.rank);
+}
+
 namespace v1 = ::trainyard::v1;
 
 constexpr char kUsage[] =
@@ -81,9 +89,7 @@ bool IsTlsFailure(absl::string_view message) {
 absl::StatusOr<v1::JoinReply> Join(v1::WorkerService::StubInterface& stub,
                                    const CoordinatedOptions& options) {
   v1::JoinRequest request;
-  request.set_job_id(options.job_id);
-  request.set_attempt_id(options.attempt_id);
-  request.set_rank(options.rank);
+  IdentifyRank(options, request);
   request.set_pid(getpid());
   request.set_hostname(LocalHostname());
   const auto deadline = std::chrono::system_clock::now() +
@@ -280,9 +286,7 @@ constexpr absl::Duration kHangExitGrace = absl::Seconds(10);
                                     const HangDiagnosis& diagnosis) {
   std::cerr << "trainyard-worker: hang: " << diagnosis.Describe() << std::endl;
   v1::HangReport report;
-  report.set_job_id(options.job_id);
-  report.set_attempt_id(options.attempt_id);
-  report.set_rank(options.rank);
+  IdentifyRank(options, report);
   report.set_step(diagnosis.step);
   report.set_elapsed_s(diagnosis.elapsed_s);
   report.set_limit_s(diagnosis.limit_s);
@@ -396,9 +400,7 @@ absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ConfirmAttemptRequest request;
-  request.set_job_id(options.job_id);
-  request.set_attempt_id(options.attempt_id);
-  request.set_rank(options.rank);
+  IdentifyRank(options, request);
   v1::ConfirmAttemptReply reply;
   const grpc::Status s = stub.ConfirmAttempt(&context, request, &reply);
   if (s.ok()) return absl::OkStatus();
@@ -411,9 +413,7 @@ absl::Status ConfirmAttempt(v1::WorkerService::StubInterface& stub,
 // notice, ProgressReport.terminated).
 v1::ProgressReport TerminationNotice(const CoordinatedOptions& options) {
   v1::ProgressReport report;
-  report.set_job_id(options.job_id);
-  report.set_attempt_id(options.attempt_id);
-  report.set_rank(options.rank);
+  IdentifyRank(options, report);
   report.set_terminated(true);
   return report;
 }
@@ -479,9 +479,8 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   std::atomic<bool> drain{false};  // the coordinator's drain order, or a SIGTERM it answered so
   // Asked directly, not through the agent's relay, which forwards reports in batches: a stop
   // should not wait for one.
-  const std::unique_ptr<ProgressChannel> direct = MakeGrpcProgressChannel(stub);
   TerminationWatcher termination(
-      [&direct,
+      [direct = std::shared_ptr<ProgressChannel>(MakeGrpcProgressChannel(stub)),
        notice = TerminationNotice(options)](absl::Duration timeout) -> absl::StatusOr<v1::Order> {
         TY_ASSIGN_OR_RETURN(const v1::ProgressReply reply, direct->Report(notice, timeout));
         return reply.order();

@@ -112,8 +112,10 @@ TEST(ControlPlaneCheckpointTest, KilledRankResumesFromTheRecordedCheckpointWithT
   const std::string want = UninterruptedLoss(cp);
   ASSERT_FALSE(want.empty());
   const std::string ck = cp.dir() + "/ck";
+  constexpr int64_t kEvery = 25;  // checkpoint.every_steps
   const std::string job_id = cp.Submit(cp.WriteSpec(
-      "job.yaml", TinySpec(Job("ck", absl::StrCat("{dir: ", ck, ", every_steps: 25, keep: 2}")))));
+      "job.yaml",
+      TinySpec(Job("ck", absl::StrCat("{dir: ", ck, ", every_steps: ", kEvery, ", keep: 2}")))));
   ASSERT_FALSE(job_id.empty());
 
   // A committed checkpoint the coordinator knows of, then rank 1 of the first attempt dies.
@@ -155,7 +157,7 @@ TEST(ControlPlaneCheckpointTest, KilledRankResumesFromTheRecordedCheckpointWithT
     EXPECT_EQ(resumed.path, recorded.path()) << log;
   } else {
     EXPECT_GT(resumed.step, recorded.step()) << log;
-    EXPECT_EQ(resumed.step % 25, 0) << log;  // every_steps
+    EXPECT_EQ(resumed.step % kEvery, 0) << log;
     EXPECT_EQ(fs::path(resumed.path).parent_path(), fs::path(ck)) << log;
   }
   std::printf("attempt 2 resumed from step %lld (%s)\n", static_cast<long long>(resumed.step),

@@ -35,6 +35,10 @@ std::optional<int64_t> StepOfDirName(const std::string& name) {
   return step;
 }
 
+std::optional<int64_t> StepOfPath(const std::string& path) {
+  return StepOfDirName(path.substr(path.rfind('/') + 1));  // npos + 1: the whole path
+}
+
 std::string TokenOfDirName(const std::string& name) {
   if (!StepOfDirName(name)) return "";
   return name.substr(name.find('-', 5) + 1);

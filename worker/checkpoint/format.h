@@ -38,6 +38,8 @@ inline constexpr int kFormatVersion = 1;
 std::string CheckpointDirName(int64_t step, const std::string& save_token);
 // The step of a checkpoint directory's name; nullopt for other names.
 std::optional<int64_t> StepOfDirName(const std::string& name);
+// The step of a checkpoint directory's path (its last component); nullopt for other paths.
+std::optional<int64_t> StepOfPath(const std::string& path);
 // The save token of a checkpoint directory's name; "" for other names.
 std::string TokenOfDirName(const std::string& name);
 std::string ShardFileName(int rank, int world);  // "shard-00001-of-00004.bin"

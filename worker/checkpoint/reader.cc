@@ -545,12 +545,11 @@ std::vector<std::string> ResumeCandidates(FileSystem& fs, const config::Checkpoi
   // The coordinator records a checkpoint when rank 0 reports it, so one committed just before a
   // node died can be newer than the record: the record goes before the directory's checkpoints of
   // its step or older, not before all of them.
-  const std::optional<int64_t> recorded_step =
-      recorded.empty() ? std::nullopt : StepOfDirName(recorded.substr(recorded.rfind('/') + 1));
+  const std::optional<int64_t> recorded_step = StepOfPath(recorded);
   bool recorded_added = recorded.empty();
   if (!spec.dir.empty() && fs.IsDirectory(spec.dir)) {
     for (const std::string& path : CheckpointsAt(fs, spec.dir)) {
-      const std::optional<int64_t> step = StepOfDirName(path.substr(path.rfind('/') + 1));
+      const std::optional<int64_t> step = StepOfPath(path);
       if (!recorded_added && (!recorded_step || !step || *step <= *recorded_step)) {
         add({recorded});
         recorded_added = true;

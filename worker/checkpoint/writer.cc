@@ -330,8 +330,7 @@ absl::StatusOr<int64_t> CheckpointWriter::Commit(const Job& job, const std::stri
 void CheckpointWriter::Prune(const std::string& committed_path) {
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(options_.dir);
   if (!names.ok()) return;
-  const int64_t committed_step =
-      StepOfDirName(committed_path.substr(committed_path.rfind('/') + 1)).value_or(0);
+  const int64_t committed_step = StepOfPath(committed_path).value_or(0);
   std::vector<std::pair<int64_t, std::string>> kept;
   std::vector<std::string> remove;
   for (const std::string& name : *names) {

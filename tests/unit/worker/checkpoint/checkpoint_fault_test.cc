@@ -100,7 +100,7 @@ std::vector<std::string> TornDirs(FileSystem& fs) {
 std::optional<int64_t> NewestCommittedStep(FileSystem& fs) {
   absl::StatusOr<std::vector<std::string>> list = checkpoint::ListCommitted(fs, kDir);
   if (!list.ok() || list->empty()) return std::nullopt;
-  return checkpoint::StepOfDirName(list->front().substr(list->front().rfind('/') + 1));
+  return checkpoint::StepOfPath(list->front());
 }
 
 // The mutating operations of the save of step 4 (a second save: it also prunes).
