@@ -623,6 +623,11 @@ class Supervisor {
   // The report's last_checkpoint, from a worker that does not send records.
   void RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry, const ProgressUpdate& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint an attempt resumed from, when it is newer than the job's last_checkpoint: a
+  // save whose report never arrived (its node died, or a peer rank did, right after the commit).
+  void RecordResumedCheckpointLocked(Txn& txn, JobEntry& entry, int attempt_id,
+                                     const ProgressUpdate::Resumed& resumed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the job's drain flag with an event naming `cause`, and drains it at once when no worker
   // runs: Drain without its checks and commit.
   void DrainLocked(Txn& txn, JobEntry& entry, const std::string& cause)

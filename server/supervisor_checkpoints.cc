@@ -106,6 +106,24 @@ void Supervisor::RecordReportedCheckpointLocked(Txn& txn, JobEntry& entry,
            absl::StrCat("checkpoint of step ", checkpoint.step, " at ", checkpoint.path));
 }
 
+void Supervisor::RecordResumedCheckpointLocked(Txn& txn, JobEntry& entry, int attempt_id,
+                                               const ProgressUpdate::Resumed& resumed) {
+  JobRecord& job = entry.job;
+  if (resumed.from_memory || resumed.step <= 0 || resumed.from.empty()) return;
+  if (resumed.step <= job.last_checkpoint.step && !job.last_checkpoint.path.empty()) return;
+  // A record of the path is the truth about it; one the attempt resumed from exists.
+  if (entry.checkpoints.Find(resumed.from) != nullptr) return;
+  // Not a ledger record: its size and costs are unknown, and the Young–Daly interval and the
+  // checkpoint metrics are drawn from measured saves only. Its write time is unknown too.
+  job.last_checkpoint = CheckpointInfo{.step = resumed.step, .path = resumed.from};
+  TouchJob(txn, entry);
+  AddEvent(txn, entry, attempt_id, job.state, job.state, "checkpoint",
+           absl::StrCat("checkpoint of step ", resumed.step, " at ", resumed.from,
+                        ", which no save "
+                        "report named: attempt ",
+                        attempt_id, " resumed from it"));
+}
+
 void Supervisor::FinishDrainLocked(Txn& txn, JobEntry& entry, const std::string& context) {
   JobRecord& job = entry.job;
   job.message = DrainedMessage(job);

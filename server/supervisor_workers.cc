@@ -233,6 +233,7 @@ absl::StatusOr<OrderReply> Supervisor::ReportProgressLocked(Txn& txn, const Prog
                                            update.attempt_id, r.step,
                                            r.from_memory ? "memory tier" : "checkpoint", r.from,
                                            r.restore_ms, r.started_ms));
+    RecordResumedCheckpointLocked(txn, *entry, update.attempt_id, r);
   }
   if (attempt->state == AttemptState::kStopping) {
     reply.order = WorkerOrder::kStop;

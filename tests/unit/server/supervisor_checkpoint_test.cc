@@ -185,6 +185,86 @@ TEST_F(SupervisorCheckpointTest, NewAttemptResumesFromTheNewestCommittedCheckpoi
   EXPECT_EQ(Checkpoints(id).size(), 3u);  // one record per path
 }
 
+// Attempt 1 committed step 4 but its report never arrived (the node died right after the
+// commit); attempt 2 found the checkpoint itself. Its "resumed" report makes it the job's
+// checkpoint, without a ledger record: nothing about the save was measured.
+TEST_F(SupervisorCheckpointTest, ACheckpointAnAttemptResumedFromIsTheJobsCheckpoint) {
+  const std::string id = StartJob(CheckpointedSpec("unreported"));
+  ASSERT_TRUE(Report(id, 1, 0, 3, {Save(2, CheckpointState::kCommitted)}).ok());
+  Exit(agent_, id, 1, 1, 3);
+  Exit(agent_, id, 1, 0, 0, 15);
+  ASSERT_EQ(State(id), JobState::kStarting);
+  auto joins = JoinAll(id, 2, 2);
+  ASSERT_TRUE(joins[0].ok()) << joins[0].status();
+  EXPECT_EQ(joins[0]->resume_from.step, 2);
+
+  const auto resumed = [&](int attempt, int rank, int64_t step, const std::string& from,
+                           bool from_memory) {
+    ProgressUpdate update;
+    update.job_id = id;
+    update.attempt_id = attempt;
+    update.rank = rank;
+    update.step = step;
+    update.total_steps = 10;
+    update.resumed =
+        ProgressUpdate::Resumed{.step = step, .from = from, .from_memory = from_memory};
+    return supervisor_->ReportProgress(update);
+  };
+  // Rank 1 does not speak for the job.
+  ASSERT_TRUE(resumed(2, 1, 4, "ckpt/run/step-4", false).ok());
+  EXPECT_EQ(View(id).job.last_checkpoint.step, 2);
+  ASSERT_TRUE(resumed(2, 0, 4, "ckpt/run/step-4", false).ok());
+  JobView view = View(id);
+  EXPECT_EQ(view.job.last_checkpoint.step, 4);
+  EXPECT_EQ(view.job.last_checkpoint.path, "ckpt/run/step-4");
+  EXPECT_EQ(view.job.last_checkpoint.written, absl::InfinitePast());  // unknown
+  EXPECT_THAT(CheckpointCauses(id).back(),
+              HasSubstr("checkpoint of step 4 at ckpt/run/step-4, which no save report named"));
+  EXPECT_EQ(Checkpoints(id).size(), 1u);  // the ledger holds what was reported
+  MetricsSnapshot snapshot = supervisor_->Metrics();
+  const JobMetrics* metrics = MetricsOf(snapshot, id);
+  ASSERT_NE(metrics, nullptr);
+  EXPECT_EQ(metrics->checkpoints.write_seconds.count(), 1u);
+  // Stored, so the next attempt resumes from it even after a restart of the coordinator.
+  Restart();
+  EXPECT_EQ(View(id).job.last_checkpoint.step, 4);
+  EXPECT_EQ(View(id).job.last_checkpoint.path, "ckpt/run/step-4");
+  // A later save that is reported is the checkpoint again, with its measured costs.
+  Agent back = Connect("node-a", 2, {RunningWorker{id, 2, 0, 1000}, RunningWorker{id, 2, 1, 1001}});
+  ASSERT_TRUE(Report(id, 2, 0, 6, {Save(6, CheckpointState::kCommitted)}).ok());
+  EXPECT_EQ(View(id).job.last_checkpoint.step, 6);
+  EXPECT_EQ(View(id).job.last_checkpoint.bytes, int64_t{3} << 20);
+}
+
+// Resuming from the memory tier, or from an older checkpoint than the recorded one, leaves the
+// job's checkpoint as it is.
+TEST_F(SupervisorCheckpointTest, AResumeFromMemoryOrAnOlderCheckpointChangesNothing) {
+  const std::string id = StartJob(CheckpointedSpec("older", "2", 3));
+  ASSERT_TRUE(Report(id, 1, 0, 5, {Save(4, CheckpointState::kCommitted)}).ok());
+  Exit(agent_, id, 1, 1, 3);
+  Exit(agent_, id, 1, 0, 0, 15);
+  JoinAll(id, 2, 2);
+  ProgressUpdate update;
+  update.job_id = id;
+  update.attempt_id = 2;
+  update.rank = 0;
+  update.step = 5;
+  update.total_steps = 10;
+  update.resumed =
+      ProgressUpdate::Resumed{.step = 5, .from = "rank snapshots", .from_memory = true};
+  ASSERT_TRUE(supervisor_->ReportProgress(update).ok());
+  EXPECT_EQ(View(id).job.last_checkpoint.step, 4);
+  Exit(agent_, id, 2, 1, 3);
+  Exit(agent_, id, 2, 0, 0, 15);
+  JoinAll(id, 3, 2);
+  update.attempt_id = 3;
+  update.step = 2;
+  update.resumed = ProgressUpdate::Resumed{.step = 2, .from = "ckpt/run/step-2"};
+  ASSERT_TRUE(supervisor_->ReportProgress(update).ok());
+  EXPECT_EQ(View(id).job.last_checkpoint.path, "ckpt/run/step-4");
+  EXPECT_EQ(CheckpointCauses(id).size(), 1u);
+}
+
 TEST_F(SupervisorCheckpointTest, InvalidCheckpointRecordsAreDroppedAndProgressGoesOn) {
   const std::string id = StartJob(CheckpointedSpec("bad"));
   CheckpointInfo no_path = Save(2, CheckpointState::kCommitted);
