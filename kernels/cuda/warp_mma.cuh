@@ -60,10 +60,11 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool fill)
 // Closes the group of the cp.async copies this thread started since the last commit.
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
+// Waits until at most `kPending` of this thread's committed groups are still in flight. Shared
+// memory changed behind the compiler's back: nothing read from it may be kept across the wait.
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace trainyard::kernels::cuda::warp

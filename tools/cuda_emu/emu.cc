@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,6 +129,17 @@ struct Fiber {
   bool done = false;
 };
 
+// A thread's cp.async copies: taken from the source when issued, landing in shared memory only
+// when a wait covers their group (until then the destination holds poison).
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> open;                   // issued since the last commit
+  std::deque<std::vector<AsyncCopy>> committed;  // oldest first
+};
+
 // Everything about the block being run on this OS thread.
 struct BlockRun {
   void* scheduler_sp = nullptr;
@@ -139,10 +151,10 @@ struct BlockRun {
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;
-  std::vector<void*> stacks;  // reused across blocks and launches
-  std::vector<const void*> poisoned;
-  std::vector<int> order;  // the order in which the scheduler visits the threads  // static shared
-                           // arrays poisoned in this block
+  std::vector<void*> stacks;                             // reused across blocks and launches
+  std::vector<std::pair<const void*, size_t>> poisoned;  // static shared arrays of this block
+  std::vector<int> order;          // the order in which the scheduler visits the threads
+  std::vector<AsyncCopies> async;  // per thread (ThreadIndex)
 };
 
 thread_local BlockRun* g_run = nullptr;
@@ -203,6 +215,7 @@ void RunBlock(BlockRun& run, int threads) {
   run.block = Barrier{};
   run.block.live = threads;
   run.poisoned.clear();
+  run.async.assign(threads, AsyncCopies{});
   while (static_cast<int>(run.stacks.size()) < threads) {
     void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -323,11 +336,51 @@ void Misaligned(const char* type, const void* p, size_t alignment) {
 unsigned char* DynamicShared() { return g_run->smem; }
 
 void PoisonShared(void* array, size_t bytes) {
-  for (const void* p : g_run->poisoned) {
+  for (const auto& [p, unused] : g_run->poisoned) {
     if (p == array) return;
   }
-  g_run->poisoned.push_back(array);
+  g_run->poisoned.emplace_back(array, bytes);
   std::memset(array, 0xFF, bytes);
+}
+
+void CheckShared(const void* p, size_t bytes, const char* what) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const auto in = [&](const void* start, size_t size) {
+    const auto begin = reinterpret_cast<uintptr_t>(start);
+    return at >= begin && at + bytes <= begin + size;
+  };
+  if (g_run->smem != nullptr &&
+      in(g_run->smem, g_run->smem_storage.size() - (g_run->smem - g_run->smem_storage.data()))) {
+    return;
+  }
+  for (const auto& [array, size] : g_run->poisoned) {
+    if (in(array, size)) return;
+  }
+  char message[160];
+  std::snprintf(message, sizeof(message), "%s %p is not in the block's shared memory", what, p);
+  Fatal(message);
+}
+
+void AsyncCopy16(void* dst, const void* src, bool fill) {
+  CheckShared(dst, 16, "cp.async destination");
+  AsyncCopy copy{.dst = dst, .bytes = {}};
+  if (fill) std::memcpy(copy.bytes, src, 16);
+  std::memset(dst, 0xFF, 16);  // undefined until a wait covers the copy
+  g_run->async[ThreadIndex()].open.push_back(copy);
+}
+
+void AsyncCommit() {
+  AsyncCopies& mine = g_run->async[ThreadIndex()];
+  mine.committed.push_back(std::move(mine.open));
+  mine.open.clear();
+}
+
+void AsyncWait(int pending) {
+  AsyncCopies& mine = g_run->async[ThreadIndex()];
+  while (static_cast<int>(mine.committed.size()) > pending) {
+    for (const AsyncCopy& copy : mine.committed.front()) std::memcpy(copy.dst, copy.bytes, 16);
+    mine.committed.pop_front();
+  }
 }
 
 int LaneId() { return ThreadIndex() % 32; }

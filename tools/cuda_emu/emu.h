@@ -48,6 +48,19 @@ unsigned char* DynamicShared();
 // reaches its declaration (translate.py calls it right after each one).
 void PoisonShared(void* array, size_t bytes);
 
+// Aborts unless `bytes` at `p` lie in the block's shared memory (dynamic, or a static __shared__
+// array the block has reached).
+void CheckShared(const void* p, size_t bytes, const char* what);
+
+// cp.async as the device runs it, for one thread: AsyncCopy16 reads the 16 source bytes (none
+// with `fill` false: zeros) and fills the shared destination with poison, AsyncCommit closes the
+// thread's group of copies issued since the last one, and AsyncWait(n) lands the thread's oldest
+// committed groups until at most n remain. So a read before the wait that covers a copy, or of
+// another thread's copy without a barrier after that thread's wait, reads NaNs.
+void AsyncCopy16(void* dst, const void* src, bool fill);
+void AsyncCommit();
+void AsyncWait(int pending);
+
 // Warp collectives: the calling lane publishes `bytes` of `value`, waits for every live lane of
 // its warp, and gets back the slot array of the warp (32 slots of 8 bytes) valid until the
 // lane's next collective.

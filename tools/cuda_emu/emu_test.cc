@@ -2,7 +2,6 @@
 // does, launch errors reach cudaGetLastError, and impossible synchronisation aborts.
 #include "tools/cuda_emu/emu.h"
 
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -100,68 +99,6 @@ TEST(CudaEmu, DeviceAttributesMatchProperties) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
 }
 
-// A (16×16) and B (16×8) of small integers (exact in bf16) in shared memory, loaded into
-// fragments as the attention kernels load them (A with ldmatrix, B as rows of Bᵀ with ldmatrix
-// and as rows of B with its transposed form) and multiplied with mma.sync. `frags` gets each
-// lane's four A registers; `products` the two products as each lane's four accumulators.
-void MmaKernel(uint32_t* frags, float* products) {
-  static __nv_bfloat16 a[16 * 24], bt[8 * 24], b[16 * 24];  // rows padded to 48 bytes
-  const int lane = threadIdx.x;
-  for (int i = lane; i < 256; i += 32) {
-    const int r = i / 16, c = i % 16;
-    a[r * 24 + c] = __float2bfloat16(static_cast<float>(r * 16 + c));
-    if (c < 8) {
-      b[r * 24 + c] = __float2bfloat16(static_cast<float>((r + 2 * c) % 7 - 3));
-      bt[c * 24 + r] = b[r * 24 + c];
-    }
-  }
-  __syncthreads();
-  using namespace ::trainyard::kernels::cuda::warp;  // NOLINT(build/namespaces)
-  uint32_t af[4], b_from_t[4], b_from_b[4];
-  LdMatrixX4(af, a + (lane % 16) * 24 + lane / 16 * 8);
-  // Matrices 0 and 1: keys 0-7 × k 0-7 and k 8-15 (matrices 2 and 3 repeat them).
-  LdMatrixX4(b_from_t, bt + (lane % 8) * 24 + (lane / 8) % 2 * 8);
-  LdMatrixX4Trans(b_from_b, b + ((lane / 8) % 2 * 8 + lane % 8) * 24);
-  float d1[4] = {0, 0, 0, 0}, d2[4] = {1, 1, 1, 1};
-  MmaBf16(d1, af, b_from_t[0], b_from_t[1]);
-  MmaBf16(d2, af, b_from_b[0], b_from_b[1]);
-  for (int i = 0; i < 4; ++i) {
-    frags[lane * 4 + i] = af[i];
-    products[lane * 8 + i] = d1[i];
-    products[lane * 8 + 4 + i] = d2[i];
-  }
-}
-
-// The fragment layouts of the PTX ISA's mma.m16n8k16 and what ldmatrix gives each lane.
-TEST(CudaEmu, WarpMmaFragmentsFollowThePtxLayout) {
-  std::vector<uint32_t> frags(32 * 4);
-  std::vector<float> products(32 * 8);
-  Launch(dim3(1), dim3(32), 0, nullptr, MmaKernel, frags.data(), products.data());
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  auto bf16_bits = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u >> 16;
-  };
-  auto b = [](int k, int n) { return static_cast<float>((k + 2 * n) % 7 - 3); };
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    for (int reg = 0; reg < 4; ++reg) {  // a[reg] = A(g + 8·(reg % 2), 2t + 8·(reg / 2) + {0, 1})
-      const int r = g + 8 * (reg % 2), c = 2 * t + 8 * (reg / 2);
-      const uint32_t want = bf16_bits(static_cast<float>(r * 16 + c)) |
-                            bf16_bits(static_cast<float>(r * 16 + c + 1)) << 16;
-      EXPECT_EQ(frags[lane * 4 + reg], want) << "lane " << lane << " a[" << reg << "]";
-    }
-    for (int e = 0; e < 4; ++e) {  // d[e] = D(g + 8·(e / 2), 2t + e % 2)
-      const int r = g + 8 * (e / 2), n = 2 * t + e % 2;
-      float want = 0;
-      for (int k = 0; k < 16; ++k) want += static_cast<float>(r * 16 + k) * b(k, n);
-      EXPECT_EQ(products[lane * 8 + e], want) << "lane " << lane << " d[" << e << "]";
-      EXPECT_EQ(products[lane * 8 + 4 + e], want + 1) << "lane " << lane << " d[" << e << "]";
-    }
-  }
-}
-
 void DivergentBarrierKernel() {
   if (threadIdx.x == 0) {
     __syncthreads();
@@ -255,6 +192,59 @@ TEST(CudaEmu, PointerAttributesTellDeviceFromHostMemory) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// cp.async in two groups per thread: nothing lands before a wait (the destination reads as
+// poison, -1), wait<1> lands the older group only, wait<0> the zero-filled newer one, and a
+// barrier after every thread's wait shows each thread the others' copies.
+void AsyncCopyKernel(const int* src, int* out) {
+  using trainyard::kernels::cuda::warp::CpAsync16;
+  using trainyard::kernels::cuda::warp::CpAsyncCommit;
+  using trainyard::kernels::cuda::warp::CpAsyncWait;
+  int* smem = reinterpret_cast<int*>(DynamicShared());
+  const int i = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  CpAsync16(smem + 4 * i, src + 4 * i, true);
+  CpAsyncCommit();
+  CpAsync16(smem + 4 * (n + i), src, false);
+  CpAsyncCommit();
+  int* mine = out + 5 * i;
+  mine[0] = smem[4 * i];
+  CpAsyncWait<1>();
+  mine[1] = smem[4 * i + 3];
+  mine[2] = smem[4 * (n + i)];
+  CpAsyncWait<0>();
+  mine[3] = smem[4 * (n + i)];
+  __syncthreads();
+  mine[4] = smem[4 * ((i + 1) % n)];
+}
+
+TEST(CudaEmu, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+  constexpr int kThreads = 64;
+  std::vector<int> src(4 * kThreads), out(5 * kThreads, 7);
+  for (int k = 0; k < 4 * kThreads; ++k) src[k] = 10 * k;
+  Launch(dim3(1), dim3(kThreads), 2 * kThreads * 16, nullptr, AsyncCopyKernel, src.data(),
+         out.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int i = 0; i < kThreads; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(out[5 * i], -1) << "read before any wait";
+    EXPECT_EQ(out[5 * i + 1], 10 * (4 * i + 3));
+    EXPECT_EQ(out[5 * i + 2], -1) << "the newer group is still in flight";
+    EXPECT_EQ(out[5 * i + 3], 0) << "zero fill";
+    EXPECT_EQ(out[5 * i + 4], 10 * 4 * ((i + 1) % kThreads));
+  }
+}
+
+void CopyToGlobalKernel(const int* src, int* dst) {
+  trainyard::kernels::cuda::warp::CpAsync16(dst, src, true);
+}
+
+alignas(16) int g_not_shared[4];
+
+TEST(CudaEmuDeathTest, AsyncCopiesAndLdmatrixNeedSharedMemory) {
+  alignas(16) static const int src[4] = {1, 2, 3, 4};
+  EXPECT_DEATH(Launch(dim3(1), dim3(1), 0, nullptr, CopyToGlobalKernel, src, g_not_shared),
+               "not in the block's shared memory");
 }
 
 TEST(CudaEmuDeathTest, ImpossibleSynchronisationAborts) {

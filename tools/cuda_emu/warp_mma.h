@@ -3,9 +3,10 @@
 // address) through WarpExchange and reads back the ones it needs, so a lane that skips one, or a
 // fragment filled by the wrong lane, shows up as a wrong result or an aborted barrier, as on the
 // device. Products sum in fp32 in ascending k (the tensor cores' order and internal precision
-// differ within the bf16 tolerances the tests use). cp.async copies at once; its groups need no
-// waiting, but the barrier a kernel needs before reading another thread's copy is still checked
-// by the emulator's interleaving.
+// differ within the bf16 tolerances the tests use). cp.async lands its copies only at the wait
+// that covers their group, with poison in the destination until then (emu.h: AsyncCopy16), so a
+// missing or too-short wait, or a missing barrier after one, shows up as NaNs. ldmatrix rows and
+// cp.async destinations must lie in shared memory.
 #ifndef TRAINYARD_TOOLS_CUDA_EMU_WARP_MMA_H_
 #define TRAINYARD_TOOLS_CUDA_EMU_WARP_MMA_H_
 
@@ -31,6 +32,7 @@ inline void CheckAligned16(const void* p, const char* what) {
 // The 32 lanes' row addresses of an ldmatrix.
 inline const uint16_t* const* RowAddresses(const void* row, const uint16_t* (&rows)[32]) {
   CheckAligned16(row, "ldmatrix row");
+  emu::CheckShared(row, 16, "ldmatrix row");
   const uint64_t* slots = emu::WarpExchange(emu::ToSlot(row), 0xffffffffu);
   for (int i = 0; i < 32; ++i) rows[i] = emu::FromSlot<const uint16_t*>(slots[i]);
   return rows;
@@ -87,17 +89,15 @@ inline void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
 inline void CpAsync16(void* dst, const void* src, bool fill) {
   emu_detail::CheckAligned16(dst, "cp.async destination");
   emu_detail::CheckAligned16(src, "cp.async source");
-  if (fill) {
-    std::memcpy(dst, src, 16);
-  } else {
-    std::memset(dst, 0, 16);
-  }
+  emu::AsyncCopy16(dst, src, fill);
 }
 
-inline void CpAsyncCommit() {}
+inline void CpAsyncCommit() { emu::AsyncCommit(); }
 
 template <int kPending>
-void CpAsyncWait() {}
+void CpAsyncWait() {
+  emu::AsyncWait(kPending);
+}
 
 }  // namespace trainyard::kernels::cuda::warp
 
