@@ -453,6 +453,10 @@ absl::Status RankTrainer::Restore() {
             << std::flush;
     }
   }
+  if (options_.restored_parameters != nullptr) {
+    options_.restored_parameters->resize(layout_->total());
+    TY_RETURN_IF_ERROR(params_->GatherParameters(options_.restored_parameters->data()));
+  }
   return absl::OkStatus();
 }
 

@@ -93,6 +93,9 @@ struct TrainOptions {
   std::function<absl::Status(const StepReport&)> on_step;
   // When set, receives the full parameters (layout order) after the last step (tests).
   std::vector<float>* final_parameters = nullptr;
+  // When set, receives the full parameters (layout order) once the state is restored or
+  // initialised, before the first step (tests).
+  std::vector<float>* restored_parameters = nullptr;
   // Set from another thread or a signal handler to drain: at the next step boundary every rank
   // agrees to stop, a checkpoint is taken and committed (with checkpoint.dir), and training ends
   // with TrainResult::drained.

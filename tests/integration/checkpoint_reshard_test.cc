@@ -87,9 +87,17 @@ config::JobSpec Job(config::ModelFamily family, const MeshCase& mesh) {
 using testenv::GatherGlobalParams;
 using testenv::GlobalTensors;
 
-testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after) {
-  testenv::RankRun run = testenv::RunRanks(
-      spec, {.customize = [&](int, TrainOptions& o) { o.stop_after_step = stop_after; }});
+// Runs `spec` to its end, or to `stop_after` steps; with `restored`, each rank's parameters as
+// restored, before its first step, go there.
+testenv::RankRun RunOrFail(const config::JobSpec& spec, int64_t stop_after,
+                           std::vector<std::vector<float>>* restored = nullptr) {
+  if (restored != nullptr) restored->assign(spec.world_size(), {});
+  testenv::RankRun run = testenv::RunRanks(spec, {.customize = [&](int rank, TrainOptions& o) {
+                                             o.stop_after_step = stop_after;
+                                             if (restored != nullptr) {
+                                               o.restored_parameters = &(*restored)[rank];
+                                             }
+                                           }});
   for (size_t r = 0; r < run.results.size(); ++r) {
     EXPECT_TRUE(run.results[r].ok()) << "rank " << r << ": " << run.results[r].status();
   }
@@ -122,17 +130,15 @@ void CheckReshard(config::ModelFamily family, const MeshCase& source,
     config::JobSpec reader = Job(family, target);
     reader.checkpoint.dir = (scratch / absl::StrCat("target", index++)).string();
     reader.checkpoint.resume_from = writer.checkpoint.dir;
-    testenv::RankRun loaded = RunOrFail(reader, kSavedStep);  // restore, no step
-    ASSERT_TRUE(loaded.results[0].ok());
-    EXPECT_EQ(loaded.results[0]->first_step, kSavedStep);
-    const GlobalTensors loaded_params = GatherGlobalParams(reader, loaded);
+    testenv::RankRun at_restore;
+    testenv::RankRun continued = RunOrFail(reader, 0, &at_restore.final_params);
+    ASSERT_TRUE(continued.results[0].ok());
+    EXPECT_EQ(continued.results[0]->first_step, kSavedStep);
+    const GlobalTensors loaded_params = GatherGlobalParams(reader, at_restore);
     ASSERT_EQ(loaded_params.size(), saved_params.size());
     for (const auto& [name, values] : saved_params) {
       EXPECT_EQ(loaded_params.at(name), values) << name << " differs after loading";
     }
-    std::filesystem::remove_all(reader.checkpoint.dir);
-    testenv::RankRun continued = RunOrFail(reader, 0);
-    ASSERT_TRUE(continued.results[0].ok());
     const std::vector<double>& losses = continued.results[0]->train_losses;
     ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps - kSavedStep));
     for (size_t i = 0; i < losses.size(); ++i) {
