@@ -56,17 +56,40 @@ class SupervisorCheckpointTest : public SupervisorTest {
     return id;
   }
 
+  // A step's report of rank `rank` of `attempt`, carrying `records`.
   absl::StatusOr<OrderReply> Report(const std::string& id, int attempt, int rank, int64_t step,
                                     std::vector<CheckpointInfo> records = {}) {
+    ProgressUpdate update = StepUpdate(id, attempt, rank, step);
+    update.loss = 3.0;
+    update.checkpoints = std::move(records);
+    return supervisor_->ReportProgress(update);
+  }
+
+  // Rank `rank` of `attempt` restored its state from `from`, of `step`.
+  absl::StatusOr<OrderReply> Resumed(const std::string& id, int attempt, int rank, int64_t step,
+                                     const std::string& from, bool from_memory = false) {
+    ProgressUpdate update = StepUpdate(id, attempt, rank, step);
+    update.resumed =
+        ProgressUpdate::Resumed{.step = step, .from = from, .from_memory = from_memory};
+    return supervisor_->ReportProgress(update);
+  }
+
+  static ProgressUpdate StepUpdate(const std::string& id, int attempt, int rank, int64_t step) {
     ProgressUpdate update;
     update.job_id = id;
     update.attempt_id = attempt;
     update.rank = rank;
     update.step = step;
     update.total_steps = 10;
-    update.loss = 3.0;
-    update.checkpoints = std::move(records);
-    return supervisor_->ReportProgress(update);
+    return update;
+  }
+
+  // Attempt `attempt` fails (rank 1 first) and the next one's ranks join.
+  std::vector<absl::StatusOr<JoinInfo>> FailAndRejoin(const std::string& id, int attempt) {
+    Exit(agent_, id, attempt, 1, 3);
+    Exit(agent_, id, attempt, 0, 0, 15);
+    EXPECT_EQ(State(id), JobState::kStarting);
+    return JoinAll(id, attempt + 1, 2);
   }
 
   // A termination notice: the rank received SIGTERM.
@@ -191,29 +214,13 @@ TEST_F(SupervisorCheckpointTest, NewAttemptResumesFromTheNewestCommittedCheckpoi
 TEST_F(SupervisorCheckpointTest, ACheckpointAnAttemptResumedFromIsTheJobsCheckpoint) {
   const std::string id = StartJob(CheckpointedSpec("unreported"));
   ASSERT_TRUE(Report(id, 1, 0, 3, {Save(2, CheckpointState::kCommitted)}).ok());
-  Exit(agent_, id, 1, 1, 3);
-  Exit(agent_, id, 1, 0, 0, 15);
-  ASSERT_EQ(State(id), JobState::kStarting);
-  auto joins = JoinAll(id, 2, 2);
+  auto joins = FailAndRejoin(id, 1);
   ASSERT_TRUE(joins[0].ok()) << joins[0].status();
   EXPECT_EQ(joins[0]->resume_from.step, 2);
-
-  const auto resumed = [&](int attempt, int rank, int64_t step, const std::string& from,
-                           bool from_memory) {
-    ProgressUpdate update;
-    update.job_id = id;
-    update.attempt_id = attempt;
-    update.rank = rank;
-    update.step = step;
-    update.total_steps = 10;
-    update.resumed =
-        ProgressUpdate::Resumed{.step = step, .from = from, .from_memory = from_memory};
-    return supervisor_->ReportProgress(update);
-  };
   // Rank 1 does not speak for the job.
-  ASSERT_TRUE(resumed(2, 1, 4, "ckpt/run/step-4", false).ok());
+  ASSERT_TRUE(Resumed(id, 2, 1, 4, "ckpt/run/step-4").ok());
   EXPECT_EQ(View(id).job.last_checkpoint.step, 2);
-  ASSERT_TRUE(resumed(2, 0, 4, "ckpt/run/step-4", false).ok());
+  ASSERT_TRUE(Resumed(id, 2, 0, 4, "ckpt/run/step-4").ok());
   JobView view = View(id);
   EXPECT_EQ(view.job.last_checkpoint.step, 4);
   EXPECT_EQ(view.job.last_checkpoint.path, "ckpt/run/step-4");
@@ -241,26 +248,11 @@ TEST_F(SupervisorCheckpointTest, ACheckpointAnAttemptResumedFromIsTheJobsCheckpo
 TEST_F(SupervisorCheckpointTest, AResumeFromMemoryOrAnOlderCheckpointChangesNothing) {
   const std::string id = StartJob(CheckpointedSpec("older", "2", 3));
   ASSERT_TRUE(Report(id, 1, 0, 5, {Save(4, CheckpointState::kCommitted)}).ok());
-  Exit(agent_, id, 1, 1, 3);
-  Exit(agent_, id, 1, 0, 0, 15);
-  JoinAll(id, 2, 2);
-  ProgressUpdate update;
-  update.job_id = id;
-  update.attempt_id = 2;
-  update.rank = 0;
-  update.step = 5;
-  update.total_steps = 10;
-  update.resumed =
-      ProgressUpdate::Resumed{.step = 5, .from = "rank snapshots", .from_memory = true};
-  ASSERT_TRUE(supervisor_->ReportProgress(update).ok());
+  FailAndRejoin(id, 1);
+  ASSERT_TRUE(Resumed(id, 2, 0, 5, "rank snapshots", /*from_memory=*/true).ok());
   EXPECT_EQ(View(id).job.last_checkpoint.step, 4);
-  Exit(agent_, id, 2, 1, 3);
-  Exit(agent_, id, 2, 0, 0, 15);
-  JoinAll(id, 3, 2);
-  update.attempt_id = 3;
-  update.step = 2;
-  update.resumed = ProgressUpdate::Resumed{.step = 2, .from = "ckpt/run/step-2"};
-  ASSERT_TRUE(supervisor_->ReportProgress(update).ok());
+  FailAndRejoin(id, 2);
+  ASSERT_TRUE(Resumed(id, 3, 0, 2, "ckpt/run/step-2").ok());
   EXPECT_EQ(View(id).job.last_checkpoint.path, "ckpt/run/step-4");
   EXPECT_EQ(CheckpointCauses(id).size(), 1u);
 }
