@@ -336,9 +336,9 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
       return absl::OkStatus();
     }
     // A refusal of a combination's first call means the library has no grouped GEMM for it
-    // (nothing ran: the products go one by one below); after a success, it is an error.
-    const bool refused = s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE;
-    if (!refused || grouped_ran_.contains(combination)) {
+    // (nothing ran: the products go one by one below); after a success, it is an error. So is
+    // INVALID_VALUE always: the arguments are wrong, and one by one would only hide it.
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED || grouped_ran_.contains(combination)) {
       return CublasError(s, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
     }
     one_by_one_.insert(combination);
@@ -350,6 +350,7 @@ absl::Status Gemm::Grouped(cudaStream_t stream, DType act, const GemmGroup& g, i
 }
 
 bool Gemm::SupportsGeluEpilogue(DType act, int64_t m, int64_t n, int64_t k) {
+  if (!gemm_args::GeluEpilogueWidthAllowed(n)) return false;
   const Key key{static_cast<int>(act) | 16 << 8,
                 1,
                 0,

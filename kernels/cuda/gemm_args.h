@@ -17,6 +17,11 @@ inline bool HasGelu(GemmEpilogue epilogue) {
   return epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kGeluAuxBias;
 }
 
+// Whether the GELU epilogues can store an output of rows of `n`: cuBLASLt requires their
+// pre-activation's leading dimension (n) to be a multiple of 8. Other widths take the separate
+// GELU kernel (Gemm::SupportsGeluEpilogue says no).
+inline bool GeluEpilogueWidthAllowed(int64_t n) { return n % 8 == 0; }
+
 // Every product: its three operands present, sizes positive, the row stride `ld` 0 or at least n.
 inline absl::Status CheckProduct(const void* a, const void* b, const void* c, int64_t m, int64_t n,
                                  int64_t k, int64_t ld) {

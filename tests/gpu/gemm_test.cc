@@ -193,5 +193,16 @@ TEST(Gemm, RejectsEmptyShapes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
+// The fused GELU epilogue stores its pre-activation with the output's row length as leading
+// dimension, which cuBLASLt needs in multiples of 8: other widths are not offered (the backend
+// then runs the separate GELU kernel); GPT-2's MLP width is.
+TEST(Gemm, GeluEpilogueOnlyForWidthsInMultiplesOfEight) {
+  TY_SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok());
+  EXPECT_FALSE((*gemm)->SupportsGeluEpilogue(DType::kBF16, 64, 50, 64));
+  EXPECT_TRUE((*gemm)->SupportsGeluEpilogue(DType::kBF16, 1024, 3072, 768));
+}
+
 }  // namespace
 }  // namespace trainyard::kernels::cuda

@@ -137,7 +137,9 @@ absl::Status Gemm::Fp8(cudaStream_t, void* out, DType out_type, const void* a, F
   return absl::OkStatus();
 }
 
-bool Gemm::SupportsGeluEpilogue(DType, int64_t, int64_t, int64_t) { return true; }
+bool Gemm::SupportsGeluEpilogue(DType, int64_t, int64_t n, int64_t) {
+  return gemm_args::GeluEpilogueWidthAllowed(n);
+}
 
 // As cuBLAS's grouped GEMM: the operands are read from the device copy of the pointer arrays
 // (so a caller that uploads wrong or stale pointers gets wrong results here too).
