@@ -86,10 +86,10 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     kept_.clear();  // their buffers are freed on the stream, before it goes
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     for (auto& s : scratch_) {
-      if (s.ptr != nullptr) cudaFree(s.ptr);
+      if (s.ptr != nullptr) cudaFreeAsync(s.ptr, stream_);
     }
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     gemm_.reset();
     upload_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -690,19 +690,21 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // A scratch buffer of at least `bytes`, grown (never shrunk) in stream order.
+  // A scratch buffer of at least `bytes`, grown (never shrunk) in stream order: the old one is
+  // freed after the work queued so far, without waiting for it. (cudaFree would wait for the
+  // whole device, NCCL's kernels on other streams too, which may be waiting for peers that wait
+  // for this thread.) Only work on this stream, or ordered after it by an event, may use it.
   void* ScratchBytes(Scratch which, size_t bytes) {
     Block& s = scratch_[static_cast<int>(which)];
     if (bytes > s.bytes) {
       if (s.ptr != nullptr) {
-        Record(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-        cudaFree(s.ptr);
+        Record(cudaFreeAsync(s.ptr, stream_), "cudaFreeAsync");
         s = Block{};
       }
       // The exact size: shapes repeat every step, so growth stops within the first one, and
       // rounding up could waste as much as the largest use (the LM head's weight copy).
       const size_t grown = bytes;
-      if (cudaMalloc(&s.ptr, grown) != cudaSuccess) {
+      if (cudaMallocAsync(&s.ptr, grown, stream_) != cudaSuccess) {
         Run(absl::ResourceExhaustedError(absl::StrCat("scratch of ", grown, " bytes")));
         s.ptr = nullptr;
         return nullptr;

@@ -132,6 +132,7 @@ TEST_F(NcclSingleRankTest, StartedExchangeFollowsTheProducersWork) {
   std::unique_ptr<Communicator> comm = Connect();
   ASSERT_NE(comm, nullptr);
   ASSERT_TRUE(comm->StartsExchanges());
+  DeviceMemory near(int64_t{64} << 20), far(int64_t{64} << 20);
   for (DType dtype : kTypes) {
     SCOPED_TRACE(DTypeName(dtype));
     const int64_t n = 4099, bytes = n * DTypeBytes(dtype);
@@ -140,7 +141,14 @@ TEST_F(NcclSingleRankTest, StartedExchangeFollowsTheProducersWork) {
     Upload(x, dtype, source.get());
     a.Poison();
     b.Poison();
-    // The producer writes `a` (queued, not waited for); the exchange sends `a` to itself.
+    // The producer writes `a` (queued, not waited for) behind some 10 ms of other copies, a
+    // window in which an exchange that did not wait for it would read the poison; the exchange
+    // sends `a` to itself.
+    for (int i = 0; i < 100; ++i) {
+      ASSERT_EQ(cudaMemcpyAsync(i % 2 ? far.get() : near.get(), i % 2 ? near.get() : far.get(),
+                                far.bytes(), cudaMemcpyDeviceToDevice, stream_.get()),
+                cudaSuccess);
+    }
     ASSERT_EQ(
         cudaMemcpyAsync(a.get(), source.get(), bytes, cudaMemcpyDeviceToDevice, stream_.get()),
         cudaSuccess);

@@ -63,24 +63,27 @@ void PausePoll(int polls) {
   }
 }
 
-// Device memory that grows on demand; freed on destruction.
+// Device memory on the communicator's stream that grows on demand, in stream order: the old
+// buffer is freed after the work queued on the stream, without waiting (cudaFree would wait for
+// the whole device, the training thread's NCCL kernels too, which may be waiting for peers that
+// wait for this communicator). Release before the stream is destroyed.
 class Scratch {
  public:
   Scratch() = default;
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  absl::StatusOr<void*> Reserve(int64_t bytes) {
+  absl::StatusOr<void*> Reserve(int64_t bytes, cudaStream_t stream) {
     if (bytes <= capacity_ && ptr_ != nullptr) return ptr_;
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    capacity_ = 0;
+    Release(stream);
     const int64_t size = std::max<int64_t>(bytes, 256);
-    TY_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, size));
+    TY_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&ptr_, size, stream));
     capacity_ = size;
     return ptr_;
+  }
+  void Release(cudaStream_t stream) {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream);
+    ptr_ = nullptr;
+    capacity_ = 0;
   }
 
  private:
@@ -129,6 +132,7 @@ class NcclCommunicator final : public TypedCommunicator {
         ncclCommDestroy(comm_);
       }
     }
+    for (Scratch* scratch : {&first_, &second_, &barrier_}) scratch->Release(stream_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
@@ -292,7 +296,7 @@ class NcclCommunicator final : public TypedCommunicator {
   absl::Status Barrier() override {
     constexpr const char* kWhat = "nccl barrier";
     TY_RETURN_IF_ERROR(Begin(kWhat, true));
-    TY_ASSIGN_OR_RETURN(void* buf, barrier_.Reserve(sizeof(float)));
+    TY_ASSIGN_OR_RETURN(void* buf, barrier_.Reserve(sizeof(float), stream_));
     return Complete(kWhat, ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm_, stream_));
   }
 
@@ -347,7 +351,7 @@ class NcclCommunicator final : public TypedCommunicator {
   // host memory at `ptr`.
   absl::StatusOr<void*> StageIn(const void* ptr, int64_t bytes, Scratch& scratch) {
     if (copier_->IsDevicePointer(ptr)) return const_cast<void*>(ptr);
-    TY_ASSIGN_OR_RETURN(void* buf, scratch.Reserve(bytes));
+    TY_ASSIGN_OR_RETURN(void* buf, scratch.Reserve(bytes, stream_));
     TY_RETURN_IF_ERROR(copier_->CopyToDevice(buf, ptr, bytes));
     return buf;
   }
@@ -355,7 +359,7 @@ class NcclCommunicator final : public TypedCommunicator {
   // The device buffer NCCL writes for `ptr`: `ptr` itself, or `scratch` for host memory.
   absl::StatusOr<void*> StageTarget(void* ptr, int64_t bytes, Scratch& scratch) {
     if (copier_->IsDevicePointer(ptr)) return ptr;
-    return scratch.Reserve(bytes);
+    return scratch.Reserve(bytes, stream_);
   }
 
   // Copies a result from scratch back to the host memory it stands for (nothing when `ptr` is
