@@ -480,7 +480,7 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
   // Asked directly, not through the agent's relay, which forwards reports in batches: a stop
   // should not wait for one.
   TerminationWatcher termination(
-      [direct = std::shared_ptr<ProgressChannel>(MakeGrpcProgressChannel(stub)),
+      [direct = MakeGrpcProgressChannel(stub),
        notice = TerminationNotice(options)](absl::Duration timeout) -> absl::StatusOr<v1::Order> {
         TY_ASSIGN_OR_RETURN(const v1::ProgressReply reply, direct->Report(notice, timeout));
         return reply.order();

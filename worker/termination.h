@@ -14,6 +14,7 @@
 #include <functional>
 #include <thread>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/trainyard.pb.h"
@@ -24,8 +25,8 @@ inline constexpr absl::Duration kTerminationTimeout = absl::Seconds(2);
 
 class TerminationWatcher {
  public:
-  // Asks the coordinator what a SIGTERM means, within `timeout`.
-  using Ask = std::function<absl::StatusOr<trainyard::v1::Order>(absl::Duration timeout)>;
+  // Asks the coordinator what a SIGTERM means, within `timeout` (may own what it asks through).
+  using Ask = absl::AnyInvocable<absl::StatusOr<trainyard::v1::Order>(absl::Duration timeout)>;
   // What ends the process (tests replace it); by default SIGTERM's own action.
   using Terminate = std::function<void()>;
 

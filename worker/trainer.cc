@@ -225,6 +225,8 @@ class RankTrainer {
   absl::StatusOr<TrainResult> Run();
 
  private:
+  // Every rank: the full parameters (layout order) into `out`, when it is set (tests).
+  absl::Status GatherParametersInto(std::vector<float>* out);
   // The step's passes, queued; the loss stays on the device until OptimizerStep reads it.
   absl::Status ForwardBackward();
   struct OptimizerStepped {
@@ -414,6 +416,12 @@ double RankTrainer::CollectiveWaitSeconds() const {
 
 double RankTrainer::WaitSeconds() const { return CollectiveWaitSeconds() + pipeline_wait_; }
 
+absl::Status RankTrainer::GatherParametersInto(std::vector<float>* out) {
+  if (out == nullptr) return absl::OkStatus();
+  out->resize(layout_->total());
+  return params_->GatherParameters(out->data());
+}
+
 absl::Status RankTrainer::Restore() {
   const int world = spec_.world_size();
   TY_ASSIGN_OR_RETURN(std::string token, SaveToken(rank_, world));
@@ -453,11 +461,7 @@ absl::Status RankTrainer::Restore() {
             << std::flush;
     }
   }
-  if (options_.restored_parameters != nullptr) {
-    options_.restored_parameters->resize(layout_->total());
-    TY_RETURN_IF_ERROR(params_->GatherParameters(options_.restored_parameters->data()));
-  }
-  return absl::OkStatus();
+  return GatherParametersInto(options_.restored_parameters);
 }
 
 absl::Status RankTrainer::ForwardBackward() {
@@ -823,10 +827,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
   if (watchdog != nullptr) watchdog->Suspend();
   TY_RETURN_IF_ERROR(Checkpoint(/*save=*/false, /*wait=*/true));  // the save still in flight
   Finish();
-  if (options_.final_parameters != nullptr) {
-    options_.final_parameters->resize(layout_->total());
-    TY_RETURN_IF_ERROR(params_->GatherParameters(options_.final_parameters->data()));
-  }
+  TY_RETURN_IF_ERROR(GatherParametersInto(options_.final_parameters));
   return std::move(result_);
 }
 
