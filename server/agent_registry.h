@@ -41,8 +41,9 @@ struct StartWorkerOrder {
   bool gpu = false;
   std::string coordinator_address;
   std::map<std::string, std::string> env;
-  std::string memory_peer_address;  // the job's peer node's memory tier ("": none)
-  std::string attempt_secret;       // the worker's credential for WorkerService (auth.h)
+  std::string memory_peer_address;                 // the job's peer node's memory tier ("": none)
+  std::vector<std::string> memory_tier_addresses;  // every node's of the attempt, this one's too
+  std::string attempt_secret;  // the worker's credential for WorkerService (auth.h)
 };
 struct StopWorkersOrder {
   std::string job_id;

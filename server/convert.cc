@@ -389,6 +389,7 @@ void ToProto(const AgentOrder& order, v1::CoordinatorMessage* out) {
           for (const auto& [key, value] : o.env) (*start->mutable_env())[key] = value;
           start->set_gpu(o.gpu);
           start->set_memory_peer_address(o.memory_peer_address);
+          for (const std::string& a : o.memory_tier_addresses) start->add_memory_tier_addresses(a);
           start->set_attempt_secret(o.attempt_secret);
         } else if constexpr (std::is_same_v<T, StopWorkersOrder>) {
           v1::StopWorkers* stop = out->mutable_stop();

@@ -126,6 +126,11 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   if (nodes.size() > 1) {
     const size_t at = std::find(nodes.begin(), nodes.end(), slot.node_id) - nodes.begin();
     order.memory_peer_address = registry_->MemoryTierAddress(nodes[(at + 1) % nodes.size()]);
+    // From three nodes up no node holds a whole snapshot: a restore fetches what its node lacks.
+    for (const std::string& node : nodes) {
+      std::string address = registry_->MemoryTierAddress(node);
+      if (!address.empty()) order.memory_tier_addresses.push_back(std::move(address));
+    }
   }
   return order;
 }

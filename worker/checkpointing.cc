@@ -61,28 +61,16 @@ int64_t Checkpointer::SnapshotFloats(const TrainState& state) const {
   return floats;
 }
 
-std::vector<MemorySnapshotId> Checkpointer::LocalSnapshots() const {
+std::vector<MemorySnapshotId> Checkpointer::CompleteSnapshots() const {
   std::vector<MemorySnapshotId> complete;
-  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(tier_dir_);
-  if (!names.ok()) return complete;
-  std::vector<MemorySnapshotId> ids;
-  for (const std::string& name : *names) {
-    if (std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(name)) ids.push_back(*id);
+  absl::StatusOr<std::vector<std::string>> names = tier_->Complete();
+  if (!names.ok()) {
+    TY_LOG(WARNING) << "rank " << rank_.rank << ": the memory tier did not say what it holds ("
+                    << names.status().message() << ")";
+    return complete;
   }
-  std::sort(ids.begin(), ids.end(), [](const auto& a, const auto& b) { return b < a; });
-  for (const MemorySnapshotId& id : ids) {
-    const std::string dir = checkpoint::JoinPath(tier_dir_, MemorySnapshotName(id));
-    absl::StatusOr<checkpoint::Manifest> first =
-        checkpoint::ReadManifestFile(*fs_, checkpoint::JoinPath(dir, MemoryRankManifestName(0)));
-    if (!first.ok()) continue;
-    const checkpoint::v1::WriterMesh& m = first->mesh();
-    const int world = WriterWorld(m);
-    bool all = world > 0;
-    for (int r = 1; all && r < world; ++r) {
-      all = fs_->Exists(checkpoint::JoinPath(dir, MemoryRankManifestName(r)));
-    }
-    if (!all) continue;
-    complete.push_back(id);
+  for (const std::string& name : *names) {
+    if (std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(name)) complete.push_back(*id);
     if (static_cast<int>(complete.size()) == kOffered) break;
   }
   return complete;
@@ -123,7 +111,7 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
   // Every rank takes part in the exchange, with or without a tier of its own.
   std::vector<double> offers(static_cast<size_t>(rank_.world) * kOffered, 0.0);
   if (!tier_dir_.empty()) {
-    const std::vector<MemorySnapshotId> local = LocalSnapshots();
+    const std::vector<MemorySnapshotId> local = CompleteSnapshots();
     for (size_t i = 0; i < local.size(); ++i) offers[rank_.rank * kOffered + i] = Encode(local[i]);
   }
   TY_RETURN_IF_ERROR(sum_(offers));
@@ -144,7 +132,10 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
     if (disk_step && id.step < *disk_step) break;  // a committed checkpoint is newer
     const std::string dir = checkpoint::JoinPath(tier_dir_, MemorySnapshotName(id));
     checkpoint::Manifest manifest;
-    absl::StatusOr<checkpoint::RankState> loaded = LoadMemorySnapshot(dir, &manifest);
+    // From three nodes up the node lacks some ranks' files: its agent fetches them first.
+    const absl::Status gathered = tier_->Gather(MemorySnapshotName(id));
+    absl::StatusOr<checkpoint::RankState> loaded =
+        gathered.ok() ? LoadMemorySnapshot(dir, &manifest) : gathered;
     double failures[1] = {loaded.ok() ? 0.0 : 1.0};
     TY_RETURN_IF_ERROR(sum_(failures));
     if (failures[0] > 0) {

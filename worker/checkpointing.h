@@ -9,10 +9,12 @@
 // The memory tier comes first. With a MemoryTierClient, the Checkpointer also snapshots the
 // rank's state into its node's tier every fault_tolerance.memory_every_steps (SaveToMemory, in
 // the background like a checkpoint, with the tier's own format: checkpoint/writer.h's memory
-// mode). On restore, every rank lists the snapshots complete on its node (every rank of the
-// writing attempt present: its own node's and those peers copied there), the ranks exchange
-// their lists, and the newest snapshot every rank holds wins unless a committed checkpoint is
-// newer. Snapshots load into any mesh, like checkpoints.
+// mode). On restore, every rank asks its node's agent for the snapshots complete over the
+// attempt's nodes (every rank of the writing attempt held by some node: its own ranks and the
+// copies peers sent it), the ranks exchange their lists, and the newest snapshot every rank was
+// offered wins unless a committed checkpoint is newer. Each node's agent fetches the ranks of it
+// the node lacks (from three nodes up no node holds them all), and every rank loads it from its
+// node. Snapshots load into any mesh, like checkpoints.
 //
 // Threading: the training thread's; the writer's background thread is internal.
 #ifndef TRAINYARD_WORKER_CHECKPOINTING_H_
@@ -110,7 +112,8 @@ class Checkpointer {
       TrainState& state, std::optional<int64_t> disk_step);
   [[nodiscard]] absl::StatusOr<checkpoint::RankState> LoadMemorySnapshot(
       const std::string& dir, checkpoint::Manifest* merged) const;
-  std::vector<MemorySnapshotId> LocalSnapshots() const;
+  // The newest few snapshots the nodes of the attempt hold every rank of, newest first.
+  std::vector<MemorySnapshotId> CompleteSnapshots() const;
 
   FileSystem* fs_;
   Clock* clock_;

@@ -3,7 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "proto/trainyard.grpc.pb.h"
 
@@ -50,6 +52,29 @@ class GrpcMemoryTier final : public MemoryTierClient {
     for (std::string& f : files) request.add_files(std::move(f));
     v1::TierCommittedReply reply;
     return rpc::FromGrpc(stub_->Committed(&context, request, &reply));
+  }
+
+  absl::StatusOr<std::vector<std::string>> Complete() override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+    v1::TierCompleteRequest request;
+    request.set_job_id(job_id_);
+    v1::TierCompleteReply reply;
+    if (grpc::Status s = stub_->Complete(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return std::vector<std::string>(reply.snapshots().begin(), reply.snapshots().end());
+  }
+
+  absl::Status Gather(const std::string& snapshot) override {
+    grpc::ClientContext context;
+    // Every rank of the snapshot this node lacks, over the network.
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    v1::TierGatherRequest request;
+    request.set_job_id(job_id_);
+    request.set_snapshot(snapshot);
+    v1::TierGatherReply reply;
+    return rpc::FromGrpc(stub_->Gather(&context, request, &reply));
   }
 
  private:

@@ -26,6 +26,11 @@ class MemoryTierClient {
   // last): the agent may prune older ones and copy it to the peer node.
   [[nodiscard]] virtual absl::Status Committed(int64_t step, const std::string& snapshot,
                                                std::vector<std::string> files) = 0;
+  // The snapshots (directory names) every rank of which some node of the attempt holds, newest
+  // first.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Complete() = 0;
+  // Makes `snapshot` complete on this node: the agent fetches the ranks it lacks.
+  [[nodiscard]] virtual absl::Status Gather(const std::string& snapshot) = 0;
 };
 
 }  // namespace trainyard::worker

@@ -172,7 +172,9 @@ void AgentCore::ReturnUnsent(std::vector<v1::AgentMessage> messages) {
 
 void AgentCore::AdmitAndStart(const v1::StartWorker& order) {
   if (config_.memory_tier != nullptr) {
-    config_.memory_tier->SetPeer(order.job_id(), order.memory_peer_address());
+    config_.memory_tier->SetPeer(
+        order.job_id(), order.memory_peer_address(),
+        {order.memory_tier_addresses().begin(), order.memory_tier_addresses().end()});
     config_.memory_tier->AdmitSecret(order.job_id(), order.attempt_secret());
   }
   if (config_.progress_relay != nullptr) {

@@ -35,9 +35,28 @@ absl::Status MemoryTier::Start() {
 
 int64_t MemoryTier::reserved_bytes() const {
   absl::MutexLock lock(&mu_);
-  int64_t total = 0;
+  int64_t total = GatheredLocked();
   for (const auto& [key, bytes] : reserved_) total += bytes;
   return total;
+}
+
+int64_t MemoryTier::GatheredLocked() const {
+  int64_t total = 0;
+  for (const auto& [job, all] : snapshots_) {
+    for (const auto& [id, s] : all) total += s.gathered_bytes;
+  }
+  return total;
+}
+
+int64_t MemoryTier::SizeOf(const std::string& job_id, const std::string& snapshot,
+                           const std::vector<std::string>& files) const {
+  int64_t bytes = 0;
+  for (const std::string& file : files) {
+    absl::StatusOr<uint64_t> size =
+        fs_->FileSize(absl::StrCat(JobDir(job_id), "/", snapshot, "/", file));
+    if (size.ok()) bytes += static_cast<int64_t>(*size);
+  }
+  return bytes;
 }
 
 std::string MemoryTier::JobDir(const std::string& job_id) const {
@@ -56,7 +75,7 @@ absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int r
   const std::string dir = JobDir(job_id);
   absl::MutexLock lock(&mu_);
   const Key key{job_id, rank, peer_copy};
-  int64_t others = 0;
+  int64_t others = GatheredLocked();
   for (const auto& [k, b] : reserved_) {
     if (k != key) others += b;
   }
@@ -88,6 +107,7 @@ absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int worl
       return absl::InvalidArgumentError(absl::StrCat("bad file name '", file, "'"));
     }
   }
+  const int64_t bytes = SizeOf(job_id, snapshot, files);
   absl::MutexLock lock(&mu_);
   auto reservation = reserved_.find(Key{job_id, rank, false});
   if (reservation == reserved_.end()) {
@@ -96,7 +116,7 @@ absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int worl
   }
   Snapshot& s = snapshots_[job_id][*id];
   s.world = world;
-  s.ranks.insert(rank);
+  s.ranks[rank] = {files, bytes};
   PruneLocked(job_id);
   auto peer = peers_.find(job_id);
   if (peer != peers_.end() && !peer->second.empty()) {
@@ -125,7 +145,7 @@ absl::Status MemoryTier::BeginCopy(const std::string& job_id, int rank,
     return absl::FailedPreconditionError(
         absl::StrCat("no reservation for copies of rank ", rank, " of job ", job_id));
   }
-  ++snapshots_[job_id][*id].arriving;
+  ++snapshots_[job_id][*id].pins;
   return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
 }
 
@@ -140,33 +160,123 @@ absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(const std
 }
 
 void MemoryTier::EndCopy(const std::string& job_id, int rank, int world,
-                         const std::string& snapshot, bool complete) {
+                         const std::string& snapshot,
+                         std::optional<std::vector<std::string>> complete) {
+  const int64_t bytes = complete ? SizeOf(job_id, snapshot, *complete) : 0;
+  absl::MutexLock lock(&mu_);
+  Snapshot* s = FindLocked(job_id, snapshot);
+  if (s == nullptr) return;  // released meanwhile
+  if (complete && world > 0 && rank >= 0 && rank < world) {
+    s->world = world;
+    s->ranks[rank] = {std::move(*complete), bytes};
+  }
+  UnpinLocked(job_id, snapshot);
+}
+
+MemoryTier::Snapshot* MemoryTier::FindLocked(const std::string& job_id,
+                                             const std::string& snapshot) {
   const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
-  if (!id) return;
+  auto job = snapshots_.find(job_id);
+  if (!id || job == snapshots_.end()) return nullptr;
+  auto s = job->second.find(*id);
+  return s == job->second.end() ? nullptr : &s->second;
+}
+
+void MemoryTier::UnpinLocked(const std::string& job_id, const std::string& snapshot) {
+  Snapshot* s = FindLocked(job_id, snapshot);
+  if (s == nullptr) return;
+  --s->pins;
+  PruneLocked(job_id);
+}
+
+std::vector<HeldSnapshot> MemoryTier::Held(const std::string& job_id) const {
+  std::vector<HeldSnapshot> held;
   absl::MutexLock lock(&mu_);
   auto job = snapshots_.find(job_id);
-  if (job == snapshots_.end()) return;  // released meanwhile
-  auto s = job->second.find(*id);
-  if (s == job->second.end()) return;
-  --s->second.arriving;
-  if (complete && world > 0 && rank < world) {
-    s->second.world = world;
-    s->second.ranks.insert(rank);
+  if (job == snapshots_.end()) return held;
+  for (auto it = job->second.rbegin(); it != job->second.rend(); ++it) {
+    if (it->second.ranks.empty()) continue;
+    HeldSnapshot& h = held.emplace_back(HeldSnapshot{.id = it->first, .world = it->second.world});
+    for (const auto& [rank, files] : it->second.ranks) h.ranks[rank] = files.bytes;
   }
-  PruneLocked(job_id);
+  return held;
+}
+
+absl::StatusOr<RankFiles> MemoryTier::BeginRead(const std::string& job_id,
+                                                const std::string& snapshot, int rank) {
+  absl::MutexLock lock(&mu_);
+  Snapshot* s = FindLocked(job_id, snapshot);
+  if (s == nullptr || !s->ranks.contains(rank)) {
+    return absl::NotFoundError(absl::StrCat("the memory tier of ", node_id_, " holds no rank ",
+                                            rank, " of ", job_id, "/", snapshot));
+  }
+  ++s->pins;
+  return s->ranks[rank];
+}
+
+void MemoryTier::EndRead(const std::string& job_id, const std::string& snapshot) {
+  absl::MutexLock lock(&mu_);
+  UnpinLocked(job_id, snapshot);
+}
+
+absl::Status MemoryTier::BeginGather(const std::string& job_id, const std::string& snapshot,
+                                     int world, int64_t bytes) {
+  const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
+  if (!IsPlainTierName(job_id) || !id || world < 1 || bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad gather '", job_id, "/", snapshot, "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  int64_t used = GatheredLocked();
+  for (const auto& [k, b] : reserved_) used += b;
+  if (used + bytes > budget_) {
+    std::string message = absl::StrCat(
+        "memory tier of ", node_id_, " refused to gather ", snapshot, ": the ranks it lacks need ",
+        Mib(bytes), ", ", Mib(std::max<int64_t>(0, budget_ - used)), " of its ", Mib(budget_),
+        " budget are free (the agent's --memory-tier-mb)");
+    notices_.emplace_back(job_id, message);
+    return absl::ResourceExhaustedError(std::move(message));
+  }
+  Snapshot& s = snapshots_[job_id][*id];
+  s.world = world;
+  ++s.pins;
+  s.gathered_bytes += bytes;
+  return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
+}
+
+void MemoryTier::EndGather(const std::string& job_id, const std::string& snapshot,
+                           const std::map<int, RankFiles>& got) {
+  absl::MutexLock lock(&mu_);
+  Snapshot* s = FindLocked(job_id, snapshot);
+  if (s == nullptr) return;
+  // What arrived stays counted; the room asked for and not used is given back.
+  int64_t arrived = 0;
+  for (const auto& [rank, files] : got) {
+    if (rank < 0 || rank >= s->world) continue;
+    s->ranks[rank] = files;
+    arrived += files.bytes;
+  }
+  s->gathered_bytes = arrived;
+  UnpinLocked(job_id, snapshot);
 }
 
 void MemoryTier::PruneLocked(const std::string& job_id) {
   auto job = snapshots_.find(job_id);
   if (job == snapshots_.end()) return;
   std::map<MemorySnapshotId, Snapshot>& all = job->second;
+  // A gathered snapshot is complete here for a restore, not for a lost peer: it is kept until a
+  // later attempt snapshots (its ranks have restored then), and it keeps nothing older.
   std::optional<MemorySnapshotId> newest_complete;
+  int newest_attempt = 0;
   for (const auto& [id, s] : all) {
-    if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world) newest_complete = id;
+    if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world && s.gathered_bytes == 0) {
+      newest_complete = id;
+    }
+    if (!s.ranks.empty()) newest_attempt = std::max(newest_attempt, id.attempt);
   }
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
   for (auto it = all.begin(); it != all.end(); --newer) {
-    const bool keep = newer <= kKeep || it->second.arriving > 0 ||
+    const bool restoring = it->second.gathered_bytes > 0 && it->first.attempt >= newest_attempt;
+    const bool keep = newer <= kKeep || it->second.pins > 0 || restoring ||
                       (newest_complete && it->first == *newest_complete);
     if (keep) {
       ++it;
@@ -177,9 +287,17 @@ void MemoryTier::PruneLocked(const std::string& job_id) {
   }
 }
 
-void MemoryTier::SetPeer(const std::string& job_id, const std::string& peer_address) {
+void MemoryTier::SetPeer(const std::string& job_id, const std::string& peer_address,
+                         std::vector<std::string> attempt_tiers) {
   absl::MutexLock lock(&mu_);
   peers_[job_id] = peer_address;
+  attempt_tiers_[job_id] = std::move(attempt_tiers);
+}
+
+std::vector<std::string> MemoryTier::AttemptTiers(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = attempt_tiers_.find(job_id);
+  return it == attempt_tiers_.end() ? std::vector<std::string>{} : it->second;
 }
 
 void MemoryTier::Release(const std::string& job_id) {
@@ -188,6 +306,7 @@ void MemoryTier::Release(const std::string& job_id) {
   std::erase_if(reserved_, [&](const auto& entry) { return std::get<0>(entry.first) == job_id; });
   std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id; });
   peers_.erase(job_id);
+  attempt_tiers_.erase(job_id);
   secrets_.erase(job_id);
   snapshots_.erase(job_id);
   const std::string dir = JobDir(job_id);

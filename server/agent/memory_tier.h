@@ -11,11 +11,16 @@
 // RESOURCE_EXHAUSTED and a notice for the job's events, and the rank runs without the tier.
 // When the job ends, Release frees everything it holds.
 //
+// From three nodes up no node holds every rank of a snapshot: a restoring node gathers the ranks
+// it lacks from the nodes of the attempt that hold them (Held, BeginRead on theirs; BeginGather,
+// OpenReceived, EndGather on its own). What it gathers counts against its budget while kept: until
+// a later attempt (the restored one) has kKeep snapshots of its own here.
+//
 // What is kept of a job: its kKeep newest snapshots, the newest one complete on this node (every
 // rank of the writing attempt present, its own or copied here), and those a copy is arriving
-// for. A copy starts within about a step of its snapshot, so this node's own ranks' snapshot of
-// the same step is still among the newest when it does, and is kept until the copy ends: the
-// pair makes a complete snapshot from which a lost peer's work resumes.
+// for or a peer is reading. A copy starts within about a step of its snapshot, so this node's own
+// ranks' snapshot of the same step is still among the newest when it does, and is kept until the
+// copy ends: the pair makes a complete snapshot from which a lost peer's work resumes.
 //
 // The agent wipes the tier when it starts: a restarted agent holds no reservations, and a lost
 // node's memory is lost. Workers it adopts from the agent before it lose their tier: their
@@ -56,6 +61,19 @@ struct PeerCopy {
   std::vector<std::string> files;  // the rank's manifest last
 };
 
+// A rank's files in a snapshot, as a node holds them.
+struct RankFiles {
+  std::vector<std::string> names;  // its manifest last
+  int64_t bytes = 0;
+};
+
+// What a node holds of one snapshot: the ranks whose files are complete there.
+struct HeldSnapshot {
+  MemorySnapshotId id;
+  int world = 0;
+  std::map<int, int64_t> ranks;  // rank -> bytes of its files
+};
+
 class MemoryTier {
  public:
   static constexpr int kKeep = 3;  // newest snapshots (steps) kept per job
@@ -94,12 +112,29 @@ class MemoryTier {
   // A file of the copy, opened for writing in the tier.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> OpenReceived(
       const std::string& job_id, const std::string& snapshot, const std::string& file);
-  // The copy ended; `complete` when every file arrived (its manifest last).
+  // The copy ended; `complete`: every file arrived (its manifest last), nullopt when not.
   void EndCopy(const std::string& job_id, int rank, int world, const std::string& snapshot,
-               bool complete);
+               std::optional<std::vector<std::string>> complete);
 
-  // The node that keeps copies of `job_id`'s snapshots from this node ("" : none).
-  void SetPeer(const std::string& job_id, const std::string& peer_address);
+  // The node that keeps copies of `job_id`'s snapshots from this node ("" : none), and the tiers
+  // of every node of the job's newest attempt (where a gather looks).
+  void SetPeer(const std::string& job_id, const std::string& peer_address,
+               std::vector<std::string> attempt_tiers = {});
+  std::vector<std::string> AttemptTiers(const std::string& job_id) const;
+
+  // The job's snapshots with at least one rank complete here, newest first.
+  std::vector<HeldSnapshot> Held(const std::string& job_id) const;
+  // A rank's files, kept until EndRead. NOT_FOUND when this node does not hold them whole.
+  [[nodiscard]] absl::StatusOr<RankFiles> BeginRead(const std::string& job_id,
+                                                    const std::string& snapshot, int rank);
+  void EndRead(const std::string& job_id, const std::string& snapshot);
+  // Room for `bytes` of other nodes' ranks of a snapshot of `world` ranks, fetched next
+  // (OpenReceived) and kept until EndGather. RESOURCE_EXHAUSTED over the budget (and a notice).
+  [[nodiscard]] absl::Status BeginGather(const std::string& job_id, const std::string& snapshot,
+                                         int world, int64_t bytes);
+  // The gather ended with `got` (rank -> its files) complete here.
+  void EndGather(const std::string& job_id, const std::string& snapshot,
+                 const std::map<int, RankFiles>& got);
   // The job ended: removes its directory, reservations and secrets.
   void Release(const std::string& job_id);
 
@@ -125,10 +160,20 @@ class MemoryTier {
   using Key = std::tuple<std::string, int, bool>;  // job, rank, peer copy
   struct Snapshot {
     int world = 0;
-    std::set<int> ranks;  // whose files are complete here
-    int arriving = 0;     // copies in progress
+    std::map<int, RankFiles> ranks;  // whose files are complete here
+    int pins = 0;                    // copies arriving, reads and gathers in progress
+    int64_t gathered_bytes = 0;      // fetched from other nodes (or room for that)
   };
   void PruneLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t GatheredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The snapshot of a job, or null for a bad or unknown name.
+  Snapshot* FindLocked(const std::string& job_id, const std::string& snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinLocked(const std::string& job_id, const std::string& snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes of `files` in a snapshot's directory.
+  int64_t SizeOf(const std::string& job_id, const std::string& snapshot,
+                 const std::vector<std::string>& files) const;
 
   FileSystem* const fs_;
   const std::string root_;
@@ -138,6 +183,7 @@ class MemoryTier {
   mutable absl::Mutex mu_;
   std::map<Key, int64_t> reserved_ ABSL_GUARDED_BY(mu_);  // bytes per key
   std::map<std::string, std::string> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> attempt_tiers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::string>> secrets_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::map<std::string, std::map<MemorySnapshotId, Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
   std::deque<PeerCopy> copies_ ABSL_GUARDED_BY(mu_);

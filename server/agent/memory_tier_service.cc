@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -25,9 +27,98 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 using rpc::FromGrpc;
 using rpc::ToGrpc;
 
+// Writes `files` of `dir` as chunks like `header` (which names the job, snapshot and rank) until
+// `write` refuses one. NOT_FOUND when a file is gone (pruned meanwhile).
+absl::Status StreamFiles(FileSystem& fs, const std::string& dir,
+                         const std::vector<std::string>& files, const v1::TierChunk& header,
+                         const std::function<bool(const v1::TierChunk&)>& write) {
+  for (const std::string& file : files) {
+    TY_ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyRegion> region,
+                        fs.MapReadOnly(absl::StrCat(dir, "/", file)));
+    const char* data = reinterpret_cast<const char*>(region->data());
+    const size_t size = region->size();
+    size_t at = 0;
+    do {
+      const size_t n = std::min(kChunkBytes, size - at);
+      v1::TierChunk chunk = header;
+      chunk.set_file(file);
+      chunk.set_data(data + at, n);
+      at += n;
+      chunk.set_last(at == size);
+      if (!write(chunk)) return absl::CancelledError("the receiver closed the stream");
+    } while (at < size);
+  }
+  return absl::OkStatus();
+}
+
+// Receives one rank's files of a snapshot into the tier, from `chunk` on while `next` gives
+// chunks. `complete`: every file arrived (the manifest, named "rank-…", last).
+struct Received {
+  std::vector<std::string> files;
+  int64_t bytes = 0;
+  bool complete = false;
+};
+absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::string& snapshot,
+                          int rank, v1::TierChunk chunk,
+                          const std::function<bool(v1::TierChunk*)>& next, Received* got) {
+  std::unique_ptr<WritableFile> out;
+  do {
+    if (chunk.job_id() != job || chunk.snapshot() != snapshot || chunk.rank() != rank) {
+      return absl::InvalidArgumentError("a copy's chunks must all name the same snapshot");
+    }
+    if (out == nullptr) {
+      TY_ASSIGN_OR_RETURN(out, tier.OpenReceived(job, snapshot, chunk.file()));
+    }
+    TY_RETURN_IF_ERROR(out->Append(chunk.data()));
+    got->bytes += static_cast<int64_t>(chunk.data().size());
+    if (chunk.last()) {
+      TY_RETURN_IF_ERROR(out->Close());
+      out.reset();
+      got->files.push_back(chunk.file());
+      got->complete = chunk.file().starts_with("rank-");
+    }
+  } while (next(&chunk));
+  if (out != nullptr) return absl::DataLossError("the copy ended inside a file");
+  return absl::OkStatus();
+}
+
+// Stubs for other nodes' tiers, one per address, shared by the copier and the gathers.
+class PeerStubs {
+ public:
+  void set_credentials(std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    credentials_ = std::move(credentials);
+  }
+  v1::MemoryTierService::Stub& For(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = stubs_[address];
+    if (stub == nullptr) {
+      stub = v1::MemoryTierService::NewStub(grpc::CreateChannel(address, credentials_));
+    }
+    return *stub;
+  }
+
+ private:
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // set before any call
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::MemoryTierService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the nodes of a job's attempt hold of a snapshot: per rank, a node holding it and the
+// bytes of its files.
+struct Holders {
+  int world = 0;
+  std::map<int, std::pair<std::string, int64_t>> ranks;  // rank -> (address, bytes)
+};
+
 class Service final : public v1::MemoryTierService::Service {
  public:
-  explicit Service(MemoryTier* tier) : tier_(tier) {}
+  Service(MemoryTier* tier, FileSystem* fs, PeerStubs* peers)
+      : tier_(tier), fs_(fs), peers_(peers) {}
+
+  void set_address(const std::string& address) {
+    absl::MutexLock lock(&address_mu_);
+    address_ = address;
+  }
 
   grpc::Status Reserve(grpc::ServerContext* context, const v1::TierReserveRequest* request,
                        v1::TierReserveReply* reply) override {
@@ -66,43 +157,208 @@ class Service final : public v1::MemoryTierService::Service {
     }
     const int rank = first.rank(), world = first.world();
     if (absl::Status s = tier_->BeginCopy(job, rank, snapshot); !s.ok()) return ToGrpc(s);
-    bool complete = false;
-    int64_t bytes = 0;
-    absl::Status status = [&]() -> absl::Status {
-      std::unique_ptr<WritableFile> out;
-      v1::TierChunk chunk = std::move(first);
-      do {
-        if (chunk.job_id() != job || chunk.snapshot() != snapshot || chunk.rank() != rank) {
-          return absl::InvalidArgumentError("a copy's chunks must all name the same snapshot");
-        }
-        if (out == nullptr) {
-          TY_ASSIGN_OR_RETURN(out, tier_->OpenReceived(job, snapshot, chunk.file()));
-        }
-        TY_RETURN_IF_ERROR(out->Append(chunk.data()));
-        bytes += static_cast<int64_t>(chunk.data().size());
-        if (chunk.last()) {
-          TY_RETURN_IF_ERROR(out->Close());
-          out.reset();
-          complete = chunk.file().starts_with("rank-");
-        }
-      } while (reader->Read(&chunk));
-      if (out != nullptr) return absl::DataLossError("the copy ended inside a file");
-      return absl::OkStatus();
-    }();
-    tier_->EndCopy(job, rank, world, snapshot, status.ok() && complete);
+    Received got;
+    const absl::Status status = ReceiveFiles(
+        *tier_, job, snapshot, rank, std::move(first),
+        [reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, &got);
+    tier_->EndCopy(
+        job, rank, world, snapshot,
+        status.ok() && got.complete ? std::optional(std::move(got.files)) : std::nullopt);
     if (!status.ok()) return ToGrpc(status);
-    reply->set_bytes(bytes);
+    reply->set_bytes(got.bytes);
     return grpc::Status::OK;
   }
 
+  grpc::Status Held(grpc::ServerContext* context, const v1::TierHeldRequest* request,
+                    v1::TierHeldReply* reply) override {
+    if (absl::Status s = tier_->CheckSecret(request->job_id(), rpc::BearerToken(*context));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
+    for (const HeldSnapshot& held : tier_->Held(request->job_id())) {
+      v1::TierHeld* out = reply->add_snapshots();
+      out->set_snapshot(MemorySnapshotName(held.id));
+      out->set_world(held.world);
+      for (const auto& [rank, bytes] : held.ranks) {
+        v1::TierHeldRank* r = out->add_ranks();
+        r->set_rank(rank);
+        r->set_bytes(bytes);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetSnapshot(grpc::ServerContext* context, const v1::TierGetRequest* request,
+                           grpc::ServerWriter<v1::TierChunk>* writer) override {
+    const std::string& job = request->job_id();
+    if (absl::Status s = tier_->CheckSecret(job, rpc::BearerToken(*context)); !s.ok()) {
+      return ToGrpc(s);
+    }
+    absl::StatusOr<RankFiles> files = tier_->BeginRead(job, request->snapshot(), request->rank());
+    if (!files.ok()) return ToGrpc(files.status());
+    v1::TierChunk header;
+    header.set_job_id(job);
+    header.set_snapshot(request->snapshot());
+    header.set_rank(request->rank());
+    const absl::Status sent =
+        StreamFiles(*fs_, absl::StrCat(tier_->JobDir(job), "/", request->snapshot()), files->names,
+                    header, [writer](const v1::TierChunk& c) { return writer->Write(c); });
+    tier_->EndRead(job, request->snapshot());
+    return ToGrpc(sent);
+  }
+
+  grpc::Status Complete(grpc::ServerContext* context, const v1::TierCompleteRequest* request,
+                        v1::TierCompleteReply* reply) override {
+    const std::optional<std::string> secret = rpc::BearerToken(*context);
+    if (absl::Status s = tier_->CheckSecret(request->job_id(), secret); !s.ok()) return ToGrpc(s);
+    // Every snapshot any node holds a rank of, with where each rank is.
+    std::map<MemorySnapshotId, Holders> all;
+    ForEachHeld(request->job_id(), *secret, [&](const std::string& address, const HeldSnapshot& h) {
+      Holders& holders = all[h.id];
+      holders.world = h.world;
+      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
+    });
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (it->second.world > 0 && static_cast<int>(it->second.ranks.size()) == it->second.world) {
+        reply->add_snapshots(MemorySnapshotName(it->first));
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Gather(grpc::ServerContext* context, const v1::TierGatherRequest* request,
+                      v1::TierGatherReply* reply) override {
+    const std::optional<std::string> secret = rpc::BearerToken(*context);
+    const std::string& job = request->job_id();
+    if (absl::Status s = tier_->CheckSecret(job, secret); !s.ok()) return ToGrpc(s);
+    const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(request->snapshot());
+    if (!id) return ToGrpc(absl::InvalidArgumentError("bad snapshot name"));
+    // The node's ranks ask for the same snapshot at once: the first fetches, the others find it
+    // complete.
+    absl::MutexLock lock(&gather_mu_);
+    Holders holders;
+    const std::string self = address();
+    ForEachHeld(job, *secret, [&](const std::string& address, const HeldSnapshot& h) {
+      if (h.id != *id) return;
+      holders.world = h.world;
+      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
+    });
+    if (holders.world == 0) {
+      return ToGrpc(absl::FailedPreconditionError(
+          absl::StrCat("no node of the attempt holds ", job, "/", request->snapshot())));
+    }
+    std::map<int, std::pair<std::string, int64_t>> fetch;
+    for (int rank = 0; rank < holders.world; ++rank) {
+      auto it = holders.ranks.find(rank);
+      if (it == holders.ranks.end()) {
+        return ToGrpc(absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of ", job, "/",
+                                                                 request->snapshot(),
+                                                                 " is on no node of the attempt")));
+      }
+      if (it->second.first != self) fetch.insert(*it);
+    }
+    return ToGrpc(Fetch(job, request->snapshot(), holders.world, *secret, fetch, reply));
+  }
+
  private:
+  std::string address() const {
+    absl::MutexLock lock(&address_mu_);
+    return address_;
+  }
+
+  // Calls `each` with what this node and every other node of the job's attempt hold (this node
+  // first, so that its ranks win). A node that does not answer holds nothing.
+  void ForEachHeld(const std::string& job, const std::string& secret,
+                   const std::function<void(const std::string&, const HeldSnapshot&)>& each) {
+    const std::string self = address();
+    for (const HeldSnapshot& h : tier_->Held(job)) each(self, h);
+    for (const std::string& peer : tier_->AttemptTiers(job)) {
+      if (peer == self || peer.empty()) continue;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      rpc::AddBearer(context, secret);
+      v1::TierHeldRequest request;
+      request.set_job_id(job);
+      v1::TierHeldReply reply;
+      if (grpc::Status s = peers_->For(peer).Held(&context, request, &reply); !s.ok()) {
+        TY_LOG(WARNING) << "memory tier " << peer << " did not say what it holds of " << job << ": "
+                        << s.error_message();
+        continue;
+      }
+      for (const v1::TierHeld& held : reply.snapshots()) {
+        const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(held.snapshot());
+        if (!id) continue;
+        HeldSnapshot h{.id = *id, .world = held.world()};
+        for (const v1::TierHeldRank& r : held.ranks()) h.ranks[r.rank()] = r.bytes();
+        each(peer, h);
+      }
+    }
+  }
+
+  // Fetches each rank of `fetch` (rank -> its holder and bytes) into this node's tier.
+  absl::Status Fetch(const std::string& job, const std::string& snapshot, int world,
+                     const std::string& secret,
+                     const std::map<int, std::pair<std::string, int64_t>>& fetch,
+                     v1::TierGatherReply* reply) {
+    int64_t bytes = 0;
+    for (const auto& [rank, holder] : fetch) bytes += holder.second;
+    if (fetch.empty()) return absl::OkStatus();
+    TY_RETURN_IF_ERROR(tier_->BeginGather(job, snapshot, world, bytes));
+    std::map<int, RankFiles> got;
+    absl::Status status;
+    for (const auto& [rank, holder] : fetch) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      rpc::AddBearer(context, secret);
+      v1::TierGetRequest request;
+      request.set_job_id(job);
+      request.set_snapshot(snapshot);
+      request.set_rank(rank);
+      std::unique_ptr<grpc::ClientReader<v1::TierChunk>> reader =
+          peers_->For(holder.first).GetSnapshot(&context, request);
+      v1::TierChunk first;
+      Received received;
+      if (reader->Read(&first)) {
+        status = ReceiveFiles(
+            *tier_, job, snapshot, rank, std::move(first),
+            [&reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, &received);
+      }
+      if (!status.ok()) context.TryCancel();
+      const absl::Status finished = FromGrpc(reader->Finish());
+      if (status.ok()) status = finished;
+      if (status.ok() && !received.complete) {
+        status = absl::DataLossError(absl::StrCat("rank ", rank, "'s files from ", holder.first,
+                                                  " ended without its manifest"));
+      }
+      if (!status.ok()) {
+        status = Annotate(status, absl::StrCat("fetching rank ", rank, " of ", job, "/", snapshot,
+                                               " from ", holder.first));
+        break;
+      }
+      got[rank] = {std::move(received.files), received.bytes};
+      reply->set_bytes(reply->bytes() + received.bytes);
+      reply->set_ranks(reply->ranks() + 1);
+    }
+    tier_->EndGather(job, snapshot, got);
+    return status;
+  }
+
   MemoryTier* const tier_;
+  FileSystem* const fs_;
+  PeerStubs* const peers_;
+  mutable absl::Mutex address_mu_;
+  std::string address_ ABSL_GUARDED_BY(address_mu_);
+  absl::Mutex gather_mu_;
 };
 
 class ServerImpl final : public MemoryTierServer {
  public:
   ServerImpl(MemoryTier* tier, FileSystem* fs, std::string node_id, rpc::TlsFiles tls)
-      : tier_(tier), fs_(fs), node_id_(std::move(node_id)), tls_(std::move(tls)), service_(tier) {}
+      : tier_(tier),
+        fs_(fs),
+        node_id_(std::move(node_id)),
+        tls_(std::move(tls)),
+        service_(tier, fs, &peers_) {}
 
   ~ServerImpl() override {
     stop_ = true;
@@ -115,7 +371,9 @@ class ServerImpl final : public MemoryTierServer {
     int port = 0;
     TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         rpc::ServerCredentials(tls_));
-    TY_ASSIGN_OR_RETURN(peer_credentials_, rpc::ChannelCredentials(tls_));
+    TY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> peer_credentials,
+                        rpc::ChannelCredentials(tls_));
+    peers_.set_credentials(std::move(peer_credentials));
     builder.AddListeningPort(listen, credentials, &port);
     builder.RegisterService(&service_);
     builder.SetMaxReceiveMessageSize(4 * static_cast<int>(kChunkBytes));
@@ -124,6 +382,7 @@ class ServerImpl final : public MemoryTierServer {
       return absl::UnavailableError(absl::StrCat("memory tier: cannot listen on ", listen));
     }
     address_ = absl::StrCat(advertise_host, ":", port);
+    service_.set_address(address_);
     local_address_ = tls_.enabled() ? address_ : absl::StrCat("127.0.0.1:", port);
     copier_ = std::thread([this] { CopyLoop(); });
     return absl::OkStatus();
@@ -156,16 +415,8 @@ class ServerImpl final : public MemoryTierServer {
     }
   }
 
-  v1::MemoryTierService::Stub& StubFor(const std::string& address) {
-    auto& stub = stubs_[address];
-    if (stub == nullptr) {
-      stub = v1::MemoryTierService::NewStub(grpc::CreateChannel(address, peer_credentials_));
-    }
-    return *stub;
-  }
-
   absl::Status Send(const PeerCopy& copy) {
-    v1::MemoryTierService::Stub& stub = StubFor(copy.peer_address);
+    v1::MemoryTierService::Stub& stub = peers_.For(copy.peer_address);
     const std::tuple<std::string, std::string, int, int64_t> reservation{
         copy.job_id, copy.peer_address, copy.rank, copy.bytes};
     // The peer runs ranks of the same attempt: it knows the secret this node presents.
@@ -190,40 +441,22 @@ class ServerImpl final : public MemoryTierServer {
     rpc::AddBearer(context, secret);
     v1::TierPutReply reply;
     std::unique_ptr<grpc::ClientWriter<v1::TierChunk>> writer = stub.PutSnapshot(&context, &reply);
-    const std::string dir = absl::StrCat(tier_->JobDir(copy.job_id), "/", copy.snapshot);
-    bool open = true;
-    for (const std::string& file : copy.files) {
-      absl::StatusOr<std::unique_ptr<ReadOnlyRegion>> region =
-          fs_->MapReadOnly(absl::StrCat(dir, "/", file));
-      if (!region.ok()) {
-        context.TryCancel();
-        (void)writer->Finish();
-        // Pruned already (a newer snapshot follows): not a failure.
-        return absl::IsNotFound(region.status()) ? absl::OkStatus() : region.status();
-      }
-      const char* data = reinterpret_cast<const char*>((*region)->data());
-      const size_t size = (*region)->size();
-      size_t at = 0;
-      do {
-        const size_t n = std::min(kChunkBytes, size - at);
-        v1::TierChunk chunk;
-        chunk.set_job_id(copy.job_id);
-        chunk.set_snapshot(copy.snapshot);
-        chunk.set_rank(copy.rank);
-        chunk.set_world(copy.world);
-        chunk.set_step(copy.step);
-        chunk.set_file(file);
-        chunk.set_data(data + at, n);
-        at += n;
-        chunk.set_last(at == size);
-        if (!writer->Write(chunk)) {
-          open = false;
-          break;
-        }
-      } while (at < size);
-      if (!open) break;
+    v1::TierChunk header;
+    header.set_job_id(copy.job_id);
+    header.set_snapshot(copy.snapshot);
+    header.set_rank(copy.rank);
+    header.set_world(copy.world);
+    header.set_step(copy.step);
+    const absl::Status sent =
+        StreamFiles(*fs_, absl::StrCat(tier_->JobDir(copy.job_id), "/", copy.snapshot), copy.files,
+                    header, [&writer](const v1::TierChunk& chunk) { return writer->Write(chunk); });
+    if (!sent.ok() && !absl::IsCancelled(sent)) {
+      context.TryCancel();
+      (void)writer->Finish();
+      // Pruned already (a newer snapshot follows): not a failure.
+      return absl::IsNotFound(sent) ? absl::OkStatus() : sent;
     }
-    if (open) writer->WritesDone();
+    if (sent.ok()) writer->WritesDone();
     const grpc::Status s = writer->Finish();
     if (!s.ok()) {
       // The peer may have restarted and lost its reservations: ask again next time.
@@ -237,14 +470,13 @@ class ServerImpl final : public MemoryTierServer {
   FileSystem* const fs_;
   const std::string node_id_;
   const rpc::TlsFiles tls_;
-  std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
+  PeerStubs peers_;
   Service service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_, local_address_;
   std::atomic<bool> stop_{false};
   std::thread copier_;
   // The copier thread's own state.
-  std::map<std::string, std::unique_ptr<v1::MemoryTierService::Stub>> stubs_;
   std::set<std::tuple<std::string, std::string, int, int64_t>> reserved_;
   std::set<std::pair<std::string, std::string>> failed_;
 };

@@ -1,11 +1,13 @@
 // The memory tier with real processes: a worker killed with SIGKILL costs at most the snapshot
 // in flight (the new attempt resumes from its node's memory, not from the far older checkpoint
-// on disk, within two steps of the last one logged), at context and expert parallelism too; a whole
-// node lost (agent and worker killed) resumes from the copy its peer node holds, on the survivor
-// alone; and an agent whose budget is too small refuses the reservation with an event while the
-// job goes on.
+// on disk, within two steps of the last one logged), at context and expert parallelism too, and
+// over three nodes, where no node holds every rank and each gathers the ranks it lacks from the
+// others; a whole node lost (agent and worker killed) resumes from the copy its peer node holds,
+// on the survivor alone; and an agent whose budget is too small refuses the reservation with an
+// event while the job goes on.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -51,13 +53,14 @@ int64_t ResumedStep(const std::string& cause) {
   return std::stoll(m[1].str());
 }
 
-// dp 2 over `nodes` nodes, every step logged and snapshotted in memory (not `auto`, which would
-// space them out on this tiny model), a checkpoint on disk only every 1000 steps.
+// dp 2 over `nodes` nodes (dp 3 over three), every step logged and snapshotted in memory (not
+// `auto`, which would space them out on this tiny model), a checkpoint on disk only every 1000
+// steps.
 std::string MemoryJob(const std::string& name, const std::string& dir, int nodes) {
   std::string spec =
       TinySpec({.name = name,
                 .nodes = nodes,
-                .ranks_per_node = 2 / nodes,
+                .ranks_per_node = std::max(1, 2 / nodes),
                 .steps = 1200,
                 .max_restarts = 2,
                 .checkpoint = absl::StrCat("{dir: ", dir, ", every_steps: 1000}"),
@@ -142,10 +145,11 @@ void ExpectResumesFromMemoryToTheExactLoss(
   const std::string job_id = cp.Submit(cp.WriteSpec("job.yaml", job("job", cp.dir() + "/ckpt")));
   ASSERT_TRUE(cp.WaitForStep(job_id, kill_after, 120));
   const v1::GetJobReply running = cp.Status(job_id);
-  ASSERT_EQ(running.attempts(0).placement_size(), 2);
+  ASSERT_GE(running.attempts(0).placement_size(), 2);
   ASSERT_EQ(kill(static_cast<pid_t>(running.attempts(0).placement(1).pid()), SIGKILL), 0);
   const std::string cause = WaitForResumedAttempt2(cp, job_id);
   ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  std::cout << "attempt 2: " << cause << std::endl;
   EXPECT_THAT(cause, HasSubstr("memory tier"));
   EXPECT_GE(ResumedStep(cause), kill_after);
 
@@ -186,6 +190,20 @@ TEST(MemoryTierChaosTest, ExpertParallelJobResumesFromMemoryToTheExactLoss) {
               "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2, balance: bias}}"},
              {"parallelism: {dp: 2}", "parallelism: {dp: 2, ep: 2}"},
              {"steps: 1200", "steps: 400"}});
+      },
+      100);
+}
+
+// Three nodes of one rank each: every node holds its own rank and its predecessor's copies, never
+// a whole snapshot, so each node's agent fetches the rank it lacks from the node that holds it.
+TEST(MemoryTierChaosTest, ThreeNodeJobResumesFromMemoryGatheredAcrossTheNodes) {
+  ControlPlane cp("chaos_memory_three");
+  cp.StartServer({.local_agent = false});
+  for (const char* node : {"node-a", "node-b", "node-c"}) cp.StartAgent(node, 1);
+  ExpectResumesFromMemoryToTheExactLoss(
+      cp,
+      [](const std::string& name, const std::string& dir) {
+        return absl::StrReplaceAll(MemoryJob(name, dir, 3), {{"steps: 1200", "steps: 400"}});
       },
       100);
 }

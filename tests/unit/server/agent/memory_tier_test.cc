@@ -1,6 +1,6 @@
 // MemoryTier over the in-memory filesystem: the budget, what is kept of a job's snapshots (the
-// newest, the newest complete, those a copy is arriving for), peer copies queued newest only,
-// and release.
+// newest, the newest complete, those a copy is arriving for or a peer reads), peer copies queued
+// newest only, what a node says it holds, gathers and their room in the budget, and release.
 #include "server/agent/memory_tier.h"
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +38,8 @@ class MemoryTierTest : public ::testing::Test {
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE((*out)->Append("{}").ok());
     ASSERT_TRUE((*out)->Close().ok());
-    tier_.EndCopy("j-1", rank, world, snapshot, /*complete=*/true);
+    tier_.EndCopy("j-1", rank, world, snapshot,
+                  std::vector<std::string>{MemoryRankManifestName(rank)});
   }
   std::vector<std::string> Held() {
     auto names = fs_.ListDir(absl::StrCat(kRoot, "/j-1"));
@@ -96,11 +97,11 @@ TEST_F(MemoryTierTest, KeepsTheNewestTheNewestCompleteAndThoseArriving) {
   for (int step = 3; step <= 8; ++step) Write(Snap(1, step), 0, 2);
   EXPECT_THAT(Held(), ElementsAre(Snap(1, 2), Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
   // The copy of step 3 completes it: step 2 is no longer needed.
-  tier_.EndCopy("j-1", 1, 2, Snap(1, 3), /*complete=*/true);
+  tier_.EndCopy("j-1", 1, 2, Snap(1, 3), std::vector<std::string>{MemoryRankManifestName(1)});
   EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
   // A failed copy does not complete anything, and its snapshot goes once it is old.
   ASSERT_TRUE(tier_.BeginCopy("j-1", 1, Snap(1, 6)).ok());
-  tier_.EndCopy("j-1", 1, 2, Snap(1, 6), /*complete=*/false);
+  tier_.EndCopy("j-1", 1, 2, Snap(1, 6), std::nullopt);
   Write(Snap(1, 9), 0, 2);
   EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 7), Snap(1, 8), Snap(1, 9)));
 }
@@ -119,6 +120,78 @@ TEST_F(MemoryTierTest, PeerCopiesAreQueuedNewestOnly) {
   EXPECT_EQ(copy->world, 2);
   EXPECT_EQ(copy->bytes, 10);
   EXPECT_FALSE(tier_.NextCopy().has_value());
+}
+
+TEST_F(MemoryTierTest, HeldListsTheRanksCompleteHereNewestFirstWithTheirBytes) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  ASSERT_TRUE(tier_.Reserve("j-1", 2, 10, true, "node-c").ok());
+  Write(Snap(1, 1), 0, 3);
+  Write(Snap(1, 2), 0, 3);
+  Receive(Snap(1, 2), 2, 3);
+  ASSERT_TRUE(tier_.BeginCopy("j-1", 2, Snap(1, 3)).ok());  // arriving: no rank complete yet
+  const std::vector<HeldSnapshot> held = tier_.Held("j-1");
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].id, (MemorySnapshotId{1, 2}));
+  EXPECT_EQ(held[0].world, 3);
+  EXPECT_EQ(held[0].ranks, (std::map<int, int64_t>{{0, 2}, {2, 2}}));  // "{}" each
+  EXPECT_EQ(held[1].id, (MemorySnapshotId{1, 1}));
+  EXPECT_THAT(tier_.Held("j-2"), IsEmpty());
+}
+
+TEST_F(MemoryTierTest, ARankBeingReadIsKeptUntilTheReadEnds) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  Write(Snap(1, 1), 0, 3);
+  const absl::StatusOr<RankFiles> files = tier_.BeginRead("j-1", Snap(1, 1), 0);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(files->names, ElementsAre(MemoryRankManifestName(0)));
+  EXPECT_EQ(files->bytes, 2);
+  EXPECT_EQ(tier_.BeginRead("j-1", Snap(1, 1), 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier_.BeginRead("j-1", Snap(1, 9), 0).status().code(), absl::StatusCode::kNotFound);
+  for (int step = 2; step <= 5; ++step) Write(Snap(1, step), 0, 3);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 1), Snap(1, 3), Snap(1, 4), Snap(1, 5)));
+  tier_.EndRead("j-1", Snap(1, 1));
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 4), Snap(1, 5)));
+}
+
+// A gather asks for room for what it fetches, keeps what arrived counted while the snapshot is
+// kept, and gives the rest back; a gathered snapshot stays while its attempt's snapshots still
+// arrive, and goes once a later attempt's push it out of the newest (it does not count as the
+// newest complete one, which a node keeps for a lost peer).
+TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 500 of 1000
+  Write(Snap(1, 4), 0, 3);
+  EXPECT_EQ(tier_.BeginGather("j-1", Snap(1, 4), 3, 600).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(tier_.TakeNotices(), ElementsAre(testing::Pair("j-1", HasSubstr("gather"))));
+  ASSERT_TRUE(tier_.BeginGather("j-1", Snap(1, 4), 3, 400).ok());
+  EXPECT_EQ(tier_.reserved_bytes(), 900);
+  std::map<int, RankFiles> got;
+  for (int rank : {1, 2}) {
+    auto out = tier_.OpenReceived("j-1", Snap(1, 4), MemoryRankManifestName(rank));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)->Append(std::string(150, 'x')).ok());
+    ASSERT_TRUE((*out)->Close().ok());
+    got[rank] = {{MemoryRankManifestName(rank)}, 150};
+  }
+  tier_.EndGather("j-1", Snap(1, 4), got);
+  EXPECT_EQ(tier_.reserved_bytes(), 800);
+  ASSERT_EQ(tier_.Held("j-1").size(), 1u);
+  EXPECT_EQ(tier_.Held("j-1")[0].ranks.size(), 3u) << "complete here now";
+  // Late snapshots of the old attempt (a copy, a rank's last write) do not push it out.
+  for (int step = 5; step <= 8; ++step) Write(Snap(1, step), 0, 3);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 4), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
+  // The new attempt's snapshots follow; the gathered one goes after kKeep of them.
+  for (int step = 9; step <= 11; ++step) Write(Snap(2, step), 0, 3);
+  EXPECT_THAT(Held(), ElementsAre(Snap(2, 9), Snap(2, 10), Snap(2, 11)));
+  EXPECT_EQ(tier_.reserved_bytes(), 500);
+}
+
+TEST_F(MemoryTierTest, TheAttemptsTiersAreKeptPerJobUntilRelease) {
+  tier_.SetPeer("j-1", "node-b:7000", {"node-a:7000", "node-b:7000", "node-c:7000"});
+  EXPECT_THAT(tier_.AttemptTiers("j-1"), ElementsAre("node-a:7000", "node-b:7000", "node-c:7000"));
+  EXPECT_THAT(tier_.AttemptTiers("j-2"), IsEmpty());
+  tier_.Release("j-1");
+  EXPECT_THAT(tier_.AttemptTiers("j-1"), IsEmpty());
 }
 
 // The tier admits, per job, only the attempt secrets this node's StartWorker orders carried.

@@ -1,0 +1,171 @@
+// MemoryTierServer with three in-process nodes on loopback, each holding one rank of a snapshot
+// (as from three nodes up): a node lists the snapshots complete over the attempt's nodes, gathers
+// the ranks it lacks byte for byte (files over a chunk included), and then holds the snapshot
+// whole; a snapshot with a rank no node holds is neither listed nor gathered; a node that does
+// not answer holds nothing; every call wants one of the job's attempt secrets.
+#include "server/agent/memory_tier_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "tests/unit/server/agent/agent_test_util.h"
+
+namespace trainyard::server::agent {
+namespace {
+
+namespace v1 = ::trainyard::v1;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr char kJob[] = "j-1";
+constexpr char kSecret[] = "attempt:j-1:2:secret";
+
+std::string Snap(int attempt, int64_t step) { return MemorySnapshotName({attempt, step}); }
+
+struct Node {
+  std::unique_ptr<MemoryTier> tier;
+  std::unique_ptr<MemoryTierServer> server;
+};
+
+class MemoryTierServiceTest : public ::testing::Test {
+ protected:
+  MemoryTierServiceTest() {
+    for (int n = 0; n < 3; ++n) {
+      Node& node = nodes_[n];
+      node.tier = std::make_unique<MemoryTier>(
+          RealFileSystem(), absl::StrCat(dir_.path(), "/node-", n), 64 << 20, NodeName(n));
+      EXPECT_TRUE(node.tier->Start().ok());
+      node.tier->AdmitSecret(kJob, kSecret);
+      absl::StatusOr<std::unique_ptr<MemoryTierServer>> server = MemoryTierServer::Start(
+          node.tier.get(), RealFileSystem(), "127.0.0.1:0", "127.0.0.1", NodeName(n));
+      EXPECT_TRUE(server.ok()) << server.status();
+      node.server = *std::move(server);
+      addresses_.push_back(node.server->address());
+    }
+    for (Node& node : nodes_) node.tier->SetPeer(kJob, "", addresses_);
+  }
+
+  static std::string NodeName(int n) { return std::string("node-") + static_cast<char>('a' + n); }
+
+  // Node `n` holds rank `rank` of `snapshot` (of `world` ranks), written as a worker writes it:
+  // a shard of `bytes` and its manifest last.
+  void Write(int n, const std::string& snapshot, int rank, int world, size_t bytes) {
+    MemoryTier& tier = *nodes_[n].tier;
+    ASSERT_TRUE(tier.Reserve(kJob, rank, 4 << 20, false, NodeName(n)).ok());
+    const std::string dir = absl::StrCat(tier.JobDir(kJob), "/", snapshot);
+    const std::string shard = absl::StrCat("shard-", rank, "-of-", world, ".bin");
+    std::string data(bytes, '\0');
+    for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i * 131 + rank) & 0xff);
+    testing::WriteFile(absl::StrCat(dir, "/", shard), data);
+    testing::WriteFile(absl::StrCat(dir, "/", MemoryRankManifestName(rank)),
+                       absl::StrCat("{\"rank\": ", rank, "}"));
+    ASSERT_TRUE(
+        tier.Committed(kJob, rank, world, snapshot, 7, {shard, MemoryRankManifestName(rank)}).ok());
+  }
+
+  std::unique_ptr<v1::MemoryTierService::Stub> Stub(int n) {
+    return v1::MemoryTierService::NewStub(
+        grpc::CreateChannel(addresses_[n], grpc::InsecureChannelCredentials()));
+  }
+
+  absl::StatusOr<std::vector<std::string>> Complete(int n, const std::string& secret = kSecret) {
+    grpc::ClientContext context;
+    rpc::AddBearer(context, secret);
+    v1::TierCompleteRequest request;
+    request.set_job_id(kJob);
+    v1::TierCompleteReply reply;
+    if (grpc::Status s = Stub(n)->Complete(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return std::vector<std::string>(reply.snapshots().begin(), reply.snapshots().end());
+  }
+
+  absl::StatusOr<v1::TierGatherReply> Gather(int n, const std::string& snapshot) {
+    grpc::ClientContext context;
+    rpc::AddBearer(context, kSecret);
+    v1::TierGatherRequest request;
+    request.set_job_id(kJob);
+    request.set_snapshot(snapshot);
+    v1::TierGatherReply reply;
+    if (grpc::Status s = Stub(n)->Gather(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return reply;
+  }
+
+  std::string File(int n, const std::string& snapshot, const std::string& name) {
+    return testing::ReadWholeFile(
+        absl::StrCat(nodes_[n].tier->JobDir(kJob), "/", snapshot, "/", name));
+  }
+
+  testing::TempDir dir_;
+  Node nodes_[3];
+  std::vector<std::string> addresses_;
+};
+
+TEST_F(MemoryTierServiceTest, ANodeGathersTheRanksItLacksFromTheNodesThatHoldThem) {
+  for (int n = 0; n < 3; ++n) Write(n, Snap(2, 40), n, 3, n == 1 ? (5 << 19) : 1000);
+  Write(0, Snap(2, 41), 0, 3, 1000);  // only rank 0 of step 41 exists anywhere
+  const absl::StatusOr<std::vector<std::string>> complete = Complete(0);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_THAT(*complete, ElementsAre(Snap(2, 40)));
+
+  const absl::StatusOr<v1::TierGatherReply> gathered = Gather(0, Snap(2, 40));
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  EXPECT_EQ(gathered->ranks(), 2);
+  for (int rank : {1, 2}) {
+    const std::string shard = absl::StrCat("shard-", rank, "-of-3.bin");
+    EXPECT_EQ(File(0, Snap(2, 40), shard), File(rank, Snap(2, 40), shard)) << shard;
+    EXPECT_EQ(File(0, Snap(2, 40), MemoryRankManifestName(rank)),
+              absl::StrCat("{\"rank\": ", rank, "}"));
+  }
+  EXPECT_EQ(gathered->bytes(), (5 << 19) + 1000 + 2 * 11);  // shards and manifests
+  const std::vector<HeldSnapshot> held = nodes_[0].tier->Held(kJob);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[1].ranks.size(), 3u) << "node-a holds step 40 whole now";
+
+  // A second rank of the node asks again: nothing left to fetch.
+  const absl::StatusOr<v1::TierGatherReply> again = Gather(0, Snap(2, 40));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ranks(), 0);
+
+  const absl::StatusOr<v1::TierGatherReply> partial = Gather(1, Snap(2, 41));
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition) << partial.status();
+}
+
+TEST_F(MemoryTierServiceTest, ANodeThatDoesNotAnswerHoldsNothing) {
+  for (int n = 0; n < 3; ++n) Write(n, Snap(1, 9), n, 3, 100);
+  nodes_[2].server.reset();
+  const absl::StatusOr<std::vector<std::string>> complete = Complete(1);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_THAT(*complete, IsEmpty());
+  EXPECT_EQ(Gather(1, Snap(1, 9)).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MemoryTierServiceTest, EveryCallWantsOneOfTheJobsAttemptSecrets) {
+  Write(1, Snap(1, 9), 1, 3, 100);
+  EXPECT_EQ(Complete(0, "attempt:j-1:1:other").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  grpc::ClientContext context;
+  rpc::AddBearer(context, "attempt:j-1:1:other");
+  v1::TierGetRequest request;
+  request.set_job_id(kJob);
+  request.set_snapshot(Snap(1, 9));
+  request.set_rank(1);
+  std::unique_ptr<grpc::ClientReader<v1::TierChunk>> reader =
+      Stub(1)->GetSnapshot(&context, request);
+  v1::TierChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk)) << "no file leaves without the secret";
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+}  // namespace
+}  // namespace trainyard::server::agent
