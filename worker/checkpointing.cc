@@ -133,7 +133,9 @@ absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
     const std::string dir = checkpoint::JoinPath(tier_dir_, MemorySnapshotName(id));
     checkpoint::Manifest manifest;
     // From three nodes up the node lacks some ranks' files: its agent fetches them first.
-    const absl::Status gathered = tier_->Gather(MemorySnapshotName(id));
+    const absl::Status gathered =
+        tier_ != nullptr ? tier_->Gather(MemorySnapshotName(id))
+                         : absl::FailedPreconditionError("this rank runs without the memory tier");
     absl::StatusOr<checkpoint::RankState> loaded =
         gathered.ok() ? LoadMemorySnapshot(dir, &manifest) : gathered;
     double failures[1] = {loaded.ok() ? 0.0 : 1.0};

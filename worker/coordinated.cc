@@ -539,7 +539,8 @@ absl::Status RunCoordinated(const CoordinatedOptions& options) {
       address != nullptr && *address && spec.fault_tolerance.memory_tier_enabled()) {
     TY_ASSIGN_OR_RETURN(
         tier, MakeGrpcMemoryTierClient(address, rpc::TlsFilesFromEnvironment(), options.job_id,
-                                       options.attempt_id, options.rank, spec.world_size()));
+                                       options.attempt_id, options.rank, spec.world_size(),
+                                       options.collective_timeout / 2));
     train.memory_tier = tier.get();
   }
   train.attempt = options.attempt_id;

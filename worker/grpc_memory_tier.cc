@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "proto/trainyard.grpc.pb.h"
 
 namespace trainyard::worker {
@@ -17,12 +18,13 @@ namespace v1 = ::trainyard::v1;
 class GrpcMemoryTier final : public MemoryTierClient {
  public:
   GrpcMemoryTier(std::shared_ptr<grpc::Channel> channel, std::string job_id, int attempt, int rank,
-                 int world)
+                 int world, absl::Duration gather_deadline)
       : stub_(v1::MemoryTierService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         attempt_(attempt),
         rank_(rank),
-        world_(world) {}
+        world_(world),
+        gather_deadline_(gather_deadline) {}
 
   absl::StatusOr<std::string> Reserve(int64_t bytes) override {
     grpc::ClientContext context;
@@ -68,8 +70,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
 
   absl::Status Gather(const std::string& snapshot) override {
     grpc::ClientContext context;
-    // Every rank of the snapshot this node lacks, over the network.
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    // Every rank of the snapshot this node lacks, over the network, while the other ranks wait.
+    context.set_deadline(absl::ToChronoTime(absl::Now() + gather_deadline_));
     v1::TierGatherRequest request;
     request.set_job_id(job_id_);
     request.set_snapshot(snapshot);
@@ -81,19 +83,20 @@ class GrpcMemoryTier final : public MemoryTierClient {
   std::unique_ptr<v1::MemoryTierService::Stub> stub_;
   const std::string job_id_;
   const int attempt_, rank_, world_;
+  const absl::Duration gather_deadline_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
     const std::string& address, const rpc::TlsFiles& tls, std::string job_id, int attempt, int rank,
-    int world) {
+    int world, absl::Duration gather_deadline) {
   // The tier admits the attempt's secret, as the coordinator does.
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       rpc::MakeChannel(address, tls, grpc::ChannelArguments(), rpc::AttemptSecretFromEnvironment());
   if (!channel.ok()) return channel.status();
   return std::make_unique<GrpcMemoryTier>(*std::move(channel), std::move(job_id), attempt, rank,
-                                          world);
+                                          world, gather_deadline);
 }
 
 }  // namespace trainyard::worker

@@ -145,8 +145,9 @@ absl::Status MemoryTier::BeginCopy(const std::string& job_id, int rank,
     return absl::FailedPreconditionError(
         absl::StrCat("no reservation for copies of rank ", rank, " of job ", job_id));
   }
+  TY_RETURN_IF_ERROR(fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot)));
   ++snapshots_[job_id][*id].pins;
-  return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(const std::string& job_id,
@@ -226,6 +227,9 @@ absl::Status MemoryTier::BeginGather(const std::string& job_id, const std::strin
     return absl::InvalidArgumentError(absl::StrCat("bad gather '", job_id, "/", snapshot, "'"));
   }
   absl::MutexLock lock(&mu_);
+  if (!secrets_.contains(job_id)) {  // released meanwhile
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has ended"));
+  }
   int64_t used = GatheredLocked();
   for (const auto& [k, b] : reserved_) used += b;
   if (used + bytes > budget_) {
@@ -236,15 +240,22 @@ absl::Status MemoryTier::BeginGather(const std::string& job_id, const std::strin
     notices_.emplace_back(job_id, message);
     return absl::ResourceExhaustedError(std::move(message));
   }
-  Snapshot& s = snapshots_[job_id][*id];
+  TY_RETURN_IF_ERROR(fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot)));
+  std::map<MemorySnapshotId, Snapshot>& all = snapshots_[job_id];
+  int newest_attempt = 0;
+  for (const auto& [other, s] : all) {
+    if (!s.ranks.empty()) newest_attempt = std::max(newest_attempt, other.attempt);
+  }
+  Snapshot& s = all[*id];
   s.world = world;
   ++s.pins;
   s.gathered_bytes += bytes;
-  return fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot));
+  s.restored_by = std::max(s.restored_by, newest_attempt + 1);
+  return absl::OkStatus();
 }
 
 void MemoryTier::EndGather(const std::string& job_id, const std::string& snapshot,
-                           const std::map<int, RankFiles>& got) {
+                           int64_t requested, const std::map<int, RankFiles>& got) {
   absl::MutexLock lock(&mu_);
   Snapshot* s = FindLocked(job_id, snapshot);
   if (s == nullptr) return;
@@ -255,27 +266,39 @@ void MemoryTier::EndGather(const std::string& job_id, const std::string& snapsho
     s->ranks[rank] = files;
     arrived += files.bytes;
   }
-  s->gathered_bytes = arrived;
+  s->gathered_bytes = std::max<int64_t>(0, s->gathered_bytes + arrived - requested);
   UnpinLocked(job_id, snapshot);
+}
+
+absl::Status MemoryTier::CommitReceived(const std::string& job_id, const std::string& snapshot,
+                                        const std::string& part, const std::string& file) {
+  if (!IsPlainTierName(job_id) || !ParseMemorySnapshotName(snapshot) || !IsPlainTierName(part) ||
+      !IsPlainTierName(file)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad copy '", job_id, "/", snapshot, "/", file, "'"));
+  }
+  const std::string dir = absl::StrCat(JobDir(job_id), "/", snapshot, "/");
+  return fs_->RenameFile(dir + part, dir + file);
 }
 
 void MemoryTier::PruneLocked(const std::string& job_id) {
   auto job = snapshots_.find(job_id);
   if (job == snapshots_.end()) return;
   std::map<MemorySnapshotId, Snapshot>& all = job->second;
-  // A gathered snapshot is complete here for a restore, not for a lost peer: it is kept until a
-  // later attempt snapshots (its ranks have restored then), and it keeps nothing older.
+  // A gathered snapshot is complete here for a restore, not for a lost peer: it is kept until the
+  // attempt that restores from it snapshots (its ranks have restored then), and it keeps nothing
+  // older.
   std::optional<MemorySnapshotId> newest_complete;
   int newest_attempt = 0;
   for (const auto& [id, s] : all) {
-    if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world && s.gathered_bytes == 0) {
+    if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world && s.restored_by == 0) {
       newest_complete = id;
     }
     if (!s.ranks.empty()) newest_attempt = std::max(newest_attempt, id.attempt);
   }
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
   for (auto it = all.begin(); it != all.end(); --newer) {
-    const bool restoring = it->second.gathered_bytes > 0 && it->first.attempt >= newest_attempt;
+    const bool restoring = it->second.restored_by > newest_attempt;
     const bool keep = newer <= kKeep || it->second.pins > 0 || restoring ||
                       (newest_complete && it->first == *newest_complete);
     if (keep) {

@@ -132,9 +132,14 @@ class MemoryTier {
   // (OpenReceived) and kept until EndGather. RESOURCE_EXHAUSTED over the budget (and a notice).
   [[nodiscard]] absl::Status BeginGather(const std::string& job_id, const std::string& snapshot,
                                          int world, int64_t bytes);
-  // The gather ended with `got` (rank -> its files) complete here.
-  void EndGather(const std::string& job_id, const std::string& snapshot,
+  // The gather that asked for `requested` bytes ended with `got` (rank -> its files) complete here.
+  void EndGather(const std::string& job_id, const std::string& snapshot, int64_t requested,
                  const std::map<int, RankFiles>& got);
+  // A received file is whole: renames it from `part` (the name it was opened under) to `file`.
+  // Files arrive under a name of their own, so that a copy and a gather of the same rank, or a
+  // peer mapping the file, never see it torn.
+  [[nodiscard]] absl::Status CommitReceived(const std::string& job_id, const std::string& snapshot,
+                                            const std::string& part, const std::string& file);
   // The job ended: removes its directory, reservations and secrets.
   void Release(const std::string& job_id);
 
@@ -163,6 +168,8 @@ class MemoryTier {
     std::map<int, RankFiles> ranks;  // whose files are complete here
     int pins = 0;                    // copies arriving, reads and gathers in progress
     int64_t gathered_bytes = 0;      // fetched from other nodes (or room for that)
+    // Gathered for a restore: kept until an attempt numbered at least this has snapshots here.
+    int restored_by = 0;
   };
   void PruneLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t GatheredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

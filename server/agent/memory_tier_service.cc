@@ -52,7 +52,8 @@ absl::Status StreamFiles(FileSystem& fs, const std::string& dir,
 }
 
 // Receives one rank's files of a snapshot into the tier, from `chunk` on while `next` gives
-// chunks. `complete`: every file arrived (the manifest, named "rank-…", last).
+// chunks, each under a name of its own until it is whole. `complete`: every file arrived (the
+// rank's manifest last). More than `max_bytes` (when >= 0) is DATA_LOSS.
 struct Received {
   std::vector<std::string> files;
   int64_t bytes = 0;
@@ -60,26 +61,50 @@ struct Received {
 };
 absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::string& snapshot,
                           int rank, v1::TierChunk chunk,
-                          const std::function<bool(v1::TierChunk*)>& next, Received* got) {
+                          const std::function<bool(v1::TierChunk*)>& next, int64_t max_bytes,
+                          Received* got) {
+  static std::atomic<uint64_t> receipts{0};
   std::unique_ptr<WritableFile> out;
+  std::string part;
   do {
     if (chunk.job_id() != job || chunk.snapshot() != snapshot || chunk.rank() != rank) {
       return absl::InvalidArgumentError("a copy's chunks must all name the same snapshot");
     }
     if (out == nullptr) {
-      TY_ASSIGN_OR_RETURN(out, tier.OpenReceived(job, snapshot, chunk.file()));
+      part = absl::StrCat(chunk.file(), ".part-", receipts.fetch_add(1));
+      TY_ASSIGN_OR_RETURN(out, tier.OpenReceived(job, snapshot, part));
     }
     TY_RETURN_IF_ERROR(out->Append(chunk.data()));
     got->bytes += static_cast<int64_t>(chunk.data().size());
+    if (max_bytes >= 0 && got->bytes > max_bytes) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, "'s files are over the ", max_bytes,
+                                              " bytes their holder named"));
+    }
     if (chunk.last()) {
       TY_RETURN_IF_ERROR(out->Close());
       out.reset();
+      TY_RETURN_IF_ERROR(tier.CommitReceived(job, snapshot, part, chunk.file()));
       got->files.push_back(chunk.file());
-      got->complete = chunk.file().starts_with("rank-");
+      got->complete = chunk.file() == MemoryRankManifestName(rank);
     }
   } while (next(&chunk));
   if (out != nullptr) return absl::DataLossError("the copy ended inside a file");
   return absl::OkStatus();
+}
+
+// A peer call's deadline: `cap` from now, or the caller's, whichever comes first.
+std::chrono::system_clock::time_point DeadlineWithin(const grpc::ServerContext& caller,
+                                                     std::chrono::seconds cap) {
+  return std::min(std::chrono::system_clock::now() + cap, caller.deadline());
+}
+
+// The canonical snapshot name `name` stands for; INVALID_ARGUMENT for any other spelling.
+absl::StatusOr<MemorySnapshotId> CanonicalSnapshot(const std::string& name) {
+  const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(name);
+  if (!id || MemorySnapshotName(*id) != name) {
+    return absl::InvalidArgumentError(absl::StrCat("bad snapshot name '", name, "'"));
+  }
+  return *id;
 }
 
 // Stubs for other nodes' tiers, one per address, shared by the copier and the gathers.
@@ -160,7 +185,7 @@ class Service final : public v1::MemoryTierService::Service {
     Received got;
     const absl::Status status = ReceiveFiles(
         *tier_, job, snapshot, rank, std::move(first),
-        [reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, &got);
+        [reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, -1, &got);
     tier_->EndCopy(
         job, rank, world, snapshot,
         status.ok() && got.complete ? std::optional(std::move(got.files)) : std::nullopt);
@@ -194,6 +219,9 @@ class Service final : public v1::MemoryTierService::Service {
     if (absl::Status s = tier_->CheckSecret(job, rpc::BearerToken(*context)); !s.ok()) {
       return ToGrpc(s);
     }
+    if (absl::StatusOr<MemorySnapshotId> id = CanonicalSnapshot(request->snapshot()); !id.ok()) {
+      return ToGrpc(id.status());
+    }
     absl::StatusOr<RankFiles> files = tier_->BeginRead(job, request->snapshot(), request->rank());
     if (!files.ok()) return ToGrpc(files.status());
     v1::TierChunk header;
@@ -213,11 +241,14 @@ class Service final : public v1::MemoryTierService::Service {
     if (absl::Status s = tier_->CheckSecret(request->job_id(), secret); !s.ok()) return ToGrpc(s);
     // Every snapshot any node holds a rank of, with where each rank is.
     std::map<MemorySnapshotId, Holders> all;
-    ForEachHeld(request->job_id(), *secret, [&](const std::string& address, const HeldSnapshot& h) {
-      Holders& holders = all[h.id];
-      holders.world = h.world;
-      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
-    });
+    ForEachHeld(*context, request->job_id(), *secret,
+                [&](const std::string& address, const HeldSnapshot& h) {
+                  Holders& holders = all[h.id];
+                  holders.world = h.world;
+                  for (const auto& [rank, bytes] : h.ranks) {
+                    holders.ranks.try_emplace(rank, address, bytes);
+                  }
+                });
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
       if (it->second.world > 0 && static_cast<int>(it->second.ranks.size()) == it->second.world) {
         reply->add_snapshots(MemorySnapshotName(it->first));
@@ -231,14 +262,15 @@ class Service final : public v1::MemoryTierService::Service {
     const std::optional<std::string> secret = rpc::BearerToken(*context);
     const std::string& job = request->job_id();
     if (absl::Status s = tier_->CheckSecret(job, secret); !s.ok()) return ToGrpc(s);
-    const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(request->snapshot());
-    if (!id) return ToGrpc(absl::InvalidArgumentError("bad snapshot name"));
+    const absl::StatusOr<MemorySnapshotId> id = CanonicalSnapshot(request->snapshot());
+    if (!id.ok()) return ToGrpc(id.status());
     // The node's ranks ask for the same snapshot at once: the first fetches, the others find it
     // complete.
     absl::MutexLock lock(&gather_mu_);
+    if (HeldWhole(job, *id)) return grpc::Status::OK;
     Holders holders;
     const std::string self = address();
-    ForEachHeld(job, *secret, [&](const std::string& address, const HeldSnapshot& h) {
+    ForEachHeld(*context, job, *secret, [&](const std::string& address, const HeldSnapshot& h) {
       if (h.id != *id) return;
       holders.world = h.world;
       for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
@@ -257,7 +289,7 @@ class Service final : public v1::MemoryTierService::Service {
       }
       if (it->second.first != self) fetch.insert(*it);
     }
-    return ToGrpc(Fetch(job, request->snapshot(), holders.world, *secret, fetch, reply));
+    return ToGrpc(Fetch(*context, job, request->snapshot(), holders.world, *secret, fetch, reply));
   }
 
  private:
@@ -266,16 +298,26 @@ class Service final : public v1::MemoryTierService::Service {
     return address_;
   }
 
+  // Whether this node holds every rank of the snapshot.
+  bool HeldWhole(const std::string& job, MemorySnapshotId id) const {
+    for (const HeldSnapshot& h : tier_->Held(job)) {
+      if (h.id == id) return h.world > 0 && static_cast<int>(h.ranks.size()) == h.world;
+    }
+    return false;
+  }
+
   // Calls `each` with what this node and every other node of the job's attempt hold (this node
-  // first, so that its ranks win). A node that does not answer holds nothing.
-  void ForEachHeld(const std::string& job, const std::string& secret,
+  // first, so that its ranks win). A node that does not answer (within 5 s and the caller's
+  // deadline) holds nothing.
+  void ForEachHeld(const grpc::ServerContext& caller, const std::string& job,
+                   const std::string& secret,
                    const std::function<void(const std::string&, const HeldSnapshot&)>& each) {
     const std::string self = address();
     for (const HeldSnapshot& h : tier_->Held(job)) each(self, h);
     for (const std::string& peer : tier_->AttemptTiers(job)) {
       if (peer == self || peer.empty()) continue;
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      context.set_deadline(DeadlineWithin(caller, std::chrono::seconds(5)));
       rpc::AddBearer(context, secret);
       v1::TierHeldRequest request;
       request.set_job_id(job);
@@ -295,9 +337,10 @@ class Service final : public v1::MemoryTierService::Service {
     }
   }
 
-  // Fetches each rank of `fetch` (rank -> its holder and bytes) into this node's tier.
-  absl::Status Fetch(const std::string& job, const std::string& snapshot, int world,
-                     const std::string& secret,
+  // Fetches each rank of `fetch` (rank -> its holder and bytes) into this node's tier, within
+  // the caller's deadline.
+  absl::Status Fetch(const grpc::ServerContext& caller, const std::string& job,
+                     const std::string& snapshot, int world, const std::string& secret,
                      const std::map<int, std::pair<std::string, int64_t>>& fetch,
                      v1::TierGatherReply* reply) {
     int64_t bytes = 0;
@@ -307,8 +350,12 @@ class Service final : public v1::MemoryTierService::Service {
     std::map<int, RankFiles> got;
     absl::Status status;
     for (const auto& [rank, holder] : fetch) {
+      if (caller.IsCancelled()) {
+        status = absl::CancelledError("the restoring rank gave up");
+        break;
+      }
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      context.set_deadline(DeadlineWithin(caller, std::chrono::seconds(60)));
       rpc::AddBearer(context, secret);
       v1::TierGetRequest request;
       request.set_job_id(job);
@@ -321,7 +368,8 @@ class Service final : public v1::MemoryTierService::Service {
       if (reader->Read(&first)) {
         status = ReceiveFiles(
             *tier_, job, snapshot, rank, std::move(first),
-            [&reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, &received);
+            [&reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, holder.second,
+            &received);
       }
       if (!status.ok()) context.TryCancel();
       const absl::Status finished = FromGrpc(reader->Finish());
@@ -339,7 +387,7 @@ class Service final : public v1::MemoryTierService::Service {
       reply->set_bytes(reply->bytes() + received.bytes);
       reply->set_ranks(reply->ranks() + 1);
     }
-    tier_->EndGather(job, snapshot, got);
+    tier_->EndGather(job, snapshot, bytes, got);
     return status;
   }
 

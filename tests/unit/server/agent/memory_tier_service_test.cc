@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,9 @@ namespace {
 
 namespace v1 = ::trainyard::v1;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr char kJob[] = "j-1";
 constexpr char kSecret[] = "attempt:j-1:2:secret";
@@ -128,6 +131,11 @@ TEST_F(MemoryTierServiceTest, ANodeGathersTheRanksItLacksFromTheNodesThatHoldThe
               absl::StrCat("{\"rank\": ", rank, "}"));
   }
   EXPECT_EQ(gathered->bytes(), (5 << 19) + 1000 + 2 * 11);  // shards and manifests
+  // Files arrive under names of their own and are renamed once whole.
+  for (const auto& entry : std::filesystem::directory_iterator(
+           absl::StrCat(nodes_[0].tier->JobDir(kJob), "/", Snap(2, 40)))) {
+    EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".part")));
+  }
   const std::vector<HeldSnapshot> held = nodes_[0].tier->Held(kJob);
   ASSERT_EQ(held.size(), 2u);
   EXPECT_EQ(held[1].ranks.size(), 3u) << "node-a holds step 40 whole now";
@@ -139,6 +147,8 @@ TEST_F(MemoryTierServiceTest, ANodeGathersTheRanksItLacksFromTheNodesThatHoldThe
 
   const absl::StatusOr<v1::TierGatherReply> partial = Gather(1, Snap(2, 41));
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition) << partial.status();
+  // Another spelling of a snapshot's name would name another directory.
+  EXPECT_EQ(Gather(0, "a2-step-40").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MemoryTierServiceTest, ANodeThatDoesNotAnswerHoldsNothing) {

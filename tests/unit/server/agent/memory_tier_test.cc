@@ -158,6 +158,7 @@ TEST_F(MemoryTierTest, ARankBeingReadIsKeptUntilTheReadEnds) {
 // arrive, and goes once a later attempt's push it out of the newest (it does not count as the
 // newest complete one, which a node keeps for a lost peer).
 TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
+  tier_.AdmitSecret("j-1", "attempt:j-1:2:aa");  // the restoring attempt's StartWorker
   ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 500 of 1000
   Write(Snap(1, 4), 0, 3);
   EXPECT_EQ(tier_.BeginGather("j-1", Snap(1, 4), 3, 600).code(),
@@ -173,7 +174,7 @@ TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
     ASSERT_TRUE((*out)->Close().ok());
     got[rank] = {{MemoryRankManifestName(rank)}, 150};
   }
-  tier_.EndGather("j-1", Snap(1, 4), got);
+  tier_.EndGather("j-1", Snap(1, 4), 400, got);
   EXPECT_EQ(tier_.reserved_bytes(), 800);
   ASSERT_EQ(tier_.Held("j-1").size(), 1u);
   EXPECT_EQ(tier_.Held("j-1")[0].ranks.size(), 3u) << "complete here now";
@@ -184,6 +185,11 @@ TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
   for (int step = 9; step <= 11; ++step) Write(Snap(2, step), 0, 3);
   EXPECT_THAT(Held(), ElementsAre(Snap(2, 9), Snap(2, 10), Snap(2, 11)));
   EXPECT_EQ(tier_.reserved_bytes(), 500);
+  // A gather that outlives its job does not bring it back.
+  tier_.Release("j-1");
+  EXPECT_EQ(tier_.BeginGather("j-1", Snap(2, 11), 3, 10).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(fs_.Exists(absl::StrCat(kRoot, "/j-1")));
 }
 
 TEST_F(MemoryTierTest, TheAttemptsTiersAreKeptPerJobUntilRelease) {
