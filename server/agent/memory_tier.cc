@@ -35,17 +35,25 @@ absl::Status MemoryTier::Start() {
 
 int64_t MemoryTier::reserved_bytes() const {
   absl::MutexLock lock(&mu_);
-  int64_t total = GatheredLocked();
-  for (const auto& [key, bytes] : reserved_) total += bytes;
-  return total;
+  return UsedLocked();
 }
 
-int64_t MemoryTier::GatheredLocked() const {
+int64_t MemoryTier::UsedLocked() const {
   int64_t total = 0;
+  for (const auto& [key, bytes] : reserved_) total += bytes;
   for (const auto& [job, all] : snapshots_) {
     for (const auto& [id, s] : all) total += s.gathered_bytes;
   }
   return total;
+}
+
+// The newest attempt with a rank's snapshot complete among `all` (0: none).
+int MemoryTier::NewestAttempt(const std::map<MemorySnapshotId, Snapshot>& all) {
+  int newest = 0;
+  for (const auto& [id, s] : all) {
+    if (!s.ranks.empty()) newest = std::max(newest, id.attempt);
+  }
+  return newest;
 }
 
 int64_t MemoryTier::SizeOf(const std::string& job_id, const std::string& snapshot,
@@ -75,10 +83,8 @@ absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int r
   const std::string dir = JobDir(job_id);
   absl::MutexLock lock(&mu_);
   const Key key{job_id, rank, peer_copy};
-  int64_t others = GatheredLocked();
-  for (const auto& [k, b] : reserved_) {
-    if (k != key) others += b;
-  }
+  auto replaced = reserved_.find(key);
+  const int64_t others = UsedLocked() - (replaced == reserved_.end() ? 0 : replaced->second);
   const int64_t wanted = kSlots * bytes;
   if (others + wanted > budget_) {
     const std::string what = peer_copy ? absl::StrCat("a copy of rank ", rank, " from ", from_node)
@@ -161,15 +167,13 @@ absl::StatusOr<std::unique_ptr<WritableFile>> MemoryTier::OpenReceived(const std
 }
 
 void MemoryTier::EndCopy(const std::string& job_id, int rank, int world,
-                         const std::string& snapshot,
-                         std::optional<std::vector<std::string>> complete) {
-  const int64_t bytes = complete ? SizeOf(job_id, snapshot, *complete) : 0;
+                         const std::string& snapshot, std::optional<RankFiles> complete) {
   absl::MutexLock lock(&mu_);
   Snapshot* s = FindLocked(job_id, snapshot);
   if (s == nullptr) return;  // released meanwhile
   if (complete && world > 0 && rank >= 0 && rank < world) {
     s->world = world;
-    s->ranks[rank] = {std::move(*complete), bytes};
+    s->ranks[rank] = std::move(*complete);
   }
   UnpinLocked(job_id, snapshot);
 }
@@ -230,8 +234,7 @@ absl::Status MemoryTier::BeginGather(const std::string& job_id, const std::strin
   if (!secrets_.contains(job_id)) {  // released meanwhile
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has ended"));
   }
-  int64_t used = GatheredLocked();
-  for (const auto& [k, b] : reserved_) used += b;
+  const int64_t used = UsedLocked();
   if (used + bytes > budget_) {
     std::string message = absl::StrCat(
         "memory tier of ", node_id_, " refused to gather ", snapshot, ": the ranks it lacks need ",
@@ -242,10 +245,7 @@ absl::Status MemoryTier::BeginGather(const std::string& job_id, const std::strin
   }
   TY_RETURN_IF_ERROR(fs_->CreateDirs(absl::StrCat(JobDir(job_id), "/", snapshot)));
   std::map<MemorySnapshotId, Snapshot>& all = snapshots_[job_id];
-  int newest_attempt = 0;
-  for (const auto& [other, s] : all) {
-    if (!s.ranks.empty()) newest_attempt = std::max(newest_attempt, other.attempt);
-  }
+  const int newest_attempt = NewestAttempt(all);
   Snapshot& s = all[*id];
   s.world = world;
   ++s.pins;
@@ -289,13 +289,12 @@ void MemoryTier::PruneLocked(const std::string& job_id) {
   // attempt that restores from it snapshots (its ranks have restored then), and it keeps nothing
   // older.
   std::optional<MemorySnapshotId> newest_complete;
-  int newest_attempt = 0;
   for (const auto& [id, s] : all) {
     if (s.world > 0 && static_cast<int>(s.ranks.size()) == s.world && s.restored_by == 0) {
       newest_complete = id;
     }
-    if (!s.ranks.empty()) newest_attempt = std::max(newest_attempt, id.attempt);
   }
+  const int newest_attempt = NewestAttempt(all);
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
   for (auto it = all.begin(); it != all.end(); --newer) {
     const bool restoring = it->second.restored_by > newest_attempt;

@@ -112,9 +112,9 @@ class MemoryTier {
   // A file of the copy, opened for writing in the tier.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> OpenReceived(
       const std::string& job_id, const std::string& snapshot, const std::string& file);
-  // The copy ended; `complete`: every file arrived (its manifest last), nullopt when not.
+  // The copy ended; `complete`: the files that arrived (its manifest last), nullopt when not all.
   void EndCopy(const std::string& job_id, int rank, int world, const std::string& snapshot,
-               std::optional<std::vector<std::string>> complete);
+               std::optional<RankFiles> complete);
 
   // The node that keeps copies of `job_id`'s snapshots from this node ("" : none), and the tiers
   // of every node of the job's newest attempt (where a gather looks).
@@ -172,7 +172,9 @@ class MemoryTier {
     int restored_by = 0;
   };
   void PruneLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t GatheredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes held against the budget: reservations and what gathers fetched.
+  int64_t UsedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static int NewestAttempt(const std::map<MemorySnapshotId, Snapshot>& all);
   // The snapshot of a job, or null for a bad or unknown name.
   Snapshot* FindLocked(const std::string& job_id, const std::string& snapshot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

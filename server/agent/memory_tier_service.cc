@@ -55,8 +55,7 @@ absl::Status StreamFiles(FileSystem& fs, const std::string& dir,
 // chunks, each under a name of its own until it is whole. `complete`: every file arrived (the
 // rank's manifest last). More than `max_bytes` (when >= 0) is DATA_LOSS.
 struct Received {
-  std::vector<std::string> files;
-  int64_t bytes = 0;
+  RankFiles files;
   bool complete = false;
 };
 absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::string& snapshot,
@@ -75,8 +74,8 @@ absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::s
       TY_ASSIGN_OR_RETURN(out, tier.OpenReceived(job, snapshot, part));
     }
     TY_RETURN_IF_ERROR(out->Append(chunk.data()));
-    got->bytes += static_cast<int64_t>(chunk.data().size());
-    if (max_bytes >= 0 && got->bytes > max_bytes) {
+    got->files.bytes += static_cast<int64_t>(chunk.data().size());
+    if (max_bytes >= 0 && got->files.bytes > max_bytes) {
       return absl::DataLossError(absl::StrCat("rank ", rank, "'s files are over the ", max_bytes,
                                               " bytes their holder named"));
     }
@@ -84,7 +83,7 @@ absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::s
       TY_RETURN_IF_ERROR(out->Close());
       out.reset();
       TY_RETURN_IF_ERROR(tier.CommitReceived(job, snapshot, part, chunk.file()));
-      got->files.push_back(chunk.file());
+      got->files.names.push_back(chunk.file());
       got->complete = chunk.file() == MemoryRankManifestName(rank);
     }
   } while (next(&chunk));
@@ -190,7 +189,7 @@ class Service final : public v1::MemoryTierService::Service {
         job, rank, world, snapshot,
         status.ok() && got.complete ? std::optional(std::move(got.files)) : std::nullopt);
     if (!status.ok()) return ToGrpc(status);
-    reply->set_bytes(got.bytes);
+    reply->set_bytes(got.files.bytes);
     return grpc::Status::OK;
   }
 
@@ -239,16 +238,7 @@ class Service final : public v1::MemoryTierService::Service {
                         v1::TierCompleteReply* reply) override {
     const std::optional<std::string> secret = rpc::BearerToken(*context);
     if (absl::Status s = tier_->CheckSecret(request->job_id(), secret); !s.ok()) return ToGrpc(s);
-    // Every snapshot any node holds a rank of, with where each rank is.
-    std::map<MemorySnapshotId, Holders> all;
-    ForEachHeld(*context, request->job_id(), *secret,
-                [&](const std::string& address, const HeldSnapshot& h) {
-                  Holders& holders = all[h.id];
-                  holders.world = h.world;
-                  for (const auto& [rank, bytes] : h.ranks) {
-                    holders.ranks.try_emplace(rank, address, bytes);
-                  }
-                });
+    const std::map<MemorySnapshotId, Holders> all = HoldersOf(*context, request->job_id(), *secret);
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
       if (it->second.world > 0 && static_cast<int>(it->second.ranks.size()) == it->second.world) {
         reply->add_snapshots(MemorySnapshotName(it->first));
@@ -268,13 +258,8 @@ class Service final : public v1::MemoryTierService::Service {
     // complete.
     absl::MutexLock lock(&gather_mu_);
     if (HeldWhole(job, *id)) return grpc::Status::OK;
-    Holders holders;
+    const Holders holders = HoldersOf(*context, job, *secret)[*id];
     const std::string self = address();
-    ForEachHeld(*context, job, *secret, [&](const std::string& address, const HeldSnapshot& h) {
-      if (h.id != *id) return;
-      holders.world = h.world;
-      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
-    });
     if (holders.world == 0) {
       return ToGrpc(absl::FailedPreconditionError(
           absl::StrCat("no node of the attempt holds ", job, "/", request->snapshot())));
@@ -306,14 +291,19 @@ class Service final : public v1::MemoryTierService::Service {
     return false;
   }
 
-  // Calls `each` with what this node and every other node of the job's attempt hold (this node
-  // first, so that its ranks win). A node that does not answer (within 5 s and the caller's
-  // deadline) holds nothing.
-  void ForEachHeld(const grpc::ServerContext& caller, const std::string& job,
-                   const std::string& secret,
-                   const std::function<void(const std::string&, const HeldSnapshot&)>& each) {
+  // Every snapshot of the job that this node or another node of its attempt holds a rank of, and
+  // where each rank is (this node's ranks first). A node that does not answer (within 5 s and the
+  // caller's deadline) holds nothing.
+  std::map<MemorySnapshotId, Holders> HoldersOf(const grpc::ServerContext& caller,
+                                                const std::string& job, const std::string& secret) {
+    std::map<MemorySnapshotId, Holders> all;
+    const auto add = [&all](const std::string& address, const HeldSnapshot& h) {
+      Holders& holders = all[h.id];
+      holders.world = h.world;
+      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
+    };
     const std::string self = address();
-    for (const HeldSnapshot& h : tier_->Held(job)) each(self, h);
+    for (const HeldSnapshot& h : tier_->Held(job)) add(self, h);
     for (const std::string& peer : tier_->AttemptTiers(job)) {
       if (peer == self || peer.empty()) continue;
       grpc::ClientContext context;
@@ -332,9 +322,10 @@ class Service final : public v1::MemoryTierService::Service {
         if (!id) continue;
         HeldSnapshot h{.id = *id, .world = held.world()};
         for (const v1::TierHeldRank& r : held.ranks()) h.ranks[r.rank()] = r.bytes();
-        each(peer, h);
+        add(peer, h);
       }
     }
+    return all;
   }
 
   // Fetches each rank of `fetch` (rank -> its holder and bytes) into this node's tier, within
@@ -383,8 +374,8 @@ class Service final : public v1::MemoryTierService::Service {
                                                " from ", holder.first));
         break;
       }
-      got[rank] = {std::move(received.files), received.bytes};
-      reply->set_bytes(reply->bytes() + received.bytes);
+      reply->set_bytes(reply->bytes() + received.files.bytes);
+      got[rank] = std::move(received.files);
       reply->set_ranks(reply->ranks() + 1);
     }
     tier_->EndGather(job, snapshot, bytes, got);

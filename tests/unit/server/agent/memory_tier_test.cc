@@ -38,8 +38,7 @@ class MemoryTierTest : public ::testing::Test {
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE((*out)->Append("{}").ok());
     ASSERT_TRUE((*out)->Close().ok());
-    tier_.EndCopy("j-1", rank, world, snapshot,
-                  std::vector<std::string>{MemoryRankManifestName(rank)});
+    tier_.EndCopy("j-1", rank, world, snapshot, RankFiles{{MemoryRankManifestName(rank)}, 2});
   }
   std::vector<std::string> Held() {
     auto names = fs_.ListDir(absl::StrCat(kRoot, "/j-1"));
@@ -97,7 +96,7 @@ TEST_F(MemoryTierTest, KeepsTheNewestTheNewestCompleteAndThoseArriving) {
   for (int step = 3; step <= 8; ++step) Write(Snap(1, step), 0, 2);
   EXPECT_THAT(Held(), ElementsAre(Snap(1, 2), Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
   // The copy of step 3 completes it: step 2 is no longer needed.
-  tier_.EndCopy("j-1", 1, 2, Snap(1, 3), std::vector<std::string>{MemoryRankManifestName(1)});
+  tier_.EndCopy("j-1", 1, 2, Snap(1, 3), RankFiles{{MemoryRankManifestName(1)}, 2});
   EXPECT_THAT(Held(), ElementsAre(Snap(1, 3), Snap(1, 6), Snap(1, 7), Snap(1, 8)));
   // A failed copy does not complete anything, and its snapshot goes once it is old.
   ASSERT_TRUE(tier_.BeginCopy("j-1", 1, Snap(1, 6)).ok());
