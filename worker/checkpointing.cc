@@ -304,7 +304,9 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           .attempt = attempt_,
           .on_committed = [this](int64_t step, const std::string& snapshot,
                                  std::vector<std::string> files) -> absl::Status {
-            absl::Status told = tier_->Committed(step, snapshot, files);
+            const bool copy = step == copy_step_;
+            absl::Status told = tier_->Committed(step, snapshot, files, copy);
+            if (copy) told_step_ = step;
             if (told.ok()) {
               memory_failures_ = 0;
               return told;
@@ -331,17 +333,30 @@ bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps, int64
          state.step < total_steps && interval > 0 && state.step % interval == 0;
 }
 
-absl::Status Checkpointer::SaveToMemory(const TrainState& state) {
+absl::Status Checkpointer::SaveToMemory(const TrainState& state, bool copy) {
   if (memory_writer_ == nullptr) return absl::FailedPreconditionError("no memory tier");
   const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
   absl::Status saved =
-      memory_writer_->Save(state.step, Header(state), Records(ranges),
-                           [&](float* host) { return state.params->Snapshot(ranges, host); });
+      memory_writer_->Save(state.step, Header(state), Records(ranges), [&](float* host) {
+        if (copy) copy_step_ = state.step;  // the previous snapshot's commit has been told
+        return state.params->Snapshot(ranges, host);
+      });
   for (const checkpoint::SaveOutcome& o : memory_writer_->TakeOutcomes()) {
     // Failures are logged by the writer; a snapshot's cost is its blocking plus its writing.
     if (o.committed) memory_cost_seconds_ = o.blocked_seconds + o.write_seconds;
   }
   return saved;
+}
+
+bool Checkpointer::MemoryCopyPending(bool ask_agent) {
+  if (memory_writer_ == nullptr || memory_failures_ >= kMemoryFailuresTolerated) return false;
+  if (!ask_agent) return true;
+  // A snapshot to copy still being written: the agent does not know of it yet.
+  if (copy_step_ > told_step_ && memory_writer_->Busy()) return true;
+  absl::StatusOr<bool> pending = tier_->CopyPending();
+  // An agent that does not answer takes no snapshots either (the rank stops them after a few
+  // refusals): it holds up no copy.
+  return pending.ok() && *pending;
 }
 
 void Checkpointer::WaitForMemory() {

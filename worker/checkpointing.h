@@ -9,12 +9,14 @@
 // The memory tier comes first. With a MemoryTierClient, the Checkpointer also snapshots the
 // rank's state into its node's tier every fault_tolerance.memory_every_steps (SaveToMemory, in
 // the background like a checkpoint, with the tier's own format: checkpoint/writer.h's memory
-// mode). On restore, every rank asks its node's agent for the snapshots complete over the
-// attempt's nodes (every rank of the writing attempt held by some node: its own ranks and the
-// copies peers sent it), the ranks exchange their lists, and the newest snapshot every rank was
-// offered wins unless a committed checkpoint is newer. Each node's agent fetches the ranks of it
-// the node lacks (from three nodes up no node holds them all), and every rank loads it from its
-// node. Snapshots load into any mesh, like checkpoints.
+// mode). The agent copies a snapshot to the peer node when the ranks agreed to (the trainer's
+// per-step vote, MemoryCopyPending: no rank's agent still copies an earlier one), so every node
+// copies the same steps. On restore, every rank asks its node's agent for the snapshots
+// complete over the attempt's nodes (every rank of the writing attempt held by some node: its
+// own ranks and the copies peers sent it), the ranks exchange their lists, and the newest
+// snapshot every rank was offered wins unless a committed checkpoint is newer. Each node's agent
+// fetches the ranks of it the node lacks (from three nodes up no node holds them all), and every
+// rank loads it from its node. Snapshots load into any mesh, like checkpoints.
 //
 // Threading: the training thread's; the writer's background thread is internal.
 #ifndef TRAINYARD_WORKER_CHECKPOINTING_H_
@@ -78,7 +80,11 @@ class Checkpointer {
   bool MemoryDue(const TrainState& state, int64_t total_steps, int64_t interval) const;
   // What the newest completed snapshot cost (training blocked plus writing), 0 before one.
   double memory_cost_seconds() const { return memory_cost_seconds_; }
-  [[nodiscard]] absl::Status SaveToMemory(const TrainState& state);
+  // `copy`: the agent copies it to the peer node (every rank must pass the same).
+  [[nodiscard]] absl::Status SaveToMemory(const TrainState& state, bool copy);
+  // Whether this rank's agent still copies one of its snapshots to the peer node, or (when not
+  // `ask_agent`) might: false for a rank that takes no snapshots.
+  bool MemoryCopyPending(bool ask_agent);
   // Waits for the snapshot in flight.
   void WaitForMemory();
 
@@ -130,6 +136,10 @@ class Checkpointer {
   // Memory snapshots in a row the agent did not take (the writer's thread counts them).
   static constexpr int kMemoryFailuresTolerated = 3;
   std::atomic<int> memory_failures_{0};
+  // Steps of the newest snapshot to copy handed to the writer, and of the newest one whose commit
+  // the agent was told of (or refused).
+  std::atomic<int64_t> copy_step_{-1};
+  std::atomic<int64_t> told_step_{-1};
   double memory_cost_seconds_ = 0.0;
   int64_t resumed_step_ = 0;
   bool partial_state_ = false;

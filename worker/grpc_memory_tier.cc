@@ -40,8 +40,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
     return reply.dir();
   }
 
-  absl::Status Committed(int64_t step, const std::string& snapshot,
-                         std::vector<std::string> files) override {
+  absl::Status Committed(int64_t step, const std::string& snapshot, std::vector<std::string> files,
+                         bool copy) override {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::TierCommitted request;
@@ -52,8 +52,22 @@ class GrpcMemoryTier final : public MemoryTierClient {
     request.set_step(step);
     request.set_snapshot(snapshot);
     for (std::string& f : files) request.add_files(std::move(f));
+    request.set_keep_local(!copy);
     v1::TierCommittedReply reply;
     return rpc::FromGrpc(stub_->Committed(&context, request, &reply));
+  }
+
+  absl::StatusOr<bool> CopyPending() override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::TierCopyPendingRequest request;
+    request.set_job_id(job_id_);
+    request.set_rank(rank_);
+    v1::TierCopyPendingReply reply;
+    if (grpc::Status s = stub_->CopyPending(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return reply.pending();
   }
 
   absl::StatusOr<std::vector<std::string>> Complete() override {

@@ -23,9 +23,11 @@ class MemoryTierClient {
   // when the node's budget does not allow it.
   [[nodiscard]] virtual absl::StatusOr<std::string> Reserve(int64_t bytes) = 0;
   // The rank's snapshot of `step` is written (directory `snapshot`, `files` in it, its manifest
-  // last): the agent may prune older ones and copy it to the peer node.
+  // last): the agent may prune older ones and, when `copy`, copies it to the peer node.
   [[nodiscard]] virtual absl::Status Committed(int64_t step, const std::string& snapshot,
-                                               std::vector<std::string> files) = 0;
+                                               std::vector<std::string> files, bool copy) = 0;
+  // Whether the agent still copies one of the rank's snapshots to the peer node.
+  [[nodiscard]] virtual absl::StatusOr<bool> CopyPending() = 0;
   // The snapshots (directory names) every rank of which some node of the attempt holds, newest
   // first.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Complete() = 0;

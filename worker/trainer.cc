@@ -251,6 +251,8 @@ class RankTrainer {
     bool stop = false;
     int64_t checkpoint_at = 0;
     int64_t memory_interval = 1;  // steps between memory snapshots (rank 0's choice)
+    // Copy this step's memory snapshot to the peer nodes: no rank's earlier copy is under way.
+    bool copy_memory = true;
   };
   // Rank 0's choice of the memory snapshot interval (memory_every_steps, or for `auto` the
   // fewest steps between snapshots that keep their measured cost within
@@ -301,6 +303,7 @@ class RankTrainer {
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
   double memory_cost_seen_ = 0.0;
+  int64_t memory_interval_ = 1;  // the last agreed
   // Bytes the data-parallel group sent per collective kind, and the tensor- and pipeline-parallel
   // groups in all.
   struct Traffic {
@@ -641,10 +644,16 @@ absl::StatusOr<RankTrainer::Agreement> RankTrainer::Agree(double step_seconds) {
     return Agreement{asked > 0, 0, 0};  // (no coordinator, no memory tier)
   }
   // Only rank 0 votes for the checkpoint order and the snapshot interval: every rank then
-  // saves at the same steps.
-  double votes[3] = {stop ? 1.0 : 0.0, static_cast<double>(order), static_cast<double>(interval)};
+  // saves at the same steps. Every rank votes against copying the snapshot while its agent still
+  // copies an earlier one (asked when a snapshot is due at the last interval; not asked counts
+  // as against), so that every node copies the same steps.
+  const bool copy_pending = checkpointer_->MemoryCopyPending(
+      /*ask_agent=*/memory_interval_ > 0 && state_.step % memory_interval_ == 0);
+  double votes[4] = {stop ? 1.0 : 0.0, static_cast<double>(order), static_cast<double>(interval),
+                     copy_pending ? 1.0 : 0.0};
   TY_RETURN_IF_ERROR(SumOverWorld(votes));
-  return Agreement{votes[0] > 0, std::llround(votes[1]), std::llround(votes[2])};
+  memory_interval_ = std::llround(votes[2]);
+  return Agreement{votes[0] > 0, std::llround(votes[1]), memory_interval_, votes[3] == 0};
 }
 
 // Saves when `save` (waiting for the commit when `wait`), and reports the saves that ended.
@@ -810,7 +819,7 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     const auto checkpoint = [&] { return Checkpoint(save, /*wait=*/save && (last || stopping)); };
     TY_RETURN_IF_ERROR(save ? InPhase(config::HangPhase::kCheckpoint, checkpoint) : checkpoint());
     if (!stopping && checkpointer_->MemoryDue(state_, tr.steps, agreed.memory_interval)) {
-      if (absl::Status s = checkpointer_->SaveToMemory(state_); !s.ok()) {
+      if (absl::Status s = checkpointer_->SaveToMemory(state_, agreed.copy_memory); !s.ok()) {
         TY_LOG(WARNING) << "memory snapshot of step " << state_.step
                         << " not taken: " << s.message();
       }

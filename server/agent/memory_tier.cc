@@ -103,7 +103,7 @@ absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int r
 
 absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int world,
                                    const std::string& snapshot, int64_t step,
-                                   std::vector<std::string> files) {
+                                   std::vector<std::string> files, bool copy) {
   const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
   if (!IsPlainTierName(job_id) || !id || world < 1 || rank >= world) {
     return absl::InvalidArgumentError(absl::StrCat("bad snapshot '", job_id, "/", snapshot, "'"));
@@ -123,9 +123,10 @@ absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int worl
   Snapshot& s = snapshots_[job_id][*id];
   s.world = world;
   s.ranks[rank] = {files, bytes};
+  s.copied = s.copied || copy;
   PruneLocked(job_id);
   auto peer = peers_.find(job_id);
-  if (peer != peers_.end() && !peer->second.empty()) {
+  if (copy && peer != peers_.end() && !peer->second.empty()) {
     // A newer snapshot of the same rank supersedes a queued one.
     std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id && c.rank == rank; });
     copies_.push_back({.job_id = job_id,
@@ -138,6 +139,13 @@ absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int worl
                        .files = std::move(files)});
   }
   return absl::OkStatus();
+}
+
+bool MemoryTier::CopyPending(const std::string& job_id, int rank) const {
+  absl::MutexLock lock(&mu_);
+  return sending_.contains({job_id, rank}) ||
+         std::any_of(copies_.begin(), copies_.end(),
+                     [&](const PeerCopy& c) { return c.job_id == job_id && c.rank == rank; });
 }
 
 absl::Status MemoryTier::BeginCopy(const std::string& job_id, int rank,
@@ -174,6 +182,7 @@ void MemoryTier::EndCopy(const std::string& job_id, int rank, int world,
   if (complete && world > 0 && rank >= 0 && rank < world) {
     s->world = world;
     s->ranks[rank] = std::move(*complete);
+    s->copied = true;
   }
   UnpinLocked(job_id, snapshot);
 }
@@ -296,9 +305,12 @@ void MemoryTier::PruneLocked(const std::string& job_id) {
   }
   const int newest_attempt = NewestAttempt(all);
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
+  int copied_newer = 0;                      // copied ones after it
+  for (const auto& [id, s] : all) copied_newer += s.copied ? 1 : 0;
   for (auto it = all.begin(); it != all.end(); --newer) {
     const bool restoring = it->second.restored_by > newest_attempt;
-    const bool keep = newer <= kKeep || it->second.pins > 0 || restoring ||
+    const bool copied = it->second.copied && copied_newer-- <= kCopiesKept;
+    const bool keep = newer <= kKeep || it->second.pins > 0 || restoring || copied ||
                       (newest_complete && it->first == *newest_complete);
     if (keep) {
       ++it;
@@ -327,6 +339,7 @@ void MemoryTier::Release(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   std::erase_if(reserved_, [&](const auto& entry) { return std::get<0>(entry.first) == job_id; });
   std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id; });
+  std::erase_if(sending_, [&](const auto& sending) { return sending.first == job_id; });
   peers_.erase(job_id);
   attempt_tiers_.erase(job_id);
   secrets_.erase(job_id);
@@ -369,7 +382,13 @@ std::optional<PeerCopy> MemoryTier::NextCopy() {
   if (copies_.empty()) return std::nullopt;
   PeerCopy copy = std::move(copies_.front());
   copies_.pop_front();
+  sending_.insert({copy.job_id, copy.rank});
   return copy;
+}
+
+void MemoryTier::CopyEnded(const PeerCopy& copy) {
+  absl::MutexLock lock(&mu_);
+  sending_.erase({copy.job_id, copy.rank});
 }
 
 std::vector<std::pair<std::string, std::string>> MemoryTier::TakeNotices() {

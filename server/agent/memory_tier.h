@@ -16,11 +16,17 @@
 // OpenReceived, EndGather on its own). What it gathers counts against its budget while kept: until
 // a later attempt (the restored one) has kKeep snapshots of its own here.
 //
-// What is kept of a job: its kKeep newest snapshots, the newest one complete on this node (every
-// rank of the writing attempt present, its own or copied here), and those a copy is arriving
-// for or a peer is reading. A copy starts within about a step of its snapshot, so this node's own
-// ranks' snapshot of the same step is still among the newest when it does, and is kept until the
-// copy ends: the pair makes a complete snapshot from which a lost peer's work resumes.
+// Which snapshots are copied is the ranks' decision, the same on every node: a snapshot is copied
+// only when no copy of an earlier one is still under way anywhere (the workers agree on it over
+// the world, asking CopyPending), so every node copies the same steps and no copy is superseded
+// on one node and not on another. Committed with copy false keeps a snapshot here only.
+//
+// What is kept of a job: its kKeep newest snapshots, its kCopiesKept newest copied ones (its own
+// ranks' and the copies received), the newest one complete on this node (every rank of the
+// writing attempt present, its own or copied here), and those a copy is arriving for or a peer
+// is reading. When the ranks decide to copy a snapshot, the copies of the copied one before it
+// have ended on every node: that step is held by two nodes for every rank and kept until the next
+// copied step is, so a lost node's work resumes from it on any number of nodes.
 //
 // The agent wipes the tier when it starts: a restarted agent holds no reservations, and a lost
 // node's memory is lost. Workers it adopts from the agent before it lose their tier: their
@@ -76,10 +82,11 @@ struct HeldSnapshot {
 
 class MemoryTier {
  public:
-  static constexpr int kKeep = 3;  // newest snapshots (steps) kept per job
-  // Snapshots of one rank a reservation covers: the newest, the newest complete and one a copy
-  // is arriving for.
-  static constexpr int kSlots = kKeep + 2;
+  static constexpr int kKeep = 3;        // newest snapshots (steps) kept per job
+  static constexpr int kCopiesKept = 2;  // newest copied snapshots kept besides
+  // Snapshots of one rank a reservation covers: the newest and the copied ones (the newest
+  // complete is one of them, and so is one a copy is arriving for).
+  static constexpr int kSlots = kKeep + kCopiesKept;
 
   // `fs` must outlive the tier. `budget_bytes` > 0.
   MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, std::string node_id);
@@ -98,11 +105,13 @@ class MemoryTier {
                                                     int64_t bytes, bool peer_copy,
                                                     const std::string& from_node);
 
-  // A rank's snapshot is complete: prunes the job's snapshots beyond the newest kKeep and queues
-  // a copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
+  // A rank's snapshot is complete: prunes the job's older snapshots and, when `copy`, queues a
+  // copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
   [[nodiscard]] absl::Status Committed(const std::string& job_id, int rank, int world,
                                        const std::string& snapshot, int64_t step,
-                                       std::vector<std::string> files);
+                                       std::vector<std::string> files, bool copy = true);
+  // Whether a copy of (job, rank) to the peer is queued or being sent.
+  bool CopyPending(const std::string& job_id, int rank) const;
 
   // A peer copy of (job, rank, snapshot) begins: the snapshot is kept until EndCopy.
   // INVALID_ARGUMENT for names that are not plain, FAILED_PRECONDITION without a peer
@@ -154,8 +163,10 @@ class MemoryTier {
   // The secret this node presents with copies of the job's snapshots (the newest; "" if none).
   std::string SecretFor(const std::string& job_id) const;
 
-  // The next queued peer copy (the newest per (job, rank): older ones are superseded), or none.
+  // The next queued peer copy (the newest per (job, rank): older ones are superseded), or none;
+  // being sent until CopyEnded.
   std::optional<PeerCopy> NextCopy();
+  void CopyEnded(const PeerCopy& copy);
   std::string JobDir(const std::string& job_id) const;
   // Notices for the jobs' events since the last call: (job, message).
   std::vector<std::pair<std::string, std::string>> TakeNotices();
@@ -167,6 +178,7 @@ class MemoryTier {
     int world = 0;
     std::map<int, RankFiles> ranks;  // whose files are complete here
     int pins = 0;                    // copies arriving, reads and gathers in progress
+    bool copied = false;             // a step the ranks copy to their peers
     int64_t gathered_bytes = 0;      // fetched from other nodes (or room for that)
     // Gathered for a restore: kept until an attempt numbered at least this has snapshots here.
     int restored_by = 0;
@@ -196,6 +208,7 @@ class MemoryTier {
   std::map<std::string, std::vector<std::string>> secrets_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::map<std::string, std::map<MemorySnapshotId, Snapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
   std::deque<PeerCopy> copies_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, int>> sending_ ABSL_GUARDED_BY(mu_);  // job, rank
   std::vector<std::pair<std::string, std::string>> notices_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -167,7 +167,18 @@ class Service final : public v1::MemoryTierService::Service {
     }
     return ToGrpc(tier_->Committed(request->job_id(), request->rank(), request->world(),
                                    request->snapshot(), request->step(),
-                                   {request->files().begin(), request->files().end()}));
+                                   {request->files().begin(), request->files().end()},
+                                   /*copy=*/!request->keep_local()));
+  }
+
+  grpc::Status CopyPending(grpc::ServerContext* context, const v1::TierCopyPendingRequest* request,
+                           v1::TierCopyPendingReply* reply) override {
+    if (absl::Status s = tier_->CheckSecret(request->job_id(), rpc::BearerToken(*context));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
+    reply->set_pending(tier_->CopyPending(request->job_id(), request->rank()));
+    return grpc::Status::OK;
   }
 
   grpc::Status PutSnapshot(grpc::ServerContext* context, grpc::ServerReader<v1::TierChunk>* reader,
@@ -451,6 +462,7 @@ class ServerImpl final : public MemoryTierServer {
       } else {
         failed_.erase({copy->job_id, copy->peer_address});
       }
+      tier_->CopyEnded(*copy);
     }
   }
 

@@ -1,7 +1,7 @@
-// The gRPC side of a node's memory tier: serves MemoryTierService (local workers reserve, commit
-// and, restoring, ask what the attempt's nodes hold and have the ranks their node lacks fetched;
-// peer agents send copies, list and fetch) and sends this node's queued peer copies to their
-// peers.
+// The gRPC side of a node's memory tier: serves MemoryTierService (local workers reserve, commit,
+// ask whether a copy of theirs is pending and, restoring, ask what the attempt's nodes hold and
+// have the ranks their node lacks fetched; peer agents send copies, list and fetch) and sends this
+// node's queued peer copies to their peers.
 //
 // Threading: gRPC's threads call into MemoryTier (thread-safe) and run the fetches, one gather at
 // a time per node; one thread of its own sends the copies, one at a time. The destructor stops

@@ -72,6 +72,11 @@ absl::Status CheckpointWriter::Save(int64_t step, Manifest header,
   return absl::OkStatus();
 }
 
+bool CheckpointWriter::Busy() {
+  absl::MutexLock lock(&mu_);
+  return busy_;
+}
+
 absl::Status CheckpointWriter::Wait() {
   absl::MutexLock lock(&mu_);
   while (busy_) changed_.Wait(&mu_);

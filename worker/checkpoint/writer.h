@@ -107,6 +107,8 @@ class CheckpointWriter {
 
   // Waits until no save is in flight; the last save's outcome on this rank.
   [[nodiscard]] absl::Status Wait();
+  // Whether a save is in flight.
+  bool Busy();
 
   // Saves that ended since the last call, oldest first.
   std::vector<SaveOutcome> TakeOutcomes();

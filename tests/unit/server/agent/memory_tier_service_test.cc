@@ -1,8 +1,9 @@
 // MemoryTierServer with three in-process nodes on loopback, each holding one rank of a snapshot
 // (as from three nodes up): a node lists the snapshots complete over the attempt's nodes, gathers
 // the ranks it lacks byte for byte (files over a chunk included), and then holds the snapshot
-// whole; a snapshot with a rank no node holds is neither listed nor gathered; a node that does
-// not answer holds nothing; every call wants one of the job's attempt secrets.
+// whole; a snapshot with a rank no node holds is neither listed nor gathered; copied around the
+// ring, a copied step outlives a lost node; a node that does not answer holds nothing; every
+// call wants one of the job's attempt secrets.
 #include "server/agent/memory_tier_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/rpc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -60,7 +62,8 @@ class MemoryTierServiceTest : public ::testing::Test {
 
   // Node `n` holds rank `rank` of `snapshot` (of `world` ranks), written as a worker writes it:
   // a shard of `bytes` and its manifest last.
-  void Write(int n, const std::string& snapshot, int rank, int world, size_t bytes) {
+  void Write(int n, const std::string& snapshot, int rank, int world, size_t bytes,
+             bool copy = true) {
     MemoryTier& tier = *nodes_[n].tier;
     ASSERT_TRUE(tier.Reserve(kJob, rank, 4 << 20, false, NodeName(n)).ok());
     const std::string dir = absl::StrCat(tier.JobDir(kJob), "/", snapshot);
@@ -71,7 +74,35 @@ class MemoryTierServiceTest : public ::testing::Test {
     testing::WriteFile(absl::StrCat(dir, "/", MemoryRankManifestName(rank)),
                        absl::StrCat("{\"rank\": ", rank, "}"));
     ASSERT_TRUE(
-        tier.Committed(kJob, rank, world, snapshot, 7, {shard, MemoryRankManifestName(rank)}).ok());
+        tier.Committed(kJob, rank, world, snapshot, 7, {shard, MemoryRankManifestName(rank)}, copy)
+            .ok());
+  }
+
+  absl::StatusOr<bool> CopyPending(int n, int rank) {
+    grpc::ClientContext context;
+    rpc::AddBearer(context, kSecret);
+    v1::TierCopyPendingRequest request;
+    request.set_job_id(kJob);
+    request.set_rank(rank);
+    v1::TierCopyPendingReply reply;
+    if (grpc::Status s = Stub(n)->CopyPending(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return reply.pending();
+  }
+
+  // Waits (10 s at most) until no node copies its rank to its peer.
+  bool CopiesEnded() {
+    for (int tries = 0; tries < 1000; ++tries) {
+      bool pending = false;
+      for (int n = 0; n < 3; ++n) {
+        absl::StatusOr<bool> p = CopyPending(n, n);
+        pending = pending || !p.ok() || *p;
+      }
+      if (!pending) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
   }
 
   std::unique_ptr<v1::MemoryTierService::Stub> Stub(int n) {
@@ -149,6 +180,34 @@ TEST_F(MemoryTierServiceTest, ANodeGathersTheRanksItLacksFromTheNodesThatHoldThe
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition) << partial.status();
   // Another spelling of a snapshot's name would name another directory.
   EXPECT_EQ(Gather(0, "a2-step-40").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The nodes copy to their ring successors, only the snapshots to copy: after a node is lost,
+// the two others still hold every rank of the last copied step, however many snapshots each
+// kept to itself since.
+TEST_F(MemoryTierServiceTest, ACopiedStepOutlivesALostNodeAfterSnapshotsKeptLocal) {
+  for (int n = 0; n < 3; ++n) nodes_[n].tier->SetPeer(kJob, addresses_[(n + 1) % 3], addresses_);
+  for (int n = 0; n < 3; ++n) Write(n, Snap(1, 1), n, 3, 1000);
+  ASSERT_TRUE(CopiesEnded());
+  for (int step = 2; step <= 8; ++step) {
+    for (int n = 0; n < 3; ++n) Write(n, Snap(1, step), n, 3, 1000, /*copy=*/false);
+  }
+  for (int n = 0; n < 3; ++n) {
+    absl::StatusOr<bool> pending = CopyPending(n, n);
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    EXPECT_FALSE(*pending) << "node " << n << " copied a snapshot kept local";
+  }
+  nodes_[2].server.reset();
+  const absl::StatusOr<std::vector<std::string>> complete = Complete(0);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_THAT(*complete, ElementsAre(Snap(1, 1)));
+  const absl::StatusOr<v1::TierGatherReply> gathered = Gather(0, Snap(1, 1));
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  EXPECT_EQ(gathered->ranks(), 1) << "rank 1 from node-b; rank 2 is the copy node-a holds";
+  for (int rank : {1, 2}) {
+    const std::string shard = absl::StrCat("shard-", rank, "-of-3.bin");
+    EXPECT_EQ(File(0, Snap(1, 1), shard), File(rank, Snap(1, 1), shard)) << shard;
+  }
 }
 
 TEST_F(MemoryTierServiceTest, ANodeThatDoesNotAnswerHoldsNothing) {

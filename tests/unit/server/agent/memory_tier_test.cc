@@ -1,6 +1,7 @@
 // MemoryTier over the in-memory filesystem: the budget, what is kept of a job's snapshots (the
-// newest, the newest complete, those a copy is arriving for or a peer reads), peer copies queued
-// newest only, what a node says it holds, gathers and their room in the budget, and release.
+// newest, the newest copied, the newest complete, those a copy is arriving for or a peer reads),
+// peer copies queued newest only and only of the snapshots to copy, pending until they end, what
+// a node says it holds, gathers and their room in the budget, and release.
 #include "server/agent/memory_tier.h"
 
 #include "absl/strings/str_cat.h"
@@ -22,14 +23,16 @@ class MemoryTierTest : public ::testing::Test {
  protected:
   MemoryTierTest() : tier_(&fs_, kRoot, 1000, "node-a") { EXPECT_TRUE(tier_.Start().ok()); }
 
-  // Writes rank `rank`'s files of a snapshot as a worker would, and commits it.
-  void Write(const std::string& snapshot, int rank, int world) {
+  // Writes rank `rank`'s files of a snapshot as a worker would, and commits it (to be copied to
+  // the peer when `copy`).
+  void Write(const std::string& snapshot, int rank, int world, bool copy = true) {
     const std::string dir = absl::StrCat(kRoot, "/j-1/", snapshot);
     ASSERT_TRUE(fs_.CreateDirs(dir).ok());
     ASSERT_TRUE(
         fs_.WriteFileAtomic(absl::StrCat(dir, "/", MemoryRankManifestName(rank)), "{}").ok());
     ASSERT_TRUE(
-        tier_.Committed("j-1", rank, world, snapshot, 0, {MemoryRankManifestName(rank)}).ok());
+        tier_.Committed("j-1", rank, world, snapshot, 0, {MemoryRankManifestName(rank)}, copy)
+            .ok());
   }
   // Receives rank `rank`'s copy of a snapshot from a peer.
   void Receive(const std::string& snapshot, int rank, int world) {
@@ -119,6 +122,43 @@ TEST_F(MemoryTierTest, PeerCopiesAreQueuedNewestOnly) {
   EXPECT_EQ(copy->world, 2);
   EXPECT_EQ(copy->bytes, 10);
   EXPECT_FALSE(tier_.NextCopy().has_value());
+}
+
+TEST_F(MemoryTierTest, OnlySnapshotsToCopyAreCopiedAndACopyIsPendingUntilItEnds) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  tier_.SetPeer("j-1", "node-b:7000");
+  EXPECT_FALSE(tier_.CopyPending("j-1", 0));
+  Write(Snap(1, 1), 0, 3);
+  EXPECT_TRUE(tier_.CopyPending("j-1", 0)) << "queued";
+  // A snapshot kept here only neither queues a copy nor supersedes the queued one.
+  Write(Snap(1, 2), 0, 3, /*copy=*/false);
+  const std::optional<PeerCopy> copy = tier_.NextCopy();
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->snapshot, Snap(1, 1));
+  EXPECT_FALSE(tier_.NextCopy().has_value());
+  EXPECT_TRUE(tier_.CopyPending("j-1", 0)) << "being sent";
+  EXPECT_FALSE(tier_.CopyPending("j-1", 1)) << "another rank's";
+  tier_.CopyEnded(*copy);
+  EXPECT_FALSE(tier_.CopyPending("j-1", 0));
+}
+
+// From three nodes up this node holds its own rank 0 and its predecessor's rank 1 of each copied
+// step, never a whole snapshot: the two newest copied steps are what a lost node's work resumes
+// from, however many snapshots were kept here only since.
+TEST_F(MemoryTierTest, KeepsTheTwoNewestCopiedStepsBesidesTheNewest) {
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 10, false, "node-a").ok());
+  ASSERT_TRUE(tier_.Reserve("j-1", 1, 10, true, "node-c").ok());
+  Write(Snap(1, 1), 0, 3);
+  Receive(Snap(1, 1), 1, 3);
+  for (int step = 2; step <= 6; ++step) Write(Snap(1, step), 0, 3, /*copy=*/false);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 1), Snap(1, 4), Snap(1, 5), Snap(1, 6)));
+  Write(Snap(1, 7), 0, 3);
+  Receive(Snap(1, 7), 1, 3);
+  for (int step = 8; step <= 10; ++step) Write(Snap(1, step), 0, 3, /*copy=*/false);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 1), Snap(1, 7), Snap(1, 8), Snap(1, 9), Snap(1, 10)));
+  // A third copied step: the first goes.
+  Write(Snap(1, 11), 0, 3);
+  EXPECT_THAT(Held(), ElementsAre(Snap(1, 7), Snap(1, 9), Snap(1, 10), Snap(1, 11)));
 }
 
 TEST_F(MemoryTierTest, HeldListsTheRanksCompleteHereNewestFirstWithTheirBytes) {
