@@ -348,15 +348,20 @@ absl::Status Checkpointer::SaveToMemory(const TrainState& state, bool copy) {
   return saved;
 }
 
-bool Checkpointer::MemoryCopyPending(bool ask_agent) {
+bool Checkpointer::MemoryCopyPending() {
   if (memory_writer_ == nullptr || memory_failures_ >= kMemoryFailuresTolerated) return false;
-  if (!ask_agent) return true;
+  // Only this rank's own copied snapshot makes a copy pending: none since the agent said its
+  // last one ended.
+  const int64_t copy_step = copy_step_;
+  if (copy_step == copy_ended_step_) return false;
   // A snapshot to copy still being written: the agent does not know of it yet.
-  if (copy_step_ > told_step_ && memory_writer_->Busy()) return true;
+  if (copy_step > told_step_ && memory_writer_->Busy()) return true;
+  // An agent that does not answer counts as copying; one that is gone refuses the snapshots too,
+  // and the rank stops them after a few, holding up no copy then.
   absl::StatusOr<bool> pending = tier_->CopyPending();
-  // An agent that does not answer takes no snapshots either (the rank stops them after a few
-  // refusals): it holds up no copy.
-  return pending.ok() && *pending;
+  if (!pending.ok() || *pending) return true;
+  copy_ended_step_ = copy_step;
+  return false;
 }
 
 void Checkpointer::WaitForMemory() {

@@ -82,9 +82,9 @@ class Checkpointer {
   double memory_cost_seconds() const { return memory_cost_seconds_; }
   // `copy`: the agent copies it to the peer node (every rank must pass the same).
   [[nodiscard]] absl::Status SaveToMemory(const TrainState& state, bool copy);
-  // Whether this rank's agent still copies one of its snapshots to the peer node, or (when not
-  // `ask_agent`) might: false for a rank that takes no snapshots.
-  bool MemoryCopyPending(bool ask_agent);
+  // Whether this rank's agent may still copy one of its snapshots to the peer node (it is asked
+  // while a copy is outstanding): false for a rank that takes no snapshots.
+  bool MemoryCopyPending();
   // Waits for the snapshot in flight.
   void WaitForMemory();
 
@@ -140,6 +140,7 @@ class Checkpointer {
   // the agent was told of (or refused).
   std::atomic<int64_t> copy_step_{-1};
   std::atomic<int64_t> told_step_{-1};
+  int64_t copy_ended_step_ = -1;  // the newest the agent said it no longer copies
   double memory_cost_seconds_ = 0.0;
   int64_t resumed_step_ = 0;
   bool partial_state_ = false;

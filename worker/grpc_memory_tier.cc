@@ -59,7 +59,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
 
   absl::StatusOr<bool> CopyPending() override {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    // On the training thread, which the other ranks wait for.
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     v1::TierCopyPendingRequest request;
     request.set_job_id(job_id_);
     request.set_rank(rank_);

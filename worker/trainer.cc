@@ -303,7 +303,6 @@ class RankTrainer {
   int64_t window_start_ = 0, window_steps_ = 0;
   double step_ema_ = 0.0, memory_cost_ema_ = 0.0;  // seconds (rank 0, for `auto`)
   double memory_cost_seen_ = 0.0;
-  int64_t memory_interval_ = 1;  // the last agreed
   // Bytes the data-parallel group sent per collective kind, and the tensor- and pipeline-parallel
   // groups in all.
   struct Traffic {
@@ -644,16 +643,13 @@ absl::StatusOr<RankTrainer::Agreement> RankTrainer::Agree(double step_seconds) {
     return Agreement{asked > 0, 0, 0};  // (no coordinator, no memory tier)
   }
   // Only rank 0 votes for the checkpoint order and the snapshot interval: every rank then
-  // saves at the same steps. Every rank votes against copying the snapshot while its agent still
-  // copies an earlier one (asked when a snapshot is due at the last interval; not asked counts
-  // as against), so that every node copies the same steps.
-  const bool copy_pending = checkpointer_->MemoryCopyPending(
-      /*ask_agent=*/memory_interval_ > 0 && state_.step % memory_interval_ == 0);
+  // saves at the same steps. Every rank votes against copying the snapshot while its agent may
+  // still copy an earlier one, so that every node copies the same steps.
+  const bool copy_pending = checkpointer_->MemoryCopyPending();
   double votes[4] = {stop ? 1.0 : 0.0, static_cast<double>(order), static_cast<double>(interval),
                      copy_pending ? 1.0 : 0.0};
   TY_RETURN_IF_ERROR(SumOverWorld(votes));
-  memory_interval_ = std::llround(votes[2]);
-  return Agreement{votes[0] > 0, std::llround(votes[1]), memory_interval_, votes[3] == 0};
+  return Agreement{votes[0] > 0, std::llround(votes[1]), std::llround(votes[2]), votes[3] == 0};
 }
 
 // Saves when `save` (waiting for the commit when `wait`), and reports the saves that ended.

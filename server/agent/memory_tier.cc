@@ -305,7 +305,7 @@ void MemoryTier::PruneLocked(const std::string& job_id) {
   }
   const int newest_attempt = NewestAttempt(all);
   int newer = static_cast<int>(all.size());  // snapshots at or after this one
-  int copied_newer = 0;                      // copied ones after it
+  int copied_newer = 0;                      // copied ones at or after it
   for (const auto& [id, s] : all) copied_newer += s.copied ? 1 : 0;
   for (auto it = all.begin(); it != all.end(); --newer) {
     const bool restoring = it->second.restored_by > newest_attempt;

@@ -17,16 +17,17 @@
 // a later attempt (the restored one) has kKeep snapshots of its own here.
 //
 // Which snapshots are copied is the ranks' decision, the same on every node: a snapshot is copied
-// only when no copy of an earlier one is still under way anywhere (the workers agree on it over
-// the world, asking CopyPending), so every node copies the same steps and no copy is superseded
+// only when no copy of an earlier one may still be under way anywhere (the workers agree on it
+// over the world, asking CopyPending), so the nodes copy the same steps and no copy is superseded
 // on one node and not on another. Committed with copy false keeps a snapshot here only.
 //
 // What is kept of a job: its kKeep newest snapshots, its kCopiesKept newest copied ones (its own
 // ranks' and the copies received), the newest one complete on this node (every rank of the
 // writing attempt present, its own or copied here), and those a copy is arriving for or a peer
 // is reading. When the ranks decide to copy a snapshot, the copies of the copied one before it
-// have ended on every node: that step is held by two nodes for every rank and kept until the next
-// copied step is, so a lost node's work resumes from it on any number of nodes.
+// have ended on every node: unless one failed, that step is held by two nodes for every rank and
+// kept until the next copied step is, so a lost node's work resumes from it on any number of
+// nodes.
 //
 // The agent wipes the tier when it starts: a restarted agent holds no reservations, and a lost
 // node's memory is lost. Workers it adopts from the agent before it lose their tier: their
@@ -84,9 +85,10 @@ class MemoryTier {
  public:
   static constexpr int kKeep = 3;        // newest snapshots (steps) kept per job
   static constexpr int kCopiesKept = 2;  // newest copied snapshots kept besides
-  // Snapshots of one rank a reservation covers: the newest and the copied ones (the newest
-  // complete is one of them, and so is one a copy is arriving for).
-  static constexpr int kSlots = kKeep + kCopiesKept;
+  // Snapshots of one rank a reservation covers: the newest, the copied ones (one a copy is
+  // arriving for is one of them) and the newest complete (one of them too, unless copies failed
+  // since).
+  static constexpr int kSlots = kKeep + kCopiesKept + 1;
 
   // `fs` must outlive the tier. `budget_bytes` > 0.
   MemoryTier(FileSystem* fs, std::string root, int64_t budget_bytes, std::string node_id);

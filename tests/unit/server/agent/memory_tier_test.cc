@@ -55,11 +55,11 @@ class MemoryTierTest : public ::testing::Test {
 };
 
 TEST_F(MemoryTierTest, ReservationsCountAgainstTheBudgetAndARefusalIsANotice) {
-  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 5 slots: 500
-  EXPECT_EQ(tier_.reserved_bytes(), 500);
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 6 slots: 600
+  EXPECT_EQ(tier_.reserved_bytes(), 600);
   // Reserving again for the same rank replaces the reservation (a new attempt).
   ASSERT_TRUE(tier_.Reserve("j-1", 0, 120, false, "node-a").ok());
-  EXPECT_EQ(tier_.reserved_bytes(), 600);
+  EXPECT_EQ(tier_.reserved_bytes(), 720);
   const absl::StatusOr<std::string> refused = tier_.Reserve("j-1", 1, 100, true, "node-b");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("refused a copy of rank 1 from node-b"));
@@ -198,13 +198,13 @@ TEST_F(MemoryTierTest, ARankBeingReadIsKeptUntilTheReadEnds) {
 // newest complete one, which a node keeps for a lost peer).
 TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
   tier_.AdmitSecret("j-1", "attempt:j-1:2:aa");  // the restoring attempt's StartWorker
-  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 500 of 1000
+  ASSERT_TRUE(tier_.Reserve("j-1", 0, 100, false, "node-a").ok());  // 600 of 1000
   Write(Snap(1, 4), 0, 3);
-  EXPECT_EQ(tier_.BeginGather("j-1", Snap(1, 4), 3, 600).code(),
+  EXPECT_EQ(tier_.BeginGather("j-1", Snap(1, 4), 3, 500).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(tier_.TakeNotices(), ElementsAre(testing::Pair("j-1", HasSubstr("gather"))));
   ASSERT_TRUE(tier_.BeginGather("j-1", Snap(1, 4), 3, 400).ok());
-  EXPECT_EQ(tier_.reserved_bytes(), 900);
+  EXPECT_EQ(tier_.reserved_bytes(), 1000);
   std::map<int, RankFiles> got;
   for (int rank : {1, 2}) {
     auto out = tier_.OpenReceived("j-1", Snap(1, 4), MemoryRankManifestName(rank));
@@ -214,7 +214,7 @@ TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
     got[rank] = {{MemoryRankManifestName(rank)}, 150};
   }
   tier_.EndGather("j-1", Snap(1, 4), 400, got);
-  EXPECT_EQ(tier_.reserved_bytes(), 800);
+  EXPECT_EQ(tier_.reserved_bytes(), 900);
   ASSERT_EQ(tier_.Held("j-1").size(), 1u);
   EXPECT_EQ(tier_.Held("j-1")[0].ranks.size(), 3u) << "complete here now";
   // Late snapshots of the old attempt (a copy, a rank's last write) do not push it out.
@@ -223,7 +223,7 @@ TEST_F(MemoryTierTest, AGatherHasRoomInTheBudgetAndItsSnapshotGoesWhenOld) {
   // The new attempt's snapshots follow; the gathered one goes after kKeep of them.
   for (int step = 9; step <= 11; ++step) Write(Snap(2, step), 0, 3);
   EXPECT_THAT(Held(), ElementsAre(Snap(2, 9), Snap(2, 10), Snap(2, 11)));
-  EXPECT_EQ(tier_.reserved_bytes(), 500);
+  EXPECT_EQ(tier_.reserved_bytes(), 600);
   // A gather that outlives its job does not bring it back.
   tier_.Release("j-1");
   EXPECT_EQ(tier_.BeginGather("j-1", Snap(2, 11), 3, 10).code(),
