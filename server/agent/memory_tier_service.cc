@@ -7,8 +7,10 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -129,9 +131,14 @@ class PeerStubs {
 
 // What the nodes of a job's attempt hold of a snapshot: per rank, a node holding it and the
 // bytes of its files.
+struct Holder {
+  std::string address;
+  int64_t bytes = 0;  // the rank's files
+};
+
 struct Holders {
   int world = 0;
-  std::map<int, std::pair<std::string, int64_t>> ranks;  // rank -> (address, bytes)
+  std::map<int, std::vector<Holder>> ranks;  // rank -> the nodes holding it, this one first
 };
 
 class Service final : public v1::MemoryTierService::Service {
@@ -275,7 +282,7 @@ class Service final : public v1::MemoryTierService::Service {
       return ToGrpc(absl::FailedPreconditionError(
           absl::StrCat("no node of the attempt holds ", job, "/", request->snapshot())));
     }
-    std::map<int, std::pair<std::string, int64_t>> fetch;
+    std::map<int, std::vector<Holder>> fetch;
     for (int rank = 0; rank < holders.world; ++rank) {
       auto it = holders.ranks.find(rank);
       if (it == holders.ranks.end()) {
@@ -283,7 +290,7 @@ class Service final : public v1::MemoryTierService::Service {
                                                                  request->snapshot(),
                                                                  " is on no node of the attempt")));
       }
-      if (it->second.first != self) fetch.insert(*it);
+      if (it->second.front().address != self) fetch.insert(*it);
     }
     return ToGrpc(Fetch(*context, job, request->snapshot(), holders.world, *secret, fetch, reply));
   }
@@ -311,7 +318,7 @@ class Service final : public v1::MemoryTierService::Service {
     const auto add = [&all](const std::string& address, const HeldSnapshot& h) {
       Holders& holders = all[h.id];
       holders.world = h.world;
-      for (const auto& [rank, bytes] : h.ranks) holders.ranks.try_emplace(rank, address, bytes);
+      for (const auto& [rank, bytes] : h.ranks) holders.ranks[rank].push_back({address, bytes});
     };
     const std::string self = address();
     for (const HeldSnapshot& h : tier_->Held(job)) add(self, h);
@@ -339,58 +346,72 @@ class Service final : public v1::MemoryTierService::Service {
     return all;
   }
 
-  // Fetches each rank of `fetch` (rank -> its holder and bytes) into this node's tier, within
-  // the caller's deadline.
+  // Fetches each rank of `fetch` (rank -> the nodes holding it) into this node's tier, within the
+  // caller's deadline: from the first of its holders that sends it whole.
   absl::Status Fetch(const grpc::ServerContext& caller, const std::string& job,
                      const std::string& snapshot, int world, const std::string& secret,
-                     const std::map<int, std::pair<std::string, int64_t>>& fetch,
-                     v1::TierGatherReply* reply) {
+                     const std::map<int, std::vector<Holder>>& fetch, v1::TierGatherReply* reply) {
     int64_t bytes = 0;
-    for (const auto& [rank, holder] : fetch) bytes += holder.second;
+    for (const auto& [rank, holders] : fetch) {
+      int64_t most = 0;
+      for (const Holder& h : holders) most = std::max(most, h.bytes);
+      bytes += most;
+    }
     if (fetch.empty()) return absl::OkStatus();
     TY_RETURN_IF_ERROR(tier_->BeginGather(job, snapshot, world, bytes));
     std::map<int, RankFiles> got;
     absl::Status status;
-    for (const auto& [rank, holder] : fetch) {
-      if (caller.IsCancelled()) {
-        status = absl::CancelledError("the restoring rank gave up");
-        break;
+    for (const auto& [rank, holders] : fetch) {
+      for (const Holder& holder : holders) {
+        if (caller.IsCancelled()) {
+          status = absl::CancelledError("the restoring rank gave up");
+          break;
+        }
+        Received received;
+        status = FetchRank(caller, job, snapshot, rank, holder, secret, &received);
+        if (status.ok()) {
+          reply->set_bytes(reply->bytes() + received.files.bytes);
+          reply->set_ranks(reply->ranks() + 1);
+          got[rank] = std::move(received.files);
+          break;
+        }
+        TY_LOG(WARNING) << status.message();
       }
-      grpc::ClientContext context;
-      context.set_deadline(DeadlineWithin(caller, std::chrono::seconds(60)));
-      rpc::AddBearer(context, secret);
-      v1::TierGetRequest request;
-      request.set_job_id(job);
-      request.set_snapshot(snapshot);
-      request.set_rank(rank);
-      std::unique_ptr<grpc::ClientReader<v1::TierChunk>> reader =
-          peers_->For(holder.first).GetSnapshot(&context, request);
-      v1::TierChunk first;
-      Received received;
-      if (reader->Read(&first)) {
-        status = ReceiveFiles(
-            *tier_, job, snapshot, rank, std::move(first),
-            [&reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, holder.second,
-            &received);
-      }
-      if (!status.ok()) context.TryCancel();
-      const absl::Status finished = FromGrpc(reader->Finish());
-      if (status.ok()) status = finished;
-      if (status.ok() && !received.complete) {
-        status = absl::DataLossError(absl::StrCat("rank ", rank, "'s files from ", holder.first,
-                                                  " ended without its manifest"));
-      }
-      if (!status.ok()) {
-        status = Annotate(status, absl::StrCat("fetching rank ", rank, " of ", job, "/", snapshot,
-                                               " from ", holder.first));
-        break;
-      }
-      reply->set_bytes(reply->bytes() + received.files.bytes);
-      got[rank] = std::move(received.files);
-      reply->set_ranks(reply->ranks() + 1);
+      if (!status.ok()) break;
     }
     tier_->EndGather(job, snapshot, bytes, got);
     return status;
+  }
+
+  // Fetches one rank's files from one node that holds them.
+  absl::Status FetchRank(const grpc::ServerContext& caller, const std::string& job,
+                         const std::string& snapshot, int rank, const Holder& holder,
+                         const std::string& secret, Received* received) {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineWithin(caller, std::chrono::seconds(60)));
+    rpc::AddBearer(context, secret);
+    v1::TierGetRequest request;
+    request.set_job_id(job);
+    request.set_snapshot(snapshot);
+    request.set_rank(rank);
+    std::unique_ptr<grpc::ClientReader<v1::TierChunk>> reader =
+        peers_->For(holder.address).GetSnapshot(&context, request);
+    v1::TierChunk first;
+    absl::Status status;
+    if (reader->Read(&first)) {
+      status = ReceiveFiles(
+          *tier_, job, snapshot, rank, std::move(first),
+          [&reader](v1::TierChunk* chunk) { return reader->Read(chunk); }, holder.bytes, received);
+    }
+    if (!status.ok()) context.TryCancel();
+    const absl::Status finished = FromGrpc(reader->Finish());
+    if (status.ok()) status = finished;
+    if (status.ok() && !received->complete) {
+      status = absl::DataLossError(absl::StrCat("rank ", rank, "'s files from ", holder.address,
+                                                " ended without its manifest"));
+    }
+    return Annotate(status, absl::StrCat("fetching rank ", rank, " of ", job, "/", snapshot,
+                                         " from ", holder.address));
   }
 
   MemoryTier* const tier_;

@@ -2,8 +2,9 @@
 // (as from three nodes up): a node lists the snapshots complete over the attempt's nodes, gathers
 // the ranks it lacks byte for byte (files over a chunk included), and then holds the snapshot
 // whole; a snapshot with a rank no node holds is neither listed nor gathered; copied around the
-// ring, a copied step outlives a lost node; a node that does not answer holds nothing; every
-// call wants one of the job's attempt secrets.
+// ring, a copied step outlives a lost node; a rank comes from its other holder when the first
+// fails; a node that does not answer holds nothing; every call wants one of the job's attempt
+// secrets.
 #include "server/agent/memory_tier_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -208,6 +209,20 @@ TEST_F(MemoryTierServiceTest, ACopiedStepOutlivesALostNodeAfterSnapshotsKeptLoca
     const std::string shard = absl::StrCat("shard-", rank, "-of-3.bin");
     EXPECT_EQ(File(0, Snap(1, 1), shard), File(rank, Snap(1, 1), shard)) << shard;
   }
+}
+
+// A rank on two nodes (its own and the copy its successor holds) comes from the second when the
+// first cannot send it whole.
+TEST_F(MemoryTierServiceTest, ARankComesFromItsOtherHolderWhenTheFirstFails) {
+  for (int n = 0; n < 3; ++n) Write(n, Snap(1, 9), n, 3, 5000);
+  Write(1, Snap(1, 9), 2, 3, 5000);
+  std::filesystem::remove(
+      absl::StrCat(nodes_[1].tier->JobDir(kJob), "/", Snap(1, 9), "/shard-2-of-3.bin"));
+  const absl::StatusOr<v1::TierGatherReply> gathered = Gather(0, Snap(1, 9));
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  EXPECT_EQ(gathered->ranks(), 2);
+  EXPECT_EQ(File(0, Snap(1, 9), "shard-2-of-3.bin"), File(2, Snap(1, 9), "shard-2-of-3.bin"));
+  EXPECT_EQ(File(0, Snap(1, 9), "shard-1-of-3.bin"), File(1, Snap(1, 9), "shard-1-of-3.bin"));
 }
 
 TEST_F(MemoryTierServiceTest, ANodeThatDoesNotAnswerHoldsNothing) {
