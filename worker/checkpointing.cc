@@ -349,17 +349,24 @@ absl::Status Checkpointer::SaveToMemory(const TrainState& state, bool copy) {
 }
 
 bool Checkpointer::MemoryCopyPending() {
-  if (memory_writer_ == nullptr || memory_failures_ >= kMemoryFailuresTolerated) return false;
+  if (memory_writer_ == nullptr) return false;
   // Only this rank's own copied snapshot makes a copy pending: none since the agent said its
   // last one ended.
   const int64_t copy_step = copy_step_;
   if (copy_step == copy_ended_step_) return false;
   // A snapshot to copy still being written: the agent does not know of it yet.
   if (copy_step > told_step_ && memory_writer_->Busy()) return true;
-  // An agent that does not answer counts as copying; one that is gone refuses the snapshots too,
-  // and the rank stops them after a few, holding up no copy then.
   absl::StatusOr<bool> pending = tier_->CopyPending();
-  if (!pending.ok() || *pending) return true;
+  if (pending.ok()) {
+    copy_unanswered_ = 0;
+    if (*pending) return true;
+  } else if (!absl::IsUnimplemented(pending.status()) &&
+             ++copy_unanswered_ < kMemoryFailuresTolerated) {
+    // An agent that does not answer counts as still copying, for a few steps in a row: then it
+    // is taken to copy nothing, so that it holds up neither the other nodes' copies for ever
+    // nor every step for its deadline. (An agent without the call copies every snapshot.)
+    return true;
+  }
   copy_ended_step_ = copy_step;
   return false;
 }

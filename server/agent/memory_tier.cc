@@ -290,6 +290,15 @@ absl::Status MemoryTier::CommitReceived(const std::string& job_id, const std::st
   return fs_->RenameFile(dir + part, dir + file);
 }
 
+absl::Status MemoryTier::RemoveReceived(const std::string& job_id, const std::string& snapshot,
+                                        const std::string& part) {
+  if (!IsPlainTierName(job_id) || !ParseMemorySnapshotName(snapshot) || !IsPlainTierName(part)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad copy '", job_id, "/", snapshot, "/", part, "'"));
+  }
+  return fs_->RemoveFile(absl::StrCat(JobDir(job_id), "/", snapshot, "/", part));
+}
+
 void MemoryTier::PruneLocked(const std::string& job_id) {
   auto job = snapshots_.find(job_id);
   if (job == snapshots_.end()) return;

@@ -151,6 +151,9 @@ class MemoryTier {
   // peer mapping the file, never see it torn.
   [[nodiscard]] absl::Status CommitReceived(const std::string& job_id, const std::string& snapshot,
                                             const std::string& part, const std::string& file);
+  // Removes a received file left unfinished (`part`, the name it was opened under).
+  [[nodiscard]] absl::Status RemoveReceived(const std::string& job_id, const std::string& snapshot,
+                                            const std::string& part);
   // The job ended: removes its directory, reservations and secrets.
   void Release(const std::string& job_id);
 

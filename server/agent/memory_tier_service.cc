@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -67,6 +68,10 @@ absl::Status ReceiveFiles(MemoryTier& tier, const std::string& job, const std::s
   static std::atomic<uint64_t> receipts{0};
   std::unique_ptr<WritableFile> out;
   std::string part;
+  // A file left unfinished goes (its name is this receipt's own).
+  absl::Cleanup unfinished = [&] {
+    if (out != nullptr) (void)tier.RemoveReceived(job, snapshot, part);
+  };
   do {
     if (chunk.job_id() != job || chunk.snapshot() != snapshot || chunk.rank() != rank) {
       return absl::InvalidArgumentError("a copy's chunks must all name the same snapshot");
@@ -368,7 +373,8 @@ class Service final : public v1::MemoryTierService::Service {
           break;
         }
         Received received;
-        status = FetchRank(caller, job, snapshot, rank, holder, secret, &received);
+        const bool others = &holder != &holders.back();
+        status = FetchRank(caller, job, snapshot, rank, holder, others, secret, &received);
         if (status.ok()) {
           reply->set_bytes(reply->bytes() + received.files.bytes);
           reply->set_ranks(reply->ranks() + 1);
@@ -383,12 +389,19 @@ class Service final : public v1::MemoryTierService::Service {
     return status;
   }
 
-  // Fetches one rank's files from one node that holds them.
+  // Fetches one rank's files from one node that holds them; with `others` (holders to try
+  // next), within half the time left.
   absl::Status FetchRank(const grpc::ServerContext& caller, const std::string& job,
-                         const std::string& snapshot, int rank, const Holder& holder,
+                         const std::string& snapshot, int rank, const Holder& holder, bool others,
                          const std::string& secret, Received* received) {
     grpc::ClientContext context;
-    context.set_deadline(DeadlineWithin(caller, std::chrono::seconds(60)));
+    std::chrono::system_clock::time_point deadline =
+        DeadlineWithin(caller, std::chrono::seconds(60));
+    if (others) {
+      const auto now = std::chrono::system_clock::now();
+      deadline = now + (std::max(deadline, now) - now) / 2;
+    }
+    context.set_deadline(deadline);
     rpc::AddBearer(context, secret);
     v1::TierGetRequest request;
     request.set_job_id(job);

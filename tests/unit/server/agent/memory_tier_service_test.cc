@@ -212,17 +212,33 @@ TEST_F(MemoryTierServiceTest, ACopiedStepOutlivesALostNodeAfterSnapshotsKeptLoca
 }
 
 // A rank on two nodes (its own and the copy its successor holds) comes from the second when the
-// first cannot send it whole.
+// first cannot send it whole: its stream breaks between two files (step 9: the manifest is gone)
+// or inside one (step 10: the shard is longer than the bytes the node said it holds; the
+// unfinished file goes).
 TEST_F(MemoryTierServiceTest, ARankComesFromItsOtherHolderWhenTheFirstFails) {
-  for (int n = 0; n < 3; ++n) Write(n, Snap(1, 9), n, 3, 5000);
-  Write(1, Snap(1, 9), 2, 3, 5000);
-  std::filesystem::remove(
-      absl::StrCat(nodes_[1].tier->JobDir(kJob), "/", Snap(1, 9), "/shard-2-of-3.bin"));
-  const absl::StatusOr<v1::TierGatherReply> gathered = Gather(0, Snap(1, 9));
-  ASSERT_TRUE(gathered.ok()) << gathered.status();
-  EXPECT_EQ(gathered->ranks(), 2);
-  EXPECT_EQ(File(0, Snap(1, 9), "shard-2-of-3.bin"), File(2, Snap(1, 9), "shard-2-of-3.bin"));
-  EXPECT_EQ(File(0, Snap(1, 9), "shard-1-of-3.bin"), File(1, Snap(1, 9), "shard-1-of-3.bin"));
+  for (int step : {9, 10}) {
+    for (int n = 0; n < 3; ++n) Write(n, Snap(1, step), n, 3, 5000);
+    Write(1, Snap(1, step), 2, 3, 5000);
+  }
+  const std::string broken = absl::StrCat(nodes_[1].tier->JobDir(kJob), "/");
+  std::filesystem::remove(absl::StrCat(broken, Snap(1, 9), "/", MemoryRankManifestName(2)));
+  testing::WriteFile(absl::StrCat(broken, Snap(1, 10), "/shard-2-of-3.bin"),
+                     std::string(20000, 'x'));
+  for (int step : {9, 10}) {
+    const absl::StatusOr<v1::TierGatherReply> gathered = Gather(0, Snap(1, step));
+    ASSERT_TRUE(gathered.ok()) << gathered.status();
+    EXPECT_EQ(gathered->ranks(), 2);
+    for (int rank : {1, 2}) {
+      for (const std::string& file :
+           {absl::StrCat("shard-", rank, "-of-3.bin"), MemoryRankManifestName(rank)}) {
+        EXPECT_EQ(File(0, Snap(1, step), file), File(rank, Snap(1, step), file)) << file;
+      }
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(
+             absl::StrCat(nodes_[0].tier->JobDir(kJob), "/", Snap(1, step)))) {
+      EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".part-")));
+    }
+  }
 }
 
 TEST_F(MemoryTierServiceTest, ANodeThatDoesNotAnswerHoldsNothing) {
