@@ -356,15 +356,14 @@ bool Checkpointer::MemoryCopyPending() {
   if (copy_step == copy_ended_step_) return false;
   // A snapshot to copy still being written: the agent does not know of it yet.
   if (copy_step > told_step_ && memory_writer_->Busy()) return true;
-  absl::StatusOr<bool> pending = tier_->CopyPending();
-  if (pending.ok()) {
-    copy_unanswered_ = 0;
-    if (*pending) return true;
-  } else if (!absl::IsUnimplemented(pending.status()) &&
-             ++copy_unanswered_ < kMemoryFailuresTolerated) {
-    // An agent that does not answer counts as still copying, for a few steps in a row: then it
-    // is taken to copy nothing, so that it holds up neither the other nodes' copies for ever
-    // nor every step for its deadline. (An agent without the call copies every snapshot.)
+  const absl::StatusOr<bool> pending = tier_->CopyPending();
+  // An agent without the call copies every snapshot: it has none pending.
+  const bool answered = pending.ok() || absl::IsUnimplemented(pending.status());
+  copy_unanswered_ = answered ? 0 : copy_unanswered_ + 1;
+  // An agent that does not answer counts as still copying, for a few steps in a row: then it is
+  // taken to copy nothing, so that it holds up neither the other nodes' copies for ever nor every
+  // step for its deadline.
+  if (answered ? pending.value_or(false) : copy_unanswered_ < kMemoryFailuresTolerated) {
     return true;
   }
   copy_ended_step_ = copy_step;
