@@ -305,11 +305,12 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           .on_committed = [this](int64_t step, const std::string& snapshot,
                                  std::vector<std::string> files) -> absl::Status {
             const bool copy = step == copy_step_;
-            absl::Status told = tier_->Committed(step, snapshot, files, copy);
-            if (copy) told_step_ = step;
-            if (told.ok()) {
+            const absl::StatusOr<bool> copying = tier_->Committed(step, snapshot, files, copy);
+            if (copy && copying.ok() && !*copying) uncopied_step_ = step;
+            if (copy) told_step_ = step;  // after uncopied_step_, which MemoryCopyPending reads
+            if (copying.ok()) {
               memory_failures_ = 0;
-              return told;
+              return absl::OkStatus();
             }
             // The agent that owns the tier did not take it (it restarted, or is gone): nothing
             // would prune this snapshot, so it goes, and after a few such failures the rank
@@ -322,9 +323,9 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
             if (++memory_failures_ == kMemoryFailuresTolerated) {
               TY_LOG(WARNING) << "rank " << rank_.rank << " stops its memory snapshots: its "
                               << "node's agent did not take " << kMemoryFailuresTolerated
-                              << " in a row (" << told.message() << ")";
+                              << " in a row (" << copying.status().message() << ")";
             }
-            return told;
+            return copying.status();
           }});
 }
 
@@ -356,6 +357,11 @@ bool Checkpointer::MemoryCopyPending() {
   if (copy_step == copy_ended_step_) return false;
   // A snapshot to copy still being written: the agent does not know of it yet.
   if (copy_step > told_step_ && memory_writer_->Busy()) return true;
+  // The agent queued no copy of it (the job has no peer node): there is nothing to ask.
+  if (copy_step == uncopied_step_) {
+    copy_ended_step_ = copy_step;
+    return false;
+  }
   const absl::StatusOr<bool> pending = tier_->CopyPending();
   // An agent without the call copies every snapshot: it has none pending.
   const bool answered = pending.ok() || absl::IsUnimplemented(pending.status());

@@ -140,8 +140,9 @@ class Checkpointer {
   // the agent was told of (or refused).
   std::atomic<int64_t> copy_step_{-1};
   std::atomic<int64_t> told_step_{-1};
-  int64_t copy_ended_step_ = -1;  // the newest the agent said it no longer copies
-  int copy_unanswered_ = 0;       // CopyPending calls in a row the agent did not answer
+  std::atomic<int64_t> uncopied_step_{-1};  // the newest of those the agent queued no copy of
+  int64_t copy_ended_step_ = -1;            // the newest the agent said it no longer copies
+  int copy_unanswered_ = 0;                 // CopyPending calls in a row the agent did not answer
   double memory_cost_seconds_ = 0.0;
   int64_t resumed_step_ = 0;
   bool partial_state_ = false;

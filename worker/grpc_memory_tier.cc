@@ -40,8 +40,8 @@ class GrpcMemoryTier final : public MemoryTierClient {
     return reply.dir();
   }
 
-  absl::Status Committed(int64_t step, const std::string& snapshot, std::vector<std::string> files,
-                         bool copy) override {
+  absl::StatusOr<bool> Committed(int64_t step, const std::string& snapshot,
+                                 std::vector<std::string> files, bool copy) override {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::TierCommitted request;
@@ -54,7 +54,10 @@ class GrpcMemoryTier final : public MemoryTierClient {
     for (std::string& f : files) request.add_files(std::move(f));
     request.set_keep_local(!copy);
     v1::TierCommittedReply reply;
-    return rpc::FromGrpc(stub_->Committed(&context, request, &reply));
+    if (grpc::Status s = stub_->Committed(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return copy && !reply.kept_local();
   }
 
   absl::StatusOr<bool> CopyPending() override {

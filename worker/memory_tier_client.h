@@ -23,9 +23,11 @@ class MemoryTierClient {
   // when the node's budget does not allow it.
   [[nodiscard]] virtual absl::StatusOr<std::string> Reserve(int64_t bytes) = 0;
   // The rank's snapshot of `step` is written (directory `snapshot`, `files` in it, its manifest
-  // last): the agent may prune older ones and, when `copy`, copies it to the peer node.
-  [[nodiscard]] virtual absl::Status Committed(int64_t step, const std::string& snapshot,
-                                               std::vector<std::string> files, bool copy) = 0;
+  // last): the agent may prune older ones and, when `copy`, copies it to the peer node. Whether
+  // the agent may be copying it: false when it queued no copy (the job has no peer node).
+  [[nodiscard]] virtual absl::StatusOr<bool> Committed(int64_t step, const std::string& snapshot,
+                                                       std::vector<std::string> files,
+                                                       bool copy) = 0;
   // Whether the agent still copies one of the rank's snapshots to the peer node.
   [[nodiscard]] virtual absl::StatusOr<bool> CopyPending() = 0;
   // The snapshots (directory names) every rank of which some node of the attempt holds, newest

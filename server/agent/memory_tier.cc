@@ -101,9 +101,9 @@ absl::StatusOr<std::string> MemoryTier::Reserve(const std::string& job_id, int r
   return dir;
 }
 
-absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int world,
-                                   const std::string& snapshot, int64_t step,
-                                   std::vector<std::string> files, bool copy) {
+absl::StatusOr<bool> MemoryTier::Committed(const std::string& job_id, int rank, int world,
+                                           const std::string& snapshot, int64_t step,
+                                           std::vector<std::string> files, bool copy) {
   const std::optional<MemorySnapshotId> id = ParseMemorySnapshotName(snapshot);
   if (!IsPlainTierName(job_id) || !id || world < 1 || rank >= world) {
     return absl::InvalidArgumentError(absl::StrCat("bad snapshot '", job_id, "/", snapshot, "'"));
@@ -126,19 +126,18 @@ absl::Status MemoryTier::Committed(const std::string& job_id, int rank, int worl
   s.copied = s.copied || copy;
   PruneLocked(job_id);
   auto peer = peers_.find(job_id);
-  if (copy && peer != peers_.end() && !peer->second.empty()) {
-    // A newer snapshot of the same rank supersedes a queued one.
-    std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id && c.rank == rank; });
-    copies_.push_back({.job_id = job_id,
-                       .peer_address = peer->second,
-                       .snapshot = snapshot,
-                       .rank = rank,
-                       .world = world,
-                       .step = step,
-                       .bytes = reservation->second / kSlots,
-                       .files = std::move(files)});
-  }
-  return absl::OkStatus();
+  if (!copy || peer == peers_.end() || peer->second.empty()) return false;
+  // A newer snapshot of the same rank supersedes a queued one.
+  std::erase_if(copies_, [&](const PeerCopy& c) { return c.job_id == job_id && c.rank == rank; });
+  copies_.push_back({.job_id = job_id,
+                     .peer_address = peer->second,
+                     .snapshot = snapshot,
+                     .rank = rank,
+                     .world = world,
+                     .step = step,
+                     .bytes = reservation->second / kSlots,
+                     .files = std::move(files)});
+  return true;
 }
 
 bool MemoryTier::CopyPending(const std::string& job_id, int rank) const {

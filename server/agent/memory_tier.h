@@ -108,10 +108,11 @@ class MemoryTier {
                                                     const std::string& from_node);
 
   // A rank's snapshot is complete: prunes the job's older snapshots and, when `copy`, queues a
-  // copy for the job's peer, when it has one. FAILED_PRECONDITION without a reservation.
-  [[nodiscard]] absl::Status Committed(const std::string& job_id, int rank, int world,
-                                       const std::string& snapshot, int64_t step,
-                                       std::vector<std::string> files, bool copy = true);
+  // copy for the job's peer, when it has one. Whether it queued a copy; FAILED_PRECONDITION
+  // without a reservation.
+  [[nodiscard]] absl::StatusOr<bool> Committed(const std::string& job_id, int rank, int world,
+                                               const std::string& snapshot, int64_t step,
+                                               std::vector<std::string> files, bool copy = true);
   // Whether a copy of (job, rank) to the peer is queued or being sent.
   bool CopyPending(const std::string& job_id, int rank) const;
 

@@ -172,15 +172,18 @@ class Service final : public v1::MemoryTierService::Service {
   }
 
   grpc::Status Committed(grpc::ServerContext* context, const v1::TierCommitted* request,
-                         v1::TierCommittedReply*) override {
+                         v1::TierCommittedReply* reply) override {
     if (absl::Status s = tier_->CheckSecret(request->job_id(), rpc::BearerToken(*context));
         !s.ok()) {
       return ToGrpc(s);
     }
-    return ToGrpc(tier_->Committed(request->job_id(), request->rank(), request->world(),
-                                   request->snapshot(), request->step(),
-                                   {request->files().begin(), request->files().end()},
-                                   /*copy=*/!request->keep_local()));
+    const absl::StatusOr<bool> queued =
+        tier_->Committed(request->job_id(), request->rank(), request->world(), request->snapshot(),
+                         request->step(), {request->files().begin(), request->files().end()},
+                         /*copy=*/!request->keep_local());
+    if (!queued.ok()) return ToGrpc(queued.status());
+    reply->set_kept_local(!*queued);
+    return grpc::Status::OK;
   }
 
   grpc::Status CopyPending(grpc::ServerContext* context, const v1::TierCopyPendingRequest* request,

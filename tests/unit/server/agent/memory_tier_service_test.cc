@@ -61,10 +61,17 @@ class MemoryTierServiceTest : public ::testing::Test {
 
   static std::string NodeName(int n) { return std::string("node-") + static_cast<char>('a' + n); }
 
-  // Node `n` holds rank `rank` of `snapshot` (of `world` ranks), written as a worker writes it:
-  // a shard of `bytes` and its manifest last.
+  // Node `n` holds rank `rank` of `snapshot` (of `world` ranks), written and committed as a
+  // worker does.
   void Write(int n, const std::string& snapshot, int rank, int world, size_t bytes,
              bool copy = true) {
+    WriteFiles(n, snapshot, rank, world, bytes);
+    const absl::StatusOr<bool> kept_local = Commit(n, snapshot, rank, world, copy);
+    ASSERT_TRUE(kept_local.ok()) << kept_local.status();
+  }
+
+  // Rank `rank`'s files of `snapshot` on node `n`: a shard of `bytes` and its manifest last.
+  void WriteFiles(int n, const std::string& snapshot, int rank, int world, size_t bytes) {
     MemoryTier& tier = *nodes_[n].tier;
     ASSERT_TRUE(tier.Reserve(kJob, rank, 4 << 20, false, NodeName(n)).ok());
     const std::string dir = absl::StrCat(tier.JobDir(kJob), "/", snapshot);
@@ -74,9 +81,28 @@ class MemoryTierServiceTest : public ::testing::Test {
     testing::WriteFile(absl::StrCat(dir, "/", shard), data);
     testing::WriteFile(absl::StrCat(dir, "/", MemoryRankManifestName(rank)),
                        absl::StrCat("{\"rank\": ", rank, "}"));
-    ASSERT_TRUE(
-        tier.Committed(kJob, rank, world, snapshot, 7, {shard, MemoryRankManifestName(rank)}, copy)
-            .ok());
+  }
+
+  // Tells node `n` that rank `rank` of `snapshot` is written (to be copied when `copy`); whether
+  // the node kept it local, queueing no copy.
+  absl::StatusOr<bool> Commit(int n, const std::string& snapshot, int rank, int world, bool copy) {
+    grpc::ClientContext context;
+    rpc::AddBearer(context, kSecret);
+    v1::TierCommitted request;
+    request.set_job_id(kJob);
+    request.set_attempt_id(1);
+    request.set_rank(rank);
+    request.set_world(world);
+    request.set_step(7);
+    request.set_snapshot(snapshot);
+    request.add_files(absl::StrCat("shard-", rank, "-of-", world, ".bin"));
+    request.add_files(MemoryRankManifestName(rank));
+    request.set_keep_local(!copy);
+    v1::TierCommittedReply reply;
+    if (grpc::Status s = Stub(n)->Committed(&context, request, &reply); !s.ok()) {
+      return rpc::FromGrpc(s);
+    }
+    return reply.kept_local();
   }
 
   absl::StatusOr<bool> CopyPending(int n, int rank) {
@@ -209,6 +235,20 @@ TEST_F(MemoryTierServiceTest, ACopiedStepOutlivesALostNodeAfterSnapshotsKeptLoca
     const std::string shard = absl::StrCat("shard-", rank, "-of-3.bin");
     EXPECT_EQ(File(0, Snap(1, 1), shard), File(rank, Snap(1, 1), shard)) << shard;
   }
+}
+
+// A node tells a rank whether it queued a copy of its snapshot: not in a job without a peer node
+// (a single node's) nor when the ranks kept the snapshot local, and then the rank does not ask
+// CopyPending about it.
+TEST_F(MemoryTierServiceTest, ANodeSaysWhetherItQueuedACopy) {
+  WriteFiles(0, Snap(1, 1), 0, 1, 100);
+  EXPECT_EQ(Commit(0, Snap(1, 1), 0, 1, /*copy=*/true).value_or(false), true) << "no peer node";
+  nodes_[0].tier->SetPeer(kJob, addresses_[1], addresses_);
+  WriteFiles(0, Snap(1, 2), 0, 1, 100);
+  EXPECT_EQ(Commit(0, Snap(1, 2), 0, 1, /*copy=*/false).value_or(false), true);
+  WriteFiles(0, Snap(1, 3), 0, 1, 100);
+  EXPECT_EQ(Commit(0, Snap(1, 3), 0, 1, /*copy=*/true).value_or(true), false) << "copied";
+  EXPECT_TRUE(CopiesEnded());
 }
 
 // A rank on two nodes (its own and the copy its successor holds) comes from the second when the

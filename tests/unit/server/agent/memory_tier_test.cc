@@ -82,7 +82,7 @@ TEST_F(MemoryTierTest, BadNamesAreRefused) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(tier_.BeginCopy("j-1", 7, Snap(1, 2)).code(), absl::StatusCode::kFailedPrecondition)
       << "a copy needs a peer reservation for its rank";
-  EXPECT_EQ(tier_.Committed("j-1", 3, 4, Snap(1, 2), 2, {}).code(),
+  EXPECT_EQ(tier_.Committed("j-1", 3, 4, Snap(1, 2), 2, {}).status().code(),
             absl::StatusCode::kFailedPrecondition)
       << "a commit needs a reservation";
 }
