@@ -75,6 +75,14 @@ Problem CheckReal(const char* path, double value, double min, double max, const 
   return std::nullopt;
 }
 
+// Whether some size above resources.nodes, up to max_nodes, has a valid mesh.
+bool HasLargerSize(const JobSpec& spec) {
+  for (int nodes = spec.resources.nodes + 1; nodes <= spec.max_nodes(); ++nodes) {
+    if (ResizedSpec(spec, nodes).has_value()) return true;
+  }
+  return false;
+}
+
 Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
   if (Problem p = CheckRange("fault_tolerance.max_restarts", f.max_restarts, 0, kMaxRestarts)) {
     return p;
@@ -92,13 +100,14 @@ Problem CheckFaultTolerance(const FaultToleranceSpec& f, const JobSpec& spec) {
                             spec.max_nodes()),
                {"resources.nodes"});
   }
-  if (spec.max_nodes() > nodes) {
-    return Bad("fault_tolerance.max_nodes",
-               absl::StrCat("growing past resources.nodes (", nodes,
-                            ") is not supported; a job that shrank (min_nodes) grows back to "
-                            "resources.nodes, got ",
-                            spec.max_nodes()),
-               {"resources.nodes"});
+  if (spec.max_nodes() > nodes && !HasLargerSize(spec)) {
+    return Bad(
+        "fault_tolerance.max_nodes",
+        absl::StrCat("the job cannot grow: no size from ", nodes + 1, " to ", spec.max_nodes(),
+                     " nodes has a valid mesh (the extra ranks go to dp, which must divide "
+                     "training.batch ",
+                     spec.training.batch, ")"),
+        {"resources.nodes"});
   }
   if (!(f.heartbeat_timeout_s >= 1 && f.heartbeat_timeout_s <= kMaxHeartbeatTimeoutSeconds)) {
     return Bad(

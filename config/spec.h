@@ -194,9 +194,9 @@ struct FaultToleranceSpec {
   int straggler_window = 5;
   // Restart away from the nodes of ranks flagged as stragglers when enough other nodes are free.
   bool exclude_stragglers = false;
-  // A job running on fewer than resources.nodes nodes (after losing some, down to min_nodes)
-  // grows back when nodes are free, by a checkpoint and a restart; at most once per this many
-  // seconds after its last resize.
+  // A job running on fewer nodes than it may (resources.nodes after losing some, down to
+  // min_nodes; up to max_nodes when nodes are free) grows when nodes are free, by a checkpoint and
+  // a restart; at most once per this many seconds after its last resize.
   double resize_cooldown_s = 120.0;
   // Under a coordinator whose agents keep a memory tier: every rank snapshots its state into its
   // node's memory (and a peer node's) after every this many steps, and a restart resumes from

@@ -53,6 +53,11 @@ bool Scheduler::Remove(const std::string& job_id) {
 
 bool Scheduler::Contains(const std::string& job_id) const { return Find(job_id) != nullptr; }
 
+bool Scheduler::Queued(DeviceKind kind) const {
+  return std::any_of(jobs_.begin(), jobs_.end(),
+                     [kind](const PendingJob& job) { return job.requirements.kind == kind; });
+}
+
 const PendingJob* Scheduler::Find(const std::string& job_id) const {
   for (const PendingJob& job : jobs_) {
     if (job.job_id == job_id) return &job;
@@ -66,10 +71,14 @@ std::vector<Scheduler::Demand> Scheduler::Demands() const {
   for (const PendingJob& job : jobs_) {
     const JobRequirements& req = job.requirements;
     fits.insert({req.kind, req.ranks_per_node, job.memory_per_rank});
-    for (const JobShape& shape : job.smaller) {
-      fits.insert({req.kind, req.ranks_per_node, shape.memory_per_rank});
+    int most = req.nodes;  // its largest size, which the pass must be able to see
+    for (const std::vector<JobShape>* shapes : {&job.smaller, &job.larger}) {
+      for (const JobShape& shape : *shapes) {
+        fits.insert({req.kind, req.ranks_per_node, shape.memory_per_rank});
+        most = std::max(most, shape.nodes);
+      }
     }
-    all[static_cast<int>(req.kind)] += static_cast<size_t>(req.nodes) + job.avoid_nodes.size();
+    all[static_cast<int>(req.kind)] += static_cast<size_t>(most) + job.avoid_nodes.size();
   }
   // Every fit sees the whole demand of its kind: a job needing fewer slots per node competes
   // for the same nodes as the others of its kind.
@@ -86,17 +95,29 @@ std::vector<std::string> Scheduler::QueueOrder() const {
   return order;
 }
 
-bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement) {
+namespace {
+
+bool PlaceAtShape(const PendingJob& job, const JobShape& shape, std::vector<NodeView>& nodes,
+                  Placement& placement) {
+  PendingJob resized = job;
+  resized.requirements.nodes = shape.nodes;
+  resized.requirements.mesh = shape.mesh;
+  resized.memory_per_rank = shape.memory_per_rank;
+  if (!PlaceJob(resized, nodes, placement)) return false;
+  placement.shape = shape;
+  return true;
+}
+
+}  // namespace
+
+bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement,
+                     bool grow) {
+  for (const JobShape& shape : grow ? job.larger : std::vector<JobShape>()) {
+    if (PlaceAtShape(job, shape, nodes, placement)) return true;
+  }
   if (PlaceJob(job, nodes, placement)) return true;
   for (const JobShape& shape : job.smaller) {
-    PendingJob smaller = job;
-    smaller.requirements.nodes = shape.nodes;
-    smaller.requirements.mesh = shape.mesh;
-    smaller.memory_per_rank = shape.memory_per_rank;
-    if (PlaceJob(smaller, nodes, placement)) {
-      placement.shape = shape;
-      return true;
-    }
+    if (PlaceAtShape(job, shape, nodes, placement)) return true;
   }
   return false;
 }
@@ -182,13 +203,17 @@ std::string Scheduler::WaitReason(const std::string& job_id, std::vector<NodeVie
 std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
   std::vector<Placement> placements;
   bool blocked[2] = {false, false};  // by device kind
+  // A job grows past its own size only when no job of its kind is queued behind it.
+  std::string last[2];
+  for (const Key& key : queue_)
+    last[static_cast<int>(Find(key.job_id)->requirements.kind)] = key.job_id;
   std::vector<std::string> placed;
   for (const Key& key : queue_) {
     const PendingJob* job = Find(key.job_id);
     const int kind = static_cast<int>(job->requirements.kind);
     if (blocked[kind]) continue;
     Placement placement;
-    if (PlaceAtSomeSize(*job, nodes, placement)) {
+    if (PlaceAtSomeSize(*job, nodes, placement, /*grow=*/key.job_id == last[kind])) {
       placements.push_back(std::move(placement));
       placed.push_back(job->job_id);
     } else {

@@ -29,7 +29,7 @@
 
 namespace trainyard::server {
 
-// A smaller size an elastic job may restart at (config::ResizedSpec): its node count, mesh, and
+// Another size an elastic job may run at (config::ResizedSpec): its node count, mesh, and
 // micro-batches accumulated per step.
 struct JobShape {
   int nodes = 0;
@@ -52,6 +52,9 @@ struct PendingJob {
   // Sizes to fall back to, largest first, when the job does not fit at its own (a restart of a
   // job with fault_tolerance.min_nodes below resources.nodes).
   std::vector<JobShape> smaller;
+  // Sizes above its own, largest first, taken when one fits and no job of its kind is queued
+  // behind it (fault_tolerance.max_nodes above resources.nodes).
+  std::vector<JobShape> larger;
 };
 
 // The free capacity of one connected node.
@@ -71,7 +74,7 @@ bool MemoryFits(const NodeView& node, DeviceKind kind, int ranks_per_node, int64
 struct Placement {
   std::string job_id;
   std::vector<RankSlot> ranks;    // indexed by rank; pid 0, no exit
-  std::optional<JobShape> shape;  // set when placed at a smaller size
+  std::optional<JobShape> shape;  // set when placed at another size than its own
 };
 
 class Scheduler {
@@ -81,6 +84,8 @@ class Scheduler {
   // Removes a job; false when it was not queued.
   bool Remove(const std::string& job_id);
   bool Contains(const std::string& job_id) const;
+  // Whether a job of `kind` waits in the queue.
+  bool Queued(DeviceKind kind) const;
   size_t size() const { return queue_.size(); }
 
   // Places as many queued jobs as fit on `nodes`, in queue order, and removes them from the
@@ -130,8 +135,10 @@ class Scheduler {
 // Places one job on `nodes` (consuming the slots it takes from them), or returns false and leaves
 // `nodes` untouched.
 bool PlaceJob(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement);
-// PlaceJob at the job's own size, else at the first of its smaller sizes that fits.
-bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement);
+// PlaceJob at the first of the job's larger sizes that fits when `grow`, else at its own size,
+// else at the first of its smaller sizes that fits.
+bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement,
+                     bool grow = false);
 
 }  // namespace trainyard::server
 

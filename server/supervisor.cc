@@ -385,7 +385,8 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   pending.requirements = entry.job.requirements;
   pending.avoid_nodes = entry.controller.avoid_nodes();
   pending.memory_per_rank = entry.memory_per_rank;
-  // Only a restart may run smaller: a new job waits for its full size.
+  // Only a restart may run smaller: a new job waits for its own size. Any may run larger.
+  pending.larger = entry.larger_shapes;
   if (entry.job.state == JobState::kRestarting) pending.smaller = entry.smaller_shapes;
   scheduler_.Enqueue(pending);
 }

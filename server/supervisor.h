@@ -416,9 +416,11 @@ class Supervisor {
     JobController controller;
     std::unique_ptr<FailureDetector> detector;      // the running attempt's
     std::unique_ptr<StragglerDetector> stragglers;  // the running attempt's
-    // Elastic restarts: the sizes between min_nodes and resources.nodes with a valid mesh
-    // (largest first), and the micro-batches accumulated per step at the full size.
+    // Elastic sizes with a valid mesh, largest first: above resources.nodes up to max_nodes
+    // (taken when nodes are free) and below it down to min_nodes (a restart after a loss); and
+    // the micro-batches accumulated per step at the job's own size.
     int min_nodes = 1;
+    std::vector<JobShape> larger_shapes;
     std::vector<JobShape> smaller_shapes;
     // The memory one rank needs at the job's full size (the planner's prediction; 0: unknown),
     // which the scheduler checks nodes against.
@@ -546,7 +548,7 @@ class Supervisor {
   // Failure handling (supervisor_failures.cc).
   // The spec of an elastic attempt of `spec`'s job on `nodes` nodes (config::ResizedSpec; for
   // `parallelism: auto`, with the planner's mesh for that size).
-  std::optional<config::JobSpec> SmallerSpecLocked(const config::JobSpec& spec, int nodes)
+  std::optional<config::JobSpec> ResizedSpecLocked(const config::JobSpec& spec, int nodes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the spec's fault tolerance and checkpoint sections into the entry's policies, and
   // the restart counts from the stored attempts. `parsed`: the job's spec as admitted (a

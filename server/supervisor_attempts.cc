@@ -173,16 +173,20 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
   if (shape) {
     const Mesh& from = job.requirements.mesh;
     const Mesh& to = shape->mesh;
-    std::string why = absl::StrCat("min_nodes ", entry.min_nodes);
+    const bool larger = shape->nodes > job.requirements.nodes;
+    std::string why = larger ? absl::StrCat("max_nodes ", entry.larger_shapes.front().nodes,
+                                            "; the nodes were free")
+                             : absl::StrCat("min_nodes ", entry.min_nodes);
     const FailureSummary& failure = entry.controller.last_failure();
-    if (failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
+    if (!larger && failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
       why = absl::StrCat(failure.node_id, " lost; ", why);
     }
     AddEvent(
         txn, entry, stored.attempt_id, job.state, job.state, "resized",
         absl::StrCat(
-            "attempt ", stored.attempt_id, " runs on ", shape->nodes, " of ",
-            job.requirements.nodes, " nodes: dp ", from.dp, " → ", to.dp,
+            "attempt ", stored.attempt_id, " runs on ", shape->nodes,
+            larger ? " nodes, above the " : " of ", job.requirements.nodes,
+            larger ? " asked for" : " nodes", ": dp ", from.dp, " → ", to.dp,
             to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
             from.ep > 0 && to.ep != from.ep ? absl::StrCat(", ep ", from.ep, " → ", to.ep) : "",
             to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",

@@ -1,10 +1,11 @@
-// Supervisor: elastic growth. A job that restarted smaller (after losing nodes, down to
-// fault_tolerance.min_nodes; the scheduler picks the size, see PendingJob::smaller) grows back
-// when nodes are free again: its ranks are ordered to checkpoint at a step they agree on and
-// stop, exactly as for a drain, and the job restarts at the largest size that fits, from that
-// checkpoint, resharded. One resize at a time, and none within resize_cooldown_s of the last, so
-// a flapping node cannot make the job thrash. A job without checkpoints never grows (it would
-// start over).
+// Supervisor: elastic growth. A job that runs on fewer nodes than it may grows when nodes are
+// free: one that restarted smaller (after losing nodes, down to fault_tolerance.min_nodes; the
+// scheduler picks the size, see PendingJob::smaller) back to resources.nodes, and, while no job
+// of its kind waits in the queue, on up to fault_tolerance.max_nodes. Its ranks are ordered to
+// checkpoint at a step they agree on and stop, exactly as for a drain, and the job restarts at
+// the largest size that fits, from that checkpoint, resharded. One resize at a time, and none
+// within resize_cooldown_s of the last, so a flapping node cannot make the job thrash. A job
+// without checkpoints never grows (it would start over).
 #include <set>
 #include <string>
 
@@ -17,7 +18,8 @@ namespace trainyard::server {
 void Supervisor::ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now) {
   JobRecord& job = entry.job;
   if (entry.resizing || job.cancel_requested || job.drain_requested ||
-      !job.requirements.checkpoint.enabled() || entry.smaller_shapes.empty()) {
+      !job.requirements.checkpoint.enabled() ||
+      (entry.smaller_shapes.empty() && entry.larger_shapes.empty())) {
     return;
   }
   AttemptRecord* attempt = LiveAttempt(entry);
@@ -25,7 +27,9 @@ void Supervisor::ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now) {
   std::set<std::string> mine;
   for (const RankSlot& slot : attempt->ranks) mine.insert(slot.node_id);
   const int current = static_cast<int>(mine.size());
-  if (current >= job.requirements.nodes) return;
+  // Past its own size only while no job of its kind waits for nodes.
+  const bool grow = !entry.larger_shapes.empty() && !scheduler_.Queued(job.requirements.kind);
+  if (current >= (grow ? entry.larger_shapes.front().nodes : job.requirements.nodes)) return;
   if (entry.last_resize != absl::InfinitePast() &&
       now - entry.last_resize <
           absl::Seconds(entry.controller.fault_tolerance().resize_cooldown_s)) {
@@ -39,7 +43,11 @@ void Supervisor::ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now) {
                                                                   : node.free_cpu_slots.size();
     if (static_cast<int>(free) >= job.requirements.ranks_per_node) ++room;
   }
-  int target = room >= job.requirements.nodes ? job.requirements.nodes : 0;
+  int target = 0;
+  for (const JobShape& shape : grow ? entry.larger_shapes : std::vector<JobShape>()) {
+    if (target == 0 && shape.nodes <= room) target = shape.nodes;
+  }
+  if (target == 0 && room >= job.requirements.nodes) target = job.requirements.nodes;
   for (const JobShape& shape : entry.smaller_shapes) {
     if (target == 0 && shape.nodes <= room) target = shape.nodes;
   }
@@ -47,10 +55,11 @@ void Supervisor::ConsiderGrowLocked(Txn& txn, JobEntry& entry, absl::Time now) {
   entry.resizing = true;
   entry.last_resize = now;
   AddEvent(txn, entry, attempt->attempt_id, job.state, job.state, "resize_requested",
-           absl::StrCat("nodes are free: growing from ", current, " to ", target, " of ",
-                        job.requirements.nodes,
-                        " nodes; the ranks checkpoint at a step they agree on and stop, then "
-                        "the job restarts on the larger mesh"));
+           absl::StrCat("nodes are free: growing from ", current, " to ", target, " nodes (",
+                        job.requirements.nodes, " asked for",
+                        grow ? absl::StrCat(", up to ", entry.larger_shapes.front().nodes) : "",
+                        "); the ranks checkpoint at a step they agree on and stop, then the job "
+                        "restarts on the larger mesh"));
 }
 
 void Supervisor::FinishResizeLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt) {
@@ -60,7 +69,7 @@ void Supervisor::FinishResizeLocked(Txn& txn, JobEntry& entry, AttemptRecord& at
   Transition(txn, entry, JobState::kRestarting, "resize",
              absl::StrCat(attempt.cause, "; restarting from checkpoint step ",
                           entry.job.last_checkpoint.step, " at the largest size that fits"));
-  EnqueueLocked(entry);  // its own size first, else the largest smaller one that fits
+  EnqueueLocked(entry);  // the largest size that fits
 }
 
 }  // namespace trainyard::server

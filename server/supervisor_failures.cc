@@ -60,7 +60,7 @@ bool Supervisor::RestoreAccountsLocked(JobEntry& entry) {
   return true;
 }
 
-std::optional<config::JobSpec> Supervisor::SmallerSpecLocked(const config::JobSpec& spec,
+std::optional<config::JobSpec> Supervisor::ResizedSpecLocked(const config::JobSpec& spec,
                                                              int nodes) {
   if (spec.parallelism.automatic && nodes != spec.resources.nodes) {
     // `auto` is the planner's choice at every size: the mesh it would choose had the job been
@@ -120,9 +120,10 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
         options.first_checkpoint_steps, options.min_every_steps, options.max_every_steps);
   }
   entry.controller.ChooseCheckpoints(young_daly);
-  // Elastic sizes: resources.nodes - 1 down to min_nodes, where the spec has a valid mesh.
+  // Elastic sizes, max_nodes down to min_nodes but its own, where the spec has a valid mesh.
   entry.min_nodes = spec.ok() ? spec->min_nodes() : entry.job.requirements.nodes;
   entry.memory_per_rank = spec.ok() ? RankMemoryNeed(*spec, cpu_profile_) : 0;
+  entry.larger_shapes.clear();
   entry.smaller_shapes.clear();
   if (spec.ok()) {
     auto accumulation = [](const config::JobSpec& s) {
@@ -131,13 +132,14 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
     };
     entry.full_accumulation = accumulation(*spec);
     entry.full_micro_batch = config::MicroBatchPerRank(spec->training, spec->parallelism);
-    for (int nodes = spec->resources.nodes - 1; nodes >= spec->min_nodes(); --nodes) {
-      std::optional<config::JobSpec> resized = SmallerSpecLocked(*spec, nodes);
+    for (int nodes = spec->max_nodes(); nodes >= spec->min_nodes(); --nodes) {
+      if (nodes == spec->resources.nodes) continue;
+      std::optional<config::JobSpec> resized = ResizedSpecLocked(*spec, nodes);
       if (!resized) continue;
-      entry.smaller_shapes.push_back(
-          JobShape{nodes, MeshOf(resized->parallelism), accumulation(*resized),
-                   config::MicroBatchPerRank(resized->training, resized->parallelism),
-                   RankMemoryNeed(*resized, cpu_profile_)});
+      (nodes > spec->resources.nodes ? entry.larger_shapes : entry.smaller_shapes)
+          .push_back(JobShape{nodes, MeshOf(resized->parallelism), accumulation(*resized),
+                              config::MicroBatchPerRank(resized->training, resized->parallelism),
+                              RankMemoryNeed(*resized, cpu_profile_)});
     }
   }
   entry.controller.Restore(entry.attempts);
@@ -383,7 +385,7 @@ bool Supervisor::CouldRunLocked(const JobEntry& entry, absl::Time now) {
   job.job_id = entry.job.id;
   job.requirements = entry.job.requirements;
   job.memory_per_rank = entry.memory_per_rank;
-  job.smaller = entry.smaller_shapes;  // a restart may run at any of them
+  job.smaller = entry.smaller_shapes;  // a restart may run at any of them (larger ones need more)
   std::vector<NodeView> capacity = CapacityLocked(now);
   Placement ignored;
   return PlaceAtSomeSize(job, capacity, ignored);

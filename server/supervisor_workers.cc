@@ -31,15 +31,18 @@ JoinInfo Supervisor::JoinInfoFor(const JobEntry& entry, const AttemptRecord& att
   info.dp_rank = at.dp;
   info.pp_rank = at.pp;
   info.cp_rank = at.cp;
-  // The micro-batch of the size the attempt runs at; at a smaller size only the shape of that
+  // The micro-batch of the size the attempt runs at; at another size only the shape of that
   // many nodes knows it (none: the worker fits its own, 0).
   info.micro_batch = entry.full_micro_batch;
   if (info.world_size != entry.job.requirements.world_size()) {
-    const auto shape = std::find_if(
-        entry.smaller_shapes.begin(), entry.smaller_shapes.end(), [&](const JobShape& s) {
-          return s.nodes * entry.job.requirements.ranks_per_node == info.world_size;
-        });
-    info.micro_batch = shape == entry.smaller_shapes.end() ? 0 : shape->micro_batch;
+    info.micro_batch = 0;
+    for (const std::vector<JobShape>* shapes : {&entry.larger_shapes, &entry.smaller_shapes}) {
+      for (const JobShape& s : *shapes) {
+        if (s.nodes * entry.job.requirements.ranks_per_node == info.world_size) {
+          info.micro_batch = s.micro_batch;
+        }
+      }
+    }
   }
   info.spec_yaml = entry.job.spec_yaml;
   info.kv_prefix = KvSpace::PrefixFor(entry.job.id, attempt.attempt_id);

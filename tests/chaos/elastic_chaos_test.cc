@@ -2,7 +2,7 @@
 // loses a node and goes on at once on the survivor, with the global batch kept; when the node
 // comes back the job grows back at a checkpoint; and it ends at the uninterrupted run's loss. A
 // tensor-parallel job keeps its groups whole, and an expert-parallel one runs every expert on the
-// survivor.
+// survivor. A job allowed more nodes than it asked for grows onto a free one.
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -109,7 +109,7 @@ TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLo
   }
   EXPECT_THAT(resized, HasSubstr("dp 2 → 1, accumulation 1 → 2"));
   EXPECT_THAT(resized, HasSubstr("node-b lost"));
-  EXPECT_THAT(requested, HasSubstr("growing from 1 to 2 of 2 nodes"));
+  EXPECT_THAT(requested, HasSubstr("growing from 1 to 2 nodes (2 asked for)"));
   EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out,
               HasSubstr("resumed from step"));
   const std::string log = cp.Cli({"logs", job_id, "--attempt", "3", "--rank", "0"}).out;
@@ -117,6 +117,66 @@ TEST(ElasticChaosTest, LostNodeShrinksTheJobAndItsReturnGrowsItBackWithTheSameLo
   const double got = ExactFinalLoss(log);
   EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "uninterrupted " << want << ", shrunk " << got;
   std::cout << "final loss " << got << " against " << want << " uninterrupted" << std::endl;
+}
+
+// A 1-node job with fault_tolerance.max_nodes 2 grows onto a second node when that node's agent
+// joins, at a checkpoint and without counting a restart, and ends at the loss of a run that
+// stayed on one node (the global batch and the data order are kept).
+TEST(ElasticChaosTest, AJobGrowsPastItsSizeOntoAFreeNodeWithTheSameLoss) {
+  ControlPlane cp("chaos_grow_past");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  auto job = [&](const std::string& name, const std::string& more) {
+    return TinySpec(
+        {.name = name,
+         .nodes = 1,
+         .steps = 2000,
+         .checkpoint = absl::StrCat("{dir: ", cp.dir(), "/", name, ", every_steps: 100}"),
+         .fault_tolerance = absl::StrCat("backoff_initial_s: 0, resize_cooldown_s: 0", more),
+         .batch_per_rank = 8});
+  };
+  const std::string reference = cp.Submit(cp.WriteSpec("reference.yaml", job("reference", "")));
+  const ProcessResult ref_watch = cp.Cli({"watch", reference}, 300);
+  ASSERT_EQ(ref_watch.exit_code, 0) << ref_watch.out << ref_watch.err;
+  const double want = ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
+  ASSERT_FALSE(std::isnan(want));
+
+  const std::string job_id = cp.Submit(cp.WriteSpec("grows.yaml", job("grows", ", max_nodes: 2")));
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.job().state() == v1::JOB_STATE_RUNNING && r.job().last_checkpoint().step() >= 200;
+      },
+      120));
+  const v1::GetJobReply before = cp.Status(job_id);
+  ASSERT_EQ(before.attempts_size(), 1) << before.DebugString();
+  EXPECT_EQ(before.attempts(0).placement_size(), 1) << "node-b is not there yet";
+  cp.StartAgent("node-b", 1);
+  ASSERT_TRUE(cp.WaitFor(
+      job_id,
+      [](const v1::GetJobReply& r) {
+        return r.attempts_size() == 2 && r.attempts(1).placement_size() == 2 &&
+               r.job().state() == v1::JOB_STATE_RUNNING;
+      },
+      60))
+      << cp.Cli({"status", job_id}).out;
+  const v1::GetJobReply grown = cp.Status(job_id);
+  EXPECT_EQ(grown.attempts(1).mesh().dp(), 2);
+  EXPECT_EQ(grown.job().restarts(), 0) << "growing is not a restart after a failure";
+
+  const ProcessResult watch = cp.Cli({"watch", job_id}, 300);
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  std::string resized;
+  const v1::GetJobReply finished = cp.Status(job_id);
+  for (const v1::Event& event : finished.events()) {
+    if (event.kind() == "resized") resized += event.cause();
+  }
+  EXPECT_THAT(resized, HasSubstr("runs on 2 nodes, above the 1 asked for: dp 1 → 2"));
+  const std::string log = cp.Cli({"logs", job_id, "--attempt", "2", "--rank", "0"}).out;
+  EXPECT_THAT(log, HasSubstr("resumed from step"));
+  const double got = ExactFinalLoss(log);
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "on one node " << want << ", grown " << got;
+  std::cout << "final loss " << got << " against " << want << " on one node" << std::endl;
 }
 
 // A job on 2 nodes of `per_node` slots that may shrink to one, checkpointing every 100 steps.

@@ -306,10 +306,11 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        WithSections(
            "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {max_nodes: 1}\n"),
        "6:30", "fault_tolerance.max_nodes", "must be between resources.nodes 2 and 4096, got 1"},
-      {"max_nodes over nodes",
-       WithSections(
-           "resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {max_nodes: 3}\n"),
-       "6:30", "fault_tolerance.max_nodes", "growing past resources.nodes (2) is not supported"},
+      {"max_nodes with no larger mesh",
+       WithSections("training: {batch: 4, seq_len: 16}\nresources: {nodes: 2}\nparallelism: {dp: "
+                    "2}\nfault_tolerance: {max_nodes: 3}\n"),
+       "7:30", "fault_tolerance.max_nodes",
+       "the job cannot grow: no size from 3 to 3 nodes has a valid mesh"},
       {"min_nodes zero", WithSections("fault_tolerance: {min_nodes: 0}\n"), "4:30",
        "fault_tolerance.min_nodes", "must be at least 1, got 0"},
       {"heartbeat timeout too short", WithSections("fault_tolerance: {heartbeat_timeout_s: 0.5}\n"),
@@ -519,6 +520,17 @@ TEST(SpecErrorsTest, EachBadRunSectionNamesFieldAndPosition) {
 
 TEST(SpecErrorsTest, EachBadSampleSpecNamesFieldAndPosition) {
   for (const BadSpec& bad : SampleBadSpecs()) ExpectRefused(bad);
+}
+
+// max_nodes above resources.nodes where a larger size has a valid mesh (4 nodes: dp 4 divides the
+// batch of 8, though 3 nodes' dp 3 does not).
+TEST(SpecErrorsTest, MaxNodesAboveTheSizeIsAcceptedWhenALargerMeshExists) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      WithSections("training: {batch: 8, seq_len: 16}\nresources: {nodes: 2}\nparallelism: {dp: "
+                   "2}\nfault_tolerance: {max_nodes: 4}\n"),
+      "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_nodes(), 4);
 }
 
 TEST(SpecErrorsTest, EachBadMoeSpecNamesFieldAndPosition) {

@@ -148,6 +148,28 @@ TEST(SchedulerTest, ARestartFallsBackToASmallerShapeOnlyWhenItsOwnSizeDoesNotFit
   EXPECT_EQ(placed[0].shape->accumulation, 2);
 }
 
+// A job with larger sizes takes the largest that fits, but only when no job of its kind is queued
+// behind it; then it runs at its own size and leaves the nodes to the next.
+TEST(SchedulerTest, AJobGrowsPastItsOwnSizeOnlyWhenNoJobOfItsKindWaitsBehindIt) {
+  Scheduler scheduler;
+  PendingJob first = Job("first", 0, 1, 1, 1);
+  first.larger = {JobShape{3, Mesh{3, 1, 1, 0}, 1}, JobShape{2, Mesh{2, 1, 1, 0}, 1}};
+  scheduler.Enqueue(first);
+  std::vector<Placement> placed = scheduler.Schedule({Node("a", 1), Node("b", 1)});
+  ASSERT_EQ(placed.size(), 1u);
+  ASSERT_TRUE(placed[0].shape.has_value());
+  EXPECT_EQ(placed[0].shape->nodes, 2) << "three do not fit; the largest that does";
+  EXPECT_EQ(placed[0].ranks.size(), 2u);
+  scheduler.Enqueue(first);
+  scheduler.Enqueue(Job("second", 0, 2, 1, 1));
+  placed = scheduler.Schedule({Node("a", 1), Node("b", 1), Node("c", 1)});
+  ASSERT_EQ(placed.size(), 2u);
+  EXPECT_EQ(placed[0].job_id, "first");
+  EXPECT_FALSE(placed[0].shape.has_value()) << "a job waits behind it";
+  EXPECT_EQ(placed[1].job_id, "second");
+  EXPECT_EQ(placed[1].ranks.size(), 1u);
+}
+
 // A queued job says why it waits: it can never fit the connected nodes (and why), a job queued
 // before it blocks it, or running jobs hold the slots it needs.
 // The coordinator gives a scheduling pass only the first Demand::nodes nodes of each demand in
@@ -187,6 +209,10 @@ TEST(SchedulerTest, APassOverTheDemandedNodesPlacesWhatAPassOverAllNodesPlaces) 
       if (uniform(0, 2) == 0 && job.requirements.nodes > 1) {
         job.smaller.push_back(JobShape{.nodes = job.requirements.nodes - 1,
                                        .memory_per_rank = job.memory_per_rank + (1 << 29)});
+      }
+      if (uniform(0, 2) == 0) {
+        job.larger.push_back(JobShape{.nodes = job.requirements.nodes + uniform(1, 3),
+                                      .memory_per_rank = job.memory_per_rank / 2});
       }
       full.Enqueue(job);
       reduced.Enqueue(job);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "common/filesystem.h"
@@ -996,6 +997,64 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1,
   EXPECT_EQ(view.attempts[2].mesh.dp, 2);
   EXPECT_EQ(view.job.restarts, 1) << "growing back is not a restart after a failure";
   EXPECT_EQ(EventsOf(id, "resize").size(), 1u);
+}
+
+// fault_tolerance.max_nodes above resources.nodes: a job starts on the one node it asked for,
+// grows onto a second when one is free (no cool-down before its first resize), and a job that
+// finds both free starts on both; with another job queued behind it, it starts at its own size.
+TEST_F(SupervisorFailurePolicyTest, ElasticPolicyGrowsPastItsSizeUpToMaxNodesWhenNodesAreFree) {
+  const char* kSpec = R"(name: %s
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, micro_batch: 2, seq_len: 16}
+parallelism: {dp: 1}
+resources: {nodes: 1, devices_per_node: 1}
+checkpoint: {dir: ckpt/%s, every_steps: 10}
+fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, max_nodes: 2,
+                  resize_cooldown_s: 30}
+)";
+  Agent a = Connect("node-a", 1);
+  const std::string id = Submit(absl::StrFormat(kSpec, "grows", "grows"));
+  JoinAll(id, 1, 1);
+  Agent b = Connect("node-b", 1);
+  AdvanceWithHeartbeats(absl::Seconds(2), {a, b});
+  std::vector<EventRecord> requested = EventsOf(id, "resize_requested");
+  ASSERT_EQ(requested.size(), 1u);
+  EXPECT_THAT(requested[0].cause, HasSubstr("growing from 1 to 2 nodes (1 asked for, up to 2)"));
+  EXPECT_EQ(Report(Update(id, 1, 0, 40)).order, WorkerOrder::kDrain);  // checkpoint and stop
+  Exit(a, id, 1, 0, 0);
+  JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 2u);
+  EXPECT_EQ(view.attempts[1].ranks.size(), 2u);
+  EXPECT_EQ(view.attempts[1].mesh.dp, 2);
+  std::vector<EventRecord> resized = EventsOf(id, "resized");
+  ASSERT_EQ(resized.size(), 1u);
+  EXPECT_THAT(resized[0].cause,
+              HasSubstr("runs on 2 nodes, above the 1 asked for: dp 1 → 2, accumulation 4 → 2"));
+  EXPECT_THAT(resized[0].cause, HasSubstr("max_nodes 2; the nodes were free"));
+  EXPECT_EQ(view.job.restarts, 0) << "growing is not a restart after a failure";
+  auto joins = JoinAll(id, 2, 2);
+  ASSERT_TRUE(joins[0].ok()) << joins[0].status();
+  EXPECT_EQ(joins[0]->micro_batch, 2) << "its own size's micro-batch, accumulated twice";
+}
+
+TEST_F(SupervisorFailurePolicyTest, ElasticPolicyStartsOnMoreNodesThanAskedWhenTheyAreFree) {
+  Agent a = Connect("node-a", 1);
+  Agent b = Connect("node-b", 1);
+  const std::string id = Submit(R"(name: wide
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+resources: {nodes: 1, devices_per_node: 1}
+fault_tolerance: {max_nodes: 2}
+)");
+  const JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 1u);
+  EXPECT_EQ(view.attempts[0].ranks.size(), 2u);
+  EXPECT_EQ(view.attempts[0].mesh.dp, 2);
+  auto joins = JoinAll(id, 1, 2);
+  ASSERT_TRUE(joins[1].ok()) << joins[1].status();
+  EXPECT_EQ(joins[1]->world_size, 2);
 }
 
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyGrowsAtMostOncePerCooldownWhileANodeFlaps) {
