@@ -220,6 +220,35 @@ absl::Status ReadData(FieldReader& r, DataSpec* d) {
   return CheckUnusedDataFields(r, *d);
 }
 
+// Fields that the rest of the training section would silently ignore are refused: they are
+// mistakes. A negative sample_every or eval_every is left to FindSpecProblem, which names it.
+absl::Status CheckUnusedTrainingFields(const FieldReader& r, const TrainingSpec& t) {
+  if (t.sample_every == 0) {
+    for (const char* key : {"sample_tokens", "sample_prompt", "sample_prompt_tokens",
+                            "sample_temperature", "sample_top_k"}) {
+      if (r.Has(key)) {
+        return r.ErrorAt(key,
+                         "only used when sample_every is positive (this job draws no samples)");
+      }
+    }
+  }
+  if (t.sample_temperature == 0 && r.Has("sample_top_k")) {
+    return r.ErrorAt("sample_top_k",
+                     "not used when sample_temperature is 0 (greedy sampling takes the most "
+                     "likely token)");
+  }
+  if (t.eval_every == 0 && r.Has("eval_batches")) {
+    return r.ErrorAt("eval_batches",
+                     "only used when eval_every is positive (this job never evaluates)");
+  }
+  if (t.schedule == "constant" && r.Has("min_lr_ratio")) {
+    return r.ErrorAt("min_lr_ratio",
+                     "not used with schedule: constant (the learning rate stays at lr after "
+                     "warmup)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"steps",
                                           "batch",
@@ -273,7 +302,7 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   TY_RETURN_IF_ERROR(r.ReadInt32List("sample_prompt_tokens", &t->sample_prompt_tokens));
   TY_RETURN_IF_ERROR(r.ReadDouble("sample_temperature", &t->sample_temperature));
   TY_RETURN_IF_ERROR(r.ReadInt("sample_top_k", &t->sample_top_k));
-  return absl::OkStatus();
+  return CheckUnusedTrainingFields(r, *t);
 }
 
 absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
@@ -293,10 +322,15 @@ absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
   if (std::optional<FieldReader> data = top.Child("data")) {
     TY_RETURN_IF_ERROR(ReadData(*data, &spec.data));
   }
-  if (std::optional<FieldReader> training = top.Child("training")) {
+  std::optional<FieldReader> training = top.Child("training");
+  if (training) {
     TY_RETURN_IF_ERROR(ReadTraining(*training, &spec.training));
   }
   TY_RETURN_IF_ERROR(ReadRunSections(top, &spec));
+  // Threads size the CPU backend only (worker/parallel/placement.cc): a GPU rank ignores them.
+  if (training && training->Has("threads") && spec.resources.kind == DeviceKind::kGpu) {
+    return training->ErrorAt("threads", "only used by CPU ranks (resources.kind is gpu)");
+  }
   return spec;
 }
 

@@ -77,7 +77,8 @@ constexpr char kUsage[] = R"(usage: trainyard-server [flags]
                              would exhaust
   --state-dir DIR            jobs, events and node records (default ./trainyard-state)
   --metrics-listen HOST:PORT Prometheus /metrics (default 127.0.0.1:0; "off" disables)
-  --no-local-agent           do not run an agent in this process
+  --no-local-agent           do not run an agent in this process (the --agent-* flags and
+                             --worker-binary are then refused)
   --agent-slots N            CPU slots of the local agent (default: the CPU cores)
   --agent-node-id ID         node id of the local agent (default: the hostname)
   --worker-binary PATH       trainyard-worker for the local agent (default: found beside this)
@@ -225,6 +226,20 @@ absl::Status ReadCoordinatorFlags(const CommandLine& line, CoordinatorOptions& c
                      &c.quarantine.cooldown);
 }
 
+// The local agent's flags configure nothing without it: given with --no-local-agent, they are
+// refused.
+absl::Status RefuseAgentFlagsWithoutAgent(const CommandLine& line, bool local_agent) {
+  if (local_agent) return absl::OkStatus();
+  for (const char* name : {"agent-slots", "agent-node-id", "worker-binary", "agent-pass-env",
+                           "agent-memory-tier-dir", "agent-memory-tier-mb"}) {
+    if (line.Has(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " configures the local agent: not used with --no-local-agent"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 1, kFlags));
   if (line.help) {
@@ -237,6 +252,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.listen_given = line.Has("listen");
   TY_RETURN_IF_ERROR(ReadSeconds(line, "drain-on-stop", FLAGS_drain_on_stop, &flags.drain_on_stop));
   flags.local_agent = absl::GetFlag(FLAGS_local_agent);
+  TY_RETURN_IF_ERROR(RefuseAgentFlagsWithoutAgent(line, flags.local_agent));
   if (line.Has("agent-slots")) {
     flags.agent_slots = absl::GetFlag(FLAGS_agent_slots);
     if (flags.agent_slots < 1) {

@@ -55,6 +55,15 @@ absl::StatusOr<TokenLine> Parse(const std::vector<std::string>& args) {
   if (positional.size() != (needs_user ? 2u : 1u)) {
     return absl::InvalidArgumentError(needs_user ? "expected one USER" : "unexpected arguments");
   }
+  if (line.command != "add") {
+    // Only `add` makes a credential; these describe one.
+    for (const char* name : {"role", "nodes", "expires-in", "certificate"}) {
+      if (parsed.Has(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " is for token add: not used by token ", line.command));
+      }
+    }
+  }
   if (needs_user) line.user = positional[1];
   if (line.user.find_first_of(" \t\r\n#") != std::string::npos) {
     return absl::InvalidArgumentError("a user name must not contain white space or '#'");

@@ -338,10 +338,10 @@ constexpr char kSampleHelp[] =
     "                         are printed on one line\n"
     "  --tokens N             new tokens (default 32; prompt + N at most the model's max_seq)\n"
     "  --temperature T        0 (the default) is greedy: the most likely token each time\n"
-    "  --top-k K              draw only among the K most likely tokens (default: all)\n"
-    "  --seed S               the draws' seed (default 0): the same seed, the same text\n"
+    "  --top-k K              draw only among the K most likely tokens (default: all; T > 0)\n"
+    "  --seed S               the draws' seed (default 0): the same seed, the same text (T > 0)\n"
     "  --device cpu|cuda      where the model runs (default cpu)\n"
-    "  --threads N            CPU threads (default: every core)\n";
+    "  --threads N            CPU threads (default: every core; --device cpu)\n";
 
 struct SampleFlags {
   std::string weights, prompt, prompt_tokens, device = "cpu";
@@ -349,6 +349,23 @@ struct SampleFlags {
   SampleOptions options;
   int threads = 0;
 };
+
+// Flags that the others make no-ops are refused by name: greedy decoding (temperature 0, the
+// default) draws nothing, and a CUDA model runs no CPU threads.
+absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags& flags) {
+  if (flags.options.temperature == 0) {
+    for (const char* name : {"top-k", "seed"}) {
+      if (line.Has(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", name, " is not used when --temperature is 0 (greedy: the most likely token)"));
+      }
+    }
+  }
+  if (flags.device == "cuda" && line.Has("threads")) {
+    return absl::InvalidArgumentError("--threads is not used with --device cuda (CPU threads)");
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   constexpr std::string_view kFlags[] = {"prompt", "prompt-tokens", "tokens", "temperature",
@@ -394,6 +411,7 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device must be cpu or cuda, got '", flags.device, "'"));
   }
+  TY_RETURN_IF_ERROR(RefuseUnusedSampleFlags(line, flags));
   if (line.positionals.empty()) {
     return absl::InvalidArgumentError("the WEIGHTS to sample is required");
   }

@@ -55,15 +55,15 @@ std::string TinySpec(const TinyJob& job) {
       job.data.empty()
           ? "{source: markov, markov: {vocab: 32, train_tokens: 50000, val_tokens: 2000}}"
           : job.data;
-  std::string spec =
-      absl::StrCat("name: ", job.name, "\nmodel: ", job.model, "\ndata: ", data,
-                   "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
-                   ", seq_len: 16, eval_every: ", job.eval_every,
-                   ", eval_batches: 2, log_every: 10, threads: 1}\nparallelism: {dp: ", world,
-                   "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,
-                   "}\nfault_tolerance: {max_restarts: ", job.max_restarts,
-                   ", heartbeat_timeout_s: 5", job.fault_tolerance.empty() ? "" : ", ",
-                   job.fault_tolerance, "}\npriority: ", job.priority, "\n");
+  std::string spec = absl::StrCat(
+      "name: ", job.name, "\nmodel: ", job.model, "\ndata: ", data,
+      "\ntraining: {steps: ", job.steps, ", batch: ", job.batch_per_rank * world,
+      ", seq_len: 16, eval_every: ", job.eval_every, job.eval_every > 0 ? ", eval_batches: 2" : "",
+      ", log_every: 10, threads: 1}\nparallelism: {dp: ", world,
+      "}\nresources: {nodes: ", job.nodes, ", devices_per_node: ", job.ranks_per_node,
+      "}\nfault_tolerance: {max_restarts: ", job.max_restarts, ", heartbeat_timeout_s: 5",
+      job.fault_tolerance.empty() ? "" : ", ", job.fault_tolerance, "}\npriority: ", job.priority,
+      "\n");
   if (!job.checkpoint.empty()) absl::StrAppend(&spec, "checkpoint: ", job.checkpoint, "\n");
   return spec;
 }
@@ -122,12 +122,11 @@ std::vector<std::string> ControlPlane::ServerArgv(const ServerOptions& options) 
                                    "--heartbeat-timeout",
                                    "5",
                                    "--metrics-listen",
-                                   options.metrics ? "127.0.0.1:0" : "off",
-                                   "--worker-binary",
-                                   Binary("worker/trainyard-worker")};
+                                   options.metrics ? "127.0.0.1:0" : "off"};
   if (options.local_agent) {
-    argv.insert(argv.end(), {"--agent-slots", absl::StrCat(options.local_slots), "--agent-node-id",
-                             "local", "--agent-memory-tier-dir", dir_ + "/tier-local"});
+    argv.insert(argv.end(), {"--worker-binary", Binary("worker/trainyard-worker"), "--agent-slots",
+                             absl::StrCat(options.local_slots), "--agent-node-id", "local",
+                             "--agent-memory-tier-dir", dir_ + "/tier-local"});
   } else {
     argv.push_back("--no-local-agent");
   }
@@ -208,9 +207,12 @@ std::string ControlPlane::WriteSpec(const std::string& file_name, const std::str
 }
 
 ProcessResult ControlPlane::Cli(std::vector<std::string> args, double timeout_s) {
-  args.insert(args.begin(), cli_flags_.begin(), cli_flags_.end());
-  args.insert(args.begin(), {Binary("tools/cli/trainyard"), "--server", address_, "--token-file",
-                             state_dir() + "/admin.token"});
+  // `plan` runs on this machine and refuses the flags that reach the coordinator.
+  if (args.empty() || args[0] != "plan") {
+    args.insert(args.begin(), cli_flags_.begin(), cli_flags_.end());
+    args.insert(args.begin(), {"--server", address_, "--token-file", state_dir() + "/admin.token"});
+  }
+  args.insert(args.begin(), Binary("tools/cli/trainyard"));
   return RunProcess(args, timeout_s);
 }
 

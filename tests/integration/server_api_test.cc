@@ -10,7 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -564,6 +568,31 @@ TEST_F(ServerApiTest, RefusesExposedAddressWithoutTlsAndASecondServerOnTheSameSt
     EXPECT_THAT(bad_grace.err, HasSubstr("stop-grace-s")) << seconds;
   }
   EXPECT_TRUE(server_->process().running());
+}
+
+// The local agent's flags configure nothing without it: each is refused by name, before the
+// coordinator starts.
+TEST(ServerFlagsTest, TheLocalAgentsFlagsAreRefusedWithoutIt) {
+  const std::string binary = BinaryDir() + "/server/trainyard-server";
+  const std::string state = MakeScratchDir("server_flags").string() + "/state";
+  const std::vector<std::pair<std::string, std::string>> agent_flags = {
+      {"--agent-slots", "2"},
+      {"--agent-node-id", "n"},
+      {"--worker-binary", "/bin/true"},
+      {"--agent-pass-env", "HOME"},
+      {"--agent-memory-tier-dir", "/tmp"},
+      {"--agent-memory-tier-mb", "0"}};
+  for (const auto& [flag, value] : agent_flags) {
+    for (const char* off : {"--no-local-agent", "--local-agent=false"}) {
+      ProcessResult refused = RunProcess({binary, off, flag, value, "--state-dir", state}, 30);
+      EXPECT_EQ(refused.exit_code, 2) << flag << ": " << refused.err;
+      EXPECT_THAT(refused.err,
+                  HasSubstr(flag + " configures the local agent: not used with --no-local-agent"));
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(state + "/server.addr"));
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(state).parent_path(), ignored);
 }
 
 }  // namespace

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -400,6 +402,29 @@ TEST(AuthTokenFileTest, AServerWithAnUnusableTokenFileRefusesToStart) {
                                      "--state-dir", dir + "/state", "--tokens", dir + "/absent"},
                                     30);
   EXPECT_EQ(absent.exit_code, 2) << absent.err;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// The flags that describe a new credential are refused by the commands that make none.
+TEST(AuthTokenFileTest, RevokeAndListRefuseTheFlagsOfAdd) {
+  const std::string dir = MakeScratchDir("server_auth_token_flags").string();
+  const std::string server = BinaryDir() + "/server/trainyard-server";
+  const std::vector<std::pair<std::string, std::string>> add_flags = {
+      {"--role", "admin"}, {"--nodes", "gpu-*"}, {"--expires-in", "30d"}, {"--certificate", "cn"}};
+  for (const auto& [flag, value] : add_flags) {
+    ProcessResult revoke = RunProcess(
+        {server, "token", "revoke", "alice", flag, value, "--tokens", dir + "/tokens"}, 30);
+    EXPECT_EQ(revoke.exit_code, 2) << flag << ": " << revoke.err;
+    EXPECT_TRUE(absl::StrContains(revoke.err, flag + " is for token add: not used by token revoke"))
+        << revoke.err;
+    ProcessResult list =
+        RunProcess({server, "token", "list", flag, value, "--tokens", dir + "/tokens"}, 30);
+    EXPECT_EQ(list.exit_code, 2) << flag << ": " << list.err;
+    EXPECT_TRUE(absl::StrContains(list.err, flag + " is for token add: not used by token list"))
+        << list.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/tokens"));
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

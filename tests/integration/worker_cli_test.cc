@@ -277,6 +277,16 @@ TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
   ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--tokens", "100"}),
                  "exceed the model's max_seq of 64");
   ExpectBadInput(Worker({"sample", saved}), "give one of --prompt TEXT and --prompt-tokens IDS");
+  // Flags that greedy decoding (the default) or a CUDA model would ignore are refused by name.
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--top-k", "5"}),
+                 "--top-k is not used when --temperature is 0");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--temperature", "0", "--seed", "3"}),
+                 "--seed is not used when --temperature is 0");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--device", "cuda", "--threads", "2"}),
+                 "--threads is not used with --device cuda");
+  const ProcessResult drawn = Worker({"sample", saved, "--prompt", "hi", "--tokens", "4",
+                                      "--temperature", "0.9", "--top-k", "5", "--seed", "3"});
+  EXPECT_EQ(drawn.exit_code, 0) << drawn.err;
   // gpt2-debug's vocabulary is bytes: the text comes back, then 8 more bytes, the same each time.
   const ProcessResult a = Worker({"sample", saved, "--prompt", "hi", "--tokens", "8"});
   const ProcessResult b = Worker({"sample", Exported("hf"), "--prompt", "hi", "--tokens", "8"});

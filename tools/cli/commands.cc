@@ -59,6 +59,9 @@ namespace {
 
 constexpr std::string_view kGlobalFlags[] = {"server",   "token-file", "tls-ca",
                                              "tls-cert", "tls-key",    "json"};
+// The global flags that reach the coordinator.
+constexpr std::string_view kConnectionFlags[] = {"server", "token-file", "tls-ca", "tls-cert",
+                                                 "tls-key"};
 
 constexpr char kUsage[] =
     R"(usage: trainyard [--server HOST:PORT] [--token-file FILE]
@@ -89,9 +92,11 @@ commands:
                                     a checkpoint (a job's newest committed one) as a Hugging Face
                                     model directory that transformers loads (docs/weights.md)
   sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokens N] [--temperature T]
-         [--top-k K] [--seed S] [--device cpu|cuda]
+         [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]
                                     text generated from a checkpoint, a job's newest checkpoint,
-                                    a Hugging Face directory or an llm.c file (greedy when T is 0)
+                                    a Hugging Face directory or an llm.c file (greedy when T is 0,
+                                    the default: --top-k and --seed need T > 0; --threads is for
+                                    --device cpu)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
@@ -102,7 +107,9 @@ unreachable, 4 cancelled, 5 drained.
 ./trainyard-state/admin.token (the embedded server's admin token, readable by its user only).
 --tls-ca, --tls-cert, --tls-key (default $TRAINYARD_TLS_CA, _CERT, _KEY): mutual TLS with a
 coordinator that listens beyond loopback; the certificate must be signed by its client CA.
---json prints machine-readable JSON (one object per line) for every command.
+--json prints machine-readable JSON (one object per line) for every command but export and
+sample, which print plain text and refuse it. export and sample of a path on this machine reach
+no coordinator: there --server, --token-file and the TLS flags are refused.
 )";
 
 // How long watch keeps trying to reconnect when the coordinator goes away (it may restart).
@@ -117,6 +124,7 @@ struct CommandLine {
   rpc::TlsFiles tls;  // --tls-ca, --tls-cert, --tls-key
   bool json = false;
   bool help = false;
+  std::set<std::string> connection_flags_given;  // of kConnectionFlags, those written
   std::string command;
   std::vector<std::string> positionals;
   std::map<std::string, std::vector<std::string>> flags;  // name -> values ("" for switches)
@@ -179,6 +187,9 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
               .cert = absl::GetFlag(FLAGS_tls_cert),
               .key = absl::GetFlag(FLAGS_tls_key)};
   line.json = absl::GetFlag(FLAGS_json);
+  for (std::string_view name : kConnectionFlags) {
+    if (parsed->Has(std::string(name))) line.connection_flags_given.insert(std::string(name));
+  }
   for (std::string_view name : known->second) {
     auto given = parsed->values.find(std::string(name));
     if (given == parsed->values.end()) continue;
@@ -201,6 +212,24 @@ std::vector<std::string> WorkerArgs(const CommandLine& line, const std::string& 
     }
   }
   return args;
+}
+
+// `export` and `sample` run trainyard-worker, which prints plain text: --json is refused. Of a
+// path on this machine (`local`), they reach no coordinator: the connection flags are refused.
+absl::Status RefuseUnusedWeightsFlags(const CommandLine& line, bool local) {
+  if (line.json) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--json is not available for ", line.command, ": it prints plain text"));
+  }
+  if (!local) return absl::OkStatus();
+  for (std::string_view name : kConnectionFlags) {
+    if (line.connection_flags_given.contains(std::string(name))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", std::string(name), " is not used: ", line.command, " reads '",
+                       line.positionals[0], "' on this machine, without a coordinator"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> NonNegative(const CommandLine& line, const std::string& name, int fallback) {
@@ -588,7 +617,13 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
                      line->command == "export" ? "CHECKPOINT" : "WEIGHTS",
                      "_OR_JOB [flags] (see trainyard --help)")));
   }
-  if (weights_command && io.fs->Exists(line->positionals[0])) {
+  const bool local = weights_command && io.fs->Exists(line->positionals[0]);
+  if (weights_command) {
+    if (absl::Status refused = RefuseUnusedWeightsFlags(*line, local); !refused.ok()) {
+      return fail(refused);
+    }
+  }
+  if (local) {
     absl::StatusOr<int> code = RunWorkerCommand(WorkerArgs(*line, line->positionals[0]));
     return code.ok() ? *code : fail(code.status());
   }

@@ -47,7 +47,8 @@ namespace {
 
 constexpr char kPlanUsage[] =
     "usage: trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device "
-    "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P,zero=Z[,cp=C]] [--checkpoint-seconds S --mtbf-hours H] "
+    "cpu|h100|h200] [--mesh dp=D,tp=T,pp=P[,zero=Z][,cp=C][,ep=E]] [--checkpoint-seconds S "
+    "--mtbf-hours H] "
     "[--calibrate [--fresh]]";
 
 // The flags of the CLI's other commands that carry a value (skipped when finding the command).
@@ -71,12 +72,20 @@ struct PlanFlags {
 absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
   constexpr std::string_view kValueFlags[] = {"nodes", "devices-per-node",   "device",
                                               "mesh",  "checkpoint-seconds", "mtbf-hours"};
-  // The global flags are accepted and ignored: plan needs no coordinator.
+  // The CLI's connection flags are parsed only to be refused by name: plan needs no coordinator.
+  constexpr std::string_view kConnectionFlags[] = {"server", "token-file", "tls-ca", "tls-cert",
+                                                   "tls-key"};
   constexpr std::string_view kFlags[] = {
       "nodes",    "devices-per-node", "device", "mesh",   "checkpoint-seconds", "mtbf-hours",
       "json",     "calibrate",        "fresh",  "server", "token-file",         "tls-ca",
       "tls-cert", "tls-key"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(args, kFlags, "'plan'"));
+  for (std::string_view name : kConnectionFlags) {
+    if (line.Has(std::string(name))) {
+      return absl::InvalidArgumentError(absl::StrCat("plan runs locally; --", std::string(name),
+                                                     " is not used (it reaches a coordinator)"));
+    }
+  }
   PlanFlags flags;
   // positionals[0] is "plan" itself.
   if (line.positionals.size() > 2) {

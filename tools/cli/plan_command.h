@@ -1,7 +1,8 @@
 // `trainyard plan`: the planner (planner/planner.h) from the command line, with no coordinator.
 //
 //   trainyard plan SPEC [--json] [--nodes N] [--devices-per-node G] [--device PROFILE]
-//                       [--mesh dp=D,tp=T,pp=P,zero=Z] [--checkpoint-seconds S --mtbf-hours H]
+//                       [--mesh dp=D,tp=T,pp=P[,zero=Z][,cp=C][,ep=E]]
+//                       [--checkpoint-seconds S --mtbf-hours H]
 //   trainyard plan --calibrate [--fresh] [SPEC ...]
 //
 // Prints every valid mesh of the spec's resources (or only --mesh) with its memory per rank,
@@ -14,9 +15,9 @@
 // planner::kKeptCalibrations (--fresh forgets the earlier ones).
 //
 // Exit codes: 0 planned (even when nothing fits: the explanation says so); 2 bad input (flags, an
-// unknown profile, an impossible --mesh, a spec that cannot be read or parsed, or one without
-// resources and without --nodes/--devices-per-node), one line on stderr; 1 a calibration that
-// failed.
+// unknown profile, an impossible --mesh, a spec that cannot be read or parsed, one without
+// resources and without --nodes/--devices-per-node, or a connection flag such as --server), one
+// line on stderr; 1 a calibration that failed.
 //
 // Threading: one call at a time.
 #ifndef TRAINYARD_TOOLS_CLI_PLAN_COMMAND_H_

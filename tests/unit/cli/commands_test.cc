@@ -131,6 +131,36 @@ TEST_F(CommandsTest, NoServerToTalkToIsExitThree) {
   EXPECT_GE(clock_.TotalSlept(), absl::Seconds(60));
 }
 
+// export and sample print plain text: --json is refused before the coordinator is asked.
+TEST_F(CommandsTest, ExportAndSampleRefuseJson) {
+  EXPECT_EQ(Run({"--server", DeadAddress(), "--json", "export", "j-1", "--format", "hf", "--out",
+                 "/out"}),
+            2);
+  EXPECT_THAT(err_.str(), HasSubstr("--json is not available for export: it prints plain text"));
+  EXPECT_EQ(Run({"--server", DeadAddress(), "sample", "j-1", "--prompt", "hi", "--json"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--json is not available for sample: it prints plain text"));
+  EXPECT_EQ(Run({"--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("for every command but export and"));
+  EXPECT_THAT(out_.str(), HasSubstr("[--device cpu|cuda] [--threads N]"));
+}
+
+// Of a path on this machine, export and sample reach no coordinator: its flags are refused by
+// name (the worker is not started).
+TEST_F(CommandsTest, ExportAndSampleOfALocalPathRefuseConnectionFlags) {
+  ASSERT_TRUE(fs_.CreateDirs("/weights").ok());
+  ASSERT_TRUE(fs_.WriteFileAtomic("/weights/model.bin", "not a model").ok());
+  for (const std::string flag :
+       {"--server", "--token-file", "--tls-ca", "--tls-cert", "--tls-key"}) {
+    EXPECT_EQ(Run({flag, "/x", "sample", "/weights/model.bin", "--prompt", "hi"}), 2) << flag;
+    EXPECT_THAT(err_.str(), HasSubstr(flag + " is not used: sample reads '/weights/model.bin' on "
+                                             "this machine, without a coordinator"));
+    EXPECT_EQ(Run({"export", "/weights/model.bin", "--format", "hf", "--out", "/out", flag, "/x"}),
+              2)
+        << flag;
+    EXPECT_THAT(err_.str(), HasSubstr(flag + " is not used: export reads '/weights/model.bin'"));
+  }
+}
+
 TEST(ServerAddressTest, FlagThenEnvironmentThenStateFile) {
   FakeFileSystem fs;
   EXPECT_EQ(*ResolveServerAddress("a:1", "b:2", fs, "/s"), "a:1");

@@ -355,21 +355,24 @@ std::vector<BadSpec> RunSectionBadSpecs() {
 // default prompt is 16 tokens of the default seq_len 32.
 std::vector<BadSpec> SampleBadSpecs() {
   const std::string wide_vocab =
-      "name: job\nmodel:\n  preset: gpt2-debug\n  vocab: 512\ntraining:\n  sample_prompt: hi\n";
+      "name: job\nmodel:\n  preset: gpt2-debug\n  vocab: 512\ntraining:\n  sample_every: 5\n"
+      "  sample_prompt: hi\n";
   return {
       {"negative sample_every", Base("  sample_every: -1\n"), "5:17", "training.sample_every",
        "must be at least 0, got -1"},
-      {"no sample tokens", Base("  sample_tokens: 0\n"), "5:18", "training.sample_tokens",
-       "must be at least 1, got 0"},
-      {"negative temperature", Base("  sample_temperature: -1\n"), "5:23",
+      {"no sample tokens", Base("  sample_every: 5\n  sample_tokens: 0\n"), "6:18",
+       "training.sample_tokens", "must be at least 1, got 0"},
+      {"negative temperature", Base("  sample_every: 5\n  sample_temperature: -1\n"), "6:23",
        "training.sample_temperature", "must be 0 (greedy) or positive, got -1"},
-      {"negative top_k", Base("  sample_top_k: -3\n"), "5:17", "training.sample_top_k",
-       "must be at least 0, got -3"},
-      {"both prompts", Base("  sample_prompt: hi\n  sample_prompt_tokens: [1]\n"), "5:18",
+      {"negative top_k", Base("  sample_every: 5\n  sample_top_k: -3\n"), "6:17",
+       "training.sample_top_k", "must be at least 0, got -3"},
+      {"both prompts",
+       Base("  sample_every: 5\n  sample_prompt: hi\n  sample_prompt_tokens: [1]\n"), "6:18",
        "training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both"},
-      {"text prompt of a wide vocabulary", wide_vocab, "6:18", "training.sample_prompt",
+      {"text prompt of a wide vocabulary", wide_vocab, "7:18", "training.sample_prompt",
        "needs a byte-level model (model.vocab 256), this one has 512 tokens"},
-      {"prompt token outside the vocabulary", Base("  sample_prompt_tokens: [1, 300]\n"), "5:25",
+      {"prompt token outside the vocabulary",
+       Base("  sample_every: 5\n  sample_prompt_tokens: [1, 300]\n"), "6:25",
        "training.sample_prompt_tokens", "token 300 is outside the vocabulary [0, 256)"},
       {"prompt token not a number", Base("  sample_prompt_tokens: [1, x]\n"), "5:29",
        "training.sample_prompt_tokens", "expected an integer, got 'x'"},
@@ -380,6 +383,32 @@ std::vector<BadSpec> SampleBadSpecs() {
       {"samples of a mixture of experts",
        WithMoe("{experts: 4}", "training:\n  sample_every: 5\n  sample_tokens: 8\n"), "6:17",
        "training.sample_every", "generation does not run mixture-of-experts models"},
+  };
+}
+
+// Fields given explicitly that the rest of the spec makes no-ops: each is refused, named.
+std::vector<BadSpec> UnusedFieldBadSpecs() {
+  const std::string no_samples = "only used when sample_every is positive";
+  return {
+      {"sample_tokens without samples", Base("  sample_tokens: 8\n"), "5:18",
+       "training.sample_tokens", no_samples},
+      {"sample_prompt with sample_every 0", Base("  sample_every: 0\n  sample_prompt: hi\n"),
+       "6:18", "training.sample_prompt", no_samples},
+      {"sample_prompt_tokens without samples", Base("  sample_prompt_tokens: [1]\n"), "5:25",
+       "training.sample_prompt_tokens", no_samples},
+      {"sample_temperature without samples", Base("  sample_temperature: 0.5\n"), "5:23",
+       "training.sample_temperature", no_samples},
+      {"sample_top_k without samples", Base("  sample_top_k: 5\n"), "5:17", "training.sample_top_k",
+       no_samples},
+      {"sample_top_k with greedy samples",
+       Base("  sample_every: 5\n  sample_tokens: 8\n  sample_temperature: 0\n  sample_top_k: 5\n"),
+       "8:17", "training.sample_top_k", "not used when sample_temperature is 0"},
+      {"eval_batches without evaluation", Base("  eval_every: 0\n  eval_batches: 2\n"), "6:17",
+       "training.eval_batches", "only used when eval_every is positive"},
+      {"min_lr_ratio with a constant schedule", Base("  schedule: constant\n  min_lr_ratio: 0.1\n"),
+       "6:17", "training.min_lr_ratio", "not used with schedule: constant"},
+      {"threads on GPU ranks", WithSections("training: {threads: 2}\nresources: {kind: gpu}\n"),
+       "4:21", "training.threads", "only used by CPU ranks (resources.kind is gpu)"},
   };
 }
 
@@ -520,6 +549,21 @@ TEST(SpecErrorsTest, EachBadRunSectionNamesFieldAndPosition) {
 
 TEST(SpecErrorsTest, EachBadSampleSpecNamesFieldAndPosition) {
   for (const BadSpec& bad : SampleBadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, EachFieldWithoutEffectIsRefusedNamingIt) {
+  for (const BadSpec& bad : UnusedFieldBadSpecs()) ExpectRefused(bad);
+}
+
+TEST(SpecErrorsTest, TheSameFieldsAreAcceptedWhereTheyTakeEffect) {
+  for (const char* training :
+       {"  sample_every: 5\n  sample_tokens: 8\n  sample_temperature: 0.5\n  sample_top_k: 5\n",
+        "  sample_every: 5\n  sample_tokens: 8\n  sample_temperature: 0\n",
+        "  eval_every: 10\n  eval_batches: 2\n", "  schedule: linear\n  min_lr_ratio: 0.1\n",
+        "  threads: 2\n"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(Base(training), "job.yaml");
+    EXPECT_TRUE(spec.ok()) << training << spec.status();
+  }
 }
 
 // max_nodes above resources.nodes where a larger size has a valid mesh (4 nodes: dp 4 divides the

@@ -126,6 +126,25 @@ TEST_F(PlanCommand, BadFlags) {
   ExpectBadInput({"--calibrate", "--fresh=maybe"}, "--fresh: invalid value 'maybe'");
 }
 
+// plan reaches no coordinator: the CLI's connection flags are refused by name, not ignored.
+TEST_F(PlanCommand, ConnectionFlagsAreRefused) {
+  for (const std::string flag :
+       {"--server", "--token-file", "--tls-ca", "--tls-cert", "--tls-key"}) {
+    ExpectBadInput({SpecWithResources(), flag, "x"}, "plan runs locally; " + flag + " is not used");
+  }
+  ExpectBadInput({"--server=127.0.0.1:1", "--calibrate"},
+                 "plan runs locally; --server is not used");
+  // Before the command word too, as the CLI's entry point dispatches it.
+  CliIo io;
+  std::ostringstream out, err;
+  io.out = &out;
+  io.err = &err;
+  io.fs = RealFileSystem();
+  EXPECT_EQ(RunCli({"--server", "127.0.0.1:1", "plan", SpecWithResources()}, io), 2);
+  EXPECT_TRUE(absl::StrContains(err.str(), "plan runs locally; --server is not used")) << err.str();
+  EXPECT_EQ(out.str(), "");
+}
+
 TEST_F(PlanCommand, CalibrationsAreKeptAndTheProfileIsTheirMedian) {
   draws_ = {1e-3, 4e-3, 2e-3, 9e-3};
   ASSERT_EQ(Run({"--calibrate", "--json"}), 0) << err_.str();
