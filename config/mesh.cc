@@ -350,6 +350,19 @@ std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes, const Paralle
   return resized;
 }
 
+std::optional<JobSpec> GrownSpec(const JobSpec& spec, int nodes) {
+  if (nodes <= spec.resources.nodes) return std::nullopt;
+  const int64_t world = int64_t{nodes} * spec.resources.devices_per_node;
+  const int64_t model_parallel = ModelParallelSize(spec.parallelism);
+  if (model_parallel < 1 || world % model_parallel != 0) return std::nullopt;
+  const int64_t dp = world / model_parallel;
+  if (dp > spec.training.batch || spec.training.batch % dp != 0) return std::nullopt;
+  ParallelismSpec mesh = spec.parallelism;
+  mesh.automatic = false;
+  mesh.dp = static_cast<int>(dp);
+  return ResizedSpec(spec, nodes, &mesh);
+}
+
 std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const JobSpec& spec) {
   if (Problem p = CheckDegrees(mesh)) return p;
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;

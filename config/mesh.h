@@ -71,6 +71,14 @@ int MicroBatchPerRank(const TrainingSpec& training, const ParallelismSpec& mesh)
 std::optional<JobSpec> ResizedSpec(const JobSpec& spec, int nodes,
                                    const ParallelismSpec* given = nullptr);
 
+// The spec of an attempt on `nodes` nodes above resources.nodes (an elastic job growing past its
+// size, up to fault_tolerance.max_nodes): dp takes the extra ranks, every other degree is kept,
+// each rank keeps its micro-batch when it divides its smaller share of the batch and
+// accumulates fewer. nullopt when that mesh is not valid there (dp does not divide the batch,
+// the world does not split into the model-parallel groups): growing never changes tp, pp or cp,
+// and costs a few integer checks where it is refused.
+std::optional<JobSpec> GrownSpec(const JobSpec& spec, int nodes);
+
 }  // namespace trainyard::config
 
 #endif  // TRAINYARD_CONFIG_MESH_H_

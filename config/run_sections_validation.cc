@@ -78,7 +78,7 @@ Problem CheckReal(const char* path, double value, double min, double max, const 
 // Whether some size above resources.nodes, up to max_nodes, has a valid mesh.
 bool HasLargerSize(const JobSpec& spec) {
   for (int nodes = spec.resources.nodes + 1; nodes <= spec.max_nodes(); ++nodes) {
-    if (ResizedSpec(spec, nodes).has_value()) return true;
+    if (GrownSpec(spec, nodes).has_value()) return true;
   }
   return false;
 }

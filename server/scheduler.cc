@@ -97,27 +97,51 @@ std::vector<std::string> Scheduler::QueueOrder() const {
 
 namespace {
 
-bool PlaceAtShape(const PendingJob& job, const JobShape& shape, std::vector<NodeView>& nodes,
+// `job` (without its other sizes) at `shape`'s size; a larger size only on nodes it does not
+// avoid (growing onto a straggler's node is never worth it).
+bool PlaceAtShape(PendingJob& resized, const JobShape& shape, std::vector<NodeView>& nodes,
                   Placement& placement) {
-  PendingJob resized = job;
+  const int own = resized.requirements.nodes;
   resized.requirements.nodes = shape.nodes;
   resized.requirements.mesh = shape.mesh;
   resized.memory_per_rank = shape.memory_per_rank;
-  if (!PlaceJob(resized, nodes, placement)) return false;
-  placement.shape = shape;
-  return true;
+  bool placed = true;
+  if (shape.nodes > own && !resized.avoid_nodes.empty()) {
+    int usable = 0;
+    for (const NodeView& node : nodes) {
+      usable += !resized.avoid_nodes.contains(node.node_id) &&
+                static_cast<int>(SlotCount(node, resized.requirements.kind)) >=
+                    resized.requirements.ranks_per_node &&
+                MemoryFits(node, resized.requirements.kind, resized.requirements.ranks_per_node,
+                           shape.memory_per_rank);
+    }
+    placed = usable >= shape.nodes;
+  }
+  placed = placed && PlaceJob(resized, nodes, placement);
+  resized.requirements.nodes = own;
+  if (placed) placement.shape = shape;
+  return placed;
 }
 
 }  // namespace
 
 bool PlaceAtSomeSize(const PendingJob& job, std::vector<NodeView>& nodes, Placement& placement,
                      bool grow) {
+  PendingJob resized;  // the job at another size: copied once, without its list of sizes
+  if ((grow && !job.larger.empty()) || !job.smaller.empty()) {
+    resized = PendingJob{.job_id = job.job_id,
+                         .priority = job.priority,
+                         .seq = job.seq,
+                         .requirements = job.requirements,
+                         .memory_per_rank = job.memory_per_rank,
+                         .avoid_nodes = job.avoid_nodes};
+  }
   for (const JobShape& shape : grow ? job.larger : std::vector<JobShape>()) {
-    if (PlaceAtShape(job, shape, nodes, placement)) return true;
+    if (PlaceAtShape(resized, shape, nodes, placement)) return true;
   }
   if (PlaceJob(job, nodes, placement)) return true;
   for (const JobShape& shape : job.smaller) {
-    if (PlaceAtShape(job, shape, nodes, placement)) return true;
+    if (PlaceAtShape(resized, shape, nodes, placement)) return true;
   }
   return false;
 }
@@ -200,7 +224,8 @@ std::string Scheduler::WaitReason(const std::string& job_id, std::vector<NodeVie
                       "; running jobs hold them");
 }
 
-std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
+std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes,
+                                           const std::set<DeviceKind>& no_growth) {
   std::vector<Placement> placements;
   bool blocked[2] = {false, false};  // by device kind
   // A job grows past its own size only when no job of its kind is queued behind it.
@@ -213,7 +238,8 @@ std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes) {
     const int kind = static_cast<int>(job->requirements.kind);
     if (blocked[kind]) continue;
     Placement placement;
-    if (PlaceAtSomeSize(*job, nodes, placement, /*grow=*/key.job_id == last[kind])) {
+    const bool grow = key.job_id == last[kind] && !no_growth.contains(job->requirements.kind);
+    if (PlaceAtSomeSize(*job, nodes, placement, grow)) {
       placements.push_back(std::move(placement));
       placed.push_back(job->job_id);
     } else {

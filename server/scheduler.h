@@ -89,11 +89,15 @@ class Scheduler {
   size_t size() const { return queue_.size(); }
 
   // Places as many queued jobs as fit on `nodes`, in queue order, and removes them from the
-  // queue. The returned placements use disjoint slots.
-  std::vector<Placement> Schedule(std::vector<NodeView> nodes);
+  // queue. The returned placements use disjoint slots. The last queued job of each kind may take
+  // one of its larger sizes, unless its kind is in `no_growth` (jobs outside the queue want
+  // nodes of it).
+  std::vector<Placement> Schedule(std::vector<NodeView> nodes,
+                                  const std::set<DeviceKind>& no_growth = {});
 
   // How many nodes of each (device kind, slots per node) a scheduling pass can look at: the
-  // nodes the queued jobs of that kind ask for, plus the nodes they avoid. A pass given, for
+  // nodes the queued jobs of that kind ask for at their largest sizes, plus the nodes they
+  // avoid. A pass given, for
   // each of these, the first `nodes` usable nodes in best-fit order (fewest free slots of the
   // kind that suffice, then node id) places exactly what it would place given every node: a job
   // takes the first nodes of that order among those with room, and the jobs before it in the

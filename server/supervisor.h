@@ -420,6 +420,7 @@ class Supervisor {
     // (taken when nodes are free) and below it down to min_nodes (a restart after a loss); and
     // the micro-batches accumulated per step at the job's own size.
     int min_nodes = 1;
+    int max_nodes = 1;
     std::vector<JobShape> larger_shapes;
     std::vector<JobShape> smaller_shapes;
     // The memory one rank needs at the job's full size (the planner's prediction; 0: unknown),
@@ -545,8 +546,16 @@ class Supervisor {
   };
   void FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,
                          const AttemptFailure& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic growth (supervisor_elastic.cc). Whether a job of `kind` other than `except` wants
+  // nodes: queued, waiting out a restart's backoff (or for its workers to stop), or growing. No
+  // job grows past its size then.
+  bool OthersWantNodesLocked(DeviceKind kind, const std::string& except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The kinds of the jobs restarting outside the queue (in backoff, or their workers stopping):
+  // no queued job of those kinds is placed above its size.
+  std::set<DeviceKind> KindsNotToGrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Failure handling (supervisor_failures.cc).
-  // The spec of an elastic attempt of `spec`'s job on `nodes` nodes (config::ResizedSpec; for
+  // The spec of an elastic attempt of `spec`'s job on fewer `nodes` (config::ResizedSpec; for
   // `parallelism: auto`, with the planner's mesh for that size).
   std::optional<config::JobSpec> ResizedSpecLocked(const config::JobSpec& spec, int nodes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

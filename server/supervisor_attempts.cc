@@ -94,7 +94,7 @@ void Supervisor::ScheduleLocked(Txn& txn) {
   std::vector<NodeView> nodes;
   nodes.reserve(views.size());
   for (auto& [id, view] : views) nodes.push_back(std::move(view));
-  for (Placement& placement : scheduler_.Schedule(std::move(nodes))) {
+  for (Placement& placement : scheduler_.Schedule(std::move(nodes), KindsNotToGrowLocked())) {
     JobEntry* entry = FindJob(placement.job_id);
     if (entry == nullptr || IsFinal(entry->job.state)) continue;
     StartAttemptLocked(txn, *entry, std::move(placement.ranks), placement.shape);
@@ -139,6 +139,7 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
                                     const std::optional<JobShape>& shape) {
   JobRecord& job = entry.job;
   const bool restart = job.state == JobState::kRestarting;
+  const bool after_failure = restart && !entry.resized_by_choice;
   AttemptRecord attempt;
   attempt.job_id = job.id;
   attempt.attempt_id = static_cast<int>(entry.attempts.size()) + 1;
@@ -174,11 +175,10 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
     const Mesh& from = job.requirements.mesh;
     const Mesh& to = shape->mesh;
     const bool larger = shape->nodes > job.requirements.nodes;
-    std::string why = larger ? absl::StrCat("max_nodes ", entry.larger_shapes.front().nodes,
-                                            "; the nodes were free")
+    std::string why = larger ? absl::StrCat("max_nodes ", entry.max_nodes, "; the nodes were free")
                              : absl::StrCat("min_nodes ", entry.min_nodes);
     const FailureSummary& failure = entry.controller.last_failure();
-    if (!larger && failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
+    if (after_failure && failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
       why = absl::StrCat(failure.node_id, " lost; ", why);
     }
     AddEvent(

@@ -122,6 +122,7 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
   entry.controller.ChooseCheckpoints(young_daly);
   // Elastic sizes, max_nodes down to min_nodes but its own, where the spec has a valid mesh.
   entry.min_nodes = spec.ok() ? spec->min_nodes() : entry.job.requirements.nodes;
+  entry.max_nodes = spec.ok() ? spec->max_nodes() : entry.job.requirements.nodes;
   entry.memory_per_rank = spec.ok() ? RankMemoryNeed(*spec, cpu_profile_) : 0;
   entry.larger_shapes.clear();
   entry.smaller_shapes.clear();
@@ -134,7 +135,9 @@ void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* pars
     entry.full_micro_batch = config::MicroBatchPerRank(spec->training, spec->parallelism);
     for (int nodes = spec->max_nodes(); nodes >= spec->min_nodes(); --nodes) {
       if (nodes == spec->resources.nodes) continue;
-      std::optional<config::JobSpec> resized = ResizedSpecLocked(*spec, nodes);
+      std::optional<config::JobSpec> resized = nodes > spec->resources.nodes
+                                                   ? config::GrownSpec(*spec, nodes)
+                                                   : ResizedSpecLocked(*spec, nodes);
       if (!resized) continue;
       (nodes > spec->resources.nodes ? entry.larger_shapes : entry.smaller_shapes)
           .push_back(JobShape{nodes, MeshOf(resized->parallelism), accumulation(*resized),

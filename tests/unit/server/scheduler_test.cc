@@ -168,6 +168,19 @@ TEST(SchedulerTest, AJobGrowsPastItsOwnSizeOnlyWhenNoJobOfItsKindWaitsBehindIt) 
   EXPECT_FALSE(placed[0].shape.has_value()) << "a job waits behind it";
   EXPECT_EQ(placed[1].job_id, "second");
   EXPECT_EQ(placed[1].ranks.size(), 1u);
+  // Alone, but jobs outside the queue (restarting after a backoff) want CPU nodes.
+  scheduler.Enqueue(first);
+  placed = scheduler.Schedule({Node("a", 1), Node("b", 1)}, {DeviceKind::kCpu});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_FALSE(placed[0].shape.has_value());
+  // A larger size is never taken onto a node the job avoids (a straggler's).
+  first.avoid_nodes = {"c"};
+  scheduler.Enqueue(first);
+  placed = scheduler.Schedule({Node("a", 1), Node("b", 1), Node("c", 1)});
+  ASSERT_EQ(placed.size(), 1u);
+  ASSERT_TRUE(placed[0].shape.has_value());
+  EXPECT_EQ(placed[0].shape->nodes, 2);
+  for (const RankSlot& slot : placed[0].ranks) EXPECT_NE(slot.node_id, "c");
 }
 
 // A queued job says why it waits: it can never fit the connected nodes (and why), a job queued

@@ -1038,6 +1038,40 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, max_nodes: 2,
   EXPECT_EQ(joins[0]->micro_batch, 2) << "its own size's micro-batch, accumulated twice";
 }
 
+// A job that could grow leaves alone the node another job freed when it failed: that job waits
+// out its restart's backoff and needs it back.
+TEST_F(SupervisorFailurePolicyTest, ElasticPolicyDoesNotGrowOntoTheNodeOfAJobInBackoff) {
+  Agent a = Connect("node-a", 1);
+  const std::string other = Submit(R"(name: other
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+resources: {nodes: 1, devices_per_node: 1}
+fault_tolerance: {backoff_initial_s: 30, backoff_jitter: 0}
+)");
+  JoinAll(other, 1, 1);
+  Agent b = Connect("node-b", 1);
+  const std::string id = Submit(R"(name: grows
+model: {preset: gpt2-debug}
+data: {source: markov}
+training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
+resources: {nodes: 1, devices_per_node: 1}
+checkpoint: {dir: ckpt/grows, every_steps: 10}
+fault_tolerance: {max_nodes: 2, resize_cooldown_s: 0}
+)");
+  ASSERT_EQ(View(id).attempts.size(), 1u);
+  EXPECT_EQ(View(id).attempts[0].ranks[0].node_id, "node-b");
+  JoinAll(id, 1, 1);
+  Exit(a, other, 1, 0, /*code=*/1);  // a crash: restarted after 30 s
+  ASSERT_EQ(View(other).job.state, JobState::kRestarting);
+  AdvanceWithHeartbeats(absl::Seconds(10), {a, b});
+  EXPECT_TRUE(EventsOf(id, "resize_requested").empty()) << "node-a is the other job's";
+  AdvanceWithHeartbeats(absl::Seconds(25), {a, b});
+  ASSERT_EQ(View(other).attempts.size(), 2u);
+  EXPECT_EQ(View(other).attempts[1].ranks[0].node_id, "node-a");
+  EXPECT_TRUE(EventsOf(id, "resize_requested").empty());
+}
+
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyStartsOnMoreNodesThanAskedWhenTheyAreFree) {
   Agent a = Connect("node-a", 1);
   Agent b = Connect("node-b", 1);
