@@ -153,6 +153,24 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
   return absl::OkStatus();
 }
 
+// Fault-tolerance fields that the rest of the spec makes no-ops are refused: they are mistakes.
+absl::Status CheckUnusedFaultToleranceFields(const FieldReader& r, const JobSpec& spec) {
+  const FaultToleranceSpec& f = spec.fault_tolerance;
+  if (f.straggler_margin == 0 && r.Has("straggler_window")) {
+    return r.ErrorAt("straggler_window",
+                     "only used by straggler detection, which straggler_margin: 0 turns off");
+  }
+  // Only growing waits for the cool-down, and only a job with other sizes and checkpoints grows.
+  const int nodes = spec.resources.nodes;
+  const bool elastic = f.min_nodes < nodes || f.max_nodes > nodes;
+  if (r.Has("resize_cooldown_s") && !(elastic && spec.checkpoint.enabled())) {
+    return r.ErrorAt("resize_cooldown_s",
+                     "only used by a job that may grow: min_nodes below or max_nodes above "
+                     "resources.nodes, with checkpoint.dir");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadRunSections(FieldReader& top, JobSpec* spec) {
@@ -163,7 +181,8 @@ absl::Status ReadRunSections(FieldReader& top, JobSpec* spec) {
   if (std::optional<FieldReader> checkpoint = top.Child("checkpoint")) {
     TY_RETURN_IF_ERROR(ReadCheckpoint(*checkpoint, &spec->checkpoint));
   }
-  if (std::optional<FieldReader> fault_tolerance = top.Child("fault_tolerance")) {
+  std::optional<FieldReader> fault_tolerance = top.Child("fault_tolerance");
+  if (fault_tolerance) {
     TY_RETURN_IF_ERROR(ReadFaultTolerance(*fault_tolerance, &spec->fault_tolerance));
   }
   TY_RETURN_IF_ERROR(top.ReadInt("priority", &spec->priority));
@@ -171,6 +190,7 @@ absl::Status ReadRunSections(FieldReader& top, JobSpec* spec) {
   FaultToleranceSpec& f = spec->fault_tolerance;
   if (f.min_nodes == 0) f.min_nodes = spec->resources.nodes;
   if (f.max_nodes == 0) f.max_nodes = spec->resources.nodes;
+  if (fault_tolerance) return CheckUnusedFaultToleranceFields(*fault_tolerance, *spec);
   return absl::OkStatus();
 }
 

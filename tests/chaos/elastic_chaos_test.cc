@@ -132,7 +132,7 @@ TEST(ElasticChaosTest, AJobGrowsPastItsSizeOntoAFreeNodeWithTheSameLoss) {
          .nodes = 1,
          .steps = 2000,
          .checkpoint = absl::StrCat("{dir: ", cp.dir(), "/", name, ", every_steps: 100}"),
-         .fault_tolerance = absl::StrCat("backoff_initial_s: 0, resize_cooldown_s: 0", more),
+         .fault_tolerance = absl::StrCat("backoff_initial_s: 0", more),
          .batch_per_rank = 8});
   };
   const std::string reference = cp.Submit(cp.WriteSpec("reference.yaml", job("reference", "")));
@@ -141,7 +141,8 @@ TEST(ElasticChaosTest, AJobGrowsPastItsSizeOntoAFreeNodeWithTheSameLoss) {
   const double want = ExactFinalLoss(cp.Cli({"logs", reference, "--rank", "0"}).out);
   ASSERT_FALSE(std::isnan(want));
 
-  const std::string job_id = cp.Submit(cp.WriteSpec("grows.yaml", job("grows", ", max_nodes: 2")));
+  const std::string job_id =
+      cp.Submit(cp.WriteSpec("grows.yaml", job("grows", ", max_nodes: 2, resize_cooldown_s: 0")));
   ASSERT_TRUE(cp.WaitFor(
       job_id,
       [](const v1::GetJobReply& r) {

@@ -409,6 +409,16 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
        "6:17", "training.min_lr_ratio", "not used with schedule: constant"},
       {"threads on GPU ranks", WithSections("training: {threads: 2}\nresources: {kind: gpu}\n"),
        "4:21", "training.threads", "only used by CPU ranks (resources.kind is gpu)"},
+      {"straggler_window without detection",
+       WithSections("fault_tolerance: {straggler_margin: 0, straggler_window: 3}\n"), "4:58",
+       "fault_tolerance.straggler_window", "straggler_margin: 0 turns off"},
+      {"resize_cooldown_s of a job that cannot resize",
+       WithSections("checkpoint: {dir: ckpt}\nfault_tolerance: {resize_cooldown_s: 10}\n"), "5:38",
+       "fault_tolerance.resize_cooldown_s", "only used by a job that may grow"},
+      {"resize_cooldown_s of an elastic job without checkpoints",
+       WithSections("resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {min_nodes: "
+                    "1, resize_cooldown_s: 10}\n"),
+       "6:52", "fault_tolerance.resize_cooldown_s", "with checkpoint.dir"},
   };
 }
 
@@ -563,6 +573,14 @@ TEST(SpecErrorsTest, TheSameFieldsAreAcceptedWhereTheyTakeEffect) {
         "  threads: 2\n"}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(Base(training), "job.yaml");
     EXPECT_TRUE(spec.ok()) << training << spec.status();
+  }
+  for (const char* sections :
+       {"fault_tolerance: {straggler_margin: 0.5, straggler_window: 3}\n",
+        "resources: {nodes: 2}\nparallelism: {dp: 2}\ncheckpoint: {dir: ckpt}\nfault_tolerance: "
+        "{min_nodes: 1, resize_cooldown_s: 10}\n",
+        "checkpoint: {dir: ckpt}\nfault_tolerance: {max_nodes: 2, resize_cooldown_s: 10}\n"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(WithSections(sections), "job.yaml");
+    EXPECT_TRUE(spec.ok()) << sections << spec.status();
   }
 }
 

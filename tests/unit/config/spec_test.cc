@@ -136,7 +136,7 @@ fault_tolerance:
   hang_floor_s: 5
   hang_step_multiple: 20
   hang_startup_s: 120
-  straggler_margin: 0
+  straggler_margin: 0.5
   straggler_window: 8
 )");
   EXPECT_FALSE(spec.checkpoint.every_steps.has_value());  // auto, the default
@@ -152,7 +152,7 @@ fault_tolerance:
   EXPECT_DOUBLE_EQ(f.hang_floor_s, 5);
   EXPECT_DOUBLE_EQ(f.hang_step_multiple, 20);
   EXPECT_DOUBLE_EQ(f.hang_startup_s, 120);
-  EXPECT_DOUBLE_EQ(f.straggler_margin, 0);
+  EXPECT_DOUBLE_EQ(f.straggler_margin, 0.5);
   EXPECT_EQ(f.straggler_window, 8);
   // Defaults fit every valid spec.
   const FaultToleranceSpec d = MustParse("name: d\nmodel: {preset: gpt2-debug}\n").fault_tolerance;
