@@ -168,6 +168,16 @@ absl::Status RefusePositionals(const CommandLine& line, std::string_view command
                    command.empty() ? "" : absl::StrCat(" for ", std::string(command))));
 }
 
+absl::Status RefuseGiven(const CommandLine& line, absl::Span<const std::string_view> names,
+                         std::string_view why) {
+  for (std::string_view name : names) {
+    if (line.Has(std::string(name))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", std::string(name), std::string(why)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv, int first,
                                              absl::Span<const std::string_view> accepted,
                                              std::string_view command) {

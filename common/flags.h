@@ -61,6 +61,12 @@ struct CommandLine {
 [[nodiscard]] absl::Status RefusePositionals(const CommandLine& line,
                                              std::string_view command = "");
 
+// INVALID_ARGUMENT "--NAME<why>" for the first of `names` given (a flag that the others make a
+// no-op); OK when none is.
+[[nodiscard]] absl::Status RefuseGiven(const CommandLine& line,
+                                       absl::Span<const std::string_view> names,
+                                       std::string_view why);
+
 // The same over main's argv from index `first` on.
 [[nodiscard]] absl::StatusOr<CommandLine> ParseCommandLine(
     int argc, char** argv, int first, absl::Span<const std::string_view> accepted,

@@ -230,14 +230,11 @@ absl::Status ReadCoordinatorFlags(const CommandLine& line, CoordinatorOptions& c
 // refused.
 absl::Status RefuseAgentFlagsWithoutAgent(const CommandLine& line, bool local_agent) {
   if (local_agent) return absl::OkStatus();
-  for (const char* name : {"agent-slots", "agent-node-id", "worker-binary", "agent-pass-env",
-                           "agent-memory-tier-dir", "agent-memory-tier-mb"}) {
-    if (line.Has(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " configures the local agent: not used with --no-local-agent"));
-    }
-  }
-  return absl::OkStatus();
+  constexpr std::string_view kAgentFlags[] = {"agent-slots",           "agent-node-id",
+                                              "worker-binary",         "agent-pass-env",
+                                              "agent-memory-tier-dir", "agent-memory-tier-mb"};
+  return RefuseGiven(line, kAgentFlags,
+                     " configures the local agent: not used with --no-local-agent");
 }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {

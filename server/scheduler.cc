@@ -53,6 +53,11 @@ bool Scheduler::Remove(const std::string& job_id) {
 
 bool Scheduler::Contains(const std::string& job_id) const { return Find(job_id) != nullptr; }
 
+bool Scheduler::MayGrow() const {
+  return std::any_of(jobs_.begin(), jobs_.end(),
+                     [](const PendingJob& job) { return !job.larger.empty(); });
+}
+
 bool Scheduler::Queued(DeviceKind kind) const {
   return std::any_of(jobs_.begin(), jobs_.end(),
                      [kind](const PendingJob& job) { return job.requirements.kind == kind; });
@@ -230,8 +235,11 @@ std::vector<Placement> Scheduler::Schedule(std::vector<NodeView> nodes,
   bool blocked[2] = {false, false};  // by device kind
   // A job grows past its own size only when no job of its kind is queued behind it.
   std::string last[2];
-  for (const Key& key : queue_)
-    last[static_cast<int>(Find(key.job_id)->requirements.kind)] = key.job_id;
+  if (MayGrow()) {
+    for (const Key& key : queue_) {
+      last[static_cast<int>(Find(key.job_id)->requirements.kind)] = key.job_id;
+    }
+  }
   std::vector<std::string> placed;
   for (const Key& key : queue_) {
     const PendingJob* job = Find(key.job_id);

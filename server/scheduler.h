@@ -86,6 +86,8 @@ class Scheduler {
   bool Contains(const std::string& job_id) const;
   // Whether a job of `kind` waits in the queue.
   bool Queued(DeviceKind kind) const;
+  // Whether a queued job has sizes above its own.
+  bool MayGrow() const;
   size_t size() const { return queue_.size(); }
 
   // Places as many queued jobs as fit on `nodes`, in queue order, and removes them from the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -94,7 +95,9 @@ void Supervisor::ScheduleLocked(Txn& txn) {
   std::vector<NodeView> nodes;
   nodes.reserve(views.size());
   for (auto& [id, view] : views) nodes.push_back(std::move(view));
-  for (Placement& placement : scheduler_.Schedule(std::move(nodes), KindsNotToGrowLocked())) {
+  const std::set<DeviceKind> no_growth =
+      scheduler_.MayGrow() ? KindsNotToGrowLocked() : std::set<DeviceKind>();
+  for (Placement& placement : scheduler_.Schedule(std::move(nodes), no_growth)) {
     JobEntry* entry = FindJob(placement.job_id);
     if (entry == nullptr || IsFinal(entry->job.state)) continue;
     StartAttemptLocked(txn, *entry, std::move(placement.ranks), placement.shape);

@@ -18,21 +18,17 @@
 namespace trainyard::server {
 
 bool Supervisor::OthersWantNodesLocked(DeviceKind kind, const std::string& except) {
-  if (scheduler_.Queued(kind)) return true;
-  for (const auto& [id, other] : jobs_) {
-    if (id == except || other.job.requirements.kind != kind) continue;
-    // Waiting out a restart's backoff, or its workers still stopping: it needs nodes soon. One
-    // growing: the free nodes are spoken for.
-    if ((other.job.state == JobState::kRestarting && !scheduler_.Contains(id)) || other.resizing) {
-      return true;
-    }
-  }
-  return false;
+  if (scheduler_.Queued(kind) || KindsNotToGrowLocked().contains(kind)) return true;
+  // One growing: the free nodes are spoken for.
+  return std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& job) {
+    return job.first != except && job.second.job.requirements.kind == kind && job.second.resizing;
+  });
 }
 
 std::set<DeviceKind> Supervisor::KindsNotToGrowLocked() {
   std::set<DeviceKind> held;
   for (const auto& [id, entry] : jobs_) {
+    // Waiting out a restart's backoff, or its workers still stopping: it needs nodes soon.
     if (entry.job.state == JobState::kRestarting && !scheduler_.Contains(id)) {
       held.insert(entry.job.requirements.kind);
     }

@@ -57,12 +57,9 @@ absl::StatusOr<TokenLine> Parse(const std::vector<std::string>& args) {
   }
   if (line.command != "add") {
     // Only `add` makes a credential; these describe one.
-    for (const char* name : {"role", "nodes", "expires-in", "certificate"}) {
-      if (parsed.Has(name)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, " is for token add: not used by token ", line.command));
-      }
-    }
+    constexpr std::string_view kAddFlags[] = {"role", "nodes", "expires-in", "certificate"};
+    TY_RETURN_IF_ERROR(RefuseGiven(
+        parsed, kAddFlags, absl::StrCat(" is for token add: not used by token ", line.command)));
   }
   if (needs_user) line.user = positional[1];
   if (line.user.find_first_of(" \t\r\n#") != std::string::npos) {

@@ -354,17 +354,13 @@ struct SampleFlags {
 // default) draws nothing, and a CUDA model runs no CPU threads.
 absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags& flags) {
   if (flags.options.temperature == 0) {
-    for (const char* name : {"top-k", "seed"}) {
-      if (line.Has(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", name, " is not used when --temperature is 0 (greedy: the most likely token)"));
-      }
-    }
+    constexpr std::string_view kDrawFlags[] = {"top-k", "seed"};
+    TY_RETURN_IF_ERROR(RefuseGiven(
+        line, kDrawFlags, " is not used when --temperature is 0 (greedy: the most likely token)"));
   }
-  if (flags.device == "cuda" && line.Has("threads")) {
-    return absl::InvalidArgumentError("--threads is not used with --device cuda (CPU threads)");
-  }
-  return absl::OkStatus();
+  if (flags.device != "cuda") return absl::OkStatus();
+  constexpr std::string_view kCpuFlags[] = {"threads"};
+  return RefuseGiven(line, kCpuFlags, " is not used with --device cuda (CPU threads)");
 }
 
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {

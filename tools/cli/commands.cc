@@ -59,9 +59,6 @@ namespace {
 
 constexpr std::string_view kGlobalFlags[] = {"server",   "token-file", "tls-ca",
                                              "tls-cert", "tls-key",    "json"};
-// The global flags that reach the coordinator.
-constexpr std::string_view kConnectionFlags[] = {"server", "token-file", "tls-ca", "tls-cert",
-                                                 "tls-key"};
 
 constexpr char kUsage[] =
     R"(usage: trainyard [--server HOST:PORT] [--token-file FILE]

@@ -30,6 +30,7 @@
 #include "planner/planner.h"
 #include "tools/cli/format.h"
 #include "tools/cli/plan_output.h"
+#include "tools/cli/server_address.h"
 
 // `plan`'s own flags (its --json and --device are the CLI's, commands.cc). Values are checked
 // as written, below.
@@ -72,19 +73,17 @@ struct PlanFlags {
 absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
   constexpr std::string_view kValueFlags[] = {"nodes", "devices-per-node",   "device",
                                               "mesh",  "checkpoint-seconds", "mtbf-hours"};
-  // The CLI's connection flags are parsed only to be refused by name: plan needs no coordinator.
-  constexpr std::string_view kConnectionFlags[] = {"server", "token-file", "tls-ca", "tls-cert",
-                                                   "tls-key"};
+  // The CLI's connection flags (kConnectionFlags) are parsed only to be refused by name: plan
+  // needs no coordinator.
   constexpr std::string_view kFlags[] = {
       "nodes",    "devices-per-node", "device", "mesh",   "checkpoint-seconds", "mtbf-hours",
       "json",     "calibrate",        "fresh",  "server", "token-file",         "tls-ca",
       "tls-cert", "tls-key"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(args, kFlags, "'plan'"));
-  for (std::string_view name : kConnectionFlags) {
-    if (line.Has(std::string(name))) {
-      return absl::InvalidArgumentError(absl::StrCat("plan runs locally; --", std::string(name),
-                                                     " is not used (it reaches a coordinator)"));
-    }
+  if (absl::Status refused =
+          RefuseGiven(line, kConnectionFlags, " is not used (it reaches a coordinator)");
+      !refused.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan runs locally; ", refused.message()));
   }
   PlanFlags flags;
   // positionals[0] is "plan" itself.

@@ -7,11 +7,16 @@
 #define TRAINYARD_TOOLS_CLI_SERVER_ADDRESS_H_
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/filesystem.h"
 
 namespace trainyard::cli {
+
+// The CLI's global flags that say how to reach the coordinator.
+inline constexpr std::string_view kConnectionFlags[] = {"server", "token-file", "tls-ca",
+                                                        "tls-cert", "tls-key"};
 
 // `flag` and `env` as given (empty when absent); `state_dir` is where server.addr is looked for.
 // UNAVAILABLE (exit 3: no server to reach) when none of them names one.
