@@ -92,11 +92,12 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
 }
 
 FieldReader::FieldReader(const YamlNode& node, std::string path, std::string source_name,
-                         SpecLocations* locations)
+                         SpecLocations* locations, InertFields* inert)
     : node_(node),
       path_(std::move(path)),
       source_name_(std::move(source_name)),
-      locations_(locations) {
+      locations_(locations),
+      inert_(inert) {
   if (!locations_->Has(path_)) locations_->Record(path_, node_.mark);
 }
 
@@ -131,6 +132,12 @@ const YamlNode* FieldReader::Lookup(std::string_view key) {
   if (entry == nullptr) return nullptr;
   locations_->Record(PathOf(key), entry->value.mark);
   return &entry->value;
+}
+
+absl::Status FieldReader::Inert(std::string_view key, std::string_view reason) const {
+  if (inert_->refuse) return ErrorAt(key, reason);
+  inert_->ignored.push_back(absl::StrCat(PathOf(key), ": ", AbslView(reason)));
+  return absl::OkStatus();
 }
 
 absl::Status FieldReader::ErrorAt(std::string_view key, std::string_view reason) const {
@@ -320,7 +327,7 @@ absl::Status FieldReader::WrongType(std::string_view key, std::string_view expec
 std::optional<FieldReader> FieldReader::Child(std::string_view key) {
   const YamlNode* value = Lookup(key);
   if (value == nullptr) return std::nullopt;
-  return FieldReader(*value, PathOf(key), source_name_, locations_);
+  return FieldReader(*value, PathOf(key), source_name_, locations_, inert_);
 }
 
 }  // namespace trainyard::config

@@ -49,12 +49,22 @@ std::string KeyForPath(const std::string& key);
 // at most 2 edits away and shorter than the candidate itself; otherwise "".
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
 
+// What one parse does with a field written where it has no effect (a sampling knob in a job that
+// draws no samples, say). A spec being submitted is refused for it: it is a mistake. A spec read
+// back (from the job store, or by a worker from its coordinator) was accepted when it was
+// submitted, perhaps by a build that did not refuse such fields yet: it keeps parsing, and the
+// fields are listed here instead.
+struct InertFields {
+  bool refuse = true;
+  std::vector<std::string> ignored;  // "<field.path>: <reason>", in the order met
+};
+
 class FieldReader {
  public:
-  // `node` and `locations` must outlive the reader. `path` is the mapping's own path ("" for the
-  // top of the spec).
+  // `node`, `locations` and `inert` must outlive the reader. `path` is the mapping's own path (""
+  // for the top of the spec).
   FieldReader(const YamlNode& node, std::string path, std::string source_name,
-              SpecLocations* locations);
+              SpecLocations* locations, InertFields* inert);
 
   // Fails unless the node is a mapping whose keys are all in `known`.
   [[nodiscard]] absl::Status ExpectMapWithKeys(std::initializer_list<std::string_view> known);
@@ -92,6 +102,9 @@ class FieldReader {
 
   // An error located at `key`'s value when present, else at this mapping.
   [[nodiscard]] absl::Status ErrorAt(std::string_view key, std::string_view reason) const;
+  // For `key` written where it has no effect: an error as ErrorAt's when the parse refuses such
+  // fields, else OK with the field recorded as ignored.
+  [[nodiscard]] absl::Status Inert(std::string_view key, std::string_view reason) const;
   // An error located at this mapping (or at its key), for the mapping as a whole.
   [[nodiscard]] absl::Status Error(std::string_view reason) const;
   // "expected <expected>, got <what key holds>", located at `key`'s value (which must exist).
@@ -109,6 +122,7 @@ class FieldReader {
   std::string path_;
   std::string source_name_;
   SpecLocations* locations_;
+  InertFields* inert_;
 };
 
 }  // namespace trainyard::config

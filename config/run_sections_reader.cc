@@ -88,15 +88,15 @@ absl::Status ReadCheckpoint(FieldReader& r, CheckpointSpec* c) {
   }
   for (const char* field : {"every_steps", "min_every_steps", "max_every_steps", "keep"}) {
     if (!r.Has("dir") && r.Has(field)) {
-      return r.ErrorAt(field, "needs checkpoint.dir: without it the job writes no checkpoints");
+      TY_RETURN_IF_ERROR(
+          r.Inert(field, "needs checkpoint.dir: without it the job writes no checkpoints"));
     }
   }
   TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("every_steps", &c->every_steps));
   for (const char* field : {"min_every_steps", "max_every_steps"}) {
     if (r.Has(field) && r.Has("every_steps") && !r.IsWord("every_steps", "auto")) {
-      return r.ErrorAt(field,
-                       "bounds the interval `every_steps: auto` chooses; it needs "
-                       "every_steps: auto");
+      TY_RETURN_IF_ERROR(r.Inert(
+          field, "bounds the interval `every_steps: auto` chooses; it needs every_steps: auto"));
     }
   }
   TY_RETURN_IF_ERROR(r.ReadInt64("min_every_steps", &c->min_every_steps));
@@ -138,7 +138,8 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
   TY_RETURN_IF_ERROR(r.ReadInt64OrAuto("memory_every_steps", &f->memory_every_steps));
   TY_RETURN_IF_ERROR(r.ReadBool("exclude_stragglers", &f->exclude_stragglers));
   if (f->exclude_stragglers && f->straggler_margin == 0) {
-    return r.ErrorAt("exclude_stragglers", "needs straggler detection (straggler_margin > 0)");
+    TY_RETURN_IF_ERROR(
+        r.Inert("exclude_stragglers", "needs straggler detection (straggler_margin > 0)"));
   }
   TY_RETURN_IF_ERROR(r.ReadInt("min_nodes", &f->min_nodes));
   TY_RETURN_IF_ERROR(r.ReadInt("max_nodes", &f->max_nodes));
@@ -157,16 +158,17 @@ absl::Status ReadFaultTolerance(FieldReader& r, FaultToleranceSpec* f) {
 absl::Status CheckUnusedFaultToleranceFields(const FieldReader& r, const JobSpec& spec) {
   const FaultToleranceSpec& f = spec.fault_tolerance;
   if (f.straggler_margin == 0 && r.Has("straggler_window")) {
-    return r.ErrorAt("straggler_window",
-                     "only used by straggler detection, which straggler_margin: 0 turns off");
+    TY_RETURN_IF_ERROR(
+        r.Inert("straggler_window",
+                "only used by straggler detection, which straggler_margin: 0 turns off"));
   }
   // Only growing waits for the cool-down, and only a job with other sizes and checkpoints grows.
   const int nodes = spec.resources.nodes;
   const bool elastic = f.min_nodes < nodes || f.max_nodes > nodes;
   if (r.Has("resize_cooldown_s") && !(elastic && spec.checkpoint.enabled())) {
-    return r.ErrorAt("resize_cooldown_s",
-                     "only used by a job that may grow: min_nodes below or max_nodes above "
-                     "resources.nodes, with checkpoint.dir");
+    TY_RETURN_IF_ERROR(r.Inert("resize_cooldown_s",
+                               "only used by a job that may grow: min_nodes below or max_nodes "
+                               "above resources.nodes, with checkpoint.dir"));
   }
   return absl::OkStatus();
 }

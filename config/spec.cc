@@ -125,14 +125,14 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   TY_RETURN_IF_ERROR(ReadChoice(r, "balance", "balance rule", {"aux_loss", "bias"}, &balance));
   moe->balance = balance == 0 ? MoeBalance::kAuxLoss : MoeBalance::kBias;
   if (moe->balance == MoeBalance::kBias && r.Has("aux_loss_coeff")) {
-    return r.ErrorAt("aux_loss_coeff",
-                     "only used with balance: aux_loss (this model balances "
-                     "its experts with a selection bias)");
+    TY_RETURN_IF_ERROR(r.Inert("aux_loss_coeff",
+                               "only used with balance: aux_loss (this model balances "
+                               "its experts with a selection bias)"));
   }
   if (moe->balance == MoeBalance::kAuxLoss && r.Has("bias_update_rate")) {
-    return r.ErrorAt("bias_update_rate",
-                     "only used with balance: bias (this model balances its experts with an "
-                     "auxiliary loss)");
+    TY_RETURN_IF_ERROR(r.Inert("bias_update_rate",
+                               "only used with balance: bias (this model balances its experts "
+                               "with an auxiliary loss)"));
   }
   TY_RETURN_IF_ERROR(r.ReadFloat("aux_loss_coeff", &moe->aux_loss_coeff));
   TY_RETURN_IF_ERROR(r.ReadFloat("bias_update_rate", &moe->bias_update_rate));
@@ -169,7 +169,8 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
     m.ffn_hidden = 4 * m.width;
   }
   if (gpt2 && r.Has("rope_theta")) {
-    return r.ErrorAt("rope_theta", "only the llama family uses rotary position embeddings");
+    TY_RETURN_IF_ERROR(
+        r.Inert("rope_theta", "only the llama family uses rotary position embeddings"));
   }
   if (std::optional<FieldReader> moe = r.Child("moe")) {
     TY_RETURN_IF_ERROR(ReadMoe(*moe, m.ffn_hidden, &m.moe));
@@ -194,15 +195,17 @@ absl::Status CheckUnusedDataFields(FieldReader& r, const DataSpec& d) {
   if (d.source == "markov") {
     for (const char* key : {"path", "val_path", "val_fraction"}) {
       if (r.Has(key)) {
-        return r.ErrorAt(key,
-                         "not used when source is markov (the chain generates its own "
-                         "validation stream, sized by markov.val_tokens)");
+        TY_RETURN_IF_ERROR(r.Inert(key,
+                                   "not used when source is markov (the chain generates its own "
+                                   "validation stream, sized by markov.val_tokens)"));
       }
     }
   } else if (d.source == "bin" || d.source == "text") {
-    if (r.Has("markov")) return r.ErrorAt("markov", "only used when source is markov");
+    if (r.Has("markov")) {
+      TY_RETURN_IF_ERROR(r.Inert("markov", "only used when source is markov"));
+    }
     if (r.Has("val_path") && r.Has("val_fraction")) {
-      return r.ErrorAt("val_fraction", "not used when val_path is given");
+      TY_RETURN_IF_ERROR(r.Inert("val_fraction", "not used when val_path is given"));
     }
   }
   return absl::OkStatus();
@@ -227,24 +230,23 @@ absl::Status CheckUnusedTrainingFields(const FieldReader& r, const TrainingSpec&
     for (const char* key : {"sample_tokens", "sample_prompt", "sample_prompt_tokens",
                             "sample_temperature", "sample_top_k"}) {
       if (r.Has(key)) {
-        return r.ErrorAt(key,
-                         "only used when sample_every is positive (this job draws no samples)");
+        TY_RETURN_IF_ERROR(
+            r.Inert(key, "only used when sample_every is positive (this job draws no samples)"));
       }
     }
-  }
-  if (t.sample_temperature == 0 && r.Has("sample_top_k")) {
-    return r.ErrorAt("sample_top_k",
-                     "not used when sample_temperature is 0 (greedy sampling takes the most "
-                     "likely token)");
+  } else if (t.sample_temperature == 0 && r.Has("sample_top_k")) {
+    TY_RETURN_IF_ERROR(r.Inert("sample_top_k",
+                               "not used when sample_temperature is 0 (greedy sampling takes "
+                               "the most likely token)"));
   }
   if (t.eval_every == 0 && r.Has("eval_batches")) {
-    return r.ErrorAt("eval_batches",
-                     "only used when eval_every is positive (this job never evaluates)");
+    TY_RETURN_IF_ERROR(r.Inert("eval_batches",
+                               "only used when eval_every is positive (this job never evaluates)"));
   }
   if (t.schedule == "constant" && r.Has("min_lr_ratio")) {
-    return r.ErrorAt("min_lr_ratio",
-                     "not used with schedule: constant (the learning rate stays at lr after "
-                     "warmup)");
+    TY_RETURN_IF_ERROR(r.Inert("min_lr_ratio",
+                               "not used with schedule: constant (the learning rate stays at lr "
+                               "after warmup)"));
   }
   return absl::OkStatus();
 }
@@ -329,7 +331,8 @@ absl::StatusOr<JobSpec> ReadJobSpec(FieldReader& top) {
   TY_RETURN_IF_ERROR(ReadRunSections(top, &spec));
   // Threads size the CPU backend only (worker/parallel/placement.cc): a GPU rank ignores them.
   if (training && training->Has("threads") && spec.resources.kind == DeviceKind::kGpu) {
-    return training->ErrorAt("threads", "only used by CPU ranks (resources.kind is gpu)");
+    TY_RETURN_IF_ERROR(
+        training->Inert("threads", "only used by CPU ranks (resources.kind is gpu)"));
   }
   return spec;
 }
@@ -351,25 +354,39 @@ YamlMark LocateProblem(const SpecProblem& problem, const SpecLocations& location
   return locations.Find(problem.path);
 }
 
-}  // namespace
-
-std::string DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kGpu ? "gpu" : "cpu"; }
-
-absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name,
-                                     const SpecLimits& limits) {
+absl::StatusOr<JobSpec> Parse(std::string_view yaml_text, std::string_view source_name,
+                              const SpecLimits& limits, InertFields* inert) {
   if (std::optional<TextProblem> bad = FindTextProblem(yaml_text)) {
     return LocatedError(source_name, YamlMark{bad->line, bad->column}, "", bad->what);
   }
   TY_ASSIGN_OR_RETURN(const YamlNode root,
                       ParseYamlTree(yaml_text, source_name, YamlLimits{kMaxSpecBytes, kMaxDepth}));
   SpecLocations locations;
-  FieldReader top(root, "", std::string(source_name), &locations);
+  FieldReader top(root, "", std::string(source_name), &locations, inert);
   TY_ASSIGN_OR_RETURN(JobSpec spec, ReadJobSpec(top));
   ResolveAutomaticMesh(&spec);
   if (std::optional<SpecProblem> problem = FindSpecProblem(spec, limits)) {
     return LocatedError(source_name, LocateProblem(*problem, locations), problem->path,
                         problem->reason);
   }
+  return spec;
+}
+
+}  // namespace
+
+std::string DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kGpu ? "gpu" : "cpu"; }
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name,
+                                     const SpecLimits& limits) {
+  InertFields refused;
+  return Parse(yaml_text, source_name, limits, &refused);
+}
+
+absl::StatusOr<JobSpec> ParseStoredJobSpec(std::string_view yaml_text, std::string_view source_name,
+                                           std::vector<std::string>* ignored) {
+  InertFields inert{.refuse = false};
+  absl::StatusOr<JobSpec> spec = Parse(yaml_text, source_name, SpecLimits(), &inert);
+  if (ignored != nullptr) *ignored = std::move(inert.ignored);
   return spec;
 }
 

@@ -256,6 +256,14 @@ struct SpecLimits {
                                                    std::string_view source_name = "<spec>",
                                                    const SpecLimits& limits = SpecLimits());
 
+// A spec read back: from the job store, or by a worker from its coordinator. It was accepted when
+// it was submitted, perhaps by an older build, so fields written where they have no effect (which
+// ParseJobSpec refuses as mistakes) are ignored instead, each listed in `ignored` as
+// "<field.path>: <reason>". Every other check holds; the roots were checked at submission.
+[[nodiscard]] absl::StatusOr<JobSpec> ParseStoredJobSpec(
+    std::string_view yaml_text, std::string_view source_name,
+    std::vector<std::string>* ignored = nullptr);
+
 // Reads `path` from `fs` and parses it, naming the file in errors. A missing file is NOT_FOUND;
 // a file over 1 MiB is INVALID_ARGUMENT without being read.
 [[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(FileSystem& fs, const std::string& path,

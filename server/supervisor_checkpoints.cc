@@ -42,7 +42,7 @@ void Supervisor::RestoreCheckpointsLocked(std::vector<JobCheckpoint> checkpoints
     if (!policy.recorded) {
       // Stored before schema 2. The spec passed validation when it was submitted; roots that
       // changed since do not matter for reading its checkpoint section.
-      absl::StatusOr<config::JobSpec> spec = config::ParseJobSpec(entry.job.spec_yaml, id);
+      absl::StatusOr<config::JobSpec> spec = config::ParseStoredJobSpec(entry.job.spec_yaml, id);
       if (spec.ok()) {
         policy = CheckpointSettingsFromSpec(spec->checkpoint);
       } else {

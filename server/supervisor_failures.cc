@@ -31,6 +31,18 @@ std::string Where(const AttemptRecord& attempt, int rank) {
   return where;
 }
 
+// A stored spec, read back at restart: fields it holds without effect are logged, not refused.
+absl::StatusOr<config::JobSpec> ParseStored(const JobRecord& job) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<config::JobSpec> spec =
+      config::ParseStoredJobSpec(job.spec_yaml, job.id, &ignored);
+  for (const std::string& field : ignored) {
+    TY_LOG(WARNING) << "job " << job.id
+                    << ": stored spec field ignored, it has no effect: " << field;
+  }
+  return spec;
+}
+
 }  // namespace
 
 std::string Supervisor::EncodeAccountsLocked(const JobEntry& entry) const {
@@ -83,10 +95,10 @@ std::optional<config::JobSpec> Supervisor::ResizedSpecLocked(const config::JobSp
 void Supervisor::LoadPoliciesLocked(JobEntry& entry, const config::JobSpec* parsed) {
   // Parsing YAML is the costliest part of a submission: never twice, and not under the lock.
   absl::StatusOr<config::JobSpec> spec =
-      parsed != nullptr ? absl::StatusOr<config::JobSpec>(*parsed)
-                        : config::ParseJobSpec(entry.job.spec_yaml, entry.job.id);
+      parsed != nullptr ? absl::StatusOr<config::JobSpec>(*parsed) : ParseStored(entry.job);
   if (!spec.ok()) {
-    // Stored specs passed validation; one a newer build refuses keeps the defaults.
+    // Stored specs passed validation, and fields a newer build finds without effect are ignored;
+    // one that a newer build refuses for another reason keeps the defaults.
     TY_LOG(WARNING) << "job " << entry.job.id
                     << ": fault tolerance from defaults: " << spec.status();
     config::FaultToleranceSpec defaults;

@@ -158,7 +158,7 @@ absl::StatusOr<config::JobSpec> SpecOfAttempt(const v1::JoinReply& reply,
                                               const CoordinatedOptions& options) {
   TY_ASSIGN_OR_RETURN(
       config::JobSpec spec,
-      config::ParseJobSpec(reply.spec_yaml(), absl::StrCat("job ", options.job_id)));
+      config::ParseStoredJobSpec(reply.spec_yaml(), absl::StrCat("job ", options.job_id)));
   std::optional<config::ParallelismSpec> told = MeshOfReply(reply, spec.parallelism);
   const int per_node = spec.resources.devices_per_node;
   if (reply.world_size() != spec.world_size() && per_node > 0 &&

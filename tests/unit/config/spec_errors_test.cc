@@ -3,6 +3,7 @@
 // also be refused quickly, and random corruptions of a good spec, which must never crash.
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -79,11 +80,6 @@ std::vector<BadSpec> MoeBadSpecs() {
        "unknown balance rule 'none'; expected aux_loss or bias"},
       {"normalize_top_k as a word", WithMoe("{experts: 4, normalize_top_k: yes}"), "4:38",
        "model.moe.normalize_top_k", "expected true or false, got 'yes'"},
-      {"aux_loss_coeff with the bias rule",
-       WithMoe("{experts: 4, balance: bias, aux_loss_coeff: 0.1}"), "4:52",
-       "model.moe.aux_loss_coeff", "only used with balance: aux_loss"},
-      {"bias_update_rate with the auxiliary loss", WithMoe("{experts: 4, bias_update_rate: 0.01}"),
-       "4:39", "model.moe.bias_update_rate", "only used with balance: bias"},
       {"negative aux_loss_coeff", WithMoe("{experts: 4, aux_loss_coeff: -0.1}"), "4:37",
        "model.moe.aux_loss_coeff", "must be zero or positive, got -0.1"},
       {"zero bias_update_rate", WithMoe("{experts: 4, balance: bias, bias_update_rate: 0}"), "4:54",
@@ -325,9 +321,6 @@ std::vector<BadSpec> RunSectionBadSpecs() {
        "4:43", "fault_tolerance.max_restarts_by_cause.flaky", "unknown field"},
       {"hang floor zero", WithSections("fault_tolerance: {hang_floor_s: 0}\n"), "4:33",
        "fault_tolerance.hang_floor_s", "must be between 1 s and 86400 s, got 0 s"},
-      {"bounds of a fixed interval",
-       WithSections("checkpoint: {dir: ckpt, every_steps: 5, min_every_steps: 2}\n"), "4:58",
-       "checkpoint.min_every_steps", "it needs every_steps: auto"},
       {"auto bounds reversed",
        WithSections("checkpoint: {dir: ckpt, min_every_steps: 50, max_every_steps: 20}\n"), "4:63",
        "checkpoint.max_every_steps", "must be between min_every_steps 50 and 1000000000, got 20"},
@@ -419,6 +412,30 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
        WithSections("resources: {nodes: 2}\nparallelism: {dp: 2}\nfault_tolerance: {min_nodes: "
                     "1, resize_cooldown_s: 10}\n"),
        "6:52", "fault_tolerance.resize_cooldown_s", "with checkpoint.dir"},
+      {"exclude_stragglers without detection",
+       WithSections("fault_tolerance: {straggler_margin: 0, exclude_stragglers: true}\n"), "4:60",
+       "fault_tolerance.exclude_stragglers", "needs straggler detection"},
+      {"keep without a checkpoint dir", WithSections("checkpoint: {resume_from: old, keep: 2}\n"),
+       "4:38", "checkpoint.keep", "needs checkpoint.dir"},
+      {"val_fraction beside val_path",
+       Base("  steps: 10\n",
+            "data:\n  source: bin\n  path: a.bin\n  val_path: b.bin\n  val_fraction: 0.1\n"),
+       "8:17", "data.val_fraction", "not used when val_path is given"},
+      {"aux_loss_coeff with the bias rule",
+       WithMoe("{experts: 4, balance: bias, aux_loss_coeff: 0.1}"), "4:52",
+       "model.moe.aux_loss_coeff", "only used with balance: aux_loss"},
+      {"bias_update_rate with the auxiliary loss", WithMoe("{experts: 4, bias_update_rate: 0.01}"),
+       "4:39", "model.moe.bias_update_rate", "only used with balance: bias"},
+      {"bounds of a fixed interval",
+       WithSections("checkpoint: {dir: ckpt, every_steps: 5, min_every_steps: 2}\n"), "4:58",
+       "checkpoint.min_every_steps", "it needs every_steps: auto"},
+      {"markov path", Base("  steps: 10\n", "data:\n  source: markov\n  path: x.bin\n"), "6:9",
+       "data.path", "not used when source is markov"},
+      {"markov block with bin",
+       Base("  steps: 10\n", "data:\n  source: bin\n  path: a.bin\n  markov: {vocab: 2}\n"), "7:11",
+       "data.markov", "only used when source is markov"},
+      {"rope on gpt2", "name: job\nmodel: {preset: gpt2-debug, rope_theta: 1e4}\n", "2:41",
+       "model.rope_theta", "only the llama family"},
   };
 }
 
@@ -466,11 +483,6 @@ std::vector<BadSpec> BadSpecs() {
       {"val_fraction zero",
        Base("  steps: 10\n", "data:\n  source: bin\n  path: a.bin\n  val_fraction: 0\n"), "7:17",
        "data.val_fraction", "must be in (0, 1)"},
-      {"markov path", Base("  steps: 10\n", "data:\n  source: markov\n  path: x.bin\n"), "6:9",
-       "data.path", "not used when source is markov"},
-      {"markov block with bin",
-       Base("  steps: 10\n", "data:\n  source: bin\n  path: a.bin\n  markov: {vocab: 2}\n"), "7:11",
-       "data.markov", "only used when source is markov"},
       {"markov vocab over model vocab", Base("  steps: 10\n", "data:\n  markov: {vocab: 300}\n"),
        "5:19", "data.markov.vocab", "vocab 300 exceeds model.vocab 256"},
       {"markov with too many contexts",
@@ -498,8 +510,6 @@ std::vector<BadSpec> BadSpecs() {
        "name: job\nmodel: {family: gpt2, layers: 2, width: 64, heads: 4, vocab: 256, "
        "max_seq: 64}\n",
        "2:8", "model.ffn_hidden", "required when no preset is given"},
-      {"rope on gpt2", "name: job\nmodel: {preset: gpt2-debug, rope_theta: 1e4}\n", "2:41",
-       "model.rope_theta", "only the llama family"},
       {"unknown field typo", Base("  stpes: 10\n"), "5:3", "training.stpes",
        "unknown field; did you mean 'steps'?"},
       {"unknown top-level field", "name: job\nmodel: {preset: gpt2-debug}\ntrainig: {}\n", "3:1",
@@ -563,6 +573,45 @@ TEST(SpecErrorsTest, EachBadSampleSpecNamesFieldAndPosition) {
 
 TEST(SpecErrorsTest, EachFieldWithoutEffectIsRefusedNamingIt) {
   for (const BadSpec& bad : UnusedFieldBadSpecs()) ExpectRefused(bad);
+}
+
+// A spec read back from the job store (or by a worker from its coordinator) may have been
+// accepted by a build that did not refuse fields without effect yet: it keeps parsing, and each
+// such field is named.
+TEST(SpecErrorsTest, AStoredSpecIgnoresFieldsWithoutEffectAndNamesThem) {
+  for (const BadSpec& bad : UnusedFieldBadSpecs()) {
+    std::vector<std::string> ignored;
+    absl::StatusOr<JobSpec> spec = ParseStoredJobSpec(bad.yaml, "job 7", &ignored);
+    ASSERT_TRUE(spec.ok()) << bad.label << ": " << spec.status();
+    ASSERT_EQ(ignored.size(), 1u) << bad.label;
+    EXPECT_TRUE(absl::StartsWith(ignored[0], bad.path + ": ")) << ignored[0];
+    EXPECT_TRUE(absl::StrContains(ignored[0], bad.reason_part)) << ignored[0];
+  }
+  std::vector<std::string> ignored;
+  absl::StatusOr<JobSpec> spec = ParseStoredJobSpec(
+      Base("  steps: 10\n  eval_every: 0\n  eval_batches: 2\n  schedule: constant\n"
+           "  min_lr_ratio: 0.1\n"),
+      "job 7", &ignored);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(ignored.size(), 2u);
+  EXPECT_TRUE(absl::StartsWith(ignored[0], "training.eval_batches: ")) << ignored[0];
+  EXPECT_TRUE(absl::StartsWith(ignored[1], "training.min_lr_ratio: ")) << ignored[1];
+  EXPECT_EQ(spec->training.steps, 10);
+}
+
+// Only fields without effect are let through: every other refusal holds for a stored spec.
+TEST(SpecErrorsTest, AStoredSpecIsRefusedForEverythingElse) {
+  for (const std::vector<BadSpec>& cases :
+       {BadSpecs(), RunSectionBadSpecs(), SampleBadSpecs(), MoeBadSpecs()}) {
+    for (const BadSpec& bad : cases) {
+      std::vector<std::string> ignored;
+      absl::StatusOr<JobSpec> spec = ParseStoredJobSpec(bad.yaml, "job 7", &ignored);
+      ASSERT_FALSE(spec.ok()) << bad.label;
+      EXPECT_TRUE(absl::StrContains(spec.status().message(), bad.reason_part))
+          << bad.label << ": " << spec.status();
+      EXPECT_TRUE(ignored.empty()) << bad.label << ": " << ignored[0];
+    }
+  }
 }
 
 TEST(SpecErrorsTest, TheSameFieldsAreAcceptedWhereTheyTakeEffect) {

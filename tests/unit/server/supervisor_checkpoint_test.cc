@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
+#include "config/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/supervisor.h"
@@ -324,6 +326,28 @@ TEST_F(SupervisorCheckpointTest, PolicyOfAJobStoredBeforeItWasRecordedIsDerivedF
   old.id = JobIdForSeq(41);
   old.name = "old";
   old.spec_yaml = CheckpointedSpec("old", "7");
+  old.state = JobState::kSucceeded;
+  old.requirements.checkpoint.recorded = false;
+  StoreBatch batch;
+  batch.new_jobs.push_back(&old);
+  ASSERT_TRUE(store_->Commit(batch).ok());
+  Restart();
+  const CheckpointSettings policy = View(old.id).job.requirements.checkpoint;
+  EXPECT_EQ(policy.dir, "ckpt/old");
+  EXPECT_EQ(policy.every_steps, 7);
+}
+
+// A build that did not refuse fields without effect yet stored this spec. Read back after an
+// upgrade, the field is ignored, and the job's policy still comes from its spec.
+TEST_F(SupervisorCheckpointTest, AStoredFieldWithoutEffectDoesNotLoseThePolicy) {
+  JobRecord old;
+  old.seq = 42;
+  old.id = JobIdForSeq(42);
+  old.name = "old";
+  old.spec_yaml =
+      absl::StrReplaceAll(CheckpointedSpec("old", "7"),
+                          {{"seq_len: 16}", "seq_len: 16, eval_every: 0, eval_batches: 2}"}});
+  ASSERT_FALSE(config::ParseJobSpec(old.spec_yaml).ok());  // refused if submitted today
   old.state = JobState::kSucceeded;
   old.requirements.checkpoint.recorded = false;
   StoreBatch batch;
