@@ -72,6 +72,36 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
   return absl::StrJoin(parts, ", ");
 }
 
+// "dp 4 → 2, accumulation 1 → 2", naming each axis that changed (dp always).
+std::string MeshChange(const Mesh& from, int from_accumulation, const Mesh& to,
+                       int to_accumulation) {
+  return absl::StrCat(
+      "dp ", from.dp, " → ", to.dp,
+      to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
+      from.ep > 0 && to.ep != from.ep ? absl::StrCat(", ep ", from.ep, " → ", to.ep) : "",
+      to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
+      to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "", ", accumulation ",
+      from_accumulation, " → ", to_accumulation);
+}
+
+// The size an attempt ran at: its nodes, its mesh, and the accumulation of the job's shape with
+// that many nodes (the job's own, `own_accumulation`, at `own_nodes`).
+JobShape ShapeOfAttempt(const AttemptRecord& attempt, int own_nodes, int own_accumulation,
+                        const std::vector<JobShape>& larger, const std::vector<JobShape>& smaller) {
+  JobShape shape;
+  std::set<std::string> nodes;
+  for (const RankSlot& slot : attempt.ranks) nodes.insert(slot.node_id);
+  shape.nodes = static_cast<int>(nodes.size());
+  shape.mesh = attempt.mesh;
+  shape.accumulation = own_accumulation;
+  for (const std::vector<JobShape>* shapes : {&larger, &smaller}) {
+    for (const JobShape& s : *shapes) {
+      if (s.nodes == shape.nodes && shape.nodes != own_nodes) shape.accumulation = s.accumulation;
+    }
+  }
+  return shape;
+}
+
 }  // namespace
 
 void Supervisor::ScheduleLocked(Txn& txn) {
@@ -143,6 +173,12 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
   JobRecord& job = entry.job;
   const bool restart = job.state == JobState::kRestarting;
   const bool after_failure = restart && !entry.resized_by_choice;
+  // The shape of the attempt before this one, if any: a change of size is an event.
+  std::optional<JobShape> previous;
+  if (!entry.attempts.empty()) {
+    previous = ShapeOfAttempt(entry.attempts.back(), job.requirements.nodes,
+                              entry.full_accumulation, entry.larger_shapes, entry.smaller_shapes);
+  }
   AttemptRecord attempt;
   attempt.job_id = job.id;
   attempt.attempt_id = static_cast<int>(entry.attempts.size()) + 1;
@@ -174,28 +210,33 @@ void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankS
                                                  job.requirements.max_restarts, ")")
                                   : std::string(),
                           " placed on ", DescribePlacement(stored.ranks)));
+  const FailureSummary& failure = entry.controller.last_failure();
+  const std::string lost =
+      after_failure && failure.failure_class == FailureClassName(FailureClass::kNodeLost)
+          ? absl::StrCat(failure.node_id, " lost")
+          : "";
   if (shape) {
-    const Mesh& from = job.requirements.mesh;
-    const Mesh& to = shape->mesh;
     const bool larger = shape->nodes > job.requirements.nodes;
-    std::string why = larger ? absl::StrCat("max_nodes ", entry.max_nodes, "; the nodes were free")
-                             : absl::StrCat("min_nodes ", entry.min_nodes);
-    const FailureSummary& failure = entry.controller.last_failure();
-    if (after_failure && failure.failure_class == FailureClassName(FailureClass::kNodeLost)) {
-      why = absl::StrCat(failure.node_id, " lost; ", why);
-    }
+    const std::string why =
+        larger ? absl::StrCat("max_nodes ", entry.max_nodes, "; the nodes were free")
+               : absl::StrCat("min_nodes ", entry.min_nodes);
     AddEvent(
         txn, entry, stored.attempt_id, job.state, job.state, "resized",
-        absl::StrCat(
-            "attempt ", stored.attempt_id, " runs on ", shape->nodes,
-            larger ? " nodes, above the " : " of ", job.requirements.nodes,
-            larger ? " asked for" : " nodes", ": dp ", from.dp, " → ", to.dp,
-            to.cp != from.cp ? absl::StrCat(", cp ", from.cp, " → ", to.cp) : "",
-            from.ep > 0 && to.ep != from.ep ? absl::StrCat(", ep ", from.ep, " → ", to.ep) : "",
-            to.tp != from.tp ? absl::StrCat(", tp ", from.tp, " → ", to.tp) : "",
-            to.pp != from.pp ? absl::StrCat(", pp ", from.pp, " → ", to.pp) : "", ", accumulation ",
-            entry.full_accumulation, " → ", shape->accumulation, " (the global batch is kept; ",
-            why, ")"));
+        absl::StrCat("attempt ", stored.attempt_id, " runs on ", shape->nodes,
+                     larger ? " nodes, above the " : " of ", job.requirements.nodes,
+                     larger ? " asked for" : " nodes", ": ",
+                     MeshChange(job.requirements.mesh, entry.full_accumulation, shape->mesh,
+                                shape->accumulation),
+                     " (the global batch is kept; ", lost.empty() ? "" : lost + "; ", why, ")"));
+  } else if (previous && previous->nodes != job.requirements.nodes) {
+    // Back at the size asked for, after an attempt at another.
+    AddEvent(txn, entry, stored.attempt_id, job.state, job.state, "resized",
+             absl::StrCat("attempt ", stored.attempt_id, " runs on the ", job.requirements.nodes,
+                          " nodes asked for again, after ", previous->nodes, " in attempt ",
+                          stored.attempt_id - 1, ": ",
+                          MeshChange(previous->mesh, previous->accumulation, job.requirements.mesh,
+                                     entry.full_accumulation),
+                          " (the global batch is kept", lost.empty() ? "" : "; " + lost, ")"));
   }
   const std::string secret =
       options_.attempt_secret ? options_.attempt_secret(job.id, stored.attempt_id) : "";

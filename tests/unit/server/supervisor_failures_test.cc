@@ -997,6 +997,11 @@ fault_tolerance: {heartbeat_timeout_s: 5, backoff_initial_s: 0, min_nodes: 1,
   EXPECT_EQ(view.attempts[2].mesh.dp, 2);
   EXPECT_EQ(view.job.restarts, 1) << "growing back is not a restart after a failure";
   EXPECT_EQ(EventsOf(id, "resize").size(), 1u);
+  resized = EventsOf(id, "resized");
+  ASSERT_EQ(resized.size(), 2u);
+  EXPECT_EQ(resized[1].cause,
+            "attempt 3 runs on the 2 nodes asked for again, after 1 in attempt 2: dp 1 → 2, "
+            "accumulation 2 → 1 (the global batch is kept)");
 }
 
 // fault_tolerance.max_nodes above resources.nodes: a job starts on the one node it asked for,
