@@ -88,7 +88,8 @@ constexpr char kHelp[] =
     "\n"
     "Standalone: trains SPEC.yaml without a coordinator, every rank of a multi-rank spec as a\n"
     "local child process.\n"
-    "  --threads N               CPU threads per rank (default: the spec's training.threads)\n"
+    "  --threads N               CPU threads per rank (default: the spec's training.threads);\n"
+    "                            CPU specs only\n"
     "  --collective-timeout-s S  fail a collective that waits longer than S (default 60)\n"
     "\n"
     "       trainyard-worker --coordinator HOST:PORT --job JOB --attempt N --rank R [--threads N]\n"
@@ -531,6 +532,12 @@ absl::Status Run(int argc, char** argv) {
   const Flags& flags = *parsed;
   TY_ASSIGN_OR_RETURN(config::JobSpec spec,
                       config::LoadJobSpec(*RealFileSystem(), flags.spec_path));
+  // Threads size the CPU backend only; the parent passes its choice on to the ranks it starts.
+  if (flags.rank < 0 && flags.threads > 0 && spec.resources.kind == config::DeviceKind::kGpu) {
+    return absl::InvalidArgumentError(
+        "--threads is not used with a GPU spec (resources.kind is gpu: its ranks run no CPU "
+        "threads)");
+  }
   // `parallelism: auto` is the planner's choice on this machine (every rank chooses the same).
   TY_ASSIGN_OR_RETURN(const planner::DeviceProfile device, LocalDeviceProfile(spec));
   TY_RETURN_IF_ERROR(ResolveAutoMesh(&spec, device));

@@ -141,6 +141,17 @@ TEST_F(WorkerCli, GpuJobWithoutAGpu) {
                  "cannot use a GPU");
 }
 
+// --threads sizes the CPU backend: with a GPU spec it would do nothing, so it is refused, on any
+// machine, before a device is looked for.
+TEST_F(WorkerCli, ThreadsWithAGpuSpec) {
+  ExpectBadInput(Worker({"--standalone",
+                         Write("s.yaml",
+                               "name: t\nmodel:\n  preset: gpt2-debug\n"
+                               "resources: {kind: gpu}\n"),
+                         "--threads", "2"}),
+                 "--threads is not used with a GPU spec");
+}
+
 TEST_F(WorkerCli, TrainsOnAValidShard) {
   const ProcessResult r =
       Worker({"--standalone", BinSpec(Shard("ok.bin", 20240520, 1, 5000, 5000))});
