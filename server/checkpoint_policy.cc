@@ -72,8 +72,9 @@ CheckpointPolicy::CheckpointPolicy(CheckpointPolicyOptions options)
     : options_(std::move(options)),
       evidence_failures_(options_.prior_failures),
       evidence_exposure_s_(options_.prior_failures * absl::ToDoubleSeconds(options_.node_mtbf) /
-                           options_.nodes) {
-  marks_.push_back({0, mtbf_seconds()});
+                           options_.nodes),
+      nodes_(options_.nodes) {
+  marks_.push_back({0, OwnSizeMtbf()});
 }
 
 // The planner's formulas (`trainyard plan` prints the same interval).
@@ -98,22 +99,23 @@ void CheckpointPolicy::ObserveStepTime(double seconds) {
 void CheckpointPolicy::ObserveRunning(absl::Duration exposure) {
   if (exposure < absl::ZeroDuration() || exposure == absl::InfiniteDuration()) return;
   exposure_ += exposure;
-  Expose(absl::ToDoubleSeconds(exposure));
+  const double at_own_size = absl::ToDoubleSeconds(exposure) * nodes_ / options_.nodes;
+  Expose(at_own_size);
+  clock_s_ += at_own_size;
   // The fall test: no failure for so long that P = e^(-quiet / M_then) < kChangeAlpha.
-  const double now_s = absl::ToDoubleSeconds(exposure_);
-  const double quiet_s = now_s - marks_.back().exposure_s;
-  if (quiet_s > -std::log(kChangeAlpha) * marks_.back().mtbf_s && quiet_s > mtbf_seconds()) {
+  const double quiet_s = clock_s_ - marks_.back().exposure_s;
+  if (quiet_s > -std::log(kChangeAlpha) * marks_.back().mtbf_s && quiet_s > OwnSizeMtbf()) {
     evidence_failures_ = 1;
     evidence_exposure_s_ = quiet_s;
     marks_.clear();
-    marks_.push_back({now_s, mtbf_seconds()});
+    marks_.push_back({clock_s_, OwnSizeMtbf()});
   }
 }
 
 void CheckpointPolicy::ObserveFailure() {
   ++failures_;
   evidence_failures_ += 1;
-  const double now_s = absl::ToDoubleSeconds(exposure_);
+  const double now_s = clock_s_;
   // marks_[i] starts the window of the last (size - i) failures, this one included.
   for (int n = kChangeMaxFailures; n >= kChangeMinFailures; --n) {
     if (static_cast<int>(marks_.size()) < n) continue;
@@ -126,9 +128,11 @@ void CheckpointPolicy::ObserveFailure() {
       break;
     }
   }
-  marks_.push_back({now_s, mtbf_seconds()});
+  marks_.push_back({now_s, OwnSizeMtbf()});
   while (static_cast<int>(marks_.size()) > kChangeMaxFailures) marks_.pop_front();
 }
+
+void CheckpointPolicy::RunOn(int nodes) { nodes_ = std::max(nodes, 1); }
 
 void CheckpointPolicy::Expose(double seconds) {
   // The decay rate depends on M̂, which grows while exposure accrues without failures: integrate
@@ -138,7 +142,7 @@ void CheckpointPolicy::Expose(double seconds) {
   // few. The 1 ms floor guarantees progress.
   double left = seconds;
   while (left > 0) {
-    const double half_life = options_.memory_mtbfs * mtbf_seconds();
+    const double half_life = options_.memory_mtbfs * OwnSizeMtbf();
     const double chunk = std::min(left, std::max(0.1 * half_life, 1e-3));
     const double rate = std::log(2.0) / half_life;
     const double gained = -std::expm1(-rate * chunk);  // 1 - e^(-k·chunk), exact for small ones
@@ -198,6 +202,7 @@ stored::YoungDaly CheckpointPolicy::Save() const {
   }
   saved.set_failures(failures_);
   saved.set_exposure_ns(absl::ToInt64Nanoseconds(exposure_));
+  saved.set_clock_s(clock_s_);
   return saved;
 }
 
@@ -205,7 +210,8 @@ absl::Status CheckpointPolicy::Load(const stored::YoungDaly& saved) {
   const auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
   if (!(saved.evidence_failures() > 0) || !std::isfinite(saved.evidence_failures()) ||
       !(saved.evidence_exposure_s() > 0) || !std::isfinite(saved.evidence_exposure_s()) ||
-      saved.failures() < 0 || saved.exposure_ns() < 0 ||
+      saved.failures() < 0 || saved.exposure_ns() < 0 || !(saved.clock_s() >= 0) ||
+      !std::isfinite(saved.clock_s()) ||
       !std::all_of(saved.deltas().begin(), saved.deltas().end(), finite_non_negative) ||
       !std::all_of(saved.step_times().begin(), saved.step_times().end(), finite_non_negative)) {
     return absl::InvalidArgumentError("stored Young–Daly estimates out of range");
@@ -222,6 +228,8 @@ absl::Status CheckpointPolicy::Load(const stored::YoungDaly& saved) {
   while (static_cast<int>(marks_.size()) > kChangeMaxFailures) marks_.pop_front();
   failures_ = saved.failures();
   exposure_ = absl::Nanoseconds(saved.exposure_ns());
+  // Stored before the clock was: its exposure was all counted as time at the job's own size.
+  clock_s_ = saved.clock_s() > 0 ? saved.clock_s() : absl::ToDoubleSeconds(exposure_);
   return absl::OkStatus();
 }
 

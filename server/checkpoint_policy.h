@@ -28,6 +28,10 @@
 //       10-15% high on average over time; τ ∝ √M̂ halves that, and an interval 5-7% off its
 //       optimum costs 0.1-0.2% of the checkpoint and rework overhead;
 //     * without failures M̂ grows about linearly with exposure (dM̂/dt = 1/A).
+//   Failures come from nodes, and an elastic job does not always run on its own `nodes`: exposure
+//   is counted in time at its own size, an hour on twice its nodes as two (RunOn), and M̂ is
+//   given for the size it runs at now, the estimate at its own size × nodes / nodes now. So the
+//   evidence gathered at one size carries over to another, and the interval follows the size.
 //   Forgetting alone needs about h / ln 2 failures at a new rate before M̂ follows it, and a
 //   rise is when failures cost most. So two change tests, each with a false-alarm probability
 //   of α = 10⁻³, compare what came after a past failure (or reset) with M_then, the estimate
@@ -48,8 +52,8 @@
 // only those few steps.
 //
 // Inputs that are not finite or are negative are ignored: one bad report must not move the
-// interval. The class reads no clock; times arrive as arguments. State lives in memory only: a
-// restarted coordinator starts again from the prior.
+// interval. The class reads no clock; times arrive as arguments. Save and Load carry the state
+// across a coordinator restart (the job's stored accounts).
 //
 // Threading: none; the Supervisor owns one per job under its lock.
 #ifndef TRAINYARD_SERVER_CHECKPOINT_POLICY_H_
@@ -70,7 +74,7 @@ struct CheckpointPolicyOptions {
   // Prior mean time between infrastructure failures of one node (the server's flag). 5000 h:
   // the Llama 3 report's ~466 interruptions in 54 days on 2,048 8-GPU nodes is ≈5,700 h.
   absl::Duration node_mtbf = absl::Hours(5000);
-  int nodes = 1;  // the job's node count; the job's prior MTBF is node_mtbf / nodes
+  int nodes = 1;  // the job's own node count; its prior MTBF at that size is node_mtbf / nodes
   // Weight of the prior in pseudo-failures. Small, so that a wrong prior yields to a few real
   // failures.
   double prior_failures = 1.0;
@@ -125,6 +129,9 @@ class CheckpointPolicy {
   void ObserveRunning(absl::Duration exposure);
   // An infrastructure failure ended an attempt of the job.
   void ObserveFailure();
+  // The job runs on `nodes` (at least 1) from now: an elastic attempt's size. Later exposure
+  // counts in proportion to it, and M̂ is given at it. Until called, the job's own nodes.
+  void RunOn(int nodes);
 
   // The step at which the ranks should next save: last_checkpoint_step + interval_steps, or
   // reported_step + 1 when that is already reached. nullopt until a step time is known.
@@ -134,8 +141,8 @@ class CheckpointPolicy {
   // The current estimates; see CheckpointPolicySnapshot.
   CheckpointPolicySnapshot Snapshot() const;
 
-  // M̂, in seconds.
-  double mtbf_seconds() const { return evidence_exposure_s_ / evidence_failures_; }
+  // M̂ at the size the job runs at now, in seconds.
+  double mtbf_seconds() const { return OwnSizeMtbf() * options_.nodes / nodes_; }
   // Steps between saves: Daly's τ over the step time, clamped to the spec's bounds; the early
   // first save's distance while δ is unknown; nullopt until a step time is known.
   std::optional<int64_t> IntervalSteps() const;
@@ -158,6 +165,8 @@ class CheckpointPolicy {
     double mtbf_s;
   };
 
+  // M̂ at the job's own size: the evidence, and every exposure below, counts time at that size.
+  double OwnSizeMtbf() const { return evidence_exposure_s_ / evidence_failures_; }
   // Decays the MTBF evidence over `seconds` of exposure and adds the exposure.
   void Expose(double seconds);
 
@@ -168,6 +177,8 @@ class CheckpointPolicy {
   double evidence_exposure_s_;     // B
   std::deque<Mark> marks_;         // the last kChangeMaxFailures window starts, oldest first
   int64_t failures_ = 0;
+  int nodes_;           // the nodes the job runs on now
+  double clock_s_ = 0;  // exposure so far, in seconds at the job's own size; marks_ are on it
   absl::Duration exposure_ = absl::ZeroDuration();
 };
 

@@ -123,6 +123,11 @@ absl::Status JobController::LoadCheckpointEstimates(const stored::JobAccounts& a
   return checkpoint_policy_->Load(accounts.young_daly());
 }
 
+void JobController::AttemptRunning(absl::Time since, int nodes) {
+  exposure_mark_ = since;
+  if (checkpoint_policy_) checkpoint_policy_->RunOn(nodes);
+}
+
 void JobController::RunningUntil(absl::Time now) {
   if (!checkpoint_policy_ || exposure_mark_ == absl::InfinitePast() || now <= exposure_mark_) {
     return;

@@ -100,8 +100,9 @@ class JobController {
   // The estimates kept across coordinator restarts, in the job's stored accounts.
   void SaveCheckpointEstimates(stored::JobAccounts& accounts) const;
   [[nodiscard]] absl::Status LoadCheckpointEstimates(const stored::JobAccounts& accounts);
-  // An attempt runs from `since`; Tick passes the time on (running time is failure exposure).
-  void AttemptRunning(absl::Time since) { exposure_mark_ = since; }
+  // An attempt runs from `since` on `nodes` nodes; Tick passes the time on (running time is
+  // failure exposure, in proportion to the nodes).
+  void AttemptRunning(absl::Time since, int nodes);
   void RunningUntil(absl::Time now);
   // A committed checkpoint that blocked training `blocked_seconds`; `of_current_attempt`:
   // durable progress of the attempt that runs (ProgressCommitted).

@@ -173,7 +173,9 @@ void Supervisor::WatchAttemptLocked(JobEntry& entry, const AttemptRecord& attemp
         StragglerOptions{.margin = entry.controller.fault_tolerance().straggler_margin,
                          .window = entry.controller.fault_tolerance().straggler_window});
   }
-  entry.controller.AttemptRunning(since);
+  std::set<std::string> nodes;
+  for (const RankSlot& slot : attempt.ranks) nodes.insert(slot.node_id);
+  entry.controller.AttemptRunning(since, static_cast<int>(nodes.size()));
 }
 
 void Supervisor::FailAttemptLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt,

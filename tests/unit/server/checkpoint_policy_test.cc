@@ -353,6 +353,56 @@ TEST(CheckpointPolicyTest, ValidateNamesTheBadField) {
   expect_bad(options, "first_checkpoint_steps");
 }
 
+// Failures come from nodes: on twice its own nodes a job's MTBF halves and an hour there weighs
+// as two at its own size, and the evidence carries over from one size to another.
+TEST(CheckpointPolicyTest, TheEstimateFollowsTheNodesTheJobRunsOn) {
+  CheckpointPolicyOptions options;
+  options.node_mtbf = absl::Hours(100);
+  options.nodes = 4;
+  CheckpointPolicy policy(options);
+  EXPECT_DOUBLE_EQ(policy.mtbf_seconds(), 25 * kHour);
+  policy.RunOn(2);
+  EXPECT_DOUBLE_EQ(policy.mtbf_seconds(), 50 * kHour);
+  policy.RunOn(8);
+  EXPECT_DOUBLE_EQ(policy.mtbf_seconds(), 12.5 * kHour);
+  policy.ObserveStepTime(1);
+  policy.ObserveCheckpoint(10);
+  // Daly's interval at the size it runs at now.
+  EXPECT_NEAR(*policy.Snapshot().interval_s, CheckpointPolicy::DalyInterval(10, 12.5 * kHour),
+              1e-6);
+
+  CheckpointPolicy doubled(options), own(options);
+  doubled.RunOn(8);
+  FailEvery(doubled, 3, 4);  // 12 h on 8 nodes...
+  FailEvery(own, 6, 4);      // ...weigh as 24 h on its own 4
+  doubled.RunOn(4);
+  // Equal but for the fading's integration, in steps of one report (twice as long at 8 nodes).
+  EXPECT_NEAR(doubled.mtbf_seconds(), own.mtbf_seconds(), 1e-4 * own.mtbf_seconds());
+  EXPECT_NEAR(doubled.Snapshot().effective_failures, own.Snapshot().effective_failures, 1e-3);
+  EXPECT_EQ(doubled.Snapshot().exposure, absl::Hours(12));  // the time it ran
+  EXPECT_EQ(own.Snapshot().exposure, absl::Hours(24));
+
+  // Four failures in 24 h at its own size: M̂ has left the 25 h prior for the 6 h observed.
+  EXPECT_LT(own.mtbf_seconds(), 10 * kHour);
+
+  // Saved and loaded, the size-scaled clock goes on; a record written before the clock counts
+  // its exposure as time at the job's own size.
+  CheckpointPolicy loaded(options);
+  ASSERT_TRUE(loaded.Load(doubled.Save()).ok());
+  for (CheckpointPolicy* p : {&doubled, &loaded}) {
+    p->RunOn(8);
+    FailEvery(*p, 1, 2);
+  }
+  EXPECT_DOUBLE_EQ(loaded.mtbf_seconds(), doubled.mtbf_seconds());
+  stored::YoungDaly old = own.Save();
+  old.clear_clock_s();
+  CheckpointPolicy from_old(options), from_new(options);
+  ASSERT_TRUE(from_old.Load(old).ok());
+  ASSERT_TRUE(from_new.Load(own.Save()).ok());
+  for (CheckpointPolicy* p : {&from_old, &from_new}) FailEvery(*p, 0.5, 3);
+  EXPECT_DOUBLE_EQ(from_old.mtbf_seconds(), from_new.mtbf_seconds());
+}
+
 // Saved and loaded, the estimates are the original's, and stay so under the same observations.
 TEST(CheckpointPolicyTest, SavedEstimatesLoadBackAndGoOnAsTheOriginal) {
   CheckpointPolicy original(PriorOf(10));

@@ -175,7 +175,7 @@ TEST(JobControllerTest, YoungDalyCountsRunningTimeAndInfrastructureFailuresAndIs
   controller.Configure(Policy());
   controller.ChooseCheckpoints(options);
   const AttemptRecord attempt = Attempt(1, 1);
-  controller.AttemptRunning(kT0);
+  controller.AttemptRunning(kT0, 1);
   controller.RunningUntil(kT0 + absl::Minutes(30));
   controller.Record(Crash(0, kT0 + absl::Hours(1)), attempt, kT0 + absl::Hours(1));
   controller.Record({.failure_class = FailureClass::kUserError,

@@ -1077,7 +1077,11 @@ fault_tolerance: {max_nodes: 2, resize_cooldown_s: 0}
   EXPECT_TRUE(EventsOf(id, "resize_requested").empty());
 }
 
+// Failures come from nodes: on twice the nodes it asked for, a job has half the MTBF, and its
+// Young–Daly interval is chosen for that.
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyStartsOnMoreNodesThanAskedWhenTheyAreFree) {
+  options_.node_mtbf = absl::Hours(1);
+  Restart();
   Agent a = Connect("node-a", 1);
   Agent b = Connect("node-b", 1);
   const std::string id = Submit(R"(name: wide
@@ -1085,6 +1089,7 @@ model: {preset: gpt2-debug}
 data: {source: markov}
 training: {steps: 1000, warmup_steps: 1, batch: 8, seq_len: 16}
 resources: {nodes: 1, devices_per_node: 1}
+checkpoint: {dir: ckpt/wide, every_steps: auto}
 fault_tolerance: {max_nodes: 2}
 )");
   const JobView view = View(id);
@@ -1094,6 +1099,9 @@ fault_tolerance: {max_nodes: 2}
   auto joins = JoinAll(id, 1, 2);
   ASSERT_TRUE(joins[1].ok()) << joins[1].status();
   EXPECT_EQ(joins[1]->world_size, 2);
+  const std::optional<YoungDalyView> young_daly = View(id).job.health.young_daly;
+  ASSERT_TRUE(young_daly.has_value());
+  EXPECT_NEAR(young_daly->mtbf_s, 1800, 1e-6);  // the node's hour over 2 nodes
 }
 
 TEST_F(SupervisorFailurePolicyTest, ElasticPolicyGrowsAtMostOncePerCooldownWhileANodeFlaps) {
