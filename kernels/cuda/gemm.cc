@@ -101,6 +101,7 @@ Gemm::~Gemm() {
 
 absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (auto it = no_algorithm_.find(key); it != no_algorithm_.end()) return it->second;
   const auto [act_align, transa, transb, M, N, K, epi, d_fp32, accumulate, ld_n] = key;
   const DType act = static_cast<DType>(act_align & 0xff);
   const uint32_t align = static_cast<uint32_t>((act_align & kAlignMask) >> 8);
@@ -178,10 +179,13 @@ absl::StatusOr<const Gemm::Plan*> Gemm::GetPlan(const Key& key) {
                                      plan->b, plan->d, plan->d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    return absl::UnimplementedError(
+    absl::Status none = absl::UnimplementedError(
         absl::StrCat("cuBLASLt has no algorithm for ", fp8 ? "FP8 to " : "", DTypeName(act),
                      d_fp32 ? " (fp32 out)" : "", " M=", M, " N=", N, " K=", K, " transa=", transa,
                      " transb=", transb, " epilogue=", epi, " alignment=", align));
+    // Asked again every step otherwise (SupportsGeluEpilogue's probe, for each layer).
+    no_algorithm_.emplace(key, none);
+    return none;
   }
   plan->algo = result.algo;
   const Plan* raw = plan.get();

@@ -131,6 +131,7 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, absl::Status> no_algorithm_;  // shapes the heuristic found nothing for
 };
 
 }  // namespace trainyard::kernels::cuda
