@@ -60,6 +60,16 @@ std::string Mesh(const v1::Mesh& m) {
                       m.pp(), ", ZeRO-", m.zero_stage());
 }
 
+// The attempt's mesh and ranks, and the spec's ranks where an elastic attempt runs on others.
+std::string MeshRow(const v1::Mesh& m, int spec_ranks) {
+  const int64_t ranks = int64_t{m.dp()} * std::max(m.cp(), 1) * m.tp() * m.pp();
+  std::string row = absl::StrCat(Mesh(m), ", ", ranks > 0 ? ranks : spec_ranks, " ranks");
+  if (ranks > 0 && ranks != spec_ranks) {
+    absl::StrAppend(&row, " (resized: the spec asks for ", spec_ranks, ")");
+  }
+  return row;
+}
+
 // A rank that exited badly on its own; one that ended after a stop order (a cancel, a drain, the
 // end of its attempt after another rank failed) is not a failure.
 bool Failed(const v1::RankExit& exit) {
@@ -362,7 +372,7 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
                                            job.max_restarts(), " allowed)")});
   if (reply.attempts_size() > 0) {
     const v1::Attempt& current = reply.attempts(reply.attempts_size() - 1);
-    rows.push_back({"mesh", absl::StrCat(Mesh(current.mesh()), ", ", job.world_size(), " ranks")});
+    rows.push_back({"mesh", MeshRow(current.mesh(), job.world_size())});
     std::vector<std::string> places;
     for (const v1::RankPlacement& place : current.placement()) {
       places.push_back(

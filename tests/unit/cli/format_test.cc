@@ -196,10 +196,25 @@ TEST(FormatTest, ReportNamesContextParallelismOnlyWhenTheMeshHasIt) {
   mesh->set_cp(2);
   EXPECT_THAT(JobReport(reply, 0),
               HasSubstr("mesh        dp 2 × cp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+  mesh->set_dp(4);
   mesh->set_cp(1);
-  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 4 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
   mesh->set_cp(0);
-  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("mesh        dp 4 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
+}
+
+// An elastic attempt on fewer (or more) ranks than the spec's shows its own, and the spec's.
+TEST(FormatTest, ReportShowsTheRanksOfAResizedAttempt) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  reply.mutable_job()->set_world_size(4);
+  v1::Mesh* mesh = reply.add_attempts()->mutable_mesh();
+  mesh->set_dp(2);
+  mesh->set_tp(1);
+  mesh->set_pp(1);
+  EXPECT_THAT(JobReport(reply, 0),
+              HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 2 ranks (resized: the spec "
+                        "asks for 4)\n"));
 }
 
 TEST(FormatTest, QueuedJobsSayWhyTheyWait) {
