@@ -9,8 +9,8 @@
 // memory reported). Nodes that connect later may be smaller: the scheduler places a job only on
 // nodes that hold RankMemoryNeed (server/scheduler.h), so it waits, saying why, rather than land
 // where it cannot fit. With no such node connected (or none reporting its memory),
-// the memory is unknown: the job is accepted unchecked, `auto` chooses with the profile's own
-// memory, and the note says so.
+// the memory is unknown: the job is accepted unchecked, `auto` chooses by speed alone (memory
+// unbounded), and the note says so.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_SERVER_MESH_ADVISOR_H_

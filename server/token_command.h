@@ -1,10 +1,11 @@
 // `trainyard-server token`: manages the coordinator's token file (server/auth.h), which the
 // coordinator re-reads whenever it changes, so additions and revocations take effect at once.
 //
-//   trainyard-server token add USER [--role user|admin|agent] [--expires-in 30d]
+//   trainyard-server token add USER [--role user|admin|agent] [--nodes GLOB] [--expires-in 30d]
 //                              [--certificate NAME] [--tokens FILE | --state-dir DIR]
 //       prints a new token (it is shown once: only its hash is stored); with --certificate it
-//       maps a client certificate's common name to USER instead and prints nothing
+//       maps a client certificate's common name to USER instead and prints nothing; --nodes
+//       (agent credentials only) binds it to the node ids the glob matches
 //   trainyard-server token revoke USER [--tokens FILE | --state-dir DIR]
 //       removes every credential of USER
 //   trainyard-server token list [--tokens FILE | --state-dir DIR]
