@@ -185,14 +185,20 @@ TEST(FormatTest, ReportNamesTheFailedRankNodeExitAndLastLogLines) {
 
 // A context-parallel mesh names cp; one without (cp 1, or 0 from an older coordinator) reads as
 // before.
-TEST(FormatTest, ReportNamesContextParallelismOnlyWhenTheMeshHasIt) {
-  v1::GetJobReply reply;
-  *reply.mutable_job() = RunningJob();
-  reply.mutable_job()->set_world_size(4);
-  v1::Mesh* mesh = reply.add_attempts()->mutable_mesh();
+// A running job of 4 ranks in the spec whose attempt runs on dp 2 × tp 1 × pp 1.
+v1::Mesh* JobOfFourRanksOnDp2(v1::GetJobReply* reply) {
+  *reply->mutable_job() = RunningJob();
+  reply->mutable_job()->set_world_size(4);
+  v1::Mesh* mesh = reply->add_attempts()->mutable_mesh();
   mesh->set_dp(2);
   mesh->set_tp(1);
   mesh->set_pp(1);
+  return mesh;
+}
+
+TEST(FormatTest, ReportNamesContextParallelismOnlyWhenTheMeshHasIt) {
+  v1::GetJobReply reply;
+  v1::Mesh* mesh = JobOfFourRanksOnDp2(&reply);
   mesh->set_cp(2);
   EXPECT_THAT(JobReport(reply, 0),
               HasSubstr("mesh        dp 2 × cp 2 × tp 1 × pp 1, ZeRO-0, 4 ranks"));
@@ -206,12 +212,7 @@ TEST(FormatTest, ReportNamesContextParallelismOnlyWhenTheMeshHasIt) {
 // An elastic attempt on fewer (or more) ranks than the spec's shows its own, and the spec's.
 TEST(FormatTest, ReportShowsTheRanksOfAResizedAttempt) {
   v1::GetJobReply reply;
-  *reply.mutable_job() = RunningJob();
-  reply.mutable_job()->set_world_size(4);
-  v1::Mesh* mesh = reply.add_attempts()->mutable_mesh();
-  mesh->set_dp(2);
-  mesh->set_tp(1);
-  mesh->set_pp(1);
+  JobOfFourRanksOnDp2(&reply);
   EXPECT_THAT(JobReport(reply, 0),
               HasSubstr("mesh        dp 2 × tp 1 × pp 1, ZeRO-0, 2 ranks (resized: the spec "
                         "asks for 4)\n"));
