@@ -268,6 +268,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
           absl::StrCat("--agent-memory-tier-mb: expected a whole number of MiB (0: no tier), got ",
                        flags.agent_memory_tier_mb));
     }
+    if (flags.agent_memory_tier_mb == 0) {
+      constexpr std::string_view kTierFlags[] = {"agent-memory-tier-dir"};
+      TY_RETURN_IF_ERROR(RefuseGiven(
+          line, kTierFlags, " configures the memory tier: --agent-memory-tier-mb 0 has none"));
+    }
   }
   if (line.Has("log-level")) {
     TY_ASSIGN_OR_RETURN(const LogLevel level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));

@@ -165,6 +165,11 @@ absl::StatusOr<AgentOptions> ParseFlags(int argc, char** argv) {
                        options.memory_tier_mb));
     }
   }
+  if (options.memory_tier_mb == 0) {
+    constexpr std::string_view kTierFlags[] = {"memory-tier-dir", "memory-tier-port"};
+    TY_RETURN_IF_ERROR(
+        RefuseGiven(line, kTierFlags, " configures the memory tier: --memory-tier-mb 0 has none"));
+  }
   options.memory_tier_port = absl::GetFlag(FLAGS_memory_tier_port);
   if (options.memory_tier_port < 0 || options.memory_tier_port > 65535) {
     return absl::InvalidArgumentError(

@@ -595,5 +595,40 @@ TEST(ServerFlagsTest, TheLocalAgentsFlagsAreRefusedWithoutIt) {
   std::filesystem::remove_all(std::filesystem::path(state).parent_path(), ignored);
 }
 
+// A budget of 0 turns the memory tier off: its folder and port then configure nothing, and are
+// refused by name (the agent's, and the coordinator's local agent's), before anything starts.
+// With a budget they are accepted as before.
+TEST(ServerFlagsTest, TheMemoryTiersFlagsAreRefusedWithoutATier) {
+  const std::string scratch = MakeScratchDir("tier_flags").string();
+  const std::string agent = BinaryDir() + "/server/agent/trainyard-agent";
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--memory-tier-dir", scratch + "/tier"}, {"--memory-tier-port", "7100"}}) {
+    ProcessResult refused = RunProcess(
+        {agent, "--coordinator", "127.0.0.1:1", "--memory-tier-mb", "0", flag, value}, 30);
+    EXPECT_EQ(refused.exit_code, 2) << flag << ": " << refused.err;
+    EXPECT_THAT(refused.err,
+                HasSubstr(flag + " configures the memory tier: --memory-tier-mb 0 has none"));
+  }
+  const std::string server = BinaryDir() + "/server/trainyard-server";
+  ProcessResult refused =
+      RunProcess({server, "--agent-memory-tier-mb", "0", "--agent-memory-tier-dir",
+                  scratch + "/tier", "--state-dir", scratch + "/state"},
+                 30);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("--agent-memory-tier-dir configures the memory tier: "
+                                     "--agent-memory-tier-mb 0 has none"));
+  EXPECT_FALSE(std::filesystem::exists(scratch + "/state/server.addr"));
+  // With a budget, the agent reads the tier's flags and goes on to the check after them: the
+  // TLS flags, here incomplete, so that it stops before it starts anything.
+  ProcessResult accepted = RunProcess(
+      {agent, "--coordinator", "127.0.0.1:1", "--memory-tier-mb", "1", "--memory-tier-dir",
+       scratch + "/tier", "--memory-tier-port", "7100", "--tls-ca", scratch + "/ca.crt"},
+      30);
+  EXPECT_EQ(accepted.exit_code, 2) << accepted.err;
+  EXPECT_THAT(accepted.err, HasSubstr("mutual TLS needs")) << accepted.err;
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+}
+
 }  // namespace
 }  // namespace trainyard::testenv
