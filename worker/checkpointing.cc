@@ -1,6 +1,7 @@
 #include "worker/checkpointing.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -98,8 +99,8 @@ absl::StatusOr<checkpoint::RankState> Checkpointer::LoadMemorySnapshot(
 absl::StatusOr<std::optional<std::string>> Checkpointer::RestoreFromMemory(
     TrainState& state, std::optional<int64_t> disk_step) {
   if (tier_ != nullptr && tier_dir_.empty()) {
-    // Room for this rank's snapshots (and its manifest), reserved before anything is written.
-    absl::StatusOr<std::string> dir = tier_->Reserve(4 * SnapshotFloats(state) + 65536);
+    // Reserved before anything is written.
+    absl::StatusOr<std::string> dir = tier_->Reserve(MemoryReservation(state));
     if (dir.ok()) {
       tier_dir_ = *dir;
     } else {
@@ -310,32 +311,62 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
             if (copy) told_step_ = step;  // after uncopied_step_, which MemoryCopyPending reads
             if (copying.ok()) {
               memory_failures_ = 0;
+              memory_pause_ns_ = kMemoryPauseFirstNs;
               return absl::OkStatus();
             }
             // The agent that owns the tier did not take it (it restarted, or is gone): nothing
-            // would prune this snapshot, so it goes, and after a few such failures the rank
-            // stops snapshotting.
+            // would prune this snapshot, so it goes.
             const std::string dir = checkpoint::JoinPath(tier_dir_, snapshot);
             for (const std::string& file : files) {
               (void)fs_->RemoveFile(checkpoint::JoinPath(dir, file));
             }
             (void)fs_->RemoveDir(dir);  // when no other rank's files are in it
-            if (++memory_failures_ == kMemoryFailuresTolerated) {
-              TY_LOG(WARNING) << "rank " << rank_.rank << " stops its memory snapshots: its "
-                              << "node's agent did not take " << kMemoryFailuresTolerated
-                              << " in a row (" << copying.status().message() << ")";
-            }
+            memory_reserve_again_ = true;
+            MemoryFailed(copying.status());
             return copying.status();
           }});
 }
 
+int64_t Checkpointer::MemoryReservation(const TrainState& state) const {
+  return 4 * SnapshotFloats(state) + 65536;
+}
+
+void Checkpointer::MemoryFailed(const absl::Status& why) {
+  if (++memory_failures_ < kMemoryFailuresTolerated) return;
+  const int64_t pause = memory_pause_ns_;
+  memory_paused_until_ns_ = clock_->NowNanosMonotonic() + pause;
+  memory_pause_ns_ = std::min(2 * pause, kMemoryPauseMostNs);
+  TY_LOG(WARNING) << "rank " << rank_.rank << " pauses its memory snapshots for " << pause / 1e9
+                  << " s: its node's agent did not take " << memory_failures_ << " in a row ("
+                  << why.message() << ")";
+}
+
 bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps, int64_t interval) const {
-  return memory_writer_ != nullptr && memory_failures_ < kMemoryFailuresTolerated &&
+  return memory_writer_ != nullptr &&
+         (memory_failures_ < kMemoryFailuresTolerated ||
+          clock_->NowNanosMonotonic() >= memory_paused_until_ns_) &&
          state.step < total_steps && interval > 0 && state.step % interval == 0;
 }
 
 absl::Status Checkpointer::SaveToMemory(const TrainState& state, bool copy) {
   if (memory_writer_ == nullptr) return absl::FailedPreconditionError("no memory tier");
+  if (memory_reserve_again_.exchange(false)) {
+    // A refused commit: the agent may have restarted, with no reservation for this rank, and
+    // cleared its tier. The same folder, reserved again, takes the snapshots as before.
+    absl::StatusOr<std::string> dir = tier_->Reserve(MemoryReservation(state));
+    if (dir.ok() && *dir != tier_dir_) {  // the writer cannot follow: no more snapshots
+      memory_failures_ = kMemoryFailuresTolerated;
+      memory_paused_until_ns_ = std::numeric_limits<int64_t>::max();
+      TY_LOG(WARNING) << "rank " << rank_.rank << " stops its memory snapshots: its node's tier "
+                      << "moved from " << tier_dir_ << " to " << *dir;
+      return absl::FailedPreconditionError("the memory tier moved");
+    }
+    if (!dir.ok()) {
+      memory_reserve_again_ = true;
+      MemoryFailed(dir.status());
+      return Annotate(dir.status(), "reserving the rank's room in the memory tier again");
+    }
+  }
   const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
   absl::Status saved =
       memory_writer_->Save(state.step, Header(state), Records(ranges), [&](float* host) {

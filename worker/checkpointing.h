@@ -133,9 +133,21 @@ class Checkpointer {
   std::string tier_dir_;  // the job's directory in the tier, once reserved
   std::unique_ptr<checkpoint::CheckpointWriter> memory_writer_;
   std::function<absl::Status()> commit_guard_;
-  // Memory snapshots in a row the agent did not take (the writer's thread counts them).
+  // Memory snapshots in a row the agent did not take. After kMemoryFailuresTolerated the rank
+  // pauses its snapshots for kMemoryPauseFirstNs, and twice as long after each pause that ends
+  // in another failure (up to kMemoryPauseMostNs). Before the next one it reserves its room in
+  // the tier again: an agent that restarted under the rank holds no reservation for it.
   static constexpr int kMemoryFailuresTolerated = 3;
+  static constexpr int64_t kMemoryPauseFirstNs = 5'000'000'000;
+  static constexpr int64_t kMemoryPauseMostNs = 300'000'000'000;
   std::atomic<int> memory_failures_{0};
+  std::atomic<int64_t> memory_paused_until_ns_{0};
+  std::atomic<int64_t> memory_pause_ns_{kMemoryPauseFirstNs};
+  std::atomic<bool> memory_reserve_again_{false};
+  // Counts a snapshot the tier did not take, and pauses the snapshots after too many.
+  void MemoryFailed(const absl::Status& why);
+  // Room for this rank's snapshots (and its manifest) in the tier, in bytes.
+  int64_t MemoryReservation(const TrainState& state) const;
   // Steps of the newest snapshot to copy handed to the writer, and of the newest one whose commit
   // the agent was told of (or refused).
   std::atomic<int64_t> copy_step_{-1};

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -106,29 +109,79 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
   return config;
 }
 
-// The progress relay's server, on the port it had before this agent restarted when it can: the
-// workers it adopts know only that address (their TRAINYARD_PROGRESS_RELAY).
-absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRelay* relay,
-                                                                      const std::string& work_dir) {
+// Starts a server on the port it had before this agent restarted, kept in `port_file`, when it
+// can (the workers the agent adopts know only that address), else on a free one; records the
+// port it got. `start(port)` starts it (0: a free port); `address(server)` is "HOST:PORT".
+template <typename Server>
+absl::StatusOr<std::unique_ptr<Server>> StartOnSavedPort(
+    const std::string& port_file, std::string_view what,
+    const std::function<absl::StatusOr<std::unique_ptr<Server>>(int)>& start,
+    const std::function<std::string(const Server&)>& address) {
   FileSystem* fs = RealFileSystem();
-  TY_RETURN_IF_ERROR(fs->CreateDirs(work_dir));
-  const std::string port_file = work_dir + "/progress-relay.port";
   int port = 0;
   if (absl::StatusOr<std::string> saved = fs->ReadFile(port_file); saved.ok()) {
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*saved), &port)) port = 0;
   }
-  absl::StatusOr<std::unique_ptr<ProgressRelayServer>> server =
-      ProgressRelayServer::Start(relay, port);
+  absl::StatusOr<std::unique_ptr<Server>> server = start(port);
   if (!server.ok() && port != 0) {
-    TY_LOG(WARNING) << "the progress relay cannot have its previous port " << port << " ("
-                    << server.status().message()
-                    << "); adopted workers cannot report until their next attempt";
-    server = ProgressRelayServer::Start(relay, 0);
+    TY_LOG(WARNING) << what << " cannot have its previous port " << port << " ("
+                    << server.status().message() << "); adopted workers cannot reach it until "
+                    << "their next attempt";
+    server = start(0);
   }
   if (!server.ok()) return server.status();
-  const std::string address = (*server)->address();
-  TY_RETURN_IF_ERROR(fs->WriteFileAtomic(port_file, address.substr(address.rfind(':') + 1) + "\n"));
+  const std::string at = address(**server);
+  TY_RETURN_IF_ERROR(fs->WriteFileAtomic(port_file, at.substr(at.rfind(':') + 1) + "\n"));
   return server;
+}
+
+absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRelay* relay,
+                                                                      const std::string& work_dir) {
+  TY_RETURN_IF_ERROR(RealFileSystem()->CreateDirs(work_dir));
+  return StartOnSavedPort<ProgressRelayServer>(
+      work_dir + "/progress-relay.port", "the progress relay",
+      [relay](int port) { return ProgressRelayServer::Start(relay, port); },
+      [](const ProgressRelayServer& server) { return server.address(); });
+}
+
+// The node's memory tier and its server, when it has a budget (config->memory_tier and its
+// addresses set); nothing without one.
+absl::Status StartMemoryTier(const AgentOptions& options, AgentConfig* config,
+                             std::unique_ptr<MemoryTier>* tier,
+                             std::unique_ptr<MemoryTierServer>* server) {
+  const int64_t tier_mb = options.memory_tier_mb >= 0 ? options.memory_tier_mb
+                                                      : LocalMemoryBytes() / 4 / (int64_t{1} << 20);
+  if (tier_mb <= 0) return absl::OkStatus();
+  const std::string root = options.memory_tier_dir.empty()
+                               ? DefaultMemoryTierRoot(config->node_id, config->work_dir)
+                               : options.memory_tier_dir;
+  *tier = std::make_unique<MemoryTier>(RealFileSystem(), root, tier_mb << 20, config->node_id);
+  TY_RETURN_IF_ERROR((*tier)->Start());
+  // Plaintext keeps the tier on loopback: without mutual TLS the coordinator is on loopback
+  // too, so every agent of the cluster is on this machine.
+  const bool tls = options.tls.enabled();
+  const std::string advertised = !tls                             ? "127.0.0.1"
+                                 : options.advertise_host.empty() ? config->hostname
+                                                                  : options.advertise_host;
+  const auto start = [&](int port) {
+    return MemoryTierServer::Start(tier->get(), RealFileSystem(),
+                                   absl::StrCat(tls ? "0.0.0.0:" : "127.0.0.1:", port), advertised,
+                                   config->node_id, options.tls);
+  };
+  if (options.memory_tier_port != 0) {
+    TY_ASSIGN_OR_RETURN(*server, start(options.memory_tier_port));
+  } else {
+    TY_RETURN_IF_ERROR(RealFileSystem()->CreateDirs(config->work_dir));
+    TY_ASSIGN_OR_RETURN(*server, StartOnSavedPort<MemoryTierServer>(
+                                     config->work_dir + "/memory-tier.port", "the memory tier",
+                                     start, [](const MemoryTierServer& s) { return s.address(); }));
+  }
+  config->memory_tier = tier->get();
+  config->memory_tier_address = (*server)->address();
+  config->memory_tier_local_address = (*server)->local_address();
+  TY_LOG(INFO) << "memory tier " << root << ": " << tier_mb << " MiB, peers reach it at "
+               << config->memory_tier_address;
+  return absl::OkStatus();
 }
 
 // When the agent stops: at once when the stop flag is set, or with a stop grace
@@ -266,31 +319,7 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   std::unique_ptr<ProcessLauncher> launcher = MakeRealProcessLauncher();
   std::unique_ptr<MemoryTier> tier;
   std::unique_ptr<MemoryTierServer> tier_server;
-  const int64_t tier_mb = options.memory_tier_mb >= 0 ? options.memory_tier_mb
-                                                      : LocalMemoryBytes() / 4 / (int64_t{1} << 20);
-  if (tier_mb > 0) {
-    const std::string root = options.memory_tier_dir.empty()
-                                 ? DefaultMemoryTierRoot(config.node_id, config.work_dir)
-                                 : options.memory_tier_dir;
-    tier = std::make_unique<MemoryTier>(RealFileSystem(), root, tier_mb << 20, config.node_id);
-    TY_RETURN_IF_ERROR(tier->Start());
-    // Plaintext keeps the tier on loopback: without mutual TLS the coordinator is on loopback
-    // too, so every agent of the cluster is on this machine.
-    const bool tls = options.tls.enabled();
-    TY_ASSIGN_OR_RETURN(tier_server,
-                        MemoryTierServer::Start(
-                            tier.get(), RealFileSystem(),
-                            absl::StrCat(tls ? "0.0.0.0:" : "127.0.0.1:", options.memory_tier_port),
-                            !tls                             ? "127.0.0.1"
-                            : options.advertise_host.empty() ? config.hostname
-                                                             : options.advertise_host,
-                            config.node_id, options.tls));
-    config.memory_tier = tier.get();
-    config.memory_tier_address = tier_server->address();
-    config.memory_tier_local_address = tier_server->local_address();
-    TY_LOG(INFO) << "memory tier " << root << ": " << tier_mb << " MiB, peers reach it at "
-                 << config.memory_tier_address;
-  }
+  TY_RETURN_IF_ERROR(StartMemoryTier(options, &config, &tier, &tier_server));
   // A report that makes a batch due wakes the connection loop.
   Wakeup wakeup;
   ProgressRelay relay(RealClock(), [&wakeup] { wakeup.Notify(); });

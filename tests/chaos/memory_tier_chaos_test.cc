@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -290,6 +292,70 @@ TEST(MemoryTierChaosTest, LostNodeResumesFromThePeerCopyOnTheSurvivor) {
 // two survivors hold their own ranks of, however many snapshots were kept local since.
 TEST(MemoryTierChaosTest, ThreeNodeJobLosingANodeResumesFromMemory) {
   ExpectALostNodeResumesFromMemory(3, "1", 100);
+}
+
+// The newest step of which `tier_job_dir` (a node's tier folder of one job) holds a snapshot of
+// attempt 1 with both ranks' manifests; -1 when none.
+int64_t NewestSnapshotOfBothRanks(const std::string& tier_job_dir) {
+  int64_t newest = -1;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(tier_job_dir, error)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, std::regex("a0001-step-([0-9]+)"))) continue;
+    if (std::filesystem::exists(entry.path() / "rank-00000.json", error) &&
+        std::filesystem::exists(entry.path() / "rank-00001.json", error)) {
+      newest = std::max<int64_t>(newest, std::stoll(m[1].str()));
+    }
+  }
+  return newest;
+}
+
+// An agent killed under its running workers and started again within the heartbeat timeout
+// adopts them, with an empty tier on the port it had. It refuses their snapshots (it holds no
+// reservation for them) until they pause, reserve their room again and snapshot on, so a worker
+// killed later resumes from memory at a step after the restart. (The job has nothing on disk:
+// without the snapshots it would start again from step 0.)
+TEST(MemoryTierChaosTest, AgentRestartedUnderItsWorkersTakesTheirSnapshotsAgain) {
+  ControlPlane cp("chaos_memory_agent_restart");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 2);
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml",
+      TinySpec({.name = "job",
+                .ranks_per_node = 2,
+                .steps = 1000000,
+                .max_restarts = 1,
+                .checkpoint = absl::StrCat("{dir: ", cp.dir(), "/ckpt, every_steps: 1000000}"),
+                .fault_tolerance = "backoff_initial_s: 0, memory_every_steps: 1"})));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 20, 120));
+  const std::vector<int64_t> pids = cp.WorkerPids();
+  ASSERT_EQ(pids.size(), 2u);
+  cp.KillAgent("node-a");
+  const int64_t restarted_after = cp.Status(job_id).job().progress().step();
+  cp.StartAgent("node-a", 2);
+  const Clock::time_point restarted = Clock::now();
+  // A snapshot of both ranks, well after the restart, in the new agent's tier.
+  const std::string tier = cp.dir() + "/tier-node-a/" + job_id;
+  int64_t snapshot = -1;
+  while (snapshot < restarted_after + 20 && Clock::now() - restarted < std::chrono::seconds(90)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    snapshot = NewestSnapshotOfBothRanks(tier);
+  }
+  ASSERT_GE(snapshot, restarted_after + 20) << "no snapshot after the agent's restart";
+  std::cout << "snapshots of step " << snapshot << " in the restarted agent's tier "
+            << std::chrono::duration<double>(Clock::now() - restarted).count()
+            << " s after it started" << std::endl;
+  const v1::GetJobReply running = cp.Status(job_id);
+  ASSERT_EQ(running.attempts_size(), 1) << "the workers were not adopted";
+  EXPECT_EQ(cp.WorkerPids(), pids);
+  ASSERT_EQ(kill(static_cast<pid_t>(pids[1]), SIGKILL), 0);
+
+  const std::string cause = WaitForResumedAttempt2(cp, job_id);
+  ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(cause, HasSubstr("memory tier"));
+  EXPECT_GT(ResumedStep(cause), restarted_after) << cause;
+  EXPECT_EQ(cp.Cli({"cancel", job_id}).exit_code, 0);
 }
 
 TEST(MemoryTierChaosTest, ReservationOverTheBudgetIsRefusedWithAnEventAndTheJobGoesOn) {
