@@ -303,28 +303,52 @@ void Checkpointer::StartMemoryWriter(const TrainState& state) {
           .snapshot_floats = SnapshotFloats(state),
           .memory_tier = true,
           .attempt = attempt_,
-          .on_committed = [this](int64_t step, const std::string& snapshot,
-                                 std::vector<std::string> files) -> absl::Status {
-            const bool copy = step == copy_step_;
-            const absl::StatusOr<bool> copying = tier_->Committed(step, snapshot, files, copy);
-            if (copy && copying.ok() && !*copying) uncopied_step_ = step;
-            if (copy) told_step_ = step;  // after uncopied_step_, which MemoryCopyPending reads
-            if (copying.ok()) {
-              memory_failures_ = 0;
-              memory_pause_ns_ = kMemoryPauseFirstNs;
-              return absl::OkStatus();
-            }
-            // The agent that owns the tier did not take it (it restarted, or is gone): nothing
-            // would prune this snapshot, so it goes.
-            const std::string dir = checkpoint::JoinPath(tier_dir_, snapshot);
-            for (const std::string& file : files) {
-              (void)fs_->RemoveFile(checkpoint::JoinPath(dir, file));
-            }
-            (void)fs_->RemoveDir(dir);  // when no other rank's files are in it
-            memory_reserve_again_ = true;
-            MemoryFailed(copying.status());
-            return copying.status();
+          .on_committed = [this, reservation = MemoryReservation(state)](
+                              int64_t step, const std::string& snapshot,
+                              std::vector<std::string> files) -> absl::Status {
+            return MemoryCommitted(reservation, step, snapshot, std::move(files));
           }});
+}
+
+absl::Status Checkpointer::MemoryCommitted(int64_t reservation, int64_t step,
+                                           const std::string& snapshot,
+                                           std::vector<std::string> files) {
+  const bool copy = step == copy_step_;
+  absl::StatusOr<bool> copying = tier_->Committed(step, snapshot, files, copy);
+  if (absl::IsFailedPrecondition(copying.status())) {
+    // The agent holds no reservation for this rank: it restarted under it (and cleared its
+    // tier, which this snapshot's writing made again). The same folder, reserved again, takes
+    // this snapshot and the next ones as before.
+    absl::StatusOr<std::string> dir = tier_->Reserve(reservation);
+    if (dir.ok() && *dir == tier_dir_) {
+      copying = tier_->Committed(step, snapshot, files, copy);
+    } else if (dir.ok()) {  // the writer cannot follow it there: no more snapshots
+      memory_failures_ = kMemoryFailuresTolerated;
+      memory_paused_until_ns_ = std::numeric_limits<int64_t>::max();
+      copying = absl::FailedPreconditionError(
+          absl::StrCat("its node's tier moved from ", tier_dir_, " to ", *dir));
+      TY_LOG(WARNING) << "rank " << rank_.rank
+                      << " stops its memory snapshots: " << copying.status().message();
+    } else {
+      copying = Annotate(dir.status(), "reserving the rank's room in the memory tier again");
+    }
+  }
+  if (copy && copying.ok() && !*copying) uncopied_step_ = step;
+  if (copy) told_step_ = step;  // after uncopied_step_, which MemoryCopyPending reads
+  if (copying.ok()) {
+    memory_failures_ = 0;
+    memory_pause_ns_ = kMemoryPauseFirstNs;
+    return absl::OkStatus();
+  }
+  // The agent that owns the tier did not take it (it restarted, or is gone): nothing would prune
+  // this snapshot, so it goes.
+  const std::string dir = checkpoint::JoinPath(tier_dir_, snapshot);
+  for (const std::string& file : files) {
+    (void)fs_->RemoveFile(checkpoint::JoinPath(dir, file));
+  }
+  (void)fs_->RemoveDir(dir);  // when no other rank's files are in it
+  MemoryFailed(copying.status());
+  return copying.status();
 }
 
 int64_t Checkpointer::MemoryReservation(const TrainState& state) const {
@@ -332,9 +356,13 @@ int64_t Checkpointer::MemoryReservation(const TrainState& state) const {
 }
 
 void Checkpointer::MemoryFailed(const absl::Status& why) {
-  if (++memory_failures_ < kMemoryFailuresTolerated) return;
+  constexpr int64_t kForGood = std::numeric_limits<int64_t>::max();
+  if (++memory_failures_ < kMemoryFailuresTolerated || memory_paused_until_ns_ == kForGood) return;
+  // A snapshot begun before the pause (the writer's queue) does not lengthen it.
+  const int64_t now = clock_->NowNanosMonotonic();
+  if (now < memory_paused_until_ns_) return;
   const int64_t pause = memory_pause_ns_;
-  memory_paused_until_ns_ = clock_->NowNanosMonotonic() + pause;
+  memory_paused_until_ns_ = now + pause;
   memory_pause_ns_ = std::min(2 * pause, kMemoryPauseMostNs);
   TY_LOG(WARNING) << "rank " << rank_.rank << " pauses its memory snapshots for " << pause / 1e9
                   << " s: its node's agent did not take " << memory_failures_ << " in a row ("
@@ -350,23 +378,6 @@ bool Checkpointer::MemoryDue(const TrainState& state, int64_t total_steps, int64
 
 absl::Status Checkpointer::SaveToMemory(const TrainState& state, bool copy) {
   if (memory_writer_ == nullptr) return absl::FailedPreconditionError("no memory tier");
-  if (memory_reserve_again_.exchange(false)) {
-    // A refused commit: the agent may have restarted, with no reservation for this rank, and
-    // cleared its tier. The same folder, reserved again, takes the snapshots as before.
-    absl::StatusOr<std::string> dir = tier_->Reserve(MemoryReservation(state));
-    if (dir.ok() && *dir != tier_dir_) {  // the writer cannot follow: no more snapshots
-      memory_failures_ = kMemoryFailuresTolerated;
-      memory_paused_until_ns_ = std::numeric_limits<int64_t>::max();
-      TY_LOG(WARNING) << "rank " << rank_.rank << " stops its memory snapshots: its node's tier "
-                      << "moved from " << tier_dir_ << " to " << *dir;
-      return absl::FailedPreconditionError("the memory tier moved");
-    }
-    if (!dir.ok()) {
-      memory_reserve_again_ = true;
-      MemoryFailed(dir.status());
-      return Annotate(dir.status(), "reserving the rank's room in the memory tier again");
-    }
-  }
   const std::vector<parallel::ShardedParams::SavedRange> ranges = state.params->CheckpointRanges();
   absl::Status saved =
       memory_writer_->Save(state.step, Header(state), Records(ranges), [&](float* host) {

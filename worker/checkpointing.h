@@ -135,15 +135,18 @@ class Checkpointer {
   std::function<absl::Status()> commit_guard_;
   // Memory snapshots in a row the agent did not take. After kMemoryFailuresTolerated the rank
   // pauses its snapshots for kMemoryPauseFirstNs, and twice as long after each pause that ends
-  // in another failure (up to kMemoryPauseMostNs). Before the next one it reserves its room in
-  // the tier again: an agent that restarted under the rank holds no reservation for it.
+  // in another failure (up to kMemoryPauseMostNs). An agent that restarted under the rank holds
+  // no reservation for it: the rank reserves its room again when told so (MemoryCommitted).
   static constexpr int kMemoryFailuresTolerated = 3;
   static constexpr int64_t kMemoryPauseFirstNs = 5'000'000'000;
   static constexpr int64_t kMemoryPauseMostNs = 300'000'000'000;
   std::atomic<int> memory_failures_{0};
   std::atomic<int64_t> memory_paused_until_ns_{0};
   std::atomic<int64_t> memory_pause_ns_{kMemoryPauseFirstNs};
-  std::atomic<bool> memory_reserve_again_{false};
+  // Tells the agent of a written snapshot (the writer's thread); `reservation`: the rank's room
+  // in bytes, reserved again if the agent has none for it.
+  absl::Status MemoryCommitted(int64_t reservation, int64_t step, const std::string& snapshot,
+                               std::vector<std::string> files);
   // Counts a snapshot the tier did not take, and pauses the snapshots after too many.
   void MemoryFailed(const absl::Status& why);
   // Room for this rank's snapshots (and its manifest) in the tier, in bytes.
