@@ -371,10 +371,13 @@ TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReaso
     }
     EXPECT_GE(refused, 1) << attempt.DebugString();
   }
-  // The ranks that refused it carry the worker's one-line reason.
+  // The ranks that refused it carry the worker's one-line reason (a rank stopped before it read
+  // the spec, once another had refused it, does not).
   const v1::Attempt& last = failed.attempts(failed.attempts_size() - 1);
+  int refusing_rank = -1;
   for (const v1::RankExit& exit : last.exits()) {
     if (exit.exit_code() != 2) continue;
+    refusing_rank = exit.rank();
     bool shown = false;
     for (const std::string& line : exit.last_log_lines()) {
       shown |= line == "trainyard-worker: error: " + reason;
@@ -385,7 +388,10 @@ TEST(ControlPlaneCheckpointTest, MissingResumeFromFailsTheJobWithTheWorkersReaso
   EXPECT_THAT(status.out, HasSubstr("state       FAILED"));
   EXPECT_THAT(status.out, HasSubstr("exited with code 2"));
   EXPECT_THAT(status.out, HasSubstr("| trainyard-worker: error: " + reason));
-  EXPECT_THAT(cp.Cli({"logs", job_id, "--rank", "0"}).out,
+  ASSERT_GE(refusing_rank, 0);
+  EXPECT_THAT(cp.Cli({"logs", job_id, "--attempt", absl::StrCat(last.attempt_id()), "--rank",
+                      absl::StrCat(refusing_rank)})
+                  .out,
               HasSubstr("trainyard-worker: error: " + reason + "\n"));
   EXPECT_FALSE(fs::exists(missing)) << "nothing is written for a refused resume_from";
 }
