@@ -111,12 +111,11 @@ absl::StatusOr<AgentConfig> MakeConfig(const AgentOptions& options) {
 
 // Starts a server on the port it had before this agent restarted, kept in `port_file`, when it
 // can (the workers the agent adopts know only that address), else on a free one; records the
-// port it got. `start(port)` starts it (0: a free port); `address(server)` is "HOST:PORT".
+// port it got. `start(port)` starts it (0: a free port).
 template <typename Server>
 absl::StatusOr<std::unique_ptr<Server>> StartOnSavedPort(
     const std::string& port_file, std::string_view what,
-    const std::function<absl::StatusOr<std::unique_ptr<Server>>(int)>& start,
-    const std::function<std::string(const Server&)>& address) {
+    const std::function<absl::StatusOr<std::unique_ptr<Server>>(int)>& start) {
   FileSystem* fs = RealFileSystem();
   int port = 0;
   if (absl::StatusOr<std::string> saved = fs->ReadFile(port_file); saved.ok()) {
@@ -130,7 +129,7 @@ absl::StatusOr<std::unique_ptr<Server>> StartOnSavedPort(
     server = start(0);
   }
   if (!server.ok()) return server.status();
-  const std::string at = address(**server);
+  const std::string at = (*server)->address();  // HOST:PORT
   TY_RETURN_IF_ERROR(fs->WriteFileAtomic(port_file, at.substr(at.rfind(':') + 1) + "\n"));
   return server;
 }
@@ -140,8 +139,7 @@ absl::StatusOr<std::unique_ptr<ProgressRelayServer>> StartRelayServer(ProgressRe
   TY_RETURN_IF_ERROR(RealFileSystem()->CreateDirs(work_dir));
   return StartOnSavedPort<ProgressRelayServer>(
       work_dir + "/progress-relay.port", "the progress relay",
-      [relay](int port) { return ProgressRelayServer::Start(relay, port); },
-      [](const ProgressRelayServer& server) { return server.address(); });
+      [relay](int port) { return ProgressRelayServer::Start(relay, port); });
 }
 
 // The node's memory tier and its server, when it has a budget (config->memory_tier and its
@@ -172,9 +170,9 @@ absl::Status StartMemoryTier(const AgentOptions& options, AgentConfig* config,
     TY_ASSIGN_OR_RETURN(*server, start(options.memory_tier_port));
   } else {
     TY_RETURN_IF_ERROR(RealFileSystem()->CreateDirs(config->work_dir));
-    TY_ASSIGN_OR_RETURN(*server, StartOnSavedPort<MemoryTierServer>(
-                                     config->work_dir + "/memory-tier.port", "the memory tier",
-                                     start, [](const MemoryTierServer& s) { return s.address(); }));
+    TY_ASSIGN_OR_RETURN(*server,
+                        StartOnSavedPort<MemoryTierServer>(config->work_dir + "/memory-tier.port",
+                                                           "the memory tier", start));
   }
   config->memory_tier = tier->get();
   config->memory_tier_address = (*server)->address();
