@@ -56,6 +56,10 @@ TlsFiles TlsFilesFromEnvironment();
     const std::string& target, const TlsFiles& files,
     const grpc::ChannelArguments& args = grpc::ChannelArguments(), const std::string& bearer = "");
 
+// Channel arguments that reconnect to a restarted server from 100 ms up to `max_backoff` apart
+// instead of gRPC's default backoff, which grows to two minutes.
+grpc::ChannelArguments QuickReconnect(int max_backoff_ms = 1000);
+
 // The variables that carry credentials: a token file for the CLI and a worker's attempt secret
 // (set by its agent; never on a command line).
 inline constexpr char kTokenFileVariable[] = "TRAINYARD_TOKEN_FILE";

@@ -366,11 +366,14 @@ void ToProto(const RegisteredOrder& order, v1::CoordinatorMessage* out) {
   registered->set_node_id(order.node_id);
   registered->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(order.heartbeat_interval));
   registered->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(order.heartbeat_timeout));
-  for (const RegisteredOrder::Secret& s : order.attempt_secrets) {
-    v1::AttemptSecret* secret = registered->add_attempt_secrets();
-    secret->set_job_id(s.job_id);
-    secret->set_attempt_id(s.attempt_id);
-    secret->set_secret(s.secret);
+  for (const RegisteredOrder::Adopted& a : order.adopted) {
+    v1::AttemptSecret* adopted = registered->add_attempt_secrets();
+    adopted->set_job_id(a.job_id);
+    adopted->set_attempt_id(a.attempt_id);
+    adopted->set_secret(a.secret);
+    adopted->set_memory_peer_address(a.memory_peer_address);
+    for (const std::string& tier : a.memory_tier_addresses)
+      adopted->add_memory_tier_addresses(tier);
   }
 }
 

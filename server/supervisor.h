@@ -216,13 +216,16 @@ struct RegisteredOrder {
   std::string node_id;
   absl::Duration heartbeat_interval;
   absl::Duration heartbeat_timeout;
-  // The secrets of the live attempts among the workers the agent reported running.
-  struct Secret {
+  // The live attempts among the workers the agent reported running, with what their StartWorker
+  // orders told the agent: the attempt's secret ("" without secrets) and its memory tier's peers.
+  struct Adopted {
     std::string job_id;
     int attempt_id = 0;
     std::string secret;
+    std::string memory_peer_address;
+    std::vector<std::string> memory_tier_addresses;
   };
-  std::vector<Secret> attempt_secrets;
+  std::vector<Adopted> adopted;
 };
 
 // Receives a job's updates: the current state on subscription, then every change. Runs with the
@@ -484,8 +487,9 @@ class Supervisor {
   OrderReply TerminatedLocked(Txn& txn, JobEntry& entry, const AttemptRecord& attempt, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* FindAttempt(JobEntry& entry, int attempt_id);
-  // For a registering agent: the secrets of the live attempts among its running workers.
-  std::vector<RegisteredOrder::Secret> SecretsOfLocked(const std::vector<RunningWorker>& running)
+  // For the registering agent of `node_id`: the live attempts among its running workers.
+  std::vector<RegisteredOrder::Adopted> AdoptedAttemptsLocked(
+      const std::string& node_id, const std::vector<RunningWorker>& running)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static AttemptRecord* CurrentAttempt(JobEntry& entry);
   // The current attempt when it has not ended, else null.
@@ -532,6 +536,10 @@ class Supervisor {
   StartWorkerOrder StartOrderFor(const JobEntry& entry, const AttemptRecord& attempt,
                                  const RankSlot& slot, const std::string* secret = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory tier that keeps copies of `node_id`'s snapshots of `attempt` (the next node of the
+  // attempt; "" on one node), and the tiers of all its nodes (none on one node).
+  std::pair<std::string, std::vector<std::string>> MemoryPeersOf(const AttemptRecord& attempt,
+                                                                 const std::string& node_id) const;
   void MarkRunningLocked(Txn& txn, JobEntry& entry, AttemptRecord& attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleExitLocked(Txn& txn, const std::string& node_id, const WorkerExit& exit,

@@ -1,6 +1,7 @@
 // Supervisor: the agent side — registration and reconciliation, heartbeats, worker start and
 // exit reports.
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +61,8 @@ absl::StatusOr<uint64_t> Supervisor::AgentConnected(
     txn.batch.nodes.push_back(&node);
     session = registry_->Connect(node, std::move(channel));
     on_registered(RegisteredOrder{node.node_id, options_.heartbeat_interval,
-                                  registry_->heartbeat_timeout(), SecretsOfLocked(running)});
+                                  registry_->heartbeat_timeout(),
+                                  AdoptedAttemptsLocked(node.node_id, running)});
     TY_LOG(INFO) << "agent " << node.node_id << " connected (" << node.cpu_slots << " CPU slots, "
                  << node.gpus.size() << " GPUs, " << running.size() << " running workers)";
     for (const WorkerExit& exit : exited_while_disconnected) {
@@ -74,10 +76,9 @@ absl::StatusOr<uint64_t> Supervisor::AgentConnected(
   return session;
 }
 
-std::vector<RegisteredOrder::Secret> Supervisor::SecretsOfLocked(
-    const std::vector<RunningWorker>& running) {
-  std::vector<RegisteredOrder::Secret> secrets;
-  if (!options_.attempt_secret) return secrets;
+std::vector<RegisteredOrder::Adopted> Supervisor::AdoptedAttemptsLocked(
+    const std::string& node_id, const std::vector<RunningWorker>& running) {
+  std::vector<RegisteredOrder::Adopted> adopted;
   std::set<std::pair<std::string, int>> seen;
   for (const RunningWorker& worker : running) {
     if (!seen.insert({worker.job_id, worker.attempt_id}).second) continue;
@@ -85,10 +86,13 @@ std::vector<RegisteredOrder::Secret> Supervisor::SecretsOfLocked(
     if (entry == nullptr) continue;
     const AttemptRecord* attempt = LiveAttempt(*entry);
     if (attempt == nullptr || attempt->attempt_id != worker.attempt_id) continue;
-    secrets.push_back({worker.job_id, worker.attempt_id,
-                       options_.attempt_secret(worker.job_id, worker.attempt_id)});
+    RegisteredOrder::Adopted& a = adopted.emplace_back();
+    a.job_id = worker.job_id;
+    a.attempt_id = worker.attempt_id;
+    if (options_.attempt_secret) a.secret = options_.attempt_secret(a.job_id, a.attempt_id);
+    std::tie(a.memory_peer_address, a.memory_tier_addresses) = MemoryPeersOf(*attempt, node_id);
   }
-  return secrets;
+  return adopted;
 }
 
 void Supervisor::AgentDisconnected(const std::string& node_id, uint64_t session) {

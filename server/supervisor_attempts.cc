@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -150,22 +151,29 @@ StartWorkerOrder Supervisor::StartOrderFor(const JobEntry& entry, const AttemptR
   } else if (options_.attempt_secret) {
     order.attempt_secret = options_.attempt_secret(entry.job.id, attempt.attempt_id);
   }
+  std::tie(order.memory_peer_address, order.memory_tier_addresses) =
+      MemoryPeersOf(attempt, slot.node_id);
+  return order;
+}
+
+std::pair<std::string, std::vector<std::string>> Supervisor::MemoryPeersOf(
+    const AttemptRecord& attempt, const std::string& node_id) const {
   // Peer copies of the memory tier go round the attempt's nodes: each node's snapshots to the
   // next one, so that a lost node's are on a survivor.
   std::vector<std::string> nodes;
   for (const RankSlot& r : attempt.ranks) {
     if (std::find(nodes.begin(), nodes.end(), r.node_id) == nodes.end()) nodes.push_back(r.node_id);
   }
-  if (nodes.size() > 1) {
-    const size_t at = std::find(nodes.begin(), nodes.end(), slot.node_id) - nodes.begin();
-    order.memory_peer_address = registry_->MemoryTierAddress(nodes[(at + 1) % nodes.size()]);
-    // From three nodes up no node holds a whole snapshot: a restore fetches what its node lacks.
-    for (const std::string& node : nodes) {
-      std::string address = registry_->MemoryTierAddress(node);
-      if (!address.empty()) order.memory_tier_addresses.push_back(std::move(address));
-    }
+  const auto at = std::find(nodes.begin(), nodes.end(), node_id);
+  if (nodes.size() < 2 || at == nodes.end()) return {};
+  std::string peer = registry_->MemoryTierAddress(nodes[(at - nodes.begin() + 1) % nodes.size()]);
+  // From three nodes up no node holds a whole snapshot: a restore fetches what its node lacks.
+  std::vector<std::string> tiers;
+  for (const std::string& node : nodes) {
+    std::string address = registry_->MemoryTierAddress(node);
+    if (!address.empty()) tiers.push_back(std::move(address));
   }
-  return order;
+  return {std::move(peer), std::move(tiers)};
 }
 
 void Supervisor::StartAttemptLocked(Txn& txn, JobEntry& entry, std::vector<RankSlot> ranks,

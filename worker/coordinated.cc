@@ -426,14 +426,10 @@ namespace {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& address) {
   // Reconnect quickly after a coordinator restart (gRPC's default backoff grows to two minutes,
   // during which progress reports would not get through).
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Mutual TLS with the agent's files when the cluster uses it (the agent sets TRAINYARD_TLS_*).
   const rpc::TlsFiles tls = rpc::TlsFilesFromEnvironment();
   // The attempt's secret, from the agent that started this worker: every call presents it.
-  return rpc::MakeChannel(address, tls, args, rpc::AttemptSecretFromEnvironment());
+  return rpc::MakeChannel(address, tls, rpc::QuickReconnect(), rpc::AttemptSecretFromEnvironment());
 }
 
 // Where progress goes: the node agent's relay when the agent gave one (plaintext on loopback),

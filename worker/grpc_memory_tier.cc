@@ -112,12 +112,8 @@ absl::StatusOr<std::unique_ptr<MemoryTierClient>> MakeGrpcMemoryTierClient(
   // The tier admits the attempt's secret, as the coordinator does. Its agent may restart under
   // the rank (on the same port): reconnect within a second, not after gRPC's default backoff of
   // up to two minutes, so the rank's snapshots resume soon after.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      rpc::MakeChannel(address, tls, args, rpc::AttemptSecretFromEnvironment());
+      rpc::MakeChannel(address, tls, rpc::QuickReconnect(), rpc::AttemptSecretFromEnvironment());
   if (!channel.ok()) return channel.status();
   return std::make_unique<GrpcMemoryTier>(*std::move(channel), std::move(job_id), attempt, rank,
                                           world, gather_deadline);

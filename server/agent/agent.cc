@@ -328,14 +328,12 @@ absl::Status RunAgent(const AgentOptions& options, std::atomic<bool>* stop) {
   AgentCore core(std::move(config), launcher.get(), RealFileSystem(), RealClock());
   TY_RETURN_IF_ERROR(core.Recover());
 
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
   TY_ASSIGN_OR_RETURN(
       std::shared_ptr<grpc::Channel> channel,
-      rpc::MakeChannel(options.coordinator_address, options.tls, args, options.token));
+      rpc::MakeChannel(options.coordinator_address, options.tls,
+                       rpc::QuickReconnect(static_cast<int>(
+                           absl::ToInt64Milliseconds(options.max_reconnect_backoff))),
+                       options.token));
   std::unique_ptr<v1::AgentService::Stub> stub = v1::AgentService::NewStub(channel);
 
   absl::Duration backoff = kFirstBackoff;

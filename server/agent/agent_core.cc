@@ -183,6 +183,20 @@ void AgentCore::AdmitAndStart(const v1::StartWorker& order) {
   Start(order);
 }
 
+void AgentCore::AdmitAdopted(const v1::AttemptSecret& adopted) {
+  if (config_.memory_tier != nullptr) {
+    // An adopted worker's snapshots go on to the peer its StartWorker order named.
+    config_.memory_tier->SetPeer(
+        adopted.job_id(), adopted.memory_peer_address(),
+        {adopted.memory_tier_addresses().begin(), adopted.memory_tier_addresses().end()});
+    if (!adopted.secret().empty())
+      config_.memory_tier->AdmitSecret(adopted.job_id(), adopted.secret());
+  }
+  if (config_.progress_relay != nullptr && !adopted.secret().empty()) {
+    config_.progress_relay->Admit(adopted.job_id(), adopted.attempt_id(), adopted.secret());
+  }
+}
+
 void AgentCore::Handle(const v1::CoordinatorMessage& message) {
   absl::MutexLock lock(&mu_);
   switch (message.msg_case()) {
@@ -191,13 +205,7 @@ void AgentCore::Handle(const v1::CoordinatorMessage& message) {
         heartbeat_interval_ = absl::Milliseconds(message.registered().heartbeat_interval_ms());
       }
       exits_in_registration_.clear();
-      for (const v1::AttemptSecret& s : message.registered().attempt_secrets()) {
-        if (config_.memory_tier != nullptr)
-          config_.memory_tier->AdmitSecret(s.job_id(), s.secret());
-        if (config_.progress_relay != nullptr) {
-          config_.progress_relay->Admit(s.job_id(), s.attempt_id(), s.secret());
-        }
-      }
+      for (const v1::AttemptSecret& a : message.registered().attempt_secrets()) AdmitAdopted(a);
       break;
     case v1::CoordinatorMessage::kStart:
       AdmitAndStart(message.start());

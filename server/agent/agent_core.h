@@ -151,6 +151,9 @@ class AgentCore {
   void Start(const v1::StartWorker& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A start order: its attempt's secret admitted by the memory tier and the relay, then Start.
   void AdmitAndStart(const v1::StartWorker& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live attempt of adopted workers, named in the registration's answer: what AdmitAndStart
+  // would have admitted from its start orders.
+  void AdmitAdopted(const v1::AttemptSecret& adopted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Stop(const v1::StopWorkers& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartReadingLog(const v1::ReadLogs& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a log request at once: the log cannot be read, and why.

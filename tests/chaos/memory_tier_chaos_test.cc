@@ -3,8 +3,9 @@
 // on disk, within two steps of the last one logged), at context and expert parallelism too, and
 // over three nodes, where no node holds every rank and each gathers the ranks it lacks from the
 // others; a whole node lost (agent and worker killed) resumes from the copy its peer node holds,
-// on the survivors alone, over two nodes and over three; and an agent whose budget is too small
-// refuses the reservation with an event while the job goes on.
+// on the survivors alone, over two nodes and over three; an agent restarted under its workers
+// takes their snapshots again and copies them to its peer node again; and an agent whose budget
+// is too small refuses the reservation with an event while the job goes on.
 #include <signal.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -295,20 +297,54 @@ TEST(MemoryTierChaosTest, ThreeNodeJobLosingANodeResumesFromMemory) {
 }
 
 // The newest step of which `tier_job_dir` (a node's tier folder of one job) holds a snapshot of
-// attempt 1 with both ranks' manifests; -1 when none.
-int64_t NewestSnapshotOfBothRanks(const std::string& tier_job_dir) {
+// attempt 1 with the manifests of every rank in `ranks`; -1 when none.
+int64_t NewestSnapshotOf(const std::string& tier_job_dir, const std::vector<int>& ranks) {
   int64_t newest = -1;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(tier_job_dir, error)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
     if (!std::regex_match(name, m, std::regex("a0001-step-([0-9]+)"))) continue;
-    if (std::filesystem::exists(entry.path() / "rank-00000.json", error) &&
-        std::filesystem::exists(entry.path() / "rank-00001.json", error)) {
-      newest = std::max<int64_t>(newest, std::stoll(m[1].str()));
-    }
+    const bool whole = std::all_of(ranks.begin(), ranks.end(), [&](int rank) {
+      return std::filesystem::exists(entry.path() / absl::StrFormat("rank-%05d.json", rank), error);
+    });
+    if (whole) newest = std::max<int64_t>(newest, std::stoll(m[1].str()));
   }
   return newest;
+}
+
+// Waits up to 90 s for a snapshot of `ranks` in `tier_job_dir` at step `at_least` or later; its
+// step, or the newest one held when none came.
+int64_t WaitForSnapshotOf(const std::string& tier_job_dir, const std::vector<int>& ranks,
+                          int64_t at_least) {
+  const Clock::time_point start = Clock::now();
+  int64_t snapshot = NewestSnapshotOf(tier_job_dir, ranks);
+  while (snapshot < at_least && Clock::now() - start < std::chrono::seconds(90)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    snapshot = NewestSnapshotOf(tier_job_dir, ranks);
+  }
+  return snapshot;
+}
+
+// Starts `node`'s agent again after KillAgent and waits until its memory tier has started (and
+// so cleared its folder of what the old agent's workers wrote meanwhile, which it never took).
+void StartAgentAgain(ControlPlane& cp, const std::string& node, int slots) {
+  cp.StartAgent(node, slots);
+  const std::string log = cp.dir() + "/agent-" + node + ".err";
+  const auto tiers_started = [&log] {
+    const std::string text = ReadWholeFile(log);
+    int started = 0;
+    for (size_t at = text.find("peers reach it at"); at != std::string::npos;
+         at = text.find("peers reach it at", at + 1)) {
+      ++started;
+    }
+    return started;
+  };
+  const Clock::time_point start = Clock::now();
+  while (tiers_started() < 2 && Clock::now() - start < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(tiers_started(), 2) << "the memory tier of " << node << "'s new agent did not start";
 }
 
 // An agent killed under its running workers and started again within the heartbeat timeout
@@ -333,15 +369,11 @@ TEST(MemoryTierChaosTest, AgentRestartedUnderItsWorkersTakesTheirSnapshotsAgain)
   ASSERT_EQ(pids.size(), 2u);
   cp.KillAgent("node-a");
   const int64_t restarted_after = cp.Status(job_id).job().progress().step();
-  cp.StartAgent("node-a", 2);
+  ASSERT_NO_FATAL_FAILURE(StartAgentAgain(cp, "node-a", 2));
   const Clock::time_point restarted = Clock::now();
   // A snapshot of both ranks, well after the restart, in the new agent's tier.
-  const std::string tier = cp.dir() + "/tier-node-a/" + job_id;
-  int64_t snapshot = -1;
-  while (snapshot < restarted_after + 20 && Clock::now() - restarted < std::chrono::seconds(90)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    snapshot = NewestSnapshotOfBothRanks(tier);
-  }
+  const int64_t snapshot =
+      WaitForSnapshotOf(cp.dir() + "/tier-node-a/" + job_id, {0, 1}, restarted_after + 20);
   ASSERT_GE(snapshot, restarted_after + 20) << "no snapshot after the agent's restart";
   std::cout << "snapshots of step " << snapshot << " in the restarted agent's tier "
             << std::chrono::duration<double>(Clock::now() - restarted).count()
@@ -351,6 +383,56 @@ TEST(MemoryTierChaosTest, AgentRestartedUnderItsWorkersTakesTheirSnapshotsAgain)
   EXPECT_EQ(cp.WorkerPids(), pids);
   ASSERT_EQ(kill(static_cast<pid_t>(pids[1]), SIGKILL), 0);
 
+  const std::string cause = WaitForResumedAttempt2(cp, job_id);
+  ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
+  EXPECT_THAT(cause, HasSubstr("memory tier"));
+  EXPECT_GT(ResumedStep(cause), restarted_after) << cause;
+  EXPECT_EQ(cp.Cli({"cancel", job_id}).exit_code, 0);
+}
+
+// Over two nodes, an agent restarted under its worker also copies that worker's snapshots to the
+// other node again (the registration's answer names the peer its start order did). So when the
+// whole node is lost later, the job resumes on the survivor from a copy made after the restart.
+TEST(MemoryTierChaosTest, AgentRestartedOnOneOfTwoNodesCopiesItsWorkersSnapshotsAgain) {
+  ControlPlane cp("chaos_memory_agent_restart_peer");
+  cp.StartServer({.local_agent = false});
+  cp.StartAgent("node-a", 1);
+  cp.StartAgent("node-b", 1);
+  const std::string job_id = cp.Submit(cp.WriteSpec(
+      "job.yaml", absl::StrReplaceAll(MemoryJob("job", cp.dir() + "/ckpt", 2),
+                                      {{"steps: 1200", "steps: 1000000"},
+                                       {"every_steps: 1000", "every_steps: 1000000"}})));
+  ASSERT_TRUE(cp.WaitForStep(job_id, 20, 120));
+  const v1::GetJobReply running = cp.Status(job_id);
+  ASSERT_EQ(running.attempts_size(), 1);
+  int restarted_rank = -1;
+  int64_t restarted_worker = 0;
+  for (const auto& p : running.attempts(0).placement()) {
+    if (p.node_id() != "node-a") continue;
+    restarted_rank = p.rank();
+    restarted_worker = p.pid();
+  }
+  ASSERT_GE(restarted_rank, 0) << running.DebugString();
+  const std::string copies = cp.dir() + "/tier-node-b/" + job_id;
+  ASSERT_GT(WaitForSnapshotOf(copies, {restarted_rank}, 1), 0) << "no copy before the restart";
+  cp.KillAgent("node-a");
+  // The newest copy the old agent sent (the coordinator's step may trail it: progress comes in
+  // batches).
+  const int64_t restarted_after = NewestSnapshotOf(copies, {restarted_rank});
+  ASSERT_NO_FATAL_FAILURE(StartAgentAgain(cp, "node-a", 1));
+  const Clock::time_point restarted = Clock::now();
+  // node-a's rank, copied to node-b well after the restart.
+  const int64_t copy = WaitForSnapshotOf(copies, {restarted_rank}, restarted_after + 20);
+  ASSERT_GE(copy, restarted_after + 20) << "no copy of rank " << restarted_rank << " on node-b";
+  std::cout << "copy of step " << copy << " on node-b "
+            << std::chrono::duration<double>(Clock::now() - restarted).count()
+            << " s after node-a's agent started again (the old one's last: step " << restarted_after
+            << ")" << std::endl;
+  ASSERT_EQ(cp.Status(job_id).attempts_size(), 1) << "the workers were not adopted";
+
+  // The whole node goes: its worker and its agent.
+  ASSERT_EQ(kill(static_cast<pid_t>(restarted_worker), SIGKILL), 0);
+  cp.KillAgent("node-a");
   const std::string cause = WaitForResumedAttempt2(cp, job_id);
   ASSERT_FALSE(cause.empty()) << cp.Cli({"status", job_id}).out;
   EXPECT_THAT(cause, HasSubstr("memory tier"));

@@ -1,5 +1,6 @@
 #include "server/supervisor.h"
 
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -384,10 +385,53 @@ TEST_F(SupervisorTest, RegistrationNamesTheSecretsOfTheLiveAttemptsItsWorkersBel
       [&](const RegisteredOrder& r) { registered = r; });
   ASSERT_TRUE(session.ok()) << session.status();
   ASSERT_TRUE(registered);
-  ASSERT_EQ(registered->attempt_secrets.size(), 1u) << "one per live attempt, none for attempt 9";
-  EXPECT_EQ(registered->attempt_secrets[0].job_id, id);
-  EXPECT_EQ(registered->attempt_secrets[0].attempt_id, 1);
-  EXPECT_EQ(registered->attempt_secrets[0].secret, absl::StrCat("secret:", id, ":1"));
+  ASSERT_EQ(registered->adopted.size(), 1u) << "one per live attempt, none for attempt 9";
+  EXPECT_EQ(registered->adopted[0].job_id, id);
+  EXPECT_EQ(registered->adopted[0].attempt_id, 1);
+  EXPECT_EQ(registered->adopted[0].secret, absl::StrCat("secret:", id, ":1"));
+  EXPECT_EQ(registered->adopted[0].memory_peer_address, "") << "one node: no peer copies";
+}
+
+// An agent restarted under the workers of a two-node attempt hears where its memory tier copies
+// their snapshots (the other node's tier, as the start orders said), also without secrets.
+TEST_F(SupervisorTest, RegistrationNamesTheMemoryPeerOfTheAttemptsItsWorkersBelongTo) {
+  const auto node = [](const std::string& id) {
+    NodeRecord record;
+    record.node_id = id;
+    record.hostname = id + ".example";
+    record.cpu_slots = 1;
+    record.memory_tier_address = id + ":7000";
+    return record;
+  };
+  std::optional<RegisteredOrder> registered;
+  std::map<std::string, Agent> agents;
+  const auto connect = [&](const std::string& id, const std::vector<RunningWorker>& running) {
+    Agent& agent = agents[id];
+    agent = {std::make_shared<testing::RecordingChannel>(), 0, id};
+    auto session = supervisor_->AgentConnected(node(id), running, {}, agent.channel,
+                                               [&](const RegisteredOrder& r) { registered = r; });
+    EXPECT_TRUE(session.ok()) << session.status();
+    agent.session = session.value_or(0);
+  };
+  const std::string id = Submit(TinySpec("pair", /*nodes=*/2, /*ranks_per_node=*/1));
+  connect("node-a", {});
+  connect("node-b", {});
+  const JobView view = View(id);
+  ASSERT_EQ(view.attempts.size(), 1u);
+  ASSERT_EQ(view.attempts[0].ranks.size(), 2u);
+  const std::string first = view.attempts[0].ranks[0].node_id;
+  const std::string second = view.attempts[0].ranks[1].node_id;
+  ASSERT_NE(first, second);
+  for (const RankSlot& slot : view.attempts[0].ranks)
+    Started(agents[slot.node_id], id, 1, slot.rank);
+
+  connect(second, {RunningWorker{id, 1, 1, 1001}});
+  ASSERT_TRUE(registered);
+  ASSERT_EQ(registered->adopted.size(), 1u);
+  EXPECT_EQ(registered->adopted[0].secret, "") << "this coordinator issues no secrets";
+  EXPECT_EQ(registered->adopted[0].memory_peer_address, first + ":7000");
+  EXPECT_THAT(registered->adopted[0].memory_tier_addresses,
+              ::testing::ElementsAre(first + ":7000", second + ":7000"));
 }
 
 TEST_F(SupervisorTest, RestartedCoordinatorAdoptsRunningWorkersAndStartsNothingTwice) {

@@ -590,6 +590,44 @@ TEST(WorkerEnvironmentTest, Allowlist) {
   }
 }
 
+// A restarted agent hears of its adopted workers' attempts in the registration's answer: their
+// snapshots go on to the peer node that the start orders named, also without secrets.
+TEST_F(AgentCoreTest, TheRegistrationAnswerNamesTheMemoryPeerOfAdoptedWorkers) {
+  FakeFileSystem fs;
+  MemoryTier tier(&fs, "/tier", 1 << 20, "node-a");
+  ASSERT_TRUE(tier.Start().ok());
+  AgentConfig config = Config();
+  config.memory_tier = &tier;
+  config.memory_tier_address = "node-a:7000";
+  AgentCore core(std::move(config), &launcher_, RealFileSystem(), &clock_);
+  ASSERT_TRUE(core.Recover().ok());
+  core.Registration();
+  v1::CoordinatorMessage registered = Registered();
+  v1::AttemptSecret* adopted = registered.mutable_registered()->add_attempt_secrets();
+  adopted->set_job_id("j-1");
+  adopted->set_attempt_id(1);
+  adopted->set_memory_peer_address("node-b:7000");
+  adopted->add_memory_tier_addresses("node-a:7000");
+  adopted->add_memory_tier_addresses("node-b:7000");
+  core.Handle(registered);
+  EXPECT_THAT(tier.AttemptTiers("j-1"), ElementsAre("node-a:7000", "node-b:7000"));
+
+  const auto dir = tier.Reserve("j-1", 0, 100, /*peer_copy=*/false, "node-a");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string snapshot = MemorySnapshotName({1, 7});
+  ASSERT_TRUE(fs.CreateDirs(absl::StrCat(*dir, "/", snapshot)).ok());
+  ASSERT_TRUE(
+      fs.WriteFileAtomic(absl::StrCat(*dir, "/", snapshot, "/", MemoryRankManifestName(0)), "{}")
+          .ok());
+  const auto queued = tier.Committed("j-1", 0, 2, snapshot, 7, {MemoryRankManifestName(0)});
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_TRUE(*queued) << "no copy queued for the peer";
+  const std::optional<PeerCopy> copy = tier.NextCopy();
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(copy->peer_address, "node-b:7000");
+  EXPECT_EQ(copy->step, 7);
+}
+
 }  // namespace
 }  // namespace trainyard::server::agent
 
