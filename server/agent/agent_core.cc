@@ -186,7 +186,7 @@ void AgentCore::AdmitAndStart(const v1::StartWorker& order) {
 void AgentCore::AdmitAdopted(const v1::AttemptSecret& adopted) {
   if (config_.memory_tier != nullptr) {
     // An adopted worker's snapshots go on to the peer its StartWorker order named.
-    config_.memory_tier->SetPeer(
+    config_.memory_tier->AdoptPeer(
         adopted.job_id(), adopted.memory_peer_address(),
         {adopted.memory_tier_addresses().begin(), adopted.memory_tier_addresses().end()});
     if (!adopted.secret().empty())

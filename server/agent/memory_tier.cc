@@ -336,6 +336,15 @@ void MemoryTier::SetPeer(const std::string& job_id, const std::string& peer_addr
   attempt_tiers_[job_id] = std::move(attempt_tiers);
 }
 
+void MemoryTier::AdoptPeer(const std::string& job_id, const std::string& peer_address,
+                           std::vector<std::string> attempt_tiers) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(job_id);
+  if (peer_address.empty() || (it != peers_.end() && !it->second.empty())) return;
+  peers_[job_id] = peer_address;
+  attempt_tiers_[job_id] = std::move(attempt_tiers);
+}
+
 std::vector<std::string> MemoryTier::AttemptTiers(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = attempt_tiers_.find(job_id);

@@ -133,6 +133,11 @@ class MemoryTier {
   void SetPeer(const std::string& job_id, const std::string& peer_address,
                std::vector<std::string> attempt_tiers = {});
   std::vector<std::string> AttemptTiers(const std::string& job_id) const;
+  // SetPeer for a job whose workers the agent adopted, unless the job has a peer already. An agent
+  // that kept running (the coordinator restarted, or the connection broke) has its start orders'
+  // peer, while the coordinator's answer leaves out the nodes that have not reconnected yet.
+  void AdoptPeer(const std::string& job_id, const std::string& peer_address,
+                 std::vector<std::string> attempt_tiers);
 
   // The job's snapshots with at least one rank complete here, newest first.
   std::vector<HeldSnapshot> Held(const std::string& job_id) const;

@@ -591,7 +591,8 @@ TEST(WorkerEnvironmentTest, Allowlist) {
 }
 
 // A restarted agent hears of its adopted workers' attempts in the registration's answer: their
-// snapshots go on to the peer node that the start orders named, also without secrets.
+// snapshots go on to the peer node that the start orders named, also without secrets. An agent
+// that has a peer for the job keeps it.
 TEST_F(AgentCoreTest, TheRegistrationAnswerNamesTheMemoryPeerOfAdoptedWorkers) {
   FakeFileSystem fs;
   MemoryTier tier(&fs, "/tier", 1 << 20, "node-a");
@@ -626,6 +627,15 @@ TEST_F(AgentCoreTest, TheRegistrationAnswerNamesTheMemoryPeerOfAdoptedWorkers) {
   ASSERT_TRUE(copy);
   EXPECT_EQ(copy->peer_address, "node-b:7000");
   EXPECT_EQ(copy->step, 7);
+
+  // The agent reconnects to a restarted coordinator before node-b has: the answer's partial view
+  // leaves the peer the agent has.
+  adopted->set_memory_peer_address("node-c:7000");
+  adopted->clear_memory_tier_addresses();
+  adopted->add_memory_tier_addresses("node-a:7000");
+  core.Registration();
+  core.Handle(registered);
+  EXPECT_THAT(tier.AttemptTiers("j-1"), ElementsAre("node-a:7000", "node-b:7000"));
 }
 
 }  // namespace
