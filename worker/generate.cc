@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/moe_routing.h"
 
 namespace trainyard::worker {
 namespace {
@@ -57,15 +58,12 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const config::Model
                                                              Backend* backend,
                                                              const float* params) {
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(model));
-  if (model.moe.enabled()) {
-    return absl::InvalidArgumentError(
-        "sampling from a mixture-of-experts model is not supported yet (dense models only)");
-  }
   std::unique_ptr<Generator> g(new Generator(model, backend));
   Backend& be = *backend;
   const int64_t rows = model.max_seq, c = model.width;
   const int64_t kv = int64_t{model.kv_heads} * model.head_dim();
-  const int64_t ffn = model.ffn_hidden;
+  int64_t ffn = 0;  // the widest dense MLP (or shared experts' MLP)
+  for (int l = 0; l < model.layers; ++l) ffn = std::max(ffn, g->layout_.block(l).mlp_ffn);
   g->params_ = be.AllocFloat(g->layout_.total());
   be.CopyFromHost(g->params_.data(), params, g->layout_.total());
   g->tokens_ = be.AllocInt(rows);
@@ -85,7 +83,59 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const config::Model
     g->values_.push_back(be.AllocAct(rows * kv));
   }
   g->host_logits_.resize(model.vocab);
+  if (model.moe.enabled()) g->AllocateExperts(params);
   return g;
+}
+
+void Generator::AllocateExperts(const float* params) {
+  Backend& be = *backend_;
+  const config::MoeConfig& moe = model_.moe;
+  routing_ = moe;
+  routing_.capacity_factor = 0.0f;
+  const int64_t rows = model_.max_seq, picks = rows * moe.top_k, c = model_.width;
+  const int64_t fc = model_.family == ModelFamily::kGpt2 ? moe.ffn : 2 * int64_t{moe.ffn};
+  router_logits_ = be.AllocFloat(rows * moe.experts);
+  host_router_logits_.resize(rows * moe.experts);
+  source_ = be.AllocInt(picks);
+  slot_ = be.AllocInt(picks);
+  row_weight_ = be.AllocFloat(picks);
+  pick_weight_ = be.AllocFloat(picks);
+  expert_in_ = be.AllocAct(picks * c);
+  expert_fc_ = be.AllocAct(picks * fc);
+  expert_act_ = be.AllocAct(picks * moe.ffn);
+  expert_out_ = be.AllocAct(picks * c);
+  bias_.resize(model_.layers);
+  for (int l = 0; l < model_.layers; ++l) {
+    const int64_t at = layout_.block(l).router_bias;
+    if (at >= 0) bias_[l].assign(params + at, params + at + moe.experts);
+  }
+}
+
+void Generator::RoutedExperts(int layer, int64_t n) {
+  Backend& be = *backend_;
+  const BlockOffsets& o = layout_.block(layer);
+  const bool gpt2 = model_.family == ModelFamily::kGpt2;
+  const int64_t c = model_.width, experts = routing_.experts, picks = n * routing_.top_k;
+  be.LinearF32(router_logits_.data(), norm_.data(), P(o.router_w), n, experts, c);
+  be.CopyToHost(host_router_logits_.data(), router_logits_.data(), n * experts);
+  const MoeRouting r = Route(routing_, host_router_logits_.data(), n, bias_[layer]);
+  const int64_t kept = r.kept();
+  be.CopyFromHost(source_.data(), r.source.data(), kept);
+  be.CopyFromHost(row_weight_.data(), r.row_weight.data(), kept);
+  be.CopyFromHost(slot_.data(), r.slot.data(), picks);
+  be.CopyFromHost(pick_weight_.data(), r.weight.data(), picks);
+  be.GatherRows(expert_in_.data(), norm_.data(), source_.data(), nullptr, kept, c);
+  be.ExpertsForward(ExpertMlp{.offsets = r.offsets,
+                              .width = c,
+                              .ffn = routing_.ffn,
+                              .gated = !gpt2,
+                              .fc_w = P(o.experts_fc_w),
+                              .fc_b = gpt2 ? P(o.experts_fc_b) : nullptr,
+                              .proj_w = P(o.experts_proj_w),
+                              .proj_b = gpt2 ? P(o.experts_proj_b) : nullptr},
+                    expert_in_.data(), expert_fc_.data(), expert_act_.data(), expert_out_.data());
+  be.CombineRows(tmp_.data(), expert_out_.data(), slot_.data(), pick_weight_.data(), n,
+                 routing_.top_k, c, /*accumulate=*/o.mlp_ffn > 0);
 }
 
 void Generator::Block(int layer, int64_t n, int64_t pos) {
@@ -94,7 +144,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   const BlockOffsets& o = layout_.block(layer);
   const bool gpt2 = m.family == ModelFamily::kGpt2;
   const int64_t c = m.width, d = m.head_dim(), qkv = m.qkv_width();
-  const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d, ffn = m.ffn_hidden;
+  const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d, ffn = o.mlp_ffn;
   if (gpt2) {
     be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln1_w), P(o.ln1_b), n, c,
                  m.norm_eps);
@@ -123,18 +173,25 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .kv_stride = kv,
                                         .causal = prompt});
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
+  be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
   if (gpt2) {
-    be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
     be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln2_w), P(o.ln2_b), n, c,
                  m.norm_eps);
-    be.LinearGelu(act_.data(), fc_.data(), norm_.data(), P(o.fc_w), P(o.fc_b), n, ffn, c);
   } else {
-    be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
     be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln2_w), n, c, m.norm_eps);
-    be.Linear(fc_.data(), norm_.data(), P(o.fc_w), nullptr, n, 2 * ffn, c);
-    be.Swiglu(act_.data(), fc_.data(), n, ffn);
   }
-  be.Linear(tmp_.data(), act_.data(), P(o.mlp_proj_w), gpt2 ? P(o.mlp_proj_b) : nullptr, n, c, ffn);
+  // The dense MLP, or an MoE block's shared experts (if any) and its routed experts.
+  if (ffn > 0) {
+    if (gpt2) {
+      be.LinearGelu(act_.data(), fc_.data(), norm_.data(), P(o.fc_w), P(o.fc_b), n, ffn, c);
+    } else {
+      be.Linear(fc_.data(), norm_.data(), P(o.fc_w), nullptr, n, 2 * ffn, c);
+      be.Swiglu(act_.data(), fc_.data(), n, ffn);
+    }
+    be.Linear(tmp_.data(), act_.data(), P(o.mlp_proj_w), gpt2 ? P(o.mlp_proj_b) : nullptr, n, c,
+              ffn);
+  }
+  if (o.moe) RoutedExperts(layer, n);
   be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
 }
 

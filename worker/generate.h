@@ -6,6 +6,10 @@
 // attention block with every key visible), so a token costs one row through the model instead of
 // the whole sequence again.
 //
+// A mixture-of-experts block routes each row as training does (worker/moe_routing.h: the same
+// scores, picks, selection bias and combine weights) but drops no pick: a capacity_factor bounds
+// the experts' load within a training micro-batch and has no meaning for one row at a time.
+//
 // Choosing a token: greedy (temperature 0: the largest logit, the lowest id on ties), else a draw
 // from softmax(logits / temperature), over the top_k largest when top_k > 0, from a generator
 // seeded with `seed`: the same seed gives the same text.
@@ -37,7 +41,7 @@ struct SampleOptions {
 class Generator {
  public:
   // `params`: the model's tensors in ParameterLayout(model) order (one process's whole layout).
-  // `backend` must outlive the generator. INVALID_ARGUMENT for a mixture-of-experts model.
+  // `backend` must outlive the generator.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Generator>> Create(
       const config::ModelConfig& model, Backend* backend, const float* params);
 
@@ -52,12 +56,21 @@ class Generator {
       const std::vector<int32_t>& prompt, const SampleOptions& options,
       const std::function<void(int32_t)>& on_token = {});
 
+  // The logits (vocab floats) the last token was chosen from: inside `on_token`, those of the
+  // token it sees.
+  const std::vector<float>& last_logits() const { return host_logits_; }
+
  private:
   Generator(const config::ModelConfig& model, Backend* backend);
   // Runs tokens [0, n) at positions [pos, pos + n) through the model, appending their keys and
   // values to the cache, and leaves the last row's logits in logits_.
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
+  // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
+  // has no shared experts).
+  void RoutedExperts(int layer, int64_t n);
+  // The MoE blocks' buffers and their selection biases (from `params`, the host copy).
+  void AllocateExperts(const float* params);
   const float* P(int64_t offset) const { return params_.data() + offset; }
 
   const config::ModelConfig model_;
@@ -70,6 +83,14 @@ class Generator {
   Buffer<float> mean_, rstd_, lse_;
   std::vector<Buffer<Act>> keys_, values_;
   std::vector<float> host_logits_;
+  // MoE blocks: the router's logits, each pick's permuted row and weight, the experts' rows; the
+  // routing copy of the model has capacity_factor 0 (dropless). bias_[layer]: the selection bias.
+  config::MoeConfig routing_;
+  Buffer<float> router_logits_, row_weight_, pick_weight_;
+  Buffer<int32_t> source_, slot_;
+  Buffer<Act> expert_in_, expert_fc_, expert_act_, expert_out_;
+  std::vector<float> host_router_logits_;
+  std::vector<std::vector<float>> bias_;
 };
 
 }  // namespace trainyard::worker

@@ -454,6 +454,12 @@ absl::Status Sample(const SampleFlags& flags) {
                       convert::LoadModelWeights(*RealFileSystem(), flags.weights));
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptTokens(flags, weights.model.vocab));
   std::unique_ptr<Backend> backend;
+  if (flags.device == "cuda" && weights.model.moe.enabled()) {
+    // As for training jobs (config/mesh.cc): the MoE layers' CUDA path has not run on a device.
+    return absl::InvalidArgumentError(
+        "--device cuda: a mixture-of-experts model samples on the CPU for now (its expert "
+        "layers have not run on a GPU yet)");
+  }
   if (flags.device == "cuda") {
     TY_ASSIGN_OR_RETURN(backend, MakeCudaBackend(CudaBackendOptions{}));
   } else {

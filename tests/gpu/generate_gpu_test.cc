@@ -1,7 +1,9 @@
 // `trainyard sample --device cuda`: generation with the key/value cache on the CUDA backend. Each
 // token it chooses greedily is the CPU backend's argmax for the same prefix, recomputed without a
 // cache, up to the rounding of the activations (fp32: 1e-4 of the logits' range; bf16: 3e-2);
-// and a draw at a temperature repeats from the same seed.
+// and a draw at a temperature repeats from the same seed. Dense models of both families in fp32 and
+// bf16, and mixture-of-experts models of both (fp32: a pick that rounding moved would change more
+// than the rounding).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -21,14 +23,27 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
+  bool moe = false;  // four experts, top-2, a shared expert in every second block
 };
+
+config::ModelConfig ModelOf(const Case& c) {
+  config::ModelConfig mc = *config::Preset(c.preset);
+  if (!c.moe) return mc;
+  mc.moe = {.experts = 4, .top_k = 2, .shared_experts = 1, .every = 2, .ffn = 64};
+  if (mc.family == config::ModelFamily::kLlama) {  // the other router: sigmoid, selection bias
+    mc.moe.score = config::MoeScore::kSigmoid;
+    mc.moe.normalize_top_k = true;
+    mc.moe.balance = config::MoeBalance::kBias;
+  }
+  return mc;
+}
 
 class GenerateOnGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GenerateOnGpu, GreedyTokensAreTheCpuArgmaxAndDrawsRepeat) {
   TY_SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
-  const config::ModelConfig mc = *config::Preset(c.preset);
+  const config::ModelConfig mc = ModelOf(c);
   auto cpu = MakeCpuBackend(0);
   absl::StatusOr<std::unique_ptr<LocalModel>> reference = LocalModel::Create(mc, cpu.get());
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -70,15 +85,20 @@ TEST_P(GenerateOnGpu, GreedyTokensAreTheCpuArgmaxAndDrawsRepeat) {
   EXPECT_EQ(*first, *again);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DebugPresets, GenerateOnGpu,
-    ::testing::Values(Case{"gpt2-debug", DType::kF32}, Case{"gpt2-debug", DType::kBF16},
-                      Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = std::string(info.param.preset) + "_" + DTypeName(info.param.act);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(DebugPresets, GenerateOnGpu,
+                         ::testing::Values(Case{"gpt2-debug", DType::kF32},
+                                           Case{"gpt2-debug", DType::kBF16},
+                                           Case{"llama-debug", DType::kF32},
+                                           Case{"llama-debug", DType::kBF16},
+                                           Case{"gpt2-debug", DType::kF32, /*moe=*/true},
+                                           Case{"llama-debug", DType::kF32, /*moe=*/true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = std::string(info.param.preset) +
+                                              (info.param.moe ? "_moe_" : "_") +
+                                              DTypeName(info.param.act);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace trainyard::worker

@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/device_probe.h"
+#include "common/filesystem.h"
 #include "gtest/gtest.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_env.h"
+#include "worker/checkpoint/format.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -305,6 +307,41 @@ TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
   EXPECT_EQ(a.out.substr(0, 2), "hi");
   EXPECT_EQ(a.out.size(), 2u + 8u + 1u);
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export write the same";
+}
+
+// A mixture-of-experts checkpoint samples like a dense one, by the routing it was trained with
+// (the manifest records it). One written before the manifest recorded the routing is refused.
+TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
+  const std::string moe = (dir_ / "moe").string();
+  const ProcessResult trained = Worker(
+      {"--standalone",
+       Write("moe.yaml", absl::StrCat("name: t\nmodel: {preset: llama-debug, moe: {experts: 4, "
+                                      "top_k: 2, shared_experts: 1, every: 2, score: sigmoid, "
+                                      "balance: bias}}\ntraining: {steps: 2, warmup_steps: 1, "
+                                      "batch: 2, seq_len: 16, eval_every: 0}\ncheckpoint: {dir: ",
+                                      moe, "}\n"))});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const ProcessResult a = Worker({"sample", moe, "--prompt", "hi", "--tokens", "8"});
+  const ProcessResult b = Worker({"sample", moe, "--prompt", "hi", "--tokens", "8"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out.size(), 2u + 8u + 1u);
+  EXPECT_EQ(a.out, b.out);
+  ExpectBadInput(Worker({"sample", moe, "--prompt", "hi", "--device", "cuda"}),
+                 "a mixture-of-experts model samples on the CPU for now");
+
+  auto& files = *RealFileSystem();
+  const auto saved = worker::checkpoint::ListCommitted(files, moe);
+  ASSERT_TRUE(saved.ok() && !saved->empty()) << saved.status();
+  auto manifest = worker::checkpoint::ReadManifest(files, saved->front());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  ASSERT_EQ(manifest->model().moe().top_k(), 2);
+  manifest->mutable_model()->mutable_moe()->clear_top_k();
+  manifest->mutable_model()->mutable_moe()->clear_sigmoid_score();
+  manifest->mutable_model()->mutable_moe()->clear_normalize_top_k();
+  std::ofstream(worker::checkpoint::JoinPath(saved->front(), worker::checkpoint::kManifestName))
+      << worker::checkpoint::SerializeManifest(*manifest);
+  ExpectBadInput(Worker({"sample", moe, "--prompt", "hi"}),
+                 "predates the recording of its routing");
 }
 
 }  // namespace

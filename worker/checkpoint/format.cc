@@ -72,6 +72,9 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     moe.set_shared_experts(m.moe.shared_experts);
     moe.set_every(m.moe.every);
     moe.set_router_bias(m.moe.has_bias());
+    moe.set_top_k(m.moe.top_k);
+    moe.set_sigmoid_score(m.moe.score == config::MoeScore::kSigmoid);
+    moe.set_normalize_top_k(m.moe.normalize_top_k);
   }
   return s;
 }
@@ -94,7 +97,9 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
     m.moe.ffn = s.moe().ffn();
     m.moe.shared_experts = s.moe().shared_experts();
     m.moe.every = s.moe().every();
-    m.moe.top_k = 1;
+    m.moe.top_k = std::max(1, s.moe().top_k());
+    if (s.moe().sigmoid_score()) m.moe.score = config::MoeScore::kSigmoid;
+    m.moe.normalize_top_k = s.moe().normalize_top_k();
     if (s.moe().router_bias()) m.moe.balance = config::MoeBalance::kBias;
   }
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(m, "the checkpoint's model"));

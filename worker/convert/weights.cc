@@ -30,6 +30,13 @@ absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs, const std::string
   }
   TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, path));
   const auto& [dir, manifest] = found;
+  if (manifest.model().moe().experts() > 0 && manifest.model().moe().top_k() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir,
+                     ": this mixture-of-experts checkpoint predates the recording of its "
+                     "routing (top_k, score), so its model cannot be run; resume the job once "
+                     "and sample from the checkpoint it writes"));
+  }
   TY_ASSIGN_OR_RETURN(out.model, checkpoint::ModelFromSignature(manifest.model()));
   const ParameterLayout layout(out.model);
   out.params.resize(layout.total());

@@ -1,8 +1,9 @@
 // Mixture-of-experts layers (config::MoeConfig): the router's decisions and backward
 // (worker/moe_routing.h) against values worked by hand and finite differences, a micro-batch
 // routed in pieces against the whole, and whole MoE
-// models on the CPU backend: one expert with top-1 is the dense model, and the gradient of the
-// training objective (cross-entropy plus the aux loss) matches finite differences.
+// models on the CPU backend: one expert with top-1 is the dense model, the gradient of the
+// training objective (cross-entropy plus the aux loss) matches finite differences, and generation
+// with the key/value cache computes the training model's logits.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/backend.h"
+#include "worker/generate.h"
 #include "worker/local_model.h"
 #include "worker/moe_routing.h"
 
@@ -432,6 +434,65 @@ TEST(MoeModel, ObjectiveGradientMatchesFiniteDifferences) {
     CheckObjectiveGradient(family, /*top_k=*/4, /*last_experts_only=*/false);
     CheckObjectiveGradient(family, /*top_k=*/2, /*last_experts_only=*/true);
   }
+}
+
+// Generation (worker/generate.h) runs an MoE model one token at a time with the key/value cache;
+// the logits each token was chosen from are the training model's over the whole sequence at that
+// position. GPT-2: softmax top-2 with a shared expert in every second block; Llama: normalised
+// sigmoid top-2 with a selection bias that changes picks, every block. Greedy, 12 new tokens.
+void CheckGenerationIsTheModel(config::ModelConfig c) {
+  c.max_seq = 24;
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  auto model = LocalModel::Create(c, be.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  LocalModel& m = **model;
+  m.InitParameters(17);
+  std::vector<float> params(m.num_params());
+  m.ReadParameters(params.data());
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const ParamTensor& t : m.layout().tensors()) {
+    // Routers strong enough to prefer experts clearly; the selection bias away from zero.
+    const bool router = t.name.ends_with("router.w"), bias = t.name.ends_with("router.bias");
+    for (int64_t i = 0; router && i < t.numel; ++i) params[t.offset + i] *= 8.0f;
+    for (int64_t i = 0; bias && i < t.numel; ++i) params[t.offset + i] = normal(rng);
+  }
+  m.LoadParameters(params.data());
+  auto generator = Generator::Create(c, be.get(), params.data());
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  const std::vector<int32_t> prompt = RandomTokens(5, c.vocab, 6);
+  std::vector<std::vector<float>> chosen_from;
+  auto out = (*generator)->Generate(prompt, {.tokens = 12}, [&](int32_t) {
+    chosen_from.push_back((*generator)->last_logits());
+  });
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(chosen_from.size(), 12u);
+  std::vector<int32_t> sequence = prompt;
+  sequence.insert(sequence.end(), out->begin(), out->end() - 1);
+  const int t = static_cast<int>(sequence.size());
+  std::vector<float> logits(int64_t{t} * c.vocab);
+  ASSERT_TRUE(m.Logits(sequence.data(), 1, t, logits.data()).ok());
+  for (int i = 0; i < 12; ++i) {
+    const float* want = &logits[int64_t{5 + i - 1} * c.vocab];
+    for (int v = 0; v < c.vocab; ++v) {
+      ASSERT_NEAR(chosen_from[i][v], want[v], 1e-4f * std::max(1.0f, std::abs(want[v])))
+          << config::FamilyName(c.family) << " token " << i << " logit " << v;
+    }
+  }
+}
+
+TEST(MoeModel, GenerationWithTheCacheIsTheTrainingModel) {
+  config::ModelConfig gpt2 = Small(config::ModelFamily::kGpt2);
+  gpt2.moe = Moe(4, 2);
+  gpt2.moe.shared_experts = 1;
+  gpt2.moe.every = 2;
+  CheckGenerationIsTheModel(gpt2);
+  config::ModelConfig llama = Small(config::ModelFamily::kLlama);
+  llama.moe = Moe(4, 2);
+  llama.moe.score = MoeScore::kSigmoid;
+  llama.moe.normalize_top_k = true;
+  llama.moe.balance = MoeBalance::kBias;
+  CheckGenerationIsTheModel(llama);
 }
 
 }  // namespace

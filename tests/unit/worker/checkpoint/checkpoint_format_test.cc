@@ -194,6 +194,30 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
             "model.moe.experts is 4 in the checkpoint, 0 in the spec");
 }
 
+// The router's rule travels with the shapes (generation routes by it); a checkpoint written
+// before it was recorded reads as top_k 1 with softmax scores (and `trainyard sample` refuses it).
+TEST(CheckpointFormatTest, TheSignatureCarriesTheRoutingRule) {
+  config::ModelConfig model = MoeModel();
+  model.moe.top_k = 3;
+  model.moe.score = config::MoeScore::kSigmoid;
+  model.moe.normalize_top_k = false;
+  model.moe.balance = config::MoeBalance::kBias;
+  ModelSignature saved = SignatureOf(model);
+  absl::StatusOr<config::ModelConfig> read = ModelFromSignature(saved);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->moe.top_k, 3);
+  EXPECT_EQ(read->moe.score, config::MoeScore::kSigmoid);
+  EXPECT_FALSE(read->moe.normalize_top_k);
+  EXPECT_EQ(read->moe.balance, config::MoeBalance::kBias);
+  saved.mutable_moe()->clear_top_k();
+  saved.mutable_moe()->clear_sigmoid_score();
+  saved.mutable_moe()->clear_normalize_top_k();
+  read = ModelFromSignature(saved);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->moe.top_k, 1);
+  EXPECT_EQ(read->moe.score, config::MoeScore::kSoftmax);
+}
+
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {
   // A dense model's manifest has no moe member, as before MoE existed.
   EXPECT_THAT(SerializeManifest(SomeManifest()), Not(HasSubstr("moe")));
