@@ -151,11 +151,6 @@ Problem CheckSamples(const TrainingSpec& t, const ModelConfig& model) {
                             " new ones exceed model.max_seq ", model.max_seq),
                {"model.max_seq", "training.sample_prompt"});
   }
-  if (t.sample_every > 0 && model.moe.enabled()) {
-    return Bad("training.sample_every",
-               "generation does not run mixture-of-experts models; set sample_every to 0",
-               {"model.moe"});
-  }
   return std::nullopt;
 }
 

@@ -15,20 +15,25 @@ namespace {
 // Tag of the gather's point-to-point messages (distinct from the pipeline's activations).
 constexpr uint32_t kGatherTag = 0x53414d50;  // "SAMP"
 
-// The layout of the rank of data- and context-parallel coordinate 0 at (tp_rank, stage).
-ParameterLayout PeerLayout(const config::JobSpec& spec, int tp_rank, int stage) {
+// The layout of the rank of context-parallel coordinate 0 and data-parallel coordinate ep_rank
+// (the rank of its expert-parallel group; 0 without expert parallelism) at (tp_rank, stage).
+ParameterLayout PeerLayout(const config::JobSpec& spec, int tp_rank, int stage, int ep_rank,
+                           int ep_size) {
   const config::ParallelismSpec& mesh = spec.parallelism;
   return ParameterLayout(
       spec.model, tp_rank, mesh.tp,
-      StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, stage));
+      StageChunks(spec.model, spec.training.seq_len, mesh.pp, mesh.virtual_stages, stage), ep_rank,
+      ep_size);
 }
 
 // Writes `piece`, the parameters of the rank whose layout is `local`, into `whole`, the model in
-// ParameterLayout(spec.model) order (`global`).
+// ParameterLayout(spec.model) order (`global`). A rank of expert-parallel coordinate > 0 adds
+// only its experts (its other tensors are the coordinate 0 rank's).
 void PlacePiece(const ParameterLayout& local, const ParameterLayout& global, const float* piece,
-                float* whole) {
+                float* whole, bool experts_only) {
   for (const ParamTensor& t : local.tensors()) {
     if (!local.first() && t.name == "wte") continue;  // the last stage's tied copy
+    if (experts_only && t.experts == 0) continue;
     const float* held = piece + t.offset;
     float* to = whole + global.Find(t.name)->offset;
     ForEachLocalRun(t, local.tp_rank(), local.tp_size(), [&](int64_t at, int64_t from, int64_t n) {
@@ -37,44 +42,75 @@ void PlacePiece(const ParameterLayout& local, const ParameterLayout& global, con
   }
 }
 
+// The gather's point-to-point messages, in backend memory: NCCL and the host-staging
+// communicator move device buffers.
+class PieceMail {
+ public:
+  explicit PieceMail(Backend& backend) : backend_(backend) {}
+  absl::Status Send(parallel::Communicator& comm, const float* host, int64_t n, int peer) {
+    Buffer<float> buffer = backend_.AllocFloat(n);
+    backend_.CopyFromHost(buffer.data(), host, n);
+    return comm.Send(buffer.data(), n, peer, kGatherTag);
+  }
+  absl::Status Receive(parallel::Communicator& comm, std::vector<float>& host, int64_t n,
+                       int peer) {
+    Buffer<float> buffer = backend_.AllocFloat(n);
+    host.resize(n);
+    TY_RETURN_IF_ERROR(comm.Recv(buffer.data(), n, peer, kGatherTag));
+    backend_.CopyToHost(host.data(), buffer.data(), n);
+    return absl::OkStatus();
+  }
+
+ private:
+  Backend& backend_;
+};
+
 }  // namespace
 
+// The pieces travel in a fixed order that every rank derives alike: stage by stage, within a
+// stage tensor-parallel rank by rank, within those expert-parallel rank by rank. A (tp, stage)
+// position's ep ranks send to its ep rank 0 over the ep group; its tp ranks' pieces go to tp rank
+// 0 over the tp group; a later stage's tp rank 0 relays its stage's pieces to rank 0 over the pp
+// group.
 absl::StatusOr<std::vector<float>> GatherWholeModel(const config::JobSpec& spec,
                                                     const ParallelDims& dims,
                                                     const ParameterLayout& local,
                                                     parallel::ShardedParams& params,
                                                     Backend& backend) {
-  if (spec.model.moe.enabled()) {
-    return absl::InvalidArgumentError("a mixture-of-experts model cannot be gathered for samples");
-  }
   std::vector<float> mine(local.total());
   TY_RETURN_IF_ERROR(params.GatherParameters(mine.data()));  // ZeRO-3: over the dp group
   const MeshPosition& at = dims.at;
-  if (at.dp_rank != 0 || at.cp_rank != 0) return std::vector<float>{};
+  const int ep = dims.ep != nullptr ? dims.ep->size() : 1;
+  if (at.dp_rank >= ep || at.cp_rank != 0) return std::vector<float>{};
   const int tp = spec.parallelism.tp, pp = spec.parallelism.pp;
-  // Pieces travel in backend memory: NCCL and the host-staging communicator move device buffers.
-  auto send = [&](parallel::Communicator& comm, const float* host, int64_t n, int peer) {
-    Buffer<float> buffer = backend.AllocFloat(n);
-    backend.CopyFromHost(buffer.data(), host, n);
-    return comm.Send(buffer.data(), n, peer, kGatherTag);
-  };
-  auto receive = [&](parallel::Communicator& comm, std::vector<float>& host, int64_t n, int peer) {
-    Buffer<float> buffer = backend.AllocFloat(n);
-    host.resize(n);
-    TY_RETURN_IF_ERROR(comm.Recv(buffer.data(), n, peer, kGatherTag));
-    backend.CopyToHost(host.data(), buffer.data(), n);
+  const int64_t size = local.total();  // every piece of a stage has its size
+  PieceMail mail(backend);
+  if (at.dp_rank != 0) {
+    TY_RETURN_IF_ERROR(mail.Send(*dims.ep, mine.data(), size, 0));
+    return std::vector<float>{};
+  }
+  // This position's pieces, one at a time, to `comm`'s rank 0: its own, then its ep ranks'.
+  std::vector<float> piece;
+  auto forward_own = [&](parallel::Communicator& comm) -> absl::Status {
+    TY_RETURN_IF_ERROR(mail.Send(comm, mine.data(), size, 0));
+    for (int e = 1; e < ep; ++e) {
+      TY_RETURN_IF_ERROR(mail.Receive(*dims.ep, piece, size, e));
+      TY_RETURN_IF_ERROR(mail.Send(comm, piece.data(), size, 0));
+    }
     return absl::OkStatus();
   };
   if (at.tp_rank != 0) {
-    TY_RETURN_IF_ERROR(send(*dims.tp, mine.data(), local.total(), 0));
+    TY_RETURN_IF_ERROR(forward_own(*dims.tp));
     return std::vector<float>{};
   }
-  std::vector<float> piece;
-  if (at.pp_rank != 0) {  // a later stage's first tensor-parallel rank relays its group's pieces
-    TY_RETURN_IF_ERROR(send(*dims.pp, mine.data(), local.total(), 0));
+  if (at.pp_rank != 0) {  // a later stage's first tensor-parallel rank relays its stage's pieces
+    TY_RETURN_IF_ERROR(forward_own(*dims.pp));
     for (int t = 1; t < tp; ++t) {
-      TY_RETURN_IF_ERROR(receive(*dims.tp, piece, PeerLayout(spec, t, at.pp_rank).total(), t));
-      TY_RETURN_IF_ERROR(send(*dims.pp, piece.data(), static_cast<int64_t>(piece.size()), 0));
+      const int64_t n = PeerLayout(spec, t, at.pp_rank, 0, ep).total();
+      for (int e = 0; e < ep; ++e) {
+        TY_RETURN_IF_ERROR(mail.Receive(*dims.tp, piece, n, t));
+        TY_RETURN_IF_ERROR(mail.Send(*dims.pp, piece.data(), n, 0));
+      }
     }
     return std::vector<float>{};
   }
@@ -82,14 +118,19 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const config::JobSpec& spec,
   std::vector<float> whole(global.total());
   for (int stage = 0; stage < pp; ++stage) {
     for (int t = 0; t < tp; ++t) {
-      const ParameterLayout peer = PeerLayout(spec, t, stage);
-      const float* data = mine.data();
-      if (stage > 0 || t > 0) {
-        parallel::Communicator& from = stage == 0 ? *dims.tp : *dims.pp;
-        TY_RETURN_IF_ERROR(receive(from, piece, peer.total(), stage == 0 ? t : stage));
-        data = piece.data();
+      for (int e = 0; e < ep; ++e) {
+        const ParameterLayout peer = PeerLayout(spec, t, stage, e, ep);
+        const float* data = mine.data();
+        if (stage > 0 || t > 0 || e > 0) {
+          parallel::Communicator& from = stage > 0 ? *dims.pp : t > 0 ? *dims.tp : *dims.ep;
+          TY_RETURN_IF_ERROR(mail.Receive(from, piece, peer.total(),
+                                          stage > 0 ? stage
+                                          : t > 0   ? t
+                                                    : e));
+          data = piece.data();
+        }
+        PlacePiece(peer, global, data, whole.data(), /*experts_only=*/e > 0);
       }
-      PlacePiece(peer, global, data, whole.data());
     }
   }
   return whole;

@@ -6,9 +6,12 @@
 // context-parallel coordinate 0 holds a distinct (tensor, pipeline) piece of it; each sends its
 // piece to its tensor-parallel group's first rank, which passes it on along the pipeline group
 // to rank 0, one piece at a time, so no rank but rank 0 holds more than its own piece and one
-// message. Rank 0 then generates with a key/value cache (worker/generate.h) on the rank's own
-// backend and frees the copy. Gathering is collective: every rank of the job calls it at the
-// same step (a ZeRO-3 rank first gathers its data-parallel shards).
+// message. Under expert parallelism the ranks of data-parallel coordinates 1 … ep − 1 hold the
+// other experts: each sends its piece to its expert-parallel group's first rank (coordinate 0),
+// which passes it on after its own, and rank 0 takes only the experts from it. Rank 0 then
+// generates with a key/value cache (worker/generate.h) on the rank's own backend and frees the
+// copy. Gathering is collective: every rank of the job calls it at the same step (a ZeRO-3 rank
+// first gathers its data-parallel shards).
 //
 // Threading: plain functions, called from the training loop between steps.
 #ifndef TRAINYARD_WORKER_SAMPLING_H_
@@ -31,7 +34,7 @@ namespace trainyard::worker {
 
 // The whole model's parameters in ParameterLayout(spec.model) order on global rank 0, an empty
 // vector on every other rank. `local` is this rank's layout and `params` its parameters.
-// INVALID_ARGUMENT for a mixture-of-experts model; communication errors as they come.
+// Communication errors as they come.
 [[nodiscard]] absl::StatusOr<std::vector<float>> GatherWholeModel(const config::JobSpec& spec,
                                                                   const ParallelDims& dims,
                                                                   const ParameterLayout& local,

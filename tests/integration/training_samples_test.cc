@@ -3,7 +3,8 @@
 // interleaved schedule, context parallel and a dp × tp × pp mix — rank 0 prints a sample at every
 // sample_every steps and at the last, and the last one is exactly what generation from the run's
 // final parameters (put together independently of the gather) chooses: greedily, and drawn at a
-// temperature with top-k from the same seed. Both model families.
+// temperature with top-k from the same seed. Both model families, dense and mixture-of-experts
+// (with expert parallelism).
 //
 // Ranks run as threads of this process (rank_threads.h).
 #include <memory>
@@ -37,6 +38,16 @@ const MeshCase kMeshes[] = {
      .layers = 4},
     {.name = "cp2", .cp = 2},
     {.name = "dp2_tp2_pp2_zero1", .dp = 2, .tp = 2, .pp = 2, .zero = 1},
+    // Mixture of experts: experts split over two data-parallel ranks (their ZeRO-3 shards over
+    // the ranks holding the same experts), and with tp, pp and the selection bias.
+    {.name = "moe_dp4_ep2_zero3", .dp = 4, .zero = 3, .experts = 4, .ep = 2},
+    {.name = "moe_dp2_ep2_tp2_pp2",
+     .dp = 2,
+     .tp = 2,
+     .pp = 2,
+     .experts = 4,
+     .bias_balance = true,
+     .ep = 2},
 };
 
 struct Draw {

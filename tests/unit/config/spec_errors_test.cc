@@ -373,9 +373,6 @@ std::vector<BadSpec> SampleBadSpecs() {
        "training.sample_prompt_tokens", "expected a list of integers"},
       {"sample past max_seq", Base("  sample_every: 5\n  sample_tokens: 60\n"), "6:18",
        "training.sample_tokens", "a prompt of 16 tokens and 60 new ones exceed model.max_seq 64"},
-      {"samples of a mixture of experts",
-       WithMoe("{experts: 4}", "training:\n  sample_every: 5\n  sample_tokens: 8\n"), "6:17",
-       "training.sample_every", "generation does not run mixture-of-experts models"},
   };
 }
 
