@@ -310,7 +310,8 @@ TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
 }
 
 // A mixture-of-experts checkpoint samples like a dense one, by the routing it was trained with
-// (the manifest records it). One written before the manifest recorded the routing is refused.
+// (the manifest records it); one of another shape than Mixtral's does not export. One written
+// before the manifest recorded the routing is refused.
 TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   const std::string moe = (dir_ / "moe").string();
   const ProcessResult trained = Worker(
@@ -328,6 +329,11 @@ TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   EXPECT_EQ(a.out, b.out);
   ExpectBadInput(Worker({"sample", moe, "--prompt", "hi", "--device", "cuda"}),
                  "a mixture-of-experts model samples on the CPU for now");
+  // Its shape is not Mixtral's, the one Hugging Face layout Trainyard writes for MoE models.
+  ExpectBadInput(Worker({"export", moe, "--format", "hf", "--out", (dir_ / "out").string()}),
+                 "model.moe.every: is 2; Trainyard writes and reads mixture-of-experts models in "
+                 "Hugging Face's Mixtral layout only");
+  ExpectNothingWritten();
 
   auto& files = *RealFileSystem();
   const auto saved = worker::checkpoint::ListCommitted(files, moe);

@@ -3,7 +3,7 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2" or "llama") and model.safetensors, or
+MODEL_DIR: config.json (model_type "gpt2", "llama" or "mixtral") and model.safetensors, or
 model.safetensors.index.json (its weight_map names each tensor's shard) with the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
 OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the prompt; with
@@ -11,10 +11,10 @@ OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the 
 lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
-tensor names, layouts and config keys of transformers' GPT2LMHeadModel and LlamaForCausalLM,
-written from their documented conventions; it needs neither transformers nor safetensors: it
-reads the files with its own parser (numpy) and computes the forward passes in PyTorch, in
-float64. See README.md for the conventions.
+tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM and
+MixtralForCausalLM, written from their documented conventions; it needs neither transformers nor
+safetensors: it reads the files with its own parser (numpy) and computes the forward passes in
+PyTorch, in float64. See README.md for the conventions.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr, "hf_oracle: " first), 1 on an
 internal error.
@@ -288,7 +288,7 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2 or llama)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -469,7 +469,7 @@ class Llama:
         return name
 
     def expected_tensors(self):
-        C, F_, V, D = self.width, self.ffn, self.vocab, self.head_dim
+        C, V, D = self.width, self.vocab, self.head_dim
         H, KV = self.heads, self.kv_heads
         out = [("model.embed_tokens.weight", (V, C))]
         for i in range(self.layers):
@@ -479,10 +479,8 @@ class Llama:
                     (p + "self_attn.k_proj.weight", (KV * D, C)),
                     (p + "self_attn.v_proj.weight", (KV * D, C)),
                     (p + "self_attn.o_proj.weight", (C, H * D)),
-                    (p + "post_attention_layernorm.weight", (C,)),
-                    (p + "mlp.gate_proj.weight", (F_, C)),
-                    (p + "mlp.up_proj.weight", (F_, C)),
-                    (p + "mlp.down_proj.weight", (C, F_))]
+                    (p + "post_attention_layernorm.weight", (C,))]
+            out += self.mlp_tensors(p)
         out.append(("model.norm.weight", (C,)))
         if not self.tied:
             out.append(("lm_head.weight", (V, C)))
@@ -506,14 +504,70 @@ class Llama:
             y = merge_heads(causal_attention(q, k, v))
             x = x + y @ w[p + "self_attn.o_proj.weight"].T
             m = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
-            gate = silu(m @ w[p + "mlp.gate_proj.weight"].T)
-            x = x + (gate * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(w, p, m)
         x = rms_norm(x, w["model.norm.weight"], self.eps)
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
         return x @ head.T
 
+    def mlp_tensors(self, p):
+        C, F_ = self.width, self.ffn
+        return [(p + "mlp.gate_proj.weight", (F_, C)), (p + "mlp.up_proj.weight", (F_, C)),
+                (p + "mlp.down_proj.weight", (C, F_))]
 
-MODELS = {"gpt2": Gpt2, "llama": Llama}
+    def mlp(self, w, p, m):
+        """The MLP of layer prefix p on the normed rows m [..., C]."""
+        return swiglu(m, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                      w[p + "mlp.down_proj.weight"])
+
+
+def swiglu(m, gate, up, down):
+    """down(silu(gate(m)) * up(m)), nn.Linear weights [out, in]."""
+    return (silu(m @ gate.T) * (m @ up.T)) @ down.T
+
+
+class Mixtral(Llama):
+    """MixtralForCausalLM: Llama's attention, and in every layer a sparse MLP
+    (block_sparse_moe): the router `gate` scores each token's experts with a softmax over all
+    of them, the num_experts_per_tok best are kept and their probabilities divided by their sum,
+    and the token's output is those weights times the experts' SwiGLU MLPs (w1 gate, w3 up, w2
+    down; intermediate_size is each expert's hidden size)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.experts = cfg.int("num_local_experts")
+        self.top_k = cfg.int("num_experts_per_tok")
+        if self.top_k > self.experts:
+            raise InputError("%s: num_experts_per_tok %d exceeds num_local_experts %d"
+                             % (cfg.path, self.top_k, self.experts))
+        window = cfg.raw.get("sliding_window")
+        if window is not None and cfg.int("sliding_window") < self.max_positions:
+            raise InputError("%s: sliding_window = %d is not supported (full causal attention "
+                             "only)" % (cfg.path, window))
+
+    def mlp_tensors(self, p):
+        C, F_ = self.width, self.ffn
+        out = [(p + "block_sparse_moe.gate.weight", (self.experts, C))]
+        for j in range(self.experts):
+            e = p + "block_sparse_moe.experts.%d." % j
+            out += [(e + "w1.weight", (F_, C)), (e + "w2.weight", (C, F_)),
+                    (e + "w3.weight", (F_, C))]
+        return out
+
+    def mlp(self, w, p, m):
+        probs = torch.softmax(m @ w[p + "block_sparse_moe.gate.weight"].T, dim=-1)
+        top, chosen = torch.topk(probs, self.top_k, dim=-1)
+        top = top / top.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(m)
+        for j in range(self.experts):
+            # The weight of expert j for each token: 0 unless it is among the token's picks.
+            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
+            e = p + "block_sparse_moe.experts.%d." % j
+            out = out + weight * swiglu(m, w[e + "w1.weight"], w[e + "w3.weight"],
+                                        w[e + "w2.weight"])
+        return out
+
+
+MODELS = {"gpt2": Gpt2, "llama": Llama, "mixtral": Mixtral}
 
 
 def load_weights(model, model_dir):

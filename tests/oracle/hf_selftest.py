@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import hf_oracle  # noqa: E402
 
 hf_oracle.load_torch()
-from oracle_testutil import random_model, random_tokens, small_cfg  # noqa: E402
+from oracle_testutil import moe_cfg, random_model, random_tokens, small_cfg  # noqa: E402
 
 torch.set_num_threads(1)
 ORACLE = os.path.join(HERE, "hf_oracle.py")
@@ -108,22 +108,25 @@ def gpt2_hf_config(cfg):
             "tie_word_embeddings": cfg["tied_embeddings"]}
 
 
-def llama_hf_tensors(cfg, params):
-    """[(HF name, array)] of a contract Llama: the fused qkv and gate/up weights split."""
+def llama_hf_tensors(cfg, params, mlp=True):
+    """[(HF name, array)] of a contract Llama: the fused qkv and gate/up weights split (without
+    the MLPs when not `mlp`)."""
     H, KV, F_ = cfg["heads"], cfg["kv_heads"], cfg["ffn_hidden"]
     D = cfg["width"] // H
     out = [("model.embed_tokens.weight", params["wte"])]
     for i in range(cfg["layers"]):
         c, p = "h.%d." % i, "model.layers.%d." % i
-        qkv, fc = params[c + "attn.qkv.w"], params[c + "mlp.fc.w"]
+        qkv = params[c + "attn.qkv.w"]
         out += [(p + "input_layernorm.weight", params[c + "ln1.w"]),
                 (p + "self_attn.q_proj.weight", qkv[:H * D]),
                 (p + "self_attn.k_proj.weight", qkv[H * D:(H + KV) * D]),
                 (p + "self_attn.v_proj.weight", qkv[(H + KV) * D:]),
                 (p + "self_attn.o_proj.weight", params[c + "attn.proj.w"]),
-                (p + "post_attention_layernorm.weight", params[c + "ln2.w"]),
-                (p + "mlp.gate_proj.weight", fc[:F_]), (p + "mlp.up_proj.weight", fc[F_:]),
-                (p + "mlp.down_proj.weight", params[c + "mlp.proj.w"])]
+                (p + "post_attention_layernorm.weight", params[c + "ln2.w"])]
+        if mlp:
+            fc = params[c + "mlp.fc.w"]
+            out += [(p + "mlp.gate_proj.weight", fc[:F_]), (p + "mlp.up_proj.weight", fc[F_:]),
+                    (p + "mlp.down_proj.weight", params[c + "mlp.proj.w"])]
     out.append(("model.norm.weight", params["lnf.w"]))
     if not cfg["tied_embeddings"]:
         out.append(("lm_head.weight", params["lm_head.w"]))
@@ -138,6 +141,36 @@ def llama_hf_config(cfg):
             "max_position_embeddings": cfg["max_seq"], "rms_norm_eps": cfg["norm_eps"],
             "rope_theta": cfg["rope_theta"], "tie_word_embeddings": cfg["tied_embeddings"],
             "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def mixtral_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama MoE of Mixtral's shape: Llama's attention, the
+    router as block_sparse_moe.gate, expert j's gate and up rows of the experts' fc as its w1 and
+    w3, and its [C, F] slab of the experts' proj as its w2."""
+    E, F_ = cfg["moe"]["experts"], cfg["moe"]["ffn"]
+    out = []
+    for name, array in llama_hf_tensors(cfg, params, mlp=False):
+        out.append((name, array))
+        if name.endswith("post_attention_layernorm.weight"):
+            i = int(name.split(".")[2])
+            c, p = "h.%d.moe." % i, "model.layers.%d.block_sparse_moe." % i
+            fc, proj = params[c + "experts.fc.w"], params[c + "experts.proj.w"]
+            out.append((p + "gate.weight", params[c + "router.w"]))
+            for j in range(E):
+                e = p + "experts.%d." % j
+                out += [(e + "w1.weight", fc[2 * j * F_:(2 * j + 1) * F_]),
+                        (e + "w2.weight", proj[j]),
+                        (e + "w3.weight", fc[(2 * j + 1) * F_:(2 * j + 2) * F_])]
+    return out
+
+
+def mixtral_hf_config(cfg):
+    config = llama_hf_config(cfg)
+    config.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                   "intermediate_size": cfg["moe"]["ffn"],
+                   "num_local_experts": cfg["moe"]["experts"],
+                   "num_experts_per_tok": cfg["moe"]["top_k"], "sliding_window": None})
+    return config
 
 
 def contract_params(model):
@@ -241,6 +274,20 @@ class HfOracleTest(unittest.TestCase):
         cfg = small_cfg("llama", tied_embeddings=True, rope_theta=500.0)
         self.check_against_torch_model("llama_f16", cfg, lambda p: llama_hf_tensors(cfg, p),
                                        llama_hf_config(cfg), "F16")
+
+    def test_mixtral_matches_torch_model(self):
+        # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,
+        # in every block; sharded, so the experts' tensors travel through the index too.
+        cfg = moe_cfg("llama", {"shared_experts": 0, "normalize_top_k": True, "score": "softmax",
+                                "every": 1, "top_k": 2})
+        self.check_against_torch_model("mixtral", cfg, lambda p: mixtral_hf_tensors(cfg, p),
+                                       mixtral_hf_config(cfg), shards=2)
+        bad = dict(mixtral_hf_config(cfg), num_experts_per_tok=5)
+        model_dir = self.write_model("mixtral_bad", bad,
+                                     mixtral_hf_tensors(cfg, contract_params(random_model(cfg))))
+        proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("num_experts_per_tok 5 exceeds num_local_experts 4", proc.stderr)
 
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):

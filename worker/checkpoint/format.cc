@@ -93,11 +93,17 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.moe().experts() > 0) {
+    if (s.moe().top_k() == 0) {
+      return absl::InvalidArgumentError(
+          "this mixture-of-experts checkpoint predates the recording of its routing (top_k, "
+          "score), so its model cannot be run or exported; resume the job once and use the "
+          "checkpoint it writes");
+    }
     m.moe.experts = s.moe().experts();
     m.moe.ffn = s.moe().ffn();
     m.moe.shared_experts = s.moe().shared_experts();
     m.moe.every = s.moe().every();
-    m.moe.top_k = std::max(1, s.moe().top_k());
+    m.moe.top_k = s.moe().top_k();
     if (s.moe().sigmoid_score()) m.moe.score = config::MoeScore::kSigmoid;
     m.moe.normalize_top_k = s.moe().normalize_top_k();
     if (s.moe().router_bias()) m.moe.balance = config::MoeBalance::kBias;

@@ -151,7 +151,7 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
       TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
       whole = global.data();
     }
-    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    const int64_t cols = RowElements(t);
     for (const HfPiece& piece : t.pieces) {
       if (in_file == files[file].size()) {
         TY_RETURN_IF_ERROR(writer->Finish());
@@ -186,8 +186,9 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
   TY_RETURN_IF_ERROR(CheckDestination(fs, options.out_dir));
   TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, source));
   const auto& [checkpoint, manifest] = found;
-  TY_ASSIGN_OR_RETURN(config::ModelConfig model, checkpoint::ModelFromSignature(manifest.model()));
-  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(model);
+  absl::StatusOr<config::ModelConfig> model = checkpoint::ModelFromSignature(manifest.model());
+  absl::StatusOr<std::vector<HfTensorMap>> tensors =
+      model.ok() ? HfTensors(*model) : model.status();
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(checkpoint, ": ", tensors.status().message()));
   }
@@ -209,7 +210,7 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
                                             IndexJson(files, total)));
     }
     TY_RETURN_IF_ERROR(
-        fs.WriteFileAtomic(JoinPath(staging, "config.json"), HfConfigJson(model, options.dtype)));
+        fs.WriteFileAtomic(JoinPath(staging, "config.json"), HfConfigJson(*model, options.dtype)));
     TY_RETURN_IF_ERROR(fs.SyncDir(staging));
     if (fs.Exists(out)) TY_RETURN_IF_ERROR(fs.RemoveDir(out));  // checked empty above
     TY_RETURN_IF_ERROR(fs.RenameFile(staging, out));

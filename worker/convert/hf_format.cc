@@ -67,6 +67,23 @@ void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   out.push_back(Whole(p + "mlp.proj.b", {c}, h + "mlp.c_proj.bias"));
 }
 
+// Mixtral's sparse MLP: the router and, per expert, w1 (gate), w3 (up) and w2 (down).
+void AddMixtralExperts(const ModelConfig& m, const std::string& p, const std::string& h,
+                       std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
+  out.push_back(Whole(p + "moe.router.w", {experts, c}, h + "block_sparse_moe.gate.weight"));
+  HfTensorMap fc{p + "moe.experts.fc.w", {experts * 2 * f, c}, {}};
+  HfTensorMap proj{p + "moe.experts.proj.w", {experts, c, f}, {}};
+  for (int64_t j = 0; j < experts; ++j) {
+    const std::string e = absl::StrCat(h, "block_sparse_moe.experts.", j, ".");
+    fc.pieces.push_back({e + "w1.weight", j * 2 * f, f});
+    fc.pieces.push_back({e + "w3.weight", j * 2 * f + f, f});
+    proj.pieces.push_back({e + "w2.weight", j, 1});
+  }
+  out.push_back(std::move(fc));
+  out.push_back(std::move(proj));
+}
+
 void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
@@ -79,6 +96,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
                   {h + "self_attn.v_proj.weight", q + kv, kv}}});
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
   out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
+  if (m.moe.IsMoeLayer(l)) return AddMixtralExperts(m, p, h, out);
   out.push_back({p + "mlp.fc.w",
                  {2 * f, c},
                  {{h + "mlp.gate_proj.weight", 0, f}, {h + "mlp.up_proj.weight", f, f}}});
@@ -102,11 +120,12 @@ class ConfigFields {
     *out = static_cast<int>(v);
     return absl::OkStatus();
   }
-  absl::Status Float(const std::string& key, float* out) const {
+  absl::Status Float(const std::string& key, float* out, bool zero_too = false) const {
     const Value* value = Get(key);
     if (value == nullptr) return absl::OkStatus();
-    if (value->kind_case() != Value::kNumberValue || !(value->number_value() > 0)) {
-      return Bad(key, "must be a positive number");
+    const double v = value->number_value();
+    if (value->kind_case() != Value::kNumberValue || !(v > 0 || (zero_too && v == 0))) {
+      return Bad(key, zero_too ? "must be a number >= 0" : "must be a positive number");
     }
     *out = static_cast<float>(value->number_value());
     return absl::OkStatus();
@@ -193,21 +212,70 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("hidden_act", {"silu"});
 }
 
+// Mixtral's experts over a Llama config (whose intermediate_size is each expert's hidden size).
+absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
+  config::MoeConfig& moe = m.moe;
+  TY_RETURN_IF_ERROR(f.Int("num_local_experts", &moe.experts));
+  TY_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &moe.top_k));
+  if (moe.top_k > moe.experts) {
+    return f.Bad("num_experts_per_tok", absl::StrCat("is ", moe.top_k, ", more than the ",
+                                                     moe.experts, " of num_local_experts"));
+  }
+  moe.ffn = m.ffn_hidden;
+  moe.normalize_top_k = true;  // Mixtral divides the top k's probabilities by their sum
+  TY_RETURN_IF_ERROR(f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true));
+  int window = 0;
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  if (window > 0 && window < m.max_seq) {
+    return f.Bad("sliding_window",
+                 absl::StrCat("is ", window, ", below max_position_embeddings ", m.max_seq,
+                              " (Trainyard's attention has no sliding window: null only)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
   if (tensor.shape.size() == 1) return {piece.rows};
+  if (tensor.shape.size() == 3) return {piece.rows * tensor.shape[1], tensor.shape[2]};
   const int64_t cols = tensor.shape[1];
   return piece.transpose ? std::vector<int64_t>{cols, piece.rows}
                          : std::vector<int64_t>{piece.rows, cols};
 }
 
-absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
-  if (m.moe.enabled()) {
-    return absl::UnimplementedError(
-        "a mixture-of-experts model has no Hugging Face layout in Trainyard yet (dense models "
-        "only)");
+int64_t RowElements(const HfTensorMap& tensor) {
+  int64_t n = 1;
+  for (size_t i = 1; i < tensor.shape.size(); ++i) n *= tensor.shape[i];
+  return n;
+}
+
+namespace {
+
+absl::Status CheckMixtralShape(const ModelConfig& m) {
+  const config::MoeConfig& moe = m.moe;
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.moe", field, ": ", why,
+        "; Trainyard writes and reads mixture-of-experts models in Hugging Face's Mixtral layout "
+        "only (a Llama model, every block MoE, no shared experts, softmax scores with "
+        "normalize_top_k, balance: aux_loss)"));
+  };
+  if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
+  if (moe.every != 1) return bad(".every", absl::StrCat("is ", moe.every));
+  if (moe.shared_experts != 0) {
+    return bad(".shared_experts", absl::StrCat("is ", moe.shared_experts));
   }
+  if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
+  if (!moe.normalize_top_k) return bad(".normalize_top_k", "is false");
+  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias Mixtral has not)");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
+  if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMixtralShape(m));
   std::vector<HfTensorMap> out;
   const int64_t c = m.width, v = m.vocab;
   if (m.family == ModelFamily::kGpt2) {
@@ -226,7 +294,7 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
 }
 
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs) {
-  const int64_t cols = tensor.shape.size() > 1 ? tensor.shape[1] : 1;
+  const int64_t cols = RowElements(tensor);
   const float* from = ours + piece.row_begin * cols;
   if (!piece.transpose) {
     std::copy(from, from + piece.rows * cols, theirs);
@@ -236,7 +304,7 @@ void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, fl
 }
 
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours) {
-  const int64_t cols = tensor.shape.size() > 1 ? tensor.shape[1] : 1;
+  const int64_t cols = RowElements(tensor);
   float* to = ours + piece.row_begin * cols;
   if (!piece.transpose) {
     std::copy(theirs, theirs + piece.rows * cols, to);
@@ -260,12 +328,23 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
+  const bool mixtral = m.moe.enabled();
+  // Mixtral's own fields: its experts, and no sliding window.
+  const std::string experts =
+      mixtral ? absl::StrCat(",\n  \"num_local_experts\": ", m.moe.experts,
+                             ",\n  \"num_experts_per_tok\": ", m.moe.top_k,
+                             ",\n  \"router_aux_loss_coef\": ", ShortFloat(m.moe.aux_loss_coeff),
+                             ",\n  \"output_router_logits\": false,\n  \"sliding_window\": null")
+              : "";
   return absl::StrCat(
-      "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
+      mixtral ? "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"model_type\": "
+                "\"mixtral\",\n"
+              : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
-      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
-      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
-      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"intermediate_size\": ", mixtral ? m.moe.ffn : m.ffn_hidden, experts,
+      ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
+      ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
+      ",\n  \"max_position_embeddings\": ", m.max_seq,
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
       ",\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
@@ -286,9 +365,13 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGpt2Config(fields, m));
   } else if (model_type == "llama") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+  } else if (model_type == "mixtral") {
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
   } else {
-    return fields.Bad("model_type", absl::StrCat("is \"", model_type,
-                                                 "\"; Trainyard reads \"gpt2\" and \"llama\""));
+    return fields.Bad("model_type",
+                      absl::StrCat("is \"", model_type,
+                                   "\"; Trainyard reads \"gpt2\", \"llama\" and \"mixtral\""));
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

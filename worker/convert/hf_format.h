@@ -1,4 +1,5 @@
-// Hugging Face's layout of the two families (GPT2LMHeadModel, LlamaForCausalLM) against
+// Hugging Face's layout of the two families (GPT2LMHeadModel, LlamaForCausalLM, and
+// MixtralForCausalLM for a Llama mixture-of-experts model of Mixtral's shape) against
 // Trainyard's parameter layout (worker/shape/parameters.h): tensor names, how each of our tensors
 // splits into theirs, and config.json.
 //
@@ -7,7 +8,11 @@
 // c_attn.weight transposed, the MLP's and projections' weights likewise. Llama: qkv.w's rows are
 // q_proj, k_proj, v_proj; mlp.fc.w's rows are gate_proj then up_proj. Trainyard's RoPE is the
 // half-split (rotate-half) convention Hugging Face's Llama uses, so q and k rows are not
-// permuted. The engine's internal vocabulary padding never reaches a checkpoint, so none shows.
+// permuted. Mixtral: the router is block_sparse_moe.gate; expert j's rows of moe.experts.fc.w are
+// its w1 (gate) then w3 (up), and its [C, ffn] slab of moe.experts.proj.w [E, C, ffn] is its w2.
+// Mixtral's shape: every block an MoE block, no shared experts, softmax scores renormalised over
+// the top k (normalize_top_k), no selection bias. The engine's internal vocabulary padding never
+// reaches a checkpoint, so none shows.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -38,11 +43,14 @@ struct HfTensorMap {
   std::vector<HfPiece> pieces;
 };
 
-// The shape of `piece` of `tensor` in Hugging Face's layout.
+// The shape of `piece` of `tensor` in Hugging Face's layout (of a 3-d tensor [n, a, b], a piece
+// of r rows is [r·a, b]).
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece);
+// Elements of one row of `tensor` (the product of its dimensions after the first).
+int64_t RowElements(const HfTensorMap& tensor);
 
-// Every tensor of `model`, in our layout's order. UNIMPLEMENTED for a mixture-of-experts model
-// (Hugging Face has no one layout for Trainyard's MoE blocks).
+// Every tensor of `model`, in our layout's order. UNIMPLEMENTED, naming the field, for a
+// mixture-of-experts model that is not of Mixtral's shape (above).
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model);
 
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid

@@ -78,6 +78,37 @@ absl::Status Differ(const std::string& field, const std::string& in_file, const 
                                                  ", ", in_spec, " in the spec"));
 }
 
+// An MoE model's experts and router (both have experts): its shapes, and the routing the
+// weights were trained with.
+absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeConfig& spec,
+                              const std::string& source) {
+  auto num = [](auto v) { return absl::StrCat(v); };
+  const std::pair<const char*, std::pair<int, int>> ints[] = {
+      {"moe.ffn", {file.ffn, spec.ffn}},
+      {"moe.top_k", {file.top_k, spec.top_k}},
+      {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
+      {"moe.every", {file.every, spec.every}}};
+  for (const auto& [field, values] : ints) {
+    if (values.first != values.second) {
+      return Differ(field, num(values.first), source, num(values.second));
+    }
+  }
+  auto score = [](const config::MoeConfig& m) {
+    return m.score == config::MoeScore::kSoftmax ? "softmax" : "sigmoid";
+  };
+  if (file.score != spec.score) return Differ("moe.score", score(file), source, score(spec));
+  auto flag = [](bool b) { return b ? "true" : "false"; };
+  if (file.normalize_top_k != spec.normalize_top_k) {
+    return Differ("moe.normalize_top_k", flag(file.normalize_top_k), source,
+                  flag(spec.normalize_top_k));
+  }
+  if (file.has_bias() != spec.has_bias()) {
+    return Differ("moe.balance", file.has_bias() ? "bias" : "aux_loss", source,
+                  spec.has_bias() ? "bias" : "aux_loss");
+  }
+  return absl::OkStatus();
+}
+
 // OK when `file` (the weights' model) is `spec`'s model; else names the first field that differs.
 absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
                             const std::string& source) {
@@ -86,19 +117,23 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
     return Differ("family", config::FamilyName(file.family), source,
                   config::FamilyName(spec.family));
   }
+  // A model whose every block is an MoE block has no dense MLP: its ffn_hidden means nothing.
+  const bool dense_mlps =
+      !(file.moe.enabled() && file.moe.every == 1) || !(spec.moe.enabled() && spec.moe.every == 1);
   const std::pair<const char*, std::pair<int, int>> ints[] = {
+      {"moe.experts", {file.moe.experts, spec.moe.experts}},
       {"layers", {file.layers, spec.layers}},
       {"width", {file.width, spec.width}},
       {"heads", {file.heads, spec.heads}},
       {"kv_heads", {file.kv_heads, spec.kv_heads}},
-      {"ffn_hidden", {file.ffn_hidden, spec.ffn_hidden}},
-      {"vocab", {file.vocab, spec.vocab}},
-      {"moe.experts", {file.moe.experts, spec.moe.experts}}};
+      {"ffn_hidden", {dense_mlps ? file.ffn_hidden : 0, dense_mlps ? spec.ffn_hidden : 0}},
+      {"vocab", {file.vocab, spec.vocab}}};
   for (const auto& [field, values] : ints) {
     if (values.first != values.second) {
       return Differ(field, num(values.first), source, num(values.second));
     }
   }
+  if (file.moe.enabled()) TY_RETURN_IF_ERROR(CheckSameExperts(file.moe, spec.moe, source));
   // GPT-2's learned positions are a tensor; Llama's limit is not, and may differ.
   if (file.family == ModelFamily::kGpt2 && file.max_seq != spec.max_seq) {
     return Differ("max_seq", num(file.max_seq), source, num(spec.max_seq));
@@ -198,7 +233,11 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
     }
   }
   description_ = absl::StrCat(
-      "Hugging Face ", gpt2 ? "gpt2" : "llama", " (",
+      "Hugging Face ",
+      gpt2                   ? "gpt2"
+      : model_.moe.enabled() ? "mixtral"
+                             : "llama",
+      " (",
       DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
       ", ", files_.size(), files_.size() == 1 ? " file)" : " files)");
   return absl::OkStatus();
@@ -300,7 +339,7 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
   auto it = maps_.find(name);
   if (it == maps_.end()) return absl::InternalError(absl::StrCat("no tensor maps to ", name));
   const HfTensorMap& m = it->second;
-  const int64_t cols = m.shape.size() > 1 ? m.shape[1] : 1;
+  const int64_t cols = RowElements(m);
   std::vector<float> segment;
   for (const HfPiece& piece : m.pieces) {
     const int64_t p0 = piece.row_begin * cols, p1 = p0 + piece.rows * cols;

@@ -30,14 +30,11 @@ absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs, const std::string
   }
   TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, path));
   const auto& [dir, manifest] = found;
-  if (manifest.model().moe().experts() > 0 && manifest.model().moe().top_k() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir,
-                     ": this mixture-of-experts checkpoint predates the recording of its "
-                     "routing (top_k, score), so its model cannot be run; resume the job once "
-                     "and sample from the checkpoint it writes"));
+  absl::StatusOr<config::ModelConfig> model = checkpoint::ModelFromSignature(manifest.model());
+  if (!model.ok()) {
+    return absl::Status(model.status().code(), absl::StrCat(dir, ": ", model.status().message()));
   }
-  TY_ASSIGN_OR_RETURN(out.model, checkpoint::ModelFromSignature(manifest.model()));
+  out.model = *std::move(model);
   const ParameterLayout layout(out.model);
   out.params.resize(layout.total());
   checkpoint::CheckpointTensors tensors(fs, dir, manifest);

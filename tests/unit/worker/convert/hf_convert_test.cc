@@ -1,6 +1,7 @@
 // worker/convert/: the safetensors reader and writer, the Hugging Face layouts of both families
 // and config.json, llm.c model files, and the one-line refusals of bad input, all on an
 // in-memory filesystem.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -138,10 +139,23 @@ config::ModelConfig Tiny(config::ModelFamily family) {
   return m;
 }
 
+// A Llama mixture-of-experts model of Mixtral's shape: four experts of hidden size 32, top-2
+// renormalised.
+config::ModelConfig TinyMixtral() {
+  config::ModelConfig m = Tiny(config::ModelFamily::kLlama);
+  m.moe.experts = 4;
+  m.moe.top_k = 2;
+  m.moe.ffn = 32;
+  m.moe.normalize_top_k = true;
+  return m;
+}
+
 TEST(HfFormat, PiecesCoverEveryTensorOnce) {
-  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+  for (const config::ModelConfig& model :
+       {Tiny(config::ModelFamily::kGpt2), Tiny(config::ModelFamily::kLlama), TinyMixtral()}) {
+    const config::ModelFamily family = model.family;
     for (bool tied : {true, false}) {
-      config::ModelConfig m = Tiny(family);
+      config::ModelConfig m = model;
       m.tied_embeddings = tied;
       auto maps = HfTensors(m);
       ASSERT_TRUE(maps.ok());
@@ -199,10 +213,69 @@ TEST(HfFormat, Gpt2IsConv1DTransposedAndLlamaSplitsRows) {
       EXPECT_EQ(t.pieces[1].name, "model.layers.1.mlp.up_proj.weight");
     }
   }
-  config::ModelConfig moe = Tiny(config::ModelFamily::kLlama);
-  moe.moe.experts = 4;
-  moe.moe.ffn = 32;
-  EXPECT_EQ(HfTensors(moe).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Mixtral: expert j's rows of fc are its w1 then w3, its [C, ffn] slab of proj is its w2; an MoE
+// model of another shape is refused naming the field.
+TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
+  auto maps = HfTensors(TinyMixtral());
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  const int64_t c = 64, f = 32;
+  for (const HfTensorMap& t : *maps) {
+    if (t.name == "h.1.moe.router.w") {
+      EXPECT_EQ(t.pieces[0].name, "model.layers.1.block_sparse_moe.gate.weight");
+    }
+    if (t.name == "h.1.moe.experts.fc.w") {
+      ASSERT_EQ(t.pieces.size(), 8u);
+      EXPECT_EQ(t.pieces[2].name, "model.layers.1.block_sparse_moe.experts.1.w1.weight");
+      EXPECT_EQ(t.pieces[2].row_begin, 2 * f);
+      EXPECT_EQ(t.pieces[3].name, "model.layers.1.block_sparse_moe.experts.1.w3.weight");
+      EXPECT_EQ(t.pieces[3].row_begin, 3 * f);
+      EXPECT_EQ(HfShape(t, t.pieces[3]), (std::vector<int64_t>{f, c}));
+    }
+    if (t.name == "h.1.moe.experts.proj.w") {
+      ASSERT_EQ(t.pieces.size(), 4u);
+      const HfPiece& w2 = t.pieces[2];
+      EXPECT_EQ(w2.name, "model.layers.1.block_sparse_moe.experts.2.w2.weight");
+      EXPECT_EQ(HfShape(t, w2), (std::vector<int64_t>{c, f}));
+      std::vector<float> ours(4 * c * f), theirs(c * f), back(ours.size());
+      std::iota(ours.begin(), ours.end(), 0.0f);
+      ToHf(t, w2, ours.data(), theirs.data());
+      EXPECT_EQ(theirs[0], ours[2 * c * f]);
+      EXPECT_EQ(theirs[c * f - 1], ours[3 * c * f - 1]);
+      FromHf(t, w2, theirs.data(), back.data());
+      EXPECT_TRUE(
+          std::equal(back.begin() + 2 * c * f, back.begin() + 3 * c * f, ours.begin() + 2 * c * f));
+    }
+  }
+  struct Refused {
+    void (*change)(config::ModelConfig&);
+    const char* says;
+  };
+  const Refused refused[] = {
+      {[](config::ModelConfig& m) { m.moe.every = 2; }, "model.moe.every: is 2"},
+      {[](config::ModelConfig& m) { m.moe.shared_experts = 1; }, "model.moe.shared_experts: is 1"},
+      {[](config::ModelConfig& m) { m.moe.score = config::MoeScore::kSigmoid; },
+       "model.moe.score: is sigmoid"},
+      {[](config::ModelConfig& m) { m.moe.normalize_top_k = false; },
+       "model.moe.normalize_top_k: is false"},
+      {[](config::ModelConfig& m) { m.moe.balance = config::MoeBalance::kBias; },
+       "model.moe.balance: is bias"},
+      {[](config::ModelConfig& m) {
+         const config::MoeConfig moe = m.moe;
+         m = Tiny(config::ModelFamily::kGpt2);
+         m.moe = moe;
+       },
+       "model.moe: a GPT-2 model has MoE blocks"},
+  };
+  for (const Refused& r : refused) {
+    config::ModelConfig m = TinyMixtral();
+    r.change(m);
+    const absl::Status status = HfTensors(m).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << r.says;
+    EXPECT_THAT(status.message(), HasSubstr(r.says));
+    EXPECT_THAT(status.message(), HasSubstr("Mixtral layout only"));
+  }
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
@@ -224,6 +297,31 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
     EXPECT_EQ(back->norm_eps, m.norm_eps);
     EXPECT_EQ(back->rope_theta, m.rope_theta);
   }
+  const config::ModelConfig m = TinyMixtral();
+  const std::string json = HfConfigJson(m, TensorDtype::kF32);
+  EXPECT_THAT(json, HasSubstr("\"model_type\": \"mixtral\""));
+  auto back = ModelFromHfConfig(json, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->moe.experts, 4);
+  EXPECT_EQ(back->moe.top_k, 2);
+  EXPECT_EQ(back->moe.ffn, 32);
+  EXPECT_EQ(back->moe.every, 1);
+  EXPECT_EQ(back->moe.shared_experts, 0);
+  EXPECT_EQ(back->moe.score, config::MoeScore::kSoftmax);
+  EXPECT_TRUE(back->moe.normalize_top_k);
+  EXPECT_EQ(back->moe.aux_loss_coeff, m.moe.aux_loss_coeff);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(changed, "m/config.json").status().message());
+  };
+  EXPECT_THAT(with("\"sliding_window\": null", "\"sliding_window\": 8"),
+              HasSubstr("m/config.json: sliding_window is 8, below max_position_embeddings 16"));
+  EXPECT_EQ(with("\"sliding_window\": null", "\"sliding_window\": 16"), "");
+  EXPECT_THAT(with("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5"),
+              HasSubstr("m/config.json: num_experts_per_tok is 5, more than the 4"));
+  EXPECT_THAT(with("\"num_local_experts\": 4,", ""),
+              HasSubstr("m/config.json: num_local_experts is missing"));
   EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "mistral"})", "x/config.json").status().message(),
               HasSubstr("x/config.json: model_type is \"mistral\""));
   EXPECT_THAT(
@@ -279,6 +377,41 @@ TEST(InitFrom, HfDirectoryLoadsIntoEveryTensorParallelSlice) {
   }
 }
 
+// A Mixtral directory loads into any tensor- and expert-parallel layout: each rank's experts,
+// each expert's slice.
+TEST(InitFrom, MixtralDirectoryLoadsIntoEveryExpertAndTensorParallelSlice) {
+  FakeFileSystem fs;
+  const config::ModelConfig m = TinyMixtral();
+  WriteHfDir(fs, "w", m);
+  auto source = WeightSource::Open(fs, "w");
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_THAT((*source)->description(), HasSubstr("Hugging Face mixtral"));
+  const ParameterLayout whole(m, 0, 1, PipelineStage{});
+  std::vector<float> full(whole.total());
+  ASSERT_TRUE((*source)->ReadLayout(whole, full.data()).ok());
+  // Expert 3's w2 is the last tensor of layer 0's experts: its first element is at expert 3's
+  // slab of proj.
+  const ParamTensor* proj = whole.Find("h.0.moe.experts.proj.w");
+  ASSERT_NE(proj, nullptr);
+  EXPECT_NE(full[proj->offset + 3 * 64 * 32], 0.0f);
+  const std::vector<PipelineStage> all = {PipelineStage{}};
+  for (int tp = 1; tp <= 2; ++tp) {
+    for (int ep = 1; ep <= 2; ++ep) {
+      for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
+        for (int ep_rank = 0; ep_rank < ep; ++ep_rank) {
+          const ParameterLayout part(m, tp_rank, tp, all, ep_rank, ep);
+          std::vector<float> mine(part.total()), want(part.total());
+          ASSERT_TRUE((*source)->ReadLayout(part, mine.data()).ok());
+          for (const ParamTensor& t : part.tensors()) {
+            part.Slice(t, full.data() + whole.Find(t.name)->offset, want.data() + t.offset);
+          }
+          EXPECT_EQ(mine, want) << "tp " << tp_rank << "/" << tp << ", ep " << ep_rank << "/" << ep;
+        }
+      }
+    }
+  }
+}
+
 TEST(InitFrom, BadDirectoriesAreRefusedNamingTheFileAndTensor) {
   const config::ModelConfig m = Tiny(config::ModelFamily::kGpt2);
   struct Case {
@@ -318,6 +451,23 @@ TEST(InitFrom, AnotherModelIsRefusedNamingTheFieldAndBothValues) {
               HasSubstr("model.init_from: model.kv_heads is 2 in w/config.json, 4 in the spec"));
   spec.model = m;
   EXPECT_TRUE(CheckInitFrom(fs, spec).ok());
+  // Mixtral's weights: the spec's experts and routing must be theirs; its dense ffn_hidden,
+  // which no block uses, may differ.
+  WriteHfDir(fs, "x", TinyMixtral());
+  spec.init_from = "x";
+  spec.model = TinyMixtral();
+  spec.model.ffn_hidden = 96;
+  EXPECT_TRUE(CheckInitFrom(fs, spec).ok());
+  spec.model.moe.top_k = 1;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.init_from: model.moe.top_k is 2 in x/config.json, 1 in the spec"));
+  spec.model = TinyMixtral();
+  spec.model.moe.balance = config::MoeBalance::kBias;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.moe.balance is aux_loss in x/config.json, bias in the spec"));
+  spec.model = m;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.moe.experts is 4 in x/config.json, 0 in the spec"));
   spec.init_from = "nowhere";
   EXPECT_THAT(CheckInitFrom(fs, spec).message(),
               HasSubstr("model.init_from: nowhere: no such file or directory"));
