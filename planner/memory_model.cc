@@ -305,7 +305,9 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     most.moe = most.moe || mlp.moe;
   }
   e.acts += 2 * n * w + chunk_rows * vocab + nr * w;  // lnf, tmp, logits, dx
-  e.floats += 2 * nr + 4 * chunk_rows;                // lnf statistics, loss statistics
+  // lnf statistics, the loss's statistics and log-sum-exp (and, split by vocabulary, the group's
+  // gathered statistics)
+  e.floats += 2 * nr + 4 * chunk_rows + (tp > 1 ? 3 * tp * chunk_rows : 0);
   if (sp) {
     e.acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
     e.floats += 4 * w;             // norm-gradient scratch

@@ -304,6 +304,10 @@ class Backend {
                                       int64_t vocab, float* stats) = 0;
   virtual void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
                                      int64_t rows, int64_t vocab, float grad_scale) = 0;
+  // The tensor-parallel group's gathered statistics (`ranks` blocks of `stride` rows) merged into
+  // each row's log-sum-exp (lse[0, rows)), the rows' losses added to *loss (NewDeviceSum's).
+  virtual void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride,
+                                           int64_t rows, float* lse, DeviceSum* loss) = 0;
   // out[m, n] += bias[n]
   virtual void AddBias(Act* out, const float* bias, int64_t m, int64_t n) = 0;
 

@@ -220,6 +220,10 @@ class CpuBackend final : public Backend {
                              int64_t rows, int64_t vocab, float grad_scale) override {
     k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale);
   }
+  void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
+                                   float* lse, DeviceSum* loss) override {
+    loss->AddHost(k::CrossEntropyMergeShardStats(gathered, ranks, stride, rows, lse, nullptr));
+  }
   void AddBias(Act* out, const float* bias, int64_t m, int64_t n) override {
     k::AddBias(F(out), bias, m, n);
   }

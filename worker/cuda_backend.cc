@@ -447,6 +447,13 @@ class CudaBackend final : public Backend {
     Run(kc::CrossEntropyShardGrad(stream_, act_dtype(), logits, local_targets, lse, rows, vocab,
                                   grad_scale));
   }
+  void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
+                                   float* lse, DeviceSum* loss) override {
+    auto* sums = dynamic_cast<RowSums*>(loss);
+    TY_CHECK(sums != nullptr) << "a device sum from another backend";
+    Run(kc::CrossEntropyMergeShardStats(stream_, gathered, ranks, stride, rows, lse,
+                                        sums->Reserve(rows)));
+  }
   void AddBias(Act* out, const float* bias, int64_t m, int64_t n) override {
     Run(kc::AddBias(stream_, act_dtype(), out, bias, m, n));
   }

@@ -193,7 +193,7 @@ int64_t Model::activation_bytes() const {
       add_act(*b);
     }
     for (const Buffer<float>* b :
-         {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_lse, &a.norm_scratch}) {
+         {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse, &a.norm_scratch}) {
       add(*b);
     }
     for (const Activations::DeferredGrads& d : a.deferred) {
@@ -350,6 +350,7 @@ void Model::EnsureActivations(int b, int t) {
   const int64_t chunk_rows = std::clamp<int64_t>(be.max_logits_chunk() / head_.vocab, 1, n);
   a->logits = be.AllocAct(chunk_rows * head_.vocab);
   a->ce_stats = be.AllocFloat(chunk_rows * 3);
+  if (tp_size() > 1) a->ce_gathered = be.AllocFloat(chunk_rows * 3 * tp_size());
   a->ce_lse = be.AllocFloat(chunk_rows);
   a->dx = be.AllocAct(nr * width);
   if (sp_) {
@@ -881,9 +882,10 @@ void Model::PadHead(const float** head, float** dhead) {
 }
 
 // Cross-entropy with the LM head split by vocabulary: each rank has logits for its shard of the
-// vocabulary; per row, the shards' (max, Σexp, target logit) are exchanged to form the full
-// log-sum-exp, and each rank writes the gradient of its own logits. No rank ever holds a full
-// row of logits.
+// vocabulary; per row, the shards' (max, Σexp, target logit) are all-gathered and merged into the
+// full log-sum-exp, and each rank writes the gradient of its own logits. No rank ever holds a
+// full row of logits, and nothing leaves the backend's memory: the statistics are gathered where
+// they are computed and the rows' losses stay in the loss's DeviceSum.
 absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSum* loss) {
   Activations& a = *acts_;
   const int hg = layout_.head_group();
@@ -893,10 +895,7 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
   }
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
-  const int ranks = tp_size();
   const float* head = P(hg, layout_.lm_head());
-  std::vector<float> stats(chunk * 3), gathered(chunk * 3 * ranks), lse(chunk);
-  double total = 0.0;
   const HeldWeight held(backend_, head, vocab * width);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
@@ -904,30 +903,16 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
     backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
                                      a.ce_stats.data());
-    backend_->CopyToHost(stats.data(), a.ce_stats.data(), rows * 3);
-    TY_RETURN_IF_ERROR(tp_.AllGather(stats.data(), gathered.data(), chunk * 3));
-    for (int64_t r = 0; r < rows; ++r) {
-      double mx = -INFINITY, target = 0.0;
-      for (int k = 0; k < ranks; ++k) mx = std::max(mx, double{gathered[k * chunk * 3 + 3 * r]});
-      double sum = 0.0;
-      for (int k = 0; k < ranks; ++k) {
-        const float* s = &gathered[k * chunk * 3 + 3 * r];
-        sum += double{s[1]} * std::exp(double{s[0]} - mx);
-        target += s[2];
-      }
-      const double row_lse = mx + std::log(sum);
-      lse[r] = static_cast<float>(row_lse);
-      total += row_lse - target;
-    }
+    TY_RETURN_IF_ERROR(tp_.AllGather(a.ce_stats.data(), a.ce_gathered.data(), chunk * 3));
+    backend_->CrossEntropyMergeShardStats(a.ce_gathered.data(), tp_size(), chunk, rows,
+                                          a.ce_lse.data(), loss);
     if (with_grad) {
-      backend_->CopyFromHost(a.ce_lse.data(), lse.data(), rows);
       backend_->CrossEntropyShardGrad(a.logits.data(), a.local_targets.data() + r0, a.ce_lse.data(),
                                       rows, vocab, grad_scale);
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
                                nullptr, a.logits.data(), h, head, rows, vocab, width);
     }
   }
-  loss->AddHost(total);
   if (with_grad) {
     TY_RETURN_IF_ERROR(
         SumToLocalRows(a.dlnf.data(), sp_ ? a.dlnf_local.data() : a.dlnf.data(), width));

@@ -57,7 +57,9 @@ struct Model::Activations {
   Buffer<int32_t> inputs, targets;
   // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
   Buffer<int32_t> local_inputs, local_targets;
-  Buffer<float> ce_stats, ce_lse;        // vocabulary-parallel loss: [chunk, 3] and [chunk]
+  // The vocabulary-parallel loss: this rank's [chunk, 3] statistics, the group's gathered
+  // [tp, chunk, 3], and the rows' log-sum-exp [chunk].
+  Buffer<float> ce_stats, ce_gathered, ce_lse;
   std::vector<Buffer<Act>> resid;        // layers + 1 of [N, C]: the input of each block
   std::vector<LayerActivations> layers;  // one per block, or a single one when recomputing
   Buffer<Act> lnf;                       // final norm

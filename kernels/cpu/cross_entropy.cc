@@ -66,4 +66,23 @@ void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const fl
   }
 }
 
+double CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
+                                   float* lse, float* row_loss) {
+  double total = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, target = 0.0, sum = 0.0;
+    for (int k = 0; k < ranks; ++k) mx = std::max(mx, double{gathered[3 * (k * stride + r)]});
+    for (int k = 0; k < ranks; ++k) {
+      const float* s = &gathered[3 * (k * stride + r)];
+      sum += double{s[1]} * std::exp(double{s[0]} - mx);
+      target += s[2];
+    }
+    const double row_lse = mx + std::log(sum);
+    lse[r] = static_cast<float>(row_lse);
+    if (row_loss != nullptr) row_loss[r] = static_cast<float>(row_lse - target);
+    total += row_lse - target;
+  }
+  return total;
+}
+
 }  // namespace trainyard::kernels::cpu

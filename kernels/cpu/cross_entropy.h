@@ -23,6 +23,13 @@ void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, i
 // logits ← grad_scale · (exp(logits − lse[r]) − onehot(local target)) in place.
 void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
                            int64_t rows, int64_t vocab, float grad_scale);
+// The shards' statistics merged, in double: `gathered` holds `ranks` blocks of `stride` rows of
+// stats (rank k's of row r at gathered[3·(k·stride + r)]); for r < rows, lse[r] = M +
+// log Σ_k s1·exp(s0 − M) with M the largest s0, and the row's loss is lse − Σ_k s2 (one shard
+// holds the target). Writes row_loss[r] when row_loss is not null; returns Σ of the row losses
+// (in row order, in double).
+double CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
+                                   float* lse, float* row_loss);
 
 }  // namespace trainyard::kernels::cpu
 

@@ -189,6 +189,22 @@ __global__ void ShardGradKernel(T* logits, const int32_t* local_targets, const f
   });
 }
 
+__global__ void MergeShardStatsKernel(const float* gathered, int ranks, int64_t stride,
+                                      int64_t rows, float* lse, float* row_loss) {
+  const int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  double mx = -INFINITY, target = 0.0, sum = 0.0;
+  for (int k = 0; k < ranks; ++k) mx = fmax(mx, double{gathered[3 * (k * stride + r)]});
+  for (int k = 0; k < ranks; ++k) {
+    const float* s = gathered + 3 * (k * stride + r);
+    sum += double{s[1]} * exp(double{s[0]} - mx);
+    target += s[2];
+  }
+  const double row_lse = mx + log(sum);
+  lse[r] = static_cast<float>(row_lse);
+  row_loss[r] = static_cast<float>(row_lse - target);
+}
+
 // Rows map to grid.x; targets are int32, so vocab must fit one.
 absl::Status CheckShape(int64_t rows, int64_t vocab) {
   TY_REQUIRE(rows > 0 && rows <= INT32_MAX);
@@ -235,6 +251,20 @@ absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logit
         static_cast<T*>(logits), local_targets, lse, vocab, grad_scale);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("ShardGradKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CrossEntropyMergeShardStats(cudaStream_t stream, const float* gathered, int ranks,
+                                         int64_t stride, int64_t rows, float* lse,
+                                         float* row_loss) {
+  TY_REQUIRE(ranks > 0 && rows > 0 && stride >= rows);
+  TY_REQUIRE(gathered != nullptr && lse != nullptr && row_loss != nullptr);
+  constexpr int kRowsPerBlock = 128;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  TY_REQUIRE(blocks <= INT32_MAX);
+  MergeShardStatsKernel<<<static_cast<unsigned int>(blocks), kRowsPerBlock, 0, stream>>>(
+      gathered, ranks, stride, rows, lse, row_loss);
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("MergeShardStatsKernel");
   return absl::OkStatus();
 }
 

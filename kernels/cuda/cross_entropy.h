@@ -33,6 +33,13 @@ namespace trainyard::kernels::cuda {
                                                  const int32_t* local_targets, const float* lse,
                                                  int64_t rows, int64_t vocab, float grad_scale);
 
+// The shards' statistics merged (kernels/cpu/cross_entropy.h: CrossEntropyMergeShardStats), one
+// thread per row in double: lse[r] and row_loss[r] for r < rows, from `ranks` gathered blocks of
+// `stride` rows.
+[[nodiscard]] absl::Status CrossEntropyMergeShardStats(cudaStream_t stream, const float* gathered,
+                                                       int ranks, int64_t stride, int64_t rows,
+                                                       float* lse, float* row_loss);
+
 }  // namespace trainyard::kernels::cuda
 
 #endif  // TRAINYARD_KERNELS_CUDA_CROSS_ENTROPY_H_

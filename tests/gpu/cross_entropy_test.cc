@@ -1,5 +1,6 @@
 // The CUDA softmax cross-entropy against kernels/cpu/cross_entropy, for both logit dtypes and
-// vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized.
+// vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized; and the
+// vocabulary-parallel pieces (shard statistics, their merge, the shard gradient).
 #include "kernels/cuda/cross_entropy.h"
 
 #include <algorithm>
@@ -191,6 +192,67 @@ TEST(CudaCrossEntropy, ShardStatsAndGradMatchCpu) {
       }
     }
   }
+}
+
+// The vocabulary-parallel merge: a row's logits split over `ranks` shards, each shard's stats
+// gathered rank by rank with `stride` rows apart (the rows past `rows` NaN, never read), merge to
+// the whole row's log-sum-exp and loss, on the CPU (in double) and on the GPU alike.
+TEST(CudaCrossEntropy, MergedShardStatsAreTheWholeRowsLoss) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(24);
+  const int64_t vocab = 257;
+  for (int ranks : {1, 2, 4}) {
+    for (int64_t rows : {1, 5, 300}) {
+      SCOPED_TRACE(::testing::Message() << "ranks=" << ranks << " rows=" << rows);
+      const int64_t stride = rows + 3, shard = (vocab + ranks - 1) / ranks;
+      const std::vector<float> logits = RandomLogits(rows * vocab, DType::kF32, rng);
+      const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.0, rng);
+      std::vector<float> gathered(3 * stride * ranks, NAN);
+      for (int k = 0; k < ranks; ++k) {
+        const int64_t begin = k * shard, width = std::min(vocab, begin + shard) - begin;
+        std::vector<float> part(rows * width);
+        std::vector<int32_t> local(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::copy_n(&logits[r * vocab + begin], width, &part[r * width]);
+          const int32_t t = targets[r] - static_cast<int32_t>(begin);
+          local[r] = t >= 0 && t < width ? t : -1;
+        }
+        cpu::CrossEntropyShardStats(part.data(), local.data(), rows, width,
+                                    &gathered[3 * k * stride]);
+      }
+      std::vector<float> want_lse(rows), want_loss(rows);
+      const double total = cpu::CrossEntropyMergeShardStats(gathered.data(), ranks, stride, rows,
+                                                            want_lse.data(), want_loss.data());
+      double direct = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, double{logits[r * vocab + j]});
+        for (int64_t j = 0; j < vocab; ++j) sum += std::exp(logits[r * vocab + j] - mx);
+        const double lse = mx + std::log(sum);
+        EXPECT_NEAR(want_lse[r], lse, 1e-5 * std::abs(lse));
+        direct += lse - logits[r * vocab + targets[r]];
+      }
+      EXPECT_NEAR(total, direct, 1e-5 * std::abs(direct));
+
+      DeviceMemory d_gathered(gathered.size() * sizeof(float)), lse(rows * sizeof(float)),
+          loss(rows * sizeof(float));
+      Upload(gathered, DType::kF32, d_gathered.get());
+      lse.Poison();
+      loss.Poison();
+      ASSERT_TRUE(CrossEntropyMergeShardStats(nullptr, d_gathered.as<float>(), ranks, stride, rows,
+                                              lse.as<float>(), loss.as<float>())
+                      .ok());
+      TY_CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeError(Download(lse.get(), rows, DType::kF32), want_lse), 1e-6);
+      EXPECT_LE(RelativeError(Download(loss.get(), rows, DType::kF32), want_loss), 1e-6);
+    }
+  }
+  DeviceMemory out(4 * sizeof(float));
+  EXPECT_EQ(CrossEntropyMergeShardStats(nullptr, out.as<float>(), 1, 1, 2, out.as<float>(),
+                                        out.as<float>())
+                .code(),
+            absl::StatusCode::kInvalidArgument)
+      << "stride below rows";
 }
 
 // Targets live on the device, so the launcher cannot check them; a bad one must show up as a
