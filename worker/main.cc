@@ -23,7 +23,7 @@
 //
 // or exports a checkpoint of any mesh as a Hugging Face model directory (worker/convert/):
 //
-//   trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16]
+//   trainyard-worker export CHECKPOINT --format hf|llmc --out DIR|FILE [--dtype fp32|bf16]
 //                           [--max-shard-size SIZE]
 //
 // Exit codes: 0 exported; 2 bad flags or input (nothing is written); 1 anything else.
@@ -65,6 +65,7 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/convert/hf_export.h"
 #include "worker/convert/init_from.h"
+#include "worker/convert/llmc_export.h"
 #include "worker/convert/weights.h"
 #include "worker/coordinated.h"
 #include "worker/cuda_backend.h"
@@ -121,10 +122,11 @@ constexpr char kHelp[] =
     "  --seconds-per-probe S     each round of a compute probe (default 0.5)\n"
     "  --seconds-per-link-probe S  each link probe, its rounds together (default 3)\n"
     "\n"
-    "       trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16]\n"
-    "                        [--max-shard-size SIZE]\n"
+    "       trainyard-worker export CHECKPOINT --format hf|llmc --out DIR|FILE\n"
+    "                        [--dtype fp32|bf16] [--max-shard-size SIZE]\n"
     "\n"
-    "Export: a checkpoint as a Hugging Face model directory (see `export --help`).\n"
+    "Export: a checkpoint as a Hugging Face model directory or an llm.c model file (see\n"
+    "`export --help`).\n"
     "\n"
     "       trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N]\n"
     "                        [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda]\n"
@@ -246,17 +248,18 @@ int RunCalibrate(int argc, char** argv) {
 }
 
 constexpr char kExportUsage[] =
-    "usage: trainyard-worker export CHECKPOINT --format hf --out DIR [--dtype fp32|bf16] "
-    "[--max-shard-size SIZE]";
+    "usage: trainyard-worker export CHECKPOINT --format hf|llmc --out DIR|FILE "
+    "[--dtype fp32|bf16] [--max-shard-size SIZE]";
 
 constexpr char kExportHelp[] =
     "Export: writes a checkpoint (a checkpoint directory, or a checkpoint.dir whose newest\n"
     "committed checkpoint is taken) as a Hugging Face model directory that transformers loads\n"
-    "as GPT2LMHeadModel or LlamaForCausalLM: config.json and model.safetensors.\n"
-    "  --format hf             the only format\n"
-    "  --out DIR               a new or empty directory\n"
-    "  --dtype fp32|bf16       the tensors' type (default fp32)\n"
-    "  --max-shard-size SIZE   split into files of at most SIZE (\"2GB\", \"500MiB\") with\n"
+    "as GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM (config.json and\n"
+    "model.safetensors), or as an llm.c GPT-2 model file (gpt2_124M.bin's layout).\n"
+    "  --format hf|llmc        Hugging Face's directory, or llm.c's file\n"
+    "  --out DIR|FILE          hf: a new or empty directory; llmc: a new file\n"
+    "  --dtype fp32|bf16       the tensors' type (default fp32; llmc: version 3 or 5)\n"
+    "  --max-shard-size SIZE   hf: split into files of at most SIZE (\"2GB\", \"500MiB\") with\n"
     "                          model.safetensors.index.json (default: one file)\n";
 
 bool IsExportInvocation(int argc, char** argv) {
@@ -264,8 +267,13 @@ bool IsExportInvocation(int argc, char** argv) {
          (std::string_view(argv[1]) == "export" || std::string_view(argv[1]) == "--export");
 }
 
-absl::StatusOr<std::pair<std::string, convert::ExportOptions>> ParseExportFlags(int argc,
-                                                                                char** argv) {
+struct ExportFlags {
+  std::string source;
+  bool llmc = false;  // --format llmc, else hf
+  convert::ExportOptions options;
+};
+
+absl::StatusOr<ExportFlags> ParseExportFlags(int argc, char** argv) {
   constexpr std::string_view kFlags[] = {"format", "out", "dtype", "max-shard-size"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "export"));
   if (line.help) {
@@ -278,9 +286,12 @@ absl::StatusOr<std::pair<std::string, convert::ExportOptions>> ParseExportFlags(
   }
   convert::ExportOptions options;
   const std::string format = absl::GetFlag(FLAGS_format);
-  if (line.Has("format") && format != "hf") {
+  if (line.Has("format") && format != "hf" && format != "llmc") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--format must be hf (Hugging Face), got '", format, "'"));
+        absl::StrCat("--format must be hf (Hugging Face) or llmc (llm.c), got '", format, "'"));
+  }
+  if (format == "llmc" && line.Has("max-shard-size")) {
+    return absl::InvalidArgumentError("--max-shard-size is not used with --format llmc");
   }
   options.out_dir = absl::GetFlag(FLAGS_out);
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
@@ -296,31 +307,35 @@ absl::StatusOr<std::pair<std::string, convert::ExportOptions>> ParseExportFlags(
   if (line.positionals.empty()) {
     return absl::InvalidArgumentError("the CHECKPOINT to export is required");
   }
-  if (format.empty()) return absl::InvalidArgumentError("--format hf is required");
-  if (options.out_dir.empty()) return absl::InvalidArgumentError("--out DIR is required");
-  return std::pair{line.positionals[0], options};
+  if (format.empty()) return absl::InvalidArgumentError("--format hf or --format llmc is required");
+  if (options.out_dir.empty()) {
+    return absl::InvalidArgumentError(format == "llmc" ? "--out FILE is required"
+                                                       : "--out DIR is required");
+  }
+  return ExportFlags{.source = line.positionals[0], .llmc = format == "llmc", .options = options};
 }
 
 // `trainyard-worker export`: returns the exit code, having said why on stderr.
 int RunExport(int argc, char** argv) {
-  absl::StatusOr<std::pair<std::string, convert::ExportOptions>> flags =
-      ParseExportFlags(argc, argv);
+  absl::StatusOr<ExportFlags> flags = ParseExportFlags(argc, argv);
   if (!flags.ok()) {
     std::cerr << "trainyard-worker: error: " << Annotate(flags.status(), kExportUsage).message()
               << "\n";
     return kExitUserError;
   }
+  const convert::ExportOptions& options = flags->options;
   absl::StatusOr<convert::ExportResult> result =
-      convert::ExportHf(*RealFileSystem(), flags->first, flags->second);
+      flags->llmc ? convert::ExportLlmc(*RealFileSystem(), flags->source, options)
+                  : convert::ExportHf(*RealFileSystem(), flags->source, options);
   if (!result.ok()) {
     std::cerr << "trainyard-worker: error: " << result.status().message() << "\n";
     return ExitCodeForStatus(result.status());
   }
   std::cout << absl::StrFormat(
       "exported step %d of %s to %s: %d file%s, %.1f MiB of %s tensors in %.2f s (%.0f MB/s)\n",
-      result->step, result->checkpoint, flags->second.out_dir, result->files,
+      result->step, result->checkpoint, options.out_dir, result->files,
       result->files == 1 ? "" : "s", result->tensor_bytes / 1048576.0,
-      convert::DtypeName(flags->second.dtype), result->seconds,
+      convert::DtypeName(options.dtype), result->seconds,
       result->tensor_bytes / 1e6 / std::max(result->seconds, 1e-9));
   return kExitOk;
 }

@@ -7,7 +7,8 @@
 // logits. Greedy generation with the key/value cache, from the export and from the checkpoint,
 // chooses the oracle's 32 tokens. A Llama mixture-of-experts model of Mixtral's shape does all of
 // this as MixtralForCausalLM, its experts split over data-parallel (ep 2), tensor-parallel and
-// pipeline ranks.
+// pipeline ranks. The llm.c export of a GPT-2 checkpoint is byte for byte llm.c's layout of the
+// same weights.
 //
 // Ranks run as threads of this process (rank_threads.h).
 #include "worker/convert/hf_export.h"
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/global_params.h"
 #include "tests/integration/mesh_cases.h"
@@ -32,6 +34,7 @@
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
 #include "worker/convert/init_from.h"
+#include "worker/convert/llmc_export.h"
 #include "worker/convert/weights.h"
 #include "worker/generate.h"
 #include "worker/local_model.h"
@@ -270,6 +273,56 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh) {
       EXPECT_LE(llmc_error, version == 3 ? 1e-4 : 3e-2);
     }
   }
+  fs::remove_all(scratch);
+}
+
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// `trainyard export --format llmc` of a GPT-2 checkpoint written on dp 2 with ZeRO-3 is, byte
+// for byte, the file llm.c's layout makes of the same weights (tests/oracle/write_llmc.py, from
+// the Hugging Face export), in fp32 (version 3) and bf16 (version 5), the vocabulary of 64 padded
+// to 128 rows; and it loads through model.init_from's reader to the logits of the export.
+TEST(LlmcExport, IsLlmcsLayoutOfTheCheckpoint) {
+  const fs::path scratch = testenv::MakeScratchDir("llmc_export");
+  const fs::path hf = scratch / "hf";
+  const config::JobSpec spec = Job(ModelFamily::kGpt2, {.name = "dp2_zero3", .dp = 2, .zero = 3});
+  ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
+  const std::string checkpoints = (scratch / "ckpt").string();
+  for (int version : {3, 5}) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    const fs::path native = scratch / absl::StrCat("native_v", version, ".bin");
+    const fs::path reference = scratch / absl::StrCat("reference_v", version, ".bin");
+    absl::StatusOr<convert::ExportResult> exported = convert::ExportLlmc(
+        *RealFileSystem(), checkpoints,
+        {.out_dir = native.string(),
+         .dtype = version == 3 ? convert::TensorDtype::kF32 : convert::TensorDtype::kBF16});
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->step, kSavedStep);
+    ASSERT_EQ(RunPython("write_llmc.py",
+                        absl::StrCat(hf.string(), " ", reference.string(), " --version ", version)),
+              0);
+    const std::string bytes = FileBytes(native);
+    EXPECT_EQ(bytes.size(), FileBytes(reference).size());
+    EXPECT_TRUE(bytes == FileBytes(reference)) << "the files differ";
+    EXPECT_FALSE(fs::exists(native.string() + ".exporting"));
+  }
+  std::vector<int32_t> tokens(kBatch * kSeq);
+  std::mt19937 rng(3);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % spec.model.vocab);
+  EXPECT_EQ(TrainyardLogits(spec.model, (scratch / "native_v3.bin").string(), tokens),
+            TrainyardLogits(spec.model, hf.string(), tokens));
+
+  // A destination that exists, and shards, which one file does not have.
+  const convert::ExportOptions onto_existing{.out_dir = (scratch / "native_v3.bin").string()};
+  EXPECT_THAT(convert::ExportLlmc(*RealFileSystem(), checkpoints, onto_existing).status().message(),
+              ::testing::HasSubstr("exists (an llm.c export writes a new file)"));
+  const convert::ExportOptions sharded{.out_dir = (scratch / "x.bin").string(),
+                                       .max_shard_bytes = 1 << 20};
+  EXPECT_EQ(convert::ExportLlmc(*RealFileSystem(), checkpoints, sharded).status().code(),
+            absl::StatusCode::kInvalidArgument);
   fs::remove_all(scratch);
 }
 

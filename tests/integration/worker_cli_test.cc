@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "common/device_probe.h"
 #include "common/filesystem.h"
+#include "config/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_env.h"
@@ -272,7 +273,12 @@ TEST_F(WorkerWeights, ExportBadInput) {
   const std::string saved = (dir_ / "saved").string(), out = (dir_ / "out").string();
   ExpectBadInput(Worker({"export", (dir_ / "gone").string(), "--format", "hf", "--out", out}),
                  "gone: no such file or directory");
-  ExpectBadInput(Worker({"export", saved, "--format", "onnx", "--out", out}), "--format");
+  ExpectBadInput(Worker({"export", saved, "--format", "onnx", "--out", out}),
+                 "--format must be hf (Hugging Face) or llmc (llm.c), got 'onnx'");
+  ExpectBadInput(
+      Worker({"export", saved, "--format", "llmc", "--out", out, "--max-shard-size", "1MB"}),
+      "--max-shard-size is not used with --format llmc");
+  ExpectBadInput(Worker({"export", saved, "--format", "llmc"}), "--out FILE is required");
   ExpectBadInput(Worker({"export", saved, "--format", "hf", "--out", out, "--dtype", "fp8"}),
                  "--dtype");
   ExpectBadInput(Worker({"export", saved, "--format", "hf"}), "--out DIR is required");
@@ -281,6 +287,31 @@ TEST_F(WorkerWeights, ExportBadInput) {
   Write("out/keep.txt", "mine");
   ExpectBadInput(Worker({"export", saved, "--format", "hf", "--out", out}), "is not empty");
   EXPECT_EQ(std::vector<fs::directory_entry>(fs::directory_iterator(out), {}).size(), 1u);
+}
+
+// An llm.c model file of gpt2-debug (vocabulary 256: no padding rows): llm.c's header and every
+// parameter, and it samples as the checkpoint does. Over an existing file it is refused.
+TEST_F(WorkerWeights, ExportLlmcFile) {
+  const std::string saved = (dir_ / "saved").string(), bin = (dir_ / "model.bin").string();
+  const ProcessResult r = Worker({"export", saved, "--format", "llmc", "--out", bin});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("exported step 2 of "), std::string::npos) << r.out;
+  const config::ModelConfig m = *config::Preset("gpt2-debug");
+  const int64_t c = m.width, l = m.layers;
+  const int64_t numel = m.vocab * c + m.max_seq * c + l * (12 * c * c + 13 * c) + 2 * c;
+  EXPECT_EQ(fs::file_size(bin), 1024 + 4 * numel);
+  std::ifstream in(bin, std::ios::binary);
+  int32_t header[8];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(
+      std::vector<int32_t>(header, header + 8),
+      (std::vector<int32_t>{20240326, 3, m.max_seq, m.vocab, m.layers, m.heads, m.width, m.vocab}));
+  const ProcessResult from_file = Worker({"sample", bin, "--prompt", "hi", "--tokens", "8"});
+  const ProcessResult from_saved = Worker({"sample", saved, "--prompt", "hi", "--tokens", "8"});
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, from_saved.out);
+  ExpectBadInput(Worker({"export", saved, "--format", "llmc", "--out", bin}),
+                 "model.bin exists (an llm.c export writes a new file)");
 }
 
 TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
@@ -333,6 +364,8 @@ TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   ExpectBadInput(Worker({"export", moe, "--format", "hf", "--out", (dir_ / "out").string()}),
                  "model.moe.every: is 2; Trainyard writes and reads mixture-of-experts models in "
                  "Hugging Face's Mixtral layout only");
+  ExpectBadInput(Worker({"export", moe, "--format", "llmc", "--out", (dir_ / "out").string()}),
+                 "model.family is llama; llm.c's model file holds a GPT-2");
   ExpectNothingWritten();
 
   auto& files = *RealFileSystem();

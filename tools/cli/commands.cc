@@ -85,9 +85,10 @@ commands:
   nodes uncordon NODE               lift a node's quarantine now
   plan SPEC [--json] [...]          memory, step time and MFU of every mesh, and the best one
                                     (no coordinator; docs/planner.md)
-  export CHECKPOINT_OR_JOB --format hf --out DIR [--dtype fp32|bf16] [--max-shard-size SIZE]
-                                    a checkpoint (a job's newest committed one) as a Hugging Face
-                                    model directory that transformers loads (docs/weights.md)
+  export CHECKPOINT_OR_JOB --format hf|llmc --out DIR|FILE [--dtype fp32|bf16]
+         [--max-shard-size SIZE]    a checkpoint (a job's newest committed one) as a Hugging Face
+                                    model directory that transformers loads, or an llm.c GPT-2
+                                    model file (docs/weights.md)
   sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]
                                     text generated from a checkpoint, a job's newest checkpoint,
