@@ -192,6 +192,23 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (!(c.norm_eps > 0.0f)) return bad("norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0f)) return bad("rope_theta", "must be positive");
+  if (const RopeScaling& r = c.rope_scaling; r.enabled()) {
+    if (c.family != ModelFamily::kLlama) {
+      return bad("rope_scaling", "only the llama family uses rotary position embeddings");
+    }
+    if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
+      return bad("rope_scaling.factor", absl::StrCat("must be at least 1, got ", r.factor));
+    }
+    if (!(r.low_freq_factor > 0.0f) || !std::isfinite(r.low_freq_factor)) {
+      return bad("rope_scaling.low_freq_factor", "must be positive");
+    }
+    if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
+      return bad("rope_scaling.high_freq_factor",
+                 absl::StrCat("must exceed low_freq_factor ", r.low_freq_factor, ", got ",
+                              r.high_freq_factor));
+    }
+    if (r.original_max_seq < 1) return bad("rope_scaling.original_max_seq", "must be positive");
+  }
   return ValidateMoe(c, p);
 }
 

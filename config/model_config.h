@@ -61,6 +61,18 @@ struct MoeConfig {
   bool has_bias() const { return enabled() && balance == MoeBalance::kBias; }
 };
 
+// Llama 3's scaling of RoPE's long wavelengths (transformers' rope_type llama3; the formula is
+// in kernels/rope_frequencies.h): factor 0 for none.
+struct RopeScaling {
+  float factor = 0.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_seq = 8192;  // the context the model was first trained on
+
+  bool enabled() const { return factor > 0.0f; }
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
   int layers = 2;
@@ -73,6 +85,7 @@ struct ModelConfig {
   bool tied_embeddings = true;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
 

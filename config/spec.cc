@@ -140,10 +140,30 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
+absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
-      {"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq",
-       "tied_embeddings", "norm_eps", "rope_theta", "recompute", "moe", "init_from"}));
+      {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_seq"}));
+  std::string type;
+  TY_RETURN_IF_ERROR(r.ReadString("type", &type));
+  if (type != "llama3") {
+    return r.ErrorAt("type", absl::StrCat(r.Has("type") ? "is '" + type + "'; it " : "",
+                                          "must be llama3 (Llama 3's scaling, the one Trainyard "
+                                          "computes)"));
+  }
+  if (!r.Has("factor")) {
+    return r.ErrorAt("factor", "required: how many times longer the context is than before");
+  }
+  TY_RETURN_IF_ERROR(r.ReadFloat("factor", &scaling->factor));
+  TY_RETURN_IF_ERROR(r.ReadFloat("low_freq_factor", &scaling->low_freq_factor));
+  TY_RETURN_IF_ERROR(r.ReadFloat("high_freq_factor", &scaling->high_freq_factor));
+  return r.ReadInt("original_max_seq", &scaling->original_max_seq);
+}
+
+absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
+  TY_RETURN_IF_ERROR(
+      r.ExpectMapWithKeys({"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden",
+                           "vocab", "max_seq", "tied_embeddings", "norm_eps", "rope_theta",
+                           "rope_scaling", "recompute", "moe", "init_from"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -168,9 +188,13 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   if (gpt2 && r.Has("width") && !r.Has("ffn_hidden") && m.width > 0 && m.width <= INT_MAX / 4) {
     m.ffn_hidden = 4 * m.width;
   }
-  if (gpt2 && r.Has("rope_theta")) {
-    TY_RETURN_IF_ERROR(
-        r.Inert("rope_theta", "only the llama family uses rotary position embeddings"));
+  for (const char* key : {"rope_theta", "rope_scaling"}) {
+    if (gpt2 && r.Has(key)) {
+      TY_RETURN_IF_ERROR(r.Inert(key, "only the llama family uses rotary position embeddings"));
+    }
+  }
+  if (std::optional<FieldReader> scaling = r.Child("rope_scaling"); scaling && !gpt2) {
+    TY_RETURN_IF_ERROR(ReadRopeScaling(*scaling, &m.rope_scaling));
   }
   if (std::optional<FieldReader> moe = r.Child("moe")) {
     TY_RETURN_IF_ERROR(ReadMoe(*moe, m.ffn_hidden, &m.moe));

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "kernels/rope_frequencies.h"
 #include "worker/buffer.h"
 
 namespace trainyard::worker {
@@ -231,10 +232,11 @@ class Backend {
                               int64_t f) = 0;
 
   // In place on the query and key heads of a packed qkv activation; row i of each sequence has
-  // position first_position + i.
-  virtual void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) = 0;
-  virtual void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
-                            int64_t first_position) = 0;
+  // position first_position + i; `freq` the model's (RopeOf).
+  virtual void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
+                    int64_t first_position) = 0;
+  virtual void RopeBackward(Act* dqkv, const AttentionShape& s,
+                            const kernels::RopeFrequencies& freq, int64_t first_position) = 0;
 
   // Causal attention; out [b, t, heads·d], lse [b, heads, t]. dqkv is overwritten.
   virtual void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) = 0;

@@ -176,13 +176,13 @@ class CpuBackend final : public Backend {
                       int64_t f) override {
     k::SwigluBackward(F(dinp), F(dout), F(inp), rows, f);
   }
-  void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) override {
-    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta, first_position);
+  void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
+            int64_t first_position) override {
+    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position);
   }
-  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
+  void RopeBackward(Act* dqkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
                     int64_t first_position) override {
-    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, theta,
-                    first_position);
+    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position);
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);

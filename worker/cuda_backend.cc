@@ -386,14 +386,15 @@ class CudaBackend final : public Backend {
   }
 
   // Attention.
-  void Rope(Act* qkv, const AttentionShape& s, float theta, int64_t first_position) override {
+  void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
+            int64_t first_position) override {
     Run(kc::RopeForward(stream_, act_dtype(), qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                        theta, first_position));
+                        freq, first_position));
   }
-  void RopeBackward(Act* dqkv, const AttentionShape& s, float theta,
+  void RopeBackward(Act* dqkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
                     int64_t first_position) override {
     Run(kc::RopeBackward(stream_, act_dtype(), dqkv, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim, theta, first_position));
+                         s.head_dim, freq, first_position));
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     Run(kc::FlashAttentionForward(stream_, act_dtype(), out, lse, qkv, Dims(s)));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/moe_routing.h"
+#include "worker/rope.h"
 
 namespace trainyard::worker {
 namespace {
@@ -154,7 +155,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), gpt2 ? P(o.qkv_b) : nullptr, n, qkv, c);
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
-  if (!gpt2) be.Rope(qkv_.data(), shape, m.rope_theta, pos);
+  if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m), pos);
   // This pass's keys and values join the cache; the queries attend to every cached position
   // (causally among themselves when the prompt runs as one pass).
   Act* keys = keys_[layer].data();

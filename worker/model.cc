@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/model_activations.h"
+#include "worker/rope.h"
 
 namespace trainyard::worker {
 
@@ -503,11 +504,11 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
 
 void Model::Rotate(Act* qkv, bool backward) {
   const Activations& a = *acts_;
-  const float theta = config_.rope_theta;
+  const kernels::RopeFrequencies freq = RopeOf(config_);
   const int64_t d = config_.head_dim();
   if (!cp_.enabled()) {
     const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};
-    backward ? backend_->RopeBackward(qkv, shape, theta, 0) : backend_->Rope(qkv, shape, theta, 0);
+    backward ? backend_->RopeBackward(qkv, shape, freq, 0) : backend_->Rope(qkv, shape, freq, 0);
     return;
   }
   const int64_t c = a.t / 2, rows = int64_t{a.b} * c;
@@ -515,8 +516,8 @@ void Model::Rotate(Act* qkv, bool backward) {
   for (int half = 0; half < 2; ++half) {
     Act* x = backend_->At(qkv, half * rows * dims_.qkv_width);
     const int64_t first = cp_.ChunkOf(half) * c;
-    backward ? backend_->RopeBackward(x, half_shape, theta, first)
-             : backend_->Rope(x, half_shape, theta, first);
+    backward ? backend_->RopeBackward(x, half_shape, freq, first)
+             : backend_->Rope(x, half_shape, freq, first);
   }
 }
 

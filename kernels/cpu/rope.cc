@@ -7,13 +7,14 @@ namespace trainyard::kernels::cpu {
 namespace {
 
 void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-            float theta, int64_t first_position, float direction) {
+            const RopeFrequencies& freq, int64_t first_position, float direction) {
   const int64_t half = d / 2;
   std::vector<float> cos_table(t * half), sin_table(t * half);
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = RopeInvFreq(freq, i, d);
   for (int64_t p = 0; p < t; ++p) {
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(first_position + p) *
-                           std::pow(static_cast<double>(theta), -2.0 * i / d);
+      const double angle = static_cast<double>(first_position + p) * inv_freq[i];
       cos_table[p * half + i] = static_cast<float>(std::cos(angle));
       sin_table[p * half + i] = static_cast<float>(direction * std::sin(angle));
     }
@@ -39,13 +40,13 @@ void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, i
 }  // namespace
 
 void RopeForward(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                 float theta, int64_t first_position) {
-  Rotate(qkv, b, t, heads, kv_heads, d, theta, first_position, 1.0f);
+                 const RopeFrequencies& freq, int64_t first_position) {
+  Rotate(qkv, b, t, heads, kv_heads, d, freq, first_position, 1.0f);
 }
 
 void RopeBackward(float* dqkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                  float theta, int64_t first_position) {
-  Rotate(dqkv, b, t, heads, kv_heads, d, theta, first_position, -1.0f);
+                  const RopeFrequencies& freq, int64_t first_position) {
+  Rotate(dqkv, b, t, heads, kv_heads, d, freq, first_position, -1.0f);
 }
 
 }  // namespace trainyard::kernels::cpu

@@ -1,19 +1,22 @@
 // Rotary position embedding (half-split convention) applied in place to the query and key heads
 // of a packed qkv activation [b, t, (heads + 2·kv_heads) · d]: for i < d/2 the pair
-// (x[i], x[i + d/2]) of position p is rotated by p · theta^(-2i/d). Row j of each sequence has
-// position first_position + j (a chunk of a longer sequence under context parallelism).
+// (x[i], x[i + d/2]) of position p is rotated by p · inv_freq(i) (kernels/rope_frequencies.h:
+// theta^(-2i/d), or Llama 3's scaling of it). Row j of each sequence has position
+// first_position + j (a chunk of a longer sequence under context parallelism).
 #ifndef TRAINYARD_KERNELS_CPU_ROPE_H_
 #define TRAINYARD_KERNELS_CPU_ROPE_H_
 
 #include <cstdint>
 
+#include "kernels/rope_frequencies.h"
+
 namespace trainyard::kernels::cpu {
 
 void RopeForward(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                 float theta, int64_t first_position);
+                 const RopeFrequencies& freq, int64_t first_position);
 // The gradient of a rotation is the inverse rotation: applied in place to dqkv.
 void RopeBackward(float* dqkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                  float theta, int64_t first_position);
+                  const RopeFrequencies& freq, int64_t first_position);
 
 }  // namespace trainyard::kernels::cpu
 

@@ -4,6 +4,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/rope.h"
+#include "kernels/rope_frequencies.h"
 
 namespace trainyard::kernels::cuda {
 namespace {
@@ -12,20 +13,20 @@ constexpr int kThreads = 256;
 constexpr unsigned int kMaxBlocks = 1u << 16;  // grid-stride loop below
 
 // One thread per (row, pair index i): it computes the angle once and rotates pair i of every
-// query and key head of the row. The angle p · theta^(−2i/d) is formed and its sine and cosine
+// query and key head of the row. The angle p · inv_freq(i) is formed and its sine and cosine
 // taken in fp64, as the CPU reference does: at p ≈ 2000 an fp32 angle would be off by ~1e-4 rad.
 // `direction` is +1 (forward) or −1 (backward: the inverse rotation).
 template <typename T>
 __global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t first_position,
-                           int64_t rotated_heads, int64_t row_width, int64_t d, double theta,
-                           double direction) {
+                           int64_t rotated_heads, int64_t row_width, int64_t d,
+                           RopeFrequencies freq, double direction) {
   const int64_t half = d / 2;
   const int64_t n = rows * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / half, i = idx - row * half;
     const int64_t p = first_position + row % t;
-    const double angle = static_cast<double>(p) * pow(theta, -2.0 * i / d);
+    const double angle = static_cast<double>(p) * RopeInvFreq(freq, i, d);
     double s, c;
     sincos(angle, &s, &c);
     const float cs = static_cast<float>(c);
@@ -40,13 +41,16 @@ __global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t first_positi
 }
 
 absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t, int64_t heads,
-                  int64_t kv_heads, int64_t d, float theta, int64_t first_position,
+                  int64_t kv_heads, int64_t d, const RopeFrequencies& freq, int64_t first_position,
                   double direction) {
   TY_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16);
   TY_REQUIRE(b >= 0 && t >= 1);
   TY_REQUIRE(heads >= 1 && kv_heads >= 1);
   TY_REQUIRE(d >= 2 && d % 2 == 0);
-  TY_REQUIRE(theta > 0.0f);
+  TY_REQUIRE(freq.theta > 0.0);
+  TY_REQUIRE(freq.factor == 0.0 ||
+             (freq.factor >= 1.0 && freq.low_freq_factor > 0.0 &&
+              freq.high_freq_factor > freq.low_freq_factor && freq.original_max_seq > 0.0));
   TY_REQUIRE(first_position >= 0);
   if (b == 0) return absl::OkStatus();
   TY_REQUIRE(qkv != nullptr);
@@ -55,8 +59,7 @@ absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_
   const unsigned int blocks = std::min(BlocksFor(rows * (d / 2), kThreads), kMaxBlocks);
   TY_DISPATCH_DTYPE(dtype, T, {
     RopeKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(qkv), rows, t, first_position,
-                                                   heads + kv_heads, row_width, d,
-                                                   static_cast<double>(theta), direction);
+                                                   heads + kv_heads, row_width, d, freq, direction);
     TY_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   });
   return absl::OkStatus();
@@ -65,15 +68,15 @@ absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_
 }  // namespace
 
 absl::Status RopeForward(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_t t,
-                         int64_t heads, int64_t kv_heads, int64_t d, float theta,
+                         int64_t heads, int64_t kv_heads, int64_t d, const RopeFrequencies& freq,
                          int64_t first_position) {
-  return Rope(stream, dtype, qkv, b, t, heads, kv_heads, d, theta, first_position, 1.0);
+  return Rope(stream, dtype, qkv, b, t, heads, kv_heads, d, freq, first_position, 1.0);
 }
 
 absl::Status RopeBackward(cudaStream_t stream, DType dtype, void* dqkv, int64_t b, int64_t t,
-                          int64_t heads, int64_t kv_heads, int64_t d, float theta,
+                          int64_t heads, int64_t kv_heads, int64_t d, const RopeFrequencies& freq,
                           int64_t first_position) {
-  return Rope(stream, dtype, dqkv, b, t, heads, kv_heads, d, theta, first_position, -1.0);
+  return Rope(stream, dtype, dqkv, b, t, heads, kv_heads, d, freq, first_position, -1.0);
 }
 
 }  // namespace trainyard::kernels::cuda

@@ -3,6 +3,7 @@
 // positions offset for a chunk of a longer sequence (context parallelism).
 #include "kernels/cuda/rope.h"
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,21 +28,28 @@ struct Config {
   int64_t b, t, heads, kv_heads, d;
   float theta;
   int64_t first_position = 0;
+  double scaling = 0.0;  // Llama 3's factor over an original context of 8192 (0: none)
+
+  RopeFrequencies freq() const { return {.theta = theta, .factor = scaling}; }
 };
 
 // Head dims 16/64/128, grouped-query (kv_heads < heads) and multi-head layouts, sequence
 // lengths that are not multiples of 32, up to 2047 positions (where an fp32 angle would be off);
-// chunks that start past position 0, one of them ending at position 4095.
+// chunks that start past position 0, one of them ending at position 4095; Llama 3's scaling
+// (whose three regimes a head of 128 at base 5e5 all has).
 constexpr Config kConfigs[] = {
-    {1, 1, 1, 1, 16, 10000.0f},   {2, 37, 4, 2, 16, 10000.0f},     {3, 33, 8, 2, 64, 10000.0f},
-    {1, 100, 4, 1, 128, 5e5f},    {2, 700, 6, 2, 128, 10000.0f},   {1, 2047, 2, 1, 64, 10000.0f},
-    {2, 129, 4, 4, 64, 10000.0f}, {2, 37, 4, 2, 16, 10000.0f, 37}, {1, 96, 4, 1, 128, 5e5f, 4000},
+    {1, 1, 1, 1, 16, 10000.0f},          {2, 37, 4, 2, 16, 10000.0f},
+    {3, 33, 8, 2, 64, 10000.0f},         {1, 100, 4, 1, 128, 5e5f},
+    {2, 700, 6, 2, 128, 10000.0f},       {1, 2047, 2, 1, 64, 10000.0f},
+    {2, 129, 4, 4, 64, 10000.0f},        {2, 37, 4, 2, 16, 10000.0f, 37},
+    {1, 96, 4, 1, 128, 5e5f, 4000},      {2, 300, 4, 2, 128, 5e5f, 0, 32.0},
+    {1, 96, 4, 1, 128, 5e5f, 8100, 8.0},
 };
 
 std::string Label(DType dtype, const Config& c) {
   return absl::StrCat(DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads,
                       " kv_heads=", c.kv_heads, " d=", c.d, " theta=", c.theta,
-                      " first_position=", c.first_position);
+                      " first_position=", c.first_position, " scaling=", c.scaling);
 }
 
 int64_t Count(const Config& c) { return c.b * c.t * (c.heads + 2 * c.kv_heads) * c.d; }
@@ -63,16 +71,16 @@ void CheckAgainstCpu(DType dtype, const Config& c, bool backward, std::mt19937& 
   const std::vector<float> qkv = RandomActivation(Count(c), dtype, rng);
   std::vector<float> want = qkv;
   if (backward) {
-    cpu::RopeBackward(want.data(), c.b, c.t, c.heads, c.kv_heads, c.d, c.theta, c.first_position);
+    cpu::RopeBackward(want.data(), c.b, c.t, c.heads, c.kv_heads, c.d, c.freq(), c.first_position);
   } else {
-    cpu::RopeForward(want.data(), c.b, c.t, c.heads, c.kv_heads, c.d, c.theta, c.first_position);
+    cpu::RopeForward(want.data(), c.b, c.t, c.heads, c.kv_heads, c.d, c.freq(), c.first_position);
   }
   DeviceTensor d_qkv(qkv, dtype);
   const absl::Status status = backward
                                   ? RopeBackward(nullptr, dtype, d_qkv.get(), c.b, c.t, c.heads,
-                                                 c.kv_heads, c.d, c.theta, c.first_position)
+                                                 c.kv_heads, c.d, c.freq(), c.first_position)
                                   : RopeForward(nullptr, dtype, d_qkv.get(), c.b, c.t, c.heads,
-                                                c.kv_heads, c.d, c.theta, c.first_position);
+                                                c.kv_heads, c.d, c.freq(), c.first_position);
   ASSERT_TRUE(status.ok()) << status;
   TY_CUDA_ASSERT(cudaDeviceSynchronize());
   const std::vector<float> got = d_qkv.Read();
@@ -112,10 +120,10 @@ TEST(CudaRope, BackwardUndoesForward) {
     const std::vector<float> qkv = RandomActivation(Count(c), DType::kF32, rng);
     DeviceTensor d_qkv(qkv, DType::kF32);
     absl::Status status = RopeForward(nullptr, DType::kF32, d_qkv.get(), c.b, c.t, c.heads,
-                                      c.kv_heads, c.d, c.theta, c.first_position);
+                                      c.kv_heads, c.d, c.freq(), c.first_position);
     ASSERT_TRUE(status.ok()) << status;
     status = RopeBackward(nullptr, DType::kF32, d_qkv.get(), c.b, c.t, c.heads, c.kv_heads, c.d,
-                          c.theta, c.first_position);
+                          c.freq(), c.first_position);
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_LE(RelativeError(d_qkv.Read(), qkv), Tolerance(DType::kF32));
   }
@@ -124,16 +132,46 @@ TEST(CudaRope, BackwardUndoesForward) {
 TEST(CudaRope, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceTensor x(4 * 3 * 16, DType::kF32);
-  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 15, 1e4f, 0).code(),
+  const RopeFrequencies base{.theta = 1e4};
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 15, base, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RopeForward(nullptr, DType::kF32, nullptr, 1, 4, 1, 1, 16, 1e4f, 0).code(),
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, nullptr, 1, 4, 1, 1, 16, base, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RopeBackward(nullptr, DType::kF32, x.get(), 1, 4, 1, 0, 16, 1e4f, 0).code(),
+  EXPECT_EQ(RopeBackward(nullptr, DType::kF32, x.get(), 1, 4, 1, 0, 16, base, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, 0.0f, 0).code(),
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, {.theta = 0.0}, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, 1e4f, -1).code(),
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, base, -1).code(),
             absl::StatusCode::kInvalidArgument);
+  const RopeFrequencies shrinking{.theta = 1e4, .factor = 0.5};
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, shrinking, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Llama 3's frequencies in their three regimes, worked by hand: d 8, base 10000, original
+// context 64, factor 8, low 1, high 4 (wavelengths above 64 slowed 8×, below 16 kept).
+TEST(RopeFrequencies, Llama3ScalingByHand) {
+  const RopeFrequencies f{.theta = 10000.0, .factor = 8.0, .original_max_seq = 64.0};
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < 4; ++i) {
+    const double inv = std::pow(10000.0, -2.0 * i / 8), wavelength = 2 * pi / inv;
+    double want = inv;
+    if (wavelength > 64) {
+      want = inv / 8;
+    } else if (wavelength >= 16) {
+      const double s = (64 / wavelength - 1) / 3;
+      want = (1 - s) * inv / 8 + s * inv;
+    }
+    EXPECT_DOUBLE_EQ(RopeInvFreq(f, i, 8), want) << "pair " << i;
+    EXPECT_DOUBLE_EQ(RopeInvFreq({.theta = 10000.0}, i, 8), inv);
+  }
+  // Pair 0 (wavelength 6.3) is kept, pair 2 (628) and pair 3 (6283) slowed, pair 1 (62.8) blends.
+  EXPECT_DOUBLE_EQ(RopeInvFreq(f, 0, 8), 1.0);
+  EXPECT_DOUBLE_EQ(RopeInvFreq(f, 3, 8), std::pow(10000.0, -0.75) / 8);
+  const double inv1 = 0.1, s1 = (64 / (2 * pi / inv1) - 1) / 3;
+  EXPECT_GT(s1, 0.0);
+  EXPECT_LT(s1, 1.0);
+  EXPECT_DOUBLE_EQ(RopeInvFreq(f, 1, 8), (1 - s1) * inv1 / 8 + s1 * inv1);
 }
 
 }  // namespace

@@ -207,11 +207,13 @@ int RunPython(const std::string& script, const std::string& args) {
 }
 
 // The oracle's logits and greedy tokens from the export of a model trained on one rank (`mesh`
-// says only whether it has experts).
-void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh) {
+// says only whether it has experts), with `scaling` as its RoPE scaling (Llama).
+void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
+                           const config::RopeScaling& scaling = {}) {
   const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
+  spec.model.rope_scaling = scaling;
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
 
@@ -330,6 +332,14 @@ class HfOracle : public ::testing::TestWithParam<ModelFamily> {};
 
 TEST_P(HfOracle, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(GetParam(), MeshCase{.name = "dp1"});
+}
+
+// Llama 3's RoPE scaling travels to config.json and means there what it means here. An original
+// context of 32 over heads of 16 puts the pairs in all three bands (kept, blended, slowed).
+TEST(HfOracleLlama3, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama, MeshCase{.name = "dp1"},
+      {.factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_seq = 32});
 }
 
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).

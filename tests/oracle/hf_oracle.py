@@ -341,10 +341,27 @@ def merge_heads(x):
     return x.permute(0, 2, 1, 3).reshape(b, t, h * d)
 
 
-def rope_tables(seq_len, head_dim, theta):
-    """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D), the angles
-    pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
+def llama3_inv_freq(inv_freq, scaling):
+    """transformers' rope_type "llama3": wavelengths 2*pi / inv_freq longer than
+    original_max_position_embeddings / low_freq_factor are divided by factor, those shorter than
+    original / high_freq_factor kept, and those between blended linearly in original / wavelength
+    between low_freq_factor and high_freq_factor."""
+    factor, low, high, original = scaling
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(seq_len, head_dim, theta, scaling=None):
+    """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D) (scaled as Llama
+    3 scales it when `scaling` is (factor, low_freq_factor, high_freq_factor, original)), the
+    angles pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat([angles, angles], dim=-1)
     return torch.cos(emb), torch.sin(emb)
@@ -458,10 +475,20 @@ class Llama:
         cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
         cfg.require("attention_bias", False, (False,), "projections without biases")
         cfg.require("mlp_bias", False, (False,), "projections without biases")
+        self.scaling = None
         scaling = cfg.raw.get("rope_scaling")
-        if scaling is not None and not (isinstance(scaling, dict) and scaling.get(
-                "rope_type", scaling.get("type")) == "default"):
-            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE only)"
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+        if kind == "llama3":
+            sub = Config(scaling, cfg.path + ": rope_scaling")
+            self.scaling = (sub.positive("factor", _REQUIRED),
+                            sub.positive("low_freq_factor", 1.0),
+                            sub.positive("high_freq_factor", 4.0),
+                            float(sub.int("original_max_position_embeddings", 8192)))
+            if self.scaling[2] <= self.scaling[1]:
+                raise InputError("%s: rope_scaling: high_freq_factor must exceed low_freq_factor"
+                                 % cfg.path)
+        elif scaling is not None and kind != "default":
+            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE or llama3)"
                              % (cfg.path, json.dumps(scaling)))
 
     @staticmethod
@@ -488,7 +515,7 @@ class Llama:
 
     def forward(self, w, tokens):
         """tokens [B, T] -> logits [B, T, V]."""
-        cos, sin = rope_tables(tokens.shape[1], self.head_dim, self.theta)
+        cos, sin = rope_tables(tokens.shape[1], self.head_dim, self.theta, self.scaling)
         group = self.heads // self.kv_heads
         x = w["model.embed_tokens.weight"][tokens]
         for i in range(self.layers):

@@ -65,6 +65,13 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_tied_embeddings(m.tied_embeddings);
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
+  if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
+    RopeScalingSignature& out = *s.mutable_rope_scaling();
+    out.set_factor(r.factor);
+    out.set_low_freq_factor(r.low_freq_factor);
+    out.set_high_freq_factor(r.high_freq_factor);
+    out.set_original_max_seq(r.original_max_seq);
+  }
   if (m.moe.enabled()) {
     MoeSignature& moe = *s.mutable_moe();
     moe.set_experts(m.moe.experts);
@@ -92,6 +99,13 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.tied_embeddings = s.tied_embeddings();
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
+  if (s.has_rope_scaling()) {
+    const RopeScalingSignature& r = s.rope_scaling();
+    m.rope_scaling = {.factor = r.factor(),
+                      .low_freq_factor = r.low_freq_factor(),
+                      .high_freq_factor = r.high_freq_factor(),
+                      .original_max_seq = r.original_max_seq()};
+  }
   if (s.moe().experts() > 0) {
     if (s.moe().top_k() == 0) {
       return absl::InvalidArgumentError(

@@ -27,6 +27,7 @@ namespace trainyard::worker::checkpoint {
 using v1::Manifest;
 using v1::ModelSignature;
 using v1::MoeSignature;
+using v1::RopeScalingSignature;
 using v1::ShardFile;
 using v1::TensorRecord;
 
@@ -49,9 +50,10 @@ uint64_t Checksum(const void* data, size_t size);  // XXH3-64
 
 ModelSignature SignatureOf(const config::ModelConfig& model);
 // The model a checkpoint's signature describes (what an export writes): its shapes, its norm
-// epsilon and RoPE base (the defaults when the checkpoint predates them), and an MoE model's
-// routing (top_k, score, normalize_top_k). INVALID_ARGUMENT for an unknown family, inconsistent
-// sizes, or an MoE checkpoint written before the routing was recorded (MoeSignature.top_k 0).
+// epsilon, RoPE base and scaling (the defaults when the checkpoint predates them), and an MoE
+// model's routing (top_k, score, normalize_top_k). INVALID_ARGUMENT for an unknown family,
+// inconsistent sizes, or an MoE checkpoint written before the routing was recorded
+// (MoeSignature.top_k 0).
 [[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s);
 // OK when a checkpoint of `saved` loads into `model`; otherwise INVALID_ARGUMENT naming the first
 // field that differs ("model.width is 128 in the checkpoint, 256 in the spec", "model.moe.experts

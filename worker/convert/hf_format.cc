@@ -103,6 +103,16 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
 }
 
+// config.json's rope_scaling: null, or Llama 3's (transformers' rope_type llama3).
+std::string RopeScalingJson(const ModelConfig& m) {
+  const config::RopeScaling& r = m.rope_scaling;
+  if (!r.enabled()) return "null";
+  return absl::StrCat("{\"rope_type\": \"llama3\", \"factor\": ", ShortFloat(r.factor),
+                      ", \"low_freq_factor\": ", ShortFloat(r.low_freq_factor),
+                      ", \"high_freq_factor\": ", ShortFloat(r.high_freq_factor),
+                      ", \"original_max_position_embeddings\": ", r.original_max_seq, "}");
+}
+
 // A JSON config's fields, read with the file's name in every error.
 class ConfigFields {
  public:
@@ -151,8 +161,7 @@ class ConfigFields {
   absl::Status Bad(const std::string& key, const std::string& why) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": ", key, " ", why));
   }
-
- private:
+  const std::string& source() const { return source_; }
   // The field's value; nullptr when it is missing or null (Hugging Face's "use the default").
   const Value* Get(const std::string& key) const {
     auto it = fields_.find(key);
@@ -160,6 +169,7 @@ class ConfigFields {
                                                                               : &it->second;
   }
 
+ private:
   const google::protobuf::Map<std::string, Value>& fields_;
   const std::string source_;
 };
@@ -179,6 +189,29 @@ absl::Status ReadGpt2Config(const ConfigFields& f, ModelConfig& m) {
   m.tied_embeddings = true;
   TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
   return f.OneOf("activation_function", {"gelu_new", "gelu_pytorch_tanh"});
+}
+
+// rope_scaling: null, rope_type "default" (none) or "llama3" (also under the older key "type").
+absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
+  const Value* value = f.Get("rope_scaling");
+  if (value == nullptr) return absl::OkStatus();
+  auto unsupported = [&] {
+    return f.Bad("rope_scaling", "is not supported (null, or rope_type \"llama3\" or \"default\")");
+  };
+  if (value->kind_case() != Value::kStructValue) return unsupported();
+  const ConfigFields scaling(value->struct_value(), f.source() + ": rope_scaling");
+  const Value* type = scaling.Get("rope_type");
+  if (type == nullptr) type = scaling.Get("type");
+  const std::string name = type != nullptr ? type->string_value() : "";
+  if (name == "default") return absl::OkStatus();
+  if (name != "llama3") return unsupported();
+  config::RopeScaling& r = m.rope_scaling;
+  r.factor = 0.0f;
+  TY_RETURN_IF_ERROR(scaling.Float("factor", &r.factor));
+  if (!r.enabled()) return scaling.Bad("factor", "is missing");
+  TY_RETURN_IF_ERROR(scaling.Float("low_freq_factor", &r.low_freq_factor));
+  TY_RETURN_IF_ERROR(scaling.Float("high_freq_factor", &r.high_freq_factor));
+  return scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false);
 }
 
 absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
@@ -208,7 +241,7 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
     TY_RETURN_IF_ERROR(f.Bool(key, &biased));
     if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
   }
-  if (f.Has("rope_scaling")) return f.Bad("rope_scaling", "is not supported (null only)");
+  TY_RETURN_IF_ERROR(ReadRopeScaling(f, m));
   return f.OneOf("hidden_act", {"silu"});
 }
 
@@ -347,7 +380,8 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
       ",\n  \"max_position_embeddings\": ", m.max_seq,
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
-      ",\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+      ",\n  \"rope_scaling\": ", RopeScalingJson(m),
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
       "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
       tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
 }

@@ -8,7 +8,8 @@
 // c_attn.weight transposed, the MLP's and projections' weights likewise. Llama: qkv.w's rows are
 // q_proj, k_proj, v_proj; mlp.fc.w's rows are gate_proj then up_proj. Trainyard's RoPE is the
 // half-split (rotate-half) convention Hugging Face's Llama uses, so q and k rows are not
-// permuted. Mixtral: the router is block_sparse_moe.gate; expert j's rows of moe.experts.fc.w are
+// permuted; Llama 3's RoPE scaling is config.json's rope_scaling {"rope_type": "llama3", ...}.
+// Mixtral: the router is block_sparse_moe.gate; expert j's rows of moe.experts.fc.w are
 // its w1 (gate) then w3 (up), and its [C, ffn] slab of moe.experts.proj.w [E, C, ffn] is its w2.
 // Mixtral's shape: every block an MoE block, no shared experts, softmax scores renormalised over
 // the top k (normalize_top_k), no selection bias. The engine's internal vocabulary padding never

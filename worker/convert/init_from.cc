@@ -148,6 +148,16 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.family == ModelFamily::kLlama && file.rope_theta != spec.rope_theta) {
     return Differ("rope_theta", num(file.rope_theta), source, num(spec.rope_theta));
   }
+  if (file.rope_scaling != spec.rope_scaling) {
+    auto text = [](const config::RopeScaling& r) {
+      return r.enabled()
+                 ? absl::StrCat("llama3 (factor ", r.factor, ", low_freq_factor ",
+                                r.low_freq_factor, ", high_freq_factor ", r.high_freq_factor,
+                                ", original_max_seq ", r.original_max_seq, ")")
+                 : std::string("none");
+    };
+    return Differ("rope_scaling", text(file.rope_scaling), source, text(spec.rope_scaling));
+  }
   return absl::OkStatus();
 }
 

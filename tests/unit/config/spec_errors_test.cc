@@ -433,11 +433,27 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
        "data.markov", "only used when source is markov"},
       {"rope on gpt2", "name: job\nmodel: {preset: gpt2-debug, rope_theta: 1e4}\n", "2:41",
        "model.rope_theta", "only the llama family"},
+      {"rope scaling on gpt2",
+       "name: job\nmodel: {preset: gpt2-debug, rope_scaling: {type: llama3, factor: 8}}\n", "2:43",
+       "model.rope_scaling", "only the llama family"},
   };
 }
 
 std::vector<BadSpec> BadSpecs() {
   return {
+      {"rope scaling of another type",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8}}\n", "2:51",
+       "model.rope_scaling.type", "is 'yarn'; it must be llama3"},
+      {"rope scaling without a factor",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3}}\n", "2:44",
+       "model.rope_scaling.factor", "required"},
+      {"rope scaling that shrinks",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 0.5}}\n",
+       "2:67", "model.rope_scaling.factor", "must be at least 1, got 0.5"},
+      {"rope scaling's bands crossed",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
+       "low_freq_factor: 4, high_freq_factor: 2}}\n",
+       "2:108", "model.rope_scaling.high_freq_factor", "must exceed low_freq_factor 4, got 2"},
       {"string for int", Base("  steps: many\n"), "5:10", "training.steps",
        "expected an integer, got 'many'"},
       {"quoted int", Base("  steps: \"300\"\n"), "5:10", "training.steps",

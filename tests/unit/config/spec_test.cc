@@ -350,6 +350,25 @@ model:
   EXPECT_FLOAT_EQ(spec.model.norm_eps, 1e-6f);
 }
 
+// Llama 3's RoPE scaling: transformers' defaults for the bands and the original context.
+TEST(ParseJobSpecTest, RopeScaling) {
+  const JobSpec plain = MustParse("name: plain\nmodel: {preset: llama-debug}\n");
+  EXPECT_FALSE(plain.model.rope_scaling.enabled());
+  const JobSpec scaled = MustParse(
+      "name: scaled\nmodel:\n  preset: llama-debug\n  rope_scaling: {type: llama3, factor: 32}\n");
+  EXPECT_EQ(scaled.model.rope_scaling, (config::RopeScaling{.factor = 32.0f,
+                                                            .low_freq_factor = 1.0f,
+                                                            .high_freq_factor = 4.0f,
+                                                            .original_max_seq = 8192}));
+  const JobSpec full = MustParse(
+      "name: full\nmodel:\n  preset: llama-debug\n  rope_scaling: {type: llama3, factor: 8, "
+      "low_freq_factor: 2, high_freq_factor: 8, original_max_seq: 4096}\n");
+  EXPECT_EQ(full.model.rope_scaling, (config::RopeScaling{.factor = 8.0f,
+                                                          .low_freq_factor = 2.0f,
+                                                          .high_freq_factor = 8.0f,
+                                                          .original_max_seq = 4096}));
+}
+
 TEST(ParseJobSpecTest, MoeDefaults) {
   const MoeConfig dense = MustParse("name: dense\nmodel: {preset: gpt2-debug}\n").model.moe;
   EXPECT_EQ(dense.experts, 0);

@@ -152,17 +152,21 @@ TEST_F(GradCheck, Swiglu) {
   CheckGradients("swiglu", {Random(rows * 2 * f, rng_, 2.0f)}, fwd, bwd);
 }
 
+// With Llama 3's scaling, whose three regimes a head of 6 at an original context of 8 all has.
+constexpr kernels::RopeFrequencies kScaledRope{
+    .theta = 10000.0, .factor = 4.0, .original_max_seq = 8.0};
+
 TEST_F(GradCheck, Rope) {
   const AttentionShape s{2, 5, 4, 2, 6};
   const int64_t n = s.batch * s.seq * (s.heads + 2 * s.kv_heads) * s.head_dim;
   auto fwd = [&](const Tensors& in) {
     std::vector<float> x = in[0];
-    be_->Rope(A(x.data()), s, 10000.0f, 0);
+    be_->Rope(A(x.data()), s, kScaledRope, 0);
     return x;
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{dout};
-    be_->RopeBackward(A(g[0].data()), s, 10000.0f, 0);
+    be_->RopeBackward(A(g[0].data()), s, kScaledRope, 0);
     return g;
   };
   CheckGradients("rope", {Random(n, rng_)}, fwd, bwd);

@@ -473,7 +473,8 @@ TEST_F(RingAttentionKernels, MergeWithAnEmptySideTakesTheOther) {
 TEST_F(RingAttentionKernels, RopeWithFirstPositionRotatesAChunkAsTheWholeSequence) {
   const AttentionShape whole{2, 20, 4, 2, 8};
   const Geometry g{whole, 7};
-  const float theta = 10000.0f;
+  // Llama 3's scaling too: a chunk keeps the scaled frequencies of its positions.
+  const kernels::RopeFrequencies theta{.theta = 10000.0, .factor = 8.0, .original_max_seq = 16.0};
   const std::vector<float> x = Random(whole.batch * whole.seq * g.qkv_row(), rng_);
   std::vector<float> forward = x, backward = x;
   be_->Rope(A(forward.data()), whole, theta, 0);

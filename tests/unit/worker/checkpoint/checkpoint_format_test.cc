@@ -218,6 +218,18 @@ TEST(CheckpointFormatTest, TheSignatureCarriesTheRoutingRule) {
   EXPECT_TRUE(CheckModelMatches(saved, model).ok());
 }
 
+// Llama 3's RoPE scaling travels with the model (export and generation compute with it); a
+// checkpoint without it has none.
+TEST(CheckpointFormatTest, TheSignatureCarriesTheRopeScaling) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->rope_scaling.enabled());
+  model.rope_scaling = {
+      .factor = 32.0f, .low_freq_factor = 2.0f, .high_freq_factor = 8.0f, .original_max_seq = 4096};
+  absl::StatusOr<config::ModelConfig> read = ModelFromSignature(SignatureOf(model));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rope_scaling, model.rope_scaling);
+}
+
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {
   // A dense model's manifest has no moe member, as before MoE existed.
   EXPECT_THAT(SerializeManifest(SomeManifest()), Not(HasSubstr("moe")));

@@ -297,6 +297,29 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
     EXPECT_EQ(back->norm_eps, m.norm_eps);
     EXPECT_EQ(back->rope_theta, m.rope_theta);
   }
+  // Llama 3's RoPE scaling both ways; "default" is none, another type is refused.
+  config::ModelConfig scaled = Tiny(config::ModelFamily::kLlama);
+  scaled.rope_scaling = {
+      .factor = 32.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_seq = 8192};
+  const std::string scaled_json = HfConfigJson(scaled, TensorDtype::kF32);
+  EXPECT_THAT(scaled_json, HasSubstr("\"rope_type\": \"llama3\", \"factor\": 32.0"));
+  auto scaled_back = ModelFromHfConfig(scaled_json, "config.json");
+  ASSERT_TRUE(scaled_back.ok()) << scaled_back.status();
+  EXPECT_EQ(scaled_back->rope_scaling, scaled.rope_scaling);
+  auto rope = [&](const std::string& scaling) {
+    std::string json = scaled_json;
+    const size_t at = json.find("{\"rope_type\"");
+    json.replace(at, json.find('}', at) + 1 - at, scaling);
+    return ModelFromHfConfig(json, "r/config.json");
+  };
+  ASSERT_TRUE(rope(R"({"rope_type": "default"})").ok());
+  EXPECT_FALSE(rope(R"({"rope_type": "default"})")->rope_scaling.enabled());
+  EXPECT_EQ(rope(R"({"type": "llama3", "factor": 8})")->rope_scaling.factor, 8.0f);
+  EXPECT_THAT(rope(R"({"rope_type": "yarn", "factor": 8})").status().message(),
+              HasSubstr("r/config.json: rope_scaling is not supported"));
+  EXPECT_THAT(rope(R"({"rope_type": "llama3"})").status().message(),
+              HasSubstr("r/config.json: rope_scaling: factor is missing"));
+
   const config::ModelConfig m = TinyMixtral();
   const std::string json = HfConfigJson(m, TensorDtype::kF32);
   EXPECT_THAT(json, HasSubstr("\"model_type\": \"mixtral\""));
@@ -451,6 +474,12 @@ TEST(InitFrom, AnotherModelIsRefusedNamingTheFieldAndBothValues) {
               HasSubstr("model.init_from: model.kv_heads is 2 in w/config.json, 4 in the spec"));
   spec.model = m;
   EXPECT_TRUE(CheckInitFrom(fs, spec).ok());
+  spec.model.rope_scaling.factor = 8.0f;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.rope_scaling is none in w/config.json, llama3 (factor 8, "
+                        "low_freq_factor 1, high_freq_factor 4, original_max_seq 8192) in the "
+                        "spec"));
+  spec.model = m;
   // Mixtral's weights: the spec's experts and routing must be theirs; its dense ffn_hidden,
   // which no block uses, may differ.
   WriteHfDir(fs, "x", TinyMixtral());

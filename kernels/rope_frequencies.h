@@ -1,0 +1,49 @@
+// The rotation frequencies of RoPE, shared by the CPU reference (kernels/cpu/rope.h) and the
+// CUDA kernel (kernels/cuda/rope.h): pair i of a head of dimension d turns by position ·
+// inv_freq(i), inv_freq(i) = theta^(−2i/d).
+//
+// Llama 3's scaling (factor > 0) stretches the long wavelengths to a longer context than the
+// model was first trained on: with λ = 2π / inv_freq and the original context N, a pair whose λ
+// exceeds N / low_freq_factor turns factor times slower; one whose λ is below
+// N / high_freq_factor is unchanged; in between the two blend, with s = (N / λ − low_freq_factor)
+// / (high_freq_factor − low_freq_factor): (1 − s) · inv_freq / factor + s · inv_freq. This is
+// transformers' `rope_type: llama3`.
+#ifndef TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
+#define TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define TY_ROPE_HOST_DEVICE __host__ __device__
+#else
+#define TY_ROPE_HOST_DEVICE
+#endif
+
+namespace trainyard::kernels {
+
+struct RopeFrequencies {
+  double theta = 10000.0;
+  double factor = 0.0;  // 0: no scaling
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_seq = 8192.0;
+};
+
+// inv_freq(i) for pair i < d / 2, in fp64.
+TY_ROPE_HOST_DEVICE inline double RopeInvFreq(const RopeFrequencies& f, int64_t i, int64_t d) {
+  const double inv_freq = pow(f.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  if (!(f.factor > 0.0)) return inv_freq;
+  const double wavelength = 2.0 * 3.14159265358979323846 / inv_freq;
+  if (wavelength < f.original_max_seq / f.high_freq_factor) return inv_freq;
+  if (wavelength > f.original_max_seq / f.low_freq_factor) return inv_freq / f.factor;
+  const double s = (f.original_max_seq / wavelength - f.low_freq_factor) /
+                   (f.high_freq_factor - f.low_freq_factor);
+  return (1.0 - s) * inv_freq / f.factor + s * inv_freq;
+}
+
+}  // namespace trainyard::kernels
+
+#undef TY_ROPE_HOST_DEVICE
+
+#endif  // TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_

@@ -1,0 +1,22 @@
+// The rotation frequencies of a model's RoPE (kernels/rope_frequencies.h) from its config: the
+// base rope_theta and Llama 3's scaling when model.rope_scaling is set.
+#ifndef TRAINYARD_WORKER_ROPE_H_
+#define TRAINYARD_WORKER_ROPE_H_
+
+#include "config/model_config.h"
+#include "kernels/rope_frequencies.h"
+
+namespace trainyard::worker {
+
+inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m) {
+  const config::RopeScaling& s = m.rope_scaling;
+  return {.theta = m.rope_theta,
+          .factor = s.enabled() ? s.factor : 0.0,
+          .low_freq_factor = s.low_freq_factor,
+          .high_freq_factor = s.high_freq_factor,
+          .original_max_seq = static_cast<double>(s.original_max_seq)};
+}
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_ROPE_H_
