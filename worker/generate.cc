@@ -99,7 +99,6 @@ void Generator::AllocateExperts(const float* params) {
   host_router_logits_.resize(rows * moe.experts);
   source_ = be.AllocInt(picks);
   slot_ = be.AllocInt(picks);
-  row_weight_ = be.AllocFloat(picks);
   pick_weight_ = be.AllocFloat(picks);
   expert_in_ = be.AllocAct(picks * c);
   expert_fc_ = be.AllocAct(picks * fc);
@@ -122,7 +121,6 @@ void Generator::RoutedExperts(int layer, int64_t n) {
   const MoeRouting r = Route(routing_, host_router_logits_.data(), n, bias_[layer]);
   const int64_t kept = r.kept();
   be.CopyFromHost(source_.data(), r.source.data(), kept);
-  be.CopyFromHost(row_weight_.data(), r.row_weight.data(), kept);
   be.CopyFromHost(slot_.data(), r.slot.data(), picks);
   be.CopyFromHost(pick_weight_.data(), r.weight.data(), picks);
   be.GatherRows(expert_in_.data(), norm_.data(), source_.data(), nullptr, kept, c);

@@ -83,10 +83,11 @@ class Generator {
   Buffer<float> mean_, rstd_, lse_;
   std::vector<Buffer<Act>> keys_, values_;
   std::vector<float> host_logits_;
-  // MoE blocks: the router's logits, each pick's permuted row and weight, the experts' rows; the
-  // routing copy of the model has capacity_factor 0 (dropless). bias_[layer]: the selection bias.
+  // MoE blocks: the router's logits, each permuted row's token, each pick's row and weight, the
+  // experts' rows; the routing copy of the model has capacity_factor 0 (dropless). bias_[layer]:
+  // the selection bias.
   config::MoeConfig routing_;
-  Buffer<float> router_logits_, row_weight_, pick_weight_;
+  Buffer<float> router_logits_, pick_weight_;
   Buffer<int32_t> source_, slot_;
   Buffer<Act> expert_in_, expert_fc_, expert_act_, expert_out_;
   std::vector<float> host_router_logits_;
