@@ -61,40 +61,51 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const config::Model
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(model));
   std::unique_ptr<Generator> g(new Generator(model, backend));
   Backend& be = *backend;
-  const int64_t rows = model.max_seq, c = model.width;
-  const int64_t kv = int64_t{model.kv_heads} * model.head_dim();
-  int64_t ffn = 0;  // the widest dense MLP (or shared experts' MLP)
-  for (int l = 0; l < model.layers; ++l) ffn = std::max(ffn, g->layout_.block(l).mlp_ffn);
   g->params_ = be.AllocFloat(g->layout_.total());
   be.CopyFromHost(g->params_.data(), params, g->layout_.total());
-  g->tokens_ = be.AllocInt(rows);
-  g->x_ = be.AllocAct(rows * c);
-  g->norm_ = be.AllocAct(rows * c);
-  g->qkv_ = be.AllocAct(rows * model.qkv_width());
-  g->attn_ = be.AllocAct(rows * int64_t{model.heads} * model.head_dim());
-  g->tmp_ = be.AllocAct(rows * c);
-  g->fc_ = be.AllocAct(rows * (model.family == ModelFamily::kGpt2 ? ffn : 2 * ffn));
-  g->act_ = be.AllocAct(rows * ffn);
   g->logits_ = be.AllocAct(model.vocab);
-  g->mean_ = be.AllocFloat(rows);
-  g->rstd_ = be.AllocFloat(rows);
-  g->lse_ = be.AllocFloat(rows * model.heads);
-  for (int l = 0; l < model.layers; ++l) {
-    g->keys_.push_back(be.AllocAct(rows * kv));
-    g->values_.push_back(be.AllocAct(rows * kv));
-  }
   g->host_logits_.resize(model.vocab);
-  if (model.moe.enabled()) g->AllocateExperts(params);
+  if (model.moe.enabled()) {
+    g->routing_ = model.moe;
+    g->routing_.capacity_factor = 0.0f;
+    g->bias_.resize(model.layers);
+    for (int l = 0; l < model.layers; ++l) {
+      const int64_t at = g->layout_.block(l).router_bias;
+      if (at >= 0) g->bias_[l].assign(params + at, params + at + model.moe.experts);
+    }
+  }
   return g;
 }
 
-void Generator::AllocateExperts(const float* params) {
+void Generator::Reserve(int64_t rows) {
+  if (rows <= rows_) return;
+  rows_ = rows;
   Backend& be = *backend_;
-  const config::MoeConfig& moe = model_.moe;
-  routing_ = moe;
-  routing_.capacity_factor = 0.0f;
-  const int64_t rows = model_.max_seq, picks = rows * moe.top_k, c = model_.width;
-  const int64_t fc = model_.family == ModelFamily::kGpt2 ? moe.ffn : 2 * int64_t{moe.ffn};
+  const config::ModelConfig& m = model_;
+  const bool gpt2 = m.family == ModelFamily::kGpt2;
+  const int64_t c = m.width, kv = int64_t{m.kv_heads} * m.head_dim();
+  int64_t ffn = 0;  // the widest dense MLP (or shared experts' MLP)
+  for (int l = 0; l < m.layers; ++l) ffn = std::max(ffn, layout_.block(l).mlp_ffn);
+  tokens_ = be.AllocInt(rows);
+  x_ = be.AllocAct(rows * c);
+  norm_ = be.AllocAct(rows * c);
+  qkv_ = be.AllocAct(rows * m.qkv_width());
+  attn_ = be.AllocAct(rows * int64_t{m.heads} * m.head_dim());
+  tmp_ = be.AllocAct(rows * c);
+  fc_ = be.AllocAct(rows * (gpt2 ? ffn : 2 * ffn));
+  act_ = be.AllocAct(rows * ffn);
+  mean_ = be.AllocFloat(rows);
+  rstd_ = be.AllocFloat(rows);
+  lse_ = be.AllocFloat(rows * m.heads);
+  keys_.clear();
+  values_.clear();
+  for (int l = 0; l < m.layers; ++l) {
+    keys_.push_back(be.AllocAct(rows * kv));
+    values_.push_back(be.AllocAct(rows * kv));
+  }
+  if (!m.moe.enabled()) return;
+  const config::MoeConfig& moe = m.moe;
+  const int64_t picks = rows * moe.top_k, fc = gpt2 ? moe.ffn : 2 * int64_t{moe.ffn};
   router_logits_ = be.AllocFloat(rows * moe.experts);
   host_router_logits_.resize(rows * moe.experts);
   source_ = be.AllocInt(picks);
@@ -104,11 +115,6 @@ void Generator::AllocateExperts(const float* params) {
   expert_fc_ = be.AllocAct(picks * fc);
   expert_act_ = be.AllocAct(picks * moe.ffn);
   expert_out_ = be.AllocAct(picks * c);
-  bias_.resize(model_.layers);
-  for (int l = 0; l < model_.layers; ++l) {
-    const int64_t at = layout_.block(l).router_bias;
-    if (at >= 0) bias_[l].assign(params + at, params + at + moe.experts);
-  }
 }
 
 void Generator::RoutedExperts(int layer, int64_t n) {
@@ -235,6 +241,7 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
     const std::vector<int32_t>& prompt, const SampleOptions& options,
     const std::function<void(int32_t)>& on_token) {
   TY_RETURN_IF_ERROR(CheckRequest(prompt, options));
+  Reserve(static_cast<int64_t>(prompt.size()) + options.tokens);
   std::mt19937_64 rng(options.seed);
   std::vector<int32_t> out;
   Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);

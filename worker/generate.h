@@ -1,10 +1,10 @@
 // Text generation with a key/value cache: `trainyard sample`'s engine.
 //
-// A Generator holds a whole dense model (one process, no mesh) on a Backend and, per layer, the
-// keys and values of every position so far. The prompt runs as one causal pass that fills the
-// cache; each new token then runs alone, its query attending to the cached keys (the backend's
-// attention block with every key visible), so a token costs one row through the model instead of
-// the whole sequence again.
+// A Generator holds a whole model (one process, no mesh) on a Backend and, per layer, the keys
+// and values of every position so far, for as many positions as the request in hand needs. The
+// prompt runs as one causal pass that fills the cache; each new token then runs alone, its query
+// attending to the cached keys (the backend's attention block with every key visible), so a token
+// costs one row through the model instead of the whole sequence again.
 //
 // A mixture-of-experts block routes each row as training does (worker/moe_routing.h: the same
 // scores, picks, selection bias and combine weights) but drops no pick: a capacity_factor bounds
@@ -69,8 +69,10 @@ class Generator {
   // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
   // has no shared experts).
   void RoutedExperts(int layer, int64_t n);
-  // The MoE blocks' buffers and their selection biases (from `params`, the host copy).
-  void AllocateExperts(const float* params);
+  // Room for `rows` positions: the activations and the key/value cache are sized by the request
+  // in hand (its prompt and new tokens), not by max_seq, which a published model may set to
+  // 131072. Grows only; a larger request allocates afresh.
+  void Reserve(int64_t rows);
   const float* P(int64_t offset) const { return params_.data() + offset; }
 
   const config::ModelConfig model_;
@@ -78,7 +80,8 @@ class Generator {
   const ParameterLayout layout_;
   Buffer<float> params_;
   Buffer<int32_t> tokens_;
-  // Activations for up to max_seq rows; the cache [layer][position, kv_heads · head_dim].
+  // Activations for rows_ rows (Reserve); the cache [layer][position, kv_heads · head_dim].
+  int64_t rows_ = 0;
   Buffer<Act> x_, norm_, qkv_, attn_, tmp_, fc_, act_, logits_;
   Buffer<float> mean_, rstd_, lse_;
   std::vector<Buffer<Act>> keys_, values_;
