@@ -278,6 +278,40 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
   }
 }
 
+// The config.json of Llama 3.2 1B as published (its keys and values, Llama 3's RoPE scaling
+// among them) reads as that model; the keys Trainyard has no use for (token ids, dropout,
+// pretraining_tp, use_cache) are ignored.
+TEST(HfFormat, Llama32ConfigReads) {
+  const std::string json = R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+  auto m = ModelFromHfConfig(json, "Llama-3.2-1B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_EQ(m->layers, 16);
+  EXPECT_EQ(m->width, 2048);
+  EXPECT_EQ(m->heads, 32);
+  EXPECT_EQ(m->kv_heads, 8);
+  EXPECT_EQ(m->ffn_hidden, 8192);
+  EXPECT_EQ(m->vocab, 128256);
+  EXPECT_EQ(m->max_seq, 131072);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  EXPECT_EQ(m->rope_theta, 500000.0f);
+  EXPECT_EQ(m->rope_scaling, (config::RopeScaling{.factor = 32.0f,
+                                                  .low_freq_factor = 1.0f,
+                                                  .high_freq_factor = 4.0f,
+                                                  .original_max_seq = 8192}));
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
