@@ -176,6 +176,12 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
   if (m.family == config::ModelFamily::kLlama) {
     absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
   }
+  if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
+    absl::StrAppendFormat(&yaml,
+                          "  rope_scaling: {type: llama3, factor: %.9g, low_freq_factor: %.9g, "
+                          "high_freq_factor: %.9g, original_max_seq: %d}\n",
+                          r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_seq);
+  }
   if (m.moe.enabled()) AppendMoeYaml(m.moe, &yaml);
   // No evaluation: the default data's validation stream need not hold a window of any length.
   absl::StrAppendFormat(&yaml,

@@ -180,6 +180,7 @@ void ExpectCarried(const config::JobSpec& spec) {
   EXPECT_EQ(a.tied_embeddings, b.tied_embeddings);
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling, b.rope_scaling);
   EXPECT_EQ(a.recompute, b.recompute);
   EXPECT_EQ(a.moe.experts, b.moe.experts);
   EXPECT_EQ(a.moe.top_k, b.moe.top_k);
@@ -206,7 +207,8 @@ TEST(CalibrationReference, TheSpecFileCarriesTheReference) {
   ExpectCarried(
       SpecOf("name: l\nmodel: {family: llama, layers: 3, width: 96, heads: 6, kv_heads: 2, "
              "ffn_hidden: 200, vocab: 300, max_seq: 128, tied_embeddings: true, norm_eps: 3.3e-6, "
-             "rope_theta: 123456.7, recompute: true}\n"
+             "rope_theta: 123456.7, recompute: true, rope_scaling: {type: llama3, factor: 32, "
+             "low_freq_factor: 1.5, high_freq_factor: 6, original_max_seq: 4096}}\n"
              "training: {batch: 12, seq_len: 100}\nparallelism: {dp: 2, tp: 1, pp: 1}\n"
              "resources: {nodes: 1, devices_per_node: 2}\n"));
   // A vocabulary smaller than the default data's, untied GPT-2 embeddings.
