@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/moe_dispatch.h"
 #include "worker/moe_routing.h"
 #include "worker/rope.h"
 
@@ -121,15 +122,12 @@ void Generator::RoutedExperts(int layer, int64_t n) {
   Backend& be = *backend_;
   const BlockOffsets& o = layout_.block(layer);
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
-  const int64_t c = model_.width, experts = routing_.experts, picks = n * routing_.top_k;
+  const int64_t c = model_.width, experts = routing_.experts;
   be.LinearF32(router_logits_.data(), norm_.data(), P(o.router_w), n, experts, c);
   be.CopyToHost(host_router_logits_.data(), router_logits_.data(), n * experts);
   const MoeRouting r = Route(routing_, host_router_logits_.data(), n, bias_[layer]);
-  const int64_t kept = r.kept();
-  be.CopyFromHost(source_.data(), r.source.data(), kept);
-  be.CopyFromHost(slot_.data(), r.slot.data(), picks);
-  be.CopyFromHost(pick_weight_.data(), r.weight.data(), picks);
-  be.GatherRows(expert_in_.data(), norm_.data(), source_.data(), nullptr, kept, c);
+  Dispatch(be, r, {.source = source_.data(), .slot = slot_.data(), .weight = pick_weight_.data()},
+           norm_.data(), c, expert_in_.data());
   be.ExpertsForward(ExpertMlp{.offsets = r.offsets,
                               .width = c,
                               .ffn = routing_.ffn,

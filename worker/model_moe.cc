@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "worker/model.h"
 #include "worker/model_activations.h"
+#include "worker/moe_dispatch.h"
 
 namespace trainyard::worker {
 
@@ -221,12 +222,12 @@ absl::Status Model::MoeForward(int layer, LayerActivations& la, bool accumulate)
   TY_ASSIGN_OR_RETURN(m.routing, RouteTokens(logits.data(), bias));
   const MoeRouting& r = m.routing;
   if (training_pass_ && !recomputing_) RecordRouting(layer, r, bias);
-  const int64_t kept = r.kept(), picks = n * moe.top_k;
-  be.CopyFromHost(m.source.data(), r.source.data(), kept);
-  be.CopyFromHost(m.row_weight.data(), r.row_weight.data(), kept);
-  be.CopyFromHost(m.slot.data(), r.slot.data(), picks);
-  be.CopyFromHost(m.weight.data(), r.weight.data(), picks);
-  be.GatherRows(m.in.data(), la.ln2.data(), m.source.data(), nullptr, kept, width);
+  Dispatch(be, r,
+           {.source = m.source.data(),
+            .row_weight = m.row_weight.data(),
+            .slot = m.slot.data(),
+            .weight = m.weight.data()},
+           la.ln2.data(), width, m.in.data());
 
   if (ep_ == nullptr) {
     RunExperts(layer, r.offsets, m.in.data(), m.fc.data(), m.act.data(), m.out.data());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -198,12 +199,8 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
   for (const auto& f : files) {
     for (const TensorInfo& t : f) total += t.bytes();
   }
-  // Written beside the destination, renamed into place when complete.
-  const std::string out = options.out_dir;
-  const std::string staging = absl::StrCat(out, ".exporting");
-  if (fs.Exists(staging)) TY_RETURN_IF_ERROR(RemoveRecursively(fs, staging));
-  TY_RETURN_IF_ERROR(fs.CreateDirs(staging));
-  absl::Status written = [&]() -> absl::Status {
+  TY_RETURN_IF_ERROR(WriteThenRename(fs, options.out_dir, [&](const std::string& staging) {
+    TY_RETURN_IF_ERROR(fs.CreateDirs(staging));
     TY_RETURN_IF_ERROR(WriteTensors(fs, staging, checkpoint, manifest, *tensors, files));
     if (files.size() > 1) {
       TY_RETURN_IF_ERROR(fs.WriteFileAtomic(JoinPath(staging, "model.safetensors.index.json"),
@@ -211,15 +208,8 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
     }
     TY_RETURN_IF_ERROR(
         fs.WriteFileAtomic(JoinPath(staging, "config.json"), HfConfigJson(*model, options.dtype)));
-    TY_RETURN_IF_ERROR(fs.SyncDir(staging));
-    if (fs.Exists(out)) TY_RETURN_IF_ERROR(fs.RemoveDir(out));  // checked empty above
-    TY_RETURN_IF_ERROR(fs.RenameFile(staging, out));
-    return fs.SyncDir(Dirname(out));
-  }();
-  if (!written.ok()) {
-    (void)RemoveRecursively(fs, staging);
-    return written;
-  }
+    return fs.SyncDir(staging);
+  }));
   ExportResult result;
   result.checkpoint = checkpoint;
   result.step = manifest.step();
@@ -227,6 +217,19 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
   result.files = static_cast<int>(files.size());
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+absl::Status WriteThenRename(FileSystem& fs, const std::string& out,
+                             const std::function<absl::Status(const std::string&)>& write) {
+  const std::string staging = absl::StrCat(out, ".exporting");
+  if (fs.Exists(staging)) TY_RETURN_IF_ERROR(RemoveRecursively(fs, staging));
+  absl::Status written = write(staging);
+  // An empty directory at `out` is allowed (the caller checked it is empty); rename needs it gone.
+  if (written.ok() && fs.IsDirectory(out)) written = fs.RemoveDir(out);
+  if (written.ok()) written = fs.RenameFile(staging, out);
+  if (written.ok()) written = fs.SyncDir(Dirname(out));
+  if (!written.ok() && fs.Exists(staging)) (void)RemoveRecursively(fs, staging);
+  return written;
 }
 
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {

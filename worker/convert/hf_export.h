@@ -12,6 +12,7 @@
 #define TRAINYARD_WORKER_CONVERT_HF_EXPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -47,6 +48,13 @@ struct ExportResult {
 // newest committed checkpoint whose manifest is intact; its path and verified manifest.
 [[nodiscard]] absl::StatusOr<std::pair<std::string, checkpoint::Manifest>> FindCheckpoint(
     FileSystem& fs, const std::string& source);
+
+// Publishes an export at `out` whole or not at all: `write` fills a staging path beside it
+// (`out` + ".exporting", removed first if a failed export left one), which is then renamed to
+// `out` and the parent directory synced. On failure the staging path is removed.
+[[nodiscard]] absl::Status WriteThenRename(
+    FileSystem& fs, const std::string& out,
+    const std::function<absl::Status(const std::string& staging)>& write);
 
 // Parses "--max-shard-size"'s value: bytes, or with a KB/MB/GB/KiB/MiB/GiB suffix ("5GB").
 [[nodiscard]] absl::StatusOr<int64_t> ParseByteSize(const std::string& text);

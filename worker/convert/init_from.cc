@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 #include <utility>
 
@@ -78,35 +79,42 @@ absl::Status Differ(const std::string& field, const std::string& in_file, const 
                                                  ", ", in_spec, " in the spec"));
 }
 
+// The integer fields of a model, each as (name, (value in the weights, value in the spec)).
+using IntFields = std::initializer_list<std::pair<const char*, std::pair<int, int>>>;
+
+// The first of `fields` whose two values differ, named; OK when none does.
+absl::Status FirstDifference(IntFields fields, const std::string& source) {
+  for (const auto& [field, values] : fields) {
+    if (values.first != values.second) {
+      return Differ(field, absl::StrCat(values.first), source, absl::StrCat(values.second));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A yes-or-no field, shown as `yes` or `no` (the spec's own words for it).
+absl::Status SameChoice(const char* field, bool in_file, bool in_spec, const std::string& source,
+                        const char* yes = "true", const char* no = "false") {
+  if (in_file == in_spec) return absl::OkStatus();
+  return Differ(field, in_file ? yes : no, source, in_spec ? yes : no);
+}
+
 // An MoE model's experts and router (both have experts): its shapes, and the routing the
 // weights were trained with.
 absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeConfig& spec,
                               const std::string& source) {
-  auto num = [](auto v) { return absl::StrCat(v); };
-  const std::pair<const char*, std::pair<int, int>> ints[] = {
-      {"moe.ffn", {file.ffn, spec.ffn}},
-      {"moe.top_k", {file.top_k, spec.top_k}},
-      {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
-      {"moe.every", {file.every, spec.every}}};
-  for (const auto& [field, values] : ints) {
-    if (values.first != values.second) {
-      return Differ(field, num(values.first), source, num(values.second));
-    }
-  }
-  auto score = [](const config::MoeConfig& m) {
-    return m.score == config::MoeScore::kSoftmax ? "softmax" : "sigmoid";
-  };
-  if (file.score != spec.score) return Differ("moe.score", score(file), source, score(spec));
-  auto flag = [](bool b) { return b ? "true" : "false"; };
-  if (file.normalize_top_k != spec.normalize_top_k) {
-    return Differ("moe.normalize_top_k", flag(file.normalize_top_k), source,
-                  flag(spec.normalize_top_k));
-  }
-  if (file.has_bias() != spec.has_bias()) {
-    return Differ("moe.balance", file.has_bias() ? "bias" : "aux_loss", source,
-                  spec.has_bias() ? "bias" : "aux_loss");
-  }
-  return absl::OkStatus();
+  TY_RETURN_IF_ERROR(
+      FirstDifference({{"moe.ffn", {file.ffn, spec.ffn}},
+                       {"moe.top_k", {file.top_k, spec.top_k}},
+                       {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
+                       {"moe.every", {file.every, spec.every}}},
+                      source));
+  using config::MoeScore;
+  TY_RETURN_IF_ERROR(SameChoice("moe.score", file.score == MoeScore::kSoftmax,
+                                spec.score == MoeScore::kSoftmax, source, "softmax", "sigmoid"));
+  TY_RETURN_IF_ERROR(
+      SameChoice("moe.normalize_top_k", file.normalize_top_k, spec.normalize_top_k, source));
+  return SameChoice("moe.balance", file.has_bias(), spec.has_bias(), source, "bias", "aux_loss");
 }
 
 // OK when `file` (the weights' model) is `spec`'s model; else names the first field that differs.
@@ -120,28 +128,22 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   // A model whose every block is an MoE block has no dense MLP: its ffn_hidden means nothing.
   const bool dense_mlps =
       !(file.moe.enabled() && file.moe.every == 1) || !(spec.moe.enabled() && spec.moe.every == 1);
-  const std::pair<const char*, std::pair<int, int>> ints[] = {
-      {"moe.experts", {file.moe.experts, spec.moe.experts}},
-      {"layers", {file.layers, spec.layers}},
-      {"width", {file.width, spec.width}},
-      {"heads", {file.heads, spec.heads}},
-      {"kv_heads", {file.kv_heads, spec.kv_heads}},
-      {"ffn_hidden", {dense_mlps ? file.ffn_hidden : 0, dense_mlps ? spec.ffn_hidden : 0}},
-      {"vocab", {file.vocab, spec.vocab}}};
-  for (const auto& [field, values] : ints) {
-    if (values.first != values.second) {
-      return Differ(field, num(values.first), source, num(values.second));
-    }
-  }
+  TY_RETURN_IF_ERROR(FirstDifference(
+      {{"moe.experts", {file.moe.experts, spec.moe.experts}},
+       {"layers", {file.layers, spec.layers}},
+       {"width", {file.width, spec.width}},
+       {"heads", {file.heads, spec.heads}},
+       {"kv_heads", {file.kv_heads, spec.kv_heads}},
+       {"ffn_hidden", {dense_mlps ? file.ffn_hidden : 0, dense_mlps ? spec.ffn_hidden : 0}},
+       {"vocab", {file.vocab, spec.vocab}}},
+      source));
   if (file.moe.enabled()) TY_RETURN_IF_ERROR(CheckSameExperts(file.moe, spec.moe, source));
   // GPT-2's learned positions are a tensor; Llama's limit is not, and may differ.
   if (file.family == ModelFamily::kGpt2 && file.max_seq != spec.max_seq) {
     return Differ("max_seq", num(file.max_seq), source, num(spec.max_seq));
   }
-  if (file.tied_embeddings != spec.tied_embeddings) {
-    return Differ("tied_embeddings", file.tied_embeddings ? "true" : "false", source,
-                  spec.tied_embeddings ? "true" : "false");
-  }
+  TY_RETURN_IF_ERROR(
+      SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   if (file.norm_eps != spec.norm_eps) {
     return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));
   }

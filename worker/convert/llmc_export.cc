@@ -134,16 +134,11 @@ absl::StatusOr<ExportResult> ExportLlmc(FileSystem& fs, const std::string& sourc
   if (!usable.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(checkpoint, ": ", usable.message()));
   }
-  const std::string staging = absl::StrCat(out, ".exporting");
   ExportResult result;
-  absl::Status written =
-      WriteLlmc(fs, staging, checkpoint, manifest, *model, options.dtype, &result.tensor_bytes);
-  if (written.ok()) written = fs.RenameFile(staging, out);
-  if (written.ok()) written = fs.SyncDir(Dirname(out));
-  if (!written.ok()) {
-    if (fs.Exists(staging)) (void)fs.RemoveFile(staging);
-    return written;
-  }
+  TY_RETURN_IF_ERROR(WriteThenRename(fs, out, [&](const std::string& staging) {
+    return WriteLlmc(fs, staging, checkpoint, manifest, *model, options.dtype,
+                     &result.tensor_bytes);
+  }));
   result.checkpoint = checkpoint;
   result.step = manifest.step();
   result.files = 1;
