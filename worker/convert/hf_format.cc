@@ -245,6 +245,19 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("hidden_act", {"silu"});
 }
 
+// Mistral's and Mixtral's sliding_window: Trainyard attends to every earlier position, which is
+// the same attention only when the window is null or spans max_position_embeddings.
+absl::Status CheckNoSlidingWindow(const ConfigFields& f, const ModelConfig& m) {
+  int window = 0;
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  if (window > 0 && window < m.max_seq) {
+    return f.Bad("sliding_window",
+                 absl::StrCat("is ", window, ", below max_position_embeddings ", m.max_seq,
+                              " (Trainyard's attention has no sliding window: null only)"));
+  }
+  return absl::OkStatus();
+}
+
 // Mixtral's experts over a Llama config (whose intermediate_size is each expert's hidden size).
 absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
   config::MoeConfig& moe = m.moe;
@@ -257,14 +270,7 @@ absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
   moe.ffn = m.ffn_hidden;
   moe.normalize_top_k = true;  // Mixtral divides the top k's probabilities by their sum
   TY_RETURN_IF_ERROR(f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true));
-  int window = 0;
-  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
-  if (window > 0 && window < m.max_seq) {
-    return f.Bad("sliding_window",
-                 absl::StrCat("is ", window, ", below max_position_embeddings ", m.max_seq,
-                              " (Trainyard's attention has no sliding window: null only)"));
-  }
-  return absl::OkStatus();
+  return CheckNoSlidingWindow(f, m);
 }
 
 }  // namespace
@@ -399,13 +405,17 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGpt2Config(fields, m));
   } else if (model_type == "llama") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+  } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    TY_RETURN_IF_ERROR(CheckNoSlidingWindow(fields, m));
   } else if (model_type == "mixtral") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
   } else {
-    return fields.Bad("model_type",
-                      absl::StrCat("is \"", model_type,
-                                   "\"; Trainyard reads \"gpt2\", \"llama\" and \"mixtral\""));
+    return fields.Bad(
+        "model_type",
+        absl::StrCat("is \"", model_type,
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\" and \"mixtral\""));
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

@@ -312,6 +312,41 @@ TEST(HfFormat, Llama32ConfigReads) {
                                                   .original_max_seq = 8192}));
 }
 
+// Mistral 7B v0.3's published config: Llama's model under another name. Its v0.1 attended
+// within a 4096-token window of a 32768-position model, which Trainyard's attention is not.
+TEST(HfFormat, MistralConfigReadsAsLlamaUnlessItsWindowIsShorter) {
+  std::string json = R"({
+    "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "vocab_size": 32768})";
+  auto m = ModelFromHfConfig(json, "Mistral-7B-v0.3/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_EQ(m->layers, 32);
+  EXPECT_EQ(m->width, 4096);
+  EXPECT_EQ(m->kv_heads, 8);
+  EXPECT_EQ(m->ffn_hidden, 14336);
+  EXPECT_EQ(m->vocab, 32768);
+  EXPECT_EQ(m->max_seq, 32768);
+  EXPECT_FALSE(m->tied_embeddings);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  EXPECT_EQ(m->rope_theta, 1e6f);
+  EXPECT_FALSE(m->moe.enabled());
+
+  json.replace(json.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
+  m = ModelFromHfConfig(json, "Mistral-7B-v0.1/config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "Mistral-7B-v0.1/config.json: sliding_window is 4096, below max_position_embeddings "
+            "32768 (Trainyard's attention has no sliding window: null only)");
+  json.replace(json.find("\"sliding_window\": 4096"), 22, "\"sliding_window\": 32768");
+  EXPECT_TRUE(ModelFromHfConfig(json, "config.json").ok());
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
@@ -379,8 +414,8 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
               HasSubstr("m/config.json: num_experts_per_tok is 5, more than the 4"));
   EXPECT_THAT(with("\"num_local_experts\": 4,", ""),
               HasSubstr("m/config.json: num_local_experts is missing"));
-  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "mistral"})", "x/config.json").status().message(),
-              HasSubstr("x/config.json: model_type is \"mistral\""));
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "qwen2"})", "x/config.json").status().message(),
+              HasSubstr("x/config.json: model_type is \"qwen2\""));
   EXPECT_THAT(
       ModelFromHfConfig(R"({"model_type": "gpt2", "n_embd": 64})", "c.json").status().message(),
       HasSubstr("c.json: vocab_size is missing"));
