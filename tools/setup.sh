@@ -29,12 +29,13 @@ packages=(
   libsqlite3-dev
   libssl-dev
   libxxhash-dev
+  libre2-dev
   python3
 )
 if ((!build_only)); then
   packages+=(
     prometheus iproute2 clang libclang-rt-14-dev
-    python3-numpy python3-torch
+    python3-numpy python3-torch python3-regex  # the oracles
     valgrind                             # the coordinator's instruction-count check
     slurmctld slurmd slurm-client munge  # the Slurm deployment test
     nodejs                               # the Kubernetes manifest test

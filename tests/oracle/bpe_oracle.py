@@ -1,0 +1,233 @@
+"""An independent byte-level BPE tokenizer, the oracle for Trainyard's (worker/data/tokenizer.h).
+
+It follows the algorithm as OpenAI published it for GPT-2 and as Hugging Face's `tokenizers`
+documents it for tokenizer.json: split the text at added tokens, then by the pre-tokenizer's
+pattern (Python's `regex` module, which has the look-ahead and Unicode classes the patterns
+use), map each piece's bytes to the byte-level alphabet, and merge the lowest-ranked adjacent
+pair until none is left. It shares no code with Trainyard.
+
+  bpe_oracle.py cases STYLE DIR
+      trains a small tokenizer of STYLE (gpt2: ByteLevel's own pattern; llama3: a Split by
+      Llama 3's pattern, ignore_merges, added tokens and a <|begin_of_text|> template) on a
+      built-in corpus, and writes DIR/tokenizer.json, DIR/texts.json (texts chosen to reach every
+      branch of the patterns, and random ones) and DIR/ids.json (each text's ids).
+"""
+
+import collections
+import json
+import os
+import random
+import sys
+
+import regex
+
+GPT2_PATTERN = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
+                  r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+CORPUS = """The quick brown fox jumps over the lazy dog. It's what they'll say: we're here,
+you've seen it, I'd know, and he's gone. Numbers like 12, 345 and 67890 appear in 2024 and 1999.
+    Indented lines, tabs\tand  double  spaces,
+trailing spaces   
+Café naïve résumé — déjà vu; Grüße aus München. Ελληνικά κείμενα. Русский текст.
+日本語のテキストと中文文本。 한국어 문장.
+Emoji 🙂🚀 and symbols ©®™ ±×÷ … «quotes» "double" 'single'.
+def f(x):\r\n    return x ** 2  # code\n\n\nThe end.
+"""
+
+# Characters the random texts are drawn from: every class the patterns tell apart.
+ALPHABET = (list("abcXYZ") + list("019") + list(" \t\n\r") +
+            list("'s'T'll") + list("!?.,-#") + ["é", "ß", "Ж", "日", "語", "🙂", "١", "Ⅻ",
+                                                  "\u00a0", "\u3000", "\u2028", "\x0b",
+                                                  "\x85", "\u00ad", "\x7f", "\x00"])
+
+
+def byte_alphabet():
+    """Byte b as one printable character: Latin-1's printable bytes stand for themselves, the rest
+    for U+0100 upwards in byte order."""
+    kept = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(0x100 + extra)
+            extra += 1
+    return table
+
+
+BYTES = byte_alphabet()
+
+
+def to_alphabet(text):
+    return "".join(BYTES[b] for b in text.encode("utf-8"))
+
+
+def isolated_pieces(pattern, text):
+    """The matches of `pattern` and the stretches between them, in order."""
+    pieces, at = [], 0
+    for m in regex.finditer(pattern, text):
+        if m.start() == m.end():
+            continue
+        if m.start() > at:
+            pieces.append(text[at:m.start()])
+        pieces.append(m.group())
+        at = m.end()
+    if at < len(text):
+        pieces.append(text[at:])
+    return pieces
+
+
+def merge(parts, pair):
+    """`parts` with each occurrence of `pair` joined, left to right."""
+    out, i = [], 0
+    while i < len(parts):
+        if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
+            out.append(parts[i] + parts[i + 1])
+            i += 2
+        else:
+            out.append(parts[i])
+            i += 1
+    return out
+
+
+def train(pattern, merges_wanted):
+    words = collections.Counter(
+        tuple(to_alphabet(p)) for p in isolated_pieces(pattern, CORPUS))
+    vocab = {BYTES[b]: b for b in range(256)}
+    merges = []
+    while len(merges) < merges_wanted:
+        pairs = collections.Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        pair, _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append(pair)
+        vocab[pair[0] + pair[1]] = len(vocab)
+        merged_words = collections.Counter()
+        for word, c in words.items():
+            merged_words[tuple(merge(word, pair))] += c
+        words = merged_words
+    return vocab, merges
+
+
+def added(token_id, content):
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False,
+            "rstrip": False, "normalized": False, "special": True}
+
+
+def tokenizer_json(style):
+    pattern = GPT2_PATTERN if style == "gpt2" else LLAMA3_PATTERN
+    vocab, merges = train(pattern, 400)
+    n = len(vocab)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": style == "gpt2"}
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "ignore_merges": style == "llama3", "vocab": vocab}
+    if style == "gpt2":
+        model["merges"] = [a + " " + b for a, b in merges]
+        return {"version": "1.0", "added_tokens": [added(n, "<|endoftext|>")],
+                "normalizer": None, "pre_tokenizer": byte_level,
+                "post_processor": dict(byte_level, add_prefix_space=True),
+                "decoder": byte_level, "model": model}
+    model["merges"] = [[a, b] for a, b in merges]
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eot|>", "<|eot|>!"]
+    bos = {"id": specials[0], "ids": [n], "tokens": [specials[0]]}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": specials[0], "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {specials[0]: bos}}
+    return {"version": "1.0", "added_tokens": [added(n + i, s) for i, s in enumerate(specials)],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated",
+                 "invert": False}, byte_level]},
+            "post_processor": {"type": "Sequence", "processors": [byte_level, template]},
+            "decoder": byte_level, "model": model}
+
+
+class Oracle:
+    def __init__(self, tok):
+        model = tok["model"]
+        self.vocab = model["vocab"]
+        self.ranks = {}
+        for rank, m in enumerate(model["merges"]):
+            pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+            self.ranks.setdefault(pair, rank)
+        self.ignore_merges = model.get("ignore_merges", False)
+        self.added = sorted(((t["content"], t["id"]) for t in tok["added_tokens"]),
+                            key=lambda kv: -len(kv[0]))
+        pre = tok["pre_tokenizer"]
+        if pre["type"] == "Sequence":
+            self.patterns = [p["pattern"]["Regex"] for p in pre["pretokenizers"]
+                             if p["type"] == "Split"]
+        else:
+            self.patterns = [GPT2_PATTERN]
+        self.prefix = []
+        post = tok.get("post_processor") or {}
+        for p in post.get("processors", [post]):
+            if p.get("type") == "TemplateProcessing":
+                for item in p["single"]:
+                    if "SpecialToken" in item:
+                        self.prefix += p["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+
+    def bpe(self, word):
+        if self.ignore_merges and word in self.vocab:
+            return [self.vocab[word]]
+        parts = list(word)
+        while len(parts) > 1:
+            pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, float("inf")))
+            if pair not in self.ranks:
+                break
+            parts = merge(parts, pair)
+        return [self.vocab[p] for p in parts]
+
+    def segment(self, text):
+        pieces = [text] if text else []
+        for pattern in self.patterns:
+            pieces = [q for p in pieces for q in isolated_pieces(pattern, p)]
+        return [i for p in pieces for i in self.bpe(to_alphabet(p))]
+
+    def encode(self, text):
+        ids, start, at = list(self.prefix), 0, 0
+        while at < len(text):
+            hit = next(((c, i) for c, i in self.added if text.startswith(c, at)), None)
+            if hit is None:
+                at += 1
+                continue
+            ids += self.segment(text[start:at]) + [hit[1]]
+            at += len(hit[0])
+            start = at
+        return ids + self.segment(text[start:])
+
+
+def texts(style):
+    fixed = [CORPUS, "Hello   world!!  \n x", "a   b", "  leading", "trailing  ", " ", "\n\n\n",
+             "x\r\n\r\ny", "I'm THEY'LL we'Re it's", "1234567 89", "naïve café 日本語 🙂",
+             "tab\t\tsep", "a\u00a0\u00a0b c\u3000\u3000d", "end<|endoftext|>start <|eot_id|>",
+             "<|eot|><|eot_id|>", "<|eot|>!!", "!!!...??", "x  \n  y", "\u2028line\u2028 sep", "¡soft\u00adhyphen"]
+    rng = random.Random(20261204 + (style == "llama3"))
+    rand = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(300)]
+    return fixed + rand
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] != "cases" or sys.argv[2] not in ("gpt2", "llama3"):
+        sys.exit(__doc__)
+    style, out = sys.argv[2], sys.argv[3]
+    tok = tokenizer_json(style)
+    oracle = Oracle(tok)
+    cases = texts(style)
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    with open(os.path.join(out, "texts.json"), "w", encoding="utf-8") as f:
+        json.dump(cases, f)
+    with open(os.path.join(out, "ids.json"), "w", encoding="utf-8") as f:
+        json.dump([oracle.encode(t) for t in cases], f)
+
+
+if __name__ == "__main__":
+    main()

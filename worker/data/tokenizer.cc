@@ -1,0 +1,608 @@
+#include "worker/data/tokenizer.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <re2/re2.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace trainyard::worker::data {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+namespace {
+
+// GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
+constexpr absl::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// The look-ahead idiom of byte-level patterns, which RE2 lacks (see the header).
+constexpr absl::string_view kWhitespaceIdiom = R"(\s+(?!\S)|\s+)";
+// Unicode's White_Space as the inside of an RE2 character class.
+constexpr absl::string_view kWhiteSpaceClass = R"(\t\n\x0B\f\r\p{Z}\x{85})";
+
+// Unicode's White_Space property.
+bool IsWhiteSpace(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// The code point at s[*pos], advancing past it; false for a malformed sequence.
+bool NextCodePoint(absl::string_view s, size_t* pos, uint32_t* cp) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
+  const uint8_t lead = byte(*pos);
+  if (lead < 0x80) {
+    *cp = lead;
+    ++*pos;
+    return true;
+  }
+  int more;
+  uint32_t c, least;
+  if ((lead & 0xE0) == 0xC0) {
+    more = 1, c = lead & 0x1F, least = 0x80;
+  } else if ((lead & 0xF0) == 0xE0) {
+    more = 2, c = lead & 0x0F, least = 0x800;
+  } else if ((lead & 0xF8) == 0xF0) {
+    more = 3, c = lead & 0x07, least = 0x10000;
+  } else {
+    return false;
+  }
+  if (*pos + more >= s.size()) return false;
+  for (int i = 1; i <= more; ++i) {
+    if ((byte(*pos + i) & 0xC0) != 0x80) return false;
+    c = (c << 6) | (byte(*pos + i) & 0x3F);
+  }
+  if (c < least || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
+  *cp = c;
+  *pos += more + 1;
+  return true;
+}
+
+void AppendUtf8(std::string* out, uint32_t c) {
+  if (c < 0x80) {
+    *out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    *out += static_cast<char>(0xC0 | (c >> 6));
+    *out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    *out += static_cast<char>(0xE0 | (c >> 12));
+    *out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    *out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    *out += static_cast<char>(0xF0 | (c >> 18));
+    *out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    *out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    *out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+// The byte-level alphabet: the printable bytes of Latin-1 stand for themselves; the other 68
+// (controls, space, DEL, NBSP, soft hyphen) for U+0100 onwards, in byte order.
+struct ByteLevelAlphabet {
+  std::array<std::string, 256> chars;
+  std::array<uint32_t, 256> code_points{};
+};
+
+const ByteLevelAlphabet& Alphabet() {
+  static const ByteLevelAlphabet* alphabet = [] {
+    auto* a = new ByteLevelAlphabet();
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      a->code_points[b] = printable ? b : next++;
+      AppendUtf8(&a->chars[b], a->code_points[b]);
+    }
+    return a;
+  }();
+  return *alphabet;
+}
+
+absl::Status Bad(const std::string& source, absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " ", why));
+}
+
+// The field `key` of `s`; nullptr when it is missing or null.
+const Value* Field(const Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() || it->second.kind_case() == Value::kNullValue ? nullptr
+                                                                               : &it->second;
+}
+
+bool Flag(const Struct& s, const std::string& key, bool otherwise = false) {
+  const Value* v = Field(s, key);
+  return v != nullptr && v->kind_case() == Value::kBoolValue ? v->bool_value() : otherwise;
+}
+
+std::string TypeOf(const Struct& s) {
+  const Value* v = Field(s, "type");
+  return v != nullptr ? v->string_value() : "";
+}
+
+// An id: a whole number in [0, 2^31).
+absl::StatusOr<int32_t> IdOf(const Value& v, const std::string& source, absl::string_view field) {
+  const double d = v.number_value();
+  if (v.kind_case() != Value::kNumberValue || d != static_cast<int64_t>(d) || d < 0 ||
+      d > INT_MAX) {
+    return Bad(source, field, "must be a token id (a whole number of at least 0)");
+  }
+  return static_cast<int32_t>(d);
+}
+
+// `pattern` in RE2's syntax: `\s` and `\S` as Unicode's White_Space, capturing groups made
+// non-capturing. Look-around is refused.
+absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& source) {
+  std::string out;
+  bool in_class = false, class_start = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[++i];
+      if (e == 's') {
+        absl::StrAppend(&out, in_class ? "" : "[", kWhiteSpaceClass, in_class ? "" : "]");
+      } else if (e == 'S') {
+        if (in_class) return Bad(source, "pattern", "has \\S inside a character class");
+        absl::StrAppend(&out, "[^", kWhiteSpaceClass, "]");
+      } else {
+        out += '\\', out += e;
+      }
+      class_start = false;
+    } else if (in_class) {
+      if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] whole
+        const size_t close = p.find(":]", i + 2);
+        if (close == absl::string_view::npos) return Bad(source, "pattern", "has an open [:");
+        absl::StrAppend(&out, p.substr(i, close + 2 - i));
+        i = close + 1;
+      } else {
+        if (c == ']' && !class_start) in_class = false;
+        out += c;
+      }
+      class_start = false;
+    } else if (c == '[') {
+      in_class = class_start = true;
+      out += c;
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+    } else if (c == '(' && i + 1 < p.size() && p[i + 1] == '?') {
+      const absl::string_view rest = p.substr(i + 1);
+      for (absl::string_view look : {"?=", "?!", "?<=", "?<!"}) {
+        if (absl::StartsWith(rest, look)) {
+          return Bad(source, "pattern",
+                     absl::StrCat("has the look-around (", look,
+                                  " …), which Trainyard's splitter (RE2) lacks beyond the "
+                                  "whitespace idiom \\s+(?!\\S)|\\s+"));
+        }
+      }
+      out += c;
+    } else {
+      out += c == '(' ? "(?:" : std::string(1, c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::string& ByteLevelChar(uint8_t byte) { return Alphabet().chars[byte]; }
+
+int ByteOfLevelChar(uint32_t code_point) {
+  static const auto* bytes = [] {
+    auto* m = new absl::flat_hash_map<uint32_t, int>();
+    for (int b = 0; b < 256; ++b) (*m)[Alphabet().code_points[b]] = b;
+    return m;
+  }();
+  auto it = bytes->find(code_point);
+  return it == bytes->end() ? -1 : it->second;
+}
+
+// One Split step: a pattern whose matches (and the text between them) become pieces. With the
+// whitespace idiom, group 1 is the idiom's run of whitespace.
+struct Tokenizer::Split {
+  std::unique_ptr<RE2> re;
+  bool whitespace_group = false;
+
+  static absl::StatusOr<std::unique_ptr<Split>> Compile(absl::string_view pattern,
+                                                        const std::string& source) {
+    auto split = std::make_unique<Split>();
+    std::string re2_pattern;
+    const size_t idiom = pattern.find(kWhitespaceIdiom);
+    if (idiom == absl::string_view::npos) {
+      TY_ASSIGN_OR_RETURN(re2_pattern, ToRe2Syntax(pattern, source));
+    } else {
+      TY_ASSIGN_OR_RETURN(const std::string before, ToRe2Syntax(pattern.substr(0, idiom), source));
+      TY_ASSIGN_OR_RETURN(const std::string after,
+                          ToRe2Syntax(pattern.substr(idiom + kWhitespaceIdiom.size()), source));
+      re2_pattern = absl::StrCat(before, "([", kWhiteSpaceClass, "]+)", after);
+      split->whitespace_group = true;
+    }
+    RE2::Options options;
+    options.set_log_errors(false);
+    split->re = std::make_unique<RE2>(re2_pattern, options);
+    if (!split->re->ok()) {
+      return Bad(source, "pattern", absl::StrCat("does not compile: ", split->re->error()));
+    }
+    return split;
+  }
+
+  // `piece` cut at the matches: each match a piece, and each stretch between them.
+  void Apply(absl::string_view piece, std::vector<absl::string_view>* out) const {
+    re2::StringPiece match[2];
+    const re2::StringPiece text(piece.data(), piece.size());
+    const int groups = whitespace_group ? 2 : 1;
+    size_t gap = 0, from = 0;
+    while (from < piece.size() &&
+           re->Match(text, from, piece.size(), RE2::UNANCHORED, match, groups)) {
+      const size_t start = match[0].data() - piece.data();
+      size_t end = start + match[0].size();
+      if (whitespace_group && match[1].data() != nullptr && end < piece.size()) {
+        // (?!\S): a run that a non-space follows gives its last character back to it.
+        size_t after = end;
+        uint32_t next = 0;
+        if (NextCodePoint(piece, &after, &next) && !IsWhiteSpace(next)) {
+          size_t last = end - 1;
+          while (last > start && (static_cast<uint8_t>(piece[last]) & 0xC0) == 0x80) --last;
+          if (last > start) end = last;
+        }
+      }
+      if (end == start) {  // an empty match splits nothing; look on from the next character
+        uint32_t skipped;
+        from = start;
+        if (!NextCodePoint(piece, &from, &skipped)) ++from;
+        continue;
+      }
+      if (start > gap) out->push_back(piece.substr(gap, start - gap));
+      out->push_back(piece.substr(start, end - start));
+      gap = from = end;
+    }
+    if (gap < piece.size()) out->push_back(piece.substr(gap));
+  }
+};
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+
+void Tokenizer::SetToken(int32_t id, std::string bytes) {
+  if (id >= static_cast<int32_t>(token_bytes_.size())) {
+    token_bytes_.resize(id + 1);
+    known_.resize(id + 1, false);
+  }
+  token_bytes_[id] = std::move(bytes);
+  known_[id] = true;
+}
+
+absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& source) {
+  const std::string type = TypeOf(model);
+  if (!type.empty() && type != "BPE") {
+    return Bad(source, "model.type", absl::StrCat("is \"", type, "\"; Trainyard reads BPE"));
+  }
+  for (const char* key :
+       {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Value* v = Field(model, key);
+    if (v != nullptr && !(v->kind_case() == Value::kStringValue && v->string_value().empty())) {
+      return Bad(source, absl::StrCat("model.", key), "must be null (byte-level BPE)");
+    }
+  }
+  if (Flag(model, "byte_fallback")) {
+    return Bad(source, "model.byte_fallback", "must be false (byte-level BPE)");
+  }
+  ignore_merges_ = Flag(model, "ignore_merges");
+  const Value* vocab = Field(model, "vocab");
+  if (vocab == nullptr || vocab->kind_case() != Value::kStructValue) {
+    return Bad(source, "model.vocab", "must be an object of token → id");
+  }
+  for (const auto& [token, id_value] : vocab->struct_value().fields()) {
+    TY_ASSIGN_OR_RETURN(const int32_t id, IdOf(id_value, source, "model.vocab"));
+    vocab_[token] = id;
+    std::string bytes;
+    for (size_t at = 0; at < token.size();) {
+      const size_t begin = at;
+      uint32_t c;
+      if (!NextCodePoint(token, &at, &c)) return Bad(source, "model.vocab", "is not UTF-8");
+      const int b = ByteOfLevelChar(c);
+      if (b >= 0) {
+        bytes += static_cast<char>(b);
+      } else {
+        bytes.append(token, begin, at - begin);
+      }
+    }
+    SetToken(id, std::move(bytes));
+  }
+  const Value* merges = Field(model, "merges");
+  if (merges == nullptr || merges->kind_case() != Value::kListValue) {
+    return Bad(source, "model.merges", "must be a list");
+  }
+  int32_t rank = 0;
+  for (const Value& merge : merges->list_value().values()) {
+    std::string key;
+    if (merge.kind_case() == Value::kStringValue) {
+      key = merge.string_value();
+      if (std::count(key.begin(), key.end(), ' ') != 1) {
+        return Bad(source, "model.merges", absl::StrCat("has \"", key, "\", not \"left right\""));
+      }
+    } else if (merge.kind_case() == Value::kListValue && merge.list_value().values_size() == 2) {
+      key = absl::StrCat(merge.list_value().values(0).string_value(), " ",
+                         merge.list_value().values(1).string_value());
+    } else {
+      return Bad(source, "model.merges", "must hold \"left right\" strings or [left, right] pairs");
+    }
+    merges_.emplace(std::move(key), rank++);  // a repeated pair keeps its first rank
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::ParsePreTokenizer(const Struct& step, const std::string& source) {
+  std::vector<const Struct*> steps;
+  if (TypeOf(step) == "Sequence") {
+    const Value* list = Field(step, "pretokenizers");
+    if (list == nullptr || list->kind_case() != Value::kListValue) {
+      return Bad(source, "pre_tokenizer.pretokenizers", "must be a list");
+    }
+    for (const Value& v : list->list_value().values()) steps.push_back(&v.struct_value());
+  } else {
+    steps.push_back(&step);
+  }
+  const std::string supported =
+      "(Trainyard reads byte-level BPE: Split steps by a Regex, Isolated, then one ByteLevel)";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Struct& s = *steps[i];
+    const std::string type = TypeOf(s);
+    const bool last = i + 1 == steps.size();
+    if (type == "ByteLevel" && last) {
+      if (Flag(s, "add_prefix_space")) {
+        return Bad(source, "pre_tokenizer.add_prefix_space", "must be false");
+      }
+      if (Flag(s, "use_regex", /*otherwise=*/true)) {
+        TY_ASSIGN_OR_RETURN(auto split, Split::Compile(kGpt2Pattern, source));
+        splits_.push_back(std::move(split));
+      }
+      return absl::OkStatus();
+    }
+    const Value* pattern = Field(s, "pattern");
+    const Value* regex = pattern != nullptr && pattern->kind_case() == Value::kStructValue
+                             ? Field(pattern->struct_value(), "Regex")
+                             : nullptr;
+    const Value* behavior = Field(s, "behavior");
+    if (type != "Split" || regex == nullptr || behavior == nullptr ||
+        behavior->string_value() != "Isolated" || Flag(s, "invert")) {
+      return Bad(source, "pre_tokenizer",
+                 absl::StrCat("has a step of type \"", type, "\" ", supported));
+    }
+    TY_ASSIGN_OR_RETURN(auto split, Split::Compile(regex->string_value(), source));
+    splits_.push_back(std::move(split));
+  }
+  return Bad(source, "pre_tokenizer", absl::StrCat("does not end with ByteLevel ", supported));
+}
+
+absl::Status Tokenizer::ParsePostProcessor(const Struct& step, const std::string& source) {
+  const std::string type = TypeOf(step);
+  if (type == "ByteLevel") return absl::OkStatus();  // offsets only
+  if (type == "Sequence") {
+    const Value* list = Field(step, "processors");
+    if (list == nullptr || list->kind_case() != Value::kListValue) {
+      return Bad(source, "post_processor.processors", "must be a list");
+    }
+    for (const Value& v : list->list_value().values()) {
+      TY_RETURN_IF_ERROR(ParsePostProcessor(v.struct_value(), source));
+    }
+    return absl::OkStatus();
+  }
+  if (type != "TemplateProcessing") {
+    return Bad(source, "post_processor",
+               absl::StrCat("is of type \"", type,
+                            "\" (Trainyard reads TemplateProcessing, ByteLevel and Sequence)"));
+  }
+  const Value* single = Field(step, "single");
+  const Value* specials = Field(step, "special_tokens");
+  if (single == nullptr || single->kind_case() != Value::kListValue) {
+    return Bad(source, "post_processor.single", "must be a list");
+  }
+  bool sequence = false;
+  for (const Value& item : single->list_value().values()) {
+    const Struct& s = item.struct_value();
+    if (Field(s, "Sequence") != nullptr) {
+      if (sequence) return Bad(source, "post_processor.single", "holds two sequences");
+      sequence = true;
+      continue;
+    }
+    const Value* special = Field(s, "SpecialToken");
+    const Value* name = special != nullptr ? Field(special->struct_value(), "id") : nullptr;
+    const Value* entry = name != nullptr && specials != nullptr
+                             ? Field(specials->struct_value(), name->string_value())
+                             : nullptr;
+    const Value* ids = entry != nullptr ? Field(entry->struct_value(), "ids") : nullptr;
+    if (ids == nullptr || ids->kind_case() != Value::kListValue) {
+      return Bad(source, "post_processor.single",
+                 "names a special token that special_tokens does not give ids for");
+    }
+    for (const Value& id : ids->list_value().values()) {
+      TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(id, source, "post_processor"));
+      (sequence ? suffix_ : prefix_).push_back(value);
+    }
+  }
+  if (!sequence) return Bad(source, "post_processor.single", "holds no sequence");
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::ParseAddedTokens(const Value& list, const std::string& source) {
+  if (list.kind_case() != Value::kListValue) return Bad(source, "added_tokens", "must be a list");
+  for (const Value& v : list.list_value().values()) {
+    const Struct& s = v.struct_value();
+    const Value* content = Field(s, "content");
+    const Value* id = Field(s, "id");
+    if (content == nullptr || id == nullptr || content->string_value().empty()) {
+      return Bad(source, "added_tokens", "must each have an id and a content");
+    }
+    for (const char* key : {"single_word", "lstrip", "rstrip"}) {
+      if (Flag(s, key)) {
+        return Bad(source, absl::StrCat("added_tokens.", key),
+                   absl::StrCat("is true for ", content->string_value(), " (false only)"));
+      }
+    }
+    TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(*id, source, "added_tokens.id"));
+    added_.push_back({content->string_value(), value});
+    SetToken(value, content->string_value());
+  }
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
+    return a.content.size() > b.content.size();
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Parse(const std::string& json,
+                                                            const std::string& source) {
+  Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(json, &root).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  if (Field(root, "normalizer") != nullptr) {
+    return Bad(source, "normalizer", "must be null (byte-level BPE normalises nothing)");
+  }
+  const Value* model = Field(root, "model");
+  if (model == nullptr || model->kind_case() != Value::kStructValue) {
+    return Bad(source, "model", "is missing");
+  }
+  TY_RETURN_IF_ERROR(t->ParseModel(model->struct_value(), source));
+  const Value* pre = Field(root, "pre_tokenizer");
+  if (pre == nullptr || pre->kind_case() != Value::kStructValue) {
+    return Bad(source, "pre_tokenizer", "is missing (byte-level BPE ends it with ByteLevel)");
+  }
+  TY_RETURN_IF_ERROR(t->ParsePreTokenizer(pre->struct_value(), source));
+  const Value* decoder = Field(root, "decoder");
+  if (decoder == nullptr || TypeOf(decoder->struct_value()) != "ByteLevel") {
+    return Bad(source, "decoder", "must be ByteLevel");
+  }
+  if (const Value* post = Field(root, "post_processor"); post != nullptr) {
+    TY_RETURN_IF_ERROR(t->ParsePostProcessor(post->struct_value(), source));
+  }
+  if (const Value* added = Field(root, "added_tokens"); added != nullptr) {
+    TY_RETURN_IF_ERROR(t->ParseAddedTokens(*added, source));
+  }
+  for (int32_t id : t->prefix_) {
+    if (id >= t->size() || !t->known_[id]) {
+      return Bad(source, "post_processor", absl::StrCat("adds id ", id, ", which no token has"));
+    }
+  }
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(FileSystem& fs,
+                                                           const std::string& path) {
+  const std::string file = fs.IsDirectory(path) ? ChildPath(path, "tokenizer.json") : path;
+  if (!fs.Exists(file)) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": no such file"));
+  }
+  TY_ASSIGN_OR_RETURN(const std::string json, fs.ReadFile(file));
+  return Parse(json, file);
+}
+
+const Tokenizer::AddedToken* Tokenizer::AddedTokenAt(absl::string_view text) const {
+  for (const AddedToken& a : added_) {  // longest first
+    if (absl::StartsWith(text, a.content)) return &a;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
+  for (size_t at = 0; at < text.size();) {
+    uint32_t c;
+    if (!NextCodePoint(text, &at, &c)) {
+      return absl::InvalidArgumentError(absl::StrCat("the text is not UTF-8 (at byte ", at, ")"));
+    }
+  }
+  std::vector<int32_t> ids = prefix_;
+  size_t segment = 0;
+  for (size_t at = 0; at < text.size();) {
+    const AddedToken* added = AddedTokenAt(text.substr(at));
+    if (added == nullptr) {
+      ++at;
+      continue;
+    }
+    TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment, at - segment), &ids));
+    ids.push_back(added->id);
+    segment = at += added->content.size();
+  }
+  TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment), &ids));
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+  return ids;
+}
+
+absl::Status Tokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* out) const {
+  std::vector<absl::string_view> pieces;
+  if (!text.empty()) pieces.push_back(text);
+  for (const auto& split : splits_) {
+    std::vector<absl::string_view> next;
+    for (absl::string_view piece : pieces) split->Apply(piece, &next);
+    pieces = std::move(next);
+  }
+  for (absl::string_view piece : pieces) {
+    std::string mapped;
+    for (char byte : piece) mapped += ByteLevelChar(static_cast<uint8_t>(byte));
+    TY_RETURN_IF_ERROR(EncodeWord(mapped, out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::EncodeWord(const std::string& mapped, std::vector<int32_t>* out) const {
+  if (ignore_merges_) {
+    if (auto it = vocab_.find(mapped); it != vocab_.end()) {
+      out->push_back(it->second);
+      return absl::OkStatus();
+    }
+  }
+  std::vector<std::string> symbols;
+  for (size_t at = 0; at < mapped.size();) {
+    const size_t begin = at;
+    uint32_t c;
+    NextCodePoint(mapped, &at, &c);  // mapped is UTF-8 by construction
+    symbols.emplace_back(mapped, begin, at - begin);
+  }
+  // Merge the pair of lowest rank everywhere it occurs (left to right), until none is left.
+  while (symbols.size() > 1) {
+    int32_t best = INT_MAX;
+    size_t best_at = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      auto it = merges_.find(absl::StrCat(symbols[i], " ", symbols[i + 1]));
+      if (it != merges_.end() && it->second < best) best = it->second, best_at = i;
+    }
+    if (best == INT_MAX) break;
+    const std::string left = symbols[best_at], right = symbols[best_at + 1];
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < symbols.size(); ++i) {
+      if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
+        merged.push_back(left + right);
+        ++i;
+      } else {
+        merged.push_back(std::move(symbols[i]));
+      }
+    }
+    symbols = std::move(merged);
+  }
+  for (const std::string& s : symbols) {
+    auto it = vocab_.find(s);
+    if (it == vocab_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the tokenizer's vocabulary has no token for \"", s, "\""));
+    }
+    out->push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
+std::string Tokenizer::TokenBytes(int32_t id) const {
+  if (id < 0 || id >= size() || !known_[id]) return absl::StrCat("<id ", id, ">");
+  return token_bytes_[id];
+}
+
+std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
+  std::string text;
+  for (int32_t id : ids) text += TokenBytes(id);
+  return text;
+}
+
+}  // namespace trainyard::worker::data
