@@ -27,6 +27,7 @@ ABSL_FLAG(std::string, dtype, "fp32", "the exported tensors' type (fp32, bf16)")
 ABSL_FLAG(std::string, max_shard_size, "", "the largest exported file");
 ABSL_FLAG(std::string, prompt, "", "the prompt as bytes");
 ABSL_FLAG(std::string, prompt_tokens, "", "the prompt as token ids");
+ABSL_FLAG(std::string, tokenizer, "", "a tokenizer.json, or a directory holding one");
 ABSL_FLAG(int, tokens, 32, "new tokens");
 ABSL_FLAG(float, temperature, 0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "draw among the K most likely (0: all)");

@@ -39,6 +39,7 @@ ABSL_DECLARE_FLAG(std::string, max_shard_size);
 // Sample.
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, prompt_tokens);
+ABSL_DECLARE_FLAG(std::string, tokenizer);
 ABSL_DECLARE_FLAG(int, tokens);
 ABSL_DECLARE_FLAG(float, temperature);
 ABSL_DECLARE_FLAG(int, top_k);

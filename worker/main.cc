@@ -69,6 +69,7 @@
 #include "worker/convert/weights.h"
 #include "worker/coordinated.h"
 #include "worker/cuda_backend.h"
+#include "worker/data/tokenizer.h"
 #include "worker/flags.h"
 #include "worker/generate.h"
 #include "worker/launcher.h"
@@ -341,15 +342,20 @@ int RunExport(int argc, char** argv) {
 }
 
 constexpr char kSampleUsage[] =
-    "usage: trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N] "
-    "[--temperature T] [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]";
+    "usage: trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] "
+    "[--tokenizer PATH] [--tokens N] [--temperature T] [--top-k K] [--seed S] "
+    "[--device cpu|cuda] [--threads N]";
 
 constexpr char kSampleHelp[] =
     "Sample: generates text from a model, with a key/value cache. WEIGHTS is a checkpoint\n"
     "directory, a checkpoint.dir (its newest committed checkpoint), a Hugging Face model\n"
     "directory or an llm.c model file.\n"
-    "  --prompt TEXT          the prompt as bytes (a model with a 256-token, byte-level\n"
-    "                         vocabulary); the text is printed, then what follows it\n"
+    "  --prompt TEXT          the prompt as text, tokenized by the tokenizer (a Hugging Face\n"
+    "                         directory's tokenizer.json, or --tokenizer), else as bytes (a\n"
+    "                         model with a 256-token vocabulary); the text is printed, then\n"
+    "                         what follows it\n"
+    "  --tokenizer PATH       a byte-level BPE tokenizer.json (GPT-2's, Llama 3's), or a\n"
+    "                         directory holding one, for --prompt\n"
     "  --prompt-tokens IDS    the prompt as token ids (\"5 17 3\" or \"5,17,3\"); the new ids\n"
     "                         are printed on one line\n"
     "  --tokens N             new tokens (default 32; prompt + N at most the model's max_seq)\n"
@@ -360,7 +366,7 @@ constexpr char kSampleHelp[] =
     "  --threads N            CPU threads (default: every core; --device cpu)\n";
 
 struct SampleFlags {
-  std::string weights, prompt, prompt_tokens, device = "cpu";
+  std::string weights, prompt, prompt_tokens, tokenizer, device = "cpu";
   bool has_prompt = false;
   SampleOptions options;
   int threads = 0;
@@ -380,8 +386,9 @@ absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags&
 }
 
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
-  constexpr std::string_view kFlags[] = {"prompt", "prompt-tokens", "tokens", "temperature",
-                                         "top-k",  "seed",          "device", "threads"};
+  constexpr std::string_view kFlags[] = {"prompt", "prompt-tokens", "tokenizer",
+                                         "tokens", "temperature",   "top-k",
+                                         "seed",   "device",        "threads"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "sample"));
   if (line.help) {
     std::cout << kSampleUsage << "\n\n" << kSampleHelp;
@@ -395,6 +402,7 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   flags.prompt = absl::GetFlag(FLAGS_prompt);
   flags.has_prompt = line.Has("prompt");
   flags.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  flags.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   flags.options.tokens = absl::GetFlag(FLAGS_tokens);
   flags.options.top_k = absl::GetFlag(FLAGS_top_k);
   flags.options.temperature = absl::GetFlag(FLAGS_temperature);
@@ -434,17 +442,50 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   if (flags.has_prompt && flags.prompt.empty()) {
     return absl::InvalidArgumentError("--prompt must not be empty");
   }
+  if (line.Has("tokenizer") && !flags.has_prompt) {
+    return absl::InvalidArgumentError(
+        "--tokenizer is not used with --prompt-tokens (it tokenizes --prompt's text)");
+  }
   return flags;
 }
 
-// The prompt's token ids: the bytes of --prompt (a byte-level vocabulary), or --prompt-tokens.
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int vocab) {
+// The tokenizer for --prompt: --tokenizer, else a Hugging Face directory's tokenizer.json; null
+// for none. Its ids must lie in the model's vocabulary.
+absl::StatusOr<std::unique_ptr<data::Tokenizer>> PromptTokenizer(const SampleFlags& flags,
+                                                                 int vocab) {
+  FileSystem& fs = *RealFileSystem();
+  std::string path = flags.tokenizer;
+  if (path.empty() && flags.has_prompt && fs.IsDirectory(flags.weights) &&
+      fs.Exists(ChildPath(flags.weights, "tokenizer.json"))) {
+    path = ChildPath(flags.weights, "tokenizer.json");
+  }
+  if (path.empty()) return nullptr;
+  TY_ASSIGN_OR_RETURN(std::unique_ptr<data::Tokenizer> tokenizer, data::Tokenizer::Load(fs, path));
+  if (tokenizer->size() > vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the tokenizer has ids up to ",
+                                                   tokenizer->size() - 1,
+                                                   ", beyond the model's vocabulary of ", vocab));
+  }
+  return tokenizer;
+}
+
+// The prompt's token ids: --prompt tokenized (or its bytes, for a byte-level vocabulary), or
+// --prompt-tokens.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int vocab,
+                                                  const data::Tokenizer* tokenizer) {
   std::vector<int32_t> tokens;
+  if (flags.has_prompt && tokenizer != nullptr) {
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(flags.prompt);
+    if (!ids.ok()) return Annotate(ids.status(), "--prompt");
+    return *ids;
+  }
   if (flags.has_prompt) {
     if (vocab != 256) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--prompt needs a byte-level model (vocabulary 256); this one has ", vocab,
-                       " tokens: use --prompt-tokens"));
+          absl::StrCat("--prompt needs a tokenizer (--tokenizer PATH, or a Hugging Face "
+                       "directory's tokenizer.json) or a byte-level model (vocabulary 256); "
+                       "this one has ",
+                       vocab, " tokens: give --tokenizer, or use --prompt-tokens"));
     }
     for (unsigned char byte : flags.prompt) tokens.push_back(byte);
     return tokens;
@@ -467,7 +508,10 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int 
 absl::Status Sample(const SampleFlags& flags) {
   TY_ASSIGN_OR_RETURN(convert::LoadedWeights weights,
                       convert::LoadModelWeights(*RealFileSystem(), flags.weights));
-  TY_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptTokens(flags, weights.model.vocab));
+  TY_ASSIGN_OR_RETURN(const std::unique_ptr<data::Tokenizer> tokenizer,
+                      PromptTokenizer(flags, weights.model.vocab));
+  TY_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
+                      PromptTokens(flags, weights.model.vocab, tokenizer.get()));
   std::unique_ptr<Backend> backend;
   if (flags.device == "cuda" && weights.model.moe.enabled()) {
     // As for training jobs (config/mesh.cc): the MoE layers' CUDA path has not run on a device.
@@ -490,7 +534,9 @@ absl::Status Sample(const SampleFlags& flags) {
   bool first = true;
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
                       generator->Generate(prompt, flags.options, [&](int32_t token) {
-                        if (text) {
+                        if (text && tokenizer != nullptr) {
+                          std::cout << tokenizer->TokenBytes(token) << std::flush;
+                        } else if (text) {
                           std::cout << static_cast<char>(token) << std::flush;
                         } else {
                           std::cout << (first ? "" : " ") << token << std::flush;

@@ -47,6 +47,7 @@ ABSL_FLAG(std::string, dtype, "", "export: the tensors' type");
 ABSL_FLAG(std::string, max_shard_size, "", "export: the largest file");
 ABSL_FLAG(std::string, prompt, "", "sample: the prompt as bytes");
 ABSL_FLAG(std::string, prompt_tokens, "", "sample: the prompt as token ids");
+ABSL_FLAG(std::string, tokenizer, "", "sample: a tokenizer.json for --prompt");
 ABSL_FLAG(std::string, tokens, "", "sample: new tokens");
 ABSL_FLAG(std::string, temperature, "", "sample: 0 is greedy");
 ABSL_FLAG(std::string, top_k, "", "sample: draw among the K most likely");
@@ -89,12 +90,13 @@ commands:
          [--max-shard-size SIZE]    a checkpoint (a job's newest committed one) as a Hugging Face
                                     model directory that transformers loads, or an llm.c GPT-2
                                     model file (docs/weights.md)
-  sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokens N] [--temperature T]
-         [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]
+  sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokenizer PATH] [--tokens N]
+         [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]
                                     text generated from a checkpoint, a job's newest checkpoint,
                                     a Hugging Face directory or an llm.c file (greedy when T is 0,
                                     the default: --top-k and --seed need T > 0; --threads is for
-                                    --device cpu)
+                                    --device cpu); --prompt's text is tokenized by a Hugging Face
+                                    directory's tokenizer.json or --tokenizer's
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
@@ -149,7 +151,8 @@ const std::map<std::string, std::vector<std::string_view>>& CommandFlags() {
       {"nodes", {}},
       {"export", {"format", "out", "dtype", "max-shard-size"}},
       {"sample",
-       {"prompt", "prompt-tokens", "tokens", "temperature", "top-k", "seed", "device", "threads"}},
+       {"prompt", "prompt-tokens", "tokenizer", "tokens", "temperature", "top-k", "seed", "device",
+        "threads"}},
   };
   return *flags;
 }
