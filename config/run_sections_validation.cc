@@ -210,7 +210,8 @@ Problem CheckConfinement(const JobSpec& spec, const SpecLimits& limits) {
   const std::pair<const char*, const std::string*> data_paths[] = {
       {"data.path", &spec.data.path},
       {"data.val_path", &spec.data.val_path},
-      {"model.init_from", &spec.init_from}};
+      {"model.init_from", &spec.init_from},
+      {"training.sample_tokenizer", &spec.training.sample_tokenizer}};
   for (const auto& [field, path] : data_paths) {
     if (path->empty()) continue;
     if (std::optional<std::string> why = FindConfinementProblem(*path, limits.allowed_data_roots)) {

@@ -252,7 +252,7 @@ absl::Status ReadData(FieldReader& r, DataSpec* d) {
 absl::Status CheckUnusedTrainingFields(const FieldReader& r, const TrainingSpec& t) {
   if (t.sample_every == 0) {
     for (const char* key : {"sample_tokens", "sample_prompt", "sample_prompt_tokens",
-                            "sample_temperature", "sample_top_k"}) {
+                            "sample_tokenizer", "sample_temperature", "sample_top_k"}) {
       if (r.Has(key)) {
         TY_RETURN_IF_ERROR(
             r.Inert(key, "only used when sample_every is positive (this job draws no samples)"));
@@ -298,6 +298,7 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
                                           "sample_tokens",
                                           "sample_prompt",
                                           "sample_prompt_tokens",
+                                          "sample_tokenizer",
                                           "sample_temperature",
                                           "sample_top_k"}));
   TY_RETURN_IF_ERROR(r.ReadInt64("steps", &t->steps));
@@ -326,6 +327,10 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   TY_RETURN_IF_ERROR(r.ReadInt("sample_tokens", &t->sample_tokens));
   TY_RETURN_IF_ERROR(r.ReadString("sample_prompt", &t->sample_prompt));
   TY_RETURN_IF_ERROR(r.ReadInt32List("sample_prompt_tokens", &t->sample_prompt_tokens));
+  TY_RETURN_IF_ERROR(r.ReadString("sample_tokenizer", &t->sample_tokenizer));
+  if (r.Has("sample_tokenizer") && t->sample_tokenizer.empty()) {
+    return r.ErrorAt("sample_tokenizer", "must not be empty");
+  }
   TY_RETURN_IF_ERROR(r.ReadDouble("sample_temperature", &t->sample_temperature));
   TY_RETURN_IF_ERROR(r.ReadInt("sample_top_k", &t->sample_top_k));
   return CheckUnusedTrainingFields(r, *t);

@@ -68,8 +68,11 @@ struct TrainingSpec {
   // drawn at sample_temperature (0: greedy) among the sample_top_k most likely (0: all).
   int64_t sample_every = 0;
   int sample_tokens = 64;
-  std::string sample_prompt;                  // text, for a byte-level model (vocab 256)
+  std::string sample_prompt;                  // text: through sample_tokenizer, else bytes
   std::vector<int32_t> sample_prompt_tokens;  // or token ids
+  // A tokenizer.json (worker/data/tokenizer.h), or a directory holding one: sample_prompt's text
+  // is tokenized by it, and samples print as text.
+  std::string sample_tokenizer;
   double sample_temperature = 1.0;
   int sample_top_k = 0;
 };
@@ -77,8 +80,10 @@ struct TrainingSpec {
 // Without sample_prompt or sample_prompt_tokens, samples continue the first this many tokens of
 // the validation split (fewer when seq_len is shorter).
 inline constexpr int kDefaultSamplePromptTokens = 16;
-// The number of tokens the samples' prompt holds.
+// The number of tokens the samples' prompt holds; a text prompt's through a tokenizer is known
+// only once tokenized (worker/data/sample_text.h), and counts here as none.
 inline int SamplePromptLength(const TrainingSpec& t) {
+  if (!t.sample_prompt.empty() && !t.sample_tokenizer.empty()) return 0;
   if (!t.sample_prompt.empty()) return static_cast<int>(t.sample_prompt.size());
   if (!t.sample_prompt_tokens.empty()) return static_cast<int>(t.sample_prompt_tokens.size());
   return std::min(kDefaultSamplePromptTokens, t.seq_len);

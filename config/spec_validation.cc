@@ -130,12 +130,12 @@ Problem CheckSamples(const TrainingSpec& t, const ModelConfig& model) {
     return Bad("training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both",
                {"training.sample_prompt_tokens"});
   }
-  if (!t.sample_prompt.empty() && model.vocab != 256) {
+  if (!t.sample_prompt.empty() && model.vocab != 256 && t.sample_tokenizer.empty()) {
     return Bad("training.sample_prompt",
-               absl::StrCat("a text prompt needs a byte-level model (model.vocab 256), this one "
-                            "has ",
-                            model.vocab, " tokens; give sample_prompt_tokens"),
-               {"model.vocab", "training.sample_prompt_tokens"});
+               absl::StrCat("a text prompt needs training.sample_tokenizer or a byte-level model "
+                            "(model.vocab 256), this one has ",
+                            model.vocab, " tokens; give sample_tokenizer or sample_prompt_tokens"),
+               {"model.vocab", "training.sample_prompt_tokens", "training.sample_tokenizer"});
   }
   for (int32_t id : t.sample_prompt_tokens) {
     if (id < 0 || id >= model.vocab) {

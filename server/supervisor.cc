@@ -17,6 +17,7 @@
 #include "server/mesh_advisor.h"
 #include "server/requirements.h"
 #include "worker/convert/init_from.h"
+#include "worker/data/sample_text.h"
 
 namespace trainyard::server {
 
@@ -391,17 +392,23 @@ void Supervisor::EnqueueLocked(JobEntry& entry) {
   scheduler_.Enqueue(pending);
 }
 
-// model.init_from, when this machine can see it (under the data roots): the weights' model
-// against the spec's, and the files' headers, before the job is queued. Elsewhere the workers
-// check it before their first step.
-absl::Status Supervisor::CheckInitFromHere(const config::JobSpec& spec) const {
-  if (spec.init_from.empty()) return absl::OkStatus();
+// model.init_from and training.sample_tokenizer, when this machine can see them (under the data
+// roots): the weights' model against the spec's and the files' headers, the tokenizer and the
+// prompt through it, before the job is queued. Elsewhere the workers check them before their
+// first step.
+absl::Status Supervisor::CheckFilesHere(const config::JobSpec& spec) const {
   const std::vector<std::string>& roots = options_.spec_limits.allowed_data_roots;
   std::unique_ptr<FileSystem> confined;
   if (!roots.empty()) confined = NewConfinedFileSystem(roots);
   FileSystem& fs = confined ? *confined : *RealFileSystem();
-  if (!fs.Exists(spec.init_from)) return absl::OkStatus();
-  return worker::convert::CheckInitFrom(fs, spec);
+  if (!spec.init_from.empty() && fs.Exists(spec.init_from)) {
+    TY_RETURN_IF_ERROR(worker::convert::CheckInitFrom(fs, spec));
+  }
+  const std::string& tokenizer = spec.training.sample_tokenizer;
+  if (!tokenizer.empty() && fs.Exists(tokenizer)) {
+    TY_RETURN_IF_ERROR(worker::data::LoadSampleText(fs, spec).status());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
@@ -417,7 +424,7 @@ absl::StatusOr<JobRecord> Supervisor::Submit(const SubmitRequest& request) {
                            AdmitSpec(std::move(parsed), registry_->SmallestNodes(), cpu_profile_),
                            request.spec_source);
   const config::JobSpec& spec = admission.spec;
-  TY_RETURN_IF_ERROR_WITH(CheckInitFromHere(spec), request.spec_source);
+  TY_RETURN_IF_ERROR_WITH(CheckFilesHere(spec), request.spec_source);
   TY_ASSIGN_OR_RETURN_WITH(JobRequirements requirements, RequirementsFromSpec(spec),
                            request.spec_source);
   Txn txn;

@@ -390,7 +390,7 @@ class Supervisor {
   void SetCoordinatorAddress(const std::string& address);
 
  private:
-  [[nodiscard]] absl::Status CheckInitFromHere(const config::JobSpec& spec) const;
+  [[nodiscard]] absl::Status CheckFilesHere(const config::JobSpec& spec) const;
   struct JoinWaiter {
     int rank;
     absl::Time deadline;

@@ -155,7 +155,12 @@ SampleOptions SampleOptionsAt(const config::TrainingSpec& training, int64_t step
 }
 
 std::string SampleLine(int64_t step, const std::vector<int32_t>& prompt,
-                       const std::vector<int32_t>& generated, int vocab) {
+                       const std::vector<int32_t>& generated, int vocab,
+                       const data::Tokenizer* tokenizer) {
+  if (tokenizer != nullptr) {
+    return absl::StrCat("sample step ", step, " | \"", absl::CEscape(tokenizer->Decode(prompt)),
+                        "\" → \"", absl::CEscape(tokenizer->Decode(generated)), "\"");
+  }
   if (vocab != 256) {
     return absl::StrCat("sample step ", step, " | ", absl::StrJoin(prompt, " "), " → ",
                         absl::StrJoin(generated, " "));

@@ -25,6 +25,7 @@
 #include "config/spec.h"
 #include "worker/backend.h"
 #include "worker/data/sampler.h"
+#include "worker/data/tokenizer.h"
 #include "worker/generate.h"
 #include "worker/parallel/parallel_dims.h"
 #include "worker/parallel/sharded_params.h"
@@ -41,7 +42,8 @@ namespace trainyard::worker {
                                                                   parallel::ShardedParams& params,
                                                                   Backend& backend);
 
-// The prompt samples continue: sample_prompt's bytes, sample_prompt_tokens, or the first
+// The prompt samples continue without a tokenizer (one tokenizes sample_prompt in
+// worker/data/sample_text.h): sample_prompt's bytes, sample_prompt_tokens, or the first
 // min(kDefaultSamplePromptTokens, seq_len) tokens of the validation split.
 std::vector<int32_t> SamplePrompt(const config::TrainingSpec& training, const BatchSampler& val);
 
@@ -50,10 +52,12 @@ std::vector<int32_t> SamplePrompt(const config::TrainingSpec& training, const Ba
 // restart.
 SampleOptions SampleOptionsAt(const config::TrainingSpec& training, int64_t step);
 
-// The log line of a sample: "sample step S | " then, for a byte-level model (vocab 256), the
-// prompt and its continuation as C-escaped text with " → " between them; otherwise the ids.
+// The log line of a sample: "sample step S | " then, through `tokenizer` or for a byte-level
+// model (vocab 256), the prompt and its continuation as C-escaped text with " → " between them;
+// otherwise the ids.
 std::string SampleLine(int64_t step, const std::vector<int32_t>& prompt,
-                       const std::vector<int32_t>& generated, int vocab);
+                       const std::vector<int32_t>& generated, int vocab,
+                       const data::Tokenizer* tokenizer = nullptr);
 
 }  // namespace trainyard::worker
 

@@ -23,6 +23,7 @@
 #include "worker/checkpointing.h"
 #include "worker/convert/init_from.h"
 #include "worker/data/dataset.h"
+#include "worker/data/sample_text.h"
 #include "worker/data/sampler.h"
 #include "worker/generate.h"
 #include "worker/hang_watchdog.h"
@@ -290,6 +291,7 @@ class RankTrainer {
   std::unique_ptr<Checkpointer> checkpointer_;
   DataSplits data_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  data::SampleText sample_text_;  // training.sample_tokenizer, on rank 0
   TrainState state_;
   TrainResult result_;
 
@@ -328,6 +330,10 @@ absl::Status RankTrainer::Setup() {
   TY_RETURN_IF_ERROR_WITH(BatchSampler::Check(*data_.val, tr.seq_len), "data: validation split");
   train_sampler_ = std::make_unique<BatchSampler>(*data_.train, tr.seq_len, tr.seed);
   val_sampler_ = std::make_unique<BatchSampler>(*data_.val, tr.seq_len, tr.seed);
+  // Every rank reads the samples' tokenizer, so that a bad one fails them all alike; rank 0
+  // keeps it.
+  TY_ASSIGN_OR_RETURN(sample_text_, data::LoadSampleText(data_fs_, spec_));
+  if (rank_.rank != 0) sample_text_ = {};
   TY_ASSIGN_OR_RETURN(dims_, ParallelDims::Connect(spec_, rank_, backend_));
   TY_RETURN_IF_ERROR(config::ValidateModelConfig(mc));
   const config::ParallelismSpec& mesh = spec_.parallelism;
@@ -718,11 +724,15 @@ absl::Status RankTrainer::Sample() {
   TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                       Generator::Create(spec_.model, &backend_, whole.data()));
   whole = {};
-  SamplePoint sample{.step = state_.step, .prompt = SamplePrompt(tr, *val_sampler_)};
+  SamplePoint sample{.step = state_.step,
+                     .prompt = sample_text_.prompt.empty() ? SamplePrompt(tr, *val_sampler_)
+                                                           : sample_text_.prompt};
   TY_ASSIGN_OR_RETURN(sample.tokens,
                       generator->Generate(sample.prompt, SampleOptionsAt(tr, state_.step)));
   if (out_) {
-    *out_ << SampleLine(sample.step, sample.prompt, sample.tokens, spec_.model.vocab) << "\n"
+    *out_ << SampleLine(sample.step, sample.prompt, sample.tokens, spec_.model.vocab,
+                        sample_text_.tokenizer.get())
+          << "\n"
           << std::flush;
   }
   result_.samples.push_back(std::move(sample));

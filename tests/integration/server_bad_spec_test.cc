@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_harness.h"
+#include "tests/integration/tokenizer_files.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -209,6 +210,33 @@ TEST_F(ServerBadSpecTest, InitFromOfAnotherModelIsRefusedAtSubmit) {
   EXPECT_THAT(status.error_message(),
               HasSubstr("model.init_from: model.layers is 3 in " +
                         (weights / "config.json").string() + ", 2 in the spec"));
+  v1::ListJobsReply list;
+  ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+}
+
+// training.sample_tokenizer that this machine can read is checked at submit too: one with ids
+// beyond the model's vocabulary is refused naming the field, and nothing is stored.
+TEST_F(ServerBadSpecTest, SampleTokenizerBeyondTheVocabularyIsRefusedAtSubmit) {
+  const std::filesystem::path tokenizer =
+      std::filesystem::path(state_dir_).parent_path() / "tokenizer.json";
+  std::ofstream(tokenizer) << ReversedBytesTokenizer(/*added=*/3);
+  ServerProcess server(state_dir_);
+  ASSERT_TRUE(server.ok()) << server.log();
+  auto stub = server.JobStub();
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(Spec("name: bad\n", kModel, kData,
+                             "training: {steps: 5, warmup_steps: 1, batch: 4, seq_len: 16, "
+                             "sample_every: 5, sample_tokens: 8, sample_prompt: hi, "
+                             "sample_tokenizer: " +
+                                 tokenizer.string() + "}\n"));
+  request.set_spec_source("job.yaml");
+  request.set_user("tester");
+  v1::SubmitJobReply reply;
+  grpc::Status status = stub->SubmitJob(Deadline(10).get(), request, &reply);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("training.sample_tokenizer: " + tokenizer.string() +
+                                                " has ids up to 258, beyond model.vocab 256"));
   v1::ListJobsReply list;
   ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);

@@ -7,15 +7,19 @@
 // (with expert parallelism).
 //
 // Ranks run as threads of this process (rank_threads.h).
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 #include "tests/integration/global_params.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
+#include "tests/integration/tokenizer_files.h"
 #include "worker/backend.h"
 #include "worker/generate.h"
 #include "worker/sampling.h"
@@ -122,6 +126,62 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(info.param) == ModelFamily::kGpt2 ? "gpt2_" : "llama_") +
              std::get<1>(info.param).name + "_" + std::get<2>(info.param).name;
     });
+
+// training.sample_tokenizer: the text prompt goes through it and the samples print through it.
+// With a tokenizer that reverses the bytes, the prompt "hi" is ids 255 − 'h', 255 − 'i', and the
+// run samples what the same prompt given as those ids samples.
+TEST(TrainingSamplesThroughATokenizer, TheTextPromptIsTokenizedAndTheSamplesDecoded) {
+  const std::filesystem::path dir = testenv::MakeScratchDir("sample_tokenizer");
+  const std::string tokenizer = (dir / "tokenizer.json").string();
+  std::ofstream(tokenizer) << testenv::ReversedBytesTokenizer();
+  config::JobSpec text = Job(ModelFamily::kGpt2, MeshCase{.name = "dp2", .dp = 2}, kDraws[1]);
+  text.model.vocab = 256;
+  text.training.sample_prompt = "hi";
+  text.training.sample_tokenizer = tokenizer;
+  config::JobSpec ids = text;
+  ids.training.sample_prompt.clear();
+  ids.training.sample_tokenizer.clear();
+  ids.training.sample_prompt_tokens = {255 - 'h', 255 - 'i'};
+
+  const testenv::RankRun by_text = testenv::RunRanks(text);
+  const testenv::RankRun by_ids = testenv::RunRanks(ids);
+  ASSERT_TRUE(by_text.results[0].ok()) << by_text.results[0].status();
+  ASSERT_TRUE(by_ids.results[0].ok()) << by_ids.results[0].status();
+  const std::vector<SamplePoint>& samples = by_text.results[0]->samples;
+  ASSERT_EQ(samples.size(), 3u);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_EQ(samples[i].prompt, ids.training.sample_prompt_tokens);
+    EXPECT_EQ(samples[i].tokens, by_ids.results[0]->samples[i].tokens) << "sample " << i;
+  }
+  auto loaded = data::Tokenizer::Parse(testenv::ReversedBytesTokenizer(), "tokenizer.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::string continuation;
+  for (int32_t id : samples[2].tokens) continuation += static_cast<char>(255 - id);
+  EXPECT_EQ(SampleLine(5, samples[2].prompt, samples[2].tokens, 256, loaded->get()),
+            absl::StrCat("sample step 5 | \"hi\" → \"", absl::CEscape(continuation), "\""));
+
+  // A tokenizer with ids beyond the vocabulary, and a prompt too long for max_seq once tokenized,
+  // stop every rank before training, naming the field.
+  std::ofstream(dir / "big.json") << testenv::ReversedBytesTokenizer(/*added=*/1);
+  config::JobSpec big = text;
+  big.training.sample_tokenizer = (dir / "big.json").string();
+  config::JobSpec long_prompt = text;
+  long_prompt.training.sample_prompt = std::string(30, 'x');  // 30 tokens + 20 > max_seq 40
+  const std::pair<const config::JobSpec*, std::string> refused[] = {
+      {&big, "training.sample_tokenizer: " + big.training.sample_tokenizer +
+                 " has ids up to 256, beyond model.vocab 256"},
+      {&long_prompt,
+       "training.sample_tokens: a prompt of 30 tokens (sample_prompt through "
+       "sample_tokenizer) and 20 new ones exceed model.max_seq 40"}};
+  for (const auto& [spec, message] : refused) {
+    const testenv::RankRun run = testenv::RunRanks(*spec);
+    for (const auto& result : run.results) {
+      ASSERT_FALSE(result.ok());
+      EXPECT_EQ(result.status().message(), message);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(SampleLine, ByteLevelModelsReadAsEscapedTextOthersAsIds) {
   EXPECT_EQ(SampleLine(7, {'h', 'i'}, {' ', 'y', 'o', '\n'}, 256),

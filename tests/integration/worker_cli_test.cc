@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_env.h"
+#include "tests/integration/tokenizer_files.h"
 #include "worker/checkpoint/format.h"
-#include "worker/data/tokenizer.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -341,30 +341,11 @@ TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export write the same";
 }
 
-// A byte-level tokenizer.json whose 256 tokens are the bytes in reverse (byte b is id 255 − b),
-// and `added` more tokens from id 256.
-std::string ReversedBytesTokenizer(int added = 0) {
-  std::string vocab, extra;
-  for (int b = 0; b < 256; ++b) {
-    std::string c = worker::data::ByteLevelChar(b);
-    if (c == "\"" || c == "\\") c = "\\" + c;
-    absl::StrAppend(&vocab, b ? ", " : "", "\"", c, "\": ", 255 - b);
-  }
-  for (int i = 0; i < added; ++i) {
-    absl::StrAppend(&extra, i ? ", " : "", "{\"id\": ", 256 + i, ", \"content\": \"<|x", i,
-                    "|>\"}");
-  }
-  return absl::StrCat(R"({"normalizer": null, "pre_tokenizer": {"type": "ByteLevel"},
-    "decoder": {"type": "ByteLevel"}, "added_tokens": [)",
-                      extra, R"(], "model": {"type": "BPE", "merges": [], "vocab": {)", vocab,
-                      "}}}");
-}
-
 // --prompt's text through a Hugging Face directory's tokenizer.json (or --tokenizer), and the
 // new tokens back through it: the ids are those of the same prompt given as ids.
 TEST_F(WorkerWeights, SampleThroughATokenizer) {
   const std::string hf = Exported("hf");
-  Write("hf/tokenizer.json", ReversedBytesTokenizer());
+  Write("hf/tokenizer.json", testenv::ReversedBytesTokenizer());
   const ProcessResult text = Worker({"sample", hf, "--prompt", "hi", "--tokens", "8"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
   const ProcessResult ids = Worker(
@@ -376,7 +357,7 @@ TEST_F(WorkerWeights, SampleThroughATokenizer) {
   }
   EXPECT_EQ(text.out, expected + "\n");
   // The same tokenizer named for a checkpoint, which has none of its own.
-  const std::string tokenizer = Write("tokenizer.json", ReversedBytesTokenizer());
+  const std::string tokenizer = Write("tokenizer.json", testenv::ReversedBytesTokenizer());
   const ProcessResult saved = Worker({"sample", (dir_ / "saved").string(), "--prompt", "hi",
                                       "--tokens", "8", "--tokenizer", tokenizer});
   EXPECT_EQ(saved.out, text.out) << saved.err;
@@ -387,7 +368,7 @@ TEST_F(WorkerWeights, SampleThroughATokenizer) {
                  "--prompt: the text is not UTF-8 (at byte 3)");
   ExpectBadInput(Worker({"sample", hf, "--prompt", "hi", "--tokenizer", hf + "/none.json"}),
                  "none.json: no such file");
-  const std::string big = Write("big.json", ReversedBytesTokenizer(/*added=*/2));
+  const std::string big = Write("big.json", testenv::ReversedBytesTokenizer(/*added=*/2));
   ExpectBadInput(Worker({"sample", hf, "--prompt", "hi", "--tokenizer", big}),
                  "the tokenizer has ids up to 257, beyond the model's vocabulary of 256");
   Write("hf/tokenizer.json", R"({"model": {"type": "Unigram"}})");

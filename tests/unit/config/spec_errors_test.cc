@@ -363,7 +363,10 @@ std::vector<BadSpec> SampleBadSpecs() {
        Base("  sample_every: 5\n  sample_prompt: hi\n  sample_prompt_tokens: [1]\n"), "6:18",
        "training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both"},
       {"text prompt of a wide vocabulary", wide_vocab, "7:18", "training.sample_prompt",
-       "needs a byte-level model (model.vocab 256), this one has 512 tokens"},
+       "needs training.sample_tokenizer or a byte-level model (model.vocab 256), this one has "
+       "512 tokens"},
+      {"empty tokenizer", Base("  sample_every: 5\n  sample_tokenizer: \"\"\n"), "6:21",
+       "training.sample_tokenizer", "must not be empty"},
       {"prompt token outside the vocabulary",
        Base("  sample_every: 5\n  sample_prompt_tokens: [1, 300]\n"), "6:25",
        "training.sample_prompt_tokens", "token 300 is outside the vocabulary [0, 256)"},
@@ -390,6 +393,8 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
        "training.sample_temperature", no_samples},
       {"sample_top_k without samples", Base("  sample_top_k: 5\n"), "5:17", "training.sample_top_k",
        no_samples},
+      {"sample_tokenizer without samples", Base("  sample_tokenizer: tok.json\n"), "5:21",
+       "training.sample_tokenizer", no_samples},
       {"sample_top_k with greedy samples",
        Base("  sample_every: 5\n  sample_tokens: 8\n  sample_temperature: 0\n  sample_top_k: 5\n"),
        "8:17", "training.sample_top_k", "not used when sample_temperature is 0"},
@@ -685,6 +690,10 @@ TEST(SpecErrorsTest, DataAndCheckpointPathsOutsideTheRootsAreRefused) {
       {"checkpoint dir",
        "name: job\nmodel: {preset: gpt2-debug}\ncheckpoint: {dir: /srv/data/ckpt}\n", "3:19",
        "checkpoint.dir", "is outside the allowed directories: /srv/checkpoints"},
+      {"samples' tokenizer",
+       "name: job\nmodel: {preset: gpt2-debug}\ntraining: {sample_every: 5, sample_tokens: 8, "
+       "sample_tokenizer: /etc/tok.json}\n",
+       "3:65", "training.sample_tokenizer", "'/etc/tok.json' ('/etc/tok.json') is outside"},
   };
   for (const BadSpec& bad : outside) ExpectRefused(bad, limits);
 

@@ -308,6 +308,13 @@ TEST(ParseJobSpecTest, SampleFields) {
       "  sample_tokens: 8\n  sample_prompt_tokens: [10, 0, 255]\n  sample_temperature: 0\n");
   EXPECT_EQ(ids.training.sample_prompt_tokens, (std::vector<int32_t>{10, 0, 255}));
   EXPECT_DOUBLE_EQ(ids.training.sample_temperature, 0.0);
+  // A text prompt for a wider vocabulary goes through the tokenizer; its length in tokens is
+  // known once tokenized (worker/data/sample_text.h), not here.
+  JobSpec tokenized = MustParse(
+      "name: s\nmodel: {preset: gpt2-debug, vocab: 50257}\ntraining:\n  sample_every: 5\n"
+      "  sample_prompt: \"Once upon a time\"\n  sample_tokenizer: gpt2/tokenizer.json\n");
+  EXPECT_EQ(tokenized.training.sample_tokenizer, "gpt2/tokenizer.json");
+  EXPECT_EQ(SamplePromptLength(tokenized.training), 0);
 }
 
 TEST(ParseJobSpecTest, PresetOverridesKeepGpt2Consistent) {
