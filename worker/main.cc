@@ -354,7 +354,7 @@ constexpr char kSampleHelp[] =
     "                         directory's tokenizer.json, or --tokenizer), else as bytes (a\n"
     "                         model with a 256-token vocabulary); the text is printed, then\n"
     "                         what follows it\n"
-    "  --tokenizer PATH       a byte-level BPE tokenizer.json (GPT-2's, Llama 3's), or a\n"
+    "  --tokenizer PATH       a BPE tokenizer.json (GPT-2's, Llama's, Mistral's), or a\n"
     "                         directory holding one, for --prompt\n"
     "  --prompt-tokens IDS    the prompt as token ids (\"5 17 3\" or \"5,17,3\"); the new ids\n"
     "                         are printed on one line\n"

@@ -158,8 +158,12 @@ std::string SampleLine(int64_t step, const std::vector<int32_t>& prompt,
                        const std::vector<int32_t>& generated, int vocab,
                        const data::Tokenizer* tokenizer) {
   if (tokenizer != nullptr) {
+    // The prompt reads from the start of a text; the continuation runs on from it (a
+    // SentencePiece tokenizer's leading space is dropped from the one, not the other).
+    std::string continuation;
+    for (int32_t id : generated) continuation += tokenizer->TokenBytes(id);
     return absl::StrCat("sample step ", step, " | \"", absl::CEscape(tokenizer->Decode(prompt)),
-                        "\" → \"", absl::CEscape(tokenizer->Decode(generated)), "\"");
+                        "\" → \"", absl::CEscape(continuation), "\"");
   }
   if (vocab != 256) {
     return absl::StrCat("sample step ", step, " | ", absl::StrJoin(prompt, " "), " → ",

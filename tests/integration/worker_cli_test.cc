@@ -371,7 +371,9 @@ TEST_F(WorkerWeights, SampleThroughATokenizer) {
   const std::string big = Write("big.json", testenv::ReversedBytesTokenizer(/*added=*/2));
   ExpectBadInput(Worker({"sample", hf, "--prompt", "hi", "--tokenizer", big}),
                  "the tokenizer has ids up to 257, beyond the model's vocabulary of 256");
-  Write("hf/tokenizer.json", R"({"model": {"type": "Unigram"}})");
+  Write("hf/tokenizer.json",
+        R"({"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+    "model": {"type": "Unigram"}})");
   ExpectBadInput(Worker({"sample", hf, "--prompt", "hi"}),
                  "tokenizer.json: model.type is \"Unigram\"; Trainyard reads BPE");
 }

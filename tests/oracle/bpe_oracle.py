@@ -6,11 +6,18 @@ pattern (Python's `regex` module, which has the look-ahead and Unicode classes t
 use), map each piece's bytes to the byte-level alphabet, and merge the lowest-ranked adjacent
 pair until none is left. It shares no code with Trainyard.
 
+SentencePiece's alphabet (Llama 2's, Mistral's) is the same merging over characters instead of
+bytes: spaces become "▁", one is put before the text (Llama 2 before every stretch between added
+tokens, Mistral's Metaspace only at the start), and a character the vocabulary lacks becomes its
+UTF-8 bytes' <0xNN> tokens, or the unknown token (consecutive ones fused) when one is missing.
+
   bpe_oracle.py cases STYLE DIR
       trains a small tokenizer of STYLE (gpt2: ByteLevel's own pattern; llama3: a Split by
-      Llama 3's pattern, ignore_merges, added tokens and a <|begin_of_text|> template) on a
-      built-in corpus, and writes DIR/tokenizer.json, DIR/texts.json (texts chosen to reach every
-      branch of the patterns, and random ones) and DIR/ids.json (each text's ids).
+      Llama 3's pattern, ignore_merges, added tokens and a <|begin_of_text|> template; llama2:
+      Llama 2's normalizer and decoder, byte fallback, <unk> and a <s> template; mistral: a
+      Metaspace pre-tokenizer putting "▁" only at the start) on a built-in corpus, and writes
+      DIR/tokenizer.json, DIR/texts.json (texts chosen to reach every branch, and random ones) and
+      DIR/ids.json (each text's ids).
 """
 
 import collections
@@ -91,16 +98,16 @@ def merge(parts, pair):
     return out
 
 
-def train(pattern, merges_wanted):
-    words = collections.Counter(
-        tuple(to_alphabet(p)) for p in isolated_pieces(pattern, CORPUS))
-    vocab = {BYTES[b]: b for b in range(256)}
+def learn_merges(words, vocab, merges_wanted):
+    """Merges the most frequent adjacent pair of known symbols in `words` (word → count) until
+    `merges_wanted` or none is left, adding each merged symbol to `vocab`."""
     merges = []
     while len(merges) < merges_wanted:
         pairs = collections.Counter()
         for word, count in words.items():
             for pair in zip(word, word[1:]):
-                pairs[pair] += count
+                if pair[0] in vocab and pair[1] in vocab:
+                    pairs[pair] += count
         if not pairs:
             break
         pair, _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
@@ -110,7 +117,64 @@ def train(pattern, merges_wanted):
         for word, c in words.items():
             merged_words[tuple(merge(word, pair))] += c
         words = merged_words
-    return vocab, merges
+    return merges
+
+
+def train(pattern, merges_wanted):
+    words = collections.Counter(
+        tuple(to_alphabet(p)) for p in isolated_pieces(pattern, CORPUS))
+    vocab = {BYTES[b]: b for b in range(256)}
+    return vocab, learn_merges(words, vocab, merges_wanted)
+
+
+META = "\u2581"
+# Byte tokens left out of the SentencePiece vocabularies, so that a character needing one (the
+# 4-byte ones: emoji) falls to <unk>.
+MISSING_BYTES = range(0xF0, 0xF5)
+
+
+def train_chars(merges_wanted):
+    """A SentencePiece-style vocabulary: <unk> <s> </s>, the byte tokens, the corpus's characters
+    seen twice or more, and merges over "▁"-led words."""
+    text = META + CORPUS.replace(" ", META)
+    words = collections.Counter(tuple(w) for w in regex.split("(?=" + META + ")", text) if w)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        if b not in MISSING_BYTES:
+            vocab["<0x%02X>" % b] = len(vocab)
+    chars = collections.Counter(c for w, n in words.items() for c in w for _ in range(n))
+    for c, n in sorted(chars.items()):
+        if n >= 2:
+            vocab[c] = len(vocab)
+    return vocab, learn_merges(words, vocab, merges_wanted)
+
+
+def sentencepiece_json(style):
+    vocab, merges = train_chars(300)
+    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+             "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+             "byte_fallback": True, "vocab": vocab, "merges": [a + " " + b for a, b in merges]}
+    decoder = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": META}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    bos = {"id": "<s>", "ids": [1], "tokens": ["<s>"]}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {"<s>": bos}}
+    tok = {"version": "1.0", "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+           "post_processor": template, "decoder": decoder, "model": model}
+    if style == "llama2":
+        tok["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": META},
+            {"type": "Replace", "pattern": {"String": " "}, "content": META}]}
+        tok["pre_tokenizer"] = None
+    else:
+        tok["normalizer"] = None
+        tok["pre_tokenizer"] = {"type": "Metaspace", "replacement": META,
+                                "prepend_scheme": "first", "split": False}
+    return tok
 
 
 def added(token_id, content):
@@ -119,6 +183,8 @@ def added(token_id, content):
 
 
 def tokenizer_json(style):
+    if style in ("llama2", "mistral"):
+        return sentencepiece_json(style)
     pattern = GPT2_PATTERN if style == "gpt2" else LLAMA3_PATTERN
     vocab, merges = train(pattern, 400)
     n = len(vocab)
@@ -160,8 +226,16 @@ class Oracle:
         self.ignore_merges = model.get("ignore_merges", False)
         self.added = sorted(((t["content"], t["id"]) for t in tok["added_tokens"]),
                             key=lambda kv: -len(kv[0]))
-        pre = tok["pre_tokenizer"]
-        if pre["type"] == "Sequence":
+        pre = tok["pre_tokenizer"] or {"type": "none"}
+        norm = tok.get("normalizer")
+        self.sentencepiece = norm is not None or pre["type"] == "Metaspace"
+        self.prepend = ("every" if norm is not None else
+                        pre.get("prepend_scheme", "always") if self.sentencepiece else None)
+        self.unk = model["vocab"].get(model.get("unk_token") or "", None)
+        self.fuse_unk = model.get("fuse_unk", False)
+        if pre["type"] in ("none", "Metaspace"):
+            self.patterns = []
+        elif pre["type"] == "Sequence":
             self.patterns = [p["pattern"]["Regex"] for p in pre["pretokenizers"]
                              if p["type"] == "Split"]
         else:
@@ -183,9 +257,34 @@ class Oracle:
             if pair not in self.ranks:
                 break
             parts = merge(parts, pair)
-        return [self.vocab[p] for p in parts]
+        if not self.sentencepiece:
+            return [self.vocab[p] for p in parts]
+        ids, last_unk = [], False
+        for p in parts:
+            if p in self.vocab:
+                ids.append(self.vocab[p])
+                last_unk = False
+                continue
+            fallback = ["<0x%02X>" % b for b in p.encode("utf-8")]
+            if all(f in self.vocab for f in fallback):
+                ids += [self.vocab[f] for f in fallback]
+                last_unk = False
+            else:
+                if not (self.fuse_unk and last_unk):
+                    ids.append(self.unk)
+                last_unk = True
+        return ids
 
-    def segment(self, text):
+    def segment(self, text, first):
+        if self.sentencepiece:
+            if not text:
+                return []
+            s = text.replace(" ", META)
+            if self.prepend == "every" or (
+                    (self.prepend == "always" or (self.prepend == "first" and first))
+                    and not s.startswith(META)):
+                s = META + s
+            return self.bpe(s)
         pieces = [text] if text else []
         for pattern in self.patterns:
             pieces = [q for p in pieces for q in isolated_pieces(pattern, p)]
@@ -198,24 +297,26 @@ class Oracle:
             if hit is None:
                 at += 1
                 continue
-            ids += self.segment(text[start:at]) + [hit[1]]
+            ids += self.segment(text[start:at], start == 0) + [hit[1]]
             at += len(hit[0])
             start = at
-        return ids + self.segment(text[start:])
+        return ids + self.segment(text[start:], start == 0)
 
 
 def texts(style):
     fixed = [CORPUS, "Hello   world!!  \n x", "a   b", "  leading", "trailing  ", " ", "\n\n\n",
              "x\r\n\r\ny", "I'm THEY'LL we'Re it's", "1234567 89", "naïve café 日本語 🙂",
              "tab\t\tsep", "a\u00a0\u00a0b c\u3000\u3000d", "end<|endoftext|>start <|eot_id|>",
-             "<|eot|><|eot_id|>", "<|eot|>!!", "!!!...??", "x  \n  y", "\u2028line\u2028 sep", "¡soft\u00adhyphen"]
-    rng = random.Random(20261204 + (style == "llama3"))
+             "<|eot|><|eot_id|>", "<|eot|>!!", "!!!...??", "<s>after a start", "x </s> y",
+             " space first", "emoji 🙂🚀 runs 🙂a🚀", "x  \n  y", "\u2028line\u2028 sep", "¡soft\u00adhyphen"]
+    rng = random.Random(20261204 + ["gpt2", "llama3", "llama2", "mistral"].index(style))
     rand = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(300)]
     return fixed + rand
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] != "cases" or sys.argv[2] not in ("gpt2", "llama3"):
+    if (len(sys.argv) != 4 or sys.argv[1] != "cases" or
+            sys.argv[2] not in ("gpt2", "llama3", "llama2", "mistral")):
         sys.exit(__doc__)
     style, out = sys.argv[2], sys.argv[3]
     tok = tokenizer_json(style)

@@ -10,6 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/status.h"
 
 namespace trainyard::worker::data {
@@ -24,6 +26,12 @@ constexpr absl::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 // The look-ahead idiom of byte-level patterns, which RE2 lacks (see the header).
 constexpr absl::string_view kWhitespaceIdiom = R"(\s+(?!\S)|\s+)";
+// SentencePiece's stand-in for a space, U+2581.
+constexpr absl::string_view kMetaspace = "\u2581";
+
+// The byte-fallback token of byte `b`: <0x0A>.
+std::string ByteToken(int b) { return absl::StrFormat("<0x%02X>", b); }
+
 // Unicode's White_Space as the inside of an RE2 character class.
 constexpr absl::string_view kWhiteSpaceClass = R"(\t\n\x0B\f\r\p{Z}\x{85})";
 
@@ -266,6 +274,31 @@ struct Tokenizer::Split {
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
+absl::StatusOr<std::string> Tokenizer::SpelledBytes(const std::string& token,
+                                                    const std::string& source) const {
+  if (metaspace_) {
+    if (metaspace_->decodes_bytes) {
+      for (int b = 0; b < 256; ++b) {
+        if (token == ByteToken(b)) return std::string(1, static_cast<char>(b));
+      }
+    }
+    return absl::StrReplaceAll(token, {{kMetaspace, " "}});
+  }
+  std::string bytes;
+  for (size_t at = 0; at < token.size();) {
+    const size_t begin = at;
+    uint32_t c;
+    if (!NextCodePoint(token, &at, &c)) return Bad(source, "model.vocab", "is not UTF-8");
+    const int b = ByteOfLevelChar(c);
+    if (b >= 0) {
+      bytes += static_cast<char>(b);
+    } else {
+      bytes.append(token, begin, at - begin);
+    }
+  }
+  return bytes;
+}
+
 void Tokenizer::SetToken(int32_t id, std::string bytes) {
   if (id >= static_cast<int32_t>(token_bytes_.size())) {
     token_bytes_.resize(id + 1);
@@ -280,15 +313,21 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
   if (!type.empty() && type != "BPE") {
     return Bad(source, "model.type", absl::StrCat("is \"", type, "\"; Trainyard reads BPE"));
   }
-  for (const char* key :
-       {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
+  for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
     const Value* v = Field(model, key);
     if (v != nullptr && !(v->kind_case() == Value::kStringValue && v->string_value().empty())) {
-      return Bad(source, absl::StrCat("model.", key), "must be null (byte-level BPE)");
+      return Bad(source, absl::StrCat("model.", key), "must be null");
     }
   }
-  if (Flag(model, "byte_fallback")) {
-    return Bad(source, "model.byte_fallback", "must be false (byte-level BPE)");
+  byte_fallback_ = Flag(model, "byte_fallback");
+  fuse_unk_ = Flag(model, "fuse_unk");
+  const Value* unk = Field(model, "unk_token");
+  if (!metaspace_ && (byte_fallback_ || unk != nullptr)) {
+    return Bad(source, byte_fallback_ ? "model.byte_fallback" : "model.unk_token",
+               "is for SentencePiece's alphabet (\"▁\"), not with byte-level BPE");
+  }
+  if (byte_fallback_ && !metaspace_->decodes_bytes) {
+    return Bad(source, "decoder", "has no ByteFallback, which model.byte_fallback needs");
   }
   ignore_merges_ = Flag(model, "ignore_merges");
   const Value* vocab = Field(model, "vocab");
@@ -298,19 +337,17 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
   for (const auto& [token, id_value] : vocab->struct_value().fields()) {
     TY_ASSIGN_OR_RETURN(const int32_t id, IdOf(id_value, source, "model.vocab"));
     vocab_[token] = id;
-    std::string bytes;
-    for (size_t at = 0; at < token.size();) {
-      const size_t begin = at;
-      uint32_t c;
-      if (!NextCodePoint(token, &at, &c)) return Bad(source, "model.vocab", "is not UTF-8");
-      const int b = ByteOfLevelChar(c);
-      if (b >= 0) {
-        bytes += static_cast<char>(b);
-      } else {
-        bytes.append(token, begin, at - begin);
-      }
-    }
+    TY_ASSIGN_OR_RETURN(std::string bytes, SpelledBytes(token, source));
     SetToken(id, std::move(bytes));
+  }
+  byte_tokens_.fill(-1);
+  for (int b = 0; byte_fallback_ && b < 256; ++b) {
+    if (auto it = vocab_.find(ByteToken(b)); it != vocab_.end()) byte_tokens_[b] = it->second;
+  }
+  if (unk != nullptr) {
+    auto it = vocab_.find(unk->string_value());
+    if (it == vocab_.end()) return Bad(source, "model.unk_token", "is not in the vocabulary");
+    unk_ = it->second;
   }
   const Value* merges = Field(model, "merges");
   if (merges == nullptr || merges->kind_case() != Value::kListValue) {
@@ -332,6 +369,125 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
     }
     merges_.emplace(std::move(key), rank++);  // a repeated pair keeps its first rank
   }
+  return absl::OkStatus();
+}
+
+// The steps of a Sequence (their list under `key`), or `step` itself.
+absl::StatusOr<std::vector<const Struct*>> Steps(const Struct& step, const std::string& key,
+                                                 const std::string& source,
+                                                 const std::string& field) {
+  if (TypeOf(step) != "Sequence") return std::vector<const Struct*>{&step};
+  const Value* list = Field(step, key);
+  if (list == nullptr || list->kind_case() != Value::kListValue) {
+    return Bad(source, absl::StrCat(field, ".", key), "must be a list");
+  }
+  std::vector<const Struct*> steps;
+  for (const Value& v : list->list_value().values()) steps.push_back(&v.struct_value());
+  return steps;
+}
+
+// A Replace step of `from` (a String pattern) to `to`.
+bool Replaces(const Struct& step, absl::string_view from, absl::string_view to) {
+  const Value* pattern = Field(step, "pattern");
+  const Value* content = Field(step, "content");
+  const Value* literal = pattern != nullptr && pattern->kind_case() == Value::kStructValue
+                             ? Field(pattern->struct_value(), "String")
+                             : nullptr;
+  return TypeOf(step) == "Replace" && literal != nullptr && literal->string_value() == from &&
+         content != nullptr && content->string_value() == to;
+}
+
+// Llama 2's normalizer: spaces become "▁", and one is put before each stretch of text.
+absl::Status Tokenizer::ParseNormalizer(const Struct& step, const std::string& source) {
+  TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "normalizers", source, "normalizer"));
+  bool prepend = false, replace = false;
+  for (const Struct* s : steps) {
+    const Value* text = Field(*s, "prepend");
+    if (TypeOf(*s) == "Prepend" && text != nullptr && text->string_value() == kMetaspace) {
+      prepend = true;
+    } else if (Replaces(*s, " ", kMetaspace)) {
+      replace = true;
+    } else {
+      return Bad(source, "normalizer",
+                 absl::StrCat("has a step of type \"", TypeOf(*s),
+                              "\" (Trainyard reads none, or Llama 2's Prepend(\"▁\") and "
+                              "Replace(\" \" → \"▁\"))"));
+    }
+  }
+  if (!replace) return Bad(source, "normalizer", "does not replace \" \" with \"▁\"");
+  metaspace_ = Metaspace{.prepend = prepend ? Metaspace::Prepend::kEveryStretch
+                                            : Metaspace::Prepend::kNever};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tokenizer::Metaspace::Prepend> Tokenizer::PrependScheme(const Struct& step,
+                                                                       const std::string& source,
+                                                                       const std::string& field) {
+  using Prepend = Metaspace::Prepend;
+  const Value* scheme = Field(step, "prepend_scheme");
+  if (scheme == nullptr) {
+    return Flag(step, "add_prefix_space", /*otherwise=*/true) ? Prepend::kAlways : Prepend::kNever;
+  }
+  const std::string& name = scheme->string_value();
+  if (name == "always") return Prepend::kAlways;
+  if (name == "first") return Prepend::kFirst;
+  if (name == "never") return Prepend::kNever;
+  return Bad(source, field + ".prepend_scheme", "must be always, first or never");
+}
+
+absl::Status CheckReplacement(const Struct& step, const std::string& source,
+                              const std::string& field) {
+  const Value* replacement = Field(step, "replacement");
+  if (replacement != nullptr && replacement->string_value() != kMetaspace) {
+    return Bad(source, field + ".replacement", "must be \"▁\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::ParseMetaspace(const Struct& step, const std::string& source) {
+  TY_RETURN_IF_ERROR(CheckReplacement(step, source, "pre_tokenizer"));
+  TY_ASSIGN_OR_RETURN(const Metaspace::Prepend prepend,
+                      PrependScheme(step, source, "pre_tokenizer"));
+  metaspace_ = Metaspace{.prepend = prepend, .split = Flag(step, "split", /*otherwise=*/true)};
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::ParseDecoder(const Struct& step, const std::string& source) {
+  const std::string type = TypeOf(step);
+  if (!metaspace_) {
+    if (type != "ByteLevel") return Bad(source, "decoder", "must be ByteLevel");
+    return absl::OkStatus();
+  }
+  if (type == "Metaspace") {  // "▁" as a space, the first one dropped unless never put in
+    TY_RETURN_IF_ERROR(CheckReplacement(step, source, "decoder"));
+    TY_ASSIGN_OR_RETURN(const Metaspace::Prepend prepend, PrependScheme(step, source, "decoder"));
+    metaspace_->strip = prepend == Metaspace::Prepend::kNever ? 0 : 1;
+    return absl::OkStatus();
+  }
+  TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "decoders", source, "decoder"));
+  bool replace = false, fused = false;
+  for (const Struct* s : steps) {
+    const std::string kind = TypeOf(*s);
+    const Value* content = Field(*s, "content");
+    const Value* start = Field(*s, "start");
+    const Value* stop = Field(*s, "stop");
+    if (Replaces(*s, kMetaspace, " ")) {
+      replace = true;
+    } else if (kind == "ByteFallback") {
+      metaspace_->decodes_bytes = true;
+    } else if (kind == "Fuse") {
+      fused = true;
+    } else if (kind == "Strip" && fused && content != nullptr && content->string_value() == " " &&
+               start != nullptr && (stop == nullptr || stop->number_value() == 0)) {
+      metaspace_->strip = static_cast<int>(start->number_value());  // of the fused text
+    } else {
+      return Bad(source, "decoder",
+                 absl::StrCat("has a step of type \"", kind,
+                              "\" (Trainyard reads Replace(\"▁\" → \" \"), ByteFallback, Fuse, "
+                              "then Strip(\" \", start, 0))"));
+    }
+  }
+  if (!replace) return Bad(source, "decoder", "does not replace \"▁\" with \" \"");
   return absl::OkStatus();
 }
 
@@ -460,23 +616,27 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Parse(const std::string& j
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
   std::unique_ptr<Tokenizer> t(new Tokenizer());
-  if (Field(root, "normalizer") != nullptr) {
-    return Bad(source, "normalizer", "must be null (byte-level BPE normalises nothing)");
+  if (const Value* normalizer = Field(root, "normalizer"); normalizer != nullptr) {
+    TY_RETURN_IF_ERROR(t->ParseNormalizer(normalizer->struct_value(), source));
   }
+  const Value* pre = Field(root, "pre_tokenizer");
+  if (pre != nullptr && TypeOf(pre->struct_value()) == "Metaspace" && !t->metaspace_) {
+    TY_RETURN_IF_ERROR(t->ParseMetaspace(pre->struct_value(), source));
+  } else if (pre != nullptr && !t->metaspace_) {
+    TY_RETURN_IF_ERROR(t->ParsePreTokenizer(pre->struct_value(), source));
+  } else if (pre != nullptr || !t->metaspace_) {
+    return Bad(source, "pre_tokenizer",
+               t->metaspace_ ? "must be null after a normalizer that puts in \"▁\""
+                             : "is missing (byte-level BPE ends it with ByteLevel)");
+  }
+  const Value* decoder = Field(root, "decoder");
+  if (decoder == nullptr) return Bad(source, "decoder", "is missing");
+  TY_RETURN_IF_ERROR(t->ParseDecoder(decoder->struct_value(), source));
   const Value* model = Field(root, "model");
   if (model == nullptr || model->kind_case() != Value::kStructValue) {
     return Bad(source, "model", "is missing");
   }
   TY_RETURN_IF_ERROR(t->ParseModel(model->struct_value(), source));
-  const Value* pre = Field(root, "pre_tokenizer");
-  if (pre == nullptr || pre->kind_case() != Value::kStructValue) {
-    return Bad(source, "pre_tokenizer", "is missing (byte-level BPE ends it with ByteLevel)");
-  }
-  TY_RETURN_IF_ERROR(t->ParsePreTokenizer(pre->struct_value(), source));
-  const Value* decoder = Field(root, "decoder");
-  if (decoder == nullptr || TypeOf(decoder->struct_value()) != "ByteLevel") {
-    return Bad(source, "decoder", "must be ByteLevel");
-  }
   if (const Value* post = Field(root, "post_processor"); post != nullptr) {
     TY_RETURN_IF_ERROR(t->ParsePostProcessor(post->struct_value(), source));
   }
@@ -523,16 +683,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
       ++at;
       continue;
     }
-    TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment, at - segment), &ids));
+    TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment, at - segment), segment == 0, &ids));
     ids.push_back(added->id);
     segment = at += added->content.size();
   }
-  TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment), &ids));
+  TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment), segment == 0, &ids));
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
 
-absl::Status Tokenizer::EncodeSegment(absl::string_view text, std::vector<int32_t>* out) const {
+absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool first,
+                                      std::vector<int32_t>* out) const {
+  if (metaspace_) return EncodeMetaspace(text, first, out);
   std::vector<absl::string_view> pieces;
   if (!text.empty()) pieces.push_back(text);
   for (const auto& split : splits_) {
@@ -546,6 +708,28 @@ absl::Status Tokenizer::EncodeSegment(absl::string_view text, std::vector<int32_
     TY_RETURN_IF_ERROR(EncodeWord(mapped, out));
   }
   return absl::OkStatus();
+}
+
+absl::Status Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
+                                        std::vector<int32_t>* out) const {
+  if (text.empty()) return absl::OkStatus();
+  std::string s = absl::StrReplaceAll(text, {{" ", kMetaspace}});
+  using Prepend = Metaspace::Prepend;
+  const Prepend prepend = metaspace_->prepend;
+  if (prepend == Prepend::kEveryStretch ||
+      ((prepend == Prepend::kAlways || (prepend == Prepend::kFirst && first)) &&
+       !absl::StartsWith(s, kMetaspace))) {
+    s = absl::StrCat(kMetaspace, s);
+  }
+  if (!metaspace_->split) return EncodeWord(s, out);
+  // Each word from one "▁" to the next merges alone.
+  const std::string marker(kMetaspace);
+  size_t start = 0;
+  for (size_t at = s.find(marker, 1); at != std::string::npos; at = s.find(marker, at + 1)) {
+    TY_RETURN_IF_ERROR(EncodeWord(s.substr(start, at - start), out));
+    start = at;
+  }
+  return EncodeWord(s.substr(start), out);
 }
 
 absl::Status Tokenizer::EncodeWord(const std::string& mapped, std::vector<int32_t>* out) const {
@@ -583,14 +767,34 @@ absl::Status Tokenizer::EncodeWord(const std::string& mapped, std::vector<int32_
     }
     symbols = std::move(merged);
   }
+  bool after_unk = false;
   for (const std::string& s : symbols) {
     auto it = vocab_.find(s);
     if (it == vocab_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the tokenizer's vocabulary has no token for \"", s, "\""));
+      TY_RETURN_IF_ERROR(Fallback(s, &after_unk, out));
+      continue;
     }
     out->push_back(it->second);
+    after_unk = false;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::Fallback(const std::string& symbol, bool* after_unk,
+                                 std::vector<int32_t>* out) const {
+  if (byte_fallback_ && std::all_of(symbol.begin(), symbol.end(), [&](char b) {
+        return byte_tokens_[static_cast<uint8_t>(b)] >= 0;
+      })) {
+    for (char b : symbol) out->push_back(byte_tokens_[static_cast<uint8_t>(b)]);
+    *after_unk = false;
+    return absl::OkStatus();
+  }
+  if (unk_ < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tokenizer's vocabulary has no token for \"", symbol, "\""));
+  }
+  if (!(fuse_unk_ && *after_unk)) out->push_back(unk_);
+  *after_unk = true;
   return absl::OkStatus();
 }
 
@@ -602,7 +806,12 @@ std::string Tokenizer::TokenBytes(int32_t id) const {
 std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
   std::string text;
   for (int32_t id : ids) text += TokenBytes(id);
-  return text;
+  const int strip = metaspace_ ? metaspace_->strip : 0;
+  int spaces = 0;
+  while (spaces < strip && spaces < static_cast<int>(text.size()) && text[spaces] == ' ') {
+    ++spaces;
+  }
+  return text.substr(spaces);
 }
 
 }  // namespace trainyard::worker::data

@@ -1,15 +1,22 @@
-// A Hugging Face `tokenizer.json` of the byte-level BPE kind (GPT-2's, Llama 3's, and those of
-// the many models that follow them): text to token ids and ids back to bytes, as the `tokenizers`
-// library computes them.
+// A Hugging Face `tokenizer.json` of the BPE kinds most open models publish: text to token ids
+// and ids back to bytes, as the `tokenizers` library computes them. Two alphabets:
+// - byte-level (GPT-2's, Llama 3's, Qwen's): pieces split by a pattern, their bytes mapped to
+//   GPT-2's byte alphabet, merged;
+// - SentencePiece's (Llama 2's, Mistral's): spaces become "▁", one is put before the text, and
+//   characters the vocabulary lacks fall back to <0xNN> byte tokens.
 //
 // What a file may hold (anything else is refused when loading, naming the field):
-// - normalizer: null.
+// - normalizer: null; or, for SentencePiece's alphabet, Prepend("▁") and Replace(" " → "▁")
+//   (Llama 2's, which prepends to every stretch between added tokens).
 // - pre_tokenizer: ByteLevel (with use_regex, GPT-2's split pattern), Split by a Regex with
-//   behavior Isolated, or a Sequence of Splits ending in a ByteLevel; add_prefix_space false.
-// - model: BPE, with merges as "a b" strings or [a, b] pairs and ignore_merges; no dropout,
-//   unknown token, byte fallback or subword affixes.
-// - decoder: ByteLevel. post_processor: null, ByteLevel, TemplateProcessing (its single-sequence
-//   template), or a Sequence of those.
+//   behavior Isolated, or a Sequence of Splits ending in a ByteLevel; add_prefix_space false. Or
+//   Metaspace ("▁", prepend_scheme always, first or never; split or not), or null after Llama
+//   2's normalizer.
+// - model: BPE, with merges as "a b" strings or [a, b] pairs, ignore_merges; byte_fallback,
+//   unk_token and fuse_unk for SentencePiece's alphabet; no dropout or subword affixes.
+// - decoder: ByteLevel; for SentencePiece's alphabet Metaspace, or a Sequence of Replace("▁" →
+//   " "), ByteFallback, Fuse and Strip(" ", start, 0). post_processor: null, ByteLevel,
+//   TemplateProcessing (its single-sequence template), or a Sequence of those.
 // - added_tokens: matched in the text first (the longest at each position); the text between them
 //   is split and merged as above.
 //
@@ -23,8 +30,10 @@
 #ifndef TRAINYARD_WORKER_DATA_TOKENIZER_H_
 #define TRAINYARD_WORKER_DATA_TOKENIZER_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,7 +41,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/string_view.h"
 #include "common/filesystem.h"
 
@@ -60,9 +68,12 @@ class Tokenizer {
   // vocabulary cannot spell.
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
 
-  // The bytes `id` stands for: an added token's content, or its vocabulary entry's bytes;
-  // `<id N>` for an id with neither (a padded vocabulary's extra rows).
+  // The bytes `id` adds to running text: an added token's content, or its vocabulary entry's
+  // bytes ("▁" as a space, <0xNN> as its byte); `<id N>` for an id with neither (a padded
+  // vocabulary's extra rows).
   [[nodiscard]] std::string TokenBytes(int32_t id) const;
+  // `ids` as text from its start: their bytes, less the space the decoder strips there (the "▁"
+  // SentencePiece's alphabet put before the text).
   [[nodiscard]] std::string Decode(std::span<const int32_t> ids) const;
 
   // One past the largest id the file names.
@@ -75,18 +86,44 @@ class Tokenizer {
     int32_t id;
   };
 
+  // SentencePiece's alphabet: where a "▁" is put before the text, whether each "▁"-led word
+  // merges alone, and what the decoder does.
+  struct Metaspace {
+    enum class Prepend { kNever, kFirst, kAlways, kEveryStretch };
+    Prepend prepend = Prepend::kNever;
+    bool split = false;
+    bool decodes_bytes = false;  // the decoder's ByteFallback: <0xNN> is its byte
+    int strip = 0;               // leading spaces the decoder drops
+  };
+
   Tokenizer();
+  absl::Status ParseNormalizer(const google::protobuf::Struct& step, const std::string& source);
+  absl::Status ParseMetaspace(const google::protobuf::Struct& step, const std::string& source);
+  // Where a Metaspace step puts a "▁" before the text: prepend_scheme, or the older
+  // add_prefix_space.
+  static absl::StatusOr<Metaspace::Prepend> PrependScheme(const google::protobuf::Struct& step,
+                                                          const std::string& source,
+                                                          const std::string& field);
+  absl::Status ParseDecoder(const google::protobuf::Struct& step, const std::string& source);
   absl::Status ParseModel(const google::protobuf::Struct& model, const std::string& source);
   absl::Status ParsePreTokenizer(const google::protobuf::Struct& step, const std::string& source);
   absl::Status ParsePostProcessor(const google::protobuf::Struct& step, const std::string& source);
   absl::Status ParseAddedTokens(const google::protobuf::Value& list, const std::string& source);
+  // The bytes a vocabulary entry spells, in this tokenizer's alphabet.
+  absl::StatusOr<std::string> SpelledBytes(const std::string& token,
+                                           const std::string& source) const;
   // Sizes token_bytes_ and known_ to cover `id`, and marks it known with `bytes`.
   void SetToken(int32_t id, std::string bytes);
 
-  // `text` (no added tokens in it) split by the pre-tokenizer, then merged, appended to `out`.
-  absl::Status EncodeSegment(absl::string_view text, std::vector<int32_t>* out) const;
-  // One pre-token, mapped to the byte-level alphabet, as BPE merges it.
+  // `text` (no added tokens in it; `first`: at the start of the text) split by the
+  // pre-tokenizer, then merged, appended to `out`.
+  absl::Status EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const;
+  absl::Status EncodeMetaspace(absl::string_view text, bool first, std::vector<int32_t>* out) const;
+  // One pre-token, in the alphabet, as BPE merges it.
   absl::Status EncodeWord(const std::string& mapped, std::vector<int32_t>* out) const;
+  // A symbol the vocabulary lacks: its bytes' <0xNN> tokens, else the unknown token.
+  absl::Status Fallback(const std::string& symbol, bool* after_unk,
+                        std::vector<int32_t>* out) const;
   // The added token at the start of `text`, the longest when several are; nullptr for none.
   const AddedToken* AddedTokenAt(absl::string_view text) const;
 
@@ -94,6 +131,11 @@ class Tokenizer {
   absl::flat_hash_map<std::string, int32_t> vocab_;   // byte-level spelling → id
   absl::flat_hash_map<std::string, int32_t> merges_;  // "left right" → rank
   bool ignore_merges_ = false;
+  std::optional<Metaspace> metaspace_;  // unset: the byte-level alphabet
+  bool byte_fallback_ = false;
+  int32_t unk_ = -1;  // the unknown token; −1: none
+  bool fuse_unk_ = false;
+  std::array<int32_t, 256> byte_tokens_;  // byte → its <0xNN> token, −1 when absent
   std::vector<AddedToken> added_;         // longest content first
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's ids around a sequence
   std::vector<std::string> token_bytes_;  // id → its bytes

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -164,24 +165,24 @@ TEST(Tokenizer, WhatItCannotComputeIsRefusedNamingTheField) {
   };
   ExpectRefused("[1, 2]", "tok.json: not a JSON object");
   ExpectRefused(with(R"("normalizer": null)", R"("normalizer": {"type": "NFC"})"),
-                "tok.json: normalizer must be null");
+                "tok.json: normalizer has a step of type \"NFC\"");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "WordPiece")"),
                 "tok.json: model.type is \"WordPiece\"; Trainyard reads BPE");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "BPE", "byte_fallback": true)"),
-                "tok.json: model.byte_fallback must be false");
+                "tok.json: model.byte_fallback is for SentencePiece's alphabet");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "BPE", "dropout": 0.1)"),
                 "tok.json: model.dropout must be null");
   ExpectRefused(with(R"("add_prefix_space": false)", R"("add_prefix_space": true)"),
                 "tok.json: pre_tokenizer.add_prefix_space must be false");
   ExpectRefused(
-      with(R"({"type": "ByteLevel", "add_prefix_space": false})", R"({"type": "Metaspace"})"),
-      "tok.json: pre_tokenizer has a step of type \"Metaspace\"");
+      with(R"({"type": "ByteLevel", "add_prefix_space": false})", R"({"type": "Whitespace"})"),
+      "tok.json: pre_tokenizer has a step of type \"Whitespace\"");
   const std::string split = R"({"type": "Sequence", "pretokenizers": [{"type": "Split",
       "pattern": {"Regex": "(?<=a)b"}, "behavior": "Isolated"}, {"type": "ByteLevel"}]})";
   ExpectRefused(with(R"({"type": "ByteLevel", "add_prefix_space": false})", split),
                 "tok.json: pattern has the look-around (?<=");
   ExpectRefused(with(R"("decoder": {"type": "ByteLevel"})", R"("decoder": null)"),
-                "tok.json: decoder must be ByteLevel");
+                "tok.json: decoder is missing");
   ExpectRefused(with(R"("merges": [)", R"("merges": ["abc", )"),
                 "tok.json: model.merges has \"abc\", not \"left right\"");
   auto t = Make(good);
@@ -230,6 +231,36 @@ void CheckAgainstTheOracle(const std::string& style) {
 
 TEST(Tokenizer, Gpt2StyleMatchesTheOracle) { CheckAgainstTheOracle("gpt2"); }
 TEST(Tokenizer, Llama3StyleMatchesTheOracle) { CheckAgainstTheOracle("llama3"); }
+TEST(Tokenizer, Llama2StyleMatchesTheOracle) { CheckAgainstTheOracle("llama2"); }
+TEST(Tokenizer, MistralStyleMatchesTheOracle) { CheckAgainstTheOracle("mistral"); }
+
+// SentencePiece's alphabet by hand: "▁" for spaces and one before the text, characters the
+// vocabulary lacks as <0xNN> bytes (or <unk>, fused, when one is missing), and decoding back.
+TEST(Tokenizer, SentencePieceAlphabetFallsBackToBytes) {
+  const std::string meta = "\u2581";
+  std::string vocab = R"("<unk>": 0, "<s>": 1)";
+  for (int b = 0; b < 0xF0; ++b)
+    absl::StrAppend(&vocab, ", \"", absl::StrFormat("<0x%02X>", b), "\": ", 2 + b);
+  absl::StrAppend(&vocab, ", \"", meta, "\": 300, \"h\": 301, \"i\": 302, \"", meta, "h\": 303, \"",
+                  meta, "hi\": 304");
+  const std::string json = absl::StrCat(
+      R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": ")", meta,
+      R"(", "prepend_scheme": "first", "split": false}, "decoder": {"type": "Sequence",
+      "decoders": [{"type": "Replace", "pattern": {"String": ")",
+      meta, R"("}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+      "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
+      "vocab": {)",
+      vocab, "}, \"merges\": [\"", meta, " h\", \"", meta, "h i\"]}}");
+  auto t = Make(json);
+  ASSERT_NE(t, nullptr);
+  EXPECT_THAT(Ids(*t, "hi hi"), ElementsAre(304, 304));  // "▁hi▁hi"
+  EXPECT_THAT(Ids(*t, "hi\n"), ElementsAre(304, 2 + '\n'));
+  EXPECT_THAT(Ids(*t, "h\u00e9"), ElementsAre(303, 2 + 0xC3, 2 + 0xA9));          // é as two bytes
+  EXPECT_THAT(Ids(*t, "i\U0001F642\U0001F680i"), ElementsAre(300, 302, 0, 302));  // fused
+  EXPECT_EQ(t->Decode(Ids(*t, "hi hi\n")), "hi hi\n");
+  EXPECT_EQ(t->TokenBytes(304), " hi");  // in running text, its space kept
+}
 
 }  // namespace
 }  // namespace trainyard::worker::data
