@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <functional>
+#include <queue>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -26,6 +29,10 @@ constexpr absl::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 // The look-ahead idiom of byte-level patterns, which RE2 lacks (see the header).
 constexpr absl::string_view kWhitespaceIdiom = R"(\s+(?!\S)|\s+)";
+// Ids a tokenizer may use: published vocabularies hold at most a few hundred thousand tokens,
+// and every id below the largest costs a table entry.
+constexpr int32_t kMaxTokens = 1 << 24;
+
 // SentencePiece's stand-in for a space, U+2581.
 constexpr absl::string_view kMetaspace = "\u2581";
 
@@ -137,8 +144,9 @@ std::string TypeOf(const Struct& s) {
 absl::StatusOr<int32_t> IdOf(const Value& v, const std::string& source, absl::string_view field) {
   const double d = v.number_value();
   if (v.kind_case() != Value::kNumberValue || d != static_cast<int64_t>(d) || d < 0 ||
-      d > INT_MAX) {
-    return Bad(source, field, "must be a token id (a whole number of at least 0)");
+      d >= kMaxTokens) {
+    return Bad(source, field,
+               absl::StrCat("must be a token id (a whole number from 0 below ", kMaxTokens, ")"));
   }
   return static_cast<int32_t>(d);
 }
@@ -277,10 +285,11 @@ Tokenizer::~Tokenizer() = default;
 absl::StatusOr<std::string> Tokenizer::SpelledBytes(const std::string& token,
                                                     const std::string& source) const {
   if (metaspace_) {
-    if (metaspace_->decodes_bytes) {
-      for (int b = 0; b < 256; ++b) {
-        if (token == ByteToken(b)) return std::string(1, static_cast<char>(b));
-      }
+    int byte = 0;
+    if (metaspace_->decodes_bytes && token.size() == 6 && absl::StartsWith(token, "<0x") &&
+        token[5] == '>' && absl::SimpleHexAtoi(token.substr(3, 2), &byte) &&
+        token == ByteToken(byte)) {
+      return std::string(1, static_cast<char>(byte));
     }
     return absl::StrReplaceAll(token, {{kMetaspace, " "}});
   }
@@ -739,39 +748,53 @@ absl::Status Tokenizer::EncodeWord(const std::string& mapped, std::vector<int32_
       return absl::OkStatus();
     }
   }
-  std::vector<std::string> symbols;
+  if (mapped.empty()) return absl::OkStatus();
+  // The symbols as a linked list, and their adjacent pairs that merge on a heap by (rank, left
+  // symbol's position): the lowest rank merges first, the leftmost of equal ones first, as the
+  // reference does. An entry whose pair has since changed is skipped.
+  struct Symbol {
+    std::string text;
+    int prev, next;
+  };
+  std::vector<Symbol> symbols;
   for (size_t at = 0; at < mapped.size();) {
     const size_t begin = at;
     uint32_t c;
     NextCodePoint(mapped, &at, &c);  // mapped is UTF-8 by construction
-    symbols.emplace_back(mapped, begin, at - begin);
+    const int i = static_cast<int>(symbols.size());
+    symbols.push_back({mapped.substr(begin, at - begin), i - 1, i + 1});
   }
-  // Merge the pair of lowest rank everywhere it occurs (left to right), until none is left.
-  while (symbols.size() > 1) {
-    int32_t best = INT_MAX;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merges_.find(absl::StrCat(symbols[i], " ", symbols[i + 1]));
-      if (it != merges_.end() && it->second < best) best = it->second, best_at = i;
-    }
-    if (best == INT_MAX) break;
-    const std::string left = symbols[best_at], right = symbols[best_at + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
-        merged.push_back(left + right);
-        ++i;
-      } else {
-        merged.push_back(std::move(symbols[i]));
-      }
-    }
-    symbols = std::move(merged);
+  symbols.back().next = -1;
+  using Candidate = std::pair<int32_t, int>;  // (rank, left symbol)
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto rank_of = [&](int left) {
+    const int right = left < 0 ? -1 : symbols[left].next;
+    if (right < 0) return -1;
+    auto it = merges_.find(absl::StrCat(symbols[left].text, " ", symbols[right].text));
+    return it == merges_.end() ? -1 : it->second;
+  };
+  auto offer = [&](int left) {
+    if (const int32_t rank = rank_of(left); rank >= 0) heap.push({rank, left});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) offer(i);
+  std::vector<bool> merged_away(symbols.size(), false);
+  while (!heap.empty()) {
+    const auto [rank, left] = heap.top();
+    heap.pop();
+    if (merged_away[left] || rank_of(left) != rank) continue;
+    const int right = symbols[left].next;
+    symbols[left].text += symbols[right].text;
+    merged_away[right] = true;
+    symbols[left].next = symbols[right].next;
+    if (symbols[left].next >= 0) symbols[symbols[left].next].prev = left;
+    offer(symbols[left].prev);
+    offer(left);
   }
   bool after_unk = false;
-  for (const std::string& s : symbols) {
-    auto it = vocab_.find(s);
+  for (int i = 0; i >= 0; i = symbols[i].next) {
+    auto it = vocab_.find(symbols[i].text);
     if (it == vocab_.end()) {
-      TY_RETURN_IF_ERROR(Fallback(s, &after_unk, out));
+      TY_RETURN_IF_ERROR(Fallback(symbols[i].text, &after_unk, out));
       continue;
     }
     out->push_back(it->second);

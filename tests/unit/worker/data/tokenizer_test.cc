@@ -6,6 +6,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -233,6 +234,30 @@ TEST(Tokenizer, Gpt2StyleMatchesTheOracle) { CheckAgainstTheOracle("gpt2"); }
 TEST(Tokenizer, Llama3StyleMatchesTheOracle) { CheckAgainstTheOracle("llama3"); }
 TEST(Tokenizer, Llama2StyleMatchesTheOracle) { CheckAgainstTheOracle("llama2"); }
 TEST(Tokenizer, MistralStyleMatchesTheOracle) { CheckAgainstTheOracle("mistral"); }
+
+// A long prompt in SentencePiece's alphabet without split (Mistral's, Llama 2's) is one word of
+// BPE: 24,000 characters merge and decode back to the text.
+TEST(Tokenizer, ALongUnsplitTextMergesAndDecodesBack) {
+  const std::filesystem::path dir = testenv::MakeScratchDir("bpe_long");
+  const std::string cmd = absl::StrCat(testenv::PythonInterpreter(), " ", testenv::SourceDir(),
+                                       "/tests/oracle/bpe_oracle.py cases mistral ", dir.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(dir / "tokenizer.json");
+  std::stringstream json;
+  json << in.rdbuf();
+  auto t = Tokenizer::Parse(json.str(), "mistral");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::string text;
+  while (text.size() < 24000) text += "The quick brown fox jumps over the lazy dog. Caf\u00e9 12 ";
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = (*t)->Encode(text);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  std::printf("%zu characters: %zu tokens in %.3f s\n", text.size(), ids->size(), seconds);
+  EXPECT_EQ((*t)->Decode(std::span<const int32_t>(*ids).subspan(1)), text);  // after <s>
+  std::filesystem::remove_all(dir);
+}
 
 // SentencePiece's alphabet by hand: "▁" for spaces and one before the text, characters the
 // vocabulary lacks as <0xNN> bytes (or <unk>, fused, when one is missing), and decoding back.
