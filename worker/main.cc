@@ -449,16 +449,22 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   return flags;
 }
 
-// The tokenizer for --prompt: --tokenizer, else a Hugging Face directory's tokenizer.json; null
-// for none. Its ids must lie in the model's vocabulary.
-absl::StatusOr<std::unique_ptr<data::Tokenizer>> PromptTokenizer(const SampleFlags& flags,
+// Where --prompt's tokenizer is: --tokenizer, else a Hugging Face directory's tokenizer.json;
+// empty for none.
+std::string PromptTokenizerPath(const SampleFlags& flags) {
+  FileSystem& fs = *RealFileSystem();
+  if (!flags.tokenizer.empty()) return flags.tokenizer;
+  if (flags.has_prompt && fs.IsDirectory(flags.weights) &&
+      fs.Exists(ChildPath(flags.weights, "tokenizer.json"))) {
+    return ChildPath(flags.weights, "tokenizer.json");
+  }
+  return "";
+}
+
+// The tokenizer at `path` (null when empty), whose ids must lie in the model's vocabulary.
+absl::StatusOr<std::unique_ptr<data::Tokenizer>> PromptTokenizer(const std::string& path,
                                                                  int vocab) {
   FileSystem& fs = *RealFileSystem();
-  std::string path = flags.tokenizer;
-  if (path.empty() && flags.has_prompt && fs.IsDirectory(flags.weights) &&
-      fs.Exists(ChildPath(flags.weights, "tokenizer.json"))) {
-    path = ChildPath(flags.weights, "tokenizer.json");
-  }
   if (path.empty()) return nullptr;
   TY_ASSIGN_OR_RETURN(std::unique_ptr<data::Tokenizer> tokenizer, data::Tokenizer::Load(fs, path));
   if (tokenizer->size() > vocab) {
@@ -508,8 +514,9 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int 
 absl::Status Sample(const SampleFlags& flags) {
   TY_ASSIGN_OR_RETURN(convert::LoadedWeights weights,
                       convert::LoadModelWeights(*RealFileSystem(), flags.weights));
+  const std::string tokenizer_path = PromptTokenizerPath(flags);
   TY_ASSIGN_OR_RETURN(const std::unique_ptr<data::Tokenizer> tokenizer,
-                      PromptTokenizer(flags, weights.model.vocab));
+                      PromptTokenizer(tokenizer_path, weights.model.vocab));
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
                       PromptTokens(flags, weights.model.vocab, tokenizer.get()));
   std::unique_ptr<Backend> backend;
@@ -528,7 +535,8 @@ absl::Status Sample(const SampleFlags& flags) {
   TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                       Generator::Create(weights.model, backend.get(), weights.params.data()));
   TY_RETURN_IF_ERROR(generator->CheckRequest(prompt, flags.options));
-  std::cerr << "sampling " << weights.description << " on " << backend->name() << "\n";
+  std::cerr << "sampling " << weights.description << " on " << backend->name()
+            << (tokenizer ? absl::StrCat(", text through ", tokenizer_path) : "") << "\n";
   const bool text = flags.has_prompt;
   if (text) std::cout << flags.prompt << std::flush;
   bool first = true;
