@@ -1,6 +1,7 @@
 // training.sample_tokenizer (config/spec.h): the tokenizer a job's samples print through, and
-// sample_prompt's ids through it. Rank 0 reads it before training; the coordinator reads it at
-// submit when the file is under its data roots, so that a bad one is refused before the job runs.
+// sample_prompt's ids through it. Every rank reads it before training (rank 0 keeps it); the
+// coordinator reads it at submit when the file is under its data roots, so that a bad one is
+// refused before the job runs.
 #ifndef TRAINYARD_WORKER_DATA_SAMPLE_TEXT_H_
 #define TRAINYARD_WORKER_DATA_SAMPLE_TEXT_H_
 

@@ -266,6 +266,7 @@ struct Tokenizer::Split {
         }
       }
       if (end == start) {  // an empty match splits nothing; look on from the next character
+        if (start >= piece.size()) break;
         uint32_t skipped;
         from = start;
         if (!NextCodePoint(piece, &from, &skipped)) ++from;
