@@ -187,6 +187,26 @@ TEST_F(ServerBadSpecTest, EveryBadSpecIsRefusedWithItsFieldPathAndNothingIsStore
   EXPECT_EQ(list.jobs(0).name(), "good");
 }
 
+// Submits `spec_yaml` to a fresh server: it is refused with INVALID_ARGUMENT containing
+// `message`, and nothing is stored.
+void ExpectRefusedAtSubmit(const std::string& state_dir, const std::string& spec_yaml,
+                           const std::string& message) {
+  ServerProcess server(state_dir);
+  ASSERT_TRUE(server.ok()) << server.log();
+  auto stub = server.JobStub();
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(spec_yaml);
+  request.set_spec_source("job.yaml");
+  request.set_user("tester");
+  v1::SubmitJobReply reply;
+  grpc::Status status = stub->SubmitJob(Deadline(10).get(), request, &reply);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr(message));
+  v1::ListJobsReply list;
+  ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+}
+
 // model.init_from that this machine can read is checked at submit: weights of another model are
 // refused naming the field and both values, and nothing is stored.
 TEST_F(ServerBadSpecTest, InitFromOfAnotherModelIsRefusedAtSubmit) {
@@ -195,24 +215,12 @@ TEST_F(ServerBadSpecTest, InitFromOfAnotherModelIsRefusedAtSubmit) {
   std::ofstream(weights / "config.json")
       << R"({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64,)"
       << R"( "n_layer": 3, "n_head": 4})";
-  ServerProcess server(state_dir_);
-  ASSERT_TRUE(server.ok()) << server.log();
-  auto stub = server.JobStub();
-  v1::SubmitJobRequest request;
-  request.set_spec_yaml(Spec("name: bad\n",
-                             "model: {preset: gpt2-debug, init_from: " + weights.string() + "}\n",
-                             kData, kTraining));
-  request.set_spec_source("job.yaml");
-  request.set_user("tester");
-  v1::SubmitJobReply reply;
-  grpc::Status status = stub->SubmitJob(Deadline(10).get(), request, &reply);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_THAT(status.error_message(),
-              HasSubstr("model.init_from: model.layers is 3 in " +
-                        (weights / "config.json").string() + ", 2 in the spec"));
-  v1::ListJobsReply list;
-  ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
-  EXPECT_EQ(list.jobs_size(), 0);
+  ExpectRefusedAtSubmit(
+      state_dir_,
+      Spec("name: bad\n", "model: {preset: gpt2-debug, init_from: " + weights.string() + "}\n",
+           kData, kTraining),
+      "model.init_from: model.layers is 3 in " + (weights / "config.json").string() +
+          ", 2 in the spec");
 }
 
 // training.sample_tokenizer that this machine can read is checked at submit too: one with ids
@@ -221,25 +229,14 @@ TEST_F(ServerBadSpecTest, SampleTokenizerBeyondTheVocabularyIsRefusedAtSubmit) {
   const std::filesystem::path tokenizer =
       std::filesystem::path(state_dir_).parent_path() / "tokenizer.json";
   std::ofstream(tokenizer) << ReversedBytesTokenizer(/*added=*/3);
-  ServerProcess server(state_dir_);
-  ASSERT_TRUE(server.ok()) << server.log();
-  auto stub = server.JobStub();
-  v1::SubmitJobRequest request;
-  request.set_spec_yaml(Spec("name: bad\n", kModel, kData,
+  ExpectRefusedAtSubmit(state_dir_,
+                        Spec("name: bad\n", kModel, kData,
                              "training: {steps: 5, warmup_steps: 1, batch: 4, seq_len: 16, "
                              "sample_every: 5, sample_tokens: 8, sample_prompt: hi, "
                              "sample_tokenizer: " +
-                                 tokenizer.string() + "}\n"));
-  request.set_spec_source("job.yaml");
-  request.set_user("tester");
-  v1::SubmitJobReply reply;
-  grpc::Status status = stub->SubmitJob(Deadline(10).get(), request, &reply);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_THAT(status.error_message(), HasSubstr("training.sample_tokenizer: " + tokenizer.string() +
-                                                " has ids up to 258, beyond model.vocab 256"));
-  v1::ListJobsReply list;
-  ASSERT_TRUE(stub->ListJobs(Deadline(5).get(), v1::ListJobsRequest(), &list).ok());
-  EXPECT_EQ(list.jobs_size(), 0);
+                                 tokenizer.string() + "}\n"),
+                        "training.sample_tokenizer: " + tokenizer.string() +
+                            " has ids up to 258, beyond model.vocab 256");
 }
 
 }  // namespace
