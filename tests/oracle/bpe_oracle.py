@@ -9,7 +9,8 @@ pair until none is left. It shares no code with Trainyard.
 SentencePiece's alphabet (Llama 2's, Mistral's) is the same merging over characters instead of
 bytes: spaces become "▁", one is put before the text (Llama 2 before every stretch between added
 tokens, Mistral's Metaspace only at the start), and a character the vocabulary lacks becomes its
-UTF-8 bytes' <0xNN> tokens, or the unknown token (consecutive ones fused) when one is missing.
+UTF-8 bytes' <0xNN> tokens, or the unknown token (consecutive ones fused) when one is missing,
+before any merge, in the order `tokenizers`' BPE model gives them (see Oracle.symbols).
 
   bpe_oracle.py cases STYLE DIR
       trains a small tokenizer of STYLE (gpt2: ByteLevel's own pattern; llama3: a Split by
@@ -222,7 +223,7 @@ class Oracle:
         self.ranks = {}
         for rank, m in enumerate(model["merges"]):
             pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-            self.ranks.setdefault(pair, rank)
+            self.ranks[pair] = rank  # a repeated pair keeps its last rank
         self.ignore_merges = model.get("ignore_merges", False)
         self.added = sorted(((t["content"], t["id"]) for t in tok["added_tokens"]),
                             key=lambda kv: -len(kv[0]))
@@ -231,8 +232,9 @@ class Oracle:
         self.sentencepiece = norm is not None or pre["type"] == "Metaspace"
         self.prepend = ("every" if norm is not None else
                         pre.get("prepend_scheme", "always") if self.sentencepiece else None)
-        self.unk = model["vocab"].get(model.get("unk_token") or "", None)
+        self.unk_token = model.get("unk_token")
         self.fuse_unk = model.get("fuse_unk", False)
+        self.byte_fallback = model.get("byte_fallback", False)
         if pre["type"] in ("none", "Metaspace"):
             self.patterns = []
         elif pre["type"] == "Sequence":
@@ -248,32 +250,41 @@ class Oracle:
                     if "SpecialToken" in item:
                         self.prefix += p["special_tokens"][item["SpecialToken"]["id"]]["ids"]
 
+    def symbols(self, word):
+        """The word's characters as tokens, before any merge: a character the vocabulary lacks
+        becomes its UTF-8 bytes' <0xNN> tokens when all are there, else the unknown token. An
+        unknown token waits until a character the vocabulary has (or the word's end) and fuses
+        with the next unknown one; byte tokens do not make it wait less, so they can come out
+        before it. With no unknown token, such a character is dropped."""
+        out, pending = [], False
+        for c in word:
+            if c in self.vocab:
+                if pending:
+                    out.append(self.unk_token)
+                    pending = False
+                out.append(c)
+                continue
+            fallback = ["<0x%02X>" % b for b in c.encode("utf-8")]
+            if self.byte_fallback and all(f in self.vocab for f in fallback):
+                out += fallback
+            elif self.unk_token is not None:
+                if pending and not self.fuse_unk:
+                    out.append(self.unk_token)
+                pending = True
+        if pending:
+            out.append(self.unk_token)
+        return out
+
     def bpe(self, word):
         if self.ignore_merges and word in self.vocab:
             return [self.vocab[word]]
-        parts = list(word)
+        parts = self.symbols(word) if self.sentencepiece else list(word)
         while len(parts) > 1:
             pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, float("inf")))
             if pair not in self.ranks:
                 break
             parts = merge(parts, pair)
-        if not self.sentencepiece:
-            return [self.vocab[p] for p in parts]
-        ids, last_unk = [], False
-        for p in parts:
-            if p in self.vocab:
-                ids.append(self.vocab[p])
-                last_unk = False
-                continue
-            fallback = ["<0x%02X>" % b for b in p.encode("utf-8")]
-            if all(f in self.vocab for f in fallback):
-                ids += [self.vocab[f] for f in fallback]
-                last_unk = False
-            else:
-                if not (self.fuse_unk and last_unk):
-                    ids.append(self.unk)
-                last_unk = True
-        return ids
+        return [self.vocab[p] for p in parts]
 
     def segment(self, text, first):
         if self.sentencepiece:

@@ -10,6 +10,7 @@
 #include <functional>
 #include <queue>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,8 +28,10 @@ namespace {
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
 constexpr absl::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-// The look-ahead idiom of byte-level patterns, which RE2 lacks (see the header).
-constexpr absl::string_view kWhitespaceIdiom = R"(\s+(?!\S)|\s+)";
+// The look-ahead idiom of byte-level patterns, which RE2 lacks (see the header): these two
+// alternatives, one after the other.
+constexpr absl::string_view kIdiomLookAhead = R"(\s+(?!\S))";
+constexpr absl::string_view kIdiomRun = R"(\s+)";
 // Ids a tokenizer may use: published vocabularies hold at most a few hundred thousand tokens,
 // and every id below the largest costs a table entry.
 constexpr int32_t kMaxTokens = 1 << 24;
@@ -140,20 +143,26 @@ std::string TypeOf(const Struct& s) {
   return v != nullptr ? v->string_value() : "";
 }
 
-// An id: a whole number in [0, 2^31).
+// An id: a whole number in [0, kMaxTokens).
 absl::StatusOr<int32_t> IdOf(const Value& v, const std::string& source, absl::string_view field) {
   const double d = v.number_value();
-  if (v.kind_case() != Value::kNumberValue || d != static_cast<int64_t>(d) || d < 0 ||
-      d >= kMaxTokens) {
+  if (v.kind_case() != Value::kNumberValue || !(d >= 0 && d < kMaxTokens) ||
+      d != static_cast<int32_t>(d)) {
     return Bad(source, field,
                absl::StrCat("must be a token id (a whole number from 0 below ", kMaxTokens, ")"));
   }
   return static_cast<int32_t>(d);
 }
 
-// `pattern` in RE2's syntax: `\s` and `\S` as Unicode's White_Space, capturing groups made
-// non-capturing. Look-around is refused.
-absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& source) {
+// Escapes the reference's regex engine (Oniguruma, Unicode-aware) and RE2 (ASCII) read
+// differently, beyond \s, \S, \d and \D, which are rewritten.
+constexpr absl::string_view kUnsharedEscapes = "wWbBhHAzZGRXK";
+
+// `pattern` in RE2's syntax: `\s` and `\S` as Unicode's White_Space, `\d` and `\D` as Unicode's
+// decimal digits, capturing groups (named ones too) made non-capturing. Look-around, anchors and
+// escapes whose meaning differs are refused.
+absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& source,
+                                        const std::string& field) {
   std::string out;
   bool in_class = false, class_start = false;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -163,8 +172,15 @@ absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& 
       if (e == 's') {
         absl::StrAppend(&out, in_class ? "" : "[", kWhiteSpaceClass, in_class ? "" : "]");
       } else if (e == 'S') {
-        if (in_class) return Bad(source, "pattern", "has \\S inside a character class");
+        if (in_class) return Bad(source, field, "has \\S inside a character class");
         absl::StrAppend(&out, "[^", kWhiteSpaceClass, "]");
+      } else if (e == 'd' || e == 'D') {
+        out += e == 'd' ? "\\p{Nd}" : "\\P{Nd}";
+      } else if (absl::StrContains(kUnsharedEscapes, e)) {
+        return Bad(source, field,
+                   absl::StrCat("has \\", std::string(1, e),
+                                ", which Trainyard's splitter (RE2) reads differently from the "
+                                "reference (Oniguruma)"));
       } else {
         out += '\\', out += e;
       }
@@ -172,7 +188,7 @@ absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& 
     } else if (in_class) {
       if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] whole
         const size_t close = p.find(":]", i + 2);
-        if (close == absl::string_view::npos) return Bad(source, "pattern", "has an open [:");
+        if (close == absl::string_view::npos) return Bad(source, field, "has an open [:");
         absl::StrAppend(&out, p.substr(i, close + 2 - i));
         i = close + 1;
       } else {
@@ -184,21 +200,64 @@ absl::StatusOr<std::string> ToRe2Syntax(absl::string_view p, const std::string& 
       in_class = class_start = true;
       out += c;
       if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+    } else if (c == '^' || c == '$') {
+      return Bad(source, field,
+                 absl::StrCat("has the anchor ", std::string(1, c),
+                              ", which the reference reads at every line and RE2 at the text's "
+                              "ends"));
     } else if (c == '(' && i + 1 < p.size() && p[i + 1] == '?') {
       const absl::string_view rest = p.substr(i + 1);
       for (absl::string_view look : {"?=", "?!", "?<=", "?<!"}) {
         if (absl::StartsWith(rest, look)) {
-          return Bad(source, "pattern",
+          return Bad(source, field,
                      absl::StrCat("has the look-around (", look,
                                   " …), which Trainyard's splitter (RE2) lacks beyond the "
                                   "whitespace idiom \\s+(?!\\S)|\\s+"));
         }
       }
-      out += c;
+      const bool named = absl::StartsWith(rest, "?P<") || absl::StartsWith(rest, "?<") ||
+                         absl::StartsWith(rest, "?'");
+      if (named) {  // (?P<name>…), (?<name>…), (?'name'…): a group like any other
+        const size_t close = p.find_first_of(">'", i + 3);
+        if (close == absl::string_view::npos) return Bad(source, field, "has an open group");
+        out += "(?:";
+        i = close;
+      } else {
+        out += c;
+      }
     } else {
       out += c == '(' ? "(?:" : std::string(1, c);
     }
   }
+  return out;
+}
+
+// `pattern`'s alternatives at its top level: split at each `|` outside groups and classes.
+std::vector<absl::string_view> TopLevelAlternatives(absl::string_view p) {
+  std::vector<absl::string_view> out;
+  int depth = 0;
+  bool in_class = false, class_start = false;
+  size_t begin = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\') {
+      ++i;
+    } else if (in_class) {
+      if (c == ']' && !class_start) in_class = false;
+    } else if (c == '[') {
+      in_class = true;
+      if (i + 1 < p.size() && p[i + 1] == '^') ++i;
+      class_start = true;
+      continue;
+    } else if (c == '(' || c == ')') {
+      depth += c == '(' ? 1 : -1;
+    } else if (c == '|' && depth == 0) {
+      out.push_back(p.substr(begin, i - begin));
+      begin = i + 1;
+    }
+    class_start = false;
+  }
+  out.push_back(p.substr(begin));
   return out;
 }
 
@@ -217,30 +276,34 @@ int ByteOfLevelChar(uint32_t code_point) {
 }
 
 // One Split step: a pattern whose matches (and the text between them) become pieces. With the
-// whitespace idiom, group 1 is the idiom's run of whitespace.
+// whitespace idiom (two consecutive top-level alternatives), group 1 is its run of whitespace.
 struct Tokenizer::Split {
   std::unique_ptr<RE2> re;
   bool whitespace_group = false;
 
   static absl::StatusOr<std::unique_ptr<Split>> Compile(absl::string_view pattern,
-                                                        const std::string& source) {
+                                                        const std::string& source,
+                                                        const std::string& field) {
     auto split = std::make_unique<Split>();
+    const std::vector<absl::string_view> alternatives = TopLevelAlternatives(pattern);
     std::string re2_pattern;
-    const size_t idiom = pattern.find(kWhitespaceIdiom);
-    if (idiom == absl::string_view::npos) {
-      TY_ASSIGN_OR_RETURN(re2_pattern, ToRe2Syntax(pattern, source));
-    } else {
-      TY_ASSIGN_OR_RETURN(const std::string before, ToRe2Syntax(pattern.substr(0, idiom), source));
-      TY_ASSIGN_OR_RETURN(const std::string after,
-                          ToRe2Syntax(pattern.substr(idiom + kWhitespaceIdiom.size()), source));
-      re2_pattern = absl::StrCat(before, "([", kWhiteSpaceClass, "]+)", after);
-      split->whitespace_group = true;
+    for (size_t i = 0; i < alternatives.size(); ++i) {
+      if (i > 0) re2_pattern += '|';
+      if (!split->whitespace_group && i + 1 < alternatives.size() &&
+          alternatives[i] == kIdiomLookAhead && alternatives[i + 1] == kIdiomRun) {
+        absl::StrAppend(&re2_pattern, "([", kWhiteSpaceClass, "]+)");
+        split->whitespace_group = true;
+        ++i;
+        continue;
+      }
+      TY_ASSIGN_OR_RETURN(const std::string re2, ToRe2Syntax(alternatives[i], source, field));
+      re2_pattern += re2;
     }
     RE2::Options options;
     options.set_log_errors(false);
     split->re = std::make_unique<RE2>(re2_pattern, options);
     if (!split->re->ok()) {
-      return Bad(source, "pattern", absl::StrCat("does not compile: ", split->re->error()));
+      return Bad(source, field, absl::StrCat("does not compile: ", split->re->error()));
     }
     return split;
   }
@@ -283,39 +346,49 @@ struct Tokenizer::Split {
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
-absl::StatusOr<std::string> Tokenizer::SpelledBytes(const std::string& token,
-                                                    const std::string& source) const {
+namespace {
+
+// The step `i` of a Sequence's list `field`.`key`, or `field` itself when it is not a Sequence;
+// for messages.
+std::string StepName(const std::string& field, const std::string& key, size_t i, bool sequence) {
+  return sequence ? absl::StrCat(field, ".", key, "[", i, "]") : field;
+}
+
+// `token` is <0xNN>: the byte it stands for, else −1.
+int ByteOfToken(absl::string_view token) {
+  int byte = 0;
+  if (token.size() == 6 && absl::StartsWith(token, "<0x") && token[5] == '>' &&
+      absl::SimpleHexAtoi(token.substr(3, 2), &byte) && token == ByteToken(byte)) {
+    return byte;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::string Tokenizer::Spell(absl::string_view token, bool first) const {
   if (metaspace_) {
-    int byte = 0;
-    if (metaspace_->decodes_bytes && token.size() == 6 && absl::StartsWith(token, "<0x") &&
-        token[5] == '>' && absl::SimpleHexAtoi(token.substr(3, 2), &byte) &&
-        token == ByteToken(byte)) {
+    if (const int byte = ByteOfToken(token); metaspace_->decodes_bytes && byte >= 0) {
       return std::string(1, static_cast<char>(byte));
     }
-    return absl::StrReplaceAll(token, {{kMetaspace, " "}});
+    const bool drop = first && metaspace_->drops_first_marks;
+    return absl::StrReplaceAll(token, {{kMetaspace, drop ? "" : " "}});
   }
+  // ByteLevel: a token all of whose characters are in the alphabet is their bytes; any other
+  // (an added token's content, say) stands for itself.
   std::string bytes;
   for (size_t at = 0; at < token.size();) {
-    const size_t begin = at;
     uint32_t c;
-    if (!NextCodePoint(token, &at, &c)) return Bad(source, "model.vocab", "is not UTF-8");
-    const int b = ByteOfLevelChar(c);
-    if (b >= 0) {
-      bytes += static_cast<char>(b);
-    } else {
-      bytes.append(token, begin, at - begin);
-    }
+    const int b = NextCodePoint(token, &at, &c) ? ByteOfLevelChar(c) : -1;
+    if (b < 0) return std::string(token);
+    bytes += static_cast<char>(b);
   }
   return bytes;
 }
 
-void Tokenizer::SetToken(int32_t id, std::string bytes) {
-  if (id >= static_cast<int32_t>(token_bytes_.size())) {
-    token_bytes_.resize(id + 1);
-    known_.resize(id + 1, false);
-  }
-  token_bytes_[id] = std::move(bytes);
-  known_[id] = true;
+void Tokenizer::SetToken(int32_t id, std::string token) {
+  spelling_[id] = std::move(token);
+  size_ = std::max(size_, id + 1);
 }
 
 absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& source) {
@@ -340,44 +413,74 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
     return Bad(source, "decoder", "has no ByteFallback, which model.byte_fallback needs");
   }
   ignore_merges_ = Flag(model, "ignore_merges");
-  const Value* vocab = Field(model, "vocab");
-  if (vocab == nullptr || vocab->kind_case() != Value::kStructValue) {
-    return Bad(source, "model.vocab", "must be an object of token → id");
-  }
-  for (const auto& [token, id_value] : vocab->struct_value().fields()) {
-    TY_ASSIGN_OR_RETURN(const int32_t id, IdOf(id_value, source, "model.vocab"));
-    vocab_[token] = id;
-    TY_ASSIGN_OR_RETURN(std::string bytes, SpelledBytes(token, source));
-    SetToken(id, std::move(bytes));
-  }
+  TY_RETURN_IF_ERROR(ParseVocab(model, source));
   byte_tokens_.fill(-1);
   for (int b = 0; byte_fallback_ && b < 256; ++b) {
     if (auto it = vocab_.find(ByteToken(b)); it != vocab_.end()) byte_tokens_[b] = it->second;
   }
   if (unk != nullptr) {
     auto it = vocab_.find(unk->string_value());
-    if (it == vocab_.end()) return Bad(source, "model.unk_token", "is not in the vocabulary");
+    if (it == vocab_.end()) {
+      return Bad(source, "model.unk_token",
+                 absl::StrCat("(\"", unk->string_value(), "\") is not in the vocabulary"));
+    }
     unk_ = it->second;
+    unk_token_ = it->first;
   }
+  return ParseMerges(model, source);
+}
+
+absl::Status Tokenizer::ParseVocab(const Struct& model, const std::string& source) {
+  const Value* vocab = Field(model, "vocab");
+  if (vocab == nullptr || vocab->kind_case() != Value::kStructValue) {
+    return Bad(source, "model.vocab", "must be an object of token → id");
+  }
+  for (const auto& [token, id_value] : vocab->struct_value().fields()) {
+    const std::string field = absl::StrCat("model.vocab[\"", absl::CEscape(token), "\"]");
+    TY_ASSIGN_OR_RETURN(const int32_t id, IdOf(id_value, source, field));
+    for (size_t at = 0; at < token.size();) {
+      uint32_t c;
+      if (!NextCodePoint(token, &at, &c)) return Bad(source, field, "is not UTF-8");
+    }
+    vocab_[token] = id;
+    SetToken(id, token);
+  }
+  return absl::OkStatus();
+}
+
+// Merges as the reference reads them: both tokens and the one they make are in the vocabulary,
+// and a pair listed twice keeps its last rank.
+absl::Status Tokenizer::ParseMerges(const Struct& model, const std::string& source) {
   const Value* merges = Field(model, "merges");
   if (merges == nullptr || merges->kind_case() != Value::kListValue) {
     return Bad(source, "model.merges", "must be a list");
   }
   int32_t rank = 0;
   for (const Value& merge : merges->list_value().values()) {
-    std::string key;
+    const std::string field = absl::StrCat("model.merges[", rank, "]");
+    std::string left, right;
     if (merge.kind_case() == Value::kStringValue) {
-      key = merge.string_value();
-      if (std::count(key.begin(), key.end(), ' ') != 1) {
-        return Bad(source, "model.merges", absl::StrCat("has \"", key, "\", not \"left right\""));
+      const std::string& text = merge.string_value();
+      const size_t space = text.find(' ');
+      if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+        return Bad(source, field, absl::StrCat("is \"", text, "\", not \"left right\""));
       }
-    } else if (merge.kind_case() == Value::kListValue && merge.list_value().values_size() == 2) {
-      key = absl::StrCat(merge.list_value().values(0).string_value(), " ",
-                         merge.list_value().values(1).string_value());
+      left = text.substr(0, space), right = text.substr(space + 1);
+    } else if (merge.kind_case() == Value::kListValue && merge.list_value().values_size() == 2 &&
+               merge.list_value().values(0).kind_case() == Value::kStringValue &&
+               merge.list_value().values(1).kind_case() == Value::kStringValue) {
+      left = merge.list_value().values(0).string_value();
+      right = merge.list_value().values(1).string_value();
     } else {
-      return Bad(source, "model.merges", "must hold \"left right\" strings or [left, right] pairs");
+      return Bad(source, field, "must be a \"left right\" string or a [left, right] pair");
     }
-    merges_.emplace(std::move(key), rank++);  // a repeated pair keeps its first rank
+    auto merged = vocab_.find(left + right);
+    if (merged == vocab_.end() || !vocab_.contains(left) || !vocab_.contains(right)) {
+      return Bad(source, field,
+                 absl::StrCat("makes \"", left, right, "\" of \"", left, "\" and \"", right,
+                              "\", not all of which are in the vocabulary"));
+    }
+    merges_[absl::StrCat(left, " ", right)] = Merge{.rank = rank++, .id = merged->second};
   }
   return absl::OkStatus();
 }
@@ -411,15 +514,16 @@ bool Replaces(const Struct& step, absl::string_view from, absl::string_view to) 
 absl::Status Tokenizer::ParseNormalizer(const Struct& step, const std::string& source) {
   TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "normalizers", source, "normalizer"));
   bool prepend = false, replace = false;
-  for (const Struct* s : steps) {
-    const Value* text = Field(*s, "prepend");
-    if (TypeOf(*s) == "Prepend" && text != nullptr && text->string_value() == kMetaspace) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Struct& s = *steps[i];
+    const Value* text = Field(s, "prepend");
+    if (TypeOf(s) == "Prepend" && text != nullptr && text->string_value() == kMetaspace) {
       prepend = true;
-    } else if (Replaces(*s, " ", kMetaspace)) {
+    } else if (Replaces(s, " ", kMetaspace)) {
       replace = true;
     } else {
-      return Bad(source, "normalizer",
-                 absl::StrCat("has a step of type \"", TypeOf(*s),
+      return Bad(source, StepName("normalizer", "normalizers", i, steps[i] != &step),
+                 absl::StrCat("is of type \"", TypeOf(s),
                               "\" (Trainyard reads none, or Llama 2's Prepend(\"▁\") and "
                               "Replace(\" \" → \"▁\"))"));
     }
@@ -462,68 +566,70 @@ absl::Status Tokenizer::ParseMetaspace(const Struct& step, const std::string& so
   return absl::OkStatus();
 }
 
+// The leading spaces a Strip(" ", start, 0) step drops; −1 for any other Strip.
+int StripStart(const Struct& step) {
+  const Value* content = Field(step, "content");
+  const Value* start = Field(step, "start");
+  const Value* stop = Field(step, "stop");
+  if (content == nullptr || content->string_value() != " " || start == nullptr ||
+      start->kind_case() != Value::kNumberValue || (stop != nullptr && stop->number_value() != 0)) {
+    return -1;
+  }
+  const double n = start->number_value();
+  return n >= 0 && n <= 64 && n == static_cast<int>(n) ? static_cast<int>(n) : -1;
+}
+
 absl::Status Tokenizer::ParseDecoder(const Struct& step, const std::string& source) {
   const std::string type = TypeOf(step);
   if (!metaspace_) {
     if (type != "ByteLevel") return Bad(source, "decoder", "must be ByteLevel");
     return absl::OkStatus();
   }
-  if (type == "Metaspace") {  // "▁" as a space, the first one dropped unless never put in
+  if (type == "Metaspace") {  // "▁" as a space; the first token's dropped unless never put in
     TY_RETURN_IF_ERROR(CheckReplacement(step, source, "decoder"));
     TY_ASSIGN_OR_RETURN(const Metaspace::Prepend prepend, PrependScheme(step, source, "decoder"));
-    metaspace_->strip = prepend == Metaspace::Prepend::kNever ? 0 : 1;
+    metaspace_->drops_first_marks = prepend != Metaspace::Prepend::kNever;
     return absl::OkStatus();
   }
+  // Replace("▁" → " "), ByteFallback, Fuse, Strip(" ", start, 0): each once, in this order;
+  // all but Replace may be left out.
   TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "decoders", source, "decoder"));
-  bool replace = false, fused = false;
-  for (const Struct* s : steps) {
-    const std::string kind = TypeOf(*s);
-    const Value* content = Field(*s, "content");
-    const Value* start = Field(*s, "start");
-    const Value* stop = Field(*s, "stop");
-    if (Replaces(*s, kMetaspace, " ")) {
-      replace = true;
-    } else if (kind == "ByteFallback") {
-      metaspace_->decodes_bytes = true;
-    } else if (kind == "Fuse") {
-      fused = true;
-    } else if (kind == "Strip" && fused && content != nullptr && content->string_value() == " " &&
-               start != nullptr && (stop == nullptr || stop->number_value() == 0)) {
-      metaspace_->strip = static_cast<int>(start->number_value());  // of the fused text
-    } else {
-      return Bad(source, "decoder",
-                 absl::StrCat("has a step of type \"", kind,
-                              "\" (Trainyard reads Replace(\"▁\" → \" \"), ByteFallback, Fuse, "
-                              "then Strip(\" \", start, 0))"));
+  int next = 0;  // the earliest kind the next step may be
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Struct& s = *steps[i];
+    const int kind = Replaces(s, kMetaspace, " ")  ? 0
+                     : TypeOf(s) == "ByteFallback" ? 1
+                     : TypeOf(s) == "Fuse"         ? 2
+                     : TypeOf(s) == "Strip"        ? 3
+                                                   : -1;
+    const int strip = kind == 3 ? StripStart(s) : 0;
+    if (kind < next || strip < 0 || (kind == 3 && next < 3)) {
+      return Bad(source, StepName("decoder", "decoders", i, steps[i] != &step),
+                 absl::StrCat("is of type \"", TypeOf(s),
+                              "\" there (Trainyard reads Replace(\"▁\" → \" \"), ByteFallback, "
+                              "Fuse, then Strip(\" \", start, 0), in this order)"));
     }
+    if (kind == 1) metaspace_->decodes_bytes = true;
+    if (kind == 3) metaspace_->strip = strip;  // of the fused text
+    next = kind + 1;
   }
-  if (!replace) return Bad(source, "decoder", "does not replace \"▁\" with \" \"");
+  if (next == 0) return Bad(source, "decoder", "does not replace \"▁\" with \" \"");
   return absl::OkStatus();
 }
 
 absl::Status Tokenizer::ParsePreTokenizer(const Struct& step, const std::string& source) {
-  std::vector<const Struct*> steps;
-  if (TypeOf(step) == "Sequence") {
-    const Value* list = Field(step, "pretokenizers");
-    if (list == nullptr || list->kind_case() != Value::kListValue) {
-      return Bad(source, "pre_tokenizer.pretokenizers", "must be a list");
-    }
-    for (const Value& v : list->list_value().values()) steps.push_back(&v.struct_value());
-  } else {
-    steps.push_back(&step);
-  }
+  TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "pretokenizers", source, "pre_tokenizer"));
   const std::string supported =
       "(Trainyard reads byte-level BPE: Split steps by a Regex, Isolated, then one ByteLevel)";
   for (size_t i = 0; i < steps.size(); ++i) {
     const Struct& s = *steps[i];
+    const std::string name = StepName("pre_tokenizer", "pretokenizers", i, steps[i] != &step);
     const std::string type = TypeOf(s);
-    const bool last = i + 1 == steps.size();
-    if (type == "ByteLevel" && last) {
-      if (Flag(s, "add_prefix_space")) {
-        return Bad(source, "pre_tokenizer.add_prefix_space", "must be false");
-      }
+    if (type == "ByteLevel" && i + 1 == steps.size()) {
+      if (Flag(s, "add_prefix_space"))
+        return Bad(source, name + ".add_prefix_space", "must be false");
       if (Flag(s, "use_regex", /*otherwise=*/true)) {
-        TY_ASSIGN_OR_RETURN(auto split, Split::Compile(kGpt2Pattern, source));
+        TY_ASSIGN_OR_RETURN(auto split, Split::Compile(kGpt2Pattern, source, name));
         splits_.push_back(std::move(split));
       }
       return absl::OkStatus();
@@ -535,43 +641,42 @@ absl::Status Tokenizer::ParsePreTokenizer(const Struct& step, const std::string&
     const Value* behavior = Field(s, "behavior");
     if (type != "Split" || regex == nullptr || behavior == nullptr ||
         behavior->string_value() != "Isolated" || Flag(s, "invert")) {
-      return Bad(source, "pre_tokenizer",
-                 absl::StrCat("has a step of type \"", type, "\" ", supported));
+      return Bad(source, name, absl::StrCat("is of type \"", type, "\" ", supported));
     }
-    TY_ASSIGN_OR_RETURN(auto split, Split::Compile(regex->string_value(), source));
+    TY_ASSIGN_OR_RETURN(auto split,
+                        Split::Compile(regex->string_value(), source, name + ".pattern"));
     splits_.push_back(std::move(split));
   }
   return Bad(source, "pre_tokenizer", absl::StrCat("does not end with ByteLevel ", supported));
 }
 
-absl::Status Tokenizer::ParsePostProcessor(const Struct& step, const std::string& source) {
+absl::Status Tokenizer::ParsePostProcessor(const Struct& step, const std::string& source,
+                                           const std::string& field) {
   const std::string type = TypeOf(step);
   if (type == "ByteLevel") return absl::OkStatus();  // offsets only
   if (type == "Sequence") {
-    const Value* list = Field(step, "processors");
-    if (list == nullptr || list->kind_case() != Value::kListValue) {
-      return Bad(source, "post_processor.processors", "must be a list");
-    }
-    for (const Value& v : list->list_value().values()) {
-      TY_RETURN_IF_ERROR(ParsePostProcessor(v.struct_value(), source));
+    TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "processors", source, field));
+    for (size_t i = 0; i < steps.size(); ++i) {
+      TY_RETURN_IF_ERROR(
+          ParsePostProcessor(*steps[i], source, absl::StrCat(field, ".processors[", i, "]")));
     }
     return absl::OkStatus();
   }
   if (type != "TemplateProcessing") {
-    return Bad(source, "post_processor",
+    return Bad(source, field,
                absl::StrCat("is of type \"", type,
                             "\" (Trainyard reads TemplateProcessing, ByteLevel and Sequence)"));
   }
   const Value* single = Field(step, "single");
   const Value* specials = Field(step, "special_tokens");
   if (single == nullptr || single->kind_case() != Value::kListValue) {
-    return Bad(source, "post_processor.single", "must be a list");
+    return Bad(source, field + ".single", "must be a list");
   }
   bool sequence = false;
   for (const Value& item : single->list_value().values()) {
     const Struct& s = item.struct_value();
     if (Field(s, "Sequence") != nullptr) {
-      if (sequence) return Bad(source, "post_processor.single", "holds two sequences");
+      if (sequence) return Bad(source, field + ".single", "holds two sequences");
       sequence = true;
       continue;
     }
@@ -582,40 +687,52 @@ absl::Status Tokenizer::ParsePostProcessor(const Struct& step, const std::string
                              : nullptr;
     const Value* ids = entry != nullptr ? Field(entry->struct_value(), "ids") : nullptr;
     if (ids == nullptr || ids->kind_case() != Value::kListValue) {
-      return Bad(source, "post_processor.single",
+      return Bad(source, field + ".single",
                  "names a special token that special_tokens does not give ids for");
     }
     for (const Value& id : ids->list_value().values()) {
-      TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(id, source, "post_processor"));
+      TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(id, source, field + ".special_tokens"));
       (sequence ? suffix_ : prefix_).push_back(value);
     }
   }
-  if (!sequence) return Bad(source, "post_processor.single", "holds no sequence");
+  if (!sequence) return Bad(source, field + ".single", "holds no sequence");
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::ParseAddedTokens(const Value& list, const std::string& source) {
+absl::Status Tokenizer::ParseAddedTokens(const Value& list, bool normalizer,
+                                         const std::string& source) {
   if (list.kind_case() != Value::kListValue) return Bad(source, "added_tokens", "must be a list");
-  for (const Value& v : list.list_value().values()) {
-    const Struct& s = v.struct_value();
+  for (int i = 0; i < list.list_value().values_size(); ++i) {
+    const Struct& s = list.list_value().values(i).struct_value();
+    const std::string field = absl::StrCat("added_tokens[", i, "]");
     const Value* content = Field(s, "content");
     const Value* id = Field(s, "id");
     if (content == nullptr || id == nullptr || content->string_value().empty()) {
-      return Bad(source, "added_tokens", "must each have an id and a content");
+      return Bad(source, field, "must have an id and a content");
     }
+    const std::string& text = content->string_value();
     for (const char* key : {"single_word", "lstrip", "rstrip"}) {
       if (Flag(s, key)) {
-        return Bad(source, absl::StrCat("added_tokens.", key),
-                   absl::StrCat("is true for ", content->string_value(), " (false only)"));
+        return Bad(source, absl::StrCat(field, ".", key),
+                   absl::StrCat("is true for ", text, " (false only)"));
       }
     }
-    TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(*id, source, "added_tokens.id"));
-    added_.push_back({content->string_value(), value});
-    SetToken(value, content->string_value());
+    if (normalizer && Flag(s, "normalized")) {  // found in the normalized text
+      return Bad(source, field + ".normalized",
+                 absl::StrCat("is true for ", text,
+                              "; with a normalizer Trainyard matches added tokens in the text as "
+                              "written only (false)"));
+    }
+    TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(*id, source, field + ".id"));
+    added_.push_back({text, value});
+    SetToken(value, text);
   }
   std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
     return a.content.size() > b.content.size();
   });
+  for (size_t i = 0; i < added_.size(); ++i) {
+    added_by_byte_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+  }
   return absl::OkStatus();
 }
 
@@ -626,7 +743,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Parse(const std::string& j
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
   std::unique_ptr<Tokenizer> t(new Tokenizer());
-  if (const Value* normalizer = Field(root, "normalizer"); normalizer != nullptr) {
+  const Value* normalizer = Field(root, "normalizer");
+  if (normalizer != nullptr) {
     TY_RETURN_IF_ERROR(t->ParseNormalizer(normalizer->struct_value(), source));
   }
   const Value* pre = Field(root, "pre_tokenizer");
@@ -648,14 +766,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Parse(const std::string& j
   }
   TY_RETURN_IF_ERROR(t->ParseModel(model->struct_value(), source));
   if (const Value* post = Field(root, "post_processor"); post != nullptr) {
-    TY_RETURN_IF_ERROR(t->ParsePostProcessor(post->struct_value(), source));
+    TY_RETURN_IF_ERROR(t->ParsePostProcessor(post->struct_value(), source, "post_processor"));
   }
   if (const Value* added = Field(root, "added_tokens"); added != nullptr) {
-    TY_RETURN_IF_ERROR(t->ParseAddedTokens(*added, source));
+    TY_RETURN_IF_ERROR(t->ParseAddedTokens(*added, normalizer != nullptr, source));
   }
-  for (int32_t id : t->prefix_) {
-    if (id >= t->size() || !t->known_[id]) {
-      return Bad(source, "post_processor", absl::StrCat("adds id ", id, ", which no token has"));
+  for (const auto* ids : {&t->prefix_, &t->suffix_}) {
+    for (int32_t id : *ids) {
+      if (!t->spelling_.contains(id)) {
+        return Bad(source, "post_processor", absl::StrCat("adds id ", id, ", which no token has"));
+      }
     }
   }
   return t;
@@ -667,13 +787,19 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(FileSystem& fs,
   if (!fs.Exists(file)) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": no such file"));
   }
+  TY_ASSIGN_OR_RETURN(const uint64_t bytes, fs.FileSize(file));
+  if (bytes > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", bytes, " bytes; Trainyard reads a ",
+                                                   "tokenizer.json of at most ", kMaxFileBytes,
+                                                   " bytes"));
+  }
   TY_ASSIGN_OR_RETURN(const std::string json, fs.ReadFile(file));
   return Parse(json, file);
 }
 
 const Tokenizer::AddedToken* Tokenizer::AddedTokenAt(absl::string_view text) const {
-  for (const AddedToken& a : added_) {  // longest first
-    if (absl::StartsWith(text, a.content)) return &a;
+  for (int32_t i : added_by_byte_[static_cast<uint8_t>(text[0])]) {  // longest first
+    if (absl::StartsWith(text, added_[i].content)) return &added_[i];
   }
   return nullptr;
 }
@@ -693,17 +819,16 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
       ++at;
       continue;
     }
-    TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment, at - segment), segment == 0, &ids));
+    EncodeSegment(text.substr(segment, at - segment), segment == 0, &ids);
     ids.push_back(added->id);
     segment = at += added->content.size();
   }
-  TY_RETURN_IF_ERROR(EncodeSegment(text.substr(segment), segment == 0, &ids));
+  EncodeSegment(text.substr(segment), segment == 0, &ids);
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
 
-absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool first,
-                                      std::vector<int32_t>* out) const {
+void Tokenizer::EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const {
   if (metaspace_) return EncodeMetaspace(text, first, out);
   std::vector<absl::string_view> pieces;
   if (!text.empty()) pieces.push_back(text);
@@ -715,14 +840,13 @@ absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool first,
   for (absl::string_view piece : pieces) {
     std::string mapped;
     for (char byte : piece) mapped += ByteLevelChar(static_cast<uint8_t>(byte));
-    TY_RETURN_IF_ERROR(EncodeWord(mapped, out));
+    EncodeWord(mapped, out);
   }
-  return absl::OkStatus();
 }
 
-absl::Status Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
-                                        std::vector<int32_t>* out) const {
-  if (text.empty()) return absl::OkStatus();
+void Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
+                                std::vector<int32_t>* out) const {
+  if (text.empty()) return;
   std::string s = absl::StrReplaceAll(text, {{" ", kMetaspace}});
   using Prepend = Metaspace::Prepend;
   const Prepend prepend = metaspace_->prepend;
@@ -736,100 +860,107 @@ absl::Status Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
   const std::string marker(kMetaspace);
   size_t start = 0;
   for (size_t at = s.find(marker, 1); at != std::string::npos; at = s.find(marker, at + 1)) {
-    TY_RETURN_IF_ERROR(EncodeWord(s.substr(start, at - start), out));
+    EncodeWord(s.substr(start, at - start), out);
     start = at;
   }
-  return EncodeWord(s.substr(start), out);
+  EncodeWord(s.substr(start), out);
 }
 
-absl::Status Tokenizer::EncodeWord(const std::string& mapped, std::vector<int32_t>* out) const {
-  if (ignore_merges_) {
-    if (auto it = vocab_.find(mapped); it != vocab_.end()) {
-      out->push_back(it->second);
-      return absl::OkStatus();
+struct Tokenizer::Symbol {
+  std::string text;
+  int32_t id;
+  int prev, next;
+};
+
+// As the reference's BPE model does, before any merge: each character the vocabulary has is its
+// token; one it lacks is its UTF-8 bytes' <0xNN> tokens with byte_fallback when all are there,
+// else the unknown token, else (no unknown token) nothing. An unknown token waits for the next
+// character the vocabulary has, or the word's end, fusing with the next unknown one when
+// fuse_unk; byte tokens do not end its wait, so they come out before it.
+std::vector<Tokenizer::Symbol> Tokenizer::InitialSymbols(const std::string& word) const {
+  std::vector<Symbol> symbols;
+  auto add = [&](std::string text, int32_t id) {
+    const int i = static_cast<int>(symbols.size());
+    symbols.push_back({std::move(text), id, i - 1, i + 1});
+  };
+  bool unk_waits = false;
+  for (size_t at = 0; at < word.size();) {
+    const size_t begin = at;
+    uint32_t c;
+    NextCodePoint(word, &at, &c);  // the word is UTF-8 by construction
+    std::string character = word.substr(begin, at - begin);
+    if (auto it = vocab_.find(character); it != vocab_.end()) {
+      if (std::exchange(unk_waits, false)) add(unk_token_, unk_);
+      add(std::move(character), it->second);
+    } else if (byte_fallback_ && std::all_of(character.begin(), character.end(), [&](char b) {
+                 return byte_tokens_[static_cast<uint8_t>(b)] >= 0;
+               })) {
+      for (char b : character) {
+        add(ByteToken(static_cast<uint8_t>(b)), byte_tokens_[static_cast<uint8_t>(b)]);
+      }
+    } else if (unk_ >= 0) {
+      if (unk_waits && !fuse_unk_) add(unk_token_, unk_);
+      unk_waits = true;
     }
   }
-  if (mapped.empty()) return absl::OkStatus();
+  if (unk_waits) add(unk_token_, unk_);
+  if (!symbols.empty()) symbols.back().next = -1;
+  return symbols;
+}
+
+void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) const {
+  if (ignore_merges_) {
+    if (auto it = vocab_.find(word); it != vocab_.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  std::vector<Symbol> symbols = InitialSymbols(word);
+  if (symbols.empty()) return;
   // The symbols as a linked list, and their adjacent pairs that merge on a heap by (rank, left
   // symbol's position): the lowest rank merges first, the leftmost of equal ones first, as the
   // reference does. An entry whose pair has since changed is skipped.
-  struct Symbol {
-    std::string text;
-    int prev, next;
-  };
-  std::vector<Symbol> symbols;
-  for (size_t at = 0; at < mapped.size();) {
-    const size_t begin = at;
-    uint32_t c;
-    NextCodePoint(mapped, &at, &c);  // mapped is UTF-8 by construction
-    const int i = static_cast<int>(symbols.size());
-    symbols.push_back({mapped.substr(begin, at - begin), i - 1, i + 1});
-  }
-  symbols.back().next = -1;
   using Candidate = std::pair<int32_t, int>;  // (rank, left symbol)
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-  auto rank_of = [&](int left) {
+  auto merge_of = [&](int left) -> const Merge* {
     const int right = left < 0 ? -1 : symbols[left].next;
-    if (right < 0) return -1;
+    if (right < 0) return nullptr;
     auto it = merges_.find(absl::StrCat(symbols[left].text, " ", symbols[right].text));
-    return it == merges_.end() ? -1 : it->second;
+    return it == merges_.end() ? nullptr : &it->second;
   };
   auto offer = [&](int left) {
-    if (const int32_t rank = rank_of(left); rank >= 0) heap.push({rank, left});
+    if (const Merge* m = merge_of(left); m != nullptr) heap.push({m->rank, left});
   };
   for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) offer(i);
   std::vector<bool> merged_away(symbols.size(), false);
   while (!heap.empty()) {
     const auto [rank, left] = heap.top();
     heap.pop();
-    if (merged_away[left] || rank_of(left) != rank) continue;
+    const Merge* m = merged_away[left] ? nullptr : merge_of(left);
+    if (m == nullptr || m->rank != rank) continue;
     const int right = symbols[left].next;
     symbols[left].text += symbols[right].text;
+    symbols[left].id = m->id;
     merged_away[right] = true;
     symbols[left].next = symbols[right].next;
     if (symbols[left].next >= 0) symbols[symbols[left].next].prev = left;
     offer(symbols[left].prev);
     offer(left);
   }
-  bool after_unk = false;
-  for (int i = 0; i >= 0; i = symbols[i].next) {
-    auto it = vocab_.find(symbols[i].text);
-    if (it == vocab_.end()) {
-      TY_RETURN_IF_ERROR(Fallback(symbols[i].text, &after_unk, out));
-      continue;
-    }
-    out->push_back(it->second);
-    after_unk = false;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Tokenizer::Fallback(const std::string& symbol, bool* after_unk,
-                                 std::vector<int32_t>* out) const {
-  if (byte_fallback_ && std::all_of(symbol.begin(), symbol.end(), [&](char b) {
-        return byte_tokens_[static_cast<uint8_t>(b)] >= 0;
-      })) {
-    for (char b : symbol) out->push_back(byte_tokens_[static_cast<uint8_t>(b)]);
-    *after_unk = false;
-    return absl::OkStatus();
-  }
-  if (unk_ < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the tokenizer's vocabulary has no token for \"", symbol, "\""));
-  }
-  if (!(fuse_unk_ && *after_unk)) out->push_back(unk_);
-  *after_unk = true;
-  return absl::OkStatus();
+  for (int i = 0; i >= 0; i = symbols[i].next) out->push_back(symbols[i].id);
 }
 
 std::string Tokenizer::TokenBytes(int32_t id) const {
-  if (id < 0 || id >= size() || !known_[id]) return absl::StrCat("<id ", id, ">");
-  return token_bytes_[id];
+  auto it = spelling_.find(id);
+  return it == spelling_.end() ? absl::StrCat("<id ", id, ">") : Spell(it->second, false);
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
   std::string text;
-  for (int32_t id : ids) text += TokenBytes(id);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = spelling_.find(ids[i]);
+    text += it == spelling_.end() ? absl::StrCat("<id ", ids[i], ">") : Spell(it->second, i == 0);
+  }
   const int strip = metaspace_ ? metaspace_->strip : 0;
   int spaces = 0;
   while (spaces < strip && spaces < static_cast<int>(text.size()) && text[spaces] == ' ') {

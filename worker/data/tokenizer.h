@@ -5,26 +5,34 @@
 // - SentencePiece's (Llama 2's, Mistral's): spaces become "▁", one is put before the text, and
 //   characters the vocabulary lacks fall back to <0xNN> byte tokens.
 //
-// What a file may hold (anything else is refused when loading, naming the field):
+// What a file may hold (anything else is refused when loading, naming the field and step):
 // - normalizer: null; or, for SentencePiece's alphabet, Prepend("▁") and Replace(" " → "▁")
 //   (Llama 2's, which prepends to every stretch between added tokens).
 // - pre_tokenizer: ByteLevel (with use_regex, GPT-2's split pattern), Split by a Regex with
 //   behavior Isolated, or a Sequence of Splits ending in a ByteLevel; add_prefix_space false. Or
 //   Metaspace ("▁", prepend_scheme always, first or never; split or not), or null after Llama
 //   2's normalizer.
-// - model: BPE, with merges as "a b" strings or [a, b] pairs, ignore_merges; byte_fallback,
-//   unk_token and fuse_unk for SentencePiece's alphabet; no dropout or subword affixes.
+// - model: BPE, with merges as "a b" strings or [a, b] pairs (both tokens and the one they make
+//   in the vocabulary; a pair listed twice keeps its last rank), ignore_merges; byte_fallback,
+//   unk_token and fuse_unk for SentencePiece's alphabet; no dropout or subword affixes. Ids are
+//   below 2^24.
 // - decoder: ByteLevel; for SentencePiece's alphabet Metaspace, or a Sequence of Replace("▁" →
-//   " "), ByteFallback, Fuse and Strip(" ", start, 0). post_processor: null, ByteLevel,
-//   TemplateProcessing (its single-sequence template), or a Sequence of those.
+//   " "), ByteFallback, Fuse and Strip(" ", start, 0), in that order. post_processor: null,
+//   ByteLevel, TemplateProcessing (its single-sequence template), or a Sequence of those.
 // - added_tokens: matched in the text first (the longest at each position); the text between them
-//   is split and merged as above.
+//   is split and merged as above. With a normalizer, only ones matched in the text as written
+//   (normalized false).
 //
-// Split patterns run on RE2, which has no look-around. Byte-level patterns end with the idiom
-// `\s+(?!\S)|\s+` (a run of whitespace leaves its last character to the word that follows it);
-// it is rewritten to a plain `\s+` whose match gives back that character. `\s` and `\S` mean
-// Unicode's White_Space, as in the reference implementation (RE2's own `\s` is ASCII). Any other
-// look-around is refused.
+// A character the vocabulary lacks becomes, before any merge, its UTF-8 bytes' <0xNN> tokens
+// (byte_fallback, when all are there), else the unknown token, else nothing, in the order the
+// reference gives them (see InitialSymbols in the .cc).
+//
+// Split patterns run on RE2, which has no look-around. Byte-level patterns hold the idiom
+// `\s+(?!\S)|\s+` as two top-level alternatives (a run of whitespace leaves its last character to
+// the word that follows it); they are rewritten to a plain `\s+` whose match gives back that
+// character. `\s` and `\S` mean Unicode's White_Space, `\d` and `\D` its decimal digits, as in
+// the reference's engine (RE2's own are ASCII). Any other look-around, `\w`, `\b` and the like, and
+// the anchors `^` and `$` (which the reference reads at each line) are refused.
 //
 // Threading: a loaded Tokenizer is immutable; Encode and Decode may run concurrently.
 #ifndef TRAINYARD_WORKER_DATA_TOKENIZER_H_
@@ -53,6 +61,9 @@ namespace trainyard::worker::data {
 
 class Tokenizer {
  public:
+  // The largest tokenizer.json Load reads (published ones are tens of megabytes at most).
+  static constexpr uint64_t kMaxFileBytes = uint64_t{64} << 20;
+
   // Parses a tokenizer.json's text; `source` names it in errors.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Parse(const std::string& json,
                                                           const std::string& source);
@@ -64,20 +75,21 @@ class Tokenizer {
   Tokenizer& operator=(const Tokenizer&) = delete;
 
   // The ids of `text` (UTF-8), with the post-processor's special tokens (Llama 3's
-  // <|begin_of_text|>) around them. INVALID_ARGUMENT for text that is not UTF-8, or a piece the
-  // vocabulary cannot spell.
+  // <|begin_of_text|>) around them. INVALID_ARGUMENT for text that is not UTF-8.
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
 
-  // The bytes `id` adds to running text: an added token's content, or its vocabulary entry's
-  // bytes ("▁" as a space, <0xNN> as its byte); `<id N>` for an id with neither (a padded
-  // vocabulary's extra rows).
+  // The bytes `id` adds to running text, as the decoder gives them: an added token's content or
+  // a vocabulary entry, in its alphabet ("▁" as a space, <0xNN> as its byte with ByteFallback);
+  // `<id N>` for an id with neither (a padded vocabulary's extra rows). A byte sequence that is
+  // not UTF-8 is given as it is (the reference puts U+FFFD for it).
   [[nodiscard]] std::string TokenBytes(int32_t id) const;
-  // `ids` as text from its start: their bytes, less the space the decoder strips there (the "▁"
-  // SentencePiece's alphabet put before the text).
+  // `ids` as text from its start: their bytes, less what the decoder strips there (the "▁"
+  // SentencePiece's alphabet put before the text: Strip's leading spaces of the whole, or every
+  // "▁" of the first token with the Metaspace decoder).
   [[nodiscard]] std::string Decode(std::span<const int32_t> ids) const;
 
   // One past the largest id the file names.
-  [[nodiscard]] int32_t size() const { return static_cast<int32_t>(token_bytes_.size()); }
+  [[nodiscard]] int32_t size() const { return size_; }
 
  private:
   struct Split;  // one Split step of the pre-tokenizer
@@ -85,6 +97,11 @@ class Tokenizer {
     std::string content;
     int32_t id;
   };
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // the merged token's
+  };
+  struct Symbol;  // a token of a word while it merges
 
   // SentencePiece's alphabet: where a "▁" is put before the text, whether each "▁"-led word
   // merges alone, and what the decoder does.
@@ -92,8 +109,9 @@ class Tokenizer {
     enum class Prepend { kNever, kFirst, kAlways, kEveryStretch };
     Prepend prepend = Prepend::kNever;
     bool split = false;
-    bool decodes_bytes = false;  // the decoder's ByteFallback: <0xNN> is its byte
-    int strip = 0;               // leading spaces the decoder drops
+    bool decodes_bytes = false;      // the decoder's ByteFallback: <0xNN> is its byte
+    int strip = 0;                   // the decoder's Strip: leading spaces of the text it drops
+    bool drops_first_marks = false;  // the Metaspace decoder: the first token's "▁" are dropped
   };
 
   Tokenizer();
@@ -106,40 +124,45 @@ class Tokenizer {
                                                           const std::string& field);
   absl::Status ParseDecoder(const google::protobuf::Struct& step, const std::string& source);
   absl::Status ParseModel(const google::protobuf::Struct& model, const std::string& source);
+  absl::Status ParseVocab(const google::protobuf::Struct& model, const std::string& source);
+  absl::Status ParseMerges(const google::protobuf::Struct& model, const std::string& source);
   absl::Status ParsePreTokenizer(const google::protobuf::Struct& step, const std::string& source);
-  absl::Status ParsePostProcessor(const google::protobuf::Struct& step, const std::string& source);
-  absl::Status ParseAddedTokens(const google::protobuf::Value& list, const std::string& source);
-  // The bytes a vocabulary entry spells, in this tokenizer's alphabet.
-  absl::StatusOr<std::string> SpelledBytes(const std::string& token,
-                                           const std::string& source) const;
-  // Sizes token_bytes_ and known_ to cover `id`, and marks it known with `bytes`.
-  void SetToken(int32_t id, std::string bytes);
+  absl::Status ParsePostProcessor(const google::protobuf::Struct& step, const std::string& source,
+                                  const std::string& field);
+  absl::Status ParseAddedTokens(const google::protobuf::Value& list, bool normalizer,
+                                const std::string& source);
+  // The bytes `token` (a vocabulary entry or an added token's content) stands for, as the
+  // decoder gives them; `first`: it is the first token decoded.
+  std::string Spell(absl::string_view token, bool first) const;
+  // Records `id`'s spelling; an added token's replaces the vocabulary's.
+  void SetToken(int32_t id, std::string token);
 
   // `text` (no added tokens in it; `first`: at the start of the text) split by the
   // pre-tokenizer, then merged, appended to `out`.
-  absl::Status EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const;
-  absl::Status EncodeMetaspace(absl::string_view text, bool first, std::vector<int32_t>* out) const;
+  void EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const;
+  void EncodeMetaspace(absl::string_view text, bool first, std::vector<int32_t>* out) const;
   // One pre-token, in the alphabet, as BPE merges it.
-  absl::Status EncodeWord(const std::string& mapped, std::vector<int32_t>* out) const;
-  // A symbol the vocabulary lacks: its bytes' <0xNN> tokens, else the unknown token.
-  absl::Status Fallback(const std::string& symbol, bool* after_unk,
-                        std::vector<int32_t>* out) const;
+  void EncodeWord(const std::string& word, std::vector<int32_t>* out) const;
+  // The word's characters as tokens before any merge (see the .cc).
+  std::vector<Symbol> InitialSymbols(const std::string& word) const;
   // The added token at the start of `text`, the longest when several are; nullptr for none.
   const AddedToken* AddedTokenAt(absl::string_view text) const;
 
   std::vector<std::unique_ptr<Split>> splits_;
-  absl::flat_hash_map<std::string, int32_t> vocab_;   // byte-level spelling → id
-  absl::flat_hash_map<std::string, int32_t> merges_;  // "left right" → rank
+  absl::flat_hash_map<std::string, int32_t> vocab_;  // spelling → id
+  absl::flat_hash_map<std::string, Merge> merges_;   // "left right" → rank and merged id
   bool ignore_merges_ = false;
   std::optional<Metaspace> metaspace_;  // unset: the byte-level alphabet
   bool byte_fallback_ = false;
-  int32_t unk_ = -1;  // the unknown token; −1: none
+  int32_t unk_ = -1;       // the unknown token; −1: none
+  std::string unk_token_;  // its spelling
   bool fuse_unk_ = false;
   std::array<int32_t, 256> byte_tokens_;  // byte → its <0xNN> token, −1 when absent
   std::vector<AddedToken> added_;         // longest content first
+  std::array<std::vector<int32_t>, 256> added_by_byte_;  // first byte → indices into added_
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's ids around a sequence
-  std::vector<std::string> token_bytes_;  // id → its bytes
-  std::vector<bool> known_;               // id → the file names it
+  absl::flat_hash_map<int32_t, std::string> spelling_;  // id → its token, as in the file
+  int32_t size_ = 0;
 };
 
 // The byte-level alphabet of GPT-2 (and every byte-level BPE since): byte b as one printable

@@ -156,17 +156,21 @@ void ExpectRefused(const std::string& json, const std::string& message) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr(message));
 }
 
+// `json` with the first `from` in it replaced by `to`.
+std::string Replaced(std::string json, const std::string& from, const std::string& to) {
+  const size_t at = json.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return at == std::string::npos ? json : json.replace(at, from.size(), to);
+}
+
 TEST(Tokenizer, WhatItCannotComputeIsRefusedNamingTheField) {
   const std::string good = Json({}, {});
   auto with = [&](const std::string& from, const std::string& to) {
-    std::string json = good;
-    const size_t at = json.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return json.replace(at, from.size(), to);
+    return Replaced(good, from, to);
   };
   ExpectRefused("[1, 2]", "tok.json: not a JSON object");
   ExpectRefused(with(R"("normalizer": null)", R"("normalizer": {"type": "NFC"})"),
-                "tok.json: normalizer has a step of type \"NFC\"");
+                "tok.json: normalizer is of type \"NFC\"");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "WordPiece")"),
                 "tok.json: model.type is \"WordPiece\"; Trainyard reads BPE");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "BPE", "byte_fallback": true)"),
@@ -177,15 +181,15 @@ TEST(Tokenizer, WhatItCannotComputeIsRefusedNamingTheField) {
                 "tok.json: pre_tokenizer.add_prefix_space must be false");
   ExpectRefused(
       with(R"({"type": "ByteLevel", "add_prefix_space": false})", R"({"type": "Whitespace"})"),
-      "tok.json: pre_tokenizer has a step of type \"Whitespace\"");
+      "tok.json: pre_tokenizer is of type \"Whitespace\"");
   const std::string split = R"({"type": "Sequence", "pretokenizers": [{"type": "Split",
       "pattern": {"Regex": "(?<=a)b"}, "behavior": "Isolated"}, {"type": "ByteLevel"}]})";
   ExpectRefused(with(R"({"type": "ByteLevel", "add_prefix_space": false})", split),
-                "tok.json: pattern has the look-around (?<=");
+                "tok.json: pre_tokenizer.pretokenizers[0].pattern has the look-around (?<=");
   ExpectRefused(with(R"("decoder": {"type": "ByteLevel"})", R"("decoder": null)"),
                 "tok.json: decoder is missing");
   ExpectRefused(with(R"("merges": [)", R"("merges": ["abc", )"),
-                "tok.json: model.merges has \"abc\", not \"left right\"");
+                "tok.json: model.merges[0] is \"abc\", not \"left right\"");
   auto t = Make(good);
   ASSERT_NE(t, nullptr);
   auto bad_text = t->Encode("caf\xe9");
@@ -259,25 +263,35 @@ TEST(Tokenizer, ALongUnsplitTextMergesAndDecodesBack) {
   std::filesystem::remove_all(dir);
 }
 
-// SentencePiece's alphabet by hand: "▁" for spaces and one before the text, characters the
-// vocabulary lacks as <0xNN> bytes (or <unk>, fused, when one is missing), and decoding back.
-TEST(Tokenizer, SentencePieceAlphabetFallsBackToBytes) {
-  const std::string meta = "\u2581";
+constexpr char kMeta[] = "\u2581";
+// Llama 2's decoder, and the Metaspace decoder newer conversions write instead.
+constexpr char kStripDecoder[] = R"({"type": "Sequence", "decoders": [{"type": "Replace",
+    "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})";
+constexpr char kMetaspaceDecoder[] =
+    R"({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false})";
+
+// A tokenizer.json in SentencePiece's alphabet: <unk> 0, <s> 1, the byte tokens <0x00>–<0xEF>
+// from 2 (<0xF0> and above missing), then ▁ 300, h 301, i 302, ▁h 303, ▁hi 304, ▁▁ 305; merges
+// "▁ h", "h i"... `model` holds the model's other fields.
+std::string SentencePieceJson(
+    const std::string& decoder = kStripDecoder,
+    const std::string& model = R"("unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true)") {
   std::string vocab = R"("<unk>": 0, "<s>": 1)";
   for (int b = 0; b < 0xF0; ++b)
     absl::StrAppend(&vocab, ", \"", absl::StrFormat("<0x%02X>", b), "\": ", 2 + b);
-  absl::StrAppend(&vocab, ", \"", meta, "\": 300, \"h\": 301, \"i\": 302, \"", meta, "h\": 303, \"",
-                  meta, "hi\": 304");
-  const std::string json = absl::StrCat(
-      R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": ")", meta,
-      R"(", "prepend_scheme": "first", "split": false}, "decoder": {"type": "Sequence",
-      "decoders": [{"type": "Replace", "pattern": {"String": ")",
-      meta, R"("}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-      "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
-      "vocab": {)",
-      vocab, "}, \"merges\": [\"", meta, " h\", \"", meta, "h i\"]}}");
-  auto t = Make(json);
+  absl::StrAppend(&vocab, R"(, "▁": 300, "h": 301, "i": 302, "▁h": 303, "▁hi": 304, "▁▁": 305)");
+  return absl::StrCat(
+      R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": "▁",
+      "prepend_scheme": "first", "split": false}, "decoder": )",
+      decoder, R"(, "model": {"type": "BPE", )", model, R"(, "vocab": {)", vocab,
+      R"(}, "merges": ["▁ h", "▁h i", "▁ ▁"]}})");
+}
+
+// SentencePiece's alphabet by hand: "▁" for spaces and one before the text, characters the
+// vocabulary lacks as <0xNN> bytes (or <unk>, fused, when one is missing), and decoding back.
+TEST(Tokenizer, SentencePieceAlphabetFallsBackToBytes) {
+  auto t = Make(SentencePieceJson());
   ASSERT_NE(t, nullptr);
   EXPECT_THAT(Ids(*t, "hi hi"), ElementsAre(304, 304));  // "▁hi▁hi"
   EXPECT_THAT(Ids(*t, "hi\n"), ElementsAre(304, 2 + '\n'));
@@ -285,6 +299,153 @@ TEST(Tokenizer, SentencePieceAlphabetFallsBackToBytes) {
   EXPECT_THAT(Ids(*t, "i\U0001F642\U0001F680i"), ElementsAre(300, 302, 0, 302));  // fused
   EXPECT_EQ(t->Decode(Ids(*t, "hi hi\n")), "hi hi\n");
   EXPECT_EQ(t->TokenBytes(304), " hi");  // in running text, its space kept
+}
+
+// As the reference's BPE model: the unknown token waits for the next character the vocabulary
+// has, so byte tokens after it come out first; without fuse_unk each is its own; with neither
+// an unknown token nor byte_fallback the character is dropped.
+TEST(Tokenizer, UnknownCharactersComeOutInTheReferencesOrder) {
+  auto t = Make(SentencePieceJson());
+  ASSERT_NE(t, nullptr);
+  EXPECT_THAT(Ids(*t, "\U0001F642\u00e9"), ElementsAre(300, 2 + 0xC3, 2 + 0xA9, 0));
+  EXPECT_THAT(Ids(*t, "\U0001F642\u00e9\U0001F680h"), ElementsAre(300, 2 + 0xC3, 2 + 0xA9, 0, 301));
+  auto unfused = Make(SentencePieceJson(kStripDecoder, R"("unk_token": "<unk>")"));
+  ASSERT_NE(unfused, nullptr);
+  EXPECT_THAT(Ids(*unfused, "h\u00e9\U0001F642"), ElementsAre(303, 0, 0));
+  auto bare = Make(SentencePieceJson(kStripDecoder, R"("fuse_unk": false)"));
+  ASSERT_NE(bare, nullptr);
+  EXPECT_THAT(Ids(*bare, "h\u00e9i"), ElementsAre(304));  // é dropped before merging: "▁hi"
+}
+
+// The decoders as the reference runs them: Strip drops the fused text's first space; Metaspace
+// drops every "▁" of the first token. ByteLevel maps a token whose every character is in its
+// alphabet, and leaves any other as written; added tokens go through the decoder too.
+TEST(Tokenizer, DecodersDoWhatTheReferencesDo) {
+  auto strip = Make(SentencePieceJson());
+  auto metaspace = Make(SentencePieceJson(kMetaspaceDecoder, R"("unk_token": "<unk>")"));
+  ASSERT_NE(strip, nullptr);
+  ASSERT_NE(metaspace, nullptr);
+  const std::vector<int32_t> ids = {305, 301, 304};  // "▁▁" "h" "▁hi"
+  EXPECT_EQ(strip->Decode(ids), " h hi");
+  EXPECT_EQ(metaspace->Decode(ids), "h hi");
+  EXPECT_EQ(metaspace->TokenBytes(305), "  ");
+  EXPECT_EQ(metaspace->TokenBytes(2 + 'A'), "<0x41>");  // no ByteFallback in this decoder
+  EXPECT_EQ(strip->TokenBytes(2 + 'A'), "A");
+  std::string json = Json({"\u0120\u65e5"}, {});
+  json.insert(json.size() - 1, R"(, "added_tokens": [{"id": 300, "content": "\u010a!"}])");
+  auto byte_level = Make(json);
+  ASSERT_NE(byte_level, nullptr);
+  EXPECT_EQ(byte_level->TokenBytes(256), "\u0120\u65e5");  // 日 is not in the alphabet
+  EXPECT_EQ(byte_level->TokenBytes(300), "\n!");
+}
+
+// A Split step with its own pre-tokenizer before a ByteLevel without the built-in pattern.
+std::string SplitBy(const std::string& pattern) {
+  return absl::StrCat(R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern":
+      {"Regex": )",
+                      Quoted(pattern), R"(}, "behavior": "Isolated"}, {"type": "ByteLevel",
+      "add_prefix_space": false, "use_regex": false}]})");
+}
+
+// Patterns mean what they mean to the reference's engine: the whitespace idiom only as two
+// top-level alternatives (with any group, named or not, before it), \d as every decimal digit;
+// what RE2 would read otherwise is refused, naming the step.
+TEST(Tokenizer, PatternsReadAsTheReferenceReadsThem) {
+  const std::string sp = ByteLevelChar(' ');
+  auto named =
+      Make(Json({sp + sp}, {sp + " " + sp}, "", SplitBy(R"((?P<w>\p{L}+)|\s+(?!\S)|\s+)")));
+  ASSERT_NE(named, nullptr);
+  EXPECT_THAT(Ids(*named, "a    b"), ElementsAre('a', 256, ' ', ' ', 'b'));  // "   " " " "b"
+  // ١ (U+0661, bytes D9 A1) is a digit: its own piece, so "b" does not merge with its first byte.
+  const std::string b_d9 = "b" + ByteLevelChar(0xD9);
+  auto digits = Make(Json({b_d9}, {"b " + ByteLevelChar(0xD9)}, "", SplitBy(R"(\d+)")));
+  ASSERT_NE(digits, nullptr);
+  EXPECT_THAT(Ids(*digits, "ab\u0661c"), ElementsAre('a', 'b', 0xD9, 0xA1, 'c'));
+  auto plain = Make(Json({b_d9}, {"b " + ByteLevelChar(0xD9)}, "", SplitBy(R"(x)")));
+  ASSERT_NE(plain, nullptr);
+  EXPECT_THAT(Ids(*plain, "ab\u0661c"), ElementsAre('a', 256, 0xA1, 'c'));
+  const std::string field = "tok.json: pre_tokenizer.pretokenizers[0].pattern ";
+  ExpectRefused(Json({}, {}, "", SplitBy(R"(x\s+(?!\S)|\s+)")), field + "has the look-around (?!");
+  ExpectRefused(Json({}, {}, "", SplitBy(R"((?:\s+(?!\S)|\s+))")), field + "has the look-around");
+  for (const char* escape : {R"(\w+)", R"(\bx)", R"(\W)"}) {
+    ExpectRefused(Json({}, {}, "", SplitBy(escape)),
+                  field + "has \\" + std::string(1, escape[1]) + ", which Trainyard's splitter");
+  }
+  ExpectRefused(Json({}, {}, "", SplitBy(R"(^x)")), field + "has the anchor ^");
+  ExpectRefused(Json({}, {}, "", SplitBy(R"(x$)")), field + "has the anchor $");
+  EXPECT_NE(Make(Json({}, {}, "", SplitBy(R"([$^]\d|[^x])"))), nullptr);  // in a class: literal
+}
+
+// Merges as the reference builds them: every part and product in the vocabulary, the last rank
+// of a pair listed twice.
+TEST(Tokenizer, MergesAreReadAsTheReferenceReadsThem) {
+  auto twice = Make(Json({"ab", "bc"}, {"a b", "b c", "a b"}));
+  ASSERT_NE(twice, nullptr);
+  EXPECT_THAT(Ids(*twice, "abc"), ElementsAre('a', 257));
+  ExpectRefused(Json({}, {"a b"}),
+                "tok.json: model.merges[0] makes \"ab\" of \"a\" and \"b\", "
+                "not all of which are in the vocabulary");
+  ExpectRefused(Json({"a\u65e5"}, {"a \u65e5"}), "model.merges[0] makes");
+  ExpectRefused(
+      absl::StrReplaceAll(Json({"ab"}, {"a b"}), {{"\"a b\"", "[\"a\", 2]"}}),
+      "tok.json: model.merges[0] must be a \"left right\" string or a [left, right] pair");
+}
+
+// Each field Trainyard cannot read as the reference does is refused, naming it; ids out of
+// range too, without reading them as numbers they are not.
+TEST(Tokenizer, BadFieldsAreRefusedNamingThem) {
+  const std::string good = Json({}, {});
+  auto with = [&](const std::string& from, const std::string& to) {
+    return Replaced(good, from, to);
+  };
+  for (const char* id : {"1e300", "-1", "2.5", "16777216", "\"7\""}) {
+    ExpectRefused(with(R"("a": 97)", absl::StrCat(R"("a": )", id)),
+                  "tok.json: model.vocab[\"a\"] must be a token id");
+  }
+  auto high = Make(with(R"("a": 97)", R"("a": 16777215)"));  // a sparse table: one entry
+  ASSERT_NE(high, nullptr);
+  EXPECT_EQ(high->size(), 16777216);
+  EXPECT_EQ(high->TokenBytes(16777215), "a");
+  const std::string template_at = R"(, "post_processor": {"type": "TemplateProcessing", "single": [
+      {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "</s>"}}], "special_tokens": {"</s>":
+      {"ids": [9999]}}})";
+  std::string suffixed = good;
+  suffixed.insert(suffixed.size() - 1, template_at);
+  ExpectRefused(suffixed, "tok.json: post_processor adds id 9999, which no token has");
+  std::string normalized = SentencePieceJson();
+  normalized.replace(normalized.find(R"("normalizer": null)"), 18,
+                     R"("normalizer": {"type": "Replace", "pattern": {"String": " "},
+                        "content": "▁"})");
+  normalized = absl::StrReplaceAll(
+      normalized, {{R"("pre_tokenizer": {)", R"("pre_tokenizer": null, "unused": {)"}});
+  normalized.insert(normalized.size() - 1,
+                    R"(, "added_tokens": [{"id": 1, "content": "<s>", "normalized": true}])");
+  ExpectRefused(normalized, "tok.json: added_tokens[0].normalized is true for <s>");
+  auto decoder = [](const std::string& steps) {
+    return SentencePieceJson(absl::StrCat(R"({"type": "Sequence", "decoders": [)", steps, "]}"));
+  };
+  const std::string replace = R"({"type": "Replace", "pattern": {"String": "▁"}, "content": " "})";
+  ExpectRefused(
+      decoder(absl::StrCat(R"({"type": "Fuse"}, )", replace, R"(, {"type": "ByteFallback"})")),
+      "tok.json: decoder.decoders[1] is of type \"Replace\" there");
+  ExpectRefused(decoder(absl::StrCat(replace, R"(, {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1e300, "stop": 0})")),
+                "tok.json: decoder.decoders[3] is of type \"Strip\" there");
+}
+
+// What the coordinator reads at submit is bounded: a file over the limit is refused before it
+// is read.
+TEST(Tokenizer, AFileOverTheLimitIsNotRead) {
+  const std::filesystem::path dir = testenv::MakeScratchDir("bpe_big");
+  const std::filesystem::path file = dir / "tokenizer.json";
+  { std::ofstream(file) << Json({}, {}); }
+  std::filesystem::resize_file(file, Tokenizer::kMaxFileBytes + 1);  // sparse
+  auto t = Tokenizer::Load(*RealFileSystem(), dir.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr(absl::StrCat(": ", Tokenizer::kMaxFileBytes + 1,
+                                     " bytes; Trainyard reads a tokenizer.json of at most ")));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
