@@ -45,6 +45,9 @@ ABSL_DECLARE_FLAG(float, temperature);
 ABSL_DECLARE_FLAG(int, top_k);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, device);
+// Tokenize (and --tokenizer, --out, --threads above).
+ABSL_DECLARE_FLAG(std::string, separator);
+ABSL_DECLARE_FLAG(int64_t, shard_tokens);
 
 namespace trainyard::worker {
 

@@ -32,6 +32,11 @@
 //
 //   trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] [--tokens N]
 //                           [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda]
+//
+// or turns text files into llm.c token shards through a tokenizer (worker/tokenize_command.h):
+//
+//   trainyard-worker tokenize TEXT... --tokenizer PATH --out DIR [--separator TEXT]
+//                             [--shard-tokens N] [--threads N]
 #include <signal.h>
 
 #include <algorithm>
@@ -76,6 +81,7 @@
 #include "worker/parallel/kv_store.h"
 #include "worker/parallel/placement.h"
 #include "worker/run_report.h"
+#include "worker/tokenize_command.h"
 #include "worker/trainer.h"
 
 namespace trainyard::worker {
@@ -684,6 +690,9 @@ int main(int argc, char** argv) {
   }
   if (trainyard::worker::IsSampleInvocation(argc, argv)) {
     return trainyard::worker::RunSample(argc, argv);
+  }
+  if (trainyard::worker::IsTokenizeInvocation(argc, argv)) {
+    return trainyard::worker::RunTokenize(argc, argv);
   }
   if (trainyard::worker::IsExportInvocation(argc, argv)) {
     return trainyard::worker::RunExport(argc, argv);

@@ -16,6 +16,7 @@
 #include "tests/integration/test_env.h"
 #include "tests/integration/tokenizer_files.h"
 #include "worker/checkpoint/format.h"
+#include "worker/data/bin_shards.h"
 
 namespace trainyard::testenv {
 namespace {
@@ -162,6 +163,81 @@ TEST_F(WorkerCli, TrainsOnAValidShard) {
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+}
+
+// `tokenize` writes what the tokenizer makes of each file, after the separator, in order and cut
+// into shards of the size asked, which a job then trains on; ids beyond 16 bits take Llama 3's
+// format. Bad input is one line, and leaves nothing behind.
+TEST_F(WorkerCli, TokenizesTextIntoShardsAJobTrainsOn) {
+  const std::string tokenizer = Write("tok.json", ReversedBytesTokenizer());
+  std::string a, b;
+  for (int i = 0; i < 300; ++i) a += "The quick brown fox. ";
+  for (int i = 0; i < 100; ++i) b += "caf\u00e9 \u65e5\u672c ";
+  const std::string out = (dir_ / "shards").string();
+  const ProcessResult r =
+      Worker({"tokenize", Write("a.txt", a), Write("b.txt", b), "--tokenizer", tokenizer, "--out",
+              out, "--separator", "\n", "--shard-tokens", "2000", "--threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = "\n" + a + "\n" + b;
+  EXPECT_NE(
+      r.out.find(absl::StrCat("tokenized 2 files (", a.size() + b.size(), " bytes) into ",
+                              text.size(), " tokens: ", (text.size() + 1999) / 2000, " shards")),
+      std::string::npos)
+      << r.out;
+  auto stream = worker::BinShardStream::Open(out + "/train_*.bin", *RealFileSystem());
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_EQ((*stream)->size(), static_cast<int64_t>(text.size()));
+  std::vector<int32_t> ids(text.size());
+  (*stream)->Read(0, (*stream)->size(), ids.data());
+  for (size_t i = 0; i < text.size(); ++i) {
+    ASSERT_EQ(ids[i], 255 - static_cast<uint8_t>(text[i])) << "at " << i;  // byte b is 255 − b
+  }
+  EXPECT_EQ(fs::file_size(out + "/train_000000.bin"), 1024u + 2 * 2000);
+  const ProcessResult trained = Worker({"--standalone", BinSpec(out + "/train_*.bin")});
+  EXPECT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_NE(trained.out.find("done: 2 steps"), std::string::npos) << trained.out;
+
+  // An added token numbered beyond 16 bits: 32-bit ids.
+  std::string wide_json = ReversedBytesTokenizer(/*added=*/1);
+  const std::string first_added = "\"id\": 256";
+  wide_json.replace(wide_json.find(first_added), first_added.size(), "\"id\": 70000");
+  const std::string wide = (dir_ / "wide").string();
+  const ProcessResult w = Worker({"tokenize", Write("c.txt", "x<|x0|>"), "--tokenizer",
+                                  Write("wide.json", wide_json), "--out", wide});
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_NE(w.out.find("32-bit ids (Llama 3's llm.c format)"), std::string::npos) << w.out;
+  auto wide_stream = worker::BinShardStream::Open(wide + "/train_000000.bin", *RealFileSystem());
+  ASSERT_TRUE(wide_stream.ok()) << wide_stream.status();
+  std::vector<int32_t> wide_ids(2);
+  (*wide_stream)->Read(0, 2, wide_ids.data());
+  EXPECT_EQ(wide_ids, (std::vector<int32_t>{255 - 'x', 70000}));
+
+  const std::string none = (dir_ / "none").string();
+  auto tokenize = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "tokenize");
+    return Worker(args);
+  };
+  ExpectBadInput(tokenize({Write("ok.txt", "fine"), Write("bad.txt", "caf\xe9"), "--tokenizer",
+                           tokenizer, "--out", none, "--shard-tokens", "1", "--separator", "=="}),
+                 "bad.txt: the text is not UTF-8 (at byte 3)");
+  EXPECT_FALSE(fs::exists(none));  // the shard of ok.txt, and the directory, removed
+  ExpectBadInput(tokenize({(dir_ / "a.txt").string(), "--tokenizer", tokenizer, "--out", out}),
+                 "already holds shards (train_000000.bin)");
+  ExpectBadInput(tokenize({(dir_ / "gone.txt").string(), "--tokenizer", tokenizer, "--out", none}),
+                 "gone.txt: no such file");
+  ExpectBadInput(tokenize({dir_.string(), "--tokenizer", tokenizer, "--out", none}),
+                 "a directory; give the text files in it");
+  ExpectBadInput(tokenize({(dir_ / "a.txt").string(), "--tokenizer", tokenizer, "--out", none,
+                           "--shard-tokens", "0"}),
+                 "--shard-tokens must be from 1 to 2147483647");
+  ExpectBadInput(tokenize({"--tokenizer", tokenizer, "--out", none}), "no text files given");
+  ExpectBadInput(tokenize({(dir_ / "a.txt").string(), "--out", none}), "--tokenizer is required");
+  ExpectBadInput(tokenize({(dir_ / "a.txt").string(), "--tokenizer", tokenizer}),
+                 "--out is required");
+  ExpectBadInput(tokenize({(dir_ / "a.txt").string(), "--tokenizer", tokenizer, "--out", none,
+                           "--separator", "\xff"}),
+                 "--separator: the text is not UTF-8");
+  EXPECT_FALSE(fs::exists(none));
 }
 
 // checkpoint.resume_from that cannot be used: one line naming the problem, exit code 2, and

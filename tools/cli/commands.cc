@@ -26,7 +26,8 @@
 #include "tools/cli/worker_command.h"
 
 // The flags of every command (global) and of each (CommandFlags). Values are kept as written:
-// each command checks its own, and `export` and `sample` pass theirs on to trainyard-worker.
+// each command checks its own, and `export`, `sample` and `tokenize` pass theirs on to
+// trainyard-worker.
 ABSL_FLAG(std::string, server, "", "the coordinator's address");
 ABSL_FLAG(std::string, token_file, "", "the token to present");
 ABSL_FLAG(std::string, tls_ca, "", "mutual TLS: the coordinator's CA");
@@ -42,18 +43,20 @@ ABSL_FLAG(std::string, tail, "", "logs: the last lines");
 ABSL_FLAG(bool, follow, false, "logs: keep following");
 ABSL_FLAG(std::string, reason, "", "cancel, drain: why");
 ABSL_FLAG(std::string, format, "", "export: the format");
-ABSL_FLAG(std::string, out, "", "export: the directory");
+ABSL_FLAG(std::string, out, "", "export, tokenize: the directory");
 ABSL_FLAG(std::string, dtype, "", "export: the tensors' type");
 ABSL_FLAG(std::string, max_shard_size, "", "export: the largest file");
 ABSL_FLAG(std::string, prompt, "", "sample: the prompt as bytes");
 ABSL_FLAG(std::string, prompt_tokens, "", "sample: the prompt as token ids");
-ABSL_FLAG(std::string, tokenizer, "", "sample: a tokenizer.json for --prompt");
+ABSL_FLAG(std::string, tokenizer, "", "sample, tokenize: a tokenizer.json");
 ABSL_FLAG(std::string, tokens, "", "sample: new tokens");
 ABSL_FLAG(std::string, temperature, "", "sample: 0 is greedy");
 ABSL_FLAG(std::string, top_k, "", "sample: draw among the K most likely");
 ABSL_FLAG(std::string, seed, "", "sample: the draws' seed");
 ABSL_FLAG(std::string, device, "", "sample: where the model runs");
-ABSL_FLAG(std::string, threads, "", "sample: CPU threads");
+ABSL_FLAG(std::string, threads, "", "sample, tokenize: CPU threads");
+ABSL_FLAG(std::string, separator, "", "tokenize: text before each document");
+ABSL_FLAG(std::string, shard_tokens, "", "tokenize: ids per shard");
 
 namespace trainyard::cli {
 namespace {
@@ -97,6 +100,10 @@ commands:
                                     the default: --top-k and --seed need T > 0; --threads is for
                                     --device cpu); --prompt's text is tokenized by a Hugging Face
                                     directory's tokenizer.json or --tokenizer's
+  tokenize TEXT... --tokenizer PATH --out DIR [--separator TEXT] [--shard-tokens N]
+           [--threads N]            text files (one document each) through a tokenizer.json into
+                                    llm.c shards DIR/train_*.bin for data.source bin
+                                    (docs/weights.md)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
@@ -107,9 +114,9 @@ unreachable, 4 cancelled, 5 drained.
 ./trainyard-state/admin.token (the embedded server's admin token, readable by its user only).
 --tls-ca, --tls-cert, --tls-key (default $TRAINYARD_TLS_CA, _CERT, _KEY): mutual TLS with a
 coordinator that listens beyond loopback; the certificate must be signed by its client CA.
---json prints machine-readable JSON (one object per line) for every command but export and
-sample, which print plain text and refuse it. export and sample of a path on this machine reach
-no coordinator: there --server, --token-file and the TLS flags are refused.
+--json prints machine-readable JSON (one object per line) for every command but export, sample
+and tokenize, which print plain text and refuse it. export and sample of a path on this machine,
+and tokenize, reach no coordinator: there --server, --token-file and the TLS flags are refused.
 )";
 
 // How long watch keeps trying to reconnect when the coordinator goes away (it may restart).
@@ -153,6 +160,7 @@ const std::map<std::string, std::vector<std::string_view>>& CommandFlags() {
       {"sample",
        {"prompt", "prompt-tokens", "tokenizer", "tokens", "temperature", "top-k", "seed", "device",
         "threads"}},
+      {"tokenize", {"tokenizer", "out", "separator", "shard-tokens", "threads"}},
   };
   return *flags;
 }
@@ -203,9 +211,12 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
   return line;
 }
 
-// trainyard-worker's arguments for `export` or `sample` of `source`: the command's own flags.
-std::vector<std::string> WorkerArgs(const CommandLine& line, const std::string& source) {
-  std::vector<std::string> args = {line.command, source};
+// trainyard-worker's arguments for `export`, `sample` or `tokenize` of `sources`: the command's
+// own flags.
+std::vector<std::string> WorkerArgs(const CommandLine& line,
+                                    const std::vector<std::string>& sources) {
+  std::vector<std::string> args = {line.command};
+  args.insert(args.end(), sources.begin(), sources.end());
   for (const auto& [name, values] : line.flags) {
     for (const std::string& value : values) {
       args.push_back("--" + name);
@@ -215,9 +226,10 @@ std::vector<std::string> WorkerArgs(const CommandLine& line, const std::string& 
   return args;
 }
 
-// `export` and `sample` run trainyard-worker, which prints plain text: --json is refused. Of a
-// path on this machine (`local`), they reach no coordinator: the connection flags are refused.
-absl::Status RefuseUnusedWeightsFlags(const CommandLine& line, bool local) {
+// `export`, `sample` and `tokenize` run trainyard-worker, which prints plain text: --json is
+// refused. Of a path on this machine (`local`; tokenize always), they reach no coordinator: the
+// connection flags are refused.
+absl::Status RefuseUnusedWorkerFlags(const CommandLine& line, bool local) {
   if (line.json) {
     return absl::InvalidArgumentError(
         absl::StrCat("--json is not available for ", line.command, ": it prints plain text"));
@@ -226,8 +238,9 @@ absl::Status RefuseUnusedWeightsFlags(const CommandLine& line, bool local) {
   for (std::string_view name : kConnectionFlags) {
     if (line.connection_flags_given.contains(std::string(name))) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", std::string(name), " is not used: ", line.command, " reads '",
-                       line.positionals[0], "' on this machine, without a coordinator"));
+          absl::StrCat("--", std::string(name), " is not used: ", line.command, " reads ",
+                       line.positionals.empty() ? "files" : "'" + line.positionals[0] + "'",
+                       " on this machine, without a coordinator"));
     }
   }
   return absl::OkStatus();
@@ -427,7 +440,7 @@ class Cli {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " has no committed checkpoint to ", line_.command));
     }
-    return RunWorkerCommand(WorkerArgs(line_, newest->path()));
+    return RunWorkerCommand(WorkerArgs(line_, {newest->path()}));
   }
 
   absl::StatusOr<int> Checkpoints() {
@@ -618,14 +631,15 @@ int RunCli(const std::vector<std::string>& args, const CliIo& io) {
                      line->command == "export" ? "CHECKPOINT" : "WEIGHTS",
                      "_OR_JOB [flags] (see trainyard --help)")));
   }
-  const bool local = weights_command && io.fs->Exists(line->positionals[0]);
-  if (weights_command) {
-    if (absl::Status refused = RefuseUnusedWeightsFlags(*line, local); !refused.ok()) {
+  const bool tokenize = line->command == "tokenize";
+  const bool local = tokenize || (weights_command && io.fs->Exists(line->positionals[0]));
+  if (weights_command || tokenize) {
+    if (absl::Status refused = RefuseUnusedWorkerFlags(*line, local); !refused.ok()) {
       return fail(refused);
     }
   }
   if (local) {
-    absl::StatusOr<int> code = RunWorkerCommand(WorkerArgs(*line, line->positionals[0]));
+    absl::StatusOr<int> code = RunWorkerCommand(WorkerArgs(*line, line->positionals));
     return code.ok() ? *code : fail(code.status());
   }
   absl::StatusOr<std::string> address =

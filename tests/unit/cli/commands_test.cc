@@ -131,7 +131,8 @@ TEST_F(CommandsTest, NoServerToTalkToIsExitThree) {
   EXPECT_GE(clock_.TotalSlept(), absl::Seconds(60));
 }
 
-// export and sample print plain text: --json is refused before the coordinator is asked.
+// export, sample and tokenize print plain text: --json is refused before the coordinator is
+// asked.
 TEST_F(CommandsTest, ExportAndSampleRefuseJson) {
   EXPECT_EQ(Run({"--server", DeadAddress(), "--json", "export", "j-1", "--format", "hf", "--out",
                  "/out"}),
@@ -140,12 +141,14 @@ TEST_F(CommandsTest, ExportAndSampleRefuseJson) {
   EXPECT_EQ(Run({"--server", DeadAddress(), "sample", "j-1", "--prompt", "hi", "--json"}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--json is not available for sample: it prints plain text"));
   EXPECT_EQ(Run({"--help"}), 0);
-  EXPECT_THAT(out_.str(), HasSubstr("for every command but export and"));
+  EXPECT_THAT(out_.str(), HasSubstr("for every command but export, sample"));
   EXPECT_THAT(out_.str(), HasSubstr("[--device cpu|cuda] [--threads N]"));
+  EXPECT_EQ(Run({"--json", "tokenize", "a.txt", "--tokenizer", "t.json", "--out", "/o"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--json is not available for tokenize: it prints plain text"));
 }
 
-// Of a path on this machine, export and sample reach no coordinator: its flags are refused by
-// name (the worker is not started).
+// Of a path on this machine, export and sample reach no coordinator, nor does tokenize: its flags
+// are refused by name (the worker is not started).
 TEST_F(CommandsTest, ExportAndSampleOfALocalPathRefuseConnectionFlags) {
   ASSERT_TRUE(fs_.CreateDirs("/weights").ok());
   ASSERT_TRUE(fs_.WriteFileAtomic("/weights/model.bin", "not a model").ok());
@@ -158,6 +161,9 @@ TEST_F(CommandsTest, ExportAndSampleOfALocalPathRefuseConnectionFlags) {
               2)
         << flag;
     EXPECT_THAT(err_.str(), HasSubstr(flag + " is not used: export reads '/weights/model.bin'"));
+    EXPECT_EQ(Run({flag, "/x", "tokenize", "a.txt", "--tokenizer", "t.json", "--out", "/o"}), 2);
+    EXPECT_THAT(err_.str(), HasSubstr(flag + " is not used: tokenize reads 'a.txt' on this "
+                                             "machine, without a coordinator"));
   }
 }
 

@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,13 @@ ShardOptions WithTrailing(std::string bytes) {
   ShardOptions options;
   options.trailing = std::move(bytes);
   return options;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 std::vector<int32_t> ReadAll(const TokenStream& stream) {
@@ -198,6 +208,64 @@ TEST_F(BinShardsTest, GlobNamesTheMalformedShard) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr(dir_.File("train_001.bin")), HasSubstr("bad magic 7")));
+}
+
+// A shard in Llama 3's format, built by hand: magic 20240801, version `version`, uint32 tokens.
+std::string WideShardBytes(const std::vector<uint32_t>& tokens, int32_t version = 7) {
+  std::string out;
+  auto put = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) out += static_cast<char>(v >> (8 * i));
+  };
+  put(20240801);
+  put(static_cast<uint32_t>(version));
+  put(static_cast<uint32_t>(tokens.size()));
+  out.resize(1024, '\0');
+  for (uint32_t token : tokens) put(token);
+  return out;
+}
+
+TEST_F(BinShardsTest, ReadsLlama3sFormatBesideGpt2s) {
+  WriteBytes(dir_.File("mix_0.bin"), ShardBytes({7, 65535}));
+  WriteBytes(dir_.File("mix_1.bin"), WideShardBytes({128000, 3, 70000}));
+  auto stream = BinShardStream::Open(dir_.File("mix_*.bin"), *RealFileSystem());
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_THAT(ReadAll(**stream), ElementsAre(7, 65535, 128000, 3, 70000));
+  EXPECT_EQ((*stream)->vocab_bound(), 128001);
+  WriteBytes(dir_.File("v1.bin"), WideShardBytes({1, 2}, 1));
+  const absl::Status status = BinShardStream::Open(dir_.File("v1.bin"), *RealFileSystem()).status();
+  EXPECT_THAT(status.message(), HasSubstr("unsupported version 1, expected 7 with magic 20240801"));
+  WriteBytes(dir_.File("half.bin"), WideShardBytes({1, 2}) + "xy");
+  EXPECT_THAT(BinShardStream::Open(dir_.File("half.bin"), *RealFileSystem()).status().message(),
+              HasSubstr("body holds 2 and 2 stray bytes"));
+}
+
+// The writer cuts shards of the size asked, in GPT-2's format while every id fits in 16 bits and
+// Llama 3's beyond; what it writes reads back, in order, byte for byte as built by hand above.
+TEST_F(BinShardsTest, WriterCutsShardsInTheFormatTheIdsNeed) {
+  std::vector<int32_t> ids(10);
+  for (int i = 0; i < 10; ++i) ids[i] = 1000 * i;
+  BinShardWriter narrow(*RealFileSystem(), dir_.File("n"), 4, 65535);
+  ASSERT_TRUE(narrow.Append(std::span<const int32_t>(ids).first(3)).ok());
+  ASSERT_TRUE(narrow.Append(std::span<const int32_t>(ids).subspan(3)).ok());
+  ASSERT_TRUE(narrow.Finish().ok());
+  EXPECT_THAT(narrow.paths(), ElementsAre(dir_.File("n_000000.bin"), dir_.File("n_000001.bin"),
+                                          dir_.File("n_000002.bin")));
+  EXPECT_EQ(narrow.tokens(), 10);
+  EXPECT_EQ(ReadBytes(dir_.File("n_000002.bin")), ShardBytes({8000, 9000}));
+  auto stream = BinShardStream::Open(dir_.File("n_*.bin"), *RealFileSystem());
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_THAT(ReadAll(**stream), ElementsAreArray(ids));
+
+  BinShardWriter wide(*RealFileSystem(), dir_.File("w"), 100, 65536);
+  ids.push_back(65536);
+  ASSERT_TRUE(wide.Append(ids).ok());
+  ASSERT_TRUE(wide.Finish().ok());
+  ASSERT_THAT(wide.paths(), ElementsAre(dir_.File("w_000000.bin")));
+  EXPECT_EQ(ReadBytes(dir_.File("w_000000.bin")),
+            WideShardBytes({0, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 65536}));
+  BinShardWriter empty(*RealFileSystem(), dir_.File("e"), 4, 10);
+  ASSERT_TRUE(empty.Finish().ok());
+  EXPECT_TRUE(empty.paths().empty());
 }
 
 // tools/write_bin_shard.py writes shards this reader accepts.
