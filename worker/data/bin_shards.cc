@@ -146,13 +146,13 @@ absl::Status BinShardWriter::Finish() { return pending_.empty() ? absl::OkStatus
 absl::Status BinShardWriter::Flush() {
   const int width = wide_ ? 4 : 2;
   std::string bytes;
-  bytes.reserve(kBinShardHeaderBytes + width * pending_.size());
   AppendInt32(&bytes, wide_ ? kWideBinShardMagic : kBinShardMagic);
   AppendInt32(&bytes, wide_ ? kWideBinShardVersion : kBinShardVersion);
   AppendInt32(&bytes, static_cast<uint32_t>(pending_.size()));
-  bytes.resize(kBinShardHeaderBytes, '\0');
-  for (int32_t id : pending_) {
-    for (int i = 0; i < width; ++i) bytes += static_cast<char>((id >> (8 * i)) & 0xFF);
+  bytes.resize(kBinShardHeaderBytes + width * pending_.size(), '\0');
+  char* body = bytes.data() + kBinShardHeaderBytes;
+  for (size_t t = 0; t < pending_.size(); ++t) {  // little-endian, whatever the host's order
+    for (int i = 0; i < width; ++i) body[t * width + i] = static_cast<char>(pending_[t] >> (8 * i));
   }
   const std::string path = absl::StrFormat("%s_%06d.bin", prefix_, paths_.size());
   TY_RETURN_IF_ERROR(fs_.WriteFileAtomic(path, bytes));

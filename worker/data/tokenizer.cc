@@ -310,24 +310,15 @@ struct Tokenizer::Split {
 
   // `piece` cut at the matches: each match a piece, and each stretch between them.
   void Apply(absl::string_view piece, std::vector<absl::string_view>* out) const {
-    re2::StringPiece match[2];
+    re2::StringPiece match;
     const re2::StringPiece text(piece.data(), piece.size());
-    const int groups = whitespace_group ? 2 : 1;
     size_t gap = 0, from = 0;
-    while (from < piece.size() &&
-           re->Match(text, from, piece.size(), RE2::UNANCHORED, match, groups)) {
-      const size_t start = match[0].data() - piece.data();
-      size_t end = start + match[0].size();
-      if (whitespace_group && match[1].data() != nullptr && end < piece.size()) {
-        // (?!\S): a run that a non-space follows gives its last character back to it.
-        size_t after = end;
-        uint32_t next = 0;
-        if (NextCodePoint(piece, &after, &next) && !IsWhiteSpace(next)) {
-          size_t last = end - 1;
-          while (last > start && (static_cast<uint8_t>(piece[last]) & 0xC0) == 0x80) --last;
-          if (last > start) end = last;
-        }
-      }
+    // Only the whole match is asked for, which RE2 finds with its DFA; which alternative matched
+    // is asked only of a run that the idiom could have matched.
+    while (from < piece.size() && re->Match(text, from, piece.size(), RE2::UNANCHORED, &match, 1)) {
+      const size_t start = match.data() - piece.data();
+      size_t end = start + match.size();
+      if (whitespace_group && end < piece.size()) end = GiveBack(piece, start, end);
       if (end == start) {  // an empty match splits nothing; look on from the next character
         if (start >= piece.size()) break;
         uint32_t skipped;
@@ -340,6 +331,25 @@ struct Tokenizer::Split {
       gap = from = end;
     }
     if (gap < piece.size()) out->push_back(piece.substr(gap));
+  }
+
+  // (?!\S): where the idiom matched a run of more than one whitespace character that a
+  // non-space follows, the run gives its last character back to it; the end of the match.
+  size_t GiveBack(absl::string_view piece, size_t start, size_t end) const {
+    size_t after = end;
+    uint32_t next = 0;
+    if (!NextCodePoint(piece, &after, &next) || IsWhiteSpace(next)) return end;
+    size_t last = end - 1;
+    while (last > start && (static_cast<uint8_t>(piece[last]) & 0xC0) == 0x80) --last;
+    if (last == start) return end;  // one character: \s+ keeps it
+    for (size_t at = start; at < end;) {
+      uint32_t c;
+      if (!NextCodePoint(piece, &at, &c) || !IsWhiteSpace(c)) return end;
+    }
+    re2::StringPiece groups[2];
+    const re2::StringPiece text(piece.data(), piece.size());
+    re->Match(text, start, end, RE2::ANCHOR_BOTH, groups, 2);
+    return groups[1].data() != nullptr ? last : end;
   }
 };
 
@@ -414,6 +424,10 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
   }
   ignore_merges_ = Flag(model, "ignore_merges");
   TY_RETURN_IF_ERROR(ParseVocab(model, source));
+  level_ids_.fill(-1);
+  for (int b = 0; !metaspace_ && b < 256; ++b) {
+    if (auto it = vocab_.find(ByteLevelChar(b)); it != vocab_.end()) level_ids_[b] = it->second;
+  }
   byte_tokens_.fill(-1);
   for (int b = 0; byte_fallback_ && b < 256; ++b) {
     if (auto it = vocab_.find(ByteToken(b)); it != vocab_.end()) byte_tokens_[b] = it->second;
@@ -425,7 +439,6 @@ absl::Status Tokenizer::ParseModel(const Struct& model, const std::string& sourc
                  absl::StrCat("(\"", unk->string_value(), "\") is not in the vocabulary"));
     }
     unk_ = it->second;
-    unk_token_ = it->first;
   }
   return ParseMerges(model, source);
 }
@@ -480,7 +493,7 @@ absl::Status Tokenizer::ParseMerges(const Struct& model, const std::string& sour
                  absl::StrCat("makes \"", left, right, "\" of \"", left, "\" and \"", right,
                               "\", not all of which are in the vocabulary"));
     }
-    merges_[absl::StrCat(left, " ", right)] = Merge{.rank = rank++, .id = merged->second};
+    merges_[PairKey(vocab_[left], vocab_[right])] = Merge{.rank = rank++, .id = merged->second};
   }
   return absl::OkStatus();
 }
@@ -812,6 +825,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
     }
   }
   std::vector<int32_t> ids = prefix_;
+  WordCache cache;
   size_t segment = 0;
   for (size_t at = 0; at < text.size();) {
     const AddedToken* added = AddedTokenAt(text.substr(at));
@@ -819,17 +833,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
       ++at;
       continue;
     }
-    EncodeSegment(text.substr(segment, at - segment), segment == 0, &ids);
+    EncodeSegment(text.substr(segment, at - segment), segment == 0, &cache, &ids);
     ids.push_back(added->id);
     segment = at += added->content.size();
   }
-  EncodeSegment(text.substr(segment), segment == 0, &ids);
+  EncodeSegment(text.substr(segment), segment == 0, &cache, &ids);
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
 
-void Tokenizer::EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const {
-  if (metaspace_) return EncodeMetaspace(text, first, out);
+void Tokenizer::EncodeSegment(absl::string_view text, bool first, WordCache* cache,
+                              std::vector<int32_t>* out) const {
+  if (metaspace_) return EncodeMetaspace(text, first, cache, out);
   std::vector<absl::string_view> pieces;
   if (!text.empty()) pieces.push_back(text);
   for (const auto& split : splits_) {
@@ -837,14 +852,10 @@ void Tokenizer::EncodeSegment(absl::string_view text, bool first, std::vector<in
     for (absl::string_view piece : pieces) split->Apply(piece, &next);
     pieces = std::move(next);
   }
-  for (absl::string_view piece : pieces) {
-    std::string mapped;
-    for (char byte : piece) mapped += ByteLevelChar(static_cast<uint8_t>(byte));
-    EncodeWord(mapped, out);
-  }
+  for (absl::string_view piece : pieces) EncodeWord(piece, cache, out);
 }
 
-void Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
+void Tokenizer::EncodeMetaspace(absl::string_view text, bool first, WordCache* cache,
                                 std::vector<int32_t>* out) const {
   if (text.empty()) return;
   std::string s = absl::StrReplaceAll(text, {{" ", kMetaspace}});
@@ -855,19 +866,19 @@ void Tokenizer::EncodeMetaspace(absl::string_view text, bool first,
        !absl::StartsWith(s, kMetaspace))) {
     s = absl::StrCat(kMetaspace, s);
   }
-  if (!metaspace_->split) return EncodeWord(s, out);
+  if (!metaspace_->split) return EncodeWord(s, cache, out);
   // Each word from one "▁" to the next merges alone.
-  const std::string marker(kMetaspace);
+  const absl::string_view all(s);
   size_t start = 0;
-  for (size_t at = s.find(marker, 1); at != std::string::npos; at = s.find(marker, at + 1)) {
-    EncodeWord(s.substr(start, at - start), out);
+  for (size_t at = all.find(kMetaspace, 1); at != absl::string_view::npos;
+       at = all.find(kMetaspace, at + 1)) {
+    EncodeWord(all.substr(start, at - start), cache, out);
     start = at;
   }
-  EncodeWord(s.substr(start), out);
+  EncodeWord(all.substr(start), cache, out);
 }
 
 struct Tokenizer::Symbol {
-  std::string text;
   int32_t id;
   int prev, next;
 };
@@ -876,47 +887,72 @@ struct Tokenizer::Symbol {
 // token; one it lacks is its UTF-8 bytes' <0xNN> tokens with byte_fallback when all are there,
 // else the unknown token, else (no unknown token) nothing. An unknown token waits for the next
 // character the vocabulary has, or the word's end, fusing with the next unknown one when
-// fuse_unk; byte tokens do not end its wait, so they come out before it.
-std::vector<Tokenizer::Symbol> Tokenizer::InitialSymbols(const std::string& word) const {
+// fuse_unk; byte tokens do not end its wait, so they come out before it. In the byte-level
+// alphabet each byte is a character.
+std::vector<Tokenizer::Symbol> Tokenizer::InitialSymbols(absl::string_view word) const {
   std::vector<Symbol> symbols;
-  auto add = [&](std::string text, int32_t id) {
+  symbols.reserve(word.size());
+  auto add = [&](int32_t id) {
     const int i = static_cast<int>(symbols.size());
-    symbols.push_back({std::move(text), id, i - 1, i + 1});
+    symbols.push_back({id, i - 1, i + 1});
   };
+  if (!metaspace_) {
+    for (char b : word) {
+      if (const int32_t id = level_ids_[static_cast<uint8_t>(b)]; id >= 0) add(id);
+    }
+  }
   bool unk_waits = false;
-  for (size_t at = 0; at < word.size();) {
+  for (size_t at = 0; metaspace_ && at < word.size();) {
     const size_t begin = at;
     uint32_t c;
     NextCodePoint(word, &at, &c);  // the word is UTF-8 by construction
-    std::string character = word.substr(begin, at - begin);
+    const absl::string_view character = word.substr(begin, at - begin);
     if (auto it = vocab_.find(character); it != vocab_.end()) {
-      if (std::exchange(unk_waits, false)) add(unk_token_, unk_);
-      add(std::move(character), it->second);
+      if (std::exchange(unk_waits, false)) add(unk_);
+      add(it->second);
     } else if (byte_fallback_ && std::all_of(character.begin(), character.end(), [&](char b) {
                  return byte_tokens_[static_cast<uint8_t>(b)] >= 0;
                })) {
-      for (char b : character) {
-        add(ByteToken(static_cast<uint8_t>(b)), byte_tokens_[static_cast<uint8_t>(b)]);
-      }
+      for (char b : character) add(byte_tokens_[static_cast<uint8_t>(b)]);
     } else if (unk_ >= 0) {
-      if (unk_waits && !fuse_unk_) add(unk_token_, unk_);
+      if (unk_waits && !fuse_unk_) add(unk_);
       unk_waits = true;
     }
   }
-  if (unk_waits) add(unk_token_, unk_);
+  if (unk_waits) add(unk_);
   if (!symbols.empty()) symbols.back().next = -1;
   return symbols;
 }
 
-void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) const {
+const Tokenizer::Merge* Tokenizer::MergeOf(int32_t left, int32_t right) const {
+  auto it = merges_.find(PairKey(left, right));
+  return it == merges_.end() ? nullptr : &it->second;
+}
+
+void Tokenizer::EncodeWord(absl::string_view word, WordCache* cache,
+                           std::vector<int32_t>* out) const {
+  if (auto hit = cache->find(word); hit != cache->end()) {
+    out->insert(out->end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<int32_t> ids = MergeWord(word);
+  out->insert(out->end(), ids.begin(), ids.end());
+  if (cache->size() >= kCachedWords) cache->clear();
+  cache->emplace(word, std::move(ids));
+}
+
+std::vector<int32_t> Tokenizer::MergeWord(absl::string_view word) const {
   if (ignore_merges_) {
-    if (auto it = vocab_.find(word); it != vocab_.end()) {
-      out->push_back(it->second);
-      return;
+    std::string spelled;  // in the alphabet, as the vocabulary spells it
+    if (metaspace_) {
+      spelled = std::string(word);
+    } else {
+      for (char b : word) spelled += ByteLevelChar(static_cast<uint8_t>(b));
     }
+    if (auto it = vocab_.find(spelled); it != vocab_.end()) return {it->second};
   }
   std::vector<Symbol> symbols = InitialSymbols(word);
-  if (symbols.empty()) return;
+  if (symbols.empty()) return {};
   // The symbols as a linked list, and their adjacent pairs that merge on a heap by (rank, left
   // symbol's position): the lowest rank merges first, the leftmost of equal ones first, as the
   // reference does. An entry whose pair has since changed is skipped.
@@ -924,9 +960,7 @@ void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) c
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto merge_of = [&](int left) -> const Merge* {
     const int right = left < 0 ? -1 : symbols[left].next;
-    if (right < 0) return nullptr;
-    auto it = merges_.find(absl::StrCat(symbols[left].text, " ", symbols[right].text));
-    return it == merges_.end() ? nullptr : &it->second;
+    return right < 0 ? nullptr : MergeOf(symbols[left].id, symbols[right].id);
   };
   auto offer = [&](int left) {
     if (const Merge* m = merge_of(left); m != nullptr) heap.push({m->rank, left});
@@ -939,7 +973,6 @@ void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) c
     const Merge* m = merged_away[left] ? nullptr : merge_of(left);
     if (m == nullptr || m->rank != rank) continue;
     const int right = symbols[left].next;
-    symbols[left].text += symbols[right].text;
     symbols[left].id = m->id;
     merged_away[right] = true;
     symbols[left].next = symbols[right].next;
@@ -947,7 +980,9 @@ void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) c
     offer(symbols[left].prev);
     offer(left);
   }
-  for (int i = 0; i >= 0; i = symbols[i].next) out->push_back(symbols[i].id);
+  std::vector<int32_t> ids;
+  for (int i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+  return ids;
 }
 
 std::string Tokenizer::TokenBytes(int32_t id) const {

@@ -137,28 +137,40 @@ class Tokenizer {
   // Records `id`'s spelling; an added token's replaces the vocabulary's.
   void SetToken(int32_t id, std::string token);
 
+  // Words merged during one Encode, by their text: running text repeats its words. Cleared when
+  // it holds kCachedWords.
+  using WordCache = absl::flat_hash_map<std::string, std::vector<int32_t>>;
+  static constexpr size_t kCachedWords = size_t{1} << 16;
+  static uint64_t PairKey(int32_t left, int32_t right) {
+    return static_cast<uint64_t>(left) << 32 | static_cast<uint32_t>(right);
+  }
+
   // `text` (no added tokens in it; `first`: at the start of the text) split by the
   // pre-tokenizer, then merged, appended to `out`.
-  void EncodeSegment(absl::string_view text, bool first, std::vector<int32_t>* out) const;
-  void EncodeMetaspace(absl::string_view text, bool first, std::vector<int32_t>* out) const;
-  // One pre-token, in the alphabet, as BPE merges it.
-  void EncodeWord(const std::string& word, std::vector<int32_t>* out) const;
+  void EncodeSegment(absl::string_view text, bool first, WordCache* cache,
+                     std::vector<int32_t>* out) const;
+  void EncodeMetaspace(absl::string_view text, bool first, WordCache* cache,
+                       std::vector<int32_t>* out) const;
+  // One pre-token (its bytes, or its characters in SentencePiece's alphabet), as BPE merges it.
+  void EncodeWord(absl::string_view word, WordCache* cache, std::vector<int32_t>* out) const;
+  std::vector<int32_t> MergeWord(absl::string_view word) const;
   // The word's characters as tokens before any merge (see the .cc).
-  std::vector<Symbol> InitialSymbols(const std::string& word) const;
+  std::vector<Symbol> InitialSymbols(absl::string_view word) const;
+  const Merge* MergeOf(int32_t left, int32_t right) const;
   // The added token at the start of `text`, the longest when several are; nullptr for none.
   const AddedToken* AddedTokenAt(absl::string_view text) const;
 
   std::vector<std::unique_ptr<Split>> splits_;
   absl::flat_hash_map<std::string, int32_t> vocab_;  // spelling → id
-  absl::flat_hash_map<std::string, Merge> merges_;   // "left right" → rank and merged id
+  absl::flat_hash_map<uint64_t, Merge> merges_;      // PairKey(left, right) → rank, merged id
   bool ignore_merges_ = false;
   std::optional<Metaspace> metaspace_;  // unset: the byte-level alphabet
   bool byte_fallback_ = false;
-  int32_t unk_ = -1;       // the unknown token; −1: none
-  std::string unk_token_;  // its spelling
+  int32_t unk_ = -1;  // the unknown token; −1: none
   bool fuse_unk_ = false;
   std::array<int32_t, 256> byte_tokens_;  // byte → its <0xNN> token, −1 when absent
-  std::vector<AddedToken> added_;         // longest content first
+  std::array<int32_t, 256> level_ids_;  // byte → its byte-level character's id, −1 when absent
+  std::vector<AddedToken> added_;       // longest content first
   std::array<std::vector<int32_t>, 256> added_by_byte_;  // first byte → indices into added_
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's ids around a sequence
   absl::flat_hash_map<int32_t, std::string> spelling_;  // id → its token, as in the file
