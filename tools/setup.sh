@@ -30,6 +30,7 @@ packages=(
   libssl-dev
   libxxhash-dev
   libre2-dev
+  zlib1g-dev libzstd-dev
   python3
 )
 if ((!build_only)); then

@@ -30,6 +30,7 @@ ABSL_FLAG(std::string, prompt_tokens, "", "the prompt as token ids");
 ABSL_FLAG(std::string, tokenizer, "", "a tokenizer.json, or a directory holding one");
 ABSL_FLAG(std::string, separator, "", "tokenize: text put before each document");
 ABSL_FLAG(int64_t, shard_tokens, 100000000, "tokenize: ids per shard");
+ABSL_FLAG(std::string, field, "", "tokenize: JSON Lines' text field");
 ABSL_FLAG(int, tokens, 32, "new tokens");
 ABSL_FLAG(float, temperature, 0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "draw among the K most likely (0: all)");

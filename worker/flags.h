@@ -48,6 +48,7 @@ ABSL_DECLARE_FLAG(std::string, device);
 // Tokenize (and --tokenizer, --out, --threads above).
 ABSL_DECLARE_FLAG(std::string, separator);
 ABSL_DECLARE_FLAG(int64_t, shard_tokens);
+ABSL_DECLARE_FLAG(std::string, field);
 
 namespace trainyard::worker {
 

@@ -35,8 +35,8 @@
 //
 // or turns text files into llm.c token shards through a tokenizer (worker/tokenize_command.h):
 //
-//   trainyard-worker tokenize TEXT... --tokenizer PATH --out DIR [--separator TEXT]
-//                             [--shard-tokens N] [--threads N]
+//   trainyard-worker tokenize FILE... --tokenizer PATH --out DIR [--field NAME]
+//                             [--separator TEXT] [--shard-tokens N] [--threads N]
 #include <signal.h>
 
 #include <algorithm>

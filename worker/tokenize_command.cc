@@ -22,6 +22,7 @@
 #include "common/flags.h"
 #include "common/status.h"
 #include "worker/data/bin_shards.h"
+#include "worker/data/text_documents.h"
 #include "worker/data/tokenizer.h"
 #include "worker/flags.h"
 
@@ -29,13 +30,15 @@ namespace trainyard::worker {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: trainyard-worker tokenize TEXT... --tokenizer PATH --out DIR [--separator TEXT] "
-    "[--shard-tokens N] [--threads N]";
+    "usage: trainyard-worker tokenize FILE... --tokenizer PATH --out DIR [--field NAME] "
+    "[--separator TEXT] [--shard-tokens N] [--threads N]";
 
 constexpr char kHelp[] =
     "Tokenize: text files through a Hugging Face tokenizer.json into llm.c token shards\n"
     "DIR/train_000000.bin, ... for a job's data (source: bin, path: DIR/train_*.bin). Each file\n"
-    "is one document, read whole; the documents follow one another in the order given.\n"
+    "is one document, read whole (gzip or zstd compressed or not); with --field, JSON Lines\n"
+    "whose every line is one. The documents follow one another in the order given.\n"
+    "  --field NAME           each FILE is JSON Lines; each line's NAME (a string) is a document\n"
     "  --tokenizer PATH       a BPE tokenizer.json (GPT-2's, Llama's, Mistral's), or a\n"
     "                         directory holding one\n"
     "  --out DIR              where the shards go (created; it must hold no .bin files yet)\n"
@@ -43,18 +46,18 @@ constexpr char kHelp[] =
     "                         which becomes that token); default none\n"
     "  --shard-tokens N       ids per shard (default 100000000); 16-bit ids (GPT-2's format)\n"
     "                         when the tokenizer's fit, else 32-bit (Llama 3's)\n"
-    "  --threads N            documents encoded at once (default: every core)\n";
+    "  --threads N            threads encoding documents (default: every core)\n";
 
 struct TokenizeFlags {
   std::vector<std::string> inputs;
-  std::string tokenizer, out, separator;
+  std::string tokenizer, out, separator, field;
   int64_t shard_tokens = 0;
   int threads = 0;
 };
 
 absl::StatusOr<TokenizeFlags> ParseTokenizeFlags(int argc, char** argv) {
-  constexpr std::string_view kFlags[] = {"tokenizer", "out", "separator", "shard-tokens",
-                                         "threads"};
+  constexpr std::string_view kFlags[] = {"tokenizer",    "out",     "separator",
+                                         "shard-tokens", "threads", "field"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "tokenize"));
   if (line.help) {
     std::cout << kUsage << "\n\n" << kHelp;
@@ -64,6 +67,7 @@ absl::StatusOr<TokenizeFlags> ParseTokenizeFlags(int argc, char** argv) {
                       .tokenizer = absl::GetFlag(FLAGS_tokenizer),
                       .out = absl::GetFlag(FLAGS_out),
                       .separator = absl::GetFlag(FLAGS_separator),
+                      .field = absl::GetFlag(FLAGS_field),
                       .shard_tokens = absl::GetFlag(FLAGS_shard_tokens),
                       .threads = absl::GetFlag(FLAGS_threads)};
   if (flags.inputs.empty()) return absl::InvalidArgumentError("no text files given");
@@ -110,18 +114,96 @@ absl::Status CheckPaths(FileSystem& fs, const TokenizeFlags& flags, bool* create
   return absl::OkStatus();
 }
 
-// One document's ids: --separator, then the file's text, through the tokenizer.
-absl::StatusOr<std::vector<int32_t>> EncodeFile(FileSystem& fs, const data::Tokenizer& tokenizer,
-                                                const std::string& separator,
-                                                const std::string& path, uint64_t* bytes) {
-  TY_ASSIGN_OR_RETURN(const std::string text, fs.ReadFile(path));
-  *bytes = text.size();
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(absl::StrCat(separator, text));
-  if (!ids.ok()) {  // where in the file, not in the separator and file together
-    absl::StatusOr<std::vector<int32_t>> alone = tokenizer.Encode(text);
-    return Annotate(alone.ok() ? ids.status() : alone.status(), path);
+// Documents gathered into batches of about kBatchBytes of text, each batch encoded by up to
+// `threads` threads over contiguous runs of its documents (so that the ids come out in the
+// documents' order) and appended to the shards.
+class BatchEncoder {
+ public:
+  static constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
+
+  BatchEncoder(const data::Tokenizer& tokenizer, const std::string& separator, int threads,
+               BinShardWriter& writer)
+      : tokenizer_(tokenizer), separator_(separator), threads_(threads), writer_(writer) {}
+
+  absl::Status Add(data::Document document) {
+    pending_bytes_ += document.text.size();
+    pending_.push_back(std::move(document));
+    return pending_bytes_ >= kBatchBytes ? Flush() : absl::OkStatus();
   }
-  return ids;
+
+  absl::Status Flush() {
+    const size_t n = pending_.size();
+    const size_t parts = std::min<size_t>(threads_, n);
+    std::vector<absl::StatusOr<std::vector<int32_t>>> ids(parts);
+    std::vector<std::thread> threads;
+    size_t first = 0;
+    uint64_t done = 0;
+    for (size_t part = 0; part < parts; ++part) {  // runs of about equal bytes
+      size_t last = first;
+      const uint64_t until = pending_bytes_ * (part + 1) / parts;
+      while (last < n && (last == first || done < until || part + 1 == parts)) {
+        done += pending_[last++].text.size();
+      }
+      threads.emplace_back([this, &ids, part, first, last] { ids[part] = Encode(first, last); });
+      first = last;
+    }
+    for (std::thread& t : threads) t.join();
+    for (auto& part : ids) {
+      if (!part.ok()) return part.status();
+      TY_RETURN_IF_ERROR(writer_.Append(*part));
+    }
+    documents_ += n;
+    bytes_ += pending_bytes_;
+    pending_.clear();
+    pending_bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  int64_t documents() const { return documents_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  // The ids of documents [first, last): each --separator then its text, through the tokenizer.
+  absl::StatusOr<std::vector<int32_t>> Encode(size_t first, size_t last) const {
+    std::vector<int32_t> out;
+    for (size_t i = first; i < last; ++i) {
+      const data::Document& d = pending_[i];
+      absl::StatusOr<std::vector<int32_t>> ids =
+          separator_.empty() ? tokenizer_.Encode(d.text)
+                             : tokenizer_.Encode(absl::StrCat(separator_, d.text));
+      if (!ids.ok()) {  // where in the document, not in the separator and document together
+        absl::StatusOr<std::vector<int32_t>> alone = tokenizer_.Encode(d.text);
+        return Annotate(alone.ok() ? ids.status() : alone.status(), d.source);
+      }
+      out.insert(out.end(), ids->begin(), ids->end());
+    }
+    return out;
+  }
+
+  const data::Tokenizer& tokenizer_;
+  const std::string& separator_;
+  const int threads_;
+  BinShardWriter& writer_;
+  std::vector<data::Document> pending_;
+  uint64_t pending_bytes_ = 0;
+  int64_t documents_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Every input's documents (decompressed; each line's --field of JSON Lines) through `encoder`.
+absl::Status EncodeInputs(FileSystem& fs, const TokenizeFlags& flags, BatchEncoder& encoder) {
+  for (const std::string& path : flags.inputs) {
+    TY_ASSIGN_OR_RETURN(std::string contents, data::ReadDecompressed(fs, path));
+    if (flags.field.empty()) {
+      TY_RETURN_IF_ERROR(encoder.Add({path, std::move(contents)}));
+      continue;
+    }
+    TY_ASSIGN_OR_RETURN(std::vector<data::Document> documents,
+                        data::JsonLinesDocuments(contents, flags.field, path));
+    contents.clear();
+    for (data::Document& d : documents) TY_RETURN_IF_ERROR(encoder.Add(std::move(d)));
+  }
+  return encoder.Flush();
 }
 
 absl::Status Tokenize(const TokenizeFlags& flags) {
@@ -138,45 +220,25 @@ absl::Status Tokenize(const TokenizeFlags& flags) {
   BinShardWriter writer(fs, ChildPath(flags.out, "train"), flags.shard_tokens,
                         (*tokenizer)->size() - 1);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const size_t window = flags.threads > 0 ? flags.threads : cores;
-  uint64_t bytes = 0;
-  // Documents are encoded `window` at a time, each on its own thread, and written in order.
-  auto write_all = [&]() -> absl::Status {
-    for (size_t first = 0; first < flags.inputs.size(); first += window) {
-      const size_t n = std::min(window, flags.inputs.size() - first);
-      std::vector<absl::StatusOr<std::vector<int32_t>>> ids(n);
-      std::vector<uint64_t> sizes(n, 0);
-      std::vector<std::thread> threads;
-      for (size_t i = 0; i < n; ++i) {
-        threads.emplace_back([&, i] {
-          ids[i] = EncodeFile(fs, **tokenizer, flags.separator, flags.inputs[first + i], &sizes[i]);
-        });
-      }
-      for (std::thread& t : threads) t.join();
-      for (size_t i = 0; i < n; ++i) {
-        if (!ids[i].ok()) return ids[i].status();
-        TY_RETURN_IF_ERROR(writer.Append(*ids[i]));
-        bytes += sizes[i];
-      }
-    }
-    TY_RETURN_IF_ERROR(writer.Finish());
-    if (writer.paths().empty()) {
-      return absl::InvalidArgumentError("the documents hold no tokens: nothing to write");
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status written = write_all(); !written.ok()) {
+  BatchEncoder encoder(**tokenizer, flags.separator, flags.threads > 0 ? flags.threads : cores,
+                       writer);
+  absl::Status written = EncodeInputs(fs, flags, encoder);
+  if (written.ok()) written = writer.Finish();
+  if (written.ok() && writer.paths().empty()) {
+    written = absl::InvalidArgumentError("the documents hold no tokens: nothing to write");
+  }
+  if (!written.ok()) {  // a bad document leaves nothing behind
     for (const std::string& path : writer.paths()) fs.RemoveFile(path).IgnoreError();
     if (created) fs.RemoveDir(flags.out).IgnoreError();
-    return written;  // a bad document leaves nothing behind
+    return written;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << absl::StrFormat(
-      "tokenized %d files (%d bytes) into %d tokens: %d shard%s %s_*.bin, %s ids "
-      "(%s's llm.c format), in %.2f s\n",
-      flags.inputs.size(), bytes, writer.tokens(), writer.paths().size(),
-      writer.paths().size() == 1 ? "" : "s", ChildPath(flags.out, "train"),
+      "tokenized %d files, %d documents (%d bytes of text) into %d tokens: %d shard%s %s_*.bin, "
+      "%s ids (%s's llm.c format), in %.2f s\n",
+      flags.inputs.size(), encoder.documents(), encoder.bytes(), writer.tokens(),
+      writer.paths().size(), writer.paths().size() == 1 ? "" : "s", ChildPath(flags.out, "train"),
       writer.wide() ? "32-bit" : "16-bit", writer.wide() ? "Llama 3" : "GPT-2", seconds);
   return absl::OkStatus();
 }

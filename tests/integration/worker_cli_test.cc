@@ -1,6 +1,7 @@
 // trainyard-worker as a user runs it: bad input of every kind ends with one line that names the
 // problem and exit code 2 — never a crash, a hang or a stack trace; a good spec trains.
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -179,10 +180,10 @@ TEST_F(WorkerCli, TokenizesTextIntoShardsAJobTrainsOn) {
               out, "--separator", "\n", "--shard-tokens", "2000", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string text = "\n" + a + "\n" + b;
-  EXPECT_NE(
-      r.out.find(absl::StrCat("tokenized 2 files (", a.size() + b.size(), " bytes) into ",
-                              text.size(), " tokens: ", (text.size() + 1999) / 2000, " shards")),
-      std::string::npos)
+  EXPECT_NE(r.out.find(absl::StrCat("tokenized 2 files, 2 documents (", a.size() + b.size(),
+                                    " bytes of text) into ", text.size(),
+                                    " tokens: ", (text.size() + 1999) / 2000, " shards")),
+            std::string::npos)
       << r.out;
   auto stream = worker::BinShardStream::Open(out + "/train_*.bin", *RealFileSystem());
   ASSERT_TRUE(stream.ok()) << stream.status();
@@ -238,6 +239,33 @@ TEST_F(WorkerCli, TokenizesTextIntoShardsAJobTrainsOn) {
                            "--separator", "\xff"}),
                  "--separator: the text is not UTF-8");
   EXPECT_FALSE(fs::exists(none));
+}
+
+// JSON Lines, compressed or not: each line's --field is a document, in order; a line that is not
+// JSON is named with its line number.
+TEST_F(WorkerCli, TokenizesJsonLinesDocuments) {
+  const std::string tokenizer = Write("tok.json", ReversedBytesTokenizer());
+  const std::string lines =
+      Write("d.jsonl", "{\"text\": \"ab\", \"id\": 1}\n\n{\"text\": \"c\\n\"}\n");
+  ASSERT_EQ(std::system(absl::StrCat("gzip -k '", lines, "'").c_str()), 0);
+  const std::string out = (dir_ / "jl").string();
+  const ProcessResult r = Worker({"tokenize", lines + ".gz", lines, "--field", "text",
+                                  "--tokenizer", tokenizer, "--out", out, "--separator", "|"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("tokenized 2 files, 4 documents (8 bytes of text) into 12 tokens"),
+            std::string::npos)
+      << r.out;
+  auto stream = worker::BinShardStream::Open(out + "/train_000000.bin", *RealFileSystem());
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<int32_t> ids(12);
+  (*stream)->Read(0, 12, ids.data());
+  const std::string text = "|ab|c\n|ab|c\n";
+  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(ids[i], 255 - text[i]) << "at " << i;
+  ExpectBadInput(
+      Worker({"tokenize", lines, Write("e.jsonl", "{\"text\": \"x\"}\nnot json\n"), "--field",
+              "text", "--tokenizer", tokenizer, "--out", (dir_ / "none").string()}),
+      "e.jsonl:2: not a JSON object");
+  EXPECT_FALSE(fs::exists(dir_ / "none"));
 }
 
 // checkpoint.resume_from that cannot be used: one line naming the problem, exit code 2, and

@@ -57,6 +57,7 @@ ABSL_FLAG(std::string, device, "", "sample: where the model runs");
 ABSL_FLAG(std::string, threads, "", "sample, tokenize: CPU threads");
 ABSL_FLAG(std::string, separator, "", "tokenize: text before each document");
 ABSL_FLAG(std::string, shard_tokens, "", "tokenize: ids per shard");
+ABSL_FLAG(std::string, field, "", "tokenize: JSON Lines' text field");
 
 namespace trainyard::cli {
 namespace {
@@ -100,10 +101,12 @@ commands:
                                     the default: --top-k and --seed need T > 0; --threads is for
                                     --device cpu); --prompt's text is tokenized by a Hugging Face
                                     directory's tokenizer.json or --tokenizer's
-  tokenize TEXT... --tokenizer PATH --out DIR [--separator TEXT] [--shard-tokens N]
-           [--threads N]            text files (one document each) through a tokenizer.json into
-                                    llm.c shards DIR/train_*.bin for data.source bin
-                                    (docs/weights.md)
+  tokenize FILE... --tokenizer PATH --out DIR [--field NAME] [--separator TEXT]
+           [--shard-tokens N] [--threads N]
+                                    text files (one document each; with --field, JSON Lines of
+                                    one each; gzip or zstd read as they are) through a
+                                    tokenizer.json into llm.c shards DIR/train_*.bin for
+                                    data.source bin (docs/weights.md)
 
 exit codes: 0 ok (watch: succeeded), 1 failed or unexpected error, 2 bad input (flags, spec,
 unknown job, a job in the wrong state, a refused token or another user's job), 3 coordinator
@@ -160,7 +163,7 @@ const std::map<std::string, std::vector<std::string_view>>& CommandFlags() {
       {"sample",
        {"prompt", "prompt-tokens", "tokenizer", "tokens", "temperature", "top-k", "seed", "device",
         "threads"}},
-      {"tokenize", {"tokenizer", "out", "separator", "shard-tokens", "threads"}},
+      {"tokenize", {"tokenizer", "out", "field", "separator", "shard-tokens", "threads"}},
   };
   return *flags;
 }

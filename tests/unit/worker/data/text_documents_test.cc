@@ -1,0 +1,133 @@
+// The documents `trainyard tokenize` reads (worker/data/text_documents.h): gzip and zstd read
+// back to the bytes compressed here with zlib and libzstd, every member and frame of a file,
+// damaged streams refused naming the file; JSON Lines' fields with each line's place.
+#include "worker/data/text_documents.h"
+
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/filesystem.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/data/data_test_util.h"
+
+namespace trainyard::worker::data {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::ScratchDir;
+using testing_util::WriteBytes;
+
+// `text` as one gzip member.
+std::string Gzip(const std::string& text) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+// `text` as one zstd frame.
+std::string Zstd(const std::string& text) {
+  std::string out(ZSTD_compressBound(text.size()), '\0');
+  const size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
+  EXPECT_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// Text of `bytes` bytes that compresses, but not to nothing: several of the reader's 1 MiB chunks.
+std::string LongText(size_t bytes) {
+  std::string text;
+  for (int64_t i = 0; text.size() < bytes; ++i)
+    absl::StrAppend(&text, "line ", i * 7919 % 100003, "\n");
+  return text;
+}
+
+class TextDocumentsTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::string> Read(const std::string& name, const std::string& bytes) {
+    WriteBytes(dir_.File(name), bytes);
+    return ReadDecompressed(*RealFileSystem(), dir_.File(name));
+  }
+  ScratchDir dir_;
+};
+
+TEST_F(TextDocumentsTest, PlainTextIsReadAsItIs) {
+  auto text = Read("a.txt", "caf\xc3\xa9\n");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "caf\xc3\xa9\n");
+  auto empty = Read("e.txt", "");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, "");
+}
+
+TEST_F(TextDocumentsTest, GzipEveryMember) {
+  const std::string a = LongText(3 << 20), b = "second member\n";
+  auto one = Read("a.gz", Gzip(a));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, a);
+  auto two = Read("ab.gz", Gzip(a) + Gzip(b));
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, a + b);
+  const std::string whole = Gzip(a);
+  auto cut = Read("cut.gz", whole.substr(0, whole.size() / 2));
+  EXPECT_THAT(cut.status().message(), HasSubstr("cut.gz: a damaged gzip stream (it ends early)"));
+  std::string flipped = whole;
+  flipped[whole.size() - 3] ^= 0x55;  // the length in the trailer
+  auto bad = Read("bad.gz", flipped);
+  EXPECT_THAT(bad.status().message(), HasSubstr("bad.gz: a damaged gzip stream ("));
+}
+
+TEST_F(TextDocumentsTest, ZstdEveryFrame) {
+  const std::string a = LongText(3 << 20), b = "second frame\n";
+  auto one = Read("a.zst", Zstd(a));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, a);
+  auto two = Read("ab.zst", Zstd(a) + Zstd(b));
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, a + b);
+  const std::string whole = Zstd(a);
+  auto cut = Read("cut.zst", whole.substr(0, whole.size() / 2));
+  EXPECT_THAT(cut.status().message(), HasSubstr("cut.zst: a damaged zstd stream (it ends early)"));
+  auto junk = Read("junk.zst", whole + "xyz");
+  EXPECT_THAT(junk.status().message(), HasSubstr("junk.zst: a damaged zstd stream ("));
+}
+
+TEST(JsonLines, EachLinesFieldIsADocument) {
+  auto docs = JsonLinesDocuments(
+      "{\"text\": \"one\", \"id\": 1}\n\n  \r\n{\"id\": 2, \"text\": \"two\\nlines \\u00e9\"}\r\n"
+      "{\"text\": \"\"}",
+      "text", "d.jsonl");
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  ASSERT_EQ(docs->size(), 3u);
+  EXPECT_EQ((*docs)[0].source, "d.jsonl:1");
+  EXPECT_EQ((*docs)[0].text, "one");
+  EXPECT_EQ((*docs)[1].source, "d.jsonl:4");
+  EXPECT_EQ((*docs)[1].text, "two\nlines \xc3\xa9");
+  EXPECT_EQ((*docs)[2].source, "d.jsonl:5");
+  EXPECT_EQ((*docs)[2].text, "");
+  EXPECT_THAT(
+      JsonLinesDocuments("{\"text\": \"a\"}\n[1, 2]\n", "text", "d.jsonl").status().message(),
+      HasSubstr("d.jsonl:2: not a JSON object"));
+  EXPECT_THAT(JsonLinesDocuments("{\"text\": \"a\"\n", "text", "d.jsonl").status().message(),
+              HasSubstr("d.jsonl:1: not a JSON object"));
+  EXPECT_THAT(JsonLinesDocuments("{\"body\": \"a\"}\n", "text", "d.jsonl").status().message(),
+              HasSubstr("d.jsonl:1: no string field \"text\" (--field)"));
+  EXPECT_THAT(JsonLinesDocuments("{\"text\": 7}\n", "text", "d.jsonl").status().message(),
+              HasSubstr("d.jsonl:1: no string field \"text\""));
+}
+
+}  // namespace
+}  // namespace trainyard::worker::data
