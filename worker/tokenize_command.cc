@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -48,6 +49,8 @@ constexpr char kHelp[] =
     "                         when the tokenizer's fit, else 32-bit (Llama 3's)\n"
     "  --threads N            threads encoding documents (default: every core)\n";
 
+constexpr int kMaxThreads = 1024;
+
 struct TokenizeFlags {
   std::vector<std::string> inputs;
   std::string tokenizer, out, separator, field;
@@ -78,16 +81,17 @@ absl::StatusOr<TokenizeFlags> ParseTokenizeFlags(int argc, char** argv) {
                                                    " (a shard's count is an int32), got ",
                                                    flags.shard_tokens));
   }
-  if (flags.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--threads must be 0 (every core) or more, got ", flags.threads));
+  if (flags.threads < 0 || flags.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be from 0 (every core) to ",
+                                                   kMaxThreads, ", got ", flags.threads));
   }
   return flags;
 }
 
 // Every input is a file, and `out` holds no shards, before anything is written. Creates `out`
-// when it is missing (`*created`).
-absl::Status CheckPaths(FileSystem& fs, const TokenizeFlags& flags, bool* created) {
+// when it is missing, and with it any missing parent (`*created`: each, the deepest first).
+absl::Status CheckPaths(FileSystem& fs, const TokenizeFlags& flags,
+                        std::vector<std::string>* created) {
   for (const std::string& input : flags.inputs) {
     if (!fs.Exists(input)) return absl::InvalidArgumentError(absl::StrCat(input, ": no such file"));
     if (fs.IsDirectory(input)) {
@@ -96,7 +100,10 @@ absl::Status CheckPaths(FileSystem& fs, const TokenizeFlags& flags, bool* create
     }
   }
   if (!fs.Exists(flags.out)) {
-    *created = true;
+    for (std::string dir = flags.out; !dir.empty() && dir != "/" && !fs.Exists(dir);
+         dir = std::filesystem::path(dir).parent_path().string()) {
+      created->push_back(dir);
+    }
     return fs.CreateDirs(flags.out);
   }
   if (!fs.IsDirectory(flags.out)) {
@@ -200,7 +207,7 @@ absl::Status EncodeInputs(FileSystem& fs, const TokenizeFlags& flags, BatchEncod
     }
     TY_ASSIGN_OR_RETURN(std::vector<data::Document> documents,
                         data::JsonLinesDocuments(contents, flags.field, path));
-    contents.clear();
+    std::string().swap(contents);  // its memory, not only its length
     for (data::Document& d : documents) TY_RETURN_IF_ERROR(encoder.Add(std::move(d)));
   }
   return encoder.Flush();
@@ -215,7 +222,7 @@ absl::Status Tokenize(const TokenizeFlags& flags) {
   if (absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Encode(flags.separator); !ids.ok()) {
     return Annotate(ids.status(), "--separator");
   }
-  bool created = false;
+  std::vector<std::string> created;
   TY_RETURN_IF_ERROR(CheckPaths(fs, flags, &created));
   BinShardWriter writer(fs, ChildPath(flags.out, "train"), flags.shard_tokens,
                         (*tokenizer)->size() - 1);
@@ -229,7 +236,7 @@ absl::Status Tokenize(const TokenizeFlags& flags) {
   }
   if (!written.ok()) {  // a bad document leaves nothing behind
     for (const std::string& path : writer.paths()) fs.RemoveFile(path).IgnoreError();
-    if (created) fs.RemoveDir(flags.out).IgnoreError();
+    for (const std::string& dir : created) fs.RemoveDir(dir).IgnoreError();
     return written;
   }
   const double seconds =

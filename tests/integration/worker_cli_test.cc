@@ -261,11 +261,37 @@ TEST_F(WorkerCli, TokenizesJsonLinesDocuments) {
   (*stream)->Read(0, 12, ids.data());
   const std::string text = "|ab|c\n|ab|c\n";
   for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(ids[i], 255 - text[i]) << "at " << i;
-  ExpectBadInput(
-      Worker({"tokenize", lines, Write("e.jsonl", "{\"text\": \"x\"}\nnot json\n"), "--field",
-              "text", "--tokenizer", tokenizer, "--out", (dir_ / "none").string()}),
-      "e.jsonl:2: not a JSON object");
-  EXPECT_FALSE(fs::exists(dir_ / "none"));
+  const std::string nested = (dir_ / "a" / "b" / "c").string();
+  ExpectBadInput(Worker({"tokenize", lines, Write("e.jsonl", "{\"text\": \"x\"}\nnot json\n"),
+                         "--field", "text", "--tokenizer", tokenizer, "--out", nested}),
+                 "e.jsonl:2: not a JSON object");
+  EXPECT_FALSE(fs::exists(dir_ / "a"));  // the directories it made for --out, too
+  ExpectBadInput(Worker({"tokenize", lines, "--field", "text", "--tokenizer", tokenizer, "--out",
+                         nested, "--threads", "2000"}),
+                 "--threads must be from 0 (every core) to 1024, got 2000");
+
+  // Through the CLI, with more threads than documents and one document far longer than the rest:
+  // the runs still come out in order.
+  std::string uneven = absl::StrCat("{\"text\": \"", std::string(5000, 'L'), "\"}\n");
+  std::string expected = "|" + std::string(5000, 'L');
+  for (int i = 0; i < 5; ++i) {
+    absl::StrAppend(&uneven, "{\"text\": \"s", i, "\"}\n");
+    absl::StrAppend(&expected, "|s", i);
+  }
+  const std::string cli_out = (dir_ / "cli").string();
+  const ProcessResult cli = RunProcess(
+      {BinaryDir() + "/tools/cli/trainyard", "tokenize", Write("u.jsonl", uneven), "--field",
+       "text", "--tokenizer", tokenizer, "--out", cli_out, "--separator", "|", "--threads", "16"},
+      60);
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  auto cli_stream = worker::BinShardStream::Open(cli_out + "/train_000000.bin", *RealFileSystem());
+  ASSERT_TRUE(cli_stream.ok()) << cli_stream.status();
+  ASSERT_EQ((*cli_stream)->size(), static_cast<int64_t>(expected.size()));
+  std::vector<int32_t> cli_ids(expected.size());
+  (*cli_stream)->Read(0, (*cli_stream)->size(), cli_ids.data());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_EQ(cli_ids[i], 255 - expected[i]) << "at " << i;
+  }
 }
 
 // checkpoint.resume_from that cannot be used: one line naming the problem, exit code 2, and

@@ -215,17 +215,18 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
 }
 
 // trainyard-worker's arguments for `export`, `sample` or `tokenize` of `sources`: the command's
-// own flags.
+// own flags, then "--" and the sources.
 std::vector<std::string> WorkerArgs(const CommandLine& line,
                                     const std::vector<std::string>& sources) {
   std::vector<std::string> args = {line.command};
-  args.insert(args.end(), sources.begin(), sources.end());
   for (const auto& [name, values] : line.flags) {
     for (const std::string& value : values) {
       args.push_back("--" + name);
       args.push_back(value);
     }
   }
+  args.push_back("--");  // the sources after it, whatever they are named ("-h", "--x")
+  args.insert(args.end(), sources.begin(), sources.end());
   return args;
 }
 

@@ -128,8 +128,12 @@ void BinShardStream::Read(int64_t offset, int64_t count, int32_t* out) const {
 }
 
 BinShardWriter::BinShardWriter(FileSystem& fs, std::string prefix, int64_t shard_tokens,
-                               int32_t max_id)
-    : fs_(fs), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), wide_(max_id > 0xFFFF) {}
+                               int32_t max_id, int64_t max_shards)
+    : fs_(fs),
+      prefix_(std::move(prefix)),
+      shard_tokens_(shard_tokens),
+      wide_(max_id > 0xFFFF),
+      max_shards_(max_shards) {}
 
 absl::Status BinShardWriter::Append(std::span<const int32_t> ids) {
   for (size_t at = 0; at < ids.size();) {
@@ -144,6 +148,11 @@ absl::Status BinShardWriter::Append(std::span<const int32_t> ids) {
 absl::Status BinShardWriter::Finish() { return pending_.empty() ? absl::OkStatus() : Flush(); }
 
 absl::Status BinShardWriter::Flush() {
+  if (static_cast<int64_t>(paths_.size()) >= max_shards_) {
+    return absl::InvalidArgumentError(absl::StrCat("more than ", max_shards_, " shards of ",
+                                                   shard_tokens_,
+                                                   " tokens: give a larger shard size"));
+  }
   const int width = wide_ ? 4 : 2;
   std::string bytes;
   AppendInt32(&bytes, wide_ ? kWideBinShardMagic : kBinShardMagic);

@@ -70,12 +70,16 @@ class BinShardStream : public TokenStream {
 };
 
 // Writes a token stream as numbered shards `PREFIX_000000.bin`, `PREFIX_000001.bin`, … of
-// `shard_tokens` tokens each (the last one shorter), in GPT-2's format when every id fits in
-// uint16 (`max_id` below 65,536), else Llama 3's. Each shard is written whole and renamed into
-// place, so a reader never sees a partial one.
+// `shard_tokens` tokens each (the last one shorter; INVALID_ARGUMENT past `max_shards` of them), in
+// GPT-2's format when every id fits in uint16 (`max_id` below 65,536), else Llama 3's. Each shard
+// is written whole and renamed into place, so a reader never sees a partial one.
 class BinShardWriter {
  public:
-  BinShardWriter(FileSystem& fs, std::string prefix, int64_t shard_tokens, int32_t max_id);
+  // Shard numbers have six digits, so that their names sort in order: at most a million.
+  static constexpr int64_t kMaxShards = 1000000;
+
+  BinShardWriter(FileSystem& fs, std::string prefix, int64_t shard_tokens, int32_t max_id,
+                 int64_t max_shards = kMaxShards);
 
   // Appends `ids` (each in [0, max_id]), writing every shard that fills.
   [[nodiscard]] absl::Status Append(std::span<const int32_t> ids);
@@ -94,6 +98,7 @@ class BinShardWriter {
   std::string prefix_;
   int64_t shard_tokens_;
   bool wide_;
+  int64_t max_shards_;
   std::vector<int32_t> pending_;
   std::vector<std::string> paths_;
   int64_t tokens_ = 0;

@@ -51,7 +51,10 @@ absl::StatusOr<std::string> Gunzip(absl::string_view in, const std::string& path
       fed += more;
     }
     if (rc == Z_STREAM_END) {
-      if (z.avail_in == 0) return out;
+      const absl::string_view rest(reinterpret_cast<const char*>(z.next_in), z.avail_in);
+      if (fed == in.size() && rest.find_first_not_of('\0') == absl::string_view::npos) {
+        return out;  // the end, or zero padding after the last member (as tar pads)
+      }
       if (inflateReset(&z) != Z_OK) return Damaged(path, "gzip", "a member after the first");
       continue;  // the next member
     }
@@ -66,6 +69,10 @@ absl::StatusOr<std::string> Gunzip(absl::string_view in, const std::string& path
 absl::StatusOr<std::string> Unzstd(absl::string_view in, const std::string& path) {
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
   if (ctx == nullptr) return absl::InternalError("zstd: ZSTD_createDCtx failed");
+  // Frames written with --long have windows past the default limit (2^27 bytes): up to 2^31, the
+  // largest a 64-bit zstd writes.
+  constexpr int kWindowLogMax = 31;
+  ZSTD_DCtx_setParameter(ctx.get(), ZSTD_d_windowLogMax, kWindowLogMax);
   ZSTD_inBuffer input{in.data(), in.size(), 0};
   std::string out;
   size_t last = 0;  // 0 once a frame has ended and all of it is out

@@ -16,9 +16,10 @@
 
 namespace trainyard::worker::data {
 
-// `path`'s contents, decompressed when they are gzip (every member of a multi-member file, as
-// `zcat` reads it) or zstd (every frame). INVALID_ARGUMENT naming the file for a damaged or
-// truncated stream.
+// `path`'s contents, decompressed when they are gzip (every member of a multi-member file; zero
+// bytes after the last are padding) or zstd (every frame, windows up to 2 GiB as `--long=31`
+// writes). INVALID_ARGUMENT naming the file for a damaged or truncated stream, or other bytes
+// after the last gzip member.
 [[nodiscard]] absl::StatusOr<std::string> ReadDecompressed(FileSystem& fs, const std::string& path);
 
 struct Document {

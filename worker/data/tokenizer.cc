@@ -675,6 +675,11 @@ absl::Status Tokenizer::ParsePostProcessor(const Struct& step, const std::string
     }
     return absl::OkStatus();
   }
+  if (type == "TemplateProcessing" && template_seen_) {
+    return Bad(source, field,
+               "is a second TemplateProcessing (Trainyard reads one template, single sequence)");
+  }
+  template_seen_ = true;
   if (type != "TemplateProcessing") {
     return Bad(source, field,
                absl::StrCat("is of type \"", type,
@@ -737,7 +742,7 @@ absl::Status Tokenizer::ParseAddedTokens(const Value& list, bool normalizer,
                               "written only (false)"));
     }
     TY_ASSIGN_OR_RETURN(const int32_t value, IdOf(*id, source, field + ".id"));
-    added_.push_back({text, value});
+    added_.push_back({text, value, Flag(s, "normalized", /*otherwise=*/!Flag(s, "special"))});
     SetToken(value, text);
   }
   std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
@@ -810,14 +815,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(FileSystem& fs,
   return Parse(json, file);
 }
 
-const Tokenizer::AddedToken* Tokenizer::AddedTokenAt(absl::string_view text) const {
+const Tokenizer::AddedToken* Tokenizer::AddedTokenAt(absl::string_view text,
+                                                     bool normalized) const {
   for (int32_t i : added_by_byte_[static_cast<uint8_t>(text[0])]) {  // longest first
-    if (absl::StartsWith(text, added_[i].content)) return &added_[i];
+    const AddedToken& a = added_[i];
+    if (a.normalized == normalized && absl::StartsWith(text, a.content)) return &a;
   }
   return nullptr;
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
+  if (text.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the text is ", text.size(), " bytes; Trainyard encodes at most ", INT32_MAX, " at once"));
+  }
   for (size_t at = 0; at < text.size();) {
     uint32_t c;
     if (!NextCodePoint(text, &at, &c)) {
@@ -826,20 +837,36 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
   }
   std::vector<int32_t> ids = prefix_;
   WordCache cache;
+  EncodeBetweenAdded(text, 0, /*normalized=*/false, &cache, &ids);
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+  return ids;
+}
+
+// As the reference matches added tokens: those with normalized false in the text (the longest
+// at each position), then those with normalized true in the stretches between them; what is
+// left is split and merged. `offset`: where `text` starts in the whole.
+void Tokenizer::EncodeBetweenAdded(absl::string_view text, size_t offset, bool normalized,
+                                   WordCache* cache, std::vector<int32_t>* out) const {
+  auto stretch = [&](size_t from, size_t to) {
+    const absl::string_view piece = text.substr(from, to - from);
+    if (normalized) {
+      EncodeSegment(piece, offset + from == 0, cache, out);
+    } else {
+      EncodeBetweenAdded(piece, offset + from, /*normalized=*/true, cache, out);
+    }
+  };
   size_t segment = 0;
   for (size_t at = 0; at < text.size();) {
-    const AddedToken* added = AddedTokenAt(text.substr(at));
+    const AddedToken* added = AddedTokenAt(text.substr(at), normalized);
     if (added == nullptr) {
       ++at;
       continue;
     }
-    EncodeSegment(text.substr(segment, at - segment), segment == 0, &cache, &ids);
-    ids.push_back(added->id);
+    stretch(segment, at);
+    out->push_back(added->id);
     segment = at += added->content.size();
   }
-  EncodeSegment(text.substr(segment), segment == 0, &cache, &ids);
-  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
-  return ids;
+  stretch(segment, text.size());
 }
 
 void Tokenizer::EncodeSegment(absl::string_view text, bool first, WordCache* cache,
@@ -937,6 +964,7 @@ void Tokenizer::EncodeWord(absl::string_view word, WordCache* cache,
   }
   std::vector<int32_t> ids = MergeWord(word);
   out->insert(out->end(), ids.begin(), ids.end());
+  if (word.size() > kLongestCachedWord) return;  // an unsplit text, say: it will not repeat
   if (cache->size() >= kCachedWords) cache->clear();
   cache->emplace(word, std::move(ids));
 }

@@ -19,9 +19,12 @@
 // - decoder: ByteLevel; for SentencePiece's alphabet Metaspace, or a Sequence of Replace("▁" →
 //   " "), ByteFallback, Fuse and Strip(" ", start, 0), in that order. post_processor: null,
 //   ByteLevel, TemplateProcessing (its single-sequence template), or a Sequence of those.
-// - added_tokens: matched in the text first (the longest at each position); the text between them
-//   is split and merged as above. With a normalizer, only ones matched in the text as written
-//   (normalized false).
+// - added_tokens: matched in the text first (the longest at each position; those with
+//   normalized false, then those with normalized true between them, as the reference does); the
+//   text between them is split and merged as above. With a normalizer, only ones matched in the
+//   text as written (normalized false). post_processor: at most one TemplateProcessing.
+//
+// A text is at most 2^31 − 1 bytes.
 //
 // A character the vocabulary lacks becomes, before any merge, its UTF-8 bytes' <0xNN> tokens
 // (byte_fallback, when all are there), else the unknown token, else nothing, in the order the
@@ -96,6 +99,7 @@ class Tokenizer {
   struct AddedToken {
     std::string content;
     int32_t id;
+    bool normalized;  // matched in the stretches between the others
   };
   struct Merge {
     int32_t rank;
@@ -141,6 +145,7 @@ class Tokenizer {
   // it holds kCachedWords.
   using WordCache = absl::flat_hash_map<std::string, std::vector<int32_t>>;
   static constexpr size_t kCachedWords = size_t{1} << 16;
+  static constexpr size_t kLongestCachedWord = 256;  // bytes
   static uint64_t PairKey(int32_t left, int32_t right) {
     return static_cast<uint64_t>(left) << 32 | static_cast<uint32_t>(right);
   }
@@ -157,8 +162,11 @@ class Tokenizer {
   // The word's characters as tokens before any merge (see the .cc).
   std::vector<Symbol> InitialSymbols(absl::string_view word) const;
   const Merge* MergeOf(int32_t left, int32_t right) const;
-  // The added token at the start of `text`, the longest when several are; nullptr for none.
-  const AddedToken* AddedTokenAt(absl::string_view text) const;
+  // The added token at the start of `text` among those `normalized` or not, the longest when
+  // several are; nullptr for none.
+  const AddedToken* AddedTokenAt(absl::string_view text, bool normalized) const;
+  void EncodeBetweenAdded(absl::string_view text, size_t offset, bool normalized, WordCache* cache,
+                          std::vector<int32_t>* out) const;
 
   std::vector<std::unique_ptr<Split>> splits_;
   absl::flat_hash_map<std::string, int32_t> vocab_;  // spelling → id
@@ -173,6 +181,7 @@ class Tokenizer {
   std::vector<AddedToken> added_;       // longest content first
   std::array<std::vector<int32_t>, 256> added_by_byte_;  // first byte → indices into added_
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's ids around a sequence
+  bool template_seen_ = false;
   absl::flat_hash_map<int32_t, std::string> spelling_;  // id → its token, as in the file
   int32_t size_ = 0;
 };

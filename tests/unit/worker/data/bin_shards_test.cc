@@ -266,6 +266,13 @@ TEST_F(BinShardsTest, WriterCutsShardsInTheFormatTheIdsNeed) {
   BinShardWriter empty(*RealFileSystem(), dir_.File("e"), 4, 10);
   ASSERT_TRUE(empty.Finish().ok());
   EXPECT_TRUE(empty.paths().empty());
+  // Past the last number the names hold (a million; two here), nothing more is written.
+  BinShardWriter capped(*RealFileSystem(), dir_.File("c"), 4, 10, /*max_shards=*/2);
+  ASSERT_TRUE(capped.Append(std::vector<int32_t>(9, 1)).ok());  // two shards and one pending
+  const absl::Status over = capped.Finish();
+  EXPECT_THAT(over.message(),
+              HasSubstr("more than 2 shards of 4 tokens: give a larger shard size"));
+  EXPECT_EQ(capped.paths().size(), 2u);
 }
 
 // tools/write_bin_shard.py writes shards this reader accepts.

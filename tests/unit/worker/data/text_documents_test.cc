@@ -105,6 +105,42 @@ TEST_F(TextDocumentsTest, ZstdEveryFrame) {
   EXPECT_THAT(junk.status().message(), HasSubstr("junk.zst: a damaged zstd stream ("));
 }
 
+// A frame whose window is past libzstd's default limit (2^27), as `zstd --long` writes: the
+// stream API without a pledged size keeps the window asked for.
+TEST_F(TextDocumentsTest, ZstdWithALongWindow) {
+  const std::string text = LongText(1 << 20);
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ASSERT_FALSE(ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, 29)));
+  std::string out(ZSTD_compressBound(text.size()) + 1024, '\0');
+  ZSTD_inBuffer in{text.data(), text.size(), 0};
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  // Continue first, so that the size is not known in advance and the window stays 2^29.
+  ASSERT_FALSE(ZSTD_isError(ZSTD_compressStream2(c, &o, &in, ZSTD_e_continue)));
+  ASSERT_EQ(ZSTD_compressStream2(c, &o, &in, ZSTD_e_end), 0u);
+  ZSTD_freeCCtx(c);
+  out.resize(o.pos);
+  // libzstd's default limit refuses it: the frame does need the larger window.
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  std::string sink(1 << 20, '\0');
+  ZSTD_inBuffer from{out.data(), out.size(), 0};
+  ZSTD_outBuffer to{sink.data(), sink.size(), 0};
+  EXPECT_TRUE(ZSTD_isError(ZSTD_decompressStream(d, &to, &from)));
+  ZSTD_freeDCtx(d);
+  auto read = Read("long.zst", out);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, text);
+}
+
+// Zero bytes after the last gzip member are padding; anything else there is refused.
+TEST_F(TextDocumentsTest, GzipPaddingButNotGarbage) {
+  const std::string text = "padded\n";
+  auto padded = Read("p.gz", Gzip(text) + std::string(512, '\0'));
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_EQ(*padded, text);
+  auto garbage = Read("g.gz", Gzip(text) + "junk");
+  EXPECT_THAT(garbage.status().message(), HasSubstr("g.gz: a damaged gzip stream ("));
+}
+
 TEST(JsonLines, EachLinesFieldIsADocument) {
   auto docs = JsonLinesDocuments(
       "{\"text\": \"one\", \"id\": 1}\n\n  \r\n{\"id\": 2, \"text\": \"two\\nlines \\u00e9\"}\r\n"

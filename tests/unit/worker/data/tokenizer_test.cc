@@ -124,7 +124,7 @@ TEST(Tokenizer, AddedTokensSplitTheTextAndTheTemplateAddsTheBeginning) {
       {"id": 300, "content": "<|eot|>", "special": true},
       {"id": 301, "content": "<|eot_id|>", "special": true},
       {"id": 302, "content": "<|begin|>", "special": true},
-      {"id": 303, "content": "<|eot|>!", "special": false}],
+      {"id": 303, "content": "<|eot|>!", "special": false, "normalized": false}],
     "post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel"},
       {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin|>"}},
        {"Sequence": {"id": "A"}}], "special_tokens": {"<|begin|>": {"ids": [302]}}}]})";
@@ -154,6 +154,31 @@ void ExpectRefused(const std::string& json, const std::string& message) {
   auto t = Tokenizer::Parse(json, "tok.json");
   ASSERT_FALSE(t.ok()) << "accepted, expected: " << message;
   EXPECT_THAT(std::string(t.status().message()), HasSubstr(message));
+}
+
+// Added tokens with normalized false are cut out first, those with normalized true only from the
+// stretches between them (a special token's default is false, another's true), as the reference
+// does; one template at most.
+TEST(Tokenizer, AddedTokensMatchInTheReferencesTwoPasses) {
+  std::string json = Json({}, {});
+  json.insert(json.size() - 1, R"(, "added_tokens": [
+      {"id": 300, "content": "ab", "normalized": false},
+      {"id": 301, "content": "xa", "normalized": true},
+      {"id": 302, "content": "yb", "special": false},
+      {"id": 303, "content": "by", "special": true}])");
+  auto t = Make(json);
+  ASSERT_NE(t, nullptr);
+  EXPECT_THAT(Ids(*t, "xab"), ElementsAre('x', 300));  // one pass would give "xa" "b"
+  EXPECT_THAT(Ids(*t, "xaxa"), ElementsAre(301, 301));
+  EXPECT_THAT(Ids(*t, "yby"), ElementsAre('y', 303));  // "by" is special: the first pass
+  std::string two = Json({}, {});
+  two.insert(two.size() - 1, R"(, "added_tokens": [{"id": 300, "content": "<s>"}],
+    "post_processor": {"type": "Sequence", "processors": [
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+       {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [300]}}},
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+       {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [300]}}}]})");
+  ExpectRefused(two, "tok.json: post_processor.processors[1] is a second TemplateProcessing");
 }
 
 // `json` with the first `from` in it replaced by `to`.
