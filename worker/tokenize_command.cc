@@ -197,18 +197,17 @@ class BatchEncoder {
   uint64_t bytes_ = 0;
 };
 
-// Every input's documents (decompressed; each line's --field of JSON Lines) through `encoder`.
+// Every input's documents (decompressed; each line's --field of JSON Lines, streamed) through
+// `encoder`.
 absl::Status EncodeInputs(FileSystem& fs, const TokenizeFlags& flags, BatchEncoder& encoder) {
   for (const std::string& path : flags.inputs) {
-    TY_ASSIGN_OR_RETURN(std::string contents, data::ReadDecompressed(fs, path));
-    if (flags.field.empty()) {
-      TY_RETURN_IF_ERROR(encoder.Add({path, std::move(contents)}));
+    if (!flags.field.empty()) {
+      TY_RETURN_IF_ERROR(data::ForEachJsonLine(
+          fs, path, flags.field, [&](data::Document d) { return encoder.Add(std::move(d)); }));
       continue;
     }
-    TY_ASSIGN_OR_RETURN(std::vector<data::Document> documents,
-                        data::JsonLinesDocuments(contents, flags.field, path));
-    std::string().swap(contents);  // its memory, not only its length
-    for (data::Document& d : documents) TY_RETURN_IF_ERROR(encoder.Add(std::move(d)));
+    TY_ASSIGN_OR_RETURN(std::string contents, data::ReadDecompressed(fs, path));
+    TY_RETURN_IF_ERROR(encoder.Add({path, std::move(contents)}));
   }
   return encoder.Flush();
 }

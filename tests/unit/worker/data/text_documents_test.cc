@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -141,28 +142,65 @@ TEST_F(TextDocumentsTest, GzipPaddingButNotGarbage) {
   EXPECT_THAT(garbage.status().message(), HasSubstr("g.gz: a damaged gzip stream ("));
 }
 
-TEST(JsonLines, EachLinesFieldIsADocument) {
-  auto docs = JsonLinesDocuments(
+// The documents of `bytes` written to `name`, as ForEachJsonLine gives them.
+absl::StatusOr<std::vector<Document>> JsonLines(const ScratchDir& dir, const std::string& name,
+                                                const std::string& bytes) {
+  WriteBytes(dir.File(name), bytes);
+  std::vector<Document> documents;
+  absl::Status status = ForEachJsonLine(*RealFileSystem(), dir.File(name), "text", [&](Document d) {
+    documents.push_back(std::move(d));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return documents;
+}
+
+TEST_F(TextDocumentsTest, EachJsonLinesFieldIsADocument) {
+  auto docs = JsonLines(
+      dir_, "d.jsonl",
       "{\"text\": \"one\", \"id\": 1}\n\n  \r\n{\"id\": 2, \"text\": \"two\\nlines \\u00e9\"}\r\n"
-      "{\"text\": \"\"}",
-      "text", "d.jsonl");
+      "{\"text\": \"\"}");
   ASSERT_TRUE(docs.ok()) << docs.status();
   ASSERT_EQ(docs->size(), 3u);
-  EXPECT_EQ((*docs)[0].source, "d.jsonl:1");
+  const std::string file = dir_.File("d.jsonl");
+  EXPECT_EQ((*docs)[0].source, file + ":1");
   EXPECT_EQ((*docs)[0].text, "one");
-  EXPECT_EQ((*docs)[1].source, "d.jsonl:4");
+  EXPECT_EQ((*docs)[1].source, file + ":4");
   EXPECT_EQ((*docs)[1].text, "two\nlines \xc3\xa9");
-  EXPECT_EQ((*docs)[2].source, "d.jsonl:5");
+  EXPECT_EQ((*docs)[2].source, file + ":5");
   EXPECT_EQ((*docs)[2].text, "");
-  EXPECT_THAT(
-      JsonLinesDocuments("{\"text\": \"a\"}\n[1, 2]\n", "text", "d.jsonl").status().message(),
-      HasSubstr("d.jsonl:2: not a JSON object"));
-  EXPECT_THAT(JsonLinesDocuments("{\"text\": \"a\"\n", "text", "d.jsonl").status().message(),
-              HasSubstr("d.jsonl:1: not a JSON object"));
-  EXPECT_THAT(JsonLinesDocuments("{\"body\": \"a\"}\n", "text", "d.jsonl").status().message(),
-              HasSubstr("d.jsonl:1: no string field \"text\" (--field)"));
-  EXPECT_THAT(JsonLinesDocuments("{\"text\": 7}\n", "text", "d.jsonl").status().message(),
-              HasSubstr("d.jsonl:1: no string field \"text\""));
+  EXPECT_THAT(JsonLines(dir_, "e.jsonl", "{\"text\": \"a\"}\n[1, 2]\n").status().message(),
+              HasSubstr("e.jsonl:2: not a JSON object"));
+  EXPECT_THAT(JsonLines(dir_, "f.jsonl", "{\"text\": \"a\"\n").status().message(),
+              HasSubstr("f.jsonl:1: not a JSON object"));
+  EXPECT_THAT(JsonLines(dir_, "g.jsonl", "{\"body\": \"a\"}\n").status().message(),
+              HasSubstr("g.jsonl:1: no string field \"text\" (--field)"));
+  EXPECT_THAT(JsonLines(dir_, "h.jsonl", "{\"text\": 7}\n").status().message(),
+              HasSubstr("h.jsonl:1: no string field \"text\""));
+}
+
+// Lines streamed across the reader's megabyte chunks, plain, gzip and zstd, come out whole and
+// in order; an error from the caller stops the reading.
+TEST_F(TextDocumentsTest, JsonLinesStreamAcrossChunks) {
+  std::string lines;
+  std::vector<std::string> texts;
+  for (int i = 0; lines.size() < (3 << 20); ++i) {
+    texts.push_back(absl::StrCat("document ", i, " ", std::string(i % 997, 'x')));
+    absl::StrAppend(&lines, "{\"text\": \"", texts.back(), "\"}\n");
+  }
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"p.jsonl", lines}, {"g.jsonl.gz", Gzip(lines)}, {"z.jsonl.zst", Zstd(lines)}}) {
+    auto docs = JsonLines(dir_, name, bytes);
+    ASSERT_TRUE(docs.ok()) << name << ": " << docs.status();
+    ASSERT_EQ(docs->size(), texts.size()) << name;
+    for (size_t i = 0; i < texts.size(); ++i) ASSERT_EQ((*docs)[i].text, texts[i]) << name;
+  }
+  int seen = 0;
+  const absl::Status stopped = ForEachJsonLine(
+      *RealFileSystem(), dir_.File("g.jsonl.gz"), "text",
+      [&](Document) { return ++seen == 3 ? absl::CancelledError("enough") : absl::OkStatus(); });
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(seen, 3);
 }
 
 }  // namespace
