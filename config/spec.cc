@@ -251,17 +251,22 @@ absl::Status ReadData(FieldReader& r, DataSpec* d) {
 // mistakes. A negative sample_every or eval_every is left to FindSpecProblem, which names it.
 absl::Status CheckUnusedTrainingFields(const FieldReader& r, const TrainingSpec& t) {
   if (t.sample_every == 0) {
-    for (const char* key : {"sample_tokens", "sample_prompt", "sample_prompt_tokens",
-                            "sample_tokenizer", "sample_temperature", "sample_top_k"}) {
+    for (const char* key :
+         {"sample_tokens", "sample_prompt", "sample_prompt_tokens", "sample_tokenizer",
+          "sample_temperature", "sample_top_k", "sample_top_p"}) {
       if (r.Has(key)) {
         TY_RETURN_IF_ERROR(
             r.Inert(key, "only used when sample_every is positive (this job draws no samples)"));
       }
     }
-  } else if (t.sample_temperature == 0 && r.Has("sample_top_k")) {
-    TY_RETURN_IF_ERROR(r.Inert("sample_top_k",
-                               "not used when sample_temperature is 0 (greedy sampling takes "
-                               "the most likely token)"));
+  } else if (t.sample_temperature == 0) {
+    for (const char* key : {"sample_top_k", "sample_top_p"}) {
+      if (r.Has(key)) {
+        TY_RETURN_IF_ERROR(r.Inert(key,
+                                   "not used when sample_temperature is 0 (greedy sampling takes "
+                                   "the most likely token)"));
+      }
+    }
   }
   if (t.eval_every == 0 && r.Has("eval_batches")) {
     TY_RETURN_IF_ERROR(r.Inert("eval_batches",
@@ -300,7 +305,8 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
                                           "sample_prompt_tokens",
                                           "sample_tokenizer",
                                           "sample_temperature",
-                                          "sample_top_k"}));
+                                          "sample_top_k",
+                                          "sample_top_p"}));
   TY_RETURN_IF_ERROR(r.ReadInt64("steps", &t->steps));
   TY_RETURN_IF_ERROR(r.ReadInt("batch", &t->batch));
   TY_RETURN_IF_ERROR(r.ReadInt("micro_batch", &t->micro_batch));
@@ -333,6 +339,7 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
   }
   TY_RETURN_IF_ERROR(r.ReadDouble("sample_temperature", &t->sample_temperature));
   TY_RETURN_IF_ERROR(r.ReadInt("sample_top_k", &t->sample_top_k));
+  TY_RETURN_IF_ERROR(r.ReadDouble("sample_top_p", &t->sample_top_p));
   return CheckUnusedTrainingFields(r, *t);
 }
 

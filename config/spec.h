@@ -65,7 +65,8 @@ struct TrainingSpec {
   int threads = 0;  // CPU threads per rank; 0 = all cores
   // Text generated from the model while it trains (worker/sampling.h): every sample_every steps
   // and at the last one; 0 = never. Each sample continues its prompt by sample_tokens tokens,
-  // drawn at sample_temperature (0: greedy) among the sample_top_k most likely (0: all).
+  // drawn at sample_temperature (0: greedy) among the sample_top_k most likely (0: all), then
+  // among the most likely whose probabilities first reach sample_top_p (1: all).
   int64_t sample_every = 0;
   int sample_tokens = 64;
   std::string sample_prompt;                  // text: through sample_tokenizer, else bytes
@@ -75,6 +76,7 @@ struct TrainingSpec {
   std::string sample_tokenizer;
   double sample_temperature = 1.0;
   int sample_top_k = 0;
+  double sample_top_p = 1.0;
 };
 
 // Without sample_prompt or sample_prompt_tokens, samples continue the first this many tokens of

@@ -126,6 +126,10 @@ Problem CheckSamples(const TrainingSpec& t, const ModelConfig& model) {
     return Bad("training.sample_temperature",
                absl::StrCat("must be 0 (greedy) or positive, got ", t.sample_temperature));
   }
+  if (!(t.sample_top_p > 0 && t.sample_top_p <= 1)) {
+    return Bad("training.sample_top_p",
+               absl::StrCat("must be in (0, 1] (1: every token), got ", t.sample_top_p));
+  }
   if (!t.sample_prompt.empty() && !t.sample_prompt_tokens.empty()) {
     return Bad("training.sample_prompt", "give sample_prompt or sample_prompt_tokens, not both",
                {"training.sample_prompt_tokens"});

@@ -34,6 +34,8 @@ ABSL_FLAG(std::string, field, "", "tokenize: JSON Lines' text field");
 ABSL_FLAG(int, tokens, 32, "new tokens");
 ABSL_FLAG(float, temperature, 0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "draw among the K most likely (0: all)");
+ABSL_FLAG(float, top_p, 1, "draw among the most likely tokens whose probabilities reach P");
+ABSL_FLAG(std::string, eos, "", "the ids that end generation, or none");
 ABSL_FLAG(uint64_t, seed, 0, "the draws' seed");
 ABSL_FLAG(std::string, device, "cpu", "where the model runs (cpu, cuda)");
 

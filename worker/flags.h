@@ -43,6 +43,8 @@ ABSL_DECLARE_FLAG(std::string, tokenizer);
 ABSL_DECLARE_FLAG(int, tokens);
 ABSL_DECLARE_FLAG(float, temperature);
 ABSL_DECLARE_FLAG(int, top_k);
+ABSL_DECLARE_FLAG(float, top_p);
+ABSL_DECLARE_FLAG(std::string, eos);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, device);
 // Tokenize (and --tokenizer, --out, --threads above).

@@ -17,41 +17,67 @@ namespace {
 
 using config::ModelFamily;
 
-// The next token from the last position's logits.
-int32_t Choose(const std::vector<float>& logits, const SampleOptions& o, std::mt19937_64& rng) {
+// Keeps, of `ids` and their `weight`s (unnormalised probabilities, `sum` in all), the nucleus:
+// the most likely ids, in order of weight (the lower id first on ties), while the weight before
+// each is below top_p of the sum; the kept ids in increasing order, and their sum.
+double KeepNucleus(std::vector<int32_t>& ids, std::vector<double>& weight, double sum,
+                   float top_p) {
+  std::vector<int> order(ids.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return weight[a] > weight[b] || (weight[a] == weight[b] && ids[a] < ids[b]);
+  });
+  const double limit = static_cast<double>(top_p) * sum;
+  double before = 0;
+  size_t keep = 0;
+  while (keep < order.size() && (keep == 0 || before < limit)) before += weight[order[keep++]];
+  order.resize(keep);
+  std::sort(order.begin(), order.end());  // ids ascend with their index
+  std::vector<int32_t> kept_ids(keep);
+  std::vector<double> kept_weight(keep);
+  for (size_t i = 0; i < keep; ++i) {
+    kept_ids[i] = ids[order[i]];
+    kept_weight[i] = weight[order[i]];
+  }
+  ids = std::move(kept_ids);
+  weight = std::move(kept_weight);
+  return before;
+}
+
+}  // namespace
+
+int32_t ChooseToken(const std::vector<float>& logits, const SampleOptions& o,
+                    std::mt19937_64& rng) {
   const int vocab = static_cast<int>(logits.size());
   if (o.temperature <= 0.0f) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
-  int keep = vocab;
   if (o.top_k > 0 && o.top_k < vocab) {
-    keep = o.top_k;
-    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+    std::partial_sort(ids.begin(), ids.begin() + o.top_k, ids.end(), [&](int32_t a, int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
-    ids.resize(keep);
+    ids.resize(o.top_k);
     std::sort(ids.begin(), ids.end());
   }
   double top = -INFINITY;
   for (int32_t id : ids) top = std::max(top, static_cast<double>(logits[id]));
-  std::vector<double> weight(keep);
+  std::vector<double> weight(ids.size());
   double sum = 0;
-  for (int i = 0; i < keep; ++i) {
+  for (size_t i = 0; i < ids.size(); ++i) {
     weight[i] = std::exp((logits[ids[i]] - top) / o.temperature);
     sum += weight[i];
   }
+  if (o.top_p < 1.0f) sum = KeepNucleus(ids, weight, sum, o.top_p);
   const double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
   double acc = 0;
-  for (int i = 0; i < keep; ++i) {
+  for (size_t i = 0; i < ids.size(); ++i) {
     acc += weight[i];
     if (u < acc) return ids[i];
   }
-  return ids[keep - 1];
+  return ids.back();
 }
-
-}  // namespace
 
 Generator::Generator(const config::ModelConfig& model, Backend* backend)
     : model_(model), backend_(backend), layout_(model) {}
@@ -226,6 +252,9 @@ absl::Status Generator::CheckRequest(const std::vector<int32_t>& prompt,
           absl::StrCat("prompt token ", t, " is outside the vocabulary of ", model_.vocab));
     }
   }
+  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", options.top_p));
+  }
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.tokens;
   if (total > model_.max_seq) {
     return absl::InvalidArgumentError(absl::StrCat("the prompt's ", prompt.size(), " tokens and ",
@@ -244,9 +273,13 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   std::vector<int32_t> out;
   Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);
   for (int i = 0; i < options.tokens; ++i) {
-    const int32_t next = Choose(host_logits_, options, rng);
+    const int32_t next = ChooseToken(host_logits_, options, rng);
     out.push_back(next);
     if (on_token) on_token(next);
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) !=
+        options.stop_ids.end()) {
+      break;
+    }
     if (i + 1 < options.tokens) {
       Forward(&next, 1, static_cast<int64_t>(prompt.size()) + i);
     }

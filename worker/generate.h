@@ -11,8 +11,12 @@
 // the experts' load within a training micro-batch and has no meaning for one row at a time.
 //
 // Choosing a token: greedy (temperature 0: the largest logit, the lowest id on ties), else a draw
-// from softmax(logits / temperature), over the top_k largest when top_k > 0, from a generator
-// seeded with `seed`: the same seed gives the same text.
+// from softmax(logits / temperature), over the top_k largest when top_k > 0, then over the
+// nucleus when top_p < 1 (the most likely tokens, in order, up to and including the one whose
+// probability brings their sum to top_p; ties in the order go to the lower id), as Hugging Face's
+// generate filters (temperature, top-k, top-p); from a generator seeded with `seed`: the same
+// seed gives the same text. Generation ends early after a token of `stop_ids` (the model's
+// end-of-sequence tokens), which is the last one returned.
 //
 // Not thread-safe.
 #ifndef TRAINYARD_WORKER_GENERATE_H_
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,9 +39,16 @@ namespace trainyard::worker {
 struct SampleOptions {
   int tokens = 32;  // new tokens to generate
   float temperature = 0.0f;
-  int top_k = 0;  // 0: every token
+  int top_k = 0;       // 0: every token
+  float top_p = 1.0f;  // in (0, 1]; 1: every token top_k kept
   uint64_t seed = 0;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these
 };
+
+// The next token from the last position's logits (vocab floats), as described above; `rng`
+// advances by one draw when temperature > 0.
+int32_t ChooseToken(const std::vector<float>& logits, const SampleOptions& options,
+                    std::mt19937_64& rng);
 
 class Generator {
  public:
@@ -46,8 +58,9 @@ class Generator {
       const config::ModelConfig& model, Backend* backend, const float* params);
 
   // The `options.tokens` tokens that follow `prompt` (at least one token, each below the
-  // vocabulary); `on_token` sees each as it is chosen. INVALID_ARGUMENT when prompt and new
-  // tokens together exceed the model's max_seq.
+  // vocabulary), fewer when one of `options.stop_ids` comes first (it ends the list); `on_token`
+  // sees each as it is chosen. INVALID_ARGUMENT when prompt and new tokens together exceed the
+  // model's max_seq, or top_p is outside (0, 1].
   // Generate's checks of its arguments, without generating.
   [[nodiscard]] absl::Status CheckRequest(const std::vector<int32_t>& prompt,
                                           const SampleOptions& options) const;

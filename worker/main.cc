@@ -46,9 +46,11 @@
 #include <cstdlib>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
@@ -56,6 +58,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
@@ -349,8 +352,8 @@ int RunExport(int argc, char** argv) {
 
 constexpr char kSampleUsage[] =
     "usage: trainyard-worker sample WEIGHTS [--prompt TEXT | --prompt-tokens IDS] "
-    "[--tokenizer PATH] [--tokens N] [--temperature T] [--top-k K] [--seed S] "
-    "[--device cpu|cuda] [--threads N]";
+    "[--tokenizer PATH] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] "
+    "[--eos IDS|none] [--device cpu|cuda] [--threads N]";
 
 constexpr char kSampleHelp[] =
     "Sample: generates text from a model, with a key/value cache. WEIGHTS is a checkpoint\n"
@@ -367,13 +370,19 @@ constexpr char kSampleHelp[] =
     "  --tokens N             new tokens (default 32; prompt + N at most the model's max_seq)\n"
     "  --temperature T        0 (the default) is greedy: the most likely token each time\n"
     "  --top-k K              draw only among the K most likely tokens (default: all; T > 0)\n"
+    "  --top-p P              then only among the most likely tokens whose probabilities first\n"
+    "                         add up to P, in (0, 1] (default 1: all; T > 0)\n"
     "  --seed S               the draws' seed (default 0): the same seed, the same text (T > 0)\n"
+    "  --eos IDS              the token ids that end the text (\"2\" or \"128001,128009\"), or\n"
+    "                         none; default: a Hugging Face directory's eos_token_id\n"
+    "                         (generation_config.json, else config.json), else none\n"
     "  --device cpu|cuda      where the model runs (default cpu)\n"
     "  --threads N            CPU threads (default: every core; --device cpu)\n";
 
 struct SampleFlags {
   std::string weights, prompt, prompt_tokens, tokenizer, device = "cpu";
   bool has_prompt = false;
+  std::optional<std::vector<int32_t>> eos;  // --eos; unset: the weights' own
   SampleOptions options;
   int threads = 0;
 };
@@ -382,7 +391,7 @@ struct SampleFlags {
 // default) draws nothing, and a CUDA model runs no CPU threads.
 absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags& flags) {
   if (flags.options.temperature == 0) {
-    constexpr std::string_view kDrawFlags[] = {"top-k", "seed"};
+    constexpr std::string_view kDrawFlags[] = {"top-k", "top-p", "seed"};
     TY_RETURN_IF_ERROR(RefuseGiven(
         line, kDrawFlags, " is not used when --temperature is 0 (greedy: the most likely token)"));
   }
@@ -391,10 +400,28 @@ absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags&
   return RefuseGiven(line, kCpuFlags, " is not used with --device cuda (CPU threads)");
 }
 
+// --eos: "none", or token ids separated by commas or spaces (checked against the vocabulary
+// once the weights are read).
+absl::StatusOr<std::vector<int32_t>> ParseEosFlag(const std::string& text) {
+  std::vector<int32_t> ids;
+  if (text == "none") return ids;
+  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(part, &id) || id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--eos: '", part, "' is not a token id (give ids, or none)"));
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty())
+    return absl::InvalidArgumentError("--eos holds no token ids (give ids, or none)");
+  return ids;
+}
+
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
-  constexpr std::string_view kFlags[] = {"prompt", "prompt-tokens", "tokenizer",
-                                         "tokens", "temperature",   "top-k",
-                                         "seed",   "device",        "threads"};
+  constexpr std::string_view kFlags[] = {"prompt",      "prompt-tokens", "tokenizer", "tokens",
+                                         "temperature", "top-k",         "top-p",     "seed",
+                                         "eos",         "device",        "threads"};
   TY_ASSIGN_OR_RETURN(const CommandLine line, ParseCommandLine(argc, argv, 2, kFlags, "sample"));
   if (line.help) {
     std::cout << kSampleUsage << "\n\n" << kSampleHelp;
@@ -411,6 +438,7 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   flags.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   flags.options.tokens = absl::GetFlag(FLAGS_tokens);
   flags.options.top_k = absl::GetFlag(FLAGS_top_k);
+  flags.options.top_p = absl::GetFlag(FLAGS_top_p);
   flags.options.temperature = absl::GetFlag(FLAGS_temperature);
   flags.options.seed = absl::GetFlag(FLAGS_seed);
   flags.device = absl::GetFlag(FLAGS_device);
@@ -421,6 +449,13 @@ absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
   if (flags.options.top_k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--top-k must be an integer of at least 0, got ", flags.options.top_k));
+  }
+  if (!(flags.options.top_p > 0.0f && flags.options.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-p must be a number in (0, 1], got ", flags.options.top_p));
+  }
+  if (line.Has("eos")) {
+    TY_ASSIGN_OR_RETURN(flags.eos, ParseEosFlag(absl::GetFlag(FLAGS_eos)));
   }
   if (line.Has("threads")) {
     flags.threads = absl::GetFlag(FLAGS_threads);
@@ -538,16 +573,35 @@ absl::Status Sample(const SampleFlags& flags) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     backend = MakeCpuBackend(flags.threads > 0 ? flags.threads : cores);
   }
+  SampleOptions options = flags.options;
+  options.stop_ids = flags.eos.value_or(weights.eos_ids);
+  for (int32_t id : options.stop_ids) {
+    if (id >= weights.model.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--eos: ", id, " is not a token id below the vocabulary of ", weights.model.vocab));
+    }
+  }
   TY_ASSIGN_OR_RETURN(std::unique_ptr<Generator> generator,
                       Generator::Create(weights.model, backend.get(), weights.params.data()));
-  TY_RETURN_IF_ERROR(generator->CheckRequest(prompt, flags.options));
+  TY_RETURN_IF_ERROR(generator->CheckRequest(prompt, options));
   std::cerr << "sampling " << weights.description << " on " << backend->name()
-            << (tokenizer ? absl::StrCat(", text through ", tokenizer_path) : "") << "\n";
+            << (tokenizer ? absl::StrCat(", text through ", tokenizer_path) : "")
+            << (options.stop_ids.empty()
+                    ? ""
+                    : absl::StrCat(", ending at token ", absl::StrJoin(options.stop_ids, " or ")))
+            << "\n";
   const bool text = flags.has_prompt;
   if (text) std::cout << flags.prompt << std::flush;
   bool first = true;
+  auto is_stop = [&](int32_t token) {
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
+           options.stop_ids.end();
+  };
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
-                      generator->Generate(prompt, flags.options, [&](int32_t token) {
+                      generator->Generate(prompt, options, [&](int32_t token) {
+                        // An end-of-sequence token ends the text and is not part of it (ids
+                        // show it).
+                        if (text && is_stop(token)) return;
                         if (text && tokenizer != nullptr) {
                           std::cout << tokenizer->TokenBytes(token) << std::flush;
                         } else if (text) {
@@ -558,6 +612,10 @@ absl::Status Sample(const SampleFlags& flags) {
                         first = false;
                       }));
   std::cout << "\n";
+  if (!out.empty() && is_stop(out.back())) {
+    std::cerr << "ended at token " << out.back() << " after " << out.size() << " of "
+              << options.tokens << " tokens\n";
+  }
   return absl::OkStatus();
 }
 

@@ -151,6 +151,7 @@ SampleOptions SampleOptionsAt(const config::TrainingSpec& training, int64_t step
   return {.tokens = training.sample_tokens,
           .temperature = static_cast<float>(training.sample_temperature),
           .top_k = training.sample_top_k,
+          .top_p = static_cast<float>(training.sample_top_p),
           .seed = training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(step)};
 }
 

@@ -58,8 +58,9 @@ struct Draw {
   const char* name;
   double temperature;
   int top_k;
+  double top_p;
 };
-const Draw kDraws[] = {{"greedy", 0.0, 0}, {"temperature", 0.9, 8}};
+const Draw kDraws[] = {{"greedy", 0.0, 0, 1.0}, {"temperature", 0.9, 8, 0.9}};
 
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh, const Draw& draw) {
   config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/40);
@@ -68,6 +69,7 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh, const Draw& draw) 
   spec.training.sample_tokens = 20;
   spec.training.sample_temperature = draw.temperature;
   spec.training.sample_top_k = draw.top_k;
+  spec.training.sample_top_p = draw.top_p;
   return spec;
 }
 

@@ -1,13 +1,18 @@
 // trainyard-worker as a user runs it: bad input of every kind ends with one line that names the
 // problem and exit code 2 — never a crash, a hang or a stack trace; a good spec trains.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/device_probe.h"
 #include "common/filesystem.h"
@@ -469,6 +474,96 @@ TEST_F(WorkerWeights, SampleBadInputAndGreedyText) {
   EXPECT_EQ(a.out.substr(0, 2), "hi");
   EXPECT_EQ(a.out.size(), 2u + 8u + 1u);
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export write the same";
+}
+
+// The text ends at an end-of-sequence token: --eos, or a Hugging Face directory's eos_token_id
+// (generation_config.json, else config.json); the ids end with it, the text leaves it out.
+// --top-p draws from the nucleus: a tiny one is greedy decoding. Tokens are drawn (a seed gives
+// the same ones each time), since greedy ones repeat.
+TEST_F(WorkerWeights, SampleEndsAtEndOfSequenceAndDrawsFromTheNucleus) {
+  const std::string saved = (dir_ / "saved").string(), hf = Exported("hf");
+  const ProcessResult all = Worker(
+      {"sample", saved, "--prompt-tokens", "104 105", "--tokens", "12", "--temperature", "1"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  std::vector<std::string> ids = absl::StrSplit(all.out, ' ', absl::SkipWhitespace());
+  ASSERT_EQ(ids.size(), 12u) << all.out;
+  for (std::string& id : ids) absl::StripAsciiWhitespace(&id);
+  size_t last_new = 0;  // stopping there shows generation did not stop at an earlier token
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (std::find(ids.begin(), ids.begin() + i, ids[i]) == ids.begin() + i) last_new = i;
+  }
+  ASSERT_GE(last_new, 6u) << all.out;
+  const std::string eos = ids[last_new];
+  const std::string head = absl::StrJoin(ids.begin(), ids.begin() + last_new + 1, " ") + "\n";
+  const std::string ended = absl::StrCat("ended at token ", eos, " after ", last_new + 1, " of 12");
+  const ProcessResult flag = Worker({"sample", saved, "--prompt-tokens", "104 105", "--tokens",
+                                     "12", "--temperature", "1", "--eos", eos + ",255"});
+  ASSERT_EQ(flag.exit_code, 0) << flag.err;
+  EXPECT_EQ(flag.out, head);
+  EXPECT_NE(flag.err.find(ended), std::string::npos) << flag.err;
+
+  std::stringstream config;
+  config << std::ifstream(hf + "/config.json").rdbuf();
+  Write("hf/config.json",
+        absl::StrReplaceAll(config.str(),
+                            {{"\"vocab_size\"", "\"eos_token_id\": " + eos + ", \"vocab_size\""}}));
+  const ProcessResult from_config =
+      Worker({"sample", hf, "--prompt-tokens", "104 105", "--tokens", "12", "--temperature", "1"});
+  EXPECT_EQ(from_config.out, head) << from_config.err;
+  // generation_config.json, when there is one, is what counts (transformers' generate).
+  Write("hf/generation_config.json", "{\"eos_token_id\": null}");
+  EXPECT_EQ(
+      Worker({"sample", hf, "--prompt-tokens", "104 105", "--tokens", "12", "--temperature", "1"})
+          .out,
+      all.out);
+  Write("hf/generation_config.json", absl::StrCat("{\"eos_token_id\": [255, ", eos, "]}"));
+  const ProcessResult text =
+      Worker({"sample", hf, "--prompt", "hi", "--tokens", "12", "--temperature", "1"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  std::string expected = "hi";
+  for (size_t i = 0; i < last_new; ++i) expected += static_cast<char>(std::stoi(ids[i]));
+  EXPECT_EQ(text.out, expected + "\n") << "the end-of-sequence token is not printed";
+  EXPECT_NE(text.err.find(ended), std::string::npos) << text.err;
+  EXPECT_EQ(Worker({"sample", hf, "--prompt-tokens", "104 105", "--tokens", "12", "--temperature",
+                    "1", "--eos", "none"})
+                .out,
+            all.out);
+
+  // A nucleus of the single most likely token is greedy decoding.
+  const ProcessResult greedy =
+      Worker({"sample", saved, "--prompt-tokens", "104 105", "--tokens", "12"});
+  const std::string greedy_first = greedy.out.substr(0, greedy.out.find_first_of(" \n"));
+  const ProcessResult nucleus = Worker({"sample", saved, "--prompt-tokens", "104 105", "--tokens",
+                                        "12", "--temperature", "1", "--top-p", "1e-6"});
+  EXPECT_NE(greedy.out, all.out);
+  EXPECT_EQ(nucleus.out, greedy.out) << nucleus.err;
+  // The trainyard CLI passes both flags on.
+  const ProcessResult cli = RunProcess(
+      {BinaryDir() + "/tools/cli/trainyard", "sample", saved, "--prompt-tokens", "104 105",
+       "--tokens", "12", "--temperature", "1", "--top-p", "1e-6", "--eos", greedy_first},
+      60);
+  EXPECT_EQ(cli.out, greedy_first + "\n") << cli.err;
+
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--top-p", "0.9"}),
+                 "--top-p is not used when --temperature is 0");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--temperature", "1", "--top-p", "0"}),
+                 "--top-p must be a number in (0, 1], got 0");
+  ExpectBadInput(
+      Worker({"sample", saved, "--prompt", "hi", "--temperature", "1", "--top-p", "1.5"}),
+      "--top-p must be a number in (0, 1], got 1.5");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--eos", "x"}),
+                 "--eos: 'x' is not a token id (give ids, or none)");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--eos", ","}),
+                 "--eos holds no token ids");
+  ExpectBadInput(Worker({"sample", saved, "--prompt", "hi", "--eos", "256"}),
+                 "--eos: 256 is not a token id below the vocabulary of 256");
+  Write("hf/generation_config.json", "{\"eos_token_id\": \"</s>\"}");
+  ExpectBadInput(Worker({"sample", hf, "--prompt", "hi"}),
+                 "generation_config.json: eos_token_id must be a token id below the vocabulary "
+                 "of 256 or a list of them");
+  Write("hf/generation_config.json", "{\"eos_token_id\": [1, 300]}");
+  ExpectBadInput(Worker({"sample", hf, "--prompt", "hi"}),
+                 "generation_config.json: eos_token_id must be a token id below");
 }
 
 // --prompt's text through a Hugging Face directory's tokenizer.json (or --tokenizer), and the

@@ -52,6 +52,8 @@ ABSL_FLAG(std::string, tokenizer, "", "sample, tokenize: a tokenizer.json");
 ABSL_FLAG(std::string, tokens, "", "sample: new tokens");
 ABSL_FLAG(std::string, temperature, "", "sample: 0 is greedy");
 ABSL_FLAG(std::string, top_k, "", "sample: draw among the K most likely");
+ABSL_FLAG(std::string, top_p, "", "sample: draw among the most likely, up to P");
+ABSL_FLAG(std::string, eos, "", "sample: the ids that end the text");
 ABSL_FLAG(std::string, seed, "", "sample: the draws' seed");
 ABSL_FLAG(std::string, device, "", "sample: where the model runs");
 ABSL_FLAG(std::string, threads, "", "sample, tokenize: CPU threads");
@@ -95,12 +97,15 @@ commands:
                                     model directory that transformers loads, or an llm.c GPT-2
                                     model file (docs/weights.md)
   sample WEIGHTS_OR_JOB [--prompt TEXT | --prompt-tokens IDS] [--tokenizer PATH] [--tokens N]
-         [--temperature T] [--top-k K] [--seed S] [--device cpu|cuda] [--threads N]
+         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--eos IDS|none]
+         [--device cpu|cuda] [--threads N]
                                     text generated from a checkpoint, a job's newest checkpoint,
                                     a Hugging Face directory or an llm.c file (greedy when T is 0,
-                                    the default: --top-k and --seed need T > 0; --threads is for
-                                    --device cpu); --prompt's text is tokenized by a Hugging Face
-                                    directory's tokenizer.json or --tokenizer's
+                                    the default: --top-k, --top-p and --seed need T > 0;
+                                    --threads is for --device cpu); --prompt's text is tokenized
+                                    by a Hugging Face directory's tokenizer.json or --tokenizer's;
+                                    it ends at a token of --eos (default: the directory's
+                                    eos_token_id)
   tokenize FILE... --tokenizer PATH --out DIR [--field NAME] [--separator TEXT]
            [--shard-tokens N] [--threads N]
                                     text files (one document each; with --field, JSON Lines of
@@ -161,8 +166,8 @@ const std::map<std::string, std::vector<std::string_view>>& CommandFlags() {
       {"nodes", {}},
       {"export", {"format", "out", "dtype", "max-shard-size"}},
       {"sample",
-       {"prompt", "prompt-tokens", "tokenizer", "tokens", "temperature", "top-k", "seed", "device",
-        "threads"}},
+       {"prompt", "prompt-tokens", "tokenizer", "tokens", "temperature", "top-k", "top-p", "seed",
+        "eos", "device", "threads"}},
       {"tokenize", {"tokenizer", "out", "field", "separator", "shard-tokens", "threads"}},
   };
   return *flags;

@@ -421,4 +421,31 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   return m;
 }
 
+absl::StatusOr<std::vector<int32_t>> EndOfSequenceIds(const std::string& json,
+                                                      const std::string& source, int vocab) {
+  google::protobuf::Struct parsed;
+  if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  const ConfigFields fields(parsed, source);
+  const Value* value = fields.Get("eos_token_id");
+  std::vector<int32_t> ids;
+  if (value == nullptr) return ids;
+  std::vector<const Value*> items;
+  if (value->kind_case() == Value::kListValue) {
+    for (const Value& item : value->list_value().values()) items.push_back(&item);
+  } else {
+    items.push_back(value);
+  }
+  for (const Value* item : items) {
+    const double v = item->number_value();
+    if (item->kind_case() != Value::kNumberValue || v != std::floor(v) || v < 0 || v >= vocab) {
+      return fields.Bad("eos_token_id", absl::StrCat("must be a token id below the vocabulary of ",
+                                                     vocab, " or a list of them"));
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
 }  // namespace trainyard::worker::convert

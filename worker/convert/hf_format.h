@@ -67,6 +67,13 @@ std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 [[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,
                                                                     const std::string& source);
 
+// The end-of-sequence ids of a config.json or generation_config.json (`source` names it in
+// errors): its eos_token_id, a whole number or a list of them, each below `vocab`; none when the
+// field is missing or null. INVALID_ARGUMENT, naming the file and field, otherwise.
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> EndOfSequenceIds(const std::string& json,
+                                                                    const std::string& source,
+                                                                    int vocab);
+
 }  // namespace trainyard::worker::convert
 
 #endif  // TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_

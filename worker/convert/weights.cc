@@ -8,6 +8,7 @@
 #include "worker/checkpoint/format.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/convert/hf_export.h"
+#include "worker/convert/hf_format.h"
 #include "worker/convert/init_from.h"
 #include "worker/shape/parameters.h"
 
@@ -26,6 +27,12 @@ absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs, const std::string
     out.params.resize(layout.total());
     TY_RETURN_IF_ERROR(source->ReadLayout(layout, out.params.data()));
     out.description = absl::StrCat(path, ": ", source->description());
+    if (fs.IsDirectory(path)) {
+      std::string config = checkpoint::JoinPath(path, "generation_config.json");
+      if (!fs.Exists(config)) config = checkpoint::JoinPath(path, "config.json");
+      TY_ASSIGN_OR_RETURN(const std::string text, fs.ReadFile(config));
+      TY_ASSIGN_OR_RETURN(out.eos_ids, EndOfSequenceIds(text, config, out.model.vocab));
+    }
     return out;
   }
   TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, path));

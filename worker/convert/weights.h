@@ -20,6 +20,9 @@ struct LoadedWeights {
   config::ModelConfig model;
   std::vector<float> params;  // ParameterLayout(model) order
   std::string description;
+  // A Hugging Face directory's end-of-sequence ids (generation_config.json's eos_token_id, or
+  // without that file config.json's, as transformers' generate reads them); empty otherwise.
+  std::vector<int32_t> eos_ids;
 };
 [[nodiscard]] absl::StatusOr<LoadedWeights> LoadModelWeights(FileSystem& fs,
                                                              const std::string& path);

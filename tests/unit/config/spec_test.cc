@@ -297,12 +297,14 @@ TEST(ParseJobSpecTest, SampleFields) {
   JobSpec text = MustParse(
       "name: s\nmodel: {preset: gpt2-debug}\ntraining:\n  sample_every: 20\n"
       "  sample_tokens: 40\n  sample_prompt: \"Once upon\"\n  sample_temperature: 0.8\n"
-      "  sample_top_k: 40\n");
+      "  sample_top_k: 40\n  sample_top_p: 0.95\n");
   EXPECT_EQ(text.training.sample_every, 20);
   EXPECT_EQ(text.training.sample_tokens, 40);
   EXPECT_EQ(text.training.sample_prompt, "Once upon");
   EXPECT_DOUBLE_EQ(text.training.sample_temperature, 0.8);
   EXPECT_EQ(text.training.sample_top_k, 40);
+  EXPECT_DOUBLE_EQ(text.training.sample_top_p, 0.95);
+  EXPECT_DOUBLE_EQ(minimal.training.sample_top_p, 1.0);
   JobSpec ids = MustParse(
       "name: s\nmodel: {preset: gpt2-debug}\ntraining:\n  sample_every: 5\n"
       "  sample_tokens: 8\n  sample_prompt_tokens: [10, 0, 255]\n  sample_temperature: 0\n");

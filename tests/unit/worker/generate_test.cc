@@ -4,7 +4,12 @@
 // generator gives.
 #include "worker/generate.h"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "config/model_config.h"
@@ -42,6 +47,89 @@ TEST(Generator, BuffersFollowTheRequest) {
   ASSERT_TRUE(fresh_run.ok());
   EXPECT_EQ(*long_run, *fresh_run);
   EXPECT_EQ(std::vector<int32_t>(long_run->begin(), long_run->begin() + 2), *short_run);
+}
+
+// How often each token is drawn in `draws` draws from `logits`.
+std::map<int32_t, int> Draws(const std::vector<float>& logits, const SampleOptions& options,
+                             int draws) {
+  std::mt19937_64 rng(options.seed);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < draws; ++i) ++counts[ChooseToken(logits, options, rng)];
+  return counts;
+}
+
+std::set<int32_t> Drawn(const std::map<int32_t, int>& counts) {
+  std::set<int32_t> ids;
+  for (const auto& [id, n] : counts) ids.insert(id);
+  return ids;
+}
+
+// Nucleus sampling as transformers' TopPLogitsWarper: the most likely tokens up to and including
+// the one whose probability brings their sum to top_p, the rest never drawn, the kept ones in
+// proportion to their probabilities; after top-k, over the probabilities top-k left.
+TEST(ChooseToken, TopPKeepsTheNucleus) {
+  // Probabilities 0.05, 0.5, 0.15, 0.3 (ids out of order on purpose).
+  const std::vector<float> logits = {std::log(0.05f), std::log(0.5f), std::log(0.15f),
+                                     std::log(0.3f)};
+  auto with = [](float top_p, int top_k = 0) {
+    return SampleOptions{.temperature = 1.0f, .top_k = top_k, .top_p = top_p, .seed = 11};
+  };
+  EXPECT_EQ(Drawn(Draws(logits, with(0.4f), 2000)), (std::set<int32_t>{1}));
+  EXPECT_EQ(Drawn(Draws(logits, with(0.7f), 2000)), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(Drawn(Draws(logits, with(0.85f), 4000)), (std::set<int32_t>{1, 2, 3}));
+  EXPECT_EQ(Drawn(Draws(logits, with(0.99f), 8000)), (std::set<int32_t>{0, 1, 2, 3}));
+  const std::map<int32_t, int> counts = Draws(logits, with(0.7f), 40000);
+  EXPECT_NEAR(counts.at(1) / 40000.0, 0.5 / 0.8, 0.01);
+  // Top-k 3 leaves 0.5, 0.15, 0.3 (of 0.95): 0.8 of that is reached at id 3 (0.842 before id 2).
+  EXPECT_EQ(Drawn(Draws(logits, with(0.8f, 3), 4000)), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(Drawn(Draws(logits, with(0.9f, 3), 4000)), (std::set<int32_t>{1, 2, 3}));
+  // Ties go to the lower id: four equal tokens, 0.3 is reached with the second.
+  EXPECT_EQ(Drawn(Draws({2.0f, 2.0f, 2.0f, 2.0f}, with(0.3f), 2000)), (std::set<int32_t>{0, 1}));
+  // top_p 1 draws as before it existed: the same sequence as without the filter.
+  std::mt19937_64 a(5), b(5);
+  for (int i = 0; i < 100; ++i) {
+    const SampleOptions all{.temperature = 0.8f, .top_k = 3, .seed = 5};
+    SampleOptions one = all;
+    one.top_p = 1.0f;
+    EXPECT_EQ(ChooseToken(logits, all, a), ChooseToken(logits, one, b));
+  }
+}
+
+// Generation ends after an end-of-sequence token, which is the last one returned; a request's
+// top_p outside (0, 1] is refused.
+TEST(Generator, StopsAfterAnEndOfSequenceToken) {
+  const config::ModelConfig model = *config::Preset("llama-debug");
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const std::vector<float> params = RandomParams(model, backend.get());
+  auto generator = Generator::Create(model, backend.get(), params.data());
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  const std::vector<int32_t> prompt = {3, 141, 59};
+  // Drawn (the same seed, the same draws) rather than greedy, whose tokens repeat.
+  auto all = (*generator)->Generate(prompt, {.tokens = 12, .temperature = 1.0f, .seed = 3});
+  ASSERT_TRUE(all.ok()) << all.status();
+  // The last token that had not come before: generation must stop there, not earlier.
+  size_t last_new = 0;
+  for (size_t i = 0; i < all->size(); ++i) {
+    if (std::find(all->begin(), all->begin() + i, (*all)[i]) == all->begin() + i) last_new = i;
+  }
+  ASSERT_GE(last_new, 6u);
+  int32_t absent = 0;  // a second stop id, never generated
+  while (std::find(all->begin(), all->end(), absent) != all->end()) ++absent;
+  std::vector<int32_t> seen;
+  auto stopped = (*generator)
+                     ->Generate(prompt,
+                                {.tokens = 12,
+                                 .temperature = 1.0f,
+                                 .seed = 3,
+                                 .stop_ids = {absent, (*all)[last_new]}},
+                                [&](int32_t t) { seen.push_back(t); });
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(*stopped, std::vector<int32_t>(all->begin(), all->begin() + last_new + 1));
+  EXPECT_EQ(seen, *stopped);
+  for (float top_p : {0.0f, -0.5f, 1.5f, NAN}) {
+    EXPECT_FALSE((*generator)->CheckRequest(prompt, {.temperature = 1.0f, .top_p = top_p}).ok())
+        << top_p;
+  }
 }
 
 }  // namespace
