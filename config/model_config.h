@@ -83,6 +83,9 @@ struct ModelConfig {
   int vocab = 256;
   int max_seq = 64;  // learned position table size (GPT-2) / longest sequence (Llama)
   bool tied_embeddings = true;
+  // Llama family: biases on the query, key and value projections (Qwen2's layout; the output
+  // projection and the MLP stay without). GPT-2's linears always have biases (false there).
+  bool qkv_bias = false;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;

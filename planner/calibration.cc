@@ -175,6 +175,7 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
   // Only the llama family has a rotary base (the spec parser refuses one for gpt2).
   if (m.family == config::ModelFamily::kLlama) {
     absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
+    if (m.qkv_bias) absl::StrAppend(&yaml, "  qkv_bias: true\n");
   }
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
     absl::StrAppendFormat(&yaml,

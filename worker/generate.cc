@@ -180,7 +180,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   } else {
     be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln1_w), n, c, m.norm_eps);
   }
-  be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), gpt2 ? P(o.qkv_b) : nullptr, n, qkv, c);
+  be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
   if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m), pos);

@@ -41,12 +41,13 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
-  bool moe = false;  // every block's MLP as 4 routed experts and a shared one
+  bool moe = false;       // every block's MLP as 4 routed experts and a shared one
+  bool qkv_bias = false;  // llama: biases on q, k and v (Qwen2's layout)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string name = std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
-                     (info.param.moe ? "_moe" : "");
+                     (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -102,6 +103,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   const Case& c = GetParam();
   const bool bf16 = c.act == DType::kBF16;
   config::ModelConfig mc = *config::Preset(c.preset);
+  mc.qkv_bias = c.qkv_bias;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -461,7 +463,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16},
                       Case{"gpt2-debug", DType::kF32, true}, Case{"llama-debug", DType::kF32, true},
                       Case{"gpt2-debug", DType::kBF16, true},
-                      Case{"llama-debug", DType::kBF16, true}),
+                      Case{"llama-debug", DType::kBF16, true},
+                      Case{"llama-debug", DType::kBF16, false, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

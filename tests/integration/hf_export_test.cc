@@ -128,7 +128,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
   // first step, which a random start does not.
   config::JobSpec on_mesh = Job(family, mesh);
   on_mesh.init_from = hf.string();
-  const MeshCase one{.name = "dp1", .experts = mesh.experts};
+  const MeshCase one{.name = "dp1", .qkv_bias = mesh.qkv_bias, .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -154,6 +154,16 @@ INSTANTIATE_TEST_SUITE_P(Mixtral, HfRoundTrip,
                          [](const auto& info) {
                            return absl::StrCat("mixtral_from_", std::get<1>(info.param).name);
                          });
+
+// Llama with biases on q, k and v exports as Qwen2 (Qwen2ForCausalLM's names and config) and
+// reads back on a tensor-parallel mesh, the biases split by heads.
+INSTANTIATE_TEST_SUITE_P(
+    Qwen2, HfRoundTrip,
+    ::testing::Combine(
+        ::testing::Values(ModelFamily::kLlama),
+        ::testing::Values(MeshCase{
+            .name = "qwen2_dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 constexpr int kBatch = 2, kSeq = 16;
 
@@ -345,6 +355,12 @@ TEST(HfOracleLlama3, ExportedFilesGiveTrainyardsLogits) {
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).
 TEST(HfOracleMixtral, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .experts = 4});
+}
+
+// Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2
+// conventions.
+TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .qkv_bias = true});
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfOracle,

@@ -19,8 +19,9 @@ struct MeshCase {
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
-  int micro_batch = 0;  // 0: the spec's
-  int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
+  bool qkv_bias = false;  // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int micro_batch = 0;    // 0: the spec's
+  int seq_len = 0;        // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
   // MoeMeshModel sets it), under the aux-loss or the bias rule.
   int experts = 0;
@@ -50,6 +51,9 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (mesh.layers > 0) spec->model.layers = mesh.layers;
   if (mesh.untied) spec->model.tied_embeddings = false;
   if (mesh.recompute) spec->model.recompute = true;
+  if (mesh.qkv_bias && spec->model.family == config::ModelFamily::kLlama) {
+    spec->model.qkv_bias = true;
+  }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
   if (mesh.seq_len > 0) {
@@ -104,6 +108,8 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     {.name = "tp2_pp2", .tp = 2, .pp = 2},
     {.name = "dp2_pp2_zero1", .dp = 2, .pp = 2, .zero = 1},
     {.name = "dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3},
+    // The q, k and v biases split by heads like their weights' rows (grouped-query sections).
+    {.name = "dp2_tp2_zero3_qkv_bias", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},

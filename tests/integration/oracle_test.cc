@@ -95,10 +95,11 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"kv_heads\": " << c.kv_heads << ", \"ffn_hidden\": " << c.ffn_hidden
       << ", \"vocab\": " << c.vocab << ", \"max_seq\": " << c.max_seq
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
-      << ", \"norm_eps\": " << c.norm_eps << ", \"rope_theta\": " << c.rope_theta
-      << ", \"batch\": " << kBatch << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps
-      << ", \"lr\": " << o.lr << ", \"min_lr_ratio\": " << o.min_lr_ratio
-      << ", \"warmup_steps\": " << o.warmup_steps << ", \"schedule\": \"cosine\""
+      << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false") << ", \"norm_eps\": " << c.norm_eps
+      << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
+      << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
+      << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
+      << ", \"schedule\": \"cosine\""
       << ", \"weight_decay\": " << o.weight_decay << ", \"beta1\": " << o.beta1
       << ", \"beta2\": " << o.beta2 << ", \"eps\": " << o.eps << ", \"grad_clip\": " << o.grad_clip;
   if (c.moe.enabled()) {
@@ -296,6 +297,13 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithTheBiasRule) {
   c.moe.normalize_top_k = true;
   c.moe.balance = config::MoeBalance::kBias;
   c.moe.bias_update_rate = 0.01f;
+  CompareWithOracle(c);
+}
+
+// Qwen2's layout: biases on q, k and v (trained from zero, so the oracle sees them move).
+TEST(TorchOracle, LlamaWithQkvBiases) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.qkv_bias = true;
   CompareWithOracle(c);
 }
 

@@ -3,7 +3,7 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2", "llama" or "mixtral") and model.safetensors, or
+MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2" or "mixtral") and model.safetensors, or
 model.safetensors.index.json (its weight_map names each tensor's shard) with the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
 OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the prompt; with
@@ -11,8 +11,8 @@ OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the 
 lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
-tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM and
-MixtralForCausalLM, written from their documented conventions; it needs neither transformers nor
+tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
+Qwen2ForCausalLM and MixtralForCausalLM, written from their documented conventions; it needs neither transformers nor
 safetensors: it reads the files with its own parser (numpy) and computes the forward passes in
 PyTorch, in float64. See README.md for the conventions.
 
@@ -288,7 +288,7 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama or mixtral)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2 or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -446,6 +446,8 @@ class Gpt2:
 class Llama:
     """LlamaForCausalLM. nn.Linear weights are stored [out, in] (y = x W^T), no biases."""
 
+    qkv_bias = False
+
     def __init__(self, cfg):
         self.vocab = cfg.int("vocab_size")
         self.width = cfg.int("hidden_size")
@@ -504,8 +506,12 @@ class Llama:
             out += [(p + "input_layernorm.weight", (C,)),
                     (p + "self_attn.q_proj.weight", (H * D, C)),
                     (p + "self_attn.k_proj.weight", (KV * D, C)),
-                    (p + "self_attn.v_proj.weight", (KV * D, C)),
-                    (p + "self_attn.o_proj.weight", (C, H * D)),
+                    (p + "self_attn.v_proj.weight", (KV * D, C))]
+            if self.qkv_bias:
+                out += [(p + "self_attn.q_proj.bias", (H * D,)),
+                        (p + "self_attn.k_proj.bias", (KV * D,)),
+                        (p + "self_attn.v_proj.bias", (KV * D,))]
+            out += [(p + "self_attn.o_proj.weight", (C, H * D)),
                     (p + "post_attention_layernorm.weight", (C,))]
             out += self.mlp_tensors(p)
         out.append(("model.norm.weight", (C,)))
@@ -521,11 +527,11 @@ class Llama:
         for i in range(self.layers):
             p = "model.layers.%d." % i
             a = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
-            q = apply_rope(split_heads(a @ w[p + "self_attn.q_proj.weight"].T, self.heads),
+            q = apply_rope(split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads),
                            cos, sin)
-            k = apply_rope(split_heads(a @ w[p + "self_attn.k_proj.weight"].T, self.kv_heads),
+            k = apply_rope(split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads),
                            cos, sin)
-            v = split_heads(a @ w[p + "self_attn.v_proj.weight"].T, self.kv_heads)
+            v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             y = merge_heads(causal_attention(q, k, v))
@@ -535,6 +541,11 @@ class Llama:
         x = rms_norm(x, w["model.norm.weight"], self.eps)
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
         return x @ head.T
+
+    def project(self, w, name, a):
+        """The q, k or v projection `name` of the rows a: a W^T, plus the bias (Qwen2)."""
+        y = a @ w[name + ".weight"].T
+        return y + w[name + ".bias"] if self.qkv_bias else y
 
     def mlp_tensors(self, p):
         C, F_ = self.width, self.ffn
@@ -550,6 +561,18 @@ class Llama:
 def swiglu(m, gate, up, down):
     """down(silu(gate(m)) * up(m)), nn.Linear weights [out, in]."""
     return (silu(m @ gate.T) * (m @ up.T)) @ down.T
+
+
+class Qwen2(Llama):
+    """Qwen2ForCausalLM: Llama's model with biases on the q, k and v projections (not on o_proj
+    or the MLP; no attention_bias key). Its sliding window applies only with use_sliding_window,
+    which must be false here."""
+
+    qkv_bias = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        cfg.require("use_sliding_window", False, (False,), "attention over every earlier position")
 
 
 class Mixtral(Llama):
@@ -594,7 +617,7 @@ class Mixtral(Llama):
         return out
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "mixtral": Mixtral}
+MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "mixtral": Mixtral}
 
 
 def load_weights(model, model_dir):

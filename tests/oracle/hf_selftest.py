@@ -120,8 +120,13 @@ def llama_hf_tensors(cfg, params, mlp=True):
         out += [(p + "input_layernorm.weight", params[c + "ln1.w"]),
                 (p + "self_attn.q_proj.weight", qkv[:H * D]),
                 (p + "self_attn.k_proj.weight", qkv[H * D:(H + KV) * D]),
-                (p + "self_attn.v_proj.weight", qkv[(H + KV) * D:]),
-                (p + "self_attn.o_proj.weight", params[c + "attn.proj.w"]),
+                (p + "self_attn.v_proj.weight", qkv[(H + KV) * D:])]
+        if cfg.get("qkv_bias"):  # Qwen2's
+            b = params[c + "attn.qkv.b"]
+            out += [(p + "self_attn.q_proj.bias", b[:H * D]),
+                    (p + "self_attn.k_proj.bias", b[H * D:(H + KV) * D]),
+                    (p + "self_attn.v_proj.bias", b[(H + KV) * D:])]
+        out += [(p + "self_attn.o_proj.weight", params[c + "attn.proj.w"]),
                 (p + "post_attention_layernorm.weight", params[c + "ln2.w"])]
         if mlp:
             fc = params[c + "mlp.fc.w"]
@@ -274,6 +279,32 @@ class HfOracleTest(unittest.TestCase):
         cfg = small_cfg("llama", tied_embeddings=True, rope_theta=500.0)
         self.check_against_torch_model("llama_f16", cfg, lambda p: llama_hf_tensors(cfg, p),
                                        llama_hf_config(cfg), "F16")
+
+    def test_qwen2_matches_torch_model(self):
+        # Llama with random biases on q, k and v; no attention_bias key, no sliding window.
+        cfg = small_cfg("llama", qkv_bias=True, tied_embeddings=True)
+        config = dict(llama_hf_config(cfg), model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                      use_sliding_window=False, sliding_window=4096)
+        model_dir, tokens, got = self.check_against_torch_model(
+            "qwen2", cfg, lambda p: llama_hf_tensors(cfg, p), config)
+        # The biases matter: without them (read as Llama's tensors) the file is refused, and
+        # zeroed they give other logits.
+        params = contract_params(random_model(cfg, seed=len("qwen2")))  # the same weights
+        for name in params:
+            if name.endswith("attn.qkv.b"):
+                params[name] = np.zeros_like(params[name])
+        zeroed = self.write_model("qwen2_zero_bias", config, llama_hf_tensors(cfg, params))
+        self.assertGreater(np.abs(self.oracle_logits(zeroed, tokens, cfg["vocab"]) - got).max(),
+                           1e-3)
+        llama_dir = self.write_model("qwen2_as_llama", llama_hf_config(cfg),
+                                     llama_hf_tensors(cfg, params))
+        proc, _ = self.run_oracle(llama_dir, tokens)
+        self.assertEqual(proc.returncode, 2)
+        sliding = dict(config, use_sliding_window=True)
+        proc, _ = self.run_oracle(self.write_model("qwen2_sliding", sliding,
+                                                   llama_hf_tensors(cfg, params)), tokens)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("use_sliding_window", proc.stderr)
 
     def test_mixtral_matches_torch_model(self):
         # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,

@@ -11,7 +11,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           h.{l}.attn.proj.w [C, H*D], h.{l}.attn.proj.b [C], h.{l}.ln2.w, h.{l}.ln2.b,
           h.{l}.mlp.fc.w [F,C], h.{l}.mlp.fc.b [F], h.{l}.mlp.proj.w [C,F], h.{l}.mlp.proj.b [C];
           lnf.w, lnf.b; lm_head.w [V,C] only when embeddings are untied.
-  Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w, h.{l}.attn.proj.w, h.{l}.ln2.w,
+  Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w (and h.{l}.attn.qkv.b with
+          qkv_bias, Qwen2's layout), h.{l}.attn.proj.w, h.{l}.ln2.w,
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
   MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
@@ -82,6 +83,7 @@ def normalize_config(cfg):
             raise ConfigError("config is missing the key 'ffn_hidden' (required for llama)")
         out["ffn_hidden"] = 4 * int(out["width"])
     out.setdefault("tied_embeddings", family == "gpt2")
+    out.setdefault("qkv_bias", False)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -93,6 +95,8 @@ def normalize_config(cfg):
             raise ConfigError("%s: must be at least %d, got %d" % (key, minimum, value))
     if not isinstance(out["tied_embeddings"], bool):
         raise ConfigError("tied_embeddings: must be true or false")
+    if not isinstance(out["qkv_bias"], bool) or (out["qkv_bias"] and family != "llama"):
+        raise ConfigError("qkv_bias: true or false, and true only for the llama family")
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -206,7 +210,7 @@ class Attention(nn.Module):
         self.rope_theta = cfg["rope_theta"]
         bias = cfg["family"] == "gpt2"
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias)
+        self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_dim, cfg["width"], bias=bias)
         self._rope_cache = {}
 
@@ -369,7 +373,7 @@ class Transformer(nn.Module):
             if gpt2:
                 out.append((p + "ln1.b", block.ln1.bias))
             out.append((p + "attn.qkv.w", block.attn.qkv.weight))
-            if gpt2:
+            if block.attn.qkv.bias is not None:
                 out.append((p + "attn.qkv.b", block.attn.qkv.bias))
             out.append((p + "attn.proj.w", block.attn.proj.weight))
             if gpt2:

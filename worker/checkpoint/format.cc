@@ -63,6 +63,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_vocab(m.vocab);
   s.set_max_seq(m.max_seq);
   s.set_tied_embeddings(m.tied_embeddings);
+  s.set_qkv_bias(m.qkv_bias);
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
@@ -97,6 +98,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.vocab = s.vocab();
   m.max_seq = s.max_seq();
   m.tied_embeddings = s.tied_embeddings();
+  m.qkv_bias = s.qkv_bias();
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {
@@ -172,6 +174,10 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   if (saved.tied_embeddings() != want.tied_embeddings()) {
     return differ("tied_embeddings", saved.tied_embeddings() ? "true" : "false",
                   want.tied_embeddings() ? "true" : "false");
+  }
+  if (saved.qkv_bias() != want.qkv_bias()) {
+    return differ("qkv_bias", saved.qkv_bias() ? "true" : "false",
+                  want.qkv_bias() ? "true" : "false");
   }
   return CheckMoeMatches(saved.moe(), want.moe());
 }

@@ -94,6 +94,13 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
                  {{h + "self_attn.q_proj.weight", 0, q},
                   {h + "self_attn.k_proj.weight", q, kv},
                   {h + "self_attn.v_proj.weight", q + kv, kv}}});
+  if (m.qkv_bias) {  // Qwen2's
+    out.push_back({p + "attn.qkv.b",
+                   {q + 2 * kv},
+                   {{h + "self_attn.q_proj.bias", 0, q},
+                    {h + "self_attn.k_proj.bias", q, kv},
+                    {h + "self_attn.v_proj.bias", q + kv, kv}}});
+  }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
   out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
   if (m.moe.IsMoeLayer(l)) return AddMixtralExperts(m, p, h, out);
@@ -258,6 +265,14 @@ absl::Status CheckNoSlidingWindow(const ConfigFields& f, const ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Qwen2's sliding window applies only with use_sliding_window (and then, as Mistral's, it must
+// span every position).
+absl::Status CheckQwen2Window(const ConfigFields& f, const ModelConfig& m) {
+  bool sliding = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
+  return sliding ? CheckNoSlidingWindow(f, m) : absl::OkStatus();
+}
+
 // Mixtral's experts over a Llama config (whose intermediate_size is each expert's hidden size).
 absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
   config::MoeConfig& moe = m.moe;
@@ -308,6 +323,11 @@ absl::Status CheckMixtralShape(const ModelConfig& m) {
   if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
   if (!moe.normalize_top_k) return bad(".normalize_top_k", "is false");
   if (moe.has_bias()) return bad(".balance", "is bias (a selection bias Mixtral has not)");
+  if (m.qkv_bias) {
+    return absl::UnimplementedError(
+        "model.qkv_bias: a mixture-of-experts model with biases on q, k and v has no Hugging "
+        "Face layout Trainyard writes (Mixtral's has none)");
+  }
   return absl::OkStatus();
 }
 
@@ -367,7 +387,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
-  const bool mixtral = m.moe.enabled();
+  const bool mixtral = m.moe.enabled(), qwen2 = m.qkv_bias;
   // Mixtral's own fields: its experts, and no sliding window.
   const std::string experts =
       mixtral ? absl::StrCat(",\n  \"num_local_experts\": ", m.moe.experts,
@@ -378,6 +398,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   return absl::StrCat(
       mixtral ? "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"model_type\": "
                 "\"mixtral\",\n"
+      : qwen2 ? "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n"
               : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
       ",\n  \"intermediate_size\": ", mixtral ? m.moe.ffn : m.ffn_hidden, experts,
@@ -387,8 +408,12 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m),
-      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
-      "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
+      // Qwen2 has biases on q, k and v (no attention_bias field) and no sliding window here.
+      qwen2 ? absl::StrCat(",\n  \"hidden_act\": \"silu\",\n  \"use_sliding_window\": false,\n"
+                           "  \"sliding_window\": null,\n  \"max_window_layers\": ",
+                           m.layers, ",\n  \"tie_word_embeddings\": ")
+            : ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+              "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
       tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
 }
 
@@ -408,6 +433,10 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(CheckNoSlidingWindow(fields, m));
+  } else if (model_type == "qwen2") {  // Llama's tensors and config, and biases on q, k and v
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    m.qkv_bias = true;
+    TY_RETURN_IF_ERROR(CheckQwen2Window(fields, m));
   } else if (model_type == "mixtral") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
@@ -415,7 +444,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\" and \"mixtral\""));
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"qwen2\" and "
+                     "\"mixtral\""));
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

@@ -78,7 +78,7 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
   b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
                 {q_rows, kv_rows, kv_rows});
-  if (gpt2) {
+  if (gpt2 || c.qkv_bias) {
     b.qkv_b =
         Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
   }

@@ -528,6 +528,8 @@ std::vector<BadSpec> BadSpecs() {
        "4:10", "model.heads", "width 66 is not divisible by heads 4"},
       {"llama kv heads", "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 3\n", "4:13",
        "model.kv_heads", "heads 4 is not divisible by kv_heads 3"},
+      {"qkv_bias on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  qkv_bias: true\n", "4:13",
+       "model.qkv_bias", "is for the llama family (GPT-2's projections always have biases)"},
       {"unknown preset", "name: job\nmodel:\n  preset: gpt2-debgu\n", "3:11", "model.preset",
        "did you mean 'gpt2-debug'?"},
       {"family mismatch", "name: job\nmodel:\n  preset: gpt2-debug\n  family: llama\n", "4:11",

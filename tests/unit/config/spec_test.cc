@@ -291,6 +291,16 @@ TEST(ParseJobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec.model.max_seq, 64);
 }
 
+// Qwen2's layout: a Llama model with biases on q, k and v, whose count grows by their rows.
+TEST(ParseJobSpecTest, QkvBias) {
+  JobSpec plain = MustParse("name: q\nmodel: {preset: llama-debug}\n");
+  JobSpec biased = MustParse("name: q\nmodel: {preset: llama-debug, qkv_bias: true}\n");
+  EXPECT_FALSE(plain.model.qkv_bias);
+  EXPECT_TRUE(biased.model.qkv_bias);
+  EXPECT_EQ(biased.model.ParameterCount() - plain.model.ParameterCount(),
+            int64_t{plain.model.layers} * plain.model.qkv_width());
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

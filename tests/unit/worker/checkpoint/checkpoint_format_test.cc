@@ -150,6 +150,13 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_THAT(s.message(), HasSubstr("model.width"));
   model = *config::Preset("llama-debug");
   EXPECT_THAT(CheckModelMatches(saved, model).message(), HasSubstr("model.family"));
+  // Biases on q, k and v change the tensors: a checkpoint with them loads only with them, and
+  // the signature carries them back (a checkpoint from before they existed reads as without).
+  config::ModelConfig biased = model;
+  biased.qkv_bias = true;
+  EXPECT_THAT(CheckModelMatches(SignatureOf(biased), model).message(), HasSubstr("model.qkv_bias"));
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(biased))->qkv_bias);
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->qkv_bias);
 }
 
 config::ModelConfig MoeModel() {

@@ -347,6 +347,60 @@ TEST(HfFormat, MistralConfigReadsAsLlamaUnlessItsWindowIsShorter) {
   EXPECT_TRUE(ModelFromHfConfig(json, "config.json").ok());
 }
 
+// A config.json of Qwen2.5 0.5B's shape (Qwen2ForCausalLM's keys): Llama's model with biases on
+// q, k and v, and no sliding window unless use_sliding_window, which Trainyard refuses. Written
+// back, a model with qkv_bias is Qwen2 again.
+TEST(HfFormat, Qwen2ConfigReadsAsLlamaWithQkvBiases) {
+  std::string json = R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+    "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})";
+  auto m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_EQ(m->layers, 24);
+  EXPECT_EQ(m->width, 896);
+  EXPECT_EQ(m->heads, 14);
+  EXPECT_EQ(m->kv_heads, 2);
+  EXPECT_EQ(m->ffn_hidden, 4864);
+  EXPECT_EQ(m->vocab, 151936);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->norm_eps, 1e-6f);
+  EXPECT_EQ(m->rope_theta, 1e6f);
+  // 494,032,768 parameters: the model card's 0.49B (0.36B without the embedding).
+  EXPECT_EQ(m->ParameterCount(), 494032768);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Qwen2ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"use_sliding_window\": false"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->qkv_bias);
+  EXPECT_EQ(back->kv_heads, 2);
+  // A Llama config has no q, k, v biases (and with attention_bias, o_proj's too: refused).
+  config::ModelConfig llama = *m;
+  llama.qkv_bias = false;
+  auto plain = ModelFromHfConfig(HfConfigJson(llama, TensorDtype::kBF16), "config.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->qkv_bias);
+
+  // The window is read only where it applies, and then must span every position.
+  json.replace(json.find("\"sliding_window\": 32768"), 23, "\"sliding_window\": 4096");
+  EXPECT_TRUE(ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json").ok());
+  json.replace(json.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
+  m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "Qwen2.5-0.5B/config.json: sliding_window is 4096, below max_position_embeddings "
+            "32768 (Trainyard's attention has no sliding window: null only)");
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
@@ -414,8 +468,8 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
               HasSubstr("m/config.json: num_experts_per_tok is 5, more than the 4"));
   EXPECT_THAT(with("\"num_local_experts\": 4,", ""),
               HasSubstr("m/config.json: num_local_experts is missing"));
-  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "qwen2"})", "x/config.json").status().message(),
-              HasSubstr("x/config.json: model_type is \"qwen2\""));
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "gemma"})", "x/config.json").status().message(),
+              HasSubstr("x/config.json: model_type is \"gemma\""));
   EXPECT_THAT(
       ModelFromHfConfig(R"({"model_type": "gpt2", "n_embd": 64})", "c.json").status().message(),
       HasSubstr("c.json: vocab_size is missing"));
