@@ -16,7 +16,8 @@ before any merge, in the order `tokenizers`' BPE model gives them (see Oracle.sy
       trains a small tokenizer of STYLE (gpt2: ByteLevel's own pattern; llama3: a Split by
       Llama 3's pattern, ignore_merges, added tokens and a <|begin_of_text|> template; llama2:
       Llama 2's normalizer and decoder, byte fallback, <unk> and a <s> template; mistral: a
-      Metaspace pre-tokenizer putting "▁" only at the start) on a built-in corpus, and writes
+      Metaspace pre-tokenizer putting "▁" only at the start; qwen2: Qwen2's pattern, its NFC
+      normalizer, its added tokens, no template) on a built-in corpus, and writes
       DIR/tokenizer.json, DIR/texts.json (texts chosen to reach every branch, and random ones) and
       DIR/ids.json (each text's ids).
 """
@@ -26,12 +27,15 @@ import json
 import os
 import random
 import sys
+import unicodedata
 
 import regex
 
 GPT2_PATTERN = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
                   r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+                 r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 CORPUS = """The quick brown fox jumps over the lazy dog. It's what they'll say: we're here,
 you've seen it, I'd know, and he's gone. Numbers like 12, 345 and 67890 appear in 2024 and 1999.
@@ -48,6 +52,10 @@ ALPHABET = (list("abcXYZ") + list("019") + list(" \t\n\r") +
             list("'s'T'll") + list("!?.,-#") + ["é", "ß", "Ж", "日", "語", "🙂", "١", "Ⅻ",
                                                   "\u00a0", "\u3000", "\u2028", "\x0b",
                                                   "\x85", "\u00ad", "\x7f", "\x00"])
+# And for the NFC normalizer: combining marks of several classes, a precomposed letter, Hangul
+# jamo, a singleton (Ångström sign), a composition exclusion (U+0958), a Hangul syllable.
+NFC_ALPHABET = ["e", "a", "\u0301", "\u0302", "\u0323", "\u0308", "\u0327", "\u00e9", "\u1100",
+                "\u1161", "\u11a8", "\u212b", "\u0958", "\uac00", "\u0915", "\u093c"]
 
 
 def byte_alphabet():
@@ -186,14 +194,14 @@ def added(token_id, content):
 def tokenizer_json(style):
     if style in ("llama2", "mistral"):
         return sentencepiece_json(style)
-    pattern = GPT2_PATTERN if style == "gpt2" else LLAMA3_PATTERN
+    pattern = {"gpt2": GPT2_PATTERN, "qwen2": QWEN2_PATTERN}.get(style, LLAMA3_PATTERN)
     vocab, merges = train(pattern, 400)
     n = len(vocab)
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                   "use_regex": style == "gpt2"}
     model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-             "ignore_merges": style == "llama3", "vocab": vocab}
+             "ignore_merges": style != "gpt2", "vocab": vocab}
     if style == "gpt2":
         model["merges"] = [a + " " + b for a, b in merges]
         return {"version": "1.0", "added_tokens": [added(n, "<|endoftext|>")],
@@ -201,6 +209,16 @@ def tokenizer_json(style):
                 "post_processor": dict(byte_level, add_prefix_space=True),
                 "decoder": byte_level, "model": model}
     model["merges"] = [[a, b] for a, b in merges]
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+             "invert": False}
+    if style == "qwen2":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        return {"version": "1.0", "added_tokens": [added(n + i, s) for i, s in enumerate(specials)],
+                "normalizer": {"type": "NFC"},
+                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                    split, dict(byte_level, use_regex=False, trim_offsets=False)]},
+                "post_processor": dict(byte_level, trim_offsets=False),
+                "decoder": byte_level, "model": model}
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eot|>", "<|eot|>!"]
     bos = {"id": specials[0], "ids": [n], "tokens": [specials[0]]}
     template = {"type": "TemplateProcessing",
@@ -209,9 +227,7 @@ def tokenizer_json(style):
                 "pair": [], "special_tokens": {specials[0]: bos}}
     return {"version": "1.0", "added_tokens": [added(n + i, s) for i, s in enumerate(specials)],
             "normalizer": None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated",
-                 "invert": False}, byte_level]},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
             "post_processor": {"type": "Sequence", "processors": [byte_level, template]},
             "decoder": byte_level, "model": model}
 
@@ -229,6 +245,9 @@ class Oracle:
                             key=lambda kv: -len(kv[0]))
         pre = tok["pre_tokenizer"] or {"type": "none"}
         norm = tok.get("normalizer")
+        self.nfc = norm is not None and norm["type"] == "NFC"
+        if self.nfc:
+            norm = None
         self.sentencepiece = norm is not None or pre["type"] == "Metaspace"
         self.prepend = ("every" if norm is not None else
                         pre.get("prepend_scheme", "always") if self.sentencepiece else None)
@@ -287,6 +306,8 @@ class Oracle:
         return [self.vocab[p] for p in parts]
 
     def segment(self, text, first):
+        if self.nfc:
+            text = unicodedata.normalize("NFC", text)
         if self.sentencepiece:
             if not text:
                 return []
@@ -314,20 +335,27 @@ class Oracle:
         return ids + self.segment(text[start:], start == 0)
 
 
+STYLES = ["gpt2", "llama3", "llama2", "mistral", "qwen2"]
+
+
 def texts(style):
     fixed = [CORPUS, "Hello   world!!  \n x", "a   b", "  leading", "trailing  ", " ", "\n\n\n",
              "x\r\n\r\ny", "I'm THEY'LL we'Re it's", "1234567 89", "naïve café 日本語 🙂",
              "tab\t\tsep", "a\u00a0\u00a0b c\u3000\u3000d", "end<|endoftext|>start <|eot_id|>",
              "<|eot|><|eot_id|>", "<|eot|>!!", "!!!...??", "<s>after a start", "x </s> y",
              " space first", "emoji 🙂🚀 runs 🙂a🚀", "x  \n  y", "\u2028line\u2028 sep", "¡soft\u00adhyphen"]
-    rng = random.Random(20261204 + ["gpt2", "llama3", "llama2", "mistral"].index(style))
-    rand = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(300)]
+    rng = random.Random(20261204 + STYLES.index(style))
+    alphabet = ALPHABET + NFC_ALPHABET * 2 if style == "qwen2" else ALPHABET
+    rand = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(300)]
+    if style == "qwen2":
+        fixed += ["cafe\u0301 de\u0301ja\u0300", "e\u0302\u0323 a\u0301\u0301 \u212b \u0958",
+                  "\u1100\u1161\u11a8 \uac00\u11a8 12345", "<|im_start|>e\u0301<|im_end|>\u0301"]
     return fixed + rand
 
 
 def main():
     if (len(sys.argv) != 4 or sys.argv[1] != "cases" or
-            sys.argv[2] not in ("gpt2", "llama3", "llama2", "mistral")):
+            sys.argv[2] not in STYLES):
         sys.exit(__doc__)
     style, out = sys.argv[2], sys.argv[3]
     tok = tokenizer_json(style)

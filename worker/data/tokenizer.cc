@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/status.h"
+#include "worker/data/unicode_nfc.h"
 
 namespace trainyard::worker::data {
 
@@ -523,8 +524,13 @@ bool Replaces(const Struct& step, absl::string_view from, absl::string_view to) 
          content != nullptr && content->string_value() == to;
 }
 
-// Llama 2's normalizer: spaces become "▁", and one is put before each stretch of text.
+// Qwen2's normalizer, NFC; or Llama 2's: spaces become "▁", and one is put before each stretch
+// of text.
 absl::Status Tokenizer::ParseNormalizer(const Struct& step, const std::string& source) {
+  if (TypeOf(step) == "NFC") {
+    nfc_ = true;
+    return absl::OkStatus();
+  }
   TY_ASSIGN_OR_RETURN(const auto steps, Steps(step, "normalizers", source, "normalizer"));
   bool prepend = false, replace = false;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -537,7 +543,7 @@ absl::Status Tokenizer::ParseNormalizer(const Struct& step, const std::string& s
     } else {
       return Bad(source, StepName("normalizer", "normalizers", i, steps[i] != &step),
                  absl::StrCat("is of type \"", TypeOf(s),
-                              "\" (Trainyard reads none, or Llama 2's Prepend(\"▁\") and "
+                              "\" (Trainyard reads none, NFC, or Llama 2's Prepend(\"▁\") and "
                               "Replace(\" \" → \"▁\"))"));
     }
   }
@@ -851,6 +857,9 @@ void Tokenizer::EncodeBetweenAdded(absl::string_view text, size_t offset, bool n
     const absl::string_view piece = text.substr(from, to - from);
     if (normalized) {
       EncodeSegment(piece, offset + from == 0, cache, out);
+    } else if (nfc_ && MayChangeUnderNfc(piece)) {
+      // The normalizer's text is what the pre-tokenizer splits.
+      EncodeBetweenAdded(ToNfc(piece), offset + from, /*normalized=*/true, cache, out);
     } else {
       EncodeBetweenAdded(piece, offset + from, /*normalized=*/true, cache, out);
     }

@@ -6,8 +6,9 @@
 //   characters the vocabulary lacks fall back to <0xNN> byte tokens.
 //
 // What a file may hold (anything else is refused when loading, naming the field and step):
-// - normalizer: null; or, for SentencePiece's alphabet, Prepend("▁") and Replace(" " → "▁")
-//   (Llama 2's, which prepends to every stretch between added tokens).
+// - normalizer: null; NFC (Qwen2's: the text between added tokens in Unicode's Normalization
+//   Form C, worker/data/unicode_nfc.h); or, for SentencePiece's alphabet, Prepend("▁") and
+//   Replace(" " → "▁") (Llama 2's, which prepends to every stretch between added tokens).
 // - pre_tokenizer: ByteLevel (with use_regex, GPT-2's split pattern), Split by a Regex with
 //   behavior Isolated, or a Sequence of Splits ending in a ByteLevel; add_prefix_space false. Or
 //   Metaspace ("▁", prepend_scheme always, first or never; split or not), or null after Llama
@@ -173,6 +174,7 @@ class Tokenizer {
   absl::flat_hash_map<uint64_t, Merge> merges_;      // PairKey(left, right) → rank, merged id
   bool ignore_merges_ = false;
   std::optional<Metaspace> metaspace_;  // unset: the byte-level alphabet
+  bool nfc_ = false;                    // the NFC normalizer (byte-level only)
   bool byte_fallback_ = false;
   int32_t unk_ = -1;  // the unknown token; −1: none
   bool fuse_unk_ = false;

@@ -194,8 +194,8 @@ TEST(Tokenizer, WhatItCannotComputeIsRefusedNamingTheField) {
     return Replaced(good, from, to);
   };
   ExpectRefused("[1, 2]", "tok.json: not a JSON object");
-  ExpectRefused(with(R"("normalizer": null)", R"("normalizer": {"type": "NFC"})"),
-                "tok.json: normalizer is of type \"NFC\"");
+  ExpectRefused(with(R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})"),
+                "tok.json: normalizer is of type \"NFKC\"");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "WordPiece")"),
                 "tok.json: model.type is \"WordPiece\"; Trainyard reads BPE");
   ExpectRefused(with(R"("type": "BPE")", R"("type": "BPE", "byte_fallback": true)"),
@@ -263,6 +263,11 @@ TEST(Tokenizer, Gpt2StyleMatchesTheOracle) { CheckAgainstTheOracle("gpt2"); }
 TEST(Tokenizer, Llama3StyleMatchesTheOracle) { CheckAgainstTheOracle("llama3"); }
 TEST(Tokenizer, Llama2StyleMatchesTheOracle) { CheckAgainstTheOracle("llama2"); }
 TEST(Tokenizer, MistralStyleMatchesTheOracle) { CheckAgainstTheOracle("mistral"); }
+
+// Qwen2's: single digits, its added tokens, and the NFC normalizer between them (the oracle's
+// texts hold decomposed letters, marks out of canonical order, Hangul jamo, a singleton and a
+// composition exclusion).
+TEST(Tokenizer, Qwen2StyleMatchesTheOracle) { CheckAgainstTheOracle("qwen2"); }
 
 // A long prompt in SentencePiece's alphabet without split (Mistral's, Llama 2's) is one word of
 // BPE: 24,000 characters merge and decode back to the text.
