@@ -249,6 +249,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       "Hugging Face ",
       gpt2                   ? "gpt2"
       : model_.moe.enabled() ? "mixtral"
+      : model_.qkv_bias      ? "qwen2"
                              : "llama",
       " (",
       DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
