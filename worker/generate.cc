@@ -276,10 +276,7 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
     const int32_t next = ChooseToken(host_logits_, options, rng);
     out.push_back(next);
     if (on_token) on_token(next);
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) !=
-        options.stop_ids.end()) {
-      break;
-    }
+    if (options.Stops(next)) break;
     if (i + 1 < options.tokens) {
       Forward(&next, 1, static_cast<int64_t>(prompt.size()) + i);
     }

@@ -22,6 +22,7 @@
 #ifndef TRAINYARD_WORKER_GENERATE_H_
 #define TRAINYARD_WORKER_GENERATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +44,10 @@ struct SampleOptions {
   float top_p = 1.0f;  // in (0, 1]; 1: every token top_k kept
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;  // generation ends after one of these
+
+  bool Stops(int32_t token) const {
+    return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
+  }
 };
 
 // The next token from the last position's logits (vocab floats), as described above; `rng`

@@ -400,22 +400,31 @@ absl::Status RefuseUnusedSampleFlags(const CommandLine& line, const SampleFlags&
   return RefuseGiven(line, kCpuFlags, " is not used with --device cuda (CPU threads)");
 }
 
-// --eos: "none", or token ids separated by commas or spaces (checked against the vocabulary
-// once the weights are read).
-absl::StatusOr<std::vector<int32_t>> ParseEosFlag(const std::string& text) {
+// Token ids separated by spaces or commas ("5 17 3" or "5,17,3"), each in [0, limit), of the flag
+// --`flag`: a part that is not one is refused as "--flag: 'part' `not_an_id`", no ids at all as
+// "--flag holds no token ids`none_note`".
+absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& text, const std::string& flag,
+                                                   int64_t limit, const std::string& not_an_id,
+                                                   const std::string& none_note = "") {
   std::vector<int32_t> ids;
-  if (text == "none") return ids;
   for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
     int32_t id;
-    if (!absl::SimpleAtoi(part, &id) || id < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--eos: '", part, "' is not a token id (give ids, or none)"));
+    if (!absl::SimpleAtoi(part, &id) || id < 0 || id >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' ", not_an_id));
     }
     ids.push_back(id);
   }
-  if (ids.empty())
-    return absl::InvalidArgumentError("--eos holds no token ids (give ids, or none)");
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " holds no token ids", none_note));
+  }
   return ids;
+}
+
+// --eos: "none", or token ids (checked against the vocabulary once the weights are read).
+absl::StatusOr<std::vector<int32_t>> ParseEosFlag(const std::string& text) {
+  if (text == "none") return std::vector<int32_t>{};
+  return ParseTokenIds(text, "eos", int64_t{INT32_MAX} + 1, "is not a token id (give ids, or none)",
+                       " (give ids, or none)");
 }
 
 absl::StatusOr<SampleFlags> ParseSampleFlags(int argc, char** argv) {
@@ -520,7 +529,6 @@ absl::StatusOr<std::unique_ptr<data::Tokenizer>> PromptTokenizer(const std::stri
 // --prompt-tokens.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int vocab,
                                                   const data::Tokenizer* tokenizer) {
-  std::vector<int32_t> tokens;
   if (flags.has_prompt && tokenizer != nullptr) {
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(flags.prompt);
     if (!ids.ok()) return Annotate(ids.status(), "--prompt");
@@ -534,22 +542,12 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int 
                        "this one has ",
                        vocab, " tokens: give --tokenizer, or use --prompt-tokens"));
     }
+    std::vector<int32_t> tokens;
     for (unsigned char byte : flags.prompt) tokens.push_back(byte);
     return tokens;
   }
-  for (absl::string_view part :
-       absl::StrSplit(flags.prompt_tokens, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
-    int32_t id;
-    if (!absl::SimpleAtoi(part, &id) || id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt-tokens: '", part,
-                                                     "' is not a token id below the vocabulary "
-                                                     "of ",
-                                                     vocab));
-    }
-    tokens.push_back(id);
-  }
-  if (tokens.empty()) return absl::InvalidArgumentError("--prompt-tokens holds no token ids");
-  return tokens;
+  return ParseTokenIds(flags.prompt_tokens, "prompt-tokens", vocab,
+                       absl::StrCat("is not a token id below the vocabulary of ", vocab));
 }
 
 absl::Status Sample(const SampleFlags& flags) {
@@ -593,15 +591,11 @@ absl::Status Sample(const SampleFlags& flags) {
   const bool text = flags.has_prompt;
   if (text) std::cout << flags.prompt << std::flush;
   bool first = true;
-  auto is_stop = [&](int32_t token) {
-    return std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
-           options.stop_ids.end();
-  };
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
                       generator->Generate(prompt, options, [&](int32_t token) {
                         // An end-of-sequence token ends the text and is not part of it (ids
                         // show it).
-                        if (text && is_stop(token)) return;
+                        if (text && options.Stops(token)) return;
                         if (text && tokenizer != nullptr) {
                           std::cout << tokenizer->TokenBytes(token) << std::flush;
                         } else if (text) {
@@ -612,7 +606,7 @@ absl::Status Sample(const SampleFlags& flags) {
                         first = false;
                       }));
   std::cout << "\n";
-  if (!out.empty() && is_stop(out.back())) {
+  if (!out.empty() && options.Stops(out.back())) {
     std::cerr << "ended at token " << out.back() << " after " << out.size() << " of "
               << options.tokens << " tokens\n";
   }

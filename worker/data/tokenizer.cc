@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/status.h"
 #include "worker/data/unicode_nfc.h"
+#include "worker/data/utf8.h"
 
 namespace trainyard::worker::data {
 
@@ -51,55 +52,6 @@ bool IsWhiteSpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
          c == 0x3000;
-}
-
-// The code point at s[*pos], advancing past it; false for a malformed sequence.
-bool NextCodePoint(absl::string_view s, size_t* pos, uint32_t* cp) {
-  const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
-  const uint8_t lead = byte(*pos);
-  if (lead < 0x80) {
-    *cp = lead;
-    ++*pos;
-    return true;
-  }
-  int more;
-  uint32_t c, least;
-  if ((lead & 0xE0) == 0xC0) {
-    more = 1, c = lead & 0x1F, least = 0x80;
-  } else if ((lead & 0xF0) == 0xE0) {
-    more = 2, c = lead & 0x0F, least = 0x800;
-  } else if ((lead & 0xF8) == 0xF0) {
-    more = 3, c = lead & 0x07, least = 0x10000;
-  } else {
-    return false;
-  }
-  if (*pos + more >= s.size()) return false;
-  for (int i = 1; i <= more; ++i) {
-    if ((byte(*pos + i) & 0xC0) != 0x80) return false;
-    c = (c << 6) | (byte(*pos + i) & 0x3F);
-  }
-  if (c < least || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
-  *cp = c;
-  *pos += more + 1;
-  return true;
-}
-
-void AppendUtf8(std::string* out, uint32_t c) {
-  if (c < 0x80) {
-    *out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    *out += static_cast<char>(0xC0 | (c >> 6));
-    *out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    *out += static_cast<char>(0xE0 | (c >> 12));
-    *out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (c >> 18));
-    *out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (c & 0x3F));
-  }
 }
 
 // The byte-level alphabet: the printable bytes of Latin-1 stand for themselves; the other 68

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "worker/data/utf8.h"
+
 namespace trainyard::worker::data {
 namespace {
 
@@ -29,48 +31,6 @@ struct CodePointRange {
 constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
 constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount;
 constexpr char32_t kSCount = kLCount * kNCount;
-
-// The next code point of valid UTF-8 at `*at`, which moves past it.
-char32_t NextCodePoint(absl::string_view s, size_t* at) {
-  const auto byte = [&](size_t i) { return static_cast<char32_t>(static_cast<uint8_t>(s[i])); };
-  const char32_t b = byte(*at);
-  if (b < 0x80) {
-    *at += 1;
-    return b;
-  }
-  if (b < 0xE0) {
-    const char32_t c = (b & 0x1F) << 6 | (byte(*at + 1) & 0x3F);
-    *at += 2;
-    return c;
-  }
-  if (b < 0xF0) {
-    const char32_t c = (b & 0x0F) << 12 | (byte(*at + 1) & 0x3F) << 6 | (byte(*at + 2) & 0x3F);
-    *at += 3;
-    return c;
-  }
-  const char32_t c = (b & 0x07) << 18 | (byte(*at + 1) & 0x3F) << 12 | (byte(*at + 2) & 0x3F) << 6 |
-                     (byte(*at + 3) & 0x3F);
-  *at += 4;
-  return c;
-}
-
-void AppendUtf8(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | c >> 6));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | c >> 12));
-    out->push_back(static_cast<char>(0x80 | (c >> 6 & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | c >> 18));
-    out->push_back(static_cast<char>(0x80 | (c >> 12 & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c >> 6 & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
 
 int ClassOf(char32_t c) {
   if (c < 0x300) return 0;
@@ -129,7 +89,9 @@ bool MayChangeUnderNfc(absl::string_view text) {
       ++at;
       continue;
     }
-    if (InQuickCheck(NextCodePoint(text, &at))) return true;
+    uint32_t c;
+    if (!NextCodePoint(text, &at, &c)) return true;  // not UTF-8: not ours to judge
+    if (InQuickCheck(c)) return true;
   }
   return false;
 }
@@ -137,7 +99,11 @@ bool MayChangeUnderNfc(absl::string_view text) {
 std::string ToNfc(absl::string_view text) {
   std::vector<char32_t> cps;
   cps.reserve(text.size());
-  for (size_t at = 0; at < text.size();) Decompose(NextCodePoint(text, &at), &cps);
+  for (size_t at = 0; at < text.size();) {
+    uint32_t c;
+    if (!NextCodePoint(text, &at, &c)) c = static_cast<uint8_t>(text[at++]);  // not UTF-8
+    Decompose(c, &cps);
+  }
   // Canonical order: each run of non-starters sorted by class, stably.
   for (size_t i = 1; i < cps.size(); ++i) {
     const int ccc = ClassOf(cps[i]);
@@ -167,7 +133,7 @@ std::string ToNfc(absl::string_view text) {
   }
   std::string utf8;
   utf8.reserve(text.size());
-  for (char32_t c : out) AppendUtf8(c, &utf8);
+  for (char32_t c : out) AppendUtf8(&utf8, c);
   return utf8;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_env.h"
+#include "worker/data/utf8.h"
 
 namespace trainyard::worker::data {
 namespace {
@@ -39,26 +40,13 @@ TEST(UnicodeNfc, ComposesOrdersAndLeavesExclusionsByHand) {
 
 std::string Utf8(char32_t c) {
   std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | c >> 6);
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | c >> 12);
-    s += static_cast<char>(0x80 | (c >> 6 & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | c >> 18);
-    s += static_cast<char>(0x80 | (c >> 12 & 0x3F));
-    s += static_cast<char>(0x80 | (c >> 6 & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
+  AppendUtf8(&s, c);
   return s;
 }
 
-// Every code point but the surrogates (and the newline that ends each line) alone, then 20,000 random strings of up to 12 code points
-// drawn from the marks, starters and jamo that compose and reorder, each line through Python.
+// Every code point but the surrogates (and the newline that ends each line) alone, then 20,000
+// random strings of up to 12 code points drawn from the marks, starters and jamo that compose and
+// reorder, each line through Python.
 TEST(UnicodeNfc, EqualsPythonsUnicodedata) {
   std::vector<std::string> texts;
   for (char32_t c = 1; c < 0x110000; ++c) {
