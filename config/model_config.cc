@@ -1,6 +1,7 @@
 #include "config/model_config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -177,8 +178,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (c.vocab < 2) return bad("vocab", absl::StrCat("must be at least 2, got ", c.vocab));
   if (c.max_seq < 1) return bad("max_seq", absl::StrCat("must be at least 1, got ", c.max_seq));
-  if (c.width % c.heads != 0) {
-    return bad("heads", absl::StrCat("width ", c.width, " is not divisible by heads ", c.heads));
+  if (c.explicit_head_dim != 0) {
+    if (c.family != ModelFamily::kLlama) {
+      return bad("head_dim", "is for the llama family (GPT-2's heads are width / heads wide)");
+    }
+    if (c.explicit_head_dim < 2) {
+      return bad("head_dim", absl::StrCat("must be at least 2, got ", c.explicit_head_dim));
+    }
+    if ((int64_t{c.heads} + 2 * int64_t{c.kv_heads}) * c.explicit_head_dim > INT32_MAX) {
+      return bad("head_dim", absl::StrCat(c.explicit_head_dim, " makes q, k and v wider than ",
+                                          INT32_MAX, " columns"));
+    }
+  } else if (c.width % c.heads != 0) {
+    return bad("heads", absl::StrCat("width ", c.width, " is not divisible by heads ", c.heads,
+                                     " (model.head_dim sets the heads' width apart)"));
   }
   if (c.heads % c.kv_heads != 0) {
     return bad("kv_heads",
@@ -191,7 +204,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return bad("kv_heads", "the gpt2 family has as many key/value heads as query heads");
   }
   if (c.family == ModelFamily::kLlama && c.head_dim() % 2 != 0) {
-    return bad("heads", absl::StrCat("RoPE needs an even head dimension, got ", c.head_dim()));
+    return bad(c.explicit_head_dim != 0 ? "head_dim" : "heads",
+               absl::StrCat("RoPE needs an even head dimension, got ", c.head_dim()));
   }
   if (!(c.norm_eps > 0.0f)) return bad("norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0f)) return bad("rope_theta", "must be positive");

@@ -77,7 +77,7 @@ struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
   int layers = 2;
   int width = 64;        // model dimension C
-  int heads = 4;         // query heads; head_dim = width / heads
+  int heads = 4;         // query heads, each head_dim() wide
   int kv_heads = 4;      // key/value heads (== heads for GPT-2)
   int ffn_hidden = 256;  // MLP hidden size (GPT-2: 4C; Llama: SwiGLU hidden)
   int vocab = 256;
@@ -86,14 +86,19 @@ struct ModelConfig {
   // Llama family: biases on the query, key and value projections (Qwen2's layout; the output
   // projection and the MLP stay without). GPT-2's linears always have biases (false there).
   bool qkv_bias = false;
+  // Llama family: model.head_dim when the heads are not width / heads wide (Mistral Nemo's and
+  // Qwen3's are wider: heads · head_dim exceeds the width); 0 for width / heads.
+  int explicit_head_dim = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
 
-  int head_dim() const { return width / heads; }
+  int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : width / heads; }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
+  // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
+  int attention_width() const { return heads * head_dim(); }
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;
   // Parameters one token's computation uses: with MoE layers, the router, top_k routed experts

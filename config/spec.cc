@@ -160,10 +160,10 @@ absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
 }
 
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"preset", "family", "layers", "width", "heads", "kv_heads", "ffn_hidden",
-                           "vocab", "max_seq", "tied_embeddings", "qkv_bias", "norm_eps",
-                           "rope_theta", "rope_scaling", "recompute", "moe", "init_from"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"preset", "family", "layers", "width", "heads",
+                                          "kv_heads", "head_dim", "ffn_hidden", "vocab", "max_seq",
+                                          "tied_embeddings", "qkv_bias", "norm_eps", "rope_theta",
+                                          "rope_scaling", "recompute", "moe", "init_from"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -174,6 +174,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadInt("width", &m.width));
   TY_RETURN_IF_ERROR(r.ReadInt("heads", &m.heads));
   TY_RETURN_IF_ERROR(r.ReadInt("kv_heads", &m.kv_heads));
+  TY_RETURN_IF_ERROR(r.ReadInt("head_dim", &m.explicit_head_dim));
   TY_RETURN_IF_ERROR(r.ReadInt("ffn_hidden", &m.ffn_hidden));
   TY_RETURN_IF_ERROR(r.ReadInt("vocab", &m.vocab));
   TY_RETURN_IF_ERROR(r.ReadInt("max_seq", &m.max_seq));

@@ -97,10 +97,10 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   if (cp == 1) return {};
   const double transfer = link.alpha_seconds + static_cast<double>(RingKeyValueElements(s)) *
                                                    backend.act_bytes / link.bytes_per_second;
-  // PaLM's attention count for the block: 4·h·s per local token forward (h / tp of the width on
-  // this rank, s the whole sequence), twice that backward.
+  // PaLM's attention count for the block: 4·h·s per local token forward (h / tp of the
+  // attention's width on this rank, s the whole sequence), twice that backward.
   const double attention =
-      4.0 * s.model.width / s.mesh.tp * s.seq_len * s.rows() / device.matmul_flops;
+      4.0 * s.model.attention_width() / s.mesh.tp * s.seq_len * s.rows() / device.matmul_flops;
   const double hidden = device.ring_overlap ? 1.0 : 0.0;
   const double forward_step = hidden * attention / cp, backward_step = 2 * hidden * attention / cp;
   // Forward: cp − 1 steps with one transfer in flight.
@@ -275,7 +275,7 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
 // count); empty for one chunk.
 std::vector<double> ChunkShares(const RankShape& s) {
   if (s.chunks.size() <= 1) return {};
-  const double attention = 4.0 * s.model.width * s.seq_len / s.mesh.tp;
+  const double attention = 4.0 * s.model.attention_width() * s.seq_len / s.mesh.tp;
   std::vector<double> work;
   double total = 0;
   for (size_t c = 0; c < s.chunks.size(); ++c) {
@@ -344,7 +344,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   // The rank's tokens (1/cp of each sequence), each attending over the whole sequence: the
   // head-tail split gives every context-parallel rank 1/cp of the causal attention.
   const double tokens = static_cast<double>(s.rows());
-  const double attention = 4.0 * c.width * s.seq_len / s.mesh.tp * s.layers();
+  const double attention = 4.0 * c.attention_width() * s.seq_len / s.mesh.tp * s.layers();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
@@ -576,7 +576,8 @@ int64_t MatmulParameterCount(const config::ModelConfig& model) {
 double ModelFlopsPerStep(const config::JobSpec& spec) {
   const config::ModelConfig& m = spec.model;
   const double s = spec.training.seq_len;
-  const double per_token = 6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.width * s;
+  const double per_token =
+      6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.attention_width() * s;
   return per_token * spec.training.batch * s;
 }
 

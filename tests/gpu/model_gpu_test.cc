@@ -43,11 +43,14 @@ struct Case {
   DType act;
   bool moe = false;       // every block's MLP as 4 routed experts and a shared one
   bool qkv_bias = false;  // llama: biases on q, k and v (Qwen2's layout)
+  int head_dim = 0;       // llama: model.head_dim (0: width / heads)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
-                     (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "");
+  std::string name =
+      std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
+      (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "") +
+      (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -104,6 +107,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   const bool bf16 = c.act == DType::kBF16;
   config::ModelConfig mc = *config::Preset(c.preset);
   mc.qkv_bias = c.qkv_bias;
+  mc.explicit_head_dim = c.head_dim;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -464,7 +468,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2-debug", DType::kF32, true}, Case{"llama-debug", DType::kF32, true},
                       Case{"gpt2-debug", DType::kBF16, true},
                       Case{"llama-debug", DType::kBF16, true},
-                      Case{"llama-debug", DType::kBF16, false, true}),
+                      Case{"llama-debug", DType::kBF16, false, true},
+                      // Heads of 32 over a width of 64: the attention twice the model's width.
+                      Case{"llama-debug", DType::kBF16, false, false, 32}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

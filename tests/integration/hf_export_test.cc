@@ -128,7 +128,8 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
   // first step, which a random start does not.
   config::JobSpec on_mesh = Job(family, mesh);
   on_mesh.init_from = hf.string();
-  const MeshCase one{.name = "dp1", .qkv_bias = mesh.qkv_bias, .experts = mesh.experts};
+  const MeshCase one{
+      .name = "dp1", .qkv_bias = mesh.qkv_bias, .head_dim = mesh.head_dim, .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -163,6 +164,15 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(ModelFamily::kLlama),
         ::testing::Values(MeshCase{
             .name = "qwen2_dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Heads wider than width / heads export with config.json's head_dim (as Mistral Nemo's) and read
+// back split over tensor-parallel ranks and pipeline stages.
+INSTANTIATE_TEST_SUITE_P(
+    WideHeads, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{
+                           .name = "wide_heads_tp2_pp2", .tp = 2, .pp = 2, .head_dim = 24})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 constexpr int kBatch = 2, kSeq = 16;
@@ -361,6 +371,11 @@ TEST(HfOracleMixtral, ExportedFilesGiveTrainyardsLogits) {
 // conventions.
 TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .qkv_bias = true});
+}
+
+// model.head_dim travels as config.json's head_dim, which the oracle reads as transformers does.
+TEST(HfOracleWideHeads, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .head_dim = 24});
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfOracle,

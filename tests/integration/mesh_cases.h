@@ -20,6 +20,7 @@ struct MeshCase {
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
   bool qkv_bias = false;  // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int head_dim = 0;       // llama: model.head_dim (0: width / heads)
   int micro_batch = 0;    // 0: the spec's
   int seq_len = 0;        // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -51,8 +52,9 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (mesh.layers > 0) spec->model.layers = mesh.layers;
   if (mesh.untied) spec->model.tied_embeddings = false;
   if (mesh.recompute) spec->model.recompute = true;
-  if (mesh.qkv_bias && spec->model.family == config::ModelFamily::kLlama) {
-    spec->model.qkv_bias = true;
+  if (spec->model.family == config::ModelFamily::kLlama) {
+    spec->model.qkv_bias = spec->model.qkv_bias || mesh.qkv_bias;
+    if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
   }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
@@ -110,6 +112,9 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     {.name = "dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3},
     // The q, k and v biases split by heads like their weights' rows (grouped-query sections).
     {.name = "dp2_tp2_zero3_qkv_bias", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true},
+    // Heads wider than width / heads (Mistral Nemo's and Qwen3's shape), split by tensor
+    // parallelism, with the attention's output projection reducing across pipeline stages.
+    {.name = "tp2_pp2_sp_wide_heads", .tp = 2, .pp = 2, .sequence_parallel = true, .head_dim = 32},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},

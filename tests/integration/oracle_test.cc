@@ -95,7 +95,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"kv_heads\": " << c.kv_heads << ", \"ffn_hidden\": " << c.ffn_hidden
       << ", \"vocab\": " << c.vocab << ", \"max_seq\": " << c.max_seq
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
-      << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false") << ", \"norm_eps\": " << c.norm_eps
+      << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
+      << ", \"head_dim\": " << c.explicit_head_dim << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
       << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
@@ -304,6 +305,15 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithTheBiasRule) {
 TEST(TorchOracle, LlamaWithQkvBiases) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.qkv_bias = true;
+  CompareWithOracle(c);
+}
+
+// Heads wider than width / heads (Mistral Nemo's and Qwen3's shape): the attention's width
+// (heads · head_dim) exceeds the model's, so q, k, v and the output projection are not square.
+TEST(TorchOracle, LlamaWithHeadsWiderThanTheWidthSplits) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.explicit_head_dim = 3 * c.width / c.heads / 2;
+  ASSERT_GT(c.heads * c.head_dim(), c.width);
   CompareWithOracle(c);
 }
 

@@ -63,7 +63,8 @@ def normalize_config(cfg):
     """Returns a copy of `cfg` with optional model keys filled in, after validating it.
 
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
-    Defaults: kv_heads = heads; ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
+    Defaults: kv_heads = heads; head_dim = width / heads (llama may set another; 0 means the
+    default); ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
@@ -102,14 +103,21 @@ def normalize_config(cfg):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigError("%s: must be a positive number, got %r" % (key, value))
         out[key] = float(value)
-    if out["width"] % out["heads"] != 0:
+    head_dim = out.get("head_dim", 0)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
+        raise ConfigError("head_dim: must be an integer >= 0 (0: width / heads), got %r"
+                          % (head_dim,))
+    if head_dim and family != "llama" and head_dim * out["heads"] != out["width"]:
+        raise ConfigError("head_dim: is for the llama family (gpt2's is width / heads)")
+    if not head_dim and out["width"] % out["heads"] != 0:
         raise ConfigError("heads: width %d is not divisible by heads %d" % (out["width"], out["heads"]))
+    out["head_dim"] = head_dim or out["width"] // out["heads"]
     if out["heads"] % out["kv_heads"] != 0:
         raise ConfigError(
             "kv_heads: heads %d is not divisible by kv_heads %d" % (out["heads"], out["kv_heads"]))
-    if family == "llama" and (out["width"] // out["heads"]) % 2 != 0:
-        raise ConfigError("heads: RoPE needs an even head dimension, got %d"
-                          % (out["width"] // out["heads"]))
+    if family == "llama" and out["head_dim"] % 2 != 0:
+        raise ConfigError("%s: RoPE needs an even head dimension, got %d"
+                          % ("head_dim" if head_dim else "heads", out["head_dim"]))
     out["moe"] = _normalize_moe(out.get("moe"), out["layers"])
     return out
 
@@ -205,7 +213,7 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = cfg["heads"]
         self.kv_heads = cfg["kv_heads"]
-        self.head_dim = cfg["width"] // cfg["heads"]
+        self.head_dim = cfg["head_dim"]
         self.rope = cfg["family"] == "llama"
         self.rope_theta = cfg["rope_theta"]
         bias = cfg["family"] == "gpt2"

@@ -64,6 +64,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_max_seq(m.max_seq);
   s.set_tied_embeddings(m.tied_embeddings);
   s.set_qkv_bias(m.qkv_bias);
+  s.set_head_dim(m.explicit_head_dim);
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
@@ -99,6 +100,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.max_seq = s.max_seq();
   m.tied_embeddings = s.tied_embeddings();
   m.qkv_bias = s.qkv_bias();
+  m.explicit_head_dim = s.head_dim();
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {
@@ -178,6 +180,13 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   if (saved.qkv_bias() != want.qkv_bias()) {
     return differ("qkv_bias", saved.qkv_bias() ? "true" : "false",
                   want.qkv_bias() ? "true" : "false");
+  }
+  // Compared as the heads' widths: an explicit head_dim equal to width / heads is that model.
+  auto head_dim = [](const ModelSignature& m) {
+    return m.head_dim() > 0 ? m.head_dim() : m.width() / std::max(m.heads(), 1);
+  };
+  if (head_dim(saved) != head_dim(want)) {
+    return differ("head_dim", head_dim(saved), head_dim(want));
   }
   return CheckMoeMatches(saved.moe(), want.moe());
 }

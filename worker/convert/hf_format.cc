@@ -231,11 +231,12 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Int("num_attention_heads", &m.heads));
   m.kv_heads = m.heads;
   TY_RETURN_IF_ERROR(f.Int("num_key_value_heads", &m.kv_heads, /*required=*/false));
-  int head_dim = m.width / m.heads;
+  // Heads wider than hidden_size / num_attention_heads (Mistral Nemo's, Qwen3's) are the
+  // model's head_dim; without the key they are that quotient.
+  int head_dim = 0;
   TY_RETURN_IF_ERROR(f.Int("head_dim", &head_dim, /*required=*/false));
-  if (head_dim * m.heads != m.width) {
-    return f.Bad("head_dim", absl::StrCat("is ", head_dim, "; Trainyard needs hidden_size / ",
-                                          "num_attention_heads = ", m.width / m.heads));
+  if (head_dim != 0 && (m.heads < 1 || int64_t{head_dim} * m.heads != m.width)) {
+    m.explicit_head_dim = head_dim;
   }
   m.norm_eps = 1e-6f;  // Hugging Face's default for Llama
   TY_RETURN_IF_ERROR(f.Float("rms_norm_eps", &m.norm_eps));

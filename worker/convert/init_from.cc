@@ -145,6 +145,9 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   TY_RETURN_IF_ERROR(
       SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   TY_RETURN_IF_ERROR(SameChoice("qkv_bias", file.qkv_bias, spec.qkv_bias, source));
+  if (file.head_dim() != spec.head_dim()) {
+    return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
+  }
   if (file.norm_eps != spec.norm_eps) {
     return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));
   }

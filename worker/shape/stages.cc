@@ -7,11 +7,11 @@ namespace trainyard::worker {
 
 std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_len, int stages) {
   const double width = c.width, ffn = c.ffn_hidden;
-  const double attn = static_cast<double>(c.heads) * c.head_dim();
+  const double attn = c.attention_width();
   const double fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
   // Per token: matmul parameters (a multiply-add each) plus the attention scores and values.
   const double block =
-      c.qkv_width() * width + width * attn + fc * width + width * ffn + 2.0 * seq_len * width;
+      c.qkv_width() * width + width * attn + fc * width + width * ffn + 2.0 * seq_len * attn;
   const double head = static_cast<double>(c.vocab) * width;
   const int layers = c.layers;
   auto cost = [&](int first, int last_excl, bool is_last) {

@@ -301,6 +301,26 @@ TEST(ParseJobSpecTest, QkvBias) {
             int64_t{plain.model.layers} * plain.model.qkv_width());
 }
 
+// Heads wider than width / heads (Mistral Nemo's and Qwen3's shape): q, k and v and the output
+// projection grow with heads · head_dim; the model's width stays.
+TEST(ParseJobSpecTest, HeadDim) {
+  JobSpec plain = MustParse("name: q\nmodel: {preset: llama-debug}\n");
+  JobSpec wide = MustParse("name: q\nmodel: {preset: llama-debug, head_dim: 24}\n");
+  EXPECT_EQ(plain.model.head_dim(), 16);
+  EXPECT_EQ(wide.model.head_dim(), 24);
+  EXPECT_EQ(wide.model.attention_width(), 96);
+  EXPECT_EQ(wide.model.qkv_width(), (4 + 2 * 2) * 24);
+  // Per layer: q, k and v grow by 8 columns per head (4 + 2 · 2 heads), the output projection
+  // by 4 · 8 input columns, each over the width of 64.
+  EXPECT_EQ(wide.model.ParameterCount() - plain.model.ParameterCount(),
+            int64_t{plain.model.layers} * (8 * 8 * 64 + 4 * 8 * 64));
+  // Width and heads need not divide once head_dim is given.
+  JobSpec odd = MustParse(
+      "name: q\nmodel: {family: llama, layers: 1, width: 40, heads: 3, kv_heads: 1, head_dim: 16, "
+      "ffn_hidden: 64, vocab: 64, max_seq: 64}\n");
+  EXPECT_EQ(odd.model.qkv_width(), 80);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

@@ -157,6 +157,18 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_THAT(CheckModelMatches(SignatureOf(biased), model).message(), HasSubstr("model.qkv_bias"));
   EXPECT_TRUE(ModelFromSignature(SignatureOf(biased))->qkv_bias);
   EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->qkv_bias);
+
+  // The heads' width is compared as a width: head_dim 16 written out is llama-debug's own, 24 is
+  // another model, and an old checkpoint (no head_dim) reads as width / heads.
+  config::ModelConfig same = model, wide = model;
+  same.explicit_head_dim = 16;
+  wide.explicit_head_dim = 24;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(same), model).ok());
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(model), same).ok());
+  EXPECT_THAT(CheckModelMatches(SignatureOf(wide), model).message(),
+              HasSubstr("model.head_dim is 24 in the checkpoint, 16 in the spec"));
+  EXPECT_EQ(ModelFromSignature(SignatureOf(wide))->head_dim(), 24);
+  EXPECT_EQ(ModelFromSignature(SignatureOf(model))->head_dim(), 16);
 }
 
 config::ModelConfig MoeModel() {

@@ -401,6 +401,45 @@ TEST(HfFormat, Qwen2ConfigReadsAsLlamaWithQkvBiases) {
             "32768 (Trainyard's attention has no sliding window: null only)");
 }
 
+// A config.json of Mistral Nemo's shape: 32 heads of 128 over a width of 5120, so q and the
+// output projection are 4096 wide, not 5120. head_dim is the model's and travels back out; a
+// head_dim equal to hidden_size / num_attention_heads (or null) is the plain model.
+TEST(HfFormat, HeadDimWiderThanTheWidthSplitIsTheModels) {
+  std::string json = R"({
+    "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 1024000,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 131072})";
+  auto m = ModelFromHfConfig(json, "Mistral-Nemo/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->width, 5120);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->attention_width(), 4096);
+  EXPECT_EQ(m->qkv_width(), 6144);
+  // By hand: 40 · (q 4096·5120 + k, v 2 · 1024·5120 + o 5120·4096 + MLP 3 · 14336·5120 + norms
+  // 2 · 5120) + untied embedding and head 2 · 131072·5120 + the final norm 5120 (the card's 12B).
+  EXPECT_EQ(m->ParameterCount(), int64_t{12247782400});
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"head_dim\": 128"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->head_dim(), 128);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+
+  json.replace(json.find("\"head_dim\": 128"), 15, "\"head_dim\": 160");
+  m = ModelFromHfConfig(json, "config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->explicit_head_dim, 0);
+  EXPECT_EQ(m->head_dim(), 160);
+  json.replace(json.find("\"head_dim\": 160"), 15, "\"head_dim\": 127");
+  EXPECT_THAT(ModelFromHfConfig(json, "config.json").status().message(),
+              HasSubstr("head_dim: RoPE needs an even head dimension, got 127"));
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
