@@ -71,7 +71,8 @@ int64_t ModelConfig::ParameterCount() const {
     attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
     total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    attention = c + qkv * c + (qkv_bias ? qkv : 0) + c * attn_out + c;
+    attention =
+        c + qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? 2 * head_dim() : 0) + c * attn_out + c;
     total += c;  // final RMSNorm
   }
   for (int l = 0; l < layers; ++l) {
@@ -196,6 +197,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (c.heads % c.kv_heads != 0) {
     return bad("kv_heads",
                absl::StrCat("heads ", c.heads, " is not divisible by kv_heads ", c.kv_heads));
+  }
+  if (c.family == ModelFamily::kGpt2 && c.qk_norm) {
+    return bad("qk_norm", "is for the llama family");
   }
   if (c.family == ModelFamily::kGpt2 && c.qkv_bias) {
     return bad("qkv_bias", "is for the llama family (GPT-2's projections always have biases)");

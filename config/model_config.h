@@ -89,6 +89,9 @@ struct ModelConfig {
   // Llama family: model.head_dim when the heads are not width / heads wide (Mistral Nemo's and
   // Qwen3's are wider: heads · head_dim exceeds the width); 0 for width / heads.
   int explicit_head_dim = 0;
+  // Llama family: an RMSNorm over each query and key head before RoPE, one weight of head_dim
+  // for the queries and one for the keys (Qwen3's layout).
+  bool qk_norm = false;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;

@@ -208,6 +208,8 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.AllReduce(4 * w, kFloat), layers));  // two norms' gradients
   }
+  // qk_norm: the query and key norms' gradients from this rank's heads.
+  if (s.model.qk_norm) out.push_back(Times(tp.AllReduce(2 * s.model.head_dim(), kFloat), layers));
   // An MoE block's combine weights' gradients, one float per pick (all N·top_k of them when
   // dropless; fewer when a capacity drops some, which this bound does not know).
   if (const int moe_blocks = s.moe_blocks(); moe_blocks > 0) {

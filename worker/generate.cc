@@ -124,6 +124,12 @@ void Generator::Reserve(int64_t rows) {
   mean_ = be.AllocFloat(rows);
   rstd_ = be.AllocFloat(rows);
   lse_ = be.AllocFloat(rows * m.heads);
+  if (m.qk_norm) {
+    const HeadNormShape norms = HeadNorms(rows);
+    head_pre_ = be.AllocAct(norms.saved());
+    head_rstd_ = be.AllocFloat(norms.statistics());
+    head_scratch_ = be.AllocAct(norms.scratch());
+  }
   keys_.clear();
   values_.clear();
   for (int l = 0; l < m.layers; ++l) {
@@ -167,6 +173,15 @@ void Generator::RoutedExperts(int layer, int64_t n) {
                  routing_.top_k, c, /*accumulate=*/o.mlp_ffn > 0);
 }
 
+HeadNormShape Generator::HeadNorms(int64_t rows) const {
+  return {.rows = rows,
+          .heads = model_.heads,
+          .kv_heads = model_.kv_heads,
+          .head_dim = model_.head_dim(),
+          .qkv_stride = model_.qkv_width(),
+          .eps = model_.norm_eps};
+}
+
 void Generator::Block(int layer, int64_t n, int64_t pos) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
@@ -181,6 +196,10 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
     be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln1_w), n, c, m.norm_eps);
   }
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
+  if (m.qk_norm) {
+    HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
+                    P(o.q_norm_w), P(o.k_norm_w), HeadNorms(n));
+  }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
   if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m), pos);

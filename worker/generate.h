@@ -33,6 +33,7 @@
 #include "config/model_config.h"
 #include "worker/backend.h"
 #include "worker/buffer.h"
+#include "worker/head_norm.h"
 #include "worker/shape/parameters.h"
 
 namespace trainyard::worker {
@@ -84,6 +85,7 @@ class Generator {
   // values to the cache, and leaves the last row's logits in logits_.
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
+  HeadNormShape HeadNorms(int64_t rows) const;  // qk_norm's over `rows` rows
   // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
   // has no shared experts).
   void RoutedExperts(int layer, int64_t n);
@@ -102,6 +104,9 @@ class Generator {
   int64_t rows_ = 0;
   Buffer<Act> x_, norm_, qkv_, attn_, tmp_, fc_, act_, logits_;
   Buffer<float> mean_, rstd_, lse_;
+  // qk_norm: the head norms' inputs, statistics and scratch (worker/head_norm.h).
+  Buffer<Act> head_pre_, head_scratch_;
+  Buffer<float> head_rstd_;
   std::vector<Buffer<Act>> keys_, values_;
   std::vector<float> host_logits_;
   // MoE blocks: the router's logits, each permuted row's token, each pick's row and weight, the

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/head_norm.h"
 #include "worker/model_activations.h"
 #include "worker/rope.h"
 
@@ -172,12 +173,12 @@ int64_t Model::activation_bytes() const {
     ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
     for (const auto& r : a.resid) add_act(r);
     for (const auto& la : a.layers) {
-      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.att, &la.mid, &la.ln2, &la.fc, &la.act,
-                                   &la.ln1_local, &la.ln2_local}) {
+      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.qk_pre, &la.att, &la.mid, &la.ln2, &la.fc,
+                                   &la.act, &la.ln1_local, &la.ln2_local}) {
         add_act(*b);
       }
       for (const Buffer<float>* b :
-           {&la.ln1_mean, &la.ln1_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd}) {
+           {&la.ln1_mean, &la.ln1_rstd, &la.qk_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd}) {
         add(*b);
       }
       const LayerActivations::Experts& m = la.moe;
@@ -188,18 +189,19 @@ int64_t Model::activation_bytes() const {
       for (const Buffer<float>* b : {&m.logits, &m.row_weight, &m.weight}) add(*b);
       ints += m.source.size() + m.slot.size() + m.to_experts.size() + m.from_experts.size();
     }
-    for (const Buffer<Act>* b :
-         {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf,
-          &a.lnf_local, &a.tmp_local, &a.dx_full, &a.dln_local, &a.dlnf_local}) {
+    for (const Buffer<Act>* b : {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc,
+                                 &a.dact, &a.dlnf, &a.lnf_local, &a.tmp_local, &a.dx_full,
+                                 &a.dln_local, &a.dlnf_local, &a.head_norm_scratch}) {
       add_act(*b);
     }
-    for (const Buffer<float>* b :
-         {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse, &a.norm_scratch}) {
+    for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse,
+                                   &a.norm_scratch, &a.head_norm_grads}) {
       add(*b);
     }
     for (const Activations::DeferredGrads& d : a.deferred) {
       for (const Buffer<Act>* b : {&d.mlp_proj_dy, &d.fc_dy, &d.proj_dy, &d.qkv_dy}) add_act(*b);
       add(d.norms);
+      add(d.head_norms);
     }
     add_act(a.embedding_dy);
     add_act(a.moe_dout);
@@ -325,6 +327,10 @@ void Model::EnsureActivations(int b, int t) {
     la.ln1_mean = be.AllocFloat(nr);
     la.ln1_rstd = be.AllocFloat(nr);
     la.qkv = be.AllocAct(n * qkv);
+    if (c.qk_norm) {
+      la.qk_pre = be.AllocAct(HeadNorms(n).saved());
+      la.qk_rstd = be.AllocFloat(HeadNorms(n).statistics());
+    }
     la.att = be.AllocAct(n * attn);
     la.lse = be.AllocFloat(int64_t{b} * dims_.heads * t);
     la.mid = be.AllocAct(nr * width);
@@ -374,19 +380,11 @@ void Model::EnsureActivations(int b, int t) {
     a->moe_dlogits = be.AllocFloat(n * experts);
   }
   a->dlnf = be.AllocAct(n * width);
-  if (split_) {
-    for (int l = 0; l < local_layers; ++l) {
-      Activations::DeferredGrads d;
-      d.mlp_proj_dy = be.AllocAct(n * width);
-      d.fc_dy = be.AllocAct(n * MlpSizesOf(l).fc);
-      d.proj_dy = be.AllocAct(n * width);
-      d.qkv_dy = be.AllocAct(n * qkv);
-      d.norms = be.AllocFloat(4 * width);
-      a->deferred.push_back(std::move(d));
-    }
-    // A slot serves every chunk of the rank: the embedding chunk's gradient buffer is in all.
-    if (layout_.first()) a->embedding_dy = be.AllocAct(n * width);
+  if (c.qk_norm) {
+    a->head_norm_scratch = be.AllocAct(2 * HeadNorms(n).scratch());
+    a->head_norm_grads = be.AllocFloat(2 * c.head_dim());
   }
+  if (split_) AllocateDeferred(*a, n);
   held = std::move(a);
   acts_ = held.get();
 }
@@ -544,6 +542,10 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   Norm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, residual, P(g, o.ln1_w), P(g, o.ln1_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
   be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
+  if (c.qk_norm) {
+    HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
+                    a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w), HeadNorms(n));
+  }
   if (!gpt2) Rotate(la.qkv.data(), /*backward=*/false);
   if (cp_.enabled()) {
     TY_RETURN_IF_ERROR(cp_.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape));
@@ -712,6 +714,10 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
                          shape);
   }
   if (!gpt2) Rotate(a.dqkv.data(), /*backward=*/true);
+  if (c.qk_norm) {
+    TY_RETURN_IF_ERROR(
+        HeadNormsBackward(layer, la, deferred != nullptr ? deferred->head_norms.data() : nullptr));
+  }
   std::tie(dw, db) = weight_grads(o.qkv_w, o.qkv_b, &Activations::DeferredGrads::qkv_dy,
                                   a.dqkv.data(), n * dims_.qkv_width);
   be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), la.ln1.data(), P(g, o.qkv_w), n,
@@ -759,6 +765,7 @@ absl::Status Model::BlockWeightGradients(int layer) {
   be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(), la.ln1.data(), nullptr,
                     n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+  if (c.qk_norm) AddHeadNormGrads(g, o, d.head_norms.data());
   // An MoE block's experts got their gradients in the input pass (MoeBackward), into the
   // buffer the source handed out then, which later input passes may have added to before this
   // one's weight pass: asked for again here (a fresh one once the last went off).
@@ -806,6 +813,59 @@ absl::Status Model::ToFullRows(Act* local, Act* full, int64_t cols) {
 
 absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
   return tp_.SumToLocalRows(full, local, int64_t{acts_->b} * acts_->t * cols);
+}
+
+HeadNormShape Model::HeadNorms(int64_t rows) const {
+  return {.rows = rows,
+          .heads = dims_.heads,
+          .kv_heads = dims_.kv_heads,
+          .head_dim = config_.head_dim(),
+          .qkv_stride = dims_.qkv_width,
+          .eps = config_.norm_eps};
+}
+
+// The query and key norms' backward for block `layer` (dqkv holds the gradient at their
+// outputs). This rank's heads give part of their weights' gradients: summed over the tensor-
+// parallel group, then added to the block's gradients (with a split backward, kept for its
+// weight pass in `deferred`).
+absl::Status Model::HeadNormsBackward(int layer, const LayerActivations& la, float* deferred) {
+  Activations& a = *acts_;
+  const int g = layout_.block_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const int64_t d = config_.head_dim();
+  float* grads = deferred != nullptr ? deferred : a.head_norm_grads.data();
+  backend_->Fill(grads, 0.0f, 2 * d);
+  HeadNormBackward(*backend_, a.dqkv.data(), grads, grads + d, la.qk_pre.data(), la.qk_rstd.data(),
+                   a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w),
+                   HeadNorms(int64_t{a.b} * a.t));
+  if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(grads, 2 * d));
+  if (deferred == nullptr) AddHeadNormGrads(g, o, grads);
+  return absl::OkStatus();
+}
+
+void Model::AddHeadNormGrads(int group, const BlockOffsets& o, const float* grads) {
+  const int64_t d = config_.head_dim();
+  backend_->Add(G(group, o.q_norm_w), G(group, o.q_norm_w), grads, d);
+  backend_->Add(G(group, o.k_norm_w), G(group, o.k_norm_w), grads + d, d);
+}
+
+// A split backward's buffers from each block's input-gradient pass to its weight pass.
+void Model::AllocateDeferred(Activations& a, int64_t n) {
+  const auto& c = config_;
+  const int64_t width = c.width;
+  Backend& be = *backend_;
+  for (int l = 0; l < stage().num_layers; ++l) {
+    Activations::DeferredGrads d;
+    d.mlp_proj_dy = be.AllocAct(n * width);
+    d.fc_dy = be.AllocAct(n * MlpSizesOf(l).fc);
+    d.proj_dy = be.AllocAct(n * width);
+    d.qkv_dy = be.AllocAct(n * dims_.qkv_width);
+    d.norms = be.AllocFloat(4 * width);
+    if (c.qk_norm) d.head_norms = be.AllocFloat(2 * c.head_dim());
+    a.deferred.push_back(std::move(d));
+  }
+  // A slot serves every chunk of the rank: the embedding chunk's gradient buffer is in all.
+  if (layout_.first()) a.embedding_dy = be.AllocAct(n * width);
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {

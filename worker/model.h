@@ -22,6 +22,7 @@
 #include "worker/backend.h"
 #include "worker/buffer.h"
 #include "worker/context_parallel.h"
+#include "worker/head_norm.h"
 #include "worker/moe_routing.h"
 #include "worker/parallel/communicator.h"
 #include "worker/param_source.h"
@@ -207,6 +208,13 @@ class Model {
   // gradients, summed over the tensor-parallel group first under sequence parallelism.
   [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
                                           std::initializer_list<std::pair<int64_t, int64_t>> norms);
+  // qk_norm: the query and key norms over `rows` rows of this rank's heads; their backward for
+  // block `layer` (into `deferred`, a split backward's [2, d], else into the gradients); and the
+  // addition of such weight gradients to the gradients of the block's group.
+  HeadNormShape HeadNorms(int64_t rows) const;
+  [[nodiscard]] absl::Status HeadNormsBackward(int layer, const LayerActivations& la,
+                                               float* deferred);
+  void AddHeadNormGrads(int group, const BlockOffsets& o, const float* grads);
   int tp_size() const { return tp_.size(); }
   int tp_rank() const { return tp_.rank(); }
   [[nodiscard]] absl::Status VocabParallelLoss(float grad_scale, bool with_grad, DeviceSum* loss);
@@ -275,6 +283,7 @@ class Model {
   };
   MlpSizes MlpSizesOf(int saved_layer) const;
   void AllocateExperts(LayerActivations& la, int64_t n);
+  void AllocateDeferred(Activations& a, int64_t n);
   // The routing statistics of MoE layer `layer` (null if this rank does not hold it).
   MoeLayerStats* StatsOf(int layer);
   void RecordRouting(int layer, const MoeRouting& routing, std::span<const float> bias);

@@ -23,6 +23,9 @@ struct Model::LayerActivations {
   Buffer<Act> ln1;                   // [N, C]
   Buffer<float> ln1_mean, ln1_rstd;  // [N], [N]
   Buffer<Act> qkv;                   // [N, qkv_width], after RoPE
+  // qk_norm (worker/head_norm.h): q and k before their norms, and the norms' statistics.
+  Buffer<Act> qk_pre;                // [N, heads·d] then [N, kv_heads·d]
+  Buffer<float> qk_rstd;             // [N·heads] then [N·kv_heads]
   Buffer<Act> att;                   // [N, heads·d]
   Buffer<float> lse;                 // [b, heads, t]
   Buffer<Act> mid;                   // [N, C]: the residual stream after attention
@@ -71,13 +74,18 @@ struct Model::Activations {
   // Sequence parallelism: local-row and full-row counterparts.
   Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
   Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
+  // qk_norm: the head norms' scratch [2·N·heads·d] and their weights' gradients [2, d] (the
+  // heads here are some of the block's: summed over the tensor-parallel group).
+  Buffer<Act> head_norm_scratch;
+  Buffer<float> head_norm_grads;
   // A split backward (ZB's B and W passes): what each block's weight pass needs besides the
   // saved activations, from the input-gradient pass: the gradients at the outputs of its four
   // linears (full rows) and its norms' weight and bias gradients; on the first stage the gradient
   // at the embedding's output (full rows).
   struct DeferredGrads {
     Buffer<Act> mlp_proj_dy, fc_dy, proj_dy, qkv_dy;
-    Buffer<float> norms;  // [4, width]: ln1 weight, bias, ln2 weight, bias
+    Buffer<float> norms;       // [4, width]: ln1 weight, bias, ln2 weight, bias
+    Buffer<float> head_norms;  // qk_norm: [2, d], the query and key norms' weight gradients
   };
   std::vector<DeferredGrads> deferred;
   Buffer<Act> embedding_dy;

@@ -44,13 +44,15 @@ struct Case {
   bool moe = false;       // every block's MLP as 4 routed experts and a shared one
   bool qkv_bias = false;  // llama: biases on q, k and v (Qwen2's layout)
   int head_dim = 0;       // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;   // llama: norms of each query and key head (Qwen3's layout)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string name =
       std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
       (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "") +
-      (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "");
+      (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "") +
+      (info.param.qk_norm ? "_qk_norm" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -108,6 +110,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   config::ModelConfig mc = *config::Preset(c.preset);
   mc.qkv_bias = c.qkv_bias;
   mc.explicit_head_dim = c.head_dim;
+  mc.qk_norm = c.qk_norm;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -470,7 +473,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kBF16, true},
                       Case{"llama-debug", DType::kBF16, false, true},
                       // Heads of 32 over a width of 64: the attention twice the model's width.
-                      Case{"llama-debug", DType::kBF16, false, false, 32}),
+                      Case{"llama-debug", DType::kBF16, false, false, 32},
+                      // Qwen3's attention: those heads, each query and key head normed.
+                      Case{"llama-debug", DType::kF32, false, false, 32, true},
+                      Case{"llama-debug", DType::kBF16, false, false, 32, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -128,8 +128,11 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
   // first step, which a random start does not.
   config::JobSpec on_mesh = Job(family, mesh);
   on_mesh.init_from = hf.string();
-  const MeshCase one{
-      .name = "dp1", .qkv_bias = mesh.qkv_bias, .head_dim = mesh.head_dim, .experts = mesh.experts};
+  const MeshCase one{.name = "dp1",
+                     .qkv_bias = mesh.qkv_bias,
+                     .head_dim = mesh.head_dim,
+                     .qk_norm = mesh.qk_norm,
+                     .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -173,6 +176,19 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                        ::testing::Values(MeshCase{
                            .name = "wide_heads_tp2_pp2", .tp = 2, .pp = 2, .head_dim = 24})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole
+// on every tensor-parallel rank.
+INSTANTIATE_TEST_SUITE_P(
+    Qwen3, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "qwen3_dp2_tp2_zero3",
+                                                  .dp = 2,
+                                                  .tp = 2,
+                                                  .zero = 3,
+                                                  .head_dim = 24,
+                                                  .qk_norm = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 constexpr int kBatch = 2, kSeq = 16;
@@ -371,6 +387,13 @@ TEST(HfOracleMixtral, ExportedFilesGiveTrainyardsLogits) {
 // conventions.
 TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .qkv_bias = true});
+}
+
+// Query and key norms (with wide heads, Qwen3's shape) export as Qwen3, which the oracle computes
+// with transformers' Qwen3 conventions; its greedy tokens check the generator's norms too.
+TEST(HfOracleQwen3, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true});
 }
 
 // model.head_dim travels as config.json's head_dim, which the oracle reads as transformers does.

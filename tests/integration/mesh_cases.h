@@ -21,6 +21,7 @@ struct MeshCase {
   bool recompute = false;
   bool qkv_bias = false;  // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
   int head_dim = 0;       // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;   // llama: Qwen3's norms of each query and key head
   int micro_batch = 0;    // 0: the spec's
   int seq_len = 0;        // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -55,6 +56,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (spec->model.family == config::ModelFamily::kLlama) {
     spec->model.qkv_bias = spec->model.qkv_bias || mesh.qkv_bias;
     if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
+    spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
   }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
@@ -115,6 +117,11 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     // Heads wider than width / heads (Mistral Nemo's and Qwen3's shape), split by tensor
     // parallelism, with the attention's output projection reducing across pipeline stages.
     {.name = "tp2_pp2_sp_wide_heads", .tp = 2, .pp = 2, .sequence_parallel = true, .head_dim = 32},
+    // Qwen3's shape (wide heads, norms of each query and key head): each rank's heads give part
+    // of the head norms' gradients, summed over the tensor-parallel group; and under ZB-H1 kept
+    // for the weight pass.
+    {.name = "dp2_tp2_zero3_qwen3", .dp = 2, .tp = 2, .zero = 3, .head_dim = 32, .qk_norm = true},
+    {.name = "zb_tp2_pp2_qk_norm", .tp = 2, .pp = 2, .schedule = kZeroBubble, .qk_norm = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -167,6 +174,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_zero2", .cp = 2, .zero = 2, .seq_len = 24},
     {.name = "dp2_cp2_zero3", .dp = 2, .cp = 2, .zero = 3, .seq_len = 24},
     {.name = "cp2_tp2", .tp = 2, .cp = 2, .seq_len = 24},
+    // Qwen3's attention: the head norms act on each rank's rows before the ring.
+    {.name = "cp2_qk_norm", .cp = 2, .qk_norm = true, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},

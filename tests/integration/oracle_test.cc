@@ -96,7 +96,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"vocab\": " << c.vocab << ", \"max_seq\": " << c.max_seq
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
       << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
-      << ", \"head_dim\": " << c.explicit_head_dim << ", \"norm_eps\": " << c.norm_eps
+      << ", \"head_dim\": " << c.explicit_head_dim
+      << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
       << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
@@ -314,6 +315,23 @@ TEST(TorchOracle, LlamaWithHeadsWiderThanTheWidthSplits) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.explicit_head_dim = 3 * c.width / c.heads / 2;
   ASSERT_GT(c.heads * c.head_dim(), c.width);
+  CompareWithOracle(c);
+}
+
+// Qwen3's attention: heads wider than width / heads, each query and key head normed before RoPE.
+// The norms' weights start at one; with a learning rate of this size they move in five steps.
+TEST(TorchOracle, LlamaWithQueryAndKeyNorms) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.explicit_head_dim = 24;
+  c.qk_norm = true;
+  CompareWithOracle(c);
+}
+
+TEST(TorchOracle, LlamaWithQueryAndKeyNormsRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.explicit_head_dim = 24;
+  c.qk_norm = true;
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

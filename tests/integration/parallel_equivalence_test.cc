@@ -154,6 +154,11 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   const ParameterLayout full(spec.model);
   double worst = 0;
   std::string worst_name;
+  // Query and key norms divide the gradients of the small pre-norm queries and keys (0.02-scale
+  // weights) by their RMS, which magnifies the rounding of the qkv weights' gradients, and five
+  // AdamW steps at lr 1e-2 carry it on through the model: 3e-4 there (the norms' own weights
+  // agree to about 1e-6; a misplaced gradient moves a parameter by about lr).
+  const double tolerance = spec.model.qk_norm ? 3e-4 : 1e-4;
   for (size_t rank = 0; rank < parallel.rank_params.size(); ++rank) {
     const config::MeshCoordinates at =
         config::CoordinatesOf(spec.parallelism, static_cast<int>(rank));
@@ -178,7 +183,7 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
         norm2 += b * b;
       }
       const double rel = std::sqrt(err2 / std::max(norm2, 1e-30));
-      EXPECT_LE(rel, 1e-4) << t.name << " on rank " << rank;
+      EXPECT_LE(rel, tolerance) << t.name << " on rank " << rank;
       if (rel > worst) {
         worst = rel;
         worst_name = t.name;
@@ -225,8 +230,9 @@ class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFa
 
 TEST_P(ModelParallel, MatchesSingleProcess) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && (mesh.qkv_bias || mesh.head_dim > 0)) {
-    GTEST_SKIP() << "q, k and v biases and model.head_dim are the llama family's";
+  if (family == config::ModelFamily::kGpt2 &&
+      (mesh.qkv_bias || mesh.head_dim > 0 || mesh.qk_norm)) {
+    GTEST_SKIP() << "q, k and v biases, model.head_dim and qk_norm are the llama family's";
   }
   config::JobSpec spec = BaseJob(family);
   testenv::ApplyMesh(mesh, &spec);

@@ -3,8 +3,9 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2" or "mixtral") and model.safetensors, or
-model.safetensors.index.json (its weight_map names each tensor's shard) with the shards.
+MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2", "qwen3" or "mixtral") and
+model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
+the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
 OUT_DIR (created): logits.f64, float64 little-endian [B, T, vocab_size] for the prompt; with
 --generate N also generated.txt, one line per row with the N greedily chosen new ids (argmax, the
@@ -12,8 +13,8 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
-Qwen2ForCausalLM and MixtralForCausalLM, written from their documented conventions; it needs neither transformers nor
-safetensors: it reads the files with its own parser (numpy) and computes the forward passes in
+Qwen2ForCausalLM, Qwen3ForCausalLM and MixtralForCausalLM, written from their documented
+conventions; it needs neither transformers nor safetensors: it reads the files with its own parser (numpy) and computes the forward passes in
 PyTorch, in float64. See README.md for the conventions.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr, "hf_oracle: " first), 1 on an
@@ -288,7 +289,7 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2 or mixtral)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2, qwen3 or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -447,6 +448,7 @@ class Llama:
     """LlamaForCausalLM. nn.Linear weights are stored [out, in] (y = x W^T), no biases."""
 
     qkv_bias = False
+    qk_norm = False
 
     def __init__(self, cfg):
         self.vocab = cfg.int("vocab_size")
@@ -511,6 +513,9 @@ class Llama:
                 out += [(p + "self_attn.q_proj.bias", (H * D,)),
                         (p + "self_attn.k_proj.bias", (KV * D,)),
                         (p + "self_attn.v_proj.bias", (KV * D,))]
+            if self.qk_norm:
+                out += [(p + "self_attn.q_norm.weight", (D,)),
+                        (p + "self_attn.k_norm.weight", (D,))]
             out += [(p + "self_attn.o_proj.weight", (C, H * D)),
                     (p + "post_attention_layernorm.weight", (C,))]
             out += self.mlp_tensors(p)
@@ -527,10 +532,12 @@ class Llama:
         for i in range(self.layers):
             p = "model.layers.%d." % i
             a = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
-            q = apply_rope(split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads),
-                           cos, sin)
-            k = apply_rope(split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads),
-                           cos, sin)
+            q = split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads)
+            k = split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads)
+            if self.qk_norm:  # Qwen3: each head's RMSNorm over its D, before RoPE
+                q = rms_norm(q, w[p + "self_attn.q_norm.weight"], self.eps)
+                k = rms_norm(k, w[p + "self_attn.k_norm.weight"], self.eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -569,6 +576,18 @@ class Qwen2(Llama):
     which must be false here."""
 
     qkv_bias = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        cfg.require("use_sliding_window", False, (False,), "attention over every earlier position")
+
+
+class Qwen3(Llama):
+    """Qwen3ForCausalLM: Llama's model (attention_bias false here) with an RMSNorm over each query
+    and each key head before RoPE, self_attn.q_norm and k_norm [head_dim], shared by the heads.
+    As Qwen2's, its sliding window applies only with use_sliding_window, which must be false."""
+
+    qk_norm = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -617,7 +636,7 @@ class Mixtral(Llama):
         return out
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "mixtral": Mixtral}
+MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "mixtral": Mixtral}
 
 
 def load_weights(model, model_dir):

@@ -112,7 +112,7 @@ def llama_hf_tensors(cfg, params, mlp=True):
     """[(HF name, array)] of a contract Llama: the fused qkv and gate/up weights split (without
     the MLPs when not `mlp`)."""
     H, KV, F_ = cfg["heads"], cfg["kv_heads"], cfg["ffn_hidden"]
-    D = cfg["width"] // H
+    D = cfg.get("head_dim") or cfg["width"] // H
     out = [("model.embed_tokens.weight", params["wte"])]
     for i in range(cfg["layers"]):
         c, p = "h.%d." % i, "model.layers.%d." % i
@@ -126,6 +126,9 @@ def llama_hf_tensors(cfg, params, mlp=True):
             out += [(p + "self_attn.q_proj.bias", b[:H * D]),
                     (p + "self_attn.k_proj.bias", b[H * D:(H + KV) * D]),
                     (p + "self_attn.v_proj.bias", b[(H + KV) * D:])]
+        if cfg.get("qk_norm"):  # Qwen3's
+            out += [(p + "self_attn.q_norm.weight", params[c + "attn.q_norm.w"]),
+                    (p + "self_attn.k_norm.weight", params[c + "attn.k_norm.w"])]
         out += [(p + "self_attn.o_proj.weight", params[c + "attn.proj.w"]),
                 (p + "post_attention_layernorm.weight", params[c + "ln2.w"])]
         if mlp:
@@ -145,7 +148,7 @@ def llama_hf_config(cfg):
             "num_attention_heads": cfg["heads"], "num_key_value_heads": cfg["kv_heads"],
             "max_position_embeddings": cfg["max_seq"], "rms_norm_eps": cfg["norm_eps"],
             "rope_theta": cfg["rope_theta"], "tie_word_embeddings": cfg["tied_embeddings"],
-            "hidden_act": "silu", "torch_dtype": "float32"}
+            "hidden_act": "silu", "torch_dtype": "float32", "head_dim": cfg.get("head_dim")}
 
 
 def mixtral_hf_tensors(cfg, params):
@@ -305,6 +308,28 @@ class HfOracleTest(unittest.TestCase):
                                                    llama_hf_tensors(cfg, params)), tokens)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("use_sliding_window", proc.stderr)
+
+    def test_qwen3_matches_torch_model(self):
+        # Llama with heads of 6 over a width of 16 (4 heads: the attention is 24 wide) and random
+        # query and key norms; attention_bias false, no sliding window.
+        cfg = small_cfg("llama", qk_norm=True, head_dim=6, tied_embeddings=True)
+        config = dict(llama_hf_config(cfg), model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+                      attention_bias=False, use_sliding_window=False, sliding_window=None)
+        model_dir, tokens, got = self.check_against_torch_model(
+            "qwen3", cfg, lambda p: llama_hf_tensors(cfg, p), config)
+        # The norms matter: read as Llama's tensors the file is refused, and with unit weights
+        # they give other logits.
+        params = contract_params(random_model(cfg, seed=len("qwen3")))  # the same weights
+        for name in params:
+            if name.endswith(("attn.q_norm.w", "attn.k_norm.w")):
+                params[name] = np.ones_like(params[name])
+        unit = self.write_model("qwen3_unit_norms", config, llama_hf_tensors(cfg, params))
+        self.assertGreater(np.abs(self.oracle_logits(unit, tokens, cfg["vocab"]) - got).max(),
+                           1e-3)
+        llama_dir = self.write_model("qwen3_as_llama", llama_hf_config(cfg),
+                                     llama_hf_tensors(cfg, params))
+        proc, _ = self.run_oracle(llama_dir, tokens)
+        self.assertEqual(proc.returncode, 2)
 
     def test_mixtral_matches_torch_model(self):
         # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,

@@ -12,7 +12,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           h.{l}.mlp.fc.w [F,C], h.{l}.mlp.fc.b [F], h.{l}.mlp.proj.w [C,F], h.{l}.mlp.proj.b [C];
           lnf.w, lnf.b; lm_head.w [V,C] only when embeddings are untied.
   Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w (and h.{l}.attn.qkv.b with
-          qkv_bias, Qwen2's layout), h.{l}.attn.proj.w, h.{l}.ln2.w,
+          qkv_bias, Qwen2's layout; h.{l}.attn.q_norm.w [D], h.{l}.attn.k_norm.w [D] with
+          qk_norm, Qwen3's), h.{l}.attn.proj.w, h.{l}.ln2.w,
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
   MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
@@ -85,6 +86,7 @@ def normalize_config(cfg):
         out["ffn_hidden"] = 4 * int(out["width"])
     out.setdefault("tied_embeddings", family == "gpt2")
     out.setdefault("qkv_bias", False)
+    out.setdefault("qk_norm", False)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -96,8 +98,9 @@ def normalize_config(cfg):
             raise ConfigError("%s: must be at least %d, got %d" % (key, minimum, value))
     if not isinstance(out["tied_embeddings"], bool):
         raise ConfigError("tied_embeddings: must be true or false")
-    if not isinstance(out["qkv_bias"], bool) or (out["qkv_bias"] and family != "llama"):
-        raise ConfigError("qkv_bias: true or false, and true only for the llama family")
+    for key in ("qkv_bias", "qk_norm"):
+        if not isinstance(out[key], bool) or (out[key] and family != "llama"):
+            raise ConfigError("%s: true or false, and true only for the llama family" % key)
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -220,6 +223,10 @@ class Attention(nn.Module):
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_dim, cfg["width"], bias=bias)
+        # Qwen3's norms of each query and key head, before RoPE (one weight for all query heads,
+        # one for all key heads).
+        self.q_norm = RMSNorm(self.head_dim, cfg["norm_eps"]) if cfg["qk_norm"] else None
+        self.k_norm = RMSNorm(self.head_dim, cfg["norm_eps"]) if cfg["qk_norm"] else None
         self._rope_cache = {}
 
     def _rope_tables(self, seq_len, dtype, device):
@@ -236,6 +243,8 @@ class Attention(nn.Module):
         q = qkv[..., : h * d].reshape(b, t, h, d)
         k = qkv[..., h * d: (h + kv) * d].reshape(b, t, kv, d)
         v = qkv[..., (h + kv) * d:].reshape(b, t, kv, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             cos, sin = self._rope_tables(t, x.dtype, x.device)
             q = apply_rope(q, cos, sin)
@@ -383,6 +392,9 @@ class Transformer(nn.Module):
             out.append((p + "attn.qkv.w", block.attn.qkv.weight))
             if block.attn.qkv.bias is not None:
                 out.append((p + "attn.qkv.b", block.attn.qkv.bias))
+            if block.attn.q_norm is not None:
+                out += [(p + "attn.q_norm.w", block.attn.q_norm.weight),
+                        (p + "attn.k_norm.w", block.attn.k_norm.weight)]
             out.append((p + "attn.proj.w", block.attn.proj.weight))
             if gpt2:
                 out.append((p + "attn.proj.b", block.attn.proj.bias))

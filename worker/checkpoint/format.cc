@@ -65,6 +65,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_tied_embeddings(m.tied_embeddings);
   s.set_qkv_bias(m.qkv_bias);
   s.set_head_dim(m.explicit_head_dim);
+  s.set_qk_norm(m.qk_norm);
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
@@ -101,6 +102,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.tied_embeddings = s.tied_embeddings();
   m.qkv_bias = s.qkv_bias();
   m.explicit_head_dim = s.head_dim();
+  m.qk_norm = s.qk_norm();
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {
@@ -187,6 +189,9 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   };
   if (head_dim(saved) != head_dim(want)) {
     return differ("head_dim", head_dim(saved), head_dim(want));
+  }
+  if (saved.qk_norm() != want.qk_norm()) {
+    return differ("qk_norm", saved.qk_norm() ? "true" : "false", want.qk_norm() ? "true" : "false");
   }
   return CheckMoeMatches(saved.moe(), want.moe());
 }

@@ -101,6 +101,10 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
                     {h + "self_attn.k_proj.bias", q, kv},
                     {h + "self_attn.v_proj.bias", q + kv, kv}}});
   }
+  if (m.qk_norm) {  // Qwen3's
+    out.push_back(Whole(p + "attn.q_norm.w", {d}, h + "self_attn.q_norm.weight"));
+    out.push_back(Whole(p + "attn.k_norm.w", {d}, h + "self_attn.k_norm.weight"));
+  }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
   out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
   if (m.moe.IsMoeLayer(l)) return AddMixtralExperts(m, p, h, out);
@@ -266,9 +270,9 @@ absl::Status CheckNoSlidingWindow(const ConfigFields& f, const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// Qwen2's sliding window applies only with use_sliding_window (and then, as Mistral's, it must
-// span every position).
-absl::Status CheckQwen2Window(const ConfigFields& f, const ModelConfig& m) {
+// Qwen2's and Qwen3's sliding window applies only with use_sliding_window (and then, as Mistral's,
+// it must span every position).
+absl::Status CheckQwenWindow(const ConfigFields& f, const ModelConfig& m) {
   bool sliding = false;
   TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
   return sliding ? CheckNoSlidingWindow(f, m) : absl::OkStatus();
@@ -324,10 +328,11 @@ absl::Status CheckMixtralShape(const ModelConfig& m) {
   if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
   if (!moe.normalize_top_k) return bad(".normalize_top_k", "is false");
   if (moe.has_bias()) return bad(".balance", "is bias (a selection bias Mixtral has not)");
-  if (m.qkv_bias) {
-    return absl::UnimplementedError(
-        "model.qkv_bias: a mixture-of-experts model with biases on q, k and v has no Hugging "
-        "Face layout Trainyard writes (Mixtral's has none)");
+  if (m.qkv_bias || m.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        m.qkv_bias ? "model.qkv_bias: a mixture-of-experts model with biases on q, k and v"
+                   : "model.qk_norm: a mixture-of-experts model with query and key norms",
+        " has no Hugging Face layout Trainyard writes (Mixtral's has neither)"));
   }
   return absl::OkStatus();
 }
@@ -336,6 +341,11 @@ absl::Status CheckMixtralShape(const ModelConfig& m) {
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMixtralShape(m));
+  if (m.qkv_bias && m.qk_norm) {
+    return absl::UnimplementedError(
+        "model.qk_norm with model.qkv_bias has no Hugging Face layout Trainyard writes (Qwen2 has "
+        "no query and key norms; Qwen3's attention_bias puts a bias on o_proj too)");
+  }
   std::vector<HfTensorMap> out;
   const int64_t c = m.width, v = m.vocab;
   if (m.family == ModelFamily::kGpt2) {
@@ -388,7 +398,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
-  const bool mixtral = m.moe.enabled(), qwen2 = m.qkv_bias;
+  const bool mixtral = m.moe.enabled(), qwen2 = m.qkv_bias, qwen3 = m.qk_norm;
   // Mixtral's own fields: its experts, and no sliding window.
   const std::string experts =
       mixtral ? absl::StrCat(",\n  \"num_local_experts\": ", m.moe.experts,
@@ -400,6 +410,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
       mixtral ? "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"model_type\": "
                 "\"mixtral\",\n"
       : qwen2 ? "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n"
+      : qwen3 ? "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n"
               : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
       ",\n  \"intermediate_size\": ", mixtral ? m.moe.ffn : m.ffn_hidden, experts,
@@ -409,12 +420,16 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m),
-      // Qwen2 has biases on q, k and v (no attention_bias field) and no sliding window here.
-      qwen2 ? absl::StrCat(",\n  \"hidden_act\": \"silu\",\n  \"use_sliding_window\": false,\n"
-                           "  \"sliding_window\": null,\n  \"max_window_layers\": ",
-                           m.layers, ",\n  \"tie_word_embeddings\": ")
-            : ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
-              "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
+      // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none; neither a sliding
+      // window here.
+      qwen2 || qwen3
+          ? absl::StrCat(",\n  \"hidden_act\": \"silu\",",
+                         qwen3 ? "\n  \"attention_bias\": false," : "",
+                         "\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
+                         "  \"max_window_layers\": ",
+                         m.layers, ",\n  \"tie_word_embeddings\": ")
+          : ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+            "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
       tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
 }
 
@@ -437,7 +452,11 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "qwen2") {  // Llama's tensors and config, and biases on q, k and v
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     m.qkv_bias = true;
-    TY_RETURN_IF_ERROR(CheckQwen2Window(fields, m));
+    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+  } else if (model_type == "qwen3") {  // Llama's tensors and config, and query and key norms
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    m.qk_norm = true;
+    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
   } else if (model_type == "mixtral") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
@@ -445,8 +464,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"qwen2\" and "
-                     "\"mixtral\""));
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"qwen2\", "
+                     "\"qwen3\" and \"mixtral\""));
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

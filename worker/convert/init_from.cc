@@ -145,6 +145,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   TY_RETURN_IF_ERROR(
       SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   TY_RETURN_IF_ERROR(SameChoice("qkv_bias", file.qkv_bias, spec.qkv_bias, source));
+  TY_RETURN_IF_ERROR(SameChoice("qk_norm", file.qk_norm, spec.qk_norm, source));
   if (file.head_dim() != spec.head_dim()) {
     return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
   }
@@ -253,6 +254,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       gpt2                   ? "gpt2"
       : model_.moe.enabled() ? "mixtral"
       : model_.qkv_bias      ? "qwen2"
+      : model_.qk_norm       ? "qwen3"
                              : "llama",
       " (",
       DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),

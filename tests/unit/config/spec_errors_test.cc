@@ -532,6 +532,8 @@ std::vector<BadSpec> BadSpecs() {
        "model.qkv_bias", "is for the llama family (GPT-2's projections always have biases)"},
       {"head_dim on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  head_dim: 32\n", "4:13",
        "model.head_dim", "is for the llama family (GPT-2's heads are width / heads wide)"},
+      {"qk_norm on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  qk_norm: true\n", "4:12",
+       "model.qk_norm", "is for the llama family"},
       {"odd head_dim", "name: job\nmodel:\n  preset: llama-debug\n  head_dim: 15\n", "4:13",
        "model.head_dim", "RoPE needs an even head dimension, got 15"},
       {"head_dim 1", "name: job\nmodel:\n  preset: llama-debug\n  head_dim: 1\n", "4:13",

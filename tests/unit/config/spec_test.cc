@@ -321,6 +321,18 @@ TEST(ParseJobSpecTest, HeadDim) {
   EXPECT_EQ(odd.model.qkv_width(), 80);
 }
 
+// Qwen3's layout: a Llama model with a norm over each query and each key head, one weight of
+// head_dim for each.
+TEST(ParseJobSpecTest, QkNorm) {
+  JobSpec plain = MustParse("name: q\nmodel: {preset: llama-debug, head_dim: 32}\n");
+  JobSpec normed =
+      MustParse("name: q\nmodel: {preset: llama-debug, head_dim: 32, qk_norm: true}\n");
+  EXPECT_FALSE(plain.model.qk_norm);
+  EXPECT_TRUE(normed.model.qk_norm);
+  EXPECT_EQ(normed.model.ParameterCount() - plain.model.ParameterCount(),
+            int64_t{plain.model.layers} * 2 * 32);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

@@ -169,6 +169,14 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
               HasSubstr("model.head_dim is 24 in the checkpoint, 16 in the spec"));
   EXPECT_EQ(ModelFromSignature(SignatureOf(wide))->head_dim(), 24);
   EXPECT_EQ(ModelFromSignature(SignatureOf(model))->head_dim(), 16);
+
+  // Query and key norms add tensors: refused without them, carried back with them.
+  config::ModelConfig normed = model;
+  normed.qk_norm = true;
+  EXPECT_THAT(CheckModelMatches(SignatureOf(normed), model).message(),
+              HasSubstr("model.qk_norm is true in the checkpoint, false in the spec"));
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(normed))->qk_norm);
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->qk_norm);
 }
 
 config::ModelConfig MoeModel() {

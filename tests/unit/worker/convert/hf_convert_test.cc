@@ -440,6 +440,64 @@ TEST(HfFormat, HeadDimWiderThanTheWidthSplitIsTheModels) {
               HasSubstr("head_dim: RoPE needs an even head dimension, got 127"));
 }
 
+// A config.json of Qwen3 0.6B's shape (Qwen3ForCausalLM's keys): Llama's model with heads of 128
+// over a width of 1024 and norms of each query and key head. Written back, it is Qwen3 again;
+// with q, k and v biases too it has no layout, nor as a mixture of experts.
+TEST(HfFormat, Qwen3ConfigReadsAsLlamaWithQueryAndKeyNorms) {
+  const std::string json = R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  auto m = ModelFromHfConfig(json, "Qwen3-0.6B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->qk_norm);
+  EXPECT_FALSE(m->qkv_bias);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->attention_width(), 2048);
+  EXPECT_TRUE(m->tied_embeddings);
+  // By hand: 28 · (q 2048·1024 + k, v 2 · 1024·1024 + o 1024·2048 + MLP 3 · 3072·1024 + norms
+  // 2 · 1024 + head norms 2 · 128) + the embedding 151936·1024 + the final norm 1024: the card's
+  // 0.6B (0.44B without the embedding).
+  EXPECT_EQ(m->ParameterCount(), 596049920);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Qwen3ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"attention_bias\": false"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->qk_norm);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  auto tensors = HfTensors(*m);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  int norms = 0;
+  for (const HfTensorMap& t : *tensors) {
+    for (const auto& piece : t.pieces) {
+      if (piece.name.find("self_attn.q_norm.weight") != std::string::npos ||
+          piece.name.find("self_attn.k_norm.weight") != std::string::npos) {
+        ++norms;
+      }
+    }
+  }
+  EXPECT_EQ(norms, 2 * 28);
+
+  config::ModelConfig biased = *m;
+  biased.qkv_bias = true;
+  EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qk_norm with model.qkv_bias"));
+  config::ModelConfig moe = *m;
+  moe.moe = {.experts = 4, .top_k = 2, .every = 1, .ffn = 64, .normalize_top_k = true};
+  EXPECT_THAT(HfTensors(moe).status().message(), HasSubstr("model.qk_norm: a mixture-of-experts"));
+  // Qwen3's attention_bias also biases o_proj, which Trainyard's model has not.
+  std::string with_bias = json;
+  with_bias.replace(with_bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
+  EXPECT_THAT(ModelFromHfConfig(with_bias, "config.json").status().message(),
+              HasSubstr("attention_bias"));
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);

@@ -1,0 +1,48 @@
+#include "worker/head_norm.h"
+
+namespace trainyard::worker {
+namespace {
+
+// One of the two parts: q (at column 0 of each row) or k (after q).
+struct Part {
+  int64_t column, cols, heads;
+  const float* weight;
+};
+
+}  // namespace
+
+void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
+                     const float* q_weight, const float* k_weight, const HeadNormShape& s) {
+  const Part parts[] = {{0, s.q_cols(), s.heads, q_weight},
+                        {s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
+  for (const Part& p : parts) {
+    Act* columns = be.At(qkv, p.column);
+    be.CopyRows(pre, p.cols, columns, s.qkv_stride, s.rows, p.cols);
+    be.RmsNorm(scratch, rstd, pre, p.weight, s.rows * p.heads, s.head_dim, s.eps);
+    be.CopyRows(columns, s.qkv_stride, scratch, p.cols, s.rows, p.cols);
+    pre = be.At(pre, s.rows * p.cols);
+    rstd += s.rows * p.heads;
+  }
+}
+
+void HeadNormBackward(Backend& be, Act* dqkv, float* dq_weight, float* dk_weight, const Act* pre,
+                      const float* rstd, Act* scratch, const float* q_weight, const float* k_weight,
+                      const HeadNormShape& s) {
+  const Part parts[] = {{0, s.q_cols(), s.heads, q_weight},
+                        {s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
+  float* dweights[] = {dq_weight, dk_weight};
+  Act* dy = scratch;
+  Act* dx = be.At(scratch, s.scratch());
+  for (int i = 0; i < 2; ++i) {
+    const Part& p = parts[i];
+    Act* columns = be.At(dqkv, p.column);
+    be.CopyRows(dy, p.cols, columns, s.qkv_stride, s.rows, p.cols);
+    be.Fill(dx, 0.0f, s.rows * p.cols);  // the backward adds to its input gradient
+    be.RmsNormBackward(dx, dweights[i], dy, pre, p.weight, rstd, s.rows * p.heads, s.head_dim);
+    be.CopyRows(columns, s.qkv_stride, dx, p.cols, s.rows, p.cols);
+    pre = be.At(pre, s.rows * p.cols);
+    rstd += s.rows * p.heads;
+  }
+}
+
+}  // namespace trainyard::worker

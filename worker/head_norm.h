@@ -1,0 +1,44 @@
+// Qwen3's query and key norms (model.qk_norm): an RMSNorm over each query head and each key
+// head of the rows of q, k and v, before RoPE, with one weight [head_dim] shared by the query
+// heads and one by the key heads. The heads sit inside rows `qkv_stride` apart, so the norms run
+// on contiguous copies: the backend's RMSNorm over rows·heads rows of head_dim.
+#ifndef TRAINYARD_WORKER_HEAD_NORM_H_
+#define TRAINYARD_WORKER_HEAD_NORM_H_
+
+#include <cstdint>
+
+#include "worker/backend.h"
+
+namespace trainyard::worker {
+
+struct HeadNormShape {
+  int64_t rows;        // rows of q, k and v
+  int64_t heads;       // query heads in a row (this rank's)
+  int64_t kv_heads;    // key heads in a row (this rank's)
+  int64_t head_dim;    // D
+  int64_t qkv_stride;  // elements from one row to the next; q at 0, k at heads·D
+  float eps;
+
+  int64_t q_cols() const { return heads * head_dim; }
+  int64_t k_cols() const { return kv_heads * head_dim; }
+  // Elements of the saved inputs (`pre`) and floats of `rstd`.
+  int64_t saved() const { return rows * (q_cols() + k_cols()); }
+  int64_t statistics() const { return rows * (heads + kv_heads); }
+  // Elements of scratch the forward needs; the backward needs twice as many.
+  int64_t scratch() const { return rows * q_cols(); }
+};
+
+// q and k of `qkv` ← their norms. Keeps what the backward reads: `pre` the inputs (q's [rows,
+// heads·D], then k's [rows, kv_heads·D]) and `rstd` their statistics (q's heads, then k's).
+void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
+                     const float* q_weight, const float* k_weight, const HeadNormShape& s);
+
+// The q and k columns of `dqkv` (gradients of the norms' outputs) ← gradients of their inputs;
+// dq_weight and dk_weight [D] += the weights' gradients from these rows.
+void HeadNormBackward(Backend& be, Act* dqkv, float* dq_weight, float* dk_weight, const Act* pre,
+                      const float* rstd, Act* scratch, const float* q_weight, const float* k_weight,
+                      const HeadNormShape& s);
+
+}  // namespace trainyard::worker
+
+#endif  // TRAINYARD_WORKER_HEAD_NORM_H_
