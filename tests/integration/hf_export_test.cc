@@ -70,6 +70,10 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.shared_experts = 0;
     spec.model.moe.normalize_top_k = true;
   }
+  if (mesh.experts > 0 && mesh.qk_norm) {  // Qwen3-MoE's: an MoE block every second, the top k
+    spec.model.moe.every = 2;              // as the router scored them
+    spec.model.moe.normalize_top_k = false;
+  }
   return spec;
 }
 
@@ -188,7 +192,16 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .tp = 2,
                                                   .zero = 3,
                                                   .head_dim = 24,
-                                                  .qk_norm = true})),
+                                                  .qk_norm = true},
+                                         // Qwen3-MoE: the experts split over ep 2, its dense
+                                         // block's MLP and the norms whole on every rank.
+                                         MeshCase{.name = "qwen3_moe_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .head_dim = 24,
+                                                  .qk_norm = true,
+                                                  .experts = 4,
+                                                  .ep = 2})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 constexpr int kBatch = 2, kSeq = 16;
@@ -271,7 +284,8 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   ASSERT_EQ(ours.size(), oracle.size());
   const double error = RelativeError(ours, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
-              config::FamilyName(family).c_str(), mesh.experts > 0 ? " (mixtral)" : "", error);
+              config::FamilyName(family).c_str(),
+              mesh.experts > 0 ? (mesh.qk_norm ? " (qwen3_moe)" : " (mixtral)") : "", error);
   EXPECT_LE(error, 1e-4);
 
   // Greedy generation with the key/value cache, from the export and from the checkpoint itself,
@@ -394,6 +408,13 @@ TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
 TEST(HfOracleQwen3, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true});
+}
+
+// With query and key norms, a mixture-of-experts model exports as Qwen3-MoE (its dense block
+// keeps Llama's MLP); the oracle computes it with transformers' Qwen3-MoE conventions.
+TEST(HfOracleQwen3Moe, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true, .experts = 4});
 }
 
 // model.head_dim travels as config.json's head_dim, which the oracle reads as transformers does.

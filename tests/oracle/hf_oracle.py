@@ -3,7 +3,7 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2", "qwen3" or "mixtral") and
+MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2", "qwen3", "qwen3_moe" or "mixtral") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -13,9 +13,9 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM and MixtralForCausalLM, written from their documented
-conventions; it needs neither transformers nor safetensors: it reads the files with its own parser (numpy) and computes the forward passes in
-PyTorch, in float64. See README.md for the conventions.
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
+documented conventions; it needs neither transformers nor safetensors: it reads the files with its
+own parser (numpy) and computes the forward passes in PyTorch, in float64. See README.md for the conventions.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr, "hf_oracle: " first), 1 on an
 internal error.
@@ -289,7 +289,8 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2, qwen3 or mixtral)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2, qwen3, "
+                         "qwen3_moe or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -623,20 +624,75 @@ class Mixtral(Llama):
         return out
 
     def mlp(self, w, p, m):
-        probs = torch.softmax(m @ w[p + "block_sparse_moe.gate.weight"].T, dim=-1)
-        top, chosen = torch.topk(probs, self.top_k, dim=-1)
+        e = p + "block_sparse_moe.experts.%d."
+        experts = [(w[e % j + "w1.weight"], w[e % j + "w3.weight"], w[e % j + "w2.weight"])
+                   for j in range(self.experts)]
+        return sparse_mlp(m, w[p + "block_sparse_moe.gate.weight"], experts, self.top_k, True)
+
+
+def sparse_mlp(m, router, experts, top_k, normalize):
+    """A softmax over every expert's router score, the top_k best kept (divided by their sum when
+    `normalize`), and the rows' output those weights times the experts' SwiGLU MLPs (experts:
+    [(gate, up, down)])."""
+    probs = torch.softmax(m @ router.T, dim=-1)
+    top, chosen = torch.topk(probs, top_k, dim=-1)
+    if normalize:
         top = top / top.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(m)
+    out = torch.zeros_like(m)
+    for j, (gate, up, down) in enumerate(experts):
+        # The weight of expert j for each token: 0 unless it is among the token's picks.
+        weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
+        out = out + weight * swiglu(m, gate, up, down)
+    return out
+
+
+class Qwen3Moe(Qwen3):
+    """Qwen3MoeForCausalLM: Qwen3's attention, and a sparse MLP in layer i when
+    (i + 1) % decoder_sparse_step == 0 (mlp_only_layers must be empty; the others keep Llama's
+    MLP of intermediate_size): the router `mlp.gate` scores the experts with a softmax over all
+    of them, the num_experts_per_tok best are kept (divided by their sum when norm_topk_prob),
+    and the token's output is those weights times the experts' SwiGLU MLPs (gate_proj, up_proj,
+    down_proj of moe_intermediate_size)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.experts = cfg.int("num_experts")
+        self.top_k = cfg.int("num_experts_per_tok")
+        if self.top_k > self.experts:
+            raise InputError("%s: num_experts_per_tok %d exceeds num_experts %d"
+                             % (cfg.path, self.top_k, self.experts))
+        self.expert_ffn = cfg.int("moe_intermediate_size")
+        self.step = cfg.int("decoder_sparse_step", 1)
+        if cfg.raw.get("mlp_only_layers") not in (None, []):
+            raise InputError("%s: mlp_only_layers must be empty" % cfg.path)
+        self.normalize = cfg.bool("norm_topk_prob", False)
+
+    def sparse(self, p):
+        """Whether the layer of prefix p ("model.layers.I.") has the sparse MLP."""
+        return (int(p.split(".")[2]) + 1) % self.step == 0
+
+    def mlp_tensors(self, p):
+        if not self.sparse(p):
+            return super().mlp_tensors(p)
+        C, F_ = self.width, self.expert_ffn
+        out = [(p + "mlp.gate.weight", (self.experts, C))]
         for j in range(self.experts):
-            # The weight of expert j for each token: 0 unless it is among the token's picks.
-            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
-            e = p + "block_sparse_moe.experts.%d." % j
-            out = out + weight * swiglu(m, w[e + "w1.weight"], w[e + "w3.weight"],
-                                        w[e + "w2.weight"])
+            e = p + "mlp.experts.%d." % j
+            out += [(e + "gate_proj.weight", (F_, C)), (e + "up_proj.weight", (F_, C)),
+                    (e + "down_proj.weight", (C, F_))]
         return out
 
+    def mlp(self, w, p, m):
+        if not self.sparse(p):
+            return super().mlp(w, p, m)
+        e = p + "mlp.experts.%d."
+        experts = [(w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
+                    w[e % j + "down_proj.weight"]) for j in range(self.experts)]
+        return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "mixtral": Mixtral}
+
+MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe,
+          "mixtral": Mixtral}
 
 
 def load_weights(model, model_dir):

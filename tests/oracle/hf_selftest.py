@@ -181,6 +181,36 @@ def mixtral_hf_config(cfg):
     return config
 
 
+def qwen3_moe_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama MoE of Qwen3-MoE's shape: Qwen3's attention, and in
+    an MoE block the router as mlp.gate and expert j's gate and up rows of the experts' fc and its
+    [C, F] slab of the experts' proj as mlp.experts.j.gate_proj, up_proj, down_proj; the other
+    blocks keep Llama's MLP."""
+    E, F_, every = cfg["moe"]["experts"], cfg["moe"]["ffn"], cfg["moe"]["every"]
+    F_dense = cfg["ffn_hidden"]
+    out = []
+    for name, array in llama_hf_tensors(cfg, params, mlp=False):
+        out.append((name, array))
+        if not name.endswith("post_attention_layernorm.weight"):
+            continue
+        i = int(name.split(".")[2])
+        p = "model.layers.%d.mlp." % i
+        if (i + 1) % every != 0:
+            fc = params["h.%d.mlp.fc.w" % i]
+            out += [(p + "gate_proj.weight", fc[:F_dense]), (p + "up_proj.weight", fc[F_dense:]),
+                    (p + "down_proj.weight", params["h.%d.mlp.proj.w" % i])]
+            continue
+        c = "h.%d.moe." % i
+        fc, proj = params[c + "experts.fc.w"], params[c + "experts.proj.w"]
+        out.append((p + "gate.weight", params[c + "router.w"]))
+        for j in range(E):
+            e = p + "experts.%d." % j
+            out += [(e + "gate_proj.weight", fc[2 * j * F_:(2 * j + 1) * F_]),
+                    (e + "up_proj.weight", fc[(2 * j + 1) * F_:(2 * j + 2) * F_]),
+                    (e + "down_proj.weight", proj[j])]
+    return out
+
+
 def contract_params(model):
     return {n: p.detach().numpy().copy() for n, p in model.named_contract_parameters()}
 
@@ -344,6 +374,27 @@ class HfOracleTest(unittest.TestCase):
         proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
         self.assertEqual(proc.returncode, 2)
         self.assertIn("num_experts_per_tok 5 exceeds num_local_experts 4", proc.stderr)
+
+    def test_qwen3_moe_matches_torch_model(self):
+        # Qwen3-MoE: Qwen3's attention (wide heads, query and key norms), MoE in every second
+        # block with the top-k not renormalised, Llama's MLP in the others.
+        cfg = moe_cfg("llama", {"shared_experts": 0, "normalize_top_k": False,
+                                "score": "softmax", "every": 2, "top_k": 2},
+                      qk_norm=True, head_dim=6)
+        config = dict(llama_hf_config(cfg), model_type="qwen3_moe",
+                      architectures=["Qwen3MoeForCausalLM"], attention_bias=False,
+                      use_sliding_window=False, sliding_window=None,
+                      moe_intermediate_size=cfg["moe"]["ffn"],
+                      num_experts=cfg["moe"]["experts"], num_experts_per_tok=2,
+                      decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=False)
+        self.check_against_torch_model("qwen3_moe", cfg, lambda p: qwen3_moe_hf_tensors(cfg, p),
+                                       config)
+        bad = dict(config, mlp_only_layers=[0])
+        model_dir = self.write_model("qwen3_moe_bad", bad, qwen3_moe_hf_tensors(
+            cfg, contract_params(random_model(cfg))))
+        proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("mlp_only_layers must be empty", proc.stderr)
 
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):

@@ -67,18 +67,29 @@ void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   out.push_back(Whole(p + "mlp.proj.b", {c}, h + "mlp.c_proj.bias"));
 }
 
-// Mixtral's sparse MLP: the router and, per expert, w1 (gate), w3 (up) and w2 (down).
-void AddMixtralExperts(const ModelConfig& m, const std::string& p, const std::string& h,
-                       std::vector<HfTensorMap>& out) {
+// A sparse MLP's Hugging Face names under a block's prefix: the router, each expert's prefix
+// (before its index) and its gate, up and down projections.
+struct ExpertNames {
+  const char *router, *expert, *gate, *up, *down;
+};
+// Mixtral's: block_sparse_moe with w1 (gate), w3 (up), w2 (down).
+constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
+                                      "w1.weight", "w3.weight", "w2.weight"};
+// Qwen3-MoE's: the router mlp.gate, and gate_proj, up_proj, down_proj.
+constexpr ExpertNames kQwen3MoeExperts{"mlp.gate.weight", "mlp.experts.", "gate_proj.weight",
+                                       "up_proj.weight", "down_proj.weight"};
+
+void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h,
+                const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
-  out.push_back(Whole(p + "moe.router.w", {experts, c}, h + "block_sparse_moe.gate.weight"));
+  out.push_back(Whole(p + "moe.router.w", {experts, c}, h + names.router));
   HfTensorMap fc{p + "moe.experts.fc.w", {experts * 2 * f, c}, {}};
   HfTensorMap proj{p + "moe.experts.proj.w", {experts, c, f}, {}};
   for (int64_t j = 0; j < experts; ++j) {
-    const std::string e = absl::StrCat(h, "block_sparse_moe.experts.", j, ".");
-    fc.pieces.push_back({e + "w1.weight", j * 2 * f, f});
-    fc.pieces.push_back({e + "w3.weight", j * 2 * f + f, f});
-    proj.pieces.push_back({e + "w2.weight", j, 1});
+    const std::string e = absl::StrCat(h, names.expert, j, ".");
+    fc.pieces.push_back({e + names.gate, j * 2 * f, f});
+    fc.pieces.push_back({e + names.up, j * 2 * f + f, f});
+    proj.pieces.push_back({e + names.down, j, 1});
   }
   out.push_back(std::move(fc));
   out.push_back(std::move(proj));
@@ -107,7 +118,9 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
   out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
-  if (m.moe.IsMoeLayer(l)) return AddMixtralExperts(m, p, h, out);
+  if (m.moe.IsMoeLayer(l)) {
+    return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
+  }
   out.push_back({p + "mlp.fc.w",
                  {2 * f, c},
                  {{h + "mlp.gate_proj.weight", 0, f}, {h + "mlp.up_proj.weight", f, f}}});
@@ -278,19 +291,46 @@ absl::Status CheckQwenWindow(const ConfigFields& f, const ModelConfig& m) {
   return sliding ? CheckNoSlidingWindow(f, m) : absl::OkStatus();
 }
 
-// Mixtral's experts over a Llama config (whose intermediate_size is each expert's hidden size).
-absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
-  config::MoeConfig& moe = m.moe;
-  TY_RETURN_IF_ERROR(f.Int("num_local_experts", &moe.experts));
+// The experts (under `experts_key`) and num_experts_per_tok, at most as many.
+absl::Status ReadExpertCounts(const ConfigFields& f, const std::string& experts_key,
+                              config::MoeConfig& moe) {
+  TY_RETURN_IF_ERROR(f.Int(experts_key, &moe.experts));
   TY_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &moe.top_k));
   if (moe.top_k > moe.experts) {
     return f.Bad("num_experts_per_tok", absl::StrCat("is ", moe.top_k, ", more than the ",
-                                                     moe.experts, " of num_local_experts"));
+                                                     moe.experts, " of ", experts_key));
   }
+  return absl::OkStatus();
+}
+
+// Mixtral's experts over a Llama config (whose intermediate_size is each expert's hidden size).
+absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
+  config::MoeConfig& moe = m.moe;
+  TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_local_experts", moe));
   moe.ffn = m.ffn_hidden;
   moe.normalize_top_k = true;  // Mixtral divides the top k's probabilities by their sum
   TY_RETURN_IF_ERROR(f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true));
   return CheckNoSlidingWindow(f, m);
+}
+
+// Qwen3-MoE's experts over a Qwen3 config: sparse blocks every decoder_sparse_step (as
+// model.moe.every counts them), dense ones of intermediate_size between, none forced dense.
+absl::Status ReadQwen3MoeConfig(const ConfigFields& f, ModelConfig& m) {
+  config::MoeConfig& moe = m.moe;
+  TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_experts", moe));
+  TY_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &moe.ffn));
+  moe.every = 1;
+  TY_RETURN_IF_ERROR(f.Int("decoder_sparse_step", &moe.every, /*required=*/false));
+  if (const Value* dense = f.Get("mlp_only_layers");
+      dense != nullptr &&
+      (dense->kind_case() != Value::kListValue || dense->list_value().values_size() > 0)) {
+    return f.Bad("mlp_only_layers",
+                 "must be empty (Trainyard places MoE blocks by "
+                 "decoder_sparse_step only)");
+  }
+  moe.normalize_top_k = false;  // transformers' default for Qwen3-MoE
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
+  return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
 }  // namespace
@@ -311,28 +351,30 @@ int64_t RowElements(const HfTensorMap& tensor) {
 
 namespace {
 
-absl::Status CheckMixtralShape(const ModelConfig& m) {
+// Mixture-of-experts models travel as Mixtral (a Llama model, every block MoE) or, with query
+// and key norms, as Qwen3-MoE (MoE blocks every `every`, top-k renormalised or not).
+absl::Status CheckMoeLayout(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.moe", field, ": ", why,
         "; Trainyard writes and reads mixture-of-experts models in Hugging Face's Mixtral layout "
         "only (a Llama model, every block MoE, no shared experts, softmax scores with "
-        "normalize_top_k, balance: aux_loss)"));
+        "normalize_top_k, balance: aux_loss), or with model.qk_norm in Qwen3-MoE's (MoE blocks "
+        "every `every`, normalize_top_k either way)"));
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
-  if (moe.every != 1) return bad(".every", absl::StrCat("is ", moe.every));
+  if (moe.every != 1 && !m.qk_norm) return bad(".every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts != 0) {
     return bad(".shared_experts", absl::StrCat("is ", moe.shared_experts));
   }
   if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
-  if (!moe.normalize_top_k) return bad(".normalize_top_k", "is false");
-  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias Mixtral has not)");
-  if (m.qkv_bias || m.qk_norm) {
-    return absl::UnimplementedError(absl::StrCat(
-        m.qkv_bias ? "model.qkv_bias: a mixture-of-experts model with biases on q, k and v"
-                   : "model.qk_norm: a mixture-of-experts model with query and key norms",
-        " has no Hugging Face layout Trainyard writes (Mixtral's has neither)"));
+  if (!moe.normalize_top_k && !m.qk_norm) return bad(".normalize_top_k", "is false");
+  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias neither has)");
+  if (m.qkv_bias) {
+    return absl::UnimplementedError(
+        "model.qkv_bias: a mixture-of-experts model with biases on q, k and v has no Hugging "
+        "Face layout Trainyard writes (neither Mixtral's nor Qwen3-MoE's has them)");
   }
   return absl::OkStatus();
 }
@@ -340,7 +382,7 @@ absl::Status CheckMixtralShape(const ModelConfig& m) {
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
-  if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMixtralShape(m));
+  if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
   if (m.qkv_bias && m.qk_norm) {
     return absl::UnimplementedError(
         "model.qk_norm with model.qkv_bias has no Hugging Face layout Trainyard writes (Qwen2 has "
@@ -383,6 +425,62 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
   Transpose(theirs, cols, piece.rows, to);
 }
 
+namespace {
+
+// config.json of the Llama family: Llama's, Mixtral's (MoE), Qwen2's (biases on q, k and v),
+// Qwen3's (query and key norms) or Qwen3-MoE's (both of the last kinds' fields).
+std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  const bool qwen = m.qkv_bias || m.qk_norm, experts = moe.enabled();
+  const char* type = experts      ? (m.qk_norm ? "qwen3_moe" : "mixtral")
+                     : m.qkv_bias ? "qwen2"
+                     : m.qk_norm  ? "qwen3"
+                                  : "llama";
+  const char* architecture = experts ? (m.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
+                             : m.qkv_bias ? "Qwen2ForCausalLM"
+                             : m.qk_norm  ? "Qwen3ForCausalLM"
+                                          : "LlamaForCausalLM";
+  std::string sizes;  // the MLPs' sizes and the experts
+  if (!experts) {
+    sizes = absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden);
+  } else if (!m.qk_norm) {  // Mixtral: intermediate_size is each expert's
+    sizes = absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
+                         ",\n  \"num_local_experts\": ", moe.experts,
+                         ",\n  \"num_experts_per_tok\": ", moe.top_k);
+  } else {  // Qwen3-MoE: dense blocks between the sparse ones keep intermediate_size
+    sizes = absl::StrCat(
+        ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"moe_intermediate_size\": ", moe.ffn,
+        ",\n  \"num_experts\": ", moe.experts, ",\n  \"num_experts_per_tok\": ", moe.top_k,
+        ",\n  \"decoder_sparse_step\": ", moe.every, ",\n  \"mlp_only_layers\": [],",
+        "\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false");
+  }
+  if (experts) {
+    absl::StrAppend(&sizes, ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
+                    ",\n  \"output_router_logits\": false");
+  }
+  // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none; Trainyard's attention
+  // has no sliding window.
+  const std::string attention =
+      qwen ? absl::StrCat(m.qk_norm ? ",\n  \"attention_bias\": false" : "",
+                          ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
+                          "  \"max_window_layers\": ",
+                          m.layers)
+           : absl::StrCat(experts ? ",\n  \"sliding_window\": null" : "",
+                          ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false");
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width, sizes,
+      ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
+      ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
+      ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"", attention,
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+}  // namespace
+
 std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   const std::string torch_dtype = dtype == TensorDtype::kBF16 ? "bfloat16" : "float32";
   const char* tied = m.tied_embeddings ? "true" : "false";
@@ -398,39 +496,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
-  const bool mixtral = m.moe.enabled(), qwen2 = m.qkv_bias, qwen3 = m.qk_norm;
-  // Mixtral's own fields: its experts, and no sliding window.
-  const std::string experts =
-      mixtral ? absl::StrCat(",\n  \"num_local_experts\": ", m.moe.experts,
-                             ",\n  \"num_experts_per_tok\": ", m.moe.top_k,
-                             ",\n  \"router_aux_loss_coef\": ", ShortFloat(m.moe.aux_loss_coeff),
-                             ",\n  \"output_router_logits\": false,\n  \"sliding_window\": null")
-              : "";
-  return absl::StrCat(
-      mixtral ? "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"model_type\": "
-                "\"mixtral\",\n"
-      : qwen2 ? "{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n"
-      : qwen3 ? "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n"
-              : "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n",
-      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
-      ",\n  \"intermediate_size\": ", mixtral ? m.moe.ffn : m.ffn_hidden, experts,
-      ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
-      ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
-      ",\n  \"max_position_embeddings\": ", m.max_seq,
-      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
-      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
-      ",\n  \"rope_scaling\": ", RopeScalingJson(m),
-      // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none; neither a sliding
-      // window here.
-      qwen2 || qwen3
-          ? absl::StrCat(",\n  \"hidden_act\": \"silu\",",
-                         qwen3 ? "\n  \"attention_bias\": false," : "",
-                         "\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
-                         "  \"max_window_layers\": ",
-                         m.layers, ",\n  \"tie_word_embeddings\": ")
-          : ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
-            "  \"mlp_bias\": false,\n  \"tie_word_embeddings\": ",
-      tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
+  return LlamaConfigJson(m, tied, torch_dtype);
 }
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source) {
@@ -457,6 +523,11 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     m.qk_norm = true;
     TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+  } else if (model_type == "qwen3_moe") {  // Qwen3's attention, and experts
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    m.qk_norm = true;
+    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+    TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(fields, m));
   } else if (model_type == "mixtral") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
@@ -465,7 +536,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         "model_type",
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"qwen2\", "
-                     "\"qwen3\" and \"mixtral\""));
+                     "\"qwen3\", \"qwen3_moe\" and \"mixtral\""));
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

@@ -252,7 +252,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
   description_ = absl::StrCat(
       "Hugging Face ",
       gpt2                   ? "gpt2"
-      : model_.moe.enabled() ? "mixtral"
+      : model_.moe.enabled() ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
       : model_.qkv_bias      ? "qwen2"
       : model_.qk_norm       ? "qwen3"
                              : "llama",

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -442,7 +443,7 @@ TEST(HfFormat, HeadDimWiderThanTheWidthSplitIsTheModels) {
 
 // A config.json of Qwen3 0.6B's shape (Qwen3ForCausalLM's keys): Llama's model with heads of 128
 // over a width of 1024 and norms of each query and key head. Written back, it is Qwen3 again;
-// with q, k and v biases too it has no layout, nor as a mixture of experts.
+// with q, k and v biases too it has no layout.
 TEST(HfFormat, Qwen3ConfigReadsAsLlamaWithQueryAndKeyNorms) {
   const std::string json = R"({
     "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -488,14 +489,75 @@ TEST(HfFormat, Qwen3ConfigReadsAsLlamaWithQueryAndKeyNorms) {
   config::ModelConfig biased = *m;
   biased.qkv_bias = true;
   EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qk_norm with model.qkv_bias"));
-  config::ModelConfig moe = *m;
-  moe.moe = {.experts = 4, .top_k = 2, .every = 1, .ffn = 64, .normalize_top_k = true};
-  EXPECT_THAT(HfTensors(moe).status().message(), HasSubstr("model.qk_norm: a mixture-of-experts"));
   // Qwen3's attention_bias also biases o_proj, which Trainyard's model has not.
   std::string with_bias = json;
   with_bias.replace(with_bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
   EXPECT_THAT(ModelFromHfConfig(with_bias, "config.json").status().message(),
               HasSubstr("attention_bias"));
+}
+
+// A config.json of Qwen3-30B-A3B's shape (Qwen3MoeForCausalLM's keys): Qwen3's attention and 128
+// experts of 768, 8 per token, renormalised, in every block. Written back it is Qwen3-MoE again,
+// also with MoE every second block and the top k as scored; blocks forced dense are refused.
+TEST(HfFormat, Qwen3MoeConfigReadsAsLlamaMoeWithQueryAndKeyNorms) {
+  const std::string json = R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  auto m = ModelFromHfConfig(json, "Qwen3-30B-A3B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->qk_norm);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->moe.experts, 128);
+  EXPECT_EQ(m->moe.top_k, 8);
+  EXPECT_EQ(m->moe.ffn, 768);
+  EXPECT_EQ(m->moe.every, 1);
+  EXPECT_EQ(m->moe.shared_experts, 0);
+  EXPECT_TRUE(m->moe.normalize_top_k);
+  EXPECT_FLOAT_EQ(m->moe.aux_loss_coeff, 0.001f);
+  // By hand, per block: q 4096·2048 + k, v 2 · 512·2048 + o 2048·4096 + norms 2 · 2048 + head
+  // norms 2 · 128 + router 128·2048 + experts 128 · 3 · 768·2048; 48 blocks, the untied
+  // embedding and head 2 · 151936·2048 and the final norm: the card's 30.5B, of which a token
+  // uses 3.3B (8 experts of 128).
+  EXPECT_EQ(m->ParameterCount(), int64_t{30532122624});
+  EXPECT_EQ(m->ActiveParameterCount(), int64_t{3353032704});
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Qwen3MoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"moe_intermediate_size\": 768"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  config::ModelConfig sparse = *m;
+  sparse.moe.every = 2;
+  sparse.moe.normalize_top_k = false;
+  back = ModelFromHfConfig(HfConfigJson(sparse, TensorDtype::kBF16), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->moe.every, 2);
+  EXPECT_FALSE(back->moe.normalize_top_k);
+  EXPECT_EQ(back->ffn_hidden, 6144);
+  auto tensors = HfTensors(sparse);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::set<std::string> names;
+  for (const HfTensorMap& t : *tensors) {
+    for (const auto& piece : t.pieces) names.insert(piece.name);
+  }
+  EXPECT_TRUE(names.count("model.layers.0.mlp.gate_proj.weight"));  // a dense block
+  EXPECT_TRUE(names.count("model.layers.1.mlp.gate.weight"));       // the router
+  EXPECT_TRUE(names.count("model.layers.1.mlp.experts.127.down_proj.weight"));
+
+  std::string forced = json;
+  forced.replace(forced.find("\"mlp_only_layers\": []"), 21, "\"mlp_only_layers\": [0]");
+  EXPECT_THAT(ModelFromHfConfig(forced, "config.json").status().message(),
+              HasSubstr("mlp_only_layers must be empty"));
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
