@@ -125,7 +125,7 @@ void Generator::Reserve(int64_t rows) {
   rstd_ = be.AllocFloat(rows);
   lse_ = be.AllocFloat(rows * m.heads);
   if (m.qk_norm) {
-    const HeadNormShape norms = HeadNorms(rows);
+    const HeadNormShape norms = HeadNormsOf(m, rows);
     head_pre_ = be.AllocAct(norms.saved());
     head_rstd_ = be.AllocFloat(norms.statistics());
     head_scratch_ = be.AllocAct(norms.scratch());
@@ -173,15 +173,6 @@ void Generator::RoutedExperts(int layer, int64_t n) {
                  routing_.top_k, c, /*accumulate=*/o.mlp_ffn > 0);
 }
 
-HeadNormShape Generator::HeadNorms(int64_t rows) const {
-  return {.rows = rows,
-          .heads = model_.heads,
-          .kv_heads = model_.kv_heads,
-          .head_dim = model_.head_dim(),
-          .qkv_stride = model_.qkv_width(),
-          .eps = model_.norm_eps};
-}
-
 void Generator::Block(int layer, int64_t n, int64_t pos) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
@@ -198,7 +189,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
   if (m.qk_norm) {
     HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
-                    P(o.q_norm_w), P(o.k_norm_w), HeadNorms(n));
+                    P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n));
   }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};

@@ -85,7 +85,6 @@ class Generator {
   // values to the cache, and leaves the last row's logits in logits_.
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
-  HeadNormShape HeadNorms(int64_t rows) const;  // qk_norm's over `rows` rows
   // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
   // has no shared experts).
   void RoutedExperts(int layer, int64_t n);

@@ -1,5 +1,7 @@
 #include "worker/head_norm.h"
 
+#include <array>
+
 namespace trainyard::worker {
 namespace {
 
@@ -9,13 +11,26 @@ struct Part {
   const float* weight;
 };
 
+std::array<Part, 2> Parts(const HeadNormShape& s, const float* q_weight, const float* k_weight) {
+  return {Part{0, s.q_cols(), s.heads, q_weight},
+          Part{s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
+}
+
 }  // namespace
+
+HeadNormShape HeadNormsOf(const config::ModelConfig& m, int64_t rows, int tp) {
+  const int64_t heads = m.heads / tp, kv_heads = m.kv_heads / tp, d = m.head_dim();
+  return {.rows = rows,
+          .heads = heads,
+          .kv_heads = kv_heads,
+          .head_dim = d,
+          .qkv_stride = (heads + 2 * kv_heads) * d,
+          .eps = m.norm_eps};
+}
 
 void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
                      const float* q_weight, const float* k_weight, const HeadNormShape& s) {
-  const Part parts[] = {{0, s.q_cols(), s.heads, q_weight},
-                        {s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
-  for (const Part& p : parts) {
+  for (const Part& p : Parts(s, q_weight, k_weight)) {
     Act* columns = be.At(qkv, p.column);
     be.CopyRows(pre, p.cols, columns, s.qkv_stride, s.rows, p.cols);
     be.RmsNorm(scratch, rstd, pre, p.weight, s.rows * p.heads, s.head_dim, s.eps);
@@ -28,8 +43,7 @@ void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
 void HeadNormBackward(Backend& be, Act* dqkv, float* dq_weight, float* dk_weight, const Act* pre,
                       const float* rstd, Act* scratch, const float* q_weight, const float* k_weight,
                       const HeadNormShape& s) {
-  const Part parts[] = {{0, s.q_cols(), s.heads, q_weight},
-                        {s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
+  const std::array<Part, 2> parts = Parts(s, q_weight, k_weight);
   float* dweights[] = {dq_weight, dk_weight};
   Act* dy = scratch;
   Act* dx = be.At(scratch, s.scratch());

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "config/model_config.h"
 #include "worker/backend.h"
 
 namespace trainyard::worker {
@@ -27,6 +28,10 @@ struct HeadNormShape {
   // Elements of scratch the forward needs; the backward needs twice as many.
   int64_t scratch() const { return rows * q_cols(); }
 };
+
+// The norms of `rows` rows of model `m`'s q, k and v, each tensor-parallel rank (of `tp`) holding
+// its share of the heads.
+HeadNormShape HeadNormsOf(const config::ModelConfig& m, int64_t rows, int tp = 1);
 
 // q and k of `qkv` ← their norms. Keeps what the backward reads: `pre` the inputs (q's [rows,
 // heads·D], then k's [rows, kv_heads·D]) and `rstd` their statistics (q's heads, then k's).

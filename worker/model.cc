@@ -815,14 +815,7 @@ absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
   return tp_.SumToLocalRows(full, local, int64_t{acts_->b} * acts_->t * cols);
 }
 
-HeadNormShape Model::HeadNorms(int64_t rows) const {
-  return {.rows = rows,
-          .heads = dims_.heads,
-          .kv_heads = dims_.kv_heads,
-          .head_dim = config_.head_dim(),
-          .qkv_stride = dims_.qkv_width,
-          .eps = config_.norm_eps};
-}
+HeadNormShape Model::HeadNorms(int64_t rows) const { return HeadNormsOf(config_, rows, tp_size()); }
 
 // The query and key norms' backward for block `layer` (dqkv holds the gradient at their
 // outputs). This rank's heads give part of their weights' gradients: summed over the tensor-
