@@ -164,6 +164,16 @@ Problem CheckMixtureOfExpertsDevices(const ModelConfig& model, const ResourcesSp
              {"resources.kind"});
 }
 
+// The sliding window runs on the CPU kernels until the CUDA attention kernels' has run on a
+// device (it is checked against the CPU reference in emulation).
+Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec& r) {
+  if (model.sliding_window == 0 || r.kind != DeviceKind::kGpu) return std::nullopt;
+  return Bad("model.sliding_window",
+             "needs CPU ranks: the CUDA attention kernels' sliding window has not run on a GPU "
+             "yet (leave it out, or write resources.kind: cpu)",
+             {"resources.kind"});
+}
+
 // Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.
 Problem CheckExpertParallel(const ParallelismSpec& m, const ModelConfig& model) {
   if (m.ep == 1) return std::nullopt;
@@ -368,6 +378,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckWorldSize(mesh, spec.resources)) return p;
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
+  if (Problem p = CheckSlidingWindowDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 

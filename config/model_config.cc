@@ -201,6 +201,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (c.family == ModelFamily::kGpt2 && c.qk_norm) {
     return bad("qk_norm", "is for the llama family");
   }
+  if (c.sliding_window < 0) {
+    return bad("sliding_window",
+               absl::StrCat("must be a number of positions (0 for none), got ", c.sliding_window));
+  }
+  if (c.family == ModelFamily::kGpt2 && c.sliding_window != 0) {
+    return bad("sliding_window", "is for the llama family");
+  }
   if (c.family == ModelFamily::kGpt2 && c.qkv_bias) {
     return bad("qkv_bias", "is for the llama family (GPT-2's projections always have biases)");
   }

@@ -92,6 +92,9 @@ struct ModelConfig {
   // Llama family: an RMSNorm over each query and key head before RoPE, one weight of head_dim
   // for the queries and one for the keys (Qwen3's layout).
   bool qk_norm = false;
+  // Llama family: each query attends to this many positions, its own and the ones just before it
+  // (Mistral's, Phi-3's sliding window); 0 for every earlier position.
+  int sliding_window = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;

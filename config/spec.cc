@@ -161,9 +161,10 @@ absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
 
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
-      {"preset", "family", "layers", "width", "heads", "kv_heads", "head_dim", "ffn_hidden",
-       "vocab", "max_seq", "tied_embeddings", "qkv_bias", "qk_norm", "norm_eps", "rope_theta",
-       "rope_scaling", "recompute", "moe", "init_from"}));
+      {"preset",   "family",         "layers",   "width",      "heads",           "kv_heads",
+       "head_dim", "ffn_hidden",     "vocab",    "max_seq",    "tied_embeddings", "qkv_bias",
+       "qk_norm",  "sliding_window", "norm_eps", "rope_theta", "rope_scaling",    "recompute",
+       "moe",      "init_from"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -181,6 +182,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadBool("tied_embeddings", &m.tied_embeddings));
   TY_RETURN_IF_ERROR(r.ReadBool("qkv_bias", &m.qkv_bias));
   TY_RETURN_IF_ERROR(r.ReadBool("qk_norm", &m.qk_norm));
+  TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
   TY_RETURN_IF_ERROR(r.ReadBool("recompute", &m.recompute));
   TY_RETURN_IF_ERROR(r.ReadFloat("norm_eps", &m.norm_eps));
   TY_RETURN_IF_ERROR(r.ReadFloat("rope_theta", &m.rope_theta));

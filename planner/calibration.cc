@@ -177,6 +177,7 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
     absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
     if (m.qkv_bias) absl::StrAppend(&yaml, "  qkv_bias: true\n");
     if (m.qk_norm) absl::StrAppend(&yaml, "  qk_norm: true\n");
+    if (m.sliding_window != 0) absl::StrAppend(&yaml, "  sliding_window: ", m.sliding_window, "\n");
     if (m.explicit_head_dim != 0) absl::StrAppend(&yaml, "  head_dim: ", m.explicit_head_dim, "\n");
   }
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {

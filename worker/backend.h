@@ -36,6 +36,9 @@ struct Act;
 
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
+  // A sliding window of this many positions (model.sliding_window): query i sees keys
+  // i − window < j <= i. 0: every earlier key.
+  int64_t window = 0;
 };
 
 // One block of attention for context parallelism: the queries of one sequence chunk against the
@@ -45,9 +48,13 @@ struct AttentionShape {
 struct AttentionBlockShape {
   int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
   int64_t q_stride, kv_stride;
-  // Causal: key j is visible to query i iff j <= i (the chunks are the same positions, q_len ==
-  // kv_len); otherwise every key is visible.
+  // Query row i is at position i + offset counted from key row 0. Causal: key j is visible to
+  // query i iff j <= i + offset (a chunk against itself: offset 0, q_len == kv_len); otherwise
+  // every key is. A window W > 0 hides keys j <= i + offset − W too; a query row that sees no
+  // key of the block gets lse −∞ and a zero output row.
   bool causal;
+  int64_t offset = 0;
+  int64_t window = 0;
 };
 
 // The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on

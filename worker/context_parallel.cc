@@ -119,7 +119,9 @@ struct BlockGeometry {
   int64_t out_width() const { return s.heads * s.head_dim; }
   // Row offset of a half's first row.
   int64_t half_rows(int half) const { return half * s.batch * c(); }
-  AttentionBlockShape Shape(bool causal) const {
+  // The block of a query chunk against a key chunk: causal on the diagonal, the queries
+  // (query_chunk − key_chunk)·c positions after the keys.
+  AttentionBlockShape Shape(int query_chunk, int key_chunk) const {
     return AttentionBlockShape{.batch = s.batch,
                                .q_len = c(),
                                .kv_len = c(),
@@ -128,7 +130,17 @@ struct BlockGeometry {
                                .head_dim = s.head_dim,
                                .q_stride = qkv_width(),
                                .kv_stride = kv_width(),
-                               .causal = causal};
+                               .causal = key_chunk == query_chunk,
+                               .offset = (query_chunk - key_chunk) * c(),
+                               .window = s.window};
+  }
+  // Whether any query of query_chunk sees a key of key_chunk: none of a later chunk, nor of one
+  // that ends before the sliding window of the chunk's first query begins (that query, at
+  // query_chunk·c, reaches back to key_chunk's last key, key_chunk·c + c − 1, when
+  // (query_chunk − key_chunk − 1)·c + 1 < window).
+  bool Sees(int query_chunk, int key_chunk) const {
+    if (key_chunk > query_chunk) return false;
+    return s.window == 0 || (query_chunk - key_chunk - 1) * c() + 1 < s.window;
   }
 };
 
@@ -145,8 +157,8 @@ void ContextParallelOps::ForwardBlocks(int src, const Act* kv, Act* out, float* 
     float* l = lse + g.half_rows(qh) * local.heads;
     for (int kh = 0; kh < 2; ++kh) {
       const int key_chunk = ChunkOf(src, kh);
-      if (key_chunk > query_chunk) continue;  // after every query of the chunk
-      const AttentionBlockShape shape = g.Shape(key_chunk == query_chunk);
+      if (!g.Sees(query_chunk, key_chunk)) continue;
+      const AttentionBlockShape shape = g.Shape(query_chunk, key_chunk);
       const Act* k = be.At(kv, g.half_rows(kh) * g.kv_width());
       const Act* v = be.At(k, local.kv_heads * local.head_dim);
       if (!filled[qh]) {
@@ -172,13 +184,13 @@ void ContextParallelOps::BackwardBlocks(int src, const Act* kv, Act* dkv, Act* d
     const float* l = lse + g.half_rows(qh) * local.heads;
     for (int kh = 0; kh < 2; ++kh) {
       const int key_chunk = ChunkOf(src, kh);
-      if (key_chunk > query_chunk) continue;
+      if (!g.Sees(query_chunk, key_chunk)) continue;
       const int64_t k_at = g.half_rows(kh) * g.kv_width(), v_at = local.kv_heads * local.head_dim;
       Act* dk = be.At(dkv, k_at);
       const Act* k = be.At(kv, k_at);
       be.AttentionBlockBackward(be.At(dqkv, q_at), dk, be.At(dk, v_at), be.At(dout, o_at),
                                 be.At(qkv, q_at), k, be.At(k, v_at), be.At(out, o_at), l,
-                                g.Shape(key_chunk == query_chunk));
+                                g.Shape(query_chunk, key_chunk));
     }
   }
 }

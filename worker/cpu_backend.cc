@@ -185,12 +185,13 @@ class CpuBackend final : public Backend {
     k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position);
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
-    k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+    k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
+                        s.window);
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
     k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim);
+                         s.head_dim, s.window);
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {
@@ -246,9 +247,11 @@ class CpuBackend final : public Backend {
 
  private:
   static k::BlockDims Dims(const AttentionBlockShape& s) {
-    TY_CHECK(!s.causal || s.q_len == s.kv_len)
-        << "a causal attention block pairs a chunk with itself: q_len " << s.q_len << ", kv_len "
-        << s.kv_len;
+    TY_CHECK(!s.causal || s.q_len + s.offset == s.kv_len)
+        << "a causal attention block ends at its last key: q_len " << s.q_len << ", offset "
+        << s.offset << ", kv_len " << s.kv_len;
+    TY_CHECK(s.offset >= 0 && s.window >= 0)
+        << "attention block: offset " << s.offset << ", window " << s.window;
     TY_CHECK(s.kv_len >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0)
         << "attention block: kv_len " << s.kv_len << ", heads " << s.heads << ", kv_heads "
         << s.kv_heads;
@@ -260,7 +263,9 @@ class CpuBackend final : public Backend {
             .d = s.head_dim,
             .q_stride = s.q_stride,
             .kv_stride = s.kv_stride,
-            .causal = s.causal};
+            .causal = s.causal,
+            .offset = s.offset,
+            .window = s.window};
   }
   static k::ExpertMlpShape Shape(const ExpertMlp& mlp) {
     return {.offsets = mlp.offsets.data(),

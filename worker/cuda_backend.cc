@@ -527,11 +527,20 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
   static kc::AttentionDims Dims(const AttentionShape& s) {
-    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window};
   }
   static kc::AttentionBlockDims BlockDims(const AttentionBlockShape& s) {
-    return {s.batch,    s.q_len,    s.kv_len,    s.heads, s.kv_heads,
-            s.head_dim, s.q_stride, s.kv_stride, s.causal};
+    return {.b = s.batch,
+            .q_len = s.q_len,
+            .kv_len = s.kv_len,
+            .heads = s.heads,
+            .kv_heads = s.kv_heads,
+            .d = s.head_dim,
+            .q_stride = s.q_stride,
+            .kv_stride = s.kv_stride,
+            .causal = s.causal,
+            .offset = s.offset,
+            .window = s.window};
   }
 
   // Keeps the first failure; later calls still run (their results are garbage, and the caller

@@ -195,7 +195,8 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
   if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m), pos);
   // This pass's keys and values join the cache; the queries attend to every cached position
-  // (causally among themselves when the prompt runs as one pass).
+  // (causally among themselves when the prompt runs as one pass), or to those in their sliding
+  // window.
   Act* keys = keys_[layer].data();
   Act* values = values_[layer].data();
   be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, kv);
@@ -210,7 +211,9 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .head_dim = d,
                                         .q_stride = qkv,
                                         .kv_stride = kv,
-                                        .causal = prompt});
+                                        .causal = prompt,
+                                        .offset = pos,
+                                        .window = m.sliding_window});
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
   be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
   if (gpt2) {

@@ -565,6 +565,11 @@ absl::Status Sample(const SampleFlags& flags) {
         "--device cuda: a mixture-of-experts model samples on the CPU for now (its expert "
         "layers have not run on a GPU yet)");
   }
+  if (flags.device == "cuda" && weights.model.sliding_window != 0) {
+    return absl::InvalidArgumentError(
+        "--device cuda: a model with a sliding window samples on the CPU for now (the CUDA "
+        "attention kernels' sliding window has not run on a GPU yet)");
+  }
   if (flags.device == "cuda") {
     TY_ASSIGN_OR_RETURN(backend, MakeCudaBackend(CudaBackendOptions{}));
   } else {

@@ -45,28 +45,47 @@ struct BlockOffsets {
     return (bi * s.q_len + i) * out_stride() + h * s.d;
   }
   int64_t lse(int64_t bi, int64_t h, int64_t i) const { return (bi * s.heads + h) * s.q_len + i; }
-  // Keys that some query before row i1 sees: a causal block's later keys are never read.
-  int64_t keys_before(int64_t i1) const { return s.causal ? i1 : s.kv_len; }
-  int64_t keys_seen_by(int64_t i) const { return s.causal ? i + 1 : s.kv_len; }
+  // The keys query row i sees: [first_key(i), end_key(i)), both non-decreasing in i, so a block
+  // of rows [i0, i1) reads keys [first_key(i0), end_key(i1 − 1)) and no others.
+  int64_t first_key(int64_t i) const {
+    return s.window > 0 ? std::clamp(i + s.offset - s.window + 1, int64_t{0}, s.kv_len) : 0;
+  }
+  int64_t end_key(int64_t i) const {
+    return s.causal ? std::clamp(i + s.offset + 1, int64_t{0}, s.kv_len) : s.kv_len;
+  }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(s.d)); }
 };
 
-// Turns the first `visible` of a row's `keys` scores into probabilities (the rest become 0) and
-// returns their log-sum-exp.
-float SoftmaxRow(float* row, int64_t visible, int64_t keys) {
+// The keys [k0, k1) a block of query rows [i0, i1) reads between them.
+struct KeyRange {
+  int64_t i0, i1, k0, k1;
+  KeyRange(const BlockOffsets& o, int64_t first_row)
+      : i0(first_row),
+        i1(std::min(o.s.q_len, first_row + kBlock)),
+        k0(o.first_key(first_row)),
+        k1(std::max(k0, o.end_key(i1 - 1))) {}
+  int64_t rows() const { return i1 - i0; }
+  int64_t keys() const { return k1 - k0; }
+};
+
+// Turns a row's scores of keys [from, to) (of `keys`) into probabilities (the rest become 0) and
+// returns their log-sum-exp: −∞ when the row sees no key.
+float SoftmaxRow(float* row, int64_t from, int64_t to, int64_t keys) {
+  std::fill(row, row + from, 0.0f);
+  std::fill(row + std::max(from, to), row + keys, 0.0f);
+  if (to <= from) return -INFINITY;
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+  for (int64_t j = from; j < to; ++j) mx = std::max(mx, row[j]);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = from; j < to; ++j) {
     row[j] = FastExp(row[j] - mx);
     sum += row[j];
   }
   const float inv = 1.0f / sum;
 #pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-  std::fill(row + visible, row + keys, 0.0f);
+  for (int64_t j = from; j < to; ++j) row[j] *= inv;
   return mx + std::log(sum);
 }
 
@@ -75,15 +94,26 @@ float SoftmaxRow(float* row, int64_t visible, int64_t keys) {
 void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const float* k,
                        const float* v, const BlockOffsets& o, int64_t bi, int64_t h, int64_t i0) {
   const BlockDims& s = o.s;
-  const int64_t g = h / o.group_size(), i1 = std::min(s.q_len, i0 + kBlock), rows = i1 - i0;
-  const int64_t keys = o.keys_before(i1);
-  BlockScores(p, q + o.q(bi, i0, h), k + o.kv(bi, g), rows, keys, s.d, s.q_stride, s.kv_stride,
-              o.scale());
-  for (int64_t r = 0; r < rows; ++r) {
-    lse[o.lse(bi, h, i0 + r)] = SoftmaxRow(p + r * keys, o.keys_seen_by(i0 + r), keys);
+  const int64_t g = h / o.group_size();
+  const KeyRange r(o, i0);
+  const int64_t keys = r.keys(), k0 = r.k0;
+  if (keys == 0) {  // no row of the block sees a key
+    for (int64_t i = r.i0; i < r.i1; ++i) {
+      std::fill_n(out + o.out(bi, i, h), s.d, 0.0f);
+      lse[o.lse(bi, h, i)] = -INFINITY;
+    }
+    return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s.d, keys, 1.0f, p, keys,
-              v + o.kv(bi, g), s.kv_stride, 0.0f, out + o.out(bi, i0, h), o.out_stride());
+  const float* k_rows = k + o.kv(bi, g) + k0 * s.kv_stride;
+  const float* v_rows = v + o.kv(bi, g) + k0 * s.kv_stride;
+  BlockScores(p, q + o.q(bi, i0, h), k_rows, r.rows(), keys, s.d, s.q_stride, s.kv_stride,
+              o.scale());
+  for (int64_t i = r.i0; i < r.i1; ++i) {
+    lse[o.lse(bi, h, i)] =
+        SoftmaxRow(p + (i - i0) * keys, o.first_key(i) - k0, o.end_key(i) - k0, keys);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r.rows(), s.d, keys, 1.0f, p, keys, v_rows,
+              s.kv_stride, 0.0f, out + o.out(bi, i0, h), o.out_stride());
 }
 
 // The operands of a block's backward (see AttentionBlockBackward).
@@ -93,16 +123,19 @@ struct BackwardOperands {
 };
 
 // A row's probabilities P = exp(S − lse) in place of its scores, and dS = P ∘ (dP − delta) · scale
-// in place of dP; keys past `visible` get 0 in both.
-void GradientRow(float* p, float* ds, int64_t visible, int64_t keys, float row_lse, float delta,
-                 float scale) {
+// in place of dP, over keys [from, to); the other keys get 0 in both.
+void GradientRow(float* p, float* ds, int64_t from, int64_t to, int64_t keys, float row_lse,
+                 float delta, float scale) {
+  to = std::max(from, to);
 #pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = from; j < to; ++j) {
     p[j] = FastExp(p[j] - row_lse);
     ds[j] = p[j] * (ds[j] - delta) * scale;
   }
-  std::fill(p + visible, p + keys, 0.0f);
-  std::fill(ds + visible, ds + keys, 0.0f);
+  for (float* row : {p, ds}) {
+    std::fill(row, row + from, 0.0f);
+    std::fill(row + to, row + keys, 0.0f);
+  }
 }
 
 // Adds the gradients from query rows [i0, min(i0 + kBlock, q_len)) of head h of batch entry bi.
@@ -110,115 +143,72 @@ void GradientRow(float* p, float* ds, int64_t visible, int64_t keys, float row_l
 void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const BlockOffsets& o,
                         int64_t bi, int64_t h, int64_t i0) {
   const BlockDims& s = o.s;
-  const int64_t g = h / o.group_size(), i1 = std::min(s.q_len, i0 + kBlock), rows = i1 - i0;
-  const int64_t keys = o.keys_before(i1), ld = o.out_stride();
+  const int64_t g = h / o.group_size(), ld = o.out_stride();
+  const KeyRange r(o, i0);
+  const int64_t keys = r.keys(), rows = r.rows(), k_at = o.kv(bi, g) + r.k0 * s.kv_stride;
+  if (keys == 0) return;
   const float* q0 = x.q + o.q(bi, i0, h);
-  const float* k0 = x.k + o.kv(bi, g);
+  const float* k0 = x.k + k_at;
   const float* dy0 = x.dout + o.out(bi, i0, h);
   const float* y0 = x.out + o.out(bi, i0, h);
   // Recompute the block's probabilities from the merged log-sum-exp.
   BlockScores(p, q0, k0, rows, keys, s.d, s.q_stride, s.kv_stride, o.scale());
   // dP = dY · Vᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s.d, 1.0f, dy0, ld,
-              x.v + o.kv(bi, g), s.kv_stride, 0.0f, ds, keys);
-  for (int64_t r = 0; r < rows; ++r) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s.d, 1.0f, dy0, ld, x.v + k_at,
+              s.kv_stride, 0.0f, ds, keys);
+  for (int64_t i = r.i0; i < r.i1; ++i) {
     // rowsum(dY ∘ Y) over the whole attention's output, which is why out must be the merged one.
+    const int64_t row = i - i0;
     float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
-    for (int64_t c = 0; c < s.d; ++c) delta += dy0[r * ld + c] * y0[r * ld + c];
-    GradientRow(p + r * keys, ds + r * keys, o.keys_seen_by(i0 + r), keys,
-                x.lse[o.lse(bi, h, i0 + r)], delta, o.scale());
+    for (int64_t c = 0; c < s.d; ++c) delta += dy0[row * ld + c] * y0[row * ld + c];
+    GradientRow(p + row * keys, ds + row * keys, o.first_key(i) - r.k0, o.end_key(i) - r.k0, keys,
+                x.lse[o.lse(bi, h, i)], delta, o.scale());
   }
   // dQ += dS · K;  dK += dSᵀ · Q;  dV += Pᵀ · dY
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s.d, keys, 1.0f, ds, keys, k0,
               s.kv_stride, 1.0f, x.dq + o.q(bi, i0, h), s.q_stride);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, s.d, rows, 1.0f, ds, keys, q0,
-              s.q_stride, 1.0f, x.dk + o.kv(bi, g), s.kv_stride);
+              s.q_stride, 1.0f, x.dk + k_at, s.kv_stride);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, s.d, rows, 1.0f, p, keys, dy0, ld,
-              1.0f, x.dv + o.kv(bi, g), s.kv_stride);
+              1.0f, x.dv + k_at, s.kv_stride);
+}
+
+// The causal block of a packed qkv [b, t, (heads + 2·kv_heads)·d] against itself.
+BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                    int64_t window) {
+  const Layout l{heads, kv_heads, d};
+  return BlockDims{.b = b,
+                   .q_len = t,
+                   .kv_len = t,
+                   .heads = heads,
+                   .kv_heads = kv_heads,
+                   .d = d,
+                   .q_stride = l.row(),
+                   .kv_stride = l.row(),
+                   .causal = true,
+                   .window = window};
 }
 
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d) {
+                      int64_t kv_heads, int64_t d, int64_t window) {
   const Layout l{heads, kv_heads, d};
-  const int64_t rep = heads / kv_heads, stride = l.row(), out_stride = heads * d;
-  const int64_t blocks = (t + kBlock - 1) / kBlock;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-#pragma omp parallel
-  {
-    std::vector<float> p(kBlock * t);
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < b * heads * blocks; ++task) {
-      const int64_t bi = task / (heads * blocks), h = task / blocks % heads, blk = task % blocks;
-      const int64_t g = h / rep, i0 = blk * kBlock, i1 = std::min(t, i0 + kBlock);
-      const int64_t rows = i1 - i0,
-                    keys = i1;  // causal: keys beyond the block's last row are unseen
-      const float* base = qkv + bi * t * stride;
-      BlockScores(p.data(), base + i0 * stride + l.q(h), base + l.k(g), rows, keys, d, stride,
-                  stride, scale);
-      for (int64_t r = 0; r < rows; ++r) {
-        lse[(bi * heads + h) * t + i0 + r] = SoftmaxRow(p.data() + r * keys, i0 + r + 1, keys);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, p.data(), keys,
-                  base + l.v(g), stride, 0.0f, out + (bi * t + i0) * out_stride + h * d,
-                  out_stride);
-    }
-  }
+  AttentionBlockForward(out, lse, qkv + l.q(0), qkv + l.k(0), qkv + l.v(0),
+                        SelfBlock(b, t, heads, kv_heads, d, window));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d) {
+                       int64_t d, int64_t window) {
   const Layout l{heads, kv_heads, d};
-  const int64_t rep = heads / kv_heads, stride = l.row(), out_stride = heads * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // One task per (batch, kv head): it owns the key/value gradients of its group and the query
-  // gradients of the heads that read it, so no two tasks write the same element, and each
-  // accumulates in a fixed order.
-#pragma omp parallel
-  {
-    std::vector<float> p(kBlock * t), ds(kBlock * t);
-#pragma omp for schedule(static)
-    for (int64_t bg = 0; bg < b * kv_heads; ++bg) {
-      const int64_t bi = bg / kv_heads, g = bg % kv_heads;
-      const float* base = qkv + bi * t * stride;
-      float* dbase = dqkv + bi * t * stride;
-      for (int64_t i = 0; i < t; ++i) {
-        std::fill_n(dbase + i * stride + l.k(g), d, 0.0f);
-        std::fill_n(dbase + i * stride + l.v(g), d, 0.0f);
-      }
-      for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-        for (int64_t i0 = 0; i0 < t; i0 += kBlock) {
-          const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0, keys = i1;
-          const float* q0 = base + i0 * stride + l.q(h);
-          const float* dy0 = dout + (bi * t + i0) * out_stride + h * d;
-          const float* y0 = out + (bi * t + i0) * out_stride + h * d;
-          // Recompute the block's probabilities from the saved log-sum-exp.
-          BlockScores(p.data(), q0, base + l.k(g), rows, keys, d, stride, stride, scale);
-          // dP = dY · Vᵀ
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, 1.0f, dy0, out_stride,
-                      base + l.v(g), stride, 0.0f, ds.data(), keys);
-          for (int64_t r = 0; r < rows; ++r) {
-            float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-            for (int64_t c = 0; c < d; ++c)
-              delta += dy0[r * out_stride + c] * y0[r * out_stride + c];
-            GradientRow(p.data() + r * keys, ds.data() + r * keys, i0 + r + 1, keys,
-                        lse[(bi * heads + h) * t + i0 + r], delta, scale);
-          }
-          // dQ = dS · K;  dK += dSᵀ · Q;  dV += Pᵀ · dY
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, ds.data(),
-                      keys, base + l.k(g), stride, 0.0f, dbase + i0 * stride + l.q(h), stride);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, 1.0f, ds.data(), keys,
-                      q0, stride, 1.0f, dbase + l.k(g), stride);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, 1.0f, p.data(), keys,
-                      dy0, out_stride, 1.0f, dbase + l.v(g), stride);
-        }
-      }
-    }
-  }
+  const int64_t n = b * t * l.row();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += 4096) std::fill(dqkv + i, dqkv + std::min(n, i + 4096), 0.0f);
+  AttentionBlockBackward(dqkv + l.q(0), dqkv + l.k(0), dqkv + l.v(0), dout, qkv + l.q(0),
+                         qkv + l.k(0), qkv + l.v(0), out, lse,
+                         SelfBlock(b, t, heads, kv_heads, d, window));
 }
 
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,

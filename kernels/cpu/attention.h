@@ -1,6 +1,8 @@
 // Causal multi-head attention with grouped-query heads, over a packed qkv activation
 // [b, t, (heads + 2·kv_heads) · d] (queries, then keys, then values; head h at offset h·d of its
-// block). Query head h reads key/value head h / (heads / kv_heads).
+// block). Query head h reads key/value head h / (heads / kv_heads). With a sliding window of W
+// positions (window > 0) query i sees keys i − W < j <= i: its own position and the W − 1 before
+// it (Mistral's and transformers' convention); 0 sees every earlier key.
 //
 // Nothing of size t × t is stored: the forward saves the log-sum-exp of each query row, and the
 // backward recomputes the probabilities from it (the FlashAttention recipe, on the CPU).
@@ -13,23 +15,27 @@ namespace trainyard::kernels::cpu {
 
 // out: [b, t, heads · d]; lse: [b, heads, t].
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d);
+                      int64_t kv_heads, int64_t d, int64_t window = 0);
 
 // dqkv (overwritten): [b, t, (heads + 2·kv_heads) · d], from dout [b, t, heads · d].
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d);
+                       int64_t d, int64_t window = 0);
 
 // Blocks of attention for context parallelism: the queries of one sequence chunk against the keys
 // and values of one chunk, each block's result a partial output with its log-sum-exp, merged by
 // AttentionMerge. Row i of batch entry bi starts at q + (bi·q_len + i)·q_stride (query head h at
-// h·d); keys and values likewise with kv_len and kv_stride (kv head g at g·d). Causal blocks are
-// a chunk against itself (q_len == kv_len, key j visible to query i iff j <= i); other blocks see
-// every key. kv_len >= 1.
+// h·d); keys and values likewise with kv_len and kv_stride (kv head g at g·d). Query row i is at
+// position i + offset counted from key row 0. A causal block sees keys j <= i + offset (a chunk
+// against itself: offset 0, q_len == kv_len); another sees every key up to kv_len. A window
+// W > 0 also hides keys j <= i + offset − W. A row that sees no key gets lse −∞ and a zero
+// output (AttentionMerge then ignores it). kv_len >= 1.
 struct BlockDims {
   int64_t b, q_len, kv_len, heads, kv_heads, d;
   int64_t q_stride, kv_stride;
   bool causal;
+  int64_t offset = 0;
+  int64_t window = 0;
 };
 
 // out (overwritten): [b, q_len, heads·d]; lse: [b, heads, q_len]. Same arithmetic as

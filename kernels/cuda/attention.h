@@ -21,6 +21,9 @@ namespace trainyard::kernels::cuda {
 
 struct AttentionDims {
   int64_t b, t, heads, kv_heads, d;
+  // A sliding window of this many positions: query i sees keys i − window < j <= i (0: every
+  // earlier key).
+  int64_t window = 0;
 };
 
 // How the bf16 backward sums the query gradient over key tiles.

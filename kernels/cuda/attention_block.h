@@ -23,20 +23,24 @@ namespace trainyard::kernels::cuda {
 
 // Row i of batch entry bi of the queries starts at q + (bi·q_len + i)·q_stride (query head h at
 // h·d); keys and values likewise with kv_len and kv_stride (kv head g at g·d). Query head h reads
-// kv head h / (heads / kv_heads). Causal: key j is visible to query i iff j <= i (a chunk against
-// itself, q_len == kv_len); otherwise every key is visible.
+// kv head h / (heads / kv_heads). Query row i is at position i + offset counted from key row 0.
+// Causal: key j is visible to query i iff j <= i (a chunk against itself: q_len == kv_len,
+// offset 0); otherwise every key is visible. A sliding window W > 0 also hides keys
+// j <= i + offset − W; a query row that sees no key gets lse −∞ and a zero output row.
 struct AttentionBlockDims {
   int64_t b, q_len, kv_len, heads, kv_heads, d;
   int64_t q_stride, kv_stride;  // elements
   bool causal;
+  int64_t offset = 0;
+  int64_t window = 0;
 };
 
 // Every launcher returns INVALID_ARGUMENT, launching nothing, for: a head dim other than 16, 32,
 // 64, 128 (the message names it); a size below 1; heads not a multiple of kv_heads; b or heads
-// above 65535; a causal block with q_len != kv_len; q_stride < heads·d or kv_stride <
-// kv_heads·d; a stride that is not a multiple of 16 bytes; a null or not 16-byte aligned tensor
-// (lse and part_lse need only fp32 alignment). Asynchronous on `stream`; a non-OK status means
-// nothing was launched or the launch failed.
+// above 65535; a causal block with q_len != kv_len or an offset; a negative offset or window;
+// q_stride < heads·d or kv_stride < kv_heads·d; a stride that is not a multiple of 16 bytes; a null
+// or not 16-byte aligned tensor (lse and part_lse need only fp32 alignment). Asynchronous on
+// `stream`; a non-OK status means nothing was launched or the launch failed.
 
 // out (overwritten): [b, q_len, heads·d] rows contiguous; lse (overwritten): [b, heads, q_len],
 // natural log. Online softmax over key tiles, scale 1/sqrt(d).

@@ -3,11 +3,13 @@
 // itself), in three deterministic kernels:
 //   1. RowDotKernel:  delta_i = rowsum(dO ∘ O) (fp32, into the caller's scratch);
 //   2. KvKernel:      a block owns kRows keys of one (batch, kv head) and walks the query tiles
-//                     that see them (in a causal block: at or below the diagonal), for every
+//                     that see them (in a causal block: at or below the diagonal; with a
+//                     sliding window, inside it), for every
 //                     query head of the group in turn, accumulating dK = Σ dSᵀ·Q and
 //                     dV = Σ Pᵀ·dO in registers;
 //   3. DqKernel:      a block owns kRows queries of one (batch, head) and walks the key tiles
-//                     they see (in a causal block: up to the diagonal), accumulating
+//                     they see (in a causal block: up to the diagonal; with a sliding window,
+//                     from its start), accumulating
 //                     dQ = Σ dS·K in registers.
 // Each writes its gradients once at the end, either overwriting (the packed qkv's gradient) or
 // adding to what is there (a block's share: an fp32 sum rounded once).
@@ -150,12 +152,14 @@ __global__ void __launch_bounds__(kThreads)
   T* p_warp = probs + warp * 16 * kLdP;
   T* ds_warp = dscores + warp * 16 * kLdP;
 
-  // In a causal block no query before the block's first key sees it.
-  const int64_t first_query = geo.causal ? j0 / kQueries * kQueries : 0;
+  // In a causal block no query before the block's first key sees it; with a sliding window none
+  // after the window of its last key.
+  const int64_t first_query = FirstQuery(geo, j0) / kQueries * kQueries;
+  const int64_t end_query = EndQuery(geo, (j0 + kRows < geo.kv_len ? j0 + kRows : geo.kv_len) - 1);
   for (int h = g * group; h < (g + 1) * group; ++h) {
     const float* lse_row = lse + (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
     const float* delta_row = delta + (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
-    for (int64_t i0 = first_query; i0 < geo.q_len; i0 += kQueries) {
+    for (int64_t i0 = first_query; i0 < end_query; i0 += kQueries) {
       __syncthreads();  // every warp is done with the previous query tile
       LoadTile<T, kQueries, D>(q_tile, q_base + static_cast<int64_t>(h) * D, geo.q_stride, i0,
                                geo.q_len);
@@ -177,9 +181,8 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
 #pragma unroll
       for (int c = c0; c < c0 + kQueries / 2; ++c) {
-        const float p = key < VisibleKeys(geo, i0 + c)
-                            ? exp2f(s_warp[r * kLdS + c] * scale_log2 - lse_tile[c])
-                            : 0.0f;
+        const float p =
+            Sees(geo, i0 + c, key) ? exp2f(s_warp[r * kLdS + c] * scale_log2 - lse_tile[c]) : 0.0f;
         const float ds = p * (dp_warp[r * kLdS + c] - delta_tile[c]) * scale;
         p_warp[r * kLdP + c] = FromFloat<T>(p);
         ds_warp[r * kLdP + c] = FromFloat<T>(ds);
@@ -250,15 +253,16 @@ __global__ void __launch_bounds__(kThreads)
   // Lanes 2r and 2r + 1 compute row r (query `row`) of the warp's dS, half each.
   const int r = lane / 2, c0 = lane % 2 * (kKeys / 2);
   const int64_t row = i0 + warp * 16 + r, row_keys = VisibleKeys(geo, row);
+  const int64_t row_first = FirstKey(geo, row);
   const T* q_warp = q_tile + warp * 16 * kLdD;
   const T* do_warp = do_tile + warp * 16 * kLdD;
   float* s_warp = scores + warp * 16 * kLdS;
   float* dp_warp = dprobs + warp * 16 * kLdS;
   T* ds_warp = dscores + warp * 16 * kLdP;
 
-  // The block's last row sees the most keys.
+  // The block's first row sees the earliest key, its last row the last one.
   const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
-  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
+  for (int64_t j0 = FirstKey(geo, i0) / kKeys * kKeys; j0 < keys; j0 += kKeys) {
     __syncthreads();  // every warp is done with the previous key/value tile
     LoadTile<T, kKeys, D>(k_tile, k_src, geo.kv_stride, j0, geo.kv_len);
     LoadTile<T, kKeys, D>(v_tile, v_src, geo.kv_stride, j0, geo.kv_len);
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(kThreads)
     const float row_lse = lse_tile[warp * 16 + r], row_delta = delta_tile[warp * 16 + r];
 #pragma unroll
     for (int c = c0; c < c0 + kKeys / 2; ++c) {
-      const float p = j0 + c < row_keys ? exp2f(s_warp[r * kLdS + c] * scale_log2 - row_lse) : 0.0f;
+      const bool seen = j0 + c >= row_first && j0 + c < row_keys;
+      const float p = seen ? exp2f(s_warp[r * kLdS + c] * scale_log2 - row_lse) : 0.0f;
       ds_warp[r * kLdP + c] = FromFloat<T>(p * (dp_warp[r * kLdS + c] - row_delta) * scale);
     }
     __syncwarp();

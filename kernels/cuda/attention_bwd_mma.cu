@@ -177,8 +177,8 @@ __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
-      ProbAndGrad(p[n][e], ds[n][e], key[e / 2] < VisibleKeys(geo, i0 + c), lse_tile[c],
-                  delta_tile[c], scale, scale_log2);
+      ProbAndGrad(p[n][e], ds[n][e], Sees(geo, i0 + c, key[e / 2]), lse_tile[c], delta_tile[c],
+                  scale, scale_log2);
     }
   }
 }
@@ -287,9 +287,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
   const bf16* q_base = q + bi * geo.q_len * geo.q_stride;
   const bf16* dout_base = dout + bi * geo.q_len * out_stride;
-  // In a causal block no query before the block's first key sees it.
-  const int64_t first_query = geo.causal ? j0 / kQ * kQ : 0;
-  const int per_head = static_cast<int>((geo.q_len - first_query + kQ - 1) / kQ);
+  // In a causal block no query before the block's first key sees it; with a sliding window none
+  // after the window of its last key.
+  const int64_t first_query = FirstQuery(geo, j0) / kQ * kQ;
+  const int64_t end_query = EndQuery(geo, (j0 + kRows < geo.kv_len ? j0 + kRows : geo.kv_len) - 1);
+  const int per_head =
+      static_cast<int>(end_query > first_query ? (end_query - first_query + kQ - 1) / kQ : 0);
   const int tiles = per_head * group;
   // Tile `it`: query head g·group + it / per_head, queries from first_query + kQ·(it % per_head).
   auto load = [&](int it) {
@@ -305,12 +308,16 @@ __global__ void __launch_bounds__(kThreads)
   };
   LoadTileAsync<kRows, D>(k_tile, k + kv_offset, geo.kv_stride, j0, geo.kv_len);
   LoadTileAsync<kRows, D>(v_tile, v + kv_offset, geo.kv_stride, j0, geo.kv_len);
-  load(0);
+  if (tiles > 0) load(0);  // none when no query sees the block's keys
   warp::CpAsyncCommit();
 
   const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4;
   const int64_t first_key = j0 + warp_id * 16;
   const int64_t key[2] = {first_key + quad, first_key + quad + 8};
+  // The queries that see one of the warp's keys: [warp_first_query, warp_end_query).
+  const int64_t warp_last_key = first_key + 15 < geo.kv_len ? first_key + 15 : geo.kv_len - 1;
+  const int64_t warp_first_query = FirstQuery(geo, first_key);
+  const int64_t warp_end_query = EndQuery(geo, warp_last_key);
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -329,9 +336,11 @@ __global__ void __launch_bounds__(kThreads)
     if (it + 1 < tiles) load(it + 1);
     warp::CpAsyncCommit();
     const int64_t i0 = first_query + static_cast<int64_t>(it % per_head) * kQ;
-    // Nothing to do for keys past the end, or queries that all come before the warp's keys (but
-    // zeros for the dSᵀ tile and a share of the tile's dQ, with atomic sums).
-    const bool idle = first_key >= geo.kv_len || (geo.causal && i0 + kQ <= first_key);
+    // Nothing to do for keys past the end, or queries that all come before or after those that
+    // see the warp's keys (but zeros for the dSᵀ tile and a share of the tile's dQ, with atomic
+    // sums).
+    const bool idle =
+        first_key >= geo.kv_len || i0 + kQ <= warp_first_query || i0 >= warp_end_query;
     if (!kAtomicDq && idle) continue;
     if (!idle) {
       const int buffer = it % 2;
@@ -382,21 +391,26 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
   const bf16* k_src = k + kv_offset;
   const bf16* v_src = v + kv_offset;
+  // Key tiles [first_tile, first_tile + tiles): from the first row's earliest key to the last
+  // row's last.
   const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
-  const int tiles = static_cast<int>((keys + kK - 1) / kK);
+  const int64_t first_tile = FirstKey(geo, i0) / kK, end_tile = (keys + kK - 1) / kK;
+  const int tiles = static_cast<int>(end_tile > first_tile ? end_tile - first_tile : 0);
   LoadTileAsync<kRows, D>(q_tile, q + q_offset, geo.q_stride, i0, geo.q_len);
   const bf16* dout_rows = dout + bi * geo.q_len * out_stride + static_cast<int64_t>(h) * D;
   LoadTileAsync<kRows, D>(do_tile, dout_rows, out_stride, i0, geo.q_len);
-  LoadTileAsync<kK, D>(k_tiles, k_src, geo.kv_stride, 0, geo.kv_len);
-  LoadTileAsync<kK, D>(v_tiles, v_src, geo.kv_stride, 0, geo.kv_len);
+  LoadTileAsync<kK, D>(k_tiles, k_src, geo.kv_stride, first_tile * kK, geo.kv_len);
+  LoadTileAsync<kK, D>(v_tiles, v_src, geo.kv_stride, first_tile * kK, geo.kv_len);
   warp::CpAsyncCommit();
 
   const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
   const int64_t first = i0 + warp_id * 16;
   const int64_t row[2] = {first + quad, first + quad + 8};
   const int64_t visible[2] = {VisibleKeys(geo, row[0]), VisibleKeys(geo, row[1])};
+  const int64_t row_first[2] = {FirstKey(geo, row[0]), FirstKey(geo, row[1])};
   const int64_t warp_last = first + 15 < geo.q_len ? first + 15 : geo.q_len - 1;
   const int64_t warp_keys = first >= geo.q_len ? 0 : VisibleKeys(geo, warp_last);
+  const int64_t warp_first_key = FirstKey(geo, first);
   const int64_t head_row = (static_cast<int64_t>(bi) * geo.heads + h) * geo.q_len;
   float row_lse[2], row_delta[2];
 #pragma unroll
@@ -420,14 +434,15 @@ __global__ void __launch_bounds__(kThreads)
     warp::CpAsyncWait<0>();
     __syncthreads();  // tile `it` has landed everywhere; every warp is done with tile it - 1
     if (it + 1 < tiles) {
-      const int64_t next = static_cast<int64_t>(it + 1) * kK;
+      const int64_t next = (first_tile + it + 1) * kK;
       const int buffer = (it + 1) % 2;
       LoadTileAsync<kK, D>(k_tiles + buffer * kTileElems, k_src, geo.kv_stride, next, geo.kv_len);
       LoadTileAsync<kK, D>(v_tiles + buffer * kTileElems, v_src, geo.kv_stride, next, geo.kv_len);
     }
     warp::CpAsyncCommit();
-    const int64_t j0 = static_cast<int64_t>(it) * kK;
-    if (j0 >= warp_keys) continue;  // none of the warp's rows sees a key of this tile
+    const int64_t j0 = (first_tile + it) * kK;
+    // None of the warp's rows sees a key of this tile.
+    if (j0 >= warp_keys || j0 + kK <= warp_first_key) continue;
     const bf16* k_tile = k_tiles + (it % 2) * kTileElems;
     const bf16* v_tile = v_tiles + (it % 2) * kTileElems;
 
@@ -440,8 +455,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
         const int hh = e / 2;
-        ProbAndGrad(s[n][e], dp[n][e], j < visible[hh], row_lse[hh], row_delta[hh], scale,
-                    scale_log2);
+        ProbAndGrad(s[n][e], dp[n][e], j >= row_first[hh] && j < visible[hh], row_lse[hh],
+                    row_delta[hh], scale, scale_log2);
       }
     }
     AddProductAB<D, kK>(dq_acc, dp, k_tile, lane);

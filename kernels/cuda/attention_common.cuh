@@ -264,18 +264,42 @@ __device__ __forceinline__ void StoreAccTile(T* dst, int64_t stride, int64_t row
 
 // One attention block as the kernels take it (AttentionBlockDims less the head dim, which is a
 // template argument): the query rows of a batch entry q_stride elements apart, its key and value
-// rows kv_stride apart; out, dout, lse and delta dense.
+// rows kv_stride apart; out, dout, lse and delta dense. Query row i is at position i + offset
+// counted from key row 0; window > 0 is a sliding window of that many positions.
 struct BlockGeometry {
   int64_t q_len, kv_len, q_stride, kv_stride;
   int heads, kv_heads;
   bool causal;
+  int64_t offset, window;
 };
 
-// Query row i sees keys [0, VisibleKeys(g, i)): every key of a full block, those up to the
-// diagonal of a causal one, none for the padding rows past q_len (whose tiles stay zero).
+// Query row i sees keys [FirstKey(g, i), VisibleKeys(g, i)): every key of a full block, those up
+// to the diagonal (i + offset) of a causal one, none for the padding rows past q_len (whose tiles
+// stay zero); with a window, none at or before i + offset − window. Both bounds are
+// non-decreasing in i, so a tile of rows [i0, i1) reads keys [FirstKey(i0), VisibleKeys(i1 − 1)).
 __host__ __device__ __forceinline__ int64_t VisibleKeys(const BlockGeometry& g, int64_t i) {
   if (i >= g.q_len) return 0;
-  return g.causal && i + 1 < g.kv_len ? i + 1 : g.kv_len;
+  const int64_t end = i + g.offset + 1;
+  return g.causal && end < g.kv_len ? (end > 0 ? end : 0) : g.kv_len;
+}
+__host__ __device__ __forceinline__ int64_t FirstKey(const BlockGeometry& g, int64_t i) {
+  if (g.window <= 0) return 0;
+  const int64_t first = i + g.offset - g.window + 1;
+  return first < 0 ? 0 : first < g.kv_len ? first : g.kv_len;
+}
+__host__ __device__ __forceinline__ bool Sees(const BlockGeometry& g, int64_t i, int64_t j) {
+  return j >= FirstKey(g, i) && j < VisibleKeys(g, i);
+}
+// The queries that see key j: [FirstQuery(g, j), EndQuery(g, j)), both non-decreasing in j.
+__host__ __device__ __forceinline__ int64_t FirstQuery(const BlockGeometry& g, int64_t j) {
+  if (!g.causal) return 0;
+  const int64_t first = j - g.offset;
+  return first < 0 ? 0 : first < g.q_len ? first : g.q_len;
+}
+__host__ __device__ __forceinline__ int64_t EndQuery(const BlockGeometry& g, int64_t j) {
+  if (g.window <= 0) return g.q_len;
+  const int64_t end = j - g.offset + g.window;
+  return end < 0 ? 0 : end < g.q_len ? end : g.q_len;
 }
 
 inline BlockGeometry GeometryOf(const AttentionBlockDims& dims) {
@@ -285,15 +309,25 @@ inline BlockGeometry GeometryOf(const AttentionBlockDims& dims) {
                        dims.kv_stride,
                        static_cast<int>(dims.heads),
                        static_cast<int>(dims.kv_heads),
-                       dims.causal};
+                       dims.causal,
+                       dims.offset,
+                       dims.window};
 }
 
 // The causal self-attention of a packed qkv [b, t, (heads + 2·kv_heads)·d] as a block: queries,
 // keys and values are column ranges of the same rows.
 inline AttentionBlockDims PackedQkvBlock(const AttentionDims& dims) {
   const int64_t row = (dims.heads + 2 * dims.kv_heads) * dims.d;
-  return AttentionBlockDims{dims.b, dims.t, dims.t, dims.heads, dims.kv_heads,
-                            dims.d, row,    row,    true};
+  return AttentionBlockDims{.b = dims.b,
+                            .q_len = dims.t,
+                            .kv_len = dims.t,
+                            .heads = dims.heads,
+                            .kv_heads = dims.kv_heads,
+                            .d = dims.d,
+                            .q_stride = row,
+                            .kv_stride = row,
+                            .causal = true,
+                            .window = dims.window};
 }
 // Column offsets of the keys and values in a packed qkv row.
 inline int64_t PackedKeys(const AttentionDims& dims) { return dims.heads * dims.d; }
@@ -328,7 +362,7 @@ inline absl::Status CheckAttentionDims(const AttentionDims& dims) {
                                       std::to_string(dims.d) + " (supported: 16, 32, 64, 128)");
   }
   TY_REQUIRE(dims.b >= 1 && dims.t >= 1 && dims.heads >= 1 && dims.kv_heads >= 1);
-  TY_REQUIRE(dims.heads % dims.kv_heads == 0);
+  TY_REQUIRE(dims.heads % dims.kv_heads == 0 && dims.window >= 0);
   TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
   return absl::OkStatus();
 }
@@ -344,7 +378,8 @@ inline absl::Status CheckBlockDims(const AttentionBlockDims& dims, DType dtype) 
              dims.kv_heads >= 1);
   TY_REQUIRE(dims.heads % dims.kv_heads == 0);
   TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
-  TY_REQUIRE(!dims.causal || dims.q_len == dims.kv_len);
+  TY_REQUIRE(!dims.causal || (dims.q_len == dims.kv_len && dims.offset == 0));
+  TY_REQUIRE(dims.offset >= 0 && dims.window >= 0);
   TY_REQUIRE(dims.q_stride >= dims.heads * dims.d && dims.kv_stride >= dims.kv_heads * dims.d);
   // Rows are copied in 16-byte vectors.
   TY_REQUIRE(dims.q_stride * DTypeBytes(dtype) % 16 == 0 &&

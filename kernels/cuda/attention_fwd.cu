@@ -2,7 +2,8 @@
 // (attention_block.h) and for the causal self-attention of a packed qkv (attention.h), which is
 // the block of the qkv against itself: a thread block owns kRows query rows of one (batch, head)
 // and walks the key/value tiles from the first up to the last that one of its rows sees (in a
-// causal block, tiles wholly above the diagonal are never loaded). Each warp keeps its 16 output
+// causal block, tiles wholly above the diagonal are never loaded, nor with a sliding window those
+// wholly before it). Each warp keeps its 16 output
 // rows in fp32 accumulators and rescales them whenever the running row maximum grows (online
 // softmax), so scores exist only one tile at a time, in shared memory. This kernel runs fp32
 // storage (the device's precise reference); bf16 runs attention_fwd_mma.cu's, whose scores never
@@ -38,15 +39,15 @@ constexpr int ForwardKeys() {
 
 // One online-softmax step for a warp row over the key tile starting at key j0, run by the lane
 // pair that owns the row, each lane over half of the tile's columns (`half`). Masks the keys
-// the row does not see (at or past `visible`, VisibleKeys), turns the raw scores s_row into
-// probabilities p_row relative to the new running maximum, and updates the running maximum m
-// (log2 units of scale·q·k) and sum l that both lanes hold. Returns the factor by which the
-// output accumulated so far must be scaled. s_row and p_row may alias (each lane reads its
-// columns before writing them).
+// the row does not see (before `first` or at or past `visible`: FirstKey, VisibleKeys), turns the
+// raw scores s_row into probabilities p_row relative to the new running maximum, and updates the
+// running maximum m (log2 units of scale·q·k) and sum l that both lanes hold. Returns the factor by
+// which the output accumulated so far must be scaled. s_row and p_row may alias (each lane reads
+// its columns before writing them).
 template <typename T, int kKeys>
 __device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int half, int64_t j0,
-                                             int64_t visible, float scale_log2, float& m,
-                                             float& l) {
+                                             int64_t first, int64_t visible, float scale_log2,
+                                             float& m, float& l) {
   constexpr int kHalf = kKeys / 2;
   const int c0 = half * kHalf;
   float x[kHalf];
@@ -54,12 +55,13 @@ __device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int h
 #pragma unroll
   for (int c = 0; c < kHalf; ++c) {
     const int64_t j = j0 + c0 + c;
-    x[c] = j < visible ? s_row[c0 + c] * scale_log2 : -INFINITY;
+    x[c] = j >= first && j < visible ? s_row[c0 + c] * scale_log2 : -INFINITY;
     tile_max = fmaxf(tile_max, x[c]);
   }
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
   const float m_new = fmaxf(m, tile_max);
-  // Only rows past q_len have seen no key at all; 0 as reference keeps their values 0, not NaN.
+  // A row that has seen no key yet (past q_len, or before its window) keeps its values 0, not
+  // NaN, with 0 as reference.
   const float ref = m_new == -INFINITY ? 0.0f : m_new;
   float sum = 0.0f;
 #pragma unroll
@@ -136,15 +138,16 @@ __global__ void __launch_bounds__(kThreads)
   // Lanes 2r and 2r + 1 run the softmax of the warp's row r.
   const int r = lane / 2, half = lane % 2;
   const int64_t row = i0 + warp * 16 + r, row_keys = VisibleKeys(geo, row);
+  const int64_t row_first = FirstKey(geo, row);
   const T* q_warp = q_tile + warp * 16 * kLdD;
   float* s_warp = scores + warp * 16 * kLdS;
   T* p_warp = probs + warp * 16 * kLdP;
   float* factor_warp = row_factor + warp * 16;
   float m = -INFINITY, l = 0.0f;
 
-  // The block's last row sees the most keys.
+  // The block's first row sees the earliest key, its last row the last one.
   const int64_t keys = VisibleKeys(geo, (i0 + kRows < geo.q_len ? i0 + kRows : geo.q_len) - 1);
-  for (int64_t j0 = 0; j0 < keys; j0 += kKeys) {
+  for (int64_t j0 = FirstKey(geo, i0) / kKeys * kKeys; j0 < keys; j0 += kKeys) {
     __syncthreads();  // every warp is done with the previous key/value tile
     LoadTile<T, kKeys, D>(k_tile, k_src, geo.kv_stride, j0, geo.kv_len);
     LoadTile<T, kKeys, D>(v_tile, v_src, geo.kv_stride, j0, geo.kv_len);
@@ -158,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncwarp();
     const float alpha = SoftmaxStep<T, kKeys>(s_warp + r * kLdS, p_warp + r * kLdP, half, j0,
-                                              row_keys, scale_log2, m, l);
+                                              row_first, row_keys, scale_log2, m, l);
     if (half == 0) factor_warp[r] = alpha;
     __syncwarp();
     ScaleRows<T>(o, factor_warp, acc_rows);

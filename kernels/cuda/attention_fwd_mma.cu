@@ -4,8 +4,8 @@
 // (mma.sync m16n8k16 with ldmatrix operands, warp_mma.cuh) and runs the online softmax there, so
 // shared memory holds only the query tile and two key/value tiles, the next one arriving
 // (cp.async) while the current one is used. Key tiles wholly above a causal block's diagonal are
-// never loaded, and a warp skips the tiles past its own rows' last visible key. Grouped-query
-// heads read their key/value head in place.
+// never loaded, nor with a sliding window those wholly before it, and a warp skips the tiles
+// outside its own rows' visible keys. Grouped-query heads read their key/value head in place.
 //
 // Per 64-key tile a warp runs kMTiles · (D/16 · 8 + 4 · D/8) mma.sync (S = Q·Kᵀ, then O += P·V)
 // and loads K and V with 2 · D/16 · 4 ldmatrix.x4, each fragment serving its kMTiles row groups:
@@ -38,12 +38,14 @@ struct MmaForwardSmem {
 
 // One warp's online softmax over a tile's scores s (16 rows × 64 keys as eight 16×8
 // accumulators; this lane holds rows `quad` and `quad` + 8): scales them to log2 units, masks the
-// keys a row does not see (`masked` tiles only: keys at or past visible[row]), turns them into
+// keys a row does not see (`masked` tiles only: keys before first[row] or at or past
+// visible[row]), turns them into
 // probabilities against the new running maxima m, and adds this lane's share of each row's sum
 // to l. Returns the factors by which the rows' output so far must be scaled.
 __device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int64_t j0, int pair,
-                                              bool masked, const int64_t (&visible)[2],
-                                              float scale_log2, float (&m)[2], float (&l)[2]) {
+                                              bool masked, const int64_t (&first)[2],
+                                              const int64_t (&visible)[2], float scale_log2,
+                                              float (&m)[2], float (&l)[2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < kTileKeys / 8; ++n) {
@@ -51,7 +53,7 @@ __device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int6
     for (int e = 0; e < 4; ++e) {
       const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
       float x = s[n][e] * scale_log2;
-      if (masked && j >= visible[e / 2]) x = -INFINITY;
+      if (masked && (j < first[e / 2] || j >= visible[e / 2])) x = -INFINITY;
       s[n][e] = x;
       tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
     }
@@ -62,7 +64,8 @@ __device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int6
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
     const float m_new = fmaxf(m[h], tile_max[h]);
-    // A padding row (past q_len) sees no key at all; 0 as reference keeps its values 0, not NaN.
+    // A row that has seen no key yet (a padding row past q_len, or one before its window) keeps
+    // its values 0, not NaN, with 0 as reference.
     const float ref = m_new == -INFINITY ? 0.0f : m_new;
     float sum = 0.0f;
 #pragma unroll
@@ -220,19 +223,22 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* v_src = v + kv_offset;
   const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane / 4, pair = lane % 4;
 
-  // The block's last row sees the most keys.
+  // The block's first row sees the earliest key, its last row the last one: key tiles
+  // [first_tile, first_tile + tiles).
   const int64_t keys =
       VisibleKeys(geo, (i0 + kBlockRows < geo.q_len ? i0 + kBlockRows : geo.q_len) - 1);
-  const int tiles = static_cast<int>((keys + kTileKeys - 1) / kTileKeys);
+  const int64_t first_tile = FirstKey(geo, i0) / kTileKeys;
+  const int64_t end_tile = (keys + kTileKeys - 1) / kTileKeys;
+  const int tiles = static_cast<int>(end_tile > first_tile ? end_tile - first_tile : 0);
   LoadTileAsync<kBlockRows, D>(q_tile,
                                q + bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D,
                                geo.q_stride, i0, geo.q_len);
   warp::CpAsyncCommit();  // the queries, then the first key/value tile, as two groups
-  LoadTileAsync<kTileKeys, D>(k_tiles, k_src, geo.kv_stride, 0, geo.kv_len);
-  LoadTileAsync<kTileKeys, D>(v_tiles, v_src, geo.kv_stride, 0, geo.kv_len);
+  LoadTileAsync<kTileKeys, D>(k_tiles, k_src, geo.kv_stride, first_tile * kTileKeys, geo.kv_len);
+  LoadTileAsync<kTileKeys, D>(v_tiles, v_src, geo.kv_stride, first_tile * kTileKeys, geo.kv_len);
   warp::CpAsyncCommit();
 
-  // The warp's first row and the keys past which it needs no tile.
+  // The warp's first row and the keys outside which it needs no tile.
   const int64_t first = i0 + warp_id * kWarpRows;
   WarpRows<D, kMTiles> w;
 #pragma unroll
@@ -247,6 +253,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp_last =
       first + kWarpRows - 1 < geo.q_len ? first + kWarpRows - 1 : geo.q_len - 1;
   const int64_t warp_keys = first >= geo.q_len ? 0 : VisibleKeys(geo, warp_last);
+  const int64_t warp_first_key = FirstKey(geo, first);
 
   warp::CpAsyncWait<1>();
   __syncthreads();  // the queries have landed
@@ -263,7 +270,7 @@ __global__ void __launch_bounds__(kThreads)
     warp::CpAsyncWait<0>();
     __syncthreads();  // tile `it` has landed everywhere; every warp is done with tile it - 1
     if (it + 1 < tiles) {
-      const int64_t next = static_cast<int64_t>(it + 1) * kTileKeys;
+      const int64_t next = (first_tile + it + 1) * kTileKeys;
       const int buffer = (it + 1) % 2;
       LoadTileAsync<kTileKeys, D>(k_tiles + buffer * kTileElems, k_src, geo.kv_stride, next,
                                   geo.kv_len);
@@ -271,21 +278,27 @@ __global__ void __launch_bounds__(kThreads)
                                   geo.kv_len);
     }
     warp::CpAsyncCommit();
-    const int64_t j0 = static_cast<int64_t>(it) * kTileKeys;
-    if (j0 >= warp_keys) continue;  // none of the warp's rows sees a key of this tile
+    const int64_t j0 = (first_tile + it) * kTileKeys;
+    // None of the warp's rows sees a key of this tile.
+    if (j0 >= warp_keys || j0 + kTileKeys <= warp_first_key) continue;
 
     float s[kMTiles][kTileKeys / 8][4];
     TileScores<D, kMTiles>(s, w, k_tiles + (it % 2) * kTileElems, lane);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      // The keys this lane's two rows of the group see, and those below which no row of the
-      // group masks any (recomputed per tile rather than held in registers).
+      // The keys this lane's two rows of the group see, and the range [masked_below,
+      // unmasked) in which no row of the group masks any (recomputed per tile rather than held
+      // in registers).
       const int64_t group_first = first + mt * 16;
+      const int64_t row_first[2] = {FirstKey(geo, group_first + quad),
+                                    FirstKey(geo, group_first + quad + 8)};
       const int64_t visible[2] = {VisibleKeys(geo, group_first + quad),
                                   VisibleKeys(geo, group_first + quad + 8)};
       const int64_t unmasked = group_first + 15 < geo.q_len ? VisibleKeys(geo, group_first) : 0;
-      const float2 alpha = SoftmaxTile(s[mt], j0, pair, j0 + kTileKeys > unmasked, visible,
-                                       scale_log2, w.m[mt], w.l[mt]);
+      const int64_t masked_below = FirstKey(geo, group_first + 15);
+      const bool masked = j0 + kTileKeys > unmasked || j0 < masked_below;
+      const float2 alpha =
+          SoftmaxTile(s[mt], j0, pair, masked, row_first, visible, scale_log2, w.m[mt], w.l[mt]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         w.o[mt][n][0] *= alpha.x, w.o[mt][n][1] *= alpha.x;

@@ -1,6 +1,7 @@
 // Flash attention on the GPU against the CPU reference (kernels/cpu/attention.h): the forward's
 // output and log-sum-exp and the backward's packed gradients, for both storage types, with and
-// without grouped-query heads, at sequence lengths that are and are not multiples of the tiles.
+// without grouped-query heads, at sequence lengths that are and are not multiples of the tiles,
+// with and without a sliding window.
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
@@ -28,15 +29,20 @@ using ::trainyard::testing::RoundToBf16;
 using ::trainyard::testing::Tolerance;
 using ::trainyard::testing::Upload;
 
+// The last three have sliding windows: 5 positions (most tiles skipped, most rows masked at both
+// ends), 70 across the 64-row tiles (the first key tile of late query tiles skipped), and 1 (each
+// query sees itself only) at d 128.
 constexpr AttentionDims kShapes[] = {
-    {1, 1, 1, 1, 16},   {2, 37, 4, 2, 16},   {1, 64, 2, 2, 64},
-    {2, 200, 8, 2, 64}, {1, 129, 4, 1, 128}, {1, 1024, 12, 12, 64},
+    {1, 1, 1, 1, 16},     {2, 37, 4, 2, 16},      {1, 64, 2, 2, 64},
+    {2, 200, 8, 2, 64},   {1, 129, 4, 1, 128},    {1, 1024, 12, 12, 64},
+    {2, 37, 4, 2, 16, 5}, {1, 200, 4, 2, 64, 70}, {1, 129, 4, 1, 128, 1},
 };
 
 std::string Describe(const AttentionDims& s, DType dtype) {
   return "b=" + std::to_string(s.b) + " t=" + std::to_string(s.t) +
          " heads=" + std::to_string(s.heads) + " kv_heads=" + std::to_string(s.kv_heads) +
-         " d=" + std::to_string(s.d) + " " + DTypeName(dtype);
+         " d=" + std::to_string(s.d) + " window=" + std::to_string(s.window) + " " +
+         DTypeName(dtype);
 }
 
 // Columns [offset, offset + width) of every row of a matrix with rows of `row_width` values.
@@ -68,9 +74,9 @@ Reference ComputeReference(const AttentionDims& s, DType dtype, std::mt19937& rn
   ref.lse.resize(s.b * s.heads * s.t);
   ref.dqkv.resize(ref.qkv.size());
   cpu::AttentionForward(ref.out.data(), ref.lse.data(), ref.qkv.data(), s.b, s.t, s.heads,
-                        s.kv_heads, s.d);
+                        s.kv_heads, s.d, s.window);
   cpu::AttentionBackward(ref.dqkv.data(), ref.dout.data(), ref.qkv.data(), ref.out.data(),
-                         ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d);
+                         ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d, s.window);
   return ref;
 }
 

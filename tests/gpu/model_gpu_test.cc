@@ -45,6 +45,7 @@ struct Case {
   bool qkv_bias = false;  // llama: biases on q, k and v (Qwen2's layout)
   int head_dim = 0;       // llama: model.head_dim (0: width / heads)
   bool qk_norm = false;   // llama: norms of each query and key head (Qwen3's layout)
+  int window = 0;         // llama: model.sliding_window (0: none)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -52,7 +53,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       std::string(info.param.preset) + "_" + DTypeName(info.param.act) +
       (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "") +
       (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "") +
-      (info.param.qk_norm ? "_qk_norm" : "");
+      (info.param.qk_norm ? "_qk_norm" : "") +
+      (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -111,6 +113,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.qkv_bias = c.qkv_bias;
   mc.explicit_head_dim = c.head_dim;
   mc.qk_norm = c.qk_norm;
+  mc.sliding_window = c.window;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -476,7 +479,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kBF16, false, false, 32},
                       // Qwen3's attention: those heads, each query and key head normed.
                       Case{"llama-debug", DType::kF32, false, false, 32, true},
-                      Case{"llama-debug", DType::kBF16, false, false, 32, true}),
+                      Case{"llama-debug", DType::kBF16, false, false, 32, true},
+                      // A sliding window of 20 of the 48 positions (Mistral's attention).
+                      Case{"llama-debug", DType::kF32, false, false, 0, false, 20},
+                      Case{"llama-debug", DType::kBF16, false, false, 0, false, 20}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -61,6 +61,7 @@ struct Mesh {
   int cp = 1;    // context parallelism: ring attention's block kernels and its transfers
   int ep = 1;    // expert parallelism (with `moe`): tokens to their experts by all-to-all
   bool moe = false;
+  int window = 0;  // a Llama with this sliding window instead of GPT-2
 };
 
 // model.moe as the CPU equivalence suite's MoE meshes have it (tests/integration/mesh_cases.h).
@@ -80,6 +81,12 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   const auto [mesh, act] = GetParam();
   config::JobSpec spec = BaseJob();
   if (mesh.moe) AddExperts(&spec);
+  if (mesh.window > 0) {
+    spec.model = *config::Preset("llama-debug");
+    spec.model.vocab = 64;
+    spec.model.max_seq = 32;
+    spec.model.sliding_window = mesh.window;
+  }
   auto single_backend = Gpu(act);
   ASSERT_NE(single_backend, nullptr);
   auto single = Train(spec, *single_backend, {});
@@ -215,7 +222,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          Mesh{"moe_pp2", 1, 1, 2, 0, 1, 1, true},
                                          Mesh{"moe_dp2_ep2_zero3", 2, 1, 1, 3, 1, 2, true},
                                          Mesh{"moe_cp2", 1, 1, 1, 0, 2, 1, true},
-                                         Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true}),
+                                         Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true},
+                                         // Chunks of 8, a window of 10: the ring's blocks
+                                         // with offsets, rows that see none of a chunk.
+                                         Mesh{"llama_window_cp2", 1, 1, 1, 0, 2, 1, false, 10}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));

@@ -136,6 +136,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .qkv_bias = mesh.qkv_bias,
                      .head_dim = mesh.head_dim,
                      .qk_norm = mesh.qk_norm,
+                     .sliding_window = mesh.sliding_window,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -180,6 +181,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                        ::testing::Values(MeshCase{
                            .name = "wide_heads_tp2_pp2", .tp = 2, .pp = 2, .head_dim = 24})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// A sliding window exports as Mistral (MistralForCausalLM's config with its sliding_window) and
+// reads back as the same model on a context-parallel mesh, whose ring skips the blocks outside it.
+INSTANTIATE_TEST_SUITE_P(
+    Mistral, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{
+                           .name = "mistral_window_cp2", .cp = 2, .sliding_window = 5})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole
@@ -415,6 +425,13 @@ TEST(HfOracleQwen3, ExportedFilesGiveTrainyardsLogits) {
 TEST(HfOracleQwen3Moe, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true, .experts = 4});
+}
+
+// A sliding window of 5 travels as Mistral's sliding_window, which the oracle applies as
+// transformers' mask does; the greedy tokens (8 of prompt, 32 new) check the generator's window
+// over its key/value cache.
+TEST(HfOracleMistral, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .sliding_window = 5});
 }
 
 // model.head_dim travels as config.json's head_dim, which the oracle reads as transformers does.

@@ -19,11 +19,12 @@ struct MeshCase {
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
-  bool qkv_bias = false;  // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
-  int head_dim = 0;       // llama: model.head_dim (0: width / heads)
-  bool qk_norm = false;   // llama: Qwen3's norms of each query and key head
-  int micro_batch = 0;    // 0: the spec's
-  int seq_len = 0;        // 0: the spec's (model.max_seq grows to it)
+  bool qkv_bias = false;   // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int head_dim = 0;        // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;    // llama: Qwen3's norms of each query and key head
+  int sliding_window = 0;  // llama: model.sliding_window (0: none)
+  int micro_batch = 0;     // 0: the spec's
+  int seq_len = 0;         // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
   // MoeMeshModel sets it), under the aux-loss or the bias rule.
   int experts = 0;
@@ -57,6 +58,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.qkv_bias = spec->model.qkv_bias || mesh.qkv_bias;
     if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
     spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
+    if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
   }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
@@ -176,6 +178,9 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_tp2", .tp = 2, .cp = 2, .seq_len = 24},
     // Qwen3's attention: the head norms act on each rank's rows before the ring.
     {.name = "cp2_qk_norm", .cp = 2, .qk_norm = true, .seq_len = 24},
+    // A sliding window of 5 over chunks of 3: each query chunk sees its own chunk, all of the
+    // one before and part of the one before that; the ring skips the blocks of older chunks.
+    {.name = "cp4_window", .cp = 4, .sliding_window = 5, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},

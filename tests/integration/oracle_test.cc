@@ -97,7 +97,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
       << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
       << ", \"head_dim\": " << c.explicit_head_dim
-      << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false") << ", \"norm_eps\": " << c.norm_eps
+      << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false")
+      << ", \"sliding_window\": " << c.sliding_window << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
       << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
@@ -332,6 +333,15 @@ TEST(TorchOracle, LlamaWithQueryAndKeyNormsRecomputed) {
   c.explicit_head_dim = 24;
   c.qk_norm = true;
   c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// Mistral's sliding window, seven positions of the 32: the first rows see every earlier key, the
+// rest only their window.
+TEST(TorchOracle, LlamaWithASlidingWindow) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.sliding_window = 7;
+  ASSERT_LT(c.sliding_window, kSeq);
   CompareWithOracle(c);
 }
 

@@ -289,8 +289,8 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, qwen2, qwen3, "
-                         "qwen3_moe or mixtral)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, mistral, "
+                         "phi3, qwen2, qwen3, qwen3_moe or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -319,12 +319,17 @@ def silu(x):
     return x * torch.exp(-torch.logaddexp(torch.zeros_like(x), -x))
 
 
-def causal_attention(q, k, v):
-    """softmax(q k^T / sqrt(D)) v over positions <= the query's; q, k, v [B, H, T, D]."""
+def causal_attention(q, k, v, window=None):
+    """softmax(q k^T / sqrt(D)) v over positions <= the query's; q, k, v [B, H, T, D]. With a
+    sliding window W, query i sees only keys j > i - W (transformers' sliding-window mask)."""
     t, d = q.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-    future = torch.triu(torch.ones((t, t), dtype=torch.bool), diagonal=1)
-    scores = scores.masked_fill(future, float("-inf"))
+    i = torch.arange(t).unsqueeze(1)
+    j = torch.arange(t).unsqueeze(0)
+    hidden = j > i
+    if window is not None:
+        hidden = hidden | (j <= i - window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     scores = scores - scores.max(dim=-1, keepdim=True).values
     probs = torch.exp(scores)
     probs = probs / probs.sum(dim=-1, keepdim=True)
@@ -495,6 +500,19 @@ class Llama:
         elif scaling is not None and kind != "default":
             raise InputError("%s: rope_scaling = %s is not supported (plain RoPE or llama3)"
                              % (cfg.path, json.dumps(scaling)))
+        self.windows = [None] * self.layers  # each layer's sliding window, None for none
+
+    def read_window(self, cfg, sliding_from=0):
+        """sliding_window (null for none) in the layers from `sliding_from` on."""
+        if cfg.raw.get("sliding_window") is not None:
+            window = cfg.int("sliding_window")
+            self.windows = [window if i >= sliding_from else None for i in range(self.layers)]
+
+    def read_qwen_window(self, cfg):
+        """Qwen2's and Qwen3's window: only with use_sliding_window, and then in the layers from
+        max_window_layers on."""
+        if cfg.bool("use_sliding_window", False):
+            self.read_window(cfg, cfg.int("max_window_layers", 28, minimum=0))
 
     @staticmethod
     def canonical_name(name):
@@ -542,7 +560,7 @@ class Llama:
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            y = merge_heads(causal_attention(q, k, v))
+            y = merge_heads(causal_attention(q, k, v, self.windows[i]))
             x = x + y @ w[p + "self_attn.o_proj.weight"].T
             m = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
             x = x + self.mlp(w, p, m)
@@ -571,28 +589,76 @@ def swiglu(m, gate, up, down):
     return (silu(m @ gate.T) * (m @ up.T)) @ down.T
 
 
+class Mistral(Llama):
+    """MistralForCausalLM: Llama's model with a sliding window over the positions (or none)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.read_window(cfg)
+
+
+class Phi3(Mistral):
+    """Phi3ForCausalLM: Mistral's model (its sliding window too) with the q, k and v projections
+    stacked in self_attn.qkv_proj (rows q, then k, then v) and gate and up in mlp.gate_up_proj
+    (gate rows, then up rows), as Phi-3 and Phi-4 are published. RoPE must turn every dimension
+    (partial_rotary_factor 1)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.raw.get("partial_rotary_factor", 1.0) != 1.0:
+            raise InputError("%s: partial_rotary_factor %r is not supported (1.0 only)"
+                             % (cfg.path, cfg.raw["partial_rotary_factor"]))
+
+    def expected_tensors(self):
+        H, KV, D, C, F_ = self.heads, self.kv_heads, self.head_dim, self.width, self.ffn
+        separate, ignored = super().expected_tensors()
+        out = []
+        for name, shape in separate:
+            if name.endswith("self_attn.q_proj.weight"):
+                out.append((name.replace("q_proj", "qkv_proj"), ((H + 2 * KV) * D, C)))
+            elif name.endswith("mlp.gate_proj.weight"):
+                out.append((name.replace("gate_proj", "gate_up_proj"), (2 * F_, C)))
+            elif not name.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+                out.append((name, shape))
+        return out, ignored
+
+    def forward(self, w, tokens):
+        """Llama's forward over the fused tensors cut back into Llama's."""
+        H, KV, D, F_ = self.heads, self.kv_heads, self.head_dim, self.ffn
+        w = dict(w)
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            qkv = w.pop(p + "self_attn.qkv_proj.weight")
+            w[p + "self_attn.q_proj.weight"] = qkv[:H * D]
+            w[p + "self_attn.k_proj.weight"] = qkv[H * D:(H + KV) * D]
+            w[p + "self_attn.v_proj.weight"] = qkv[(H + KV) * D:]
+            gate_up = w.pop(p + "mlp.gate_up_proj.weight")
+            w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = gate_up[:F_], gate_up[F_:]
+        return super().forward(w, tokens)
+
+
 class Qwen2(Llama):
     """Qwen2ForCausalLM: Llama's model with biases on the q, k and v projections (not on o_proj
     or the MLP; no attention_bias key). Its sliding window applies only with use_sliding_window,
-    which must be false here."""
+    from layer max_window_layers on."""
 
     qkv_bias = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        cfg.require("use_sliding_window", False, (False,), "attention over every earlier position")
+        self.read_qwen_window(cfg)
 
 
 class Qwen3(Llama):
     """Qwen3ForCausalLM: Llama's model (attention_bias false here) with an RMSNorm over each query
     and each key head before RoPE, self_attn.q_norm and k_norm [head_dim], shared by the heads.
-    As Qwen2's, its sliding window applies only with use_sliding_window, which must be false."""
+    Its sliding window is Qwen2's."""
 
     qk_norm = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        cfg.require("use_sliding_window", False, (False,), "attention over every earlier position")
+        self.read_qwen_window(cfg)
 
 
 class Mixtral(Llama):
@@ -609,10 +675,7 @@ class Mixtral(Llama):
         if self.top_k > self.experts:
             raise InputError("%s: num_experts_per_tok %d exceeds num_local_experts %d"
                              % (cfg.path, self.top_k, self.experts))
-        window = cfg.raw.get("sliding_window")
-        if window is not None and cfg.int("sliding_window") < self.max_positions:
-            raise InputError("%s: sliding_window = %d is not supported (full causal attention "
-                             "only)" % (cfg.path, window))
+        self.read_window(cfg)
 
     def mlp_tensors(self, p):
         C, F_ = self.width, self.ffn
@@ -691,8 +754,8 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe,
-          "mixtral": Mixtral}
+MODELS = {"gpt2": Gpt2, "llama": Llama, "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
+          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral}
 
 
 def load_weights(model, model_dir):

@@ -151,6 +151,32 @@ def llama_hf_config(cfg):
             "hidden_act": "silu", "torch_dtype": "float32", "head_dim": cfg.get("head_dim")}
 
 
+def phi3_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama in Phi-3's layout: Llama's tensors, with each
+    block's q, k and v projections stacked in self_attn.qkv_proj and gate and up in
+    mlp.gate_up_proj."""
+    out, pending = [], {}
+    for name, array in llama_hf_tensors(cfg, params):
+        prefix, _, leaf = name.rpartition(".self_attn.")
+        if leaf in ("q_proj.weight", "k_proj.weight", "v_proj.weight"):
+            pending[leaf] = array
+            if len(pending) == 3:
+                stacked = [pending[k + "_proj.weight"] for k in ("q", "k", "v")]
+                out.append((prefix + ".self_attn.qkv_proj.weight", np.concatenate(stacked)))
+                pending = {}
+            continue
+        prefix, _, leaf = name.rpartition(".mlp.")
+        if leaf in ("gate_proj.weight", "up_proj.weight"):
+            pending[leaf] = array
+            if len(pending) == 2:
+                out.append((prefix + ".mlp.gate_up_proj.weight", np.concatenate(
+                    [pending["gate_proj.weight"], pending["up_proj.weight"]])))
+                pending = {}
+            continue
+        out.append((name, array))
+    return out
+
+
 def mixtral_hf_tensors(cfg, params):
     """[(HF name, array)] of a contract Llama MoE of Mixtral's shape: Llama's attention, the
     router as block_sparse_moe.gate, expert j's gate and up rows of the experts' fc as its w1 and
@@ -333,11 +359,42 @@ class HfOracleTest(unittest.TestCase):
                                      llama_hf_tensors(cfg, params))
         proc, _ = self.run_oracle(llama_dir, tokens)
         self.assertEqual(proc.returncode, 2)
+        # With use_sliding_window the window applies from layer max_window_layers on (28 by
+        # default, absent here: in neither of these two layers), so these are the zeroed model's.
         sliding = dict(config, use_sliding_window=True)
-        proc, _ = self.run_oracle(self.write_model("qwen2_sliding", sliding,
-                                                   llama_hf_tensors(cfg, params)), tokens)
+        np.testing.assert_array_equal(
+            self.oracle_logits(self.write_model("qwen2_sliding", sliding,
+                                                llama_hf_tensors(cfg, params)), tokens,
+                               cfg["vocab"]),
+            self.oracle_logits(zeroed, tokens, cfg["vocab"]))
+
+    def test_mistral_and_qwen2_sliding_windows_match_torch_model(self):
+        # A window of 3 of the 7 positions in every layer: Mistral's sliding_window, and Qwen2's
+        # with use_sliding_window from layer 0.
+        cfg = small_cfg("llama", sliding_window=3)
+        mistral = dict(llama_hf_config(cfg), model_type="mistral",
+                       architectures=["MistralForCausalLM"], sliding_window=3)
+        _, tokens, got = self.check_against_torch_model(
+            "mistral_window", cfg, lambda p: llama_hf_tensors(cfg, p), mistral)
+        # The window matters: without it the logits differ.
+        unwindowed = dict(mistral, sliding_window=None)
+        params = contract_params(random_model(cfg, seed=len("mistral_window")))
+        full = self.write_model("mistral_full", unwindowed, llama_hf_tensors(cfg, params))
+        self.assertGreater(np.abs(self.oracle_logits(full, tokens, cfg["vocab"]) - got).max(),
+                           1e-3)
+        # Phi-3: Mistral's model with q, k, v stacked in qkv_proj and gate, up in gate_up_proj.
+        phi3 = dict(mistral, model_type="phi3", architectures=["Phi3ForCausalLM"])
+        self.check_against_torch_model("phi3_window", cfg, lambda p: phi3_hf_tensors(cfg, p), phi3)
+        phi4_mini = dict(phi3, partial_rotary_factor=0.75)
+        proc, _ = self.run_oracle(self.write_model("phi4_mini", phi4_mini,
+                                                   phi3_hf_tensors(cfg, params)), tokens)
         self.assertEqual(proc.returncode, 2)
-        self.assertIn("use_sliding_window", proc.stderr)
+        self.assertIn("partial_rotary_factor", proc.stderr)
+        cfg = small_cfg("llama", sliding_window=3, qkv_bias=True)
+        qwen2 = dict(llama_hf_config(cfg), model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                     use_sliding_window=True, sliding_window=3, max_window_layers=0)
+        self.check_against_torch_model("qwen2_window", cfg, lambda p: llama_hf_tensors(cfg, p),
+                                       qwen2)
 
     def test_qwen3_matches_torch_model(self):
         # Llama with heads of 6 over a width of 16 (4 heads: the attention is 24 wide) and random

@@ -52,6 +52,7 @@ CONFIGS = {
     "llama_gqa": small_cfg("llama"),
     "llama_mqa_tied": small_cfg("llama", kv_heads=1, tied_embeddings=True),
     "llama_mha": small_cfg("llama", kv_heads=4),
+    "llama_window": small_cfg("llama", sliding_window=3),  # 3 of the 7 positions
     # MoE: both scores, both balance rules, with and without normalisation, shared experts and
     # capacity, MoE in every block or in the second only.
     "gpt2_moe": moe_cfg("gpt2", {"aux_loss_coeff": 0.1}),
@@ -141,6 +142,7 @@ def reference_forward(cfg, params, tokens):
     H, KV, C, L = cfg["heads"], cfg["kv_heads"], cfg["width"], cfg["layers"]
     D = C // H
     eps = cfg["norm_eps"]
+    window = cfg["sliding_window"]
     B, T = tokens.shape
 
     def norm(x, prefix):
@@ -249,11 +251,14 @@ def reference_forward(cfg, params, tokens):
                     q = [rope(q[t], t) for t in range(T)]
                     k = [rope(k[t], t) for t in range(T)]
                 for t in range(T):
-                    scores = [float(np.dot(q[t], k[j])) / math.sqrt(D) for j in range(t + 1)]
+                    # Keys t - W < j <= t with a sliding window of W, else every j <= t.
+                    seen = range(max(0, t - window + 1) if window else 0, t + 1)
+                    scores = [float(np.dot(q[t], k[j])) / math.sqrt(D) for j in seen]
                     top = max(scores)
                     w = [math.exp(s - top) for s in scores]
                     total = sum(w)
-                    attn[b, t, h * D:(h + 1) * D] = sum(w[j] / total * v[j] for j in range(t + 1))
+                    attn[b, t, h * D:(h + 1) * D] = sum(w[n] / total * v[j]
+                                                        for n, j in enumerate(seen))
         x = x + linear(attn, p + "attn.proj")
         if p + "moe.router.w" in params:
             y, aux, counts, dropped = moe_layer(norm(x, p + "ln2"), p + "moe.")

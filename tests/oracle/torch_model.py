@@ -65,7 +65,8 @@ def normalize_config(cfg):
 
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
     Defaults: kv_heads = heads; head_dim = width / heads (llama may set another; 0 means the
-    default); ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
+    default); sliding_window = 0 (none; llama may set one);
+    ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
@@ -87,6 +88,7 @@ def normalize_config(cfg):
     out.setdefault("tied_embeddings", family == "gpt2")
     out.setdefault("qkv_bias", False)
     out.setdefault("qk_norm", False)
+    out.setdefault("sliding_window", 0)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -101,6 +103,11 @@ def normalize_config(cfg):
     for key in ("qkv_bias", "qk_norm"):
         if not isinstance(out[key], bool) or (out[key] and family != "llama"):
             raise ConfigError("%s: true or false, and true only for the llama family" % key)
+    window = out["sliding_window"]
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0 or (
+            window and family != "llama"):
+        raise ConfigError("sliding_window: an integer >= 0 (0: none), nonzero only for the llama "
+                          "family, got %r" % (window,))
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -219,6 +226,7 @@ class Attention(nn.Module):
         self.head_dim = cfg["head_dim"]
         self.rope = cfg["family"] == "llama"
         self.rope_theta = cfg["rope_theta"]
+        self.window = cfg["sliding_window"]  # 0: every earlier position
         bias = cfg["family"] == "gpt2"
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
@@ -256,8 +264,10 @@ class Attention(nn.Module):
             k = k.repeat_interleave(h // kv, dim=1)
             v = v.repeat_interleave(h // kv, dim=1)
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
-        scores = scores.masked_fill(future, float("-inf"))
+        hidden = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        if self.window:  # query i sees keys i - window < j <= i
+            hidden = hidden | torch.ones_like(hidden).tril(diagonal=-self.window)
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         y = torch.matmul(probs, v)  # [B, H, T, D]
         y = y.transpose(1, 2).reshape(b, t, h * d)

@@ -95,16 +95,22 @@ void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h
   out.push_back(std::move(proj));
 }
 
-void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
+void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
+                   std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
+  const bool fused = projections == HfProjections::kFused;
   out.push_back(Whole(p + "ln1.w", {c}, h + "input_layernorm.weight"));
-  out.push_back({p + "attn.qkv.w",
-                 {q + 2 * kv, c},
-                 {{h + "self_attn.q_proj.weight", 0, q},
-                  {h + "self_attn.k_proj.weight", q, kv},
-                  {h + "self_attn.v_proj.weight", q + kv, kv}}});
+  if (fused) {  // Phi-3's
+    out.push_back(Whole(p + "attn.qkv.w", {q + 2 * kv, c}, h + "self_attn.qkv_proj.weight"));
+  } else {
+    out.push_back({p + "attn.qkv.w",
+                   {q + 2 * kv, c},
+                   {{h + "self_attn.q_proj.weight", 0, q},
+                    {h + "self_attn.k_proj.weight", q, kv},
+                    {h + "self_attn.v_proj.weight", q + kv, kv}}});
+  }
   if (m.qkv_bias) {  // Qwen2's
     out.push_back({p + "attn.qkv.b",
                    {q + 2 * kv},
@@ -121,9 +127,13 @@ void AddLlamaBlock(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   if (m.moe.IsMoeLayer(l)) {
     return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
   }
-  out.push_back({p + "mlp.fc.w",
-                 {2 * f, c},
-                 {{h + "mlp.gate_proj.weight", 0, f}, {h + "mlp.up_proj.weight", f, f}}});
+  if (fused) {
+    out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "mlp.gate_up_proj.weight"));
+  } else {
+    out.push_back({p + "mlp.fc.w",
+                   {2 * f, c},
+                   {{h + "mlp.gate_proj.weight", 0, f}, {h + "mlp.up_proj.weight", f, f}}});
+  }
   out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
 }
 
@@ -144,12 +154,13 @@ class ConfigFields {
       : fields_(s.fields()), source_(std::move(source)) {}
 
   bool Has(const std::string& key) const { return Get(key) != nullptr; }
-  absl::Status Int(const std::string& key, int* out, bool required = true) const {
+  absl::Status Int(const std::string& key, int* out, bool required = true, int minimum = 1) const {
     const Value* value = Get(key);
     if (value == nullptr) return required ? Bad(key, "is missing") : absl::OkStatus();
     const double v = value->number_value();
-    if (value->kind_case() != Value::kNumberValue || v != std::floor(v) || v < 1 || v > 1e9) {
-      return Bad(key, "must be a positive integer");
+    if (value->kind_case() != Value::kNumberValue || v != std::floor(v) || v < minimum || v > 1e9) {
+      return Bad(key, minimum == 1 ? "must be a positive integer"
+                                   : absl::StrCat("must be an integer >= ", minimum));
     }
     *out = static_cast<int>(v);
     return absl::OkStatus();
@@ -270,25 +281,60 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("hidden_act", {"silu"});
 }
 
-// Mistral's and Mixtral's sliding_window: Trainyard attends to every earlier position, which is
-// the same attention only when the window is null or spans max_position_embeddings.
-absl::Status CheckNoSlidingWindow(const ConfigFields& f, const ModelConfig& m) {
+// Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
+// max_position_embeddings (the same attention). A layer_types list (transformers' newer
+// configs) must name one kind of attention for every layer: the window is the same in each.
+absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m) {
   int window = 0;
   TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
-  if (window > 0 && window < m.max_seq) {
-    return f.Bad("sliding_window",
-                 absl::StrCat("is ", window, ", below max_position_embeddings ", m.max_seq,
-                              " (Trainyard's attention has no sliding window: null only)"));
+  m.sliding_window = window < m.max_seq ? window : 0;
+  const Value* types = f.Get("layer_types");
+  if (types == nullptr) return absl::OkStatus();
+  const auto& list = types->list_value().values();
+  const std::string want = m.sliding_window > 0 ? "sliding_attention" : "full_attention";
+  if (types->kind_case() != Value::kListValue || list.size() != static_cast<size_t>(m.layers) ||
+      std::any_of(list.begin(), list.end(),
+                  [&](const Value& v) { return v.string_value() != want; })) {
+    return f.Bad("layer_types",
+                 absl::StrCat("must be \"", want, "\" for each of the ", m.layers,
+                              " layers (Trainyard's attention is the same in every block)"));
   }
   return absl::OkStatus();
 }
 
-// Qwen2's and Qwen3's sliding window applies only with use_sliding_window (and then, as Mistral's,
-// it must span every position).
-absl::Status CheckQwenWindow(const ConfigFields& f, const ModelConfig& m) {
+// Phi-3's (Phi3ForCausalLM, as Phi-3 and Phi-4 are published): Mistral's model and window (Phi-3
+// mini's 2047 positions), RoPE over each head's every dimension. Its longrope scaling (the 128k
+// models') is not Llama 3's and is refused with the other kinds.
+absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  float rotary = 1.0f;
+  TY_RETURN_IF_ERROR(f.Float("partial_rotary_factor", &rotary));
+  if (rotary != 1.0f) {
+    return f.Bad("partial_rotary_factor",
+                 absl::StrCat("is ", rotary,
+                              " (Trainyard's RoPE turns every dimension of a head: "
+                              "1.0 only)"));
+  }
+  return ReadSlidingWindow(f, m);
+}
+
+// Qwen2's and Qwen3's sliding window applies only with use_sliding_window, and then in the layers
+// from max_window_layers on: in all of them (0) or in none (at least num_hidden_layers).
+absl::Status ReadQwenWindow(const ConfigFields& f, ModelConfig& m) {
   bool sliding = false;
   TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
-  return sliding ? CheckNoSlidingWindow(f, m) : absl::OkStatus();
+  if (!sliding) return absl::OkStatus();
+  int first = 28;  // transformers' default
+  TY_RETURN_IF_ERROR(f.Int("max_window_layers", &first, /*required=*/false, /*minimum=*/0));
+  if (first >= m.layers) return absl::OkStatus();
+  if (first != 0) {
+    return f.Bad("max_window_layers",
+                 absl::StrCat("is ", first, " of ", m.layers,
+                              " layers: the first attend to every position and the rest to a "
+                              "sliding window (Trainyard's window is the same in every block: 0 "
+                              "or at least num_hidden_layers)"));
+  }
+  return ReadSlidingWindow(f, m);
 }
 
 // The experts (under `experts_key`) and num_experts_per_tok, at most as many.
@@ -309,8 +355,7 @@ absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_local_experts", moe));
   moe.ffn = m.ffn_hidden;
   moe.normalize_top_k = true;  // Mixtral divides the top k's probabilities by their sum
-  TY_RETURN_IF_ERROR(f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true));
-  return CheckNoSlidingWindow(f, m);
+  return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
 // Qwen3-MoE's experts over a Qwen3 config: sparse blocks every decoder_sparse_step (as
@@ -381,7 +426,8 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
+                                                   HfProjections projections) {
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
   if (m.qkv_bias && m.qk_norm) {
     return absl::UnimplementedError(
@@ -398,7 +444,7 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
     out.push_back(Whole("lnf.b", {c}, "ln_f.bias"));
   } else {
     out.push_back(Whole("wte", {v, c}, "model.embed_tokens.weight"));
-    for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, out);
+    for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, projections, out);
     out.push_back(Whole("lnf.w", {c}, "model.norm.weight"));
   }
   if (!m.tied_embeddings) out.push_back(Whole("lm_head.w", {v, c}, "lm_head.weight"));
@@ -427,18 +473,23 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
 
 namespace {
 
-// config.json of the Llama family: Llama's, Mixtral's (MoE), Qwen2's (biases on q, k and v),
-// Qwen3's (query and key norms) or Qwen3-MoE's (both of the last kinds' fields).
+// config.json of the Llama family: Llama's, Mistral's (a sliding window), Mixtral's (MoE),
+// Qwen2's (biases on q, k and v), Qwen3's (query and key norms) or Qwen3-MoE's (both of the last
+// kinds' fields).
 std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
   const config::MoeConfig& moe = m.moe;
   const bool qwen = m.qkv_bias || m.qk_norm, experts = moe.enabled();
+  // Llama's config has no sliding window; Mistral's is Llama's with one.
+  const bool mistral = !qwen && !experts && m.sliding_window > 0;
   const char* type = experts      ? (m.qk_norm ? "qwen3_moe" : "mixtral")
                      : m.qkv_bias ? "qwen2"
                      : m.qk_norm  ? "qwen3"
+                     : mistral    ? "mistral"
                                   : "llama";
   const char* architecture = experts ? (m.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
                              : m.qkv_bias ? "Qwen2ForCausalLM"
                              : m.qk_norm  ? "Qwen3ForCausalLM"
+                             : mistral    ? "MistralForCausalLM"
                                           : "LlamaForCausalLM";
   std::string sizes;  // the MLPs' sizes and the experts
   if (!experts) {
@@ -458,14 +509,16 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
     absl::StrAppend(&sizes, ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
                     ",\n  \"output_router_logits\": false");
   }
-  // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none; Trainyard's attention
-  // has no sliding window.
+  // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none. A sliding window is
+  // Qwen's from layer 0 on, Mistral's and Mixtral's sliding_window.
+  const std::string window =
+      m.sliding_window > 0 ? absl::StrCat(m.sliding_window) : std::string("null");
   const std::string attention =
       qwen ? absl::StrCat(m.qk_norm ? ",\n  \"attention_bias\": false" : "",
-                          ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
-                          "  \"max_window_layers\": ",
-                          m.layers)
-           : absl::StrCat(experts ? ",\n  \"sliding_window\": null" : "",
+                          ",\n  \"use_sliding_window\": ", m.sliding_window > 0 ? "true" : "false",
+                          ",\n  \"sliding_window\": ", window,
+                          ",\n  \"max_window_layers\": ", m.sliding_window > 0 ? 0 : m.layers)
+           : absl::StrCat(experts || mistral ? ",\n  \"sliding_window\": " + window : "",
                           ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false");
   return absl::StrCat(
       "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
@@ -499,7 +552,8 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
-absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source) {
+absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
+                                              HfProjections* projections) {
   google::protobuf::Struct parsed;
   if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
@@ -514,29 +568,35 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
-    TY_RETURN_IF_ERROR(CheckNoSlidingWindow(fields, m));
+    TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
+  } else if (model_type == "phi3") {  // Mistral's model, its projections fused
+    TY_RETURN_IF_ERROR(ReadPhi3Config(fields, m));
   } else if (model_type == "qwen2") {  // Llama's tensors and config, and biases on q, k and v
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     m.qkv_bias = true;
-    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+    TY_RETURN_IF_ERROR(ReadQwenWindow(fields, m));
   } else if (model_type == "qwen3") {  // Llama's tensors and config, and query and key norms
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     m.qk_norm = true;
-    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+    TY_RETURN_IF_ERROR(ReadQwenWindow(fields, m));
   } else if (model_type == "qwen3_moe") {  // Qwen3's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     m.qk_norm = true;
-    TY_RETURN_IF_ERROR(CheckQwenWindow(fields, m));
+    TY_RETURN_IF_ERROR(ReadQwenWindow(fields, m));
     TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(fields, m));
-  } else if (model_type == "mixtral") {
+  } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
   } else {
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"qwen2\", "
-                     "\"qwen3\", \"qwen3_moe\" and \"mixtral\""));
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"phi3\", "
+                     "\"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
+  }
+  if (projections != nullptr) {
+    *projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

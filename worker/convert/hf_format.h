@@ -9,11 +9,12 @@
 // q_proj, k_proj, v_proj; mlp.fc.w's rows are gate_proj then up_proj. Trainyard's RoPE is the
 // half-split (rotate-half) convention Hugging Face's Llama uses, so q and k rows are not
 // permuted; Llama 3's RoPE scaling is config.json's rope_scaling {"rope_type": "llama3", ...}.
-// Mixtral: the router is block_sparse_moe.gate; expert j's rows of moe.experts.fc.w are
-// its w1 (gate) then w3 (up), and its [C, ffn] slab of moe.experts.proj.w [E, C, ffn] is its w2.
-// Mixtral's shape: every block an MoE block, no shared experts, softmax scores renormalised over
-// the top k (normalize_top_k), no selection bias. The engine's internal vocabulary padding never
-// reaches a checkpoint, so none shows.
+// Phi-3 (Phi3ForCausalLM, read only): Llama's model with q, k and v fused in qkv_proj and gate
+// and up in gate_up_proj (HfProjections). Mixtral: the router is block_sparse_moe.gate; expert j's
+// rows of moe.experts.fc.w are its w1 (gate) then w3 (up), and its [C, ffn] slab of
+// moe.experts.proj.w [E, C, ffn] is its w2. Mixtral's shape: every block an MoE block, no shared
+// experts, softmax scores renormalised over the top k (normalize_top_k), no selection bias. The
+// engine's internal vocabulary padding never reaches a checkpoint, so none shows.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -50,9 +51,16 @@ std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece);
 // Elements of one row of `tensor` (the product of its dimensions after the first).
 int64_t RowElements(const HfTensorMap& tensor);
 
+// How a Llama-family directory stores the attention's and MLP's input projections: q_proj,
+// k_proj, v_proj and gate_proj, up_proj apart (Llama's, and every layout Trainyard writes), or
+// fused as Phi-3's self_attn.qkv_proj (q, k, v rows in that order: our qkv.w) and
+// mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w).
+enum class HfProjections { kSeparate, kFused };
+
 // Every tensor of `model`, in our layout's order. UNIMPLEMENTED, naming the field, for a
 // mixture-of-experts model that is not of Mixtral's shape (above).
-[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model);
+[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(
+    const config::ModelConfig& model, HfProjections projections = HfProjections::kSeparate);
 
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid
 // out as Hugging Face's tensor; and back.
@@ -62,10 +70,11 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
 // config.json for `model` with `dtype` as its torch_dtype.
 std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 
-// The model a config.json describes (`source` names it in errors). INVALID_ARGUMENT, naming the
-// file and field, for another model_type or a field missing or out of range.
-[[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,
-                                                                    const std::string& source);
+// The model a config.json describes (`source` names it in errors), and in `projections` (when
+// given) how its tensors store the projections. INVALID_ARGUMENT, naming the file and field, for
+// another model_type or a field missing or out of range.
+[[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(
+    const std::string& json, const std::string& source, HfProjections* projections = nullptr);
 
 // The end-of-sequence ids of a config.json or generation_config.json (`source` names it in
 // errors): its eos_token_id, a whole number or a list of them, each below `vocab`; none when the

@@ -149,6 +149,10 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.head_dim() != spec.head_dim()) {
     return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
   }
+  if (file.sliding_window != spec.sliding_window) {
+    auto text = [](int w) { return w == 0 ? std::string("none") : absl::StrCat(w); };
+    return Differ("sliding_window", text(file.sliding_window), source, text(spec.sliding_window));
+  }
   if (file.norm_eps != spec.norm_eps) {
     return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));
   }
@@ -191,7 +195,8 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
         dir, ": no config.json (a Hugging Face model directory, or an llm.c model file)"));
   }
   TY_ASSIGN_OR_RETURN(const std::string config_text, fs.ReadFile(config_path));
-  TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path));
+  HfProjections projections = HfProjections::kSeparate;
+  TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path, &projections));
   if (expected) TY_RETURN_IF_ERROR(CheckSameModel(model_, *expected, config_path));
   std::map<std::string, std::string> wanted;  // from the index: tensor -> file
   TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardNames(fs, dir, &wanted));
@@ -221,7 +226,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
           absl::StrCat(ChildPath(dir, file), ": missing tensor ", name, " (the index lists it)"));
     }
   }
-  TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_));
+  TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_, projections));
   std::set<std::string> claimed;
   for (HfTensorMap& m : maps) {
     for (const HfPiece& piece : m.pieces) {
@@ -251,11 +256,13 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
   }
   description_ = absl::StrCat(
       "Hugging Face ",
-      gpt2                   ? "gpt2"
-      : model_.moe.enabled() ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
-      : model_.qkv_bias      ? "qwen2"
-      : model_.qk_norm       ? "qwen3"
-                             : "llama",
+      gpt2                                   ? "gpt2"
+      : projections == HfProjections::kFused ? "phi3"
+      : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
+      : model_.qkv_bias                      ? "qwen2"
+      : model_.qk_norm                       ? "qwen3"
+      : model_.sliding_window > 0            ? "mistral"
+                                             : "llama",
       " (",
       DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
       ", ", files_.size(), files_.size() == 1 ? " file)" : " files)");

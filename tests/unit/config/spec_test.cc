@@ -333,6 +333,15 @@ TEST(ParseJobSpecTest, QkNorm) {
             int64_t{plain.model.layers} * 2 * 32);
 }
 
+// A sliding window changes what the attention sees, not the parameters.
+TEST(ParseJobSpecTest, SlidingWindow) {
+  JobSpec plain = MustParse("name: w\nmodel: {preset: llama-debug}\n");
+  JobSpec windowed = MustParse("name: w\nmodel: {preset: llama-debug, sliding_window: 4}\n");
+  EXPECT_EQ(plain.model.sliding_window, 0);
+  EXPECT_EQ(windowed.model.sliding_window, 4);
+  EXPECT_EQ(windowed.model.ParameterCount(), plain.model.ParameterCount());
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

@@ -67,6 +67,21 @@ TEST(Flops, FollowPalmsCount) {
             llama.model.ParameterCount() - int64_t{llama.model.vocab} * llama.model.width);
 }
 
+// A sliding window of W = 8 over s = 32 positions: the queries see 1, 2, …, 8 keys and then 8
+// each, (36 + 24·8) / 32 = 7.125 on average. PaLM's s is about twice the mean a causal query
+// sees, so twice the window's mean, 14.25, stands in for 32.
+TEST(Flops, ASlidingWindowCountsTheKeysItSees) {
+  config::JobSpec llama = Gpt2Debug(1);
+  llama.model = *config::Preset("llama-debug");
+  const double n = static_cast<double>(MatmulParameterCount(llama.model));
+  const double attention = 12.0 * llama.model.layers * llama.model.attention_width();
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(llama), (6 * n + attention * 32) * 8 * 32);
+  llama.model.sliding_window = 8;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(llama), (6 * n + attention * 14.25) * 8 * 32);
+  llama.model.sliding_window = 32;  // the whole sequence: no change
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(llama), (6 * n + attention * 32) * 8 * 32);
+}
+
 TEST(YoungDaly, HigherOrderFormByHand) {
   // δ = 60 s, M = 24 h: √(2·60·86400) = 3219.9379; δ/(2M) = 3.4722e-4;
   // τ = 3219.9379 · (1 + 0.0186339/3 + 0.00034722/9) − 60 = 3180.0621.

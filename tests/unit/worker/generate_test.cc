@@ -49,6 +49,41 @@ TEST(Generator, BuffersFollowTheRequest) {
   EXPECT_EQ(std::vector<int32_t>(long_run->begin(), long_run->begin() + 2), *short_run);
 }
 
+// With a sliding window of 4 the cached keys outside each new token's window must not count: the
+// logits each token is chosen from are the training model's over the whole sequence at that
+// position (its causal attention windowed the same way), for the prompt's pass and each step.
+TEST(Generator, ASlidingWindowSeesWhatTheTrainingModelSees) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.sliding_window = 4;
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const std::vector<float> params = RandomParams(model, backend.get());
+  auto local = LocalModel::Create(model, backend.get());
+  ASSERT_TRUE(local.ok()) << local.status();
+  (*local)->LoadParameters(params.data());
+  auto generator = Generator::Create(model, backend.get(), params.data());
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35};
+  std::vector<std::vector<float>> chosen_from;
+  auto out = (*generator)->Generate(prompt, {.tokens = 10}, [&](int32_t) {
+    chosen_from.push_back((*generator)->last_logits());
+  });
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(chosen_from.size(), 10u);
+  std::vector<int32_t> sequence = prompt;
+  sequence.insert(sequence.end(), out->begin(), out->end() - 1);
+  const int t = static_cast<int>(sequence.size());
+  std::vector<float> logits(int64_t{t} * model.vocab);
+  ASSERT_TRUE((*local)->Logits(sequence.data(), 1, t, logits.data()).ok());
+  for (size_t i = 0; i < chosen_from.size(); ++i) {
+    const float* want = &logits[(prompt.size() + i - 1) * model.vocab];
+    for (int v = 0; v < model.vocab; ++v) {
+      ASSERT_NEAR(chosen_from[i][v], want[v], 1e-4f * std::max(1.0f, std::abs(want[v])))
+          << "token " << i << " logit " << v;
+    }
+  }
+}
+
 // How often each token is drawn in `draws` draws from `logits`.
 std::map<int32_t, int> Draws(const std::vector<float>& logits, const SampleOptions& options,
                              int draws) {

@@ -197,6 +197,12 @@ TEST_F(GradCheck, AttentionGroupedQuery) { CheckAttention(*be_, {2, 6, 4, 2, 4},
 TEST_F(GradCheck, AttentionMultiQuery) { CheckAttention(*be_, {1, 5, 4, 1, 8}, rng_); }
 // Longer than one 64-row query block, and not a multiple of it.
 TEST_F(GradCheck, AttentionAcrossQueryBlocks) { CheckAttention(*be_, {2, 150, 4, 2, 4}, rng_); }
+// A sliding window of 3 over 7 positions, and one of 70 across 64-row query blocks (the second
+// block's rows read keys from the first block's range on).
+TEST_F(GradCheck, AttentionSlidingWindow) { CheckAttention(*be_, {2, 7, 4, 2, 4, 3}, rng_); }
+TEST_F(GradCheck, AttentionSlidingWindowAcrossQueryBlocks) {
+  CheckAttention(*be_, {1, 150, 2, 1, 4, 70}, rng_);
+}
 
 TEST_F(GradCheck, SoftmaxCrossEntropy) {
   const int64_t rows = 6, vocab = 11;

@@ -9,6 +9,7 @@
 // double-precision softmax written out here, and finite differences.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -60,7 +61,8 @@ struct Geometry {
   int64_t kv_row() const { return 2 * s.kv_heads * s.head_dim; }
   int64_t out_row() const { return s.heads * s.head_dim; }
   int64_t chunk_rows() const { return s.batch * c; }
-  AttentionBlockShape Block(bool causal, int64_t kv_stride) const {
+  // The block of one chunk's queries against another's keys, as ring attention runs it.
+  AttentionBlockShape Block(int query_chunk, int key_chunk, int64_t kv_stride) const {
     return {.batch = s.batch,
             .q_len = c,
             .kv_len = c,
@@ -69,7 +71,14 @@ struct Geometry {
             .head_dim = s.head_dim,
             .q_stride = qkv_row(),
             .kv_stride = kv_stride,
-            .causal = causal};
+            .causal = query_chunk == key_chunk,
+            .offset = (query_chunk - key_chunk) * c,
+            .window = s.window};
+  }
+  // Whether some query of the chunk sees some key of the other (the blocks ring attention runs).
+  bool Sees(int query_chunk, int key_chunk) const {
+    return key_chunk <= query_chunk &&
+           (s.window == 0 || (query_chunk - key_chunk - 1) * c + 1 < s.window);
   }
 };
 
@@ -142,23 +151,39 @@ struct Rank {
 class RingAttentionKernels : public ::testing::Test {
  protected:
   struct Case {
-    AttentionShape shape;  // batch, heads, kv_heads and head_dim; seq follows from the split
+    // batch, heads, kv_heads, head_dim and the sliding window; seq follows from the split
+    AttentionShape shape;
     Split split;
     int64_t c;
   };
 
   // Grouped-query (4/2) and multi-head (3/3) layouts; chunk lengths 5 and 7 (sequences that are
-  // not powers of two) and 70 (a chunk longer than the kernels' 64-row query blocks).
+  // not powers of two) and 70 (a chunk longer than the kernels' 64-row query blocks). Sliding
+  // windows narrower than a chunk (blocks partly and wholly outside it), spanning two or three
+  // chunks, and crossing the 64-row query blocks.
   static std::vector<Case> Cases() {
     const AttentionShape gqa{2, 0, 4, 2, 8}, mha{1, 0, 3, 3, 4};
-    return {{gqa, Contiguous(2), 5}, {gqa, Contiguous(4), 7}, {mha, Contiguous(4), 5},
-            {gqa, Zigzag(2), 5},     {gqa, Zigzag(4), 7},     {mha, Zigzag(2), 70},
-            {mha, Contiguous(2), 70}};
+    auto windowed = [](AttentionShape s, int64_t window) {
+      s.window = window;
+      return s;
+    };
+    return {{gqa, Contiguous(2), 5},
+            {gqa, Contiguous(4), 7},
+            {mha, Contiguous(4), 5},
+            {gqa, Zigzag(2), 5},
+            {gqa, Zigzag(4), 7},
+            {mha, Zigzag(2), 70},
+            {mha, Contiguous(2), 70},
+            {windowed(gqa, 3), Zigzag(4), 7},
+            {windowed(gqa, 12), Zigzag(2), 5},
+            {windowed(mha, 9), Contiguous(4), 5},
+            {windowed(mha, 100), Zigzag(2), 70}};
   }
 
   static std::string Label(const Case& test_case) {
     return test_case.split.name + " c=" + std::to_string(test_case.c) + " heads " +
-           std::to_string(test_case.shape.heads) + "/" + std::to_string(test_case.shape.kv_heads);
+           std::to_string(test_case.shape.heads) + "/" + std::to_string(test_case.shape.kv_heads) +
+           " window " + std::to_string(test_case.shape.window);
   }
 
   static Geometry GeometryOf(const Case& test_case) {
@@ -213,10 +238,10 @@ class RingAttentionKernels : public ::testing::Test {
         for (size_t src = 0; src < ranks.size(); ++src) {
           for (size_t kh = 0; kh < split.ranks[src].size(); ++kh) {
             const int query_chunk = split.ranks[r][qh], key_chunk = split.ranks[src][kh];
-            if (key_chunk > query_chunk) continue;
+            if (!g.Sees(query_chunk, key_chunk)) continue;
             const Keys keys = KeysOf(ranks[src], g, split.separate_kv, kh);
             const float* k = keys.first;
-            const AttentionBlockShape shape = g.Block(key_chunk == query_chunk, keys.stride);
+            const AttentionBlockShape shape = g.Block(query_chunk, key_chunk, keys.stride);
             if (!filled) {
               be_->AttentionBlock(A(out), lse, A(q), A(k), A(k + kv_offset), shape);
               filled = true;
@@ -253,7 +278,7 @@ class RingAttentionKernels : public ::testing::Test {
         for (size_t src = 0; src < ranks.size(); ++src) {
           for (size_t kh = 0; kh < split.ranks[src].size(); ++kh) {
             const int query_chunk = split.ranks[r][qh], key_chunk = split.ranks[src][kh];
-            if (key_chunk > query_chunk) continue;
+            if (!g.Sees(query_chunk, key_chunk)) continue;
             const Keys keys = KeysOf(ranks[src], g, split.separate_kv, kh);
             const float* k = keys.first;
             // The gradient of k sits where k sits, in the owner's gradient buffers.
@@ -262,7 +287,7 @@ class RingAttentionKernels : public ::testing::Test {
             be_->AttentionBlockBackward(A(dqkv[r].data() + q_at), A(dk), A(dk + kv_offset),
                                         A(douts[r].data() + o_at), A(ranks[r].qkv.data() + q_at),
                                         A(k), A(k + kv_offset), A(ranks[r].out.data() + o_at), lse,
-                                        g.Block(key_chunk == query_chunk, keys.stride));
+                                        g.Block(query_chunk, key_chunk, keys.stride));
           }
         }
       }
@@ -295,7 +320,7 @@ TEST_F(RingAttentionKernels, CausalBlockOverPackedQkvIsAttention) {
   std::vector<float> out(want_out.size(), std::nanf("")), lse(want_lse.size(), std::nanf(""));
   const float* k = qkv.data() + g.out_row();
   be_->AttentionBlock(A(out.data()), lse.data(), A(qkv.data()), A(k),
-                      A(k + s.kv_heads * s.head_dim), g.Block(/*causal=*/true, g.qkv_row()));
+                      A(k + s.kv_heads * s.head_dim), g.Block(0, 0, g.qkv_row()));
   EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
   EXPECT_LE(MaxAbsDiff(lse, want_lse), 1e-5);
 }
@@ -371,20 +396,23 @@ struct StridedBlock {
   int64_t v_offset() const { return s.kv_heads * s.head_dim; }
 };
 
-// The block's attention written out in double precision: every key visible.
-void DirectAttention(const StridedBlock& b, const std::vector<float>& q,
-                     const std::vector<float>& kv, std::vector<float>& out,
-                     std::vector<float>& lse) {
-  const AttentionBlockShape& s = b.s;
+// A block's attention written out in double precision over the keys `visible(i, j)` admits (at
+// least one per row). q and kv hold the block's operands as s describes them, the values
+// v_offset elements after the keys.
+void DirectAttention(const AttentionBlockShape& s, const float* q, const float* kv,
+                     int64_t v_offset, const std::function<bool(int64_t, int64_t)>& visible,
+                     std::vector<float>& out, std::vector<float>& lse) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   for (int64_t bi = 0; bi < s.batch; ++bi) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / (s.heads / s.kv_heads);
       for (int64_t i = 0; i < s.q_len; ++i) {
-        const float* qi = q.data() + (bi * s.q_len + i) * s.q_stride + h * s.head_dim;
-        std::vector<double> score(s.kv_len);
+        const float* qi = q + (bi * s.q_len + i) * s.q_stride + h * s.head_dim;
+        std::vector<double> score(s.kv_len, -std::numeric_limits<double>::infinity());
         for (int64_t j = 0; j < s.kv_len; ++j) {
-          const float* kj = kv.data() + (bi * s.kv_len + j) * s.kv_stride + g * s.head_dim;
+          if (!visible(i, j)) continue;
+          const float* kj = kv + (bi * s.kv_len + j) * s.kv_stride + g * s.head_dim;
+          score[j] = 0.0;
           for (int64_t c = 0; c < s.head_dim; ++c) score[j] += scale * qi[c] * kj[c];
         }
         const double mx = *std::max_element(score.begin(), score.end());
@@ -395,12 +423,33 @@ void DirectAttention(const StridedBlock& b, const std::vector<float>& q,
           double acc = 0.0;
           for (int64_t j = 0; j < s.kv_len; ++j) {
             acc += std::exp(score[j] - mx) / sum *
-                   kv[(bi * s.kv_len + j) * s.kv_stride + b.v_offset() + g * s.head_dim + c];
+                   kv[(bi * s.kv_len + j) * s.kv_stride + v_offset + g * s.head_dim + c];
           }
           out[((bi * s.q_len + i) * s.heads + h) * s.head_dim + c] = static_cast<float>(acc);
         }
       }
     }
+  }
+}
+
+// The whole sequence's attention with a sliding window of W: query i sees keys i − W < j <= i.
+// 150 rows (three 64-row query blocks); windows of one position, within a block, across blocks,
+// and wider than the sequence.
+TEST_F(RingAttentionKernels, SlidingWindowAttentionIsTheSoftmaxOverTheWindow) {
+  for (int64_t window : {1, 5, 64, 70, 500}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    const AttentionShape s{2, 150, 4, 2, 8, window};
+    const Geometry g{s, s.seq};
+    const std::vector<float> qkv = Random(s.batch * s.seq * g.qkv_row(), rng_);
+    std::vector<float> out(s.batch * s.seq * g.out_row(), std::nanf(""));
+    std::vector<float> lse(s.batch * s.heads * s.seq, std::nanf(""));
+    be_->Attention(A(out.data()), lse.data(), A(qkv.data()), s);
+    std::vector<float> want_out(out.size()), want_lse(lse.size());
+    DirectAttention(
+        g.Block(0, 0, g.qkv_row()), qkv.data(), qkv.data() + g.out_row(), s.kv_heads * s.head_dim,
+        [&](int64_t i, int64_t j) { return j <= i && j > i - window; }, want_out, want_lse);
+    EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
+    EXPECT_LE(MaxAbsDiff(lse, want_lse), 1e-5);
   }
 }
 
@@ -411,7 +460,9 @@ TEST_F(RingAttentionKernels, NonCausalBlockIsTheSoftmaxOverEveryKey) {
   be_->AttentionBlock(A(out.data()), lse.data(), A(q.data()), A(kv.data()),
                       A(kv.data() + b.v_offset()), b.s);
   std::vector<float> want_out(out.size()), want_lse(lse.size());
-  DirectAttention(b, q, kv, want_out, want_lse);
+  DirectAttention(
+      b.s, q.data(), kv.data(), b.v_offset(), [](int64_t, int64_t) { return true; }, want_out,
+      want_lse);
   EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
   EXPECT_LE(MaxAbsDiff(lse, want_lse), 1e-5);
 }

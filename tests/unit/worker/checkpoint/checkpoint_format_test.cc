@@ -177,6 +177,14 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
               HasSubstr("model.qk_norm is true in the checkpoint, false in the spec"));
   EXPECT_TRUE(ModelFromSignature(SignatureOf(normed))->qk_norm);
   EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->qk_norm);
+
+  // A sliding window is what the attention means, as rope_theta: a job may resume with another
+  // (the tensors are the same), and an export reads it from the signature.
+  config::ModelConfig windowed = model;
+  windowed.sliding_window = 8;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(windowed), model).ok());
+  EXPECT_EQ(ModelFromSignature(SignatureOf(windowed))->sliding_window, 8);
+  EXPECT_EQ(ModelFromSignature(SignatureOf(model))->sliding_window, 0);
 }
 
 config::ModelConfig MoeModel() {

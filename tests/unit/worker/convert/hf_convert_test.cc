@@ -314,8 +314,9 @@ TEST(HfFormat, Llama32ConfigReads) {
 }
 
 // Mistral 7B v0.3's published config: Llama's model under another name. Its v0.1 attended
-// within a 4096-token window of a 32768-position model, which Trainyard's attention is not.
-TEST(HfFormat, MistralConfigReadsAsLlamaUnlessItsWindowIsShorter) {
+// within a 4096-token window of a 32768-position model: the model's sliding_window, written back
+// as a Mistral config (a Llama one has no window).
+TEST(HfFormat, MistralConfigReadsAsLlamaWithItsSlidingWindow) {
   std::string json = R"({
     "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
     "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -337,15 +338,40 @@ TEST(HfFormat, MistralConfigReadsAsLlamaUnlessItsWindowIsShorter) {
   EXPECT_EQ(m->norm_eps, 1e-5f);
   EXPECT_EQ(m->rope_theta, 1e6f);
   EXPECT_FALSE(m->moe.enabled());
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_THAT(HfConfigJson(*m, TensorDtype::kBF16), HasSubstr("\"model_type\": \"llama\""));
 
   json.replace(json.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
   m = ModelFromHfConfig(json, "Mistral-7B-v0.1/config.json");
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().message(),
-            "Mistral-7B-v0.1/config.json: sliding_window is 4096, below max_position_embeddings "
-            "32768 (Trainyard's attention has no sliding window: null only)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"MistralForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"model_type\": \"mistral\""));
+  EXPECT_THAT(written, HasSubstr("\"sliding_window\": 4096"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sliding_window, 4096);
+  // A window spanning every position is none.
   json.replace(json.find("\"sliding_window\": 4096"), 22, "\"sliding_window\": 32768");
-  EXPECT_TRUE(ModelFromHfConfig(json, "config.json").ok());
+  m = ModelFromHfConfig(json, "config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 0);
+  // transformers' layer_types: one kind of attention in every layer, the one the window says.
+  std::string full, mixed;
+  for (int i = 0; i < 32; ++i) {
+    absl::StrAppend(&full, i ? ", " : "", "\"full_attention\"");
+    absl::StrAppend(&mixed, i ? ", " : "", i % 2 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  auto with_types = [&](const std::string& list) {
+    std::string j = json;
+    j.replace(j.find("\"use_cache\""), 0, "\"layer_types\": [" + list + "], ");
+    return ModelFromHfConfig(j, "m/config.json");
+  };
+  EXPECT_TRUE(with_types(full).ok());
+  EXPECT_EQ(with_types(mixed).status().message(),
+            "m/config.json: layer_types must be \"full_attention\" for each of the 32 layers "
+            "(Trainyard's attention is the same in every block)");
 }
 
 // A config.json of Qwen2.5 0.5B's shape (Qwen2ForCausalLM's keys): Llama's model with biases on
@@ -391,15 +417,104 @@ TEST(HfFormat, Qwen2ConfigReadsAsLlamaWithQkvBiases) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->qkv_bias);
 
-  // The window is read only where it applies, and then must span every position.
+  // The window applies only with use_sliding_window, and then from layer max_window_layers on:
+  // in none of the 24 here, in all of them from 0, and in some of them is refused.
   json.replace(json.find("\"sliding_window\": 32768"), 23, "\"sliding_window\": 4096");
-  EXPECT_TRUE(ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json").ok());
+  m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 0);
   json.replace(json.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
   m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().message(),
-            "Qwen2.5-0.5B/config.json: sliding_window is 4096, below max_position_embeddings "
-            "32768 (Trainyard's attention has no sliding window: null only)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 0);
+  json.replace(json.find("\"max_window_layers\": 24"), 23, "\"max_window_layers\": 0");
+  m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  back = ModelFromHfConfig(HfConfigJson(*m, TensorDtype::kBF16), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sliding_window, 4096);
+  EXPECT_TRUE(back->qkv_bias);
+  json.replace(json.find("\"max_window_layers\": 0"), 22, "\"max_window_layers\": 12");
+  EXPECT_EQ(ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json").status().message(),
+            "Qwen2.5-0.5B/config.json: max_window_layers is 12 of 24 layers: the first attend to "
+            "every position and the rest to a sliding window (Trainyard's window is the same in "
+            "every block: 0 or at least num_hidden_layers)");
+}
+
+// Phi-3 mini (4k)'s published config: Mistral's model with q, k and v fused in qkv_proj and
+// gate and up in gate_up_proj, and a sliding window of 2047 positions. 3,821,079,552 parameters
+// by hand: embeddings and head 2 · 32064 · 3072 = 197,001,216; per layer q, k, v 3 · 3072²,
+// o_proj 3072², gate_up 2 · 8192 · 3072, down 8192 · 3072 and two norms, 113,252,352, times 32;
+// the final norm 3072.
+TEST(HfFormat, Phi3ConfigReadsAsLlamaWithItsWindowAndFusedProjections) {
+  std::string json = R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32064})";
+  HfProjections projections = HfProjections::kSeparate;
+  auto m = ModelFromHfConfig(json, "Phi-3-mini-4k-instruct/config.json", &projections);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(projections, HfProjections::kFused);
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_EQ(m->sliding_window, 2047);
+  EXPECT_EQ(m->heads, 32);
+  EXPECT_EQ(m->kv_heads, 32);
+  EXPECT_FALSE(m->tied_embeddings);
+  EXPECT_EQ(m->ParameterCount(), 3821079552);
+  // The projections' tensors: one per block for the attention's and one for the MLP's inputs.
+  auto maps = HfTensors(*m, projections);
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  std::set<std::string> names;
+  for (const HfTensorMap& t : *maps) {
+    for (const HfPiece& piece : t.pieces) names.insert(piece.name);
+  }
+  EXPECT_TRUE(names.count("model.layers.0.self_attn.qkv_proj.weight"));
+  EXPECT_TRUE(names.count("model.layers.31.mlp.gate_up_proj.weight"));
+  EXPECT_FALSE(names.count("model.layers.0.self_attn.q_proj.weight"));
+  // Written back it is Mistral's config with the window (transformers loads it as the same model).
+  EXPECT_THAT(HfConfigJson(*m, TensorDtype::kBF16), HasSubstr("\"model_type\": \"mistral\""));
+
+  // Phi-4 mini turns 3/4 of each head; the 128k models scale RoPE with longrope.
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(changed, "p/config.json").status().message());
+  };
+  EXPECT_EQ(with("\"rope_theta\"", "\"partial_rotary_factor\": 0.75, \"rope_theta\""),
+            "p/config.json: partial_rotary_factor is 0.75 (Trainyard's RoPE turns every dimension "
+            "of a head: 1.0 only)");
+  EXPECT_THAT(with("\"rope_scaling\": null",
+                   "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0]}"),
+              HasSubstr("p/config.json: rope_scaling is not supported"));
+}
+
+// Phi-4's published config: Phi3ForCausalLM with grouped-query attention (40 heads, 10 key/value
+// heads of 128) and no window. 14,659,507,200 parameters by hand: embeddings and head
+// 2 · 100352 · 5120; per layer q and o 2 · 5120², k and v 2 · 1280 · 5120, gate_up
+// 2 · 17920 · 5120, down 17920 · 5120, two norms: 340,797,440, times 40; the final norm.
+TEST(HfFormat, Phi4ConfigReadsAsLlama) {
+  const std::string json = R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 100257, "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu",
+    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17920,
+    "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+    "num_hidden_layers": 40, "num_key_value_heads": 10, "original_max_position_embeddings": 16384,
+    "pad_token_id": 100349, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 250000, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 100352})";
+  auto m = ModelFromHfConfig(json, "phi-4/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_EQ(m->kv_heads, 10);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rope_theta, 250000.0f);
+  EXPECT_EQ(m->ParameterCount(), 14659507200);
 }
 
 // A config.json of Mistral Nemo's shape: 32 heads of 128 over a width of 5120, so q and the
@@ -620,9 +735,9 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
     changed.replace(changed.find(from), from.size(), to);
     return std::string(ModelFromHfConfig(changed, "m/config.json").status().message());
   };
-  EXPECT_THAT(with("\"sliding_window\": null", "\"sliding_window\": 8"),
-              HasSubstr("m/config.json: sliding_window is 8, below max_position_embeddings 16"));
-  EXPECT_EQ(with("\"sliding_window\": null", "\"sliding_window\": 16"), "");
+  EXPECT_EQ(with("\"sliding_window\": null", "\"sliding_window\": 8"), "");
+  EXPECT_THAT(with("\"sliding_window\": null", "\"sliding_window\": -8"),
+              HasSubstr("m/config.json: sliding_window must be a positive integer"));
   EXPECT_THAT(with("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5"),
               HasSubstr("m/config.json: num_experts_per_tok is 5, more than the 4"));
   EXPECT_THAT(with("\"num_local_experts\": 4,", ""),
@@ -679,6 +794,71 @@ TEST(InitFrom, HfDirectoryLoadsIntoEveryTensorParallelSlice) {
       half.Slice(t, full.data() + whole.Find(t.name)->offset, want.data() + t.offset);
     }
     EXPECT_EQ(mine, want) << "tp rank " << tp_rank;
+  }
+}
+
+// A Phi-3 directory is a Llama one with q_proj, k_proj, v_proj stacked in qkv_proj and
+// gate_proj, up_proj in gate_up_proj: stacked here by hand from a Llama directory's tensors, it
+// loads as the same parameters, whole and split over tensor-parallel ranks.
+TEST(InitFrom, Phi3DirectoryLoadsAsTheLlamaOneWithItsProjectionsApart) {
+  FakeFileSystem fs;
+  config::ModelConfig m = Tiny(config::ModelFamily::kLlama);
+  m.sliding_window = 5;
+  WriteHfDir(fs, "llama", m);
+  auto llama = SafetensorsFile::Open(fs, "llama/model.safetensors");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorInfo& t : (*llama)->tensors()) {
+    std::vector<float> v(t.numel());
+    (*llama)->ReadFloats(t, 0, t.numel(), v.data());
+    values[t.name] = v;
+    shapes[t.name] = t.shape;
+  }
+  auto stack = [&](const std::string& to, std::initializer_list<std::string> from) {
+    std::vector<float> v;
+    int64_t rows = 0;
+    for (const std::string& name : from) {
+      v.insert(v.end(), values[name].begin(), values[name].end());
+      rows += shapes[name][0];
+      values.erase(name);
+      shapes[to] = {rows, shapes[name][1]};
+      shapes.erase(name);
+    }
+    values[to] = v;
+  };
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string h = absl::StrCat("model.layers.", l, ".");
+    stack(h + "self_attn.qkv_proj.weight",
+          {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight",
+           h + "self_attn.v_proj.weight"});
+    stack(h + "mlp.gate_up_proj.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"});
+  }
+  std::string config = HfConfigJson(m, TensorDtype::kF32);
+  config.replace(config.find("\"mistral\""), 9, "\"phi3\"");
+  ASSERT_TRUE(fs.CreateDirs("phi3").ok());
+  ASSERT_TRUE(fs.WriteFileAtomic("phi3/config.json", config).ok());
+  std::vector<TensorInfo> tensors;
+  for (const auto& [name, shape] : shapes) tensors.push_back({name, TensorDtype::kF32, shape});
+  auto writer = SafetensorsWriter::Create(fs, "phi3/model.safetensors", tensors, {});
+  ASSERT_TRUE(writer.ok());
+  for (const auto& [name, v] : values) ASSERT_TRUE((*writer)->Write(name, v.data()).ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+
+  auto from_llama = WeightSource::Open(fs, "llama");
+  auto from_phi3 = WeightSource::Open(fs, "phi3");
+  ASSERT_TRUE(from_llama.ok()) << from_llama.status();
+  ASSERT_TRUE(from_phi3.ok()) << from_phi3.status();
+  EXPECT_THAT((*from_phi3)->description(), HasSubstr("Hugging Face phi3"));
+  EXPECT_EQ((*from_phi3)->model().sliding_window, 5);
+  for (int tp = 1; tp <= 2; ++tp) {
+    for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
+      const ParameterLayout layout(m, tp_rank, tp, PipelineStage{});
+      std::vector<float> want(layout.total()), got(layout.total());
+      ASSERT_TRUE((*from_llama)->ReadLayout(layout, want.data()).ok());
+      ASSERT_TRUE((*from_phi3)->ReadLayout(layout, got.data()).ok());
+      EXPECT_EQ(got, want) << "tp rank " << tp_rank << " of " << tp;
+    }
   }
 }
 
