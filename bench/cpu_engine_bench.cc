@@ -3,7 +3,9 @@
 // the PyTorch peer.
 //
 //   trainyard-bench-cpu --preset gpt2-debug --batch 8 --seq 64 --steps 20 --warmup 3 --threads 2
+//   trainyard-bench-cpu --preset llama-debug --max-seq 2048 --window 256 --batch 1 --seq 2048 ...
 //   trainyard-bench-cpu --threads 2 --gemm-peak     (the machine's SGEMM GFLOP/s, for scale)
+// --max-seq and --window set the preset's model.max_seq and model.sliding_window.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,7 +25,8 @@ namespace {
 int Fail(const std::string& message) {
   std::fprintf(stderr,
                "trainyard-bench-cpu: %s\nusage: trainyard-bench-cpu --preset NAME "
-               "--batch B --seq T --steps N --warmup W --threads K [--recompute]\n",
+               "--batch B --seq T --steps N --warmup W --threads K [--max-seq S] [--window W] "
+               "[--recompute]\n",
                message.c_str());
   return 2;
 }
@@ -53,7 +56,7 @@ int GemmPeak(int threads) {
 int main(int argc, char** argv) {
   using namespace trainyard;
   std::string preset = "gpt2-debug";
-  int batch = 8, seq = 64, steps = 20, warmup = 3, threads = 0;
+  int batch = 8, seq = 64, steps = 20, warmup = 3, threads = 0, max_seq = 0, window = 0;
   bool recompute = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
                   : arg == "--steps"   ? &steps
                   : arg == "--warmup"  ? &warmup
                   : arg == "--threads" ? &threads
+                  : arg == "--max-seq" ? &max_seq
+                  : arg == "--window"  ? &window
                                        : nullptr;
     if (arg == "--preset") {
       preset = value;
@@ -79,7 +84,12 @@ int main(int argc, char** argv) {
   auto config = config::Preset(preset);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   config->recompute = recompute;
-  if (seq > config->max_seq) return Fail("--seq exceeds the preset's max_seq");
+  if (max_seq > 0) config->max_seq = max_seq;
+  config->sliding_window = window;
+  if (absl::Status valid = config::ValidateModelConfig(*config, "model"); !valid.ok()) {
+    return Fail(std::string(valid.message()));
+  }
+  if (seq > config->max_seq) return Fail("--seq exceeds the model's max_seq");
   if (steps < 1 || batch < 1) return Fail("--steps and --batch must be positive");
 
   auto backend = worker::MakeCpuBackend(threads);
@@ -114,7 +124,8 @@ int main(int argc, char** argv) {
   std::sort(times_ms.begin(), times_ms.end());
   const double median = times_ms[times_ms.size() / 2];
   // PaLM's count: 6 FLOPs per matmul parameter per token (forward and backward), plus the
-  // attention score and value products, 12 · layers · seq · width per token.
+  // attention score and value products, 12 · layers · seq · width per token (with a sliding
+  // window, ModelConfig::AttendedSpan in place of seq).
   const config::ModelConfig& c = *config;
   const int64_t attn = int64_t{c.heads} * c.head_dim();
   const int64_t fc = c.family == config::ModelFamily::kGpt2 ? c.ffn_hidden : 2 * c.ffn_hidden;
@@ -122,7 +133,8 @@ int main(int argc, char** argv) {
                                             fc * c.width + int64_t{c.width} * c.ffn_hidden) +
                                 int64_t{c.vocab} * c.width;
   const double flop_per_step =
-      static_cast<double>(tokens) * (6.0 * matmul_params + 12.0 * c.layers * seq * c.width);
+      static_cast<double>(tokens) *
+      (6.0 * matmul_params + 12.0 * c.layers * c.AttendedSpan(seq) * c.width);
   std::printf(
       "{\"engine\":\"trainyard\",\"tokens_per_s\":%.1f,\"median_step_ms\":%.3f,"
       "\"steps\":%d,\"params\":%lld,\"gflop_per_step\":%.4f}\n",

@@ -2,10 +2,13 @@
 # CPU training throughput: Trainyard's CPU engine against PyTorch on the same models.
 #
 # Usage: bench/run_cpu_vs_torch.sh [--threads K] [--steps N] [--warmup W] [--rounds R]
+#                                  [--only TEXT]
 #
-# For each configuration (gpt2-debug "tiny", gpt2-small-cpu "small", llama-debug "llama tiny")
-# runs the engine's benchmark binary and bench/torch_cpu_train.py alternately, R rounds each, and
-# prints a Markdown table (per engine: the median over rounds of each run's median step time).
+# For each configuration (gpt2-debug "tiny", gpt2-small-cpu "small", llama-debug "llama tiny",
+# and llama-debug over 2048 positions with full causal attention and with a sliding window of
+# 256) runs the engine's benchmark binary and bench/torch_cpu_train.py alternately, R rounds
+# each, and prints a Markdown table (per engine: the median over rounds of each run's median step
+# time). --only runs the configurations whose label contains TEXT.
 # The engine binary is $TRAINYARD_BENCH_BIN, default build/bench/trainyard-bench-cpu under the
 # repository root. Both programs print one JSON line:
 #   {"engine": ..., "tokens_per_s": ..., "median_step_ms": ..., "steps": N, ...}
@@ -16,9 +19,10 @@ THREADS=1
 STEPS=20
 WARMUP=3
 ROUNDS=1
+ONLY=
 ARGS=("$@")
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_cpu_vs_torch: $*" >&2; exit 2; }
 need_int() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive integer, got '$2'"; }
 
@@ -30,6 +34,7 @@ while [[ $# -gt 0 ]]; do
       [[ "$2" =~ ^[0-9]+$ ]] || die "--warmup needs a non-negative integer, got '$2'"
       WARMUP=$2; shift 2 ;;
     --rounds) [[ $# -ge 2 ]] || die "--rounds needs a value"; need_int "$1" "$2"; ROUNDS=$2; shift 2 ;;
+    --only) [[ $# -ge 2 ]] || die "--only needs a value"; ONLY=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -56,11 +61,13 @@ fi
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')" ||
   die "$PY cannot import torch (install python3-torch)"
 
-# label | trainyard preset | torch config (the same model) | batch | seq
+# label | trainyard preset | torch config (the same model) | batch | seq | engine flags
 CONFIGS=(
   'tiny (gpt2-debug)|gpt2-debug|{"family":"gpt2","layers":2,"width":64,"heads":4,"kv_heads":4,"ffn_hidden":256,"vocab":256,"max_seq":64,"tied_embeddings":true,"norm_eps":1e-5}|8|64'
   'small (gpt2-small-cpu)|gpt2-small-cpu|{"family":"gpt2","layers":4,"width":256,"heads":8,"kv_heads":8,"ffn_hidden":1024,"vocab":256,"max_seq":256,"tied_embeddings":true,"norm_eps":1e-5}|4|256'
   'llama tiny (llama-debug)|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":64,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0}|8|64'
+  'llama 2k, full causal|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":2048,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0}|1|2048|--max-seq 2048'
+  'llama 2k, window 256|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":2048,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0,"sliding_window":256}|1|2048|--max-seq 2048 --window 256'
 )
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-cpu-vs-torch.XXXXXX")"
@@ -88,12 +95,14 @@ run_engine() {
 }
 
 for entry in "${CONFIGS[@]}"; do
-  IFS='|' read -r label preset torch_cfg batch seq <<<"$entry"
+  IFS='|' read -r label preset torch_cfg batch seq flags <<<"$entry"
+  [[ -z "$ONLY" || "$label" == *"$ONLY"* ]] || continue
+  read -r -a engine_flags <<<"$flags"
   echo "== $label: batch $batch, seq $seq, $STEPS steps, $THREADS thread(s)" >&2
   for ((round = 1; round <= ROUNDS; round++)); do
     run_engine "$label" trainyard env OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS="$THREADS" \
       "$BIN" --preset "$preset" --batch "$batch" --seq "$seq" --steps "$STEPS" \
-      --warmup "$WARMUP" --threads "$THREADS"
+      --warmup "$WARMUP" --threads "$THREADS" ${engine_flags[@]+"${engine_flags[@]}"}
     run_engine "$label" pytorch env OMP_NUM_THREADS="$THREADS" \
       "$PY" "$TORCH_PEER" --config "$torch_cfg" --batch "$batch" --seq "$seq" --steps "$STEPS" \
       --warmup "$WARMUP" --threads "$THREADS"
@@ -152,7 +161,8 @@ for label, engines in rows.items():
              gflop, gflop / (ty_ms / 1e3)))
 print()
 print("ratio = trainyard tok/s / pytorch tok/s (above 1: Trainyard is faster).")
-print("model GFLOP/step = tokens x (6 x matmul parameters + 12 x layers x seq x width), PaLM's count;")
+print("model GFLOP/step = tokens x (6 x matmul parameters + 12 x layers x seq x width), PaLM's count")
+print("(with a sliding window W, twice the mean keys a query sees in place of seq);")
 print("GFLOP/s is that over the median step time; compare it with the SGEMM ceiling above.")
 sys.exit(status)
 PYEOF

@@ -58,6 +58,12 @@ const std::map<std::string, ModelConfig>& Presets() {
 
 }  // namespace
 
+double ModelConfig::AttendedSpan(double seq_len) const {
+  const double w = sliding_window;
+  if (w == 0 || w >= seq_len) return seq_len;
+  return 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
+}
+
 int64_t ModelConfig::ParameterCount() const {
   const int64_t c = width, v = vocab;
   const int64_t qkv = qkv_width();

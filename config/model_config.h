@@ -105,6 +105,10 @@ struct ModelConfig {
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }
+  // The sequence length PaLM's attention count (4·h·s per token and layer forward) takes for a
+  // causal model at `seq_len`: seq_len itself (about twice the mean keys a query sees), or with a
+  // sliding window W below it twice the window's mean, (W·(W + 1) / 2 + (s − W)·W) / s.
+  double AttendedSpan(double seq_len) const;
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;
   // Parameters one token's computation uses: with MoE layers, the router, top_k routed experts

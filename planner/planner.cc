@@ -13,15 +13,6 @@
 namespace trainyard::planner {
 namespace {
 
-// The sequence length PaLM's attention count (4·h·s per token forward) takes for a causal model:
-// s, twice the mean keys a query sees, (s + 1) / 2. With a sliding window of W < s the mean is
-// (W·(W + 1) / 2 + (s − W)·W) / s, and twice that stands in for s.
-double AttendedSpan(const config::ModelConfig& m, double seq_len) {
-  const double w = m.sliding_window;
-  if (w == 0 || w >= seq_len) return seq_len;
-  return 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
-}
-
 // Seconds one rank spends in `collectives` over `link`, split by when they run.
 struct PhaseSeconds {
   double exposed = 0, forward = 0, backward = 0;
@@ -109,7 +100,7 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   // PaLM's attention count for the block: 4·h·s per local token forward (h / tp of the
   // attention's width on this rank, s the whole sequence), twice that backward.
   const double attention = 4.0 * s.model.attention_width() / s.mesh.tp *
-                           AttendedSpan(s.model, s.seq_len) * s.rows() / device.matmul_flops;
+                           s.model.AttendedSpan(s.seq_len) * s.rows() / device.matmul_flops;
   const double hidden = device.ring_overlap ? 1.0 : 0.0;
   const double forward_step = hidden * attention / cp, backward_step = 2 * hidden * attention / cp;
   // Forward: cp − 1 steps with one transfer in flight.
@@ -285,7 +276,7 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
 std::vector<double> ChunkShares(const RankShape& s) {
   if (s.chunks.size() <= 1) return {};
   const double attention =
-      4.0 * s.model.attention_width() * AttendedSpan(s.model, s.seq_len) / s.mesh.tp;
+      4.0 * s.model.attention_width() * s.model.AttendedSpan(s.seq_len) / s.mesh.tp;
   std::vector<double> work;
   double total = 0;
   for (size_t c = 0; c < s.chunks.size(); ++c) {
@@ -355,7 +346,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   // head-tail split gives every context-parallel rank 1/cp of the causal attention.
   const double tokens = static_cast<double>(s.rows());
   const double attention =
-      4.0 * c.attention_width() * AttendedSpan(c, s.seq_len) / s.mesh.tp * s.layers();
+      4.0 * c.attention_width() * c.AttendedSpan(s.seq_len) / s.mesh.tp * s.layers();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
@@ -588,7 +579,7 @@ double ModelFlopsPerStep(const config::JobSpec& spec) {
   const config::ModelConfig& m = spec.model;
   const double s = spec.training.seq_len;
   const double per_token =
-      6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.attention_width() * AttendedSpan(m, s);
+      6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.attention_width() * m.AttendedSpan(s);
   return per_token * spec.training.batch * s;
 }
 
