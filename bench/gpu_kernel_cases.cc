@@ -190,10 +190,10 @@ absl::Status Swiglu(const BenchModel& m, const CaseContext& ctx, Row* row) {
   // forward: inp (2f) in, out (f) out; backward: dout (f) and inp (2f) in, dinp (2f) out.
   row->bytes = (3.0 + 5.0) * rows * f * kAb;
   return Measure(ctx, row, [&]() -> absl::Status {
-    TY_RETURN_IF_ERROR(
-        kernels::cuda::SwigluForward(ctx.stream, kAct, out.get(), inp.get(), rows, f));
-    return kernels::cuda::SwigluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), rows,
-                                         f);
+    TY_RETURN_IF_ERROR(kernels::cuda::GluForward(ctx.stream, kAct, out.get(), inp.get(), rows, f,
+                                                 kernels::GluGate::kSilu));
+    return kernels::cuda::GluBackward(ctx.stream, kAct, dinp.get(), dout.get(), inp.get(), rows, f,
+                                      kernels::GluGate::kSilu);
   });
 }
 
@@ -319,9 +319,9 @@ absl::Status EmbeddingBackward(const BenchModel& m, const CaseContext& ctx, Row*
   row->bytes = double(tokens) * c * kAb + tokens * 4.0 + double(distinct) * c * kFb +
                (positions ? double(m.seq) * c * kFb : 0.0);
   return Measure(ctx, row, [&] {
-    return kernels::cuda::EmbeddingBackward(ctx.stream, kAct, dwte.f32(),
-                                            positions ? dwpe.f32() : nullptr, dout.get(), tok.i32(),
-                                            m.batch, m.seq, c, v, scratch.get(), scratch_bytes);
+    return kernels::cuda::EmbeddingBackward(
+        ctx.stream, kAct, dwte.f32(), positions ? dwpe.f32() : nullptr, dout.get(), tok.i32(),
+        m.batch, m.seq, c, v, 1.0f, scratch.get(), scratch_bytes);
   });
 }
 

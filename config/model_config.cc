@@ -214,6 +214,12 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (c.family == ModelFamily::kGpt2 && c.sliding_window != 0) {
     return bad("sliding_window", "is for the llama family");
   }
+  if (c.family == ModelFamily::kGpt2 && c.geglu) {
+    return bad("activation", "geglu is for the llama family (GPT-2's MLP is GELU, ungated)");
+  }
+  if (c.family == ModelFamily::kGpt2 && c.scale_embeddings) {
+    return bad("scale_embeddings", "is for the llama family");
+  }
   if (c.family == ModelFamily::kGpt2 && c.qkv_bias) {
     return bad("qkv_bias", "is for the llama family (GPT-2's projections always have biases)");
   }

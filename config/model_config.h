@@ -95,12 +95,22 @@ struct ModelConfig {
   // Llama family: each query attends to this many positions, its own and the ones just before it
   // (Mistral's, Phi-3's sliding window); 0 for every earlier position.
   int sliding_window = 0;
+  // Llama family: the MLP's gate is GELU with the tanh approximation instead of SiLU: GeGLU in
+  // place of SwiGLU (Gemma's MLP).
+  bool geglu = false;
+  // Llama family: the token embeddings are multiplied by √width on the way in, in fp32 (Gemma's);
+  // a tied output head uses them unscaled.
+  bool scale_embeddings = false;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
 
+  // The factor the token embeddings are multiplied by: √width with scale_embeddings, else 1.
+  float embedding_scale() const {
+    return scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(width))) : 1.0f;
+  }
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : width / heads; }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).

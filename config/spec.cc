@@ -160,11 +160,13 @@ absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
 }
 
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
-  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
-      {"preset",   "family",         "layers",   "width",      "heads",           "kv_heads",
-       "head_dim", "ffn_hidden",     "vocab",    "max_seq",    "tied_embeddings", "qkv_bias",
-       "qk_norm",  "sliding_window", "norm_eps", "rope_theta", "rope_scaling",    "recompute",
-       "moe",      "init_from"}));
+  TY_RETURN_IF_ERROR(
+      r.ExpectMapWithKeys({"preset",   "family",         "layers",          "width",
+                           "heads",    "kv_heads",       "head_dim",        "ffn_hidden",
+                           "vocab",    "max_seq",        "tied_embeddings", "qkv_bias",
+                           "qk_norm",  "sliding_window", "activation",      "scale_embeddings",
+                           "norm_eps", "rope_theta",     "rope_scaling",    "recompute",
+                           "moe",      "init_from"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -183,6 +185,10 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadBool("qkv_bias", &m.qkv_bias));
   TY_RETURN_IF_ERROR(r.ReadBool("qk_norm", &m.qk_norm));
   TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
+  size_t activation = m.geglu ? 1 : 0;
+  TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
+  m.geglu = activation == 1;
+  TY_RETURN_IF_ERROR(r.ReadBool("scale_embeddings", &m.scale_embeddings));
   TY_RETURN_IF_ERROR(r.ReadBool("recompute", &m.recompute));
   TY_RETURN_IF_ERROR(r.ReadFloat("norm_eps", &m.norm_eps));
   TY_RETURN_IF_ERROR(r.ReadFloat("rope_theta", &m.rope_theta));
@@ -192,6 +198,10 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   if (!r.Has("kv_heads") && (gpt2 || !r.Has("preset"))) m.kv_heads = m.heads;
   if (gpt2 && r.Has("width") && !r.Has("ffn_hidden") && m.width > 0 && m.width <= INT_MAX / 4) {
     m.ffn_hidden = 4 * m.width;
+  }
+  if (gpt2 && r.Has("activation")) {
+    return r.ErrorAt("activation",
+                     "is for the llama family (the gpt2 family's MLP is GELU, ungated)");
   }
   for (const char* key : {"rope_theta", "rope_scaling"}) {
     if (gpt2 && r.Has(key)) {

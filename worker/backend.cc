@@ -43,7 +43,7 @@ void Backend::ExpertsForward(const ExpertMlp& mlp, const Act* in, Act* hidden, A
     const float* fc_b = mlp.fc_b != nullptr ? mlp.fc_b + j * fc : nullptr;
     if (mlp.gated) {
       Linear(h, x, mlp.fc_w + j * fc * width, fc_b, rows, fc, width);
-      Swiglu(a, h, rows, ffn);
+      Glu(a, h, rows, ffn, mlp.gate);
     } else {
       LinearGelu(a, h, x, mlp.fc_w + j * fc * width, fc_b, rows, ffn, width);
     }
@@ -66,7 +66,7 @@ void Backend::ExpertsBackward(const ExpertMlp& mlp, const ExpertMlpGrads& grads,
                    At(dout, r0 * width), At(act, r0 * ffn), mlp.proj_w + j * width * ffn, rows,
                    width, ffn);
     if (mlp.gated) {
-      SwigluBackward(dh, da, At(hidden, r0 * fc), rows, ffn);
+      GluBackward(dh, da, At(hidden, r0 * fc), rows, ffn, mlp.gate);
     } else {
       GeluBackward(dh, da, At(hidden, r0 * fc), rows * ffn);
     }

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "kernels/glu.h"
 #include "kernels/rope_frequencies.h"
 #include "worker/buffer.h"
 
@@ -59,12 +60,13 @@ struct AttentionBlockShape {
 
 // The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on
 // rows [offsets[j], offsets[j + 1]) of every row-major activation operand, and its weights start
-// j strides into each array: fc [fc_out, width] (fc_out = ffn, or 2·ffn for SwiGLU's gate and up
-// halves), fc_b [fc_out], proj [width, ffn], proj_b [width]; a null bias is none.
+// j strides into each array: fc [fc_out, width] (fc_out = ffn, or 2·ffn for a gated unit's gate and
+// up halves), fc_b [fc_out], proj [width, ffn], proj_b [width]; a null bias is none.
 struct ExpertMlp {
   std::span<const int64_t> offsets;  // experts + 1
   int64_t width, ffn;
-  bool gated;  // SwiGLU; else GELU
+  bool gated;  // a gated unit over fc's [gate, up] halves; else GELU
+  kernels::GluGate gate = kernels::GluGate::kSilu;  // the gated unit's (SwiGLU or GeGLU)
   const float *fc_w, *fc_b, *proj_w, *proj_b;
   int64_t experts() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t fc_out() const { return gated ? 2 * ffn : ffn; }
@@ -234,9 +236,10 @@ class Backend {
 
   virtual void Gelu(Act* out, const Act* inp, int64_t n) = 0;
   virtual void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) = 0;
-  virtual void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) = 0;
-  virtual void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
-                              int64_t f) = 0;
+  // inp [rows, 2f] holds (gate, up) per row; out [rows, f] = g(gate) · up (kernels/glu.h).
+  virtual void Glu(Act* out, const Act* inp, int64_t rows, int64_t f, kernels::GluGate gate) = 0;
+  virtual void GluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows, int64_t f,
+                           kernels::GluGate gate) = 0;
 
   // In place on the query and key heads of a packed qkv activation; row i of each sequence has
   // position first_position + i; `freq` the model's (RopeOf).
@@ -320,11 +323,12 @@ class Backend {
   // out[m, n] += bias[n]
   virtual void AddBias(Act* out, const float* bias, int64_t m, int64_t n) = 0;
 
+  // out = scale · wte[token] + wpe[position] (wpe may be null; scale 1, or Gemma's √width).
   virtual void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t b, int64_t t, int64_t c) = 0;
+                         int64_t b, int64_t t, int64_t c, float scale) = 0;
   // Accumulates into dwte [vocab, c] and dwpe (dwpe may be null); deterministic.
   virtual void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                                 int64_t b, int64_t t, int64_t c, int64_t vocab) = 0;
+                                 int64_t b, int64_t t, int64_t c, int64_t vocab, float scale) = 0;
 
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
                      const AdamWParams& p) = 0;

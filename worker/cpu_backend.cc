@@ -169,12 +169,12 @@ class CpuBackend final : public Backend {
   void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) override {
     k::GeluBackward(F(dinp), F(dout), F(inp), n);
   }
-  void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) override {
-    k::SwigluForward(F(out), F(inp), rows, f);
+  void Glu(Act* out, const Act* inp, int64_t rows, int64_t f, kernels::GluGate gate) override {
+    k::GluForward(F(out), F(inp), rows, f, gate);
   }
-  void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
-                      int64_t f) override {
-    k::SwigluBackward(F(dinp), F(dout), F(inp), rows, f);
+  void GluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows, int64_t f,
+                   kernels::GluGate gate) override {
+    k::GluBackward(F(dinp), F(dout), F(inp), rows, f, gate);
   }
   void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
             int64_t first_position) override {
@@ -229,12 +229,12 @@ class CpuBackend final : public Backend {
     k::AddBias(F(out), bias, m, n);
   }
   void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
-                 int64_t t, int64_t c) override {
-    k::EmbeddingForward(F(out), tokens, wte, wpe, b, t, c);
+                 int64_t t, int64_t c, float scale) override {
+    k::EmbeddingForward(F(out), tokens, wte, wpe, b, t, c, scale);
   }
   void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                         int64_t b, int64_t t, int64_t c, int64_t /*vocab*/) override {
-    k::EmbeddingBackward(dwte, dwpe, F(dout), tokens, b, t, c);
+                         int64_t b, int64_t t, int64_t c, int64_t /*vocab*/, float scale) override {
+    k::EmbeddingBackward(dwte, dwpe, F(dout), tokens, b, t, c, scale);
   }
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
              const AdamWParams& p) override {
@@ -272,7 +272,8 @@ class CpuBackend final : public Backend {
             .experts = mlp.experts(),
             .width = mlp.width,
             .ffn = mlp.ffn,
-            .gated = mlp.gated};
+            .gated = mlp.gated,
+            .gate = mlp.gate};
   }
   static k::ExpertMlpWeights Weights(const ExpertMlp& mlp) {
     return {mlp.fc_w, mlp.fc_b, mlp.proj_w, mlp.proj_b};

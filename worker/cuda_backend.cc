@@ -279,7 +279,7 @@ class CudaBackend final : public Backend {
     if (mlp.fc_b != nullptr) {
       Run(kc::AddGroupedBias(stream_, act_dtype(), hidden, mlp.fc_b, offsets, groups, rows, fc));
     }
-    mlp.gated ? Swiglu(act, hidden, rows, ffn) : Gelu(act, hidden, rows * ffn);
+    mlp.gated ? Glu(act, hidden, rows, ffn, mlp.gate) : Gelu(act, hidden, rows * ffn);
     RunGrouped(down, device, width, ffn);
     if (mlp.proj_b != nullptr) {
       Run(kc::AddGroupedBias(stream_, act_dtype(), out, mlp.proj_b, offsets, groups, rows, width));
@@ -329,7 +329,7 @@ class CudaBackend final : public Backend {
     RunGrouped(proj_w, device, width, ffn);
     bias_grads(grads.proj_b, dout, width);
     if (mlp.gated) {
-      SwigluBackward(dhidden, dact, hidden, rows, ffn);
+      GluBackward(dhidden, dact, hidden, rows, ffn, mlp.gate);
     } else {
       GeluBackward(dhidden, dact, hidden, rows * ffn);
     }
@@ -377,12 +377,12 @@ class CudaBackend final : public Backend {
   void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) override {
     Run(kc::GeluBackward(stream_, act_dtype(), dinp, dout, inp, n));
   }
-  void Swiglu(Act* out, const Act* inp, int64_t rows, int64_t f) override {
-    Run(kc::SwigluForward(stream_, act_dtype(), out, inp, rows, f));
+  void Glu(Act* out, const Act* inp, int64_t rows, int64_t f, kernels::GluGate gate) override {
+    Run(kc::GluForward(stream_, act_dtype(), out, inp, rows, f, gate));
   }
-  void SwigluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows,
-                      int64_t f) override {
-    Run(kc::SwigluBackward(stream_, act_dtype(), dinp, dout, inp, rows, f));
+  void GluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t rows, int64_t f,
+                   kernels::GluGate gate) override {
+    Run(kc::GluBackward(stream_, act_dtype(), dinp, dout, inp, rows, f, gate));
   }
 
   // Attention.
@@ -461,14 +461,14 @@ class CudaBackend final : public Backend {
 
   // Embedding.
   void Embedding(Act* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t b,
-                 int64_t t, int64_t c) override {
-    Run(kc::EmbeddingForward(stream_, act_dtype(), out, tokens, wte, wpe, b, t, c));
+                 int64_t t, int64_t c, float scale) override {
+    Run(kc::EmbeddingForward(stream_, act_dtype(), out, tokens, wte, wpe, b, t, c, scale));
   }
   void EmbeddingBackward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                         int64_t b, int64_t t, int64_t c, int64_t vocab) override {
+                         int64_t b, int64_t t, int64_t c, int64_t vocab, float scale) override {
     const size_t bytes = kc::EmbeddingBackwardScratchBytes(b * t, vocab);
     void* scratch = ScratchBytes(Scratch::kEmbedding, bytes);
-    Run(kc::EmbeddingBackward(stream_, act_dtype(), dwte, dwpe, dout, tokens, b, t, c, vocab,
+    Run(kc::EmbeddingBackward(stream_, act_dtype(), dwte, dwpe, dout, tokens, b, t, c, vocab, scale,
                               scratch, bytes));
   }
 

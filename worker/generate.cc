@@ -164,6 +164,7 @@ void Generator::RoutedExperts(int layer, int64_t n) {
                               .width = c,
                               .ffn = routing_.ffn,
                               .gated = !gpt2,
+                              .gate = kernels::GluGateOf(model_.geglu),
                               .fc_w = P(o.experts_fc_w),
                               .fc_b = gpt2 ? P(o.experts_fc_b) : nullptr,
                               .proj_w = P(o.experts_proj_w),
@@ -228,7 +229,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
       be.LinearGelu(act_.data(), fc_.data(), norm_.data(), P(o.fc_w), P(o.fc_b), n, ffn, c);
     } else {
       be.Linear(fc_.data(), norm_.data(), P(o.fc_w), nullptr, n, 2 * ffn, c);
-      be.Swiglu(act_.data(), fc_.data(), n, ffn);
+      be.Glu(act_.data(), fc_.data(), n, ffn, kernels::GluGateOf(model_.geglu));
     }
     be.Linear(tmp_.data(), act_.data(), P(o.mlp_proj_w), gpt2 ? P(o.mlp_proj_b) : nullptr, n, c,
               ffn);
@@ -243,7 +244,7 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
   be.CopyFromHost(tokens_.data(), tokens, n);
   be.Embedding(x_.data(), tokens_.data(), P(layout_.wte()),
-               gpt2 ? P(layout_.wpe()) + pos * c : nullptr, 1, n, c);
+               gpt2 ? P(layout_.wpe()) + pos * c : nullptr, 1, n, c, model_.embedding_scale());
   for (int l = 0; l < model_.layers; ++l) Block(l, n, pos);
   const Act* last = be.At(x_.data(), (n - 1) * c);
   if (gpt2) {

@@ -470,15 +470,17 @@ absl::Status Model::EmbeddingBackward(const Act* dy) {
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
   const int32_t* tokens = tp_size() > 1 ? a.local_inputs.data() : a.inputs.data();
   float* dwpe = G(eg, layout_.wpe());
+  const float scale = config_.embedding_scale();
   if (!cp_.enabled()) {
     backend_->EmbeddingBackward(G(eg, layout_.wte()), dwpe, dy, tokens, a.b, a.t, config_.width,
-                                dims_.vocab);
+                                dims_.vocab, scale);
   } else {
     const int64_t c = a.t / 2, rows = int64_t{a.b} * c, width = config_.width;
     for (int half = 0; half < 2; ++half) {
-      backend_->EmbeddingBackward(
-          G(eg, layout_.wte()), dwpe != nullptr ? dwpe + cp_.ChunkOf(half) * c * width : nullptr,
-          backend_->At(dy, half * rows * width), tokens + half * rows, a.b, c, width, dims_.vocab);
+      backend_->EmbeddingBackward(G(eg, layout_.wte()),
+                                  dwpe != nullptr ? dwpe + cp_.ChunkOf(half) * c * width : nullptr,
+                                  backend_->At(dy, half * rows * width), tokens + half * rows, a.b,
+                                  c, width, dims_.vocab, scale);
     }
   }
   return source_->GradientsReady(eg);
@@ -487,8 +489,9 @@ absl::Status Model::EmbeddingBackward(const Act* dy) {
 void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe) {
   const Activations& a = *acts_;
   const int64_t width = config_.width;
+  const float scale = config_.embedding_scale();
   if (!cp_.enabled()) {
-    backend_->Embedding(out, tokens, wte, wpe, a.b, a.t, width);
+    backend_->Embedding(out, tokens, wte, wpe, a.b, a.t, width, scale);
     return;
   }
   // Each local half is b runs of c consecutive positions, starting at its chunk's first.
@@ -496,7 +499,7 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
   for (int half = 0; half < 2; ++half) {
     backend_->Embedding(backend_->At(out, half * rows * width), tokens + half * rows, wte,
                         wpe != nullptr ? wpe + cp_.ChunkOf(half) * c * width : nullptr, a.b, c,
-                        width);
+                        width, scale);
   }
 }
 
@@ -596,7 +599,7 @@ void Model::MlpForward(int layer, LayerActivations& la) {
                   width);
   } else {
     be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
-    be.Swiglu(la.act.data(), la.fc.data(), n, ffn);
+    be.Glu(la.act.data(), la.fc.data(), n, ffn, kernels::GluGateOf(config_.geglu));
   }
   be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w), RowParallelBias(g, o.mlp_proj_b),
             n, width, ffn);
@@ -683,7 +686,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
     if (gpt2) {
       be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * ffn);
     } else {
-      be.SwigluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, ffn);
+      be.GluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n, ffn,
+                     kernels::GluGateOf(config_.geglu));
     }
     std::tie(dw, db) =
         weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);

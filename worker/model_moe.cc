@@ -72,6 +72,7 @@ ExpertMlp Model::ExpertsOf(int layer, std::span<const int64_t> offsets) {
           .width = config_.width,
           .ffn = config_.moe.ffn / tp_size(),
           .gated = !gpt2,
+          .gate = kernels::GluGateOf(config_.geglu),
           .fc_w = P(eg, o.experts_fc_w),
           .fc_b = gpt2 ? P(eg, o.experts_fc_b) : nullptr,
           .proj_w = P(eg, o.experts_proj_w),

@@ -7,7 +7,7 @@
 namespace trainyard::kernels::cpu {
 
 void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                      int64_t b, int64_t t, int64_t c) {
+                      int64_t b, int64_t t, int64_t c, float scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < b * t; ++r) {
     float* y = out + r * c;
@@ -15,7 +15,11 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const
       std::fill(y, y + c, 0.0f);
     } else {
       const float* e = wte + static_cast<int64_t>(tokens[r]) * c;
-      std::copy(e, e + c, y);
+      if (scale == 1.0f) {
+        std::copy(e, e + c, y);
+      } else {
+        for (int64_t j = 0; j < c; ++j) y[j] = scale * e[j];
+      }
     }
     if (wpe != nullptr) {
       const float* p = wpe + (r % t) * c;
@@ -25,7 +29,7 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const
 }
 
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                       int64_t b, int64_t t, int64_t c) {
+                       int64_t b, int64_t t, int64_t c, float scale) {
   const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -35,7 +39,7 @@ void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_
       const float* dy = dout + r * c;
       if (tokens[r] >= 0) {
         float* de = dwte + static_cast<int64_t>(tokens[r]) * c;
-        for (int64_t j = c0; j < c1; ++j) de[j] += dy[j];
+        for (int64_t j = c0; j < c1; ++j) de[j] += scale * dy[j];
       }
       if (dwpe != nullptr) {
         float* dp = dwpe + (r % t) * c;

@@ -84,7 +84,7 @@ void ExpertMlpForward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const 
     LinearForward(h, in + r0 * width, w.fc_w + j * fc * width,
                   w.fc_b != nullptr ? w.fc_b + j * fc : nullptr, rows, fc, width);
     if (s.gated) {
-      SwigluForward(a, h, rows, ffn);
+      GluForward(a, h, rows, ffn, s.gate);
     } else {
       GeluForward(a, h, rows * ffn);
     }
@@ -111,7 +111,7 @@ void ExpertMlpBackward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const
       LinearBackward(da, nullptr, nullptr, dout + r0 * width, nullptr, w.proj_w + j * width * ffn,
                      m, width, ffn);
       if (s.gated) {
-        SwigluBackward(dh, da, hidden + r0 * fc, m, ffn);
+        GluBackward(dh, da, hidden + r0 * fc, m, ffn, s.gate);
       } else {
         GeluBackward(dh, da, hidden + r0 * fc, m * ffn);
       }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/glu.h"
+
 namespace trainyard::kernels::cpu {
 
 // The routed experts' MLPs as one grouped pass: expert j on rows [offsets[j], offsets[j + 1]) of
@@ -18,7 +20,8 @@ namespace trainyard::kernels::cpu {
 struct ExpertMlpShape {
   const int64_t* offsets;  // experts + 1 row offsets
   int64_t experts, width, ffn;
-  bool gated;  // SwiGLU over fc's [gate, up] halves; else GELU
+  bool gated;                     // a gated unit over fc's [gate, up] halves; else GELU
+  GluGate gate = GluGate::kSilu;  // the gated unit's: SwiGLU or GeGLU
 };
 struct ExpertMlpWeights {
   const float *fc_w, *fc_b, *proj_w, *proj_b;
@@ -27,7 +30,7 @@ struct ExpertMlpGrads {
   float *fc_w, *fc_b, *proj_w, *proj_b;  // accumulated; a null pointer is skipped
 };
 
-// hidden = in · fc_wᵀ + fc_b, act = gelu(hidden) (or swiglu), out = act · proj_wᵀ + proj_b.
+// hidden = in · fc_wᵀ + fc_b, act = gelu(hidden) (or the gated unit), out = act · proj_wᵀ + proj_b.
 void ExpertMlpForward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const float* in,
                       float* hidden, float* act, float* out);
 

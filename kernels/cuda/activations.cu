@@ -1,5 +1,5 @@
-// GELU and SwiGLU are memory-bound: the aim is to move each byte once, 16 bytes an access.
-//
+// GELU and the gated units (SwiGLU, GeGLU) are memory-bound: the aim is to move each byte once, 16
+// bytes an access.
 // The floor, with bf16 storage: GELU's forward reads x and writes y (4 bytes an element), its
 // backward reads dy and x and writes dx (6). SwiGLU's forward reads gate and up and writes y
 // (6 bytes an output element), its backward reads dy, gate and up and writes dgate and dup (10).
@@ -84,9 +84,19 @@ struct GeluBackwardOp {
   }
 };
 
+// The gate's value g(x); SwiGLU's is silu(x) = x · sigmoid(x).
+template <GluGate kGate>
+__device__ __forceinline__ float GateValue(float x) {
+  if constexpr (kGate == GluGate::kSilu) {
+    return x * FastSigmoid(x);
+  } else {
+    return Gelu(x);
+  }
+}
+
 // Row r of inp is (gate[f], up[f]).
-template <typename T>
-struct SwigluForwardOp {
+template <typename T, GluGate kGate>
+struct GluForwardOp {
   using Elem = T;
   T* out;
   const T* inp;
@@ -98,15 +108,14 @@ struct SwigluForwardOp {
     Vec<T, kVec> y;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float g = ToFloat(gate.v[k]);
-      y.v[k] = FromFloat<T>(g * FastSigmoid(g) * ToFloat(up.v[k]));
+      y.v[k] = FromFloat<T>(GateValue<kGate>(ToFloat(gate.v[k])) * ToFloat(up.v[k]));
     }
     StoreVec(out + r * f + j, y);
   }
 };
 
-template <typename T>
-struct SwigluBackwardOp {
+template <typename T, GluGate kGate>
+struct GluBackwardOp {
   using Elem = T;
   T* dinp;
   const T* dout;
@@ -121,9 +130,14 @@ struct SwigluBackwardOp {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float g = ToFloat(gate.v[k]), u = ToFloat(up.v[k]), d = ToFloat(dy.v[k]);
-      const float s = FastSigmoid(g);
-      dgate.v[k] = FromFloat<T>(d * u * s * (1.0f + g * (1.0f - s)));
-      dup.v[k] = FromFloat<T>(d * (g * s));
+      if constexpr (kGate == GluGate::kSilu) {
+        const float s = FastSigmoid(g);
+        dgate.v[k] = FromFloat<T>(d * u * s * (1.0f + g * (1.0f - s)));
+        dup.v[k] = FromFloat<T>(d * (g * s));
+      } else {
+        dgate.v[k] = FromFloat<T>(GeluGradient(g, d * u));
+        dup.v[k] = FromFloat<T>(d * Gelu(g));
+      }
     }
     StoreVec(dinp + gate_at, dgate);
     StoreVec(dinp + up_at, dup);
@@ -165,31 +179,45 @@ absl::Status GeluBackward(cudaStream_t stream, DType dtype, void* dinp, const vo
   return absl::OkStatus();
 }
 
-absl::Status SwigluForward(cudaStream_t stream, DType dtype, void* out, const void* inp,
-                           int64_t rows, int64_t f) {
+absl::Status GluForward(cudaStream_t stream, DType dtype, void* out, const void* inp, int64_t rows,
+                        int64_t f, GluGate gate) {
   TY_RETURN_IF_ERROR(CheckDType(dtype));
   TY_REQUIRE(rows >= 0 && f >= 1);
   if (rows == 0) return absl::OkStatus();
   TY_REQUIRE(out != nullptr && inp != nullptr);
   const bool aligned = Aligned16(out) && Aligned16(inp);
   TY_DISPATCH_DTYPE(dtype, T, {
-    const SwigluForwardOp<T> op{static_cast<T*>(out), static_cast<const T*>(inp), f};
-    TY_RETURN_IF_ERROR(LaunchRows(stream, "SwigluForwardKernel", op, rows, f, aligned));
+    auto launch = [&](auto op, const char* name) {
+      return LaunchRows(stream, name, op, rows, f, aligned);
+    };
+    T* y = static_cast<T*>(out);
+    const T* x = static_cast<const T*>(inp);
+    TY_RETURN_IF_ERROR(
+        gate == GluGate::kSilu
+            ? launch(GluForwardOp<T, GluGate::kSilu>{y, x, f}, "SwigluForwardKernel")
+            : launch(GluForwardOp<T, GluGate::kGeluTanh>{y, x, f}, "GegluForwardKernel"));
   });
   return absl::OkStatus();
 }
 
-absl::Status SwigluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
-                            const void* inp, int64_t rows, int64_t f) {
+absl::Status GluBackward(cudaStream_t stream, DType dtype, void* dinp, const void* dout,
+                         const void* inp, int64_t rows, int64_t f, GluGate gate) {
   TY_RETURN_IF_ERROR(CheckDType(dtype));
   TY_REQUIRE(rows >= 0 && f >= 1);
   if (rows == 0) return absl::OkStatus();
   TY_REQUIRE(dinp != nullptr && dout != nullptr && inp != nullptr);
   const bool aligned = Aligned16(dinp) && Aligned16(dout) && Aligned16(inp);
   TY_DISPATCH_DTYPE(dtype, T, {
-    const SwigluBackwardOp<T> op{static_cast<T*>(dinp), static_cast<const T*>(dout),
-                                 static_cast<const T*>(inp), f};
-    TY_RETURN_IF_ERROR(LaunchRows(stream, "SwigluBackwardKernel", op, rows, f, aligned));
+    auto launch = [&](auto op, const char* name) {
+      return LaunchRows(stream, name, op, rows, f, aligned);
+    };
+    T* dx = static_cast<T*>(dinp);
+    const T* dy = static_cast<const T*>(dout);
+    const T* x = static_cast<const T*>(inp);
+    TY_RETURN_IF_ERROR(
+        gate == GluGate::kSilu
+            ? launch(GluBackwardOp<T, GluGate::kSilu>{dx, dy, x, f}, "SwigluBackwardKernel")
+            : launch(GluBackwardOp<T, GluGate::kGeluTanh>{dx, dy, x, f}, "GegluBackwardKernel"));
   });
   return absl::OkStatus();
 }

@@ -50,13 +50,14 @@ absl::Status PlanScratch(int64_t n, int64_t vocab, ScratchLayout* layout) {
 
 template <typename T>
 __global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const float* wte,
-                                       const float* wpe, int64_t t, int64_t c, int64_t total) {
+                                       const float* wpe, int64_t t, int64_t c, int64_t total,
+                                       float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / c, col = i % c;
     const int32_t token = tokens[row];
     // A negative token belongs to another vocabulary shard: no token embedding.
-    float v = token >= 0 ? wte[token * c + col] : 0.0f;
+    float v = token >= 0 ? scale * wte[token * c + col] : 0.0f;
     if (wpe != nullptr) v += wpe[(row % t) * c + col];
     out[i] = FromFloat<T>(v);
   }
@@ -80,7 +81,8 @@ __global__ void MakeSortKeysKernel(uint32_t* keys, int32_t* rows, const int32_t*
 // order as the CPU reference, and the same on every run.
 template <typename T>
 __global__ void TokenGradKernel(float* dwte, const T* dout, const uint32_t* keys,
-                                const int32_t* rows, int64_t n, int64_t c, uint32_t ignored) {
+                                const int32_t* rows, int64_t n, int64_t c, uint32_t ignored,
+                                float scale) {
   const int64_t start = blockIdx.x;
   const uint32_t token = keys[start];
   if (token == ignored || (start > 0 && keys[start - 1] == token)) return;
@@ -89,7 +91,9 @@ __global__ void TokenGradKernel(float* dwte, const T* dout, const uint32_t* keys
   float* de = dwte + int64_t{token} * c;
   for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
     float acc = de[col];
-    for (int64_t k = start; k < end; ++k) acc += ToFloat(dout[int64_t{rows[k]} * c + col]);
+    for (int64_t k = start; k < end; ++k) {
+      acc += scale * ToFloat(dout[int64_t{rows[k]} * c + col]);
+    }
     de[col] = acc;
   }
 }
@@ -115,13 +119,14 @@ unsigned int GridFor(int64_t n) {
 }  // namespace
 
 absl::Status EmbeddingForward(cudaStream_t stream, DType dtype, void* out, const int32_t* tokens,
-                              const float* wte, const float* wpe, int64_t b, int64_t t, int64_t c) {
+                              const float* wte, const float* wpe, int64_t b, int64_t t, int64_t c,
+                              float scale) {
   TY_REQUIRE(b > 0 && t > 0 && c > 0);
   TY_REQUIRE(out != nullptr && tokens != nullptr && wte != nullptr);
   const int64_t total = b * t * c;
   TY_DISPATCH_DTYPE(dtype, T, {
-    EmbeddingForwardKernel<T><<<GridFor(total), kThreads, 0, stream>>>(static_cast<T*>(out), tokens,
-                                                                       wte, wpe, t, c, total);
+    EmbeddingForwardKernel<T><<<GridFor(total), kThreads, 0, stream>>>(
+        static_cast<T*>(out), tokens, wte, wpe, t, c, total, scale);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingForwardKernel");
   return absl::OkStatus();
@@ -136,7 +141,8 @@ size_t EmbeddingBackwardScratchBytes(int64_t tokens, int64_t vocab) {
 
 absl::Status EmbeddingBackward(cudaStream_t stream, DType dtype, float* dwte, float* dwpe,
                                const void* dout, const int32_t* tokens, int64_t b, int64_t t,
-                               int64_t c, int64_t vocab, void* scratch, size_t scratch_bytes) {
+                               int64_t c, int64_t vocab, float scale, void* scratch,
+                               size_t scratch_bytes) {
   TY_REQUIRE(b > 0 && t > 0 && c > 0);
   TY_REQUIRE(vocab > 0 && vocab < INT32_MAX);
   TY_REQUIRE(b * t <= INT32_MAX);  // row indices are sorted as int32
@@ -165,7 +171,7 @@ absl::Status EmbeddingBackward(cudaStream_t stream, DType dtype, float* dwte, fl
   TY_DISPATCH_DTYPE(dtype, T, {
     const T* dy = static_cast<const T*>(dout);
     TokenGradKernel<T><<<static_cast<unsigned int>(n), kThreads, 0, stream>>>(
-        dwte, dy, keys_out, rows_out, n, c, static_cast<uint32_t>(vocab));
+        dwte, dy, keys_out, rows_out, n, c, static_cast<uint32_t>(vocab), scale);
     if (dwpe != nullptr) {
       PositionGradKernel<T><<<GridFor(t * c), kThreads, 0, stream>>>(dwpe, dy, b, t, c);
     }

@@ -15,18 +15,19 @@
 
 namespace trainyard::kernels::cuda {
 
-// out[b·t, c] = wte[token] + wpe[position] (wpe may be null).
+// out[b·t, c] = scale · wte[token] + wpe[position] (wpe may be null).
 [[nodiscard]] absl::Status EmbeddingForward(cudaStream_t stream, DType dtype, void* out,
                                             const int32_t* tokens, const float* wte,
-                                            const float* wpe, int64_t b, int64_t t, int64_t c);
-// dwte[vocab, c] += per-token sums of dout rows; dwpe[t, c] += per-position sums over the batch
-// (dwpe may be null). `scratch` holds EmbeddingBackwardScratchBytes(b·t, vocab) bytes, any
+                                            const float* wpe, int64_t b, int64_t t, int64_t c,
+                                            float scale);
+// dwte[vocab, c] += per-token sums of scale · dout rows; dwpe[t, c] += per-position sums over the
+// batch (dwpe may be null). `scratch` holds EmbeddingBackwardScratchBytes(b·t, vocab) bytes, any
 // alignment; INVALID_ARGUMENT when scratch_bytes is smaller. Tokens are not visible to the
 // host: one outside [0, vocab) gets no token gradient, like −1.
 [[nodiscard]] absl::Status EmbeddingBackward(cudaStream_t stream, DType dtype, float* dwte,
                                              float* dwpe, const void* dout, const int32_t* tokens,
                                              int64_t b, int64_t t, int64_t c, int64_t vocab,
-                                             void* scratch, size_t scratch_bytes);
+                                             float scale, void* scratch, size_t scratch_bytes);
 // Depends only on the two counts (and the device's sort configuration); 0 when the arguments
 // are out of range or the CUDA runtime cannot answer (no usable device).
 size_t EmbeddingBackwardScratchBytes(int64_t tokens, int64_t vocab);

@@ -116,35 +116,38 @@ TEST(CudaActivations, GeluMatchesCpu) {
   }
 }
 
-void CheckSwiglu(DType dtype, Shape s, unsigned shifts, std::mt19937& rng) {
+void CheckGlu(DType dtype, Shape s, unsigned shifts, GluGate gate, std::mt19937& rng) {
   const int64_t n_in = s.rows * 2 * s.f, n_out = s.rows * s.f;
   const std::vector<float> inp = Inputs(n_in, dtype, rng);
   const std::vector<float> dout = RandomActivation(n_out, dtype, rng);
   std::vector<float> out(n_out), dinp(n_in);
-  cpu::SwigluForward(out.data(), inp.data(), s.rows, s.f);
-  cpu::SwigluBackward(dinp.data(), dout.data(), inp.data(), s.rows, s.f);
+  cpu::GluForward(out.data(), inp.data(), s.rows, s.f, gate);
+  cpu::GluBackward(dinp.data(), dout.data(), inp.data(), s.rows, s.f, gate);
 
   ShiftedTensor d_inp(inp, dtype, shifts & kInp), d_dout(dout, dtype, shifts & kDout);
   ShiftedTensor d_out(n_out, dtype, shifts & kOut), d_dinp(n_in, dtype, shifts & kDinp);
-  absl::Status status = SwigluForward(nullptr, dtype, d_out.get(), d_inp.get(), s.rows, s.f);
+  absl::Status status = GluForward(nullptr, dtype, d_out.get(), d_inp.get(), s.rows, s.f, gate);
   ASSERT_TRUE(status.ok()) << status;
-  status = SwigluBackward(nullptr, dtype, d_dinp.get(), d_dout.get(), d_inp.get(), s.rows, s.f);
+  status = GluBackward(nullptr, dtype, d_dinp.get(), d_dout.get(), d_inp.get(), s.rows, s.f, gate);
   ASSERT_TRUE(status.ok()) << status;
   TY_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_LE(RelativeError(d_out.Read(), out), Tolerance(dtype)) << "out";
   EXPECT_LE(RelativeError(d_dinp.Read(), dinp), Tolerance(dtype)) << "dinp";
 }
 
-TEST(CudaActivations, SwigluMatchesCpu) {
+// SwiGLU and GeGLU (Gemma's).
+TEST(CudaActivations, GatedUnitsMatchCpu) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);
-  for (DType dtype : kDTypes) {
-    for (Shape s : kShapes) {
-      for (unsigned shifts : kShiftMasks) {
-        if (shifts != 0 && s.rows * 2 * s.f > kMaxShiftedCount) continue;
-        SCOPED_TRACE(
-            absl::StrCat(DTypeName(dtype), " rows=", s.rows, " f=", s.f, " shifted=", shifts));
-        CheckSwiglu(dtype, s, shifts, rng);
+  for (GluGate gate : {GluGate::kSilu, GluGate::kGeluTanh}) {
+    for (DType dtype : kDTypes) {
+      for (Shape s : kShapes) {
+        for (unsigned shifts : kShiftMasks) {
+          if (shifts != 0 && s.rows * 2 * s.f > kMaxShiftedCount) continue;
+          SCOPED_TRACE(absl::StrCat(gate == GluGate::kSilu ? "swiglu " : "geglu ", DTypeName(dtype),
+                                    " rows=", s.rows, " f=", s.f, " shifted=", shifts));
+          CheckGlu(dtype, s, shifts, gate, rng);
+        }
       }
     }
   }
@@ -157,7 +160,7 @@ TEST(CudaActivations, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GeluForward(nullptr, DType::kF32, x.get(), x.get(), -1).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SwigluForward(nullptr, DType::kF32, x.get(), x.get(), 1, 0).code(),
+  EXPECT_EQ(GluForward(nullptr, DType::kF32, x.get(), x.get(), 1, 0, GluGate::kSilu).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(GeluForward(nullptr, DType::kF32, x.get(), x.get(), 0).ok());
 }

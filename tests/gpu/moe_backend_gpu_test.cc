@@ -159,6 +159,7 @@ TEST_P(MoeBackendOnGpu, MatchesCpuBackend) {
 struct ExpertsCase {
   bool gated;
   bool keep;  // register the bf16 weight copies (KeepWeightCopy), as a rank without ZeRO-3 does
+  bool geglu = false;  // a gated unit's gate: GELU (Gemma's), else SiLU
 };
 
 struct ExpertsRun {
@@ -209,6 +210,7 @@ ExpertsRun RunExperts(Backend& be, const ExpertsCase& c, DType act_type, bool ke
                       .width = width,
                       .ffn = ffn,
                       .gated = c.gated,
+                      .gate = kernels::GluGateOf(c.geglu),
                       .fc_w = fc_w.data(),
                       .fc_b = c.gated ? nullptr : fc_b.data(),
                       .proj_w = proj_w.data(),
@@ -309,12 +311,15 @@ TEST(ExpertsOnGpuFp8, StayInBf16) {
 INSTANTIATE_TEST_SUITE_P(
     Kinds, ExpertsOnGpu,
     ::testing::Combine(::testing::Values(ExpertsCase{false, true}, ExpertsCase{true, true},
-                                         ExpertsCase{false, false}, ExpertsCase{true, false}),
+                                         ExpertsCase{false, false}, ExpertsCase{true, false},
+                                         ExpertsCase{true, true, true}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       const ExpertsCase c = std::get<0>(info.param);
-      return std::string(c.gated ? "swiglu" : "gelu") + (c.keep ? "_kept_" : "_converted_") +
-             DTypeName(std::get<1>(info.param));
+      return std::string(c.geglu   ? "geglu"
+                         : c.gated ? "swiglu"
+                                   : "gelu") +
+             (c.keep ? "_kept_" : "_converted_") + DTypeName(std::get<1>(info.param));
     });
 
 INSTANTIATE_TEST_SUITE_P(ActTypes, MoeBackendOnGpu, ::testing::Values(DType::kF32, DType::kBF16),

@@ -98,7 +98,9 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
       << ", \"head_dim\": " << c.explicit_head_dim
       << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false")
-      << ", \"sliding_window\": " << c.sliding_window << ", \"norm_eps\": " << c.norm_eps
+      << ", \"sliding_window\": " << c.sliding_window
+      << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
+      << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
       << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
@@ -342,6 +344,26 @@ TEST(TorchOracle, LlamaWithASlidingWindow) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.sliding_window = 7;
   ASSERT_LT(c.sliding_window, kSeq);
+  CompareWithOracle(c);
+}
+
+// Gemma's model: GeGLU, the token embeddings times √width on the way in and unscaled in the tied
+// head, heads wider than width / heads and one key/value head (Gemma 2B's shape, small).
+TEST(TorchOracle, LlamaWithGegluAndScaledEmbeddings) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.geglu = true;
+  c.scale_embeddings = true;
+  c.tied_embeddings = true;
+  c.kv_heads = 1;
+  c.explicit_head_dim = 24;
+  CompareWithOracle(c);
+}
+
+TEST(TorchOracle, LlamaWithGegluRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.geglu = true;
+  c.scale_embeddings = true;
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

@@ -89,6 +89,8 @@ def normalize_config(cfg):
     out.setdefault("qkv_bias", False)
     out.setdefault("qk_norm", False)
     out.setdefault("sliding_window", 0)
+    out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
+    out.setdefault("scale_embeddings", False)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -103,6 +105,12 @@ def normalize_config(cfg):
     for key in ("qkv_bias", "qk_norm"):
         if not isinstance(out[key], bool) or (out[key] and family != "llama"):
             raise ConfigError("%s: true or false, and true only for the llama family" % key)
+    if out["activation"] not in (("swiglu", "geglu") if family == "llama" else ("gelu",)):
+        raise ConfigError("activation: swiglu or geglu for the llama family, gelu for gpt2, got %r"
+                          % (out["activation"],))
+    if not isinstance(out["scale_embeddings"], bool) or (out["scale_embeddings"]
+                                                         and family != "llama"):
+        raise ConfigError("scale_embeddings: true or false, and true only for the llama family")
     window = out["sliding_window"]
     if isinstance(window, bool) or not isinstance(window, int) or window < 0 or (
             window and family != "llama"):
@@ -275,12 +283,14 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u).
-    Hidden size `hidden`, by default cfg["ffn_hidden"]."""
+    """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u), or with
+    activation geglu (Gemma's) proj(gelu_tanh(g) * u). Hidden size `hidden`, by default
+    cfg["ffn_hidden"]."""
 
     def __init__(self, cfg, hidden=None):
         super().__init__()
         self.gated = cfg["family"] == "llama"
+        self.geglu = cfg.get("activation") == "geglu"
         c, f = cfg["width"], cfg["ffn_hidden"] if hidden is None else hidden
         self.ffn = f
         self.fc = nn.Linear(c, 2 * f if self.gated else f, bias=not self.gated)
@@ -290,6 +300,8 @@ class Mlp(nn.Module):
         hidden = self.fc(x)
         if self.gated:
             gate, up = hidden[..., : self.ffn], hidden[..., self.ffn:]
+            if self.geglu:
+                return self.proj(F.gelu(gate, approximate="tanh") * up)
             return self.proj(F.silu(gate) * up)
         return self.proj(F.gelu(hidden, approximate="tanh"))
 
@@ -355,6 +367,8 @@ class Transformer(nn.Module):
         if t > self.cfg["max_seq"]:
             raise ValueError("sequence length %d exceeds max_seq %d" % (t, self.cfg["max_seq"]))
         x = self.wte(tokens)
+        if self.cfg["scale_embeddings"]:  # Gemma's: the lookup times sqrt(width); the head unscaled
+            x = x * math.sqrt(self.cfg["width"])
         if self.wpe is not None:
             x = x + self.wpe.weight[:t]
         routing = []

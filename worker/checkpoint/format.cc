@@ -67,6 +67,8 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_head_dim(m.explicit_head_dim);
   s.set_qk_norm(m.qk_norm);
   s.set_sliding_window(m.sliding_window);
+  s.set_geglu(m.geglu);
+  s.set_scale_embeddings(m.scale_embeddings);
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
@@ -105,6 +107,8 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.explicit_head_dim = s.head_dim();
   m.qk_norm = s.qk_norm();
   m.sliding_window = s.sliding_window();
+  m.geglu = s.geglu();
+  m.scale_embeddings = s.scale_embeddings();
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {

@@ -50,6 +50,18 @@ HfTensorMap Whole(std::string ours, std::vector<int64_t> shape, std::string thei
   return {std::move(ours), std::move(shape), {{std::move(theirs), 0, rows, transpose}}};
 }
 
+// Gemma's layout: a Llama model with GeGLU and scaled embeddings (nothing else tells them apart).
+bool IsGemma(const ModelConfig& m) {
+  return m.family == ModelFamily::kLlama && m.geglu && m.scale_embeddings;
+}
+
+// An RMSNorm's weight: Gemma's stores weight − 1.
+HfTensorMap Norm(const ModelConfig& m, std::string ours, int64_t width, std::string theirs) {
+  HfTensorMap norm = Whole(std::move(ours), {width}, std::move(theirs));
+  if (IsGemma(m)) norm.shift = 1.0f;
+  return norm;
+}
+
 void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.ffn_hidden, qkv = m.qkv_width();
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("h.", l, ".");
@@ -101,7 +113,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
   const bool fused = projections == HfProjections::kFused;
-  out.push_back(Whole(p + "ln1.w", {c}, h + "input_layernorm.weight"));
+  out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
   if (fused) {  // Phi-3's
     out.push_back(Whole(p + "attn.qkv.w", {q + 2 * kv, c}, h + "self_attn.qkv_proj.weight"));
   } else {
@@ -123,7 +135,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
     out.push_back(Whole(p + "attn.k_norm.w", {d}, h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
-  out.push_back(Whole(p + "ln2.w", {c}, h + "post_attention_layernorm.weight"));
+  out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
   if (m.moe.IsMoeLayer(l)) {
     return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
   }
@@ -249,7 +261,10 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   return scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false);
 }
 
-absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
+// A Llama-family config's sizes, norm, RoPE and embeddings (not its activation). Heads wider than
+// hidden_size / num_attention_heads are `head_dim`, the config's or else `default_head_dim` (0:
+// that quotient).
+absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_head_dim = 0) {
   m.family = ModelFamily::kLlama;
   TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
   TY_RETURN_IF_ERROR(f.Int("max_position_embeddings", &m.max_seq));
@@ -261,7 +276,7 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Int("num_key_value_heads", &m.kv_heads, /*required=*/false));
   // Heads wider than hidden_size / num_attention_heads (Mistral Nemo's, Qwen3's) are the
   // model's head_dim; without the key they are that quotient.
-  int head_dim = 0;
+  int head_dim = default_head_dim;
   TY_RETURN_IF_ERROR(f.Int("head_dim", &head_dim, /*required=*/false));
   if (head_dim != 0 && (m.heads < 1 || int64_t{head_dim} * m.heads != m.width)) {
     m.explicit_head_dim = head_dim;
@@ -277,8 +292,28 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
     TY_RETURN_IF_ERROR(f.Bool(key, &biased));
     if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
   }
-  TY_RETURN_IF_ERROR(ReadRopeScaling(f, m));
+  return ReadRopeScaling(f, m);
+}
+
+absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m));
   return f.OneOf("hidden_act", {"silu"});
+}
+
+// Gemma's (GemmaForCausalLM): Llama's model with GeGLU, embeddings scaled by √hidden_size, tied
+// embeddings and 256-wide heads unless the config says otherwise, and its norms' weights less one
+// (HfTensors). Gemma's MLP is GELU with the tanh approximation: the first published configs say
+// hidden_act "gelu" and transformers reads that as the approximation unless hidden_activation
+// says otherwise; an explicit exact GELU is refused.
+absl::Status ReadGemmaConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
+  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;  // Gemma's default
+  m.geglu = true;
+  m.scale_embeddings = true;
+  if (f.Has("hidden_activation")) {
+    return f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"});
+  }
+  return f.OneOf("hidden_act", {"gelu_pytorch_tanh", "gelu", "gelu_new"});
 }
 
 // Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
@@ -424,10 +459,34 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// GeGLU and scaled embeddings travel together, as Gemma (whose model has nothing else of the
+// Llama family's options).
+absl::Status CheckGemmaLayout(const ModelConfig& m) {
+  if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings)) {
+    return absl::OkStatus();
+  }
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes and reads a Llama model with GeGLU or scaled embeddings in Gemma's "
+        "layout only (model.activation geglu and model.scale_embeddings together, no biases, "
+        "query and key norms, sliding window, RoPE scaling or MoE blocks)"));
+  };
+  if (!m.geglu) return bad("activation", "is swiglu with scale_embeddings");
+  if (!m.scale_embeddings) return bad("scale_embeddings", "is false with activation geglu");
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.sliding_window != 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
                                                    HfProjections projections) {
+  TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
   if (m.qkv_bias && m.qk_norm) {
     return absl::UnimplementedError(
@@ -445,30 +504,36 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
   } else {
     out.push_back(Whole("wte", {v, c}, "model.embed_tokens.weight"));
     for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, projections, out);
-    out.push_back(Whole("lnf.w", {c}, "model.norm.weight"));
+    out.push_back(Norm(m, "lnf.w", c, "model.norm.weight"));
   }
   if (!m.tied_embeddings) out.push_back(Whole("lm_head.w", {v, c}, "lm_head.weight"));
   return out;
 }
 
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs) {
-  const int64_t cols = RowElements(tensor);
+  const int64_t cols = RowElements(tensor), count = piece.rows * cols;
   const float* from = ours + piece.row_begin * cols;
   if (!piece.transpose) {
-    std::copy(from, from + piece.rows * cols, theirs);
-    return;
+    std::copy(from, from + count, theirs);
+  } else {
+    Transpose(from, piece.rows, cols, theirs);
   }
-  Transpose(from, piece.rows, cols, theirs);
+  if (tensor.shift != 0.0f) {
+    for (int64_t i = 0; i < count; ++i) theirs[i] -= tensor.shift;
+  }
 }
 
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours) {
-  const int64_t cols = RowElements(tensor);
+  const int64_t cols = RowElements(tensor), count = piece.rows * cols;
   float* to = ours + piece.row_begin * cols;
   if (!piece.transpose) {
-    std::copy(theirs, theirs + piece.rows * cols, to);
-    return;
+    std::copy(theirs, theirs + count, to);
+  } else {
+    Transpose(theirs, cols, piece.rows, to);
   }
-  Transpose(theirs, cols, piece.rows, to);
+  if (tensor.shift != 0.0f) {
+    for (int64_t i = 0; i < count; ++i) to[i] += tensor.shift;
+  }
 }
 
 namespace {
@@ -532,6 +597,21 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of Gemma (GemmaForCausalLM).
+std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"GemmaForCausalLM\"],\n  \"model_type\": \"gemma\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
+      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
+      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
+      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      ",\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n  \"hidden_activation\": "
+      "\"gelu_pytorch_tanh\",\n  \"attention_bias\": false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
 }  // namespace
 
 std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
@@ -549,6 +629,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
+  if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
@@ -566,6 +647,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGpt2Config(fields, m));
   } else if (model_type == "llama") {
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+  } else if (model_type == "gemma") {
+    TY_RETURN_IF_ERROR(ReadGemmaConfig(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -592,8 +675,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"mistral\", \"phi3\", "
-                     "\"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"mistral\", "
+                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
   }
   if (projections != nullptr) {
     *projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;

@@ -9,6 +9,8 @@
 // q_proj, k_proj, v_proj; mlp.fc.w's rows are gate_proj then up_proj. Trainyard's RoPE is the
 // half-split (rotate-half) convention Hugging Face's Llama uses, so q and k rows are not
 // permuted; Llama 3's RoPE scaling is config.json's rope_scaling {"rope_type": "llama3", ...}.
+// Gemma (GemmaForCausalLM): Llama's tensors for a model with model.activation geglu and
+// model.scale_embeddings, each RMSNorm weight stored less one (HfTensorMap::shift).
 // Phi-3 (Phi3ForCausalLM, read only): Llama's model with q, k and v fused in qkv_proj and gate
 // and up in gate_up_proj (HfProjections). Mixtral: the router is block_sparse_moe.gate; expert j's
 // rows of moe.experts.fc.w are its w1 (gate) then w3 (up), and its [C, ffn] slab of
@@ -39,10 +41,13 @@ struct HfPiece {
 };
 
 // One of our global tensors (the ParameterLayout name and shape) and the pieces that make it.
+// Ours = theirs + shift: Gemma stores each RMSNorm weight less one (its norm multiplies by
+// 1 + weight), so its norms' shift is 1; every other tensor's is 0.
 struct HfTensorMap {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<HfPiece> pieces;
+  float shift = 0.0f;
 };
 
 // The shape of `piece` of `tensor` in Hugging Face's layout (of a 3-d tensor [n, a, b], a piece
@@ -63,7 +68,7 @@ enum class HfProjections { kSeparate, kFused };
     const config::ModelConfig& model, HfProjections projections = HfProjections::kSeparate);
 
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid
-// out as Hugging Face's tensor; and back.
+// out as Hugging Face's tensor, less the tensor's shift; and back, plus the shift.
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs);
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours);
 

@@ -146,6 +146,12 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
       SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   TY_RETURN_IF_ERROR(SameChoice("qkv_bias", file.qkv_bias, spec.qkv_bias, source));
   TY_RETURN_IF_ERROR(SameChoice("qk_norm", file.qk_norm, spec.qk_norm, source));
+  TY_RETURN_IF_ERROR(
+      SameChoice("scale_embeddings", file.scale_embeddings, spec.scale_embeddings, source));
+  if (file.geglu != spec.geglu) {
+    auto text = [](bool geglu) { return std::string(geglu ? "geglu" : "swiglu"); };
+    return Differ("activation", text(file.geglu), source, text(spec.geglu));
+  }
   if (file.head_dim() != spec.head_dim()) {
     return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
   }
@@ -258,6 +264,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       "Hugging Face ",
       gpt2                                   ? "gpt2"
       : projections == HfProjections::kFused ? "phi3"
+      : model_.geglu                         ? "gemma"
       : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
       : model_.qkv_bias                      ? "qwen2"
       : model_.qk_norm                       ? "qwen3"

@@ -342,6 +342,20 @@ TEST(ParseJobSpecTest, SlidingWindow) {
   EXPECT_EQ(windowed.model.ParameterCount(), plain.model.ParameterCount());
 }
 
+// Gemma's MLP gate and embedding scale change what the parameters compute, not how many there are.
+TEST(ParseJobSpecTest, GegluAndScaledEmbeddings) {
+  JobSpec plain = MustParse("name: g\nmodel: {preset: llama-debug}\n");
+  JobSpec gemma = MustParse(
+      "name: g\nmodel: {preset: llama-debug, activation: geglu, scale_embeddings: true}\n");
+  JobSpec swiglu = MustParse("name: g\nmodel: {preset: llama-debug, activation: swiglu}\n");
+  EXPECT_FALSE(plain.model.geglu || plain.model.scale_embeddings || swiglu.model.geglu);
+  EXPECT_TRUE(gemma.model.geglu && gemma.model.scale_embeddings);
+  EXPECT_EQ(plain.model.embedding_scale(), 1.0f);
+  EXPECT_EQ(gemma.model.embedding_scale(),
+            static_cast<float>(std::sqrt(static_cast<double>(gemma.model.width))));
+  EXPECT_EQ(gemma.model.ParameterCount(), plain.model.ParameterCount());
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

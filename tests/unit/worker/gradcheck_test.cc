@@ -137,19 +137,22 @@ TEST_F(GradCheck, Gelu) {
   CheckGradients("gelu", {Random(n, rng_, 2.0f)}, fwd, bwd);
 }
 
-TEST_F(GradCheck, Swiglu) {
+TEST_F(GradCheck, GatedUnits) {
   const int64_t rows = 3, f = 8;
-  auto fwd = [&](const Tensors& in) {
-    std::vector<float> out(rows * f);
-    be_->Swiglu(A(out.data()), A(in[0].data()), rows, f);
-    return out;
-  };
-  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
-    Tensors g{std::vector<float>(rows * 2 * f)};
-    be_->SwigluBackward(A(g[0].data()), A(dout.data()), A(in[0].data()), rows, f);
-    return g;
-  };
-  CheckGradients("swiglu", {Random(rows * 2 * f, rng_, 2.0f)}, fwd, bwd);
+  for (const kernels::GluGate gate : {kernels::GluGate::kSilu, kernels::GluGate::kGeluTanh}) {
+    auto fwd = [&](const Tensors& in) {
+      std::vector<float> out(rows * f);
+      be_->Glu(A(out.data()), A(in[0].data()), rows, f, gate);
+      return out;
+    };
+    auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+      Tensors g{std::vector<float>(rows * 2 * f)};
+      be_->GluBackward(A(g[0].data()), A(dout.data()), A(in[0].data()), rows, f, gate);
+      return g;
+    };
+    CheckGradients(gate == kernels::GluGate::kSilu ? "swiglu" : "geglu",
+                   {Random(rows * 2 * f, rng_, 2.0f)}, fwd, bwd);
+  }
 }
 
 // With Llama 3's scaling, whose three regimes a head of 6 at an original context of 8 all has.
@@ -229,17 +232,21 @@ TEST_F(GradCheck, SoftmaxCrossEntropy) {
 TEST_F(GradCheck, Embedding) {
   const int64_t b = 2, t = 4, c = 5, vocab = 6;
   const std::vector<int32_t> tokens{0, 3, 3, 5, 1, 1, 1, 2};
-  auto fwd = [&](const Tensors& in) {
-    std::vector<float> out(b * t * c);
-    be_->Embedding(A(out.data()), tokens.data(), in[0].data(), in[1].data(), b, t, c);
-    return out;
-  };
-  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
-    Tensors g{std::vector<float>(vocab * c), std::vector<float>(t * c)};
-    be_->EmbeddingBackward(g[0].data(), g[1].data(), A(dout.data()), tokens.data(), b, t, c, vocab);
-    return g;
-  };
-  CheckGradients("embedding", {Random(vocab * c, rng_), Random(t * c, rng_)}, fwd, bwd);
+  for (const float scale : {1.0f, 2.25f}) {  // 2.25: Gemma's √width for a width of 5.0625
+    auto fwd = [&](const Tensors& in) {
+      std::vector<float> out(b * t * c);
+      be_->Embedding(A(out.data()), tokens.data(), in[0].data(), in[1].data(), b, t, c, scale);
+      return out;
+    };
+    auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+      Tensors g{std::vector<float>(vocab * c), std::vector<float>(t * c)};
+      be_->EmbeddingBackward(g[0].data(), g[1].data(), A(dout.data()), tokens.data(), b, t, c,
+                             vocab, scale);
+      return g;
+    };
+    CheckGradients(scale == 1.0f ? "embedding" : "scaled embedding",
+                   {Random(vocab * c, rng_), Random(t * c, rng_)}, fwd, bwd);
+  }
 }
 
 // The whole model, both families: for every parameter tensor, the loss's directional

@@ -246,9 +246,10 @@ TEST(MoeExperts, TheCpuGroupedPassIsTheExpertByExpertLoop) {
     for (float& x : v) x = scale * normal(gen);
     return v;
   };
-  for (bool gated : {false, true}) {
+  for (const char* activation : {"gelu", "swiglu", "geglu"}) {
+    const bool gated = activation != std::string_view("gelu");
     for (int threads : {1, 2}) {
-      SCOPED_TRACE(testing::Message() << (gated ? "swiglu" : "gelu") << ", threads " << threads);
+      SCOPED_TRACE(testing::Message() << activation << ", threads " << threads);
       const int64_t fc = gated ? 2 * ffn : ffn;
       std::vector<float> fc_w = random(experts * fc * width, 0.3f);
       std::vector<float> proj_w = random(experts * width * ffn, 0.3f);
@@ -258,6 +259,7 @@ TEST(MoeExperts, TheCpuGroupedPassIsTheExpertByExpertLoop) {
                           .width = width,
                           .ffn = ffn,
                           .gated = gated,
+                          .gate = kernels::GluGateOf(activation == std::string_view("geglu")),
                           .fc_w = fc_w.data(),
                           .fc_b = gated ? nullptr : fc_b.data(),
                           .proj_w = proj_w.data(),

@@ -185,6 +185,17 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_TRUE(CheckModelMatches(SignatureOf(windowed), model).ok());
   EXPECT_EQ(ModelFromSignature(SignatureOf(windowed))->sliding_window, 8);
   EXPECT_EQ(ModelFromSignature(SignatureOf(model))->sliding_window, 0);
+
+  // So are Gemma's GeGLU and embedding scale: recorded for exports, not compared on resume.
+  config::ModelConfig gemma = model;
+  gemma.geglu = true;
+  gemma.scale_embeddings = true;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(gemma), model).ok());
+  const absl::StatusOr<config::ModelConfig> read = ModelFromSignature(SignatureOf(gemma));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->geglu && read->scale_embeddings);
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->geglu);
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(model))->scale_embeddings);
 }
 
 config::ModelConfig MoeModel() {

@@ -2,6 +2,7 @@
 // and config.json, llm.c model files, and the one-line refusals of bad input, all on an
 // in-memory filesystem.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -611,6 +612,115 @@ TEST(HfFormat, Qwen3ConfigReadsAsLlamaWithQueryAndKeyNorms) {
               HasSubstr("attention_bias"));
 }
 
+// Gemma 2B's published config.json (GemmaForCausalLM): Llama's model with GeGLU, embeddings scaled
+// by √2048, tied embeddings, one key/value head, and each norm's weight stored less one. Its
+// hidden_act "gelu" is the tanh approximation Gemma was trained with (transformers reads it so
+// without hidden_activation); an explicit exact GELU is refused.
+TEST(HfFormat, GemmaConfigReadsAsLlamaWithGegluAndScaledEmbeddings) {
+  const std::string json = R"({
+    "architectures": ["GemmaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 2, "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 16384,
+    "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 8,
+    "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+    "transformers_version": "4.38.0.dev0", "use_cache": true, "vocab_size": 256000})";
+  auto m = ModelFromHfConfig(json, "gemma-2b/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_TRUE(m->geglu);
+  EXPECT_TRUE(m->scale_embeddings);
+  EXPECT_TRUE(m->tied_embeddings);  // Gemma's default: the config does not say
+  EXPECT_EQ(m->kv_heads, 1);
+  EXPECT_EQ(m->head_dim(), 256);
+  EXPECT_EQ(m->norm_eps, 1e-6f);
+  EXPECT_EQ(m->embedding_scale(), static_cast<float>(std::sqrt(2048.0)));
+  // By hand: 18 · (q 2048·2048 + k, v 2 · 256·2048 + o 2048·2048 + MLP 3 · 16384·2048 + norms
+  // 2 · 2048) + the embedding 256000·2048 + the final norm 2048: the card's 2.5B.
+  EXPECT_EQ(m->ParameterCount(), 2506172416);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"GemmaForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"hidden_activation\": \"gelu_pytorch_tanh\""));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->geglu && back->scale_embeddings && back->tied_embeddings);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  // Every RMSNorm weight, and nothing else, is stored less one.
+  auto tensors = HfTensors(*m);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  int shifted = 0;
+  for (const HfTensorMap& t : *tensors) {
+    const bool norm = t.pieces[0].name.find("norm.weight") != std::string::npos;
+    EXPECT_EQ(t.shift, norm ? 1.0f : 0.0f) << t.name;
+    shifted += t.shift != 0.0f;
+  }
+  EXPECT_EQ(shifted, 2 * 18 + 1);
+  const HfTensorMap& lnf = tensors->back();
+  const float ours[] = {1.5f, 0.25f}, theirs[] = {0.5f, -0.75f};
+  HfTensorMap norm{lnf.name, {2}, {{lnf.pieces[0].name, 0, 2}}, 1.0f};
+  float out[2];
+  ToHf(norm, norm.pieces[0], ours, out);
+  EXPECT_THAT(out, ::testing::ElementsAre(0.5f, -0.75f));
+  FromHf(norm, norm.pieces[0], theirs, out);
+  EXPECT_THAT(out, ::testing::ElementsAre(1.5f, 0.25f));
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return ModelFromHfConfig(changed, "g/config.json");
+  };
+  // Gemma 1.1's configs name the approximation; heads default to 256 wide.
+  EXPECT_TRUE(with("\"hidden_act\": \"gelu\"",
+                   "\"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu_pytorch_tanh\"")
+                  .ok());
+  EXPECT_EQ(with("\"head_dim\": 256, ", "")->head_dim(), 256);
+  EXPECT_FALSE(
+      with("\"rope_theta\"", "\"tie_word_embeddings\": false, \"rope_theta\"")->tied_embeddings);
+  EXPECT_THAT(
+      with("\"hidden_act\": \"gelu\"", "\"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu\"")
+          .status()
+          .message(),
+      HasSubstr("g/config.json: hidden_activation must be \"gelu_pytorch_tanh\""));
+  EXPECT_THAT(with("\"hidden_act\": \"gelu\"", "\"hidden_act\": \"silu\"").status().message(),
+              HasSubstr("g/config.json: hidden_act must be \"gelu_pytorch_tanh\""));
+
+  // GeGLU and scaled embeddings travel together, and with nothing of Gemma's later models.
+  config::ModelConfig half = *m;
+  half.scale_embeddings = false;
+  EXPECT_THAT(HfTensors(half).status().message(),
+              HasSubstr("model.scale_embeddings: is false with activation geglu"));
+  half = *m;
+  half.geglu = false;
+  EXPECT_THAT(HfTensors(half).status().message(),
+              HasSubstr("model.activation: is swiglu with scale_embeddings"));
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 4096;
+  EXPECT_EQ(HfTensors(windowed).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Gemma 7B's shape: 16 heads of 256 over a width of 3072 (q 4096 wide). By hand: 28 · (q, k, v
+// 3 · 4096·3072 + o 3072·4096 + MLP 3 · 24576·3072 + norms 2 · 3072) + the embedding
+// 256000·3072 + the final norm 3072: the card's 8.5B.
+TEST(HfFormat, Gemma7bConfigHasWideHeads) {
+  const std::string json = R"({
+    "architectures": ["GemmaForCausalLM"], "attention_bias": false, "bos_token_id": 2,
+    "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3072, "intermediate_size": 24576,
+    "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 16,
+    "num_hidden_layers": 28, "num_key_value_heads": 16, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "vocab_size": 256000})";
+  auto m = ModelFromHfConfig(json, "gemma-7b/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->explicit_head_dim, 256);
+  EXPECT_EQ(m->attention_width(), 4096);
+  EXPECT_EQ(m->ParameterCount(), 8537680896);
+  auto back = ModelFromHfConfig(HfConfigJson(*m, TensorDtype::kBF16), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->head_dim(), 256);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+}
+
 // A config.json of Qwen3-30B-A3B's shape (Qwen3MoeForCausalLM's keys): Qwen3's attention and 128
 // experts of 768, 8 per token, renormalised, in every block. Written back it is Qwen3-MoE again,
 // also with MoE every second block and the top k as scored; blocks forced dense are refused.
@@ -742,8 +852,8 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
               HasSubstr("m/config.json: num_experts_per_tok is 5, more than the 4"));
   EXPECT_THAT(with("\"num_local_experts\": 4,", ""),
               HasSubstr("m/config.json: num_local_experts is missing"));
-  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "gemma"})", "x/config.json").status().message(),
-              HasSubstr("x/config.json: model_type is \"gemma\""));
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "falcon"})", "x/config.json").status().message(),
+              HasSubstr("x/config.json: model_type is \"falcon\""));
   EXPECT_THAT(
       ModelFromHfConfig(R"({"model_type": "gpt2", "n_embd": 64})", "c.json").status().message(),
       HasSubstr("c.json: vocab_size is missing"));
