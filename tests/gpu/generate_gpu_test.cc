@@ -23,11 +23,13 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
-  bool moe = false;  // four experts, top-2, a shared expert in every second block
+  bool moe = false;    // four experts, top-2, a shared expert in every second block
+  bool gemma = false;  // llama: GeGLU experts too, and embeddings scaled by √width (Gemma's)
 };
 
 config::ModelConfig ModelOf(const Case& c) {
   config::ModelConfig mc = *config::Preset(c.preset);
+  mc.geglu = mc.scale_embeddings = c.gemma;
   if (!c.moe) return mc;
   mc.moe = {.experts = 4, .top_k = 2, .shared_experts = 1, .every = 2, .ffn = 64};
   if (mc.family == config::ModelFamily::kLlama) {  // the other router: sigmoid, selection bias
@@ -85,20 +87,22 @@ TEST_P(GenerateOnGpu, GreedyTokensAreTheCpuArgmaxAndDrawsRepeat) {
   EXPECT_EQ(*first, *again);
 }
 
-INSTANTIATE_TEST_SUITE_P(DebugPresets, GenerateOnGpu,
-                         ::testing::Values(Case{"gpt2-debug", DType::kF32},
-                                           Case{"gpt2-debug", DType::kBF16},
-                                           Case{"llama-debug", DType::kF32},
-                                           Case{"llama-debug", DType::kBF16},
-                                           Case{"gpt2-debug", DType::kF32, /*moe=*/true},
-                                           Case{"llama-debug", DType::kF32, /*moe=*/true}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = std::string(info.param.preset) +
-                                              (info.param.moe ? "_moe_" : "_") +
-                                              DTypeName(info.param.act);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    DebugPresets, GenerateOnGpu,
+    ::testing::Values(Case{"gpt2-debug", DType::kF32}, Case{"gpt2-debug", DType::kBF16},
+                      Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16},
+                      Case{"gpt2-debug", DType::kF32, /*moe=*/true},
+                      Case{"llama-debug", DType::kF32, /*moe=*/true},
+                      Case{"llama-debug", DType::kBF16, /*moe=*/false,
+                           /*gemma=*/true},
+                      Case{"llama-debug", DType::kF32, /*moe=*/true,
+                           /*gemma=*/true}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = std::string(info.param.preset) + (info.param.moe ? "_moe_" : "_") +
+                         (info.param.gemma ? "gemma_" : "") + DTypeName(info.param.act);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 }  // namespace
 }  // namespace trainyard::worker

@@ -46,6 +46,7 @@ struct Case {
   int head_dim = 0;       // llama: model.head_dim (0: width / heads)
   bool qk_norm = false;   // llama: norms of each query and key head (Qwen3's layout)
   int window = 0;         // llama: model.sliding_window (0: none)
+  bool gemma = false;     // llama: GeGLU and embeddings scaled by √width (Gemma's)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -54,7 +55,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.moe ? "_moe" : "") + (info.param.qkv_bias ? "_qkv_bias" : "") +
       (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "") +
       (info.param.qk_norm ? "_qk_norm" : "") +
-      (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "");
+      (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "") +
+      (info.param.gemma ? "_gemma" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -114,6 +116,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.explicit_head_dim = c.head_dim;
   mc.qk_norm = c.qk_norm;
   mc.sliding_window = c.window;
+  mc.geglu = mc.scale_embeddings = c.gemma;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -482,7 +485,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kBF16, false, false, 32, true},
                       // A sliding window of 20 of the 48 positions (Mistral's attention).
                       Case{"llama-debug", DType::kF32, false, false, 0, false, 20},
-                      Case{"llama-debug", DType::kBF16, false, false, 0, false, 20}),
+                      Case{"llama-debug", DType::kBF16, false, false, 0, false, 20},
+                      // Gemma's model: GeGLU, scaled embeddings, heads of 32.
+                      Case{"llama-debug", DType::kF32, false, false, 32, false, 0, true},
+                      Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -137,6 +137,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .head_dim = mesh.head_dim,
                      .qk_norm = mesh.qk_norm,
                      .sliding_window = mesh.sliding_window,
+                     .gemma = mesh.gemma,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -190,6 +191,19 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                        ::testing::Values(MeshCase{
                            .name = "mistral_window_cp2", .cp = 2, .sliding_window = 5})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// GeGLU with scaled embeddings exports as Gemma (GemmaForCausalLM's config, each norm's weight
+// stored less one) and reads back split over tensor-parallel ranks, the norms whole on each.
+INSTANTIATE_TEST_SUITE_P(
+    Gemma, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "gemma_dp2_tp2_zero3",
+                                                  .dp = 2,
+                                                  .tp = 2,
+                                                  .zero = 3,
+                                                  .head_dim = 24,
+                                                  .gemma = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole
@@ -425,6 +439,13 @@ TEST(HfOracleQwen3, ExportedFilesGiveTrainyardsLogits) {
 TEST(HfOracleQwen3Moe, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true, .experts = 4});
+}
+
+// Gemma's model (GeGLU, embeddings times √width, wide heads) exports as Gemma, which the oracle
+// computes with transformers' Gemma conventions: each norm multiplies by 1 + its stored weight.
+TEST(HfOracleGemma, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .head_dim = 24, .gemma = true});
 }
 
 // A sliding window of 5 travels as Mistral's sliding_window, which the oracle applies as

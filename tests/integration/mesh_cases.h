@@ -23,6 +23,7 @@ struct MeshCase {
   int head_dim = 0;        // llama: model.head_dim (0: width / heads)
   bool qk_norm = false;    // llama: Qwen3's norms of each query and key head
   int sliding_window = 0;  // llama: model.sliding_window (0: none)
+  bool gemma = false;      // llama: Gemma's GeGLU and embeddings scaled by √width
   int micro_batch = 0;     // 0: the spec's
   int seq_len = 0;         // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -59,6 +60,8 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
     spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
     if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
+    spec->model.geglu = spec->model.geglu || mesh.gemma;
+    spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
   }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
@@ -124,6 +127,9 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     // for the weight pass.
     {.name = "dp2_tp2_zero3_qwen3", .dp = 2, .tp = 2, .zero = 3, .head_dim = 32, .qk_norm = true},
     {.name = "zb_tp2_pp2_qk_norm", .tp = 2, .pp = 2, .schedule = kZeroBubble, .qk_norm = true},
+    // Gemma's model: each vocabulary shard's rows scaled before the sum, scattered under
+    // sequence parallelism, on the first of two stages.
+    {.name = "tp2_pp2_sp_gemma", .tp = 2, .pp = 2, .sequence_parallel = true, .gemma = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -182,6 +188,7 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     // one before and part of the one before that; the ring skips the blocks of older chunks.
     {.name = "cp4_window", .cp = 4, .sliding_window = 5, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
+    {.name = "cp2_gemma", .cp = 2, .gemma = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},
     {.name = "cp2_pp2_il",

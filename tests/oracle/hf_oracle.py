@@ -3,7 +3,8 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2", "llama", "qwen2", "qwen3", "qwen3_moe" or "mixtral") and
+MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "mistral", "phi3", "qwen2", "qwen3",
+"qwen3_moe" or "mixtral") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -13,7 +14,7 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
+GemmaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
 documented conventions; it needs neither transformers nor safetensors: it reads the files with its
 own parser (numpy) and computes the forward passes in PyTorch, in float64. See README.md for the conventions.
 
@@ -289,7 +290,7 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, mistral, "
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, mistral, "
                          "phi3, qwen2, qwen3, qwen3_moe or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -455,6 +456,8 @@ class Llama:
 
     qkv_bias = False
     qk_norm = False
+    tied_by_default = False
+    default_head_dim = None  # None: hidden_size / num_attention_heads
 
     def __init__(self, cfg):
         self.vocab = cfg.int("vocab_size")
@@ -464,14 +467,14 @@ class Llama:
         self.heads = cfg.int("num_attention_heads")
         kv = cfg.raw.get("num_key_value_heads")
         self.kv_heads = self.heads if kv is None else cfg.int("num_key_value_heads")
-        head_dim = cfg.raw.get("head_dim")
+        head_dim = cfg.raw.get("head_dim", self.default_head_dim)
         if head_dim is None:
             if self.width % self.heads != 0:
                 raise InputError("%s: hidden_size %d is not divisible by num_attention_heads %d "
                                  "(and head_dim is not given)" % (cfg.path, self.width, self.heads))
             self.head_dim = self.width // self.heads
         else:
-            self.head_dim = cfg.int("head_dim")
+            self.head_dim = cfg.int("head_dim", self.default_head_dim)
         if self.head_dim % 2 != 0:
             raise InputError("%s: RoPE needs an even head dimension, got %d"
                              % (cfg.path, self.head_dim))
@@ -481,8 +484,9 @@ class Llama:
         self.max_positions = cfg.int("max_position_embeddings")
         self.eps = cfg.positive("rms_norm_eps", 1e-6)
         self.theta = cfg.positive("rope_theta", 10000.0)
-        self.tied = cfg.bool("tie_word_embeddings", False)
-        cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
+        self.tied = cfg.bool("tie_word_embeddings", self.tied_by_default)
+        self.embedding_scale = 1.0
+        self.read_activation(cfg)
         cfg.require("attention_bias", False, (False,), "projections without biases")
         cfg.require("mlp_bias", False, (False,), "projections without biases")
         self.scaling = None
@@ -501,6 +505,13 @@ class Llama:
             raise InputError("%s: rope_scaling = %s is not supported (plain RoPE or llama3)"
                              % (cfg.path, json.dumps(scaling)))
         self.windows = [None] * self.layers  # each layer's sliding window, None for none
+
+    def read_activation(self, cfg):
+        cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
+
+    def norm(self, x, weight):
+        """The model's RMSNorm with the stored weight."""
+        return rms_norm(x, weight, self.eps)
 
     def read_window(self, cfg, sliding_from=0):
         """sliding_window (null for none) in the layers from `sliding_from` on."""
@@ -547,24 +558,24 @@ class Llama:
         """tokens [B, T] -> logits [B, T, V]."""
         cos, sin = rope_tables(tokens.shape[1], self.head_dim, self.theta, self.scaling)
         group = self.heads // self.kv_heads
-        x = w["model.embed_tokens.weight"][tokens]
+        x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
         for i in range(self.layers):
             p = "model.layers.%d." % i
-            a = rms_norm(x, w[p + "input_layernorm.weight"], self.eps)
+            a = self.norm(x, w[p + "input_layernorm.weight"])
             q = split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads)
             k = split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads)
             if self.qk_norm:  # Qwen3: each head's RMSNorm over its D, before RoPE
-                q = rms_norm(q, w[p + "self_attn.q_norm.weight"], self.eps)
-                k = rms_norm(k, w[p + "self_attn.k_norm.weight"], self.eps)
+                q = self.norm(q, w[p + "self_attn.q_norm.weight"])
+                k = self.norm(k, w[p + "self_attn.k_norm.weight"])
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             y = merge_heads(causal_attention(q, k, v, self.windows[i]))
             x = x + y @ w[p + "self_attn.o_proj.weight"].T
-            m = rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)
+            m = self.norm(x, w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(w, p, m)
-        x = rms_norm(x, w["model.norm.weight"], self.eps)
+        x = self.norm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
         return x @ head.T
 
@@ -587,6 +598,35 @@ class Llama:
 def swiglu(m, gate, up, down):
     """down(silu(gate(m)) * up(m)), nn.Linear weights [out, in]."""
     return (silu(m @ gate.T) * (m @ up.T)) @ down.T
+
+
+class Gemma(Llama):
+    """GemmaForCausalLM: Llama's tensors; the token embeddings times sqrt(hidden_size) on the way
+    in (not in the tied head), each RMSNorm multiplying by 1 + its stored weight, the MLP
+    down(gelu_tanh(gate(m)) * up(m)), heads 256 wide and tied embeddings unless the config says
+    otherwise. The activation is hidden_activation, or without it the tanh approximation
+    whatever hidden_act says (Gemma's first configs wrote "gelu" for it)."""
+
+    tied_by_default = True
+    default_head_dim = 256
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.embedding_scale = math.sqrt(self.width)
+
+    def read_activation(self, cfg):
+        tanh = ("gelu_pytorch_tanh", "gelu_new")
+        if cfg.raw.get("hidden_activation") is not None:
+            cfg.require("hidden_activation", None, tanh, "Gemma's GELU is the tanh approximation")
+        else:
+            cfg.require("hidden_act", "gelu", tanh + ("gelu",), "Gemma's MLP is GeGLU")
+
+    def norm(self, x, weight):
+        return rms_norm(x, 1.0 + weight, self.eps)
+
+    def mlp(self, w, p, m):
+        gate = m @ w[p + "mlp.gate_proj.weight"].T
+        return (gelu_new(gate) * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
 
 
 class Mistral(Llama):
@@ -754,7 +794,7 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
+MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral}
 
 

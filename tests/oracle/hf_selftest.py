@@ -418,6 +418,35 @@ class HfOracleTest(unittest.TestCase):
         proc, _ = self.run_oracle(llama_dir, tokens)
         self.assertEqual(proc.returncode, 2)
 
+    def test_gemma_matches_torch_model(self):
+        # Llama with GeGLU, embeddings times sqrt(width), one key/value head of 6 and each norm
+        # stored less one; hidden_act "gelu" as Gemma's first configs wrote it (the tanh
+        # approximation).
+        cfg = small_cfg("llama", activation="geglu", scale_embeddings=True, head_dim=6,
+                        kv_heads=1, tied_embeddings=True)
+        config = dict(llama_hf_config(cfg), model_type="gemma", architectures=["GemmaForCausalLM"],
+                      hidden_act="gelu", attention_bias=False)
+        del config["tie_word_embeddings"]  # Gemma's default: tied
+
+        def to_hf(params):
+            return [(name, array - 1.0 if name.endswith("norm.weight") else array)
+                    for name, array in llama_hf_tensors(cfg, params)]
+
+        model_dir, tokens, got = self.check_against_torch_model("gemma", cfg, to_hf, config)
+        # Read as Llama's model (SiLU, unscaled embeddings, the stored weights as the norms'), the
+        # same file gives other logits; an exact GELU is refused.
+        llama_dir = self.write_model("gemma_as_llama", dict(config, model_type="llama",
+                                                            hidden_act="silu",
+                                                            tie_word_embeddings=True),
+                                     to_hf(contract_params(random_model(cfg, seed=len("gemma")))))
+        self.assertGreater(np.abs(self.oracle_logits(llama_dir, tokens, cfg["vocab"]) - got).max(),
+                           1e-2)
+        exact = self.write_model("gemma_exact_gelu", dict(config, hidden_activation="gelu"),
+                                 to_hf(contract_params(random_model(cfg, seed=1))))
+        proc, _ = self.run_oracle(exact, tokens)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("hidden_activation", proc.stderr)
+
     def test_mixtral_matches_torch_model(self):
         # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,
         # in every block; sharded, so the experts' tensors travel through the index too.

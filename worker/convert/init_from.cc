@@ -381,6 +381,9 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
     const auto& [file, info] = pieces_.at(piece.name);
     if (!piece.transpose) {
       file->ReadFloats(*info, lo - p0, hi - lo, out + (lo - begin));
+      if (m.shift != 0.0f) {
+        for (int64_t e = lo; e < hi; ++e) out[e - begin] += m.shift;
+      }
       continue;
     }
     // Theirs is [cols, rows] of ours: our rows [r_lo, r_hi) of the piece are one segment of
@@ -391,7 +394,7 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
       file->ReadFloats(*info, c * piece.rows + r_lo, r_hi - r_lo, segment.data());
       for (int64_t r = r_lo; r < r_hi; ++r) {
         const int64_t e = p0 + r * cols + c;
-        if (e >= lo && e < hi) out[e - begin] = segment[r - r_lo];
+        if (e >= lo && e < hi) out[e - begin] = segment[r - r_lo] + m.shift;
       }
     }
   }
@@ -430,7 +433,8 @@ const float* WeightSource::Direct(const std::string& name) const {
     return reinterpret_cast<const float*>(llmc_->data() + 4 * kLlmcHeaderInts) + it->second.first;
   }
   auto it = maps_.find(name);
-  if (it == maps_.end() || it->second.pieces.size() != 1 || it->second.pieces[0].transpose) {
+  if (it == maps_.end() || it->second.pieces.size() != 1 || it->second.pieces[0].transpose ||
+      it->second.shift != 0.0f) {
     return nullptr;
   }
   const auto& [file, info] = pieces_.at(it->second.pieces[0].name);

@@ -56,7 +56,7 @@ class WeightSource {
  private:
   WeightSource() = default;
   // Our tensor `name` as it lies in the mapped file when it needs no conversion (fp32, one
-  // piece, not transposed, 4-byte aligned), else nullptr.
+  // piece, not transposed or shifted, 4-byte aligned), else nullptr.
   const float* Direct(const std::string& name) const;
   // Elements [begin, begin + count) of our global tensor `name`, row-major, into `out`: only
   // those elements are read (a transposed piece a segment of each of its rows at a time).
