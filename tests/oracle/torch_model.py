@@ -65,7 +65,8 @@ def normalize_config(cfg):
 
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
     Defaults: kv_heads = heads; head_dim = width / heads (llama may set another; 0 means the
-    default); sliding_window = 0 (none; llama may set one);
+    default); sliding_window = 0 (none; llama may set one); activation = swiglu (llama; geglu
+    is Gemma's) or gelu (gpt2); scale_embeddings = false (llama may set it: Gemma's sqrt(width));
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
