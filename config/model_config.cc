@@ -1,5 +1,6 @@
 #include "config/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -58,10 +59,18 @@ const std::map<std::string, ModelConfig>& Presets() {
 
 }  // namespace
 
+int ModelConfig::WindowOf(int layer) const {
+  const bool full =
+      std::binary_search(full_attention_layers.begin(), full_attention_layers.end(), layer);
+  return full ? 0 : sliding_window;
+}
+
 double ModelConfig::AttendedSpan(double seq_len) const {
   const double w = sliding_window;
   if (w == 0 || w >= seq_len) return seq_len;
-  return 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
+  // The full-attention blocks see seq_len, the others their window.
+  const double full = static_cast<double>(full_attention_layers.size()) / std::max(layers, 1);
+  return full * seq_len + (1.0 - full) * 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
 }
 
 int64_t ModelConfig::ParameterCount() const {
@@ -213,6 +222,23 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (c.family == ModelFamily::kGpt2 && c.sliding_window != 0) {
     return bad("sliding_window", "is for the llama family");
+  }
+  if (!c.full_attention_layers.empty()) {
+    if (c.sliding_window == 0) {
+      return bad("full_attention_layers",
+                 "needs a sliding_window (without one every block attends to every position)");
+    }
+    for (size_t i = 0; i < c.full_attention_layers.size(); ++i) {
+      const int32_t l = c.full_attention_layers[i];
+      if (l < 0 || l >= c.layers) {
+        return bad("full_attention_layers",
+                   absl::StrCat("layer ", l, " is not one of the ", c.layers, " layers (0 to ",
+                                c.layers - 1, ")"));
+      }
+      if (i > 0 && l <= c.full_attention_layers[i - 1]) {
+        return bad("full_attention_layers", "must list each layer once, in increasing order");
+      }
+    }
   }
   if (c.family == ModelFamily::kGpt2 && c.geglu) {
     return bad("activation", "geglu is for the llama family (GPT-2's MLP is GELU, ungated)");

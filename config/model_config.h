@@ -95,6 +95,10 @@ struct ModelConfig {
   // Llama family: each query attends to this many positions, its own and the ones just before it
   // (Mistral's, Phi-3's sliding window); 0 for every earlier position.
   int sliding_window = 0;
+  // Llama family, with a sliding window: the blocks (counted from 0) that attend to every earlier
+  // position all the same (Gemma's global layers, Qwen2's first max_window_layers); empty for
+  // the window in every block. Increasing, each below layers.
+  std::vector<int32_t> full_attention_layers;
   // Llama family: the MLP's gate is GELU with the tanh approximation instead of SiLU: GeGLU in
   // place of SwiGLU (Gemma's MLP).
   bool geglu = false;
@@ -115,9 +119,13 @@ struct ModelConfig {
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }
+  // The window block `layer` attends with: sliding_window, or 0 (every earlier position) in one
+  // of full_attention_layers.
+  int WindowOf(int layer) const;
   // The sequence length PaLM's attention count (4·h·s per token and layer forward) takes for a
-  // causal model at `seq_len`: seq_len itself (about twice the mean keys a query sees), or with a
-  // sliding window W below it twice the window's mean, (W·(W + 1) / 2 + (s − W)·W) / s.
+  // causal model at `seq_len`, the mean over the blocks: seq_len itself (about twice the mean
+  // keys a query sees), or with a sliding window W below it twice the window's mean,
+  // (W·(W + 1) / 2 + (s − W)·W) / s.
   double AttendedSpan(double seq_len) const;
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;

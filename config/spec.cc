@@ -160,13 +160,29 @@ absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
 }
 
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"preset",   "family",         "layers",          "width",
-                           "heads",    "kv_heads",       "head_dim",        "ffn_hidden",
-                           "vocab",    "max_seq",        "tied_embeddings", "qkv_bias",
-                           "qk_norm",  "sliding_window", "activation",      "scale_embeddings",
-                           "norm_eps", "rope_theta",     "rope_scaling",    "recompute",
-                           "moe",      "init_from"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"preset",
+                                          "family",
+                                          "layers",
+                                          "width",
+                                          "heads",
+                                          "kv_heads",
+                                          "head_dim",
+                                          "ffn_hidden",
+                                          "vocab",
+                                          "max_seq",
+                                          "tied_embeddings",
+                                          "qkv_bias",
+                                          "qk_norm",
+                                          "sliding_window",
+                                          "activation",
+                                          "scale_embeddings",
+                                          "norm_eps",
+                                          "rope_theta",
+                                          "rope_scaling",
+                                          "recompute",
+                                          "moe",
+                                          "init_from",
+                                          "full_attention_layers"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -185,6 +201,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadBool("qkv_bias", &m.qkv_bias));
   TY_RETURN_IF_ERROR(r.ReadBool("qk_norm", &m.qk_norm));
   TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
+  TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
   size_t activation = m.geglu ? 1 : 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
   m.geglu = activation == 1;

@@ -178,6 +178,10 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
     if (m.qkv_bias) absl::StrAppend(&yaml, "  qkv_bias: true\n");
     if (m.qk_norm) absl::StrAppend(&yaml, "  qk_norm: true\n");
     if (m.sliding_window != 0) absl::StrAppend(&yaml, "  sliding_window: ", m.sliding_window, "\n");
+    if (!m.full_attention_layers.empty()) {
+      absl::StrAppend(&yaml, "  full_attention_layers: [",
+                      absl::StrJoin(m.full_attention_layers, ", "), "]\n");
+    }
     if (m.geglu) absl::StrAppend(&yaml, "  activation: geglu\n");
     if (m.scale_embeddings) absl::StrAppend(&yaml, "  scale_embeddings: true\n");
     if (m.explicit_head_dim != 0) absl::StrAppend(&yaml, "  head_dim: ", m.explicit_head_dim, "\n");

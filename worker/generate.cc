@@ -214,7 +214,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .kv_stride = kv,
                                         .causal = prompt,
                                         .offset = pos,
-                                        .window = m.sliding_window});
+                                        .window = m.WindowOf(layer)});
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
   be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
   if (gpt2) {

@@ -533,7 +533,8 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   // parallelism).
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
-  const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.sliding_window};
+  const AttentionShape shape{
+      a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.WindowOf(layer)};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int li = layer - stage().first_layer;  // the block's index on this stage
   Act* x = a.resid[li].data();
@@ -655,7 +656,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, nr = local_rows(), width = c.width;
   const int64_t attn = dims_.attn;
-  const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.sliding_window};
+  const AttentionShape shape{
+      a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.WindowOf(layer)};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t ffn = o.mlp_ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
   Act* dx_full = sp_ ? a.dx_full.data() : dx;

@@ -138,6 +138,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .qk_norm = mesh.qk_norm,
                      .sliding_window = mesh.sliding_window,
                      .gemma = mesh.gemma,
+                     .full_layer = mesh.full_layer,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -171,8 +172,14 @@ INSTANTIATE_TEST_SUITE_P(
     Qwen2, HfRoundTrip,
     ::testing::Combine(
         ::testing::Values(ModelFamily::kLlama),
-        ::testing::Values(MeshCase{
-            .name = "qwen2_dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true})),
+        ::testing::Values(
+            MeshCase{.name = "qwen2_dp2_tp2_zero3", .dp = 2, .tp = 2, .zero = 3, .qkv_bias = true},
+            // Its window from layer max_window_layers (1) on, the blocks split over two stages.
+            MeshCase{.name = "qwen2_window_from_layer1_pp2",
+                     .pp = 2,
+                     .qkv_bias = true,
+                     .sliding_window = 5,
+                     .full_layer = 0})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Heads wider than width / heads export with config.json's head_dim (as Mistral Nemo's) and read
@@ -439,6 +446,14 @@ TEST(HfOracleQwen3, ExportedFilesGiveTrainyardsLogits) {
 TEST(HfOracleQwen3Moe, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .head_dim = 24, .qk_norm = true, .experts = 4});
+}
+
+// A window from layer 1 on travels as Qwen2's use_sliding_window with max_window_layers 1, which
+// the oracle applies as transformers does (its first layer sees every position).
+TEST(HfOracleQwen2, WindowFromMaxWindowLayersOn) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1", .qkv_bias = true, .sliding_window = 5, .full_layer = 0});
 }
 
 // Gemma's model (GeGLU, embeddings times √width, wide heads) exports as Gemma, which the oracle

@@ -24,6 +24,7 @@ struct MeshCase {
   bool qk_norm = false;    // llama: Qwen3's norms of each query and key head
   int sliding_window = 0;  // llama: model.sliding_window (0: none)
   bool gemma = false;      // llama: Gemma's GeGLU and embeddings scaled by √width
+  int full_layer = -1;     // llama, with a window: the one block without it (-1: none)
   int micro_batch = 0;     // 0: the spec's
   int seq_len = 0;         // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -60,6 +61,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
     spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
     if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
+    if (mesh.full_layer >= 0) spec->model.full_attention_layers = {mesh.full_layer};
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
   }
@@ -130,6 +132,8 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     // Gemma's model: each vocabulary shard's rows scaled before the sum, scattered under
     // sequence parallelism, on the first of two stages.
     {.name = "tp2_pp2_sp_gemma", .tp = 2, .pp = 2, .sequence_parallel = true, .gemma = true},
+    // A window in one of two stages' blocks only (local and global blocks, Gemma's pattern).
+    {.name = "pp2_window_second_full", .pp = 2, .sliding_window = 5, .full_layer = 1},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -187,6 +191,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     // A sliding window of 5 over chunks of 3: each query chunk sees its own chunk, all of the
     // one before and part of the one before that; the ring skips the blocks of older chunks.
     {.name = "cp4_window", .cp = 4, .sliding_window = 5, .seq_len = 24},
+    // The window in the second block only: the ring skips blocks in that block's attention alone.
+    {.name = "cp2_window_first_full", .cp = 2, .sliding_window = 5, .full_layer = 0, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
     {.name = "cp2_gemma", .cp = 2, .gemma = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},

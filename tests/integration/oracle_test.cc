@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_env.h"
 #include "worker/backend.h"
@@ -98,7 +99,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
       << ", \"head_dim\": " << c.explicit_head_dim
       << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false")
-      << ", \"sliding_window\": " << c.sliding_window
+      << ", \"sliding_window\": " << c.sliding_window << ", \"full_attention_layers\": ["
+      << absl::StrJoin(c.full_attention_layers, ", ") << "]"
       << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
@@ -364,6 +366,14 @@ TEST(TorchOracle, LlamaWithGegluRecomputed) {
   c.geglu = true;
   c.scale_embeddings = true;
   c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// Local and global blocks (Gemma's and Qwen2's pattern): the window in the first block only.
+TEST(TorchOracle, LlamaWithTheWindowInSomeBlocks) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.sliding_window = 5;
+  c.full_attention_layers = {1};
   CompareWithOracle(c);
 }
 

@@ -65,7 +65,8 @@ def normalize_config(cfg):
 
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
     Defaults: kv_heads = heads; head_dim = width / heads (llama may set another; 0 means the
-    default); sliding_window = 0 (none; llama may set one); activation = swiglu (llama; geglu
+    default); sliding_window = 0 (none; llama may set one); full_attention_layers = [] (the
+    blocks without the window); activation = swiglu (llama; geglu
     is Gemma's) or gelu (gpt2); scale_embeddings = false (llama may set it: Gemma's sqrt(width));
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
@@ -90,6 +91,7 @@ def normalize_config(cfg):
     out.setdefault("qkv_bias", False)
     out.setdefault("qk_norm", False)
     out.setdefault("sliding_window", 0)
+    out.setdefault("full_attention_layers", [])
     out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
     out.setdefault("scale_embeddings", False)
     out.setdefault("norm_eps", 1e-5)
@@ -117,6 +119,12 @@ def normalize_config(cfg):
             window and family != "llama"):
         raise ConfigError("sliding_window: an integer >= 0 (0: none), nonzero only for the llama "
                           "family, got %r" % (window,))
+    full = out["full_attention_layers"]
+    if not isinstance(full, list) or (full and not window) or any(
+            isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < out["layers"]
+            for l in full) or sorted(set(full)) != full:
+        raise ConfigError("full_attention_layers: increasing layer indices below layers, only "
+                          "with a sliding_window, got %r" % (full,))
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -228,14 +236,15 @@ def apply_rope(x, cos, sin):
 class Attention(nn.Module):
     """Causal grouped-query self-attention; query head h reads key/value head h // (H / KV)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.heads = cfg["heads"]
         self.kv_heads = cfg["kv_heads"]
         self.head_dim = cfg["head_dim"]
         self.rope = cfg["family"] == "llama"
         self.rope_theta = cfg["rope_theta"]
-        self.window = cfg["sliding_window"]  # 0: every earlier position
+        # 0: every earlier position (no window, or one of full_attention_layers)
+        self.window = 0 if layer in cfg["full_attention_layers"] else cfg["sliding_window"]
         bias = cfg["family"] == "gpt2"
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
@@ -320,7 +329,7 @@ class Block(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
         self.ln1 = _make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ln2 = _make_norm(cfg)
         if is_moe_layer(cfg, layer):
             self.mlp = None

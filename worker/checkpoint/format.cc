@@ -69,6 +69,8 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_sliding_window(m.sliding_window);
   s.set_geglu(m.geglu);
   s.set_scale_embeddings(m.scale_embeddings);
+  s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
+                                         m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
   if (m.family == config::ModelFamily::kLlama) s.set_rope_theta(m.rope_theta);
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
@@ -109,6 +111,8 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.sliding_window = s.sliding_window();
   m.geglu = s.geglu();
   m.scale_embeddings = s.scale_embeddings();
+  m.full_attention_layers.assign(s.full_attention_layers().begin(),
+                                 s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {

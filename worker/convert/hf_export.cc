@@ -189,8 +189,9 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
   TY_ASSIGN_OR_RETURN(auto found, FindCheckpoint(fs, source));
   const auto& [checkpoint, manifest] = found;
   absl::StatusOr<config::ModelConfig> model = checkpoint::ModelFromSignature(manifest.model());
+  const absl::Status writable = model.ok() ? CheckHfWritable(*model) : model.status();
   absl::StatusOr<std::vector<HfTensorMap>> tensors =
-      model.ok() ? HfTensors(*model) : model.status();
+      writable.ok() ? HfTensors(*model) : absl::StatusOr<std::vector<HfTensorMap>>(writable);
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(checkpoint, ": ", tensors.status().message()));
   }

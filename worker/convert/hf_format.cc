@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 
 namespace trainyard::worker::convert {
@@ -316,24 +317,46 @@ absl::Status ReadGemmaConfig(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("hidden_act", {"gelu_pytorch_tanh", "gelu", "gelu_new"});
 }
 
-// Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
-// max_position_embeddings (the same attention). A layer_types list (transformers' newer
-// configs) must name one kind of attention for every layer: the window is the same in each.
-absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m) {
-  int window = 0;
-  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
-  m.sliding_window = window < m.max_seq ? window : 0;
+// The blocks a layer_types list (transformers' newer configs) names "full_attention", the others
+// being "sliding_attention"; `full` unchanged when the config has no list.
+absl::Status ReadLayerTypes(const ConfigFields& f, int layers, std::vector<int32_t>& full) {
   const Value* types = f.Get("layer_types");
   if (types == nullptr) return absl::OkStatus();
-  const auto& list = types->list_value().values();
-  const std::string want = m.sliding_window > 0 ? "sliding_attention" : "full_attention";
-  if (types->kind_case() != Value::kListValue || list.size() != static_cast<size_t>(m.layers) ||
-      std::any_of(list.begin(), list.end(),
-                  [&](const Value& v) { return v.string_value() != want; })) {
+  auto bad = [&] {
     return f.Bad("layer_types",
-                 absl::StrCat("must be \"", want, "\" for each of the ", m.layers,
-                              " layers (Trainyard's attention is the same in every block)"));
+                 absl::StrCat("must name \"sliding_attention\" or \"full_attention\" "
+                              "for each of the ",
+                              layers, " layers"));
+  };
+  if (types->kind_case() != Value::kListValue || types->list_value().values_size() != layers) {
+    return bad();
   }
+  full.clear();
+  for (int l = 0; l < layers; ++l) {
+    const std::string& type = types->list_value().values(l).string_value();
+    if (type == "full_attention") {
+      full.push_back(l);
+    } else if (type != "sliding_attention") {
+      return bad();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
+// max_position_embeddings (the same attention), in every block but `full` (Qwen's first
+// max_window_layers) or those a layer_types list names "full_attention".
+absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
+                               std::vector<int32_t> full = {}) {
+  int window = 0;
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  if (window == 0 && f.Has("layer_types") && static_cast<int>(full.size()) != m.layers) {
+    return f.Bad("layer_types", "names sliding_attention layers, but sliding_window is null");
+  }
+  const bool everywhere = window == 0 || window >= m.max_seq;
+  m.sliding_window = everywhere || static_cast<int>(full.size()) == m.layers ? 0 : window;
+  m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
   return absl::OkStatus();
 }
 
@@ -354,22 +377,25 @@ absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
 }
 
 // Qwen2's and Qwen3's sliding window applies only with use_sliding_window, and then in the layers
-// from max_window_layers on: in all of them (0) or in none (at least num_hidden_layers).
+// from max_window_layers on (or those a layer_types list names "sliding_attention").
 absl::Status ReadQwenWindow(const ConfigFields& f, ModelConfig& m) {
   bool sliding = false;
   TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
-  if (!sliding) return absl::OkStatus();
+  if (!sliding) {  // transformers drops the window: every layer must be a full one
+    std::vector<int32_t> full(m.layers);
+    for (int l = 0; l < m.layers; ++l) full[l] = l;
+    TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+    if (static_cast<int>(full.size()) != m.layers) {
+      return f.Bad("layer_types",
+                   "names sliding_attention layers, but use_sliding_window is false");
+    }
+    return absl::OkStatus();
+  }
   int first = 28;  // transformers' default
   TY_RETURN_IF_ERROR(f.Int("max_window_layers", &first, /*required=*/false, /*minimum=*/0));
-  if (first >= m.layers) return absl::OkStatus();
-  if (first != 0) {
-    return f.Bad("max_window_layers",
-                 absl::StrCat("is ", first, " of ", m.layers,
-                              " layers: the first attend to every position and the rest to a "
-                              "sliding window (Trainyard's window is the same in every block: 0 "
-                              "or at least num_hidden_layers)"));
-  }
-  return ReadSlidingWindow(f, m);
+  std::vector<int32_t> full;
+  for (int l = 0; l < std::min(first, m.layers); ++l) full.push_back(l);
+  return ReadSlidingWindow(f, m, std::move(full));
 }
 
 // The experts (under `experts_key`) and num_experts_per_tok, at most as many.
@@ -575,14 +601,23 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
                     ",\n  \"output_router_logits\": false");
   }
   // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none. A sliding window is
-  // Qwen's from layer 0 on, Mistral's and Mixtral's sliding_window.
+  // Qwen's from layer max_window_layers on (the full-attention blocks come first: CheckHfWritable),
+  // also written as layer_types; Mistral's and Mixtral's sliding_window is in every block.
   const std::string window =
       m.sliding_window > 0 ? absl::StrCat(m.sliding_window) : std::string("null");
+  std::string types;
+  for (int l = 0; l < m.layers && m.sliding_window > 0; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  const int full_layers =
+      m.sliding_window > 0 ? static_cast<int>(m.full_attention_layers.size()) : m.layers;
   const std::string attention =
       qwen ? absl::StrCat(m.qk_norm ? ",\n  \"attention_bias\": false" : "",
                           ",\n  \"use_sliding_window\": ", m.sliding_window > 0 ? "true" : "false",
                           ",\n  \"sliding_window\": ", window,
-                          ",\n  \"max_window_layers\": ", m.sliding_window > 0 ? 0 : m.layers)
+                          ",\n  \"max_window_layers\": ", full_layers,
+                          types.empty() ? "" : ",\n  \"layer_types\": [" + types + "]")
            : absl::StrCat(experts || mistral ? ",\n  \"sliding_window\": " + window : "",
                           ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false");
   return absl::StrCat(
@@ -613,6 +648,18 @@ std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::s
 }
 
 }  // namespace
+
+absl::Status CheckHfWritable(const ModelConfig& m) {
+  const std::vector<int32_t>& full = m.full_attention_layers;
+  if (full.empty()) return absl::OkStatus();
+  const bool qwen = m.family == ModelFamily::kLlama && (m.qkv_bias || m.qk_norm);
+  const bool leading = full.back() == static_cast<int32_t>(full.size()) - 1;
+  if (qwen && leading) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "model.full_attention_layers: [", absl::StrJoin(full, ", "),
+      "]; Trainyard writes a sliding window in some blocks only as Qwen2's or Qwen3's "
+      "max_window_layers (a model with qkv_bias or qk_norm, its full-attention blocks first)"));
+}
 
 std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   const std::string torch_dtype = dtype == TensorDtype::kBF16 ? "bfloat16" : "float32";

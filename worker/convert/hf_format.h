@@ -72,6 +72,12 @@ enum class HfProjections { kSeparate, kFused };
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs);
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours);
 
+// OK when a config.json Trainyard writes describes `model`; UNIMPLEMENTED, naming the field,
+// for a sliding window in some blocks only that is not Qwen's max_window_layers (a model with
+// qkv_bias or qk_norm whose full-attention blocks come first). What HfTensors refuses is
+// refused there.
+[[nodiscard]] absl::Status CheckHfWritable(const config::ModelConfig& model);
+
 // config.json for `model` with `dtype` as its torch_dtype.
 std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 

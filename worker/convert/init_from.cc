@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/bf16.h"
 #include "common/status.h"
 #include "worker/shape/tensor_slices.h"
@@ -158,6 +159,14 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.sliding_window != spec.sliding_window) {
     auto text = [](int w) { return w == 0 ? std::string("none") : absl::StrCat(w); };
     return Differ("sliding_window", text(file.sliding_window), source, text(spec.sliding_window));
+  }
+  if (file.full_attention_layers != spec.full_attention_layers) {
+    auto text = [](const std::vector<int32_t>& layers) {
+      return layers.empty() ? std::string("none")
+                            : absl::StrCat("[", absl::StrJoin(layers, ", "), "]");
+    };
+    return Differ("full_attention_layers", text(file.full_attention_layers), source,
+                  text(spec.full_attention_layers));
   }
   if (file.norm_eps != spec.norm_eps) {
     return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));

@@ -544,6 +544,17 @@ std::vector<BadSpec> BadSpecs() {
        "model.scale_embeddings", "is for the llama family"},
       {"sliding_window on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  sliding_window: 8\n",
        "4:19", "model.sliding_window", "is for the llama family"},
+      {"full_attention_layers without a window",
+       "name: job\nmodel:\n  preset: llama-debug\n  full_attention_layers: [1]\n", "4:26",
+       "model.full_attention_layers", "needs a sliding_window"},
+      {"full_attention_layers beyond the layers",
+       "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: 4\n"
+       "  full_attention_layers: [2]\n",
+       "5:26", "model.full_attention_layers", "layer 2 is not one of the 2 layers (0 to 1)"},
+      {"full_attention_layers repeated",
+       "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: 4\n"
+       "  full_attention_layers: [1, 1]\n",
+       "5:26", "model.full_attention_layers", "each layer once, in increasing order"},
       {"negative sliding_window",
        "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: -1\n", "4:19",
        "model.sliding_window", "must be a number of positions (0 for none), got -1"},

@@ -340,6 +340,15 @@ TEST(ParseJobSpecTest, SlidingWindow) {
   EXPECT_EQ(plain.model.sliding_window, 0);
   EXPECT_EQ(windowed.model.sliding_window, 4);
   EXPECT_EQ(windowed.model.ParameterCount(), plain.model.ParameterCount());
+  // Local and global blocks: the window in block 0 only.
+  JobSpec mixed = MustParse(
+      "name: w\nmodel: {preset: llama-debug, sliding_window: 4, full_attention_layers: [1]}\n");
+  EXPECT_EQ(mixed.model.WindowOf(0), 4);
+  EXPECT_EQ(mixed.model.WindowOf(1), 0);
+  EXPECT_EQ(windowed.model.WindowOf(1), 4);
+  // At 16 positions a window of 4 counts as 2·(4·5/2 + 12·4)/16 = 7.25 positions, a full block 16.
+  EXPECT_DOUBLE_EQ(windowed.model.AttendedSpan(16), 7.25);
+  EXPECT_DOUBLE_EQ(mixed.model.AttendedSpan(16), (7.25 + 16) / 2);
 }
 
 // Gemma's MLP gate and embedding scale change what the parameters compute, not how many there are.

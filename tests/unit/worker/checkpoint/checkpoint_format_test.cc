@@ -185,6 +185,11 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_TRUE(CheckModelMatches(SignatureOf(windowed), model).ok());
   EXPECT_EQ(ModelFromSignature(SignatureOf(windowed))->sliding_window, 8);
   EXPECT_EQ(ModelFromSignature(SignatureOf(model))->sliding_window, 0);
+  windowed.full_attention_layers = {1};
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(windowed), model).ok());
+  EXPECT_EQ(ModelFromSignature(SignatureOf(windowed))->full_attention_layers,
+            std::vector<int32_t>{1});
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(model))->full_attention_layers.empty());
 
   // So are Gemma's GeGLU and embedding scale: recorded for exports, not compared on resume.
   config::ModelConfig gemma = model;

@@ -358,7 +358,9 @@ TEST(HfFormat, MistralConfigReadsAsLlamaWithItsSlidingWindow) {
   m = ModelFromHfConfig(json, "config.json");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->sliding_window, 0);
-  // transformers' layer_types: one kind of attention in every layer, the one the window says.
+  // transformers' layer_types: the window in the layers it names sliding_attention; every layer
+  // full is no window. A Mistral model with the window in some layers only reads, but has no
+  // layout Trainyard writes.
   std::string full, mixed;
   for (int i = 0; i < 32; ++i) {
     absl::StrAppend(&full, i ? ", " : "", "\"full_attention\"");
@@ -366,13 +368,28 @@ TEST(HfFormat, MistralConfigReadsAsLlamaWithItsSlidingWindow) {
   }
   auto with_types = [&](const std::string& list) {
     std::string j = json;
+    j.replace(j.find("\"sliding_window\": 32768"), 23, "\"sliding_window\": 4096");
     j.replace(j.find("\"use_cache\""), 0, "\"layer_types\": [" + list + "], ");
     return ModelFromHfConfig(j, "m/config.json");
   };
-  EXPECT_TRUE(with_types(full).ok());
-  EXPECT_EQ(with_types(mixed).status().message(),
-            "m/config.json: layer_types must be \"full_attention\" for each of the 32 layers "
-            "(Trainyard's attention is the same in every block)");
+  EXPECT_EQ(with_types(full)->sliding_window, 0);
+  EXPECT_TRUE(with_types(full)->full_attention_layers.empty());
+  m = with_types(mixed);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  ASSERT_EQ(m->full_attention_layers.size(), 16u);
+  EXPECT_EQ(m->full_attention_layers[1], 2);
+  EXPECT_EQ(m->WindowOf(0), 0);
+  EXPECT_EQ(m->WindowOf(1), 4096);
+  EXPECT_THAT(CheckHfWritable(*m).message(), HasSubstr("model.full_attention_layers: [0, 2, 4,"));
+  EXPECT_EQ(with_types("\"full_attention\"").status().message(),
+            "m/config.json: layer_types must name \"sliding_attention\" or \"full_attention\" "
+            "for each of the 32 layers");
+  std::string unwindowed = json;
+  unwindowed.replace(unwindowed.find("\"sliding_window\": 32768"), 23, "\"sliding_window\": null");
+  unwindowed.replace(unwindowed.find("\"use_cache\""), 0, "\"layer_types\": [" + mixed + "], ");
+  EXPECT_THAT(ModelFromHfConfig(unwindowed, "m/config.json").status().message(),
+              HasSubstr("layer_types names sliding_attention layers, but sliding_window is null"));
 }
 
 // A config.json of Qwen2.5 0.5B's shape (Qwen2ForCausalLM's keys): Llama's model with biases on
@@ -419,7 +436,7 @@ TEST(HfFormat, Qwen2ConfigReadsAsLlamaWithQkvBiases) {
   EXPECT_FALSE(plain->qkv_bias);
 
   // The window applies only with use_sliding_window, and then from layer max_window_layers on:
-  // in none of the 24 here, in all of them from 0, and in some of them is refused.
+  // in none of the 24 here, in all of them from 0, and from layer 12 in half of them.
   json.replace(json.find("\"sliding_window\": 32768"), 23, "\"sliding_window\": 4096");
   m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
   ASSERT_TRUE(m.ok()) << m.status();
@@ -437,10 +454,23 @@ TEST(HfFormat, Qwen2ConfigReadsAsLlamaWithQkvBiases) {
   EXPECT_EQ(back->sliding_window, 4096);
   EXPECT_TRUE(back->qkv_bias);
   json.replace(json.find("\"max_window_layers\": 0"), 22, "\"max_window_layers\": 12");
-  EXPECT_EQ(ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json").status().message(),
-            "Qwen2.5-0.5B/config.json: max_window_layers is 12 of 24 layers: the first attend to "
-            "every position and the rest to a sliding window (Trainyard's window is the same in "
-            "every block: 0 or at least num_hidden_layers)");
+  m = ModelFromHfConfig(json, "Qwen2.5-0.5B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->full_attention_layers, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_TRUE(CheckHfWritable(*m).ok());
+  const std::string partly = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(partly, HasSubstr("\"max_window_layers\": 12"));
+  EXPECT_THAT(partly, HasSubstr("\"layer_types\": [\"full_attention\", "));
+  back = ModelFromHfConfig(partly, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->full_attention_layers, m->full_attention_layers);
+  // Without use_sliding_window, layer_types must name every layer full.
+  std::string off = partly;
+  off.replace(off.find("\"use_sliding_window\": true"), 26, "\"use_sliding_window\": false");
+  EXPECT_THAT(ModelFromHfConfig(off, "q/config.json").status().message(),
+              HasSubstr("q/config.json: layer_types names sliding_attention layers, but "
+                        "use_sliding_window is false"));
 }
 
 // Phi-3 mini (4k)'s published config: Mistral's model with q, k and v fused in qkv_proj and
