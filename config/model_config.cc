@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 
 namespace trainyard::config {
 namespace {
@@ -65,12 +67,16 @@ int ModelConfig::WindowOf(int layer) const {
   return full ? 0 : sliding_window;
 }
 
-double ModelConfig::AttendedSpan(double seq_len) const {
-  const double w = sliding_window;
+double ModelConfig::AttendedSpan(double seq_len, int layer) const {
+  const double w = WindowOf(layer);
   if (w == 0 || w >= seq_len) return seq_len;
-  // The full-attention blocks see seq_len, the others their window.
-  const double full = static_cast<double>(full_attention_layers.size()) / std::max(layers, 1);
-  return full * seq_len + (1.0 - full) * 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
+  return 2.0 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len;
+}
+
+double ModelConfig::AttendedSpan(double seq_len) const {
+  double sum = 0;
+  for (int l = 0; l < layers; ++l) sum += AttendedSpan(seq_len, l);
+  return layers > 0 ? sum / layers : seq_len;
 }
 
 int64_t ModelConfig::ParameterCount() const {
@@ -86,8 +92,8 @@ int64_t ModelConfig::ParameterCount() const {
     attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
     total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    attention =
-        c + qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? 2 * head_dim() : 0) + c * attn_out + c;
+    attention = c + qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? 2 * head_dim() : 0) + c * attn_out +
+                c + (post_norms ? 2 * c : 0);
     total += c;  // final RMSNorm
   }
   for (int l = 0; l < layers; ++l) {
@@ -181,6 +187,48 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
 
 }  // namespace
 
+namespace {
+
+// model.sliding_window and what goes with it: full_attention_layers, rope_local_theta.
+absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
+  };
+  if (c.sliding_window < 0) {
+    return bad("sliding_window",
+               absl::StrCat("must be a number of positions (0 for none), got ", c.sliding_window));
+  }
+  if (c.family == ModelFamily::kGpt2 && c.sliding_window != 0) {
+    return bad("sliding_window", "is for the llama family");
+  }
+  if (!c.full_attention_layers.empty() && c.sliding_window == 0) {
+    return bad("full_attention_layers",
+               "needs a sliding_window (without one every block attends to every position)");
+  }
+  for (size_t i = 0; i < c.full_attention_layers.size(); ++i) {
+    const int32_t l = c.full_attention_layers[i];
+    if (l < 0 || l >= c.layers) {
+      return bad("full_attention_layers", absl::StrCat("layer ", l, " is not one of the ", c.layers,
+                                                       " layers (0 to ", c.layers - 1, ")"));
+    }
+    if (i > 0 && l <= c.full_attention_layers[i - 1]) {
+      return bad("full_attention_layers", "must list each layer once, in increasing order");
+    }
+  }
+  if (c.rope_local_theta != 0.0f) {
+    if (!(c.rope_local_theta > 0.0f) || !std::isfinite(c.rope_local_theta)) {
+      return bad("rope_local_theta", "must be positive (0 for rope_theta in every block)");
+    }
+    if (c.sliding_window == 0) {
+      return bad("rope_local_theta",
+                 "needs a sliding_window (it is the RoPE base of the blocks that use one)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
@@ -213,42 +261,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return bad("kv_heads",
                absl::StrCat("heads ", c.heads, " is not divisible by kv_heads ", c.kv_heads));
   }
-  if (c.family == ModelFamily::kGpt2 && c.qk_norm) {
-    return bad("qk_norm", "is for the llama family");
-  }
-  if (c.sliding_window < 0) {
-    return bad("sliding_window",
-               absl::StrCat("must be a number of positions (0 for none), got ", c.sliding_window));
-  }
-  if (c.family == ModelFamily::kGpt2 && c.sliding_window != 0) {
-    return bad("sliding_window", "is for the llama family");
-  }
-  if (!c.full_attention_layers.empty()) {
-    if (c.sliding_window == 0) {
-      return bad("full_attention_layers",
-                 "needs a sliding_window (without one every block attends to every position)");
-    }
-    for (size_t i = 0; i < c.full_attention_layers.size(); ++i) {
-      const int32_t l = c.full_attention_layers[i];
-      if (l < 0 || l >= c.layers) {
-        return bad("full_attention_layers",
-                   absl::StrCat("layer ", l, " is not one of the ", c.layers, " layers (0 to ",
-                                c.layers - 1, ")"));
-      }
-      if (i > 0 && l <= c.full_attention_layers[i - 1]) {
-        return bad("full_attention_layers", "must list each layer once, in increasing order");
-      }
-    }
+  // The llama family's options, refused for gpt2.
+  const std::pair<bool, const char*> llama_only[] = {{c.qk_norm, "qk_norm"},
+                                                     {c.post_norms, "post_norms"},
+                                                     {c.scale_embeddings, "scale_embeddings"}};
+  for (const auto& [set, field] : llama_only) {
+    if (c.family == ModelFamily::kGpt2 && set) return bad(field, "is for the llama family");
   }
   if (c.family == ModelFamily::kGpt2 && c.geglu) {
     return bad("activation", "geglu is for the llama family (GPT-2's MLP is GELU, ungated)");
   }
-  if (c.family == ModelFamily::kGpt2 && c.scale_embeddings) {
-    return bad("scale_embeddings", "is for the llama family");
-  }
   if (c.family == ModelFamily::kGpt2 && c.qkv_bias) {
     return bad("qkv_bias", "is for the llama family (GPT-2's projections always have biases)");
   }
+  TY_RETURN_IF_ERROR(ValidateWindow(c, p));
   if (c.family == ModelFamily::kGpt2 && c.kv_heads != c.heads) {
     return bad("kv_heads", "the gpt2 family has as many key/value heads as query heads");
   }

@@ -99,6 +99,12 @@ struct ModelConfig {
   // position all the same (Gemma's global layers, Qwen2's first max_window_layers); empty for
   // the window in every block. Increasing, each below layers.
   std::vector<int32_t> full_attention_layers;
+  // Llama family, with a sliding window: the RoPE base of the blocks that use it, unscaled (Gemma
+  // 3's rope_local_base_freq); 0 for rope_theta (and rope_scaling) in every block.
+  float rope_local_theta = 0.0f;
+  // Llama family: an RMSNorm on the attention's output and one on the MLP's before each joins the
+  // residual stream, besides the norms before them (Gemma 2's and 3's), each a weight of width.
+  bool post_norms = false;
   // Llama family: the MLP's gate is GELU with the tanh approximation instead of SiLU: GeGLU in
   // place of SwiGLU (Gemma's MLP).
   bool geglu = false;
@@ -122,10 +128,11 @@ struct ModelConfig {
   // The window block `layer` attends with: sliding_window, or 0 (every earlier position) in one
   // of full_attention_layers.
   int WindowOf(int layer) const;
-  // The sequence length PaLM's attention count (4·h·s per token and layer forward) takes for a
-  // causal model at `seq_len`, the mean over the blocks: seq_len itself (about twice the mean
-  // keys a query sees), or with a sliding window W below it twice the window's mean,
-  // (W·(W + 1) / 2 + (s − W)·W) / s.
+  // The sequence length PaLM's attention count (4·h·s per token and layer forward) takes for
+  // block `layer` of a causal model at `seq_len`: seq_len itself (about twice the mean keys a
+  // query sees), or with a sliding window W below it twice the window's mean,
+  // (W·(W + 1) / 2 + (s − W)·W) / s. Without `layer`, the mean over the blocks.
+  double AttendedSpan(double seq_len, int layer) const;
   double AttendedSpan(double seq_len) const;
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;

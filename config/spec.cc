@@ -182,7 +182,9 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "recompute",
                                           "moe",
                                           "init_from",
-                                          "full_attention_layers"}));
+                                          "full_attention_layers",
+                                          "rope_local_theta",
+                                          "post_norms"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -202,6 +204,8 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadBool("qk_norm", &m.qk_norm));
   TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
   TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
+  TY_RETURN_IF_ERROR(r.ReadFloat("rope_local_theta", &m.rope_local_theta));
+  TY_RETURN_IF_ERROR(r.ReadBool("post_norms", &m.post_norms));
   size_t activation = m.geglu ? 1 : 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
   m.geglu = activation == 1;

@@ -182,6 +182,10 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
       absl::StrAppend(&yaml, "  full_attention_layers: [",
                       absl::StrJoin(m.full_attention_layers, ", "), "]\n");
     }
+    if (m.rope_local_theta != 0) {
+      absl::StrAppendFormat(&yaml, "  rope_local_theta: %.9g\n", m.rope_local_theta);
+    }
+    if (m.post_norms) absl::StrAppend(&yaml, "  post_norms: true\n");
     if (m.geglu) absl::StrAppend(&yaml, "  activation: geglu\n");
     if (m.scale_embeddings) absl::StrAppend(&yaml, "  scale_embeddings: true\n");
     if (m.explicit_head_dim != 0) absl::StrAppend(&yaml, "  head_dim: ", m.explicit_head_dim, "\n");

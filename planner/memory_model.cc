@@ -291,6 +291,13 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   e.acts += saved * (2 * n * w + n * qkv + n * attn + nr * w);  // per block, its MLP aside
   if (sp) e.acts += saved * 2 * nr * w;                         // the norms' local rows
   e.floats = saved * (4 * nr + n * heads);  // norm statistics, attention log-sum-exp
+  // post_norms: the branches' outputs before their norms, the norms' statistics, and the
+  // backward's gradient at a branch's output.
+  const int64_t norms = c.post_norms ? 4 : 2;
+  if (c.post_norms) {
+    e.acts += saved * 2 * nr * w + nr * w;
+    e.floats += saved * 2 * nr;
+  }
   // Each saved block's MLP (or shared experts, and routed experts), and the backward's scratch
   // for the largest of them.
   const ExpertShapes experts(s);
@@ -310,7 +317,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   e.floats += 2 * nr + 4 * chunk_rows + (tp > 1 ? 3 * tp * chunk_rows : 0);
   if (sp) {
     e.acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
-    e.floats += 4 * w;             // norm-gradient scratch
+    e.floats += 2 * norms * w;     // norm-gradient scratch
   }
   e.acts += n * w + n * attn + n * qkv + n * most.fc + n * most.ffn + n * w;  // dln .. dlnf
   if (most.moe) experts.AddBackwardScratch(w, e);
@@ -321,7 +328,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
     for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + n * qkv;
     if (s.first()) e.acts += n * w;
-    e.floats += layers * 4 * w;
+    e.floats += layers * 2 * norms * w;
   }
   return e.acts * backend.act_bytes + 4 * e.floats + 4 * e.ints;
 }

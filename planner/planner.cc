@@ -97,10 +97,11 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   if (cp == 1) return {};
   const double transfer = link.alpha_seconds + static_cast<double>(RingKeyValueElements(s)) *
                                                    backend.act_bytes / link.bytes_per_second;
-  // PaLM's attention count for the block: 4·h·s per local token forward (h / tp of the
-  // attention's width on this rank, s the whole sequence), twice that backward.
-  const double attention = 4.0 * s.model.attention_width() / s.mesh.tp *
-                           s.model.AttendedSpan(s.seq_len) * s.rows() / device.matmul_flops;
+  // PaLM's attention count for a block: 4·h·s per local token forward (h / tp of the
+  // attention's width on this rank, s the whole sequence, or the mean of the rank's blocks'
+  // spans with a sliding window), twice that backward.
+  const double attention = 4.0 * s.model.attention_width() / s.mesh.tp * s.attended_span() /
+                           s.layers() * s.rows() / device.matmul_flops;
   const double hidden = device.ring_overlap ? 1.0 : 0.0;
   const double forward_step = hidden * attention / cp, backward_step = 2 * hidden * attention / cp;
   // Forward: cp − 1 steps with one transfer in flight.
@@ -275,12 +276,12 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
 // count); empty for one chunk.
 std::vector<double> ChunkShares(const RankShape& s) {
   if (s.chunks.size() <= 1) return {};
-  const double attention =
-      4.0 * s.model.attention_width() * s.model.AttendedSpan(s.seq_len) / s.mesh.tp;
+  const double attention = 4.0 * s.model.attention_width() / s.mesh.tp;
   std::vector<double> work;
   double total = 0;
   for (size_t c = 0; c < s.chunks.size(); ++c) {
-    work.push_back(2.0 * s.chunk_matmul_params[c] + s.chunks[c].num_layers * attention +
+    work.push_back(2.0 * s.chunk_matmul_params[c] +
+                   attention * s.attended_span(static_cast<int>(c)) +
                    (s.chunks[c].last ? 2.0 * s.head_params : 0.0));
     total += work.back();
   }
@@ -345,8 +346,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   // The rank's tokens (1/cp of each sequence), each attending over the whole sequence: the
   // head-tail split gives every context-parallel rank 1/cp of the causal attention.
   const double tokens = static_cast<double>(s.rows());
-  const double attention =
-      4.0 * c.attention_width() * c.AttendedSpan(s.seq_len) / s.mesh.tp * s.layers();
+  const double attention = 4.0 * c.attention_width() / s.mesh.tp * s.attended_span();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;

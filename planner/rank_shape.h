@@ -102,6 +102,18 @@ struct RankShape {
     if (!model.moe.IsMoeLayer(layer)) return model.ffn_hidden;
     return int64_t{model.moe.shared_experts} * model.moe.ffn;
   }
+  // Σ over the rank's blocks of PaLM's attention span (ModelConfig::AttendedSpan), the blocks
+  // of chunk `only` when it is given.
+  double attended_span(int only = -1) const {
+    double sum = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (only >= 0 && static_cast<int>(c) != only) continue;
+      for (int l = chunks[c].first_layer; l < chunks[c].first_layer + chunks[c].num_layers; ++l) {
+        sum += model.AttendedSpan(static_cast<double>(seq_len), l);
+      }
+    }
+    return sum;
+  }
   // The MoE blocks among the rank's layers (every chunk's).
   int moe_blocks() const {
     int count = 0;

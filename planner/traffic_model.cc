@@ -206,7 +206,8 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     }
     out.push_back(Times(tp.AllGather(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
-    out.push_back(Times(tp.AllReduce(4 * w, kFloat), layers));  // two norms' gradients
+    // The norms' weight and bias gradients: two norms, or four with post_norms.
+    out.push_back(Times(tp.AllReduce((s.model.post_norms ? 8 : 4) * w, kFloat), layers));
   }
   // qk_norm: the query and key norms' gradients from this rank's heads.
   if (s.model.qk_norm) out.push_back(Times(tp.AllReduce(2 * s.model.head_dim(), kFloat), layers));

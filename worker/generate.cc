@@ -194,7 +194,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
-  if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m), pos);
+  if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m, layer), pos);
   // This pass's keys and values join the cache; the queries attend to every cached position
   // (causally among themselves when the prompt runs as one pass), or to those in their sliding
   // window.
@@ -215,8 +215,18 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .causal = prompt,
                                         .offset = pos,
                                         .window = m.WindowOf(layer)});
+  // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
+  // its rows have been read).
+  auto add_branch = [&](int64_t post_w) {
+    if (post_w >= 0) {
+      be.RmsNorm(norm_.data(), rstd_.data(), tmp_.data(), P(post_w), n, c, m.norm_eps);
+      be.Add(x_.data(), x_.data(), norm_.data(), n * c);
+    } else {
+      be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+    }
+  };
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
-  be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+  add_branch(o.attn_post_w);
   if (gpt2) {
     be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln2_w), P(o.ln2_b), n, c,
                  m.norm_eps);
@@ -235,7 +245,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
               ffn);
   }
   if (o.moe) RoutedExperts(layer, n);
-  be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+  add_branch(o.mlp_post_w);
 }
 
 void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {

@@ -173,12 +173,13 @@ int64_t Model::activation_bytes() const {
     ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
     for (const auto& r : a.resid) add_act(r);
     for (const auto& la : a.layers) {
-      for (const Buffer<Act>* b : {&la.ln1, &la.qkv, &la.qk_pre, &la.att, &la.mid, &la.ln2, &la.fc,
-                                   &la.act, &la.ln1_local, &la.ln2_local}) {
+      for (const Buffer<Act>* b :
+           {&la.ln1, &la.qkv, &la.qk_pre, &la.att, &la.mid, &la.ln2, &la.fc, &la.act, &la.ln1_local,
+            &la.ln2_local, &la.attn_out, &la.mlp_out}) {
         add_act(*b);
       }
-      for (const Buffer<float>* b :
-           {&la.ln1_mean, &la.ln1_rstd, &la.qk_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd}) {
+      for (const Buffer<float>* b : {&la.ln1_mean, &la.ln1_rstd, &la.qk_rstd, &la.lse, &la.ln2_mean,
+                                     &la.ln2_rstd, &la.attn_post_rstd, &la.mlp_post_rstd}) {
         add(*b);
       }
       const LayerActivations::Experts& m = la.moe;
@@ -191,7 +192,7 @@ int64_t Model::activation_bytes() const {
     }
     for (const Buffer<Act>* b : {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc,
                                  &a.dact, &a.dlnf, &a.lnf_local, &a.tmp_local, &a.dx_full,
-                                 &a.dln_local, &a.dlnf_local, &a.head_norm_scratch}) {
+                                 &a.dln_local, &a.dlnf_local, &a.head_norm_scratch, &a.dpost}) {
       add_act(*b);
     }
     for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse,
@@ -292,6 +293,27 @@ void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
   if (targets != nullptr) backend_->CopyFromHost(a.targets.data(), targets, n);
 }
 
+void Model::AllocateNorms(LayerActivations& la, int64_t n, int64_t nr) {
+  Backend& be = *backend_;
+  const int64_t width = config_.width;
+  la.ln1 = be.AllocAct(n * width);
+  la.ln1_mean = be.AllocFloat(nr);
+  la.ln1_rstd = be.AllocFloat(nr);
+  la.ln2 = be.AllocAct(n * width);
+  la.ln2_mean = be.AllocFloat(nr);
+  la.ln2_rstd = be.AllocFloat(nr);
+  if (sp_) {
+    la.ln1_local = be.AllocAct(nr * width);
+    la.ln2_local = be.AllocAct(nr * width);
+  }
+  if (config_.post_norms) {
+    la.attn_out = be.AllocAct(nr * width);
+    la.mlp_out = be.AllocAct(nr * width);
+    la.attn_post_rstd = be.AllocFloat(nr);
+    la.mlp_post_rstd = be.AllocFloat(nr);
+  }
+}
+
 void Model::EnsureActivations(int b, int t) {
   std::unique_ptr<Activations>& held = slots_[current_slot_];
   if (held && held->b == b && held->t == t && held->layers_held == stage().num_layers) {
@@ -323,9 +345,7 @@ void Model::EnsureActivations(int b, int t) {
   MlpSizes most;  // the largest of any slot, for the backward's scratch
   for (int l = 0; l < saved_layers; ++l) {
     LayerActivations la;
-    la.ln1 = be.AllocAct(n * width);
-    la.ln1_mean = be.AllocFloat(nr);
-    la.ln1_rstd = be.AllocFloat(nr);
+    AllocateNorms(la, n, nr);
     la.qkv = be.AllocAct(n * qkv);
     if (c.qk_norm) {
       la.qk_pre = be.AllocAct(HeadNorms(n).saved());
@@ -334,13 +354,6 @@ void Model::EnsureActivations(int b, int t) {
     la.att = be.AllocAct(n * attn);
     la.lse = be.AllocFloat(int64_t{b} * dims_.heads * t);
     la.mid = be.AllocAct(nr * width);
-    la.ln2 = be.AllocAct(n * width);
-    la.ln2_mean = be.AllocFloat(nr);
-    la.ln2_rstd = be.AllocFloat(nr);
-    if (sp_) {
-      la.ln1_local = be.AllocAct(nr * width);
-      la.ln2_local = be.AllocAct(nr * width);
-    }
     const MlpSizes sizes = MlpSizesOf(l);
     la.fc = be.AllocAct(n * sizes.fc);
     la.act = be.AllocAct(n * sizes.ffn);
@@ -366,8 +379,9 @@ void Model::EnsureActivations(int b, int t) {
     a->dx_full = be.AllocAct(n * width);
     a->dln_local = be.AllocAct(nr * width);
     a->dlnf_local = be.AllocAct(nr * width);
-    a->norm_scratch = be.AllocFloat(4 * width);
+    a->norm_scratch = be.AllocFloat(NormScratch());
   }
+  if (c.post_norms) a->dpost = be.AllocAct(nr * width);
   a->dln = be.AllocAct(n * width);
   a->datt = be.AllocAct(n * attn);
   a->dqkv = be.AllocAct(n * qkv);
@@ -503,9 +517,9 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
   }
 }
 
-void Model::Rotate(Act* qkv, bool backward) {
+void Model::Rotate(int layer, Act* qkv, bool backward) {
   const Activations& a = *acts_;
-  const kernels::RopeFrequencies freq = RopeOf(config_);
+  const kernels::RopeFrequencies freq = RopeOf(config_, layer);
   const int64_t d = config_.head_dim();
   if (!cp_.enabled()) {
     const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};
@@ -550,7 +564,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
     HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
                     a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w), HeadNorms(n));
   }
-  if (!gpt2) Rotate(la.qkv.data(), /*backward=*/false);
+  if (!gpt2) Rotate(layer, la.qkv.data(), /*backward=*/false);
   if (cp_.enabled()) {
     TY_RETURN_IF_ERROR(cp_.Attention(la.att.data(), la.lse.data(), la.qkv.data(), shape));
   } else {
@@ -559,6 +573,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   be.Linear(a.tmp.data(), la.att.data(), P(g, o.proj_w), RowParallelBias(g, o.proj_b), n, width,
             attn);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
+  PostNorm(P(g, o.attn_post_w), la.attn_out.data(), la.attn_post_rstd.data(), proj_out);
   // The residual add and the second norm in one pass.
   Norm(ln2, la.ln2_mean.data(), la.ln2_rstd.data(), la.mid.data(), PendingSum{x, proj_out},
        P(g, o.ln2_w), P(g, o.ln2_b));
@@ -567,8 +582,40 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   if (o.mlp_ffn > 0) MlpForward(layer, la);
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
+  PostNorm(P(g, o.mlp_post_w), la.mlp_out.data(), la.mlp_post_rstd.data(), proj_out);
   residual = {la.mid.data(), proj_out};
   return absl::OkStatus();
+}
+
+void Model::PostNorm(const float* w, Act* saved, float* rstd, Act* branch) {
+  if (!config_.post_norms) return;
+  const int64_t rows = local_rows(), width = config_.width;
+  backend_->Copy(saved, branch, rows * width);
+  backend_->RmsNorm(branch, rstd, saved, w, rows, width, config_.norm_eps);
+}
+
+absl::StatusOr<Act*> Model::BranchGradient(const float* w, float* dw, const Act* saved,
+                                           const float* rstd, Act* dx) {
+  const int64_t rows = local_rows(), width = config_.width;
+  Act* dbranch = dx;
+  if (config_.post_norms) {
+    dbranch = acts_->dpost.data();
+    backend_->Fill(dbranch, 0.0f, rows * width);
+    backend_->RmsNormBackward(dbranch, dw, dx, saved, w, rstd, rows, width);
+  }
+  Act* full = sp_ ? acts_->dx_full.data() : dbranch;
+  TY_RETURN_IF_ERROR(ToFullRows(dbranch, full, width));
+  return full;
+}
+
+void Model::NormBackward(Act* dx, const NormGrads& grads, const Act* dout, const Act* x,
+                         const float* w, const float* mean, const float* rstd) {
+  const int64_t rows = local_rows(), width = config_.width;
+  if (config_.family == ModelFamily::kGpt2) {
+    backend_->LayerNormBackward(dx, grads.weight, grads.bias, dout, x, w, mean, rstd, rows, width);
+  } else {
+    backend_->RmsNormBackward(dx, grads.weight, dout, x, w, rstd, rows, width);
+  }
 }
 
 void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending,
@@ -654,13 +701,12 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   Activations& a = *acts_;
   const auto& c = config_;
   const BlockOffsets& o = layout_.block(layer);
-  const int64_t n = int64_t{a.b} * a.t, nr = local_rows(), width = c.width;
+  const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
   const AttentionShape shape{
       a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.WindowOf(layer)};
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t ffn = o.mlp_ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
-  Act* dx_full = sp_ ? a.dx_full.data() : dx;
   Act* dln = sp_ ? a.dln_local.data() : a.dln.data();
   Backend& be = *backend_;
   // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
@@ -668,6 +714,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   // they with a split backward, until the weight pass.
   NormGrads ln1 = NormGradTargets(g, o.ln1_w, o.ln1_b, 0);
   NormGrads ln2 = NormGradTargets(g, o.ln2_w, o.ln2_b, 2);
+  const NormGrads attn_post = c.post_norms ? NormGradTargets(g, o.attn_post_w, -1, 4) : NormGrads{};
+  const NormGrads mlp_post = c.post_norms ? NormGradTargets(g, o.mlp_post_w, -1, 6) : NormGrads{};
   // A linear's weight and bias gradients here, or (split) its output gradient saved for later.
   auto weight_grads = [&](int64_t w, int64_t b, Buffer<Act> Activations::DeferredGrads::*keep,
                           const Act* dy, int64_t count) -> std::pair<float*, float*> {
@@ -678,7 +726,10 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
 
   // MLP branch: out = mid + proj(act(fc(norm2(mid)))). The gradient of the rows' reduction is
   // the gathered gradient, which also gives the (replicated) bias its whole-batch gradient.
-  TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
+  // With post_norms the branch's output is normed first: its gradient goes back through that.
+  TY_ASSIGN_OR_RETURN(Act * dx_full,
+                      BranchGradient(P(g, o.mlp_post_w), mlp_post.weight, la.mlp_out.data(),
+                                     la.mlp_post_rstd.data(), dx));
   float *dw = nullptr, *db = nullptr;
   if (o.mlp_ffn > 0) {  // the dense MLP or an MoE block's shared experts
     std::tie(dw, db) = weight_grads(o.mlp_proj_w, o.mlp_proj_b,
@@ -699,16 +750,11 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   // The routed experts' and the router's weight gradients are not deferred by a split backward.
   if (o.moe) TY_RETURN_IF_ERROR(MoeBackward(layer, la, dx_full, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));  // column-parallel input's grad
-  if (gpt2) {
-    be.LayerNormBackward(dx, ln2.weight, ln2.bias, dln, la.mid.data(), P(g, o.ln2_w),
-                         la.ln2_mean.data(), la.ln2_rstd.data(), nr, width);
-  } else {
-    be.RmsNormBackward(dx, ln2.weight, dln, la.mid.data(), P(g, o.ln2_w), la.ln2_rstd.data(), nr,
-                       width);
-  }
+  NormBackward(dx, ln2, dln, la.mid.data(), P(g, o.ln2_w), la.ln2_mean.data(), la.ln2_rstd.data());
 
   // Attention branch: mid = x + proj(attention(rope(qkv(norm1(x))))).
-  TY_RETURN_IF_ERROR(ToFullRows(dx, dx_full, width));
+  TY_ASSIGN_OR_RETURN(dx_full, BranchGradient(P(g, o.attn_post_w), attn_post.weight,
+                                              la.attn_out.data(), la.attn_post_rstd.data(), dx));
   std::tie(dw, db) =
       weight_grads(o.proj_w, o.proj_b, &Activations::DeferredGrads::proj_dy, dx_full, n * width);
   be.LinearBackward(a.datt.data(), dw, db, dx_full, la.att.data(), P(g, o.proj_w), n, width, attn);
@@ -719,7 +765,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
     be.AttentionBackward(a.dqkv.data(), a.datt.data(), la.qkv.data(), la.att.data(), la.lse.data(),
                          shape);
   }
-  if (!gpt2) Rotate(a.dqkv.data(), /*backward=*/true);
+  if (!gpt2) Rotate(layer, a.dqkv.data(), /*backward=*/true);
   if (c.qk_norm) {
     TY_RETURN_IF_ERROR(
         HeadNormsBackward(layer, la, deferred != nullptr ? deferred->head_norms.data() : nullptr));
@@ -729,17 +775,11 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), la.ln1.data(), P(g, o.qkv_w), n,
                     dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
-  const Act* x = a.resid[li].data();
-  if (gpt2) {
-    be.LayerNormBackward(dx, ln1.weight, ln1.bias, dln, x, P(g, o.ln1_w), la.ln1_mean.data(),
-                         la.ln1_rstd.data(), nr, width);
-  } else {
-    be.RmsNormBackward(dx, ln1.weight, dln, x, P(g, o.ln1_w), la.ln1_rstd.data(), nr, width);
-  }
+  NormBackward(dx, ln1, dln, a.resid[li].data(), P(g, o.ln1_w), la.ln1_mean.data(),
+               la.ln1_rstd.data());
   if (split_) return absl::OkStatus();
   if (sp_) {
-    TY_RETURN_IF_ERROR(
-        AddNormGrads(g, a.norm_scratch.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+    TY_RETURN_IF_ERROR(AddNormGrads(g, a.norm_scratch.data(), BlockNorms(o)));
   }
   return source_->GradientsReady(g);
 }
@@ -770,7 +810,7 @@ absl::Status Model::BlockWeightGradients(int layer) {
                     nullptr, n, width, dims_.attn);
   be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(), la.ln1.data(), nullptr,
                     n, dims_.qkv_width, width);
-  TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}}));
+  TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), BlockNorms(o)));
   if (c.qk_norm) AddHeadNormGrads(g, o, d.head_norms.data());
   // An MoE block's experts got their gradients in the input pass (MoeBackward), into the
   // buffer the source handed out then, which later input passes may have added to before this
@@ -859,12 +899,19 @@ void Model::AllocateDeferred(Activations& a, int64_t n) {
     d.fc_dy = be.AllocAct(n * MlpSizesOf(l).fc);
     d.proj_dy = be.AllocAct(n * width);
     d.qkv_dy = be.AllocAct(n * dims_.qkv_width);
-    d.norms = be.AllocFloat(4 * width);
+    d.norms = be.AllocFloat(NormScratch());
     if (c.qk_norm) d.head_norms = be.AllocFloat(2 * c.head_dim());
     a.deferred.push_back(std::move(d));
   }
   // A slot serves every chunk of the rank: the embedding chunk's gradient buffer is in all.
   if (layout_.first()) a.embedding_dy = be.AllocAct(n * width);
+}
+
+// A block's norms' (weight, bias) offsets, in the order of their gradients' scratch slots.
+std::vector<std::pair<int64_t, int64_t>> Model::BlockNorms(const BlockOffsets& o) {
+  std::vector<std::pair<int64_t, int64_t>> norms{{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}};
+  if (o.attn_post_w >= 0) norms.insert(norms.end(), {{o.attn_post_w, -1}, {o.mlp_post_w, -1}});
+  return norms;
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
@@ -883,7 +930,7 @@ Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias,
 }
 
 absl::Status Model::AddNormGrads(int group, float* scratch,
-                                 std::initializer_list<std::pair<int64_t, int64_t>> norms) {
+                                 const std::vector<std::pair<int64_t, int64_t>>& norms) {
   const int64_t width = config_.width;
   if (sp_)
     TY_RETURN_IF_ERROR(tp_.AllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));

@@ -204,10 +204,15 @@ class Model {
     float* bias;
   };
   NormGrads NormGradTargets(int group, int64_t weight, int64_t bias, int slot);
+  static std::vector<std::pair<int64_t, int64_t>> BlockNorms(const BlockOffsets& o);
+  // Norm's backward over this rank's residual-stream rows: dx += the gradient at x from dout,
+  // the weight's (and bias's) gradients into `grads`.
+  void NormBackward(Act* dx, const NormGrads& grads, const Act* dout, const Act* x, const float* w,
+                    const float* mean, const float* rstd);
   // Adds `scratch` (the listed norms' weight and bias gradients, in slot order) to their
   // gradients, summed over the tensor-parallel group first under sequence parallelism.
   [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
-                                          std::initializer_list<std::pair<int64_t, int64_t>> norms);
+                                          const std::vector<std::pair<int64_t, int64_t>>& norms);
   // qk_norm: the query and key norms over `rows` rows of this rank's heads; their backward for
   // block `layer` (into `deferred`, a split backward's [2, d], else into the gradients); and the
   // addition of such weight gradients to the gradients of the block's group.
@@ -226,7 +231,7 @@ class Model {
   // its own positions).
   void EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe);
   // RoPE on the query and key heads of `qkv` (direction: forward or its inverse).
-  void Rotate(Act* qkv, bool backward);
+  void Rotate(int layer, Act* qkv, bool backward);
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).
@@ -249,6 +254,18 @@ class Model {
   // rstd, RMSNorm's in rstd), where a pending sum is x's value: the fused add then writes it to x.
   void Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending, const float* w,
             const float* b);
+  // post_norms: the norm (weight w) of a branch's output rows on this rank, in place; their
+  // values before it saved (and the statistics) for the backward. Without post_norms, nothing.
+  void PostNorm(const float* w, Act* saved, float* rstd, Act* branch);
+  // Floats of a block's norm-gradient scratch: a weight and a bias gradient for each norm, 2 or
+  // (post_norms) 4 of them.
+  int64_t NormScratch() const { return (config_.post_norms ? 8 : 4) * int64_t{config_.width}; }
+  // The gradient at a branch's output, on full rows (dx's, gathered under sequence parallelism),
+  // from dx, the gradient at its (normed, with post_norms) value joining the residual stream:
+  // with post_norms through its norm's backward into acts_->dpost first, the weight's gradient
+  // accumulated into dw.
+  [[nodiscard]] absl::StatusOr<Act*> BranchGradient(const float* w, float* dw, const Act* saved,
+                                                    const float* rstd, Act* dx);
   // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
   // under tensor parallelism; the proj bias only without it).
   void MlpForward(int layer, LayerActivations& la);
@@ -282,6 +299,8 @@ class Model {
     bool moe = false;
   };
   MlpSizes MlpSizesOf(int saved_layer) const;
+  // A block's norms' saved outputs, inputs and statistics (n rows, nr of them this rank's).
+  void AllocateNorms(LayerActivations& la, int64_t n, int64_t nr);
   void AllocateExperts(LayerActivations& la, int64_t n);
   void AllocateDeferred(Activations& a, int64_t n);
   // The routing statistics of MoE layer `layer` (null if this rank does not hold it).

@@ -36,6 +36,10 @@ struct Model::LayerActivations {
   Buffer<Act> act;  // [N, ffn]
   // Sequence parallelism: the norms' outputs on this rank's rows, before they are gathered.
   Buffer<Act> ln1_local, ln2_local;
+  // post_norms: the attention's and the MLP's outputs before their norms [N / tp under sequence
+  // parallelism, C], and the norms' statistics.
+  Buffer<Act> attn_out, mlp_out;
+  Buffer<float> attn_post_rstd, mlp_post_rstd;
   // An MoE block: the router's logits and decisions, and its experts' rows (at most N·top_k:
   // dropless), expert by expert (worker/moe_routing.h).
   struct Experts {
@@ -73,7 +77,10 @@ struct Model::Activations {
   Buffer<Act> dx, dln, datt, dqkv, dfc, dact, dlnf;
   // Sequence parallelism: local-row and full-row counterparts.
   Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
-  Buffer<float> norm_scratch;  // [4, width]: two norms' weight and bias gradients
+  // post_norms: the gradient at a branch's output, this rank's rows [N / tp, C].
+  Buffer<Act> dpost;
+  // [4, width]: two norms' weight and bias gradients ([8, width]: four norms' with post_norms)
+  Buffer<float> norm_scratch;
   // qk_norm: the head norms' scratch [2·N·heads·d] and their weights' gradients [2, d] (the
   // heads here are some of the block's: summed over the tensor-parallel group).
   Buffer<Act> head_norm_scratch;
@@ -84,7 +91,9 @@ struct Model::Activations {
   // at the embedding's output (full rows).
   struct DeferredGrads {
     Buffer<Act> mlp_proj_dy, fc_dy, proj_dy, qkv_dy;
-    Buffer<float> norms;       // [4, width]: ln1 weight, bias, ln2 weight, bias
+    // [4, width]: ln1 weight, bias, ln2 weight, bias; with post_norms [8, width], then the
+    // attention's and the MLP's post norms' weights (each followed by an unused width).
+    Buffer<float> norms;
     Buffer<float> head_norms;  // qk_norm: [2, d], the query and key norms' weight gradients
   };
   std::vector<DeferredGrads> deferred;

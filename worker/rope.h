@@ -1,5 +1,5 @@
 // The rotation frequencies of a model's RoPE (kernels/rope_frequencies.h) from its config: the
-// base rope_theta and Llama 3's scaling when model.rope_scaling is set.
+// base rope_theta and Llama 3's scaling when model.rope_scaling is set, or a local block's base.
 #ifndef TRAINYARD_WORKER_ROPE_H_
 #define TRAINYARD_WORKER_ROPE_H_
 
@@ -8,7 +8,10 @@
 
 namespace trainyard::worker {
 
-inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m) {
+// Block `layer`'s: with model.rope_local_theta, a block with the sliding window turns at that
+// base, unscaled.
+inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m, int layer) {
+  if (m.rope_local_theta > 0 && m.WindowOf(layer) > 0) return {.theta = m.rope_local_theta};
   const config::RopeScaling& s = m.rope_scaling;
   return {.theta = m.rope_theta,
           .factor = s.enabled() ? s.factor : 0.0,

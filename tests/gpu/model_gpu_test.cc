@@ -41,12 +41,13 @@ namespace {
 struct Case {
   const char* preset;
   DType act;
-  bool moe = false;       // every block's MLP as 4 routed experts and a shared one
-  bool qkv_bias = false;  // llama: biases on q, k and v (Qwen2's layout)
-  int head_dim = 0;       // llama: model.head_dim (0: width / heads)
-  bool qk_norm = false;   // llama: norms of each query and key head (Qwen3's layout)
-  int window = 0;         // llama: model.sliding_window (0: none)
-  bool gemma = false;     // llama: GeGLU and embeddings scaled by √width (Gemma's)
+  bool moe = false;         // every block's MLP as 4 routed experts and a shared one
+  bool qkv_bias = false;    // llama: biases on q, k and v (Qwen2's layout)
+  int head_dim = 0;         // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;     // llama: norms of each query and key head (Qwen3's layout)
+  int window = 0;           // llama: model.sliding_window (0: none)
+  bool gemma = false;       // llama: GeGLU and embeddings scaled by √width (Gemma's)
+  bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -56,7 +57,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "") +
       (info.param.qk_norm ? "_qk_norm" : "") +
       (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "") +
-      (info.param.gemma ? "_gemma" : "");
+      (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -117,6 +118,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.qk_norm = c.qk_norm;
   mc.sliding_window = c.window;
   mc.geglu = mc.scale_embeddings = c.gemma;
+  mc.post_norms = c.post_norms;
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -488,7 +490,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kBF16, false, false, 0, false, 20},
                       // Gemma's model: GeGLU, scaled embeddings, heads of 32.
                       Case{"llama-debug", DType::kF32, false, false, 32, false, 0, true},
-                      Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true}),
+                      Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true},
+                      // Gemma 3's blocks: head norms and the branches' outputs normed.
+                      Case{"llama-debug", DType::kF32, false, false, 32, true, 0, true, true},
+                      Case{"llama-debug", DType::kBF16, false, false, 32, true, 0, true, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

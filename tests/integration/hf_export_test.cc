@@ -70,6 +70,9 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.shared_experts = 0;
     spec.model.moe.normalize_top_k = true;
   }
+  if (mesh.post_norms && mesh.sliding_window > 0) {  // Gemma 3's local blocks' own RoPE base
+    spec.model.rope_local_theta = 1000.0f;
+  }
   if (mesh.experts > 0 && mesh.qk_norm) {  // Qwen3-MoE's: an MoE block every second, the top k
     spec.model.moe.every = 2;              // as the router scored them
     spec.model.moe.normalize_top_k = false;
@@ -139,6 +142,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .sliding_window = mesh.sliding_window,
                      .gemma = mesh.gemma,
                      .full_layer = mesh.full_layer,
+                     .post_norms = mesh.post_norms,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -212,6 +216,24 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .head_dim = 24,
                                                   .gemma = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// With query and key norms, norms of the branches' outputs and local blocks, Gemma's model exports
+// as Gemma 3 (Gemma3ForCausalLM) and reads back split over tensor-parallel ranks under sequence
+// parallelism.
+INSTANTIATE_TEST_SUITE_P(Gemma3, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "gemma3_tp2_sp",
+                                                                       .tp = 2,
+                                                                       .sequence_parallel = true,
+                                                                       .head_dim = 24,
+                                                                       .qk_norm = true,
+                                                                       .sliding_window = 5,
+                                                                       .gemma = true,
+                                                                       .full_layer = 1,
+                                                                       .post_norms = true})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
 
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole
 // on every tensor-parallel rank.
@@ -461,6 +483,18 @@ TEST(HfOracleQwen2, WindowFromMaxWindowLayersOn) {
 TEST(HfOracleGemma, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .head_dim = 24, .gemma = true});
+}
+
+// Gemma 3's model: the oracle reads its layer pattern, the local blocks' RoPE base and the norms
+// of the branches' outputs as transformers does.
+TEST(HfOracleGemma3, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                      .head_dim = 24,
+                                                      .qk_norm = true,
+                                                      .sliding_window = 5,
+                                                      .gemma = true,
+                                                      .full_layer = 1,
+                                                      .post_norms = true});
 }
 
 // A sliding window of 5 travels as Mistral's sliding_window, which the oracle applies as

@@ -19,14 +19,15 @@ struct MeshCase {
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
-  bool qkv_bias = false;   // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
-  int head_dim = 0;        // llama: model.head_dim (0: width / heads)
-  bool qk_norm = false;    // llama: Qwen3's norms of each query and key head
-  int sliding_window = 0;  // llama: model.sliding_window (0: none)
-  bool gemma = false;      // llama: Gemma's GeGLU and embeddings scaled by √width
-  int full_layer = -1;     // llama, with a window: the one block without it (-1: none)
-  int micro_batch = 0;     // 0: the spec's
-  int seq_len = 0;         // 0: the spec's (model.max_seq grows to it)
+  bool qkv_bias = false;    // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int head_dim = 0;         // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;     // llama: Qwen3's norms of each query and key head
+  int sliding_window = 0;   // llama: model.sliding_window (0: none)
+  bool gemma = false;       // llama: Gemma's GeGLU and embeddings scaled by √width
+  int full_layer = -1;      // llama, with a window: the one block without it (-1: none)
+  bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs (Gemma's)
+  int micro_batch = 0;      // 0: the spec's
+  int seq_len = 0;          // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
   // MoeMeshModel sets it), under the aux-loss or the bias rule.
   int experts = 0;
@@ -62,6 +63,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
     if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
     if (mesh.full_layer >= 0) spec->model.full_attention_layers = {mesh.full_layer};
+    spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
   }
@@ -134,6 +136,19 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     {.name = "tp2_pp2_sp_gemma", .tp = 2, .pp = 2, .sequence_parallel = true, .gemma = true},
     // A window in one of two stages' blocks only (local and global blocks, Gemma's pattern).
     {.name = "pp2_window_second_full", .pp = 2, .sliding_window = 5, .full_layer = 1},
+    // Norms of the branches' outputs: on each rank's rows under sequence parallelism, their
+    // gradients summed over the group with the other norms' (kept for ZB-H1's weight pass).
+    {.name = "dp2_tp2_sp_post_norms",
+     .dp = 2,
+     .tp = 2,
+     .sequence_parallel = true,
+     .post_norms = true},
+    {.name = "zb_tp2_pp2_sp_post_norms",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kZeroBubble,
+     .post_norms = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},

@@ -102,6 +102,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"sliding_window\": " << c.sliding_window << ", \"full_attention_layers\": ["
       << absl::StrJoin(c.full_attention_layers, ", ") << "]"
       << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
+      << ", \"rope_local_theta\": " << c.rope_local_theta
+      << ", \"post_norms\": " << (c.post_norms ? "true" : "false")
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
@@ -374,6 +376,28 @@ TEST(TorchOracle, LlamaWithTheWindowInSomeBlocks) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.sliding_window = 5;
   c.full_attention_layers = {1};
+  CompareWithOracle(c);
+}
+
+// Gemma 3's block: norms of the attention's and the MLP's outputs, query and key norms, GeGLU,
+// scaled embeddings, and local blocks with a window and their own RoPE base.
+TEST(TorchOracle, LlamaWithPostNormsAndLocalRope) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.post_norms = true;
+  c.qk_norm = true;
+  c.geglu = true;
+  c.scale_embeddings = true;
+  c.tied_embeddings = true;
+  c.sliding_window = 5;
+  c.full_attention_layers = {1};
+  c.rope_local_theta = 500.0f;
+  CompareWithOracle(c);
+}
+
+TEST(TorchOracle, LlamaWithPostNormsRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.post_norms = true;
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

@@ -230,10 +230,11 @@ class ModelParallel : public ::testing::TestWithParam<std::tuple<config::ModelFa
 
 TEST_P(ModelParallel, MatchesSingleProcess) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && (mesh.qkv_bias || mesh.head_dim > 0 || mesh.qk_norm ||
-                                               mesh.sliding_window > 0 || mesh.gemma)) {
-    GTEST_SKIP() << "q, k and v biases, model.head_dim, qk_norm, sliding_window and Gemma's MLP "
-                    "and embedding scale are the llama family's";
+  if (family == config::ModelFamily::kGpt2 &&
+      (mesh.qkv_bias || mesh.head_dim > 0 || mesh.qk_norm || mesh.sliding_window > 0 ||
+       mesh.gemma || mesh.post_norms)) {
+    GTEST_SKIP() << "q, k and v biases, model.head_dim, qk_norm, sliding_window, post_norms and "
+                    "Gemma's MLP and embedding scale are the llama family's";
   }
   config::JobSpec spec = BaseJob(family);
   testenv::ApplyMesh(mesh, &spec);

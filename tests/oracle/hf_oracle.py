@@ -290,7 +290,8 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, mistral, "
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma3_text, "
+                         "mistral, "
                          "phi3, qwen2, qwen3, qwen3_moe or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -629,6 +630,78 @@ class Gemma(Llama):
         return (gelu_new(gate) * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
 
 
+class Gemma3(Gemma):
+    """Gemma3ForCausalLM (model_type gemma3_text): Gemma's model and norms (1 + w) plus query and
+    key norms before RoPE, and a norm on the attention's output (post_attention_layernorm) and on
+    the MLP's (post_feedforward_layernorm) before each joins the residual stream, the MLP's input
+    normed by pre_feedforward_layernorm. Layer i attends to every position when layer_types says
+    "full_attention" (without the list: when (i + 1) is a multiple of sliding_window_pattern),
+    with rope_theta and rope_scaling; the others to sliding_window with rope_local_base_freq,
+    unscaled. Scores are scaled by query_pre_attn_scalar^-0.5; soft-capping must be null."""
+
+    qk_norm = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.attn_scalar = float(cfg.int("query_pre_attn_scalar", 256))
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            cfg.require(key, None, (None,), "no soft-capping")
+        cfg.require("use_bidirectional_attention", False, (False,), "causal attention")
+        window = cfg.int("sliding_window", 4096)
+        pattern = cfg.int("sliding_window_pattern", 6)
+        types = cfg.raw.get("layer_types")
+        if types is None:
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                     for i in range(self.layers)]
+        if (not isinstance(types, list) or len(types) != self.layers
+                or any(t not in ("full_attention", "sliding_attention") for t in types)):
+            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
+                             "each layer" % cfg.path)
+        self.windows = [window if t == "sliding_attention" else None for t in types]
+        self.local_theta = cfg.positive("rope_local_base_freq", 10000.0)
+
+    def read_activation(self, cfg):
+        cfg.require("hidden_activation", "gelu_pytorch_tanh", ("gelu_pytorch_tanh", "gelu_new"),
+                    "Gemma 3's GELU is the tanh approximation")
+
+    def expected_tensors(self):
+        out, ignored = super().expected_tensors()
+        extra = []
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            extra += [(p + "pre_feedforward_layernorm.weight", (self.width,)),
+                      (p + "post_feedforward_layernorm.weight", (self.width,))]
+        return out + extra, ignored
+
+    def forward(self, w, tokens):
+        t = tokens.shape[1]
+        tables = {False: rope_tables(t, self.head_dim, self.theta, self.scaling),
+                  True: rope_tables(t, self.head_dim, self.local_theta)}
+        group = self.heads // self.kv_heads
+        # causal_attention divides the scores by sqrt(head_dim): q carries the rest of the scale.
+        q_scale = math.sqrt(self.head_dim / self.attn_scalar)
+        x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            a = self.norm(x, w[p + "input_layernorm.weight"])
+            q = split_heads(a @ w[p + "self_attn.q_proj.weight"].T, self.heads)
+            k = split_heads(a @ w[p + "self_attn.k_proj.weight"].T, self.kv_heads)
+            v = split_heads(a @ w[p + "self_attn.v_proj.weight"].T, self.kv_heads)
+            q = self.norm(q, w[p + "self_attn.q_norm.weight"])
+            k = self.norm(k, w[p + "self_attn.k_norm.weight"])
+            cos, sin = tables[self.windows[i] is not None]
+            q, k = apply_rope(q, cos, sin) * q_scale, apply_rope(k, cos, sin)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            y = merge_heads(causal_attention(q, k, v, self.windows[i]))
+            y = y @ w[p + "self_attn.o_proj.weight"].T
+            x = x + self.norm(y, w[p + "post_attention_layernorm.weight"])
+            m = self.norm(x, w[p + "pre_feedforward_layernorm.weight"])
+            x = x + self.norm(self.mlp(w, p, m), w[p + "post_feedforward_layernorm.weight"])
+        x = self.norm(x, w["model.norm.weight"])
+        head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
+        return x @ head.T
+
+
 class Mistral(Llama):
     """MistralForCausalLM: Llama's model with a sliding window over the positions (or none)."""
 
@@ -794,7 +867,8 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
+MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma3_text": Gemma3,
+          "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral}
 
 

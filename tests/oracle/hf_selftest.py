@@ -291,11 +291,18 @@ class HfOracleTest(unittest.TestCase):
         self.assertEqual(os.path.getsize(path), 8 * tokens.size * vocab)
         return np.fromfile(path, "<f8").reshape(tokens.shape + (vocab,))
 
-    def check_against_torch_model(self, label, cfg, to_hf, hf_config, dtype="F32", shards=1):
+    def check_against_torch_model(self, label, cfg, to_hf, hf_config, dtype="F32", shards=1,
+                                  norms_from_half=False):
         """hf_oracle's logits on the HF layout equal torch_model's on the contract layout, with
-        the weights rounded to `dtype` on both sides. Returns (model_dir, tokens, logits)."""
+        the weights rounded to `dtype` on both sides. With `norms_from_half` the norms' weights
+        are kept at 0.5 or more, where Gemma's stored w - 1 is exact in `dtype` F32. Returns
+        (model_dir, tokens, logits); the weights as written stay in self.written_params."""
         model = random_model(cfg, seed=len(label))
         params = {n: stored_value(v, dtype) for n, v in contract_params(model).items()}
+        if norms_from_half:
+            params = {n: np.maximum(v, 0.5) if n.endswith(("norm.w", "ln1.w", "ln2.w", "lnf.w"))
+                      else v for n, v in params.items()}
+        self.written_params = params
         with torch.no_grad():
             for name, p in model.named_contract_parameters():
                 p.copy_(torch.from_numpy(params[name]))
@@ -432,7 +439,8 @@ class HfOracleTest(unittest.TestCase):
             return [(name, array - 1.0 if name.endswith("norm.weight") else array)
                     for name, array in llama_hf_tensors(cfg, params)]
 
-        model_dir, tokens, got = self.check_against_torch_model("gemma", cfg, to_hf, config)
+        model_dir, tokens, got = self.check_against_torch_model("gemma", cfg, to_hf, config,
+                                                                norms_from_half=True)
         # Read as Llama's model (SiLU, unscaled embeddings, the stored weights as the norms'), the
         # same file gives other logits; an exact GELU is refused.
         llama_dir = self.write_model("gemma_as_llama", dict(config, model_type="llama",
@@ -446,6 +454,51 @@ class HfOracleTest(unittest.TestCase):
         proc, _ = self.run_oracle(exact, tokens)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("hidden_activation", proc.stderr)
+
+    def test_gemma3_matches_torch_model(self):
+        # Gemma's model with query and key norms, norms of the attention's and the MLP's outputs,
+        # and local blocks: layer 0 with a window of 3 and RoPE base 500, layer 1 (every second:
+        # sliding_window_pattern 2) global; the scores scaled by query_pre_attn_scalar 6^-0.5.
+        cfg = small_cfg("llama", activation="geglu", scale_embeddings=True, qk_norm=True,
+                        post_norms=True, head_dim=6, kv_heads=1, tied_embeddings=True,
+                        sliding_window=3, full_attention_layers=[1], rope_local_theta=500.0)
+        config = dict(llama_hf_config(cfg), model_type="gemma3_text",
+                      architectures=["Gemma3ForCausalLM"], hidden_activation="gelu_pytorch_tanh",
+                      query_pre_attn_scalar=6, sliding_window=3, sliding_window_pattern=2,
+                      rope_local_base_freq=500.0, attention_bias=False)
+        del config["hidden_act"]
+
+        def to_hf(params):
+            out = []
+            for name, array in llama_hf_tensors(cfg, params):
+                # Llama's post_attention_layernorm is the MLP's input norm: Gemma 3's
+                # pre_feedforward_layernorm.
+                name = name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
+                out.append((name, array - 1.0 if name.endswith("norm.weight") else array))
+            for i in range(cfg["layers"]):
+                c, p = "h.%d." % i, "model.layers.%d." % i
+                out += [(p + "post_attention_layernorm.weight", params[c + "attn.post_norm.w"] - 1),
+                        (p + "post_feedforward_layernorm.weight",
+                         params[c + "mlp.post_norm.w"] - 1)]
+            return out
+
+        model_dir, tokens, got = self.check_against_torch_model("gemma3", cfg, to_hf, config,
+                                                                norms_from_half=True)
+        # The same layer pattern through layer_types; another pattern gives other logits.
+        params = self.written_params
+        typed = self.write_model("gemma3_types", dict(
+            config, layer_types=["sliding_attention", "full_attention"]), to_hf(params))
+        np.testing.assert_allclose(self.oracle_logits(typed, tokens, cfg["vocab"]), got,
+                                   rtol=1e-11, atol=1e-11)
+        swapped = self.write_model("gemma3_swapped", dict(
+            config, layer_types=["full_attention", "sliding_attention"]), to_hf(params))
+        self.assertGreater(
+            np.abs(self.oracle_logits(swapped, tokens, cfg["vocab"]) - got).max(), 1e-3)
+        capped = self.write_model("gemma3_capped", dict(config, final_logit_softcapping=30.0),
+                                  to_hf(params))
+        proc, _ = self.run_oracle(capped, tokens)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("final_logit_softcapping", proc.stderr)
 
     def test_mixtral_matches_torch_model(self):
         # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,

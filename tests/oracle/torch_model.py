@@ -66,7 +66,9 @@ def normalize_config(cfg):
     Required: family, layers, width, heads, vocab, max_seq (and ffn_hidden for llama).
     Defaults: kv_heads = heads; head_dim = width / heads (llama may set another; 0 means the
     default); sliding_window = 0 (none; llama may set one); full_attention_layers = [] (the
-    blocks without the window); activation = swiglu (llama; geglu
+    blocks without the window); rope_local_theta = 0 (with a window: the RoPE base of the
+    blocks that use it); post_norms = false (llama: norms of the attention's and the MLP's
+    outputs); activation = swiglu (llama; geglu
     is Gemma's) or gelu (gpt2); scale_embeddings = false (llama may set it: Gemma's sqrt(width));
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
@@ -92,6 +94,8 @@ def normalize_config(cfg):
     out.setdefault("qk_norm", False)
     out.setdefault("sliding_window", 0)
     out.setdefault("full_attention_layers", [])
+    out.setdefault("rope_local_theta", 0.0)
+    out.setdefault("post_norms", False)
     out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
     out.setdefault("scale_embeddings", False)
     out.setdefault("norm_eps", 1e-5)
@@ -125,6 +129,14 @@ def normalize_config(cfg):
             for l in full) or sorted(set(full)) != full:
         raise ConfigError("full_attention_layers: increasing layer indices below layers, only "
                           "with a sliding_window, got %r" % (full,))
+    local = out["rope_local_theta"]
+    if isinstance(local, bool) or not isinstance(local, (int, float)) or local < 0 or (
+            local and not window):
+        raise ConfigError("rope_local_theta: a number >= 0 (0: none), nonzero only with a "
+                          "sliding_window, got %r" % (local,))
+    out["rope_local_theta"] = float(local)
+    if not isinstance(out["post_norms"], bool) or (out["post_norms"] and family != "llama"):
+        raise ConfigError("post_norms: true or false, and true only for the llama family")
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -245,6 +257,8 @@ class Attention(nn.Module):
         self.rope_theta = cfg["rope_theta"]
         # 0: every earlier position (no window, or one of full_attention_layers)
         self.window = 0 if layer in cfg["full_attention_layers"] else cfg["sliding_window"]
+        if self.window and cfg["rope_local_theta"]:  # a local block's own base (Gemma 3's)
+            self.rope_theta = cfg["rope_local_theta"]
         bias = cfg["family"] == "gpt2"
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
@@ -331,6 +345,9 @@ class Block(nn.Module):
         self.ln1 = _make_norm(cfg)
         self.attn = Attention(cfg, layer)
         self.ln2 = _make_norm(cfg)
+        # post_norms (Gemma 2's and 3's): the attention's and the MLP's outputs normed too.
+        self.attn_post = _make_norm(cfg) if cfg["post_norms"] else None
+        self.mlp_post = _make_norm(cfg) if cfg["post_norms"] else None
         if is_moe_layer(cfg, layer):
             self.mlp = None
             self.moe = torch_moe.MoeLayer(cfg["family"], cfg["width"], cfg["moe"], layer,
@@ -341,11 +358,14 @@ class Block(nn.Module):
 
     def forward(self, x):
         """x -> (x, Routing of the MoE layer or None)."""
-        x = x + self.attn(self.ln1(x))
+        def post(norm, y):
+            return y if norm is None else norm(y)
+
+        x = x + post(self.attn_post, self.attn(self.ln1(x)))
         if self.moe is None:
-            return x + self.mlp(self.ln2(x)), None
+            return x + post(self.mlp_post, self.mlp(self.ln2(x))), None
         y, routing = self.moe(self.ln2(x))
-        return x + y, routing
+        return x + post(self.mlp_post, y), routing
 
 
 # The training objective of one batch: objective = cross_entropy + aux_loss (the sum of the MoE
@@ -432,9 +452,13 @@ class Transformer(nn.Module):
             out.append((p + "attn.proj.w", block.attn.proj.weight))
             if gpt2:
                 out.append((p + "attn.proj.b", block.attn.proj.bias))
+            if block.attn_post is not None:
+                out.append((p + "attn.post_norm.w", block.attn_post.weight))
             out.append((p + "ln2.w", block.ln2.weight))
             if gpt2:
                 out.append((p + "ln2.b", block.ln2.bias))
+            if block.mlp_post is not None:
+                out.append((p + "mlp.post_norm.w", block.mlp_post.weight))
             if block.moe is None:
                 out += _mlp_contract(p + "mlp.", block.mlp)
             else:

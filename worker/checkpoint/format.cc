@@ -69,6 +69,8 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_sliding_window(m.sliding_window);
   s.set_geglu(m.geglu);
   s.set_scale_embeddings(m.scale_embeddings);
+  s.set_rope_local_theta(m.rope_local_theta);
+  s.set_post_norms(m.post_norms);
   s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
                                          m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
@@ -111,6 +113,8 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.sliding_window = s.sliding_window();
   m.geglu = s.geglu();
   m.scale_embeddings = s.scale_embeddings();
+  m.rope_local_theta = s.rope_local_theta();
+  m.post_norms = s.post_norms();
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
@@ -202,6 +206,10 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   }
   if (saved.qk_norm() != want.qk_norm()) {
     return differ("qk_norm", saved.qk_norm() ? "true" : "false", want.qk_norm() ? "true" : "false");
+  }
+  if (saved.post_norms() != want.post_norms()) {
+    return differ("post_norms", saved.post_norms() ? "true" : "false",
+                  want.post_norms() ? "true" : "false");
   }
   return CheckMoeMatches(saved.moe(), want.moe());
 }

@@ -56,6 +56,19 @@ bool IsGemma(const ModelConfig& m) {
   return m.family == ModelFamily::kLlama && m.geglu && m.scale_embeddings;
 }
 
+// Gemma 3's every k-th block attends to every position, the others to its sliding window
+// (sliding_window_pattern k, layer_types naming the same): k, or 0 for another pattern.
+int GemmaWindowPattern(const ModelConfig& m) {
+  const std::vector<int32_t>& full = m.full_attention_layers;
+  if (m.sliding_window == 0) return 0;
+  if (full.empty()) return m.layers + 1;  // no block is the k-th
+  const int k = full[0] + 1;
+  for (int l = 0; l < m.layers; ++l) {
+    if ((m.WindowOf(l) == 0) != ((l + 1) % k == 0)) return 0;
+  }
+  return k;
+}
+
 // An RMSNorm's weight: Gemma's stores weight − 1.
 HfTensorMap Norm(const ModelConfig& m, std::string ours, int64_t width, std::string theirs) {
   HfTensorMap norm = Whole(std::move(ours), {width}, std::move(theirs));
@@ -131,12 +144,18 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
                     {h + "self_attn.k_proj.bias", q, kv},
                     {h + "self_attn.v_proj.bias", q + kv, kv}}});
   }
-  if (m.qk_norm) {  // Qwen3's
-    out.push_back(Whole(p + "attn.q_norm.w", {d}, h + "self_attn.q_norm.weight"));
-    out.push_back(Whole(p + "attn.k_norm.w", {d}, h + "self_attn.k_norm.weight"));
+  if (m.qk_norm) {  // Qwen3's and Gemma 3's
+    out.push_back(Norm(m, p + "attn.q_norm.w", d, h + "self_attn.q_norm.weight"));
+    out.push_back(Norm(m, p + "attn.k_norm.w", d, h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
-  out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
+  if (m.post_norms) {  // Gemma 3's: post_attention_layernorm is the attention output's norm
+    out.push_back(Norm(m, p + "attn.post_norm.w", c, h + "post_attention_layernorm.weight"));
+    out.push_back(Norm(m, p + "ln2.w", c, h + "pre_feedforward_layernorm.weight"));
+    out.push_back(Norm(m, p + "mlp.post_norm.w", c, h + "post_feedforward_layernorm.weight"));
+  } else {
+    out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
+  }
   if (m.moe.IsMoeLayer(l)) {
     return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
   }
@@ -343,6 +362,47 @@ absl::Status ReadLayerTypes(const ConfigFields& f, int layers, std::vector<int32
   return absl::OkStatus();
 }
 
+// Gemma 3's text model (Gemma3ForCausalLM, model_type gemma3_text): Gemma's with query and key
+// norms, norms of the attention's and the MLP's outputs (post_attention_layernorm and
+// post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's input norm), each RMSNorm
+// multiplying by 1 + its weight, and local blocks: every sliding_window_pattern-th block (or
+// those layer_types names full_attention) attends to every position with rope_theta, the others
+// to the window with rope_local_base_freq. Its attention must scale by 1/√head_dim
+// (query_pre_attn_scalar), without soft-capping, causal, and RoPE unscaled.
+absl::Status ReadGemma3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
+  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  m.geglu = m.scale_embeddings = m.qk_norm = m.post_norms = true;
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"}));
+  int scalar = m.head_dim();
+  TY_RETURN_IF_ERROR(f.Int("query_pre_attn_scalar", &scalar, /*required=*/false));
+  if (scalar != m.head_dim()) {
+    return f.Bad("query_pre_attn_scalar",
+                 absl::StrCat("is ", scalar, " (Trainyard's attention scales by 1/sqrt(head_dim ",
+                              m.head_dim(), "))"));
+  }
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (f.Has(key)) return f.Bad(key, "must be null (Trainyard does not soft-cap logits)");
+  }
+  bool bidirectional = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_bidirectional_attention", &bidirectional));
+  if (bidirectional) return f.Bad("use_bidirectional_attention", "must be false (causal only)");
+  int window = 4096, pattern = 6;  // transformers' defaults
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("sliding_window_pattern", &pattern, /*required=*/false));
+  std::vector<int32_t> full;
+  for (int l = 0; l < m.layers; ++l) {
+    if ((l + 1) % pattern == 0) full.push_back(l);
+  }
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  m.sliding_window = window < m.max_seq && static_cast<int>(full.size()) < m.layers ? window : 0;
+  m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
+  float local = 10000.0f;
+  TY_RETURN_IF_ERROR(f.Float("rope_local_base_freq", &local));
+  m.rope_local_theta = m.sliding_window > 0 && local != m.rope_theta ? local : 0.0f;
+  return absl::OkStatus();
+}
+
 // Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
 // max_position_embeddings (the same attention), in every block but `full` (Qwen's first
 // max_window_layers) or those a layer_types list names "full_attention".
@@ -485,26 +545,34 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// GeGLU and scaled embeddings travel together, as Gemma (whose model has nothing else of the
-// Llama family's options).
+// GeGLU and scaled embeddings travel together, as Gemma (whose model has none of the Llama
+// family's other options) or, with norms of the branches' outputs, query and key norms and local
+// blocks, as Gemma 3; norms of the branches' outputs travel only so.
 absl::Status CheckGemmaLayout(const ModelConfig& m) {
-  if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings)) {
+  if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings && !m.post_norms)) {
     return absl::OkStatus();
   }
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
-        "; Trainyard writes and reads a Llama model with GeGLU or scaled embeddings in Gemma's "
-        "layout only (model.activation geglu and model.scale_embeddings together, no biases, "
-        "query and key norms, sliding window, RoPE scaling or MoE blocks)"));
+        "; Trainyard writes and reads a Llama model with GeGLU, scaled embeddings or post_norms "
+        "in Gemma's layout only (model.activation geglu and model.scale_embeddings together, no "
+        "biases, query and key norms, sliding window, RoPE scaling or MoE blocks) or Gemma 3's "
+        "(those with post_norms, qk_norm and a sliding_window, no biases, RoPE scaling or MoE "
+        "blocks)"));
   };
-  if (!m.geglu) return bad("activation", "is swiglu with scale_embeddings");
+  if (!m.geglu) return bad("activation", "is swiglu with scale_embeddings or post_norms");
   if (!m.scale_embeddings) return bad("scale_embeddings", "is false with activation geglu");
   if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.qk_norm) return bad("qk_norm", "is true");
-  if (m.sliding_window != 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
   if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
   if (m.moe.enabled()) return bad("moe", "has experts");
+  if (!m.post_norms) {  // Gemma's
+    if (m.qk_norm) return bad("qk_norm", "is true without post_norms");
+    if (m.sliding_window != 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+    return absl::OkStatus();
+  }
+  if (!m.qk_norm) return bad("qk_norm", "is false with post_norms");
+  if (m.sliding_window == 0) return bad("sliding_window", "is none with post_norms");
   return absl::OkStatus();
 }
 
@@ -632,10 +700,29 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
-// config.json of Gemma (GemmaForCausalLM).
+// config.json of Gemma (GemmaForCausalLM), or with post_norms of Gemma 3's text model
+// (Gemma3ForCausalLM: its local blocks' pattern, window and RoPE base, and its query and key
+// norms).
 std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  std::string gemma3;
+  if (m.post_norms) {
+    std::string types;
+    for (int l = 0; l < m.layers; ++l) {
+      absl::StrAppend(&types, l == 0 ? "" : ", ",
+                      m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+    }
+    const float local = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
+    gemma3 = absl::StrCat(",\n  \"query_pre_attn_scalar\": ", m.head_dim(),
+                          ",\n  \"sliding_window\": ", m.sliding_window,
+                          ",\n  \"sliding_window_pattern\": ", GemmaWindowPattern(m),
+                          ",\n  \"layer_types\": [", types,
+                          "],\n  \"rope_local_base_freq\": ", ShortFloat(local),
+                          ",\n  \"rope_scaling\": null,\n  \"final_logit_softcapping\": null,"
+                          "\n  \"attn_logit_softcapping\": null");
+  }
   return absl::StrCat(
-      "{\n  \"architectures\": [\"GemmaForCausalLM\"],\n  \"model_type\": \"gemma\",\n",
+      "{\n  \"architectures\": [\"", m.post_norms ? "Gemma3ForCausalLM" : "GemmaForCausalLM",
+      "\"],\n  \"model_type\": \"", m.post_norms ? "gemma3_text" : "gemma", "\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
       ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
       ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
@@ -644,14 +731,20 @@ std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::s
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
       ",\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n  \"hidden_activation\": "
       "\"gelu_pytorch_tanh\",\n  \"attention_bias\": false",
-      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+      gemma3, ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
 }  // namespace
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
   const std::vector<int32_t>& full = m.full_attention_layers;
-  if (full.empty()) return absl::OkStatus();
+  if (m.post_norms && m.sliding_window > 0 && GemmaWindowPattern(m) == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.full_attention_layers: [", absl::StrJoin(full, ", "),
+        "]; Trainyard writes Gemma 3's local and global blocks as its sliding_window_pattern k "
+        "(blocks k − 1, 2k − 1, … attend to every position)"));
+  }
+  if (full.empty() || m.post_norms) return absl::OkStatus();
   const bool qwen = m.family == ModelFamily::kLlama && (m.qkv_bias || m.qk_norm);
   const bool leading = full.back() == static_cast<int32_t>(full.size()) - 1;
   if (qwen && leading) return absl::OkStatus();
@@ -696,6 +789,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
   } else if (model_type == "gemma") {
     TY_RETURN_IF_ERROR(ReadGemmaConfig(fields, m));
+  } else if (model_type == "gemma3_text") {
+    TY_RETURN_IF_ERROR(ReadGemma3Config(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -722,7 +817,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"mistral\", "
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma3_text\", "
+                     "\"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
   }
   if (projections != nullptr) {

@@ -147,6 +147,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
       SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   TY_RETURN_IF_ERROR(SameChoice("qkv_bias", file.qkv_bias, spec.qkv_bias, source));
   TY_RETURN_IF_ERROR(SameChoice("qk_norm", file.qk_norm, spec.qk_norm, source));
+  TY_RETURN_IF_ERROR(SameChoice("post_norms", file.post_norms, spec.post_norms, source));
   TY_RETURN_IF_ERROR(
       SameChoice("scale_embeddings", file.scale_embeddings, spec.scale_embeddings, source));
   if (file.geglu != spec.geglu) {
@@ -173,6 +174,10 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   }
   if (file.family == ModelFamily::kLlama && file.rope_theta != spec.rope_theta) {
     return Differ("rope_theta", num(file.rope_theta), source, num(spec.rope_theta));
+  }
+  if (file.rope_local_theta != spec.rope_local_theta) {
+    return Differ("rope_local_theta", num(file.rope_local_theta), source,
+                  num(spec.rope_local_theta));
   }
   if (file.rope_scaling != spec.rope_scaling) {
     auto text = [](const config::RopeScaling& r) {
@@ -273,6 +278,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       "Hugging Face ",
       gpt2                                   ? "gpt2"
       : projections == HfProjections::kFused ? "phi3"
+      : model_.post_norms                    ? "gemma3_text"
       : model_.geglu                         ? "gemma"
       : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
       : model_.qkv_bias                      ? "qwen2"

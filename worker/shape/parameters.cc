@@ -88,8 +88,11 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   }
   b.proj_w = Add(p + "attn.proj.w", {width, attn}, InitKind::kNormal, residual_std, kCols);
   if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);
+  // post_norms: the norms of the attention's and the MLP's outputs, every rank's whole.
+  if (c.post_norms) b.attn_post_w = Add(p + "attn.post_norm.w", {width}, InitKind::kOnes);
   b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln2_b = Add(p + "ln2.b", {width}, InitKind::kZeros);
+  if (c.post_norms) b.mlp_post_w = Add(p + "mlp.post_norm.w", {width}, InitKind::kOnes);
   if (!c.moe.IsMoeLayer(layer)) {
     const MlpOffsets mlp = AddMlp(c, p + "mlp.", c.ffn_hidden, 0);
     std::tie(b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b) =

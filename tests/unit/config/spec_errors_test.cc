@@ -555,6 +555,11 @@ std::vector<BadSpec> BadSpecs() {
        "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: 4\n"
        "  full_attention_layers: [1, 1]\n",
        "5:26", "model.full_attention_layers", "each layer once, in increasing order"},
+      {"rope_local_theta without a window",
+       "name: job\nmodel:\n  preset: llama-debug\n  rope_local_theta: 10000\n", "4:21",
+       "model.rope_local_theta", "needs a sliding_window"},
+      {"post_norms on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  post_norms: true\n",
+       "4:15", "model.post_norms", "is for the llama family"},
       {"negative sliding_window",
        "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: -1\n", "4:19",
        "model.sliding_window", "must be a number of positions (0 for none), got -1"},

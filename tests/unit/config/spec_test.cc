@@ -365,6 +365,19 @@ TEST(ParseJobSpecTest, GegluAndScaledEmbeddings) {
   EXPECT_EQ(gemma.model.ParameterCount(), plain.model.ParameterCount());
 }
 
+// Gemma 3's blocks: norms of the branches' outputs (two weights of width more per block) and a
+// RoPE base of the local blocks' own.
+TEST(ParseJobSpecTest, PostNormsAndLocalRope) {
+  JobSpec plain = MustParse("name: g\nmodel: {preset: llama-debug}\n");
+  JobSpec gemma3 = MustParse(
+      "name: g\nmodel: {preset: llama-debug, post_norms: true, sliding_window: 4,\n"
+      "  full_attention_layers: [1], rope_local_theta: 10000, rope_theta: 1000000}\n");
+  EXPECT_TRUE(gemma3.model.post_norms);
+  EXPECT_EQ(gemma3.model.rope_local_theta, 10000.0f);
+  EXPECT_EQ(gemma3.model.ParameterCount() - plain.model.ParameterCount(),
+            int64_t{plain.model.layers} * 2 * plain.model.width);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

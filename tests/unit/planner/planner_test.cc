@@ -82,6 +82,31 @@ TEST(Flops, ASlidingWindowCountsTheKeysItSees) {
   EXPECT_DOUBLE_EQ(ModelFlopsPerStep(llama), (6 * n + attention * 32) * 8 * 32);
 }
 
+// With the window in block 0 only, the whole model counts their mean, and each of two pipeline
+// stages its own block's span: 14.25 on the first, 32 on the second.
+TEST(Flops, EachStageCountsItsBlocksWindows) {
+  config::JobSpec llama = Gpt2Debug(2);
+  llama.model = *config::Preset("llama-debug");
+  llama.model.sliding_window = 8;
+  llama.model.full_attention_layers = {1};
+  const double n = static_cast<double>(MatmulParameterCount(llama.model));
+  const double width = llama.model.attention_width();
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(llama),
+                   (6 * n + 12.0 * width * (14.25 + 32) / 2 * 2) * 8 * 32);
+  const BackendShape backend{4, 1 << 20};
+  const RankShape first = ShapeOf(llama, Mesh(1, 1, 2, 0), 0);
+  const RankShape second = ShapeOf(llama, Mesh(1, 1, 2, 0), 1);
+  EXPECT_DOUBLE_EQ(first.attended_span(), 14.25);
+  EXPECT_DOUBLE_EQ(second.attended_span(), 32);
+  const double tokens = static_cast<double>(first.rows());
+  const double first_attention = WorkOf(first, backend).forward_flops -
+                                 tokens * 2.0 * (first.matmul_params + first.head_params);
+  const double second_attention = WorkOf(second, backend).forward_flops -
+                                  tokens * 2.0 * (second.matmul_params + second.head_params);
+  EXPECT_DOUBLE_EQ(first_attention, tokens * 4.0 * width * 14.25);
+  EXPECT_DOUBLE_EQ(second_attention, tokens * 4.0 * width * 32);
+}
+
 TEST(YoungDaly, HigherOrderFormByHand) {
   // δ = 60 s, M = 24 h: √(2·60·86400) = 3219.9379; δ/(2M) = 3.4722e-4;
   // τ = 3219.9379 · (1 + 0.0186339/3 + 0.00034722/9) − 60 = 3180.0621.

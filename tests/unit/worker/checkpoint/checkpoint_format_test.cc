@@ -170,6 +170,19 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_EQ(ModelFromSignature(SignatureOf(wide))->head_dim(), 24);
   EXPECT_EQ(ModelFromSignature(SignatureOf(model))->head_dim(), 16);
 
+  // So do the norms of the branches' outputs.
+  config::ModelConfig post = model;
+  post.post_norms = true;
+  EXPECT_THAT(CheckModelMatches(SignatureOf(post), model).message(),
+              HasSubstr("model.post_norms is true in the checkpoint, false in the spec"));
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(post))->post_norms);
+  // Local blocks' RoPE base is what the parameters mean, as rope_theta.
+  config::ModelConfig local = model;
+  local.sliding_window = 8;
+  local.rope_local_theta = 500.0f;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(local), model).ok());
+  EXPECT_EQ(ModelFromSignature(SignatureOf(local))->rope_local_theta, 500.0f);
+
   // Query and key norms add tensors: refused without them, carried back with them.
   config::ModelConfig normed = model;
   normed.qk_norm = true;

@@ -729,6 +729,86 @@ TEST(HfFormat, GemmaConfigReadsAsLlamaWithGegluAndScaledEmbeddings) {
   EXPECT_EQ(HfTensors(windowed).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// Gemma 3 1B's published config.json (Gemma3ForCausalLM, model_type gemma3_text): Gemma's model
+// with query and key norms, norms of the attention's and the MLP's outputs, and every sixth block
+// global: blocks 5, 11, 17 and 23 attend to every position with RoPE base 1,000,000, the others to
+// 512 positions with base 10,000. By hand: 26 · (q 1024·1152 + k, v 2 · 256·1152 + o 1152·1024
+// + head norms 2 · 256 + MLP 3 · 6912·1152 + four norms 4 · 1152) + the tied embedding
+// 262144·1152 + the final norm 1152 = 999,885,952 (the card's 1B).
+TEST(HfFormat, Gemma3ConfigReadsAsLlamaWithPostNormsAndLocalBlocks) {
+  const std::string json = R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})";
+  auto m = ModelFromHfConfig(json, "gemma-3-1b/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->geglu && m->scale_embeddings && m->qk_norm && m->post_norms);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->sliding_window, 512);
+  EXPECT_EQ(m->full_attention_layers, (std::vector<int32_t>{5, 11, 17, 23}));
+  EXPECT_EQ(m->rope_theta, 1e6f);
+  EXPECT_EQ(m->rope_local_theta, 1e4f);
+  EXPECT_EQ(m->ParameterCount(), 999885952);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Gemma3ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"sliding_window_pattern\": 6"));
+  EXPECT_TRUE(CheckHfWritable(*m).ok());
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->full_attention_layers, m->full_attention_layers);
+  EXPECT_EQ(back->rope_local_theta, m->rope_local_theta);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  // The norms' names: the attention output's is post_attention_layernorm, the MLP input's
+  // pre_feedforward_layernorm; every norm, the head norms too, stored less one.
+  auto tensors = HfTensors(*m);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::string> names;
+  int shifted = 0;
+  for (const HfTensorMap& t : *tensors) {
+    names[t.name] = t.pieces[0].name;
+    shifted += t.shift == 1.0f;
+  }
+  EXPECT_EQ(names["h.0.attn.post_norm.w"], "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(names["h.0.ln2.w"], "model.layers.0.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(names["h.0.mlp.post_norm.w"], "model.layers.0.post_feedforward_layernorm.weight");
+  EXPECT_EQ(shifted, 6 * 26 + 1);
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return ModelFromHfConfig(changed, "g/config.json");
+  };
+  EXPECT_THAT(
+      with("\"query_pre_attn_scalar\": 256", "\"query_pre_attn_scalar\": 168").status().message(),
+      HasSubstr("g/config.json: query_pre_attn_scalar is 168"));
+  EXPECT_THAT(with("\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 30.0")
+                  .status()
+                  .message(),
+              HasSubstr("g/config.json: final_logit_softcapping must be null"));
+  // Gemma 3 4B's global blocks scale RoPE linearly: refused.
+  EXPECT_THAT(with("\"rope_scaling\": null",
+                   "\"rope_scaling\": {\"rope_type\": \"linear\", "
+                   "\"factor\": 8.0}")
+                  .status()
+                  .message(),
+              HasSubstr("rope_scaling is not supported"));
+  // A pattern Gemma 3's config cannot say is refused at export.
+  config::ModelConfig odd = *m;
+  odd.full_attention_layers = {5, 12};
+  EXPECT_THAT(CheckHfWritable(odd).message(), HasSubstr("sliding_window_pattern"));
+  config::ModelConfig plain = *m;
+  plain.qk_norm = false;
+  EXPECT_THAT(HfTensors(plain).status().message(), HasSubstr("model.qk_norm: is false"));
+}
+
 // Gemma 7B's shape: 16 heads of 256 over a width of 3072 (q 4096 wide). By hand: 28 · (q, k, v
 // 3 · 4096·3072 + o 3072·4096 + MLP 3 · 24576·3072 + norms 2 · 3072) + the embedding
 // 256000·3072 + the final norm 3072: the card's 8.5B.
