@@ -174,6 +174,20 @@ Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec&
              {"resources.kind"});
 }
 
+// Soft caps on the attention's scores and the logits (Gemma 2's) are built in the CPU kernels only.
+Problem CheckSoftCapDevices(const ModelConfig& model, const ResourcesSpec& r) {
+  if (r.kind != DeviceKind::kGpu) return std::nullopt;
+  for (const auto& [cap, field] : {std::pair{model.attention_softcap, "model.attention_softcap"},
+                                   std::pair{model.logit_softcap, "model.logit_softcap"}}) {
+    if (cap == 0.0f) continue;
+    return Bad(field,
+               "needs CPU ranks: soft caps are built in the CPU kernels only (leave it out, or "
+               "write resources.kind: cpu)",
+               {"resources.kind"});
+  }
+  return std::nullopt;
+}
+
 // Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.
 Problem CheckExpertParallel(const ParallelismSpec& m, const ModelConfig& model) {
   if (m.ep == 1) return std::nullopt;
@@ -379,6 +393,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   if (Problem p = CheckSlidingWindowDevices(spec.model, spec.resources)) return p;
+  if (Problem p = CheckSoftCapDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 

@@ -227,6 +227,24 @@ absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
   return absl::OkStatus();
 }
 
+// model.attention_scale_dim, attention_softcap and logit_softcap (Gemma 2's scores and logits).
+absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
+  };
+  if (c.attention_scale_dim < 0) {
+    return bad("attention_scale_dim",
+               absl::StrCat("must be positive (0 for head_dim), got ", c.attention_scale_dim));
+  }
+  for (const auto& [cap, field] : {std::pair{c.attention_softcap, "attention_softcap"},
+                                   std::pair{c.logit_softcap, "logit_softcap"}}) {
+    if (!(cap >= 0.0f) || !std::isfinite(cap)) {
+      return bad(field, absl::StrCat("must be a positive cap (0 for none), got ", cap));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
@@ -275,6 +293,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
     return bad("qkv_bias", "is for the llama family (GPT-2's projections always have biases)");
   }
   TY_RETURN_IF_ERROR(ValidateWindow(c, p));
+  TY_RETURN_IF_ERROR(ValidateScores(c, p));
   if (c.family == ModelFamily::kGpt2 && c.kv_heads != c.heads) {
     return bad("kv_heads", "the gpt2 family has as many key/value heads as query heads");
   }

@@ -111,6 +111,15 @@ struct ModelConfig {
   // Llama family: the token embeddings are multiplied by √width on the way in, in fp32 (Gemma's);
   // a tied output head uses them unscaled.
   bool scale_embeddings = false;
+  // Attention scores are scaled by attention_scale_dim^-1/2 instead of head_dim^-1/2 (Gemma 2's
+  // and 3's query_pre_attn_scalar); 0 for head_dim.
+  int attention_scale_dim = 0;
+  // Attention scores s become C·tanh(s / C) after the scale and before the mask and softmax
+  // (Gemma 2's attn_logit_softcapping); 0 for none.
+  float attention_softcap = 0.0f;
+  // The output logits z become C·tanh(z / C) before the loss and sampling (Gemma 2's
+  // final_logit_softcapping); 0 for none.
+  float logit_softcap = 0.0f;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
@@ -122,6 +131,11 @@ struct ModelConfig {
     return scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(width))) : 1.0f;
   }
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : width / heads; }
+  // The factor attention scores are multiplied by before the softmax (and any soft cap).
+  float attention_scale() const {
+    const int dim = attention_scale_dim > 0 ? attention_scale_dim : head_dim();
+    return 1.0f / std::sqrt(static_cast<float>(dim));
+  }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }

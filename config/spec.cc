@@ -184,7 +184,10 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "init_from",
                                           "full_attention_layers",
                                           "rope_local_theta",
-                                          "post_norms"}));
+                                          "post_norms",
+                                          "attention_scale_dim",
+                                          "attention_softcap",
+                                          "logit_softcap"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -206,6 +209,9 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
   TY_RETURN_IF_ERROR(r.ReadFloat("rope_local_theta", &m.rope_local_theta));
   TY_RETURN_IF_ERROR(r.ReadBool("post_norms", &m.post_norms));
+  TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
+  TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
+  TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));
   size_t activation = m.geglu ? 1 : 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
   m.geglu = activation == 1;

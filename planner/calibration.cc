@@ -190,6 +190,13 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
     if (m.scale_embeddings) absl::StrAppend(&yaml, "  scale_embeddings: true\n");
     if (m.explicit_head_dim != 0) absl::StrAppend(&yaml, "  head_dim: ", m.explicit_head_dim, "\n");
   }
+  if (m.attention_scale_dim != 0) {
+    absl::StrAppend(&yaml, "  attention_scale_dim: ", m.attention_scale_dim, "\n");
+  }
+  for (const auto& [field, cap] : {std::pair{"attention_softcap", m.attention_softcap},
+                                   std::pair{"logit_softcap", m.logit_softcap}}) {
+    if (cap != 0) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, cap);
+  }
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
     absl::StrAppendFormat(&yaml,
                           "  rope_scaling: {type: llama3, factor: %.9g, low_freq_factor: %.9g, "

@@ -40,6 +40,9 @@ struct AttentionShape {
   // A sliding window of this many positions (model.sliding_window): query i sees keys
   // i − window < j <= i. 0: every earlier key.
   int64_t window = 0;
+  // Scores are ⟨q, k⟩·scale (0: 1/√head_dim), then C·tanh(s / C) under a soft cap C (0: none).
+  float scale = 0.0f;
+  float softcap = 0.0f;
 };
 
 // One block of attention for context parallelism: the queries of one sequence chunk against the
@@ -56,6 +59,8 @@ struct AttentionBlockShape {
   bool causal;
   int64_t offset = 0;
   int64_t window = 0;
+  float scale = 0.0f;  // as AttentionShape's
+  float softcap = 0.0f;
 };
 
 // The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on
@@ -304,18 +309,24 @@ class Backend {
   virtual void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                        int64_t cols) = 0;
 
+  // x ← C·tanh(x / C) over [rows, cols], rows ld apart: the final logits' soft cap C > 0
+  // (model.logit_softcap).
+  virtual void SoftCap(Act* x, int64_t rows, int64_t cols, int64_t ld, float cap) = 0;
+
   // Σ cross-entropy over rows, added to *loss (a sum this backend made, NewDeviceSum); with
   // write_grad, logits become grad_scale·(softmax − onehot). Rows are `ld` apart (ld ≥ vocab): a
-  // padded row's columns [vocab, ld) are left alone.
+  // padded row's columns [vocab, ld) are left alone. softcap C > 0: the logits were capped
+  // (SoftCap), and the gradient is taken through the cap (times 1 − (z / C)²); 0 for none.
   virtual void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                   int64_t ld, float grad_scale, bool write_grad,
+                                   int64_t ld, float grad_scale, bool write_grad, float softcap,
                                    DeviceSum* loss) = 0;
 
   // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
   virtual void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                                       int64_t vocab, float* stats) = 0;
   virtual void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                                     int64_t rows, int64_t vocab, float grad_scale) = 0;
+                                     int64_t rows, int64_t vocab, float grad_scale,
+                                     float softcap) = 0;
   // The tensor-parallel group's gathered statistics (`ranks` blocks of `stride` rows) merged into
   // each row's log-sum-exp (lse[0, rows)), the rows' losses added to *loss (NewDeviceSum's).
   virtual void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride,

@@ -132,7 +132,9 @@ struct BlockGeometry {
                                .kv_stride = kv_width(),
                                .causal = key_chunk == query_chunk,
                                .offset = (query_chunk - key_chunk) * c(),
-                               .window = s.window};
+                               .window = s.window,
+                               .scale = s.scale,
+                               .softcap = s.softcap};
   }
   // Whether any query of query_chunk sees a key of key_chunk: none of a later chunk, nor of one
   // that ends before the sliding window of the chunk's first query begins (that query, at

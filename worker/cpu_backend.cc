@@ -186,12 +186,12 @@ class CpuBackend final : public Backend {
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                        s.window);
+                        s.window, {s.scale, s.softcap});
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
     k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim, s.window);
+                         s.head_dim, s.window, {s.scale, s.softcap});
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {
@@ -207,19 +207,23 @@ class CpuBackend final : public Backend {
     k::AttentionBlockBackward(F(dq), F(dk), F(dv), F(dout), F(q), F(key), F(value), F(out), lse,
                               Dims(s));
   }
+  void SoftCap(Act* x, int64_t rows, int64_t cols, int64_t ld, float cap) override {
+    k::SoftCap(F(x), rows, cols, ld, cap);
+  }
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           int64_t ld, float grad_scale, bool write_grad,
+                           int64_t ld, float grad_scale, bool write_grad, float softcap,
                            DeviceSum* loss) override {
-    loss->AddHost(
-        k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale, write_grad));
+    loss->AddHost(k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale,
+                                         write_grad, softcap));
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
     k::CrossEntropyShardStats(F(logits), local_targets, rows, vocab, stats);
   }
   void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                             int64_t rows, int64_t vocab, float grad_scale) override {
-    k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale);
+                             int64_t rows, int64_t vocab, float grad_scale,
+                             float softcap) override {
+    k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale, softcap);
   }
   void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
                                    float* lse, DeviceSum* loss) override {
@@ -265,7 +269,8 @@ class CpuBackend final : public Backend {
             .kv_stride = s.kv_stride,
             .causal = s.causal,
             .offset = s.offset,
-            .window = s.window};
+            .window = s.window,
+            .rule = {s.scale, s.softcap}};
   }
   static k::ExpertMlpShape Shape(const ExpertMlp& mlp) {
     return {.offsets = mlp.offsets.data(),

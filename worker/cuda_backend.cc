@@ -429,9 +429,13 @@ class CudaBackend final : public Backend {
   }
 
   // Cross-entropy.
+  // The final logits' soft cap is not built here: jobs with one are refused on GPU ranks at
+  // submit (config/mesh.cc), so reaching these is a caller's error, reported as such.
+  void SoftCap(Act*, int64_t, int64_t, int64_t, float) override { Run(SoftCapUnbuilt()); }
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           int64_t ld, float grad_scale, bool write_grad,
+                           int64_t ld, float grad_scale, bool write_grad, float softcap,
                            DeviceSum* loss) override {
+    if (softcap != 0.0f) return Run(SoftCapUnbuilt());
     auto* sum = dynamic_cast<RowSums*>(loss);
     TY_CHECK(sum != nullptr) << "a loss sum from another backend";
     float* losses = sum->Reserve(rows);
@@ -444,7 +448,9 @@ class CudaBackend final : public Backend {
                                    stats));
   }
   void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                             int64_t rows, int64_t vocab, float grad_scale) override {
+                             int64_t rows, int64_t vocab, float grad_scale,
+                             float softcap) override {
+    if (softcap != 0.0f) return Run(SoftCapUnbuilt());
     Run(kc::CrossEntropyShardGrad(stream_, act_dtype(), logits, local_targets, lse, rows, vocab,
                                   grad_scale));
   }
@@ -526,8 +532,12 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
+  static absl::Status SoftCapUnbuilt() {
+    return absl::UnimplementedError(
+        "CUDA backend: the logits' soft cap (model.logit_softcap) is not built on the GPU");
+  }
   static kc::AttentionDims Dims(const AttentionShape& s) {
-    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window};
+    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window, s.scale, s.softcap};
   }
   static kc::AttentionBlockDims BlockDims(const AttentionBlockShape& s) {
     return {.b = s.batch,
@@ -540,7 +550,9 @@ class CudaBackend final : public Backend {
             .kv_stride = s.kv_stride,
             .causal = s.causal,
             .offset = s.offset,
-            .window = s.window};
+            .window = s.window,
+            .scale = s.scale,
+            .softcap = s.softcap};
   }
 
   // Keeps the first failure; later calls still run (their results are garbage, and the caller

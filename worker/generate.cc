@@ -214,7 +214,9 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .kv_stride = kv,
                                         .causal = prompt,
                                         .offset = pos,
-                                        .window = m.WindowOf(layer)});
+                                        .window = m.WindowOf(layer),
+                                        .scale = m.attention_scale(),
+                                        .softcap = m.attention_softcap});
   // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
   // its rows have been read).
   auto add_branch = [&](int64_t post_w) {
@@ -264,6 +266,9 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
     be.RmsNorm(norm_.data(), rstd_.data(), last, P(layout_.lnf_w()), 1, c, model_.norm_eps);
   }
   be.Linear(logits_.data(), norm_.data(), P(layout_.lm_head()), nullptr, 1, model_.vocab, c);
+  if (model_.logit_softcap > 0.0f) {
+    be.SoftCap(logits_.data(), 1, model_.vocab, model_.vocab, model_.logit_softcap);
+  }
   be.CopyActToHost(host_logits_.data(), logits_.data(), model_.vocab);
 }
 

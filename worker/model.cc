@@ -517,6 +517,17 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
   }
 }
 
+AttentionShape Model::AttentionOf(int layer) const {
+  return AttentionShape{.batch = acts_->b,
+                        .seq = acts_->t,
+                        .heads = dims_.heads,
+                        .kv_heads = dims_.kv_heads,
+                        .head_dim = config_.head_dim(),
+                        .window = config_.WindowOf(layer),
+                        .scale = config_.attention_scale(),
+                        .softcap = config_.attention_softcap};
+}
+
 void Model::Rotate(int layer, Act* qkv, bool backward) {
   const Activations& a = *acts_;
   const kernels::RopeFrequencies freq = RopeOf(config_, layer);
@@ -547,8 +558,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   // parallelism).
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
-  const AttentionShape shape{
-      a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.WindowOf(layer)};
+  const AttentionShape shape = AttentionOf(layer);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int li = layer - stage().first_layer;  // the block's index on this stage
   Act* x = a.resid[li].data();
@@ -703,8 +713,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
-  const AttentionShape shape{
-      a.b, a.t, dims_.heads, dims_.kv_heads, c.head_dim(), c.WindowOf(layer)};
+  const AttentionShape shape = AttentionOf(layer);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t ffn = o.mlp_ffn / tp_size(), fc = gpt2 ? ffn : 2 * ffn;
   Act* dln = sp_ ? a.dln_local.data() : a.dln.data();
@@ -957,6 +966,7 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
   }
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
   const int64_t padded = head_.vocab;  // the logits' row stride; columns past vocab are masked
+  const float cap = config_.logit_softcap;
   const int64_t chunk = a.logits.size() / padded;
   const float* head = P(hg, layout_.lm_head());
   float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
@@ -966,8 +976,9 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, padded, width);
+    if (cap > 0.0f) backend_->SoftCap(a.logits.data(), rows, vocab, padded, cap);
     backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab, padded,
-                                  grad_scale, with_grad, loss);
+                                  grad_scale, with_grad, cap, loss);
     if (with_grad) {
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), dhead, nullptr,
                                a.logits.data(), h, head, rows, padded, width);
@@ -1002,12 +1013,14 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
   }
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
   const int64_t chunk = a.logits.size() / vocab;
+  const float cap = config_.logit_softcap;
   const float* head = P(hg, layout_.lm_head());
   const HeldWeight held(backend_, head, vocab * width);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const Act* h = backend_->At(a.lnf.data(), r0 * width);
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, vocab, width);
+    if (cap > 0.0f) backend_->SoftCap(a.logits.data(), rows, vocab, vocab, cap);
     backend_->CrossEntropyShardStats(a.logits.data(), a.local_targets.data() + r0, rows, vocab,
                                      a.ce_stats.data());
     TY_RETURN_IF_ERROR(tp_.AllGather(a.ce_stats.data(), a.ce_gathered.data(), chunk * 3));
@@ -1015,7 +1028,7 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
                                           a.ce_lse.data(), loss);
     if (with_grad) {
       backend_->CrossEntropyShardGrad(a.logits.data(), a.local_targets.data() + r0, a.ce_lse.data(),
-                                      rows, vocab, grad_scale);
+                                      rows, vocab, grad_scale, cap);
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
                                nullptr, a.logits.data(), h, head, rows, vocab, width);
     }
@@ -1166,6 +1179,9 @@ absl::Status Model::Logits(const int32_t* inputs, int b, int t, float* host_logi
     const int64_t rows = std::min(chunk, n - r0);
     backend_->Linear(a.logits.data(), backend_->At(a.lnf.data(), r0 * config_.width), head, nullptr,
                      rows, vocab, config_.width);
+    if (const float cap = config_.logit_softcap; cap > 0.0f) {
+      backend_->SoftCap(a.logits.data(), rows, vocab, vocab, cap);
+    }
     backend_->CopyActToHost(host_logits + r0 * vocab, a.logits.data(), rows * vocab);
   }
   return absl::OkStatus();

@@ -232,6 +232,8 @@ class Model {
   void EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe);
   // RoPE on the query and key heads of `qkv` (direction: forward or its inverse).
   void Rotate(int layer, Act* qkv, bool backward);
+  // The attention of block `layer` over the micro-batch's local rows.
+  AttentionShape AttentionOf(int layer) const;
   void EnsureActivations(int b, int t);
   // Runs embedding and every block, then the final norm (output in acts_->lnf); on return the
   // final group stays acquired (released by the caller through `final_hold`).

@@ -53,7 +53,11 @@ struct BlockOffsets {
   int64_t end_key(int64_t i) const {
     return s.causal ? std::clamp(i + s.offset + 1, int64_t{0}, s.kv_len) : s.kv_len;
   }
-  float scale() const { return 1.0f / std::sqrt(static_cast<float>(s.d)); }
+  float scale() const {
+    return s.rule.scale > 0.0f ? s.rule.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
+  }
+  // 1 / the soft cap, 0 without one (then 1 − (z·inv_cap)² is exactly 1).
+  float inv_cap() const { return s.rule.softcap > 0.0f ? 1.0f / s.rule.softcap : 0.0f; }
 };
 
 // The keys [k0, k1) a block of query rows [i0, i1) reads between them.
@@ -67,6 +71,13 @@ struct KeyRange {
   int64_t rows() const { return i1 - i0; }
   int64_t keys() const { return k1 - k0; }
 };
+
+// Scores s of a [rows, keys] block become C·tanh(s / C) under a soft cap C (none: unchanged).
+void CapScores(float* s, int64_t n, float cap) {
+  if (cap <= 0.0f) return;
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] * inv);
+}
 
 // Turns a row's scores of keys [from, to) (of `keys`) into probabilities (the rest become 0) and
 // returns their log-sum-exp: −∞ when the row sees no key.
@@ -108,6 +119,7 @@ void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const f
   const float* v_rows = v + o.kv(bi, g) + k0 * s.kv_stride;
   BlockScores(p, q + o.q(bi, i0, h), k_rows, r.rows(), keys, s.d, s.q_stride, s.kv_stride,
               o.scale());
+  CapScores(p, r.rows() * keys, s.rule.softcap);
   for (int64_t i = r.i0; i < r.i1; ++i) {
     lse[o.lse(bi, h, i)] =
         SoftmaxRow(p + (i - i0) * keys, o.first_key(i) - k0, o.end_key(i) - k0, keys);
@@ -122,15 +134,17 @@ struct BackwardOperands {
   const float *dout, *q, *k, *v, *out, *lse;
 };
 
-// A row's probabilities P = exp(S − lse) in place of its scores, and dS = P ∘ (dP − delta) · scale
-// in place of dP, over keys [from, to); the other keys get 0 in both.
+// A row's probabilities P = exp(Z − lse) in place of its (capped) scores Z, and
+// dS = P ∘ (dP − delta) ∘ (1 − (Z / C)²) · scale in place of dP, over keys [from, to) (inv_cap
+// = 1 / C, 0 without a cap); the other keys get 0 in both.
 void GradientRow(float* p, float* ds, int64_t from, int64_t to, int64_t keys, float row_lse,
-                 float delta, float scale) {
+                 float delta, float scale, float inv_cap) {
   to = std::max(from, to);
 #pragma omp simd
   for (int64_t j = from; j < to; ++j) {
-    p[j] = FastExp(p[j] - row_lse);
-    ds[j] = p[j] * (ds[j] - delta) * scale;
+    const float z = p[j], t = z * inv_cap;
+    p[j] = FastExp(z - row_lse);
+    ds[j] = p[j] * (ds[j] - delta) * (1.0f - t * t) * scale;
   }
   for (float* row : {p, ds}) {
     std::fill(row, row + from, 0.0f);
@@ -153,6 +167,7 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
   const float* y0 = x.out + o.out(bi, i0, h);
   // Recompute the block's probabilities from the merged log-sum-exp.
   BlockScores(p, q0, k0, rows, keys, s.d, s.q_stride, s.kv_stride, o.scale());
+  CapScores(p, rows * keys, s.rule.softcap);
   // dP = dY · Vᵀ
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s.d, 1.0f, dy0, ld, x.v + k_at,
               s.kv_stride, 0.0f, ds, keys);
@@ -163,7 +178,7 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
 #pragma omp simd reduction(+ : delta)
     for (int64_t c = 0; c < s.d; ++c) delta += dy0[row * ld + c] * y0[row * ld + c];
     GradientRow(p + row * keys, ds + row * keys, o.first_key(i) - r.k0, o.end_key(i) - r.k0, keys,
-                x.lse[o.lse(bi, h, i)], delta, o.scale());
+                x.lse[o.lse(bi, h, i)], delta, o.scale(), o.inv_cap());
   }
   // dQ += dS · K;  dK += dSᵀ · Q;  dV += Pᵀ · dY
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s.d, keys, 1.0f, ds, keys, k0,
@@ -176,7 +191,7 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
 
 // The causal block of a packed qkv [b, t, (heads + 2·kv_heads)·d] against itself.
 BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                    int64_t window) {
+                    int64_t window, ScoreRule rule) {
   const Layout l{heads, kv_heads, d};
   return BlockDims{.b = b,
                    .q_len = t,
@@ -187,28 +202,29 @@ BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64
                    .q_stride = l.row(),
                    .kv_stride = l.row(),
                    .causal = true,
-                   .window = window};
+                   .window = window,
+                   .rule = rule};
 }
 
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d, int64_t window) {
+                      int64_t kv_heads, int64_t d, int64_t window, ScoreRule rule) {
   const Layout l{heads, kv_heads, d};
   AttentionBlockForward(out, lse, qkv + l.q(0), qkv + l.k(0), qkv + l.v(0),
-                        SelfBlock(b, t, heads, kv_heads, d, window));
+                        SelfBlock(b, t, heads, kv_heads, d, window, rule));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t window) {
+                       int64_t d, int64_t window, ScoreRule rule) {
   const Layout l{heads, kv_heads, d};
   const int64_t n = b * t * l.row();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i += 4096) std::fill(dqkv + i, dqkv + std::min(n, i + 4096), 0.0f);
   AttentionBlockBackward(dqkv + l.q(0), dqkv + l.k(0), dqkv + l.v(0), dout, qkv + l.q(0),
                          qkv + l.k(0), qkv + l.v(0), out, lse,
-                         SelfBlock(b, t, heads, kv_heads, d, window));
+                         SelfBlock(b, t, heads, kv_heads, d, window, rule));
 }
 
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,

@@ -6,6 +6,10 @@
 //
 // Nothing of size t × t is stored: the forward saves the log-sum-exp of each query row, and the
 // backward recomputes the probabilities from it (the FlashAttention recipe, on the CPU).
+//
+// Scores are ⟨q, k⟩ times `scale` (1/√d unless set); a soft cap C > 0 turns each into
+// C·tanh(s / C) before the mask and the softmax (Gemma 2's), and the backward multiplies its
+// gradient by 1 − tanh², recomputed from the capped score.
 #ifndef TRAINYARD_KERNELS_CPU_ATTENTION_H_
 #define TRAINYARD_KERNELS_CPU_ATTENTION_H_
 
@@ -13,14 +17,20 @@
 
 namespace trainyard::kernels::cpu {
 
+// How query-key products become scores: the factor (0 for 1/√d) and the soft cap (0 for none).
+struct ScoreRule {
+  float scale = 0.0f;
+  float softcap = 0.0f;
+};
+
 // out: [b, t, heads · d]; lse: [b, heads, t].
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d, int64_t window = 0);
+                      int64_t kv_heads, int64_t d, int64_t window = 0, ScoreRule rule = {});
 
 // dqkv (overwritten): [b, t, (heads + 2·kv_heads) · d], from dout [b, t, heads · d].
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t window = 0);
+                       int64_t d, int64_t window = 0, ScoreRule rule = {});
 
 // Blocks of attention for context parallelism: the queries of one sequence chunk against the keys
 // and values of one chunk, each block's result a partial output with its log-sum-exp, merged by
@@ -36,6 +46,7 @@ struct BlockDims {
   bool causal;
   int64_t offset = 0;
   int64_t window = 0;
+  ScoreRule rule;
 };
 
 // out (overwritten): [b, q_len, heads·d]; lse: [b, heads, q_len]. Same arithmetic as

@@ -7,17 +7,63 @@
 #include "kernels/cpu/fast_math.h"
 
 namespace trainyard::kernels::cpu {
+namespace {
+
+float RowMax(const float* x, int64_t n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  return mx;
+}
+
+// One row of SoftmaxCrossEntropy under a soft cap: x holds the capped logits z, read twice (the
+// sum of exponentials, then the gradient, which needs z for its 1 − (z / C)²).
+double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad,
+                 float cap) {
+  const float target_logit = x[target];
+  const float mx = RowMax(x, vocab);
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
+  if (write_grad) {
+    const float factor = static_cast<float>(grad_scale / sum), inv_cap = 1.0f / cap;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float t = x[j] * inv_cap;
+      const float g = FastExp(x[j] - mx) * factor - (j == target ? grad_scale : 0.0f);
+      x[j] = g * (1.0f - t * t);
+    }
+  }
+  return mx + std::log(sum) - target_logit;
+}
+
+}  // namespace
+
+void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap) {
+  const float inv = 1.0f / cap;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * ld;
+    for (int64_t j = 0; j < cols; ++j) row[j] = cap * std::tanh(row[j] * inv);
+  }
+}
 
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           int64_t ld, float grad_scale, bool write_grad) {
+                           int64_t ld, float grad_scale, bool write_grad, float softcap) {
   std::vector<double> row_loss(rows);
+  if (softcap > 0.0f) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      row_loss[r] = CappedRow(logits + r * ld, targets[r], vocab, grad_scale, write_grad, softcap);
+    }
+    double total = 0.0;
+    for (double l : row_loss) total += l;
+    return total;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * ld;
     const float target_logit = x[targets[r]];
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, x[j]);
+    const float mx = RowMax(x, vocab);
     double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < vocab; ++j) {
@@ -42,9 +88,7 @@ void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, i
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, x[j]);
+    const float mx = RowMax(x, vocab);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
@@ -55,14 +99,23 @@ void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, i
 }
 
 void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
-                           int64_t rows, int64_t vocab, float grad_scale) {
+                           int64_t rows, int64_t vocab, float grad_scale, float softcap) {
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * vocab;
     const float l = lse[r];
+    if (inv_cap == 0.0f) {
 #pragma omp simd
-    for (int64_t j = 0; j < vocab; ++j) x[j] = grad_scale * FastExp(x[j] - l);
-    if (local_targets[r] >= 0) x[local_targets[r]] -= grad_scale;
+      for (int64_t j = 0; j < vocab; ++j) x[j] = grad_scale * FastExp(x[j] - l);
+      if (local_targets[r] >= 0) x[local_targets[r]] -= grad_scale;
+      continue;
+    }
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float t = x[j] * inv_cap;
+      const float g = grad_scale * FastExp(x[j] - l) - (j == local_targets[r] ? grad_scale : 0.0f);
+      x[j] = g * (1.0f - t * t);
+    }
   }
 }
 

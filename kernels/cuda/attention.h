@@ -3,8 +3,8 @@
 // recomputes probabilities from the saved log-sum-exp. Grouped-query attention: query head h
 // reads key/value head h / (heads / kv_heads). Layout matches kernels/cpu/attention.h: packed
 // qkv [b, t, (heads + 2·kv_heads)·d] (queries, then keys, then values), out [b, t, heads·d],
-// lse [b, heads, t] fp32, softmax scale 1/sqrt(d). bf16 storage runs on tensor cores with fp32
-// accumulation; fp32 storage runs an fp32 path (the precise reference on the device). The
+// lse [b, heads, t] fp32, softmax scale 1/sqrt(d) or dims.scale. bf16 storage runs on tensor cores
+// with fp32 accumulation; fp32 storage runs an fp32 path (the precise reference on the device). The
 // kernels are those of attention_block.h: this is the causal block of the qkv against itself.
 #ifndef TRAINYARD_KERNELS_CUDA_ATTENTION_H_
 #define TRAINYARD_KERNELS_CUDA_ATTENTION_H_
@@ -24,6 +24,10 @@ struct AttentionDims {
   // A sliding window of this many positions: query i sees keys i − window < j <= i (0: every
   // earlier key).
   int64_t window = 0;
+  // Scores are ⟨q, k⟩·scale (0: 1/√d). A soft cap (softcap ≠ 0) is not built here:
+  // UNIMPLEMENTED (the CPU kernels have it).
+  float scale = 0.0f;
+  float softcap = 0.0f;
 };
 
 // How the bf16 backward sums the query gradient over key tiles.

@@ -33,6 +33,8 @@ struct AttentionBlockDims {
   bool causal;
   int64_t offset = 0;
   int64_t window = 0;
+  float scale = 0.0f;    // as AttentionDims'
+  float softcap = 0.0f;  // as AttentionDims': UNIMPLEMENTED unless 0
 };
 
 // Every launcher returns INVALID_ARGUMENT, launching nothing, for: a head dim other than 16, 32,
@@ -43,7 +45,7 @@ struct AttentionBlockDims {
 // `stream`; a non-OK status means nothing was launched or the launch failed.
 
 // out (overwritten): [b, q_len, heads·d] rows contiguous; lse (overwritten): [b, heads, q_len],
-// natural log. Online softmax over key tiles, scale 1/sqrt(d).
+// natural log. Online softmax over key tiles, scale dims.scale (0: 1/sqrt(d)).
 [[nodiscard]] absl::Status AttentionBlockForward(cudaStream_t stream, DType dtype, void* out,
                                                  float* lse, const void* q, const void* k,
                                                  const void* v, const AttentionBlockDims& dims);

@@ -334,7 +334,7 @@ template <typename T, int D>
 absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& x,
                                 const AttentionBlockDims& dims, bool add) {
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
   const dim3 threads(kThreads);
   constexpr int kQueries = KvQueries<T, D>();
   constexpr int kKvBytes = KvSmem<T, D, kQueries>::kBytes;

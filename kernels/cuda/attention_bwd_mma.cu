@@ -497,7 +497,7 @@ template <int D, bool kAtomicDq>
 absl::Status LaunchKv(cudaStream_t stream, const MmaBackwardOperands& x,
                       const AttentionBlockDims& dims, bool add, float* dq_sums) {
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
   using Smem = MmaBackwardSmem<D>;
   constexpr int kBytes = kAtomicDq ? Smem::kAtomicBytes : Smem::kBytes;
   static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
@@ -532,7 +532,7 @@ absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
   if (dq_sums != nullptr) return LaunchAtomicFor<D>(stream, x, dims, add, dq_sums);
   TY_RETURN_IF_ERROR((LaunchKv<D, false>(stream, x, dims, add, nullptr)));
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(D), scale_log2 = scale * kLog2e;
+  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
   constexpr int kBytes = MmaBackwardSmem<D>::kBytes;
 
   TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));

@@ -327,7 +327,9 @@ inline AttentionBlockDims PackedQkvBlock(const AttentionDims& dims) {
                             .q_stride = row,
                             .kv_stride = row,
                             .causal = true,
-                            .window = dims.window};
+                            .window = dims.window,
+                            .scale = dims.scale,
+                            .softcap = dims.softcap};
 }
 // Column offsets of the keys and values in a packed qkv row.
 inline int64_t PackedKeys(const AttentionDims& dims) { return dims.heads * dims.d; }
@@ -354,6 +356,17 @@ absl::Status AllowSharedMemory(Kernel* kernel, int bytes) {
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Soft-capped scores (Gemma 2's) are not built on the GPU: refused with a message that says so.
+inline absl::Status CheckScoreRule(float scale, float softcap) {
+  if (softcap != 0.0f) {
+    return absl::UnimplementedError(
+        "attention: soft-capped scores are not built in the CUDA kernels (the CPU kernels have "
+        "them)");
+  }
+  TY_REQUIRE(scale >= 0.0f && std::isfinite(scale));
+  return absl::OkStatus();
+}
+
 // The checks both launchers share: a supported head dim, positive sizes, whole GQA groups, and
 // grid limits (heads and batch are grid dimensions y and z).
 inline absl::Status CheckAttentionDims(const AttentionDims& dims) {
@@ -364,7 +377,7 @@ inline absl::Status CheckAttentionDims(const AttentionDims& dims) {
   TY_REQUIRE(dims.b >= 1 && dims.t >= 1 && dims.heads >= 1 && dims.kv_heads >= 1);
   TY_REQUIRE(dims.heads % dims.kv_heads == 0 && dims.window >= 0);
   TY_REQUIRE(dims.heads <= 65535 && dims.b <= 65535);
-  return absl::OkStatus();
+  return CheckScoreRule(dims.scale, dims.softcap);
 }
 
 // The checks every block launcher shares (see attention_block.h); the tensors' own checks are
@@ -384,10 +397,13 @@ inline absl::Status CheckBlockDims(const AttentionBlockDims& dims, DType dtype) 
   // Rows are copied in 16-byte vectors.
   TY_REQUIRE(dims.q_stride * DTypeBytes(dtype) % 16 == 0 &&
              dims.kv_stride * DTypeBytes(dtype) % 16 == 0);
-  return absl::OkStatus();
+  return CheckScoreRule(dims.scale, dims.softcap);
 }
 
-inline float SoftmaxScale(int64_t d) { return 1.0f / std::sqrt(static_cast<float>(d)); }
+// The factor scores are multiplied by: the block's own, or 1/√d.
+inline float SoftmaxScale(const AttentionBlockDims& dims) {
+  return dims.scale > 0.0f ? dims.scale : 1.0f / std::sqrt(static_cast<float>(dims.d));
+}
 
 // The bf16 forward and backward of an attention block with scores in registers
 // (attention_fwd_mma.cu, attention_bwd_mma.cu); the caller has checked the block's dims and

@@ -200,7 +200,7 @@ absl::Status LaunchForward(cudaStream_t stream, void* out, float* lse, const voi
                   static_cast<unsigned>(dims.b));
   kernel<<<grid, kThreads, kBytes, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
                                              static_cast<const T*>(k), static_cast<const T*>(v),
-                                             GeometryOf(dims), SoftmaxScale(D) * kLog2e);
+                                             GeometryOf(dims), SoftmaxScale(dims) * kLog2e);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("FlashForwardKernel");
   return absl::OkStatus();
 }

@@ -321,7 +321,7 @@ absl::Status LaunchMmaForwardFor(cudaStream_t stream, void* out, float* lse, con
                   static_cast<unsigned>(dims.b));
   kernel<<<grid, kThreads, Smem::kBytes, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-      static_cast<const bf16*>(v), GeometryOf(dims), SoftmaxScale(D) * kLog2e);
+      static_cast<const bf16*>(v), GeometryOf(dims), SoftmaxScale(dims) * kLog2e);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaForwardKernel");
   return absl::OkStatus();
 }

@@ -42,6 +42,7 @@ struct Case {
   bool packed;
   // Query row i at position i + offset from key row 0; a sliding window of `window` positions.
   int64_t offset = 0, window = 0;
+  float scale = 0.0f;  // the scores' factor (0: 1/sqrt(d))
 };
 
 // Tiny shapes (the emulated test runs every kernel on the CPU, one thread at a time); kernel
@@ -56,21 +57,22 @@ struct Case {
 // tiles; the last key tiles' queries end inside the block); ring attention's block of a chunk
 // against the one before it (offset 24, window 20: the last five queries see no key, their lse
 // −∞ and output zero); generation's step (one query after 39 cached keys, a window of 16); a
-// window of one position at d 128.
+// window of one position at d 128. Last, ring attention's block with a scale of its own (Gemma 2's
+// query_pre_attn_scalar).
 constexpr Case kCases[] = {
     {2, 37, 37, 4, 2, 32, true, true},          {1, 80, 80, 2, 1, 32, true, false},
     {2, 24, 72, 4, 2, 64, false, true},         {1, 70, 20, 2, 2, 64, false, false},
     {1, 20, 20, 2, 2, 64, true, false},         {1, 16, 24, 2, 1, 128, false, true},
     {2, 37, 37, 4, 2, 32, true, true, 0, 5},    {1, 130, 130, 2, 1, 32, true, false, 0, 70},
     {1, 24, 24, 2, 2, 64, false, true, 24, 20}, {1, 1, 40, 4, 2, 32, false, true, 39, 16},
-    {1, 20, 20, 2, 1, 128, true, false, 0, 1},
+    {1, 20, 20, 2, 1, 128, true, false, 0, 1},  {1, 24, 24, 2, 2, 64, false, true, 24, 30, 0.3f},
 };
 
 std::string Label(const Case& c, DType dtype) {
   return absl::StrCat(DTypeName(dtype), " b=", c.b, " q_len=", c.q_len, " kv_len=", c.kv_len,
                       " heads=", c.heads, " kv_heads=", c.kv_heads, " d=", c.d,
                       c.causal ? " causal" : " full", c.packed ? " packed" : " dense",
-                      " offset=", c.offset, " window=", c.window);
+                      " offset=", c.offset, " window=", c.window, " scale=", c.scale);
 }
 
 // Where a case's operands live: q in a buffer of q_count values, keys at the start of a buffer
@@ -92,11 +94,11 @@ Layout LayoutOf(const Case& c) {
 
 AttentionBlockDims GpuDims(const Case& c, const Layout& l) {
   return {c.b,        c.q_len,     c.kv_len, c.heads,  c.kv_heads, c.d,
-          l.q_stride, l.kv_stride, c.causal, c.offset, c.window};
+          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   c.scale};
 }
 cpu::BlockDims CpuDims(const Case& c, const Layout& l) {
   return {c.b,        c.q_len,     c.kv_len, c.heads,  c.kv_heads, c.d,
-          l.q_stride, l.kv_stride, c.causal, c.offset, c.window};
+          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   {c.scale}};
 }
 
 // The rows whose log-sum-exp is −∞ (they see no key) in both, then the relative error of the

@@ -1,7 +1,7 @@
 // Flash attention on the GPU against the CPU reference (kernels/cpu/attention.h): the forward's
 // output and log-sum-exp and the backward's packed gradients, for both storage types, with and
 // without grouped-query heads, at sequence lengths that are and are not multiples of the tiles,
-// with and without a sliding window.
+// with and without a sliding window, with the scores' scale 1/sqrt(d) or another.
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
@@ -31,18 +31,27 @@ using ::trainyard::testing::Upload;
 
 // The last three have sliding windows: 5 positions (most tiles skipped, most rows masked at both
 // ends), 70 across the 64-row tiles (the first key tile of late query tiles skipped), and 1 (each
-// query sees itself only) at d 128.
+// query sees itself only) at d 128. Then scales of their own (Gemma 2's query_pre_attn_scalar):
+// larger than 1/sqrt(d) with a window, smaller at d 128.
 constexpr AttentionDims kShapes[] = {
-    {1, 1, 1, 1, 16},     {2, 37, 4, 2, 16},      {1, 64, 2, 2, 64},
-    {2, 200, 8, 2, 64},   {1, 129, 4, 1, 128},    {1, 1024, 12, 12, 64},
-    {2, 37, 4, 2, 16, 5}, {1, 200, 4, 2, 64, 70}, {1, 129, 4, 1, 128, 1},
+    {1, 1, 1, 1, 16},
+    {2, 37, 4, 2, 16},
+    {1, 64, 2, 2, 64},
+    {2, 200, 8, 2, 64},
+    {1, 129, 4, 1, 128},
+    {1, 1024, 12, 12, 64},
+    {2, 37, 4, 2, 16, 5},
+    {1, 200, 4, 2, 64, 70},
+    {1, 129, 4, 1, 128, 1},
+    {2, 100, 4, 2, 64, 30, 0.3f},
+    {1, 129, 4, 1, 128, 0, 0.05f},
 };
 
 std::string Describe(const AttentionDims& s, DType dtype) {
   return "b=" + std::to_string(s.b) + " t=" + std::to_string(s.t) +
          " heads=" + std::to_string(s.heads) + " kv_heads=" + std::to_string(s.kv_heads) +
-         " d=" + std::to_string(s.d) + " window=" + std::to_string(s.window) + " " +
-         DTypeName(dtype);
+         " d=" + std::to_string(s.d) + " window=" + std::to_string(s.window) +
+         " scale=" + std::to_string(s.scale) + " " + DTypeName(dtype);
 }
 
 // Columns [offset, offset + width) of every row of a matrix with rows of `row_width` values.
@@ -74,9 +83,10 @@ Reference ComputeReference(const AttentionDims& s, DType dtype, std::mt19937& rn
   ref.lse.resize(s.b * s.heads * s.t);
   ref.dqkv.resize(ref.qkv.size());
   cpu::AttentionForward(ref.out.data(), ref.lse.data(), ref.qkv.data(), s.b, s.t, s.heads,
-                        s.kv_heads, s.d, s.window);
+                        s.kv_heads, s.d, s.window, {s.scale, s.softcap});
   cpu::AttentionBackward(ref.dqkv.data(), ref.dout.data(), ref.qkv.data(), ref.out.data(),
-                         ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d, s.window);
+                         ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d, s.window,
+                         {s.scale, s.softcap});
   return ref;
 }
 
@@ -248,6 +258,17 @@ TEST(FlashAttention, RejectsUnsupportedHeadDim) {
     EXPECT_NE(s.forward.message().find("24"), std::string::npos) << s.forward;
     EXPECT_EQ(s.backward.code(), absl::StatusCode::kInvalidArgument) << s.backward;
     EXPECT_NE(s.backward.message().find("24"), std::string::npos) << s.backward;
+  }
+}
+
+// Soft-capped scores are built in the CPU kernels only: both passes say so, launching nothing.
+TEST(FlashAttention, RefusesSoftCappedScores) {
+  TY_SKIP_WITHOUT_GPU();
+  const AttentionDims dims{1, 8, 2, 2, 16, 0, 0.0f, 50.0f};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const Statuses s = RunBoth(dims, dtype, FlashAttentionBackwardScratchBytes(dims, dtype));
+    EXPECT_EQ(s.forward.code(), absl::StatusCode::kUnimplemented) << s.forward;
+    EXPECT_EQ(s.backward.code(), absl::StatusCode::kUnimplemented) << s.backward;
   }
 }
 

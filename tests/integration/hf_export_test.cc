@@ -70,7 +70,7 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.shared_experts = 0;
     spec.model.moe.normalize_top_k = true;
   }
-  if (mesh.post_norms && mesh.sliding_window > 0) {  // Gemma 3's local blocks' own RoPE base
+  if (mesh.post_norms && mesh.qk_norm && mesh.sliding_window > 0) {  // Gemma 3's local RoPE
     spec.model.rope_local_theta = 1000.0f;
   }
   if (mesh.experts > 0 && mesh.qk_norm) {  // Qwen3-MoE's: an MoE block every second, the top k
@@ -143,6 +143,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .gemma = mesh.gemma,
                      .full_layer = mesh.full_layer,
                      .post_norms = mesh.post_norms,
+                     .softcaps = mesh.softcaps,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -231,6 +232,22 @@ INSTANTIATE_TEST_SUITE_P(Gemma3, HfRoundTrip,
                                                                        .gemma = true,
                                                                        .full_layer = 1,
                                                                        .post_norms = true})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
+
+// Without query and key norms, and with capped scores and logits, Gemma 3's model is Gemma 2's:
+// it exports as Gemma2ForCausalLM and reads back on a context-parallel ring.
+INSTANTIATE_TEST_SUITE_P(Gemma2, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "gemma2_cp2",
+                                                                       .cp = 2,
+                                                                       .head_dim = 24,
+                                                                       .sliding_window = 5,
+                                                                       .gemma = true,
+                                                                       .full_layer = 1,
+                                                                       .post_norms = true,
+                                                                       .softcaps = true})),
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
@@ -495,6 +512,19 @@ TEST(HfOracleGemma3, ExportedFilesGiveTrainyardsLogits) {
                                                       .gemma = true,
                                                       .full_layer = 1,
                                                       .post_norms = true});
+}
+
+// Gemma 2's model: the oracle reads its even/odd local blocks, query_pre_attn_scalar and both
+// soft caps as transformers does; the greedy tokens check the generator's capped scores and
+// logits.
+TEST(HfOracleGemma2, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                      .head_dim = 24,
+                                                      .sliding_window = 5,
+                                                      .gemma = true,
+                                                      .full_layer = 1,
+                                                      .post_norms = true,
+                                                      .softcaps = true});
 }
 
 // A sliding window of 5 travels as Mistral's sliding_window, which the oracle applies as

@@ -26,8 +26,11 @@ struct MeshCase {
   bool gemma = false;       // llama: Gemma's GeGLU and embeddings scaled by √width
   int full_layer = -1;      // llama, with a window: the one block without it (-1: none)
   bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs (Gemma's)
-  int micro_batch = 0;      // 0: the spec's
-  int seq_len = 0;          // 0: the spec's (model.max_seq grows to it)
+  // Gemma 2's scores: scaled by 3^-1/2, both capped at 1
+  // (small enough to bend a tiny model's scores and logits).
+  bool softcaps = false;
+  int micro_batch = 0;  // 0: the spec's
+  int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
   // MoeMeshModel sets it), under the aux-loss or the bias rule.
   int experts = 0;
@@ -66,6 +69,11 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
+  }
+  if (mesh.softcaps) {
+    spec->model.attention_scale_dim = 3;
+    spec->model.attention_softcap = 1.0f;
+    spec->model.logit_softcap = 1.0f;
   }
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
@@ -149,6 +157,9 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .sequence_parallel = true,
      .schedule = kZeroBubble,
      .post_norms = true},
+    // Gemma 2's capped scores and logits: each rank caps its heads' scores and its vocabulary
+    // shard's logits, the loss's gradient taken through the cap on each shard.
+    {.name = "tp2_sp_softcaps", .tp = 2, .sequence_parallel = true, .softcaps = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -210,6 +221,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_window_first_full", .cp = 2, .sliding_window = 5, .full_layer = 0, .seq_len = 24},
     {.name = "cp2_tp2_sp", .tp = 2, .cp = 2, .sequence_parallel = true, .seq_len = 24},
     {.name = "cp2_gemma", .cp = 2, .gemma = true, .seq_len = 24},
+    // Capped scores in every block of the ring (the merge sees capped log-sum-exps).
+    {.name = "cp2_softcaps", .cp = 2, .softcaps = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},
     {.name = "cp2_pp2_il",

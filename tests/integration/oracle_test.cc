@@ -104,6 +104,9 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
       << ", \"rope_local_theta\": " << c.rope_local_theta
       << ", \"post_norms\": " << (c.post_norms ? "true" : "false")
+      << ", \"attention_scale_dim\": " << c.attention_scale_dim
+      << ", \"attention_softcap\": " << c.attention_softcap
+      << ", \"logit_softcap\": " << c.logit_softcap
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
@@ -391,6 +394,32 @@ TEST(TorchOracle, LlamaWithPostNormsAndLocalRope) {
   c.sliding_window = 5;
   c.full_attention_layers = {1};
   c.rope_local_theta = 500.0f;
+  CompareWithOracle(c);
+}
+
+// Gemma 2's model: Gemma's with norms of the branches' outputs, every other block windowed, the
+// scores scaled by 24^-1/2 (not head_dim 16's) and capped at 0.05, the logits capped at 0.75
+// (caps small enough that a tiny model's scores and logits bend under them).
+TEST(TorchOracle, LlamaWithSoftCapsAndScoreScale) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.post_norms = true;
+  c.geglu = true;
+  c.scale_embeddings = true;
+  c.tied_embeddings = true;
+  c.sliding_window = 5;
+  c.full_attention_layers = {1};
+  c.attention_scale_dim = 24;
+  c.attention_softcap = 0.05f;
+  c.logit_softcap = 0.75f;
+  CompareWithOracle(c);
+}
+
+// GPT-2's family takes the same scores (the attention and the loss are shared), recomputed.
+TEST(TorchOracle, Gpt2WithSoftCapsRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kGpt2);
+  c.attention_softcap = 0.05f;
+  c.logit_softcap = 0.75f;
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

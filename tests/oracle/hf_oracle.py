@@ -3,8 +3,8 @@
 
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
-MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "mistral", "phi3", "qwen2", "qwen3",
-"qwen3_moe" or "mixtral") and
+MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
+"phi3", "qwen2", "qwen3", "qwen3_moe" or "mixtral") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -14,7 +14,8 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
-GemmaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
+GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
 documented conventions; it needs neither transformers nor safetensors: it reads the files with its
 own parser (numpy) and computes the forward passes in PyTorch, in float64. See README.md for the conventions.
 
@@ -255,6 +256,10 @@ class Config:
                              % (self.path, key, minimum, value))
         return value
 
+    def optional_positive(self, key, default):
+        """A positive number, or None where the value is null."""
+        return None if self._get(key, default) is None else self.positive(key, default)
+
     def positive(self, key, default):
         value = self._get(key, default)
         if (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -290,9 +295,8 @@ def read_config(model_dir):
         raise InputError("%s: must be a JSON object" % path)
     model_type = raw.get("model_type")
     if model_type not in MODELS:
-        raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma3_text, "
-                         "mistral, "
-                         "phi3, qwen2, qwen3, qwen3_moe or mixtral)"
+        raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
+                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe or mixtral)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -321,11 +325,16 @@ def silu(x):
     return x * torch.exp(-torch.logaddexp(torch.zeros_like(x), -x))
 
 
-def causal_attention(q, k, v, window=None):
+def causal_attention(q, k, v, window=None, scale=None, softcap=None):
     """softmax(q k^T / sqrt(D)) v over positions <= the query's; q, k, v [B, H, T, D]. With a
-    sliding window W, query i sees only keys j > i - W (transformers' sliding-window mask)."""
+    sliding window W, query i sees only keys j > i - W (transformers' sliding-window mask).
+    `scale` replaces 1 / sqrt(D) (Gemma's query_pre_attn_scalar^-0.5); with `softcap` C the
+    scaled scores s become C tanh(s / C) before the mask (Gemma 2's attn_logit_softcapping)."""
     t, d = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    scores = q @ k.transpose(-1, -2)
+    scores = scores / math.sqrt(d) if scale is None else scores * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     i = torch.arange(t).unsqueeze(1)
     j = torch.arange(t).unsqueeze(0)
     hidden = j > i
@@ -630,39 +639,42 @@ class Gemma(Llama):
         return (gelu_new(gate) * (m @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
 
 
-class Gemma3(Gemma):
-    """Gemma3ForCausalLM (model_type gemma3_text): Gemma's model and norms (1 + w) plus query and
-    key norms before RoPE, and a norm on the attention's output (post_attention_layernorm) and on
-    the MLP's (post_feedforward_layernorm) before each joins the residual stream, the MLP's input
-    normed by pre_feedforward_layernorm. Layer i attends to every position when layer_types says
-    "full_attention" (without the list: when (i + 1) is a multiple of sliding_window_pattern),
-    with rope_theta and rope_scaling; the others to sliding_window with rope_local_base_freq,
-    unscaled. Scores are scaled by query_pre_attn_scalar^-0.5; soft-capping must be null."""
+class Gemma2(Gemma):
+    """Gemma2ForCausalLM: Gemma's model and norms (1 + w), with a norm on the attention's output
+    (post_attention_layernorm) and on the MLP's (post_feedforward_layernorm) before each joins the
+    residual stream, the MLP's input normed by pre_feedforward_layernorm. Scores are scaled by
+    query_pre_attn_scalar^-0.5 and, unless attn_logit_softcapping is null, soft-capped
+    C tanh(s / C) before the mask; the logits likewise by final_logit_softcapping. Layer i is
+    windowed by sliding_window where layer_types says "sliding_attention" (without the list: the
+    even layers), the others attend to every position; RoPE is rope_theta's in all of them."""
 
-    qk_norm = True
+    softcap_defaults = (50.0, 30.0)  # attn_logit_softcapping, final_logit_softcapping
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.attn_scalar = float(cfg.int("query_pre_attn_scalar", 256))
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            cfg.require(key, None, (None,), "no soft-capping")
-        cfg.require("use_bidirectional_attention", False, (False,), "causal attention")
+        self.attn_scale = float(cfg.int("query_pre_attn_scalar", 256)) ** -0.5
+        self.attn_softcap = cfg.optional_positive("attn_logit_softcapping",
+                                                  self.softcap_defaults[0])
+        self.final_softcap = cfg.optional_positive("final_logit_softcapping",
+                                                   self.softcap_defaults[1])
+        cfg.require("use_bidirectional_attention", None, (None, False), "causal attention")
         window = cfg.int("sliding_window", 4096)
-        pattern = cfg.int("sliding_window_pattern", 6)
         types = cfg.raw.get("layer_types")
         if types is None:
-            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                     for i in range(self.layers)]
+            types = self.default_layer_types(cfg)
         if (not isinstance(types, list) or len(types) != self.layers
                 or any(t not in ("full_attention", "sliding_attention") for t in types)):
             raise InputError("%s: layer_types must name full_attention or sliding_attention for "
                              "each layer" % cfg.path)
         self.windows = [window if t == "sliding_attention" else None for t in types]
-        self.local_theta = cfg.positive("rope_local_base_freq", 10000.0)
+
+    def default_layer_types(self, cfg):
+        """Gemma 2's: windowed attention in the even layers (is_sliding = not layer_idx % 2)."""
+        return ["full_attention" if i % 2 else "sliding_attention" for i in range(self.layers)]
 
     def read_activation(self, cfg):
         cfg.require("hidden_activation", "gelu_pytorch_tanh", ("gelu_pytorch_tanh", "gelu_new"),
-                    "Gemma 3's GELU is the tanh approximation")
+                    "Gemma 2's and 3's GELU is the tanh approximation")
 
     def expected_tensors(self):
         out, ignored = super().expected_tensors()
@@ -673,13 +685,14 @@ class Gemma3(Gemma):
                       (p + "post_feedforward_layernorm.weight", (self.width,))]
         return out + extra, ignored
 
+    def rope_tables(self, seq_len):
+        """{windowed: (cos, sin)}: the tables of the global layers (False) and the local (True)."""
+        tables = rope_tables(seq_len, self.head_dim, self.theta, self.scaling)
+        return {False: tables, True: tables}
+
     def forward(self, w, tokens):
-        t = tokens.shape[1]
-        tables = {False: rope_tables(t, self.head_dim, self.theta, self.scaling),
-                  True: rope_tables(t, self.head_dim, self.local_theta)}
+        tables = self.rope_tables(tokens.shape[1])
         group = self.heads // self.kv_heads
-        # causal_attention divides the scores by sqrt(head_dim): q carries the rest of the scale.
-        q_scale = math.sqrt(self.head_dim / self.attn_scalar)
         x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
         for i in range(self.layers):
             p = "model.layers.%d." % i
@@ -687,19 +700,48 @@ class Gemma3(Gemma):
             q = split_heads(a @ w[p + "self_attn.q_proj.weight"].T, self.heads)
             k = split_heads(a @ w[p + "self_attn.k_proj.weight"].T, self.kv_heads)
             v = split_heads(a @ w[p + "self_attn.v_proj.weight"].T, self.kv_heads)
-            q = self.norm(q, w[p + "self_attn.q_norm.weight"])
-            k = self.norm(k, w[p + "self_attn.k_norm.weight"])
+            if self.qk_norm:  # Gemma 3's
+                q = self.norm(q, w[p + "self_attn.q_norm.weight"])
+                k = self.norm(k, w[p + "self_attn.k_norm.weight"])
             cos, sin = tables[self.windows[i] is not None]
-            q, k = apply_rope(q, cos, sin) * q_scale, apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            y = merge_heads(causal_attention(q, k, v, self.windows[i]))
+            y = merge_heads(causal_attention(q, k, v, self.windows[i], self.attn_scale,
+                                             self.attn_softcap))
             y = y @ w[p + "self_attn.o_proj.weight"].T
             x = x + self.norm(y, w[p + "post_attention_layernorm.weight"])
             m = self.norm(x, w[p + "pre_feedforward_layernorm.weight"])
             x = x + self.norm(self.mlp(w, p, m), w[p + "post_feedforward_layernorm.weight"])
         x = self.norm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
-        return x @ head.T
+        logits = x @ head.T
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+
+class Gemma3(Gemma2):
+    """Gemma3ForCausalLM (model_type gemma3_text): Gemma 2's model (its norms, scale and
+    soft-capping, null by default here) plus query and key norms (1 + w) before RoPE. Layer i
+    attends to every position when layer_types says "full_attention" (without the list: when
+    (i + 1) is a multiple of sliding_window_pattern, default 6), with rope_theta and
+    rope_scaling; the others to sliding_window with rope_local_base_freq, unscaled."""
+
+    qk_norm = True
+    softcap_defaults = (None, None)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.local_theta = cfg.positive("rope_local_base_freq", 10000.0)
+
+    def default_layer_types(self, cfg):
+        pattern = cfg.int("sliding_window_pattern", 6)
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(self.layers)]
+
+    def rope_tables(self, seq_len):
+        return {False: rope_tables(seq_len, self.head_dim, self.theta, self.scaling),
+                True: rope_tables(seq_len, self.head_dim, self.local_theta)}
 
 
 class Mistral(Llama):
@@ -867,7 +909,8 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
-MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma3_text": Gemma3,
+MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
+          "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral}
 

@@ -151,6 +151,40 @@ def llama_hf_config(cfg):
             "hidden_act": "silu", "torch_dtype": "float32", "head_dim": cfg.get("head_dim")}
 
 
+def gemma_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama in Gemma's layout: Llama's tensors with every norm
+    weight w stored as w - 1 (the model multiplies by 1 + w). With post_norms (Gemma 2's and 3's
+    four norms per layer) Llama's post_attention_layernorm, the MLP's input norm, is
+    pre_feedforward_layernorm, and the contract's attn.post_norm.w and mlp.post_norm.w are
+    post_attention_layernorm and post_feedforward_layernorm."""
+    out = []
+    for name, array in llama_hf_tensors(cfg, params):
+        if cfg.get("post_norms"):
+            name = name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
+        out.append((name, array - 1.0 if name.endswith("norm.weight") else array))
+    if cfg.get("post_norms"):
+        for i in range(cfg["layers"]):
+            c, p = "h.%d." % i, "model.layers.%d." % i
+            out += [(p + "post_attention_layernorm.weight", params[c + "attn.post_norm.w"] - 1.0),
+                    (p + "post_feedforward_layernorm.weight",
+                     params[c + "mlp.post_norm.w"] - 1.0)]
+    return out
+
+
+def gemma2_hf_config(cfg):
+    """Gemma 2's config.json of a contract Llama with GeGLU, scaled embeddings, post_norms, tied
+    embeddings and the window on the even layers (full_attention_layers the odd ones); the
+    soft-caps of 0 (none) are written null."""
+    config = dict(llama_hf_config(cfg), model_type="gemma2", architectures=["Gemma2ForCausalLM"],
+                  hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                  query_pre_attn_scalar=cfg.get("attention_scale_dim") or cfg["head_dim"],
+                  attn_logit_softcapping=cfg.get("attention_softcap") or None,
+                  final_logit_softcapping=cfg.get("logit_softcap") or None,
+                  sliding_window=cfg["sliding_window"])
+    del config["hidden_act"]
+    return config
+
+
 def phi3_hf_tensors(cfg, params):
     """[(HF name, array)] of a contract Llama in Phi-3's layout: Llama's tensors, with each
     block's q, k and v projections stacked in self_attn.qkv_proj and gate and up in
@@ -436,8 +470,7 @@ class HfOracleTest(unittest.TestCase):
         del config["tie_word_embeddings"]  # Gemma's default: tied
 
         def to_hf(params):
-            return [(name, array - 1.0 if name.endswith("norm.weight") else array)
-                    for name, array in llama_hf_tensors(cfg, params)]
+            return gemma_hf_tensors(cfg, params)
 
         model_dir, tokens, got = self.check_against_torch_model("gemma", cfg, to_hf, config,
                                                                 norms_from_half=True)
@@ -469,18 +502,7 @@ class HfOracleTest(unittest.TestCase):
         del config["hidden_act"]
 
         def to_hf(params):
-            out = []
-            for name, array in llama_hf_tensors(cfg, params):
-                # Llama's post_attention_layernorm is the MLP's input norm: Gemma 3's
-                # pre_feedforward_layernorm.
-                name = name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
-                out.append((name, array - 1.0 if name.endswith("norm.weight") else array))
-            for i in range(cfg["layers"]):
-                c, p = "h.%d." % i, "model.layers.%d." % i
-                out += [(p + "post_attention_layernorm.weight", params[c + "attn.post_norm.w"] - 1),
-                        (p + "post_feedforward_layernorm.weight",
-                         params[c + "mlp.post_norm.w"] - 1)]
-            return out
+            return gemma_hf_tensors(cfg, params)
 
         model_dir, tokens, got = self.check_against_torch_model("gemma3", cfg, to_hf, config,
                                                                 norms_from_half=True)
@@ -494,11 +516,75 @@ class HfOracleTest(unittest.TestCase):
             config, layer_types=["full_attention", "sliding_attention"]), to_hf(params))
         self.assertGreater(
             np.abs(self.oracle_logits(swapped, tokens, cfg["vocab"]) - got).max(), 1e-3)
-        capped = self.write_model("gemma3_capped", dict(config, final_logit_softcapping=30.0),
-                                  to_hf(params))
-        proc, _ = self.run_oracle(capped, tokens)
-        self.assertEqual(proc.returncode, 2)
-        self.assertIn("final_logit_softcapping", proc.stderr)
+        # final_logit_softcapping and attn_logit_softcapping apply as torch_model's
+        # logit_softcap and attention_softcap do (with query_pre_attn_scalar 8, not head_dim):
+        # the logits within the cap, and those of the model with the caps.
+        capped_cfg = dict(cfg, logit_softcap=2.0, attention_softcap=1.0, attention_scale_dim=8)
+        capped_config = dict(config, final_logit_softcapping=2.0, attn_logit_softcapping=1.0,
+                             query_pre_attn_scalar=8)
+        _, capped_tokens, capped = self.check_against_torch_model(
+            "gemma3_capped", capped_cfg, lambda p: gemma_hf_tensors(capped_cfg, p),
+            capped_config, norms_from_half=True)
+        self.assertLessEqual(np.abs(capped).max(), 2.0)
+        uncapped = self.write_model("gemma3_uncapped", dict(capped_config,
+                                                            final_logit_softcapping=None),
+                                    gemma_hf_tensors(capped_cfg, self.written_params))
+        self.assertGreater(np.abs(self.oracle_logits(uncapped, capped_tokens, cfg["vocab"])).max(),
+                           2.5)  # the cap bites
+
+    def test_gemma2_matches_torch_model(self):
+        # Gemma 2: Gemma's model with the four norms per layer, the window of 3 on layers 0 and 2
+        # (the even ones, without layer_types), scores scaled by query_pre_attn_scalar 10^-0.5
+        # (not head_dim 6) and both soft-caps small enough to bite.
+        cfg = small_cfg("llama", layers=3, activation="geglu", scale_embeddings=True,
+                        post_norms=True, head_dim=6, tied_embeddings=True, sliding_window=3,
+                        full_attention_layers=[1], attention_scale_dim=10,
+                        attention_softcap=1.5, logit_softcap=3.0)
+        config = gemma2_hf_config(cfg)
+        self.assertEqual((config["query_pre_attn_scalar"], config["attn_logit_softcapping"],
+                          config["final_logit_softcapping"]), (10, 1.5, 3.0))
+
+        def to_hf(params):
+            return gemma_hf_tensors(cfg, params)
+
+        model_dir, tokens, got = self.check_against_torch_model("gemma2", cfg, to_hf, config,
+                                                                norms_from_half=True)
+        self.assertLessEqual(np.abs(got).max(), 3.0)
+        params = self.written_params
+        # The same pattern through layer_types; each of the other settings changes the logits.
+        typed = self.write_model("gemma2_types", dict(config, layer_types=[
+            "sliding_attention", "full_attention", "sliding_attention"]), to_hf(params))
+        np.testing.assert_allclose(self.oracle_logits(typed, tokens, cfg["vocab"]), got,
+                                   rtol=1e-11, atol=1e-11)
+        changes = {"swapped": {"layer_types": ["full_attention", "sliding_attention",
+                                               "full_attention"]},
+                   "scalar": {"query_pre_attn_scalar": 6},
+                   "attn_uncapped": {"attn_logit_softcapping": None},
+                   "final_uncapped": {"final_logit_softcapping": None}}
+        for label, change in changes.items():
+            with self.subTest(label):
+                other = self.write_model("gemma2_" + label, dict(config, **change), to_hf(params))
+                self.assertGreater(
+                    np.abs(self.oracle_logits(other, tokens, cfg["vocab"]) - got).max(), 1e-3)
+        # Without the keys, Gemma2Config's defaults: query_pre_attn_scalar 256, caps 50 and 30.
+        defaults_cfg = dict(cfg, attention_scale_dim=256, attention_softcap=50.0,
+                            logit_softcap=30.0)
+        defaults = {k: v for k, v in gemma2_hf_config(defaults_cfg).items()
+                    if k not in ("query_pre_attn_scalar", "attn_logit_softcapping",
+                                 "final_logit_softcapping", "tie_word_embeddings", "head_dim")}
+        defaults["head_dim"] = 6
+        self.check_against_torch_model("gemma2_defaults", defaults_cfg,
+                                       lambda p: gemma_hf_tensors(defaults_cfg, p), defaults,
+                                       norms_from_half=True)
+        # Bad values name their key.
+        bad = {"attn_logit_softcapping": 0, "final_logit_softcapping": -1.0,
+               "query_pre_attn_scalar": 0, "hidden_activation": "gelu",
+               "layer_types": ["full_attention"], "sliding_window": None}
+        for key, value in bad.items():
+            with self.subTest(key):
+                self.check_rejected(self.run_oracle(self.write_model(
+                    "gemma2_bad_" + key, dict(config, **{key: value}), to_hf(params)),
+                    tokens)[0], [key])
 
     def test_mixtral_matches_torch_model(self):
         # Mixtral's routing is the contract's softmax top-k renormalised, without shared experts,

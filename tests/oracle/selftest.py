@@ -45,6 +45,18 @@ def load_tests(loader, tests, pattern):
     return tests
 
 
+
+def central_difference(model, tokens, targets, flat, i, h):
+    """(objective(x_i + h) - objective(x_i - h)) / 2h for element i of a parameter's flat view."""
+    old = flat[i].item()
+    with torch.no_grad():
+        flat[i] = old + h
+        up = model.objective(tokens, targets).objective.item()
+        flat[i] = old - h
+        down = model.objective(tokens, targets).objective.item()
+        flat[i] = old
+    return (up - down) / (2 * h)
+
 class ContractTest(unittest.TestCase):
     def test_names_shapes_and_order(self):
         for label, cfg in CONFIGS.items():
@@ -193,6 +205,76 @@ class ForwardTest(unittest.TestCase):
         torch.testing.assert_close(qs.norm(dim=-1), q.norm().expand(T), rtol=1e-12, atol=0)
 
 
+class GemmaScalingTest(unittest.TestCase):
+    """attention_scale_dim, attention_softcap and logit_softcap (Gemma 2's query_pre_attn_scalar,
+    attn_logit_softcapping and final_logit_softcapping)."""
+
+    def logits(self, **keys):
+        cfg = small_cfg("llama", head_dim=6, **keys)  # width 16, 4 heads of 6
+        model = random_model(cfg, seed=20)
+        with torch.no_grad():
+            return model(random_tokens(cfg, 2, 7, seed=21))
+
+    def test_attention_scale_dim(self):
+        base = self.logits()
+        torch.testing.assert_close(self.logits(attention_scale_dim=6), base, rtol=0, atol=0)
+        self.assertGreater((self.logits(attention_scale_dim=10) - base).abs().max().item(), 1e-3)
+
+    def test_softcaps(self):
+        base = self.logits()
+        for key, small in (("attention_softcap", 0.5), ("logit_softcap", 2.0)):
+            with self.subTest(key):
+                torch.testing.assert_close(self.logits(**{key: 1e6}), base, rtol=0, atol=1e-5)
+                capped = self.logits(**{key: small})
+                self.assertGreater((capped - base).abs().max().item(), 1e-3)
+        self.assertGreater(base.abs().max().item(), 2.5)
+        self.assertLessEqual(self.logits(logit_softcap=2.0).abs().max().item(), 2.0)
+
+    def test_capped_attention_matches_formula(self):
+        # One block's attention written out: scores times 10^-0.5, capped 0.5 tanh(s / 0.5), then
+        # the causal mask; gpt2 (no RoPE) so nothing else comes between.
+        cfg = small_cfg("gpt2", attention_scale_dim=10, attention_softcap=0.5)
+        attn = random_model(cfg, seed=22).h[0].attn
+        x = torch.randn(2, 5, cfg["width"], dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(23))
+        H, D, T = cfg["heads"], cfg["width"] // cfg["heads"], x.shape[1]
+        q, k, v = (t.view(2, T, H, D).transpose(1, 2)
+                   for t in attn.qkv(x).split(H * D, dim=-1))
+        s = 0.5 * torch.tanh(q @ k.transpose(-1, -2) / math.sqrt(10) / 0.5)
+        s = s + torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+        want = attn.proj((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, T, H * D))
+        with torch.no_grad():
+            torch.testing.assert_close(attn(x), want, rtol=1e-12, atol=1e-12)
+
+    def test_gradients_through_caps(self):
+        cfg = small_cfg("llama", attention_softcap=0.5, logit_softcap=2.0)
+        model = random_model(cfg, seed=24)
+        tokens, targets = random_tokens(cfg, 2, 5, seed=25), random_tokens(cfg, 2, 5, seed=26)
+        model.objective(tokens, targets).objective.backward()
+        h = 1e-6
+        for name, p in model.named_trainable_parameters():
+            if name not in ("wte", "h.0.attn.qkv.w"):
+                continue
+            flat = p.data.view(-1)
+            for i in (3, 37):
+                numeric = central_difference(model, tokens, targets, flat, i, h)
+                self.assertAlmostEqual(p.grad.view(-1)[i].item(), numeric,
+                                       delta=1e-7 + 1e-6 * abs(numeric), msg="%s[%d]" % (name, i))
+
+    def test_bad_values_name_the_key(self):
+        bad = [("attention_scale_dim", -1), ("attention_scale_dim", 2.5),
+               ("attention_scale_dim", True), ("attention_softcap", -0.5),
+               ("attention_softcap", float("inf")), ("logit_softcap", float("nan")),
+               ("logit_softcap", "30"), ("logit_softcap", False)]
+        for key, value in bad:
+            with self.subTest((key, value)):
+                with self.assertRaisesRegex(torch_model.ConfigError, key):
+                    torch_model.normalize_config(small_cfg("llama", **{key: value}))
+        filled = torch_model.normalize_config(small_cfg("gpt2", logit_softcap=30))
+        self.assertEqual((filled["attention_scale_dim"], filled["attention_softcap"],
+                          filled["logit_softcap"]), (0, 0.0, 30.0))
+
+
 class GradientTest(unittest.TestCase):
     def test_autograd_matches_finite_differences(self):
         for label, cfg in CONFIGS.items():
@@ -210,14 +292,7 @@ class GradientTest(unittest.TestCase):
                     if name == "wte":  # make sure rows used as input tokens are probed too
                         picks.append(int(tokens[0, 0]) * cfg["width"])
                     for i in picks:
-                        old = flat[i].item()
-                        with torch.no_grad():
-                            flat[i] = old + h
-                            up = model.objective(tokens, targets).objective.item()
-                            flat[i] = old - h
-                            down = model.objective(tokens, targets).objective.item()
-                            flat[i] = old
-                        numeric = (up - down) / (2 * h)
+                        numeric = central_difference(model, tokens, targets, flat, i, h)
                         analytic = p.grad.view(-1)[i].item()
                         self.assertAlmostEqual(analytic, numeric, delta=1e-7 + 1e-6 * abs(numeric),
                                                msg="%s[%d]" % (name, i))

@@ -70,6 +70,11 @@ def normalize_config(cfg):
     blocks that use it); post_norms = false (llama: norms of the attention's and the MLP's
     outputs); activation = swiglu (llama; geglu
     is Gemma's) or gelu (gpt2); scale_embeddings = false (llama may set it: Gemma's sqrt(width));
+    attention_scale_dim = 0 (scores scaled by attention_scale_dim^-0.5 instead of head_dim^-0.5,
+    Gemma's query_pre_attn_scalar; 0 means head_dim); attention_softcap = 0 (none; else the scaled
+    scores s become C*tanh(s/C) before the mask and softmax, Gemma 2's attn_logit_softcapping);
+    logit_softcap = 0 (none; else the logits z become C*tanh(z/C), Gemma 2's
+    final_logit_softcapping);
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
@@ -98,6 +103,9 @@ def normalize_config(cfg):
     out.setdefault("post_norms", False)
     out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
     out.setdefault("scale_embeddings", False)
+    out.setdefault("attention_scale_dim", 0)
+    out.setdefault("attention_softcap", 0.0)
+    out.setdefault("logit_softcap", 0.0)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -137,6 +145,16 @@ def normalize_config(cfg):
     out["rope_local_theta"] = float(local)
     if not isinstance(out["post_norms"], bool) or (out["post_norms"] and family != "llama"):
         raise ConfigError("post_norms: true or false, and true only for the llama family")
+    scale_dim = out["attention_scale_dim"]
+    if isinstance(scale_dim, bool) or not isinstance(scale_dim, int) or scale_dim < 0:
+        raise ConfigError("attention_scale_dim: an integer >= 0 (0: head_dim), got %r"
+                          % (scale_dim,))
+    for key in ("attention_softcap", "logit_softcap"):
+        value = out[key]
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value < 0):
+            raise ConfigError("%s: a finite number >= 0 (0: none), got %r" % (key, value))
+        out[key] = float(value)
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -235,6 +253,11 @@ def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None):
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
 
+def softcap(x, cap):
+    """cap * tanh(x / cap): x squashed into (-cap, cap), near x where |x| << cap."""
+    return cap * torch.tanh(x / cap)
+
+
 def apply_rope(x, cos, sin):
     """Rotates x [B, T, heads, D] with tables [T, D/2]: out[i] = x1*cos - x2*sin,
     out[i + D/2] = x2*cos + x1*sin, where x1 = x[i], x2 = x[i + D/2]."""
@@ -253,6 +276,10 @@ class Attention(nn.Module):
         self.heads = cfg["heads"]
         self.kv_heads = cfg["kv_heads"]
         self.head_dim = cfg["head_dim"]
+        # Scores times scale_dim^-0.5 (Gemma's query_pre_attn_scalar; by default head_dim), then
+        # soft-capped to (-softcap, softcap) when softcap > 0 (Gemma 2's).
+        self.scale = 1.0 / math.sqrt(cfg["attention_scale_dim"] or self.head_dim)
+        self.softcap = cfg["attention_softcap"]
         self.rope = cfg["family"] == "llama"
         self.rope_theta = cfg["rope_theta"]
         # 0: every earlier position (no window, or one of full_attention_layers)
@@ -295,7 +322,9 @@ class Attention(nn.Module):
         if kv != h:
             k = k.repeat_interleave(h // kv, dim=1)
             v = v.repeat_interleave(h // kv, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if self.softcap:
+            scores = softcap(scores, self.softcap)
         hidden = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
         if self.window:  # query i sees keys i - window < j <= i
             hidden = hidden | torch.ones_like(hidden).tril(diagonal=-self.window)
@@ -408,7 +437,10 @@ class Transformer(nn.Module):
                 routing.append(layer_routing)
         x = self.lnf(x)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head), routing
+        logits = F.linear(x, head)
+        if self.cfg["logit_softcap"]:  # Gemma 2's final_logit_softcapping
+            logits = softcap(logits, self.cfg["logit_softcap"])
+        return logits, routing
 
     def loss(self, tokens, targets):
         """Mean cross-entropy over all B*T positions; returns (loss, logits). For a model with MoE

@@ -71,6 +71,9 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_scale_embeddings(m.scale_embeddings);
   s.set_rope_local_theta(m.rope_local_theta);
   s.set_post_norms(m.post_norms);
+  s.set_attention_scale_dim(m.attention_scale_dim);
+  s.set_attention_softcap(m.attention_softcap);
+  s.set_logit_softcap(m.logit_softcap);
   s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
                                          m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
@@ -115,6 +118,9 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.scale_embeddings = s.scale_embeddings();
   m.rope_local_theta = s.rope_local_theta();
   m.post_norms = s.post_norms();
+  m.attention_scale_dim = s.attention_scale_dim();
+  m.attention_softcap = s.attention_softcap();
+  m.logit_softcap = s.logit_softcap();
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();

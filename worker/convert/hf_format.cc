@@ -362,28 +362,48 @@ absl::Status ReadLayerTypes(const ConfigFields& f, int layers, std::vector<int32
   return absl::OkStatus();
 }
 
-// Gemma 3's text model (Gemma3ForCausalLM, model_type gemma3_text): Gemma's with query and key
-// norms, norms of the attention's and the MLP's outputs (post_attention_layernorm and
-// post_feedforward_layernorm; pre_feedforward_layernorm is the MLP's input norm), each RMSNorm
-// multiplying by 1 + its weight, and local blocks: every sliding_window_pattern-th block (or
-// those layer_types names full_attention) attends to every position with rope_theta, the others
-// to the window with rope_local_base_freq. Its attention must scale by 1/√head_dim
-// (query_pre_attn_scalar), without soft-capping, causal, and RoPE unscaled.
+// Gemma 2's and 3's scores: scaled by query_pre_attn_scalar^-1/2 (transformers' default 256),
+// the attention's soft-capped at attn_logit_softcapping and the logits at
+// final_logit_softcapping (null: none).
+absl::Status ReadGemmaScores(const ConfigFields& f, ModelConfig& m) {
+  int scalar = 256;
+  TY_RETURN_IF_ERROR(f.Int("query_pre_attn_scalar", &scalar, /*required=*/false));
+  m.attention_scale_dim = scalar == m.head_dim() ? 0 : scalar;
+  TY_RETURN_IF_ERROR(f.Float("attn_logit_softcapping", &m.attention_softcap));
+  return f.Float("final_logit_softcapping", &m.logit_softcap);
+}
+
+// Gemma 2 (Gemma2ForCausalLM): Gemma's model with norms of the attention's and the MLP's outputs
+// (post_attention_layernorm and post_feedforward_layernorm; pre_feedforward_layernorm is the
+// MLP's input norm), each RMSNorm multiplying by 1 + its weight, soft-capped scores and logits,
+// and local blocks: the even blocks (counted from 0) attend to the sliding window, the odd ones
+// to every position (or as layer_types says), all with rope_theta.
+absl::Status ReadGemma2Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
+  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  m.geglu = m.scale_embeddings = m.post_norms = true;
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"}));
+  TY_RETURN_IF_ERROR(ReadGemmaScores(f, m));
+  int window = 4096;  // transformers' default
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  std::vector<int32_t> full;
+  for (int l = 1; l < m.layers; l += 2) full.push_back(l);
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  m.sliding_window = window < m.max_seq && static_cast<int>(full.size()) < m.layers ? window : 0;
+  m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
+}
+
+// Gemma 3's text model (Gemma3ForCausalLM, model_type gemma3_text): Gemma 2's with query and key
+// norms, and every sliding_window_pattern-th block (or those layer_types names full_attention)
+// attending to every position with rope_theta, the others to the window with
+// rope_local_base_freq. Causal, and RoPE unscaled.
 absl::Status ReadGemma3Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
   if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
   m.geglu = m.scale_embeddings = m.qk_norm = m.post_norms = true;
   TY_RETURN_IF_ERROR(f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"}));
-  int scalar = m.head_dim();
-  TY_RETURN_IF_ERROR(f.Int("query_pre_attn_scalar", &scalar, /*required=*/false));
-  if (scalar != m.head_dim()) {
-    return f.Bad("query_pre_attn_scalar",
-                 absl::StrCat("is ", scalar, " (Trainyard's attention scales by 1/sqrt(head_dim ",
-                              m.head_dim(), "))"));
-  }
-  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
-    if (f.Has(key)) return f.Bad(key, "must be null (Trainyard does not soft-cap logits)");
-  }
+  TY_RETURN_IF_ERROR(ReadGemmaScores(f, m));
   bool bidirectional = false;
   TY_RETURN_IF_ERROR(f.Bool("use_bidirectional_attention", &bidirectional));
   if (bidirectional) return f.Bad("use_bidirectional_attention", "must be false (causal only)");
@@ -546,8 +566,8 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
 }
 
 // GeGLU and scaled embeddings travel together, as Gemma (whose model has none of the Llama
-// family's other options) or, with norms of the branches' outputs, query and key norms and local
-// blocks, as Gemma 3; norms of the branches' outputs travel only so.
+// family's other options) or, with norms of the branches' outputs, as Gemma 2 or (with query and
+// key norms and local blocks) Gemma 3; norms of the branches' outputs travel only so.
 absl::Status CheckGemmaLayout(const ModelConfig& m) {
   if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings && !m.post_norms)) {
     return absl::OkStatus();
@@ -557,9 +577,9 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
         "model.", field, ": ", why,
         "; Trainyard writes and reads a Llama model with GeGLU, scaled embeddings or post_norms "
         "in Gemma's layout only (model.activation geglu and model.scale_embeddings together, no "
-        "biases, query and key norms, sliding window, RoPE scaling or MoE blocks) or Gemma 3's "
-        "(those with post_norms, qk_norm and a sliding_window, no biases, RoPE scaling or MoE "
-        "blocks)"));
+        "biases, query and key norms, sliding window, RoPE scaling or MoE blocks), Gemma 2's "
+        "(those with post_norms, no biases, RoPE scaling or MoE blocks) or Gemma 3's (with "
+        "qk_norm and a sliding_window too)"));
   };
   if (!m.geglu) return bad("activation", "is swiglu with scale_embeddings or post_norms");
   if (!m.scale_embeddings) return bad("scale_embeddings", "is false with activation geglu");
@@ -571,8 +591,29 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
     if (m.sliding_window != 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
     return absl::OkStatus();
   }
-  if (!m.qk_norm) return bad("qk_norm", "is false with post_norms");
-  if (m.sliding_window == 0) return bad("sliding_window", "is none with post_norms");
+  if (m.qk_norm && m.sliding_window == 0) {
+    return bad("sliding_window", "is none with post_norms and qk_norm");
+  }
+  if (!m.qk_norm && m.rope_local_theta != 0) {
+    return bad("rope_local_theta",
+               "is set with post_norms but without qk_norm (Gemma 2's blocks "
+               "share one RoPE base)");
+  }
+  return absl::OkStatus();
+}
+
+// Scores scaled other than by 1/√head_dim, or soft caps, travel as Gemma 2 or 3 only.
+absl::Status CheckScoresLayout(const ModelConfig& m) {
+  if (IsGemma(m) && m.post_norms) return absl::OkStatus();
+  for (const auto& [set, field] : {std::pair{m.attention_scale_dim != 0, "attention_scale_dim"},
+                                   std::pair{m.attention_softcap != 0, "attention_softcap"},
+                                   std::pair{m.logit_softcap != 0, "logit_softcap"}}) {
+    if (!set) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field,
+        " is set; Trainyard writes and reads scaled or soft-capped scores in Gemma 2's and "
+        "Gemma 3's layouts only (a Llama model with GeGLU, scaled embeddings and post_norms)"));
+  }
   return absl::OkStatus();
 }
 
@@ -581,6 +622,7 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
                                                    HfProjections projections) {
   TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
+  TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
   if (m.qkv_bias && m.qk_norm) {
     return absl::UnimplementedError(
@@ -700,29 +742,45 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
-// config.json of Gemma (GemmaForCausalLM), or with post_norms of Gemma 3's text model
-// (Gemma3ForCausalLM: its local blocks' pattern, window and RoPE base, and its query and key
-// norms).
-std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
-  std::string gemma3;
-  if (m.post_norms) {
-    std::string types;
-    for (int l = 0; l < m.layers; ++l) {
-      absl::StrAppend(&types, l == 0 ? "" : ", ",
-                      m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
-    }
-    const float local = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
-    gemma3 = absl::StrCat(",\n  \"query_pre_attn_scalar\": ", m.head_dim(),
-                          ",\n  \"sliding_window\": ", m.sliding_window,
-                          ",\n  \"sliding_window_pattern\": ", GemmaWindowPattern(m),
-                          ",\n  \"layer_types\": [", types,
-                          "],\n  \"rope_local_base_freq\": ", ShortFloat(local),
-                          ",\n  \"rope_scaling\": null,\n  \"final_logit_softcapping\": null,"
-                          "\n  \"attn_logit_softcapping\": null");
+// A soft cap in config.json: the number, or null for none.
+std::string CapJson(float cap) { return cap > 0 ? ShortFloat(cap) : "null"; }
+
+// config.json's fields of Gemma 2's and 3's local blocks and scores: the window (Gemma 2 without
+// one: a window as long as the context, which hides nothing), layer_types, and with query and key
+// norms (Gemma 3) the pattern and the local blocks' RoPE base.
+std::string GemmaLocalBlocksJson(const ModelConfig& m) {
+  std::string types;
+  for (int l = 0; l < m.layers; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    m.WindowOf(l) > 0 || (m.sliding_window == 0 && l % 2 == 0)
+                        ? "\"sliding_attention\""
+                        : "\"full_attention\"");
   }
+  std::string out =
+      absl::StrCat(",\n  \"query_pre_attn_scalar\": ",
+                   m.attention_scale_dim > 0 ? m.attention_scale_dim : m.head_dim(),
+                   ",\n  \"sliding_window\": ", m.sliding_window > 0 ? m.sliding_window : m.max_seq,
+                   ",\n  \"layer_types\": [", types, "],\n  \"rope_scaling\": null",
+                   ",\n  \"final_logit_softcapping\": ", CapJson(m.logit_softcap),
+                   ",\n  \"attn_logit_softcapping\": ", CapJson(m.attention_softcap));
+  if (m.qk_norm) {
+    const float local = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
+    absl::StrAppend(&out, ",\n  \"sliding_window_pattern\": ", GemmaWindowPattern(m),
+                    ",\n  \"rope_local_base_freq\": ", ShortFloat(local));
+  }
+  return out;
+}
+
+// config.json of Gemma (GemmaForCausalLM), or with post_norms of Gemma 2 (Gemma2ForCausalLM)
+// or, with query and key norms too, of Gemma 3's text model (Gemma3ForCausalLM).
+std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const char* architecture = !m.post_norms ? "GemmaForCausalLM"
+                             : m.qk_norm   ? "Gemma3ForCausalLM"
+                                           : "Gemma2ForCausalLM";
+  const char* type = !m.post_norms ? "gemma" : m.qk_norm ? "gemma3_text" : "gemma2";
+  const std::string local_blocks = m.post_norms ? GemmaLocalBlocksJson(m) : "";
   return absl::StrCat(
-      "{\n  \"architectures\": [\"", m.post_norms ? "Gemma3ForCausalLM" : "GemmaForCausalLM",
-      "\"],\n  \"model_type\": \"", m.post_norms ? "gemma3_text" : "gemma", "\",\n",
+      "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
       ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
       ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
@@ -731,13 +789,20 @@ std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::s
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
       ",\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n  \"hidden_activation\": "
       "\"gelu_pytorch_tanh\",\n  \"attention_bias\": false",
-      gemma3, ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+      local_blocks, ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype,
+      "\"\n}\n");
 }
 
 }  // namespace
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
   const std::vector<int32_t>& full = m.full_attention_layers;
+  if (m.post_norms && !m.qk_norm && m.sliding_window > 0 && GemmaWindowPattern(m) != 2) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.full_attention_layers: [", absl::StrJoin(full, ", "),
+        "]; Trainyard writes Gemma 2's local and global blocks as its own (the even blocks use "
+        "the window, the odd ones attend to every position)"));
+  }
   if (m.post_norms && m.sliding_window > 0 && GemmaWindowPattern(m) == 0) {
     return absl::UnimplementedError(absl::StrCat(
         "model.full_attention_layers: [", absl::StrJoin(full, ", "),
@@ -789,6 +854,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
   } else if (model_type == "gemma") {
     TY_RETURN_IF_ERROR(ReadGemmaConfig(fields, m));
+  } else if (model_type == "gemma2") {
+    TY_RETURN_IF_ERROR(ReadGemma2Config(fields, m));
   } else if (model_type == "gemma3_text") {
     TY_RETURN_IF_ERROR(ReadGemma3Config(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
@@ -817,7 +884,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma3_text\", "
+                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
+                     "\"gemma3_text\", "
                      "\"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
   }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -175,6 +176,17 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.family == ModelFamily::kLlama && file.rope_theta != spec.rope_theta) {
     return Differ("rope_theta", num(file.rope_theta), source, num(spec.rope_theta));
   }
+  if (file.attention_scale() != spec.attention_scale()) {
+    auto text = [](const ModelConfig& m) {
+      return absl::StrCat(m.attention_scale_dim > 0 ? m.attention_scale_dim : m.head_dim());
+    };
+    return Differ("attention_scale_dim", text(file), source, text(spec));
+  }
+  for (const auto& [field, a, b] :
+       {std::tuple{"attention_softcap", file.attention_softcap, spec.attention_softcap},
+        std::tuple{"logit_softcap", file.logit_softcap, spec.logit_softcap}}) {
+    if (a != b) return Differ(field, a == 0 ? "none" : num(a), source, b == 0 ? "none" : num(b));
+  }
   if (file.rope_local_theta != spec.rope_local_theta) {
     return Differ("rope_local_theta", num(file.rope_local_theta), source,
                   num(spec.rope_local_theta));
@@ -278,7 +290,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       "Hugging Face ",
       gpt2                                   ? "gpt2"
       : projections == HfProjections::kFused ? "phi3"
-      : model_.post_norms                    ? "gemma3_text"
+      : model_.post_norms                    ? (model_.qk_norm ? "gemma3_text" : "gemma2")
       : model_.geglu                         ? "gemma"
       : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
       : model_.qkv_bias                      ? "qwen2"

@@ -378,6 +378,22 @@ TEST(ParseJobSpecTest, PostNormsAndLocalRope) {
             int64_t{plain.model.layers} * 2 * plain.model.width);
 }
 
+// Gemma 2's scores: a scale of their own and soft caps, for either family; no parameters.
+TEST(ParseJobSpecTest, ScoreScaleAndSoftCaps) {
+  JobSpec plain = MustParse("name: g\nmodel: {preset: llama-debug}\n");
+  EXPECT_EQ(plain.model.attention_scale(), 1.0f / std::sqrt(float(plain.model.head_dim())));
+  JobSpec gemma2 = MustParse(
+      "name: g\nmodel: {preset: llama-debug, attention_scale_dim: 144, attention_softcap: 50,\n"
+      "  logit_softcap: 30}\n");
+  EXPECT_EQ(gemma2.model.attention_scale_dim, 144);
+  EXPECT_EQ(gemma2.model.attention_scale(), 1.0f / 12.0f);
+  EXPECT_EQ(gemma2.model.attention_softcap, 50.0f);
+  EXPECT_EQ(gemma2.model.logit_softcap, 30.0f);
+  EXPECT_EQ(gemma2.model.ParameterCount(), plain.model.ParameterCount());
+  JobSpec gpt2 = MustParse("name: g\nmodel: {preset: gpt2-debug, attention_softcap: 20}\n");
+  EXPECT_EQ(gpt2.model.attention_softcap, 20.0f);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

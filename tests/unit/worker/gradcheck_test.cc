@@ -206,28 +206,41 @@ TEST_F(GradCheck, AttentionSlidingWindow) { CheckAttention(*be_, {2, 7, 4, 2, 4,
 TEST_F(GradCheck, AttentionSlidingWindowAcrossQueryBlocks) {
   CheckAttention(*be_, {1, 150, 2, 1, 4, 70}, rng_);
 }
+// Gemma 2's scores: scaled by 6^-1/2 rather than head_dim^-1/2, and soft-capped at 0.75 (small
+// enough that most scores sit where tanh bends), with and without a window, across query blocks.
+TEST_F(GradCheck, AttentionScaledAndSoftCapped) {
+  CheckAttention(*be_, {2, 7, 4, 2, 4, 0, 1.0f / std::sqrt(6.0f), 0.75f}, rng_);
+  CheckAttention(*be_, {1, 150, 2, 1, 4, 70, 0.3f, 0.75f}, rng_);
+}
 
-TEST_F(GradCheck, SoftmaxCrossEntropy) {
+// With a soft cap (Gemma 2's final logits) the logits are capped first and the gradient taken
+// through the cap; 1.5 against logits up to 2 puts most of them where tanh bends.
+void CheckCrossEntropy(Backend& be, float cap, std::mt19937& rng) {
   const int64_t rows = 6, vocab = 11;
   std::vector<int32_t> targets(rows);
   for (int64_t i = 0; i < rows; ++i) targets[i] = static_cast<int32_t>((i * 7) % vocab);
   // Output is the per-call loss sum, a 1-element tensor.
   auto fwd = [&](const Tensors& in) {
     std::vector<float> logits = in[0];
-    std::unique_ptr<DeviceSum> loss = be_->NewDeviceSum();
-    be_->SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false,
-                             loss.get());
+    std::unique_ptr<DeviceSum> loss = be.NewDeviceSum();
+    if (cap > 0.0f) be.SoftCap(A(logits.data()), rows, vocab, vocab, cap);
+    be.SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false, cap,
+                           loss.get());
     return std::vector<float>{static_cast<float>(*loss->Take())};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
-    std::unique_ptr<DeviceSum> loss = be_->NewDeviceSum();
-    be_->SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true,
-                             loss.get());
+    std::unique_ptr<DeviceSum> loss = be.NewDeviceSum();
+    if (cap > 0.0f) be.SoftCap(A(g[0].data()), rows, vocab, vocab, cap);
+    be.SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true, cap,
+                           loss.get());
     return g;
   };
-  CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng_, 2.0f)}, fwd, bwd);
+  CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng, 2.0f)}, fwd, bwd);
 }
+
+TEST_F(GradCheck, SoftmaxCrossEntropy) { CheckCrossEntropy(*be_, 0.0f, rng_); }
+TEST_F(GradCheck, SoftmaxCrossEntropySoftCapped) { CheckCrossEntropy(*be_, 1.5f, rng_); }
 
 TEST_F(GradCheck, Embedding) {
   const int64_t b = 2, t = 4, c = 5, vocab = 6;

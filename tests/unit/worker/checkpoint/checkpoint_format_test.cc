@@ -183,6 +183,18 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_TRUE(CheckModelMatches(SignatureOf(local), model).ok());
   EXPECT_EQ(ModelFromSignature(SignatureOf(local))->rope_local_theta, 500.0f);
 
+  // Gemma 2's score scale and soft caps are what the parameters mean, as rope_theta.
+  config::ModelConfig capped = model;
+  capped.attention_scale_dim = 7;
+  capped.attention_softcap = 50.0f;
+  capped.logit_softcap = 30.0f;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(capped), model).ok());
+  absl::StatusOr<config::ModelConfig> back = ModelFromSignature(SignatureOf(capped));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->attention_scale_dim, 7);
+  EXPECT_EQ(back->attention_softcap, 50.0f);
+  EXPECT_EQ(back->logit_softcap, 30.0f);
+
   // Query and key norms add tensors: refused without them, carried back with them.
   config::ModelConfig normed = model;
   normed.qk_norm = true;

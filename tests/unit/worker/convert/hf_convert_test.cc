@@ -23,6 +23,7 @@ namespace trainyard::worker::convert {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string U64(uint64_t v) {
   std::string out(8, '\0');
@@ -786,13 +787,17 @@ TEST(HfFormat, Gemma3ConfigReadsAsLlamaWithPostNormsAndLocalBlocks) {
     changed.replace(changed.find(from), from.size(), to);
     return ModelFromHfConfig(changed, "g/config.json");
   };
-  EXPECT_THAT(
-      with("\"query_pre_attn_scalar\": 256", "\"query_pre_attn_scalar\": 168").status().message(),
-      HasSubstr("g/config.json: query_pre_attn_scalar is 168"));
-  EXPECT_THAT(with("\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 30.0")
+  // Gemma 3 27B's scores scale by 168^-1/2; a soft cap is read as Gemma 2's.
+  auto scaled = with("\"query_pre_attn_scalar\": 256", "\"query_pre_attn_scalar\": 168");
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  EXPECT_EQ(scaled->attention_scale_dim, 168);
+  auto capped = with("\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 30.0");
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->logit_softcap, 30.0f);
+  EXPECT_THAT(with("\"final_logit_softcapping\": null", "\"final_logit_softcapping\": -1")
                   .status()
                   .message(),
-              HasSubstr("g/config.json: final_logit_softcapping must be null"));
+              HasSubstr("g/config.json: final_logit_softcapping must be a positive number"));
   // Gemma 3 4B's global blocks scale RoPE linearly: refused.
   EXPECT_THAT(with("\"rope_scaling\": null",
                    "\"rope_scaling\": {\"rope_type\": \"linear\", "
@@ -804,9 +809,116 @@ TEST(HfFormat, Gemma3ConfigReadsAsLlamaWithPostNormsAndLocalBlocks) {
   config::ModelConfig odd = *m;
   odd.full_attention_layers = {5, 12};
   EXPECT_THAT(CheckHfWritable(odd).message(), HasSubstr("sliding_window_pattern"));
+  // Without query and key norms it is Gemma 2, whose local blocks are the even ones.
   config::ModelConfig plain = *m;
   plain.qk_norm = false;
-  EXPECT_THAT(HfTensors(plain).status().message(), HasSubstr("model.qk_norm: is false"));
+  EXPECT_THAT(CheckHfWritable(plain).message(), HasSubstr("Gemma 2's local and global blocks"));
+}
+
+// Gemma 2 2B's published config.json (Gemma2ForCausalLM): Gemma's model with norms of the
+// attention's and the MLP's outputs, the even blocks windowed to 4096 positions, scores capped at
+// 50 and logits at 30. By hand: 26 · (q 2048·2304 + k, v 2 · 1024·2304 + o 2304·2048 + MLP
+// 3 · 9216·2304 + four norms 4 · 2304) + the tied embedding 256000·2304 + the final norm 2304 =
+// 2,614,341,888 (the card's 2.6B).
+TEST(HfFormat, Gemma2ConfigReadsAsLlamaWithSoftCapsAndLocalBlocks) {
+  const std::string json = R"({
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4",
+    "use_cache": true, "vocab_size": 256000})";
+  auto m = ModelFromHfConfig(json, "gemma-2-2b/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->geglu && m->scale_embeddings && m->post_norms && m->tied_embeddings);
+  EXPECT_FALSE(m->qk_norm);
+  EXPECT_EQ(m->attention_scale_dim, 0);  // 256 is the head_dim
+  EXPECT_EQ(m->attention_softcap, 50.0f);
+  EXPECT_EQ(m->logit_softcap, 30.0f);
+  EXPECT_EQ(m->sliding_window, 4096);
+  std::vector<int32_t> odd;
+  for (int l = 1; l < 26; l += 2) odd.push_back(l);
+  EXPECT_EQ(m->full_attention_layers, odd);
+  EXPECT_EQ(m->rope_local_theta, 0.0f);
+  EXPECT_EQ(m->ParameterCount(), 2614341888);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kF32);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Gemma2ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"attn_logit_softcapping\": 50"));
+  EXPECT_THAT(written, HasSubstr("\"final_logit_softcapping\": 30"));
+  EXPECT_THAT(written, Not(HasSubstr("sliding_window_pattern")));
+  EXPECT_TRUE(CheckHfWritable(*m).ok());
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->full_attention_layers, m->full_attention_layers);
+  EXPECT_EQ(back->attention_softcap, 50.0f);
+  EXPECT_EQ(back->logit_softcap, 30.0f);
+  EXPECT_FALSE(back->qk_norm);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  auto tensors = HfTensors(*m);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  int shifted = 0;
+  for (const HfTensorMap& t : *tensors) shifted += t.shift == 1.0f;
+  EXPECT_EQ(shifted, 4 * 26 + 1);  // every norm stored less one
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return ModelFromHfConfig(changed, "g/config.json");
+  };
+  // Gemma 2 27B's shape: heads 128 wide, scores scaled by 144^-1/2. By hand: 46 · (q 4096·4608 +
+  // k, v 2 · 2048·4608 + o 4608·4096 + MLP 3 · 36864·4608 + 4 · 4608) + 256000·4608 + 4608 =
+  // 27,227,128,320.
+  std::string big = json;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"head_dim\": 256", "\"head_dim\": 128"},
+           {"\"hidden_size\": 2304", "\"hidden_size\": 4608"},
+           {"\"intermediate_size\": 9216", "\"intermediate_size\": 36864"},
+           {"\"num_attention_heads\": 8", "\"num_attention_heads\": 32"},
+           {"\"num_hidden_layers\": 26", "\"num_hidden_layers\": 46"},
+           {"\"num_key_value_heads\": 4", "\"num_key_value_heads\": 16"},
+           {"\"query_pre_attn_scalar\": 256", "\"query_pre_attn_scalar\": 144"}}) {
+    big.replace(big.find(from), from.size(), to);
+  }
+  auto large = ModelFromHfConfig(big, "gemma-2-27b/config.json");
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_EQ(large->attention_scale_dim, 144);
+  EXPECT_EQ(large->attention_scale(), 1.0f / 12.0f);
+  EXPECT_EQ(large->ParameterCount(), 27227128320);
+  EXPECT_THAT(HfConfigJson(*large, TensorDtype::kBF16),
+              HasSubstr("\"query_pre_attn_scalar\": 144"));
+  // No window at all (one as long as the context): every block attends to every position.
+  auto unwindowed = with("\"sliding_window\": 4096", "\"sliding_window\": 8192");
+  ASSERT_TRUE(unwindowed.ok()) << unwindowed.status();
+  EXPECT_EQ(unwindowed->sliding_window, 0);
+  EXPECT_THAT(with("\"attn_logit_softcapping\": 50.0", "\"attn_logit_softcapping\": \"x\"")
+                  .status()
+                  .message(),
+              HasSubstr("attn_logit_softcapping must be a positive number"));
+  EXPECT_THAT(
+      with("\"hidden_activation\": \"gelu_pytorch_tanh\"", "\"hidden_activation\": \"gelu\"")
+          .status()
+          .message(),
+      HasSubstr("hidden_activation must be \"gelu_pytorch_tanh\""));
+  // Local blocks Gemma 2's config cannot say, a local RoPE base, and scores or caps on a model
+  // that is not Gemma 2 or 3, are refused at export.
+  config::ModelConfig shifted_blocks = *m;
+  shifted_blocks.full_attention_layers = {0, 2};
+  EXPECT_THAT(CheckHfWritable(shifted_blocks).message(),
+              HasSubstr("Gemma 2's local and global blocks"));
+  config::ModelConfig local_rope = *m;
+  local_rope.rope_local_theta = 500.0f;
+  EXPECT_THAT(HfTensors(local_rope).status().message(),
+              HasSubstr("model.rope_local_theta: is set with post_norms but without qk_norm"));
+  config::ModelConfig llama = *config::Preset("llama-debug");
+  llama.logit_softcap = 30.0f;
+  EXPECT_THAT(HfTensors(llama).status().message(),
+              HasSubstr("model.logit_softcap is set; Trainyard writes and reads scaled or "
+                        "soft-capped scores in Gemma 2's and Gemma 3's layouts only"));
 }
 
 // Gemma 7B's shape: 16 heads of 256 over a width of 3072 (q 4096 wide). By hand: 28 · (q, k, v
