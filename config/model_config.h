@@ -62,8 +62,10 @@ struct MoeConfig {
 };
 
 // Llama 3's scaling of RoPE's long wavelengths (transformers' rope_type llama3; the formula is
-// in kernels/rope_frequencies.h): factor 0 for none.
+// in kernels/rope_frequencies.h), or with `linear` position interpolation (rope_type linear:
+// every pair turns factor times slower; Gemma 3's global blocks): factor 0 for none.
 struct RopeScaling {
+  bool linear = false;  // the llama3 fields below are then unused
   float factor = 0.0f;
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;

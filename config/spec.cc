@@ -145,15 +145,22 @@ absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
       {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_seq"}));
   std::string type;
   TY_RETURN_IF_ERROR(r.ReadString("type", &type));
-  if (type != "llama3") {
+  if (type != "llama3" && type != "linear") {
     return r.ErrorAt("type", absl::StrCat(r.Has("type") ? "is '" + type + "'; it " : "",
-                                          "must be llama3 (Llama 3's scaling, the one Trainyard "
-                                          "computes)"));
+                                          "must be llama3 (Llama 3's scaling) or linear (position "
+                                          "interpolation), the ones Trainyard computes"));
   }
   if (!r.Has("factor")) {
     return r.ErrorAt("factor", "required: how many times longer the context is than before");
   }
   TY_RETURN_IF_ERROR(r.ReadFloat("factor", &scaling->factor));
+  scaling->linear = type == "linear";
+  if (scaling->linear) {
+    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_seq"}) {
+      if (r.Has(key)) return r.ErrorAt(key, "is Llama 3's (type llama3); linear scaling has none");
+    }
+    return absl::OkStatus();
+  }
   TY_RETURN_IF_ERROR(r.ReadFloat("low_freq_factor", &scaling->low_freq_factor));
   TY_RETURN_IF_ERROR(r.ReadFloat("high_freq_factor", &scaling->high_freq_factor));
   return r.ReadInt("original_max_seq", &scaling->original_max_seq);

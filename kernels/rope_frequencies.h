@@ -7,7 +7,8 @@
 // exceeds N / low_freq_factor turns factor times slower; one whose λ is below
 // N / high_freq_factor is unchanged; in between the two blend, with s = (N / λ − low_freq_factor)
 // / (high_freq_factor − low_freq_factor): (1 − s) · inv_freq / factor + s · inv_freq. This is
-// transformers' `rope_type: llama3`.
+// transformers' `rope_type: llama3`. Linear scaling (position interpolation, `rope_type: linear`)
+// turns every pair factor times slower: inv_freq / factor.
 #ifndef TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
 #define TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
 
@@ -25,6 +26,7 @@ namespace trainyard::kernels {
 struct RopeFrequencies {
   double theta = 10000.0;
   double factor = 0.0;  // 0: no scaling
+  bool linear = false;  // every pair slowed by factor; the rest is Llama 3's
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   double original_max_seq = 8192.0;
@@ -34,6 +36,7 @@ struct RopeFrequencies {
 TY_ROPE_HOST_DEVICE inline double RopeInvFreq(const RopeFrequencies& f, int64_t i, int64_t d) {
   const double inv_freq = pow(f.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
   if (!(f.factor > 0.0)) return inv_freq;
+  if (f.linear) return inv_freq / f.factor;
   const double wavelength = 2.0 * 3.14159265358979323846 / inv_freq;
   if (wavelength < f.original_max_seq / f.high_freq_factor) return inv_freq;
   if (wavelength > f.original_max_seq / f.low_freq_factor) return inv_freq / f.factor;

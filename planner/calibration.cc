@@ -197,7 +197,9 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
                                    std::pair{"logit_softcap", m.logit_softcap}}) {
     if (cap != 0) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, cap);
   }
-  if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
+  if (const config::RopeScaling& r = m.rope_scaling; r.enabled() && r.linear) {
+    absl::StrAppendFormat(&yaml, "  rope_scaling: {type: linear, factor: %.9g}\n", r.factor);
+  } else if (r.enabled()) {
     absl::StrAppendFormat(&yaml,
                           "  rope_scaling: {type: llama3, factor: %.9g, low_freq_factor: %.9g, "
                           "high_freq_factor: %.9g, original_max_seq: %d}\n",

@@ -1,5 +1,6 @@
 // The rotation frequencies of a model's RoPE (kernels/rope_frequencies.h) from its config: the
-// base rope_theta and Llama 3's scaling when model.rope_scaling is set, or a local block's base.
+// base rope_theta and its scaling (Llama 3's or linear) when model.rope_scaling is set, or a
+// local block's base.
 #ifndef TRAINYARD_WORKER_ROPE_H_
 #define TRAINYARD_WORKER_ROPE_H_
 
@@ -15,6 +16,7 @@ inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m, int layer) 
   const config::RopeScaling& s = m.rope_scaling;
   return {.theta = m.rope_theta,
           .factor = s.enabled() ? s.factor : 0.0,
+          .linear = s.linear,
           .low_freq_factor = s.low_freq_factor,
           .high_freq_factor = s.high_freq_factor,
           .original_max_seq = static_cast<double>(s.original_max_seq)};

@@ -21,10 +21,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,6 +37,7 @@
 #include "worker/backend.h"
 #include "worker/convert/init_from.h"
 #include "worker/convert/llmc_export.h"
+#include "worker/convert/safetensors.h"
 #include "worker/convert/weights.h"
 #include "worker/generate.h"
 #include "worker/local_model.h"
@@ -252,6 +255,87 @@ INSTANTIATE_TEST_SUITE_P(Gemma2, HfRoundTrip,
                            return std::string(std::get<1>(info.param).name);
                          });
 
+// `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
+// with the text model's config as text_config beside a vision tower's, and the tensors under
+// `prefix` (language_model.model. as Gemma 3 4B to 27B are published, model.language_model. as
+// newer transformers save them) beside a vision tower's and a projector's.
+void WriteMultimodal(const fs::path& text, const fs::path& out, const std::string& prefix) {
+  fs::create_directories(out);
+  std::ifstream config_in(text / "config.json");
+  const std::string text_config((std::istreambuf_iterator<char>(config_in)),
+                                std::istreambuf_iterator<char>());
+  std::ofstream(out / "config.json")
+      << "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", "
+      << "\"mm_tokens_per_image\": 4, \"text_config\": " << text_config
+      << ", \"vision_config\": {\"hidden_size\": 4, \"model_type\": \"siglip_vision_model\"}}";
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (text / "model.safetensors").string());
+  ASSERT_TRUE(in.ok()) << in.status();
+  std::vector<convert::TensorInfo> tensors = {
+      {"vision_tower.vision_model.post_layernorm.weight", convert::TensorDtype::kF32, {4}},
+      {"multi_modal_projector.mm_input_projection_weight", convert::TensorDtype::kF32, {4, 8}}};
+  // The text model's model.X under the prefix; an untied head under language_model.lm_head (as
+  // published) or lm_head (as newer transformers save it).
+  auto renamed = [&](const std::string& name) {
+    if (absl::StartsWith(name, "model.")) return prefix + name.substr(6);
+    return (prefix == "language_model.model." ? "language_model." : "") + name;
+  };
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    tensors.push_back({renamed(t.name), t.dtype, t.shape});
+  }
+  auto writer = convert::SafetensorsWriter::Create(
+      *RealFileSystem(), (out / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<float> values(32, 0.5f);
+  ASSERT_TRUE((*writer)->Write(tensors[0].name, values.data()).ok());
+  ASSERT_TRUE((*writer)->Write(tensors[1].name, values.data()).ok());
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    values.resize(t.numel());
+    (*in)->ReadFloats(t, 0, t.numel(), values.data());
+    ASSERT_TRUE((*writer)->Write(renamed(t.name), values.data()).ok());
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+// Gemma 3 4B to 27B are published as multimodal checkpoints (Gemma3ForConditionalGeneration):
+// their language model reads as the text model does, under either naming, the vision tower's and
+// projector's tensors left unread, and a job starts from it where it starts from the text model.
+TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
+  const MeshCase mesh{.name = "dp1",
+                      .head_dim = 24,
+                      .qk_norm = true,
+                      .sliding_window = 5,
+                      .gemma = true,
+                      .full_layer = 1,
+                      .post_norms = true};
+  const fs::path scratch = testenv::MakeScratchDir("hf_multimodal");
+  const fs::path text = scratch / "text";
+  const testenv::GlobalTensors saved =
+      TrainAndExport(Job(ModelFamily::kLlama, mesh), scratch, text);
+  ASSERT_FALSE(saved.empty());
+  config::JobSpec from_text = Job(ModelFamily::kLlama, mesh);
+  from_text.init_from = text.string();
+  const double text_loss = FirstLoss(from_text);
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    const fs::path multimodal = scratch / prefix;
+    WriteMultimodal(text, multimodal, prefix);
+    auto source = convert::WeightSource::Open(*RealFileSystem(), multimodal.string());
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_THAT((*source)->description(), ::testing::HasSubstr("gemma3 (its language model)"));
+    std::vector<float> read;
+    for (const auto& [name, values] : saved) {
+      ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
+      ASSERT_GE(read.size(), values.size()) << name;
+      EXPECT_TRUE(std::equal(values.begin(), values.end(), read.begin())) << name;
+    }
+    config::JobSpec from_multimodal = Job(ModelFamily::kLlama, mesh);
+    from_multimodal.init_from = multimodal.string();
+    EXPECT_EQ(FirstLoss(from_multimodal), text_loss);
+  }
+  fs::remove_all(scratch);
+}
+
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole
 // on every tensor-parallel rank.
 INSTANTIATE_TEST_SUITE_P(
@@ -462,6 +546,12 @@ TEST(HfOracleLlama3, ExportedFilesGiveTrainyardsLogits) {
       {.factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_seq = 32});
 }
 
+// Linear scaling (position interpolation) travels as rope_type linear.
+TEST(HfOracleLlamaLinearRope, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1"},
+                        {.linear = true, .factor = 4.0f});
+}
+
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).
 TEST(HfOracleMixtral, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .experts = 4});
@@ -525,6 +615,20 @@ TEST(HfOracleGemma2, ExportedFilesGiveTrainyardsLogits) {
                                                       .full_layer = 1,
                                                       .post_norms = true,
                                                       .softcaps = true});
+}
+
+// Gemma 3 4B's RoPE: its global blocks scaled linearly, its local blocks unscaled at their own
+// base, as the oracle applies them.
+TEST(HfOracleGemma3, LinearRopeScalingInTheGlobalBlocks) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1",
+                                 .head_dim = 24,
+                                 .qk_norm = true,
+                                 .sliding_window = 5,
+                                 .gemma = true,
+                                 .full_layer = 1,
+                                 .post_norms = true},
+                        {.linear = true, .factor = 8.0f});
 }
 
 // A sliding window of 5 travels as Mistral's sliding_window, which the oracle applies as

@@ -375,10 +375,13 @@ def llama3_inv_freq(inv_freq, scaling):
 
 def rope_tables(seq_len, head_dim, theta, scaling=None):
     """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D) (scaled as Llama
-    3 scales it when `scaling` is (factor, low_freq_factor, high_freq_factor, original)), the
-    angles pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
+    3 scales it when `scaling` is (factor, low_freq_factor, high_freq_factor, original), or
+    divided by the factor when it is a number: transformers' rope_type "linear"), the angles
+    pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    if scaling is not None:
+    if isinstance(scaling, float):
+        inv_freq = inv_freq / scaling
+    elif scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat([angles, angles], dim=-1)
@@ -511,9 +514,12 @@ class Llama:
             if self.scaling[2] <= self.scaling[1]:
                 raise InputError("%s: rope_scaling: high_freq_factor must exceed low_freq_factor"
                                  % cfg.path)
+        elif kind == "linear":
+            self.scaling = float(Config(scaling, cfg.path + ": rope_scaling")
+                                 .positive("factor", _REQUIRED))
         elif scaling is not None and kind != "default":
-            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE or llama3)"
-                             % (cfg.path, json.dumps(scaling)))
+            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE, linear or "
+                             "llama3)" % (cfg.path, json.dumps(scaling)))
         self.windows = [None] * self.layers  # each layer's sliding window, None for none
 
     def read_activation(self, cfg):

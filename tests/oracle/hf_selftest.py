@@ -656,6 +656,16 @@ class HfOracleTest(unittest.TestCase):
                                    x2 * np.cos(angle) + x1 * np.sin(angle), rtol=1e-14,
                                    atol=1e-15)
 
+    def test_linear_rope_scaling_divides_every_frequency(self):
+        # transformers' rope_type "linear": position p with factor f turns as position p / f.
+        D, T, factor = 8, 9, 4.0
+        cos, sin = hf_oracle.rope_tables(T, D, 10000.0, factor)
+        angles = (np.arange(T)[:, None] / factor) * 10000.0 ** (-np.arange(0, D, 2) / D)[None, :]
+        np.testing.assert_allclose(cos.numpy(), np.cos(np.concatenate([angles, angles], 1)),
+                                   rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(sin.numpy(), np.sin(np.concatenate([angles, angles], 1)),
+                                   rtol=1e-14, atol=1e-15)
+
     def test_greedy_generation_matches_torch_model(self):
         cfg = small_cfg("llama")
         model = random_model(cfg, seed=8)

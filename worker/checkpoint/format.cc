@@ -81,6 +81,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   if (const config::RopeScaling& r = m.rope_scaling; r.enabled()) {
     RopeScalingSignature& out = *s.mutable_rope_scaling();
     out.set_factor(r.factor);
+    out.set_linear(r.linear);
     out.set_low_freq_factor(r.low_freq_factor);
     out.set_high_freq_factor(r.high_freq_factor);
     out.set_original_max_seq(r.original_max_seq);
@@ -127,7 +128,8 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {
     const RopeScalingSignature& r = s.rope_scaling();
-    m.rope_scaling = {.factor = r.factor(),
+    m.rope_scaling = {.linear = r.linear(),
+                      .factor = r.factor(),
                       .low_freq_factor = r.low_freq_factor(),
                       .high_freq_factor = r.high_freq_factor(),
                       .original_max_seq = r.original_max_seq()};

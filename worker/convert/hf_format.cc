@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -169,10 +173,12 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
   out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
 }
 
-// config.json's rope_scaling: null, or Llama 3's (transformers' rope_type llama3).
+// config.json's rope_scaling: null, linear, or Llama 3's (transformers' rope_type llama3).
 std::string RopeScalingJson(const ModelConfig& m) {
   const config::RopeScaling& r = m.rope_scaling;
   if (!r.enabled()) return "null";
+  if (r.linear)
+    return absl::StrCat("{\"rope_type\": \"linear\", \"factor\": ", ShortFloat(r.factor), "}");
   return absl::StrCat("{\"rope_type\": \"llama3\", \"factor\": ", ShortFloat(r.factor),
                       ", \"low_freq_factor\": ", ShortFloat(r.low_freq_factor),
                       ", \"high_freq_factor\": ", ShortFloat(r.high_freq_factor),
@@ -258,12 +264,14 @@ absl::Status ReadGpt2Config(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("activation_function", {"gelu_new", "gelu_pytorch_tanh"});
 }
 
-// rope_scaling: null, rope_type "default" (none) or "llama3" (also under the older key "type").
+// rope_scaling: null, rope_type "default" (none), "linear" or "llama3" (also under the older key
+// "type").
 absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   const Value* value = f.Get("rope_scaling");
   if (value == nullptr) return absl::OkStatus();
   auto unsupported = [&] {
-    return f.Bad("rope_scaling", "is not supported (null, or rope_type \"llama3\" or \"default\")");
+    return f.Bad("rope_scaling",
+                 "is not supported (null, or rope_type \"llama3\", \"linear\" or \"default\")");
   };
   if (value->kind_case() != Value::kStructValue) return unsupported();
   const ConfigFields scaling(value->struct_value(), f.source() + ": rope_scaling");
@@ -271,11 +279,13 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   if (type == nullptr) type = scaling.Get("type");
   const std::string name = type != nullptr ? type->string_value() : "";
   if (name == "default") return absl::OkStatus();
-  if (name != "llama3") return unsupported();
+  if (name != "llama3" && name != "linear") return unsupported();
   config::RopeScaling& r = m.rope_scaling;
   r.factor = 0.0f;
+  r.linear = name == "linear";
   TY_RETURN_IF_ERROR(scaling.Float("factor", &r.factor));
   if (!r.enabled()) return scaling.Bad("factor", "is missing");
+  if (r.linear) return absl::OkStatus();
   TY_RETURN_IF_ERROR(scaling.Float("low_freq_factor", &r.low_freq_factor));
   TY_RETURN_IF_ERROR(scaling.Float("high_freq_factor", &r.high_freq_factor));
   return scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false);
@@ -419,8 +429,38 @@ absl::Status ReadGemma3Config(const ConfigFields& f, ModelConfig& m) {
   m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
   float local = 10000.0f;
   TY_RETURN_IF_ERROR(f.Float("rope_local_base_freq", &local));
-  m.rope_local_theta = m.sliding_window > 0 && local != m.rope_theta ? local : 0.0f;
+  // The local blocks turn at their own base, unscaled: with RoPE scaling (the global blocks'),
+  // kept even when it equals rope_theta.
+  m.rope_local_theta =
+      m.sliding_window > 0 && (local != m.rope_theta || m.rope_scaling.enabled()) ? local : 0.0f;
   return absl::OkStatus();
+}
+
+// transformers' Gemma3TextConfig defaults, which a multimodal Gemma 3 config's text_config leaves
+// out (the published 4B to 27B configs give only what differs from them).
+constexpr char kGemma3TextDefaults[] = R"({
+  "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+  "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+  "rope_local_base_freq": 10000.0, "tie_word_embeddings": true})";
+
+// A multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type gemma3): its language model,
+// text_config over Gemma3TextConfig's defaults, read as gemma3_text. The vision tower's and the
+// projector's configs are not read.
+absl::Status ReadGemma3MultimodalConfig(const ConfigFields& f, ModelConfig& m) {
+  const Value* text = f.Get("text_config");
+  if (text == nullptr || text->kind_case() != Value::kStructValue) {
+    return f.Bad("text_config", "is missing (a multimodal Gemma 3's language model is there)");
+  }
+  google::protobuf::Struct merged;
+  if (!google::protobuf::util::JsonStringToMessage(kGemma3TextDefaults, &merged).ok()) {
+    return absl::InternalError("Gemma3TextConfig's defaults do not parse");
+  }
+  for (const auto& [key, value] : text->struct_value().fields()) {
+    (*merged.mutable_fields())[key] = value;
+  }
+  return ReadGemma3Config(ConfigFields(merged, f.source() + ": text_config"), m);
 }
 
 // Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
@@ -529,6 +569,28 @@ std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
                          : std::vector<int64_t>{piece.rows, cols};
 }
 
+std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
+                                        const HfLayout& layout) {
+  if (family == ModelFamily::kGpt2 && absl::StartsWith(stored, "transformer.")) {
+    return stored.substr(std::strlen("transformer."));
+  }
+  if (!layout.multimodal) return stored;
+  constexpr std::pair<const char*, const char*> kLanguageModel[] = {
+      {"language_model.model.", "model."},
+      {"model.language_model.", "model."},
+      {"language_model.lm_head.", "lm_head."}};
+  for (const auto& [prefix, replacement] : kLanguageModel) {
+    if (absl::StartsWith(stored, prefix)) {
+      return absl::StrCat(replacement, stored.substr(std::strlen(prefix)));
+    }
+  }
+  for (const char* prefix : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                             "model.multi_modal_projector."}) {
+    if (absl::StartsWith(stored, prefix)) return std::nullopt;
+  }
+  return stored;
+}
+
 int64_t RowElements(const HfTensorMap& tensor) {
   int64_t n = 1;
   for (size_t i = 1; i < tensor.shape.size(); ++i) n *= tensor.shape[i];
@@ -584,7 +646,14 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
   if (!m.geglu) return bad("activation", "is swiglu with scale_embeddings or post_norms");
   if (!m.scale_embeddings) return bad("scale_embeddings", "is false with activation geglu");
   if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
+  if (m.rope_scaling.enabled() && !(m.post_norms && m.qk_norm && m.rope_scaling.linear)) {
+    return bad("rope_scaling", "is set (Gemma 3's global blocks take linear scaling only)");
+  }
+  if (m.rope_scaling.enabled() && m.rope_local_theta == 0) {
+    return bad("rope_local_theta",
+               "is 0 with rope_scaling (Gemma 3's local blocks turn unscaled, "
+               "at rope_local_base_freq)");
+  }
   if (m.moe.enabled()) return bad("moe", "has experts");
   if (!m.post_norms) {  // Gemma's
     if (m.qk_norm) return bad("qk_norm", "is true without post_norms");
@@ -760,12 +829,13 @@ std::string GemmaLocalBlocksJson(const ModelConfig& m) {
       absl::StrCat(",\n  \"query_pre_attn_scalar\": ",
                    m.attention_scale_dim > 0 ? m.attention_scale_dim : m.head_dim(),
                    ",\n  \"sliding_window\": ", m.sliding_window > 0 ? m.sliding_window : m.max_seq,
-                   ",\n  \"layer_types\": [", types, "],\n  \"rope_scaling\": null",
+                   ",\n  \"layer_types\": [", types, "]",
                    ",\n  \"final_logit_softcapping\": ", CapJson(m.logit_softcap),
                    ",\n  \"attn_logit_softcapping\": ", CapJson(m.attention_softcap));
   if (m.qk_norm) {
     const float local = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
-    absl::StrAppend(&out, ",\n  \"sliding_window_pattern\": ", GemmaWindowPattern(m),
+    absl::StrAppend(&out, ",\n  \"rope_scaling\": ", RopeScalingJson(m),
+                    ",\n  \"sliding_window_pattern\": ", GemmaWindowPattern(m),
                     ",\n  \"rope_local_base_freq\": ", ShortFloat(local));
   }
   return out;
@@ -839,7 +909,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
 }
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
-                                              HfProjections* projections) {
+                                              HfLayout* layout) {
   google::protobuf::Struct parsed;
   if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
@@ -858,6 +928,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGemma2Config(fields, m));
   } else if (model_type == "gemma3_text") {
     TY_RETURN_IF_ERROR(ReadGemma3Config(fields, m));
+  } else if (model_type == "gemma3") {  // a multimodal Gemma 3: its language model
+    TY_RETURN_IF_ERROR(ReadGemma3MultimodalConfig(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -885,12 +957,12 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         "model_type",
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
-                     "\"gemma3_text\", "
-                     "\"mistral\", "
+                     "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
   }
-  if (projections != nullptr) {
-    *projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
+  if (layout != nullptr) {
+    layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
+    layout->multimodal = model_type == "gemma3";
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

@@ -23,6 +23,7 @@
 #define TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,22 @@ int64_t RowElements(const HfTensorMap& tensor);
 // mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w).
 enum class HfProjections { kSeparate, kFused };
 
+// How a directory stores the model its config.json describes: the projections, and whether its
+// tensors are the language model of a multimodal checkpoint (Gemma3ForConditionalGeneration:
+// language_model.model.X, or model.language_model.X as newer transformers save it, beside a
+// vision tower and a projector Trainyard does not read).
+struct HfLayout {
+  HfProjections projections = HfProjections::kSeparate;
+  bool multimodal = false;
+};
+
+// The name a stored tensor is looked up by among HfTensors' pieces: GPT-2's without its
+// "transformer." prefix, a multimodal checkpoint's language model's as the text model's
+// (model.X, lm_head.X); none for the vision tower's and the projector's tensors, which are not
+// read.
+std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
+                                        const HfLayout& layout);
+
 // Every tensor of `model`, in our layout's order. UNIMPLEMENTED, naming the field, for a
 // mixture-of-experts model that is not of Mixtral's shape (above).
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(
@@ -81,11 +98,14 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
 // config.json for `model` with `dtype` as its torch_dtype.
 std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 
-// The model a config.json describes (`source` names it in errors), and in `projections` (when
-// given) how its tensors store the projections. INVALID_ARGUMENT, naming the file and field, for
-// another model_type or a field missing or out of range.
-[[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(
-    const std::string& json, const std::string& source, HfProjections* projections = nullptr);
+// The model a config.json describes (`source` names it in errors), and in `layout` (when given)
+// how its tensors store it. A multimodal Gemma 3 config (model_type gemma3) describes its
+// language model: text_config over transformers' Gemma3TextConfig defaults, read as gemma3_text.
+// INVALID_ARGUMENT, naming the file and field, for another model_type or a field missing or out
+// of range.
+[[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,
+                                                                    const std::string& source,
+                                                                    HfLayout* layout = nullptr);
 
 // The end-of-sequence ids of a config.json or generation_config.json (`source` names it in
 // errors): its eos_token_id, a whole number or a list of them, each below `vocab`; none when the

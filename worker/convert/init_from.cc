@@ -193,6 +193,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   }
   if (file.rope_scaling != spec.rope_scaling) {
     auto text = [](const config::RopeScaling& r) {
+      if (r.enabled() && r.linear) return absl::StrCat("linear (factor ", r.factor, ")");
       return r.enabled()
                  ? absl::StrCat("llama3 (factor ", r.factor, ", low_freq_factor ",
                                 r.low_freq_factor, ", high_freq_factor ", r.high_freq_factor,
@@ -227,8 +228,9 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
         dir, ": no config.json (a Hugging Face model directory, or an llm.c model file)"));
   }
   TY_ASSIGN_OR_RETURN(const std::string config_text, fs.ReadFile(config_path));
-  HfProjections projections = HfProjections::kSeparate;
-  TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path, &projections));
+  HfLayout layout;
+  TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path, &layout));
+  const HfProjections projections = layout.projections;
   if (expected) TY_RETURN_IF_ERROR(CheckSameModel(model_, *expected, config_path));
   std::map<std::string, std::string> wanted;  // from the index: tensor -> file
   TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardNames(fs, dir, &wanted));
@@ -237,13 +239,13 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
     TY_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                         SafetensorsFile::Open(fs, ChildPath(dir, name)));
     for (const TensorInfo& t : file->tensors()) {
-      std::string key = t.name;
-      if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
       if (!wanted.empty() && (wanted.count(t.name) == 0 || wanted[t.name] != name)) {
         return absl::InvalidArgumentError(absl::StrCat(
             file->path(), ": tensor ", t.name, " is not where model.safetensors.index.json says"));
       }
-      if (!pieces_.emplace(key, std::pair{file.get(), &t}).second) {
+      const std::optional<std::string> key = HfLookupName(t.name, model_.family, layout);
+      if (!key) continue;  // a multimodal checkpoint's vision tower or projector
+      if (!pieces_.emplace(*key, std::pair{file.get(), &t}).second) {
         return absl::InvalidArgumentError(
             absl::StrCat(file->path(), ": tensor ", t.name, " appears twice"));
       }
@@ -251,9 +253,8 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
     files_.push_back(std::move(file));
   }
   for (const auto& [name, file] : wanted) {
-    std::string key = name;
-    if (gpt2 && absl::StartsWith(key, "transformer.")) key = key.substr(12);
-    if (pieces_.count(key) == 0) {
+    const std::optional<std::string> key = HfLookupName(name, model_.family, layout);
+    if (key && pieces_.count(*key) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(ChildPath(dir, file), ": missing tensor ", name, " (the index lists it)"));
     }
@@ -290,6 +291,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       "Hugging Face ",
       gpt2                                   ? "gpt2"
       : projections == HfProjections::kFused ? "phi3"
+      : layout.multimodal                    ? "gemma3 (its language model)"
       : model_.post_norms                    ? (model_.qk_norm ? "gemma3_text" : "gemma2")
       : model_.geglu                         ? "gemma"
       : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")

@@ -459,6 +459,10 @@ std::vector<BadSpec> BadSpecs() {
       {"rope scaling of another type",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8}}\n", "2:51",
        "model.rope_scaling.type", "is 'yarn'; it must be llama3"},
+      {"linear rope scaling with Llama 3's bands",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: linear, factor: 8, "
+       "low_freq_factor: 2}}\n",
+       "2:87", "model.rope_scaling.low_freq_factor", "is Llama 3's (type llama3); linear scaling"},
       {"rope scaling without a factor",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3}}\n", "2:44",
        "model.rope_scaling.factor", "required"},

@@ -479,6 +479,10 @@ TEST(ParseJobSpecTest, RopeScaling) {
                                                           .low_freq_factor = 2.0f,
                                                           .high_freq_factor = 8.0f,
                                                           .original_max_seq = 4096}));
+  // Position interpolation: every pair factor times slower (Gemma 3's global blocks).
+  const JobSpec linear = MustParse(
+      "name: linear\nmodel:\n  preset: llama-debug\n  rope_scaling: {type: linear, factor: 8}\n");
+  EXPECT_EQ(linear.model.rope_scaling, (config::RopeScaling{.linear = true, .factor = 8.0f}));
 }
 
 TEST(ParseJobSpecTest, MoeDefaults) {

@@ -304,6 +304,10 @@ TEST(CheckpointFormatTest, TheSignatureCarriesTheRopeScaling) {
   absl::StatusOr<config::ModelConfig> read = ModelFromSignature(SignatureOf(model));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->rope_scaling, model.rope_scaling);
+  model.rope_scaling = {.linear = true, .factor = 8.0f};
+  read = ModelFromSignature(SignatureOf(model));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rope_scaling, model.rope_scaling);
 }
 
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {

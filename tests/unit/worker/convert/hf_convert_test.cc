@@ -489,8 +489,9 @@ TEST(HfFormat, Phi3ConfigReadsAsLlamaWithItsWindowAndFusedProjections) {
     "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
     "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
     "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32064})";
-  HfProjections projections = HfProjections::kSeparate;
-  auto m = ModelFromHfConfig(json, "Phi-3-mini-4k-instruct/config.json", &projections);
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "Phi-3-mini-4k-instruct/config.json", &layout);
+  const HfProjections projections = layout.projections;
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(projections, HfProjections::kFused);
   EXPECT_EQ(m->family, config::ModelFamily::kLlama);
@@ -798,13 +799,36 @@ TEST(HfFormat, Gemma3ConfigReadsAsLlamaWithPostNormsAndLocalBlocks) {
                   .status()
                   .message(),
               HasSubstr("g/config.json: final_logit_softcapping must be a positive number"));
-  // Gemma 3 4B's global blocks scale RoPE linearly: refused.
-  EXPECT_THAT(with("\"rope_scaling\": null",
-                   "\"rope_scaling\": {\"rope_type\": \"linear\", "
-                   "\"factor\": 8.0}")
-                  .status()
-                  .message(),
-              HasSubstr("rope_scaling is not supported"));
+  // Gemma 3 4B's global blocks scale RoPE linearly (the local ones turn unscaled at their own
+  // base), and such a model writes it back.
+  auto linear = with("\"rope_scaling\": null",
+                     "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_TRUE(linear->rope_scaling.linear);
+  EXPECT_EQ(linear->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(linear->rope_local_theta, 1e4f);
+  const std::string linear_json = HfConfigJson(*linear, TensorDtype::kBF16);
+  EXPECT_THAT(linear_json,
+              HasSubstr("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"));
+  EXPECT_TRUE(HfTensors(*linear).ok());
+  auto linear_back = ModelFromHfConfig(linear_json, "config.json");
+  ASSERT_TRUE(linear_back.ok()) << linear_back.status();
+  EXPECT_EQ(linear_back->rope_scaling, linear->rope_scaling);
+  // With a local base equal to the global one the local blocks stay unscaled all the same.
+  std::string same = json;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"rope_local_base_freq\": 10000", "\"rope_local_base_freq\": 1000000"},
+           {"\"rope_scaling\": null",
+            "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"}}) {
+    same.replace(same.find(from), from.size(), to);
+  }
+  auto same_base = ModelFromHfConfig(same, "config.json");
+  ASSERT_TRUE(same_base.ok()) << same_base.status();
+  EXPECT_EQ(same_base->rope_local_theta, 1e6f);
+  config::ModelConfig scaled_local = *same_base;
+  scaled_local.rope_local_theta = 0.0f;
+  EXPECT_THAT(HfTensors(scaled_local).status().message(),
+              HasSubstr("model.rope_local_theta: is 0 with rope_scaling"));
   // A pattern Gemma 3's config cannot say is refused at export.
   config::ModelConfig odd = *m;
   odd.full_attention_layers = {5, 12};
@@ -813,6 +837,66 @@ TEST(HfFormat, Gemma3ConfigReadsAsLlamaWithPostNormsAndLocalBlocks) {
   config::ModelConfig plain = *m;
   plain.qk_norm = false;
   EXPECT_THAT(CheckHfWritable(plain).message(), HasSubstr("Gemma 2's local and global blocks"));
+}
+
+// Gemma 3 4B's published config.json (Gemma3ForConditionalGeneration, model_type gemma3): the
+// language model in text_config, which gives only what differs from Gemma3TextConfig's defaults
+// (262,208 tokens, heads 8 of 256 over 4 key/value heads, every sixth block global at RoPE base
+// 1,000,000 scaled linearly by 8, the others windowed to 1024 at base 10,000). By hand: 34 ·
+// (q 2048·2560 + k, v 2 · 1024·2560 + o 2560·2048 + head norms 2 · 256 + MLP 3 · 10240·2560 +
+// four norms 4 · 2560) + the tied embedding 262208·2560 + the final norm 2560 = 3,880,263,168
+// (the language model of the card's 4B; the vision tower is not read).
+TEST(HfFormat, MultimodalGemma3ConfigReadsAsItsLanguageModel) {
+  const std::string json = R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+      "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+      "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+      "patch_size": 14, "vision_use_head": false}})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "gemma-3-4b-it/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(layout.multimodal);
+  EXPECT_TRUE(m->geglu && m->scale_embeddings && m->qk_norm && m->post_norms);
+  EXPECT_EQ(m->vocab, 262208);
+  EXPECT_EQ(m->head_dim(), 256);
+  EXPECT_EQ(m->kv_heads, 4);
+  EXPECT_EQ(m->sliding_window, 1024);
+  EXPECT_EQ(m->full_attention_layers, (std::vector<int32_t>{5, 11, 17, 23, 29}));
+  EXPECT_EQ(m->rope_scaling, (config::RopeScaling{.linear = true, .factor = 8.0f}));
+  EXPECT_EQ(m->rope_theta, 1e6f);
+  EXPECT_EQ(m->rope_local_theta, 1e4f);
+  EXPECT_EQ(m->ParameterCount(), 3880263168);
+  // Written back it is the text model (Gemma3ForCausalLM), which reads as the same model.
+  auto back = ModelFromHfConfig(HfConfigJson(*m, TensorDtype::kBF16), "config.json", &layout);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(layout.multimodal);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "gemma3"})", "g/config.json").status().message(),
+              HasSubstr("g/config.json: text_config is missing"));
+
+  // Its tensors: the language model's under either prefix, the vision tower's and projector's
+  // not read.
+  const HfLayout mm{.multimodal = true};
+  const auto llama = config::ModelFamily::kLlama;
+  EXPECT_EQ(HfLookupName("language_model.model.layers.0.mlp.up_proj.weight", llama, mm),
+            "model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(HfLookupName("model.language_model.embed_tokens.weight", llama, mm),
+            "model.embed_tokens.weight");
+  EXPECT_EQ(HfLookupName("language_model.lm_head.weight", llama, mm), "lm_head.weight");
+  EXPECT_EQ(HfLookupName("vision_tower.vision_model.post_layernorm.weight", llama, mm),
+            std::nullopt);
+  EXPECT_EQ(HfLookupName("model.multi_modal_projector.mm_soft_emb_norm.weight", llama, mm),
+            std::nullopt);
+  EXPECT_EQ(HfLookupName("model.vision_tower.x", llama, HfLayout{}), "model.vision_tower.x");
+  EXPECT_EQ(HfLookupName("transformer.h.0.attn.c_attn.weight", config::ModelFamily::kGpt2, {}),
+            "h.0.attn.c_attn.weight");
 }
 
 // Gemma 2 2B's published config.json (Gemma2ForCausalLM): Gemma's model with norms of the
