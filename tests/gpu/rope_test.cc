@@ -29,27 +29,37 @@ struct Config {
   float theta;
   int64_t first_position = 0;
   double scaling = 0.0;  // Llama 3's factor over an original context of 8192 (0: none)
+  bool linear = false;   // the factor is linear scaling's (position interpolation)
 
-  RopeFrequencies freq() const { return {.theta = theta, .factor = scaling}; }
+  RopeFrequencies freq() const { return {.theta = theta, .factor = scaling, .linear = linear}; }
 };
 
 // Head dims 16/64/128, grouped-query (kv_heads < heads) and multi-head layouts, sequence
 // lengths that are not multiples of 32, up to 2047 positions (where an fp32 angle would be off);
 // chunks that start past position 0, one of them ending at position 4095; Llama 3's scaling
-// (whose three regimes a head of 128 at base 5e5 all has).
+// (whose three regimes a head of 128 at base 5e5 all has); linear scaling (Gemma 3's global
+// blocks'), from position 0 and past 8000.
 constexpr Config kConfigs[] = {
-    {1, 1, 1, 1, 16, 10000.0f},          {2, 37, 4, 2, 16, 10000.0f},
-    {3, 33, 8, 2, 64, 10000.0f},         {1, 100, 4, 1, 128, 5e5f},
-    {2, 700, 6, 2, 128, 10000.0f},       {1, 2047, 2, 1, 64, 10000.0f},
-    {2, 129, 4, 4, 64, 10000.0f},        {2, 37, 4, 2, 16, 10000.0f, 37},
-    {1, 96, 4, 1, 128, 5e5f, 4000},      {2, 300, 4, 2, 128, 5e5f, 0, 32.0},
+    {1, 1, 1, 1, 16, 10000.0f},
+    {2, 37, 4, 2, 16, 10000.0f},
+    {3, 33, 8, 2, 64, 10000.0f},
+    {1, 100, 4, 1, 128, 5e5f},
+    {2, 700, 6, 2, 128, 10000.0f},
+    {1, 2047, 2, 1, 64, 10000.0f},
+    {2, 129, 4, 4, 64, 10000.0f},
+    {2, 37, 4, 2, 16, 10000.0f, 37},
+    {1, 96, 4, 1, 128, 5e5f, 4000},
+    {2, 300, 4, 2, 128, 5e5f, 0, 32.0},
     {1, 96, 4, 1, 128, 5e5f, 8100, 8.0},
+    {2, 100, 4, 2, 64, 1e6f, 0, 8.0, true},
+    {1, 96, 4, 1, 128, 1e6f, 8100, 4.0, true},
 };
 
 std::string Label(DType dtype, const Config& c) {
   return absl::StrCat(DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads,
                       " kv_heads=", c.kv_heads, " d=", c.d, " theta=", c.theta,
-                      " first_position=", c.first_position, " scaling=", c.scaling);
+                      " first_position=", c.first_position, " scaling=", c.scaling,
+                      c.linear ? " linear" : "");
 }
 
 int64_t Count(const Config& c) { return c.b * c.t * (c.heads + 2 * c.kv_heads) * c.d; }
@@ -172,6 +182,14 @@ TEST(RopeFrequencies, Llama3ScalingByHand) {
   EXPECT_GT(s1, 0.0);
   EXPECT_LT(s1, 1.0);
   EXPECT_DOUBLE_EQ(RopeInvFreq(f, 1, 8), (1 - s1) * inv1 / 8 + s1 * inv1);
+}
+
+// Linear scaling slows every pair by the factor, whatever its wavelength.
+TEST(RopeFrequencies, LinearScalingByHand) {
+  const RopeFrequencies f{.theta = 10000.0, .factor = 8.0, .linear = true};
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_DOUBLE_EQ(RopeInvFreq(f, i, 8), std::pow(10000.0, -2.0 * i / 8) / 8) << "pair " << i;
+  }
 }
 
 }  // namespace
