@@ -56,7 +56,7 @@ struct BlockOffsets {
   float scale() const {
     return s.rule.scale > 0.0f ? s.rule.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
   }
-  // 1 / the soft cap, 0 without one (then 1 − (z·inv_cap)² is exactly 1).
+  // 1 / the soft cap, 0 without one.
   float inv_cap() const { return s.rule.softcap > 0.0f ? 1.0f / s.rule.softcap : 0.0f; }
 };
 
@@ -140,11 +140,19 @@ struct BackwardOperands {
 void GradientRow(float* p, float* ds, int64_t from, int64_t to, int64_t keys, float row_lse,
                  float delta, float scale, float inv_cap) {
   to = std::max(from, to);
+  if (inv_cap == 0.0f) {  // uncapped scores: the training step's usual loop, with nothing added
 #pragma omp simd
-  for (int64_t j = from; j < to; ++j) {
-    const float z = p[j], t = z * inv_cap;
-    p[j] = FastExp(z - row_lse);
-    ds[j] = p[j] * (ds[j] - delta) * (1.0f - t * t) * scale;
+    for (int64_t j = from; j < to; ++j) {
+      p[j] = FastExp(p[j] - row_lse);
+      ds[j] = p[j] * (ds[j] - delta) * scale;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = from; j < to; ++j) {
+      const float z = p[j], t = z * inv_cap;
+      p[j] = FastExp(z - row_lse);
+      ds[j] = p[j] * (ds[j] - delta) * (1.0f - t * t) * scale;
+    }
   }
   for (float* row : {p, ds}) {
     std::fill(row, row + from, 0.0f);

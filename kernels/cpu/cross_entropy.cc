@@ -16,8 +16,33 @@ float RowMax(const float* x, int64_t n) {
   return mx;
 }
 
-// One row of SoftmaxCrossEntropy under a soft cap: x holds the capped logits z, read twice (the
-// sum of exponentials, then the gradient, which needs z for its 1 − (z / C)²).
+// The gradient g of a capped logit z, taken through the cap C to the logit before it.
+inline float ThroughCap(float g, float z, float inv_cap) {
+  const float t = z * inv_cap;
+  return g * (1.0f - t * t);
+}
+
+// One row of SoftmaxCrossEntropy: its loss; x becomes the softmax's gradient when write_grad.
+double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad) {
+  const float target_logit = x[target];
+  const float mx = RowMax(x, vocab);
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < vocab; ++j) {
+    x[j] = FastExp(x[j] - mx);
+    sum += x[j];
+  }
+  if (write_grad) {
+    const float factor = static_cast<float>(grad_scale / sum);
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; ++j) x[j] *= factor;
+    x[target] -= grad_scale;
+  }
+  return mx + std::log(sum) - target_logit;
+}
+
+// The same under a soft cap: x holds the capped logits z, read twice (the sum of exponentials,
+// then the gradient, which needs z for its 1 − (z / C)²).
 double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad,
                  float cap) {
   const float target_logit = x[target];
@@ -28,9 +53,8 @@ double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool
   if (write_grad) {
     const float factor = static_cast<float>(grad_scale / sum), inv_cap = 1.0f / cap;
     for (int64_t j = 0; j < vocab; ++j) {
-      const float t = x[j] * inv_cap;
       const float g = FastExp(x[j] - mx) * factor - (j == target ? grad_scale : 0.0f);
-      x[j] = g * (1.0f - t * t);
+      x[j] = ThroughCap(g, x[j], inv_cap);
     }
   }
   return mx + std::log(sum) - target_logit;
@@ -50,33 +74,11 @@ void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap) {
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            int64_t ld, float grad_scale, bool write_grad, float softcap) {
   std::vector<double> row_loss(rows);
-  if (softcap > 0.0f) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      row_loss[r] = CappedRow(logits + r * ld, targets[r], vocab, grad_scale, write_grad, softcap);
-    }
-    double total = 0.0;
-    for (double l : row_loss) total += l;
-    return total;
-  }
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * ld;
-    const float target_logit = x[targets[r]];
-    const float mx = RowMax(x, vocab);
-    double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vocab; ++j) {
-      x[j] = FastExp(x[j] - mx);
-      sum += x[j];
-    }
-    row_loss[r] = mx + std::log(sum) - target_logit;
-    if (write_grad) {
-      const float factor = static_cast<float>(grad_scale / sum);
-#pragma omp simd
-      for (int64_t j = 0; j < vocab; ++j) x[j] *= factor;
-      x[targets[r]] -= grad_scale;
-    }
+    row_loss[r] = softcap > 0.0f ? CappedRow(x, targets[r], vocab, grad_scale, write_grad, softcap)
+                                 : PlainRow(x, targets[r], vocab, grad_scale, write_grad);
   }
   double total = 0.0;
   for (double l : row_loss) total += l;  // fixed order: deterministic
@@ -112,9 +114,8 @@ void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const fl
       continue;
     }
     for (int64_t j = 0; j < vocab; ++j) {
-      const float t = x[j] * inv_cap;
       const float g = grad_scale * FastExp(x[j] - l) - (j == local_targets[r] ? grad_scale : 0.0f);
-      x[j] = g * (1.0f - t * t);
+      x[j] = ThroughCap(g, x[j], inv_cap);
     }
   }
 }
