@@ -2,8 +2,10 @@
 //
 // For an operation y = f(x₁, …, xₙ) and a fixed random cotangent r, the scalar L = Σ r ⊙ y has
 // gradients given by the backward called with dout = r. For a random direction dᵢ per input we
-// compare the central difference (L(x + εd) − L(x − εd)) / 2ε with Σᵢ ⟨gᵢ, dᵢ⟩. In fp32 with
-// ε = 1e-3 the difference has an error around 1e-4 relative, so the tolerance is 2e-3.
+// compare the five-point difference (8(L(x+εd) − L(x−εd)) − (L(x+2εd) − L(x−2εd))) / 12ε with
+// Σᵢ ⟨gᵢ, dᵢ⟩. Its truncation error is O(ε⁴), so ε can be 1e-2, where the fp32 rounding of the
+// forward's outputs (a plain central difference at ε = 1e-3 divides it by 2e-3) stays near 1e-4
+// relative even for 150-position attention with soft caps; the tolerance is 2e-3.
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -37,7 +39,7 @@ void CheckGradients(
     const char* what, Tensors inputs,
     const std::function<std::vector<float>(const Tensors&)>& forward,
     const std::function<Tensors(const Tensors&, const std::vector<float>&)>& backward,
-    double eps = 1e-3, double tol = 2e-3) {
+    double eps = 1e-2, double tol = 2e-3) {
   std::mt19937 rng(1234);
   const std::vector<float> out = forward(inputs);
   const std::vector<float> r = Random(out.size(), rng);
@@ -45,12 +47,13 @@ void CheckGradients(
   ASSERT_EQ(grads.size(), inputs.size());
   for (size_t which = 0; which < inputs.size(); ++which) {
     const std::vector<float> d = Random(inputs[which].size(), rng);
-    Tensors plus = inputs, minus = inputs;
-    for (size_t i = 0; i < d.size(); ++i) {
-      plus[which][i] += eps * d[i];
-      minus[which][i] -= eps * d[i];
-    }
-    const double numeric = (Dot(r, forward(plus)) - Dot(r, forward(minus))) / (2 * eps);
+    auto along = [&](double step) {
+      Tensors moved = inputs;
+      for (size_t i = 0; i < d.size(); ++i) moved[which][i] += static_cast<float>(step) * d[i];
+      return Dot(r, forward(moved));
+    };
+    const double numeric =
+        (8 * (along(eps) - along(-eps)) - (along(2 * eps) - along(-2 * eps))) / (12 * eps);
     const double analytic = Dot(grads[which], d);
     const double scale = std::max({std::abs(numeric), std::abs(analytic), 1e-2});
     EXPECT_LE(std::abs(numeric - analytic) / scale, tol)
