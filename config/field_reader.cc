@@ -276,6 +276,25 @@ absl::Status FieldReader::ReadInt32List(std::string_view key, std::vector<int32_
   return absl::OkStatus();
 }
 
+absl::Status FieldReader::ReadFloatList(std::string_view key, std::vector<float>* out) {
+  const YamlNode* value = Lookup(key);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->kind != YamlNode::Kind::kSequence) return TypeError(key, *value, "a list of numbers");
+  std::vector<float> read;
+  for (const YamlNode& item : value->items) {
+    double parsed = 0;
+    if (!IsPlainScalar(item) || !ParseDoubleText(item.value, &parsed) || !std::isfinite(parsed) ||
+        std::fabs(parsed) > std::numeric_limits<float>::max()) {
+      return LocatedError(
+          source_name_, item.mark, PathOf(key),
+          absl::StrCat("expected a finite 32-bit number, got ", DescribeNode(item)));
+    }
+    read.push_back(static_cast<float>(parsed));
+  }
+  *out = std::move(read);
+  return absl::OkStatus();
+}
+
 absl::Status FieldReader::ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out) {
   const YamlNode* value = Lookup(key);
   if (value == nullptr) return absl::OkStatus();

@@ -86,6 +86,8 @@ class FieldReader {
   [[nodiscard]] absl::Status ReadString(std::string_view key, std::string* out);
   // A sequence of integers (`[1, 2, 3]`), each in int32's range.
   [[nodiscard]] absl::Status ReadInt32List(std::string_view key, std::vector<int32_t>* out);
+  // A sequence of numbers (`[1.0, 1.5]`), each finite and in a 32-bit float's range.
+  [[nodiscard]] absl::Status ReadFloatList(std::string_view key, std::vector<float>* out);
   // An integer, or the word `auto`, which is read as nullopt.
   [[nodiscard]] absl::Status ReadInt64OrAuto(std::string_view key, std::optional<int64_t>* out);
   // A mapping of strings to strings (numbers and booleans are kept as written). Each entry's

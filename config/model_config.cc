@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "kernels/rope_frequencies.h"
 
 namespace trainyard::config {
 namespace {
@@ -245,6 +246,75 @@ absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
   return absl::OkStatus();
 }
 
+// Llama 3's and linear scaling's factors.
+absl::Status ValidateRopeFactor(const RopeScaling& r, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+  };
+  if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
+    return bad("factor", absl::StrCat("must be at least 1, got ", r.factor));
+  }
+  if (!(r.low_freq_factor > 0.0f) || !std::isfinite(r.low_freq_factor)) {
+    return bad("low_freq_factor", "must be positive");
+  }
+  if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
+    return bad("high_freq_factor", absl::StrCat("must exceed low_freq_factor ", r.low_freq_factor,
+                                                ", got ", r.high_freq_factor));
+  }
+  return absl::OkStatus();
+}
+
+// LongRoPE's: one positive factor per rotated pair in each list, and a positive attention factor.
+absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+  };
+  for (const auto& [factors, field] :
+       {std::pair{&r.short_factor, "short_factor"}, std::pair{&r.long_factor, "long_factor"}}) {
+    if (static_cast<int>(factors->size()) != pairs) {
+      return bad(field, absl::StrCat("needs one factor per rotated pair, ", pairs,
+                                     " (rope_dim / 2)", ", got ", factors->size()));
+    }
+    for (const float f : *factors) {
+      if (!(f > 0.0f) || !std::isfinite(f)) {
+        return bad(field, absl::StrCat("every factor must be positive, got ", f));
+      }
+    }
+  }
+  if (pairs > kernels::kMaxRopePairs) {
+    return bad("short_factor",
+               absl::StrCat("describes ", pairs, " pairs; at most ", kernels::kMaxRopePairs,
+                            " (a rotated part of ", 2 * kernels::kMaxRopePairs, ") are supported"));
+  }
+  if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
+    return bad("attention_factor", absl::StrCat("must be positive, got ", r.attention_factor));
+  }
+  return absl::OkStatus();
+}
+
+// model.rope_dim and model.rope_scaling.
+absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
+  };
+  if (c.rope_dim != 0) {
+    if (c.family != ModelFamily::kLlama) {
+      return bad("rope_dim", "only the llama family uses rotary position embeddings");
+    }
+    if (c.rope_dim < 0 || c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim()) {
+      return bad("rope_dim", absl::StrCat("must be even and at most head_dim ", c.head_dim(),
+                                          " (0 for all of it), got ", c.rope_dim));
+    }
+  }
+  const RopeScaling& r = c.rope_scaling;
+  if (!r.enabled()) return absl::OkStatus();
+  if (c.family != ModelFamily::kLlama) {
+    return bad("rope_scaling", "only the llama family uses rotary position embeddings");
+  }
+  if (r.original_max_seq < 1) return bad("rope_scaling.original_max_seq", "must be positive");
+  return r.longrope ? ValidateLongRope(r, c.rotary_dim() / 2, p) : ValidateRopeFactor(r, p);
+}
+
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
@@ -303,23 +373,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   }
   if (!(c.norm_eps > 0.0f)) return bad("norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0f)) return bad("rope_theta", "must be positive");
-  if (const RopeScaling& r = c.rope_scaling; r.enabled()) {
-    if (c.family != ModelFamily::kLlama) {
-      return bad("rope_scaling", "only the llama family uses rotary position embeddings");
-    }
-    if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
-      return bad("rope_scaling.factor", absl::StrCat("must be at least 1, got ", r.factor));
-    }
-    if (!(r.low_freq_factor > 0.0f) || !std::isfinite(r.low_freq_factor)) {
-      return bad("rope_scaling.low_freq_factor", "must be positive");
-    }
-    if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
-      return bad("rope_scaling.high_freq_factor",
-                 absl::StrCat("must exceed low_freq_factor ", r.low_freq_factor, ", got ",
-                              r.high_freq_factor));
-    }
-    if (r.original_max_seq < 1) return bad("rope_scaling.original_max_seq", "must be positive");
-  }
+  TY_RETURN_IF_ERROR(ValidateRope(c, p));
   return ValidateMoe(c, p);
 }
 

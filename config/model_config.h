@@ -70,10 +70,26 @@ struct RopeScaling {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_seq = 8192;  // the context the model was first trained on
+  // LongRoPE (transformers' rope_type longrope; factor stays 0): pair i of the rotated dimensions
+  // turns short_factor[i] times slower while a pass covers at most original_max_seq positions,
+  // long_factor[i] times beyond, and the cosines and sines are multiplied by attention_factor.
+  bool longrope = false;
+  std::vector<float> short_factor, long_factor;
+  float attention_factor = 1.0f;
 
-  bool enabled() const { return factor > 0.0f; }
+  bool enabled() const { return factor > 0.0f || longrope; }
   bool operator==(const RopeScaling&) const = default;
 };
+
+// LongRoPE's default attention factor (the paper's, transformers'): for a context extended
+// `extension` times past original_max_seq (transformers' factor, else max_position_embeddings /
+// original_max_position_embeddings), √(1 + ln extension / ln original_max_seq); 1 when it is not
+// extended.
+inline float LongRopeAttentionFactor(double extension, int original_max_seq) {
+  if (!(extension > 1.0) || original_max_seq < 2) return 1.0f;
+  return static_cast<float>(
+      std::sqrt(1.0 + std::log(extension) / std::log(static_cast<double>(original_max_seq))));
+}
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
@@ -124,6 +140,9 @@ struct ModelConfig {
   float logit_softcap = 0.0f;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Llama family: the dimensions of each query and key head that RoPE turns, the first ones
+  // (Phi-4 mini's partial_rotary_factor · head_dim); 0 for all head_dim of them.
+  int rope_dim = 0;
   RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
@@ -138,6 +157,7 @@ struct ModelConfig {
     const int dim = attention_scale_dim > 0 ? attention_scale_dim : head_dim();
     return 1.0f / std::sqrt(static_cast<float>(dim));
   }
+  int rotary_dim() const { return rope_dim > 0 ? rope_dim : head_dim(); }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }

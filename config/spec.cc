@@ -140,15 +140,45 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   return absl::OkStatus();
 }
 
-absl::Status ReadRopeScaling(FieldReader& r, RopeScaling* scaling) {
-  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
-      {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_seq"}));
+// LongRoPE's fields; attention_factor defaults to the paper's for max_seq over original_max_seq.
+absl::Status ReadLongRope(FieldReader& r, int max_seq, RopeScaling* scaling) {
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"}) {
+    if (r.Has(key)) {
+      return r.ErrorAt(key,
+                       "is not longrope's (its pairs' factors are short_factor and long_factor)");
+    }
+  }
+  for (const char* key : {"short_factor", "long_factor", "original_max_seq"}) {
+    if (!r.Has(key)) {
+      return r.ErrorAt(key,
+                       "required by longrope (one factor per rotated pair in each list, and "
+                       "the context the short factors serve)");
+    }
+  }
+  scaling->longrope = true;
+  TY_RETURN_IF_ERROR(r.ReadFloatList("short_factor", &scaling->short_factor));
+  TY_RETURN_IF_ERROR(r.ReadFloatList("long_factor", &scaling->long_factor));
+  TY_RETURN_IF_ERROR(r.ReadInt("original_max_seq", &scaling->original_max_seq));
+  scaling->attention_factor = LongRopeAttentionFactor(
+      static_cast<double>(max_seq) / scaling->original_max_seq, scaling->original_max_seq);
+  return r.ReadFloat("attention_factor", &scaling->attention_factor);
+}
+
+absl::Status ReadRopeScaling(FieldReader& r, int max_seq, RopeScaling* scaling) {
+  TY_RETURN_IF_ERROR(
+      r.ExpectMapWithKeys({"type", "factor", "low_freq_factor", "high_freq_factor",
+                           "original_max_seq", "short_factor", "long_factor", "attention_factor"}));
   std::string type;
   TY_RETURN_IF_ERROR(r.ReadString("type", &type));
-  if (type != "llama3" && type != "linear") {
+  if (type != "llama3" && type != "linear" && type != "longrope") {
     return r.ErrorAt("type", absl::StrCat(r.Has("type") ? "is '" + type + "'; it " : "",
-                                          "must be llama3 (Llama 3's scaling) or linear (position "
-                                          "interpolation), the ones Trainyard computes"));
+                                          "must be llama3 (Llama 3's scaling), linear (position "
+                                          "interpolation) or longrope (Phi-3.5's), the ones "
+                                          "Trainyard computes"));
+  }
+  if (type == "longrope") return ReadLongRope(r, max_seq, scaling);
+  for (const char* key : {"short_factor", "long_factor", "attention_factor"}) {
+    if (r.Has(key)) return r.ErrorAt(key, "is longrope's (type longrope)");
   }
   if (!r.Has("factor")) {
     return r.ErrorAt("factor", "required: how many times longer the context is than before");
@@ -185,6 +215,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "scale_embeddings",
                                           "norm_eps",
                                           "rope_theta",
+                                          "rope_dim",
                                           "rope_scaling",
                                           "recompute",
                                           "moe",
@@ -237,13 +268,14 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
     return r.ErrorAt("activation",
                      "is for the llama family (the gpt2 family's MLP is GELU, ungated)");
   }
-  for (const char* key : {"rope_theta", "rope_scaling"}) {
+  for (const char* key : {"rope_theta", "rope_dim", "rope_scaling"}) {
     if (gpt2 && r.Has(key)) {
       TY_RETURN_IF_ERROR(r.Inert(key, "only the llama family uses rotary position embeddings"));
     }
   }
+  if (!gpt2) TY_RETURN_IF_ERROR(r.ReadInt("rope_dim", &m.rope_dim));
   if (std::optional<FieldReader> scaling = r.Child("rope_scaling"); scaling && !gpt2) {
-    TY_RETURN_IF_ERROR(ReadRopeScaling(*scaling, &m.rope_scaling));
+    TY_RETURN_IF_ERROR(ReadRopeScaling(*scaling, m.max_seq, &m.rope_scaling));
   }
   if (std::optional<FieldReader> moe = r.Child("moe")) {
     TY_RETURN_IF_ERROR(ReadMoe(*moe, m.ffn_hidden, &m.moe));

@@ -9,6 +9,13 @@
 // / (high_freq_factor − low_freq_factor): (1 − s) · inv_freq / factor + s · inv_freq. This is
 // transformers' `rope_type: llama3`. Linear scaling (position interpolation, `rope_type: linear`)
 // turns every pair factor times slower: inv_freq / factor.
+//
+// Partial rotation (rotary_dim < d, Phi-4 mini's partial_rotary_factor): only the first
+// rotary_dim dimensions of each head turn, pair i being (i, i + rotary_dim / 2) at
+// theta^(−2i/rotary_dim); the rest pass through. LongRoPE (pairs > 0, transformers'
+// `rope_type: longrope`, Phi-3.5's and Phi-4 mini's) turns pair i pair_factor[i] times slower
+// and multiplies both the cosine and the sine by `magnitude` (its attention_factor), so each
+// query and key grows by that much.
 #ifndef TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
 #define TRAINYARD_KERNELS_ROPE_FREQUENCIES_H_
 
@@ -23,6 +30,10 @@
 
 namespace trainyard::kernels {
 
+// The most pairs LongRoPE's per-pair factors describe (heads of up to 256 rotated dimensions);
+// the factors travel by value, to the CUDA kernel too.
+inline constexpr int kMaxRopePairs = 128;
+
 struct RopeFrequencies {
   double theta = 10000.0;
   double factor = 0.0;  // 0: no scaling
@@ -30,11 +41,24 @@ struct RopeFrequencies {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   double original_max_seq = 8192.0;
+  int64_t rotary_dim = 0;  // the dimensions of a head that turn; 0: all of them
+  int pairs = 0;           // LongRoPE: pair_factor's length, rotary_dim / 2; 0: none
+  float pair_factor[kMaxRopePairs] = {};
+  double magnitude = 1.0;  // both cosine and sine times this (LongRoPE's attention factor)
 };
 
-// inv_freq(i) for pair i < d / 2, in fp64.
-TY_ROPE_HOST_DEVICE inline double RopeInvFreq(const RopeFrequencies& f, int64_t i, int64_t d) {
-  const double inv_freq = pow(f.theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+// The dimensions of a head of dimension d that turn.
+TY_ROPE_HOST_DEVICE inline int64_t RopeRotaryDim(const RopeFrequencies& f, int64_t d) {
+  return f.rotary_dim > 0 ? f.rotary_dim : d;
+}
+
+// inv_freq(i) for pair i < rotary_dim / 2 of a head whose rotated part is rotary_dim wide, in
+// fp64.
+TY_ROPE_HOST_DEVICE inline double RopeInvFreq(const RopeFrequencies& f, int64_t i,
+                                              int64_t rotary_dim) {
+  const double inv_freq =
+      pow(f.theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
+  if (f.pairs > 0) return inv_freq / static_cast<double>(f.pair_factor[i]);
   if (!(f.factor > 0.0)) return inv_freq;
   if (f.linear) return inv_freq / f.factor;
   const double wavelength = 2.0 * 3.14159265358979323846 / inv_freq;

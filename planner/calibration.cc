@@ -197,7 +197,18 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
                                    std::pair{"logit_softcap", m.logit_softcap}}) {
     if (cap != 0) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, cap);
   }
-  if (const config::RopeScaling& r = m.rope_scaling; r.enabled() && r.linear) {
+  if (m.rope_dim != 0) absl::StrAppend(&yaml, "  rope_dim: ", m.rope_dim, "\n");
+  auto floats = [](const std::vector<float>& v) {
+    return absl::StrJoin(v, ", ",
+                         [](std::string* out, float f) { absl::StrAppendFormat(out, "%.9g", f); });
+  };
+  if (const config::RopeScaling& r = m.rope_scaling; r.longrope) {
+    absl::StrAppendFormat(&yaml,
+                          "  rope_scaling: {type: longrope, original_max_seq: %d, short_factor: "
+                          "[%s], long_factor: [%s], attention_factor: %.9g}\n",
+                          r.original_max_seq, floats(r.short_factor), floats(r.long_factor),
+                          r.attention_factor);
+  } else if (r.enabled() && r.linear) {
     absl::StrAppendFormat(&yaml, "  rope_scaling: {type: linear, factor: %.9g}\n", r.factor);
   } else if (r.enabled()) {
     absl::StrAppendFormat(&yaml,

@@ -530,7 +530,9 @@ AttentionShape Model::AttentionOf(int layer) const {
 
 void Model::Rotate(int layer, Act* qkv, bool backward) {
   const Activations& a = *acts_;
-  const kernels::RopeFrequencies freq = RopeOf(config_, layer);
+  // Under context parallelism this rank holds two chunks of a sequence size() times as long.
+  const int64_t positions = int64_t{a.t} * cp_.size();
+  const kernels::RopeFrequencies freq = RopeOf(config_, layer, positions);
   const int64_t d = config_.head_dim();
   if (!cp_.enabled()) {
     const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};

@@ -8,15 +8,15 @@ namespace {
 
 void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
             const RopeFrequencies& freq, int64_t first_position, float direction) {
-  const int64_t half = d / 2;
+  const int64_t half = RopeRotaryDim(freq, d) / 2;
   std::vector<float> cos_table(t * half), sin_table(t * half);
   std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = RopeInvFreq(freq, i, d);
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = RopeInvFreq(freq, i, 2 * half);
   for (int64_t p = 0; p < t; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(first_position + p) * inv_freq[i];
-      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
-      sin_table[p * half + i] = static_cast<float>(direction * std::sin(angle));
+      cos_table[p * half + i] = static_cast<float>(freq.magnitude * std::cos(angle));
+      sin_table[p * half + i] = static_cast<float>(direction * freq.magnitude * std::sin(angle));
     }
   }
   const int64_t row_width = (heads + 2 * kv_heads) * d;

@@ -1,7 +1,8 @@
 // Rotary position embedding (half-split convention) applied in place to the query and key heads
-// of a packed qkv activation [b, t, (heads + 2·kv_heads) · d]: for i < d/2 the pair
-// (x[i], x[i + d/2]) of position p is rotated by p · inv_freq(i) (kernels/rope_frequencies.h:
-// theta^(-2i/d), or Llama 3's scaling of it). Row j of each sequence has position
+// of a packed qkv activation [b, t, (heads + 2·kv_heads) · d]: with r = the rotated dimensions
+// (d, or freq.rotary_dim), for i < r/2 the pair (x[i], x[i + r/2]) of position p is rotated by
+// p · inv_freq(i) (kernels/rope_frequencies.h: theta^(-2i/r), or a scaling of it) and scaled by
+// freq.magnitude; dimensions from r on pass through. Row j of each sequence has position
 // first_position + j (a chunk of a longer sequence under context parallelism).
 #ifndef TRAINYARD_KERNELS_CPU_ROPE_H_
 #define TRAINYARD_KERNELS_CPU_ROPE_H_
@@ -14,7 +15,8 @@ namespace trainyard::kernels::cpu {
 
 void RopeForward(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
                  const RopeFrequencies& freq, int64_t first_position);
-// The gradient of a rotation is the inverse rotation: applied in place to dqkv.
+// The gradient of a rotation is the inverse rotation (times the same magnitude): applied in
+// place to dqkv.
 void RopeBackward(float* dqkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
                   const RopeFrequencies& freq, int64_t first_position);
 

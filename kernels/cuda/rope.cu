@@ -20,17 +20,17 @@ template <typename T>
 __global__ void RopeKernel(T* qkv, int64_t rows, int64_t t, int64_t first_position,
                            int64_t rotated_heads, int64_t row_width, int64_t d,
                            RopeFrequencies freq, double direction) {
-  const int64_t half = d / 2;
+  const int64_t half = RopeRotaryDim(freq, d) / 2;
   const int64_t n = rows * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / half, i = idx - row * half;
     const int64_t p = first_position + row % t;
-    const double angle = static_cast<double>(p) * RopeInvFreq(freq, i, d);
+    const double angle = static_cast<double>(p) * RopeInvFreq(freq, i, 2 * half);
     double s, c;
     sincos(angle, &s, &c);
-    const float cs = static_cast<float>(c);
-    const float sn = static_cast<float>(direction * s);
+    const float cs = static_cast<float>(freq.magnitude * c);
+    const float sn = static_cast<float>(direction * freq.magnitude * s);
     T* x = qkv + row * row_width + i;
     for (int64_t h = 0; h < rotated_heads; ++h, x += d) {
       const float x1 = ToFloat(x[0]), x2 = ToFloat(x[half]);
@@ -51,12 +51,16 @@ absl::Status Rope(cudaStream_t stream, DType dtype, void* qkv, int64_t b, int64_
   TY_REQUIRE(freq.factor == 0.0 ||
              (freq.factor >= 1.0 && freq.low_freq_factor > 0.0 &&
               freq.high_freq_factor > freq.low_freq_factor && freq.original_max_seq > 0.0));
+  const int64_t rotary_dim = RopeRotaryDim(freq, d);
+  TY_REQUIRE(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= d);
+  TY_REQUIRE(freq.pairs == 0 || freq.pairs == rotary_dim / 2);
+  TY_REQUIRE(freq.pairs <= kMaxRopePairs && freq.magnitude > 0.0);
   TY_REQUIRE(first_position >= 0);
   if (b == 0) return absl::OkStatus();
   TY_REQUIRE(qkv != nullptr);
   const int64_t rows = b * t;
   const int64_t row_width = (heads + 2 * kv_heads) * d;
-  const unsigned int blocks = std::min(BlocksFor(rows * (d / 2), kThreads), kMaxBlocks);
+  const unsigned int blocks = std::min(BlocksFor(rows * (rotary_dim / 2), kThreads), kMaxBlocks);
   TY_DISPATCH_DTYPE(dtype, T, {
     RopeKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(qkv), rows, t, first_position,
                                                    heads + kv_heads, row_width, d, freq, direction);

@@ -28,17 +28,29 @@ struct Config {
   int64_t b, t, heads, kv_heads, d;
   float theta;
   int64_t first_position = 0;
-  double scaling = 0.0;  // Llama 3's factor over an original context of 8192 (0: none)
-  bool linear = false;   // the factor is linear scaling's (position interpolation)
+  double scaling = 0.0;    // Llama 3's factor over an original context of 8192 (0: none)
+  bool linear = false;     // the factor is linear scaling's (position interpolation)
+  int64_t rotary_dim = 0;  // the dimensions of each head that turn (0: d)
+  bool longrope = false;   // LongRoPE: pair i slowed 1 + 0.7·i times, magnitude 1.19
 
-  RopeFrequencies freq() const { return {.theta = theta, .factor = scaling, .linear = linear}; }
+  RopeFrequencies freq() const {
+    RopeFrequencies f{
+        .theta = theta, .factor = scaling, .linear = linear, .rotary_dim = rotary_dim};
+    if (longrope) {
+      f.pairs = static_cast<int>((rotary_dim > 0 ? rotary_dim : d) / 2);
+      for (int i = 0; i < f.pairs; ++i) f.pair_factor[i] = 1.0f + 0.7f * static_cast<float>(i);
+      f.magnitude = 1.19;
+    }
+    return f;
+  }
 };
 
 // Head dims 16/64/128, grouped-query (kv_heads < heads) and multi-head layouts, sequence
 // lengths that are not multiples of 32, up to 2047 positions (where an fp32 angle would be off);
 // chunks that start past position 0, one of them ending at position 4095; Llama 3's scaling
 // (whose three regimes a head of 128 at base 5e5 all has); linear scaling (Gemma 3's global
-// blocks'), from position 0 and past 8000.
+// blocks'), from position 0 and past 8000; Phi-4 mini's partial rotation (96 of 128) with and
+// without LongRoPE's per-pair factors and magnitude, and LongRoPE over a whole head of 96.
 constexpr Config kConfigs[] = {
     {1, 1, 1, 1, 16, 10000.0f},
     {2, 37, 4, 2, 16, 10000.0f},
@@ -53,25 +65,32 @@ constexpr Config kConfigs[] = {
     {1, 96, 4, 1, 128, 5e5f, 8100, 8.0},
     {2, 100, 4, 2, 64, 1e6f, 0, 8.0, true},
     {1, 96, 4, 1, 128, 1e6f, 8100, 4.0, true},
+    {2, 37, 4, 2, 128, 10000.0f, 0, 0.0, false, 96},
+    {1, 300, 3, 1, 96, 10000.0f, 4000, 0.0, false, 0, true},
+    {2, 65, 4, 2, 128, 10000.0f, 0, 0.0, false, 96, true},
 };
 
 std::string Label(DType dtype, const Config& c) {
-  return absl::StrCat(DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads,
-                      " kv_heads=", c.kv_heads, " d=", c.d, " theta=", c.theta,
-                      " first_position=", c.first_position, " scaling=", c.scaling,
-                      c.linear ? " linear" : "");
+  return absl::StrCat(
+      DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads, " kv_heads=", c.kv_heads,
+      " d=", c.d, " theta=", c.theta, " first_position=", c.first_position, " scaling=", c.scaling,
+      c.linear ? " linear" : "", " rotary_dim=", c.rotary_dim, c.longrope ? " longrope" : "");
 }
 
 int64_t Count(const Config& c) { return c.b * c.t * (c.heads + 2 * c.kv_heads) * c.d; }
 
-// True when the value heads of every row are bit for bit those of `want`.
+// True when the value heads of every row, and the dimensions of the query and key heads past
+// the rotated ones, are bit for bit those of `want`.
 bool ValuesUntouched(const std::vector<float>& got, const std::vector<float>& want,
                      const Config& c) {
   const int64_t width = (c.heads + 2 * c.kv_heads) * c.d;
   const int64_t v0 = (c.heads + c.kv_heads) * c.d;
+  const int64_t rotated = c.rotary_dim > 0 ? c.rotary_dim : c.d;
   for (int64_t row = 0; row < c.b * c.t; ++row) {
-    for (int64_t j = v0; j < width; ++j) {
-      if (got[row * width + j] != want[row * width + j]) return false;
+    for (int64_t j = 0; j < width; ++j) {
+      if ((j >= v0 || j % c.d >= rotated) && got[row * width + j] != want[row * width + j]) {
+        return false;
+      }
     }
   }
   return true;
@@ -121,13 +140,23 @@ TEST(CudaRope, BackwardMatchesCpu) {
 }
 
 // Backward is the transpose of a rotation, hence its inverse: forward then backward gives the
-// input back (fp32 storage; bf16 would round in between).
+// input back (fp32 storage; bf16 would round in between), its rotated dimensions times the
+// magnitude squared (LongRoPE's).
 TEST(CudaRope, BackwardUndoesForward) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(23);
   for (const Config& c : kConfigs) {
     SCOPED_TRACE(Label(DType::kF32, c));
     const std::vector<float> qkv = RandomActivation(Count(c), DType::kF32, rng);
+    std::vector<float> want = qkv;
+    const double squared = c.freq().magnitude * c.freq().magnitude;
+    const int64_t width = (c.heads + 2 * c.kv_heads) * c.d, rotated = RopeRotaryDim(c.freq(), c.d);
+    for (int64_t j = 0; j < static_cast<int64_t>(want.size()); ++j) {
+      const int64_t column = j % width;
+      if (column < (c.heads + c.kv_heads) * c.d && column % c.d < rotated) {
+        want[j] = static_cast<float>(want[j] * squared);
+      }
+    }
     DeviceTensor d_qkv(qkv, DType::kF32);
     absl::Status status = RopeForward(nullptr, DType::kF32, d_qkv.get(), c.b, c.t, c.heads,
                                       c.kv_heads, c.d, c.freq(), c.first_position);
@@ -135,7 +164,7 @@ TEST(CudaRope, BackwardUndoesForward) {
     status = RopeBackward(nullptr, DType::kF32, d_qkv.get(), c.b, c.t, c.heads, c.kv_heads, c.d,
                           c.freq(), c.first_position);
     ASSERT_TRUE(status.ok()) << status;
-    EXPECT_LE(RelativeError(d_qkv.Read(), qkv), Tolerance(DType::kF32));
+    EXPECT_LE(RelativeError(d_qkv.Read(), want), Tolerance(DType::kF32));
   }
 }
 
@@ -155,6 +184,18 @@ TEST(CudaRope, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   const RopeFrequencies shrinking{.theta = 1e4, .factor = 0.5};
   EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, shrinking, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const int64_t rotary : {5, 18}) {  // odd, or wider than the head
+    EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16,
+                          {.theta = 1e4, .rotary_dim = rotary}, 0)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  RopeFrequencies wrong_pairs{.theta = 1e4, .rotary_dim = 8, .pairs = 3};
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, wrong_pairs, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  RopeFrequencies vanishing{.theta = 1e4, .magnitude = 0.0};
+  EXPECT_EQ(RopeForward(nullptr, DType::kF32, x.get(), 1, 4, 1, 1, 16, vanishing, 0).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -190,6 +231,44 @@ TEST(RopeFrequencies, LinearScalingByHand) {
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_DOUBLE_EQ(RopeInvFreq(f, i, 8), std::pow(10000.0, -2.0 * i / 8) / 8) << "pair " << i;
   }
+}
+
+// LongRoPE divides each pair's frequency by its own factor, over the rotated dimensions only.
+TEST(RopeFrequencies, LongRopeByHand) {
+  RopeFrequencies f{.theta = 10000.0, .rotary_dim = 6, .pairs = 3};
+  f.pair_factor[0] = 1.0f;
+  f.pair_factor[1] = 2.5f;
+  f.pair_factor[2] = 40.0f;
+  EXPECT_EQ(RopeRotaryDim(f, 16), 6);
+  EXPECT_EQ(RopeRotaryDim({}, 16), 16);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(RopeInvFreq(f, i, 6), std::pow(10000.0, -2.0 * i / 6) / f.pair_factor[i]);
+  }
+}
+
+// The CPU reference by hand: a head of 8 whose first 4 dimensions turn (pairs (0, 2) and (1, 3))
+// at position 3 with LongRoPE's factors and magnitude; dimensions 4 to 7 and the value head pass.
+TEST(RopeFrequencies, CpuPartialLongRopeByHand) {
+  RopeFrequencies f{.theta = 100.0, .rotary_dim = 4, .pairs = 2, .magnitude = 1.5};
+  f.pair_factor[0] = 2.0f;
+  f.pair_factor[1] = 4.0f;
+  std::vector<float> qkv(4 * 3 * 8);  // t 4, one query, key and value head of 8
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.25f * static_cast<float>(i % 13) - 1.0f;
+  const std::vector<float> in = qkv;
+  cpu::RopeForward(qkv.data(), 1, 4, 1, 1, 8, f, 0);
+  const int64_t row = 3 * 24;  // position 3
+  for (int64_t head = 0; head < 2; ++head) {
+    const float* x = in.data() + row + head * 8;
+    const float* y = qkv.data() + row + head * 8;
+    for (int64_t i = 0; i < 2; ++i) {
+      const double angle = 3.0 * std::pow(100.0, -2.0 * i / 4) / f.pair_factor[i];
+      const double c = 1.5 * std::cos(angle), s = 1.5 * std::sin(angle);
+      EXPECT_NEAR(y[i], x[i] * c - x[i + 2] * s, 1e-6) << "head " << head << " pair " << i;
+      EXPECT_NEAR(y[i + 2], x[i + 2] * c + x[i] * s, 1e-6) << "head " << head << " pair " << i;
+    }
+    for (int64_t j = 4; j < 8; ++j) EXPECT_EQ(y[j], x[j]) << "head " << head << " dim " << j;
+  }
+  for (int64_t j = 16; j < 24; ++j) EXPECT_EQ(qkv[row + j], in[row + j]) << "value dim " << j;
 }
 
 }  // namespace

@@ -147,6 +147,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .full_layer = mesh.full_layer,
                      .post_norms = mesh.post_norms,
                      .softcaps = mesh.softcaps,
+                     .longrope = mesh.longrope,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -254,6 +255,15 @@ INSTANTIATE_TEST_SUITE_P(Gemma2, HfRoundTrip,
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
+
+// Partial RoPE with LongRoPE exports as Phi-3 (Phi3ForCausalLM's fused projections, its
+// partial_rotary_factor and rope_scaling) and reads back split over tensor-parallel ranks.
+INSTANTIATE_TEST_SUITE_P(
+    Phi3, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{
+                           .name = "phi3_longrope_tp2", .tp = 2, .longrope = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -410,13 +420,13 @@ int RunPython(const std::string& script, const std::string& args) {
 }
 
 // The oracle's logits and greedy tokens from the export of a model trained on one rank (`mesh`
-// says only whether it has experts), with `scaling` as its RoPE scaling (Llama).
+// says only what model it is), with `scaling` as its RoPE scaling when one is given (Llama).
 void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
                            const config::RopeScaling& scaling = {}) {
   const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
-  spec.model.rope_scaling = scaling;
+  if (scaling.enabled()) spec.model.rope_scaling = scaling;
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
 
@@ -550,6 +560,24 @@ TEST(HfOracleLlama3, ExportedFilesGiveTrainyardsLogits) {
 TEST(HfOracleLlamaLinearRope, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1"},
                         {.linear = true, .factor = 4.0f});
+}
+
+// Phi-4 mini's RoPE (10 of each head's 16 dimensions turned, with LongRoPE) travels as Phi-3's
+// partial_rotary_factor and longrope scaling. Its short factors serve passes of up to
+// original_max_seq positions, its long ones longer passes: with an original context of 6 every
+// pass is longer (the 16-position logits, the 8-token prompt, each generated token), with one of
+// 64 none is (40 positions at most), so that the cached generation and the oracle's recomputation
+// turn every position alike.
+TEST(HfOraclePhi3, PartialRopeWithLongRopeGivesTrainyardsLogits) {
+  for (const int original : {6, 64}) {
+    SCOPED_TRACE(absl::StrCat("original_max_seq ", original));
+    CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .longrope = true},
+                          {.original_max_seq = original,
+                           .longrope = true,
+                           .short_factor = {1.0f, 1.25f, 2.0f, 3.0f, 5.0f},
+                           .long_factor = {1.5f, 2.5f, 6.0f, 13.0f, 40.0f},
+                           .attention_factor = 1.1875f});
+  }
 }
 
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).

@@ -29,6 +29,9 @@ struct MeshCase {
   // Gemma 2's scores: scaled by 3^-1/2, both capped at 1
   // (small enough to bend a tiny model's scores and logits).
   bool softcaps = false;
+  // llama: Phi-4 mini's RoPE, 10 of the 16 dimensions of each head turned with LongRoPE whose
+  // original context, 16, is shorter than a 24-position sequence but longer than its chunks.
+  bool longrope = false;
   int micro_batch = 0;  // 0: the spec's
   int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -69,6 +72,14 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
+    if (mesh.longrope) {
+      spec->model.rope_dim = 10;
+      spec->model.rope_scaling = {.original_max_seq = 16,
+                                  .longrope = true,
+                                  .short_factor = {1.0f, 1.5f, 2.0f, 3.0f, 4.0f},
+                                  .long_factor = {2.0f, 3.0f, 5.0f, 11.0f, 30.0f},
+                                  .attention_factor = 1.2f};
+    }
   }
   if (mesh.softcaps) {
     spec->model.attention_scale_dim = 3;
@@ -223,6 +234,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_gemma", .cp = 2, .gemma = true, .seq_len = 24},
     // Capped scores in every block of the ring (the merge sees capped log-sum-exps).
     {.name = "cp2_softcaps", .cp = 2, .softcaps = true, .seq_len = 24},
+    // Every chunk turns with the long factors its whole sequence calls for.
+    {.name = "cp2_longrope", .cp = 2, .longrope = true, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},
     {.name = "cp2_pp2_il",

@@ -108,12 +108,18 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"attention_softcap\": " << c.attention_softcap
       << ", \"logit_softcap\": " << c.logit_softcap
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
-      << ", \"rope_theta\": " << c.rope_theta << ", \"batch\": " << kBatch
-      << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
-      << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
-      << ", \"schedule\": \"cosine\""
+      << ", \"rope_theta\": " << c.rope_theta << ", \"rope_dim\": " << c.rope_dim
+      << ", \"batch\": " << kBatch << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps
+      << ", \"lr\": " << o.lr << ", \"min_lr_ratio\": " << o.min_lr_ratio
+      << ", \"warmup_steps\": " << o.warmup_steps << ", \"schedule\": \"cosine\""
       << ", \"weight_decay\": " << o.weight_decay << ", \"beta1\": " << o.beta1
       << ", \"beta2\": " << o.beta2 << ", \"eps\": " << o.eps << ", \"grad_clip\": " << o.grad_clip;
+  if (const config::RopeScaling& r = c.rope_scaling; r.longrope) {
+    cfg << ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": ["
+        << absl::StrJoin(r.short_factor, ", ") << "], \"long_factor\": ["
+        << absl::StrJoin(r.long_factor, ", ") << "], \"original_max_seq\": " << r.original_max_seq
+        << ", \"attention_factor\": " << r.attention_factor << "}";
+  }
   if (c.moe.enabled()) {
     const config::MoeConfig& m = c.moe;
     cfg << ", \"moe\": {\"experts\": " << m.experts << ", \"top_k\": " << m.top_k
@@ -411,6 +417,28 @@ TEST(TorchOracle, LlamaWithSoftCapsAndScoreScale) {
   c.attention_scale_dim = 24;
   c.attention_softcap = 0.05f;
   c.logit_softcap = 0.75f;
+  CompareWithOracle(c);
+}
+
+// Phi-4 mini's RoPE: the first 10 of each head's 16 dimensions turn, with LongRoPE's factors —
+// the long ones, since the 32 positions exceed original_max_seq 24 — and its attention factor.
+TEST(TorchOracle, LlamaWithPartialRopeAndLongRope) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  ASSERT_EQ(c.head_dim(), 16);
+  c.rope_dim = 10;
+  c.rope_scaling = {.original_max_seq = 24,
+                    .longrope = true,
+                    .short_factor = {1.0f, 1.25f, 1.5f, 2.0f, 3.0f},
+                    .long_factor = {1.5f, 2.0f, 4.0f, 9.0f, 20.0f},
+                    .attention_factor = 1.25f};
+  ASSERT_GT(kSeq, c.rope_scaling.original_max_seq);
+  CompareWithOracle(c);
+}
+
+TEST(TorchOracle, LlamaWithPartialRopeRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.rope_dim = 6;
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

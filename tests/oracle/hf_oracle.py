@@ -377,15 +377,50 @@ def rope_tables(seq_len, head_dim, theta, scaling=None):
     """cos, sin [seq_len, head_dim]: inv_freq = 1 / theta^(arange(0, D, 2) / D) (scaled as Llama
     3 scales it when `scaling` is (factor, low_freq_factor, high_freq_factor, original), or
     divided by the factor when it is a number: transformers' rope_type "linear"), the angles
-    pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding)."""
+    pos * inv_freq concatenated with themselves (transformers' LlamaRotaryEmbedding). head_dim is
+    the rotated part of a head (Phi-3's partial_rotary_factor of it). A LongRope `scaling` divides
+    pair i's inv_freq by its short factor, or by its long one when the pass covers more than
+    original_max_position_embeddings positions, and multiplies cos and sin by attention_factor."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    if isinstance(scaling, float):
+    magnitude = 1.0
+    if isinstance(scaling, LongRope):
+        factors = scaling.long if seq_len > scaling.original else scaling.short
+        inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float64)
+        magnitude = scaling.attention_factor
+    elif isinstance(scaling, float):
         inv_freq = inv_freq / scaling
     elif scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat([angles, angles], dim=-1)
-    return torch.cos(emb), torch.sin(emb)
+    return torch.cos(emb) * magnitude, torch.sin(emb) * magnitude
+
+
+class LongRope:
+    """transformers' rope_type "longrope" (Phi-3's older "su"): per-pair factors short and long,
+    the context original they switch at (rope_scaling's original_max_position_embeddings, else the
+    config's, else max_position_embeddings), and attention_factor (else, with factor = rope_scaling's
+    factor or max_position_embeddings / original, sqrt(1 + ln factor / ln original) when factor
+    exceeds 1, else 1)."""
+
+    def __init__(self, cfg, scaling, rotary_dim):
+        sub = Config(scaling, cfg.path + ": rope_scaling")
+        pairs = rotary_dim // 2
+        for key in ("short_factor", "long_factor"):
+            factors = scaling.get(key)
+            if (not isinstance(factors, list) or len(factors) != pairs
+                    or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
+                raise InputError("%s: rope_scaling: %s must be %d positive numbers"
+                                 % (cfg.path, key, pairs))
+        self.short = [float(f) for f in scaling["short_factor"]]
+        self.long = [float(f) for f in scaling["long_factor"]]
+        max_positions = cfg.int("max_position_embeddings")
+        self.original = sub.int("original_max_position_embeddings",
+                                cfg.int("original_max_position_embeddings", max_positions))
+        factor = sub.positive("factor", max_positions / self.original)
+        default = (math.sqrt(1 + math.log(factor) / math.log(self.original)) if factor > 1
+                   else 1.0)
+        self.attention_factor = sub.positive("attention_factor", default)
 
 
 def rotate_half(x):
@@ -394,8 +429,13 @@ def rotate_half(x):
 
 
 def apply_rope(x, cos, sin):
-    """x [..., T, D] rotated by position: x*cos + rotate_half(x)*sin."""
-    return x * cos + rotate_half(x) * sin
+    """x [..., T, D] rotated by position: x*cos + rotate_half(x)*sin over the tables' first R
+    dimensions (all D, or Phi-3's partial rotation), the rest passed through."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    turned, kept = x[..., :r], x[..., r:]
+    return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
 
 
 class Gpt2:
@@ -503,6 +543,7 @@ class Llama:
         cfg.require("attention_bias", False, (False,), "projections without biases")
         cfg.require("mlp_bias", False, (False,), "projections without biases")
         self.scaling = None
+        self.rope_dim = self.rotary_dim(cfg)
         scaling = cfg.raw.get("rope_scaling")
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
         if kind == "llama3":
@@ -517,10 +558,16 @@ class Llama:
         elif kind == "linear":
             self.scaling = float(Config(scaling, cfg.path + ": rope_scaling")
                                  .positive("factor", _REQUIRED))
+        elif kind in ("longrope", "su"):
+            self.scaling = LongRope(cfg, scaling, self.rope_dim)
         elif scaling is not None and kind != "default":
-            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE, linear or "
-                             "llama3)" % (cfg.path, json.dumps(scaling)))
+            raise InputError("%s: rope_scaling = %s is not supported (plain RoPE, linear, "
+                             "llama3 or longrope)" % (cfg.path, json.dumps(scaling)))
         self.windows = [None] * self.layers  # each layer's sliding window, None for none
+
+    def rotary_dim(self, cfg):
+        """The dimensions of each head RoPE turns: all of them (Phi-3 may turn fewer)."""
+        return self.head_dim
 
     def read_activation(self, cfg):
         cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
@@ -572,7 +619,7 @@ class Llama:
 
     def forward(self, w, tokens):
         """tokens [B, T] -> logits [B, T, V]."""
-        cos, sin = rope_tables(tokens.shape[1], self.head_dim, self.theta, self.scaling)
+        cos, sin = rope_tables(tokens.shape[1], self.rope_dim, self.theta, self.scaling)
         group = self.heads // self.kv_heads
         x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
         for i in range(self.layers):
@@ -761,14 +808,19 @@ class Mistral(Llama):
 class Phi3(Mistral):
     """Phi3ForCausalLM: Mistral's model (its sliding window too) with the q, k and v projections
     stacked in self_attn.qkv_proj (rows q, then k, then v) and gate and up in mlp.gate_up_proj
-    (gate rows, then up rows), as Phi-3 and Phi-4 are published. RoPE must turn every dimension
-    (partial_rotary_factor 1)."""
+    (gate rows, then up rows), as Phi-3 and Phi-4 are published. RoPE turns the first
+    int(head_dim * partial_rotary_factor) dimensions of each head (Phi-4 mini's 0.75), the rest
+    pass through."""
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        if cfg.raw.get("partial_rotary_factor", 1.0) != 1.0:
-            raise InputError("%s: partial_rotary_factor %r is not supported (1.0 only)"
-                             % (cfg.path, cfg.raw["partial_rotary_factor"]))
+    def rotary_dim(self, cfg):
+        factor = cfg.raw.get("partial_rotary_factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise InputError("%s: partial_rotary_factor must be a number in (0, 1]" % cfg.path)
+        dim = int(self.head_dim * factor)
+        if dim < 2 or dim % 2:
+            raise InputError("%s: partial_rotary_factor %r turns %d dimensions (RoPE needs an "
+                             "even number)" % (cfg.path, factor, dim))
+        return dim
 
     def expected_tensors(self):
         H, KV, D, C, F_ = self.heads, self.kv_heads, self.head_dim, self.width, self.ffn

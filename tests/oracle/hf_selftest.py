@@ -10,6 +10,7 @@ generation, and every kind of malformed input, each of which must exit 2 with on
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -426,9 +427,10 @@ class HfOracleTest(unittest.TestCase):
         # Phi-3: Mistral's model with q, k, v stacked in qkv_proj and gate, up in gate_up_proj.
         phi3 = dict(mistral, model_type="phi3", architectures=["Phi3ForCausalLM"])
         self.check_against_torch_model("phi3_window", cfg, lambda p: phi3_hf_tensors(cfg, p), phi3)
-        phi4_mini = dict(phi3, partial_rotary_factor=0.75)
-        proc, _ = self.run_oracle(self.write_model("phi4_mini", phi4_mini,
-                                                   phi3_hf_tensors(cfg, params)), tokens)
+        # A partial_rotary_factor that turns an odd number of a head's 4 dimensions.
+        odd = dict(phi3, partial_rotary_factor=0.25)
+        proc, _ = self.run_oracle(self.write_model("phi3_odd", odd, phi3_hf_tensors(cfg, params)),
+                                  tokens)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("partial_rotary_factor", proc.stderr)
         cfg = small_cfg("llama", sliding_window=3, qkv_bias=True)
@@ -436,6 +438,34 @@ class HfOracleTest(unittest.TestCase):
                      use_sliding_window=True, sliding_window=3, max_window_layers=0)
         self.check_against_torch_model("qwen2_window", cfg, lambda p: llama_hf_tensors(cfg, p),
                                        qwen2)
+
+    def test_phi3_partial_longrope_matches_torch_model(self):
+        # Phi-4 mini's RoPE, small: half of each head of 8 turns (partial_rotary_factor 0.5), with
+        # LongRoPE's long factors (7 positions past an original context of 4) or its short ones
+        # (an original context of 16), and the attention factor given or, without one,
+        # sqrt(1 + ln 3 / ln 4) for max_position_embeddings 12 over 4.
+        short, long = [1.0, 1.5], [2.0, 9.0]
+        for label, original, given in (("long", 4, 1.3), ("short", 16, 1.3),
+                                       ("default_factor", 4, None)):
+            factor = given or math.sqrt(1 + math.log(12 / 4) / math.log(4))
+            cfg = small_cfg("llama", heads=2, kv_heads=1, rope_dim=4,
+                            rope_scaling={"type": "longrope", "short_factor": short,
+                                          "long_factor": long, "original_max_seq": original,
+                                          "attention_factor": factor})
+            scaling = {"type": "longrope", "short_factor": short, "long_factor": long}
+            if given:
+                scaling["attention_factor"] = given
+            phi3 = dict(llama_hf_config(cfg), model_type="phi3", architectures=["Phi3ForCausalLM"],
+                        partial_rotary_factor=0.5, original_max_position_embeddings=original,
+                        rope_scaling=scaling)
+            self.check_against_torch_model("phi3_longrope_" + label, cfg,
+                                           lambda p, cfg=cfg: phi3_hf_tensors(cfg, p), phi3)
+        # Factors for other than the rotated pairs are refused.
+        bad = dict(phi3, rope_scaling=dict(scaling, long_factor=[2.0]))
+        proc, _ = self.run_oracle(self.write_model("phi3_bad_factors", bad, []),
+                                  np.zeros((1, 2), np.int64))
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("long_factor must be 2 positive numbers", proc.stderr)
 
     def test_qwen3_matches_torch_model(self):
         # Llama with heads of 6 over a width of 16 (4 heads: the attention is 24 wide) and random

@@ -76,7 +76,9 @@ def normalize_config(cfg):
     logit_softcap = 0 (none; else the logits z become C*tanh(z/C), Gemma 2's
     final_logit_softcapping);
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
-    norm_eps = 1e-5; rope_theta = 10000; moe = MOE_DEFAULTS (dense), missing moe keys from
+    norm_eps = 1e-5; rope_theta = 10000; rope_dim = 0 (RoPE turns the first rope_dim dimensions
+    of each head, 0: all of them); rope_scaling = None (or LongRoPE's, _normalize_longrope);
+    moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
     """
@@ -175,8 +177,43 @@ def normalize_config(cfg):
     if family == "llama" and out["head_dim"] % 2 != 0:
         raise ConfigError("%s: RoPE needs an even head dimension, got %d"
                           % ("head_dim" if head_dim else "heads", out["head_dim"]))
+    out["rope_dim"] = _normalize_rope_dim(out.get("rope_dim", 0), out["head_dim"], family)
+    out["rope_scaling"] = _normalize_longrope(out.get("rope_scaling"),
+                                              out["rope_dim"] or out["head_dim"])
     out["moe"] = _normalize_moe(out.get("moe"), out["layers"])
     return out
+
+
+def _normalize_rope_dim(rope_dim, head_dim, family):
+    """The dimensions of each head RoPE turns (0: all head_dim of them), even and at most head_dim;
+    kept as given, so that a normalised config normalises to itself."""
+    if (isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim < 0
+            or rope_dim % 2 or rope_dim > head_dim or (rope_dim and family != "llama")):
+        raise ConfigError("rope_dim: an even integer from 0 (all) to head_dim %d, llama family "
+                          "only, got %r" % (head_dim, rope_dim))
+    return rope_dim
+
+
+def _normalize_longrope(scaling, rope_dim):
+    """None, or LongRoPE's {"type": "longrope", "short_factor", "long_factor": rope_dim / 2
+    positive numbers each, "original_max_seq": a positive integer, "attention_factor": a positive
+    number}."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict) or scaling.get("type") != "longrope":
+        raise ConfigError("rope_scaling: only {\"type\": \"longrope\", ...} is modelled here")
+    for key in ("short_factor", "long_factor"):
+        factors = scaling.get(key)
+        if (not isinstance(factors, list) or len(factors) != rope_dim // 2
+                or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
+            raise ConfigError("rope_scaling.%s: %d positive numbers" % (key, rope_dim // 2))
+    original = scaling.get("original_max_seq")
+    factor = scaling.get("attention_factor")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ConfigError("rope_scaling.original_max_seq: a positive integer")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ConfigError("rope_scaling.attention_factor: a positive number")
+    return dict(scaling, attention_factor=float(factor))
 
 
 def _normalize_moe(moe, layers):
@@ -239,18 +276,27 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None):
+def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None, longrope=None):
     """cos/sin tables [seq_len, head_dim/2] for the half-split RoPE convention.
 
     freq_i = theta^(-2i/D) for i in [0, D/2); angle = pos * freq_i. Computed in float64 and cast.
+    D is the rotated part of a head (rope_dim). With LongRoPE, freq_i is divided by its short
+    factor, or its long one when the sequence is longer than original_max_seq, and both tables
+    are multiplied by attention_factor.
     """
     half = head_dim // 2
     i = torch.arange(half, dtype=torch.float64, device=device)
     freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64, device=device),
                      -2.0 * i / head_dim)
+    magnitude = 1.0
+    if longrope is not None:
+        long = seq_len > longrope["original_max_seq"]
+        factors = longrope["long_factor" if long else "short_factor"]
+        freq = freq / torch.tensor(factors, dtype=torch.float64, device=device)
+        magnitude = longrope["attention_factor"]
     pos = torch.arange(seq_len, dtype=torch.float64, device=device)
     angle = pos[:, None] * freq[None, :]
-    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    return (magnitude * torch.cos(angle)).to(dtype), (magnitude * torch.sin(angle)).to(dtype)
 
 
 def softcap(x, cap):
@@ -259,13 +305,14 @@ def softcap(x, cap):
 
 
 def apply_rope(x, cos, sin):
-    """Rotates x [B, T, heads, D] with tables [T, D/2]: out[i] = x1*cos - x2*sin,
-    out[i + D/2] = x2*cos + x1*sin, where x1 = x[i], x2 = x[i + D/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    """Rotates x [B, T, heads, D] with tables [T, R/2] (R = D, or rope_dim): out[i] =
+    x1*cos - x2*sin, out[i + R/2] = x2*cos + x1*sin, where x1 = x[i], x2 = x[i + R/2]; the
+    dimensions from R on pass through."""
+    half = cos.shape[-1]
+    x1, x2, kept = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
     c = cos[None, :, None, :]
     s = sin[None, :, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, kept), dim=-1)
 
 
 class Attention(nn.Module):
@@ -282,10 +329,13 @@ class Attention(nn.Module):
         self.softcap = cfg["attention_softcap"]
         self.rope = cfg["family"] == "llama"
         self.rope_theta = cfg["rope_theta"]
+        self.rope_dim = cfg["rope_dim"] or self.head_dim
+        self.longrope = cfg["rope_scaling"]
         # 0: every earlier position (no window, or one of full_attention_layers)
         self.window = 0 if layer in cfg["full_attention_layers"] else cfg["sliding_window"]
         if self.window and cfg["rope_local_theta"]:  # a local block's own base (Gemma 3's)
             self.rope_theta = cfg["rope_local_theta"]
+            self.longrope = None
         bias = cfg["family"] == "gpt2"
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
@@ -299,8 +349,8 @@ class Attention(nn.Module):
     def _rope_tables(self, seq_len, dtype, device):
         key = (seq_len, dtype, device)
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_cos_sin(seq_len, self.head_dim, self.rope_theta, dtype,
-                                                 device)
+            self._rope_cache[key] = rope_cos_sin(seq_len, self.rope_dim, self.rope_theta, dtype,
+                                                 device, self.longrope)
         return self._rope_cache[key]
 
     def forward(self, x):

@@ -74,6 +74,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_attention_scale_dim(m.attention_scale_dim);
   s.set_attention_softcap(m.attention_softcap);
   s.set_logit_softcap(m.logit_softcap);
+  s.set_rope_dim(m.rope_dim);
   s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
                                          m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
@@ -85,6 +86,10 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     out.set_low_freq_factor(r.low_freq_factor);
     out.set_high_freq_factor(r.high_freq_factor);
     out.set_original_max_seq(r.original_max_seq);
+    out.set_longrope(r.longrope);
+    out.mutable_short_factor()->Add(r.short_factor.begin(), r.short_factor.end());
+    out.mutable_long_factor()->Add(r.long_factor.begin(), r.long_factor.end());
+    if (r.longrope) out.set_attention_factor(r.attention_factor);
   }
   if (m.moe.enabled()) {
     MoeSignature& moe = *s.mutable_moe();
@@ -122,6 +127,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.attention_scale_dim = s.attention_scale_dim();
   m.attention_softcap = s.attention_softcap();
   m.logit_softcap = s.logit_softcap();
+  m.rope_dim = s.rope_dim();
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
@@ -132,7 +138,11 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
                       .factor = r.factor(),
                       .low_freq_factor = r.low_freq_factor(),
                       .high_freq_factor = r.high_freq_factor(),
-                      .original_max_seq = r.original_max_seq()};
+                      .original_max_seq = r.original_max_seq(),
+                      .longrope = r.longrope(),
+                      .short_factor = {r.short_factor().begin(), r.short_factor().end()},
+                      .long_factor = {r.long_factor().begin(), r.long_factor().end()},
+                      .attention_factor = r.longrope() ? r.attention_factor() : 1.0f};
   }
   if (s.moe().experts() > 0) {
     if (s.moe().top_k() == 0) {

@@ -264,14 +264,50 @@ absl::Status ReadGpt2Config(const ConfigFields& f, ModelConfig& m) {
   return f.OneOf("activation_function", {"gelu_new", "gelu_pytorch_tanh"});
 }
 
-// rope_scaling: null, rope_type "default" (none), "linear" or "llama3" (also under the older key
-// "type").
+// A list of positive numbers (LongRoPE's per-pair factors).
+absl::Status ReadFactors(const ConfigFields& f, const std::string& key, std::vector<float>* out) {
+  const Value* value = f.Get(key);
+  if (value == nullptr) return f.Bad(key, "is missing");
+  if (value->kind_case() != Value::kListValue) return f.Bad(key, "must be a list of numbers");
+  out->clear();
+  for (const Value& v : value->list_value().values()) {
+    if (v.kind_case() != Value::kNumberValue || !(v.number_value() > 0) ||
+        !std::isfinite(v.number_value())) {
+      return f.Bad(key, "must be a list of positive numbers");
+    }
+    out->push_back(static_cast<float>(v.number_value()));
+  }
+  return absl::OkStatus();
+}
+
+// LongRoPE (rope_type "longrope", Phi-3's older "su"): the short and long per-pair factors; the
+// context they switch at, original_max_position_embeddings, in rope_scaling or beside it (Phi-3's
+// place), else max_position_embeddings; and attention_factor, else the paper's for `factor`
+// (else max_position_embeddings / original_max_position_embeddings), as transformers computes.
+absl::Status ReadLongRope(const ConfigFields& f, const ConfigFields& scaling, ModelConfig& m) {
+  config::RopeScaling& r = m.rope_scaling;
+  r.longrope = true;
+  TY_RETURN_IF_ERROR(ReadFactors(scaling, "short_factor", &r.short_factor));
+  TY_RETURN_IF_ERROR(ReadFactors(scaling, "long_factor", &r.long_factor));
+  r.original_max_seq = m.max_seq;
+  TY_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &r.original_max_seq, false));
+  TY_RETURN_IF_ERROR(
+      scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false));
+  float factor = static_cast<float>(static_cast<double>(m.max_seq) / r.original_max_seq);
+  TY_RETURN_IF_ERROR(scaling.Float("factor", &factor));
+  r.attention_factor = config::LongRopeAttentionFactor(factor, r.original_max_seq);
+  return scaling.Float("attention_factor", &r.attention_factor);
+}
+
+// rope_scaling: null, rope_type "default" (none), "linear", "llama3" or "longrope" (also under the
+// older key "type").
 absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   const Value* value = f.Get("rope_scaling");
   if (value == nullptr) return absl::OkStatus();
   auto unsupported = [&] {
     return f.Bad("rope_scaling",
-                 "is not supported (null, or rope_type \"llama3\", \"linear\" or \"default\")");
+                 "is not supported (null, or rope_type \"llama3\", \"linear\", "
+                 "\"longrope\" or \"default\")");
   };
   if (value->kind_case() != Value::kStructValue) return unsupported();
   const ConfigFields scaling(value->struct_value(), f.source() + ": rope_scaling");
@@ -279,6 +315,7 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   if (type == nullptr) type = scaling.Get("type");
   const std::string name = type != nullptr ? type->string_value() : "";
   if (name == "default") return absl::OkStatus();
+  if (name == "longrope" || name == "su") return ReadLongRope(f, scaling, m);
   if (name != "llama3" && name != "linear") return unsupported();
   config::RopeScaling& r = m.rope_scaling;
   r.factor = 0.0f;
@@ -480,18 +517,22 @@ absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
   return absl::OkStatus();
 }
 
-// Phi-3's (Phi3ForCausalLM, as Phi-3 and Phi-4 are published): Mistral's model and window (Phi-3
-// mini's 2047 positions), RoPE over each head's every dimension. Its longrope scaling (the 128k
-// models') is not Llama 3's and is refused with the other kinds.
+// Phi-3's (Phi3ForCausalLM, as Phi-3, Phi-3.5 and Phi-4 are published): Mistral's model and
+// window (Phi-3 mini's 2047 positions), RoPE over the first partial_rotary_factor of each head
+// (transformers truncates head_dim · factor; Phi-4 mini's 0.75 turns 96 of 128), and its longrope
+// scaling (the 128k models').
 absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
-  float rotary = 1.0f;
-  TY_RETURN_IF_ERROR(f.Float("partial_rotary_factor", &rotary));
-  if (rotary != 1.0f) {
-    return f.Bad("partial_rotary_factor",
-                 absl::StrCat("is ", rotary,
-                              " (Trainyard's RoPE turns every dimension of a head: "
-                              "1.0 only)"));
+  if (const Value* rotary = f.Get("partial_rotary_factor"); rotary != nullptr) {
+    const double factor = rotary->number_value();
+    const double dims = std::floor(static_cast<double>(m.head_dim()) * factor);
+    if (rotary->kind_case() != Value::kNumberValue || !(factor > 0 && factor <= 1) || dims < 2 ||
+        std::fmod(dims, 2.0) != 0) {
+      return f.Bad("partial_rotary_factor",
+                   absl::StrCat("must be in (0, 1] and turn an even number of each head's ",
+                                m.head_dim(), " dimensions"));
+    }
+    m.rope_dim = dims == m.head_dim() ? 0 : static_cast<int>(dims);
   }
   return ReadSlidingWindow(f, m);
 }
@@ -863,9 +904,93 @@ std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::s
       "\"\n}\n");
 }
 
+// A list of factors in config.json.
+std::string FactorsJson(const std::vector<float>& factors) {
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(factors, ", ",
+                    [](std::string* out, float f) { absl::StrAppend(out, ShortFloat(f)); }),
+      "]");
+}
+
+// partial_rotary_factor: rope_dim / head_dim, written with the digits that make transformers'
+// int(head_dim · factor) give rope_dim back (CheckPhi3Layout refuses a ratio that does not).
+std::string PartialRotaryJson(const ModelConfig& m) {
+  return absl::StrFormat("%.17g", static_cast<double>(m.rotary_dim()) / m.head_dim());
+}
+
+// config.json of Phi-3 (Phi3ForCausalLM): Mistral's fields, the rotated part of each head, and
+// LongRoPE as Phi-3.5's config writes it (the factors in rope_scaling, the context they switch at
+// beside it, attention_factor only when it is not the one max_position_embeddings implies).
+std::string Phi3ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::RopeScaling& r = m.rope_scaling;
+  std::string scaling = "null", original;
+  if (r.longrope) {
+    const float implied = config::LongRopeAttentionFactor(
+        static_cast<double>(m.max_seq) / r.original_max_seq, r.original_max_seq);
+    scaling =
+        absl::StrCat("{\"type\": \"longrope\", \"short_factor\": ", FactorsJson(r.short_factor),
+                     ", \"long_factor\": ", FactorsJson(r.long_factor),
+                     r.attention_factor != implied
+                         ? absl::StrCat(", \"attention_factor\": ", ShortFloat(r.attention_factor))
+                         : "",
+                     "}");
+    original = absl::StrCat(",\n  \"original_max_position_embeddings\": ", r.original_max_seq);
+  }
+  const std::string window =
+      m.sliding_window > 0 ? absl::StrCat(m.sliding_window) : std::string("null");
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"Phi3ForCausalLM\"],\n  \"model_type\": \"phi3\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
+      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
+      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
+      ",\n  \"max_position_embeddings\": ", m.max_seq, original,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m), ",\n  \"rope_scaling\": ", scaling,
+      ",\n  \"sliding_window\": ", window,
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+// Partial RoPE and LongRoPE travel as Phi-3 only: a Llama model with SwiGLU, heads of width /
+// heads, no biases, query and key norms, Gemma's options, MoE blocks or window-less blocks.
+absl::Status CheckPhi3Layout(const ModelConfig& m) {
+  if (HfExportProjections(m) != HfProjections::kFused) return absl::OkStatus();
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes partial RoPE (model.rope_dim) and LongRoPE in Phi-3's layout only "
+        "(SwiGLU, heads of width / heads, no biases, query and key norms, Gemma's options or "
+        "MoE blocks, the sliding window in every block or none)"));
+  };
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms) return bad("activation", "is Gemma's");
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  if (m.explicit_head_dim != 0) {
+    return bad("head_dim", absl::StrCat("is ", m.explicit_head_dim,
+                                        " (Phi-3's heads are width / "
+                                        "heads wide)"));
+  }
+  if (!m.full_attention_layers.empty()) return bad("full_attention_layers", "is set");
+  const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
+  if (static_cast<int>(std::floor(m.head_dim() * factor)) != m.rotary_dim()) {
+    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
+                                        "head_dim ", m.head_dim(), " gives back"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+HfProjections HfExportProjections(const ModelConfig& m) {
+  const bool phi3 = m.family == ModelFamily::kLlama && (m.rope_dim != 0 || m.rope_scaling.longrope);
+  return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
+}
+
 absl::Status CheckHfWritable(const ModelConfig& m) {
+  TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
   const std::vector<int32_t>& full = m.full_attention_layers;
   if (m.post_norms && !m.qk_norm && m.sliding_window > 0 && GemmaWindowPattern(m) != 2) {
     return absl::UnimplementedError(absl::StrCat(
@@ -905,6 +1030,9 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
+  if (HfExportProjections(m) == HfProjections::kFused) {
+    return Phi3ConfigJson(m, tied, torch_dtype);
+  }
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 

@@ -84,6 +84,10 @@ std::optional<std::string> HfLookupName(const std::string& stored, config::Model
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(
     const config::ModelConfig& model, HfProjections projections = HfProjections::kSeparate);
 
+// The projections Trainyard writes `model` with: Phi-3's fused ones for a model that only
+// Phi3ForCausalLM describes (partial RoPE or LongRoPE), else separate ones.
+HfProjections HfExportProjections(const config::ModelConfig& model);
+
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid
 // out as Hugging Face's tensor, less the tensor's shift; and back, plus the shift.
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs);
@@ -91,8 +95,8 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
 
 // OK when a config.json Trainyard writes describes `model`; UNIMPLEMENTED, naming the field,
 // for a sliding window in some blocks only that is not Qwen's max_window_layers (a model with
-// qkv_bias or qk_norm whose full-attention blocks come first). What HfTensors refuses is
-// refused there.
+// qkv_bias or qk_norm whose full-attention blocks come first), or for partial RoPE or LongRoPE
+// outside Phi-3's layout. What HfTensors refuses is refused there.
 [[nodiscard]] absl::Status CheckHfWritable(const config::ModelConfig& model);
 
 // config.json for `model` with `dtype` as its torch_dtype.

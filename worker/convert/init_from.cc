@@ -191,8 +191,18 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
     return Differ("rope_local_theta", num(file.rope_local_theta), source,
                   num(spec.rope_local_theta));
   }
+  if (file.rotary_dim() != spec.rotary_dim()) {
+    return Differ("rope_dim", absl::StrCat(file.rotary_dim()), source,
+                  absl::StrCat(spec.rotary_dim()));
+  }
   if (file.rope_scaling != spec.rope_scaling) {
     auto text = [](const config::RopeScaling& r) {
+      if (r.longrope) {
+        return absl::StrCat("longrope (original_max_seq ", r.original_max_seq, ", short_factor [",
+                            absl::StrJoin(r.short_factor, ", "), "], long_factor [",
+                            absl::StrJoin(r.long_factor, ", "), "], attention_factor ",
+                            r.attention_factor, ")");
+      }
       if (r.enabled() && r.linear) return absl::StrCat("linear (factor ", r.factor, ")");
       return r.enabled()
                  ? absl::StrCat("llama3 (factor ", r.factor, ", low_freq_factor ",

@@ -448,6 +448,8 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
        "data.markov", "only used when source is markov"},
       {"rope on gpt2", "name: job\nmodel: {preset: gpt2-debug, rope_theta: 1e4}\n", "2:41",
        "model.rope_theta", "only the llama family"},
+      {"rope_dim on gpt2", "name: job\nmodel: {preset: gpt2-debug, rope_dim: 4}\n", "2:39",
+       "model.rope_dim", "only the llama family"},
       {"rope scaling on gpt2",
        "name: job\nmodel: {preset: gpt2-debug, rope_scaling: {type: llama3, factor: 8}}\n", "2:43",
        "model.rope_scaling", "only the llama family"},
@@ -459,6 +461,33 @@ std::vector<BadSpec> BadSpecs() {
       {"rope scaling of another type",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8}}\n", "2:51",
        "model.rope_scaling.type", "is 'yarn'; it must be llama3"},
+      {"longrope with a factor",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: longrope, factor: 8}}\n",
+       "2:69", "model.rope_scaling.factor", "is not longrope's"},
+      {"longrope without long factors",
+       "name: job\nmodel: {preset: llama-debug, rope_dim: 2, rope_scaling: {type: longrope, "
+       "original_max_seq: 8, short_factor: [1]}}\n",
+       "2:57", "model.rope_scaling.long_factor", "required by longrope"},
+      {"longrope factors for other pairs",
+       "name: job\nmodel: {preset: llama-debug, rope_dim: 4, rope_scaling: {type: longrope, "
+       "original_max_seq: 8, short_factor: [1], long_factor: [2]}}\n",
+       "2:109", "model.rope_scaling.short_factor", "needs one factor per rotated pair, 2"},
+      {"longrope factor not positive",
+       "name: job\nmodel: {preset: llama-debug, rope_dim: 2, rope_scaling: {type: longrope, "
+       "original_max_seq: 8, short_factor: [1], long_factor: [0]}}\n",
+       "2:127", "model.rope_scaling.long_factor", "every factor must be positive"},
+      {"longrope factor not a number",
+       "name: job\nmodel: {preset: llama-debug, rope_dim: 2, rope_scaling: {type: longrope, "
+       "original_max_seq: 8, short_factor: [x], long_factor: [1]}}\n",
+       "2:110", "model.rope_scaling.short_factor", "expected a finite 32-bit number"},
+      {"llama3 scaling with longrope's factors",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
+       "short_factor: [1]}}\n",
+       "2:84", "model.rope_scaling.short_factor", "is longrope's"},
+      {"odd rope_dim", "name: job\nmodel: {preset: llama-debug, rope_dim: 5}\n", "2:40",
+       "model.rope_dim", "must be even and at most head_dim 16"},
+      {"rope_dim wider than the head", "name: job\nmodel: {preset: llama-debug, rope_dim: 18}\n",
+       "2:40", "model.rope_dim", "must be even and at most head_dim 16"},
       {"linear rope scaling with Llama 3's bands",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: linear, factor: 8, "
        "low_freq_factor: 2}}\n",

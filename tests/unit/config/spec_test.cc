@@ -485,6 +485,38 @@ TEST(ParseJobSpecTest, RopeScaling) {
   EXPECT_EQ(linear.model.rope_scaling, (config::RopeScaling{.linear = true, .factor = 8.0f}));
 }
 
+// Phi-4 mini's RoPE: part of each head (rope_dim) turned with LongRoPE's per-pair factors; the
+// attention factor is the paper's for max_seq over original_max_seq unless given.
+TEST(ParseJobSpecTest, PartialRopeAndLongRope) {
+  const JobSpec phi = MustParse(
+      "name: phi\nmodel:\n  preset: llama-debug\n  max_seq: 128\n  rope_dim: 4\n"
+      "  rope_scaling: {type: longrope, original_max_seq: 32, short_factor: [1, 1.5],\n"
+      "                 long_factor: [2.5, 7]}\n");
+  EXPECT_EQ(phi.model.rope_dim, 4);
+  EXPECT_EQ(phi.model.rotary_dim(), 4);
+  const config::RopeScaling& r = phi.model.rope_scaling;
+  EXPECT_TRUE(r.enabled());
+  EXPECT_TRUE(r.longrope);
+  EXPECT_EQ(r.factor, 0.0f);
+  EXPECT_EQ(r.original_max_seq, 32);
+  EXPECT_EQ(r.short_factor, (std::vector<float>{1.0f, 1.5f}));
+  EXPECT_EQ(r.long_factor, (std::vector<float>{2.5f, 7.0f}));
+  // √(1 + ln 4 / ln 32) for a context 4 times the original.
+  EXPECT_FLOAT_EQ(r.attention_factor, std::sqrt(1.0f + std::log(4.0f) / std::log(32.0f)));
+  const JobSpec given = MustParse(
+      "name: phi\nmodel:\n  preset: llama-debug\n  rope_scaling: {type: longrope, "
+      "original_max_seq: 32,\n    short_factor: [1, 1, 1, 1, 1, 1, 1, 1], long_factor: [2, 2, 2, "
+      "2, 2, 2, 2, 2], attention_factor: 1.5}\n");
+  EXPECT_EQ(given.model.rope_dim, 0);
+  EXPECT_EQ(given.model.rotary_dim(), 16);
+  EXPECT_EQ(given.model.rope_scaling.attention_factor, 1.5f);
+  // No longer context than the original: no magnitude.
+  const JobSpec same = MustParse(
+      "name: phi\nmodel:\n  preset: llama-debug\n  rope_dim: 2\n  rope_scaling: {type: longrope, "
+      "original_max_seq: 64, short_factor: [1], long_factor: [3]}\n");
+  EXPECT_EQ(same.model.rope_scaling.attention_factor, 1.0f);
+}
+
 TEST(ParseJobSpecTest, MoeDefaults) {
   const MoeConfig dense = MustParse("name: dense\nmodel: {preset: gpt2-debug}\n").model.moe;
   EXPECT_EQ(dense.experts, 0);

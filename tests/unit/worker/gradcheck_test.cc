@@ -162,20 +162,32 @@ TEST_F(GradCheck, GatedUnits) {
 constexpr kernels::RopeFrequencies kScaledRope{
     .theta = 10000.0, .factor = 4.0, .original_max_seq = 8.0};
 
-TEST_F(GradCheck, Rope) {
+// RoPE with `freq` on a chunk starting at `first_position`.
+void CheckRope(Backend& be, const kernels::RopeFrequencies& freq, int64_t first_position,
+               std::mt19937& rng) {
   const AttentionShape s{2, 5, 4, 2, 6};
   const int64_t n = s.batch * s.seq * (s.heads + 2 * s.kv_heads) * s.head_dim;
   auto fwd = [&](const Tensors& in) {
     std::vector<float> x = in[0];
-    be_->Rope(A(x.data()), s, kScaledRope, 0);
+    be.Rope(A(x.data()), s, freq, first_position);
     return x;
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{dout};
-    be_->RopeBackward(A(g[0].data()), s, kScaledRope, 0);
+    be.RopeBackward(A(g[0].data()), s, freq, first_position);
     return g;
   };
-  CheckGradients("rope", {Random(n, rng_)}, fwd, bwd);
+  CheckGradients("rope", {Random(n, rng)}, fwd, bwd);
+}
+
+TEST_F(GradCheck, Rope) { CheckRope(*be_, kScaledRope, 0, rng_); }
+
+// Phi-4 mini's: 4 of the 6 dimensions turn, with LongRoPE's per-pair factors and magnitude.
+TEST_F(GradCheck, PartialLongRope) {
+  kernels::RopeFrequencies freq{.theta = 100.0, .rotary_dim = 4, .pairs = 2, .magnitude = 1.3};
+  freq.pair_factor[0] = 1.5f;
+  freq.pair_factor[1] = 7.0f;
+  CheckRope(*be_, freq, 3, rng_);
 }
 
 void CheckAttention(Backend& be, const AttentionShape& s, std::mt19937& rng) {

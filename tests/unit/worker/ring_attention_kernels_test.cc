@@ -16,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "config/model_config.h"
 #include "gtest/gtest.h"
 #include "worker/backend.h"
+#include "worker/rope.h"
 
 namespace trainyard::worker {
 namespace {
@@ -549,6 +551,42 @@ TEST_F(RingAttentionKernels, RopeWithFirstPositionRotatesAChunkAsTheWholeSequenc
     be_->RopeBackward(A(got.data()), chunk, theta, first);
     EXPECT_LE(MaxAbsDiff(got, rows_of(backward)), 1e-6);
   }
+}
+
+// LongRoPE's factors follow the positions a pass covers, not a chunk's own: a rank of a cp 2 ring
+// holding 12 of 24 positions turns with the long factors that 24 positions past an original 16
+// call for; a pass of 16 or fewer positions with the short ones. A local block with its own base
+// takes neither; the rotated part (model.rope_dim) and the magnitude travel with both.
+TEST(RopeOfModel, LongRopeFactorsFollowThePassLength) {
+  config::ModelConfig m = *config::Preset("llama-debug");
+  m.rope_dim = 4;
+  m.rope_scaling = {.original_max_seq = 16,
+                    .longrope = true,
+                    .short_factor = {1.0f, 2.0f},
+                    .long_factor = {3.0f, 50.0f},
+                    .attention_factor = 1.25f};
+  ASSERT_TRUE(config::ValidateModelConfig(m, "model").ok());
+  for (const int64_t positions : {1, 12, 16, 17, 24}) {
+    const kernels::RopeFrequencies f = RopeOf(m, 0, positions);
+    SCOPED_TRACE(positions);
+    EXPECT_EQ(f.rotary_dim, 4);
+    EXPECT_EQ(f.pairs, 2);
+    EXPECT_EQ(f.magnitude, 1.25);
+    EXPECT_EQ(f.factor, 0.0);
+    const std::vector<float>& want =
+        positions > 16 ? m.rope_scaling.long_factor : m.rope_scaling.short_factor;
+    EXPECT_EQ(f.pair_factor[0], want[0]);
+    EXPECT_EQ(f.pair_factor[1], want[1]);
+  }
+  m.sliding_window = 4;
+  m.full_attention_layers = {1};
+  m.rope_local_theta = 500.0f;
+  const kernels::RopeFrequencies local = RopeOf(m, 0, 24);
+  EXPECT_EQ(local.theta, 500.0);
+  EXPECT_EQ(local.pairs, 0);
+  EXPECT_EQ(local.magnitude, 1.0);
+  EXPECT_EQ(local.rotary_dim, 4);
+  EXPECT_EQ(RopeOf(m, 1, 24).pairs, 2);
 }
 
 TEST_F(RingAttentionKernels, CopyRowsCopiesTheLeadingColumnsOfEachRow) {

@@ -308,6 +308,18 @@ TEST(CheckpointFormatTest, TheSignatureCarriesTheRopeScaling) {
   read = ModelFromSignature(SignatureOf(model));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->rope_scaling, model.rope_scaling);
+  // LongRoPE's factors and magnitude, over the part of each head model.rope_dim turns.
+  model.rope_dim = 4;
+  model.rope_scaling = {.original_max_seq = 32,
+                        .longrope = true,
+                        .short_factor = {1.0f, 1.0800000429153442f},
+                        .long_factor = {3.5f, 41.25f},
+                        .attention_factor = 1.1902380714238083f};
+  read = ModelFromSignature(SignatureOf(model));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rope_scaling, model.rope_scaling);
+  EXPECT_EQ(read->rope_dim, 4);
+  EXPECT_EQ(ModelFromSignature(SignatureOf(*config::Preset("llama-debug")))->rope_dim, 0);
 }
 
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {

@@ -513,18 +513,148 @@ TEST(HfFormat, Phi3ConfigReadsAsLlamaWithItsWindowAndFusedProjections) {
   // Written back it is Mistral's config with the window (transformers loads it as the same model).
   EXPECT_THAT(HfConfigJson(*m, TensorDtype::kBF16), HasSubstr("\"model_type\": \"mistral\""));
 
-  // Phi-4 mini turns 3/4 of each head; the 128k models scale RoPE with longrope.
+  // A partial_rotary_factor that turns an odd number of dimensions, or none; LongRoPE without its
+  // long factors.
   auto with = [&](const std::string& from, const std::string& to) {
     std::string changed = json;
     changed.replace(changed.find(from), from.size(), to);
     return std::string(ModelFromHfConfig(changed, "p/config.json").status().message());
   };
-  EXPECT_EQ(with("\"rope_theta\"", "\"partial_rotary_factor\": 0.75, \"rope_theta\""),
-            "p/config.json: partial_rotary_factor is 0.75 (Trainyard's RoPE turns every dimension "
-            "of a head: 1.0 only)");
-  EXPECT_THAT(with("\"rope_scaling\": null",
-                   "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0]}"),
+  EXPECT_THAT(with("\"rope_theta\"", "\"partial_rotary_factor\": 0.4948, \"rope_theta\""),
+              HasSubstr("p/config.json: partial_rotary_factor must be in (0, 1] and turn an even "
+                        "number of each head's 96 dimensions"));
+  for (const char* factor : {"0.01", "1.5", "0", "\"half\""}) {
+    EXPECT_THAT(with("\"rope_theta\"",
+                     absl::StrCat("\"partial_rotary_factor\": ", factor, ", \"rope_theta\"")),
+                HasSubstr("partial_rotary_factor must be in (0, 1]"))
+        << factor;
+  }
+  EXPECT_EQ(with("\"rope_scaling\": null",
+                 "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0]}"),
+            "p/config.json: rope_scaling: long_factor is missing");
+  EXPECT_THAT(with("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}"),
               HasSubstr("p/config.json: rope_scaling is not supported"));
+}
+
+// Phi-3.5 mini's published config.json: Phi-3 mini's model with LongRoPE over each head's 96
+// dimensions (48 short and 48 long factors, switching past original_max_position_embeddings
+// 4096, the context 32 times longer: attention factor √(1 + ln 32 / ln 4096)).
+constexpr char kPhi35MiniConfig[] = R"({
+  "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+  "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "model_type": "phi3", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+  "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "long_factor": [1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601,
+      1.5899999141693115, 1.600000023841858, 1.6200000047683716, 2.620000123977661,
+      3.2300000190734863, 3.2300000190734863, 4.789999961853027, 7.400000095367432,
+      7.700000286102295, 9.09000015258789, 12.199999809265137, 17.670000076293945,
+      24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+      32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992,
+      50.340003967285156, 50.45000457763672, 57.55000305175781, 57.93000411987305,
+      58.21000289916992, 60.1400032043457, 62.61000442504883, 62.62000274658203,
+      62.71000289916992, 63.1400032043457, 63.1400032043457, 63.77000427246094,
+      63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+      64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938,
+      64.4800033569336, 64.51000213623047, 64.52999877929688, 64.83999633789062],
+    "short_factor": [1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705,
+      1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0499999523162842,
+      1.0499999523162842, 1.0699999332427979, 1.0999999046325684, 1.1099998950958252,
+      1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+      1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083,
+      1.8499997854232788, 1.8799997568130493, 1.9099997282028198, 1.9399996995925903,
+      1.9899996519088745, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+      2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0299997329711914,
+      2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+      2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+      2.0799996852874756, 2.0899996757507324, 2.189999580383301, 2.2199995517730713,
+      2.5899994373321533, 2.729999542236328, 2.749999523162842, 2.8399994373321533],
+    "type": "longrope"},
+  "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.46.3", "use_cache": true,
+  "vocab_size": 32064})";
+
+TEST(HfFormat, Phi35MiniConfigReadsWithLongRope) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kPhi35MiniConfig, "Phi-3.5-mini-instruct/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.projections, HfProjections::kFused);
+  EXPECT_EQ(m->sliding_window, 0);  // 262144 spans the 131072 positions
+  EXPECT_EQ(m->rope_dim, 0);
+  const config::RopeScaling& r = m->rope_scaling;
+  EXPECT_TRUE(r.longrope);
+  EXPECT_EQ(r.original_max_seq, 4096);
+  ASSERT_EQ(r.short_factor.size(), 48u);
+  ASSERT_EQ(r.long_factor.size(), 48u);
+  EXPECT_EQ(r.short_factor[1], 1.0199999809265137f);
+  EXPECT_EQ(r.long_factor[47], 64.83999633789062f);
+  EXPECT_FLOAT_EQ(r.attention_factor, std::sqrt(1.0f + std::log(32.0f) / std::log(4096.0f)));
+  EXPECT_NEAR(r.attention_factor, 1.1902381, 1e-6);
+  EXPECT_TRUE(config::ValidateModelConfig(*m, "model").ok());
+  EXPECT_EQ(m->ParameterCount(), 3821079552);  // Phi-3 mini's
+  // Written back as Phi-3: the factors, the context beside rope_scaling, no attention_factor
+  // (the one max_position_embeddings implies); it reads as the same model.
+  EXPECT_EQ(HfExportProjections(*m), HfProjections::kFused);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Phi3ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"original_max_position_embeddings\": 4096"));
+  EXPECT_THAT(written, HasSubstr("\"type\": \"longrope\", \"short_factor\": [1.0, 1.02, 1.03"));
+  EXPECT_THAT(written, Not(HasSubstr("attention_factor")));
+  EXPECT_TRUE(CheckHfWritable(*m).ok());
+  HfLayout back_layout;
+  auto back = ModelFromHfConfig(written, "out/config.json", &back_layout);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back_layout.projections, HfProjections::kFused);
+  EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  // Another attention factor is written out; so is rope_type su's model (Phi-3's first name).
+  config::ModelConfig other = *m;
+  other.rope_scaling.attention_factor = 1.5f;
+  const std::string other_json = HfConfigJson(other, TensorDtype::kBF16);
+  EXPECT_THAT(other_json, HasSubstr("\"attention_factor\": 1.5"));
+  EXPECT_EQ(ModelFromHfConfig(other_json, "o/config.json")->rope_scaling, other.rope_scaling);
+  std::string su = kPhi35MiniConfig;
+  su.replace(su.find("\"longrope\""), 10, "\"su\"");
+  EXPECT_EQ(ModelFromHfConfig(su, "su/config.json")->rope_scaling, r);
+}
+
+// Phi-4 mini's shape (24 heads of 128 over 8 key/value heads, tied embeddings, a vocabulary of
+// 200064) turns 3/4 of each head: 96 dimensions, 48 LongRoPE pairs (Phi-3.5's factors stand in).
+// 3,836,021,760 parameters by hand: embeddings 200064 · 3072 (tied); per layer q and o
+// 2 · 3072², k and v 2 · 1024 · 3072, gate_up 2 · 8192 · 3072, down 8192 · 3072, two norms:
+// 100,669,440, times 32; the final norm.
+TEST(HfFormat, Phi4MiniConfigTurnsThreeQuartersOfEachHead) {
+  std::string json = kPhi35MiniConfig;
+  auto set = [&](const std::string& from, const std::string& to) {
+    ASSERT_NE(json.find(from), std::string::npos) << from;
+    json.replace(json.find(from), from.size(), to);
+  };
+  set("\"num_attention_heads\": 32", "\"num_attention_heads\": 24");
+  set("\"num_key_value_heads\": 32", "\"num_key_value_heads\": 8, \"partial_rotary_factor\": 0.75");
+  set("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+  set("\"vocab_size\": 32064", "\"vocab_size\": 200064");
+  auto m = ModelFromHfConfig(json, "Phi-4-mini-instruct/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rope_dim, 96);
+  EXPECT_EQ(m->rotary_dim(), 96);
+  EXPECT_TRUE(config::ValidateModelConfig(*m, "model").ok());
+  EXPECT_EQ(m->ParameterCount(), 3836021760);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"partial_rotary_factor\": 0.75,"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rope_dim, 96);
+  EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+  // Partial RoPE travels as Phi-3 only: not with Qwen2's biases nor wider heads.
+  config::ModelConfig biased = *m;
+  biased.qkv_bias = true;
+  EXPECT_THAT(CheckHfWritable(biased).message(), HasSubstr("model.qkv_bias: is true"));
+  config::ModelConfig wide = *m;
+  wide.explicit_head_dim = 160;
+  EXPECT_THAT(CheckHfWritable(wide).message(), HasSubstr("model.head_dim: is 160"));
 }
 
 // Phi-4's published config: Phi3ForCausalLM with grouped-query attention (40 heads, 10 key/value
