@@ -174,18 +174,14 @@ Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec&
              {"resources.kind"});
 }
 
-// Soft caps on the attention's scores and the logits (Gemma 2's) are built in the CPU kernels only.
+// The attention scores' soft cap (Gemma 2's) is built in the CPU kernels only; the logits' cap
+// runs on GPU ranks too.
 Problem CheckSoftCapDevices(const ModelConfig& model, const ResourcesSpec& r) {
-  if (r.kind != DeviceKind::kGpu) return std::nullopt;
-  for (const auto& [cap, field] : {std::pair{model.attention_softcap, "model.attention_softcap"},
-                                   std::pair{model.logit_softcap, "model.logit_softcap"}}) {
-    if (cap == 0.0f) continue;
-    return Bad(field,
-               "needs CPU ranks: soft caps are built in the CPU kernels only (leave it out, or "
-               "write resources.kind: cpu)",
-               {"resources.kind"});
-  }
-  return std::nullopt;
+  if (r.kind != DeviceKind::kGpu || model.attention_softcap == 0.0f) return std::nullopt;
+  return Bad("model.attention_softcap",
+             "needs CPU ranks: the attention scores' soft cap is built in the CPU kernels only "
+             "(leave it out, or write resources.kind: cpu)",
+             {"resources.kind"});
 }
 
 // Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.

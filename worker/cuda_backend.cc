@@ -428,19 +428,18 @@ class CudaBackend final : public Backend {
                                    dims, scratch, bytes));
   }
 
-  // Cross-entropy.
-  // The final logits' soft cap is not built here: jobs with one are refused on GPU ranks at
-  // submit (config/mesh.cc), so reaching these is a caller's error, reported as such.
-  void SoftCap(Act*, int64_t, int64_t, int64_t, float) override { Run(SoftCapUnbuilt()); }
+  // Cross-entropy, over logits soft-capped (model.logit_softcap) or not.
+  void SoftCap(Act* x, int64_t rows, int64_t cols, int64_t ld, float cap) override {
+    Run(kc::SoftCap(stream_, act_dtype(), x, rows, cols, ld, cap));
+  }
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            int64_t ld, float grad_scale, bool write_grad, float softcap,
                            DeviceSum* loss) override {
-    if (softcap != 0.0f) return Run(SoftCapUnbuilt());
     auto* sum = dynamic_cast<RowSums*>(loss);
     TY_CHECK(sum != nullptr) << "a loss sum from another backend";
     float* losses = sum->Reserve(rows);
     Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, ld, grad_scale,
-                                write_grad, losses));
+                                write_grad, losses, softcap));
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
@@ -450,9 +449,8 @@ class CudaBackend final : public Backend {
   void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
                              int64_t rows, int64_t vocab, float grad_scale,
                              float softcap) override {
-    if (softcap != 0.0f) return Run(SoftCapUnbuilt());
     Run(kc::CrossEntropyShardGrad(stream_, act_dtype(), logits, local_targets, lse, rows, vocab,
-                                  grad_scale));
+                                  grad_scale, softcap));
   }
   void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
                                    float* lse, DeviceSum* loss) override {
@@ -532,10 +530,6 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
-  static absl::Status SoftCapUnbuilt() {
-    return absl::UnimplementedError(
-        "CUDA backend: the logits' soft cap (model.logit_softcap) is not built on the GPU");
-  }
   static kc::AttentionDims Dims(const AttentionShape& s) {
     return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window, s.scale, s.softcap};
   }

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdint>
 
 #include "common/status.h"
@@ -143,10 +144,23 @@ __device__ MaxSum RowMaxSum(const T* row, int64_t vocab) {
   return BlockMaxSum(state, shared);
 }
 
+// The gradient g of a capped logit z = C·tanh(x / C) taken through the cap: g · (1 − (z / C)²);
+// inv_cap 0 for no cap.
+__device__ __forceinline__ float ThroughCap(float g, float z, float inv_cap) {
+  const float t = z * inv_cap;
+  return g * (1.0f - t * t);
+}
+
+template <typename T>
+__global__ void SoftCapKernel(T* x, int64_t cols, int64_t ld, float cap) {
+  const float inv = 1.0f / cap;
+  TransformRow(x + blockIdx.x * ld, cols, [&](int64_t, float v) { return cap * tanhf(v * inv); });
+}
+
 template <typename T>
 __global__ void SoftmaxCrossEntropyKernel(T* logits, const int32_t* targets, int64_t vocab,
                                           int64_t ld, float grad_scale, bool write_grad,
-                                          float* losses) {
+                                          float inv_cap, float* losses) {
   T* row = logits + blockIdx.x * ld;
   const int32_t target = targets[blockIdx.x];
   const bool valid = target >= 0 && target < vocab;
@@ -158,7 +172,7 @@ __global__ void SoftmaxCrossEntropyKernel(T* logits, const int32_t* targets, int
   if (!write_grad) return;
   TransformRow(row, vocab, [&](int64_t j, float x) {
     const float p = grad_scale * expf(x - lse);
-    return j == target ? p - grad_scale : p;
+    return ThroughCap(j == target ? p - grad_scale : p, x, inv_cap);
   });
 }
 
@@ -179,13 +193,13 @@ __global__ void ShardStatsKernel(const T* logits, const int32_t* local_targets, 
 
 template <typename T>
 __global__ void ShardGradKernel(T* logits, const int32_t* local_targets, const float* lse,
-                                int64_t vocab, float grad_scale) {
+                                int64_t vocab, float grad_scale, float inv_cap) {
   T* row = logits + blockIdx.x * vocab;
   const int32_t target = local_targets[blockIdx.x];
   const float l = lse[blockIdx.x];
   TransformRow(row, vocab, [&](int64_t j, float x) {
     const float p = grad_scale * expf(x - l);
-    return j == target ? p - grad_scale : p;
+    return ThroughCap(j == target ? p - grad_scale : p, x, inv_cap);
   });
 }
 
@@ -214,15 +228,30 @@ absl::Status CheckShape(int64_t rows, int64_t vocab) {
 
 }  // namespace
 
+absl::Status SoftCap(cudaStream_t stream, DType dtype, void* x, int64_t rows, int64_t cols,
+                     int64_t ld, float cap) {
+  TY_RETURN_IF_ERROR(CheckShape(rows, cols));
+  TY_REQUIRE(ld >= cols && x != nullptr);
+  TY_REQUIRE(cap > 0.0f && std::isfinite(cap));
+  TY_DISPATCH_DTYPE(dtype, T, {
+    SoftCapKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(static_cast<T*>(x),
+                                                                               cols, ld, cap);
+  });
+  TY_CUDA_RETURN_IF_LAUNCH_FAILED("SoftCapKernel");
+  return absl::OkStatus();
+}
+
 absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
                                  const int32_t* targets, int64_t rows, int64_t vocab, int64_t ld,
-                                 float grad_scale, bool write_grad, float* losses) {
+                                 float grad_scale, bool write_grad, float* losses, float softcap) {
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
   TY_REQUIRE(ld >= vocab);
   TY_REQUIRE(logits != nullptr && targets != nullptr && losses != nullptr);
+  TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
   TY_DISPATCH_DTYPE(dtype, T, {
     SoftmaxCrossEntropyKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, losses);
+        static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, inv_cap, losses);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("SoftmaxCrossEntropyKernel");
   return absl::OkStatus();
@@ -243,12 +272,14 @@ absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype, const void
 
 absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
                                    const int32_t* local_targets, const float* lse, int64_t rows,
-                                   int64_t vocab, float grad_scale) {
+                                   int64_t vocab, float grad_scale, float softcap) {
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
   TY_REQUIRE(logits != nullptr && local_targets != nullptr && lse != nullptr);
+  TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
   TY_DISPATCH_DTYPE(dtype, T, {
     ShardGradKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), local_targets, lse, vocab, grad_scale);
+        static_cast<T*>(logits), local_targets, lse, vocab, grad_scale, inv_cap);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("ShardGradKernel");
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 // The CUDA softmax cross-entropy against kernels/cpu/cross_entropy, for both logit dtypes and
 // vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized; and the
-// vocabulary-parallel pieces (shard statistics, their merge, the shard gradient).
+// vocabulary-parallel pieces (shard statistics, their merge, the shard gradient); the logits'
+// soft cap and the loss through it.
 #include "kernels/cuda/cross_entropy.h"
 
 #include <algorithm>
@@ -255,6 +256,70 @@ TEST(CudaCrossEntropy, MergedShardStatsAreTheWholeRowsLoss) {
       << "stride below rows";
 }
 
+// Gemma 2's final logits: capped at 1.5 (logits up to ±6 mostly where tanh bends), the loss over
+// the capped logits and the gradient through the cap, whole rows (padded) and vocabulary shards.
+TEST(CudaCrossEntropy, SoftCappedLogitsMatchCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(25);
+  constexpr float kCap = 1.5f;
+  const int64_t rows = 5;
+  for (const int64_t vocab : {int64_t{257}, int64_t{50257}}) {
+    for (DType dtype : kDTypes) {
+      TY_SHAPE_TRACE(rows, vocab, dtype);
+      const int64_t ld = vocab + 3;  // a padded row: the cap leaves the padding alone
+      std::vector<float> logits = RandomLogits(rows * ld, dtype, rng);
+      const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.0, rng);
+      std::vector<float> capped = logits;
+      cpu::SoftCap(capped.data(), rows, vocab, ld, kCap);
+      DeviceMemory d_logits(rows * ld * DTypeBytes(dtype)), losses(rows * sizeof(float));
+      const DeviceInts d_targets(targets);
+      Upload(logits, dtype, d_logits.get());
+      ASSERT_TRUE(SoftCap(nullptr, dtype, d_logits.get(), rows, vocab, ld, kCap).ok());
+      TY_CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> got_capped = Download(d_logits.get(), rows * ld, dtype);
+      EXPECT_LE(RelativeError(got_capped, capped), Tolerance(dtype));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = vocab; j < ld; ++j) ASSERT_EQ(got_capped[r * ld + j], logits[r * ld + j]);
+      }
+      // The loss over the capped logits the device holds (rounded to `dtype`), in place.
+      capped = got_capped;
+      std::vector<float> want_grad = capped, want_loss(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        want_loss[r] = static_cast<float>(cpu::SoftmaxCrossEntropy(
+            want_grad.data() + r * ld, &targets[r], 1, vocab, ld, kGradScale, true, kCap));
+      }
+      ASSERT_TRUE(SoftmaxCrossEntropy(nullptr, dtype, d_logits.get(), d_targets.get(), rows, vocab,
+                                      ld, kGradScale, true, losses.as<float>(), kCap)
+                      .ok());
+      TY_CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeError(Download(losses.get(), rows, DType::kF32), want_loss),
+                Tolerance(DType::kF32));
+      EXPECT_LE(RelativeError(Download(d_logits.get(), rows * ld, dtype), want_grad),
+                Tolerance(dtype));
+
+      // A vocabulary shard's gradient through the cap, from the rows' log-sum-exp.
+      std::vector<float> shard(rows * vocab), stats(rows * 3), lse(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(capped.begin() + r * ld, vocab, shard.begin() + r * vocab);
+      }
+      cpu::CrossEntropyShardStats(shard.data(), targets.data(), rows, vocab, stats.data());
+      for (int64_t r = 0; r < rows; ++r) lse[r] = stats[3 * r] + std::log(stats[3 * r + 1]);
+      std::vector<float> want_shard = shard;
+      cpu::CrossEntropyShardGrad(want_shard.data(), targets.data(), lse.data(), rows, vocab,
+                                 kGradScale, kCap);
+      DeviceMemory d_shard(rows * vocab * DTypeBytes(dtype)), d_lse(rows * sizeof(float));
+      Upload(shard, dtype, d_shard.get());
+      Upload(lse, DType::kF32, d_lse.get());
+      ASSERT_TRUE(CrossEntropyShardGrad(nullptr, dtype, d_shard.get(), d_targets.get(),
+                                        d_lse.as<float>(), rows, vocab, kGradScale, kCap)
+                      .ok());
+      TY_CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeError(Download(d_shard.get(), rows * vocab, dtype), want_shard),
+                Tolerance(dtype));
+    }
+  }
+}
+
 // Targets live on the device, so the launcher cannot check them; a bad one must show up as a
 // NaN loss for its row, not as a memory fault or a plausible number.
 TEST(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
@@ -297,6 +362,15 @@ TEST(CudaCrossEntropy, RejectsBadArguments) {
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CrossEntropyShardGrad(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(),
                                   out.as<float>(), 2, 0, 1.0f)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const float cap : {0.0f, -1.0f, INFINITY}) {
+    EXPECT_EQ(SoftCap(nullptr, DType::kF32, logits.get(), 2, 2, 2, cap).code(),
+              absl::StatusCode::kInvalidArgument)
+        << cap;
+  }
+  EXPECT_EQ(SoftmaxCrossEntropy(nullptr, DType::kF32, logits.get(), targets.as<int32_t>(), 2, 2, 2,
+                                1.0f, true, out.as<float>(), -1.0f)
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }

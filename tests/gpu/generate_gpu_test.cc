@@ -12,6 +12,7 @@
 #include "config/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/integration/mesh_cases.h"
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
 #include "worker/generate.h"
@@ -25,11 +26,18 @@ struct Case {
   DType act;
   bool moe = false;    // four experts, top-2, a shared expert in every second block
   bool gemma = false;  // llama: GeGLU experts too, and embeddings scaled by √width (Gemma's)
+  // llama: Phi-4 mini's RoPE (10 of 16 dimensions turned with LongRoPE, the long factors from
+  // the 5-token prompt on) and logits capped at 1.5 (Gemma 2's cap, small enough to bend them)
+  bool phi = false;
 };
 
 config::ModelConfig ModelOf(const Case& c) {
   config::ModelConfig mc = *config::Preset(c.preset);
   mc.geglu = mc.scale_embeddings = c.gemma;
+  if (c.phi) {
+    testenv::PhiMiniRope(4, &mc);
+    mc.logit_softcap = 1.5f;
+  }
   if (!c.moe) return mc;
   mc.moe = {.experts = 4, .top_k = 2, .shared_experts = 1, .every = 2, .ffn = 64};
   if (mc.family == config::ModelFamily::kLlama) {  // the other router: sigmoid, selection bias
@@ -96,10 +104,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kBF16, /*moe=*/false,
                            /*gemma=*/true},
                       Case{"llama-debug", DType::kF32, /*moe=*/true,
-                           /*gemma=*/true}),
+                           /*gemma=*/true},
+                      Case{"llama-debug", DType::kF32, /*moe=*/false, /*gemma=*/false,
+                           /*phi=*/true},
+                      Case{"llama-debug", DType::kBF16, /*moe=*/false, /*gemma=*/false,
+                           /*phi=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + (info.param.moe ? "_moe_" : "_") +
-                         (info.param.gemma ? "gemma_" : "") + DTypeName(info.param.act);
+                         (info.param.gemma ? "gemma_" : "") + (info.param.phi ? "phi_" : "") +
+                         DTypeName(info.param.act);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

@@ -23,6 +23,7 @@
 #include "config/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/integration/mesh_cases.h"
 #include "worker/backend.h"
 #include "worker/cuda_backend.h"
 #include "worker/local_model.h"
@@ -48,6 +49,8 @@ struct Case {
   int window = 0;           // llama: model.sliding_window (0: none)
   bool gemma = false;       // llama: GeGLU and embeddings scaled by √width (Gemma's)
   bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs
+  float logit_softcap = 0;  // the logits capped (Gemma 2's final_logit_softcapping; 0: none)
+  bool longrope = false;    // llama: 10 of 16 dimensions turned with LongRoPE (Phi-4 mini's)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -57,7 +60,9 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.head_dim > 0 ? "_head_dim" + std::to_string(info.param.head_dim) : "") +
       (info.param.qk_norm ? "_qk_norm" : "") +
       (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "") +
-      (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "");
+      (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "") +
+      (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
+      (info.param.longrope ? "_partial_longrope" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -119,6 +124,8 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.sliding_window = c.window;
   mc.geglu = mc.scale_embeddings = c.gemma;
   mc.post_norms = c.post_norms;
+  mc.logit_softcap = c.logit_softcap;
+  if (c.longrope) testenv::PhiMiniRope(32, &mc);  // 48 positions past 32: the long factors
   if (c.moe) {
     mc.moe.experts = 4;
     // In bf16 every token goes to every expert: with top-2, a near-tie between two experts' router
@@ -474,26 +481,33 @@ TEST(ModelOnGpuSteps, AdamWWritesTheKeptExpertCopies) {
 
 INSTANTIATE_TEST_SUITE_P(
     DebugPresets, ModelOnGpu,
-    ::testing::Values(Case{"gpt2-debug", DType::kF32}, Case{"gpt2-debug", DType::kBF16},
-                      Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16},
-                      Case{"gpt2-debug", DType::kF32, true}, Case{"llama-debug", DType::kF32, true},
-                      Case{"gpt2-debug", DType::kBF16, true},
-                      Case{"llama-debug", DType::kBF16, true},
-                      Case{"llama-debug", DType::kBF16, false, true},
-                      // Heads of 32 over a width of 64: the attention twice the model's width.
-                      Case{"llama-debug", DType::kBF16, false, false, 32},
-                      // Qwen3's attention: those heads, each query and key head normed.
-                      Case{"llama-debug", DType::kF32, false, false, 32, true},
-                      Case{"llama-debug", DType::kBF16, false, false, 32, true},
-                      // A sliding window of 20 of the 48 positions (Mistral's attention).
-                      Case{"llama-debug", DType::kF32, false, false, 0, false, 20},
-                      Case{"llama-debug", DType::kBF16, false, false, 0, false, 20},
-                      // Gemma's model: GeGLU, scaled embeddings, heads of 32.
-                      Case{"llama-debug", DType::kF32, false, false, 32, false, 0, true},
-                      Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true},
-                      // Gemma 3's blocks: head norms and the branches' outputs normed.
-                      Case{"llama-debug", DType::kF32, false, false, 32, true, 0, true, true},
-                      Case{"llama-debug", DType::kBF16, false, false, 32, true, 0, true, true}),
+    ::testing::Values(
+        Case{"gpt2-debug", DType::kF32}, Case{"gpt2-debug", DType::kBF16},
+        Case{"llama-debug", DType::kF32}, Case{"llama-debug", DType::kBF16},
+        Case{"gpt2-debug", DType::kF32, true}, Case{"llama-debug", DType::kF32, true},
+        Case{"gpt2-debug", DType::kBF16, true}, Case{"llama-debug", DType::kBF16, true},
+        Case{"llama-debug", DType::kBF16, false, true},
+        // Heads of 32 over a width of 64: the attention twice the model's width.
+        Case{"llama-debug", DType::kBF16, false, false, 32},
+        // Qwen3's attention: those heads, each query and key head normed.
+        Case{"llama-debug", DType::kF32, false, false, 32, true},
+        Case{"llama-debug", DType::kBF16, false, false, 32, true},
+        // A sliding window of 20 of the 48 positions (Mistral's attention).
+        Case{"llama-debug", DType::kF32, false, false, 0, false, 20},
+        Case{"llama-debug", DType::kBF16, false, false, 0, false, 20},
+        // Gemma's model: GeGLU, scaled embeddings, heads of 32.
+        Case{"llama-debug", DType::kF32, false, false, 32, false, 0, true},
+        Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true},
+        // Gemma 3's blocks: head norms and the branches' outputs normed.
+        Case{"llama-debug", DType::kF32, false, false, 32, true, 0, true, true},
+        Case{"llama-debug", DType::kBF16, false, false, 32, true, 0, true, true},
+        // Gemma 2's capped logits (a cap of 1.5 bends them), over vocabulary
+        // rows and through the loss's gradient.
+        Case{"gpt2-debug", DType::kF32, false, false, 0, false, 0, false, false, 1.5f},
+        Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 1.5f},
+        // Phi-4 mini's RoPE: part of each head turned, with LongRoPE.
+        Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, true},
+        Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 0, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/integration/global_params.h"
+#include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
 #include "worker/cuda_backend.h"
 #include "worker/trainer.h"
@@ -62,6 +63,9 @@ struct Mesh {
   int ep = 1;    // expert parallelism (with `moe`): tokens to their experts by all-to-all
   bool moe = false;
   int window = 0;  // a Llama with this sliding window instead of GPT-2
+  // A Llama with Phi-4 mini's RoPE (10 of 16 dimensions, LongRoPE past an original 16) and logits
+  // capped at 1.5 (each tensor-parallel rank caps its vocabulary shard)
+  bool phi = false;
 };
 
 // model.moe as the CPU equivalence suite's MoE meshes have it (tests/integration/mesh_cases.h).
@@ -81,11 +85,15 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   const auto [mesh, act] = GetParam();
   config::JobSpec spec = BaseJob();
   if (mesh.moe) AddExperts(&spec);
-  if (mesh.window > 0) {
+  if (mesh.window > 0 || mesh.phi) {
     spec.model = *config::Preset("llama-debug");
     spec.model.vocab = 64;
     spec.model.max_seq = 32;
     spec.model.sliding_window = mesh.window;
+  }
+  if (mesh.phi) {
+    testenv::PhiMiniRope(16, &spec.model);
+    spec.model.logit_softcap = 1.5f;
   }
   auto single_backend = Gpu(act);
   ASSERT_NE(single_backend, nullptr);
@@ -225,7 +233,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true},
                                          // Chunks of 8, a window of 10: the ring's blocks
                                          // with offsets, rows that see none of a chunk.
-                                         Mesh{"llama_window_cp2", 1, 1, 1, 0, 2, 1, false, 10}),
+                                         Mesh{"llama_window_cp2", 1, 1, 1, 0, 2, 1, false, 10},
+                                         Mesh{"llama_phi_tp2", 1, 2, 1, 0, 1, 1, false, 0, true},
+                                         Mesh{"llama_phi_cp2", 1, 1, 1, 0, 2, 1, false, 0, true}),
                        ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));

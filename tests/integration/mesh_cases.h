@@ -42,6 +42,18 @@ struct MeshCase {
   float capacity_factor = 0.0f;  // 0: dropless
 };
 
+// Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
+// LongRoPE's five short and five long factors past an original context of `original`, and an
+// attention factor of 1.2.
+inline void PhiMiniRope(int original, config::ModelConfig* model) {
+  model->rope_dim = 10;
+  model->rope_scaling = {.original_max_seq = original,
+                         .longrope = true,
+                         .short_factor = {1.0f, 1.5f, 2.0f, 3.0f, 4.0f},
+                         .long_factor = {2.0f, 3.0f, 5.0f, 11.0f, 30.0f},
+                         .attention_factor = 1.2f};
+}
+
 // The MoE model of a mesh case: `experts` experts of hidden size 32 with top-2, one shared
 // expert, on every block; an aux loss or a selection bias strong enough to matter in five steps.
 inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
@@ -72,14 +84,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
-    if (mesh.longrope) {
-      spec->model.rope_dim = 10;
-      spec->model.rope_scaling = {.original_max_seq = 16,
-                                  .longrope = true,
-                                  .short_factor = {1.0f, 1.5f, 2.0f, 3.0f, 4.0f},
-                                  .long_factor = {2.0f, 3.0f, 5.0f, 11.0f, 30.0f},
-                                  .attention_factor = 1.2f};
-    }
+    if (mesh.longrope) PhiMiniRope(16, &spec->model);
   }
   if (mesh.softcaps) {
     spec->model.attention_scale_dim = 3;

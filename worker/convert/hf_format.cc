@@ -293,8 +293,14 @@ absl::Status ReadLongRope(const ConfigFields& f, const ConfigFields& scaling, Mo
   TY_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &r.original_max_seq, false));
   TY_RETURN_IF_ERROR(
       scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false));
-  float factor = static_cast<float>(static_cast<double>(m.max_seq) / r.original_max_seq);
-  TY_RETURN_IF_ERROR(scaling.Float("factor", &factor));
+  // In double, as the spec's default and the export compute it, so that a model written without
+  // attention_factor reads back with the same one.
+  double factor = static_cast<double>(m.max_seq) / r.original_max_seq;
+  if (scaling.Has("factor")) {
+    float given = 0.0f;
+    TY_RETURN_IF_ERROR(scaling.Float("factor", &given));
+    factor = given;
+  }
   r.attention_factor = config::LongRopeAttentionFactor(factor, r.original_max_seq);
   return scaling.Float("attention_factor", &r.attention_factor);
 }

@@ -615,6 +615,14 @@ TEST(HfFormat, Phi35MiniConfigReadsWithLongRope) {
   const std::string other_json = HfConfigJson(other, TensorDtype::kBF16);
   EXPECT_THAT(other_json, HasSubstr("\"attention_factor\": 1.5"));
   EXPECT_EQ(ModelFromHfConfig(other_json, "o/config.json")->rope_scaling, other.rope_scaling);
+  // A context no power of two times the original: the implied factor comes out alike on both
+  // sides, so it still travels implicitly.
+  config::ModelConfig longer = *m;
+  longer.max_seq = 100000;
+  longer.rope_scaling.attention_factor = config::LongRopeAttentionFactor(100000.0 / 4096, 4096);
+  const std::string longer_json = HfConfigJson(longer, TensorDtype::kBF16);
+  EXPECT_THAT(longer_json, Not(HasSubstr("attention_factor")));
+  EXPECT_EQ(ModelFromHfConfig(longer_json, "l/config.json")->rope_scaling, longer.rope_scaling);
   std::string su = kPhi35MiniConfig;
   su.replace(su.find("\"longrope\""), 10, "\"su\"");
   EXPECT_EQ(ModelFromHfConfig(su, "su/config.json")->rope_scaling, r);
