@@ -299,15 +299,26 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   TY_RETURN_IF_ERROR(CheckRequest(prompt, options));
   Reserve(static_cast<int64_t>(prompt.size()) + options.tokens);
   std::mt19937_64 rng(options.seed);
-  std::vector<int32_t> out;
+  std::vector<int32_t> out, sequence = prompt;
   Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);
+  // LongRoPE turns with its long factors once a pass covers more than original_max_seq
+  // positions: the pass that first does runs the whole sequence again, so that the cache holds
+  // no key turned with the short ones (transformers' Phi-3 generation drops its cache there).
+  const config::RopeScaling& scaling = model_.rope_scaling;
+  const int64_t recompute_at = scaling.longrope ? scaling.original_max_seq : -1;
   for (int i = 0; i < options.tokens; ++i) {
     const int32_t next = ChooseToken(host_logits_, options, rng);
     out.push_back(next);
+    sequence.push_back(next);
     if (on_token) on_token(next);
     if (options.Stops(next)) break;
     if (i + 1 < options.tokens) {
-      Forward(&next, 1, static_cast<int64_t>(prompt.size()) + i);
+      const int64_t pos = static_cast<int64_t>(prompt.size()) + i;
+      if (pos == recompute_at) {
+        Forward(sequence.data(), pos + 1, 0);
+      } else {
+        Forward(&next, 1, pos);
+      }
     }
   }
   TY_RETURN_IF_ERROR(backend_->Synchronize());

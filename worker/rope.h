@@ -16,8 +16,9 @@ namespace trainyard::worker {
 // Block `layer`'s, in a pass that covers `positions` positions of its sequence (the whole
 // sequence's length in training, the last position + 1 in generation's passes): LongRoPE turns
 // with its short factors up to original_max_seq positions and with its long ones beyond, as
-// transformers chooses per forward pass. With model.rope_local_theta, a block with the sliding
-// window turns at that base, unscaled.
+// transformers chooses per forward pass (generation runs the whole sequence again when it first
+// grows past original_max_seq: Generator::Generate). With model.rope_local_theta, a block with
+// the sliding window turns at that base, unscaled.
 inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m, int layer, int64_t positions) {
   kernels::RopeFrequencies f{.theta = m.rope_theta, .rotary_dim = m.rotary_dim()};
   if (m.rope_local_theta > 0 && m.WindowOf(layer) > 0) {

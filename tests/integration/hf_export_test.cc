@@ -566,10 +566,11 @@ TEST(HfOracleLlamaLinearRope, ExportedFilesGiveTrainyardsLogits) {
 // partial_rotary_factor and longrope scaling. Its short factors serve passes of up to
 // original_max_seq positions, its long ones longer passes: with an original context of 6 every
 // pass is longer (the 16-position logits, the 8-token prompt, each generated token), with one of
-// 64 none is (40 positions at most), so that the cached generation and the oracle's recomputation
-// turn every position alike.
+// 64 none is (40 positions at most), and with one of 12 the generation crosses it at its fifth
+// token, where the generator runs the whole sequence again with the long factors — as the
+// oracle's recomputation of every position does.
 TEST(HfOraclePhi3, PartialRopeWithLongRopeGivesTrainyardsLogits) {
-  for (const int original : {6, 64}) {
+  for (const int original : {6, 64, 12}) {
     SCOPED_TRACE(absl::StrCat("original_max_seq ", original));
     CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .longrope = true},
                           {.original_max_seq = original,

@@ -398,10 +398,11 @@ def rope_tables(seq_len, head_dim, theta, scaling=None):
 
 class LongRope:
     """transformers' rope_type "longrope" (Phi-3's older "su"): per-pair factors short and long,
-    the context original they switch at (rope_scaling's original_max_position_embeddings, else the
-    config's, else max_position_embeddings), and attention_factor (else, with factor = rope_scaling's
-    factor or max_position_embeddings / original, sqrt(1 + ln factor / ln original) when factor
-    exceeds 1, else 1)."""
+    the context original they switch at (the config's original_max_position_embeddings beside
+    rope_scaling, else rope_scaling's, else max_position_embeddings), and attention_factor (else
+    sqrt(1 + ln factor / ln original) when factor exceeds 1, else 1, with factor =
+    max_position_embeddings / original when the context is beside rope_scaling, else
+    rope_scaling's factor or that ratio)."""
 
     def __init__(self, cfg, scaling, rotary_dim):
         sub = Config(scaling, cfg.path + ": rope_scaling")
@@ -415,9 +416,13 @@ class LongRope:
         self.short = [float(f) for f in scaling["short_factor"]]
         self.long = [float(f) for f in scaling["long_factor"]]
         max_positions = cfg.int("max_position_embeddings")
-        self.original = sub.int("original_max_position_embeddings",
-                                cfg.int("original_max_position_embeddings", max_positions))
-        factor = sub.positive("factor", max_positions / self.original)
+        if cfg.raw.get("original_max_position_embeddings") is not None:
+            # Phi-3's place: it wins, and the extension is max_position_embeddings over it.
+            self.original = cfg.int("original_max_position_embeddings")
+            factor = max_positions / self.original
+        else:
+            self.original = sub.int("original_max_position_embeddings", max_positions)
+            factor = sub.positive("factor", max_positions / self.original)
         default = (math.sqrt(1 + math.log(factor) / math.log(self.original)) if factor > 1
                    else 1.0)
         self.attention_factor = sub.positive("attention_factor", default)

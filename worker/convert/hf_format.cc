@@ -281,22 +281,26 @@ absl::Status ReadFactors(const ConfigFields& f, const std::string& key, std::vec
 }
 
 // LongRoPE (rope_type "longrope", Phi-3's older "su"): the short and long per-pair factors; the
-// context they switch at, original_max_position_embeddings, in rope_scaling or beside it (Phi-3's
-// place), else max_position_embeddings; and attention_factor, else the paper's for `factor`
-// (else max_position_embeddings / original_max_position_embeddings), as transformers computes.
+// context they switch at, original_max_position_embeddings, beside rope_scaling (Phi-3's place)
+// or in it, else max_position_embeddings; and attention_factor, else the paper's for
+// rope_scaling's `factor` (else, or with the context beside it, max_position_embeddings over that
+// context), as transformers computes.
 absl::Status ReadLongRope(const ConfigFields& f, const ConfigFields& scaling, ModelConfig& m) {
   config::RopeScaling& r = m.rope_scaling;
   r.longrope = true;
   TY_RETURN_IF_ERROR(ReadFactors(scaling, "short_factor", &r.short_factor));
   TY_RETURN_IF_ERROR(ReadFactors(scaling, "long_factor", &r.long_factor));
   r.original_max_seq = m.max_seq;
-  TY_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &r.original_max_seq, false));
   TY_RETURN_IF_ERROR(
       scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false));
-  // In double, as the spec's default and the export compute it, so that a model written without
-  // attention_factor reads back with the same one.
+  // Beside rope_scaling (Phi-3's place) it wins, and the context's extension is then
+  // max_position_embeddings over it whatever rope_scaling's factor says, as transformers' Phi-3
+  // computes them. In double, as the spec's default and the export compute it, so that a model
+  // written without attention_factor reads back with the same one.
+  const bool beside = f.Has("original_max_position_embeddings");
+  TY_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &r.original_max_seq, false));
   double factor = static_cast<double>(m.max_seq) / r.original_max_seq;
-  if (scaling.Has("factor")) {
+  if (scaling.Has("factor") && !beside) {
     float given = 0.0f;
     TY_RETURN_IF_ERROR(scaling.Float("factor", &given));
     factor = given;
@@ -967,8 +971,8 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
         "; Trainyard writes partial RoPE (model.rope_dim) and LongRoPE in Phi-3's layout only "
-        "(SwiGLU, heads of width / heads, no biases, query and key norms, Gemma's options or "
-        "MoE blocks, the sliding window in every block or none)"));
+        "(SwiGLU, heads of width / heads, no biases, query and key norms, Gemma's options, MoE "
+        "blocks or other RoPE scaling, the sliding window in every block or none)"));
   };
   if (m.qkv_bias) return bad("qkv_bias", "is true");
   if (m.qk_norm) return bad("qk_norm", "is true");
@@ -980,6 +984,9 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
                                         "heads wide)"));
   }
   if (!m.full_attention_layers.empty()) return bad("full_attention_layers", "is set");
+  if (m.rope_scaling.enabled() && !m.rope_scaling.longrope) {
+    return bad("rope_scaling", m.rope_scaling.linear ? "is linear" : "is Llama 3's");
+  }
   const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
   if (static_cast<int>(std::floor(m.head_dim() * factor)) != m.rotary_dim()) {
     return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
@@ -991,7 +998,8 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
 }  // namespace
 
 HfProjections HfExportProjections(const ModelConfig& m) {
-  const bool phi3 = m.family == ModelFamily::kLlama && (m.rope_dim != 0 || m.rope_scaling.longrope);
+  const bool phi3 = m.family == ModelFamily::kLlama &&
+                    (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope);
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
 }
 
@@ -1009,6 +1017,11 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
         "model.full_attention_layers: [", absl::StrJoin(full, ", "),
         "]; Trainyard writes Gemma 3's local and global blocks as its sliding_window_pattern k "
         "(blocks k − 1, 2k − 1, … attend to every position)"));
+  }
+  if (m.rope_local_theta != 0 && !(IsGemma(m) && m.post_norms && m.qk_norm)) {
+    return absl::UnimplementedError(
+        "model.rope_local_theta is set; Trainyard writes the local blocks' own RoPE base in Gemma "
+        "3's layout only (rope_local_base_freq), and no other layout has a place for it");
   }
   if (full.empty() || m.post_norms) return absl::OkStatus();
   const bool qwen = m.family == ModelFamily::kLlama && (m.qkv_bias || m.qk_norm);

@@ -49,13 +49,11 @@ TEST(Generator, BuffersFollowTheRequest) {
   EXPECT_EQ(std::vector<int32_t>(long_run->begin(), long_run->begin() + 2), *short_run);
 }
 
-// With a sliding window of 4 the cached keys outside each new token's window must not count: the
-// logits each token is chosen from are the training model's over the whole sequence at that
-// position (its causal attention windowed the same way), for the prompt's pass and each step.
-TEST(Generator, ASlidingWindowSeesWhatTheTrainingModelSees) {
-  config::ModelConfig model = *config::Preset("llama-debug");
-  model.max_seq = 32;
-  model.sliding_window = 4;
+// Generates `tokens` tokens after `prompt` with the key/value cache and checks that the logits
+// each token is chosen from are the training model's (same parameters) over the sequence so far,
+// for the prompt's pass and each step.
+void ExpectEachStepIsTheTrainingModels(const config::ModelConfig& model,
+                                       const std::vector<int32_t>& prompt, int tokens) {
   std::unique_ptr<Backend> backend = MakeCpuBackend(1);
   const std::vector<float> params = RandomParams(model, backend.get());
   auto local = LocalModel::Create(model, backend.get());
@@ -63,25 +61,49 @@ TEST(Generator, ASlidingWindowSeesWhatTheTrainingModelSees) {
   (*local)->LoadParameters(params.data());
   auto generator = Generator::Create(model, backend.get(), params.data());
   ASSERT_TRUE(generator.ok()) << generator.status();
-  const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35};
   std::vector<std::vector<float>> chosen_from;
-  auto out = (*generator)->Generate(prompt, {.tokens = 10}, [&](int32_t) {
+  auto out = (*generator)->Generate(prompt, {.tokens = tokens}, [&](int32_t) {
     chosen_from.push_back((*generator)->last_logits());
   });
   ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_EQ(chosen_from.size(), 10u);
+  ASSERT_EQ(chosen_from.size(), static_cast<size_t>(tokens));
   std::vector<int32_t> sequence = prompt;
-  sequence.insert(sequence.end(), out->begin(), out->end() - 1);
-  const int t = static_cast<int>(sequence.size());
-  std::vector<float> logits(int64_t{t} * model.vocab);
-  ASSERT_TRUE((*local)->Logits(sequence.data(), 1, t, logits.data()).ok());
+  sequence.insert(sequence.end(), out->begin(), out->end());
   for (size_t i = 0; i < chosen_from.size(); ++i) {
-    const float* want = &logits[(prompt.size() + i - 1) * model.vocab];
+    const int t = static_cast<int>(prompt.size() + i);  // the sequence token i is chosen after
+    std::vector<float> logits(int64_t{t} * model.vocab);
+    ASSERT_TRUE((*local)->Logits(sequence.data(), 1, t, logits.data()).ok());
+    const float* want = &logits[int64_t{t - 1} * model.vocab];
     for (int v = 0; v < model.vocab; ++v) {
       ASSERT_NEAR(chosen_from[i][v], want[v], 1e-4f * std::max(1.0f, std::abs(want[v])))
-          << "token " << i << " logit " << v;
+          << "token " << i << " (after " << t << " positions) logit " << v;
     }
   }
+}
+
+// With a sliding window of 4 the cached keys outside each new token's window must not count (the
+// training model's causal attention is windowed the same way).
+TEST(Generator, ASlidingWindowSeesWhatTheTrainingModelSees) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.sliding_window = 4;
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5, 35}, 10);
+}
+
+// LongRoPE's factors follow the sequence's length (Phi-4 mini's RoPE: 10 of 16 dimensions, short
+// factors up to 8 positions, long ones beyond): before, at and after the step where the sequence
+// grows past 8, where the generator runs the whole sequence again so that no cached key keeps the
+// short factors' rotation (without that pass the step after 9 positions is off).
+TEST(Generator, LongRopeSeesWhatTheTrainingModelSeesAcrossItsSwitch) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.rope_dim = 10;
+  model.rope_scaling = {.original_max_seq = 8,
+                        .longrope = true,
+                        .short_factor = {1.0f, 1.5f, 2.0f, 3.0f, 4.0f},
+                        .long_factor = {2.0f, 3.0f, 5.0f, 11.0f, 30.0f},
+                        .attention_factor = 1.2f};
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
 }
 
 // How often each token is drawn in `draws` draws from `logits`.

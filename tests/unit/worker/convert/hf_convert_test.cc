@@ -623,6 +623,15 @@ TEST(HfFormat, Phi35MiniConfigReadsWithLongRope) {
   const std::string longer_json = HfConfigJson(longer, TensorDtype::kBF16);
   EXPECT_THAT(longer_json, Not(HasSubstr("attention_factor")));
   EXPECT_EQ(ModelFromHfConfig(longer_json, "l/config.json")->rope_scaling, longer.rope_scaling);
+  // The context beside rope_scaling wins over one in it, and with it the extension is
+  // max_position_embeddings over it whatever rope_scaling's factor says (transformers' Phi-3).
+  std::string inside = kPhi35MiniConfig;
+  inside.replace(inside.find("\"type\": \"longrope\""), 18,
+                 "\"type\": \"longrope\", \"original_max_position_embeddings\": 2048, "
+                 "\"factor\": 2.0");
+  auto both = ModelFromHfConfig(inside, "b/config.json");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->rope_scaling, r);
   std::string su = kPhi35MiniConfig;
   su.replace(su.find("\"longrope\""), 10, "\"su\"");
   EXPECT_EQ(ModelFromHfConfig(su, "su/config.json")->rope_scaling, r);
@@ -663,6 +672,21 @@ TEST(HfFormat, Phi4MiniConfigTurnsThreeQuartersOfEachHead) {
   config::ModelConfig wide = *m;
   wide.explicit_head_dim = 160;
   EXPECT_THAT(CheckHfWritable(wide).message(), HasSubstr("model.head_dim: is 160"));
+  // Phi-3's config has no place for another scaling: Llama 3's with a partial rotation is refused
+  // rather than dropped.
+  config::ModelConfig llama3 = *m;
+  llama3.rope_scaling = {.factor = 8.0f, .original_max_seq = 8192};
+  EXPECT_THAT(CheckHfWritable(llama3).message(), HasSubstr("model.rope_scaling: is Llama 3's"));
+  // Nor has any layout but Gemma 3's a place for the local blocks' own RoPE base.
+  config::ModelConfig local = *config::Preset("llama-debug");
+  local.sliding_window = 8;
+  local.rope_local_theta = 1000.0f;
+  EXPECT_THAT(CheckHfWritable(local).message(), HasSubstr("model.rope_local_theta is set"));
+  // A rope_dim of the whole head is no partial rotation: Llama's layout.
+  config::ModelConfig whole = *config::Preset("llama-debug");
+  whole.rope_dim = whole.head_dim();
+  EXPECT_EQ(HfExportProjections(whole), HfProjections::kSeparate);
+  EXPECT_THAT(HfConfigJson(whole, TensorDtype::kF32), HasSubstr("LlamaForCausalLM"));
 }
 
 // Phi-4's published config: Phi3ForCausalLM with grouped-query attention (40 heads, 10 key/value
