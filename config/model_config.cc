@@ -269,6 +269,11 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
   };
+  if (pairs > kernels::kMaxRopePairs) {
+    return bad("short_factor",
+               absl::StrCat("describes ", pairs, " pairs; at most ", kernels::kMaxRopePairs,
+                            " (a rotated part of ", 2 * kernels::kMaxRopePairs, ") are supported"));
+  }
   for (const auto& [factors, field] :
        {std::pair{&r.short_factor, "short_factor"}, std::pair{&r.long_factor, "long_factor"}}) {
     if (static_cast<int>(factors->size()) != pairs) {
@@ -280,11 +285,6 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
         return bad(field, absl::StrCat("every factor must be positive, got ", f));
       }
     }
-  }
-  if (pairs > kernels::kMaxRopePairs) {
-    return bad("short_factor",
-               absl::StrCat("describes ", pairs, " pairs; at most ", kernels::kMaxRopePairs,
-                            " (a rotated part of ", 2 * kernels::kMaxRopePairs, ") are supported"));
   }
   if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
     return bad("attention_factor", absl::StrCat("must be positive, got ", r.attention_factor));

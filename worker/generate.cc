@@ -299,7 +299,7 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   TY_RETURN_IF_ERROR(CheckRequest(prompt, options));
   Reserve(static_cast<int64_t>(prompt.size()) + options.tokens);
   std::mt19937_64 rng(options.seed);
-  std::vector<int32_t> out, sequence = prompt;
+  std::vector<int32_t> out;
   Forward(prompt.data(), static_cast<int64_t>(prompt.size()), 0);
   // LongRoPE turns with its long factors once a pass covers more than original_max_seq
   // positions: the pass that first does runs the whole sequence again, so that the cache holds
@@ -309,12 +309,13 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   for (int i = 0; i < options.tokens; ++i) {
     const int32_t next = ChooseToken(host_logits_, options, rng);
     out.push_back(next);
-    sequence.push_back(next);
     if (on_token) on_token(next);
     if (options.Stops(next)) break;
     if (i + 1 < options.tokens) {
       const int64_t pos = static_cast<int64_t>(prompt.size()) + i;
       if (pos == recompute_at) {
+        std::vector<int32_t> sequence = prompt;
+        sequence.insert(sequence.end(), out.begin(), out.end());
         Forward(sequence.data(), pos + 1, 0);
       } else {
         Forward(&next, 1, pos);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/soft_cap.h"
 
 namespace trainyard::kernels::cpu {
 namespace {
@@ -57,7 +58,7 @@ struct BlockOffsets {
     return s.rule.scale > 0.0f ? s.rule.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
   }
   // 1 / the soft cap, 0 without one.
-  float inv_cap() const { return s.rule.softcap > 0.0f ? 1.0f / s.rule.softcap : 0.0f; }
+  float inv_cap() const { return InverseCap(s.rule.softcap); }
 };
 
 // The keys [k0, k1) a block of query rows [i0, i1) reads between them.
@@ -75,8 +76,8 @@ struct KeyRange {
 // Scores s of a [rows, keys] block become C·tanh(s / C) under a soft cap C (none: unchanged).
 void CapScores(float* s, int64_t n, float cap) {
   if (cap <= 0.0f) return;
-  const float inv = 1.0f / cap;
-  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] * inv);
+  const float inv = InverseCap(cap);
+  for (int64_t i = 0; i < n; ++i) s[i] = SoftCapped(s[i], cap, inv);
 }
 
 // Turns a row's scores of keys [from, to) (of `keys`) into probabilities (the rest become 0) and
@@ -149,9 +150,9 @@ void GradientRow(float* p, float* ds, int64_t from, int64_t to, int64_t keys, fl
   } else {
 #pragma omp simd
     for (int64_t j = from; j < to; ++j) {
-      const float z = p[j], t = z * inv_cap;
+      const float z = p[j];
       p[j] = FastExp(z - row_lse);
-      ds[j] = p[j] * (ds[j] - delta) * (1.0f - t * t) * scale;
+      ds[j] = ThroughCap(p[j] * (ds[j] - delta), z, inv_cap) * scale;
     }
   }
   for (float* row : {p, ds}) {

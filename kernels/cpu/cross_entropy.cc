@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/soft_cap.h"
 
 namespace trainyard::kernels::cpu {
 namespace {
@@ -14,12 +15,6 @@ float RowMax(const float* x, int64_t n) {
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
   return mx;
-}
-
-// The gradient g of a capped logit z, taken through the cap C to the logit before it.
-inline float ThroughCap(float g, float z, float inv_cap) {
-  const float t = z * inv_cap;
-  return g * (1.0f - t * t);
 }
 
 // One row of SoftmaxCrossEntropy: its loss; x becomes the softmax's gradient when write_grad.
@@ -51,7 +46,7 @@ double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
   if (write_grad) {
-    const float factor = static_cast<float>(grad_scale / sum), inv_cap = 1.0f / cap;
+    const float factor = static_cast<float>(grad_scale / sum), inv_cap = InverseCap(cap);
     for (int64_t j = 0; j < vocab; ++j) {
       const float g = FastExp(x[j] - mx) * factor - (j == target ? grad_scale : 0.0f);
       x[j] = ThroughCap(g, x[j], inv_cap);
@@ -63,11 +58,11 @@ double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool
 }  // namespace
 
 void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap) {
-  const float inv = 1.0f / cap;
+  const float inv = InverseCap(cap);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * ld;
-    for (int64_t j = 0; j < cols; ++j) row[j] = cap * std::tanh(row[j] * inv);
+    for (int64_t j = 0; j < cols; ++j) row[j] = SoftCapped(row[j], cap, inv);
   }
 }
 
@@ -102,7 +97,7 @@ void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, i
 
 void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
                            int64_t rows, int64_t vocab, float grad_scale, float softcap) {
-  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+  const float inv_cap = InverseCap(softcap);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * vocab;

@@ -5,6 +5,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/soft_cap.h"
 
 namespace trainyard::kernels::cuda {
 namespace {
@@ -144,17 +145,11 @@ __device__ MaxSum RowMaxSum(const T* row, int64_t vocab) {
   return BlockMaxSum(state, shared);
 }
 
-// The gradient g of a capped logit z = C·tanh(x / C) taken through the cap: g · (1 − (z / C)²);
-// inv_cap 0 for no cap.
-__device__ __forceinline__ float ThroughCap(float g, float z, float inv_cap) {
-  const float t = z * inv_cap;
-  return g * (1.0f - t * t);
-}
-
 template <typename T>
 __global__ void SoftCapKernel(T* x, int64_t cols, int64_t ld, float cap) {
-  const float inv = 1.0f / cap;
-  TransformRow(x + blockIdx.x * ld, cols, [&](int64_t, float v) { return cap * tanhf(v * inv); });
+  const float inv = InverseCap(cap);
+  TransformRow(x + blockIdx.x * ld, cols,
+               [&](int64_t, float v) { return SoftCapped(v, cap, inv); });
 }
 
 template <typename T>
@@ -248,7 +243,7 @@ absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
   TY_REQUIRE(ld >= vocab);
   TY_REQUIRE(logits != nullptr && targets != nullptr && losses != nullptr);
   TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
-  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+  const float inv_cap = InverseCap(softcap);
   TY_DISPATCH_DTYPE(dtype, T, {
     SoftmaxCrossEntropyKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
         static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, inv_cap, losses);
@@ -276,7 +271,7 @@ absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logit
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
   TY_REQUIRE(logits != nullptr && local_targets != nullptr && lse != nullptr);
   TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
-  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+  const float inv_cap = InverseCap(softcap);
   TY_DISPATCH_DTYPE(dtype, T, {
     ShardGradKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
         static_cast<T*>(logits), local_targets, lse, vocab, grad_scale, inv_cap);
