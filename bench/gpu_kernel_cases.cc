@@ -71,17 +71,25 @@ absl::Status Measure(const CaseContext& ctx, Row* row, const EventTimer::Op& op,
 
 enum class Pass { kForward, kBackward, kBoth };
 
-// How the kernels are asked to run: the backward's dQ sums and the forward's query rows per warp
-// (0: the default). The variants' rows are compared with the same SDPA rows as the defaults'.
+// How the kernels are asked to run: the backward's dQ sums, the forward's query rows per warp
+// (0: the default), and a soft cap on the scores (Gemma 2's 50; 0: none). The variants' rows are
+// compared with the same SDPA rows as the defaults' (SDPA has no cap: that row shows what the
+// cap costs).
 struct AttentionVariant {
   kernels::cuda::AttentionDqSum dq_sum = kernels::cuda::AttentionDqSum::kDeterministic;
   int warp_rows = 0;
+  float softcap = 0.0f;
 };
 
 absl::Status Attention(const BenchModel& m, Pass pass, AttentionVariant variant,
                        const CaseContext& ctx, Row* row) {
   const config::ModelConfig& c = m.config;
-  const kernels::cuda::AttentionDims dims{m.batch, m.seq, c.heads, c.kv_heads, c.head_dim()};
+  const kernels::cuda::AttentionDims dims{.b = m.batch,
+                                          .t = m.seq,
+                                          .heads = c.heads,
+                                          .kv_heads = c.kv_heads,
+                                          .d = c.head_dim(),
+                                          .softcap = variant.softcap};
   row->shape = absl::StrCat("b", m.batch, " t", m.seq, " h", c.heads, "/", c.kv_heads, " d",
                             c.head_dim(), " causal");
   const int64_t tokens = m.batch * m.seq;
@@ -523,6 +531,8 @@ std::vector<Case> CasesFor(const BenchModel& model) {
        [=](X x, Row* r) { return Attention(m, Pass::kBackward, atomic, x, r); }},
       {"attention fwd+bwd atomic-dq",
        [=](X x, Row* r) { return Attention(m, Pass::kBoth, atomic, x, r); }},
+      {"attention fwd+bwd softcap",
+       [=](X x, Row* r) { return Attention(m, Pass::kBoth, {.softcap = 50.0f}, x, r); }},
   };
   if (m.config.head_dim() <= 64) {  // the default there is 32 rows per warp; 16 for comparison
     const AttentionVariant rows16{.warp_rows = 16};

@@ -161,9 +161,11 @@ def of_peak(a, b):
 
 status = 0
 for case in list(ty) + [c for c in pt if c not in ty]:
-    # The attention variants' rows (atomic dQ sums, 16 query rows per warp) and the experts'
-    # GEMMs one by one do the work of the plain ones: the same PyTorch row is the peer.
+    # The attention variants' rows (atomic dQ sums, 16 query rows per warp, soft-capped scores:
+    # SDPA has no cap, so that row shows the cap's cost) and the experts' GEMMs one by one do the
+    # work of the plain ones: the same PyTorch row is the peer.
     peer = case.replace(" atomic-dq", "").replace(" warp-rows16", "").replace(" one-by-one", "")
+    peer = peer.replace(" softcap", "")
     a, b = ty.get(case), pt.get(case, pt.get(peer))
     if "-ld128 " in case and a is not None and b is None and "error" not in a:
         # A layout PyTorch's matmul does not offer (padded output rows): Trainyard's own figure.

@@ -174,16 +174,6 @@ Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec&
              {"resources.kind"});
 }
 
-// The attention scores' soft cap (Gemma 2's) is built in the CPU kernels only; the logits' cap
-// runs on GPU ranks too.
-Problem CheckSoftCapDevices(const ModelConfig& model, const ResourcesSpec& r) {
-  if (r.kind != DeviceKind::kGpu || model.attention_softcap == 0.0f) return std::nullopt;
-  return Bad("model.attention_softcap",
-             "needs CPU ranks: the attention scores' soft cap is built in the CPU kernels only "
-             "(leave it out, or write resources.kind: cpu)",
-             {"resources.kind"});
-}
-
 // Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.
 Problem CheckExpertParallel(const ParallelismSpec& m, const ModelConfig& model) {
   if (m.ep == 1) return std::nullopt;
@@ -389,7 +379,6 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   if (Problem p = CheckSlidingWindowDevices(spec.model, spec.resources)) return p;
-  if (Problem p = CheckSoftCapDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 

@@ -570,11 +570,6 @@ absl::Status Sample(const SampleFlags& flags) {
         "--device cuda: a model with a sliding window samples on the CPU for now (the CUDA "
         "attention kernels' sliding window has not run on a GPU yet)");
   }
-  if (flags.device == "cuda" && weights.model.attention_softcap != 0.0f) {
-    return absl::InvalidArgumentError(
-        "--device cuda: a model with soft-capped attention scores samples on the CPU (their cap "
-        "is built in the CPU kernels only)");
-  }
   if (flags.device == "cuda") {
     TY_ASSIGN_OR_RETURN(backend, MakeCudaBackend(CudaBackendOptions{}));
   } else {

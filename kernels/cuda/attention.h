@@ -24,8 +24,10 @@ struct AttentionDims {
   // A sliding window of this many positions: query i sees keys i − window < j <= i (0: every
   // earlier key).
   int64_t window = 0;
-  // Scores are ⟨q, k⟩·scale (0: 1/√d). A soft cap (softcap ≠ 0) is not built here:
-  // UNIMPLEMENTED (the CPU kernels have it).
+  // Scores are ⟨q, k⟩·scale (0: 1/√d); a soft cap C > 0 (Gemma 2's) turns each score z into
+  // C·tanh(z / C) before the softmax, and the backward takes the scores' gradient back through
+  // it (1 − tanh², recomputed), as kernels/cpu/attention.h does. Negative or non-finite scale or
+  // softcap: INVALID_ARGUMENT.
   float scale = 0.0f;
   float softcap = 0.0f;
 };

@@ -34,7 +34,7 @@ struct AttentionBlockDims {
   int64_t offset = 0;
   int64_t window = 0;
   float scale = 0.0f;    // as AttentionDims'
-  float softcap = 0.0f;  // as AttentionDims': UNIMPLEMENTED unless 0
+  float softcap = 0.0f;  // as AttentionDims' (0: none)
 };
 
 // Every launcher returns INVALID_ARGUMENT, launching nothing, for: a head dim other than 16, 32,

@@ -13,14 +13,14 @@
 //                     dQ = Σ dS·K in registers.
 // Each writes its gradients once at the end, either overwriting (the packed qkv's gradient) or
 // adding to what is there (a block's share: an fp32 sum rounded once).
-// Both 2 and 3 recompute P = exp(scale·q·k − lse) and dP = dO·Vᵀ from the saved log-sum-exp.
-// FlashAttention-2 instead adds dQ into an fp32 buffer with atomics from kernel 2, which saves
-// that recomputation but makes the result depend on the order the blocks run in; here every sum
-// has one fixed order, so a backward run twice gives bit-identical gradients. (The bf16 path
-// offers FlashAttention-2's way too, AttentionDqSum::kAtomic: attention_bwd_mma.cu.) Likewise the
-// key/value gradients of a GQA group are summed over its query heads inside one block, in head
-// order. Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same passes
-// with scores in registers.
+// Both 2 and 3 recompute P = exp(z − lse) (z the score of q·k, ScoreRule) and dP = dO·Vᵀ from the
+// saved log-sum-exp. FlashAttention-2 instead adds dQ into an fp32 buffer with atomics from kernel
+// 2, which saves that recomputation but makes the result depend on the order the blocks run in;
+// here every sum has one fixed order, so a backward run twice gives bit-identical gradients. (The
+// bf16 path offers FlashAttention-2's way too, AttentionDqSum::kAtomic: attention_bwd_mma.cu.)
+// Likewise the key/value gradients of a GQA group are summed over its query heads inside one block,
+// in head order. Passes 2 and 3 here run fp32 storage; bf16 runs attention_bwd_mma.cu's, the same
+// passes with scores in registers.
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_block.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int D, int kQueries>
 __global__ void __launch_bounds__(kThreads)
     KvKernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
-             const float* delta, BlockGeometry geo, bool add, float scale, float scale_log2) {
+             const float* delta, BlockGeometry geo, bool add, ScoreRule rule) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
   using Smem = KvSmem<T, D, kQueries>;
@@ -181,9 +181,11 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
 #pragma unroll
       for (int c = c0; c < c0 + kQueries / 2; ++c) {
-        const float p =
-            Sees(geo, i0 + c, key) ? exp2f(s_warp[r * kLdS + c] * scale_log2 - lse_tile[c]) : 0.0f;
-        const float ds = p * (dp_warp[r * kLdS + c] - delta_tile[c]) * scale;
+        float p = 0.0f, ds = 0.0f;
+        if (Sees(geo, i0 + c, key)) {
+          ds = dp_warp[r * kLdS + c];
+          p = rule.ProbAndGrad(s_warp[r * kLdS + c], ds, lse_tile[c], delta_tile[c]);
+        }
         p_warp[r * kLdP + c] = FromFloat<T>(p);
         ds_warp[r * kLdP + c] = FromFloat<T>(ds);
       }
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int D, int kKeys>
 __global__ void __launch_bounds__(kThreads)
     DqKernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse,
-             const float* delta, BlockGeometry geo, bool add, float scale, float scale_log2) {
+             const float* delta, BlockGeometry geo, bool add, ScoreRule rule) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
   using Smem = DqSmem<T, D, kKeys>;
@@ -282,8 +284,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = c0; c < c0 + kKeys / 2; ++c) {
       const bool seen = j0 + c >= row_first && j0 + c < row_keys;
-      const float p = seen ? exp2f(s_warp[r * kLdS + c] * scale_log2 - row_lse) : 0.0f;
-      ds_warp[r * kLdP + c] = FromFloat<T>(p * (dp_warp[r * kLdS + c] - row_delta) * scale);
+      float ds = 0.0f;
+      if (seen) {
+        ds = dp_warp[r * kLdS + c];
+        rule.ProbAndGrad(s_warp[r * kLdS + c], ds, row_lse, row_delta);
+      }
+      ds_warp[r * kLdP + c] = FromFloat<T>(ds);
     }
     __syncwarp();
 #pragma unroll
@@ -334,7 +340,7 @@ template <typename T, int D>
 absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& x,
                                 const AttentionBlockDims& dims, bool add) {
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
+  const ScoreRule rule = ScoreRuleOf(dims);
   const dim3 threads(kThreads);
   constexpr int kQueries = KvQueries<T, D>();
   constexpr int kKvBytes = KvSmem<T, D, kQueries>::kBytes;
@@ -343,7 +349,7 @@ absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& 
   const dim3 kv_grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
                      static_cast<unsigned>(dims.b));
   KvKernel<T, D, kQueries><<<kv_grid, threads, kKvBytes, stream>>>(
-      x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse, x.delta, geo, add, scale, scale_log2);
+      x.dk, x.dv, x.dout, x.q, x.k, x.v, x.lse, x.delta, geo, add, rule);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("KvKernel");
 
   constexpr int kKeys = DqKeys<T, D>();
@@ -352,8 +358,8 @@ absl::Status LaunchTileBackward(cudaStream_t stream, const BackwardOperands<T>& 
   TY_RETURN_IF_ERROR(AllowSharedMemory(DqKernel<T, D, kKeys>, kDqBytes));
   const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),
                      static_cast<unsigned>(dims.b));
-  DqKernel<T, D, kKeys><<<dq_grid, threads, kDqBytes, stream>>>(
-      x.dq, x.dout, x.q, x.k, x.v, x.lse, x.delta, geo, add, scale, scale_log2);
+  DqKernel<T, D, kKeys><<<dq_grid, threads, kDqBytes, stream>>>(x.dq, x.dout, x.q, x.k, x.v, x.lse,
+                                                                x.delta, geo, add, rule);
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("DqKernel");
   return absl::OkStatus();
 }

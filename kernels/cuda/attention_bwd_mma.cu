@@ -6,7 +6,8 @@
 //
 //   KvKernel: a block owns kRows keys of one (batch, kv head); warp w owns keys [16w, 16w + 16)
 //     and, per tile of queries of each query head of the group, computes Sᵀ = K·Qᵀ and
-//     dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale, then dV += Pᵀ·dO and
+//     dPᵀ = V·dOᵀ, Pᵀ = exp(Zᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale (Z the scores of the
+//     products S, taken through a soft cap if the block has one: ScoreRule), then dV += Pᵀ·dO and
 //     dK += dSᵀ·Q, Pᵀ and dSᵀ going from accumulators straight into A fragments.
 //   DqKernel: a block owns kRows queries of one (batch, head); per key tile, S = Q·Kᵀ, dP = dO·Vᵀ,
 //     dS as above, dQ += dS·K.
@@ -147,20 +148,23 @@ __device__ __forceinline__ void StoreRows(bf16* dst, int64_t stride, int64_t row
   }
 }
 
-// One score's probability and its gradient, in place of the score `s` and of dP: P = exp(S·scale
-// − lse) where the key is visible (0 where not), dS = P ∘ (dP − δ)·scale (lse in log2 units).
-// Both passes take them this way, each in its own orientation.
+// One product's probability and its gradient, in place of the product `s` and of dP: P = exp(z
+// − lse) where the key is visible, with dL/ds from dP as `rule` takes it (both 0 where not; lse
+// in log2 units). Both passes take them this way, each in its own orientation.
 __device__ __forceinline__ void ProbAndGrad(float& s, float& dp, bool visible, float lse,
-                                            float delta, float scale, float scale_log2) {
-  const float p = visible ? exp2f(s * scale_log2 - lse) : 0.0f;
-  s = p;
-  dp = p * (dp - delta) * scale;
+                                            float delta, const ScoreRule& rule) {
+  if (visible) {
+    s = rule.ProbAndGrad(s, dp, lse, delta);
+  } else {
+    s = 0.0f;
+    dp = 0.0f;
+  }
 }
 
 // A warp's Pᵀ and dSᵀ against a tile of kQ queries (i0..): its 16 keys `k_rows` and values
 // `v_rows` against the shared query tile, output-gradient tile, and the tile's lse (log2 units)
-// and delta: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ − lse) where the key is visible (0 where not),
-// dSᵀ = Pᵀ ∘ (dPᵀ − δ)·scale. `key` holds this lane's two key rows.
+// and delta: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, then Pᵀ and dSᵀ by ProbAndGrad. `key` holds this lane's two
+// key rows.
 template <int D, int kQ>
 __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[kQ / 8][4],
                                              const RowFragments<D>& k_rows,
@@ -168,7 +172,7 @@ __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[
                                              const bf16* do_tile, const float* lse_tile,
                                              const float* delta_tile, int64_t i0,
                                              const int64_t (&key)[2], const BlockGeometry& geo,
-                                             float scale, float scale_log2, int lane) {
+                                             const ScoreRule& rule, int lane) {
   const int pair = lane % 4;
   ProductABt<D, kQ>(p, k_rows, q_tile, lane);
   ProductABt<D, kQ>(ds, v_rows, do_tile, lane);
@@ -178,7 +182,7 @@ __device__ __forceinline__ void KvTileScores(float (&p)[kQ / 8][4], float (&ds)[
     for (int e = 0; e < 4; ++e) {
       const int c = n * 8 + 2 * pair + e % 2;  // query i0 + c, key key[e / 2]
       ProbAndGrad(p[n][e], ds[n][e], Sees(geo, i0 + c, key[e / 2]), lse_tile[c], delta_tile[c],
-                  scale, scale_log2);
+                  rule);
     }
   }
 }
@@ -265,7 +269,7 @@ template <int D, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     MmaKvKernel(bf16* dk, bf16* dv, float* dq_sums, const bf16* dout, const bf16* q, const bf16* k,
                 const bf16* v, const float* lse, const float* delta, BlockGeometry geo, bool add,
-                float scale, float scale_log2) {
+                ScoreRule rule) {
   using Smem = MmaBackwardSmem<D>;
   constexpr int kQ = kInner<D>;
   constexpr int kLd = Ld<bf16>(D);
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(kThreads)
       const bf16* do_tile = do_tiles + buffer * kTileElems;
       float p[kQ / 8][4], ds[kQ / 8][4];
       KvTileScores<D, kQ>(p, ds, k_rows, v_rows, q_tile, do_tile, lse_tiles + buffer * kRowVals,
-                          delta_tiles + buffer * kRowVals, i0, key, geo, scale, scale_log2, lane);
+                          delta_tiles + buffer * kRowVals, i0, key, geo, rule, lane);
       AddProductAB<D, kQ>(dv_acc, p, do_tile, lane);
       AddProductAB<D, kQ>(dk_acc, ds, q_tile, lane);
       if constexpr (kAtomicDq) StageDsT<kQ>(ds_tile, ds, warp_id, lane);
@@ -370,8 +374,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     MmaDqKernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                const float* lse, const float* delta, BlockGeometry geo, bool add, float scale,
-                float scale_log2) {
+                const float* lse, const float* delta, BlockGeometry geo, bool add, ScoreRule rule) {
   using Smem = MmaBackwardSmem<D>;
   constexpr int kK = kInner<D>;
   constexpr int kLd = Ld<bf16>(D);
@@ -456,7 +459,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
         const int hh = e / 2;
         ProbAndGrad(s[n][e], dp[n][e], j >= row_first[hh] && j < visible[hh], row_lse[hh],
-                    row_delta[hh], scale, scale_log2);
+                    row_delta[hh], rule);
       }
     }
     AddProductAB<D, kK>(dq_acc, dp, k_tile, lane);
@@ -497,7 +500,6 @@ template <int D, bool kAtomicDq>
 absl::Status LaunchKv(cudaStream_t stream, const MmaBackwardOperands& x,
                       const AttentionBlockDims& dims, bool add, float* dq_sums) {
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
   using Smem = MmaBackwardSmem<D>;
   constexpr int kBytes = kAtomicDq ? Smem::kAtomicBytes : Smem::kBytes;
   static_assert(kBytes <= kMaxSmemBytes, "backward tiles do not fit in shared memory");
@@ -506,7 +508,7 @@ absl::Status LaunchKv(cudaStream_t stream, const MmaBackwardOperands& x,
   const dim3 grid(BlocksFor(dims.kv_len, kRows), static_cast<unsigned>(geo.kv_heads),
                   static_cast<unsigned>(dims.b));
   kernel<<<grid, kThreads, kBytes, stream>>>(x.dk, x.dv, dq_sums, x.dout, x.q, x.k, x.v, x.lse,
-                                             x.delta, geo, add, scale, scale_log2);
+                                             x.delta, geo, add, ScoreRuleOf(dims));
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaKvKernel");
   return absl::OkStatus();
 }
@@ -532,14 +534,13 @@ absl::Status LaunchFor(cudaStream_t stream, const MmaBackwardOperands& x,
   if (dq_sums != nullptr) return LaunchAtomicFor<D>(stream, x, dims, add, dq_sums);
   TY_RETURN_IF_ERROR((LaunchKv<D, false>(stream, x, dims, add, nullptr)));
   const BlockGeometry geo = GeometryOf(dims);
-  const float scale = SoftmaxScale(dims), scale_log2 = scale * kLog2e;
   constexpr int kBytes = MmaBackwardSmem<D>::kBytes;
 
   TY_RETURN_IF_ERROR(AllowSharedMemory(MmaDqKernel<D>, kBytes));
   const dim3 dq_grid(BlocksFor(dims.q_len, kRows), static_cast<unsigned>(geo.heads),
                      static_cast<unsigned>(dims.b));
   MmaDqKernel<D><<<dq_grid, kThreads, kBytes, stream>>>(x.dq, x.dout, x.q, x.k, x.v, x.lse, x.delta,
-                                                        geo, add, scale, scale_log2);
+                                                        geo, add, ScoreRuleOf(dims));
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaDqKernel");
   return absl::OkStatus();
 }

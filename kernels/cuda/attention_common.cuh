@@ -25,6 +25,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/warp_mma.cuh"
+#include "kernels/soft_cap.h"
 
 namespace trainyard::kernels::cuda::attention_internal {
 
@@ -356,14 +357,9 @@ absl::Status AllowSharedMemory(Kernel* kernel, int bytes) {
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Soft-capped scores (Gemma 2's) are not built on the GPU: refused with a message that says so.
 inline absl::Status CheckScoreRule(float scale, float softcap) {
-  if (softcap != 0.0f) {
-    return absl::UnimplementedError(
-        "attention: soft-capped scores are not built in the CUDA kernels (the CPU kernels have "
-        "them)");
-  }
   TY_REQUIRE(scale >= 0.0f && std::isfinite(scale));
+  TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
   return absl::OkStatus();
 }
 
@@ -403,6 +399,45 @@ inline absl::Status CheckBlockDims(const AttentionBlockDims& dims, DType dtype) 
 // The factor scores are multiplied by: the block's own, or 1/√d.
 inline float SoftmaxScale(const AttentionBlockDims& dims) {
   return dims.scale > 0.0f ? dims.scale : 1.0f / std::sqrt(static_cast<float>(dims.d));
+}
+
+// How the kernels turn a query-key product s into a score z and take z's gradient back to s,
+// as kernels/cpu/attention.h does (kernels/soft_cap.h): z = s·scale, or under a soft cap C
+// (Gemma 2's), z = C·tanh(s·scale / C). The online softmax and the saved lse are in log2 units.
+// Without a cap, each kernel's arithmetic is what it was before caps: one branch, uniform over
+// the grid, per score.
+struct ScoreRule {
+  float scale;       // SoftmaxScale
+  float scale_log2;  // scale·log2(e)
+  float cap;         // 0: none
+  float inv_cap;     // 1 / cap; 0 for none
+
+  // z·log2(e).
+  __device__ __forceinline__ float Log2(float s) const {
+    if (cap == 0.0f) return s * scale_log2;
+    return SoftCapped(s * scale, cap, inv_cap) * kLog2e;
+  }
+  // For a key the query sees: returns P = exp(z − lse) (lse in log2 units) and puts dL/ds =
+  // P ∘ (dP − δ), taken back through the cap, times scale, in dp's place.
+  __device__ __forceinline__ float ProbAndGrad(float s, float& dp, float lse, float delta) const {
+    if (cap == 0.0f) {
+      const float p = exp2f(s * scale_log2 - lse);
+      dp = p * (dp - delta) * scale;
+      return p;
+    }
+    const float z = SoftCapped(s * scale, cap, inv_cap);
+    const float p = exp2f(z * kLog2e - lse);
+    dp = ThroughCap(p * (dp - delta), z, inv_cap) * scale;
+    return p;
+  }
+};
+
+inline ScoreRule ScoreRuleOf(const AttentionBlockDims& dims) {
+  const float scale = SoftmaxScale(dims);
+  return ScoreRule{.scale = scale,
+                   .scale_log2 = scale * kLog2e,
+                   .cap = dims.softcap,
+                   .inv_cap = InverseCap(dims.softcap)};
 }
 
 // The bf16 forward and backward of an attention block with scores in registers

@@ -40,13 +40,13 @@ constexpr int ForwardKeys() {
 // One online-softmax step for a warp row over the key tile starting at key j0, run by the lane
 // pair that owns the row, each lane over half of the tile's columns (`half`). Masks the keys
 // the row does not see (before `first` or at or past `visible`: FirstKey, VisibleKeys), turns the
-// raw scores s_row into probabilities p_row relative to the new running maximum, and updates the
-// running maximum m (log2 units of scale·q·k) and sum l that both lanes hold. Returns the factor by
-// which the output accumulated so far must be scaled. s_row and p_row may alias (each lane reads
-// its columns before writing them).
+// raw products s_row into probabilities p_row relative to the new running maximum, and updates the
+// running maximum m (log2 units of the scores, `rule`) and sum l that both lanes hold. Returns the
+// factor by which the output accumulated so far must be scaled. s_row and p_row may alias (each
+// lane reads its columns before writing them).
 template <typename T, int kKeys>
 __device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int half, int64_t j0,
-                                             int64_t first, int64_t visible, float scale_log2,
+                                             int64_t first, int64_t visible, ScoreRule rule,
                                              float& m, float& l) {
   constexpr int kHalf = kKeys / 2;
   const int c0 = half * kHalf;
@@ -55,7 +55,7 @@ __device__ __forceinline__ float SoftmaxStep(const float* s_row, T* p_row, int h
 #pragma unroll
   for (int c = 0; c < kHalf; ++c) {
     const int64_t j = j0 + c0 + c;
-    x[c] = j >= first && j < visible ? s_row[c0 + c] * scale_log2 : -INFINITY;
+    x[c] = j >= first && j < visible ? rule.Log2(s_row[c0 + c]) : -INFINITY;
     tile_max = fmaxf(tile_max, x[c]);
   }
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -98,7 +98,7 @@ __device__ __forceinline__ void ScaleRows(typename TileMma<T>::Acc (&acc)[kFrags
 template <typename T, int D, int kKeys>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(T* out, float* lse, const T* q, const T* k, const T* v, BlockGeometry geo,
-                       float scale_log2) {
+                       ScoreRule rule) {
   using Mma = TileMma<T>;
   using Acc = typename Mma::Acc;
   using Smem = ForwardSmem<T, D, kKeys>;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncwarp();
     const float alpha = SoftmaxStep<T, kKeys>(s_warp + r * kLdS, p_warp + r * kLdP, half, j0,
-                                              row_first, row_keys, scale_log2, m, l);
+                                              row_first, row_keys, rule, m, l);
     if (half == 0) factor_warp[r] = alpha;
     __syncwarp();
     ScaleRows<T>(o, factor_warp, acc_rows);
@@ -200,7 +200,7 @@ absl::Status LaunchForward(cudaStream_t stream, void* out, float* lse, const voi
                   static_cast<unsigned>(dims.b));
   kernel<<<grid, kThreads, kBytes, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
                                              static_cast<const T*>(k), static_cast<const T*>(v),
-                                             GeometryOf(dims), SoftmaxScale(dims) * kLog2e);
+                                             GeometryOf(dims), ScoreRuleOf(dims));
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("FlashForwardKernel");
   return absl::OkStatus();
 }

@@ -36,15 +36,15 @@ struct MmaForwardSmem {
   static constexpr int kBytes = kV + 2 * kTile;
 };
 
-// One warp's online softmax over a tile's scores s (16 rows × 64 keys as eight 16×8
-// accumulators; this lane holds rows `quad` and `quad` + 8): scales them to log2 units, masks the
-// keys a row does not see (`masked` tiles only: keys before first[row] or at or past
-// visible[row]), turns them into
-// probabilities against the new running maxima m, and adds this lane's share of each row's sum
-// to l. Returns the factors by which the rows' output so far must be scaled.
+// One warp's online softmax over a tile's query-key products s (16 rows × 64 keys as eight 16×8
+// accumulators; this lane holds rows `quad` and `quad` + 8): turns them into scores in log2 units
+// (`rule`), masks the keys a row does not see (`masked` tiles only: keys before first[row] or at
+// or past visible[row]), turns the scores into probabilities against the new running maxima m,
+// and adds this lane's share of each row's sum to l. Returns the factors by which the rows' output
+// so far must be scaled.
 __device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int64_t j0, int pair,
                                               bool masked, const int64_t (&first)[2],
-                                              const int64_t (&visible)[2], float scale_log2,
+                                              const int64_t (&visible)[2], ScoreRule rule,
                                               float (&m)[2], float (&l)[2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -52,7 +52,7 @@ __device__ __forceinline__ float2 SoftmaxTile(float (&s)[kTileKeys / 8][4], int6
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t j = j0 + n * 8 + 2 * pair + e % 2;
-      float x = s[n][e] * scale_log2;
+      float x = rule.Log2(s[n][e]);
       if (masked && (j < first[e / 2] || j >= visible[e / 2])) x = -INFINITY;
       s[n][e] = x;
       tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
@@ -204,7 +204,7 @@ __device__ __forceinline__ void FinishRows(WarpRows<D, kMTiles>& w, bf16* out, f
 template <int D, int kMTiles>
 __global__ void __launch_bounds__(kThreads)
     MmaForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                     BlockGeometry geo, float scale_log2) {
+                     BlockGeometry geo, ScoreRule rule) {
   using Smem = MmaForwardSmem<D, kMTiles>;
   constexpr int kBlockRows = Smem::kBlockRows, kWarpRows = 16 * kMTiles;
   constexpr int kLd = Ld<bf16>(D);
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t masked_below = FirstKey(geo, group_first + 15);
       const bool masked = j0 + kTileKeys > unmasked || j0 < masked_below;
       const float2 alpha =
-          SoftmaxTile(s[mt], j0, pair, masked, row_first, visible, scale_log2, w.m[mt], w.l[mt]);
+          SoftmaxTile(s[mt], j0, pair, masked, row_first, visible, rule, w.m[mt], w.l[mt]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         w.o[mt][n][0] *= alpha.x, w.o[mt][n][1] *= alpha.x;
@@ -321,7 +321,7 @@ absl::Status LaunchMmaForwardFor(cudaStream_t stream, void* out, float* lse, con
                   static_cast<unsigned>(dims.b));
   kernel<<<grid, kThreads, Smem::kBytes, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-      static_cast<const bf16*>(v), GeometryOf(dims), SoftmaxScale(dims) * kLog2e);
+      static_cast<const bf16*>(v), GeometryOf(dims), ScoreRuleOf(dims));
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("MmaForwardKernel");
   return absl::OkStatus();
 }

@@ -42,7 +42,8 @@ struct Case {
   bool packed;
   // Query row i at position i + offset from key row 0; a sliding window of `window` positions.
   int64_t offset = 0, window = 0;
-  float scale = 0.0f;  // the scores' factor (0: 1/sqrt(d))
+  float scale = 0.0f;    // the scores' factor (0: 1/sqrt(d))
+  float softcap = 0.0f;  // the scores' soft cap (0: none)
 };
 
 // Tiny shapes (the emulated test runs every kernel on the CPU, one thread at a time); kernel
@@ -58,21 +59,32 @@ struct Case {
 // against the one before it (offset 24, window 20: the last five queries see no key, their lse
 // −∞ and output zero); generation's step (one query after 39 cached keys, a window of 16); a
 // window of one position at d 128. Last, ring attention's block with a scale of its own (Gemma 2's
-// query_pre_attn_scalar).
+// query_pre_attn_scalar), and soft-capped scores (Gemma 2's, with caps small enough to bend most
+// of these scores): a causal packed block with a scale of its own, and ring attention's block of a
+// chunk against the one before it.
 constexpr Case kCases[] = {
-    {2, 37, 37, 4, 2, 32, true, true},          {1, 80, 80, 2, 1, 32, true, false},
-    {2, 24, 72, 4, 2, 64, false, true},         {1, 70, 20, 2, 2, 64, false, false},
-    {1, 20, 20, 2, 2, 64, true, false},         {1, 16, 24, 2, 1, 128, false, true},
-    {2, 37, 37, 4, 2, 32, true, true, 0, 5},    {1, 130, 130, 2, 1, 32, true, false, 0, 70},
-    {1, 24, 24, 2, 2, 64, false, true, 24, 20}, {1, 1, 40, 4, 2, 32, false, true, 39, 16},
-    {1, 20, 20, 2, 1, 128, true, false, 0, 1},  {1, 24, 24, 2, 2, 64, false, true, 24, 30, 0.3f},
+    {2, 37, 37, 4, 2, 32, true, true},
+    {1, 80, 80, 2, 1, 32, true, false},
+    {2, 24, 72, 4, 2, 64, false, true},
+    {1, 70, 20, 2, 2, 64, false, false},
+    {1, 20, 20, 2, 2, 64, true, false},
+    {1, 16, 24, 2, 1, 128, false, true},
+    {2, 37, 37, 4, 2, 32, true, true, 0, 5},
+    {1, 130, 130, 2, 1, 32, true, false, 0, 70},
+    {1, 24, 24, 2, 2, 64, false, true, 24, 20},
+    {1, 1, 40, 4, 2, 32, false, true, 39, 16},
+    {1, 20, 20, 2, 1, 128, true, false, 0, 1},
+    {1, 24, 24, 2, 2, 64, false, true, 24, 30, 0.3f},
+    {2, 37, 37, 4, 2, 32, true, true, 0, 0, 0.5f, 1.5f},
+    {1, 24, 40, 2, 1, 64, false, true, 40, 0, 0.0f, 1.0f},
 };
 
 std::string Label(const Case& c, DType dtype) {
   return absl::StrCat(DTypeName(dtype), " b=", c.b, " q_len=", c.q_len, " kv_len=", c.kv_len,
                       " heads=", c.heads, " kv_heads=", c.kv_heads, " d=", c.d,
                       c.causal ? " causal" : " full", c.packed ? " packed" : " dense",
-                      " offset=", c.offset, " window=", c.window, " scale=", c.scale);
+                      " offset=", c.offset, " window=", c.window, " scale=", c.scale,
+                      " softcap=", c.softcap);
 }
 
 // Where a case's operands live: q in a buffer of q_count values, keys at the start of a buffer
@@ -93,12 +105,12 @@ Layout LayoutOf(const Case& c) {
 }
 
 AttentionBlockDims GpuDims(const Case& c, const Layout& l) {
-  return {c.b,        c.q_len,     c.kv_len, c.heads,  c.kv_heads, c.d,
-          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   c.scale};
+  return {c.b,         c.q_len,  c.kv_len, c.heads,  c.kv_heads, c.d,      l.q_stride,
+          l.kv_stride, c.causal, c.offset, c.window, c.scale,    c.softcap};
 }
 cpu::BlockDims CpuDims(const Case& c, const Layout& l) {
   return {c.b,        c.q_len,     c.kv_len, c.heads,  c.kv_heads, c.d,
-          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   {c.scale}};
+          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   {c.scale, c.softcap}};
 }
 
 // The rows whose log-sum-exp is −∞ (they see no key) in both, then the relative error of the

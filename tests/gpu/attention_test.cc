@@ -1,7 +1,8 @@
 // Flash attention on the GPU against the CPU reference (kernels/cpu/attention.h): the forward's
 // output and log-sum-exp and the backward's packed gradients, for both storage types, with and
 // without grouped-query heads, at sequence lengths that are and are not multiples of the tiles,
-// with and without a sliding window, with the scores' scale 1/sqrt(d) or another.
+// with and without a sliding window, with the scores' scale 1/sqrt(d) or another, with and without
+// a soft cap on the scores.
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
@@ -32,7 +33,9 @@ using ::trainyard::testing::Upload;
 // The last three have sliding windows: 5 positions (most tiles skipped, most rows masked at both
 // ends), 70 across the 64-row tiles (the first key tile of late query tiles skipped), and 1 (each
 // query sees itself only) at d 128. Then scales of their own (Gemma 2's query_pre_attn_scalar):
-// larger than 1/sqrt(d) with a window, smaller at d 128.
+// larger than 1/sqrt(d) with a window, smaller at d 128. Then soft caps (Gemma 2's 50, but small
+// enough here that tanh bends most scores of these random inputs): alone at d 16, with a scale of
+// its own and a window at d 64, and at d 128 with eight query heads per key/value head.
 constexpr AttentionDims kShapes[] = {
     {1, 1, 1, 1, 16},
     {2, 37, 4, 2, 16},
@@ -45,13 +48,17 @@ constexpr AttentionDims kShapes[] = {
     {1, 129, 4, 1, 128, 1},
     {2, 100, 4, 2, 64, 30, 0.3f},
     {1, 129, 4, 1, 128, 0, 0.05f},
+    {2, 37, 4, 2, 16, 0, 0.0f, 1.0f},
+    {2, 100, 4, 2, 64, 30, 0.5f, 1.5f},
+    {1, 80, 8, 1, 128, 0, 0.0f, 0.8f},
 };
 
 std::string Describe(const AttentionDims& s, DType dtype) {
   return "b=" + std::to_string(s.b) + " t=" + std::to_string(s.t) +
          " heads=" + std::to_string(s.heads) + " kv_heads=" + std::to_string(s.kv_heads) +
          " d=" + std::to_string(s.d) + " window=" + std::to_string(s.window) +
-         " scale=" + std::to_string(s.scale) + " " + DTypeName(dtype);
+         " scale=" + std::to_string(s.scale) + " softcap=" + std::to_string(s.softcap) + " " +
+         DTypeName(dtype);
 }
 
 // Columns [offset, offset + width) of every row of a matrix with rows of `row_width` values.
@@ -261,14 +268,18 @@ TEST(FlashAttention, RejectsUnsupportedHeadDim) {
   }
 }
 
-// Soft-capped scores are built in the CPU kernels only: both passes say so, launching nothing.
-TEST(FlashAttention, RefusesSoftCappedScores) {
+// A negative or non-finite soft cap or scale is refused by both passes, launching nothing.
+TEST(FlashAttention, RejectsBadScoreRules) {
   TY_SKIP_WITHOUT_GPU();
-  const AttentionDims dims{1, 8, 2, 2, 16, 0, 0.0f, 50.0f};
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const Statuses s = RunBoth(dims, dtype, FlashAttentionBackwardScratchBytes(dims, dtype));
-    EXPECT_EQ(s.forward.code(), absl::StatusCode::kUnimplemented) << s.forward;
-    EXPECT_EQ(s.backward.code(), absl::StatusCode::kUnimplemented) << s.backward;
+  for (const auto& [scale, softcap] : {std::pair{0.0f, -1.0f}, std::pair{0.0f, NAN},
+                                       std::pair{0.0f, INFINITY}, std::pair{-0.5f, 0.0f}}) {
+    const AttentionDims dims{1, 8, 2, 2, 16, 0, scale, softcap};
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(Describe(dims, dtype));
+      const Statuses s = RunBoth(dims, dtype, FlashAttentionBackwardScratchBytes(dims, dtype));
+      EXPECT_EQ(s.forward.code(), absl::StatusCode::kInvalidArgument) << s.forward;
+      EXPECT_EQ(s.backward.code(), absl::StatusCode::kInvalidArgument) << s.backward;
+    }
   }
 }
 

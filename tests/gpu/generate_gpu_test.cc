@@ -29,6 +29,9 @@ struct Case {
   // llama: Phi-4 mini's RoPE (10 of 16 dimensions turned with LongRoPE, the long factors from
   // the 5-token prompt on) and logits capped at 1.5 (Gemma 2's cap, small enough to bend them)
   bool phi = false;
+  // Gemma 2's caps: the attention scores at 1 (in the prompt's pass and each cached step) and the
+  // logits at 1.5
+  bool capped = false;
 };
 
 config::ModelConfig ModelOf(const Case& c) {
@@ -36,6 +39,10 @@ config::ModelConfig ModelOf(const Case& c) {
   mc.geglu = mc.scale_embeddings = c.gemma;
   if (c.phi) {
     testenv::PhiMiniRope(4, &mc);
+    mc.logit_softcap = 1.5f;
+  }
+  if (c.capped) {
+    mc.attention_softcap = 1.0f;
     mc.logit_softcap = 1.5f;
   }
   if (!c.moe) return mc;
@@ -108,11 +115,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kF32, /*moe=*/false, /*gemma=*/false,
                            /*phi=*/true},
                       Case{"llama-debug", DType::kBF16, /*moe=*/false, /*gemma=*/false,
-                           /*phi=*/true}),
+                           /*phi=*/true},
+                      Case{"llama-debug", DType::kF32, /*moe=*/false, /*gemma=*/true,
+                           /*phi=*/false, /*capped=*/true},
+                      Case{"llama-debug", DType::kBF16, /*moe=*/false, /*gemma=*/true,
+                           /*phi=*/false, /*capped=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + (info.param.moe ? "_moe_" : "_") +
                          (info.param.gemma ? "gemma_" : "") + (info.param.phi ? "phi_" : "") +
-                         DTypeName(info.param.act);
+                         (info.param.capped ? "capped_" : "") + DTypeName(info.param.act);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

@@ -51,6 +51,9 @@ struct Case {
   bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs
   float logit_softcap = 0;  // the logits capped (Gemma 2's final_logit_softcapping; 0: none)
   bool longrope = false;    // llama: 10 of 16 dimensions turned with LongRoPE (Phi-4 mini's)
+  // llama: Gemma 2's attention, scores scaled by 24^-1/2 and capped at 1 (a cap that bends most
+  // of them); with a window, the second block attends to every earlier position
+  bool gemma2 = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -62,7 +65,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "") +
       (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "") +
       (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
-      (info.param.longrope ? "_partial_longrope" : "");
+      (info.param.longrope ? "_partial_longrope" : "") +
+      (info.param.gemma2 ? "_gemma2_attention" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -125,6 +129,11 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.geglu = mc.scale_embeddings = c.gemma;
   mc.post_norms = c.post_norms;
   mc.logit_softcap = c.logit_softcap;
+  if (c.gemma2) {
+    mc.attention_scale_dim = 24;
+    mc.attention_softcap = 1.0f;
+    if (c.window > 0) mc.full_attention_layers = {1};
+  }
   if (c.longrope) testenv::PhiMiniRope(32, &mc);  // 48 positions past 32: the long factors
   if (c.moe) {
     mc.moe.experts = 4;
@@ -507,7 +516,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 1.5f},
         // Phi-4 mini's RoPE: part of each head turned, with LongRoPE.
         Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, true},
-        Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 0, true}),
+        Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 0, true},
+        // Gemma 2's model: Gemma's, the branches' outputs normed, its attention, and the
+        // logits capped at 1.5; without a window, and with one of 20 in the first block.
+        Case{"llama-debug", DType::kF32, false, false, 32, false, 0, true, true, 1.5f, false, true},
+        Case{"llama-debug", DType::kBF16, false, false, 32, false, 0, true, true, 1.5f, false,
+             true},
+        Case{"llama-debug", DType::kF32, false, false, 32, false, 20, true, true, 1.5f, false,
+             true},
+        Case{"llama-debug", DType::kBF16, false, false, 32, false, 20, true, true, 1.5f, false,
+             true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

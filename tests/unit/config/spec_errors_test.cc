@@ -609,11 +609,6 @@ std::vector<BadSpec> BadSpecs() {
        "4:19", "model.sliding_window",
        "needs CPU ranks: the CUDA attention kernels' sliding window has not run on a GPU yet "
        "(leave it out, or write resources.kind: cpu)"},
-      {"attention_softcap on GPUs",
-       "name: job\nmodel:\n  preset: gpt2-debug\n  attention_softcap: 50\nresources: {kind: gpu}\n",
-       "4:22", "model.attention_softcap",
-       "needs CPU ranks: the attention scores' soft cap is built in the CPU kernels only (leave it "
-       "out, or write resources.kind: cpu)"},
       {"odd head_dim", "name: job\nmodel:\n  preset: llama-debug\n  head_dim: 15\n", "4:13",
        "model.head_dim", "RoPE needs an even head dimension, got 15"},
       {"head_dim 1", "name: job\nmodel:\n  preset: llama-debug\n  head_dim: 1\n", "4:13",

@@ -392,9 +392,11 @@ TEST(ParseJobSpecTest, ScoreScaleAndSoftCaps) {
   EXPECT_EQ(gemma2.model.ParameterCount(), plain.model.ParameterCount());
   JobSpec gpt2 = MustParse("name: g\nmodel: {preset: gpt2-debug, attention_softcap: 20}\n");
   EXPECT_EQ(gpt2.model.attention_softcap, 20.0f);
-  // The logits' cap runs on GPU ranks too (the CUDA loss kernels take it); the scores' does not.
+  // Both caps run on GPU ranks too (the CUDA attention and loss kernels take them).
   JobSpec on_gpus = MustParse(
-      "name: g\nmodel: {preset: gpt2-debug, logit_softcap: 30}\nresources: {kind: gpu}\n");
+      "name: g\nmodel: {preset: gpt2-debug, attention_softcap: 50, logit_softcap: 30}\n"
+      "resources: {kind: gpu}\n");
+  EXPECT_EQ(on_gpus.model.attention_softcap, 50.0f);
   EXPECT_EQ(on_gpus.model.logit_softcap, 30.0f);
 }
 
