@@ -68,6 +68,11 @@ int ModelConfig::WindowOf(int layer) const {
   return full ? 0 : sliding_window;
 }
 
+bool ModelConfig::RotatesLayer(int layer) const {
+  return family == ModelFamily::kLlama &&
+         !std::binary_search(nope_layers.begin(), nope_layers.end(), layer);
+}
+
 double ModelConfig::AttendedSpan(double seq_len, int layer) const {
   const double w = WindowOf(layer);
   if (w == 0 || w >= seq_len) return seq_len;
@@ -190,6 +195,24 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
 
 namespace {
 
+// A list of blocks (full_attention_layers, nope_layers): each one of the model's, each once, in
+// increasing order.
+absl::Status ValidateLayerList(const std::vector<int32_t>& list, int layers,
+                               const std::string& field) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] < 0 || list[i] >= layers) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": layer ", list[i],
+                                                     " is not one of the ", layers,
+                                                     " layers (0 to ", layers - 1, ")"));
+    }
+    if (i > 0 && list[i] <= list[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must list each layer once, in increasing order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // model.sliding_window and what goes with it: full_attention_layers, rope_local_theta.
 absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
@@ -206,16 +229,8 @@ absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
     return bad("full_attention_layers",
                "needs a sliding_window (without one every block attends to every position)");
   }
-  for (size_t i = 0; i < c.full_attention_layers.size(); ++i) {
-    const int32_t l = c.full_attention_layers[i];
-    if (l < 0 || l >= c.layers) {
-      return bad("full_attention_layers", absl::StrCat("layer ", l, " is not one of the ", c.layers,
-                                                       " layers (0 to ", c.layers - 1, ")"));
-    }
-    if (i > 0 && l <= c.full_attention_layers[i - 1]) {
-      return bad("full_attention_layers", "must list each layer once, in increasing order");
-    }
-  }
+  TY_RETURN_IF_ERROR(
+      ValidateLayerList(c.full_attention_layers, c.layers, p + ".full_attention_layers"));
   if (c.rope_local_theta != 0.0f) {
     if (!(c.rope_local_theta > 0.0f) || !std::isfinite(c.rope_local_theta)) {
       return bad("rope_local_theta", "must be positive (0 for rope_theta in every block)");
@@ -292,7 +307,7 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
   return absl::OkStatus();
 }
 
-// model.rope_dim and model.rope_scaling.
+// model.rope_dim, nope_layers and rope_scaling.
 absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
@@ -305,6 +320,12 @@ absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
       return bad("rope_dim", absl::StrCat("must be even and at most head_dim ", c.head_dim(),
                                           " (0 for all of it), got ", c.rope_dim));
     }
+  }
+  if (!c.nope_layers.empty()) {
+    if (c.family != ModelFamily::kLlama) {
+      return bad("nope_layers", "only the llama family uses rotary position embeddings");
+    }
+    TY_RETURN_IF_ERROR(ValidateLayerList(c.nope_layers, c.layers, p + ".nope_layers"));
   }
   const RopeScaling& r = c.rope_scaling;
   if (!r.enabled()) return absl::OkStatus();

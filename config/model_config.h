@@ -143,6 +143,10 @@ struct ModelConfig {
   // Llama family: the dimensions of each query and key head that RoPE turns, the first ones
   // (Phi-4 mini's partial_rotary_factor · head_dim); 0 for all head_dim of them.
   int rope_dim = 0;
+  // Llama family: the blocks (counted from 0) whose queries and keys RoPE leaves unturned, so
+  // that their attention sees no positions but the causal mask's (SmolLM3's NoPE layers, every
+  // fourth); empty for RoPE in every block. Increasing, each below layers.
+  std::vector<int32_t> nope_layers;
   RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
@@ -158,6 +162,8 @@ struct ModelConfig {
     return 1.0f / std::sqrt(static_cast<float>(dim));
   }
   int rotary_dim() const { return rope_dim > 0 ? rope_dim : head_dim(); }
+  // Whether RoPE turns block `layer`'s queries and keys: a llama block not in nope_layers.
+  bool RotatesLayer(int layer) const;
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }

@@ -216,6 +216,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "norm_eps",
                                           "rope_theta",
                                           "rope_dim",
+                                          "nope_layers",
                                           "rope_scaling",
                                           "recompute",
                                           "moe",
@@ -268,12 +269,13 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
     return r.ErrorAt("activation",
                      "is for the llama family (the gpt2 family's MLP is GELU, ungated)");
   }
-  for (const char* key : {"rope_theta", "rope_dim", "rope_scaling"}) {
+  for (const char* key : {"rope_theta", "rope_dim", "nope_layers", "rope_scaling"}) {
     if (gpt2 && r.Has(key)) {
       TY_RETURN_IF_ERROR(r.Inert(key, "only the llama family uses rotary position embeddings"));
     }
   }
   if (!gpt2) TY_RETURN_IF_ERROR(r.ReadInt("rope_dim", &m.rope_dim));
+  if (!gpt2) TY_RETURN_IF_ERROR(r.ReadInt32List("nope_layers", &m.nope_layers));
   if (std::optional<FieldReader> scaling = r.Child("rope_scaling"); scaling && !gpt2) {
     TY_RETURN_IF_ERROR(ReadRopeScaling(*scaling, m.max_seq, &m.rope_scaling));
   }

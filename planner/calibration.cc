@@ -198,6 +198,9 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
     if (cap != 0) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, cap);
   }
   if (m.rope_dim != 0) absl::StrAppend(&yaml, "  rope_dim: ", m.rope_dim, "\n");
+  if (!m.nope_layers.empty()) {
+    absl::StrAppend(&yaml, "  nope_layers: [", absl::StrJoin(m.nope_layers, ", "), "]\n");
+  }
   auto floats = [](const std::vector<float>& v) {
     return absl::StrJoin(v, ", ",
                          [](std::string* out, float f) { absl::StrAppendFormat(out, "%.9g", f); });

@@ -194,7 +194,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
-  if (!gpt2) be.Rope(qkv_.data(), shape, RopeOf(m, layer, pos + n), pos);
+  if (m.RotatesLayer(layer)) be.Rope(qkv_.data(), shape, RopeOf(m, layer, pos + n), pos);
   // This pass's keys and values join the cache; the queries attend to every cached position
   // (causally among themselves when the prompt runs as one pass), or to those in their sliding
   // window.

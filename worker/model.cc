@@ -529,6 +529,7 @@ AttentionShape Model::AttentionOf(int layer) const {
 }
 
 void Model::Rotate(int layer, Act* qkv, bool backward) {
+  if (!config_.RotatesLayer(layer)) return;  // a NoPE block (model.nope_layers)
   const Activations& a = *acts_;
   // Under context parallelism this rank holds two chunks of a sequence size() times as long.
   const int64_t positions = int64_t{a.t} * cp_.size();

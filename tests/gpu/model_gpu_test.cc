@@ -54,6 +54,7 @@ struct Case {
   // llama: Gemma 2's attention, scores scaled by 24^-1/2 and capped at 1 (a cap that bends most
   // of them); with a window, the second block attends to every earlier position
   bool gemma2 = false;
+  bool nope = false;  // llama: the first block without RoPE (SmolLM3's NoPE layers)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -66,7 +67,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "") +
       (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
       (info.param.longrope ? "_partial_longrope" : "") +
-      (info.param.gemma2 ? "_gemma2_attention" : "");
+      (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -129,6 +130,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.geglu = mc.scale_embeddings = c.gemma;
   mc.post_norms = c.post_norms;
   mc.logit_softcap = c.logit_softcap;
+  if (c.nope) mc.nope_layers = {0};
   if (c.gemma2) {
     mc.attention_scale_dim = 24;
     mc.attention_softcap = 1.0f;
@@ -525,6 +527,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kF32, false, false, 32, false, 20, true, true, 1.5f, false,
              true},
         Case{"llama-debug", DType::kBF16, false, false, 32, false, 20, true, true, 1.5f, false,
+             true},
+        // SmolLM3's model: the first block without RoPE.
+        Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, false, false,
              true}),
     Name);
 

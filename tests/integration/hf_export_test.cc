@@ -148,6 +148,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .post_norms = mesh.post_norms,
                      .softcaps = mesh.softcaps,
                      .longrope = mesh.longrope,
+                     .nope_layer = mesh.nope_layer,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -264,6 +265,15 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(MeshCase{
                            .name = "phi3_longrope_tp2", .tp = 2, .longrope = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// NoPE blocks export as SmolLM3 and read back on pipeline stages.
+INSTANTIATE_TEST_SUITE_P(SmolLM3, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{
+                                                .name = "smollm3_pp2", .pp = 2, .nope_layer = 1})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -579,6 +589,17 @@ TEST(HfOraclePhi3, PartialRopeWithLongRopeGivesTrainyardsLogits) {
                            .long_factor = {1.5f, 2.5f, 6.0f, 13.0f, 40.0f},
                            .attention_factor = 1.1875f});
   }
+}
+
+// NoPE blocks export as SmolLM3 (its no_rope_layers), which the oracle computes with
+// transformers' SmolLM3 conventions: the second block's queries and keys unturned; then with a
+// window in that NoPE block alone (use_sliding_window, as SmolLM3 places it), over whose cached
+// keys the greedy tokens also run.
+TEST(HfOracleSmolLM3, NopeLayersGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .nope_layer = 1});
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1", .sliding_window = 5, .full_layer = 0, .nope_layer = 1});
 }
 
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).

@@ -32,6 +32,7 @@ struct MeshCase {
   // llama: Phi-4 mini's RoPE, 10 of the 16 dimensions of each head turned with LongRoPE whose
   // original context, 16, is shorter than a 24-position sequence but longer than its chunks.
   bool longrope = false;
+  int nope_layer = -1;  // llama: the one block RoPE leaves unturned (SmolLM3's NoPE; -1: none)
   int micro_batch = 0;  // 0: the spec's
   int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -85,6 +86,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
     if (mesh.longrope) PhiMiniRope(16, &spec->model);
+    if (mesh.nope_layer >= 0) spec->model.nope_layers = {mesh.nope_layer};
   }
   if (mesh.softcaps) {
     spec->model.attention_scale_dim = 3;
@@ -160,6 +162,8 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     {.name = "tp2_pp2_sp_gemma", .tp = 2, .pp = 2, .sequence_parallel = true, .gemma = true},
     // A window in one of two stages' blocks only (local and global blocks, Gemma's pattern).
     {.name = "pp2_window_second_full", .pp = 2, .sliding_window = 5, .full_layer = 1},
+    // SmolLM3's NoPE block on the second stage, under zero bubble's split backward.
+    {.name = "zb_pp2_nope", .pp = 2, .schedule = kZeroBubble, .nope_layer = 1},
     // Norms of the branches' outputs: on each rank's rows under sequence parallelism, their
     // gradients summed over the group with the other norms' (kept for ZB-H1's weight pass).
     {.name = "dp2_tp2_sp_post_norms",
@@ -241,6 +245,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_softcaps", .cp = 2, .softcaps = true, .seq_len = 24},
     // Every chunk turns with the long factors its whole sequence calls for.
     {.name = "cp2_longrope", .cp = 2, .longrope = true, .seq_len = 24},
+    // The first block without RoPE: the ring's chunks keep their positions in the second only.
+    {.name = "cp2_nope", .cp = 2, .nope_layer = 0, .seq_len = 24},
     {.name = "cp2_pp2", .pp = 2, .cp = 2, .seq_len = 24},
     {.name = "cp2_pp2_zb", .pp = 2, .cp = 2, .schedule = kZeroBubble, .seq_len = 24},
     {.name = "cp2_pp2_il",

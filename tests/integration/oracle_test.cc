@@ -109,6 +109,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"logit_softcap\": " << c.logit_softcap
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"rope_dim\": " << c.rope_dim
+      << ", \"nope_layers\": [" << absl::StrJoin(c.nope_layers, ", ") << "]"
       << ", \"batch\": " << kBatch << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps
       << ", \"lr\": " << o.lr << ", \"min_lr_ratio\": " << o.min_lr_ratio
       << ", \"warmup_steps\": " << o.warmup_steps << ", \"schedule\": \"cosine\""
@@ -432,6 +433,16 @@ TEST(TorchOracle, LlamaWithPartialRopeAndLongRope) {
                     .long_factor = {1.5f, 2.0f, 4.0f, 9.0f, 20.0f},
                     .attention_factor = 1.25f};
   ASSERT_GT(kSeq, c.rope_scaling.original_max_seq);
+  CompareWithOracle(c);
+}
+
+// SmolLM3's model: tied embeddings, and a NoPE block (the second) whose queries and keys RoPE
+// leaves unturned; recomputed, so that the backward's second forward skips it too.
+TEST(TorchOracle, LlamaWithNopeLayers) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.tied_embeddings = true;
+  c.nope_layers = {1};
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen3", "qwen3_moe" or "mixtral") and
+"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral" or "smollm3") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -15,7 +15,8 @@ lowest id on ties, the whole forward pass recomputed for every new token).
 This is an oracle independent of Trainyard's parameter contract (torch_model.py): it reads the
 tensor names, layouts and config keys of transformers' GPT2LMHeadModel, LlamaForCausalLM,
 GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM, written from their
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM and SmolLM3ForCausalLM,
+written from their
 documented conventions; it needs neither transformers nor safetensors: it reads the files with its
 own parser (numpy) and computes the forward passes in PyTorch, in float64. See README.md for the conventions.
 
@@ -296,7 +297,8 @@ def read_config(model_dir):
     model_type = raw.get("model_type")
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
-                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe or mixtral)"
+                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe, mixtral or "
+                         "smollm3)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -569,6 +571,7 @@ class Llama:
             raise InputError("%s: rope_scaling = %s is not supported (plain RoPE, linear, "
                              "llama3 or longrope)" % (cfg.path, json.dumps(scaling)))
         self.windows = [None] * self.layers  # each layer's sliding window, None for none
+        self.rope_layers = [True] * self.layers  # whether RoPE turns each layer's q and k
 
     def rotary_dim(self, cfg):
         """The dimensions of each head RoPE turns: all of them (Phi-3 may turn fewer)."""
@@ -635,7 +638,8 @@ class Llama:
             if self.qk_norm:  # Qwen3: each head's RMSNorm over its D, before RoPE
                 q = self.norm(q, w[p + "self_attn.q_norm.weight"])
                 k = self.norm(k, w[p + "self_attn.k_norm.weight"])
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.rope_layers[i]:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -972,10 +976,38 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
+class SmolLM3(Llama):
+    """SmolLM3ForCausalLM: Llama's model (tied embeddings by default) whose NoPE layers leave q
+    and k unturned: no_rope_layers holds one entry per layer, 1 for RoPE and 0 for none, or
+    without it every no_rope_layer_interval-th layer (4) is NoPE. With use_sliding_window and a
+    sliding_window, the NoPE layers attend within the window (layer_types may say otherwise)."""
+
+    tied_by_default = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        flags = cfg.raw.get("no_rope_layers")
+        if flags is None:
+            interval = cfg.int("no_rope_layer_interval", 4)
+            flags = [int((i + 1) % interval != 0) for i in range(self.layers)]
+        if not isinstance(flags, list) or len(flags) < self.layers or any(
+                f not in (0, 1) or isinstance(f, bool) for f in flags):
+            raise InputError("%s: no_rope_layers must list 0 or 1 for each of the %d layers"
+                             % (cfg.path, self.layers))
+        self.rope_layers = [f == 1 for f in flags[:self.layers]]
+        if cfg.bool("use_sliding_window", False) and cfg.raw.get("sliding_window") is not None:
+            window = cfg.int("sliding_window")
+            types = cfg.raw.get("layer_types")
+            if types is None:
+                types = ["full_attention" if r else "sliding_attention" for r in self.rope_layers]
+            self.windows = [window if t == "sliding_attention" else None
+                            for t in types[:self.layers]]
+
+
 MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
-          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral}
+          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral, "smollm3": SmolLM3}
 
 
 def load_weights(model, model_dir):

@@ -77,7 +77,8 @@ def normalize_config(cfg):
     final_logit_softcapping);
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; rope_dim = 0 (RoPE turns the first rope_dim dimensions
-    of each head, 0: all of them); rope_scaling = None (or LongRoPE's, _normalize_longrope);
+    of each head, 0: all of them); nope_layers = [] (llama: the blocks RoPE leaves unturned,
+    SmolLM3's NoPE layers); rope_scaling = None (or LongRoPE's, _normalize_longrope);
     moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
@@ -102,6 +103,7 @@ def normalize_config(cfg):
     out.setdefault("sliding_window", 0)
     out.setdefault("full_attention_layers", [])
     out.setdefault("rope_local_theta", 0.0)
+    out.setdefault("nope_layers", [])
     out.setdefault("post_norms", False)
     out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
     out.setdefault("scale_embeddings", False)
@@ -139,6 +141,12 @@ def normalize_config(cfg):
             for l in full) or sorted(set(full)) != full:
         raise ConfigError("full_attention_layers: increasing layer indices below layers, only "
                           "with a sliding_window, got %r" % (full,))
+    nope = out["nope_layers"]
+    if not isinstance(nope, list) or (nope and family != "llama") or any(
+            isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < out["layers"]
+            for l in nope) or sorted(set(nope)) != nope:
+        raise ConfigError("nope_layers: increasing layer indices below layers, llama family "
+                          "only, got %r" % (nope,))
     local = out["rope_local_theta"]
     if isinstance(local, bool) or not isinstance(local, (int, float)) or local < 0 or (
             local and not window):
@@ -327,7 +335,8 @@ class Attention(nn.Module):
         # soft-capped to (-softcap, softcap) when softcap > 0 (Gemma 2's).
         self.scale = 1.0 / math.sqrt(cfg["attention_scale_dim"] or self.head_dim)
         self.softcap = cfg["attention_softcap"]
-        self.rope = cfg["family"] == "llama"
+        # SmolLM3's NoPE blocks leave queries and keys unturned.
+        self.rope = cfg["family"] == "llama" and layer not in cfg["nope_layers"]
         self.rope_theta = cfg["rope_theta"]
         self.rope_dim = cfg["rope_dim"] or self.head_dim
         self.longrope = cfg["rope_scaling"]

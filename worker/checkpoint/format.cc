@@ -75,6 +75,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_attention_softcap(m.attention_softcap);
   s.set_logit_softcap(m.logit_softcap);
   s.set_rope_dim(m.rope_dim);
+  s.mutable_nope_layers()->Add(m.nope_layers.begin(), m.nope_layers.end());
   s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
                                          m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
@@ -128,6 +129,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.attention_softcap = s.attention_softcap();
   m.logit_softcap = s.logit_softcap();
   m.rope_dim = s.rope_dim();
+  m.nope_layers.assign(s.nope_layers().begin(), s.nope_layers().end());
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();

@@ -547,6 +547,44 @@ absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
   return ReadSlidingWindow(f, m);
 }
 
+// SmolLM3's (SmolLM3ForCausalLM): Llama's model with tied embeddings unless the config says
+// otherwise, and NoPE layers: no_rope_layers holds 1 (RoPE) or 0 (none) for each layer, or
+// without it every no_rope_layer_interval-th layer (4) leaves its queries and keys unturned, as
+// transformers builds the list. With use_sliding_window and a sliding_window, the NoPE layers
+// attend within the window (or those a layer_types list names "sliding_attention").
+absl::Status ReadSmolLM3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;  // SmolLM3's default
+  std::vector<int32_t> rotated;  // the RoPE layers, full-attention ones under a window
+  if (const Value* flags = f.Get("no_rope_layers"); flags != nullptr) {
+    const bool listed =
+        flags->kind_case() == Value::kListValue && flags->list_value().values_size() >= m.layers;
+    for (int l = 0; listed && l < m.layers; ++l) {
+      const Value& flag = flags->list_value().values(l);
+      if (flag.kind_case() != Value::kNumberValue ||
+          (flag.number_value() != 0 && flag.number_value() != 1)) {
+        return f.Bad(
+            "no_rope_layers",
+            absl::StrCat("must hold 1 (RoPE) or 0 (none) for each of the ", m.layers, " layers"));
+      }
+      (flag.number_value() == 1 ? rotated : m.nope_layers).push_back(l);
+    }
+    if (!listed) {
+      return f.Bad("no_rope_layers", absl::StrCat("must hold 1 (RoPE) or 0 (none) for each of the ",
+                                                  m.layers, " layers"));
+    }
+  } else {
+    int interval = 4;  // transformers' default
+    TY_RETURN_IF_ERROR(f.Int("no_rope_layer_interval", &interval, /*required=*/false));
+    for (int l = 0; l < m.layers; ++l)
+      ((l + 1) % interval == 0 ? m.nope_layers : rotated).push_back(l);
+  }
+  bool sliding = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
+  if (!sliding || !f.Has("sliding_window")) return absl::OkStatus();
+  return ReadSlidingWindow(f, m, std::move(rotated));
+}
+
 // Qwen2's and Qwen3's sliding window applies only with use_sliding_window, and then in the layers
 // from max_window_layers on (or those a layer_types list names "sliding_attention").
 absl::Status ReadQwenWindow(const ConfigFields& f, ModelConfig& m) {
@@ -963,6 +1001,64 @@ std::string Phi3ConfigJson(const ModelConfig& m, const char* tied, const std::st
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of SmolLM3 (SmolLM3ForCausalLM): Llama's fields, no_rope_layers (1 for the blocks
+// RoPE turns, 0 for the NoPE ones) and, with a window, use_sliding_window and layer_types (the
+// NoPE blocks sliding: CheckSmolLM3Layout).
+std::string SmolLM3ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  std::string flags, types;
+  for (int l = 0; l < m.layers; ++l) {
+    absl::StrAppend(&flags, l == 0 ? "" : ", ", m.RotatesLayer(l) ? 1 : 0);
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  const bool window = m.sliding_window > 0;
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"SmolLM3ForCausalLM\"],\n  \"model_type\": \"smollm3\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
+      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
+      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
+      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"",
+      ",\n  \"no_rope_layers\": [", flags, "]",
+      ",\n  \"use_sliding_window\": ", window ? "true" : "false",
+      ",\n  \"sliding_window\": ", window ? absl::StrCat(m.sliding_window) : std::string("null"),
+      window ? ",\n  \"layer_types\": [" + types + "]" : std::string(),
+      ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+// NoPE blocks travel as SmolLM3 only: a Llama model with SwiGLU, no biases, query and key norms,
+// Gemma's options, experts, partial RoPE or LongRoPE, and a window (if any) in its NoPE blocks
+// alone, as SmolLM3's use_sliding_window places it.
+absl::Status CheckSmolLM3Layout(const ModelConfig& m) {
+  if (m.nope_layers.empty()) return absl::OkStatus();
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes NoPE blocks (model.nope_layers) in SmolLM3's layout only (SwiGLU, no "
+        "biases, query and key norms, Gemma's options, experts, partial RoPE or LongRoPE, a "
+        "sliding window in the NoPE blocks alone or none)"));
+  };
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the scores are Gemma's");
+  }
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
+  if (m.rope_scaling.longrope) return bad("rope_scaling", "is LongRoPE");
+  for (int l = 0; l < m.layers && m.sliding_window > 0; ++l) {
+    if ((m.WindowOf(l) > 0) == m.RotatesLayer(l)) {
+      return bad("full_attention_layers",
+                 absl::StrCat("does not name exactly the blocks RoPE turns (block ", l, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Partial RoPE and LongRoPE travel as Phi-3 only: a Llama model with SwiGLU, heads of width /
 // heads, no biases, query and key norms, Gemma's options, MoE blocks or window-less blocks.
 absl::Status CheckPhi3Layout(const ModelConfig& m) {
@@ -1004,6 +1100,7 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 }
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
+  TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
   const std::vector<int32_t>& full = m.full_attention_layers;
   if (m.post_norms && !m.qk_norm && m.sliding_window > 0 && GemmaWindowPattern(m) != 2) {
@@ -1023,7 +1120,8 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
         "model.rope_local_theta is set; Trainyard writes the local blocks' own RoPE base in Gemma "
         "3's layout only (rope_local_base_freq), and no other layout has a place for it");
   }
-  if (full.empty() || m.post_norms) return absl::OkStatus();
+  // Gemma's and SmolLM3's windows are their own (checked above).
+  if (full.empty() || m.post_norms || !m.nope_layers.empty()) return absl::OkStatus();
   const bool qwen = m.family == ModelFamily::kLlama && (m.qkv_bias || m.qk_norm);
   const bool leading = full.back() == static_cast<int32_t>(full.size()) - 1;
   if (qwen && leading) return absl::OkStatus();
@@ -1052,6 +1150,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   if (HfExportProjections(m) == HfProjections::kFused) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
+  if (!m.nope_layers.empty()) return SmolLM3ConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
@@ -1095,6 +1194,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     m.qk_norm = true;
     TY_RETURN_IF_ERROR(ReadQwenWindow(fields, m));
     TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(fields, m));
+  } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
+    TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1105,7 +1206,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
-                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\" and \"mixtral\""));
+                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\" and \"smollm3\""));
   }
   if (layout != nullptr) {
     layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;

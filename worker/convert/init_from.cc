@@ -162,13 +162,13 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
     auto text = [](int w) { return w == 0 ? std::string("none") : absl::StrCat(w); };
     return Differ("sliding_window", text(file.sliding_window), source, text(spec.sliding_window));
   }
+  auto layer_list = [](const std::vector<int32_t>& layers) {
+    return layers.empty() ? std::string("none")
+                          : absl::StrCat("[", absl::StrJoin(layers, ", "), "]");
+  };
   if (file.full_attention_layers != spec.full_attention_layers) {
-    auto text = [](const std::vector<int32_t>& layers) {
-      return layers.empty() ? std::string("none")
-                            : absl::StrCat("[", absl::StrJoin(layers, ", "), "]");
-    };
-    return Differ("full_attention_layers", text(file.full_attention_layers), source,
-                  text(spec.full_attention_layers));
+    return Differ("full_attention_layers", layer_list(file.full_attention_layers), source,
+                  layer_list(spec.full_attention_layers));
   }
   if (file.norm_eps != spec.norm_eps) {
     return Differ("norm_eps", num(file.norm_eps), source, num(spec.norm_eps));
@@ -194,6 +194,10 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.rotary_dim() != spec.rotary_dim()) {
     return Differ("rope_dim", absl::StrCat(file.rotary_dim()), source,
                   absl::StrCat(spec.rotary_dim()));
+  }
+  if (file.nope_layers != spec.nope_layers) {
+    return Differ("nope_layers", layer_list(file.nope_layers), source,
+                  layer_list(spec.nope_layers));
   }
   if (file.rope_scaling != spec.rope_scaling) {
     auto text = [](const config::RopeScaling& r) {

@@ -523,6 +523,19 @@ TEST(ParseJobSpecTest, PartialRopeAndLongRope) {
   EXPECT_EQ(same.model.rope_scaling.attention_factor, 1.0f);
 }
 
+// SmolLM3's NoPE blocks: listed blocks leave queries and keys unturned; none by default.
+TEST(ParseJobSpecTest, NopeLayers) {
+  const JobSpec plain = MustParse("name: s\nmodel: {preset: llama-debug}\n");
+  EXPECT_TRUE(plain.model.nope_layers.empty());
+  EXPECT_TRUE(plain.model.RotatesLayer(0) && plain.model.RotatesLayer(1));
+  const JobSpec smol = MustParse("name: s\nmodel: {preset: llama-debug, nope_layers: [1]}\n");
+  EXPECT_EQ(smol.model.nope_layers, (std::vector<int32_t>{1}));
+  EXPECT_TRUE(smol.model.RotatesLayer(0));
+  EXPECT_FALSE(smol.model.RotatesLayer(1));
+  EXPECT_EQ(smol.model.ParameterCount(), plain.model.ParameterCount());
+  EXPECT_FALSE(MustParse("name: s\nmodel: {preset: gpt2-debug}\n").model.RotatesLayer(0));
+}
+
 TEST(ParseJobSpecTest, MoeDefaults) {
   const MoeConfig dense = MustParse("name: dense\nmodel: {preset: gpt2-debug}\n").model.moe;
   EXPECT_EQ(dense.experts, 0);

@@ -106,6 +106,15 @@ TEST(Generator, LongRopeSeesWhatTheTrainingModelSeesAcrossItsSwitch) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
 }
 
+// SmolLM3's NoPE block: the cached keys of the second block stay unturned, as the training
+// model's are.
+TEST(Generator, NopeLayersSeeWhatTheTrainingModelSees) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.nope_layers = {1};
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
+}
+
 // How often each token is drawn in `draws` draws from `logits`.
 std::map<int32_t, int> Draws(const std::vector<float>& logits, const SampleOptions& options,
                              int draws) {

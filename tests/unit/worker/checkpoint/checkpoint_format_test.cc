@@ -215,6 +215,12 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_EQ(ModelFromSignature(SignatureOf(windowed))->full_attention_layers,
             std::vector<int32_t>{1});
   EXPECT_TRUE(ModelFromSignature(SignatureOf(model))->full_attention_layers.empty());
+  // So are SmolLM3's NoPE blocks.
+  config::ModelConfig nope = model;
+  nope.nope_layers = {1};
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(nope), model).ok());
+  EXPECT_EQ(ModelFromSignature(SignatureOf(nope))->nope_layers, std::vector<int32_t>{1});
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(model))->nope_layers.empty());
 
   // So are Gemma's GeGLU and embedding scale: recorded for exports, not compared on resume.
   config::ModelConfig gemma = model;

@@ -712,6 +712,82 @@ TEST(HfFormat, Phi4ConfigReadsAsLlama) {
   EXPECT_EQ(m->ParameterCount(), 14659507200);
 }
 
+// A config.json of SmolLM3 3B's shape (36 layers of 2048 wide, 16 heads over 4 key/value heads,
+// every fourth layer NoPE, no tie_word_embeddings key: tied by SmolLM3's default). 3,075,098,624
+// parameters by hand: embeddings 128256 · 2048 (tied); per layer q and o 2 · 2048², k and v
+// 2 · 512 · 2048, gate, up and down 3 · 11008 · 2048, two norms: 78,123,008, times 36; the final
+// norm. Without no_rope_layers the list comes from no_rope_layer_interval; it writes back as
+// SmolLM3 and reads back equal, with a window in its NoPE blocks too.
+TEST(HfFormat, SmolLM3ConfigReadsAsLlamaWithNopeLayers) {
+  std::string flags;
+  for (int l = 0; l < 36; ++l)
+    absl::StrAppend(&flags, l == 0 ? "" : ", ", (l + 1) % 4 == 0 ? 0 : 1);
+  const std::string json = absl::StrCat(R"({
+    "architectures": ["SmolLM3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 11008,
+    "max_position_embeddings": 65536, "max_window_layers": 28, "mlp_bias": false,
+    "model_type": "smollm3", "no_rope_layer_interval": 4, "no_rope_layers": [)",
+                                        flags, R"(],
+    "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 5000000.0, "sliding_window": null,
+    "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 128256})");
+  auto m = ModelFromHfConfig(json, "SmolLM3-3B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<int32_t> nope;
+  for (int l = 3; l < 36; l += 4) nope.push_back(l);
+  EXPECT_EQ(m->nope_layers, nope);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_EQ(m->rope_theta, 5000000.0f);
+  EXPECT_EQ(m->ParameterCount(), 3075098624);
+  // The interval alone gives the same list; no_rope_layers wins over it.
+  std::string by_interval = json;
+  const size_t list = by_interval.find("\"no_rope_layers\": [");
+  by_interval.replace(list, by_interval.find(']', list) + 1 - list, "\"no_rope_layers\": null");
+  auto interval = ModelFromHfConfig(by_interval, "s/config.json");
+  ASSERT_TRUE(interval.ok()) << interval.status();
+  EXPECT_EQ(interval->nope_layers, nope);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"model_type\": \"smollm3\""));
+  EXPECT_THAT(written, HasSubstr("\"no_rope_layers\": [1, 1, 1, 0, 1, 1, 1, 0,"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->nope_layers, m->nope_layers);
+  EXPECT_EQ(back->tied_embeddings, true);
+
+  // use_sliding_window puts the window in the NoPE blocks; that travels back out too.
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 4096;
+  for (int l = 0; l < 36; ++l) {
+    if (windowed.RotatesLayer(l)) windowed.full_attention_layers.push_back(l);
+  }
+  ASSERT_TRUE(CheckHfWritable(windowed).ok()) << CheckHfWritable(windowed);
+  auto windowed_back = ModelFromHfConfig(HfConfigJson(windowed, TensorDtype::kBF16), "w.json");
+  ASSERT_TRUE(windowed_back.ok()) << windowed_back.status();
+  EXPECT_EQ(windowed_back->sliding_window, 4096);
+  EXPECT_EQ(windowed_back->full_attention_layers, windowed.full_attention_layers);
+  EXPECT_EQ(windowed_back->nope_layers, m->nope_layers);
+
+  // NoPE blocks travel as SmolLM3 only, and SmolLM3's window only in them.
+  config::ModelConfig everywhere = windowed;
+  everywhere.full_attention_layers.clear();
+  EXPECT_THAT(
+      CheckHfWritable(everywhere).message(),
+      HasSubstr("model.full_attention_layers: does not name exactly the blocks RoPE turns"));
+  config::ModelConfig qwen = *m;
+  qwen.qkv_bias = true;
+  EXPECT_THAT(CheckHfWritable(qwen).message(), HasSubstr("SmolLM3's layout only"));
+  config::ModelConfig partial = *m;
+  partial.rope_dim = 64;
+  EXPECT_THAT(CheckHfWritable(partial).message(), HasSubstr("model.rope_dim: is 64"));
+  // A bad list is refused naming the field.
+  std::string bad = json;
+  bad.replace(bad.find("[1, 1, 1, 0"), 11, "[1, 1, 1, 2");
+  EXPECT_THAT(ModelFromHfConfig(bad, "b/config.json").status().message(),
+              HasSubstr("b/config.json: no_rope_layers must hold 1 (RoPE) or 0 (none)"));
+}
+
 // A config.json of Mistral Nemo's shape: 32 heads of 128 over a width of 5120, so q and the
 // output projection are 4096 wide, not 5120. head_dim is the model's and travels back out; a
 // head_dim equal to hidden_size / num_attention_heads (or null) is the plain model.
