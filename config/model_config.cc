@@ -68,6 +68,14 @@ int ModelConfig::WindowOf(int layer) const {
   return full ? 0 : sliding_window;
 }
 
+const char* ModelConfig::GraniteField() const {
+  if (embedding_multiplier != 1.0f) return "embedding_multiplier";
+  if (residual_multiplier != 1.0f) return "residual_multiplier";
+  if (attention_multiplier != 0.0f) return "attention_multiplier";
+  if (logits_scaling != 1.0f) return "logits_scaling";
+  return nullptr;
+}
+
 bool ModelConfig::RotatesLayer(int layer) const {
   return family == ModelFamily::kLlama &&
          !std::binary_search(nope_layers.begin(), nope_layers.end(), layer);
@@ -243,7 +251,8 @@ absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
   return absl::OkStatus();
 }
 
-// model.attention_scale_dim, attention_softcap and logit_softcap (Gemma 2's scores and logits).
+// model.attention_scale_dim, attention_softcap and logit_softcap (Gemma 2's scores and logits),
+// and Granite's multipliers.
 absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
@@ -257,6 +266,24 @@ absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
     if (!(cap >= 0.0f) || !std::isfinite(cap)) {
       return bad(field, absl::StrCat("must be a positive cap (0 for none), got ", cap));
     }
+  }
+  for (const auto& [factor, field] : {std::pair{c.embedding_multiplier, "embedding_multiplier"},
+                                      std::pair{c.residual_multiplier, "residual_multiplier"},
+                                      std::pair{c.logits_scaling, "logits_scaling"}}) {
+    if (!(factor > 0.0f) || !std::isfinite(factor)) {
+      return bad(field, absl::StrCat("must be positive (1 for none), got ", factor));
+    }
+  }
+  if (!(c.attention_multiplier >= 0.0f) || !std::isfinite(c.attention_multiplier)) {
+    return bad("attention_multiplier", absl::StrCat("must be positive (0 for head_dim^-1/2), got ",
+                                                    c.attention_multiplier));
+  }
+  if (c.embedding_multiplier != 1.0f && c.scale_embeddings) {
+    return bad("embedding_multiplier", "and scale_embeddings both scale the embeddings; set one");
+  }
+  if (c.attention_multiplier != 0.0f && c.attention_scale_dim != 0) {
+    return bad("attention_multiplier",
+               "and attention_scale_dim both set the scores' scale; set one");
   }
   return absl::OkStatus();
 }
@@ -373,7 +400,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   // The llama family's options, refused for gpt2.
   const std::pair<bool, const char*> llama_only[] = {{c.qk_norm, "qk_norm"},
                                                      {c.post_norms, "post_norms"},
-                                                     {c.scale_embeddings, "scale_embeddings"}};
+                                                     {c.scale_embeddings, "scale_embeddings"},
+                                                     {c.HasGraniteMultipliers(), c.GraniteField()}};
   for (const auto& [set, field] : llama_only) {
     if (c.family == ModelFamily::kGpt2 && set) return bad(field, "is for the llama family");
   }

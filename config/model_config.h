@@ -138,6 +138,16 @@ struct ModelConfig {
   // The output logits z become C·tanh(z / C) before the loss and sampling (Gemma 2's
   // final_logit_softcapping); 0 for none.
   float logit_softcap = 0.0f;
+  // Llama family, Granite's multipliers (1, or 0 for the attention's, where they change nothing):
+  // the token embeddings times embedding_multiplier on the way in (not with scale_embeddings; a
+  // tied output head uses them unmultiplied); each block's attention and MLP output times
+  // residual_multiplier before it joins the residual stream; attention scores times
+  // attention_multiplier in place of head_dim^-1/2 (not with attention_scale_dim); the output
+  // logits divided by logits_scaling before any soft cap, the loss and sampling.
+  float embedding_multiplier = 1.0f;
+  float residual_multiplier = 1.0f;
+  float attention_multiplier = 0.0f;
+  float logits_scaling = 1.0f;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   // Llama family: the dimensions of each query and key head that RoPE turns, the first ones
@@ -151,17 +161,23 @@ struct ModelConfig {
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
 
-  // The factor the token embeddings are multiplied by: √width with scale_embeddings, else 1.
+  // The factor the token embeddings are multiplied by: √width with scale_embeddings, else
+  // embedding_multiplier (1 unless set).
   float embedding_scale() const {
-    return scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(width))) : 1.0f;
+    return scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(width)))
+                            : embedding_multiplier;
   }
   int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : width / heads; }
   // The factor attention scores are multiplied by before the softmax (and any soft cap).
   float attention_scale() const {
+    if (attention_multiplier > 0.0f) return attention_multiplier;
     const int dim = attention_scale_dim > 0 ? attention_scale_dim : head_dim();
     return 1.0f / std::sqrt(static_cast<float>(dim));
   }
   int rotary_dim() const { return rope_dim > 0 ? rope_dim : head_dim(); }
+  // Whether any of Granite's multipliers is set, and the first one that is (for messages).
+  bool HasGraniteMultipliers() const { return GraniteField() != nullptr; }
+  const char* GraniteField() const;
   // Whether RoPE turns block `layer`'s queries and keys: a llama block not in nope_layers.
   bool RotatesLayer(int layer) const;
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }

@@ -226,7 +226,11 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "post_norms",
                                           "attention_scale_dim",
                                           "attention_softcap",
-                                          "logit_softcap"}));
+                                          "logit_softcap",
+                                          "embedding_multiplier",
+                                          "residual_multiplier",
+                                          "attention_multiplier",
+                                          "logits_scaling"}));
   ModelConfig m;
   if (r.Has("preset")) {
     TY_RETURN_IF_ERROR(ReadPreset(r, &m));
@@ -251,6 +255,10 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
   TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));
+  TY_RETURN_IF_ERROR(r.ReadFloat("embedding_multiplier", &m.embedding_multiplier));
+  TY_RETURN_IF_ERROR(r.ReadFloat("residual_multiplier", &m.residual_multiplier));
+  TY_RETURN_IF_ERROR(r.ReadFloat("attention_multiplier", &m.attention_multiplier));
+  TY_RETURN_IF_ERROR(r.ReadFloat("logits_scaling", &m.logits_scaling));
   size_t activation = m.geglu ? 1 : 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
   m.geglu = activation == 1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -196,6 +197,13 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
   for (const auto& [field, cap] : {std::pair{"attention_softcap", m.attention_softcap},
                                    std::pair{"logit_softcap", m.logit_softcap}}) {
     if (cap != 0) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, cap);
+  }
+  for (const auto& [field, factor, none] :
+       {std::tuple{"embedding_multiplier", m.embedding_multiplier, 1.0f},
+        std::tuple{"residual_multiplier", m.residual_multiplier, 1.0f},
+        std::tuple{"attention_multiplier", m.attention_multiplier, 0.0f},
+        std::tuple{"logits_scaling", m.logits_scaling, 1.0f}}) {
+    if (factor != none) absl::StrAppendFormat(&yaml, "  %s: %.9g\n", field, factor);
   }
   if (m.rope_dim != 0) absl::StrAppend(&yaml, "  rope_dim: ", m.rope_dim, "\n");
   if (!m.nope_layers.empty()) {

@@ -298,6 +298,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     e.acts += saved * 2 * nr * w + nr * w;
     e.floats += saved * 2 * nr;
   }
+  if (c.residual_multiplier != 1.0f) e.acts += nr * w;  // a branch's scaled output gradient
   // Each saved block's MLP (or shared experts, and routed experts), and the backward's scratch
   // for the largest of them.
   const ExpertShapes experts(s);

@@ -369,6 +369,9 @@ class Backend {
     sum->AddHost(total);
   }
   virtual void Scale(float* x, int64_t n, float factor) = 0;
+  // out = factor · in over n activations (out may alias in): model.residual_multiplier on a
+  // block's branch and its gradient, 1 / model.logits_scaling on the final norm's output.
+  virtual void ScaleAct(Act* out, const Act* in, int64_t n, float factor) = 0;
 };
 
 // The fp32 CPU reference backend. `threads` <= 0 uses every core.

@@ -248,6 +248,11 @@ class CpuBackend final : public Backend {
   }
   double SumOfSquares(const float* x, int64_t n) override { return k::SumOfSquares(x, n); }
   void Scale(float* x, int64_t n, float factor) override { k::ScaleInPlace(x, n, factor); }
+  void ScaleAct(Act* out, const Act* in, int64_t n, float factor) override {
+    const float* from = F(in);
+    float* to = F(out);
+    for (int64_t i = 0; i < n; ++i) to[i] = from[i] * factor;
+  }
 
  private:
   static k::BlockDims Dims(const AttentionBlockShape& s) {

@@ -526,6 +526,9 @@ class CudaBackend final : public Backend {
     Run(kc::SumOfSquaresMulti(stream_, list, results, scratch));
   }
   void Scale(float* x, int64_t n, float factor) override { Run(kc::Scale(stream_, x, n, factor)); }
+  void ScaleAct(Act* out, const Act* in, int64_t n, float factor) override {
+    Run(kc::Scale(stream_, act_dtype(), out, in, n, factor));
+  }
 
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}

@@ -218,14 +218,15 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                                         .scale = m.attention_scale(),
                                         .softcap = m.attention_softcap});
   // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
-  // its rows have been read).
+  // its rows have been read) and times residual_multiplier.
   auto add_branch = [&](int64_t post_w) {
+    Act* branch = tmp_.data();
     if (post_w >= 0) {
       be.RmsNorm(norm_.data(), rstd_.data(), tmp_.data(), P(post_w), n, c, m.norm_eps);
-      be.Add(x_.data(), x_.data(), norm_.data(), n * c);
-    } else {
-      be.Add(x_.data(), x_.data(), tmp_.data(), n * c);
+      branch = norm_.data();
     }
+    if (m.residual_multiplier != 1.0f) be.ScaleAct(branch, branch, n * c, m.residual_multiplier);
+    be.Add(x_.data(), x_.data(), branch, n * c);
   };
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
   add_branch(o.attn_post_w);
@@ -264,6 +265,9 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
                  P(layout_.lnf_b()), 1, c, model_.norm_eps);
   } else {
     be.RmsNorm(norm_.data(), rstd_.data(), last, P(layout_.lnf_w()), 1, c, model_.norm_eps);
+  }
+  if (model_.logits_scaling != 1.0f) {
+    be.ScaleAct(norm_.data(), norm_.data(), c, 1.0f / model_.logits_scaling);
   }
   be.Linear(logits_.data(), norm_.data(), P(layout_.lm_head()), nullptr, 1, model_.vocab, c);
   if (model_.logit_softcap > 0.0f) {

@@ -190,9 +190,10 @@ int64_t Model::activation_bytes() const {
       for (const Buffer<float>* b : {&m.logits, &m.row_weight, &m.weight}) add(*b);
       ints += m.source.size() + m.slot.size() + m.to_experts.size() + m.from_experts.size();
     }
-    for (const Buffer<Act>* b : {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc,
-                                 &a.dact, &a.dlnf, &a.lnf_local, &a.tmp_local, &a.dx_full,
-                                 &a.dln_local, &a.dlnf_local, &a.head_norm_scratch, &a.dpost}) {
+    for (const Buffer<Act>* b :
+         {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf,
+          &a.lnf_local, &a.tmp_local, &a.dx_full, &a.dln_local, &a.dlnf_local, &a.head_norm_scratch,
+          &a.dpost, &a.dscaled}) {
       add_act(*b);
     }
     for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse,
@@ -382,6 +383,7 @@ void Model::EnsureActivations(int b, int t) {
     a->norm_scratch = be.AllocFloat(NormScratch());
   }
   if (c.post_norms) a->dpost = be.AllocAct(nr * width);
+  if (c.residual_multiplier != 1.0f) a->dscaled = be.AllocAct(nr * width);
   a->dln = be.AllocAct(n * width);
   a->datt = be.AllocAct(n * attn);
   a->dqkv = be.AllocAct(n * qkv);
@@ -601,20 +603,29 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
 }
 
 void Model::PostNorm(const float* w, Act* saved, float* rstd, Act* branch) {
-  if (!config_.post_norms) return;
   const int64_t rows = local_rows(), width = config_.width;
-  backend_->Copy(saved, branch, rows * width);
-  backend_->RmsNorm(branch, rstd, saved, w, rows, width, config_.norm_eps);
+  if (config_.post_norms) {
+    backend_->Copy(saved, branch, rows * width);
+    backend_->RmsNorm(branch, rstd, saved, w, rows, width, config_.norm_eps);
+  }
+  if (const float m = config_.residual_multiplier; m != 1.0f) {
+    backend_->ScaleAct(branch, branch, rows * width, m);
+  }
 }
 
 absl::StatusOr<Act*> Model::BranchGradient(const float* w, float* dw, const Act* saved,
                                            const float* rstd, Act* dx) {
   const int64_t rows = local_rows(), width = config_.width;
   Act* dbranch = dx;
+  if (const float m = config_.residual_multiplier; m != 1.0f) {
+    dbranch = acts_->dscaled.data();
+    backend_->ScaleAct(dbranch, dx, rows * width, m);
+  }
   if (config_.post_norms) {
+    Act* dnormed = dbranch;
     dbranch = acts_->dpost.data();
     backend_->Fill(dbranch, 0.0f, rows * width);
-    backend_->RmsNormBackward(dbranch, dw, dx, saved, w, rstd, rows, width);
+    backend_->RmsNormBackward(dbranch, dw, dnormed, saved, w, rstd, rows, width);
   }
   Act* full = sp_ ? acts_->dx_full.data() : dbranch;
   TY_RETURN_IF_ERROR(ToFullRows(dbranch, full, width));
@@ -840,6 +851,11 @@ absl::Status Model::FinalNorm(const PendingSum& residual) {
   Act* out = sp_ ? a.lnf_local.data() : a.lnf.data();
   Norm(out, a.lnf_mean.data(), a.lnf_rstd.data(), a.resid[stage().num_layers].data(), residual,
        P(g, layout_.lnf_w()), P(g, layout_.lnf_b()));
+  // Granite's logits_scaling divides the logits: the head's input carries it (one pass over the
+  // rows' width rather than over their vocabulary).
+  if (const float s = config_.logits_scaling; s != 1.0f) {
+    backend_->ScaleAct(out, out, local_rows() * config_.width, 1.0f / s);
+  }
   return ToFullRows(out, a.lnf.data(), config_.width);
 }
 
@@ -849,7 +865,10 @@ absl::Status Model::FinalNormBackward(Act* dx) {
   TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   const int64_t nr = local_rows();
   const Act* x = a.resid[stage().num_layers].data();
-  const Act* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
+  Act* dlnf = sp_ ? a.dlnf_local.data() : a.dlnf.data();
+  if (const float s = config_.logits_scaling; s != 1.0f) {
+    backend_->ScaleAct(dlnf, dlnf, nr * config_.width, 1.0f / s);
+  }
   NormGrads lnf = NormGradTargets(g, layout_.lnf_w(), layout_.lnf_b(), 0);
   if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNormBackward(dx, lnf.weight, lnf.bias, dlnf, x, P(g, layout_.lnf_w()),

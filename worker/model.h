@@ -256,16 +256,17 @@ class Model {
   // rstd, RMSNorm's in rstd), where a pending sum is x's value: the fused add then writes it to x.
   void Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending, const float* w,
             const float* b);
-  // post_norms: the norm (weight w) of a branch's output rows on this rank, in place; their
-  // values before it saved (and the statistics) for the backward. Without post_norms, nothing.
+  // A branch's output rows on this rank as they join the residual stream, in place: with
+  // post_norms normed (weight w; the values before it and the statistics saved for the
+  // backward), then times residual_multiplier. Without either, nothing.
   void PostNorm(const float* w, Act* saved, float* rstd, Act* branch);
   // Floats of a block's norm-gradient scratch: a weight and a bias gradient for each norm, 2 or
   // (post_norms) 4 of them.
   int64_t NormScratch() const { return (config_.post_norms ? 8 : 4) * int64_t{config_.width}; }
   // The gradient at a branch's output, on full rows (dx's, gathered under sequence parallelism),
   // from dx, the gradient at its (normed, with post_norms) value joining the residual stream:
-  // with post_norms through its norm's backward into acts_->dpost first, the weight's gradient
-  // accumulated into dw.
+  // times residual_multiplier (into acts_->dscaled) and with post_norms through its norm's
+  // backward into acts_->dpost, the weight's gradient accumulated into dw.
   [[nodiscard]] absl::StatusOr<Act*> BranchGradient(const float* w, float* dw, const Act* saved,
                                                     const float* rstd, Act* dx);
   // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums

@@ -79,6 +79,8 @@ struct Model::Activations {
   Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
   // post_norms: the gradient at a branch's output, this rank's rows [N / tp, C].
   Buffer<Act> dpost;
+  // residual_multiplier: a branch's output gradient, the multiplier times dx [N / tp, C].
+  Buffer<Act> dscaled;
   // [4, width]: two norms' weight and bias gradients ([8, width]: four norms' with post_norms)
   Buffer<float> norm_scratch;
   // qk_norm: the head norms' scratch [2·N·heads·d] and their weights' gradients [2, d] (the

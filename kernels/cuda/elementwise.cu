@@ -83,16 +83,20 @@ struct FillOp {
   }
 };
 
+// out = factor · in, rounded once to T (out may alias in).
+template <typename T>
 struct ScaleOp {
-  using Elem = float;
-  float* x;
+  using Elem = T;
+  T* out;
+  const T* in;
   float factor;
   template <int kVec>
   __device__ __forceinline__ void Apply(int64_t i) const {
-    Vec<float, kVec> v = LoadVec<float, kVec>(x + i);
+    const Vec<T, kVec> x = LoadVec<T, kVec>(in + i);
+    Vec<T, kVec> y;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) v.v[k] *= factor;
-    StoreVec(x + i, v);
+    for (int k = 0; k < kVec; ++k) y.v[k] = FromFloat<T>(ToFloat(x.v[k]) * factor);
+    StoreVec(out + i, y);
   }
 };
 
@@ -271,7 +275,21 @@ absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor) {
   TY_REQUIRE(n >= 0);
   if (n == 0) return absl::OkStatus();
   TY_REQUIRE(x != nullptr);
-  return LaunchElements(stream, "ScaleKernel", ScaleOp{x, factor}, n, Aligned16(x));
+  return LaunchElements(stream, "ScaleKernel", ScaleOp<float>{x, x, factor}, n, Aligned16(x));
+}
+
+absl::Status Scale(cudaStream_t stream, DType dtype, void* out, const void* in, int64_t n,
+                   float factor) {
+  TY_RETURN_IF_ERROR(CheckDType(dtype));
+  TY_REQUIRE(n >= 0);
+  if (n == 0) return absl::OkStatus();
+  TY_REQUIRE(out != nullptr && in != nullptr);
+  const bool aligned = Aligned16(out) && Aligned16(in);
+  TY_DISPATCH_DTYPE(dtype, T, {
+    const ScaleOp<T> op{static_cast<T*>(out), static_cast<const T*>(in), factor};
+    TY_RETURN_IF_ERROR(LaunchElements(stream, "ScaleActKernel", op, n, aligned));
+  });
+  return absl::OkStatus();
 }
 
 absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,

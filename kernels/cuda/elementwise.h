@@ -30,6 +30,10 @@ namespace trainyard::kernels::cuda {
                                 int64_t n);
 // x *= factor (fp32).
 [[nodiscard]] absl::Status Scale(cudaStream_t stream, float* x, int64_t n, float factor);
+// out = factor · in in storage `dtype`, rounded once (out may alias in): an activation scaled by
+// one of Granite's multipliers.
+[[nodiscard]] absl::Status Scale(cudaStream_t stream, DType dtype, void* out, const void* in,
+                                 int64_t n, float factor);
 // dst (dst_type) = src (src_type), rounding to nearest even when narrowing to bf16. dst and src
 // must not overlap, except as the same buffer of the same type (nothing to do).
 [[nodiscard]] absl::Status Convert(cudaStream_t stream, DType dst_type, void* dst, DType src_type,

@@ -151,6 +151,30 @@ TEST(CudaElementwise, FillAndScale) {
   }
 }
 
+// An activation times a factor (Granite's multipliers), rounded once to its storage type, into
+// another buffer and in place.
+TEST(CudaElementwise, ScaleActivationsRoundsOnce) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(36);
+  for (DType dtype : kDTypes) {
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n));
+      std::vector<float> x = RandomVector(n, rng);
+      if (dtype == DType::kBF16) RoundToBf16(x);
+      std::vector<float> want = x;
+      for (float& v : want) v *= 0.22f;
+      if (dtype == DType::kBF16) RoundToBf16(want);
+      DeviceTensor d_x(x, dtype), d_out(n, dtype);
+      absl::Status status = Scale(nullptr, dtype, d_out.get(), d_x.get(), n, 0.22f);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(Identical(d_out.Read(), want));
+      status = Scale(nullptr, dtype, d_x.get(), d_x.get(), n, 0.22f);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(Identical(d_x.Read(), want));
+    }
+  }
+}
+
 TEST(CudaElementwise, ConvertRoundsToNearestEvenAndCopies) {
   TY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(34);

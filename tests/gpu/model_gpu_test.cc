@@ -55,6 +55,9 @@ struct Case {
   // of them); with a window, the second block attends to every earlier position
   bool gemma2 = false;
   bool nope = false;  // llama: the first block without RoPE (SmolLM3's NoPE layers)
+  // llama: Granite's multipliers (embeddings times 6, branches times 0.5, scores times 1/16,
+  // logits divided by 2)
+  bool granite = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -67,7 +70,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.gemma ? "_gemma" : "") + (info.param.post_norms ? "_post_norms" : "") +
       (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
       (info.param.longrope ? "_partial_longrope" : "") +
-      (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "");
+      (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "") +
+      (info.param.granite ? "_granite" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -131,6 +135,12 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.post_norms = c.post_norms;
   mc.logit_softcap = c.logit_softcap;
   if (c.nope) mc.nope_layers = {0};
+  if (c.granite) {
+    mc.embedding_multiplier = 6.0f;
+    mc.residual_multiplier = 0.5f;
+    mc.attention_multiplier = 0.0625f;
+    mc.logits_scaling = 2.0f;
+  }
   if (c.gemma2) {
     mc.attention_scale_dim = 24;
     mc.attention_softcap = 1.0f;
@@ -530,7 +540,12 @@ INSTANTIATE_TEST_SUITE_P(
              true},
         // SmolLM3's model: the first block without RoPE.
         Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, false, false,
-             true}),
+             true},
+        // Granite's model: the four multipliers, each branch's output and gradient scaled.
+        Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, false, false,
+             false, true},
+        Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 0, false, false,
+             false, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -149,6 +149,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .softcaps = mesh.softcaps,
                      .longrope = mesh.longrope,
                      .nope_layer = mesh.nope_layer,
+                     .granite = mesh.granite,
                      .experts = mesh.experts};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
@@ -271,6 +272,18 @@ INSTANTIATE_TEST_SUITE_P(SmolLM3, HfRoundTrip,
                          ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                                             ::testing::Values(MeshCase{
                                                 .name = "smollm3_pp2", .pp = 2, .nope_layer = 1})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
+
+// Granite's multipliers export as Granite (GraniteForCausalLM's config with the four of them)
+// and read back split over tensor-parallel ranks under sequence parallelism.
+INSTANTIATE_TEST_SUITE_P(Granite, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "granite_tp2_sp",
+                                                                       .tp = 2,
+                                                                       .sequence_parallel = true,
+                                                                       .granite = true})),
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
@@ -600,6 +613,13 @@ TEST(HfOracleSmolLM3, NopeLayersGiveTrainyardsLogits) {
   CheckAgainstTheOracle(
       ModelFamily::kLlama,
       MeshCase{.name = "dp1", .sliding_window = 5, .full_layer = 0, .nope_layer = 1});
+}
+
+// Granite's multipliers export as Granite, which the oracle computes with transformers' Granite
+// conventions (the embeddings, each branch, the scores and the logits scaled); the greedy tokens
+// check the generator's multipliers too.
+TEST(HfOracleGranite, MultipliersGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .granite = true});
 }
 
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).

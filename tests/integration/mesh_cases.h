@@ -33,6 +33,9 @@ struct MeshCase {
   // original context, 16, is shorter than a 24-position sequence but longer than its chunks.
   bool longrope = false;
   int nope_layer = -1;  // llama: the one block RoPE leaves unturned (SmolLM3's NoPE; -1: none)
+  // llama: Granite's multipliers (embeddings times 6, branches times 0.5, scores times 1/16 in
+  // place of the heads' 16^-1/2, logits divided by 2).
+  bool granite = false;
   int micro_batch = 0;  // 0: the spec's
   int seq_len = 0;      // 0: the spec's (model.max_seq grows to it)
   // Mixture of experts (0: dense): four experts, top-2 (model.moe with every other field as
@@ -87,6 +90,12 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
     if (mesh.longrope) PhiMiniRope(16, &spec->model);
     if (mesh.nope_layer >= 0) spec->model.nope_layers = {mesh.nope_layer};
+    if (mesh.granite) {
+      spec->model.embedding_multiplier = 6.0f;
+      spec->model.residual_multiplier = 0.5f;
+      spec->model.attention_multiplier = 0.0625f;
+      spec->model.logits_scaling = 2.0f;
+    }
   }
   if (mesh.softcaps) {
     spec->model.attention_scale_dim = 3;
@@ -164,6 +173,14 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     {.name = "pp2_window_second_full", .pp = 2, .sliding_window = 5, .full_layer = 1},
     // SmolLM3's NoPE block on the second stage, under zero bubble's split backward.
     {.name = "zb_pp2_nope", .pp = 2, .schedule = kZeroBubble, .nope_layer = 1},
+    // Granite's multipliers: each rank's rows of a branch scaled under sequence parallelism, the
+    // logits' divisor on the last stage's vocabulary shards, under zero bubble's split backward.
+    {.name = "zb_tp2_pp2_sp_granite",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kZeroBubble,
+     .granite = true},
     // Norms of the branches' outputs: on each rank's rows under sequence parallelism, their
     // gradients summed over the group with the other norms' (kept for ZB-H1's weight pass).
     {.name = "dp2_tp2_sp_post_norms",

@@ -110,9 +110,13 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"rope_dim\": " << c.rope_dim
       << ", \"nope_layers\": [" << absl::StrJoin(c.nope_layers, ", ") << "]"
-      << ", \"batch\": " << kBatch << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps
-      << ", \"lr\": " << o.lr << ", \"min_lr_ratio\": " << o.min_lr_ratio
-      << ", \"warmup_steps\": " << o.warmup_steps << ", \"schedule\": \"cosine\""
+      << ", \"embedding_multiplier\": " << c.embedding_multiplier
+      << ", \"residual_multiplier\": " << c.residual_multiplier
+      << ", \"attention_multiplier\": " << c.attention_multiplier
+      << ", \"logits_scaling\": " << c.logits_scaling << ", \"batch\": " << kBatch
+      << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
+      << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
+      << ", \"schedule\": \"cosine\""
       << ", \"weight_decay\": " << o.weight_decay << ", \"beta1\": " << o.beta1
       << ", \"beta2\": " << o.beta2 << ", \"eps\": " << o.eps << ", \"grad_clip\": " << o.grad_clip;
   if (const config::RopeScaling& r = c.rope_scaling; r.longrope) {
@@ -442,6 +446,20 @@ TEST(TorchOracle, LlamaWithNopeLayers) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.tied_embeddings = true;
   c.nope_layers = {1};
+  c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// Granite's four multipliers (values of Granite 3's size, scaled to this width), tied embeddings
+// as Granite 3 has them, once recomputed.
+TEST(TorchOracle, LlamaWithGraniteMultipliers) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.tied_embeddings = true;
+  c.embedding_multiplier = 12.0f;
+  c.residual_multiplier = 0.22f;
+  c.attention_multiplier = 0.0625f;
+  c.logits_scaling = 2.5f;
+  CompareWithOracle(c);
   c.recompute = true;
   CompareWithOracle(c);
 }

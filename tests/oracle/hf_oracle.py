@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral" or "smollm3") and
+"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "smollm3" or "granite") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -297,8 +297,8 @@ def read_config(model_dir):
     model_type = raw.get("model_type")
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
-                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe, mixtral or "
-                         "smollm3)"
+                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe, mixtral, "
+                         "smollm3 or granite)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -518,6 +518,11 @@ class Llama:
     qk_norm = False
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
+    # Granite's: each branch's output times residual_multiplier, the scores times
+    # attention_scale (None: 1 / sqrt(head_dim)), the logits divided by logits_scaling.
+    residual_multiplier = 1.0
+    attention_scale = None
+    logits_scaling = 1.0
 
     def __init__(self, cfg):
         self.vocab = cfg.int("vocab_size")
@@ -643,13 +648,13 @@ class Llama:
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            y = merge_heads(causal_attention(q, k, v, self.windows[i]))
-            x = x + y @ w[p + "self_attn.o_proj.weight"].T
+            y = merge_heads(causal_attention(q, k, v, self.windows[i], self.attention_scale))
+            x = x + (y @ w[p + "self_attn.o_proj.weight"].T) * self.residual_multiplier
             m = self.norm(x, w[p + "post_attention_layernorm.weight"])
-            x = x + self.mlp(w, p, m)
+            x = x + self.mlp(w, p, m) * self.residual_multiplier
         x = self.norm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
-        return x @ head.T
+        return (x @ head.T) / self.logits_scaling
 
     def project(self, w, name, a):
         """The q, k or v projection `name` of the rows a: a W^T, plus the bias (Qwen2)."""
@@ -1004,10 +1009,25 @@ class SmolLM3(Llama):
                             for t in types[:self.layers]]
 
 
+class Granite(Llama):
+    """GraniteForCausalLM: Llama's model and tensors with four multipliers, each 1 by default:
+    the embeddings times embedding_multiplier, each layer's attention and MLP output times
+    residual_multiplier before it joins the residual stream, the scores times attention_multiplier
+    (in place of 1 / sqrt(head_dim)) and the logits divided by logits_scaling."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.embedding_scale = cfg.positive("embedding_multiplier", 1.0)
+        self.residual_multiplier = cfg.positive("residual_multiplier", 1.0)
+        self.attention_scale = cfg.positive("attention_multiplier", 1.0)
+        self.logits_scaling = cfg.positive("logits_scaling", 1.0)
+
+
 MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
-          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral, "smollm3": SmolLM3}
+          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral, "smollm3": SmolLM3,
+          "granite": Granite}
 
 
 def load_weights(model, model_dir):

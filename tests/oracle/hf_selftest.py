@@ -381,6 +381,29 @@ class HfOracleTest(unittest.TestCase):
         self.check_against_torch_model("llama_f16", cfg, lambda p: llama_hf_tensors(cfg, p),
                                        llama_hf_config(cfg), "F16")
 
+    def test_granite_matches_torch_model(self):
+        # Granite's four multipliers; then transformers' defaults (every one 1, the scores'
+        # factor too, where torch_model's attention_multiplier 1 says the same).
+        cfg = small_cfg("llama", tied_embeddings=True, embedding_multiplier=6.0,
+                        residual_multiplier=0.5, attention_multiplier=0.0625, logits_scaling=2.0)
+        hf = dict(llama_hf_config(cfg), model_type="granite", architectures=["GraniteForCausalLM"],
+                  embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.0625,
+                  logits_scaling=2.0)
+        self.check_against_torch_model("granite", cfg, lambda p: llama_hf_tensors(cfg, p), hf)
+        plain = small_cfg("llama", attention_multiplier=1.0)
+        hf = dict(llama_hf_config(plain), model_type="granite")
+        self.check_against_torch_model("granite_defaults", plain,
+                                       lambda p: llama_hf_tensors(plain, p), hf)
+
+    def test_smollm3_matches_torch_model(self):
+        # The second of the layers without RoPE (no_rope_layers), tied by SmolLM3's default.
+        cfg = small_cfg("llama", tied_embeddings=True, nope_layers=[1])
+        hf = dict(llama_hf_config(cfg), model_type="smollm3",
+                  architectures=["SmolLM3ForCausalLM"],
+                  no_rope_layers=[1 if i != 1 else 0 for i in range(cfg["layers"])])
+        del hf["tie_word_embeddings"]
+        self.check_against_torch_model("smollm3", cfg, lambda p: llama_hf_tensors(cfg, p), hf)
+
     def test_qwen2_matches_torch_model(self):
         # Llama with random biases on q, k and v; no attention_bias key, no sliding window.
         cfg = small_cfg("llama", qkv_bias=True, tied_embeddings=True)

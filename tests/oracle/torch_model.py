@@ -74,7 +74,10 @@ def normalize_config(cfg):
     Gemma's query_pre_attn_scalar; 0 means head_dim); attention_softcap = 0 (none; else the scaled
     scores s become C*tanh(s/C) before the mask and softmax, Gemma 2's attn_logit_softcapping);
     logit_softcap = 0 (none; else the logits z become C*tanh(z/C), Gemma 2's
-    final_logit_softcapping);
+    final_logit_softcapping); embedding_multiplier = residual_multiplier = logits_scaling = 1
+    and attention_multiplier = 0 (llama may set them, Granite's: the embeddings times the first,
+    each branch's output times the second as it joins the residual stream, the scores times the
+    attention's in place of head_dim^-0.5, the logits divided by the last);
     ffn_hidden = 4*width (gpt2); tied_embeddings = (family == gpt2);
     norm_eps = 1e-5; rope_theta = 10000; rope_dim = 0 (RoPE turns the first rope_dim dimensions
     of each head, 0: all of them); nope_layers = [] (llama: the blocks RoPE leaves unturned,
@@ -110,6 +113,10 @@ def normalize_config(cfg):
     out.setdefault("attention_scale_dim", 0)
     out.setdefault("attention_softcap", 0.0)
     out.setdefault("logit_softcap", 0.0)
+    out.setdefault("embedding_multiplier", 1.0)
+    out.setdefault("residual_multiplier", 1.0)
+    out.setdefault("attention_multiplier", 0.0)
+    out.setdefault("logits_scaling", 1.0)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -164,6 +171,16 @@ def normalize_config(cfg):
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or not math.isfinite(value) or value < 0):
             raise ConfigError("%s: a finite number >= 0 (0: none), got %r" % (key, value))
+        out[key] = float(value)
+    # Granite's multipliers (llama only): 1 each, the attention's 0 (head_dim^-0.5), for none.
+    for key, none in (("embedding_multiplier", 1.0), ("residual_multiplier", 1.0),
+                      ("attention_multiplier", 0.0), ("logits_scaling", 1.0)):
+        value = out[key]
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value < 0 or (value == 0 and none)
+                or (value != none and family != "llama")):
+            raise ConfigError("%s: a positive finite number, other than %g only for the llama "
+                              "family, got %r" % (key, none, value))
         out[key] = float(value)
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
@@ -334,6 +351,8 @@ class Attention(nn.Module):
         # Scores times scale_dim^-0.5 (Gemma's query_pre_attn_scalar; by default head_dim), then
         # soft-capped to (-softcap, softcap) when softcap > 0 (Gemma 2's).
         self.scale = 1.0 / math.sqrt(cfg["attention_scale_dim"] or self.head_dim)
+        if cfg["attention_multiplier"]:  # Granite's: the scale itself
+            self.scale = cfg["attention_multiplier"]
         self.softcap = cfg["attention_softcap"]
         # SmolLM3's NoPE blocks leave queries and keys unturned.
         self.rope = cfg["family"] == "llama" and layer not in cfg["nope_layers"]
@@ -436,6 +455,7 @@ class Block(nn.Module):
         # post_norms (Gemma 2's and 3's): the attention's and the MLP's outputs normed too.
         self.attn_post = _make_norm(cfg) if cfg["post_norms"] else None
         self.mlp_post = _make_norm(cfg) if cfg["post_norms"] else None
+        self.residual_multiplier = cfg["residual_multiplier"]
         if is_moe_layer(cfg, layer):
             self.mlp = None
             self.moe = torch_moe.MoeLayer(cfg["family"], cfg["width"], cfg["moe"], layer,
@@ -446,8 +466,10 @@ class Block(nn.Module):
 
     def forward(self, x):
         """x -> (x, Routing of the MoE layer or None)."""
-        def post(norm, y):
-            return y if norm is None else norm(y)
+        multiplier = self.residual_multiplier
+
+        def post(norm, y):  # Granite's residual_multiplier after any post-norm
+            return (y if norm is None else norm(y)) * multiplier
 
         x = x + post(self.attn_post, self.attn(self.ln1(x)))
         if self.moe is None:
@@ -487,6 +509,7 @@ class Transformer(nn.Module):
         x = self.wte(tokens)
         if self.cfg["scale_embeddings"]:  # Gemma's: the lookup times sqrt(width); the head unscaled
             x = x * math.sqrt(self.cfg["width"])
+        x = x * self.cfg["embedding_multiplier"]  # Granite's (1 unless set)
         if self.wpe is not None:
             x = x + self.wpe.weight[:t]
         routing = []
@@ -496,7 +519,7 @@ class Transformer(nn.Module):
                 routing.append(layer_routing)
         x = self.lnf(x)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head)
+        logits = F.linear(x, head) / self.cfg["logits_scaling"]  # Granite's (1 unless set)
         if self.cfg["logit_softcap"]:  # Gemma 2's final_logit_softcapping
             logits = softcap(logits, self.cfg["logit_softcap"])
         return logits, routing

@@ -76,6 +76,10 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_logit_softcap(m.logit_softcap);
   s.set_rope_dim(m.rope_dim);
   s.mutable_nope_layers()->Add(m.nope_layers.begin(), m.nope_layers.end());
+  s.set_embedding_multiplier(m.embedding_multiplier);
+  s.set_residual_multiplier(m.residual_multiplier);
+  s.set_attention_multiplier(m.attention_multiplier);
+  s.set_logits_scaling(m.logits_scaling);
   s.mutable_full_attention_layers()->Add(m.full_attention_layers.begin(),
                                          m.full_attention_layers.end());
   s.set_norm_eps(m.norm_eps);
@@ -130,6 +134,10 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.logit_softcap = s.logit_softcap();
   m.rope_dim = s.rope_dim();
   m.nope_layers.assign(s.nope_layers().begin(), s.nope_layers().end());
+  if (s.embedding_multiplier() > 0) m.embedding_multiplier = s.embedding_multiplier();
+  if (s.residual_multiplier() > 0) m.residual_multiplier = s.residual_multiplier();
+  m.attention_multiplier = s.attention_multiplier();
+  if (s.logits_scaling() > 0) m.logits_scaling = s.logits_scaling();
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();

@@ -585,6 +585,24 @@ absl::Status ReadSmolLM3Config(const ConfigFields& f, ModelConfig& m) {
   return ReadSlidingWindow(f, m, std::move(rotated));
 }
 
+// Granite's (GraniteForCausalLM, as Granite 3.x is published): Llama's model and tensors with
+// four multipliers, each transformers' default 1 when absent: the embeddings'
+// (embedding_multiplier), each branch's before it joins the residual stream
+// (residual_multiplier), the attention scores' in place of head_dim^-1/2 (attention_multiplier)
+// and the logits' divisor (logits_scaling).
+absl::Status ReadGraniteConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  m.attention_multiplier = 1.0f;
+  TY_RETURN_IF_ERROR(f.Float("embedding_multiplier", &m.embedding_multiplier));
+  TY_RETURN_IF_ERROR(f.Float("residual_multiplier", &m.residual_multiplier));
+  TY_RETURN_IF_ERROR(f.Float("attention_multiplier", &m.attention_multiplier));
+  TY_RETURN_IF_ERROR(f.Float("logits_scaling", &m.logits_scaling));
+  // A multiplier of head_dim^-1/2 is the default scale, as Trainyard writes a model without one.
+  const float usual = 1.0f / std::sqrt(static_cast<float>(m.head_dim()));
+  if (m.head_dim() > 0 && m.attention_multiplier == usual) m.attention_multiplier = 0.0f;
+  return absl::OkStatus();
+}
+
 // Qwen2's and Qwen3's sliding window applies only with use_sliding_window, and then in the layers
 // from max_window_layers on (or those a layer_types list names "sliding_attention").
 absl::Status ReadQwenWindow(const ConfigFields& f, ModelConfig& m) {
@@ -832,6 +850,25 @@ void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs
 
 namespace {
 
+// config.json's opening, shared by Llama's, SmolLM3's and Gemma's layouts: the architecture and
+// model type, then the shape through rope_theta; `sizes` holds the MLPs' fields after hidden_size.
+std::string LlamaShapeJson(const ModelConfig& m, const std::string& architecture,
+                           const std::string& type, const std::string& sizes) {
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width, sizes,
+      ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
+      ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
+      ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta));
+}
+
+// The one intermediate_size of a model without experts.
+std::string DenseSizeJson(const ModelConfig& m) {
+  return absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden);
+}
+
 // config.json of the Llama family: Llama's, Mistral's (a sliding window), Mixtral's (MoE),
 // Qwen2's (biases on q, k and v), Qwen3's (query and key norms) or Qwen3-MoE's (both of the last
 // kinds' fields).
@@ -852,7 +889,7 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
                                           : "LlamaForCausalLM";
   std::string sizes;  // the MLPs' sizes and the experts
   if (!experts) {
-    sizes = absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden);
+    sizes = DenseSizeJson(m);
   } else if (!m.qk_norm) {  // Mixtral: intermediate_size is each expert's
     sizes = absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
                          ",\n  \"num_local_experts\": ", moe.experts,
@@ -889,15 +926,9 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
            : absl::StrCat(experts || mistral ? ",\n  \"sliding_window\": " + window : "",
                           ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false");
   return absl::StrCat(
-      "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
-      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width, sizes,
-      ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
-      ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
-      ",\n  \"max_position_embeddings\": ", m.max_seq,
-      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
-      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
-      ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"", attention,
-      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+      LlamaShapeJson(m, architecture, type, sizes), ",\n  \"rope_scaling\": ", RopeScalingJson(m),
+      ",\n  \"hidden_act\": \"silu\"", attention, ",\n  \"tie_word_embeddings\": ", tied,
+      ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
 // A soft cap in config.json: the number, or null for none.
@@ -938,18 +969,11 @@ std::string GemmaConfigJson(const ModelConfig& m, const char* tied, const std::s
                                            : "Gemma2ForCausalLM";
   const char* type = !m.post_norms ? "gemma" : m.qk_norm ? "gemma3_text" : "gemma2";
   const std::string local_blocks = m.post_norms ? GemmaLocalBlocksJson(m) : "";
-  return absl::StrCat(
-      "{\n  \"architectures\": [\"", architecture, "\"],\n  \"model_type\": \"", type, "\",\n",
-      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
-      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
-      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
-      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
-      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
-      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
-      ",\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n  \"hidden_activation\": "
-      "\"gelu_pytorch_tanh\",\n  \"attention_bias\": false",
-      local_blocks, ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype,
-      "\"\n}\n");
+  return absl::StrCat(LlamaShapeJson(m, architecture, type, DenseSizeJson(m)),
+                      ",\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n  \"hidden_activation\": "
+                      "\"gelu_pytorch_tanh\",\n  \"attention_bias\": false",
+                      local_blocks, ",\n  \"tie_word_embeddings\": ", tied,
+                      ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
 // A list of factors in config.json.
@@ -1013,13 +1037,7 @@ std::string SmolLM3ConfigJson(const ModelConfig& m, const char* tied, const std:
   }
   const bool window = m.sliding_window > 0;
   return absl::StrCat(
-      "{\n  \"architectures\": [\"SmolLM3ForCausalLM\"],\n  \"model_type\": \"smollm3\",\n",
-      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
-      ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"num_hidden_layers\": ", m.layers,
-      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
-      ",\n  \"head_dim\": ", m.head_dim(), ",\n  \"max_position_embeddings\": ", m.max_seq,
-      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
-      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta),
+      LlamaShapeJson(m, "SmolLM3ForCausalLM", "smollm3", DenseSizeJson(m)),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"",
       ",\n  \"no_rope_layers\": [", flags, "]",
       ",\n  \"use_sliding_window\": ", window ? "true" : "false",
@@ -1027,6 +1045,55 @@ std::string SmolLM3ConfigJson(const ModelConfig& m, const char* tied, const std:
       window ? ",\n  \"layer_types\": [" + types + "]" : std::string(),
       ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false",
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+// What Phi-3's and SmolLM3's layouts share with Llama's and cannot hold beside it: biases on q,
+// k and v, query and key norms, Gemma's activation, embeddings, norms or scores, and experts.
+// bad(field, why) words the refusal in the caller's layout.
+template <typename Refusal>
+absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad) {
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the scores are Gemma's");
+  }
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  return absl::OkStatus();
+}
+
+// config.json of Granite (GraniteForCausalLM): Llama's fields and the four multipliers, the
+// attention's written as the scale itself (head_dim^-1/2 when the model has none).
+std::string GraniteConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  return absl::StrCat(
+      LlamaShapeJson(m, "GraniteForCausalLM", "granite", DenseSizeJson(m)),
+      ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"",
+      ",\n  \"embedding_multiplier\": ", ShortFloat(m.embedding_multiplier),
+      ",\n  \"residual_multiplier\": ", ShortFloat(m.residual_multiplier),
+      ",\n  \"attention_multiplier\": ", ShortFloat(m.attention_scale()),
+      ",\n  \"logits_scaling\": ", ShortFloat(m.logits_scaling),
+      ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+// Granite's multipliers travel as Granite only: a Llama model with SwiGLU, no biases, query and
+// key norms, Gemma's options, experts, partial RoPE or LongRoPE, NoPE blocks or sliding window.
+absl::Status CheckGraniteLayout(const ModelConfig& m) {
+  if (!m.HasGraniteMultipliers()) return absl::OkStatus();
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes Granite's multipliers (model.embedding_multiplier, "
+        "residual_multiplier, attention_multiplier, logits_scaling) in Granite's layout only "
+        "(SwiGLU, no biases, query and key norms, Gemma's options, experts, partial RoPE or "
+        "LongRoPE, NoPE blocks or sliding window)"));
+  };
+  TY_RETURN_IF_ERROR(CheckPlainLlama(m, bad));
+  if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
+  if (m.rope_scaling.longrope) return bad("rope_scaling", "is LongRoPE");
+  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  return absl::OkStatus();
 }
 
 // NoPE blocks travel as SmolLM3 only: a Llama model with SwiGLU, no biases, query and key norms,
@@ -1041,13 +1108,7 @@ absl::Status CheckSmolLM3Layout(const ModelConfig& m) {
         "biases, query and key norms, Gemma's options, experts, partial RoPE or LongRoPE, a "
         "sliding window in the NoPE blocks alone or none)"));
   };
-  if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.qk_norm) return bad("qk_norm", "is true");
-  if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
-      m.attention_softcap != 0 || m.logit_softcap != 0) {
-    return bad("activation", "or the scores are Gemma's");
-  }
-  if (m.moe.enabled()) return bad("moe", "has experts");
+  TY_RETURN_IF_ERROR(CheckPlainLlama(m, bad));
   if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
   if (m.rope_scaling.longrope) return bad("rope_scaling", "is LongRoPE");
   for (int l = 0; l < m.layers && m.sliding_window > 0; ++l) {
@@ -1070,10 +1131,7 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
         "(SwiGLU, heads of width / heads, no biases, query and key norms, Gemma's options, MoE "
         "blocks or other RoPE scaling, the sliding window in every block or none)"));
   };
-  if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.qk_norm) return bad("qk_norm", "is true");
-  if (m.geglu || m.scale_embeddings || m.post_norms) return bad("activation", "is Gemma's");
-  if (m.moe.enabled()) return bad("moe", "has experts");
+  TY_RETURN_IF_ERROR(CheckPlainLlama(m, bad));
   if (m.explicit_head_dim != 0) {
     return bad("head_dim", absl::StrCat("is ", m.explicit_head_dim,
                                         " (Phi-3's heads are width / "
@@ -1100,6 +1158,7 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 }
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
+  TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
   const std::vector<int32_t>& full = m.full_attention_layers;
@@ -1151,6 +1210,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
   if (!m.nope_layers.empty()) return SmolLM3ConfigJson(m, tied, torch_dtype);
+  if (m.HasGraniteMultipliers()) return GraniteConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
@@ -1196,6 +1256,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
+  } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
+    TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1206,7 +1268,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
-                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\" and \"smollm3\""));
+                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"smollm3\" and "
+                     "\"granite\""));
   }
   if (layout != nullptr) {
     layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;

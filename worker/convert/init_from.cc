@@ -119,6 +119,34 @@ absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeCo
   return SameChoice("moe.balance", file.has_bias(), spec.has_bias(), source, "bias", "aux_loss");
 }
 
+// The factors the scores, embeddings, branches and logits are scaled or capped by (Gemma 2's and
+// Granite's): OK when they are the same, else names the first that differs.
+absl::Status CheckSameScores(const ModelConfig& file, const ModelConfig& spec,
+                             const std::string& source) {
+  auto num = [](auto v) { return absl::StrCat(v); };
+  if (file.attention_scale() != spec.attention_scale()) {
+    const bool multiplier = file.attention_multiplier != 0 || spec.attention_multiplier != 0;
+    auto text = [multiplier](const ModelConfig& m) {
+      if (multiplier) return absl::StrCat(m.attention_scale());
+      return absl::StrCat(m.attention_scale_dim > 0 ? m.attention_scale_dim : m.head_dim());
+    };
+    return Differ(multiplier ? "attention_multiplier" : "attention_scale_dim", text(file), source,
+                  text(spec));
+  }
+  for (const auto& [field, a, b] :
+       {std::tuple{"embedding_multiplier", file.embedding_multiplier, spec.embedding_multiplier},
+        std::tuple{"residual_multiplier", file.residual_multiplier, spec.residual_multiplier},
+        std::tuple{"logits_scaling", file.logits_scaling, spec.logits_scaling}}) {
+    if (a != b) return Differ(field, num(a), source, num(b));
+  }
+  for (const auto& [field, a, b] :
+       {std::tuple{"attention_softcap", file.attention_softcap, spec.attention_softcap},
+        std::tuple{"logit_softcap", file.logit_softcap, spec.logit_softcap}}) {
+    if (a != b) return Differ(field, a == 0 ? "none" : num(a), source, b == 0 ? "none" : num(b));
+  }
+  return absl::OkStatus();
+}
+
 // OK when `file` (the weights' model) is `spec`'s model; else names the first field that differs.
 absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
                             const std::string& source) {
@@ -176,17 +204,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   if (file.family == ModelFamily::kLlama && file.rope_theta != spec.rope_theta) {
     return Differ("rope_theta", num(file.rope_theta), source, num(spec.rope_theta));
   }
-  if (file.attention_scale() != spec.attention_scale()) {
-    auto text = [](const ModelConfig& m) {
-      return absl::StrCat(m.attention_scale_dim > 0 ? m.attention_scale_dim : m.head_dim());
-    };
-    return Differ("attention_scale_dim", text(file), source, text(spec));
-  }
-  for (const auto& [field, a, b] :
-       {std::tuple{"attention_softcap", file.attention_softcap, spec.attention_softcap},
-        std::tuple{"logit_softcap", file.logit_softcap, spec.logit_softcap}}) {
-    if (a != b) return Differ(field, a == 0 ? "none" : num(a), source, b == 0 ? "none" : num(b));
-  }
+  TY_RETURN_IF_ERROR(CheckSameScores(file, spec, source));
   if (file.rope_local_theta != spec.rope_local_theta) {
     return Differ("rope_local_theta", num(file.rope_local_theta), source,
                   num(spec.rope_local_theta));

@@ -536,6 +536,28 @@ TEST(ParseJobSpecTest, NopeLayers) {
   EXPECT_FALSE(MustParse("name: s\nmodel: {preset: gpt2-debug}\n").model.RotatesLayer(0));
 }
 
+TEST(ParseJobSpecTest, GraniteMultipliers) {
+  const ModelConfig plain = MustParse("name: s\nmodel: {preset: llama-debug}\n").model;
+  EXPECT_FALSE(plain.HasGraniteMultipliers());
+  EXPECT_EQ(plain.embedding_scale(), 1.0f);
+  EXPECT_EQ(plain.attention_scale(), 0.25f);  // heads of 16
+  const ModelConfig granite =
+      MustParse(
+          "name: s\nmodel: {preset: llama-debug, embedding_multiplier: 12, residual_multiplier: "
+          "0.22, attention_multiplier: 0.0625, logits_scaling: 8}\n")
+          .model;
+  EXPECT_TRUE(granite.HasGraniteMultipliers());
+  EXPECT_EQ(granite.embedding_scale(), 12.0f);
+  EXPECT_EQ(granite.residual_multiplier, 0.22f);
+  EXPECT_EQ(granite.attention_scale(), 0.0625f);
+  EXPECT_EQ(granite.logits_scaling, 8.0f);
+  EXPECT_EQ(granite.ParameterCount(), plain.ParameterCount());
+  // One multiplier alone is Granite's too (and names itself in messages).
+  const ModelConfig residual =
+      MustParse("name: s\nmodel: {preset: llama-debug, residual_multiplier: 0.5}\n").model;
+  EXPECT_STREQ(residual.GraniteField(), "residual_multiplier");
+}
+
 TEST(ParseJobSpecTest, MoeDefaults) {
   const MoeConfig dense = MustParse("name: dense\nmodel: {preset: gpt2-debug}\n").model.moe;
   EXPECT_EQ(dense.experts, 0);

@@ -115,6 +115,18 @@ TEST(Generator, NopeLayersSeeWhatTheTrainingModelSees) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
 }
 
+// Granite's multipliers: the embeddings, each branch joining the cached residual stream, the
+// scores against cached keys and the logits, scaled as the training model scales them.
+TEST(Generator, GraniteMultipliersAreTheTrainingModels) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.embedding_multiplier = 6.0f;
+  model.residual_multiplier = 0.5f;
+  model.attention_multiplier = 0.0625f;
+  model.logits_scaling = 2.0f;
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
+}
+
 // How often each token is drawn in `draws` draws from `logits`.
 std::map<int32_t, int> Draws(const std::vector<float>& logits, const SampleOptions& options,
                              int draws) {

@@ -221,6 +221,26 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_TRUE(CheckModelMatches(SignatureOf(nope), model).ok());
   EXPECT_EQ(ModelFromSignature(SignatureOf(nope))->nope_layers, std::vector<int32_t>{1});
   EXPECT_TRUE(ModelFromSignature(SignatureOf(model))->nope_layers.empty());
+  // So are Granite's multipliers; a signature from before them (0s) reads as none.
+  config::ModelConfig granite = model;
+  granite.embedding_multiplier = 12.0f;
+  granite.residual_multiplier = 0.22f;
+  granite.attention_multiplier = 0.0078125f;
+  granite.logits_scaling = 16.0f;
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(granite), model).ok());
+  const absl::StatusOr<config::ModelConfig> multiplied = ModelFromSignature(SignatureOf(granite));
+  ASSERT_TRUE(multiplied.ok()) << multiplied.status();
+  EXPECT_EQ(multiplied->embedding_multiplier, 12.0f);
+  EXPECT_EQ(multiplied->residual_multiplier, 0.22f);
+  EXPECT_EQ(multiplied->attention_multiplier, 0.0078125f);
+  EXPECT_EQ(multiplied->logits_scaling, 16.0f);
+  ModelSignature before = SignatureOf(model);
+  before.clear_embedding_multiplier();
+  before.clear_residual_multiplier();
+  before.clear_logits_scaling();
+  const absl::StatusOr<config::ModelConfig> old = ModelFromSignature(before);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_FALSE(old->HasGraniteMultipliers());
 
   // So are Gemma's GeGLU and embedding scale: recorded for exports, not compared on resume.
   config::ModelConfig gemma = model;

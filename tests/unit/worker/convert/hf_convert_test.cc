@@ -788,6 +788,76 @@ TEST(HfFormat, SmolLM3ConfigReadsAsLlamaWithNopeLayers) {
               HasSubstr("b/config.json: no_rope_layers must hold 1 (RoPE) or 0 (none)"));
 }
 
+// Granite 3.1 8B's config: Llama's shape with its four multipliers, tied embeddings; 8.17B
+// parameters by hand: 49155 · 4096 embeddings, and per block q and o 4096², k and v 4096 · 1024,
+// the MLP 3 · 4096 · 12800 and two norms, 40 blocks, the final norm.
+TEST(HfFormat, GraniteConfigReadsAsLlamaWithMultipliers) {
+  const std::string json = R"({
+    "architectures": ["GraniteForCausalLM"], "attention_bias": false, "attention_dropout": 0.1,
+    "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0, "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 12800, "logits_scaling": 16.0,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "granite",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+    "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 10000000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "vocab_size": 49155})";
+  auto m = ModelFromHfConfig(json, "granite-3.1-8b/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->embedding_multiplier, 12.0f);
+  EXPECT_EQ(m->residual_multiplier, 0.22f);
+  EXPECT_EQ(m->attention_multiplier, 0.0078125f);
+  EXPECT_EQ(m->attention_scale(), 0.0078125f);
+  EXPECT_EQ(m->logits_scaling, 16.0f);
+  EXPECT_EQ(m->embedding_scale(), 12.0f);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->ParameterCount(), int64_t{49155} * 4096 +
+                                     40 * (2 * int64_t{4096} * 4096 + 2 * int64_t{4096} * 1024 +
+                                           3 * int64_t{4096} * 12800 + 2 * 4096) +
+                                     4096);
+  EXPECT_EQ(m->ParameterCount(), 8170848256);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"model_type\": \"granite\""));
+  EXPECT_THAT(written, HasSubstr("\"residual_multiplier\": 0.22"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->embedding_multiplier, m->embedding_multiplier);
+  EXPECT_EQ(back->residual_multiplier, m->residual_multiplier);
+  EXPECT_EQ(back->attention_multiplier, m->attention_multiplier);
+  EXPECT_EQ(back->logits_scaling, m->logits_scaling);
+
+  // transformers' defaults: every multiplier 1, the scores' too (not head_dim^-1/2).
+  std::string plain = json;
+  for (const char* key : {"\"attention_multiplier\": 0.0078125,", "\"embedding_multiplier\": 12.0,",
+                          "\"logits_scaling\": 16.0,", "\"residual_multiplier\": 0.22,"}) {
+    plain.erase(plain.find(key), std::string(key).size());
+  }
+  auto defaults = ModelFromHfConfig(plain, "d/config.json");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->attention_scale(), 1.0f);
+  EXPECT_EQ(defaults->embedding_multiplier, 1.0f);
+  // A model without an attention multiplier writes head_dim^-1/2, which reads back as none.
+  config::ModelConfig usual = *m;
+  usual.attention_multiplier = 0.0f;
+  auto usual_back = ModelFromHfConfig(HfConfigJson(usual, TensorDtype::kF32), "u/config.json");
+  ASSERT_TRUE(usual_back.ok()) << usual_back.status();
+  EXPECT_EQ(usual_back->attention_multiplier, 0.0f);
+
+  // The multipliers travel as Granite only.
+  config::ModelConfig normed = *m;
+  normed.qk_norm = true;
+  EXPECT_THAT(CheckHfWritable(normed).message(), HasSubstr("model.qk_norm: is true"));
+  EXPECT_THAT(CheckHfWritable(normed).message(), HasSubstr("in Granite's layout only"));
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 4096;
+  EXPECT_THAT(CheckHfWritable(windowed).message(), HasSubstr("model.sliding_window: is 4096"));
+  // A multiplier that is not a positive number is refused naming the field.
+  std::string bad = json;
+  bad.replace(bad.find("0.22"), 4, "-0.5");
+  EXPECT_THAT(ModelFromHfConfig(bad, "b/config.json").status().message(),
+              HasSubstr("b/config.json: residual_multiplier must be a positive number"));
+}
+
 // A config.json of Mistral Nemo's shape: 32 heads of 128 over a width of 5120, so q and the
 // output projection are 4096 wide, not 5120. head_dim is the model's and travels back out; a
 // head_dim equal to hidden_size / num_attention_heads (or null) is the plain model.
