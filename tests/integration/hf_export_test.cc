@@ -277,16 +277,23 @@ INSTANTIATE_TEST_SUITE_P(SmolLM3, HfRoundTrip,
                          });
 
 // Granite's multipliers export as Granite (GraniteForCausalLM's config with the four of them)
-// and read back split over tensor-parallel ranks under sequence parallelism.
-INSTANTIATE_TEST_SUITE_P(Granite, HfRoundTrip,
-                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
-                                            ::testing::Values(MeshCase{.name = "granite_tp2_sp",
-                                                                       .tp = 2,
-                                                                       .sequence_parallel = true,
-                                                                       .granite = true})),
-                         [](const auto& info) {
-                           return std::string(std::get<1>(info.param).name);
-                         });
+// and read back split over tensor-parallel ranks under sequence parallelism; with experts as
+// GraniteMoE (each kind of expert weight stacked in one tensor), read back with the experts
+// split over data-parallel ranks under ZeRO-3.
+INSTANTIATE_TEST_SUITE_P(
+    Granite, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "granite_tp2_sp",
+                                                  .tp = 2,
+                                                  .sequence_parallel = true,
+                                                  .granite = true},
+                                         MeshCase{.name = "granitemoe_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .granite = true,
+                                                  .experts = 4,
+                                                  .ep = 2})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -472,7 +479,11 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   const double error = RelativeError(ours, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
-              mesh.experts > 0 ? (mesh.qk_norm ? " (qwen3_moe)" : " (mixtral)") : "", error);
+              mesh.experts == 0 ? ""
+              : mesh.qk_norm    ? " (qwen3_moe)"
+              : mesh.granite    ? " (granitemoe)"
+                                : " (mixtral)",
+              error);
   EXPECT_LE(error, 1e-4);
 
   // Greedy generation with the key/value cache, from the export and from the checkpoint itself,
@@ -620,6 +631,14 @@ TEST(HfOracleSmolLM3, NopeLayersGiveTrainyardsLogits) {
 // check the generator's multipliers too.
 TEST(HfOracleGranite, MultipliersGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .granite = true});
+}
+
+// With experts, Granite's model exports as GraniteMoE, which the oracle computes with
+// transformers' GraniteMoE conventions (the stacked experts, the top k's softmax over their
+// scores alone).
+TEST(HfOracleGraniteMoe, StackedExpertsGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .granite = true, .experts = 4});
 }
 
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).

@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "smollm3" or "granite") and
+"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "smollm3", "granite" or "granitemoe") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -298,7 +298,7 @@ def read_config(model_dir):
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe, mixtral, "
-                         "smollm3 or granite)"
+                         "smollm3, granite or granitemoe)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -888,6 +888,15 @@ class Qwen3(Llama):
         self.read_qwen_window(cfg)
 
 
+def read_expert_counts(cfg):
+    """(num_local_experts, num_experts_per_tok), at most as many picks as experts."""
+    experts, top_k = cfg.int("num_local_experts"), cfg.int("num_experts_per_tok")
+    if top_k > experts:
+        raise InputError("%s: num_experts_per_tok %d exceeds num_local_experts %d"
+                         % (cfg.path, top_k, experts))
+    return experts, top_k
+
+
 class Mixtral(Llama):
     """MixtralForCausalLM: Llama's attention, and in every layer a sparse MLP
     (block_sparse_moe): the router `gate` scores each token's experts with a softmax over all
@@ -897,11 +906,7 @@ class Mixtral(Llama):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.experts = cfg.int("num_local_experts")
-        self.top_k = cfg.int("num_experts_per_tok")
-        if self.top_k > self.experts:
-            raise InputError("%s: num_experts_per_tok %d exceeds num_local_experts %d"
-                             % (cfg.path, self.top_k, self.experts))
+        self.experts, self.top_k = read_expert_counts(cfg)
         self.read_window(cfg)
 
     def mlp_tensors(self, p):
@@ -1023,11 +1028,43 @@ class Granite(Llama):
         self.logits_scaling = cfg.positive("logits_scaling", 1.0)
 
 
+class GraniteMoe(Granite):
+    """GraniteMoeForCausalLM: Granite's model with a sparse MLP in every layer
+    (block_sparse_moe): the router `router.layer` scores each token's experts, the
+    num_experts_per_tok highest scores are kept and their weights are a softmax over those scores
+    alone; each kind of expert weight is stacked in one tensor, input_linear
+    [experts, 2 * intermediate_size, hidden] (an expert's gate rows, then its up rows) and
+    output_linear [experts, hidden, intermediate_size]."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.experts, self.top_k = read_expert_counts(cfg)
+
+    def mlp_tensors(self, p):
+        C, F_, E = self.width, self.ffn, self.experts
+        moe = p + "block_sparse_moe."
+        return [(moe + "router.layer.weight", (E, C)),
+                (moe + "input_linear.weight", (E, 2 * F_, C)),
+                (moe + "output_linear.weight", (E, C, F_))]
+
+    def mlp(self, w, p, m):
+        moe, F_ = p + "block_sparse_moe.", self.ffn
+        scores = m @ w[moe + "router.layer.weight"].T
+        top, chosen = torch.topk(scores, self.top_k, dim=-1)
+        gates = torch.softmax(top, dim=-1)
+        stacked_in, stacked_out = w[moe + "input_linear.weight"], w[moe + "output_linear.weight"]
+        out = torch.zeros_like(m)
+        for j in range(self.experts):
+            weight = (gates * (chosen == j)).sum(dim=-1, keepdim=True)
+            out = out + weight * swiglu(m, stacked_in[j][:F_], stacked_in[j][F_:], stacked_out[j])
+        return out
+
+
 MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral, "smollm3": SmolLM3,
-          "granite": Granite}
+          "granite": Granite, "granitemoe": GraniteMoe}
 
 
 def load_weights(model, model_dir):

@@ -217,19 +217,29 @@ def mixtral_hf_tensors(cfg, params):
     router as block_sparse_moe.gate, expert j's gate and up rows of the experts' fc as its w1 and
     w3, and its [C, F] slab of the experts' proj as its w2."""
     E, F_ = cfg["moe"]["experts"], cfg["moe"]["ffn"]
+
+    def experts(c, p, fc, proj):
+        out = [(p + "gate.weight", params[c + "router.w"])]
+        for j in range(E):
+            e = p + "experts.%d." % j
+            out += [(e + "w1.weight", fc[2 * j * F_:(2 * j + 1) * F_]),
+                    (e + "w2.weight", proj[j]),
+                    (e + "w3.weight", fc[(2 * j + 1) * F_:(2 * j + 2) * F_])]
+        return out
+
+    return sparse_hf_tensors(cfg, params, experts)
+
+
+def sparse_hf_tensors(cfg, params, experts):
+    """[(HF name, array)] of a contract Llama MoE with every block sparse: Llama's attention, then
+    each block's experts(contract prefix, block_sparse_moe prefix, experts' fc, experts' proj)."""
     out = []
     for name, array in llama_hf_tensors(cfg, params, mlp=False):
         out.append((name, array))
         if name.endswith("post_attention_layernorm.weight"):
             i = int(name.split(".")[2])
             c, p = "h.%d.moe." % i, "model.layers.%d.block_sparse_moe." % i
-            fc, proj = params[c + "experts.fc.w"], params[c + "experts.proj.w"]
-            out.append((p + "gate.weight", params[c + "router.w"]))
-            for j in range(E):
-                e = p + "experts.%d." % j
-                out += [(e + "w1.weight", fc[2 * j * F_:(2 * j + 1) * F_]),
-                        (e + "w2.weight", proj[j]),
-                        (e + "w3.weight", fc[(2 * j + 1) * F_:(2 * j + 2) * F_])]
+            out += experts(c, p, params[c + "experts.fc.w"], params[c + "experts.proj.w"])
     return out
 
 
@@ -652,6 +662,25 @@ class HfOracleTest(unittest.TestCase):
         proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
         self.assertEqual(proc.returncode, 2)
         self.assertIn("num_experts_per_tok 5 exceeds num_local_experts 4", proc.stderr)
+
+    def test_granitemoe_matches_torch_model(self):
+        # GraniteMoE: Mixtral's routing (the top k's softmax over their scores alone is the full
+        # softmax renormalised) with Granite's multipliers, each kind of expert weight stacked.
+        granite = {"embedding_multiplier": 6.0, "residual_multiplier": 0.5,
+                   "attention_multiplier": 0.0625, "logits_scaling": 2.0}
+        cfg = moe_cfg("llama", {"shared_experts": 0, "normalize_top_k": True, "score": "softmax",
+                                "every": 1, "top_k": 2}, **granite)
+        E, F_ = cfg["moe"]["experts"], cfg["moe"]["ffn"]
+
+        def to_hf(params):
+            return sparse_hf_tensors(cfg, params, lambda c, p, fc, proj: [
+                (p + "router.layer.weight", params[c + "router.w"]),
+                (p + "input_linear.weight", fc.reshape(E, 2 * F_, fc.shape[-1])),
+                (p + "output_linear.weight", proj)])
+
+        hf = dict(mixtral_hf_config(cfg), model_type="granitemoe",
+                  architectures=["GraniteMoeForCausalLM"], **granite)
+        self.check_against_torch_model("granitemoe", cfg, to_hf, hf)
 
     def test_qwen3_moe_matches_torch_model(self):
         # Qwen3-MoE: Qwen3's attention (wide heads, query and key norms), MoE in every second

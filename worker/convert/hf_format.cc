@@ -125,6 +125,22 @@ void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h
   out.push_back(std::move(proj));
 }
 
+// GraniteMoE's experts, each kind's weights stacked in one tensor: the router
+// block_sparse_moe.router.layer, input_linear [experts, 2·ffn, width] (each expert's gate rows,
+// then its up rows: our fc.w's rows in order) and output_linear [experts, width, ffn] (our proj.w).
+void AddStackedExperts(const ModelConfig& m, const std::string& p, const std::string& h,
+                       std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
+  const std::string moe = h + "block_sparse_moe.";
+  out.push_back(Whole(p + "moe.router.w", {experts, c}, moe + "router.layer.weight"));
+  out.push_back({p + "moe.experts.fc.w",
+                 {experts * 2 * f, c},
+                 {{moe + "input_linear.weight", 0, experts * 2 * f, false, {experts, 2 * f, c}}}});
+  out.push_back({p + "moe.experts.proj.w",
+                 {experts, c, f},
+                 {{moe + "output_linear.weight", 0, experts, false, {experts, c, f}}}});
+}
+
 void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
                    std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
@@ -160,6 +176,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
   } else {
     out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
   }
+  if (m.moe.IsMoeLayer(l) && m.HasGraniteMultipliers()) return AddStackedExperts(m, p, h, out);
   if (m.moe.IsMoeLayer(l)) {
     return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
   }
@@ -646,6 +663,17 @@ absl::Status ReadMixtralConfig(const ConfigFields& f, ModelConfig& m) {
   return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
+// GraniteMoE's experts over a Granite config: Mixtral's (every block sparse, intermediate_size
+// each expert's hidden size, the top k's weights a softmax over their scores alone, which is the
+// full softmax's renormalised), stacked in three tensors per block (AddStackedExperts).
+absl::Status ReadGraniteMoeConfig(const ConfigFields& f, ModelConfig& m) {
+  config::MoeConfig& moe = m.moe;
+  TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_local_experts", moe));
+  moe.ffn = m.ffn_hidden;
+  moe.normalize_top_k = true;
+  return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
+}
+
 // Qwen3-MoE's experts over a Qwen3 config: sparse blocks every decoder_sparse_step (as
 // model.moe.every counts them), dense ones of intermediate_size between, none forced dense.
 absl::Status ReadQwen3MoeConfig(const ConfigFields& f, ModelConfig& m) {
@@ -669,6 +697,7 @@ absl::Status ReadQwen3MoeConfig(const ConfigFields& f, ModelConfig& m) {
 }  // namespace
 
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
+  if (!piece.shape.empty()) return piece.shape;
   if (tensor.shape.size() == 1) return {piece.rows};
   if (tensor.shape.size() == 3) return {piece.rows * tensor.shape[1], tensor.shape[2]};
   const int64_t cols = tensor.shape[1];
@@ -715,8 +744,8 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
         "model.moe", field, ": ", why,
         "; Trainyard writes and reads mixture-of-experts models in Hugging Face's Mixtral layout "
         "only (a Llama model, every block MoE, no shared experts, softmax scores with "
-        "normalize_top_k, balance: aux_loss), or with model.qk_norm in Qwen3-MoE's (MoE blocks "
-        "every `every`, normalize_top_k either way)"));
+        "normalize_top_k, balance: aux_loss; with Granite's multipliers GraniteMoE's), or with "
+        "model.qk_norm in Qwen3-MoE's (MoE blocks every `every`, normalize_top_k either way)"));
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
   if (moe.every != 1 && !m.qk_norm) return bad(".every", absl::StrCat("is ", moe.every));
@@ -1047,26 +1076,37 @@ std::string SmolLM3ConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
-// What Phi-3's and SmolLM3's layouts share with Llama's and cannot hold beside it: biases on q,
-// k and v, query and key norms, Gemma's activation, embeddings, norms or scores, and experts.
-// bad(field, why) words the refusal in the caller's layout.
+// What Phi-3's, SmolLM3's and Granite's layouts share with Llama's and cannot hold beside it:
+// biases on q, k and v, query and key norms, Gemma's activation, embeddings, norms or scores, and
+// experts (unless `experts` allows them). bad(field, why) words the refusal in the caller's layout.
 template <typename Refusal>
-absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad) {
+absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad, bool experts = false) {
   if (m.qkv_bias) return bad("qkv_bias", "is true");
   if (m.qk_norm) return bad("qk_norm", "is true");
   if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
       m.attention_softcap != 0 || m.logit_softcap != 0) {
     return bad("activation", "or the scores are Gemma's");
   }
-  if (m.moe.enabled()) return bad("moe", "has experts");
+  if (m.moe.enabled() && !experts) return bad("moe", "has experts");
   return absl::OkStatus();
 }
 
 // config.json of Granite (GraniteForCausalLM): Llama's fields and the four multipliers, the
-// attention's written as the scale itself (head_dim^-1/2 when the model has none).
+// attention's written as the scale itself (head_dim^-1/2 when the model has none); with experts
+// GraniteMoE's (GraniteMoeForCausalLM), intermediate_size each expert's.
 std::string GraniteConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  const std::string sizes =
+      moe.enabled()
+          ? absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
+                         ",\n  \"num_local_experts\": ", moe.experts,
+                         ",\n  \"num_experts_per_tok\": ", moe.top_k,
+                         ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
+                         ",\n  \"output_router_logits\": false")
+          : DenseSizeJson(m);
   return absl::StrCat(
-      LlamaShapeJson(m, "GraniteForCausalLM", "granite", DenseSizeJson(m)),
+      LlamaShapeJson(m, moe.enabled() ? "GraniteMoeForCausalLM" : "GraniteForCausalLM",
+                     moe.enabled() ? "granitemoe" : "granite", sizes),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m), ",\n  \"hidden_act\": \"silu\"",
       ",\n  \"embedding_multiplier\": ", ShortFloat(m.embedding_multiplier),
       ",\n  \"residual_multiplier\": ", ShortFloat(m.residual_multiplier),
@@ -1076,19 +1116,20 @@ std::string GraniteConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
-// Granite's multipliers travel as Granite only: a Llama model with SwiGLU, no biases, query and
-// key norms, Gemma's options, experts, partial RoPE or LongRoPE, NoPE blocks or sliding window.
+// Granite's multipliers travel as Granite (or with experts GraniteMoE, whose experts are
+// Mixtral's: CheckMoeLayout) only: a Llama model with SwiGLU, no biases, query and key norms,
+// Gemma's options, partial RoPE or LongRoPE, NoPE blocks or sliding window.
 absl::Status CheckGraniteLayout(const ModelConfig& m) {
   if (!m.HasGraniteMultipliers()) return absl::OkStatus();
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
         "; Trainyard writes Granite's multipliers (model.embedding_multiplier, "
-        "residual_multiplier, attention_multiplier, logits_scaling) in Granite's layout only "
-        "(SwiGLU, no biases, query and key norms, Gemma's options, experts, partial RoPE or "
-        "LongRoPE, NoPE blocks or sliding window)"));
+        "residual_multiplier, attention_multiplier, logits_scaling) in Granite's and "
+        "GraniteMoE's layouts only (SwiGLU, no biases, query and key norms, Gemma's options, "
+        "partial RoPE or LongRoPE, NoPE blocks or sliding window)"));
   };
-  TY_RETURN_IF_ERROR(CheckPlainLlama(m, bad));
+  TY_RETURN_IF_ERROR(CheckPlainLlama(m, bad, /*experts=*/true));
   if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
   if (m.rope_scaling.longrope) return bad("rope_scaling", "is LongRoPE");
   if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
@@ -1258,6 +1299,12 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
     TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
+  } else if (model_type == "granitemoe") {  // Granite's, and experts
+    TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
+    TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));
+    // The multipliers choose the stacked experts' names (HfTensors): one that only restates
+    // the default scale is kept, so that a GraniteMoE without any other still reads as one.
+    if (!m.HasGraniteMultipliers()) m.attention_multiplier = m.attention_scale();
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1268,8 +1315,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
-                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"smollm3\" and "
-                     "\"granite\""));
+                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"smollm3\", "
+                     "\"granite\" and \"granitemoe\""));
   }
   if (layout != nullptr) {
     layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;

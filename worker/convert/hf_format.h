@@ -39,6 +39,9 @@ struct HfPiece {
   int64_t row_begin = 0;
   int64_t rows = 0;
   bool transpose = false;  // theirs is [cols, rows] of ours
+  // Theirs' shape where the rows do not imply it (the same elements in the same order): GraniteMoE
+  // stacks its experts' weights as [experts, rows, cols]. Empty: HfShape's.
+  std::vector<int64_t> shape = {};
 };
 
 // One of our global tensors (the ParameterLayout name and shape) and the pieces that make it.

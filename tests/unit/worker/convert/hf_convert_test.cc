@@ -788,6 +788,66 @@ TEST(HfFormat, SmolLM3ConfigReadsAsLlamaWithNopeLayers) {
               HasSubstr("b/config.json: no_rope_layers must hold 1 (RoPE) or 0 (none)"));
 }
 
+// A GraniteMoE config (32 experts, top 8, in each of 24 blocks of width 1024): Granite's
+// multipliers over Mixtral's experts, intermediate_size each expert's; 1,334,628,352 parameters
+// by hand (per block the attention's 4 · 1024² − 2 · 1024 · 512, the experts' 32 · 3 · 1024 · 512,
+// the router's 32 · 1024 and two norms; 49155 · 1024 tied embeddings and the final norm). Its
+// experts' weights are stacked, one tensor of each kind per block.
+TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
+  const std::string json = R"({
+    "architectures": ["GraniteMoeForCausalLM"], "attention_bias": false,
+    "attention_multiplier": 0.015625, "embedding_multiplier": 12.0, "hidden_act": "silu",
+    "hidden_size": 1024, "intermediate_size": 512, "logits_scaling": 6.0,
+    "max_position_embeddings": 4096, "model_type": "granitemoe", "num_attention_heads": 16,
+    "num_experts_per_tok": 8, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": false, "residual_multiplier": 0.22,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000, "router_aux_loss_coef": 0.01,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49155})";
+  auto m = ModelFromHfConfig(json, "granitemoe/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->moe.experts, 32);
+  EXPECT_EQ(m->moe.top_k, 8);
+  EXPECT_EQ(m->moe.ffn, 512);
+  EXPECT_EQ(m->moe.every, 1);
+  EXPECT_TRUE(m->moe.normalize_top_k);
+  EXPECT_EQ(m->moe.aux_loss_coeff, 0.01f);
+  EXPECT_EQ(m->residual_multiplier, 0.22f);
+  EXPECT_EQ(m->attention_multiplier, 0.015625f);
+  const int64_t block = 2 * int64_t{1024} * 1024 + 2 * int64_t{1024} * 512 +
+                        32 * 3 * int64_t{1024} * 512 + 32 * 1024 + 2 * 1024;
+  EXPECT_EQ(m->ParameterCount(), 24 * block + int64_t{49155} * 1024 + 1024);
+  EXPECT_EQ(m->ParameterCount(), 1334628352);
+
+  auto maps = HfTensors(*m, HfProjections::kSeparate);
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *maps) {
+    for (const HfPiece& piece : t.pieces) shapes[piece.name] = HfShape(t, piece);
+  }
+  const std::string moe = "model.layers.23.block_sparse_moe.";
+  EXPECT_EQ(shapes[moe + "input_linear.weight"], (std::vector<int64_t>{32, 1024, 1024}));
+  EXPECT_EQ(shapes[moe + "output_linear.weight"], (std::vector<int64_t>{32, 1024, 512}));
+  EXPECT_EQ(shapes[moe + "router.layer.weight"], (std::vector<int64_t>{32, 1024}));
+  EXPECT_EQ(shapes.count("model.layers.0.block_sparse_moe.experts.0.w1.weight"), 0u);
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"GraniteMoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"num_local_experts\": 32"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->moe.experts, 32);
+  EXPECT_EQ(back->moe.top_k, 8);
+  EXPECT_EQ(back->moe.ffn, 512);
+  EXPECT_EQ(back->moe.aux_loss_coeff, 0.01f);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->logits_scaling, 6.0f);
+  // GraniteMoE's experts are Mixtral's: shared experts have no place in it.
+  config::ModelConfig shared = *m;
+  shared.moe.shared_experts = 1;
+  EXPECT_THAT(HfTensors(shared, HfProjections::kSeparate).status().message(),
+              HasSubstr("model.moe.shared_experts: is 1"));
+}
+
 // Granite 3.1 8B's config: Llama's shape with its four multipliers, tied embeddings; 8.17B
 // parameters by hand: 49155 · 4096 embeddings, and per block q and o 4096², k and v 4096 · 1024,
 // the MLP 3 · 4096 · 12800 and two norms, 40 blocks, the final norm.
@@ -847,7 +907,8 @@ TEST(HfFormat, GraniteConfigReadsAsLlamaWithMultipliers) {
   config::ModelConfig normed = *m;
   normed.qk_norm = true;
   EXPECT_THAT(CheckHfWritable(normed).message(), HasSubstr("model.qk_norm: is true"));
-  EXPECT_THAT(CheckHfWritable(normed).message(), HasSubstr("in Granite's layout only"));
+  EXPECT_THAT(CheckHfWritable(normed).message(),
+              HasSubstr("in Granite's and GraniteMoE's layouts only"));
   config::ModelConfig windowed = *m;
   windowed.sliding_window = 4096;
   EXPECT_THAT(CheckHfWritable(windowed).message(), HasSubstr("model.sliding_window: is 4096"));
