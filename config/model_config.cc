@@ -119,6 +119,7 @@ int64_t ModelConfig::ParameterCount() const {
     // The router (its selection bias is not trained), the routed and the shared experts.
     total += int64_t{moe.experts} * c + moe.experts * mlp(moe.ffn);
     if (moe.shared_experts > 0) total += mlp(int64_t{moe.shared_experts} * moe.ffn);
+    if (moe.shared_gate) total += c;
   }
   if (!tied_embeddings) total += v * c;
   return total;
@@ -179,6 +180,12 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
   }
   if (moe.shared_experts < 0) {
     return bad("shared_experts", absl::StrCat("must be at least 0, got ", moe.shared_experts));
+  }
+  if (moe.shared_gate && moe.shared_experts == 0) {
+    return bad("shared_gate", "gates the shared experts, and model.moe.shared_experts is 0");
+  }
+  if (moe.shared_gate && c.family != ModelFamily::kLlama) {
+    return bad("shared_gate", "is the llama family's (GPT-2's shared experts have biases)");
   }
   if (moe.every < 1 || moe.every > c.layers) {
     return bad("every",

@@ -25,7 +25,9 @@ enum class ModelFamily {
 // are softmax(logits) or sigmoid(logits); a token picks the top_k of score + bias (bias: the
 // auxiliary-loss-free rule's per-expert selection bias, zero under aux_loss; ties go to the lower
 // expert index) and weighs expert e by score_e, divided by the sum of its picks' scores when
-// normalize_top_k. The output is Σ weight · expert(x) + shared(x).
+// normalize_top_k. The output is Σ weight · expert(x) + shared(x), or with `shared_gate`
+// (Qwen2-MoE's shared_expert_gate) Σ weight · expert(x) + sigmoid(x · g) · shared(x), g a learned
+// [width] vector of the block.
 enum class MoeBalance {
   kAuxLoss,  // + aux_loss_coeff · E · Σᵢ fᵢ·Pᵢ per micro-batch (fᵢ: share of the micro-batch's
              // picks that went to i, Pᵢ: its mean normalised score)
@@ -38,6 +40,7 @@ struct MoeConfig {
   int experts = 0;  // 0: a dense model (no MoE layers)
   int top_k = 1;
   int shared_experts = 0;
+  bool shared_gate = false;  // the shared experts' output gated per token (above)
   int every = 1;
   int ffn = 0;  // each expert's hidden size (the family's MLP shape)
   MoeScore score = MoeScore::kSoftmax;

@@ -253,24 +253,28 @@ struct ExpertShapes {
         experts(s.model.moe.experts),
         ffn(s.model.moe.ffn / s.mesh.tp),
         fc(s.model.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn),
-        received(ReceivedRowsBound(s)) {}
+        received(ReceivedRowsBound(s)),
+        gated(s.model.moe.shared_gate) {}
   // A saved block's (LayerActivations::Experts): the router's fp32 logits [n, E], the picks'
   // sources and slots (int32) and two weights (fp32), and their rows in, through fc and the
   // activation, and out; under expert parallelism the received rows in, through fc and the
-  // activation, and the orders between rank-major and expert-major rows (int32).
+  // activation, and the orders between rank-major and expert-major rows (int32); with a shared
+  // gate its fp32 values [n].
   void AddSaved(int64_t width, SlotElements& e) const {
-    e.floats += n * experts + 2 * picks;
+    e.floats += n * experts + 2 * picks + (gated ? n : 0);
     e.ints += 2 * picks + 2 * received;
     e.acts += picks * (2 * width + fc + ffn) + received * (width + fc + ffn);
   }
   // The backward's MoE scratch, once in a slot that holds an MoE block: the picks' output and
   // input gradients, their combine weights' gradients and the router logits' (fp32); under
-  // expert parallelism the exchange's two buffers of received rows.
+  // expert parallelism the exchange's two buffers of received rows; with a shared gate the
+  // shared experts' gated output gradient [n, C] and the gate logits' gradient (fp32).
   void AddBackwardScratch(int64_t width, SlotElements& e) const {
-    e.acts += 2 * picks * width + 2 * received * width;
-    e.floats += picks + n * experts;
+    e.acts += 2 * picks * width + 2 * received * width + (gated ? n * width : 0);
+    e.floats += picks + n * experts + (gated ? n : 0);
   }
   const int64_t n, picks, experts, ffn, fc, received;
+  const bool gated;
 };
 
 }  // namespace

@@ -215,6 +215,8 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
   // dropless; fewer when a capacity drops some, which this bound does not know).
   if (const int moe_blocks = s.moe_blocks(); moe_blocks > 0) {
     out.push_back(Times(tp.AllReduce(rows * s.model.moe.top_k, kFloat), moe_blocks));
+    // shared_gate: each row's gate-logit gradient from this rank's share of the hidden units.
+    if (s.model.moe.shared_gate) out.push_back(Times(tp.AllReduce(rows, kFloat), moe_blocks));
   }
   if (s.last()) {
     const int64_t vocab = s.model.vocab / n;

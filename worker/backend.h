@@ -289,7 +289,8 @@ class Backend {
   // dout · weight, dweight += doutᵀ · inp; either skipped when null.
   virtual void LinearF32Backward(Act* dinp, float* dweight, const float* dout, const Act* inp,
                                  const float* weight, int64_t m, int64_t n, int64_t k) = 0;
-  // out row r = scale[r] · inp row rows[r] (scale null: 1), `count` rows of `cols`.
+  // out row r = scale[r] · inp row rows[r] (rows null: row r; scale null: 1), `count` rows of
+  // `cols`.
   virtual void GatherRows(Act* out, const Act* inp, const int32_t* rows, const float* scale,
                           int64_t count, int64_t cols) = 0;
   // out row t (overwritten, or accumulated) = Σ_j weights[t·k + j] · inp row slots[t·k + j] over
@@ -308,6 +309,14 @@ class Backend {
   // out[r] = ⟨a row a_rows[r], b row r⟩ for r < count.
   virtual void RowDots(float* out, const Act* a, const int32_t* a_rows, const Act* b, int64_t count,
                        int64_t cols) = 0;
+  // The shared experts' gate (config::MoeConfig::shared_gate; kernels/cpu/moe.h): gate[r] =
+  // sigmoid(logits[r]) and x row r ×= gate[r] (gate may be logits); and its backward, dlogits[r]
+  // = (1 − gate[r]) · ⟨act row r, dact row r⟩ from the gated MLP's hidden activation and its
+  // gradient.
+  virtual void SigmoidGateRows(float* gate, const float* logits, Act* x, int64_t rows,
+                               int64_t cols) = 0;
+  virtual void SigmoidGateBackward(float* dlogits, const float* gate, const Act* act,
+                                   const Act* dact, int64_t rows, int64_t cols) = 0;
 
   // x ← C·tanh(x / C) over [rows, cols], rows ld apart: the final logits' soft cap C > 0
   // (model.logit_softcap).

@@ -148,6 +148,14 @@ class CpuBackend final : public Backend {
                int64_t cols) override {
     k::RowDots(out, F(a), a_rows, F(b), count, cols);
   }
+  void SigmoidGateRows(float* gate, const float* logits, Act* x, int64_t rows,
+                       int64_t cols) override {
+    k::SigmoidGateRows(gate, logits, F(x), rows, cols);
+  }
+  void SigmoidGateBackward(float* dlogits, const float* gate, const Act* act, const Act* dact,
+                           int64_t rows, int64_t cols) override {
+    k::SigmoidGateBackward(dlogits, gate, F(act), F(dact), rows, cols);
+  }
   void LayerNorm(Act* out, float* mean, float* rstd, const Act* inp, const float* w, const float* b,
                  int64_t rows, int64_t c, float eps) override {
     k::LayerNormForward(F(out), mean, rstd, F(inp), w, b, rows, c, eps);
@@ -249,9 +257,7 @@ class CpuBackend final : public Backend {
   double SumOfSquares(const float* x, int64_t n) override { return k::SumOfSquares(x, n); }
   void Scale(float* x, int64_t n, float factor) override { k::ScaleInPlace(x, n, factor); }
   void ScaleAct(Act* out, const Act* in, int64_t n, float factor) override {
-    const float* from = F(in);
-    float* to = F(out);
-    for (int64_t i = 0; i < n; ++i) to[i] = from[i] * factor;
+    k::ScaleInto(F(out), F(in), n, factor);
   }
 
  private:

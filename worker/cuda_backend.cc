@@ -250,6 +250,14 @@ class CudaBackend final : public Backend {
                int64_t cols) override {
     Run(kc::RowDots(stream_, act_dtype(), out, a, a_rows, b, count, cols));
   }
+  void SigmoidGateRows(float* gate, const float* logits, Act* x, int64_t rows,
+                       int64_t cols) override {
+    Run(kc::SigmoidGateRows(stream_, act_dtype(), gate, logits, x, rows, cols));
+  }
+  void SigmoidGateBackward(float* dlogits, const float* gate, const Act* act, const Act* dact,
+                           int64_t rows, int64_t cols) override {
+    Run(kc::SigmoidGateBackward(stream_, act_dtype(), dlogits, gate, act, dact, rows, cols));
+  }
 
   // The experts' MLPs with each GEMM as one grouped call over the experts (kc::Gemm::Grouped),
   // and the biases and the activation each as one launch over all the experts' rows. Where a

@@ -140,6 +140,7 @@ void Generator::Reserve(int64_t rows) {
   const config::MoeConfig& moe = m.moe;
   const int64_t picks = rows * moe.top_k, fc = gpt2 ? moe.ffn : 2 * int64_t{moe.ffn};
   router_logits_ = be.AllocFloat(rows * moe.experts);
+  if (moe.shared_gate) shared_gate_ = be.AllocFloat(rows);
   host_router_logits_.resize(rows * moe.experts);
   source_ = be.AllocInt(picks);
   slot_ = be.AllocInt(picks);
@@ -246,6 +247,10 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
     }
     be.Linear(tmp_.data(), act_.data(), P(o.mlp_proj_w), gpt2 ? P(o.mlp_proj_b) : nullptr, n, c,
               ffn);
+  }
+  if (o.shared_gate_w >= 0) {
+    be.LinearF32(shared_gate_.data(), norm_.data(), P(o.shared_gate_w), n, 1, c);
+    be.SigmoidGateRows(shared_gate_.data(), shared_gate_.data(), tmp_.data(), n, c);
   }
   if (o.moe) RoutedExperts(layer, n);
   add_branch(o.mlp_post_w);

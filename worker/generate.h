@@ -113,6 +113,7 @@ class Generator {
   // the selection bias.
   config::MoeConfig routing_;
   Buffer<float> router_logits_, pick_weight_;
+  Buffer<float> shared_gate_;  // moe.shared_gate: each row's gate [rows]
   Buffer<int32_t> source_, slot_;
   Buffer<Act> expert_in_, expert_fc_, expert_act_, expert_out_;
   std::vector<float> host_router_logits_;

@@ -187,7 +187,9 @@ int64_t Model::activation_bytes() const {
            {&m.in, &m.fc, &m.act, &m.out, &m.expert_in, &m.expert_fc, &m.expert_act}) {
         add_act(*b);
       }
-      for (const Buffer<float>* b : {&m.logits, &m.row_weight, &m.weight}) add(*b);
+      for (const Buffer<float>* b : {&m.logits, &m.shared_gate, &m.row_weight, &m.weight}) {
+        add(*b);
+      }
       ints += m.source.size() + m.slot.size() + m.to_experts.size() + m.from_experts.size();
     }
     for (const Buffer<Act>* b :
@@ -210,6 +212,8 @@ int64_t Model::activation_bytes() const {
     add_act(a.moe_din);
     add(a.moe_dweight);
     add(a.moe_dlogits);
+    add_act(a.moe_dshared);
+    add(a.moe_dgate);
     add_act(a.moe_exchange);
     add_act(a.moe_expert_rows);
   }
@@ -394,6 +398,10 @@ void Model::EnsureActivations(int b, int t) {
     a->moe_din = be.AllocAct(picks * width);
     a->moe_dweight = be.AllocFloat(picks);
     a->moe_dlogits = be.AllocFloat(n * experts);
+    if (c.moe.shared_gate) {
+      a->moe_dshared = be.AllocAct(n * width);
+      a->moe_dgate = be.AllocFloat(n);
+    }
   }
   a->dlnf = be.AllocAct(n * width);
   if (c.qk_norm) {
@@ -595,6 +603,11 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
   // MLP branch: the dense MLP, or an MoE block's shared and routed experts.
   if (o.mlp_ffn > 0) MlpForward(layer, la);
+  if (o.shared_gate_w >= 0) {  // the shared experts' output gated per row (full rows on each rank)
+    float* gate = la.moe.shared_gate.data();
+    be.LinearF32(gate, la.ln2.data(), P(g, o.shared_gate_w), n, 1, width);
+    be.SigmoidGateRows(gate, gate, a.tmp.data(), n, width);
+  }
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
   PostNorm(P(g, o.mlp_post_w), la.mlp_out.data(), la.mlp_post_rstd.data(), proj_out);
@@ -685,6 +698,7 @@ void Model::AllocateExperts(LayerActivations& la, int64_t n) {
   const int64_t fc = config_.family == ModelFamily::kGpt2 ? ffn : 2 * ffn;
   Backend& be = *backend_;
   m.logits = be.AllocFloat(n * moe.experts);
+  if (moe.shared_gate) m.shared_gate = be.AllocFloat(n);
   m.source = be.AllocInt(picks);
   m.slot = be.AllocInt(picks);
   m.row_weight = be.AllocFloat(picks);
@@ -755,10 +769,16 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
                                      la.mlp_post_rstd.data(), dx));
   float *dw = nullptr, *db = nullptr;
   if (o.mlp_ffn > 0) {  // the dense MLP or an MoE block's shared experts
+    // A gated MLP's output gradient is the gate's times the branch's.
+    const bool gated = o.shared_gate_w >= 0;
+    const Act* dy = dx_full;
+    if (gated) {
+      be.GatherRows(a.moe_dshared.data(), dx_full, nullptr, la.moe.shared_gate.data(), n, width);
+      dy = a.moe_dshared.data();
+    }
     std::tie(dw, db) = weight_grads(o.mlp_proj_w, o.mlp_proj_b,
-                                    &Activations::DeferredGrads::mlp_proj_dy, dx_full, n * width);
-    be.LinearBackward(a.dact.data(), dw, db, dx_full, la.act.data(), P(g, o.mlp_proj_w), n, width,
-                      ffn);
+                                    &Activations::DeferredGrads::mlp_proj_dy, dy, n * width);
+    be.LinearBackward(a.dact.data(), dw, db, dy, la.act.data(), P(g, o.mlp_proj_w), n, width, ffn);
     if (gpt2) {
       be.GeluBackward(a.dfc.data(), a.dact.data(), la.fc.data(), n * ffn);
     } else {
@@ -769,6 +789,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
         weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);
     be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), la.ln2.data(), P(g, o.fc_w), n, fc,
                       width);
+    if (gated) TY_RETURN_IF_ERROR(SharedGateBackward(layer, la));
   }
   // The routed experts' and the router's weight gradients are not deferred by a split backward.
   if (o.moe) TY_RETURN_IF_ERROR(MoeBackward(layer, la, dx_full, /*accumulate=*/o.mlp_ffn > 0));
@@ -890,6 +911,28 @@ absl::Status Model::ToFullRows(Act* local, Act* full, int64_t cols) {
 
 absl::Status Model::SumToLocalRows(Act* full, Act* local, int64_t cols) {
   return tp_.SumToLocalRows(full, local, int64_t{acts_->b} * acts_->t * cols);
+}
+
+// The shared experts' gate's backward for block `layer`, after its MLP's (a.dact holds the
+// gradient at the hidden activation through the gated output, a.dln the MLP input's): this rank's
+// share of the MLP's hidden units gives part of each row's logit gradient, summed over the
+// tensor-parallel group; the gate's weight gradient (replicated, as the router's, and not deferred
+// by a split backward either) and, on the group's rank 0, its input's follow.
+absl::Status Model::SharedGateBackward(int layer, const LayerActivations& la) {
+  Activations& a = *acts_;
+  const int g = layout_.block_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const int64_t n = int64_t{a.b} * a.t, width = config_.width;
+  if (group_grads_[g] == nullptr) {  // a split backward's input pass, as MoeBackward's router
+    TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
+  }
+  float* dlogits = a.moe_dgate.data();
+  backend_->SigmoidGateBackward(dlogits, la.moe.shared_gate.data(), la.act.data(), a.dact.data(), n,
+                                o.mlp_ffn / tp_size());
+  if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(dlogits, n));
+  backend_->LinearF32Backward(tp_rank() == 0 ? a.dln.data() : nullptr, G(g, o.shared_gate_w),
+                              dlogits, la.ln2.data(), P(g, o.shared_gate_w), n, 1, width);
+  return absl::OkStatus();
 }
 
 HeadNormShape Model::HeadNorms(int64_t rows) const { return HeadNormsOf(config_, rows, tp_size()); }

@@ -272,6 +272,7 @@ class Model {
   // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
   // under tensor parallelism; the proj bias only without it).
   void MlpForward(int layer, LayerActivations& la);
+  [[nodiscard]] absl::Status SharedGateBackward(int layer, const LayerActivations& la);
   // An MoE block's routed experts on la.ln2, added into acts_->tmp (overwritten when
   // `accumulate` is false), partial sums under tensor parallelism.
   [[nodiscard]] absl::Status MoeForward(int layer, LayerActivations& la, bool accumulate);

@@ -44,6 +44,7 @@ struct Model::LayerActivations {
   // dropless), expert by expert (worker/moe_routing.h).
   struct Experts {
     Buffer<float> logits;              // [N, E], fp32
+    Buffer<float> shared_gate;         // shared_gate: [N], each row's sigmoid(x · g), fp32
     MoeRouting routing;                // host
     Buffer<int32_t> source, slot;      // [N·K]: routing.source (kept rows), routing.slot
     Buffer<float> row_weight, weight;  // [N·K]: routing.row_weight, routing.weight
@@ -104,6 +105,10 @@ struct Model::Activations {
   // weights' gradients [N·K] and the router logits' [N, E].
   Buffer<Act> moe_dout, moe_din;
   Buffer<float> moe_dweight, moe_dlogits;
+  // shared_gate: the gradient at the shared experts' (ungated) output [N, C], and the gate
+  // logits' [N].
+  Buffer<Act> moe_dshared;
+  Buffer<float> moe_dgate;
   // Expert parallelism's scratch, [R, C] each (grown to the most rows seen): rows as exchanged
   // (rank by rank) and as the experts produce them.
   Buffer<Act> moe_exchange, moe_expert_rows;

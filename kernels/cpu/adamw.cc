@@ -57,4 +57,9 @@ void ScaleInPlace(float* x, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+void ScaleInto(float* out, const float* in, int64_t n, float factor) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * factor;
+}
+
 }  // namespace trainyard::kernels::cpu

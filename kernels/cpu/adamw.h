@@ -26,6 +26,8 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
 double SumOfSquares(const float* x, int64_t n);
 
 void ScaleInPlace(float* x, int64_t n, float factor);
+// out[i] = in[i] · factor (out may be in).
+void ScaleInto(float* out, const float* in, int64_t n, float factor);
 
 }  // namespace trainyard::kernels::cpu
 

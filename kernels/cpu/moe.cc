@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/activations.h"
@@ -144,7 +145,7 @@ void GatherRows(float* out, const float* inp, const int32_t* rows, const float* 
                 int64_t count, int64_t cols) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < count; ++r) {
-    const float* from = inp + int64_t{rows[r]} * cols;
+    const float* from = inp + (rows != nullptr ? int64_t{rows[r]} : r) * cols;
     float* to = out + r * cols;
     const float s = scale != nullptr ? scale[r] : 1.0f;
 #pragma omp simd
@@ -178,6 +179,29 @@ void RowDots(float* out, const float* a, const int32_t* a_rows, const float* b, 
     float sum = 0.0f;
     for (int64_t c = 0; c < cols; ++c) sum += x[c] * y[c];
     out[r] = sum;
+  }
+}
+
+void SigmoidGateRows(float* gate, const float* logits, float* x, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = 1.0f / (1.0f + std::exp(-logits[r]));
+    gate[r] = g;
+    float* row = x + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) row[c] *= g;
+  }
+}
+
+void SigmoidGateBackward(float* dlogits, const float* gate, const float* act, const float* dact,
+                         int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = act + r * cols;
+    const float* y = dact + r * cols;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) sum += x[c] * y[c];
+    dlogits[r] = (1.0f - gate[r]) * sum;
   }
 }
 

@@ -40,7 +40,8 @@ void ExpertMlpBackward(const ExpertMlpShape& s, const ExpertMlpWeights& w, const
                        const float* dout, const float* in, const float* hidden, const float* act,
                        float* dact, float* dhidden, float* din);
 
-// out row r = scale[r] · inp row rows[r], `count` rows of `cols` (scale null: 1).
+// out row r = scale[r] · inp row rows[r], `count` rows of `cols` (rows null: row r; scale null:
+// 1).
 void GatherRows(float* out, const float* inp, const int32_t* rows, const float* scale,
                 int64_t count, int64_t cols);
 
@@ -52,6 +53,17 @@ void CombineRows(float* out, const float* inp, const int32_t* slots, const float
 // out[r] = ⟨a row a_rows[r], b row r⟩ for r < count.
 void RowDots(float* out, const float* a, const int32_t* a_rows, const float* b, int64_t count,
              int64_t cols);
+
+// The shared experts' gate (config::MoeConfig::shared_gate): gate[r] = sigmoid(logits[r]) and
+// x row r ×= gate[r], `rows` rows of `cols` (gate may be logits).
+void SigmoidGateRows(float* gate, const float* logits, float* x, int64_t rows, int64_t cols);
+
+// Its backward, from the gated MLP's hidden activation `act` and its gradient `dact` through the
+// gated output (each row r of it gate[r] times the ungated one's): the gate logits' gradient
+// dlogits[r] = (1 − gate[r]) · ⟨act row r, dact row r⟩, which is gate[r]·(1 − gate[r]) times
+// ⟨∂loss/∂(gated output) row r, ungated output row r⟩ for an MLP without an output bias.
+void SigmoidGateBackward(float* dlogits, const float* gate, const float* act, const float* dact,
+                         int64_t rows, int64_t cols);
 
 // The backward of out = inp · weightᵀ with both gradients accumulated: dinp[m, k] += dout ·
 // weight, dweight[n, k] += doutᵀ · inp (either skipped when null).

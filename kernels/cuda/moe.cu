@@ -49,7 +49,8 @@ __global__ void GatherRowsKernel(T* out, const T* inp, const int32_t* rows, cons
   for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
     const int64_t r = i / cols, c = i - r * cols;
     const float s = scale != nullptr ? scale[r] : 1.0f;
-    out[i] = FromFloat<T>(s * ToFloat(inp[static_cast<int64_t>(rows[r]) * cols + c]));
+    const int64_t from = rows != nullptr ? static_cast<int64_t>(rows[r]) : r;
+    out[i] = FromFloat<T>(s * ToFloat(inp[from * cols + c]));
   }
 }
 
@@ -78,6 +79,30 @@ __global__ void RowDotsKernel(float* out, const T* a, const int32_t* a_rows, con
   for (int64_t r = FirstWarp(); r < count; r += WarpStride()) {
     const float dot = WarpDot(a + static_cast<int64_t>(a_rows[r]) * cols, b + r * cols, cols);
     if (threadIdx.x % 32 == 0) out[r] = dot;
+  }
+}
+
+// One warp per row: every lane reads the logit before lane 0 writes the gate (which may be it).
+template <typename T>
+__global__ void SigmoidGateRowsKernel(float* gate, const float* logits, T* x, int64_t rows,
+                                      int64_t cols) {
+  for (int64_t r = FirstWarp(); r < rows; r += WarpStride()) {
+    const float g = 1.0f / (1.0f + expf(-logits[r]));
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) gate[r] = g;
+    T* row = x + r * cols;
+    for (int64_t c = threadIdx.x % 32; c < cols; c += 32)
+      row[c] = FromFloat<T>(g * ToFloat(row[c]));
+  }
+}
+
+// One warp per row, as RowDotsKernel.
+template <typename T>
+__global__ void SigmoidGateBackwardKernel(float* dlogits, const float* gate, const T* act,
+                                          const T* dact, int64_t rows, int64_t cols) {
+  for (int64_t r = FirstWarp(); r < rows; r += WarpStride()) {
+    const float dot = WarpDot(act + r * cols, dact + r * cols, cols);
+    if (threadIdx.x % 32 == 0) dlogits[r] = (1.0f - gate[r]) * dot;
   }
 }
 
@@ -129,7 +154,7 @@ absl::Status GatherRows(cudaStream_t stream, DType dtype, void* out, const void*
   TY_RETURN_IF_ERROR(RequireActivationType(dtype));
   TY_REQUIRE(count >= 0 && cols >= 0);
   if (count == 0 || cols == 0) return absl::OkStatus();
-  TY_REQUIRE(out != nullptr && inp != nullptr && rows != nullptr);
+  TY_REQUIRE(out != nullptr && inp != nullptr);
   TY_REQUIRE(out != inp);
   TY_DISPATCH_DTYPE(dtype, T, {
     GatherRowsKernel<T><<<GridFor(count * cols), kThreads, 0, stream>>>(
@@ -168,6 +193,36 @@ absl::Status RowDots(cudaStream_t stream, DType dtype, float* out, const void* a
     RowDotsKernel<T><<<WarpGridFor(count), kThreads, 0, stream>>>(
         out, static_cast<const T*>(a), a_rows, static_cast<const T*>(b), count, cols);
     TY_CUDA_RETURN_IF_LAUNCH_FAILED("RowDotsKernel");
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidGateRows(cudaStream_t stream, DType dtype, float* gate, const float* logits,
+                             void* x, int64_t rows, int64_t cols) {
+  TY_RETURN_IF_ERROR(RequireActivationType(dtype));
+  TY_REQUIRE(rows >= 0 && cols >= 0);
+  if (rows == 0) return absl::OkStatus();
+  TY_REQUIRE(gate != nullptr && logits != nullptr && (cols == 0 || x != nullptr));
+  TY_DISPATCH_DTYPE(dtype, T, {
+    SigmoidGateRowsKernel<T>
+        <<<WarpGridFor(rows), kThreads, 0, stream>>>(gate, logits, static_cast<T*>(x), rows, cols);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("SigmoidGateRowsKernel");
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidGateBackward(cudaStream_t stream, DType dtype, float* dlogits,
+                                 const float* gate, const void* act, const void* dact, int64_t rows,
+                                 int64_t cols) {
+  TY_RETURN_IF_ERROR(RequireActivationType(dtype));
+  TY_REQUIRE(rows >= 0 && cols >= 0);
+  if (rows == 0) return absl::OkStatus();
+  TY_REQUIRE(dlogits != nullptr && gate != nullptr);
+  TY_REQUIRE(cols == 0 || (act != nullptr && dact != nullptr));
+  TY_DISPATCH_DTYPE(dtype, T, {
+    SigmoidGateBackwardKernel<T><<<WarpGridFor(rows), kThreads, 0, stream>>>(
+        dlogits, gate, static_cast<const T*>(act), static_cast<const T*>(dact), rows, cols);
+    TY_CUDA_RETURN_IF_LAUNCH_FAILED("SigmoidGateBackwardKernel");
   });
   return absl::OkStatus();
 }

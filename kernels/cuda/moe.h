@@ -19,8 +19,8 @@
 
 namespace trainyard::kernels::cuda {
 
-// out row r = scale[r] · inp row rows[r] for r < count, rows of `cols` (scale null: 1). out must
-// not overlap inp. INVALID_ARGUMENT for a negative size or a missing pointer.
+// out row r = scale[r] · inp row rows[r] for r < count, rows of `cols` (rows null: row r; scale
+// null: 1). out must not overlap inp. INVALID_ARGUMENT for a negative size or a missing pointer.
 [[nodiscard]] absl::Status GatherRows(cudaStream_t stream, DType dtype, void* out, const void* inp,
                                       const int32_t* rows, const float* scale, int64_t count,
                                       int64_t cols);
@@ -36,6 +36,17 @@ namespace trainyard::kernels::cuda {
 [[nodiscard]] absl::Status RowDots(cudaStream_t stream, DType dtype, float* out, const void* a,
                                    const int32_t* a_rows, const void* b, int64_t count,
                                    int64_t cols);
+
+// The shared experts' gate (kernels/cpu/moe.h SigmoidGateRows): gate[r] = sigmoid(logits[r]) and
+// x row r ×= gate[r] (rounded once), one warp per row; gate may be logits.
+[[nodiscard]] absl::Status SigmoidGateRows(cudaStream_t stream, DType dtype, float* gate,
+                                           const float* logits, void* x, int64_t rows,
+                                           int64_t cols);
+
+// Its backward: dlogits[r] = (1 − gate[r]) · ⟨act row r, dact row r⟩ (fp32, one warp per row).
+[[nodiscard]] absl::Status SigmoidGateBackward(cudaStream_t stream, DType dtype, float* dlogits,
+                                               const float* gate, const void* act, const void* dact,
+                                               int64_t rows, int64_t cols);
 
 // The router's logits: out[m, n] = Σ_k inp[m, k] · weight[n, k] (overwritten; k = 0 gives 0).
 [[nodiscard]] absl::Status RouterLinearForward(cudaStream_t stream, DType dtype, float* out,

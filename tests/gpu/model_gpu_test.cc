@@ -58,6 +58,7 @@ struct Case {
   // llama: Granite's multipliers (embeddings times 6, branches times 0.5, scores times 1/16,
   // logits divided by 2)
   bool granite = false;
+  bool shared_gate = false;  // with moe (llama): the shared expert gated per token (Qwen2-MoE's)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -71,7 +72,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
       (info.param.longrope ? "_partial_longrope" : "") +
       (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "") +
-      (info.param.granite ? "_granite" : "");
+      (info.param.granite ? "_granite" : "") + (info.param.shared_gate ? "_shared_gate" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -157,6 +158,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
     mc.moe.shared_experts = 1;
     mc.moe.ffn = mc.ffn_hidden / 2;
     mc.moe.aux_loss_coeff = 0.01f;
+    mc.moe.shared_gate = c.shared_gate;
   }
   const int b = 2, t = 48;  // 48: not a multiple of the attention tiles
   const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 7);
@@ -545,7 +547,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kF32, false, false, 0, false, 0, false, false, 0, false, false,
              false, true},
         Case{"llama-debug", DType::kBF16, false, false, 0, false, 0, false, false, 0, false, false,
-             false, true}),
+             false, true},
+        // Qwen2-MoE's experts: the shared expert's output gated per token.
+        Case{"llama-debug", DType::kF32, true, true, 0, false, 0, false, false, 0, false, false,
+             false, false, true},
+        Case{"llama-debug", DType::kBF16, true, true, 0, false, 0, false, false, 0, false, false,
+             false, false, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

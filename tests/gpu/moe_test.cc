@@ -1,8 +1,8 @@
 // The CUDA mixture-of-experts kernels against the CPU reference (kernels/cpu/moe.h, and
 // LinearForward for the router's logits): gathers with and without scales, combines with
 // skipped slots, with and without weights, overwriting and accumulating, per-row dot products,
-// the router's fp32 linear layer and its accumulating backward; run-to-run determinism; empty
-// inputs; argument checks.
+// the router's fp32 linear layer and its accumulating backward, the shared experts' gate and its
+// backward; run-to-run determinism; empty inputs; argument checks.
 //
 // Tolerances: a gather is one multiplication rounded once, so it must match the reference
 // rounded to the storage type bit for bit. Outputs stored as activations (combined rows, the
@@ -77,13 +77,16 @@ struct GatherShape {
 constexpr GatherShape kGatherShapes[] = {
     {1, 1, 1}, {5, 33, 3}, {37, 100, 64}, {300, 1030, 40}, {0, 64, 8}};
 
-void CheckGather(DType dtype, GatherShape s, bool with_scale, std::mt19937& rng) {
+// in_order: no row indices (row r of the input for output row r: the rows scaled in place).
+void CheckGather(DType dtype, GatherShape s, bool with_scale, bool in_order, std::mt19937& rng) {
+  if (in_order) s.inp_rows = s.count;
   const std::vector<float> inp = RandomActivation(s.inp_rows * s.cols, dtype, rng);
-  const std::vector<int32_t> rows = RandomIndices(s.count, s.inp_rows, rng);
+  const std::vector<int32_t> rows =
+      in_order ? std::vector<int32_t>{} : RandomIndices(s.count, s.inp_rows, rng);
   const std::vector<float> scale = RandomWeights(s.count, rng);
   std::vector<float> want(s.count * s.cols);
-  cpu::GatherRows(want.data(), inp.data(), rows.data(), with_scale ? scale.data() : nullptr,
-                  s.count, s.cols);
+  cpu::GatherRows(want.data(), inp.data(), in_order ? nullptr : rows.data(),
+                  with_scale ? scale.data() : nullptr, s.count, s.cols);
   if (dtype == DType::kBF16) RoundToBf16(want);
 
   DeviceTensor d_inp(inp, dtype), d_scale(scale, kF32), d_out(s.count * s.cols, dtype);
@@ -102,9 +105,12 @@ TEST(CudaMoe, GatherRowsMatchesCpu) {
   for (DType dtype : kDTypes) {
     for (GatherShape s : kGatherShapes) {
       for (bool with_scale : {false, true}) {
-        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " count=", s.count, " cols=", s.cols,
-                                  " inp_rows=", s.inp_rows, " scale=", with_scale));
-        CheckGather(dtype, s, with_scale, rng);
+        for (bool in_order : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " count=", s.count, " cols=", s.cols,
+                                    " inp_rows=", s.inp_rows, " scale=", with_scale,
+                                    " in_order=", in_order));
+          CheckGather(dtype, s, with_scale, in_order, rng);
+        }
       }
     }
   }
@@ -209,6 +215,80 @@ TEST(CudaMoe, RowDotsMatchCpu) {
       ASSERT_TRUE(status.ok()) << status;
       TY_CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_LE(RelativeError(d_out.Read(), want), kF32Tolerance);
+    }
+  }
+}
+
+// The shared experts' gate: rows of a width below, at and above the warp, not multiples of it, with
+// logits from −30 to 30 (gates from 1e-13 to 1), the gate written over the logits or apart; no
+// rows. The gates are the reference's within fp32 rounding, each gated row that rounding too and
+// then the storage type's; the backward's logit gradients are fp32 dot products.
+struct GateShape {
+  int64_t rows, cols;
+};
+constexpr GateShape kGateShapes[] = {{1, 1}, {9, 31}, {40, 32}, {300, 100}, {70, 4100}, {0, 16}};
+
+std::vector<float> RandomLogits(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> logit(-30.0f, 30.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = logit(rng);
+  if (n > 1) v[0] = 0.0f;  // a gate of exactly one half
+  return v;
+}
+
+TEST(CudaMoe, SigmoidGateRowsMatchesCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(37);
+  for (DType dtype : kDTypes) {
+    for (GateShape s : kGateShapes) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " rows=", s.rows, " cols=", s.cols,
+                                  " in_place=", in_place));
+        const std::vector<float> logits = RandomLogits(s.rows, rng);
+        const std::vector<float> x = RandomActivation(s.rows * s.cols, dtype, rng);
+        std::vector<float> want_gate(s.rows), want_x = x;
+        cpu::SigmoidGateRows(want_gate.data(), logits.data(), want_x.data(), s.rows, s.cols);
+
+        DeviceTensor d_logits(logits, kF32), d_gate(s.rows, kF32), d_x(x, dtype);
+        float* gate = in_place ? d_logits.f32() : d_gate.f32();
+        const absl::Status status =
+            SigmoidGateRows(nullptr, dtype, gate, d_logits.f32(), d_x.get(), s.rows, s.cols);
+        ASSERT_TRUE(status.ok()) << status;
+        TY_CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<float> got = in_place ? d_logits.Read() : d_gate.Read();
+        EXPECT_LE(RelativeError(got, want_gate), kF32Tolerance);
+        EXPECT_LE(RelativeError(d_x.Read(), want_x), Tolerance(dtype));
+      }
+    }
+  }
+}
+
+TEST(CudaMoe, SigmoidGateBackwardMatchesCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(38);
+  for (DType dtype : kDTypes) {
+    for (GateShape s : kGateShapes) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " rows=", s.rows, " cols=", s.cols));
+      const std::vector<float> gate = RandomWeights(s.rows, rng);
+      const std::vector<float> act = RandomActivation(s.rows * s.cols, dtype, rng);
+      const std::vector<float> dact = RandomActivation(s.rows * s.cols, dtype, rng);
+      std::vector<float> want(s.rows);
+      cpu::SigmoidGateBackward(want.data(), gate.data(), act.data(), dact.data(), s.rows, s.cols);
+
+      DeviceTensor d_gate(gate, kF32), d_act(act, dtype), d_dact(dact, dtype), d_out(s.rows, kF32);
+      auto run = [&] {
+        return SigmoidGateBackward(nullptr, dtype, d_out.f32(), d_gate.f32(), d_act.get(),
+                                   d_dact.get(), s.rows, s.cols);
+      };
+      absl::Status status = run();
+      ASSERT_TRUE(status.ok()) << status;
+      TY_CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> got = d_out.Read();
+      EXPECT_LE(RelativeError(got, want), kF32Tolerance);
+      d_out.Poison();
+      status = run();
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(BitsEqual(d_out.Read(), got)) << "differs between runs";
     }
   }
 }
@@ -322,6 +402,9 @@ TEST(CudaMoe, EmptyInputsLaunchNothing) {
     EXPECT_TRUE(
         CombineRows(nullptr, dtype, nullptr, nullptr, nullptr, nullptr, 0, 2, 64, true).ok());
     EXPECT_TRUE(RowDots(nullptr, dtype, nullptr, nullptr, nullptr, nullptr, 0, 64).ok());
+    EXPECT_TRUE(SigmoidGateRows(nullptr, dtype, nullptr, nullptr, nullptr, 0, 64).ok());
+    EXPECT_TRUE(
+        SigmoidGateBackward(nullptr, dtype, nullptr, nullptr, nullptr, nullptr, 0, 64).ok());
     EXPECT_TRUE(RouterLinearForward(nullptr, dtype, nullptr, nullptr, nullptr, 0, 8, 64).ok());
     EXPECT_TRUE(
         RouterLinearBackward(nullptr, dtype, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8, 64)
@@ -348,6 +431,12 @@ TEST(CudaMoe, RejectsBadArguments) {
       CombineRows(nullptr, kF32, x.get(), y.get(), idx.get(), nullptr, 2, -1, 8, false).code(),
       kInvalid);
   EXPECT_EQ(RowDots(nullptr, kF32, x.f32(), y.get(), nullptr, y.get(), 2, 8).code(), kInvalid);
+  EXPECT_EQ(SigmoidGateRows(nullptr, kF32, x.f32(), nullptr, y.get(), 2, 8).code(), kInvalid);
+  EXPECT_EQ(SigmoidGateRows(nullptr, bad_dtype, x.f32(), x.f32(), y.get(), 2, 8).code(), kInvalid);
+  EXPECT_EQ(SigmoidGateBackward(nullptr, kF32, x.f32(), y.f32(), nullptr, y.get(), 2, 8).code(),
+            kInvalid);
+  EXPECT_EQ(SigmoidGateBackward(nullptr, kF32, x.f32(), y.f32(), y.get(), y.get(), -1, 8).code(),
+            kInvalid);
   EXPECT_EQ(RouterLinearForward(nullptr, kF32, x.f32(), y.get(), nullptr, 2, 4, 8).code(),
             kInvalid);
   EXPECT_EQ(

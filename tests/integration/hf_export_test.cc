@@ -69,15 +69,17 @@ const MeshCase kMixtralMeshes[] = {
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
   config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/16);
   spec.name = "export";
-  if (mesh.experts > 0) {  // Mixtral's shape: no shared experts, top-k renormalised
-    spec.model.moe.shared_experts = 0;
+  if (mesh.experts > 0 && !mesh.shared_gate) {  // Mixtral's shape: no shared experts, top-k
+    spec.model.moe.shared_experts = 0;          // renormalised
     spec.model.moe.normalize_top_k = true;
   }
   if (mesh.post_norms && mesh.qk_norm && mesh.sliding_window > 0) {  // Gemma 3's local RoPE
     spec.model.rope_local_theta = 1000.0f;
   }
-  if (mesh.experts > 0 && mesh.qk_norm) {  // Qwen3-MoE's: an MoE block every second, the top k
-    spec.model.moe.every = 2;              // as the router scored them
+  // Qwen3-MoE's and Qwen2-MoE's: an MoE block every second, the top k as the router scored them
+  // (Qwen2-MoE's with its gated shared expert).
+  if (mesh.experts > 0 && (mesh.qk_norm || mesh.shared_gate)) {
+    spec.model.moe.every = 2;
     spec.model.moe.normalize_top_k = false;
   }
   return spec;
@@ -150,7 +152,8 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .longrope = mesh.longrope,
                      .nope_layer = mesh.nope_layer,
                      .granite = mesh.granite,
-                     .experts = mesh.experts};
+                     .experts = mesh.experts,
+                     .shared_gate = mesh.shared_gate};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -294,6 +297,20 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .experts = 4,
                                                   .ep = 2})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Gated shared experts with q, k and v biases export as Qwen2-MoE and read back split over
+// tensor-parallel ranks under sequence parallelism.
+INSTANTIATE_TEST_SUITE_P(Qwen2Moe, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "qwen2_moe_tp2_sp",
+                                                                       .tp = 2,
+                                                                       .sequence_parallel = true,
+                                                                       .qkv_bias = true,
+                                                                       .experts = 4,
+                                                                       .shared_gate = true})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -479,10 +496,11 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   const double error = RelativeError(ours, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
-              mesh.experts == 0 ? ""
-              : mesh.qk_norm    ? " (qwen3_moe)"
-              : mesh.granite    ? " (granitemoe)"
-                                : " (mixtral)",
+              mesh.experts == 0  ? ""
+              : mesh.qk_norm     ? " (qwen3_moe)"
+              : mesh.shared_gate ? " (qwen2_moe)"
+              : mesh.granite     ? " (granitemoe)"
+                                 : " (mixtral)",
               error);
   EXPECT_LE(error, 1e-4);
 
@@ -644,6 +662,16 @@ TEST(HfOracleGraniteMoe, StackedExpertsGiveTrainyardsLogits) {
 // A Llama mixture-of-experts model exports as Mixtral (MixtralForCausalLM's names and config).
 TEST(HfOracleMixtral, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .experts = 4});
+}
+
+// A gated shared expert (with q, k and v biases and an MoE block every second) exports as
+// Qwen2-MoE, which the oracle computes with transformers' Qwen2-MoE conventions (the shared
+// expert's output times the sigmoid of its gate, the top k unnormalised); the greedy tokens check
+// the generator's gate too.
+TEST(HfOracleQwen2Moe, GatedSharedExpertGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1", .qkv_bias = true, .experts = 4, .shared_gate = true});
 }
 
 // Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2

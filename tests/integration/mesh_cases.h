@@ -44,6 +44,7 @@ struct MeshCase {
   bool bias_balance = false;
   int ep = 1;                    // expert parallelism (drawn from dp)
   float capacity_factor = 0.0f;  // 0: dropless
+  bool shared_gate = false;      // llama: the shared expert gated per token (Qwen2-MoE's)
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -71,6 +72,7 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
   moe.aux_loss_coeff = 0.1f;
   moe.bias_update_rate = 0.01f;
   moe.capacity_factor = mesh.capacity_factor;
+  moe.shared_gate = mesh.shared_gate;
 }
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
@@ -363,6 +365,25 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .seq_len = 24,
      .experts = 4},
     {.name = "ep2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24, .experts = 4, .ep = 2},
+    // Qwen2-MoE's gated shared expert (llama): each rank's share of its hidden units gives part of
+    // each row's gate gradient, summed over the tensor-parallel group; with a split backward, and
+    // with expert parallelism and recomputation.
+    {.name = "moe_gate_zb_tp2_pp2_sp",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kZeroBubble,
+     .qkv_bias = true,
+     .experts = 4,
+     .shared_gate = true},
+    {.name = "moe_gate_ep2_tp2_recompute",
+     .dp = 2,
+     .tp = 2,
+     .zero = 1,
+     .recompute = true,
+     .experts = 4,
+     .ep = 2,
+     .shared_gate = true},
 };
 
 }  // namespace trainyard::testenv

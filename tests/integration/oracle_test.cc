@@ -128,7 +128,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
   if (c.moe.enabled()) {
     const config::MoeConfig& m = c.moe;
     cfg << ", \"moe\": {\"experts\": " << m.experts << ", \"top_k\": " << m.top_k
-        << ", \"shared_experts\": " << m.shared_experts << ", \"every\": " << m.every
+        << ", \"shared_experts\": " << m.shared_experts
+        << ", \"shared_gate\": " << (m.shared_gate ? "true" : "false") << ", \"every\": " << m.every
         << ", \"ffn\": " << m.ffn << ", \"score\": \""
         << (m.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax")
         << "\", \"normalize_top_k\": " << (m.normalize_top_k ? "true" : "false")
@@ -320,6 +321,18 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithTheBiasRule) {
   c.moe.normalize_top_k = true;
   c.moe.balance = config::MoeBalance::kBias;
   c.moe.bias_update_rate = 0.01f;
+  CompareWithOracle(c);
+}
+
+// Qwen2-MoE's shape: biases on q, k and v, softmax top-2 weights left unnormalised, and two
+// shared experts whose output each token gates by sigmoid(x · g); the gate's gradient reaches g
+// and the block's input.
+TEST(TorchOracle, LlamaMixtureOfExpertsWithASharedGate) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.qkv_bias = true;
+  c.moe = OracleMoe();
+  c.moe.shared_experts = 2;
+  c.moe.shared_gate = true;
   CompareWithOracle(c);
 }
 

@@ -4,7 +4,8 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "smollm3", "granite" or "granitemoe") and
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "smollm3", "granite" or
+"granitemoe") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -297,7 +298,7 @@ def read_config(model_dir):
     model_type = raw.get("model_type")
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
-                         "gemma3_text, mistral, phi3, qwen2, qwen3, qwen3_moe, mixtral, "
+                         "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "smollm3, granite or granitemoe)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -986,6 +987,43 @@ class Qwen3Moe(Qwen3):
         return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
 
 
+class Qwen2Moe(Qwen3Moe):
+    """Qwen2MoeForCausalLM: Qwen2's attention (biases on q, k and v: qkv_bias, true by default;
+    no query and key norms) and Qwen3-MoE's sparse MLP, to which each sparse layer adds a shared
+    expert every token uses, mlp.shared_expert (a SwiGLU MLP of shared_expert_intermediate_size),
+    its output times sigmoid(m . mlp.shared_expert_gate) ([1, hidden]). Without a sliding window
+    (use_sliding_window true is refused)."""
+
+    qkv_bias = True
+    qk_norm = False
+
+    def __init__(self, cfg):
+        if cfg.bool("use_sliding_window", False):
+            raise InputError("%s: use_sliding_window must be false for qwen2_moe" % cfg.path)
+        if not cfg.bool("qkv_bias", True):
+            raise InputError("%s: qkv_bias must be true for qwen2_moe" % cfg.path)
+        super().__init__(cfg)
+        self.shared_ffn = cfg.int("shared_expert_intermediate_size")
+
+    def mlp_tensors(self, p):
+        out = super().mlp_tensors(p)
+        if self.sparse(p):
+            C, S = self.width, self.shared_ffn
+            s = p + "mlp.shared_expert."
+            out += [(s + "gate_proj.weight", (S, C)), (s + "up_proj.weight", (S, C)),
+                    (s + "down_proj.weight", (C, S)), (p + "mlp.shared_expert_gate.weight", (1, C))]
+        return out
+
+    def mlp(self, w, p, m):
+        out = super().mlp(w, p, m)
+        if not self.sparse(p):
+            return out
+        s = p + "mlp.shared_expert."
+        shared = swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
+                        w[s + "down_proj.weight"])
+        return out + torch.sigmoid(m @ w[p + "mlp.shared_expert_gate.weight"].T) * shared
+
+
 class SmolLM3(Llama):
     """SmolLM3ForCausalLM: Llama's model (tied embeddings by default) whose NoPE layers leave q
     and k unturned: no_rope_layers holds one entry per layer, 1 for RoPE and 0 for none, or
@@ -1063,7 +1101,8 @@ class GraniteMoe(Granite):
 MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
-          "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral, "smollm3": SmolLM3,
+          "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
+          "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe}
 
 

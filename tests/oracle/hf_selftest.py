@@ -282,6 +282,27 @@ def qwen3_moe_hf_tensors(cfg, params):
     return out
 
 
+def qwen2_moe_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama MoE of Qwen2-MoE's shape: Qwen3-MoE's tensors (with
+    Qwen2's biases on q, k and v), and in an MoE block the shared experts' fc rows (gate, then up)
+    and proj as mlp.shared_expert.gate_proj, up_proj, down_proj and their gate as
+    mlp.shared_expert_gate."""
+    S = cfg["moe"]["shared_experts"] * cfg["moe"]["ffn"]
+    out = []
+    for name, array in qwen3_moe_hf_tensors(cfg, params):
+        out.append((name, array))
+        if not name.endswith(".mlp.gate.weight"):
+            continue
+        i = int(name.split(".")[2])
+        c, p = "h.%d.moe." % i, "model.layers.%d.mlp." % i
+        fc = params[c + "shared.fc.w"]
+        out += [(p + "shared_expert.gate_proj.weight", fc[:S]),
+                (p + "shared_expert.up_proj.weight", fc[S:]),
+                (p + "shared_expert.down_proj.weight", params[c + "shared.proj.w"]),
+                (p + "shared_expert_gate.weight", params[c + "shared_gate.w"])]
+    return out
+
+
 def contract_params(model):
     return {n: p.detach().numpy().copy() for n, p in model.named_contract_parameters()}
 
@@ -702,6 +723,29 @@ class HfOracleTest(unittest.TestCase):
         proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
         self.assertEqual(proc.returncode, 2)
         self.assertIn("mlp_only_layers must be empty", proc.stderr)
+
+    def test_qwen2_moe_matches_torch_model(self):
+        # Qwen2-MoE: Qwen2's attention (q, k and v biases), MoE in every second block with the
+        # top-k not renormalised, two shared experts' worth of a shared expert gated per token.
+        cfg = moe_cfg("llama", {"shared_experts": 2, "shared_gate": True, "normalize_top_k": False,
+                                "score": "softmax", "every": 2, "top_k": 2}, qkv_bias=True)
+        config = dict(llama_hf_config(cfg), model_type="qwen2_moe",
+                      architectures=["Qwen2MoeForCausalLM"], use_sliding_window=False,
+                      sliding_window=None, moe_intermediate_size=cfg["moe"]["ffn"],
+                      shared_expert_intermediate_size=2 * cfg["moe"]["ffn"],
+                      num_experts=cfg["moe"]["experts"], num_experts_per_tok=2,
+                      decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=False)
+        self.check_against_torch_model("qwen2_moe", cfg, lambda p: qwen2_moe_hf_tensors(cfg, p),
+                                       config)
+        for key, value, why in (("use_sliding_window", True, "use_sliding_window must be false"),
+                                ("qkv_bias", False, "qkv_bias must be true")):
+            with self.subTest(key):
+                model_dir = self.write_model("qwen2_moe_bad_" + key, dict(config, **{key: value}),
+                                             qwen2_moe_hf_tensors(cfg, contract_params(
+                                                 random_model(cfg))))
+                proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
+                self.assertEqual(proc.returncode, 2)
+                self.assertIn(why, proc.stderr)
 
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):

@@ -22,7 +22,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           expert's gate rows then up rows), h.{l}.moe.experts.fc.b [E*F] (gpt2),
           h.{l}.moe.experts.proj.w [E,C,F], h.{l}.moe.experts.proj.b [E,C] (gpt2), and with
           S shared experts h.{l}.moe.shared.{fc.w, fc.b, proj.w, proj.b} of a dense MLP of hidden
-          S*F (fc.b and proj.b gpt2 only).
+          S*F (fc.b and proj.b gpt2 only), and with moe.shared_gate (llama) their gate
+          h.{l}.moe.shared_gate.w [1,C].
 
 Linear weights are [out, in]. Parameter files are raw little-endian arrays named
 `<dir>/<name>.<ext>`; `params.txt` lists `name d0 d1 ...` one parameter per line.
@@ -46,7 +47,8 @@ _REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
 
 # The "moe" object's keys and defaults (mirrors config::MoeConfig). experts 0 means dense.
 MOE_DEFAULTS = {
-    "experts": 0, "top_k": 1, "shared_experts": 0, "every": 1, "ffn": 0, "score": "softmax",
+    "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1, "ffn": 0,
+    "score": "softmax",
     "normalize_top_k": False, "balance": "aux_loss", "aux_loss_coeff": 0.01,
     "bias_update_rate": 0.001, "capacity_factor": 0.0,
 }
@@ -270,8 +272,11 @@ def _normalize_moe(moe, layers):
         if out[key] not in choices:
             raise ConfigError("moe.%s: must be one of %s, got %r"
                               % (key, ", ".join(choices), out[key]))
-    if not isinstance(out["normalize_top_k"], bool):
-        raise ConfigError("moe.normalize_top_k: must be true or false")
+    for key in ("normalize_top_k", "shared_gate"):
+        if not isinstance(out[key], bool):
+            raise ConfigError("moe.%s: must be true or false" % key)
+    if out["shared_gate"] and out["shared_experts"] == 0:
+        raise ConfigError("moe.shared_gate: gates the shared experts, and moe.shared_experts is 0")
     for key, low, inclusive in _MOE_REALS:
         value = out[key]
         ok = (not isinstance(value, bool) and isinstance(value, (int, float))
@@ -613,6 +618,8 @@ def _moe_contract(prefix, moe):
         out.append((prefix + "router.bias", moe.selection_bias))
     if moe.shared is not None:
         out += _mlp_contract(prefix + "shared.", moe.shared)
+    if moe.shared_gate is not None:
+        out.append((prefix + "shared_gate.w", moe.shared_gate.weight))
     experts = moe.experts
     out.append((prefix + "experts.fc.w", experts.fc_w))
     if experts.fc_b is not None:

@@ -92,7 +92,8 @@ class Experts(nn.Module):
 
 
 class MoeLayer(nn.Module):
-    """Replaces a block's MLP: y = sum_k w_k * expert_{e_k}(x) + shared(x), routed per token.
+    """Replaces a block's MLP: y = sum_k w_k * expert_{e_k}(x) + shared(x), routed per token;
+    with shared_gate the shared term is sigmoid(x . g) * shared(x) (Qwen2-MoE's shared_expert_gate).
 
     `moe` is the normalised cfg["moe"]; `make_mlp(hidden)` builds the family's dense MLP (used for
     the shared experts). The selection bias (balance "bias") is a buffer: in the parameter
@@ -117,6 +118,7 @@ class MoeLayer(nn.Module):
         self.experts = Experts(family, width, self.experts_n, moe["ffn"])
         shared = moe["shared_experts"] * moe["ffn"]
         self.shared = make_mlp(shared) if shared > 0 else None
+        self.shared_gate = nn.Linear(width, 1, bias=False) if moe["shared_gate"] else None
 
     def scores(self, rows):
         logits = self.router(rows)
@@ -147,7 +149,10 @@ class MoeLayer(nn.Module):
             if used[e]:
                 out = out + gate[:, e:e + 1] * self.experts(e, rows)
         if self.shared is not None:
-            out = out + self.shared(rows)
+            shared = self.shared(rows)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(rows)) * shared
+            out = out + shared
         counts = torch.bincount(picks.reshape(-1), minlength=e_count)
         routing = Routing(self.layer, counts, dropped, self.aux_loss(scores, counts))
         return out.reshape(x.shape), routing

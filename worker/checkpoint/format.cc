@@ -101,6 +101,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     moe.set_experts(m.moe.experts);
     moe.set_ffn(m.moe.ffn);
     moe.set_shared_experts(m.moe.shared_experts);
+    moe.set_shared_gate(m.moe.shared_gate);
     moe.set_every(m.moe.every);
     moe.set_router_bias(m.moe.has_bias());
     moe.set_top_k(m.moe.top_k);
@@ -164,6 +165,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
     m.moe.experts = s.moe().experts();
     m.moe.ffn = s.moe().ffn();
     m.moe.shared_experts = s.moe().shared_experts();
+    m.moe.shared_gate = s.moe().shared_gate();
     m.moe.every = s.moe().every();
     m.moe.top_k = s.moe().top_k();
     if (s.moe().sigmoid_score()) m.moe.score = config::MoeScore::kSigmoid;
@@ -187,6 +189,10 @@ absl::Status CheckMoeMatches(const MoeSignature& saved, const MoeSignature& want
   if (saved.ffn() != want.ffn()) return differ("ffn", saved.ffn(), want.ffn());
   if (saved.shared_experts() != want.shared_experts()) {
     return differ("shared_experts", saved.shared_experts(), want.shared_experts());
+  }
+  if (saved.shared_gate() != want.shared_gate()) {
+    return differ("shared_gate", saved.shared_gate() ? "true" : "false",
+                  want.shared_gate() ? "true" : "false");
   }
   if (saved.every() != want.every()) return differ("every", saved.every(), want.every());
   // The selection bias exists under balance: bias only.

@@ -191,7 +191,7 @@ absl::StatusOr<ExportResult> ExportHf(FileSystem& fs, const std::string& source,
   absl::StatusOr<config::ModelConfig> model = checkpoint::ModelFromSignature(manifest.model());
   const absl::Status writable = model.ok() ? CheckHfWritable(*model) : model.status();
   absl::StatusOr<std::vector<HfTensorMap>> tensors =
-      writable.ok() ? HfTensors(*model, HfExportProjections(*model))
+      writable.ok() ? HfTensors(*model, HfExportLayout(*model))
                     : absl::StatusOr<std::vector<HfTensorMap>>(writable);
   if (!tensors.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(checkpoint, ": ", tensors.status().message()));

@@ -98,9 +98,11 @@ void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
 }
 
 // A sparse MLP's Hugging Face names under a block's prefix: the router, each expert's prefix
-// (before its index) and its gate, up and down projections.
+// (before its index) and its gate, up and down projections; and where the layout has them, the
+// shared expert's prefix and its gate.
 struct ExpertNames {
   const char *router, *expert, *gate, *up, *down;
+  const char *shared = nullptr, *shared_gate = nullptr;
 };
 // Mixtral's: block_sparse_moe with w1 (gate), w3 (up), w2 (down).
 constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
@@ -108,11 +110,28 @@ constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_spa
 // Qwen3-MoE's: the router mlp.gate, and gate_proj, up_proj, down_proj.
 constexpr ExpertNames kQwen3MoeExperts{"mlp.gate.weight", "mlp.experts.", "gate_proj.weight",
                                        "up_proj.weight", "down_proj.weight"};
+// Qwen2-MoE's: Qwen3-MoE's, and one shared expert mlp.shared_expert (gate_proj, up_proj,
+// down_proj) gated by mlp.shared_expert_gate [1, width].
+constexpr ExpertNames kQwen2MoeExperts{"mlp.gate.weight",
+                                       "mlp.experts.",
+                                       "gate_proj.weight",
+                                       "up_proj.weight",
+                                       "down_proj.weight",
+                                       "mlp.shared_expert.",
+                                       "mlp.shared_expert_gate.weight"};
 
 void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h,
                 const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
   out.push_back(Whole(p + "moe.router.w", {experts, c}, h + names.router));
+  if (m.moe.shared_experts > 0) {  // Qwen2-MoE's (CheckMoeLayout): one MLP, and its gate
+    const int64_t s = int64_t{m.moe.shared_experts} * f;
+    const std::string e = h + names.shared;
+    out.push_back(
+        {p + "moe.shared.fc.w", {2 * s, c}, {{e + names.gate, 0, s}, {e + names.up, s, s}}});
+    out.push_back(Whole(p + "moe.shared.proj.w", {c, s}, e + names.down));
+    out.push_back(Whole(p + "moe.shared_gate.w", {1, c}, h + names.shared_gate));
+  }
   HfTensorMap fc{p + "moe.experts.fc.w", {experts * 2 * f, c}, {}};
   HfTensorMap proj{p + "moe.experts.proj.w", {experts, c, f}, {}};
   for (int64_t j = 0; j < experts; ++j) {
@@ -141,12 +160,12 @@ void AddStackedExperts(const ModelConfig& m, const std::string& p, const std::st
                  {{moe + "output_linear.weight", 0, experts, false, {experts, c, f}}}});
 }
 
-void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
+void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
                    std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
-  const bool fused = projections == HfProjections::kFused;
+  const bool fused = layout.projections == HfProjections::kFused;
   out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
   if (fused) {  // Phi-3's
     out.push_back(Whole(p + "attn.qkv.w", {q + 2 * kv, c}, h + "self_attn.qkv_proj.weight"));
@@ -176,9 +195,15 @@ void AddLlamaBlock(const ModelConfig& m, int l, HfProjections projections,
   } else {
     out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
   }
-  if (m.moe.IsMoeLayer(l) && m.HasGraniteMultipliers()) return AddStackedExperts(m, p, h, out);
+  if (m.moe.IsMoeLayer(l) && layout.experts == HfExperts::kStacked) {
+    return AddStackedExperts(m, p, h, out);
+  }
   if (m.moe.IsMoeLayer(l)) {
-    return AddExperts(m, p, h, m.qk_norm ? kQwen3MoeExperts : kMixtralExperts, out);
+    return AddExperts(m, p, h,
+                      m.moe.shared_gate ? kQwen2MoeExperts
+                      : m.qk_norm       ? kQwen3MoeExperts
+                                        : kMixtralExperts,
+                      out);
   }
   if (fused) {
     out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "mlp.gate_up_proj.weight"));
@@ -694,6 +719,37 @@ absl::Status ReadQwen3MoeConfig(const ConfigFields& f, ModelConfig& m) {
   return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
+// Qwen2-MoE's experts (Qwen3-MoE's keys) and its gated shared expert, whose hidden size is
+// shared_expert_intermediate_size: a positive multiple of each expert's, held as that many shared
+// experts. Biases on q, k and v (qkv_bias, true by default and in every published model); no
+// sliding window.
+absl::Status ReadQwen2MoeConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(f, m));
+  config::MoeConfig& moe = m.moe;
+  int shared = 0;
+  TY_RETURN_IF_ERROR(f.Int("shared_expert_intermediate_size", &shared));
+  if (shared % moe.ffn != 0) {
+    return f.Bad("shared_expert_intermediate_size",
+                 absl::StrCat("is ", shared, ", not a multiple of moe_intermediate_size ", moe.ffn,
+                              " (Trainyard holds the shared expert as that many experts' MLP)"));
+  }
+  moe.shared_experts = shared / moe.ffn;
+  moe.shared_gate = true;
+  m.qkv_bias = true;
+  TY_RETURN_IF_ERROR(f.Bool("qkv_bias", &m.qkv_bias));
+  if (!m.qkv_bias) {
+    return f.Bad("qkv_bias", "is false; Trainyard reads Qwen2-MoE with its biases on q, k and v");
+  }
+  bool sliding = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
+  if (sliding) {
+    return f.Bad(
+        "use_sliding_window",
+        "is true; Trainyard reads Qwen2-MoE without a sliding window (as it is published)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
@@ -745,20 +801,28 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
         "; Trainyard writes and reads mixture-of-experts models in Hugging Face's Mixtral layout "
         "only (a Llama model, every block MoE, no shared experts, softmax scores with "
         "normalize_top_k, balance: aux_loss; with Granite's multipliers GraniteMoE's), or with "
-        "model.qk_norm in Qwen3-MoE's (MoE blocks every `every`, normalize_top_k either way)"));
+        "model.qk_norm in Qwen3-MoE's (MoE blocks every `every`, normalize_top_k either way), or "
+        "with model.moe.shared_gate in Qwen2-MoE's (Qwen3-MoE's experts with q, k and v biases, "
+        "no sliding window, and the gated shared experts)"));
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
-  if (moe.every != 1 && !m.qk_norm) return bad(".every", absl::StrCat("is ", moe.every));
-  if (moe.shared_experts != 0) {
-    return bad(".shared_experts", absl::StrCat("is ", moe.shared_experts));
+  const bool qwen = m.qk_norm || moe.shared_gate;  // Qwen3-MoE's or Qwen2-MoE's
+  if (moe.every != 1 && !qwen) return bad(".every", absl::StrCat("is ", moe.every));
+  if (moe.shared_experts != 0 && !moe.shared_gate) {
+    return bad(".shared_experts", absl::StrCat("is ", moe.shared_experts, " and ungated"));
   }
   if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
-  if (!moe.normalize_top_k && !m.qk_norm) return bad(".normalize_top_k", "is false");
-  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias neither has)");
-  if (m.qkv_bias) {
+  if (!moe.normalize_top_k && !qwen) return bad(".normalize_top_k", "is false");
+  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias none has)");
+  if (moe.shared_gate && !m.qkv_bias) return bad(".shared_gate", "is set without model.qkv_bias");
+  if (moe.shared_gate && m.sliding_window > 0) {
+    return bad(".shared_gate", "is set with model.sliding_window");
+  }
+  if (m.qkv_bias && !moe.shared_gate) {
     return absl::UnimplementedError(
         "model.qkv_bias: a mixture-of-experts model with biases on q, k and v has no Hugging "
-        "Face layout Trainyard writes (neither Mixtral's nor Qwen3-MoE's has them)");
+        "Face layout Trainyard writes but Qwen2-MoE's, whose shared experts are gated "
+        "(model.moe.shared_gate); neither Mixtral's nor Qwen3-MoE's has them");
   }
   return absl::OkStatus();
 }
@@ -824,8 +888,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
-                                                   HfProjections projections) {
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
   TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
@@ -844,7 +907,7 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m,
     out.push_back(Whole("lnf.b", {c}, "ln_f.bias"));
   } else {
     out.push_back(Whole("wte", {v, c}, "model.embed_tokens.weight"));
-    for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, projections, out);
+    for (int l = 0; l < m.layers; ++l) AddLlamaBlock(m, l, layout, out);
     out.push_back(Norm(m, "lnf.w", c, "model.norm.weight"));
   }
   if (!m.tied_embeddings) out.push_back(Whole("lm_head.w", {v, c}, "lm_head.weight"));
@@ -906,12 +969,15 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
   const bool qwen = m.qkv_bias || m.qk_norm, experts = moe.enabled();
   // Llama's config has no sliding window; Mistral's is Llama's with one.
   const bool mistral = !qwen && !experts && m.sliding_window > 0;
-  const char* type = experts      ? (m.qk_norm ? "qwen3_moe" : "mixtral")
+  const bool qwen2_moe = experts && moe.shared_gate;
+  const char* type = qwen2_moe    ? "qwen2_moe"
+                     : experts    ? (m.qk_norm ? "qwen3_moe" : "mixtral")
                      : m.qkv_bias ? "qwen2"
                      : m.qk_norm  ? "qwen3"
                      : mistral    ? "mistral"
                                   : "llama";
-  const char* architecture = experts ? (m.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
+  const char* architecture = qwen2_moe ? "Qwen2MoeForCausalLM"
+                             : experts ? (m.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
                              : m.qkv_bias ? "Qwen2ForCausalLM"
                              : m.qk_norm  ? "Qwen3ForCausalLM"
                              : mistral    ? "MistralForCausalLM"
@@ -919,16 +985,20 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
   std::string sizes;  // the MLPs' sizes and the experts
   if (!experts) {
     sizes = DenseSizeJson(m);
-  } else if (!m.qk_norm) {  // Mixtral: intermediate_size is each expert's
+  } else if (!m.qk_norm && !qwen2_moe) {  // Mixtral: intermediate_size is each expert's
     sizes = absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
                          ",\n  \"num_local_experts\": ", moe.experts,
                          ",\n  \"num_experts_per_tok\": ", moe.top_k);
-  } else {  // Qwen3-MoE: dense blocks between the sparse ones keep intermediate_size
+  } else {  // Qwen3-MoE, Qwen2-MoE: dense blocks between the sparse ones keep intermediate_size
     sizes = absl::StrCat(
         ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"moe_intermediate_size\": ", moe.ffn,
         ",\n  \"num_experts\": ", moe.experts, ",\n  \"num_experts_per_tok\": ", moe.top_k,
         ",\n  \"decoder_sparse_step\": ", moe.every, ",\n  \"mlp_only_layers\": [],",
         "\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false");
+    if (qwen2_moe) {  // and its one gated shared expert, qkv_bias written for newer transformers
+      absl::StrAppend(&sizes, ",\n  \"shared_expert_intermediate_size\": ",
+                      int64_t{moe.shared_experts} * moe.ffn, ",\n  \"qkv_bias\": true");
+    }
   }
   if (experts) {
     absl::StrAppend(&sizes, ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
@@ -1198,6 +1268,13 @@ HfProjections HfExportProjections(const ModelConfig& m) {
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
 }
 
+HfLayout HfExportLayout(const ModelConfig& m) {
+  HfLayout layout;
+  layout.projections = HfExportProjections(m);
+  if (m.moe.enabled() && m.HasGraniteMultipliers()) layout.experts = HfExperts::kStacked;
+  return layout;
+}
+
 absl::Status CheckHfWritable(const ModelConfig& m) {
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
@@ -1295,6 +1372,9 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     m.qk_norm = true;
     TY_RETURN_IF_ERROR(ReadQwenWindow(fields, m));
     TY_RETURN_IF_ERROR(ReadQwen3MoeConfig(fields, m));
+  } else if (model_type == "qwen2_moe") {  // Qwen2's attention, experts and a gated shared one
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    TY_RETURN_IF_ERROR(ReadQwen2MoeConfig(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
@@ -1302,9 +1382,6 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "granitemoe") {  // Granite's, and experts
     TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));
-    // The multipliers choose the stacked experts' names (HfTensors): one that only restates
-    // the default scale is kept, so that a GraniteMoE without any other still reads as one.
-    if (!m.HasGraniteMultipliers()) m.attention_multiplier = m.attention_scale();
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1315,11 +1392,14 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         absl::StrCat("is \"", model_type,
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
-                     "\"phi3\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"smollm3\", "
+                     "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
+                     "\"smollm3\", "
                      "\"granite\" and \"granitemoe\""));
   }
   if (layout != nullptr) {
+    layout->model_type = model_type;
     layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
+    layout->experts = model_type == "granitemoe" ? HfExperts::kStacked : HfExperts::kPerExpert;
     layout->multimodal = model_type == "gemma3";
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;

@@ -66,12 +66,19 @@ int64_t RowElements(const HfTensorMap& tensor);
 // mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w).
 enum class HfProjections { kSeparate, kFused };
 
-// How a directory stores the model its config.json describes: the projections, and whether its
-// tensors are the language model of a multimodal checkpoint (Gemma3ForConditionalGeneration:
-// language_model.model.X, or model.language_model.X as newer transformers save it, beside a
-// vision tower and a projector Trainyard does not read).
+// How a mixture-of-experts block stores its experts: one tensor per expert and kind (Mixtral's
+// block_sparse_moe.experts.J.w1, Qwen3-MoE's mlp.experts.J.gate_proj, ...), or each kind's
+// weights stacked in one tensor per block (GraniteMoE's block_sparse_moe.input_linear).
+enum class HfExperts { kPerExpert, kStacked };
+
+// How a directory stores the model its config.json describes: its model_type, the projections,
+// the experts, and whether its tensors are the language model of a multimodal checkpoint
+// (Gemma3ForConditionalGeneration: language_model.model.X, or model.language_model.X as newer
+// transformers save it, beside a vision tower and a projector Trainyard does not read).
 struct HfLayout {
+  std::string model_type;
   HfProjections projections = HfProjections::kSeparate;
+  HfExperts experts = HfExperts::kPerExpert;
   bool multimodal = false;
 };
 
@@ -82,14 +89,18 @@ struct HfLayout {
 std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
                                         const HfLayout& layout);
 
-// Every tensor of `model`, in our layout's order. UNIMPLEMENTED, naming the field, for a
-// mixture-of-experts model that is not of Mixtral's shape (above).
-[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(
-    const config::ModelConfig& model, HfProjections projections = HfProjections::kSeparate);
+// Every tensor of `model` stored as `layout` says, in our layout's order. UNIMPLEMENTED, naming
+// the field, for a mixture-of-experts model that is not of Mixtral's shape (above).
+[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model,
+                                                                 const HfLayout& layout = {});
 
 // The projections Trainyard writes `model` with: Phi-3's fused ones for a model that only
 // Phi3ForCausalLM describes (partial RoPE or LongRoPE), else separate ones.
 HfProjections HfExportProjections(const config::ModelConfig& model);
+// The layout Trainyard writes `model` in: HfExportProjections' projections, and GraniteMoE's
+// stacked experts for a mixture-of-experts model with Granite's multipliers (HfConfigJson writes
+// it as GraniteMoeForCausalLM), else one tensor per expert. model_type is left empty.
+HfLayout HfExportLayout(const config::ModelConfig& model);
 
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid
 // out as Hugging Face's tensor, less the tensor's shift; and back, plus the shift.

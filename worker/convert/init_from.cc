@@ -111,6 +111,7 @@ absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeCo
                        {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
                        {"moe.every", {file.every, spec.every}}},
                       source));
+  TY_RETURN_IF_ERROR(SameChoice("moe.shared_gate", file.shared_gate, spec.shared_gate, source));
   using config::MoeScore;
   TY_RETURN_IF_ERROR(SameChoice("moe.score", file.score == MoeScore::kSoftmax,
                                 spec.score == MoeScore::kSoftmax, source, "softmax", "sigmoid"));
@@ -262,11 +263,9 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
   TY_ASSIGN_OR_RETURN(const std::string config_text, fs.ReadFile(config_path));
   HfLayout layout;
   TY_ASSIGN_OR_RETURN(model_, ModelFromHfConfig(config_text, config_path, &layout));
-  const HfProjections projections = layout.projections;
   if (expected) TY_RETURN_IF_ERROR(CheckSameModel(model_, *expected, config_path));
   std::map<std::string, std::string> wanted;  // from the index: tensor -> file
   TY_ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardNames(fs, dir, &wanted));
-  const bool gpt2 = model_.family == ModelFamily::kGpt2;
   for (const std::string& name : names) {
     TY_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                         SafetensorsFile::Open(fs, ChildPath(dir, name)));
@@ -291,7 +290,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
           absl::StrCat(ChildPath(dir, file), ": missing tensor ", name, " (the index lists it)"));
     }
   }
-  TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_, projections));
+  TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_, layout));
   std::set<std::string> claimed;
   for (HfTensorMap& m : maps) {
     for (const HfPiece& piece : m.pieces) {
@@ -320,18 +319,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
     }
   }
   description_ = absl::StrCat(
-      "Hugging Face ",
-      gpt2                                   ? "gpt2"
-      : projections == HfProjections::kFused ? "phi3"
-      : layout.multimodal                    ? "gemma3 (its language model)"
-      : model_.post_norms                    ? (model_.qk_norm ? "gemma3_text" : "gemma2")
-      : model_.geglu                         ? "gemma"
-      : model_.moe.enabled()                 ? (model_.qk_norm ? "qwen3_moe" : "mixtral")
-      : model_.qkv_bias                      ? "qwen2"
-      : model_.qk_norm                       ? "qwen3"
-      : model_.sliding_window > 0            ? "mistral"
-                                             : "llama",
-      " (",
+      "Hugging Face ", layout.model_type, layout.multimodal ? " (its language model)" : "", " (",
       DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
       ", ", files_.size(), files_.size() == 1 ? " file)" : " files)");
   return absl::OkStatus();

@@ -114,6 +114,9 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
       std::tie(b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b) =
           std::tuple(shared.fc_w, shared.fc_b, shared.proj_w, shared.proj_b);
     }
+    // Every tensor-parallel rank's whole, as the router is.
+    if (moe.shared_gate)
+      b.shared_gate_w = Add(p + "moe.shared_gate.w", {1, width}, InitKind::kNormal);
     groups_.push_back({group_begin, total_});
     const int64_t experts_begin = total_;
     const MlpOffsets experts = AddMlp(c, p + "moe.experts.", moe.ffn, moe.experts);

@@ -57,6 +57,7 @@ struct BlockOffsets {
   // router [E, C]; selection bias [E] (balance: bias); experts' fc [E·fc_out, C] (expert e's rows
   // together: Llama's gate rows then up rows) and bias [E·ffn]; proj [E, C, ffn] and bias [E, C].
   int64_t router_w = -1, router_bias = -1;
+  int64_t shared_gate_w = -1;  // moe.shared_gate: the shared experts' gate [1, C]
   int64_t experts_fc_w = -1, experts_fc_b = -1, experts_proj_w = -1, experts_proj_b = -1;
 };
 

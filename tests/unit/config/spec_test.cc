@@ -616,6 +616,7 @@ model:
     experts: 16
     top_k: 2
     shared_experts: 1
+    shared_gate: true
     every: 2
     ffn: 88
     score: sigmoid
@@ -630,6 +631,7 @@ parallelism: {dp: 1, tp: 2}
   EXPECT_EQ(moe.experts, 16);
   EXPECT_EQ(moe.top_k, 2);
   EXPECT_EQ(moe.shared_experts, 1);
+  EXPECT_TRUE(moe.shared_gate);
   EXPECT_EQ(moe.every, 2);
   EXPECT_EQ(moe.ffn, 88);
   EXPECT_EQ(moe.score, MoeScore::kSigmoid);

@@ -285,6 +285,15 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
             "model.moe.shared_experts is 1 in the checkpoint, 0 in the spec");
   EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.every = 1; }),
             "model.moe.every is 2 in the checkpoint, 1 in the spec");
+  // The gate is a tensor of its own.
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.shared_gate = true; }),
+            "model.moe.shared_gate is false in the checkpoint, true in the spec");
+  config::ModelConfig gated = moe;
+  gated.moe.shared_gate = true;
+  auto read = ModelFromSignature(SignatureOf(gated));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->moe.shared_gate);
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(gated), gated).ok());
   // The selection bias is a tensor of the bias rule's routers only.
   EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.balance = config::MoeBalance::kBias; }),
             "model.moe.balance is aux_loss in the checkpoint, bias in the spec");

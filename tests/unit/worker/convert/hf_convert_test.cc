@@ -501,7 +501,7 @@ TEST(HfFormat, Phi3ConfigReadsAsLlamaWithItsWindowAndFusedProjections) {
   EXPECT_FALSE(m->tied_embeddings);
   EXPECT_EQ(m->ParameterCount(), 3821079552);
   // The projections' tensors: one per block for the attention's and one for the MLP's inputs.
-  auto maps = HfTensors(*m, projections);
+  auto maps = HfTensors(*m, layout);
   ASSERT_TRUE(maps.ok()) << maps.status();
   std::set<std::string> names;
   for (const HfTensorMap& t : *maps) {
@@ -803,8 +803,12 @@ TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
     "num_local_experts": 32, "output_router_logits": false, "residual_multiplier": 0.22,
     "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000, "router_aux_loss_coef": 0.01,
     "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 49155})";
-  auto m = ModelFromHfConfig(json, "granitemoe/config.json");
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "granitemoe/config.json", &layout);
   ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "granitemoe");
+  EXPECT_EQ(layout.experts, HfExperts::kStacked);
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kStacked);
   EXPECT_EQ(m->moe.experts, 32);
   EXPECT_EQ(m->moe.top_k, 8);
   EXPECT_EQ(m->moe.ffn, 512);
@@ -818,7 +822,7 @@ TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
   EXPECT_EQ(m->ParameterCount(), 24 * block + int64_t{49155} * 1024 + 1024);
   EXPECT_EQ(m->ParameterCount(), 1334628352);
 
-  auto maps = HfTensors(*m, HfProjections::kSeparate);
+  auto maps = HfTensors(*m, layout);
   ASSERT_TRUE(maps.ok()) << maps.status();
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const HfTensorMap& t : *maps) {
@@ -844,8 +848,30 @@ TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
   // GraniteMoE's experts are Mixtral's: shared experts have no place in it.
   config::ModelConfig shared = *m;
   shared.moe.shared_experts = 1;
-  EXPECT_THAT(HfTensors(shared, HfProjections::kSeparate).status().message(),
+  EXPECT_THAT(HfTensors(shared, layout).status().message(),
               HasSubstr("model.moe.shared_experts: is 1"));
+
+  // The directory's model_type, not the multipliers, says the experts are stacked: a GraniteMoE
+  // whose multipliers change nothing reads its stacked tensors, and is Mixtral's model, which it
+  // exports as (one tensor per expert).
+  std::string plain = json;
+  for (const std::string field : {"\"embedding_multiplier\": 12.0, ", "\"logits_scaling\": 6.0,",
+                                  "\"residual_multiplier\": 0.22,"}) {
+    ASSERT_NE(plain.find(field), std::string::npos) << field;
+    plain.erase(plain.find(field), field.size());
+  }
+  plain.replace(plain.find("0.015625"), 8, "0.125");  // head_dim^-1/2, the default scale
+  HfLayout plain_layout;
+  auto unscaled = ModelFromHfConfig(plain, "plain/config.json", &plain_layout);
+  ASSERT_TRUE(unscaled.ok()) << unscaled.status();
+  EXPECT_FALSE(unscaled->HasGraniteMultipliers());
+  EXPECT_EQ(plain_layout.experts, HfExperts::kStacked);
+  auto stacked = HfTensors(*unscaled, plain_layout);
+  ASSERT_TRUE(stacked.ok()) << stacked.status();
+  EXPECT_EQ(stacked->size(), maps->size());
+  EXPECT_EQ(HfExportLayout(*unscaled).experts, HfExperts::kPerExpert);
+  EXPECT_THAT(HfConfigJson(*unscaled, TensorDtype::kBF16),
+              HasSubstr("\"architectures\": [\"MixtralForCausalLM\"]"));
 }
 
 // Granite 3.1 8B's config: Llama's shape with its four multipliers, tied embeddings; 8.17B
@@ -1458,6 +1484,95 @@ TEST(HfFormat, Qwen3MoeConfigReadsAsLlamaMoeWithQueryAndKeyNorms) {
   forced.replace(forced.find("\"mlp_only_layers\": []"), 21, "\"mlp_only_layers\": [0]");
   EXPECT_THAT(ModelFromHfConfig(forced, "config.json").status().message(),
               HasSubstr("mlp_only_layers must be empty"));
+}
+
+// A config.json of Qwen1.5-MoE-A2.7B (Qwen2MoeForCausalLM's keys): Qwen2's attention (biases on
+// q, k and v), 60 experts of 1408, 4 per token, unnormalised, and a gated shared expert of 5632,
+// held as 4 shared experts of 1408. Written back it is Qwen2-MoE again; a shared expert that is
+// not a whole number of experts, qkv_bias false or a sliding window are refused.
+TEST(HfFormat, Qwen2MoeConfigReadsAsLlamaMoeWithAGatedSharedExpert) {
+  const std::string json = R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+    "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 60,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632,
+    "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "Qwen1.5-MoE-A2.7B/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "qwen2_moe");
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_FALSE(m->qk_norm);
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_EQ(m->moe.experts, 60);
+  EXPECT_EQ(m->moe.top_k, 4);
+  EXPECT_EQ(m->moe.ffn, 1408);
+  EXPECT_EQ(m->moe.shared_experts, 4);
+  EXPECT_TRUE(m->moe.shared_gate);
+  EXPECT_FALSE(m->moe.normalize_top_k);
+  EXPECT_FLOAT_EQ(m->moe.aux_loss_coeff, 0.001f);
+  // By hand, per block: q, k, v 3 · 2048² and their biases 3 · 2048, o 2048², the router 60 ·
+  // 2048, the experts 60 · 3 · 1408·2048, the shared expert 3 · 5632·2048 and its gate 2048, two
+  // norms 2 · 2048; 24 blocks, the untied embedding and head 2 · 151936·2048 and the final norm:
+  // the card's 14.3B, of which a token uses 2.7B (4 experts of 60, and the shared one).
+  const int64_t block = 3 * int64_t{2048} * 2048 + 3 * 2048 + int64_t{2048} * 2048 + 60 * 2048 +
+                        60 * 3 * int64_t{1408} * 2048 + 3 * int64_t{5632} * 2048 + 2048 + 2 * 2048;
+  EXPECT_EQ(m->ParameterCount(), 24 * block + 2 * int64_t{151936} * 2048 + 2048);
+  EXPECT_EQ(m->ParameterCount(), int64_t{14315784192});
+  EXPECT_EQ(m->ActiveParameterCount(), int64_t{2689173504});
+
+  auto tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) shapes[piece.name] = HfShape(t, piece);
+  }
+  const std::string mlp = "model.layers.23.mlp.";
+  EXPECT_EQ(shapes[mlp + "gate.weight"], (std::vector<int64_t>{60, 2048}));
+  EXPECT_EQ(shapes[mlp + "experts.59.down_proj.weight"], (std::vector<int64_t>{2048, 1408}));
+  EXPECT_EQ(shapes[mlp + "shared_expert.gate_proj.weight"], (std::vector<int64_t>{5632, 2048}));
+  EXPECT_EQ(shapes[mlp + "shared_expert.up_proj.weight"], (std::vector<int64_t>{5632, 2048}));
+  EXPECT_EQ(shapes[mlp + "shared_expert.down_proj.weight"], (std::vector<int64_t>{2048, 5632}));
+  EXPECT_EQ(shapes[mlp + "shared_expert_gate.weight"], (std::vector<int64_t>{1, 2048}));
+  EXPECT_EQ(shapes["model.layers.0.self_attn.q_proj.bias"], (std::vector<int64_t>{2048}));
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Qwen2MoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"shared_expert_intermediate_size\": 5632"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_TRUE(back->moe.shared_gate);
+  EXPECT_EQ(back->moe.shared_experts, 4);
+
+  // Ungated shared experts, or the gate without Qwen2's biases, have no layout.
+  config::ModelConfig ungated = *m;
+  ungated.moe.shared_gate = false;
+  EXPECT_THAT(HfTensors(ungated).status().message(),
+              HasSubstr("model.moe.shared_experts: is 4 and ungated"));
+  config::ModelConfig unbiased = *m;
+  unbiased.qkv_bias = false;
+  EXPECT_THAT(HfTensors(unbiased).status().message(),
+              HasSubstr("model.moe.shared_gate: is set without model.qkv_bias"));
+
+  auto refused = [&](const std::string& from, const std::string& to) {
+    std::string bad = json;
+    bad.replace(bad.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(bad, "b/config.json").status().message());
+  };
+  EXPECT_THAT(refused("\"shared_expert_intermediate_size\": 5632",
+                      "\"shared_expert_intermediate_size\": 5000"),
+              HasSubstr("shared_expert_intermediate_size is 5000, not a multiple of "
+                        "moe_intermediate_size 1408"));
+  EXPECT_THAT(refused("\"use_sliding_window\": false", "\"use_sliding_window\": true"),
+              HasSubstr("use_sliding_window is true"));
+  EXPECT_THAT(refused("\"use_cache\": true", "\"qkv_bias\": false"),
+              HasSubstr("qkv_bias is false"));
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
