@@ -106,8 +106,9 @@ int64_t ModelConfig::ParameterCount() const {
     attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
     total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    attention = c + qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? 2 * head_dim() : 0) + c * attn_out +
-                c + (post_norms ? 2 * c : 0);
+    attention = c + qkv * c + (qkv_bias ? qkv : 0) +
+                (qk_norm ? q_norm_width() + k_norm_width() : 0) + c * attn_out + c +
+                (post_norms ? 2 * c : 0);
     total += c;  // final RMSNorm
   }
   for (int l = 0; l < layers; ++l) {
@@ -411,6 +412,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
                                                      {c.HasGraniteMultipliers(), c.GraniteField()}};
   for (const auto& [set, field] : llama_only) {
     if (c.family == ModelFamily::kGpt2 && set) return bad(field, "is for the llama family");
+  }
+  if (c.qk_norm_span == QkNormSpan::kProjection && !c.qk_norm) {
+    return bad("qk_norm_span", "is projection, and model.qk_norm is false");
   }
   if (c.family == ModelFamily::kGpt2 && c.geglu) {
     return bad("activation", "geglu is for the llama family (GPT-2's MLP is GELU, ungated)");

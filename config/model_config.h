@@ -36,6 +36,10 @@ enum class MoeBalance {
 };
 enum class MoeScore { kSoftmax, kSigmoid };
 
+// What model.qk_norm's RMSNorms span: each head of q and of k (Qwen3's, Gemma 3's), or each
+// token's whole q and whole k projection (OLMo 2's, OLMoE's).
+enum class QkNormSpan { kHead, kProjection };
+
 struct MoeConfig {
   int experts = 0;  // 0: a dense model (no MoE layers)
   int top_k = 1;
@@ -111,8 +115,11 @@ struct ModelConfig {
   // Qwen3's are wider: heads · head_dim exceeds the width); 0 for width / heads.
   int explicit_head_dim = 0;
   // Llama family: an RMSNorm over each query and key head before RoPE, one weight of head_dim
-  // for the queries and one for the keys (Qwen3's layout).
+  // for the queries and one for the keys (Qwen3's layout); with qk_norm_span kProjection one
+  // RMSNorm over each token's whole q projection (weight heads·head_dim) and one over its whole k
+  // projection (kv_heads·head_dim), OLMo 2's and OLMoE's.
   bool qk_norm = false;
+  QkNormSpan qk_norm_span = QkNormSpan::kHead;
   // Llama family: each query attends to this many positions, its own and the ones just before it
   // (Mistral's, Phi-3's sliding window); 0 for every earlier position.
   int sliding_window = 0;
@@ -184,6 +191,10 @@ struct ModelConfig {
   // Whether RoPE turns block `layer`'s queries and keys: a llama block not in nope_layers.
   bool RotatesLayer(int layer) const;
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
+  // qk_norm: the widths of the query norm's and the key norm's weights.
+  bool NormsWholeProjection() const { return qk_norm && qk_norm_span == QkNormSpan::kProjection; }
+  int q_norm_width() const { return NormsWholeProjection() ? heads * head_dim() : head_dim(); }
+  int k_norm_width() const { return NormsWholeProjection() ? kv_heads * head_dim() : head_dim(); }
   // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
   int attention_width() const { return heads * head_dim(); }
   // The window block `layer` attends with: sliding_window, or 0 (every earlier position) in one

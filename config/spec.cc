@@ -197,6 +197,22 @@ absl::Status ReadRopeScaling(FieldReader& r, int max_seq, RopeScaling* scaling) 
   return r.ReadInt("original_max_seq", &scaling->original_max_seq);
 }
 
+// model's word-valued fields: activation, and qk_norm_span (refused as a field without effect
+// unless qk_norm).
+absl::Status ReadModelChoices(FieldReader& r, ModelConfig& m) {
+  size_t activation = m.geglu ? 1 : 0;
+  TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
+  m.geglu = activation == 1;
+  size_t span = m.qk_norm_span == QkNormSpan::kProjection ? 1 : 0;
+  TY_RETURN_IF_ERROR(ReadChoice(r, "qk_norm_span", "norm span", {"head", "projection"}, &span));
+  m.qk_norm_span = span == 1 ? QkNormSpan::kProjection : QkNormSpan::kHead;
+  if (r.Has("qk_norm_span") && !m.qk_norm) {
+    TY_RETURN_IF_ERROR(r.Inert("qk_norm_span", "only spans the norms of model.qk_norm: true"));
+    m.qk_norm_span = QkNormSpan::kHead;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"preset",
                                           "family",
@@ -211,6 +227,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "tied_embeddings",
                                           "qkv_bias",
                                           "qk_norm",
+                                          "qk_norm_span",
                                           "sliding_window",
                                           "activation",
                                           "scale_embeddings",
@@ -260,9 +277,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadFloat("residual_multiplier", &m.residual_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_multiplier", &m.attention_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("logits_scaling", &m.logits_scaling));
-  size_t activation = m.geglu ? 1 : 0;
-  TY_RETURN_IF_ERROR(ReadChoice(r, "activation", "activation", {"swiglu", "geglu"}, &activation));
-  m.geglu = activation == 1;
+  TY_RETURN_IF_ERROR(ReadModelChoices(r, m));
   TY_RETURN_IF_ERROR(r.ReadBool("scale_embeddings", &m.scale_embeddings));
   TY_RETURN_IF_ERROR(r.ReadBool("recompute", &m.recompute));
   TY_RETURN_IF_ERROR(r.ReadFloat("norm_eps", &m.norm_eps));

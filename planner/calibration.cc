@@ -179,6 +179,7 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
     absl::StrAppendFormat(&yaml, "  rope_theta: %.9g\n", m.rope_theta);
     if (m.qkv_bias) absl::StrAppend(&yaml, "  qkv_bias: true\n");
     if (m.qk_norm) absl::StrAppend(&yaml, "  qk_norm: true\n");
+    if (m.NormsWholeProjection()) absl::StrAppend(&yaml, "  qk_norm_span: projection\n");
     if (m.sliding_window != 0) absl::StrAppend(&yaml, "  sliding_window: ", m.sliding_window, "\n");
     if (!m.full_attention_layers.empty()) {
       absl::StrAppend(&yaml, "  full_attention_layers: [",

@@ -327,8 +327,10 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   e.acts += n * w + n * attn + n * qkv + n * most.fc + n * most.ffn + n * w;  // dln .. dlnf
   if (most.moe) experts.AddBackwardScratch(w, e);
   if (c.qk_norm) {  // the head norms' inputs and statistics, their scratch and weight gradients
+    const int64_t norms = c.NormsWholeProjection() ? 2 : heads + kv;  // per row
+    const int64_t weights = c.q_norm_width() + c.k_norm_width();
     e.acts += saved * n * (heads + kv) * d + 2 * n * heads * d;
-    e.floats += saved * n * (heads + kv) + 2 * d + (s.split_backward() ? layers * 2 * d : 0);
+    e.floats += saved * n * norms + weights + (s.split_backward() ? layers * weights : 0);
   }
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
     for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + n * qkv;

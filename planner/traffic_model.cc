@@ -210,7 +210,10 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     out.push_back(Times(tp.AllReduce((s.model.post_norms ? 8 : 4) * w, kFloat), layers));
   }
   // qk_norm: the query and key norms' gradients from this rank's heads.
-  if (s.model.qk_norm) out.push_back(Times(tp.AllReduce(2 * s.model.head_dim(), kFloat), layers));
+  if (s.model.qk_norm) {
+    const int64_t weights = s.model.q_norm_width() + s.model.k_norm_width();
+    out.push_back(Times(tp.AllReduce(weights, kFloat), layers));
+  }
   // An MoE block's combine weights' gradients, one float per pick (all N·top_k of them when
   // dropless; fewer when a capacity drops some, which this bound does not know).
   if (const int moe_blocks = s.moe_blocks(); moe_blocks > 0) {

@@ -5,15 +5,15 @@
 namespace trainyard::worker {
 namespace {
 
-// One of the two parts: q (at column 0 of each row) or k (after q).
+// One of the two parts: q (at column 0 of each row) or k (after q), `norms` per row of `width`.
 struct Part {
-  int64_t column, cols, heads;
+  int64_t column, cols, norms, width;
   const float* weight;
 };
 
 std::array<Part, 2> Parts(const HeadNormShape& s, const float* q_weight, const float* k_weight) {
-  return {Part{0, s.q_cols(), s.heads, q_weight},
-          Part{s.q_cols(), s.k_cols(), s.kv_heads, k_weight}};
+  return {Part{0, s.q_cols(), s.q_norms(), s.q_cols() / s.q_norms(), q_weight},
+          Part{s.q_cols(), s.k_cols(), s.k_norms(), s.k_cols() / s.k_norms(), k_weight}};
 }
 
 }  // namespace
@@ -25,7 +25,8 @@ HeadNormShape HeadNormsOf(const config::ModelConfig& m, int64_t rows, int tp) {
           .kv_heads = kv_heads,
           .head_dim = d,
           .qkv_stride = (heads + 2 * kv_heads) * d,
-          .eps = m.norm_eps};
+          .eps = m.norm_eps,
+          .whole = m.NormsWholeProjection()};
 }
 
 void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
@@ -33,10 +34,10 @@ void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
   for (const Part& p : Parts(s, q_weight, k_weight)) {
     Act* columns = be.At(qkv, p.column);
     be.CopyRows(pre, p.cols, columns, s.qkv_stride, s.rows, p.cols);
-    be.RmsNorm(scratch, rstd, pre, p.weight, s.rows * p.heads, s.head_dim, s.eps);
+    be.RmsNorm(scratch, rstd, pre, p.weight, s.rows * p.norms, p.width, s.eps);
     be.CopyRows(columns, s.qkv_stride, scratch, p.cols, s.rows, p.cols);
     pre = be.At(pre, s.rows * p.cols);
-    rstd += s.rows * p.heads;
+    rstd += s.rows * p.norms;
   }
 }
 
@@ -52,10 +53,10 @@ void HeadNormBackward(Backend& be, Act* dqkv, float* dq_weight, float* dk_weight
     Act* columns = be.At(dqkv, p.column);
     be.CopyRows(dy, p.cols, columns, s.qkv_stride, s.rows, p.cols);
     be.Fill(dx, 0.0f, s.rows * p.cols);  // the backward adds to its input gradient
-    be.RmsNormBackward(dx, dweights[i], dy, pre, p.weight, rstd, s.rows * p.heads, s.head_dim);
+    be.RmsNormBackward(dx, dweights[i], dy, pre, p.weight, rstd, s.rows * p.norms, p.width);
     be.CopyRows(columns, s.qkv_stride, dx, p.cols, s.rows, p.cols);
     pre = be.At(pre, s.rows * p.cols);
-    rstd += s.rows * p.heads;
+    rstd += s.rows * p.norms;
   }
 }
 

@@ -1,7 +1,9 @@
 // Qwen3's query and key norms (model.qk_norm): an RMSNorm over each query head and each key
 // head of the rows of q, k and v, before RoPE, with one weight [head_dim] shared by the query
-// heads and one by the key heads. The heads sit inside rows `qkv_stride` apart, so the norms run
-// on contiguous copies: the backend's RMSNorm over rows·heads rows of head_dim.
+// heads and one by the key heads; or (qk_norm_span projection, OLMoE's) one RMSNorm over each
+// row's whole q and one over its whole k, weights [heads·head_dim] and [kv_heads·head_dim]. The
+// heads sit inside rows `qkv_stride` apart, so the norms run on contiguous copies: the backend's
+// RMSNorm over rows·heads rows of head_dim, or rows rows of the whole width.
 #ifndef TRAINYARD_WORKER_HEAD_NORM_H_
 #define TRAINYARD_WORKER_HEAD_NORM_H_
 
@@ -19,12 +21,16 @@ struct HeadNormShape {
   int64_t head_dim;    // D
   int64_t qkv_stride;  // elements from one row to the next; q at 0, k at heads·D
   float eps;
+  bool whole = false;  // one norm over each row's q and one over its k, not one per head
 
   int64_t q_cols() const { return heads * head_dim; }
   int64_t k_cols() const { return kv_heads * head_dim; }
+  // Norms per row over q and over k.
+  int64_t q_norms() const { return whole ? 1 : heads; }
+  int64_t k_norms() const { return whole ? 1 : kv_heads; }
   // Elements of the saved inputs (`pre`) and floats of `rstd`.
   int64_t saved() const { return rows * (q_cols() + k_cols()); }
-  int64_t statistics() const { return rows * (heads + kv_heads); }
+  int64_t statistics() const { return rows * (q_norms() + k_norms()); }
   // Elements of scratch the forward needs; the backward needs twice as many.
   int64_t scratch() const { return rows * q_cols(); }
 };
@@ -39,7 +45,7 @@ void HeadNormForward(Backend& be, Act* qkv, Act* pre, float* rstd, Act* scratch,
                      const float* q_weight, const float* k_weight, const HeadNormShape& s);
 
 // The q and k columns of `dqkv` (gradients of the norms' outputs) ← gradients of their inputs;
-// dq_weight and dk_weight [D] += the weights' gradients from these rows.
+// dq_weight and dk_weight (each its weight's size) += the weights' gradients from these rows.
 void HeadNormBackward(Backend& be, Act* dqkv, float* dq_weight, float* dk_weight, const Act* pre,
                       const float* rstd, Act* scratch, const float* q_weight, const float* k_weight,
                       const HeadNormShape& s);

@@ -123,6 +123,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
     return absl::InvalidArgumentError(
         absl::StrCat("model.moe.ffn: ", config.moe.ffn, " does not split over tp ", tp));
   }
+  if (config.NormsWholeProjection() && tp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.qk_norm_span: projection norms span every head, which tp ", tp, " splits"));
+  }
   const std::vector<PipelineStage>& chunks = sharding.chunks;
   if (chunks.empty()) return absl::InvalidArgumentError("a model needs at least one chunk");
   for (size_t c = 1; c < chunks.size(); ++c) {
@@ -406,7 +410,7 @@ void Model::EnsureActivations(int b, int t) {
   a->dlnf = be.AllocAct(n * width);
   if (c.qk_norm) {
     a->head_norm_scratch = be.AllocAct(2 * HeadNorms(n).scratch());
-    a->head_norm_grads = be.AllocFloat(2 * c.head_dim());
+    a->head_norm_grads = be.AllocFloat(c.q_norm_width() + c.k_norm_width());
   }
   if (split_) AllocateDeferred(*a, n);
   held = std::move(a);
@@ -945,21 +949,21 @@ absl::Status Model::HeadNormsBackward(int layer, const LayerActivations& la, flo
   Activations& a = *acts_;
   const int g = layout_.block_group(layer);
   const BlockOffsets& o = layout_.block(layer);
-  const int64_t d = config_.head_dim();
+  const int64_t q = config_.q_norm_width(), count = q + config_.k_norm_width();
   float* grads = deferred != nullptr ? deferred : a.head_norm_grads.data();
-  backend_->Fill(grads, 0.0f, 2 * d);
-  HeadNormBackward(*backend_, a.dqkv.data(), grads, grads + d, la.qk_pre.data(), la.qk_rstd.data(),
+  backend_->Fill(grads, 0.0f, count);
+  HeadNormBackward(*backend_, a.dqkv.data(), grads, grads + q, la.qk_pre.data(), la.qk_rstd.data(),
                    a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w),
                    HeadNorms(int64_t{a.b} * a.t));
-  if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(grads, 2 * d));
+  if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(grads, count));
   if (deferred == nullptr) AddHeadNormGrads(g, o, grads);
   return absl::OkStatus();
 }
 
 void Model::AddHeadNormGrads(int group, const BlockOffsets& o, const float* grads) {
-  const int64_t d = config_.head_dim();
-  backend_->Add(G(group, o.q_norm_w), G(group, o.q_norm_w), grads, d);
-  backend_->Add(G(group, o.k_norm_w), G(group, o.k_norm_w), grads + d, d);
+  const int64_t q = config_.q_norm_width(), k = config_.k_norm_width();
+  backend_->Add(G(group, o.q_norm_w), G(group, o.q_norm_w), grads, q);
+  backend_->Add(G(group, o.k_norm_w), G(group, o.k_norm_w), grads + q, k);
 }
 
 // A split backward's buffers from each block's input-gradient pass to its weight pass.
@@ -974,7 +978,7 @@ void Model::AllocateDeferred(Activations& a, int64_t n) {
     d.proj_dy = be.AllocAct(n * width);
     d.qkv_dy = be.AllocAct(n * dims_.qkv_width);
     d.norms = be.AllocFloat(NormScratch());
-    if (c.qk_norm) d.head_norms = be.AllocFloat(2 * c.head_dim());
+    if (c.qk_norm) d.head_norms = be.AllocFloat(c.q_norm_width() + c.k_norm_width());
     a.deferred.push_back(std::move(d));
   }
   // A slot serves every chunk of the rank: the embedding chunk's gradient buffer is in all.

@@ -84,8 +84,9 @@ struct Model::Activations {
   Buffer<Act> dscaled;
   // [4, width]: two norms' weight and bias gradients ([8, width]: four norms' with post_norms)
   Buffer<float> norm_scratch;
-  // qk_norm: the head norms' scratch [2·N·heads·d] and their weights' gradients [2, d] (the
-  // heads here are some of the block's: summed over the tensor-parallel group).
+  // qk_norm: the head norms' scratch [2·N·heads·d] and their weights' gradients, q's then k's
+  // ([2, d], or with the norms over the whole projection [(heads + kv_heads)·d]; the heads here
+  // are some of the block's: summed over the tensor-parallel group).
   Buffer<Act> head_norm_scratch;
   Buffer<float> head_norm_grads;
   // A split backward (ZB's B and W passes): what each block's weight pass needs besides the
@@ -97,7 +98,7 @@ struct Model::Activations {
     // [4, width]: ln1 weight, bias, ln2 weight, bias; with post_norms [8, width], then the
     // attention's and the MLP's post norms' weights (each followed by an unused width).
     Buffer<float> norms;
-    Buffer<float> head_norms;  // qk_norm: [2, d], the query and key norms' weight gradients
+    Buffer<float> head_norms;  // qk_norm: the query and key norms' weight gradients
   };
   std::vector<DeferredGrads> deferred;
   Buffer<Act> embedding_dy;

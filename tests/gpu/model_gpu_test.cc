@@ -59,6 +59,7 @@ struct Case {
   // logits divided by 2)
   bool granite = false;
   bool shared_gate = false;  // with moe (llama): the shared expert gated per token (Qwen2-MoE's)
+  bool whole_norms = false;  // with qk_norm: norms over each token's whole q and k (OLMoE's)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -72,7 +73,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.logit_softcap > 0 ? "_logit_softcap" : "") +
       (info.param.longrope ? "_partial_longrope" : "") +
       (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "") +
-      (info.param.granite ? "_granite" : "") + (info.param.shared_gate ? "_shared_gate" : "");
+      (info.param.granite ? "_granite" : "") + (info.param.shared_gate ? "_shared_gate" : "") +
+      (info.param.whole_norms ? "_whole_projection" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -131,6 +133,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.qkv_bias = c.qkv_bias;
   mc.explicit_head_dim = c.head_dim;
   mc.qk_norm = c.qk_norm;
+  if (c.whole_norms) mc.qk_norm_span = config::QkNormSpan::kProjection;
   mc.sliding_window = c.window;
   mc.geglu = mc.scale_embeddings = c.gemma;
   mc.post_norms = c.post_norms;
@@ -552,7 +555,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kF32, true, true, 0, false, 0, false, false, 0, false, false,
              false, false, true},
         Case{"llama-debug", DType::kBF16, true, true, 0, false, 0, false, false, 0, false, false,
-             false, false, true}),
+             false, false, true},
+        // OLMoE's model: the query and key norms over each token's whole q and k, and experts.
+        Case{"llama-debug", DType::kF32, true, false, 0, true, 0, false, false, 0, false, false,
+             false, false, false, true},
+        Case{"llama-debug", DType::kBF16, true, false, 0, true, 0, false, false, 0, false, false,
+             false, false, false, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

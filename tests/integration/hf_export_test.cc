@@ -82,6 +82,7 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.every = 2;
     spec.model.moe.normalize_top_k = false;
   }
+  if (mesh.whole_norms) spec.model.moe.normalize_top_k = false;  // OLMoE's: the top k as scored
   return spec;
 }
 
@@ -144,6 +145,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .qkv_bias = mesh.qkv_bias,
                      .head_dim = mesh.head_dim,
                      .qk_norm = mesh.qk_norm,
+                     .whole_norms = mesh.whole_norms,
                      .sliding_window = mesh.sliding_window,
                      .gemma = mesh.gemma,
                      .full_layer = mesh.full_layer,
@@ -311,6 +313,22 @@ INSTANTIATE_TEST_SUITE_P(Qwen2Moe, HfRoundTrip,
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
+
+// Query and key norms over the whole projection with experts in every block export as OLMoE and
+// read back with the experts split over data-parallel ranks under ZeRO-3, and on pipeline stages.
+INSTANTIATE_TEST_SUITE_P(
+    Olmoe, HfRoundTrip,
+    ::testing::Combine(
+        ::testing::Values(ModelFamily::kLlama),
+        ::testing::Values(MeshCase{.name = "olmoe_dp2_ep2_zero3",
+                                   .dp = 2,
+                                   .zero = 3,
+                                   .whole_norms = true,
+                                   .experts = 4,
+                                   .ep = 2},
+                          MeshCase{
+                              .name = "olmoe_pp2", .pp = 2, .whole_norms = true, .experts = 4})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -499,6 +517,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
               mesh.experts == 0  ? ""
               : mesh.qk_norm     ? " (qwen3_moe)"
               : mesh.shared_gate ? " (qwen2_moe)"
+              : mesh.whole_norms ? " (olmoe)"
               : mesh.granite     ? " (granitemoe)"
                                  : " (mixtral)",
               error);
@@ -672,6 +691,14 @@ TEST(HfOracleQwen2Moe, GatedSharedExpertGivesTrainyardsLogits) {
   CheckAgainstTheOracle(
       ModelFamily::kLlama,
       MeshCase{.name = "dp1", .qkv_bias = true, .experts = 4, .shared_gate = true});
+}
+
+// Query and key norms over each token's whole q and k, with experts in every block, export as
+// OLMoE, which the oracle computes with transformers' OLMoE conventions; the greedy tokens check
+// the generator's norms too.
+TEST(HfOracleOlmoe, NormsOverTheWholeProjectionGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .whole_norms = true, .experts = 4});
 }
 
 // Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2

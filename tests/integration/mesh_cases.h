@@ -19,13 +19,14 @@ struct MeshCase {
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
-  bool qkv_bias = false;    // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
-  int head_dim = 0;         // llama: model.head_dim (0: width / heads)
-  bool qk_norm = false;     // llama: Qwen3's norms of each query and key head
-  int sliding_window = 0;   // llama: model.sliding_window (0: none)
-  bool gemma = false;       // llama: Gemma's GeGLU and embeddings scaled by √width
-  int full_layer = -1;      // llama, with a window: the one block without it (-1: none)
-  bool post_norms = false;  // llama: norms of the attention's and the MLP's outputs (Gemma's)
+  bool qkv_bias = false;     // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int head_dim = 0;          // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;      // llama: Qwen3's norms of each query and key head
+  bool whole_norms = false;  // llama: OLMoE's query and key norms over the whole projection
+  int sliding_window = 0;    // llama: model.sliding_window (0: none)
+  bool gemma = false;        // llama: Gemma's GeGLU and embeddings scaled by √width
+  int full_layer = -1;       // llama, with a window: the one block without it (-1: none)
+  bool post_norms = false;   // llama: norms of the attention's and the MLP's outputs (Gemma's)
   // Gemma 2's scores: scaled by 3^-1/2, both capped at 1
   // (small enough to bend a tiny model's scores and logits).
   bool softcaps = false;
@@ -84,7 +85,8 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
   if (spec->model.family == config::ModelFamily::kLlama) {
     spec->model.qkv_bias = spec->model.qkv_bias || mesh.qkv_bias;
     if (mesh.head_dim > 0) spec->model.explicit_head_dim = mesh.head_dim;
-    spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm;
+    spec->model.qk_norm = spec->model.qk_norm || mesh.qk_norm || mesh.whole_norms;
+    if (mesh.whole_norms) spec->model.qk_norm_span = config::QkNormSpan::kProjection;
     if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
     if (mesh.full_layer >= 0) spec->model.full_attention_layers = {mesh.full_layer};
     spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
@@ -365,6 +367,22 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .seq_len = 24,
      .experts = 4},
     {.name = "ep2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24, .experts = 4, .ep = 2},
+    // OLMoE's query and key norms over each token's whole q and k (llama; one tensor-parallel
+    // rank), on pipeline stages under a split backward (the norms' weight gradients kept for the
+    // weight pass), and with experts and sequences split over data- and context-parallel ranks.
+    {.name = "moe_whole_norms_zb_pp2",
+     .pp = 2,
+     .schedule = kZeroBubble,
+     .whole_norms = true,
+     .experts = 4},
+    {.name = "moe_whole_norms_dp2_cp2_ep2",
+     .dp = 2,
+     .cp = 2,
+     .zero = 1,
+     .whole_norms = true,
+     .seq_len = 24,
+     .experts = 4,
+     .ep = 2},
     // Qwen2-MoE's gated shared expert (llama): each rank's share of its hidden units gives part of
     // each row's gate gradient, summed over the tensor-parallel group; with a split backward, and
     // with expert parallelism and recomputation.

@@ -98,7 +98,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"tied_embeddings\": " << (c.tied_embeddings ? "true" : "false")
       << ", \"qkv_bias\": " << (c.qkv_bias ? "true" : "false")
       << ", \"head_dim\": " << c.explicit_head_dim
-      << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false")
+      << ", \"qk_norm\": " << (c.qk_norm ? "true" : "false") << ", \"qk_norm_span\": \""
+      << (c.NormsWholeProjection() ? "projection" : "head") << "\""
       << ", \"sliding_window\": " << c.sliding_window << ", \"full_attention_layers\": ["
       << absl::StrJoin(c.full_attention_layers, ", ") << "]"
       << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
@@ -365,6 +366,20 @@ TEST(TorchOracle, LlamaWithQueryAndKeyNormsRecomputed) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.explicit_head_dim = 24;
   c.qk_norm = true;
+  c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// OLMoE's attention and experts: one RMSNorm over each token's whole q (weight heads·head_dim) and
+// one over its whole k (kv_heads·head_dim), before RoPE, and every block's MLP eight experts of
+// which each token takes two, unnormalised; recomputed.
+TEST(TorchOracle, LlamaMixtureOfExpertsWithNormsOverTheWholeProjection) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.qk_norm = true;
+  c.qk_norm_span = config::QkNormSpan::kProjection;
+  c.moe = OracleMoe();
+  c.moe.experts = 8;
+  c.moe.shared_experts = 0;
   c.recompute = true;
   CompareWithOracle(c);
 }

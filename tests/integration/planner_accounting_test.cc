@@ -255,8 +255,8 @@ std::string DescribeExperts(const RankShape& shape) {
 
 TEST_P(MixtureOfExpertsAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && mesh.shared_gate) {
-    GTEST_SKIP() << "the shared experts' gate is the llama family's";
+  if (family == config::ModelFamily::kGpt2 && (mesh.shared_gate || mesh.whole_norms)) {
+    GTEST_SKIP() << "the shared experts' gate and the query and key norms are the llama family's";
   }
   ExpectEveryRankExactly(Job(family, mesh), mesh.name, DescribeExperts);
 }
@@ -272,8 +272,8 @@ class ExpertParallelAccounting : public ::testing::TestWithParam<Param> {};
 // axis.
 TEST_P(ExpertParallelAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && mesh.shared_gate) {
-    GTEST_SKIP() << "the shared experts' gate is the llama family's";
+  if (family == config::ModelFamily::kGpt2 && (mesh.shared_gate || mesh.whole_norms)) {
+    GTEST_SKIP() << "the shared experts' gate and the query and key norms are the llama family's";
   }
   config::JobSpec spec = Job(family, mesh);
   spec.model.moe.top_k = spec.model.moe.experts;
@@ -426,8 +426,8 @@ std::vector<KindBytes> RunModelMicroBatch(const config::JobSpec& spec, int stage
 
 TEST_P(TensorParallelAccounting, BytesMatchTheModel) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && mesh.shared_gate) {
-    GTEST_SKIP() << "the shared experts' gate is the llama family's";
+  if (family == config::ModelFamily::kGpt2 && (mesh.shared_gate || mesh.whole_norms)) {
+    GTEST_SKIP() << "the shared experts' gate and the query and key norms are the llama family's";
   }
   config::JobSpec spec = Job(family, mesh);
   spec.parallelism.dp = 1;  // the data-parallel degree does not change a tensor-parallel group
@@ -444,8 +444,8 @@ TEST_P(TensorParallelAccounting, BytesMatchTheModel) {
 
 TEST_P(PipelineAccounting, BytesMatchTheSchedule) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && mesh.shared_gate) {
-    GTEST_SKIP() << "the shared experts' gate is the llama family's";
+  if (family == config::ModelFamily::kGpt2 && (mesh.shared_gate || mesh.whole_norms)) {
+    GTEST_SKIP() << "the shared experts' gate and the query and key norms are the llama family's";
   }
   const config::JobSpec spec = Job(family, mesh);
   const RankShape first = ShapeOf(spec, spec.parallelism, 0);

@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "smollm3", "granite" or
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmoe", "smollm3", "granite" or
 "granitemoe") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
@@ -299,6 +299,7 @@ def read_config(model_dir):
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
+                         "olmoe, "
                          "smollm3, granite or granitemoe)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -517,6 +518,7 @@ class Llama:
 
     qkv_bias = False
     qk_norm = False
+    qk_norm_whole = False  # OLMoE: one norm over the whole q and one over the whole k
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
     # Granite's: each branch's output times residual_multiplier, the scores times
@@ -621,8 +623,9 @@ class Llama:
                         (p + "self_attn.k_proj.bias", (KV * D,)),
                         (p + "self_attn.v_proj.bias", (KV * D,))]
             if self.qk_norm:
-                out += [(p + "self_attn.q_norm.weight", (D,)),
-                        (p + "self_attn.k_norm.weight", (D,))]
+                whole = self.qk_norm_whole
+                out += [(p + "self_attn.q_norm.weight", (H * D,) if whole else (D,)),
+                        (p + "self_attn.k_norm.weight", (KV * D,) if whole else (D,))]
             out += [(p + "self_attn.o_proj.weight", (C, H * D)),
                     (p + "post_attention_layernorm.weight", (C,))]
             out += self.mlp_tensors(p)
@@ -641,7 +644,12 @@ class Llama:
             a = self.norm(x, w[p + "input_layernorm.weight"])
             q = split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads)
             k = split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads)
-            if self.qk_norm:  # Qwen3: each head's RMSNorm over its D, before RoPE
+            if self.qk_norm and self.qk_norm_whole:  # OLMoE: over the whole q and k
+                q = split_heads(self.norm(merge_heads(q), w[p + "self_attn.q_norm.weight"]),
+                                self.heads)
+                k = split_heads(self.norm(merge_heads(k), w[p + "self_attn.k_norm.weight"]),
+                                self.kv_heads)
+            elif self.qk_norm:  # Qwen3: each head's RMSNorm over its D, before RoPE
                 q = self.norm(q, w[p + "self_attn.q_norm.weight"])
                 k = self.norm(k, w[p + "self_attn.k_norm.weight"])
             if self.rope_layers[i]:
@@ -889,13 +897,32 @@ class Qwen3(Llama):
         self.read_qwen_window(cfg)
 
 
-def read_expert_counts(cfg):
-    """(num_local_experts, num_experts_per_tok), at most as many picks as experts."""
-    experts, top_k = cfg.int("num_local_experts"), cfg.int("num_experts_per_tok")
+def read_expert_counts(cfg, key="num_local_experts"):
+    """(experts under `key`, num_experts_per_tok), at most as many picks as experts."""
+    experts, top_k = cfg.int(key), cfg.int("num_experts_per_tok")
     if top_k > experts:
-        raise InputError("%s: num_experts_per_tok %d exceeds num_local_experts %d"
-                         % (cfg.path, top_k, experts))
+        raise InputError("%s: num_experts_per_tok %d exceeds %s %d"
+                         % (cfg.path, top_k, key, experts))
     return experts, top_k
+
+
+def qwen_expert_tensors(p, experts, width, ffn):
+    """The router mlp.gate and each expert's mlp.experts.j.gate_proj, up_proj and down_proj
+    (Qwen3-MoE's, Qwen2-MoE's and OLMoE's names) under layer prefix p."""
+    out = [(p + "mlp.gate.weight", (experts, width))]
+    for j in range(experts):
+        e = p + "mlp.experts.%d." % j
+        out += [(e + "gate_proj.weight", (ffn, width)), (e + "up_proj.weight", (ffn, width)),
+                (e + "down_proj.weight", (width, ffn))]
+    return out
+
+
+def qwen_sparse_mlp(w, p, m, experts, top_k, normalize):
+    """sparse_mlp over the tensors qwen_expert_tensors names."""
+    e = p + "mlp.experts.%d."
+    weights = [(w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
+                w[e % j + "down_proj.weight"]) for j in range(experts)]
+    return sparse_mlp(m, w[p + "mlp.gate.weight"], weights, top_k, normalize)
 
 
 class Mixtral(Llama):
@@ -952,11 +979,7 @@ class Qwen3Moe(Qwen3):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.experts = cfg.int("num_experts")
-        self.top_k = cfg.int("num_experts_per_tok")
-        if self.top_k > self.experts:
-            raise InputError("%s: num_experts_per_tok %d exceeds num_experts %d"
-                             % (cfg.path, self.top_k, self.experts))
+        self.experts, self.top_k = read_expert_counts(cfg, "num_experts")
         self.expert_ffn = cfg.int("moe_intermediate_size")
         self.step = cfg.int("decoder_sparse_step", 1)
         if cfg.raw.get("mlp_only_layers") not in (None, []):
@@ -970,21 +993,12 @@ class Qwen3Moe(Qwen3):
     def mlp_tensors(self, p):
         if not self.sparse(p):
             return super().mlp_tensors(p)
-        C, F_ = self.width, self.expert_ffn
-        out = [(p + "mlp.gate.weight", (self.experts, C))]
-        for j in range(self.experts):
-            e = p + "mlp.experts.%d." % j
-            out += [(e + "gate_proj.weight", (F_, C)), (e + "up_proj.weight", (F_, C)),
-                    (e + "down_proj.weight", (C, F_))]
-        return out
+        return qwen_expert_tensors(p, self.experts, self.width, self.expert_ffn)
 
     def mlp(self, w, p, m):
         if not self.sparse(p):
             return super().mlp(w, p, m)
-        e = p + "mlp.experts.%d."
-        experts = [(w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
-                    w[e % j + "down_proj.weight"]) for j in range(self.experts)]
-        return sparse_mlp(m, w[p + "mlp.gate.weight"], experts, self.top_k, self.normalize)
+        return qwen_sparse_mlp(w, p, m, self.experts, self.top_k, self.normalize)
 
 
 class Qwen2Moe(Qwen3Moe):
@@ -1022,6 +1036,30 @@ class Qwen2Moe(Qwen3Moe):
         shared = swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
                         w[s + "down_proj.weight"])
         return out + torch.sigmoid(m @ w[p + "mlp.shared_expert_gate.weight"].T) * shared
+
+
+class Olmoe(Llama):
+    """OlmoeForCausalLM: Llama's attention with one RMSNorm over each token's whole q projection
+    (self_attn.q_norm [hidden_size]) and one over its whole k (k_norm [kv_heads * head_dim]),
+    before RoPE; and in every layer Qwen3-MoE's sparse MLP (mlp.gate, mlp.experts.j.gate_proj,
+    up_proj, down_proj) of intermediate_size, the top k divided by their sum when norm_topk_prob
+    (default false). clip_qkv must be null."""
+
+    qk_norm = True
+    qk_norm_whole = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.raw.get("clip_qkv") is not None:
+            raise InputError("%s: clip_qkv must be null" % cfg.path)
+        self.experts, self.top_k = read_expert_counts(cfg, "num_experts")
+        self.normalize = cfg.bool("norm_topk_prob", False)
+
+    def mlp_tensors(self, p):
+        return qwen_expert_tensors(p, self.experts, self.width, self.ffn)
+
+    def mlp(self, w, p, m):
+        return qwen_sparse_mlp(w, p, m, self.experts, self.top_k, self.normalize)
 
 
 class SmolLM3(Llama):
@@ -1102,7 +1140,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
-          "smollm3": SmolLM3,
+          "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe}
 
 

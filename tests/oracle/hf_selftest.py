@@ -747,6 +747,25 @@ class HfOracleTest(unittest.TestCase):
                 self.assertEqual(proc.returncode, 2)
                 self.assertIn(why, proc.stderr)
 
+    def test_olmoe_matches_torch_model(self):
+        # OLMoE: an RMSNorm over each token's whole q and one over its whole k (grouped-query
+        # heads: k's is narrower), and Qwen3-MoE's experts in every block, top-2 unnormalised.
+        cfg = moe_cfg("llama", {"shared_experts": 0, "normalize_top_k": False,
+                                "score": "softmax", "every": 1, "top_k": 2},
+                      qk_norm=True, qk_norm_span="projection")
+        self.assertLess(cfg["kv_heads"], cfg["heads"])
+        config = dict(llama_hf_config(cfg), model_type="olmoe",
+                      architectures=["OlmoeForCausalLM"], intermediate_size=cfg["moe"]["ffn"],
+                      num_experts=cfg["moe"]["experts"], num_experts_per_tok=2,
+                      norm_topk_prob=False, clip_qkv=None)
+        self.check_against_torch_model("olmoe", cfg, lambda p: qwen3_moe_hf_tensors(cfg, p),
+                                       config)
+        model_dir = self.write_model("olmoe_bad", dict(config, clip_qkv=8.0), qwen3_moe_hf_tensors(
+            cfg, contract_params(random_model(cfg))))
+        proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("clip_qkv must be null", proc.stderr)
+
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):
             with self.subTest(family):

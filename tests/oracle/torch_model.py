@@ -13,7 +13,7 @@ Parameter names, shapes and order are the contract with the C++ engine:
           lnf.w, lnf.b; lm_head.w [V,C] only when embeddings are untied.
   Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w (and h.{l}.attn.qkv.b with
           qkv_bias, Qwen2's layout; h.{l}.attn.q_norm.w [D], h.{l}.attn.k_norm.w [D] with
-          qk_norm, Qwen3's), h.{l}.attn.proj.w, h.{l}.ln2.w,
+          qk_norm, Qwen3's; [H*D] and [KV*D] with qk_norm_span "projection", OLMoE's), h.{l}.attn.proj.w, h.{l}.ln2.w,
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
   MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
@@ -105,6 +105,7 @@ def normalize_config(cfg):
     out.setdefault("tied_embeddings", family == "gpt2")
     out.setdefault("qkv_bias", False)
     out.setdefault("qk_norm", False)
+    out.setdefault("qk_norm_span", "head")
     out.setdefault("sliding_window", 0)
     out.setdefault("full_attention_layers", [])
     out.setdefault("rope_local_theta", 0.0)
@@ -133,6 +134,9 @@ def normalize_config(cfg):
     for key in ("qkv_bias", "qk_norm"):
         if not isinstance(out[key], bool) or (out[key] and family != "llama"):
             raise ConfigError("%s: true or false, and true only for the llama family" % key)
+    if out["qk_norm_span"] not in ("head", "projection") or (
+            out["qk_norm_span"] == "projection" and not out["qk_norm"]):
+        raise ConfigError("qk_norm_span: head or projection, and projection only with qk_norm")
     if out["activation"] not in (("swiglu", "geglu") if family == "llama" else ("gelu",)):
         raise ConfigError("activation: swiglu or geglu for the llama family, gelu for gpt2, got %r"
                           % (out["activation"],))
@@ -374,9 +378,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg["width"], qkv_out, bias=bias or cfg["qkv_bias"])
         self.proj = nn.Linear(self.heads * self.head_dim, cfg["width"], bias=bias)
         # Qwen3's norms of each query and key head, before RoPE (one weight for all query heads,
-        # one for all key heads).
-        self.q_norm = RMSNorm(self.head_dim, cfg["norm_eps"]) if cfg["qk_norm"] else None
-        self.k_norm = RMSNorm(self.head_dim, cfg["norm_eps"]) if cfg["qk_norm"] else None
+        # one for all key heads), or OLMoE's over each token's whole q and whole k.
+        self.whole_norms = cfg["qk_norm_span"] == "projection"
+        q_width = self.heads * self.head_dim if self.whole_norms else self.head_dim
+        k_width = self.kv_heads * self.head_dim if self.whole_norms else self.head_dim
+        self.q_norm = RMSNorm(q_width, cfg["norm_eps"]) if cfg["qk_norm"] else None
+        self.k_norm = RMSNorm(k_width, cfg["norm_eps"]) if cfg["qk_norm"] else None
         self._rope_cache = {}
 
     def _rope_tables(self, seq_len, dtype, device):
@@ -393,7 +400,10 @@ class Attention(nn.Module):
         q = qkv[..., : h * d].reshape(b, t, h, d)
         k = qkv[..., h * d: (h + kv) * d].reshape(b, t, kv, d)
         v = qkv[..., (h + kv) * d:].reshape(b, t, kv, d)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.whole_norms:
+            q = self.q_norm(q.reshape(b, t, h * d)).reshape(b, t, h, d)
+            k = self.k_norm(k.reshape(b, t, kv * d)).reshape(b, t, kv, d)
+        elif self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             cos, sin = self._rope_tables(t, x.dtype, x.device)

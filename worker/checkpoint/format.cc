@@ -66,6 +66,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_qkv_bias(m.qkv_bias);
   s.set_head_dim(m.explicit_head_dim);
   s.set_qk_norm(m.qk_norm);
+  s.set_qk_norm_projection(m.NormsWholeProjection());
   s.set_sliding_window(m.sliding_window);
   s.set_geglu(m.geglu);
   s.set_scale_embeddings(m.scale_embeddings);
@@ -125,6 +126,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.qkv_bias = s.qkv_bias();
   m.explicit_head_dim = s.head_dim();
   m.qk_norm = s.qk_norm();
+  if (s.qk_norm_projection()) m.qk_norm_span = config::QkNormSpan::kProjection;
   m.sliding_window = s.sliding_window();
   m.geglu = s.geglu();
   m.scale_embeddings = s.scale_embeddings();
@@ -240,6 +242,10 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   }
   if (saved.qk_norm() != want.qk_norm()) {
     return differ("qk_norm", saved.qk_norm() ? "true" : "false", want.qk_norm() ? "true" : "false");
+  }
+  if (saved.qk_norm_projection() != want.qk_norm_projection()) {
+    return differ("qk_norm_span", saved.qk_norm_projection() ? "projection" : "head",
+                  want.qk_norm_projection() ? "projection" : "head");
   }
   if (saved.post_norms() != want.post_norms()) {
     return differ("post_norms", saved.post_norms() ? "true" : "false",

@@ -184,8 +184,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
                     {h + "self_attn.v_proj.bias", q + kv, kv}}});
   }
   if (m.qk_norm) {  // Qwen3's and Gemma 3's
-    out.push_back(Norm(m, p + "attn.q_norm.w", d, h + "self_attn.q_norm.weight"));
-    out.push_back(Norm(m, p + "attn.k_norm.w", d, h + "self_attn.k_norm.weight"));
+    out.push_back(Norm(m, p + "attn.q_norm.w", m.q_norm_width(), h + "self_attn.q_norm.weight"));
+    out.push_back(Norm(m, p + "attn.k_norm.w", m.k_norm_width(), h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
   if (m.post_norms) {  // Gemma 3's: post_attention_layernorm is the attention output's norm
@@ -699,6 +699,26 @@ absl::Status ReadGraniteMoeConfig(const ConfigFields& f, ModelConfig& m) {
   return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
+// OLMoE's model over a Llama config: one RMSNorm over each token's whole q and one over its whole k
+// (q_norm [hidden_size], k_norm [kv_heads·head_dim]), and in every block Qwen3-MoE's experts of
+// intermediate_size, the top k as scored unless norm_topk_prob; clip_qkv must be null.
+absl::Status ReadOlmoeConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  if (f.Get("clip_qkv") != nullptr) {
+    return f.Bad("clip_qkv",
+                 "is set; Trainyard does not clip q, k and v (OLMoE is published "
+                 "without)");
+  }
+  m.qk_norm = true;
+  m.qk_norm_span = config::QkNormSpan::kProjection;
+  config::MoeConfig& moe = m.moe;
+  TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_experts", moe));
+  moe.ffn = m.ffn_hidden;
+  moe.normalize_top_k = false;  // transformers' default for OLMoE
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
+  return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
+}
+
 // Qwen3-MoE's experts over a Qwen3 config: sparse blocks every decoder_sparse_step (as
 // model.moe.every counts them), dense ones of intermediate_size between, none forced dense.
 absl::Status ReadQwen3MoeConfig(const ConfigFields& f, ModelConfig& m) {
@@ -801,7 +821,8 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
         "; Trainyard writes and reads mixture-of-experts models in Hugging Face's Mixtral layout "
         "only (a Llama model, every block MoE, no shared experts, softmax scores with "
         "normalize_top_k, balance: aux_loss; with Granite's multipliers GraniteMoE's), or with "
-        "model.qk_norm in Qwen3-MoE's (MoE blocks every `every`, normalize_top_k either way), or "
+        "model.qk_norm in Qwen3-MoE's (MoE blocks every `every`, normalize_top_k either way; "
+        "OLMoE's with qk_norm_span: projection), or "
         "with model.moe.shared_gate in Qwen2-MoE's (Qwen3-MoE's experts with q, k and v biases, "
         "no sliding window, and the gated shared experts)"));
   };
@@ -871,6 +892,41 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Norms over the whole q and k projection travel as OLMoE only: a Llama model of heads width /
+// heads wide whose every block is an MoE block of Qwen3-MoE's experts, without shared experts,
+// biases, Gemma's options or a sliding window (CheckMoeLayout and the other layouts' checks
+// refuse the rest).
+absl::Status CheckOlmoeLayout(const ModelConfig& m) {
+  if (!m.NormsWholeProjection()) return absl::OkStatus();
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes query and key norms over the whole projection "
+        "(model.qk_norm_span: projection) in OLMoE's layout only (a Llama model whose every "
+        "block is an MoE block, heads of width / heads, no shared experts, biases, Gemma's "
+        "options or sliding window)"));
+  };
+  if (!m.moe.enabled()) {
+    return bad("moe",
+               "is absent (OLMo 2's blocks, normed after each branch only, have no "
+               "Trainyard layout)");
+  }
+  if (m.moe.every != 1) return bad("moe.every", absl::StrCat("is ", m.moe.every));
+  if (m.moe.shared_experts != 0) {
+    return bad("moe.shared_experts", absl::StrCat("is ", m.moe.shared_experts));
+  }
+  if (m.explicit_head_dim != 0 && m.explicit_head_dim * m.heads != m.width) {
+    return bad("head_dim", absl::StrCat("is ", m.explicit_head_dim));
+  }
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the scores are Gemma's");
+  }
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  return absl::OkStatus();
+}
+
 // Scores scaled other than by 1/√head_dim, or soft caps, travel as Gemma 2 or 3 only.
 absl::Status CheckScoresLayout(const ModelConfig& m) {
   if (IsGemma(m) && m.post_norms) return absl::OkStatus();
@@ -889,6 +945,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
+  TY_RETURN_IF_ERROR(CheckOlmoeLayout(m));
   TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
@@ -1161,6 +1218,22 @@ absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad, bool expe
   return absl::OkStatus();
 }
 
+// OLMoE's config.json (CheckOlmoeLayout): intermediate_size each expert's.
+std::string OlmoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  const std::string sizes =
+      absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn, ",\n  \"num_experts\": ", moe.experts,
+                   ",\n  \"num_experts_per_tok\": ", moe.top_k,
+                   ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
+                   ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
+                   ",\n  \"output_router_logits\": false");
+  return absl::StrCat(
+      LlamaShapeJson(m, "OlmoeForCausalLM", "olmoe", sizes),
+      ",\n  \"rope_scaling\": ", RopeScalingJson(m),
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"clip_qkv\": null",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
 // config.json of Granite (GraniteForCausalLM): Llama's fields and the four multipliers, the
 // attention's written as the scale itself (head_dim^-1/2 when the model has none); with experts
 // GraniteMoE's (GraniteMoeForCausalLM), intermediate_size each expert's.
@@ -1329,6 +1402,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   }
   if (!m.nope_layers.empty()) return SmolLM3ConfigJson(m, tied, torch_dtype);
   if (m.HasGraniteMultipliers()) return GraniteConfigJson(m, tied, torch_dtype);
+  if (m.NormsWholeProjection()) return OlmoeConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
@@ -1375,6 +1449,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "qwen2_moe") {  // Qwen2's attention, experts and a gated shared one
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadQwen2MoeConfig(fields, m));
+  } else if (model_type == "olmoe") {  // norms over the whole q and k, and experts
+    TY_RETURN_IF_ERROR(ReadOlmoeConfig(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
@@ -1393,7 +1469,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-                     "\"smollm3\", "
+                     "\"olmoe\", \"smollm3\", "
                      "\"granite\" and \"granitemoe\""));
   }
   if (layout != nullptr) {

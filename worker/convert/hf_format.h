@@ -15,8 +15,12 @@
 // and up in gate_up_proj (HfProjections). Mixtral: the router is block_sparse_moe.gate; expert j's
 // rows of moe.experts.fc.w are its w1 (gate) then w3 (up), and its [C, ffn] slab of
 // moe.experts.proj.w [E, C, ffn] is its w2. Mixtral's shape: every block an MoE block, no shared
-// experts, softmax scores renormalised over the top k (normalize_top_k), no selection bias. The
-// engine's internal vocabulary padding never reaches a checkpoint, so none shows.
+// experts, softmax scores renormalised over the top k (normalize_top_k), no selection bias.
+// Qwen3-MoE (model.qk_norm), OLMoE (qk_norm_span projection: q_norm and k_norm the whole
+// projection's width) and Qwen2-MoE (qkv_bias and gated shared experts: mlp.shared_expert and
+// mlp.shared_expert_gate) name the router mlp.gate and expert j's projections
+// mlp.experts.j.gate_proj, up_proj and down_proj. The engine's internal vocabulary padding never
+// reaches a checkpoint, so none shows.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_

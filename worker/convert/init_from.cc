@@ -177,6 +177,8 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
       SameChoice("tied_embeddings", file.tied_embeddings, spec.tied_embeddings, source));
   TY_RETURN_IF_ERROR(SameChoice("qkv_bias", file.qkv_bias, spec.qkv_bias, source));
   TY_RETURN_IF_ERROR(SameChoice("qk_norm", file.qk_norm, spec.qk_norm, source));
+  TY_RETURN_IF_ERROR(SameChoice("qk_norm_span", file.NormsWholeProjection(),
+                                spec.NormsWholeProjection(), source, "projection", "head"));
   TY_RETURN_IF_ERROR(SameChoice("post_norms", file.post_norms, spec.post_norms, source));
   TY_RETURN_IF_ERROR(
       SameChoice("scale_embeddings", file.scale_embeddings, spec.scale_embeddings, source));

@@ -82,9 +82,11 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
     b.qkv_b =
         Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
   }
-  if (c.qk_norm) {  // every tensor-parallel rank's whole, as its heads' norms share them
-    b.q_norm_w = Add(p + "attn.q_norm.w", {c.head_dim()}, InitKind::kOnes);
-    b.k_norm_w = Add(p + "attn.k_norm.w", {c.head_dim()}, InitKind::kOnes);
+  // Every tensor-parallel rank's whole, as its heads' norms share them (a norm over the whole
+  // projection runs on one tensor-parallel rank: config/mesh.cc).
+  if (c.qk_norm) {
+    b.q_norm_w = Add(p + "attn.q_norm.w", {c.q_norm_width()}, InitKind::kOnes);
+    b.k_norm_w = Add(p + "attn.k_norm.w", {c.k_norm_width()}, InitKind::kOnes);
   }
   b.proj_w = Add(p + "attn.proj.w", {width, attn}, InitKind::kNormal, residual_std, kCols);
   if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);

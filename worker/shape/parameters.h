@@ -48,7 +48,9 @@ struct ParamTensor {
 // offsets its router and routed experts.
 struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
-  int64_t q_norm_w = -1, k_norm_w = -1;  // qk_norm: the query heads' and key heads' norms [D]
+  // qk_norm: the query heads' and key heads' norms [D] (qk_norm_span projection: [heads·D] and
+  // [kv_heads·D]).
+  int64_t q_norm_w = -1, k_norm_w = -1;
   // post_norms: the norms of the attention's output and of the MLP's [C].
   int64_t attn_post_w = -1, mlp_post_w = -1;
   int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mlp_proj_w = -1, mlp_proj_b = -1;

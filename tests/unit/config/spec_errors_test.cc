@@ -393,6 +393,9 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
   return {
       {"sample_tokens without samples", Base("  sample_tokens: 8\n"), "5:18",
        "training.sample_tokens", no_samples},
+      {"qk_norm_span without qk_norm",
+       "name: job\nmodel:\n  preset: llama-debug\n  qk_norm_span: projection\n", "4:17",
+       "model.qk_norm_span", "only spans the norms of model.qk_norm: true"},
       {"sample_prompt with sample_every 0", Base("  sample_every: 0\n  sample_prompt: hi\n"),
        "6:18", "training.sample_prompt", no_samples},
       {"sample_prompt_tokens without samples", Base("  sample_prompt_tokens: [1]\n"), "5:25",
@@ -573,6 +576,15 @@ std::vector<BadSpec> BadSpecs() {
        "model.head_dim", "is for the llama family (GPT-2's heads are width / heads wide)"},
       {"qk_norm on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  qk_norm: true\n", "4:12",
        "model.qk_norm", "is for the llama family"},
+      {"unknown qk_norm_span",
+       "name: job\nmodel:\n  preset: llama-debug\n  qk_norm: true\n  qk_norm_span: heads\n", "5:17",
+       "model.qk_norm_span", "unknown norm span 'heads'; did you mean 'head'?"},
+      {"norms over the whole projection with tp",
+       "name: job\nmodel:\n  preset: llama-debug\n  qk_norm: true\n  qk_norm_span: projection\n"
+       "resources: {devices_per_node: 2}\nparallelism: {tp: 2}\n",
+       "7:19", "parallelism.tp",
+       "tp 2 splits the heads whose whole projection each query and key norm spans "
+       "(model.qk_norm_span: projection); tp must be 1"},
       {"activation on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  activation: geglu\n",
        "4:15", "model.activation",
        "is for the llama family (the gpt2 family's MLP is GELU, ungated)"},

@@ -331,6 +331,15 @@ TEST(ParseJobSpecTest, QkNorm) {
   EXPECT_TRUE(normed.model.qk_norm);
   EXPECT_EQ(normed.model.ParameterCount() - plain.model.ParameterCount(),
             int64_t{plain.model.layers} * 2 * 32);
+  // OLMoE's: one norm over each token's whole q (heads · head_dim) and one over its k.
+  JobSpec whole = MustParse(
+      "name: q\nmodel: {preset: llama-debug, head_dim: 32, qk_norm: true, "
+      "qk_norm_span: projection}\n");
+  EXPECT_TRUE(whole.model.NormsWholeProjection());
+  EXPECT_EQ(whole.model.q_norm_width(), whole.model.heads * 32);
+  EXPECT_EQ(whole.model.k_norm_width(), whole.model.kv_heads * 32);
+  EXPECT_EQ(whole.model.ParameterCount() - plain.model.ParameterCount(),
+            int64_t{plain.model.layers} * (whole.model.heads + whole.model.kv_heads) * 32);
 }
 
 // A sliding window changes what the attention sees, not the parameters.

@@ -285,6 +285,16 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
             "model.moe.shared_experts is 1 in the checkpoint, 0 in the spec");
   EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.every = 1; }),
             "model.moe.every is 2 in the checkpoint, 1 in the spec");
+  // The query and key norms' span sets their weights' shapes.
+  config::ModelConfig whole = moe;
+  whole.qk_norm = true;
+  config::ModelConfig per_head = whole;
+  whole.qk_norm_span = config::QkNormSpan::kProjection;
+  EXPECT_EQ(CheckModelMatches(SignatureOf(per_head), whole).message(),
+            "model.qk_norm_span is head in the checkpoint, projection in the spec");
+  auto spanned = ModelFromSignature(SignatureOf(whole));
+  ASSERT_TRUE(spanned.ok()) << spanned.status();
+  EXPECT_TRUE(spanned->NormsWholeProjection());
   // The gate is a tensor of its own.
   EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.shared_gate = true; }),
             "model.moe.shared_gate is false in the checkpoint, true in the spec");

@@ -1575,6 +1575,77 @@ TEST(HfFormat, Qwen2MoeConfigReadsAsLlamaMoeWithAGatedSharedExpert) {
               HasSubstr("qkv_bias is false"));
 }
 
+// A config.json of OLMoE-1B-7B (OlmoeForCausalLM's keys): Llama's attention with one RMSNorm over
+// each token's whole q and one over its whole k, and 64 experts of 1024, 8 per token, unnormalised,
+// in every block. Written back it is OLMoE again; clip_qkv, and the norms in a dense model or
+// over a window, are refused.
+TEST(HfFormat, OlmoeConfigReadsAsLlamaMoeWithNormsOverTheWholeProjection) {
+  const std::string json = R"({
+    "architectures": ["OlmoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "clip_qkv": null, "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 1024, "max_position_embeddings": 4096,
+    "model_type": "olmoe", "norm_topk_prob": false, "num_attention_heads": 16,
+    "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 16,
+    "num_key_value_heads": 16, "output_router_logits": false, "pad_token_id": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+    "router_aux_loss_coef": 0.01, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 50304})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "OLMoE-1B-7B-0924/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "olmoe");
+  EXPECT_TRUE(m->qk_norm);
+  EXPECT_EQ(m->qk_norm_span, config::QkNormSpan::kProjection);
+  EXPECT_EQ(m->q_norm_width(), 2048);
+  EXPECT_EQ(m->k_norm_width(), 2048);
+  EXPECT_EQ(m->moe.experts, 64);
+  EXPECT_EQ(m->moe.top_k, 8);
+  EXPECT_EQ(m->moe.ffn, 1024);
+  EXPECT_EQ(m->moe.every, 1);
+  EXPECT_FALSE(m->moe.normalize_top_k);
+  EXPECT_FLOAT_EQ(m->moe.aux_loss_coeff, 0.01f);
+  // By hand, per block: q, k, v, o 4 · 2048², the norms over q and k 2 · 2048, the router 64 ·
+  // 2048, the experts 64 · 3 · 1024·2048, two norms 2 · 2048; 16 blocks, the untied embedding and
+  // head 2 · 50304·2048 and the final norm: the card's 6.9B, of which a token uses 1.3B.
+  const int64_t block =
+      4 * int64_t{2048} * 2048 + 2 * 2048 + 64 * 2048 + 64 * 3 * int64_t{1024} * 2048 + 2 * 2048;
+  EXPECT_EQ(m->ParameterCount(), 16 * block + 2 * int64_t{50304} * 2048 + 2048);
+  EXPECT_EQ(m->ParameterCount(), int64_t{6919161856});
+  EXPECT_EQ(m->ActiveParameterCount(), int64_t{1282017280});
+
+  auto tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) shapes[piece.name] = HfShape(t, piece);
+  }
+  const std::string p = "model.layers.15.";
+  EXPECT_EQ(shapes[p + "self_attn.q_norm.weight"], (std::vector<int64_t>{2048}));
+  EXPECT_EQ(shapes[p + "self_attn.k_norm.weight"], (std::vector<int64_t>{2048}));
+  EXPECT_EQ(shapes[p + "mlp.gate.weight"], (std::vector<int64_t>{64, 2048}));
+  EXPECT_EQ(shapes[p + "mlp.experts.63.down_proj.weight"], (std::vector<int64_t>{2048, 1024}));
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"OlmoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"clip_qkv\": null"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_TRUE(back->NormsWholeProjection());
+
+  std::string clipped = json;
+  clipped.replace(clipped.find("\"clip_qkv\": null"), 16, "\"clip_qkv\": 8.0");
+  EXPECT_THAT(ModelFromHfConfig(clipped, "c/config.json").status().message(),
+              HasSubstr("c/config.json: clip_qkv is set"));
+  config::ModelConfig dense = *m;
+  dense.moe = {};
+  EXPECT_THAT(HfTensors(dense).status().message(),
+              HasSubstr("model.moe: is absent (OLMo 2's blocks"));
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 512;
+  EXPECT_THAT(HfTensors(windowed).status().message(), HasSubstr("model.sliding_window: is 512"));
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
