@@ -94,7 +94,9 @@ std::optional<std::string> HfLookupName(const std::string& stored, config::Model
                                         const HfLayout& layout);
 
 // Every tensor of `model` stored as `layout` says, in our layout's order. UNIMPLEMENTED, naming
-// the field, for a mixture-of-experts model that is not of Mixtral's shape (above).
+// the field, for a model no layout above holds: a mixture-of-experts model of none of Mixtral's,
+// GraniteMoE's, Qwen3-MoE's, OLMoE's or Qwen2-MoE's shapes, query and key norms over the whole
+// projection outside OLMoE's, or scores, caps or norms outside Gemma's.
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model,
                                                                  const HfLayout& layout = {});
 
