@@ -249,8 +249,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
               ffn);
   }
   if (o.shared_gate_w >= 0) {
-    be.LinearF32(shared_gate_.data(), norm_.data(), P(o.shared_gate_w), n, 1, c);
-    be.SigmoidGateRows(shared_gate_.data(), shared_gate_.data(), tmp_.data(), n, c);
+    GateSharedExperts(be, shared_gate_.data(), norm_.data(), P(o.shared_gate_w), tmp_.data(), n, c);
   }
   if (o.moe) RoutedExperts(layer, n);
   add_branch(o.mlp_post_w);

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "worker/head_norm.h"
 #include "worker/model_activations.h"
+#include "worker/moe_dispatch.h"
 #include "worker/rope.h"
 
 namespace trainyard::worker {
@@ -607,10 +608,9 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   TY_RETURN_IF_ERROR(ToFullRows(ln2, la.ln2.data(), width));
   // MLP branch: the dense MLP, or an MoE block's shared and routed experts.
   if (o.mlp_ffn > 0) MlpForward(layer, la);
-  if (o.shared_gate_w >= 0) {  // the shared experts' output gated per row (full rows on each rank)
-    float* gate = la.moe.shared_gate.data();
-    be.LinearF32(gate, la.ln2.data(), P(g, o.shared_gate_w), n, 1, width);
-    be.SigmoidGateRows(gate, gate, a.tmp.data(), n, width);
+  if (o.shared_gate_w >= 0) {  // full rows of the input on each rank, a partial sum of the output
+    GateSharedExperts(be, la.moe.shared_gate.data(), la.ln2.data(), P(g, o.shared_gate_w),
+                      a.tmp.data(), n, width);
   }
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.tmp.data(), proj_out, width));
@@ -737,12 +737,14 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   const int g = layout_.block_group(layer);
   const int li = layer - stage().first_layer;
   Activations::DeferredGrads* deferred = split_ ? &acts_->deferred[li] : nullptr;
-  if (!split_) {
+  const BlockOffsets& o = layout_.block(layer);
+  // A split backward defers the weight gradients, but not an MoE block's router's or shared
+  // experts' gate's: such a block's input pass writes to the group's gradients too.
+  if (!split_ || o.moe || o.shared_gate_w >= 0) {
     TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   }
   Activations& a = *acts_;
   const auto& c = config_;
-  const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = c.width;
   const int64_t attn = dims_.attn;
   const AttentionShape shape = AttentionOf(layer);
@@ -927,9 +929,6 @@ absl::Status Model::SharedGateBackward(int layer, const LayerActivations& la) {
   const int g = layout_.block_group(layer);
   const BlockOffsets& o = layout_.block(layer);
   const int64_t n = int64_t{a.b} * a.t, width = config_.width;
-  if (group_grads_[g] == nullptr) {  // a split backward's input pass, as MoeBackward's router
-    TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
-  }
   float* dlogits = a.moe_dgate.data();
   backend_->SigmoidGateBackward(dlogits, la.moe.shared_gate.data(), la.act.data(), a.dact.data(), n,
                                 o.mlp_ffn / tp_size());

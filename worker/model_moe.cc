@@ -261,9 +261,6 @@ absl::Status Model::MoeForward(int layer, LayerActivations& la, bool accumulate)
 
 absl::Status Model::MoeBackward(int layer, LayerActivations& la, const Act* dy, bool accumulate) {
   const int g = layout_.block_group(layer), eg = layout_.expert_group(layer);
-  if (group_grads_[g] == nullptr) {  // a split backward's input pass
-    TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
-  }
   TY_ASSIGN_OR_RETURN(auto experts_hold, Hold::Acquire(this, eg));
   TY_ASSIGN_OR_RETURN(group_grads_[eg], source_->Gradients(eg));
   const BlockOffsets& o = layout_.block(layer);

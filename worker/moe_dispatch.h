@@ -1,6 +1,6 @@
 // A routed layer's hand-over from the host router (worker/moe_routing.h) to the Backend: the
-// routing's permutation and weights uploaded, and the tokens' rows gathered expert by expert.
-// The training model and generation both dispatch through it.
+// routing's permutation and weights uploaded, and the tokens' rows gathered expert by expert; and
+// the shared experts' gate. The training model and generation both go through it.
 #ifndef TRAINYARD_WORKER_MOE_DISPATCH_H_
 #define TRAINYARD_WORKER_MOE_DISPATCH_H_
 
@@ -30,6 +30,15 @@ inline void Dispatch(Backend& be, const MoeRouting& r, const RoutingOnDevice& d,
   be.CopyFromHost(d.slot, r.slot.data(), picks);
   be.CopyFromHost(d.weight, r.weight.data(), picks);
   be.GatherRows(permuted, tokens, d.source, nullptr, kept, width);
+}
+
+// Gates the shared experts' output `shared` [rows, width] row by row: gate [rows] ← sigmoid(x ·
+// weight) for the block's MLP input `x` and its gate's weight [1, width], and `shared` scaled by
+// it (one row's factor commutes with a tensor-parallel sum, so `shared` may be a partial sum).
+inline void GateSharedExperts(Backend& be, float* gate, const Act* x, const float* weight,
+                              Act* shared, int64_t rows, int64_t width) {
+  be.LinearF32(gate, x, weight, rows, 1, width);
+  be.SigmoidGateRows(gate, gate, shared, rows, width);
 }
 
 }  // namespace trainyard::worker

@@ -124,7 +124,7 @@ void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h
                 const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
   out.push_back(Whole(p + "moe.router.w", {experts, c}, h + names.router));
-  if (m.moe.shared_experts > 0) {  // Qwen2-MoE's (CheckMoeLayout): one MLP, and its gate
+  if (names.shared != nullptr) {  // Qwen2-MoE's (HfTensors: the model's shared experts gated)
     const int64_t s = int64_t{m.moe.shared_experts} * f;
     const std::string e = h + names.shared;
     out.push_back(
@@ -195,15 +195,17 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   } else {
     out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
   }
-  if (m.moe.IsMoeLayer(l) && layout.experts == HfExperts::kStacked) {
-    return AddStackedExperts(m, p, h, out);
-  }
   if (m.moe.IsMoeLayer(l)) {
-    return AddExperts(m, p, h,
-                      m.moe.shared_gate ? kQwen2MoeExperts
-                      : m.qk_norm       ? kQwen3MoeExperts
-                                        : kMixtralExperts,
-                      out);
+    switch (layout.experts) {
+      case HfExperts::kMixtral:
+        return AddExperts(m, p, h, kMixtralExperts, out);
+      case HfExperts::kQwen3Moe:
+        return AddExperts(m, p, h, kQwen3MoeExperts, out);
+      case HfExperts::kQwen2Moe:
+        return AddExperts(m, p, h, kQwen2MoeExperts, out);
+      case HfExperts::kGraniteMoe:
+        return AddStackedExperts(m, p, h, out);
+    }
   }
   if (fused) {
     out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "mlp.gate_up_proj.weight"));
@@ -949,6 +951,13 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const H
   TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
+  if (m.moe.enabled() && m.moe.shared_gate != (layout.experts == HfExperts::kQwen2Moe)) {
+    return absl::InvalidArgumentError(
+        m.moe.shared_gate
+            ? "model.moe.shared_gate: its experts are stored in Qwen2-MoE's layout only"
+            : "Qwen2-MoE's layout stores gated shared experts; model.moe.shared_gate "
+              "is false");
+  }
   if (m.qkv_bias && m.qk_norm) {
     return absl::UnimplementedError(
         "model.qk_norm with model.qkv_bias has no Hugging Face layout Trainyard writes (Qwen2 has "
@@ -969,6 +978,10 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const H
   }
   if (!m.tied_embeddings) out.push_back(Whole("lm_head.w", {v, c}, "lm_head.weight"));
   return out;
+}
+
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
+  return HfTensors(m, HfExportLayout(m));
 }
 
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs) {
@@ -1018,6 +1031,26 @@ std::string DenseSizeJson(const ModelConfig& m) {
   return absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden);
 }
 
+// config.json's count of experts under `count_key` (Mixtral's num_local_experts, Qwen's and
+// OLMoE's num_experts) and the number each token is routed to.
+std::string ExpertsJson(const config::MoeConfig& moe, const char* count_key) {
+  return absl::StrCat(",\n  \"", count_key, "\": ", moe.experts,
+                      ",\n  \"num_experts_per_tok\": ", moe.top_k);
+}
+
+// Qwen-MoE's and OLMoE's experts: num_experts, and whether the top k's weights are renormalized.
+std::string QwenExpertsJson(const config::MoeConfig& moe) {
+  return absl::StrCat(ExpertsJson(moe, "num_experts"),
+                      ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false");
+}
+
+// Every mixture-of-experts config's router fields: the load-balancing loss's weight, and router
+// logits not returned.
+std::string RouterJson(const config::MoeConfig& moe) {
+  return absl::StrCat(",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
+                      ",\n  \"output_router_logits\": false");
+}
+
 // config.json of the Llama family: Llama's, Mistral's (a sliding window), Mixtral's (MoE),
 // Qwen2's (biases on q, k and v), Qwen3's (query and key norms) or Qwen3-MoE's (both of the last
 // kinds' fields).
@@ -1044,22 +1077,16 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
     sizes = DenseSizeJson(m);
   } else if (!m.qk_norm && !qwen2_moe) {  // Mixtral: intermediate_size is each expert's
     sizes = absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
-                         ",\n  \"num_local_experts\": ", moe.experts,
-                         ",\n  \"num_experts_per_tok\": ", moe.top_k);
+                         ExpertsJson(moe, "num_local_experts"), RouterJson(moe));
   } else {  // Qwen3-MoE, Qwen2-MoE: dense blocks between the sparse ones keep intermediate_size
-    sizes = absl::StrCat(
-        ",\n  \"intermediate_size\": ", m.ffn_hidden, ",\n  \"moe_intermediate_size\": ", moe.ffn,
-        ",\n  \"num_experts\": ", moe.experts, ",\n  \"num_experts_per_tok\": ", moe.top_k,
-        ",\n  \"decoder_sparse_step\": ", moe.every, ",\n  \"mlp_only_layers\": [],",
-        "\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false");
+    sizes = absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden,
+                         ",\n  \"moe_intermediate_size\": ", moe.ffn, QwenExpertsJson(moe),
+                         ",\n  \"decoder_sparse_step\": ", moe.every,
+                         ",\n  \"mlp_only_layers\": []", RouterJson(moe));
     if (qwen2_moe) {  // and its one gated shared expert, qkv_bias written for newer transformers
       absl::StrAppend(&sizes, ",\n  \"shared_expert_intermediate_size\": ",
                       int64_t{moe.shared_experts} * moe.ffn, ",\n  \"qkv_bias\": true");
     }
-  }
-  if (experts) {
-    absl::StrAppend(&sizes, ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
-                    ",\n  \"output_router_logits\": false");
   }
   // Qwen2 has biases on q, k and v (no attention_bias field), Qwen3 none. A sliding window is
   // Qwen's from layer max_window_layers on (the full-attention blocks come first: CheckHfWritable),
@@ -1220,13 +1247,8 @@ absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad, bool expe
 
 // OLMoE's config.json (CheckOlmoeLayout): intermediate_size each expert's.
 std::string OlmoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
-  const config::MoeConfig& moe = m.moe;
-  const std::string sizes =
-      absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn, ",\n  \"num_experts\": ", moe.experts,
-                   ",\n  \"num_experts_per_tok\": ", moe.top_k,
-                   ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
-                   ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
-                   ",\n  \"output_router_logits\": false");
+  const std::string sizes = absl::StrCat(",\n  \"intermediate_size\": ", m.moe.ffn,
+                                         QwenExpertsJson(m.moe), RouterJson(m.moe));
   return absl::StrCat(
       LlamaShapeJson(m, "OlmoeForCausalLM", "olmoe", sizes),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m),
@@ -1240,13 +1262,9 @@ std::string OlmoeConfigJson(const ModelConfig& m, const char* tied, const std::s
 std::string GraniteConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
   const config::MoeConfig& moe = m.moe;
   const std::string sizes =
-      moe.enabled()
-          ? absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
-                         ",\n  \"num_local_experts\": ", moe.experts,
-                         ",\n  \"num_experts_per_tok\": ", moe.top_k,
-                         ",\n  \"router_aux_loss_coef\": ", ShortFloat(moe.aux_loss_coeff),
-                         ",\n  \"output_router_logits\": false")
-          : DenseSizeJson(m);
+      moe.enabled() ? absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
+                                   ExpertsJson(moe, "num_local_experts"), RouterJson(moe))
+                    : DenseSizeJson(m);
   return absl::StrCat(
       LlamaShapeJson(m, moe.enabled() ? "GraniteMoeForCausalLM" : "GraniteForCausalLM",
                      moe.enabled() ? "granitemoe" : "granite", sizes),
@@ -1344,7 +1362,10 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 HfLayout HfExportLayout(const ModelConfig& m) {
   HfLayout layout;
   layout.projections = HfExportProjections(m);
-  if (m.moe.enabled() && m.HasGraniteMultipliers()) layout.experts = HfExperts::kStacked;
+  layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
+                   : m.moe.shared_gate       ? HfExperts::kQwen2Moe
+                   : m.qk_norm               ? HfExperts::kQwen3Moe
+                                             : HfExperts::kMixtral;
   return layout;
 }
 
@@ -1475,7 +1496,10 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   if (layout != nullptr) {
     layout->model_type = model_type;
     layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
-    layout->experts = model_type == "granitemoe" ? HfExperts::kStacked : HfExperts::kPerExpert;
+    layout->experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
+                      : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
+                      : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
+                                                                           : HfExperts::kMixtral;
     layout->multimodal = model_type == "gemma3";
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;

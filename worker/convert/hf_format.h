@@ -70,10 +70,12 @@ int64_t RowElements(const HfTensorMap& tensor);
 // mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w).
 enum class HfProjections { kSeparate, kFused };
 
-// How a mixture-of-experts block stores its experts: one tensor per expert and kind (Mixtral's
-// block_sparse_moe.experts.J.w1, Qwen3-MoE's mlp.experts.J.gate_proj, ...), or each kind's
-// weights stacked in one tensor per block (GraniteMoE's block_sparse_moe.input_linear).
-enum class HfExperts { kPerExpert, kStacked };
+// How a mixture-of-experts block names and stores its experts: Mixtral's (block_sparse_moe.gate,
+// block_sparse_moe.experts.J.w1, w3, w2), Qwen3-MoE's and OLMoE's (mlp.gate,
+// mlp.experts.J.gate_proj, up_proj, down_proj), Qwen2-MoE's (Qwen3-MoE's, and a shared expert
+// mlp.shared_expert.* gated by mlp.shared_expert_gate), or GraniteMoE's (each kind's weights
+// stacked in one tensor per block: block_sparse_moe.input_linear, output_linear).
+enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe };
 
 // How a directory stores the model its config.json describes: its model_type, the projections,
 // the experts, and whether its tensors are the language model of a multimodal checkpoint
@@ -82,7 +84,7 @@ enum class HfExperts { kPerExpert, kStacked };
 struct HfLayout {
   std::string model_type;
   HfProjections projections = HfProjections::kSeparate;
-  HfExperts experts = HfExperts::kPerExpert;
+  HfExperts experts = HfExperts::kMixtral;
   bool multimodal = false;
 };
 
@@ -93,19 +95,23 @@ struct HfLayout {
 std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
                                         const HfLayout& layout);
 
-// Every tensor of `model` stored as `layout` says, in our layout's order. UNIMPLEMENTED, naming
-// the field, for a model no layout above holds: a mixture-of-experts model of none of Mixtral's,
-// GraniteMoE's, Qwen3-MoE's, OLMoE's or Qwen2-MoE's shapes, query and key norms over the whole
-// projection outside OLMoE's, or scores, caps or norms outside Gemma's.
+// Every tensor of `model` stored as `layout` says, in our layout's order (without a layout, as
+// Trainyard writes it: HfExportLayout's). UNIMPLEMENTED, naming the field, for a model no layout
+// above holds: a mixture-of-experts model of none of Mixtral's, GraniteMoE's, Qwen3-MoE's,
+// OLMoE's or Qwen2-MoE's shapes, query and key norms over the whole projection outside OLMoE's,
+// or scores, caps or norms outside Gemma's; INVALID_ARGUMENT for gated shared experts in any
+// experts' layout but Qwen2-MoE's, or that layout without them.
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model,
-                                                                 const HfLayout& layout = {});
+                                                                 const HfLayout& layout);
+[[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model);
 
 // The projections Trainyard writes `model` with: Phi-3's fused ones for a model that only
 // Phi3ForCausalLM describes (partial RoPE or LongRoPE), else separate ones.
 HfProjections HfExportProjections(const config::ModelConfig& model);
-// The layout Trainyard writes `model` in: HfExportProjections' projections, and GraniteMoE's
-// stacked experts for a mixture-of-experts model with Granite's multipliers (HfConfigJson writes
-// it as GraniteMoeForCausalLM), else one tensor per expert. model_type is left empty.
+// The layout Trainyard writes `model` in: HfExportProjections' projections, and its experts in
+// GraniteMoE's layout with Granite's multipliers (HfConfigJson writes it as
+// GraniteMoeForCausalLM), in Qwen2-MoE's with gated shared experts, in Qwen3-MoE's with query
+// and key norms (OLMoE's too), else in Mixtral's. model_type is left empty.
 HfLayout HfExportLayout(const config::ModelConfig& model);
 
 // Copies piece `piece` of our tensor `ours` (the tensor's global values) into `theirs`, laid

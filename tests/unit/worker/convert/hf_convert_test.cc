@@ -807,8 +807,8 @@ TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
   auto m = ModelFromHfConfig(json, "granitemoe/config.json", &layout);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(layout.model_type, "granitemoe");
-  EXPECT_EQ(layout.experts, HfExperts::kStacked);
-  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kStacked);
+  EXPECT_EQ(layout.experts, HfExperts::kGraniteMoe);
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kGraniteMoe);
   EXPECT_EQ(m->moe.experts, 32);
   EXPECT_EQ(m->moe.top_k, 8);
   EXPECT_EQ(m->moe.ffn, 512);
@@ -865,11 +865,11 @@ TEST(HfFormat, GraniteMoeConfigReadsAsGraniteWithExperts) {
   auto unscaled = ModelFromHfConfig(plain, "plain/config.json", &plain_layout);
   ASSERT_TRUE(unscaled.ok()) << unscaled.status();
   EXPECT_FALSE(unscaled->HasGraniteMultipliers());
-  EXPECT_EQ(plain_layout.experts, HfExperts::kStacked);
+  EXPECT_EQ(plain_layout.experts, HfExperts::kGraniteMoe);
   auto stacked = HfTensors(*unscaled, plain_layout);
   ASSERT_TRUE(stacked.ok()) << stacked.status();
   EXPECT_EQ(stacked->size(), maps->size());
-  EXPECT_EQ(HfExportLayout(*unscaled).experts, HfExperts::kPerExpert);
+  EXPECT_EQ(HfExportLayout(*unscaled).experts, HfExperts::kMixtral);
   EXPECT_THAT(HfConfigJson(*unscaled, TensorDtype::kBF16),
               HasSubstr("\"architectures\": [\"MixtralForCausalLM\"]"));
 }
@@ -1539,6 +1539,11 @@ TEST(HfFormat, Qwen2MoeConfigReadsAsLlamaMoeWithAGatedSharedExpert) {
   EXPECT_EQ(shapes[mlp + "shared_expert.up_proj.weight"], (std::vector<int64_t>{5632, 2048}));
   EXPECT_EQ(shapes[mlp + "shared_expert.down_proj.weight"], (std::vector<int64_t>{2048, 5632}));
   EXPECT_EQ(shapes[mlp + "shared_expert_gate.weight"], (std::vector<int64_t>{1, 2048}));
+  EXPECT_EQ(layout.experts, HfExperts::kQwen2Moe);
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kQwen2Moe);
+  HfLayout mixtral = layout;  // gated shared experts have no names in Mixtral's layout
+  mixtral.experts = HfExperts::kMixtral;
+  EXPECT_EQ(HfTensors(*m, mixtral).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(shapes["model.layers.0.self_attn.q_proj.bias"], (std::vector<int64_t>{2048}));
 
   const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
@@ -1624,6 +1629,8 @@ TEST(HfFormat, OlmoeConfigReadsAsLlamaMoeWithNormsOverTheWholeProjection) {
   EXPECT_EQ(shapes[p + "self_attn.k_norm.weight"], (std::vector<int64_t>{2048}));
   EXPECT_EQ(shapes[p + "mlp.gate.weight"], (std::vector<int64_t>{64, 2048}));
   EXPECT_EQ(shapes[p + "mlp.experts.63.down_proj.weight"], (std::vector<int64_t>{2048, 1024}));
+  EXPECT_EQ(layout.experts, HfExperts::kQwen3Moe);  // Qwen3-MoE's names
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kQwen3Moe);
 
   const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
   EXPECT_THAT(written, HasSubstr("\"architectures\": [\"OlmoeForCausalLM\"]"));
