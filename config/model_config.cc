@@ -106,9 +106,8 @@ int64_t ModelConfig::ParameterCount() const {
     attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
     total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    attention = c + qkv * c + (qkv_bias ? qkv : 0) +
-                (qk_norm ? q_norm_width() + k_norm_width() : 0) + c * attn_out + c +
-                (post_norms ? 2 * c : 0);
+    attention = qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? q_norm_width() + k_norm_width() : 0) +
+                c * attn_out + (pre_norms ? 2 * c : 0) + (post_norms ? 2 * c : 0);
     total += c;  // final RMSNorm
   }
   for (int l = 0; l < layers; ++l) {
@@ -412,6 +411,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
                                                      {c.HasGraniteMultipliers(), c.GraniteField()}};
   for (const auto& [set, field] : llama_only) {
     if (c.family == ModelFamily::kGpt2 && set) return bad(field, "is for the llama family");
+  }
+  if (!c.pre_norms && !c.post_norms) {
+    return bad("pre_norms", c.family == ModelFamily::kGpt2
+                                ? "is false, and the gpt2 family's blocks norm their inputs"
+                                : "is false without model.post_norms (a block would norm nothing)");
   }
   if (c.qk_norm_span == QkNormSpan::kProjection && !c.qk_norm) {
     return bad("qk_norm_span", "is projection, and model.qk_norm is false");

@@ -133,6 +133,9 @@ struct ModelConfig {
   // Llama family: an RMSNorm on the attention's output and one on the MLP's before each joins the
   // residual stream, besides the norms before them (Gemma 2's and 3's), each a weight of width.
   bool post_norms = false;
+  // Llama family, with post_norms: false drops the norms before the attention and the MLP, so
+  // each branch reads the residual stream itself and only its output is normed (OLMo 2's blocks).
+  bool pre_norms = true;
   // Llama family: the MLP's gate is GELU with the tanh approximation instead of SiLU: GeGLU in
   // place of SwiGLU (Gemma's MLP).
   bool geglu = false;

@@ -242,6 +242,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "full_attention_layers",
                                           "rope_local_theta",
                                           "post_norms",
+                                          "pre_norms",
                                           "attention_scale_dim",
                                           "attention_softcap",
                                           "logit_softcap",
@@ -270,6 +271,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
   TY_RETURN_IF_ERROR(r.ReadFloat("rope_local_theta", &m.rope_local_theta));
   TY_RETURN_IF_ERROR(r.ReadBool("post_norms", &m.post_norms));
+  TY_RETURN_IF_ERROR(r.ReadBool("pre_norms", &m.pre_norms));
   TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
   TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));

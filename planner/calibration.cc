@@ -189,6 +189,7 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
       absl::StrAppendFormat(&yaml, "  rope_local_theta: %.9g\n", m.rope_local_theta);
     }
     if (m.post_norms) absl::StrAppend(&yaml, "  post_norms: true\n");
+    if (!m.pre_norms) absl::StrAppend(&yaml, "  pre_norms: false\n");
     if (m.geglu) absl::StrAppend(&yaml, "  activation: geglu\n");
     if (m.scale_embeddings) absl::StrAppend(&yaml, "  scale_embeddings: true\n");
     if (m.explicit_head_dim != 0) absl::StrAppend(&yaml, "  head_dim: ", m.explicit_head_dim, "\n");

@@ -182,12 +182,18 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   const bool gpt2 = m.family == ModelFamily::kGpt2;
   const int64_t c = m.width, d = m.head_dim(), qkv = m.qkv_width();
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d, ffn = o.mlp_ffn;
-  if (gpt2) {
-    be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln1_w), P(o.ln1_b), n, c,
-                 m.norm_eps);
-  } else {
-    be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln1_w), n, c, m.norm_eps);
-  }
+  // A branch's input: the residual stream normed, or (pre_norms false) as it is.
+  auto input_norm = [&](int64_t w, int64_t b) {
+    if (w < 0) {
+      be.Copy(norm_.data(), x_.data(), n * c);
+    } else if (gpt2) {
+      be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(w), P(b), n, c,
+                   m.norm_eps);
+    } else {
+      be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(w), n, c, m.norm_eps);
+    }
+  };
+  input_norm(o.ln1_w, o.ln1_b);
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
   if (m.qk_norm) {
     HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
@@ -231,12 +237,7 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   };
   be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
   add_branch(o.attn_post_w);
-  if (gpt2) {
-    be.LayerNorm(norm_.data(), mean_.data(), rstd_.data(), x_.data(), P(o.ln2_w), P(o.ln2_b), n, c,
-                 m.norm_eps);
-  } else {
-    be.RmsNorm(norm_.data(), rstd_.data(), x_.data(), P(o.ln2_w), n, c, m.norm_eps);
-  }
+  input_norm(o.ln2_w, o.ln2_b);
   // The dense MLP, or an MoE block's shared experts (if any) and its routed experts.
   if (ffn > 0) {
     if (gpt2) {

@@ -652,7 +652,9 @@ absl::StatusOr<Act*> Model::BranchGradient(const float* w, float* dw, const Act*
 void Model::NormBackward(Act* dx, const NormGrads& grads, const Act* dout, const Act* x,
                          const float* w, const float* mean, const float* rstd) {
   const int64_t rows = local_rows(), width = config_.width;
-  if (config_.family == ModelFamily::kGpt2) {
+  if (w == nullptr) {  // no norm (model.pre_norms false): the gradient passes through
+    backend_->Add(dx, dx, dout, rows * width);
+  } else if (config_.family == ModelFamily::kGpt2) {
     backend_->LayerNormBackward(dx, grads.weight, grads.bias, dout, x, w, mean, rstd, rows, width);
   } else {
     backend_->RmsNormBackward(dx, grads.weight, dout, x, w, rstd, rows, width);
@@ -664,7 +666,10 @@ void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& p
   const int64_t rows = local_rows(), width = config_.width;
   const float eps = config_.norm_eps;
   Backend& be = *backend_;
-  if (config_.family == ModelFamily::kGpt2) {
+  if (w == nullptr) {  // no norm (model.pre_norms false): the branch reads the stream itself
+    if (pending.pending()) be.Add(x, pending.a, pending.b, rows * width);
+    be.Copy(out, x, rows * width);
+  } else if (config_.family == ModelFamily::kGpt2) {
     if (pending.pending()) {
       be.AddLayerNorm(x, out, mean, rstd, pending.a, pending.b, w, b, rows, width, eps);
     } else {
@@ -1012,6 +1017,10 @@ absl::Status Model::AddNormGrads(int group, float* scratch,
   if (sp_)
     TY_RETURN_IF_ERROR(tp_.AllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
   for (const auto& [weight, bias] : norms) {
+    if (weight < 0) {  // a norm the block does not have (model.pre_norms false): its slot unused
+      scratch += 2 * width;
+      continue;
+    }
     backend_->Add(G(group, weight), G(group, weight), scratch, width);
     if (bias >= 0) backend_->Add(G(group, bias), G(group, bias), scratch + width, width);
     scratch += 2 * width;

@@ -206,11 +206,13 @@ class Model {
   NormGrads NormGradTargets(int group, int64_t weight, int64_t bias, int slot);
   static std::vector<std::pair<int64_t, int64_t>> BlockNorms(const BlockOffsets& o);
   // Norm's backward over this rank's residual-stream rows: dx += the gradient at x from dout,
-  // the weight's (and bias's) gradients into `grads`.
+  // the weight's (and bias's) gradients into `grads`; without a weight (a block's input norm
+  // under pre_norms false), dx += dout.
   void NormBackward(Act* dx, const NormGrads& grads, const Act* dout, const Act* x, const float* w,
                     const float* mean, const float* rstd);
-  // Adds `scratch` (the listed norms' weight and bias gradients, in slot order) to their
-  // gradients, summed over the tensor-parallel group first under sequence parallelism.
+  // Adds `scratch` (the listed norms' weight and bias gradients, in slot order; a norm of offset
+  // -1 keeps its slot unread) to their gradients, summed over the tensor-parallel group first under
+  // sequence parallelism.
   [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
                                           const std::vector<std::pair<int64_t, int64_t>>& norms);
   // qk_norm: the query and key norms over `rows` rows of this rank's heads; their backward for
@@ -254,6 +256,7 @@ class Model {
   [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a, PendingSum& residual);
   // The family's norm of the residual-stream rows x into out (LayerNorm's statistics in mean and
   // rstd, RMSNorm's in rstd), where a pending sum is x's value: the fused add then writes it to x.
+  // Without a weight (a block's input norm under pre_norms false) out is a copy of x.
   void Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending, const float* w,
             const float* b);
   // A branch's output rows on this rank as they join the residual stream, in place: with

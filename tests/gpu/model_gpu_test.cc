@@ -60,6 +60,7 @@ struct Case {
   bool granite = false;
   bool shared_gate = false;  // with moe (llama): the shared expert gated per token (Qwen2-MoE's)
   bool whole_norms = false;  // with qk_norm: norms over each token's whole q and k (OLMoE's)
+  bool post_norms_only = false;  // with post_norms: no norms before the branches (OLMo 2's)
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -74,7 +75,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.longrope ? "_partial_longrope" : "") +
       (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "") +
       (info.param.granite ? "_granite" : "") + (info.param.shared_gate ? "_shared_gate" : "") +
-      (info.param.whole_norms ? "_whole_projection" : "");
+      (info.param.whole_norms ? "_whole_projection" : "") +
+      (info.param.post_norms_only ? "_only" : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -137,6 +139,7 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
   mc.sliding_window = c.window;
   mc.geglu = mc.scale_embeddings = c.gemma;
   mc.post_norms = c.post_norms;
+  mc.pre_norms = !c.post_norms_only;
   mc.logit_softcap = c.logit_softcap;
   if (c.nope) mc.nope_layers = {0};
   if (c.granite) {
@@ -560,7 +563,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kF32, true, false, 0, true, 0, false, false, 0, false, false,
              false, false, false, true},
         Case{"llama-debug", DType::kBF16, true, false, 0, true, 0, false, false, 0, false, false,
-             false, false, false, true}),
+             false, false, false, true},
+        // OLMo 2's model: those norms, and each branch's output normed with none before it.
+        Case{"llama-debug", DType::kF32, false, false, 0, true, 0, false, true, 0, false, false,
+             false, false, false, true, true},
+        Case{"llama-debug", DType::kBF16, false, false, 0, true, 0, false, true, 0, false, false,
+             false, false, false, true, true}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

@@ -150,6 +150,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .gemma = mesh.gemma,
                      .full_layer = mesh.full_layer,
                      .post_norms = mesh.post_norms,
+                     .post_norms_only = mesh.post_norms_only,
                      .softcaps = mesh.softcaps,
                      .longrope = mesh.longrope,
                      .nope_layer = mesh.nope_layer,
@@ -329,6 +330,23 @@ INSTANTIATE_TEST_SUITE_P(
                           MeshCase{
                               .name = "olmoe_pp2", .pp = 2, .whole_norms = true, .experts = 4})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Norms after each branch only, with query and key norms over the whole projection, export as
+// OLMo 2 and read back sharded by ZeRO-3 over data-parallel ranks, and on pipeline stages.
+INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "olmo2_dp2_zero3",
+                                                                       .dp = 2,
+                                                                       .zero = 3,
+                                                                       .whole_norms = true,
+                                                                       .post_norms_only = true},
+                                                              MeshCase{.name = "olmo2_pp2",
+                                                                       .pp = 2,
+                                                                       .whole_norms = true,
+                                                                       .post_norms_only = true})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
 
 // `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
@@ -699,6 +717,14 @@ TEST(HfOracleQwen2Moe, GatedSharedExpertGivesTrainyardsLogits) {
 TEST(HfOracleOlmoe, NormsOverTheWholeProjectionGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .whole_norms = true, .experts = 4});
+}
+
+// No norms before the branches, each branch's output normed, and query and key norms over each
+// token's whole q and k export as OLMo 2, which the oracle computes with transformers' OLMo 2
+// conventions; the greedy tokens check the generator's blocks too.
+TEST(HfOracleOlmo2, NormsAfterEachBranchOnlyGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .whole_norms = true, .post_norms_only = true});
 }
 
 // Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2

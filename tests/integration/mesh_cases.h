@@ -19,14 +19,15 @@ struct MeshCase {
   int layers = 0;       // 0: the preset's
   bool untied = false;  // untie the embeddings (a tied one crosses stages only under ZeRO 0/1)
   bool recompute = false;
-  bool qkv_bias = false;     // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
-  int head_dim = 0;          // llama: model.head_dim (0: width / heads)
-  bool qk_norm = false;      // llama: Qwen3's norms of each query and key head
-  bool whole_norms = false;  // llama: OLMoE's query and key norms over the whole projection
-  int sliding_window = 0;    // llama: model.sliding_window (0: none)
-  bool gemma = false;        // llama: Gemma's GeGLU and embeddings scaled by √width
-  int full_layer = -1;       // llama, with a window: the one block without it (-1: none)
-  bool post_norms = false;   // llama: norms of the attention's and the MLP's outputs (Gemma's)
+  bool qkv_bias = false;         // llama: Qwen2's biases on q, k and v (GPT-2 always has them)
+  int head_dim = 0;              // llama: model.head_dim (0: width / heads)
+  bool qk_norm = false;          // llama: Qwen3's norms of each query and key head
+  bool whole_norms = false;      // llama: OLMoE's query and key norms over the whole projection
+  int sliding_window = 0;        // llama: model.sliding_window (0: none)
+  bool gemma = false;            // llama: Gemma's GeGLU and embeddings scaled by √width
+  int full_layer = -1;           // llama, with a window: the one block without it (-1: none)
+  bool post_norms = false;       // llama: norms of the attention's and the MLP's outputs (Gemma's)
+  bool post_norms_only = false;  // llama: those norms, and none before the branches (OLMo 2's)
   // Gemma 2's scores: scaled by 3^-1/2, both capped at 1
   // (small enough to bend a tiny model's scores and logits).
   bool softcaps = false;
@@ -89,7 +90,8 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     if (mesh.whole_norms) spec->model.qk_norm_span = config::QkNormSpan::kProjection;
     if (mesh.sliding_window > 0) spec->model.sliding_window = mesh.sliding_window;
     if (mesh.full_layer >= 0) spec->model.full_attention_layers = {mesh.full_layer};
-    spec->model.post_norms = spec->model.post_norms || mesh.post_norms;
+    spec->model.post_norms = spec->model.post_norms || mesh.post_norms || mesh.post_norms_only;
+    if (mesh.post_norms_only) spec->model.pre_norms = false;
     spec->model.geglu = spec->model.geglu || mesh.gemma;
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
     if (mesh.longrope) PhiMiniRope(16, &spec->model);
@@ -198,6 +200,23 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .sequence_parallel = true,
      .schedule = kZeroBubble,
      .post_norms = true},
+    // Norms after each branch only: the branches read the residual stream's rows gathered under
+    // sequence parallelism, the absent norms' gradient slots left unread; ZB-H1's split backward
+    // and interleaved stages over them.
+    {.name = "zb_tp2_pp2_sp_post_norms_only",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kZeroBubble,
+     .post_norms_only = true},
+    {.name = "dp2_il_pp2_v2_post_norms_only_recompute",
+     .dp = 2,
+     .pp = 2,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .recompute = true,
+     .post_norms_only = true},
     // Gemma 2's capped scores and logits: each rank caps its heads' scores and its vocabulary
     // shard's logits, the loss's gradient taken through the cap on each shard.
     {.name = "tp2_sp_softcaps", .tp = 2, .sequence_parallel = true, .softcaps = true},
@@ -278,6 +297,14 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
      .layers = 4,
      .seq_len = 24},
     {.name = "cp2_recompute", .cp = 2, .recompute = true, .seq_len = 24},
+    // OLMo 2's blocks: norms after each branch only, the q and k norms over each rank's rows.
+    {.name = "olmo2_dp2_cp2_zero3",
+     .dp = 2,
+     .cp = 2,
+     .zero = 3,
+     .whole_norms = true,
+     .post_norms_only = true,
+     .seq_len = 24},
 };
 
 // Mixture of experts with every other axis and schedule (context parallelism included), ZeRO 1

@@ -105,6 +105,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"scale_embeddings\": " << (c.scale_embeddings ? "true" : "false")
       << ", \"rope_local_theta\": " << c.rope_local_theta
       << ", \"post_norms\": " << (c.post_norms ? "true" : "false")
+      << ", \"pre_norms\": " << (c.pre_norms ? "true" : "false")
       << ", \"attention_scale_dim\": " << c.attention_scale_dim
       << ", \"attention_softcap\": " << c.attention_softcap
       << ", \"logit_softcap\": " << c.logit_softcap
@@ -380,6 +381,26 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithNormsOverTheWholeProjection) {
   c.moe = OracleMoe();
   c.moe.experts = 8;
   c.moe.shared_experts = 0;
+  c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// OLMo 2's block: no norms before the attention and the MLP, each branch's output normed before
+// it joins the residual stream, and OLMoE's norms over the whole q and k.
+TEST(TorchOracle, LlamaWithNormsAfterEachBranchOnly) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.pre_norms = false;
+  c.post_norms = true;
+  c.qk_norm = true;
+  c.qk_norm_span = config::QkNormSpan::kProjection;
+  CompareWithOracle(c);
+}
+
+// The same recomputed, and without the query and key norms.
+TEST(TorchOracle, LlamaWithNormsAfterEachBranchOnlyRecomputed) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.pre_norms = false;
+  c.post_norms = true;
   c.recompute = true;
   CompareWithOracle(c);
 }

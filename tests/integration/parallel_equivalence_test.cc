@@ -233,7 +233,7 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   if (family == config::ModelFamily::kGpt2 &&
       (mesh.qkv_bias || mesh.head_dim > 0 || mesh.qk_norm || mesh.sliding_window > 0 ||
        mesh.gemma || mesh.post_norms || mesh.longrope || mesh.nope_layer >= 0 || mesh.granite ||
-       mesh.shared_gate || mesh.whole_norms)) {
+       mesh.shared_gate || mesh.whole_norms || mesh.post_norms_only)) {
     GTEST_SKIP() << "q, k and v biases, model.head_dim, qk_norm, sliding_window, post_norms, "
                     "Gemma's MLP and embedding scale, RoPE's options, Granite's multipliers and "
                     "the shared experts' gate are the llama family's";

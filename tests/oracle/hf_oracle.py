@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmoe", "smollm3", "granite" or
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmoe", "smollm3", "granite" or
 "granitemoe") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
@@ -299,7 +299,7 @@ def read_config(model_dir):
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
-                         "olmoe, "
+                         "olmo2, olmoe, "
                          "smollm3, granite or granitemoe)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -519,6 +519,7 @@ class Llama:
     qkv_bias = False
     qk_norm = False
     qk_norm_whole = False  # OLMoE: one norm over the whole q and one over the whole k
+    norms_after = False  # OLMo 2: no norms before the branches, each branch's output normed
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
     # Granite's: each branch's output times residual_multiplier, the scores times
@@ -614,8 +615,9 @@ class Llama:
         out = [("model.embed_tokens.weight", (V, C))]
         for i in range(self.layers):
             p = "model.layers.%d." % i
-            out += [(p + "input_layernorm.weight", (C,)),
-                    (p + "self_attn.q_proj.weight", (H * D, C)),
+            if not self.norms_after:
+                out.append((p + "input_layernorm.weight", (C,)))
+            out += [(p + "self_attn.q_proj.weight", (H * D, C)),
                     (p + "self_attn.k_proj.weight", (KV * D, C)),
                     (p + "self_attn.v_proj.weight", (KV * D, C))]
             if self.qkv_bias:
@@ -628,6 +630,8 @@ class Llama:
                         (p + "self_attn.k_norm.weight", (KV * D,) if whole else (D,))]
             out += [(p + "self_attn.o_proj.weight", (C, H * D)),
                     (p + "post_attention_layernorm.weight", (C,))]
+            if self.norms_after:
+                out.append((p + "post_feedforward_layernorm.weight", (C,)))
             out += self.mlp_tensors(p)
         out.append(("model.norm.weight", (C,)))
         if not self.tied:
@@ -641,7 +645,7 @@ class Llama:
         x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
         for i in range(self.layers):
             p = "model.layers.%d." % i
-            a = self.norm(x, w[p + "input_layernorm.weight"])
+            a = x if self.norms_after else self.norm(x, w[p + "input_layernorm.weight"])
             q = split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads)
             k = split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads)
             if self.qk_norm and self.qk_norm_whole:  # OLMoE: over the whole q and k
@@ -658,7 +662,14 @@ class Llama:
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             y = merge_heads(causal_attention(q, k, v, self.windows[i], self.attention_scale))
-            x = x + (y @ w[p + "self_attn.o_proj.weight"].T) * self.residual_multiplier
+            y = y @ w[p + "self_attn.o_proj.weight"].T
+            if self.norms_after:  # OLMo 2: post_attention_layernorm is the output's norm
+                y = self.norm(y, w[p + "post_attention_layernorm.weight"])
+                m = x + y * self.residual_multiplier
+                y = self.norm(self.mlp(w, p, m), w[p + "post_feedforward_layernorm.weight"])
+                x = m + y * self.residual_multiplier
+                continue
+            x = x + y * self.residual_multiplier
             m = self.norm(x, w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(w, p, m) * self.residual_multiplier
         x = self.norm(x, w["model.norm.weight"])
@@ -1038,12 +1049,10 @@ class Qwen2Moe(Qwen3Moe):
         return out + torch.sigmoid(m @ w[p + "mlp.shared_expert_gate.weight"].T) * shared
 
 
-class Olmoe(Llama):
-    """OlmoeForCausalLM: Llama's attention with one RMSNorm over each token's whole q projection
-    (self_attn.q_norm [hidden_size]) and one over its whole k (k_norm [kv_heads * head_dim]),
-    before RoPE; and in every layer Qwen3-MoE's sparse MLP (mlp.gate, mlp.experts.j.gate_proj,
-    up_proj, down_proj) of intermediate_size, the top k divided by their sum when norm_topk_prob
-    (default false). clip_qkv must be null."""
+class OlmoAttention(Llama):
+    """OLMo 2's and OLMoE's attention: Llama's with one RMSNorm over each token's whole q
+    projection (self_attn.q_norm [hidden_size]) and one over its whole k (k_norm
+    [kv_heads * head_dim]), before RoPE. clip_qkv must be null."""
 
     qk_norm = True
     qk_norm_whole = True
@@ -1052,6 +1061,23 @@ class Olmoe(Llama):
         super().__init__(cfg)
         if cfg.raw.get("clip_qkv") is not None:
             raise InputError("%s: clip_qkv must be null" % cfg.path)
+
+
+class Olmo2(OlmoAttention):
+    """Olmo2ForCausalLM: OLMo's attention and Llama's MLP, with no norms before either: each
+    layer's attention reads the residual stream itself and its output is normed by
+    post_attention_layernorm before it joins; the MLP's likewise by post_feedforward_layernorm."""
+
+    norms_after = True
+
+
+class Olmoe(OlmoAttention):
+    """OlmoeForCausalLM: OLMo's attention, and in every layer Qwen3-MoE's sparse MLP (mlp.gate,
+    mlp.experts.j.gate_proj, up_proj, down_proj) of intermediate_size, the top k divided by their
+    sum when norm_topk_prob (default false)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
         self.experts, self.top_k = read_expert_counts(cfg, "num_experts")
         self.normalize = cfg.bool("norm_topk_prob", False)
 
@@ -1140,7 +1166,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
-          "olmoe": Olmoe, "smollm3": SmolLM3,
+          "olmo2": Olmo2, "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe}
 
 

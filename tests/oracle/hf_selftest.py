@@ -142,6 +142,21 @@ def llama_hf_tensors(cfg, params, mlp=True):
     return out
 
 
+def olmo2_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama without norms before its branches (OLMo 2's layout):
+    Llama's tensors less input_layernorm, the contract's attn.post_norm.w and mlp.post_norm.w as
+    post_attention_layernorm and post_feedforward_layernorm."""
+    view = dict(params)
+    for i in range(cfg["layers"]):
+        c = "h.%d." % i
+        view[c + "ln1.w"], view[c + "ln2.w"] = None, params[c + "attn.post_norm.w"]
+    out = [(name, array) for name, array in llama_hf_tensors(cfg, view) if array is not None]
+    for i in range(cfg["layers"]):
+        out.append(("model.layers.%d.post_feedforward_layernorm.weight" % i,
+                    params["h.%d.mlp.post_norm.w" % i]))
+    return out
+
+
 def llama_hf_config(cfg):
     return {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
             "vocab_size": cfg["vocab"], "hidden_size": cfg["width"],
@@ -761,6 +776,22 @@ class HfOracleTest(unittest.TestCase):
         self.check_against_torch_model("olmoe", cfg, lambda p: qwen3_moe_hf_tensors(cfg, p),
                                        config)
         model_dir = self.write_model("olmoe_bad", dict(config, clip_qkv=8.0), qwen3_moe_hf_tensors(
+            cfg, contract_params(random_model(cfg))))
+        proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("clip_qkv must be null", proc.stderr)
+
+    def test_olmo2_matches_torch_model(self):
+        # OLMo 2: no norms before the attention and the MLP, each one's output normed before it
+        # joins the residual stream, and OLMoE's norms over the whole q and k (grouped-query
+        # heads: k's is narrower).
+        cfg = small_cfg("llama", qk_norm=True, qk_norm_span="projection", post_norms=True,
+                        pre_norms=False)
+        self.assertLess(cfg["kv_heads"], cfg["heads"])
+        config = dict(llama_hf_config(cfg), model_type="olmo2",
+                      architectures=["Olmo2ForCausalLM"], head_dim=None)
+        self.check_against_torch_model("olmo2", cfg, lambda p: olmo2_hf_tensors(cfg, p), config)
+        model_dir = self.write_model("olmo2_bad", dict(config, clip_qkv=8.0), olmo2_hf_tensors(
             cfg, contract_params(random_model(cfg))))
         proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
         self.assertEqual(proc.returncode, 2)

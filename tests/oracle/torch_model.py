@@ -13,7 +13,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           lnf.w, lnf.b; lm_head.w [V,C] only when embeddings are untied.
   Llama:  wte [V,C]; per layer l: h.{l}.ln1.w, h.{l}.attn.qkv.w (and h.{l}.attn.qkv.b with
           qkv_bias, Qwen2's layout; h.{l}.attn.q_norm.w [D], h.{l}.attn.k_norm.w [D] with
-          qk_norm, Qwen3's; [H*D] and [KV*D] with qk_norm_span "projection", OLMoE's), h.{l}.attn.proj.w, h.{l}.ln2.w,
+          qk_norm, Qwen3's; [H*D] and [KV*D] with qk_norm_span "projection", OLMoE's),
+          h.{l}.attn.proj.w, h.{l}.ln2.w (ln1.w and ln2.w absent with pre_norms false),
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
   MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
@@ -70,7 +71,8 @@ def normalize_config(cfg):
     default); sliding_window = 0 (none; llama may set one); full_attention_layers = [] (the
     blocks without the window); rope_local_theta = 0 (with a window: the RoPE base of the
     blocks that use it); post_norms = false (llama: norms of the attention's and the MLP's
-    outputs); activation = swiglu (llama; geglu
+    outputs); pre_norms = true (false, with post_norms: no norms before the branches, OLMo 2's);
+    activation = swiglu (llama; geglu
     is Gemma's) or gelu (gpt2); scale_embeddings = false (llama may set it: Gemma's sqrt(width));
     attention_scale_dim = 0 (scores scaled by attention_scale_dim^-0.5 instead of head_dim^-0.5,
     Gemma's query_pre_attn_scalar; 0 means head_dim); attention_softcap = 0 (none; else the scaled
@@ -111,6 +113,7 @@ def normalize_config(cfg):
     out.setdefault("rope_local_theta", 0.0)
     out.setdefault("nope_layers", [])
     out.setdefault("post_norms", False)
+    out.setdefault("pre_norms", True)
     out.setdefault("activation", "swiglu" if family == "llama" else "gelu")
     out.setdefault("scale_embeddings", False)
     out.setdefault("attention_scale_dim", 0)
@@ -168,6 +171,8 @@ def normalize_config(cfg):
     out["rope_local_theta"] = float(local)
     if not isinstance(out["post_norms"], bool) or (out["post_norms"] and family != "llama"):
         raise ConfigError("post_norms: true or false, and true only for the llama family")
+    if not isinstance(out["pre_norms"], bool) or (not out["pre_norms"] and not out["post_norms"]):
+        raise ConfigError("pre_norms: true or false, and false only with post_norms")
     scale_dim = out["attention_scale_dim"]
     if isinstance(scale_dim, bool) or not isinstance(scale_dim, int) or scale_dim < 0:
         raise ConfigError("attention_scale_dim: an integer >= 0 (0: head_dim), got %r"
@@ -460,13 +465,14 @@ def _make_norm(cfg):
 
 class Block(nn.Module):
     """Pre-norm residual block: x += attn(norm1(x)); x += mlp(norm2(x)), where the MLP of an MoE
-    block (is_moe_layer) is an MoeLayer (`moe`; `mlp` is then None)."""
+    block (is_moe_layer) is an MoeLayer (`moe`; `mlp` is then None). Without pre_norms norm1 and
+    norm2 are the identity."""
 
     def __init__(self, cfg, layer):
         super().__init__()
-        self.ln1 = _make_norm(cfg)
+        self.ln1 = _make_norm(cfg) if cfg["pre_norms"] else nn.Identity()
         self.attn = Attention(cfg, layer)
-        self.ln2 = _make_norm(cfg)
+        self.ln2 = _make_norm(cfg) if cfg["pre_norms"] else nn.Identity()
         # post_norms (Gemma 2's and 3's): the attention's and the MLP's outputs normed too.
         self.attn_post = _make_norm(cfg) if cfg["post_norms"] else None
         self.mlp_post = _make_norm(cfg) if cfg["post_norms"] else None
@@ -569,7 +575,8 @@ class Transformer(nn.Module):
             out.append(("wpe", self.wpe.weight))
         for l, block in enumerate(self.h):
             p = "h.%d." % l
-            out.append((p + "ln1.w", block.ln1.weight))
+            if self.cfg["pre_norms"]:
+                out.append((p + "ln1.w", block.ln1.weight))
             if gpt2:
                 out.append((p + "ln1.b", block.ln1.bias))
             out.append((p + "attn.qkv.w", block.attn.qkv.weight))
@@ -583,7 +590,8 @@ class Transformer(nn.Module):
                 out.append((p + "attn.proj.b", block.attn.proj.bias))
             if block.attn_post is not None:
                 out.append((p + "attn.post_norm.w", block.attn_post.weight))
-            out.append((p + "ln2.w", block.ln2.weight))
+            if self.cfg["pre_norms"]:
+                out.append((p + "ln2.w", block.ln2.weight))
             if gpt2:
                 out.append((p + "ln2.b", block.ln2.bias))
             if block.mlp_post is not None:

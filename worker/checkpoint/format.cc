@@ -72,6 +72,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_scale_embeddings(m.scale_embeddings);
   s.set_rope_local_theta(m.rope_local_theta);
   s.set_post_norms(m.post_norms);
+  s.set_no_pre_norms(!m.pre_norms);
   s.set_attention_scale_dim(m.attention_scale_dim);
   s.set_attention_softcap(m.attention_softcap);
   s.set_logit_softcap(m.logit_softcap);
@@ -132,6 +133,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.scale_embeddings = s.scale_embeddings();
   m.rope_local_theta = s.rope_local_theta();
   m.post_norms = s.post_norms();
+  m.pre_norms = !s.no_pre_norms();
   m.attention_scale_dim = s.attention_scale_dim();
   m.attention_softcap = s.attention_softcap();
   m.logit_softcap = s.logit_softcap();
@@ -250,6 +252,10 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
   if (saved.post_norms() != want.post_norms()) {
     return differ("post_norms", saved.post_norms() ? "true" : "false",
                   want.post_norms() ? "true" : "false");
+  }
+  if (saved.no_pre_norms() != want.no_pre_norms()) {
+    return differ("pre_norms", saved.no_pre_norms() ? "false" : "true",
+                  want.no_pre_norms() ? "false" : "true");
   }
   return CheckMoeMatches(saved.moe(), want.moe());
 }

@@ -166,7 +166,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
   const bool fused = layout.projections == HfProjections::kFused;
-  out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
+  if (m.pre_norms) out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
   if (fused) {  // Phi-3's
     out.push_back(Whole(p + "attn.qkv.w", {q + 2 * kv, c}, h + "self_attn.qkv_proj.weight"));
   } else {
@@ -188,9 +188,11 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
     out.push_back(Norm(m, p + "attn.k_norm.w", m.k_norm_width(), h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
-  if (m.post_norms) {  // Gemma 3's: post_attention_layernorm is the attention output's norm
+  if (m.post_norms) {  // Gemma's and OLMo 2's: post_attention_layernorm the attention output's
     out.push_back(Norm(m, p + "attn.post_norm.w", c, h + "post_attention_layernorm.weight"));
-    out.push_back(Norm(m, p + "ln2.w", c, h + "pre_feedforward_layernorm.weight"));
+    if (m.pre_norms) {
+      out.push_back(Norm(m, p + "ln2.w", c, h + "pre_feedforward_layernorm.weight"));
+    }
     out.push_back(Norm(m, p + "mlp.post_norm.w", c, h + "post_feedforward_layernorm.weight"));
   } else {
     out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
@@ -701,18 +703,33 @@ absl::Status ReadGraniteMoeConfig(const ConfigFields& f, ModelConfig& m) {
   return f.Float("router_aux_loss_coef", &moe.aux_loss_coeff, /*zero_too=*/true);
 }
 
-// OLMoE's model over a Llama config: one RMSNorm over each token's whole q and one over its whole k
-// (q_norm [hidden_size], k_norm [kv_heads·head_dim]), and in every block Qwen3-MoE's experts of
-// intermediate_size, the top k as scored unless norm_topk_prob; clip_qkv must be null.
-absl::Status ReadOlmoeConfig(const ConfigFields& f, ModelConfig& m) {
+// OLMo 2's and OLMoE's shared fields: Llama's, with one RMSNorm over each token's whole q and one
+// over its whole k (q_norm [hidden_size], k_norm [kv_heads·head_dim]); clip_qkv must be null.
+absl::Status ReadOlmoConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
   if (f.Get("clip_qkv") != nullptr) {
     return f.Bad("clip_qkv",
-                 "is set; Trainyard does not clip q, k and v (OLMoE is published "
+                 "is set; Trainyard does not clip q, k and v (OLMo 2 and OLMoE are published "
                  "without)");
   }
   m.qk_norm = true;
   m.qk_norm_span = config::QkNormSpan::kProjection;
+  return absl::OkStatus();
+}
+
+// OLMo 2's blocks: each branch reads the residual stream itself, and its output is normed
+// (post_attention_layernorm, post_feedforward_layernorm) before it joins.
+absl::Status ReadOlmo2Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadOlmoConfig(f, m));
+  m.pre_norms = false;
+  m.post_norms = true;
+  return absl::OkStatus();
+}
+
+// OLMoE's: in every block Qwen3-MoE's experts of intermediate_size, the top k as scored unless
+// norm_topk_prob.
+absl::Status ReadOlmoeConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadOlmoConfig(f, m));
   config::MoeConfig& moe = m.moe;
   TY_RETURN_IF_ERROR(ReadExpertCounts(f, "num_experts", moe));
   moe.ffn = m.ffn_hidden;
@@ -854,7 +871,9 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
 // family's other options) or, with norms of the branches' outputs, as Gemma 2 or (with query and
 // key norms and local blocks) Gemma 3; norms of the branches' outputs travel only so.
 absl::Status CheckGemmaLayout(const ModelConfig& m) {
-  if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings && !m.post_norms)) {
+  // OLMo 2's norms after each branch only are CheckOlmoLayout's.
+  const bool gemma_norms = m.post_norms && m.pre_norms;
+  if (m.family != ModelFamily::kLlama || (!m.geglu && !m.scale_embeddings && !gemma_norms)) {
     return absl::OkStatus();
   }
   auto bad = [](const std::string& field, const std::string& why) {
@@ -894,38 +913,52 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// Norms over the whole q and k projection travel as OLMoE only: a Llama model of heads width /
-// heads wide whose every block is an MoE block of Qwen3-MoE's experts, without shared experts,
-// biases, Gemma's options or a sliding window (CheckMoeLayout and the other layouts' checks
-// refuse the rest).
-absl::Status CheckOlmoeLayout(const ModelConfig& m) {
-  if (!m.NormsWholeProjection()) return absl::OkStatus();
+// Norms over the whole q and k projection, and blocks without norms before their branches,
+// travel as OLMoE or OLMo 2 only: a Llama model of heads width / heads wide without biases,
+// Gemma's or Granite's options, partial RoPE, NoPE blocks or a sliding window; OLMoE's every
+// block an MoE block of Qwen3-MoE's experts without shared experts, normed before each branch
+// only; OLMo 2's dense, normed after each branch only (CheckMoeLayout refuses the rest).
+absl::Status CheckOlmoLayout(const ModelConfig& m) {
+  if (!m.NormsWholeProjection() && m.pre_norms) return absl::OkStatus();
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
         "; Trainyard writes query and key norms over the whole projection "
-        "(model.qk_norm_span: projection) in OLMoE's layout only (a Llama model whose every "
-        "block is an MoE block, heads of width / heads, no shared experts, biases, Gemma's "
-        "options or sliding window)"));
+        "(model.qk_norm_span: projection) and blocks without norms before their branches "
+        "(model.pre_norms: false) in OLMoE's and OLMo 2's layouts only (a Llama model with heads "
+        "of width / heads, no biases, Gemma's or Granite's options, partial RoPE, NoPE blocks "
+        "or sliding window; OLMoE's every block an MoE block without shared experts, normed "
+        "before each branch; OLMo 2's dense, normed after each branch only)"));
   };
-  if (!m.moe.enabled()) {
-    return bad("moe",
-               "is absent (OLMo 2's blocks, normed after each branch only, have no "
-               "Trainyard layout)");
-  }
-  if (m.moe.every != 1) return bad("moe.every", absl::StrCat("is ", m.moe.every));
-  if (m.moe.shared_experts != 0) {
-    return bad("moe.shared_experts", absl::StrCat("is ", m.moe.shared_experts));
+  if (!m.NormsWholeProjection()) {
+    return bad("qk_norm_span", "is not projection, and model.pre_norms is false");
   }
   if (m.explicit_head_dim != 0 && m.explicit_head_dim * m.heads != m.width) {
     return bad("head_dim", absl::StrCat("is ", m.explicit_head_dim));
   }
   if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.geglu || m.scale_embeddings || m.post_norms || m.attention_scale_dim != 0 ||
-      m.attention_softcap != 0 || m.logit_softcap != 0) {
-    return bad("activation", "or the scores are Gemma's");
+  if (m.geglu || m.scale_embeddings || m.attention_scale_dim != 0 || m.attention_softcap != 0 ||
+      m.logit_softcap != 0 || m.HasGraniteMultipliers()) {
+    return bad("activation", "or the scores or multipliers are Gemma's or Granite's");
+  }
+  if (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope || !m.nope_layers.empty()) {
+    return bad("rope_dim", "or rope_scaling or nope_layers leave RoPE Llama's");
   }
   if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  if (!m.pre_norms) {  // OLMo 2's (model validation: post_norms with it)
+    if (m.moe.enabled()) return bad("moe", "has experts, and model.pre_norms is false");
+    return absl::OkStatus();
+  }
+  if (!m.moe.enabled()) {
+    return bad("moe",
+               "is absent, and model.pre_norms is true (OLMo 2's dense blocks are normed "
+               "after each branch only)");
+  }
+  if (m.post_norms) return bad("post_norms", "is true with experts");
+  if (m.moe.every != 1) return bad("moe.every", absl::StrCat("is ", m.moe.every));
+  if (m.moe.shared_experts != 0) {
+    return bad("moe.shared_experts", absl::StrCat("is ", m.moe.shared_experts));
+  }
   return absl::OkStatus();
 }
 
@@ -947,7 +980,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
-  TY_RETURN_IF_ERROR(CheckOlmoeLayout(m));
+  TY_RETURN_IF_ERROR(CheckOlmoLayout(m));
   TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
@@ -1245,12 +1278,15 @@ absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad, bool expe
   return absl::OkStatus();
 }
 
-// OLMoE's config.json (CheckOlmoeLayout): intermediate_size each expert's.
-std::string OlmoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
-  const std::string sizes = absl::StrCat(",\n  \"intermediate_size\": ", m.moe.ffn,
-                                         QwenExpertsJson(m.moe), RouterJson(m.moe));
+// OLMoE's config.json (CheckOlmoLayout): intermediate_size each expert's; or OLMo 2's, dense.
+std::string OlmoConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const bool experts = m.moe.enabled();
+  const std::string sizes = experts ? absl::StrCat(",\n  \"intermediate_size\": ", m.moe.ffn,
+                                                   QwenExpertsJson(m.moe), RouterJson(m.moe))
+                                    : DenseSizeJson(m);
   return absl::StrCat(
-      LlamaShapeJson(m, "OlmoeForCausalLM", "olmoe", sizes),
+      LlamaShapeJson(m, experts ? "OlmoeForCausalLM" : "Olmo2ForCausalLM",
+                     experts ? "olmoe" : "olmo2", sizes),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m),
       ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"clip_qkv\": null",
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
@@ -1423,7 +1459,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   }
   if (!m.nope_layers.empty()) return SmolLM3ConfigJson(m, tied, torch_dtype);
   if (m.HasGraniteMultipliers()) return GraniteConfigJson(m, tied, torch_dtype);
-  if (m.NormsWholeProjection()) return OlmoeConfigJson(m, tied, torch_dtype);
+  if (m.NormsWholeProjection()) return OlmoConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
 
@@ -1472,6 +1508,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadQwen2MoeConfig(fields, m));
   } else if (model_type == "olmoe") {  // norms over the whole q and k, and experts
     TY_RETURN_IF_ERROR(ReadOlmoeConfig(fields, m));
+  } else if (model_type == "olmo2") {  // those norms, and each branch's output normed only
+    TY_RETURN_IF_ERROR(ReadOlmo2Config(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
@@ -1490,7 +1528,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-                     "\"olmoe\", \"smollm3\", "
+                     "\"olmo2\", \"olmoe\", \"smollm3\", "
                      "\"granite\" and \"granitemoe\""));
   }
   if (layout != nullptr) {

@@ -19,8 +19,11 @@
 // Qwen3-MoE (model.qk_norm), OLMoE (qk_norm_span projection: q_norm and k_norm the whole
 // projection's width) and Qwen2-MoE (qkv_bias and gated shared experts: mlp.shared_expert and
 // mlp.shared_expert_gate) name the router mlp.gate and expert j's projections
-// mlp.experts.j.gate_proj, up_proj and down_proj. The engine's internal vocabulary padding never
-// reaches a checkpoint, so none shows.
+// mlp.experts.j.gate_proj, up_proj and down_proj. OLMo 2 (Olmo2ForCausalLM) is a dense Llama
+// model with OLMoE's query and key norms and model.pre_norms false: no input_layernorm, its
+// post_attention_layernorm and post_feedforward_layernorm the branches' outputs' norms
+// (attn.post_norm.w, mlp.post_norm.w). The engine's internal vocabulary padding never reaches a
+// checkpoint, so none shows.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_

@@ -180,6 +180,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   TY_RETURN_IF_ERROR(SameChoice("qk_norm_span", file.NormsWholeProjection(),
                                 spec.NormsWholeProjection(), source, "projection", "head"));
   TY_RETURN_IF_ERROR(SameChoice("post_norms", file.post_norms, spec.post_norms, source));
+  TY_RETURN_IF_ERROR(SameChoice("pre_norms", file.pre_norms, spec.pre_norms, source));
   TY_RETURN_IF_ERROR(
       SameChoice("scale_embeddings", file.scale_embeddings, spec.scale_embeddings, source));
   if (file.geglu != spec.geglu) {

@@ -74,7 +74,7 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   const std::string p = absl::StrCat("h.", layer, ".");
   BlockOffsets b;
   int expert_group = -1;
-  b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
+  if (c.pre_norms) b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
   b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
                 {q_rows, kv_rows, kv_rows});
@@ -92,7 +92,7 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   if (gpt2) b.proj_b = Add(p + "attn.proj.b", {width}, InitKind::kZeros);
   // post_norms: the norms of the attention's and the MLP's outputs, every rank's whole.
   if (c.post_norms) b.attn_post_w = Add(p + "attn.post_norm.w", {width}, InitKind::kOnes);
-  b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
+  if (c.pre_norms) b.ln2_w = Add(p + "ln2.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln2_b = Add(p + "ln2.b", {width}, InitKind::kZeros);
   if (c.post_norms) b.mlp_post_w = Add(p + "mlp.post_norm.w", {width}, InitKind::kOnes);
   if (!c.moe.IsMoeLayer(layer)) {

@@ -43,9 +43,9 @@ struct ParamTensor {
 };
 
 // Offsets (into the flat buffer) of one transformer block's tensors; -1 where the family has
-// no such tensor (Llama has no biases and no norm bias). In an MoE block (config::MoeConfig)
-// fc_* and mlp_proj_* are the shared experts' MLP (-1 without shared experts) and the moe_*
-// offsets its router and routed experts.
+// no such tensor (Llama has no biases and no norm bias; pre_norms false, no ln1 and ln2). In an MoE
+// block (config::MoeConfig) fc_* and mlp_proj_* are the shared experts' MLP (-1 without shared
+// experts) and the moe_* offsets its router and routed experts.
 struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   // qk_norm: the query heads' and key heads' norms [D] (qk_norm_span projection: [heads·D] and

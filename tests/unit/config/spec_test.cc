@@ -387,6 +387,16 @@ TEST(ParseJobSpecTest, PostNormsAndLocalRope) {
             int64_t{plain.model.layers} * 2 * plain.model.width);
 }
 
+// OLMo 2's blocks: norms after each branch only, the two before them gone.
+TEST(ParseJobSpecTest, NormsAfterEachBranchOnly) {
+  JobSpec plain = MustParse("name: g\nmodel: {preset: llama-debug}\n");
+  JobSpec olmo2 =
+      MustParse("name: g\nmodel: {preset: llama-debug, post_norms: true, pre_norms: false}\n");
+  EXPECT_FALSE(olmo2.model.pre_norms);
+  EXPECT_TRUE(plain.model.pre_norms);
+  EXPECT_EQ(olmo2.model.ParameterCount(), plain.model.ParameterCount());
+}
+
 // Gemma 2's scores: a scale of their own and soft caps, for either family; no parameters.
 TEST(ParseJobSpecTest, ScoreScaleAndSoftCaps) {
   JobSpec plain = MustParse("name: g\nmodel: {preset: llama-debug}\n");

@@ -176,6 +176,13 @@ TEST(CheckpointFormatTest, ModelMismatchNamesTheField) {
   EXPECT_THAT(CheckModelMatches(SignatureOf(post), model).message(),
               HasSubstr("model.post_norms is true in the checkpoint, false in the spec"));
   EXPECT_TRUE(ModelFromSignature(SignatureOf(post))->post_norms);
+  // And the norms before the branches, when they are absent.
+  config::ModelConfig post_only = post;
+  post_only.pre_norms = false;
+  EXPECT_THAT(CheckModelMatches(SignatureOf(post_only), post).message(),
+              HasSubstr("model.pre_norms is false in the checkpoint, true in the spec"));
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(post_only))->pre_norms);
+  EXPECT_TRUE(ModelFromSignature(SignatureOf(post))->pre_norms);
   // Local blocks' RoPE base is what the parameters mean, as rope_theta.
   config::ModelConfig local = model;
   local.sliding_window = 8;

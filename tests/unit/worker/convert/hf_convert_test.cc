@@ -1647,10 +1647,82 @@ TEST(HfFormat, OlmoeConfigReadsAsLlamaMoeWithNormsOverTheWholeProjection) {
   config::ModelConfig dense = *m;
   dense.moe = {};
   EXPECT_THAT(HfTensors(dense).status().message(),
-              HasSubstr("model.moe: is absent (OLMo 2's blocks"));
+              HasSubstr("model.moe: is absent, and model.pre_norms is true"));
   config::ModelConfig windowed = *m;
   windowed.sliding_window = 512;
   EXPECT_THAT(HfTensors(windowed).status().message(), HasSubstr("model.sliding_window: is 512"));
+}
+
+// OLMo-2-1124-7B's config.json (Olmo2ForCausalLM): a dense Llama model with OLMoE's norms over
+// each token's whole q and k, and no norms before the attention and the MLP: each branch's output
+// is normed (post_attention_layernorm, post_feedforward_layernorm) before it joins the residual
+// stream. Written back it is OLMo 2 again; a mixture of experts, a sliding window or norms
+// before the branches have no such layout.
+TEST(HfFormat, Olmo2ConfigReadsAsLlamaWithNormsAfterEachBranchOnly) {
+  const std::string json = R"({
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 500000, "tie_word_embeddings": false,
+    "torch_dtype": "float32", "use_cache": true, "vocab_size": 100352})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "OLMo-2-1124-7B/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "olmo2");
+  EXPECT_FALSE(m->pre_norms);
+  EXPECT_TRUE(m->post_norms);
+  EXPECT_TRUE(m->NormsWholeProjection());
+  EXPECT_FALSE(m->moe.enabled());
+  EXPECT_FLOAT_EQ(m->norm_eps, 1e-6f);
+  // By hand, per block: q, k, v, o 4 · 4096², the norms over q and k 2 · 4096, the MLP 3 ·
+  // 11008·4096, the branches' norms 2 · 4096; 32 blocks, the untied embedding and head 2 ·
+  // 100352·4096 and the final norm: the card's 7B (7.3 billion).
+  const int64_t block = 4 * int64_t{4096} * 4096 + 2 * 4096 + 3 * int64_t{11008} * 4096 + 2 * 4096;
+  EXPECT_EQ(m->ParameterCount(), 32 * block + 2 * int64_t{100352} * 4096 + 4096);
+  EXPECT_EQ(m->ParameterCount(), int64_t{7298617344});
+
+  auto tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) shapes[piece.name] = HfShape(t, piece);
+  }
+  const std::string p = "model.layers.31.";
+  EXPECT_EQ(shapes[p + "self_attn.q_norm.weight"], (std::vector<int64_t>{4096}));
+  EXPECT_EQ(shapes[p + "self_attn.k_norm.weight"], (std::vector<int64_t>{4096}));
+  EXPECT_EQ(shapes[p + "post_attention_layernorm.weight"], (std::vector<int64_t>{4096}));
+  EXPECT_EQ(shapes[p + "post_feedforward_layernorm.weight"], (std::vector<int64_t>{4096}));
+  EXPECT_EQ(shapes.count(p + "input_layernorm.weight"), 0u);
+  EXPECT_EQ(shapes.count(p + "pre_feedforward_layernorm.weight"), 0u);
+  EXPECT_EQ(shapes.size(), 32 * 11 + 3u);  // q, k, v, o, two norms, MLP 3, post norms 2
+
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Olmo2ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"model_type\": \"olmo2\""));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_FALSE(back->pre_norms);
+  EXPECT_TRUE(CheckHfWritable(*m).ok());
+
+  config::ModelConfig sparse = *m;
+  sparse.moe.experts = 8;
+  sparse.moe.top_k = 2;
+  sparse.moe.ffn = 1024;
+  EXPECT_THAT(HfTensors(sparse).status().message(),
+              HasSubstr("model.moe: has experts, and model.pre_norms is false"));
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 512;
+  EXPECT_THAT(HfTensors(windowed).status().message(), HasSubstr("model.sliding_window: is 512"));
+  config::ModelConfig per_head = *m;  // no norms before the branches travel with OLMo 2's q, k
+  per_head.qk_norm_span = config::QkNormSpan::kHead;
+  EXPECT_THAT(HfTensors(per_head).status().message(),
+              HasSubstr("model.qk_norm_span: is not projection, and model.pre_norms is false"));
+  config::ModelConfig gemma = *m;  // nor with Gemma's GeGLU and scaled embeddings
+  gemma.geglu = gemma.scale_embeddings = true;
+  EXPECT_EQ(HfTensors(gemma).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
