@@ -291,9 +291,13 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
   SlotElements e;
   e.ints = 2 * n + (tp > 1 ? 2 * n : 0);
-  e.acts = (layers + 1) * nr * w;                               // residual stream
-  e.acts += saved * (2 * n * w + n * qkv + n * attn + nr * w);  // per block, its MLP aside
-  if (sp) e.acts += saved * 2 * nr * w;                         // the norms' local rows
+  e.acts = (layers + 1) * nr * w;  // residual stream
+  // Per block, its MLP aside: the two norms' outputs in full rows (without pre_norms the branches
+  // read the residual stream's rows, gathered under sequence parallelism only), q, k and v, the
+  // attention's output and the stream between the branches; the norms' local rows.
+  const bool gathered = c.pre_norms || sp;
+  e.acts += saved * ((gathered ? 2 * n * w : 0) + n * qkv + n * attn + nr * w);
+  if (sp && c.pre_norms) e.acts += saved * 2 * nr * w;
   e.floats = saved * (4 * nr + n * heads);  // norm statistics, attention log-sum-exp
   // post_norms: the branches' outputs before their norms, the norms' statistics, and the
   // backward's gradient at a branch's output.

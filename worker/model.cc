@@ -306,13 +306,17 @@ void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
 void Model::AllocateNorms(LayerActivations& la, int64_t n, int64_t nr) {
   Backend& be = *backend_;
   const int64_t width = config_.width;
-  la.ln1 = be.AllocAct(n * width);
+  // Without pre_norms the branches read the residual stream's rows themselves: gathered into
+  // ln1 and ln2 under sequence parallelism, else read where they are (AttentionInput, MlpInput).
+  if (config_.pre_norms || sp_) {
+    la.ln1 = be.AllocAct(n * width);
+    la.ln2 = be.AllocAct(n * width);
+  }
   la.ln1_mean = be.AllocFloat(nr);
   la.ln1_rstd = be.AllocFloat(nr);
-  la.ln2 = be.AllocAct(n * width);
   la.ln2_mean = be.AllocFloat(nr);
   la.ln2_rstd = be.AllocFloat(nr);
-  if (sp_) {
+  if (sp_ && config_.pre_norms) {
     la.ln1_local = be.AllocAct(nr * width);
     la.ln2_local = be.AllocAct(nr * width);
   }
@@ -580,14 +584,16 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int li = layer - stage().first_layer;  // the block's index on this stage
   Act* x = a.resid[li].data();
-  Act* ln1 = sp_ ? la.ln1_local.data() : la.ln1.data();
-  Act* ln2 = sp_ ? la.ln2_local.data() : la.ln2.data();
+  // The norms' outputs on this rank's rows; without pre_norms the rows themselves.
+  Act* ln1 = !c.pre_norms ? x : sp_ ? la.ln1_local.data() : la.ln1.data();
+  Act* ln2 = !c.pre_norms ? la.mid.data() : sp_ ? la.ln2_local.data() : la.ln2.data();
   Act* proj_out = sp_ ? a.tmp_local.data() : a.tmp.data();
   Backend& be = *backend_;
 
   Norm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, residual, P(g, o.ln1_w), P(g, o.ln1_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
-  be.Linear(la.qkv.data(), la.ln1.data(), P(g, o.qkv_w), P(g, o.qkv_b), n, dims_.qkv_width, width);
+  be.Linear(la.qkv.data(), AttentionInput(la, layer), P(g, o.qkv_w), P(g, o.qkv_b), n,
+            dims_.qkv_width, width);
   if (c.qk_norm) {
     HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
                     a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w), HeadNorms(n));
@@ -609,7 +615,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   // MLP branch: the dense MLP, or an MoE block's shared and routed experts.
   if (o.mlp_ffn > 0) MlpForward(layer, la);
   if (o.shared_gate_w >= 0) {  // full rows of the input on each rank, a partial sum of the output
-    GateSharedExperts(be, la.moe.shared_gate.data(), la.ln2.data(), P(g, o.shared_gate_w),
+    GateSharedExperts(be, la.moe.shared_gate.data(), MlpInput(la), P(g, o.shared_gate_w),
                       a.tmp.data(), n, width);
   }
   if (o.moe) TY_RETURN_IF_ERROR(MoeForward(layer, la, /*accumulate=*/o.mlp_ffn > 0));
@@ -668,7 +674,7 @@ void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& p
   Backend& be = *backend_;
   if (w == nullptr) {  // no norm (model.pre_norms false): the branch reads the stream itself
     if (pending.pending()) be.Add(x, pending.a, pending.b, rows * width);
-    be.Copy(out, x, rows * width);
+    if (out != x) be.Copy(out, x, rows * width);
   } else if (config_.family == ModelFamily::kGpt2) {
     if (pending.pending()) {
       be.AddLayerNorm(x, out, mean, rstd, pending.a, pending.b, w, b, rows, width, eps);
@@ -682,6 +688,15 @@ void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& p
   }
 }
 
+const Act* Model::AttentionInput(const LayerActivations& la, int layer) const {
+  if (config_.pre_norms || sp_) return la.ln1.data();
+  return acts_->resid[layer - stage().first_layer].data();
+}
+
+const Act* Model::MlpInput(const LayerActivations& la) const {
+  return config_.pre_norms || sp_ ? la.ln2.data() : la.mid.data();
+}
+
 void Model::MlpForward(int layer, LayerActivations& la) {
   const int g = layout_.block_group(layer);
   const BlockOffsets& o = layout_.block(layer);
@@ -689,10 +704,10 @@ void Model::MlpForward(int layer, LayerActivations& la) {
   const int64_t ffn = o.mlp_ffn / tp_size();
   Backend& be = *backend_;
   if (config_.family == ModelFamily::kGpt2) {
-    be.LinearGelu(la.act.data(), la.fc.data(), la.ln2.data(), P(g, o.fc_w), P(g, o.fc_b), n, ffn,
+    be.LinearGelu(la.act.data(), la.fc.data(), MlpInput(la), P(g, o.fc_w), P(g, o.fc_b), n, ffn,
                   width);
   } else {
-    be.Linear(la.fc.data(), la.ln2.data(), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
+    be.Linear(la.fc.data(), MlpInput(la), P(g, o.fc_w), nullptr, n, 2 * ffn, width);
     be.Glu(la.act.data(), la.fc.data(), n, ffn, kernels::GluGateOf(config_.geglu));
   }
   be.Linear(acts_->tmp.data(), la.act.data(), P(g, o.mlp_proj_w), RowParallelBias(g, o.mlp_proj_b),
@@ -798,8 +813,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
     }
     std::tie(dw, db) =
         weight_grads(o.fc_w, o.fc_b, &Activations::DeferredGrads::fc_dy, a.dfc.data(), n * fc);
-    be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), la.ln2.data(), P(g, o.fc_w), n, fc,
-                      width);
+    be.LinearBackward(a.dln.data(), dw, db, a.dfc.data(), MlpInput(la), P(g, o.fc_w), n, fc, width);
     if (gated) TY_RETURN_IF_ERROR(SharedGateBackward(layer, la));
   }
   // The routed experts' and the router's weight gradients are not deferred by a split backward.
@@ -827,8 +841,8 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   }
   std::tie(dw, db) = weight_grads(o.qkv_w, o.qkv_b, &Activations::DeferredGrads::qkv_dy,
                                   a.dqkv.data(), n * dims_.qkv_width);
-  be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), la.ln1.data(), P(g, o.qkv_w), n,
-                    dims_.qkv_width, width);
+  be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), AttentionInput(la, layer), P(g, o.qkv_w),
+                    n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
   NormBackward(dx, ln1, dln, a.resid[li].data(), P(g, o.ln1_w), la.ln1_mean.data(),
                la.ln1_rstd.data());
@@ -858,13 +872,13 @@ absl::Status Model::BlockWeightGradients(int layer) {
   if (o.mlp_ffn > 0) {
     be.LinearBackward(nullptr, G(g, o.mlp_proj_w), G(g, o.mlp_proj_b), d.mlp_proj_dy.data(),
                       la.act.data(), nullptr, n, width, ffn);
-    be.LinearBackward(nullptr, G(g, o.fc_w), G(g, o.fc_b), d.fc_dy.data(), la.ln2.data(), nullptr,
-                      n, fc, width);
+    be.LinearBackward(nullptr, G(g, o.fc_w), G(g, o.fc_b), d.fc_dy.data(), MlpInput(la), nullptr, n,
+                      fc, width);
   }
   be.LinearBackward(nullptr, G(g, o.proj_w), G(g, o.proj_b), d.proj_dy.data(), la.att.data(),
                     nullptr, n, width, dims_.attn);
-  be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(), la.ln1.data(), nullptr,
-                    n, dims_.qkv_width, width);
+  be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(),
+                    AttentionInput(la, layer), nullptr, n, dims_.qkv_width, width);
   TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), BlockNorms(o)));
   if (c.qk_norm) AddHeadNormGrads(g, o, d.head_norms.data());
   // An MoE block's experts got their gradients in the input pass (MoeBackward), into the
@@ -939,7 +953,7 @@ absl::Status Model::SharedGateBackward(int layer, const LayerActivations& la) {
                                 o.mlp_ffn / tp_size());
   if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(dlogits, n));
   backend_->LinearF32Backward(tp_rank() == 0 ? a.dln.data() : nullptr, G(g, o.shared_gate_w),
-                              dlogits, la.ln2.data(), P(g, o.shared_gate_w), n, 1, width);
+                              dlogits, MlpInput(la), P(g, o.shared_gate_w), n, 1, width);
   return absl::OkStatus();
 }
 

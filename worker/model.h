@@ -272,11 +272,16 @@ class Model {
   // backward into acts_->dpost, the weight's gradient accumulated into dw.
   [[nodiscard]] absl::StatusOr<Act*> BranchGradient(const float* w, float* dw, const Act* saved,
                                                     const float* rstd, Act* dx);
-  // The dense MLP (or an MoE block's shared experts) on la.ln2, into acts_->tmp (partial sums
+  // The full rows block `layer`'s attention and its MLP read: their norms' outputs (la.ln1,
+  // la.ln2), or without pre_norms the residual stream's rows themselves (the block's input and
+  // la.mid; la.ln1 and la.ln2 gathered from them under sequence parallelism).
+  const Act* AttentionInput(const LayerActivations& la, int layer) const;
+  const Act* MlpInput(const LayerActivations& la) const;
+  // The dense MLP (or an MoE block's shared experts) on MlpInput, into acts_->tmp (partial sums
   // under tensor parallelism; the proj bias only without it).
   void MlpForward(int layer, LayerActivations& la);
   [[nodiscard]] absl::Status SharedGateBackward(int layer, const LayerActivations& la);
-  // An MoE block's routed experts on la.ln2, added into acts_->tmp (overwritten when
+  // An MoE block's routed experts on MlpInput, added into acts_->tmp (overwritten when
   // `accumulate` is false), partial sums under tensor parallelism.
   [[nodiscard]] absl::Status MoeForward(int layer, LayerActivations& la, bool accumulate);
   // Its backward from dy = ∂loss/∂(MLP output) (full rows): the experts' and the router's weight

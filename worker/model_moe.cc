@@ -213,7 +213,7 @@ absl::Status Model::MoeForward(int layer, LayerActivations& la, bool accumulate)
   LayerActivations::Experts& m = la.moe;
 
   // Route on the host, from the fp32 logits (and the selection bias).
-  be.LinearF32(m.logits.data(), la.ln2.data(), P(g, o.router_w), n, experts, width);
+  be.LinearF32(m.logits.data(), MlpInput(la), P(g, o.router_w), n, experts, width);
   std::vector<float> logits(n * experts), bias;
   be.CopyToHost(logits.data(), m.logits.data(), n * experts);
   if (o.router_bias >= 0) {
@@ -228,7 +228,7 @@ absl::Status Model::MoeForward(int layer, LayerActivations& la, bool accumulate)
             .row_weight = m.row_weight.data(),
             .slot = m.slot.data(),
             .weight = m.weight.data()},
-           la.ln2.data(), width, m.in.data());
+           MlpInput(la), width, m.in.data());
 
   if (ep_ == nullptr) {
     RunExperts(layer, r.offsets, m.in.data(), m.fc.data(), m.act.data(), m.out.data());
@@ -315,7 +315,7 @@ absl::Status Model::MoeBackward(int layer, LayerActivations& la, const Act* dy, 
                  dlogits.data());
   be.CopyFromHost(a.moe_dlogits.data(), dlogits.data(), n * experts);
   be.LinearF32Backward(tp_rank() == 0 ? a.dln.data() : nullptr, G(g, o.router_w),
-                       a.moe_dlogits.data(), la.ln2.data(), P(g, o.router_w), n, experts, width);
+                       a.moe_dlogits.data(), MlpInput(la), P(g, o.router_w), n, experts, width);
   return absl::OkStatus();
 }
 

@@ -32,6 +32,9 @@ struct Case {
   // Gemma 2's caps: the attention scores at 1 (in the prompt's pass and each cached step) and the
   // logits at 1.5
   bool capped = false;
+  // llama: OLMo 2's blocks (no norms before the branches, each branch's output normed, norms over
+  // each token's whole q and k)
+  bool olmo2 = false;
 };
 
 config::ModelConfig ModelOf(const Case& c) {
@@ -44,6 +47,11 @@ config::ModelConfig ModelOf(const Case& c) {
   if (c.capped) {
     mc.attention_softcap = 1.0f;
     mc.logit_softcap = 1.5f;
+  }
+  if (c.olmo2) {
+    mc.pre_norms = false;
+    mc.post_norms = mc.qk_norm = true;
+    mc.qk_norm_span = config::QkNormSpan::kProjection;
   }
   if (!c.moe) return mc;
   mc.moe = {.experts = 4, .top_k = 2, .shared_experts = 1, .every = 2, .ffn = 64};
@@ -119,11 +127,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-debug", DType::kF32, /*moe=*/false, /*gemma=*/true,
                            /*phi=*/false, /*capped=*/true},
                       Case{"llama-debug", DType::kBF16, /*moe=*/false, /*gemma=*/true,
-                           /*phi=*/false, /*capped=*/true}),
+                           /*phi=*/false, /*capped=*/true},
+                      Case{"llama-debug", DType::kF32, /*moe=*/false, /*gemma=*/false,
+                           /*phi=*/false, /*capped=*/false, /*olmo2=*/true},
+                      Case{"llama-debug", DType::kBF16, /*moe=*/false, /*gemma=*/false,
+                           /*phi=*/false, /*capped=*/false, /*olmo2=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.preset) + (info.param.moe ? "_moe_" : "_") +
                          (info.param.gemma ? "gemma_" : "") + (info.param.phi ? "phi_" : "") +
-                         (info.param.capped ? "capped_" : "") + DTypeName(info.param.act);
+                         (info.param.capped ? "capped_" : "") + (info.param.olmo2 ? "olmo2_" : "") +
+                         DTypeName(info.param.act);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
