@@ -195,6 +195,9 @@ struct ModelConfig {
   bool RotatesLayer(int layer) const;
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
   // qk_norm: the widths of the query norm's and the key norm's weights.
+  // RMSNorms (or LayerNorms) of each block: before the attention and the MLP, and with
+  // post_norms after them.
+  int norms_per_block() const { return (pre_norms ? 2 : 0) + (post_norms ? 2 : 0); }
   bool NormsWholeProjection() const { return qk_norm && qk_norm_span == QkNormSpan::kProjection; }
   int q_norm_width() const { return NormsWholeProjection() ? heads * head_dim() : head_dim(); }
   int k_norm_width() const { return NormsWholeProjection() ? kv_heads * head_dim() : head_dim(); }

@@ -298,10 +298,11 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const bool gathered = c.pre_norms || sp;
   e.acts += saved * ((gathered ? 2 * n * w : 0) + n * qkv + n * attn + nr * w);
   if (sp && c.pre_norms) e.acts += saved * 2 * nr * w;
-  e.floats = saved * (4 * nr + n * heads);  // norm statistics, attention log-sum-exp
+  // The norms before the branches' statistics, attention log-sum-exp.
+  e.floats = saved * ((c.pre_norms ? 4 * nr : 0) + n * heads);
   // post_norms: the branches' outputs before their norms, the norms' statistics, and the
   // backward's gradient at a branch's output.
-  const int64_t norms = c.post_norms ? 4 : 2;
+  const int64_t norms = c.norms_per_block();
   if (c.post_norms) {
     e.acts += saved * 2 * nr * w + nr * w;
     e.floats += saved * 2 * nr;

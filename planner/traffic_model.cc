@@ -206,8 +206,9 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
     }
     out.push_back(Times(tp.AllGather(local * w, a), layers * (4 + 2 * recompute)));
     out.push_back(Times(tp.ReduceScatter(local * w, a), layers * (4 + 2 * recompute)));
-    // The norms' weight and bias gradients: two norms, or four with post_norms.
-    out.push_back(Times(tp.AllReduce((s.model.post_norms ? 8 : 4) * w, kFloat), layers));
+    // The norms' weight and bias gradients: each block's norms (two, or four with post_norms
+    // and pre_norms).
+    out.push_back(Times(tp.AllReduce(2 * int64_t{s.model.norms_per_block()} * w, kFloat), layers));
   }
   // qk_norm: the query and key norms' gradients from this rank's heads.
   if (s.model.qk_norm) {

@@ -312,10 +312,12 @@ void Model::AllocateNorms(LayerActivations& la, int64_t n, int64_t nr) {
     la.ln1 = be.AllocAct(n * width);
     la.ln2 = be.AllocAct(n * width);
   }
-  la.ln1_mean = be.AllocFloat(nr);
-  la.ln1_rstd = be.AllocFloat(nr);
-  la.ln2_mean = be.AllocFloat(nr);
-  la.ln2_rstd = be.AllocFloat(nr);
+  if (config_.pre_norms) {
+    la.ln1_mean = be.AllocFloat(nr);
+    la.ln1_rstd = be.AllocFloat(nr);
+    la.ln2_mean = be.AllocFloat(nr);
+    la.ln2_rstd = be.AllocFloat(nr);
+  }
   if (sp_ && config_.pre_norms) {
     la.ln1_local = be.AllocAct(nr * width);
     la.ln2_local = be.AllocAct(nr * width);
@@ -775,10 +777,12 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
   // this micro-batch are collected in scratch, summed over the group, then accumulated; so are
   // they with a split backward, until the weight pass.
+  // Slots in BlockNorms' order: the norms before the branches (if any), then after them.
+  const int post = c.pre_norms ? 4 : 0;
   NormGrads ln1 = NormGradTargets(g, o.ln1_w, o.ln1_b, 0);
   NormGrads ln2 = NormGradTargets(g, o.ln2_w, o.ln2_b, 2);
-  const NormGrads attn_post = c.post_norms ? NormGradTargets(g, o.attn_post_w, -1, 4) : NormGrads{};
-  const NormGrads mlp_post = c.post_norms ? NormGradTargets(g, o.mlp_post_w, -1, 6) : NormGrads{};
+  const NormGrads attn_post = NormGradTargets(g, o.attn_post_w, -1, post);
+  const NormGrads mlp_post = NormGradTargets(g, o.mlp_post_w, -1, post + 2);
   // A linear's weight and bias gradients here, or (split) its output gradient saved for later.
   auto weight_grads = [&](int64_t w, int64_t b, Buffer<Act> Activations::DeferredGrads::*keep,
                           const Act* dy, int64_t count) -> std::pair<float*, float*> {
@@ -1005,12 +1009,14 @@ void Model::AllocateDeferred(Activations& a, int64_t n) {
 
 // A block's norms' (weight, bias) offsets, in the order of their gradients' scratch slots.
 std::vector<std::pair<int64_t, int64_t>> Model::BlockNorms(const BlockOffsets& o) {
-  std::vector<std::pair<int64_t, int64_t>> norms{{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}};
+  std::vector<std::pair<int64_t, int64_t>> norms;
+  if (o.ln1_w >= 0) norms.insert(norms.end(), {{o.ln1_w, o.ln1_b}, {o.ln2_w, o.ln2_b}});
   if (o.attn_post_w >= 0) norms.insert(norms.end(), {{o.attn_post_w, -1}, {o.mlp_post_w, -1}});
   return norms;
 }
 
 Model::NormGrads Model::NormGradTargets(int group, int64_t weight, int64_t bias, int slot) {
+  if (weight < 0) return {};  // a norm the block does not have
   // A block's norms under a split backward collect in the block's deferred scratch; the final
   // norm's gradients are never deferred.
   int block = -1;  // the block's index on this stage, if `group` is a block's
@@ -1031,10 +1037,6 @@ absl::Status Model::AddNormGrads(int group, float* scratch,
   if (sp_)
     TY_RETURN_IF_ERROR(tp_.AllReduce(scratch, 2 * width * static_cast<int64_t>(norms.size())));
   for (const auto& [weight, bias] : norms) {
-    if (weight < 0) {  // a norm the block does not have (model.pre_norms false): its slot unused
-      scratch += 2 * width;
-      continue;
-    }
     backend_->Add(G(group, weight), G(group, weight), scratch, width);
     if (bias >= 0) backend_->Add(G(group, bias), G(group, bias), scratch + width, width);
     scratch += 2 * width;

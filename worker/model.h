@@ -210,8 +210,8 @@ class Model {
   // under pre_norms false), dx += dout.
   void NormBackward(Act* dx, const NormGrads& grads, const Act* dout, const Act* x, const float* w,
                     const float* mean, const float* rstd);
-  // Adds `scratch` (the listed norms' weight and bias gradients, in slot order; a norm of offset
-  // -1 keeps its slot unread) to their gradients, summed over the tensor-parallel group first under
+  // Adds `scratch` (the listed norms' weight and bias gradients, in slot order) to their
+  // gradients, summed over the tensor-parallel group first under
   // sequence parallelism.
   [[nodiscard]] absl::Status AddNormGrads(int group, float* scratch,
                                           const std::vector<std::pair<int64_t, int64_t>>& norms);
@@ -263,9 +263,9 @@ class Model {
   // post_norms normed (weight w; the values before it and the statistics saved for the
   // backward), then times residual_multiplier. Without either, nothing.
   void PostNorm(const float* w, Act* saved, float* rstd, Act* branch);
-  // Floats of a block's norm-gradient scratch: a weight and a bias gradient for each norm, 2 or
-  // (post_norms) 4 of them.
-  int64_t NormScratch() const { return (config_.post_norms ? 8 : 4) * int64_t{config_.width}; }
+  // Floats of a block's norm-gradient scratch: a weight and a bias gradient for each of its norms
+  // (ModelConfig::norms_per_block), in BlockNorms' order.
+  int64_t NormScratch() const { return 2 * int64_t{config_.norms_per_block()} * config_.width; }
   // The gradient at a branch's output, on full rows (dx's, gathered under sequence parallelism),
   // from dx, the gradient at its (normed, with post_norms) value joining the residual stream:
   // times residual_multiplier (into acts_->dscaled) and with post_norms through its norm's
