@@ -776,8 +776,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   Backend& be = *backend_;
   // Under sequence parallelism each rank sees only its rows of the norms: their gradients for
   // this micro-batch are collected in scratch, summed over the group, then accumulated; so are
-  // they with a split backward, until the weight pass.
-  // Slots in BlockNorms' order: the norms before the branches (if any), then after them.
+  // they with a split backward, until the weight pass. Slots in BlockNorms' order.
   const int post = c.pre_norms ? 4 : 0;
   NormGrads ln1 = NormGradTargets(g, o.ln1_w, o.ln1_b, 0);
   NormGrads ln2 = NormGradTargets(g, o.ln2_w, o.ln2_b, 2);
