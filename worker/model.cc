@@ -674,9 +674,8 @@ void Model::Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& p
   const int64_t rows = local_rows(), width = config_.width;
   const float eps = config_.norm_eps;
   Backend& be = *backend_;
-  if (w == nullptr) {  // no norm (model.pre_norms false): the branch reads the stream itself
+  if (w == nullptr) {  // no norm (model.pre_norms false): the branch reads x itself (out is x)
     if (pending.pending()) be.Add(x, pending.a, pending.b, rows * width);
-    if (out != x) be.Copy(out, x, rows * width);
   } else if (config_.family == ModelFamily::kGpt2) {
     if (pending.pending()) {
       be.AddLayerNorm(x, out, mean, rstd, pending.a, pending.b, w, b, rows, width, eps);

@@ -256,7 +256,8 @@ class Model {
   [[nodiscard]] absl::Status BlockForward(int layer, LayerActivations& a, PendingSum& residual);
   // The family's norm of the residual-stream rows x into out (LayerNorm's statistics in mean and
   // rstd, RMSNorm's in rstd), where a pending sum is x's value: the fused add then writes it to x.
-  // Without a weight (a block's input norm under pre_norms false) out is a copy of x.
+  // Without a weight (a block's input norm under pre_norms false) only the pending sum is
+  // written: the branch reads x itself, and `out` must be x.
   void Norm(Act* out, float* mean, float* rstd, Act* x, const PendingSum& pending, const float* w,
             const float* b);
   // A branch's output rows on this rank as they join the residual stream, in place: with

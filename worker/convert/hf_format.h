@@ -101,8 +101,9 @@ std::optional<std::string> HfLookupName(const std::string& stored, config::Model
 // Every tensor of `model` stored as `layout` says, in our layout's order (without a layout, as
 // Trainyard writes it: HfExportLayout's). UNIMPLEMENTED, naming the field, for a model no layout
 // above holds: a mixture-of-experts model of none of Mixtral's, GraniteMoE's, Qwen3-MoE's,
-// OLMoE's or Qwen2-MoE's shapes, query and key norms over the whole projection outside OLMoE's,
-// or scores, caps or norms outside Gemma's; INVALID_ARGUMENT for gated shared experts in any
+// OLMoE's or Qwen2-MoE's shapes, query and key norms over the whole projection or blocks without
+// norms before their branches outside OLMoE's and OLMo 2's, or scores, caps or norms outside
+// Gemma's; INVALID_ARGUMENT for gated shared experts in any
 // experts' layout but Qwen2-MoE's, or that layout without them.
 [[nodiscard]] absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const config::ModelConfig& model,
                                                                  const HfLayout& layout);
