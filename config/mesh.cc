@@ -90,14 +90,6 @@ Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
                  {absl::StrCat("model.", name), "model.preset"});
     }
   }
-  // A norm over each token's whole q and k spans the heads tensor parallelism splits.
-  if (m.tp > 1 && spec.model.NormsWholeProjection()) {
-    return Bad("parallelism.tp",
-               absl::StrCat("tp ", m.tp,
-                            " splits the heads whose whole projection each query and key norm "
-                            "spans (model.qk_norm_span: projection); tp must be 1"),
-               {"model.qk_norm_span"});
-  }
   // Each expert's MLP (and the shared experts', shared_experts × ffn wide) is split column- and
   // row-parallel like the dense MLP.
   const MoeConfig& moe = spec.model.moe;

@@ -336,6 +336,7 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     const int64_t weights = c.q_norm_width() + c.k_norm_width();
     e.acts += saved * n * (heads + kv) * d + 2 * n * heads * d;
     e.floats += saved * n * norms + weights + (s.split_backward() ? layers * weights : 0);
+    if (c.NormsWholeProjection() && tp > 1) e.floats += n;  // each row's gradient dot
   }
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
     for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + n * qkv;

@@ -214,6 +214,12 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
   if (s.model.qk_norm) {
     const int64_t weights = s.model.q_norm_width() + s.model.k_norm_width();
     out.push_back(Times(tp.AllReduce(weights, kFloat), layers));
+    // Norms over the whole projection split by heads: each row's sums of squares of q and k,
+    // once a forward, then its q and its k gradient dots.
+    if (s.model.NormsWholeProjection()) {
+      out.push_back(Times(tp.AllReduce(2 * rows, kFloat), layers * (1 + recompute)));
+      out.push_back(Times(tp.AllReduce(rows, kFloat), 2 * layers));
+    }
   }
   // An MoE block's combine weights' gradients, one float per pick (all N·top_k of them when
   // dropless; fewer when a capacity drops some, which this bound does not know).

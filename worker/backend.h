@@ -238,6 +238,18 @@ class Backend {
   // Accumulates into dinp, dweight.
   virtual void RmsNormBackward(Act* dinp, float* dweight, const Act* dout, const Act* inp,
                                const float* weight, const float* rstd, int64_t rows, int64_t c) = 0;
+  // RMSNorm over rows whose n columns are split over ranks, c of them here (kernels/cpu/norms.h):
+  // the caller sums `sums` (then `dots`) over the ranks between the two steps of each pass.
+  virtual void RowSquareSums(float* sums, const Act* x, int64_t rows, int64_t c) = 0;
+  // rstd holds the summed Σx² on entry and 1/sqrt(Σx²/n + eps) on exit.
+  virtual void RmsNormFromSums(Act* out, float* rstd, const Act* inp, const float* weight,
+                               int64_t rows, int64_t c, int64_t n, float eps) = 0;
+  virtual void RmsNormDots(float* dots, const Act* dout, const Act* inp, const float* weight,
+                           const float* rstd, int64_t rows, int64_t c) = 0;
+  // Accumulates into dinp, dweight.
+  virtual void RmsNormBackwardFromDots(Act* dinp, float* dweight, const Act* dout, const Act* inp,
+                                       const float* weight, const float* rstd, const float* dots,
+                                       int64_t rows, int64_t c, int64_t n) = 0;
 
   virtual void Gelu(Act* out, const Act* inp, int64_t n) = 0;
   virtual void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) = 0;

@@ -173,6 +173,22 @@ class CpuBackend final : public Backend {
                        const float* rstd, int64_t rows, int64_t c) override {
     k::RmsNormBackward(F(dinp), dw, F(dout), F(inp), w, rstd, rows, c);
   }
+  void RowSquareSums(float* sums, const Act* x, int64_t rows, int64_t c) override {
+    k::RowSquareSums(sums, F(x), rows, c);
+  }
+  void RmsNormFromSums(Act* out, float* rstd, const Act* inp, const float* w, int64_t rows,
+                       int64_t c, int64_t n, float eps) override {
+    k::RmsNormFromSums(F(out), rstd, F(inp), w, rows, c, n, eps);
+  }
+  void RmsNormDots(float* dots, const Act* dout, const Act* inp, const float* w, const float* rstd,
+                   int64_t rows, int64_t c) override {
+    k::RmsNormDots(dots, F(dout), F(inp), w, rstd, rows, c);
+  }
+  void RmsNormBackwardFromDots(Act* dinp, float* dw, const Act* dout, const Act* inp,
+                               const float* w, const float* rstd, const float* dots, int64_t rows,
+                               int64_t c, int64_t n) override {
+    k::RmsNormBackwardFromDots(F(dinp), dw, F(dout), F(inp), w, rstd, dots, rows, c, n);
+  }
   void Gelu(Act* out, const Act* inp, int64_t n) override { k::GeluForward(F(out), F(inp), n); }
   void GeluBackward(Act* dinp, const Act* dout, const Act* inp, int64_t n) override {
     k::GeluBackward(F(dinp), F(dout), F(inp), n);

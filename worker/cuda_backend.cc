@@ -377,6 +377,24 @@ class CudaBackend final : public Backend {
     float* scratch = ScratchFloats(Scratch::kReduce, kc::NormBackwardScratchFloats(rows, c));
     Run(kc::RmsNormBackward(stream_, act_dtype(), dinp, dw, dout, inp, w, rstd, rows, c, scratch));
   }
+  void RowSquareSums(float* sums, const Act* x, int64_t rows, int64_t c) override {
+    Run(kc::RowSquareSums(stream_, act_dtype(), sums, x, rows, c));
+  }
+  void RmsNormFromSums(Act* out, float* rstd, const Act* inp, const float* w, int64_t rows,
+                       int64_t c, int64_t n, float eps) override {
+    Run(kc::RmsNormFromSums(stream_, act_dtype(), out, rstd, inp, w, rows, c, n, eps));
+  }
+  void RmsNormDots(float* dots, const Act* dout, const Act* inp, const float* w, const float* rstd,
+                   int64_t rows, int64_t c) override {
+    Run(kc::RmsNormDots(stream_, act_dtype(), dots, dout, inp, w, rstd, rows, c));
+  }
+  void RmsNormBackwardFromDots(Act* dinp, float* dw, const Act* dout, const Act* inp,
+                               const float* w, const float* rstd, const float* dots, int64_t rows,
+                               int64_t c, int64_t n) override {
+    float* scratch = ScratchFloats(Scratch::kReduce, kc::NormBackwardScratchFloats(rows, c));
+    Run(kc::RmsNormBackwardFromDots(stream_, act_dtype(), dinp, dw, dout, inp, w, rstd, dots, rows,
+                                    c, n, scratch));
+  }
 
   // Activations.
   void Gelu(Act* out, const Act* inp, int64_t n) override {

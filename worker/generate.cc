@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "worker/moe_dispatch.h"
 #include "worker/moe_routing.h"
@@ -196,8 +197,10 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   input_norm(o.ln1_w, o.ln1_b);
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
   if (m.qk_norm) {
-    HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
-                    P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n));
+    // One rank holds every head: nothing to sum over a group, nothing that can fail.
+    TY_CHECK(HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(),
+                             head_scratch_.data(), P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n))
+                 .ok());
   }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};

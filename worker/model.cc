@@ -124,10 +124,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
     return absl::InvalidArgumentError(
         absl::StrCat("model.moe.ffn: ", config.moe.ffn, " does not split over tp ", tp));
   }
-  if (config.NormsWholeProjection() && tp > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.qk_norm_span: projection norms span every head, which tp ", tp, " splits"));
-  }
   const std::vector<PipelineStage>& chunks = sharding.chunks;
   if (chunks.empty()) return absl::InvalidArgumentError("a model needs at least one chunk");
   for (size_t c = 1; c < chunks.size(); ++c) {
@@ -204,7 +200,7 @@ int64_t Model::activation_bytes() const {
       add_act(*b);
     }
     for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse,
-                                   &a.norm_scratch, &a.head_norm_grads}) {
+                                   &a.norm_scratch, &a.head_norm_grads, &a.head_norm_dots}) {
       add(*b);
     }
     for (const Activations::DeferredGrads& d : a.deferred) {
@@ -418,6 +414,7 @@ void Model::EnsureActivations(int b, int t) {
   if (c.qk_norm) {
     a->head_norm_scratch = be.AllocAct(2 * HeadNorms(n).scratch());
     a->head_norm_grads = be.AllocFloat(c.q_norm_width() + c.k_norm_width());
+    if (HeadNorms(n).split()) a->head_norm_dots = be.AllocFloat(n);
   }
   if (split_) AllocateDeferred(*a, n);
   held = std::move(a);
@@ -597,8 +594,9 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   be.Linear(la.qkv.data(), AttentionInput(la, layer), P(g, o.qkv_w), P(g, o.qkv_b), n,
             dims_.qkv_width, width);
   if (c.qk_norm) {
-    HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
-                    a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w), HeadNorms(n));
+    TY_RETURN_IF_ERROR(HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
+                                       a.head_norm_scratch.data(), P(g, o.q_norm_w),
+                                       P(g, o.k_norm_w), HeadNorms(n), TpSum()));
   }
   if (!gpt2) Rotate(layer, la.qkv.data(), /*backward=*/false);
   if (cp_.enabled()) {
@@ -959,7 +957,13 @@ absl::Status Model::SharedGateBackward(int layer, const LayerActivations& la) {
   return absl::OkStatus();
 }
 
-HeadNormShape Model::HeadNorms(int64_t rows) const { return HeadNormsOf(config_, rows, tp_size()); }
+HeadNormShape Model::HeadNorms(int64_t rows) const {
+  return HeadNormsOf(config_, rows, tp_size(), tp_rank());
+}
+
+GroupSum Model::TpSum() {
+  return [this](float* data, int64_t count) { return tp_.AllReduce(data, count); };
+}
 
 // The query and key norms' backward for block `layer` (dqkv holds the gradient at their
 // outputs). This rank's heads give part of their weights' gradients: summed over the tensor-
@@ -972,9 +976,10 @@ absl::Status Model::HeadNormsBackward(int layer, const LayerActivations& la, flo
   const int64_t q = config_.q_norm_width(), count = q + config_.k_norm_width();
   float* grads = deferred != nullptr ? deferred : a.head_norm_grads.data();
   backend_->Fill(grads, 0.0f, count);
-  HeadNormBackward(*backend_, a.dqkv.data(), grads, grads + q, la.qk_pre.data(), la.qk_rstd.data(),
-                   a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w),
-                   HeadNorms(int64_t{a.b} * a.t));
+  TY_RETURN_IF_ERROR(HeadNormBackward(
+      *backend_, a.dqkv.data(), grads, grads + q, la.qk_pre.data(), la.qk_rstd.data(),
+      a.head_norm_scratch.data(), P(g, o.q_norm_w), P(g, o.k_norm_w), HeadNorms(int64_t{a.b} * a.t),
+      a.head_norm_dots.data(), TpSum()));
   if (tp_size() > 1) TY_RETURN_IF_ERROR(tp_.AllReduce(grads, count));
   if (deferred == nullptr) AddHeadNormGrads(g, o, grads);
   return absl::OkStatus();

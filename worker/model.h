@@ -219,6 +219,8 @@ class Model {
   // block `layer` (into `deferred`, a split backward's [2, d], else into the gradients); and the
   // addition of such weight gradients to the gradients of the block's group.
   HeadNormShape HeadNorms(int64_t rows) const;
+  // A sum over the tensor-parallel group (the whole-projection norms' sums and dots).
+  GroupSum TpSum();
   [[nodiscard]] absl::Status HeadNormsBackward(int layer, const LayerActivations& la,
                                                float* deferred);
   void AddHeadNormGrads(int group, const BlockOffsets& o, const float* grads);

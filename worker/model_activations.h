@@ -89,6 +89,8 @@ struct Model::Activations {
   // are some of the block's: summed over the tensor-parallel group).
   Buffer<Act> head_norm_scratch;
   Buffer<float> head_norm_grads;
+  // Norms over the whole projection split by tensor parallelism: each row's gradient dot [N].
+  Buffer<float> head_norm_dots;
   // A split backward (ZB's B and W passes): what each block's weight pass needs besides the
   // saved activations, from the input-gradient pass: the gradients at the outputs of its four
   // linears (full rows) and its norms' weight and bias gradients; on the first stage the gradient

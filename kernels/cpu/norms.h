@@ -23,6 +23,23 @@ void RmsNormForward(float* out, float* rstd, const float* inp, const float* weig
 void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, const float* rstd, int64_t rows, int64_t c);
 
+// RMSNorm over rows whose n columns are split over ranks, each holding c of them (and the
+// weight's c entries for them): the ranks sum the per-row partial sums between the steps.
+// Forward: sums[r] = Σ x² over this rank's columns; then, with rstd holding Σx² over all n
+// columns on entry, rstd ← 1/sqrt(Σx²/n + eps) and out = x · rstd · w. Equal bits to
+// RmsNormForward when c == n.
+void RowSquareSums(float* sums, const float* x, int64_t rows, int64_t c);
+void RmsNormFromSums(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                     int64_t c, int64_t n, float eps);
+// Backward: dots[r] = Σ dout · w · x · rstd over this rank's columns; then, with `dots` summed
+// over all n columns, dinp += ∂/∂x and dweight += ∂/∂w for this rank's columns (accumulating,
+// as RmsNormBackward, whose bits it equals when c == n).
+void RmsNormDots(float* dots, const float* dout, const float* inp, const float* weight,
+                 const float* rstd, int64_t rows, int64_t c);
+void RmsNormBackwardFromDots(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, const float* dots,
+                             int64_t rows, int64_t c, int64_t n);
+
 }  // namespace trainyard::kernels::cpu
 
 #endif  // TRAINYARD_KERNELS_CPU_NORMS_H_

@@ -54,6 +54,26 @@ namespace trainyard::kernels::cuda {
                                            const float* weight, const float* rstd, int64_t rows,
                                            int64_t c, float* scratch);
 
+// RMSNorm over rows whose n columns are split over ranks, c of them here (kernels/cpu/norms.h
+// has the semantics; kernels/cuda/split_norms.cu): the caller sums `sums`, then `dots`, over the
+// ranks between the two launches of each pass. RmsNormFromSums reads the summed Σx² from rstd and
+// leaves the row's rstd there; RmsNormBackwardFromDots accumulates (deterministic; scratch as
+// above).
+[[nodiscard]] absl::Status RowSquareSums(cudaStream_t stream, DType dtype, float* sums,
+                                         const void* x, int64_t rows, int64_t c);
+[[nodiscard]] absl::Status RmsNormFromSums(cudaStream_t stream, DType dtype, void* out, float* rstd,
+                                           const void* inp, const float* weight, int64_t rows,
+                                           int64_t c, int64_t n, float eps);
+[[nodiscard]] absl::Status RmsNormDots(cudaStream_t stream, DType dtype, float* dots,
+                                       const void* dout, const void* inp, const float* weight,
+                                       const float* rstd, int64_t rows, int64_t c);
+[[nodiscard]] absl::Status RmsNormBackwardFromDots(cudaStream_t stream, DType dtype, void* dinp,
+                                                   float* dweight, const void* dout,
+                                                   const void* inp, const float* weight,
+                                                   const float* rstd, const float* dots,
+                                                   int64_t rows, int64_t c, int64_t n,
+                                                   float* scratch);
+
 // Floats of scratch the backward launchers need for `rows` × `c`.
 int64_t NormBackwardScratchFloats(int64_t rows, int64_t c);
 

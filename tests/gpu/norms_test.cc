@@ -1,11 +1,13 @@
 // The CUDA LayerNorm/RMSNorm kernels against the CPU reference: forward with and without the
 // fused residual add, backward with its accumulate (+=) semantics, and bit-identical weight
-// gradients from run to run.
+// gradients from run to run; RMSNorm over rows split column-wise over ranks against whole rows.
 #include "kernels/cuda/norms.h"
 
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -288,6 +290,112 @@ TEST(CudaNorms, MisalignedRowsMatchCpu) {
   }
 }
 
+// Columns [first, first + c) of each row of a [rows, n] matrix.
+std::vector<float> Columns(const std::vector<float>& m, int64_t rows, int64_t n, int64_t first,
+                           int64_t c) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), m.begin() + r * n + first, m.begin() + r * n + first + c);
+  }
+  return out;
+}
+
+// RMSNorm over rows of n columns split over `ranks` ranks of c = n / ranks columns each, the
+// per-row sums and dots added over the ranks on the host (as the tensor-parallel group's sum
+// does), against the whole rows' norm on the CPU; the CPU's split steps too, which with one rank
+// give the whole norm's bits. Outputs start NaN-poisoned; the weight gradient's bits repeat.
+void CheckSplitRows(DType dtype, int64_t rows, int64_t n, int ranks, std::mt19937& rng) {
+  const int64_t c = n / ranks;
+  const std::vector<float> inp = RandomActivation(rows * n, dtype, rng, 1.0f, 0.5f);
+  const std::vector<float> dout = RandomActivation(rows * n, dtype, rng);
+  const std::vector<float> weight = Weights(n, rng);
+  const std::vector<float> dinp0 = RandomActivation(rows * n, dtype, rng);
+  std::vector<float> out(rows * n), rstd(rows), dinp = dinp0, dweight(n, 0.0f);
+  cpu::RmsNormForward(out.data(), rstd.data(), inp.data(), weight.data(), rows, n, kEps);
+  cpu::RmsNormBackward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
+                       rstd.data(), rows, n);
+
+  std::vector<float> sums(rows, 0.0f), dots(rows, 0.0f);
+  std::deque<DeviceTensor> d_inp, d_dout, d_out, d_dinp, d_weight, d_dweight;  // not movable
+  DeviceTensor d_part(rows, kF32), d_scratch(NormBackwardScratchFloats(rows, c), kF32);
+  for (int k = 0; k < ranks; ++k) {
+    d_inp.emplace_back(Columns(inp, rows, n, k * c, c), dtype);
+    d_dout.emplace_back(Columns(dout, rows, n, k * c, c), dtype);
+    d_dinp.emplace_back(Columns(dinp0, rows, n, k * c, c), dtype);
+    d_out.emplace_back(rows * c, dtype);
+    d_weight.emplace_back(std::vector<float>(weight.begin() + k * c, weight.begin() + (k + 1) * c),
+                          kF32);
+    d_dweight.emplace_back(std::vector<float>(c, 0.0f), kF32);
+    ASSERT_TRUE(RowSquareSums(nullptr, dtype, d_part.f32(), d_inp[k].get(), rows, c).ok());
+    const std::vector<float> part = d_part.Read();
+    for (int64_t r = 0; r < rows; ++r) sums[r] += part[r];
+  }
+  DeviceTensor d_rstd(rows, kF32);
+  for (int k = 0; k < ranks; ++k) {
+    SCOPED_TRACE(absl::StrCat("rank ", k));
+    d_rstd.Write(sums);
+    ASSERT_TRUE(RmsNormFromSums(nullptr, dtype, d_out[k].get(), d_rstd.f32(), d_inp[k].get(),
+                                d_weight[k].f32(), rows, c, n, kEps)
+                    .ok());
+    EXPECT_LE(RelativeError(d_rstd.Read(), rstd), kF32Tolerance) << "rstd";
+    EXPECT_LE(RelativeError(d_out[k].Read(), Columns(out, rows, n, k * c, c)), Tolerance(dtype))
+        << "out";
+    ASSERT_TRUE(RmsNormDots(nullptr, dtype, d_part.f32(), d_dout[k].get(), d_inp[k].get(),
+                            d_weight[k].f32(), d_rstd.f32(), rows, c)
+                    .ok());
+    const std::vector<float> part = d_part.Read();
+    for (int64_t r = 0; r < rows; ++r) dots[r] += part[r];
+  }
+  DeviceTensor d_dots(dots, kF32);
+  for (int k = 0; k < ranks; ++k) {
+    SCOPED_TRACE(absl::StrCat("rank ", k));
+    auto backward = [&] {
+      d_scratch.Poison();
+      return RmsNormBackwardFromDots(nullptr, dtype, d_dinp[k].get(), d_dweight[k].f32(),
+                                     d_dout[k].get(), d_inp[k].get(), d_weight[k].f32(),
+                                     d_rstd.f32(), d_dots.f32(), rows, c, n, d_scratch.f32());
+    };
+    ASSERT_TRUE(backward().ok());
+    EXPECT_LE(RelativeError(d_dinp[k].Read(), Columns(dinp, rows, n, k * c, c)), Tolerance(dtype))
+        << "dinp";
+    const std::vector<float> got = d_dweight[k].Read();
+    EXPECT_LE(RelativeError(
+                  got, std::vector<float>(dweight.begin() + k * c, dweight.begin() + (k + 1) * c)),
+              kF32Tolerance)
+        << "dweight";
+    d_dweight[k].Write(std::vector<float>(c, 0.0f));
+    ASSERT_TRUE(backward().ok());
+    EXPECT_TRUE(BitsEqual(d_dweight[k].Read(), got)) << "dweight differs between runs";
+  }
+
+  // The CPU's split steps on one rank give RmsNormForward's and RmsNormBackward's bits.
+  std::vector<float> one_out(rows * n), one_rstd(rows), one_dots(rows), one_dinp = dinp0,
+                                                                        one_dweight(n, 0.0f);
+  cpu::RowSquareSums(one_rstd.data(), inp.data(), rows, n);
+  cpu::RmsNormFromSums(one_out.data(), one_rstd.data(), inp.data(), weight.data(), rows, n, n,
+                       kEps);
+  cpu::RmsNormDots(one_dots.data(), dout.data(), inp.data(), weight.data(), one_rstd.data(), rows,
+                   n);
+  cpu::RmsNormBackwardFromDots(one_dinp.data(), one_dweight.data(), dout.data(), inp.data(),
+                               weight.data(), one_rstd.data(), one_dots.data(), rows, n, n);
+  EXPECT_TRUE(BitsEqual(one_out, out) && BitsEqual(one_rstd, rstd)) << "CPU forward";
+  EXPECT_TRUE(BitsEqual(one_dinp, dinp) && BitsEqual(one_dweight, dweight)) << "CPU backward";
+}
+
+// A norm over each row's whole query projection with its heads split over tensor-parallel ranks:
+// odd row counts, widths that are not multiples of the warp, one to four ranks.
+TEST(CudaNorms, SplitRowsMatchWholeRows) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (DType dtype : kDTypes) {
+    for (const auto& [rows, n, ranks] :
+         {std::tuple<int64_t, int64_t, int>{7, 96, 2}, {37, 120, 3}, {300, 256, 4}, {5, 48, 1}}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " rows=", rows, " n=", n, " ranks=", ranks));
+      CheckSplitRows(dtype, rows, n, ranks, rng);
+    }
+  }
+}
+
 TEST(CudaNorms, RejectsBadArguments) {
   TY_SKIP_WITHOUT_GPU();
   DeviceTensor x(64, kF32), w(64, kF32), stats(1, kF32), scratch(1024, kF32);
@@ -304,6 +412,14 @@ TEST(CudaNorms, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LayerNormBackward(nullptr, kF32, x.get(), w.f32(), nullptr, x.get(), x.get(), w.f32(),
                               stats.f32(), stats.f32(), 1, 64, /*scratch=*/nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RmsNormFromSums(nullptr, kF32, x.get(), stats.f32(), x.get(), w.f32(), 1, 64,
+                            /*n=*/32, kEps)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // fewer columns in all than here
+  EXPECT_EQ(RmsNormBackwardFromDots(nullptr, kF32, x.get(), w.f32(), x.get(), x.get(), w.f32(),
+                                    stats.f32(), stats.f32(), 1, 64, 128, /*scratch=*/nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(NormBackwardScratchFloats(0, 64), 0);

@@ -69,6 +69,10 @@ struct Mesh {
   // A Llama with Gemma 2's caps: attention scores at 1 (ring attention's blocks cap each part
   // before the merge) and logits at 1.5
   bool capped = false;
+  // A Llama with OLMo 2's blocks: the q and k norms over each token's whole projection (their
+  // heads, and the sums over each row, split over the tensor-parallel ranks) and norms after each
+  // branch only
+  bool olmo2 = false;
 };
 
 // model.moe as the CPU equivalence suite's MoE meshes have it (tests/integration/mesh_cases.h).
@@ -88,7 +92,7 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   const auto [mesh, act] = GetParam();
   config::JobSpec spec = BaseJob();
   if (mesh.moe) AddExperts(&spec);
-  if (mesh.window > 0 || mesh.phi || mesh.capped) {
+  if (mesh.window > 0 || mesh.phi || mesh.capped || mesh.olmo2) {
     spec.model = *config::Preset("llama-debug");
     spec.model.vocab = 64;
     spec.model.max_seq = 32;
@@ -101,6 +105,12 @@ TEST_P(ParallelOnOneGpu, AgreesWithSingleRank) {
   if (mesh.capped) {
     spec.model.attention_softcap = 1.0f;
     spec.model.logit_softcap = 1.5f;
+  }
+  if (mesh.olmo2) {
+    spec.model.qk_norm = true;
+    spec.model.qk_norm_span = config::QkNormSpan::kProjection;
+    spec.model.post_norms = true;
+    spec.model.pre_norms = false;
   }
   auto single_backend = Gpu(act);
   ASSERT_NE(single_backend, nullptr);
@@ -228,23 +238,23 @@ TEST(CheckpointOnGpu, GpuRanksSaveAndResumeOnAnyMesh) {
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ParallelOnOneGpu,
     ::testing::Combine(
-        ::testing::Values(Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1}, Mesh{"pp2", 1, 1, 2},
-                          Mesh{"dp2_zero2", 2, 1, 1, 2}, Mesh{"dp2_zero3", 2, 1, 1, 3},
-                          Mesh{"cp2", 1, 1, 1, 0, 2}, Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2},
-                          Mesh{"moe_dp2", 2, 1, 1, 0, 1, 1, true},
-                          Mesh{"moe_dp2_ep2", 2, 1, 1, 0, 1, 2, true},
-                          Mesh{"moe_tp2", 1, 2, 1, 0, 1, 1, true},
-                          Mesh{"moe_pp2", 1, 1, 2, 0, 1, 1, true},
-                          Mesh{"moe_dp2_ep2_zero3", 2, 1, 1, 3, 1, 2, true},
-                          Mesh{"moe_cp2", 1, 1, 1, 0, 2, 1, true},
-                          Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true},
-                          // Chunks of 8, a window of 10: the ring's blocks
-                          // with offsets, rows that see none of a chunk.
-                          Mesh{"llama_window_cp2", 1, 1, 1, 0, 2, 1, false, 10},
-                          Mesh{"llama_phi_tp2", 1, 2, 1, 0, 1, 1, false, 0, true},
-                          Mesh{"llama_phi_cp2", 1, 1, 1, 0, 2, 1, false, 0, true},
-                          Mesh{"llama_capped_tp2", 1, 2, 1, 0, 1, 1, false, 0, false, true},
-                          Mesh{"llama_capped_cp2", 1, 1, 1, 0, 2, 1, false, 0, false, true}),
+        ::testing::Values(
+            Mesh{"dp2", 2, 1, 1}, Mesh{"tp2", 1, 2, 1}, Mesh{"pp2", 1, 1, 2},
+            Mesh{"dp2_zero2", 2, 1, 1, 2}, Mesh{"dp2_zero3", 2, 1, 1, 3},
+            Mesh{"cp2", 1, 1, 1, 0, 2}, Mesh{"dp2_cp2_zero1", 2, 1, 1, 1, 2},
+            Mesh{"moe_dp2", 2, 1, 1, 0, 1, 1, true}, Mesh{"moe_dp2_ep2", 2, 1, 1, 0, 1, 2, true},
+            Mesh{"moe_tp2", 1, 2, 1, 0, 1, 1, true}, Mesh{"moe_pp2", 1, 1, 2, 0, 1, 1, true},
+            Mesh{"moe_dp2_ep2_zero3", 2, 1, 1, 3, 1, 2, true},
+            Mesh{"moe_cp2", 1, 1, 1, 0, 2, 1, true},
+            Mesh{"moe_dp2_cp2_ep2_zero1", 2, 1, 1, 1, 2, 2, true},
+            // Chunks of 8, a window of 10: the ring's blocks
+            // with offsets, rows that see none of a chunk.
+            Mesh{"llama_window_cp2", 1, 1, 1, 0, 2, 1, false, 10},
+            Mesh{"llama_phi_tp2", 1, 2, 1, 0, 1, 1, false, 0, true},
+            Mesh{"llama_phi_cp2", 1, 1, 1, 0, 2, 1, false, 0, true},
+            Mesh{"llama_capped_tp2", 1, 2, 1, 0, 1, 1, false, 0, false, true},
+            Mesh{"llama_capped_cp2", 1, 1, 1, 0, 2, 1, false, 0, false, true},
+            Mesh{.name = "llama_olmo2_tp2", .dp = 1, .tp = 2, .pp = 1, .olmo2 = true}),
         ::testing::Values(DType::kF32, DType::kBF16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + DTypeName(std::get<1>(info.param));

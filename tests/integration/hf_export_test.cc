@@ -332,7 +332,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Norms after each branch only, with query and key norms over the whole projection, export as
-// OLMo 2 and read back sharded by ZeRO-3 over data-parallel ranks, and on pipeline stages.
+// OLMo 2 and read back sharded by ZeRO-3 over data-parallel ranks, and on pipeline stages with
+// the heads (and those norms' columns) split over tensor-parallel ranks.
 INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                          ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                                             ::testing::Values(MeshCase{.name = "olmo2_dp2_zero3",
@@ -340,7 +341,8 @@ INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                                                                        .zero = 3,
                                                                        .whole_norms = true,
                                                                        .post_norms_only = true},
-                                                              MeshCase{.name = "olmo2_pp2",
+                                                              MeshCase{.name = "olmo2_tp2_pp2",
+                                                                       .tp = 2,
                                                                        .pp = 2,
                                                                        .whole_norms = true,
                                                                        .post_norms_only = true})),

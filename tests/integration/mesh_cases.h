@@ -202,12 +202,20 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .post_norms = true},
     // Norms after each branch only: the branches read the residual stream's rows gathered under
     // sequence parallelism, the absent norms' gradient slots left unread; ZB-H1's split backward
-    // and interleaved stages over them.
-    {.name = "zb_tp2_pp2_sp_post_norms_only",
+    // and interleaved stages over them. With OLMo 2's q and k norms over the whole projection,
+    // whose heads tensor parallelism splits: each row's sums and gradient dots summed over the
+    // group, also when recomputed.
+    {.name = "olmo2_zb_tp2_pp2_sp",
      .tp = 2,
      .pp = 2,
      .sequence_parallel = true,
      .schedule = kZeroBubble,
+     .whole_norms = true,
+     .post_norms_only = true},
+    {.name = "olmo2_tp2_recompute",
+     .tp = 2,
+     .recompute = true,
+     .whole_norms = true,
      .post_norms_only = true},
     {.name = "dp2_il_pp2_v2_post_norms_only_recompute",
      .dp = 2,
@@ -394,9 +402,10 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .seq_len = 24,
      .experts = 4},
     {.name = "ep2_cp2_zero1", .dp = 2, .cp = 2, .zero = 1, .seq_len = 24, .experts = 4, .ep = 2},
-    // OLMoE's query and key norms over each token's whole q and k (llama; one tensor-parallel
-    // rank), on pipeline stages under a split backward (the norms' weight gradients kept for the
-    // weight pass), and with experts and sequences split over data- and context-parallel ranks.
+    // OLMoE's query and key norms over each token's whole q and k (llama), on pipeline stages
+    // under a split backward (the norms' weight gradients kept for the weight pass), with experts
+    // and sequences split over data- and context-parallel ranks, and with the heads split over
+    // tensor-parallel ranks under sequence parallelism.
     {.name = "moe_whole_norms_zb_pp2",
      .pp = 2,
      .schedule = kZeroBubble,
@@ -410,6 +419,11 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .seq_len = 24,
      .experts = 4,
      .ep = 2},
+    {.name = "moe_whole_norms_tp2_sp",
+     .tp = 2,
+     .sequence_parallel = true,
+     .whole_norms = true,
+     .experts = 4},
     // Qwen2-MoE's gated shared expert (llama): each rank's share of its hidden units gives part of
     // each row's gate gradient, summed over the tensor-parallel group; with a split backward, and
     // with expert parallelism and recomputation.

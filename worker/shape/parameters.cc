@@ -82,8 +82,8 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
     b.qkv_b =
         Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
   }
-  // Every tensor-parallel rank's whole, as its heads' norms share them (a norm over the whole
-  // projection runs on one tensor-parallel rank: config/mesh.cc).
+  // Every tensor-parallel rank's whole: its heads' norms share them, and a norm over the whole
+  // projection uses its heads' columns of them (worker/head_norm.h).
   if (c.qk_norm) {
     b.q_norm_w = Add(p + "attn.q_norm.w", {c.q_norm_width()}, InitKind::kOnes);
     b.k_norm_w = Add(p + "attn.k_norm.w", {c.k_norm_width()}, InitKind::kOnes);

@@ -579,12 +579,6 @@ std::vector<BadSpec> BadSpecs() {
       {"unknown qk_norm_span",
        "name: job\nmodel:\n  preset: llama-debug\n  qk_norm: true\n  qk_norm_span: heads\n", "5:17",
        "model.qk_norm_span", "unknown norm span 'heads'; did you mean 'head'?"},
-      {"norms over the whole projection with tp",
-       "name: job\nmodel:\n  preset: llama-debug\n  qk_norm: true\n  qk_norm_span: projection\n"
-       "resources: {devices_per_node: 2}\nparallelism: {tp: 2}\n",
-       "7:19", "parallelism.tp",
-       "tp 2 splits the heads whose whole projection each query and key norm spans "
-       "(model.qk_norm_span: projection); tp must be 1"},
       {"activation on gpt2", "name: job\nmodel:\n  preset: gpt2-debug\n  activation: geglu\n",
        "4:15", "model.activation",
        "is for the llama family (the gpt2 family's MLP is GELU, ungated)"},
