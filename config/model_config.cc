@@ -341,6 +341,27 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
   return absl::OkStatus();
 }
 
+// YaRN's: a factor of at least 1, beta_fast above beta_slow above 0, a positive attention factor.
+absl::Status ValidateYarn(const RopeScaling& r, const std::string& p) {
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+  };
+  if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
+    return bad("factor", absl::StrCat("must be at least 1, got ", r.factor));
+  }
+  if (!(r.beta_slow > 0.0f) || !std::isfinite(r.beta_slow)) {
+    return bad("beta_slow", absl::StrCat("must be positive, got ", r.beta_slow));
+  }
+  if (!(r.beta_fast > r.beta_slow) || !std::isfinite(r.beta_fast)) {
+    return bad("beta_fast",
+               absl::StrCat("must exceed beta_slow ", r.beta_slow, ", got ", r.beta_fast));
+  }
+  if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
+    return bad("attention_factor", absl::StrCat("must be positive, got ", r.attention_factor));
+  }
+  return absl::OkStatus();
+}
+
 // model.rope_dim, nope_layers and rope_scaling.
 absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
@@ -367,6 +388,7 @@ absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
     return bad("rope_scaling", "only the llama family uses rotary position embeddings");
   }
   if (r.original_max_seq < 1) return bad("rope_scaling.original_max_seq", "must be positive");
+  if (r.yarn) return ValidateYarn(r, p);
   return r.longrope ? ValidateLongRope(r, c.rotary_dim() / 2, p) : ValidateRopeFactor(r, p);
 }
 

@@ -83,6 +83,14 @@ struct RopeScaling {
   bool longrope = false;
   std::vector<float> short_factor, long_factor;
   float attention_factor = 1.0f;
+  // YaRN (transformers' rope_type yarn; factor > 0): a pair that turns more than beta_fast times
+  // over original_max_seq positions keeps its rate, one that turns fewer than beta_slow times
+  // turns factor times slower, the pairs between blend linearly (their ends rounded out to whole
+  // pairs when `truncate`), and the cosines and sines are multiplied by attention_factor.
+  bool yarn = false;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  bool truncate = true;
 
   bool enabled() const { return factor > 0.0f || longrope; }
   bool operator==(const RopeScaling&) const = default;
@@ -96,6 +104,12 @@ inline float LongRopeAttentionFactor(double extension, int original_max_seq) {
   if (!(extension > 1.0) || original_max_seq < 2) return 1.0f;
   return static_cast<float>(
       std::sqrt(1.0 + std::log(extension) / std::log(static_cast<double>(original_max_seq))));
+}
+
+// YaRN's default attention factor (the paper's, transformers'): 0.1 · ln factor + 1 for a context
+// extended `factor` times, 1 when it is not extended.
+inline float YarnAttentionFactor(double factor) {
+  return factor > 1.0 ? static_cast<float>(0.1 * std::log(factor) + 1.0) : 1.0f;
 }
 
 struct ModelConfig {

@@ -143,7 +143,8 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
 
 // LongRoPE's fields; attention_factor defaults to the paper's for max_seq over original_max_seq.
 absl::Status ReadLongRope(FieldReader& r, int max_seq, RopeScaling* scaling) {
-  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"}) {
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "truncate"}) {
     if (r.Has(key)) {
       return r.ErrorAt(key,
                        "is not longrope's (its pairs' factors are short_factor and long_factor)");
@@ -165,21 +166,47 @@ absl::Status ReadLongRope(FieldReader& r, int max_seq, RopeScaling* scaling) {
   return r.ReadFloat("attention_factor", &scaling->attention_factor);
 }
 
+// YaRN's fields; attention_factor defaults to the paper's for `factor`.
+absl::Status ReadYarn(FieldReader& r, RopeScaling* scaling) {
+  for (const char* key : {"low_freq_factor", "high_freq_factor", "short_factor", "long_factor"}) {
+    if (r.Has(key)) return r.ErrorAt(key, "is not yarn's");
+  }
+  for (const char* key : {"factor", "original_max_seq"}) {
+    if (!r.Has(key)) {
+      return r.ErrorAt(key,
+                       "required by yarn (how many times longer the context is than the "
+                       "original one, and that original context)");
+    }
+  }
+  scaling->yarn = true;
+  TY_RETURN_IF_ERROR(r.ReadFloat("factor", &scaling->factor));
+  TY_RETURN_IF_ERROR(r.ReadInt("original_max_seq", &scaling->original_max_seq));
+  TY_RETURN_IF_ERROR(r.ReadFloat("beta_fast", &scaling->beta_fast));
+  TY_RETURN_IF_ERROR(r.ReadFloat("beta_slow", &scaling->beta_slow));
+  TY_RETURN_IF_ERROR(r.ReadBool("truncate", &scaling->truncate));
+  scaling->attention_factor = YarnAttentionFactor(scaling->factor);
+  return r.ReadFloat("attention_factor", &scaling->attention_factor);
+}
+
 absl::Status ReadRopeScaling(FieldReader& r, int max_seq, RopeScaling* scaling) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"type", "factor", "low_freq_factor", "high_freq_factor",
-                           "original_max_seq", "short_factor", "long_factor", "attention_factor"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_seq", "short_factor",
+       "long_factor", "attention_factor", "beta_fast", "beta_slow", "truncate"}));
   std::string type;
   TY_RETURN_IF_ERROR(r.ReadString("type", &type));
-  if (type != "llama3" && type != "linear" && type != "longrope") {
+  if (type != "llama3" && type != "linear" && type != "longrope" && type != "yarn") {
     return r.ErrorAt("type", absl::StrCat(r.Has("type") ? "is '" + type + "'; it " : "",
                                           "must be llama3 (Llama 3's scaling), linear (position "
-                                          "interpolation) or longrope (Phi-3.5's), the ones "
+                                          "interpolation), longrope (Phi-3.5's) or yarn, the ones "
                                           "Trainyard computes"));
   }
   if (type == "longrope") return ReadLongRope(r, max_seq, scaling);
+  if (type == "yarn") return ReadYarn(r, scaling);
+  for (const char* key : {"beta_fast", "beta_slow", "truncate"}) {
+    if (r.Has(key)) return r.ErrorAt(key, "is yarn's (type yarn)");
+  }
   for (const char* key : {"short_factor", "long_factor", "attention_factor"}) {
-    if (r.Has(key)) return r.ErrorAt(key, "is longrope's (type longrope)");
+    if (r.Has(key)) return r.ErrorAt(key, "is longrope's or yarn's (type longrope or yarn)");
   }
   if (!r.Has("factor")) {
     return r.ErrorAt("factor", "required: how many times longer the context is than before");

@@ -222,6 +222,13 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
                           "[%s], long_factor: [%s], attention_factor: %.9g}\n",
                           r.original_max_seq, floats(r.short_factor), floats(r.long_factor),
                           r.attention_factor);
+  } else if (r.yarn) {
+    absl::StrAppendFormat(&yaml,
+                          "  rope_scaling: {type: yarn, factor: %.9g, original_max_seq: %d, "
+                          "beta_fast: %.9g, beta_slow: %.9g, truncate: %s, attention_factor: "
+                          "%.9g}\n",
+                          r.factor, r.original_max_seq, r.beta_fast, r.beta_slow,
+                          r.truncate ? "true" : "false", r.attention_factor);
   } else if (r.enabled() && r.linear) {
     absl::StrAppendFormat(&yaml, "  rope_scaling: {type: linear, factor: %.9g}\n", r.factor);
   } else if (r.enabled()) {

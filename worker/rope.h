@@ -1,6 +1,6 @@
 // The rotation frequencies of a model's RoPE (kernels/rope_frequencies.h) from its config: the
 // base rope_theta, the rotated part of each head (model.rope_dim), and its scaling (Llama 3's,
-// linear or LongRoPE) when model.rope_scaling is set, or a local block's base.
+// linear, LongRoPE or YaRN) when model.rope_scaling is set, or a local block's base.
 #ifndef TRAINYARD_WORKER_ROPE_H_
 #define TRAINYARD_WORKER_ROPE_H_
 
@@ -36,6 +36,11 @@ inline kernels::RopeFrequencies RopeOf(const config::ModelConfig& m, int layer, 
   }
   f.factor = s.enabled() ? s.factor : 0.0;
   f.linear = s.linear;
+  f.yarn = s.yarn;
+  f.beta_fast = s.beta_fast;
+  f.beta_slow = s.beta_slow;
+  f.truncate = s.truncate;
+  if (s.yarn) f.magnitude = s.attention_factor;
   f.low_freq_factor = s.low_freq_factor;
   f.high_freq_factor = s.high_freq_factor;
   f.original_max_seq = static_cast<double>(s.original_max_seq);

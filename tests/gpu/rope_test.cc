@@ -3,6 +3,7 @@
 // positions offset for a chunk of a longer sequence (context parallelism).
 #include "kernels/cuda/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -32,10 +33,16 @@ struct Config {
   bool linear = false;     // the factor is linear scaling's (position interpolation)
   int64_t rotary_dim = 0;  // the dimensions of each head that turn (0: d)
   bool longrope = false;   // LongRoPE: pair i slowed 1 + 0.7·i times, magnitude 1.19
+  bool yarn = false;       // the factor is YaRN's over an original context of 4096, magnitude 1.2
 
   RopeFrequencies freq() const {
-    RopeFrequencies f{
-        .theta = theta, .factor = scaling, .linear = linear, .rotary_dim = rotary_dim};
+    RopeFrequencies f{.theta = theta,
+                      .factor = scaling,
+                      .linear = linear,
+                      .yarn = yarn,
+                      .original_max_seq = yarn ? 4096.0 : 8192.0,
+                      .rotary_dim = rotary_dim};
+    if (yarn) f.magnitude = 1.2;
     if (longrope) {
       f.pairs = static_cast<int>((rotary_dim > 0 ? rotary_dim : d) / 2);
       for (int i = 0; i < f.pairs; ++i) f.pair_factor[i] = 1.0f + 0.7f * static_cast<float>(i);
@@ -68,13 +75,16 @@ constexpr Config kConfigs[] = {
     {2, 37, 4, 2, 128, 10000.0f, 0, 0.0, false, 96},
     {1, 300, 3, 1, 96, 10000.0f, 4000, 0.0, false, 0, true},
     {2, 65, 4, 2, 128, 10000.0f, 0, 0.0, false, 96, true},
+    {2, 300, 4, 2, 128, 1e6f, 0, 8.0, false, 0, false, true},
+    {1, 96, 4, 1, 64, 10000.0f, 30000, 4.0, false, 0, false, true},
 };
 
 std::string Label(DType dtype, const Config& c) {
-  return absl::StrCat(
-      DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads, " kv_heads=", c.kv_heads,
-      " d=", c.d, " theta=", c.theta, " first_position=", c.first_position, " scaling=", c.scaling,
-      c.linear ? " linear" : "", " rotary_dim=", c.rotary_dim, c.longrope ? " longrope" : "");
+  return absl::StrCat(DTypeName(dtype), " b=", c.b, " t=", c.t, " heads=", c.heads,
+                      " kv_heads=", c.kv_heads, " d=", c.d, " theta=", c.theta,
+                      " first_position=", c.first_position, " scaling=", c.scaling,
+                      c.linear ? " linear" : "", " rotary_dim=", c.rotary_dim,
+                      c.longrope ? " longrope" : "", c.yarn ? " yarn" : "");
 }
 
 int64_t Count(const Config& c) { return c.b * c.t * (c.heads + 2 * c.kv_heads) * c.d; }
@@ -230,6 +240,31 @@ TEST(RopeFrequencies, LinearScalingByHand) {
   const RopeFrequencies f{.theta = 10000.0, .factor = 8.0, .linear = true};
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_DOUBLE_EQ(RopeInvFreq(f, i, 8), std::pow(10000.0, -2.0 * i / 8) / 8) << "pair " << i;
+  }
+}
+
+// YaRN by hand, a head of 16 at base 10000 over an original context of 16: beta_fast 8 and
+// beta_slow 0.25 are reached at pair indices 16 ln(16 / 16π) / (2 ln 10⁴) = −0.99 and
+// 16 ln(16 / 0.5π) / (2 ln 10⁴) = 2.02, rounded out to 0 and 3: pair 0 keeps its rate, pairs 1
+// and 2 go a third and two thirds of the way to 4 times slower, pairs 3 on all of it. Unrounded
+// the ends are 0 (clamped) and 2.02.
+TEST(RopeFrequencies, YarnByHand) {
+  RopeFrequencies f{.theta = 10000.0,
+                    .factor = 4.0,
+                    .yarn = true,
+                    .beta_fast = 8.0,
+                    .beta_slow = 0.25,
+                    .original_max_seq = 16.0};
+  const double high = 16 * std::log(16 / (0.25 * 2 * M_PI)) / (2 * std::log(10000.0));
+  for (const bool truncate : {true, false}) {
+    f.truncate = truncate;
+    for (int64_t i = 0; i < 8; ++i) {
+      const double ramp = std::clamp(truncate ? i / 3.0 : i / high, 0.0, 1.0);
+      const double inv_freq = std::pow(10000.0, -2.0 * i / 16);
+      EXPECT_NEAR(RopeInvFreq(f, i, 16), ramp * inv_freq / 4 + (1 - ramp) * inv_freq,
+                  1e-15 * inv_freq)
+          << "pair " << i << (truncate ? "" : " untruncated");
+    }
   }
 }
 

@@ -333,7 +333,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Norms after each branch only, with query and key norms over the whole projection, export as
 // OLMo 2 and read back sharded by ZeRO-3 over data-parallel ranks, and on pipeline stages with
-// the heads (and those norms' columns) split over tensor-parallel ranks.
+// the heads (and those norms' columns) split over tensor-parallel ranks; with a window in the
+// first block as OLMo 3 (its layer_types), read back with the sequences split over
+// context-parallel ranks.
 INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                          ::testing::Combine(::testing::Values(ModelFamily::kLlama),
                                             ::testing::Values(MeshCase{.name = "olmo2_dp2_zero3",
@@ -345,6 +347,13 @@ INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                                                                        .tp = 2,
                                                                        .pp = 2,
                                                                        .whole_norms = true,
+                                                                       .post_norms_only = true},
+                                                              MeshCase{.name = "olmo3_dp2_cp2",
+                                                                       .dp = 2,
+                                                                       .cp = 2,
+                                                                       .whole_norms = true,
+                                                                       .sliding_window = 5,
+                                                                       .full_layer = 1,
                                                                        .post_norms_only = true})),
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
@@ -512,6 +521,9 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
   if (scaling.enabled()) spec.model.rope_scaling = scaling;
+  if (scaling.enabled() && mesh.post_norms_only && mesh.sliding_window > 0) {
+    spec.model.rope_local_theta = spec.model.rope_theta;  // OLMo 3's windowed blocks: unscaled
+  }
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
 
@@ -653,6 +665,29 @@ TEST(HfOracleLlamaLinearRope, ExportedFilesGiveTrainyardsLogits) {
                         {.linear = true, .factor = 4.0f});
 }
 
+// YaRN travels as rope_type yarn and means there what it means here: over an original context
+// of 16 extended 3 times to model.max_seq 48 (config.json names the original context, with
+// max_position_embeddings 3 times it, as recent transformers read the factor), the ends of its
+// blend rounded to whole pairs and the paper's attention factor; and over an original context of
+// max_seq itself (left out: max_position_embeddings is it), untruncated, with its own factor.
+TEST(HfOracleYarn, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1"},
+                        {.factor = 3.0f,
+                         .original_max_seq = 16,
+                         .attention_factor = config::YarnAttentionFactor(3.0),
+                         .yarn = true,
+                         .beta_fast = 8.0f,
+                         .beta_slow = 0.25f});
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1"},
+                        {.factor = 2.5f,
+                         .original_max_seq = 48,
+                         .attention_factor = 1.25f,
+                         .yarn = true,
+                         .beta_fast = 16.0f,
+                         .beta_slow = 0.5f,
+                         .truncate = false});
+}
+
 // Phi-4 mini's RoPE (10 of each head's 16 dimensions turned, with LongRoPE) travels as Phi-3's
 // partial_rotary_factor and longrope scaling. Its short factors serve passes of up to
 // original_max_seq positions, its long ones longer passes: with an original context of 6 every
@@ -731,6 +766,21 @@ TEST(HfOracleOlmo2, NormsAfterEachBranchOnlyGiveTrainyardsLogits) {
 
 // Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2
 // conventions.
+// A window in the first block with OLMo 2's blocks exports as OLMo 3 (its layer_types), YaRN
+// (factor 3 over an original context of 16, max_seq 48) turning the second, full-attention block
+// only, the windowed one at rope_theta unscaled; the oracle computes it with transformers' OLMo 3
+// conventions, over the generator's cached keys too.
+TEST(HfOracleOlmo3, WindowedBlocksUnscaledGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1",
+               .whole_norms = true,
+               .sliding_window = 5,
+               .full_layer = 1,
+               .post_norms_only = true},
+      {.factor = 3.0f, .original_max_seq = 16, .attention_factor = 1.2f, .yarn = true});
+}
+
 TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .qkv_bias = true});
 }

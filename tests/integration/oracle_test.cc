@@ -127,6 +127,13 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
         << absl::StrJoin(r.long_factor, ", ") << "], \"original_max_seq\": " << r.original_max_seq
         << ", \"attention_factor\": " << r.attention_factor << "}";
   }
+  if (const config::RopeScaling& r = c.rope_scaling; r.yarn) {
+    cfg << ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": " << r.factor
+        << ", \"original_max_seq\": " << r.original_max_seq << ", \"beta_fast\": " << r.beta_fast
+        << ", \"beta_slow\": " << r.beta_slow
+        << ", \"truncate\": " << (r.truncate ? "true" : "false")
+        << ", \"attention_factor\": " << r.attention_factor << "}";
+  }
   if (c.moe.enabled()) {
     const config::MoeConfig& m = c.moe;
     cfg << ", \"moe\": {\"experts\": " << m.experts << ", \"top_k\": " << m.top_k
@@ -487,6 +494,27 @@ TEST(TorchOracle, LlamaWithPartialRopeAndLongRope) {
                     .attention_factor = 1.25f};
   ASSERT_GT(kSeq, c.rope_scaling.original_max_seq);
   CompareWithOracle(c);
+}
+
+// YaRN over an original context of 16 extended 2.5 times: with beta_fast 8 and beta_slow 0.25
+// (at base 10000 the pairs of indices −0.99 and 2.02 of the eight) the first pair keeps its rate,
+// those from the fourth on turn 2.5 times slower, and the second and third blend, a third and two
+// thirds of the way when the ends are whole pairs (0 and 3), 0.49 and 0.98 of it when they are
+// not; both tables grow by the attention factor.
+TEST(TorchOracle, LlamaWithYarn) {
+  for (const bool truncate : {true, false}) {
+    SCOPED_TRACE(truncate ? "truncated" : "untruncated");
+    ModelConfig c = Small(config::ModelFamily::kLlama);
+    ASSERT_EQ(c.head_dim(), 16);
+    c.rope_scaling = {.factor = 2.5f,
+                      .original_max_seq = 16,
+                      .attention_factor = config::YarnAttentionFactor(2.5),
+                      .yarn = true,
+                      .beta_fast = 8.0f,
+                      .beta_slow = 0.25f,
+                      .truncate = truncate};
+    CompareWithOracle(c);
+  }
 }
 
 // SmolLM3's model: tied embeddings, and a NoPE block (the second) whose queries and keys RoPE

@@ -4,7 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmoe", "smollm3", "granite" or
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite" or
 "granitemoe") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
@@ -299,7 +299,7 @@ def read_config(model_dir):
     if model_type not in MODELS:
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
-                         "olmo2, olmoe, "
+                         "olmo2, olmo3, olmoe, "
                          "smollm3, granite or granitemoe)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
@@ -391,6 +391,9 @@ def rope_tables(seq_len, head_dim, theta, scaling=None):
         factors = scaling.long if seq_len > scaling.original else scaling.short
         inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float64)
         magnitude = scaling.attention_factor
+    elif isinstance(scaling, Yarn):
+        inv_freq = scaling.inv_freq(inv_freq, head_dim)
+        magnitude = scaling.attention_factor
     elif isinstance(scaling, float):
         inv_freq = inv_freq / scaling
     elif scaling is not None:
@@ -430,6 +433,52 @@ class LongRope:
         default = (math.sqrt(1 + math.log(factor) / math.log(self.original)) if factor > 1
                    else 1.0)
         self.attention_factor = sub.positive("attention_factor", default)
+
+
+class Yarn:
+    """transformers' rope_type "yarn": the context original (rope_scaling's
+    original_max_position_embeddings, else max_position_embeddings) and the factor (then
+    max_position_embeddings over that context, as recent transformers take it, else rope_scaling's
+    factor); pair i of D / 2 keeps inv_freq below index low, is divided by the factor above index
+    high, and blends linearly between, where index(turns) = D ln(original / (2 pi turns)) /
+    (2 ln theta), low = index(beta_fast), high = index(beta_slow) (floored and ceiled unless
+    truncate is false, then clamped to [0, D - 1]); cos and sin times attention_factor (else
+    (0.1 mscale ln factor + 1) / (0.1 mscale_all_dim ln factor + 1) when both are set, else
+    0.1 ln factor + 1, 1 for a factor of at most 1)."""
+
+    def __init__(self, cfg, scaling, theta):
+        sub = Config(scaling, cfg.path + ": rope_scaling")
+        max_positions = cfg.int("max_position_embeddings")
+        self.factor = sub.positive("factor", _REQUIRED)
+        if scaling.get("original_max_position_embeddings") is not None:
+            self.original = sub.int("original_max_position_embeddings")
+            self.factor = max_positions / self.original
+        else:
+            self.original = max_positions
+        self.theta = theta
+        self.beta_fast = float(scaling.get("beta_fast") or 32)
+        self.beta_slow = float(scaling.get("beta_slow") or 1)
+        self.truncate = scaling.get("truncate", True)
+
+        def mscale(weight):
+            return 0.1 * weight * math.log(self.factor) + 1 if self.factor > 1 else 1.0
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            default = mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+        else:
+            default = mscale(1.0)
+        self.attention_factor = sub.positive("attention_factor", default)
+
+    def inv_freq(self, inv_freq, dim):
+        def index(turns):
+            return dim * math.log(self.original / (2 * math.pi * turns)) / (2 * math.log(self.theta))
+        low, high = index(self.beta_fast), index(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        return inv_freq / self.factor * ramp + inv_freq * (1 - ramp)
 
 
 def rotate_half(x):
@@ -520,6 +569,7 @@ class Llama:
     qk_norm = False
     qk_norm_whole = False  # OLMoE: one norm over the whole q and one over the whole k
     norms_after = False  # OLMo 2: no norms before the branches, each branch's output normed
+    local_rope_unscaled = False  # OLMo 3: rope_scaling turns the full-attention layers only
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
     # Granite's: each branch's output times residual_multiplier, the scores times
@@ -576,9 +626,11 @@ class Llama:
                                  .positive("factor", _REQUIRED))
         elif kind in ("longrope", "su"):
             self.scaling = LongRope(cfg, scaling, self.rope_dim)
+        elif kind == "yarn":
+            self.scaling = Yarn(cfg, scaling, self.theta)
         elif scaling is not None and kind != "default":
             raise InputError("%s: rope_scaling = %s is not supported (plain RoPE, linear, "
-                             "llama3 or longrope)" % (cfg.path, json.dumps(scaling)))
+                             "llama3, longrope or yarn)" % (cfg.path, json.dumps(scaling)))
         self.windows = [None] * self.layers  # each layer's sliding window, None for none
         self.rope_layers = [True] * self.layers  # whether RoPE turns each layer's q and k
 
@@ -641,10 +693,14 @@ class Llama:
     def forward(self, w, tokens):
         """tokens [B, T] -> logits [B, T, V]."""
         cos, sin = rope_tables(tokens.shape[1], self.rope_dim, self.theta, self.scaling)
+        # OLMo 3: the windowed layers' RoPE unscaled.
+        local = (rope_tables(tokens.shape[1], self.rope_dim, self.theta)
+                 if self.local_rope_unscaled else (cos, sin))
         group = self.heads // self.kv_heads
         x = w["model.embed_tokens.weight"][tokens] * self.embedding_scale
         for i in range(self.layers):
             p = "model.layers.%d." % i
+            c, s = local if self.windows[i] is not None else (cos, sin)
             a = x if self.norms_after else self.norm(x, w[p + "input_layernorm.weight"])
             q = split_heads(self.project(w, p + "self_attn.q_proj", a), self.heads)
             k = split_heads(self.project(w, p + "self_attn.k_proj", a), self.kv_heads)
@@ -657,7 +713,7 @@ class Llama:
                 q = self.norm(q, w[p + "self_attn.q_norm.weight"])
                 k = self.norm(k, w[p + "self_attn.k_norm.weight"])
             if self.rope_layers[i]:
-                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                q, k = apply_rope(q, c, s), apply_rope(k, c, s)
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -1071,6 +1127,24 @@ class Olmo2(OlmoAttention):
     norms_after = True
 
 
+class Olmo3(Olmo2):
+    """Olmo3ForCausalLM: OLMo 2's model, the layers layer_types names "sliding_attention"
+    attending within sliding_window (default 4096), the others to every position; rope_scaling
+    turns the full-attention layers only, the windowed ones with plain RoPE at rope_theta."""
+
+    local_rope_unscaled = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        window = cfg.int("sliding_window", 4096)
+        types = cfg.raw.get("layer_types")
+        if (not isinstance(types, list) or len(types) != self.layers
+                or any(t not in ("full_attention", "sliding_attention") for t in types)):
+            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
+                             "each layer" % cfg.path)
+        self.windows = [window if t == "sliding_attention" else None for t in types]
+
+
 class Olmoe(OlmoAttention):
     """OlmoeForCausalLM: OLMo's attention, and in every layer Qwen3-MoE's sparse MLP (mlp.gate,
     mlp.experts.j.gate_proj, up_proj, down_proj) of intermediate_size, the top k divided by their
@@ -1166,7 +1240,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
-          "olmo2": Olmo2, "olmoe": Olmoe, "smollm3": SmolLM3,
+          "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe}
 
 

@@ -797,6 +797,33 @@ class HfOracleTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2)
         self.assertIn("clip_qkv must be null", proc.stderr)
 
+    def test_olmo3_matches_torch_model(self):
+        # OLMo 3: OLMo 2's blocks, the first layer attending within a window of 3 (layer_types),
+        # YaRN turning the full-attention layer only (factor 3 over an original context of 4,
+        # max_position_embeddings 12 being 3 times it, with its own attention factor), the
+        # windowed one unscaled at rope_theta: the contract's rope_local_theta.
+        yarn = {"type": "yarn", "factor": 3.0, "original_max_seq": 4, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": True, "attention_factor": 1.2}
+        cfg = small_cfg("llama", qk_norm=True, qk_norm_span="projection", post_norms=True,
+                        pre_norms=False, sliding_window=3, full_attention_layers=[1],
+                        rope_local_theta=10000.0, rope_scaling=yarn)
+        self.assertEqual(cfg["max_seq"], 12)
+        config = dict(llama_hf_config(cfg), model_type="olmo3",
+                      architectures=["Olmo3ForCausalLM"], head_dim=None, sliding_window=3,
+                      layer_types=["sliding_attention", "full_attention"],
+                      rope_scaling={"rope_type": "yarn", "factor": 3.0,
+                                    "original_max_position_embeddings": 4,
+                                    "attention_factor": 1.2})
+        _, tokens, got = self.check_against_torch_model(
+            "olmo3", cfg, lambda p: olmo2_hf_tensors(cfg, p), config)
+        # With YaRN in the windowed layer too, torch_model's logits differ.
+        scaled_local = random_model(dict(cfg, rope_local_theta=0.0))
+        with torch.no_grad():
+            for name, p in scaled_local.named_contract_parameters():
+                p.copy_(torch.from_numpy(self.written_params[name]))
+            other = scaled_local(torch.from_numpy(tokens)).numpy()
+        self.assertGreater(np.abs(other - got).max(), 1e-4)
+
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):
             with self.subTest(family):

@@ -230,14 +230,35 @@ def _normalize_rope_dim(rope_dim, head_dim, family):
     return rope_dim
 
 
+def _normalize_yarn(scaling):
+    """YaRN's {"type": "yarn", "factor": at least 1, "original_max_seq": a positive integer,
+    "beta_fast" > "beta_slow" > 0, "truncate": a bool, "attention_factor": a positive number}."""
+    for key in ("factor", "beta_fast", "beta_slow", "attention_factor"):
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError("rope_scaling.%s: a positive number" % key)
+    original = scaling.get("original_max_seq")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ConfigError("rope_scaling.original_max_seq: a positive integer")
+    if not scaling["factor"] >= 1 or not scaling["beta_fast"] > scaling["beta_slow"]:
+        raise ConfigError("rope_scaling: factor at least 1, beta_fast above beta_slow")
+    if not isinstance(scaling.get("truncate"), bool):
+        raise ConfigError("rope_scaling.truncate: true or false")
+    return dict(scaling, factor=float(scaling["factor"]),
+                attention_factor=float(scaling["attention_factor"]))
+
+
 def _normalize_longrope(scaling, rope_dim):
     """None, or LongRoPE's {"type": "longrope", "short_factor", "long_factor": rope_dim / 2
     positive numbers each, "original_max_seq": a positive integer, "attention_factor": a positive
-    number}."""
+    number}, or YaRN's (_normalize_yarn)."""
     if scaling is None:
         return None
+    if isinstance(scaling, dict) and scaling.get("type") == "yarn":
+        return _normalize_yarn(scaling)
     if not isinstance(scaling, dict) or scaling.get("type") != "longrope":
-        raise ConfigError("rope_scaling: only {\"type\": \"longrope\", ...} is modelled here")
+        raise ConfigError("rope_scaling: only {\"type\": \"longrope\" or \"yarn\", ...} is "
+                          "modelled here")
     for key in ("short_factor", "long_factor"):
         factors = scaling.get(key)
         if (not isinstance(factors, list) or len(factors) != rope_dim // 2
@@ -328,7 +349,23 @@ def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None, longrope=None):
     freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64, device=device),
                      -2.0 * i / head_dim)
     magnitude = 1.0
-    if longrope is not None:
+    if longrope is not None and longrope["type"] == "yarn":
+        # YaRN: the pairs that turn more than beta_fast times over the original context keep
+        # their rate, those turning fewer than beta_slow times go factor times slower, and the
+        # rate moves linearly in the pair's index between the two (whole pairs when truncated).
+        n, two_pi = longrope["original_max_seq"], 2 * math.pi
+        turns_index = [head_dim * math.log(n / (two_pi * longrope[b])) / (2 * math.log(theta))
+                       for b in ("beta_fast", "beta_slow")]
+        low, high = turns_index
+        if longrope["truncate"]:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0.0), min(high, head_dim - 1.0)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((i - low) / (high - low), 0.0, 1.0)
+        freq = (1 - ramp) * freq + ramp * freq / longrope["factor"]
+        magnitude = longrope["attention_factor"]
+    elif longrope is not None:
         long = seq_len > longrope["original_max_seq"]
         factors = longrope["long_factor" if long else "short_factor"]
         freq = freq / torch.tensor(factors, dtype=torch.float64, device=device)

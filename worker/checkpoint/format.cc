@@ -96,7 +96,13 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     out.set_longrope(r.longrope);
     out.mutable_short_factor()->Add(r.short_factor.begin(), r.short_factor.end());
     out.mutable_long_factor()->Add(r.long_factor.begin(), r.long_factor.end());
-    if (r.longrope) out.set_attention_factor(r.attention_factor);
+    if (r.longrope || r.yarn) out.set_attention_factor(r.attention_factor);
+    if (r.yarn) {
+      out.set_yarn(true);
+      out.set_beta_fast(r.beta_fast);
+      out.set_beta_slow(r.beta_slow);
+      out.set_untruncated(!r.truncate);
+    }
   }
   if (m.moe.enabled()) {
     MoeSignature& moe = *s.mutable_moe();
@@ -157,7 +163,13 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
                       .longrope = r.longrope(),
                       .short_factor = {r.short_factor().begin(), r.short_factor().end()},
                       .long_factor = {r.long_factor().begin(), r.long_factor().end()},
-                      .attention_factor = r.longrope() ? r.attention_factor() : 1.0f};
+                      .attention_factor = r.longrope() || r.yarn() ? r.attention_factor() : 1.0f};
+    if (r.yarn()) {
+      m.rope_scaling.yarn = true;
+      m.rope_scaling.beta_fast = r.beta_fast();
+      m.rope_scaling.beta_slow = r.beta_slow();
+      m.rope_scaling.truncate = !r.untruncated();
+    }
   }
   if (s.moe().experts() > 0) {
     if (s.moe().top_k() == 0) {

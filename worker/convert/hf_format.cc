@@ -219,10 +219,22 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
 }
 
-// config.json's rope_scaling: null, linear, or Llama 3's (transformers' rope_type llama3).
+// config.json's rope_scaling: null, linear, YaRN, or Llama 3's (transformers' rope_type llama3).
+// YaRN's original context goes in only when max_position_embeddings is not it (CheckHfWritable:
+// it is then factor times it), so that transformers' versions agree on the factor.
 std::string RopeScalingJson(const ModelConfig& m) {
   const config::RopeScaling& r = m.rope_scaling;
   if (!r.enabled()) return "null";
+  if (r.yarn) {
+    return absl::StrCat(
+        "{\"rope_type\": \"yarn\", \"factor\": ", ShortFloat(r.factor),
+        m.max_seq != r.original_max_seq
+            ? absl::StrCat(", \"original_max_position_embeddings\": ", r.original_max_seq)
+            : "",
+        ", \"beta_fast\": ", ShortFloat(r.beta_fast), ", \"beta_slow\": ", ShortFloat(r.beta_slow),
+        r.truncate ? "" : ", \"truncate\": false",
+        ", \"attention_factor\": ", ShortFloat(r.attention_factor), "}");
+  }
   if (r.linear)
     return absl::StrCat("{\"rope_type\": \"linear\", \"factor\": ", ShortFloat(r.factor), "}");
   return absl::StrCat("{\"rope_type\": \"llama3\", \"factor\": ", ShortFloat(r.factor),
@@ -355,15 +367,58 @@ absl::Status ReadLongRope(const ConfigFields& f, const ConfigFields& scaling, Mo
   return scaling.Float("attention_factor", &r.attention_factor);
 }
 
-// rope_scaling: null, rope_type "default" (none), "linear", "llama3" or "longrope" (also under the
-// older key "type").
+// YaRN (rope_type "yarn"): factor; the original context, original_max_position_embeddings in
+// rope_scaling, else max_position_embeddings; beta_fast, beta_slow (32 and 1 when absent or 0)
+// and truncate; attention_factor, else mscale over mscale_all_dim (DeepSeek's) when both are set,
+// else the paper's for the factor, as transformers computes. Recent transformers take the factor
+// as max_position_embeddings over the original context when rope_scaling gives that context,
+// older ones rope_scaling's factor: a config where the two differ is refused.
+absl::Status ReadYarn(const ConfigFields& scaling, ModelConfig& m) {
+  config::RopeScaling& r = m.rope_scaling;
+  r.yarn = true;
+  r.factor = 0.0f;
+  TY_RETURN_IF_ERROR(scaling.Float("factor", &r.factor));
+  if (!(r.factor > 0.0f)) return scaling.Bad("factor", "is missing");
+  r.original_max_seq = m.max_seq;
+  if (scaling.Has("original_max_position_embeddings")) {
+    TY_RETURN_IF_ERROR(scaling.Int("original_max_position_embeddings", &r.original_max_seq));
+    const double ratio = static_cast<double>(m.max_seq) / r.original_max_seq;
+    if (std::abs(ratio - r.factor) > 1e-6 * r.factor) {
+      return scaling.Bad(
+          "factor",
+          absl::StrCat("is ", r.factor, " but max_position_embeddings ", m.max_seq,
+                       " over original_max_position_embeddings ", r.original_max_seq, " is ", ratio,
+                       " (transformers' versions take one or the other; make them "
+                       "agree)"));
+    }
+  }
+  for (auto [key, value] : {std::pair{"beta_fast", &r.beta_fast}, {"beta_slow", &r.beta_slow}}) {
+    float given = 0.0f;
+    TY_RETURN_IF_ERROR(scaling.Float(key, &given, /*zero_too=*/true));
+    if (given != 0.0f) *value = given;
+  }
+  TY_RETURN_IF_ERROR(scaling.Bool("truncate", &r.truncate));
+  float mscale = 0.0f, mscale_all_dim = 0.0f;
+  TY_RETURN_IF_ERROR(scaling.Float("mscale", &mscale, /*zero_too=*/true));
+  TY_RETURN_IF_ERROR(scaling.Float("mscale_all_dim", &mscale_all_dim, /*zero_too=*/true));
+  auto scaled = [&](float weight) {
+    return r.factor > 1.0f ? 0.1 * weight * std::log(r.factor) + 1.0 : 1.0;
+  };
+  r.attention_factor = mscale != 0.0f && mscale_all_dim != 0.0f
+                           ? static_cast<float>(scaled(mscale) / scaled(mscale_all_dim))
+                           : config::YarnAttentionFactor(r.factor);
+  return scaling.Float("attention_factor", &r.attention_factor);
+}
+
+// rope_scaling: null, rope_type "default" (none), "linear", "llama3", "longrope" or "yarn" (also
+// under the older key "type").
 absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   const Value* value = f.Get("rope_scaling");
   if (value == nullptr) return absl::OkStatus();
   auto unsupported = [&] {
     return f.Bad("rope_scaling",
                  "is not supported (null, or rope_type \"llama3\", \"linear\", "
-                 "\"longrope\" or \"default\")");
+                 "\"longrope\", \"yarn\" or \"default\")");
   };
   if (value->kind_case() != Value::kStructValue) return unsupported();
   const ConfigFields scaling(value->struct_value(), f.source() + ": rope_scaling");
@@ -372,6 +427,7 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   const std::string name = type != nullptr ? type->string_value() : "";
   if (name == "default") return absl::OkStatus();
   if (name == "longrope" || name == "su") return ReadLongRope(f, scaling, m);
+  if (name == "yarn") return ReadYarn(scaling, m);
   if (name != "llama3" && name != "linear") return unsupported();
   config::RopeScaling& r = m.rope_scaling;
   r.factor = 0.0f;
@@ -726,6 +782,23 @@ absl::Status ReadOlmo2Config(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// OLMo 3's: OLMo 2's blocks, those layer_types names "sliding_attention" attending within
+// sliding_window (transformers' default 4096), the others to every position; RoPE scaling (its
+// published configs' YaRN) turns the full-attention blocks only, the windowed ones unscaled at
+// rope_theta (model.rope_local_theta set to it).
+absl::Status ReadOlmo3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadOlmo2Config(f, m));
+  if (!f.Has("layer_types")) return f.Bad("layer_types", "is missing");
+  int window = 4096;
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  std::vector<int32_t> full;
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  m.sliding_window = window < m.max_seq && static_cast<int>(full.size()) < m.layers ? window : 0;
+  m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
+  if (m.sliding_window > 0 && m.rope_scaling.enabled()) m.rope_local_theta = m.rope_theta;
+  return absl::OkStatus();
+}
+
 // OLMoE's: in every block Qwen3-MoE's experts of intermediate_size, the top k as scored unless
 // norm_topk_prob.
 absl::Status ReadOlmoeConfig(const ConfigFields& f, ModelConfig& m) {
@@ -925,10 +998,11 @@ absl::Status CheckOlmoLayout(const ModelConfig& m) {
         "model.", field, ": ", why,
         "; Trainyard writes query and key norms over the whole projection "
         "(model.qk_norm_span: projection) and blocks without norms before their branches "
-        "(model.pre_norms: false) in OLMoE's and OLMo 2's layouts only (a Llama model with heads "
-        "of width / heads, no biases, Gemma's or Granite's options, partial RoPE, NoPE blocks "
-        "or sliding window; OLMoE's every block an MoE block without shared experts, normed "
-        "before each branch; OLMo 2's dense, normed after each branch only)"));
+        "(model.pre_norms: false) in OLMoE's, OLMo 2's and OLMo 3's layouts only (a Llama model "
+        "with heads of width / heads, no biases, Gemma's or Granite's options, partial RoPE or "
+        "NoPE blocks; OLMoE's every block an MoE block without shared experts, normed before "
+        "each branch, without a window; OLMo 2's dense, normed after each branch only, and OLMo "
+        "3's the same with a window in some blocks, which turn unscaled at rope_theta)"));
   };
   if (!m.NormsWholeProjection()) {
     return bad("qk_norm_span", "is not projection, and model.pre_norms is false");
@@ -944,11 +1018,22 @@ absl::Status CheckOlmoLayout(const ModelConfig& m) {
   if (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope || !m.nope_layers.empty()) {
     return bad("rope_dim", "or rope_scaling or nope_layers leave RoPE Llama's");
   }
-  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
-  if (!m.pre_norms) {  // OLMo 2's (model validation: post_norms with it)
+  if (!m.pre_norms) {  // OLMo 2's (model validation: post_norms with it), OLMo 3's with a window
     if (m.moe.enabled()) return bad("moe", "has experts, and model.pre_norms is false");
+    // OLMo 3's windowed blocks turn at rope_theta, unscaled.
+    const float local = m.rope_scaling.enabled() ? m.rope_theta : 0.0f;
+    if (m.sliding_window > 0 && m.rope_local_theta != local && m.rope_local_theta != m.rope_theta) {
+      return bad(
+          "rope_local_theta",
+          m.rope_scaling.enabled()
+              ? absl::StrCat("is ", m.rope_local_theta,
+                             " (OLMo 3's windowed blocks turn unscaled at rope_theta, ",
+                             m.rope_theta, ")")
+              : absl::StrCat("is ", m.rope_local_theta, " (OLMo 3's blocks share one base)"));
+    }
     return absl::OkStatus();
   }
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
   if (!m.moe.enabled()) {
     return bad("moe",
                "is absent, and model.pre_norms is true (OLMo 2's dense blocks are normed "
@@ -1278,15 +1363,31 @@ absl::Status CheckPlainLlama(const ModelConfig& m, const Refusal& bad, bool expe
   return absl::OkStatus();
 }
 
-// OLMoE's config.json (CheckOlmoLayout): intermediate_size each expert's; or OLMo 2's, dense.
+// OLMoE's config.json (CheckOlmoLayout): intermediate_size each expert's; or OLMo 2's, dense;
+// or with a window OLMo 3's, its blocks' attention in layer_types.
 std::string OlmoConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
-  const bool experts = m.moe.enabled();
-  const std::string sizes = experts ? absl::StrCat(",\n  \"intermediate_size\": ", m.moe.ffn,
-                                                   QwenExpertsJson(m.moe), RouterJson(m.moe))
-                                    : DenseSizeJson(m);
+  const bool experts = m.moe.enabled(), olmo3 = !experts && m.sliding_window > 0;
+  std::string sizes = experts ? absl::StrCat(",\n  \"intermediate_size\": ", m.moe.ffn,
+                                             QwenExpertsJson(m.moe), RouterJson(m.moe))
+                              : DenseSizeJson(m);
+  if (olmo3) {
+    std::string types;
+    for (int l = 0; l < m.layers; ++l) {
+      absl::StrAppend(&types, l == 0 ? "" : ", ",
+                      m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+    }
+    absl::StrAppend(&sizes, ",\n  \"sliding_window\": ", m.sliding_window,
+                    ",\n  \"layer_types\": [", types, "]");
+  }
   return absl::StrCat(
-      LlamaShapeJson(m, experts ? "OlmoeForCausalLM" : "Olmo2ForCausalLM",
-                     experts ? "olmoe" : "olmo2", sizes),
+      LlamaShapeJson(m,
+                     experts ? "OlmoeForCausalLM"
+                     : olmo3 ? "Olmo3ForCausalLM"
+                             : "Olmo2ForCausalLM",
+                     experts ? "olmoe"
+                     : olmo3 ? "olmo3"
+                             : "olmo2",
+                     sizes),
       ",\n  \"rope_scaling\": ", RopeScalingJson(m),
       ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"clip_qkv\": null",
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
@@ -1377,7 +1478,9 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
   }
   if (!m.full_attention_layers.empty()) return bad("full_attention_layers", "is set");
   if (m.rope_scaling.enabled() && !m.rope_scaling.longrope) {
-    return bad("rope_scaling", m.rope_scaling.linear ? "is linear" : "is Llama 3's");
+    return bad("rope_scaling", m.rope_scaling.linear ? "is linear"
+                               : m.rope_scaling.yarn ? "is YaRN"
+                                                     : "is Llama 3's");
   }
   const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
   if (static_cast<int>(std::floor(m.head_dim() * factor)) != m.rotary_dim()) {
@@ -1406,6 +1509,17 @@ HfLayout HfExportLayout(const ModelConfig& m) {
 }
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
+  if (const config::RopeScaling& r = m.rope_scaling;
+      r.yarn && m.max_seq != r.original_max_seq &&
+      std::abs(static_cast<double>(m.max_seq) -
+               static_cast<double>(r.factor) * r.original_max_seq) > 0.5) {
+    return absl::UnimplementedError(
+        absl::StrCat("model.max_seq: is ", m.max_seq, "; with YaRN's factor ", r.factor,
+                     " and original_max_seq ", r.original_max_seq,
+                     " Hugging Face's format needs it to be that context or factor times it "
+                     "(recent transformers take the factor as max_position_embeddings over "
+                     "original_max_position_embeddings)"));
+  }
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
@@ -1422,7 +1536,9 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
         "]; Trainyard writes Gemma 3's local and global blocks as its sliding_window_pattern k "
         "(blocks k − 1, 2k − 1, … attend to every position)"));
   }
-  if (m.rope_local_theta != 0 && !(IsGemma(m) && m.post_norms && m.qk_norm)) {
+  const bool olmo3_local =
+      !m.pre_norms && m.sliding_window > 0 && m.rope_local_theta == m.rope_theta;
+  if (m.rope_local_theta != 0 && !(IsGemma(m) && m.post_norms && m.qk_norm) && !olmo3_local) {
     return absl::UnimplementedError(
         "model.rope_local_theta is set; Trainyard writes the local blocks' own RoPE base in Gemma "
         "3's layout only (rope_local_base_freq), and no other layout has a place for it");
@@ -1510,6 +1626,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadOlmoeConfig(fields, m));
   } else if (model_type == "olmo2") {  // those norms, and each branch's output normed only
     TY_RETURN_IF_ERROR(ReadOlmo2Config(fields, m));
+  } else if (model_type == "olmo3") {  // OLMo 2's, with a window in some blocks
+    TY_RETURN_IF_ERROR(ReadOlmo3Config(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
@@ -1528,7 +1646,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-                     "\"olmo2\", \"olmoe\", \"smollm3\", "
+                     "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
                      "\"granite\" and \"granitemoe\""));
   }
   if (layout != nullptr) {

@@ -229,6 +229,12 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
                             absl::StrJoin(r.long_factor, ", "), "], attention_factor ",
                             r.attention_factor, ")");
       }
+      if (r.yarn) {
+        return absl::StrCat("yarn (factor ", r.factor, ", original_max_seq ", r.original_max_seq,
+                            ", beta_fast ", r.beta_fast, ", beta_slow ", r.beta_slow,
+                            r.truncate ? "" : ", untruncated", ", attention_factor ",
+                            r.attention_factor, ")");
+      }
       if (r.enabled() && r.linear) return absl::StrCat("linear (factor ", r.factor, ")");
       return r.enabled()
                  ? absl::StrCat("llama3 (factor ", r.factor, ", low_freq_factor ",

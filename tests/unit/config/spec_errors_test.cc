@@ -468,8 +468,23 @@ std::vector<BadSpec> UnusedFieldBadSpecs() {
 std::vector<BadSpec> BadSpecs() {
   return {
       {"rope scaling of another type",
-       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8}}\n", "2:51",
-       "model.rope_scaling.type", "is 'yarn'; it must be llama3"},
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: dynamic, factor: 8}}\n",
+       "2:51", "model.rope_scaling.type", "is 'dynamic'; it must be llama3"},
+      {"yarn without its original context",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8}}\n", "2:44",
+       "model.rope_scaling.original_max_seq", "required by yarn"},
+      {"yarn with Llama 3's bands",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8, "
+       "original_max_seq: 16, low_freq_factor: 2}}\n",
+       "2:107", "model.rope_scaling.low_freq_factor", "is not yarn's"},
+      {"yarn's betas crossed",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8, "
+       "original_max_seq: 16, beta_fast: 1, beta_slow: 2}}\n",
+       "2:101", "model.rope_scaling.beta_fast", "must exceed beta_slow 2, got 1"},
+      {"llama3 scaling with yarn's truncate",
+       "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
+       "truncate: false}}\n",
+       "2:80", "model.rope_scaling.truncate", "is yarn's (type yarn)"},
       {"longrope with a factor",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: longrope, factor: 8}}\n",
        "2:69", "model.rope_scaling.factor", "is not longrope's"},
@@ -492,7 +507,7 @@ std::vector<BadSpec> BadSpecs() {
       {"llama3 scaling with longrope's factors",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
        "short_factor: [1]}}\n",
-       "2:84", "model.rope_scaling.short_factor", "is longrope's"},
+       "2:84", "model.rope_scaling.short_factor", "is longrope's or yarn's"},
       {"odd rope_dim", "name: job\nmodel: {preset: llama-debug, rope_dim: 5}\n", "2:40",
        "model.rope_dim", "must be even and at most head_dim 16"},
       {"rope_dim wider than the head", "name: job\nmodel: {preset: llama-debug, rope_dim: 18}\n",

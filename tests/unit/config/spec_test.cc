@@ -510,6 +510,30 @@ TEST(ParseJobSpecTest, RopeScaling) {
   EXPECT_EQ(linear.model.rope_scaling, (config::RopeScaling{.linear = true, .factor = 8.0f}));
 }
 
+// YaRN: the factor and the original context required, the betas 32 and 1 and the blend's ends
+// whole pairs unless given, the attention factor the paper's (0.1 · ln factor + 1) unless given.
+TEST(ParseJobSpecTest, YarnRopeScaling) {
+  const JobSpec plain = MustParse(
+      "name: yarn\nmodel:\n  preset: llama-debug\n"
+      "  rope_scaling: {type: yarn, factor: 4, original_max_seq: 32}\n");
+  EXPECT_EQ(plain.model.rope_scaling,
+            (config::RopeScaling{.factor = 4.0f,
+                                 .original_max_seq = 32,
+                                 .attention_factor = config::YarnAttentionFactor(4.0),
+                                 .yarn = true}));
+  const JobSpec given = MustParse(
+      "name: yarn\nmodel:\n  preset: llama-debug\n"
+      "  rope_scaling: {type: yarn, factor: 8, original_max_seq: 4096, beta_fast: 16,\n"
+      "                 beta_slow: 0.5, truncate: false, attention_factor: 1.2}\n");
+  EXPECT_EQ(given.model.rope_scaling, (config::RopeScaling{.factor = 8.0f,
+                                                           .original_max_seq = 4096,
+                                                           .attention_factor = 1.2f,
+                                                           .yarn = true,
+                                                           .beta_fast = 16.0f,
+                                                           .beta_slow = 0.5f,
+                                                           .truncate = false}));
+}
+
 // Phi-4 mini's RoPE: part of each head (rope_dim) turned with LongRoPE's per-pair factors; the
 // attention factor is the paper's for max_seq over original_max_seq unless given.
 TEST(ParseJobSpecTest, PartialRopeAndLongRope) {

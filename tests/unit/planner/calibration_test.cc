@@ -211,6 +211,11 @@ TEST(CalibrationReference, TheSpecFileCarriesTheReference) {
              "low_freq_factor: 1.5, high_freq_factor: 6, original_max_seq: 4096}}\n"
              "training: {batch: 12, seq_len: 100}\nparallelism: {dp: 2, tp: 1, pp: 1}\n"
              "resources: {nodes: 1, devices_per_node: 2}\n"));
+  // YaRN, every field its own.
+  ExpectCarried(
+      SpecOf("name: y\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 4, "
+             "original_max_seq: 64, beta_fast: 16, beta_slow: 0.5, truncate: false, "
+             "attention_factor: 1.3}}\n"));
   // A vocabulary smaller than the default data's, untied GPT-2 embeddings.
   ExpectCarried(
       SpecOf("name: s\nmodel: {preset: gpt2-debug, vocab: 16, tied_embeddings: false}\n"

@@ -372,6 +372,17 @@ TEST(CheckpointFormatTest, TheSignatureCarriesTheRopeScaling) {
   EXPECT_EQ(read->rope_scaling, model.rope_scaling);
   EXPECT_EQ(read->rope_dim, 4);
   EXPECT_EQ(ModelFromSignature(SignatureOf(*config::Preset("llama-debug")))->rope_dim, 0);
+  // YaRN's factor, context, betas, untruncated blend and attention factor.
+  model.rope_scaling = {.factor = 4.0f,
+                        .original_max_seq = 32,
+                        .attention_factor = 1.2f,
+                        .yarn = true,
+                        .beta_fast = 16.0f,
+                        .beta_slow = 0.5f,
+                        .truncate = false};
+  read = ModelFromSignature(SignatureOf(model));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rope_scaling, model.rope_scaling);
 }
 
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {

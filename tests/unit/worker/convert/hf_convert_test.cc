@@ -315,6 +315,66 @@ TEST(HfFormat, Llama32ConfigReads) {
                                                   .original_max_seq = 8192}));
 }
 
+// Qwen3-8B's config with YaRN as its model card extends it to 131072 positions (factor 4 over the
+// original 32768, max_position_embeddings raised to match): the factor, the original context, the
+// default betas and the paper's attention factor, 0.1 · ln 4 + 1; written back the same. With
+// max_position_embeddings left at 40960, recent transformers would take the factor as 1.25 and
+// older ones as 4: refused. DeepSeek's mscale over mscale_all_dim gives the attention factor.
+TEST(HfFormat, Qwen3ConfigWithYarnReads) {
+  const std::string json = R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 131072, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  auto m = ModelFromHfConfig(json, "Qwen3-8B/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->qk_norm);
+  EXPECT_EQ(m->max_seq, 131072);
+  const config::RopeScaling& r = m->rope_scaling;
+  EXPECT_TRUE(r.yarn);
+  EXPECT_EQ(r.factor, 4.0f);
+  EXPECT_EQ(r.original_max_seq, 32768);
+  EXPECT_EQ(r.beta_fast, 32.0f);
+  EXPECT_EQ(r.beta_slow, 1.0f);
+  EXPECT_TRUE(r.truncate);
+  EXPECT_FLOAT_EQ(r.attention_factor, 1.13862944f);  // 0.1 · ln 4 + 1
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  auto back = ModelFromHfConfig(written, "written/config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->rope_scaling, r) << written;
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return ModelFromHfConfig(changed, "p/config.json");
+  };
+  EXPECT_EQ(with("131072", "40960").status().message(),
+            "p/config.json: rope_scaling: factor is 4 but max_position_embeddings 40960 over "
+            "original_max_position_embeddings 32768 is 1.25 (transformers' versions take one or "
+            "the other; make them agree)");
+  auto deepseek = with("\"original_max_position_embeddings\": 32768",
+                       "\"original_max_position_embeddings\": 32768, \"mscale\": 1.0, "
+                       "\"mscale_all_dim\": 0.5, \"beta_fast\": 0, \"truncate\": false");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status();
+  EXPECT_FLOAT_EQ(deepseek->rope_scaling.attention_factor,
+                  static_cast<float>((0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1)));
+  EXPECT_EQ(deepseek->rope_scaling.beta_fast, 32.0f);  // 0 means the default
+  EXPECT_FALSE(deepseek->rope_scaling.truncate);
+  // Exported with an original context that is neither max_seq nor max_seq / factor: refused.
+  config::ModelConfig odd = *m;
+  odd.max_seq = 100000;
+  EXPECT_THAT(
+      std::string(CheckHfWritable(odd).message()),
+      HasSubstr("model.max_seq: is 100000; with YaRN's factor 4 and original_max_seq 32768"));
+}
+
 // Mistral 7B v0.3's published config: Llama's model under another name. Its v0.1 attended
 // within a 4096-token window of a 32768-position model: the model's sliding_window, written back
 // as a Mistral config (a Llama one has no window).
@@ -532,8 +592,10 @@ TEST(HfFormat, Phi3ConfigReadsAsLlamaWithItsWindowAndFusedProjections) {
   EXPECT_EQ(with("\"rope_scaling\": null",
                  "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0]}"),
             "p/config.json: rope_scaling: long_factor is missing");
-  EXPECT_THAT(with("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}"),
+  EXPECT_THAT(with("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"dynamic\"}"),
               HasSubstr("p/config.json: rope_scaling is not supported"));
+  EXPECT_EQ(with("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}"),
+            "p/config.json: rope_scaling: factor is missing");
 }
 
 // Phi-3.5 mini's published config.json: Phi-3 mini's model with LongRoPE over each head's 96
@@ -1656,8 +1718,8 @@ TEST(HfFormat, OlmoeConfigReadsAsLlamaMoeWithNormsOverTheWholeProjection) {
 // OLMo-2-1124-7B's config.json (Olmo2ForCausalLM): a dense Llama model with OLMoE's norms over
 // each token's whole q and k, and no norms before the attention and the MLP: each branch's output
 // is normed (post_attention_layernorm, post_feedforward_layernorm) before it joins the residual
-// stream. Written back it is OLMo 2 again; a mixture of experts, a sliding window or norms
-// before the branches have no such layout.
+// stream. Written back it is OLMo 2 again (with a sliding window OLMo 3); a mixture of experts or
+// norms before the branches have no such layout.
 TEST(HfFormat, Olmo2ConfigReadsAsLlamaWithNormsAfterEachBranchOnly) {
   const std::string json = R"({
     "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -1715,7 +1777,9 @@ TEST(HfFormat, Olmo2ConfigReadsAsLlamaWithNormsAfterEachBranchOnly) {
               HasSubstr("model.moe: has experts, and model.pre_norms is false"));
   config::ModelConfig windowed = *m;
   windowed.sliding_window = 512;
-  EXPECT_THAT(HfTensors(windowed).status().message(), HasSubstr("model.sliding_window: is 512"));
+  EXPECT_TRUE(HfTensors(windowed).ok());
+  EXPECT_THAT(HfConfigJson(windowed, TensorDtype::kBF16),
+              HasSubstr("\"architectures\": [\"Olmo3ForCausalLM\"]"));
   config::ModelConfig per_head = *m;  // no norms before the branches travel with OLMo 2's q, k
   per_head.qk_norm_span = config::QkNormSpan::kHead;
   EXPECT_THAT(HfTensors(per_head).status().message(),
@@ -1723,6 +1787,73 @@ TEST(HfFormat, Olmo2ConfigReadsAsLlamaWithNormsAfterEachBranchOnly) {
   config::ModelConfig gemma = *m;  // nor with Gemma's GeGLU and scaled embeddings
   gemma.geglu = gemma.scale_embeddings = true;
   EXPECT_EQ(HfTensors(gemma).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// A config of OLMo-3-1025-7B's shape (Olmo3ForCausalLM): OLMo 2's model with three blocks of
+// every four attending within a window of 4096 (layer_types), and YaRN (factor 8 over an
+// original context of 8192, max_position_embeddings 65536) turning the others only: the windowed
+// blocks turn unscaled at rope_theta (model.rope_local_theta). Written back it is the same
+// model; YaRN in the windowed blocks too has no such layout, and a config without layer_types is
+// refused.
+TEST(HfFormat, Olmo3ConfigReadsWithItsWindowAndYarnInTheFullBlocks) {
+  std::string types;
+  for (int l = 0; l < 32; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    l % 4 == 3 ? "\"full_attention\"" : "\"sliding_attention\"");
+  }
+  const std::string json = absl::StrCat(R"({
+    "architectures": ["Olmo3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 11008, "layer_types": [)",
+                                        types, R"(], "max_position_embeddings": 65536,
+    "model_type": "olmo3", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1,
+                     "factor": 8.0, "original_max_position_embeddings": 8192,
+                     "rope_type": "yarn"},
+    "rope_theta": 500000, "sliding_window": 4096, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 100278})");
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "Olmo-3-1025-7B/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "olmo3");
+  EXPECT_FALSE(m->pre_norms);
+  EXPECT_TRUE(m->post_norms);
+  EXPECT_TRUE(m->NormsWholeProjection());
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->full_attention_layers, (std::vector<int32_t>{3, 7, 11, 15, 19, 23, 27, 31}));
+  EXPECT_EQ(m->WindowOf(0), 4096);
+  EXPECT_EQ(m->WindowOf(3), 0);
+  EXPECT_EQ(m->rope_local_theta, 500000.0f);
+  EXPECT_TRUE(m->rope_scaling.yarn);
+  EXPECT_EQ(m->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(m->rope_scaling.original_max_seq, 8192);
+  EXPECT_FLOAT_EQ(m->rope_scaling.attention_factor, 1.2079441541679836f);
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  // By hand, as OLMo 2's blocks with the untied embedding and head of 100278 rows.
+  const int64_t block = 4 * int64_t{4096} * 4096 + 2 * 4096 + 3 * int64_t{11008} * 4096 + 2 * 4096;
+  EXPECT_EQ(m->ParameterCount(), 32 * block + 2 * int64_t{100278} * 4096 + 4096);
+
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  ASSERT_TRUE(HfTensors(*m, layout).ok());
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Olmo3ForCausalLM\"]"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->sliding_window, m->sliding_window);
+  EXPECT_EQ(back->full_attention_layers, m->full_attention_layers);
+  EXPECT_EQ(back->rope_local_theta, m->rope_local_theta);
+  EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+
+  config::ModelConfig scaled_local = *m;  // YaRN in the windowed blocks too
+  scaled_local.rope_local_theta = 0.0f;
+  EXPECT_THAT(HfTensors(scaled_local).status().message(),
+              HasSubstr("model.rope_local_theta: is 0 (OLMo 3's windowed blocks turn unscaled at "
+                        "rope_theta, 500000)"));
+  std::string untyped = json;
+  untyped.replace(untyped.find("\"layer_types\""), 13, "\"layer_kinds\"");
+  EXPECT_EQ(ModelFromHfConfig(untyped, "p/config.json").status().message(),
+            "p/config.json: layer_types is missing");
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
@@ -1762,7 +1893,8 @@ TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   ASSERT_TRUE(rope(R"({"rope_type": "default"})").ok());
   EXPECT_FALSE(rope(R"({"rope_type": "default"})")->rope_scaling.enabled());
   EXPECT_EQ(rope(R"({"type": "llama3", "factor": 8})")->rope_scaling.factor, 8.0f);
-  EXPECT_THAT(rope(R"({"rope_type": "yarn", "factor": 8})").status().message(),
+  EXPECT_TRUE(rope(R"({"rope_type": "yarn", "factor": 8})")->rope_scaling.yarn);
+  EXPECT_THAT(rope(R"({"rope_type": "dynamic", "factor": 8})").status().message(),
               HasSubstr("r/config.json: rope_scaling is not supported"));
   EXPECT_THAT(rope(R"({"rope_type": "llama3"})").status().message(),
               HasSubstr("r/config.json: rope_scaling: factor is missing"));
