@@ -205,8 +205,11 @@ absl::Status ReadRopeScaling(FieldReader& r, int max_seq, RopeScaling* scaling) 
   for (const char* key : {"beta_fast", "beta_slow", "truncate"}) {
     if (r.Has(key)) return r.ErrorAt(key, "is yarn's (type yarn)");
   }
-  for (const char* key : {"short_factor", "long_factor", "attention_factor"}) {
-    if (r.Has(key)) return r.ErrorAt(key, "is longrope's or yarn's (type longrope or yarn)");
+  for (const char* key : {"short_factor", "long_factor"}) {
+    if (r.Has(key)) return r.ErrorAt(key, "is longrope's (type longrope)");
+  }
+  if (r.Has("attention_factor")) {
+    return r.ErrorAt("attention_factor", "is longrope's or yarn's (type longrope or yarn)");
   }
   if (!r.Has("factor")) {
     return r.ErrorAt("factor", "required: how many times longer the context is than before");

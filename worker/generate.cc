@@ -198,9 +198,10 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
   if (m.qk_norm) {
     // One rank holds every head: nothing to sum over a group, nothing that can fail.
-    TY_CHECK(HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(),
-                             head_scratch_.data(), P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n))
-                 .ok());
+    const absl::Status normed =
+        HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
+                        P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n));
+    TY_CHECK(normed.ok()) << normed;
   }
   const AttentionShape shape{
       .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};

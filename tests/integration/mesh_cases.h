@@ -205,6 +205,12 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     // and interleaved stages over them. With OLMo 2's q and k norms over the whole projection,
     // whose heads tensor parallelism splits: each row's sums and gradient dots summed over the
     // group, also when recomputed.
+    {.name = "zb_tp2_pp2_sp_post_norms_only",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .schedule = kZeroBubble,
+     .post_norms_only = true},
     {.name = "olmo2_zb_tp2_pp2_sp",
      .tp = 2,
      .pp = 2,

@@ -219,16 +219,30 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "mlp.down_proj.weight"));
 }
 
+// Whether YaRN's `factor` is `max_positions` over its original context, as recent transformers
+// take it when rope_scaling gives that context (older ones take `factor` itself).
+bool YarnFactorAgrees(double max_positions, int original, float factor) {
+  return std::abs(max_positions / original - factor) <= 1e-6 * factor;
+}
+
+// config.json's max_position_embeddings: the model's max_seq; with YaRN over an original context
+// other than it, factor times that context (CheckHfWritable: a whole number), whatever context
+// the model last trained at, so that every transformers version reads the same factor.
+int64_t HfMaxPositions(const ModelConfig& m) {
+  const config::RopeScaling& r = m.rope_scaling;
+  if (!r.yarn || m.max_seq == r.original_max_seq) return m.max_seq;
+  return std::llround(static_cast<double>(r.factor) * r.original_max_seq);
+}
+
 // config.json's rope_scaling: null, linear, YaRN, or Llama 3's (transformers' rope_type llama3).
-// YaRN's original context goes in only when max_position_embeddings is not it (CheckHfWritable:
-// it is then factor times it), so that transformers' versions agree on the factor.
+// YaRN's original context goes in only when max_position_embeddings is not it.
 std::string RopeScalingJson(const ModelConfig& m) {
   const config::RopeScaling& r = m.rope_scaling;
   if (!r.enabled()) return "null";
   if (r.yarn) {
     return absl::StrCat(
         "{\"rope_type\": \"yarn\", \"factor\": ", ShortFloat(r.factor),
-        m.max_seq != r.original_max_seq
+        HfMaxPositions(m) != r.original_max_seq
             ? absl::StrCat(", \"original_max_position_embeddings\": ", r.original_max_seq)
             : "",
         ", \"beta_fast\": ", ShortFloat(r.beta_fast), ", \"beta_slow\": ", ShortFloat(r.beta_slow),
@@ -383,7 +397,7 @@ absl::Status ReadYarn(const ConfigFields& scaling, ModelConfig& m) {
   if (scaling.Has("original_max_position_embeddings")) {
     TY_RETURN_IF_ERROR(scaling.Int("original_max_position_embeddings", &r.original_max_seq));
     const double ratio = static_cast<double>(m.max_seq) / r.original_max_seq;
-    if (std::abs(ratio - r.factor) > 1e-6 * r.factor) {
+    if (!YarnFactorAgrees(m.max_seq, r.original_max_seq, r.factor)) {
       return scaling.Bad(
           "factor",
           absl::StrCat("is ", r.factor, " but max_position_embeddings ", m.max_seq,
@@ -793,7 +807,10 @@ absl::Status ReadOlmo3Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
   std::vector<int32_t> full;
   TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
-  m.sliding_window = window < m.max_seq && static_cast<int>(full.size()) < m.layers ? window : 0;
+  // A window as long as the model still marks its blocks: their RoPE is unscaled whatever its
+  // length.
+  const bool sliding = static_cast<int>(full.size()) < m.layers;
+  m.sliding_window = sliding && (window < m.max_seq || m.rope_scaling.enabled()) ? window : 0;
   m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
   if (m.sliding_window > 0 && m.rope_scaling.enabled()) m.rope_local_theta = m.rope_theta;
   return absl::OkStatus();
@@ -987,10 +1004,11 @@ absl::Status CheckGemmaLayout(const ModelConfig& m) {
 }
 
 // Norms over the whole q and k projection, and blocks without norms before their branches,
-// travel as OLMoE or OLMo 2 only: a Llama model of heads width / heads wide without biases,
-// Gemma's or Granite's options, partial RoPE, NoPE blocks or a sliding window; OLMoE's every
-// block an MoE block of Qwen3-MoE's experts without shared experts, normed before each branch
-// only; OLMo 2's dense, normed after each branch only (CheckMoeLayout refuses the rest).
+// travel as OLMoE, OLMo 2 or OLMo 3 only: a Llama model of heads width / heads wide without
+// biases, Gemma's or Granite's options, partial RoPE or NoPE blocks; OLMoE's every block an MoE
+// block of Qwen3-MoE's experts without shared experts, normed before each branch, without a
+// window; OLMo 2's dense, normed after each branch only; OLMo 3's the same with a window, whose
+// blocks turn unscaled at rope_theta (CheckMoeLayout refuses the rest).
 absl::Status CheckOlmoLayout(const ModelConfig& m) {
   if (!m.NormsWholeProjection() && m.pre_norms) return absl::OkStatus();
   auto bad = [](const std::string& field, const std::string& why) {
@@ -1139,7 +1157,7 @@ std::string LlamaShapeJson(const ModelConfig& m, const std::string& architecture
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width, sizes,
       ",\n  \"num_hidden_layers\": ", m.layers, ",\n  \"num_attention_heads\": ", m.heads,
       ",\n  \"num_key_value_heads\": ", m.kv_heads, ",\n  \"head_dim\": ", m.head_dim(),
-      ",\n  \"max_position_embeddings\": ", m.max_seq,
+      ",\n  \"max_position_embeddings\": ", HfMaxPositions(m),
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta));
 }
@@ -1511,26 +1529,25 @@ HfLayout HfExportLayout(const ModelConfig& m) {
 absl::Status CheckHfWritable(const ModelConfig& m) {
   if (const config::RopeScaling& r = m.rope_scaling;
       r.yarn && m.max_seq != r.original_max_seq &&
-      std::abs(static_cast<double>(m.max_seq) -
-               static_cast<double>(r.factor) * r.original_max_seq) > 0.5) {
-    return absl::UnimplementedError(
-        absl::StrCat("model.max_seq: is ", m.max_seq, "; with YaRN's factor ", r.factor,
-                     " and original_max_seq ", r.original_max_seq,
-                     " Hugging Face's format needs it to be that context or factor times it "
-                     "(recent transformers take the factor as max_position_embeddings over "
-                     "original_max_position_embeddings)"));
+      !YarnFactorAgrees(static_cast<double>(HfMaxPositions(m)), r.original_max_seq, r.factor)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.rope_scaling.factor: is ", r.factor, ", which over original_max_seq ",
+        r.original_max_seq,
+        " gives no whole max_position_embeddings (recent transformers take YaRN's factor as "
+        "max_position_embeddings over original_max_position_embeddings)"));
   }
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
   const std::vector<int32_t>& full = m.full_attention_layers;
-  if (m.post_norms && !m.qk_norm && m.sliding_window > 0 && GemmaWindowPattern(m) != 2) {
+  if (IsGemma(m) && m.post_norms && !m.qk_norm && m.sliding_window > 0 &&
+      GemmaWindowPattern(m) != 2) {
     return absl::UnimplementedError(absl::StrCat(
         "model.full_attention_layers: [", absl::StrJoin(full, ", "),
         "]; Trainyard writes Gemma 2's local and global blocks as its own (the even blocks use "
         "the window, the odd ones attend to every position)"));
   }
-  if (m.post_norms && m.sliding_window > 0 && GemmaWindowPattern(m) == 0) {
+  if (IsGemma(m) && m.post_norms && m.sliding_window > 0 && GemmaWindowPattern(m) == 0) {
     return absl::UnimplementedError(absl::StrCat(
         "model.full_attention_layers: [", absl::StrJoin(full, ", "),
         "]; Trainyard writes Gemma 3's local and global blocks as its sliding_window_pattern k "

@@ -507,7 +507,7 @@ std::vector<BadSpec> BadSpecs() {
       {"llama3 scaling with longrope's factors",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
        "short_factor: [1]}}\n",
-       "2:84", "model.rope_scaling.short_factor", "is longrope's or yarn's"},
+       "2:84", "model.rope_scaling.short_factor", "is longrope's (type longrope)"},
       {"odd rope_dim", "name: job\nmodel: {preset: llama-debug, rope_dim: 5}\n", "2:40",
        "model.rope_dim", "must be even and at most head_dim 16"},
       {"rope_dim wider than the head", "name: job\nmodel: {preset: llama-debug, rope_dim: 18}\n",

@@ -367,12 +367,21 @@ TEST(HfFormat, Qwen3ConfigWithYarnReads) {
                   static_cast<float>((0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1)));
   EXPECT_EQ(deepseek->rope_scaling.beta_fast, 32.0f);  // 0 means the default
   EXPECT_FALSE(deepseek->rope_scaling.truncate);
-  // Exported with an original context that is neither max_seq nor max_seq / factor: refused.
+  // Trained at another context, it is written with max_position_embeddings factor times the
+  // original context all the same; a factor that gives no whole number of positions is refused.
+  config::ModelConfig shorter = *m;
+  shorter.max_seq = 4096;
+  ASSERT_TRUE(CheckHfWritable(shorter).ok());
+  const std::string shorter_json = HfConfigJson(shorter, TensorDtype::kBF16);
+  EXPECT_THAT(shorter_json, HasSubstr("\"max_position_embeddings\": 131072"));
+  EXPECT_THAT(shorter_json, HasSubstr("\"original_max_position_embeddings\": 32768"));
+  EXPECT_EQ(ModelFromHfConfig(shorter_json, "shorter/config.json")->rope_scaling, r);
   config::ModelConfig odd = *m;
-  odd.max_seq = 100000;
-  EXPECT_THAT(
-      std::string(CheckHfWritable(odd).message()),
-      HasSubstr("model.max_seq: is 100000; with YaRN's factor 4 and original_max_seq 32768"));
+  odd.rope_scaling.factor = 1.5f;
+  odd.rope_scaling.original_max_seq = 4097;
+  EXPECT_THAT(std::string(CheckHfWritable(odd).message()),
+              HasSubstr("model.rope_scaling.factor: is 1.5, which over original_max_seq 4097 gives "
+                        "no whole max_position_embeddings"));
 }
 
 // Mistral 7B v0.3's published config: Llama's model under another name. Its v0.1 attended
@@ -1844,6 +1853,23 @@ TEST(HfFormat, Olmo3ConfigReadsWithItsWindowAndYarnInTheFullBlocks) {
   EXPECT_EQ(back->full_attention_layers, m->full_attention_layers);
   EXPECT_EQ(back->rope_local_theta, m->rope_local_theta);
   EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+
+  // Full-attention blocks in any pattern travel in layer_types.
+  config::ModelConfig irregular = *m;
+  irregular.full_attention_layers = {1, 2, 31};
+  ASSERT_TRUE(CheckHfWritable(irregular).ok());
+  auto irregular_back =
+      ModelFromHfConfig(HfConfigJson(irregular, TensorDtype::kBF16), "irregular/config.json");
+  ASSERT_TRUE(irregular_back.ok()) << irregular_back.status();
+  EXPECT_EQ(irregular_back->full_attention_layers, irregular.full_attention_layers);
+  // A window as long as the model: its blocks still turn unscaled.
+  std::string long_window = json;
+  long_window.replace(long_window.find("\"sliding_window\": 4096"), 22,
+                      "\"sliding_window\": 65536");
+  auto long_back = ModelFromHfConfig(long_window, "long/config.json");
+  ASSERT_TRUE(long_back.ok()) << long_back.status();
+  EXPECT_EQ(long_back->sliding_window, 65536);
+  EXPECT_EQ(long_back->rope_local_theta, 500000.0f);
 
   config::ModelConfig scaled_local = *m;  // YaRN in the windowed blocks too
   scaled_local.rope_local_theta = 0.0f;
