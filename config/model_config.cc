@@ -295,14 +295,34 @@ absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
   return absl::OkStatus();
 }
 
+// An error naming rope_scaling's `field` under the model's path `p`.
+absl::Status RopeScalingError(const std::string& p, const char* field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+}
+
+// The factor of Llama 3's, linear and YaRN scaling: at least 1.
+absl::Status ValidateScalingFactor(const RopeScaling& r, const std::string& p) {
+  if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
+    return RopeScalingError(p, "factor", absl::StrCat("must be at least 1, got ", r.factor));
+  }
+  return absl::OkStatus();
+}
+
+// LongRoPE's and YaRN's factor of the cosines and sines: positive.
+absl::Status ValidateAttentionFactor(const RopeScaling& r, const std::string& p) {
+  if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
+    return RopeScalingError(p, "attention_factor",
+                            absl::StrCat("must be positive, got ", r.attention_factor));
+  }
+  return absl::OkStatus();
+}
+
 // Llama 3's and linear scaling's factors.
 absl::Status ValidateRopeFactor(const RopeScaling& r, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+    return RopeScalingError(p, field, why);
   };
-  if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
-    return bad("factor", absl::StrCat("must be at least 1, got ", r.factor));
-  }
+  TY_RETURN_IF_ERROR(ValidateScalingFactor(r, p));
   if (!(r.low_freq_factor > 0.0f) || !std::isfinite(r.low_freq_factor)) {
     return bad("low_freq_factor", "must be positive");
   }
@@ -316,7 +336,7 @@ absl::Status ValidateRopeFactor(const RopeScaling& r, const std::string& p) {
 // LongRoPE's: one positive factor per rotated pair in each list, and a positive attention factor.
 absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+    return RopeScalingError(p, field, why);
   };
   if (pairs > kernels::kMaxRopePairs) {
     return bad("short_factor",
@@ -335,20 +355,16 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
       }
     }
   }
-  if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
-    return bad("attention_factor", absl::StrCat("must be positive, got ", r.attention_factor));
-  }
+  TY_RETURN_IF_ERROR(ValidateAttentionFactor(r, p));
   return absl::OkStatus();
 }
 
 // YaRN's: a factor of at least 1, beta_fast above beta_slow above 0, a positive attention factor.
 absl::Status ValidateYarn(const RopeScaling& r, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(p, ".rope_scaling.", field, ": ", why));
+    return RopeScalingError(p, field, why);
   };
-  if (!(r.factor >= 1.0f) || !std::isfinite(r.factor)) {
-    return bad("factor", absl::StrCat("must be at least 1, got ", r.factor));
-  }
+  TY_RETURN_IF_ERROR(ValidateScalingFactor(r, p));
   if (!(r.beta_slow > 0.0f) || !std::isfinite(r.beta_slow)) {
     return bad("beta_slow", absl::StrCat("must be positive, got ", r.beta_slow));
   }
@@ -356,9 +372,7 @@ absl::Status ValidateYarn(const RopeScaling& r, const std::string& p) {
     return bad("beta_fast",
                absl::StrCat("must exceed beta_slow ", r.beta_slow, ", got ", r.beta_fast));
   }
-  if (!(r.attention_factor > 0.0f) || !std::isfinite(r.attention_factor)) {
-    return bad("attention_factor", absl::StrCat("must be positive, got ", r.attention_factor));
-  }
+  TY_RETURN_IF_ERROR(ValidateAttentionFactor(r, p));
   return absl::OkStatus();
 }
 

@@ -1162,6 +1162,17 @@ std::string LlamaShapeJson(const ModelConfig& m, const std::string& architecture
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta));
 }
 
+// layer_types' entries: each block "sliding_attention" where it has a window, else
+// "full_attention".
+std::string LayerTypesJson(const ModelConfig& m) {
+  std::string types;
+  for (int l = 0; l < m.layers; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  return types;
+}
+
 // The one intermediate_size of a model without experts.
 std::string DenseSizeJson(const ModelConfig& m) {
   return absl::StrCat(",\n  \"intermediate_size\": ", m.ffn_hidden);
@@ -1229,11 +1240,7 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
   // also written as layer_types; Mistral's and Mixtral's sliding_window is in every block.
   const std::string window =
       m.sliding_window > 0 ? absl::StrCat(m.sliding_window) : std::string("null");
-  std::string types;
-  for (int l = 0; l < m.layers && m.sliding_window > 0; ++l) {
-    absl::StrAppend(&types, l == 0 ? "" : ", ",
-                    m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
-  }
+  const std::string types = m.sliding_window > 0 ? LayerTypesJson(m) : "";
   const int full_layers =
       m.sliding_window > 0 ? static_cast<int>(m.full_attention_layers.size()) : m.layers;
   const std::string attention =
@@ -1389,13 +1396,8 @@ std::string OlmoConfigJson(const ModelConfig& m, const char* tied, const std::st
                                              QwenExpertsJson(m.moe), RouterJson(m.moe))
                               : DenseSizeJson(m);
   if (olmo3) {
-    std::string types;
-    for (int l = 0; l < m.layers; ++l) {
-      absl::StrAppend(&types, l == 0 ? "" : ", ",
-                      m.WindowOf(l) > 0 ? "\"sliding_attention\"" : "\"full_attention\"");
-    }
     absl::StrAppend(&sizes, ",\n  \"sliding_window\": ", m.sliding_window,
-                    ",\n  \"layer_types\": [", types, "]");
+                    ",\n  \"layer_types\": [", LayerTypesJson(m), "]");
   }
   return absl::StrCat(
       LlamaShapeJson(m,
