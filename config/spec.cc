@@ -411,6 +411,16 @@ absl::Status CheckUnusedTrainingFields(const FieldReader& r, const TrainingSpec&
     TY_RETURN_IF_ERROR(r.Inert("eval_batches",
                                "only used when eval_every is positive (this job never evaluates)"));
   }
+  // (An unknown schedule is left to FindSpecProblem, which suggests the closest.)
+  const bool decays_from_warmup =
+      t.schedule == "cosine" || t.schedule == "linear" || t.schedule == "constant";
+  for (const char* key : {"decay_steps", "decay_shape"}) {
+    if (decays_from_warmup && r.Has(key)) {
+      TY_RETURN_IF_ERROR(
+          r.Inert(key, absl::StrCat("only used with schedule: wsd (this job's ", t.schedule,
+                                    " schedule runs from the warmup's end to the last step)")));
+    }
+  }
   if (t.schedule == "constant" && r.Has("min_lr_ratio")) {
     TY_RETURN_IF_ERROR(r.Inert("min_lr_ratio",
                                "not used with schedule: constant (the learning rate stays at lr "
@@ -429,6 +439,8 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
                                           "min_lr_ratio",
                                           "warmup_steps",
                                           "schedule",
+                                          "decay_steps",
+                                          "decay_shape",
                                           "weight_decay",
                                           "beta1",
                                           "beta2",
@@ -459,6 +471,8 @@ absl::Status ReadTraining(FieldReader& r, TrainingSpec* t) {
     t->warmup_steps = std::min(t->warmup_steps, t->steps);
   }
   TY_RETURN_IF_ERROR(r.ReadString("schedule", &t->schedule));
+  TY_RETURN_IF_ERROR(r.ReadInt64("decay_steps", &t->decay_steps));
+  TY_RETURN_IF_ERROR(r.ReadString("decay_shape", &t->decay_shape));
   TY_RETURN_IF_ERROR(r.ReadDouble("weight_decay", &t->weight_decay));
   TY_RETURN_IF_ERROR(r.ReadDouble("beta1", &t->beta1));
   TY_RETURN_IF_ERROR(r.ReadDouble("beta2", &t->beta2));

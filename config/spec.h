@@ -53,7 +53,11 @@ struct TrainingSpec {
   double lr = 3e-3;
   double min_lr_ratio = 0.1;  // the schedule decays to lr * min_lr_ratio
   int64_t warmup_steps = 10;
-  std::string schedule = "cosine";  // cosine | linear | constant
+  std::string schedule = "cosine";  // cosine | linear | constant | wsd
+  // wsd (warmup-stable-decay): lr from the warmup's end until the run's last decay_steps steps
+  // (required, ≥ 1), which decay to lr * min_lr_ratio in decay_shape: linear | cosine | 1-sqrt.
+  int64_t decay_steps = 0;
+  std::string decay_shape = "linear";
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

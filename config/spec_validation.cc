@@ -79,6 +79,32 @@ Problem CheckModel(const ModelConfig& model) {
   return Bad(std::move(path), message.substr(colon + 2), std::move(related));
 }
 
+// schedule: wsd's decay: its steps after the warmup, within the run, and a shape it knows.
+Problem CheckWarmupStableDecay(const TrainingSpec& t) {
+  if (t.decay_steps == 0) {
+    return Bad("training.decay_steps",
+               "is required with schedule: wsd (the run's last steps, over which the learning "
+               "rate decays to lr × min_lr_ratio)",
+               {"training.schedule"});
+  }
+  if (Problem p = CheckAtLeast("training.decay_steps", t.decay_steps, 1)) return p;
+  if (t.warmup_steps + t.decay_steps > t.steps) {
+    return Bad("training.decay_steps",
+               absl::StrCat("a decay of ", t.decay_steps, " steps after a warmup of ",
+                            t.warmup_steps, " does not fit the run (steps ", t.steps, ")"),
+               {"training.warmup_steps", "training.steps"});
+  }
+  if (t.decay_shape != "linear" && t.decay_shape != "cosine" && t.decay_shape != "1-sqrt") {
+    std::string suggestion = ClosestMatch(t.decay_shape, {"linear", "cosine", "1-sqrt"});
+    return Bad(
+        "training.decay_shape",
+        absl::StrCat("unknown decay shape ", QuoteForMessage(t.decay_shape),
+                     suggestion.empty() ? "; expected linear, cosine or 1-sqrt"
+                                        : absl::StrCat("; did you mean '", suggestion, "'?")));
+  }
+  return std::nullopt;
+}
+
 Problem CheckSchedule(const TrainingSpec& t) {
   if (!(t.lr > 0) || !std::isfinite(t.lr)) {
     return Bad("training.lr", absl::StrCat("must be positive, got ", t.lr));
@@ -93,14 +119,16 @@ Problem CheckSchedule(const TrainingSpec& t) {
                             t.steps, ")"),
                {"training.steps"});
   }
-  if (t.schedule != "cosine" && t.schedule != "linear" && t.schedule != "constant") {
-    std::string suggestion = ClosestMatch(t.schedule, {"cosine", "linear", "constant"});
+  if (t.schedule != "cosine" && t.schedule != "linear" && t.schedule != "constant" &&
+      t.schedule != "wsd") {
+    std::string suggestion = ClosestMatch(t.schedule, {"cosine", "linear", "constant", "wsd"});
     return Bad(
         "training.schedule",
         absl::StrCat("unknown schedule ", QuoteForMessage(t.schedule),
-                     suggestion.empty() ? "; expected cosine, linear or constant"
+                     suggestion.empty() ? "; expected cosine, linear, constant or wsd"
                                         : absl::StrCat("; did you mean '", suggestion, "'?")));
   }
+  if (t.schedule == "wsd") return CheckWarmupStableDecay(t);
   return std::nullopt;
 }
 

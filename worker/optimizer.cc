@@ -6,22 +6,39 @@
 
 namespace trainyard::worker {
 
+namespace {
+
+// The learning rate `progress` (in [0, 1]) through a decay of this shape from lr to floor.
+double Decayed(DecayShape shape, double lr, double floor, double progress) {
+  switch (shape) {
+    case DecayShape::kLinear:
+      return lr + (floor - lr) * progress;
+    case DecayShape::kCosine:
+      return floor + 0.5 * (lr - floor) * (1.0 + std::cos(std::numbers::pi * progress));
+    case DecayShape::kOneMinusSqrt:
+      return lr + (floor - lr) * std::sqrt(progress);
+  }
+  return lr;
+}
+
+}  // namespace
+
 double LearningRate(const OptimizerConfig& c, int64_t step) {
   if (step < c.warmup_steps) {
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
   }
-  const double span = static_cast<double>(std::max<int64_t>(1, c.total_steps - c.warmup_steps));
-  const double progress = std::clamp(static_cast<double>(step - c.warmup_steps) / span, 0.0, 1.0);
+  if (c.schedule == LrSchedule::kConstant) return c.lr;
+  const bool wsd = c.schedule == LrSchedule::kWarmupStableDecay;
+  const int64_t start =
+      wsd ? std::max(c.warmup_steps, c.total_steps - c.decay_steps) : c.warmup_steps;
+  if (step < start) return c.lr;  // the stable phase
+  const double span = static_cast<double>(std::max<int64_t>(1, c.total_steps - start));
+  const double progress = std::clamp(static_cast<double>(step - start) / span, 0.0, 1.0);
   const double floor = c.lr * c.min_lr_ratio;
-  switch (c.schedule) {
-    case LrSchedule::kCosine:
-      return floor + 0.5 * (c.lr - floor) * (1.0 + std::cos(std::numbers::pi * progress));
-    case LrSchedule::kLinear:
-      return c.lr + (floor - c.lr) * progress;
-    case LrSchedule::kConstant:
-      return c.lr;
-  }
-  return c.lr;
+  const DecayShape shape = wsd                                 ? c.decay_shape
+                           : c.schedule == LrSchedule::kLinear ? DecayShape::kLinear
+                                                               : DecayShape::kCosine;
+  return Decayed(shape, c.lr, floor, progress);
 }
 
 float ClipScale(const OptimizerConfig& c, double grad_norm) {

@@ -16,7 +16,11 @@
 
 namespace trainyard::worker {
 
-enum class LrSchedule { kCosine, kLinear, kConstant };
+enum class LrSchedule { kCosine, kLinear, kConstant, kWarmupStableDecay };
+// The shape of a warmup-stable-decay schedule's decay from lr to floor at progress p: lr − (lr −
+// floor)·p, floor + ½(lr − floor)(1 + cos πp), or lr − (lr − floor)·√p (the "1-sqrt" cooldown
+// of Hägele et al. 2024).
+enum class DecayShape { kLinear, kCosine, kOneMinusSqrt };
 
 struct OptimizerConfig {
   double lr = 3e-4;
@@ -24,6 +28,9 @@ struct OptimizerConfig {
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   LrSchedule schedule = LrSchedule::kCosine;
+  // kWarmupStableDecay: the decay spans the run's last decay_steps steps (lr until then).
+  int64_t decay_steps = 0;
+  DecayShape decay_shape = DecayShape::kLinear;
   double weight_decay = 0.1;  // applied to tensors with two or more dims only
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -32,7 +39,9 @@ struct OptimizerConfig {
 };
 
 // Learning rate of optimizer step `step` (0-based): linear warmup to lr over warmup_steps, then
-// the schedule's decay to lr · min_lr_ratio at total_steps.
+// the schedule's decay to lr · min_lr_ratio at total_steps. A decay over steps [start, end)
+// has progress (step − start) / (end − start): lr at its first step, the floor only after its
+// last. Warmup-stable-decay holds lr until total_steps − decay_steps, then decays over the rest.
 double LearningRate(const OptimizerConfig& config, int64_t step);
 
 // Global-norm clipping (PyTorch's clip_grad_norm_ rule): the factor min(1, grad_clip / (norm +

@@ -48,7 +48,12 @@ OptimizerConfig OptimizerConfigFromSpec(const config::TrainingSpec& t) {
   c.total_steps = t.steps;
   c.schedule = t.schedule == "linear"     ? LrSchedule::kLinear
                : t.schedule == "constant" ? LrSchedule::kConstant
+               : t.schedule == "wsd"      ? LrSchedule::kWarmupStableDecay
                                           : LrSchedule::kCosine;
+  c.decay_steps = t.decay_steps;
+  c.decay_shape = t.decay_shape == "cosine"   ? DecayShape::kCosine
+                  : t.decay_shape == "1-sqrt" ? DecayShape::kOneMinusSqrt
+                                              : DecayShape::kLinear;
   c.weight_decay = t.weight_decay;
   c.beta1 = t.beta1;
   c.beta2 = t.beta2;

@@ -724,6 +724,23 @@ training:
   EXPECT_EQ(spec.training.grad_clip, 0.0);
 }
 
+// Warmup-stable-decay: the decay's length and shape; the shape defaults to linear.
+TEST(ParseJobSpecTest, WarmupStableDecay) {
+  JobSpec spec = MustParse(R"(name: wsd
+model: {preset: llama-debug}
+training: {steps: 100, warmup_steps: 5, schedule: wsd, decay_steps: 20, decay_shape: 1-sqrt,
+           min_lr_ratio: 0}
+)");
+  EXPECT_EQ(spec.training.schedule, "wsd");
+  EXPECT_EQ(spec.training.decay_steps, 20);
+  EXPECT_EQ(spec.training.decay_shape, "1-sqrt");
+  EXPECT_EQ(spec.training.min_lr_ratio, 0.0);
+  spec = MustParse(
+      "name: wsd\nmodel: {preset: llama-debug}\n"
+      "training: {steps: 10, schedule: wsd, decay_steps: 10, warmup_steps: 0}\n");
+  EXPECT_EQ(spec.training.decay_shape, "linear");
+}
+
 TEST(ParseJobSpecTest, BinWithValidationFraction) {
   JobSpec spec = MustParse(R"(name: shards
 model: {preset: gpt2-124m}
