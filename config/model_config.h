@@ -106,11 +106,14 @@ inline float LongRopeAttentionFactor(double extension, int original_max_seq) {
       std::sqrt(1.0 + std::log(extension) / std::log(static_cast<double>(original_max_seq))));
 }
 
-// YaRN's default attention factor (the paper's, transformers'): 0.1 · ln factor + 1 for a context
-// extended `factor` times, 1 when it is not extended.
-inline float YarnAttentionFactor(double factor) {
-  return factor > 1.0 ? static_cast<float>(0.1 * std::log(factor) + 1.0) : 1.0f;
+// YaRN's attention scale for a context extended `factor` times (the paper's, transformers'):
+// 0.1 · weight · ln factor + 1, 1 when it is not extended. Its default attention factor is this
+// scale at weight 1; DeepSeek's configs give the ratio of two weights' scales (mscale over
+// mscale_all_dim).
+inline double YarnScale(double factor, double weight = 1.0) {
+  return factor > 1.0 ? 0.1 * weight * std::log(factor) + 1.0 : 1.0;
 }
+inline float YarnAttentionFactor(double factor) { return static_cast<float>(YarnScale(factor)); }
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;

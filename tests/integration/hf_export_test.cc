@@ -154,6 +154,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .softcaps = mesh.softcaps,
                      .longrope = mesh.longrope,
                      .nope_layer = mesh.nope_layer,
+                     .rope_dim = mesh.rope_dim,
                      .granite = mesh.granite,
                      .experts = mesh.experts,
                      .shared_gate = mesh.shared_gate};
@@ -355,6 +356,27 @@ INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                                                                        .sliding_window = 5,
                                                                        .full_layer = 1,
                                                                        .post_norms_only = true})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
+
+// Biases on q, k and v with half of each head turned, and norms after each branch as well as
+// before, export as GLM-4 (q's and k's rows interleaved for GLM's RoPE) and read back with the
+// heads split over tensor-parallel ranks on pipeline stages; without the norms after, as GLM,
+// read back sharded by ZeRO-3 over data-parallel ranks.
+INSTANTIATE_TEST_SUITE_P(Glm, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "glm4_tp2_pp2",
+                                                                       .tp = 2,
+                                                                       .pp = 2,
+                                                                       .qkv_bias = true,
+                                                                       .post_norms = true,
+                                                                       .rope_dim = 8},
+                                                              MeshCase{.name = "glm_dp2_zero3",
+                                                                       .dp = 2,
+                                                                       .zero = 3,
+                                                                       .qkv_bias = true,
+                                                                       .rope_dim = 8})),
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
@@ -764,8 +786,6 @@ TEST(HfOracleOlmo2, NormsAfterEachBranchOnlyGiveTrainyardsLogits) {
                         MeshCase{.name = "dp1", .whole_norms = true, .post_norms_only = true});
 }
 
-// Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2
-// conventions.
 // A window in the first block with OLMo 2's blocks exports as OLMo 3 (its layer_types), YaRN
 // (factor 3 over an original context of 16, max_seq 48) turning the second, full-attention block
 // only, the windowed one at rope_theta unscaled; the oracle computes it with transformers' OLMo 3
@@ -781,8 +801,21 @@ TEST(HfOracleOlmo3, WindowedBlocksUnscaledGiveTrainyardsLogits) {
       {.factor = 3.0f, .original_max_seq = 16, .attention_factor = 1.2f, .yarn = true});
 }
 
+// Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2
+// conventions.
 TEST(HfOracleQwen2, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .qkv_bias = true});
+}
+
+// Biases on q, k and v, half of each head turned and norms after each branch too export as
+// GLM-4, which the oracle computes with transformers' GLM conventions (RoPE in neighbouring
+// pairs); the greedy tokens check the generator's blocks too. Without the norms after, as GLM.
+TEST(HfOracleGlm, ExportedFilesGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1", .qkv_bias = true, .post_norms = true, .rope_dim = 8});
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .qkv_bias = true, .rope_dim = 8});
 }
 
 // Query and key norms (with wide heads, Qwen3's shape) export as Qwen3, which the oracle computes

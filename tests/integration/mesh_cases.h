@@ -35,6 +35,7 @@ struct MeshCase {
   // original context, 16, is shorter than a 24-position sequence but longer than its chunks.
   bool longrope = false;
   int nope_layer = -1;  // llama: the one block RoPE leaves unturned (SmolLM3's NoPE; -1: none)
+  int rope_dim = 0;     // llama: model.rope_dim, the dimensions of each head RoPE turns (0: all)
   // llama: Granite's multipliers (embeddings times 6, branches times 0.5, scores times 1/16 in
   // place of the heads' 16^-1/2, logits divided by 2).
   bool granite = false;
@@ -96,6 +97,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.scale_embeddings = spec->model.scale_embeddings || mesh.gemma;
     if (mesh.longrope) PhiMiniRope(16, &spec->model);
     if (mesh.nope_layer >= 0) spec->model.nope_layers = {mesh.nope_layer};
+    if (mesh.rope_dim > 0) spec->model.rope_dim = mesh.rope_dim;
     if (mesh.granite) {
       spec->model.embedding_multiplier = 6.0f;
       spec->model.residual_multiplier = 0.5f;

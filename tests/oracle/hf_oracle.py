@@ -4,8 +4,8 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite" or
-"granitemoe") and
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite",
+"granitemoe", "glm" or "glm4") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -300,7 +300,7 @@ def read_config(model_dir):
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "olmo2, olmo3, olmoe, "
-                         "smollm3, granite or granitemoe)"
+                         "smollm3, granite, granitemoe, glm or glm4)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -481,6 +481,19 @@ class Yarn:
         return inv_freq / self.factor * ramp + inv_freq * (1 - ramp)
 
 
+def partial_rotary_dim(cfg, head_dim, default):
+    """The dimensions of each head RoPE turns: int(head_dim * partial_rotary_factor), the factor
+    `default` when the config has none (Phi-3's 1.0, GLM's 0.5)."""
+    factor = cfg.raw.get("partial_rotary_factor", default)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise InputError("%s: partial_rotary_factor must be a number in (0, 1]" % cfg.path)
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise InputError("%s: partial_rotary_factor %r turns %d dimensions (RoPE needs an "
+                         "even number)" % (cfg.path, factor, dim))
+    return dim
+
+
 def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -569,6 +582,7 @@ class Llama:
     qk_norm = False
     qk_norm_whole = False  # OLMoE: one norm over the whole q and one over the whole k
     norms_after = False  # OLMo 2: no norms before the branches, each branch's output normed
+    branch_norms = False  # GLM-4: norms before the branches and after each
     local_rope_unscaled = False  # OLMo 3: rope_scaling turns the full-attention layers only
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
@@ -606,8 +620,7 @@ class Llama:
         self.tied = cfg.bool("tie_word_embeddings", self.tied_by_default)
         self.embedding_scale = 1.0
         self.read_activation(cfg)
-        cfg.require("attention_bias", False, (False,), "projections without biases")
-        cfg.require("mlp_bias", False, (False,), "projections without biases")
+        self.read_biases(cfg)
         self.scaling = None
         self.rope_dim = self.rotary_dim(cfg)
         scaling = cfg.raw.get("rope_scaling")
@@ -640,6 +653,10 @@ class Llama:
 
     def read_activation(self, cfg):
         cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
+
+    def read_biases(self, cfg):
+        cfg.require("attention_bias", False, (False,), "projections without biases")
+        cfg.require("mlp_bias", False, (False,), "projections without biases")
 
     def norm(self, x, weight):
         """The model's RMSNorm with the stored weight."""
@@ -682,6 +699,9 @@ class Llama:
                         (p + "self_attn.k_norm.weight", (KV * D,) if whole else (D,))]
             out += [(p + "self_attn.o_proj.weight", (C, H * D)),
                     (p + "post_attention_layernorm.weight", (C,))]
+            if self.branch_norms:
+                out += [(p + "post_self_attn_layernorm.weight", (C,)),
+                        (p + "post_mlp_layernorm.weight", (C,))]
             if self.norms_after:
                 out.append((p + "post_feedforward_layernorm.weight", (C,)))
             out += self.mlp_tensors(p)
@@ -713,12 +733,17 @@ class Llama:
                 q = self.norm(q, w[p + "self_attn.q_norm.weight"])
                 k = self.norm(k, w[p + "self_attn.k_norm.weight"])
             if self.rope_layers[i]:
-                q, k = apply_rope(q, c, s), apply_rope(k, c, s)
+                q, k = self.rope(q, c, s), self.rope(k, c, s)
             v = split_heads(self.project(w, p + "self_attn.v_proj", a), self.kv_heads)
             # Query head h reads key/value head h // group.
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             y = merge_heads(causal_attention(q, k, v, self.windows[i], self.attention_scale))
             y = y @ w[p + "self_attn.o_proj.weight"].T
+            if self.branch_norms:  # GLM-4: each branch's output normed too before it joins
+                x = x + self.norm(y, w[p + "post_self_attn_layernorm.weight"])
+                m = self.norm(x, w[p + "post_attention_layernorm.weight"])
+                x = x + self.norm(self.mlp(w, p, m), w[p + "post_mlp_layernorm.weight"])
+                continue
             if self.norms_after:  # OLMo 2: post_attention_layernorm is the output's norm
                 y = self.norm(y, w[p + "post_attention_layernorm.weight"])
                 m = x + y * self.residual_multiplier
@@ -731,6 +756,10 @@ class Llama:
         x = self.norm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
         return (x @ head.T) / self.logits_scaling
+
+    def rope(self, x, cos, sin):
+        """RoPE on the heads x [..., T, D]: Llama's rotate-half pairs (i, i + R/2)."""
+        return apply_rope(x, cos, sin)
 
     def project(self, w, name, a):
         """The q, k or v projection `name` of the rows a: a W^T, plus the bias (Qwen2)."""
@@ -903,14 +932,7 @@ class Phi3(Mistral):
     pass through."""
 
     def rotary_dim(self, cfg):
-        factor = cfg.raw.get("partial_rotary_factor", 1.0)
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-            raise InputError("%s: partial_rotary_factor must be a number in (0, 1]" % cfg.path)
-        dim = int(self.head_dim * factor)
-        if dim < 2 or dim % 2:
-            raise InputError("%s: partial_rotary_factor %r turns %d dimensions (RoPE needs an "
-                             "even number)" % (cfg.path, factor, dim))
-        return dim
+        return partial_rotary_dim(cfg, self.head_dim, 1.0)
 
     def expected_tensors(self):
         H, KV, D, C, F_ = self.heads, self.kv_heads, self.head_dim, self.width, self.ffn
@@ -962,6 +984,53 @@ class Qwen3(Llama):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.read_qwen_window(cfg)
+
+
+class Glm(Llama):
+    """GlmForCausalLM: Llama's model with biases on q, k and v (attention_bias, default true; none
+    on o_proj or the MLP), heads 128 wide unless head_dim says otherwise, the MLP's gate and up
+    stacked in mlp.gate_up_proj (gate rows first), and RoPE over the first
+    int(head_dim * partial_rotary_factor) dimensions (default 0.5) in neighbouring pairs: pair i
+    is dimensions 2i and 2i + 1, turned by inv_freq[i] (transformers repeats each of the first
+    half of the tables' angles twice). Plain RoPE only."""
+
+    default_head_dim = 128
+
+    def __init__(self, cfg):
+        if cfg.raw.get("rope_scaling") is not None:
+            raise InputError("%s: rope_scaling must be null (GLM's plain RoPE)" % cfg.path)
+        super().__init__(cfg)
+
+    def read_biases(self, cfg):
+        self.qkv_bias = cfg.bool("attention_bias", True)
+        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
+
+    def rotary_dim(self, cfg):
+        return partial_rotary_dim(cfg, self.head_dim, 0.5)
+
+    def rope(self, x, cos, sin):
+        r = cos.shape[-1]
+        cos = cos[..., :r // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., :r // 2].repeat_interleave(2, dim=-1)
+        turned, kept = x[..., :r], x[..., r:]
+        pairs = torch.stack((-turned[..., 1::2], turned[..., 0::2]), dim=-1).flatten(-2)
+        return torch.cat([turned * cos + pairs * sin, kept], dim=-1)
+
+    def mlp_tensors(self, p):
+        C, F_ = self.width, self.ffn
+        return [(p + "mlp.gate_up_proj.weight", (2 * F_, C)), (p + "mlp.down_proj.weight", (C, F_))]
+
+    def mlp(self, w, p, m):
+        gate_up = w[p + "mlp.gate_up_proj.weight"]
+        return swiglu(m, gate_up[:self.ffn], gate_up[self.ffn:], w[p + "mlp.down_proj.weight"])
+
+
+class Glm4(Glm):
+    """Glm4ForCausalLM: GLM's model with each branch's output normed before it joins the residual
+    stream, post_self_attn_layernorm the attention's and post_mlp_layernorm the MLP's, the MLP's
+    input normed by post_attention_layernorm as in Llama."""
+
+    branch_norms = True
 
 
 def read_expert_counts(cfg, key="num_local_experts"):
@@ -1241,7 +1310,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
-          "granite": Granite, "granitemoe": GraniteMoe}
+          "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4}
 
 
 def load_weights(model, model_dir):

@@ -227,6 +227,44 @@ def phi3_hf_tensors(cfg, params):
     return out
 
 
+def glm_hf_tensors(cfg, params, interleave=True):
+    """[(HF name, array)] of a contract Llama in GLM's layout: Llama's tensors with gate and up
+    stacked in mlp.gate_up_proj, and each head's first rope_dim rows of q and k (weights and
+    biases) interleaved, the contract's rotate-half pair (i, i + R/2) stored as GLM's neighbours
+    (2i, 2i + 1). With post_norms (GLM-4's), the contract's attn.post_norm.w and mlp.post_norm.w
+    are post_self_attn_layernorm and post_mlp_layernorm."""
+    D = cfg.get("head_dim") or cfg["width"] // cfg["heads"]
+    R = cfg.get("rope_dim") or D
+
+    def interleaved(rows):
+        if not interleave:
+            return rows
+        out = rows.copy()
+        for base in range(0, rows.shape[0], D):
+            out[base:base + R:2] = rows[base:base + R // 2]
+            out[base + 1:base + R:2] = rows[base + R // 2:base + R]
+        return out
+
+    out = []
+    for name, array in phi3_hf_tensors(cfg, params):
+        if ".self_attn.qkv_proj." in name:  # back to q, k and v apart
+            H, KV = cfg["heads"], cfg["kv_heads"]
+            prefix = name.split(".self_attn.")[0] + ".self_attn."
+            out += [(prefix + "q_proj.weight", interleaved(array[:H * D])),
+                    (prefix + "k_proj.weight", interleaved(array[H * D:(H + KV) * D])),
+                    (prefix + "v_proj.weight", array[(H + KV) * D:])]
+        elif name.endswith(("q_proj.bias", "k_proj.bias")):
+            out.append((name, interleaved(array)))
+        else:
+            out.append((name, array))
+    if cfg.get("post_norms"):
+        for i in range(cfg["layers"]):
+            c, p = "h.%d." % i, "model.layers.%d." % i
+            out += [(p + "post_self_attn_layernorm.weight", params[c + "attn.post_norm.w"]),
+                    (p + "post_mlp_layernorm.weight", params[c + "mlp.post_norm.w"])]
+    return out
+
+
 def mixtral_hf_tensors(cfg, params):
     """[(HF name, array)] of a contract Llama MoE of Mixtral's shape: Llama's attention, the
     router as block_sparse_moe.gate, expert j's gate and up rows of the experts' fc as its w1 and
@@ -630,6 +668,30 @@ class HfOracleTest(unittest.TestCase):
                                     gemma_hf_tensors(capped_cfg, self.written_params))
         self.assertGreater(np.abs(self.oracle_logits(uncapped, capped_tokens, cfg["vocab"])).max(),
                            2.5)  # the cap bites
+
+    def test_glm4_matches_torch_model(self):
+        # GLM-4: biases on q, k and v, half of each head of 8 turned in neighbouring pairs, and
+        # the four norms per layer; then GLM's (no norms after the branches) with attention_bias
+        # left to its default (true) and heads of 128 wide unless head_dim says otherwise.
+        cfg = small_cfg("llama", heads=2, kv_heads=1, rope_dim=4, qkv_bias=True, post_norms=True)
+        config = dict(llama_hf_config(cfg), model_type="glm4", architectures=["Glm4ForCausalLM"],
+                      partial_rotary_factor=0.5, attention_bias=True, head_dim=8)
+        _, tokens, got = self.check_against_torch_model(
+            "glm4", cfg, lambda p: glm_hf_tensors(cfg, p), config)
+        # Stored in the contract's order instead, the same weights give other logits.
+        halves = self.write_model("glm4_halves", config,
+                                  glm_hf_tensors(cfg, self.written_params, interleave=False))
+        other = self.oracle_logits(halves, tokens, cfg["vocab"])
+        self.assertGreater(np.abs(other - got).max(), 1e-4)
+
+        plain = small_cfg("llama", heads=2, kv_heads=1, rope_dim=4, qkv_bias=True)
+        config = dict(llama_hf_config(plain), model_type="glm", architectures=["GlmForCausalLM"],
+                      partial_rotary_factor=0.5, head_dim=8)
+        self.check_against_torch_model("glm", plain, lambda p: glm_hf_tensors(plain, p), config)
+        # Scaled RoPE is refused rather than guessed.
+        with self.assertRaises(hf_oracle.InputError):
+            hf_oracle.Glm(hf_oracle.Config(dict(config, rope_scaling={"rope_type": "linear",
+                                                                      "factor": 2.0}), "c"))
 
     def test_gemma2_matches_torch_model(self):
         # Gemma 2: Gemma's model with the four norms per layer, the window of 3 on layers 0 and 2

@@ -140,14 +140,14 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
     // The next tensor comes off the disk while this one is checked, converted and written.
     if (i + 1 < tensors.size()) reader.Prefetch(tensors[i + 1].name, "param");
     // Straight from the mapped shard files, whichever ranks' records hold the tensor; only the
-    // transposed pieces (GPT-2's Conv1D weights), shifted tensors (Gemma's norms), and a tensor
-    // whose records do not tile it in order, pass through a buffer.
+    // transposed or interleaved pieces (GPT-2's Conv1D weights, GLM's q and k), shifted tensors
+    // (Gemma's norms), and a tensor whose records do not tile it in order, pass through a buffer.
     TY_RETURN_IF_ERROR(reader.Verify(t.name, "param", t.shape));
     TY_ASSIGN_OR_RETURN(std::vector<std::span<const float>> runs,
                         reader.Runs(t.name, "param", t.shape));
     const bool converts =
         t.shift != 0.0f ||
-        std::any_of(t.pieces.begin(), t.pieces.end(), [](const HfPiece& p) { return p.transpose; });
+        std::any_of(t.pieces.begin(), t.pieces.end(), [](const HfPiece& p) { return Reorders(p); });
     const float* whole = runs.size() == 1 ? runs[0].data() : nullptr;
     if (whole == nullptr && (runs.empty() || converts)) {
       TY_RETURN_IF_ERROR(reader.Read(t.name, "param", t.shape, global));
@@ -163,7 +163,7 @@ absl::Status WriteTensors(FileSystem& fs, const std::string& dir, const std::str
             writer, SafetensorsWriter::Create(fs, JoinPath(dir, FileName(file, files.size())),
                                               files[file], metadata));
       }
-      if (piece.transpose || t.shift != 0.0f) {
+      if (Reorders(piece) || t.shift != 0.0f) {
         converted.resize(files[file][in_file].numel());
         ToHf(t, piece, whole, converted.data());
         TY_RETURN_IF_ERROR(writer->Write(piece.name, converted.data()));

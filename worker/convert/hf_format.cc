@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -58,6 +59,17 @@ HfTensorMap Whole(std::string ours, std::vector<int64_t> shape, std::string thei
 // Gemma's layout: a Llama model with GeGLU and scaled embeddings (nothing else tells them apart).
 bool IsGemma(const ModelConfig& m) {
   return m.family == ModelFamily::kLlama && m.geglu && m.scale_embeddings;
+}
+
+// GLM's layout: a Llama model with SwiGLU and norms both before and after each branch (Gemma 2's
+// four, without Gemma's GeGLU and embeddings: GLM-4's, Glm4ForCausalLM), or, without the norms
+// after, partial RoPE with biases on q, k and v, which Phi-3's layout cannot hold (GLM's,
+// GlmForCausalLM).
+bool IsGlm(const ModelConfig& m) {
+  if (m.family != ModelFamily::kLlama || m.geglu || m.scale_embeddings || !m.pre_norms) {
+    return false;
+  }
+  return m.post_norms || (m.qkv_bias && m.rotary_dim() != m.head_dim());
 }
 
 // Gemma 3's every k-th block attends to every position, the others to its sliding window
@@ -167,28 +179,31 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
   const bool fused = layout.projections == HfProjections::kFused;
   if (m.pre_norms) out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
+  // q_proj, k_proj and v_proj (GLM's q and k rows interleaved for its RoPE) as `kind`.
+  const int64_t head = layout.glm ? d : 0, rope = layout.glm ? m.rotary_dim() : 0;
+  auto projections = [&](const std::string& kind) -> std::vector<HfPiece> {
+    return {{h + "self_attn.q_proj." + kind, 0, q, false, {}, head, rope},
+            {h + "self_attn.k_proj." + kind, q, kv, false, {}, head, rope},
+            {h + "self_attn.v_proj." + kind, q + kv, kv}};
+  };
   if (fused) {  // Phi-3's
     out.push_back(Whole(p + "attn.qkv.w", {q + 2 * kv, c}, h + "self_attn.qkv_proj.weight"));
   } else {
-    out.push_back({p + "attn.qkv.w",
-                   {q + 2 * kv, c},
-                   {{h + "self_attn.q_proj.weight", 0, q},
-                    {h + "self_attn.k_proj.weight", q, kv},
-                    {h + "self_attn.v_proj.weight", q + kv, kv}}});
+    out.push_back({p + "attn.qkv.w", {q + 2 * kv, c}, projections("weight")});
   }
-  if (m.qkv_bias) {  // Qwen2's
-    out.push_back({p + "attn.qkv.b",
-                   {q + 2 * kv},
-                   {{h + "self_attn.q_proj.bias", 0, q},
-                    {h + "self_attn.k_proj.bias", q, kv},
-                    {h + "self_attn.v_proj.bias", q + kv, kv}}});
+  if (m.qkv_bias) {  // Qwen2's and GLM's
+    out.push_back({p + "attn.qkv.b", {q + 2 * kv}, projections("bias")});
   }
   if (m.qk_norm) {  // Qwen3's and Gemma 3's
     out.push_back(Norm(m, p + "attn.q_norm.w", m.q_norm_width(), h + "self_attn.q_norm.weight"));
     out.push_back(Norm(m, p + "attn.k_norm.w", m.k_norm_width(), h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
-  if (m.post_norms) {  // Gemma's and OLMo 2's: post_attention_layernorm the attention output's
+  if (m.post_norms && layout.glm) {  // GLM-4's names of Gemma 2's four norms
+    out.push_back(Norm(m, p + "attn.post_norm.w", c, h + "post_self_attn_layernorm.weight"));
+    out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
+    out.push_back(Norm(m, p + "mlp.post_norm.w", c, h + "post_mlp_layernorm.weight"));
+  } else if (m.post_norms) {  // Gemma's and OLMo 2's: post_attention_layernorm the attention's
     out.push_back(Norm(m, p + "attn.post_norm.w", c, h + "post_attention_layernorm.weight"));
     if (m.pre_norms) {
       out.push_back(Norm(m, p + "ln2.w", c, h + "pre_feedforward_layernorm.weight"));
@@ -209,7 +224,7 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddStackedExperts(m, p, h, out);
     }
   }
-  if (fused) {
+  if (fused || layout.projections == HfProjections::kFusedMlp) {
     out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "mlp.gate_up_proj.weight"));
   } else {
     out.push_back({p + "mlp.fc.w",
@@ -415,11 +430,9 @@ absl::Status ReadYarn(const ConfigFields& scaling, ModelConfig& m) {
   float mscale = 0.0f, mscale_all_dim = 0.0f;
   TY_RETURN_IF_ERROR(scaling.Float("mscale", &mscale, /*zero_too=*/true));
   TY_RETURN_IF_ERROR(scaling.Float("mscale_all_dim", &mscale_all_dim, /*zero_too=*/true));
-  auto scaled = [&](float weight) {
-    return r.factor > 1.0f ? 0.1 * weight * std::log(r.factor) + 1.0 : 1.0;
-  };
   r.attention_factor = mscale != 0.0f && mscale_all_dim != 0.0f
-                           ? static_cast<float>(scaled(mscale) / scaled(mscale_all_dim))
+                           ? static_cast<float>(config::YarnScale(r.factor, mscale) /
+                                                config::YarnScale(r.factor, mscale_all_dim))
                            : config::YarnAttentionFactor(r.factor);
   return scaling.Float("attention_factor", &r.attention_factor);
 }
@@ -457,7 +470,10 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
 // A Llama-family config's sizes, norm, RoPE and embeddings (not its activation). Heads wider than
 // hidden_size / num_attention_heads are `head_dim`, the config's or else `default_head_dim` (0:
 // that quotient).
-absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_head_dim = 0) {
+// `glm`: attention_bias is GLM's biases on q, k and v (true unless the config says otherwise)
+// rather than refused.
+absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_head_dim = 0,
+                            bool glm = false) {
   m.family = ModelFamily::kLlama;
   TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
   TY_RETURN_IF_ERROR(f.Int("max_position_embeddings", &m.max_seq));
@@ -480,8 +496,13 @@ absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_h
   TY_RETURN_IF_ERROR(f.Float("rope_theta", &m.rope_theta));
   m.tied_embeddings = false;
   TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
+  if (glm) {
+    m.qkv_bias = true;  // GlmConfig's and Glm4Config's default
+    TY_RETURN_IF_ERROR(f.Bool("attention_bias", &m.qkv_bias));
+  }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     bool biased = false;
+    if (glm && std::string_view(key) == "attention_bias") continue;
     TY_RETURN_IF_ERROR(f.Bool(key, &biased));
     if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
   }
@@ -643,24 +664,47 @@ absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
   return absl::OkStatus();
 }
 
+// partial_rotary_factor (`fallback` without it): RoPE over the first head_dim · factor
+// dimensions of each head, truncated as transformers does (Phi-4 mini's 0.75 turns 96 of 128).
+absl::Status ReadPartialRotary(const ConfigFields& f, double fallback, ModelConfig& m) {
+  const Value* rotary = f.Get("partial_rotary_factor");
+  const double factor = rotary != nullptr ? rotary->number_value() : fallback;
+  const double dims = std::floor(static_cast<double>(m.head_dim()) * factor);
+  if ((rotary != nullptr && rotary->kind_case() != Value::kNumberValue) ||
+      !(factor > 0 && factor <= 1) || dims < 2 || std::fmod(dims, 2.0) != 0) {
+    return f.Bad("partial_rotary_factor",
+                 absl::StrCat("must be in (0, 1] and turn an even number of each head's ",
+                              m.head_dim(), " dimensions"));
+  }
+  m.rope_dim = dims == m.head_dim() ? 0 : static_cast<int>(dims);
+  return absl::OkStatus();
+}
+
 // Phi-3's (Phi3ForCausalLM, as Phi-3, Phi-3.5 and Phi-4 are published): Mistral's model and
 // window (Phi-3 mini's 2047 positions), RoPE over the first partial_rotary_factor of each head
 // (transformers truncates head_dim · factor; Phi-4 mini's 0.75 turns 96 of 128), and its longrope
 // scaling (the 128k models').
 absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
-  if (const Value* rotary = f.Get("partial_rotary_factor"); rotary != nullptr) {
-    const double factor = rotary->number_value();
-    const double dims = std::floor(static_cast<double>(m.head_dim()) * factor);
-    if (rotary->kind_case() != Value::kNumberValue || !(factor > 0 && factor <= 1) || dims < 2 ||
-        std::fmod(dims, 2.0) != 0) {
-      return f.Bad("partial_rotary_factor",
-                   absl::StrCat("must be in (0, 1] and turn an even number of each head's ",
-                                m.head_dim(), " dimensions"));
-    }
-    m.rope_dim = dims == m.head_dim() ? 0 : static_cast<int>(dims);
-  }
+  TY_RETURN_IF_ERROR(ReadPartialRotary(f, 1.0, m));
   return ReadSlidingWindow(f, m);
+}
+
+// GLM's (GlmForCausalLM, GLM-4 9B's first checkpoints) and GLM-4's (Glm4ForCausalLM, GLM-4
+// 0414's and GLM-Z1's, `norms_after`: their branches' outputs normed too): Llama's shape with
+// biases on q, k and v (attention_bias, default true), heads 128 wide unless the config says
+// otherwise (head_dim), RoPE over the first half of each head
+// (partial_rotary_factor's default) in neighbouring pairs (HfTensors interleaves q's and k's
+// rows), plain RoPE only, and the MLP's gate and up fused (gate_up_proj).
+absl::Status ReadGlmConfig(const ConfigFields& f, bool norms_after, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*glm=*/true));
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  if (m.rope_scaling.enabled()) {
+    return f.Bad("rope_scaling", "must be null (Trainyard reads GLM's plain RoPE only)");
+  }
+  TY_RETURN_IF_ERROR(ReadPartialRotary(f, 0.5, m));
+  m.post_norms = norms_after;
+  return absl::OkStatus();
 }
 
 // SmolLM3's (SmolLM3ForCausalLM): Llama's model with tied embeddings unless the config says
@@ -1084,7 +1128,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
   TY_RETURN_IF_ERROR(CheckOlmoLayout(m));
-  TY_RETURN_IF_ERROR(CheckGemmaLayout(m));
+  if (!layout.glm) TY_RETURN_IF_ERROR(CheckGemmaLayout(m));  // GLM-4's norms are Gemma 2's
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
   if (m.moe.enabled() && m.moe.shared_gate != (layout.experts == HfExperts::kQwen2Moe)) {
@@ -1120,13 +1164,25 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
   return HfTensors(m, HfExportLayout(m));
 }
 
+int64_t TheirRow(const HfPiece& piece, int64_t row) {
+  if (piece.head_rows == 0) return row;
+  const int64_t head = row / piece.head_rows, i = row % piece.head_rows;
+  if (i >= piece.rope_rows) return row;
+  const int64_t half = piece.rope_rows / 2;
+  return head * piece.head_rows + (i < half ? 2 * i : 2 * (i - half) + 1);
+}
+
+bool Reorders(const HfPiece& piece) { return piece.transpose || piece.head_rows != 0; }
+
 void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, float* theirs) {
   const int64_t cols = RowElements(tensor), count = piece.rows * cols;
   const float* from = ours + piece.row_begin * cols;
-  if (!piece.transpose) {
-    std::copy(from, from + count, theirs);
-  } else {
+  if (piece.transpose) {
     Transpose(from, piece.rows, cols, theirs);
+  } else {
+    for (int64_t r = 0; r < piece.rows; ++r) {
+      std::copy(from + r * cols, from + (r + 1) * cols, theirs + TheirRow(piece, r) * cols);
+    }
   }
   if (tensor.shift != 0.0f) {
     for (int64_t i = 0; i < count; ++i) theirs[i] -= tensor.shift;
@@ -1136,10 +1192,13 @@ void ToHf(const HfTensorMap& tensor, const HfPiece& piece, const float* ours, fl
 void FromHf(const HfTensorMap& tensor, const HfPiece& piece, const float* theirs, float* ours) {
   const int64_t cols = RowElements(tensor), count = piece.rows * cols;
   float* to = ours + piece.row_begin * cols;
-  if (!piece.transpose) {
-    std::copy(theirs, theirs + count, to);
-  } else {
+  if (piece.transpose) {
     Transpose(theirs, cols, piece.rows, to);
+  } else {
+    for (int64_t r = 0; r < piece.rows; ++r) {
+      const float* row = theirs + TheirRow(piece, r) * cols;
+      std::copy(row, row + cols, to + r * cols);
+    }
   }
   if (tensor.shift != 0.0f) {
     for (int64_t i = 0; i < count; ++i) to[i] += tensor.shift;
@@ -1315,6 +1374,13 @@ std::string FactorsJson(const std::vector<float>& factors) {
 // int(head_dim · factor) give rope_dim back (CheckPhi3Layout refuses a ratio that does not).
 std::string PartialRotaryJson(const ModelConfig& m) {
   return absl::StrFormat("%.17g", static_cast<double>(m.rotary_dim()) / m.head_dim());
+}
+
+// Whether transformers' int(head_dim · partial_rotary_factor), of the factor as written, gives
+// the model's rotated dimensions back.
+bool PartialRotaryReadsBack(const ModelConfig& m) {
+  const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
+  return static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim();
 }
 
 // config.json of Phi-3 (Phi3ForCausalLM): Mistral's fields, the rotated part of each head, and
@@ -1502,17 +1568,59 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
                                : m.rope_scaling.yarn ? "is YaRN"
                                                      : "is Llama 3's");
   }
-  const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
-  if (static_cast<int>(std::floor(m.head_dim() * factor)) != m.rotary_dim()) {
+  if (!PartialRotaryReadsBack(m)) {
     return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
                                         "head_dim ", m.head_dim(), " gives back"));
   }
   return absl::OkStatus();
 }
 
+// GLM's layout (IsGlm) holds a Llama model with SwiGLU, its RoPE plain (any part of each head
+// turned, no scaling), biases on q, k and v or none: no query and key norms, Gemma's scores,
+// Granite's multipliers, NoPE blocks, window or experts.
+absl::Status CheckGlmLayout(const ModelConfig& m) {
+  if (!IsGlm(m)) return absl::OkStatus();
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes a Llama model with SwiGLU and norms after each branch as well as "
+        "before, or partial RoPE with biases on q, k and v, in GLM's and GLM-4's layouts only "
+        "(plain RoPE over any even part of each head, no query and key norms, Gemma's scores, "
+        "Granite's multipliers, NoPE blocks, sliding window or MoE blocks)"));
+  };
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.attention_scale_dim != 0 || m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("attention_scale_dim", "or a soft cap is set");
+  }
+  if (m.HasGraniteMultipliers()) return bad(m.GraniteField(), "is set");
+  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
+  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  if (!PartialRotaryReadsBack(m)) {
+    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
+                                        "head_dim ", m.head_dim(), " gives back"));
+  }
+  return absl::OkStatus();
+}
+
+// config.json of GLM-4 (Glm4ForCausalLM): Llama's fields, the rotated part of each head, and
+// attention_bias (q, k and v only). Without norms after the branches the model is GLM's
+// (GlmForCausalLM, as GLM-4 9B's first checkpoints are published).
+std::string GlmConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const bool glm4 = m.post_norms;
+  return absl::StrCat(
+      LlamaShapeJson(m, glm4 ? "Glm4ForCausalLM" : "GlmForCausalLM", glm4 ? "glm4" : "glm",
+                     DenseSizeJson(m)),
+      ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m),
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": ", m.qkv_bias ? "true" : "false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
 }  // namespace
 
 HfProjections HfExportProjections(const ModelConfig& m) {
+  if (IsGlm(m)) return HfProjections::kFusedMlp;
   const bool phi3 = m.family == ModelFamily::kLlama &&
                     (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope);
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
@@ -1521,6 +1629,7 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 HfLayout HfExportLayout(const ModelConfig& m) {
   HfLayout layout;
   layout.projections = HfExportProjections(m);
+  layout.glm = IsGlm(m);
   layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
                    : m.moe.shared_gate       ? HfExperts::kQwen2Moe
                    : m.qk_norm               ? HfExperts::kQwen3Moe
@@ -1541,6 +1650,7 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
+  TY_RETURN_IF_ERROR(CheckGlmLayout(m));
   const std::vector<int32_t>& full = m.full_attention_layers;
   if (IsGemma(m) && m.post_norms && !m.qk_norm && m.sliding_window > 0 &&
       GemmaWindowPattern(m) != 2) {
@@ -1589,6 +1699,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
+  if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
   if (HfExportProjections(m) == HfProjections::kFused) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
@@ -1654,6 +1765,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "granitemoe") {  // Granite's, and experts
     TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));
+  } else if (model_type == "glm" || model_type == "glm4") {  // interleaved partial RoPE
+    TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1666,11 +1779,14 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
-                     "\"granite\" and \"granitemoe\""));
+                     "\"granite\", \"granitemoe\", \"glm\" and \"glm4\""));
   }
   if (layout != nullptr) {
     layout->model_type = model_type;
-    layout->projections = model_type == "phi3" ? HfProjections::kFused : HfProjections::kSeparate;
+    layout->glm = model_type == "glm" || model_type == "glm4";
+    layout->projections = model_type == "phi3" ? HfProjections::kFused
+                          : layout->glm        ? HfProjections::kFusedMlp
+                                               : HfProjections::kSeparate;
     layout->experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
                       : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
                       : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe

@@ -22,8 +22,10 @@
 // mlp.experts.j.gate_proj, up_proj and down_proj. OLMo 2 (Olmo2ForCausalLM) is a dense Llama
 // model with OLMoE's query and key norms and model.pre_norms false: no input_layernorm, its
 // post_attention_layernorm and post_feedforward_layernorm the branches' outputs' norms
-// (attn.post_norm.w, mlp.post_norm.w). The engine's internal vocabulary padding never reaches a
-// checkpoint, so none shows.
+// (attn.post_norm.w, mlp.post_norm.w). GLM (GlmForCausalLM) is a Llama model with biases on q, k
+// and v, partial RoPE in neighbouring pairs (its q and k rows interleaved: HfPiece::head_rows)
+// and gate_up_proj; GLM-4 (Glm4ForCausalLM) adds Gemma 2's four norms under its own names. The
+// engine's internal vocabulary padding never reaches a checkpoint, so none shows.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -49,6 +51,11 @@ struct HfPiece {
   // Theirs' shape where the rows do not imply it (the same elements in the same order): GraniteMoE
   // stacks its experts' weights as [experts, rows, cols]. Empty: HfShape's.
   std::vector<int64_t> shape = {};
+  // GLM's RoPE turns neighbouring dimensions (2i, 2i + 1) of a head where ours turns i and
+  // i + r/2: within each head of `head_rows` rows, theirs holds our first `rope_rows` (r) rows
+  // interleaved, our row i as their row 2i and our row r/2 + i as their row 2i + 1; the head's
+  // other rows in place. The query's and key's scores are the same either way. 0: our order.
+  int64_t head_rows = 0, rope_rows = 0;
 };
 
 // One of our global tensors (the ParameterLayout name and shape) and the pieces that make it.
@@ -66,12 +73,18 @@ struct HfTensorMap {
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece);
 // Elements of one row of `tensor` (the product of its dimensions after the first).
 int64_t RowElements(const HfTensorMap& tensor);
+// The row of `piece`'s Hugging Face tensor that holds row `row` of the piece (counted from the
+// piece's row_begin): `row` itself unless the piece's heads are interleaved (HfPiece::head_rows).
+int64_t TheirRow(const HfPiece& piece, int64_t row);
+// Whether `piece` is not our rows as they are: transposed or interleaved.
+bool Reorders(const HfPiece& piece);
 
 // How a Llama-family directory stores the attention's and MLP's input projections: q_proj,
 // k_proj, v_proj and gate_proj, up_proj apart (Llama's, and every layout Trainyard writes), or
 // fused as Phi-3's self_attn.qkv_proj (q, k, v rows in that order: our qkv.w) and
-// mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w).
-enum class HfProjections { kSeparate, kFused };
+// mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w), or GLM's: the attention's apart, the
+// MLP's fused.
+enum class HfProjections { kSeparate, kFused, kFusedMlp };
 
 // How a mixture-of-experts block names and stores its experts: Mixtral's (block_sparse_moe.gate,
 // block_sparse_moe.experts.J.w1, w3, w2), Qwen3-MoE's and OLMoE's (mlp.gate,
@@ -89,6 +102,10 @@ struct HfLayout {
   HfProjections projections = HfProjections::kSeparate;
   HfExperts experts = HfExperts::kMixtral;
   bool multimodal = false;
+  // GLM's and GLM-4's (GlmForCausalLM, Glm4ForCausalLM): q and k rows interleaved for its RoPE
+  // (HfPiece::head_rows), the MLP's projections fused, and GLM-4's norms of the branches' outputs
+  // post_self_attn_layernorm and post_mlp_layernorm, its MLP's input's post_attention_layernorm.
+  bool glm = false;
 };
 
 // The name a stored tensor is looked up by among HfTensors' pieces: GPT-2's without its

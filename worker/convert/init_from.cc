@@ -437,10 +437,20 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
     const int64_t lo = std::max(begin, p0), hi = std::min(begin + count, p1);
     if (lo >= hi) continue;
     const auto& [file, info] = pieces_.at(piece.name);
-    if (!piece.transpose) {
+    if (!Reorders(piece)) {
       file->ReadFloats(*info, lo - p0, hi - lo, out + (lo - begin));
       if (m.shift != 0.0f) {
         for (int64_t e = lo; e < hi; ++e) out[e - begin] += m.shift;
+      }
+      continue;
+    }
+    if (!piece.transpose) {  // interleaved heads: each of our rows is one of theirs
+      for (int64_t e = lo; e < hi;) {
+        const int64_t row = (e - p0) / cols, end = std::min(hi, p0 + (row + 1) * cols);
+        const int64_t at = TheirRow(piece, row) * cols + (e - p0 - row * cols);
+        file->ReadFloats(*info, at, end - e, out + (e - begin));
+        for (int64_t i = e; i < end; ++i) out[i - begin] += m.shift;
+        e = end;
       }
       continue;
     }
@@ -491,7 +501,7 @@ const float* WeightSource::Direct(const std::string& name) const {
     return reinterpret_cast<const float*>(llmc_->data() + 4 * kLlmcHeaderInts) + it->second.first;
   }
   auto it = maps_.find(name);
-  if (it == maps_.end() || it->second.pieces.size() != 1 || it->second.pieces[0].transpose ||
+  if (it == maps_.end() || it->second.pieces.size() != 1 || Reorders(it->second.pieces[0]) ||
       it->second.shift != 0.0f) {
     return nullptr;
   }

@@ -736,10 +736,13 @@ TEST(HfFormat, Phi4MiniConfigTurnsThreeQuartersOfEachHead) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->rope_dim, 96);
   EXPECT_EQ(back->rope_scaling, m->rope_scaling);
-  // Partial RoPE travels as Phi-3 only: not with Qwen2's biases nor wider heads.
+  // Partial RoPE with Qwen2's biases travels as GLM, whose layout has no LongRoPE; wider heads
+  // do not travel as Phi-3.
   config::ModelConfig biased = *m;
   biased.qkv_bias = true;
-  EXPECT_THAT(CheckHfWritable(biased).message(), HasSubstr("model.qkv_bias: is true"));
+  EXPECT_THAT(CheckHfWritable(biased).message(),
+              HasSubstr("model.rope_scaling: is set; Trainyard writes"));
+  EXPECT_THAT(CheckHfWritable(biased).message(), HasSubstr("in GLM's and GLM-4's layouts only"));
   config::ModelConfig wide = *m;
   wide.explicit_head_dim = 160;
   EXPECT_THAT(CheckHfWritable(wide).message(), HasSubstr("model.head_dim: is 160"));
@@ -2226,6 +2229,142 @@ TEST(InitFrom, LlmcFileLoadsAndItsBadHeadersAreRefused) {
     EXPECT_THAT(WeightSource::Open(fs, "v7.bin").status().message(),
                 HasSubstr("v7.bin: llm.c version 7"));
   }
+}
+
+// The shape of transformers' Glm4Config (GLM-4 9B 0414's): biases on q, k and v, half of each
+// 128-wide head turned in neighbouring pairs, the four norms per block, gate and up fused.
+constexpr char kGlm4Config[] = R"({
+  "architectures": ["Glm4ForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 13696,
+  "max_position_embeddings": 32768, "model_type": "glm4", "num_attention_heads": 32,
+  "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+  "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+  "vocab_size": 151552})";
+
+TEST(HfFormat, Glm4ConfigReadsWithInterleavedRopeAndFourNorms) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kGlm4Config, "GLM-4-9B-0414/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(layout.glm);
+  EXPECT_EQ(layout.projections, HfProjections::kFusedMlp);
+  EXPECT_TRUE(m->qkv_bias && m->post_norms && m->pre_norms);
+  EXPECT_FALSE(m->geglu || m->scale_embeddings || m->qk_norm || m->tied_embeddings);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rotary_dim(), 64);
+  EXPECT_EQ(m->kv_heads, 2);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  // By hand: q, k, v (with biases) and o; gate and up, down; four norms; the untied embedding
+  // and head of 151552 rows and the final norm.
+  const int64_t block = int64_t{4096} * 4096 + 2 * int64_t{256} * 4096 + (4096 + 2 * 256) +
+                        int64_t{4096} * 4096 + 3 * int64_t{13696} * 4096 + 4 * 4096;
+  EXPECT_EQ(block, 203969024);
+  EXPECT_EQ(m->ParameterCount(), 40 * block + 2 * int64_t{151552} * 4096 + 4096);
+  EXPECT_EQ(m->ParameterCount(), 9400279040);
+
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, HfPiece> pieces;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& p : t.pieces) pieces[p.name] = p;
+  }
+  const std::string h = "model.layers.7.";
+  for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                           "self_attn.q_proj.bias", "self_attn.k_proj.bias"}) {
+    ASSERT_TRUE(pieces.contains(h + name)) << name;
+    EXPECT_EQ(pieces[h + name].head_rows, 128) << name;
+    EXPECT_EQ(pieces[h + name].rope_rows, 64) << name;
+  }
+  EXPECT_EQ(pieces[h + "self_attn.v_proj.weight"].head_rows, 0);  // v is not turned
+  for (const char* name : {"input_layernorm.weight", "post_self_attn_layernorm.weight",
+                           "post_attention_layernorm.weight", "post_mlp_layernorm.weight",
+                           "mlp.gate_up_proj.weight", "mlp.down_proj.weight"}) {
+    EXPECT_TRUE(pieces.contains(h + name)) << name;
+  }
+  EXPECT_FALSE(pieces.contains(h + "self_attn.o_proj.bias"));
+
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  EXPECT_EQ(HfExportLayout(*m).glm, true);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Glm4ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"partial_rotary_factor\": 0.5,"));
+  EXPECT_THAT(written, HasSubstr("\"attention_bias\": true"));
+  HfLayout back_layout;
+  auto back = ModelFromHfConfig(written, "out/config.json", &back_layout);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_TRUE(back_layout.glm);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->rope_dim, 64);
+  EXPECT_TRUE(back->qkv_bias && back->post_norms);
+
+  // GLM's (GLM-4 9B's first checkpoints): no norms after the branches, attention_bias and
+  // partial_rotary_factor left to their defaults (true, 0.5), heads 128 wide unless head_dim says
+  // otherwise.
+  std::string glm = kGlm4Config;
+  for (const char* key :
+       {"\"attention_bias\": true, ", "\"partial_rotary_factor\": 0.5, ", "\"head_dim\": 128, "}) {
+    glm.erase(glm.find(key), std::string(key).size());
+  }
+  glm.replace(glm.find("\"glm4\""), 6, "\"glm\"");
+  glm.replace(glm.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": 2048");
+  auto plain = ModelFromHfConfig(glm, "glm-4-9b/config.json", &layout);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(layout.glm);
+  EXPECT_TRUE(plain->qkv_bias);
+  EXPECT_FALSE(plain->post_norms);
+  EXPECT_EQ(plain->head_dim(), 128);  // not 2048 / 32
+  EXPECT_EQ(plain->rotary_dim(), 64);
+  ASSERT_TRUE(CheckHfWritable(*plain).ok());
+  EXPECT_THAT(HfConfigJson(*plain, TensorDtype::kF32), HasSubstr("\"GlmForCausalLM\""));
+  // Without biases a partial rotation is Phi-3's again.
+  config::ModelConfig unbiased = *plain;
+  unbiased.qkv_bias = false;
+  EXPECT_EQ(HfExportProjections(unbiased), HfProjections::kFused);
+
+  // What GLM's layout does not hold is refused, naming the field.
+  auto refused = [](const std::string& from, const std::string& to) {
+    std::string json = kGlm4Config;
+    json.replace(json.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(json, "g/config.json").status().message());
+  };
+  EXPECT_THAT(refused("\"rope_theta\"",
+                      "\"rope_scaling\": {\"rope_type\": \"linear\", "
+                      "\"factor\": 2.0}, \"rope_theta\""),
+              HasSubstr("g/config.json: rope_scaling must be null"));
+  EXPECT_THAT(refused("\"use_cache\"", "\"mlp_bias\": true, \"use_cache\""),
+              HasSubstr("mlp_bias must be false"));
+  EXPECT_THAT(refused("\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 0.01"),
+              HasSubstr("partial_rotary_factor must be in (0, 1] and turn an even number"));
+  EXPECT_THAT(refused("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""),
+              HasSubstr("hidden_act must be \"silu\""));
+  config::ModelConfig normed = *m;
+  normed.qk_norm = true;
+  EXPECT_THAT(CheckHfWritable(normed).message(), HasSubstr("model.qk_norm: is true"));
+  config::ModelConfig windowed = *m;
+  windowed.sliding_window = 4096;
+  EXPECT_THAT(CheckHfWritable(windowed).message(), HasSubstr("model.sliding_window: is 4096"));
+}
+
+// GLM's interleaved rows: within each head, our row i is theirs 2i and our row R/2 + i theirs
+// 2i + 1 for the R turned rows, the rest in place; ToHf and FromHf move whole rows so.
+TEST(HfFormat, InterleavedHeadsMoveWholeRows) {
+  const HfPiece piece{"q", 0, 12, false, {}, 6, 4};  // two heads of 6 rows, 4 turned
+  const int64_t want[] = {0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11};
+  for (int64_t r = 0; r < 12; ++r) EXPECT_EQ(TheirRow(piece, r), want[r]) << r;
+  EXPECT_TRUE(Reorders(piece));
+  EXPECT_FALSE(Reorders(HfPiece{"v", 0, 12}));
+  const HfTensorMap tensor{"attn.qkv.w", {12, 2}, {piece}};
+  std::vector<float> ours(24), theirs(24), back(24, -1.0f);
+  for (int i = 0; i < 24; ++i) ours[i] = static_cast<float>(i);
+  ToHf(tensor, piece, ours.data(), theirs.data());
+  for (int64_t r = 0; r < 12; ++r) {
+    EXPECT_EQ(theirs[want[r] * 2], ours[r * 2]);
+    EXPECT_EQ(theirs[want[r] * 2 + 1], ours[r * 2 + 1]);
+  }
+  FromHf(tensor, piece, theirs.data(), back.data());
+  EXPECT_EQ(back, ours);
 }
 
 }  // namespace
