@@ -535,6 +535,32 @@ int RunPython(const std::string& script, const std::string& args) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// The oracle's logits from the Hugging Face directory `dir` against Trainyard's from the same
+// files, for kBatch sequences of kSeq tokens drawn from `model`'s vocabulary with `seed` (left
+// in `tokens`, the oracle's logits in `oracle`): max relative error (NaN when either side
+// failed). Scratch files go to `scratch`.
+double ErrorAgainstTheOracle(const config::ModelConfig& model, const fs::path& dir,
+                             const fs::path& scratch, unsigned seed, std::vector<int32_t>& tokens,
+                             std::vector<double>& oracle) {
+  tokens.assign(kBatch * kSeq, 0);
+  std::mt19937 rng(seed);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % model.vocab);
+  const fs::path tokens_file = scratch / "tokens.i32";
+  std::ofstream(tokens_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), 4 * tokens.size());
+  const int rc = RunPython("hf_oracle.py", absl::StrCat(dir.string(), " ", tokens_file.string(),
+                                                        " ", (scratch / "out").string(),
+                                                        " --batch ", kBatch, " --seq ", kSeq));
+  EXPECT_EQ(rc, 0);
+  oracle.assign(tokens.size() * model.vocab, 0.0);
+  std::ifstream(scratch / "out" / "logits.f64", std::ios::binary)
+      .read(reinterpret_cast<char*>(oracle.data()), 8 * oracle.size());
+  const std::vector<float> ours = TrainyardLogits(model, dir.string(), tokens);
+  EXPECT_EQ(ours.size(), oracle.size());
+  if (rc != 0 || ours.size() != oracle.size()) return NAN;
+  return RelativeError(ours, oracle);
+}
+
 // The oracle's logits and greedy tokens from the export of a model trained on one rank (`mesh`
 // says only what model it is), with `scaling` as its RoPE scaling when one is given (Llama).
 void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
@@ -549,23 +575,9 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
 
-  std::vector<int32_t> tokens(kBatch * kSeq);
-  std::mt19937 rng(7);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % spec.model.vocab);
-  const fs::path tokens_file = scratch / "tokens.i32";
-  std::ofstream(tokens_file, std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()), 4 * tokens.size());
-  ASSERT_EQ(RunPython("hf_oracle.py", absl::StrCat(hf.string(), " ", tokens_file.string(), " ",
-                                                   (scratch / "out").string(), " --batch ", kBatch,
-                                                   " --seq ", kSeq)),
-            0);
-  std::vector<double> oracle(tokens.size() * spec.model.vocab);
-  std::ifstream(scratch / "out" / "logits.f64", std::ios::binary)
-      .read(reinterpret_cast<char*>(oracle.data()), 8 * oracle.size());
-
-  const std::vector<float> ours = TrainyardLogits(spec.model, hf.string(), tokens);
-  ASSERT_EQ(ours.size(), oracle.size());
-  const double error = RelativeError(ours, oracle);
+  std::vector<int32_t> tokens;
+  std::vector<double> oracle;
+  const double error = ErrorAgainstTheOracle(spec.model, hf, scratch, 7, tokens, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
               mesh.experts == 0  ? ""
@@ -816,6 +828,85 @@ TEST(HfOracleGlm, ExportedFilesGiveTrainyardsLogits) {
       MeshCase{.name = "dp1", .qkv_bias = true, .post_norms = true, .rope_dim = 8});
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .qkv_bias = true, .rope_dim = 8});
+}
+
+// `llama` (a LlamaForCausalLM directory of heads `head_dim` wide) as ERNIE 4.5 stores the same
+// model in `out`: its config named Ernie4_5ForCausalLM with use_bias false, and each head's rows of
+// q_proj and k_proj interleaved (row i as row 2i, row head_dim/2 + i as row 2i + 1) for ERNIE's
+// RoPE in neighbouring pairs.
+void WriteErnie(const fs::path& llama, const fs::path& out, int head_dim) {
+  fs::create_directories(out);
+  std::ifstream config_in(llama / "config.json");
+  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"LlamaForCausalLM", "Ernie4_5ForCausalLM"},
+        {"\"model_type\": \"llama\"", "\"model_type\": \"ernie4_5\""},
+        {"\"mlp_bias\": false", "\"mlp_bias\": false, \"use_bias\": false"}}) {
+    ASSERT_NE(config.find(from), std::string::npos) << from;
+    config.replace(config.find(from), from.size(), to);
+  }
+  std::ofstream(out / "config.json") << config;
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (llama / "model.safetensors").string());
+  ASSERT_TRUE(in.ok()) << in.status();
+  auto writer =
+      convert::SafetensorsWriter::Create(*RealFileSystem(), (out / "model.safetensors").string(),
+                                         (*in)->tensors(), {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<float> values, paired;
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    values.resize(t.numel());
+    (*in)->ReadFloats(t, 0, t.numel(), values.data());
+    if (absl::EndsWith(t.name, "q_proj.weight") || absl::EndsWith(t.name, "k_proj.weight")) {
+      const int64_t cols = t.shape[1], half = head_dim / 2;
+      paired = values;
+      for (int64_t head = 0; head < t.shape[0] / head_dim; ++head) {
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const int64_t to = head * head_dim + (i < half ? 2 * i : 2 * (i - half) + 1);
+          std::copy_n(&values[(head * head_dim + i) * cols], cols, &paired[to * cols]);
+        }
+      }
+      values.swap(paired);
+    }
+    ASSERT_TRUE((*writer)->Write(t.name, values.data()).ok()) << t.name;
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+// ERNIE 4.5 (Ernie4_5ForCausalLM) is Llama's model with RoPE in neighbouring pairs: a Llama export
+// rewritten in its layout reads back bit for bit, gives the oracle's ERNIE logits (which turn
+// the pairs as transformers does), and starts a job on tensor-parallel ranks at the first loss of
+// one started from the Llama export.
+TEST(HfErnie45, NeighbouringPairsReadAsTrainyardsRope) {
+  const MeshCase mesh{.name = "dp1"};
+  const fs::path scratch = testenv::MakeScratchDir("hf_ernie");
+  const fs::path llama = scratch / "llama", ernie = scratch / "ernie";
+  config::JobSpec spec = Job(ModelFamily::kLlama, mesh);
+  const testenv::GlobalTensors saved = TrainAndExport(spec, scratch, llama);
+  ASSERT_FALSE(saved.empty());
+  WriteErnie(llama, ernie, spec.model.head_dim());
+  auto source = convert::WeightSource::Open(*RealFileSystem(), ernie.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_THAT((*source)->description(), ::testing::HasSubstr("ernie4_5"));
+  std::vector<float> read;
+  for (const auto& [name, values] : saved) {
+    ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), read.begin())) << name;
+  }
+
+  std::vector<int32_t> tokens;
+  std::vector<double> oracle;
+  const double error = ErrorAgainstTheOracle(spec.model, ernie, scratch, 11, tokens, oracle);
+  std::printf("ernie4_5 logits against the oracle: max relative error %.2e\n", error);
+  EXPECT_LE(error, 1e-4);
+
+  config::JobSpec from_llama = spec, from_ernie = spec;
+  from_llama.init_from = llama.string();
+  from_ernie.init_from = ernie.string();
+  from_ernie.parallelism.tp = 2;
+  from_ernie.resources.devices_per_node = 2;
+  EXPECT_LE(std::abs(FirstLoss(from_ernie) - FirstLoss(from_llama)), 1e-5 * FirstLoss(from_llama));
+  fs::remove_all(scratch);
 }
 
 // Query and key norms (with wide heads, Qwen3's shape) export as Qwen3, which the oracle computes

@@ -5,7 +5,7 @@ Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate 
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite",
-"granitemoe", "glm" or "glm4") and
+"granitemoe", "glm", "glm4" or "ernie4_5") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -300,7 +300,7 @@ def read_config(model_dir):
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "olmo2, olmo3, olmoe, "
-                         "smollm3, granite, granitemoe, glm or glm4)"
+                         "smollm3, granite, granitemoe, glm, glm4 or ernie4_5)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -507,6 +507,18 @@ def apply_rope(x, cos, sin):
         return x * cos + rotate_half(x) * sin
     turned, kept = x[..., :r], x[..., r:]
     return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
+
+
+def apply_rope_pairs(x, cos, sin):
+    """GLM's and ERNIE 4.5's RoPE: over the tables' first R dimensions, pair i is dimensions 2i
+    and 2i + 1, turned by the angle of frequency i (transformers repeats each of the first half of
+    the tables' angles twice); the rest pass through."""
+    r = cos.shape[-1]
+    cos = cos[..., :r // 2].repeat_interleave(2, dim=-1)
+    sin = sin[..., :r // 2].repeat_interleave(2, dim=-1)
+    turned, kept = x[..., :r], x[..., r:]
+    pairs = torch.stack((-turned[..., 1::2], turned[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat([turned * cos + pairs * sin, kept], dim=-1)
 
 
 class Gpt2:
@@ -1009,12 +1021,7 @@ class Glm(Llama):
         return partial_rotary_dim(cfg, self.head_dim, 0.5)
 
     def rope(self, x, cos, sin):
-        r = cos.shape[-1]
-        cos = cos[..., :r // 2].repeat_interleave(2, dim=-1)
-        sin = sin[..., :r // 2].repeat_interleave(2, dim=-1)
-        turned, kept = x[..., :r], x[..., r:]
-        pairs = torch.stack((-turned[..., 1::2], turned[..., 0::2]), dim=-1).flatten(-2)
-        return torch.cat([turned * cos + pairs * sin, kept], dim=-1)
+        return apply_rope_pairs(x, cos, sin)
 
     def mlp_tensors(self, p):
         C, F_ = self.width, self.ffn
@@ -1031,6 +1038,27 @@ class Glm4(Glm):
     input normed by post_attention_layernorm as in Llama."""
 
     branch_norms = True
+
+
+class Ernie45(Llama):
+    """Ernie4_5ForCausalLM: Llama's model with RoPE over the whole head in GLM's neighbouring
+    pairs, heads 128 wide, rope_theta 500000 and tied embeddings unless the config says otherwise,
+    and use_bias (every projection's) false."""
+
+    default_head_dim = 128
+    tied_by_default = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if "rope_theta" not in cfg.raw:
+            self.theta = 500000.0
+
+    def read_biases(self, cfg):
+        super().read_biases(cfg)
+        cfg.require("use_bias", False, (False,), "projections without biases")
+
+    def rope(self, x, cos, sin):
+        return apply_rope_pairs(x, cos, sin)
 
 
 def read_expert_counts(cfg, key="num_local_experts"):
@@ -1310,7 +1338,8 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
-          "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4}
+          "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
+          "ernie4_5": Ernie45}
 
 
 def load_weights(model, model_dir):

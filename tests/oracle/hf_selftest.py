@@ -693,6 +693,24 @@ class HfOracleTest(unittest.TestCase):
             hf_oracle.Glm(hf_oracle.Config(dict(config, rope_scaling={"rope_type": "linear",
                                                                       "factor": 2.0}), "c"))
 
+    def test_ernie45_matches_torch_model(self):
+        # ERNIE 4.5: Llama's tensors with the whole of each head turned in neighbouring pairs, its
+        # defaults (rope_theta 500000, tied embeddings) left out of the config.
+        cfg = small_cfg("llama", heads=2, kv_heads=1, rope_theta=500000.0, tied_embeddings=True)
+        config = dict(llama_hf_config(cfg), model_type="ernie4_5",
+                      architectures=["Ernie4_5ForCausalLM"], use_bias=False, head_dim=8)
+        del config["rope_theta"], config["tie_word_embeddings"]
+
+        def to_hf(params):
+            return [(name, array) for name, array in glm_hf_tensors(cfg, params)
+                    if "gate_up_proj" not in name] + [
+                (name, array) for name, array in llama_hf_tensors(cfg, params)
+                if ".mlp.gate_proj." in name or ".mlp.up_proj." in name]
+
+        self.check_against_torch_model("ernie4_5", cfg, to_hf, config)
+        with self.assertRaises(hf_oracle.InputError):
+            hf_oracle.Ernie45(hf_oracle.Config(dict(config, use_bias=True), "c"))
+
     def test_gemma2_matches_torch_model(self):
         # Gemma 2: Gemma's model with the four norms per layer, the window of 3 on layers 0 and 2
         # (the even ones, without layer_types), scores scaled by query_pre_attn_scalar 10^-0.5

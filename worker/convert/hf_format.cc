@@ -180,7 +180,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
   const bool fused = layout.projections == HfProjections::kFused;
   if (m.pre_norms) out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
   // q_proj, k_proj and v_proj (GLM's q and k rows interleaved for its RoPE) as `kind`.
-  const int64_t head = layout.glm ? d : 0, rope = layout.glm ? m.rotary_dim() : 0;
+  const bool pairs = layout.interleaved_rope;
+  const int64_t head = pairs ? d : 0, rope = pairs ? m.rotary_dim() : 0;
   auto projections = [&](const std::string& kind) -> std::vector<HfPiece> {
     return {{h + "self_attn.q_proj." + kind, 0, q, false, {}, head, rope},
             {h + "self_attn.k_proj." + kind, q, kv, false, {}, head, rope},
@@ -661,6 +662,21 @@ absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
   const bool everywhere = window == 0 || window >= m.max_seq;
   m.sliding_window = everywhere || static_cast<int>(full.size()) == m.layers ? 0 : window;
   m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
+}
+
+// ERNIE 4.5's (Ernie4_5ForCausalLM, as ERNIE-4.5-0.3B is published): Llama's model with RoPE in
+// GLM's neighbouring pairs over the whole head (HfTensors interleaves q's and k's rows), heads 128
+// wide, rope_theta 500000 and tied embeddings unless the config says otherwise, and use_bias (on
+// every projection) false.
+absl::Status ReadErnieConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128));
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  if (!f.Has("rope_theta")) m.rope_theta = 500000.0f;
+  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  bool biased = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_bias", &biased));
+  if (biased) return f.Bad("use_bias", "must be false (Trainyard reads ERNIE 4.5 without biases)");
   return absl::OkStatus();
 }
 
@@ -1629,7 +1645,7 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 HfLayout HfExportLayout(const ModelConfig& m) {
   HfLayout layout;
   layout.projections = HfExportProjections(m);
-  layout.glm = IsGlm(m);
+  layout.glm = layout.interleaved_rope = IsGlm(m);
   layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
                    : m.moe.shared_gate       ? HfExperts::kQwen2Moe
                    : m.qk_norm               ? HfExperts::kQwen3Moe
@@ -1767,6 +1783,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));
   } else if (model_type == "glm" || model_type == "glm4") {  // interleaved partial RoPE
     TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
+  } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs
+    TY_RETURN_IF_ERROR(ReadErnieConfig(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1779,11 +1797,12 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
-                     "\"granite\", \"granitemoe\", \"glm\" and \"glm4\""));
+                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\" and \"ernie4_5\""));
   }
   if (layout != nullptr) {
     layout->model_type = model_type;
     layout->glm = model_type == "glm" || model_type == "glm4";
+    layout->interleaved_rope = layout->glm || model_type == "ernie4_5";
     layout->projections = model_type == "phi3" ? HfProjections::kFused
                           : layout->glm        ? HfProjections::kFusedMlp
                                                : HfProjections::kSeparate;

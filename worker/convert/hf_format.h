@@ -25,7 +25,8 @@
 // (attn.post_norm.w, mlp.post_norm.w). GLM (GlmForCausalLM) is a Llama model with biases on q, k
 // and v, partial RoPE in neighbouring pairs (its q and k rows interleaved: HfPiece::head_rows)
 // and gate_up_proj; GLM-4 (Glm4ForCausalLM) adds Gemma 2's four norms under its own names. The
-// engine's internal vocabulary padding never reaches a checkpoint, so none shows.
+// engine's internal vocabulary padding never reaches a checkpoint, so none shows. ERNIE 4.5
+// (Ernie4_5ForCausalLM, read only) is Llama's model with RoPE in GLM's neighbouring pairs.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -102,9 +103,12 @@ struct HfLayout {
   HfProjections projections = HfProjections::kSeparate;
   HfExperts experts = HfExperts::kMixtral;
   bool multimodal = false;
-  // GLM's and GLM-4's (GlmForCausalLM, Glm4ForCausalLM): q and k rows interleaved for its RoPE
-  // (HfPiece::head_rows), the MLP's projections fused, and GLM-4's norms of the branches' outputs
-  // post_self_attn_layernorm and post_mlp_layernorm, its MLP's input's post_attention_layernorm.
+  // RoPE in neighbouring pairs (GLM's, ERNIE 4.5's): q's and k's rows interleaved
+  // (HfPiece::head_rows).
+  bool interleaved_rope = false;
+  // GLM's and GLM-4's (GlmForCausalLM, Glm4ForCausalLM): interleaved RoPE, the MLP's projections
+  // fused, and GLM-4's norms of the branches' outputs post_self_attn_layernorm and
+  // post_mlp_layernorm, its MLP's input's post_attention_layernorm.
   bool glm = false;
 };
 

@@ -2247,7 +2247,7 @@ TEST(HfFormat, Glm4ConfigReadsWithInterleavedRopeAndFourNorms) {
   HfLayout layout;
   auto m = ModelFromHfConfig(kGlm4Config, "GLM-4-9B-0414/config.json", &layout);
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_TRUE(layout.glm);
+  EXPECT_TRUE(layout.glm && layout.interleaved_rope);
   EXPECT_EQ(layout.projections, HfProjections::kFusedMlp);
   EXPECT_TRUE(m->qkv_bias && m->post_norms && m->pre_norms);
   EXPECT_FALSE(m->geglu || m->scale_embeddings || m->qk_norm || m->tied_embeddings);
@@ -2345,6 +2345,66 @@ TEST(HfFormat, Glm4ConfigReadsWithInterleavedRopeAndFourNorms) {
   config::ModelConfig windowed = *m;
   windowed.sliding_window = 4096;
   EXPECT_THAT(CheckHfWritable(windowed).message(), HasSubstr("model.sliding_window: is 4096"));
+}
+
+// ERNIE-4.5-0.3B's shape (transformers' Ernie4_5Config): Llama's model, RoPE over the whole head in
+// neighbouring pairs, heads of 128 over a width of 1024, tied embeddings; its defaults
+// (rope_theta 500000, tied embeddings, heads 128 wide) apply when the config leaves them out.
+TEST(HfFormat, Ernie45ConfigReadsAsLlamaWithInterleavedRope) {
+  const std::string json = R"({
+    "architectures": ["Ernie4_5ForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+    "max_position_embeddings": 131072, "model_type": "ernie4_5", "num_attention_heads": 16,
+    "num_hidden_layers": 18, "num_key_value_heads": 2, "pad_token_id": 0, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "use_bias": false, "use_cache": true, "vocab_size": 103424})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "ERNIE-4.5-0.3B-PT/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(layout.interleaved_rope);
+  EXPECT_FALSE(layout.glm);
+  EXPECT_EQ(layout.projections, HfProjections::kSeparate);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->explicit_head_dim, 128);  // 16 heads of 128 over a width of 1024
+  EXPECT_EQ(m->rotary_dim(), 128);
+  EXPECT_EQ(m->rope_theta, 500000.0f);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_FALSE(m->qkv_bias || m->post_norms);
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  // By hand: q and o of 2048 rows or columns, k and v of 256, the MLP, two norms; the tied
+  // embedding of 103424 rows and the final norm.
+  const int64_t block =
+      2 * int64_t{2048} * 1024 + 2 * int64_t{256} * 1024 + 3 * int64_t{3072} * 1024 + 2 * 1024;
+  EXPECT_EQ(m->ParameterCount(), 18 * block + int64_t{103424} * 1024 + 1024);
+  EXPECT_EQ(m->ParameterCount(), 360748032);
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& p : t.pieces) {
+      const bool turned =
+          p.name.find("q_proj") != std::string::npos || p.name.find("k_proj") != std::string::npos;
+      EXPECT_EQ(p.head_rows, turned ? 128 : 0) << p.name;
+      EXPECT_EQ(p.rope_rows, turned ? 128 : 0) << p.name;
+    }
+  }
+  // Trainyard writes the same model as Llama's (rotate-half pairs, rows as they are).
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  EXPECT_THAT(HfConfigJson(*m, TensorDtype::kBF16), HasSubstr("\"LlamaForCausalLM\""));
+  EXPECT_FALSE(HfExportLayout(*m).interleaved_rope);
+
+  std::string defaults = json;
+  for (const char* key :
+       {"\"head_dim\": 128, ", "\"rope_theta\": 500000, ", "\"tie_word_embeddings\": true, "}) {
+    defaults.erase(defaults.find(key), std::string(key).size());
+  }
+  auto d = ModelFromHfConfig(defaults, "d/config.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(d->rope_theta, 500000.0f);
+  std::string biased = json;
+  biased.replace(biased.find("\"use_bias\": false"), 17, "\"use_bias\": true");
+  EXPECT_THAT(std::string(ModelFromHfConfig(biased, "b/config.json").status().message()),
+              HasSubstr("b/config.json: use_bias must be false"));
 }
 
 // GLM's interleaved rows: within each head, our row i is theirs 2i and our row R/2 + i theirs
