@@ -830,40 +830,41 @@ TEST(HfOracleGlm, ExportedFilesGiveTrainyardsLogits) {
                         MeshCase{.name = "dp1", .qkv_bias = true, .rope_dim = 8});
 }
 
-// `llama` (a LlamaForCausalLM directory of heads `head_dim` wide) as ERNIE 4.5 stores the same
-// model in `out`: its config named Ernie4_5ForCausalLM with use_bias false, and each head's rows of
-// q_proj and k_proj interleaved (row i as row 2i, row head_dim/2 + i as row 2i + 1) for ERNIE's
-// RoPE in neighbouring pairs.
-void WriteErnie(const fs::path& llama, const fs::path& out, int head_dim) {
+// The Hugging Face directory `in` rewritten in `out` as another layout of the same model: each
+// `edits` pair's first text in config.json replaced by its second, and with `pairs_head_dim` > 0
+// each head's rows of q_proj and k_proj (weights and biases, heads that wide) interleaved, row i
+// as row 2i and row head_dim/2 + i as row 2i + 1, for RoPE in neighbouring pairs (ERNIE 4.5's,
+// Helium's).
+void RewriteExport(const fs::path& in, const fs::path& out,
+                   const std::vector<std::pair<std::string, std::string>>& edits,
+                   int pairs_head_dim) {
   fs::create_directories(out);
-  std::ifstream config_in(llama / "config.json");
+  std::ifstream config_in(in / "config.json");
   std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
-  for (auto [from, to] :
-       {std::pair<std::string, std::string>{"LlamaForCausalLM", "Ernie4_5ForCausalLM"},
-        {"\"model_type\": \"llama\"", "\"model_type\": \"ernie4_5\""},
-        {"\"mlp_bias\": false", "\"mlp_bias\": false, \"use_bias\": false"}}) {
+  for (const auto& [from, to] : edits) {
     ASSERT_NE(config.find(from), std::string::npos) << from;
     config.replace(config.find(from), from.size(), to);
   }
   std::ofstream(out / "config.json") << config;
-  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
-      convert::SafetensorsFile::Open(*RealFileSystem(), (llama / "model.safetensors").string());
-  ASSERT_TRUE(in.ok()) << in.status();
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> file =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (in / "model.safetensors").string());
+  ASSERT_TRUE(file.ok()) << file.status();
   auto writer =
       convert::SafetensorsWriter::Create(*RealFileSystem(), (out / "model.safetensors").string(),
-                                         (*in)->tensors(), {{"format", "pt"}});
+                                         (*file)->tensors(), {{"format", "pt"}});
   ASSERT_TRUE(writer.ok()) << writer.status();
   std::vector<float> values, paired;
-  for (const convert::TensorInfo& t : (*in)->tensors()) {
+  for (const convert::TensorInfo& t : (*file)->tensors()) {
     values.resize(t.numel());
-    (*in)->ReadFloats(t, 0, t.numel(), values.data());
-    if (absl::EndsWith(t.name, "q_proj.weight") || absl::EndsWith(t.name, "k_proj.weight")) {
-      const int64_t cols = t.shape[1], half = head_dim / 2;
+    (*file)->ReadFloats(t, 0, t.numel(), values.data());
+    const int64_t d = pairs_head_dim;
+    if (d > 0 && (absl::StrContains(t.name, "q_proj.") || absl::StrContains(t.name, "k_proj."))) {
+      const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1, half = d / 2;
       paired = values;
-      for (int64_t head = 0; head < t.shape[0] / head_dim; ++head) {
-        for (int64_t i = 0; i < head_dim; ++i) {
-          const int64_t to = head * head_dim + (i < half ? 2 * i : 2 * (i - half) + 1);
-          std::copy_n(&values[(head * head_dim + i) * cols], cols, &paired[to * cols]);
+      for (int64_t head = 0; head < t.shape[0] / d; ++head) {
+        for (int64_t i = 0; i < d; ++i) {
+          const int64_t to = head * d + (i < half ? 2 * i : 2 * (i - half) + 1);
+          std::copy_n(&values[(head * d + i) * cols], cols, &paired[to * cols]);
         }
       }
       values.swap(paired);
@@ -873,21 +874,22 @@ void WriteErnie(const fs::path& llama, const fs::path& out, int head_dim) {
   ASSERT_TRUE((*writer)->Finish().ok());
 }
 
-// ERNIE 4.5 (Ernie4_5ForCausalLM) is Llama's model with RoPE in neighbouring pairs: a Llama export
-// rewritten in its layout reads back bit for bit, gives the oracle's ERNIE logits (which turn
-// the pairs as transformers does), and starts a job on tensor-parallel ranks at the first loss of
-// one started from the Llama export.
-TEST(HfErnie45, NeighbouringPairsReadAsTrainyardsRope) {
-  const MeshCase mesh{.name = "dp1"};
-  const fs::path scratch = testenv::MakeScratchDir("hf_ernie");
-  const fs::path llama = scratch / "llama", ernie = scratch / "ernie";
+// A model of `mesh` trained and exported, its export rewritten as `model_type` (RewriteExport's
+// `edits` and `pairs`): the rewritten directory reads back bit for bit, gives the oracle's
+// logits for that model type, and starts a job on tensor-parallel ranks at the first loss of one
+// started from the export.
+void CheckRewrittenExport(const MeshCase& mesh, const std::string& model_type,
+                          const std::vector<std::pair<std::string, std::string>>& edits,
+                          bool pairs) {
+  const fs::path scratch = testenv::MakeScratchDir("hf_rewritten");
+  const fs::path exported = scratch / "exported", rewritten = scratch / model_type;
   config::JobSpec spec = Job(ModelFamily::kLlama, mesh);
-  const testenv::GlobalTensors saved = TrainAndExport(spec, scratch, llama);
+  const testenv::GlobalTensors saved = TrainAndExport(spec, scratch, exported);
   ASSERT_FALSE(saved.empty());
-  WriteErnie(llama, ernie, spec.model.head_dim());
-  auto source = convert::WeightSource::Open(*RealFileSystem(), ernie.string());
+  RewriteExport(exported, rewritten, edits, pairs ? spec.model.head_dim() : 0);
+  auto source = convert::WeightSource::Open(*RealFileSystem(), rewritten.string());
   ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_THAT((*source)->description(), ::testing::HasSubstr("ernie4_5"));
+  EXPECT_THAT((*source)->description(), ::testing::HasSubstr(model_type));
   std::vector<float> read;
   for (const auto& [name, values] : saved) {
     ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
@@ -896,17 +898,55 @@ TEST(HfErnie45, NeighbouringPairsReadAsTrainyardsRope) {
 
   std::vector<int32_t> tokens;
   std::vector<double> oracle;
-  const double error = ErrorAgainstTheOracle(spec.model, ernie, scratch, 11, tokens, oracle);
-  std::printf("ernie4_5 logits against the oracle: max relative error %.2e\n", error);
+  const double error = ErrorAgainstTheOracle(spec.model, rewritten, scratch, 11, tokens, oracle);
+  std::printf("%s logits against the oracle: max relative error %.2e\n", model_type.c_str(), error);
   EXPECT_LE(error, 1e-4);
 
-  config::JobSpec from_llama = spec, from_ernie = spec;
-  from_llama.init_from = llama.string();
-  from_ernie.init_from = ernie.string();
-  from_ernie.parallelism.tp = 2;
-  from_ernie.resources.devices_per_node = 2;
-  EXPECT_LE(std::abs(FirstLoss(from_ernie) - FirstLoss(from_llama)), 1e-5 * FirstLoss(from_llama));
+  config::JobSpec from_export = spec, from_rewritten = spec;
+  from_export.init_from = exported.string();
+  from_rewritten.init_from = rewritten.string();
+  from_rewritten.parallelism.tp = 2;
+  from_rewritten.resources.devices_per_node = 2;
+  const double loss = FirstLoss(from_export);
+  EXPECT_LE(std::abs(FirstLoss(from_rewritten) - loss), 1e-5 * loss);
   fs::remove_all(scratch);
+}
+
+// ERNIE 4.5 (Ernie4_5ForCausalLM) is Llama's model with RoPE in neighbouring pairs: a Llama export
+// rewritten in its layout (q's and k's rows interleaved by the test's own loop) reads as the same
+// model, and the oracle's ERNIE turns the pairs as transformers does.
+TEST(HfErnie45, NeighbouringPairsReadAsTrainyardsRope) {
+  CheckRewrittenExport(MeshCase{.name = "dp1"}, "ernie4_5",
+                       {{"LlamaForCausalLM", "Ernie4_5ForCausalLM"},
+                        {"\"model_type\": \"llama\"", "\"model_type\": \"ernie4_5\""},
+                        {"\"mlp_bias\": false", "\"mlp_bias\": false, \"use_bias\": false"}},
+                       /*pairs=*/true);
+}
+
+// Helium (HeliumForCausalLM) is Llama's model with RoPE in neighbouring pairs and, with
+// attention_bias, Qwen2's biases: a Qwen2 export rewritten in its layout (q's and k's weights and
+// biases interleaved) reads as the same model.
+TEST(HfHelium, NeighbouringPairsWithBiasesReadAsTrainyardsRope) {
+  CheckRewrittenExport(
+      MeshCase{.name = "dp1", .qkv_bias = true}, "helium",
+      {{"Qwen2ForCausalLM", "HeliumForCausalLM"},
+       {"\"model_type\": \"qwen2\"", "\"model_type\": \"helium\""},
+       {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"attention_bias\": true"}},
+      /*pairs=*/true);
+}
+
+// Seed-OSS (SeedOssForCausalLM) is Qwen2's model: a Qwen2 export rewritten as Seed-OSS (its
+// attention_bias left to the default, true; attention_out_bias false; dropout probabilities that
+// training here does not apply) reads as the same model, and the oracle's Seed-OSS agrees.
+TEST(HfSeedOss, ReadsAsQwen2) {
+  CheckRewrittenExport(
+      MeshCase{.name = "dp1", .qkv_bias = true}, "seed_oss",
+      {{"Qwen2ForCausalLM", "SeedOssForCausalLM"},
+       {"\"model_type\": \"qwen2\"", "\"model_type\": \"seed_oss\""},
+       {"\"hidden_act\": \"silu\"",
+        "\"hidden_act\": \"silu\", \"attention_out_bias\": false, \"attention_dropout\": 0.1, "
+        "\"residual_dropout\": 0.1"}},
+      /*pairs=*/false);
 }
 
 // Query and key norms (with wide heads, Qwen3's shape) export as Qwen3, which the oracle computes

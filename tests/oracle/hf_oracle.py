@@ -5,7 +5,7 @@ Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate 
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite",
-"granitemoe", "glm", "glm4" or "ernie4_5") and
+"granitemoe", "glm", "glm4", "ernie4_5", "helium" or "seed_oss") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -300,7 +300,8 @@ def read_config(model_dir):
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "olmo2, olmo3, olmoe, "
-                         "smollm3, granite, granitemoe, glm, glm4 or ernie4_5)"
+                         "smollm3, granite, granitemoe, glm, glm4, ernie4_5, helium or "
+                         "seed_oss)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -1061,6 +1062,41 @@ class Ernie45(Llama):
         return apply_rope_pairs(x, cos, sin)
 
 
+class Helium(Llama):
+    """HeliumForCausalLM: Llama's model with RoPE over the whole head in GLM's neighbouring pairs,
+    biases on q, k and v only with attention_bias (default false), and transformers' defaults
+    where the config is silent: heads 128 wide, rope_theta 100000, rms_norm_eps 1e-8."""
+
+    default_head_dim = 128
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if "rope_theta" not in cfg.raw:
+            self.theta = 100000.0
+        if "rms_norm_eps" not in cfg.raw:
+            self.eps = 1e-8
+
+    def read_biases(self, cfg):
+        self.qkv_bias = cfg.bool("attention_bias", False)
+        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
+
+    def rope(self, x, cos, sin):
+        return apply_rope_pairs(x, cos, sin)
+
+
+class SeedOss(Llama):
+    """SeedOssForCausalLM: Llama's model with biases on q, k and v (attention_bias, default true),
+    none on o_proj (attention_out_bias false) or the MLP, heads 128 wide unless head_dim says
+    otherwise. Its dropout probabilities apply in training only."""
+
+    default_head_dim = 128
+
+    def read_biases(self, cfg):
+        self.qkv_bias = cfg.bool("attention_bias", True)
+        cfg.require("attention_out_bias", False, (False,), "an o_proj without bias")
+        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
+
+
 def read_expert_counts(cfg, key="num_local_experts"):
     """(experts under `key`, num_experts_per_tok), at most as many picks as experts."""
     experts, top_k = cfg.int(key), cfg.int("num_experts_per_tok")
@@ -1339,7 +1375,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
-          "ernie4_5": Ernie45}
+          "ernie4_5": Ernie45, "helium": Helium, "seed_oss": SeedOss}
 
 
 def load_weights(model, model_dir):

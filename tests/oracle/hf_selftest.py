@@ -227,34 +227,36 @@ def phi3_hf_tensors(cfg, params):
     return out
 
 
-def glm_hf_tensors(cfg, params, interleave=True):
-    """[(HF name, array)] of a contract Llama in GLM's layout: Llama's tensors with gate and up
-    stacked in mlp.gate_up_proj, and each head's first rope_dim rows of q and k (weights and
-    biases) interleaved, the contract's rotate-half pair (i, i + R/2) stored as GLM's neighbours
-    (2i, 2i + 1). With post_norms (GLM-4's), the contract's attn.post_norm.w and mlp.post_norm.w
-    are post_self_attn_layernorm and post_mlp_layernorm."""
+def paired_hf_tensors(cfg, params, interleave=True):
+    """[(HF name, array)] of a contract Llama for RoPE in neighbouring pairs (GLM's, ERNIE 4.5's,
+    Helium's): Llama's tensors with each head's first rope_dim rows of q and k (weights and
+    biases) interleaved, the contract's rotate-half pair (i, i + R/2) stored as the neighbours
+    (2i, 2i + 1); as they are without `interleave`."""
     D = cfg.get("head_dim") or cfg["width"] // cfg["heads"]
     R = cfg.get("rope_dim") or D
 
     def interleaved(rows):
-        if not interleave:
-            return rows
         out = rows.copy()
         for base in range(0, rows.shape[0], D):
             out[base:base + R:2] = rows[base:base + R // 2]
             out[base + 1:base + R:2] = rows[base + R // 2:base + R]
         return out
 
-    out = []
-    for name, array in phi3_hf_tensors(cfg, params):
-        if ".self_attn.qkv_proj." in name:  # back to q, k and v apart
-            H, KV = cfg["heads"], cfg["kv_heads"]
-            prefix = name.split(".self_attn.")[0] + ".self_attn."
-            out += [(prefix + "q_proj.weight", interleaved(array[:H * D])),
-                    (prefix + "k_proj.weight", interleaved(array[H * D:(H + KV) * D])),
-                    (prefix + "v_proj.weight", array[(H + KV) * D:])]
-        elif name.endswith(("q_proj.bias", "k_proj.bias")):
-            out.append((name, interleaved(array)))
+    turned = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+    return [(name, interleaved(array) if interleave and name.endswith(turned) else array)
+            for name, array in llama_hf_tensors(cfg, params)]
+
+
+def glm_hf_tensors(cfg, params, interleave=True):
+    """[(HF name, array)] of a contract Llama in GLM's layout: paired_hf_tensors' with gate and up
+    stacked in mlp.gate_up_proj. With post_norms (GLM-4's), the contract's attn.post_norm.w and
+    mlp.post_norm.w are post_self_attn_layernorm and post_mlp_layernorm."""
+    out, gate = [], None
+    for name, array in paired_hf_tensors(cfg, params, interleave):
+        if name.endswith("mlp.gate_proj.weight"):
+            gate = array
+        elif name.endswith("mlp.up_proj.weight"):
+            out.append((name.replace("up_proj", "gate_up_proj"), np.concatenate([gate, array])))
         else:
             out.append((name, array))
     if cfg.get("post_norms"):
@@ -701,15 +703,36 @@ class HfOracleTest(unittest.TestCase):
                       architectures=["Ernie4_5ForCausalLM"], use_bias=False, head_dim=8)
         del config["rope_theta"], config["tie_word_embeddings"]
 
-        def to_hf(params):
-            return [(name, array) for name, array in glm_hf_tensors(cfg, params)
-                    if "gate_up_proj" not in name] + [
-                (name, array) for name, array in llama_hf_tensors(cfg, params)
-                if ".mlp.gate_proj." in name or ".mlp.up_proj." in name]
-
-        self.check_against_torch_model("ernie4_5", cfg, to_hf, config)
+        self.check_against_torch_model("ernie4_5", cfg, lambda p: paired_hf_tensors(cfg, p),
+                                       config)
         with self.assertRaises(hf_oracle.InputError):
             hf_oracle.Ernie45(hf_oracle.Config(dict(config, use_bias=True), "c"))
+
+    def test_helium_matches_torch_model(self):
+        # Helium: Llama's tensors with q, k and v biases (attention_bias true), the whole of each
+        # head turned in neighbouring pairs, its defaults (rope_theta 100000, rms_norm_eps 1e-8)
+        # left out of the config.
+        cfg = small_cfg("llama", heads=2, kv_heads=1, qkv_bias=True, rope_theta=100000.0,
+                        norm_eps=1e-8)
+        config = dict(llama_hf_config(cfg), model_type="helium",
+                      architectures=["HeliumForCausalLM"], attention_bias=True, head_dim=8)
+        del config["rope_theta"], config["rms_norm_eps"]
+
+        self.check_against_torch_model("helium", cfg, lambda p: paired_hf_tensors(cfg, p),
+                                       config)
+
+    def test_seed_oss_matches_torch_model(self):
+        # Seed-OSS: Qwen2's tensors, attention_bias left to its default (true), o_proj unbiased,
+        # the training-time dropout probabilities beside them.
+        cfg = small_cfg("llama", qkv_bias=True)
+        config = dict(llama_hf_config(cfg), model_type="seed_oss",
+                      architectures=["SeedOssForCausalLM"], attention_out_bias=False,
+                      attention_dropout=0.1, residual_dropout=0.1)
+        self.check_against_torch_model("seed_oss", cfg, lambda p: llama_hf_tensors(cfg, p),
+                                       config)
+        for bad in ({"attention_out_bias": True}, {"mlp_bias": True}):
+            with self.assertRaises(hf_oracle.InputError):
+                hf_oracle.SeedOss(hf_oracle.Config(dict(config, **bad), "c"))
 
     def test_gemma2_matches_torch_model(self):
         # Gemma 2: Gemma's model with the four norms per layer, the window of 3 on layers 0 and 2

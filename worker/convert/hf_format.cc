@@ -471,10 +471,10 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
 // A Llama-family config's sizes, norm, RoPE and embeddings (not its activation). Heads wider than
 // hidden_size / num_attention_heads are `head_dim`, the config's or else `default_head_dim` (0:
 // that quotient).
-// `glm`: attention_bias is GLM's biases on q, k and v (true unless the config says otherwise)
-// rather than refused.
+// `qkv_attention_bias`: attention_bias names biases on q, k and v (GLM's, Seed-OSS's, Helium's),
+// the value given unless the config says otherwise, rather than refused.
 absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_head_dim = 0,
-                            bool glm = false) {
+                            std::optional<bool> qkv_attention_bias = std::nullopt) {
   m.family = ModelFamily::kLlama;
   TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
   TY_RETURN_IF_ERROR(f.Int("max_position_embeddings", &m.max_seq));
@@ -497,13 +497,13 @@ absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_h
   TY_RETURN_IF_ERROR(f.Float("rope_theta", &m.rope_theta));
   m.tied_embeddings = false;
   TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
-  if (glm) {
-    m.qkv_bias = true;  // GlmConfig's and Glm4Config's default
+  if (qkv_attention_bias.has_value()) {
+    m.qkv_bias = *qkv_attention_bias;
     TY_RETURN_IF_ERROR(f.Bool("attention_bias", &m.qkv_bias));
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     bool biased = false;
-    if (glm && std::string_view(key) == "attention_bias") continue;
+    if (qkv_attention_bias.has_value() && std::string_view(key) == "attention_bias") continue;
     TY_RETURN_IF_ERROR(f.Bool(key, &biased));
     if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
   }
@@ -680,6 +680,33 @@ absl::Status ReadErnieConfig(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Seed-OSS's (SeedOssForCausalLM, as Seed-OSS-36B is published): Llama's model with biases on q,
+// k and v (attention_bias, true unless the config says otherwise; attention_out_bias, o_proj's,
+// must be false) and heads 128 wide unless head_dim says otherwise. Its attention_dropout and
+// residual_dropout are training-time noise Trainyard does not apply.
+absl::Status ReadSeedOssConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/true));
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  bool out_bias = false;
+  TY_RETURN_IF_ERROR(f.Bool("attention_out_bias", &out_bias));
+  if (out_bias) {
+    return f.Bad("attention_out_bias", "must be false (Trainyard's o_proj has no bias)");
+  }
+  return absl::OkStatus();
+}
+
+// Helium's (HeliumForCausalLM, as Kyutai's Helium 1 is published): Llama's model with RoPE over
+// the whole head in GLM's neighbouring pairs (HfTensors interleaves q's and k's rows), biases on
+// q, k and v only with attention_bias, and transformers' defaults where the config is silent:
+// heads 128 wide, rope_theta 100000, rms_norm_eps 1e-8.
+absl::Status ReadHeliumConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/false));
+  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  if (!f.Has("rope_theta")) m.rope_theta = 100000.0f;
+  if (!f.Has("rms_norm_eps")) m.norm_eps = 1e-8f;
+  return absl::OkStatus();
+}
+
 // partial_rotary_factor (`fallback` without it): RoPE over the first head_dim · factor
 // dimensions of each head, truncated as transformers does (Phi-4 mini's 0.75 turns 96 of 128).
 absl::Status ReadPartialRotary(const ConfigFields& f, double fallback, ModelConfig& m) {
@@ -713,7 +740,7 @@ absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
 // (partial_rotary_factor's default) in neighbouring pairs (HfTensors interleaves q's and k's
 // rows), plain RoPE only, and the MLP's gate and up fused (gate_up_proj).
 absl::Status ReadGlmConfig(const ConfigFields& f, bool norms_after, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*glm=*/true));
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/true));
   TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
   if (m.rope_scaling.enabled()) {
     return f.Bad("rope_scaling", "must be null (Trainyard reads GLM's plain RoPE only)");
@@ -1785,6 +1812,10 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
   } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs
     TY_RETURN_IF_ERROR(ReadErnieConfig(fields, m));
+  } else if (model_type == "helium") {  // Llama's, its RoPE in neighbouring pairs
+    TY_RETURN_IF_ERROR(ReadHeliumConfig(fields, m));
+  } else if (model_type == "seed_oss") {  // Qwen2's model: biases on q, k and v
+    TY_RETURN_IF_ERROR(ReadSeedOssConfig(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -1797,12 +1828,13 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
-                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\" and \"ernie4_5\""));
+                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"ernie4_5\", \"helium\" and "
+                     "\"seed_oss\""));
   }
   if (layout != nullptr) {
     layout->model_type = model_type;
     layout->glm = model_type == "glm" || model_type == "glm4";
-    layout->interleaved_rope = layout->glm || model_type == "ernie4_5";
+    layout->interleaved_rope = layout->glm || model_type == "ernie4_5" || model_type == "helium";
     layout->projections = model_type == "phi3" ? HfProjections::kFused
                           : layout->glm        ? HfProjections::kFusedMlp
                                                : HfProjections::kSeparate;

@@ -26,7 +26,8 @@
 // and v, partial RoPE in neighbouring pairs (its q and k rows interleaved: HfPiece::head_rows)
 // and gate_up_proj; GLM-4 (Glm4ForCausalLM) adds Gemma 2's four norms under its own names. The
 // engine's internal vocabulary padding never reaches a checkpoint, so none shows. ERNIE 4.5
-// (Ernie4_5ForCausalLM, read only) is Llama's model with RoPE in GLM's neighbouring pairs.
+// (Ernie4_5ForCausalLM) and Helium (HeliumForCausalLM), read only, are Llama's model with RoPE
+// in GLM's neighbouring pairs; Seed-OSS (SeedOssForCausalLM, read only) is Qwen2's.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -103,7 +104,7 @@ struct HfLayout {
   HfProjections projections = HfProjections::kSeparate;
   HfExperts experts = HfExperts::kMixtral;
   bool multimodal = false;
-  // RoPE in neighbouring pairs (GLM's, ERNIE 4.5's): q's and k's rows interleaved
+  // RoPE in neighbouring pairs (GLM's, ERNIE 4.5's, Helium's): q's and k's rows interleaved
   // (HfPiece::head_rows).
   bool interleaved_rope = false;
   // GLM's and GLM-4's (GlmForCausalLM, Glm4ForCausalLM): interleaved RoPE, the MLP's projections

@@ -2407,6 +2407,95 @@ TEST(HfFormat, Ernie45ConfigReadsAsLlamaWithInterleavedRope) {
               HasSubstr("b/config.json: use_bias must be false"));
 }
 
+// Seed-OSS-36B's shape (SeedOssForCausalLM): Qwen2's model (biases on q, k and v, attention_bias
+// defaulting to true) with 80 heads of 128 over a width of 5120 and 8 key/value heads; its dropout
+// probabilities are accepted and not applied, a bias on o_proj is refused.
+TEST(HfFormat, SeedOssConfigReadsAsQwen2) {
+  const std::string json = R"({
+    "architectures": ["SeedOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.1,
+    "attention_out_bias": false, "bos_token_id": 0, "eos_token_id": 2, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+    "intermediate_size": 27648, "max_position_embeddings": 524288, "mlp_bias": false,
+    "model_type": "seed_oss", "num_attention_heads": 80, "num_hidden_layers": 64,
+    "num_key_value_heads": 8, "pad_token_id": 1, "residual_dropout": 0.1, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"rope_type": "default"}, "rope_theta": 10000000.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "vocab_size": 155136})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "Seed-OSS-36B-Base/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(layout.interleaved_rope || layout.glm);
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_EQ(m->explicit_head_dim, 128);
+  EXPECT_EQ(m->rope_theta, 1e7f);
+  EXPECT_FALSE(m->rope_scaling.enabled());
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  // By hand: q and o of 10240, k and v of 1024 with q, k and v's biases, the MLP, two norms; the
+  // untied embedding and head of 155136 rows and the final norm.
+  const int64_t block = 2 * int64_t{10240} * 5120 + 2 * int64_t{1024} * 5120 + (10240 + 2 * 1024) +
+                        3 * int64_t{27648} * 5120 + 2 * 5120;
+  EXPECT_EQ(m->ParameterCount(), 64 * block + 2 * int64_t{155136} * 5120 + 5120);
+  EXPECT_EQ(m->ParameterCount(), 36151104512);
+  ASSERT_TRUE(HfTensors(*m, layout).ok());
+  // Trainyard writes the same model as Qwen2's.
+  EXPECT_THAT(HfConfigJson(*m, TensorDtype::kBF16), HasSubstr("\"Qwen2ForCausalLM\""));
+
+  std::string unbiased = json;
+  unbiased.erase(unbiased.find("\"attention_bias\": true, "), 24);
+  EXPECT_TRUE(ModelFromHfConfig(unbiased, "d/config.json")->qkv_bias);  // the default
+  unbiased = json;
+  unbiased.replace(unbiased.find("\"attention_bias\": true"), 22, "\"attention_bias\": false");
+  EXPECT_FALSE(ModelFromHfConfig(unbiased, "u/config.json")->qkv_bias);
+  std::string out_bias = json;
+  out_bias.replace(out_bias.find("\"attention_out_bias\": false"), 27,
+                   "\"attention_out_bias\": true");
+  EXPECT_THAT(std::string(ModelFromHfConfig(out_bias, "o/config.json").status().message()),
+              HasSubstr("o/config.json: attention_out_bias must be false"));
+}
+
+// Helium 1 2B's shape (HeliumForCausalLM): Llama's model with RoPE in neighbouring pairs over
+// heads of 128, 20 of them with as many key/value heads; transformers' defaults (rope_theta
+// 100000, rms_norm_eps 1e-8, heads 128 wide, no biases) where the config is silent.
+TEST(HfFormat, HeliumConfigReadsAsLlamaWithInterleavedRope) {
+  const std::string json = R"({
+    "architectures": ["HeliumForCausalLM"], "attention_bias": false, "bos_token_id": 1,
+    "eos_token_id": 2, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
+    "intermediate_size": 7040, "max_position_embeddings": 4096, "mlp_bias": false,
+    "model_type": "helium", "num_attention_heads": 20, "num_hidden_layers": 24,
+    "num_key_value_heads": 20, "pad_token_id": 3,
+    "rms_norm_eps": 1e-08, "rope_theta": 100000.0, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "vocab_size": 48000})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "helium-1-2b/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(layout.interleaved_rope);
+  EXPECT_FALSE(m->qkv_bias);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->norm_eps, 1e-8f);
+  ASSERT_TRUE(config::ValidateModelConfig(*m).ok());
+  // By hand: q, k, v and o of 2560 × 2560, the MLP, two norms; the untied embedding and head of
+  // 48000 rows and the final norm.
+  const int64_t block = 4 * int64_t{2560} * 2560 + 3 * int64_t{7040} * 2560 + 2 * 2560;
+  EXPECT_EQ(m->ParameterCount(), 24 * block + 2 * int64_t{48000} * 2560 + 2560);
+  EXPECT_EQ(m->ParameterCount(), 2172643840);
+  ASSERT_TRUE(HfTensors(*m, layout).ok());
+
+  std::string defaults = json;
+  for (const char* key : {"\"attention_bias\": false, ", "\"head_dim\": 128, ",
+                          "\"rms_norm_eps\": 1e-08, ", "\"rope_theta\": 100000.0, "}) {
+    defaults.erase(defaults.find(key), std::string(key).size());
+  }
+  auto d = ModelFromHfConfig(defaults, "d/config.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->qkv_bias);
+  EXPECT_EQ(d->rope_theta, 100000.0f);
+  EXPECT_EQ(d->norm_eps, 1e-8f);
+  EXPECT_EQ(d->ParameterCount(), m->ParameterCount());
+  std::string biased = json;
+  biased.replace(biased.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
+  EXPECT_TRUE(ModelFromHfConfig(biased, "b/config.json")->qkv_bias);
+}
+
 // GLM's interleaved rows: within each head, our row i is theirs 2i and our row R/2 + i theirs
 // 2i + 1 for the R turned rows, the rest in place; ToHf and FromHf move whole rows so.
 TEST(HfFormat, InterleavedHeadsMoveWholeRows) {
