@@ -736,9 +736,9 @@ absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
 // GLM's (GlmForCausalLM, GLM-4 9B's first checkpoints) and GLM-4's (Glm4ForCausalLM, GLM-4
 // 0414's and GLM-Z1's, `norms_after`: their branches' outputs normed too): Llama's shape with
 // biases on q, k and v (attention_bias, default true), heads 128 wide unless the config says
-// otherwise (head_dim), RoPE over the first half of each head
-// (partial_rotary_factor's default) in neighbouring pairs (HfTensors interleaves q's and k's
-// rows), plain RoPE only, and the MLP's gate and up fused (gate_up_proj).
+// otherwise (head_dim), RoPE over the first half of each head (partial_rotary_factor's default)
+// in neighbouring pairs (HfTensors interleaves q's and k's rows), plain RoPE only, and the MLP's
+// gate and up fused (gate_up_proj).
 absl::Status ReadGlmConfig(const ConfigFields& f, bool norms_after, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/true));
   TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
