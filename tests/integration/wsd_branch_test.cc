@@ -7,9 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/integration/rank_threads.h"
 #include "tests/integration/test_env.h"
-#include "worker/backend.h"
-#include "worker/trainer.h"
 
 namespace trainyard::worker {
 namespace {
@@ -35,18 +34,14 @@ config::JobSpec Job(const std::string& schedule, int64_t steps) {
   return spec;
 }
 
+// The one rank's result and final parameters.
 struct TrainedRun {
   absl::StatusOr<TrainResult> result;
   std::vector<float> params;
 };
-
 TrainedRun TrainWith(const config::JobSpec& spec) {
-  auto backend = MakeCpuBackend(1);
-  TrainedRun run;
-  TrainOptions options;
-  options.final_parameters = &run.params;
-  run.result = Train(spec, *backend, options);
-  return run;
+  testenv::RankRun run = testenv::RunRanks(spec);
+  return {std::move(run.results[0]), std::move(run.final_params[0])};
 }
 
 TEST(WarmupStableDecay, DecayBranchedFromAStableCheckpointIsTheScheduledOne) {

@@ -596,6 +596,12 @@ class Llama:
     qk_norm_whole = False  # OLMoE: one norm over the whole q and one over the whole k
     norms_after = False  # OLMo 2: no norms before the branches, each branch's output normed
     branch_norms = False  # GLM-4: norms before the branches and after each
+    paired_rope = False  # GLM, ERNIE 4.5, Helium: RoPE in neighbouring pairs (apply_rope_pairs)
+    # None: attention_bias must be false; else it names biases on q, k and v (GLM's, Helium's,
+    # Seed-OSS's), defaulting to this value.
+    attention_bias_default = None
+    default_theta = 10000.0
+    default_eps = 1e-6
     local_rope_unscaled = False  # OLMo 3: rope_scaling turns the full-attention layers only
     tied_by_default = False
     default_head_dim = None  # None: hidden_size / num_attention_heads
@@ -628,8 +634,8 @@ class Llama:
             raise InputError("%s: num_attention_heads %d is not divisible by "
                              "num_key_value_heads %d" % (cfg.path, self.heads, self.kv_heads))
         self.max_positions = cfg.int("max_position_embeddings")
-        self.eps = cfg.positive("rms_norm_eps", 1e-6)
-        self.theta = cfg.positive("rope_theta", 10000.0)
+        self.eps = cfg.positive("rms_norm_eps", self.default_eps)
+        self.theta = cfg.positive("rope_theta", self.default_theta)
         self.tied = cfg.bool("tie_word_embeddings", self.tied_by_default)
         self.embedding_scale = 1.0
         self.read_activation(cfg)
@@ -668,7 +674,10 @@ class Llama:
         cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
 
     def read_biases(self, cfg):
-        cfg.require("attention_bias", False, (False,), "projections without biases")
+        if self.attention_bias_default is None:
+            cfg.require("attention_bias", False, (False,), "projections without biases")
+        else:
+            self.qkv_bias = cfg.bool("attention_bias", self.attention_bias_default)
         cfg.require("mlp_bias", False, (False,), "projections without biases")
 
     def norm(self, x, weight):
@@ -771,8 +780,9 @@ class Llama:
         return (x @ head.T) / self.logits_scaling
 
     def rope(self, x, cos, sin):
-        """RoPE on the heads x [..., T, D]: Llama's rotate-half pairs (i, i + R/2)."""
-        return apply_rope(x, cos, sin)
+        """RoPE on the heads x [..., T, D]: Llama's rotate-half pairs (i, i + R/2), or with
+        paired_rope neighbouring ones."""
+        return (apply_rope_pairs if self.paired_rope else apply_rope)(x, cos, sin)
 
     def project(self, w, name, a):
         """The q, k or v projection `name` of the rows a: a W^T, plus the bias (Qwen2)."""
@@ -1008,21 +1018,16 @@ class Glm(Llama):
     half of the tables' angles twice). Plain RoPE only."""
 
     default_head_dim = 128
+    paired_rope = True
+    attention_bias_default = True
 
     def __init__(self, cfg):
         if cfg.raw.get("rope_scaling") is not None:
             raise InputError("%s: rope_scaling must be null (GLM's plain RoPE)" % cfg.path)
         super().__init__(cfg)
 
-    def read_biases(self, cfg):
-        self.qkv_bias = cfg.bool("attention_bias", True)
-        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
-
     def rotary_dim(self, cfg):
         return partial_rotary_dim(cfg, self.head_dim, 0.5)
-
-    def rope(self, x, cos, sin):
-        return apply_rope_pairs(x, cos, sin)
 
     def mlp_tensors(self, p):
         C, F_ = self.width, self.ffn
@@ -1048,18 +1053,12 @@ class Ernie45(Llama):
 
     default_head_dim = 128
     tied_by_default = True
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        if "rope_theta" not in cfg.raw:
-            self.theta = 500000.0
+    paired_rope = True
+    default_theta = 500000.0
 
     def read_biases(self, cfg):
         super().read_biases(cfg)
         cfg.require("use_bias", False, (False,), "projections without biases")
-
-    def rope(self, x, cos, sin):
-        return apply_rope_pairs(x, cos, sin)
 
 
 class Helium(Llama):
@@ -1068,20 +1067,10 @@ class Helium(Llama):
     where the config is silent: heads 128 wide, rope_theta 100000, rms_norm_eps 1e-8."""
 
     default_head_dim = 128
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        if "rope_theta" not in cfg.raw:
-            self.theta = 100000.0
-        if "rms_norm_eps" not in cfg.raw:
-            self.eps = 1e-8
-
-    def read_biases(self, cfg):
-        self.qkv_bias = cfg.bool("attention_bias", False)
-        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
-
-    def rope(self, x, cos, sin):
-        return apply_rope_pairs(x, cos, sin)
+    paired_rope = True
+    attention_bias_default = False
+    default_theta = 100000.0
+    default_eps = 1e-8
 
 
 class SeedOss(Llama):
@@ -1090,11 +1079,11 @@ class SeedOss(Llama):
     otherwise. Its dropout probabilities apply in training only."""
 
     default_head_dim = 128
+    attention_bias_default = True
 
     def read_biases(self, cfg):
-        self.qkv_bias = cfg.bool("attention_bias", True)
+        super().read_biases(cfg)
         cfg.require("attention_out_bias", False, (False,), "an o_proj without bias")
-        cfg.require("mlp_bias", False, (False,), "an MLP without biases")
 
 
 def read_expert_counts(cfg, key="num_local_experts"):

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -468,13 +467,22 @@ absl::Status ReadRopeScaling(const ConfigFields& f, ModelConfig& m) {
   return scaling.Int("original_max_position_embeddings", &r.original_max_seq, /*required=*/false);
 }
 
-// A Llama-family config's sizes, norm, RoPE and embeddings (not its activation). Heads wider than
-// hidden_size / num_attention_heads are `head_dim`, the config's or else `default_head_dim` (0:
-// that quotient).
-// `qkv_attention_bias`: attention_bias names biases on q, k and v (GLM's, Seed-OSS's, Helium's),
-// the value given unless the config says otherwise, rather than refused.
-absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_head_dim = 0,
-                            std::optional<bool> qkv_attention_bias = std::nullopt) {
+// What a Llama-family config class assumes for the fields a config.json may leave out (Llama's
+// own unless a family says otherwise). qkv_attention_bias: attention_bias names biases on q, k
+// and v (GLM's, Seed-OSS's, Helium's) defaulting to this value; without it attention_bias (like
+// mlp_bias) must be false.
+struct LlamaDefaults {
+  int head_dim = 0;  // 0: hidden_size / num_attention_heads
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-6f;
+  bool tied_embeddings = false;
+  std::optional<bool> qkv_attention_bias;
+};
+
+// A Llama-family config's sizes, norm, RoPE and embeddings (not its activation), `defaults` for
+// what it leaves out. Heads wider than hidden_size / num_attention_heads are the model's head_dim.
+absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m,
+                            const LlamaDefaults& defaults = {}) {
   m.family = ModelFamily::kLlama;
   TY_RETURN_IF_ERROR(f.Int("vocab_size", &m.vocab));
   TY_RETURN_IF_ERROR(f.Int("max_position_embeddings", &m.max_seq));
@@ -485,35 +493,41 @@ absl::Status ReadLlamaShape(const ConfigFields& f, ModelConfig& m, int default_h
   m.kv_heads = m.heads;
   TY_RETURN_IF_ERROR(f.Int("num_key_value_heads", &m.kv_heads, /*required=*/false));
   // Heads wider than hidden_size / num_attention_heads (Mistral Nemo's, Qwen3's) are the
-  // model's head_dim; without the key they are that quotient.
-  int head_dim = default_head_dim;
+  // model's head_dim.
+  int head_dim = defaults.head_dim;
   TY_RETURN_IF_ERROR(f.Int("head_dim", &head_dim, /*required=*/false));
   if (head_dim != 0 && (m.heads < 1 || int64_t{head_dim} * m.heads != m.width)) {
     m.explicit_head_dim = head_dim;
   }
-  m.norm_eps = 1e-6f;  // Hugging Face's default for Llama
+  m.norm_eps = defaults.norm_eps;
   TY_RETURN_IF_ERROR(f.Float("rms_norm_eps", &m.norm_eps));
-  m.rope_theta = 10000.0f;
+  m.rope_theta = defaults.rope_theta;
   TY_RETURN_IF_ERROR(f.Float("rope_theta", &m.rope_theta));
-  m.tied_embeddings = false;
+  m.tied_embeddings = defaults.tied_embeddings;
   TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &m.tied_embeddings));
-  if (qkv_attention_bias.has_value()) {
-    m.qkv_bias = *qkv_attention_bias;
+  std::vector<const char*> unbiased = {"mlp_bias"};
+  if (defaults.qkv_attention_bias.has_value()) {
+    m.qkv_bias = *defaults.qkv_attention_bias;
     TY_RETURN_IF_ERROR(f.Bool("attention_bias", &m.qkv_bias));
+  } else {
+    unbiased.push_back("attention_bias");
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
+  for (const char* key : unbiased) {
     bool biased = false;
-    if (qkv_attention_bias.has_value() && std::string_view(key) == "attention_bias") continue;
     TY_RETURN_IF_ERROR(f.Bool(key, &biased));
     if (biased) return f.Bad(key, "must be false (Trainyard's Llama has no biases)");
   }
   return ReadRopeScaling(f, m);
 }
 
-absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m));
+absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m,
+                             const LlamaDefaults& defaults = {}) {
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, defaults));
   return f.OneOf("hidden_act", {"silu"});
 }
+
+// Gemma's family: heads 256 wide and tied embeddings unless the config says otherwise.
+constexpr LlamaDefaults kGemmaDefaults{.head_dim = 256, .tied_embeddings = true};
 
 // Gemma's (GemmaForCausalLM): Llama's model with GeGLU, embeddings scaled by √hidden_size, tied
 // embeddings and 256-wide heads unless the config says otherwise, and its norms' weights less one
@@ -521,8 +535,7 @@ absl::Status ReadLlamaConfig(const ConfigFields& f, ModelConfig& m) {
 // hidden_act "gelu" and transformers reads that as the approximation unless hidden_activation
 // says otherwise; an explicit exact GELU is refused.
 absl::Status ReadGemmaConfig(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
-  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;  // Gemma's default
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, kGemmaDefaults));
   m.geglu = true;
   m.scale_embeddings = true;
   if (f.Has("hidden_activation")) {
@@ -574,8 +587,7 @@ absl::Status ReadGemmaScores(const ConfigFields& f, ModelConfig& m) {
 // and local blocks: the even blocks (counted from 0) attend to the sliding window, the odd ones
 // to every position (or as layer_types says), all with rope_theta.
 absl::Status ReadGemma2Config(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
-  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, kGemmaDefaults));
   m.geglu = m.scale_embeddings = m.post_norms = true;
   TY_RETURN_IF_ERROR(f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"}));
   TY_RETURN_IF_ERROR(ReadGemmaScores(f, m));
@@ -594,8 +606,7 @@ absl::Status ReadGemma2Config(const ConfigFields& f, ModelConfig& m) {
 // attending to every position with rope_theta, the others to the window with
 // rope_local_base_freq. Causal, and RoPE unscaled.
 absl::Status ReadGemma3Config(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/256));
-  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, kGemmaDefaults));
   m.geglu = m.scale_embeddings = m.qk_norm = m.post_norms = true;
   TY_RETURN_IF_ERROR(f.OneOf("hidden_activation", {"gelu_pytorch_tanh", "gelu_new"}));
   TY_RETURN_IF_ERROR(ReadGemmaScores(f, m));
@@ -670,10 +681,8 @@ absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
 // wide, rope_theta 500000 and tied embeddings unless the config says otherwise, and use_bias (on
 // every projection) false.
 absl::Status ReadErnieConfig(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128));
-  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
-  if (!f.Has("rope_theta")) m.rope_theta = 500000.0f;
-  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;
+  TY_RETURN_IF_ERROR(
+      ReadLlamaConfig(f, m, {.head_dim = 128, .rope_theta = 500000.0f, .tied_embeddings = true}));
   bool biased = false;
   TY_RETURN_IF_ERROR(f.Bool("use_bias", &biased));
   if (biased) return f.Bad("use_bias", "must be false (Trainyard reads ERNIE 4.5 without biases)");
@@ -685,8 +694,7 @@ absl::Status ReadErnieConfig(const ConfigFields& f, ModelConfig& m) {
 // must be false) and heads 128 wide unless head_dim says otherwise. Its attention_dropout and
 // residual_dropout are training-time noise Trainyard does not apply.
 absl::Status ReadSeedOssConfig(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/true));
-  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.head_dim = 128, .qkv_attention_bias = true}));
   bool out_bias = false;
   TY_RETURN_IF_ERROR(f.Bool("attention_out_bias", &out_bias));
   if (out_bias) {
@@ -700,11 +708,9 @@ absl::Status ReadSeedOssConfig(const ConfigFields& f, ModelConfig& m) {
 // q, k and v only with attention_bias, and transformers' defaults where the config is silent:
 // heads 128 wide, rope_theta 100000, rms_norm_eps 1e-8.
 absl::Status ReadHeliumConfig(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/false));
-  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
-  if (!f.Has("rope_theta")) m.rope_theta = 100000.0f;
-  if (!f.Has("rms_norm_eps")) m.norm_eps = 1e-8f;
-  return absl::OkStatus();
+  return ReadLlamaConfig(
+      f, m,
+      {.head_dim = 128, .rope_theta = 100000.0f, .norm_eps = 1e-8f, .qkv_attention_bias = false});
 }
 
 // partial_rotary_factor (`fallback` without it): RoPE over the first head_dim · factor
@@ -740,8 +746,7 @@ absl::Status ReadPhi3Config(const ConfigFields& f, ModelConfig& m) {
 // in neighbouring pairs (HfTensors interleaves q's and k's rows), plain RoPE only, and the MLP's
 // gate and up fused (gate_up_proj).
 absl::Status ReadGlmConfig(const ConfigFields& f, bool norms_after, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaShape(f, m, /*default_head_dim=*/128, /*qkv_attention_bias=*/true));
-  TY_RETURN_IF_ERROR(f.OneOf("hidden_act", {"silu"}));
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.head_dim = 128, .qkv_attention_bias = true}));
   if (m.rope_scaling.enabled()) {
     return f.Bad("rope_scaling", "must be null (Trainyard reads GLM's plain RoPE only)");
   }
@@ -756,8 +761,7 @@ absl::Status ReadGlmConfig(const ConfigFields& f, bool norms_after, ModelConfig&
 // transformers builds the list. With use_sliding_window and a sliding_window, the NoPE layers
 // attend within the window (or those a layer_types list names "sliding_attention").
 absl::Status ReadSmolLM3Config(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
-  if (!f.Has("tie_word_embeddings")) m.tied_embeddings = true;  // SmolLM3's default
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.tied_embeddings = true}));
   std::vector<int32_t> rotated;  // the RoPE layers, full-attention ones under a window
   if (const Value* flags = f.Get("no_rope_layers"); flags != nullptr) {
     const bool listed =
