@@ -131,7 +131,7 @@ int64_t ModelConfig::ActiveParameterCount() const {
   // A token's share of an MoE layer: the router, top_k routed experts and the shared ones.
   active.moe.experts = moe.top_k;
   const int64_t unused_router = int64_t{moe.experts - moe.top_k} * width;
-  return active.ParameterCount() + unused_router * (layers / moe.every);
+  return active.ParameterCount() + unused_router * moe.MoeLayers(layers);
 }
 
 std::string FamilyName(ModelFamily family) {
@@ -191,7 +191,15 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
     return bad("every",
                absl::StrCat("must be between 1 and layers ", c.layers, ", got ", moe.every));
   }
+  if (moe.dense_first < 0 || moe.MoeLayers(c.layers) == 0) {
+    return bad("dense_first",
+               absl::StrCat("must be at least 0 and leave an MoE block among the ", c.layers,
+                            " (every ", moe.every, "), got ", moe.dense_first));
+  }
   if (moe.ffn < 1) return bad("ffn", absl::StrCat("must be at least 1, got ", moe.ffn));
+  if (!(moe.routed_scale > 0.0f) || !std::isfinite(moe.routed_scale)) {
+    return bad("routed_scale", absl::StrCat("must be positive, got ", moe.routed_scale));
+  }
   if (!(moe.aux_loss_coeff >= 0.0f) || !std::isfinite(moe.aux_loss_coeff)) {
     return bad("aux_loss_coeff",
                absl::StrCat("must be zero or positive, got ", moe.aux_loss_coeff));

@@ -19,15 +19,16 @@ enum class ModelFamily {
 };
 
 // Mixture of experts: every `every`-th block's MLP (blocks every−1, 2·every−1, … counting from 0)
-// becomes `experts` routed MLPs of the family's shape with hidden size `ffn`, of which each token
+// past the first `dense_first` blocks (DeepSeek-V3's and GLM-4.5's dense first blocks) becomes
+// `experts` routed MLPs of the family's shape with hidden size `ffn`, of which each token
 // uses `top_k`, plus `shared_experts` MLPs every token uses (held as one MLP of hidden
 // shared_experts·ffn). The router is a linear layer [experts, width] computed in fp32; its scores
 // are softmax(logits) or sigmoid(logits); a token picks the top_k of score + bias (bias: the
 // auxiliary-loss-free rule's per-expert selection bias, zero under aux_loss; ties go to the lower
 // expert index) and weighs expert e by score_e, divided by the sum of its picks' scores when
-// normalize_top_k. The output is Σ weight · expert(x) + shared(x), or with `shared_gate`
-// (Qwen2-MoE's shared_expert_gate) Σ weight · expert(x) + sigmoid(x · g) · shared(x), g a learned
-// [width] vector of the block.
+// normalize_top_k, times routed_scale (DeepSeek-V3's routed_scaling_factor). The output is Σ weight
+// · expert(x) + shared(x), or with `shared_gate` (Qwen2-MoE's shared_expert_gate) Σ weight ·
+// expert(x) + sigmoid(x · g) · shared(x), g a learned [width] vector of the block.
 enum class MoeBalance {
   kAuxLoss,  // + aux_loss_coeff · E · Σᵢ fᵢ·Pᵢ per micro-batch (fᵢ: share of the micro-batch's
              // picks that went to i, Pᵢ: its mean normalised score)
@@ -46,9 +47,11 @@ struct MoeConfig {
   int shared_experts = 0;
   bool shared_gate = false;  // the shared experts' output gated per token (above)
   int every = 1;
-  int ffn = 0;  // each expert's hidden size (the family's MLP shape)
+  int dense_first = 0;  // the first blocks that keep their dense MLP whatever `every` says
+  int ffn = 0;          // each expert's hidden size (the family's MLP shape)
   MoeScore score = MoeScore::kSoftmax;
   bool normalize_top_k = false;
+  float routed_scale = 1.0f;  // the routed experts' combine weights are multiplied by it
   MoeBalance balance = MoeBalance::kAuxLoss;
   float aux_loss_coeff = 0.01f;
   float bias_update_rate = 0.001f;
@@ -64,7 +67,15 @@ struct MoeConfig {
     return static_cast<int64_t>(
         std::ceil(double{capacity_factor} * static_cast<double>(picks) / experts));
   }
-  bool IsMoeLayer(int layer) const { return enabled() && (layer + 1) % every == 0; }
+  bool IsMoeLayer(int layer) const {
+    return enabled() && layer >= dense_first && (layer + 1) % every == 0;
+  }
+  // How many of `layers` blocks are MoE blocks.
+  int MoeLayers(int layers) const {
+    int count = 0;
+    for (int l = 0; l < layers; ++l) count += IsMoeLayer(l) ? 1 : 0;
+    return count;
+  }
   bool has_bias() const { return enabled() && balance == MoeBalance::kBias; }
 };
 

@@ -59,8 +59,8 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
     double norm = 0;
     for (int j = 0; j < K; ++j) norm += g[picked[j]];
     for (int j = 0; j < K; ++j) {
-      r.weight[t * K + j] =
-          moe.normalize_top_k ? static_cast<float>(g[picked[j]] / norm) : g[picked[j]];
+      const float w = moe.normalize_top_k ? static_cast<float>(g[picked[j]] / norm) : g[picked[j]];
+      r.weight[t * K + j] = w * moe.routed_scale;
       ++r.picks[picked[j]];
     }
     // The aux loss's normalised scores q (q = g for softmax, g / Σg for sigmoid).
@@ -147,15 +147,17 @@ void RouterBackward(const MoeConfig& moe, const MoeRouting& r, const float* dwei
   for (int64_t t = 0; t < r.tokens; ++t) {
     const float* g = &r.scores[t * E];
     std::fill(dg.begin(), dg.end(), 0.0);
-    // Through the combine weights (a dropped pick's weight did nothing).
+    // Through the combine weights w = s · n (a dropped pick's weight did nothing): with n the
+    // normalised scores g / Σ g, ∂/∂g_e = (s · dw_e − Σ dw·w) / Σ g.
     const int32_t* picked = &r.expert[t * K];
+    const double scale = moe.routed_scale;
     double norm = 0, weighted = 0;
     for (int j = 0; j < K; ++j) {
       norm += g[picked[j]];
       if (r.slot[t * K + j] >= 0) weighted += double{dweight[t * K + j]} * r.weight[t * K + j];
     }
     for (int j = 0; j < K; ++j) {
-      const double dw = r.slot[t * K + j] >= 0 ? dweight[t * K + j] : 0.0;
+      const double dw = r.slot[t * K + j] >= 0 ? scale * dweight[t * K + j] : 0.0;
       dg[picked[j]] += moe.normalize_top_k ? (dw - weighted) / norm : dw;
     }
     // Through the aux loss's normalised scores q (q = g for softmax, g / Σg for sigmoid).

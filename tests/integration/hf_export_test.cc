@@ -69,8 +69,9 @@ const MeshCase kMixtralMeshes[] = {
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
   config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/16);
   spec.name = "export";
-  if (mesh.experts > 0 && !mesh.shared_gate) {  // Mixtral's shape: no shared experts, top-k
-    spec.model.moe.shared_experts = 0;          // renormalised
+  if (mesh.experts > 0 && !mesh.shared_gate &&
+      !mesh.glm45) {                    // Mixtral's shape: no shared experts, top-k
+    spec.model.moe.shared_experts = 0;  // renormalised
     spec.model.moe.normalize_top_k = true;
   }
   if (mesh.post_norms && mesh.qk_norm && mesh.sliding_window > 0) {  // Gemma 3's local RoPE
@@ -78,7 +79,7 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
   }
   // Qwen3-MoE's and Qwen2-MoE's: an MoE block every second, the top k as the router scored them
   // (Qwen2-MoE's with its gated shared expert).
-  if (mesh.experts > 0 && (mesh.qk_norm || mesh.shared_gate)) {
+  if (mesh.experts > 0 && (mesh.qk_norm || mesh.shared_gate) && !mesh.glm45) {
     spec.model.moe.every = 2;
     spec.model.moe.normalize_top_k = false;
   }
@@ -157,7 +158,9 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .rope_dim = mesh.rope_dim,
                      .granite = mesh.granite,
                      .experts = mesh.experts,
-                     .shared_gate = mesh.shared_gate};
+                     .bias_balance = mesh.bias_balance,
+                     .shared_gate = mesh.shared_gate,
+                     .glm45 = mesh.glm45};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -315,6 +318,33 @@ INSTANTIATE_TEST_SUITE_P(Qwen2Moe, HfRoundTrip,
                          [](const auto& info) {
                            return std::string(std::get<1>(info.param).name);
                          });
+
+// GLM-4.5's routing (the first block dense, biased sigmoid scores, weights times 2.5, a shared
+// expert) over q, k and v biases, per-head query and key norms and half of each head turned
+// exports as GLM-4.5 and reads back with the experts split over data-parallel ranks under ZeRO-3,
+// and on pipeline stages (the dense block on one, the MoE block on the other) with the heads and
+// the experts split over tensor-parallel ranks.
+INSTANTIATE_TEST_SUITE_P(
+    Glm45, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "glm45_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .qkv_bias = true,
+                                                  .qk_norm = true,
+                                                  .rope_dim = 8,
+                                                  .experts = 4,
+                                                  .ep = 2,
+                                                  .glm45 = true},
+                                         MeshCase{.name = "glm45_tp2_pp2",
+                                                  .tp = 2,
+                                                  .pp = 2,
+                                                  .qkv_bias = true,
+                                                  .qk_norm = true,
+                                                  .rope_dim = 8,
+                                                  .experts = 4,
+                                                  .glm45 = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Query and key norms over the whole projection with experts in every block export as OLMoE and
 // read back with the experts split over data-parallel ranks under ZeRO-3, and on pipeline stages.
@@ -581,6 +611,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
               mesh.experts == 0  ? ""
+              : mesh.glm45       ? " (glm4_moe)"
               : mesh.qk_norm     ? " (qwen3_moe)"
               : mesh.shared_gate ? " (qwen2_moe)"
               : mesh.whole_norms ? " (olmoe)"
@@ -780,6 +811,59 @@ TEST(HfOracleQwen2Moe, GatedSharedExpertGivesTrainyardsLogits) {
   CheckAgainstTheOracle(
       ModelFamily::kLlama,
       MeshCase{.name = "dp1", .qkv_bias = true, .experts = 4, .shared_gate = true});
+}
+
+// GLM-4.5's routing with q, k and v biases, per-head query and key norms and partial RoPE exports
+// as GLM-4.5, which the oracle computes with transformers' Glm4Moe conventions (sigmoid scores
+// picked with e_score_correction_bias, which three steps of the bias rule moved, normalised and
+// times routed_scaling_factor; the shared experts; the dense first block); the greedy tokens check
+// the generator's routing too.
+TEST(HfOracleGlm45, BiasedSigmoidRoutingPastADenseBlockGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                      .qkv_bias = true,
+                                                      .qk_norm = true,
+                                                      .rope_dim = 8,
+                                                      .experts = 4,
+                                                      .glm45 = true});
+}
+
+// Exported in bf16, GLM-4.5's selection bias stays F32, as transformers keeps
+// e_score_correction_bias (rounded, it would pick other experts), and reads back exactly; every
+// other tensor is bf16.
+TEST(HfGlm45, TheSelectionBiasStaysF32InABf16Export) {
+  const fs::path scratch = testenv::MakeScratchDir("hf_glm45_bf16");
+  config::JobSpec spec = Job(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                           .qkv_bias = true,
+                                                           .qk_norm = true,
+                                                           .rope_dim = 8,
+                                                           .experts = 4,
+                                                           .glm45 = true});
+  spec.checkpoint.dir = (scratch / "ckpt").string();
+  spec.checkpoint.every_steps = kSavedStep;
+  testenv::RankRun saved = RunOrFail(spec, kSavedStep);
+  ASSERT_TRUE(saved.results[0].ok());
+  const fs::path out = scratch / "hf";
+  ASSERT_TRUE(convert::ExportHf(*RealFileSystem(), spec.checkpoint.dir,
+                                {.out_dir = out.string(), .dtype = convert::TensorDtype::kBF16})
+                  .ok());
+  auto file =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (out / "model.safetensors").string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  const testenv::GlobalTensors global = testenv::GatherGlobalParams(spec, saved);
+  int biases = 0;
+  for (const convert::TensorInfo& t : (*file)->tensors()) {
+    const bool bias = absl::EndsWith(t.name, "mlp.gate.e_score_correction_bias");
+    EXPECT_EQ(t.dtype, bias ? convert::TensorDtype::kF32 : convert::TensorDtype::kBF16) << t.name;
+    if (!bias) continue;
+    ++biases;
+    std::vector<float> read(t.numel());
+    (*file)->ReadFloats(t, 0, t.numel(), read.data());
+    const std::vector<float>& want = global.at("h.1.moe.router.bias");
+    EXPECT_EQ(read, want);
+    EXPECT_NE(read, std::vector<float>(read.size(), 0.0f)) << "the bias rule moved it";
+  }
+  EXPECT_EQ(biases, 1);  // block 0 is dense
+  fs::remove_all(scratch);
 }
 
 // Query and key norms over each token's whole q and k, with experts in every block, export as

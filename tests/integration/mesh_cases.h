@@ -48,6 +48,9 @@ struct MeshCase {
   int ep = 1;                    // expert parallelism (drawn from dp)
   float capacity_factor = 0.0f;  // 0: dropless
   bool shared_gate = false;      // llama: the shared expert gated per token (Qwen2-MoE's)
+  // GLM-4.5's (DeepSeek-V3's) routing: the first block dense, sigmoid scores normalised over the
+  // picks, which a selection bias chooses (the bias rule), the weights scaled by 2.5.
+  bool glm45 = false;
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -76,6 +79,13 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
   moe.bias_update_rate = 0.01f;
   moe.capacity_factor = mesh.capacity_factor;
   moe.shared_gate = mesh.shared_gate;
+  if (mesh.glm45) {
+    moe.dense_first = 1;
+    moe.score = config::MoeScore::kSigmoid;
+    moe.normalize_top_k = true;
+    moe.balance = config::MoeBalance::kBias;
+    moe.routed_scale = 2.5f;
+  }
 }
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
@@ -381,6 +391,16 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .untied = true,
      .experts = 4,
      .ep = 2},
+    // GLM-4.5's routing: a dense first block on one stage, an MoE block whose biased sigmoid
+    // scores' weights are scaled on the other, its experts over ep 2.
+    {.name = "glm45_ep2_pp2_zero3",
+     .dp = 2,
+     .pp = 2,
+     .zero = 3,
+     .untied = true,
+     .experts = 4,
+     .ep = 2,
+     .glm45 = true},
     {.name = "ep2", .dp = 2, .experts = 4, .ep = 2},
     {.name = "ep4", .dp = 4, .experts = 4, .ep = 4},
     {.name = "dp4_ep2_zero1", .dp = 4, .zero = 1, .experts = 4, .ep = 2},

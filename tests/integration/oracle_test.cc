@@ -139,6 +139,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
     cfg << ", \"moe\": {\"experts\": " << m.experts << ", \"top_k\": " << m.top_k
         << ", \"shared_experts\": " << m.shared_experts
         << ", \"shared_gate\": " << (m.shared_gate ? "true" : "false") << ", \"every\": " << m.every
+        << ", \"dense_first\": " << m.dense_first << ", \"routed_scale\": " << m.routed_scale
         << ", \"ffn\": " << m.ffn << ", \"score\": \""
         << (m.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax")
         << "\", \"normalize_top_k\": " << (m.normalize_top_k ? "true" : "false")
@@ -330,6 +331,24 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithTheBiasRule) {
   c.moe.normalize_top_k = true;
   c.moe.balance = config::MoeBalance::kBias;
   c.moe.bias_update_rate = 0.01f;
+  CompareWithOracle(c);
+}
+
+// DeepSeek-V3's and GLM-4.5's routing: the first block dense, normalised sigmoid scores under the
+// bias rule, the routed experts' weights scaled by 2.5 (the scale reaches the router's gradient),
+// a shared expert beside them.
+TEST(TorchOracle, LlamaMixtureOfExpertsPastADenseBlockWithScaledWeights) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.qkv_bias = true;
+  c.moe = OracleMoe();
+  c.moe.dense_first = 1;
+  c.moe.score = config::MoeScore::kSigmoid;
+  c.moe.normalize_top_k = true;
+  c.moe.routed_scale = 2.5f;
+  c.moe.balance = config::MoeBalance::kBias;
+  c.moe.bias_update_rate = 0.01f;
+  ASSERT_FALSE(c.moe.IsMoeLayer(0));
+  ASSERT_TRUE(c.moe.IsMoeLayer(1));
   CompareWithOracle(c);
 }
 

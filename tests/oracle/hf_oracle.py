@@ -700,6 +700,10 @@ class Llama:
     def canonical_name(name):
         return name
 
+    def ignored(self, name):
+        """Whether a stored tensor is one the causal LM does not use (none here)."""
+        return False
+
     def expected_tensors(self):
         C, V, D = self.width, self.vocab, self.head_dim
         H, KV = self.heads, self.kv_heads
@@ -1227,6 +1231,84 @@ class Qwen2Moe(Qwen3Moe):
         return out + torch.sigmoid(m @ w[p + "mlp.shared_expert_gate.weight"].T) * shared
 
 
+class Glm4Moe(Llama):
+    """Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6): Llama's attention with biases on q, k
+    and v when attention_bias (default false), an RMSNorm over each query and key head before RoPE
+    when use_qk_norm (default false), and RoPE over the first int(head_dim *
+    partial_rotary_factor) dimensions (default 0.5) in Llama's rotate-half pairs (not GLM's
+    neighbouring ones); rms_norm_eps 1e-5 unless the config says otherwise. Layers below
+    first_k_dense_replace (default 1) keep Llama's MLP of intermediate_size. The others route:
+    scores sigmoid(m . mlp.gate.weight^T); the num_experts_per_tok experts of highest score +
+    mlp.gate.e_score_correction_bias are picked (the bias chooses, never weighs), weighted by
+    their scores, divided by the picks' sum when norm_topk_prob (default true), times
+    routed_scaling_factor (default 1); the experts mlp.experts.j.* are SwiGLU MLPs of
+    moe_intermediate_size, and mlp.shared_experts.* one of n_shared_experts (default 1) times it
+    that every token uses. Group-limited routing keeps topk_group of n_group expert groups: only
+    topk_group == n_group (every group kept, no limit) is supported. Layers from
+    num_hidden_layers on hold multi-token prediction, which the causal LM does not use."""
+
+    default_eps = 1e-5
+    attention_bias_default = False
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.qk_norm = cfg.bool("use_qk_norm", False)
+        self.experts = cfg.int("n_routed_experts", 128)
+        self.top_k = cfg.int("num_experts_per_tok", 8)
+        if self.top_k > self.experts:
+            raise InputError("%s: num_experts_per_tok %d exceeds n_routed_experts %d"
+                             % (cfg.path, self.top_k, self.experts))
+        self.expert_ffn = cfg.int("moe_intermediate_size", 1408)
+        self.shared_ffn = cfg.int("n_shared_experts", 1) * self.expert_ffn
+        self.dense_layers = cfg.int("first_k_dense_replace", 1, minimum=0)
+        self.normalize = cfg.bool("norm_topk_prob", True)
+        self.scale = cfg.positive("routed_scaling_factor", 1.0)
+        if cfg.int("n_group", 1) != cfg.int("topk_group", 1):
+            raise InputError("%s: topk_group must equal n_group (group-limited routing is not "
+                             "supported)" % cfg.path)
+
+    def rotary_dim(self, cfg):
+        return partial_rotary_dim(cfg, self.head_dim, 0.5)
+
+    def ignored(self, name):
+        parts = name.split(".")
+        return (name.startswith("model.layers.") and parts[2].isdigit()
+                and int(parts[2]) >= self.layers)
+
+    def sparse(self, p):
+        return int(p.split(".")[2]) >= self.dense_layers
+
+    def mlp_tensors(self, p):
+        if not self.sparse(p):
+            return super().mlp_tensors(p)
+        C, S = self.width, self.shared_ffn
+        s = p + "mlp.shared_experts."
+        return (qwen_expert_tensors(p, self.experts, C, self.expert_ffn)
+                + [(p + "mlp.gate.e_score_correction_bias", (self.experts,)),
+                   (s + "gate_proj.weight", (S, C)), (s + "up_proj.weight", (S, C)),
+                   (s + "down_proj.weight", (C, S))])
+
+    def mlp(self, w, p, m):
+        if not self.sparse(p):
+            return super().mlp(w, p, m)
+        scores = torch.sigmoid(m @ w[p + "mlp.gate.weight"].T)
+        _, chosen = torch.topk(scores + w[p + "mlp.gate.e_score_correction_bias"], self.top_k,
+                               dim=-1)
+        top = scores.gather(-1, chosen)
+        if self.normalize:
+            top = top / top.sum(dim=-1, keepdim=True)
+        top = top * self.scale
+        e = p + "mlp.experts.%d."
+        out = torch.zeros_like(m)
+        for j in range(self.experts):
+            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
+            out = out + weight * swiglu(m, w[e % j + "gate_proj.weight"],
+                                        w[e % j + "up_proj.weight"], w[e % j + "down_proj.weight"])
+        s = p + "mlp.shared_experts."
+        return out + swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
+                            w[s + "down_proj.weight"])
+
+
 class OlmoAttention(Llama):
     """OLMo 2's and OLMoE's attention: Llama's with one RMSNorm over each token's whole q
     projection (self_attn.q_norm [hidden_size]) and one over its whole k (k_norm
@@ -1364,7 +1446,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
-          "ernie4_5": Ernie45, "helium": Helium, "seed_oss": SeedOss}
+          "glm4_moe": Glm4Moe, "ernie4_5": Ernie45, "helium": Helium, "seed_oss": SeedOss}
 
 
 def load_weights(model, model_dir):
@@ -1392,7 +1474,7 @@ def load_weights(model, model_dir):
         weights[canonical] = st.read(name)
     implied = {canonical for canonical, _ in expected} | ignored
     for canonical, name in sorted(by_canonical.items()):
-        if canonical not in implied:
+        if canonical not in implied and not getattr(model, "ignored", lambda _: False)(canonical):
             raise InputError("%s: tensor %r is not part of the model the config describes"
                              % (files[name].path, name))
     return weights

@@ -27,6 +27,7 @@ import hf_oracle  # noqa: E402
 
 hf_oracle.load_torch()
 from oracle_testutil import moe_cfg, random_model, random_tokens, small_cfg  # noqa: E402
+import torch_model  # noqa: E402
 
 torch.set_num_threads(1)
 ORACLE = os.path.join(HERE, "hf_oracle.py")
@@ -312,8 +313,9 @@ def qwen3_moe_hf_tensors(cfg, params):
     an MoE block the router as mlp.gate and expert j's gate and up rows of the experts' fc and its
     [C, F] slab of the experts' proj as mlp.experts.j.gate_proj, up_proj, down_proj; the other
     blocks keep Llama's MLP."""
-    E, F_, every = cfg["moe"]["experts"], cfg["moe"]["ffn"], cfg["moe"]["every"]
+    E, F_ = cfg["moe"]["experts"], cfg["moe"]["ffn"]
     F_dense = cfg["ffn_hidden"]
+    normalized = torch_model.normalize_config(cfg)
     out = []
     for name, array in llama_hf_tensors(cfg, params, mlp=False):
         out.append((name, array))
@@ -321,7 +323,7 @@ def qwen3_moe_hf_tensors(cfg, params):
             continue
         i = int(name.split(".")[2])
         p = "model.layers.%d.mlp." % i
-        if (i + 1) % every != 0:
+        if not torch_model.is_moe_layer(normalized, i):
             fc = params["h.%d.mlp.fc.w" % i]
             out += [(p + "gate_proj.weight", fc[:F_dense]), (p + "up_proj.weight", fc[F_dense:]),
                     (p + "down_proj.weight", params["h.%d.mlp.proj.w" % i])]
@@ -337,10 +339,10 @@ def qwen3_moe_hf_tensors(cfg, params):
     return out
 
 
-def qwen2_moe_hf_tensors(cfg, params):
-    """[(HF name, array)] of a contract Llama MoE of Qwen2-MoE's shape: Qwen3-MoE's tensors (with
-    Qwen2's biases on q, k and v), and in an MoE block the shared experts' fc rows (gate, then up)
-    and proj as mlp.shared_expert.gate_proj, up_proj, down_proj and their gate as
+def shared_expert_hf_tensors(cfg, params, shared, gate=False, router_bias=False):
+    """qwen3_moe_hf_tensors' tensors and, after each MoE block's router, with `router_bias` its
+    selection bias as mlp.gate.e_score_correction_bias, the shared experts' fc rows (gate, then
+    up) and proj as mlp.<shared>.gate_proj, up_proj, down_proj, and with `gate` their gate as
     mlp.shared_expert_gate."""
     S = cfg["moe"]["shared_experts"] * cfg["moe"]["ffn"]
     out = []
@@ -350,12 +352,35 @@ def qwen2_moe_hf_tensors(cfg, params):
             continue
         i = int(name.split(".")[2])
         c, p = "h.%d.moe." % i, "model.layers.%d.mlp." % i
+        if router_bias:
+            out.append((p + "gate.e_score_correction_bias", params[c + "router.bias"]))
         fc = params[c + "shared.fc.w"]
-        out += [(p + "shared_expert.gate_proj.weight", fc[:S]),
-                (p + "shared_expert.up_proj.weight", fc[S:]),
-                (p + "shared_expert.down_proj.weight", params[c + "shared.proj.w"]),
-                (p + "shared_expert_gate.weight", params[c + "shared_gate.w"])]
+        out += [(p + shared + ".gate_proj.weight", fc[:S]),
+                (p + shared + ".up_proj.weight", fc[S:]),
+                (p + shared + ".down_proj.weight", params[c + "shared.proj.w"])]
+        if gate:
+            out.append((p + "shared_expert_gate.weight", params[c + "shared_gate.w"]))
     return out
+
+
+def glm4_moe_hf_tensors(cfg, params, mtp_layer=False):
+    """[(HF name, array)] of a contract Llama MoE of GLM-4.5's shape: Qwen3-MoE's tensors (Llama's
+    MLP in the blocks below moe.dense_first), the routers' selection biases and the ungated shared
+    experts mlp.shared_experts. With `mtp_layer`, a multi-token prediction layer's tensors after
+    the model's layers, as GLM-4.5's checkpoints hold one."""
+    out = shared_expert_hf_tensors(cfg, params, "shared_experts", router_bias=True)
+    if mtp_layer:
+        C, L = cfg["width"], cfg["layers"]
+        out += [("model.layers.%d.eh_proj.weight" % L, np.ones((C, 2 * C))),
+                ("model.layers.%d.enorm.weight" % L, np.ones(C))]
+    return out
+
+
+def qwen2_moe_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama MoE of Qwen2-MoE's shape: Qwen3-MoE's tensors (with
+    Qwen2's biases on q, k and v) and the shared experts mlp.shared_expert, gated by
+    mlp.shared_expert_gate."""
+    return shared_expert_hf_tensors(cfg, params, "shared_expert", gate=True)
 
 
 def contract_params(model):
@@ -864,6 +889,33 @@ class HfOracleTest(unittest.TestCase):
                 proc, _ = self.run_oracle(model_dir, random_tokens(cfg, 1, 3).numpy())
                 self.assertEqual(proc.returncode, 2)
                 self.assertIn(why, proc.stderr)
+
+    def test_glm4_moe_matches_torch_model(self):
+        # GLM-4.5: biases on q, k and v with each query and key head normed, half of each head of
+        # 8 turned in rotate-half pairs, the first block dense, the second routed: normalised
+        # sigmoid scores picked with a selection bias (random here, so that it moves picks) and
+        # weighted times 2.5, one shared expert; a multi-token prediction layer after the model,
+        # which the causal LM leaves alone.
+        cfg = moe_cfg("llama", {"shared_experts": 1, "score": "sigmoid", "normalize_top_k": True,
+                                "balance": "bias", "dense_first": 1, "routed_scale": 2.5,
+                                "every": 1, "top_k": 2},
+                      heads=2, kv_heads=1, rope_dim=4, qkv_bias=True, qk_norm=True)
+        config = dict(llama_hf_config(cfg), model_type="glm4_moe",
+                      architectures=["Glm4MoeForCausalLM"], partial_rotary_factor=0.5,
+                      attention_bias=True, use_qk_norm=True, head_dim=8,
+                      moe_intermediate_size=cfg["moe"]["ffn"], n_routed_experts=cfg["moe"]["experts"],
+                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                      routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1, topk_group=1,
+                      num_nextn_predict_layers=1)
+        _, tokens, got = self.check_against_torch_model(
+            "glm4_moe", cfg, lambda p: glm4_moe_hf_tensors(cfg, p, mtp_layer=True), config)
+        # Without the scale the same weights give other logits; group-limited routing is refused.
+        unscaled = self.write_model("glm4_moe_unscaled", dict(config, routed_scaling_factor=1.0),
+                                    glm4_moe_hf_tensors(cfg, self.written_params))
+        self.assertGreater(np.abs(self.oracle_logits(unscaled, tokens, cfg["vocab"]) - got).max(),
+                           1e-3)
+        with self.assertRaises(hf_oracle.InputError):
+            hf_oracle.Glm4Moe(hf_oracle.Config(dict(config, n_group=2, topk_group=1), "c"))
 
     def test_olmoe_matches_torch_model(self):
         # OLMoE: an RMSNorm over each token's whole q and one over its whole k (grouped-query

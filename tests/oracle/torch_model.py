@@ -17,8 +17,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           h.{l}.attn.proj.w, h.{l}.ln2.w (ln1.w and ln2.w absent with pre_norms false),
           h.{l}.mlp.fc.w [2F,C] (gate rows first, then up rows), h.{l}.mlp.proj.w [C,F];
           lnf.w; lm_head.w [V,C] unless tied.
-  MoE:    in block l with (l+1) % moe.every == 0 the four (gpt2) or two (llama) mlp.* tensors
-          are replaced by h.{l}.moe.router.w [E,C], h.{l}.moe.router.bias [E] (balance "bias"
+  MoE:    in block l >= moe.dense_first with (l+1) % moe.every == 0 the four (gpt2) or two
+          (llama) mlp.* tensors are replaced by h.{l}.moe.router.w [E,C], h.{l}.moe.router.bias [E] (balance "bias"
           only; not trained), h.{l}.moe.experts.fc.w [E*Fo,C] (Fo = F, or 2F for llama: each
           expert's gate rows then up rows), h.{l}.moe.experts.fc.b [E*F] (gpt2),
           h.{l}.moe.experts.proj.w [E,C,F], h.{l}.moe.experts.proj.b [E,C] (gpt2), and with
@@ -48,15 +48,14 @@ _REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
 
 # The "moe" object's keys and defaults (mirrors config::MoeConfig). experts 0 means dense.
 MOE_DEFAULTS = {
-    "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1, "ffn": 0,
-    "score": "softmax",
-    "normalize_top_k": False, "balance": "aux_loss", "aux_loss_coeff": 0.01,
+    "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1,
+    "dense_first": 0, "ffn": 0, "score": "softmax", "normalize_top_k": False, "routed_scale": 1.0, "balance": "aux_loss", "aux_loss_coeff": 0.01,
     "bias_update_rate": 0.001, "capacity_factor": 0.0,
 }
 _MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias")}
 # (key, lower bound, whether the bound itself is allowed) for the real-valued keys.
 _MOE_REALS = (("aux_loss_coeff", 0.0, True), ("bias_update_rate", 0.0, False),
-              ("capacity_factor", 0.0, True))
+              ("capacity_factor", 0.0, True), ("routed_scale", 0.0, False))
 
 
 class ConfigError(ValueError):
@@ -284,7 +283,7 @@ def _normalize_moe(moe, layers):
         raise ConfigError("moe.%s: unknown key" % unknown[0])
     out = dict(MOE_DEFAULTS)
     out.update(moe)
-    for key in ("experts", "top_k", "shared_experts", "every", "ffn"):
+    for key in ("experts", "top_k", "shared_experts", "every", "dense_first", "ffn"):
         if isinstance(out[key], bool) or not isinstance(out[key], int):
             raise ConfigError("moe.%s: must be an integer, got %r" % (key, out[key]))
     if out["experts"] == 0:
@@ -298,6 +297,9 @@ def _normalize_moe(moe, layers):
             raise ConfigError("moe.%s: must be %s, got %d" % (
                 key, "at least %d" % low if high is None else "between %d and %d" % (low, high),
                 out[key]))
+    if out["dense_first"] < 0 or not any(_moe_block(out, l) for l in range(layers)):
+        raise ConfigError("moe.dense_first: must be at least 0 and leave an MoE block, got %d"
+                          % out["dense_first"])
     for key, choices in _MOE_CHOICES.items():
         if out[key] not in choices:
             raise ConfigError("moe.%s: must be one of %s, got %r"
@@ -318,10 +320,13 @@ def _normalize_moe(moe, layers):
     return out
 
 
+def _moe_block(moe, layer):
+    return layer >= moe["dense_first"] and (layer + 1) % moe["every"] == 0
+
+
 def is_moe_layer(cfg, layer):
     """Whether block `layer` (0-based) of the normalised `cfg` has an MoE layer for its MLP."""
-    every = cfg["moe"]["every"]
-    return cfg["moe"]["experts"] > 0 and (layer + 1) % every == 0
+    return cfg["moe"]["experts"] > 0 and _moe_block(cfg["moe"], layer)
 
 
 class RMSNorm(nn.Module):

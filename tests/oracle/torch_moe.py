@@ -106,6 +106,7 @@ class MoeLayer(nn.Module):
         self.top_k = moe["top_k"]
         self.score = moe["score"]
         self.normalize_top_k = moe["normalize_top_k"]
+        self.routed_scale = moe.get("routed_scale", 1.0)
         self.balance = moe["balance"]
         self.aux_loss_coeff = moe["aux_loss_coeff"]
         self.bias_update_rate = moe["bias_update_rate"]
@@ -138,6 +139,7 @@ class MoeLayer(nn.Module):
         weights = scores.gather(1, picks)
         if self.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * self.routed_scale
         capacity = expert_capacity(self.capacity_factor, n, k, e_count)
         keep, dropped = apply_capacity(picks, e_count, capacity)
         # gate[t, e]: the weight token t gives expert e (zero when not picked or dropped).

@@ -111,6 +111,8 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     moe.set_shared_experts(m.moe.shared_experts);
     moe.set_shared_gate(m.moe.shared_gate);
     moe.set_every(m.moe.every);
+    moe.set_dense_first(m.moe.dense_first);
+    moe.set_routed_scale(m.moe.routed_scale);
     moe.set_router_bias(m.moe.has_bias());
     moe.set_top_k(m.moe.top_k);
     moe.set_sigmoid_score(m.moe.score == config::MoeScore::kSigmoid);
@@ -183,6 +185,8 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
     m.moe.shared_experts = s.moe().shared_experts();
     m.moe.shared_gate = s.moe().shared_gate();
     m.moe.every = s.moe().every();
+    m.moe.dense_first = s.moe().dense_first();
+    if (s.moe().routed_scale() > 0) m.moe.routed_scale = s.moe().routed_scale();
     m.moe.top_k = s.moe().top_k();
     if (s.moe().sigmoid_score()) m.moe.score = config::MoeScore::kSigmoid;
     m.moe.normalize_top_k = s.moe().normalize_top_k();
@@ -211,6 +215,9 @@ absl::Status CheckMoeMatches(const MoeSignature& saved, const MoeSignature& want
                   want.shared_gate() ? "true" : "false");
   }
   if (saved.every() != want.every()) return differ("every", saved.every(), want.every());
+  if (saved.dense_first() != want.dense_first()) {
+    return differ("dense_first", saved.dense_first(), want.dense_first());
+  }
   // The selection bias exists under balance: bias only.
   if (saved.router_bias() != want.router_bias()) {
     return differ("balance", saved.router_bias() ? "bias" : "aux_loss",

@@ -55,14 +55,18 @@ absl::StatusOr<std::pair<std::string, Manifest>> FindCheckpoint(FileSystem& fs,
 namespace {
 
 // The output files: one model.safetensors, or consecutive groups of tensors of at most
-// max_shard_bytes each (a tensor larger than that alone in its file).
+// max_shard_bytes each (a tensor larger than that alone in its file), `dtype` each but the
+// selection bias.
 std::vector<std::vector<TensorInfo>> PlanFiles(const std::vector<HfTensorMap>& tensors,
                                                TensorDtype dtype, int64_t max_shard_bytes) {
   std::vector<std::vector<TensorInfo>> files(1);
   int64_t bytes = 0;
   for (const HfTensorMap& t : tensors) {
+    // The routers' selection bias stays F32 whatever the dtype, as transformers keeps GLM-4.5's
+    // e_score_correction_bias: it only picks experts, and rounded it would pick others.
+    const TensorDtype kind = absl::EndsWith(t.name, ".moe.router.bias") ? TensorDtype::kF32 : dtype;
     for (const HfPiece& piece : t.pieces) {
-      TensorInfo info{piece.name, dtype, HfShape(t, piece)};
+      TensorInfo info{piece.name, kind, HfShape(t, piece)};
       if (max_shard_bytes > 0 && bytes > 0 && bytes + info.bytes() > max_shard_bytes) {
         files.emplace_back();
         bytes = 0;

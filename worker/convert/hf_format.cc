@@ -12,9 +12,11 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
 
 namespace trainyard::worker::convert {
@@ -65,10 +67,20 @@ bool IsGemma(const ModelConfig& m) {
 // after, partial RoPE with biases on q, k and v, which Phi-3's layout cannot hold (GLM's,
 // GlmForCausalLM).
 bool IsGlm(const ModelConfig& m) {
-  if (m.family != ModelFamily::kLlama || m.geglu || m.scale_embeddings || !m.pre_norms) {
+  if (m.family != ModelFamily::kLlama || m.geglu || m.scale_embeddings || !m.pre_norms ||
+      m.moe.enabled()) {
     return false;
   }
   return m.post_norms || (m.qkv_bias && m.rotary_dim() != m.head_dim());
+}
+
+// GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, a selection
+// bias, dense first blocks or scaled weights), which no other layout holds (CheckGlm4MoeLayout).
+bool IsGlm4Moe(const ModelConfig& m) {
+  const config::MoeConfig& moe = m.moe;
+  return m.family == ModelFamily::kLlama && moe.enabled() &&
+         (moe.score == config::MoeScore::kSigmoid || moe.has_bias() || moe.dense_first > 0 ||
+          moe.routed_scale != 1.0f);
 }
 
 // Gemma 3's every k-th block attends to every position, the others to its sliding window
@@ -110,10 +122,10 @@ void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
 
 // A sparse MLP's Hugging Face names under a block's prefix: the router, each expert's prefix
 // (before its index) and its gate, up and down projections; and where the layout has them, the
-// shared expert's prefix and its gate.
+// shared expert's prefix, its gate and the router's selection bias.
 struct ExpertNames {
   const char *router, *expert, *gate, *up, *down;
-  const char *shared = nullptr, *shared_gate = nullptr;
+  const char *shared = nullptr, *shared_gate = nullptr, *router_bias = nullptr;
 };
 // Mixtral's: block_sparse_moe with w1 (gate), w3 (up), w2 (down).
 constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
@@ -130,18 +142,33 @@ constexpr ExpertNames kQwen2MoeExperts{"mlp.gate.weight",
                                        "down_proj.weight",
                                        "mlp.shared_expert.",
                                        "mlp.shared_expert_gate.weight"};
+// GLM-4.5's: Qwen3-MoE's, ungated shared experts mlp.shared_experts, and the router's selection
+// bias mlp.gate.e_score_correction_bias [experts].
+constexpr ExpertNames kGlm4MoeExperts{"mlp.gate.weight",
+                                      "mlp.experts.",
+                                      "gate_proj.weight",
+                                      "up_proj.weight",
+                                      "down_proj.weight",
+                                      "mlp.shared_experts.",
+                                      nullptr,
+                                      "mlp.gate.e_score_correction_bias"};
 
 void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h,
                 const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
   out.push_back(Whole(p + "moe.router.w", {experts, c}, h + names.router));
-  if (names.shared != nullptr) {  // Qwen2-MoE's (HfTensors: the model's shared experts gated)
+  if (names.router_bias != nullptr) {  // GLM-4.5's (HfTensors: the model has a selection bias)
+    out.push_back(Whole(p + "moe.router.bias", {experts}, h + names.router_bias));
+  }
+  if (names.shared != nullptr) {  // Qwen2-MoE's, gated (HfTensors: so are the model's); GLM-4.5's
     const int64_t s = int64_t{m.moe.shared_experts} * f;
     const std::string e = h + names.shared;
     out.push_back(
         {p + "moe.shared.fc.w", {2 * s, c}, {{e + names.gate, 0, s}, {e + names.up, s, s}}});
     out.push_back(Whole(p + "moe.shared.proj.w", {c, s}, e + names.down));
-    out.push_back(Whole(p + "moe.shared_gate.w", {1, c}, h + names.shared_gate));
+    if (names.shared_gate != nullptr) {
+      out.push_back(Whole(p + "moe.shared_gate.w", {1, c}, h + names.shared_gate));
+    }
   }
   HfTensorMap fc{p + "moe.experts.fc.w", {experts * 2 * f, c}, {}};
   HfTensorMap proj{p + "moe.experts.proj.w", {experts, c, f}, {}};
@@ -222,6 +249,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddExperts(m, p, h, kQwen2MoeExperts, out);
       case HfExperts::kGraniteMoe:
         return AddStackedExperts(m, p, h, out);
+      case HfExperts::kGlm4Moe:
+        return AddExperts(m, p, h, kGlm4MoeExperts, out);
     }
   }
   if (fused || layout.projections == HfProjections::kFusedMlp) {
@@ -970,6 +999,62 @@ absl::Status ReadQwen2MoeConfig(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// GLM-4.5's (Glm4MoeForCausalLM, as GLM-4.5, GLM-4.5-Air and GLM-4.6 are published): Llama's
+// attention with biases on q, k and v when attention_bias (default false), query and key norms
+// over each head with use_qk_norm (default false), RoPE over the first partial_rotary_factor (0.5)
+// of each head in Llama's halves (not GLM's pairs), plain RoPE only, rms_norm_eps 1e-5 unless the
+// config says otherwise. Its first first_k_dense_replace (1) blocks keep a dense MLP of
+// intermediate_size (model.moe.dense_first); the others hold n_routed_experts (128) experts of
+// moe_intermediate_size (1408), of which each token takes the num_experts_per_tok (8) of highest
+// sigmoid score plus the selection bias e_score_correction_bias (balance: bias), weighed by their
+// scores, divided by their sum with norm_topk_prob (true), times routed_scaling_factor (1), beside
+// n_shared_experts (1) shared experts. Group-limited routing only where it limits nothing
+// (topk_group equal to n_group keeps every group).
+absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.norm_eps = 1e-5f, .qkv_attention_bias = false}));
+  if (m.rope_scaling.enabled()) {
+    return f.Bad("rope_scaling", "must be null (Trainyard reads GLM-4.5's plain RoPE only)");
+  }
+  TY_RETURN_IF_ERROR(ReadPartialRotary(f, 0.5, m));
+  TY_RETURN_IF_ERROR(f.Bool("use_qk_norm", &m.qk_norm));
+  config::MoeConfig& moe = m.moe;
+  moe.experts = 128;
+  moe.top_k = 8;
+  moe.ffn = 1408;
+  moe.shared_experts = 1;
+  moe.dense_first = 1;
+  TY_RETURN_IF_ERROR(f.Int("n_routed_experts", &moe.experts, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &moe.top_k, /*required=*/false));
+  if (moe.top_k > moe.experts) {
+    return f.Bad("num_experts_per_tok", absl::StrCat("is ", moe.top_k, ", more than the ",
+                                                     moe.experts, " of n_routed_experts"));
+  }
+  TY_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &moe.ffn, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("n_shared_experts", &moe.shared_experts, /*required=*/false));
+  TY_RETURN_IF_ERROR(
+      f.Int("first_k_dense_replace", &moe.dense_first, /*required=*/false, /*minimum=*/0));
+  if (moe.dense_first >= m.layers) {
+    return f.Bad("first_k_dense_replace",
+                 absl::StrCat("is ", moe.dense_first, ", which leaves no MoE block among the ",
+                              m.layers, " of num_hidden_layers"));
+  }
+  moe.score = config::MoeScore::kSigmoid;
+  moe.balance = config::MoeBalance::kBias;
+  moe.normalize_top_k = true;
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
+  TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
+  int groups = 1, kept = 1;
+  TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
+  if (kept != groups) {
+    return f.Bad("topk_group",
+                 absl::StrCat("is ", kept, " of n_group ", groups,
+                              "; Trainyard routes without group limits, as topk_group equal to "
+                              "n_group does (every published GLM-4.5 has one group)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
@@ -981,10 +1066,26 @@ std::vector<int64_t> HfShape(const HfTensorMap& tensor, const HfPiece& piece) {
                          : std::vector<int64_t>{piece.rows, cols};
 }
 
+namespace {
+
+// The block a stored tensor model.layers.N.… belongs to: N, or −1 for another name.
+int StoredLayer(const std::string& stored) {
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!absl::StartsWith(stored, kPrefix)) return -1;
+  const absl::string_view rest = absl::string_view(stored).substr(kPrefix.size());
+  int layer = 0;
+  return absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) ? layer : -1;
+}
+
+}  // namespace
+
 std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
                                         const HfLayout& layout) {
   if (family == ModelFamily::kGpt2 && absl::StartsWith(stored, "transformer.")) {
     return stored.substr(std::strlen("transformer."));
+  }
+  if (layout.unread_layers_from > 0 && StoredLayer(stored) >= layout.unread_layers_from) {
+    return std::nullopt;
   }
   if (!layout.multimodal) return stored;
   constexpr std::pair<const char*, const char*> kLanguageModel[] = {
@@ -1011,6 +1112,54 @@ int64_t RowElements(const HfTensorMap& tensor) {
 
 namespace {
 
+// partial_rotary_factor: rope_dim / head_dim, written with the digits that make transformers'
+// int(head_dim · factor) give rope_dim back (CheckPhi3Layout refuses a ratio that does not).
+std::string PartialRotaryJson(const ModelConfig& m) {
+  return absl::StrFormat("%.17g", static_cast<double>(m.rotary_dim()) / m.head_dim());
+}
+
+// Whether transformers' int(head_dim · partial_rotary_factor), of the factor as written, gives
+// the model's rotated dimensions back.
+bool PartialRotaryReadsBack(const ModelConfig& m) {
+  const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
+  return static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim();
+}
+
+// GLM-4.5's layout (IsGlm4Moe) holds a Llama MoE model with sigmoid scores and a selection bias,
+// every block past the dense first ones an MoE block with ungated shared experts, plain RoPE over
+// any even part of each head, q, k and v biases and per-head query and key norms or not; no
+// other option of the family.
+absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
+  const config::MoeConfig& moe = m.moe;
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes a mixture of experts with sigmoid scores, a selection bias, dense "
+        "first blocks or scaled weights in GLM-4.5's layout only (score: sigmoid, balance: bias, "
+        "every: 1, shared experts ungated, plain RoPE, per-head query and key norms or none, no "
+        "sliding window, Gemma's, Granite's or OLMo's options)"));
+  };
+  if (moe.score != config::MoeScore::kSigmoid) return bad("moe.score", "is softmax");
+  if (!moe.has_bias()) return bad("moe.balance", "is aux_loss (GLM-4.5's routers hold a bias)");
+  if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
+  if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
+  if (moe.shared_gate) return bad("moe.shared_gate", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms || !m.pre_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the norms or scores are Gemma's or OLMo's");
+  }
+  if (m.qk_norm && m.NormsWholeProjection()) return bad("qk_norm_span", "is projection");
+  if (m.HasGraniteMultipliers()) return bad(m.GraniteField(), "is set");
+  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
+  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  if (!PartialRotaryReadsBack(m)) {
+    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
+                                        "head_dim ", m.head_dim(), " gives back"));
+  }
+  return absl::OkStatus();
+}
+
 // Mixture-of-experts models travel as Mixtral (a Llama model, every block MoE) or, with query
 // and key norms, as Qwen3-MoE (MoE blocks every `every`, top-k renormalised or not).
 absl::Status CheckMoeLayout(const ModelConfig& m) {
@@ -1027,6 +1176,7 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
         "no sliding window, and the gated shared experts)"));
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
+  if (IsGlm4Moe(m)) return CheckGlm4MoeLayout(m);
   const bool qwen = m.qk_norm || moe.shared_gate;  // Qwen3-MoE's or Qwen2-MoE's
   if (moe.every != 1 && !qwen) return bad(".every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts != 0 && !moe.shared_gate) {
@@ -1185,7 +1335,7 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const H
             : "Qwen2-MoE's layout stores gated shared experts; model.moe.shared_gate "
               "is false");
   }
-  if (m.qkv_bias && m.qk_norm) {
+  if (m.qkv_bias && m.qk_norm && !IsGlm4Moe(m)) {
     return absl::UnimplementedError(
         "model.qk_norm with model.qkv_bias has no Hugging Face layout Trainyard writes (Qwen2 has "
         "no query and key norms; Qwen3's attention_bias puts a bias on o_proj too)");
@@ -1415,19 +1565,6 @@ std::string FactorsJson(const std::vector<float>& factors) {
       absl::StrJoin(factors, ", ",
                     [](std::string* out, float f) { absl::StrAppend(out, ShortFloat(f)); }),
       "]");
-}
-
-// partial_rotary_factor: rope_dim / head_dim, written with the digits that make transformers'
-// int(head_dim · factor) give rope_dim back (CheckPhi3Layout refuses a ratio that does not).
-std::string PartialRotaryJson(const ModelConfig& m) {
-  return absl::StrFormat("%.17g", static_cast<double>(m.rotary_dim()) / m.head_dim());
-}
-
-// Whether transformers' int(head_dim · partial_rotary_factor), of the factor as written, gives
-// the model's rotated dimensions back.
-bool PartialRotaryReadsBack(const ModelConfig& m) {
-  const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
-  return static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim();
 }
 
 // config.json of Phi-3 (Phi3ForCausalLM): Mistral's fields, the rotated part of each head, and
@@ -1664,10 +1801,32 @@ std::string GlmConfigJson(const ModelConfig& m, const char* tied, const std::str
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of GLM-4.5 (Glm4MoeForCausalLM): Llama's fields, the dense blocks' and the experts'
+// sizes, the routing (n_group 1: no group limits), the rotated part of each head, attention_bias
+// (q, k and v only) and use_qk_norm.
+std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  const std::string sizes = absl::StrCat(
+      DenseSizeJson(m), ",\n  \"moe_intermediate_size\": ", moe.ffn,
+      ",\n  \"n_routed_experts\": ", moe.experts, ",\n  \"num_experts_per_tok\": ", moe.top_k,
+      ",\n  \"n_shared_experts\": ", moe.shared_experts,
+      ",\n  \"first_k_dense_replace\": ", moe.dense_first,
+      ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
+      ",\n  \"routed_scaling_factor\": ", ShortFloat(moe.routed_scale),
+      ",\n  \"n_group\": 1,\n  \"topk_group\": 1,\n  \"num_nextn_predict_layers\": 0");
+  return absl::StrCat(
+      LlamaShapeJson(m, "Glm4MoeForCausalLM", "glm4_moe", sizes),
+      ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m),
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": ", m.qkv_bias ? "true" : "false",
+      ",\n  \"use_qk_norm\": ", m.qk_norm ? "true" : "false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
 }  // namespace
 
 HfProjections HfExportProjections(const ModelConfig& m) {
   if (IsGlm(m)) return HfProjections::kFusedMlp;
+  if (IsGlm4Moe(m)) return HfProjections::kSeparate;
   const bool phi3 = m.family == ModelFamily::kLlama &&
                     (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope);
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
@@ -1678,6 +1837,7 @@ HfLayout HfExportLayout(const ModelConfig& m) {
   layout.projections = HfExportProjections(m);
   layout.glm = layout.interleaved_rope = IsGlm(m);
   layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
+                   : IsGlm4Moe(m)            ? HfExperts::kGlm4Moe
                    : m.moe.shared_gate       ? HfExperts::kQwen2Moe
                    : m.qk_norm               ? HfExperts::kQwen3Moe
                                              : HfExperts::kMixtral;
@@ -1747,6 +1907,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   }
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
+  if (IsGlm4Moe(m)) return Glm4MoeConfigJson(m, tied, torch_dtype);
   if (HfExportProjections(m) == HfProjections::kFused) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
@@ -1814,6 +1975,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));
   } else if (model_type == "glm" || model_type == "glm4") {  // interleaved partial RoPE
     TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
+  } else if (model_type == "glm4_moe") {  // Llama's attention, partial RoPE, DeepSeek's routing
+    TY_RETURN_IF_ERROR(ReadGlm4MoeConfig(fields, m));
   } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs
     TY_RETURN_IF_ERROR(ReadErnieConfig(fields, m));
   } else if (model_type == "helium") {  // Llama's, its RoPE in neighbouring pairs
@@ -1832,7 +1995,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
-                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"ernie4_5\", \"helium\" and "
+                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"ernie4_5\", "
+                     "\"helium\" and "
                      "\"seed_oss\""));
   }
   if (layout != nullptr) {
@@ -1844,9 +2008,11 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                                                : HfProjections::kSeparate;
     layout->experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
                       : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
+                      : model_type == "glm4_moe"                           ? HfExperts::kGlm4Moe
                       : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
                                                                            : HfExperts::kMixtral;
     layout->multimodal = model_type == "gemma3";
+    layout->unread_layers_from = model_type == "glm4_moe" ? m.layers : 0;
   }
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;

@@ -91,9 +91,11 @@ enum class HfProjections { kSeparate, kFused, kFusedMlp };
 // How a mixture-of-experts block names and stores its experts: Mixtral's (block_sparse_moe.gate,
 // block_sparse_moe.experts.J.w1, w3, w2), Qwen3-MoE's and OLMoE's (mlp.gate,
 // mlp.experts.J.gate_proj, up_proj, down_proj), Qwen2-MoE's (Qwen3-MoE's, and a shared expert
-// mlp.shared_expert.* gated by mlp.shared_expert_gate), or GraniteMoE's (each kind's weights
-// stacked in one tensor per block: block_sparse_moe.input_linear, output_linear).
-enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe };
+// mlp.shared_expert.* gated by mlp.shared_expert_gate), GraniteMoE's (each kind's weights
+// stacked in one tensor per block: block_sparse_moe.input_linear, output_linear), or GLM-4.5's
+// (Qwen3-MoE's, ungated shared experts mlp.shared_experts.*, and the router's selection bias
+// mlp.gate.e_score_correction_bias).
+enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe, kGlm4Moe };
 
 // How a directory stores the model its config.json describes: its model_type, the projections,
 // the experts, and whether its tensors are the language model of a multimodal checkpoint
@@ -111,12 +113,15 @@ struct HfLayout {
   // fused, and GLM-4's norms of the branches' outputs post_self_attn_layernorm and
   // post_mlp_layernorm, its MLP's input's post_attention_layernorm.
   bool glm = false;
+  // GLM-4.5's multi-token prediction layers, stored after the model's as model.layers.N.* with N
+  // from this on, which the causal LM does not use: not read (0: every stored layer is read).
+  int unread_layers_from = 0;
 };
 
 // The name a stored tensor is looked up by among HfTensors' pieces: GPT-2's without its
 // "transformer." prefix, a multimodal checkpoint's language model's as the text model's
-// (model.X, lm_head.X); none for the vision tower's and the projector's tensors, which are not
-// read.
+// (model.X, lm_head.X); none for the vision tower's and the projector's tensors and for the
+// layers from layout.unread_layers_from on, which are not read.
 std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
                                         const HfLayout& layout);
 

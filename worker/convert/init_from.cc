@@ -109,8 +109,13 @@ absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeCo
       FirstDifference({{"moe.ffn", {file.ffn, spec.ffn}},
                        {"moe.top_k", {file.top_k, spec.top_k}},
                        {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
-                       {"moe.every", {file.every, spec.every}}},
+                       {"moe.every", {file.every, spec.every}},
+                       {"moe.dense_first", {file.dense_first, spec.dense_first}}},
                       source));
+  if (file.routed_scale != spec.routed_scale) {
+    return Differ("moe.routed_scale", absl::StrCat(file.routed_scale), source,
+                  absl::StrCat(spec.routed_scale));
+  }
   TY_RETURN_IF_ERROR(SameChoice("moe.shared_gate", file.shared_gate, spec.shared_gate, source));
   using config::MoeScore;
   TY_RETURN_IF_ERROR(SameChoice("moe.score", file.score == MoeScore::kSoftmax,
@@ -157,8 +162,8 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
                   config::FamilyName(spec.family));
   }
   // A model whose every block is an MoE block has no dense MLP: its ffn_hidden means nothing.
-  const bool dense_mlps =
-      !(file.moe.enabled() && file.moe.every == 1) || !(spec.moe.enabled() && spec.moe.every == 1);
+  auto all_moe = [](const ModelConfig& m) { return m.moe.MoeLayers(m.layers) == m.layers; };
+  const bool dense_mlps = !all_moe(file) || !all_moe(spec);
   TY_RETURN_IF_ERROR(FirstDifference(
       {{"moe.experts", {file.moe.experts, spec.moe.experts}},
        {"layers", {file.layers, spec.layers}},

@@ -612,6 +612,8 @@ TEST(ParseJobSpecTest, MoeDefaults) {
   EXPECT_EQ(moe.top_k, 1);
   EXPECT_EQ(moe.shared_experts, 0);
   EXPECT_EQ(moe.every, 1);
+  EXPECT_EQ(moe.dense_first, 0);
+  EXPECT_FLOAT_EQ(moe.routed_scale, 1.0f);
   EXPECT_EQ(moe.ffn, 256);  // the preset's ffn_hidden
   EXPECT_EQ(moe.score, MoeScore::kSoftmax);
   EXPECT_FALSE(moe.normalize_top_k);
@@ -689,6 +691,27 @@ parallelism: {dp: 1, tp: 2}
   EXPECT_TRUE(moe.IsMoeLayer(1));
   EXPECT_FALSE(moe.IsMoeLayer(2));
   EXPECT_TRUE(moe.IsMoeLayer(3));
+
+  // DeepSeek-V3's and GLM-4.5's shape: the first blocks dense, the others MoE blocks whose
+  // routed experts' weights are scaled.
+  const MoeConfig deep = MustParse(
+                             "name: m\nmodel: {preset: llama-tiny, moe: {experts: 4, "
+                             "dense_first: 1, routed_scale: 2.5}}\n")
+                             .model.moe;
+  EXPECT_EQ(deep.dense_first, 1);
+  EXPECT_FLOAT_EQ(deep.routed_scale, 2.5f);
+  EXPECT_FALSE(deep.IsMoeLayer(0));
+  EXPECT_TRUE(deep.IsMoeLayer(1));
+  EXPECT_TRUE(deep.IsMoeLayer(3));
+  EXPECT_EQ(deep.MoeLayers(4), 3);
+  // With every: 2, the blocks every says that come past the dense ones.
+  const MoeConfig both = MustParse(
+                             "name: m\nmodel: {preset: llama-tiny, moe: {experts: 4, every: 2, "
+                             "dense_first: 2}}\n")
+                             .model.moe;
+  EXPECT_FALSE(both.IsMoeLayer(1));
+  EXPECT_TRUE(both.IsMoeLayer(3));
+  EXPECT_EQ(both.MoeLayers(4), 1);
 
   const MoeConfig aux = MustParse(
                             "name: m\nmodel: {preset: gpt2-debug, moe: {experts: 4, "

@@ -65,6 +65,23 @@ TEST(MoeRouting, NormalisedSigmoidWeightsAndTheSelectionBias) {
   EXPECT_NEAR(r.weight[1], s0 / (s0 + s2), 1e-6);
 }
 
+// routed_scale multiplies the combine weights and nothing else: the same picks, and weights that
+// sum to the scale when normalised (DeepSeek-V3's routed_scaling_factor).
+TEST(MoeRouting, TheRoutedScaleMultipliesTheWeights) {
+  MoeConfig moe = Moe(3, 2);
+  moe.score = MoeScore::kSigmoid;
+  moe.normalize_top_k = true;
+  const std::vector<float> logits = {1.0f, 0.0f, -1.0f};
+  const MoeRouting plain = Route(moe, logits.data(), 1, {});
+  moe.routed_scale = 2.5f;
+  const MoeRouting scaled = Route(moe, logits.data(), 1, {});
+  EXPECT_EQ(scaled.expert, plain.expert);
+  EXPECT_EQ(scaled.scores, plain.scores);
+  EXPECT_FLOAT_EQ(scaled.weight[0], 2.5f * plain.weight[0]);
+  EXPECT_FLOAT_EQ(scaled.weight[1], 2.5f * plain.weight[1]);
+  EXPECT_NEAR(scaled.weight[0] + scaled.weight[1], 2.5, 1e-6);
+}
+
 TEST(MoeRouting, CapacityDropsThePicksPastAnExpertsRoomInTokenOrder) {
   MoeConfig moe = Moe(2, 1);
   moe.capacity_factor = 1.0f;  // ceil(1.0 · 5 · 1 / 2) = 3 rows per expert
@@ -96,7 +113,7 @@ TEST(MoeRouting, BiasRuleByHand) {
 }
 
 // The router's backward against central differences of weights·r + aux_grad · aux loss, for
-// every score and normalisation, with a capacity drop.
+// every score and normalisation (the normalised weights scaled by 2.5), with a capacity drop.
 TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -106,6 +123,7 @@ TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
       MoeConfig moe = Moe(5, 2);
       moe.score = score;
       moe.normalize_top_k = normalize;
+      moe.routed_scale = normalize ? 2.5f : 1.0f;
       moe.aux_loss_coeff = 0.3f;
       moe.capacity_factor = 1.0f;
       std::vector<float> logits(tokens * moe.experts), dweight(tokens * moe.top_k);

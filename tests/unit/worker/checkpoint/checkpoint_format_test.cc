@@ -278,7 +278,14 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
   retuned.moe.normalize_top_k = true;
   retuned.moe.aux_loss_coeff = 0.1f;
   retuned.moe.capacity_factor = 1.5f;
+  retuned.moe.routed_scale = 2.5f;
   EXPECT_TRUE(CheckModelMatches(saved, retuned).ok());
+  // The routed experts' scale is recorded for generation and export; a signature written before
+  // it was (0) reads as 1.
+  EXPECT_EQ(ModelFromSignature(SignatureOf(retuned))->moe.routed_scale, 2.5f);
+  ModelSignature unscaled = SignatureOf(moe);
+  unscaled.mutable_moe()->clear_routed_scale();
+  EXPECT_EQ(ModelFromSignature(unscaled)->moe.routed_scale, 1.0f);
   auto mismatch = [&](auto change) {
     config::ModelConfig changed = moe;
     change(changed.moe);
@@ -292,6 +299,8 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
             "model.moe.shared_experts is 1 in the checkpoint, 0 in the spec");
   EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.every = 1; }),
             "model.moe.every is 2 in the checkpoint, 1 in the spec");
+  EXPECT_EQ(mismatch([](config::MoeConfig& m) { m.dense_first = 1; }),
+            "model.moe.dense_first is 0 in the checkpoint, 1 in the spec");
   // The query and key norms' span sets their weights' shapes.
   config::ModelConfig whole = moe;
   whole.qk_norm = true;

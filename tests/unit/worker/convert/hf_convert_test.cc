@@ -251,19 +251,23 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
           std::equal(back.begin() + 2 * c * f, back.begin() + 3 * c * f, ours.begin() + 2 * c * f));
     }
   }
+  // A routing Mixtral's layout does not hold is refused naming the field, and the layout that
+  // would hold the model: DeepSeek-V3's routing (sigmoid scores, a selection bias) is GLM-4.5's,
+  // which needs both.
   struct Refused {
     void (*change)(config::ModelConfig&);
     const char* says;
+    const char* layout = "Mixtral layout only";
   };
   const Refused refused[] = {
       {[](config::ModelConfig& m) { m.moe.every = 2; }, "model.moe.every: is 2"},
       {[](config::ModelConfig& m) { m.moe.shared_experts = 1; }, "model.moe.shared_experts: is 1"},
       {[](config::ModelConfig& m) { m.moe.score = config::MoeScore::kSigmoid; },
-       "model.moe.score: is sigmoid"},
+       "model.moe.balance: is aux_loss", "GLM-4.5's layout only"},
       {[](config::ModelConfig& m) { m.moe.normalize_top_k = false; },
        "model.moe.normalize_top_k: is false"},
       {[](config::ModelConfig& m) { m.moe.balance = config::MoeBalance::kBias; },
-       "model.moe.balance: is bias"},
+       "model.moe.score: is softmax", "GLM-4.5's layout only"},
       {[](config::ModelConfig& m) {
          const config::MoeConfig moe = m.moe;
          m = Tiny(config::ModelFamily::kGpt2);
@@ -277,7 +281,7 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
     const absl::Status status = HfTensors(m).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << r.says;
     EXPECT_THAT(status.message(), HasSubstr(r.says));
-    EXPECT_THAT(status.message(), HasSubstr("Mixtral layout only"));
+    EXPECT_THAT(status.message(), HasSubstr(r.layout));
   }
 }
 
@@ -2514,6 +2518,147 @@ TEST(HfFormat, InterleavedHeadsMoveWholeRows) {
   }
   FromHf(tensor, piece, theirs.data(), back.data());
   EXPECT_EQ(back, ours);
+}
+
+// GLM-4.5-Air's config.json as published (GLM-4.5's and GLM-4.6's differ in sizes and in
+// use_qk_norm: true, routed_scaling_factor 2.5).
+constexpr char kGlm45AirConfig[] = R"({
+  "architectures": ["Glm4MoeForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338], "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 4096, "partial_rotary_factor": 0.5,
+  "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 131072,
+  "model_type": "glm4_moe", "moe_intermediate_size": 1408, "norm_topk_prob": true,
+  "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+  "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8,
+  "first_k_dense_replace": 1, "num_hidden_layers": 46, "num_key_value_heads": 8,
+  "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_qk_norm": false, "vocab_size": 151552})";
+
+TEST(HfFormat, Glm45ConfigReadsAsDenseFirstBlocksAndBiasedSigmoidRouting) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kGlm45AirConfig, "GLM-4.5-Air/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kGlm4Moe);
+  EXPECT_EQ(layout.projections, HfProjections::kSeparate);
+  EXPECT_FALSE(layout.glm || layout.interleaved_rope);  // Llama's halves, not GLM's pairs
+  EXPECT_EQ(layout.unread_layers_from, 46);
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_FALSE(m->qk_norm || m->post_norms || m->tied_embeddings);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rotary_dim(), 64);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  const config::MoeConfig& moe = m->moe;
+  EXPECT_EQ(moe.experts, 128);
+  EXPECT_EQ(moe.top_k, 8);
+  EXPECT_EQ(moe.ffn, 1408);
+  EXPECT_EQ(moe.shared_experts, 1);
+  EXPECT_EQ(moe.dense_first, 1);
+  EXPECT_EQ(moe.every, 1);
+  EXPECT_EQ(moe.score, config::MoeScore::kSigmoid);
+  EXPECT_TRUE(moe.has_bias() && moe.normalize_top_k);
+  EXPECT_EQ(moe.routed_scale, 1.0f);
+  EXPECT_FALSE(moe.IsMoeLayer(0));
+  EXPECT_TRUE(moe.IsMoeLayer(1));
+  // By hand: per block q, k, v (12288 + 2 · 1024 rows of 4096, with biases), o, two norms; block
+  // 0's dense MLP 3 · 10944·4096; the 45 others' router 128·4096, 128 experts of 3 · 1408·4096
+  // and the shared one; the untied embedding and head of 151552 rows and the final norm: the
+  // card's 106B, of which a token uses 12B besides the embeddings.
+  const int64_t attention = int64_t{14336} * 4096 + 14336 + int64_t{4096} * 12288 + 2 * 4096;
+  const int64_t expert = 3 * int64_t{1408} * 4096;
+  const int64_t dense = attention + 3 * int64_t{10944} * 4096;
+  const int64_t sparse = attention + 128 * 4096 + 128 * expert + expert;
+  const int64_t ends = 2 * int64_t{151552} * 4096 + 4096;
+  EXPECT_EQ(m->ParameterCount(), dense + 45 * sparse + ends);
+  EXPECT_EQ(m->ParameterCount(), int64_t{106852245504});
+  EXPECT_EQ(m->ActiveParameterCount(), int64_t{13424123904});
+
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::map<std::string, std::string> ours;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) {
+      shapes[piece.name] = HfShape(t, piece);
+      ours[piece.name] = t.name;
+    }
+  }
+  EXPECT_EQ(shapes["model.layers.0.mlp.gate_proj.weight"], (std::vector<int64_t>{10944, 4096}));
+  EXPECT_FALSE(shapes.contains("model.layers.0.mlp.gate.weight"));
+  const std::string mlp = "model.layers.45.mlp.";
+  EXPECT_EQ(shapes[mlp + "gate.weight"], (std::vector<int64_t>{128, 4096}));
+  EXPECT_EQ(shapes[mlp + "gate.e_score_correction_bias"], (std::vector<int64_t>{128}));
+  EXPECT_EQ(ours[mlp + "gate.e_score_correction_bias"], "h.45.moe.router.bias");
+  EXPECT_EQ(shapes[mlp + "experts.127.down_proj.weight"], (std::vector<int64_t>{4096, 1408}));
+  EXPECT_EQ(shapes[mlp + "shared_experts.up_proj.weight"], (std::vector<int64_t>{1408, 4096}));
+  EXPECT_EQ(ours[mlp + "shared_experts.down_proj.weight"], "h.45.moe.shared.proj.w");
+  EXPECT_FALSE(shapes.contains(mlp + "shared_expert_gate.weight"));
+  EXPECT_EQ(shapes["model.layers.45.self_attn.q_proj.bias"], (std::vector<int64_t>{12288}));
+  // The multi-token prediction layer after the model is not read; the model's own layers are.
+  const config::ModelFamily llama = config::ModelFamily::kLlama;
+  EXPECT_EQ(HfLookupName("model.layers.46.eh_proj.weight", llama, layout), std::nullopt);
+  EXPECT_EQ(HfLookupName("model.layers.46.mlp.experts.3.up_proj.weight", llama, layout),
+            std::nullopt);
+  EXPECT_EQ(HfLookupName("model.layers.45.mlp.gate.weight", llama, layout),
+            "model.layers.45.mlp.gate.weight");
+  EXPECT_EQ(HfLookupName("model.norm.weight", llama, layout), "model.norm.weight");
+
+  // Written back: GLM-4.5's layout and config, which reads as the same model.
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kGlm4Moe);
+  EXPECT_EQ(HfExportProjections(*m), HfProjections::kSeparate);  // not Phi-3's, for all its RoPE
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Glm4MoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"first_k_dense_replace\": 1"));
+  EXPECT_THAT(written, HasSubstr("\"num_nextn_predict_layers\": 0"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->moe.dense_first, 1);
+  EXPECT_TRUE(back->moe.has_bias());
+
+  // GLM-4.5's and GLM-4.6's own: per-head query and key norms with the biases, weights scaled.
+  std::string full = kGlm45AirConfig;
+  full.replace(full.find("\"use_qk_norm\": false"), 20, "\"use_qk_norm\": true");
+  full.replace(full.find("\"routed_scaling_factor\": 1.0"), 28, "\"routed_scaling_factor\": 2.5");
+  auto glm45 = ModelFromHfConfig(full, "GLM-4.5/config.json", &layout);
+  ASSERT_TRUE(glm45.ok()) << glm45.status();
+  EXPECT_TRUE(glm45->qk_norm && glm45->qkv_bias);
+  EXPECT_EQ(glm45->moe.routed_scale, 2.5f);
+  ASSERT_TRUE(HfTensors(*glm45, layout).ok());
+  const std::string scaled = HfConfigJson(*glm45, TensorDtype::kBF16);
+  EXPECT_THAT(scaled, HasSubstr("\"routed_scaling_factor\": 2.5"));
+  EXPECT_THAT(scaled, HasSubstr("\"use_qk_norm\": true"));
+
+  // What Trainyard does not build is refused, naming the field.
+  auto refused = [](const std::string& from, const std::string& to) {
+    std::string json = kGlm45AirConfig;
+    json.replace(json.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(json, "g/config.json").status().message());
+  };
+  EXPECT_THAT(refused("\"topk_group\": 1", "\"topk_group\": 2"),
+              HasSubstr("g/config.json: topk_group is 2 of n_group 1"));
+  EXPECT_THAT(refused("\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 46"),
+              HasSubstr("first_k_dense_replace is 46, which leaves no MoE block"));
+  EXPECT_THAT(refused("\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"),
+              HasSubstr("num_experts_per_tok is 129, more than the 128 of n_routed_experts"));
+  EXPECT_THAT(refused("\"rope_scaling\": null",
+                      "\"rope_scaling\": {\"rope_type\": \"linear\", "
+                      "\"factor\": 2.0}"),
+              HasSubstr("rope_scaling must be null"));
+  EXPECT_THAT(refused("\"n_shared_experts\": 1", "\"n_shared_experts\": 0"),
+              HasSubstr("n_shared_experts must be a positive integer"));
+
+  // A model DeepSeek-V3's routing needs but GLM-4.5's layout cannot hold is refused at export.
+  config::ModelConfig softmax = *m;
+  softmax.moe.score = config::MoeScore::kSoftmax;
+  EXPECT_THAT(HfTensors(softmax).status().message(), HasSubstr("model.moe.score: is softmax"));
+  config::ModelConfig unbiased = *m;
+  unbiased.moe.balance = config::MoeBalance::kAuxLoss;
+  EXPECT_THAT(HfTensors(unbiased).status().message(), HasSubstr("model.moe.balance: is aux_loss"));
+  config::ModelConfig unshared = *m;
+  unshared.moe.shared_experts = 0;
+  EXPECT_THAT(HfTensors(unshared).status().message(), HasSubstr("model.moe.shared_experts: is 0"));
 }
 
 }  // namespace
