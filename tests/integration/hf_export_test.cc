@@ -69,9 +69,9 @@ const MeshCase kMixtralMeshes[] = {
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
   config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/16);
   spec.name = "export";
-  if (mesh.experts > 0 && !mesh.shared_gate &&
-      !mesh.glm45) {                    // Mixtral's shape: no shared experts, top-k
-    spec.model.moe.shared_experts = 0;  // renormalised
+  // Mixtral's shape: no shared experts, top-k renormalised.
+  if (mesh.experts > 0 && !mesh.shared_gate && !mesh.glm45 && !mesh.ernie_moe) {
+    spec.model.moe.shared_experts = 0;
     spec.model.moe.normalize_top_k = true;
   }
   if (mesh.post_norms && mesh.qk_norm && mesh.sliding_window > 0) {  // Gemma 3's local RoPE
@@ -160,7 +160,8 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .experts = mesh.experts,
                      .bias_balance = mesh.bias_balance,
                      .shared_gate = mesh.shared_gate,
-                     .glm45 = mesh.glm45};
+                     .glm45 = mesh.glm45,
+                     .ernie_moe = mesh.ernie_moe};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -344,6 +345,25 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .rope_dim = 8,
                                                   .experts = 4,
                                                   .glm45 = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Softmax scores picked with a selection bias past a dense first block export as ERNIE 4.5's MoE
+// (its q and k rows interleaved for RoPE in neighbouring pairs) and read back with the experts
+// split over data-parallel ranks under ZeRO-3, and over tensor-parallel ranks on pipeline stages.
+INSTANTIATE_TEST_SUITE_P(
+    ErnieMoe, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "ernie_moe_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .experts = 4,
+                                                  .ep = 2,
+                                                  .ernie_moe = true},
+                                         MeshCase{.name = "ernie_moe_tp2_pp2",
+                                                  .tp = 2,
+                                                  .pp = 2,
+                                                  .experts = 4,
+                                                  .ernie_moe = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Query and key norms over the whole projection with experts in every block export as OLMoE and
@@ -612,6 +632,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
               config::FamilyName(family).c_str(),
               mesh.experts == 0  ? ""
               : mesh.glm45       ? " (glm4_moe)"
+              : mesh.ernie_moe   ? " (ernie4_5_moe)"
               : mesh.qk_norm     ? " (qwen3_moe)"
               : mesh.shared_gate ? " (qwen2_moe)"
               : mesh.whole_norms ? " (olmoe)"
@@ -825,6 +846,15 @@ TEST(HfOracleGlm45, BiasedSigmoidRoutingPastADenseBlockGivesTrainyardsLogits) {
                                                       .rope_dim = 8,
                                                       .experts = 4,
                                                       .glm45 = true});
+}
+
+// Softmax scores picked with a selection bias past a dense first block export as ERNIE 4.5's MoE,
+// which the oracle computes with transformers' Ernie4_5_Moe conventions (RoPE in neighbouring
+// pairs, the bias moe_statics.e_score_correction_bias [1, E] choosing, the picks' probabilities
+// normalised, the shared expert); the greedy tokens check the generator's routing too.
+TEST(HfOracleErnieMoe, BiasedSoftmaxRoutingPastADenseBlockGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .experts = 4, .ernie_moe = true});
 }
 
 // Exported in bf16, GLM-4.5's selection bias stays F32, as transformers keeps

@@ -51,6 +51,9 @@ struct MeshCase {
   // GLM-4.5's (DeepSeek-V3's) routing: the first block dense, sigmoid scores normalised over the
   // picks, which a selection bias chooses (the bias rule), the weights scaled by 2.5.
   bool glm45 = false;
+  // ERNIE 4.5's MoE routing: the first block dense, softmax scores normalised over the picks,
+  // which a selection bias chooses (the bias rule).
+  bool ernie_moe = false;
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -85,6 +88,11 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
     moe.normalize_top_k = true;
     moe.balance = config::MoeBalance::kBias;
     moe.routed_scale = 2.5f;
+  }
+  if (mesh.ernie_moe) {
+    moe.dense_first = 1;
+    moe.normalize_top_k = true;
+    moe.balance = config::MoeBalance::kBias;
   }
 }
 

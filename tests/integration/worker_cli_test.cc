@@ -604,7 +604,7 @@ TEST_F(WorkerWeights, SampleThroughATokenizer) {
 }
 
 // A mixture-of-experts checkpoint samples like a dense one, by the routing it was trained with
-// (the manifest records it); one of another shape than Mixtral's does not export. One written
+// (the manifest records it); one of a shape no layout holds does not export. One written
 // before the manifest recorded the routing is refused.
 TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   const std::string moe = (dir_ / "moe").string();
@@ -623,10 +623,12 @@ TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   EXPECT_EQ(a.out, b.out);
   ExpectBadInput(Worker({"sample", moe, "--prompt", "hi", "--device", "cuda"}),
                  "a mixture-of-experts model samples on the CPU for now");
-  // Its shape is not Mixtral's, the one Hugging Face layout Trainyard writes for MoE models.
+  // Its routing (sigmoid scores, a selection bias) is GLM-4.5's, the one Hugging Face layout
+  // Trainyard writes for it, which has no MoE block every second.
   ExpectBadInput(Worker({"export", moe, "--format", "hf", "--out", (dir_ / "out").string()}),
-                 "model.moe.every: is 2; Trainyard writes and reads mixture-of-experts models in "
-                 "Hugging Face's Mixtral layout only");
+                 "model.moe.every: is 2; Trainyard writes a mixture of experts with sigmoid "
+                 "scores, a selection bias, dense first blocks or scaled weights in GLM-4.5's "
+                 "layout only");
   ExpectBadInput(Worker({"export", moe, "--format", "llmc", "--out", (dir_ / "out").string()}),
                  "model.family is llama; llm.c's model file holds a GPT-2");
   ExpectNothingWritten();

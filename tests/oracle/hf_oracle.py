@@ -1065,6 +1065,68 @@ class Ernie45(Llama):
         cfg.require("use_bias", False, (False,), "projections without biases")
 
 
+class Ernie45Moe(Ernie45):
+    """Ernie4_5_MoeForCausalLM (ERNIE-4.5-21B-A3B, ERNIE-4.5-300B-A47B): ERNIE 4.5's attention and
+    RoPE (neighbouring pairs over the whole head) with heads hidden_size / num_attention_heads wide
+    unless head_dim says otherwise and rms_norm_eps 1e-5 unless the config says otherwise. Layer i
+    has the sparse MLP when (i + 1) % moe_layer_interval == 0 (default 1) and
+    moe_layer_start_index <= i <= moe_layer_end_index (defaults 1 and -1, the last layer); the
+    others keep Llama's MLP of intermediate_size. The router mlp.gate [moe_num_experts, hidden]
+    gives softmax probabilities; the moe_k best of probability + mlp.moe_statics.
+    e_score_correction_bias ([1, experts]) are picked, weighted by their probabilities divided by
+    the picks' sum (at least moe_norm_min), and the experts mlp.experts.j.* are SwiGLU MLPs of
+    moe_intermediate_size, beside mlp.shared_experts.* of moe_num_shared_experts times it (none
+    for 0). The multi-token prediction tensors (model.mtp_*) are not part of the causal LM."""
+
+    default_head_dim = None
+    default_eps = 1e-5
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.experts, self.top_k = read_expert_counts(cfg, "moe_num_experts", "moe_k", (64, 6))
+        self.expert_ffn = cfg.int("moe_intermediate_size", 1536)
+        self.shared_ffn = cfg.int("moe_num_shared_experts", 2, minimum=0) * self.expert_ffn
+        self.start = cfg.int("moe_layer_start_index", 1, minimum=0)
+        end = cfg.raw.get("moe_layer_end_index", -1)
+        self.end = self.layers - 1 if end == -1 else cfg.int("moe_layer_end_index", minimum=0)
+        self.interval = cfg.int("moe_layer_interval", 1)
+        self.norm_min = cfg.positive("moe_norm_min", 1e-12)
+
+    def ignored(self, name):
+        return name.startswith("model.mtp")
+
+    def sparse(self, p):
+        i = int(p.split(".")[2])
+        return (i + 1) % self.interval == 0 and self.start <= i <= self.end
+
+    def mlp_tensors(self, p):
+        if not self.sparse(p):
+            return super().mlp_tensors(p)
+        C, S = self.width, self.shared_ffn
+        out = qwen_expert_tensors(p, self.experts, C, self.expert_ffn)
+        out.append((p + "mlp.moe_statics.e_score_correction_bias", (1, self.experts)))
+        if S > 0:
+            s = p + "mlp.shared_experts."
+            out += [(s + "gate_proj.weight", (S, C)), (s + "up_proj.weight", (S, C)),
+                    (s + "down_proj.weight", (C, S))]
+        return out
+
+    def mlp(self, w, p, m):
+        if not self.sparse(p):
+            return super().mlp(w, p, m)
+        probs = torch.softmax(m @ w[p + "mlp.gate.weight"].T, dim=-1)
+        bias = w[p + "mlp.moe_statics.e_score_correction_bias"][0]
+        _, chosen = torch.topk(probs + bias, self.top_k, dim=-1)
+        top = probs.gather(-1, chosen)
+        top = top / top.sum(dim=-1, keepdim=True).clamp(min=self.norm_min)
+        out = mix_experts(w, p, m, self.experts, top, chosen)
+        if self.shared_ffn == 0:
+            return out
+        s = p + "mlp.shared_experts."
+        return out + swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
+                            w[s + "down_proj.weight"])
+
+
 class Helium(Llama):
     """HeliumForCausalLM: Llama's model with RoPE over the whole head in GLM's neighbouring pairs,
     biases on q, k and v only with attention_bias (default false), and transformers' defaults
@@ -1090,12 +1152,25 @@ class SeedOss(Llama):
         cfg.require("attention_out_bias", False, (False,), "an o_proj without bias")
 
 
-def read_expert_counts(cfg, key="num_local_experts"):
-    """(experts under `key`, num_experts_per_tok), at most as many picks as experts."""
-    experts, top_k = cfg.int(key), cfg.int("num_experts_per_tok")
+def mix_experts(w, p, m, experts, top, chosen):
+    """Σ over each row's picks `chosen` of weight `top` times that expert's SwiGLU MLP
+    (mlp.experts.j.gate_proj, up_proj, down_proj under layer prefix p) of the rows m."""
+    e = p + "mlp.experts.%d."
+    out = torch.zeros_like(m)
+    for j in range(experts):
+        weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
+        out = out + weight * swiglu(m, w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
+                                    w[e % j + "down_proj.weight"])
+    return out
+
+
+def read_expert_counts(cfg, key="num_local_experts", top_key="num_experts_per_tok",
+                       defaults=(_REQUIRED, _REQUIRED)):
+    """(experts under `key`, picks under `top_key`), `defaults` where the config is silent; at
+    most as many picks as experts."""
+    experts, top_k = cfg.int(key, defaults[0]), cfg.int(top_key, defaults[1])
     if top_k > experts:
-        raise InputError("%s: num_experts_per_tok %d exceeds %s %d"
-                         % (cfg.path, top_k, key, experts))
+        raise InputError("%s: %s %d exceeds %s %d" % (cfg.path, top_key, top_k, key, experts))
     return experts, top_k
 
 
@@ -1253,11 +1328,7 @@ class Glm4Moe(Llama):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.qk_norm = cfg.bool("use_qk_norm", False)
-        self.experts = cfg.int("n_routed_experts", 128)
-        self.top_k = cfg.int("num_experts_per_tok", 8)
-        if self.top_k > self.experts:
-            raise InputError("%s: num_experts_per_tok %d exceeds n_routed_experts %d"
-                             % (cfg.path, self.top_k, self.experts))
+        self.experts, self.top_k = read_expert_counts(cfg, "n_routed_experts", defaults=(128, 8))
         self.expert_ffn = cfg.int("moe_intermediate_size", 1408)
         self.shared_ffn = cfg.int("n_shared_experts", 1) * self.expert_ffn
         self.dense_layers = cfg.int("first_k_dense_replace", 1, minimum=0)
@@ -1298,12 +1369,7 @@ class Glm4Moe(Llama):
         if self.normalize:
             top = top / top.sum(dim=-1, keepdim=True)
         top = top * self.scale
-        e = p + "mlp.experts.%d."
-        out = torch.zeros_like(m)
-        for j in range(self.experts):
-            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
-            out = out + weight * swiglu(m, w[e % j + "gate_proj.weight"],
-                                        w[e % j + "up_proj.weight"], w[e % j + "down_proj.weight"])
+        out = mix_experts(w, p, m, self.experts, top, chosen)
         s = p + "mlp.shared_experts."
         return out + swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
                             w[s + "down_proj.weight"])
@@ -1446,7 +1512,8 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
-          "glm4_moe": Glm4Moe, "ernie4_5": Ernie45, "helium": Helium, "seed_oss": SeedOss}
+          "glm4_moe": Glm4Moe, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
+          "seed_oss": SeedOss}
 
 
 def load_weights(model, model_dir):

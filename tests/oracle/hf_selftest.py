@@ -228,11 +228,11 @@ def phi3_hf_tensors(cfg, params):
     return out
 
 
-def paired_hf_tensors(cfg, params, interleave=True):
+def paired_hf_tensors(cfg, params, interleave=True, tensors=None):
     """[(HF name, array)] of a contract Llama for RoPE in neighbouring pairs (GLM's, ERNIE 4.5's,
-    Helium's): Llama's tensors with each head's first rope_dim rows of q and k (weights and
-    biases) interleaved, the contract's rotate-half pair (i, i + R/2) stored as the neighbours
-    (2i, 2i + 1); as they are without `interleave`."""
+    Helium's): Llama's tensors (or `tensors`, names in Llama's layout) with each head's first
+    rope_dim rows of q and k (weights and biases) interleaved, the contract's rotate-half pair
+    (i, i + R/2) stored as the neighbours (2i, 2i + 1); as they are without `interleave`."""
     D = cfg.get("head_dim") or cfg["width"] // cfg["heads"]
     R = cfg.get("rope_dim") or D
 
@@ -245,7 +245,7 @@ def paired_hf_tensors(cfg, params, interleave=True):
 
     turned = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
     return [(name, interleaved(array) if interleave and name.endswith(turned) else array)
-            for name, array in llama_hf_tensors(cfg, params)]
+            for name, array in (llama_hf_tensors(cfg, params) if tensors is None else tensors)]
 
 
 def glm_hf_tensors(cfg, params, interleave=True):
@@ -373,6 +373,23 @@ def glm4_moe_hf_tensors(cfg, params, mtp_layer=False):
         C, L = cfg["width"], cfg["layers"]
         out += [("model.layers.%d.eh_proj.weight" % L, np.ones((C, 2 * C))),
                 ("model.layers.%d.enorm.weight" % L, np.ones(C))]
+    return out
+
+
+def ernie_moe_hf_tensors(cfg, params, mtp=False):
+    """[(HF name, array)] of a contract Llama MoE of ERNIE 4.5's MoE shape: GLM-4.5's tensors with
+    the q and k rows interleaved for RoPE in neighbouring pairs, and the selection bias [1, E] as
+    mlp.moe_statics.e_score_correction_bias. With `mtp`, multi-token prediction tensors as the
+    published checkpoints hold them."""
+    out = []
+    for name, array in paired_hf_tensors(cfg, params, tensors=glm4_moe_hf_tensors(cfg, params)):
+        if name.endswith("mlp.gate.e_score_correction_bias"):
+            name, array = name.replace("gate.", "moe_statics."), array[None, :]
+        out.append((name, array))
+    if mtp:
+        C = cfg["width"]
+        out += [("model.mtp_linear_proj.0.weight", np.ones((C, 2 * C))),
+                ("model.mtp_hidden_norm.0.weight", np.ones(C))]
     return out
 
 
@@ -732,6 +749,28 @@ class HfOracleTest(unittest.TestCase):
                                        config)
         with self.assertRaises(hf_oracle.InputError):
             hf_oracle.Ernie45(hf_oracle.Config(dict(config, use_bias=True), "c"))
+
+    def test_ernie45_moe_matches_torch_model(self):
+        # ERNIE 4.5's MoE: ERNIE's attention (the whole of each head turned in neighbouring
+        # pairs), the first block dense, the second routed: softmax probabilities picked with a
+        # selection bias (random here) and normalised, two shared experts; multi-token prediction
+        # tensors the causal LM leaves alone; ERNIE's defaults left out of the config.
+        cfg = moe_cfg("llama", {"shared_experts": 2, "score": "softmax", "normalize_top_k": True,
+                                "balance": "bias", "dense_first": 1, "every": 1, "top_k": 2},
+                      heads=2, kv_heads=1, rope_theta=500000.0, tied_embeddings=True,
+                      norm_eps=1e-5)
+        config = dict(llama_hf_config(cfg), model_type="ernie4_5_moe",
+                      architectures=["Ernie4_5_MoeForCausalLM"], use_bias=False, head_dim=8,
+                      moe_intermediate_size=cfg["moe"]["ffn"],
+                      moe_num_experts=cfg["moe"]["experts"], moe_k=2, moe_num_shared_experts=2)
+        for key in ("rope_theta", "tie_word_embeddings", "rms_norm_eps"):
+            del config[key]
+        model_dir, _, _ = self.check_against_torch_model(
+            "ernie4_5_moe", cfg, lambda p: ernie_moe_hf_tensors(cfg, p, mtp=True), config)
+        # Routed from the first block on, the same file misses the first block's experts.
+        with self.assertRaises(hf_oracle.InputError):
+            hf_oracle.load_weights(hf_oracle.Ernie45Moe(hf_oracle.Config(
+                dict(config, moe_layer_start_index=0), "c")), model_dir)
 
     def test_helium_matches_torch_model(self):
         # Helium: Llama's tensors with q, k and v biases (attention_bias true), the whole of each

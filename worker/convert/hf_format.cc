@@ -74,11 +74,18 @@ bool IsGlm(const ModelConfig& m) {
   return m.post_norms || (m.qkv_bias && m.rotary_dim() != m.head_dim());
 }
 
+// ERNIE 4.5's MoE layout: a Llama MoE model with softmax scores picked with a selection bias
+// (CheckErnieMoeLayout).
+bool IsErnieMoe(const ModelConfig& m) {
+  return m.family == ModelFamily::kLlama && m.moe.has_bias() &&
+         m.moe.score == config::MoeScore::kSoftmax;
+}
+
 // GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, a selection
 // bias, dense first blocks or scaled weights), which no other layout holds (CheckGlm4MoeLayout).
 bool IsGlm4Moe(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
-  return m.family == ModelFamily::kLlama && moe.enabled() &&
+  return m.family == ModelFamily::kLlama && moe.enabled() && !IsErnieMoe(m) &&
          (moe.score == config::MoeScore::kSigmoid || moe.has_bias() || moe.dense_first > 0 ||
           moe.routed_scale != 1.0f);
 }
@@ -126,6 +133,7 @@ void AddGpt2Block(const ModelConfig& m, int l, std::vector<HfTensorMap>& out) {
 struct ExpertNames {
   const char *router, *expert, *gate, *up, *down;
   const char *shared = nullptr, *shared_gate = nullptr, *router_bias = nullptr;
+  bool bias_in_a_row = false;  // the selection bias stored [1, experts] (ERNIE 4.5's)
 };
 // Mixtral's: block_sparse_moe with w1 (gate), w3 (up), w2 (down).
 constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
@@ -152,15 +160,28 @@ constexpr ExpertNames kGlm4MoeExperts{"mlp.gate.weight",
                                       "mlp.shared_experts.",
                                       nullptr,
                                       "mlp.gate.e_score_correction_bias"};
+// ERNIE 4.5's: GLM-4.5's, the selection bias [1, experts] under mlp.moe_statics.
+constexpr ExpertNames kErnieMoeExperts{"mlp.gate.weight",
+                                       "mlp.experts.",
+                                       "gate_proj.weight",
+                                       "up_proj.weight",
+                                       "down_proj.weight",
+                                       "mlp.shared_experts.",
+                                       nullptr,
+                                       "mlp.moe_statics.e_score_correction_bias",
+                                       /*bias_in_a_row=*/true};
 
 void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h,
                 const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
   out.push_back(Whole(p + "moe.router.w", {experts, c}, h + names.router));
-  if (names.router_bias != nullptr) {  // GLM-4.5's (HfTensors: the model has a selection bias)
-    out.push_back(Whole(p + "moe.router.bias", {experts}, h + names.router_bias));
+  if (names.router_bias != nullptr) {  // GLM-4.5's, ERNIE's (HfTensors: the model has the bias)
+    HfTensorMap bias = Whole(p + "moe.router.bias", {experts}, h + names.router_bias);
+    if (names.bias_in_a_row) bias.pieces[0].shape = {1, experts};
+    out.push_back(std::move(bias));
   }
-  if (names.shared != nullptr) {  // Qwen2-MoE's, gated (HfTensors: so are the model's); GLM-4.5's
+  if (names.shared != nullptr && (names.shared_gate != nullptr || m.moe.shared_experts > 0)) {
+    // Qwen2-MoE's, gated (HfTensors: so are the model's); GLM-4.5's and ERNIE's (any of them)
     const int64_t s = int64_t{m.moe.shared_experts} * f;
     const std::string e = h + names.shared;
     out.push_back(
@@ -251,6 +272,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddStackedExperts(m, p, h, out);
       case HfExperts::kGlm4Moe:
         return AddExperts(m, p, h, kGlm4MoeExperts, out);
+      case HfExperts::kErnieMoe:
+        return AddExperts(m, p, h, kErnieMoeExperts, out);
     }
   }
   if (fused || layout.projections == HfProjections::kFusedMlp) {
@@ -999,6 +1022,60 @@ absl::Status ReadQwen2MoeConfig(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Where a DeepSeek-style config keeps its experts' counts and sizes, and the config class's
+// defaults for them: experts, picks, each expert's hidden size, shared experts (at least
+// `least_shared`), the dense first blocks and (ERNIE's) the MoE blocks' interval.
+struct ExpertKeys {
+  const char *experts, *top_k, *ffn, *shared, *dense_first, *every;
+  config::MoeConfig defaults;
+  int least_shared;
+};
+constexpr ExpertKeys kGlm4MoeKeys{
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    nullptr,
+    {.experts = 128, .top_k = 8, .shared_experts = 1, .dense_first = 1, .ffn = 1408},
+    1};
+constexpr ExpertKeys kErnieMoeKeys{
+    "moe_num_experts",
+    "moe_k",
+    "moe_intermediate_size",
+    "moe_num_shared_experts",
+    "moe_layer_start_index",
+    "moe_layer_interval",
+    {.experts = 64, .top_k = 6, .shared_experts = 2, .dense_first = 1, .ffn = 1536},
+    0};
+
+absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, ModelConfig& m) {
+  config::MoeConfig& moe = m.moe;
+  const config::MoeConfig& d = keys.defaults;
+  moe.experts = d.experts;
+  moe.top_k = d.top_k;
+  moe.ffn = d.ffn;
+  moe.shared_experts = d.shared_experts;
+  moe.dense_first = d.dense_first;
+  TY_RETURN_IF_ERROR(f.Int(keys.experts, &moe.experts, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int(keys.top_k, &moe.top_k, /*required=*/false));
+  if (moe.top_k > moe.experts) {
+    return f.Bad(keys.top_k, absl::StrCat("is ", moe.top_k, ", more than the ", moe.experts, " of ",
+                                          keys.experts));
+  }
+  TY_RETURN_IF_ERROR(f.Int(keys.ffn, &moe.ffn, /*required=*/false));
+  TY_RETURN_IF_ERROR(
+      f.Int(keys.shared, &moe.shared_experts, /*required=*/false, keys.least_shared));
+  TY_RETURN_IF_ERROR(f.Int(keys.dense_first, &moe.dense_first, /*required=*/false, 0));
+  if (keys.every != nullptr) TY_RETURN_IF_ERROR(f.Int(keys.every, &moe.every, false));
+  if (moe.MoeLayers(m.layers) == 0) {
+    return f.Bad(keys.dense_first,
+                 absl::StrCat("is ", moe.dense_first, ", which leaves no MoE block among the ",
+                              m.layers, " of num_hidden_layers"));
+  }
+  return absl::OkStatus();
+}
+
 // GLM-4.5's (Glm4MoeForCausalLM, as GLM-4.5, GLM-4.5-Air and GLM-4.6 are published): Llama's
 // attention with biases on q, k and v when attention_bias (default false), query and key norms
 // over each head with use_qk_norm (default false), RoPE over the first partial_rotary_factor (0.5)
@@ -1017,27 +1094,8 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   }
   TY_RETURN_IF_ERROR(ReadPartialRotary(f, 0.5, m));
   TY_RETURN_IF_ERROR(f.Bool("use_qk_norm", &m.qk_norm));
+  TY_RETURN_IF_ERROR(ReadExpertShape(f, kGlm4MoeKeys, m));
   config::MoeConfig& moe = m.moe;
-  moe.experts = 128;
-  moe.top_k = 8;
-  moe.ffn = 1408;
-  moe.shared_experts = 1;
-  moe.dense_first = 1;
-  TY_RETURN_IF_ERROR(f.Int("n_routed_experts", &moe.experts, /*required=*/false));
-  TY_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &moe.top_k, /*required=*/false));
-  if (moe.top_k > moe.experts) {
-    return f.Bad("num_experts_per_tok", absl::StrCat("is ", moe.top_k, ", more than the ",
-                                                     moe.experts, " of n_routed_experts"));
-  }
-  TY_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &moe.ffn, /*required=*/false));
-  TY_RETURN_IF_ERROR(f.Int("n_shared_experts", &moe.shared_experts, /*required=*/false));
-  TY_RETURN_IF_ERROR(
-      f.Int("first_k_dense_replace", &moe.dense_first, /*required=*/false, /*minimum=*/0));
-  if (moe.dense_first >= m.layers) {
-    return f.Bad("first_k_dense_replace",
-                 absl::StrCat("is ", moe.dense_first, ", which leaves no MoE block among the ",
-                              m.layers, " of num_hidden_layers"));
-  }
   moe.score = config::MoeScore::kSigmoid;
   moe.balance = config::MoeBalance::kBias;
   moe.normalize_top_k = true;
@@ -1052,6 +1110,39 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
                               "; Trainyard routes without group limits, as topk_group equal to "
                               "n_group does (every published GLM-4.5 has one group)"));
   }
+  return absl::OkStatus();
+}
+
+// ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM, as ERNIE-4.5-21B-A3B and ERNIE-4.5-300B-A47B are
+// published): ERNIE 4.5's attention and RoPE (ReadErnieConfig's, heads hidden_size /
+// num_attention_heads wide unless head_dim says otherwise, rms_norm_eps 1e-5), and an MoE block
+// every moe_layer_interval (1) from moe_layer_start_index (1) to moe_layer_end_index (-1: the
+// last block), as model.moe.every and dense_first place them: moe_num_experts (64) experts of
+// moe_intermediate_size (1536), of which each token takes the moe_k (6) of highest softmax
+// probability plus the selection bias moe_statics.e_score_correction_bias (balance: bias), weighed
+// by their probabilities divided by their sum, beside moe_num_shared_experts (2) shared ones. A
+// sum below moe_norm_min (1e-12) cannot happen: k picks of a softmax over E experts hold at least
+// k / E. The multi-token prediction tensors (model.mtp_*) are not read.
+absl::Status ReadErnieMoeConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(
+      ReadLlamaConfig(f, m, {.rope_theta = 500000.0f, .norm_eps = 1e-5f, .tied_embeddings = true}));
+  bool biased = false;
+  TY_RETURN_IF_ERROR(f.Bool("use_bias", &biased));
+  if (biased) return f.Bad("use_bias", "must be false (Trainyard reads ERNIE 4.5 without biases)");
+  if (m.rope_scaling.enabled()) {
+    return f.Bad("rope_scaling", "must be null (Trainyard reads ERNIE 4.5's plain RoPE only)");
+  }
+  if (const Value* end = f.Get("moe_layer_end_index");
+      end != nullptr && end->number_value() != -1 && end->number_value() < m.layers - 1) {
+    return f.Bad("moe_layer_end_index",
+                 absl::StrCat("must be -1 or reach the last block, ", m.layers - 1,
+                              " (Trainyard places MoE blocks up to the last)"));
+  }
+  TY_RETURN_IF_ERROR(ReadExpertShape(f, kErnieMoeKeys, m));
+  config::MoeConfig& moe = m.moe;
+  moe.score = config::MoeScore::kSoftmax;
+  moe.balance = config::MoeBalance::kBias;
+  moe.normalize_top_k = true;
   return absl::OkStatus();
 }
 
@@ -1085,6 +1176,9 @@ std::optional<std::string> HfLookupName(const std::string& stored, config::Model
     return stored.substr(std::strlen("transformer."));
   }
   if (layout.unread_layers_from > 0 && StoredLayer(stored) >= layout.unread_layers_from) {
+    return std::nullopt;
+  }
+  if (!layout.unread_prefix.empty() && absl::StartsWith(stored, layout.unread_prefix)) {
     return std::nullopt;
   }
   if (!layout.multimodal) return stored;
@@ -1125,6 +1219,22 @@ bool PartialRotaryReadsBack(const ModelConfig& m) {
   return static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim();
 }
 
+// What neither GLM-4.5's nor ERNIE 4.5's MoE layout holds: gated shared experts, Gemma's, OLMo's
+// or Granite's options, scaled RoPE, NoPE blocks or a window.
+template <typename Refusal>
+absl::Status CheckDeepSeekStyleModel(const ModelConfig& m, const Refusal& bad) {
+  if (m.moe.shared_gate) return bad("moe.shared_gate", "is true");
+  if (m.geglu || m.scale_embeddings || m.post_norms || !m.pre_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the norms or scores are Gemma's or OLMo's");
+  }
+  if (m.HasGraniteMultipliers()) return bad(m.GraniteField(), "is set");
+  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
+  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  return absl::OkStatus();
+}
+
 // GLM-4.5's layout (IsGlm4Moe) holds a Llama MoE model with sigmoid scores and a selection bias,
 // every block past the dense first ones an MoE block with ungated shared experts, plain RoPE over
 // any even part of each head, q, k and v biases and per-head query and key norms or not; no
@@ -1143,21 +1253,37 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
   if (!moe.has_bias()) return bad("moe.balance", "is aux_loss (GLM-4.5's routers hold a bias)");
   if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
-  if (moe.shared_gate) return bad("moe.shared_gate", "is true");
-  if (m.geglu || m.scale_embeddings || m.post_norms || !m.pre_norms || m.attention_scale_dim != 0 ||
-      m.attention_softcap != 0 || m.logit_softcap != 0) {
-    return bad("activation", "or the norms or scores are Gemma's or OLMo's");
-  }
+  TY_RETURN_IF_ERROR(CheckDeepSeekStyleModel(m, bad));
   if (m.qk_norm && m.NormsWholeProjection()) return bad("qk_norm_span", "is projection");
-  if (m.HasGraniteMultipliers()) return bad(m.GraniteField(), "is set");
-  if (m.rope_scaling.enabled()) return bad("rope_scaling", "is set");
-  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
-  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
   if (!PartialRotaryReadsBack(m)) {
     return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
                                         "head_dim ", m.head_dim(), " gives back"));
   }
   return absl::OkStatus();
+}
+
+// ERNIE 4.5's MoE layout (IsErnieMoe) holds a Llama MoE model with softmax scores picked with a
+// selection bias, normalised and unscaled, MoE blocks every `every` past `dense_first`, shared
+// experts ungated (or none), RoPE over each whole head in neighbouring pairs (HfTensors
+// interleaves q's and k's rows), no biases, query and key norms or other option of the family.
+absl::Status CheckErnieMoeLayout(const ModelConfig& m) {
+  const config::MoeConfig& moe = m.moe;
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes a mixture of experts with softmax scores and a selection bias in "
+        "ERNIE 4.5's MoE layout only (normalize_top_k, routed_scale 1, shared experts ungated, "
+        "plain RoPE over each whole head, no biases, query and key norms, sliding window, "
+        "Gemma's, Granite's or OLMo's options)"));
+  };
+  if (!moe.normalize_top_k) return bad("moe.normalize_top_k", "is false");
+  if (moe.routed_scale != 1.0f) {
+    return bad("moe.routed_scale", absl::StrCat("is ", moe.routed_scale));
+  }
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (m.qk_norm) return bad("qk_norm", "is true");
+  if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
+  return CheckDeepSeekStyleModel(m, bad);
 }
 
 // Mixture-of-experts models travel as Mixtral (a Llama model, every block MoE) or, with query
@@ -1177,6 +1303,7 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
   if (IsGlm4Moe(m)) return CheckGlm4MoeLayout(m);
+  if (IsErnieMoe(m)) return CheckErnieMoeLayout(m);
   const bool qwen = m.qk_norm || moe.shared_gate;  // Qwen3-MoE's or Qwen2-MoE's
   if (moe.every != 1 && !qwen) return bad(".every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts != 0 && !moe.shared_gate) {
@@ -1822,11 +1949,28 @@ std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM): Llama's fields, the dense blocks' and
+// the experts' sizes, where the MoE blocks are (from dense_first, every `every`, to the last), and
+// use_bias false.
+std::string ErnieMoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  const std::string sizes = absl::StrCat(
+      DenseSizeJson(m), ",\n  \"moe_intermediate_size\": ", moe.ffn,
+      ",\n  \"moe_num_experts\": ", moe.experts, ",\n  \"moe_k\": ", moe.top_k,
+      ",\n  \"moe_num_shared_experts\": ", moe.shared_experts,
+      ",\n  \"moe_layer_start_index\": ", moe.dense_first,
+      ",\n  \"moe_layer_end_index\": ", m.layers - 1, ",\n  \"moe_layer_interval\": ", moe.every);
+  return absl::StrCat(LlamaShapeJson(m, "Ernie4_5_MoeForCausalLM", "ernie4_5_moe", sizes),
+                      ",\n  \"hidden_act\": \"silu\",\n  \"use_bias\": false",
+                      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype,
+                      "\"\n}\n");
+}
+
 }  // namespace
 
 HfProjections HfExportProjections(const ModelConfig& m) {
   if (IsGlm(m)) return HfProjections::kFusedMlp;
-  if (IsGlm4Moe(m)) return HfProjections::kSeparate;
+  if (IsGlm4Moe(m) || IsErnieMoe(m)) return HfProjections::kSeparate;
   const bool phi3 = m.family == ModelFamily::kLlama &&
                     (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope);
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
@@ -1835,9 +1979,11 @@ HfProjections HfExportProjections(const ModelConfig& m) {
 HfLayout HfExportLayout(const ModelConfig& m) {
   HfLayout layout;
   layout.projections = HfExportProjections(m);
-  layout.glm = layout.interleaved_rope = IsGlm(m);
+  layout.glm = IsGlm(m);
+  layout.interleaved_rope = layout.glm || IsErnieMoe(m);
   layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
                    : IsGlm4Moe(m)            ? HfExperts::kGlm4Moe
+                   : IsErnieMoe(m)           ? HfExperts::kErnieMoe
                    : m.moe.shared_gate       ? HfExperts::kQwen2Moe
                    : m.qk_norm               ? HfExperts::kQwen3Moe
                                              : HfExperts::kMixtral;
@@ -1908,6 +2054,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
   if (IsGlm4Moe(m)) return Glm4MoeConfigJson(m, tied, torch_dtype);
+  if (IsErnieMoe(m)) return ErnieMoeConfigJson(m, tied, torch_dtype);
   if (HfExportProjections(m) == HfProjections::kFused) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
@@ -1916,6 +2063,32 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   if (m.NormsWholeProjection()) return OlmoConfigJson(m, tied, torch_dtype);
   return LlamaConfigJson(m, tied, torch_dtype);
 }
+
+namespace {
+
+// How a directory of `model_type` (its model `layers` blocks deep) stores its tensors.
+HfLayout StoredLayout(const std::string& model_type, int layers) {
+  HfLayout layout;
+  layout.model_type = model_type;
+  layout.glm = model_type == "glm" || model_type == "glm4";
+  layout.interleaved_rope = layout.glm || model_type == "ernie4_5" ||
+                            model_type == "ernie4_5_moe" || model_type == "helium";
+  layout.projections = model_type == "phi3" ? HfProjections::kFused
+                       : layout.glm         ? HfProjections::kFusedMlp
+                                            : HfProjections::kSeparate;
+  layout.experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
+                   : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
+                   : model_type == "glm4_moe"                           ? HfExperts::kGlm4Moe
+                   : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
+                   : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
+                                                                        : HfExperts::kMixtral;
+  layout.multimodal = model_type == "gemma3";
+  layout.unread_layers_from = model_type == "glm4_moe" ? layers : 0;
+  layout.unread_prefix = model_type == "ernie4_5_moe" ? "model.mtp" : "";
+  return layout;
+}
+
+}  // namespace
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
                                               HfLayout* layout) {
@@ -1979,6 +2152,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGlm4MoeConfig(fields, m));
   } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs
     TY_RETURN_IF_ERROR(ReadErnieConfig(fields, m));
+  } else if (model_type == "ernie4_5_moe") {  // ERNIE 4.5's, and experts picked with a bias
+    TY_RETURN_IF_ERROR(ReadErnieMoeConfig(fields, m));
   } else if (model_type == "helium") {  // Llama's, its RoPE in neighbouring pairs
     TY_RETURN_IF_ERROR(ReadHeliumConfig(fields, m));
   } else if (model_type == "seed_oss") {  // Qwen2's model: biases on q, k and v
@@ -1996,24 +2171,11 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
                      "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"ernie4_5\", "
+                     "\"ernie4_5_moe\", "
                      "\"helium\" and "
                      "\"seed_oss\""));
   }
-  if (layout != nullptr) {
-    layout->model_type = model_type;
-    layout->glm = model_type == "glm" || model_type == "glm4";
-    layout->interleaved_rope = layout->glm || model_type == "ernie4_5" || model_type == "helium";
-    layout->projections = model_type == "phi3" ? HfProjections::kFused
-                          : layout->glm        ? HfProjections::kFusedMlp
-                                               : HfProjections::kSeparate;
-    layout->experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
-                      : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
-                      : model_type == "glm4_moe"                           ? HfExperts::kGlm4Moe
-                      : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
-                                                                           : HfExperts::kMixtral;
-    layout->multimodal = model_type == "gemma3";
-    layout->unread_layers_from = model_type == "glm4_moe" ? m.layers : 0;
-  }
+  if (layout != nullptr) *layout = StoredLayout(model_type, m.layers);
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;
 }

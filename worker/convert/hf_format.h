@@ -94,8 +94,9 @@ enum class HfProjections { kSeparate, kFused, kFusedMlp };
 // mlp.shared_expert.* gated by mlp.shared_expert_gate), GraniteMoE's (each kind's weights
 // stacked in one tensor per block: block_sparse_moe.input_linear, output_linear), or GLM-4.5's
 // (Qwen3-MoE's, ungated shared experts mlp.shared_experts.*, and the router's selection bias
-// mlp.gate.e_score_correction_bias).
-enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe, kGlm4Moe };
+// mlp.gate.e_score_correction_bias), or ERNIE 4.5's (GLM-4.5's, the bias [1, experts] as
+// mlp.moe_statics.e_score_correction_bias).
+enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe, kGlm4Moe, kErnieMoe };
 
 // How a directory stores the model its config.json describes: its model_type, the projections,
 // the experts, and whether its tensors are the language model of a multimodal checkpoint
@@ -116,12 +117,15 @@ struct HfLayout {
   // GLM-4.5's multi-token prediction layers, stored after the model's as model.layers.N.* with N
   // from this on, which the causal LM does not use: not read (0: every stored layer is read).
   int unread_layers_from = 0;
+  // ERNIE 4.5's multi-token prediction tensors (model.mtp_*): names with this prefix are not read
+  // (empty: none).
+  std::string unread_prefix;
 };
 
 // The name a stored tensor is looked up by among HfTensors' pieces: GPT-2's without its
 // "transformer." prefix, a multimodal checkpoint's language model's as the text model's
-// (model.X, lm_head.X); none for the vision tower's and the projector's tensors and for the
-// layers from layout.unread_layers_from on, which are not read.
+// (model.X, lm_head.X); none for the vision tower's and the projector's tensors, the layers from
+// layout.unread_layers_from on and the names under layout.unread_prefix, which are not read.
 std::optional<std::string> HfLookupName(const std::string& stored, config::ModelFamily family,
                                         const HfLayout& layout);
 

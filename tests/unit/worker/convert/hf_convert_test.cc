@@ -252,8 +252,7 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
     }
   }
   // A routing Mixtral's layout does not hold is refused naming the field, and the layout that
-  // would hold the model: DeepSeek-V3's routing (sigmoid scores, a selection bias) is GLM-4.5's,
-  // which needs both.
+  // would hold the model: sigmoid scores are GLM-4.5's, which needs a selection bias too.
   struct Refused {
     void (*change)(config::ModelConfig&);
     const char* says;
@@ -266,8 +265,6 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
        "model.moe.balance: is aux_loss", "GLM-4.5's layout only"},
       {[](config::ModelConfig& m) { m.moe.normalize_top_k = false; },
        "model.moe.normalize_top_k: is false"},
-      {[](config::ModelConfig& m) { m.moe.balance = config::MoeBalance::kBias; },
-       "model.moe.score: is softmax", "GLM-4.5's layout only"},
       {[](config::ModelConfig& m) {
          const config::MoeConfig moe = m.moe;
          m = Tiny(config::ModelFamily::kGpt2);
@@ -283,6 +280,11 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
     EXPECT_THAT(status.message(), HasSubstr(r.says));
     EXPECT_THAT(status.message(), HasSubstr(r.layout));
   }
+  // With a selection bias, Mixtral's experts travel in ERNIE 4.5's MoE layout instead.
+  config::ModelConfig biased = TinyMixtral();
+  biased.moe.balance = config::MoeBalance::kBias;
+  EXPECT_TRUE(HfTensors(biased).ok()) << HfTensors(biased).status();
+  EXPECT_EQ(HfExportLayout(biased).experts, HfExperts::kErnieMoe);
 }
 
 // The config.json of Llama 3.2 1B as published (its keys and values, Llama 3's RoPE scaling
@@ -2649,9 +2651,12 @@ TEST(HfFormat, Glm45ConfigReadsAsDenseFirstBlocksAndBiasedSigmoidRouting) {
   EXPECT_THAT(refused("\"n_shared_experts\": 1", "\"n_shared_experts\": 0"),
               HasSubstr("n_shared_experts must be a positive integer"));
 
-  // A model DeepSeek-V3's routing needs but GLM-4.5's layout cannot hold is refused at export.
+  // A model neither GLM-4.5's layout nor ERNIE's (softmax scores with the bias, no q, k and v
+  // biases) holds is refused at export, naming the field.
   config::ModelConfig softmax = *m;
   softmax.moe.score = config::MoeScore::kSoftmax;
+  EXPECT_THAT(HfTensors(softmax).status().message(), HasSubstr("model.qkv_bias: is true"));
+  softmax.moe.balance = config::MoeBalance::kAuxLoss;
   EXPECT_THAT(HfTensors(softmax).status().message(), HasSubstr("model.moe.score: is softmax"));
   config::ModelConfig unbiased = *m;
   unbiased.moe.balance = config::MoeBalance::kAuxLoss;
@@ -2659,6 +2664,124 @@ TEST(HfFormat, Glm45ConfigReadsAsDenseFirstBlocksAndBiasedSigmoidRouting) {
   config::ModelConfig unshared = *m;
   unshared.moe.shared_experts = 0;
   EXPECT_THAT(HfTensors(unshared).status().message(), HasSubstr("model.moe.shared_experts: is 0"));
+}
+
+// ERNIE-4.5-21B-A3B-PT's config.json as published (its keys for Baidu's own trainer, such as
+// moe_capacity and moe_gate, are not read).
+constexpr char kErnie45MoeConfig[] = R"({
+  "architectures": ["Ernie4_5_MoeForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 12288,
+  "max_position_embeddings": 131072, "model_type": "ernie4_5_moe", "num_attention_heads": 20,
+  "num_key_value_heads": 4, "num_hidden_layers": 28, "pad_token_id": 0, "rms_norm_eps": 1e-05,
+  "use_cache": false, "vocab_size": 103424, "rope_theta": 500000, "use_bias": false,
+  "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+  "moe_intermediate_size": 1536, "moe_capacity": [64, 64, 64], "moe_gate": "topk", "moe_k": 6,
+  "moe_layer_interval": 1, "moe_use_aux_free": true, "num_nextn_predict_layers": 1,
+  "multi_token_pred_lambda": 0.3, "tie_word_embeddings": true, "torch_dtype": "bfloat16"})";
+
+TEST(HfFormat, ErnieMoeConfigReadsAsBiasedSoftmaxRoutingPastADenseBlock) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kErnie45MoeConfig, "ERNIE-4.5-21B-A3B-PT/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kErnieMoe);
+  EXPECT_TRUE(layout.interleaved_rope);
+  EXPECT_EQ(layout.unread_prefix, "model.mtp");
+  EXPECT_FALSE(m->qkv_bias || m->qk_norm || m->post_norms);
+  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rotary_dim(), 128);
+  const config::MoeConfig& moe = m->moe;
+  EXPECT_EQ(moe.experts, 64);
+  EXPECT_EQ(moe.top_k, 6);
+  EXPECT_EQ(moe.ffn, 1536);
+  EXPECT_EQ(moe.shared_experts, 2);
+  EXPECT_EQ(moe.dense_first, 1);
+  EXPECT_EQ(moe.every, 1);
+  EXPECT_EQ(moe.score, config::MoeScore::kSoftmax);
+  EXPECT_TRUE(moe.has_bias() && moe.normalize_top_k);
+  // By hand: per block q, k, v (2560 + 2 · 512 rows of 2560), o, two norms; block 0's dense MLP
+  // 3 · 12288·2560; the 27 others' router 64·2560, 64 experts of 3 · 1536·2560 and two shared;
+  // the tied embedding of 103424 rows and the final norm: the card's 21B, of which 3B per token.
+  const int64_t attention = int64_t{3584} * 2560 + int64_t{2560} * 2560 + 2 * 2560;
+  const int64_t expert = 3 * int64_t{1536} * 2560;
+  const int64_t dense = attention + 3 * int64_t{12288} * 2560;
+  const int64_t sparse = attention + 64 * 2560 + 64 * expert + 2 * expert;
+  EXPECT_EQ(m->ParameterCount(), dense + 27 * sparse + int64_t{103424} * 2560 + 2560);
+  EXPECT_EQ(m->ParameterCount(), int64_t{21825436160});
+  EXPECT_EQ(m->ActiveParameterCount(), int64_t{3352148480});
+
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, HfPiece> pieces;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) {
+      pieces[piece.name] = piece;
+      shapes[piece.name] = HfShape(t, piece);
+    }
+  }
+  const std::string h = "model.layers.27.";
+  EXPECT_EQ(shapes[h + "mlp.moe_statics.e_score_correction_bias"], (std::vector<int64_t>{1, 64}));
+  EXPECT_EQ(shapes[h + "mlp.shared_experts.gate_proj.weight"], (std::vector<int64_t>{3072, 2560}));
+  EXPECT_EQ(shapes[h + "mlp.experts.63.down_proj.weight"], (std::vector<int64_t>{2560, 1536}));
+  EXPECT_EQ(shapes["model.layers.0.mlp.up_proj.weight"], (std::vector<int64_t>{12288, 2560}));
+  EXPECT_EQ(pieces[h + "self_attn.k_proj.weight"].head_rows, 128);  // RoPE in neighbouring pairs
+  EXPECT_EQ(pieces[h + "self_attn.k_proj.weight"].rope_rows, 128);
+  const config::ModelFamily llama = config::ModelFamily::kLlama;
+  EXPECT_EQ(HfLookupName("model.mtp_block.0.mlp.up_proj.weight", llama, layout), std::nullopt);
+  EXPECT_EQ(HfLookupName("model.mtp_linear_proj.0.weight", llama, layout), std::nullopt);
+  EXPECT_EQ(HfLookupName("model.norm.weight", llama, layout), "model.norm.weight");
+
+  // Written back as ERNIE 4.5's MoE, which reads as the same model.
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  const HfLayout written_layout = HfExportLayout(*m);
+  EXPECT_EQ(written_layout.experts, HfExperts::kErnieMoe);
+  EXPECT_TRUE(written_layout.interleaved_rope);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Ernie4_5_MoeForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"moe_layer_end_index\": 27"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->moe.dense_first, 1);
+  EXPECT_EQ(back->moe.shared_experts, 2);
+
+  auto refused = [](const std::string& from, const std::string& to) {
+    std::string json = kErnie45MoeConfig;
+    json.replace(json.find(from), from.size(), to);
+    return std::string(ModelFromHfConfig(json, "e/config.json").status().message());
+  };
+  EXPECT_THAT(refused("\"moe_layer_interval\": 1",
+                      "\"moe_layer_interval\": 1, "
+                      "\"moe_layer_end_index\": 20"),
+              HasSubstr("moe_layer_end_index must be -1 or reach the last block, 27"));
+  EXPECT_THAT(refused("\"use_bias\": false", "\"use_bias\": true"),
+              HasSubstr("use_bias must be false"));
+  EXPECT_THAT(refused("\"moe_k\": 6", "\"moe_k\": 65"),
+              HasSubstr("moe_k is 65, more than the 64 of moe_num_experts"));
+  EXPECT_THAT(refused("\"moe_layer_start_index\": 1", "\"moe_layer_start_index\": 28"),
+              HasSubstr("leaves no MoE block among the 28"));
+  // Without shared experts (moe_num_shared_experts 0) the blocks have none.
+  std::string none = kErnie45MoeConfig;
+  const std::string two = "\"moe_num_shared_experts\": 2";
+  none.replace(none.find(two), two.size(), "\"moe_num_shared_experts\": 0");
+  auto unshared = ModelFromHfConfig(none, "e/config.json", &layout);
+  ASSERT_TRUE(unshared.ok()) << unshared.status();
+  EXPECT_EQ(unshared->moe.shared_experts, 0);
+  auto plain = HfTensors(*unshared, layout);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const HfTensorMap& t : *plain) EXPECT_EQ(t.name.find("moe.shared"), std::string::npos);
+
+  // What ERNIE's layout cannot hold is refused at export, naming the field.
+  config::ModelConfig partial = *m;
+  partial.rope_dim = 64;
+  EXPECT_THAT(HfTensors(partial).status().message(), HasSubstr("model.rope_dim: is 64"));
+  config::ModelConfig scaled = *m;
+  scaled.moe.routed_scale = 2.0f;
+  EXPECT_THAT(HfTensors(scaled).status().message(), HasSubstr("model.moe.routed_scale: is 2"));
+  config::ModelConfig biased = *m;
+  biased.qkv_bias = true;
+  EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qkv_bias: is true"));
 }
 
 }  // namespace
