@@ -26,9 +26,9 @@ enum class ModelFamily {
 // are softmax(logits) or sigmoid(logits); a token picks the top_k of score + bias (bias: the
 // auxiliary-loss-free rule's per-expert selection bias, zero under aux_loss; ties go to the lower
 // expert index) and weighs expert e by score_e, divided by the sum of its picks' scores when
-// normalize_top_k, times routed_scale (DeepSeek-V3's routed_scaling_factor). The output is Σ weight
-// · expert(x) + shared(x), or with `shared_gate` (Qwen2-MoE's shared_expert_gate) Σ weight ·
-// expert(x) + sigmoid(x · g) · shared(x), g a learned [width] vector of the block.
+// normalize_top_k, times routed_scale (DeepSeek-V3's routed_scaling_factor). The output is
+// Σ weight · expert(x) + shared(x), or with `shared_gate` (Qwen2-MoE's shared_expert_gate)
+// Σ weight · expert(x) + sigmoid(x · g) · shared(x), g a learned [width] vector of the block.
 enum class MoeBalance {
   kAuxLoss,  // + aux_loss_coeff · E · Σᵢ fᵢ·Pᵢ per micro-batch (fᵢ: share of the micro-batch's
              // picks that went to i, Pᵢ: its mean normalised score)
