@@ -81,12 +81,13 @@ bool IsErnieMoe(const ModelConfig& m) {
          m.moe.score == config::MoeScore::kSoftmax;
 }
 
-// GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, a selection
-// bias, dense first blocks or scaled weights), which no other layout holds (CheckGlm4MoeLayout).
+// GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, dense first
+// blocks or scaled weights; a selection bias with softmax scores is ERNIE's), which no other
+// layout holds (CheckGlm4MoeLayout).
 bool IsGlm4Moe(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   return m.family == ModelFamily::kLlama && moe.enabled() && !IsErnieMoe(m) &&
-         (moe.score == config::MoeScore::kSigmoid || moe.has_bias() || moe.dense_first > 0 ||
+         (moe.score == config::MoeScore::kSigmoid || moe.dense_first > 0 ||
           moe.routed_scale != 1.0f);
 }
 
@@ -1212,11 +1213,16 @@ std::string PartialRotaryJson(const ModelConfig& m) {
   return absl::StrFormat("%.17g", static_cast<double>(m.rotary_dim()) / m.head_dim());
 }
 
-// Whether transformers' int(head_dim · partial_rotary_factor), of the factor as written, gives
-// the model's rotated dimensions back.
-bool PartialRotaryReadsBack(const ModelConfig& m) {
+// OK when transformers' int(head_dim · partial_rotary_factor), of the factor as written, gives
+// the model's rotated dimensions back; else `bad`'s refusal of model.rope_dim.
+template <typename Refusal>
+absl::Status CheckPartialRotaryReadsBack(const ModelConfig& m, const Refusal& bad) {
   const double factor = std::strtod(PartialRotaryJson(m).c_str(), nullptr);
-  return static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim();
+  if (static_cast<int>(std::floor(m.head_dim() * factor)) == m.rotary_dim()) {
+    return absl::OkStatus();
+  }
+  return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
+                                      "head_dim ", m.head_dim(), " gives back"));
 }
 
 // What neither GLM-4.5's nor ERNIE 4.5's MoE layout holds: gated shared experts, Gemma's, OLMo's
@@ -1255,11 +1261,7 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
   if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
   TY_RETURN_IF_ERROR(CheckDeepSeekStyleModel(m, bad));
   if (m.qk_norm && m.NormsWholeProjection()) return bad("qk_norm_span", "is projection");
-  if (!PartialRotaryReadsBack(m)) {
-    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
-                                        "head_dim ", m.head_dim(), " gives back"));
-  }
-  return absl::OkStatus();
+  return CheckPartialRotaryReadsBack(m, bad);
 }
 
 // ERNIE 4.5's MoE layout (IsErnieMoe) holds a Llama MoE model with softmax scores picked with a
@@ -1304,14 +1306,13 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
   if (IsGlm4Moe(m)) return CheckGlm4MoeLayout(m);
   if (IsErnieMoe(m)) return CheckErnieMoeLayout(m);
+  // From here on: softmax scores without a selection bias.
   const bool qwen = m.qk_norm || moe.shared_gate;  // Qwen3-MoE's or Qwen2-MoE's
   if (moe.every != 1 && !qwen) return bad(".every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts != 0 && !moe.shared_gate) {
     return bad(".shared_experts", absl::StrCat("is ", moe.shared_experts, " and ungated"));
   }
-  if (moe.score != config::MoeScore::kSoftmax) return bad(".score", "is sigmoid");
   if (!moe.normalize_top_k && !qwen) return bad(".normalize_top_k", "is false");
-  if (moe.has_bias()) return bad(".balance", "is bias (a selection bias none has)");
   if (moe.shared_gate && !m.qkv_bias) return bad(".shared_gate", "is set without model.qkv_bias");
   if (moe.shared_gate && m.sliding_window > 0) {
     return bad(".shared_gate", "is set with model.sliding_window");
@@ -1879,11 +1880,7 @@ absl::Status CheckPhi3Layout(const ModelConfig& m) {
                                : m.rope_scaling.yarn ? "is YaRN"
                                                      : "is Llama 3's");
   }
-  if (!PartialRotaryReadsBack(m)) {
-    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
-                                        "head_dim ", m.head_dim(), " gives back"));
-  }
-  return absl::OkStatus();
+  return CheckPartialRotaryReadsBack(m, bad);
 }
 
 // GLM's layout (IsGlm) holds a Llama model with SwiGLU, its RoPE plain (any part of each head
@@ -1908,11 +1905,7 @@ absl::Status CheckGlmLayout(const ModelConfig& m) {
   if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
   if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
   if (m.moe.enabled()) return bad("moe", "has experts");
-  if (!PartialRotaryReadsBack(m)) {
-    return bad("rope_dim", absl::StrCat("is ", m.rope_dim, ", which no partial_rotary_factor of ",
-                                        "head_dim ", m.head_dim(), " gives back"));
-  }
-  return absl::OkStatus();
+  return CheckPartialRotaryReadsBack(m, bad);
 }
 
 // config.json of GLM-4 (Glm4ForCausalLM): Llama's fields, the rotated part of each head, and
