@@ -197,6 +197,20 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
                             " (every ", moe.every, "), got ", moe.dense_first));
   }
   if (moe.ffn < 1) return bad("ffn", absl::StrCat("must be at least 1, got ", moe.ffn));
+  if (moe.groups < 1 || moe.experts % moe.groups != 0 ||
+      (moe.groups > 1 && moe.experts / moe.groups < 2)) {
+    return bad("groups", absl::StrCat("must divide experts ", moe.experts,
+                                      " into groups of at least two (or be 1), got ", moe.groups));
+  }
+  if (moe.group_top_k < 0 || moe.group_top_k > moe.groups) {
+    return bad("group_top_k", absl::StrCat("must be between 0 (every group) and groups ",
+                                           moe.groups, ", got ", moe.group_top_k));
+  }
+  if (moe.top_k > moe.kept_groups() * (moe.experts / moe.groups)) {
+    return bad("group_top_k",
+               absl::StrCat("keeps ", moe.kept_groups(), " of ", moe.groups, " groups of ",
+                            moe.experts / moe.groups, " experts, fewer than top_k ", moe.top_k));
+  }
   if (!(moe.routed_scale > 0.0f) || !std::isfinite(moe.routed_scale)) {
     return bad("routed_scale", absl::StrCat("must be positive, got ", moe.routed_scale));
   }

@@ -52,6 +52,11 @@ struct MoeConfig {
   MoeScore score = MoeScore::kSoftmax;
   bool normalize_top_k = false;
   float routed_scale = 1.0f;  // the routed experts' combine weights are multiplied by it
+  // DeepSeek-V3's group-limited routing: the experts split into `groups` equal groups in index
+  // order, each group scored by the sum of its two best score + bias values, and a token's picks
+  // come from the group_top_k best groups only (0: every group, no limit).
+  int groups = 1;
+  int group_top_k = 0;
   MoeBalance balance = MoeBalance::kAuxLoss;
   float aux_loss_coeff = 0.01f;
   float bias_update_rate = 0.001f;
@@ -77,6 +82,9 @@ struct MoeConfig {
     return count;
   }
   bool has_bias() const { return enabled() && balance == MoeBalance::kBias; }
+  // The groups a token's picks may come from, and whether that leaves some out.
+  int kept_groups() const { return group_top_k > 0 ? group_top_k : groups; }
+  bool limits_groups() const { return kept_groups() < groups; }
 };
 
 // Llama 3's scaling of RoPE's long wavelengths (transformers' rope_type llama3; the formula is

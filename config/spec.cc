@@ -99,10 +99,10 @@ absl::Status ReadChoice(FieldReader& r, std::string_view key, const char* what,
 // model.moe: `ffn_hidden` is the model's own (after its preset and defaults), each expert's
 // default. A field the chosen balance rule does not use is refused: it is a mistake.
 absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
-  TY_RETURN_IF_ERROR(
-      r.ExpectMapWithKeys({"experts", "top_k", "shared_experts", "shared_gate", "every",
-                           "dense_first", "ffn", "score", "normalize_top_k", "routed_scale",
-                           "balance", "aux_loss_coeff", "bias_update_rate", "capacity_factor"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
+      {"experts", "top_k", "shared_experts", "shared_gate", "every", "dense_first", "ffn", "score",
+       "normalize_top_k", "routed_scale", "groups", "group_top_k", "balance", "aux_loss_coeff",
+       "bias_update_rate", "capacity_factor"}));
   if (!r.Has("experts")) {
     return r.ErrorAt("experts", "required: the routed experts of each MoE block");
   }
@@ -125,6 +125,8 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   moe->normalize_top_k = moe->score == MoeScore::kSigmoid;
   TY_RETURN_IF_ERROR(r.ReadBool("normalize_top_k", &moe->normalize_top_k));
   TY_RETURN_IF_ERROR(r.ReadFloat("routed_scale", &moe->routed_scale));
+  TY_RETURN_IF_ERROR(r.ReadInt("groups", &moe->groups));
+  TY_RETURN_IF_ERROR(r.ReadInt("group_top_k", &moe->group_top_k));
   size_t balance = 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "balance", "balance rule", {"aux_loss", "bias"}, &balance));
   moe->balance = balance == 0 ? MoeBalance::kAuxLoss : MoeBalance::kBias;

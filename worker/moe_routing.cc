@@ -22,15 +22,44 @@ void Scores(MoeScore kind, const float* logits, int experts, float* out) {
   for (int e = 0; e < experts; ++e) out[e] = static_cast<float>(std::exp(logits[e] - top) / sum);
 }
 
-// The top_k of score + bias, best first; an equal value goes to the lower expert index.
-void Pick(const float* scores, std::span<const float> bias, int experts, int top_k, int32_t* out) {
+// DeepSeek-V3's group-limited routing (MoeConfig::groups): clears `eligible` [E] for the experts
+// outside the kept groups, which are those of highest group score (the sum of the group's two
+// best values), an equal score going to the lower group. Every expert stays eligible otherwise.
+void KeepGroups(const MoeConfig& moe, const float* value, std::vector<char>& eligible) {
+  std::fill(eligible.begin(), eligible.end(), 1);
+  if (!moe.limits_groups()) return;
+  const int size = moe.experts / moe.groups;
+  std::vector<float> group_score(moe.groups);
+  for (int g = 0; g < moe.groups; ++g) {
+    const float* v = value + g * size;
+    const int best = static_cast<int>(std::max_element(v, v + size) - v);
+    float second = 0;
+    bool seen = false;
+    for (int e = 0; e < size; ++e) {
+      if (e != best && (!seen || v[e] > second)) second = v[e], seen = true;
+    }
+    group_score[g] = v[best] + second;
+  }
+  std::vector<char> kept(moe.groups, 0);
+  for (int j = 0; j < moe.kept_groups(); ++j) {
+    int best = -1;
+    for (int g = 0; g < moe.groups; ++g) {
+      if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+    }
+    kept[best] = 1;
+  }
+  for (int e = 0; e < moe.experts; ++e) eligible[e] = kept[e / size];
+}
+
+// The top_k of the eligible experts' values (score + bias), best first; an equal value goes to the
+// lower expert index.
+void Pick(const float* value, const std::vector<char>& eligible, int top_k, int32_t* out) {
+  const int experts = static_cast<int>(eligible.size());
   for (int j = 0; j < top_k; ++j) {
     int best = -1;
-    float best_value = 0;
     for (int e = 0; e < experts; ++e) {
-      if (std::find(out, out + j, e) != out + j) continue;
-      const float value = scores[e] + (bias.empty() ? 0.0f : bias[e]);
-      if (best < 0 || value > best_value) best = e, best_value = value;
+      if (!eligible[e] || std::find(out, out + j, e) != out + j) continue;
+      if (best < 0 || value[e] > value[best]) best = e;
     }
     out[j] = best;
   }
@@ -51,11 +80,15 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
   r.slot.assign(tokens * K, -1);
   r.picks.assign(E, 0);
   r.score_sum.assign(E, 0.0);
+  std::vector<float> value(E);
+  std::vector<char> eligible(E);
   for (int64_t t = 0; t < tokens; ++t) {
     float* g = &r.scores[t * E];
     Scores(moe.score, logits + t * E, E, g);
+    for (int e = 0; e < E; ++e) value[e] = g[e] + (bias.empty() ? 0.0f : bias[e]);
+    KeepGroups(moe, value.data(), eligible);
     int32_t* picked = &r.expert[t * K];
-    Pick(g, bias, E, K, picked);
+    Pick(value.data(), eligible, K, picked);
     double norm = 0;
     for (int j = 0; j < K; ++j) norm += g[picked[j]];
     for (int j = 0; j < K; ++j) {

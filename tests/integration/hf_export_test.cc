@@ -161,7 +161,9 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .bias_balance = mesh.bias_balance,
                      .shared_gate = mesh.shared_gate,
                      .glm45 = mesh.glm45,
-                     .ernie_moe = mesh.ernie_moe};
+                     .ernie_moe = mesh.ernie_moe,
+                     .groups = mesh.groups,
+                     .group_top_k = mesh.group_top_k};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -846,6 +848,18 @@ TEST(HfOracleGlm45, BiasedSigmoidRoutingPastADenseBlockGivesTrainyardsLogits) {
                                                       .rope_dim = 8,
                                                       .experts = 4,
                                                       .glm45 = true});
+}
+
+// DeepSeek-V3's group-limited routing exports as GLM-4.5's n_group and topk_group: six experts in
+// three groups, each token's picks from the two groups whose two best biased scores sum highest,
+// which the oracle ranks with tensor operations of its own.
+TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                      .qk_norm = true,
+                                                      .experts = 6,
+                                                      .glm45 = true,
+                                                      .groups = 3,
+                                                      .group_top_k = 2});
 }
 
 // Softmax scores picked with a selection bias past a dense first block export as ERNIE 4.5's MoE,

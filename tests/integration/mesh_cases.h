@@ -54,6 +54,9 @@ struct MeshCase {
   // ERNIE 4.5's MoE routing: the first block dense, softmax scores normalised over the picks,
   // which a selection bias chooses (the bias rule).
   bool ernie_moe = false;
+  // DeepSeek-V3's group-limited routing (model.moe.groups and group_top_k; 0: none).
+  int groups = 0;
+  int group_top_k = 0;
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -93,6 +96,10 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
     moe.dense_first = 1;
     moe.normalize_top_k = true;
     moe.balance = config::MoeBalance::kBias;
+  }
+  if (mesh.groups > 0) {
+    moe.groups = mesh.groups;
+    moe.group_top_k = mesh.group_top_k;
   }
 }
 
@@ -409,6 +416,17 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .experts = 4,
      .ep = 2,
      .glm45 = true},
+    // DeepSeek-V3's group-limited routing: six experts in three groups, two kept, with the
+    // micro-batch's tokens routed in pieces over sequence-parallel ranks and the experts over ep 2.
+    {.name = "groups_ep2_tp2_sp",
+     .dp = 2,
+     .tp = 2,
+     .sequence_parallel = true,
+     .experts = 6,
+     .ep = 2,
+     .glm45 = true,
+     .groups = 3,
+     .group_top_k = 2},
     {.name = "ep2", .dp = 2, .experts = 4, .ep = 2},
     {.name = "ep4", .dp = 4, .experts = 4, .ep = 4},
     {.name = "dp4_ep2_zero1", .dp = 4, .zero = 1, .experts = 4, .ep = 2},

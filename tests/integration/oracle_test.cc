@@ -140,6 +140,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
         << ", \"shared_experts\": " << m.shared_experts
         << ", \"shared_gate\": " << (m.shared_gate ? "true" : "false") << ", \"every\": " << m.every
         << ", \"dense_first\": " << m.dense_first << ", \"routed_scale\": " << m.routed_scale
+        << ", \"groups\": " << m.groups << ", \"group_top_k\": " << m.group_top_k
         << ", \"ffn\": " << m.ffn << ", \"score\": \""
         << (m.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax")
         << "\", \"normalize_top_k\": " << (m.normalize_top_k ? "true" : "false")
@@ -349,6 +350,23 @@ TEST(TorchOracle, LlamaMixtureOfExpertsPastADenseBlockWithScaledWeights) {
   c.moe.bias_update_rate = 0.01f;
   ASSERT_FALSE(c.moe.IsMoeLayer(0));
   ASSERT_TRUE(c.moe.IsMoeLayer(1));
+  CompareWithOracle(c);
+}
+
+// DeepSeek-V3's group-limited routing: six experts in three groups of two, each token's two picks
+// from the two groups whose best two biased sigmoid scores sum highest (the oracle ranks the
+// groups its own way), under the bias rule so the groups' scores move between steps.
+TEST(TorchOracle, LlamaMixtureOfExpertsWithGroupLimitedRouting) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.moe = OracleMoe();
+  c.moe.experts = 6;
+  c.moe.groups = 3;
+  c.moe.group_top_k = 2;
+  c.moe.score = config::MoeScore::kSigmoid;
+  c.moe.normalize_top_k = true;
+  c.moe.routed_scale = 2.5f;
+  c.moe.balance = config::MoeBalance::kBias;
+  c.moe.bias_update_rate = 0.01f;
   CompareWithOracle(c);
 }
 

@@ -1318,9 +1318,12 @@ class Glm4Moe(Llama):
     their scores, divided by the picks' sum when norm_topk_prob (default true), times
     routed_scaling_factor (default 1); the experts mlp.experts.j.* are SwiGLU MLPs of
     moe_intermediate_size, and mlp.shared_experts.* one of n_shared_experts (default 1) times it
-    that every token uses. Group-limited routing keeps topk_group of n_group expert groups: only
-    topk_group == n_group (every group kept, no limit) is supported. Layers from
-    num_hidden_layers on hold multi-token prediction, which the causal LM does not use."""
+    that every token uses. Group-limited routing (n_group, topk_group; default 1 and 1): the
+    experts form n_group equal groups, each scored by the sum of its two highest score + bias, and
+    only the topk_group best groups' experts may be picked (the others are masked to -inf, as
+    DeepSeek-V3's own inference code does; transformers masks them to 0, which differs only when a
+    kept expert's biased score is negative). Layers from num_hidden_layers on hold multi-token
+    prediction, which the causal LM does not use."""
 
     default_eps = 1e-5
     attention_bias_default = False
@@ -1334,9 +1337,15 @@ class Glm4Moe(Llama):
         self.dense_layers = cfg.int("first_k_dense_replace", 1, minimum=0)
         self.normalize = cfg.bool("norm_topk_prob", True)
         self.scale = cfg.positive("routed_scaling_factor", 1.0)
-        if cfg.int("n_group", 1) != cfg.int("topk_group", 1):
-            raise InputError("%s: topk_group must equal n_group (group-limited routing is not "
-                             "supported)" % cfg.path)
+        self.groups = cfg.int("n_group", 1, minimum=1)
+        self.kept_groups = cfg.int("topk_group", 1, minimum=1)
+        size = self.experts // self.groups
+        if self.experts % self.groups or (self.groups > 1 and size < 2):
+            raise InputError("%s: n_group %d must split the %d experts into groups of at least two"
+                             % (cfg.path, self.groups, self.experts))
+        if self.kept_groups > self.groups or self.kept_groups * size < self.top_k:
+            raise InputError("%s: topk_group %d must be at most n_group %d and keep room for %d "
+                             "picks" % (cfg.path, self.kept_groups, self.groups, self.top_k))
 
     def rotary_dim(self, cfg):
         return partial_rotary_dim(cfg, self.head_dim, 0.5)
@@ -1363,8 +1372,14 @@ class Glm4Moe(Llama):
         if not self.sparse(p):
             return super().mlp(w, p, m)
         scores = torch.sigmoid(m @ w[p + "mlp.gate.weight"].T)
-        _, chosen = torch.topk(scores + w[p + "mlp.gate.e_score_correction_bias"], self.top_k,
-                               dim=-1)
+        choice = scores + w[p + "mlp.gate.e_score_correction_bias"]
+        if self.kept_groups < self.groups:
+            grouped = choice.unflatten(-1, (self.groups, -1))
+            group_score = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            best = group_score.topk(self.kept_groups, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter(-1, best, True)
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(-2)
+        _, chosen = torch.topk(choice, self.top_k, dim=-1)
         top = scores.gather(-1, chosen)
         if self.normalize:
             top = top / top.sum(dim=-1, keepdim=True)

@@ -948,13 +948,36 @@ class HfOracleTest(unittest.TestCase):
                       num_nextn_predict_layers=1)
         _, tokens, got = self.check_against_torch_model(
             "glm4_moe", cfg, lambda p: glm4_moe_hf_tensors(cfg, p, mtp_layer=True), config)
-        # Without the scale the same weights give other logits; group-limited routing is refused.
+        # Without the scale the same weights give other logits.
         unscaled = self.write_model("glm4_moe_unscaled", dict(config, routed_scaling_factor=1.0),
                                     glm4_moe_hf_tensors(cfg, self.written_params))
         self.assertGreater(np.abs(self.oracle_logits(unscaled, tokens, cfg["vocab"]) - got).max(),
                            1e-3)
-        with self.assertRaises(hf_oracle.InputError):
-            hf_oracle.Glm4Moe(hf_oracle.Config(dict(config, n_group=2, topk_group=1), "c"))
+
+    def test_glm4_moe_group_limited_routing_matches_torch_model(self):
+        # DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: six experts in three
+        # groups of two, each token's two picks from the two groups of highest score (the sum of
+        # their two best biased scores). Without the limit the same weights give other logits;
+        # groups that do not split the experts, or leave too few of them, are refused.
+        cfg = moe_cfg("llama", {"experts": 6, "shared_experts": 1, "score": "sigmoid",
+                                "normalize_top_k": True, "balance": "bias", "dense_first": 1,
+                                "every": 1, "top_k": 2, "groups": 3, "group_top_k": 2},
+                      heads=2, kv_heads=1, qk_norm=True)
+        config = dict(llama_hf_config(cfg), model_type="glm4_moe",
+                      architectures=["Glm4MoeForCausalLM"], partial_rotary_factor=1.0,
+                      use_qk_norm=True, head_dim=8, moe_intermediate_size=cfg["moe"]["ffn"],
+                      n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1,
+                      first_k_dense_replace=1, norm_topk_prob=True, n_group=3, topk_group=2)
+        _, tokens, got = self.check_against_torch_model(
+            "glm4_moe_grouped", cfg, lambda p: glm4_moe_hf_tensors(cfg, p), config)
+        every_group = self.write_model("glm4_moe_every_group", dict(config, topk_group=3),
+                                       glm4_moe_hf_tensors(cfg, self.written_params))
+        self.assertGreater(
+            np.abs(self.oracle_logits(every_group, tokens, cfg["vocab"]) - got).max(), 1e-3)
+        for change in ({"n_group": 4}, {"n_group": 6}, {"topk_group": 4}, {"topk_group": 0},
+                       {"n_group": 3, "topk_group": 1, "num_experts_per_tok": 3}):
+            with self.subTest(change), self.assertRaises(hf_oracle.InputError):
+                hf_oracle.Glm4Moe(hf_oracle.Config(dict(config, **change), "c"))
 
     def test_olmoe_matches_torch_model(self):
         # OLMoE: an RMSNorm over each token's whole q and one over its whole k (grouped-query

@@ -54,6 +54,32 @@ class TopKTest(unittest.TestCase):
                          [[1, 2, 3], [0, 1, 2], [1, 3, 0], [0, 1, 3]])
         self.assertEqual(torch_moe.select_experts(selection, 1).tolist(), [[1], [0], [1], [0]])
 
+    def test_group_limited_routing_by_hand(self):
+        # Six experts in three groups of two: row 0's groups sum to 1.0, 1.5 and 1.4, so its best
+        # expert (0) is in the worst group; row 1's groups tie and the lower ones are kept.
+        selection = torch.tensor([[0.9, 0.1, 0.75, 0.75, 0.8, 0.6],
+                                  [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]], dtype=F64)
+        pick = torch_moe.select_experts
+        self.assertEqual(pick(selection, 2).tolist(), [[0, 4], [0, 1]])
+        self.assertEqual(pick(selection, 2, 3, 3).tolist(), [[0, 4], [0, 1]])
+        self.assertEqual(pick(selection, 2, 3, 1).tolist(), [[2, 3], [0, 1]])
+        self.assertEqual(pick(selection, 2, 3, 2).tolist(), [[4, 2], [0, 1]])
+
+    def test_group_limited_routing_matches_the_tensor_form(self):
+        # DeepSeek-V3's rule written with tensor ops (group scores from topk(2), the kept groups
+        # from topk, the rest masked to -inf) agrees with the loop on untied random values.
+        gen = torch.Generator().manual_seed(7)
+        selection = torch.rand(64, 12, generator=gen, dtype=F64)
+        for groups, kept, k in ((4, 1, 3), (4, 2, 4), (3, 2, 2), (6, 3, 5)):
+            grouped = selection.view(64, groups, -1)
+            best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(kept, dim=-1).indices
+            mask = torch.zeros(64, groups, dtype=torch.bool).scatter(1, best, True)
+            masked = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).reshape(64, 12)
+            want = masked.topk(k, dim=-1).indices
+            with self.subTest(groups=groups, kept=kept):
+                self.assertEqual(torch_moe.select_experts(selection, k, groups, kept).tolist(),
+                                 want.tolist())
+
     def test_tie_made_by_the_selection_bias(self):
         # A zero router makes every softmax score exactly 1/4; the bias then ties experts 1 and 2
         # (0.25 + 0.25 = 0.5 exactly) above experts 0 and 3, which tie at 0.25.
@@ -276,7 +302,9 @@ class MoeConfigTest(unittest.TestCase):
             ({"bias_update_rate": 0}, "moe.bias_update_rate"),
             ({"capacity_factor": -1.0}, "moe.capacity_factor"),
             ({"capacity_factor": float("nan")}, "moe.capacity_factor"),
-            ({"topk": 2}, "moe.topk"),
+            ({"topk": 2}, "moe.topk"), ({"groups": 3}, "moe.groups"),
+            ({"groups": 4}, "moe.groups"), ({"groups": 2, "group_top_k": 3}, "moe.group_top_k"),
+            ({"top_k": 3, "groups": 2, "group_top_k": 1}, "moe.group_top_k"),
         ]
         for change, key in bad:
             with self.subTest(change):

@@ -49,7 +49,8 @@ _REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
 # The "moe" object's keys and defaults (mirrors config::MoeConfig). experts 0 means dense.
 MOE_DEFAULTS = {
     "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1,
-    "dense_first": 0, "ffn": 0, "score": "softmax", "normalize_top_k": False, "routed_scale": 1.0, "balance": "aux_loss", "aux_loss_coeff": 0.01,
+    "dense_first": 0, "ffn": 0, "score": "softmax", "normalize_top_k": False, "routed_scale": 1.0, "groups": 1, "group_top_k": 0,
+    "balance": "aux_loss", "aux_loss_coeff": 0.01,
     "bias_update_rate": 0.001, "capacity_factor": 0.0,
 }
 _MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias")}
@@ -283,7 +284,8 @@ def _normalize_moe(moe, layers):
         raise ConfigError("moe.%s: unknown key" % unknown[0])
     out = dict(MOE_DEFAULTS)
     out.update(moe)
-    for key in ("experts", "top_k", "shared_experts", "every", "dense_first", "ffn"):
+    for key in ("experts", "top_k", "shared_experts", "every", "dense_first", "ffn", "groups",
+                "group_top_k"):
         if isinstance(out[key], bool) or not isinstance(out[key], int):
             raise ConfigError("moe.%s: must be an integer, got %r" % (key, out[key]))
     if out["experts"] == 0:
@@ -300,6 +302,7 @@ def _normalize_moe(moe, layers):
     if out["dense_first"] < 0 or not any(_moe_block(out, l) for l in range(layers)):
         raise ConfigError("moe.dense_first: must be at least 0 and leave an MoE block, got %d"
                           % out["dense_first"])
+    _check_moe_groups(out)
     for key, choices in _MOE_CHOICES.items():
         if out[key] not in choices:
             raise ConfigError("moe.%s: must be one of %s, got %r"
@@ -318,6 +321,19 @@ def _normalize_moe(moe, layers):
                               % (key, ">=" if inclusive else ">", low, value))
         out[key] = float(value)
     return out
+
+
+def _check_moe_groups(moe):
+    """Group-limited routing: groups of at least two experts, 0 (every group) to groups kept,
+    and room for top_k picks in the kept groups."""
+    experts, groups = moe["experts"], moe["groups"]
+    if groups < 1 or experts % groups or (groups > 1 and experts // groups < 2):
+        raise ConfigError("moe.groups: must divide experts %d into groups of at least two, got %d"
+                          % (experts, groups))
+    kept = moe["group_top_k"] or groups
+    if not 0 <= moe["group_top_k"] <= groups or kept * (experts // groups) < moe["top_k"]:
+        raise ConfigError("moe.group_top_k: must be 0 to groups %d with room for top_k %d, got %d"
+                          % (groups, moe["top_k"], moe["group_top_k"]))
 
 
 def _moe_block(moe, layer):

@@ -20,12 +20,22 @@ import torch.nn.functional as F
 Routing = collections.namedtuple("Routing", "layer counts dropped aux_loss")
 
 
-def select_experts(selection, k):
+def select_experts(selection, k, groups=1, kept_groups=1):
     """Indices [N, k] of each row's k largest entries of `selection` [N, E], largest first; equal
-    values go to the lower expert index. No gradient."""
+    values go to the lower expert index. With kept_groups < groups (DeepSeek-V3's group-limited
+    routing) the experts form `groups` equal groups in index order, each scored by the sum of its
+    two largest entries, and only the kept_groups best groups (ties to the lower group) compete.
+    No gradient."""
     picks = []
     for row in selection.tolist():
-        order = sorted(range(len(row)), key=lambda e: (-row[e], e))
+        eligible = range(len(row))
+        if kept_groups < groups:
+            size = len(row) // groups
+            members = [row[g * size:(g + 1) * size] for g in range(groups)]
+            score = [sum(sorted(m, reverse=True)[:2]) for m in members]
+            best = sorted(range(groups), key=lambda g: (-score[g], g))[:kept_groups]
+            eligible = [e for e in eligible if e // size in best]
+        order = sorted(eligible, key=lambda e: (-row[e], e))
         picks.append(order[:k])
     return torch.tensor(picks, dtype=torch.long).reshape(len(picks), k)
 
@@ -107,6 +117,8 @@ class MoeLayer(nn.Module):
         self.score = moe["score"]
         self.normalize_top_k = moe["normalize_top_k"]
         self.routed_scale = moe.get("routed_scale", 1.0)
+        self.groups = moe.get("groups", 1)
+        self.kept_groups = moe.get("group_top_k", 0) or self.groups
         self.balance = moe["balance"]
         self.aux_loss_coeff = moe["aux_loss_coeff"]
         self.bias_update_rate = moe["bias_update_rate"]
@@ -135,7 +147,7 @@ class MoeLayer(nn.Module):
         selection = scores.detach()
         if self.selection_bias is not None:
             selection = selection + self.selection_bias
-        picks = select_experts(selection, k)  # [N, K]
+        picks = select_experts(selection, k, self.groups, self.kept_groups)  # [N, K]
         weights = scores.gather(1, picks)
         if self.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)

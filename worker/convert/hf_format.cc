@@ -82,13 +82,13 @@ bool IsErnieMoe(const ModelConfig& m) {
 }
 
 // GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, dense first
-// blocks or scaled weights; a selection bias with softmax scores is ERNIE's), which no other
-// layout holds (CheckGlm4MoeLayout).
+// blocks, scaled weights or group-limited routing; a selection bias with softmax scores is
+// ERNIE's), which no other layout holds (CheckGlm4MoeLayout).
 bool IsGlm4Moe(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   return m.family == ModelFamily::kLlama && moe.enabled() && !IsErnieMoe(m) &&
          (moe.score == config::MoeScore::kSigmoid || moe.dense_first > 0 ||
-          moe.routed_scale != 1.0f);
+          moe.routed_scale != 1.0f || moe.limits_groups());
 }
 
 // Gemma 3's every k-th block attends to every position, the others to its sliding window
@@ -1077,6 +1077,30 @@ absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, Mode
   return absl::OkStatus();
 }
 
+// DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: n_group (1) groups of experts,
+// each scored by the sum of its two best biased scores, of which topk_group (1) are kept. Every
+// group kept reads as no groups.
+absl::Status ReadExpertGroups(const ConfigFields& f, config::MoeConfig& moe) {
+  int groups = 1, kept = 1;
+  TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
+  if (groups < 1 || moe.experts % groups != 0 || (groups > 1 && moe.experts / groups < 2)) {
+    return f.Bad("n_group", absl::StrCat("is ", groups, ", which does not divide the ", moe.experts,
+                                         " experts into groups of at least two"));
+  }
+  if (kept < 1 || kept > groups) {
+    return f.Bad("topk_group", absl::StrCat("is ", kept, ", outside 1 to n_group ", groups));
+  }
+  if (kept * (moe.experts / groups) < moe.top_k) {
+    return f.Bad(
+        "topk_group",
+        absl::StrCat("keeps ", kept, " of n_group ", groups, " groups of ", moe.experts / groups,
+                     " experts, fewer than num_experts_per_tok ", moe.top_k));
+  }
+  if (kept < groups) moe.groups = groups, moe.group_top_k = kept;
+  return absl::OkStatus();
+}
+
 // GLM-4.5's (Glm4MoeForCausalLM, as GLM-4.5, GLM-4.5-Air and GLM-4.6 are published): Llama's
 // attention with biases on q, k and v when attention_bias (default false), query and key norms
 // over each head with use_qk_norm (default false), RoPE over the first partial_rotary_factor (0.5)
@@ -1086,8 +1110,8 @@ absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, Mode
 // moe_intermediate_size (1408), of which each token takes the num_experts_per_tok (8) of highest
 // sigmoid score plus the selection bias e_score_correction_bias (balance: bias), weighed by their
 // scores, divided by their sum with norm_topk_prob (true), times routed_scaling_factor (1), beside
-// n_shared_experts (1) shared experts. Group-limited routing only where it limits nothing
-// (topk_group equal to n_group keeps every group).
+// n_shared_experts (1) shared experts. With topk_group (1) below n_group (1), a token's picks come
+// from the topk_group groups of highest group score only (model.moe.groups and group_top_k).
 absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.norm_eps = 1e-5f, .qkv_attention_bias = false}));
   if (m.rope_scaling.enabled()) {
@@ -1102,16 +1126,7 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   moe.normalize_top_k = true;
   TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
-  int groups = 1, kept = 1;
-  TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
-  TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
-  if (kept != groups) {
-    return f.Bad("topk_group",
-                 absl::StrCat("is ", kept, " of n_group ", groups,
-                              "; Trainyard routes without group limits, as topk_group equal to "
-                              "n_group does (every published GLM-4.5 has one group)"));
-  }
-  return absl::OkStatus();
+  return ReadExpertGroups(f, moe);
 }
 
 // ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM, as ERNIE-4.5-21B-A3B and ERNIE-4.5-300B-A47B are
@@ -1251,7 +1266,8 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
         "; Trainyard writes a mixture of experts with sigmoid scores, a selection bias, dense "
-        "first blocks or scaled weights in GLM-4.5's layout only (score: sigmoid, balance: bias, "
+        "first blocks, scaled weights or expert groups in GLM-4.5's layout only (score: sigmoid, "
+        "balance: bias, "
         "every: 1, shared experts ungated, plain RoPE, per-head query and key norms or none, no "
         "sliding window, Gemma's, Granite's or OLMo's options)"));
   };
@@ -1265,22 +1281,27 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
 }
 
 // ERNIE 4.5's MoE layout (IsErnieMoe) holds a Llama MoE model with softmax scores picked with a
-// selection bias, normalised and unscaled, MoE blocks every `every` past `dense_first`, shared
-// experts ungated (or none), RoPE over each whole head in neighbouring pairs (HfTensors
-// interleaves q's and k's rows), no biases, query and key norms or other option of the family.
+// selection bias, normalised and unscaled, in no expert groups, MoE blocks every `every` past
+// `dense_first`, shared experts ungated (or none), RoPE over each whole head in neighbouring pairs
+// (HfTensors interleaves q's and k's rows), no biases, query and key norms or other option of the
+// family.
 absl::Status CheckErnieMoeLayout(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
         "; Trainyard writes a mixture of experts with softmax scores and a selection bias in "
-        "ERNIE 4.5's MoE layout only (normalize_top_k, routed_scale 1, shared experts ungated, "
-        "plain RoPE over each whole head, no biases, query and key norms, sliding window, "
-        "Gemma's, Granite's or OLMo's options)"));
+        "ERNIE 4.5's MoE layout only (normalize_top_k, routed_scale 1, no expert groups, shared "
+        "experts ungated, plain RoPE over each whole head, no biases, query and key norms, "
+        "sliding window, Gemma's, Granite's or OLMo's options)"));
   };
   if (!moe.normalize_top_k) return bad("moe.normalize_top_k", "is false");
   if (moe.routed_scale != 1.0f) {
     return bad("moe.routed_scale", absl::StrCat("is ", moe.routed_scale));
+  }
+  if (moe.limits_groups()) {
+    return bad("moe.group_top_k",
+               absl::StrCat("keeps ", moe.group_top_k, " of ", moe.groups, " expert groups"));
   }
   if (m.qkv_bias) return bad("qkv_bias", "is true");
   if (m.qk_norm) return bad("qk_norm", "is true");
@@ -1922,8 +1943,8 @@ std::string GlmConfigJson(const ModelConfig& m, const char* tied, const std::str
 }
 
 // config.json of GLM-4.5 (Glm4MoeForCausalLM): Llama's fields, the dense blocks' and the experts'
-// sizes, the routing (n_group 1: no group limits), the rotated part of each head, attention_bias
-// (q, k and v only) and use_qk_norm.
+// sizes, the routing (n_group 1 when no group is left out), the rotated part of each head,
+// attention_bias (q, k and v only) and use_qk_norm.
 std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
   const config::MoeConfig& moe = m.moe;
   const std::string sizes = absl::StrCat(
@@ -1933,7 +1954,9 @@ std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"first_k_dense_replace\": ", moe.dense_first,
       ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
       ",\n  \"routed_scaling_factor\": ", ShortFloat(moe.routed_scale),
-      ",\n  \"n_group\": 1,\n  \"topk_group\": 1,\n  \"num_nextn_predict_layers\": 0");
+      ",\n  \"n_group\": ", moe.limits_groups() ? moe.groups : 1,
+      ",\n  \"topk_group\": ", moe.limits_groups() ? moe.group_top_k : 1,
+      ",\n  \"num_nextn_predict_layers\": 0");
   return absl::StrCat(
       LlamaShapeJson(m, "Glm4MoeForCausalLM", "glm4_moe", sizes),
       ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m),

@@ -110,7 +110,9 @@ absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeCo
                        {"moe.top_k", {file.top_k, spec.top_k}},
                        {"moe.shared_experts", {file.shared_experts, spec.shared_experts}},
                        {"moe.every", {file.every, spec.every}},
-                       {"moe.dense_first", {file.dense_first, spec.dense_first}}},
+                       {"moe.dense_first", {file.dense_first, spec.dense_first}},
+                       {"moe.groups", {file.groups, spec.groups}},
+                       {"moe.group_top_k", {file.kept_groups(), spec.kept_groups()}}},
                       source));
   if (file.routed_scale != spec.routed_scale) {
     return Differ("moe.routed_scale", absl::StrCat(file.routed_scale), source,

@@ -614,6 +614,9 @@ TEST(ParseJobSpecTest, MoeDefaults) {
   EXPECT_EQ(moe.every, 1);
   EXPECT_EQ(moe.dense_first, 0);
   EXPECT_FLOAT_EQ(moe.routed_scale, 1.0f);
+  EXPECT_EQ(moe.groups, 1);
+  EXPECT_EQ(moe.group_top_k, 0);
+  EXPECT_FALSE(moe.limits_groups());
   EXPECT_EQ(moe.ffn, 256);  // the preset's ffn_hidden
   EXPECT_EQ(moe.score, MoeScore::kSoftmax);
   EXPECT_FALSE(moe.normalize_top_k);
@@ -712,6 +715,20 @@ parallelism: {dp: 1, tp: 2}
   EXPECT_FALSE(both.IsMoeLayer(1));
   EXPECT_TRUE(both.IsMoeLayer(3));
   EXPECT_EQ(both.MoeLayers(4), 1);
+  // DeepSeek-V3's group-limited routing; group_top_k left out keeps every group.
+  const MoeConfig grouped = MustParse(
+                                "name: m\nmodel: {preset: llama-tiny, moe: {experts: 8, top_k: 2, "
+                                "groups: 4, group_top_k: 2}}\n")
+                                .model.moe;
+  EXPECT_EQ(grouped.groups, 4);
+  EXPECT_EQ(grouped.kept_groups(), 2);
+  EXPECT_TRUE(grouped.limits_groups());
+  const MoeConfig all_groups = MustParse(
+                                   "name: m\nmodel: {preset: llama-tiny, moe: {experts: 8, "
+                                   "groups: 4}}\n")
+                                   .model.moe;
+  EXPECT_EQ(all_groups.kept_groups(), 4);
+  EXPECT_FALSE(all_groups.limits_groups());
 
   const MoeConfig aux = MustParse(
                             "name: m\nmodel: {preset: gpt2-debug, moe: {experts: 4, "

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,35 @@ TEST(MoeRouting, TheRoutedScaleMultipliesTheWeights) {
   EXPECT_FLOAT_EQ(scaled.weight[0], 2.5f * plain.weight[0]);
   EXPECT_FLOAT_EQ(scaled.weight[1], 2.5f * plain.weight[1]);
   EXPECT_NEAR(scaled.weight[0] + scaled.weight[1], 2.5, 1e-6);
+}
+
+// DeepSeek-V3's group-limited routing, worked by hand: six experts in three groups of two, sigmoid
+// scores. Token 0's groups score σ(3) + σ(−3) = 1, 2σ(1) ≈ 1.46 and σ(2) + σ(0) ≈ 1.38, so its
+// best single expert (0) sits in the worst group; token 1's groups tie, and the lower one is kept.
+TEST(MoeRouting, GroupLimitedRoutingPicksFromTheBestGroupsOnly) {
+  MoeConfig moe = Moe(6, 2);
+  moe.score = MoeScore::kSigmoid;
+  moe.normalize_top_k = true;
+  const std::vector<float> logits = {3.0f, -3.0f, 1.0f, 1.0f, 2.0f, 0.0f,  // token 0
+                                     0.0f, 0.0f,  0.0f, 0.0f, 0.0f, 0.0f};
+  auto picks = [&](int groups, int kept, std::span<const float> bias) {
+    moe.groups = groups;
+    moe.group_top_k = kept;
+    return Route(moe, logits.data(), 2, bias).expert;
+  };
+  EXPECT_EQ(picks(1, 0, {}), (std::vector<int32_t>{0, 4, 0, 1}));
+  EXPECT_EQ(picks(3, 0, {}), (std::vector<int32_t>{0, 4, 0, 1}));  // every group kept
+  EXPECT_EQ(picks(3, 3, {}), (std::vector<int32_t>{0, 4, 0, 1}));
+  EXPECT_EQ(picks(3, 1, {}), (std::vector<int32_t>{2, 3, 0, 1}));
+  EXPECT_EQ(picks(3, 2, {}), (std::vector<int32_t>{4, 2, 0, 1}));
+  // The selection bias counts in the groups' scores: +1 on expert 1 lifts group 0 to 2, and
+  // token 1's expert 1 ahead of expert 0. The weights stay the unbiased scores, normalised.
+  const std::vector<float> bias = {0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  EXPECT_EQ(picks(3, 1, bias), (std::vector<int32_t>{1, 0, 1, 0}));
+  const MoeRouting r = Route(moe, logits.data(), 2, bias);
+  const double s0 = 1 / (1 + std::exp(-3.0)), s1 = 1 / (1 + std::exp(3.0));
+  EXPECT_NEAR(r.weight[0], s1 / (s0 + s1), 1e-6);
+  EXPECT_NEAR(r.weight[1], s0 / (s0 + s1), 1e-6);
 }
 
 TEST(MoeRouting, CapacityDropsThePicksPastAnExpertsRoomInTokenOrder) {

@@ -279,13 +279,25 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
   retuned.moe.aux_loss_coeff = 0.1f;
   retuned.moe.capacity_factor = 1.5f;
   retuned.moe.routed_scale = 2.5f;
+  retuned.moe.groups = 2;
+  retuned.moe.group_top_k = 1;
   EXPECT_TRUE(CheckModelMatches(saved, retuned).ok());
-  // The routed experts' scale is recorded for generation and export; a signature written before
-  // it was (0) reads as 1.
-  EXPECT_EQ(ModelFromSignature(SignatureOf(retuned))->moe.routed_scale, 2.5f);
+  // The routed experts' scale and groups are recorded for generation and export; a signature
+  // written before they were (0) reads as 1 and one group.
+  const absl::StatusOr<config::ModelConfig> recorded = ModelFromSignature(SignatureOf(retuned));
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(recorded->moe.routed_scale, 2.5f);
+  EXPECT_EQ(recorded->moe.groups, 2);
+  EXPECT_EQ(recorded->moe.group_top_k, 1);
   ModelSignature unscaled = SignatureOf(moe);
   unscaled.mutable_moe()->clear_routed_scale();
-  EXPECT_EQ(ModelFromSignature(unscaled)->moe.routed_scale, 1.0f);
+  unscaled.mutable_moe()->clear_groups();
+  unscaled.mutable_moe()->clear_group_top_k();
+  const absl::StatusOr<config::ModelConfig> before = ModelFromSignature(unscaled);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->moe.routed_scale, 1.0f);
+  EXPECT_EQ(before->moe.groups, 1);
+  EXPECT_FALSE(before->moe.limits_groups());
   auto mismatch = [&](auto change) {
     config::ModelConfig changed = moe;
     change(changed.moe);

@@ -2631,6 +2631,24 @@ TEST(HfFormat, Glm45ConfigReadsAsDenseFirstBlocksAndBiasedSigmoidRouting) {
   const std::string scaled = HfConfigJson(*glm45, TensorDtype::kBF16);
   EXPECT_THAT(scaled, HasSubstr("\"routed_scaling_factor\": 2.5"));
   EXPECT_THAT(scaled, HasSubstr("\"use_qk_norm\": true"));
+  EXPECT_THAT(scaled, HasSubstr("\"n_group\": 1,\n  \"topk_group\": 1"));
+
+  // DeepSeek-V3's group-limited routing: 8 groups of 16 experts, a token's 8 picks from the best
+  // 4 groups; written back as such. Every group kept reads as no groups.
+  std::string grouped_json = kGlm45AirConfig;
+  grouped_json.replace(grouped_json.find("\"n_group\": 1, \"topk_group\": 1"), 29,
+                       "\"n_group\": 8, \"topk_group\": 4");
+  auto grouped = ModelFromHfConfig(grouped_json, "g/config.json", &layout);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(grouped->moe.groups, 8);
+  EXPECT_EQ(grouped->moe.kept_groups(), 4);
+  EXPECT_EQ(grouped->ParameterCount(), m->ParameterCount());
+  EXPECT_THAT(HfConfigJson(*grouped, TensorDtype::kBF16),
+              HasSubstr("\"n_group\": 8,\n  \"topk_group\": 4"));
+  grouped_json.replace(grouped_json.find("\"topk_group\": 4"), 15, "\"topk_group\": 8");
+  grouped = ModelFromHfConfig(grouped_json, "g/config.json", &layout);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_FALSE(grouped->moe.limits_groups());
 
   // What Trainyard does not build is refused, naming the field.
   auto refused = [](const std::string& from, const std::string& to) {
@@ -2639,7 +2657,13 @@ TEST(HfFormat, Glm45ConfigReadsAsDenseFirstBlocksAndBiasedSigmoidRouting) {
     return std::string(ModelFromHfConfig(json, "g/config.json").status().message());
   };
   EXPECT_THAT(refused("\"topk_group\": 1", "\"topk_group\": 2"),
-              HasSubstr("g/config.json: topk_group is 2 of n_group 1"));
+              HasSubstr("g/config.json: topk_group is 2, outside 1 to n_group 1"));
+  EXPECT_THAT(refused("\"n_group\": 1", "\"n_group\": 3"),
+              HasSubstr("n_group is 3, which does not divide the 128 experts into groups of at "
+                        "least two"));
+  EXPECT_THAT(refused("\"n_group\": 1, \"topk_group\": 1", "\"n_group\": 64, \"topk_group\": 2"),
+              HasSubstr("topk_group keeps 2 of n_group 64 groups of 2 experts, fewer than "
+                        "num_experts_per_tok 8"));
   EXPECT_THAT(refused("\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 46"),
               HasSubstr("first_k_dense_replace is 46, which leaves no MoE block"));
   EXPECT_THAT(refused("\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"),
@@ -2779,6 +2803,11 @@ TEST(HfFormat, ErnieMoeConfigReadsAsBiasedSoftmaxRoutingPastADenseBlock) {
   config::ModelConfig scaled = *m;
   scaled.moe.routed_scale = 2.0f;
   EXPECT_THAT(HfTensors(scaled).status().message(), HasSubstr("model.moe.routed_scale: is 2"));
+  config::ModelConfig grouped = *m;
+  grouped.moe.groups = 8;
+  grouped.moe.group_top_k = 4;
+  EXPECT_THAT(HfTensors(grouped).status().message(),
+              HasSubstr("model.moe.group_top_k: keeps 4 of 8 expert groups"));
   config::ModelConfig biased = *m;
   biased.qkv_bias = true;
   EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qkv_bias: is true"));
