@@ -412,6 +412,32 @@ INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                            return std::string(std::get<1>(info.param).name);
                          });
 
+// OLMo 2's blocks with per-head query and key norms, a window in the first block and NoPE in the
+// second export as EXAONE 4.0, read back with the heads (and the norms) split over
+// tensor-parallel ranks on pipeline stages, and with the sequences split over context-parallel
+// ranks.
+INSTANTIATE_TEST_SUITE_P(Exaone4, HfRoundTrip,
+                         ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                                            ::testing::Values(MeshCase{.name = "exaone4_tp2_pp2",
+                                                                       .tp = 2,
+                                                                       .pp = 2,
+                                                                       .qk_norm = true,
+                                                                       .sliding_window = 5,
+                                                                       .full_layer = 1,
+                                                                       .post_norms_only = true,
+                                                                       .nope_layer = 1},
+                                                              MeshCase{.name = "exaone4_dp2_cp2",
+                                                                       .dp = 2,
+                                                                       .cp = 2,
+                                                                       .qk_norm = true,
+                                                                       .sliding_window = 5,
+                                                                       .full_layer = 1,
+                                                                       .post_norms_only = true,
+                                                                       .nope_layer = 1})),
+                         [](const auto& info) {
+                           return std::string(std::get<1>(info.param).name);
+                         });
+
 // Biases on q, k and v with half of each head turned, and norms after each branch as well as
 // before, export as GLM-4 (q's and k's rows interleaved for GLM's RoPE) and read back with the
 // heads split over tensor-parallel ranks on pipeline stages; without the norms after, as GLM,
@@ -621,7 +647,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
   if (scaling.enabled()) spec.model.rope_scaling = scaling;
-  if (scaling.enabled() && mesh.post_norms_only && mesh.sliding_window > 0) {
+  if (scaling.enabled() && mesh.whole_norms && mesh.post_norms_only && mesh.sliding_window > 0) {
     spec.model.rope_local_theta = spec.model.rope_theta;  // OLMo 3's windowed blocks: unscaled
   }
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
@@ -939,6 +965,21 @@ TEST(HfOracleOlmo3, WindowedBlocksUnscaledGiveTrainyardsLogits) {
                .full_layer = 1,
                .post_norms_only = true},
       {.factor = 3.0f, .original_max_seq = 16, .attention_factor = 1.2f, .yarn = true});
+}
+
+// OLMo 2's blocks with per-head query and key norms, a window in the first block and the second
+// attending to every position without RoPE export as EXAONE 4.0 (its layer_types), Llama 3's
+// RoPE scaling (factor 2 over an original context of 16) turning the windowed block; the oracle
+// computes it with transformers' EXAONE 4.0 conventions, over the generator's cached keys too.
+TEST(HfOracleExaone4, WindowedRopeAndGlobalNopeGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1",
+                                 .qk_norm = true,
+                                 .sliding_window = 5,
+                                 .full_layer = 1,
+                                 .post_norms_only = true,
+                                 .nope_layer = 1},
+                        {.factor = 2.0f, .original_max_seq = 16});
 }
 
 // Biases on q, k and v export as Qwen2, which the oracle computes with transformers' Qwen2

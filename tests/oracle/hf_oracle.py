@@ -4,8 +4,9 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
-"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "smollm3", "granite",
-"granitemoe", "glm", "glm4", "ernie4_5", "helium" or "seed_oss") and
+"phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
+"smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "ernie4_5", "ernie4_5_moe", "helium"
+or "seed_oss") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -1430,6 +1431,38 @@ class Olmo3(Olmo2):
         self.windows = [window if t == "sliding_attention" else None for t in types]
 
 
+class Exaone4(Llama):
+    """Exaone4ForCausalLM (EXAONE 4.0): OLMo 2's layers (no norms before the attention or the
+    MLP; each one's output normed by post_attention_layernorm or post_feedforward_layernorm before
+    it joins) with Qwen3's RMSNorm over each query and key head (self_attn.q_norm, k_norm
+    [head_dim]) before RoPE; rms_norm_eps 1e-5. Unless sliding_window is null (its default is
+    4096), the layers layer_types names "sliding_attention" (without the list: all but every
+    sliding_window_pattern-th, default 4) attend within it and turn with RoPE, the others attend
+    to every position and leave q and k unturned (NoPE). With a null window every layer attends
+    everywhere with RoPE."""
+
+    qk_norm = True
+    norms_after = True
+    default_eps = 1e-5
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:
+            return
+        window = cfg.int("sliding_window", 4096)
+        types = cfg.raw.get("layer_types")
+        if types is None:
+            pattern = cfg.int("sliding_window_pattern", 4)
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                     for i in range(self.layers)]
+        if (not isinstance(types, list) or len(types) != self.layers
+                or any(t not in ("full_attention", "sliding_attention") for t in types)):
+            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
+                             "each layer" % cfg.path)
+        self.windows = [window if t == "sliding_attention" else None for t in types]
+        self.rope_layers = [t == "sliding_attention" for t in types]
+
+
 class Olmoe(OlmoAttention):
     """OlmoeForCausalLM: OLMo's attention, and in every layer Qwen3-MoE's sparse MLP (mlp.gate,
     mlp.experts.j.gate_proj, up_proj, down_proj) of intermediate_size, the top k divided by their
@@ -1525,7 +1558,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
           "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
-          "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "smollm3": SmolLM3,
+          "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
           "glm4_moe": Glm4Moe, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
           "seed_oss": SeedOss}

@@ -1041,6 +1041,35 @@ class HfOracleTest(unittest.TestCase):
             other = scaled_local(torch.from_numpy(tokens)).numpy()
         self.assertGreater(np.abs(other - got).max(), 1e-4)
 
+    def test_exaone4_matches_torch_model(self):
+        # EXAONE 4.0: OLMo 2's blocks with a norm over each query and key head; the first layer
+        # attends within a window of 3 and turns with RoPE, the second attends everywhere without
+        # RoPE. Said with layer_types, or with sliding_window_pattern 2 in their place.
+        cfg = small_cfg("llama", qk_norm=True, post_norms=True, pre_norms=False, sliding_window=3,
+                        full_attention_layers=[1], nope_layers=[1])
+        config = dict(llama_hf_config(cfg), model_type="exaone4",
+                      architectures=["Exaone4ForCausalLM"], sliding_window=3,
+                      layer_types=["sliding_attention", "full_attention"])
+        _, tokens, got = self.check_against_torch_model(
+            "exaone4", cfg, lambda p: olmo2_hf_tensors(cfg, p), config)
+        tensors = olmo2_hf_tensors(cfg, self.written_params)
+        by_pattern = self.write_model("exaone4_pattern", dict(
+            {k: v for k, v in config.items() if k != "layer_types"}, sliding_window_pattern=2),
+            tensors)
+        np.testing.assert_array_equal(self.oracle_logits(by_pattern, tokens, cfg["vocab"]), got)
+        # A null window: every layer attends everywhere, with RoPE.
+        unwindowed = self.write_model("exaone4_no_window", dict(config, sliding_window=None),
+                                      tensors)
+        plain = random_model(dict(cfg, sliding_window=0, full_attention_layers=[],
+                                  nope_layers=[]))
+        with torch.no_grad():
+            for name, p in plain.named_contract_parameters():
+                p.copy_(torch.from_numpy(self.written_params[name]))
+            want = plain(torch.from_numpy(tokens)).numpy()
+        np.testing.assert_allclose(self.oracle_logits(unwindowed, tokens, cfg["vocab"]), want,
+                                   rtol=0, atol=1e-5)
+        self.assertGreater(np.abs(want - got).max(), 1e-4)
+
     def test_causal_and_finite(self):
         for family in ("gpt2", "llama"):
             with self.subTest(family):

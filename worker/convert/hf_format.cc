@@ -74,6 +74,18 @@ bool IsGlm(const ModelConfig& m) {
   return m.post_norms || (m.qkv_bias && m.rotary_dim() != m.head_dim());
 }
 
+// Gemma's GeGLU, scaled embeddings or scores, or Granite's multipliers.
+bool HasGemmaOrGraniteOptions(const ModelConfig& m) {
+  return m.geglu || m.scale_embeddings || m.attention_scale_dim != 0 || m.attention_softcap != 0 ||
+         m.logit_softcap != 0 || m.HasGraniteMultipliers();
+}
+
+// EXAONE 4.0's layout: a Llama model whose blocks norm each branch's output only (OLMo 2's) with
+// query and key norms over each head (OLMo's are over the whole projection), CheckExaone4Layout.
+bool IsExaone4(const ModelConfig& m) {
+  return m.family == ModelFamily::kLlama && !m.pre_norms && m.qk_norm && !m.NormsWholeProjection();
+}
+
 // ERNIE 4.5's MoE layout: a Llama MoE model with softmax scores picked with a selection bias
 // (CheckErnieMoeLayout).
 bool IsErnieMoe(const ModelConfig& m) {
@@ -332,6 +344,11 @@ class ConfigFields {
       : fields_(s.fields()), source_(std::move(source)) {}
 
   bool Has(const std::string& key) const { return Get(key) != nullptr; }
+  // Whether the config names `key` as null (Get treats that as absent).
+  bool IsNull(const std::string& key) const {
+    auto it = fields_.find(key);
+    return it != fields_.end() && it->second.kind_case() == Value::kNullValue;
+  }
   absl::Status Int(const std::string& key, int* out, bool required = true, int minimum = 1) const {
     const Value* value = Get(key);
     if (value == nullptr) return required ? Bad(key, "is missing") : absl::OkStatus();
@@ -960,6 +977,39 @@ absl::Status ReadOlmo3Config(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// EXAONE 4.0's (Exaone4ForCausalLM, as EXAONE-4.0-1.2B and EXAONE-4.0-32B are published): OLMo
+// 2's blocks (each branch reads the residual stream, its output normed before it joins) with
+// Qwen3's query and key norms over each head before RoPE, rms_norm_eps 1e-5. With a
+// sliding_window (transformers' default 4096; null for none), the blocks layer_types names
+// "sliding_attention" (without the list: all but every sliding_window_pattern-th, default 4)
+// attend within it and turn with RoPE, and the others attend to every position without RoPE
+// (NoPE); without a window every block attends everywhere with RoPE. A window as long as the
+// model's positions hides nothing, so only the NoPE blocks remain of it.
+absl::Status ReadExaone4Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.norm_eps = 1e-5f}));
+  m.qk_norm = true;
+  m.pre_norms = false;
+  m.post_norms = true;
+  if (f.IsNull("sliding_window")) return absl::OkStatus();
+  int window = 4096;
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  std::vector<int32_t> full;
+  if (f.Has("layer_types")) {
+    TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  } else {
+    int pattern = 4;
+    TY_RETURN_IF_ERROR(f.Int("sliding_window_pattern", &pattern, /*required=*/false));
+    for (int l = 0; l < m.layers; ++l) {
+      if ((l + 1) % pattern == 0) full.push_back(l);
+    }
+  }
+  m.nope_layers = full;
+  const bool windowed = static_cast<int>(full.size()) < m.layers && window < m.max_seq;
+  m.sliding_window = windowed ? window : 0;
+  m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
+}
+
 // OLMoE's: in every block Qwen3-MoE's experts of intermediate_size, the top k as scored unless
 // norm_topk_prob.
 absl::Status ReadOlmoeConfig(const ConfigFields& f, ModelConfig& m) {
@@ -1267,9 +1317,8 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
         "model.", field, ": ", why,
         "; Trainyard writes a mixture of experts with sigmoid scores, a selection bias, dense "
         "first blocks, scaled weights or expert groups in GLM-4.5's layout only (score: sigmoid, "
-        "balance: bias, "
-        "every: 1, shared experts ungated, plain RoPE, per-head query and key norms or none, no "
-        "sliding window, Gemma's, Granite's or OLMo's options)"));
+        "balance: bias, every: 1, shared experts ungated, plain RoPE, per-head query and key "
+        "norms or none, no sliding window, Gemma's, Granite's or OLMo's options)"));
   };
   if (moe.score != config::MoeScore::kSigmoid) return bad("moe.score", "is softmax");
   if (!moe.has_bias()) return bad("moe.balance", "is aux_loss (GLM-4.5's routers hold a bias)");
@@ -1412,15 +1461,14 @@ absl::Status CheckOlmoLayout(const ModelConfig& m) {
         "each branch, without a window; OLMo 2's dense, normed after each branch only, and OLMo "
         "3's the same with a window in some blocks, which turn unscaled at rope_theta)"));
   };
-  if (!m.NormsWholeProjection()) {
-    return bad("qk_norm_span", "is not projection, and model.pre_norms is false");
+  if (!m.NormsWholeProjection()) {  // per-head norms are EXAONE 4.0's (IsExaone4)
+    return bad("qk_norm", "is false, and model.pre_norms is false");
   }
   if (m.explicit_head_dim != 0 && m.explicit_head_dim * m.heads != m.width) {
     return bad("head_dim", absl::StrCat("is ", m.explicit_head_dim));
   }
   if (m.qkv_bias) return bad("qkv_bias", "is true");
-  if (m.geglu || m.scale_embeddings || m.attention_scale_dim != 0 || m.attention_softcap != 0 ||
-      m.logit_softcap != 0 || m.HasGraniteMultipliers()) {
+  if (HasGemmaOrGraniteOptions(m)) {
     return bad("activation", "or the scores or multipliers are Gemma's or Granite's");
   }
   if (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope || !m.nope_layers.empty()) {
@@ -1455,6 +1503,41 @@ absl::Status CheckOlmoLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// EXAONE 4.0's layout (IsExaone4) holds a dense Llama model with SwiGLU, no biases, Gemma's or
+// Granite's options, RoPE over each whole head at one base (scaled or not), and either no NoPE
+// blocks and no window, or NoPE blocks exactly where a window leaves blocks attending to every
+// position (without a window, the NoPE blocks are written as such under a window as long as
+// the positions).
+absl::Status CheckExaone4Layout(const ModelConfig& m) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes per-head query and key norms in blocks without norms before their "
+        "branches (model.pre_norms: false) in EXAONE 4.0's layout only (a dense Llama model "
+        "with SwiGLU, no biases, Gemma's or Granite's options or partial RoPE, one RoPE base, "
+        "and NoPE blocks exactly where a sliding window leaves blocks attending to every "
+        "position)"));
+  };
+  if (m.moe.enabled()) return bad("moe", "has experts");
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (HasGemmaOrGraniteOptions(m)) {
+    return bad("activation", "or the scores or multipliers are Gemma's or Granite's");
+  }
+  if (m.rotary_dim() != m.head_dim()) return bad("rope_dim", absl::StrCat("is ", m.rope_dim));
+  if (m.rope_scaling.longrope) return bad("rope_scaling", "is LongRoPE");
+  if (m.rope_local_theta != 0) {
+    return bad("rope_local_theta", absl::StrCat("is ", m.rope_local_theta));
+  }
+  for (int l = 0; l < m.layers && m.sliding_window > 0; ++l) {
+    if ((m.WindowOf(l) > 0) != m.RotatesLayer(l)) {
+      return bad(
+          "nope_layers",
+          absl::StrCat("does not name exactly the blocks outside the window (block ", l, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Scores scaled other than by 1/√head_dim, or soft caps, travel as Gemma 2 or 3 only.
 absl::Status CheckScoresLayout(const ModelConfig& m) {
   if (IsGemma(m) && m.post_norms) return absl::OkStatus();
@@ -1473,7 +1556,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
-  TY_RETURN_IF_ERROR(CheckOlmoLayout(m));
+  TY_RETURN_IF_ERROR(IsExaone4(m) ? CheckExaone4Layout(m) : CheckOlmoLayout(m));
   if (!layout.glm) TY_RETURN_IF_ERROR(CheckGemmaLayout(m));  // GLM-4's norms are Gemma 2's
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
@@ -1812,6 +1895,29 @@ std::string OlmoConfigJson(const ModelConfig& m, const char* tied, const std::st
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of EXAONE 4.0 (Exaone4ForCausalLM, CheckExaone4Layout): Llama's fields and RoPE
+// scaling, and the blocks' attention: with NoPE blocks a sliding_window (the model's, or one as
+// long as its positions) and layer_types naming the NoPE blocks "full_attention" and the others
+// "sliding_attention"; without either, no window and every block "full_attention".
+std::string Exaone4ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  std::string types;
+  for (int l = 0; l < m.layers; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    m.RotatesLayer(l) && (m.sliding_window > 0 || !m.nope_layers.empty())
+                        ? "\"sliding_attention\""
+                        : "\"full_attention\"");
+  }
+  const std::string window = m.sliding_window > 0    ? absl::StrCat(m.sliding_window)
+                             : m.nope_layers.empty() ? std::string("null")
+                                                     : absl::StrCat(HfMaxPositions(m));
+  return absl::StrCat(LlamaShapeJson(m, "Exaone4ForCausalLM", "exaone4", DenseSizeJson(m)),
+                      ",\n  \"rope_scaling\": ", RopeScalingJson(m),
+                      ",\n  \"hidden_act\": \"silu\"", ",\n  \"sliding_window\": ", window,
+                      ",\n  \"sliding_window_pattern\": null", ",\n  \"layer_types\": [", types,
+                      "]", ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"",
+                      dtype, "\"\n}\n");
+}
+
 // config.json of Granite (GraniteForCausalLM): Llama's fields and the four multipliers, the
 // attention's written as the scale itself (head_dim^-1/2 when the model has none); with experts
 // GraniteMoE's (GraniteMoeForCausalLM), intermediate_size each expert's.
@@ -1858,7 +1964,7 @@ absl::Status CheckGraniteLayout(const ModelConfig& m) {
 // Gemma's options, experts, partial RoPE or LongRoPE, and a window (if any) in its NoPE blocks
 // alone, as SmolLM3's use_sliding_window places it.
 absl::Status CheckSmolLM3Layout(const ModelConfig& m) {
-  if (m.nope_layers.empty()) return absl::OkStatus();
+  if (m.nope_layers.empty() || IsExaone4(m)) return absl::OkStatus();
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
@@ -2074,6 +2180,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   if (HfExportProjections(m) == HfProjections::kFused) {
     return Phi3ConfigJson(m, tied, torch_dtype);
   }
+  if (IsExaone4(m)) return Exaone4ConfigJson(m, tied, torch_dtype);
   if (!m.nope_layers.empty()) return SmolLM3ConfigJson(m, tied, torch_dtype);
   if (m.HasGraniteMultipliers()) return GraniteConfigJson(m, tied, torch_dtype);
   if (m.NormsWholeProjection()) return OlmoConfigJson(m, tied, torch_dtype);
@@ -2155,6 +2262,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadOlmo2Config(fields, m));
   } else if (model_type == "olmo3") {  // OLMo 2's, with a window in some blocks
     TY_RETURN_IF_ERROR(ReadOlmo3Config(fields, m));
+  } else if (model_type == "exaone4") {  // OLMo 2's blocks, Qwen3's norms, NoPE global blocks
+    TY_RETURN_IF_ERROR(ReadExaone4Config(fields, m));
   } else if (model_type == "smollm3") {  // Llama's tensors and config, and NoPE layers
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
@@ -2185,7 +2294,7 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-                     "\"olmo2\", \"olmo3\", \"olmoe\", \"smollm3\", "
+                     "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
                      "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"ernie4_5\", "
                      "\"ernie4_5_moe\", "
                      "\"helium\" and "

@@ -1798,10 +1798,15 @@ TEST(HfFormat, Olmo2ConfigReadsAsLlamaWithNormsAfterEachBranchOnly) {
   EXPECT_TRUE(HfTensors(windowed).ok());
   EXPECT_THAT(HfConfigJson(windowed, TensorDtype::kBF16),
               HasSubstr("\"architectures\": [\"Olmo3ForCausalLM\"]"));
-  config::ModelConfig per_head = *m;  // no norms before the branches travel with OLMo 2's q, k
+  config::ModelConfig per_head = *m;  // with norms over each head: EXAONE 4.0's layout
   per_head.qk_norm_span = config::QkNormSpan::kHead;
-  EXPECT_THAT(HfTensors(per_head).status().message(),
-              HasSubstr("model.qk_norm_span: is not projection, and model.pre_norms is false"));
+  EXPECT_TRUE(HfTensors(per_head).ok());
+  EXPECT_THAT(HfConfigJson(per_head, TensorDtype::kBF16),
+              HasSubstr("\"architectures\": [\"Exaone4ForCausalLM\"]"));
+  config::ModelConfig unnormed = *m;  // without query and key norms: no layout
+  unnormed.qk_norm = false;
+  EXPECT_THAT(HfTensors(unnormed).status().message(),
+              HasSubstr("model.qk_norm: is false, and model.pre_norms is false"));
   config::ModelConfig gemma = *m;  // nor with Gemma's GeGLU and scaled embeddings
   gemma.geglu = gemma.scale_embeddings = true;
   EXPECT_EQ(HfTensors(gemma).status().code(), absl::StatusCode::kUnimplemented);
@@ -1889,6 +1894,125 @@ TEST(HfFormat, Olmo3ConfigReadsWithItsWindowAndYarnInTheFullBlocks) {
   untyped.replace(untyped.find("\"layer_types\""), 13, "\"layer_kinds\"");
   EXPECT_EQ(ModelFromHfConfig(untyped, "p/config.json").status().message(),
             "p/config.json: layer_types is missing");
+}
+
+// A config of EXAONE 4.0 32B's shape (Exaone4ForCausalLM; the sizes its card gives): OLMo 2's
+// blocks with per-head query and key norms, three windowed blocks with RoPE to one global block
+// without (NoPE), Llama 3's RoPE scaling.
+std::string Exaone4Config(const std::string& window, const std::string& pattern, bool typed) {
+  std::string types;
+  for (int l = 0; l < 64; ++l) {
+    absl::StrAppend(&types, l == 0 ? "" : ", ",
+                    l % 4 == 3 ? "\"full_attention\"" : "\"sliding_attention\"");
+  }
+  return absl::StrCat(R"({
+    "architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "vocab_size": 102400,
+    "hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "rope_scaling": {"factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "sliding_window": )",
+                      window, ", \"sliding_window_pattern\": ", pattern,
+                      typed ? absl::StrCat(", \"layer_types\": [", types, "]") : "", "}");
+}
+
+TEST(HfFormat, Exaone4ConfigReadsWithNoPEInItsGlobalBlocks) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(Exaone4Config("4096", "\"LLLG\"", true), "EXAONE-4.0-32B/config.json",
+                             &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.model_type, "exaone4");
+  EXPECT_FALSE(m->pre_norms);
+  EXPECT_TRUE(m->post_norms && m->qk_norm);
+  EXPECT_FALSE(m->NormsWholeProjection());
+  EXPECT_EQ(m->sliding_window, 4096);
+  std::vector<int32_t> global;
+  for (int l = 3; l < 64; l += 4) global.push_back(l);
+  EXPECT_EQ(m->full_attention_layers, global);
+  EXPECT_EQ(m->nope_layers, global);
+  EXPECT_EQ(m->WindowOf(0), 4096);
+  EXPECT_TRUE(m->RotatesLayer(0));
+  EXPECT_EQ(m->WindowOf(3), 0);
+  EXPECT_FALSE(m->RotatesLayer(3));
+  EXPECT_EQ(m->rope_local_theta, 0.0f);  // every windowed block turns with the scaled RoPE
+  EXPECT_EQ(m->rope_scaling.factor, 16.0f);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  // By hand: per block q and o 5120·5120, k and v 1024·5120, the two head norms of 128, the MLP
+  // 3·27392·5120 and two norms: the card's 30.95B without the embeddings; with the untied
+  // embedding and head of 102400 rows, 32.0B.
+  const int64_t block = 2 * int64_t{5120} * 5120 + 2 * int64_t{1024} * 5120 + 2 * 128 +
+                        3 * int64_t{27392} * 5120 + 2 * 5120;
+  EXPECT_EQ(64 * block + 5120, int64_t{30954640384});
+  EXPECT_EQ(m->ParameterCount(), 64 * block + 2 * int64_t{102400} * 5120 + 5120);
+
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) shapes[piece.name] = HfShape(t, piece);
+  }
+  const std::string block0 = "model.layers.0.";
+  EXPECT_EQ(shapes[block0 + "self_attn.q_norm.weight"], (std::vector<int64_t>{128}));
+  EXPECT_EQ(shapes[block0 + "self_attn.k_norm.weight"], (std::vector<int64_t>{128}));
+  EXPECT_EQ(shapes[block0 + "post_attention_layernorm.weight"], (std::vector<int64_t>{5120}));
+  EXPECT_EQ(shapes[block0 + "post_feedforward_layernorm.weight"], (std::vector<int64_t>{5120}));
+  EXPECT_FALSE(shapes.contains(block0 + "input_layernorm.weight"));
+
+  // Written back as EXAONE 4.0, which reads as the same model; without layer_types, an integer
+  // sliding_window_pattern says the same.
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Exaone4ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"sliding_window\": 4096"));
+  for (const std::string& json : {written, Exaone4Config("4096", "4", false)}) {
+    auto back = ModelFromHfConfig(json, "config.json");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+    EXPECT_EQ(back->sliding_window, 4096);
+    EXPECT_EQ(back->full_attention_layers, global);
+    EXPECT_EQ(back->nope_layers, global);
+    EXPECT_EQ(back->rope_scaling, m->rope_scaling);
+    EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  }
+
+  // EXAONE 4.0 1.2B's way: no window, every block global with RoPE.
+  auto plain = ModelFromHfConfig(Exaone4Config("null", "null", false), "1.2B/config.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->sliding_window, 0);
+  EXPECT_TRUE(plain->nope_layers.empty());
+  const std::string plain_written = HfConfigJson(*plain, TensorDtype::kBF16);
+  EXPECT_THAT(plain_written, HasSubstr("\"sliding_window\": null"));
+  auto plain_back = ModelFromHfConfig(plain_written, "config.json");
+  ASSERT_TRUE(plain_back.ok()) << plain_back.status();
+  EXPECT_TRUE(plain_back->nope_layers.empty() && plain_back->sliding_window == 0);
+
+  // A window as long as the positions hides nothing: the NoPE blocks remain, and travel under a
+  // window of max_position_embeddings.
+  auto long_window = ModelFromHfConfig(Exaone4Config("131072", "4", false), "l/config.json");
+  ASSERT_TRUE(long_window.ok()) << long_window.status();
+  EXPECT_EQ(long_window->sliding_window, 0);
+  EXPECT_EQ(long_window->nope_layers, global);
+  const std::string long_written = HfConfigJson(*long_window, TensorDtype::kBF16);
+  EXPECT_THAT(long_written, HasSubstr("\"sliding_window\": 131072"));
+  auto long_back = ModelFromHfConfig(long_written, "config.json");
+  ASSERT_TRUE(long_back.ok()) << long_back.status();
+  EXPECT_EQ(long_back->nope_layers, global);
+  EXPECT_EQ(long_back->sliding_window, 0);
+
+  // What transformers cannot read, or EXAONE's layout cannot hold, is refused naming the field.
+  EXPECT_THAT(ModelFromHfConfig(Exaone4Config("4096", "\"LLLG\"", false), "p/config.json")
+                  .status()
+                  .message(),
+              HasSubstr("p/config.json: sliding_window_pattern must be a positive integer"));
+  config::ModelConfig shifted = *m;  // NoPE in a windowed block
+  shifted.nope_layers = {0};
+  EXPECT_THAT(HfTensors(shifted).status().message(),
+              HasSubstr("model.nope_layers: does not name exactly the blocks outside the window "
+                        "(block 0)"));
+  config::ModelConfig biased = *m;
+  biased.qkv_bias = true;
+  EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qkv_bias: is true"));
 }
 
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
