@@ -19,8 +19,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <string>
@@ -640,9 +642,11 @@ double ErrorAgainstTheOracle(const config::ModelConfig& model, const fs::path& d
 }
 
 // The oracle's logits and greedy tokens from the export of a model trained on one rank (`mesh`
-// says only what model it is), with `scaling` as its RoPE scaling when one is given (Llama).
+// says only what model it is), with `scaling` as its RoPE scaling when one is given (Llama), and
+// the export's config.json rewritten by `restate` when one is given.
 void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
-                           const config::RopeScaling& scaling = {}) {
+                           const config::RopeScaling& scaling = {},
+                           const std::function<std::string(std::string)>& restate = {}) {
   const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
@@ -652,20 +656,26 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   }
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
+  if (restate) {
+    std::ifstream in(hf / "config.json");
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(hf / "config.json", std::ios::trunc) << restate(json);
+  }
 
   std::vector<int32_t> tokens;
   std::vector<double> oracle;
   const double error = ErrorAgainstTheOracle(spec.model, hf, scratch, 7, tokens, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
-              mesh.experts == 0  ? ""
-              : mesh.glm45       ? " (glm4_moe)"
-              : mesh.ernie_moe   ? " (ernie4_5_moe)"
-              : mesh.qk_norm     ? " (qwen3_moe)"
-              : mesh.shared_gate ? " (qwen2_moe)"
-              : mesh.whole_norms ? " (olmoe)"
-              : mesh.granite     ? " (granitemoe)"
-                                 : " (mixtral)",
+              restate             ? " (config restated)"
+              : mesh.experts == 0 ? ""
+              : mesh.glm45        ? " (glm4_moe)"
+              : mesh.ernie_moe    ? " (ernie4_5_moe)"
+              : mesh.qk_norm      ? " (qwen3_moe)"
+              : mesh.shared_gate  ? " (qwen2_moe)"
+              : mesh.whole_norms  ? " (olmoe)"
+              : mesh.granite      ? " (granitemoe)"
+                                  : " (mixtral)",
               error);
   EXPECT_LE(error, 1e-4);
 
@@ -886,6 +896,30 @@ TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
                                                       .glm45 = true,
                                                       .groups = 3,
                                                       .group_top_k = 2});
+}
+
+// dots.llm1's model (Qwen3's attention over DeepSeek-V3's experts) is GLM-4.5's with per-head
+// query and key norms over the whole head: the export, its config restated as dots1's, reads in
+// Trainyard and in the oracle (transformers' Dots1 conventions) to the same logits and greedy
+// tokens.
+TEST(HfOracleDots1, ADots1DirectoryGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{.name = "dp1",
+               .qk_norm = true,
+               .experts = 6,
+               .glm45 = true,
+               .groups = 3,
+               .group_top_k = 2},
+      {}, [](std::string json) {
+        for (const auto& [from, to] : {std::pair{"Glm4MoeForCausalLM", "Dots1ForCausalLM"},
+                                       std::pair{"\"glm4_moe\"", "\"dots1\""}}) {
+          const size_t at = json.find(from);
+          EXPECT_NE(at, std::string::npos) << json;
+          if (at != std::string::npos) json.replace(at, strlen(from), to);
+        }
+        return json;
+      });
 }
 
 // Softmax scores picked with a selection bias past a dense first block export as ERNIE 4.5's MoE,

@@ -5,7 +5,7 @@ Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate 
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
-"smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "ernie4_5", "ernie4_5_moe", "helium"
+"smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "ernie4_5", "ernie4_5_moe", "helium"
 or "seed_oss") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
@@ -691,6 +691,15 @@ class Llama:
             window = cfg.int("sliding_window")
             self.windows = [window if i >= sliding_from else None for i in range(self.layers)]
 
+    def set_windows(self, cfg, types, window):
+        """Each layer's window from a layer_types list: `window` where it says
+        "sliding_attention", none where it says "full_attention"."""
+        if (not isinstance(types, list) or len(types) != self.layers
+                or any(t not in ("full_attention", "sliding_attention") for t in types)):
+            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
+                             "each layer" % cfg.path)
+        self.windows = [window if t == "sliding_attention" else None for t in types]
+
     def read_qwen_window(self, cfg):
         """Qwen2's and Qwen3's window: only with use_sliding_window, and then in the layers from
         max_window_layers on."""
@@ -862,11 +871,7 @@ class Gemma2(Gemma):
         types = cfg.raw.get("layer_types")
         if types is None:
             types = self.default_layer_types(cfg)
-        if (not isinstance(types, list) or len(types) != self.layers
-                or any(t not in ("full_attention", "sliding_attention") for t in types)):
-            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
-                             "each layer" % cfg.path)
-        self.windows = [window if t == "sliding_attention" else None for t in types]
+        self.set_windows(cfg, types, window)
 
     def default_layer_types(self, cfg):
         """Gemma 2's: windowed attention in the even layers (is_sliding = not layer_idx % 2)."""
@@ -1328,15 +1333,22 @@ class Glm4Moe(Llama):
 
     default_eps = 1e-5
     attention_bias_default = False
+    # The config class's defaults: experts and picks, shared experts, dense first layers and
+    # norm_topk_prob.
+    expert_defaults = (128, 8)
+    shared_default = 1
+    dense_default = 1
+    normalize_default = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.qk_norm = cfg.bool("use_qk_norm", False)
-        self.experts, self.top_k = read_expert_counts(cfg, "n_routed_experts", defaults=(128, 8))
+        self.read_attention(cfg)
+        self.experts, self.top_k = read_expert_counts(cfg, "n_routed_experts",
+                                                      defaults=self.expert_defaults)
         self.expert_ffn = cfg.int("moe_intermediate_size", 1408)
-        self.shared_ffn = cfg.int("n_shared_experts", 1) * self.expert_ffn
-        self.dense_layers = cfg.int("first_k_dense_replace", 1, minimum=0)
-        self.normalize = cfg.bool("norm_topk_prob", True)
+        self.shared_ffn = cfg.int("n_shared_experts", self.shared_default) * self.expert_ffn
+        self.dense_layers = cfg.int("first_k_dense_replace", self.dense_default, minimum=0)
+        self.normalize = cfg.bool("norm_topk_prob", self.normalize_default)
         self.scale = cfg.positive("routed_scaling_factor", 1.0)
         self.groups = cfg.int("n_group", 1, minimum=1)
         self.kept_groups = cfg.int("topk_group", 1, minimum=1)
@@ -1347,6 +1359,9 @@ class Glm4Moe(Llama):
         if self.kept_groups > self.groups or self.kept_groups * size < self.top_k:
             raise InputError("%s: topk_group %d must be at most n_group %d and keep room for %d "
                              "picks" % (cfg.path, self.kept_groups, self.groups, self.top_k))
+
+    def read_attention(self, cfg):
+        self.qk_norm = cfg.bool("use_qk_norm", False)
 
     def rotary_dim(self, cfg):
         return partial_rotary_dim(cfg, self.head_dim, 0.5)
@@ -1391,6 +1406,37 @@ class Glm4Moe(Llama):
                             w[s + "down_proj.weight"])
 
 
+class Dots1(Glm4Moe):
+    """Dots1ForCausalLM (dots.llm1): Qwen3's attention (each query and key head RMSNormed before
+    RoPE over the whole head, no biases, rms_norm_eps 1e-6) over Glm4Moe's layers, with no
+    defaults for n_routed_experts, num_experts_per_tok or n_shared_experts,
+    first_k_dense_replace 0 and norm_topk_prob false by default. Unless sliding_window (default
+    4096) is null, the layers layer_types names "sliding_attention" (without the list: those from
+    max_window_layers, default 62, on) attend within it."""
+
+    default_eps = 1e-6
+    attention_bias_default = None
+    expert_defaults = (_REQUIRED, _REQUIRED)
+    shared_default = _REQUIRED
+    dense_default = 0
+    normalize_default = False
+
+    def read_attention(self, cfg):
+        self.qk_norm = True
+        if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:
+            return
+        window = cfg.int("sliding_window", 4096)
+        start = cfg.int("max_window_layers", 62, minimum=0)
+        types = cfg.raw.get("layer_types")
+        if types is None:
+            types = ["sliding_attention" if i >= start else "full_attention"
+                     for i in range(self.layers)]
+        self.set_windows(cfg, types, window)
+
+    def rotary_dim(self, cfg):
+        return self.head_dim
+
+
 class OlmoAttention(Llama):
     """OLMo 2's and OLMoE's attention: Llama's with one RMSNorm over each token's whole q
     projection (self_attn.q_norm [hidden_size]) and one over its whole k (k_norm
@@ -1424,11 +1470,7 @@ class Olmo3(Olmo2):
         super().__init__(cfg)
         window = cfg.int("sliding_window", 4096)
         types = cfg.raw.get("layer_types")
-        if (not isinstance(types, list) or len(types) != self.layers
-                or any(t not in ("full_attention", "sliding_attention") for t in types)):
-            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
-                             "each layer" % cfg.path)
-        self.windows = [window if t == "sliding_attention" else None for t in types]
+        self.set_windows(cfg, types, window)
 
 
 class Exaone4(Llama):
@@ -1455,11 +1497,7 @@ class Exaone4(Llama):
             pattern = cfg.int("sliding_window_pattern", 4)
             types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                      for i in range(self.layers)]
-        if (not isinstance(types, list) or len(types) != self.layers
-                or any(t not in ("full_attention", "sliding_attention") for t in types)):
-            raise InputError("%s: layer_types must name full_attention or sliding_attention for "
-                             "each layer" % cfg.path)
-        self.windows = [window if t == "sliding_attention" else None for t in types]
+        self.set_windows(cfg, types, window)
         self.rope_layers = [t == "sliding_attention" for t in types]
 
 
@@ -1560,7 +1598,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
-          "glm4_moe": Glm4Moe, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
+          "glm4_moe": Glm4Moe, "dots1": Dots1, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
           "seed_oss": SeedOss}
 
 

@@ -979,6 +979,32 @@ class HfOracleTest(unittest.TestCase):
             with self.subTest(change), self.assertRaises(hf_oracle.InputError):
                 hf_oracle.Glm4Moe(hf_oracle.Config(dict(config, **change), "c"))
 
+    def test_dots1_matches_torch_model(self):
+        # dots.llm1: Qwen3's attention over DeepSeek-V3's experts: the first block dense, the
+        # second routed (normalised sigmoid scores picked with a selection bias from two of three
+        # expert groups, times 2.5, two shared experts) and attending within a window of 3 (from
+        # max_window_layers 1 on). The counts have no defaults.
+        cfg = moe_cfg("llama", {"experts": 6, "shared_experts": 2, "score": "sigmoid",
+                                "normalize_top_k": True, "balance": "bias", "dense_first": 1,
+                                "routed_scale": 2.5, "every": 1, "top_k": 2, "groups": 3,
+                                "group_top_k": 2},
+                      qk_norm=True, sliding_window=3, full_attention_layers=[0])
+        config = dict(llama_hf_config(cfg), model_type="dots1",
+                      architectures=["Dots1ForCausalLM"], moe_intermediate_size=cfg["moe"]["ffn"],
+                      n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2,
+                      first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                      n_group=3, topk_group=2, sliding_window=3, max_window_layers=1)
+        _, tokens, got = self.check_against_torch_model(
+            "dots1", cfg, lambda p: glm4_moe_hf_tensors(cfg, p), config)
+        unwindowed = self.write_model("dots1_no_window", dict(config, sliding_window=None),
+                                      glm4_moe_hf_tensors(cfg, self.written_params))
+        self.assertGreater(
+            np.abs(self.oracle_logits(unwindowed, tokens, cfg["vocab"]) - got).max(), 1e-4)
+        for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts"):
+            with self.subTest(key), self.assertRaises(hf_oracle.InputError):
+                hf_oracle.Dots1(hf_oracle.Config(
+                    {k: v for k, v in config.items() if k != key}, "c"))
+
     def test_olmoe_matches_torch_model(self):
         # OLMoE: an RMSNorm over each token's whole q and one over its whole k (grouped-query
         # heads: k's is narrower), and Qwen3-MoE's experts in every block, top-2 unnormalised.

@@ -1100,7 +1100,23 @@ constexpr ExpertKeys kErnieMoeKeys{
     {.experts = 64, .top_k = 6, .shared_experts = 2, .dense_first = 1, .ffn = 1536},
     0};
 
+// dots.llm1's: transformers' class has no default for the counts (0 here: each is required).
+constexpr ExpertKeys kDots1Keys{
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    nullptr,
+    {.experts = 0, .top_k = 0, .shared_experts = 0, .dense_first = 0, .ffn = 1408},
+    1};
+
 absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, ModelConfig& m) {
+  if (keys.defaults.experts == 0) {  // the config class has no defaults for the counts
+    for (const char* key : {keys.experts, keys.top_k, keys.shared}) {
+      if (!f.Has(key)) return f.Bad(key, "is missing");
+    }
+  }
   config::MoeConfig& moe = m.moe;
   const config::MoeConfig& d = keys.defaults;
   moe.experts = d.experts;
@@ -1177,6 +1193,39 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
   return ReadExpertGroups(f, moe);
+}
+
+// dots.llm1's (Dots1ForCausalLM, as dots.llm1.base and dots.llm1.inst are published): Qwen3's
+// attention (per-head query and key norms, no biases) over DeepSeek-V3's mixture of experts as
+// GLM-4.5 reads it, with its own defaults: n_routed_experts, num_experts_per_tok and
+// n_shared_experts required, first_k_dense_replace 0, norm_topk_prob false. Its sliding window:
+// the blocks layer_types names "sliding_attention", or without the list those from
+// max_window_layers (62) on, unless sliding_window (4096) is null.
+absl::Status ReadDots1Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  m.qk_norm = true;
+  TY_RETURN_IF_ERROR(ReadExpertShape(f, kDots1Keys, m));
+  config::MoeConfig& moe = m.moe;
+  moe.score = config::MoeScore::kSigmoid;
+  moe.balance = config::MoeBalance::kBias;
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
+  TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
+  TY_RETURN_IF_ERROR(ReadExpertGroups(f, moe));
+  int window = 4096, from = 62;
+  if (f.IsNull("sliding_window")) {
+    window = 0;
+  } else {
+    TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  }
+  TY_RETURN_IF_ERROR(f.Int("max_window_layers", &from, /*required=*/false, 0));
+  std::vector<int32_t> full;
+  for (int l = 0; l < std::min(from, m.layers); ++l) full.push_back(l);
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  const bool windowed =
+      window > 0 && window < m.max_seq && static_cast<int>(full.size()) < m.layers;
+  m.sliding_window = windowed ? window : 0;
+  m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
 }
 
 // ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM, as ERNIE-4.5-21B-A3B and ERNIE-4.5-300B-A47B are
@@ -2201,7 +2250,7 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
                                             : HfProjections::kSeparate;
   layout.experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
                    : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
-                   : model_type == "glm4_moe"                           ? HfExperts::kGlm4Moe
+                   : model_type == "glm4_moe" || model_type == "dots1"  ? HfExperts::kGlm4Moe
                    : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
                    : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
                                                                         : HfExperts::kMixtral;
@@ -2275,6 +2324,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
   } else if (model_type == "glm4_moe") {  // Llama's attention, partial RoPE, DeepSeek's routing
     TY_RETURN_IF_ERROR(ReadGlm4MoeConfig(fields, m));
+  } else if (model_type == "dots1") {  // Qwen3's attention, DeepSeek-V3's experts
+    TY_RETURN_IF_ERROR(ReadDots1Config(fields, m));
   } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs
     TY_RETURN_IF_ERROR(ReadErnieConfig(fields, m));
   } else if (model_type == "ernie4_5_moe") {  // ERNIE 4.5's, and experts picked with a bias
@@ -2295,7 +2346,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
                      "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
                      "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
                      "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
-                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"ernie4_5\", "
+                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"dots1\", "
+                     "\"ernie4_5\", "
                      "\"ernie4_5_moe\", "
                      "\"helium\" and "
                      "\"seed_oss\""));

@@ -2015,6 +2015,81 @@ TEST(HfFormat, Exaone4ConfigReadsWithNoPEInItsGlobalBlocks) {
   EXPECT_THAT(HfTensors(biased).status().message(), HasSubstr("model.qkv_bias: is true"));
 }
 
+// A config of dots.llm1's shape (Dots1ForCausalLM): Qwen3's attention over DeepSeek-V3's
+// experts, the first of 62 blocks dense.
+constexpr char kDots1Config[] = R"({
+  "architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "vocab_size": 152064,
+  "hidden_size": 4096, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+  "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+  "n_routed_experts": 128, "num_experts_per_tok": 6, "n_shared_experts": 2,
+  "first_k_dense_replace": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+  "n_group": 1, "topk_group": 1, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+  "rope_theta": 10000000, "sliding_window": null, "max_window_layers": 62,
+  "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+  "torch_dtype": "bfloat16"})";
+
+TEST(HfFormat, Dots1ConfigReadsAsQwen3AttentionOverDeepSeekExperts) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kDots1Config, "dots.llm1.base/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kGlm4Moe);  // GLM-4.5's (DeepSeek-V3's) tensor names
+  EXPECT_EQ(layout.unread_layers_from, 0);
+  EXPECT_TRUE(m->qk_norm && m->pre_norms);
+  EXPECT_FALSE(m->qkv_bias || m->post_norms || m->NormsWholeProjection());
+  EXPECT_EQ(m->rotary_dim(), 128);
+  EXPECT_EQ(m->sliding_window, 0);
+  const config::MoeConfig& moe = m->moe;
+  EXPECT_EQ(moe.experts, 128);
+  EXPECT_EQ(moe.top_k, 6);
+  EXPECT_EQ(moe.shared_experts, 2);
+  EXPECT_EQ(moe.dense_first, 1);
+  EXPECT_EQ(moe.score, config::MoeScore::kSigmoid);
+  EXPECT_TRUE(moe.has_bias() && moe.normalize_top_k);
+  EXPECT_EQ(moe.routed_scale, 2.5f);
+  EXPECT_FALSE(moe.limits_groups());
+  // By hand: per block q, k, v and o of 4096·4096, the head norms and two norms; block 0's dense
+  // MLP 3·10944·4096; the 61 others' router 128·4096, 128 experts and 2 shared ones of
+  // 3·1408·4096; the untied embedding and head of 152064 rows and the final norm: the card's 142B,
+  // of which a token uses 14B (6 routed and 2 shared experts).
+  const int64_t attention = 4 * int64_t{4096} * 4096 + 2 * 128 + 2 * 4096;
+  const int64_t expert = 3 * int64_t{1408} * 4096;
+  const int64_t dense = attention + 3 * int64_t{10944} * 4096;
+  const int64_t ends = 2 * int64_t{152064} * 4096 + 4096;
+  EXPECT_EQ(m->ParameterCount(), dense + 61 * (attention + 128 * 4096 + 130 * expert) + ends);
+  EXPECT_EQ(m->ParameterCount(), int64_t{142774373888});
+  EXPECT_EQ(m->ActiveParameterCount(), dense + 61 * (attention + 128 * 4096 + 8 * expert) + ends);
+  ASSERT_TRUE(HfTensors(*m, layout).ok());
+
+  // It writes back in GLM-4.5's layout (which holds it: partial_rotary_factor 1), reading as the
+  // same model.
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"Glm4MoeForCausalLM\"]"));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->rotary_dim(), 128);
+  EXPECT_EQ(back->moe.shared_experts, 2);
+
+  // A window from max_window_layers on (Qwen's rule without use_sliding_window); the counts the
+  // class leaves without defaults are required.
+  auto changed = [](const std::string& from, const std::string& to) {
+    std::string json = kDots1Config;
+    json.replace(json.find(from), from.size(), to);
+    return ModelFromHfConfig(json, "d/config.json");
+  };
+  auto windowed = changed("\"sliding_window\": null, \"max_window_layers\": 62",
+                          "\"sliding_window\": 4096, \"max_window_layers\": 60");
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->sliding_window, 4096);
+  EXPECT_EQ(windowed->WindowOf(59), 0);
+  EXPECT_EQ(windowed->WindowOf(60), 4096);
+  EXPECT_EQ(changed("\"n_shared_experts\": 2,", "").status().message(),
+            "d/config.json: n_shared_experts is missing");
+  EXPECT_THAT(changed("\"attention_bias\": false", "\"attention_bias\": true").status().message(),
+              HasSubstr("attention_bias"));
+}
+
 TEST(HfFormat, ConfigJsonReadsBackAsTheSameModel) {
   for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
     config::ModelConfig m = Tiny(family);
