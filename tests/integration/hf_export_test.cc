@@ -414,6 +414,16 @@ INSTANTIATE_TEST_SUITE_P(Olmo2, HfRoundTrip,
                            return std::string(std::get<1>(info.param).name);
                          });
 
+// A window in the first block only exports as Ministral (its layer_types) and reads back with
+// the heads split over tensor-parallel ranks on pipeline stages.
+INSTANTIATE_TEST_SUITE_P(
+    Ministral, HfRoundTrip,
+    ::testing::Combine(
+        ::testing::Values(ModelFamily::kLlama),
+        ::testing::Values(MeshCase{
+            .name = "ministral_tp2_pp2", .tp = 2, .pp = 2, .sliding_window = 5, .full_layer = 1})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
 // OLMo 2's blocks with per-head query and key norms, a window in the first block and NoPE in the
 // second export as EXAONE 4.0, read back with the heads (and the norms) split over
 // tensor-parallel ranks on pipeline stages, and with the sequences split over context-parallel
@@ -1225,6 +1235,13 @@ TEST(HfOracleGemma3, LinearRopeScalingInTheGlobalBlocks) {
 // over its key/value cache.
 TEST(HfOracleMistral, ExportedFilesGiveTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .sliding_window = 5});
+}
+
+// A window of 5 in the first block only travels as Ministral's layer_types, which the oracle
+// applies as transformers does, over the generator's key/value cache too.
+TEST(HfOracleMinistral, AWindowInSomeBlocksGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .sliding_window = 5, .full_layer = 1});
 }
 
 // model.head_dim travels as config.json's head_dim, which the oracle reads as transformers does.

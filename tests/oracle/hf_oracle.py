@@ -4,6 +4,7 @@
 Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate N]
 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
+"ministral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
 "smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "ernie4_5", "ernie4_5_moe", "helium"
 or "seed_oss") and
@@ -957,6 +958,18 @@ class Mistral(Llama):
         self.read_window(cfg)
 
 
+class Ministral(Llama):
+    """MinistralForCausalLM: Mistral's model with its sliding_window (default 4096; null for none)
+    in the layers layer_types names "sliding_attention", in every layer without the list."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:
+            return
+        types = cfg.raw.get("layer_types", ["sliding_attention"] * self.layers)
+        self.set_windows(cfg, types, cfg.int("sliding_window", 4096))
+
+
 class Phi3(Mistral):
     """Phi3ForCausalLM: Mistral's model (its sliding window too) with the q, k and v projections
     stacked in self_attn.qkv_proj (rows q, then k, then v) and gate and up in mlp.gate_up_proj
@@ -1594,7 +1607,7 @@ class GraniteMoe(Granite):
 
 MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "gemma3_text": Gemma3,
-          "mistral": Mistral, "phi3": Phi3, "qwen2": Qwen2,
+          "mistral": Mistral, "ministral": Ministral, "phi3": Phi3, "qwen2": Qwen2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,

@@ -590,6 +590,28 @@ class HfOracleTest(unittest.TestCase):
         self.check_against_torch_model("qwen2_window", cfg, lambda p: llama_hf_tensors(cfg, p),
                                        qwen2)
 
+    def test_ministral_matches_torch_model(self):
+        # Ministral: the window of 3 in the second layer only (layer_types); without the list and
+        # without sliding_window, transformers' 4096 in every layer (none of the 7 positions
+        # hidden, so the logits of a window-less model).
+        cfg = small_cfg("llama", sliding_window=3, full_attention_layers=[0])
+        config = dict(llama_hf_config(cfg), model_type="ministral",
+                      architectures=["MinistralForCausalLM"], sliding_window=3,
+                      layer_types=["full_attention", "sliding_attention"])
+        _, tokens, got = self.check_against_torch_model(
+            "ministral", cfg, lambda p: llama_hf_tensors(cfg, p), config)
+        bare = self.write_model("ministral_bare", {k: v for k, v in config.items()
+                                                   if k not in ("sliding_window", "layer_types")},
+                                llama_hf_tensors(cfg, self.written_params))
+        plain = random_model(dict(cfg, sliding_window=0, full_attention_layers=[]))
+        with torch.no_grad():
+            for name, p in plain.named_contract_parameters():
+                p.copy_(torch.from_numpy(self.written_params[name]))
+            want = plain(torch.from_numpy(tokens)).numpy()
+        np.testing.assert_allclose(self.oracle_logits(bare, tokens, cfg["vocab"]), want, rtol=0,
+                                   atol=1e-5)
+        self.assertGreater(np.abs(want - got).max(), 1e-4)
+
     def test_phi3_partial_longrope_matches_torch_model(self):
         # Phi-4 mini's RoPE, small: half of each head of 8 turns (partial_rotary_factor 0.5), with
         # LongRoPE's long factors (7 positions past an original context of 4) or its short ones

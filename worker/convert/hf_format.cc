@@ -640,6 +640,20 @@ absl::Status ReadLayerTypes(const ConfigFields& f, int layers, std::vector<int32
   return absl::OkStatus();
 }
 
+// A window of sliding_window (`window` when the config leaves it out, none when it is null) in the
+// blocks layer_types names "sliding_attention", or without the list in the blocks not in `full`;
+// a window as long as the positions hides nothing.
+absl::Status ReadTypedWindow(const ConfigFields& f, ModelConfig& m, int window,
+                             std::vector<int32_t> full) {
+  if (f.IsNull("sliding_window")) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
+  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  const bool windowed = window < m.max_seq && static_cast<int>(full.size()) < m.layers;
+  m.sliding_window = windowed ? window : 0;
+  m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
+}
+
 // Gemma 2's and 3's scores: scaled by query_pre_attn_scalar^-1/2 (transformers' default 256),
 // the attention's soft-capped at attn_logit_softcapping and the logits at
 // final_logit_softcapping (null: none).
@@ -1211,21 +1225,11 @@ absl::Status ReadDots1Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
   TY_RETURN_IF_ERROR(ReadExpertGroups(f, moe));
-  int window = 4096, from = 62;
-  if (f.IsNull("sliding_window")) {
-    window = 0;
-  } else {
-    TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
-  }
+  int from = 62;
   TY_RETURN_IF_ERROR(f.Int("max_window_layers", &from, /*required=*/false, 0));
   std::vector<int32_t> full;
   for (int l = 0; l < std::min(from, m.layers); ++l) full.push_back(l);
-  TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
-  const bool windowed =
-      window > 0 && window < m.max_seq && static_cast<int>(full.size()) < m.layers;
-  m.sliding_window = windowed ? window : 0;
-  m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
-  return absl::OkStatus();
+  return ReadTypedWindow(f, m, 4096, std::move(full));
 }
 
 // ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM, as ERNIE-4.5-21B-A3B and ERNIE-4.5-300B-A47B are
@@ -1741,19 +1745,23 @@ std::string RouterJson(const config::MoeConfig& moe) {
 std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
   const config::MoeConfig& moe = m.moe;
   const bool qwen = m.qkv_bias || m.qk_norm, experts = moe.enabled();
-  // Llama's config has no sliding window; Mistral's is Llama's with one.
+  // Llama's config has no sliding window; Mistral's is Llama's with one in every block, and
+  // Ministral's with one in the blocks its layer_types names.
   const bool mistral = !qwen && !experts && m.sliding_window > 0;
+  const bool ministral = mistral && !m.full_attention_layers.empty();
   const bool qwen2_moe = experts && moe.shared_gate;
   const char* type = qwen2_moe    ? "qwen2_moe"
                      : experts    ? (m.qk_norm ? "qwen3_moe" : "mixtral")
                      : m.qkv_bias ? "qwen2"
                      : m.qk_norm  ? "qwen3"
+                     : ministral  ? "ministral"
                      : mistral    ? "mistral"
                                   : "llama";
   const char* architecture = qwen2_moe ? "Qwen2MoeForCausalLM"
                              : experts ? (m.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
                              : m.qkv_bias ? "Qwen2ForCausalLM"
                              : m.qk_norm  ? "Qwen3ForCausalLM"
+                             : ministral  ? "MinistralForCausalLM"
                              : mistral    ? "MistralForCausalLM"
                                           : "LlamaForCausalLM";
   std::string sizes;  // the MLPs' sizes and the experts
@@ -1787,6 +1795,7 @@ std::string LlamaConfigJson(const ModelConfig& m, const char* tied, const std::s
                           ",\n  \"max_window_layers\": ", full_layers,
                           types.empty() ? "" : ",\n  \"layer_types\": [" + types + "]")
            : absl::StrCat(experts || mistral ? ",\n  \"sliding_window\": " + window : "",
+                          ministral ? ",\n  \"layer_types\": [" + types + "]" : "",
                           ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false");
   return absl::StrCat(
       LlamaShapeJson(m, architecture, type, sizes), ",\n  \"rope_scaling\": ", RopeScalingJson(m),
@@ -2201,10 +2210,12 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
   const bool qwen = m.family == ModelFamily::kLlama && (m.qkv_bias || m.qk_norm);
   const bool leading = full.back() == static_cast<int32_t>(full.size()) - 1;
   if (qwen && leading) return absl::OkStatus();
+  if (!qwen && !m.moe.enabled()) return absl::OkStatus();  // Ministral's layer_types
   return absl::UnimplementedError(absl::StrCat(
       "model.full_attention_layers: [", absl::StrJoin(full, ", "),
       "]; Trainyard writes a sliding window in some blocks only as Qwen2's or Qwen3's "
-      "max_window_layers (a model with qkv_bias or qk_norm, its full-attention blocks first)"));
+      "max_window_layers (a model with qkv_bias or qk_norm, its full-attention blocks first) or "
+      "in Ministral's layer_types (a dense Llama model without either)"));
 }
 
 std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
@@ -2287,6 +2298,9 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
+  } else if (model_type == "ministral") {  // Mistral's, its window in the blocks layer_types says
+    TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
+    TY_RETURN_IF_ERROR(ReadTypedWindow(fields, m, 4096, {}));
   } else if (model_type == "phi3") {  // Mistral's model, its projections fused
     TY_RETURN_IF_ERROR(ReadPhi3Config(fields, m));
   } else if (model_type == "qwen2") {  // Llama's tensors and config, and biases on q, k and v
@@ -2341,16 +2355,17 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   } else {
     return fields.Bad(
         "model_type",
-        absl::StrCat("is \"", model_type,
-                     "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
-                     "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", "
-                     "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-                     "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
-                     "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"dots1\", "
-                     "\"ernie4_5\", "
-                     "\"ernie4_5_moe\", "
-                     "\"helium\" and "
-                     "\"seed_oss\""));
+        absl::StrCat(
+            "is \"", model_type,
+            "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
+            "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", \"ministral\", "
+            "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
+            "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
+            "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"dots1\", "
+            "\"ernie4_5\", "
+            "\"ernie4_5_moe\", "
+            "\"helium\" and "
+            "\"seed_oss\""));
   }
   if (layout != nullptr) *layout = StoredLayout(model_type, m.layers);
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;

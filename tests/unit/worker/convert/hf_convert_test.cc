@@ -435,8 +435,7 @@ TEST(HfFormat, MistralConfigReadsAsLlamaWithItsSlidingWindow) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->sliding_window, 0);
   // transformers' layer_types: the window in the layers it names sliding_attention; every layer
-  // full is no window. A Mistral model with the window in some layers only reads, but has no
-  // layout Trainyard writes.
+  // full is no window. A Mistral model with the window in some layers only travels as Ministral.
   std::string full, mixed;
   for (int i = 0; i < 32; ++i) {
     absl::StrAppend(&full, i ? ", " : "", "\"full_attention\"");
@@ -457,7 +456,28 @@ TEST(HfFormat, MistralConfigReadsAsLlamaWithItsSlidingWindow) {
   EXPECT_EQ(m->full_attention_layers[1], 2);
   EXPECT_EQ(m->WindowOf(0), 0);
   EXPECT_EQ(m->WindowOf(1), 4096);
-  EXPECT_THAT(CheckHfWritable(*m).message(), HasSubstr("model.full_attention_layers: [0, 2, 4,"));
+  ASSERT_TRUE(CheckHfWritable(*m).ok());
+  ASSERT_TRUE(HfTensors(*m).ok());
+  const std::string ministral = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(ministral, HasSubstr("\"architectures\": [\"MinistralForCausalLM\"]"));
+  EXPECT_THAT(ministral, HasSubstr("\"layer_types\": [\"full_attention\", \"sliding_attention\""));
+  auto ministral_back = ModelFromHfConfig(ministral, "config.json");
+  ASSERT_TRUE(ministral_back.ok()) << ministral_back.status() << "\n" << ministral;
+  EXPECT_EQ(ministral_back->sliding_window, 4096);
+  EXPECT_EQ(ministral_back->full_attention_layers, m->full_attention_layers);
+  // Ministral's config class: a window of 4096 in every block unless the config says otherwise.
+  std::string bare = ministral;
+  const std::string window_key = "\"sliding_window\": 4096,";
+  bare.replace(bare.find(window_key), window_key.size(), "");
+  bare.replace(bare.find("\"layer_types\""), 13, "\"layer_kinds\"");
+  auto everywhere = ModelFromHfConfig(bare, "b/config.json");
+  ASSERT_TRUE(everywhere.ok()) << everywhere.status() << "\n" << bare;
+  EXPECT_EQ(everywhere->sliding_window, 4096);
+  EXPECT_TRUE(everywhere->full_attention_layers.empty());
+  config::ModelConfig sparse = *m;  // Mixtral's config has no layer_types
+  sparse.moe = {.experts = 8, .top_k = 2, .ffn = 14336};
+  EXPECT_THAT(CheckHfWritable(sparse).message(),
+              HasSubstr("model.full_attention_layers: [0, 2, 4,"));
   EXPECT_EQ(with_types("\"full_attention\"").status().message(),
             "m/config.json: layer_types must name \"sliding_attention\" or \"full_attention\" "
             "for each of the 32 layers");
