@@ -627,8 +627,8 @@ TEST_F(WorkerWeights, SampleAnMoeCheckpoint) {
   // Trainyard writes for it, which has no MoE block every second.
   ExpectBadInput(Worker({"export", moe, "--format", "hf", "--out", (dir_ / "out").string()}),
                  "model.moe.every: is 2; Trainyard writes a mixture of experts with sigmoid "
-                 "scores, a selection bias, dense first blocks or scaled weights in GLM-4.5's "
-                 "layout only");
+                 "scores, a selection bias, dense first blocks, scaled weights or expert groups "
+                 "in GLM-4.5's layout only");
   ExpectBadInput(Worker({"export", moe, "--format", "llmc", "--out", (dir_ / "out").string()}),
                  "model.family is llama; llm.c's model file holds a GPT-2");
   ExpectNothingWritten();
