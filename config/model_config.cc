@@ -218,6 +218,9 @@ absl::Status ValidateMoe(const ModelConfig& c, const std::string& p) {
     return bad("aux_loss_coeff",
                absl::StrCat("must be zero or positive, got ", moe.aux_loss_coeff));
   }
+  if (!(moe.z_loss_coeff >= 0.0f) || !std::isfinite(moe.z_loss_coeff)) {
+    return bad("z_loss_coeff", absl::StrCat("must be zero or positive, got ", moe.z_loss_coeff));
+  }
   if (!(moe.bias_update_rate > 0.0f) || !std::isfinite(moe.bias_update_rate)) {
     return bad("bias_update_rate", absl::StrCat("must be positive, got ", moe.bias_update_rate));
   }

@@ -60,6 +60,9 @@ struct MoeConfig {
   MoeBalance balance = MoeBalance::kAuxLoss;
   float aux_loss_coeff = 0.01f;
   float bias_update_rate = 0.001f;
+  // ST-MoE's router z-loss: each micro-batch's objective gains z_loss_coeff times the mean over
+  // its tokens of the squared log-sum-exp of the router's logits (0: none), whatever `balance`.
+  float z_loss_coeff = 0.0f;
   // 0: dropless. Otherwise each expert takes at most ceil(capacity_factor · tokens · top_k /
   // experts) of a micro-batch's picks, in token order; the rest are dropped (counted).
   float capacity_factor = 0.0f;

@@ -102,7 +102,7 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
       {"experts", "top_k", "shared_experts", "shared_gate", "every", "dense_first", "ffn", "score",
        "normalize_top_k", "routed_scale", "groups", "group_top_k", "balance", "aux_loss_coeff",
-       "bias_update_rate", "capacity_factor"}));
+       "bias_update_rate", "z_loss_coeff", "capacity_factor"}));
   if (!r.Has("experts")) {
     return r.ErrorAt("experts", "required: the routed experts of each MoE block");
   }
@@ -142,6 +142,7 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   }
   TY_RETURN_IF_ERROR(r.ReadFloat("aux_loss_coeff", &moe->aux_loss_coeff));
   TY_RETURN_IF_ERROR(r.ReadFloat("bias_update_rate", &moe->bias_update_rate));
+  TY_RETURN_IF_ERROR(r.ReadFloat("z_loss_coeff", &moe->z_loss_coeff));
   TY_RETURN_IF_ERROR(r.ReadFloat("capacity_factor", &moe->capacity_factor));
   return absl::OkStatus();
 }

@@ -128,7 +128,7 @@ void AddParameterGathers(const RankShape& s, const DataGroups& groups,
 }  // namespace
 
 int MoeStepValues(const config::ModelConfig& model) {
-  return model.moe.enabled() ? model.layers * (model.moe.experts + 6) : 0;
+  return model.moe.enabled() ? model.layers * (model.moe.experts + 7) : 0;
 }
 
 int64_t RingAllReduceElements(int64_t count, int n, int rank) {
@@ -336,7 +336,7 @@ std::vector<Collective> ContextParallelTraffic(const RankShape& s, const Backend
 }
 
 int64_t RoutingGatherFloats(const RankShape& s) {
-  return (2 * int64_t{s.micro} + 2) * s.model.moe.experts;
+  return (2 * int64_t{s.micro} + 2) * s.model.moe.experts + 2;
 }
 
 std::vector<Collective> TiedEmbeddingTraffic(const RankShape& s) {

@@ -102,8 +102,8 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
 // cp 1.
 std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend);
 // The fp32 values each rank contributes to MoE routing's all-gather over the cp group
-// (Model::RouteTokens): its picks per expert in each of its 2 · micro chunks and its sums of
-// scores as float pairs, (2 · micro + 2) · experts.
+// (Model::RouteTokens): its picks per expert in each of its 2 · micro chunks, and its sums of
+// scores and its sum of the router z-loss's z² as float pairs, (2 · micro + 2) · experts + 2.
 int64_t RoutingGatherFloats(const RankShape& s);
 // The elements of one rank's keys and values that travel the ring: rows · 2 · (kv_heads / tp) ·
 // head_dim, for the rank's rows = micro · seq_len / cp (all of them under sequence parallelism
@@ -133,8 +133,9 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
                                                    int rank);
 
 // The values of the training loop's per-step MoE sum (RankTrainer::MoeStep): per layer of the
-// whole model, each expert's picks, the drops, the aux loss, the tokens, the bias spread and the
-// all-to-all's bytes and seconds (layers · (experts + 6)); 0 for a dense model.
+// whole model, each expert's picks, the drops, the aux loss, the tokens, the bias spread, the
+// all-to-all's bytes and seconds and the router z-loss (layers · (experts + 7)); 0 for a dense
+// model.
 int MoeStepValues(const config::ModelConfig& model);
 
 // Elements rank `rank` sends in a ring all-reduce of `count` elements over `n` ranks.

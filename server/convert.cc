@@ -64,6 +64,7 @@ void ToProto(const MoeLayerProgress& layer, v1::MoeLayerProgress* out) {
   out->set_balance(ToProto(layer.balance));
   out->set_aux_loss(layer.aux_loss);
   out->set_bias_spread(layer.bias_spread);
+  out->set_z_loss(layer.z_loss);
 }
 
 // Only what the worker measured: the coordinator derives the rest itself.
@@ -78,6 +79,7 @@ MoeLayerProgress FromProto(const v1::MoeLayerProgress& layer) {
   out.balance = FromProto(layer.balance());
   out.aux_loss = layer.aux_loss();
   out.bias_spread = layer.bias_spread();
+  out.z_loss = layer.z_loss();
   return out;
 }
 

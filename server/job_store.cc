@@ -222,15 +222,15 @@ absl::StatusOr<std::vector<GpuInfo>> DecodeGpus(const std::string& text) {
 }
 
 // MoE layers as one line each: layer, steps, tokens, dropped, dropped_total, balance, aux_loss,
-// bias_spread (tab-separated; the reals as "%.17g", which reads back exactly), then the picks
-// per expert, comma-separated.
+// bias_spread, z_loss (tab-separated; the reals as "%.17g", which reads back exactly), then the
+// picks per expert, comma-separated. A line written before z_loss was recorded lacks it (0).
 std::string EncodeMoe(const std::vector<MoeLayerProgress>& layers) {
   std::vector<std::string> lines;
   for (const MoeLayerProgress& l : layers) {
-    lines.push_back(absl::StrFormat("%d\t%d\t%d\t%d\t%d\t%d\t%.17g\t%.17g\t%s", l.layer, l.steps,
-                                    l.tokens, l.dropped, l.dropped_total,
+    lines.push_back(absl::StrFormat("%d\t%d\t%d\t%d\t%d\t%d\t%.17g\t%.17g\t%.17g\t%s", l.layer,
+                                    l.steps, l.tokens, l.dropped, l.dropped_total,
                                     static_cast<int>(l.balance), l.aux_loss, l.bias_spread,
-                                    absl::StrJoin(l.tokens_per_expert, ",")));
+                                    l.z_loss, absl::StrJoin(l.tokens_per_expert, ",")));
   }
   return absl::StrJoin(lines, "\n");
 }
@@ -244,15 +244,17 @@ std::optional<std::vector<MoeLayerProgress>> DecodeMoe(const std::string& text) 
     const std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
     MoeLayerProgress l;
     int balance = 0;
-    if (f.size() != 9 || !absl::SimpleAtoi(f[0], &l.layer) || !absl::SimpleAtoi(f[1], &l.steps) ||
-        !absl::SimpleAtoi(f[2], &l.tokens) || !absl::SimpleAtoi(f[3], &l.dropped) ||
-        !absl::SimpleAtoi(f[4], &l.dropped_total) || !absl::SimpleAtoi(f[5], &balance) ||
-        balance < 0 || balance > static_cast<int>(MoeBalance::kBias) ||
-        !absl::SimpleAtod(f[6], &l.aux_loss) || !absl::SimpleAtod(f[7], &l.bias_spread)) {
+    const bool with_z = f.size() == 10;
+    if ((f.size() != 9 && !with_z) || !absl::SimpleAtoi(f[0], &l.layer) ||
+        !absl::SimpleAtoi(f[1], &l.steps) || !absl::SimpleAtoi(f[2], &l.tokens) ||
+        !absl::SimpleAtoi(f[3], &l.dropped) || !absl::SimpleAtoi(f[4], &l.dropped_total) ||
+        !absl::SimpleAtoi(f[5], &balance) || balance < 0 ||
+        balance > static_cast<int>(MoeBalance::kBias) || !absl::SimpleAtod(f[6], &l.aux_loss) ||
+        !absl::SimpleAtod(f[7], &l.bias_spread) || (with_z && !absl::SimpleAtod(f[8], &l.z_loss))) {
       return std::nullopt;
     }
     l.balance = static_cast<MoeBalance>(balance);
-    for (absl::string_view picks : absl::StrSplit(f[8], ',', absl::SkipEmpty())) {
+    for (absl::string_view picks : absl::StrSplit(f.back(), ',', absl::SkipEmpty())) {
       if (!absl::SimpleAtoi(picks, &l.tokens_per_expert.emplace_back())) return std::nullopt;
     }
     layers.push_back(std::move(l));

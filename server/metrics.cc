@@ -221,6 +221,11 @@ std::vector<MetricFamily> MoeFamilies(const std::vector<JobMetrics>& jobs) {
                                     "Max minus min of an MoE layer's expert selection bias at the "
                                     "latest progress report (balance: bias)",
                                     MetricType::Gauge);
+  MetricFamily z_loss = Family("trainyard_moe_router_z_loss",
+                               "An MoE layer's router z-loss (its coefficient times the mean "
+                               "squared log-sum-exp of the router's logits), mean over the steps "
+                               "of the latest progress report (model.moe.z_loss_coeff > 0)",
+                               MetricType::Gauge);
   for (const JobMetrics& job : jobs) {
     for (const MoeLayerProgress& layer : job.progress.moe) {
       std::vector<ClientMetric::Label> labels = JobLabels(job);
@@ -237,9 +242,11 @@ std::vector<MetricFamily> MoeFamilies(const std::vector<JobMetrics>& jobs) {
       if (layer.balance != MoeBalance::kAuxLoss) {
         bias_spread.metric.push_back(Metric(labels, layer.bias_spread, MetricType::Gauge));
       }
+      if (layer.z_loss > 0)
+        z_loss.metric.push_back(Metric(labels, layer.z_loss, MetricType::Gauge));
     }
   }
-  return {cv, max_share, dead, dropped, aux_loss, bias_spread};
+  return {cv, max_share, dead, dropped, aux_loss, bias_spread, z_loss};
 }
 
 // Failures over all jobs since the coordinator started: counts and latencies.

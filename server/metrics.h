@@ -23,6 +23,7 @@
 //   trainyard_moe_dead_experts{...}                gauge: experts no token picked
 //   trainyard_moe_aux_loss{...}                    gauge (balance: aux_loss)
 //   trainyard_moe_bias_spread{...}                 gauge (balance: bias)
+//   trainyard_moe_router_z_loss{...}               gauge (model.moe.z_loss_coeff > 0)
 //   trainyard_moe_dropped_tokens_total{...}        counter: dropped picks since the attempt began
 //   trainyard_node_heartbeat_age_seconds{node}     gauge
 //   trainyard_node_connected{node}                 gauge: 1 or 0

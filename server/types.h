@@ -144,6 +144,7 @@ struct MoeLayerProgress {
   MoeBalance balance = MoeBalance::kUnknown;
   double aux_loss = 0;     // mean over the window's steps (kAuxLoss)
   double bias_spread = 0;  // max − min of the selection bias at its last step (kBias)
+  double z_loss = 0;       // the router z-loss, mean over the window's steps (0: none)
 
   bool operator==(const MoeLayerProgress&) const = default;
 };

@@ -167,6 +167,7 @@ class Model {
     // data-parallel ranks' mean).
     int64_t exchange_bytes = 0;
     double exchange_seconds = 0;
+    double z_loss = 0;  // Σ over micro-batches of the layer's router z-loss · its tokens
   };
   std::vector<MoeLayerStats> TakeMoeStats();
 

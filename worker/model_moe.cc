@@ -83,9 +83,9 @@ ExpertMlp Model::ExpertsOf(int layer, std::span<const int64_t> offsets) {
 // (ContextParallelOps, half-major rows: half h of sequence i is rows [(h·b + i)·c, +c)); the
 // micro-batch's token order runs sequence by sequence, chunk by chunk, chunk k held by rank k
 // (its half 0) or rank 2·cp − 1 − k (its half 1). One all-gather over the group carries every
-// rank's picks per expert in each chunk (exact as floats below 2^24) and its Σ scores (as float
-// pairs), from which each rank finds the picks made before each of its chunks and the
-// micro-batch's totals.
+// rank's picks per expert in each chunk (exact as floats below 2^24), its Σ scores and its Σ z²
+// of the router z-loss (as float pairs), from which each rank finds the picks made before each of
+// its chunks and the micro-batch's totals.
 absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<const float> bias) {
   const config::MoeConfig& moe = config_.moe;
   const int b = acts_->b;
@@ -94,10 +94,11 @@ absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<con
   MoeRouting r = SelectExperts(moe, logits, n, bias);
   const int E = moe.experts, K = moe.top_k, ranks = cp_.size();
   const int64_t c = acts_->t / 2, runs = 2 * int64_t{b};
-  const int64_t per_rank = runs * E + 2 * E;
+  const int64_t per_rank = runs * E + 2 * E + 2;
   std::vector<float> mine(per_rank, 0.0f), all(per_rank * ranks);
   for (int64_t p = 0; p < n * K; ++p) mine[p / K / c * E + r.expert[p]] += 1.0f;
   for (int e = 0; e < E; ++e) parallel::ToFloatPair(r.score_sum[e], &mine[runs * E + 2 * e]);
+  parallel::ToFloatPair(r.z_sum, &mine[runs * E + 2 * E]);
   const int64_t started = RealClock()->NowNanosMonotonic();
   TY_RETURN_IF_ERROR(cp_.group()->AllGather(mine.data(), all.data(), per_rank));
   cp_routing_seconds_ += (RealClock()->NowNanosMonotonic() - started) / 1e9;
@@ -117,12 +118,14 @@ absl::StatusOr<MoeRouting> Model::RouteTokens(const float* logits, std::span<con
     }
   }
   std::vector<double> score_sum(E, 0.0);
+  double z_sum = 0;
   for (int k = 0; k < ranks; ++k) {
     const float* sums = &all[k * per_rank + runs * E];
     for (int e = 0; e < E; ++e) score_sum[e] += parallel::FromFloatPair(&sums[2 * e]);
+    z_sum += parallel::FromFloatPair(&sums[2 * E]);
   }
   KeepPicks(moe, r, share);
-  Balance(moe, r, share.batch_tokens, batch_picks, score_sum);
+  Balance(moe, r, share.batch_tokens, batch_picks, score_sum, z_sum);
   return r;
 }
 
@@ -303,9 +306,9 @@ absl::Status Model::MoeBackward(int layer, LayerActivations& la, const Act* dy, 
   be.CombineRows(a.dln.data(), a.moe_din.data(), m.slot.data(), nullptr, n, moe.top_k, width,
                  accumulate);
 
-  // The router: the weights' gradients back to the picks, and the aux loss's, whose share of the
-  // objective is the micro-batch's tokens (all of them, also those of other cp ranks) times the
-  // loss scale.
+  // The router: the weights' gradients back to the picks, and the aux loss's and the router
+  // z-loss's, whose share of the objective is the micro-batch's tokens (all of them, also those
+  // of other cp ranks) times the loss scale.
   std::vector<float> row_dweight(kept), dweight(picks, 0.0f), dlogits(n * experts);
   be.CopyToHost(row_dweight.data(), a.moe_dweight.data(), kept);
   for (int64_t p = 0; p < picks; ++p) {
@@ -336,6 +339,7 @@ void Model::RecordRouting(int layer, const MoeRouting& routing, std::span<const 
   for (int e = 0; e < routing.experts; ++e) s->picks[e] += routing.picks[e];
   s->dropped += routing.dropped;
   s->aux_loss += routing.aux_loss * static_cast<double>(routing.tokens);
+  s->z_loss += routing.z_loss * static_cast<double>(routing.tokens);
   s->tokens += routing.tokens;
 }
 

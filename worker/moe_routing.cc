@@ -65,6 +65,19 @@ void Pick(const float* value, const std::vector<char>& eligible, int top_k, int3
   }
 }
 
+// One token's router z-loss pieces: z = log Σ exp(logits) adds z² to *sum, and grad becomes
+// ∂z²/∂logits = 2·z·softmax(logits).
+void ZLoss(const float* logits, int experts, double& sum, float* grad) {
+  const double top = *std::max_element(logits, logits + experts);
+  double total = 0;
+  for (int e = 0; e < experts; ++e) total += std::exp(logits[e] - top);
+  const double z = top + std::log(total);
+  sum += z * z;
+  for (int e = 0; e < experts; ++e) {
+    grad[e] = static_cast<float>(2.0 * z * std::exp(logits[e] - z));
+  }
+}
+
 }  // namespace
 
 MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t tokens,
@@ -80,6 +93,8 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
   r.slot.assign(tokens * K, -1);
   r.picks.assign(E, 0);
   r.score_sum.assign(E, 0.0);
+  const bool z_loss = moe.z_loss_coeff > 0.0f;
+  if (z_loss) r.z_grad.resize(tokens * E);
   std::vector<float> value(E);
   std::vector<char> eligible(E);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -103,6 +118,7 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
       for (int e = 0; e < E; ++e) q_norm += g[e];
     }
     for (int e = 0; e < E; ++e) r.score_sum[e] += g[e] / q_norm;
+    if (z_loss) ZLoss(logits + t * E, E, r.z_sum, &r.z_grad[t * E]);
   }
   return r;
 }
@@ -141,7 +157,8 @@ void KeepPicks(const MoeConfig& moe, MoeRouting& r, const MoeShare& share) {
 }
 
 void Balance(const MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
-             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum) {
+             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum,
+             double batch_z_sum) {
   r.batch_tokens = batch_tokens;
   r.batch_picks.assign(batch_picks.begin(), batch_picks.end());
   r.mean_score.assign(r.experts, 0.0);
@@ -153,13 +170,14 @@ void Balance(const MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
     sum += share * r.mean_score[e];
   }
   r.aux_loss = moe.balance == MoeBalance::kAuxLoss ? moe.aux_loss_coeff * r.experts * sum : 0.0;
+  r.z_loss = moe.z_loss_coeff * batch_z_sum / static_cast<double>(batch_tokens);
 }
 
 MoeRouting Route(const MoeConfig& moe, const float* logits, int64_t tokens,
                  std::span<const float> bias) {
   MoeRouting r = SelectExperts(moe, logits, tokens, bias);
   KeepPicks(moe, r, MoeShare::Whole(tokens, moe.experts));
-  Balance(moe, r, tokens, r.picks, r.score_sum);
+  Balance(moe, r, tokens, r.picks, r.score_sum, r.z_sum);
   return r;
 }
 
@@ -210,6 +228,11 @@ void RouterBackward(const MoeConfig& moe, const MoeRouting& r, const float* dwei
       double dot = 0;
       for (int e = 0; e < E; ++e) dot += dg[e] * g[e];
       for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(g[e] * (dg[e] - dot));
+    }
+    // The router z-loss, coeff · Σ z² / tokens over the micro-batch, straight on the logits.
+    if (!r.z_grad.empty()) {
+      const double z_factor = aux_grad * moe.z_loss_coeff / static_cast<double>(r.batch_tokens);
+      for (int e = 0; e < E; ++e) dl[e] += static_cast<float>(z_factor * r.z_grad[t * E + e]);
     }
   }
 }

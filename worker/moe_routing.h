@@ -28,14 +28,20 @@ struct MoeRouting {
   std::vector<int64_t> offsets;  // [E + 1]: expert e's permuted rows are [offsets[e], offsets[e+1])
   std::vector<int64_t> picks;    // [E]: picks of each expert before capacity drops (its load)
   std::vector<double> score_sum;  // [E]: Σ over the tokens of the normalised scores
-  int64_t dropped = 0;            // picks over an expert's capacity
+  // The router z-loss's pieces (z_loss_coeff > 0): Σ over the tokens of z² with z the
+  // log-sum-exp of a token's logits, and ∂z²/∂logits = 2·z·softmax(logits) [tokens, E].
+  double z_sum = 0;
+  std::vector<float> z_grad;
+  int64_t dropped = 0;  // picks over an expert's capacity
   // The whole micro-batch's (this rank's tokens' unless they are split over ranks): its tokens,
   // each expert's picks and Pᵢ, the mean normalised score; and the aux loss
-  // coeff · E · Σ fᵢ·Pᵢ with fᵢ its share of the picks (0 under the bias rule).
+  // coeff · E · Σ fᵢ·Pᵢ with fᵢ its share of the picks (0 under the bias rule); the router
+  // z-loss z_loss_coeff · the micro-batch's mean z².
   int64_t batch_tokens = 0;
   std::vector<int64_t> batch_picks;
   std::vector<double> mean_score;
   double aux_loss = 0;
+  double z_loss = 0;
 
   int64_t kept() const { return static_cast<int64_t>(source.size()); }
 };
@@ -46,7 +52,7 @@ MoeRouting Route(const config::MoeConfig& moe, const float* logits, int64_t toke
                  std::span<const float> bias);
 
 // Route's steps for a rank that holds only some of a micro-batch's tokens.
-// Each token's scores, picks and combine weights; picks and score_sum of these tokens.
+// Each token's scores, picks and combine weights; picks, score_sum and z_sum of these tokens.
 MoeRouting SelectExperts(const config::MoeConfig& moe, const float* logits, int64_t tokens,
                          std::span<const float> bias);
 // Where a rank's rows sit in the micro-batch: runs of `run_rows` consecutive rows, each
@@ -66,14 +72,17 @@ struct MoeShare {
 // Capacity drops (a pick is kept while fewer than the capacity of its expert's picks came before
 // it in the micro-batch's token order) and the permuted rows.
 void KeepPicks(const config::MoeConfig& moe, MoeRouting& r, const MoeShare& share);
-// The aux loss from the micro-batch's tokens, picks per expert and Σ normalised scores.
+// The aux loss from the micro-batch's tokens, picks per expert and Σ normalised scores, and the
+// router z-loss from its Σ z².
 void Balance(const config::MoeConfig& moe, MoeRouting& r, int64_t batch_tokens,
-             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum);
+             std::span<const int64_t> batch_picks, std::span<const double> batch_score_sum,
+             double batch_z_sum);
 
 // ∂objective/∂logits [tokens, E] (overwritten), given ∂objective/∂weight [tokens, K] (only kept
-// picks' entries are read) and the factor `aux_grad` the micro-batch's aux loss enters the
-// objective with (ignored under the bias rule). The aux loss's part uses the micro-batch's shares,
-// so the ranks holding parts of a micro-batch give the gradients of its logits between them.
+// picks' entries are read) and the factor `aux_grad` the micro-batch's aux loss (ignored under
+// the bias rule) and router z-loss enter the objective with. Both use the micro-batch's token
+// count and the aux loss its shares, so the ranks holding parts of a micro-batch give the
+// gradients of its logits between them.
 void RouterBackward(const config::MoeConfig& moe, const MoeRouting& routing, const float* dweight,
                     double aux_grad, float* dlogits);
 

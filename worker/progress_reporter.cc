@@ -101,6 +101,7 @@ void MoeProgressWindow::Add(const std::vector<MoeLayerReport>& step) {
     layer.dropped += report.dropped;
     layer.dropped_total += report.dropped;
     layer.aux_loss += report.aux_loss;
+    layer.z_loss += report.z_loss;
     layer.bias_spread = report.bias_spread;
   }
 }
@@ -127,11 +128,13 @@ std::vector<v1::MoeLayerProgress> MoeProgressWindow::Take() {
     out.set_dropped_total(layer.dropped_total);
     out.set_balance(balance_);
     out.set_aux_loss(layer.aux_loss / static_cast<double>(layer.steps));
+    out.set_z_loss(layer.z_loss / static_cast<double>(layer.steps));
     out.set_bias_spread(layer.bias_spread);
     std::fill(layer.picks.begin(), layer.picks.end(), 0);
     layer.steps = 0;
     layer.dropped = 0;
     layer.aux_loss = 0;
+    layer.z_loss = 0;
   }
   return taken;
 }

@@ -94,6 +94,7 @@ class MoeProgressWindow {
     int64_t dropped = 0;
     int64_t dropped_total = 0;  // since the first step added
     double aux_loss = 0;        // Σ over the window's steps
+    double z_loss = 0;          // the same of the router z-loss
     double bias_spread = 0;     // the latest step's
   };
   trainyard::v1::MoeBalance balance_;

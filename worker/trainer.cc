@@ -556,11 +556,12 @@ absl::Status RankTrainer::MoeStep() {
   const config::MoeConfig& moe = spec_.model.moe;
   if (!moe.enabled()) return absl::OkStatus();
   std::vector<Model::MoeLayerStats> stats = model_->TakeMoeStats();
-  // Per MoE layer of the model: picks per expert, drops, Σ aux · tokens, tokens and the bias
-  // spread; zeros for layers other stages hold. Summed over the data-parallel group (its
-  // context-parallel ranks too), then over the pipeline (each layer on one stage; the bias spread
-  // summed only over the latter). The exchanges' bytes and seconds are means over the group.
-  const size_t per_layer = moe.experts + 6;
+  // Per MoE layer of the model: picks per expert, drops, Σ aux · tokens, tokens, the bias
+  // spread, the exchanges and Σ z-loss · tokens; zeros for layers other stages hold. Summed over
+  // the data-parallel group (its context-parallel ranks too), then over the pipeline (each layer on
+  // one stage; the bias spread summed only over the latter). The exchanges' bytes and seconds are
+  // means over the group.
+  const size_t per_layer = moe.experts + 7;
   const int layers = spec_.model.layers;
   std::vector<double> sums(layers * per_layer, 0.0), spreads(layers, 0.0);
   for (const Model::MoeLayerStats& s : stats) {
@@ -571,6 +572,7 @@ absl::Status RankTrainer::MoeStep() {
     at[moe.experts + 2] = static_cast<double>(s.tokens);
     at[moe.experts + 4] = static_cast<double>(s.exchange_bytes);
     at[moe.experts + 5] = s.exchange_seconds;
+    at[moe.experts + 6] = s.z_loss;
     spreads[s.layer] = s.bias_spread;  // the same on every data-parallel rank
   }
   TY_RETURN_IF_ERROR(params_->SumOverRanks(sums));
@@ -586,6 +588,7 @@ absl::Status RankTrainer::MoeStep() {
     for (int e = 0; e < moe.experts; ++e) r.tokens_per_expert.push_back(std::llround(at[e]));
     r.dropped = std::llround(at[moe.experts]);
     r.aux_loss = at[moe.experts + 2] > 0 ? at[moe.experts + 1] / at[moe.experts + 2] : 0.0;
+    r.z_loss = at[moe.experts + 2] > 0 ? at[moe.experts + 6] / at[moe.experts + 2] : 0.0;
     r.bias_spread = at[moe.experts + 3];
     r.all_to_all_bytes = at[moe.experts + 4] / data_ranks;
     r.all_to_all_seconds = at[moe.experts + 5] / data_ranks;
@@ -600,6 +603,7 @@ absl::Status RankTrainer::MoeStep() {
     for (int e = 0; e < moe.experts; ++e) run.picks[e] += std::llround(at[e]);
     run.dropped += std::llround(at[moe.experts]);
     run.aux_loss += at[moe.experts + 1];
+    run.z_loss += at[moe.experts + 6];
     run.tokens += std::llround(at[moe.experts + 2]);
     run.bias_spread = at[moe.experts + 3];
     run.exchange_bytes += std::llround(at[moe.experts + 4] / data_ranks);

@@ -36,6 +36,7 @@ struct MoeLayerReport {
   int64_t dropped = 0;                     // picks over an expert's capacity
   double aux_loss = 0;     // the aux loss, token-weighted over micro-batches (aux_loss rule)
   double bias_spread = 0;  // max − min of the selection bias the step routed with (bias rule)
+  double z_loss = 0;       // the router z-loss, token-weighted over micro-batches (0: none)
   // Expert parallelism's all-to-alls (forward, backward, recomputation), per rank on average:
   // bytes sent to other ranks and seconds spent.
   double all_to_all_bytes = 0;

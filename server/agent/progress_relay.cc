@@ -46,6 +46,9 @@ void MergeMoeWindows(const v1::ProgressReport& older, v1::ProgressReport* newer)
       layer.set_aux_loss((layer.aux_loss() * static_cast<double>(layer.steps()) +
                           before->aux_loss() * static_cast<double>(before->steps())) /
                          static_cast<double>(steps));
+      layer.set_z_loss((layer.z_loss() * static_cast<double>(layer.steps()) +
+                        before->z_loss() * static_cast<double>(before->steps())) /
+                       static_cast<double>(steps));
     }
     layer.set_steps(steps);
     layer.set_tokens(layer.tokens() + before->tokens());

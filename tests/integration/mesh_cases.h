@@ -57,6 +57,7 @@ struct MeshCase {
   // DeepSeek-V3's group-limited routing (model.moe.groups and group_top_k; 0: none).
   int groups = 0;
   int group_top_k = 0;
+  float z_loss = 0.0f;  // model.moe.z_loss_coeff (ST-MoE's router z-loss)
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -101,6 +102,7 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
     moe.groups = mesh.groups;
     moe.group_top_k = mesh.group_top_k;
   }
+  moe.z_loss_coeff = mesh.z_loss;
 }
 
 // `spec` run on `mesh`: its model changes (layers, untied embeddings, recomputation), its micro-
@@ -424,7 +426,6 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .sequence_parallel = true,
      .experts = 6,
      .ep = 2,
-     .glm45 = true,
      .groups = 3,
      .group_top_k = 2},
     {.name = "ep2", .dp = 2, .experts = 4, .ep = 2},
@@ -442,6 +443,15 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
     // micro-batch's; under ep the experts' gradients are summed over the cp ranks too.
     {.name = "moe_cp2_capacity", .cp = 2, .seq_len = 24, .experts = 4, .capacity_factor = 1.0f},
     {.name = "moe_cp4_capacity", .cp = 4, .seq_len = 24, .experts = 4, .capacity_factor = 1.0f},
+    // The router z-loss of a micro-batch split over cp ranks is the whole micro-batch's (its Σ z²
+    // travels with the picks), with the experts over ep 2.
+    {.name = "moe_zloss_dp2_cp2_ep2",
+     .dp = 2,
+     .cp = 2,
+     .seq_len = 24,
+     .experts = 4,
+     .ep = 2,
+     .z_loss = 0.05f},
     {.name = "moe_bias_dp2_cp2_zero3",
      .dp = 2,
      .cp = 2,

@@ -147,6 +147,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
         << ", \"balance\": \"" << (m.balance == config::MoeBalance::kBias ? "bias" : "aux_loss")
         << "\", \"aux_loss_coeff\": " << m.aux_loss_coeff
         << ", \"bias_update_rate\": " << m.bias_update_rate
+        << ", \"z_loss_coeff\": " << m.z_loss_coeff
         << ", \"capacity_factor\": " << m.capacity_factor << "}";
   }
   cfg << "}\n";
@@ -184,13 +185,13 @@ void ExpectSameRouting(const std::vector<Model::MoeLayerStats>& stats, const fs:
 }
 
 // After an optimizer step: the bias rule on each MoE layer's selection bias from the step's
-// loads (as the trainer does over its data-parallel group); returns the step's Σ aux losses
-// (token-weighted mean over micro-batches).
+// loads (as the trainer does over its data-parallel group); returns the step's Σ aux losses and
+// router z-losses (token-weighted means over micro-batches).
 double MoeStep(LocalModel& model, Backend& backend) {
   const config::MoeConfig& moe = model.config().moe;
   double aux = 0;
   for (const Model::MoeLayerStats& s : model.model().TakeMoeStats()) {
-    aux += s.aux_loss / static_cast<double>(s.tokens);
+    aux += (s.aux_loss + s.z_loss) / static_cast<double>(s.tokens);
     const int64_t offset = model.layout().block(s.layer).router_bias;
     if (offset < 0) continue;
     const std::vector<double> load(s.picks.begin(), s.picks.end());
@@ -368,6 +369,24 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithGroupLimitedRouting) {
   c.moe.balance = config::MoeBalance::kBias;
   c.moe.bias_update_rate = 0.01f;
   CompareWithOracle(c);
+}
+
+// ST-MoE's router z-loss beside each balance rule: its gradient reaches the router's logits
+// straight, not through the scores (the oracle differentiates logsumexp(logits)² itself).
+TEST(TorchOracle, MixtureOfExpertsWithTheRouterZLoss) {
+  for (const config::ModelFamily family :
+       {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    ModelConfig c = Small(family);
+    c.moe = OracleMoe();
+    c.moe.z_loss_coeff = 0.05f;
+    if (family == config::ModelFamily::kLlama) {
+      c.moe.score = config::MoeScore::kSigmoid;
+      c.moe.normalize_top_k = true;
+      c.moe.balance = config::MoeBalance::kBias;
+      c.moe.bias_update_rate = 0.01f;
+    }
+    CompareWithOracle(c);
+  }
 }
 
 // Qwen2-MoE's shape: biases on q, k and v, softmax top-2 weights left unnormalised, and two

@@ -12,6 +12,7 @@ objective's gradients and the CLI trajectories of MoE models are in selftest.py 
 import math
 import unittest
 
+import numpy as np
 import torch
 
 from oracle_testutil import (CONFIGS, expected_contract, moe_cfg, random_model,  # noqa: E402
@@ -207,6 +208,26 @@ class AuxLossTest(unittest.TestCase):
         layer = standalone_layer(top_k=2, balance="bias", aux_loss_coeff=0.5)
         _, routing = layer(rows([[1.0, 2.0, 3.0, 4.0]]))
         self.assertEqual(routing.aux_loss.item(), 0.0)
+
+    def test_router_z_loss_worked_by_hand(self):
+        # A zero router gives every token logits of zero: log-sum-exp ln 4 over 4 experts, so the
+        # router z-loss is 0.1 * (ln 4)^2 under either rule (the bias rule's only auxiliary loss),
+        # and its gradient on the router's logits is 0.1 * 2 * ln 4 * softmax / tokens.
+        for balance in ("aux_loss", "bias"):
+            layer = standalone_layer(router=torch.zeros(4, 4), top_k=1, balance=balance,
+                                     aux_loss_coeff=0.0 if balance == "aux_loss" else 0.01,
+                                     z_loss_coeff=0.1)
+            logits = torch.zeros(3, 4, dtype=F64, requires_grad=True)
+            self.assertAlmostEqual(layer.z_loss(logits).item(), 0.1 * math.log(4) ** 2,
+                                   delta=1e-15)
+            layer.z_loss(logits).backward()
+            np.testing.assert_allclose(logits.grad.numpy(),
+                                       np.full((3, 4), 0.1 * 2 * math.log(4) * 0.25 / 3),
+                                       rtol=1e-12)
+            if balance == "bias":
+                _, routing = layer(rows([[1.0, 2.0, 3.0, 4.0]]))
+                self.assertAlmostEqual(routing.aux_loss.item(), 0.1 * math.log(4) ** 2,
+                                       delta=1e-15)
 
     def test_gradient_matches_finite_differences(self):
         # d(sum of L_aux)/d(parameters) alone: through the routers and, via the routers' inputs,

@@ -51,12 +51,13 @@ MOE_DEFAULTS = {
     "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1,
     "dense_first": 0, "ffn": 0, "score": "softmax", "normalize_top_k": False, "routed_scale": 1.0, "groups": 1, "group_top_k": 0,
     "balance": "aux_loss", "aux_loss_coeff": 0.01,
-    "bias_update_rate": 0.001, "capacity_factor": 0.0,
+    "bias_update_rate": 0.001, "z_loss_coeff": 0.0, "capacity_factor": 0.0,
 }
 _MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias")}
 # (key, lower bound, whether the bound itself is allowed) for the real-valued keys.
 _MOE_REALS = (("aux_loss_coeff", 0.0, True), ("bias_update_rate", 0.0, False),
-              ("capacity_factor", 0.0, True), ("routed_scale", 0.0, False))
+              ("capacity_factor", 0.0, True), ("routed_scale", 0.0, False),
+              ("z_loss_coeff", 0.0, True))
 
 
 class ConfigError(ValueError):

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 #   layer     the block index;
 #   counts    LongTensor [E]: assignments that selected each expert, counted before capacity drops;
 #   dropped   int: assignments dropped by the capacity limit;
-#   aux_loss  scalar tensor: this layer's L_aux (zero under balance "bias"), differentiable.
+#   aux_loss  scalar tensor: this layer's L_aux (zero under balance "bias") plus its router z-loss
+#             (zero unless z_loss_coeff), differentiable.
 Routing = collections.namedtuple("Routing", "layer counts dropped aux_loss")
 
 
@@ -122,6 +123,7 @@ class MoeLayer(nn.Module):
         self.balance = moe["balance"]
         self.aux_loss_coeff = moe["aux_loss_coeff"]
         self.bias_update_rate = moe["bias_update_rate"]
+        self.z_loss_coeff = moe.get("z_loss_coeff", 0.0)
         self.capacity_factor = moe["capacity_factor"]
         self.router = nn.Linear(width, self.experts_n, bias=False)
         if self.balance == "bias":
@@ -133,8 +135,7 @@ class MoeLayer(nn.Module):
         self.shared = make_mlp(shared) if shared > 0 else None
         self.shared_gate = nn.Linear(width, 1, bias=False) if moe["shared_gate"] else None
 
-    def scores(self, rows):
-        logits = self.router(rows)
+    def scores(self, logits):
         if self.score == "softmax":
             return torch.softmax(logits, dim=-1)
         return torch.sigmoid(logits)
@@ -143,7 +144,8 @@ class MoeLayer(nn.Module):
         """x [..., C] -> (y [..., C], Routing)."""
         rows = x.reshape(-1, x.shape[-1])
         n, e_count, k = rows.shape[0], self.experts_n, self.top_k
-        scores = self.scores(rows)  # [N, E]
+        logits = self.router(rows)  # [N, E]
+        scores = self.scores(logits)
         selection = scores.detach()
         if self.selection_bias is not None:
             selection = selection + self.selection_bias
@@ -168,8 +170,13 @@ class MoeLayer(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(rows)) * shared
             out = out + shared
         counts = torch.bincount(picks.reshape(-1), minlength=e_count)
-        routing = Routing(self.layer, counts, dropped, self.aux_loss(scores, counts))
+        routing = Routing(self.layer, counts, dropped,
+                          self.aux_loss(scores, counts) + self.z_loss(logits))
         return out.reshape(x.shape), routing
+
+    def z_loss(self, logits):
+        """ST-MoE's router z-loss: z_loss_coeff * mean over tokens of logsumexp(logits)^2."""
+        return self.z_loss_coeff * (torch.logsumexp(logits, dim=-1) ** 2).mean()
 
     def aux_loss(self, scores, counts):
         """aux_loss_coeff * E * sum_i f_i * P_i; f_i = counts_i / (N*K) (a constant), P_i = mean

@@ -137,17 +137,19 @@ void AppendHealthRows(const v1::Job& job, int64_t now_ms,
 }
 
 // The balancing rule's figure of an MoE layer: its aux loss or its selection bias's spread (both
-// when the report did not say which rule the job uses).
+// when the report did not say which rule the job uses), and its router z-loss when it has one.
 std::string MoeBalanceText(const v1::MoeLayerProgress& layer) {
   const std::string aux = absl::StrFormat("aux loss %.4g", layer.aux_loss());
   const std::string bias = absl::StrFormat("bias spread %.4g", layer.bias_spread());
+  const std::string z =
+      layer.z_loss() > 0 ? absl::StrFormat(", router z-loss %.4g", layer.z_loss()) : "";
   switch (layer.balance()) {
     case v1::MOE_BALANCE_AUX_LOSS:
-      return aux;
+      return aux + z;
     case v1::MOE_BALANCE_BIAS:
-      return bias;
+      return bias + z;
     default:
-      return absl::StrCat(aux, ", ", bias);
+      return absl::StrCat(aux, ", ", bias, z);
   }
 }
 

@@ -270,6 +270,10 @@ TEST(FormatTest, ReportShowsAnMoeJobsRoutingPerLayer) {
                         "0.004\n"));
   bias->set_balance(v1::MOE_BALANCE_UNSPECIFIED);
   EXPECT_THAT(JobReport(reply, 0), HasSubstr("aux loss 0, bias spread 0.004"));
+  // The router z-loss beside either rule's figure, when the layer has one.
+  bias->set_balance(v1::MOE_BALANCE_BIAS);
+  bias->set_z_loss(0.00321);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("bias spread 0.004, router z-loss 0.00321"));
 }
 
 // Ranks that ended on the coordinator's stop order (here a cancel) are not failures.

@@ -90,6 +90,8 @@ std::vector<BadSpec> MoeBadSpecs() {
        "4:45", "model.moe.group_top_k", "must be between 0 (every group) and groups 2, got 3"},
       {"kept groups short of top_k", WithMoe("{experts: 4, top_k: 3, groups: 2, group_top_k: 1}"),
        "4:55", "model.moe.group_top_k", "keeps 1 of 2 groups of 2 experts, fewer than top_k 3"},
+      {"negative router z-loss", WithMoe("{experts: 4, z_loss_coeff: -0.1}"), "4:35",
+       "model.moe.z_loss_coeff", "must be zero or positive, got -0.1"},
       {"expert ffn zero", WithMoe("{experts: 4, ffn: 0}"), "4:26", "model.moe.ffn",
        "must be at least 1, got 0"},
       {"expert ffn as a word", WithMoe("{experts: 4, ffn: wide}"), "4:26", "model.moe.ffn",

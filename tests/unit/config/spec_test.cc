@@ -615,6 +615,7 @@ TEST(ParseJobSpecTest, MoeDefaults) {
   EXPECT_EQ(moe.dense_first, 0);
   EXPECT_FLOAT_EQ(moe.routed_scale, 1.0f);
   EXPECT_EQ(moe.groups, 1);
+  EXPECT_EQ(moe.z_loss_coeff, 0.0f);
   EXPECT_EQ(moe.group_top_k, 0);
   EXPECT_FALSE(moe.limits_groups());
   EXPECT_EQ(moe.ffn, 256);  // the preset's ffn_hidden
@@ -721,6 +722,10 @@ parallelism: {dp: 1, tp: 2}
                                 "groups: 4, group_top_k: 2}}\n")
                                 .model.moe;
   EXPECT_EQ(grouped.groups, 4);
+  EXPECT_FLOAT_EQ(MustParse("name: m\nmodel: {preset: llama-tiny, moe: {experts: 8, balance: bias, "
+                            "z_loss_coeff: 0.001}}\n")
+                      .model.moe.z_loss_coeff,
+                  0.001f);
   EXPECT_EQ(grouped.kept_groups(), 2);
   EXPECT_TRUE(grouped.limits_groups());
   const MoeConfig all_groups = MustParse(

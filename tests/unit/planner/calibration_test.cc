@@ -189,6 +189,7 @@ void ExpectCarried(const config::JobSpec& spec) {
   EXPECT_EQ(a.moe.dense_first, b.moe.dense_first);
   EXPECT_EQ(a.moe.routed_scale, b.moe.routed_scale);
   EXPECT_EQ(a.moe.groups, b.moe.groups);
+  EXPECT_EQ(a.moe.z_loss_coeff, b.moe.z_loss_coeff);
   EXPECT_EQ(a.moe.group_top_k, b.moe.group_top_k);
   EXPECT_EQ(a.moe.ffn, b.moe.ffn);
   EXPECT_EQ(a.moe.score, b.moe.score);
@@ -231,7 +232,7 @@ TEST(CalibrationReference, TheSpecFileCarriesTheReference) {
       SpecOf("name: m\nmodel: {preset: llama-debug, moe: {experts: 6, top_k: 2, shared_experts: 1, "
              "every: 2, dense_first: 1, ffn: 48, score: sigmoid, normalize_top_k: false, "
              "routed_scale: 2.5, groups: 3, group_top_k: 2, balance: bias, "
-             "bias_update_rate: 0.0025, capacity_factor: 1.3}}\n"));
+             "bias_update_rate: 0.0025, z_loss_coeff: 0.001, capacity_factor: 1.3}}\n"));
   ExpectCarried(
       SpecOf("name: m\nmodel: {preset: gpt2-debug, moe: {experts: 3, normalize_top_k: true, "
              "aux_loss_coeff: 0.037}}\n"));

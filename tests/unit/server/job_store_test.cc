@@ -605,7 +605,8 @@ TEST(JobStoreTest, SchemaSixDatabaseIsMigratedForContextParallelism) {
 
 std::vector<MoeLayerProgress> TwoMoeLayers() {
   MoeLayerProgress aux{1, 3, {15, 15, 18, 0}, 24, 5, 6, MoeBalance::kAuxLoss, 0.1 + 0.2, 0};
-  MoeLayerProgress bias{3, 3, {12, 12, 12, 12}, 24, 0, 0, MoeBalance::kBias, 0, 1.0 / 3.0};
+  MoeLayerProgress bias{3, 3,         {12, 12, 12, 12}, 24, 0, 0, MoeBalance::kBias,
+                        0, 1.0 / 3.0, 2.0 / 3.0e3};  // with the router z-loss
   return {aux, bias};
 }
 
@@ -645,6 +646,27 @@ TEST(JobStoreTest, MoeRoutingSurvivesReopen) {
   ASSERT_TRUE(state.ok()) << state.status();
   ASSERT_EQ(state->jobs[0].progress.moe.size(), 1u);
   EXPECT_EQ(state->jobs[0].progress.moe[0], TwoMoeLayers()[0]);
+
+  // A layer stored before the router z-loss was recorded (one field fewer) reads with none.
+  store->reset();
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    // The jobs row's column, with no newer soft state in job_progress to take its place.
+    ASSERT_TRUE((*db)
+                    ->Exec("UPDATE jobs SET moe = '3\t3\t24\t0\t0\t2\t0\t0.5\t12,12,12,12'; "
+                           "DELETE FROM job_progress")
+                    .ok());
+  }
+  store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  state = (*store)->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs[0].progress.moe.size(), 1u);
+  EXPECT_EQ(state->jobs[0].progress.moe[0].bias_spread, 0.5);
+  EXPECT_EQ(state->jobs[0].progress.moe[0].z_loss, 0.0);
+  EXPECT_EQ(state->jobs[0].progress.moe[0].tokens_per_expert,
+            (std::vector<int64_t>{12, 12, 12, 12}));
 }
 
 // Schema 10 had no expert-parallel degree: its jobs and attempts load with ep 0 (the spec's own),

@@ -206,6 +206,28 @@ TEST(MoeMetricsTest, EachRulesFigureOnlyForItsRule) {
   EXPECT_THAT(text, Not(HasSubstr("trainyard_moe_aux_loss{job_id=\"j-000012\"")));
   EXPECT_THAT(text, HasSubstr("trainyard_moe_aux_loss{job_id=\"j-000013\""));
   EXPECT_THAT(text, HasSubstr("trainyard_moe_bias_spread{job_id=\"j-000013\""));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_moe_router_z_loss{"))) << "no router z-loss";
+}
+
+// The router z-loss is a series of its own, for the layers that report one.
+TEST(MoeMetricsTest, TheRouterZLossWhereALayerHasOne) {
+  MetricsSnapshot snapshot;
+  JobMetrics job;
+  job.job_id = "j-000014";
+  job.name = "z";
+  job.state = JobState::kRunning;
+  MoeLayerProgress layer;
+  layer.layer = 1;
+  layer.steps = 1;
+  layer.tokens_per_expert = {4, 4};
+  layer.tokens = 8;
+  layer.balance = MoeBalance::kBias;
+  layer.z_loss = 0.0125;
+  job.progress.moe = {layer};
+  snapshot.jobs.push_back(job);
+  const std::string text = prometheus::TextSerializer().Serialize(MetricFamilies(snapshot));
+  EXPECT_THAT(text, HasSubstr("trainyard_moe_router_z_loss{job_id=\"j-000014\",job_name=\"z\","
+                              "layer=\"1\"} 0.0125"));
 }
 
 }  // namespace

@@ -133,6 +133,22 @@ TEST(MoeRouting, AuxLossByHand) {
   EXPECT_NEAR(r.aux_loss, 0.625, 1e-6);
 }
 
+// The router z-loss by hand: logits (ln 3, 0) have log-sum-exp ln 4, logits (0, 0) ln 2; with
+// coefficient 0.1, 0.1 · ((ln 4)² + (ln 2)²) / 2, under either balance rule, and 0 without one.
+TEST(MoeRouting, RouterZLossByHand) {
+  MoeConfig moe = Moe(2, 1);
+  const std::vector<float> logits = {std::log(3.0f), 0.0f, 0.0f, 0.0f};
+  EXPECT_EQ(Route(moe, logits.data(), 2, {}).z_loss, 0.0);
+  EXPECT_TRUE(Route(moe, logits.data(), 2, {}).z_grad.empty());
+  moe.z_loss_coeff = 0.1f;
+  const double want = 0.1 * (std::pow(std::log(4.0), 2) + std::pow(std::log(2.0), 2)) / 2;
+  EXPECT_NEAR(Route(moe, logits.data(), 2, {}).z_loss, want, 1e-7);
+  moe.balance = MoeBalance::kBias;
+  moe.score = MoeScore::kSigmoid;
+  const std::vector<float> bias = {0.0f, 0.0f};
+  EXPECT_NEAR(Route(moe, logits.data(), 2, bias).z_loss, want, 1e-7);
+}
+
 TEST(MoeRouting, BiasRuleByHand) {
   MoeConfig moe = Moe(4, 1);
   moe.balance = MoeBalance::kBias;
@@ -142,8 +158,9 @@ TEST(MoeRouting, BiasRuleByHand) {
   EXPECT_EQ(BiasUpdate(moe, std::vector<double>{3, 3, 3, 3}), (std::vector<float>(4, 0.0f)));
 }
 
-// The router's backward against central differences of weights·r + aux_grad · aux loss, for
-// every score and normalisation (the normalised weights scaled by 2.5), with a capacity drop.
+// The router's backward against central differences of weights·r + aux_grad · (aux loss + router
+// z-loss), for every score and normalisation (the normalised weights scaled by 2.5), with a
+// capacity drop; under the bias rule the z-loss's part alone.
 TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -155,14 +172,16 @@ TEST(MoeRouting, BackwardMatchesFiniteDifferences) {
       moe.normalize_top_k = normalize;
       moe.routed_scale = normalize ? 2.5f : 1.0f;
       moe.aux_loss_coeff = 0.3f;
+      moe.z_loss_coeff = 0.2f;
       moe.capacity_factor = 1.0f;
+      if (score == MoeScore::kSigmoid && !normalize) moe.balance = MoeBalance::kBias;
       std::vector<float> logits(tokens * moe.experts), dweight(tokens * moe.top_k);
       for (float& x : logits) x = normal(rng);
       for (float& x : dweight) x = normal(rng);
       const double aux_grad = 0.7;
       auto objective = [&](const std::vector<float>& l) {
         const MoeRouting r = Route(moe, l.data(), tokens, {});
-        double sum = aux_grad * r.aux_loss;
+        double sum = aux_grad * (r.aux_loss + r.z_loss);
         for (size_t p = 0; p < r.weight.size(); ++p) {
           if (r.slot[p] >= 0) sum += double{r.weight[p]} * dweight[p];
         }
@@ -194,6 +213,7 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
   const int b = 3, t = 8, ranks = 2, c = t / (2 * ranks);
   MoeConfig moe = Moe(4, 2);
   moe.aux_loss_coeff = 0.3f;
+  moe.z_loss_coeff = 0.2f;
   moe.capacity_factor = 1.0f;
   const int E = moe.experts, K = moe.top_k;
   std::vector<float> logits(b * t * E), dweight(b * t * K);
@@ -206,7 +226,7 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
   RouterBackward(moe, whole, dweight.data(), 0.7, whole_dlogits.data());
 
   int64_t dropped = 0;
-  double aux = 0;
+  double aux = 0, z_sum = 0;
   for (int rank = 0; rank < ranks; ++rank) {
     // The rank's tokens in its row order: half h of sequence i is chunk HeadTail(h).
     auto chunk_of = [&](int half) { return half == 0 ? rank : 2 * ranks - 1 - rank; };
@@ -234,8 +254,10 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
       }
     }
     KeepPicks(moe, r, share);
-    Balance(moe, r, b * t, whole.picks, whole.score_sum);
+    Balance(moe, r, b * t, whole.picks, whole.score_sum, whole.z_sum);
     EXPECT_NEAR(r.aux_loss, whole.aux_loss, 1e-12);
+    EXPECT_NEAR(r.z_loss, whole.z_loss, 1e-12);
+    z_sum += r.z_sum;
     dropped += r.dropped;
     aux += r.aux_loss * static_cast<double>(n);
     std::vector<float> dlogits(n * E);
@@ -259,6 +281,7 @@ TEST(MoeRouting, ASplitMicroBatchRoutesAsTheWholeOne) {
   }
   EXPECT_EQ(dropped, whole.dropped);
   EXPECT_NEAR(aux, whole.aux_loss * b * t, 1e-9);
+  EXPECT_NEAR(z_sum, whole.z_sum, 1e-9);
 }
 
 using test_util::RandomTokens;

@@ -208,12 +208,14 @@ TEST_F(ProgressRelayTest, MergedReportsAddUpTheirMoeWindows) {
   v1::ProgressReport older = ReportOf("job-b", 1, 0, 10);
   *older.add_moe() = MoeWindow(1, {6, 0, 2}, 1, 3, 0.4);
   older.mutable_moe(0)->set_dropped_total(3);
+  older.mutable_moe(0)->set_z_loss(0.02);
   *older.add_moe() = MoeWindow(3, {2, 2, 4}, 1, 0, 0.1);
   relay_.Report(older, "secret-b1", a.Callback());
   v1::ProgressReport newer = ReportOf("job-b", 1, 0, 13);
   *newer.add_moe() = MoeWindow(1, {6, 0, 10}, 3, 1, 0.2);
   newer.mutable_moe(0)->set_dropped_total(4);
   newer.mutable_moe(0)->set_bias_spread(0.5);
+  newer.mutable_moe(0)->set_z_loss(0.01);
   relay_.Report(newer, "secret-b1", b.Callback());
   EXPECT_EQ(relay_.pending(), 1);
 
@@ -237,6 +239,7 @@ TEST_F(ProgressRelayTest, MergedReportsAddUpTheirMoeWindows) {
   EXPECT_EQ(layer.dropped(), 4);
   EXPECT_EQ(layer.dropped_total(), 4) << "the newer's running count";
   EXPECT_DOUBLE_EQ(layer.aux_loss(), (0.4 + 3 * 0.2) / 4);
+  EXPECT_DOUBLE_EQ(layer.z_loss(), (0.02 + 3 * 0.01) / 4);
   EXPECT_DOUBLE_EQ(layer.bias_spread(), 0.5);
 }
 

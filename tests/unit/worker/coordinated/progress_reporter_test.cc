@@ -319,7 +319,7 @@ TEST_F(ProgressReporterTest, AWorkerWithoutACoordinatorForTooLongStops) {
 // Two MoE layers (blocks 1 and 3) of 4 experts, top_k 2: 8 tokens, 16 picks a step.
 StepReport MoeStep(int64_t step, std::vector<int64_t> layer1, int64_t dropped, double aux_loss) {
   StepReport report = Step(step);
-  report.moe.push_back({1, std::move(layer1), dropped, aux_loss, 0.0});
+  report.moe.push_back({1, std::move(layer1), dropped, aux_loss, 0.0, aux_loss / 10});
   report.moe.push_back({3, {4, 4, 4, 4}, 0, 0.5, 0.0});
   return report;
 }
@@ -363,6 +363,7 @@ TEST_F(ProgressReporterTest, MoeRoutingIsSummedOverTheReportsWindow) {
   EXPECT_EQ(window.dropped(), 5);
   EXPECT_EQ(window.dropped_total(), 6) << "the first window's drop counts too";
   EXPECT_DOUBLE_EQ(window.aux_loss(), 0.5);  // the mean of 0.25, 0.5 and 0.75
+  EXPECT_DOUBLE_EQ(window.z_loss(), 0.05);   // and of the router z-losses, a tenth of them
   EXPECT_EQ(window.balance(), v1::MOE_BALANCE_AUX_LOSS);
   const v1::MoeLayerProgress& even = channel_.reports[1].moe(1);
   EXPECT_EQ(even.layer(), 3);
