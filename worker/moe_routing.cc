@@ -25,30 +25,30 @@ void Scores(MoeScore kind, const float* logits, int experts, float* out) {
 // DeepSeek-V3's group-limited routing (MoeConfig::groups): clears `eligible` [E] for the experts
 // outside the kept groups, which are those of highest group score (the sum of the group's two
 // best values), an equal score going to the lower group. Every expert stays eligible otherwise.
-void KeepGroups(const MoeConfig& moe, const float* value, std::vector<char>& eligible) {
-  std::fill(eligible.begin(), eligible.end(), 1);
-  if (!moe.limits_groups()) return;
-  const int size = moe.experts / moe.groups;
-  std::vector<float> group_score(moe.groups);
+// `group_score` [groups] is the caller's scratch, so a token's routing allocates nothing.
+void KeepGroups(const MoeConfig& moe, const float* value, std::vector<float>& group_score,
+                std::vector<char>& eligible) {
+  if (!moe.limits_groups()) {
+    std::fill(eligible.begin(), eligible.end(), 1);
+    return;
+  }
+  const int size = moe.experts / moe.groups;  // at least two (ValidateMoe)
   for (int g = 0; g < moe.groups; ++g) {
     const float* v = value + g * size;
     const int best = static_cast<int>(std::max_element(v, v + size) - v);
-    float second = 0;
-    bool seen = false;
+    float second = -INFINITY;
     for (int e = 0; e < size; ++e) {
-      if (e != best && (!seen || v[e] > second)) second = v[e], seen = true;
+      if (e != best) second = std::max(second, v[e]);
     }
     group_score[g] = v[best] + second;
   }
-  std::vector<char> kept(moe.groups, 0);
+  std::fill(eligible.begin(), eligible.end(), 0);
   for (int j = 0; j < moe.kept_groups(); ++j) {
-    int best = -1;
-    for (int g = 0; g < moe.groups; ++g) {
-      if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
-    }
-    kept[best] = 1;
+    const int best = static_cast<int>(std::max_element(group_score.begin(), group_score.end()) -
+                                      group_score.begin());  // the first of equal scores
+    std::fill_n(eligible.begin() + best * size, size, 1);
+    group_score[best] = -INFINITY;  // kept: not picked again
   }
-  for (int e = 0; e < moe.experts; ++e) eligible[e] = kept[e / size];
 }
 
 // The top_k of the eligible experts' values (score + bias), best first; an equal value goes to the
@@ -97,11 +97,12 @@ MoeRouting SelectExperts(const MoeConfig& moe, const float* logits, int64_t toke
   if (z_loss) r.z_grad.resize(tokens * E);
   std::vector<float> value(E);
   std::vector<char> eligible(E);
+  std::vector<float> group_score(moe.groups);
   for (int64_t t = 0; t < tokens; ++t) {
     float* g = &r.scores[t * E];
     Scores(moe.score, logits + t * E, E, g);
     for (int e = 0; e < E; ++e) value[e] = g[e] + (bias.empty() ? 0.0f : bias[e]);
-    KeepGroups(moe, value.data(), eligible);
+    KeepGroups(moe, value.data(), group_score, eligible);
     int32_t* picked = &r.expert[t * K];
     Pick(value.data(), eligible, K, picked);
     double norm = 0;
