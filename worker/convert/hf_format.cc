@@ -642,12 +642,14 @@ absl::Status ReadLayerTypes(const ConfigFields& f, int layers, std::vector<int32
 
 // A window of sliding_window (`window` when the config leaves it out, none when it is null) in the
 // blocks layer_types names "sliding_attention", or without the list in the blocks not in `full`;
-// a window as long as the positions hides nothing.
+// a window as long as the positions hides nothing. `global`, when given, receives the blocks
+// outside the window whether or not it hides anything (none with a null window).
 absl::Status ReadTypedWindow(const ConfigFields& f, ModelConfig& m, int window,
-                             std::vector<int32_t> full) {
+                             std::vector<int32_t> full, std::vector<int32_t>* global = nullptr) {
   if (f.IsNull("sliding_window")) return absl::OkStatus();
   TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
   TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
+  if (global != nullptr) *global = full;
   const bool windowed = window < m.max_seq && static_cast<int>(full.size()) < m.layers;
   m.sliding_window = windowed ? window : 0;
   m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
@@ -1005,23 +1007,15 @@ absl::Status ReadExaone4Config(const ConfigFields& f, ModelConfig& m) {
   m.pre_norms = false;
   m.post_norms = true;
   if (f.IsNull("sliding_window")) return absl::OkStatus();
-  int window = 4096;
-  TY_RETURN_IF_ERROR(f.Int("sliding_window", &window, /*required=*/false));
-  std::vector<int32_t> full;
-  if (f.Has("layer_types")) {
-    TY_RETURN_IF_ERROR(ReadLayerTypes(f, m.layers, full));
-  } else {
+  std::vector<int32_t> full;  // without layer_types, every sliding_window_pattern-th block
+  if (!f.Has("layer_types")) {
     int pattern = 4;
     TY_RETURN_IF_ERROR(f.Int("sliding_window_pattern", &pattern, /*required=*/false));
     for (int l = 0; l < m.layers; ++l) {
       if ((l + 1) % pattern == 0) full.push_back(l);
     }
   }
-  m.nope_layers = full;
-  const bool windowed = static_cast<int>(full.size()) < m.layers && window < m.max_seq;
-  m.sliding_window = windowed ? window : 0;
-  m.full_attention_layers = windowed ? full : std::vector<int32_t>{};
-  return absl::OkStatus();
+  return ReadTypedWindow(f, m, 4096, std::move(full), &m.nope_layers);
 }
 
 // OLMoE's: in every block Qwen3-MoE's experts of intermediate_size, the top k as scored unless
