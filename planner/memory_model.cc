@@ -199,22 +199,31 @@ namespace {
 // The MLP buffers of saved block `saved_layer` of an activation slot (Model::MlpSizesOf): this
 // rank's share of the dense or shared MLP's fc and hidden widths, the largest over the blocks the
 // slot's i-th layer serves (each chunk's i-th block; slot 0 serves every block, when recomputing
-// and in forward-only passes), and whether one of them is an MoE block.
+// and in forward-only passes), and whether one of them is an MoE block. Of those MoE blocks, the
+// ones the passes run through it: a training pass each chunk's i-th block (every block when
+// recomputing), and forward-only passes every block of saved block 0 (`forward_only`: the slot
+// evaluates). Under expert parallelism only those grow its received rows' buffers.
 struct SlotMlp {
   int64_t fc = 0, ffn = 0;
   bool moe = false;
+  bool trains_moe = false, runs_moe = false;
 };
 
-SlotMlp SlotMlpOf(const RankShape& s, int saved_layer) {
+SlotMlp SlotMlpOf(const RankShape& s, int saved_layer, bool forward_only = false) {
   SlotMlp sizes;
   const bool gpt2 = s.model.family == config::ModelFamily::kGpt2;
   for (const worker::PipelineStage& chunk : s.chunks) {
     for (int l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l) {
-      if (saved_layer != 0 && l - chunk.first_layer != saved_layer) continue;
+      const bool own = l - chunk.first_layer == saved_layer;
+      if (saved_layer != 0 && !own) continue;
       const int64_t ffn = s.mlp_hidden(l) / s.mesh.tp;
       sizes.ffn = std::max(sizes.ffn, ffn);
       sizes.fc = std::max(sizes.fc, gpt2 ? ffn : 2 * ffn);
-      sizes.moe = sizes.moe || s.model.moe.IsMoeLayer(l);
+      if (!s.model.moe.IsMoeLayer(l)) continue;
+      const bool trained = own || s.model.recompute;
+      sizes.moe = true;
+      sizes.trains_moe = sizes.trains_moe || trained;
+      sizes.runs_moe = sizes.runs_moe || trained || forward_only;
     }
   }
   return sizes;
@@ -257,29 +266,32 @@ struct ExpertShapes {
         gated(s.model.moe.shared_gate) {}
   // A saved block's (LayerActivations::Experts): the router's fp32 logits [n, E], the picks'
   // sources and slots (int32) and two weights (fp32), and their rows in, through fc and the
-  // activation, and out; under expert parallelism the received rows in, through fc and the
-  // activation, and the orders between rank-major and expert-major rows (int32); with a shared
-  // gate its fp32 values [n].
-  void AddSaved(int64_t width, SlotElements& e) const {
+  // activation, and out; under expert parallelism, once an MoE block has run through it
+  // (`routed`), the received rows in, through fc and the activation, and the orders between
+  // rank-major and expert-major rows (int32); with a shared gate its fp32 values [n].
+  void AddSaved(int64_t width, bool routed, SlotElements& e) const {
+    const int64_t r = routed ? received : 0;
     e.floats += n * experts + 2 * picks + (gated ? n : 0);
-    e.ints += 2 * picks + 2 * received;
-    e.acts += picks * (2 * width + fc + ffn) + received * (width + fc + ffn);
+    e.ints += 2 * picks + 2 * r;
+    e.acts += picks * (2 * width + fc + ffn) + r * (width + fc + ffn);
   }
   // The backward's MoE scratch, once in a slot that holds an MoE block: the picks' output and
-  // input gradients, their combine weights' gradients and the router logits' (fp32); under
-  // expert parallelism the exchange's two buffers of received rows; with a shared gate the
-  // shared experts' gated output gradient [n, C] and the gate logits' gradient (fp32).
+  // input gradients, their combine weights' gradients and the router logits' (fp32); with a
+  // shared gate the shared experts' gated output gradient [n, C] and the gate logits' gradient
+  // (fp32).
   void AddBackwardScratch(int64_t width, SlotElements& e) const {
-    e.acts += 2 * picks * width + 2 * received * width + (gated ? n * width : 0);
+    e.acts += 2 * picks * width + (gated ? n * width : 0);
     e.floats += picks + n * experts + (gated ? n : 0);
   }
+  // Under expert parallelism, once an MoE block has run through the slot: the exchange's two
+  // buffers of received rows.
+  void AddExchange(int64_t width, SlotElements& e) const { e.acts += 2 * received * width; }
   const int64_t n, picks, experts, ffn, fc, received;
   const bool gated;
 };
 
-}  // namespace
-
-int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
+// Bytes of one activation slot; `forward_only`: it also runs forward-only passes (evaluation).
+int64_t SlotBytes(const RankShape& s, const BackendShape& backend, bool forward_only) {
   const config::ModelConfig& c = s.model;
   const int64_t tp = s.mesh.tp;
   const bool sp = s.mesh.sequence_parallel && tp > 1;
@@ -313,13 +325,15 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
   const ExpertShapes experts(s);
   SlotMlp most;
   for (int i = 0; i < saved; ++i) {
-    const SlotMlp mlp = SlotMlpOf(s, i);
+    const SlotMlp mlp = SlotMlpOf(s, i, forward_only);
     e.acts += n * (mlp.fc + mlp.ffn);
-    if (mlp.moe) experts.AddSaved(w, e);
+    if (mlp.moe) experts.AddSaved(w, mlp.runs_moe, e);
     const int64_t k = mlp.moe ? c.moe.top_k : 0;
     most.fc = std::max({most.fc, mlp.fc, k * experts.fc});
     most.ffn = std::max({most.ffn, mlp.ffn, k * experts.ffn});
     most.moe = most.moe || mlp.moe;
+    most.trains_moe = most.trains_moe || mlp.trains_moe;
+    most.runs_moe = most.runs_moe || mlp.runs_moe;
   }
   e.acts += 2 * n * w + chunk_rows * vocab + nr * w;  // lnf, tmp, logits, dx
   // lnf statistics, the loss's statistics and log-sum-exp (and, split by vocabulary, the group's
@@ -329,8 +343,14 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     e.acts += 4 * nr * w + n * w;  // lnf, tmp, dln and dlnf local rows; dx full rows
     e.floats += 2 * norms * w;     // norm-gradient scratch
   }
-  e.acts += n * w + n * attn + n * qkv + n * most.fc + n * most.ffn + n * w;  // dln .. dlnf
+  // dln .. dlnf; the fc and activation gradients grow, under expert parallelism, to the rows an
+  // MoE backward's experts receive.
+  const int64_t received = most.trains_moe ? experts.received : 0;
+  e.acts += n * w + n * attn + n * qkv + n * w;
+  e.acts +=
+      std::max(n * most.fc, received * experts.fc) + std::max(n * most.ffn, received * experts.ffn);
   if (most.moe) experts.AddBackwardScratch(w, e);
+  if (most.runs_moe) experts.AddExchange(w, e);
   if (c.qk_norm) {  // the head norms' inputs and statistics, their scratch and weight gradients
     const int64_t norms = c.NormsWholeProjection() ? 2 : heads + kv;  // per row
     const int64_t weights = c.q_norm_width() + c.k_norm_width();
@@ -344,6 +364,17 @@ int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
     e.floats += layers * 2 * norms * w;
   }
   return e.acts * backend.act_bytes + 4 * e.floats + 4 * e.ints;
+}
+
+}  // namespace
+
+int64_t ActivationSlotBytes(const RankShape& s, const BackendShape& backend) {
+  return SlotBytes(s, backend, /*forward_only=*/false);
+}
+
+int64_t EvaluationSlotBytes(const RankShape& s, const BackendShape& backend) {
+  if (!s.evaluates) return 0;
+  return SlotBytes(s, backend, /*forward_only=*/true) - SlotBytes(s, backend, false);
 }
 
 int64_t PaddedHeadVocab(const RankShape& s, const BackendShape& backend) {
@@ -408,8 +439,8 @@ RankMemory PredictRankMemory(const RankShape& s, const BackendShape& backend) {
   m.gradients = 4 * (zero < 2 ? padded : shard);
   m.optimizer = 2 * 4 * (zero == 0 ? padded : shard);
   m.activations = ActivationSlots(s) * ActivationSlotBytes(s, backend) +
-                  RingBufferBytes(s, backend) + PaddedHeadBytes(s, backend) +
-                  KeptWeightBytes(s, backend);
+                  EvaluationSlotBytes(s, backend) + RingBufferBytes(s, backend) +
+                  PaddedHeadBytes(s, backend) + KeptWeightBytes(s, backend);
   m.transient = TransientPeakBytes(s);
   if (s.mesh.pp > 1) {
     const bool sp = s.mesh.sequence_parallel && s.mesh.tp > 1;

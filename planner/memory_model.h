@@ -47,6 +47,11 @@ RankMemory PredictRankMemory(const RankShape& shape, const BackendShape& backend
 // Bytes of one activation slot (one micro-batch in flight), as Model::activation_bytes counts it.
 int64_t ActivationSlotBytes(const RankShape& shape, const BackendShape& backend);
 
+// Bytes the first activation slot grows by when forward-only passes (evaluation) run through it
+// MoE blocks its training passes do not, so that under expert parallelism their received rows'
+// buffers grow there too; 0 when the job does not evaluate.
+int64_t EvaluationSlotBytes(const RankShape& shape, const BackendShape& backend);
+
 // Bytes of ring attention's buffers (ContextParallelOps::scratch_bytes), held once per rank and
 // shared by every layer and micro-batch; 0 without context parallelism. With n = micro ·
 // seq_len / cp local rows and kv = n · 2 · (kv_heads / tp) · head_dim elements of keys and

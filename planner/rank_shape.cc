@@ -68,6 +68,7 @@ RankShape ShapeOf(const config::JobSpec& spec, const config::ParallelismSpec& me
                                  stage_index);
   s.micro = config::MicroBatchPerRank(spec.training, mesh);
   s.micro_batches = spec.training.batch / mesh.dp / s.micro;
+  s.evaluates = spec.training.eval_every > 0;
   const worker::ParameterLayout layout(spec.model, /*tp_rank=*/0, mesh.tp, s.chunks,
                                        /*ep_rank=*/0, mesh.ep);
   for (const worker::ParamGroup& g : layout.groups()) {

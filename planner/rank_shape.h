@@ -38,8 +38,11 @@ struct RankShape {
   // The rank's model chunks, in layer order (one unless the schedule is interleaved), all of
   // chunk_layers() layers.
   std::vector<worker::PipelineStage> chunks;
-  int micro = 0;                     // sequences per micro-batch
-  int micro_batches = 0;             // per optimizer step
+  int micro = 0;          // sequences per micro-batch
+  int micro_batches = 0;  // per optimizer step
+  // The job evaluates (training.eval_every > 0): forward-only passes run every block of a chunk
+  // through the first activation slot's first saved block.
+  bool evaluates = false;
   std::vector<int64_t> group_sizes;  // this stage's parameter groups, in layout order
   // Of them, the groups of an MoE block's routed experts (ParamGroup::experts).
   std::vector<bool> group_is_experts;

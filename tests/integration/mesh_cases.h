@@ -418,14 +418,16 @@ inline constexpr MeshCase kMixtureOfExpertsMeshes[] = {
      .experts = 4,
      .ep = 2,
      .glm45 = true},
-    // DeepSeek-V3's group-limited routing: six experts in three groups, two kept, with the
-    // micro-batch's tokens routed in pieces over sequence-parallel ranks and the experts over ep 2.
+    // DeepSeek-V3's group-limited routing, under GLM-4.5's rule and dense first block: six experts
+    // in three groups, two kept, with the micro-batch's tokens routed in pieces over sequence-
+    // parallel ranks and the experts over ep 2.
     {.name = "groups_ep2_tp2_sp",
      .dp = 2,
      .tp = 2,
      .sequence_parallel = true,
      .experts = 6,
      .ep = 2,
+     .glm45 = true,
      .groups = 3,
      .group_top_k = 2},
     {.name = "ep2", .dp = 2, .experts = 4, .ep = 2},

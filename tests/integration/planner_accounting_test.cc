@@ -311,6 +311,49 @@ TEST(ExpertParallelMemory, ALearnedRouterStaysWithinThePlannedMemory) {
   }
 }
 
+// Evaluation's forward-only passes run every block of a chunk through the first slot's first
+// saved block, which a training pass gives the chunk's first block only: with a dense first block
+// (GLM-4.5's), the MoE blocks' exchanges grow that saved block's received rows' buffers, and the
+// slot's exchange buffers, only once the job evaluates. Every token picks every expert, so that
+// the rows received are the planner's exactly; under pp 2 only the first of stage 0's two slots
+// grows.
+TEST(ExpertParallelMemory, EvaluationGrowsTheFirstSlotByTheBlocksItRoutesThere) {
+  const MeshCase meshes[] = {{.name = "glm45_ep2", .dp = 2, .experts = 4, .ep = 2, .glm45 = true},
+                             {.name = "glm45_ep2_pp2",
+                              .dp = 2,
+                              .pp = 2,
+                              .layers = 4,
+                              .experts = 4,
+                              .ep = 2,
+                              .glm45 = true}};
+  for (const MeshCase& mesh : meshes) {
+    for (const int eval_every : {0, 1}) {
+      config::JobSpec spec = Job(config::ModelFamily::kLlama, mesh);
+      spec.model.moe.top_k = spec.model.moe.experts;
+      spec.training.eval_every = eval_every;
+      const testenv::RankRun run = testenv::RunRanks(spec, {.bucket_bytes = kBucketBytes});
+      const RankShape shape = ShapeOf(spec, spec.parallelism, 0);
+      const int64_t growth = EvaluationSlotBytes(shape, kCpu);
+      if (eval_every == 0) {
+        EXPECT_EQ(growth, 0) << mesh.name;
+      } else {
+        EXPECT_GT(growth, 0) << mesh.name;
+      }
+      for (int r = 0; r < spec.world_size(); ++r) {
+        SCOPED_TRACE(testing::Message()
+                     << mesh.name << " eval_every " << eval_every << " rank " << r);
+        ASSERT_TRUE(run.results[r].ok()) << run.results[r].status();
+        const config::MeshCoordinates at = config::CoordinatesOf(spec.parallelism, r);
+        EXPECT_EQ(run.results[r]->memory.activations,
+                  PredictRankMemory(ShapeOf(spec, spec.parallelism, at.pp), kCpu).activations);
+      }
+      std::printf("%s eval_every %d: activations %lld (first slot's growth %lld)\n", mesh.name,
+                  eval_every, static_cast<long long>(run.results[0]->memory.activations),
+                  static_cast<long long>(growth));
+    }
+  }
+}
+
 // MoE models the mesh cases' one (an MoE layer everywhere, one shared expert, dropless) leaves
 // out, each on a mesh where it matters: MoE and dense blocks mixed in the chunks an activation
 // slot serves (interleaved; a split backward's per-block buffers), MoE blocks without shared
