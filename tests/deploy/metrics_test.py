@@ -175,7 +175,8 @@ def main():
         moe_spec = os.path.join(tmp, "moe.yaml")
         with open(moe_spec, "w") as f:
             f.write("name: tiny-moe\n"
-                    "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2}}\n"
+                    "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2, balance: bias, "
+                    "z_loss_coeff: 0.001}}\n"
                     "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, "
                     "val_tokens: 2000}}\n"
                     "training: {steps: 20, batch: 4, seq_len: 16, eval_every: 0, log_every: 10, "
@@ -256,7 +257,8 @@ def main():
                           "Goodput", "Checkpoint interval and steps since the last",
                           "Heartbeat age", "Coordinator up", "variable job",
                           "Expert load CV by MoE layer", "Busiest expert's share by MoE layer",
-                          "Dead experts and dropped tokens by MoE layer"}
+                          "Dead experts and dropped tokens by MoE layer",
+                          "Router losses by MoE layer", "Selection bias spread by MoE layer"}
         empty = sorted(must_have_data - with_data)
         if empty:
             raise AssertionError(f"panels without data from a live coordinator: {empty}")
