@@ -284,7 +284,7 @@ absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
 }
 
 // model.attention_scale_dim, attention_softcap and logit_softcap (Gemma 2's scores and logits),
-// and Granite's multipliers.
+// z_loss_coeff (PaLM's z-loss on the logits), and Granite's multipliers.
 absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
@@ -298,6 +298,9 @@ absl::Status ValidateScores(const ModelConfig& c, const std::string& p) {
     if (!(cap >= 0.0f) || !std::isfinite(cap)) {
       return bad(field, absl::StrCat("must be a positive cap (0 for none), got ", cap));
     }
+  }
+  if (!(c.z_loss_coeff >= 0.0f) || !std::isfinite(c.z_loss_coeff)) {
+    return bad("z_loss_coeff", absl::StrCat("must be zero or positive, got ", c.z_loss_coeff));
   }
   for (const auto& [factor, field] : {std::pair{c.embedding_multiplier, "embedding_multiplier"},
                                       std::pair{c.residual_multiplier, "residual_multiplier"},

@@ -190,6 +190,11 @@ struct ModelConfig {
   // The output logits z become C·tanh(z / C) before the loss and sampling (Gemma 2's
   // final_logit_softcapping); 0 for none.
   float logit_softcap = 0.0f;
+  // PaLM's z-loss on the output logits: z_loss_coeff · lse² joins each token's cross-entropy in
+  // training (lse the log-sum-exp of its logits, after any soft cap), which keeps the softmax's
+  // normaliser near 1; 0 for none. An objective term: checkpoints, exports, evaluation and
+  // sampling do not see it.
+  float z_loss_coeff = 0.0f;
   // Llama family, Granite's multipliers (1, or 0 for the attention's, where they change nothing):
   // the token embeddings times embedding_multiplier on the way in (not with scale_embeddings; a
   // tied output head uses them unmultiplied); each block's attention and MLP output times

@@ -282,6 +282,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "attention_scale_dim",
                                           "attention_softcap",
                                           "logit_softcap",
+                                          "z_loss_coeff",
                                           "embedding_multiplier",
                                           "residual_multiplier",
                                           "attention_multiplier",
@@ -311,6 +312,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
   TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));
+  TY_RETURN_IF_ERROR(r.ReadFloat("z_loss_coeff", &m.z_loss_coeff));
   TY_RETURN_IF_ERROR(r.ReadFloat("embedding_multiplier", &m.embedding_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("residual_multiplier", &m.residual_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_multiplier", &m.attention_multiplier));

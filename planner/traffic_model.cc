@@ -131,6 +131,8 @@ int MoeStepValues(const config::ModelConfig& model) {
   return model.moe.enabled() ? model.layers * (model.moe.experts + 7) : 0;
 }
 
+int LossValues(const config::ModelConfig& model) { return model.z_loss_coeff > 0.0f ? 2 : 1; }
+
 int64_t RingAllReduceElements(int64_t count, int n, int rank) {
   if (n <= 1) return 0;
   auto chunk = [&](int i) { return count * (i + 1) / n - count * i / n; };
@@ -180,8 +182,9 @@ std::vector<Collective> DataParallelTraffic(const RankShape& s, const LoopOption
   }
   if (zero == 3) AddParameterGathers(s, groups, out);
   if (s.model.moe.enabled()) out.push_back(HandedOver(dp.Scalars(MoeStepValues(s.model))));
-  // The step's loss, in one collective with the gradient norm's sharded sum under ZeRO 1–3.
-  out.push_back(HandedOver(dp.Scalars(zero > 0 ? 2 : 1)));
+  // The step's loss (and with a z-loss the logits' Σ lse²), in one collective with the gradient
+  // norm's sharded sum under ZeRO 1–3.
+  out.push_back(HandedOver(dp.Scalars(LossValues(s.model) + (zero > 0 ? 1 : 0))));
   out.push_back(HandedOver(dp.Scalars(loop.agreement_values)));  // stop / checkpoint agreement
   return out;
 }
@@ -276,7 +279,8 @@ std::vector<Collective> PipelineTraffic(const RankShape& s, const BackendShape& 
   if (back > 0) out.push_back(Times(send, back));
   const Group pp(s.mesh.pp, rank);
   if (s.model.moe.enabled()) out.push_back(pp.Scalars(MoeStepValues(s.model)));
-  out.push_back(pp.Scalars(2));  // the gradient norm and the step's loss, in one collective
+  // The gradient norm and the step's loss values, in one collective.
+  out.push_back(pp.Scalars(1 + LossValues(s.model)));
   out.push_back(pp.Scalars(loop.agreement_values));
   return out;
 }

@@ -138,6 +138,11 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
 // model.
 int MoeStepValues(const config::ModelConfig& model);
 
+// The values of the step's loss the training loop sums over the data-parallel and pipeline ranks
+// (RankTrainer::OptimizerStep): the cross-entropy, and with model.z_loss_coeff > 0 the logits'
+// Σ lse².
+int LossValues(const config::ModelConfig& model);
+
 // Elements rank `rank` sends in a ring all-reduce of `count` elements over `n` ranks.
 int64_t RingAllReduceElements(int64_t count, int n, int rank);
 // The latency steps of an all-reduce over `n` ranks: a ring's 2(n − 1); two ranks swap their

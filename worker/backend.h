@@ -338,16 +338,19 @@ class Backend {
   // write_grad, logits become grad_scale·(softmax − onehot). Rows are `ld` apart (ld ≥ vocab): a
   // padded row's columns [vocab, ld) are left alone. softcap C > 0: the logits were capped
   // (SoftCap), and the gradient is taken through the cap (times 1 − (z / C)²); 0 for none.
+  // z_loss > 0: the gradient is that of the cross-entropy plus z_loss · lse² (PaLM's z-loss, lse
+  // the row's log-sum-exp), *loss still the cross-entropy's. lse, when not null, receives each
+  // row's log-sum-exp (rows floats).
   virtual void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                                    int64_t ld, float grad_scale, bool write_grad, float softcap,
-                                   DeviceSum* loss) = 0;
+                                   float z_loss, float* lse, DeviceSum* loss) = 0;
 
   // Vocabulary-parallel cross-entropy pieces (see kernels/cpu/cross_entropy.h).
   virtual void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                                       int64_t vocab, float* stats) = 0;
   virtual void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                                     int64_t rows, int64_t vocab, float grad_scale,
-                                     float softcap) = 0;
+                                     int64_t rows, int64_t vocab, float grad_scale, float softcap,
+                                     float z_loss) = 0;
   // The tensor-parallel group's gathered statistics (`ranks` blocks of `stride` rows) merged into
   // each row's log-sum-exp (lse[0, rows)), the rows' losses added to *loss (NewDeviceSum's).
   virtual void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride,

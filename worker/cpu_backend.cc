@@ -236,18 +236,19 @@ class CpuBackend final : public Backend {
   }
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            int64_t ld, float grad_scale, bool write_grad, float softcap,
-                           DeviceSum* loss) override {
+                           float z_loss, float* lse, DeviceSum* loss) override {
     loss->AddHost(k::SoftmaxCrossEntropy(F(logits), targets, rows, vocab, ld, grad_scale,
-                                         write_grad, softcap));
+                                         write_grad, softcap, z_loss, lse));
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
     k::CrossEntropyShardStats(F(logits), local_targets, rows, vocab, stats);
   }
   void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                             int64_t rows, int64_t vocab, float grad_scale,
-                             float softcap) override {
-    k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale, softcap);
+                             int64_t rows, int64_t vocab, float grad_scale, float softcap,
+                             float z_loss) override {
+    k::CrossEntropyShardGrad(F(logits), local_targets, lse, rows, vocab, grad_scale, softcap,
+                             z_loss);
   }
   void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
                                    float* lse, DeviceSum* loss) override {

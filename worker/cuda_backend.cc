@@ -460,12 +460,12 @@ class CudaBackend final : public Backend {
   }
   void SoftmaxCrossEntropy(Act* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                            int64_t ld, float grad_scale, bool write_grad, float softcap,
-                           DeviceSum* loss) override {
+                           float z_loss, float* lse, DeviceSum* loss) override {
     auto* sum = dynamic_cast<RowSums*>(loss);
     TY_CHECK(sum != nullptr) << "a loss sum from another backend";
     float* losses = sum->Reserve(rows);
     Run(kc::SoftmaxCrossEntropy(stream_, act_dtype(), logits, targets, rows, vocab, ld, grad_scale,
-                                write_grad, losses, softcap));
+                                write_grad, losses, softcap, z_loss, lse));
   }
   void CrossEntropyShardStats(const Act* logits, const int32_t* local_targets, int64_t rows,
                               int64_t vocab, float* stats) override {
@@ -473,10 +473,10 @@ class CudaBackend final : public Backend {
                                    stats));
   }
   void CrossEntropyShardGrad(Act* logits, const int32_t* local_targets, const float* lse,
-                             int64_t rows, int64_t vocab, float grad_scale,
-                             float softcap) override {
+                             int64_t rows, int64_t vocab, float grad_scale, float softcap,
+                             float z_loss) override {
     Run(kc::CrossEntropyShardGrad(stream_, act_dtype(), logits, local_targets, lse, rows, vocab,
-                                  grad_scale, softcap));
+                                  grad_scale, softcap, z_loss));
   }
   void CrossEntropyMergeShardStats(const float* gathered, int ranks, int64_t stride, int64_t rows,
                                    float* lse, DeviceSum* loss) override {

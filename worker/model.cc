@@ -67,6 +67,7 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
       forward_timer_(backend->NewDeviceTimer()),
       backward_timer_(backend->NewDeviceTimer()),
       train_loss_(backend->NewDeviceSum()),
+      train_lse_squares_(backend->NewDeviceSum()),
       eval_loss_(backend->NewDeviceSum()) {
   const int64_t n = tp_size(), d = config.head_dim();
   dims_.heads = config.heads / n;
@@ -1063,6 +1064,8 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
   const int64_t n = int64_t{a.b} * a.t, width = config_.width, vocab = dims_.vocab;
   const int64_t padded = head_.vocab;  // the logits' row stride; columns past vocab are masked
   const float cap = config_.logit_softcap;
+  const float z_loss = with_grad ? config_.z_loss_coeff : 0.0f;
+  float* lse = z_loss > 0.0f ? a.ce_lse.data() : nullptr;  // the rows' log-sum-exps, for Σ lse²
   const int64_t chunk = a.logits.size() / padded;
   const float* head = P(hg, layout_.lm_head());
   float* dhead = with_grad ? G(hg, layout_.lm_head()) : nullptr;
@@ -1074,7 +1077,8 @@ absl::Status Model::ChunkedLoss(float grad_scale, bool with_grad, DeviceSum* los
     backend_->Linear(a.logits.data(), h, head, nullptr, rows, padded, width);
     if (cap > 0.0f) backend_->SoftCap(a.logits.data(), rows, vocab, padded, cap);
     backend_->SoftmaxCrossEntropy(a.logits.data(), a.targets.data() + r0, rows, vocab, padded,
-                                  grad_scale, with_grad, cap, loss);
+                                  grad_scale, with_grad, cap, z_loss, lse, loss);
+    if (lse != nullptr) backend_->AddSumOfSquares({{lse, rows}}, train_lse_squares_.get());
     if (with_grad) {
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), dhead, nullptr,
                                a.logits.data(), h, head, rows, padded, width);
@@ -1123,8 +1127,12 @@ absl::Status Model::VocabParallelLoss(float grad_scale, bool with_grad, DeviceSu
     backend_->CrossEntropyMergeShardStats(a.ce_gathered.data(), tp_size(), chunk, rows,
                                           a.ce_lse.data(), loss);
     if (with_grad) {
+      const float z_loss = config_.z_loss_coeff;
       backend_->CrossEntropyShardGrad(a.logits.data(), a.local_targets.data() + r0, a.ce_lse.data(),
-                                      rows, vocab, grad_scale, cap);
+                                      rows, vocab, grad_scale, cap, z_loss);
+      if (z_loss > 0.0f) {
+        backend_->AddSumOfSquares({{a.ce_lse.data(), rows}}, train_lse_squares_.get());
+      }
       backend_->LinearBackward(backend_->At(a.dlnf.data(), r0 * width), G(hg, layout_.lm_head()),
                                nullptr, a.logits.data(), h, head, rows, vocab, width);
     }

@@ -142,6 +142,9 @@ class Model {
   // Σ cross-entropy of the training passes (StageForward) since the last call: the step's one
   // read of its loss, which waits for the device (and returns its first error instead).
   [[nodiscard]] absl::StatusOr<double> TakeTrainingLoss() { return train_loss_->Take(); }
+  // Σ lse² over the training passes' rows since the last call (lse a row's log-sum-exp of the
+  // logits), with model.z_loss_coeff > 0; 0 without it. Read after TakeTrainingLoss.
+  [[nodiscard]] absl::StatusOr<double> TakeLogitSquares() { return train_lse_squares_->Take(); }
 
   // Device seconds of the training passes (StageForward, StageBackward, StageWeightGradients)
   // since the last call: the loss and its gradient count as forward, everything after them as
@@ -367,6 +370,7 @@ class Model {
   ParamSource* source_;
   std::unique_ptr<DeviceTimer> forward_timer_, backward_timer_;  // TakePhaseSeconds
   std::unique_ptr<DeviceSum> train_loss_;                        // TakeTrainingLoss
+  std::unique_ptr<DeviceSum> train_lse_squares_;                 // TakeLogitSquares
   std::unique_ptr<DeviceSum> eval_loss_;                         // Loss
   PaddedHead head_;
   std::vector<const float*> group_params_;  // per group, while held

@@ -236,8 +236,9 @@ class RankTrainer {
   // The step's passes, queued; the loss stays on the device until OptimizerStep reads it.
   absl::Status ForwardBackward();
   struct OptimizerStepped {
-    double loss_sum = 0;   // the batch's, over every rank's tokens
-    double grad_norm = 0;  // before clipping
+    double loss_sum = 0;     // the batch's, over every rank's tokens
+    double lse_squares = 0;  // Σ lse² of the batch's logits, with model.z_loss_coeff > 0
+    double grad_norm = 0;    // before clipping
     double lr = 0;
     int64_t wait_nanos = 0;  // waiting for the device to finish the passes
   };
@@ -276,7 +277,7 @@ class RankTrainer {
   // together (a world barrier), so that a rank still in it is not taken for hung by a peer that
   // is back in the step and waits for it in a collective.
   absl::Status InPhase(config::HangPhase phase, const std::function<absl::Status()>& body);
-  void LogStep(double loss, double lr, double norm);
+  void LogStep(double loss, double z_loss, double lr, double norm);
   void Finish();
 
   const config::JobSpec& spec_;
@@ -527,9 +528,15 @@ absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
   params_->QueueGradientSquares();
   const int64_t wait_start = clock_.NowNanosMonotonic();
   TY_ASSIGN_OR_RETURN(stepped.loss_sum, model_->TakeTrainingLoss());
+  TY_ASSIGN_OR_RETURN(stepped.lse_squares, model_->TakeLogitSquares());
   stepped.wait_nanos = clock_.NowNanosMonotonic() - wait_start;
-  // Only the last pipeline stage computes the loss; the pipeline's sum gives every stage it.
-  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({&stepped.loss_sum, 1}));
+  // Only the last pipeline stage computes the loss; the pipeline's sum gives every stage it. The
+  // logits' Σ lse² rides along with a z-loss.
+  double sums[] = {stepped.loss_sum, stepped.lse_squares};
+  const size_t riders = spec_.model.z_loss_coeff > 0.0f ? 2 : 1;
+  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({sums, riders}));
+  stepped.loss_sum = sums[0];
+  stepped.lse_squares = sums[1];
   stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
                          ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
   TY_RETURN_IF_ERROR(MoeStep());
@@ -748,16 +755,18 @@ absl::Status RankTrainer::Sample() {
   return absl::OkStatus();
 }
 
-void RankTrainer::LogStep(double loss, double lr, double norm) {
+void RankTrainer::LogStep(double loss, double z_loss, double lr, double norm) {
   const int64_t steps = spec_.training.steps;
   const bool last = state_.step == steps;
   const int64_t every = spec_.training.log_every;
   if (!out_ || !(last || (every > 0 && state_.step % every == 0))) return;
   const double window_s = (clock_.NowNanosMonotonic() - window_start_) / 1e9;
+  const std::string z =
+      spec_.model.z_loss_coeff > 0.0f ? absl::StrFormat(" | z-loss %.3g", z_loss) : "";
   *out_ << absl::StrFormat(
-               "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
-               static_cast<int>(std::to_string(steps).size()), state_.step, steps, loss, lr, norm,
-               window_steps_ * tokens_per_step_ / std::max(window_s, 1e-9),
+               "step %*d/%d | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms/step\n",
+               static_cast<int>(std::to_string(steps).size()), state_.step, steps, loss, z, lr,
+               norm, window_steps_ * tokens_per_step_ / std::max(window_s, 1e-9),
                1e3 * window_s / std::max<int64_t>(window_steps_, 1))
         << std::flush;
   window_start_ = clock_.NowNanosMonotonic();
@@ -789,6 +798,8 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     const int64_t optimizer_nanos =
         clock_.NowNanosMonotonic() - optimizer_start - stepped.wait_nanos;
     const double loss = stepped.loss_sum / static_cast<double>(tokens_per_step_);
+    const double z_loss =
+        spec_.model.z_loss_coeff * stepped.lse_squares / static_cast<double>(tokens_per_step_);
     ++state_.step;
     state_.last_loss = loss;
     if (!std::isfinite(loss)) {
@@ -797,16 +808,18 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     }
     const int64_t step_nanos = clock_.NowNanosMonotonic() - start;
     result_.train_losses.push_back(loss);
+    if (spec_.model.z_loss_coeff > 0.0f) result_.train_z_losses.push_back(z_loss);
     result_.grad_norms.push_back(norm);
     result_.step_seconds.push_back(step_nanos / 1e9);
     train_nanos_ += step_nanos;
     ++window_steps_;
-    LogStep(loss, lr, norm);
+    LogStep(loss, z_loss, lr, norm);
 
     const bool last = state_.step == tr.steps;
     StepReport report{.step = state_.step,
                       .total_steps = tr.steps,
                       .loss = loss,
+                      .z_loss = z_loss,
                       .learning_rate = lr,
                       .grad_norm = norm,
                       .step_seconds = step_nanos / 1e9,

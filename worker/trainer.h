@@ -47,6 +47,9 @@ struct StepReport {
   int64_t step = 0;  // optimizer steps completed
   int64_t total_steps = 0;
   double loss = 0.0;  // mean training loss of this step
+  // model.z_loss_coeff times the step's mean lse² over its tokens (lse: the log-sum-exp of a
+  // token's logits), the z-loss's share of the objective; 0 without one.
+  double z_loss = 0.0;
   double learning_rate = 0.0;
   double grad_norm = 0.0;
   double step_seconds = 0.0;  // wall time of this step
@@ -156,9 +159,10 @@ struct TrainResult {
   // ranks sharing one clock can take out (the last start to the last end).
   int64_t restore_began_ns = 0, restore_ended_ns = 0;
   double restore_seconds() const { return (restore_ended_ns - restore_began_ns) / 1e9; }
-  std::vector<double> train_losses;  // mean loss of every optimizer step this run took
-  std::vector<double> grad_norms;    // the global gradient norm of each, before clipping
-  std::vector<double> step_seconds;  // wall time of every optimizer step
+  std::vector<double> train_losses;    // mean loss of every optimizer step this run took
+  std::vector<double> train_z_losses;  // with model.z_loss_coeff > 0: each step's z-loss
+  std::vector<double> grad_norms;      // the global gradient norm of each, before clipping
+  std::vector<double> step_seconds;    // wall time of every optimizer step
   std::vector<EvalPoint> evals;
   std::vector<SamplePoint> samples;    // rank 0's; empty on the other ranks
   std::optional<double> entropy_nats;  // the data's entropy rate, when known

@@ -17,8 +17,10 @@ float RowMax(const float* x, int64_t n) {
   return mx;
 }
 
-// One row of SoftmaxCrossEntropy: its loss; x becomes the softmax's gradient when write_grad.
-double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad) {
+// One row of SoftmaxCrossEntropy: its loss, and its log-sum-exp in *lse; x becomes the softmax's
+// gradient when write_grad, the softmax term times 1 + 2·z_loss·lse (the z-loss's share).
+double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad,
+                float z_loss, float* lse) {
   const float target_logit = x[target];
   const float mx = RowMax(x, vocab);
   double sum = 0.0;
@@ -27,32 +29,37 @@ double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool 
     x[j] = FastExp(x[j] - mx);
     sum += x[j];
   }
+  const double row_lse = mx + std::log(sum);
+  *lse = static_cast<float>(row_lse);
   if (write_grad) {
-    const float factor = static_cast<float>(grad_scale / sum);
+    const float factor = static_cast<float>(grad_scale * ZLossFactor(z_loss, *lse) / sum);
 #pragma omp simd
     for (int64_t j = 0; j < vocab; ++j) x[j] *= factor;
     x[target] -= grad_scale;
   }
-  return mx + std::log(sum) - target_logit;
+  return row_lse - target_logit;
 }
 
 // The same under a soft cap: x holds the capped logits z, read twice (the sum of exponentials,
 // then the gradient, which needs z for its 1 − (z / C)²).
 double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad,
-                 float cap) {
+                 float cap, float z_loss, float* lse) {
   const float target_logit = x[target];
   const float mx = RowMax(x, vocab);
   double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
+  const double row_lse = mx + std::log(sum);
+  *lse = static_cast<float>(row_lse);
   if (write_grad) {
-    const float factor = static_cast<float>(grad_scale / sum), inv_cap = InverseCap(cap);
+    const float factor = static_cast<float>(grad_scale * ZLossFactor(z_loss, *lse) / sum);
+    const float inv_cap = InverseCap(cap);
     for (int64_t j = 0; j < vocab; ++j) {
       const float g = FastExp(x[j] - mx) * factor - (j == target ? grad_scale : 0.0f);
       x[j] = ThroughCap(g, x[j], inv_cap);
     }
   }
-  return mx + std::log(sum) - target_logit;
+  return row_lse - target_logit;
 }
 
 }  // namespace
@@ -67,13 +74,18 @@ void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap) {
 }
 
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           int64_t ld, float grad_scale, bool write_grad, float softcap) {
+                           int64_t ld, float grad_scale, bool write_grad, float softcap,
+                           float z_loss, float* lse) {
   std::vector<double> row_loss(rows);
+  std::vector<float> row_lse(lse == nullptr ? rows : 0);
+  float* lse_out = lse != nullptr ? lse : row_lse.data();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * ld;
-    row_loss[r] = softcap > 0.0f ? CappedRow(x, targets[r], vocab, grad_scale, write_grad, softcap)
-                                 : PlainRow(x, targets[r], vocab, grad_scale, write_grad);
+    row_loss[r] =
+        softcap > 0.0f
+            ? CappedRow(x, targets[r], vocab, grad_scale, write_grad, softcap, z_loss, &lse_out[r])
+            : PlainRow(x, targets[r], vocab, grad_scale, write_grad, z_loss, &lse_out[r]);
   }
   double total = 0.0;
   for (double l : row_loss) total += l;  // fixed order: deterministic
@@ -96,20 +108,21 @@ void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, i
 }
 
 void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
-                           int64_t rows, int64_t vocab, float grad_scale, float softcap) {
+                           int64_t rows, int64_t vocab, float grad_scale, float softcap,
+                           float z_loss) {
   const float inv_cap = InverseCap(softcap);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * vocab;
-    const float l = lse[r];
+    const float l = lse[r], scale = grad_scale * ZLossFactor(z_loss, l);
     if (inv_cap == 0.0f) {
 #pragma omp simd
-      for (int64_t j = 0; j < vocab; ++j) x[j] = grad_scale * FastExp(x[j] - l);
+      for (int64_t j = 0; j < vocab; ++j) x[j] = scale * FastExp(x[j] - l);
       if (local_targets[r] >= 0) x[local_targets[r]] -= grad_scale;
       continue;
     }
     for (int64_t j = 0; j < vocab; ++j) {
-      const float g = grad_scale * FastExp(x[j] - l) - (j == local_targets[r] ? grad_scale : 0.0f);
+      const float g = scale * FastExp(x[j] - l) - (j == local_targets[r] ? grad_scale : 0.0f);
       x[j] = ThroughCap(g, x[j], inv_cap);
     }
   }

@@ -12,9 +12,13 @@ namespace trainyard::kernels::cpu {
 // grad_scale · (softmax(logits) - onehot(target)). Row r starts at logits + r · ld (ld ≥ vocab);
 // the columns [vocab, ld) of a padded row are neither read nor written.
 // Targets must lie in [0, vocab). With a soft cap C > 0 the logits hold capped values
-// z = C·tanh(x / C) (SoftCap) and the gradient is that of x: times 1 − (z / C)².
+// z = C·tanh(x / C) (SoftCap) and the gradient is that of x: times 1 − (z / C)². With z_loss > 0
+// the gradient is that of the cross-entropy plus z_loss · lse² (PaLM's z-loss, lse the row's
+// log-sum-exp; the returned sum is the cross-entropy's alone). lse, when not null, receives each
+// row's log-sum-exp.
 double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                           int64_t ld, float grad_scale, bool write_grad, float softcap = 0.0f);
+                           int64_t ld, float grad_scale, bool write_grad, float softcap = 0.0f,
+                           float z_loss = 0.0f, float* lse = nullptr);
 
 // x ← C·tanh(x / C) over [rows, cols] with rows ld apart (Gemma 2's final logit soft cap).
 void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap);
@@ -25,9 +29,11 @@ void SoftCap(float* x, int64_t rows, int64_t cols, int64_t ld, float cap);
 void CrossEntropyShardStats(const float* logits, const int32_t* local_targets, int64_t rows,
                             int64_t vocab, float* stats);
 // logits ← grad_scale · (exp(logits − lse[r]) − onehot(local target)) in place, times
-// 1 − (logits / C)² under a soft cap C > 0 (as SoftmaxCrossEntropy).
+// 1 − (logits / C)² under a soft cap C > 0, the softmax term times 1 + 2·z_loss·lse[r] under a
+// z-loss (as SoftmaxCrossEntropy).
 void CrossEntropyShardGrad(float* logits, const int32_t* local_targets, const float* lse,
-                           int64_t rows, int64_t vocab, float grad_scale, float softcap = 0.0f);
+                           int64_t rows, int64_t vocab, float grad_scale, float softcap = 0.0f,
+                           float z_loss = 0.0f);
 // The shards' statistics merged, in double: `gathered` holds `ranks` blocks of `stride` rows of
 // stats (rank k's of row r at gathered[3·(k·stride + r)]); for r < rows, lse[r] = M +
 // log Σ_k s1·exp(s0 − M) with M the largest s0, and the row's loss is lse − Σ_k s2 (one shard

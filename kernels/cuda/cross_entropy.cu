@@ -155,7 +155,8 @@ __global__ void SoftCapKernel(T* x, int64_t cols, int64_t ld, float cap) {
 template <typename T>
 __global__ void SoftmaxCrossEntropyKernel(T* logits, const int32_t* targets, int64_t vocab,
                                           int64_t ld, float grad_scale, bool write_grad,
-                                          float inv_cap, float* losses) {
+                                          float inv_cap, float* losses, float z_loss,
+                                          float* lse_out) {
   T* row = logits + blockIdx.x * ld;
   const int32_t target = targets[blockIdx.x];
   const bool valid = target >= 0 && target < vocab;
@@ -163,10 +164,14 @@ __global__ void SoftmaxCrossEntropyKernel(T* logits, const int32_t* targets, int
   const float target_logit = valid ? ToFloat(row[target]) : NAN;
   const MaxSum state = RowMaxSum(row, vocab);
   const float lse = state.m + logf(state.s);
-  if (threadIdx.x == 0) losses[blockIdx.x] = lse - target_logit;
+  if (threadIdx.x == 0) {
+    losses[blockIdx.x] = lse - target_logit;
+    if (lse_out != nullptr) lse_out[blockIdx.x] = lse;
+  }
   if (!write_grad) return;
+  const float scale = grad_scale * ZLossFactor(z_loss, lse);
   TransformRow(row, vocab, [&](int64_t j, float x) {
-    const float p = grad_scale * expf(x - lse);
+    const float p = scale * expf(x - lse);
     return ThroughCap(j == target ? p - grad_scale : p, x, inv_cap);
   });
 }
@@ -188,12 +193,13 @@ __global__ void ShardStatsKernel(const T* logits, const int32_t* local_targets, 
 
 template <typename T>
 __global__ void ShardGradKernel(T* logits, const int32_t* local_targets, const float* lse,
-                                int64_t vocab, float grad_scale, float inv_cap) {
+                                int64_t vocab, float grad_scale, float inv_cap, float z_loss) {
   T* row = logits + blockIdx.x * vocab;
   const int32_t target = local_targets[blockIdx.x];
   const float l = lse[blockIdx.x];
+  const float scale = grad_scale * ZLossFactor(z_loss, l);
   TransformRow(row, vocab, [&](int64_t j, float x) {
-    const float p = grad_scale * expf(x - l);
+    const float p = scale * expf(x - l);
     return ThroughCap(j == target ? p - grad_scale : p, x, inv_cap);
   });
 }
@@ -238,15 +244,18 @@ absl::Status SoftCap(cudaStream_t stream, DType dtype, void* x, int64_t rows, in
 
 absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
                                  const int32_t* targets, int64_t rows, int64_t vocab, int64_t ld,
-                                 float grad_scale, bool write_grad, float* losses, float softcap) {
+                                 float grad_scale, bool write_grad, float* losses, float softcap,
+                                 float z_loss, float* lse) {
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
   TY_REQUIRE(ld >= vocab);
   TY_REQUIRE(logits != nullptr && targets != nullptr && losses != nullptr);
   TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
+  TY_REQUIRE(z_loss >= 0.0f && std::isfinite(z_loss));
   const float inv_cap = InverseCap(softcap);
   TY_DISPATCH_DTYPE(dtype, T, {
     SoftmaxCrossEntropyKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, inv_cap, losses);
+        static_cast<T*>(logits), targets, vocab, ld, grad_scale, write_grad, inv_cap, losses,
+        z_loss, lse);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("SoftmaxCrossEntropyKernel");
   return absl::OkStatus();
@@ -267,14 +276,15 @@ absl::Status CrossEntropyShardStats(cudaStream_t stream, DType dtype, const void
 
 absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
                                    const int32_t* local_targets, const float* lse, int64_t rows,
-                                   int64_t vocab, float grad_scale, float softcap) {
+                                   int64_t vocab, float grad_scale, float softcap, float z_loss) {
   TY_RETURN_IF_ERROR(CheckShape(rows, vocab));
   TY_REQUIRE(logits != nullptr && local_targets != nullptr && lse != nullptr);
   TY_REQUIRE(softcap >= 0.0f && std::isfinite(softcap));
+  TY_REQUIRE(z_loss >= 0.0f && std::isfinite(z_loss));
   const float inv_cap = InverseCap(softcap);
   TY_DISPATCH_DTYPE(dtype, T, {
     ShardGradKernel<T><<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), local_targets, lse, vocab, grad_scale, inv_cap);
+        static_cast<T*>(logits), local_targets, lse, vocab, grad_scale, inv_cap, z_loss);
   });
   TY_CUDA_RETURN_IF_LAUNCH_FAILED("ShardGradKernel");
   return absl::OkStatus();

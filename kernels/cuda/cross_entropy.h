@@ -20,11 +20,14 @@ namespace trainyard::kernels::cuda {
 // that row a NaN loss (and no onehot term) rather than an out-of-bounds access. Row r starts at
 // logits + r · ld (ld ≥ vocab); the columns [vocab, ld) of a padded row are left alone. With
 // softcap C > 0 the logits are capped ones (SoftCap) and the gradient is taken through the cap,
-// times 1 − (z / C)²; 0 for none.
+// times 1 − (z / C)²; 0 for none. With z_loss > 0 the gradient is that of the cross-entropy plus
+// z_loss · lse² (the softmax term times 1 + 2·z_loss·lse); losses stay the cross-entropy's. lse,
+// when not null, receives each row's log-sum-exp.
 [[nodiscard]] absl::Status SoftmaxCrossEntropy(cudaStream_t stream, DType dtype, void* logits,
                                                const int32_t* targets, int64_t rows, int64_t vocab,
                                                int64_t ld, float grad_scale, bool write_grad,
-                                               float* losses, float softcap = 0.0f);
+                                               float* losses, float softcap = 0.0f,
+                                               float z_loss = 0.0f, float* lse = nullptr);
 // The final logits' soft cap (model.logit_softcap) in place: z = cap · tanh(x / cap) over the
 // first `cols` columns of each of `rows` rows ld apart. cap > 0.
 [[nodiscard]] absl::Status SoftCap(cudaStream_t stream, DType dtype, void* x, int64_t rows,
@@ -35,11 +38,11 @@ namespace trainyard::kernels::cuda {
                                                   const void* logits, const int32_t* local_targets,
                                                   int64_t rows, int64_t vocab, float* stats);
 // logits[r] ← grad_scale · (exp(x − lse[r]) − onehot(local target)), through the cap as above
-// when softcap > 0.
+// when softcap > 0, the softmax term times 1 + 2·z_loss·lse[r] under a z-loss.
 [[nodiscard]] absl::Status CrossEntropyShardGrad(cudaStream_t stream, DType dtype, void* logits,
                                                  const int32_t* local_targets, const float* lse,
                                                  int64_t rows, int64_t vocab, float grad_scale,
-                                                 float softcap = 0.0f);
+                                                 float softcap = 0.0f, float z_loss = 0.0f);
 
 // The shards' statistics merged (kernels/cpu/cross_entropy.h: CrossEntropyMergeShardStats), one
 // thread per row in double: lse[r] and row_loss[r] for r < rows, from `ranks` gathered blocks of

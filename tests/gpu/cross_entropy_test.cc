@@ -1,7 +1,7 @@
 // The CUDA softmax cross-entropy against kernels/cpu/cross_entropy, for both logit dtypes and
 // vocabularies that are tiny, odd-sized (rows start at every alignment) and Llama-3-sized; and the
 // vocabulary-parallel pieces (shard statistics, their merge, the shard gradient); the logits'
-// soft cap and the loss through it.
+// soft cap and the loss through it; the z-loss's gradient.
 #include "kernels/cuda/cross_entropy.h"
 
 #include <algorithm>
@@ -189,6 +189,62 @@ TEST(CudaCrossEntropy, ShardStatsAndGradMatchCpu) {
                         .ok());
         TY_CUDA_ASSERT(cudaDeviceSynchronize());
         EXPECT_LE(RelativeError(Download(d_logits.get(), rows * vocab, dtype), want_grad),
+                  Tolerance(dtype));
+      }
+    }
+  }
+}
+
+// PaLM's z-loss: the whole-row kernel and the shard gradient scale the softmax term by
+// 1 + 2·z·lse, with and without the soft cap, as the CPU kernels do; the losses stay the
+// cross-entropy's and the rows' log-sum-exps come back.
+TEST(CudaCrossEntropy, ZLossMatchesCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(27);
+  const int64_t rows = 5;
+  const float z_loss = 0.05f;
+  for (int64_t vocab : {int64_t{257}, int64_t{50257}}) {
+    for (DType dtype : kDTypes) {
+      for (float cap : {0.0f, 1.5f}) {
+        TY_SHAPE_TRACE(rows, vocab, dtype);
+        SCOPED_TRACE(::testing::Message() << "cap " << cap);
+        const std::vector<float> logits = RandomLogits(rows * vocab, dtype, rng);
+        const std::vector<int32_t> targets = RandomTargets(rows, vocab, 0.0, rng);
+        std::vector<float> want_grad = logits, want_lse(rows), want_loss(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          want_loss[r] = static_cast<float>(
+              cpu::SoftmaxCrossEntropy(want_grad.data() + r * vocab, &targets[r], 1, vocab, vocab,
+                                       kGradScale, true, cap, z_loss, &want_lse[r]));
+        }
+        DeviceMemory d_logits(rows * vocab * DTypeBytes(dtype)), losses(rows * sizeof(float)),
+            lse(rows * sizeof(float));
+        const DeviceInts d_targets(targets);
+        Upload(logits, dtype, d_logits.get());
+        lse.Poison();
+        ASSERT_TRUE(SoftmaxCrossEntropy(nullptr, dtype, d_logits.get(), d_targets.get(), rows,
+                                        vocab, vocab, kGradScale, true, losses.as<float>(), cap,
+                                        z_loss, lse.as<float>())
+                        .ok());
+        TY_CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeError(Download(losses.get(), rows, DType::kF32), want_loss),
+                  Tolerance(DType::kF32));
+        EXPECT_LE(RelativeError(Download(lse.get(), rows, DType::kF32), want_lse),
+                  Tolerance(DType::kF32));
+        EXPECT_LE(RelativeError(Download(d_logits.get(), rows * vocab, dtype), want_grad),
+                  Tolerance(dtype));
+
+        // The shard gradient from the same log-sum-exps: the whole row as one shard.
+        std::vector<float> want_shard = logits;
+        cpu::CrossEntropyShardGrad(want_shard.data(), targets.data(), want_lse.data(), rows, vocab,
+                                   kGradScale, cap, z_loss);
+        EXPECT_LE(RelativeError(want_shard, want_grad), Tolerance(DType::kF32));
+        Upload(logits, dtype, d_logits.get());
+        Upload(want_lse, DType::kF32, lse.get());
+        ASSERT_TRUE(CrossEntropyShardGrad(nullptr, dtype, d_logits.get(), d_targets.get(),
+                                          lse.as<float>(), rows, vocab, kGradScale, cap, z_loss)
+                        .ok());
+        TY_CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeError(Download(d_logits.get(), rows * vocab, dtype), want_shard),
                   Tolerance(dtype));
       }
     }

@@ -57,7 +57,8 @@ struct MeshCase {
   // DeepSeek-V3's group-limited routing (model.moe.groups and group_top_k; 0: none).
   int groups = 0;
   int group_top_k = 0;
-  float z_loss = 0.0f;  // model.moe.z_loss_coeff (ST-MoE's router z-loss)
+  float z_loss = 0.0f;        // model.moe.z_loss_coeff (ST-MoE's router z-loss)
+  float logit_z_loss = 0.0f;  // model.z_loss_coeff (PaLM's z-loss on the output logits)
 };
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
@@ -137,6 +138,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.attention_softcap = 1.0f;
     spec->model.logit_softcap = 1.0f;
   }
+  spec->model.z_loss_coeff = mesh.logit_z_loss;
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
   if (mesh.seq_len > 0) {
@@ -263,6 +265,14 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
     // Gemma 2's capped scores and logits: each rank caps its heads' scores and its vocabulary
     // shard's logits, the loss's gradient taken through the cap on each shard.
     {.name = "tp2_sp_softcaps", .tp = 2, .sequence_parallel = true, .softcaps = true},
+    // PaLM's z-loss on the logits through the cap, each vocabulary shard's gradient from the
+    // merged log-sum-exps, its Σ lse² summed over the pipeline with the loss.
+    {.name = "zloss_tp2_pp2_sp",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .softcaps = true,
+     .logit_z_loss = 0.05f},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -326,6 +336,14 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     {.name = "cp2_gemma", .cp = 2, .gemma = true, .seq_len = 24},
     // Capped scores in every block of the ring (the merge sees capped log-sum-exps).
     {.name = "cp2_softcaps", .cp = 2, .softcaps = true, .seq_len = 24},
+    // PaLM's z-loss on the logits, each rank's Σ lse² over its tokens summed over the data- and
+    // context-parallel ranks with the loss and ZeRO-1's gradient norm.
+    {.name = "zloss_dp2_cp2_zero1",
+     .dp = 2,
+     .cp = 2,
+     .zero = 1,
+     .seq_len = 24,
+     .logit_z_loss = 0.05f},
     // Every chunk turns with the long factors its whole sequence calls for.
     {.name = "cp2_longrope", .cp = 2, .longrope = true, .seq_len = 24},
     // The first block without RoPE: the ring's chunks keep their positions in the second only.

@@ -108,7 +108,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"pre_norms\": " << (c.pre_norms ? "true" : "false")
       << ", \"attention_scale_dim\": " << c.attention_scale_dim
       << ", \"attention_softcap\": " << c.attention_softcap
-      << ", \"logit_softcap\": " << c.logit_softcap
+      << ", \"logit_softcap\": " << c.logit_softcap << ", \"z_loss_coeff\": " << c.z_loss_coeff
       << (c.geglu ? ", \"activation\": \"geglu\"" : "") << ", \"norm_eps\": " << c.norm_eps
       << ", \"rope_theta\": " << c.rope_theta << ", \"rope_dim\": " << c.rope_dim
       << ", \"nope_layers\": [" << absl::StrJoin(c.nope_layers, ", ") << "]"
@@ -241,6 +241,7 @@ void CompareWithOracle(ModelConfig c) {
   ASSERT_TRUE(loss_sum.ok()) << loss_sum.status();
   const double loss = *loss_sum / per_step;
   const double ref_loss = ReadLines(out / "loss.txt").at(0);
+  ASSERT_TRUE(model.model().TakeLogitSquares().ok());  // the step-0 pass's, compared below
   EXPECT_LE(std::abs(loss - ref_loss) / ref_loss, 1e-5) << loss << " vs " << ref_loss;
   std::vector<float> grads(model.num_params());
   model.ReadGradients(grads.data());
@@ -260,6 +261,7 @@ void CompareWithOracle(ModelConfig c) {
   AdamW opt(TestOptimizer(), model.layout(), backend.get());
   const std::vector<double> ref_losses = ReadLines(out / "losses.txt");
   const std::vector<double> ref_aux = ReadLines(out / "aux_losses.txt");
+  const std::vector<double> ref_z = ReadLines(out / "z_losses.txt");
   ASSERT_EQ(ref_losses.size(), static_cast<size_t>(kSteps));
   const int micro = c.moe.enabled() ? kBatch : kMicro;
   for (int step = 0; step < kSteps; ++step) {
@@ -272,6 +274,10 @@ void CompareWithOracle(ModelConfig c) {
       ASSERT_TRUE(l.ok()) << l.status();
       sum += *l;
     }
+    auto lse_squares = model.model().TakeLogitSquares();
+    ASSERT_TRUE(lse_squares.ok()) << lse_squares.status();
+    const double z_loss = c.z_loss_coeff * *lse_squares / per_step;
+    EXPECT_NEAR(z_loss, ref_z.at(step), 1e-5 * std::max(1e-3, ref_z.at(step))) << step;
     opt.ClipGradients(model.grads());
     opt.Step(model.params(), model.grads(), step);
     if (c.moe.enabled()) {
@@ -305,6 +311,19 @@ ModelConfig Small(config::ModelFamily family) {
 TEST(TorchOracle, Gpt2) { CompareWithOracle(Small(config::ModelFamily::kGpt2)); }
 
 TEST(TorchOracle, Llama) { CompareWithOracle(Small(config::ModelFamily::kLlama)); }
+
+// PaLM's z-loss on the logits (0.05: strong enough to move every gradient), alone and through
+// Gemma 2's final soft cap (the log-sum-exp the capped logits'): the gradients of the objective,
+// the z-loss of every step and the cross-entropy after the updates.
+TEST(TorchOracle, ZLossOnTheLogits) {
+  ModelConfig gpt2 = Small(config::ModelFamily::kGpt2);
+  gpt2.z_loss_coeff = 0.05f;
+  CompareWithOracle(gpt2);
+  ModelConfig llama = Small(config::ModelFamily::kLlama);
+  llama.z_loss_coeff = 0.05f;
+  llama.logit_softcap = 0.75f;
+  CompareWithOracle(llama);
+}
 
 config::MoeConfig OracleMoe() {
   config::MoeConfig moe;

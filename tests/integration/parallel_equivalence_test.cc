@@ -60,6 +60,7 @@ config::JobSpec BaseJob(config::ModelFamily family) {
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<double> z_losses;  // with model.z_loss_coeff > 0
   std::vector<double> grad_norms;
   std::vector<float> params;                    // single process: the whole model
   std::vector<std::vector<float>> rank_params;  // parallel: each rank's shard
@@ -79,6 +80,7 @@ RunResult Single(config::JobSpec spec) {
   EXPECT_TRUE(result.ok()) << result.status();
   if (result.ok()) {
     run.losses = result->train_losses;
+    run.z_losses = result->train_z_losses;
     run.grad_norms = result->grad_norms;
     run.moe_routing = result->moe_routing;
   }
@@ -127,6 +129,7 @@ RunResult Parallel(const config::JobSpec& spec, int64_t bucket_bytes) {
     run.ranks.push_back(*ranks.results[r]);
   }
   run.losses = run.ranks[0].train_losses;
+  run.z_losses = run.ranks[0].train_z_losses;
   run.grad_norms = run.ranks[0].grad_norms;
   run.rank_params = ranks.final_params;
   for (size_t r = 1; r < ranks.results.size(); ++r) {
@@ -141,6 +144,13 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   for (size_t i = 0; i < single.losses.size(); ++i) {
     EXPECT_LE(std::abs(parallel.losses[i] - single.losses[i]) / single.losses[i], 1e-5)
         << "step " << i << ": " << parallel.losses[i] << " vs " << single.losses[i];
+  }
+  // The logits' z-loss, summed over the ranks' rows.
+  ASSERT_EQ(parallel.z_losses.size(), single.z_losses.size());
+  EXPECT_EQ(single.z_losses.empty(), spec.model.z_loss_coeff == 0.0f);
+  for (size_t i = 0; i < single.z_losses.size(); ++i) {
+    EXPECT_LE(std::abs(parallel.z_losses[i] - single.z_losses[i]) / single.z_losses[i], 1e-5)
+        << "step " << i << ": z-loss " << parallel.z_losses[i] << " vs " << single.z_losses[i];
   }
   // The whole gradient, summed over every rank's shard, before clipping.
   ASSERT_EQ(parallel.grad_norms.size(), single.grad_norms.size());

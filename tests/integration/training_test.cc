@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "absl/strings/str_format.h"
 #include "common/filesystem.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_env.h"
@@ -92,6 +93,31 @@ config::JobSpec ShortJob(config::ModelFamily family) {
   spec.training.micro_batch = 8;
   spec.training.eval_every = 0;
   return spec;
+}
+
+// PaLM's z-loss on the logits joins the objective, not the reported loss: the first step (before
+// any update) reports the same cross-entropy with and without it, the later steps differ (its
+// gradient moved the weights), and each step line shows the term.
+TEST(Training, LogitZLossShapesTheUpdatesAndShowsInTheStepLines) {
+  for (auto family : {config::ModelFamily::kGpt2, config::ModelFamily::kLlama}) {
+    config::JobSpec spec = ShortJob(family);
+    spec.training.log_every = 1;
+    auto backend = MakeCpuBackend(2);
+    auto plain = Train(spec, *backend, {});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_TRUE(plain->train_z_losses.empty());
+    spec.model.z_loss_coeff = 0.01f;
+    std::ostringstream log;
+    auto with = Train(spec, *backend, {.progress = &log});
+    ASSERT_TRUE(with.ok()) << with.status();
+    ASSERT_EQ(with->train_z_losses.size(), 6u);
+    EXPECT_EQ(with->train_losses[0], plain->train_losses[0]);
+    EXPECT_NE(with->train_losses[5], plain->train_losses[5]);
+    for (double z : with->train_z_losses) EXPECT_GT(z, 0.0);
+    EXPECT_NE(log.str().find(absl::StrFormat("| z-loss %.3g |", with->train_z_losses[5])),
+              std::string::npos)
+        << log.str();
+  }
 }
 
 TEST(Determinism, SameSeedGivesBitwiseIdenticalLosses) {

@@ -7,9 +7,10 @@ IN_DIR (written by the C++ test): config.json, params.txt, params/<name>.f32, in
 targets.i32 (int32 [steps, batch, seq_len]).
 OUT_DIR: logits.f64 [batch, seq_len, vocab] and loss.txt (mean cross-entropy) for the step-0
 batch with the initial parameters; grads/<name>.f64 (step-0 gradients of the training objective,
-cross-entropy plus MoE auxiliary losses, unclipped); expert_counts.txt (step-0 routing of each MoE
-layer); losses.txt and aux_losses.txt (each step's cross-entropy and summed auxiliary loss, before
-its update); final/<name>.f64 (parameters after the last step). See README.md.
+cross-entropy plus the logits' z-loss and MoE auxiliary losses, unclipped); expert_counts.txt
+(step-0 routing of each MoE layer); losses.txt, z_losses.txt and aux_losses.txt (each step's
+cross-entropy, logits' z-loss and summed auxiliary loss, before its update); final/<name>.f64
+(parameters after the last step). See README.md.
 
 Exit status: 0 on success, 2 on bad input (one line on stderr), 1 on an internal error.
 """
@@ -101,7 +102,7 @@ def run(cfg, model, inputs, targets, out_dir):
     opt, sched = torch_model.make_optimizer(model, cfg)
     params = [p for _, p in model.named_trainable_parameters()]
     grad_clip = float(cfg["grad_clip"])
-    losses, aux_losses = [], []
+    losses, z_losses, aux_losses = [], [], []
     for step in range(cfg["steps"]):
         opt.zero_grad(set_to_none=False)
         result = model.objective(inputs[step], targets[step])
@@ -116,6 +117,7 @@ def run(cfg, model, inputs, targets, out_dir):
             write_lines(os.path.join(out_dir, "expert_counts.txt"),
                         expert_count_lines(result.routing))
         losses.append(result.cross_entropy.item())
+        z_losses.append(result.z_loss.item())
         aux_losses.append(result.aux_loss.item())
         if grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
@@ -123,6 +125,7 @@ def run(cfg, model, inputs, targets, out_dir):
         sched.step()
         model.update_selection_biases(result.routing)
     write_lines(os.path.join(out_dir, "losses.txt"), [repr(v) for v in losses])
+    write_lines(os.path.join(out_dir, "z_losses.txt"), [repr(v) for v in z_losses])
     write_lines(os.path.join(out_dir, "aux_losses.txt"), [repr(v) for v in aux_losses])
     torch_model.save_params(model, os.path.join(out_dir, "final"), "f64")
 

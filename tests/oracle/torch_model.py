@@ -79,7 +79,9 @@ def normalize_config(cfg):
     Gemma's query_pre_attn_scalar; 0 means head_dim); attention_softcap = 0 (none; else the scaled
     scores s become C*tanh(s/C) before the mask and softmax, Gemma 2's attn_logit_softcapping);
     logit_softcap = 0 (none; else the logits z become C*tanh(z/C), Gemma 2's
-    final_logit_softcapping); embedding_multiplier = residual_multiplier = logits_scaling = 1
+    final_logit_softcapping); z_loss_coeff = 0 (none; else the training objective adds
+    z_loss_coeff times the mean over positions of the squared log-sum-exp of the logits, PaLM's
+    z-loss); embedding_multiplier = residual_multiplier = logits_scaling = 1
     and attention_multiplier = 0 (llama may set them, Granite's: the embeddings times the first,
     each branch's output times the second as it joins the residual stream, the scores times the
     attention's in place of head_dim^-0.5, the logits divided by the last);
@@ -120,6 +122,7 @@ def normalize_config(cfg):
     out.setdefault("attention_scale_dim", 0)
     out.setdefault("attention_softcap", 0.0)
     out.setdefault("logit_softcap", 0.0)
+    out.setdefault("z_loss_coeff", 0.0)
     out.setdefault("embedding_multiplier", 1.0)
     out.setdefault("residual_multiplier", 1.0)
     out.setdefault("attention_multiplier", 0.0)
@@ -178,7 +181,7 @@ def normalize_config(cfg):
     if isinstance(scale_dim, bool) or not isinstance(scale_dim, int) or scale_dim < 0:
         raise ConfigError("attention_scale_dim: an integer >= 0 (0: head_dim), got %r"
                           % (scale_dim,))
-    for key in ("attention_softcap", "logit_softcap"):
+    for key in ("attention_softcap", "logit_softcap", "z_loss_coeff"):
         value = out[key]
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or not math.isfinite(value) or value < 0):
@@ -558,10 +561,11 @@ class Block(nn.Module):
         return x + post(self.mlp_post, y), routing
 
 
-# The training objective of one batch: objective = cross_entropy + aux_loss (the sum of the MoE
-# layers' L_aux, a zero tensor without any); routing holds each MoE layer's Routing in order.
+# The training objective of one batch: objective = cross_entropy + z_loss (the logits' z-loss, a
+# zero tensor without one) + aux_loss (the sum of the MoE layers' L_aux, a zero tensor without
+# any); routing holds each MoE layer's Routing in order.
 TrainingLoss = collections.namedtuple("TrainingLoss",
-                                      "objective cross_entropy aux_loss logits routing")
+                                      "objective cross_entropy z_loss aux_loss logits routing")
 
 
 class Transformer(nn.Module):
@@ -613,11 +617,13 @@ class Transformer(nn.Module):
     def objective(self, tokens, targets):
         """The training objective of one batch, as a TrainingLoss."""
         logits, routing = self.forward_with_routing(tokens)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        flat = logits.reshape(-1, logits.shape[-1])
+        ce = F.cross_entropy(flat, targets.reshape(-1))
+        z_loss = self.cfg["z_loss_coeff"] * torch.logsumexp(flat, dim=-1).square().mean()
         aux = logits.new_zeros(())
         for layer in routing:
             aux = aux + layer.aux_loss
-        return TrainingLoss(ce + aux, ce, aux, logits, routing)
+        return TrainingLoss(ce + z_loss + aux, ce, z_loss, aux, logits, routing)
 
     def update_selection_biases(self, routing):
         """Applies the bias rule of every MoE layer with balance "bias" to the loads in `routing`

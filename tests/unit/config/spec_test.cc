@@ -419,6 +419,21 @@ TEST(ParseJobSpecTest, ScoreScaleAndSoftCaps) {
   EXPECT_EQ(on_gpus.model.logit_softcap, 30.0f);
 }
 
+// PaLM's z-loss on the logits: off unless given, an objective term that adds no parameters, on
+// either family and either kind of rank.
+TEST(ParseJobSpecTest, LogitZLoss) {
+  JobSpec plain = MustParse("name: z\nmodel: {preset: llama-debug}\n");
+  EXPECT_EQ(plain.model.z_loss_coeff, 0.0f);
+  JobSpec z = MustParse("name: z\nmodel: {preset: gpt2-debug, z_loss_coeff: 1e-4}\n");
+  EXPECT_EQ(z.model.z_loss_coeff, 1e-4f);
+  EXPECT_EQ(z.model.moe.z_loss_coeff, 0.0f);  // the router's is another field
+  EXPECT_EQ(z.model.ParameterCount(),
+            MustParse("name: z\nmodel: {preset: gpt2-debug}\n").model.ParameterCount());
+  JobSpec on_gpus = MustParse(
+      "name: z\nmodel: {preset: llama-debug, z_loss_coeff: 1e-4}\nresources: {kind: gpu}\n");
+  EXPECT_EQ(on_gpus.model.z_loss_coeff, 1e-4f);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

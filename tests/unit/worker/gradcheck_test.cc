@@ -229,33 +229,44 @@ TEST_F(GradCheck, AttentionScaledAndSoftCapped) {
 }
 
 // With a soft cap (Gemma 2's final logits) the logits are capped first and the gradient taken
-// through the cap; 1.5 against logits up to 2 puts most of them where tanh bends.
-void CheckCrossEntropy(Backend& be, float cap, std::mt19937& rng) {
+// through the cap; 1.5 against logits up to 2 puts most of them where tanh bends. With a z-loss
+// the output is the cross-entropy plus z_loss · Σ lse² (the rows' log-sum-exps, which the kernel
+// hands back), and the gradient the kernel's.
+void CheckCrossEntropy(Backend& be, float cap, float z_loss, std::mt19937& rng) {
   const int64_t rows = 6, vocab = 11;
   std::vector<int32_t> targets(rows);
   for (int64_t i = 0; i < rows; ++i) targets[i] = static_cast<int32_t>((i * 7) % vocab);
   // Output is the per-call loss sum, a 1-element tensor.
   auto fwd = [&](const Tensors& in) {
-    std::vector<float> logits = in[0];
+    std::vector<float> logits = in[0], lse(rows);
     std::unique_ptr<DeviceSum> loss = be.NewDeviceSum();
     if (cap > 0.0f) be.SoftCap(A(logits.data()), rows, vocab, vocab, cap);
     be.SoftmaxCrossEntropy(A(logits.data()), targets.data(), rows, vocab, vocab, 0.0f, false, cap,
-                           loss.get());
-    return std::vector<float>{static_cast<float>(*loss->Take())};
+                           z_loss, lse.data(), loss.get());
+    double z = 0;
+    for (float l : lse) z += double{l} * l;
+    return std::vector<float>{static_cast<float>(*loss->Take() + z_loss * z)};
   };
   auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
     Tensors g{in[0]};
     std::unique_ptr<DeviceSum> loss = be.NewDeviceSum();
     if (cap > 0.0f) be.SoftCap(A(g[0].data()), rows, vocab, vocab, cap);
     be.SoftmaxCrossEntropy(A(g[0].data()), targets.data(), rows, vocab, vocab, dout[0], true, cap,
-                           loss.get());
+                           z_loss, nullptr, loss.get());
     return g;
   };
-  CheckGradients("softmax_cross_entropy", {Random(rows * vocab, rng, 2.0f)}, fwd, bwd);
+  CheckGradients(z_loss > 0.0f ? "softmax_cross_entropy_z_loss" : "softmax_cross_entropy",
+                 {Random(rows * vocab, rng, 2.0f)}, fwd, bwd);
 }
 
-TEST_F(GradCheck, SoftmaxCrossEntropy) { CheckCrossEntropy(*be_, 0.0f, rng_); }
-TEST_F(GradCheck, SoftmaxCrossEntropySoftCapped) { CheckCrossEntropy(*be_, 1.5f, rng_); }
+TEST_F(GradCheck, SoftmaxCrossEntropy) { CheckCrossEntropy(*be_, 0.0f, 0.0f, rng_); }
+TEST_F(GradCheck, SoftmaxCrossEntropySoftCapped) { CheckCrossEntropy(*be_, 1.5f, 0.0f, rng_); }
+// PaLM's z-loss, large enough (0.2) to move the gradient well past the checker's tolerance, with
+// and without the cap.
+TEST_F(GradCheck, SoftmaxCrossEntropyWithZLoss) {
+  CheckCrossEntropy(*be_, 0.0f, 0.2f, rng_);
+  CheckCrossEntropy(*be_, 1.5f, 0.2f, rng_);
+}
 
 TEST_F(GradCheck, Embedding) {
   const int64_t b = 2, t = 4, c = 5, vocab = 6;

@@ -35,8 +35,10 @@ TEST(DeviceSum, CrossEntropyAddsEachCallsRowSum) {
   const std::vector<int32_t> targets = {0, 3, 1};
   std::unique_ptr<DeviceSum> sum = be->NewDeviceSum();
   auto* acts = reinterpret_cast<Act*>(logits.data());
-  be->SoftmaxCrossEntropy(acts, targets.data(), rows, vocab, vocab, 0.0f, false, 0.0f, sum.get());
-  be->SoftmaxCrossEntropy(acts, targets.data(), 2, vocab, vocab, 0.0f, false, 0.0f, sum.get());
+  be->SoftmaxCrossEntropy(acts, targets.data(), rows, vocab, vocab, 0.0f, false, 0.0f, 0.0f,
+                          nullptr, sum.get());
+  be->SoftmaxCrossEntropy(acts, targets.data(), 2, vocab, vocab, 0.0f, false, 0.0f, 0.0f, nullptr,
+                          sum.get());
   sum->AddHost(1.0);
   EXPECT_NEAR(*sum->Take(), 5 * std::log(4.0) + 1.0, 1e-6);
 }
