@@ -236,9 +236,10 @@ class RankTrainer {
   // The step's passes, queued; the loss stays on the device until OptimizerStep reads it.
   absl::Status ForwardBackward();
   struct OptimizerStepped {
-    double loss_sum = 0;     // the batch's, over every rank's tokens
-    double lse_squares = 0;  // Σ lse² of the batch's logits, with model.z_loss_coeff > 0
-    double grad_norm = 0;    // before clipping
+    // The batch's loss over every rank's tokens, and with model.z_loss_coeff > 0 the Σ lse² of
+    // its logits (else 0).
+    double batch_sums[2] = {0, 0};
+    double grad_norm = 0;  // before clipping
     double lr = 0;
     int64_t wait_nanos = 0;  // waiting for the device to finish the passes
   };
@@ -527,16 +528,16 @@ absl::StatusOr<RankTrainer::OptimizerStepped> RankTrainer::OptimizerStep() {
   OptimizerStepped stepped;
   params_->QueueGradientSquares();
   const int64_t wait_start = clock_.NowNanosMonotonic();
-  TY_ASSIGN_OR_RETURN(stepped.loss_sum, model_->TakeTrainingLoss());
-  TY_ASSIGN_OR_RETURN(stepped.lse_squares, model_->TakeLogitSquares());
+  const bool z_loss = spec_.model.z_loss_coeff > 0.0f;
+  TY_ASSIGN_OR_RETURN(stepped.batch_sums[0], model_->TakeTrainingLoss());
+  if (z_loss) {
+    TY_ASSIGN_OR_RETURN(stepped.batch_sums[1], model_->TakeLogitSquares());
+  }
   stepped.wait_nanos = clock_.NowNanosMonotonic() - wait_start;
   // Only the last pipeline stage computes the loss; the pipeline's sum gives every stage it. The
   // logits' Σ lse² rides along with a z-loss.
-  double sums[] = {stepped.loss_sum, stepped.lse_squares};
-  const size_t riders = spec_.model.z_loss_coeff > 0.0f ? 2 : 1;
-  TY_ASSIGN_OR_RETURN(stepped.grad_norm, params_->GradientNorm({sums, riders}));
-  stepped.loss_sum = sums[0];
-  stepped.lse_squares = sums[1];
+  TY_ASSIGN_OR_RETURN(stepped.grad_norm,
+                      params_->GradientNorm(std::span(stepped.batch_sums).first(z_loss ? 2 : 1)));
   stepped.lr = AdamWStep(backend_, optimizer_, state_.step,
                          ClipScale(optimizer_, stepped.grad_norm), params_->OptimizerSlices());
   TY_RETURN_IF_ERROR(MoeStep());
@@ -797,9 +798,9 @@ absl::StatusOr<TrainResult> RankTrainer::Run() {
     const double norm = stepped.grad_norm, lr = stepped.lr;
     const int64_t optimizer_nanos =
         clock_.NowNanosMonotonic() - optimizer_start - stepped.wait_nanos;
-    const double loss = stepped.loss_sum / static_cast<double>(tokens_per_step_);
+    const double loss = stepped.batch_sums[0] / static_cast<double>(tokens_per_step_);
     const double z_loss =
-        spec_.model.z_loss_coeff * stepped.lse_squares / static_cast<double>(tokens_per_step_);
+        spec_.model.z_loss_coeff * stepped.batch_sums[1] / static_cast<double>(tokens_per_step_);
     ++state_.step;
     state_.last_loss = loss;
     if (!std::isfinite(loss)) {

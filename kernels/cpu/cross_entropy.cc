@@ -17,8 +17,9 @@ float RowMax(const float* x, int64_t n) {
   return mx;
 }
 
-// One row of SoftmaxCrossEntropy: its loss, and its log-sum-exp in *lse; x becomes the softmax's
-// gradient when write_grad, the softmax term times 1 + 2·z_loss·lse (the z-loss's share).
+// One row of SoftmaxCrossEntropy: its loss, and its log-sum-exp in *lse (when not null); x becomes
+// the softmax's gradient when write_grad, the softmax term times 1 + 2·z_loss·lse (the z-loss's
+// share).
 double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool write_grad,
                 float z_loss, float* lse) {
   const float target_logit = x[target];
@@ -30,9 +31,10 @@ double PlainRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool 
     sum += x[j];
   }
   const double row_lse = mx + std::log(sum);
-  *lse = static_cast<float>(row_lse);
+  if (lse != nullptr) *lse = static_cast<float>(row_lse);
   if (write_grad) {
-    const float factor = static_cast<float>(grad_scale * ZLossFactor(z_loss, *lse) / sum);
+    const float factor =
+        static_cast<float>(grad_scale * ZLossFactor(z_loss, static_cast<float>(row_lse)) / sum);
 #pragma omp simd
     for (int64_t j = 0; j < vocab; ++j) x[j] *= factor;
     x[target] -= grad_scale;
@@ -50,9 +52,10 @@ double CappedRow(float* x, int32_t target, int64_t vocab, float grad_scale, bool
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < vocab; ++j) sum += FastExp(x[j] - mx);
   const double row_lse = mx + std::log(sum);
-  *lse = static_cast<float>(row_lse);
+  if (lse != nullptr) *lse = static_cast<float>(row_lse);
   if (write_grad) {
-    const float factor = static_cast<float>(grad_scale * ZLossFactor(z_loss, *lse) / sum);
+    const float factor =
+        static_cast<float>(grad_scale * ZLossFactor(z_loss, static_cast<float>(row_lse)) / sum);
     const float inv_cap = InverseCap(cap);
     for (int64_t j = 0; j < vocab; ++j) {
       const float g = FastExp(x[j] - mx) * factor - (j == target ? grad_scale : 0.0f);
@@ -77,15 +80,14 @@ double SoftmaxCrossEntropy(float* logits, const int32_t* targets, int64_t rows, 
                            int64_t ld, float grad_scale, bool write_grad, float softcap,
                            float z_loss, float* lse) {
   std::vector<double> row_loss(rows);
-  std::vector<float> row_lse(lse == nullptr ? rows : 0);
-  float* lse_out = lse != nullptr ? lse : row_lse.data();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = logits + r * ld;
+    float* row_lse = lse != nullptr ? &lse[r] : nullptr;
     row_loss[r] =
         softcap > 0.0f
-            ? CappedRow(x, targets[r], vocab, grad_scale, write_grad, softcap, z_loss, &lse_out[r])
-            : PlainRow(x, targets[r], vocab, grad_scale, write_grad, z_loss, &lse_out[r]);
+            ? CappedRow(x, targets[r], vocab, grad_scale, write_grad, softcap, z_loss, row_lse)
+            : PlainRow(x, targets[r], vocab, grad_scale, write_grad, z_loss, row_lse);
   }
   double total = 0.0;
   for (double l : row_loss) total += l;  // fixed order: deterministic

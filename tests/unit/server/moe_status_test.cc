@@ -178,20 +178,28 @@ TEST_F(MoeStatusTest, ADenseJobHasNoRouting) {
   EXPECT_THAT(text, Not(HasSubstr("trainyard_moe_expert_tokens_cv{")));
 }
 
+// A running job's metrics with one MoE layer under the bias rule, whose picks are `picks`.
+JobMetrics OneLayerJob(const std::string& id, const std::string& name, int layer,
+                       std::vector<int64_t> picks) {
+  JobMetrics job;
+  job.job_id = id;
+  job.name = name;
+  job.state = JobState::kRunning;
+  MoeLayerProgress l;
+  l.layer = layer;
+  l.steps = 1;
+  l.tokens = 0;
+  for (int64_t p : picks) l.tokens += p;
+  l.tokens_per_expert = std::move(picks);
+  l.balance = MoeBalance::kBias;
+  job.progress.moe = {l};
+  return job;
+}
+
 TEST(MoeMetricsTest, EachRulesFigureOnlyForItsRule) {
   MetricsSnapshot snapshot;
-  JobMetrics job;
-  job.job_id = "j-000012";
-  job.name = "bias";
-  job.state = JobState::kRunning;
-  MoeLayerProgress layer;
-  layer.layer = 3;
-  layer.steps = 1;
-  layer.tokens_per_expert = {3, 5};
-  layer.tokens = 8;
-  layer.balance = MoeBalance::kBias;
-  layer.bias_spread = 0.004;
-  job.progress.moe = {layer};
+  JobMetrics job = OneLayerJob("j-000012", "bias", 3, {3, 5});
+  job.progress.moe[0].bias_spread = 0.004;
   snapshot.jobs.push_back(job);
   job.job_id = "j-000013";
   job.name = "unknown";
@@ -212,18 +220,8 @@ TEST(MoeMetricsTest, EachRulesFigureOnlyForItsRule) {
 // The router z-loss is a series of its own, for the layers that report one.
 TEST(MoeMetricsTest, TheRouterZLossWhereALayerHasOne) {
   MetricsSnapshot snapshot;
-  JobMetrics job;
-  job.job_id = "j-000014";
-  job.name = "z";
-  job.state = JobState::kRunning;
-  MoeLayerProgress layer;
-  layer.layer = 1;
-  layer.steps = 1;
-  layer.tokens_per_expert = {4, 4};
-  layer.tokens = 8;
-  layer.balance = MoeBalance::kBias;
-  layer.z_loss = 0.0125;
-  job.progress.moe = {layer};
+  JobMetrics job = OneLayerJob("j-000014", "z", 1, {4, 4});
+  job.progress.moe[0].z_loss = 0.0125;
   snapshot.jobs.push_back(job);
   const std::string text = prometheus::TextSerializer().Serialize(MetricFamilies(snapshot));
   EXPECT_THAT(text, HasSubstr("trainyard_moe_router_z_loss{job_id=\"j-000014\",job_name=\"z\","
