@@ -146,6 +146,7 @@ void ToProto(const Progress& progress, v1::Progress* out) {
   out->set_step(progress.step);
   out->set_total_steps(progress.total_steps);
   out->set_loss(progress.loss);
+  out->set_logit_z_loss(progress.logit_z_loss);
   out->set_learning_rate(progress.learning_rate);
   out->set_grad_norm(progress.grad_norm);
   out->set_tokens_per_second(progress.tokens_per_second);
@@ -484,6 +485,7 @@ ProgressUpdate FromProto(const v1::ProgressReport& report) {
   out.step = report.step();
   out.total_steps = report.total_steps();
   out.loss = report.loss();
+  out.logit_z_loss = report.logit_z_loss();
   out.learning_rate = report.learning_rate();
   out.grad_norm = report.grad_norm();
   out.tokens_per_second = report.tokens_per_second();

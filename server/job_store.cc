@@ -267,6 +267,7 @@ std::string EncodeProgress(const Progress& p) {
   out.set_step(p.step);
   out.set_total_steps(p.total_steps);
   out.set_loss(p.loss);
+  out.set_logit_z_loss(p.logit_z_loss);
   out.set_learning_rate(p.learning_rate);
   out.set_grad_norm(p.grad_norm);
   out.set_tokens_per_second(p.tokens_per_second);
@@ -292,6 +293,7 @@ void DecodeProgress(const std::string& bytes, Progress& p) {
   p.step = in.step();
   p.total_steps = in.total_steps();
   p.loss = in.loss();
+  p.logit_z_loss = in.logit_z_loss();
   p.learning_rate = in.learning_rate();
   p.grad_norm = in.grad_norm();
   p.tokens_per_second = in.tokens_per_second();

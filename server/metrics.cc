@@ -294,6 +294,74 @@ std::vector<MetricFamily> FailureCounterFamilies(const MetricsSnapshot& snapshot
   return {failures, detection, restart, store_failures, held_back, queued};
 }
 
+// Each job's state and training progress: its step, losses, optimizer signals and step times.
+std::vector<MetricFamily> JobProgressFamilies(const std::vector<JobMetrics>& jobs) {
+  MetricFamily step = Family("trainyard_job_step", "Optimizer steps completed", MetricType::Gauge);
+  MetricFamily loss =
+      Family("trainyard_job_loss", "Training loss of the latest step reported", MetricType::Gauge);
+  MetricFamily val_loss = Family("trainyard_job_val_loss",
+                                 "Validation loss of the latest evaluation reported (jobs that "
+                                 "have evaluated)",
+                                 MetricType::Gauge);
+  MetricFamily z_loss = Family("trainyard_job_logit_z_loss",
+                               "Logit z-loss of the latest step reported: model.z_loss_coeff "
+                               "times the mean squared log-sum-exp of its tokens' logits (jobs "
+                               "with model.z_loss_coeff > 0)",
+                               MetricType::Gauge);
+  MetricFamily grad_norm = Family("trainyard_job_grad_norm",
+                                  "Global gradient norm of the latest step reported, before "
+                                  "clipping",
+                                  MetricType::Gauge);
+  MetricFamily learning_rate =
+      Family("trainyard_job_learning_rate", "Learning rate of the latest step reported",
+             MetricType::Gauge);
+  MetricFamily tokens = Family("trainyard_job_tokens_per_second",
+                               "Training throughput of the whole job", MetricType::Gauge);
+  MetricFamily step_time = Family("trainyard_job_step_time_seconds",
+                                  "Wall time of one optimizer step", MetricType::Gauge);
+  MetricFamily phase_time =
+      Family("trainyard_job_step_phase_seconds",
+             "Wall time of one optimizer step spent in each phase (forward, backward, optimizer, "
+             "communication, data)",
+             MetricType::Gauge);
+  MetricFamily job_state = Family("trainyard_job_state",
+                                  "1 for the job's current state (a finished job is shown for a "
+                                  "while after it ends)",
+                                  MetricType::Gauge);
+  for (const JobMetrics& job : jobs) {
+    const std::vector<ClientMetric::Label> labels = JobLabels(job);
+    std::vector<ClientMetric::Label> state_labels = labels;
+    state_labels.push_back({"state", JobStateName(job.state)});
+    job_state.metric.push_back(Metric(state_labels, 1, MetricType::Gauge));
+    const Progress& p = job.progress;
+    step.metric.push_back(Metric(labels, static_cast<double>(p.step), MetricType::Gauge));
+    loss.metric.push_back(Metric(labels, p.loss, MetricType::Gauge));
+    if (p.val_loss.has_value())
+      val_loss.metric.push_back(Metric(labels, *p.val_loss, MetricType::Gauge));
+    if (p.logit_z_loss > 0)
+      z_loss.metric.push_back(Metric(labels, p.logit_z_loss, MetricType::Gauge));
+    if (p.step > 0) {
+      grad_norm.metric.push_back(Metric(labels, p.grad_norm, MetricType::Gauge));
+      learning_rate.metric.push_back(Metric(labels, p.learning_rate, MetricType::Gauge));
+    }
+    tokens.metric.push_back(Metric(labels, p.tokens_per_second, MetricType::Gauge));
+    step_time.metric.push_back(Metric(labels, p.step_times.total_ms / 1000.0, MetricType::Gauge));
+    const std::pair<const char*, double> phases[] = {
+        {"forward", p.step_times.forward_ms},
+        {"backward", p.step_times.backward_ms},
+        {"optimizer", p.step_times.optimizer_ms},
+        {"communication", p.step_times.communication_ms},
+        {"data", p.step_times.data_ms}};
+    for (const auto& [phase, ms] : phases) {
+      std::vector<ClientMetric::Label> phase_labels = labels;
+      phase_labels.push_back({"phase", phase});
+      phase_time.metric.push_back(Metric(phase_labels, ms / 1000.0, MetricType::Gauge));
+    }
+  }
+  return {job_state, step,          loss,   val_loss,  z_loss,
+          grad_norm, learning_rate, tokens, step_time, phase_time};
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
@@ -316,45 +384,6 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
     restarts.metric.push_back(Metric({{"cause", cause}}, value, MetricType::Counter));
   }
 
-  MetricFamily step = Family("trainyard_job_step", "Optimizer steps completed", MetricType::Gauge);
-  MetricFamily loss =
-      Family("trainyard_job_loss", "Training loss of the latest step reported", MetricType::Gauge);
-  MetricFamily tokens = Family("trainyard_job_tokens_per_second",
-                               "Training throughput of the whole job", MetricType::Gauge);
-  MetricFamily step_time = Family("trainyard_job_step_time_seconds",
-                                  "Wall time of one optimizer step", MetricType::Gauge);
-  MetricFamily phase_time =
-      Family("trainyard_job_step_phase_seconds",
-             "Wall time of one optimizer step spent in each phase (forward, backward, optimizer, "
-             "communication, data)",
-             MetricType::Gauge);
-  MetricFamily job_state = Family("trainyard_job_state",
-                                  "1 for the job's current state (a finished job is shown for a "
-                                  "while after it ends)",
-                                  MetricType::Gauge);
-  for (const JobMetrics& job : snapshot.jobs) {
-    const std::vector<ClientMetric::Label> labels = JobLabels(job);
-    std::vector<ClientMetric::Label> state_labels = labels;
-    state_labels.push_back({"state", JobStateName(job.state)});
-    job_state.metric.push_back(Metric(state_labels, 1, MetricType::Gauge));
-    const Progress& p = job.progress;
-    step.metric.push_back(Metric(labels, static_cast<double>(p.step), MetricType::Gauge));
-    loss.metric.push_back(Metric(labels, p.loss, MetricType::Gauge));
-    tokens.metric.push_back(Metric(labels, p.tokens_per_second, MetricType::Gauge));
-    step_time.metric.push_back(Metric(labels, p.step_times.total_ms / 1000.0, MetricType::Gauge));
-    const std::pair<const char*, double> phases[] = {
-        {"forward", p.step_times.forward_ms},
-        {"backward", p.step_times.backward_ms},
-        {"optimizer", p.step_times.optimizer_ms},
-        {"communication", p.step_times.communication_ms},
-        {"data", p.step_times.data_ms}};
-    for (const auto& [phase, ms] : phases) {
-      std::vector<ClientMetric::Label> phase_labels = labels;
-      phase_labels.push_back({"phase", phase});
-      phase_time.metric.push_back(Metric(phase_labels, ms / 1000.0, MetricType::Gauge));
-    }
-  }
-
   MetricFamily age = Family("trainyard_node_heartbeat_age_seconds",
                             "Time since the node's agent was last heard from", MetricType::Gauge);
   MetricFamily connected =
@@ -373,9 +402,13 @@ std::vector<MetricFamily> MetricFamilies(const MetricsSnapshot& snapshot) {
     free.metric.push_back(Metric(labels, node.free_slots, MetricType::Gauge));
     cordoned.metric.push_back(Metric(labels, node.cordoned ? 1 : 0, MetricType::Gauge));
   }
-  std::vector<MetricFamily> families = {jobs,      attempts, restarts,  job_state,  step,
-                                        loss,      tokens,   step_time, phase_time, age,
-                                        connected, free,     cordoned};
+  std::vector<MetricFamily> families = {jobs, attempts, restarts};
+  for (MetricFamily& family : JobProgressFamilies(snapshot.jobs)) {
+    families.push_back(std::move(family));
+  }
+  for (MetricFamily* family : {&age, &connected, &free, &cordoned}) {
+    families.push_back(std::move(*family));
+  }
   for (MetricFamily& family : CheckpointFamilies(snapshot.jobs)) {
     families.push_back(std::move(family));
   }

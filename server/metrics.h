@@ -7,6 +7,12 @@
 //   trainyard_restarts_total{cause}                counter: restarts since the coordinator started
 //   trainyard_job_step{job_id,job_name,label_*}    gauge: optimizer steps completed
 //   trainyard_job_loss{...}                        gauge: training loss of the latest report
+//   trainyard_job_val_loss{...}                    gauge: the latest validation loss (jobs that
+//                                                  have evaluated)
+//   trainyard_job_logit_z_loss{...}                gauge: the latest step's logit z-loss
+//                                                  (model.z_loss_coeff > 0)
+//   trainyard_job_grad_norm{...}                   gauge: global norm before clipping
+//   trainyard_job_learning_rate{...}               gauge
 //   trainyard_job_tokens_per_second{...}           gauge
 //   trainyard_job_step_time_seconds{...}           gauge
 //   trainyard_checkpoint_duration_seconds{...}     histogram: write time of committed saves,

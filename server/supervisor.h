@@ -146,6 +146,7 @@ struct ProgressUpdate {
   int64_t step = 0;
   int64_t total_steps = 0;
   double loss = 0;
+  double logit_z_loss = 0;
   double learning_rate = 0;
   double grad_norm = 0;
   double tokens_per_second = 0;

@@ -110,6 +110,7 @@ void Supervisor::UpdateProgressLocked(Txn& txn, JobEntry& entry, const ProgressU
   progress.step = update.step;
   progress.total_steps = update.total_steps;
   progress.loss = update.loss;
+  progress.logit_z_loss = update.logit_z_loss;
   progress.learning_rate = update.learning_rate;
   progress.grad_norm = update.grad_norm;
   progress.tokens_per_second = update.tokens_per_second;

@@ -219,6 +219,7 @@ absl::Status ProgressReporter::OnStep(const StepReport& step) {
   report.set_step(step.step);
   report.set_total_steps(step.total_steps);
   report.set_loss(step.loss);
+  report.set_logit_z_loss(step.z_loss);
   report.set_learning_rate(step.learning_rate);
   report.set_grad_norm(step.grad_norm);
   report.set_tokens_per_second(seconds_ > 0 ? tokens_ / seconds_ : step.tokens_per_second);

@@ -141,6 +141,8 @@ std::string SummaryLine(const TrainResult& result) {
   }
   std::string line =
       absl::StrFormat("done: %d steps | final train loss %.4f", steps, result.train_losses.back());
+  if (!result.train_z_losses.empty())
+    absl::StrAppendFormat(&line, " | z-loss %.4g", result.train_z_losses.back());
   if (!result.evals.empty())
     absl::StrAppendFormat(&line, " | val loss %.4f", result.evals.back().loss);
   if (result.entropy_nats)

@@ -108,7 +108,7 @@ PROMQL_WORDS = {
     "quantile", "count_values", "rate", "irate", "increase", "delta", "idelta", "deriv",
     "histogram_quantile", "absent", "absent_over_time", "clamp_min", "clamp_max", "abs", "time",
     "vector", "scalar", "sort", "sort_desc", "label_replace", "changes", "resets",
-    "avg_over_time", "max_over_time", "min_over_time", "sum_over_time",
+    "avg_over_time", "max_over_time", "min_over_time", "sum_over_time", "quantile_over_time",
 }
 
 
@@ -175,8 +175,8 @@ def main():
         moe_spec = os.path.join(tmp, "moe.yaml")
         with open(moe_spec, "w") as f:
             f.write("name: tiny-moe\n"
-                    "model: {preset: gpt2-debug, moe: {experts: 4, top_k: 2, balance: bias, "
-                    "z_loss_coeff: 0.001}}\n"
+                    "model: {preset: gpt2-debug, z_loss_coeff: 0.0001, moe: {experts: 4, "
+                    "top_k: 2, balance: bias, z_loss_coeff: 0.001}}\n"
                     "data: {source: markov, markov: {vocab: 32, train_tokens: 50000, "
                     "val_tokens: 2000}}\n"
                     "training: {steps: 20, batch: 4, seq_len: 16, eval_every: 0, log_every: 10, "
@@ -191,6 +191,11 @@ def main():
                          r'layer="1"\} ', text, re.M):
             raise AssertionError("no trainyard_moe_expert_tokens_max_share series of the MoE "
                                  "job's layer 1")
+        for family, job in (("trainyard_job_val_loss", "tiny"),
+                            ("trainyard_job_logit_z_loss", "tiny-moe"),
+                            ("trainyard_job_grad_norm", "tiny-moe")):
+            if not re.search(rf'^{family}\{{.*job_name="{job}".*\}} ', text, re.M):
+                raise AssertionError(f"no {family} series of the job {job}")
         families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
         missing = []
         for where, expr in exprs:
@@ -258,7 +263,8 @@ def main():
                           "Heartbeat age", "Coordinator up", "variable job",
                           "Expert load CV by MoE layer", "Busiest expert's share by MoE layer",
                           "Dead experts and dropped tokens by MoE layer",
-                          "Router losses by MoE layer", "Selection bias spread by MoE layer"}
+                          "Router losses by MoE layer", "Selection bias spread by MoE layer",
+                          "Gradient norm", "Learning rate", "Logit z-loss"}
         empty = sorted(must_have_data - with_data)
         if empty:
             raise AssertionError(f"panels without data from a live coordinator: {empty}")

@@ -350,6 +350,47 @@ std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms) {
   return Table(rows) + notes;
 }
 
+namespace {
+
+// `trainyard status JOB`'s rows about training: progress, the optimizer, step time and ETA.
+void AddProgressRows(const v1::Job& job, std::vector<std::vector<std::string>>& rows) {
+  const v1::Progress& p = job.progress();
+  if (p.total_steps() > 0) {
+    std::string progress =
+        absl::StrFormat("step %d/%d (%.0f%%) | loss %.4f", p.step(), p.total_steps(),
+                        100.0 * p.step() / p.total_steps(), p.loss());
+    if (p.logit_z_loss() > 0) absl::StrAppendFormat(&progress, " | z-loss %.4g", p.logit_z_loss());
+    if (p.has_val_loss()) absl::StrAppendFormat(&progress, " | val loss %.4f", p.val_loss());
+    if (p.tokens_per_second() > 0) {
+      absl::StrAppend(&progress, " | ", FormatCount(p.tokens_per_second()), " tok/s");
+    }
+    if (p.step_times().total_ms() > 0) {
+      absl::StrAppendFormat(&progress, " | %.1f ms/step", p.step_times().total_ms());
+    }
+    rows.push_back({"progress", progress});
+    if (p.step() > 0) {
+      rows.push_back({"optimizer", absl::StrFormat("lr %.4g | grad norm %.4g before clipping",
+                                                   p.learning_rate(), p.grad_norm())});
+    }
+    if (const v1::StepTimes& t = p.step_times(); t.total_ms() > 0) {
+      rows.push_back(
+          {"step time", absl::StrFormat("%.1f ms: forward %.1f, backward %.1f, "
+                                        "optimizer %.1f, communication %.1f, data %.2f",
+                                        t.total_ms(), t.forward_ms(), t.backward_ms(),
+                                        t.optimizer_ms(), t.communication_ms(), t.data_ms())});
+    }
+    // Only a running job has a pace to extrapolate.
+    rows.push_back({"ETA", job.state() == v1::JOB_STATE_RUNNING && p.eta_ms() >= 0 &&
+                                   p.step() < p.total_steps()
+                               ? FormatDuration(p.eta_ms())
+                               : "-"});
+  } else {
+    rows.push_back({"progress", "none yet"});
+  }
+}
+
+}  // namespace
+
 std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
   const v1::Job& job = reply.job();
   const v1::Progress& p = job.progress();
@@ -385,33 +426,7 @@ std::string JobReport(const v1::GetJobReply& reply, int64_t now_ms) {
                                               AttemptStateName(current.state()), ": ",
                                               absl::StrJoin(places, ", "))});
   }
-  if (p.total_steps() > 0) {
-    std::string progress =
-        absl::StrFormat("step %d/%d (%.0f%%) | loss %.4f", p.step(), p.total_steps(),
-                        100.0 * p.step() / p.total_steps(), p.loss());
-    if (p.has_val_loss()) absl::StrAppendFormat(&progress, " | val loss %.4f", p.val_loss());
-    if (p.tokens_per_second() > 0) {
-      absl::StrAppend(&progress, " | ", FormatCount(p.tokens_per_second()), " tok/s");
-    }
-    if (p.step_times().total_ms() > 0) {
-      absl::StrAppendFormat(&progress, " | %.1f ms/step", p.step_times().total_ms());
-    }
-    rows.push_back({"progress", progress});
-    if (const v1::StepTimes& t = p.step_times(); t.total_ms() > 0) {
-      rows.push_back(
-          {"step time", absl::StrFormat("%.1f ms: forward %.1f, backward %.1f, "
-                                        "optimizer %.1f, communication %.1f, data %.2f",
-                                        t.total_ms(), t.forward_ms(), t.backward_ms(),
-                                        t.optimizer_ms(), t.communication_ms(), t.data_ms())});
-    }
-    // Only a running job has a pace to extrapolate.
-    rows.push_back({"ETA", job.state() == v1::JOB_STATE_RUNNING && p.eta_ms() >= 0 &&
-                                   p.step() < p.total_steps()
-                               ? FormatDuration(p.eta_ms())
-                               : "-"});
-  } else {
-    rows.push_back({"progress", "none yet"});
-  }
+  AddProgressRows(job, rows);
   // "saving", not "checkpointing": the key column stays as wide as scripts and tests know it.
   rows.push_back({"saving", CheckpointPolicyText(job.checkpoint_policy())});
   rows.push_back({"checkpoint", LastCheckpointText(job.last_checkpoint(), now_ms)});

@@ -183,6 +183,26 @@ TEST(FormatTest, ReportNamesTheFailedRankNodeExitAndLastLogLines) {
   EXPECT_THAT(report, HasSubstr("FAILED  failed  restart limit reached"));
 }
 
+// `trainyard status JOB` shows the optimizer's signals under the progress, and the logit z-loss
+// beside the loss only for a job that has one.
+TEST(FormatTest, ReportShowsTheOptimizerAndTheLogitZLossWhereThereIsOne) {
+  v1::GetJobReply reply;
+  *reply.mutable_job() = RunningJob();
+  v1::Progress* p = reply.mutable_job()->mutable_progress();
+  p->set_learning_rate(0.0003);
+  p->set_grad_norm(1.25);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("step 150/300 (50%) | loss 2.5000 | 12.3k tok/s"));
+  EXPECT_THAT(JobReport(reply, 0),
+              HasSubstr("  optimizer   lr 0.0003 | grad norm 1.25 before clipping\n"));
+  p->set_logit_z_loss(0.0125);
+  p->set_has_val_loss(true);
+  p->set_val_loss(2.75);
+  EXPECT_THAT(JobReport(reply, 0), HasSubstr("step 150/300 (50%) | loss 2.5000 | z-loss 0.0125 | "
+                                             "val loss 2.7500 | 12.3k tok/s"));
+  p->set_step(0);  // nothing stepped yet: no optimizer row
+  EXPECT_THAT(JobReport(reply, 0), Not(HasSubstr("optimizer")));
+}
+
 // A context-parallel mesh names cp; one without (cp 1, or 0 from an older coordinator) reads as
 // before.
 // A running job of 4 ranks in the spec whose attempt runs on dp 2 × tp 1 × pp 1.

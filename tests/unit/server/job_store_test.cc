@@ -91,6 +91,8 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
     job.progress.step = 42;
     job.progress.loss = 2.5;
     job.progress.val_loss = 2.75;
+    job.progress.logit_z_loss = 0.125;
+    job.progress.grad_norm = 0.5;
     job.progress.eta = absl::Seconds(30);
     job.progress.step_times.forward_ms = 1.5;
     job.last_checkpoint = CheckpointInfo{40, "/ckpt/40", absl::FromUnixSeconds(1010)};
@@ -130,6 +132,8 @@ TEST(JobStoreTest, CommittedStateSurvivesReopen) {
   EXPECT_EQ(loaded.started, absl::InfinitePast());
   EXPECT_EQ(loaded.progress.step, 42);
   EXPECT_EQ(loaded.progress.val_loss, 2.75);
+  EXPECT_EQ(loaded.progress.logit_z_loss, 0.125);
+  EXPECT_EQ(loaded.progress.grad_norm, 0.5);
   EXPECT_EQ(loaded.progress.eta, absl::Seconds(30));
   EXPECT_EQ(loaded.progress.step_times.forward_ms, 1.5);
   EXPECT_EQ(loaded.last_checkpoint.path, "/ckpt/40");

@@ -56,6 +56,53 @@ TEST(MetricsTest, SnapshotBecomesTheDocumentedFamilies) {
   EXPECT_THAT(text, HasSubstr("trainyard_node_free_slots{node=\"node-a\"} 3"));
 }
 
+// The optimizer's signals and the losses beside the training loss, each only where the job has
+// it: a validation loss once it evaluated, a logit z-loss with model.z_loss_coeff, a gradient
+// norm and learning rate once a step was reported.
+TEST(MetricsTest, TrainingSignalsOnlyWhereTheJobHasThem) {
+  MetricsSnapshot snapshot;
+  JobMetrics job;
+  job.job_id = "j-000012";
+  job.name = "signals";
+  job.state = JobState::kRunning;
+  job.progress.step = 7;
+  job.progress.loss = 3.25;
+  job.progress.val_loss = 3.5;
+  job.progress.logit_z_loss = 0.0625;
+  job.progress.grad_norm = 1.75;
+  job.progress.learning_rate = 0.0003;
+  snapshot.jobs.push_back(job);
+  JobMetrics plain;  // a step reported, no evaluation, no z-loss
+  plain.job_id = "j-000013";
+  plain.name = "plain";
+  plain.state = JobState::kRunning;
+  plain.progress.step = 3;
+  plain.progress.grad_norm = 0.5;
+  plain.progress.learning_rate = 0.001;
+  snapshot.jobs.push_back(plain);
+  JobMetrics fresh;  // nothing reported yet
+  fresh.job_id = "j-000014";
+  fresh.name = "fresh";
+  fresh.state = JobState::kRunning;
+  snapshot.jobs.push_back(fresh);
+
+  const std::string text = prometheus::TextSerializer().Serialize(MetricFamilies(snapshot));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_val_loss{job_id=\"j-000012\",job_name=\"signals\"} "
+                              "3.5\n"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_logit_z_loss{job_id=\"j-000012\",job_name="
+                              "\"signals\"} 0.0625\n"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_grad_norm{job_id=\"j-000012\",job_name=\"signals\"} "
+                              "1.75\n"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_learning_rate{job_id=\"j-000012\",job_name="
+                              "\"signals\"} 0.0003\n"));
+  EXPECT_THAT(text, HasSubstr("trainyard_job_grad_norm{job_id=\"j-000013\",job_name=\"plain\"} "
+                              "0.5\n"));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_job_val_loss{job_id=\"j-000013\"")));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_job_logit_z_loss{job_id=\"j-000013\"")));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_job_grad_norm{job_id=\"j-000014\"")));
+  EXPECT_THAT(text, Not(HasSubstr("trainyard_job_learning_rate{job_id=\"j-000014\"")));
+}
+
 TEST(MetricsTest, CheckpointFamiliesPerCheckpointingJob) {
   MetricsSnapshot snapshot;
   JobMetrics job;

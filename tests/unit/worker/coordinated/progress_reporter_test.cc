@@ -45,6 +45,7 @@ StepReport Step(int64_t step, double seconds = 0.1, double tokens_per_second = 1
   report.step = step;
   report.total_steps = 100;
   report.loss = 5.0 - 0.01 * step;
+  report.z_loss = 0.001 * step;
   report.learning_rate = 1e-3;
   report.grad_norm = 0.5;
   report.step_seconds = seconds;
@@ -74,6 +75,7 @@ TEST_F(ProgressReporterTest, ReportsAtMostEveryIntervalWithAveragedTimes) {
   EXPECT_EQ(first.step(), 1);
   EXPECT_EQ(first.total_steps(), 100);
   EXPECT_DOUBLE_EQ(first.loss(), 4.99);
+  EXPECT_DOUBLE_EQ(first.logit_z_loss(), 0.001);
   EXPECT_DOUBLE_EQ(first.learning_rate(), 1e-3);
   EXPECT_DOUBLE_EQ(first.grad_norm(), 0.5);
   EXPECT_FALSE(first.has_val_loss());

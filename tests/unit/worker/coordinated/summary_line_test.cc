@@ -42,5 +42,13 @@ TEST(SummaryLineTest, ADenseRunsLineHasNoMoeSegment) {
   EXPECT_THAT(line, Not(HasSubstr("moe")));
 }
 
+TEST(SummaryLineTest, AZLossRunShowsItsLastStepsZLossBesideTheLoss) {
+  TrainResult result = DenseRun();
+  result.train_z_losses = {0.03, 0.0123};
+  EXPECT_EQ(SummaryLine(result),
+            "done: 2 steps | final train loss 2.5000 | z-loss 0.0123 | 1234 tok/s | median step "
+            "20.00 ms | exact final loss 0x1.4p+1");
+}
+
 }  // namespace
 }  // namespace trainyard::worker
