@@ -471,18 +471,28 @@ INSTANTIATE_TEST_SUITE_P(Glm, HfRoundTrip,
                            return std::string(std::get<1>(info.param).name);
                          });
 
-// `text` (a Gemma3ForCausalLM directory) as a multimodal Gemma 3 checkpoint in `out`: config.json
+// How a multimodal checkpoint's config.json names itself: its architecture and model_type.
+struct MultimodalKind {
+  const char* architecture;
+  const char* model_type;
+};
+constexpr MultimodalKind kGemma3Multimodal{"Gemma3ForConditionalGeneration", "gemma3"};
+constexpr MultimodalKind kMistral3{"Mistral3ForConditionalGeneration", "mistral3"};
+
+// `text` (a text model's directory) as a multimodal checkpoint of `kind` in `out`: config.json
 // with the text model's config as text_config beside a vision tower's, and the tensors under
-// `prefix` (language_model.model. as Gemma 3 4B to 27B are published, model.language_model. as
-// newer transformers save them) beside a vision tower's and a projector's.
-void WriteMultimodal(const fs::path& text, const fs::path& out, const std::string& prefix) {
+// `prefix` (language_model.model. as Gemma 3 4B to 27B and Mistral Small 3.1 are published,
+// model.language_model. as newer transformers save them) beside a vision tower's and a
+// projector's.
+void WriteMultimodal(const fs::path& text, const fs::path& out, const std::string& prefix,
+                     const MultimodalKind& kind = kGemma3Multimodal) {
   fs::create_directories(out);
   std::ifstream config_in(text / "config.json");
   const std::string text_config((std::istreambuf_iterator<char>(config_in)),
                                 std::istreambuf_iterator<char>());
   std::ofstream(out / "config.json")
-      << "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", "
-      << "\"mm_tokens_per_image\": 4, \"text_config\": " << text_config
+      << "{\"architectures\": [\"" << kind.architecture << "\"], \"model_type\": \""
+      << kind.model_type << "\", \"mm_tokens_per_image\": 4, \"text_config\": " << text_config
       << ", \"vision_config\": {\"hidden_size\": 4, \"model_type\": \"siglip_vision_model\"}}";
   absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
       convert::SafetensorsFile::Open(*RealFileSystem(), (text / "model.safetensors").string());
@@ -513,18 +523,12 @@ void WriteMultimodal(const fs::path& text, const fs::path& out, const std::strin
   ASSERT_TRUE((*writer)->Finish().ok());
 }
 
-// Gemma 3 4B to 27B are published as multimodal checkpoints (Gemma3ForConditionalGeneration):
-// their language model reads as the text model does, under either naming, the vision tower's and
-// projector's tensors left unread, and a job starts from it where it starts from the text model.
-TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
-  const MeshCase mesh{.name = "dp1",
-                      .head_dim = 24,
-                      .qk_norm = true,
-                      .sliding_window = 5,
-                      .gemma = true,
-                      .full_layer = 1,
-                      .post_norms = true};
-  const fs::path scratch = testenv::MakeScratchDir("hf_multimodal");
+// A model of `mesh` trained and exported, then rewritten as a multimodal checkpoint of `kind`
+// under either naming: its language model reads tensor for tensor as the text model does (the
+// vision tower's and projector's tensors left unread), and a job starts from it at the text
+// model's first loss.
+void ExpectLanguageModelReadsAsTextModel(const MeshCase& mesh, const MultimodalKind& kind) {
+  const fs::path scratch = testenv::MakeScratchDir(absl::StrCat("hf_", kind.model_type));
   const fs::path text = scratch / "text";
   const testenv::GlobalTensors saved =
       TrainAndExport(Job(ModelFamily::kLlama, mesh), scratch, text);
@@ -535,10 +539,11 @@ TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
   for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
     SCOPED_TRACE(prefix);
     const fs::path multimodal = scratch / prefix;
-    WriteMultimodal(text, multimodal, prefix);
+    WriteMultimodal(text, multimodal, prefix, kind);
     auto source = convert::WeightSource::Open(*RealFileSystem(), multimodal.string());
     ASSERT_TRUE(source.ok()) << source.status();
-    EXPECT_THAT((*source)->description(), ::testing::HasSubstr("gemma3 (its language model)"));
+    EXPECT_THAT((*source)->description(),
+                ::testing::HasSubstr(absl::StrCat(kind.model_type, " (its language model)")));
     std::vector<float> read;
     for (const auto& [name, values] : saved) {
       ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
@@ -550,6 +555,26 @@ TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
     EXPECT_EQ(FirstLoss(from_multimodal), text_loss);
   }
   fs::remove_all(scratch);
+}
+
+// Gemma 3 4B to 27B are published as multimodal checkpoints (Gemma3ForConditionalGeneration).
+TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
+  ExpectLanguageModelReadsAsTextModel(MeshCase{.name = "dp1",
+                                               .head_dim = 24,
+                                               .qk_norm = true,
+                                               .sliding_window = 5,
+                                               .gemma = true,
+                                               .full_layer = 1,
+                                               .post_norms = true},
+                                      kGemma3Multimodal);
+}
+
+// Mistral Small 3.1 and 3.2 are published as multimodal checkpoints
+// (Mistral3ForConditionalGeneration) whose language model is a Mistral: here one with a window
+// and heads wider than width / heads, so that its export is a MistralForCausalLM.
+TEST(HfMistral3, TheLanguageModelReadsAsTheTextModel) {
+  ExpectLanguageModelReadsAsTextModel(MeshCase{.name = "dp1", .head_dim = 24, .sliding_window = 5},
+                                      kMistral3);
 }
 
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole

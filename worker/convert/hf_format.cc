@@ -727,22 +727,32 @@ constexpr char kGemma3TextDefaults[] = R"({
   "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
   "rope_local_base_freq": 10000.0, "tie_word_embeddings": true})";
 
-// A multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type gemma3): its language model,
-// text_config over Gemma3TextConfig's defaults, read as gemma3_text. The vision tower's and the
-// projector's configs are not read.
-absl::Status ReadGemma3MultimodalConfig(const ConfigFields& f, ModelConfig& m) {
+// A multimodal checkpoint's language model config: its text_config over `defaults` (the text
+// config class's defaults, which a published text_config may leave out; an explicit null stays
+// null). `what` names the checkpoint in a refusal.
+absl::StatusOr<google::protobuf::Struct> TextConfigOver(const ConfigFields& f, const char* defaults,
+                                                        const std::string& what) {
   const Value* text = f.Get("text_config");
   if (text == nullptr || text->kind_case() != Value::kStructValue) {
-    return f.Bad("text_config", "is missing (a multimodal Gemma 3's language model is there)");
+    return f.Bad("text_config", absl::StrCat("is missing (", what, "'s language model is there)"));
   }
   google::protobuf::Struct merged;
-  if (!google::protobuf::util::JsonStringToMessage(kGemma3TextDefaults, &merged).ok()) {
-    return absl::InternalError("Gemma3TextConfig's defaults do not parse");
+  if (!google::protobuf::util::JsonStringToMessage(defaults, &merged).ok()) {
+    return absl::InternalError(absl::StrCat(what, "'s text config defaults do not parse"));
   }
   for (const auto& [key, value] : text->struct_value().fields()) {
     (*merged.mutable_fields())[key] = value;
   }
-  return ReadGemma3Config(ConfigFields(merged, f.source() + ": text_config"), m);
+  return merged;
+}
+
+// A multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type gemma3): its language model,
+// text_config over Gemma3TextConfig's defaults, read as gemma3_text. The vision tower's and the
+// projector's configs are not read.
+absl::Status ReadGemma3MultimodalConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_ASSIGN_OR_RETURN(const google::protobuf::Struct text,
+                      TextConfigOver(f, kGemma3TextDefaults, "a multimodal Gemma 3"));
+  return ReadGemma3Config(ConfigFields(text, f.source() + ": text_config"), m);
 }
 
 // Mistral's and Mixtral's sliding_window: the model's, or none when it is null or spans
@@ -759,6 +769,35 @@ absl::Status ReadSlidingWindow(const ConfigFields& f, ModelConfig& m,
   const bool everywhere = window == 0 || window >= m.max_seq;
   m.sliding_window = everywhere || static_cast<int>(full.size()) == m.layers ? 0 : window;
   m.full_attention_layers = m.sliding_window > 0 ? full : std::vector<int32_t>{};
+  return absl::OkStatus();
+}
+
+// transformers' MistralConfig defaults, which a Mistral 3 config's text_config may leave out.
+constexpr char kMistralTextDefaults[] = R"({
+  "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+  "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false})";
+
+// A Mistral 3 (Mistral3ForConditionalGeneration, model_type mistral3: Mistral Small 3.1 and 3.2):
+// its language model, a Mistral text_config over MistralConfig's defaults, read
+// as mistral. The vision tower's and the projector's configs are not read. The head's tie is
+// the text config's; an outer tie_word_embeddings that says otherwise is refused, since
+// transformers versions differ in which one they follow.
+absl::Status ReadMistral3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_ASSIGN_OR_RETURN(const google::protobuf::Struct text,
+                      TextConfigOver(f, kMistralTextDefaults, "a Mistral 3"));
+  const ConfigFields t(text, f.source() + ": text_config");
+  TY_RETURN_IF_ERROR(t.OneOf("model_type", {"mistral"}));
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(t, m));
+  TY_RETURN_IF_ERROR(ReadSlidingWindow(t, m));
+  bool tied = m.tied_embeddings;
+  TY_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &tied));
+  if (tied != m.tied_embeddings) {
+    return f.Bad("tie_word_embeddings",
+                 absl::StrCat("is ", tied ? "true" : "false", " but text_config's is ",
+                              m.tied_embeddings ? "true" : "false"));
+  }
   return absl::OkStatus();
 }
 
@@ -2259,7 +2298,7 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
                    : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
                    : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
                                                                         : HfExperts::kMixtral;
-  layout.multimodal = model_type == "gemma3";
+  layout.multimodal = model_type == "gemma3" || model_type == "mistral3";
   layout.unread_layers_from = model_type == "glm4_moe" ? layers : 0;
   layout.unread_prefix = model_type == "ernie4_5_moe" ? "model.mtp" : "";
   return layout;
@@ -2289,6 +2328,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGemma3Config(fields, m));
   } else if (model_type == "gemma3") {  // a multimodal Gemma 3: its language model
     TY_RETURN_IF_ERROR(ReadGemma3MultimodalConfig(fields, m));
+  } else if (model_type == "mistral3") {  // Mistral Small 3.1 and later: its language model
+    TY_RETURN_IF_ERROR(ReadMistral3Config(fields, m));
   } else if (model_type == "mistral") {  // Llama's tensors and config, and sliding_window
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -2352,7 +2393,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
         absl::StrCat(
             "is \"", model_type,
             "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
-            "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", \"ministral\", "
+            "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", \"mistral3\" (its "
+            "language model), \"ministral\", "
             "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
             "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
             "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"dots1\", "

@@ -100,8 +100,9 @@ enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe, kGlm4Moe, kE
 
 // How a directory stores the model its config.json describes: its model_type, the projections,
 // the experts, and whether its tensors are the language model of a multimodal checkpoint
-// (Gemma3ForConditionalGeneration: language_model.model.X, or model.language_model.X as newer
-// transformers save it, beside a vision tower and a projector Trainyard does not read).
+// (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration: language_model.model.X, or
+// model.language_model.X as newer transformers save it, beside a vision tower and a projector
+// Trainyard does not read).
 struct HfLayout {
   std::string model_type;
   HfProjections projections = HfProjections::kSeparate;
@@ -165,7 +166,8 @@ std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 
 // The model a config.json describes (`source` names it in errors), and in `layout` (when given)
 // how its tensors store it. A multimodal Gemma 3 config (model_type gemma3) describes its
-// language model: text_config over transformers' Gemma3TextConfig defaults, read as gemma3_text.
+// language model: text_config over transformers' Gemma3TextConfig defaults, read as gemma3_text;
+// a Mistral 3 one (mistral3) likewise over MistralConfig's, read as mistral.
 // INVALID_ARGUMENT, naming the file and field, for another model_type or a field missing or out
 // of range.
 [[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,

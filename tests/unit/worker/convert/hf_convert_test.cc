@@ -1394,6 +1394,74 @@ TEST(HfFormat, MultimodalGemma3ConfigReadsAsItsLanguageModel) {
             "h.0.attn.c_attn.weight");
 }
 
+// Mistral Small 3.1's config.json (Mistral3ForConditionalGeneration, model_type mistral3): a
+// Mistral language model in text_config (no window, 128-wide heads under a 5120 width, RoPE base
+// 1e9), beside a Pixtral vision tower that is not read. By hand: 40 · (q 4096·5120 + k, v
+// 2 · 1024·5120 + o 5120·4096 + MLP 3 · 32768·5120 + two norms 2 · 5120) + the embedding and the
+// untied head 2 · 131072·5120 + the final norm 5120 = 23,572,403,200.
+TEST(HfFormat, Mistral3ConfigReadsAsItsLanguageModel) {
+  const std::string json = R"({
+    "architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+    "model_type": "mistral3", "multimodal_projector_bias": false, "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
+    "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu",
+      "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 32768,
+      "max_position_embeddings": 131072, "model_type": "mistral", "num_attention_heads": 32,
+      "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+      "rope_theta": 1000000000.0, "sliding_window": null, "use_cache": true,
+      "vocab_size": 131072},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"head_dim": 64, "hidden_size": 1024, "model_type": "pixtral",
+      "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14},
+    "vision_feature_layer": -1})";
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "mistral-small/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(layout.multimodal);
+  EXPECT_EQ(m->family, config::ModelFamily::kLlama);
+  EXPECT_EQ(m->vocab, 131072);
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->kv_heads, 8);
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_EQ(m->rope_theta, 1e9f);
+  EXPECT_EQ(m->norm_eps, 1e-5f);
+  EXPECT_FALSE(m->tied_embeddings);
+  EXPECT_EQ(m->ParameterCount(), 23572403200);
+  // Written back it is the text model, which reads as the same model.
+  auto back = ModelFromHfConfig(HfConfigJson(*m, TensorDtype::kBF16), "config.json", &layout);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(layout.multimodal);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->head_dim(), 128);
+
+  // What a text_config leaves out is MistralConfig's: a 4096 window, RoPE base 10,000.
+  auto sparse = ModelFromHfConfig(R"({"model_type": "mistral3", "text_config": {
+      "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+      "max_position_embeddings": 8192}})",
+                                  "m/config.json");
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ(sparse->sliding_window, 4096);
+  EXPECT_EQ(sparse->rope_theta, 1e4f);
+  EXPECT_EQ(sparse->norm_eps, 1e-6f);
+  EXPECT_THAT(
+      ModelFromHfConfig(R"({"model_type": "mistral3"})", "m/config.json").status().message(),
+      HasSubstr("m/config.json: text_config is missing (a Mistral 3's language model is there)"));
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "mistral3", "text_config": {
+                  "model_type": "ministral3", "hidden_size": 256}})",
+                                "m/config.json")
+                  .status()
+                  .message(),
+              HasSubstr("m/config.json: text_config: model_type must be \"mistral\""));
+  EXPECT_THAT(ModelFromHfConfig(R"({"model_type": "mistral3", "tie_word_embeddings": true,
+                  "text_config": {"hidden_size": 256, "intermediate_size": 512,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}})",
+                                "m/config.json")
+                  .status()
+                  .message(),
+              HasSubstr("m/config.json: tie_word_embeddings is true but text_config's is false"));
+}
+
 // Gemma 2 2B's published config.json (Gemma2ForCausalLM): Gemma's model with norms of the
 // attention's and the MLP's outputs, the even blocks windowed to 4096 positions, scores capped at
 // 50 and logits at 30. By hand: 26 · (q 2048·2304 + k, v 2 · 1024·2304 + o 2304·2048 + MLP
