@@ -2,6 +2,7 @@
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
 #include <cmath>
@@ -721,11 +722,109 @@ absl::Status ReadGemma3Config(const ConfigFields& f, ModelConfig& m) {
 // transformers' Gemma3TextConfig defaults, which a multimodal Gemma 3 config's text_config leaves
 // out (the published 4B to 27B configs give only what differs from them).
 constexpr char kGemma3TextDefaults[] = R"({
-  "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+  "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2304,
+  "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
   "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
   "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
   "rope_local_base_freq": 10000.0, "tie_word_embeddings": true})";
+
+// The config's `key` ← `value`, unless it already holds a different non-null value there: then
+// the field is given two ways that disagree, refused naming both.
+absl::Status SetUnlessOtherwise(google::protobuf::Struct& config, const std::string& source,
+                                const std::string& key, const Value& value,
+                                const std::string& from) {
+  auto& fields = *config.mutable_fields();
+  auto it = fields.find(key);
+  if (it != fields.end() && it->second.kind_case() != Value::kNullValue) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(it->second, value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": ", key, " and ", from, " both give it, differently (keep one of them)"));
+    }
+  }
+  fields[key] = value;
+  return absl::OkStatus();
+}
+
+// One map of transformers 5's rope_parameters (`where` names it) as transformers 4 wrote its
+// fields: rope_theta and partial_rotary_factor beside the config's other fields, the rest
+// (rope_type and the scaling's keys) as rope_scaling unless rope_type is "default".
+absl::Status RopeMapAsFields(google::protobuf::Struct& config, const std::string& source,
+                             const google::protobuf::Struct& map, const std::string& where) {
+  google::protobuf::Struct scaling;
+  std::string type = "default";
+  for (const auto& [key, value] : map.fields()) {
+    if (key == "rope_theta" || key == "partial_rotary_factor") {
+      TY_RETURN_IF_ERROR(
+          SetUnlessOtherwise(config, source, key, value, absl::StrCat(where, ".", key)));
+      continue;
+    }
+    if ((key == "rope_type" || key == "type") && value.kind_case() == Value::kStringValue) {
+      type = value.string_value();
+    }
+    (*scaling.mutable_fields())[key] = value;
+  }
+  if (type == "default") return absl::OkStatus();
+  Value as_value;
+  *as_value.mutable_struct_value() = std::move(scaling);
+  return SetUnlessOtherwise(config, source, "rope_scaling", as_value, where);
+}
+
+// transformers 5 writes a model's RoPE into one map, rope_parameters (rope_type, rope_theta,
+// partial_rotary_factor and the scaling's keys), or one such map per layer type, where 4 wrote
+// rope_theta, partial_rotary_factor and rope_scaling beside the other fields (and 5 still reads
+// them so). `config`'s rope_parameters, if any, becomes those fields, so that one reader serves
+// configs of both; a field given both ways with different values is refused. Per layer type
+// (Gemma 3's, OLMo 3's): the full_attention map as above, and the sliding_attention blocks' plain
+// RoPE, whose base is Gemma 3's rope_local_base_freq and OLMo 3's rope_theta (its windowed blocks
+// turn unscaled at the global base); another model's per-type maps are refused.
+absl::Status RopeParametersAsFields(google::protobuf::Struct& config, const std::string& source,
+                                    const std::string& model_type) {
+  auto& fields = *config.mutable_fields();
+  auto it = fields.find("rope_parameters");
+  if (it == fields.end() || it->second.kind_case() == Value::kNullValue) return absl::OkStatus();
+  if (it->second.kind_case() != Value::kStructValue) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": rope_parameters must be a map"));
+  }
+  const google::protobuf::Struct parameters = it->second.struct_value();
+  fields.erase(it);
+  const auto& maps = parameters.fields();
+  const bool per_type =
+      !maps.empty() && std::all_of(maps.begin(), maps.end(), [](const auto& entry) {
+        return (entry.first == "full_attention" || entry.first == "sliding_attention") &&
+               entry.second.kind_case() == Value::kStructValue;
+      });
+  if (!per_type) return RopeMapAsFields(config, source, parameters, "rope_parameters");
+  const bool gemma3 = model_type == "gemma3_text";
+  if (!gemma3 && model_type != "olmo3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     ": rope_parameters gives RoPE per layer type, which Trainyard reads "
+                     "for Gemma 3 and OLMo 3 only"));
+  }
+  if (auto full = maps.find("full_attention"); full != maps.end()) {
+    TY_RETURN_IF_ERROR(RopeMapAsFields(config, source, full->second.struct_value(),
+                                       "rope_parameters.full_attention"));
+  }
+  auto sliding = maps.find("sliding_attention");
+  if (sliding == maps.end()) return absl::OkStatus();
+  const std::string where = "rope_parameters.sliding_attention";
+  for (const auto& [key, value] : sliding->second.struct_value().fields()) {
+    if (key == "rope_type" || key == "type") {
+      if (value.string_value() != "default") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": ", where, ".", key, " must be \"default\" (windowed blocks turn unscaled)"));
+      }
+    } else if (key == "rope_theta") {
+      TY_RETURN_IF_ERROR(SetUnlessOtherwise(config, source,
+                                            gemma3 ? "rope_local_base_freq" : "rope_theta", value,
+                                            absl::StrCat(where, ".rope_theta")));
+    } else if (key != "partial_rotary_factor") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", where, ".", key, " is not read (plain RoPE has none)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // A multimodal checkpoint's language model config: its text_config over `defaults` (the text
 // config class's defaults, which a published text_config may leave out; an explicit null stays
@@ -740,9 +839,12 @@ absl::StatusOr<google::protobuf::Struct> TextConfigOver(const ConfigFields& f, c
   if (!google::protobuf::util::JsonStringToMessage(defaults, &merged).ok()) {
     return absl::InternalError(absl::StrCat(what, "'s text config defaults do not parse"));
   }
-  for (const auto& [key, value] : text->struct_value().fields()) {
-    (*merged.mutable_fields())[key] = value;
-  }
+  google::protobuf::Struct given = text->struct_value();
+  auto type = given.fields().find("model_type");
+  if (type == given.fields().end()) type = merged.fields().find("model_type");
+  const std::string model_type = type->second.string_value();
+  TY_RETURN_IF_ERROR(RopeParametersAsFields(given, f.source() + ": text_config", model_type));
+  for (const auto& [key, value] : given.fields()) (*merged.mutable_fields())[key] = value;
   return merged;
 }
 
@@ -2306,15 +2408,24 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
 
 }  // namespace
 
+// The model_types ModelFromHfConfig reads, for its refusal of another.
+constexpr char kHfModelTypes[] =
+    "\"gpt2\", \"llama\", \"gemma\", \"gemma2\", \"gemma3_text\", \"gemma3\" (its language "
+    "model), \"mistral\", \"mistral3\" (its language model), \"ministral\", \"phi3\", \"qwen2\", "
+    "\"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"olmo2\", \"olmo3\", \"olmoe\", "
+    "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", "
+    "\"dots1\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\" and \"seed_oss\"";
+
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
                                               HfLayout* layout) {
   google::protobuf::Struct parsed;
   if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
-  const ConfigFields fields(parsed, source);
   auto type = parsed.fields().find("model_type");
   const std::string model_type = type != parsed.fields().end() ? type->second.string_value() : "";
+  TY_RETURN_IF_ERROR(RopeParametersAsFields(parsed, source, model_type));
+  const ConfigFields fields(parsed, source);
   ModelConfig m;
   if (model_type == "gpt2") {
     TY_RETURN_IF_ERROR(ReadGpt2Config(fields, m));
@@ -2388,20 +2499,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
     TY_RETURN_IF_ERROR(ReadMixtralConfig(fields, m));
   } else {
-    return fields.Bad(
-        "model_type",
-        absl::StrCat(
-            "is \"", model_type,
-            "\"; Trainyard reads \"gpt2\", \"llama\", \"gemma\", \"gemma2\", "
-            "\"gemma3_text\", \"gemma3\" (its language model), \"mistral\", \"mistral3\" (its "
-            "language model), \"ministral\", "
-            "\"phi3\", \"qwen2\", \"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", "
-            "\"olmo2\", \"olmo3\", \"olmoe\", \"exaone4\", \"smollm3\", "
-            "\"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", \"dots1\", "
-            "\"ernie4_5\", "
-            "\"ernie4_5_moe\", "
-            "\"helium\" and "
-            "\"seed_oss\""));
+    return fields.Bad("model_type",
+                      absl::StrCat("is \"", model_type, "\"; Trainyard reads ", kHfModelTypes));
   }
   if (layout != nullptr) *layout = StoredLayout(model_type, m.layers);
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;

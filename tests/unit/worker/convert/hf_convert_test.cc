@@ -1,6 +1,9 @@
 // worker/convert/: the safetensors reader and writer, the Hugging Face layouts of both families
 // and config.json, llm.c model files, and the one-line refusals of bad input, all on an
 // in-memory filesystem.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -290,8 +293,7 @@ TEST(HfFormat, MixtralSplitsTheExpertsAndOtherMoeShapesAreRefused) {
 // The config.json of Llama 3.2 1B as published (its keys and values, Llama 3's RoPE scaling
 // among them) reads as that model; the keys Trainyard has no use for (token ids, dropout,
 // pretraining_tp, use_cache) are ignored.
-TEST(HfFormat, Llama32ConfigReads) {
-  const std::string json = R"({
+constexpr char kLlama32Config[] = R"({
     "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
     "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
     "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
@@ -302,6 +304,9 @@ TEST(HfFormat, Llama32ConfigReads) {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+TEST(HfFormat, Llama32ConfigReads) {
+  const std::string json = kLlama32Config;
   auto m = ModelFromHfConfig(json, "Llama-3.2-1B/config.json");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->family, config::ModelFamily::kLlama);
@@ -1956,6 +1961,27 @@ TEST(HfFormat, Olmo3ConfigReadsWithItsWindowAndYarnInTheFullBlocks) {
   EXPECT_EQ(back->rope_local_theta, m->rope_local_theta);
   EXPECT_EQ(back->rope_scaling, m->rope_scaling);
 
+  // transformers 5's RoPE per layer type: YaRN in the full blocks, plain RoPE at the same base in
+  // the windowed ones, reads as the same model; another base for those is refused.
+  std::string v5 = json;
+  const std::string v4_rope =
+      json.substr(json.find("\"rope_scaling\""),
+                  json.find(", \"sliding_window\"") - json.find("\"rope_scaling\""));
+  v5.replace(v5.find(v4_rope), v4_rope.size(), R"("rope_parameters": {
+      "full_attention": {"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1,
+        "factor": 8.0, "original_max_position_embeddings": 8192, "rope_type": "yarn",
+        "rope_theta": 500000},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 500000}})");
+  auto nested = ModelFromHfConfig(v5, "Olmo-3/config.json");
+  ASSERT_TRUE(nested.ok()) << nested.status() << "\n" << v5;
+  EXPECT_EQ(nested->rope_scaling, m->rope_scaling);
+  EXPECT_EQ(nested->rope_theta, m->rope_theta);
+  EXPECT_EQ(nested->rope_local_theta, m->rope_local_theta);
+  v5.replace(v5.rfind("\"rope_theta\": 500000"), 20, "\"rope_theta\": 10000");
+  EXPECT_THAT(ModelFromHfConfig(v5, "o/config.json").status().message(),
+              HasSubstr("o/config.json: rope_theta and "
+                        "rope_parameters.sliding_attention.rope_theta both give it, differently"));
+
   // Full-attention blocks in any pattern travel in layer_types.
   config::ModelConfig irregular = *m;
   irregular.full_attention_layers = {1, 2, 31};
@@ -3101,4 +3127,102 @@ TEST(HfFormat, ErnieMoeConfigReadsAsBiasedSoftmaxRoutingPastADenseBlock) {
 }
 
 }  // namespace
+// `json` as transformers 5 saves a config: rope_theta, partial_rotary_factor and rope_scaling
+// moved into one rope_parameters map (rope_type "default" without a scaling).
+std::string InTransformers5Form(const std::string& json) {
+  google::protobuf::Struct config;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &config).ok());
+  auto& fields = *config.mutable_fields();
+  google::protobuf::Struct parameters;
+  auto& moved = *parameters.mutable_fields();
+  moved["rope_type"].set_string_value("default");
+  if (auto it = fields.find("rope_scaling"); it != fields.end()) {
+    if (it->second.has_struct_value()) {
+      for (const auto& [key, value] : it->second.struct_value().fields()) {
+        moved[key == "type" ? "rope_type" : key] = value;
+      }
+    }
+    fields.erase(it);
+  }
+  for (const char* key : {"rope_theta", "partial_rotary_factor"}) {
+    if (auto it = fields.find(key); it != fields.end()) {
+      moved[key] = it->second;
+      fields.erase(it);
+    }
+  }
+  *fields["rope_parameters"].mutable_struct_value() = parameters;
+  std::string out;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(config, &out).ok());
+  return out;
+}
+
+// Configs saved by transformers 5 carry RoPE in rope_parameters: each published config here, in
+// that form, reads as the same model (Llama 3's scaling, LongRoPE, partial rotation, YaRN,
+// none). Gemma 3's per-layer-type maps give the global blocks' base and scaling and the local
+// blocks' base. A field given both ways, differently, and the forms Trainyard does not read are
+// refused.
+TEST(HfFormat, Transformers5RopeParametersReadAsTheFieldsTheyReplace) {
+  std::string phi4_mini = kPhi35MiniConfig;
+  phi4_mini.replace(phi4_mini.find("\"num_key_value_heads\": 32"), 25,
+                    "\"num_key_value_heads\": 8, \"partial_rotary_factor\": 0.75");
+  phi4_mini.replace(phi4_mini.find("\"num_attention_heads\": 32"), 25,
+                    "\"num_attention_heads\": 24");
+  for (const std::string& json :
+       {std::string(kLlama32Config), std::string(kPhi35MiniConfig), phi4_mini,
+        std::string(kGlm4Config), std::string(kDots1Config), std::string(kGlm45AirConfig)}) {
+    auto v4 = ModelFromHfConfig(json, "4/config.json");
+    auto v5 = ModelFromHfConfig(InTransformers5Form(json), "5/config.json");
+    ASSERT_TRUE(v4.ok()) << v4.status();
+    ASSERT_TRUE(v5.ok()) << v5.status() << "\n" << InTransformers5Form(json);
+    EXPECT_EQ(v5->rope_theta, v4->rope_theta);
+    EXPECT_EQ(v5->rope_scaling, v4->rope_scaling);
+    EXPECT_EQ(v5->rope_dim, v4->rope_dim);
+    EXPECT_EQ(v5->ParameterCount(), v4->ParameterCount());
+    EXPECT_EQ(HfConfigJson(*v5, TensorDtype::kBF16), HfConfigJson(*v4, TensorDtype::kBF16));
+  }
+  auto llama = ModelFromHfConfig(InTransformers5Form(kLlama32Config), "5/config.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->rope_theta, 500000.0f);
+  EXPECT_EQ(llama->rope_scaling.factor, 32.0f);
+
+  // Gemma 3 4B's language model with its RoPE per layer type (the local base moved off its
+  // default to show where it goes).
+  const std::string gemma3 = R"({"model_type": "gemma3", "text_config": {
+      "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+      "num_hidden_layers": 34, "sliding_window": 1024, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}}})";
+  auto g = ModelFromHfConfig(gemma3, "g/config.json");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->rope_scaling, (config::RopeScaling{.linear = true, .factor = 8.0f}));
+  EXPECT_EQ(g->rope_theta, 1e6f);
+  EXPECT_EQ(g->rope_local_theta, 20000.0f);
+
+  const std::string tiny = R"("model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+      "max_position_embeddings": 64)";
+  auto refusal = [](const std::string& json) {
+    return std::string(ModelFromHfConfig(json, "c/config.json").status().message());
+  };
+  EXPECT_THAT(refusal(absl::StrCat("{", tiny, R"(, "rope_theta": 10000.0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})")),
+              HasSubstr("c/config.json: rope_theta and rope_parameters.rope_theta both give it, "
+                        "differently"));
+  EXPECT_THAT(refusal(absl::StrCat("{", tiny, R"(, "rope_scaling": {"rope_type": "linear",
+      "factor": 2.0}, "rope_parameters": {"rope_type": "linear", "factor": 4.0}})")),
+              HasSubstr("c/config.json: rope_scaling and rope_parameters both give it"));
+  EXPECT_THAT(refusal(absl::StrCat("{", tiny, R"(, "rope_parameters": {"full_attention":
+      {"rope_type": "default", "rope_theta": 10000.0}}})")),
+              HasSubstr("rope_parameters gives RoPE per layer type, which Trainyard reads for "
+                        "Gemma 3 and OLMo 3 only"));
+  EXPECT_THAT(refusal(absl::StrCat("{", tiny, R"(, "rope_parameters": [1]})")),
+              HasSubstr("c/config.json: rope_parameters must be a map"));
+  std::string scaled_local = gemma3;
+  scaled_local.replace(scaled_local.find("\"rope_type\": \"default\""), 22,
+                       "\"rope_type\": \"linear\"");
+  EXPECT_THAT(refusal(scaled_local),
+              HasSubstr("c/config.json: text_config: rope_parameters.sliding_attention.rope_type "
+                        "must be \"default\""));
+}
+
 }  // namespace trainyard::worker::convert
