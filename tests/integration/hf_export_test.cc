@@ -30,6 +30,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/global_params.h"
@@ -575,6 +576,98 @@ TEST(HfMultimodalGemma3, TheLanguageModelReadsAsTheTextModel) {
 TEST(HfMistral3, TheLanguageModelReadsAsTheTextModel) {
   ExpectLanguageModelReadsAsTextModel(MeshCase{.name = "dp1", .head_dim = 24, .sliding_window = 5},
                                       kMistral3);
+}
+
+// `text` (a GraniteForCausalLM directory of `model`) as Granite 4.0's non-hybrid layout in `out`:
+// GraniteMoeHybridForCausalLM's config with every layer attention, no experts and RoPE, and each
+// block's gate_proj and up_proj rows stacked as shared_mlp.input_linear, its down_proj as
+// shared_mlp.output_linear.
+void WriteGraniteHybrid(const fs::path& text, const fs::path& out,
+                        const config::ModelConfig& model) {
+  fs::create_directories(out);
+  std::ifstream config_in(text / "config.json");
+  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  const std::string granite = "\"model_type\": \"granite\"";
+  ASSERT_NE(config.find(granite), std::string::npos) << config;
+  std::vector<std::string> attention(model.layers, "\"attention\"");
+  config.replace(config.find(granite), granite.size(),
+                 absl::StrCat("\"model_type\": \"granitemoehybrid\", \"num_local_experts\": 0, "
+                              "\"position_embedding_type\": \"rope\", \"layer_types\": [",
+                              absl::StrJoin(attention, ", "),
+                              "], \"shared_intermediate_size\": ", model.ffn_hidden));
+  std::ofstream(out / "config.json") << config;
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (text / "model.safetensors").string());
+  ASSERT_TRUE(in.ok()) << in.status();
+  auto read = [&](const std::string& name) {
+    for (const convert::TensorInfo& t : (*in)->tensors()) {
+      if (t.name != name) continue;
+      std::vector<float> values(t.numel());
+      (*in)->ReadFloats(t, 0, t.numel(), values.data());
+      return values;
+    }
+    ADD_FAILURE() << name << " is not in the export";
+    return std::vector<float>{};
+  };
+  // Each tensor of the hybrid layout and where its values come from (gate then up for the input).
+  std::vector<convert::TensorInfo> tensors;
+  std::vector<std::vector<std::string>> sources;
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    if (absl::EndsWith(t.name, "mlp.up_proj.weight")) continue;
+    const std::string block = t.name.substr(0, t.name.find("mlp."));
+    if (absl::EndsWith(t.name, "mlp.gate_proj.weight")) {
+      tensors.push_back({block + "shared_mlp.input_linear.weight",
+                         convert::TensorDtype::kF32,
+                         {2 * t.shape[0], t.shape[1]}});
+      sources.push_back({t.name, block + "mlp.up_proj.weight"});
+    } else if (absl::EndsWith(t.name, "mlp.down_proj.weight")) {
+      tensors.push_back(
+          {block + "shared_mlp.output_linear.weight", convert::TensorDtype::kF32, t.shape});
+      sources.push_back({t.name});
+    } else {
+      tensors.push_back({t.name, convert::TensorDtype::kF32, t.shape});
+      sources.push_back({t.name});
+    }
+  }
+  auto writer = convert::SafetensorsWriter::Create(
+      *RealFileSystem(), (out / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<float> values;
+    for (const std::string& source : sources[i]) {
+      const std::vector<float> part = read(source);
+      values.insert(values.end(), part.begin(), part.end());
+    }
+    ASSERT_TRUE((*writer)->Write(tensors[i].name, values.data()).ok()) << tensors[i].name;
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+// Granite 4.0's models without Mamba-2 layers are published as GraniteMoeHybridForCausalLM with
+// the MLP as a shared one: a Granite model rewritten so reads tensor for tensor as the Granite
+// export does, and a job starts from it at the same first loss.
+TEST(HfGraniteHybrid, AttentionOnlyLayoutReadsAsGranite) {
+  const MeshCase mesh{.name = "dp1", .granite = true};
+  const fs::path scratch = testenv::MakeScratchDir("hf_granitemoehybrid");
+  const fs::path text = scratch / "granite", hybrid = scratch / "hybrid";
+  const config::JobSpec spec = Job(ModelFamily::kLlama, mesh);
+  const testenv::GlobalTensors saved = TrainAndExport(spec, scratch, text);
+  ASSERT_FALSE(saved.empty());
+  WriteGraniteHybrid(text, hybrid, spec.model);
+  auto source = convert::WeightSource::Open(*RealFileSystem(), hybrid.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_THAT((*source)->description(), ::testing::HasSubstr("granitemoehybrid"));
+  std::vector<float> read;
+  for (const auto& [name, values] : saved) {
+    ASSERT_TRUE((*source)->Read(name, read).ok()) << name;
+    ASSERT_GE(read.size(), values.size()) << name;
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), read.begin())) << name;
+  }
+  config::JobSpec from_text = spec, from_hybrid = spec;
+  from_text.init_from = text.string();
+  from_hybrid.init_from = hybrid.string();
+  EXPECT_EQ(FirstLoss(from_hybrid), FirstLoss(from_text));
+  fs::remove_all(scratch);
 }
 
 // Query and key norms export as Qwen3 (Qwen3ForCausalLM's names and config) and read back whole

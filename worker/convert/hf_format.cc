@@ -290,6 +290,11 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddExperts(m, p, h, kErnieMoeExperts, out);
     }
   }
+  if (layout.projections == HfProjections::kGraniteSharedMlp) {
+    out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "shared_mlp.input_linear.weight"));
+    out.push_back(Whole(p + "mlp.proj.w", {c, f}, h + "shared_mlp.output_linear.weight"));
+    return;
+  }
   if (fused || layout.projections == HfProjections::kFusedMlp) {
     out.push_back(Whole(p + "mlp.fc.w", {2 * f, c}, h + "mlp.gate_up_proj.weight"));
   } else {
@@ -1034,6 +1039,47 @@ absl::Status ReadGraniteConfig(const ConfigFields& f, ModelConfig& m) {
   // A multiplier of head_dim^-1/2 is the default scale, as Trainyard writes a model without one.
   const float usual = 1.0f / std::sqrt(static_cast<float>(m.head_dim()));
   if (m.head_dim() > 0 && m.attention_multiplier == usual) m.attention_multiplier = 0.0f;
+  return absl::OkStatus();
+}
+
+// Granite 4.0's non-hybrid models (GraniteMoeHybridForCausalLM, model_type granitemoehybrid, with
+// every layer attention and no experts): Granite's model, the MLP as the shared one
+// (shared_intermediate_size wide; intermediate_size is not read), RoPE where
+// position_embedding_type says "rope" and none (NoPE in every block) where it is absent.
+// transformers' defaults make every layer Mamba-2 and give 8 experts: a config must say
+// otherwise, and Mamba-2 layers or experts (Granite 4.0-H's hybrids) are refused.
+absl::Status ReadGraniteHybridConfig(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadGraniteConfig(f, m));
+  const char* key = f.Has("layer_types") ? "layer_types" : "layers_block_type";
+  const Value* types = f.Get(key);
+  if (types == nullptr) {
+    return f.Bad("layer_types", "is missing (transformers then makes every layer Mamba-2)");
+  }
+  const bool attention_only =
+      types->kind_case() == Value::kListValue && types->list_value().values_size() == m.layers &&
+      std::all_of(types->list_value().values().begin(), types->list_value().values().end(),
+                  [](const Value& v) { return v.string_value() == "attention"; });
+  if (!attention_only) {
+    return f.Bad(key, absl::StrCat("must name \"attention\" for each of the ", m.layers,
+                                   " layers (Trainyard does not train Granite 4.0-H's Mamba-2 "
+                                   "layers)"));
+  }
+  int experts = 8;  // transformers' default
+  TY_RETURN_IF_ERROR(f.Int("num_local_experts", &experts, /*required=*/false, /*minimum=*/0));
+  if (experts != 0) {
+    return f.Bad("num_local_experts", absl::StrCat("is ", experts,
+                                                   "; Trainyard reads Granite 4.0's models "
+                                                   "without experts (0)"));
+  }
+  m.ffn_hidden = 1024;  // transformers' default
+  TY_RETURN_IF_ERROR(f.Int("shared_intermediate_size", &m.ffn_hidden, /*required=*/false));
+  const Value* position = f.Get("position_embedding_type");
+  if (position != nullptr && position->string_value() == "rope") return absl::OkStatus();
+  if (position != nullptr) {
+    return f.Bad("position_embedding_type", "must be \"rope\" or null (none)");
+  }
+  m.rope_scaling = {};
+  for (int l = 0; l < m.layers; ++l) m.nope_layers.push_back(l);
   return absl::OkStatus();
 }
 
@@ -2391,9 +2437,10 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
   layout.glm = model_type == "glm" || model_type == "glm4";
   layout.interleaved_rope = layout.glm || model_type == "ernie4_5" ||
                             model_type == "ernie4_5_moe" || model_type == "helium";
-  layout.projections = model_type == "phi3" ? HfProjections::kFused
-                       : layout.glm         ? HfProjections::kFusedMlp
-                                            : HfProjections::kSeparate;
+  layout.projections = model_type == "phi3"               ? HfProjections::kFused
+                       : layout.glm                       ? HfProjections::kFusedMlp
+                       : model_type == "granitemoehybrid" ? HfProjections::kGraniteSharedMlp
+                                                          : HfProjections::kSeparate;
   layout.experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
                    : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
                    : model_type == "glm4_moe" || model_type == "dots1"  ? HfExperts::kGlm4Moe
@@ -2413,7 +2460,8 @@ constexpr char kHfModelTypes[] =
     "\"gpt2\", \"llama\", \"gemma\", \"gemma2\", \"gemma3_text\", \"gemma3\" (its language "
     "model), \"mistral\", \"mistral3\" (its language model), \"ministral\", \"phi3\", \"qwen2\", "
     "\"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"olmo2\", \"olmo3\", \"olmoe\", "
-    "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"glm\", \"glm4\", \"glm4_moe\", "
+    "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"granitemoehybrid\" (attention only), "
+    "\"glm\", \"glm4\", \"glm4_moe\", "
     "\"dots1\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\" and \"seed_oss\"";
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
@@ -2477,6 +2525,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadSmolLM3Config(fields, m));
   } else if (model_type == "granite") {  // Llama's tensors and config, and four multipliers
     TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
+  } else if (model_type == "granitemoehybrid") {  // Granite 4.0's, attention only
+    TY_RETURN_IF_ERROR(ReadGraniteHybridConfig(fields, m));
   } else if (model_type == "granitemoe") {  // Granite's, and experts
     TY_RETURN_IF_ERROR(ReadGraniteConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadGraniteMoeConfig(fields, m));

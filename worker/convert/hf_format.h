@@ -85,8 +85,9 @@ bool Reorders(const HfPiece& piece);
 // k_proj, v_proj and gate_proj, up_proj apart (Llama's, and every layout Trainyard writes), or
 // fused as Phi-3's self_attn.qkv_proj (q, k, v rows in that order: our qkv.w) and
 // mlp.gate_up_proj (gate rows, then up rows: our mlp.fc.w), or GLM's: the attention's apart, the
-// MLP's fused.
-enum class HfProjections { kSeparate, kFused, kFusedMlp };
+// MLP's fused, or Granite 4.0's: the attention's apart, the MLP as shared_mlp.input_linear (gate
+// rows, then up rows) and shared_mlp.output_linear.
+enum class HfProjections { kSeparate, kFused, kFusedMlp, kGraniteSharedMlp };
 
 // How a mixture-of-experts block names and stores its experts: Mixtral's (block_sparse_moe.gate,
 // block_sparse_moe.experts.J.w1, w3, w2), Qwen3-MoE's and OLMoE's (mlp.gate,

@@ -1050,6 +1050,81 @@ TEST(HfFormat, GraniteConfigReadsAsLlamaWithMultipliers) {
               HasSubstr("b/config.json: residual_multiplier must be a positive number"));
 }
 
+// A config of Granite 4.0 Micro's shape (GraniteMoeHybridForCausalLM, every one of its 40 layers
+// attention, no experts, RoPE): Granite's model with the MLP as the shared one, 8192 wide. By
+// hand: 40 · (q, o 2 · 2560² + k, v 2 · 512·2560 + MLP 3 · 8192·2560 + two norms 2 · 2560) + the
+// tied embedding 100352·2560 + the final norm 2560 = 3,402,836,480. Without
+// position_embedding_type every block is NoPE; Mamba-2 layers, experts and the defaults that mean
+// them are refused.
+TEST(HfFormat, GraniteHybridConfigWithAttentionOnlyReadsAsGranite) {
+  std::string attention;
+  for (int l = 0; l < 40; ++l) absl::StrAppend(&attention, l == 0 ? "" : ", ", "\"attention\"");
+  const std::string json = absl::StrCat(R"({
+    "architectures": ["GraniteMoeHybridForCausalLM"], "attention_bias": false,
+    "attention_multiplier": 0.015625, "embedding_multiplier": 12, "hidden_act": "silu",
+    "hidden_size": 2560, "intermediate_size": 8192, "layer_types": [)",
+                                        attention, R"(], "logits_scaling": 10,
+    "mamba_d_head": 64, "mamba_n_heads": 128, "max_position_embeddings": 131072,
+    "model_type": "granitemoehybrid", "num_attention_heads": 40, "num_experts_per_tok": 0,
+    "num_hidden_layers": 40, "num_key_value_heads": 8, "num_local_experts": 0,
+    "position_embedding_type": "rope", "residual_multiplier": 0.22, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 10000000, "shared_intermediate_size": 8192,
+    "tie_word_embeddings": true, "vocab_size": 100352})");
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "granite-4.0/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.projections, HfProjections::kGraniteSharedMlp);
+  EXPECT_EQ(m->ffn_hidden, 8192);
+  EXPECT_EQ(m->kv_heads, 8);
+  EXPECT_EQ(m->embedding_multiplier, 12.0f);
+  EXPECT_EQ(m->residual_multiplier, 0.22f);
+  EXPECT_EQ(m->attention_multiplier, 0.015625f);
+  EXPECT_EQ(m->logits_scaling, 10.0f);
+  EXPECT_EQ(m->rope_theta, 1e7f);
+  EXPECT_TRUE(m->nope_layers.empty());
+  EXPECT_EQ(m->ParameterCount(), 3402836480);
+  auto tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::set<std::string> names;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) names.insert(piece.name);
+  }
+  EXPECT_TRUE(names.count("model.layers.0.shared_mlp.input_linear.weight"));
+  EXPECT_TRUE(names.count("model.layers.39.shared_mlp.output_linear.weight"));
+  EXPECT_FALSE(names.count("model.layers.0.mlp.gate_proj.weight"));
+  // It writes back as Granite (the same model in GraniteForCausalLM's layout).
+  auto back = ModelFromHfConfig(HfConfigJson(*m, TensorDtype::kBF16), "config.json", &layout);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(layout.projections, HfProjections::kSeparate);
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->ffn_hidden, m->ffn_hidden);
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = json;
+    changed.replace(changed.find(from), from.size(), to);
+    return changed;
+  };
+  auto nope = ModelFromHfConfig(with("\"position_embedding_type\": \"rope\", ", ""), "c");
+  ASSERT_TRUE(nope.ok()) << nope.status();
+  EXPECT_EQ(nope->nope_layers.size(), 40u);
+  auto refusal = [](const std::string& changed) {
+    return std::string(ModelFromHfConfig(changed, "g/config.json").status().message());
+  };
+  EXPECT_THAT(refusal(with("[\"attention\", ", "[\"mamba\", ")),
+              HasSubstr("g/config.json: layer_types must name \"attention\" for each of the 40 "
+                        "layers (Trainyard does not train Granite 4.0-H's Mamba-2 layers)"));
+  EXPECT_THAT(refusal(with("\"layer_types\"", "\"unused\"")),
+              HasSubstr("g/config.json: layer_types is missing (transformers then makes every "
+                        "layer Mamba-2)"));
+  EXPECT_THAT(refusal(with("\"num_local_experts\": 0", "\"num_local_experts\": 64")),
+              HasSubstr("g/config.json: num_local_experts is 64; Trainyard reads Granite 4.0's "
+                        "models without experts (0)"));
+  EXPECT_THAT(refusal(with("\"num_local_experts\": 0,", "")), HasSubstr("num_local_experts is 8"));
+  EXPECT_THAT(refusal(with("\"position_embedding_type\": \"rope\"",
+                           "\"position_embedding_type\": \"alibi\"")),
+              HasSubstr("g/config.json: position_embedding_type must be \"rope\" or null"));
+}
+
 // A config.json of Mistral Nemo's shape: 32 heads of 128 over a width of 5120, so q and the
 // output projection are 4096 wide, not 5120. head_dim is the model's and travels back out; a
 // head_dim equal to hidden_size / num_attention_heads (or null) is the plain model.
