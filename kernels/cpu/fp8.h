@@ -9,8 +9,8 @@
 
 namespace trainyard::kernels::cpu {
 
-uint8_t EncodeFp8(float x, Fp8Format f);
-float DecodeFp8(uint8_t v, Fp8Format f);
+using kernels::DecodeFp8;
+using kernels::EncodeFp8;
 
 // max |x[i]| over n values; NaN if any is NaN.
 float AbsMax(const float* x, int64_t n);

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/fp8_format.h"
 #include "tests/integration/global_params.h"
 #include "tests/integration/mesh_cases.h"
 #include "tests/integration/rank_threads.h"
@@ -667,6 +670,127 @@ TEST(HfGraniteHybrid, AttentionOnlyLayoutReadsAsGranite) {
   from_text.init_from = text.string();
   from_hybrid.init_from = hybrid.string();
   EXPECT_EQ(FirstLoss(from_hybrid), FirstLoss(from_text));
+  fs::remove_all(scratch);
+}
+
+// `text` (a Hugging Face directory) as a block-quantized FP8 checkpoint in `out`, as DeepSeek's
+// and Qwen's "-FP8" releases store one: every projection weight (`_proj.weight`) as F8_E4M3
+// codes of its values over a per-block scale, beside that scale as `_proj.weight_scale_inv` (the
+// block's largest magnitude / 448), in blocks of `block`, and config.json's quantization_config
+// saying so. `expected` gets each quantized tensor's values as the codes times their scales.
+void WriteFp8(const fs::path& text, const fs::path& out, std::array<int64_t, 2> block,
+              std::map<std::string, std::vector<float>>* expected) {
+  fs::create_directories(out);
+  std::ifstream config_in(text / "config.json");
+  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  config.insert(config.rfind('}'),
+                absl::StrCat(", \"quantization_config\": {\"activation_scheme\": \"dynamic\", "
+                             "\"fmt\": \"float8_e4m3fn\", \"quant_method\": \"fp8\", "
+                             "\"weight_block_size\": [",
+                             block[0], ", ", block[1], "]}"));
+  std::ofstream(out / "config.json") << config;
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (text / "model.safetensors").string());
+  ASSERT_TRUE(in.ok()) << in.status();
+  std::vector<convert::TensorInfo> tensors;
+  std::vector<std::vector<float>> values;
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    std::vector<float> v(t.numel());
+    (*in)->ReadFloats(t, 0, t.numel(), v.data());
+    if (!absl::EndsWith(t.name, "_proj.weight") || t.shape.size() != 2) {
+      tensors.push_back({t.name, convert::TensorDtype::kF32, t.shape});
+      values.push_back(std::move(v));
+      continue;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const int64_t block_rows = (rows + block[0] - 1) / block[0];
+    const int64_t block_cols = (cols + block[1] - 1) / block[1];
+    std::vector<float> scale(block_rows * block_cols, 0.0f), scaled(v.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        float& s = scale[(r / block[0]) * block_cols + c / block[1]];
+        s = std::max(s, std::fabs(v[r * cols + c]) / 448.0f);
+      }
+    }
+    std::vector<float>& want = (*expected)[t.name];
+    want.resize(v.size());
+    for (int64_t e = 0; e < rows * cols; ++e) {
+      const float s = scale[(e / cols / block[0]) * block_cols + e % cols / block[1]];
+      scaled[e] = s > 0 ? v[e] / s : 0.0f;
+      want[e] = kernels::DecodeFp8(kernels::EncodeFp8(scaled[e], kernels::Fp8Format::kE4M3),
+                                   kernels::Fp8Format::kE4M3) *
+                s;
+    }
+    tensors.push_back({t.name, convert::TensorDtype::kF8E4M3, t.shape});
+    values.push_back(std::move(scaled));
+    tensors.push_back(
+        {t.name + "_scale_inv", convert::TensorDtype::kF32, {block_rows, block_cols}});
+    values.push_back(std::move(scale));
+  }
+  auto writer = convert::SafetensorsWriter::Create(
+      *RealFileSystem(), (out / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_TRUE((*writer)->Write(tensors[i].name, values[i].data()).ok()) << tensors[i].name;
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+// A block-quantized FP8 checkpoint reads as its codes times their blocks' scales, to the bit, in
+// blocks that do not divide the weights (3 × 5 over rows and columns of 16, 24, 48...), and a job
+// starts from it within FP8's rounding of the unquantized model's first loss. What it cannot
+// read is refused naming the file and tensor or field.
+TEST(HfFp8, BlockQuantizedWeightsReadAsCodesTimesScales) {
+  const MeshCase mesh{.name = "dp1"};
+  const fs::path scratch = testenv::MakeScratchDir("hf_fp8");
+  const fs::path text = scratch / "bf16", fp8 = scratch / "fp8";
+  const config::JobSpec spec = Job(ModelFamily::kLlama, mesh);
+  const testenv::GlobalTensors saved = TrainAndExport(spec, scratch, text);
+  ASSERT_FALSE(saved.empty());
+  std::map<std::string, std::vector<float>> expected;
+  WriteFp8(text, fp8, {3, 5}, &expected);
+  ASSERT_GT(expected.size(), 4u);
+  auto source = convert::WeightSource::Open(*RealFileSystem(), fp8.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_THAT((*source)->description(), ::testing::HasSubstr("FP8 in blocks of 3×5"));
+  // Our h.0.attn.proj.w is their o_proj whole; mlp.proj.w their down_proj.
+  std::vector<float> read;
+  for (const auto& [ours, theirs] :
+       {std::pair{"h.0.attn.proj.w", "model.layers.0.self_attn.o_proj.weight"},
+        std::pair{"h.1.mlp.proj.w", "model.layers.1.mlp.down_proj.weight"}}) {
+    ASSERT_TRUE((*source)->Read(ours, read).ok()) << ours;
+    const std::vector<float>& want = expected.at(theirs);
+    ASSERT_GE(read.size(), want.size());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), read.begin())) << ours;
+    const std::vector<float>& unquantized = saved.at(ours);
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::fabs(double{read[i]} - unquantized[i]));
+    }
+    EXPECT_GT(worst, 0.0) << ours << " was not quantized";
+  }
+  config::JobSpec from_text = spec, from_fp8 = spec;
+  from_text.init_from = text.string();
+  from_fp8.init_from = fp8.string();
+  const double text_loss = FirstLoss(from_text), fp8_loss = FirstLoss(from_fp8);
+  EXPECT_LE(std::abs(fp8_loss - text_loss) / text_loss, 0.02) << fp8_loss << " vs " << text_loss;
+
+  // Refusals: a scale missing, blocks that do not match the scales, no quantization_config.
+  auto refusal = [&](const fs::path& dir) {
+    return std::string(
+        convert::WeightSource::Open(*RealFileSystem(), dir.string()).status().message());
+  };
+  const fs::path other = scratch / "other";
+  WriteFp8(text, other, {4, 4}, &expected);
+  std::ifstream four_in(other / "config.json");
+  std::string four((std::istreambuf_iterator<char>(four_in)), std::istreambuf_iterator<char>());
+  four.replace(four.find("[4, 4]"), 6, "[3, 5]");
+  std::ofstream(other / "config.json") << four;
+  EXPECT_THAT(refusal(other), ::testing::HasSubstr("_scale_inv of shape"));
+  four.erase(four.find(", \"quantization_config\""));
+  std::ofstream(other / "config.json") << four << "}";
+  EXPECT_THAT(refusal(other),
+              ::testing::HasSubstr("is F8_E4M3, but config.json has no quantization_config"));
   fs::remove_all(scratch);
 }
 

@@ -2557,6 +2557,43 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
   return m;
 }
 
+absl::StatusOr<std::array<int64_t, 2>> Fp8WeightBlock(const std::string& json,
+                                                      const std::string& source) {
+  google::protobuf::Struct parsed;
+  if (!google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  const ConfigFields fields(parsed, source);
+  const Value* quantization = fields.Get("quantization_config");
+  if (quantization == nullptr) return std::array<int64_t, 2>{0, 0};
+  if (quantization->kind_case() != Value::kStructValue) {
+    return fields.Bad("quantization_config", "must be a map");
+  }
+  const ConfigFields q(quantization->struct_value(), source + ": quantization_config");
+  const Value* method = q.Get("quant_method");
+  if (method == nullptr || method->string_value() != "fp8") {
+    return q.Bad("quant_method", absl::StrCat("is \"", method ? method->string_value() : "",
+                                              "\"; Trainyard reads unquantized weights and "
+                                              "block-quantized \"fp8\""));
+  }
+  TY_RETURN_IF_ERROR(q.OneOf("fmt", {"float8_e4m3fn", "e4m3"}));
+  const Value* block = q.Get("weight_block_size");
+  if (block == nullptr || block->kind_case() != Value::kListValue ||
+      block->list_value().values_size() != 2) {
+    return q.Bad("weight_block_size",
+                 "must be [rows, cols] (Trainyard reads FP8 weights scaled per block)");
+  }
+  std::array<int64_t, 2> out{};
+  for (int i = 0; i < 2; ++i) {
+    const double v = block->list_value().values(i).number_value();
+    if (!(v >= 1 && v <= 65536) || v != std::floor(v)) {
+      return q.Bad("weight_block_size", "must be two positive integers");
+    }
+    out[i] = static_cast<int64_t>(v);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<int32_t>> EndOfSequenceIds(const std::string& json,
                                                       const std::string& source, int vocab) {
   google::protobuf::Struct parsed;

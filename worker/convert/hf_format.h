@@ -33,6 +33,7 @@
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
 #define TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -174,6 +175,14 @@ std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
 [[nodiscard]] absl::StatusOr<config::ModelConfig> ModelFromHfConfig(const std::string& json,
                                                                     const std::string& source,
                                                                     HfLayout* layout = nullptr);
+
+// The blocks a config.json's quantization_config says its FP8 weights are scaled in: {rows,
+// cols} of weight_block_size for quant_method "fp8" (DeepSeek's fine-grained format, as Qwen's,
+// GLM's and MiniMax's FP8 releases use it: each F8_E4M3 weight beside its weight_scale_inv), or
+// {0, 0} without a quantization_config. Another quant_method, format or block shape is
+// INVALID_ARGUMENT naming the field.
+[[nodiscard]] absl::StatusOr<std::array<int64_t, 2>> Fp8WeightBlock(const std::string& json,
+                                                                    const std::string& source);
 
 // The end-of-sequence ids of a config.json or generation_config.json (`source` names it in
 // errors): its eos_token_id, a whole number or a list of them, each below `vocab`; none when the

@@ -256,7 +256,59 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
 
 }  // namespace
 
+void HfSource::Read(int64_t begin, int64_t count, float* out) const {
+  file->ReadFloats(*info, begin, count, out);
+  if (scale == nullptr) return;
+  const int64_t cols = info->shape[1], scale_cols = scale->shape[1];
+  std::vector<float> row(scale_cols);
+  int64_t loaded = -1;  // the block row `row` holds
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t e = begin + i, block_row = e / cols / block[0];
+    if (block_row != loaded) {
+      scale_file->ReadFloats(*scale, block_row * scale_cols, scale_cols, row.data());
+      loaded = block_row;
+    }
+    out[i] *= row[e % cols / block[1]];
+  }
+}
+
 WeightSource::~WeightSource() = default;
+
+absl::Status WeightSource::AttachFp8Scales(const std::array<int64_t, 2>& block) {
+  std::set<std::string> scales;
+  for (auto& [key, source] : pieces_) {
+    if (source.info->dtype != TensorDtype::kF8E4M3) continue;
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source.file->path(), ": tensor ", source.info->name, " ", why));
+    };
+    if (block[0] == 0) {
+      return bad(
+          "is F8_E4M3, but config.json has no quantization_config with quant_method fp8 "
+          "and a weight_block_size");
+    }
+    if (source.info->shape.size() != 2) {
+      return bad(absl::StrCat("is F8_E4M3 of shape ", ShapeText(source.info->shape),
+                              " (Trainyard dequantizes 2-d weights only)"));
+    }
+    auto scale = pieces_.find(key + "_scale_inv");
+    if (scale == pieces_.end()) return bad(absl::StrCat("is F8_E4M3 without ", key, "_scale_inv"));
+    const std::vector<int64_t> want = {(source.info->shape[0] + block[0] - 1) / block[0],
+                                       (source.info->shape[1] + block[1] - 1) / block[1]};
+    if (scale->second.info->shape != want || scale->second.info->dtype == TensorDtype::kF8E4M3) {
+      return bad(absl::StrCat("has scales ", scale->second.info->name, " of shape ",
+                              ShapeText(scale->second.info->shape), " and dtype ",
+                              DtypeName(scale->second.info->dtype), "; blocks of ", block[0], "×",
+                              block[1], " need ", ShapeText(want), " of F32, BF16 or F16"));
+    }
+    source.scale_file = scale->second.file;
+    source.scale = scale->second.info;
+    source.block = block;
+    scales.insert(scale->first);
+  }
+  for (const std::string& key : scales) pieces_.erase(key);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(
     FileSystem& fs, const std::string& path, const config::ModelConfig* expected) {
@@ -292,7 +344,7 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
       }
       const std::optional<std::string> key = HfLookupName(t.name, model_.family, layout);
       if (!key) continue;  // a multimodal checkpoint's vision tower or projector
-      if (!pieces_.emplace(*key, std::pair{file.get(), &t}).second) {
+      if (!pieces_.emplace(*key, HfSource{file.get(), &t}).second) {
         return absl::InvalidArgumentError(
             absl::StrCat(file->path(), ": tensor ", t.name, " appears twice"));
       }
@@ -306,6 +358,8 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
           absl::StrCat(ChildPath(dir, file), ": missing tensor ", name, " (the index lists it)"));
     }
   }
+  TY_ASSIGN_OR_RETURN(const auto block, Fp8WeightBlock(config_text, config_path));
+  TY_RETURN_IF_ERROR(AttachFp8Scales(block));
   TY_ASSIGN_OR_RETURN(std::vector<HfTensorMap> maps, HfTensors(model_, layout));
   std::set<std::string> claimed;
   for (HfTensorMap& m : maps) {
@@ -317,10 +371,10 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
             absl::StrCat(where, ": missing tensor ", piece.name, " (config.json implies it)"));
       }
       const std::vector<int64_t> shape = HfShape(m, piece);
-      if (it->second.second->shape != shape) {
+      if (it->second.info->shape != shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            it->second.first->path(), ": tensor ", it->second.second->name, " has shape ",
-            ShapeText(it->second.second->shape), ", config.json implies ", ShapeText(shape)));
+            it->second.file->path(), ": tensor ", it->second.info->name, " has shape ",
+            ShapeText(it->second.info->shape), ", config.json implies ", ShapeText(shape)));
       }
       claimed.insert(piece.name);
     }
@@ -330,13 +384,15 @@ absl::Status WeightSource::OpenHf(FileSystem& fs, const std::string& dir,
   for (const auto& [key, where] : pieces_) {
     if (claimed.count(key) == 0 && !IsBuffer(key)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where.first->path(), ": extra tensor ", where.second->name,
+          absl::StrCat(where.file->path(), ": extra tensor ", where.info->name,
                        " (not part of the model config.json describes)"));
     }
   }
   description_ = absl::StrCat(
       "Hugging Face ", layout.model_type, layout.multimodal ? " (its language model)" : "", " (",
-      DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32 : files_[0]->tensors()[0].dtype),
+      block[0] > 0 ? absl::StrCat("FP8 in blocks of ", block[0], "×", block[1])
+                   : DtypeName(files_[0]->tensors().empty() ? TensorDtype::kF32
+                                                            : files_[0]->tensors()[0].dtype),
       ", ", files_.size(), files_.size() == 1 ? " file)" : " files)");
   return absl::OkStatus();
 }
@@ -443,9 +499,9 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
     const int64_t p0 = piece.row_begin * cols, p1 = p0 + piece.rows * cols;
     const int64_t lo = std::max(begin, p0), hi = std::min(begin + count, p1);
     if (lo >= hi) continue;
-    const auto& [file, info] = pieces_.at(piece.name);
+    const HfSource& source = pieces_.at(piece.name);
     if (!Reorders(piece)) {
-      file->ReadFloats(*info, lo - p0, hi - lo, out + (lo - begin));
+      source.Read(lo - p0, hi - lo, out + (lo - begin));
       if (m.shift != 0.0f) {
         for (int64_t e = lo; e < hi; ++e) out[e - begin] += m.shift;
       }
@@ -455,7 +511,7 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
       for (int64_t e = lo; e < hi;) {
         const int64_t row = (e - p0) / cols, end = std::min(hi, p0 + (row + 1) * cols);
         const int64_t at = TheirRow(piece, row) * cols + (e - p0 - row * cols);
-        file->ReadFloats(*info, at, end - e, out + (e - begin));
+        source.Read(at, end - e, out + (e - begin));
         for (int64_t i = e; i < end; ++i) out[i - begin] += m.shift;
         e = end;
       }
@@ -466,7 +522,7 @@ absl::Status WeightSource::ReadRange(const std::string& name, int64_t begin, int
     const int64_t r_lo = (lo - p0) / cols, r_hi = (hi - p0 + cols - 1) / cols;
     segment.resize(r_hi - r_lo);
     for (int64_t c = 0; c < cols; ++c) {
-      file->ReadFloats(*info, c * piece.rows + r_lo, r_hi - r_lo, segment.data());
+      source.Read(c * piece.rows + r_lo, r_hi - r_lo, segment.data());
       for (int64_t r = r_lo; r < r_hi; ++r) {
         const int64_t e = p0 + r * cols + c;
         if (e >= lo && e < hi) out[e - begin] = segment[r - r_lo] + m.shift;
@@ -493,9 +549,9 @@ absl::Status WeightSource::Read(const std::string& name, std::vector<float>& glo
   if (static_cast<int64_t>(global.size()) < numel) global.resize(numel);
   std::vector<float> theirs;
   for (const HfPiece& piece : m.pieces) {
-    const auto& [file, info] = pieces_.at(piece.name);
-    theirs.resize(info->numel());
-    file->ReadFloats(*info, 0, info->numel(), theirs.data());
+    const HfSource& source = pieces_.at(piece.name);
+    theirs.resize(source.info->numel());
+    source.Read(0, source.info->numel(), theirs.data());
     FromHf(m, piece, theirs.data(), global.data());
   }
   return absl::OkStatus();
@@ -512,8 +568,8 @@ const float* WeightSource::Direct(const std::string& name) const {
       it->second.shift != 0.0f) {
     return nullptr;
   }
-  const auto& [file, info] = pieces_.at(it->second.pieces[0].name);
-  return file->FloatData(*info);
+  const HfSource& source = pieces_.at(it->second.pieces[0].name);
+  return source.scale == nullptr ? source.file->FloatData(*source.info) : nullptr;
 }
 
 absl::Status WeightSource::ReadLayout(const ParameterLayout& layout, float* host) {

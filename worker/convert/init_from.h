@@ -1,6 +1,7 @@
 // model.init_from: a job's first parameters from published weights instead of the seed's random
 // initialisation — a Hugging Face model directory of either family (config.json and
-// model.safetensors, or shards with model.safetensors.index.json; F32, BF16 or F16) or an llm.c
+// model.safetensors, or shards with model.safetensors.index.json; F32, BF16 or F16, or
+// block-quantized FP8: F8_E4M3 weights beside their weight_scale_inv) or an llm.c
 // GPT-2 model file (magic 20240326, version 3 fp32 or 5 bf16, its vocabulary padded).
 //
 // Opening checks everything that does not need the tensors' values: the config (or llm.c's
@@ -12,6 +13,7 @@
 #ifndef TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
 #define TRAINYARD_WORKER_CONVERT_INIT_FROM_H_
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +29,20 @@
 #include "worker/shape/parameters.h"
 
 namespace trainyard::worker::convert {
+
+// Where a Hugging Face tensor lies: its file and entry, and for an FP8 weight of a
+// block-quantized checkpoint its scales' (weight_scale_inv, one per block of block[0] rows ×
+// block[1] columns, each multiplying its block's decoded values).
+struct HfSource {
+  const SafetensorsFile* file = nullptr;
+  const TensorInfo* info = nullptr;
+  const SafetensorsFile* scale_file = nullptr;
+  const TensorInfo* scale = nullptr;
+  std::array<int64_t, 2> block = {0, 0};
+
+  // Elements [begin, begin + count) of the tensor, row-major, as fp32 values.
+  void Read(int64_t begin, int64_t count, float* out) const;
+};
 
 class WeightSource {
  public:
@@ -66,13 +82,17 @@ class WeightSource {
                                     const config::ModelConfig* expected);
   [[nodiscard]] absl::Status OpenLlmc(FileSystem& fs, const std::string& file,
                                       const config::ModelConfig* expected);
+  // Pairs each F8_E4M3 tensor X of pieces_ with X_scale_inv (then no tensor of its own), for
+  // blocks of `block` (config.json's weight_block_size; {0, 0}: the checkpoint is not
+  // block-quantized, and an F8_E4M3 tensor is refused).
+  [[nodiscard]] absl::Status AttachFp8Scales(const std::array<int64_t, 2>& block);
 
   config::ModelConfig model_;
   std::string description_;
   // Hugging Face: the safetensors files, each of our tensors' pieces, and where each piece is.
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, HfTensorMap> maps_;
-  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> pieces_;
+  std::map<std::string, HfSource> pieces_;
   // llm.c: the mapped file, its dtype, and each of our tensors' first element in it.
   std::unique_ptr<ReadOnlyRegion> llmc_;
   TensorDtype llmc_dtype_ = TensorDtype::kF32;

@@ -14,6 +14,7 @@
 #include "common/json.h"
 #include "common/staged_appender.h"
 #include "common/status.h"
+#include "kernels/fp8_format.h"
 
 namespace trainyard::worker::convert {
 namespace {
@@ -56,8 +57,9 @@ absl::StatusOr<TensorDtype> ParseDtype(const std::string& name) {
   if (name == "F32") return TensorDtype::kF32;
   if (name == "BF16") return TensorDtype::kBF16;
   if (name == "F16") return TensorDtype::kF16;
+  if (name == "F8_E4M3") return TensorDtype::kF8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype \"", name, "\" (Trainyard reads F32, BF16 and F16)"));
+      absl::StrCat("unknown dtype \"", name, "\" (Trainyard reads F32, BF16, F16 and F8_E4M3)"));
 }
 
 // A JSON number that is a non-negative integer below 2^53 (exact in a double).
@@ -140,11 +142,15 @@ const char* DtypeName(TensorDtype dtype) {
       return "BF16";
     case TensorDtype::kF16:
       return "F16";
+    case TensorDtype::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
-int64_t DtypeBytes(TensorDtype dtype) { return dtype == TensorDtype::kF32 ? 4 : 2; }
+int64_t DtypeBytes(TensorDtype dtype) {
+  return dtype == TensorDtype::kF32 ? 4 : dtype == TensorDtype::kF8E4M3 ? 1 : 2;
+}
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -255,6 +261,11 @@ void SafetensorsFile::ReadFloats(const TensorInfo& tensor, int64_t begin, int64_
         out[i] = HalfBitsToFloat(bits);
       }
       return;
+    case TensorDtype::kF8E4M3:
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = kernels::DecodeFp8(data[begin + i], kernels::Fp8Format::kE4M3);
+      }
+      return;
   }
 }
 
@@ -334,9 +345,18 @@ absl::Status SafetensorsWriter::Write(const std::string& name,
   }
   constexpr int64_t kChunk = 1 << 20;  // elements converted at a time
   std::vector<uint16_t> narrow;
+  std::vector<uint8_t> codes;
   for (std::span<const float> part : parts) {
     if (t.dtype == TensorDtype::kF32) {
       TY_RETURN_IF_ERROR(Put(part.data(), 4 * part.size()));
+      continue;
+    }
+    if (t.dtype == TensorDtype::kF8E4M3) {  // the values as given: the caller scaled them
+      codes.resize(part.size());
+      for (size_t i = 0; i < part.size(); ++i) {
+        codes[i] = kernels::EncodeFp8(part[i], kernels::Fp8Format::kE4M3);
+      }
+      TY_RETURN_IF_ERROR(Put(codes.data(), codes.size()));
       continue;
     }
     for (size_t at = 0; at < part.size(); at += kChunk) {

@@ -29,9 +29,11 @@
 
 namespace trainyard::worker::convert {
 
-enum class TensorDtype { kF32, kBF16, kF16 };
+// kF8E4M3: OCP FP8 E4M3 (torch.float8_e4m3fn), as block-quantized checkpoints store their
+// linear layers' weights beside scales (init_from multiplies them back).
+enum class TensorDtype { kF32, kBF16, kF16, kF8E4M3 };
 
-// "F32", "BF16", "F16" (safetensors' names).
+// "F32", "BF16", "F16", "F8_E4M3" (safetensors' names).
 const char* DtypeName(TensorDtype dtype);
 int64_t DtypeBytes(TensorDtype dtype);
 

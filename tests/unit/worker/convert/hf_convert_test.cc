@@ -5,6 +5,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -3298,6 +3299,36 @@ TEST(HfFormat, Transformers5RopeParametersReadAsTheFieldsTheyReplace) {
   EXPECT_THAT(refusal(scaled_local),
               HasSubstr("c/config.json: text_config: rope_parameters.sliding_attention.rope_type "
                         "must be \"default\""));
+}
+
+// config.json's quantization_config: none, or DeepSeek's block-quantized FP8 (its blocks); any
+// other is refused naming the field.
+TEST(HfFormat, Fp8WeightBlockReadsTheBlocksAndRefusesOtherQuantizations) {
+  auto block = [](const std::string& quantization) {
+    return Fp8WeightBlock(absl::StrCat(R"({"model_type": "llama")", quantization, "}"), "q.json");
+  };
+  ASSERT_TRUE(block("").ok());
+  EXPECT_EQ(*block(""), (std::array<int64_t, 2>{0, 0}));
+  auto fp8 = block(R"(, "quantization_config": {"activation_scheme": "dynamic",
+      "fmt": "float8_e4m3fn", "quant_method": "fp8", "weight_block_size": [128, 128]})");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(*fp8, (std::array<int64_t, 2>{128, 128}));
+  EXPECT_THAT(
+      block(R"(, "quantization_config": {"quant_method": "gptq", "bits": 4})").status().message(),
+      HasSubstr("q.json: quantization_config: quant_method is \"gptq\"; Trainyard reads "
+                "unquantized weights and block-quantized \"fp8\""));
+  EXPECT_THAT(block(R"(, "quantization_config": {"quant_method": "fp8"})").status().message(),
+              HasSubstr("weight_block_size must be [rows, cols]"));
+  EXPECT_THAT(block(R"(, "quantization_config": {"quant_method": "fp8", "fmt": "float8_e5m2",
+      "weight_block_size": [128, 128]})")
+                  .status()
+                  .message(),
+              HasSubstr("quantization_config: fmt must be \"float8_e4m3fn\""));
+  EXPECT_THAT(block(R"(, "quantization_config": {"quant_method": "fp8",
+      "weight_block_size": [128, 0]})")
+                  .status()
+                  .message(),
+              HasSubstr("weight_block_size must be two positive integers"));
 }
 
 }  // namespace trainyard::worker::convert
