@@ -89,7 +89,8 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.every = 2;
     spec.model.moe.normalize_top_k = false;
   }
-  if (mesh.whole_norms) spec.model.moe.normalize_top_k = false;  // OLMoE's: the top k as scored
+  // OLMoE's: the top k as scored (MiniMax-M2's normalised).
+  if (mesh.whole_norms && !mesh.minimax_m2) spec.model.moe.normalize_top_k = false;
   return spec;
 }
 
@@ -168,6 +169,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .shared_gate = mesh.shared_gate,
                      .glm45 = mesh.glm45,
                      .ernie_moe = mesh.ernie_moe,
+                     .minimax_m2 = mesh.minimax_m2,
                      .groups = mesh.groups,
                      .group_top_k = mesh.group_top_k};
   config::JobSpec single = Job(family, one);
@@ -353,6 +355,30 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .rope_dim = 8,
                                                   .experts = 4,
                                                   .glm45 = true})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// MiniMax-M2's model (norms over the whole q and k, half of each head turned, in every block
+// experts picked by sigmoid score plus a selection bias, no shared expert) exports as MiniMax-M2
+// and reads back with the experts split over data-parallel ranks under ZeRO-3, and over
+// tensor-parallel ranks on pipeline stages (the whole-projection norms summed over the group).
+INSTANTIATE_TEST_SUITE_P(
+    MiniMaxM2, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "minimax_m2_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .whole_norms = true,
+                                                  .rope_dim = 8,
+                                                  .experts = 4,
+                                                  .ep = 2,
+                                                  .minimax_m2 = true},
+                                         MeshCase{.name = "minimax_m2_tp2_pp2",
+                                                  .tp = 2,
+                                                  .pp = 2,
+                                                  .whole_norms = true,
+                                                  .rope_dim = 8,
+                                                  .experts = 4,
+                                                  .minimax_m2 = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Softmax scores picked with a selection bias past a dense first block export as ERNIE 4.5's MoE

@@ -54,6 +54,9 @@ struct MeshCase {
   // ERNIE 4.5's MoE routing: the first block dense, softmax scores normalised over the picks,
   // which a selection bias chooses (the bias rule).
   bool ernie_moe = false;
+  // MiniMax-M2's routing: sigmoid scores normalised over the picks, which a selection bias
+  // chooses (the bias rule), no shared expert (with whole_norms, its model).
+  bool minimax_m2 = false;
   // DeepSeek-V3's group-limited routing (model.moe.groups and group_top_k; 0: none).
   int groups = 0;
   int group_top_k = 0;
@@ -93,6 +96,12 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
     moe.normalize_top_k = true;
     moe.balance = config::MoeBalance::kBias;
     moe.routed_scale = 2.5f;
+  }
+  if (mesh.minimax_m2) {
+    moe.shared_experts = 0;
+    moe.score = config::MoeScore::kSigmoid;
+    moe.normalize_top_k = true;
+    moe.balance = config::MoeBalance::kBias;
   }
   if (mesh.ernie_moe) {
     moe.dense_first = 1;

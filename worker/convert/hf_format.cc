@@ -94,12 +94,20 @@ bool IsErnieMoe(const ModelConfig& m) {
          m.moe.score == config::MoeScore::kSoftmax;
 }
 
+// MiniMax-M2's layout: a Llama MoE model with sigmoid scores and norms over the whole q and k
+// (CheckMiniMaxM2Layout).
+bool IsMiniMaxM2(const ModelConfig& m) {
+  return m.family == ModelFamily::kLlama && m.moe.enabled() &&
+         m.moe.score == config::MoeScore::kSigmoid && m.NormsWholeProjection();
+}
+
 // GLM-4.5's layout: a Llama MoE model routed as DeepSeek-V3 routes (sigmoid scores, dense first
 // blocks, scaled weights or group-limited routing; a selection bias with softmax scores is
-// ERNIE's), which no other layout holds (CheckGlm4MoeLayout).
+// ERNIE's, sigmoid scores with norms over the whole q and k MiniMax-M2's), which no other layout
+// holds (CheckGlm4MoeLayout).
 bool IsGlm4Moe(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
-  return m.family == ModelFamily::kLlama && moe.enabled() && !IsErnieMoe(m) &&
+  return m.family == ModelFamily::kLlama && moe.enabled() && !IsErnieMoe(m) && !IsMiniMaxM2(m) &&
          (moe.score == config::MoeScore::kSigmoid || moe.dense_first > 0 ||
           moe.routed_scale != 1.0f || moe.limits_groups());
 }
@@ -152,6 +160,15 @@ struct ExpertNames {
 // Mixtral's: block_sparse_moe with w1 (gate), w3 (up), w2 (down).
 constexpr ExpertNames kMixtralExperts{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
                                       "w1.weight", "w3.weight", "w2.weight"};
+// MiniMax-M2's: Mixtral's, and the selection bias beside the router.
+constexpr ExpertNames kMiniMaxM2Experts{"block_sparse_moe.gate.weight",
+                                        "block_sparse_moe.experts.",
+                                        "w1.weight",
+                                        "w3.weight",
+                                        "w2.weight",
+                                        nullptr,
+                                        nullptr,
+                                        "block_sparse_moe.e_score_correction_bias"};
 // Qwen3-MoE's: the router mlp.gate, and gate_proj, up_proj, down_proj.
 constexpr ExpertNames kQwen3MoeExperts{"mlp.gate.weight", "mlp.experts.", "gate_proj.weight",
                                        "up_proj.weight", "down_proj.weight"};
@@ -288,6 +305,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddExperts(m, p, h, kGlm4MoeExperts, out);
       case HfExperts::kErnieMoe:
         return AddExperts(m, p, h, kErnieMoeExperts, out);
+      case HfExperts::kMiniMaxM2:
+        return AddExperts(m, p, h, kMiniMaxM2Experts, out);
     }
   }
   if (layout.projections == HfProjections::kGraniteSharedMlp) {
@@ -1390,6 +1409,58 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   return ReadExpertGroups(f, moe);
 }
 
+// MiniMax-M2's (MiniMaxM2ForCausalLM, model_type minimax_m2): in every block Llama's attention
+// with one RMSNorm over each token's whole q and one over its whole k (use_qk_norm,
+// qk_norm_type "per_layer"), RoPE over the first rotary_dim dimensions of each head in Llama's
+// halves (or partial_rotary_factor's, as transformers 5 writes it), and Mixtral's experts
+// (num_local_experts of intermediate_size, num_experts_per_tok per token) picked by sigmoid score
+// plus the selection bias e_score_correction_bias (scoring_func "sigmoid", use_routing_bias:
+// balance: bias), weighed by their scores divided by their sum. No shared experts, no dense or
+// linear-attention blocks (attn_type_list all 1), no window. Its multi-token prediction modules
+// are not read.
+absl::Status ReadMiniMaxM2Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m, {.rope_theta = 5000000.0f}));
+  if (m.rope_scaling.enabled()) {
+    return f.Bad("rope_scaling", "must be null (Trainyard reads MiniMax-M2's plain RoPE only)");
+  }
+  if (f.Has("rotary_dim")) {
+    int rotary = 0;
+    TY_RETURN_IF_ERROR(f.Int("rotary_dim", &rotary));
+    if (rotary > m.head_dim() || rotary % 2 != 0) {
+      return f.Bad("rotary_dim", absl::StrCat("must be even and at most head_dim ", m.head_dim()));
+    }
+    m.rope_dim = rotary == m.head_dim() ? 0 : rotary;
+  } else {
+    TY_RETURN_IF_ERROR(ReadPartialRotary(f, 1.0, m));
+  }
+  bool norms = true, bias = true;
+  TY_RETURN_IF_ERROR(f.Bool("use_qk_norm", &norms));
+  TY_RETURN_IF_ERROR(f.Bool("use_routing_bias", &bias));
+  if (!norms) return f.Bad("use_qk_norm", "must be true (MiniMax-M2's norms of q and k)");
+  if (!bias) return f.Bad("use_routing_bias", "must be true (MiniMax-M2's selection bias)");
+  TY_RETURN_IF_ERROR(f.OneOf("qk_norm_type", {"per_layer"}));
+  TY_RETURN_IF_ERROR(f.OneOf("scoring_func", {"sigmoid"}));
+  int shared = 0;
+  TY_RETURN_IF_ERROR(f.Int("shared_intermediate_size", &shared, /*required=*/false, 0));
+  if (shared != 0) return f.Bad("shared_intermediate_size", "must be 0 (no shared experts)");
+  if (f.Get("sliding_window") != nullptr) return f.Bad("sliding_window", "must be null");
+  if (const Value* types = f.Get("attn_type_list"); types != nullptr) {
+    const bool softmax_only =
+        types->kind_case() == Value::kListValue &&
+        std::all_of(types->list_value().values().begin(), types->list_value().values().end(),
+                    [](const Value& v) { return v.number_value() == 1; });
+    if (!softmax_only) {
+      return f.Bad("attn_type_list", "must be all 1 (Trainyard has no linear-attention blocks)");
+    }
+  }
+  m.qk_norm = true;
+  m.qk_norm_span = config::QkNormSpan::kProjection;
+  TY_RETURN_IF_ERROR(ReadMixtralConfig(f, m));
+  m.moe.score = config::MoeScore::kSigmoid;
+  m.moe.balance = config::MoeBalance::kBias;
+  return absl::OkStatus();
+}
+
 // dots.llm1's (Dots1ForCausalLM, as dots.llm1.base and dots.llm1.inst are published): Qwen3's
 // attention (per-head query and key norms, no biases) over DeepSeek-V3's mixture of experts as
 // GLM-4.5 reads it, with its own defaults: n_routed_experts, num_experts_per_tok and
@@ -1594,6 +1665,38 @@ absl::Status CheckErnieMoeLayout(const ModelConfig& m) {
 
 // Mixture-of-experts models travel as Mixtral (a Llama model, every block MoE) or, with query
 // and key norms, as Qwen3-MoE (MoE blocks every `every`, top-k renormalised or not).
+// MiniMax-M2's layout holds a Llama model without biases, Gemma's, Granite's or OLMo 2's options,
+// plain RoPE over whole heads or a part of each, no NoPE blocks or window, norms over the whole q
+// and k, and in every block experts picked by sigmoid score plus a selection bias, weighed by
+// their normalised scores, without shared experts, groups or a routed scale.
+absl::Status CheckMiniMaxM2Layout(const ModelConfig& m) {
+  const config::MoeConfig& moe = m.moe;
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes sigmoid-scored experts with norms over the whole q and k in "
+        "MiniMax-M2's layout only (no biases, Gemma's, Granite's or OLMo 2's options, plain "
+        "RoPE, NoPE blocks or window; every block MoE with balance: bias, normalize_top_k, no "
+        "shared experts, groups or routed scale)"));
+  };
+  if (m.qkv_bias) return bad("qkv_bias", "is true");
+  if (HasGemmaOrGraniteOptions(m) || !m.pre_norms || m.post_norms) {
+    return bad("activation",
+               "or the norms, scores or multipliers are Gemma's, Granite's or OLMo's");
+  }
+  if (m.rope_scaling.enabled() || !m.nope_layers.empty() || m.sliding_window > 0) {
+    return bad("rope_scaling", "or nope_layers or sliding_window is set");
+  }
+  if (moe.every != 1 || moe.dense_first != 0) return bad("moe.every", "leaves blocks dense");
+  if (moe.shared_experts != 0 || moe.shared_gate) return bad("moe.shared_experts", "is set");
+  if (moe.limits_groups() || moe.routed_scale != 1.0f) {
+    return bad("moe.groups", "or model.moe.routed_scale is set");
+  }
+  if (!moe.normalize_top_k) return bad("moe.normalize_top_k", "is false");
+  if (moe.balance != config::MoeBalance::kBias) return bad("moe.balance", "is not bias");
+  return absl::OkStatus();
+}
+
 absl::Status CheckMoeLayout(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   auto bad = [](const std::string& field, const std::string& why) {
@@ -1608,6 +1711,7 @@ absl::Status CheckMoeLayout(const ModelConfig& m) {
         "no sliding window, and the gated shared experts)"));
   };
   if (m.family != ModelFamily::kLlama) return bad("", "a GPT-2 model has MoE blocks");
+  if (IsMiniMaxM2(m)) return CheckMiniMaxM2Layout(m);
   if (IsGlm4Moe(m)) return CheckGlm4MoeLayout(m);
   if (IsErnieMoe(m)) return CheckErnieMoeLayout(m);
   // From here on: softmax scores without a selection bias.
@@ -1790,7 +1894,10 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 }  // namespace
 
 absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
-  TY_RETURN_IF_ERROR(IsExaone4(m) ? CheckExaone4Layout(m) : CheckOlmoLayout(m));
+  // MiniMax-M2's norms over the whole q and k are CheckMoeLayout's.
+  TY_RETURN_IF_ERROR(IsExaone4(m)     ? CheckExaone4Layout(m)
+                     : IsMiniMaxM2(m) ? absl::OkStatus()
+                                      : CheckOlmoLayout(m));
   if (!layout.glm) TY_RETURN_IF_ERROR(CheckGemmaLayout(m));  // GLM-4's norms are Gemma 2's
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
@@ -2310,6 +2417,26 @@ std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// config.json of MiniMax-M2 (MiniMaxM2ForCausalLM): Llama's fields, intermediate_size each
+// expert's, the rotated dimensions as rotary_dim and partial_rotary_factor, every block softmax
+// attention with norms over the whole q and k, and sigmoid-scored experts with a selection bias.
+std::string MiniMaxM2ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::MoeConfig& moe = m.moe;
+  std::vector<std::string> softmax(m.layers, "1");
+  const std::string sizes = absl::StrCat(",\n  \"intermediate_size\": ", moe.ffn,
+                                         ",\n  \"num_local_experts\": ", moe.experts,
+                                         ",\n  \"num_experts_per_tok\": ", moe.top_k);
+  return absl::StrCat(LlamaShapeJson(m, "MiniMaxM2ForCausalLM", "minimax_m2", sizes),
+                      ",\n  \"rotary_dim\": ", m.rotary_dim(),
+                      ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m),
+                      ",\n  \"attn_type_list\": [", absl::StrJoin(softmax, ", "),
+                      "],\n  \"use_qk_norm\": true,\n  \"qk_norm_type\": \"per_layer\"",
+                      ",\n  \"scoring_func\": \"sigmoid\",\n  \"use_routing_bias\": true",
+                      ",\n  \"shared_intermediate_size\": 0,\n  \"hidden_act\": \"silu\"",
+                      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype,
+                      "\"\n}\n");
+}
+
 // config.json of ERNIE 4.5's MoE (Ernie4_5_MoeForCausalLM): Llama's fields, the dense blocks' and
 // the experts' sizes, where the MoE blocks are (from dense_first, every `every`, to the last), and
 // use_bias false.
@@ -2331,7 +2458,7 @@ std::string ErnieMoeConfigJson(const ModelConfig& m, const char* tied, const std
 
 HfProjections HfExportProjections(const ModelConfig& m) {
   if (IsGlm(m)) return HfProjections::kFusedMlp;
-  if (IsGlm4Moe(m) || IsErnieMoe(m)) return HfProjections::kSeparate;
+  if (IsGlm4Moe(m) || IsErnieMoe(m) || IsMiniMaxM2(m)) return HfProjections::kSeparate;
   const bool phi3 = m.family == ModelFamily::kLlama &&
                     (m.rotary_dim() != m.head_dim() || m.rope_scaling.longrope);
   return phi3 ? HfProjections::kFused : HfProjections::kSeparate;
@@ -2343,6 +2470,7 @@ HfLayout HfExportLayout(const ModelConfig& m) {
   layout.glm = IsGlm(m);
   layout.interleaved_rope = layout.glm || IsErnieMoe(m);
   layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
+                   : IsMiniMaxM2(m)          ? HfExperts::kMiniMaxM2
                    : IsGlm4Moe(m)            ? HfExperts::kGlm4Moe
                    : IsErnieMoe(m)           ? HfExperts::kErnieMoe
                    : m.moe.shared_gate       ? HfExperts::kQwen2Moe
@@ -2416,6 +2544,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
   }
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
+  if (IsMiniMaxM2(m)) return MiniMaxM2ConfigJson(m, tied, torch_dtype);
   if (IsGlm4Moe(m)) return Glm4MoeConfigJson(m, tied, torch_dtype);
   if (IsErnieMoe(m)) return ErnieMoeConfigJson(m, tied, torch_dtype);
   if (HfExportProjections(m) == HfProjections::kFused) {
@@ -2446,9 +2575,10 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
                    : model_type == "glm4_moe" || model_type == "dots1"  ? HfExperts::kGlm4Moe
                    : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
                    : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
+                   : model_type == "minimax_m2"                         ? HfExperts::kMiniMaxM2
                                                                         : HfExperts::kMixtral;
   layout.multimodal = model_type == "gemma3" || model_type == "mistral3";
-  layout.unread_layers_from = model_type == "glm4_moe" ? layers : 0;
+  layout.unread_layers_from = model_type == "glm4_moe" || model_type == "minimax_m2" ? layers : 0;
   layout.unread_prefix = model_type == "ernie4_5_moe" ? "model.mtp" : "";
   return layout;
 }
@@ -2462,7 +2592,7 @@ constexpr char kHfModelTypes[] =
     "\"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"olmo2\", \"olmo3\", \"olmoe\", "
     "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"granitemoehybrid\" (attention only), "
     "\"glm\", \"glm4\", \"glm4_moe\", "
-    "\"dots1\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\" and \"seed_oss\"";
+    "\"dots1\", \"minimax_m2\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\" and \"seed_oss\"";
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
                                               HfLayout* layout) {
@@ -2534,6 +2664,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadGlmConfig(fields, /*norms_after=*/model_type == "glm4", m));
   } else if (model_type == "glm4_moe") {  // Llama's attention, partial RoPE, DeepSeek's routing
     TY_RETURN_IF_ERROR(ReadGlm4MoeConfig(fields, m));
+  } else if (model_type == "minimax_m2") {  // OLMoE's norms, partial RoPE, biased sigmoid routing
+    TY_RETURN_IF_ERROR(ReadMiniMaxM2Config(fields, m));
   } else if (model_type == "dots1") {  // Qwen3's attention, DeepSeek-V3's experts
     TY_RETURN_IF_ERROR(ReadDots1Config(fields, m));
   } else if (model_type == "ernie4_5") {  // Llama's, its RoPE in neighbouring pairs

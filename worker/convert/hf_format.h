@@ -97,8 +97,17 @@ enum class HfProjections { kSeparate, kFused, kFusedMlp, kGraniteSharedMlp };
 // stacked in one tensor per block: block_sparse_moe.input_linear, output_linear), or GLM-4.5's
 // (Qwen3-MoE's, ungated shared experts mlp.shared_experts.*, and the router's selection bias
 // mlp.gate.e_score_correction_bias), or ERNIE 4.5's (GLM-4.5's, the bias [1, experts] as
-// mlp.moe_statics.e_score_correction_bias).
-enum class HfExperts { kMixtral, kQwen3Moe, kQwen2Moe, kGraniteMoe, kGlm4Moe, kErnieMoe };
+// mlp.moe_statics.e_score_correction_bias), or MiniMax-M2's (Mixtral's, and the selection bias
+// block_sparse_moe.e_score_correction_bias).
+enum class HfExperts {
+  kMixtral,
+  kQwen3Moe,
+  kQwen2Moe,
+  kGraniteMoe,
+  kGlm4Moe,
+  kErnieMoe,
+  kMiniMaxM2
+};
 
 // How a directory stores the model its config.json describes: its model_type, the projections,
 // the experts, and whether its tensors are the language model of a multimodal checkpoint

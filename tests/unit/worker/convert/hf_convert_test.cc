@@ -1051,6 +1051,13 @@ TEST(HfFormat, GraniteConfigReadsAsLlamaWithMultipliers) {
               HasSubstr("b/config.json: residual_multiplier must be a positive number"));
 }
 
+// The refusal of `json` with its first `from` replaced by `to`, read as `source`.
+std::string RefusalWith(std::string json, const std::string& from, const std::string& to,
+                        const std::string& source) {
+  json.replace(json.find(from), from.size(), to);
+  return std::string(ModelFromHfConfig(json, source).status().message());
+}
+
 // A config of Granite 4.0 Micro's shape (GraniteMoeHybridForCausalLM, every one of its 40 layers
 // attention, no experts, RoPE): Granite's model with the MLP as the shared one, 8192 wide. By
 // hand: 40 · (q, o 2 · 2560² + k, v 2 · 512·2560 + MLP 3 · 8192·2560 + two norms 2 · 2560) + the
@@ -3329,6 +3336,90 @@ TEST(HfFormat, Fp8WeightBlockReadsTheBlocksAndRefusesOtherQuantizations) {
                   .status()
                   .message(),
               HasSubstr("weight_block_size must be two positive integers"));
+}
+
+// MiniMax-M2's config as published (its FP8 quantization_config and multi-token prediction keys
+// beside the model's): OLMoE's norms over the whole q and k, RoPE over the first 64 of each
+// head's 128 dimensions, and 256 experts of 1536 picked 8 at a time by sigmoid score plus a
+// selection bias. By hand: 62 · (q, o 2 · 6144·3072 + k, v 2 · 1024·3072 + the norms 6144 + 1024
+// + router 256·3072 + experts 256 · 3 · 1536·3072 + two norms 2 · 3072) + the untied embedding
+// and head 2 · 200064·3072 + the final norm 3072 = 228,689,748,992 (the selection biases are the
+// router's state, not parameters). It writes back as MiniMax-M2 and reads as the same model.
+TEST(HfFormat, MiniMaxM2ConfigReadsAsProjectionNormsOverBiasedSigmoidExperts) {
+  std::string softmax_attention;
+  for (int l = 0; l < 62; ++l) absl::StrAppend(&softmax_attention, l == 0 ? "" : ", ", "1");
+  const std::string json = absl::StrCat(R"({
+    "architectures": ["MiniMaxM2ForCausalLM"], "attn_type_list": [)",
+                                        softmax_attention, R"(], "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 1536,
+    "max_position_embeddings": 196608, "model_type": "minimax_m2", "mtp_transformer_layers": 1,
+    "num_attention_heads": 48, "num_experts_per_tok": 8, "num_hidden_layers": 62,
+    "num_key_value_heads": 8, "num_local_experts": 256, "num_mtp_modules": 3,
+    "qk_norm_type": "per_layer", "quantization_config": {"activation_scheme": "dynamic",
+      "fmt": "float8_e4m3fn", "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_theta": 5000000, "rotary_dim": 64,
+    "router_aux_loss_coef": 0.001, "scoring_func": "sigmoid", "shared_intermediate_size": 0,
+    "sliding_window": null, "tie_word_embeddings": false, "use_mtp": true, "use_qk_norm": true,
+    "use_routing_bias": true, "vocab_size": 200064})");
+  HfLayout layout;
+  auto m = ModelFromHfConfig(json, "MiniMax-M2/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kMiniMaxM2);
+  EXPECT_EQ(layout.unread_layers_from, 62);
+  EXPECT_TRUE(m->NormsWholeProjection());
+  EXPECT_EQ(m->head_dim(), 128);
+  EXPECT_EQ(m->rope_dim, 64);
+  EXPECT_EQ(m->rope_theta, 5e6f);
+  EXPECT_EQ(m->moe.experts, 256);
+  EXPECT_EQ(m->moe.top_k, 8);
+  EXPECT_EQ(m->moe.ffn, 1536);
+  EXPECT_EQ(m->moe.score, config::MoeScore::kSigmoid);
+  EXPECT_EQ(m->moe.balance, config::MoeBalance::kBias);
+  EXPECT_TRUE(m->moe.normalize_top_k);
+  EXPECT_EQ(m->moe.shared_experts, 0);
+  EXPECT_EQ(m->moe.dense_first, 0);
+  EXPECT_EQ(m->ParameterCount(), 228689748992);
+  ASSERT_TRUE(CheckHfWritable(*m).ok()) << CheckHfWritable(*m);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"MiniMaxM2ForCausalLM\"]"));
+  auto back = ModelFromHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  EXPECT_EQ(back->ParameterCount(), m->ParameterCount());
+  EXPECT_EQ(back->rope_dim, 64);
+  EXPECT_TRUE(back->NormsWholeProjection());
+  EXPECT_EQ(HfExportLayout(*back).experts, HfExperts::kMiniMaxM2);
+  EXPECT_EQ(back->moe.score, config::MoeScore::kSigmoid);
+  config::ModelConfig shared = *m;
+  shared.moe.shared_experts = 1;
+  EXPECT_THAT(HfTensors(shared).status().message(),
+              HasSubstr("model.moe.shared_experts: is set; Trainyard writes sigmoid-scored experts "
+                        "with norms over the whole q and k in MiniMax-M2's layout only"));
+  auto tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  std::set<std::string> names;
+  for (const HfTensorMap& t : *tensors) {
+    for (const HfPiece& piece : t.pieces) names.insert(piece.name);
+  }
+  for (const char* name : {"model.layers.0.block_sparse_moe.gate.weight",
+                           "model.layers.0.block_sparse_moe.e_score_correction_bias",
+                           "model.layers.61.block_sparse_moe.experts.255.w2.weight",
+                           "model.layers.0.self_attn.q_norm.weight"}) {
+    EXPECT_TRUE(names.count(name)) << name;
+  }
+  EXPECT_EQ(HfLookupName("model.layers.62.enorm.weight", config::ModelFamily::kLlama, layout),
+            std::nullopt);
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    return RefusalWith(json, from, to, "x/config.json");
+  };
+  EXPECT_THAT(with("\"scoring_func\": \"sigmoid\"", "\"scoring_func\": \"softmax\""),
+              HasSubstr("x/config.json: scoring_func must be \"sigmoid\""));
+  EXPECT_THAT(with("\"attn_type_list\": [1", "\"attn_type_list\": [0"),
+              HasSubstr("attn_type_list must be all 1"));
+  EXPECT_THAT(with("\"shared_intermediate_size\": 0", "\"shared_intermediate_size\": 512"),
+              HasSubstr("shared_intermediate_size must be 0"));
+  EXPECT_THAT(with("\"rotary_dim\": 64", "\"rotary_dim\": 63"),
+              HasSubstr("rotary_dim must be even and at most head_dim 128"));
 }
 
 }  // namespace trainyard::worker::convert
