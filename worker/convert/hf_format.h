@@ -186,8 +186,8 @@ std::string HfConfigJson(const config::ModelConfig& model, TensorDtype dtype);
                                                                     HfLayout* layout = nullptr);
 
 // The blocks a config.json's quantization_config says its FP8 weights are scaled in: {rows,
-// cols} of weight_block_size for quant_method "fp8" (DeepSeek's fine-grained format, as Qwen's,
-// GLM's and MiniMax's FP8 releases use it: each F8_E4M3 weight beside its weight_scale_inv), or
+// cols} of weight_block_size for quant_method "fp8" (DeepSeek's fine-grained format, as Qwen3's
+// FP8 releases and MiniMax-M2 use it: each F8_E4M3 weight beside its weight_scale_inv), or
 // {0, 0} without a quantization_config. Another quant_method, format or block shape is
 // INVALID_ARGUMENT naming the field.
 [[nodiscard]] absl::StatusOr<std::array<int64_t, 2>> Fp8WeightBlock(const std::string& json,
