@@ -948,6 +948,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
               restate             ? " (config restated)"
               : mesh.experts == 0 ? ""
               : mesh.glm45        ? " (glm4_moe)"
+              : mesh.minimax_m2   ? " (minimax_m2)"
               : mesh.ernie_moe    ? " (ernie4_5_moe)"
               : mesh.qk_norm      ? " (qwen3_moe)"
               : mesh.shared_gate  ? " (qwen2_moe)"
@@ -1174,6 +1175,17 @@ TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
                                                       .glm45 = true,
                                                       .groups = 3,
                                                       .group_top_k = 2});
+}
+
+// MiniMax-M2's model (norms over the whole q and k, half of each head turned, every block's
+// experts picked by sigmoid score plus a selection bias that three steps of the bias rule moved)
+// exports as MiniMax-M2, which the oracle computes with MiniMax-M2's conventions; the greedy
+// tokens check the generator's routing too.
+TEST(HfOracleMiniMaxM2, BiasedSigmoidExpertsUnderWholeProjectionNormsGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama,
+      MeshCase{
+          .name = "dp1", .whole_norms = true, .rope_dim = 8, .experts = 4, .minimax_m2 = true});
 }
 
 // dots.llm1's model (Qwen3's attention over DeepSeek-V3's experts) is GLM-4.5's with per-head

@@ -6,8 +6,8 @@ Usage: hf_oracle.py MODEL_DIR TOKENS_FILE OUT_DIR --batch B --seq T [--generate 
 MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_text", "mistral",
 "ministral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
-"smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "ernie4_5", "ernie4_5_moe", "helium"
-or "seed_oss") and
+"smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "minimax_m2", "ernie4_5",
+"ernie4_5_moe", "helium" or "seed_oss") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -1531,6 +1531,66 @@ class Olmoe(OlmoAttention):
         return qwen_sparse_mlp(w, p, m, self.experts, self.top_k, self.normalize)
 
 
+class MiniMaxM2(OlmoAttention):
+    """MiniMaxM2ForCausalLM (MiniMax-M2): OLMo's attention (one RMSNorm over each token's whole q
+    and one over its whole k; qk_norm_type "per_layer") with RoPE over the first rotary_dim
+    dimensions of each head in Llama's rotate-half pairs (else partial_rotary_factor's), base
+    5,000,000 by default, and in every layer Mixtral-named experts (block_sparse_moe.experts.j.w1
+    gate, w3 up, w2 down) routed by sigmoid(m . block_sparse_moe.gate.weight^T): the
+    num_experts_per_tok experts of highest score + block_sparse_moe.e_score_correction_bias are
+    picked (the bias chooses, never weighs), weighted by their scores divided by the picks' sum.
+    Layers from num_hidden_layers on hold multi-token prediction, which the causal LM does not
+    use."""
+
+    default_theta = 5000000.0
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.experts, self.top_k = read_expert_counts(cfg, defaults=(256, 8))
+        for key, want in (("scoring_func", "sigmoid"), ("qk_norm_type", "per_layer")):
+            if cfg.raw.get(key, want) != want:
+                raise InputError("%s: %s must be %r" % (cfg.path, key, want))
+        for key in ("use_qk_norm", "use_routing_bias"):
+            if not cfg.bool(key, True):
+                raise InputError("%s: %s must be true" % (cfg.path, key))
+        if cfg.raw.get("shared_intermediate_size", 0):
+            raise InputError("%s: shared_intermediate_size must be 0" % cfg.path)
+
+    def rotary_dim(self, cfg):
+        if cfg.raw.get("rotary_dim") is not None:
+            return cfg.int("rotary_dim")
+        return partial_rotary_dim(cfg, self.head_dim, 1.0)
+
+    def ignored(self, name):
+        parts = name.split(".")
+        return (name.startswith("model.layers.") and parts[2].isdigit()
+                and int(parts[2]) >= self.layers)
+
+    def mlp_tensors(self, p):
+        C, F_, b = self.width, self.ffn, p + "block_sparse_moe."
+        out = [(b + "gate.weight", (self.experts, C)),
+               (b + "e_score_correction_bias", (self.experts,))]
+        for j in range(self.experts):
+            e = b + "experts.%d." % j
+            out += [(e + "w1.weight", (F_, C)), (e + "w2.weight", (C, F_)),
+                    (e + "w3.weight", (F_, C))]
+        return out
+
+    def mlp(self, w, p, m):
+        b = p + "block_sparse_moe."
+        scores = torch.sigmoid(m @ w[b + "gate.weight"].T)
+        _, chosen = torch.topk(scores + w[b + "e_score_correction_bias"], self.top_k, dim=-1)
+        top = scores.gather(-1, chosen)
+        top = top / top.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(m)
+        for j in range(self.experts):
+            e = b + "experts.%d." % j
+            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
+            out = out + weight * swiglu(m, w[e + "w1.weight"], w[e + "w3.weight"],
+                                        w[e + "w2.weight"])
+        return out
+
+
 class SmolLM3(Llama):
     """SmolLM3ForCausalLM: Llama's model (tied embeddings by default) whose NoPE layers leave q
     and k unturned: no_rope_layers holds one entry per layer, 1 for RoPE and 0 for none, or
@@ -1611,7 +1671,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "qwen2_moe": Qwen2Moe, "qwen3": Qwen3, "qwen3_moe": Qwen3Moe, "mixtral": Mixtral,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
-          "glm4_moe": Glm4Moe, "dots1": Dots1, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
+          "glm4_moe": Glm4Moe, "dots1": Dots1, "minimax_m2": MiniMaxM2, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
           "seed_oss": SeedOss}
 
 
