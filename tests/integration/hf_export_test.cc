@@ -72,6 +72,12 @@ const MeshCase kMixtralMeshes[] = {
     {.name = "moe_pp2", .pp = 2, .experts = 4},
 };
 
+// The whole of the file at `path`, its bytes as they are.
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
   config::JobSpec spec = testenv::DebugJob(family, mesh, /*max_seq=*/16);
   spec.name = "export";
@@ -517,9 +523,7 @@ constexpr MultimodalKind kMistral3{"Mistral3ForConditionalGeneration", "mistral3
 void WriteMultimodal(const fs::path& text, const fs::path& out, const std::string& prefix,
                      const MultimodalKind& kind = kGemma3Multimodal) {
   fs::create_directories(out);
-  std::ifstream config_in(text / "config.json");
-  const std::string text_config((std::istreambuf_iterator<char>(config_in)),
-                                std::istreambuf_iterator<char>());
+  const std::string text_config = FileBytes(text / "config.json");
   std::ofstream(out / "config.json")
       << "{\"architectures\": [\"" << kind.architecture << "\"], \"model_type\": \""
       << kind.model_type << "\", \"mm_tokens_per_image\": 4, \"text_config\": " << text_config
@@ -614,8 +618,7 @@ TEST(HfMistral3, TheLanguageModelReadsAsTheTextModel) {
 void WriteGraniteHybrid(const fs::path& text, const fs::path& out,
                         const config::ModelConfig& model) {
   fs::create_directories(out);
-  std::ifstream config_in(text / "config.json");
-  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  std::string config = FileBytes(text / "config.json");
   const std::string granite = "\"model_type\": \"granite\"";
   ASSERT_NE(config.find(granite), std::string::npos) << config;
   std::vector<std::string> attention(model.layers, "\"attention\"");
@@ -707,8 +710,7 @@ TEST(HfGraniteHybrid, AttentionOnlyLayoutReadsAsGranite) {
 void WriteFp8(const fs::path& text, const fs::path& out, std::array<int64_t, 2> block,
               std::map<std::string, std::vector<float>>* expected) {
   fs::create_directories(out);
-  std::ifstream config_in(text / "config.json");
-  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  std::string config = FileBytes(text / "config.json");
   config.insert(config.rfind('}'),
                 absl::StrCat(", \"quantization_config\": {\"activation_scheme\": \"dynamic\", "
                              "\"fmt\": \"float8_e4m3fn\", \"quant_method\": \"fp8\", "
@@ -808,8 +810,7 @@ TEST(HfFp8, BlockQuantizedWeightsReadAsCodesTimesScales) {
   };
   const fs::path other = scratch / "other";
   WriteFp8(text, other, {4, 4}, &expected);
-  std::ifstream four_in(other / "config.json");
-  std::string four((std::istreambuf_iterator<char>(four_in)), std::istreambuf_iterator<char>());
+  std::string four = FileBytes(other / "config.json");
   four.replace(four.find("[4, 4]"), 6, "[3, 5]");
   std::ofstream(other / "config.json") << four;
   EXPECT_THAT(refusal(other), ::testing::HasSubstr("_scale_inv of shape"));
@@ -935,8 +936,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   spec.model.max_seq = 48;  // room for an 8-token prompt and 32 generated tokens
   ASSERT_FALSE(TrainAndExport(spec, scratch, hf).empty());
   if (restate) {
-    std::ifstream in(hf / "config.json");
-    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string json = FileBytes(hf / "config.json");
     std::ofstream(hf / "config.json", std::ios::trunc) << restate(json);
   }
 
@@ -996,11 +996,6 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
     }
   }
   fs::remove_all(scratch);
-}
-
-std::string FileBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // `trainyard export --format llmc` of a GPT-2 checkpoint written on dp 2 with ZeRO-3 is, byte
@@ -1332,8 +1327,7 @@ void RewriteExport(const fs::path& in, const fs::path& out,
                    const std::vector<std::pair<std::string, std::string>>& edits,
                    int pairs_head_dim) {
   fs::create_directories(out);
-  std::ifstream config_in(in / "config.json");
-  std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+  std::string config = FileBytes(in / "config.json");
   for (const auto& [from, to] : edits) {
     ASSERT_NE(config.find(from), std::string::npos) << from;
     config.replace(config.find(from), from.size(), to);

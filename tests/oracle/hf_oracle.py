@@ -1175,11 +1175,18 @@ def mix_experts(w, p, m, experts, top, chosen):
     """Σ over each row's picks `chosen` of weight `top` times that expert's SwiGLU MLP
     (mlp.experts.j.gate_proj, up_proj, down_proj under layer prefix p) of the rows m."""
     e = p + "mlp.experts.%d."
+    return mix_swiglu(m, [(w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
+                           w[e % j + "down_proj.weight"]) for j in range(experts)], top, chosen)
+
+
+def mix_swiglu(m, experts, top, chosen):
+    """Σ over each row's picks `chosen` (columns of expert indices) of weight `top` times that
+    expert's SwiGLU MLP of the rows m (experts: [(gate, up, down)])."""
     out = torch.zeros_like(m)
-    for j in range(experts):
+    for j, (gate, up, down) in enumerate(experts):
+        # The weight of expert j for each token: 0 unless it is among the token's picks.
         weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
-        out = out + weight * swiglu(m, w[e % j + "gate_proj.weight"], w[e % j + "up_proj.weight"],
-                                    w[e % j + "down_proj.weight"])
+        out = out + weight * swiglu(m, gate, up, down)
     return out
 
 
@@ -1248,12 +1255,7 @@ def sparse_mlp(m, router, experts, top_k, normalize):
     top, chosen = torch.topk(probs, top_k, dim=-1)
     if normalize:
         top = top / top.sum(dim=-1, keepdim=True)
-    out = torch.zeros_like(m)
-    for j, (gate, up, down) in enumerate(experts):
-        # The weight of expert j for each token: 0 unless it is among the token's picks.
-        weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
-        out = out + weight * swiglu(m, gate, up, down)
-    return out
+    return mix_swiglu(m, experts, top, chosen)
 
 
 class Qwen3Moe(Qwen3):
@@ -1561,10 +1563,7 @@ class MiniMaxM2(OlmoAttention):
             return cfg.int("rotary_dim")
         return partial_rotary_dim(cfg, self.head_dim, 1.0)
 
-    def ignored(self, name):
-        parts = name.split(".")
-        return (name.startswith("model.layers.") and parts[2].isdigit()
-                and int(parts[2]) >= self.layers)
+    ignored = Glm4Moe.ignored  # the multi-token prediction layers past the model's
 
     def mlp_tensors(self, p):
         C, F_, b = self.width, self.ffn, p + "block_sparse_moe."
@@ -1581,14 +1580,10 @@ class MiniMaxM2(OlmoAttention):
         scores = torch.sigmoid(m @ w[b + "gate.weight"].T)
         _, chosen = torch.topk(scores + w[b + "e_score_correction_bias"], self.top_k, dim=-1)
         top = scores.gather(-1, chosen)
-        top = top / top.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(m)
-        for j in range(self.experts):
-            e = b + "experts.%d." % j
-            weight = (top * (chosen == j)).sum(dim=-1, keepdim=True)
-            out = out + weight * swiglu(m, w[e + "w1.weight"], w[e + "w3.weight"],
-                                        w[e + "w2.weight"])
-        return out
+        e = b + "experts.%d."
+        return mix_swiglu(m, [(w[e % j + "w1.weight"], w[e % j + "w3.weight"],
+                               w[e % j + "w2.weight"]) for j in range(self.experts)],
+                          top / top.sum(dim=-1, keepdim=True), chosen)
 
 
 class SmolLM3(Llama):

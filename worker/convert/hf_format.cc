@@ -1061,6 +1061,13 @@ absl::Status ReadGraniteConfig(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Whether `list` is a JSON list whose every entry satisfies `ok`.
+template <typename Predicate>
+bool EveryEntry(const Value* list, const Predicate& ok) {
+  return list->kind_case() == Value::kListValue &&
+         std::all_of(list->list_value().values().begin(), list->list_value().values().end(), ok);
+}
+
 // Granite 4.0's non-hybrid models (GraniteMoeHybridForCausalLM, model_type granitemoehybrid, with
 // every layer attention and no experts): Granite's model, the MLP as the shared one
 // (shared_intermediate_size wide; intermediate_size is not read), RoPE where
@@ -1075,9 +1082,8 @@ absl::Status ReadGraniteHybridConfig(const ConfigFields& f, ModelConfig& m) {
     return f.Bad("layer_types", "is missing (transformers then makes every layer Mamba-2)");
   }
   const bool attention_only =
-      types->kind_case() == Value::kListValue && types->list_value().values_size() == m.layers &&
-      std::all_of(types->list_value().values().begin(), types->list_value().values().end(),
-                  [](const Value& v) { return v.string_value() == "attention"; });
+      EveryEntry(types, [](const Value& v) { return v.string_value() == "attention"; }) &&
+      types->list_value().values_size() == m.layers;
   if (!attention_only) {
     return f.Bad(key, absl::StrCat("must name \"attention\" for each of the ", m.layers,
                                    " layers (Trainyard does not train Granite 4.0-H's Mamba-2 "
@@ -1445,11 +1451,7 @@ absl::Status ReadMiniMaxM2Config(const ConfigFields& f, ModelConfig& m) {
   if (shared != 0) return f.Bad("shared_intermediate_size", "must be 0 (no shared experts)");
   if (f.Get("sliding_window") != nullptr) return f.Bad("sliding_window", "must be null");
   if (const Value* types = f.Get("attn_type_list"); types != nullptr) {
-    const bool softmax_only =
-        types->kind_case() == Value::kListValue &&
-        std::all_of(types->list_value().values().begin(), types->list_value().values().end(),
-                    [](const Value& v) { return v.number_value() == 1; });
-    if (!softmax_only) {
+    if (!EveryEntry(types, [](const Value& v) { return v.number_value() == 1; })) {
       return f.Bad("attn_type_list", "must be all 1 (Trainyard has no linear-attention blocks)");
     }
   }
