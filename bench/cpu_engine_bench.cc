@@ -5,7 +5,9 @@
 //   trainyard-bench-cpu --preset gpt2-debug --batch 8 --seq 64 --steps 20 --warmup 3 --threads 2
 //   trainyard-bench-cpu --preset llama-debug --max-seq 2048 --window 256 --batch 1 --seq 2048 ...
 //   trainyard-bench-cpu --threads 2 --gemm-peak     (the machine's SGEMM GFLOP/s, for scale)
-// --max-seq and --window set the preset's model.max_seq and model.sliding_window.
+// --max-seq and --window set the preset's model.max_seq and model.sliding_window; --documents D
+// packs each sequence with documents of D tokens (model.document_token 0 begins each; the other
+// tokens are drawn from the rest of the vocabulary).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,7 +28,7 @@ int Fail(const std::string& message) {
   std::fprintf(stderr,
                "trainyard-bench-cpu: %s\nusage: trainyard-bench-cpu --preset NAME "
                "--batch B --seq T --steps N --warmup W --threads K [--max-seq S] [--window W] "
-               "[--recompute]\n",
+               "[--documents D] [--recompute]\n",
                message.c_str());
   return 2;
 }
@@ -56,7 +58,8 @@ int GemmPeak(int threads) {
 int main(int argc, char** argv) {
   using namespace trainyard;
   std::string preset = "gpt2-debug";
-  int batch = 8, seq = 64, steps = 20, warmup = 3, threads = 0, max_seq = 0, window = 0;
+  int batch = 8, seq = 64, steps = 20, warmup = 3, threads = 0, max_seq = 0, window = 0,
+      documents = 0;
   bool recompute = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -67,14 +70,15 @@ int main(int argc, char** argv) {
     if (arg == "--gemm-peak") return GemmPeak(threads);
     if (i + 1 >= argc) return Fail(arg + " needs a value");
     const std::string value = argv[++i];
-    int* target = arg == "--batch"     ? &batch
-                  : arg == "--seq"     ? &seq
-                  : arg == "--steps"   ? &steps
-                  : arg == "--warmup"  ? &warmup
-                  : arg == "--threads" ? &threads
-                  : arg == "--max-seq" ? &max_seq
-                  : arg == "--window"  ? &window
-                                       : nullptr;
+    int* target = arg == "--batch"       ? &batch
+                  : arg == "--seq"       ? &seq
+                  : arg == "--steps"     ? &steps
+                  : arg == "--warmup"    ? &warmup
+                  : arg == "--threads"   ? &threads
+                  : arg == "--max-seq"   ? &max_seq
+                  : arg == "--window"    ? &window
+                  : arg == "--documents" ? &documents
+                                         : nullptr;
     if (arg == "--preset") {
       preset = value;
     } else if (target == nullptr || !absl::SimpleAtoi(value, target) || *target < 0) {
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
   config->recompute = recompute;
   if (max_seq > 0) config->max_seq = max_seq;
   config->sliding_window = window;
+  if (documents > 0) config->document_token = 0;
   if (absl::Status valid = config::ValidateModelConfig(*config, "model"); !valid.ok()) {
     return Fail(std::string(valid.message()));
   }
@@ -110,6 +115,9 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < tokens; ++i) {
       inputs[i] = static_cast<int32_t>(rng() % config->vocab);
       targets[i] = static_cast<int32_t>(rng() % config->vocab);
+      if (documents > 0) {
+        inputs[i] = i % seq % documents == 0 ? 0 : 1 + inputs[i] % (config->vocab - 1);
+      }
     }
     const auto start = std::chrono::steady_clock::now();
     model.ZeroGradients();
@@ -125,7 +133,8 @@ int main(int argc, char** argv) {
   const double median = times_ms[times_ms.size() / 2];
   // PaLM's count: 6 FLOPs per matmul parameter per token (forward and backward), plus the
   // attention score and value products, 12 · layers · seq · width per token (with a sliding
-  // window, ModelConfig::AttendedSpan in place of seq).
+  // window, ModelConfig::AttendedSpan in place of seq; with documents of D tokens, of D).
+  const int64_t span = documents > 0 ? std::min(documents, seq) : seq;
   const config::ModelConfig& c = *config;
   const int64_t attn = int64_t{c.heads} * c.head_dim();
   const int64_t fc = c.family == config::ModelFamily::kGpt2 ? c.ffn_hidden : 2 * c.ffn_hidden;
@@ -134,7 +143,7 @@ int main(int argc, char** argv) {
                                 int64_t{c.vocab} * c.width;
   const double flop_per_step =
       static_cast<double>(tokens) *
-      (6.0 * matmul_params + 12.0 * c.layers * c.AttendedSpan(seq) * c.width);
+      (6.0 * matmul_params + 12.0 * c.layers * c.AttendedSpan(span) * c.width);
   std::printf(
       "{\"engine\":\"trainyard\",\"tokens_per_s\":%.1f,\"median_step_ms\":%.3f,"
       "\"steps\":%d,\"params\":%lld,\"gflop_per_step\":%.4f}\n",

@@ -5,8 +5,8 @@
 #                                  [--only TEXT]
 #
 # For each configuration (gpt2-debug "tiny", gpt2-small-cpu "small", llama-debug "llama tiny",
-# and llama-debug over 2048 positions with full causal attention and with a sliding window of
-# 256) runs the engine's benchmark binary and bench/torch_cpu_train.py alternately, R rounds
+# and llama-debug over 2048 positions with full causal attention, with a sliding window of 256
+# and with documents of 256 tokens packed into the sequence) runs the engine's benchmark binary and bench/torch_cpu_train.py alternately, R rounds
 # each, and prints a Markdown table (per engine: the median over rounds of each run's median step
 # time). --only runs the configurations whose label contains TEXT.
 # The engine binary is $TRAINYARD_BENCH_BIN, default build/bench/trainyard-bench-cpu under the
@@ -61,13 +61,14 @@ fi
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')" ||
   die "$PY cannot import torch (install python3-torch)"
 
-# label | trainyard preset | torch config (the same model) | batch | seq | engine flags
+# label | trainyard preset | torch config (the same model) | batch | seq | engine flags | peer flags
 CONFIGS=(
   'tiny (gpt2-debug)|gpt2-debug|{"family":"gpt2","layers":2,"width":64,"heads":4,"kv_heads":4,"ffn_hidden":256,"vocab":256,"max_seq":64,"tied_embeddings":true,"norm_eps":1e-5}|8|64'
   'small (gpt2-small-cpu)|gpt2-small-cpu|{"family":"gpt2","layers":4,"width":256,"heads":8,"kv_heads":8,"ffn_hidden":1024,"vocab":256,"max_seq":256,"tied_embeddings":true,"norm_eps":1e-5}|4|256'
   'llama tiny (llama-debug)|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":64,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0}|8|64'
   'llama 2k, full causal|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":2048,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0}|1|2048|--max-seq 2048'
   'llama 2k, window 256|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":2048,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0,"sliding_window":256}|1|2048|--max-seq 2048 --window 256'
+  'llama 2k, documents of 256|llama-debug|{"family":"llama","layers":2,"width":64,"heads":4,"kv_heads":2,"ffn_hidden":128,"vocab":256,"max_seq":2048,"tied_embeddings":false,"norm_eps":1e-5,"rope_theta":10000.0}|1|2048|--max-seq 2048 --documents 256|--documents 256'
 )
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/trainyard-cpu-vs-torch.XXXXXX")"
@@ -95,9 +96,10 @@ run_engine() {
 }
 
 for entry in "${CONFIGS[@]}"; do
-  IFS='|' read -r label preset torch_cfg batch seq flags <<<"$entry"
+  IFS='|' read -r label preset torch_cfg batch seq flags peer <<<"$entry"
   [[ -z "$ONLY" || "$label" == *"$ONLY"* ]] || continue
   read -r -a engine_flags <<<"$flags"
+  read -r -a peer_flags <<<"$peer"
   echo "== $label: batch $batch, seq $seq, $STEPS steps, $THREADS thread(s)" >&2
   for ((round = 1; round <= ROUNDS; round++)); do
     run_engine "$label" trainyard env OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS="$THREADS" \
@@ -105,7 +107,7 @@ for entry in "${CONFIGS[@]}"; do
       --warmup "$WARMUP" --threads "$THREADS" ${engine_flags[@]+"${engine_flags[@]}"}
     run_engine "$label" pytorch env OMP_NUM_THREADS="$THREADS" \
       "$PY" "$TORCH_PEER" --config "$torch_cfg" --batch "$batch" --seq "$seq" --steps "$STEPS" \
-      --warmup "$WARMUP" --threads "$THREADS"
+      --warmup "$WARMUP" --threads "$THREADS" ${peer_flags[@]+"${peer_flags[@]}"}
   done
 done
 
@@ -162,7 +164,8 @@ for label, engines in rows.items():
 print()
 print("ratio = trainyard tok/s / pytorch tok/s (above 1: Trainyard is faster).")
 print("model GFLOP/step = tokens x (6 x matmul parameters + 12 x layers x seq x width), PaLM's count")
-print("(with a sliding window W, twice the mean keys a query sees in place of seq);")
+print("(with a sliding window W, twice the mean keys a query sees in place of seq; with documents")
+print("of D tokens, D);")
 print("GFLOP/s is that over the median step time; compare it with the SGEMM ceiling above.")
 sys.exit(status)
 PYEOF

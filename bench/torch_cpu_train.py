@@ -2,14 +2,16 @@
 """PyTorch CPU training-step benchmark: the peer of trainyard-bench-cpu.
 
 Usage: torch_cpu_train.py --config JSON_FILE_OR_STRING --batch B --seq T --steps N
-                          [--warmup W] [--threads K] [--seed S]
+                          [--warmup W] [--threads K] [--seed S] [--documents D]
 
 Builds the float32 model (tests/oracle/torch_model.py) from a random init, runs W untimed and
 then N timed full training steps (zero_grad, forward, loss, backward, clip_grad_norm_ 1.0, AdamW
 step) on random tokens, and prints one JSON line:
   {"engine": "pytorch", "tokens_per_s": ..., "median_step_ms": ..., "steps": N, ...}
 where tokens_per_s = B*T / median step time. Extra keys: params, tokens_per_step, threads,
-mean_step_ms, min_step_ms, final_loss.
+mean_step_ms, min_step_ms, final_loss. With --documents D each sequence packs documents of D
+tokens, token 0 beginning each (document_token 0; the other tokens drawn from the rest of the
+vocabulary), as trainyard-bench-cpu --documents D does.
 """
 
 import argparse
@@ -50,6 +52,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=positive, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--documents", type=positive, default=None)
     args = ap.parse_args()
 
     # Inter-op threads must be fixed before any parallel work starts.
@@ -57,7 +60,10 @@ def main():
     torch.set_num_threads(args.threads)
 
     try:
-        cfg = torch_model.normalize_config(load_config(args.config))
+        cfg = load_config(args.config)
+        if args.documents:
+            cfg["document_token"] = 0
+        cfg = torch_model.normalize_config(cfg)
     except (OSError, ValueError) as e:
         sys.stderr.write("torch_cpu_train: bad --config: %s\n" % e)
         return 2
@@ -79,6 +85,9 @@ def main():
     total = args.warmup + args.steps
     gen = torch.Generator().manual_seed(args.seed + 1)
     data = torch.randint(0, cfg["vocab"], (total, args.batch, args.seq + 1), generator=gen)
+    if args.documents:
+        data = 1 + data % (cfg["vocab"] - 1)
+        data[:, :, 0:args.seq:args.documents] = 0
 
     times = []
     loss = None

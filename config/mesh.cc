@@ -174,6 +174,15 @@ Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec&
              {"resources.kind"});
 }
 
+// The CUDA attention kernels do not mask documents yet: model.document_token runs on CPU ranks.
+Problem CheckDocumentMaskDevices(const ModelConfig& model, const ResourcesSpec& r) {
+  if (model.document_token < 0 || r.kind != DeviceKind::kGpu) return std::nullopt;
+  return Bad("model.document_token",
+             "needs CPU ranks: the CUDA attention kernels do not mask documents yet (leave it "
+             "out, or write resources.kind: cpu)",
+             {"resources.kind"});
+}
+
 // Expert parallelism splits each MoE layer's experts over groups of ep data-parallel ranks.
 Problem CheckExpertParallel(const ParallelismSpec& m, const ModelConfig& model) {
   if (m.ep == 1) return std::nullopt;
@@ -379,6 +388,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckTensorParallelInANode(mesh, spec.resources)) return p;
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   if (Problem p = CheckSlidingWindowDevices(spec.model, spec.resources)) return p;
+  if (Problem p = CheckDocumentMaskDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 

@@ -253,7 +253,8 @@ absl::Status ValidateLayerList(const std::vector<int32_t>& list, int layers,
   return absl::OkStatus();
 }
 
-// model.sliding_window and what goes with it: full_attention_layers, rope_local_theta.
+// Which keys a query sees: model.sliding_window and what goes with it (full_attention_layers,
+// rope_local_theta), and model.document_token.
 absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(p, ".", field, ": ", why));
@@ -279,6 +280,12 @@ absl::Status ValidateWindow(const ModelConfig& c, const std::string& p) {
       return bad("rope_local_theta",
                  "needs a sliding_window (it is the RoPE base of the blocks that use one)");
     }
+  }
+  if (c.document_token < -1 || c.document_token >= c.vocab) {
+    return bad("document_token",
+               absl::StrCat("must be a token id below the vocabulary of ", c.vocab,
+                            " (leave it out for attention across the whole sequence), got ",
+                            c.document_token));
   }
   return absl::OkStatus();
 }

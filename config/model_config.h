@@ -195,6 +195,14 @@ struct ModelConfig {
   // normaliser near 1; 0 for none. An objective term: checkpoints, exports, evaluation and
   // sampling do not see it.
   float z_loss_coeff = 0.0f;
+  // Attention within documents (block-causal, Llama 3's and TorchTitan's document mask): a
+  // position sees only the keys from the last occurrence of this token at or before it, so a
+  // sequence packed from several documents trains as if each stood alone (positions still count
+  // from the sequence's start). The token begins each document: llm.c's GPT-2 shards and
+  // `trainyard tokenize --separator` put it before each, Llama 3's template <|begin_of_text|>.
+  // −1 for attention across the whole sequence. Training and evaluation only (checkpoints and
+  // exports do not carry it); CPU ranks only for now.
+  int32_t document_token = -1;
   // Llama family, Granite's multipliers (1, or 0 for the attention's, where they change nothing):
   // the token embeddings times embedding_multiplier on the way in (not with scale_embeddings; a
   // tied output head uses them unmultiplied); each block's attention and MLP output times

@@ -249,6 +249,20 @@ absl::Status ReadModelChoices(FieldReader& r, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// model's fields that change which keys a query sees, how its scores and the logits are
+// shaped, and the objective: the sliding window and what goes with it, the documents, the
+// scores' scale and caps, and the logits' z-loss.
+absl::Status ReadAttentionAndLoss(FieldReader& r, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
+  TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
+  TY_RETURN_IF_ERROR(r.ReadFloat("rope_local_theta", &m.rope_local_theta));
+  TY_RETURN_IF_ERROR(r.ReadInt("document_token", &m.document_token));
+  TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
+  TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
+  TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));
+  return r.ReadFloat("z_loss_coeff", &m.z_loss_coeff);
+}
+
 absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"preset",
                                           "family",
@@ -283,6 +297,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "attention_softcap",
                                           "logit_softcap",
                                           "z_loss_coeff",
+                                          "document_token",
                                           "embedding_multiplier",
                                           "residual_multiplier",
                                           "attention_multiplier",
@@ -304,15 +319,9 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   TY_RETURN_IF_ERROR(r.ReadBool("tied_embeddings", &m.tied_embeddings));
   TY_RETURN_IF_ERROR(r.ReadBool("qkv_bias", &m.qkv_bias));
   TY_RETURN_IF_ERROR(r.ReadBool("qk_norm", &m.qk_norm));
-  TY_RETURN_IF_ERROR(r.ReadInt("sliding_window", &m.sliding_window));
-  TY_RETURN_IF_ERROR(r.ReadInt32List("full_attention_layers", &m.full_attention_layers));
-  TY_RETURN_IF_ERROR(r.ReadFloat("rope_local_theta", &m.rope_local_theta));
+  TY_RETURN_IF_ERROR(ReadAttentionAndLoss(r, m));
   TY_RETURN_IF_ERROR(r.ReadBool("post_norms", &m.post_norms));
   TY_RETURN_IF_ERROR(r.ReadBool("pre_norms", &m.pre_norms));
-  TY_RETURN_IF_ERROR(r.ReadInt("attention_scale_dim", &m.attention_scale_dim));
-  TY_RETURN_IF_ERROR(r.ReadFloat("attention_softcap", &m.attention_softcap));
-  TY_RETURN_IF_ERROR(r.ReadFloat("logit_softcap", &m.logit_softcap));
-  TY_RETURN_IF_ERROR(r.ReadFloat("z_loss_coeff", &m.z_loss_coeff));
   TY_RETURN_IF_ERROR(r.ReadFloat("embedding_multiplier", &m.embedding_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("residual_multiplier", &m.residual_multiplier));
   TY_RETURN_IF_ERROR(r.ReadFloat("attention_multiplier", &m.attention_multiplier));

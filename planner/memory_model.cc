@@ -302,7 +302,9 @@ int64_t SlotBytes(const RankShape& s, const BackendShape& backend, bool forward_
   const int64_t layers = s.chunk_layers(), saved = c.recompute ? 1 : layers;
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
   SlotElements e;
-  e.ints = 2 * n + (tp > 1 ? 2 * n : 0);
+  // Inputs and targets, their vocabulary-shard ids under tp, and with model.document_token each
+  // row's document start.
+  e.ints = 2 * n + (tp > 1 ? 2 * n : 0) + (c.document_token >= 0 ? n : 0);
   e.acts = (layers + 1) * nr * w;  // residual stream
   // Per block, its MLP aside: the two norms' outputs in full rows (without pre_norms the branches
   // read the residual stream's rows, gathered under sequence parallelism only), q, k and v, the

@@ -43,6 +43,9 @@ struct AttentionShape {
   // Scores are ⟨q, k⟩·scale (0: 1/√head_dim), then C·tanh(s / C) under a soft cap C (0: none).
   float scale = 0.0f;
   float softcap = 0.0f;
+  // Documents (model.document_token): for each row [batch, seq] the position of its document's
+  // first token, counted from its sequence's start; query i sees no key before it. Null: none.
+  const int32_t* doc_start = nullptr;
 };
 
 // One block of attention for context parallelism: the queries of one sequence chunk against the
@@ -61,6 +64,11 @@ struct AttentionBlockShape {
   int64_t window = 0;
   float scale = 0.0f;  // as AttentionShape's
   float softcap = 0.0f;
+  // Documents: for each query row [batch, q_len] the position of its document's first token,
+  // and key_position the position of key row 0, both counted from the sequence's start (query
+  // row i sees no key j < doc_start − key_position). Null: none.
+  const int32_t* doc_start = nullptr;
+  int64_t key_position = 0;
 };
 
 // The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on

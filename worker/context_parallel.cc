@@ -119,22 +119,25 @@ struct BlockGeometry {
   int64_t out_width() const { return s.heads * s.head_dim; }
   // Row offset of a half's first row.
   int64_t half_rows(int half) const { return half * s.batch * c(); }
-  // The block of a query chunk against a key chunk: causal on the diagonal, the queries
-  // (query_chunk − key_chunk)·c positions after the keys.
-  AttentionBlockShape Shape(int query_chunk, int key_chunk) const {
-    return AttentionBlockShape{.batch = s.batch,
-                               .q_len = c(),
-                               .kv_len = c(),
-                               .heads = s.heads,
-                               .kv_heads = s.kv_heads,
-                               .head_dim = s.head_dim,
-                               .q_stride = qkv_width(),
-                               .kv_stride = kv_width(),
-                               .causal = key_chunk == query_chunk,
-                               .offset = (query_chunk - key_chunk) * c(),
-                               .window = s.window,
-                               .scale = s.scale,
-                               .softcap = s.softcap};
+  // The block of a query chunk (local half query_half) against a key chunk: causal on the
+  // diagonal, the queries (query_chunk − key_chunk)·c positions after the keys.
+  AttentionBlockShape Shape(int query_half, int query_chunk, int key_chunk) const {
+    return AttentionBlockShape{
+        .batch = s.batch,
+        .q_len = c(),
+        .kv_len = c(),
+        .heads = s.heads,
+        .kv_heads = s.kv_heads,
+        .head_dim = s.head_dim,
+        .q_stride = qkv_width(),
+        .kv_stride = kv_width(),
+        .causal = key_chunk == query_chunk,
+        .offset = (query_chunk - key_chunk) * c(),
+        .window = s.window,
+        .scale = s.scale,
+        .softcap = s.softcap,
+        .doc_start = s.doc_start == nullptr ? nullptr : s.doc_start + half_rows(query_half),
+        .key_position = key_chunk * c()};
   }
   // Whether any query of query_chunk sees a key of key_chunk: none of a later chunk, nor of one
   // that ends before the sliding window of the chunk's first query begins (that query, at
@@ -160,7 +163,7 @@ void ContextParallelOps::ForwardBlocks(int src, const Act* kv, Act* out, float* 
     for (int kh = 0; kh < 2; ++kh) {
       const int key_chunk = ChunkOf(src, kh);
       if (!g.Sees(query_chunk, key_chunk)) continue;
-      const AttentionBlockShape shape = g.Shape(query_chunk, key_chunk);
+      const AttentionBlockShape shape = g.Shape(qh, query_chunk, key_chunk);
       const Act* k = be.At(kv, g.half_rows(kh) * g.kv_width());
       const Act* v = be.At(k, local.kv_heads * local.head_dim);
       if (!filled[qh]) {
@@ -192,7 +195,7 @@ void ContextParallelOps::BackwardBlocks(int src, const Act* kv, Act* dkv, Act* d
       const Act* k = be.At(kv, k_at);
       be.AttentionBlockBackward(be.At(dqkv, q_at), dk, be.At(dk, v_at), be.At(dout, o_at),
                                 be.At(qkv, q_at), k, be.At(k, v_at), be.At(out, o_at), l,
-                                g.Shape(query_chunk, key_chunk));
+                                g.Shape(qh, query_chunk, key_chunk));
     }
   }
 }

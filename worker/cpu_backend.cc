@@ -210,12 +210,12 @@ class CpuBackend final : public Backend {
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                        s.window, {s.scale, s.softcap});
+                        s.window, {s.scale, s.softcap}, s.doc_start);
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
     k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim, s.window, {s.scale, s.softcap});
+                         s.head_dim, s.window, {s.scale, s.softcap}, s.doc_start);
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {
@@ -298,7 +298,9 @@ class CpuBackend final : public Backend {
             .causal = s.causal,
             .offset = s.offset,
             .window = s.window,
-            .rule = {s.scale, s.softcap}};
+            .rule = {s.scale, s.softcap},
+            .doc_start = s.doc_start,
+            .key_position = s.key_position};
   }
   static k::ExpertMlpShape Shape(const ExpertMlp& mlp) {
     return {.offsets = mlp.offsets.data(),

@@ -559,10 +559,14 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
+  // The CUDA attention kernels do not mask documents: config/mesh.cc refuses
+  // model.document_token on GPU ranks.
   static kc::AttentionDims Dims(const AttentionShape& s) {
+    TY_CHECK(s.doc_start == nullptr) << "the CUDA attention kernels do not mask documents";
     return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window, s.scale, s.softcap};
   }
   static kc::AttentionBlockDims BlockDims(const AttentionBlockShape& s) {
+    TY_CHECK(s.doc_start == nullptr) << "the CUDA attention kernels do not mask documents";
     return {.b = s.batch,
             .q_len = s.q_len,
             .kv_len = s.kv_len,

@@ -115,6 +115,7 @@ void Generator::Reserve(int64_t rows) {
   int64_t ffn = 0;  // the widest dense MLP (or shared experts' MLP)
   for (int l = 0; l < m.layers; ++l) ffn = std::max(ffn, layout_.block(l).mlp_ffn);
   tokens_ = be.AllocInt(rows);
+  if (m.document_token >= 0) doc_starts_ = be.AllocInt(rows);
   x_ = be.AllocAct(rows * c);
   norm_ = be.AllocAct(rows * c);
   qkv_ = be.AllocAct(rows * m.qkv_width());
@@ -214,20 +215,22 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
   be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, kv);
   be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + kv), qkv, n, kv);
   const bool prompt = pos == 0;
-  be.AttentionBlock(attn_.data(), lse_.data(), qkv_.data(), keys, values,
-                    AttentionBlockShape{.batch = 1,
-                                        .q_len = n,
-                                        .kv_len = prompt ? n : pos + n,
-                                        .heads = m.heads,
-                                        .kv_heads = m.kv_heads,
-                                        .head_dim = d,
-                                        .q_stride = qkv,
-                                        .kv_stride = kv,
-                                        .causal = prompt,
-                                        .offset = pos,
-                                        .window = m.WindowOf(layer),
-                                        .scale = m.attention_scale(),
-                                        .softcap = m.attention_softcap});
+  be.AttentionBlock(
+      attn_.data(), lse_.data(), qkv_.data(), keys, values,
+      AttentionBlockShape{.batch = 1,
+                          .q_len = n,
+                          .kv_len = prompt ? n : pos + n,
+                          .heads = m.heads,
+                          .kv_heads = m.kv_heads,
+                          .head_dim = d,
+                          .q_stride = qkv,
+                          .kv_stride = kv,
+                          .causal = prompt,
+                          .offset = pos,
+                          .window = m.WindowOf(layer),
+                          .scale = m.attention_scale(),
+                          .softcap = m.attention_softcap,
+                          .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data()});
   // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
   // its rows have been read) and times residual_multiplier.
   auto add_branch = [&](int64_t post_w) {
@@ -265,6 +268,15 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
   const int64_t c = model_.width;
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
   be.CopyFromHost(tokens_.data(), tokens, n);
+  if (model_.document_token >= 0) {  // each row's document's first position, as in training
+    if (pos == 0) doc_start_ = 0;
+    std::vector<int32_t> starts(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (tokens[i] == model_.document_token) doc_start_ = static_cast<int32_t>(pos + i);
+      starts[i] = doc_start_;
+    }
+    be.CopyFromHost(doc_starts_.data(), starts.data(), n);
+  }
   be.Embedding(x_.data(), tokens_.data(), P(layout_.wte()),
                gpt2 ? P(layout_.wpe()) + pos * c : nullptr, 1, n, c, model_.embedding_scale());
   for (int l = 0; l < model_.layers; ++l) Block(l, n, pos);

@@ -99,6 +99,10 @@ class Generator {
   const ParameterLayout layout_;
   Buffer<float> params_;
   Buffer<int32_t> tokens_;
+  // model.document_token: each row's document's first position, and the last document's so far
+  // (a query sees only its document's keys, as in training).
+  Buffer<int32_t> doc_starts_;
+  int32_t doc_start_ = 0;
   // Activations for rows_ rows (Reserve); the cache [layer][position, kv_heads · head_dim].
   int64_t rows_ = 0;
   Buffer<Act> x_, norm_, qkv_, attn_, tmp_, fc_, act_, logits_;

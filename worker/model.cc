@@ -50,6 +50,20 @@ class HeldWeight {
   Backend* backend_;
 };
 
+// For each of the b sequences of t tokens, the position of each token's document's first token:
+// the last occurrence of `token` at or before it (0 before the first).
+std::vector<int32_t> DocumentStarts(const int32_t* tokens, int64_t b, int64_t t, int32_t token) {
+  std::vector<int32_t> starts(b * t);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    int32_t start = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      if (tokens[bi * t + i] == token) start = static_cast<int32_t>(i);
+      starts[bi * t + i] = start;
+    }
+  }
+  return starts;
+}
+
 }  // namespace
 
 Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* source,
@@ -172,7 +186,8 @@ int64_t Model::activation_bytes() const {
   for (const auto& slot : slots_) {
     if (!slot) continue;
     const Activations& a = *slot;
-    ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size();
+    ints += a.inputs.size() + a.targets.size() + a.local_inputs.size() + a.local_targets.size() +
+            a.doc_starts.size();
     for (const auto& r : a.resid) add_act(r);
     for (const auto& la : a.layers) {
       for (const Buffer<Act>* b :
@@ -274,6 +289,16 @@ void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
   Activations& a = *acts_;
   const int64_t n = int64_t{a.b} * a.t;
   std::vector<int32_t> split_inputs, split_targets;
+  if (config_.document_token >= 0) {  // from the whole sequences, then this rank's share
+    std::vector<int32_t> starts =
+        DocumentStarts(inputs, a.b, int64_t{a.t} * cp_.size(), config_.document_token);
+    if (cp_.enabled()) {
+      std::vector<int32_t> split(n);
+      cp_.Split(starts.data(), a.b, a.t * cp_.size(), split.data());
+      starts = std::move(split);
+    }
+    backend_->CopyFromHost(a.doc_starts.data(), starts.data(), n);
+  }
   if (cp_.enabled()) {  // this rank's share, in its row order
     split_inputs.resize(n);
     cp_.Split(inputs, a.b, a.t * cp_.size(), split_inputs.data());
@@ -349,6 +374,7 @@ void Model::EnsureActivations(int b, int t) {
     a->local_targets = be.AllocInt(n);
   }
   a->targets = be.AllocInt(n);
+  if (c.document_token >= 0) a->doc_starts = be.AllocInt(n);
   const int local_layers = stage().num_layers;
   for (int l = 0; l <= local_layers; ++l) a->resid.push_back(be.AllocAct(nr * width));
   const int saved_layers = c.recompute ? 1 : local_layers;
@@ -537,14 +563,16 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
 }
 
 AttentionShape Model::AttentionOf(int layer) const {
-  return AttentionShape{.batch = acts_->b,
-                        .seq = acts_->t,
-                        .heads = dims_.heads,
-                        .kv_heads = dims_.kv_heads,
-                        .head_dim = config_.head_dim(),
-                        .window = config_.WindowOf(layer),
-                        .scale = config_.attention_scale(),
-                        .softcap = config_.attention_softcap};
+  return AttentionShape{
+      .batch = acts_->b,
+      .seq = acts_->t,
+      .heads = dims_.heads,
+      .kv_heads = dims_.kv_heads,
+      .head_dim = config_.head_dim(),
+      .window = config_.WindowOf(layer),
+      .scale = config_.attention_scale(),
+      .softcap = config_.attention_softcap,
+      .doc_start = acts_->doc_starts.empty() ? nullptr : acts_->doc_starts.data()};
 }
 
 void Model::Rotate(int layer, Act* qkv, bool backward) {

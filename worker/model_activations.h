@@ -63,6 +63,8 @@ struct Model::Activations {
   int b = 0, t = 0;
   int layers_held = 0;  // blocks whose activations the slot holds (a chunk's)
   Buffer<int32_t> inputs, targets;
+  // model.document_token: each row's document's first position in its sequence [N].
+  Buffer<int32_t> doc_starts;
   // Tensor parallelism: token ids relative to this rank's vocabulary shard (−1: another shard's).
   Buffer<int32_t> local_inputs, local_targets;
   // The vocabulary-parallel loss: this rank's [chunk, 3] statistics, the group's gathered

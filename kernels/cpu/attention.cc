@@ -46,10 +46,15 @@ struct BlockOffsets {
     return (bi * s.q_len + i) * out_stride() + h * s.d;
   }
   int64_t lse(int64_t bi, int64_t h, int64_t i) const { return (bi * s.heads + h) * s.q_len + i; }
-  // The keys query row i sees: [first_key(i), end_key(i)), both non-decreasing in i, so a block
-  // of rows [i0, i1) reads keys [first_key(i0), end_key(i1 − 1)) and no others.
-  int64_t first_key(int64_t i) const {
-    return s.window > 0 ? std::clamp(i + s.offset - s.window + 1, int64_t{0}, s.kv_len) : 0;
+  // The keys query row i of batch entry bi sees: [first_key(bi, i), end_key(i)), both
+  // non-decreasing in i, so a block of rows [i0, i1) reads keys [first_key(bi, i0),
+  // end_key(i1 − 1)) and no others.
+  int64_t first_key(int64_t bi, int64_t i) const {
+    int64_t first = s.window > 0 ? i + s.offset - s.window + 1 : 0;
+    if (s.doc_start != nullptr) {
+      first = std::max(first, s.doc_start[bi * s.q_len + i] - s.key_position);
+    }
+    return std::clamp(first, int64_t{0}, s.kv_len);
   }
   int64_t end_key(int64_t i) const {
     return s.causal ? std::clamp(i + s.offset + 1, int64_t{0}, s.kv_len) : s.kv_len;
@@ -64,10 +69,10 @@ struct BlockOffsets {
 // The keys [k0, k1) a block of query rows [i0, i1) reads between them.
 struct KeyRange {
   int64_t i0, i1, k0, k1;
-  KeyRange(const BlockOffsets& o, int64_t first_row)
+  KeyRange(const BlockOffsets& o, int64_t bi, int64_t first_row)
       : i0(first_row),
         i1(std::min(o.s.q_len, first_row + kBlock)),
-        k0(o.first_key(first_row)),
+        k0(o.first_key(bi, first_row)),
         k1(std::max(k0, o.end_key(i1 - 1))) {}
   int64_t rows() const { return i1 - i0; }
   int64_t keys() const { return k1 - k0; }
@@ -107,7 +112,7 @@ void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const f
                        const float* v, const BlockOffsets& o, int64_t bi, int64_t h, int64_t i0) {
   const BlockDims& s = o.s;
   const int64_t g = h / o.group_size();
-  const KeyRange r(o, i0);
+  const KeyRange r(o, bi, i0);
   const int64_t keys = r.keys(), k0 = r.k0;
   if (keys == 0) {  // no row of the block sees a key
     for (int64_t i = r.i0; i < r.i1; ++i) {
@@ -123,7 +128,7 @@ void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const f
   CapScores(p, r.rows() * keys, s.rule.softcap);
   for (int64_t i = r.i0; i < r.i1; ++i) {
     lse[o.lse(bi, h, i)] =
-        SoftmaxRow(p + (i - i0) * keys, o.first_key(i) - k0, o.end_key(i) - k0, keys);
+        SoftmaxRow(p + (i - i0) * keys, o.first_key(bi, i) - k0, o.end_key(i) - k0, keys);
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r.rows(), s.d, keys, 1.0f, p, keys, v_rows,
               s.kv_stride, 0.0f, out + o.out(bi, i0, h), o.out_stride());
@@ -167,7 +172,7 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
                         int64_t bi, int64_t h, int64_t i0) {
   const BlockDims& s = o.s;
   const int64_t g = h / o.group_size(), ld = o.out_stride();
-  const KeyRange r(o, i0);
+  const KeyRange r(o, bi, i0);
   const int64_t keys = r.keys(), rows = r.rows(), k_at = o.kv(bi, g) + r.k0 * s.kv_stride;
   if (keys == 0) return;
   const float* q0 = x.q + o.q(bi, i0, h);
@@ -186,8 +191,8 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
     float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
     for (int64_t c = 0; c < s.d; ++c) delta += dy0[row * ld + c] * y0[row * ld + c];
-    GradientRow(p + row * keys, ds + row * keys, o.first_key(i) - r.k0, o.end_key(i) - r.k0, keys,
-                x.lse[o.lse(bi, h, i)], delta, o.scale(), o.inv_cap());
+    GradientRow(p + row * keys, ds + row * keys, o.first_key(bi, i) - r.k0, o.end_key(i) - r.k0,
+                keys, x.lse[o.lse(bi, h, i)], delta, o.scale(), o.inv_cap());
   }
   // dQ += dS · K;  dK += dSᵀ · Q;  dV += Pᵀ · dY
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s.d, keys, 1.0f, ds, keys, k0,
@@ -200,7 +205,7 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
 
 // The causal block of a packed qkv [b, t, (heads + 2·kv_heads)·d] against itself.
 BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                    int64_t window, ScoreRule rule) {
+                    int64_t window, ScoreRule rule, const int32_t* doc_start) {
   const Layout l{heads, kv_heads, d};
   return BlockDims{.b = b,
                    .q_len = t,
@@ -212,28 +217,30 @@ BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64
                    .kv_stride = l.row(),
                    .causal = true,
                    .window = window,
-                   .rule = rule};
+                   .rule = rule,
+                   .doc_start = doc_start};
 }
 
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d, int64_t window, ScoreRule rule) {
+                      int64_t kv_heads, int64_t d, int64_t window, ScoreRule rule,
+                      const int32_t* doc_start) {
   const Layout l{heads, kv_heads, d};
   AttentionBlockForward(out, lse, qkv + l.q(0), qkv + l.k(0), qkv + l.v(0),
-                        SelfBlock(b, t, heads, kv_heads, d, window, rule));
+                        SelfBlock(b, t, heads, kv_heads, d, window, rule, doc_start));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t window, ScoreRule rule) {
+                       int64_t d, int64_t window, ScoreRule rule, const int32_t* doc_start) {
   const Layout l{heads, kv_heads, d};
   const int64_t n = b * t * l.row();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i += 4096) std::fill(dqkv + i, dqkv + std::min(n, i + 4096), 0.0f);
   AttentionBlockBackward(dqkv + l.q(0), dqkv + l.k(0), dqkv + l.v(0), dout, qkv + l.q(0),
                          qkv + l.k(0), qkv + l.v(0), out, lse,
-                         SelfBlock(b, t, heads, kv_heads, d, window, rule));
+                         SelfBlock(b, t, heads, kv_heads, d, window, rule, doc_start));
 }
 
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,

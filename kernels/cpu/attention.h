@@ -23,14 +23,18 @@ struct ScoreRule {
   float softcap = 0.0f;
 };
 
-// out: [b, t, heads · d]; lse: [b, heads, t].
+// out: [b, t, heads · d]; lse: [b, heads, t]. doc_start (null: none), [b, t]: the position of
+// each row's document's first token (non-decreasing along a sequence, each at most its row's
+// position); query i also sees no key j < doc_start[i] (block-causal attention over documents).
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
-                      int64_t kv_heads, int64_t d, int64_t window = 0, ScoreRule rule = {});
+                      int64_t kv_heads, int64_t d, int64_t window = 0, ScoreRule rule = {},
+                      const int32_t* doc_start = nullptr);
 
 // dqkv (overwritten): [b, t, (heads + 2·kv_heads) · d], from dout [b, t, heads · d].
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t window = 0, ScoreRule rule = {});
+                       int64_t d, int64_t window = 0, ScoreRule rule = {},
+                       const int32_t* doc_start = nullptr);
 
 // Blocks of attention for context parallelism: the queries of one sequence chunk against the keys
 // and values of one chunk, each block's result a partial output with its log-sum-exp, merged by
@@ -38,7 +42,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 // h·d); keys and values likewise with kv_len and kv_stride (kv head g at g·d). Query row i is at
 // position i + offset counted from key row 0. A causal block sees keys j <= i + offset (a chunk
 // against itself: offset 0, q_len == kv_len); another sees every key up to kv_len. A window
-// W > 0 also hides keys j <= i + offset − W. A row that sees no key gets lse −∞ and a zero
+// W > 0 also hides keys j <= i + offset − W; documents (doc_start, [b, q_len], not null) hide
+// keys j < doc_start[row] − key_position, where doc_start is the position of the row's
+// document's first token and key_position that of key row 0 (both from the sequence's start;
+// doc_start non-decreasing along a sequence). A row that sees no key gets lse −∞ and a zero
 // output (AttentionMerge then ignores it). kv_len >= 1.
 struct BlockDims {
   int64_t b, q_len, kv_len, heads, kv_heads, d;
@@ -47,6 +54,8 @@ struct BlockDims {
   int64_t offset = 0;
   int64_t window = 0;
   ScoreRule rule;
+  const int32_t* doc_start = nullptr;
+  int64_t key_position = 0;
 };
 
 // out (overwritten): [b, q_len, heads·d]; lse: [b, heads, q_len]. Same arithmetic as

@@ -5,8 +5,12 @@
 #define TRAINYARD_TESTS_INTEGRATION_MESH_CASES_H_
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
+#include "common/logging.h"
 #include "config/spec.h"
+#include "worker/data/markov.h"
 
 namespace trainyard::testenv {
 
@@ -62,7 +66,23 @@ struct MeshCase {
   int group_top_k = 0;
   float z_loss = 0.0f;        // model.moe.z_loss_coeff (ST-MoE's router z-loss)
   float logit_z_loss = 0.0f;  // model.z_loss_coeff (PaLM's z-loss on the output logits)
+  // model.document_token: the Markov chain's most frequent token begins each document, so that
+  // documents of a few tokens cross micro-batches' chunks, stages' boundaries and ranks' shares.
+  bool documents = false;
 };
+
+// The token a Markov source emits most often (its stationary probability summed over the
+// contexts it ends).
+inline int32_t MostFrequentToken(const config::MarkovSpec& markov) {
+  const absl::StatusOr<worker::MarkovChain> chain = worker::MarkovChain::Random(markov);
+  TY_CHECK(chain.ok()) << chain.status();
+  std::vector<double> frequency(chain->vocab());
+  for (int64_t context = 0; context < chain->contexts(); ++context) {
+    frequency[context % chain->vocab()] += chain->StationaryProbability(context);
+  }
+  return static_cast<int32_t>(std::max_element(frequency.begin(), frequency.end()) -
+                              frequency.begin());
+}
 
 // Phi-4 mini's RoPE on the debug presets' heads of 16: the first 10 dimensions turned, with
 // LongRoPE's five short and five long factors past an original context of `original`, and an
@@ -148,6 +168,7 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     spec->model.logit_softcap = 1.0f;
   }
   spec->model.z_loss_coeff = mesh.logit_z_loss;
+  if (mesh.documents) spec->model.document_token = MostFrequentToken(spec->data.markov);
   MoeMeshModel(mesh, &spec->model);
   if (mesh.micro_batch > 0) spec->training.micro_batch = mesh.micro_batch;
   if (mesh.seq_len > 0) {
@@ -282,6 +303,19 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .sequence_parallel = true,
      .softcaps = true,
      .logit_z_loss = 0.05f},
+    // Documents: every stage and tensor-parallel rank masks its rows by their documents, and
+    // micro-batches in flight on an interleaved schedule keep their own.
+    {.name = "tp2_pp2_sp_documents",
+     .tp = 2,
+     .pp = 2,
+     .sequence_parallel = true,
+     .documents = true},
+    {.name = "il_pp2_v2_documents",
+     .pp = 2,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .documents = true},
     {.name = "tp2_sp", .tp = 2, .sequence_parallel = true},
     {.name = "dp2_tp2_sp_zero2", .dp = 2, .tp = 2, .zero = 2, .sequence_parallel = true},
     {.name = "tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true},
@@ -367,6 +401,15 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
      .layers = 4,
      .seq_len = 24},
     {.name = "cp2_recompute", .cp = 2, .recompute = true, .seq_len = 24},
+    // Documents across the ring: a query chunk's rows see the keys of another rank's chunks only
+    // from their documents' starts on (with a window, from the later of the two).
+    {.name = "cp4_documents", .cp = 4, .seq_len = 24, .documents = true},
+    {.name = "cp2_tp2_window_documents",
+     .tp = 2,
+     .cp = 2,
+     .sliding_window = 5,
+     .seq_len = 24,
+     .documents = true},
     // OLMo 2's blocks: norms after each branch only, the q and k norms over each rank's rows.
     {.name = "olmo2_dp2_cp2_zero3",
      .dp = 2,

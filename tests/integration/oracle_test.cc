@@ -115,7 +115,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
       << ", \"embedding_multiplier\": " << c.embedding_multiplier
       << ", \"residual_multiplier\": " << c.residual_multiplier
       << ", \"attention_multiplier\": " << c.attention_multiplier
-      << ", \"logits_scaling\": " << c.logits_scaling << ", \"batch\": " << kBatch
+      << ", \"logits_scaling\": " << c.logits_scaling
+      << ", \"document_token\": " << c.document_token << ", \"batch\": " << kBatch
       << ", \"seq_len\": " << kSeq << ", \"steps\": " << kSteps << ", \"lr\": " << o.lr
       << ", \"min_lr_ratio\": " << o.min_lr_ratio << ", \"warmup_steps\": " << o.warmup_steps
       << ", \"schedule\": \"cosine\""
@@ -217,6 +218,11 @@ void CompareWithOracle(ModelConfig c) {
   std::mt19937 rng(99);
   for (auto* v : {&inputs, &targets}) {
     for (int32_t& x : *v) x = static_cast<int32_t>(rng() % c.vocab);
+  }
+  if (c.document_token >= 0) {  // documents of about six tokens
+    for (int32_t& x : inputs) {
+      if (rng() % 6 == 0) x = c.document_token;
+    }
   }
   WriteOracleInput(dir / "in", c, model, inputs, targets);
 
@@ -513,6 +519,23 @@ TEST(TorchOracle, LlamaWithGegluRecomputed) {
   c.geglu = true;
   c.scale_embeddings = true;
   c.recompute = true;
+  CompareWithOracle(c);
+}
+
+// Documents packed into each sequence (model.document_token, about six tokens each): a query
+// sees only its own document's keys; with a sliding window narrower than some documents too.
+TEST(TorchOracle, LlamaWithDocumentMask) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.document_token = 3;
+  CompareWithOracle(c);
+  c.sliding_window = 4;
+  CompareWithOracle(c);
+}
+
+// GPT-2's learned positions count from the sequence's start in every document.
+TEST(TorchOracle, Gpt2WithDocumentMask) {
+  ModelConfig c = Small(config::ModelFamily::kGpt2);
+  c.document_token = 0;
   CompareWithOracle(c);
 }
 

@@ -89,6 +89,8 @@ def normalize_config(cfg):
     norm_eps = 1e-5; rope_theta = 10000; rope_dim = 0 (RoPE turns the first rope_dim dimensions
     of each head, 0: all of them); nope_layers = [] (llama: the blocks RoPE leaves unturned,
     SmolLM3's NoPE layers); rope_scaling = None (or LongRoPE's, _normalize_longrope);
+    document_token = -1 (none; else attention stays within documents, each beginning at an
+    occurrence of this token: block-causal attention);
     moe = MOE_DEFAULTS (dense), missing moe keys from
     MOE_DEFAULTS. Other keys (training keys) are kept untouched.
     Raises ConfigError naming the offending key.
@@ -127,6 +129,7 @@ def normalize_config(cfg):
     out.setdefault("residual_multiplier", 1.0)
     out.setdefault("attention_multiplier", 0.0)
     out.setdefault("logits_scaling", 1.0)
+    out.setdefault("document_token", -1)
     out.setdefault("norm_eps", 1e-5)
     out.setdefault("rope_theta", 10000.0)
     for key in ("layers", "width", "heads", "kv_heads", "ffn_hidden", "vocab", "max_seq"):
@@ -197,6 +200,9 @@ def normalize_config(cfg):
             raise ConfigError("%s: a positive finite number, other than %g only for the llama "
                               "family, got %r" % (key, none, value))
         out[key] = float(value)
+    token = out["document_token"]
+    if isinstance(token, bool) or not isinstance(token, int) or not -1 <= token < out["vocab"]:
+        raise ConfigError("document_token: a token id below vocab (-1: none), got %r" % (token,))
     for key in ("norm_eps", "rope_theta"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -460,7 +466,9 @@ class Attention(nn.Module):
                                                  device, self.longrope)
         return self._rope_cache[key]
 
-    def forward(self, x):
+    def forward(self, x, other_document=None):
+        """other_document: None, or [B, T, T] bool, True where key j lies in another document than
+        query i."""
         b, t, _ = x.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv(x)
@@ -488,6 +496,8 @@ class Attention(nn.Module):
         hidden = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
         if self.window:  # query i sees keys i - window < j <= i
             hidden = hidden | torch.ones_like(hidden).tril(diagonal=-self.window)
+        if other_document is not None:
+            hidden = hidden | other_document[:, None]
         scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         y = torch.matmul(probs, v)  # [B, H, T, D]
@@ -547,14 +557,14 @@ class Block(nn.Module):
             self.mlp = Mlp(cfg)
             self.moe = None
 
-    def forward(self, x):
-        """x -> (x, Routing of the MoE layer or None)."""
+    def forward(self, x, other_document=None):
+        """x -> (x, Routing of the MoE layer or None); other_document as Attention's."""
         multiplier = self.residual_multiplier
 
         def post(norm, y):  # Granite's residual_multiplier after any post-norm
             return (y if norm is None else norm(y)) * multiplier
 
-        x = x + post(self.attn_post, self.attn(self.ln1(x)))
+        x = x + post(self.attn_post, self.attn(self.ln1(x), other_document))
         if self.moe is None:
             return x + post(self.mlp_post, self.mlp(self.ln2(x))), None
         y, routing = self.moe(self.ln2(x))
@@ -596,9 +606,15 @@ class Transformer(nn.Module):
         x = x * self.cfg["embedding_multiplier"]  # Granite's (1 unless set)
         if self.wpe is not None:
             x = x + self.wpe.weight[:t]
+        other_document = None
+        if self.cfg["document_token"] >= 0:
+            # Document d of a row runs from the token's d-th occurrence up to its next (those
+            # before the first are document 0): ids from a running count of occurrences.
+            document = torch.cumsum((tokens == self.cfg["document_token"]).long(), dim=1)
+            other_document = document[:, :, None] != document[:, None, :]
         routing = []
         for block in self.h:
-            x, layer_routing = block(x)
+            x, layer_routing = block(x, other_document)
             if layer_routing is not None:
                 routing.append(layer_routing)
         x = self.lnf(x)

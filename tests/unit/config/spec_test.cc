@@ -434,6 +434,23 @@ TEST(ParseJobSpecTest, LogitZLoss) {
   EXPECT_EQ(on_gpus.model.z_loss_coeff, 1e-4f);
 }
 
+// Documents: attention across the whole sequence unless a token begins each document; on either
+// family, with every kind of mesh, adding no parameters.
+TEST(ParseJobSpecTest, DocumentToken) {
+  JobSpec plain = MustParse("name: d\nmodel: {preset: llama-debug}\n");
+  EXPECT_EQ(plain.model.document_token, -1);
+  JobSpec docs = MustParse(
+      "name: d\nmodel: {preset: gpt2-debug, document_token: 255}\n"
+      "training: {seq_len: 16}\nparallelism: {tp: 2, pp: 2, cp: 2}\n"
+      "resources: {devices_per_node: 8}\n");
+  EXPECT_EQ(docs.model.document_token, 255);
+  EXPECT_EQ(docs.model.ParameterCount(),
+            MustParse("name: d\nmodel: {preset: gpt2-debug}\n").model.ParameterCount());
+  EXPECT_EQ(
+      MustParse("name: d\nmodel: {preset: llama-debug, document_token: 0}\n").model.document_token,
+      0);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

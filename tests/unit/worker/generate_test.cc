@@ -90,6 +90,28 @@ TEST(Generator, ASlidingWindowSeesWhatTheTrainingModelSees) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5, 35}, 10);
 }
 
+// Documents (model.document_token): each position sees only its own document's cached keys, as
+// the training model's attention does: documents begun in the prompt, and then one begun by a
+// generated token (the first one greedy decoding picks after a prompt without the token).
+TEST(Generator, DocumentsSeeWhatTheTrainingModelSees) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.document_token = 26;
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 26, 59, 5, 26, 35}, 10);
+
+  model.document_token = -1;
+  const std::vector<int32_t> prompt = {3, 141, 59, 5};
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const std::vector<float> params = RandomParams(model, backend.get());
+  auto generator = Generator::Create(model, backend.get(), params.data());
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  auto first = (*generator)->Generate(prompt, {.tokens = 1});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(std::count(prompt.begin(), prompt.end(), first->at(0)), 0);
+  model.document_token = first->at(0);
+  ExpectEachStepIsTheTrainingModels(model, prompt, 10);
+}
+
 // LongRoPE's factors follow the sequence's length (Phi-4 mini's RoPE: 10 of 16 dimensions, short
 // factors up to 8 positions, long ones beyond): before, at and after the step where the sequence
 // grows past 8, where the generator runs the whole sequence again so that no cached key keeps the

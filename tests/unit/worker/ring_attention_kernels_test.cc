@@ -6,7 +6,8 @@
 //
 // References, all independent of the block kernels: the backend's whole-sequence Attention,
 // AttentionBackward and Rope (themselves checked by finite differences in gradcheck_test), a
-// double-precision softmax written out here, and finite differences.
+// double-precision softmax written out here, and finite differences. With documents
+// (model.document_token) the whole-sequence kernels are checked against each document alone.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -63,8 +64,10 @@ struct Geometry {
   int64_t kv_row() const { return 2 * s.kv_heads * s.head_dim; }
   int64_t out_row() const { return s.heads * s.head_dim; }
   int64_t chunk_rows() const { return s.batch * c; }
-  // The block of one chunk's queries against another's keys, as ring attention runs it.
-  AttentionBlockShape Block(int query_chunk, int key_chunk, int64_t kv_stride) const {
+  // The block of one chunk's queries against another's keys, as ring attention runs it; with
+  // documents, doc_start holds the query chunk's rows' document starts ([b, c]).
+  AttentionBlockShape Block(int query_chunk, int key_chunk, int64_t kv_stride,
+                            const int32_t* doc_start = nullptr) const {
     return {.batch = s.batch,
             .q_len = c,
             .kv_len = c,
@@ -75,7 +78,9 @@ struct Geometry {
             .kv_stride = kv_stride,
             .causal = query_chunk == key_chunk,
             .offset = (query_chunk - key_chunk) * c,
-            .window = s.window};
+            .window = s.window,
+            .doc_start = doc_start,
+            .key_position = key_chunk * c};
   }
   // Whether some query of the chunk sees some key of the other (the blocks ring attention runs).
   bool Sees(int query_chunk, int key_chunk) const {
@@ -107,12 +112,13 @@ Split Zigzag(int n) {
 }
 
 // Local rows [chunks][b][c] of `whole` rows [b][t], `width` elements each.
-std::vector<float> GatherRows(const std::vector<float>& whole, const Geometry& g,
-                              const std::vector<int>& chunks, int64_t width) {
-  std::vector<float> local;
+template <typename T>
+std::vector<T> GatherRows(const std::vector<T>& whole, const Geometry& g,
+                          const std::vector<int>& chunks, int64_t width) {
+  std::vector<T> local;
   for (int chunk : chunks) {
     for (int64_t bi = 0; bi < g.s.batch; ++bi) {
-      const float* first = whole.data() + (bi * g.s.seq + chunk * g.c) * width;
+      const T* first = whole.data() + (bi * g.s.seq + chunk * g.c) * width;
       local.insert(local.end(), first, first + g.c * width);
     }
   }
@@ -144,11 +150,27 @@ std::vector<float> GatherLse(const std::vector<float>& whole, const Geometry& g,
 
 // One emulated rank: its rows of the whole sequences, and what the blocks computed for them.
 struct Rank {
-  std::vector<float> qkv;  // [chunks, b, c, qkv_row]
-  std::vector<float> kv;   // [chunks · b · c, kv_row], when the split has separate_kv
-  std::vector<float> out;  // [chunks, b, c, heads · d]
-  std::vector<float> lse;  // [chunks, b, heads, c]
+  std::vector<float> qkv;          // [chunks, b, c, qkv_row]
+  std::vector<float> kv;           // [chunks · b · c, kv_row], when the split has separate_kv
+  std::vector<float> out;          // [chunks, b, c, heads · d]
+  std::vector<float> lse;          // [chunks, b, heads, c]
+  std::vector<int32_t> doc_start;  // with documents: [chunks, b, c]
 };
+
+// Document starts [b, t] (Model's, from model.document_token): each sequence cut at random
+// positions, about one in `mean_length`, so that documents cross chunk and query-block edges.
+std::vector<int32_t> RandomDocStarts(int64_t b, int64_t t, int mean_length, std::mt19937& rng) {
+  std::uniform_int_distribution<int> cut(0, mean_length - 1);
+  std::vector<int32_t> starts(b * t);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    int32_t start = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      if (cut(rng) == 0) start = static_cast<int32_t>(i);
+      starts[bi * t + i] = start;
+    }
+  }
+  return starts;
+}
 
 class RingAttentionKernels : public ::testing::Test {
  protected:
@@ -157,6 +179,7 @@ class RingAttentionKernels : public ::testing::Test {
     AttentionShape shape;
     Split split;
     int64_t c;
+    int documents = 0;  // > 0: documents of about this mean length (RandomDocStarts)
   };
 
   // Grouped-query (4/2) and multi-head (3/3) layouts; chunk lengths 5 and 7 (sequences that are
@@ -179,22 +202,32 @@ class RingAttentionKernels : public ::testing::Test {
             {windowed(gqa, 3), Zigzag(4), 7},
             {windowed(gqa, 12), Zigzag(2), 5},
             {windowed(mha, 9), Contiguous(4), 5},
-            {windowed(mha, 100), Zigzag(2), 70}};
+            {windowed(mha, 100), Zigzag(2), 70},
+            {gqa, Zigzag(4), 7, 6},
+            {gqa, Contiguous(2), 5, 3},
+            {windowed(gqa, 12), Zigzag(2), 5, 4},
+            {mha, Zigzag(2), 70, 40}};
   }
 
   static std::string Label(const Case& test_case) {
     return test_case.split.name + " c=" + std::to_string(test_case.c) + " heads " +
            std::to_string(test_case.shape.heads) + "/" + std::to_string(test_case.shape.kv_heads) +
-           " window " + std::to_string(test_case.shape.window);
+           " window " + std::to_string(test_case.shape.window) + " documents " +
+           std::to_string(test_case.documents);
   }
 
-  static Geometry GeometryOf(const Case& test_case) {
+  // With documents, `docs` holds the whole sequences' document starts the shape points to.
+  Geometry GeometryOf(const Case& test_case, std::vector<int32_t>* docs) {
     AttentionShape s = test_case.shape;
     int64_t chunks = 0;
     for (const std::vector<int>& held : test_case.split.ranks) {
       chunks += static_cast<int64_t>(held.size());
     }
     s.seq = chunks * test_case.c;
+    if (test_case.documents > 0) {
+      *docs = RandomDocStarts(s.batch, s.seq, test_case.documents, rng_);
+      s.doc_start = docs->data();
+    }
     return {s, test_case.c};
   }
 
@@ -208,6 +241,10 @@ class RingAttentionKernels : public ::testing::Test {
       rank.qkv = GatherRows(qkv, g, split.ranks[r], g.qkv_row());
       rank.out.assign(rows * g.out_row(), std::nanf(""));  // poisoned: the blocks overwrite them
       rank.lse.assign(rows * g.s.heads, std::nanf(""));
+      if (g.s.doc_start != nullptr) {
+        const std::vector<int32_t> whole(g.s.doc_start, g.s.doc_start + g.s.batch * g.s.seq);
+        rank.doc_start = GatherRows(whole, g, split.ranks[r], 1);
+      }
       if (!split.separate_kv) continue;
       rank.kv.assign(rows * g.kv_row(), std::nanf(""));
       be_->CopyRows(A(rank.kv.data()), g.kv_row(), A(rank.qkv.data() + g.out_row()), g.qkv_row(),
@@ -224,6 +261,11 @@ class RingAttentionKernels : public ::testing::Test {
   static Keys KeysOf(const Rank& rank, const Geometry& g, bool separate_kv, size_t half) {
     if (separate_kv) return {rank.kv.data() + half * g.chunk_rows() * g.kv_row(), g.kv_row()};
     return {rank.qkv.data() + half * g.chunk_rows() * g.qkv_row() + g.out_row(), g.qkv_row()};
+  }
+
+  // The document starts of local chunk `half` of a rank's queries (null without documents).
+  static const int32_t* DocStarts(const Rank& rank, const Geometry& g, size_t half) {
+    return rank.doc_start.empty() ? nullptr : rank.doc_start.data() + half * g.chunk_rows();
   }
 
   // Every rank's out and lse, block by block: each query chunk against every key chunk at or
@@ -243,7 +285,8 @@ class RingAttentionKernels : public ::testing::Test {
             if (!g.Sees(query_chunk, key_chunk)) continue;
             const Keys keys = KeysOf(ranks[src], g, split.separate_kv, kh);
             const float* k = keys.first;
-            const AttentionBlockShape shape = g.Block(query_chunk, key_chunk, keys.stride);
+            const AttentionBlockShape shape =
+                g.Block(query_chunk, key_chunk, keys.stride, DocStarts(ranks[r], g, qh));
             if (!filled) {
               be_->AttentionBlock(A(out), lse, A(q), A(k), A(k + kv_offset), shape);
               filled = true;
@@ -286,10 +329,11 @@ class RingAttentionKernels : public ::testing::Test {
             // The gradient of k sits where k sits, in the owner's gradient buffers.
             const int64_t k_at = k - (split.separate_kv ? ranks[src].kv : ranks[src].qkv).data();
             float* dk = (split.separate_kv ? dkv[src] : dqkv[src]).data() + k_at;
-            be_->AttentionBlockBackward(A(dqkv[r].data() + q_at), A(dk), A(dk + kv_offset),
-                                        A(douts[r].data() + o_at), A(ranks[r].qkv.data() + q_at),
-                                        A(k), A(k + kv_offset), A(ranks[r].out.data() + o_at), lse,
-                                        g.Block(query_chunk, key_chunk, keys.stride));
+            be_->AttentionBlockBackward(
+                A(dqkv[r].data() + q_at), A(dk), A(dk + kv_offset), A(douts[r].data() + o_at),
+                A(ranks[r].qkv.data() + q_at), A(k), A(k + kv_offset),
+                A(ranks[r].out.data() + o_at), lse,
+                g.Block(query_chunk, key_chunk, keys.stride, DocStarts(ranks[r], g, qh)));
           }
         }
       }
@@ -329,7 +373,8 @@ TEST_F(RingAttentionKernels, CausalBlockOverPackedQkvIsAttention) {
 
 TEST_F(RingAttentionKernels, MergedBlocksAreTheWholeAttention) {
   for (const Case& test_case : Cases()) {
-    const Geometry g = GeometryOf(test_case);
+    std::vector<int32_t> docs;
+    const Geometry g = GeometryOf(test_case, &docs);
     SCOPED_TRACE(Label(test_case));
     const std::vector<float> qkv = Random(g.s.batch * g.s.seq * g.qkv_row(), rng_);
     std::vector<float> out(g.s.batch * g.s.seq * g.out_row()), lse(g.s.batch * g.s.heads * g.s.seq);
@@ -348,7 +393,8 @@ TEST_F(RingAttentionKernels, MergedBlocksAreTheWholeAttention) {
 
 TEST_F(RingAttentionKernels, BlockBackwardsSumToTheWholeBackward) {
   for (const Case& test_case : Cases()) {
-    const Geometry g = GeometryOf(test_case);
+    std::vector<int32_t> docs;
+    const Geometry g = GeometryOf(test_case, &docs);
     SCOPED_TRACE(Label(test_case));
     const std::vector<float> qkv = Random(g.s.batch * g.s.seq * g.qkv_row(), rng_);
     const std::vector<float> dout = Random(g.s.batch * g.s.seq * g.out_row(), rng_);
@@ -369,7 +415,8 @@ TEST_F(RingAttentionKernels, BlockBackwardsSumToTheWholeBackward) {
 TEST_F(RingAttentionKernels, BackwardIsRunToRunDeterministic) {
   be_ = MakeCpuBackend(2);
   const Case test_case{{2, 0, 4, 2, 8}, Zigzag(2), 70};
-  const Geometry g = GeometryOf(test_case);
+  std::vector<int32_t> docs;
+  const Geometry g = GeometryOf(test_case, &docs);
   const std::vector<float> qkv = Random(g.s.batch * g.s.seq * g.qkv_row(), rng_);
   const std::vector<float> dout = Random(g.s.batch * g.s.seq * g.out_row(), rng_);
   std::vector<Rank> ranks = MakeRanks(g, test_case.split, qkv);
@@ -452,6 +499,66 @@ TEST_F(RingAttentionKernels, SlidingWindowAttentionIsTheSoftmaxOverTheWindow) {
         [&](int64_t i, int64_t j) { return j <= i && j > i - window; }, want_out, want_lse);
     EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
     EXPECT_LE(MaxAbsDiff(lse, want_lse), 1e-5);
+  }
+}
+
+// Documents (model.document_token): a query sees only its own document's keys, so a packed
+// sequence's attention, forward and backward, is each document's attending alone. Documents of
+// one row, inside a 64-row query block, across two, and one starting at the last row; a
+// sequence whose first row begins none; with and without a sliding window.
+TEST_F(RingAttentionKernels, DocumentMaskIsEachDocumentAttendingAlone) {
+  const std::vector<std::vector<int64_t>> begins = {{0, 3, 4, 70, 149}, {20, 21, 90}};
+  for (int64_t window : {0, 6}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    AttentionShape s{2, 150, 4, 2, 8, window};
+    std::vector<int32_t> starts(s.batch * s.seq);
+    for (int64_t bi = 0; bi < s.batch; ++bi) {
+      int32_t start = 0;
+      for (int64_t i = 0; i < s.seq; ++i) {
+        if (std::count(begins[bi].begin(), begins[bi].end(), i) > 0) {
+          start = static_cast<int32_t>(i);
+        }
+        starts[bi * s.seq + i] = start;
+      }
+    }
+    s.doc_start = starts.data();
+    const Geometry g{s, s.seq};
+    const std::vector<float> qkv = Random(s.batch * s.seq * g.qkv_row(), rng_);
+    const std::vector<float> dout = Random(s.batch * s.seq * g.out_row(), rng_);
+    std::vector<float> out(dout.size(), std::nanf("")), lse(s.batch * s.heads * s.seq);
+    std::vector<float> dqkv(qkv.size(), std::nanf(""));
+    be_->Attention(A(out.data()), lse.data(), A(qkv.data()), s);
+    be_->AttentionBackward(A(dqkv.data()), A(dout.data()), A(qkv.data()), A(out.data()), lse.data(),
+                           s);
+    for (int64_t bi = 0; bi < s.batch; ++bi) {
+      for (int64_t first = 0; first < s.seq;) {
+        int64_t end = first + 1;
+        while (end < s.seq && starts[bi * s.seq + end] == first) ++end;
+        SCOPED_TRACE("sequence " + std::to_string(bi) + ", document [" + std::to_string(first) +
+                     ", " + std::to_string(end) + ")");
+        const AttentionShape alone{1, end - first, s.heads, s.kv_heads, s.head_dim, window};
+        auto rows = [&](const std::vector<float>& v, int64_t width) {
+          const float* at = v.data() + (bi * s.seq + first) * width;
+          return std::vector<float>(at, at + alone.seq * width);
+        };
+        const std::vector<float> doc_qkv = rows(qkv, g.qkv_row());
+        const std::vector<float> doc_dout = rows(dout, g.out_row());
+        std::vector<float> want_out(doc_dout.size()), want_lse(s.heads * alone.seq);
+        std::vector<float> want_dqkv(doc_qkv.size());
+        be_->Attention(A(want_out.data()), want_lse.data(), A(doc_qkv.data()), alone);
+        be_->AttentionBackward(A(want_dqkv.data()), A(doc_dout.data()), A(doc_qkv.data()),
+                               A(want_out.data()), want_lse.data(), alone);
+        std::vector<float> got_lse;
+        for (int64_t h = 0; h < s.heads; ++h) {
+          const float* at = lse.data() + (bi * s.heads + h) * s.seq + first;
+          got_lse.insert(got_lse.end(), at, at + alone.seq);
+        }
+        EXPECT_LE(MaxAbsDiff(rows(out, g.out_row()), want_out), 1e-5);
+        EXPECT_LE(MaxAbsDiff(got_lse, want_lse), 1e-5);
+        EXPECT_LE(RelativeError(rows(dqkv, g.qkv_row()), want_dqkv), 1e-5);
+        first = end;
+      }
+    }
   }
 }
 
