@@ -174,12 +174,13 @@ Problem CheckSlidingWindowDevices(const ModelConfig& model, const ResourcesSpec&
              {"resources.kind"});
 }
 
-// The CUDA attention kernels do not mask documents yet: model.document_token runs on CPU ranks.
+// Documents run on the CPU kernels until the CUDA attention kernels' mask has run on a device (it
+// is checked against the CPU reference in emulation).
 Problem CheckDocumentMaskDevices(const ModelConfig& model, const ResourcesSpec& r) {
   if (model.document_token < 0 || r.kind != DeviceKind::kGpu) return std::nullopt;
   return Bad("model.document_token",
-             "needs CPU ranks: the CUDA attention kernels do not mask documents yet (leave it "
-             "out, or write resources.kind: cpu)",
+             "needs CPU ranks: the CUDA attention kernels' document mask has not run on a GPU "
+             "yet (leave it out, or write resources.kind: cpu)",
              {"resources.kind"});
 }
 

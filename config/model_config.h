@@ -201,7 +201,7 @@ struct ModelConfig {
   // from the sequence's start). The token begins each document: llm.c's GPT-2 shards and
   // `trainyard tokenize --separator` put it before each, Llama 3's template <|begin_of_text|>.
   // −1 for attention across the whole sequence. Training and evaluation only (checkpoints and
-  // exports do not carry it); CPU ranks only for now.
+  // exports do not carry it); CPU ranks only until the CUDA kernels' mask has run on a device.
   int32_t document_token = -1;
   // Llama family, Granite's multipliers (1, or 0 for the attention's, where they change nothing):
   // the token embeddings times embedding_multiplier on the way in (not with scale_embeddings; a

@@ -559,14 +559,11 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
-  // The CUDA attention kernels do not mask documents: config/mesh.cc refuses
-  // model.document_token on GPU ranks.
   static kc::AttentionDims Dims(const AttentionShape& s) {
-    TY_CHECK(s.doc_start == nullptr) << "the CUDA attention kernels do not mask documents";
-    return {s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.window, s.scale, s.softcap};
+    return {s.batch,  s.seq,   s.heads,   s.kv_heads, s.head_dim,
+            s.window, s.scale, s.softcap, s.doc_start};
   }
   static kc::AttentionBlockDims BlockDims(const AttentionBlockShape& s) {
-    TY_CHECK(s.doc_start == nullptr) << "the CUDA attention kernels do not mask documents";
     return {.b = s.batch,
             .q_len = s.q_len,
             .kv_len = s.kv_len,
@@ -579,7 +576,9 @@ class CudaBackend final : public Backend {
             .offset = s.offset,
             .window = s.window,
             .scale = s.scale,
-            .softcap = s.softcap};
+            .softcap = s.softcap,
+            .doc_start = s.doc_start,
+            .key_position = s.key_position};
   }
 
   // Keeps the first failure; later calls still run (their results are garbage, and the caller

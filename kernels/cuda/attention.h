@@ -30,6 +30,10 @@ struct AttentionDims {
   // softcap: INVALID_ARGUMENT.
   float scale = 0.0f;
   float softcap = 0.0f;
+  // Documents (device memory, [b, t]; null: none): the position of each row's document's first
+  // token, non-decreasing along a sequence and at most the row's own; query i also sees no key
+  // j < doc_start[i], as kernels/cpu/attention.h's.
+  const int32_t* doc_start = nullptr;
 };
 
 // How the bf16 backward sums the query gradient over key tiles.

@@ -35,6 +35,11 @@ struct AttentionBlockDims {
   int64_t window = 0;
   float scale = 0.0f;    // as AttentionDims'
   float softcap = 0.0f;  // as AttentionDims' (0: none)
+  // Documents (device memory, [b, q_len]; null: none): each query row's document's first
+  // position and key_position that of key row 0, both from the sequence's start; query row i
+  // sees no key j < doc_start[i] − key_position (kernels/cpu/attention.h's BlockDims).
+  const int32_t* doc_start = nullptr;
+  int64_t key_position = 0;
 };
 
 // Every launcher returns INVALID_ARGUMENT, launching nothing, for: a head dim other than 16, 32,

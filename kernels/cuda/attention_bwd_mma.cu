@@ -287,6 +287,7 @@ __global__ void __launch_bounds__(kThreads)
   // Low key tiles of a causal block see the most queries and come first in the grid.
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int g = blockIdx.y, bi = blockIdx.z, group = geo.heads / geo.kv_heads;
+  SelectBatch(geo, bi);
   const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
   const bf16* q_base = q + bi * geo.q_len * geo.q_stride;
@@ -389,6 +390,7 @@ __global__ void __launch_bounds__(kThreads)
   // grid's tail.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
   const int h = blockIdx.y, bi = blockIdx.z, g = h / (geo.heads / geo.kv_heads);
+  SelectBatch(geo, bi);
   const int64_t out_stride = static_cast<int64_t>(geo.heads) * D;
   const int64_t q_offset = bi * geo.q_len * geo.q_stride + static_cast<int64_t>(h) * D;
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;

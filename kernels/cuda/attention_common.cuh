@@ -266,26 +266,40 @@ __device__ __forceinline__ void StoreAccTile(T* dst, int64_t stride, int64_t row
 // One attention block as the kernels take it (AttentionBlockDims less the head dim, which is a
 // template argument): the query rows of a batch entry q_stride elements apart, its key and value
 // rows kv_stride apart; out, dout, lse and delta dense. Query row i is at position i + offset
-// counted from key row 0; window > 0 is a sliding window of that many positions.
+// counted from key row 0; window > 0 is a sliding window of that many positions. With documents,
+// doc_start holds the query rows' document starts (a launcher's: every batch entry's; a
+// kernel's, after SelectBatch: its entry's q_len), key_position the position of key row 0.
 struct BlockGeometry {
   int64_t q_len, kv_len, q_stride, kv_stride;
   int heads, kv_heads;
   bool causal;
   int64_t offset, window;
+  const int32_t* doc_start;
+  int64_t key_position;
 };
+
+// A kernel's geometry for batch entry bi: its query rows' document starts.
+__host__ __device__ __forceinline__ void SelectBatch(BlockGeometry& g, int64_t bi) {
+  if (g.doc_start != nullptr) g.doc_start += bi * g.q_len;
+}
 
 // Query row i sees keys [FirstKey(g, i), VisibleKeys(g, i)): every key of a full block, those up
 // to the diagonal (i + offset) of a causal one, none for the padding rows past q_len (whose tiles
-// stay zero); with a window, none at or before i + offset − window. Both bounds are
-// non-decreasing in i, so a tile of rows [i0, i1) reads keys [FirstKey(i0), VisibleKeys(i1 − 1)).
+// stay zero); with a window, none at or before i + offset − window; with documents, none before
+// its document's start (a padding row takes the last row's, so that the bound stays monotone).
+// Both bounds are non-decreasing in i, so a tile of rows [i0, i1) reads keys [FirstKey(i0),
+// VisibleKeys(i1 − 1)).
 __host__ __device__ __forceinline__ int64_t VisibleKeys(const BlockGeometry& g, int64_t i) {
   if (i >= g.q_len) return 0;
   const int64_t end = i + g.offset + 1;
   return g.causal && end < g.kv_len ? (end > 0 ? end : 0) : g.kv_len;
 }
 __host__ __device__ __forceinline__ int64_t FirstKey(const BlockGeometry& g, int64_t i) {
-  if (g.window <= 0) return 0;
-  const int64_t first = i + g.offset - g.window + 1;
+  int64_t first = g.window > 0 ? i + g.offset - g.window + 1 : 0;
+  if (g.doc_start != nullptr) {
+    const int64_t document = g.doc_start[i < g.q_len ? i : g.q_len - 1] - g.key_position;
+    first = document > first ? document : first;
+  }
   return first < 0 ? 0 : first < g.kv_len ? first : g.kv_len;
 }
 __host__ __device__ __forceinline__ bool Sees(const BlockGeometry& g, int64_t i, int64_t j) {
@@ -297,10 +311,27 @@ __host__ __device__ __forceinline__ int64_t FirstQuery(const BlockGeometry& g, i
   const int64_t first = j - g.offset;
   return first < 0 ? 0 : first < g.q_len ? first : g.q_len;
 }
+// With documents, the queries whose document starts at or before key j: a prefix of the rows
+// (their starts do not decrease), found by bisection.
 __host__ __device__ __forceinline__ int64_t EndQuery(const BlockGeometry& g, int64_t j) {
-  if (g.window <= 0) return g.q_len;
-  const int64_t end = j - g.offset + g.window;
-  return end < 0 ? 0 : end < g.q_len ? end : g.q_len;
+  int64_t end = g.q_len;
+  if (g.window > 0) {
+    end = j - g.offset + g.window;
+    end = end < 0 ? 0 : end < g.q_len ? end : g.q_len;
+  }
+  if (g.doc_start != nullptr) {
+    int64_t lo = 0, hi = end;  // rows [0, lo) start at or before j, rows [hi, end) after it
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (g.doc_start[mid] - g.key_position <= j) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    end = lo;
+  }
+  return end;
 }
 
 inline BlockGeometry GeometryOf(const AttentionBlockDims& dims) {
@@ -312,7 +343,9 @@ inline BlockGeometry GeometryOf(const AttentionBlockDims& dims) {
                        static_cast<int>(dims.kv_heads),
                        dims.causal,
                        dims.offset,
-                       dims.window};
+                       dims.window,
+                       dims.doc_start,
+                       dims.key_position};
 }
 
 // The causal self-attention of a packed qkv [b, t, (heads + 2·kv_heads)·d] as a block: queries,
@@ -330,7 +363,8 @@ inline AttentionBlockDims PackedQkvBlock(const AttentionDims& dims) {
                             .causal = true,
                             .window = dims.window,
                             .scale = dims.scale,
-                            .softcap = dims.softcap};
+                            .softcap = dims.softcap,
+                            .doc_start = dims.doc_start};
 }
 // Column offsets of the keys and values in a packed qkv row.
 inline int64_t PackedKeys(const AttentionDims& dims) { return dims.heads * dims.d; }

@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads)
   // grid's tail.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
   const int h = blockIdx.y, bi = blockIdx.z, g = h / (geo.heads / geo.kv_heads);
+  SelectBatch(geo, bi);
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(g) * D;
   const T* k_src = k + kv_offset;
   const T* v_src = v + kv_offset;

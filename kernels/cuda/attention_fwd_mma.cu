@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(kThreads)
   // grid's tail.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const int h = blockIdx.y, bi = blockIdx.z, group = h / (geo.heads / geo.kv_heads);
+  SelectBatch(geo, bi);
   const int64_t kv_offset = bi * geo.kv_len * geo.kv_stride + static_cast<int64_t>(group) * D;
   const bf16* k_src = k + kv_offset;
   const bf16* v_src = v + kv_offset;

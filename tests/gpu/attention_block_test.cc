@@ -2,7 +2,8 @@
 // (kernels/cpu/attention.h): a block's output and log-sum-exp, the merge of two partial results,
 // and the backward's += into existing gradients, bit-identical from run to run; for causal and
 // full blocks, grouped-query and multi-head layouts, both storage types, queries inside a packed
-// qkv row and keys and values side by side in one row (as the ring passes them) or dense.
+// qkv row and keys and values side by side in one row (as the ring passes them) or dense; with
+// and without documents (model.document_token).
 #include "kernels/cuda/attention_block.h"
 
 #include <cmath>
@@ -44,6 +45,10 @@ struct Case {
   int64_t offset = 0, window = 0;
   float scale = 0.0f;    // the scores' factor (0: 1/sqrt(d))
   float softcap = 0.0f;  // the scores' soft cap (0: none)
+  // Documents (0: none): about one position in `documents` begins one (DocStarts), key row 0 at
+  // position key_position of its sequence.
+  int documents = 0;
+  int64_t key_position = 0;
 };
 
 // Tiny shapes (the emulated test runs every kernel on the CPU, one thread at a time); kernel
@@ -61,7 +66,10 @@ struct Case {
 // window of one position at d 128. Last, ring attention's block with a scale of its own (Gemma 2's
 // query_pre_attn_scalar), and soft-capped scores (Gemma 2's, with caps small enough to bend most
 // of these scores): a causal packed block with a scale of its own, and ring attention's block of a
-// chunk against the one before it.
+// chunk against the one before it. Then documents: a causal packed block, one with a window
+// across the tiles, ring attention's block of a chunk against the one before it (the keys at
+// positions 48-71: documents that began before them, and rows whose document begins after them
+// and see none), and generation's step.
 constexpr Case kCases[] = {
     {2, 37, 37, 4, 2, 32, true, true},
     {1, 80, 80, 2, 1, 32, true, false},
@@ -77,6 +85,10 @@ constexpr Case kCases[] = {
     {1, 24, 24, 2, 2, 64, false, true, 24, 30, 0.3f},
     {2, 37, 37, 4, 2, 32, true, true, 0, 0, 0.5f, 1.5f},
     {1, 24, 40, 2, 1, 64, false, true, 40, 0, 0.0f, 1.0f},
+    {2, 37, 37, 4, 2, 32, true, true, 0, 0, 0.0f, 0.0f, 5},
+    {1, 130, 130, 2, 1, 32, true, false, 0, 70, 0.0f, 0.0f, 30},
+    {2, 24, 24, 2, 2, 64, false, true, 24, 0, 0.0f, 0.0f, 10, 48},
+    {1, 1, 40, 4, 2, 32, false, true, 39, 16, 0.0f, 0.0f, 8},
 };
 
 std::string Label(const Case& c, DType dtype) {
@@ -84,8 +96,36 @@ std::string Label(const Case& c, DType dtype) {
                       " heads=", c.heads, " kv_heads=", c.kv_heads, " d=", c.d,
                       c.causal ? " causal" : " full", c.packed ? " packed" : " dense",
                       " offset=", c.offset, " window=", c.window, " scale=", c.scale,
-                      " softcap=", c.softcap);
+                      " softcap=", c.softcap, " documents=", c.documents,
+                      " key_position=", c.key_position);
 }
+
+// A case's query rows' document starts [b, q_len] (empty without documents): each sequence, up
+// to its last query's position, cut at random positions.
+std::vector<int32_t> DocStarts(const Case& c) {
+  if (c.documents == 0) return {};
+  std::mt19937 rng(static_cast<unsigned>(c.documents + 31 * c.q_len));
+  std::uniform_int_distribution<int> cut(0, c.documents - 1);
+  const int64_t first_query = c.key_position + c.offset;
+  std::vector<int32_t> starts(c.b * c.q_len);
+  for (int64_t bi = 0; bi < c.b; ++bi) {
+    int32_t start = 0;
+    for (int64_t p = 1; p < first_query + c.q_len; ++p) {
+      if (cut(rng) == 0) start = static_cast<int32_t>(p);
+      if (p >= first_query) starts[bi * c.q_len + p - first_query] = start;
+    }
+  }
+  return starts;
+}
+
+// A case's document starts on the device (a placeholder without documents).
+struct DeviceDocs {
+  explicit DeviceDocs(const Case& c)
+      : host(DocStarts(c)), device(host.empty() ? std::vector<int32_t>{0} : host) {}
+  const int32_t* get() const { return host.empty() ? nullptr : device.get(); }
+  std::vector<int32_t> host;
+  ::trainyard::testing::DeviceInts device;
+};
 
 // Where a case's operands live: q in a buffer of q_count values, keys at the start of a buffer
 // of kv_count values and values v_offset further (the gradients likewise).
@@ -104,13 +144,15 @@ Layout LayoutOf(const Case& c) {
   return l;
 }
 
-AttentionBlockDims GpuDims(const Case& c, const Layout& l) {
-  return {c.b,         c.q_len,  c.kv_len, c.heads,  c.kv_heads, c.d,      l.q_stride,
-          l.kv_stride, c.causal, c.offset, c.window, c.scale,    c.softcap};
+// doc_start: device memory for the kernels, host memory for the reference (null: none).
+AttentionBlockDims GpuDims(const Case& c, const Layout& l, const int32_t* doc_start) {
+  return {c.b,      c.q_len,  c.kv_len, c.heads, c.kv_heads, c.d,       l.q_stride,    l.kv_stride,
+          c.causal, c.offset, c.window, c.scale, c.softcap,  doc_start, c.key_position};
 }
-cpu::BlockDims CpuDims(const Case& c, const Layout& l) {
-  return {c.b,        c.q_len,     c.kv_len, c.heads,  c.kv_heads, c.d,
-          l.q_stride, l.kv_stride, c.causal, c.offset, c.window,   {c.scale, c.softcap}};
+cpu::BlockDims CpuDims(const Case& c, const Layout& l, const int32_t* doc_start) {
+  return {c.b,        c.q_len,       c.kv_len, c.heads,  c.kv_heads, c.d,
+          l.q_stride, l.kv_stride,   c.causal, c.offset, c.window,   {c.scale, c.softcap},
+          doc_start,  c.key_position};
 }
 
 // The rows whose log-sum-exp is −∞ (they see no key) in both, then the relative error of the
@@ -156,13 +198,15 @@ struct Block {
 
 Block ReferenceBlock(const Case& c, DType dtype, std::mt19937& rng) {
   const Layout l = LayoutOf(c);
+  const std::vector<int32_t> docs = DocStarts(c);
   Block x;
   x.q = RandomActivation(l.q_count, dtype, rng);
   x.kv = RandomActivation(l.kv_count, dtype, rng);
   x.out.resize(OutCount(c));
   x.lse.resize(LseCount(c));
   cpu::AttentionBlockForward(x.out.data(), x.lse.data(), x.q.data(), x.kv.data(),
-                             x.kv.data() + l.v_offset, CpuDims(c, l));
+                             x.kv.data() + l.v_offset,
+                             CpuDims(c, l, docs.empty() ? nullptr : docs.data()));
   return x;
 }
 
@@ -171,11 +215,12 @@ void ExpectForwardMatchesCpu(const Case& c, DType dtype) {
   std::mt19937 rng(Seed(c));
   const Layout l = LayoutOf(c);
   const Block want = ReferenceBlock(c, dtype, rng);
+  const DeviceDocs docs(c);
   DeviceTensor q(want.q, dtype), kv(want.kv, dtype);
   DeviceTensor out(OutCount(c), dtype), lse(LseCount(c), kF32);  // poisoned
   const absl::Status status =
       AttentionBlockForward(nullptr, dtype, out.get(), lse.f32(), q.get(), kv.get(),
-                            At(kv, l.v_offset, dtype), GpuDims(c, l));
+                            At(kv, l.v_offset, dtype), GpuDims(c, l, docs.get()));
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_LE(RelativeError(out.Read(), want.out), Tolerance(dtype)) << "out";
   EXPECT_LE(LseError(lse.Read(), want.lse), Tolerance(dtype)) << "lse";
@@ -216,12 +261,14 @@ void ExpectBackwardMatchesCpu(const Case& c, DType dtype) {
   const std::vector<float> dq0 = RandomActivation(l.q_count, dtype, rng, 0.5f);
   const std::vector<float> dkv0 = RandomActivation(l.kv_count, dtype, rng, 0.5f);
   std::vector<float> want_dq = dq0, want_dkv = dkv0;
+  const DeviceDocs docs(c);
   cpu::AttentionBlockBackward(want_dq.data(), want_dkv.data(), want_dkv.data() + l.v_offset,
                               dout.data(), x.q.data(), x.kv.data(), x.kv.data() + l.v_offset,
-                              x.out.data(), x.lse.data(), CpuDims(c, l));
+                              x.out.data(), x.lse.data(),
+                              CpuDims(c, l, docs.host.empty() ? nullptr : docs.host.data()));
   const GradientParts want = PartsOf(want_dq, want_dkv, c, l);
 
-  const AttentionBlockDims dims = GpuDims(c, l);
+  const AttentionBlockDims dims = GpuDims(c, l, docs.get());
   DeviceTensor q(x.q, dtype), kv(x.kv, dtype), out(x.out, dtype), lse(x.lse, kF32);
   DeviceTensor dy(dout, dtype), dq(l.q_count, dtype), dkv(l.kv_count, dtype);
   DeviceMemory scratch(static_cast<int64_t>(AttentionBlockBackwardScratchBytes(dims)));

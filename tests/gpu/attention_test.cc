@@ -2,7 +2,7 @@
 // output and log-sum-exp and the backward's packed gradients, for both storage types, with and
 // without grouped-query heads, at sequence lengths that are and are not multiples of the tiles,
 // with and without a sliding window, with the scores' scale 1/sqrt(d) or another, with and without
-// a soft cap on the scores.
+// a soft cap on the scores, with and without documents (model.document_token).
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 namespace trainyard::kernels::cuda {
 namespace {
 
+using ::trainyard::testing::DeviceInts;
 using ::trainyard::testing::DeviceMemory;
 using ::trainyard::testing::Download;
 using ::trainyard::testing::RandomVector;
@@ -77,6 +78,7 @@ struct Reference {
   std::vector<float> qkv, dout, out, lse, dqkv;
 };
 
+// s.doc_start, when set, is host memory here (the device gets its own copy).
 Reference ComputeReference(const AttentionDims& s, DType dtype, std::mt19937& rng) {
   const int64_t row = (s.heads + 2 * s.kv_heads) * s.d;
   Reference ref;
@@ -90,10 +92,10 @@ Reference ComputeReference(const AttentionDims& s, DType dtype, std::mt19937& rn
   ref.lse.resize(s.b * s.heads * s.t);
   ref.dqkv.resize(ref.qkv.size());
   cpu::AttentionForward(ref.out.data(), ref.lse.data(), ref.qkv.data(), s.b, s.t, s.heads,
-                        s.kv_heads, s.d, s.window, {s.scale, s.softcap});
+                        s.kv_heads, s.d, s.window, {s.scale, s.softcap}, s.doc_start);
   cpu::AttentionBackward(ref.dqkv.data(), ref.dout.data(), ref.qkv.data(), ref.out.data(),
                          ref.lse.data(), s.b, s.t, s.heads, s.kv_heads, s.d, s.window,
-                         {s.scale, s.softcap});
+                         {s.scale, s.softcap}, s.doc_start);
   return ref;
 }
 
@@ -160,10 +162,16 @@ void ExpectWarpRowsAgree(const AttentionDims& s, DType dtype, const DeviceMemory
   }
 }
 
-void ExpectMatchesCpu(const AttentionDims& s, DType dtype) {
-  SCOPED_TRACE(Describe(s, dtype));
-  std::mt19937 rng(static_cast<unsigned>(1000 * s.t + 10 * s.d + s.heads));
-  const Reference ref = ComputeReference(s, dtype, rng);
+// With documents, `host` has s.doc_start in host memory; the device runs with a copy.
+void ExpectMatchesCpu(const AttentionDims& host, DType dtype) {
+  SCOPED_TRACE(Describe(host, dtype) + (host.doc_start != nullptr ? " with documents" : ""));
+  std::mt19937 rng(static_cast<unsigned>(1000 * host.t + 10 * host.d + host.heads));
+  const Reference ref = ComputeReference(host, dtype, rng);
+  const DeviceInts docs(host.doc_start != nullptr
+                            ? std::vector<int32_t>(host.doc_start, host.doc_start + host.b * host.t)
+                            : std::vector<int32_t>{0});
+  AttentionDims s = host;
+  if (host.doc_start != nullptr) s.doc_start = docs.get();
   const int64_t elem = DTypeBytes(dtype);
   const int64_t n_qkv = static_cast<int64_t>(ref.qkv.size());
   const int64_t n_out = static_cast<int64_t>(ref.out.size());
@@ -236,6 +244,34 @@ TEST(FlashAttention, MatchesCpuF32) {
 TEST(FlashAttention, MatchesCpuBf16) {
   TY_SKIP_WITHOUT_GPU();
   for (const AttentionDims& s : kShapes) ExpectMatchesCpu(s, DType::kBF16);
+}
+
+// Documents: each sequence cut at random positions (about one in `mean` begins a document), so
+// that documents start inside and at the edges of the 64-row tiles; a first row that begins no
+// document (its sequence starts mid-document). Alone at d 16 and 64, with a window across the
+// tiles, with a soft cap, and at d 128 with eight query heads per key/value head.
+TEST(FlashAttention, DocumentsMatchCpu) {
+  TY_SKIP_WITHOUT_GPU();
+  const std::pair<AttentionDims, int> cases[] = {
+      {{2, 37, 4, 2, 16}, 5},       {{2, 200, 8, 2, 64}, 40},
+      {{1, 200, 4, 2, 64, 70}, 30}, {{2, 100, 4, 2, 64, 30, 0.5f, 1.5f}, 20},
+      {{1, 130, 8, 1, 128}, 64},
+  };
+  std::mt19937 rng(17);
+  for (const auto& [shape, mean] : cases) {
+    std::uniform_int_distribution<int> cut(0, mean - 1);
+    std::vector<int32_t> starts(shape.b * shape.t);
+    for (int64_t bi = 0; bi < shape.b; ++bi) {
+      int32_t start = 0;
+      for (int64_t i = 1; i < shape.t; ++i) {
+        if (cut(rng) == 0) start = static_cast<int32_t>(i);
+        starts[bi * shape.t + i] = start;
+      }
+    }
+    AttentionDims s = shape;
+    s.doc_start = starts.data();
+    for (DType dtype : {DType::kF32, DType::kBF16}) ExpectMatchesCpu(s, dtype);
+  }
 }
 
 // Calls both launchers on buffers sized for `dims` and returns their statuses.

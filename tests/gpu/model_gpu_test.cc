@@ -61,6 +61,8 @@ struct Case {
   bool shared_gate = false;  // with moe (llama): the shared expert gated per token (Qwen2-MoE's)
   bool whole_norms = false;  // with qk_norm: norms over each token's whole q and k (OLMoE's)
   bool post_norms_only = false;  // with post_norms: no norms before the branches (OLMo 2's)
+  // model.document_token 0, beginning a document every `documents` positions (0: none)
+  int documents = 0;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -76,7 +78,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
       (info.param.gemma2 ? "_gemma2_attention" : "") + (info.param.nope ? "_nope" : "") +
       (info.param.granite ? "_granite" : "") + (info.param.shared_gate ? "_shared_gate" : "") +
       (info.param.whole_norms ? "_whole_projection" : "") +
-      (info.param.post_norms_only ? "_only" : "");
+      (info.param.post_norms_only ? "_only" : "") +
+      (info.param.documents > 0 ? "_documents" + std::to_string(info.param.documents) : "");
   for (char& c : name) {
     if (c == '-') c = '_';
   }
@@ -167,7 +170,13 @@ TEST_P(ModelOnGpu, LossLogitsAndGradientsMatchCpu) {
     mc.moe.shared_gate = c.shared_gate;
   }
   const int b = 2, t = 48;  // 48: not a multiple of the attention tiles
-  const auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 7);
+  auto [inputs, targets] = RandomBatch(mc.vocab, b * t, 7);
+  if (c.documents > 0) {  // documents begin mid-tile and at different rows in each sequence
+    mc.document_token = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = i % c.documents == static_cast<size_t>(c.documents / 2) ? 0 : inputs[i] | 1;
+    }
+  }
 
   auto pair = MakeModelPair(mc, c.act);
   ASSERT_TRUE(pair.ok()) << pair.status();
@@ -568,7 +577,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-debug", DType::kF32, false, false, 0, true, 0, false, true, 0, false, false,
              false, false, false, true, true},
         Case{"llama-debug", DType::kBF16, false, false, 0, true, 0, false, true, 0, false, false,
-             false, false, false, true, true}),
+             false, false, false, true, true},
+        // Documents of 10 positions packed into each sequence; with a window of 20 too.
+        Case{.preset = "gpt2-debug", .act = DType::kF32, .documents = 10},
+        Case{.preset = "llama-debug", .act = DType::kBF16, .documents = 10},
+        Case{.preset = "llama-debug", .act = DType::kBF16, .window = 20, .documents = 10}),
     Name);
 
 // cuBLASLt's GELU epilogue against the GEMM followed by our tanh-form GELU kernel: the same

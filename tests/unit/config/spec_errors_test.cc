@@ -706,8 +706,8 @@ std::vector<BadSpec> BadSpecs() {
       {"document_token on GPUs",
        "name: job\nmodel:\n  preset: llama-debug\n  document_token: 1\nresources: {kind: gpu}\n",
        "4:19", "model.document_token",
-       "needs CPU ranks: the CUDA attention kernels do not mask documents yet (leave it out, or "
-       "write resources.kind: cpu)"},
+       "needs CPU ranks: the CUDA attention kernels' document mask has not run on a GPU yet "
+       "(leave it out, or write resources.kind: cpu)"},
       {"negative sliding_window",
        "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: -1\n", "4:19",
        "model.sliding_window", "must be a number of positions (0 for none), got -1"},
