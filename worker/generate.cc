@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/document_starts.h"
 #include "worker/moe_dispatch.h"
 #include "worker/moe_routing.h"
 #include "worker/rope.h"
@@ -269,12 +270,9 @@ void Generator::Forward(const int32_t* tokens, int64_t n, int64_t pos) {
   const bool gpt2 = model_.family == ModelFamily::kGpt2;
   be.CopyFromHost(tokens_.data(), tokens, n);
   if (model_.document_token >= 0) {  // each row's document's first position, as in training
-    if (pos == 0) doc_start_ = 0;
     std::vector<int32_t> starts(n);
-    for (int64_t i = 0; i < n; ++i) {
-      if (tokens[i] == model_.document_token) doc_start_ = static_cast<int32_t>(pos + i);
-      starts[i] = doc_start_;
-    }
+    doc_start_ = DocumentStarts(tokens, n, model_.document_token, pos, pos == 0 ? 0 : doc_start_,
+                                starts.data());
     be.CopyFromHost(doc_starts_.data(), starts.data(), n);
   }
   be.Embedding(x_.data(), tokens_.data(), P(layout_.wte()),

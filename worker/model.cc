@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/document_starts.h"
 #include "worker/head_norm.h"
 #include "worker/model_activations.h"
 #include "worker/moe_dispatch.h"
@@ -49,20 +50,6 @@ class HeldWeight {
  private:
   Backend* backend_;
 };
-
-// For each of the b sequences of t tokens, the position of each token's document's first token:
-// the last occurrence of `token` at or before it (0 before the first).
-std::vector<int32_t> DocumentStarts(const int32_t* tokens, int64_t b, int64_t t, int32_t token) {
-  std::vector<int32_t> starts(b * t);
-  for (int64_t bi = 0; bi < b; ++bi) {
-    int32_t start = 0;
-    for (int64_t i = 0; i < t; ++i) {
-      if (tokens[bi * t + i] == token) start = static_cast<int32_t>(i);
-      starts[bi * t + i] = start;
-    }
-  }
-  return starts;
-}
 
 }  // namespace
 
@@ -290,8 +277,11 @@ void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
   const int64_t n = int64_t{a.b} * a.t;
   std::vector<int32_t> split_inputs, split_targets;
   if (config_.document_token >= 0) {  // from the whole sequences, then this rank's share
-    std::vector<int32_t> starts =
-        DocumentStarts(inputs, a.b, int64_t{a.t} * cp_.size(), config_.document_token);
+    const int64_t t = int64_t{a.t} * cp_.size();
+    std::vector<int32_t> starts(a.b * t);
+    for (int64_t bi = 0; bi < a.b; ++bi) {
+      DocumentStarts(inputs + bi * t, t, config_.document_token, 0, 0, starts.data() + bi * t);
+    }
     if (cp_.enabled()) {
       std::vector<int32_t> split(n);
       cp_.Split(starts.data(), a.b, a.t * cp_.size(), split.data());
