@@ -46,6 +46,12 @@ struct AttentionShape {
   // Documents (model.document_token): for each row [batch, seq] the position of its document's
   // first token, counted from its sequence's start; query i sees no key before it. Null: none.
   const int32_t* doc_start = nullptr;
+  // The value heads' width dv (0: head_dim, which the query and key heads keep): the packed qkv
+  // row is (heads + kv_heads)·head_dim + kv_heads·dv wide and the output heads·dv (multi-head
+  // latent attention's value heads are narrower than its query and key heads).
+  int64_t value_dim = 0;
+  int64_t v_dim() const { return value_dim > 0 ? value_dim : head_dim; }
+  int64_t qkv_row() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
 };
 
 // One block of attention for context parallelism: the queries of one sequence chunk against the
@@ -69,6 +75,8 @@ struct AttentionBlockShape {
   // row i sees no key j < doc_start − key_position). Null: none.
   const int32_t* doc_start = nullptr;
   int64_t key_position = 0;
+  // Value head g at g·dv of a value row (dv: value_dim, or head_dim when 0); outputs heads·dv.
+  int64_t value_dim = 0;
 };
 
 // The routed experts' MLPs of one MoE layer on one rank, as one grouped call: expert j runs on

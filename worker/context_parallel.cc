@@ -82,18 +82,18 @@ void SplitHeadTail(const int32_t* full, int b, int t, int rank, int size, int32_
 void ContextParallelOps::EnsureScratch(const AttentionShape& s) {
   if (scratch_ != nullptr && scratch_->shape.batch == s.batch && scratch_->shape.seq == s.seq &&
       scratch_->shape.heads == s.heads && scratch_->shape.kv_heads == s.kv_heads &&
-      scratch_->shape.head_dim == s.head_dim) {
+      scratch_->shape.head_dim == s.head_dim && scratch_->shape.v_dim() == s.v_dim()) {
     return;
   }
   scratch_.reset();  // the old shape's memory first
   auto sc = std::make_unique<Scratch>();
   Backend& be = *backend_;
-  const int64_t rows = s.batch * s.seq, kv = rows * 2 * s.kv_heads * s.head_dim;
+  const int64_t rows = s.batch * s.seq, kv = rows * s.kv_heads * (s.head_dim + s.v_dim());
   sc->shape = s;
   for (Buffer<Act>* b : {&sc->kv[0], &sc->kv[1], &sc->dkv[0], &sc->dkv[1], &sc->dkv_in}) {
     *b = be.AllocAct(kv);
   }
-  sc->part = be.AllocAct(rows / 2 * s.heads * s.head_dim);
+  sc->part = be.AllocAct(rows / 2 * s.heads * s.v_dim());
   sc->part_lse = be.AllocFloat(rows / 2 * s.heads);
   scratch_ = std::move(sc);
 }
@@ -114,9 +114,10 @@ namespace {
 struct BlockGeometry {
   const AttentionShape& s;
   int64_t c() const { return s.seq / 2; }
-  int64_t qkv_width() const { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
-  int64_t kv_width() const { return 2 * s.kv_heads * s.head_dim; }
-  int64_t out_width() const { return s.heads * s.head_dim; }
+  int64_t qkv_width() const { return s.qkv_row(); }
+  int64_t q_width() const { return s.heads * s.head_dim; }  // where a packed row's keys start
+  int64_t kv_width() const { return s.kv_heads * (s.head_dim + s.v_dim()); }
+  int64_t out_width() const { return s.heads * s.v_dim(); }
   // Row offset of a half's first row.
   int64_t half_rows(int half) const { return half * s.batch * c(); }
   // The block of a query chunk (local half query_half) against a key chunk: causal on the
@@ -137,7 +138,8 @@ struct BlockGeometry {
         .scale = s.scale,
         .softcap = s.softcap,
         .doc_start = s.doc_start == nullptr ? nullptr : s.doc_start + half_rows(query_half),
-        .key_position = key_chunk * c()};
+        .key_position = key_chunk * c(),
+        .value_dim = s.value_dim};
   }
   // Whether any query of query_chunk sees a key of key_chunk: none of a later chunk, nor of one
   // that ends before the sliding window of the chunk's first query begins (that query, at
@@ -173,7 +175,7 @@ void ContextParallelOps::ForwardBlocks(int src, const Act* kv, Act* out, float* 
       }
       be.AttentionBlock(scratch_->part.data(), scratch_->part_lse.data(), q, k, v, shape);
       be.AttentionMerge(o, l, scratch_->part.data(), scratch_->part_lse.data(), local.batch, g.c(),
-                        local.heads, local.head_dim);
+                        local.heads, local.v_dim());
     }
   }
 }
@@ -208,7 +210,7 @@ absl::Status ContextParallelOps::Attention(Act* out, float* lse, const Act* qkv,
   const int n = size();
   const int64_t rows = local.batch * local.seq, count = rows * g.kv_width();
   // The key and value heads, side by side in a packed row, are what travels.
-  be.CopyRows(scratch_->kv[0].data(), g.kv_width(), be.At(qkv, g.out_width()), g.qkv_width(), rows,
+  be.CopyRows(scratch_->kv[0].data(), g.kv_width(), be.At(qkv, g.q_width()), g.qkv_width(), rows,
               g.kv_width());
   Ring ring(*group_, be.act_dtype(), &seconds_);
   bool filled[2] = {false, false};
@@ -237,7 +239,7 @@ absl::Status ContextParallelOps::AttentionBackward(Act* dqkv, const Act* dout, c
   const int n = size();
   const int64_t rows = local.batch * local.seq, count = rows * g.kv_width();
   be.Fill(dqkv, 0.0f, rows * g.qkv_width());
-  be.CopyRows(s.kv[0].data(), g.kv_width(), be.At(qkv, g.out_width()), g.qkv_width(), rows,
+  be.CopyRows(s.kv[0].data(), g.kv_width(), be.At(qkv, g.q_width()), g.qkv_width(), rows,
               g.kv_width());
   Ring keys(*group_, be.act_dtype(), &seconds_), grads(*group_, be.act_dtype(), &seconds_);
   int in_hand = 0, mine = 0;
@@ -262,7 +264,7 @@ absl::Status ContextParallelOps::AttentionBackward(Act* dqkv, const Act* dout, c
     }
   }
   TY_RETURN_IF_ERROR(grads.Wait());
-  be.CopyRows(be.At(dqkv, g.out_width()), g.qkv_width(), s.dkv_in.data(), g.kv_width(), rows,
+  be.CopyRows(be.At(dqkv, g.q_width()), g.qkv_width(), s.dkv_in.data(), g.kv_width(), rows,
               g.kv_width());
   return absl::OkStatus();
 }

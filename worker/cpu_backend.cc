@@ -202,20 +202,22 @@ class CpuBackend final : public Backend {
   }
   void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
             int64_t first_position) override {
-    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position);
+    k::RopeForward(F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position,
+                   s.value_dim);
   }
   void RopeBackward(Act* dqkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
                     int64_t first_position) override {
-    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position);
+    k::RopeBackward(F(dqkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, freq, first_position,
+                    s.value_dim);
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
     k::AttentionForward(F(out), lse, F(qkv), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                        s.window, {s.scale, s.softcap}, s.doc_start);
+                        s.window, {s.scale, s.softcap}, s.doc_start, s.value_dim);
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
     k::AttentionBackward(F(dqkv), F(dout), F(qkv), F(out), lse, s.batch, s.seq, s.heads, s.kv_heads,
-                         s.head_dim, s.window, {s.scale, s.softcap}, s.doc_start);
+                         s.head_dim, s.window, {s.scale, s.softcap}, s.doc_start, s.value_dim);
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {
@@ -300,7 +302,8 @@ class CpuBackend final : public Backend {
             .window = s.window,
             .rule = {s.scale, s.softcap},
             .doc_start = s.doc_start,
-            .key_position = s.key_position};
+            .key_position = s.key_position,
+            .value_dim = s.value_dim};
   }
   static k::ExpertMlpShape Shape(const ExpertMlp& mlp) {
     return {.offsets = mlp.offsets.data(),

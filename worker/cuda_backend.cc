@@ -414,19 +414,23 @@ class CudaBackend final : public Backend {
   // Attention.
   void Rope(Act* qkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
             int64_t first_position) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     Run(kc::RopeForward(stream_, act_dtype(), qkv, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
                         freq, first_position));
   }
   void RopeBackward(Act* dqkv, const AttentionShape& s, const kernels::RopeFrequencies& freq,
                     int64_t first_position) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     Run(kc::RopeBackward(stream_, act_dtype(), dqkv, s.batch, s.seq, s.heads, s.kv_heads,
                          s.head_dim, freq, first_position));
   }
   void Attention(Act* out, float* lse, const Act* qkv, const AttentionShape& s) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     Run(kc::FlashAttentionForward(stream_, act_dtype(), out, lse, qkv, Dims(s)));
   }
   void AttentionBackward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                          const float* lse, const AttentionShape& s) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     const kc::AttentionDqSum dq_sum = options_.atomic_attention_dq
                                           ? kc::AttentionDqSum::kAtomic
                                           : kc::AttentionDqSum::kDeterministic;
@@ -437,6 +441,7 @@ class CudaBackend final : public Backend {
   }
   void AttentionBlock(Act* out, float* lse, const Act* q, const Act* key, const Act* value,
                       const AttentionBlockShape& s) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     Run(kc::AttentionBlockForward(stream_, act_dtype(), out, lse, q, key, value, BlockDims(s)));
   }
   void AttentionMerge(Act* out, float* lse, const Act* part, const float* part_lse, int64_t batch,
@@ -447,6 +452,7 @@ class CudaBackend final : public Backend {
   void AttentionBlockBackward(Act* dq, Act* dk, Act* dv, const Act* dout, const Act* q,
                               const Act* key, const Act* value, const Act* out, const float* lse,
                               const AttentionBlockShape& s) override {
+    if (!EqualHeads(s.value_dim, s.head_dim)) return;
     const kc::AttentionBlockDims dims = BlockDims(s);
     const size_t bytes = kc::AttentionBlockBackwardScratchBytes(dims);
     void* scratch = ScratchBytes(Scratch::kAttention, bytes);
@@ -579,6 +585,17 @@ class CudaBackend final : public Backend {
             .softcap = s.softcap,
             .doc_start = s.doc_start,
             .key_position = s.key_position};
+  }
+
+  // The CUDA kernels' value heads are as wide as the query and key heads: a model whose are not
+  // (multi-head latent attention) is refused on GPU ranks at submit, and here by an error.
+  bool EqualHeads(int64_t value_dim, int64_t head_dim) {
+    if (value_dim == 0 || value_dim == head_dim) return true;
+    Run(absl::UnimplementedError(
+        absl::StrCat("the CUDA attention kernels take value heads as wide as the query and key "
+                     "heads (",
+                     head_dim, "), not ", value_dim)));
+    return false;
   }
 
   // Keeps the first failure; later calls still run (their results are garbage, and the caller

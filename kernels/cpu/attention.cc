@@ -16,13 +16,13 @@ namespace {
 // ([kBlock, t] floats per thread) are the largest scratch the kernels hold.
 constexpr int64_t kBlock = 64;
 
-// Offsets of one head's slices in a packed qkv row.
+// Offsets of one head's slices in a packed qkv row: query and key heads of d, value heads of dv.
 struct Layout {
-  int64_t heads, kv_heads, d;
-  int64_t row() const { return (heads + 2 * kv_heads) * d; }
+  int64_t heads, kv_heads, d, dv;
+  int64_t row() const { return (heads + kv_heads) * d + kv_heads * dv; }
   int64_t q(int64_t h) const { return h * d; }
   int64_t k(int64_t g) const { return (heads + g) * d; }
-  int64_t v(int64_t g) const { return (heads + kv_heads + g) * d; }
+  int64_t v(int64_t g) const { return (heads + kv_heads) * d + g * dv; }
 };
 
 // s[r, j] = scale · ⟨q_{i0+r}, k_j⟩ for the block's rows r and keys j < keys (one GEMM; the
@@ -37,13 +37,16 @@ void BlockScores(float* s, const float* q0, const float* k0, int64_t rows, int64
 struct BlockOffsets {
   const BlockDims& s;
   int64_t group_size() const { return s.heads / s.kv_heads; }
-  int64_t out_stride() const { return s.heads * s.d; }
+  int64_t dv() const { return s.value_dim > 0 ? s.value_dim : s.d; }
+  int64_t out_stride() const { return s.heads * dv(); }
   int64_t q(int64_t bi, int64_t i, int64_t h) const {
     return (bi * s.q_len + i) * s.q_stride + h * s.d;
   }
-  int64_t kv(int64_t bi, int64_t g) const { return bi * s.kv_len * s.kv_stride + g * s.d; }
+  // Key head g's and value head g's first row.
+  int64_t k(int64_t bi, int64_t g) const { return bi * s.kv_len * s.kv_stride + g * s.d; }
+  int64_t v(int64_t bi, int64_t g) const { return bi * s.kv_len * s.kv_stride + g * dv(); }
   int64_t out(int64_t bi, int64_t i, int64_t h) const {
-    return (bi * s.q_len + i) * out_stride() + h * s.d;
+    return (bi * s.q_len + i) * out_stride() + h * dv();
   }
   int64_t lse(int64_t bi, int64_t h, int64_t i) const { return (bi * s.heads + h) * s.q_len + i; }
   // The keys query row i of batch entry bi sees: [first_key(bi, i), end_key(i)), both
@@ -116,13 +119,13 @@ void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const f
   const int64_t keys = r.keys(), k0 = r.k0;
   if (keys == 0) {  // no row of the block sees a key
     for (int64_t i = r.i0; i < r.i1; ++i) {
-      std::fill_n(out + o.out(bi, i, h), s.d, 0.0f);
+      std::fill_n(out + o.out(bi, i, h), o.dv(), 0.0f);
       lse[o.lse(bi, h, i)] = -INFINITY;
     }
     return;
   }
-  const float* k_rows = k + o.kv(bi, g) + k0 * s.kv_stride;
-  const float* v_rows = v + o.kv(bi, g) + k0 * s.kv_stride;
+  const float* k_rows = k + o.k(bi, g) + k0 * s.kv_stride;
+  const float* v_rows = v + o.v(bi, g) + k0 * s.kv_stride;
   BlockScores(p, q + o.q(bi, i0, h), k_rows, r.rows(), keys, s.d, s.q_stride, s.kv_stride,
               o.scale());
   CapScores(p, r.rows() * keys, s.rule.softcap);
@@ -130,8 +133,8 @@ void ForwardQueryBlock(float* p, float* out, float* lse, const float* q, const f
     lse[o.lse(bi, h, i)] =
         SoftmaxRow(p + (i - i0) * keys, o.first_key(bi, i) - k0, o.end_key(i) - k0, keys);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r.rows(), s.d, keys, 1.0f, p, keys, v_rows,
-              s.kv_stride, 0.0f, out + o.out(bi, i0, h), o.out_stride());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r.rows(), o.dv(), keys, 1.0f, p, keys,
+              v_rows, s.kv_stride, 0.0f, out + o.out(bi, i0, h), o.out_stride());
 }
 
 // The operands of a block's backward (see AttentionBlockBackward).
@@ -171,9 +174,10 @@ void GradientRow(float* p, float* ds, int64_t from, int64_t to, int64_t keys, fl
 void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const BlockOffsets& o,
                         int64_t bi, int64_t h, int64_t i0) {
   const BlockDims& s = o.s;
-  const int64_t g = h / o.group_size(), ld = o.out_stride();
+  const int64_t g = h / o.group_size(), ld = o.out_stride(), dv = o.dv();
   const KeyRange r(o, bi, i0);
-  const int64_t keys = r.keys(), rows = r.rows(), k_at = o.kv(bi, g) + r.k0 * s.kv_stride;
+  const int64_t keys = r.keys(), rows = r.rows();
+  const int64_t k_at = o.k(bi, g) + r.k0 * s.kv_stride, v_at = o.v(bi, g) + r.k0 * s.kv_stride;
   if (keys == 0) return;
   const float* q0 = x.q + o.q(bi, i0, h);
   const float* k0 = x.k + k_at;
@@ -183,14 +187,14 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
   BlockScores(p, q0, k0, rows, keys, s.d, s.q_stride, s.kv_stride, o.scale());
   CapScores(p, rows * keys, s.rule.softcap);
   // dP = dY · Vᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s.d, 1.0f, dy0, ld, x.v + k_at,
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, dv, 1.0f, dy0, ld, x.v + v_at,
               s.kv_stride, 0.0f, ds, keys);
   for (int64_t i = r.i0; i < r.i1; ++i) {
     // rowsum(dY ∘ Y) over the whole attention's output, which is why out must be the merged one.
     const int64_t row = i - i0;
     float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
-    for (int64_t c = 0; c < s.d; ++c) delta += dy0[row * ld + c] * y0[row * ld + c];
+    for (int64_t c = 0; c < dv; ++c) delta += dy0[row * ld + c] * y0[row * ld + c];
     GradientRow(p + row * keys, ds + row * keys, o.first_key(bi, i) - r.k0, o.end_key(i) - r.k0,
                 keys, x.lse[o.lse(bi, h, i)], delta, o.scale(), o.inv_cap());
   }
@@ -199,48 +203,49 @@ void BackwardQueryBlock(float* p, float* ds, const BackwardOperands& x, const Bl
               s.kv_stride, 1.0f, x.dq + o.q(bi, i0, h), s.q_stride);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, s.d, rows, 1.0f, ds, keys, q0,
               s.q_stride, 1.0f, x.dk + k_at, s.kv_stride);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, s.d, rows, 1.0f, p, keys, dy0, ld,
-              1.0f, x.dv + k_at, s.kv_stride);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, dv, rows, 1.0f, p, keys, dy0, ld, 1.0f,
+              x.dv + v_at, s.kv_stride);
 }
 
-// The causal block of a packed qkv [b, t, (heads + 2·kv_heads)·d] against itself.
-BlockDims SelfBlock(int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                    int64_t window, ScoreRule rule, const int32_t* doc_start) {
-  const Layout l{heads, kv_heads, d};
+// The causal block of a packed qkv row (Layout l) against itself.
+BlockDims SelfBlock(int64_t b, int64_t t, const Layout& l, int64_t window, ScoreRule rule,
+                    const int32_t* doc_start) {
   return BlockDims{.b = b,
                    .q_len = t,
                    .kv_len = t,
-                   .heads = heads,
-                   .kv_heads = kv_heads,
-                   .d = d,
+                   .heads = l.heads,
+                   .kv_heads = l.kv_heads,
+                   .d = l.d,
                    .q_stride = l.row(),
                    .kv_stride = l.row(),
                    .causal = true,
                    .window = window,
                    .rule = rule,
-                   .doc_start = doc_start};
+                   .doc_start = doc_start,
+                   .value_dim = l.dv};
 }
 
 }  // namespace
 
 void AttentionForward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t heads,
                       int64_t kv_heads, int64_t d, int64_t window, ScoreRule rule,
-                      const int32_t* doc_start) {
-  const Layout l{heads, kv_heads, d};
+                      const int32_t* doc_start, int64_t value_dim) {
+  const Layout l{heads, kv_heads, d, value_dim > 0 ? value_dim : d};
   AttentionBlockForward(out, lse, qkv + l.q(0), qkv + l.k(0), qkv + l.v(0),
-                        SelfBlock(b, t, heads, kv_heads, d, window, rule, doc_start));
+                        SelfBlock(b, t, l, window, rule, doc_start));
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, int64_t b, int64_t t, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t window, ScoreRule rule, const int32_t* doc_start) {
-  const Layout l{heads, kv_heads, d};
+                       int64_t d, int64_t window, ScoreRule rule, const int32_t* doc_start,
+                       int64_t value_dim) {
+  const Layout l{heads, kv_heads, d, value_dim > 0 ? value_dim : d};
   const int64_t n = b * t * l.row();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i += 4096) std::fill(dqkv + i, dqkv + std::min(n, i + 4096), 0.0f);
   AttentionBlockBackward(dqkv + l.q(0), dqkv + l.k(0), dqkv + l.v(0), dout, qkv + l.q(0),
                          qkv + l.k(0), qkv + l.v(0), out, lse,
-                         SelfBlock(b, t, heads, kv_heads, d, window, rule, doc_start));
+                         SelfBlock(b, t, l, window, rule, doc_start));
 }
 
 void AttentionBlockForward(float* out, float* lse, const float* q, const float* k, const float* v,

@@ -7,7 +7,8 @@ namespace trainyard::kernels::cpu {
 namespace {
 
 void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-            const RopeFrequencies& freq, int64_t first_position, float direction) {
+            int64_t value_dim, const RopeFrequencies& freq, int64_t first_position,
+            float direction) {
   const int64_t half = RopeRotaryDim(freq, d) / 2;
   std::vector<float> cos_table(t * half), sin_table(t * half);
   std::vector<double> inv_freq(half);
@@ -19,7 +20,7 @@ void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, i
       sin_table[p * half + i] = static_cast<float>(direction * freq.magnitude * std::sin(angle));
     }
   }
-  const int64_t row_width = (heads + 2 * kv_heads) * d;
+  const int64_t row_width = (heads + kv_heads) * d + kv_heads * (value_dim > 0 ? value_dim : d);
   const int64_t rotated_heads = heads + kv_heads;  // queries then keys; values are not rotated
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < b * t; ++row) {
@@ -40,13 +41,13 @@ void Rotate(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, i
 }  // namespace
 
 void RopeForward(float* qkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                 const RopeFrequencies& freq, int64_t first_position) {
-  Rotate(qkv, b, t, heads, kv_heads, d, freq, first_position, 1.0f);
+                 const RopeFrequencies& freq, int64_t first_position, int64_t value_dim) {
+  Rotate(qkv, b, t, heads, kv_heads, d, value_dim, freq, first_position, 1.0f);
 }
 
 void RopeBackward(float* dqkv, int64_t b, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                  const RopeFrequencies& freq, int64_t first_position) {
-  Rotate(dqkv, b, t, heads, kv_heads, d, freq, first_position, -1.0f);
+                  const RopeFrequencies& freq, int64_t first_position, int64_t value_dim) {
+  Rotate(dqkv, b, t, heads, kv_heads, d, value_dim, freq, first_position, -1.0f);
 }
 
 }  // namespace trainyard::kernels::cpu

@@ -60,9 +60,10 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 struct Geometry {
   AttentionShape s;  // the whole sequences
   int64_t c;         // chunk length
-  int64_t qkv_row() const { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
-  int64_t kv_row() const { return 2 * s.kv_heads * s.head_dim; }
-  int64_t out_row() const { return s.heads * s.head_dim; }
+  int64_t qkv_row() const { return s.qkv_row(); }
+  int64_t q_row() const { return s.heads * s.head_dim; }  // where a packed row's keys start
+  int64_t kv_row() const { return s.kv_heads * (s.head_dim + s.v_dim()); }
+  int64_t out_row() const { return s.heads * s.v_dim(); }
   int64_t chunk_rows() const { return s.batch * c; }
   // The block of one chunk's queries against another's keys, as ring attention runs it; with
   // documents, doc_start holds the query chunk's rows' document starts ([b, c]).
@@ -80,7 +81,8 @@ struct Geometry {
             .offset = (query_chunk - key_chunk) * c,
             .window = s.window,
             .doc_start = doc_start,
-            .key_position = key_chunk * c};
+            .key_position = key_chunk * c,
+            .value_dim = s.value_dim};
   }
   // Whether some query of the chunk sees some key of the other (the blocks ring attention runs).
   bool Sees(int query_chunk, int key_chunk) const {
@@ -185,11 +187,16 @@ class RingAttentionKernels : public ::testing::Test {
   // Grouped-query (4/2) and multi-head (3/3) layouts; chunk lengths 5 and 7 (sequences that are
   // not powers of two) and 70 (a chunk longer than the kernels' 64-row query blocks). Sliding
   // windows narrower than a chunk (blocks partly and wholly outside it), spanning two or three
-  // chunks, and crossing the 64-row query blocks.
+  // chunks, and crossing the 64-row query blocks. Value heads narrower than the query and key
+  // heads (multi-head latent attention's 12 and 8, grouped 8 and 5).
   static std::vector<Case> Cases() {
-    const AttentionShape gqa{2, 0, 4, 2, 8}, mha{1, 0, 3, 3, 4};
+    const AttentionShape gqa{2, 0, 4, 2, 8}, mha{1, 0, 3, 3, 4}, latent{1, 0, 3, 3, 12};
     auto windowed = [](AttentionShape s, int64_t window) {
       s.window = window;
+      return s;
+    };
+    auto narrow = [](AttentionShape s, int64_t value_dim) {
+      s.value_dim = value_dim;
       return s;
     };
     return {{gqa, Contiguous(2), 5},
@@ -206,14 +213,19 @@ class RingAttentionKernels : public ::testing::Test {
             {gqa, Zigzag(4), 7, 6},
             {gqa, Contiguous(2), 5, 3},
             {windowed(gqa, 12), Zigzag(2), 5, 4},
-            {mha, Zigzag(2), 70, 40}};
+            {mha, Zigzag(2), 70, 40},
+            {narrow(latent, 8), Zigzag(2), 70},
+            {narrow(latent, 8), Contiguous(4), 7},
+            {narrow(gqa, 5), Zigzag(4), 7, 6},
+            {narrow(windowed(gqa, 12), 5), Contiguous(2), 5}};
   }
 
   static std::string Label(const Case& test_case) {
     return test_case.split.name + " c=" + std::to_string(test_case.c) + " heads " +
            std::to_string(test_case.shape.heads) + "/" + std::to_string(test_case.shape.kv_heads) +
            " window " + std::to_string(test_case.shape.window) + " documents " +
-           std::to_string(test_case.documents);
+           std::to_string(test_case.documents) + " value_dim " +
+           std::to_string(test_case.shape.value_dim);
   }
 
   // With documents, `docs` holds the whole sequences' document starts the shape points to.
@@ -247,20 +259,20 @@ class RingAttentionKernels : public ::testing::Test {
       }
       if (!split.separate_kv) continue;
       rank.kv.assign(rows * g.kv_row(), std::nanf(""));
-      be_->CopyRows(A(rank.kv.data()), g.kv_row(), A(rank.qkv.data() + g.out_row()), g.qkv_row(),
+      be_->CopyRows(A(rank.kv.data()), g.kv_row(), A(rank.qkv.data() + g.q_row()), g.qkv_row(),
                     rows, g.kv_row());
     }
     return ranks;
   }
 
-  // The keys of local chunk `half` of a rank (its values follow at +kv_heads·d).
+  // The keys of local chunk `half` of a rank (its values follow at +kv_heads·head_dim).
   struct Keys {
     const float* first;
     int64_t stride;
   };
   static Keys KeysOf(const Rank& rank, const Geometry& g, bool separate_kv, size_t half) {
     if (separate_kv) return {rank.kv.data() + half * g.chunk_rows() * g.kv_row(), g.kv_row()};
-    return {rank.qkv.data() + half * g.chunk_rows() * g.qkv_row() + g.out_row(), g.qkv_row()};
+    return {rank.qkv.data() + half * g.chunk_rows() * g.qkv_row() + g.q_row(), g.qkv_row()};
   }
 
   // The document starts of local chunk `half` of a rank's queries (null without documents).
@@ -295,7 +307,7 @@ class RingAttentionKernels : public ::testing::Test {
             be_->AttentionBlock(A(part.data()), part_lse.data(), A(q), A(k), A(k + kv_offset),
                                 shape);
             be_->AttentionMerge(A(out), lse, A(part.data()), part_lse.data(), g.s.batch, g.c,
-                                g.s.heads, g.s.head_dim);
+                                g.s.heads, g.s.v_dim());
           }
         }
       }
@@ -342,7 +354,7 @@ class RingAttentionKernels : public ::testing::Test {
     for (size_t r = 0; r < ranks.size(); ++r) {
       if (split.separate_kv) {
         const int64_t rows = static_cast<int64_t>(dkv[r].size()) / g.kv_row();
-        be_->CopyRows(A(dqkv[r].data() + g.out_row()), g.qkv_row(), A(dkv[r].data()), g.kv_row(),
+        be_->CopyRows(A(dqkv[r].data() + g.q_row()), g.qkv_row(), A(dkv[r].data()), g.kv_row(),
                       rows, g.kv_row());
       }
       ScatterRows(dqkv[r], g, split.ranks[r], g.qkv_row(), whole);
@@ -364,7 +376,7 @@ TEST_F(RingAttentionKernels, CausalBlockOverPackedQkvIsAttention) {
   be_->Attention(A(want_out.data()), want_lse.data(), A(qkv.data()), s);
 
   std::vector<float> out(want_out.size(), std::nanf("")), lse(want_lse.size(), std::nanf(""));
-  const float* k = qkv.data() + g.out_row();
+  const float* k = qkv.data() + g.q_row();
   be_->AttentionBlock(A(out.data()), lse.data(), A(qkv.data()), A(k),
                       A(k + s.kv_heads * s.head_dim), g.Block(0, 0, g.qkv_row()));
   EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
@@ -427,7 +439,8 @@ TEST_F(RingAttentionKernels, BackwardIsRunToRunDeterministic) {
 }
 
 // One non-causal block with q_len ≠ kv_len and padded rows (strides wider than the heads), GQA:
-// the layout ring attention does not use but the contract allows.
+// the layout ring attention does not use but the contract allows; with Narrow, value heads of 4
+// beside query and key heads of 6.
 struct StridedBlock {
   AttentionBlockShape s{.batch = 2,
                         .q_len = 5,
@@ -440,9 +453,16 @@ struct StridedBlock {
                         .causal = false};
   int64_t q_size() const { return s.batch * s.q_len * s.q_stride; }
   int64_t kv_size() const { return s.batch * s.kv_len * s.kv_stride; }
-  int64_t out_size() const { return s.batch * s.q_len * s.heads * s.head_dim; }
+  int64_t dv() const { return s.value_dim > 0 ? s.value_dim : s.head_dim; }
+  int64_t out_size() const { return s.batch * s.q_len * s.heads * dv(); }
   int64_t lse_size() const { return s.batch * s.heads * s.q_len; }
   int64_t v_offset() const { return s.kv_heads * s.head_dim; }
+  static StridedBlock Narrow() {
+    StridedBlock b;
+    b.s.value_dim = 4;
+    b.s.kv_stride = 2 * (6 + 4) + 1;
+    return b;
+  }
 };
 
 // A block's attention written out in double precision over the keys `visible(i, j)` admits (at
@@ -452,6 +472,7 @@ void DirectAttention(const AttentionBlockShape& s, const float* q, const float* 
                      int64_t v_offset, const std::function<bool(int64_t, int64_t)>& visible,
                      std::vector<float>& out, std::vector<float>& lse) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  const int64_t dv = s.value_dim > 0 ? s.value_dim : s.head_dim;
   for (int64_t bi = 0; bi < s.batch; ++bi) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / (s.heads / s.kv_heads);
@@ -468,13 +489,13 @@ void DirectAttention(const AttentionBlockShape& s, const float* q, const float* 
         double sum = 0.0;
         for (double x : score) sum += std::exp(x - mx);
         lse[(bi * s.heads + h) * s.q_len + i] = static_cast<float>(mx + std::log(sum));
-        for (int64_t c = 0; c < s.head_dim; ++c) {
+        for (int64_t c = 0; c < dv; ++c) {
           double acc = 0.0;
           for (int64_t j = 0; j < s.kv_len; ++j) {
             acc += std::exp(score[j] - mx) / sum *
-                   kv[(bi * s.kv_len + j) * s.kv_stride + v_offset + g * s.head_dim + c];
+                   kv[(bi * s.kv_len + j) * s.kv_stride + v_offset + g * dv + c];
           }
-          out[((bi * s.q_len + i) * s.heads + h) * s.head_dim + c] = static_cast<float>(acc);
+          out[((bi * s.q_len + i) * s.heads + h) * dv + c] = static_cast<float>(acc);
         }
       }
     }
@@ -495,7 +516,7 @@ TEST_F(RingAttentionKernels, SlidingWindowAttentionIsTheSoftmaxOverTheWindow) {
     be_->Attention(A(out.data()), lse.data(), A(qkv.data()), s);
     std::vector<float> want_out(out.size()), want_lse(lse.size());
     DirectAttention(
-        g.Block(0, 0, g.qkv_row()), qkv.data(), qkv.data() + g.out_row(), s.kv_heads * s.head_dim,
+        g.Block(0, 0, g.qkv_row()), qkv.data(), qkv.data() + g.q_row(), s.kv_heads * s.head_dim,
         [&](int64_t i, int64_t j) { return j <= i && j > i - window; }, want_out, want_lse);
     EXPECT_LE(MaxAbsDiff(out, want_out), 1e-5);
     EXPECT_LE(MaxAbsDiff(lse, want_lse), 1e-5);
@@ -562,12 +583,11 @@ TEST_F(RingAttentionKernels, DocumentMaskIsEachDocumentAttendingAlone) {
   }
 }
 
-TEST_F(RingAttentionKernels, NonCausalBlockIsTheSoftmaxOverEveryKey) {
-  const StridedBlock b;
-  const std::vector<float> q = Random(b.q_size(), rng_), kv = Random(b.kv_size(), rng_);
+void CheckNonCausalBlock(Backend& be, const StridedBlock& b, std::mt19937& rng) {
+  const std::vector<float> q = Random(b.q_size(), rng), kv = Random(b.kv_size(), rng);
   std::vector<float> out(b.out_size(), std::nanf("")), lse(b.lse_size(), std::nanf(""));
-  be_->AttentionBlock(A(out.data()), lse.data(), A(q.data()), A(kv.data()),
-                      A(kv.data() + b.v_offset()), b.s);
+  be.AttentionBlock(A(out.data()), lse.data(), A(q.data()), A(kv.data()),
+                    A(kv.data() + b.v_offset()), b.s);
   std::vector<float> want_out(out.size()), want_lse(lse.size());
   DirectAttention(
       b.s, q.data(), kv.data(), b.v_offset(), [](int64_t, int64_t) { return true; }, want_out,
@@ -579,30 +599,29 @@ TEST_F(RingAttentionKernels, NonCausalBlockIsTheSoftmaxOverEveryKey) {
 // For L = Σ r ⊙ out(q, kv), the central difference along a random direction of each input against
 // ⟨gradient, direction⟩ from the block's backward (one block: its own out and lse are the merged
 // ones). The padding columns must get no gradient, so they are part of the direction too.
-TEST_F(RingAttentionKernels, NonCausalBlockBackwardMatchesFiniteDifferences) {
-  const StridedBlock b;
-  const std::vector<float> q = Random(b.q_size(), rng_), kv = Random(b.kv_size(), rng_);
-  const std::vector<float> r = Random(b.out_size(), rng_);
+void CheckNonCausalBlockBackward(Backend& be, const StridedBlock& b, std::mt19937& rng) {
+  const std::vector<float> q = Random(b.q_size(), rng), kv = Random(b.kv_size(), rng);
+  const std::vector<float> r = Random(b.out_size(), rng);
   auto loss = [&](const std::vector<float>& q_in, const std::vector<float>& kv_in) {
     std::vector<float> out(b.out_size()), lse(b.lse_size());
-    be_->AttentionBlock(A(out.data()), lse.data(), A(q_in.data()), A(kv_in.data()),
-                        A(kv_in.data() + b.v_offset()), b.s);
+    be.AttentionBlock(A(out.data()), lse.data(), A(q_in.data()), A(kv_in.data()),
+                      A(kv_in.data() + b.v_offset()), b.s);
     double total = 0.0;
     for (size_t i = 0; i < out.size(); ++i) total += static_cast<double>(r[i]) * out[i];
     return total;
   };
   std::vector<float> out(b.out_size()), lse(b.lse_size()), dq(q.size()), dkv(kv.size());
-  be_->AttentionBlock(A(out.data()), lse.data(), A(q.data()), A(kv.data()),
-                      A(kv.data() + b.v_offset()), b.s);
-  be_->AttentionBlockBackward(A(dq.data()), A(dkv.data()), A(dkv.data() + b.v_offset()),
-                              A(r.data()), A(q.data()), A(kv.data()), A(kv.data() + b.v_offset()),
-                              A(out.data()), lse.data(), b.s);
+  be.AttentionBlock(A(out.data()), lse.data(), A(q.data()), A(kv.data()),
+                    A(kv.data() + b.v_offset()), b.s);
+  be.AttentionBlockBackward(A(dq.data()), A(dkv.data()), A(dkv.data() + b.v_offset()), A(r.data()),
+                            A(q.data()), A(kv.data()), A(kv.data() + b.v_offset()), A(out.data()),
+                            lse.data(), b.s);
 
   const double eps = 1e-3;
   for (int which = 0; which < 2; ++which) {
     const std::vector<float>& x = which == 0 ? q : kv;
     const std::vector<float>& grad = which == 0 ? dq : dkv;
-    const std::vector<float> dir = Random(static_cast<int64_t>(x.size()), rng_);
+    const std::vector<float> dir = Random(static_cast<int64_t>(x.size()), rng);
     std::vector<float> plus = x, minus = x;
     double analytic = 0.0;
     for (size_t i = 0; i < x.size(); ++i) {
@@ -616,6 +635,20 @@ TEST_F(RingAttentionKernels, NonCausalBlockBackwardMatchesFiniteDifferences) {
     // fp32 central differences with ε = 1e-3 are good to about 1e-4 relative.
     EXPECT_LE(std::abs(numeric - analytic) / scale, 2e-3)
         << (which == 0 ? "dq" : "dkv") << ": numeric " << numeric << " analytic " << analytic;
+  }
+}
+
+TEST_F(RingAttentionKernels, NonCausalBlockIsTheSoftmaxOverEveryKey) {
+  for (const StridedBlock& b : {StridedBlock{}, StridedBlock::Narrow()}) {
+    SCOPED_TRACE("value_dim " + std::to_string(b.s.value_dim));
+    CheckNonCausalBlock(*be_, b, rng_);
+  }
+}
+
+TEST_F(RingAttentionKernels, NonCausalBlockBackwardMatchesFiniteDifferences) {
+  for (const StridedBlock& b : {StridedBlock{}, StridedBlock::Narrow()}) {
+    SCOPED_TRACE("value_dim " + std::to_string(b.s.value_dim));
+    CheckNonCausalBlockBackward(*be_, b, rng_);
   }
 }
 
@@ -672,7 +705,8 @@ TEST(RopeOfModel, LongRopeFactorsFollowThePassLength) {
                     .short_factor = {1.0f, 2.0f},
                     .long_factor = {3.0f, 50.0f},
                     .attention_factor = 1.25f};
-  ASSERT_TRUE(config::ValidateModelConfig(m, "model").ok());
+  const absl::Status valid = config::ValidateModelConfig(m, "model");
+  ASSERT_TRUE(valid.ok()) << valid;
   for (const int64_t positions : {1, 12, 16, 17, 24}) {
     const kernels::RopeFrequencies f = RopeOf(m, 0, positions);
     SCOPED_TRACE(positions);
