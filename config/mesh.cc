@@ -92,6 +92,13 @@ Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
   }
   // Each expert's MLP (and the shared experts', shared_experts × ffn wide) is split column- and
   // row-parallel like the dense MLP.
+  if (spec.model.latent.enabled() && m.tp > 1) {
+    return Bad("parallelism.tp",
+               absl::StrCat("tp ", m.tp,
+                            " with latent attention: its shared latents' gradients are not summed "
+                            "over a tensor-parallel group (write tp: 1)"),
+               {"model.latent_attention"});
+  }
   const MoeConfig& moe = spec.model.moe;
   if (moe.enabled() && moe.ffn % m.tp != 0) {
     return Bad("parallelism.tp",
@@ -181,6 +188,16 @@ Problem CheckDocumentMaskDevices(const ModelConfig& model, const ResourcesSpec& 
   return Bad("model.document_token",
              "needs CPU ranks: the CUDA attention kernels' document mask has not run on a GPU "
              "yet (leave it out, or write resources.kind: cpu)",
+             {"resources.kind"});
+}
+
+// Latent attention's value heads are narrower than its query and key heads, which the CUDA
+// attention kernels do not take.
+Problem CheckLatentAttentionDevices(const ModelConfig& model, const ResourcesSpec& r) {
+  if (!model.latent.enabled() || r.kind != DeviceKind::kGpu) return std::nullopt;
+  return Bad("model.latent_attention",
+             "needs CPU ranks: the CUDA attention kernels take value heads as wide as the query "
+             "and key heads (write resources.kind: cpu)",
              {"resources.kind"});
 }
 
@@ -390,6 +407,7 @@ std::optional<SpecProblem> FindMeshProblem(const ParallelismSpec& mesh, const Jo
   if (Problem p = CheckMixtureOfExpertsDevices(spec.model, spec.resources)) return p;
   if (Problem p = CheckSlidingWindowDevices(spec.model, spec.resources)) return p;
   if (Problem p = CheckDocumentMaskDevices(spec.model, spec.resources)) return p;
+  if (Problem p = CheckLatentAttentionDevices(spec.model, spec.resources)) return p;
   return FindShardingProblem(mesh, spec);
 }
 

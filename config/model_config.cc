@@ -96,7 +96,7 @@ double ModelConfig::AttendedSpan(double seq_len) const {
 int64_t ModelConfig::ParameterCount() const {
   const int64_t c = width, v = vocab;
   const int64_t qkv = qkv_width();
-  const int64_t attn_out = static_cast<int64_t>(heads) * head_dim();
+  const int64_t attn_out = attention_width();
   const bool gpt2 = family == ModelFamily::kGpt2;
   // One MLP of hidden size f: GPT-2's fc and proj with biases, or Llama's gate/up and down.
   auto mlp = [&](int64_t f) { return gpt2 ? f * c + f + c * f + c : 2 * f * c + c * f; };
@@ -106,8 +106,9 @@ int64_t ModelConfig::ParameterCount() const {
     attention = 2 * c + qkv * c + qkv + c * attn_out + c + 2 * c;  // norms, qkv, projection
     total += static_cast<int64_t>(max_seq) * c + 2 * c;            // positions, final LayerNorm
   } else {
-    attention = qkv * c + (qkv_bias ? qkv : 0) + (qk_norm ? q_norm_width() + k_norm_width() : 0) +
-                c * attn_out + (pre_norms ? 2 * c : 0) + (post_norms ? 2 * c : 0);
+    attention = (latent.enabled() ? LatentProjectionCount() : qkv * c) + (qkv_bias ? qkv : 0) +
+                (qk_norm ? q_norm_width() + k_norm_width() : 0) + c * attn_out +
+                (pre_norms ? 2 * c : 0) + (post_norms ? 2 * c : 0);
     total += c;  // final RMSNorm
   }
   for (int l = 0; l < layers; ++l) {
@@ -123,6 +124,13 @@ int64_t ModelConfig::ParameterCount() const {
   }
   if (!tied_embeddings) total += v * c;
   return total;
+}
+
+int64_t ModelConfig::LatentProjectionCount() const {
+  const int64_t c = width, h = heads, d = head_dim(), rope = rope_dim;
+  const int64_t q_rank = latent.q_rank, kv_rank = latent.kv_rank;
+  const int64_t queries = q_rank > 0 ? q_rank * c + q_rank + h * d * q_rank : h * d * c;
+  return queries + (kv_rank + rope) * c + kv_rank + h * (d - rope + latent.value_dim) * kv_rank;
 }
 
 int64_t ModelConfig::ActiveParameterCount() const {
@@ -441,6 +449,44 @@ absl::Status ValidateRope(const ModelConfig& c, const std::string& p) {
   return r.longrope ? ValidateLongRope(r, c.rotary_dim() / 2, p) : ValidateRopeFactor(r, p);
 }
 
+// model.latent_attention: a llama model whose heads each have a rotary part (rope_dim) and keys
+// and values of their own (kv_heads = heads), with positive ranks and value heads.
+absl::Status ValidateLatent(const ModelConfig& c, const std::string& p) {
+  const LatentAttention& l = c.latent;
+  if (!l.enabled() && l.q_rank == 0 && l.value_dim == 0) return absl::OkStatus();
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(p, ".latent_attention.", field, ": ", why));
+  };
+  if (l.kv_rank < 1) return bad("kv_rank", absl::StrCat("must be at least 1, got ", l.kv_rank));
+  if (l.q_rank < 0) {
+    return bad("q_rank",
+               absl::StrCat("must be at least 0 (0: queries from the input), got ", l.q_rank));
+  }
+  if (l.value_dim < 1) {
+    return bad("value_dim", absl::StrCat("must be at least 1, got ", l.value_dim));
+  }
+  auto refused = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, ".", field, ": ", why, " (model.latent_attention)"));
+  };
+  if (c.family != ModelFamily::kLlama) {
+    return refused("family", "latent attention is for the llama family");
+  }
+  if (c.kv_heads != c.heads) {
+    return refused("kv_heads",
+                   absl::StrCat("must equal heads ", c.heads,
+                                ": latent attention decompresses a key and value per query head"));
+  }
+  if (c.rope_dim <= 0 || c.rope_dim >= c.head_dim()) {
+    return refused("rope_dim",
+                   absl::StrCat("must be set below head_dim ", c.head_dim(),
+                                ": the rotary part of each head, which the key heads share"));
+  }
+  if (c.qkv_bias) return refused("qkv_bias", "latent attention's projections have no biases");
+  if (c.qk_norm) return refused("qk_norm", "latent attention norms its latents, not its heads");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
@@ -509,6 +555,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& p) {
   if (!(c.norm_eps > 0.0f)) return bad("norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0f)) return bad("rope_theta", "must be positive");
   TY_RETURN_IF_ERROR(ValidateRope(c, p));
+  TY_RETURN_IF_ERROR(ValidateLatent(c, p));
   return ValidateMoe(c, p);
 }
 

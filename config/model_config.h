@@ -137,6 +137,22 @@ inline double YarnScale(double factor, double weight = 1.0) {
 }
 inline float YarnAttentionFactor(double factor) { return static_cast<float>(YarnScale(factor)); }
 
+// Llama family: multi-head latent attention (DeepSeek-V2's and V3's, Kimi K2's). Each token's
+// keys and values come from one latent of kv_rank, RMS-normed and decompressed per head:
+// kv_a [kv_rank + rope_dim, width] gives the latent and one rotary key of rope_dim that every
+// head shares; kv_b [heads · (nope + value_dim), kv_rank] gives each head's key (after the
+// shared rotary part, nope = head_dim − rope_dim wide) and value (value_dim wide). The queries
+// come from a latent of q_rank the same way (q_a [q_rank, width], an RMSNorm, q_b
+// [heads · head_dim, q_rank]), or with q_rank 0 from the input directly ([heads · head_dim,
+// width]). A head is its rope_dim rotary dimensions, then its nope others; the output
+// projection reads heads · value_dim.
+struct LatentAttention {
+  int q_rank = 0;
+  int kv_rank = 0;  // 0: ordinary attention
+  int value_dim = 0;
+  bool enabled() const { return kv_rank > 0; }
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
   int layers = 2;
@@ -225,6 +241,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool recompute = false;  // recompute each layer's activations in the backward pass
   MoeConfig moe;
+  LatentAttention latent;
 
   // The factor the token embeddings are multiplied by: √width with scale_embeddings, else
   // embedding_multiplier (1 unless set).
@@ -245,7 +262,10 @@ struct ModelConfig {
   const char* GraniteField() const;
   // Whether RoPE turns block `layer`'s queries and keys: a llama block not in nope_layers.
   bool RotatesLayer(int layer) const;
-  int qkv_width() const { return (heads + 2 * kv_heads) * head_dim(); }
+  // The value heads' width: head_dim, or latent attention's value_dim.
+  int value_head_dim() const { return latent.enabled() ? latent.value_dim : head_dim(); }
+  // The packed row attention reads: queries and keys of head_dim, values of value_head_dim.
+  int qkv_width() const { return (heads + kv_heads) * head_dim() + kv_heads * value_head_dim(); }
   // qk_norm: the widths of the query norm's and the key norm's weights.
   // RMSNorms (or LayerNorms) of each block: before the attention and the MLP, and with
   // post_norms after them.
@@ -253,8 +273,12 @@ struct ModelConfig {
   bool NormsWholeProjection() const { return qk_norm && qk_norm_span == QkNormSpan::kProjection; }
   int q_norm_width() const { return NormsWholeProjection() ? heads * head_dim() : head_dim(); }
   int k_norm_width() const { return NormsWholeProjection() ? kv_heads * head_dim() : head_dim(); }
-  // The attention's width, heads · head_dim (the model's width unless model.head_dim is set).
-  int attention_width() const { return heads * head_dim(); }
+  // The attention's output width, heads · value_head_dim (the model's width unless
+  // model.head_dim or latent attention says otherwise): what the output projection reads.
+  int attention_width() const { return heads * value_head_dim(); }
+  // The mean of the query-key and the value widths, heads · (head_dim + value_head_dim) / 2: the
+  // width PaLM's attention count (4·width·span per token and layer forward) takes.
+  double attention_flop_width() const { return heads * (head_dim() + value_head_dim()) / 2.0; }
   // The window block `layer` attends with: sliding_window, or 0 (every earlier position) in one
   // of full_attention_layers.
   int WindowOf(int layer) const;
@@ -266,6 +290,9 @@ struct ModelConfig {
   double AttendedSpan(double seq_len) const;
   // Number of trainable parameters (counted once when embeddings are tied).
   int64_t ParameterCount() const;
+  // Latent attention's projections of one block, their norms included (the output projection
+  // not): q_a, its norm and q_b (or q), kv_a, its norm and kv_b.
+  int64_t LatentProjectionCount() const;
   // Parameters one token's computation uses: with MoE layers, the router, top_k routed experts
   // and the shared experts of each (equal to ParameterCount for a dense model).
   int64_t ActiveParameterCount() const;

@@ -249,6 +249,19 @@ absl::Status ReadModelChoices(FieldReader& r, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// model.latent_attention, read once the heads' width and rotary part are known: value heads as
+// wide as the heads' other part unless given (DeepSeek-V2's and V3's are).
+absl::Status ReadLatent(FieldReader& r, const ModelConfig& m, LatentAttention* latent) {
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"q_rank", "kv_rank", "value_dim"}));
+  if (!r.Has("kv_rank")) {
+    return r.ErrorAt("kv_rank", "required: the rank of the latent the keys and values come from");
+  }
+  TY_RETURN_IF_ERROR(r.ReadInt("q_rank", &latent->q_rank));
+  TY_RETURN_IF_ERROR(r.ReadInt("kv_rank", &latent->kv_rank));
+  latent->value_dim = m.head_dim() - m.rope_dim;
+  return r.ReadInt("value_dim", &latent->value_dim);
+}
+
 // model's fields that change which keys a query sees, how its scores and the logits are
 // shaped, and the objective: the sliding window and what goes with it, the documents, the
 // scores' scale and caps, and the logits' z-loss.
@@ -288,6 +301,7 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
                                           "rope_scaling",
                                           "recompute",
                                           "moe",
+                                          "latent_attention",
                                           "init_from",
                                           "full_attention_layers",
                                           "rope_local_theta",
@@ -354,6 +368,9 @@ absl::StatusOr<ModelConfig> ReadModel(FieldReader& r) {
   }
   if (std::optional<FieldReader> moe = r.Child("moe")) {
     TY_RETURN_IF_ERROR(ReadMoe(*moe, m.ffn_hidden, &m.moe));
+  }
+  if (std::optional<FieldReader> latent = r.Child("latent_attention")) {
+    TY_RETURN_IF_ERROR(ReadLatent(*latent, m, &m.latent));
   }
   return m;
 }

@@ -238,6 +238,10 @@ std::string CalibrationReferenceYaml(const config::JobSpec& spec) {
                           r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_seq);
   }
   if (m.moe.enabled()) AppendMoeYaml(m.moe, &yaml);
+  if (const config::LatentAttention& l = m.latent; l.enabled()) {
+    absl::StrAppend(&yaml, "  latent_attention: {q_rank: ", l.q_rank, ", kv_rank: ", l.kv_rank,
+                    ", value_dim: ", l.value_dim, "}\n");
+  }
   // No evaluation: the default data's validation stream need not hold a window of any length.
   absl::StrAppendFormat(&yaml,
                         "training:\n  batch: %d\n  micro_batch: %d\n  seq_len: %d\n"

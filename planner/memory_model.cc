@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "worker/shape/latent_shape.h"
 #include "worker/shape/schedule.h"
 
 namespace trainyard::planner {
@@ -297,7 +298,8 @@ int64_t SlotBytes(const RankShape& s, const BackendShape& backend, bool forward_
   const bool sp = s.mesh.sequence_parallel && tp > 1;
   const int64_t n = s.rows(), nr = sp ? n / tp : n, w = c.width;
   const int64_t heads = c.heads / tp, kv = c.kv_heads / tp, d = c.head_dim();
-  const int64_t qkv = (heads + 2 * kv) * d, attn = heads * d;
+  const int64_t dv = c.value_head_dim();
+  const int64_t qkv = (heads + kv) * d + kv * dv, attn = heads * dv;
   const int64_t vocab = PaddedHeadVocab(s, backend);  // the logits' row stride
   const int64_t layers = s.chunk_layers(), saved = c.recompute ? 1 : layers;
   const int64_t chunk_rows = std::clamp<int64_t>(backend.max_logits_chunk / vocab, 1, n);
@@ -360,8 +362,15 @@ int64_t SlotBytes(const RankShape& s, const BackendShape& backend, bool forward_
     e.floats += saved * n * norms + weights + (s.split_backward() ? layers * weights : 0);
     if (c.NormsWholeProjection() && tp > 1) e.floats += n;  // each row's gradient dot
   }
+  if (c.latent.enabled()) {  // latent attention's latents and statistics, and its scratch
+    const worker::LatentShape latent = worker::LatentShape::Of(c, n);
+    e.acts += saved * latent.saved_acts() + latent.scratch();
+    e.floats += saved * latent.saved_floats();
+  }
   if (s.split_backward()) {  // what each block's weight pass needs from its input-gradient pass
-    for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + n * qkv;
+    // (latent attention's projections have their weight gradients in the input pass)
+    const int64_t qkv_dy = c.latent.enabled() ? 0 : n * qkv;
+    for (int l = 0; l < layers; ++l) e.acts += 2 * n * w + n * SlotMlpOf(s, l).fc + qkv_dy;
     if (s.first()) e.acts += n * w;
     e.floats += layers * 2 * norms * w;
   }
@@ -399,10 +408,10 @@ int64_t KeptWeightBytes(const RankShape& s, const BackendShape& backend) {
 int64_t RingBufferBytes(const RankShape& s, const BackendShape& backend) {
   if (s.mesh.cp == 1) return 0;
   const config::ModelConfig& c = s.model;
-  const int64_t n = s.rows(), d = c.head_dim();
+  const int64_t n = s.rows(), d = c.head_dim(), dv = c.value_head_dim();
   const int64_t heads = c.heads / s.mesh.tp, kv_heads = c.kv_heads / s.mesh.tp;
-  const int64_t kv = n * 2 * kv_heads * d;
-  const int64_t partial = n / 2 * heads * d, partial_lse = n / 2 * heads;
+  const int64_t kv = n * kv_heads * (d + dv);
+  const int64_t partial = n / 2 * heads * dv, partial_lse = n / 2 * heads;
   return (5 * kv + partial) * backend.act_bytes + 4 * partial_lse;
 }
 

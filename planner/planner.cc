@@ -100,7 +100,7 @@ RingSeconds RingExposure(const RankShape& s, const DeviceProfile& device, const 
   // PaLM's attention count for a block: 4·h·s per local token forward (h / tp of the
   // attention's width on this rank, s the whole sequence, or the mean of the rank's blocks'
   // spans with a sliding window), twice that backward.
-  const double attention = 4.0 * s.model.attention_width() / s.mesh.tp * s.attended_span() /
+  const double attention = 4.0 * s.model.attention_flop_width() / s.mesh.tp * s.attended_span() /
                            s.layers() * s.rows() / device.matmul_flops;
   const double hidden = device.ring_overlap ? 1.0 : 0.0;
   const double forward_step = hidden * attention / cp, backward_step = 2 * hidden * attention / cp;
@@ -276,7 +276,7 @@ DeviceProfile ActiveProfile(const DeviceProfile& node, int g, int active) {
 // count); empty for one chunk.
 std::vector<double> ChunkShares(const RankShape& s) {
   if (s.chunks.size() <= 1) return {};
-  const double attention = 4.0 * s.model.attention_width() / s.mesh.tp;
+  const double attention = 4.0 * s.model.attention_flop_width() / s.mesh.tp;
   std::vector<double> work;
   double total = 0;
   for (size_t c = 0; c < s.chunks.size(); ++c) {
@@ -346,7 +346,7 @@ MicroBatchWork WorkOf(const RankShape& s, const BackendShape& backend) {
   // The rank's tokens (1/cp of each sequence), each attending over the whole sequence: the
   // head-tail split gives every context-parallel rank 1/cp of the causal attention.
   const double tokens = static_cast<double>(s.rows());
-  const double attention = 4.0 * c.attention_width() / s.mesh.tp * s.attended_span();
+  const double attention = 4.0 * c.attention_flop_width() / s.mesh.tp * s.attended_span();
   MicroBatchWork w;
   w.forward_flops = tokens * (2.0 * (s.matmul_params + s.head_params) + attention);
   w.backward_flops = 2 * w.forward_flops;
@@ -578,8 +578,8 @@ int64_t MatmulParameterCount(const config::ModelConfig& model) {
 double ModelFlopsPerStep(const config::JobSpec& spec) {
   const config::ModelConfig& m = spec.model;
   const double s = spec.training.seq_len;
-  const double per_token =
-      6.0 * MatmulParameterCount(m) + 12.0 * m.layers * m.attention_width() * m.AttendedSpan(s);
+  const double per_token = 6.0 * MatmulParameterCount(m) +
+                           12.0 * m.layers * m.attention_flop_width() * m.AttendedSpan(s);
   return per_token * spec.training.batch * s;
 }
 

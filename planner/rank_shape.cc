@@ -32,7 +32,8 @@ class TensorSizes {
 
 // Block `layer`'s local matmul weights one token uses (active), and of them those a split
 // backward defers to its weight pass (Model::BlockWeightGradients: attention's, and the dense or
-// shared MLP's; an MoE block's router and routed experts get their gradients in the input pass).
+// shared MLP's; an MoE block's router and routed experts, and latent attention's projections, get
+// their gradients in the input pass).
 struct BlockMatmuls {
   int64_t active = 0, deferred = 0;
 };
@@ -41,16 +42,20 @@ BlockMatmuls BlockMatmulsOf(const TensorSizes& numel, const config::ModelConfig&
   const std::string p = "h." + std::to_string(layer) + ".";
   BlockMatmuls b;
   b.deferred = numel(p + "attn.qkv.w") + numel(p + "attn.proj.w");
+  int64_t latent = 0;
+  for (const char* name : {"attn.q_a.w", "attn.q_b.w", "attn.q.w", "attn.kv_a.w", "attn.kv_b.w"}) {
+    latent += numel(p + name);
+  }
   if (!model.moe.IsMoeLayer(layer)) {
     b.deferred += numel(p + "mlp.fc.w") + numel(p + "mlp.proj.w");
-    b.active = b.deferred;
+    b.active = b.deferred + latent;
     return b;
   }
   b.deferred += numel(p + "moe.shared.fc.w") + numel(p + "moe.shared.proj.w");
   // The routed experts' tensors hold the rank's experts side by side; a token runs top_k.
   const int64_t expert =
       numel.PerExpert(p + "moe.experts.fc.w") + numel.PerExpert(p + "moe.experts.proj.w");
-  b.active = b.deferred + numel(p + "moe.router.w") + model.moe.top_k * expert;
+  b.active = b.deferred + latent + numel(p + "moe.router.w") + model.moe.top_k * expert;
   return b;
 }
 

@@ -310,7 +310,8 @@ std::vector<Collective> ExpertParallelTraffic(const RankShape& s, const BackendS
 }
 
 int64_t RingKeyValueElements(const RankShape& s) {
-  return s.rows() * 2 * (s.model.kv_heads / s.mesh.tp) * s.model.head_dim();
+  return s.rows() * (s.model.kv_heads / s.mesh.tp) *
+         (s.model.head_dim() + s.model.value_head_dim());
 }
 
 std::vector<Collective> ContextParallelTraffic(const RankShape& s, const BackendShape& backend) {

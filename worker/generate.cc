@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/document_starts.h"
+#include "worker/latent_attention.h"
 #include "worker/moe_dispatch.h"
 #include "worker/moe_routing.h"
 #include "worker/rope.h"
@@ -112,7 +113,7 @@ void Generator::Reserve(int64_t rows) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
   const bool gpt2 = m.family == ModelFamily::kGpt2;
-  const int64_t c = m.width, kv = int64_t{m.kv_heads} * m.head_dim();
+  const int64_t c = m.width, kv = kv_stride();
   int64_t ffn = 0;  // the widest dense MLP (or shared experts' MLP)
   for (int l = 0; l < m.layers; ++l) ffn = std::max(ffn, layout_.block(l).mlp_ffn);
   tokens_ = be.AllocInt(rows);
@@ -120,7 +121,7 @@ void Generator::Reserve(int64_t rows) {
   x_ = be.AllocAct(rows * c);
   norm_ = be.AllocAct(rows * c);
   qkv_ = be.AllocAct(rows * m.qkv_width());
-  attn_ = be.AllocAct(rows * int64_t{m.heads} * m.head_dim());
+  attn_ = be.AllocAct(rows * m.attention_width());
   tmp_ = be.AllocAct(rows * c);
   fc_ = be.AllocAct(rows * (gpt2 ? ffn : 2 * ffn));
   act_ = be.AllocAct(rows * ffn);
@@ -132,6 +133,18 @@ void Generator::Reserve(int64_t rows) {
     head_pre_ = be.AllocAct(norms.saved());
     head_rstd_ = be.AllocFloat(norms.statistics());
     head_scratch_ = be.AllocAct(norms.scratch());
+  }
+  if (m.latent.enabled()) {
+    const LatentShape latent = LatentShape::Of(m, rows);
+    if (latent.q_rank > 0) {
+      latent_q_ = be.AllocAct(rows * latent.q_rank);
+      latent_q_normed_ = be.AllocAct(rows * latent.q_rank);
+      latent_q_rstd_ = be.AllocFloat(rows);
+    }
+    latent_kv_ = be.AllocAct(rows * latent.kv_rank);
+    latent_kv_normed_ = be.AllocAct(rows * latent.kv_rank);
+    latent_kv_rstd_ = be.AllocFloat(rows);
+    latent_scratch_ = be.AllocAct(latent.scratch());
   }
   keys_.clear();
   values_.clear();
@@ -178,13 +191,41 @@ void Generator::RoutedExperts(int layer, int64_t n) {
                  routing_.top_k, c, /*accumulate=*/o.mlp_ffn > 0);
 }
 
+// norm_'s n rows to the packed qkv row in qkv_ (before RoPE): block `layer`'s projection, or its
+// latent attention's, and its query and key norms.
+void Generator::Project(int layer, int64_t n) {
+  Backend& be = *backend_;
+  const config::ModelConfig& m = model_;
+  const BlockOffsets& o = layout_.block(layer);
+  if (m.latent.enabled()) {
+    LatentForward(be, LatentShape::Of(m, n),
+                  {P(o.q_a_w), P(o.q_a_norm_w), P(o.q_b_w), P(o.q_w), P(o.kv_a_w), P(o.kv_a_norm_w),
+                   P(o.kv_b_w)},
+                  norm_.data(),
+                  {latent_q_.data(), latent_q_normed_.data(), latent_q_rstd_.data(),
+                   latent_kv_.data(), latent_kv_normed_.data(), latent_kv_rstd_.data()},
+                  latent_scratch_.data(), qkv_.data());
+  } else {
+    be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n,
+              m.qkv_width(), m.width);
+  }
+  if (m.qk_norm) {
+    // One rank holds every head: nothing to sum over a group, nothing that can fail.
+    const absl::Status normed =
+        HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
+                        P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n));
+    TY_CHECK(normed.ok()) << normed;
+  }
+}
+
 void Generator::Block(int layer, int64_t n, int64_t pos) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
   const BlockOffsets& o = layout_.block(layer);
   const bool gpt2 = m.family == ModelFamily::kGpt2;
   const int64_t c = m.width, d = m.head_dim(), qkv = m.qkv_width();
-  const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d, ffn = o.mlp_ffn;
+  const int64_t q = int64_t{m.heads} * d, k = int64_t{m.kv_heads} * d, ffn = o.mlp_ffn;
+  const int64_t v = int64_t{m.kv_heads} * m.value_head_dim(), kv = kv_stride();
   // A branch's input: the residual stream normed, or (pre_norms false) as it is.
   auto input_norm = [&](int64_t w, int64_t b) {
     if (w < 0) {
@@ -197,24 +238,21 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
     }
   };
   input_norm(o.ln1_w, o.ln1_b);
-  be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n, qkv, c);
-  if (m.qk_norm) {
-    // One rank holds every head: nothing to sum over a group, nothing that can fail.
-    const absl::Status normed =
-        HeadNormForward(be, qkv_.data(), head_pre_.data(), head_rstd_.data(), head_scratch_.data(),
-                        P(o.q_norm_w), P(o.k_norm_w), HeadNormsOf(m, n));
-    TY_CHECK(normed.ok()) << normed;
-  }
-  const AttentionShape shape{
-      .batch = 1, .seq = n, .heads = m.heads, .kv_heads = m.kv_heads, .head_dim = d};
+  Project(layer, n);
+  const AttentionShape shape{.batch = 1,
+                             .seq = n,
+                             .heads = m.heads,
+                             .kv_heads = m.kv_heads,
+                             .head_dim = d,
+                             .value_dim = m.value_head_dim()};
   if (m.RotatesLayer(layer)) be.Rope(qkv_.data(), shape, RopeOf(m, layer, pos + n), pos);
   // This pass's keys and values join the cache; the queries attend to every cached position
   // (causally among themselves when the prompt runs as one pass), or to those in their sliding
   // window.
   Act* keys = keys_[layer].data();
   Act* values = values_[layer].data();
-  be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, kv);
-  be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + kv), qkv, n, kv);
+  be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, k);
+  be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + k), qkv, n, v);
   const bool prompt = pos == 0;
   be.AttentionBlock(
       attn_.data(), lse_.data(), qkv_.data(), keys, values,
@@ -231,7 +269,8 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                           .window = m.WindowOf(layer),
                           .scale = m.attention_scale(),
                           .softcap = m.attention_softcap,
-                          .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data()});
+                          .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data(),
+                          .value_dim = m.value_head_dim()});
   // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
   // its rows have been read) and times residual_multiplier.
   auto add_branch = [&](int64_t post_w) {
@@ -243,7 +282,8 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
     if (m.residual_multiplier != 1.0f) be.ScaleAct(branch, branch, n * c, m.residual_multiplier);
     be.Add(x_.data(), x_.data(), branch, n * c);
   };
-  be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c, q);
+  be.Linear(tmp_.data(), attn_.data(), P(o.proj_w), gpt2 ? P(o.proj_b) : nullptr, n, c,
+            m.attention_width());
   add_branch(o.attn_post_w);
   input_norm(o.ln2_w, o.ln2_b);
   // The dense MLP, or an MoE block's shared experts (if any) and its routed experts.

@@ -85,6 +85,7 @@ class Generator {
   // values to the cache, and leaves the last row's logits in logits_.
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
+  void Project(int layer, int64_t n);
   // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
   // has no shared experts).
   void RoutedExperts(int layer, int64_t n);
@@ -103,14 +104,23 @@ class Generator {
   // (a query sees only its document's keys, as in training).
   Buffer<int32_t> doc_starts_;
   int32_t doc_start_ = 0;
-  // Activations for rows_ rows (Reserve); the cache [layer][position, kv_heads · head_dim].
+  // Activations for rows_ rows (Reserve); the cache [layer][position, kv_stride()].
   int64_t rows_ = 0;
   Buffer<Act> x_, norm_, qkv_, attn_, tmp_, fc_, act_, logits_;
   Buffer<float> mean_, rstd_, lse_;
   // qk_norm: the head norms' inputs, statistics and scratch (worker/head_norm.h).
   Buffer<Act> head_pre_, head_scratch_;
   Buffer<float> head_rstd_;
+  // model.latent_attention: the latents, their norms' statistics and the projections' scratch
+  // (worker/latent_attention.h), rows_ each.
+  Buffer<Act> latent_q_, latent_q_normed_, latent_kv_, latent_kv_normed_, latent_scratch_;
+  Buffer<float> latent_q_rstd_, latent_kv_rstd_;
+  // The cache, rows_ · kv_stride() each: a value row as wide as a key row (latent attention's
+  // value heads are narrower than its key heads; the attention reads both at one stride).
   std::vector<Buffer<Act>> keys_, values_;
+  int64_t kv_stride() const {
+    return int64_t{model_.kv_heads} * std::max(model_.head_dim(), model_.value_head_dim());
+  }
   std::vector<float> host_logits_;
   // MoE blocks: the router's logits, each permuted row's token, each pick's row and weight, the
   // experts' rows; the routing copy of the model has capacity_factor 0 (dropless). bias_[layer]:

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "worker/document_starts.h"
 #include "worker/head_norm.h"
+#include "worker/latent_attention.h"
 #include "worker/model_activations.h"
 #include "worker/moe_dispatch.h"
 #include "worker/rope.h"
@@ -75,8 +76,9 @@ Model::Model(const config::ModelConfig& config, Backend* backend, ParamSource* s
   dims_.kv_heads = config.kv_heads / n;
   dims_.ffn = config.ffn_hidden / n;
   dims_.vocab = config.vocab / n;
-  dims_.qkv_width = (dims_.heads + 2 * dims_.kv_heads) * d;
-  dims_.attn = dims_.heads * d;
+  const int64_t dv = config.value_head_dim();
+  dims_.qkv_width = (dims_.heads + dims_.kv_heads) * d + dims_.kv_heads * dv;
+  dims_.attn = dims_.heads * dv;
   dims_.vocab_begin = dims_.vocab * tp_rank();
   const int64_t multiple = backend->logits_vocab_multiple();
   head_.vocab = dims_.vocab;
@@ -121,6 +123,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
     return absl::InvalidArgumentError(absl::StrCat("parallelism.ep: ", ep,
                                                    " does not split the experts of model.moe (",
                                                    config.moe.experts, ")"));
+  }
+  if (config.latent.enabled() && tp > 1) {
+    return absl::InvalidArgumentError(
+        "parallelism.tp: latent attention (model.latent_attention) trains with tp 1");
   }
   if (config.moe.enabled() && config.moe.ffn % tp != 0) {
     return absl::InvalidArgumentError(
@@ -179,11 +185,13 @@ int64_t Model::activation_bytes() const {
     for (const auto& la : a.layers) {
       for (const Buffer<Act>* b :
            {&la.ln1, &la.qkv, &la.qk_pre, &la.att, &la.mid, &la.ln2, &la.fc, &la.act, &la.ln1_local,
-            &la.ln2_local, &la.attn_out, &la.mlp_out}) {
+            &la.ln2_local, &la.attn_out, &la.mlp_out, &la.latent_q, &la.latent_q_normed,
+            &la.latent_kv, &la.latent_kv_normed}) {
         add_act(*b);
       }
-      for (const Buffer<float>* b : {&la.ln1_mean, &la.ln1_rstd, &la.qk_rstd, &la.lse, &la.ln2_mean,
-                                     &la.ln2_rstd, &la.attn_post_rstd, &la.mlp_post_rstd}) {
+      for (const Buffer<float>* b :
+           {&la.ln1_mean, &la.ln1_rstd, &la.qk_rstd, &la.lse, &la.ln2_mean, &la.ln2_rstd,
+            &la.attn_post_rstd, &la.mlp_post_rstd, &la.latent_q_rstd, &la.latent_kv_rstd}) {
         add(*b);
       }
       const LayerActivations::Experts& m = la.moe;
@@ -199,7 +207,7 @@ int64_t Model::activation_bytes() const {
     for (const Buffer<Act>* b :
          {&a.lnf, &a.tmp, &a.logits, &a.dx, &a.dln, &a.datt, &a.dqkv, &a.dfc, &a.dact, &a.dlnf,
           &a.lnf_local, &a.tmp_local, &a.dx_full, &a.dln_local, &a.dlnf_local, &a.head_norm_scratch,
-          &a.dpost, &a.dscaled}) {
+          &a.dpost, &a.dscaled, &a.latent_scratch}) {
       add_act(*b);
     }
     for (const Buffer<float>* b : {&a.lnf_mean, &a.lnf_rstd, &a.ce_stats, &a.ce_gathered, &a.ce_lse,
@@ -315,6 +323,61 @@ void Model::UploadTokens(const int32_t* inputs, const int32_t* targets) {
   if (targets != nullptr) backend_->CopyFromHost(a.targets.data(), targets, n);
 }
 
+void Model::AllocateLatent(LayerActivations& la, int64_t n) {
+  Backend& be = *backend_;
+  const config::LatentAttention& l = config_.latent;
+  if (l.q_rank > 0) {
+    la.latent_q = be.AllocAct(n * l.q_rank);
+    la.latent_q_normed = be.AllocAct(n * l.q_rank);
+    la.latent_q_rstd = be.AllocFloat(n);
+  }
+  la.latent_kv = be.AllocAct(n * l.kv_rank);
+  la.latent_kv_normed = be.AllocAct(n * l.kv_rank);
+  la.latent_kv_rstd = be.AllocFloat(n);
+}
+
+// The backward of block `layer`'s projection to the packed qkv row (acts_->dqkv holds the row's
+// gradient): its input's gradient into acts_->dln, and its weights' gradients, or with a split
+// backward the row's gradient kept for the weight pass (latent attention's are not deferred).
+void Model::QkvBackward(int layer, LayerActivations& la) {
+  if (config_.latent.enabled()) return LatentProject(layer, la, /*backward=*/true);
+  Activations& a = *acts_;
+  const int g = layout_.block_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const int64_t n = int64_t{a.b} * a.t, count = n * dims_.qkv_width;
+  float *dw = nullptr, *db = nullptr;
+  if (split_) {
+    backend_->Copy(a.deferred[layer - stage().first_layer].qkv_dy.data(), a.dqkv.data(), count);
+  } else {
+    std::tie(dw, db) = std::pair(G(g, o.qkv_w), G(g, o.qkv_b));
+  }
+  backend_->LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), AttentionInput(la, layer),
+                           P(g, o.qkv_w), n, dims_.qkv_width, config_.width);
+}
+
+// model.latent_attention: block `layer`'s packed qkv from its attention input, or backward its
+// input's gradient (into acts_->dln) and its projections' weight gradients from acts_->dqkv.
+void Model::LatentProject(int layer, LayerActivations& la, bool backward) {
+  Activations& a = *acts_;
+  const int g = layout_.block_group(layer);
+  const BlockOffsets& o = layout_.block(layer);
+  const LatentShape shape = LatentShape::Of(config_, int64_t{a.b} * a.t);
+  const LatentWeights w{P(g, o.q_a_w),  P(g, o.q_a_norm_w),  P(g, o.q_b_w), P(g, o.q_w),
+                        P(g, o.kv_a_w), P(g, o.kv_a_norm_w), P(g, o.kv_b_w)};
+  const LatentSaved saved{la.latent_q.data(),         la.latent_q_normed.data(),
+                          la.latent_q_rstd.data(),    la.latent_kv.data(),
+                          la.latent_kv_normed.data(), la.latent_kv_rstd.data()};
+  const Act* x = AttentionInput(la, layer);
+  if (!backward) {
+    LatentForward(*backend_, shape, w, x, saved, a.latent_scratch.data(), la.qkv.data());
+    return;
+  }
+  const LatentGrads grads{G(g, o.q_a_w),  G(g, o.q_a_norm_w),  G(g, o.q_b_w), G(g, o.q_w),
+                          G(g, o.kv_a_w), G(g, o.kv_a_norm_w), G(g, o.kv_b_w)};
+  LatentBackward(*backend_, shape, w, grads, x, saved, a.dqkv.data(), a.latent_scratch.data(),
+                 a.dln.data());
+}
+
 void Model::AllocateNorms(LayerActivations& la, int64_t n, int64_t nr) {
   Backend& be = *backend_;
   const int64_t width = config_.width;
@@ -376,6 +439,7 @@ void Model::EnsureActivations(int b, int t) {
     LayerActivations la;
     AllocateNorms(la, n, nr);
     la.qkv = be.AllocAct(n * qkv);
+    if (c.latent.enabled()) AllocateLatent(la, n);
     if (c.qk_norm) {
       la.qk_pre = be.AllocAct(HeadNorms(n).saved());
       la.qk_rstd = be.AllocFloat(HeadNorms(n).statistics());
@@ -415,6 +479,7 @@ void Model::EnsureActivations(int b, int t) {
   a->dln = be.AllocAct(n * width);
   a->datt = be.AllocAct(n * attn);
   a->dqkv = be.AllocAct(n * qkv);
+  if (c.latent.enabled()) a->latent_scratch = be.AllocAct(LatentShape::Of(c, n).scratch());
   a->dfc = be.AllocAct(n * most.fc);
   a->dact = be.AllocAct(n * most.ffn);
   if (most.moe) {
@@ -553,16 +618,16 @@ void Model::EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, c
 }
 
 AttentionShape Model::AttentionOf(int layer) const {
-  return AttentionShape{
-      .batch = acts_->b,
-      .seq = acts_->t,
-      .heads = dims_.heads,
-      .kv_heads = dims_.kv_heads,
-      .head_dim = config_.head_dim(),
-      .window = config_.WindowOf(layer),
-      .scale = config_.attention_scale(),
-      .softcap = config_.attention_softcap,
-      .doc_start = acts_->doc_starts.empty() ? nullptr : acts_->doc_starts.data()};
+  return AttentionShape{.batch = acts_->b,
+                        .seq = acts_->t,
+                        .heads = dims_.heads,
+                        .kv_heads = dims_.kv_heads,
+                        .head_dim = config_.head_dim(),
+                        .window = config_.WindowOf(layer),
+                        .scale = config_.attention_scale(),
+                        .softcap = config_.attention_softcap,
+                        .doc_start = acts_->doc_starts.empty() ? nullptr : acts_->doc_starts.data(),
+                        .value_dim = config_.value_head_dim()};
 }
 
 void Model::Rotate(int layer, Act* qkv, bool backward) {
@@ -573,12 +638,14 @@ void Model::Rotate(int layer, Act* qkv, bool backward) {
   const kernels::RopeFrequencies freq = RopeOf(config_, layer, positions);
   const int64_t d = config_.head_dim();
   if (!cp_.enabled()) {
-    const AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};
+    AttentionShape shape{a.b, a.t, dims_.heads, dims_.kv_heads, d};
+    shape.value_dim = config_.value_head_dim();
     backward ? backend_->RopeBackward(qkv, shape, freq, 0) : backend_->Rope(qkv, shape, freq, 0);
     return;
   }
   const int64_t c = a.t / 2, rows = int64_t{a.b} * c;
-  const AttentionShape half_shape{a.b, c, dims_.heads, dims_.kv_heads, d};
+  AttentionShape half_shape{a.b, c, dims_.heads, dims_.kv_heads, d};
+  half_shape.value_dim = config_.value_head_dim();
   for (int half = 0; half < 2; ++half) {
     Act* x = backend_->At(qkv, half * rows * dims_.qkv_width);
     const int64_t first = cp_.ChunkOf(half) * c;
@@ -610,8 +677,12 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
 
   Norm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, residual, P(g, o.ln1_w), P(g, o.ln1_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
-  be.Linear(la.qkv.data(), AttentionInput(la, layer), P(g, o.qkv_w), P(g, o.qkv_b), n,
-            dims_.qkv_width, width);
+  if (c.latent.enabled()) {
+    LatentProject(layer, la, /*backward=*/false);
+  } else {
+    be.Linear(la.qkv.data(), AttentionInput(la, layer), P(g, o.qkv_w), P(g, o.qkv_b), n,
+              dims_.qkv_width, width);
+  }
   if (c.qk_norm) {
     TY_RETURN_IF_ERROR(HeadNormForward(be, la.qkv.data(), la.qk_pre.data(), la.qk_rstd.data(),
                                        a.head_norm_scratch.data(), P(g, o.q_norm_w),
@@ -777,8 +848,9 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
   Activations::DeferredGrads* deferred = split_ ? &acts_->deferred[li] : nullptr;
   const BlockOffsets& o = layout_.block(layer);
   // A split backward defers the weight gradients, but not an MoE block's router's or shared
-  // experts' gate's: such a block's input pass writes to the group's gradients too.
-  if (!split_ || o.moe || o.shared_gate_w >= 0) {
+  // experts' gate's, nor latent attention's projections': such a block's input pass writes to
+  // the group's gradients too.
+  if (!split_ || o.moe || o.shared_gate_w >= 0 || o.qkv_w < 0) {
     TY_ASSIGN_OR_RETURN(group_grads_[g], source_->Gradients(g));
   }
   Activations& a = *acts_;
@@ -858,10 +930,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
     TY_RETURN_IF_ERROR(
         HeadNormsBackward(layer, la, deferred != nullptr ? deferred->head_norms.data() : nullptr));
   }
-  std::tie(dw, db) = weight_grads(o.qkv_w, o.qkv_b, &Activations::DeferredGrads::qkv_dy,
-                                  a.dqkv.data(), n * dims_.qkv_width);
-  be.LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), AttentionInput(la, layer), P(g, o.qkv_w),
-                    n, dims_.qkv_width, width);
+  QkvBackward(layer, la);
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
   NormBackward(dx, ln1, dln, a.resid[li].data(), P(g, o.ln1_w), la.ln1_mean.data(),
                la.ln1_rstd.data());
@@ -896,8 +965,10 @@ absl::Status Model::BlockWeightGradients(int layer) {
   }
   be.LinearBackward(nullptr, G(g, o.proj_w), G(g, o.proj_b), d.proj_dy.data(), la.att.data(),
                     nullptr, n, width, dims_.attn);
-  be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(),
-                    AttentionInput(la, layer), nullptr, n, dims_.qkv_width, width);
+  if (o.qkv_w >= 0) {  // latent attention's projections had theirs in the input pass
+    be.LinearBackward(nullptr, G(g, o.qkv_w), G(g, o.qkv_b), d.qkv_dy.data(),
+                      AttentionInput(la, layer), nullptr, n, dims_.qkv_width, width);
+  }
   TY_RETURN_IF_ERROR(AddNormGrads(g, d.norms.data(), BlockNorms(o)));
   if (c.qk_norm) AddHeadNormGrads(g, o, d.head_norms.data());
   // An MoE block's experts got their gradients in the input pass (MoeBackward), into the
@@ -1020,7 +1091,7 @@ void Model::AllocateDeferred(Activations& a, int64_t n) {
     d.mlp_proj_dy = be.AllocAct(n * width);
     d.fc_dy = be.AllocAct(n * MlpSizesOf(l).fc);
     d.proj_dy = be.AllocAct(n * width);
-    d.qkv_dy = be.AllocAct(n * dims_.qkv_width);
+    if (!c.latent.enabled()) d.qkv_dy = be.AllocAct(n * dims_.qkv_width);
     d.norms = be.AllocFloat(NormScratch());
     if (c.qk_norm) d.head_norms = be.AllocFloat(c.q_norm_width() + c.k_norm_width());
     a.deferred.push_back(std::move(d));

@@ -238,6 +238,9 @@ class Model {
   // The embedding and its weight gradients, by local half under context parallelism (each half
   // its own positions).
   void EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe);
+  void AllocateLatent(LayerActivations& la, int64_t n);
+  void LatentProject(int layer, LayerActivations& la, bool backward);
+  void QkvBackward(int layer, LayerActivations& la);
   // RoPE on the query and key heads of `qkv` (direction: forward or its inverse).
   void Rotate(int layer, Act* qkv, bool backward);
   // The attention of block `layer` over the micro-batch's local rows.

@@ -24,9 +24,13 @@ struct Model::LayerActivations {
   Buffer<float> ln1_mean, ln1_rstd;  // [N], [N]
   Buffer<Act> qkv;                   // [N, qkv_width], after RoPE
   // qk_norm (worker/head_norm.h): q and k before their norms, and the norms' statistics.
-  Buffer<Act> qk_pre;                // [N, heads·d] then [N, kv_heads·d]
-  Buffer<float> qk_rstd;             // [N·heads] then [N·kv_heads]
-  Buffer<Act> att;                   // [N, heads·d]
+  Buffer<Act> qk_pre;     // [N, heads·d] then [N, kv_heads·d]
+  Buffer<float> qk_rstd;  // [N·heads] then [N·kv_heads]
+  // latent_attention (worker/latent_attention.h): the query latent before and after its norm
+  // [N, q_rank] (q_rank > 0) and the norm's statistics [N]; the key/value latent likewise.
+  Buffer<Act> latent_q, latent_q_normed, latent_kv, latent_kv_normed;
+  Buffer<float> latent_q_rstd, latent_kv_rstd;
+  Buffer<Act> att;                   // [N, heads·dv]
   Buffer<float> lse;                 // [b, heads, t]
   Buffer<Act> mid;                   // [N, C]: the residual stream after attention
   Buffer<Act> ln2;                   // [N, C]
@@ -78,6 +82,8 @@ struct Model::Activations {
   Buffer<Act> logits;  // [chunk rows, vocab]
   // Gradients flowing backward.
   Buffer<Act> dx, dln, datt, dqkv, dfc, dact, dlnf;
+  // latent_attention: the projections' scratch (LatentShape::scratch()).
+  Buffer<Act> latent_scratch;
   // Sequence parallelism: local-row and full-row counterparts.
   Buffer<Act> lnf_local, tmp_local, dx_full, dln_local, dlnf_local;
   // post_norms: the gradient at a branch's output, this rank's rows [N / tp, C].

@@ -69,6 +69,9 @@ struct MeshCase {
   // model.document_token: the Markov chain's most frequent token begins each document, so that
   // documents of a few tokens cross micro-batches' chunks, stages' boundaries and ranks' shares.
   bool documents = false;
+  // llama: multi-head latent attention (DeepSeek-V3's): a key/value head per query head, 4 of
+  // each head's 16 dimensions turned, value heads of 8, latents of 24 (queries) and 12.
+  bool latent = false;
 };
 
 // The token a Markov source emits most often (its stationary probability summed over the
@@ -155,6 +158,11 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     if (mesh.longrope) PhiMiniRope(16, &spec->model);
     if (mesh.nope_layer >= 0) spec->model.nope_layers = {mesh.nope_layer};
     if (mesh.rope_dim > 0) spec->model.rope_dim = mesh.rope_dim;
+    if (mesh.latent) {
+      spec->model.kv_heads = spec->model.heads;
+      spec->model.rope_dim = 4;
+      spec->model.latent = {.q_rank = 24, .kv_rank = 12, .value_dim = 8};
+    }
     if (mesh.granite) {
       spec->model.embedding_multiplier = 6.0f;
       spec->model.residual_multiplier = 0.5f;
@@ -357,6 +365,17 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .schedule = kInterleaved,
      .virtual_stages = 2,
      .layers = 4},
+    // Latent attention: its projections' gradients reduced over dp (ZeRO 3: sharded), computed
+    // in a split backward's input pass (zero bubble), recomputed, across interleaved chunks.
+    {.name = "latent_dp2_zero3", .dp = 2, .zero = 3, .latent = true},
+    {.name = "latent_pp2_zb", .pp = 2, .schedule = kZeroBubble, .latent = true},
+    {.name = "latent_il_pp2_v2_recompute",
+     .pp = 2,
+     .schedule = kInterleaved,
+     .virtual_stages = 2,
+     .layers = 4,
+     .recompute = true,
+     .latent = true},
 };
 
 // Context parallelism alone and with every other axis, at a sequence length that is not a power
@@ -404,6 +423,13 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     // Documents across the ring: a query chunk's rows see the keys of another rank's chunks only
     // from their documents' starts on (with a window, from the later of the two).
     {.name = "cp4_documents", .cp = 4, .seq_len = 24, .documents = true},
+    // Latent attention's value heads, narrower than its keys, around the ring.
+    {.name = "latent_cp2_dp2_documents",
+     .dp = 2,
+     .cp = 2,
+     .seq_len = 24,
+     .documents = true,
+     .latent = true},
     {.name = "cp2_tp2_window_documents",
      .tp = 2,
      .cp = 2,

@@ -151,6 +151,10 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
         << ", \"z_loss_coeff\": " << m.z_loss_coeff
         << ", \"capacity_factor\": " << m.capacity_factor << "}";
   }
+  if (const config::LatentAttention& l = c.latent; l.enabled()) {
+    cfg << ", \"latent_attention\": {\"q_rank\": " << l.q_rank << ", \"kv_rank\": " << l.kv_rank
+        << ", \"value_dim\": " << l.value_dim << "}";
+  }
   cfg << "}\n";
   cfg.close();
   std::vector<float> params(model.num_params());
@@ -529,6 +533,25 @@ TEST(TorchOracle, LlamaWithDocumentMask) {
   c.document_token = 3;
   CompareWithOracle(c);
   c.sliding_window = 4;
+  CompareWithOracle(c);
+}
+
+// Multi-head latent attention (DeepSeek-V3's block in miniature): heads of 24 whose first 8
+// dimensions turn, value heads of 16, a query latent of 32 and a key/value latent of 20; without
+// the query latent and with documents; and recomputed, with value heads wider than the rest.
+TEST(TorchOracle, LlamaWithLatentAttention) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.kv_heads = c.heads;
+  c.explicit_head_dim = 24;
+  c.rope_dim = 8;
+  c.latent = {.q_rank = 32, .kv_rank = 20, .value_dim = 16};
+  CompareWithOracle(c);
+  c.latent.q_rank = 0;
+  c.document_token = 3;
+  CompareWithOracle(c);
+  c.document_token = -1;
+  c.latent = {.q_rank = 12, .kv_rank = 20, .value_dim = 30};
+  c.recompute = true;
   CompareWithOracle(c);
 }
 

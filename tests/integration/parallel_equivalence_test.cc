@@ -243,10 +243,10 @@ TEST_P(ModelParallel, MatchesSingleProcess) {
   if (family == config::ModelFamily::kGpt2 &&
       (mesh.qkv_bias || mesh.head_dim > 0 || mesh.qk_norm || mesh.sliding_window > 0 ||
        mesh.gemma || mesh.post_norms || mesh.longrope || mesh.nope_layer >= 0 || mesh.granite ||
-       mesh.shared_gate || mesh.whole_norms || mesh.post_norms_only)) {
+       mesh.shared_gate || mesh.whole_norms || mesh.post_norms_only || mesh.latent)) {
     GTEST_SKIP() << "q, k and v biases, model.head_dim, qk_norm, sliding_window, post_norms, "
-                    "Gemma's MLP and embedding scale, RoPE's options, Granite's multipliers and "
-                    "the shared experts' gate are the llama family's";
+                    "Gemma's MLP and embedding scale, RoPE's options, Granite's multipliers, "
+                    "the shared experts' gate and latent attention are the llama family's";
   }
   config::JobSpec spec = BaseJob(family);
   testenv::ApplyMesh(mesh, &spec);

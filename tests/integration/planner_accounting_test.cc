@@ -134,8 +134,8 @@ class PipelineAccounting : public ::testing::TestWithParam<Param> {};
 // Every rank's persistent bytes, activations and data-parallel bytes from a real training run.
 TEST_P(PlannerAccounting, MemoryPerKindAndDataParallelBytesMatchTheEngine) {
   const auto [family, mesh] = GetParam();
-  if (family == config::ModelFamily::kGpt2 && mesh.post_norms) {
-    GTEST_SKIP() << "post_norms is the llama family's";
+  if (family == config::ModelFamily::kGpt2 && (mesh.post_norms || mesh.latent)) {
+    GTEST_SKIP() << "post_norms and latent attention are the llama family's";
   }
   if (mesh.gemma || mesh.full_layer >= 0) {
     GTEST_SKIP() << "Gemma's MLP gate and embedding scale, and a window in some blocks only, move "
@@ -235,6 +235,9 @@ TEST_P(ContextParallelAccounting, MemoryAndBytesOnEveryAxisMatchTheEngineExactly
   if (mesh.gemma || mesh.full_layer >= 0 || mesh.longrope) {
     GTEST_SKIP() << "Gemma's MLP gate and embedding scale, a window in some blocks only, and "
                     "RoPE's options move no other bytes (the equivalence suite trains this mesh)";
+  }
+  if (family == config::ModelFamily::kGpt2 && mesh.latent) {
+    GTEST_SKIP() << "latent attention is the llama family's";
   }
   ExpectEveryRankExactly(Job(family, mesh), mesh.name, [](const RankShape& shape) {
     return absl::StrCat(" (ring ", RingBufferBytes(shape, kCpu), "), cp bytes ",

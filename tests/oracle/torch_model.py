@@ -25,6 +25,13 @@ Parameter names, shapes and order are the contract with the C++ engine:
           S shared experts h.{l}.moe.shared.{fc.w, fc.b, proj.w, proj.b} of a dense MLP of hidden
           S*F (fc.b and proj.b gpt2 only), and with moe.shared_gate (llama) their gate
           h.{l}.moe.shared_gate.w [1,C].
+  Latent attention (llama, "latent_attention": {q_rank Q, kv_rank K, value_dim Dv}; R =
+          rope_dim, N = D - R): h.{l}.attn.qkv.w is replaced by h.{l}.attn.q_a.w [Q,C],
+          h.{l}.attn.q_a_norm.w [Q], h.{l}.attn.q_b.w [H*D,Q] (or with Q = 0 h.{l}.attn.q.w
+          [H*D,C]), h.{l}.attn.kv_a.w [K+R,C] (the latent, then the shared rotary key),
+          h.{l}.attn.kv_a_norm.w [K], h.{l}.attn.kv_b.w [H*(N+Dv),K] (each head's key part, then
+          its value); a query head is its R rotary dimensions, then its N others; h.{l}.attn.proj.w
+          is [C,H*Dv].
 
 Linear weights are [out, in]. Parameter files are raw little-endian arrays named
 `<dir>/<name>.<ext>`; `params.txt` lists `name d0 d1 ...` one parameter per line.
@@ -227,6 +234,26 @@ def normalize_config(cfg):
     out["rope_scaling"] = _normalize_longrope(out.get("rope_scaling"),
                                               out["rope_dim"] or out["head_dim"])
     out["moe"] = _normalize_moe(out.get("moe"), out["layers"])
+    out["latent_attention"] = _normalize_latent(out.get("latent_attention"), out)
+    return out
+
+
+def _normalize_latent(latent, cfg):
+    """Multi-head latent attention's {q_rank, kv_rank, value_dim} (None: ordinary attention): the
+    llama family, one key/value head per query head, and a rotary part of each head below it."""
+    if latent is None:
+        return None
+    if not isinstance(latent, dict) or set(latent) - {"q_rank", "kv_rank", "value_dim"}:
+        raise ConfigError("latent_attention: an object of q_rank, kv_rank and value_dim")
+    out = {"q_rank": latent.get("q_rank", 0), "kv_rank": latent.get("kv_rank", 0),
+           "value_dim": latent.get("value_dim", cfg["head_dim"] - cfg["rope_dim"])}
+    for key, least in (("q_rank", 0), ("kv_rank", 1), ("value_dim", 1)):
+        if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < least:
+            raise ConfigError("latent_attention.%s: an integer >= %d, got %r" % (key, least, out[key]))
+    if cfg["family"] != "llama" or cfg["kv_heads"] != cfg["heads"] or not (
+            0 < cfg["rope_dim"] < cfg["head_dim"]) or cfg["qkv_bias"] or cfg["qk_norm"]:
+        raise ConfigError("latent_attention: llama, kv_heads == heads, 0 < rope_dim < head_dim, "
+                          "no qkv_bias or qk_norm")
     return out
 
 
@@ -505,6 +532,72 @@ class Attention(nn.Module):
         return self.proj(y)
 
 
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2's and V3's): queries from a normed latent of
+    q_rank (or the input), keys and values decompressed per head from a normed latent of kv_rank,
+    beside one rotary key of rope_dim that every head shares; value heads of value_dim. Written
+    as DeepSeek's reference splits it (rotary and other parts apart, the shared key expanded),
+    not as the engine packs it."""
+
+    def __init__(self, cfg, layer=0):
+        super().__init__(cfg, layer)
+        latent = cfg["latent_attention"]
+        h, d, c, eps = self.heads, self.head_dim, cfg["width"], cfg["norm_eps"]
+        self.rot, self.q_rank, self.kv_rank = cfg["rope_dim"], latent["q_rank"], latent["kv_rank"]
+        self.value_dim = latent["value_dim"]
+        del self.qkv
+        if self.q_rank:
+            self.q_a = nn.Linear(c, self.q_rank, bias=False)
+            self.q_a_norm = RMSNorm(self.q_rank, eps)
+            self.q_b = nn.Linear(self.q_rank, h * d, bias=False)
+        else:
+            self.q = nn.Linear(c, h * d, bias=False)
+        self.kv_a = nn.Linear(c, self.kv_rank + self.rot, bias=False)
+        self.kv_a_norm = RMSNorm(self.kv_rank, eps)
+        self.kv_b = nn.Linear(self.kv_rank, h * (d - self.rot + self.value_dim), bias=False)
+        self.proj = nn.Linear(h * self.value_dim, c, bias=False)
+
+    def forward(self, x, other_document=None):
+        b, t, _ = x.shape
+        h, d, r, dv = self.heads, self.head_dim, self.rot, self.value_dim
+        q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_rank else self.q(x)
+        q = q.reshape(b, t, h, d)
+        q_rot, q_rest = q[..., :r], q[..., r:]
+        latent, k_rot = torch.split(self.kv_a(x), [self.kv_rank, r], dim=-1)
+        kv = self.kv_b(self.kv_a_norm(latent)).reshape(b, t, h, d - r + dv)
+        k_rest, v = torch.split(kv, [d - r, dv], dim=-1)
+        k_rot = k_rot.reshape(b, t, 1, r)
+        if self.rope:
+            cos, sin = self._rope_tables(t, x.dtype, x.device)
+            q_rot = apply_rope(q_rot, cos, sin)
+            k_rot = apply_rope(k_rot, cos, sin)
+        q = torch.cat((q_rot, q_rest), dim=-1).transpose(1, 2)  # [B, H, T, D]
+        k = torch.cat((k_rot.expand(b, t, h, r), k_rest), dim=-1).transpose(1, 2)
+        v = v.transpose(1, 2)  # [B, H, T, Dv]
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        if self.softcap:
+            scores = softcap(scores, self.softcap)
+        hidden = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        if self.window:
+            hidden = hidden | torch.ones_like(hidden).tril(diagonal=-self.window)
+        if other_document is not None:
+            hidden = hidden | other_document[:, None]
+        probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+        y = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, h * dv)
+        return self.proj(y)
+
+    def contract(self, p):
+        """[(contract name, parameter)] of the projections, in the engine's order."""
+        if self.q_rank:
+            out = [(p + "attn.q_a.w", self.q_a.weight), (p + "attn.q_a_norm.w", self.q_a_norm.weight),
+                   (p + "attn.q_b.w", self.q_b.weight)]
+        else:
+            out = [(p + "attn.q.w", self.q.weight)]
+        return out + [(p + "attn.kv_a.w", self.kv_a.weight),
+                      (p + "attn.kv_a_norm.w", self.kv_a_norm.weight),
+                      (p + "attn.kv_b.w", self.kv_b.weight)]
+
+
 class Mlp(nn.Module):
     """GPT-2: proj(gelu_tanh(fc(x))). Llama: g, u = split(fc(x)); proj(silu(g) * u), or with
     activation geglu (Gemma's) proj(gelu_tanh(g) * u). Hidden size `hidden`, by default
@@ -543,7 +636,8 @@ class Block(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
         self.ln1 = _make_norm(cfg) if cfg["pre_norms"] else nn.Identity()
-        self.attn = Attention(cfg, layer)
+        self.attn = (LatentAttention(cfg, layer) if cfg["latent_attention"]
+                     else Attention(cfg, layer))
         self.ln2 = _make_norm(cfg) if cfg["pre_norms"] else nn.Identity()
         # post_norms (Gemma 2's and 3's): the attention's and the MLP's outputs normed too.
         self.attn_post = _make_norm(cfg) if cfg["post_norms"] else None
@@ -660,8 +754,11 @@ class Transformer(nn.Module):
                 out.append((p + "ln1.w", block.ln1.weight))
             if gpt2:
                 out.append((p + "ln1.b", block.ln1.bias))
-            out.append((p + "attn.qkv.w", block.attn.qkv.weight))
-            if block.attn.qkv.bias is not None:
+            if isinstance(block.attn, LatentAttention):
+                out += block.attn.contract(p)
+            else:
+                out.append((p + "attn.qkv.w", block.attn.qkv.weight))
+            if not isinstance(block.attn, LatentAttention) and block.attn.qkv.bias is not None:
                 out.append((p + "attn.qkv.b", block.attn.qkv.bias))
             if block.attn.q_norm is not None:
                 out += [(p + "attn.q_norm.w", block.attn.q_norm.weight),

@@ -73,6 +73,12 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
   s.set_rope_local_theta(m.rope_local_theta);
   s.set_post_norms(m.post_norms);
   s.set_no_pre_norms(!m.pre_norms);
+  if (m.latent.enabled()) {
+    LatentSignature& latent = *s.mutable_latent();
+    latent.set_q_rank(m.latent.q_rank);
+    latent.set_kv_rank(m.latent.kv_rank);
+    latent.set_value_dim(m.latent.value_dim);
+  }
   s.set_attention_scale_dim(m.attention_scale_dim);
   s.set_attention_softcap(m.attention_softcap);
   s.set_logit_softcap(m.logit_softcap);
@@ -144,6 +150,9 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.rope_local_theta = s.rope_local_theta();
   m.post_norms = s.post_norms();
   m.pre_norms = !s.no_pre_norms();
+  m.latent = {.q_rank = s.latent().q_rank(),
+              .kv_rank = s.latent().kv_rank(),
+              .value_dim = s.latent().value_dim()};
   m.attention_scale_dim = s.attention_scale_dim();
   m.attention_softcap = s.attention_softcap();
   m.logit_softcap = s.logit_softcap();
@@ -230,6 +239,24 @@ absl::Status CheckMoeMatches(const MoeSignature& saved, const MoeSignature& want
   return absl::OkStatus();
 }
 
+// Latent attention's ranks, value heads and rotary part size its projections' tensors.
+absl::Status CheckLatentMatches(const ModelSignature& saved, const ModelSignature& want) {
+  const LatentSignature &a = saved.latent(), &b = want.latent();
+  auto text = [](const ModelSignature& m) {
+    const LatentSignature& l = m.latent();
+    if (l.kv_rank() == 0) return std::string("none");
+    return absl::StrCat("{q_rank: ", l.q_rank(), ", kv_rank: ", l.kv_rank(),
+                        ", value_dim: ", l.value_dim(), "} with rope_dim ", m.rope_dim());
+  };
+  if (a.q_rank() != b.q_rank() || a.kv_rank() != b.kv_rank() || a.value_dim() != b.value_dim() ||
+      (b.kv_rank() > 0 && saved.rope_dim() != want.rope_dim())) {
+    return absl::InvalidArgumentError(absl::StrCat("model.latent_attention is ", text(saved),
+                                                   " in the checkpoint, ", text(want),
+                                                   " in the spec"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelConfig& model) {
@@ -280,6 +307,7 @@ absl::Status CheckModelMatches(const ModelSignature& saved, const config::ModelC
     return differ("pre_norms", saved.no_pre_norms() ? "false" : "true",
                   want.no_pre_norms() ? "false" : "true");
   }
+  TY_RETURN_IF_ERROR(CheckLatentMatches(saved, want));
   return CheckMoeMatches(saved.moe(), want.moe());
 }
 

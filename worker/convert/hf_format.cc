@@ -2482,6 +2482,11 @@ HfLayout HfExportLayout(const ModelConfig& m) {
 }
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
+  if (m.latent.enabled()) {
+    return absl::UnimplementedError(
+        "model.latent_attention: Trainyard writes no Hugging Face layout for latent attention "
+        "(DeepSeek-V3's is not built)");
+  }
   if (const config::RopeScaling& r = m.rope_scaling;
       r.yarn && m.max_seq != r.original_max_seq &&
       !YarnFactorAgrees(static_cast<double>(HfMaxPositions(m)), r.original_max_seq, r.factor)) {

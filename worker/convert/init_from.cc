@@ -194,6 +194,8 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
     auto text = [](bool geglu) { return std::string(geglu ? "geglu" : "swiglu"); };
     return Differ("activation", text(file.geglu), source, text(spec.geglu));
   }
+  TY_RETURN_IF_ERROR(SameChoice("latent_attention", file.latent.enabled(), spec.latent.enabled(),
+                                source, "set", "none"));
   if (file.head_dim() != spec.head_dim()) {
     return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
   }

@@ -63,8 +63,9 @@ ParameterLayout::ParameterLayout(const ModelConfig& c, int tp_rank, int tp_size,
 // reduction) are every tensor-parallel rank's whole.
 void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const int64_t width = c.width, qkv = c.qkv_width(), attn = int64_t{c.heads} * c.head_dim();
-  const int64_t q_rows = attn, kv_rows = int64_t{c.kv_heads} * c.head_dim();
+  const int64_t width = c.width, qkv = c.qkv_width(), attn = c.attention_width();
+  const int64_t q_rows = int64_t{c.heads} * c.head_dim(),
+                kv_rows = int64_t{c.kv_heads} * c.head_dim();
   constexpr auto kRows = ShardKind::kRows;
   constexpr auto kCols = ShardKind::kColumns;
   // GPT-2's scheme: projections that write into the residual stream start smaller so that the
@@ -76,8 +77,12 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
   int expert_group = -1;
   if (c.pre_norms) b.ln1_w = Add(p + "ln1.w", {width}, InitKind::kOnes);
   if (gpt2) b.ln1_b = Add(p + "ln1.b", {width}, InitKind::kZeros);
-  b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
-                {q_rows, kv_rows, kv_rows});
+  if (c.latent.enabled()) {
+    AddLatent(c, p, b);
+  } else {
+    b.qkv_w = Add(p + "attn.qkv.w", {qkv, width}, InitKind::kNormal, 0.02f, kRows,
+                  {q_rows, kv_rows, kv_rows});
+  }
   if (gpt2 || c.qkv_bias) {
     b.qkv_b =
         Add(p + "attn.qkv.b", {qkv}, InitKind::kZeros, 0.02f, kRows, {q_rows, kv_rows, kv_rows});
@@ -136,6 +141,27 @@ void ParameterLayout::AddBlock(const ModelConfig& c, int layer) {
     block_groups_.push_back(expert_group - 1);
   }
   expert_groups_.push_back(expert_group);
+}
+
+// Latent attention's projections: the ranks' and their norms' every rank's whole, q_b (or q)
+// and kv_b split by heads.
+void ParameterLayout::AddLatent(const ModelConfig& c, const std::string& p, BlockOffsets& b) {
+  const config::LatentAttention& l = c.latent;
+  const int64_t width = c.width, heads = c.heads, d = c.head_dim();
+  constexpr auto kRows = ShardKind::kRows;
+  if (l.q_rank > 0) {
+    b.q_a_w = Add(p + "attn.q_a.w", {l.q_rank, width}, InitKind::kNormal);
+    b.q_a_norm_w = Add(p + "attn.q_a_norm.w", {l.q_rank}, InitKind::kOnes);
+    b.q_b_w =
+        Add(p + "attn.q_b.w", {heads * d, l.q_rank}, InitKind::kNormal, 0.02f, kRows, {heads * d});
+  } else {
+    b.q_w = Add(p + "attn.q.w", {heads * d, width}, InitKind::kNormal, 0.02f, kRows, {heads * d});
+  }
+  b.kv_a_w = Add(p + "attn.kv_a.w", {l.kv_rank + c.rope_dim, width}, InitKind::kNormal);
+  b.kv_a_norm_w = Add(p + "attn.kv_a_norm.w", {l.kv_rank}, InitKind::kOnes);
+  const int64_t kv_rows = heads * (d - c.rope_dim + l.value_dim);
+  b.kv_b_w =
+      Add(p + "attn.kv_b.w", {kv_rows, l.kv_rank}, InitKind::kNormal, 0.02f, kRows, {kv_rows});
 }
 
 // fc [count·fc_out, C] split by rows per expert and section (Llama's gate and up), proj
@@ -312,8 +338,9 @@ void ParameterLayout::Slice(const ParamTensor& t, const float* global, float* lo
 
 bool IsBlockLinearParam(const ParamTensor& t) {
   if (!t.name.starts_with("h.")) return false;
-  for (const char* suffix : {".attn.qkv.w", ".attn.proj.w", ".fc.w", ".proj.w", ".attn.qkv.b",
-                             ".attn.proj.b", ".fc.b", ".proj.b"}) {
+  for (const char* suffix :
+       {".attn.qkv.w", ".attn.proj.w", ".fc.w", ".proj.w", ".attn.qkv.b", ".attn.proj.b", ".fc.b",
+        ".proj.b", ".attn.q_a.w", ".attn.q_b.w", ".attn.q.w", ".attn.kv_a.w", ".attn.kv_b.w"}) {
     if (t.name.ends_with(suffix)) return true;
   }
   return false;

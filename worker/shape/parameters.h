@@ -48,6 +48,11 @@ struct ParamTensor {
 // experts) and the moe_* offsets its router and routed experts.
 struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  // Latent attention (worker/latent_attention.h), in place of qkv_w: q_a [q_rank, C], its norm
+  // [q_rank] and q_b [heads·D, q_rank], or q [heads·D, C]; kv_a [kv_rank + rope_dim, C], its norm
+  // [kv_rank] and kv_b [heads·(D − rope_dim + value_dim), kv_rank].
+  int64_t q_a_w = -1, q_a_norm_w = -1, q_b_w = -1, q_w = -1, kv_a_w = -1, kv_a_norm_w = -1,
+          kv_b_w = -1;
   // qk_norm: the query heads' and key heads' norms [D] (qk_norm_span projection: [heads·D] and
   // [kv_heads·D]).
   int64_t q_norm_w = -1, k_norm_w = -1;
@@ -156,6 +161,7 @@ class ParameterLayout {
 
   std::vector<ParamTensor> tensors_;
   void AddBlock(const config::ModelConfig& config, int layer);
+  void AddLatent(const config::ModelConfig& config, const std::string& prefix, BlockOffsets& b);
   // An MLP of the family's shape with hidden size `ffn` (× `count` experts side by side when
   // count > 0, as one tensor per kind): fc weight and bias, proj weight and bias offsets.
   struct MlpOffsets {

@@ -10,8 +10,9 @@ std::vector<PipelineStage> BalanceStages(const config::ModelConfig& c, int seq_l
   const double attn = c.attention_width();
   const double fc = c.family == config::ModelFamily::kGpt2 ? ffn : 2 * ffn;
   // Per token: matmul parameters (a multiply-add each) plus the attention scores and values.
-  const double block =
-      c.qkv_width() * width + width * attn + fc * width + width * ffn + 2.0 * seq_len * attn;
+  const double projections = c.latent.enabled() ? c.LatentProjectionCount() : c.qkv_width() * width;
+  const double block = projections + width * attn + fc * width + width * ffn +
+                       2.0 * seq_len * c.attention_flop_width();
   const double head = static_cast<double>(c.vocab) * width;
   const int layers = c.layers;
   auto cost = [&](int first, int last_excl, bool is_last) {

@@ -708,6 +708,37 @@ std::vector<BadSpec> BadSpecs() {
        "4:19", "model.document_token",
        "needs CPU ranks: the CUDA attention kernels' document mask has not run on a GPU yet "
        "(leave it out, or write resources.kind: cpu)"},
+      {"latent_attention without kv_rank",
+       "name: job\nmodel:\n  preset: llama-debug\n  latent_attention: {q_rank: 8}\n", "4:21",
+       "model.latent_attention.kv_rank", "required: the rank of the latent"},
+      {"latent_attention with an unknown key",
+       "name: job\nmodel:\n  preset: llama-debug\n  latent_attention: {kv_rank: 8, rank: 2}\n",
+       "4:34", "model.latent_attention.rank", "unknown field; did you mean 'q_rank'?"},
+      {"latent_attention negative q_rank",
+       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
+       "  latent_attention: {q_rank: -1, kv_rank: 8}\n",
+       "6:30", "model.latent_attention.q_rank", "must be at least 0"},
+      {"latent_attention on gpt2",
+       "name: job\nmodel:\n  preset: gpt2-debug\n  latent_attention: {kv_rank: 8, value_dim: 8}\n",
+       "3:3", "model.family", "latent attention is for the llama family"},
+      {"latent_attention with grouped heads",
+       "name: job\nmodel:\n  preset: llama-debug\n  rope_dim: 8\n  latent_attention: {kv_rank: 8}\n",
+       "3:11", "model.kv_heads", "must equal heads 4"},
+      {"latent_attention without rope_dim",
+       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  latent_attention: {kv_rank: 8, "
+       "value_dim: 8}\n",
+       "3:3", "model.rope_dim", "must be set below head_dim 16"},
+      {"latent_attention with tp",
+       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
+       "  latent_attention: {kv_rank: 8}\nparallelism: {tp: 2}\n"
+       "resources: {devices_per_node: 2}\n",
+       "7:19", "parallelism.tp", "tp 2 with latent attention"},
+      {"latent_attention on GPUs",
+       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
+       "  latent_attention: {kv_rank: 8}\nresources: {kind: gpu}\n",
+       "6:21", "model.latent_attention",
+       "needs CPU ranks: the CUDA attention kernels take value heads as wide as the query and key "
+       "heads"},
       {"negative sliding_window",
        "name: job\nmodel:\n  preset: llama-debug\n  sliding_window: -1\n", "4:19",
        "model.sliding_window", "must be a number of positions (0 for none), got -1"},

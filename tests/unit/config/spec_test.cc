@@ -451,6 +451,33 @@ TEST(ParseJobSpecTest, DocumentToken) {
       0);
 }
 
+// Latent attention: value heads as wide as the heads' unrotated part unless given; the packed
+// row, the output width and the parameters follow from the ranks.
+TEST(ParseJobSpecTest, LatentAttention) {
+  const JobSpec j = MustParse(
+      "name: m\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  head_dim: 24\n  rope_dim: 8\n"
+      "  latent_attention: {q_rank: 32, kv_rank: 20}\n");
+  const config::ModelConfig& m = j.model;
+  EXPECT_EQ(m.latent.q_rank, 32);
+  EXPECT_EQ(m.latent.kv_rank, 20);
+  EXPECT_EQ(m.latent.value_dim, 16);
+  EXPECT_EQ(m.value_head_dim(), 16);
+  EXPECT_EQ(m.qkv_width(), 2 * 4 * 24 + 4 * 16);
+  EXPECT_EQ(m.attention_width(), 4 * 16);
+  EXPECT_EQ(m.attention_flop_width(), 4 * (24 + 16) / 2.0);
+  // Per block: q_a, its norm, q_b; kv_a, its norm, kv_b; the output projection.
+  const int64_t projections =
+      32 * 64 + 32 + 96 * 32 + (20 + 8) * 64 + 20 + 4 * (16 + 16) * 20 + 64 * 64;
+  const int64_t dense = MustParse("name: m\nmodel: {preset: llama-debug}\n").model.ParameterCount();
+  EXPECT_EQ(m.ParameterCount(), dense + 2 * (projections - (64 + 2 * 32) * 64 - 64 * 64));
+  const JobSpec narrow = MustParse(
+      "name: m\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 4\n"
+      "  latent_attention: {kv_rank: 20, value_dim: 6}\ntraining: {seq_len: 16}\n"
+      "parallelism: {pp: 2, cp: 2}\nresources: {devices_per_node: 4}\n");
+  EXPECT_EQ(narrow.model.latent.q_rank, 0);
+  EXPECT_EQ(narrow.model.latent.value_dim, 6);
+}
+
 TEST(ParseJobSpecTest, SampleFields) {
   JobSpec minimal = MustParse("name: minimal\nmodel: {preset: gpt2-debug}\n");
   EXPECT_EQ(minimal.training.sample_every, 0);  // off unless asked for

@@ -137,6 +137,21 @@ TEST(Generator, NopeLayersSeeWhatTheTrainingModelSees) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
 }
 
+// Multi-head latent attention: the cache holds each position's decompressed keys (the shared
+// rotary key turned at its position) and its value heads, narrower than the keys, at the keys'
+// stride; with and without the query latent, and with value heads wider than the keys.
+TEST(Generator, LatentAttentionIsTheTrainingModels) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.max_seq = 32;
+  model.kv_heads = model.heads;
+  model.explicit_head_dim = 24;
+  model.rope_dim = 8;
+  model.latent = {.q_rank = 20, .kv_rank = 12, .value_dim = 16};
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
+  model.latent = {.q_rank = 0, .kv_rank = 12, .value_dim = 30};
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
+}
+
 // Granite's multipliers: the embeddings, each branch joining the cached residual stream, the
 // scores against cached keys and the logits, scaled as the training model scales them.
 TEST(Generator, GraniteMultipliersAreTheTrainingModels) {

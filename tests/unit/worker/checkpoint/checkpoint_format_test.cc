@@ -406,6 +406,36 @@ TEST(CheckpointFormatTest, TheSignatureCarriesTheRopeScaling) {
   EXPECT_EQ(read->rope_scaling, model.rope_scaling);
 }
 
+// Latent attention's ranks, value heads and rotary part size its projections: a checkpoint with
+// it loads only into the same latent model, and the signature carries it back; a model without
+// it writes no latent member.
+TEST(CheckpointFormatTest, TheSignatureCarriesLatentAttention) {
+  config::ModelConfig plain = *config::Preset("llama-debug");
+  plain.kv_heads = plain.heads;
+  plain.rope_dim = 4;
+  config::ModelConfig latent = plain;
+  latent.latent = {.q_rank = 24, .kv_rank = 12, .value_dim = 8};
+  EXPECT_FALSE(SignatureOf(plain).has_latent());
+  EXPECT_TRUE(CheckModelMatches(SignatureOf(latent), latent).ok());
+  EXPECT_THAT(CheckModelMatches(SignatureOf(latent), plain).message(),
+              HasSubstr("model.latent_attention is {q_rank: 24, kv_rank: 12, value_dim: 8} with "
+                        "rope_dim 4 in the checkpoint, none in the spec"));
+  config::ModelConfig other = latent;
+  other.latent.value_dim = 12;
+  EXPECT_THAT(CheckModelMatches(SignatureOf(latent), other).message(),
+              HasSubstr("model.latent_attention"));
+  other = latent;
+  other.rope_dim = 8;  // the shared rotary key and each head's other part change size
+  EXPECT_THAT(CheckModelMatches(SignatureOf(latent), other).message(),
+              HasSubstr("with rope_dim 4 in the checkpoint"));
+  absl::StatusOr<config::ModelConfig> read = ModelFromSignature(SignatureOf(latent));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->latent.q_rank, 24);
+  EXPECT_EQ(read->latent.kv_rank, 12);
+  EXPECT_EQ(read->latent.value_dim, 8);
+  EXPECT_FALSE(ModelFromSignature(SignatureOf(plain))->latent.enabled());
+}
+
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {
   // A dense model's manifest has no moe member, as before MoE existed.
   EXPECT_THAT(SerializeManifest(SomeManifest()), Not(HasSubstr("moe")));
