@@ -92,13 +92,6 @@ Problem CheckTensorParallel(const ParallelismSpec& m, const JobSpec& spec) {
   }
   // Each expert's MLP (and the shared experts', shared_experts × ffn wide) is split column- and
   // row-parallel like the dense MLP.
-  if (spec.model.latent.enabled() && m.tp > 1) {
-    return Bad("parallelism.tp",
-               absl::StrCat("tp ", m.tp,
-                            " with latent attention: its shared latents' gradients are not summed "
-                            "over a tensor-parallel group (write tp: 1)"),
-               {"model.latent_attention"});
-  }
   const MoeConfig& moe = spec.model.moe;
   if (moe.enabled() && moe.ffn % m.tp != 0) {
     return Bad("parallelism.tp",

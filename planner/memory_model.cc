@@ -363,7 +363,7 @@ int64_t SlotBytes(const RankShape& s, const BackendShape& backend, bool forward_
     if (c.NormsWholeProjection() && tp > 1) e.floats += n;  // each row's gradient dot
   }
   if (c.latent.enabled()) {  // latent attention's latents and statistics, and its scratch
-    const worker::LatentShape latent = worker::LatentShape::Of(c, n);
+    const worker::LatentShape latent = worker::LatentShape::Of(c, n, static_cast<int>(tp));
     e.acts += saved * latent.saved_acts() + latent.scratch();
     e.floats += saved * latent.saved_floats();
   }

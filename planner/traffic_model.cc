@@ -224,6 +224,13 @@ std::vector<Collective> ModelTensorParallelTraffic(const RankShape& s, const Bac
       out.push_back(Times(tp.AllReduce(rows, kFloat), 2 * layers));
     }
   }
+  // Latent attention: each block's backward sums the gradients at its normed latents and its
+  // shared rotary key (every row's, as the attention's input is whole rows), from this rank's
+  // heads.
+  if (const config::LatentAttention& l = s.model.latent; l.enabled()) {
+    const int64_t latents = int64_t{l.q_rank} + l.kv_rank + s.model.rope_dim;
+    out.push_back(Times(tp.AllReduce(rows * latents, a), layers));
+  }
   // An MoE block's combine weights' gradients, one float per pick (all N·top_k of them when
   // dropless; fewer when a capacity drops some, which this bound does not know).
   if (const int moe_blocks = s.moe_blocks(); moe_blocks > 0) {

@@ -1,14 +1,18 @@
 #include "worker/latent_attention.h"
 
+#include "common/status.h"
+
 namespace trainyard::worker {
 namespace {
 
 // The scratch's parts, each [rows, cols] contiguous, in order: the forward uses the first three.
+// The gradients at the normed latents and at the shared rotary key follow each other (c_normed,
+// rot_sum, q_normed): a tensor-parallel group sums them as one span.
 struct Scratch {
   Act *q, *kv, *latent;                 // q's and kv_b's outputs, kv_a's (gradients backward)
   Act *c, *c_normed;                    // the kv latent's gradient before and after its norm
   Act *rot_sum, *rot_part;              // the key heads' rotary gradients, summed and one
-  Act *q_latent, *q_normed, *dx_other;  // the query latent's gradients; x's from the kv path
+  Act *q_normed, *q_latent, *dx_other;  // the query latent's gradients; x's from the other path
   Scratch(Backend& be, const LatentShape& s, Act* base) {
     int64_t at = 0;
     auto take = [&](int64_t cols) {
@@ -22,9 +26,9 @@ struct Scratch {
     c = take(s.kv_rank);
     c_normed = take(s.kv_rank);
     rot_sum = take(s.rope);
+    q_normed = take(s.q_rank);
     rot_part = take(s.rope);
     q_latent = take(s.q_rank);
-    q_normed = take(s.q_rank);
     dx_other = take(s.width);
   }
 };
@@ -59,9 +63,9 @@ void LatentForward(Backend& be, const LatentShape& s, const LatentWeights& w, co
   }
 }
 
-void LatentBackward(Backend& be, const LatentShape& s, const LatentWeights& w,
-                    const LatentGrads& grads, const Act* x, const LatentSaved& saved,
-                    const Act* dqkv, Act* scratch, Act* dx) {
+absl::Status LatentBackward(Backend& be, const LatentShape& s, const LatentWeights& w,
+                            const LatentGrads& grads, const Act* x, const LatentSaved& saved,
+                            const Act* dqkv, Act* scratch, Act* dx, const LatentGroup& group) {
   const Scratch t(be, s, scratch);
   const int64_t n = s.rows, d = s.head_dim, row = s.qkv_row();
   const int64_t keys = s.q_width(), values = 2 * s.q_width(), per_head = s.nope() + s.value_dim;
@@ -77,28 +81,38 @@ void LatentBackward(Backend& be, const LatentShape& s, const LatentWeights& w,
     be.CopyRows(be.At(head, s.nope()), s.kv_width(), be.At(dqkv, values + h * s.value_dim), row, n,
                 s.value_dim);
   }
-  // The key/value path: kv_b, the latent's norm, kv_a.
+  // The gradients at the normed latents and the rotary key, from this rank's heads: summed over
+  // the group, every rank has them whole, and from there on the same gradients for the latents'
+  // weights and norms (held whole by every rank) and the input's share through them, which one
+  // rank adds to its part of x's gradient.
   be.LinearBackward(t.c_normed, grads.kv_b, nullptr, t.kv, saved.kv_normed, w.kv_b, n, s.kv_width(),
                     s.kv_rank);
+  if (s.q_rank > 0) {
+    be.LinearBackward(t.q_normed, grads.q_b, nullptr, t.q, saved.q_normed, w.q_b, n, s.q_width(),
+                      s.q_rank);
+  }
+  if (group.sum) TY_RETURN_IF_ERROR(group.sum(t.c_normed, n * (s.kv_rank + s.rope + s.q_rank)));
+  // The key/value path: the latent's norm, kv_a.
   be.Fill(t.c, 0.0f, n * s.kv_rank);
   be.RmsNormBackward(t.c, grads.kv_a_norm, t.c_normed, saved.kv_latent, w.kv_a_norm, saved.kv_rstd,
                      n, s.kv_rank);
   be.CopyRows(t.latent, s.latent_width(), t.c, s.kv_rank, n, s.kv_rank);
   be.CopyRows(be.At(t.latent, s.kv_rank), s.latent_width(), t.rot_sum, s.rope, n, s.rope);
-  be.LinearBackward(t.dx_other, grads.kv_a, nullptr, t.latent, x, w.kv_a, n, s.latent_width(),
-                    s.width);
-  // The query path, into dx, and the two paths' sum.
+  be.LinearBackward(group.first ? t.dx_other : nullptr, grads.kv_a, nullptr, t.latent, x, w.kv_a, n,
+                    s.latent_width(), s.width);
+  // The query path into dx: through its latent (whole, on one rank), or from this rank's heads.
   if (s.q_rank > 0) {
-    be.LinearBackward(t.q_normed, grads.q_b, nullptr, t.q, saved.q_normed, w.q_b, n, s.q_width(),
-                      s.q_rank);
     be.Fill(t.q_latent, 0.0f, n * s.q_rank);
     be.RmsNormBackward(t.q_latent, grads.q_a_norm, t.q_normed, saved.q_latent, w.q_a_norm,
                        saved.q_rstd, n, s.q_rank);
-    be.LinearBackward(dx, grads.q_a, nullptr, t.q_latent, x, w.q_a, n, s.q_rank, s.width);
+    be.LinearBackward(group.first ? dx : nullptr, grads.q_a, nullptr, t.q_latent, x, w.q_a, n,
+                      s.q_rank, s.width);
+    if (!group.first) be.Fill(dx, 0.0f, n * s.width);
   } else {
     be.LinearBackward(dx, grads.q, nullptr, t.q, x, w.q, n, s.q_width(), s.width);
   }
-  be.Add(dx, dx, t.dx_other, n * s.width);
+  if (group.first) be.Add(dx, dx, t.dx_other, n * s.width);
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard::worker

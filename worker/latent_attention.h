@@ -16,7 +16,9 @@
 #define TRAINYARD_WORKER_LATENT_ATTENTION_H_
 
 #include <cstdint>
+#include <functional>
 
+#include "absl/status/status.h"
 #include "worker/backend.h"
 #include "worker/shape/latent_shape.h"
 
@@ -46,11 +48,21 @@ struct LatentSaved {
 void LatentForward(Backend& be, const LatentShape& s, const LatentWeights& w, const Act* x,
                    const LatentSaved& saved, Act* scratch, Act* qkv);
 
-// dx [n, width] (overwritten) and the weights' gradients (accumulated) from dqkv, the gradient at
-// the packed rows before RoPE.
-void LatentBackward(Backend& be, const LatentShape& s, const LatentWeights& w,
-                    const LatentGrads& grads, const Act* x, const LatentSaved& saved,
-                    const Act* dqkv, Act* scratch, Act* dx);
+// Tensor parallelism (s.heads: this rank's heads): `sum` adds a span of activations over the
+// group (null: one rank holds every head); `first` says this rank adds the input's gradient
+// through the latents, which every rank of the group computes whole.
+struct LatentGroup {
+  std::function<absl::Status(Act* data, int64_t count)> sum;
+  bool first = true;
+};
+
+// dx [n, width] (overwritten: this rank's part of the input's gradient, summed over the group by
+// the caller) and the weights' gradients (accumulated) from dqkv, the gradient at the packed rows
+// before RoPE.
+[[nodiscard]] absl::Status LatentBackward(Backend& be, const LatentShape& s, const LatentWeights& w,
+                                          const LatentGrads& grads, const Act* x,
+                                          const LatentSaved& saved, const Act* dqkv, Act* scratch,
+                                          Act* dx, const LatentGroup& group = {});
 
 }  // namespace trainyard::worker
 

@@ -124,10 +124,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const config::ModelConfig& 
                                                    " does not split the experts of model.moe (",
                                                    config.moe.experts, ")"));
   }
-  if (config.latent.enabled() && tp > 1) {
-    return absl::InvalidArgumentError(
-        "parallelism.tp: latent attention (model.latent_attention) trains with tp 1");
-  }
   if (config.moe.enabled() && config.moe.ffn % tp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.moe.ffn: ", config.moe.ffn, " does not split over tp ", tp));
@@ -336,10 +332,7 @@ void Model::AllocateLatent(LayerActivations& la, int64_t n) {
   la.latent_kv_rstd = be.AllocFloat(n);
 }
 
-// The backward of block `layer`'s projection to the packed qkv row (acts_->dqkv holds the row's
-// gradient): its input's gradient into acts_->dln, and its weights' gradients, or with a split
-// backward the row's gradient kept for the weight pass (latent attention's are not deferred).
-void Model::QkvBackward(int layer, LayerActivations& la) {
+absl::Status Model::QkvBackward(int layer, LayerActivations& la) {
   if (config_.latent.enabled()) return LatentProject(layer, la, /*backward=*/true);
   Activations& a = *acts_;
   const int g = layout_.block_group(layer);
@@ -353,15 +346,14 @@ void Model::QkvBackward(int layer, LayerActivations& la) {
   }
   backend_->LinearBackward(a.dln.data(), dw, db, a.dqkv.data(), AttentionInput(la, layer),
                            P(g, o.qkv_w), n, dims_.qkv_width, config_.width);
+  return absl::OkStatus();
 }
 
-// model.latent_attention: block `layer`'s packed qkv from its attention input, or backward its
-// input's gradient (into acts_->dln) and its projections' weight gradients from acts_->dqkv.
-void Model::LatentProject(int layer, LayerActivations& la, bool backward) {
+absl::Status Model::LatentProject(int layer, LayerActivations& la, bool backward) {
   Activations& a = *acts_;
   const int g = layout_.block_group(layer);
   const BlockOffsets& o = layout_.block(layer);
-  const LatentShape shape = LatentShape::Of(config_, int64_t{a.b} * a.t);
+  const LatentShape shape = LatentShape::Of(config_, int64_t{a.b} * a.t, tp_size());
   const LatentWeights w{P(g, o.q_a_w),  P(g, o.q_a_norm_w),  P(g, o.q_b_w), P(g, o.q_w),
                         P(g, o.kv_a_w), P(g, o.kv_a_norm_w), P(g, o.kv_b_w)};
   const LatentSaved saved{la.latent_q.data(),         la.latent_q_normed.data(),
@@ -370,12 +362,17 @@ void Model::LatentProject(int layer, LayerActivations& la, bool backward) {
   const Act* x = AttentionInput(la, layer);
   if (!backward) {
     LatentForward(*backend_, shape, w, x, saved, a.latent_scratch.data(), la.qkv.data());
-    return;
+    return absl::OkStatus();
   }
   const LatentGrads grads{G(g, o.q_a_w),  G(g, o.q_a_norm_w),  G(g, o.q_b_w), G(g, o.q_w),
                           G(g, o.kv_a_w), G(g, o.kv_a_norm_w), G(g, o.kv_b_w)};
-  LatentBackward(*backend_, shape, w, grads, x, saved, a.dqkv.data(), a.latent_scratch.data(),
-                 a.dln.data());
+  LatentGroup group;
+  if (tp_size() > 1) {
+    group.sum = [this](Act* data, int64_t count) { return tp_.AllReduce(data, count); };
+    group.first = tp_rank() == 0;
+  }
+  return LatentBackward(*backend_, shape, w, grads, x, saved, a.dqkv.data(),
+                        a.latent_scratch.data(), a.dln.data(), group);
 }
 
 void Model::AllocateNorms(LayerActivations& la, int64_t n, int64_t nr) {
@@ -479,7 +476,9 @@ void Model::EnsureActivations(int b, int t) {
   a->dln = be.AllocAct(n * width);
   a->datt = be.AllocAct(n * attn);
   a->dqkv = be.AllocAct(n * qkv);
-  if (c.latent.enabled()) a->latent_scratch = be.AllocAct(LatentShape::Of(c, n).scratch());
+  if (c.latent.enabled()) {
+    a->latent_scratch = be.AllocAct(LatentShape::Of(c, n, tp_size()).scratch());
+  }
   a->dfc = be.AllocAct(n * most.fc);
   a->dact = be.AllocAct(n * most.ffn);
   if (most.moe) {
@@ -678,7 +677,7 @@ absl::Status Model::BlockForward(int layer, LayerActivations& la, PendingSum& re
   Norm(ln1, la.ln1_mean.data(), la.ln1_rstd.data(), x, residual, P(g, o.ln1_w), P(g, o.ln1_b));
   TY_RETURN_IF_ERROR(ToFullRows(ln1, la.ln1.data(), width));
   if (c.latent.enabled()) {
-    LatentProject(layer, la, /*backward=*/false);
+    TY_RETURN_IF_ERROR(LatentProject(layer, la, /*backward=*/false));
   } else {
     be.Linear(la.qkv.data(), AttentionInput(la, layer), P(g, o.qkv_w), P(g, o.qkv_b), n,
               dims_.qkv_width, width);
@@ -930,7 +929,7 @@ absl::Status Model::BlockBackward(int layer, LayerActivations& la, Act* dx) {
     TY_RETURN_IF_ERROR(
         HeadNormsBackward(layer, la, deferred != nullptr ? deferred->head_norms.data() : nullptr));
   }
-  QkvBackward(layer, la);
+  TY_RETURN_IF_ERROR(QkvBackward(layer, la));
   TY_RETURN_IF_ERROR(SumToLocalRows(a.dln.data(), dln, width));
   NormBackward(dx, ln1, dln, a.resid[li].data(), P(g, o.ln1_w), la.ln1_mean.data(),
                la.ln1_rstd.data());

@@ -239,8 +239,14 @@ class Model {
   // its own positions).
   void EmbeddingLookup(Act* out, const int32_t* tokens, const float* wte, const float* wpe);
   void AllocateLatent(LayerActivations& la, int64_t n);
-  void LatentProject(int layer, LayerActivations& la, bool backward);
-  void QkvBackward(int layer, LayerActivations& la);
+  // model.latent_attention: block `layer`'s packed qkv from its attention input, or backward its
+  // input's gradient (into acts_->dln) and its projections' weight gradients from acts_->dqkv.
+  [[nodiscard]] absl::Status LatentProject(int layer, LayerActivations& la, bool backward);
+  // The backward of block `layer`'s projection to the packed qkv row (acts_->dqkv holds the
+  // row's gradient): its input's gradient into acts_->dln, and its weights' gradients, or with a
+  // split backward the row's gradient kept for the weight pass (latent attention's are not
+  // deferred).
+  [[nodiscard]] absl::Status QkvBackward(int layer, LayerActivations& la);
   // RoPE on the query and key heads of `qkv` (direction: forward or its inverse).
   void Rotate(int layer, Act* qkv, bool backward);
   // The attention of block `layer` over the micro-batch's local rows.

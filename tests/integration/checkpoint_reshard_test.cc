@@ -59,6 +59,15 @@ const MeshCase kMoeMeshes[] = {
     {.name = "moe_dp2_cp2_ep2_zero3", .dp = 2, .cp = 2, .zero = 3, .experts = 4, .ep = 2},
 };
 
+// A llama model with latent attention written and read with its heads split by tensor
+// parallelism (the latents' projections whole on every rank), over pipeline stages, and with
+// context parallelism and ZeRO-3.
+const MeshCase kLatentMeshes[] = {
+    {.name = "latent_dp1", .latent = true},
+    {.name = "latent_tp2_pp2_sp", .tp = 2, .pp = 2, .sequence_parallel = true, .latent = true},
+    {.name = "latent_cp2_zero3", .cp = 2, .zero = 3, .latent = true},
+};
+
 constexpr int64_t kSavedStep = 3;
 constexpr int64_t kSteps = 5;
 
@@ -185,6 +194,17 @@ INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, ReshardExperts,
                          [](const auto& info) {
                            return absl::StrCat(config::FamilyName(std::get<0>(info.param)),
                                                "_from_", std::get<1>(info.param).name);
+                         });
+
+class ReshardLatent : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ReshardLatent, CheckpointLoadsOnEveryMesh) {
+  CheckReshard(config::ModelFamily::kLlama, GetParam(), kLatentMeshes);
+}
+
+INSTANTIATE_TEST_SUITE_P(LatentAttention, ReshardLatent, ::testing::ValuesIn(kLatentMeshes),
+                         [](const auto& info) {
+                           return absl::StrCat("llama_from_", info.param.name);
                          });
 
 }  // namespace

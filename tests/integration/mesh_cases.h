@@ -70,8 +70,10 @@ struct MeshCase {
   // documents of a few tokens cross micro-batches' chunks, stages' boundaries and ranks' shares.
   bool documents = false;
   // llama: multi-head latent attention (DeepSeek-V3's): a key/value head per query head, 4 of
-  // each head's 16 dimensions turned, value heads of 8, latents of 24 (queries) and 12.
+  // each head's 16 dimensions turned, value heads of 8, latents of 24 (queries; with
+  // latent_direct_queries none, the queries projected from the input) and 12.
   bool latent = false;
+  bool latent_direct_queries = false;
 };
 
 // The token a Markov source emits most often (its stationary probability summed over the
@@ -161,7 +163,8 @@ inline void ApplyMesh(const MeshCase& mesh, config::JobSpec* spec) {
     if (mesh.latent) {
       spec->model.kv_heads = spec->model.heads;
       spec->model.rope_dim = 4;
-      spec->model.latent = {.q_rank = 24, .kv_rank = 12, .value_dim = 8};
+      spec->model.latent = {
+          .q_rank = mesh.latent_direct_queries ? 0 : 24, .kv_rank = 12, .value_dim = 8};
     }
     if (mesh.granite) {
       spec->model.embedding_multiplier = 6.0f;
@@ -366,8 +369,23 @@ inline constexpr MeshCase kModelParallelMeshes[] = {
      .virtual_stages = 2,
      .layers = 4},
     // Latent attention: its projections' gradients reduced over dp (ZeRO 3: sharded), computed
-    // in a split backward's input pass (zero bubble), recomputed, across interleaved chunks.
+    // in a split backward's input pass (zero bubble), recomputed, across interleaved chunks; its
+    // heads split by tensor parallelism (the latents' gradients summed over the group), with
+    // sequence parallelism and ZeRO 1, and with the queries' projection split by heads too.
     {.name = "latent_dp2_zero3", .dp = 2, .zero = 3, .latent = true},
+    {.name = "latent_tp2", .tp = 2, .latent = true},
+    {.name = "latent_dp2_tp2_sp_zero1",
+     .dp = 2,
+     .tp = 2,
+     .zero = 1,
+     .sequence_parallel = true,
+     .latent = true},
+    {.name = "latent_tp2_pp2_zb_direct_queries",
+     .tp = 2,
+     .pp = 2,
+     .schedule = kZeroBubble,
+     .latent = true,
+     .latent_direct_queries = true},
     {.name = "latent_pp2_zb", .pp = 2, .schedule = kZeroBubble, .latent = true},
     {.name = "latent_il_pp2_v2_recompute",
      .pp = 2,
@@ -424,8 +442,8 @@ inline constexpr MeshCase kContextParallelMeshes[] = {
     // from their documents' starts on (with a window, from the later of the two).
     {.name = "cp4_documents", .cp = 4, .seq_len = 24, .documents = true},
     // Latent attention's value heads, narrower than its keys, around the ring.
-    {.name = "latent_cp2_dp2_documents",
-     .dp = 2,
+    {.name = "latent_cp2_tp2_documents",
+     .tp = 2,
      .cp = 2,
      .seq_len = 24,
      .documents = true,

@@ -1,4 +1,5 @@
-// The sizes of one block's latent attention projections over `rows` rows (model.latent_attention;
+// The sizes of one block's latent attention projections over `rows` rows on one rank of a tensor-
+// parallel group of `tp`, which holds heads / tp of the heads (model.latent_attention;
 // worker/latent_attention.h runs them): plain arithmetic, which the planner's memory model reads
 // as the engine allocates.
 #ifndef TRAINYARD_WORKER_SHAPE_LATENT_SHAPE_H_
@@ -13,10 +14,10 @@ namespace trainyard::worker {
 struct LatentShape {
   int64_t rows, width, heads, head_dim, rope, value_dim, q_rank, kv_rank;
   float eps;
-  static LatentShape Of(const config::ModelConfig& c, int64_t rows) {
+  static LatentShape Of(const config::ModelConfig& c, int64_t rows, int tp = 1) {
     return {.rows = rows,
             .width = c.width,
-            .heads = c.heads,
+            .heads = c.heads / tp,
             .head_dim = c.head_dim(),
             .rope = c.rope_dim,
             .value_dim = c.latent.value_dim,

@@ -722,17 +722,13 @@ std::vector<BadSpec> BadSpecs() {
        "name: job\nmodel:\n  preset: gpt2-debug\n  latent_attention: {kv_rank: 8, value_dim: 8}\n",
        "3:3", "model.family", "latent attention is for the llama family"},
       {"latent_attention with grouped heads",
-       "name: job\nmodel:\n  preset: llama-debug\n  rope_dim: 8\n  latent_attention: {kv_rank: 8}\n",
+       "name: job\nmodel:\n  preset: llama-debug\n  rope_dim: 8\n  latent_attention: {kv_rank: "
+       "8}\n",
        "3:11", "model.kv_heads", "must equal heads 4"},
       {"latent_attention without rope_dim",
        "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  latent_attention: {kv_rank: 8, "
        "value_dim: 8}\n",
        "3:3", "model.rope_dim", "must be set below head_dim 16"},
-      {"latent_attention with tp",
-       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
-       "  latent_attention: {kv_rank: 8}\nparallelism: {tp: 2}\n"
-       "resources: {devices_per_node: 2}\n",
-       "7:19", "parallelism.tp", "tp 2 with latent attention"},
       {"latent_attention on GPUs",
        "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
        "  latent_attention: {kv_rank: 8}\nresources: {kind: gpu}\n",

@@ -473,7 +473,8 @@ TEST(ParseJobSpecTest, LatentAttention) {
   const JobSpec narrow = MustParse(
       "name: m\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 4\n"
       "  latent_attention: {kv_rank: 20, value_dim: 6}\ntraining: {seq_len: 16}\n"
-      "parallelism: {pp: 2, cp: 2}\nresources: {devices_per_node: 4}\n");
+      "parallelism: {tp: 2, pp: 2, cp: 2, sequence_parallel: true}\n"
+      "resources: {devices_per_node: 8}\n");
   EXPECT_EQ(narrow.model.latent.q_rank, 0);
   EXPECT_EQ(narrow.model.latent.value_dim, 6);
 }
