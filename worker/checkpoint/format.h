@@ -24,8 +24,8 @@
 
 namespace trainyard::worker::checkpoint {
 
-using v1::Manifest;
 using v1::LatentSignature;
+using v1::Manifest;
 using v1::ModelSignature;
 using v1::MoeSignature;
 using v1::RopeScalingSignature;
