@@ -402,7 +402,8 @@ absl::Status ValidateLongRope(const RopeScaling& r, int pairs, const std::string
   return absl::OkStatus();
 }
 
-// YaRN's: a factor of at least 1, beta_fast above beta_slow above 0, a positive attention factor.
+// YaRN's: a factor of at least 1, beta_fast at least beta_slow (Kimi K2's are both 1: one pair
+// index between kept and slowed, as transformers blends it) above 0, a positive attention factor.
 absl::Status ValidateYarn(const RopeScaling& r, const std::string& p) {
   auto bad = [&](const char* field, const std::string& why) {
     return RopeScalingError(p, field, why);
@@ -411,9 +412,9 @@ absl::Status ValidateYarn(const RopeScaling& r, const std::string& p) {
   if (!(r.beta_slow > 0.0f) || !std::isfinite(r.beta_slow)) {
     return bad("beta_slow", absl::StrCat("must be positive, got ", r.beta_slow));
   }
-  if (!(r.beta_fast > r.beta_slow) || !std::isfinite(r.beta_fast)) {
+  if (!(r.beta_fast >= r.beta_slow) || !std::isfinite(r.beta_fast)) {
     return bad("beta_fast",
-               absl::StrCat("must exceed beta_slow ", r.beta_slow, ", got ", r.beta_fast));
+               absl::StrCat("must be at least beta_slow ", r.beta_slow, ", got ", r.beta_fast));
   }
   TY_RETURN_IF_ERROR(ValidateAttentionFactor(r, p));
   return absl::OkStatus();
@@ -464,6 +465,9 @@ absl::Status ValidateLatent(const ModelConfig& c, const std::string& p) {
   }
   if (l.value_dim < 1) {
     return bad("value_dim", absl::StrCat("must be at least 1, got ", l.value_dim));
+  }
+  if (!(l.norm_eps > 0.0f) || !std::isfinite(l.norm_eps)) {
+    return bad("norm_eps", absl::StrCat("must be a positive number, got ", l.norm_eps));
   }
   auto refused = [&](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(

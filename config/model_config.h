@@ -145,11 +145,14 @@ inline float YarnAttentionFactor(double factor) { return static_cast<float>(Yarn
 // come from a latent of q_rank the same way (q_a [q_rank, width], an RMSNorm, q_b
 // [heads · head_dim, q_rank]), or with q_rank 0 from the input directly ([heads · head_dim,
 // width]). A head is its rope_dim rotary dimensions, then its nope others; the output
-// projection reads heads · value_dim.
+// projection reads heads · value_dim. The latents' RMSNorms take norm_eps, DeepSeek's 1e-6
+// whatever the model's other norms take (its reference code and transformers' leave them at
+// their class's default).
 struct LatentAttention {
   int q_rank = 0;
   int kv_rank = 0;  // 0: ordinary attention
   int value_dim = 0;
+  float norm_eps = 1e-6f;
   bool enabled() const { return kv_rank > 0; }
 };
 

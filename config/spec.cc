@@ -252,14 +252,15 @@ absl::Status ReadModelChoices(FieldReader& r, ModelConfig& m) {
 // model.latent_attention, read once the heads' width and rotary part are known: value heads as
 // wide as the heads' other part unless given (DeepSeek-V2's and V3's are).
 absl::Status ReadLatent(FieldReader& r, const ModelConfig& m, LatentAttention* latent) {
-  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"q_rank", "kv_rank", "value_dim"}));
+  TY_RETURN_IF_ERROR(r.ExpectMapWithKeys({"q_rank", "kv_rank", "value_dim", "norm_eps"}));
   if (!r.Has("kv_rank")) {
     return r.ErrorAt("kv_rank", "required: the rank of the latent the keys and values come from");
   }
   TY_RETURN_IF_ERROR(r.ReadInt("q_rank", &latent->q_rank));
   TY_RETURN_IF_ERROR(r.ReadInt("kv_rank", &latent->kv_rank));
   latent->value_dim = m.head_dim() - m.rope_dim;
-  return r.ReadInt("value_dim", &latent->value_dim);
+  TY_RETURN_IF_ERROR(r.ReadInt("value_dim", &latent->value_dim));
+  return r.ReadFloat("norm_eps", &latent->norm_eps);
 }
 
 // model's fields that change which keys a query sees, how its scores and the logits are

@@ -177,7 +177,9 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .ernie_moe = mesh.ernie_moe,
                      .minimax_m2 = mesh.minimax_m2,
                      .groups = mesh.groups,
-                     .group_top_k = mesh.group_top_k};
+                     .group_top_k = mesh.group_top_k,
+                     .latent = mesh.latent,
+                     .latent_direct_queries = mesh.latent_direct_queries};
   config::JobSpec single = Job(family, one);
   single.init_from = hf.string();
   const double mesh_loss = FirstLoss(on_mesh), single_loss = FirstLoss(single);
@@ -320,6 +322,34 @@ INSTANTIATE_TEST_SUITE_P(
                                                   .granite = true,
                                                   .experts = 4,
                                                   .ep = 2})),
+    [](const auto& info) { return std::string(std::get<1>(info.param).name); });
+
+// Latent attention exports as DeepSeek-V3 (each query head's rotary rows moved last and put in
+// neighbouring pairs, the rotary key's too): over DeepSeek-V3's routing past a dense first block,
+// read back with the experts split over data-parallel ranks under ZeRO-3, and without the query
+// latent on pipeline stages with the heads split over tensor-parallel ranks; dense (null
+// experts), split over tensor-parallel ranks under sequence parallelism.
+INSTANTIATE_TEST_SUITE_P(
+    DeepseekV3, HfRoundTrip,
+    ::testing::Combine(::testing::Values(ModelFamily::kLlama),
+                       ::testing::Values(MeshCase{.name = "deepseek_v3_dp2_ep2_zero3",
+                                                  .dp = 2,
+                                                  .zero = 3,
+                                                  .experts = 4,
+                                                  .ep = 2,
+                                                  .glm45 = true,
+                                                  .latent = true},
+                                         MeshCase{.name = "deepseek_v3_tp2_pp2_direct_queries",
+                                                  .tp = 2,
+                                                  .pp = 2,
+                                                  .experts = 4,
+                                                  .glm45 = true,
+                                                  .latent = true,
+                                                  .latent_direct_queries = true},
+                                         MeshCase{.name = "deepseek_v3_dense_tp2_sp",
+                                                  .tp = 2,
+                                                  .sequence_parallel = true,
+                                                  .latent = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
 // Gated shared experts with q, k and v biases export as Qwen2-MoE and read back split over
@@ -925,11 +955,13 @@ double ErrorAgainstTheOracle(const config::ModelConfig& model, const fs::path& d
 // the export's config.json rewritten by `restate` when one is given.
 void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
                            const config::RopeScaling& scaling = {},
-                           const std::function<std::string(std::string)>& restate = {}) {
+                           const std::function<std::string(std::string)>& restate = {},
+                           float attention_multiplier = 0.0f) {
   const fs::path scratch = testenv::MakeScratchDir("hf_oracle");
   const fs::path hf = scratch / "hf";
   config::JobSpec spec = Job(family, mesh);
   if (scaling.enabled()) spec.model.rope_scaling = scaling;
+  if (attention_multiplier != 0.0f) spec.model.attention_multiplier = attention_multiplier;
   if (scaling.enabled() && mesh.whole_norms && mesh.post_norms_only && mesh.sliding_window > 0) {
     spec.model.rope_local_theta = spec.model.rope_theta;  // OLMo 3's windowed blocks: unscaled
   }
@@ -946,6 +978,7 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
               restate             ? " (config restated)"
+              : mesh.latent       ? " (deepseek_v3)"
               : mesh.experts == 0 ? ""
               : mesh.glm45        ? " (glm4_moe)"
               : mesh.minimax_m2   ? " (minimax_m2)"
@@ -1170,6 +1203,27 @@ TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
                                                       .glm45 = true,
                                                       .groups = 3,
                                                       .group_top_k = 2});
+}
+
+// Latent attention over DeepSeek-V3's routing (the first block dense, biased sigmoid scores)
+// exports as DeepSeek-V3, which the oracle computes with transformers' DeepseekV3 conventions
+// (each head [nope | rope], the rotary rows de-interleaved before RoPE, one rotary key for every
+// head, the latents normed with 1e-6); the greedy tokens check the generator's cache of
+// decompressed keys and values too.
+TEST(HfOracleDeepseekV3, LatentAttentionOverBiasedSigmoidRoutingGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama,
+                        MeshCase{.name = "dp1", .experts = 4, .glm45 = true, .latent = true});
+}
+
+// Without the query latent and experts, under YaRN (4 times an original 12 positions) whose
+// mscale_all_dim of 0.7 scales the scores by its YaRN scale squared: written as DeepSeek's
+// rope_scaling, which the oracle reads as transformers does.
+TEST(HfOracleDeepseekV3, YarnScaledScoresWithoutAQueryLatentGiveTrainyardsLogits) {
+  const double mscale = 0.1 * 0.7 * std::log(4.0) + 1.0;
+  CheckAgainstTheOracle(
+      ModelFamily::kLlama, MeshCase{.name = "dp1", .latent = true, .latent_direct_queries = true},
+      config::RopeScaling{.factor = 4.0f, .original_max_seq = 12, .yarn = true}, {},
+      static_cast<float>(mscale * mscale / 4.0));  // heads of 16
 }
 
 // MiniMax-M2's model (norms over the whole q and k, half of each head turned, every block's

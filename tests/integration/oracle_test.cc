@@ -153,7 +153,7 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
   }
   if (const config::LatentAttention& l = c.latent; l.enabled()) {
     cfg << ", \"latent_attention\": {\"q_rank\": " << l.q_rank << ", \"kv_rank\": " << l.kv_rank
-        << ", \"value_dim\": " << l.value_dim << "}";
+        << ", \"value_dim\": " << l.value_dim << ", \"norm_eps\": " << l.norm_eps << "}";
   }
   cfg << "}\n";
   cfg.close();
@@ -538,7 +538,8 @@ TEST(TorchOracle, LlamaWithDocumentMask) {
 
 // Multi-head latent attention (DeepSeek-V3's block in miniature): heads of 24 whose first 8
 // dimensions turn, value heads of 16, a query latent of 32 and a key/value latent of 20; without
-// the query latent and with documents; and recomputed, with value heads wider than the rest.
+// the query latent and with documents; and recomputed, with value heads wider than the rest and
+// the latents normed with an epsilon of their own.
 TEST(TorchOracle, LlamaWithLatentAttention) {
   ModelConfig c = Small(config::ModelFamily::kLlama);
   c.kv_heads = c.heads;
@@ -550,7 +551,7 @@ TEST(TorchOracle, LlamaWithLatentAttention) {
   c.document_token = 3;
   CompareWithOracle(c);
   c.document_token = -1;
-  c.latent = {.q_rank = 12, .kv_rank = 20, .value_dim = 30};
+  c.latent = {.q_rank = 12, .kv_rank = 20, .value_dim = 30, .norm_eps = 0.25f};
   c.recompute = true;
   CompareWithOracle(c);
 }

@@ -7,7 +7,7 @@ MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_t
 "ministral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
 "smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "minimax_m2", "ernie4_5",
-"ernie4_5_moe", "helium" or "seed_oss") and
+"ernie4_5_moe", "helium", "seed_oss", "deepseek_v3" or "kimi_k2") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -302,8 +302,8 @@ def read_config(model_dir):
         raise InputError("%s: model_type %s is not supported (gpt2, llama, gemma, gemma2, "
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "olmo2, olmo3, olmoe, "
-                         "smollm3, granite, granitemoe, glm, glm4, ernie4_5, helium or "
-                         "seed_oss)"
+                         "smollm3, granite, granitemoe, glm, glm4, ernie4_5, helium, "
+                         "seed_oss, deepseek_v3 or kimi_k2)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -621,14 +621,7 @@ class Llama:
         self.heads = cfg.int("num_attention_heads")
         kv = cfg.raw.get("num_key_value_heads")
         self.kv_heads = self.heads if kv is None else cfg.int("num_key_value_heads")
-        head_dim = cfg.raw.get("head_dim", self.default_head_dim)
-        if head_dim is None:
-            if self.width % self.heads != 0:
-                raise InputError("%s: hidden_size %d is not divisible by num_attention_heads %d "
-                                 "(and head_dim is not given)" % (cfg.path, self.width, self.heads))
-            self.head_dim = self.width // self.heads
-        else:
-            self.head_dim = cfg.int("head_dim", self.default_head_dim)
+        self.head_dim = self.read_head_dim(cfg)
         if self.head_dim % 2 != 0:
             raise InputError("%s: RoPE needs an even head dimension, got %d"
                              % (cfg.path, self.head_dim))
@@ -671,6 +664,16 @@ class Llama:
     def rotary_dim(self, cfg):
         """The dimensions of each head RoPE turns: all of them (Phi-3 may turn fewer)."""
         return self.head_dim
+
+    def read_head_dim(self, cfg):
+        """head_dim, else hidden_size / num_attention_heads."""
+        head_dim = cfg.raw.get("head_dim", self.default_head_dim)
+        if head_dim is not None:
+            return cfg.int("head_dim", self.default_head_dim)
+        if self.width % self.heads != 0:
+            raise InputError("%s: hidden_size %d is not divisible by num_attention_heads %d "
+                             "(and head_dim is not given)" % (cfg.path, self.width, self.heads))
+        return self.width // self.heads
 
     def read_activation(self, cfg):
         cfg.require("hidden_act", "silu", ("silu",), "the MLP is SwiGLU")
@@ -1348,25 +1351,28 @@ class Glm4Moe(Llama):
 
     default_eps = 1e-5
     attention_bias_default = False
-    # The config class's defaults: experts and picks, shared experts, dense first layers and
-    # norm_topk_prob.
+    # The config class's defaults: experts and picks, each expert's hidden size, shared experts,
+    # dense first layers, norm_topk_prob, routed_scaling_factor, and n_group with topk_group.
     expert_defaults = (128, 8)
+    expert_ffn_default = 1408
     shared_default = 1
     dense_default = 1
     normalize_default = True
+    scale_default = 1.0
+    group_defaults = (1, 1)
 
     def __init__(self, cfg):
         super().__init__(cfg)
         self.read_attention(cfg)
         self.experts, self.top_k = read_expert_counts(cfg, "n_routed_experts",
                                                       defaults=self.expert_defaults)
-        self.expert_ffn = cfg.int("moe_intermediate_size", 1408)
+        self.expert_ffn = cfg.int("moe_intermediate_size", self.expert_ffn_default)
         self.shared_ffn = cfg.int("n_shared_experts", self.shared_default) * self.expert_ffn
         self.dense_layers = cfg.int("first_k_dense_replace", self.dense_default, minimum=0)
         self.normalize = cfg.bool("norm_topk_prob", self.normalize_default)
-        self.scale = cfg.positive("routed_scaling_factor", 1.0)
-        self.groups = cfg.int("n_group", 1, minimum=1)
-        self.kept_groups = cfg.int("topk_group", 1, minimum=1)
+        self.scale = cfg.positive("routed_scaling_factor", self.scale_default)
+        self.groups = cfg.int("n_group", self.group_defaults[0], minimum=1)
+        self.kept_groups = cfg.int("topk_group", self.group_defaults[1], minimum=1)
         size = self.experts // self.groups
         if self.experts % self.groups or (self.groups > 1 and size < 2):
             raise InputError("%s: n_group %d must split the %d experts into groups of at least two"
@@ -1419,6 +1425,139 @@ class Glm4Moe(Llama):
         s = p + "mlp.shared_experts."
         return out + swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
                             w[s + "down_proj.weight"])
+
+
+class DeepseekV3(Glm4Moe):
+    """DeepseekV3ForCausalLM (DeepSeek-V3, R1, Moonlight; Kimi K2's kimi_k2): Llama's layers with
+    multi-head latent attention, and Glm4Moe's experts with DeepSeek-V3's defaults (256 experts,
+    8 picks, first_k_dense_replace 3, routed_scaling_factor 2.5, n_group 8, topk_group 4). The
+    attention: queries q_b_proj(rms(q_a_proj(x))) (q_a_layernorm; q_proj(x) when q_lora_rank is
+    null), each head qk_nope_head_dim + qk_rope_head_dim wide, split [nope | rope]; the compressed
+    kv_a_proj_with_mqa(x) split [kv_lora_rank | rope], the latent normed (kv_a_layernorm) and
+    decompressed by kv_b_proj into each head's [nope key | value of v_head_dim]; the rope part of
+    the key shared by every head. Both latent norms take eps 1e-6 whatever rms_norm_eps says (the
+    norms' class default). RoPE turns the rope parts only, over qk_rope_head_dim (transformers'
+    head_dim), after reordering each from neighbouring pairs to halves when rope_interleave
+    (default true); query and key are [nope | rope]. Scores are scaled by (nope + rope)^-1/2,
+    times yarn_get_mscale(factor, mscale_all_dim)^2 when rope_scaling gives mscale_all_dim.
+    A null n_routed_experts, or first_k_dense_replace of at least the layers, leaves every layer
+    dense. Layers from num_hidden_layers on (multi-token prediction) are not read."""
+
+    default_eps = 1e-6
+    attention_bias_default = None
+    expert_defaults = (256, 8)
+    expert_ffn_default = 2048
+    shared_default = 1
+    dense_default = 3
+    normalize_default = True
+    scale_default = 2.5
+    group_defaults = (8, 4)
+    latent_eps = 1e-6
+
+    def __init__(self, cfg):
+        raw = cfg.raw
+        self.dense = raw.get("n_routed_experts", 0) is None or (
+            cfg.int("first_k_dense_replace", self.dense_default, minimum=0)
+            >= cfg.int("num_hidden_layers"))
+        if self.dense:
+            Llama.__init__(self, cfg)
+        else:
+            super().__init__(cfg)
+        self.nope = cfg.int("qk_nope_head_dim", 128)
+        self.rot = cfg.int("qk_rope_head_dim", 64)
+        self.value_dim = cfg.int("v_head_dim", 128)
+        self.kv_rank = cfg.int("kv_lora_rank", 512)
+        self.q_rank = None if ("q_lora_rank" in raw and raw["q_lora_rank"] is None) else cfg.int(
+            "q_lora_rank", 1536)
+        self.interleave = cfg.bool("rope_interleave", True)
+        cfg.require("scoring_func", "sigmoid", ("sigmoid",), "DeepSeek-V3's router")
+        cfg.require("topk_method", "noaux_tc", ("noaux_tc",), "DeepSeek-V3's router")
+        cfg.require("moe_layer_freq", 1, (1,), "an MoE layer after every dense one")
+        if self.kv_heads != self.heads:
+            raise InputError("%s: num_key_value_heads must equal num_attention_heads" % cfg.path)
+        self.attention_scale = (self.nope + self.rot) ** -0.5
+        scaling = raw.get("rope_scaling")
+        if isinstance(scaling, dict) and scaling.get("mscale_all_dim"):
+            factor = float(scaling["factor"])
+            m = 0.1 * scaling["mscale_all_dim"] * math.log(factor) + 1 if factor > 1 else 1.0
+            self.attention_scale *= m * m
+
+    def read_head_dim(self, cfg):
+        """transformers' DeepSeek config sets head_dim to qk_rope_head_dim: what RoPE turns."""
+        return cfg.int("qk_rope_head_dim", 64)
+
+    def read_attention(self, cfg):
+        """No per-head norms (use_qk_norm is GLM-4.5's)."""
+
+    def rotary_dim(self, cfg):
+        return self.head_dim
+
+    def sparse(self, p):
+        return not self.dense and super().sparse(p)
+
+    def expected_tensors(self):
+        C, V, H = self.width, self.vocab, self.heads
+        D, K, R = self.nope + self.rot, self.kv_rank, self.rot
+        out = [("model.embed_tokens.weight", (V, C))]
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            a = p + "self_attn."
+            out.append((p + "input_layernorm.weight", (C,)))
+            if self.q_rank is None:
+                out.append((a + "q_proj.weight", (H * D, C)))
+            else:
+                out += [(a + "q_a_proj.weight", (self.q_rank, C)),
+                        (a + "q_a_layernorm.weight", (self.q_rank,)),
+                        (a + "q_b_proj.weight", (H * D, self.q_rank))]
+            out += [(a + "kv_a_proj_with_mqa.weight", (K + R, C)),
+                    (a + "kv_a_layernorm.weight", (K,)),
+                    (a + "kv_b_proj.weight", (H * (self.nope + self.value_dim), K)),
+                    (a + "o_proj.weight", (C, H * self.value_dim)),
+                    (p + "post_attention_layernorm.weight", (C,))]
+            out += self.mlp_tensors(p)
+        out.append(("model.norm.weight", (C,)))
+        if not self.tied:
+            out.append(("lm_head.weight", (V, C)))
+        return out, set()
+
+    def attention(self, w, a, x, cos, sin):
+        """The attention of the layer whose self_attn prefix is `a` on the normed rows x."""
+        H, N, R = self.heads, self.nope, self.rot
+        if self.q_rank is None:
+            q = x @ w[a + "q_proj.weight"].T
+        else:
+            latent = rms_norm(x @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"],
+                              self.latent_eps)
+            q = latent @ w[a + "q_b_proj.weight"].T
+        q = split_heads(q, H)
+        q_pass, q_rot = q[..., :N], q[..., N:]
+        compressed = x @ w[a + "kv_a_proj_with_mqa.weight"].T
+        latent, k_rot = compressed[..., :self.kv_rank], compressed[..., self.kv_rank:]
+        kv = split_heads(rms_norm(latent, w[a + "kv_a_layernorm.weight"], self.latent_eps)
+                         @ w[a + "kv_b_proj.weight"].T, H)
+        k_pass, v = kv[..., :N], kv[..., N:]
+        k_rot = k_rot.unsqueeze(1)  # [B, 1, T, R]: one rotary key for every head
+        if self.interleave:  # neighbouring pairs (2i, 2i + 1) to halves (i, i + R/2)
+            q_rot = q_rot.unflatten(-1, (R // 2, 2)).transpose(-1, -2).flatten(-2)
+            k_rot = k_rot.unflatten(-1, (R // 2, 2)).transpose(-1, -2).flatten(-2)
+        q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+        q = torch.cat([q_pass, q_rot], dim=-1)
+        k = torch.cat([k_pass, k_rot.expand(-1, H, -1, -1)], dim=-1)
+        y = merge_heads(causal_attention(q, k, v, None, self.attention_scale))
+        return y @ w[a + "o_proj.weight"].T
+
+    def forward(self, w, tokens):
+        cos, sin = rope_tables(tokens.shape[1], self.rot, self.theta, self.scaling)
+        x = w["model.embed_tokens.weight"][tokens]
+        for i in range(self.layers):
+            p = "model.layers.%d." % i
+            y = self.attention(w, p + "self_attn.", self.norm(x, w[p + "input_layernorm.weight"]),
+                               cos, sin)
+            x = x + y
+            x = x + self.mlp(w, p, self.norm(x, w[p + "post_attention_layernorm.weight"]))
+        x = self.norm(x, w["model.norm.weight"])
+        head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
+        return x @ head.T
 
 
 class Dots1(Glm4Moe):
@@ -1667,7 +1806,7 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
           "glm4_moe": Glm4Moe, "dots1": Dots1, "minimax_m2": MiniMaxM2, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
-          "seed_oss": SeedOss}
+          "seed_oss": SeedOss, "deepseek_v3": DeepseekV3, "kimi_k2": DeepseekV3}
 
 
 def load_weights(model, model_dir):

@@ -376,6 +376,61 @@ def glm4_moe_hf_tensors(cfg, params, mtp_layer=False):
     return out
 
 
+def deepseek_v3_hf_tensors(cfg, params):
+    """[(HF name, array)] of a contract Llama with latent attention in DeepSeek-V3's layout: the
+    blocks' other tensors as GLM-4.5's (or Llama's, dense); each query head's contract rows
+    [rope | nope] stored [nope | rope] and every rope part (the query heads' and the shared key's,
+    last in kv_a_proj_with_mqa) in neighbouring pairs, contract row i as row 2i and row R/2 + i as
+    row 2i + 1 (rope_interleave)."""
+    c = torch_model.normalize_config(cfg)
+    latent, H, R, K = c["latent_attention"], c["heads"], c["rope_dim"], c["latent_attention"]["kv_rank"]
+
+    def pairs(rows):
+        return np.stack([rows[:R // 2], rows[R // 2:]], axis=1).reshape(rows.shape)
+
+    def heads(w):
+        return np.concatenate([np.concatenate([h[R:], pairs(h[:R])]) for h in np.split(w, H)])
+
+    view = dict(params)
+    for i in range(c["layers"]):
+        view["h.%d.attn.qkv.w" % i] = np.zeros((1, 1))
+    base = glm4_moe_hf_tensors(cfg, view) if cfg.get("moe") else llama_hf_tensors(cfg, view)
+    out = [(name, array) for name, array in base if ".self_attn." not in name]
+    for i in range(c["layers"]):
+        w, a = "h.%d.attn." % i, "model.layers.%d.self_attn." % i
+        if latent["q_rank"]:
+            out += [(a + "q_a_proj.weight", params[w + "q_a.w"]),
+                    (a + "q_a_layernorm.weight", params[w + "q_a_norm.w"]),
+                    (a + "q_b_proj.weight", heads(params[w + "q_b.w"]))]
+        else:
+            out.append((a + "q_proj.weight", heads(params[w + "q.w"])))
+        kv_a = params[w + "kv_a.w"]
+        out += [(a + "kv_a_proj_with_mqa.weight", np.concatenate([kv_a[:K], pairs(kv_a[K:])])),
+                (a + "kv_a_layernorm.weight", params[w + "kv_a_norm.w"]),
+                (a + "kv_b_proj.weight", params[w + "kv_b.w"]),
+                (a + "o_proj.weight", params[w + "proj.w"])]
+    return out
+
+
+def deepseek_v3_hf_config(cfg):
+    """config.json of DeepSeek-V3 for a contract Llama with latent attention (and GLM-4.5's
+    experts, or null ones)."""
+    c = torch_model.normalize_config(cfg)
+    latent, moe = c["latent_attention"], cfg.get("moe")
+    config = dict(llama_hf_config(cfg), model_type="deepseek_v3",
+                  architectures=["DeepseekV3ForCausalLM"], head_dim=c["rope_dim"],
+                  qk_rope_head_dim=c["rope_dim"], qk_nope_head_dim=c["head_dim"] - c["rope_dim"],
+                  v_head_dim=latent["value_dim"], kv_lora_rank=latent["kv_rank"],
+                  q_lora_rank=latent["q_rank"] or None, n_routed_experts=None)
+    if moe:
+        config.update(moe_intermediate_size=moe["ffn"], n_routed_experts=moe["experts"],
+                      num_experts_per_tok=moe["top_k"], n_shared_experts=moe["shared_experts"],
+                      first_k_dense_replace=moe["dense_first"],
+                      routed_scaling_factor=moe["routed_scale"], norm_topk_prob=True,
+                      n_group=1, topk_group=1, num_nextn_predict_layers=0)
+    return config
+
+
 def ernie_moe_hf_tensors(cfg, params, mtp=False):
     """[(HF name, array)] of a contract Llama MoE of ERNIE 4.5's MoE shape: GLM-4.5's tensors with
     the q and k rows interleaved for RoPE in neighbouring pairs, and the selection bias [1, E] as
@@ -975,6 +1030,34 @@ class HfOracleTest(unittest.TestCase):
                                     glm4_moe_hf_tensors(cfg, self.written_params))
         self.assertGreater(np.abs(self.oracle_logits(unscaled, tokens, cfg["vocab"]) - got).max(),
                            1e-3)
+
+    def test_deepseek_v3_matches_torch_model(self):
+        # DeepSeek-V3's latent attention (heads of 12: 4 turned, 8 not; value heads of 6; a query
+        # latent of 6 and a key/value latent of 5, normed with 1e-6 beside the model's 1e-5)
+        # over GLM-4.5's routing past a dense first block; and without the query latent, dense
+        # (null experts), under YaRN whose mscale_all_dim scales the scores (the contract's
+        # attention_multiplier).
+        latent = {"q_rank": 6, "kv_rank": 5, "value_dim": 6, "norm_eps": 1e-6}
+        cfg = moe_cfg("llama", {"shared_experts": 1, "score": "sigmoid", "normalize_top_k": True,
+                                "balance": "bias", "dense_first": 1, "routed_scale": 2.5,
+                                "every": 1, "top_k": 2},
+                      heads=2, kv_heads=2, head_dim=12, rope_dim=4, latent_attention=latent)
+        self.check_against_torch_model("deepseek_v3", cfg, lambda p: deepseek_v3_hf_tensors(cfg, p),
+                                       deepseek_v3_hf_config(cfg))
+        factor, all_dim = 4.0, 0.7
+        mscale = 0.1 * all_dim * math.log(factor) + 1
+        dense = small_cfg("llama", heads=2, kv_heads=2, head_dim=12, rope_dim=4, max_seq=32,
+                          latent_attention=dict(latent, q_rank=0),
+                          attention_multiplier=mscale * mscale / math.sqrt(12),
+                          rope_scaling={"type": "yarn", "factor": factor, "original_max_seq": 8,
+                                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True,
+                                        "attention_factor": 1.0})
+        config = dict(deepseek_v3_hf_config(dense), max_position_embeddings=32,
+                      rope_scaling={"rope_type": "yarn", "factor": factor,
+                                    "original_max_position_embeddings": 8, "mscale": all_dim,
+                                    "mscale_all_dim": all_dim})
+        self.check_against_torch_model("deepseek_v3_dense_yarn", dense,
+                                       lambda p: deepseek_v3_hf_tensors(dense, p), config)
 
     def test_glm4_moe_group_limited_routing_matches_torch_model(self):
         # DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: six experts in three

@@ -25,7 +25,8 @@ Parameter names, shapes and order are the contract with the C++ engine:
           S shared experts h.{l}.moe.shared.{fc.w, fc.b, proj.w, proj.b} of a dense MLP of hidden
           S*F (fc.b and proj.b gpt2 only), and with moe.shared_gate (llama) their gate
           h.{l}.moe.shared_gate.w [1,C].
-  Latent attention (llama, "latent_attention": {q_rank Q, kv_rank K, value_dim Dv}; R =
+  Latent attention (llama, "latent_attention": {q_rank Q, kv_rank K, value_dim Dv, norm_eps
+          (the latents' norms', 1e-6)}; R =
           rope_dim, N = D - R): h.{l}.attn.qkv.w is replaced by h.{l}.attn.q_a.w [Q,C],
           h.{l}.attn.q_a_norm.w [Q], h.{l}.attn.q_b.w [H*D,Q] (or with Q = 0 h.{l}.attn.q.w
           [H*D,C]), h.{l}.attn.kv_a.w [K+R,C] (the latent, then the shared rotary key),
@@ -239,14 +240,19 @@ def normalize_config(cfg):
 
 
 def _normalize_latent(latent, cfg):
-    """Multi-head latent attention's {q_rank, kv_rank, value_dim} (None: ordinary attention): the
-    llama family, one key/value head per query head, and a rotary part of each head below it."""
+    """Multi-head latent attention's {q_rank, kv_rank, value_dim, norm_eps} (None: ordinary
+    attention): the llama family, one key/value head per query head, and a rotary part of each
+    head below it."""
     if latent is None:
         return None
-    if not isinstance(latent, dict) or set(latent) - {"q_rank", "kv_rank", "value_dim"}:
-        raise ConfigError("latent_attention: an object of q_rank, kv_rank and value_dim")
+    if not isinstance(latent, dict) or set(latent) - {"q_rank", "kv_rank", "value_dim", "norm_eps"}:
+        raise ConfigError("latent_attention: an object of q_rank, kv_rank, value_dim and norm_eps")
     out = {"q_rank": latent.get("q_rank", 0), "kv_rank": latent.get("kv_rank", 0),
-           "value_dim": latent.get("value_dim", cfg["head_dim"] - cfg["rope_dim"])}
+           "value_dim": latent.get("value_dim", cfg["head_dim"] - cfg["rope_dim"]),
+           "norm_eps": latent.get("norm_eps", 1e-6)}
+    eps = out["norm_eps"]
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        raise ConfigError("latent_attention.norm_eps: a positive number, got %r" % (eps,))
     for key, least in (("q_rank", 0), ("kv_rank", 1), ("value_dim", 1)):
         if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < least:
             raise ConfigError("latent_attention.%s: an integer >= %d, got %r" % (key, least, out[key]))
@@ -269,7 +275,7 @@ def _normalize_rope_dim(rope_dim, head_dim, family):
 
 def _normalize_yarn(scaling):
     """YaRN's {"type": "yarn", "factor": at least 1, "original_max_seq": a positive integer,
-    "beta_fast" > "beta_slow" > 0, "truncate": a bool, "attention_factor": a positive number}."""
+    "beta_fast" >= "beta_slow" > 0, "truncate": a bool, "attention_factor": a positive number}."""
     for key in ("factor", "beta_fast", "beta_slow", "attention_factor"):
         value = scaling.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -277,8 +283,8 @@ def _normalize_yarn(scaling):
     original = scaling.get("original_max_seq")
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ConfigError("rope_scaling.original_max_seq: a positive integer")
-    if not scaling["factor"] >= 1 or not scaling["beta_fast"] > scaling["beta_slow"]:
-        raise ConfigError("rope_scaling: factor at least 1, beta_fast above beta_slow")
+    if not scaling["factor"] >= 1 or not scaling["beta_fast"] >= scaling["beta_slow"]:
+        raise ConfigError("rope_scaling: factor at least 1, beta_fast at least beta_slow")
     if not isinstance(scaling.get("truncate"), bool):
         raise ConfigError("rope_scaling.truncate: true or false")
     return dict(scaling, factor=float(scaling["factor"]),
@@ -542,7 +548,7 @@ class LatentAttention(Attention):
     def __init__(self, cfg, layer=0):
         super().__init__(cfg, layer)
         latent = cfg["latent_attention"]
-        h, d, c, eps = self.heads, self.head_dim, cfg["width"], cfg["norm_eps"]
+        h, d, c, eps = self.heads, self.head_dim, cfg["width"], latent["norm_eps"]
         self.rot, self.q_rank, self.kv_rank = cfg["rope_dim"], latent["q_rank"], latent["kv_rank"]
         self.value_dim = latent["value_dim"]
         del self.qkv

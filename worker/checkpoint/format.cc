@@ -78,6 +78,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     latent.set_q_rank(m.latent.q_rank);
     latent.set_kv_rank(m.latent.kv_rank);
     latent.set_value_dim(m.latent.value_dim);
+    latent.set_norm_eps(m.latent.norm_eps);
   }
   s.set_attention_scale_dim(m.attention_scale_dim);
   s.set_attention_softcap(m.attention_softcap);
@@ -165,6 +166,10 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
   m.full_attention_layers.assign(s.full_attention_layers().begin(),
                                  s.full_attention_layers().end());
   if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
+  // Before the latents' own epsilon was recorded, their norms took the model's.
+  if (m.latent.enabled()) {
+    m.latent.norm_eps = s.latent().norm_eps() > 0 ? s.latent().norm_eps() : m.norm_eps;
+  }
   if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
   if (s.has_rope_scaling()) {
     const RopeScalingSignature& r = s.rope_scaling();

@@ -250,15 +250,55 @@ void AddStackedExperts(const ModelConfig& m, const std::string& p, const std::st
                  {{moe + "output_linear.weight", 0, experts, false, {experts, c, f}}}});
 }
 
-void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
-                   std::vector<HfTensorMap>& out) {
-  const int64_t c = m.width, f = m.ffn_hidden, d = m.head_dim();
+// DeepSeek's latent attention (DeepseekV3Attention's names): q_a_proj, q_a_layernorm and q_b_proj
+// (q_proj without a query latent), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj and o_proj.
+// Theirs holds each query head as [nope | rope], ours as [rope | nope]; the rotary key comes last
+// in kv_a_proj_with_mqa as in ours; with rope_interleave (layout.interleaved_rope) the rotary rows
+// are in neighbouring pairs. kv_b_proj's heads are [nope | value] in both.
+void AddLatentAttention(const ModelConfig& m, const std::string& p, const std::string& h,
+                        const HfLayout& layout, std::vector<HfTensorMap>& out) {
+  const config::LatentAttention& l = m.latent;
+  const int64_t c = m.width, d = m.head_dim(), r = m.rope_dim, heads = m.heads;
+  const int64_t q = heads * d, latent = l.kv_rank + r;
+  const std::string a = h + "self_attn.";
+  const bool pairs = layout.interleaved_rope;
+  HfPiece queries{"", 0, q, false, {}, d, r, /*our_rope_at=*/0, /*their_rope_at=*/d - r, pairs};
+  if (l.q_rank > 0) {
+    out.push_back(Whole(p + "attn.q_a.w", {l.q_rank, c}, a + "q_a_proj.weight"));
+    out.push_back(Whole(p + "attn.q_a_norm.w", {l.q_rank}, a + "q_a_layernorm.weight"));
+    queries.name = a + "q_b_proj.weight";
+    out.push_back({p + "attn.q_b.w", {q, l.q_rank}, {queries}});
+  } else {
+    queries.name = a + "q_proj.weight";
+    out.push_back({p + "attn.q.w", {q, c}, {queries}});
+  }
+  out.push_back({p + "attn.kv_a.w",
+                 {latent, c},
+                 {{a + "kv_a_proj_with_mqa.weight",
+                   0,
+                   latent,
+                   false,
+                   {},
+                   latent,
+                   r,
+                   l.kv_rank,
+                   l.kv_rank,
+                   pairs}}});
+  out.push_back(Whole(p + "attn.kv_a_norm.w", {l.kv_rank}, a + "kv_a_layernorm.weight"));
+  out.push_back(
+      Whole(p + "attn.kv_b.w", {heads * (d - r + l.value_dim), l.kv_rank}, a + "kv_b_proj.weight"));
+  out.push_back(Whole(p + "attn.proj.w", {c, heads * l.value_dim}, a + "o_proj.weight"));
+}
+
+// The attention's tensors of a block of the Llama family: q_proj, k_proj and v_proj (or Phi-3's
+// fused qkv_proj), their biases, query and key norms, and o_proj.
+void AddLlamaAttention(const ModelConfig& m, const std::string& p, const std::string& h,
+                       const HfLayout& layout, std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, d = m.head_dim();
   const int64_t q = int64_t{m.heads} * d, kv = int64_t{m.kv_heads} * d;
-  const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
-  const bool fused = layout.projections == HfProjections::kFused;
-  if (m.pre_norms) out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
   // q_proj, k_proj and v_proj (GLM's q and k rows interleaved for its RoPE) as `kind`.
   const bool pairs = layout.interleaved_rope;
+  const bool fused = layout.projections == HfProjections::kFused;
   const int64_t head = pairs ? d : 0, rope = pairs ? m.rotary_dim() : 0;
   auto projections = [&](const std::string& kind) -> std::vector<HfPiece> {
     return {{h + "self_attn.q_proj." + kind, 0, q, false, {}, head, rope},
@@ -278,6 +318,19 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
     out.push_back(Norm(m, p + "attn.k_norm.w", m.k_norm_width(), h + "self_attn.k_norm.weight"));
   }
   out.push_back(Whole(p + "attn.proj.w", {c, q}, h + "self_attn.o_proj.weight"));
+}
+
+void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
+                   std::vector<HfTensorMap>& out) {
+  const int64_t c = m.width, f = m.ffn_hidden;
+  const std::string p = absl::StrCat("h.", l, "."), h = absl::StrCat("model.layers.", l, ".");
+  const bool fused = layout.projections == HfProjections::kFused;
+  if (m.pre_norms) out.push_back(Norm(m, p + "ln1.w", c, h + "input_layernorm.weight"));
+  if (m.latent.enabled()) {
+    AddLatentAttention(m, p, h, layout, out);
+  } else {
+    AddLlamaAttention(m, p, h, layout, out);
+  }
   if (m.post_norms && layout.glm) {  // GLM-4's names of Gemma 2's four norms
     out.push_back(Norm(m, p + "attn.post_norm.w", c, h + "post_self_attn_layernorm.weight"));
     out.push_back(Norm(m, p + "ln2.w", c, h + "post_attention_layernorm.weight"));
@@ -1363,11 +1416,11 @@ absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, Mode
   return absl::OkStatus();
 }
 
-// DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: n_group (1) groups of experts,
-// each scored by the sum of its two best biased scores, of which topk_group (1) are kept. Every
-// group kept reads as no groups.
-absl::Status ReadExpertGroups(const ConfigFields& f, config::MoeConfig& moe) {
-  int groups = 1, kept = 1;
+// DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: n_group (`groups`, GLM-4.5's
+// 1) groups of experts, each scored by the sum of its two best biased scores, of which topk_group
+// (`kept`, 1) are kept. Every group kept reads as no groups.
+absl::Status ReadExpertGroups(const ConfigFields& f, config::MoeConfig& moe, int groups = 1,
+                              int kept = 1) {
   TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
   TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
   if (groups < 1 || moe.experts % groups != 0 || (groups > 1 && moe.experts / groups < 2)) {
@@ -1413,6 +1466,105 @@ absl::Status ReadGlm4MoeConfig(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
   return ReadExpertGroups(f, moe);
+}
+
+// DeepSeek-V3's config class's defaults for its experts (DeepseekV3Config's).
+constexpr ExpertKeys kDeepseekV3Keys{
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    nullptr,
+    {.experts = 256, .top_k = 8, .shared_experts = 1, .dense_first = 3, .ffn = 2048},
+    1};
+
+// The factor on DeepSeek's scores beyond (qk_nope_head_dim + qk_rope_head_dim)^-1/2 under YaRN:
+// its scale for mscale_all_dim, squared, as DeepseekV3Attention computes it; with that factor the
+// scores' multiplier (model.attention_multiplier).
+float DeepseekMultiplier(float factor, int64_t head_dim, double mscale_all_dim) {
+  const double scale = config::YarnScale(factor, mscale_all_dim);
+  return static_cast<float>(scale * scale / std::sqrt(static_cast<double>(head_dim)));
+}
+
+// DeepSeek's latent attention: qk_nope_head_dim (128) and qk_rope_head_dim (64) make each query
+// and key head, the rotary part first in ours (HfTensors moves it); v_head_dim (128) the value
+// heads; kv_lora_rank (512) and q_lora_rank (1536; null: queries from the input) the latents,
+// whose norms take DeepSeek's fixed 1e-6. transformers writes head_dim as qk_rope_head_dim (what
+// its RoPE turns); another head_dim is refused. Under YaRN the scores gain the square of its scale
+// for rope_scaling's mscale_all_dim (model.attention_multiplier).
+absl::Status ReadDeepseekAttention(const ConfigFields& f, ModelConfig& m) {
+  int nope = 128, rope = 64, value = 128, kv_rank = 512, q_rank = 1536, head_dim = 0;
+  TY_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &nope, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &rope, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("v_head_dim", &value, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("kv_lora_rank", &kv_rank, /*required=*/false));
+  if (f.IsNull("q_lora_rank")) {
+    q_rank = 0;
+  } else {
+    TY_RETURN_IF_ERROR(f.Int("q_lora_rank", &q_rank, /*required=*/false));
+  }
+  TY_RETURN_IF_ERROR(f.Int("head_dim", &head_dim, /*required=*/false));
+  if (head_dim != 0 && head_dim != rope) {
+    return f.Bad("head_dim", absl::StrCat("is ", head_dim,
+                                          "; DeepSeek's configs give "
+                                          "qk_rope_head_dim ",
+                                          rope, " there (what RoPE turns)"));
+  }
+  if (m.kv_heads != m.heads) {
+    return f.Bad("num_key_value_heads", absl::StrCat("is ", m.kv_heads,
+                                                     "; latent attention decompresses a key and a "
+                                                     "value for each of the num_attention_heads ",
+                                                     m.heads));
+  }
+  const int d = nope + rope;
+  m.rope_dim = rope;
+  m.explicit_head_dim = int64_t{d} * m.heads == m.width ? 0 : d;
+  m.latent = {.q_rank = q_rank, .kv_rank = kv_rank, .value_dim = value, .norm_eps = 1e-6f};
+  const Value* scaling = f.Get("rope_scaling");
+  if (scaling == nullptr || scaling->kind_case() != Value::kStructValue) return absl::OkStatus();
+  const Value* all_dim = ConfigFields(scaling->struct_value(), "").Get("mscale_all_dim");
+  if (all_dim == nullptr || all_dim->number_value() == 0) return absl::OkStatus();
+  if (!m.rope_scaling.yarn) {
+    return f.Bad("rope_scaling", "gives mscale_all_dim to a RoPE other than yarn");
+  }
+  if (m.rope_scaling.factor > 1.0f) {
+    m.attention_multiplier = DeepseekMultiplier(m.rope_scaling.factor, d, all_dim->number_value());
+  }
+  return absl::OkStatus();
+}
+
+// DeepSeek-V3's (DeepseekV3ForCausalLM, model_type deepseek_v3, as DeepSeek-V3, R1 and Moonlight
+// are published; Kimi K2's kimi_k2 is the same model): Llama's blocks with DeepSeek's latent
+// attention (ReadDeepseekAttention), rms_norm_eps 1e-6 unless the config says otherwise, and
+// GLM-4.5's mixture of experts with DeepSeek-V3's defaults: the first first_k_dense_replace (3)
+// blocks dense (intermediate_size), the others n_routed_experts (256) experts of
+// moe_intermediate_size (2048) picked by sigmoid score plus the selection bias (balance: bias), the
+// num_experts_per_tok (8) of them weighed by their scores, divided by their sum with
+// norm_topk_prob (true), times routed_scaling_factor (2.5), from the topk_group (4) best of n_group
+// (8) groups, beside n_shared_experts (1) shared ones. A config whose experts are null or whose
+// dense blocks are all of them is a dense model. scoring_func, topk_method and moe_layer_freq,
+// which DeepSeek's own code reads, must be "sigmoid", "noaux_tc" and 1 where given. The multi-token
+// prediction layers (num_nextn_predict_layers, stored after the model's) are not read.
+absl::Status ReadDeepseekV3Config(const ConfigFields& f, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  TY_RETURN_IF_ERROR(ReadDeepseekAttention(f, m));
+  TY_RETURN_IF_ERROR(f.OneOf("scoring_func", {"sigmoid"}));
+  TY_RETURN_IF_ERROR(f.OneOf("topk_method", {"noaux_tc"}));
+  int every = 1, dense_first = kDeepseekV3Keys.defaults.dense_first;
+  TY_RETURN_IF_ERROR(f.Int("moe_layer_freq", &every, /*required=*/false));
+  if (every != 1) return f.Bad("moe_layer_freq", "must be 1 (transformers reads no other)");
+  TY_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &dense_first, /*required=*/false, 0));
+  if (f.IsNull("n_routed_experts") || dense_first >= m.layers) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(ReadExpertShape(f, kDeepseekV3Keys, m));
+  config::MoeConfig& moe = m.moe;
+  moe.score = config::MoeScore::kSigmoid;
+  moe.balance = config::MoeBalance::kBias;
+  moe.normalize_top_k = true;
+  moe.routed_scale = 2.5f;
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
+  TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
+  return ReadExpertGroups(f, moe, /*groups=*/8, /*kept=*/4);
 }
 
 // MiniMax-M2's (MiniMaxM2ForCausalLM, model_type minimax_m2): in every block Llama's attention
@@ -1699,6 +1851,73 @@ absl::Status CheckMiniMaxM2Layout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// The shortest decimal near `exact` that `gives_back` accepts, or none.
+template <typename Accept>
+std::optional<std::string> ShortestDecimal(double exact, const Accept& gives_back) {
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, exact);
+    if (gives_back(std::strtod(text.c_str(), nullptr))) return text;
+  }
+  return std::nullopt;
+}
+
+// rope_scaling's mscale_all_dim for DeepSeek's layout: the shortest decimal from which
+// DeepseekMultiplier gives model.attention_multiplier back exactly; none where none does, or
+// where YaRN does not extend the context.
+std::optional<std::string> DeepseekMscaleAllDim(const ModelConfig& m) {
+  const float factor = m.rope_scaling.factor;
+  if (!m.rope_scaling.yarn || !(factor > 1.0f) || !(m.attention_multiplier > 0.0f)) {
+    return std::nullopt;
+  }
+  const double scale = std::sqrt(m.attention_multiplier * std::sqrt(double{m.head_dim()}));
+  return ShortestDecimal((scale - 1.0) / (0.1 * std::log(double{factor})), [&](double all_dim) {
+    return DeepseekMultiplier(factor, m.head_dim(), all_dim) == m.attention_multiplier;
+  });
+}
+
+// DeepSeek-V3's layout holds a Llama model with latent attention (its latents normed with
+// DeepSeek's 1e-6), SwiGLU and norms before each branch, plain RoPE or YaRN, scores scaled by
+// head_dim^-1/2 or, under YaRN, also by the square of the scale of some mscale_all_dim
+// (DeepseekMscaleAllDim), and dense MLPs or DeepSeek-V3's experts: sigmoid scores with a selection
+// bias in every block past the dense first ones, beside ungated shared experts.
+absl::Status CheckDeepseekV3Layout(const ModelConfig& m) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.", field, ": ", why,
+        "; Trainyard writes latent attention in DeepSeek-V3's layout only (latents normed with "
+        "1e-6, plain RoPE or YaRN, scores scaled by head_dim^-1/2 or by YaRN's mscale_all_dim, "
+        "dense MLPs or experts with sigmoid scores, balance: bias, every: 1 and ungated shared "
+        "experts; no sliding window, NoPE blocks, Gemma's, Granite's or OLMo's options)"));
+  };
+  if (m.latent.norm_eps != 1e-6f) {
+    return bad("latent_attention.norm_eps", absl::StrCat("is ", m.latent.norm_eps));
+  }
+  if (const config::MoeConfig& moe = m.moe; moe.enabled()) {
+    if (moe.score != config::MoeScore::kSigmoid) return bad("moe.score", "is softmax");
+    if (!moe.has_bias()) return bad("moe.balance", "is aux_loss");
+    if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
+    if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
+    if (moe.shared_gate) return bad("moe.shared_gate", "is true");
+  }
+  if (m.geglu || m.scale_embeddings || m.post_norms || !m.pre_norms || m.attention_scale_dim != 0 ||
+      m.attention_softcap != 0 || m.logit_softcap != 0) {
+    return bad("activation", "or the norms or scores are Gemma's or OLMo's");
+  }
+  if (m.embedding_multiplier != 1.0f || m.residual_multiplier != 1.0f || m.logits_scaling != 1.0f) {
+    return bad(m.GraniteField(), "is set");
+  }
+  if (!m.nope_layers.empty()) return bad("nope_layers", "is set");
+  if (m.sliding_window > 0) return bad("sliding_window", absl::StrCat("is ", m.sliding_window));
+  if (m.rope_local_theta != 0) return bad("rope_local_theta", "is set");
+  if (m.rope_scaling.enabled() && !m.rope_scaling.yarn) return bad("rope_scaling", "is not yarn");
+  if (m.attention_multiplier != 0.0f && !DeepseekMscaleAllDim(m)) {
+    return bad("attention_multiplier",
+               absl::StrCat("is ", m.attention_multiplier,
+                            ", which no YaRN mscale_all_dim over rope_scaling's factor gives"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMoeLayout(const ModelConfig& m) {
   const config::MoeConfig& moe = m.moe;
   auto bad = [](const std::string& field, const std::string& why) {
@@ -1893,9 +2112,9 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
+// Whether a layout holds `m`: DeepSeek-V3's its latent attention, the others the rest.
+absl::Status CheckTensorLayout(const ModelConfig& m, const HfLayout& layout) {
+  if (m.latent.enabled()) return CheckDeepseekV3Layout(m);
   // MiniMax-M2's norms over the whole q and k are CheckMoeLayout's.
   TY_RETURN_IF_ERROR(IsExaone4(m)     ? CheckExaone4Layout(m)
                      : IsMiniMaxM2(m) ? absl::OkStatus()
@@ -1903,6 +2122,13 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const H
   if (!layout.glm) TY_RETURN_IF_ERROR(CheckGemmaLayout(m));  // GLM-4's norms are Gemma 2's
   TY_RETURN_IF_ERROR(CheckScoresLayout(m));
   if (m.moe.enabled()) TY_RETURN_IF_ERROR(CheckMoeLayout(m));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m, const HfLayout& layout) {
+  TY_RETURN_IF_ERROR(CheckTensorLayout(m, layout));
   if (m.moe.enabled() && m.moe.shared_gate != (layout.experts == HfExperts::kQwen2Moe)) {
     return absl::InvalidArgumentError(
         m.moe.shared_gate
@@ -1938,10 +2164,16 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensors(const ModelConfig& m) {
 
 int64_t TheirRow(const HfPiece& piece, int64_t row) {
   if (piece.head_rows == 0) return row;
-  const int64_t head = row / piece.head_rows, i = row % piece.head_rows;
-  if (i >= piece.rope_rows) return row;
-  const int64_t half = piece.rope_rows / 2;
-  return head * piece.head_rows + (i < half ? 2 * i : 2 * (i - half) + 1);
+  const int64_t head = row / piece.head_rows, i = row % piece.head_rows, r = piece.rope_rows;
+  int64_t theirs;
+  if (i >= piece.our_rope_at && i < piece.our_rope_at + r) {  // a rotary row
+    const int64_t j = i - piece.our_rope_at, half = r / 2;
+    theirs = piece.their_rope_at + (!piece.pairs ? j : j < half ? 2 * j : 2 * (j - half) + 1);
+  } else {  // the head's other rows keep their order around the rotary ones
+    const int64_t other = i < piece.our_rope_at ? i : i - r;
+    theirs = other < piece.their_rope_at ? other : other + r;
+  }
+  return head * piece.head_rows + theirs;
 }
 
 bool Reorders(const HfPiece& piece) { return piece.transpose || piece.head_rows != 0; }
@@ -2396,26 +2628,74 @@ std::string GlmConfigJson(const ModelConfig& m, const char* tied, const std::str
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
+// DeepSeek-V3's experts as GLM-4.5's and DeepSeek-V3's configs give them: their sizes and
+// counts, the dense first blocks, and the routing (n_group 1 when no group is left out).
+std::string DeepseekExpertsJson(const config::MoeConfig& moe) {
+  return absl::StrCat(",\n  \"moe_intermediate_size\": ", moe.ffn,
+                      ",\n  \"n_routed_experts\": ", moe.experts,
+                      ",\n  \"num_experts_per_tok\": ", moe.top_k,
+                      ",\n  \"n_shared_experts\": ", moe.shared_experts,
+                      ",\n  \"first_k_dense_replace\": ", moe.dense_first,
+                      ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
+                      ",\n  \"routed_scaling_factor\": ", ShortFloat(moe.routed_scale),
+                      ",\n  \"n_group\": ", moe.limits_groups() ? moe.groups : 1,
+                      ",\n  \"topk_group\": ", moe.limits_groups() ? moe.group_top_k : 1);
+}
+
 // config.json of GLM-4.5 (Glm4MoeForCausalLM): Llama's fields, the dense blocks' and the experts'
 // sizes, the routing (n_group 1 when no group is left out), the rotated part of each head,
 // attention_bias (q, k and v only) and use_qk_norm.
 std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
-  const config::MoeConfig& moe = m.moe;
-  const std::string sizes = absl::StrCat(
-      DenseSizeJson(m), ",\n  \"moe_intermediate_size\": ", moe.ffn,
-      ",\n  \"n_routed_experts\": ", moe.experts, ",\n  \"num_experts_per_tok\": ", moe.top_k,
-      ",\n  \"n_shared_experts\": ", moe.shared_experts,
-      ",\n  \"first_k_dense_replace\": ", moe.dense_first,
-      ",\n  \"norm_topk_prob\": ", moe.normalize_top_k ? "true" : "false",
-      ",\n  \"routed_scaling_factor\": ", ShortFloat(moe.routed_scale),
-      ",\n  \"n_group\": ", moe.limits_groups() ? moe.groups : 1,
-      ",\n  \"topk_group\": ", moe.limits_groups() ? moe.group_top_k : 1,
-      ",\n  \"num_nextn_predict_layers\": 0");
+  const std::string sizes = absl::StrCat(DenseSizeJson(m), DeepseekExpertsJson(m.moe),
+                                         ",\n  \"num_nextn_predict_layers\": 0");
   return absl::StrCat(
       LlamaShapeJson(m, "Glm4MoeForCausalLM", "glm4_moe", sizes),
       ",\n  \"partial_rotary_factor\": ", PartialRotaryJson(m),
       ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": ", m.qkv_bias ? "true" : "false",
       ",\n  \"use_qk_norm\": ", m.qk_norm ? "true" : "false",
+      ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
+}
+
+// config.json of DeepSeek-V3 (DeepseekV3ForCausalLM): the shape without head_dim (transformers
+// takes head_dim as qk_rope_head_dim), the latent attention's ranks and head parts, RoPE with its
+// rows in neighbouring pairs (rope_interleave), YaRN with mscale_all_dim where the scores are
+// scaled beyond head_dim^-1/2 (and mscale, which DeepSeek's own code reads in place of
+// attention_factor), and the experts as GLM-4.5's are written, or null experts for a dense model.
+std::string DeepseekV3ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const config::LatentAttention& l = m.latent;
+  std::string rope = RopeScalingJson(m);
+  if (const config::RopeScaling& r = m.rope_scaling; r.yarn && r.factor > 1.0f) {
+    // mscale: what gives attention_factor over mscale_all_dim's scale, as DeepSeek's code and
+    // transformers without attention_factor compute it.
+    const std::string all_dim = DeepseekMscaleAllDim(m).value_or("0");
+    const double all_scale = config::YarnScale(r.factor, std::strtod(all_dim.c_str(), nullptr));
+    const std::optional<std::string> mscale = ShortestDecimal(
+        (r.attention_factor * all_scale - 1.0) / (0.1 * std::log(double{r.factor})),
+        [&](double weight) {
+          return static_cast<float>(config::YarnScale(r.factor, weight) / all_scale) ==
+                 r.attention_factor;
+        });
+    rope.insert(rope.size() - 1, absl::StrCat(mscale ? absl::StrCat(", \"mscale\": ", *mscale) : "",
+                                              ", \"mscale_all_dim\": ", all_dim));
+  }
+  const std::string experts =
+      m.moe.enabled()
+          ? absl::StrCat(DeepseekExpertsJson(m.moe),
+                         ",\n  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\"")
+          : ",\n  \"n_routed_experts\": null";
+  return absl::StrCat(
+      "{\n  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n  \"model_type\": \"deepseek_v3\",\n",
+      "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
+      ",\n  \"intermediate_size\": ", m.ffn_hidden, experts, ",\n  \"moe_layer_freq\": 1",
+      ",\n  \"num_nextn_predict_layers\": 0,\n  \"num_hidden_layers\": ", m.layers,
+      ",\n  \"num_attention_heads\": ", m.heads, ",\n  \"num_key_value_heads\": ", m.kv_heads,
+      ",\n  \"q_lora_rank\": ", l.q_rank > 0 ? absl::StrCat(l.q_rank) : "null",
+      ",\n  \"kv_lora_rank\": ", l.kv_rank, ",\n  \"qk_rope_head_dim\": ", m.rope_dim,
+      ",\n  \"qk_nope_head_dim\": ", m.head_dim() - m.rope_dim,
+      ",\n  \"v_head_dim\": ", l.value_dim, ",\n  \"max_position_embeddings\": ", HfMaxPositions(m),
+      ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
+      ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta), ",\n  \"rope_scaling\": ", rope,
+      ",\n  \"rope_interleave\": true,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false",
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
@@ -2459,6 +2739,7 @@ std::string ErnieMoeConfigJson(const ModelConfig& m, const char* tied, const std
 }  // namespace
 
 HfProjections HfExportProjections(const ModelConfig& m) {
+  if (m.latent.enabled()) return HfProjections::kSeparate;  // DeepSeek-V3's
   if (IsGlm(m)) return HfProjections::kFusedMlp;
   if (IsGlm4Moe(m) || IsErnieMoe(m) || IsMiniMaxM2(m)) return HfProjections::kSeparate;
   const bool phi3 = m.family == ModelFamily::kLlama &&
@@ -2470,23 +2751,19 @@ HfLayout HfExportLayout(const ModelConfig& m) {
   HfLayout layout;
   layout.projections = HfExportProjections(m);
   layout.glm = IsGlm(m);
-  layout.interleaved_rope = layout.glm || IsErnieMoe(m);
-  layout.experts = m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
-                   : IsMiniMaxM2(m)          ? HfExperts::kMiniMaxM2
-                   : IsGlm4Moe(m)            ? HfExperts::kGlm4Moe
-                   : IsErnieMoe(m)           ? HfExperts::kErnieMoe
-                   : m.moe.shared_gate       ? HfExperts::kQwen2Moe
-                   : m.qk_norm               ? HfExperts::kQwen3Moe
-                                             : HfExperts::kMixtral;
+  layout.interleaved_rope = layout.glm || IsErnieMoe(m) || m.latent.enabled();
+  layout.experts = m.latent.enabled()          ? HfExperts::kGlm4Moe  // DeepSeek-V3's
+                   : m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
+                   : IsMiniMaxM2(m)            ? HfExperts::kMiniMaxM2
+                   : IsGlm4Moe(m)              ? HfExperts::kGlm4Moe
+                   : IsErnieMoe(m)             ? HfExperts::kErnieMoe
+                   : m.moe.shared_gate         ? HfExperts::kQwen2Moe
+                   : m.qk_norm                 ? HfExperts::kQwen3Moe
+                                               : HfExperts::kMixtral;
   return layout;
 }
 
 absl::Status CheckHfWritable(const ModelConfig& m) {
-  if (m.latent.enabled()) {
-    return absl::UnimplementedError(
-        "model.latent_attention: Trainyard writes no Hugging Face layout for latent attention "
-        "(DeepSeek-V3's is not built)");
-  }
   if (const config::RopeScaling& r = m.rope_scaling;
       r.yarn && m.max_seq != r.original_max_seq &&
       !YarnFactorAgrees(static_cast<double>(HfMaxPositions(m)), r.original_max_seq, r.factor)) {
@@ -2496,6 +2773,7 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
         " gives no whole max_position_embeddings (recent transformers take YaRN's factor as "
         "max_position_embeddings over original_max_position_embeddings)"));
   }
+  if (m.latent.enabled()) return CheckDeepseekV3Layout(m);  // every other layout's options refused
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
@@ -2549,6 +2827,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
+  if (m.latent.enabled()) return DeepseekV3ConfigJson(m, tied, torch_dtype);
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
   if (IsMiniMaxM2(m)) return MiniMaxM2ConfigJson(m, tied, torch_dtype);
@@ -2566,8 +2845,15 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
 
 namespace {
 
-// How a directory of `model_type` (its model `layers` blocks deep) stores its tensors.
-HfLayout StoredLayout(const std::string& model_type, int layers) {
+// DeepSeek-V3's model types: its own, and Kimi K2's (the same model under DeepSeek's code).
+bool IsDeepseekType(const std::string& model_type) {
+  return model_type == "deepseek_v3" || model_type == "kimi_k2";
+}
+
+// How a directory of `model_type` (its model `layers` blocks deep, its config `f`) stores its
+// tensors.
+absl::StatusOr<HfLayout> StoredLayout(const std::string& model_type, const ConfigFields& f,
+                                      int layers) {
   HfLayout layout;
   layout.model_type = model_type;
   layout.glm = model_type == "glm" || model_type == "glm4";
@@ -2577,16 +2863,25 @@ HfLayout StoredLayout(const std::string& model_type, int layers) {
                        : layout.glm                       ? HfProjections::kFusedMlp
                        : model_type == "granitemoehybrid" ? HfProjections::kGraniteSharedMlp
                                                           : HfProjections::kSeparate;
-  layout.experts = model_type == "granitemoe"                           ? HfExperts::kGraniteMoe
-                   : model_type == "qwen2_moe"                          ? HfExperts::kQwen2Moe
-                   : model_type == "glm4_moe" || model_type == "dots1"  ? HfExperts::kGlm4Moe
+  layout.experts = model_type == "granitemoe"  ? HfExperts::kGraniteMoe
+                   : model_type == "qwen2_moe" ? HfExperts::kQwen2Moe
+                   : model_type == "glm4_moe" || model_type == "dots1" || IsDeepseekType(model_type)
+                       ? HfExperts::kGlm4Moe
                    : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
                    : model_type == "qwen3_moe" || model_type == "olmoe" ? HfExperts::kQwen3Moe
                    : model_type == "minimax_m2"                         ? HfExperts::kMiniMaxM2
                                                                         : HfExperts::kMixtral;
   layout.multimodal = model_type == "gemma3" || model_type == "mistral3";
-  layout.unread_layers_from = model_type == "glm4_moe" || model_type == "minimax_m2" ? layers : 0;
+  layout.unread_layers_from =
+      model_type == "glm4_moe" || model_type == "minimax_m2" || IsDeepseekType(model_type) ? layers
+                                                                                           : 0;
   layout.unread_prefix = model_type == "ernie4_5_moe" ? "model.mtp" : "";
+  // DeepSeek's rotary rows in neighbouring pairs (rope_interleave, true unless the config says
+  // otherwise; DeepSeek's own code reads no other).
+  if (IsDeepseekType(model_type)) {
+    layout.interleaved_rope = true;
+    TY_RETURN_IF_ERROR(f.Bool("rope_interleave", &layout.interleaved_rope));
+  }
   return layout;
 }
 
@@ -2599,7 +2894,8 @@ constexpr char kHfModelTypes[] =
     "\"qwen2_moe\", \"qwen3\", \"qwen3_moe\", \"mixtral\", \"olmo2\", \"olmo3\", \"olmoe\", "
     "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"granitemoehybrid\" (attention only), "
     "\"glm\", \"glm4\", \"glm4_moe\", "
-    "\"dots1\", \"minimax_m2\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\" and \"seed_oss\"";
+    "\"dots1\", \"minimax_m2\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\", \"seed_oss\", "
+    "\"deepseek_v3\" and \"kimi_k2\"";
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
                                               HfLayout* layout) {
@@ -2683,6 +2979,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadHeliumConfig(fields, m));
   } else if (model_type == "seed_oss") {  // Qwen2's model: biases on q, k and v
     TY_RETURN_IF_ERROR(ReadSeedOssConfig(fields, m));
+  } else if (IsDeepseekType(model_type)) {  // latent attention, DeepSeek-V3's experts
+    TY_RETURN_IF_ERROR(ReadDeepseekV3Config(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts
     TY_RETURN_IF_ERROR(ReadLlamaConfig(fields, m));
     TY_RETURN_IF_ERROR(ReadSlidingWindow(fields, m));
@@ -2691,7 +2989,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     return fields.Bad("model_type",
                       absl::StrCat("is \"", model_type, "\"; Trainyard reads ", kHfModelTypes));
   }
-  if (layout != nullptr) *layout = StoredLayout(model_type, m.layers);
+  TY_ASSIGN_OR_RETURN(HfLayout stored, StoredLayout(model_type, fields, m.layers));
+  if (layout != nullptr) *layout = stored;
   if (absl::Status valid = config::ValidateModelConfig(m, source + ":"); !valid.ok()) return valid;
   return m;
 }

@@ -27,7 +27,11 @@
 // and gate_up_proj; GLM-4 (Glm4ForCausalLM) adds Gemma 2's four norms under its own names. The
 // engine's internal vocabulary padding never reaches a checkpoint, so none shows. ERNIE 4.5
 // (Ernie4_5ForCausalLM) and Helium (HeliumForCausalLM), read only, are Llama's model with RoPE
-// in GLM's neighbouring pairs; Seed-OSS (SeedOssForCausalLM, read only) is Qwen2's.
+// in GLM's neighbouring pairs; Seed-OSS (SeedOssForCausalLM, read only) is Qwen2's. DeepSeek-V3
+// (DeepseekV3ForCausalLM; Kimi K2's kimi_k2) holds latent attention (q_a_proj, q_a_layernorm,
+// q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj): each query head
+// stored [nope | rope] where ours is [rope | nope], its rotary rows and the shared rotary key's in
+// neighbouring pairs (HfPiece's our_rope_at and their_rope_at), over GLM-4.5's experts.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -59,6 +63,13 @@ struct HfPiece {
   // interleaved, our row i as their row 2i and our row r/2 + i as their row 2i + 1; the head's
   // other rows in place. The query's and key's scores are the same either way. 0: our order.
   int64_t head_rows = 0, rope_rows = 0;
+  // Where in each head the rotary rows start, in ours and in theirs (the head's other rows keep
+  // their order around them): DeepSeek's latent attention stores a query head as [nope | rope]
+  // where ours is [rope | nope], and kv_a_proj_with_mqa as the latent, then the rotary key.
+  int64_t our_rope_at = 0, their_rope_at = 0;
+  // Whether theirs holds the rotary rows in neighbouring pairs (above); false: in our order,
+  // only moved (DeepSeek's rope_interleave false).
+  bool pairs = true;
 };
 
 // One of our global tensors (the ParameterLayout name and shape) and the pieces that make it.
@@ -96,9 +107,9 @@ enum class HfProjections { kSeparate, kFused, kFusedMlp, kGraniteSharedMlp };
 // mlp.shared_expert.* gated by mlp.shared_expert_gate), GraniteMoE's (each kind's weights
 // stacked in one tensor per block: block_sparse_moe.input_linear, output_linear), or GLM-4.5's
 // (Qwen3-MoE's, ungated shared experts mlp.shared_experts.*, and the router's selection bias
-// mlp.gate.e_score_correction_bias), or ERNIE 4.5's (GLM-4.5's, the bias [1, experts] as
-// mlp.moe_statics.e_score_correction_bias), or MiniMax-M2's (Mixtral's, and the selection bias
-// block_sparse_moe.e_score_correction_bias).
+// mlp.gate.e_score_correction_bias; DeepSeek-V3's too), or ERNIE 4.5's (GLM-4.5's, the bias [1,
+// experts] as mlp.moe_statics.e_score_correction_bias), or MiniMax-M2's (Mixtral's, and the
+// selection bias block_sparse_moe.e_score_correction_bias).
 enum class HfExperts {
   kMixtral,
   kQwen3Moe,

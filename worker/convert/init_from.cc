@@ -155,6 +155,21 @@ absl::Status CheckSameScores(const ModelConfig& file, const ModelConfig& spec,
   return absl::OkStatus();
 }
 
+// Latent attention's ranks, value heads and its latents' epsilon (both models have it).
+absl::Status CheckSameLatent(const config::LatentAttention& file,
+                             const config::LatentAttention& spec, const std::string& source) {
+  TY_RETURN_IF_ERROR(
+      FirstDifference({{"latent_attention.q_rank", {file.q_rank, spec.q_rank}},
+                       {"latent_attention.kv_rank", {file.kv_rank, spec.kv_rank}},
+                       {"latent_attention.value_dim", {file.value_dim, spec.value_dim}}},
+                      source));
+  if (file.norm_eps != spec.norm_eps) {
+    return Differ("latent_attention.norm_eps", absl::StrCat(file.norm_eps), source,
+                  absl::StrCat(spec.norm_eps));
+  }
+  return absl::OkStatus();
+}
+
 // OK when `file` (the weights' model) is `spec`'s model; else names the first field that differs.
 absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
                             const std::string& source) {
@@ -196,6 +211,7 @@ absl::Status CheckSameModel(const ModelConfig& file, const ModelConfig& spec,
   }
   TY_RETURN_IF_ERROR(SameChoice("latent_attention", file.latent.enabled(), spec.latent.enabled(),
                                 source, "set", "none"));
+  if (file.latent.enabled()) TY_RETURN_IF_ERROR(CheckSameLatent(file.latent, spec.latent, source));
   if (file.head_dim() != spec.head_dim()) {
     return Differ("head_dim", num(file.head_dim()), source, num(spec.head_dim()));
   }

@@ -23,7 +23,7 @@ struct LatentShape {
             .value_dim = c.latent.value_dim,
             .q_rank = c.latent.q_rank,
             .kv_rank = c.latent.kv_rank,
-            .eps = c.norm_eps};
+            .eps = c.latent.norm_eps};
   }
   int64_t nope() const { return head_dim - rope; }
   int64_t q_width() const { return heads * head_dim; }

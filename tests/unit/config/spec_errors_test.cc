@@ -504,7 +504,7 @@ std::vector<BadSpec> BadSpecs() {
       {"yarn's betas crossed",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: yarn, factor: 8, "
        "original_max_seq: 16, beta_fast: 1, beta_slow: 2}}\n",
-       "2:101", "model.rope_scaling.beta_fast", "must exceed beta_slow 2, got 1"},
+       "2:101", "model.rope_scaling.beta_fast", "must be at least beta_slow 2, got 1"},
       {"llama3 scaling with yarn's truncate",
        "name: job\nmodel: {preset: llama-debug, rope_scaling: {type: llama3, factor: 8, "
        "truncate: false}}\n",
@@ -718,6 +718,10 @@ std::vector<BadSpec> BadSpecs() {
        "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
        "  latent_attention: {q_rank: -1, kv_rank: 8}\n",
        "6:30", "model.latent_attention.q_rank", "must be at least 0"},
+      {"latent_attention with a zero norm_eps",
+       "name: job\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 8\n"
+       "  latent_attention: {kv_rank: 8, norm_eps: 0}\n",
+       "6:44", "model.latent_attention.norm_eps", "must be a positive number, got 0"},
       {"latent_attention on gpt2",
        "name: job\nmodel:\n  preset: gpt2-debug\n  latent_attention: {kv_rank: 8, value_dim: 8}\n",
        "3:3", "model.family", "latent attention is for the llama family"},

@@ -452,7 +452,7 @@ TEST(ParseJobSpecTest, DocumentToken) {
 }
 
 // Latent attention: value heads as wide as the heads' unrotated part unless given; the packed
-// row, the output width and the parameters follow from the ranks.
+// row, the output width and the parameters follow from the ranks; the latents' own epsilon.
 TEST(ParseJobSpecTest, LatentAttention) {
   const JobSpec j = MustParse(
       "name: m\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  head_dim: 24\n  rope_dim: 8\n"
@@ -477,6 +477,13 @@ TEST(ParseJobSpecTest, LatentAttention) {
       "resources: {devices_per_node: 8}\n");
   EXPECT_EQ(narrow.model.latent.q_rank, 0);
   EXPECT_EQ(narrow.model.latent.value_dim, 6);
+  // The latents' norms take DeepSeek's 1e-6 whatever the model's take, unless given.
+  EXPECT_EQ(m.latent.norm_eps, 1e-6f);
+  EXPECT_EQ(m.norm_eps, 1e-5f);
+  EXPECT_EQ(MustParse("name: m\nmodel:\n  preset: llama-debug\n  kv_heads: 4\n  rope_dim: 4\n"
+                      "  latent_attention: {kv_rank: 20, norm_eps: 1e-5}\n")
+                .model.latent.norm_eps,
+            1e-5f);
 }
 
 TEST(ParseJobSpecTest, SampleFields) {

@@ -433,7 +433,15 @@ TEST(CheckpointFormatTest, TheSignatureCarriesLatentAttention) {
   EXPECT_EQ(read->latent.q_rank, 24);
   EXPECT_EQ(read->latent.kv_rank, 12);
   EXPECT_EQ(read->latent.value_dim, 8);
+  EXPECT_EQ(read->latent.norm_eps, 1e-6f);
   EXPECT_FALSE(ModelFromSignature(SignatureOf(plain))->latent.enabled());
+  // The latents' epsilon travels; written before it did, their norms took the model's.
+  other = latent;
+  other.latent.norm_eps = 0.25f;
+  EXPECT_EQ(ModelFromSignature(SignatureOf(other))->latent.norm_eps, 0.25f);
+  ModelSignature older = SignatureOf(latent);
+  older.mutable_latent()->clear_norm_eps();
+  EXPECT_EQ(ModelFromSignature(older)->latent.norm_eps, latent.norm_eps);
 }
 
 TEST(CheckpointFormatTest, OnlyMoeManifestsCarryAnMoeSignature) {

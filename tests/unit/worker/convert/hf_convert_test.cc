@@ -157,9 +157,25 @@ config::ModelConfig TinyMixtral() {
   return m;
 }
 
+// A Llama model with DeepSeek-V3's latent attention (heads of 16, 4 of them turned, value heads
+// of 8, latents of 24 and 12) over its routing: the first block dense, four experts picked by
+// biased sigmoid scores beside a shared one.
+config::ModelConfig TinyDeepseek() {
+  config::ModelConfig m = TinyMixtral();
+  m.kv_heads = m.heads;
+  m.rope_dim = 4;
+  m.latent = {.q_rank = 24, .kv_rank = 12, .value_dim = 8};
+  m.moe.dense_first = 1;
+  m.moe.shared_experts = 1;
+  m.moe.score = config::MoeScore::kSigmoid;
+  m.moe.balance = config::MoeBalance::kBias;
+  return m;
+}
+
 TEST(HfFormat, PiecesCoverEveryTensorOnce) {
   for (const config::ModelConfig& model :
-       {Tiny(config::ModelFamily::kGpt2), Tiny(config::ModelFamily::kLlama), TinyMixtral()}) {
+       {Tiny(config::ModelFamily::kGpt2), Tiny(config::ModelFamily::kLlama), TinyMixtral(),
+        TinyDeepseek()}) {
     const config::ModelFamily family = model.family;
     for (bool tied : {true, false}) {
       config::ModelConfig m = model;
@@ -2572,6 +2588,23 @@ TEST(InitFrom, AnotherModelIsRefusedNamingTheFieldAndBothValues) {
   spec.init_from = "nowhere";
   EXPECT_THAT(CheckInitFrom(fs, spec).message(),
               HasSubstr("model.init_from: nowhere: no such file or directory"));
+  // DeepSeek-V3's weights: the latents' ranks and their norms' epsilon must be the spec's.
+  WriteHfDir(fs, "d", TinyDeepseek());
+  spec.init_from = "d";
+  spec.model = TinyDeepseek();
+  EXPECT_TRUE(CheckInitFrom(fs, spec).ok()) << CheckInitFrom(fs, spec);
+  spec.model.latent.kv_rank = 10;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.latent_attention.kv_rank is 12 in d/config.json, 10 in the spec"));
+  spec.model = TinyDeepseek();
+  spec.model.latent.norm_eps = 1e-5f;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.latent_attention.norm_eps is 1e-06 in d/config.json, 1e-05 in the "
+                        "spec"));
+  spec.model = TinyDeepseek();
+  spec.model.latent = {};
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.latent_attention is set in d/config.json, none in the spec"));
 }
 
 // llm.c's GPT-2 file: a 256-int header, then the tensors kind by kind over all layers, the
