@@ -86,6 +86,12 @@ config::JobSpec Job(ModelFamily family, const MeshCase& mesh) {
     spec.model.moe.shared_experts = 0;
     spec.model.moe.normalize_top_k = true;
   }
+  // DeepSeek-V2's: a shared expert, the top k's probabilities as scored, times 1.5.
+  if (mesh.latent && mesh.experts > 0 && !mesh.glm45) {
+    spec.model.moe.shared_experts = 1;
+    spec.model.moe.normalize_top_k = false;
+    spec.model.moe.routed_scale = 1.5f;
+  }
   if (mesh.post_norms && mesh.qk_norm && mesh.sliding_window > 0) {  // Gemma 3's local RoPE
     spec.model.rope_local_theta = 1000.0f;
   }
@@ -328,7 +334,8 @@ INSTANTIATE_TEST_SUITE_P(
 // neighbouring pairs, the rotary key's too): over DeepSeek-V3's routing past a dense first block,
 // read back with the experts split over data-parallel ranks under ZeRO-3, and without the query
 // latent on pipeline stages with the heads split over tensor-parallel ranks; dense (null
-// experts), split over tensor-parallel ranks under sequence parallelism.
+// experts), split over tensor-parallel ranks under sequence parallelism. Over softmax routing it
+// exports as DeepSeek-V2, read back with the experts split over data-parallel ranks.
 INSTANTIATE_TEST_SUITE_P(
     DeepseekV3, HfRoundTrip,
     ::testing::Combine(::testing::Values(ModelFamily::kLlama),
@@ -349,6 +356,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          MeshCase{.name = "deepseek_v3_dense_tp2_sp",
                                                   .tp = 2,
                                                   .sequence_parallel = true,
+                                                  .latent = true},
+                                         MeshCase{.name = "deepseek_v2_dp2_ep2_zero1",
+                                                  .dp = 2,
+                                                  .zero = 1,
+                                                  .experts = 4,
+                                                  .ep = 2,
                                                   .latent = true})),
     [](const auto& info) { return std::string(std::get<1>(info.param).name); });
 
@@ -977,17 +990,18 @@ void CheckAgainstTheOracle(ModelFamily family, const MeshCase& mesh,
   const double error = ErrorAgainstTheOracle(spec.model, hf, scratch, 7, tokens, oracle);
   std::printf("%s%s logits against the oracle: max relative error %.2e\n",
               config::FamilyName(family).c_str(),
-              restate             ? " (config restated)"
-              : mesh.latent       ? " (deepseek_v3)"
-              : mesh.experts == 0 ? ""
-              : mesh.glm45        ? " (glm4_moe)"
-              : mesh.minimax_m2   ? " (minimax_m2)"
-              : mesh.ernie_moe    ? " (ernie4_5_moe)"
-              : mesh.qk_norm      ? " (qwen3_moe)"
-              : mesh.shared_gate  ? " (qwen2_moe)"
-              : mesh.whole_norms  ? " (olmoe)"
-              : mesh.granite      ? " (granitemoe)"
-                                  : " (mixtral)",
+              restate                                          ? " (config restated)"
+              : mesh.latent && mesh.experts > 0 && !mesh.glm45 ? " (deepseek_v2)"
+              : mesh.latent                                    ? " (deepseek_v3)"
+              : mesh.experts == 0                              ? ""
+              : mesh.glm45                                     ? " (glm4_moe)"
+              : mesh.minimax_m2                                ? " (minimax_m2)"
+              : mesh.ernie_moe                                 ? " (ernie4_5_moe)"
+              : mesh.qk_norm                                   ? " (qwen3_moe)"
+              : mesh.shared_gate                               ? " (qwen2_moe)"
+              : mesh.whole_norms                               ? " (olmoe)"
+              : mesh.granite                                   ? " (granitemoe)"
+                                                               : " (mixtral)",
               error);
   EXPECT_LE(error, 1e-4);
 
@@ -1213,6 +1227,13 @@ TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
 TEST(HfOracleDeepseekV3, LatentAttentionOverBiasedSigmoidRoutingGivesTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .experts = 4, .glm45 = true, .latent = true});
+}
+
+// Latent attention over softmax routing (every block's experts picked by probability, the picks
+// unnormalised and weighed times 1.5, a shared expert) exports as DeepSeek-V2, which the oracle
+// computes with DeepSeek-V2's conventions (its RoPE in neighbouring pairs, no selection bias).
+TEST(HfOracleDeepseekV2, LatentAttentionOverSoftmaxRoutingGivesTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .experts = 4, .latent = true});
 }
 
 // Without the query latent and experts, under YaRN (4 times an original 12 positions) whose

@@ -167,8 +167,11 @@ void ExpectEquivalent(const config::JobSpec& spec, const RunResult& single,
   // Query and key norms divide the gradients of the small pre-norm queries and keys (0.02-scale
   // weights) by their RMS, which magnifies the rounding of the qkv weights' gradients, and five
   // AdamW steps at lr 1e-2 carry it on through the model: 3e-4 there (the norms' own weights
-  // agree to about 1e-6; a misplaced gradient moves a parameter by about lr).
-  const double tolerance = spec.model.qk_norm ? 3e-4 : 1e-4;
+  // agree to about 1e-6; a misplaced gradient moves a parameter by about lr). Latent attention's
+  // norms of its small latents do the same: under tensor parallelism kv_b's worst error is 1.6e-5
+  // with the latents normed at 1e-5 and 1.1e-4 at DeepSeek's 1e-6 (spread over many elements,
+  // each about 1e-3 of lr), while the loss agrees to 3e-7.
+  const double tolerance = spec.model.qk_norm || spec.model.latent.enabled() ? 3e-4 : 1e-4;
   for (size_t rank = 0; rank < parallel.rank_params.size(); ++rank) {
     const config::MeshCoordinates at =
         config::CoordinatesOf(spec.parallelism, static_cast<int>(rank));

@@ -7,7 +7,7 @@ MODEL_DIR: config.json (model_type "gpt2", "llama", "gemma", "gemma2", "gemma3_t
 "ministral",
 "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4",
 "smollm3", "granite", "granitemoe", "glm", "glm4", "glm4_moe", "dots1", "minimax_m2", "ernie4_5",
-"ernie4_5_moe", "helium", "seed_oss", "deepseek_v3" or "kimi_k2") and
+"ernie4_5_moe", "helium", "seed_oss", "deepseek_v2", "deepseek_v3" or "kimi_k2") and
 model.safetensors, or model.safetensors.index.json (its weight_map names each tensor's shard) with
 the shards.
 TOKENS_FILE: int32 little-endian token ids [B, T], no header.
@@ -303,7 +303,7 @@ def read_config(model_dir):
                          "gemma3_text, mistral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, "
                          "olmo2, olmo3, olmoe, "
                          "smollm3, granite, granitemoe, glm, glm4, ernie4_5, helium, "
-                         "seed_oss, deepseek_v3 or kimi_k2)"
+                         "seed_oss, deepseek_v2, deepseek_v3 or kimi_k2)"
                          % (path, json.dumps(model_type)))
     return MODELS[model_type](Config(raw, path))
 
@@ -1453,10 +1453,16 @@ class DeepseekV3(Glm4Moe):
     scale_default = 2.5
     group_defaults = (8, 4)
     latent_eps = 1e-6
+    scoring = "sigmoid"
+    topk_methods = ("noaux_tc",)
+    # Whether a config without n_routed_experts is dense (V2's class default None) rather than
+    # of the class's default count (V3's 256); null is dense either way.
+    experts_absent_dense = False
 
     def __init__(self, cfg):
         raw = cfg.raw
-        self.dense = raw.get("n_routed_experts", 0) is None or (
+        absent = "n_routed_experts" not in raw and self.experts_absent_dense
+        self.dense = absent or ("n_routed_experts" in raw and raw["n_routed_experts"] is None) or (
             cfg.int("first_k_dense_replace", self.dense_default, minimum=0)
             >= cfg.int("num_hidden_layers"))
         if self.dense:
@@ -1469,9 +1475,10 @@ class DeepseekV3(Glm4Moe):
         self.kv_rank = cfg.int("kv_lora_rank", 512)
         self.q_rank = None if ("q_lora_rank" in raw and raw["q_lora_rank"] is None) else cfg.int(
             "q_lora_rank", 1536)
-        self.interleave = cfg.bool("rope_interleave", True)
-        cfg.require("scoring_func", "sigmoid", ("sigmoid",), "DeepSeek-V3's router")
-        cfg.require("topk_method", "noaux_tc", ("noaux_tc",), "DeepSeek-V3's router")
+        self.interleave = self.read_interleave(cfg)
+        cfg.require("scoring_func", self.scoring, (self.scoring,), "DeepSeek's router")
+        self.topk_method = cfg.require("topk_method", self.topk_methods[0], self.topk_methods,
+                                       "DeepSeek's router")
         cfg.require("moe_layer_freq", 1, (1,), "an MoE layer after every dense one")
         if self.kv_heads != self.heads:
             raise InputError("%s: num_key_value_heads must equal num_attention_heads" % cfg.path)
@@ -1481,6 +1488,9 @@ class DeepseekV3(Glm4Moe):
             factor = float(scaling["factor"])
             m = 0.1 * scaling["mscale_all_dim"] * math.log(factor) + 1 if factor > 1 else 1.0
             self.attention_scale *= m * m
+
+    def read_interleave(self, cfg):
+        return cfg.bool("rope_interleave", True)
 
     def read_head_dim(self, cfg):
         """transformers' DeepSeek config sets head_dim to qk_rope_head_dim: what RoPE turns."""
@@ -1558,6 +1568,56 @@ class DeepseekV3(Glm4Moe):
         x = self.norm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if self.tied else w["lm_head.weight"]
         return x @ head.T
+
+
+class DeepseekV2(DeepseekV3):
+    """DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite, Coder-V2): DeepseekV3's latent attention with
+    its RoPE always in neighbouring pairs, its scores scaled under YaRN as DeepSeek's own code and
+    vLLM scale them (transformers' port leaves the mscale_all_dim factor out), and softmax
+    routing: past the first first_k_dense_replace (default 0) layers, probabilities softmax(m .
+    mlp.gate.weight^T) over n_routed_experts; the num_experts_per_tok highest picked (topk_method
+    "greedy"), or with "group_limited_greedy" only from the topk_group groups (of n_group) whose
+    best probability is highest, the others masked to 0; weighted by their probabilities times
+    routed_scaling_factor (default 1; norm_topk_prob must be false), beside the shared experts.
+    No selection bias. Without n_routed_experts (the class's default) every layer is dense."""
+
+    expert_defaults = (_REQUIRED, _REQUIRED)
+    expert_ffn_default = 1407
+    shared_default = _REQUIRED
+    dense_default = 0
+    normalize_default = False
+    scale_default = 1.0
+    group_defaults = (1, 1)
+    scoring = "softmax"
+    topk_methods = ("greedy", "group_limited_greedy")
+    experts_absent_dense = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        cfg.require("norm_topk_prob", False, (False,), "DeepSeek-V2's weights are unnormalised")
+
+    def read_interleave(self, cfg):
+        return True
+
+    def mlp_tensors(self, p):
+        return [(name, shape) for name, shape in super().mlp_tensors(p)
+                if not name.endswith("e_score_correction_bias")]
+
+    def mlp(self, w, p, m):
+        if not self.sparse(p):
+            return Llama.mlp(self, w, p, m)
+        probs = torch.softmax(m @ w[p + "mlp.gate.weight"].T, dim=-1)
+        choice = probs
+        if self.topk_method == "group_limited_greedy" and self.kept_groups < self.groups:
+            grouped = probs.unflatten(-1, (self.groups, -1))
+            best = grouped.max(dim=-1).values.topk(self.kept_groups, dim=-1).indices
+            keep = torch.zeros(grouped.shape[:-1], dtype=torch.bool).scatter(-1, best, True)
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), 0.0).flatten(-2)
+        top, chosen = torch.topk(choice, self.top_k, dim=-1)
+        out = mix_experts(w, p, m, self.experts, top * self.scale, chosen)
+        s = p + "mlp.shared_experts."
+        return out + swiglu(m, w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
+                            w[s + "down_proj.weight"])
 
 
 class Dots1(Glm4Moe):
@@ -1806,7 +1866,8 @@ MODELS = {"gpt2": Gpt2, "llama": Llama, "gemma": Gemma, "gemma2": Gemma2,
           "olmo2": Olmo2, "olmo3": Olmo3, "olmoe": Olmoe, "exaone4": Exaone4, "smollm3": SmolLM3,
           "granite": Granite, "granitemoe": GraniteMoe, "glm": Glm, "glm4": Glm4,
           "glm4_moe": Glm4Moe, "dots1": Dots1, "minimax_m2": MiniMaxM2, "ernie4_5": Ernie45, "ernie4_5_moe": Ernie45Moe, "helium": Helium,
-          "seed_oss": SeedOss, "deepseek_v3": DeepseekV3, "kimi_k2": DeepseekV3}
+          "seed_oss": SeedOss, "deepseek_v2": DeepseekV2, "deepseek_v3": DeepseekV3,
+          "kimi_k2": DeepseekV3}
 
 
 def load_weights(model, model_dir):

@@ -377,8 +377,9 @@ def glm4_moe_hf_tensors(cfg, params, mtp_layer=False):
 
 
 def deepseek_v3_hf_tensors(cfg, params):
-    """[(HF name, array)] of a contract Llama with latent attention in DeepSeek-V3's layout: the
-    blocks' other tensors as GLM-4.5's (or Llama's, dense); each query head's contract rows
+    """[(HF name, array)] of a contract Llama with latent attention in DeepSeek-V3's (and V2's)
+    layout: the blocks' other tensors as GLM-4.5's (without the selection bias for V2's softmax
+    routing; Llama's, dense); each query head's contract rows
     [rope | nope] stored [nope | rope] and every rope part (the query heads' and the shared key's,
     last in kv_a_proj_with_mqa) in neighbouring pairs, contract row i as row 2i and row R/2 + i as
     row 2i + 1 (rope_interleave)."""
@@ -394,7 +395,10 @@ def deepseek_v3_hf_tensors(cfg, params):
     view = dict(params)
     for i in range(c["layers"]):
         view["h.%d.attn.qkv.w" % i] = np.zeros((1, 1))
-    base = glm4_moe_hf_tensors(cfg, view) if cfg.get("moe") else llama_hf_tensors(cfg, view)
+    moe = cfg.get("moe")
+    base = (shared_expert_hf_tensors(cfg, view, "shared_experts",
+                                     router_bias=moe["balance"] == "bias")
+            if moe else llama_hf_tensors(cfg, view))
     out = [(name, array) for name, array in base if ".self_attn." not in name]
     for i in range(c["layers"]):
         w, a = "h.%d.attn." % i, "model.layers.%d.self_attn." % i
@@ -1058,6 +1062,27 @@ class HfOracleTest(unittest.TestCase):
                                     "mscale_all_dim": all_dim})
         self.check_against_torch_model("deepseek_v3_dense_yarn", dense,
                                        lambda p: deepseek_v3_hf_tensors(dense, p), config)
+
+    def test_deepseek_v2_matches_torch_model(self):
+        # DeepSeek-V2's softmax routing (the picks' probabilities unnormalised, times 1.5) past a
+        # dense first block, under the same latent attention, without the query latent.
+        latent = {"q_rank": 0, "kv_rank": 5, "value_dim": 6, "norm_eps": 1e-6}
+        cfg = moe_cfg("llama", {"shared_experts": 1, "normalize_top_k": False, "dense_first": 1,
+                                "routed_scale": 1.5, "every": 1, "top_k": 2},
+                      heads=2, kv_heads=2, head_dim=12, rope_dim=4, latent_attention=latent)
+        config = dict(deepseek_v3_hf_config(cfg), model_type="deepseek_v2",
+                      architectures=["DeepseekV2ForCausalLM"], scoring_func="softmax",
+                      topk_method="greedy", norm_topk_prob=False)
+        del config["n_group"], config["topk_group"]
+        _, tokens, got = self.check_against_torch_model(
+            "deepseek_v2", cfg, lambda p: deepseek_v3_hf_tensors(cfg, p), config)
+        # Group-limited routing keeping every group is the same routing.
+        grouped = self.write_model("deepseek_v2_groups",
+                                   dict(config, topk_method="group_limited_greedy", n_group=2,
+                                        topk_group=2),
+                                   deepseek_v3_hf_tensors(cfg, self.written_params))
+        np.testing.assert_allclose(self.oracle_logits(grouped, tokens, cfg["vocab"]), got,
+                                   rtol=1e-12, atol=1e-12)
 
     def test_glm4_moe_group_limited_routing_matches_torch_model(self):
         # DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: six experts in three

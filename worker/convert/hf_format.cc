@@ -202,6 +202,11 @@ constexpr ExpertNames kErnieMoeExperts{"mlp.gate.weight",
                                        "mlp.moe_statics.e_score_correction_bias",
                                        /*bias_in_a_row=*/true};
 
+// DeepSeek-V2's: GLM-4.5's without the selection bias.
+constexpr ExpertNames kDeepseekV2Experts{"mlp.gate.weight",  "mlp.experts.",
+                                         "gate_proj.weight", "up_proj.weight",
+                                         "down_proj.weight", "mlp.shared_experts."};
+
 void AddExperts(const ModelConfig& m, const std::string& p, const std::string& h,
                 const ExpertNames& names, std::vector<HfTensorMap>& out) {
   const int64_t c = m.width, f = m.moe.ffn, experts = m.moe.experts;
@@ -360,6 +365,8 @@ void AddLlamaBlock(const ModelConfig& m, int l, const HfLayout& layout,
         return AddExperts(m, p, h, kErnieMoeExperts, out);
       case HfExperts::kMiniMaxM2:
         return AddExperts(m, p, h, kMiniMaxM2Experts, out);
+      case HfExperts::kDeepseekV2:
+        return AddExperts(m, p, h, kDeepseekV2Experts, out);
     }
   }
   if (layout.projections == HfProjections::kGraniteSharedMlp) {
@@ -464,7 +471,8 @@ class ConfigFields {
         return absl::OkStatus();
       }
     }
-    return Bad(key, absl::StrCat("must be \"", *allowed.begin(), "\" (what Trainyard trains)"));
+    return Bad(key, absl::StrCat("must be \"", absl::StrJoin(allowed, "\" or \""),
+                                 "\" (what Trainyard trains)"));
   }
   absl::Status Bad(const std::string& key, const std::string& why) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": ", key, " ", why));
@@ -1534,6 +1542,20 @@ absl::Status ReadDeepseekAttention(const ConfigFields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// What DeepSeek-V2's and V3's configs share: Llama's blocks with DeepSeek's latent attention
+// and an MoE block after every dense one (moe_layer_freq 1, which DeepSeek's own code reads);
+// true when every block is dense (first_k_dense_replace, `dense_first` where the config is
+// silent, covers them all).
+absl::StatusOr<bool> ReadDeepseekShape(const ConfigFields& f, int dense_first, ModelConfig& m) {
+  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
+  TY_RETURN_IF_ERROR(ReadDeepseekAttention(f, m));
+  int every = 1;
+  TY_RETURN_IF_ERROR(f.Int("moe_layer_freq", &every, /*required=*/false));
+  if (every != 1) return f.Bad("moe_layer_freq", "must be 1 (transformers reads no other)");
+  TY_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &dense_first, /*required=*/false, 0));
+  return dense_first >= m.layers;
+}
+
 // DeepSeek-V3's (DeepseekV3ForCausalLM, model_type deepseek_v3, as DeepSeek-V3, R1 and Moonlight
 // are published; Kimi K2's kimi_k2 is the same model): Llama's blocks with DeepSeek's latent
 // attention (ReadDeepseekAttention), rms_norm_eps 1e-6 unless the config says otherwise, and
@@ -1547,15 +1569,11 @@ absl::Status ReadDeepseekAttention(const ConfigFields& f, ModelConfig& m) {
 // which DeepSeek's own code reads, must be "sigmoid", "noaux_tc" and 1 where given. The multi-token
 // prediction layers (num_nextn_predict_layers, stored after the model's) are not read.
 absl::Status ReadDeepseekV3Config(const ConfigFields& f, ModelConfig& m) {
-  TY_RETURN_IF_ERROR(ReadLlamaConfig(f, m));
-  TY_RETURN_IF_ERROR(ReadDeepseekAttention(f, m));
+  TY_ASSIGN_OR_RETURN(const bool dense,
+                      ReadDeepseekShape(f, kDeepseekV3Keys.defaults.dense_first, m));
   TY_RETURN_IF_ERROR(f.OneOf("scoring_func", {"sigmoid"}));
   TY_RETURN_IF_ERROR(f.OneOf("topk_method", {"noaux_tc"}));
-  int every = 1, dense_first = kDeepseekV3Keys.defaults.dense_first;
-  TY_RETURN_IF_ERROR(f.Int("moe_layer_freq", &every, /*required=*/false));
-  if (every != 1) return f.Bad("moe_layer_freq", "must be 1 (transformers reads no other)");
-  TY_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &dense_first, /*required=*/false, 0));
-  if (f.IsNull("n_routed_experts") || dense_first >= m.layers) return absl::OkStatus();
+  if (dense || f.IsNull("n_routed_experts")) return absl::OkStatus();
   TY_RETURN_IF_ERROR(ReadExpertShape(f, kDeepseekV3Keys, m));
   config::MoeConfig& moe = m.moe;
   moe.score = config::MoeScore::kSigmoid;
@@ -1565,6 +1583,61 @@ absl::Status ReadDeepseekV3Config(const ConfigFields& f, ModelConfig& m) {
   TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &moe.normalize_top_k));
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &moe.routed_scale));
   return ReadExpertGroups(f, moe, /*groups=*/8, /*kept=*/4);
+}
+
+// DeepSeek-V2's config class's defaults for its experts: none for the counts (each required),
+// experts of 1407, no dense first blocks.
+constexpr ExpertKeys kDeepseekV2Keys{
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    nullptr,
+    {.experts = 0, .top_k = 0, .shared_experts = 0, .dense_first = 0, .ffn = 1407},
+    1};
+
+// DeepSeek-V2's (DeepseekV2ForCausalLM, model_type deepseek_v2, as DeepSeek-V2-Lite and
+// DeepSeek-Coder-V2-Lite are published): DeepSeek-V3's latent attention (ReadDeepseekAttention;
+// its RoPE always in neighbouring pairs, and under YaRN its scores scaled as DeepSeek's own code
+// and vLLM scale them: transformers' port leaves mscale_all_dim out) over experts routed by
+// softmax: past the first first_k_dense_replace (0) blocks, n_routed_experts experts of
+// moe_intermediate_size (1407), of which each token takes the num_experts_per_tok of highest
+// probability (topk_method "greedy"), weighed by their probabilities times routed_scaling_factor
+// (1), beside n_shared_experts shared ones (balance: aux_loss; no selection bias). Without
+// n_routed_experts (null, or absent: the class's default) every block is dense. Refused:
+// scoring_func other than "softmax"; norm_topk_prob true (transformers' port ignores it where
+// DeepSeek's code normalises and drops the scale); "group_limited_greedy" that leaves groups out
+// (DeepSeek-V2, V2.5 and Coder-V2 236B), whose group score is the group's best probability where
+// Trainyard's is the sum of its best two (DeepSeek-V3's).
+absl::Status ReadDeepseekV2Config(const ConfigFields& f, ModelConfig& m) {
+  TY_ASSIGN_OR_RETURN(const bool dense,
+                      ReadDeepseekShape(f, kDeepseekV2Keys.defaults.dense_first, m));
+  TY_RETURN_IF_ERROR(f.OneOf("scoring_func", {"softmax"}));
+  TY_RETURN_IF_ERROR(f.OneOf("topk_method", {"greedy", "group_limited_greedy"}));
+  bool normalize = false;
+  TY_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &normalize));
+  if (normalize) {
+    return f.Bad("norm_topk_prob",
+                 "must be false (transformers' DeepseekV2 ignores it, while DeepSeek's code "
+                 "normalises and then leaves routed_scaling_factor out)");
+  }
+  if (dense || !f.Has("n_routed_experts")) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(ReadExpertShape(f, kDeepseekV2Keys, m));
+  m.moe.routed_scale = 1.0f;
+  TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &m.moe.routed_scale));
+  const Value* method = f.Get("topk_method");
+  int groups = 1, kept = 1;
+  TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
+  TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
+  if (method != nullptr && method->string_value() == "group_limited_greedy" && kept < groups) {
+    return f.Bad(
+        "topk_method",
+        absl::StrCat("is group_limited_greedy keeping topk_group ", kept, " of n_group ", groups,
+                     " groups: DeepSeek-V2 scores a group by its best "
+                     "probability, Trainyard by the sum of its best two (DeepSeek-V3's)"));
+  }
+  return absl::OkStatus();
 }
 
 // MiniMax-M2's (MiniMaxM2ForCausalLM, model_type minimax_m2): in every block Llama's attention
@@ -1875,26 +1948,37 @@ std::optional<std::string> DeepseekMscaleAllDim(const ModelConfig& m) {
   });
 }
 
-// DeepSeek-V3's layout holds a Llama model with latent attention (its latents normed with
-// DeepSeek's 1e-6), SwiGLU and norms before each branch, plain RoPE or YaRN, scores scaled by
+// Whether a model with latent attention travels as DeepSeek-V2 (softmax-routed experts) rather
+// than DeepSeek-V3.
+bool IsDeepseekV2(const ModelConfig& m) {
+  return m.latent.enabled() && m.moe.enabled() && m.moe.score == config::MoeScore::kSoftmax;
+}
+
+// DeepSeek-V2's and V3's layouts hold a Llama model with latent attention (its latents normed
+// with DeepSeek's 1e-6), SwiGLU and norms before each branch, plain RoPE or YaRN, scores scaled by
 // head_dim^-1/2 or, under YaRN, also by the square of the scale of some mscale_all_dim
-// (DeepseekMscaleAllDim), and dense MLPs or DeepSeek-V3's experts: sigmoid scores with a selection
-// bias in every block past the dense first ones, beside ungated shared experts.
-absl::Status CheckDeepseekV3Layout(const ModelConfig& m) {
+// (DeepseekMscaleAllDim), and dense MLPs or experts in every block past the dense first ones
+// beside ungated shared experts: DeepSeek-V3's sigmoid scores with a selection bias, or
+// DeepSeek-V2's softmax scores unnormalised, in no groups, without one.
+absl::Status CheckDeepseekLayout(const ModelConfig& m) {
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
         "model.", field, ": ", why,
-        "; Trainyard writes latent attention in DeepSeek-V3's layout only (latents normed with "
-        "1e-6, plain RoPE or YaRN, scores scaled by head_dim^-1/2 or by YaRN's mscale_all_dim, "
-        "dense MLPs or experts with sigmoid scores, balance: bias, every: 1 and ungated shared "
-        "experts; no sliding window, NoPE blocks, Gemma's, Granite's or OLMo's options)"));
+        "; Trainyard writes latent attention in DeepSeek-V3's and V2's layouts only (latents "
+        "normed with 1e-6, plain RoPE or YaRN, scores scaled by head_dim^-1/2 or by YaRN's "
+        "mscale_all_dim, dense MLPs or experts in every block past the dense first ones with "
+        "ungated shared experts, scored by sigmoid with balance: bias (V3's) or by softmax "
+        "unnormalised in no groups with balance: aux_loss (V2's); no sliding window, NoPE "
+        "blocks, Gemma's, Granite's or OLMo's options)"));
   };
   if (m.latent.norm_eps != 1e-6f) {
     return bad("latent_attention.norm_eps", absl::StrCat("is ", m.latent.norm_eps));
   }
   if (const config::MoeConfig& moe = m.moe; moe.enabled()) {
-    if (moe.score != config::MoeScore::kSigmoid) return bad("moe.score", "is softmax");
-    if (!moe.has_bias()) return bad("moe.balance", "is aux_loss");
+    const bool v3 = moe.score == config::MoeScore::kSigmoid;
+    if (moe.has_bias() != v3) return bad("moe.balance", v3 ? "is aux_loss" : "is bias");
+    if (!v3 && moe.normalize_top_k) return bad("moe.normalize_top_k", "is true with softmax");
+    if (!v3 && moe.limits_groups()) return bad("moe.group_top_k", "is set with softmax");
     if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
     if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
     if (moe.shared_gate) return bad("moe.shared_gate", "is true");
@@ -2114,7 +2198,7 @@ absl::Status CheckScoresLayout(const ModelConfig& m) {
 
 // Whether a layout holds `m`: DeepSeek-V3's its latent attention, the others the rest.
 absl::Status CheckTensorLayout(const ModelConfig& m, const HfLayout& layout) {
-  if (m.latent.enabled()) return CheckDeepseekV3Layout(m);
+  if (m.latent.enabled()) return CheckDeepseekLayout(m);
   // MiniMax-M2's norms over the whole q and k are CheckMoeLayout's.
   TY_RETURN_IF_ERROR(IsExaone4(m)     ? CheckExaone4Layout(m)
                      : IsMiniMaxM2(m) ? absl::OkStatus()
@@ -2656,12 +2740,15 @@ std::string Glm4MoeConfigJson(const ModelConfig& m, const char* tied, const std:
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
-// config.json of DeepSeek-V3 (DeepseekV3ForCausalLM): the shape without head_dim (transformers
-// takes head_dim as qk_rope_head_dim), the latent attention's ranks and head parts, RoPE with its
-// rows in neighbouring pairs (rope_interleave), YaRN with mscale_all_dim where the scores are
-// scaled beyond head_dim^-1/2 (and mscale, which DeepSeek's own code reads in place of
-// attention_factor), and the experts as GLM-4.5's are written, or null experts for a dense model.
-std::string DeepseekV3ConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+// config.json of DeepSeek-V3 (DeepseekV3ForCausalLM), or with softmax-routed experts of
+// DeepSeek-V2 (DeepseekV2ForCausalLM): the shape without head_dim (transformers takes head_dim as
+// qk_rope_head_dim), the latent attention's ranks and head parts, RoPE with its rows in
+// neighbouring pairs (V3's rope_interleave; V2's always), YaRN with mscale_all_dim where the
+// scores are scaled beyond head_dim^-1/2 (and mscale, which DeepSeek's own code reads in place of
+// attention_factor), and the experts as GLM-4.5's are written (V2's with the aux loss's weight),
+// or null experts for a dense model.
+std::string DeepseekConfigJson(const ModelConfig& m, const char* tied, const std::string& dtype) {
+  const bool v2 = IsDeepseekV2(m);
   const config::LatentAttention& l = m.latent;
   std::string rope = RopeScalingJson(m);
   if (const config::RopeScaling& r = m.rope_scaling; r.yarn && r.factor > 1.0f) {
@@ -2679,12 +2766,16 @@ std::string DeepseekV3ConfigJson(const ModelConfig& m, const char* tied, const s
                                               ", \"mscale_all_dim\": ", all_dim));
   }
   const std::string experts =
-      m.moe.enabled()
-          ? absl::StrCat(DeepseekExpertsJson(m.moe),
-                         ",\n  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\"")
-          : ",\n  \"n_routed_experts\": null";
+      !m.moe.enabled() ? ",\n  \"n_routed_experts\": null"
+      : v2             ? absl::StrCat(DeepseekExpertsJson(m.moe),
+                                      ",\n  \"scoring_func\": \"softmax\",\n  \"topk_method\": \"greedy\"",
+                                      ",\n  \"aux_loss_alpha\": ", ShortFloat(m.moe.aux_loss_coeff),
+                                      ",\n  \"seq_aux\": false")
+                       : absl::StrCat(DeepseekExpertsJson(m.moe),
+                                      ",\n  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\"");
   return absl::StrCat(
-      "{\n  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n  \"model_type\": \"deepseek_v3\",\n",
+      "{\n  \"architectures\": [\"", v2 ? "DeepseekV2" : "DeepseekV3",
+      "ForCausalLM\"],\n  \"model_type\": \"", v2 ? "deepseek_v2" : "deepseek_v3", "\",\n",
       "  \"vocab_size\": ", m.vocab, ",\n  \"hidden_size\": ", m.width,
       ",\n  \"intermediate_size\": ", m.ffn_hidden, experts, ",\n  \"moe_layer_freq\": 1",
       ",\n  \"num_nextn_predict_layers\": 0,\n  \"num_hidden_layers\": ", m.layers,
@@ -2695,7 +2786,8 @@ std::string DeepseekV3ConfigJson(const ModelConfig& m, const char* tied, const s
       ",\n  \"v_head_dim\": ", l.value_dim, ",\n  \"max_position_embeddings\": ", HfMaxPositions(m),
       ",\n  \"rms_norm_eps\": ", ShortFloat(m.norm_eps),
       ",\n  \"rope_theta\": ", ShortFloat(m.rope_theta), ",\n  \"rope_scaling\": ", rope,
-      ",\n  \"rope_interleave\": true,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false",
+      v2 ? "" : ",\n  \"rope_interleave\": true",
+      ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false",
       ",\n  \"tie_word_embeddings\": ", tied, ",\n  \"torch_dtype\": \"", dtype, "\"\n}\n");
 }
 
@@ -2752,7 +2844,8 @@ HfLayout HfExportLayout(const ModelConfig& m) {
   layout.projections = HfExportProjections(m);
   layout.glm = IsGlm(m);
   layout.interleaved_rope = layout.glm || IsErnieMoe(m) || m.latent.enabled();
-  layout.experts = m.latent.enabled()          ? HfExperts::kGlm4Moe  // DeepSeek-V3's
+  layout.experts = IsDeepseekV2(m)             ? HfExperts::kDeepseekV2
+                   : m.latent.enabled()        ? HfExperts::kGlm4Moe  // DeepSeek-V3's
                    : m.HasGraniteMultipliers() ? HfExperts::kGraniteMoe
                    : IsMiniMaxM2(m)            ? HfExperts::kMiniMaxM2
                    : IsGlm4Moe(m)              ? HfExperts::kGlm4Moe
@@ -2773,7 +2866,7 @@ absl::Status CheckHfWritable(const ModelConfig& m) {
         " gives no whole max_position_embeddings (recent transformers take YaRN's factor as "
         "max_position_embeddings over original_max_position_embeddings)"));
   }
-  if (m.latent.enabled()) return CheckDeepseekV3Layout(m);  // every other layout's options refused
+  if (m.latent.enabled()) return CheckDeepseekLayout(m);  // every other layout's options refused
   TY_RETURN_IF_ERROR(CheckGraniteLayout(m));
   TY_RETURN_IF_ERROR(CheckSmolLM3Layout(m));
   TY_RETURN_IF_ERROR(CheckPhi3Layout(m));
@@ -2827,7 +2920,7 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
         "  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": ",
         tied, ",\n  \"torch_dtype\": \"", torch_dtype, "\"\n}\n");
   }
-  if (m.latent.enabled()) return DeepseekV3ConfigJson(m, tied, torch_dtype);
+  if (m.latent.enabled()) return DeepseekConfigJson(m, tied, torch_dtype);
   if (IsGemma(m)) return GemmaConfigJson(m, tied, torch_dtype);
   if (IsGlm(m)) return GlmConfigJson(m, tied, torch_dtype);
   if (IsMiniMaxM2(m)) return MiniMaxM2ConfigJson(m, tied, torch_dtype);
@@ -2845,9 +2938,9 @@ std::string HfConfigJson(const ModelConfig& m, TensorDtype dtype) {
 
 namespace {
 
-// DeepSeek-V3's model types: its own, and Kimi K2's (the same model under DeepSeek's code).
+// DeepSeek's model types: V3's own, Kimi K2's (the same model under DeepSeek's code) and V2's.
 bool IsDeepseekType(const std::string& model_type) {
-  return model_type == "deepseek_v3" || model_type == "kimi_k2";
+  return model_type == "deepseek_v3" || model_type == "kimi_k2" || model_type == "deepseek_v2";
 }
 
 // How a directory of `model_type` (its model `layers` blocks deep, its config `f`) stores its
@@ -2863,8 +2956,9 @@ absl::StatusOr<HfLayout> StoredLayout(const std::string& model_type, const Confi
                        : layout.glm                       ? HfProjections::kFusedMlp
                        : model_type == "granitemoehybrid" ? HfProjections::kGraniteSharedMlp
                                                           : HfProjections::kSeparate;
-  layout.experts = model_type == "granitemoe"  ? HfExperts::kGraniteMoe
-                   : model_type == "qwen2_moe" ? HfExperts::kQwen2Moe
+  layout.experts = model_type == "granitemoe"    ? HfExperts::kGraniteMoe
+                   : model_type == "qwen2_moe"   ? HfExperts::kQwen2Moe
+                   : model_type == "deepseek_v2" ? HfExperts::kDeepseekV2
                    : model_type == "glm4_moe" || model_type == "dots1" || IsDeepseekType(model_type)
                        ? HfExperts::kGlm4Moe
                    : model_type == "ernie4_5_moe"                       ? HfExperts::kErnieMoe
@@ -2876,11 +2970,13 @@ absl::StatusOr<HfLayout> StoredLayout(const std::string& model_type, const Confi
       model_type == "glm4_moe" || model_type == "minimax_m2" || IsDeepseekType(model_type) ? layers
                                                                                            : 0;
   layout.unread_prefix = model_type == "ernie4_5_moe" ? "model.mtp" : "";
-  // DeepSeek's rotary rows in neighbouring pairs (rope_interleave, true unless the config says
-  // otherwise; DeepSeek's own code reads no other).
+  // DeepSeek's rotary rows in neighbouring pairs (V3's rope_interleave, true unless the config
+  // says otherwise; DeepSeek's own code reads no other, nor does V2's).
   if (IsDeepseekType(model_type)) {
     layout.interleaved_rope = true;
-    TY_RETURN_IF_ERROR(f.Bool("rope_interleave", &layout.interleaved_rope));
+    if (model_type != "deepseek_v2") {
+      TY_RETURN_IF_ERROR(f.Bool("rope_interleave", &layout.interleaved_rope));
+    }
   }
   return layout;
 }
@@ -2895,7 +2991,7 @@ constexpr char kHfModelTypes[] =
     "\"exaone4\", \"smollm3\", \"granite\", \"granitemoe\", \"granitemoehybrid\" (attention only), "
     "\"glm\", \"glm4\", \"glm4_moe\", "
     "\"dots1\", \"minimax_m2\", \"ernie4_5\", \"ernie4_5_moe\", \"helium\", \"seed_oss\", "
-    "\"deepseek_v3\" and \"kimi_k2\"";
+    "\"deepseek_v2\", \"deepseek_v3\" and \"kimi_k2\"";
 
 absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std::string& source,
                                               HfLayout* layout) {
@@ -2979,6 +3075,8 @@ absl::StatusOr<ModelConfig> ModelFromHfConfig(const std::string& json, const std
     TY_RETURN_IF_ERROR(ReadHeliumConfig(fields, m));
   } else if (model_type == "seed_oss") {  // Qwen2's model: biases on q, k and v
     TY_RETURN_IF_ERROR(ReadSeedOssConfig(fields, m));
+  } else if (model_type == "deepseek_v2") {  // latent attention, softmax-routed experts
+    TY_RETURN_IF_ERROR(ReadDeepseekV2Config(fields, m));
   } else if (IsDeepseekType(model_type)) {  // latent attention, DeepSeek-V3's experts
     TY_RETURN_IF_ERROR(ReadDeepseekV3Config(fields, m));
   } else if (model_type == "mixtral") {  // Mistral's attention, and experts

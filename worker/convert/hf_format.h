@@ -31,7 +31,9 @@
 // (DeepseekV3ForCausalLM; Kimi K2's kimi_k2) holds latent attention (q_a_proj, q_a_layernorm,
 // q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj): each query head
 // stored [nope | rope] where ours is [rope | nope], its rotary rows and the shared rotary key's in
-// neighbouring pairs (HfPiece's our_rope_at and their_rope_at), over GLM-4.5's experts.
+// neighbouring pairs (HfPiece's our_rope_at and their_rope_at), over GLM-4.5's experts;
+// DeepSeek-V2 (DeepseekV2ForCausalLM) the same attention, its RoPE always in pairs, over softmax
+// routing without a selection bias.
 //
 // Threading: plain functions.
 #ifndef TRAINYARD_WORKER_CONVERT_HF_FORMAT_H_
@@ -109,7 +111,8 @@ enum class HfProjections { kSeparate, kFused, kFusedMlp, kGraniteSharedMlp };
 // (Qwen3-MoE's, ungated shared experts mlp.shared_experts.*, and the router's selection bias
 // mlp.gate.e_score_correction_bias; DeepSeek-V3's too), or ERNIE 4.5's (GLM-4.5's, the bias [1,
 // experts] as mlp.moe_statics.e_score_correction_bias), or MiniMax-M2's (Mixtral's, and the
-// selection bias block_sparse_moe.e_score_correction_bias).
+// selection bias block_sparse_moe.e_score_correction_bias), or DeepSeek-V2's (GLM-4.5's without
+// the selection bias).
 enum class HfExperts {
   kMixtral,
   kQwen3Moe,
@@ -117,7 +120,8 @@ enum class HfExperts {
   kGraniteMoe,
   kGlm4Moe,
   kErnieMoe,
-  kMiniMaxM2
+  kMiniMaxM2,
+  kDeepseekV2
 };
 
 // How a directory stores the model its config.json describes: its model_type, the projections,

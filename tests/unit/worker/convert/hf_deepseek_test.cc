@@ -1,7 +1,7 @@
-// DeepSeek-V3's Hugging Face layout (DeepseekV3ForCausalLM; Kimi K2's kimi_k2): its config.json
-// read as a model with latent attention and DeepSeek-V3's routing, its tensors mapped onto ours
-// (each query head's rotary rows moved and de-interleaved), written back the same, and what it
-// cannot hold refused by name.
+// DeepSeek-V3's Hugging Face layout (DeepseekV3ForCausalLM; Kimi K2's kimi_k2) and DeepSeek-V2's
+// (DeepseekV2ForCausalLM): config.json read as a model with latent attention and DeepSeek's
+// routing, the tensors mapped onto ours (each query head's rotary rows moved and de-interleaved),
+// written back the same, and what the layouts cannot hold refused by name.
 #include <cmath>
 #include <map>
 #include <string>
@@ -341,6 +341,122 @@ TEST(HfDeepseek, YarnScalesWriteWithTheDigitsThatReadBack) {
   EXPECT_EQ(derived->rope_scaling.attention_factor, 1.0625f) << without;
 }
 
+// DeepSeek-V2-Lite's config.json as published (DeepSeek-Coder-V2-Lite's differs in sizes), its
+// auto_map left out.
+constexpr char kDeepseekV2LiteConfig[] = R"({
+  "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512,
+  "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+  "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+  "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
+  "num_hidden_layers": 27, "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": null,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                   "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": true,
+  "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy",
+  "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+  "v_head_dim": 128, "vocab_size": 102400})";
+
+TEST(HfDeepseek, DeepseekV2LiteReadsAsSoftmaxRoutingWithoutABias) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kDeepseekV2LiteConfig, "DeepSeek-V2-Lite/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kDeepseekV2);
+  EXPECT_TRUE(layout.interleaved_rope);
+  EXPECT_EQ(m->latent.q_rank, 0);
+  EXPECT_EQ(m->latent.kv_rank, 512);
+  EXPECT_EQ(m->head_dim(), 192);
+  EXPECT_EQ(m->rope_scaling.attention_factor, 1.0f);  // mscale over an equal mscale_all_dim
+  const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_FLOAT_EQ(m->attention_multiplier, mscale * mscale / std::sqrt(192.0));
+  const config::MoeConfig& moe = m->moe;
+  EXPECT_EQ(moe.score, config::MoeScore::kSoftmax);
+  EXPECT_FALSE(moe.has_bias() || moe.normalize_top_k || moe.limits_groups());
+  EXPECT_EQ(moe.experts, 64);
+  EXPECT_EQ(moe.top_k, 6);
+  EXPECT_EQ(moe.ffn, 1408);
+  EXPECT_EQ(moe.shared_experts, 2);
+  EXPECT_EQ(moe.dense_first, 1);
+  EXPECT_EQ(moe.routed_scale, 1.0f);
+  // By hand: q_proj, kv_a with the rotary key, its norm, kv_b, o_proj and two norms per block;
+  // one dense MLP of 10944, then 26 blocks of a router, 64 experts and two shared of 1408; the
+  // untied embedding and head and the final norm: the card's 15.7B.
+  const int64_t c = 2048;
+  const int64_t attention =
+      int64_t{16} * 192 * c + 576 * c + 512 + int64_t{16} * 256 * 512 + c * 16 * 128 + 2 * c;
+  const int64_t expert = 3 * int64_t{1408} * c;
+  const int64_t sparse = attention + 64 * c + 66 * expert;
+  EXPECT_EQ(m->ParameterCount(),
+            attention + 3 * int64_t{10944} * c + 26 * sparse + 2 * int64_t{102400} * c + c);
+  EXPECT_EQ(m->ParameterCount() / 100'000'000, 157);
+  absl::StatusOr<std::vector<HfTensorMap>> tensors = HfTensors(*m, layout);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  StoredTensors stored = Stored(*tensors);
+  EXPECT_EQ(stored.shapes["model.layers.26.mlp.gate.weight"], (std::vector<int64_t>{64, c}));
+  EXPECT_FALSE(stored.shapes.contains("model.layers.26.mlp.gate.e_score_correction_bias"));
+  EXPECT_EQ(stored.shapes["model.layers.26.mlp.shared_experts.up_proj.weight"],
+            (std::vector<int64_t>{2816, c}));
+  const HfPiece& q = stored.pieces["model.layers.3.self_attn.q_proj.weight"];
+  EXPECT_EQ(TheirRow(q, 1), 130);  // the rotary rows last, in neighbouring pairs
+  // Written back: DeepSeek-V2's config (its RoPE always in pairs: no rope_interleave).
+  ASSERT_TRUE(CheckHfWritable(*m).ok()) << CheckHfWritable(*m);
+  EXPECT_EQ(HfExportLayout(*m).experts, HfExperts::kDeepseekV2);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"architectures\": [\"DeepseekV2ForCausalLM\"]"));
+  EXPECT_THAT(written, HasSubstr("\"scoring_func\": \"softmax\",\n  \"topk_method\": \"greedy\""));
+  EXPECT_THAT(written, HasSubstr("\"mscale\": 0.707, \"mscale_all_dim\": 0.707}"));
+  EXPECT_THAT(written, Not(HasSubstr("rope_interleave")));
+  HfLayout back_layout;
+  auto back = ModelFromHfConfig(written, "out/config.json", &back_layout);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  ExpectSameModel(*back, *m);
+  EXPECT_EQ(back_layout.experts, HfExperts::kDeepseekV2);
+  // Without n_routed_experts (the class's default), every block is dense.
+  auto dense = ModelFromHfConfig(Edited(kDeepseekV2LiteConfig, "\"n_routed_experts\": 64,", ""),
+                                 "dense/config.json");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_FALSE(dense->moe.enabled());
+}
+
+// DeepSeek-V2's own routing choices Trainyard does not make are refused by name: groups scored by
+// their best probability (DeepSeek-V2, V2.5 and Coder-V2 236B), picks normalised, sigmoid scores.
+TEST(HfDeepseek, DeepseekV2RoutingItCannotHoldIsRefused) {
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> edits;
+    const char* why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"\"topk_method\": \"greedy\"", "\"topk_method\": \"group_limited_greedy\""},
+             {"\"n_group\": 1", "\"n_group\": 8"},
+             {"\"topk_group\": 1", "\"topk_group\": 3"}},
+            "topk_method is group_limited_greedy keeping topk_group 3 of n_group 8 groups"},
+           {{{"\"norm_topk_prob\": false", "\"norm_topk_prob\": true"}},
+            "norm_topk_prob must be false"},
+           {{{"\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\""}},
+            "scoring_func must be \"softmax\""},
+           {{{"\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\""}},
+            "topk_method must be \"greedy\" or \"group_limited_greedy\""},
+       }) {
+    std::string json = kDeepseekV2LiteConfig;
+    for (const auto& [from, to] : c.edits) json = Edited(json, from, to);
+    auto m = ModelFromHfConfig(json, "v2/config.json");
+    ASSERT_FALSE(m.ok()) << c.why;
+    EXPECT_THAT(m.status().message(), HasSubstr(c.why)) << m.status();
+  }
+  // Keeping every group is the greedy routing.
+  std::string kept = Edited(kDeepseekV2LiteConfig, "\"topk_method\": \"greedy\"",
+                            "\"topk_method\": \"group_limited_greedy\"");
+  kept = Edited(Edited(kept, "\"n_group\": 1", "\"n_group\": 8"), "\"topk_group\": 1",
+                "\"topk_group\": 8");
+  auto every = ModelFromHfConfig(kept, "v2/config.json");
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_FALSE(every->moe.limits_groups());
+}
+
 TEST(HfDeepseek, ConfigsItCannotHoldAreRefusedByName) {
   struct Case {
     const char *from, *to, *why;
@@ -376,8 +492,13 @@ TEST(HfDeepseek, ModelsItCannotHoldAreNotWritten) {
   for (const Case& c : std::vector<Case>{
            {"model.latent_attention.norm_eps: is 1e-05",
             [](ModelConfig& x) { x.latent.norm_eps = 1e-5f; }},
-           {"model.moe.score: is softmax",
+           {"model.moe.balance: is bias",  // softmax scores are V2's, which has no bias
             [](ModelConfig& x) { x.moe.score = config::MoeScore::kSoftmax; }},
+           {"model.moe.normalize_top_k: is true with softmax",
+            [](ModelConfig& x) {
+              x.moe.score = config::MoeScore::kSoftmax;
+              x.moe.balance = config::MoeBalance::kAuxLoss;
+            }},
            {"model.moe.balance: is aux_loss",
             [](ModelConfig& x) { x.moe.balance = config::MoeBalance::kAuxLoss; }},
            {"model.sliding_window: is 4096", [](ModelConfig& x) { x.sliding_window = 4096; }},
@@ -393,7 +514,7 @@ TEST(HfDeepseek, ModelsItCannotHoldAreNotWritten) {
     c.edit(edited);
     const absl::Status writable = CheckHfWritable(edited);
     EXPECT_THAT(writable.message(), HasSubstr(c.why)) << writable;
-    EXPECT_THAT(writable.message(), HasSubstr("DeepSeek-V3's layout")) << writable;
+    EXPECT_THAT(writable.message(), HasSubstr("DeepSeek-V3's and V2's layouts")) << writable;
     EXPECT_FALSE(HfTensors(edited).ok()) << c.why;
   }
 }
