@@ -27,14 +27,24 @@ using config::ModelConfig;
 using config::ModelFamily;
 using google::protobuf::Value;
 
+// The shortest decimal of `exact` (1 to 17 significant digits) whose text `gives_back` accepts,
+// or none.
+template <typename Accept>
+std::optional<std::string> ShortestDecimal(double exact, const Accept& gives_back) {
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, exact);
+    if (gives_back(text)) return text;
+  }
+  return std::nullopt;
+}
+
 // The shortest decimal that reads back as `value` in fp32 (1e-05, not 9.99999975e-06).
 std::string ShortFloat(float value) {
   if (value == std::floor(value) && std::abs(value) < 1e9f) return absl::StrFormat("%.1f", value);
-  for (int digits = 1; digits < 10; ++digits) {
-    std::string text = absl::StrFormat("%.*g", digits, value);
-    if (std::strtof(text.c_str(), nullptr) == value) return text;
-  }
-  return absl::StrFormat("%.9g", value);
+  return ShortestDecimal(
+             value,
+             [&](const std::string& text) { return std::strtof(text.c_str(), nullptr) == value; })
+      .value_or(absl::StrFormat("%.9g", value));
 }
 
 // out [cols, rows] = in [rows, cols]ᵀ, in cache-sized tiles.
@@ -1924,16 +1934,6 @@ absl::Status CheckMiniMaxM2Layout(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// The shortest decimal near `exact` that `gives_back` accepts, or none.
-template <typename Accept>
-std::optional<std::string> ShortestDecimal(double exact, const Accept& gives_back) {
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::string text = absl::StrFormat("%.*g", digits, exact);
-    if (gives_back(std::strtod(text.c_str(), nullptr))) return text;
-  }
-  return std::nullopt;
-}
-
 // rope_scaling's mscale_all_dim for DeepSeek's layout: the shortest decimal from which
 // DeepseekMultiplier gives model.attention_multiplier back exactly; none where none does, or
 // where YaRN does not extend the context.
@@ -1943,9 +1943,11 @@ std::optional<std::string> DeepseekMscaleAllDim(const ModelConfig& m) {
     return std::nullopt;
   }
   const double scale = std::sqrt(m.attention_multiplier * std::sqrt(double{m.head_dim()}));
-  return ShortestDecimal((scale - 1.0) / (0.1 * std::log(double{factor})), [&](double all_dim) {
-    return DeepseekMultiplier(factor, m.head_dim(), all_dim) == m.attention_multiplier;
-  });
+  return ShortestDecimal(
+      (scale - 1.0) / (0.1 * std::log(double{factor})), [&](const std::string& all_dim) {
+        return DeepseekMultiplier(factor, m.head_dim(), std::strtod(all_dim.c_str(), nullptr)) ==
+               m.attention_multiplier;
+      });
 }
 
 // Whether a model with latent attention travels as DeepSeek-V2 (softmax-routed experts) rather
@@ -2758,9 +2760,9 @@ std::string DeepseekConfigJson(const ModelConfig& m, const char* tied, const std
     const double all_scale = config::YarnScale(r.factor, std::strtod(all_dim.c_str(), nullptr));
     const std::optional<std::string> mscale = ShortestDecimal(
         (r.attention_factor * all_scale - 1.0) / (0.1 * std::log(double{r.factor})),
-        [&](double weight) {
-          return static_cast<float>(config::YarnScale(r.factor, weight) / all_scale) ==
-                 r.attention_factor;
+        [&](const std::string& weight) {
+          const double scale = config::YarnScale(r.factor, std::strtod(weight.c_str(), nullptr));
+          return static_cast<float>(scale / all_scale) == r.attention_factor;
         });
     rope.insert(rope.size() - 1, absl::StrCat(mscale ? absl::StrCat(", \"mscale\": ", *mscale) : "",
                                               ", \"mscale_all_dim\": ", all_dim));
