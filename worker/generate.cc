@@ -148,9 +148,17 @@ void Generator::Reserve(int64_t rows) {
   }
   keys_.clear();
   values_.clear();
-  for (int l = 0; l < m.layers; ++l) {
+  latents_.clear();
+  for (int l = 0; l < (m.latent.enabled() ? 1 : m.layers); ++l) {
     keys_.push_back(be.AllocAct(rows * kv));
     values_.push_back(be.AllocAct(rows * kv));
+  }
+  if (m.latent.enabled()) {
+    const LatentShape latent = LatentShape::Of(m, rows);
+    for (int l = 0; l < m.layers; ++l)
+      latents_.push_back(be.AllocAct(rows * latent.latent_width()));
+    absorbed_q_ = be.AllocAct(latent.heads * latent.latent_width());
+    absorbed_out_ = be.AllocAct(latent.heads * latent.kv_rank);
   }
   if (!m.moe.enabled()) return;
   const config::MoeConfig& moe = m.moe;
@@ -218,6 +226,62 @@ void Generator::Project(int layer, int64_t n) {
   }
 }
 
+int64_t Generator::CachePerPosition() const {
+  if (model_.latent.enabled()) return model_.layers * LatentShape::Of(model_, 1).latent_width();
+  return model_.layers * 2 * kv_stride();
+}
+
+void Generator::CacheLatents(int layer, int64_t n, int64_t pos) {
+  Backend& be = *backend_;
+  const LatentShape s = LatentShape::Of(model_, n);
+  const int64_t row = s.latent_width(), qkv = model_.qkv_width();
+  Act* cache = be.At(latents_[layer].data(), pos * row);
+  // Every key head's rotary part is the shared rotary key: key head 0's, after RoPE.
+  be.CopyRows(cache, row, be.At(qkv_.data(), s.q_width()), qkv, n, s.rope);
+  be.CopyRows(be.At(cache, s.rope), row, latent_kv_normed_.data(), s.kv_rank, n, s.kv_rank);
+}
+
+void Generator::AbsorbedAttention(int layer, int64_t n, int64_t pos) {
+  Backend& be = *backend_;
+  const config::ModelConfig& m = model_;
+  const LatentShape s = LatentShape::Of(m, 1);
+  const int64_t d = s.head_dim, rope = s.rope, nope = s.nope(), dv = s.value_dim;
+  const int64_t rank = s.kv_rank, row = s.latent_width(), qkv = m.qkv_width();
+  // kv_b [heads · (nope + dv), kv_rank]: head h's key rows W_uk_h, then its value rows W_uv_h.
+  const float* kv_b = P(layout_.block(layer).kv_b_w);
+  const Act* cache = latents_[layer].data();
+  for (int64_t i = 0; i < n; ++i) {
+    const Act* q = be.At(qkv_.data(), i * qkv);
+    be.CopyRows(absorbed_q_.data(), row, q, d, s.heads, rope);
+    for (int64_t h = 0; h < s.heads; ++h) {  // q_nope_h · W_uk_h, as a linear layer's dx
+      be.LinearBackward(be.At(absorbed_q_.data(), h * row + rope), nullptr, nullptr,
+                        be.At(q, h * d + rope), nullptr, kv_b + h * (nope + dv) * rank, 1, nope,
+                        rank);
+    }
+    be.AttentionBlock(
+        absorbed_out_.data(), lse_.data(), absorbed_q_.data(), cache, be.At(cache, rope),
+        AttentionBlockShape{.batch = 1,
+                            .q_len = 1,
+                            .kv_len = pos + i + 1,
+                            .heads = s.heads,
+                            .kv_heads = 1,
+                            .head_dim = row,
+                            .q_stride = s.heads * row,
+                            .kv_stride = row,
+                            .causal = false,
+                            .offset = pos + i,
+                            .window = m.WindowOf(layer),
+                            .scale = m.attention_scale(),
+                            .softcap = m.attention_softcap,
+                            .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data() + i,
+                            .value_dim = rank});
+    for (int64_t h = 0; h < s.heads; ++h) {  // the head's output through W_uv_h
+      be.Linear(be.At(attn_.data(), (i * s.heads + h) * dv), be.At(absorbed_out_.data(), h * rank),
+                kv_b + (h * (nope + dv) + nope) * rank, nullptr, 1, dv, rank);
+    }
+  }
+}
+
 void Generator::Block(int layer, int64_t n, int64_t pos) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
@@ -246,31 +310,36 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                              .head_dim = d,
                              .value_dim = m.value_head_dim()};
   if (m.RotatesLayer(layer)) be.Rope(qkv_.data(), shape, RopeOf(m, layer, pos + n), pos);
-  // This pass's keys and values join the cache; the queries attend to every cached position
-  // (causally among themselves when the prompt runs as one pass), or to those in their sliding
-  // window.
-  Act* keys = keys_[layer].data();
-  Act* values = values_[layer].data();
-  be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, k);
-  be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + k), qkv, n, v);
   const bool prompt = pos == 0;
-  be.AttentionBlock(
-      attn_.data(), lse_.data(), qkv_.data(), keys, values,
-      AttentionBlockShape{.batch = 1,
-                          .q_len = n,
-                          .kv_len = prompt ? n : pos + n,
-                          .heads = m.heads,
-                          .kv_heads = m.kv_heads,
-                          .head_dim = d,
-                          .q_stride = qkv,
-                          .kv_stride = kv,
-                          .causal = prompt,
-                          .offset = pos,
-                          .window = m.WindowOf(layer),
-                          .scale = m.attention_scale(),
-                          .softcap = m.attention_softcap,
-                          .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data(),
-                          .value_dim = m.value_head_dim()});
+  if (m.latent.enabled()) CacheLatents(layer, n, pos);
+  // This pass's keys and values join the cache (latent attention: the prompt pass's scratch);
+  // the queries attend to every cached position (causally among themselves when the prompt runs
+  // as one pass), or to those in their sliding window.
+  Act* keys = keys_[m.latent.enabled() ? 0 : layer].data();
+  Act* values = values_[m.latent.enabled() ? 0 : layer].data();
+  if (m.latent.enabled() && !prompt) {
+    AbsorbedAttention(layer, n, pos);
+  } else {
+    be.CopyRows(be.At(keys, pos * kv), kv, be.At(qkv_.data(), q), qkv, n, k);
+    be.CopyRows(be.At(values, pos * kv), kv, be.At(qkv_.data(), q + k), qkv, n, v);
+    be.AttentionBlock(
+        attn_.data(), lse_.data(), qkv_.data(), keys, values,
+        AttentionBlockShape{.batch = 1,
+                            .q_len = n,
+                            .kv_len = prompt ? n : pos + n,
+                            .heads = m.heads,
+                            .kv_heads = m.kv_heads,
+                            .head_dim = d,
+                            .q_stride = qkv,
+                            .kv_stride = kv,
+                            .causal = prompt,
+                            .offset = pos,
+                            .window = m.WindowOf(layer),
+                            .scale = m.attention_scale(),
+                            .softcap = m.attention_softcap,
+                            .doc_start = doc_starts_.empty() ? nullptr : doc_starts_.data(),
+                            .value_dim = m.value_head_dim()});
+  }
   // A branch's output joins the residual stream, normed first with post_norms (norm_ is free:
   // its rows have been read) and times residual_multiplier.
   auto add_branch = [&](int64_t post_w) {

@@ -6,6 +6,18 @@
 // attending to the cached keys (the backend's attention block with every key visible), so a token
 // costs one row through the model instead of the whole sequence again.
 //
+// Multi-head latent attention (model.latent_attention) caches what DeepSeek-V2's inference caches:
+// per position, the shared rotary key (turned at its position) and the normed key/value latent,
+// rope_dim + kv_rank elements a layer instead of a key and a value per head. The prompt's pass
+// decompresses its keys and values into one layer's scratch and attends as training does; each
+// later token attends over the latents directly (the absorbed form): its query head h's
+// non-rotary part goes through the head's key up-projection (kv_b's rows for the head's keys, as
+// q_nope_h · W_uk_h, kv_rank wide) so that it scores against the cached latents, its rotary part
+// scores against the cached rotary key, every head reads the one cached row as multi-query
+// attention reads its shared key, and the head's output over the latents goes through the
+// head's value up-projection. The same scores and outputs as decompressed keys and values, summed
+// in another order.
+//
 // A mixture-of-experts block routes each row as training does (worker/moe_routing.h: the same
 // scores, picks, selection bias and combine weights) but drops no pick: a capacity_factor bounds
 // the experts' load within a training micro-batch and has no meaning for one row at a time.
@@ -79,6 +91,10 @@ class Generator {
   // token it sees.
   const std::vector<float>& last_logits() const { return host_logits_; }
 
+  // Activation elements the cache keeps per position, over all layers: a key and a value row per
+  // layer, or (latent attention) the rotary key and the latent.
+  int64_t CachePerPosition() const;
+
  private:
   Generator(const config::ModelConfig& model, Backend* backend);
   // Runs tokens [0, n) at positions [pos, pos + n) through the model, appending their keys and
@@ -86,6 +102,10 @@ class Generator {
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
   void Project(int layer, int64_t n);
+  // Latent attention: the n rows' rotary keys (turned) and normed latents join layer's cache, and
+  // (pos > 0) each row attends over the cache in the absorbed form, into attn_.
+  void CacheLatents(int layer, int64_t n, int64_t pos);
+  void AbsorbedAttention(int layer, int64_t n, int64_t pos);
   // An MoE block's routed experts on norm_'s n rows, added onto tmp_ (overwritten when the block
   // has no shared experts).
   void RoutedExperts(int layer, int64_t n);
@@ -116,8 +136,13 @@ class Generator {
   Buffer<Act> latent_q_, latent_q_normed_, latent_kv_, latent_kv_normed_, latent_scratch_;
   Buffer<float> latent_q_rstd_, latent_kv_rstd_;
   // The cache, rows_ · kv_stride() each: a value row as wide as a key row (latent attention's
-  // value heads are narrower than its key heads; the attention reads both at one stride).
-  std::vector<Buffer<Act>> keys_, values_;
+  // value heads are narrower than its key heads; the attention reads both at one stride). Latent
+  // attention: keys_ and values_ hold one layer's, the prompt pass's scratch, and latents_ the
+  // cache, rows_ · (rope_dim + kv_rank) a layer, each row [rotary key | latent]; absorbed_q_ and
+  // absorbed_out_ one row's absorbed queries [heads, rope_dim + kv_rank] and outputs
+  // [heads, kv_rank].
+  std::vector<Buffer<Act>> keys_, values_, latents_;
+  Buffer<Act> absorbed_q_, absorbed_out_;
   int64_t kv_stride() const {
     return int64_t{model_.kv_heads} * std::max(model_.head_dim(), model_.value_head_dim());
   }

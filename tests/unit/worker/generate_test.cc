@@ -137,9 +137,13 @@ TEST(Generator, NopeLayersSeeWhatTheTrainingModelSees) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
 }
 
-// Multi-head latent attention: the cache holds each position's decompressed keys (the shared
-// rotary key turned at its position) and its value heads, narrower than the keys, at the keys'
-// stride; with and without the query latent, and with value heads wider than the keys.
+// Multi-head latent attention: the cache holds each position's shared rotary key (turned at its
+// position) and normed latent, rope_dim + kv_rank elements a layer; the prompt's pass attends over
+// decompressed keys and values, each later token over the cached latents in the absorbed form
+// (each head's query through its key up-projection, its output through its value
+// up-projection). With and without the query latent, with value heads wider than the keys, and
+// with what the scores pass through on the way (a sliding window, documents, a soft cap, Granite's
+// multiplier in place of head_dim^-1/2).
 TEST(Generator, LatentAttentionIsTheTrainingModels) {
   config::ModelConfig model = *config::Preset("llama-debug");
   model.max_seq = 32;
@@ -150,6 +154,31 @@ TEST(Generator, LatentAttentionIsTheTrainingModels) {
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
   model.latent = {.q_rank = 0, .kv_rank = 12, .value_dim = 30};
   ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 26, 5}, 10);
+  model.sliding_window = 4;
+  model.document_token = 26;
+  model.attention_softcap = 5.0f;
+  model.attention_multiplier = 0.3f;
+  ExpectEachStepIsTheTrainingModels(model, {3, 141, 59, 5, 26, 35}, 10);
+}
+
+TEST(Generator, LatentAttentionCachesTheLatents) {
+  config::ModelConfig model = *config::Preset("llama-debug");
+  model.kv_heads = model.heads;
+  model.explicit_head_dim = 24;
+  model.rope_dim = 8;
+  model.latent = {.q_rank = 20, .kv_rank = 12, .value_dim = 16};
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const std::vector<float> params = RandomParams(model, backend.get());
+  auto latent = Generator::Create(model, backend.get(), params.data());
+  ASSERT_TRUE(latent.ok()) << latent.status();
+  EXPECT_EQ((*latent)->CachePerPosition(), model.layers * (8 + 12));
+  model.latent = {};
+  model.explicit_head_dim = 0;
+  model.rope_dim = 0;
+  const std::vector<float> dense_params = RandomParams(model, backend.get());
+  auto dense = Generator::Create(model, backend.get(), dense_params.data());
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ((*dense)->CachePerPosition(), model.layers * 2 * model.kv_heads * model.head_dim());
 }
 
 // Granite's multipliers: the embeddings, each branch joining the cached residual stream, the
