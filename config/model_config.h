@@ -36,6 +36,9 @@ enum class MoeBalance {
           // summed over the step and the data-parallel world
 };
 enum class MoeScore { kSoftmax, kSigmoid };
+// How group-limited routing scores a group of experts: the sum of its two best values
+// (DeepSeek-V3's noaux_tc) or its best value (DeepSeek-V2's group_limited_greedy).
+enum class GroupScore { kTopTwoSum, kMax };
 
 // What model.qk_norm's RMSNorms span: each head of q and of k (Qwen3's, Gemma 3's), or each
 // token's whole q and whole k projection (OLMo 2's, OLMoE's).
@@ -52,11 +55,13 @@ struct MoeConfig {
   MoeScore score = MoeScore::kSoftmax;
   bool normalize_top_k = false;
   float routed_scale = 1.0f;  // the routed experts' combine weights are multiplied by it
-  // DeepSeek-V3's group-limited routing: the experts split into `groups` equal groups in index
-  // order, each group scored by the sum of its two best score + bias values, and a token's picks
-  // come from the group_top_k best groups only (0: every group, no limit).
+  // Group-limited routing (DeepSeek-V3's, V2's): the experts split into `groups` equal groups in
+  // index order, each group scored by `group_score` over its score + bias values (the sum of its
+  // two best, or its best), and a token's picks come from the group_top_k best groups only (0:
+  // every group, no limit).
   int groups = 1;
   int group_top_k = 0;
+  GroupScore group_score = GroupScore::kTopTwoSum;
   MoeBalance balance = MoeBalance::kAuxLoss;
   float aux_loss_coeff = 0.01f;
   float bias_update_rate = 0.001f;

@@ -101,8 +101,8 @@ absl::Status ReadChoice(FieldReader& r, std::string_view key, const char* what,
 absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   TY_RETURN_IF_ERROR(r.ExpectMapWithKeys(
       {"experts", "top_k", "shared_experts", "shared_gate", "every", "dense_first", "ffn", "score",
-       "normalize_top_k", "routed_scale", "groups", "group_top_k", "balance", "aux_loss_coeff",
-       "bias_update_rate", "z_loss_coeff", "capacity_factor"}));
+       "normalize_top_k", "routed_scale", "groups", "group_top_k", "group_score", "balance",
+       "aux_loss_coeff", "bias_update_rate", "z_loss_coeff", "capacity_factor"}));
   if (!r.Has("experts")) {
     return r.ErrorAt("experts", "required: the routed experts of each MoE block");
   }
@@ -127,6 +127,14 @@ absl::Status ReadMoe(FieldReader& r, int ffn_hidden, MoeConfig* moe) {
   TY_RETURN_IF_ERROR(r.ReadFloat("routed_scale", &moe->routed_scale));
   TY_RETURN_IF_ERROR(r.ReadInt("groups", &moe->groups));
   TY_RETURN_IF_ERROR(r.ReadInt("group_top_k", &moe->group_top_k));
+  if (r.Has("group_score") && !moe->limits_groups()) {
+    TY_RETURN_IF_ERROR(
+        r.Inert("group_score", "only scores groups when group_top_k keeps fewer than groups"));
+  }
+  size_t group_score = 0;
+  TY_RETURN_IF_ERROR(
+      ReadChoice(r, "group_score", "group score", {"top2_sum", "max"}, &group_score));
+  moe->group_score = group_score == 0 ? GroupScore::kTopTwoSum : GroupScore::kMax;
   size_t balance = 0;
   TY_RETURN_IF_ERROR(ReadChoice(r, "balance", "balance rule", {"aux_loss", "bias"}, &balance));
   moe->balance = balance == 0 ? MoeBalance::kAuxLoss : MoeBalance::kBias;

@@ -116,11 +116,13 @@ void AppendMoeYaml(const config::MoeConfig& moe, std::string* yaml) {
       yaml,
       "  moe:\n    experts: %d\n    top_k: %d\n    shared_experts: %d\n    shared_gate: %s\n"
       "    every: %d\n    dense_first: %d\n    ffn: %d\n    score: %s\n    normalize_top_k: %s\n"
-      "    routed_scale: %.9g\n    groups: %d\n    group_top_k: %d\n    balance: %s\n"
+      "    routed_scale: %.9g\n    groups: %d\n    group_top_k: %d\n%s    balance: %s\n"
       "    %s: %.9g\n    z_loss_coeff: %.9g\n    capacity_factor: %.9g\n",
       moe.experts, moe.top_k, moe.shared_experts, moe.shared_gate ? "true" : "false", moe.every,
       moe.dense_first, moe.ffn, moe.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax",
       moe.normalize_top_k ? "true" : "false", moe.routed_scale, moe.groups, moe.group_top_k,
+      moe.limits_groups() && moe.group_score == config::GroupScore::kMax ? "    group_score: max\n"
+                                                                         : "",
       bias ? "bias" : "aux_loss", bias ? "bias_update_rate" : "aux_loss_coeff",
       bias ? moe.bias_update_rate : moe.aux_loss_coeff, moe.z_loss_coeff, moe.capacity_factor);
 }

@@ -6,6 +6,7 @@
 namespace trainyard::worker {
 namespace {
 
+using config::GroupScore;
 using config::MoeBalance;
 using config::MoeConfig;
 using config::MoeScore;
@@ -22,9 +23,10 @@ void Scores(MoeScore kind, const float* logits, int experts, float* out) {
   for (int e = 0; e < experts; ++e) out[e] = static_cast<float>(std::exp(logits[e] - top) / sum);
 }
 
-// DeepSeek-V3's group-limited routing (MoeConfig::groups): clears `eligible` [E] for the experts
-// outside the kept groups, which are those of highest group score (the sum of the group's two
-// best values), an equal score going to the lower group. Every expert stays eligible otherwise.
+// Group-limited routing (MoeConfig::groups): clears `eligible` [E] for the experts outside the
+// kept groups, which are those of highest group score (the sum of the group's two best values,
+// DeepSeek-V3's, or its best value, DeepSeek-V2's), an equal score going to the lower group.
+// Every expert stays eligible otherwise.
 // `group_score` [groups] is the caller's scratch, so a token's routing allocates nothing.
 void KeepGroups(const MoeConfig& moe, const float* value, std::vector<float>& group_score,
                 std::vector<char>& eligible) {
@@ -40,7 +42,7 @@ void KeepGroups(const MoeConfig& moe, const float* value, std::vector<float>& gr
     for (int e = 0; e < size; ++e) {
       if (e != best) second = std::max(second, v[e]);
     }
-    group_score[g] = v[best] + second;
+    group_score[g] = moe.group_score == GroupScore::kMax ? v[best] : v[best] + second;
   }
   std::fill(eligible.begin(), eligible.end(), 0);
   for (int j = 0; j < moe.kept_groups(); ++j) {

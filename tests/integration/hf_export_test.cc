@@ -184,6 +184,7 @@ TEST_P(HfRoundTrip, ExportReadsBackBitForBitAndInitFromStartsThere) {
                      .minimax_m2 = mesh.minimax_m2,
                      .groups = mesh.groups,
                      .group_top_k = mesh.group_top_k,
+                     .group_max = mesh.group_max,
                      .latent = mesh.latent,
                      .latent_direct_queries = mesh.latent_direct_queries};
   config::JobSpec single = Job(family, one);
@@ -745,11 +746,24 @@ TEST(HfGraniteHybrid, AttentionOnlyLayoutReadsAsGranite) {
   fs::remove_all(scratch);
 }
 
+// `tensors` with their `values` as out/model.safetensors.
+void WriteTensors(const fs::path& out, const std::vector<convert::TensorInfo>& tensors,
+                  const std::vector<std::vector<float>>& values) {
+  auto writer = convert::SafetensorsWriter::Create(
+      *RealFileSystem(), (out / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_TRUE((*writer)->Write(tensors[i].name, values[i].data()).ok()) << tensors[i].name;
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
 // `text` (a Hugging Face directory) as a block-quantized FP8 checkpoint in `out`, as DeepSeek's
-// and Qwen's "-FP8" releases store one: every projection weight (`_proj.weight`) as F8_E4M3
-// codes of its values over a per-block scale, beside that scale as `_proj.weight_scale_inv` (the
-// block's largest magnitude / 448), in blocks of `block`, and config.json's quantization_config
-// saying so. `expected` gets each quantized tensor's values as the codes times their scales.
+// and Qwen's "-FP8" releases store one: every projection weight (`_proj.weight`, and DeepSeek's
+// `kv_a_proj_with_mqa.weight`) as F8_E4M3 codes of its values over a per-block scale, beside that
+// scale as `X_scale_inv` (the block's largest magnitude / 448), in blocks of `block`, and
+// config.json's quantization_config saying so. `expected` gets each quantized tensor's values as
+// the codes times their scales.
 void WriteFp8(const fs::path& text, const fs::path& out, std::array<int64_t, 2> block,
               std::map<std::string, std::vector<float>>* expected) {
   fs::create_directories(out);
@@ -768,7 +782,9 @@ void WriteFp8(const fs::path& text, const fs::path& out, std::array<int64_t, 2> 
   for (const convert::TensorInfo& t : (*in)->tensors()) {
     std::vector<float> v(t.numel());
     (*in)->ReadFloats(t, 0, t.numel(), v.data());
-    if (!absl::EndsWith(t.name, "_proj.weight") || t.shape.size() != 2) {
+    const bool projection =
+        absl::EndsWith(t.name, "_proj.weight") || absl::EndsWith(t.name, "_proj_with_mqa.weight");
+    if (!projection || t.shape.size() != 2) {
       tensors.push_back({t.name, convert::TensorDtype::kF32, t.shape});
       values.push_back(std::move(v));
       continue;
@@ -798,13 +814,7 @@ void WriteFp8(const fs::path& text, const fs::path& out, std::array<int64_t, 2> 
         {t.name + "_scale_inv", convert::TensorDtype::kF32, {block_rows, block_cols}});
     values.push_back(std::move(scale));
   }
-  auto writer = convert::SafetensorsWriter::Create(
-      *RealFileSystem(), (out / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    ASSERT_TRUE((*writer)->Write(tensors[i].name, values[i].data()).ok()) << tensors[i].name;
-  }
-  ASSERT_TRUE((*writer)->Finish().ok());
+  WriteTensors(out, tensors, values);
 }
 
 // A block-quantized FP8 checkpoint reads as its codes times their blocks' scales, to the bit, in
@@ -861,6 +871,75 @@ TEST(HfFp8, BlockQuantizedWeightsReadAsCodesTimesScales) {
   std::ofstream(other / "config.json") << four << "}";
   EXPECT_THAT(refusal(other),
               ::testing::HasSubstr("is F8_E4M3, but config.json has no quantization_config"));
+  fs::remove_all(scratch);
+}
+
+// `text` with each tensor of `values` (by its Hugging Face name) replaced by those values, as F32,
+// in `out`.
+void WriteReplaced(const fs::path& text, const fs::path& out,
+                   const std::map<std::string, std::vector<float>>& values) {
+  fs::create_directories(out);
+  fs::copy_file(text / "config.json", out / "config.json");
+  absl::StatusOr<std::unique_ptr<convert::SafetensorsFile>> in =
+      convert::SafetensorsFile::Open(*RealFileSystem(), (text / "model.safetensors").string());
+  ASSERT_TRUE(in.ok()) << in.status();
+  std::vector<convert::TensorInfo> tensors;
+  std::vector<std::vector<float>> data;
+  for (const convert::TensorInfo& t : (*in)->tensors()) {
+    tensors.push_back({t.name, convert::TensorDtype::kF32, t.shape});
+    if (auto it = values.find(t.name); it != values.end()) {
+      data.push_back(it->second);
+    } else {
+      data.emplace_back(t.numel());
+      (*in)->ReadFloats(t, 0, t.numel(), data.back().data());
+    }
+  }
+  WriteTensors(out, tensors, data);
+}
+
+// DeepSeek-V3's FP8 release quantizes latent attention's projections too: kv_a_proj_with_mqa,
+// whose last rows (the rotary key) the conversion moves first and de-interleaves, and q_b_proj
+// and kv_b_proj, whose rows it reorders within each head. Each block's scale must follow its rows
+// to where they land: read from such a checkpoint (blocks of 3 × 5, which cut across heads and
+// across the rotary rows), every tensor is what the same checkpoint with each weight stored as
+// its codes times their scales gives, and a job started from it on two tensor-parallel ranks
+// (each reading its heads' rows) takes the same first step as one started from those values.
+TEST(HfFp8, DeepseekV3LatentAttentionReadsAsItsDequantizedWeights) {
+  const MeshCase mesh{.name = "dp1", .experts = 4, .glm45 = true, .latent = true};
+  const fs::path scratch = testenv::MakeScratchDir("hf_fp8_deepseek");
+  const fs::path text = scratch / "bf16", fp8 = scratch / "fp8", values = scratch / "values";
+  const testenv::GlobalTensors saved =
+      TrainAndExport(Job(ModelFamily::kLlama, mesh), scratch, text);
+  ASSERT_FALSE(saved.empty());
+  std::map<std::string, std::vector<float>> expected;
+  WriteFp8(text, fp8, {3, 5}, &expected);
+  for (const char* latent :
+       {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.1.self_attn.q_b_proj.weight", "model.layers.1.self_attn.kv_b_proj.weight"}) {
+    EXPECT_TRUE(expected.contains(latent)) << latent << " was not quantized";
+  }
+  WriteReplaced(text, values, expected);
+  auto quantized = convert::WeightSource::Open(*RealFileSystem(), fp8.string());
+  auto dequantized = convert::WeightSource::Open(*RealFileSystem(), values.string());
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+  std::vector<float> got, want;
+  for (const auto& [name, unquantized] : saved) {
+    ASSERT_TRUE((*quantized)->Read(name, got).ok()) << name;
+    ASSERT_TRUE((*dequantized)->Read(name, want).ok()) << name;
+    EXPECT_EQ(got, want) << name;
+  }
+  ASSERT_TRUE((*quantized)->Read("h.0.attn.kv_a.w", got).ok());
+  EXPECT_NE(std::vector<float>(got.begin(), got.begin() + saved.at("h.0.attn.kv_a.w").size()),
+            saved.at("h.0.attn.kv_a.w"))
+      << "kv_a was not quantized";
+
+  config::JobSpec from_fp8 = Job(
+      ModelFamily::kLlama, {.name = "tp2", .tp = 2, .experts = 4, .glm45 = true, .latent = true});
+  config::JobSpec from_values = from_fp8;
+  from_fp8.init_from = fp8.string();
+  from_values.init_from = values.string();
+  EXPECT_EQ(FirstLoss(from_fp8), FirstLoss(from_values));
   fs::remove_all(scratch);
 }
 
@@ -1222,8 +1301,8 @@ TEST(HfOracleGlm45, GroupLimitedRoutingGivesTrainyardsLogits) {
 // Latent attention over DeepSeek-V3's routing (the first block dense, biased sigmoid scores)
 // exports as DeepSeek-V3, which the oracle computes with transformers' DeepseekV3 conventions
 // (each head [nope | rope], the rotary rows de-interleaved before RoPE, one rotary key for every
-// head, the latents normed with 1e-6); the greedy tokens check the generator's cache of
-// decompressed keys and values too.
+// head, the latents normed with 1e-6); the greedy tokens check the generator's cache of latents
+// (attended in the absorbed form) too.
 TEST(HfOracleDeepseekV3, LatentAttentionOverBiasedSigmoidRoutingGivesTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama,
                         MeshCase{.name = "dp1", .experts = 4, .glm45 = true, .latent = true});
@@ -1234,6 +1313,19 @@ TEST(HfOracleDeepseekV3, LatentAttentionOverBiasedSigmoidRoutingGivesTrainyardsL
 // computes with DeepSeek-V2's conventions (its RoPE in neighbouring pairs, no selection bias).
 TEST(HfOracleDeepseekV2, LatentAttentionOverSoftmaxRoutingGivesTrainyardsLogits) {
   CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1", .experts = 4, .latent = true});
+}
+
+// DeepSeek-V2's group-limited routing (V2, V2.5 and Coder-V2 236B route so): four experts in two
+// groups, each token's picks from the group whose best probability is highest, exported as
+// group_limited_greedy, which the oracle computes as DeepSeek's code does (the other group's
+// probabilities masked to 0); the greedy tokens check the generator's routing too.
+TEST(HfOracleDeepseekV2, GroupsScoredByTheirBestProbabilityGiveTrainyardsLogits) {
+  CheckAgainstTheOracle(ModelFamily::kLlama, MeshCase{.name = "dp1",
+                                                      .experts = 4,
+                                                      .groups = 2,
+                                                      .group_top_k = 1,
+                                                      .group_max = true,
+                                                      .latent = true});
 }
 
 // Without the query latent and experts, under YaRN (4 times an original 12 positions) whose

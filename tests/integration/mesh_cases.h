@@ -61,9 +61,11 @@ struct MeshCase {
   // MiniMax-M2's routing: sigmoid scores normalised over the picks, which a selection bias
   // chooses (the bias rule), no shared expert (with whole_norms, its model).
   bool minimax_m2 = false;
-  // DeepSeek-V3's group-limited routing (model.moe.groups and group_top_k; 0: none).
+  // Group-limited routing (model.moe.groups and group_top_k; 0: none), the groups scored by
+  // their two best (DeepSeek-V3's) or, with group_max, by their best (DeepSeek-V2's).
   int groups = 0;
   int group_top_k = 0;
+  bool group_max = false;
   float z_loss = 0.0f;        // model.moe.z_loss_coeff (ST-MoE's router z-loss)
   float logit_z_loss = 0.0f;  // model.z_loss_coeff (PaLM's z-loss on the output logits)
   // model.document_token: the Markov chain's most frequent token begins each document, so that
@@ -136,6 +138,7 @@ inline void MoeMeshModel(const MeshCase& mesh, config::ModelConfig* model) {
   if (mesh.groups > 0) {
     moe.groups = mesh.groups;
     moe.group_top_k = mesh.group_top_k;
+    if (mesh.group_max) moe.group_score = config::GroupScore::kMax;
   }
   moe.z_loss_coeff = mesh.z_loss;
 }

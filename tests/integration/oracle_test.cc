@@ -142,6 +142,8 @@ void WriteOracleInput(const fs::path& dir, const ModelConfig& c, const LocalMode
         << ", \"shared_gate\": " << (m.shared_gate ? "true" : "false") << ", \"every\": " << m.every
         << ", \"dense_first\": " << m.dense_first << ", \"routed_scale\": " << m.routed_scale
         << ", \"groups\": " << m.groups << ", \"group_top_k\": " << m.group_top_k
+        << ", \"group_score\": \""
+        << (m.group_score == config::GroupScore::kMax ? "max" : "top2_sum") << "\""
         << ", \"ffn\": " << m.ffn << ", \"score\": \""
         << (m.score == config::MoeScore::kSigmoid ? "sigmoid" : "softmax")
         << "\", \"normalize_top_k\": " << (m.normalize_top_k ? "true" : "false")
@@ -397,6 +399,19 @@ TEST(TorchOracle, LlamaMixtureOfExpertsWithGroupLimitedRouting) {
   c.moe.routed_scale = 2.5f;
   c.moe.balance = config::MoeBalance::kBias;
   c.moe.bias_update_rate = 0.01f;
+  CompareWithOracle(c);
+}
+
+// DeepSeek-V2's group-limited routing: softmax probabilities, each token's two picks from the
+// group of three whose best probability is highest, weighed unnormalised times 16 (V2 236B's).
+TEST(TorchOracle, LlamaMixtureOfExpertsWithGroupsScoredByTheirBest) {
+  ModelConfig c = Small(config::ModelFamily::kLlama);
+  c.moe = OracleMoe();
+  c.moe.experts = 6;
+  c.moe.groups = 2;
+  c.moe.group_top_k = 1;
+  c.moe.group_score = config::GroupScore::kMax;
+  c.moe.routed_scale = 16.0f;
   CompareWithOracle(c);
 }
 

@@ -65,6 +65,9 @@ class TopKTest(unittest.TestCase):
         self.assertEqual(pick(selection, 2, 3, 3).tolist(), [[0, 4], [0, 1]])
         self.assertEqual(pick(selection, 2, 3, 1).tolist(), [[2, 3], [0, 1]])
         self.assertEqual(pick(selection, 2, 3, 2).tolist(), [[4, 2], [0, 1]])
+        # Scored by their best (DeepSeek-V2's): row 0's groups score 0.9, 0.75 and 0.8.
+        self.assertEqual(pick(selection, 2, 3, 1, "max").tolist(), [[0, 1], [0, 1]])
+        self.assertEqual(pick(selection, 2, 3, 2, "max").tolist(), [[0, 4], [0, 1]])
 
     def test_group_limited_routing_matches_the_tensor_form(self):
         # DeepSeek-V3's rule written with tensor ops (group scores from topk(2), the kept groups
@@ -80,6 +83,14 @@ class TopKTest(unittest.TestCase):
             with self.subTest(groups=groups, kept=kept):
                 self.assertEqual(torch_moe.select_experts(selection, k, groups, kept).tolist(),
                                  want.tolist())
+            # DeepSeek-V2's: a group's best value (max), the rest masked to 0 (scores positive).
+            best = grouped.max(dim=-1).values.topk(kept, dim=-1).indices
+            mask = torch.zeros(64, groups, dtype=torch.bool).scatter(1, best, True)
+            want = grouped.masked_fill(~mask.unsqueeze(-1), 0.0).reshape(64, 12).topk(k).indices
+            with self.subTest(groups=groups, kept=kept, group_score="max"):
+                self.assertEqual(
+                    torch_moe.select_experts(selection, k, groups, kept, "max").tolist(),
+                    want.tolist())
 
     def test_tie_made_by_the_selection_bias(self):
         # A zero router makes every softmax score exactly 1/4; the bias then ties experts 1 and 2

@@ -58,10 +58,12 @@ _REQUIRED_KEYS = ("family", "layers", "width", "heads", "vocab", "max_seq")
 MOE_DEFAULTS = {
     "experts": 0, "top_k": 1, "shared_experts": 0, "shared_gate": False, "every": 1,
     "dense_first": 0, "ffn": 0, "score": "softmax", "normalize_top_k": False, "routed_scale": 1.0, "groups": 1, "group_top_k": 0,
+    "group_score": "top2_sum",
     "balance": "aux_loss", "aux_loss_coeff": 0.01,
     "bias_update_rate": 0.001, "z_loss_coeff": 0.0, "capacity_factor": 0.0,
 }
-_MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias")}
+_MOE_CHOICES = {"score": ("softmax", "sigmoid"), "balance": ("aux_loss", "bias"),
+                "group_score": ("top2_sum", "max")}
 # (key, lower bound, whether the bound itself is allowed) for the real-valued keys.
 _MOE_REALS = (("aux_loss_coeff", 0.0, True), ("bias_update_rate", 0.0, False),
               ("capacity_factor", 0.0, True), ("routed_scale", 0.0, False),

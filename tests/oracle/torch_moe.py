@@ -21,19 +21,20 @@ import torch.nn.functional as F
 Routing = collections.namedtuple("Routing", "layer counts dropped aux_loss")
 
 
-def select_experts(selection, k, groups=1, kept_groups=1):
+def select_experts(selection, k, groups=1, kept_groups=1, group_score="top2_sum"):
     """Indices [N, k] of each row's k largest entries of `selection` [N, E], largest first; equal
-    values go to the lower expert index. With kept_groups < groups (DeepSeek-V3's group-limited
-    routing) the experts form `groups` equal groups in index order, each scored by the sum of its
-    two largest entries, and only the kept_groups best groups (ties to the lower group) compete.
-    No gradient."""
+    values go to the lower expert index. With kept_groups < groups (group-limited routing) the
+    experts form `groups` equal groups in index order, each scored by the sum of its two largest
+    entries (group_score "top2_sum", DeepSeek-V3's) or by its largest ("max", DeepSeek-V2's), and
+    only the kept_groups best groups (ties to the lower group) compete. No gradient."""
     picks = []
     for row in selection.tolist():
         eligible = range(len(row))
         if kept_groups < groups:
             size = len(row) // groups
             members = [row[g * size:(g + 1) * size] for g in range(groups)]
-            score = [sum(sorted(m, reverse=True)[:2]) for m in members]
+            best_of = 1 if group_score == "max" else 2
+            score = [sum(sorted(m, reverse=True)[:best_of]) for m in members]
             best = sorted(range(groups), key=lambda g: (-score[g], g))[:kept_groups]
             eligible = [e for e in eligible if e // size in best]
         order = sorted(eligible, key=lambda e: (-row[e], e))
@@ -120,6 +121,7 @@ class MoeLayer(nn.Module):
         self.routed_scale = moe.get("routed_scale", 1.0)
         self.groups = moe.get("groups", 1)
         self.kept_groups = moe.get("group_top_k", 0) or self.groups
+        self.group_score = moe.get("group_score", "top2_sum")
         self.balance = moe["balance"]
         self.aux_loss_coeff = moe["aux_loss_coeff"]
         self.bias_update_rate = moe["bias_update_rate"]
@@ -149,7 +151,8 @@ class MoeLayer(nn.Module):
         selection = scores.detach()
         if self.selection_bias is not None:
             selection = selection + self.selection_bias
-        picks = select_experts(selection, k, self.groups, self.kept_groups)  # [N, K]
+        picks = select_experts(selection, k, self.groups, self.kept_groups,
+                               self.group_score)  # [N, K]
         weights = scores.gather(1, picks)
         if self.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -122,6 +122,7 @@ ModelSignature SignatureOf(const config::ModelConfig& m) {
     moe.set_routed_scale(m.moe.routed_scale);
     moe.set_groups(m.moe.groups);
     moe.set_group_top_k(m.moe.group_top_k);
+    moe.set_group_max(m.moe.group_score == config::GroupScore::kMax);
     moe.set_router_bias(m.moe.has_bias());
     moe.set_top_k(m.moe.top_k);
     moe.set_sigmoid_score(m.moe.score == config::MoeScore::kSigmoid);
@@ -205,6 +206,7 @@ absl::StatusOr<config::ModelConfig> ModelFromSignature(const ModelSignature& s) 
     if (s.moe().routed_scale() > 0) m.moe.routed_scale = s.moe().routed_scale();
     if (s.moe().groups() > 0) m.moe.groups = s.moe().groups();
     m.moe.group_top_k = s.moe().group_top_k();
+    if (s.moe().group_max()) m.moe.group_score = config::GroupScore::kMax;
     m.moe.top_k = s.moe().top_k();
     if (s.moe().sigmoid_score()) m.moe.score = config::MoeScore::kSigmoid;
     m.moe.normalize_top_k = s.moe().normalize_top_k();

@@ -1613,13 +1613,13 @@ constexpr ExpertKeys kDeepseekV2Keys{
 // and vLLM scale them: transformers' port leaves mscale_all_dim out) over experts routed by
 // softmax: past the first first_k_dense_replace (0) blocks, n_routed_experts experts of
 // moe_intermediate_size (1407), of which each token takes the num_experts_per_tok of highest
-// probability (topk_method "greedy"), weighed by their probabilities times routed_scaling_factor
-// (1), beside n_shared_experts shared ones (balance: aux_loss; no selection bias). Without
-// n_routed_experts (null, or absent: the class's default) every block is dense. Refused:
-// scoring_func other than "softmax"; norm_topk_prob true (transformers' port ignores it where
-// DeepSeek's code normalises and drops the scale); "group_limited_greedy" that leaves groups out
-// (DeepSeek-V2, V2.5 and Coder-V2 236B), whose group score is the group's best probability where
-// Trainyard's is the sum of its best two (DeepSeek-V3's).
+// probability (topk_method "greedy"; "group_limited_greedy", as DeepSeek-V2, V2.5 and Coder-V2
+// 236B route, from the topk_group of n_group groups whose best probability is highest: moe.groups
+// with group_score max), weighed by their probabilities times routed_scaling_factor (1), beside
+// n_shared_experts shared ones (balance: aux_loss; no selection bias). Without n_routed_experts
+// (null, or absent: the class's default) every block is dense. Refused: scoring_func other than
+// "softmax"; norm_topk_prob true (transformers' port ignores it where DeepSeek's code normalises
+// and drops the scale).
 absl::Status ReadDeepseekV2Config(const ConfigFields& f, ModelConfig& m) {
   TY_ASSIGN_OR_RETURN(const bool dense,
                       ReadDeepseekShape(f, kDeepseekV2Keys.defaults.dense_first, m));
@@ -1637,17 +1637,11 @@ absl::Status ReadDeepseekV2Config(const ConfigFields& f, ModelConfig& m) {
   m.moe.routed_scale = 1.0f;
   TY_RETURN_IF_ERROR(f.Float("routed_scaling_factor", &m.moe.routed_scale));
   const Value* method = f.Get("topk_method");
-  int groups = 1, kept = 1;
-  TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
-  TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
-  if (method != nullptr && method->string_value() == "group_limited_greedy" && kept < groups) {
-    return f.Bad(
-        "topk_method",
-        absl::StrCat("is group_limited_greedy keeping topk_group ", kept, " of n_group ", groups,
-                     " groups: DeepSeek-V2 scores a group by its best "
-                     "probability, Trainyard by the sum of its best two (DeepSeek-V3's)"));
+  if (method == nullptr || method->string_value() != "group_limited_greedy") {
+    return absl::OkStatus();  // greedy: n_group and topk_group unread, as DeepSeek's code
   }
-  return absl::OkStatus();
+  m.moe.group_score = config::GroupScore::kMax;
+  return ReadExpertGroups(f, m.moe);
 }
 
 // MiniMax-M2's (MiniMaxM2ForCausalLM, model_type minimax_m2): in every block Llama's attention
@@ -1864,6 +1858,9 @@ absl::Status CheckGlm4MoeLayout(const ModelConfig& m) {
   };
   if (moe.score != config::MoeScore::kSigmoid) return bad("moe.score", "is softmax");
   if (!moe.has_bias()) return bad("moe.balance", "is aux_loss (GLM-4.5's routers hold a bias)");
+  if (moe.limits_groups() && moe.group_score == config::GroupScore::kMax) {
+    return bad("moe.group_score", "is max (GLM-4.5 scores a group by its two best)");
+  }
   if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
   if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
   TY_RETURN_IF_ERROR(CheckDeepSeekStyleModel(m, bad));
@@ -1960,8 +1957,9 @@ bool IsDeepseekV2(const ModelConfig& m) {
 // with DeepSeek's 1e-6), SwiGLU and norms before each branch, plain RoPE or YaRN, scores scaled by
 // head_dim^-1/2 or, under YaRN, also by the square of the scale of some mscale_all_dim
 // (DeepseekMscaleAllDim), and dense MLPs or experts in every block past the dense first ones
-// beside ungated shared experts: DeepSeek-V3's sigmoid scores with a selection bias, or
-// DeepSeek-V2's softmax scores unnormalised, in no groups, without one.
+// beside ungated shared experts: DeepSeek-V3's sigmoid scores with a selection bias (any groups
+// scored by their two best), or DeepSeek-V2's softmax scores unnormalised without one (any groups
+// scored by their best).
 absl::Status CheckDeepseekLayout(const ModelConfig& m) {
   auto bad = [](const std::string& field, const std::string& why) {
     return absl::UnimplementedError(absl::StrCat(
@@ -1969,8 +1967,9 @@ absl::Status CheckDeepseekLayout(const ModelConfig& m) {
         "; Trainyard writes latent attention in DeepSeek-V3's and V2's layouts only (latents "
         "normed with 1e-6, plain RoPE or YaRN, scores scaled by head_dim^-1/2 or by YaRN's "
         "mscale_all_dim, dense MLPs or experts in every block past the dense first ones with "
-        "ungated shared experts, scored by sigmoid with balance: bias (V3's) or by softmax "
-        "unnormalised in no groups with balance: aux_loss (V2's); no sliding window, NoPE "
+        "ungated shared experts, scored by sigmoid with balance: bias and groups scored by "
+        "their two best (V3's) or by softmax unnormalised with balance: aux_loss and groups "
+        "scored by their best (V2's); no sliding window, NoPE "
         "blocks, Gemma's, Granite's or OLMo's options)"));
   };
   if (m.latent.norm_eps != 1e-6f) {
@@ -1980,7 +1979,10 @@ absl::Status CheckDeepseekLayout(const ModelConfig& m) {
     const bool v3 = moe.score == config::MoeScore::kSigmoid;
     if (moe.has_bias() != v3) return bad("moe.balance", v3 ? "is aux_loss" : "is bias");
     if (!v3 && moe.normalize_top_k) return bad("moe.normalize_top_k", "is true with softmax");
-    if (!v3 && moe.limits_groups()) return bad("moe.group_top_k", "is set with softmax");
+    using config::GroupScore;
+    if (moe.limits_groups() && (moe.group_score == GroupScore::kMax) == v3) {
+      return bad("moe.group_score", v3 ? "is max with sigmoid" : "is top2_sum with softmax");
+    }
     if (moe.every != 1) return bad("moe.every", absl::StrCat("is ", moe.every));
     if (moe.shared_experts < 1) return bad("moe.shared_experts", "is 0");
     if (moe.shared_gate) return bad("moe.shared_gate", "is true");
@@ -2770,7 +2772,8 @@ std::string DeepseekConfigJson(const ModelConfig& m, const char* tied, const std
   const std::string experts =
       !m.moe.enabled() ? ",\n  \"n_routed_experts\": null"
       : v2             ? absl::StrCat(DeepseekExpertsJson(m.moe),
-                                      ",\n  \"scoring_func\": \"softmax\",\n  \"topk_method\": \"greedy\"",
+                                      ",\n  \"scoring_func\": \"softmax\",\n  \"topk_method\": \"",
+                          m.moe.limits_groups() ? "group_limited_greedy" : "greedy", "\"",
                                       ",\n  \"aux_loss_alpha\": ", ShortFloat(m.moe.aux_loss_coeff),
                                       ",\n  \"seq_aux\": false")
                        : absl::StrCat(DeepseekExpertsJson(m.moe),

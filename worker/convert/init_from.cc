@@ -124,6 +124,11 @@ absl::Status CheckSameExperts(const config::MoeConfig& file, const config::MoeCo
                                 spec.score == MoeScore::kSoftmax, source, "softmax", "sigmoid"));
   TY_RETURN_IF_ERROR(
       SameChoice("moe.normalize_top_k", file.normalize_top_k, spec.normalize_top_k, source));
+  if (file.limits_groups()) {  // what scores the groups matters only when some are left out
+    using config::GroupScore;
+    TY_RETURN_IF_ERROR(SameChoice("moe.group_score", file.group_score == GroupScore::kMax,
+                                  spec.group_score == GroupScore::kMax, source, "max", "top2_sum"));
+  }
   return SameChoice("moe.balance", file.has_bias(), spec.has_bias(), source, "bias", "aux_loss");
 }
 

@@ -795,6 +795,12 @@ parallelism: {dp: 1, tp: 2}
                   0.001f);
   EXPECT_EQ(grouped.kept_groups(), 2);
   EXPECT_TRUE(grouped.limits_groups());
+  EXPECT_EQ(grouped.group_score, config::GroupScore::kTopTwoSum);
+  // DeepSeek-V2's: a group scored by its best value.
+  EXPECT_EQ(MustParse("name: m\nmodel: {preset: llama-tiny, moe: {experts: 8, top_k: 2, "
+                      "groups: 4, group_top_k: 2, group_score: max}}\n")
+                .model.moe.group_score,
+            config::GroupScore::kMax);
   const MoeConfig all_groups = MustParse(
                                    "name: m\nmodel: {preset: llama-tiny, moe: {experts: 8, "
                                    "groups: 4}}\n")

@@ -112,6 +112,25 @@ TEST(MoeRouting, GroupLimitedRoutingPicksFromTheBestGroupsOnly) {
   EXPECT_NEAR(r.weight[1], s0 / (s0 + s1), 1e-6);
 }
 
+// DeepSeek-V2's groups, scored by their best value: token 0's score σ(3), σ(1) and σ(2), so one
+// kept group is group 0 (its worst expert, 1, picked second over experts 4 and 2); two keep
+// groups 0 and 2. Token 1's groups tie as before. Softmax scores the same way.
+TEST(MoeRouting, GroupsScoredByTheirBestValue) {
+  MoeConfig moe = Moe(6, 2);
+  moe.score = MoeScore::kSigmoid;
+  moe.group_score = config::GroupScore::kMax;
+  moe.groups = 3;
+  const std::vector<float> logits = {3.0f, -3.0f, 1.0f, 1.0f, 2.0f, 0.0f,  // token 0
+                                     0.0f, 0.0f,  0.0f, 0.0f, 0.0f, 0.0f};
+  moe.group_top_k = 1;
+  EXPECT_EQ(Route(moe, logits.data(), 2, {}).expert, (std::vector<int32_t>{0, 1, 0, 1}));
+  moe.group_top_k = 2;
+  EXPECT_EQ(Route(moe, logits.data(), 2, {}).expert, (std::vector<int32_t>{0, 4, 0, 1}));
+  moe.score = MoeScore::kSoftmax;
+  moe.group_top_k = 1;
+  EXPECT_EQ(Route(moe, logits.data(), 2, {}).expert, (std::vector<int32_t>{0, 1, 0, 1}));
+}
+
 TEST(MoeRouting, CapacityDropsThePicksPastAnExpertsRoomInTokenOrder) {
   MoeConfig moe = Moe(2, 1);
   moe.capacity_factor = 1.0f;  // ceil(1.0 · 5 · 1 / 2) = 3 rows per expert

@@ -281,14 +281,16 @@ TEST(CheckpointFormatTest, MoeMismatchNamesTheField) {
   retuned.moe.routed_scale = 2.5f;
   retuned.moe.groups = 2;
   retuned.moe.group_top_k = 1;
+  retuned.moe.group_score = config::GroupScore::kMax;
   EXPECT_TRUE(CheckModelMatches(saved, retuned).ok());
-  // The routed experts' scale and groups are recorded for generation and export; a signature
-  // written before they were (0) reads as 1 and one group.
+  // The routed experts' scale and groups (with what scores them) are recorded for generation and
+  // export; a signature written before they were (0) reads as 1 and one group.
   const absl::StatusOr<config::ModelConfig> recorded = ModelFromSignature(SignatureOf(retuned));
   ASSERT_TRUE(recorded.ok()) << recorded.status();
   EXPECT_EQ(recorded->moe.routed_scale, 2.5f);
   EXPECT_EQ(recorded->moe.groups, 2);
   EXPECT_EQ(recorded->moe.group_top_k, 1);
+  EXPECT_EQ(recorded->moe.group_score, config::GroupScore::kMax);
   ModelSignature unscaled = SignatureOf(moe);
   unscaled.mutable_moe()->clear_routed_scale();
   unscaled.mutable_moe()->clear_groups();

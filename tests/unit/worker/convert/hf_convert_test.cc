@@ -2605,6 +2605,21 @@ TEST(InitFrom, AnotherModelIsRefusedNamingTheFieldAndBothValues) {
   spec.model.latent = {};
   EXPECT_THAT(CheckInitFrom(fs, spec).message(),
               HasSubstr("model.latent_attention is set in d/config.json, none in the spec"));
+  // DeepSeek-V2's groups (scored by their best): what scores them must be the spec's too.
+  config::ModelConfig v2 = TinyDeepseek();
+  v2.moe.score = config::MoeScore::kSoftmax;
+  v2.moe.balance = config::MoeBalance::kAuxLoss;
+  v2.moe.normalize_top_k = false;
+  v2.moe.groups = 2;
+  v2.moe.group_top_k = 1;
+  v2.moe.group_score = config::GroupScore::kMax;
+  WriteHfDir(fs, "v2", v2);
+  spec.init_from = "v2";
+  spec.model = v2;
+  EXPECT_TRUE(CheckInitFrom(fs, spec).ok()) << CheckInitFrom(fs, spec);
+  spec.model.moe.group_score = config::GroupScore::kTopTwoSum;
+  EXPECT_THAT(CheckInitFrom(fs, spec).message(),
+              HasSubstr("model.moe.group_score is max in v2/config.json, top2_sum in the spec"));
 }
 
 // llm.c's GPT-2 file: a 256-int header, then the tensors kind by kind over all layers, the

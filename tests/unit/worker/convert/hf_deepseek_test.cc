@@ -89,6 +89,7 @@ void ExpectSameModel(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.moe.routed_scale, b.moe.routed_scale);
   EXPECT_EQ(a.moe.groups, b.moe.groups);
   EXPECT_EQ(a.moe.group_top_k, b.moe.group_top_k);
+  EXPECT_EQ(a.moe.group_score, b.moe.group_score);
   EXPECT_EQ(a.moe.normalize_top_k, b.moe.normalize_top_k);
   EXPECT_EQ(a.moe.has_bias(), b.moe.has_bias());
 }
@@ -422,8 +423,78 @@ TEST(HfDeepseek, DeepseekV2LiteReadsAsSoftmaxRoutingWithoutABias) {
   EXPECT_FALSE(dense->moe.enabled());
 }
 
-// DeepSeek-V2's own routing choices Trainyard does not make are refused by name: groups scored by
-// their best probability (DeepSeek-V2, V2.5 and Coder-V2 236B), picks normalised, sigmoid scores.
+// DeepSeek-V2's config.json as published (236B; DeepSeek-V2.5's and DeepSeek-Coder-V2's have the
+// same shape and routing), its auto_map left out.
+constexpr char kDeepseekV2Config[] = R"({
+  "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001, "ep_size": 1,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 5120,
+  "initializer_range": 0.02, "intermediate_size": 12288, "kv_lora_rank": 512,
+  "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1536,
+  "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 160, "n_shared_experts": 2,
+  "norm_topk_prob": false, "num_attention_heads": 128, "num_experts_per_tok": 6,
+  "num_hidden_layers": 60, "num_key_value_heads": 128, "pretraining_tp": 1, "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                   "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": true,
+  "tie_word_embeddings": false, "topk_group": 3, "topk_method": "group_limited_greedy",
+  "torch_dtype": "bfloat16", "transformers_version": "4.39.3", "use_cache": true,
+  "v_head_dim": 128, "vocab_size": 102400})";
+
+// DeepSeek-V2's group-limited routing: each token's 6 picks from the 3 of 8 groups of 20 experts
+// whose best probability is highest (model.moe.group_score max), weighed times 16. Written back as
+// group_limited_greedy, which reads as the same model.
+TEST(HfDeepseek, DeepseekV2ReadsAsGroupsScoredByTheirBestProbability) {
+  HfLayout layout;
+  auto m = ModelFromHfConfig(kDeepseekV2Config, "DeepSeek-V2/config.json", &layout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(layout.experts, HfExperts::kDeepseekV2);
+  EXPECT_EQ(m->latent.q_rank, 1536);
+  const config::MoeConfig& moe = m->moe;
+  EXPECT_EQ(moe.score, config::MoeScore::kSoftmax);
+  EXPECT_EQ(moe.groups, 8);
+  EXPECT_EQ(moe.group_top_k, 3);
+  EXPECT_EQ(moe.group_score, config::GroupScore::kMax);
+  EXPECT_EQ(moe.routed_scale, 16.0f);
+  EXPECT_EQ(moe.experts, 160);
+  // By hand: q_a, its norm, q_b, kv_a, its norm, kv_b, o_proj and two norms per block; one dense
+  // MLP of 12288, then 59 blocks of a router, 160 experts and two shared of 1536; the untied
+  // embedding and head and the final norm: the card's 236B.
+  const int64_t c = 5120;
+  const int64_t attention = 1536 * c + 1536 + int64_t{128} * 192 * 1536 + 576 * c + 512 +
+                            int64_t{128} * 256 * 512 + c * 128 * 128 + 2 * c;
+  const int64_t sparse = attention + 160 * c + 162 * (3 * int64_t{1536} * c);
+  EXPECT_EQ(m->ParameterCount(),
+            attention + 3 * int64_t{12288} * c + 59 * sparse + 2 * int64_t{102400} * c + c);
+  EXPECT_EQ(m->ParameterCount() / 1'000'000'000, 235);
+  ASSERT_TRUE(CheckHfWritable(*m).ok()) << CheckHfWritable(*m);
+  const std::string written = HfConfigJson(*m, TensorDtype::kBF16);
+  EXPECT_THAT(written, HasSubstr("\"n_group\": 8,\n  \"topk_group\": 3"));
+  EXPECT_THAT(written, HasSubstr("\"topk_method\": \"group_limited_greedy\""));
+  auto back = ModelFromHfConfig(written, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << written;
+  ExpectSameModel(*back, *m);
+  // Greedy routing reads no groups, whatever n_group and topk_group say.
+  auto greedy =
+      ModelFromHfConfig(Edited(kDeepseekV2Config, "\"topk_method\": \"group_limited_greedy\"",
+                               "\"topk_method\": \"greedy\""),
+                        "greedy/config.json");
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_FALSE(greedy->moe.limits_groups());
+  // DeepSeek-V3's layout scores groups by their two best: a V3 model with groups scored by their
+  // best is refused by name.
+  config::ModelConfig v3 = *m;
+  v3.moe.score = config::MoeScore::kSigmoid;
+  v3.moe.balance = config::MoeBalance::kBias;
+  v3.moe.normalize_top_k = true;
+  EXPECT_THAT(CheckHfWritable(v3).message(),
+              HasSubstr("model.moe.group_score: is max with sigmoid"));
+}
+
+// DeepSeek-V2's own routing choices Trainyard does not make are refused by name: picks
+// normalised, sigmoid scores, groups that do not divide the experts.
 TEST(HfDeepseek, DeepseekV2RoutingItCannotHoldIsRefused) {
   struct Case {
     std::vector<std::pair<std::string, std::string>> edits;
@@ -431,9 +502,9 @@ TEST(HfDeepseek, DeepseekV2RoutingItCannotHoldIsRefused) {
   };
   for (const Case& c : std::vector<Case>{
            {{{"\"topk_method\": \"greedy\"", "\"topk_method\": \"group_limited_greedy\""},
-             {"\"n_group\": 1", "\"n_group\": 8"},
+             {"\"n_group\": 1", "\"n_group\": 5"},
              {"\"topk_group\": 1", "\"topk_group\": 3"}},
-            "topk_method is group_limited_greedy keeping topk_group 3 of n_group 8 groups"},
+            "n_group is 5, which does not divide the 64 experts"},
            {{{"\"norm_topk_prob\": false", "\"norm_topk_prob\": true"}},
             "norm_topk_prob must be false"},
            {{{"\"scoring_func\": \"softmax\"", "\"scoring_func\": \"sigmoid\""}},
