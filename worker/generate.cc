@@ -155,8 +155,9 @@ void Generator::Reserve(int64_t rows) {
   }
   if (m.latent.enabled()) {
     const LatentShape latent = LatentShape::Of(m, rows);
-    for (int l = 0; l < m.layers; ++l)
+    for (int l = 0; l < m.layers; ++l) {
       latents_.push_back(be.AllocAct(rows * latent.latent_width()));
+    }
     absorbed_q_ = be.AllocAct(latent.heads * latent.latent_width());
     absorbed_out_ = be.AllocAct(latent.heads * latent.kv_rank);
   }
