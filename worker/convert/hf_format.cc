@@ -1313,9 +1313,10 @@ absl::Status ReadExpertShape(const ConfigFields& f, const ExpertKeys& keys, Mode
   return absl::OkStatus();
 }
 
-// DeepSeek-V3's group-limited routing as GLM-4.5's config gives it: n_group (`groups`, GLM-4.5's
-// 1) groups of experts, each scored by the sum of its two best biased scores, of which topk_group
-// (`kept`, 1) are kept. Every group kept reads as no groups.
+// Group-limited routing as GLM-4.5's and DeepSeek's configs give it: n_group (`groups`, GLM-4.5's
+// 1) groups of experts, of which topk_group (`kept`, 1) are kept (what scores a group, the sum of
+// its two best biased scores or DeepSeek-V2's best, is the caller's: moe.group_score). Every
+// group kept reads as no groups.
 absl::Status ReadExpertGroups(const ConfigFields& f, config::MoeConfig& moe, int groups, int kept) {
   TY_RETURN_IF_ERROR(f.Int("n_group", &groups, /*required=*/false));
   TY_RETURN_IF_ERROR(f.Int("topk_group", &kept, /*required=*/false));
