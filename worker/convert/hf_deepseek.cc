@@ -121,7 +121,8 @@ std::optional<std::string> DeepseekMscaleAllDim(const ModelConfig& m) {
   if (!m.rope_scaling.yarn || !(factor > 1.0f) || !(m.attention_multiplier > 0.0f)) {
     return std::nullopt;
   }
-  const double scale = std::sqrt(m.attention_multiplier * std::sqrt(static_cast<double>(m.head_dim())));
+  const double scale =
+      std::sqrt(m.attention_multiplier * std::sqrt(static_cast<double>(m.head_dim())));
   return ShortestDecimal(
       (scale - 1.0) / (0.1 * std::log(double{factor})), [&](const std::string& all_dim) {
         return DeepseekMultiplier(factor, m.head_dim(), std::strtod(all_dim.c_str(), nullptr)) ==
