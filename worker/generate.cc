@@ -201,8 +201,9 @@ void Generator::RoutedExperts(int layer, int64_t n) {
 }
 
 // norm_'s n rows to the packed qkv row in qkv_ (before RoPE): block `layer`'s projection, or its
-// latent attention's, and its query and key norms.
-void Generator::Project(int layer, int64_t n) {
+// latent attention's (after the prompt only the queries and the latents, which the absorbed
+// attention reads), and its query and key norms.
+void Generator::Project(int layer, int64_t n, bool prompt) {
   Backend& be = *backend_;
   const config::ModelConfig& m = model_;
   const BlockOffsets& o = layout_.block(layer);
@@ -213,7 +214,8 @@ void Generator::Project(int layer, int64_t n) {
                   norm_.data(),
                   {latent_q_.data(), latent_q_normed_.data(), latent_q_rstd_.data(),
                    latent_kv_.data(), latent_kv_normed_.data(), latent_kv_rstd_.data()},
-                  latent_scratch_.data(), qkv_.data());
+                  latent_scratch_.data(), qkv_.data(),
+                  prompt ? LatentOutput::kKeysAndValues : LatentOutput::kLatentsOnly);
   } else {
     be.Linear(qkv_.data(), norm_.data(), P(o.qkv_w), o.qkv_b >= 0 ? P(o.qkv_b) : nullptr, n,
               m.qkv_width(), m.width);
@@ -303,7 +305,8 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
     }
   };
   input_norm(o.ln1_w, o.ln1_b);
-  Project(layer, n);
+  const bool prompt = pos == 0;
+  Project(layer, n, prompt);
   const AttentionShape shape{.batch = 1,
                              .seq = n,
                              .heads = m.heads,
@@ -311,7 +314,6 @@ void Generator::Block(int layer, int64_t n, int64_t pos) {
                              .head_dim = d,
                              .value_dim = m.value_head_dim()};
   if (m.RotatesLayer(layer)) be.Rope(qkv_.data(), shape, RopeOf(m, layer, pos + n), pos);
-  const bool prompt = pos == 0;
   if (m.latent.enabled()) CacheLatents(layer, n, pos);
   // This pass's keys and values join the cache (latent attention: the prompt pass's scratch);
   // the queries attend to every cached position (causally among themselves when the prompt runs

@@ -101,7 +101,7 @@ class Generator {
   // values to the cache, and leaves the last row's logits in logits_.
   void Forward(const int32_t* tokens, int64_t n, int64_t pos);
   void Block(int layer, int64_t n, int64_t pos);
-  void Project(int layer, int64_t n);
+  void Project(int layer, int64_t n, bool prompt);
   // Latent attention: the n rows' rotary keys (turned) and normed latents join layer's cache, and
   // (pos > 0) each row attends over the cache in the absorbed form, into attn_.
   void CacheLatents(int layer, int64_t n, int64_t pos);

@@ -36,7 +36,7 @@ struct Scratch {
 }  // namespace
 
 void LatentForward(Backend& be, const LatentShape& s, const LatentWeights& w, const Act* x,
-                   const LatentSaved& saved, Act* scratch, Act* qkv) {
+                   const LatentSaved& saved, Act* scratch, Act* qkv, LatentOutput output) {
   const Scratch t(be, s, scratch);
   const int64_t n = s.rows, d = s.head_dim, row = s.qkv_row();
   if (s.q_rank > 0) {
@@ -49,10 +49,14 @@ void LatentForward(Backend& be, const LatentShape& s, const LatentWeights& w, co
   be.Linear(t.latent, x, w.kv_a, nullptr, n, s.latent_width(), s.width);
   be.CopyRows(saved.kv_latent, s.kv_rank, t.latent, s.latent_width(), n, s.kv_rank);
   be.RmsNorm(saved.kv_normed, saved.kv_rstd, saved.kv_latent, w.kv_a_norm, n, s.kv_rank, s.eps);
-  be.Linear(t.kv, saved.kv_normed, w.kv_b, nullptr, n, s.kv_width(), s.kv_rank);
   // The packed row: queries, keys (the shared rotary key, then the head's own part), values.
   be.CopyRows(qkv, row, t.q, s.q_width(), n, s.q_width());
   const int64_t keys = s.q_width(), values = 2 * s.q_width(), per_head = s.nope() + s.value_dim;
+  if (output == LatentOutput::kLatentsOnly) {
+    be.CopyRows(be.At(qkv, keys), row, be.At(t.latent, s.kv_rank), s.latent_width(), n, s.rope);
+    return;
+  }
+  be.Linear(t.kv, saved.kv_normed, w.kv_b, nullptr, n, s.kv_width(), s.kv_rank);
   for (int64_t h = 0; h < s.heads; ++h) {
     Act* key = be.At(qkv, keys + h * d);
     const Act* head = be.At(t.kv, h * per_head);

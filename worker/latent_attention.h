@@ -44,9 +44,17 @@ struct LatentSaved {
   float* kv_rstd = nullptr;
 };
 
-// qkv [n, s.qkv_row()] from x [n, width]; `scratch`: s.scratch() elements.
+// What LatentForward writes of the packed rows: all of them, or (generation's steps after the
+// prompt, which attend over the cached latents in the absorbed form) the queries and key head 0's
+// rotary part, the shared rotary key, leaving the rest of each row as it was and sparing kv_b's
+// product, as large as the absorption itself.
+enum class LatentOutput { kKeysAndValues, kLatentsOnly };
+
+// qkv [n, s.qkv_row()] from x [n, width]; `scratch`: s.scratch() elements. The normed latents are
+// in saved.kv_normed either way.
 void LatentForward(Backend& be, const LatentShape& s, const LatentWeights& w, const Act* x,
-                   const LatentSaved& saved, Act* scratch, Act* qkv);
+                   const LatentSaved& saved, Act* scratch, Act* qkv,
+                   LatentOutput output = LatentOutput::kKeysAndValues);
 
 // Tensor parallelism (s.heads: this rank's heads): `sum` adds a span of activations over the
 // group (null: one rank holds every head); `first` says this rank adds the input's gradient
