@@ -60,6 +60,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/exit_codes.h"
 #include "common/filesystem.h"
 #include "common/flags.h"
@@ -550,6 +552,30 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const SampleFlags& flags, int 
                        absl::StrCat("is not a token id below the vocabulary of ", vocab));
 }
 
+// When a generation's prompt pass and its tokens ran, told on stderr after the text: the prompt's
+// pass (with the first token drawn) and each later token, as llama.cpp's and vLLM's reports do.
+class GenerationClock {
+ public:
+  void Token() {
+    if (tokens_++ == 0) first_ = absl::Now();
+  }
+  std::string Report(size_t prompt_tokens) const {
+    const double prompt_s = absl::ToDoubleSeconds(first_ - start_);
+    const double rest_s = absl::ToDoubleSeconds(absl::Now() - first_);
+    std::string out = absl::StrFormat("prompt: %d tokens in %.1f ms (%.1f tokens/s)", prompt_tokens,
+                                      1e3 * prompt_s, prompt_tokens / prompt_s);
+    if (tokens_ > 1) {
+      absl::StrAppendFormat(&out, "; then %d tokens in %.1f ms (%.1f tokens/s)", tokens_ - 1,
+                            1e3 * rest_s, (tokens_ - 1) / rest_s);
+    }
+    return out;
+  }
+
+ private:
+  absl::Time start_ = absl::Now(), first_;
+  int64_t tokens_ = 0;
+};
+
 absl::Status Sample(const SampleFlags& flags) {
   TY_ASSIGN_OR_RETURN(convert::LoadedWeights weights,
                       convert::LoadModelWeights(*RealFileSystem(), flags.weights));
@@ -596,8 +622,10 @@ absl::Status Sample(const SampleFlags& flags) {
   const bool text = flags.has_prompt;
   if (text) std::cout << flags.prompt << std::flush;
   bool first = true;
+  GenerationClock clock;
   TY_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
                       generator->Generate(prompt, options, [&](int32_t token) {
+                        clock.Token();
                         // An end-of-sequence token ends the text and is not part of it (ids
                         // show it).
                         if (text && options.Stops(token)) return;
@@ -615,6 +643,7 @@ absl::Status Sample(const SampleFlags& flags) {
     std::cerr << "ended at token " << out.back() << " after " << out.size() << " of "
               << options.tokens << " tokens\n";
   }
+  if (!out.empty()) std::cerr << clock.Report(prompt.size()) << "\n";
   return absl::OkStatus();
 }
 

@@ -16,13 +16,19 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
     for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, out + i * n);
     beta = 1.0f;
   }
+  if (m == 1) {  // one row (generation's steps): one pass over the weight, see linear.h
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, weight, k, inp, 1, beta, out, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, inp, k, weight, k, beta, out,
               n);
 }
 
 void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int64_t m, int64_t n, int64_t k) {
-  if (dinp != nullptr) {
+  if (dinp != nullptr && m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasTrans, n, k, 1.0f, weight, k, dout, 1, 0.0f, dinp, 1);
+  } else if (dinp != nullptr) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dout, n, weight, k, 0.0f,
                 dinp, k);
   }

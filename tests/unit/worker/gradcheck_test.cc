@@ -71,20 +71,45 @@ class GradCheck : public ::testing::Test {
   std::mt19937 rng_{42};
 };
 
+// Five rows (matrix products) and one (matrix-vector products, as each generated token runs).
 TEST_F(GradCheck, Linear) {
-  const int64_t m = 5, n = 7, k = 6;
-  auto fwd = [&](const Tensors& in) {
-    std::vector<float> out(m * n);
-    be_->Linear(A(out.data()), A(in[0].data()), in[1].data(), in[2].data(), m, n, k);
-    return out;
-  };
-  auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
-    Tensors g{std::vector<float>(m * k), std::vector<float>(n * k), std::vector<float>(n)};
-    be_->LinearBackward(A(g[0].data()), g[1].data(), g[2].data(), A(dout.data()), A(in[0].data()),
-                        in[1].data(), m, n, k);
-    return g;
-  };
-  CheckGradients("linear", {Random(m * k, rng_), Random(n * k, rng_), Random(n, rng_)}, fwd, bwd);
+  for (const int64_t m : {5, 1}) {
+    const int64_t n = 7, k = 6;
+    auto fwd = [&](const Tensors& in) {
+      std::vector<float> out(m * n);
+      be_->Linear(A(out.data()), A(in[0].data()), in[1].data(), in[2].data(), m, n, k);
+      return out;
+    };
+    auto bwd = [&](const Tensors& in, const std::vector<float>& dout) {
+      Tensors g{std::vector<float>(m * k), std::vector<float>(n * k), std::vector<float>(n)};
+      be_->LinearBackward(A(g[0].data()), g[1].data(), g[2].data(), A(dout.data()), A(in[0].data()),
+                          in[1].data(), m, n, k);
+      return g;
+    };
+    CheckGradients(m == 1 ? "linear, one row" : "linear",
+                   {Random(m * k, rng_), Random(n * k, rng_), Random(n, rng_)}, fwd, bwd);
+  }
+}
+
+// A row alone gives what it gives among others, forward and the input's gradient, to rounding
+// (one row runs as a matrix-vector product), with and without a bias, at a size past OpenBLAS's
+// small-matrix paths.
+TEST_F(GradCheck, LinearOfOneRowIsARowOfMany) {
+  const int64_t m = 3, n = 301, k = 257;
+  const std::vector<float> x = Random(m * k, rng_), w = Random(n * k, rng_), b = Random(n, rng_);
+  const std::vector<float> dy = Random(m * n, rng_);
+  for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+    std::vector<float> many(m * n), one(n);
+    be_->Linear(A(many.data()), A(x.data()), w.data(), bias, m, n, k);
+    be_->Linear(A(one.data()), A(x.data() + k), w.data(), bias, 1, n, k);
+    for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(one[j], many[n + j], 1e-3f) << j;
+  }
+  std::vector<float> dx_many(m * k), dx_one(k);
+  be_->LinearBackward(A(dx_many.data()), nullptr, nullptr, A(dy.data()), A(x.data()), w.data(), m,
+                      n, k);
+  be_->LinearBackward(A(dx_one.data()), nullptr, nullptr, A(dy.data() + n), A(x.data() + k),
+                      w.data(), 1, n, k);
+  for (int64_t i = 0; i < k; ++i) EXPECT_NEAR(dx_one[i], dx_many[k + i], 1e-3f) << i;
 }
 
 TEST_F(GradCheck, LayerNorm) {
