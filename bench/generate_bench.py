@@ -12,9 +12,10 @@ writers), and generates greedily from the same prompt of P random ids, N tokens:
   each later token);
 - PyTorch: the same weights in torch_model's modules (float32), decoded here with a key/value
   cache preallocated for the whole sequence and written in place, under torch.inference_mode,
-  with K intra-op threads and OMP_WAIT_POLICY=PASSIVE (its best here: see below); each layer's
-  keys and values cached whole, as transformers' models cache them (for latent attention, the
-  decompressed keys and values, as transformers' DeepseekV3Attention does). Timed the same way.
+  with K intra-op threads and OMP_WAIT_POLICY=PASSIVE (its best here, for this side only: see
+  below); each layer's keys and values cached whole, as transformers' models cache them (for
+  latent attention, the decompressed keys and values, as transformers' DeepseekV3Attention
+  does). Timed the same way.
 The runs alternate (Trainyard, PyTorch, Trainyard, ...), after one untimed PyTorch generation of
 4 tokens (its first calls set up its thread pool); each Trainyard run is a fresh process. The
 table gives medians and the spread over the runs, the ratio of the medians, and how many
@@ -34,7 +35,9 @@ import time
 
 # PyTorch's OpenMP threads spin after each operation and hold the cores its BLAS threads need:
 # on the 2-core VM a 64-token GPT-2 prompt took 195–440 ms that way and 100–106 ms with passive
-# waiting, which the peer is given (Trainyard runs no OpenMP).
+# waiting, which the peer is given. Trainyard's own runs keep the environment as it was: passive
+# waiting slows its decode (GPT-2 124M: 65 against 84 tokens/s in one comparison here).
+WORKER_ENV = dict(os.environ)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -184,7 +187,7 @@ REPORT = re.compile(r"prompt: (\d+) tokens in ([\d.]+) ms .*; then (\d+) tokens 
 def trainyard(worker, model_dir, prompt, tokens, threads):
     cmd = [worker, "sample", model_dir, "--prompt-tokens", " ".join(map(str, prompt)),
            "--tokens", str(tokens), "--eos", "none", "--threads", str(threads)]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=WORKER_ENV)
     if run.returncode != 0:
         sys.exit("trainyard-worker sample failed (%d): %s" % (run.returncode, run.stderr))
     match = REPORT.search(run.stderr)
