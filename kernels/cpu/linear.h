@@ -9,9 +9,10 @@ namespace trainyard::kernels::cpu {
 
 // out[m, n] = Σ_k inp[m, k] · weight[n, k] + bias[n]. `bias` may be null. One row (m = 1, as each
 // generated token is) runs as a matrix-vector product: OpenBLAS's sgemm packs the whole weight
-// first, and so reads it three times where sgemv reads it once (on the 2-core x86-64 VM with two
-// threads, a 50257 × 768 weight: 11.2 ms by sgemm, 3.2 ms by sgemv; 1024 × 2816: 0.68 and
-// 0.23 ms). The input's gradient of one row likewise.
+// first, and so reads it three times where sgemv reads it once (OpenBLAS 0.3.21's OpenMP build,
+// which Trainyard links, two threads on the 2-core x86-64 VM: a 50257 × 768 weight 12.1–12.7 ms
+// by sgemm, 3.9–4.0 ms by sgemv; 1024 × 2816 0.79–0.80 and 0.28 ms). The input's gradient of one
+// row likewise.
 void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int64_t m,
                    int64_t n, int64_t k);
 
