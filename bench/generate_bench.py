@@ -39,7 +39,6 @@ import time
 # waiting slows its decode (GPT-2 124M: 65 against 84 tokens/s in one comparison here).
 WORKER_ENV = dict(os.environ)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,22 +59,6 @@ CASES = {
 }
 
 
-def write_safetensors(path, tensors):
-    """[(name, array)] as float32, streamed (the oracle's writer joins the data in memory)."""
-    header, at = {"__metadata__": {"format": "pt"}}, 0
-    for name, array in tensors:
-        size = 4 * array.size
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [at, at + size]}
-        at += size
-    text = json.dumps(header).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for _, array in tensors:
-            f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
-
-
 def write_model(name, cfg, out_dir):
     """The model (float32, random) and its Hugging Face directory."""
     model = torch_model.build_model(cfg)
@@ -92,7 +75,8 @@ def write_model(name, cfg, out_dir):
     else:
         tensors, config = hf_selftest.llama_hf_tensors(cfg, params), hf_selftest.llama_hf_config(cfg)
     os.makedirs(out_dir)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    hf_selftest.write_safetensors(os.path.join(out_dir, "model.safetensors"),
+                                  [(n, "F32", a) for n, a in tensors])
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f)
     return model.float().eval()
@@ -102,9 +86,8 @@ class CachedDecoder:
     """Greedy decoding of a torch_model.Transformer with a preallocated key/value cache."""
 
     def __init__(self, model, length):
-        self.m, cfg = model, model.cfg
-        self.cfg = cfg
-        self.gpt2 = cfg["family"] == "gpt2"
+        self.m = model
+        self.gpt2 = model.cfg["family"] == "gpt2"
         first = model.h[0].attn
         self.latent = isinstance(first, torch_model.LatentAttention)
         h, kv, d = first.heads, first.kv_heads, first.head_dim

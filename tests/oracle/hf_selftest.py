@@ -61,14 +61,16 @@ def write_safetensors(path, tensors, edit_header=None, header_len=None, junk_aft
     edit_header(header dict) changes the header before it is encoded; header_len overrides the
     length prefix; junk_after = (name, n) puts n stray bytes after that tensor's data."""
     header = {"__metadata__": {"format": "pt"}}
-    data = b""
+    chunks, size = [], 0  # in pieces: growing one bytes object copies it again for each tensor
     for name, dtype, array in tensors:
         raw = encode(array, dtype)
         header[name] = {"dtype": dtype, "shape": list(np.shape(array)),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
+                        "data_offsets": [size, size + len(raw)]}
+        chunks.append(raw)
+        size += len(raw)
         if junk_after is not None and junk_after[0] == name:
-            data += b"\x00" * junk_after[1]
+            chunks.append(b"\x00" * junk_after[1])
+            size += junk_after[1]
     if edit_header is not None:
         edit_header(header)
     text = json.dumps(header).encode("utf-8")
@@ -76,7 +78,8 @@ def write_safetensors(path, tensors, edit_header=None, header_len=None, junk_aft
     with open(path, "wb") as f:
         f.write((len(text) if header_len is None else header_len).to_bytes(8, "little"))
         f.write(text)
-        f.write(data)
+        for chunk in chunks:
+            f.write(chunk)
 
 
 def gpt2_hf_tensors(cfg, params, prefix=""):
